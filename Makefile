@@ -1,0 +1,47 @@
+# calibrate — `make demo` (the staged calibration against the built-in mock) and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+CAL    := $(BIN)/calibrate
+
+# Pass-through for every stage: make ladder BASE_URL=http://gpu-box:8000/v1 MODEL=internlm-s2
+BASE_URL ?=
+MODEL    ?=
+CONFIG   ?=
+ARGS     ?=
+TARGET   := $(if $(BASE_URL),--base-url $(BASE_URL)) $(if $(MODEL),--model $(MODEL)) $(if $(CONFIG),--config $(CONFIG))
+
+.PHONY: setup demo test lint mock single repro status
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -c 'import sys; sys.exit("calibrate needs Python 3.11+, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev,plot]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/demo.sh
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff format --check calibrate tests scripts
+	$(BIN)/ruff check calibrate tests scripts
+	$(BIN)/mypy
+
+mock: $(STAMP)
+	$(CAL) mock --port $(or $(PORT),8000) $(ARGS)
+
+single: $(STAMP)
+	$(CAL) single $(TARGET) $(ARGS)
+
+repro: $(STAMP)
+	$(CAL) repro $(TARGET) $(ARGS)
+
+status: $(STAMP)
+	$(CAL) status $(TARGET) $(ARGS)

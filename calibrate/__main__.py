@@ -1,0 +1,3 @@
+from calibrate.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,34 @@
+"""Write a commented starter calibrate.toml (never overwrites an existing file).
+
+example: calibrate init && calibrate single
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from calibrate.cli.common import add_command, output_for
+from calibrate.config import DEFAULT_CONFIG_NAME, STARTER_TOML
+from calibrate.errors import UsageError
+from calibrate.store import write_atomic
+
+
+def register(subparsers: Any) -> None:
+    parser = add_command(subparsers, "init", __doc__ or "", run, target=False)
+    parser.add_argument("path", nargs="?", default=DEFAULT_CONFIG_NAME, help="where to write it")
+
+
+def run(args: argparse.Namespace) -> int:
+    out = output_for(args)
+    path = Path(args.path)
+    if path.exists():
+        raise UsageError(
+            f"{path} already exists; not overwriting it",
+            "Edit it, or remove it first if you want a fresh starter file.",
+        )
+    write_atomic(path, STARTER_TOML)
+    out.ok(f"wrote {path}: set [target].base_url and model, then run: calibrate single")
+    out.result({"written": str(path)})
+    return 0

@@ -1,0 +1,107 @@
+"""Run the built-in mock OpenAI-compatible server (deterministic, fake GPU, fault injection).
+
+Latency is --ttft + --per-token × output tokens; the text is derived from the prompt and
+--text-seed. --slots makes requests queue (a throughput knee), the simulated VRAM is exported on
+/metrics, and the fault flags draw from one random generator seeded by --seed.
+
+example: calibrate mock --port 8000 --slots 4 --oom-at 12 --fail-rate 0.05
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from calibrate.cli.common import add_command
+from calibrate.errors import UsageError
+from calibrate.mock import BackgroundServer, MockSettings
+
+THREAD_STACK_BYTES = 512 * 1024  # one thread per connection: keep thousands of them cheap
+
+
+def register(subparsers: Any) -> None:
+    p = add_command(subparsers, "mock", __doc__ or "", run, target=False)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one (default 8000)")
+    p.add_argument("--port-file", metavar="PATH", help="also write the port number to this file")
+    p.add_argument("--model", action="append", metavar="NAME", help="served name (repeatable)")
+    p.add_argument("--text-seed", type=int, default=0, help="changes every generated text")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fault draws")
+    p.add_argument("--ttft", type=float, default=0.05, metavar="S", help="time to first token")
+    p.add_argument("--per-token", type=float, default=0.01, metavar="S", help="time per token")
+    p.add_argument("--slots", type=int, default=0, help="requests decoding at once (0 = no limit)")
+    p.add_argument("--slow-above", type=int, metavar="N", help="in flight above N: slower tokens")
+    p.add_argument("--slow-factor", type=float, default=1.0, help="per-token factor, --slow-above")
+    p.add_argument("--vram-total-mib", type=int, default=81920)
+    p.add_argument("--vram-base-mib", type=int, default=40960)
+    p.add_argument("--vram-per-request-mib", type=int, default=2048)
+    p.add_argument("--oom-at", type=int, metavar="N", help="in flight above N: CUDA OOM (500)")
+    p.add_argument("--nondeterministic-above", type=int, metavar="N", help="above N: text varies")
+    p.add_argument("--fail-rate", type=float, default=0.0, metavar="P", help="HTTP 500")
+    p.add_argument("--reset-rate", type=float, default=0.0, metavar="P", help="drop connection")
+    p.add_argument("--truncate-rate", type=float, default=0.0, metavar="P", help="cut, 'length'")
+    p.add_argument("--slow-rate", type=float, default=0.0, metavar="P", help="add --slow-s")
+    p.add_argument("--slow-s", type=float, default=1.0, metavar="S")
+    p.add_argument("--overload-rate", type=float, default=0.0, metavar="P", help="HTTP 429")
+    p.add_argument("--retry-after", type=float, default=1.0, metavar="S", help="429 Retry-After")
+    p.add_argument("--whitespace-variant", action="store_true", help="append ' \\n' to outputs")
+    p.add_argument("--no-done", action="store_true", help="streams end without data: [DONE]")
+    p.add_argument("--no-usage", action="store_true", help="never send usage")
+    p.add_argument("--usage-in-last-chunk", action="store_true", help="usage on the finish chunk")
+    p.add_argument("--unknown-model-status", type=int, choices=(400, 404), default=404)
+    p.add_argument("--strict-422", action="store_true", help="invalid bodies get 422, not 400")
+    p.add_argument("--expose-props", action="store_true", help="serve llama.cpp's GET /props")
+    p.add_argument("--log-requests", action="store_true", help="access log on stderr")
+    p.add_argument("--max-model-len", type=int, default=4096)
+
+
+def settings_from_args(args: argparse.Namespace) -> MockSettings:
+    """The MockSettings the flags describe."""
+    names: tuple[str, ...] = (
+        "text_seed",
+        "seed",
+        "slots",
+        "slow_above",
+        "slow_factor",
+        "vram_total_mib",
+    )
+    names += ("vram_base_mib", "vram_per_request_mib", "oom_at", "nondeterministic_above")
+    names += ("fail_rate", "reset_rate", "truncate_rate", "slow_rate", "slow_s", "overload_rate")
+    names += ("whitespace_variant", "no_done", "no_usage", "usage_in_last_chunk", "strict_422")
+    names += ("unknown_model_status", "expose_props", "log_requests", "max_model_len")
+    values = {name: getattr(args, name) for name in names}
+    try:
+        return MockSettings(
+            models=tuple(args.model or ("internlm-s2",)),
+            ttft_s=args.ttft,
+            per_token_s=args.per_token,
+            retry_after_s=args.retry_after,
+            **values,
+        )
+    except ValueError as exc:
+        raise UsageError(f"bad mock setting: {exc}", "See: calibrate mock --help") from exc
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    threading.stack_size(THREAD_STACK_BYTES)
+    try:
+        background = BackgroundServer(settings, args.host, args.port)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
+            "Pick another --port, or --port 0 for a free one.",
+        ) from exc
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"mock listening on {background.server.base_url}", flush=True)
+    if args.port_file:
+        Path(args.port_file).write_text(f"{background.server.port}\n", encoding="utf-8")
+    while not stop.wait(0.5):
+        pass
+    background.stop()
+    return 0

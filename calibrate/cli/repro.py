@@ -1,0 +1,85 @@
+"""Stage B: run the fixed prompt again and diff it with the baseline; or diff two files.
+
+Volatile fields are removed by a jq program first (default:
+del(.run_id, .ts, .elapsed_s, .ttft_s, .stage)); records are compared with sorted keys.
+
+example: calibrate repro --runs 3 --ignore system_fingerprint
+example: calibrate repro baselines/single.jsonl runs/20261129T164129Z-single-a1b2c3/records.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from calibrate.cli.common import (
+    add_command,
+    add_compare_args,
+    add_force,
+    add_junit,
+    junit_suite,
+    normaliser_for,
+    open_stage,
+    output_for,
+    save_junit,
+    show_comparison,
+)
+from calibrate.errors import UsageError
+from calibrate.stages.repro import ReproResult, against_baseline, between_files
+from calibrate.store import RunDir
+
+
+def register(subparsers: Any) -> None:
+    parser = add_command(subparsers, "repro", __doc__ or "", run)
+    parser.add_argument(
+        "files", nargs="*", metavar="FILE", help="two JSONL files to compare offline"
+    )
+    parser.add_argument("--runs", type=int, default=2, help="fresh runs to compare (default 2)")
+    parser.add_argument("--stream", action="store_true", help="stream the requests (SSE)")
+    add_compare_args(parser)
+    add_force(parser)
+    add_junit(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = output_for(args)
+    normaliser = normaliser_for(args)
+    if args.files:
+        if len(args.files) != 2:
+            raise UsageError("repro takes exactly two files to compare offline",
+                             "example: calibrate repro a.jsonl b.jsonl")  # fmt: skip
+        result = between_files(Path(args.files[0]), Path(args.files[1]), normaliser)
+        return _report(out, args, result, run=None)
+    if args.runs < 1:
+        raise UsageError("--runs must be at least 1")
+    ctx = open_stage(args, "repro", out)
+    result = against_baseline(ctx, normaliser, runs=args.runs, stream=args.stream)
+    ctx.record_result(result.passed, {**result.summary(), "jq": normaliser.program})
+    ctx.run.close()
+    return _report(out, args, result, run=ctx.run)
+
+
+def _report(out: Any, args: argparse.Namespace, result: ReproResult, *, run: RunDir | None) -> int:
+    run_id = run.run_id if run else None
+    suite = junit_suite("repro", run)
+    for n, comparison in enumerate(result.comparisons, 1):
+        show_comparison(out, f"run {n}", comparison)
+        reason = f"{comparison.verdict}: {', '.join(comparison.differing)}; {' '.join(comparison.causes)}"
+        suite.check(
+            f"run {n} matches the baseline", comparison.passed, reason, kind=comparison.verdict
+        )
+    save_junit(args, suite)
+    summary = result.summary()
+    if result.passed:
+        note = " (whitespace only)" if result.verdict == "whitespace-only" else ""
+        out.ok(f"repro passed: {summary['identical']}/{summary['runs']} identical{note}")
+        if run_id:
+            out.say("next: calibrate ladder")
+    else:
+        out.fail(
+            f"repro failed: output differs from the baseline in {', '.join(summary['differing'])}"
+        )
+    out.result({"passed": result.passed, "run_id": run_id, **summary,
+                "comparisons": [c.to_json() for c in result.comparisons]})  # fmt: skip
+    return 0 if result.passed else 1

@@ -1,0 +1,52 @@
+"""Where the target stands: stages passed, last passing tier, what was pinned, what next.
+
+example: calibrate status --show-config
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from calibrate.cli.common import add_command, load_config, output_for
+from calibrate.ledger import Ledger, target_fingerprint
+from calibrate.stages.status import OPTIONAL_STAGES, STAGE_ORDER, target_status
+
+
+def register(subparsers: Any) -> None:
+    parser = add_command(subparsers, "status", __doc__ or "", run)
+    parser.add_argument(
+        "--show-config", action="store_true", help="print the resolved configuration (key masked)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    out = output_for(args)
+    cfg = load_config(args)
+    target = target_fingerprint(cfg)
+    if args.show_config:
+        public = cfg.to_public_json()
+        out.say(json.dumps(public, ensure_ascii=False, indent=2))
+        out.result({"config": public, "target": target})
+        return 0
+    status = target_status(cfg, Ledger(cfg.runs_dir), target)
+    out.say(f"target {target}: {cfg.target.model} at {cfg.target.base_url}")
+    out.say(f"baseline: {status.baseline or 'none yet'}")
+    for stage in (*STAGE_ORDER, *OPTIONAL_STAGES):
+        entry = status.latest.get(stage)
+        if entry is None:
+            out.say(f"  {stage:<9} —")
+            continue
+        verdict = "passed" if entry.passed else "FAILED"
+        forced = " (forced)" if entry.forced else ""
+        out.say(f"  {stage:<9} {verdict}{forced}  {entry.ts}  run {entry.run_id}")
+    if status.last_passing:
+        out.say(f"last passing tier: {status.last_passing}")
+    if status.recommended_concurrency:
+        out.say(f"recommended concurrency: {status.recommended_concurrency}")
+    if status.pinned:
+        out.say(f"pinned: {status.pinned}")
+    out.say(f"next: {status.next_command}")
+    out.result(status.to_json())
+    return 0

@@ -1,0 +1,388 @@
+"""The OpenAI-compatible client: chat, completions (prompt lists too), SSE, /v1/models.
+
+One pooled HTTP session, a timeout on every call, and every failure mapped once, here, to an
+error kind of SPEC §5.5 (raised as ``RequestError``). The API key is sent as a Bearer header
+and never leaves this object: ``redacted_headers`` is what records and incidents may keep.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import requests
+from requests.adapters import HTTPAdapter
+
+from calibrate.errors import ErrorInfo, ErrorKind, RequestError
+from calibrate.records import Choice, Completion, ModelInfo, SamplingParams, Usage
+
+Clock = Callable[[], float]
+
+_OOM = re.compile(r"out of memory|CUDA OOM|OutOfMemory|\bOOM\b", re.IGNORECASE)
+
+
+class OpenAIClient:
+    """Talks to one server at ``base_url`` (ending in /v1)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 10.0,
+        max_connections: int = 64,
+        session: requests.Session | None = None,
+        clock: Clock = time.perf_counter,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = min(connect_timeout_s, timeout_s)
+        self._clock = clock
+        self._api_key = api_key
+        self._session = session or requests.Session()
+        adapter = HTTPAdapter(pool_connections=4, pool_maxsize=max(max_connections, 4))
+        self._session.mount("http://", adapter)
+        self._session.mount("https://", adapter)
+        self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+
+    # -- request bodies (also what incidents record) -------------------------------------
+
+    def chat_body(
+        self, model: str, prompt: str, params: SamplingParams, *, stream: bool = False
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            **params.to_json(),
+            "stream": stream,
+        }
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    def completions_body(
+        self, model: str, prompts: Sequence[str], params: SamplingParams, *, stream: bool = False
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt": prompts[0] if len(prompts) == 1 else list(prompts),
+            **params.to_json(),
+            "stream": stream,
+        }
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    def redacted_headers(self) -> dict[str, str]:
+        """The request headers with the key replaced, safe to write to disk."""
+        out = dict(self._headers)
+        if "Authorization" in out:
+            out["Authorization"] = "Bearer [REDACTED]"
+        return out
+
+    # -- calls ---------------------------------------------------------------------------
+
+    def chat(
+        self, model: str, prompt: str, params: SamplingParams, *, stream: bool = False
+    ) -> Completion:
+        return self.post_completion(
+            "/chat/completions", self.chat_body(model, prompt, params, stream=stream)
+        )
+
+    def complete(
+        self, model: str, prompts: Sequence[str], params: SamplingParams, *, stream: bool = False
+    ) -> Completion:
+        return self.post_completion(
+            "/completions", self.completions_body(model, prompts, params, stream=stream)
+        )
+
+    def post_completion(self, path: str, body: dict[str, Any]) -> Completion:
+        """POST a chat or completions body and parse the answer (streamed or not)."""
+        stream = bool(body.get("stream"))
+        start = self._clock()
+        response = self._send("POST", path, body=body, stream=stream)
+        try:
+            if stream:
+                return self._read_stream(response, start, chat=path.startswith("/chat"))
+            payload = self._json(response)
+            return _parse_completion(payload, self._clock() - start, None)
+        finally:
+            response.close()
+
+    def models(self) -> tuple[ModelInfo, ...]:
+        """``GET /v1/models``."""
+        response = self._send("GET", "/models")
+        try:
+            payload = self._json(response)
+        finally:
+            response.close()
+        data = payload.get("data")
+        if not isinstance(data, list):
+            raise _invalid("GET /models answered without a 'data' list")
+        out: list[ModelInfo] = []
+        for item in data:
+            if isinstance(item, dict) and isinstance(item.get("id"), str):
+                root = item.get("root")
+                max_len = item.get("max_model_len")
+                out.append(
+                    ModelInfo(
+                        id=item["id"],
+                        root=root if isinstance(root, str) else None,
+                        max_model_len=max_len if isinstance(max_len, int) else None,
+                    )
+                )
+        return tuple(out)
+
+    def get_text(self, url_or_path: str, *, timeout_s: float = 5.0) -> str:
+        """GET a plain-text resource: a path under the server root (``/metrics``) or a URL."""
+        url = url_or_path if "://" in url_or_path else self.server_root + url_or_path
+        response = self._send("GET", url, timeout_s=timeout_s, absolute=True)
+        try:
+            return response.text
+        finally:
+            response.close()
+
+    @property
+    def server_root(self) -> str:
+        """``http://host:port`` — where /health, /metrics and /props live."""
+        return self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
+
+    def close(self) -> None:
+        self._session.close()
+
+    # -- the edge: transport errors and HTTP statuses become error kinds -----------------
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: dict[str, Any] | None = None,
+        stream: bool = False,
+        timeout_s: float | None = None,
+        absolute: bool = False,
+    ) -> requests.Response:
+        url = path if absolute else self.base_url + path
+        read_timeout = timeout_s if timeout_s is not None else self.timeout_s
+        try:
+            response = self._session.request(
+                method,
+                url,
+                data=json.dumps(body, ensure_ascii=False).encode("utf-8") if body else None,
+                headers=self._headers,
+                timeout=(min(self.connect_timeout_s, read_timeout), read_timeout),
+                stream=stream,
+            )
+        except requests.exceptions.ConnectTimeout as exc:
+            raise _error("connect", f"connection to {url} timed out", exc) from exc
+        except requests.exceptions.Timeout as exc:
+            raise _error("timeout", f"no answer from {url} within {read_timeout:g} s", exc) from exc
+        except requests.exceptions.ConnectionError as exc:
+            raise _connection_error(url, exc) from exc
+        except requests.exceptions.RequestException as exc:
+            raise _error("connect", f"request to {url} failed: {exc}", exc) from exc
+        if response.status_code >= 400:
+            try:
+                text = response.text
+            except requests.exceptions.RequestException:
+                text = ""
+            finally:
+                response.close()
+            raise RequestError(_http_error(response.status_code, text, response.headers))
+        return response
+
+    def _json(self, response: requests.Response) -> dict[str, Any]:
+        try:
+            payload = response.json()
+        except requests.exceptions.RequestException as exc:
+            raise _connection_error(response.url, exc) from exc
+        except ValueError as exc:
+            raise _invalid(f"the server answered with something that is not JSON: {exc}") from exc
+        if not isinstance(payload, dict):
+            raise _invalid("the server answered with JSON that is not an object")
+        return payload
+
+    def _read_stream(self, response: requests.Response, start: float, *, chat: bool) -> Completion:
+        texts: dict[int, list[str]] = {}
+        finish: dict[int, str | None] = {}
+        usage: Usage | None = None
+        model: str | None = None
+        fingerprint: str | None = None
+        ttft: float | None = None
+        deadline = start + self.timeout_s
+        try:
+            for event in _sse_events(response.iter_lines(decode_unicode=False)):
+                if event == "[DONE]":
+                    break
+                try:
+                    chunk = json.loads(event)
+                except ValueError as exc:
+                    raise _invalid(f"a stream chunk is not JSON: {event[:200]!r}") from exc
+                if not isinstance(chunk, dict):
+                    raise _invalid("a stream chunk is not a JSON object")
+                if "error" in chunk:
+                    raise RequestError(_error_from_body(500, chunk))
+                model = chunk.get("model") or model
+                fingerprint = chunk.get("system_fingerprint") or fingerprint
+                usage = Usage.from_json(chunk.get("usage")) or usage
+                for choice in chunk.get("choices") or []:
+                    if not isinstance(choice, dict):
+                        continue
+                    index = int(choice.get("index", 0) or 0)
+                    piece = _choice_text(choice, chat=chat, delta=True)
+                    if piece:
+                        if ttft is None:
+                            ttft = self._clock() - start
+                        texts.setdefault(index, []).append(piece)
+                    else:
+                        texts.setdefault(index, [])
+                    if choice.get("finish_reason") is not None:
+                        finish[index] = choice["finish_reason"]
+                if self._clock() > deadline:
+                    raise _error("timeout", f"stream still open after {self.timeout_s:g} s", None)
+        except requests.exceptions.Timeout as exc:
+            raise _error("timeout", f"stream stalled for {self.timeout_s:g} s", exc) from exc
+        except requests.exceptions.RequestException as exc:
+            raise _connection_error(response.url, exc) from exc
+        if not texts:
+            raise _invalid("the stream carried no choices")
+        choices = tuple(
+            Choice(index=i, text="".join(texts[i]), finish_reason=finish.get(i))
+            for i in sorted(texts)
+        )
+        return Completion(choices, usage, model, fingerprint, self._clock() - start, ttft)
+
+
+def _sse_events(lines: Iterator[bytes]) -> Iterator[str]:
+    """The ``data:`` payloads of a server-sent event stream (multi-line data joined)."""
+    buffer: list[str] = []
+    for raw in lines:
+        line = raw.decode("utf-8", errors="replace")
+        if not line:
+            if buffer:
+                yield "\n".join(buffer)
+                buffer = []
+            continue
+        if line.startswith("data:"):
+            buffer.append(line[5:].lstrip(" "))
+    if buffer:
+        yield "\n".join(buffer)
+
+
+def _choice_text(choice: dict[str, Any], *, chat: bool, delta: bool) -> str:
+    if chat:
+        holder = choice.get("delta" if delta else "message")
+        if isinstance(holder, dict):
+            content = holder.get("content")
+            return content if isinstance(content, str) else ""
+        return ""
+    text = choice.get("text")
+    return text if isinstance(text, str) else ""
+
+
+def _parse_completion(
+    payload: dict[str, Any], elapsed_s: float, ttft_s: float | None
+) -> Completion:
+    raw_choices = payload.get("choices")
+    if "error" in payload and not raw_choices:
+        raise RequestError(_error_from_body(500, payload))
+    if not isinstance(raw_choices, list) or not raw_choices:
+        raise _invalid("the response has no 'choices'")
+    chat = str(payload.get("object", "")).startswith("chat") or "message" in raw_choices[0]
+    choices: list[Choice] = []
+    for position, choice in enumerate(raw_choices):
+        if not isinstance(choice, dict):
+            raise _invalid("a choice is not a JSON object")
+        index = choice.get("index", position)
+        choices.append(
+            Choice(
+                index=index if isinstance(index, int) else position,
+                text=_choice_text(choice, chat=chat, delta=False),
+                finish_reason=choice.get("finish_reason"),
+            )
+        )
+    choices.sort(key=lambda c: c.index)
+    model = payload.get("model")
+    fingerprint = payload.get("system_fingerprint")
+    return Completion(
+        choices=tuple(choices),
+        usage=Usage.from_json(payload.get("usage")),
+        served_model=model if isinstance(model, str) else None,
+        system_fingerprint=fingerprint if isinstance(fingerprint, str) else None,
+        elapsed_s=elapsed_s,
+        ttft_s=ttft_s,
+    )
+
+
+def _error(kind: ErrorKind, message: str, exc: BaseException | None) -> RequestError:
+    return RequestError(ErrorInfo(kind, message), type(exc).__name__ if exc else None)
+
+
+def _invalid(message: str) -> RequestError:
+    return RequestError(ErrorInfo("invalid_response", message))
+
+
+def _connection_error(url: str, exc: BaseException) -> RequestError:
+    text = str(exc)
+    refused = (
+        "Connection refused",
+        "NewConnectionError",
+        "Name or service not known",
+        "nodename nor servname",
+        "Failed to resolve",
+        "No route to host",
+    )
+    if any(marker in text for marker in refused):
+        return _error("connect", f"no server at {url} (connection refused)", exc)
+    return _error("reset", f"the connection to {url} was dropped: {_short(text)}", exc)
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _http_error(status: int, text: str, headers: Any) -> ErrorInfo:
+    try:
+        body = json.loads(text) if text else {}
+    except ValueError:
+        body = {}
+    info = _error_from_body(status, body if isinstance(body, dict) else {}, fallback=text)
+    retry_after = _retry_after_s(headers.get("Retry-After"))
+    if status == 429 or (status == 503 and retry_after is not None):
+        kind: ErrorKind = "overloaded"
+    else:
+        kind = info.kind
+    return ErrorInfo(kind, info.message, status, retry_after, _short(text, 4000))
+
+
+def _error_from_body(status: int, body: dict[str, Any], fallback: str = "") -> ErrorInfo:
+    """The server's own error message; kind from its status and text."""
+    message = ""
+    err = body.get("error")
+    if isinstance(err, dict):
+        message = str(err.get("message") or "")
+    elif isinstance(err, str):
+        message = err
+    message = message or str(body.get("message") or body.get("detail") or "") or _short(fallback)
+    if _OOM.search(message) or _OOM.search(fallback):
+        kind: ErrorKind = "oom"
+    elif status >= 500:
+        kind = "http_5xx"
+    else:
+        kind = "http_4xx"
+    return ErrorInfo(kind, f"HTTP {status}: {_short(message, 300)}".rstrip(": "), status)
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None

@@ -1,0 +1,126 @@
+"""The one error tree. Library code raises these; only ``calibrate.cli`` catches them.
+
+    CalibrateError                 exit 1 unless a subclass says otherwise
+    ├── UsageError                 exit 2  bad flag, config or input; nothing sent, nothing written
+    │   ├── ConfigError                     unreadable config, unknown key, wrong type
+    │   └── InputError                      malformed tasks file, bad jq program, bad path
+    ├── GateClosed                 exit 3  an earlier stage has not passed for this target
+    ├── ServerUnreachable          exit 4  no server at the URL, or it never became ready
+    ├── StageFailed                exit 1  the stage ran and failed its check
+    ├── RequestError               exit 1  one request failed; carries the SPEC §5.5 kind
+    └── Interrupted                exit 130 Ctrl-C / SIGTERM; completed work is on disk
+
+Every message is one or two lines: what happened, then what to do next.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Literal
+
+
+class ExitCode(enum.IntEnum):
+    """The exit-code contract shared by every command (SPEC §2)."""
+
+    OK = 0
+    FAILED = 1
+    USAGE = 2
+    GATE_CLOSED = 3
+    UNREACHABLE = 4
+    INTERRUPTED = 130
+
+
+ErrorKind = Literal[
+    "connect",
+    "timeout",
+    "reset",
+    "oom",
+    "overloaded",
+    "http_4xx",
+    "http_5xx",
+    "invalid_response",
+    "incomplete",
+    "server_died",
+    "format",
+]
+
+TRANSIENT_KINDS: frozenset[str] = frozenset(
+    {"connect", "reset", "timeout", "overloaded", "http_5xx"}
+)
+
+
+class CalibrateError(Exception):
+    """Base of every error calibrate reports to a user."""
+
+    exit_code: ExitCode = ExitCode.FAILED
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def render(self) -> str:
+        """The one- or two-line text shown to the user."""
+        if self.hint:
+            return f"error: {self.message}\n{self.hint}"
+        return f"error: {self.message}"
+
+
+class UsageError(CalibrateError):
+    exit_code = ExitCode.USAGE
+
+
+class ConfigError(UsageError):
+    pass
+
+
+class InputError(UsageError):
+    pass
+
+
+class GateClosed(CalibrateError):
+    exit_code = ExitCode.GATE_CLOSED
+
+
+class ServerUnreachable(CalibrateError):
+    exit_code = ExitCode.UNREACHABLE
+
+
+class StageFailed(CalibrateError):
+    exit_code = ExitCode.FAILED
+
+
+class Interrupted(CalibrateError):
+    exit_code = ExitCode.INTERRUPTED
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """The disk form of a failed request (SPEC §4.1 ``error``)."""
+
+    kind: ErrorKind
+    message: str
+    status: int | None = None
+    retry_after_s: float | None = None
+    body: str | None = None
+
+    @property
+    def transient(self) -> bool:
+        return self.kind in TRANSIENT_KINDS
+
+    def to_json(self) -> dict[str, object]:
+        return {"kind": self.kind, "message": self.message, "status": self.status}
+
+
+class RequestError(CalibrateError):
+    """One request failed; ``info.kind`` is one of SPEC §5.5."""
+
+    def __init__(self, info: ErrorInfo, exc_type: str | None = None) -> None:
+        super().__init__(info.message)
+        self.info = info
+        self.exc_type = exc_type
+
+    @property
+    def kind(self) -> ErrorKind:
+        return self.info.kind

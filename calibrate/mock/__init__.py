@@ -1,0 +1,15 @@
+"""The built-in mock OpenAI-compatible server: a deterministic stand-in for a GPU engine."""
+
+from calibrate.mock.http import BackgroundServer, MockHTTPServer
+from calibrate.mock.model import Admission, Generation, MockModel, Snapshot
+from calibrate.mock.settings import MockSettings
+
+__all__ = [
+    "Admission",
+    "BackgroundServer",
+    "Generation",
+    "MockHTTPServer",
+    "MockModel",
+    "MockSettings",
+    "Snapshot",
+]

@@ -1,0 +1,232 @@
+"""The HTTP layer of the mock: standard-library threads translating requests to the model.
+
+One thread per connection (HTTP/1.1 keep-alive), a deep listen backlog so a burst of connects is
+never dropped, and the access log silenced unless asked for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+import struct
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from calibrate.mock import payloads
+from calibrate.mock.model import Admission, MockModel
+from calibrate.mock.payloads import GenerateRequest, Kind, RequestRejected, error_body
+from calibrate.mock.settings import MockSettings
+from calibrate.mock.stream import stream_events
+
+log = logging.getLogger("calibrate.mock")
+
+OOM_MESSAGE = (
+    "CUDA out of memory. Tried to allocate {gib:.2f} GiB. GPU 0 has a total capacity of "
+    "{total:.2f} GiB of which {free:.2f} GiB is free. Of the allocated memory {used:.2f} GiB is "
+    "allocated by PyTorch."
+)
+GENERATE_PATHS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+
+
+class MockHTTPServer(ThreadingHTTPServer):
+    """A threading HTTP server bound to one MockModel; tracks connections to close them on stop."""
+
+    daemon_threads = True
+    request_queue_size = 1024  # the default 5 drops SYNs under a burst: a 1 s client retry
+    allow_reuse_address = True
+
+    def __init__(self, settings: MockSettings, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.settings = settings
+        self.model = MockModel(settings)
+        self.created = int(time.time())
+        self._connections: set[socket.socket] = set()
+        self._conn_lock = threading.Lock()
+        super().__init__((host, port), MockHandler)
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        host = str(self.server_address[0])
+        return f"http://{host}:{self.port}/v1"
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._conn_lock:
+            self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._conn_lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        """Wake every handler blocked on an idle keep-alive connection so its thread ends."""
+        with self._conn_lock:
+            conns = list(self._connections)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("connection from %s failed", client_address, exc_info=True)
+
+
+class MockHandler(BaseHTTPRequestHandler):
+    """Routes one HTTP request; the behaviour lives in MockModel."""
+
+    protocol_version = "HTTP/1.1"
+    server_version = "calibrate-mock/0.1"
+    disable_nagle_algorithm = True
+    server: MockHTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.server.settings.log_requests:
+            super().log_message(format, *args)
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        settings = self.server.settings
+        if path == "/health":
+            self._send(200, b"", "text/plain")
+        elif path in ("/v1/models", "/models"):
+            self._send_json(200, payloads.models_list(settings, self.server.created))
+        elif path == "/metrics":
+            body = payloads.render_metrics(self.server.model.snapshot(), settings)
+            self._send(200, body.encode(), "text/plain; version=0.0.4; charset=utf-8")
+        elif path == "/props" and settings.expose_props:
+            self._send_json(200, payloads.props(settings))
+        elif path in GENERATE_PATHS:
+            self._send_json(405, {"detail": "Method Not Allowed"})
+        else:
+            self._send_json(404, {"detail": "Not Found"})
+
+    def do_POST(self) -> None:
+        kind = GENERATE_PATHS.get(self.path.split("?", 1)[0])
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if kind is None:
+            self._send_json(404, {"detail": "Not Found"})
+            return
+        settings = self.server.settings
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            body = None
+        try:
+            req = payloads.parse_request(kind, body, settings)
+        except RequestRejected as exc:
+            self._send_json(exc.status, exc.body)
+            return
+        model = self.server.model
+        adm = model.admit(len(req.prompts))
+        try:
+            self._answer(req, adm)
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True  # the client went away; nothing left to tell it
+        finally:
+            model.release(adm)
+
+    def _answer(self, req: GenerateRequest, adm: Admission) -> None:
+        settings = self.server.settings
+        if adm.outcome == "oom":
+            self._send_json(500, error_body(_oom_message(settings), "InternalServerError", 500))
+            return
+        if adm.outcome == "overload":
+            message = f"The server is overloaded; retry after {settings.retry_after_s:g} s."
+            headers = {"Retry-After": f"{settings.retry_after_s:g}"}
+            self._send_json(429, error_body(message, "TooManyRequestsError", 429), headers)
+            return
+        if adm.outcome == "fail":
+            body = error_body("Internal server error (injected fault).", "InternalServerError", 500)
+            self._send_json(500, body)
+            return
+        model = self.server.model
+        model.acquire(adm)
+        gens = [model.generate(p, req.max_tokens, adm) for p in req.prompts]
+        prefix = "chatcmpl-" if req.kind == "chat" else "cmpl-"
+        rid, created, start = prefix + uuid.uuid4().hex, int(time.time()), time.monotonic()
+        if not req.stream:
+            steps = max(g.completion_tokens for g in gens)
+            if adm.outcome == "reset":
+                _sleep_until(start + adm.ttft_s)
+                self._reset()
+                return
+            _sleep_until(start + adm.ttft_s + steps * adm.per_token_s)
+            self._send_json(200, payloads.full_response(req, gens, rid, created, settings))
+            return
+        events = stream_events(req, gens, rid, created, settings)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for n, event in enumerate(events):
+            if adm.outcome == "reset" and n == len(events) // 2:
+                self._reset()
+                return
+            _sleep_until(start + adm.ttft_s + event.step * adm.per_token_s)
+            frame = event.encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame))
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _reset(self) -> None:
+        """Drop the connection with a TCP RST: the client sees a reset, not a clean close."""
+        self.close_connection = True
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.connection.close()  # the fd really closes when finish() closes rfile
+
+    def _send_json(self, status: int, body: object, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(body, ensure_ascii=False).encode()
+        self._send(status, data, "application/json", headers)
+
+    def _send(
+        self, status: int, data: bytes, ctype: str, headers: dict[str, str] | None = None
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def _sleep_until(deadline: float) -> None:
+    delay = deadline - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def _oom_message(settings: MockSettings) -> str:
+    gib = 1024.0
+    return OOM_MESSAGE.format(
+        gib=settings.vram_per_request_mib / gib,
+        total=settings.vram_total_mib / gib,
+        free=settings.vram_per_request_mib / gib / 4,
+        used=settings.vram_base_mib / gib,
+    )
+
+
+class BackgroundServer:
+    """A MockHTTPServer serving from a daemon thread until ``stop()``."""
+
+    def __init__(self, settings: MockSettings, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.server = MockHTTPServer(settings, host, port)
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop accepting, drop idle keep-alive connections, close the socket."""
+        self.server.shutdown()
+        self.server.close_connections()
+        self.server.server_close()
+        self._thread.join()

@@ -1,0 +1,251 @@
+"""JSON in and out of the mock: request validation, response bodies, SSE chunks, /metrics text.
+
+Bodies follow vLLM's OpenAI server: errors are ``{"object": "error", "message", "type",
+"param", "code"}``; with ``strict_422`` a validation error is FastAPI's ``{"detail": [...]}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from calibrate.mock import text
+from calibrate.mock.model import OUTCOMES, Generation, Snapshot
+from calibrate.mock.settings import MockSettings
+
+Kind = Literal["chat", "completion"]
+Json = dict[str, Any]
+CHAT_TOKENS_PER_MESSAGE = 4
+CHAT_TOKENS_REPLY = 2
+MIB = 1024 * 1024
+
+
+class RequestRejected(Exception):
+    """The request is refused before it is admitted; carries the HTTP status and body."""
+
+    def __init__(self, status: int, body: Json) -> None:
+        super().__init__(str(body))
+        self.status = status
+        self.body = body
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """A validated chat or completions request."""
+
+    kind: Kind
+    model: str
+    prompts: tuple[str, ...]
+    prompt_tokens: tuple[int, ...]
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+
+
+def error_body(message: str, err_type: str, code: int) -> Json:
+    """vLLM's error JSON."""
+    return {"object": "error", "message": message, "type": err_type, "param": None, "code": code}
+
+
+def _invalid(settings: MockSettings, message: str, param: str) -> RequestRejected:
+    if settings.strict_422:
+        detail = {"type": "value_error", "loc": ["body", param], "msg": message, "input": None}
+        return RequestRejected(422, {"detail": [detail]})
+    return RequestRejected(400, error_body(message, "BadRequestError", 400))
+
+
+def _content_text(content: object, settings: MockSettings) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        parts = [p for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if all(isinstance(p.get("text"), str) for p in parts):
+            return "\n".join(str(p["text"]) for p in parts)
+    raise _invalid(settings, "message content must be a string or a list of text parts", "messages")
+
+
+def _optional_int(body: Json, key: str, settings: MockSettings) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _invalid(settings, f"{key} must be a positive integer, got {value!r}", key)
+    return value
+
+
+def parse_request(kind: Kind, body: object, settings: MockSettings) -> GenerateRequest:
+    """Validate a request body the way vLLM would; raise RequestRejected if it is not valid."""
+    if not isinstance(body, dict):
+        raise _invalid(settings, "the request body must be a JSON object", "body")
+    model = body.get("model", settings.models[0])
+    if not isinstance(model, str):
+        raise _invalid(settings, "model must be a string", "model")
+    for key in ("temperature", "top_p"):
+        value = body.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise _invalid(settings, f"{key} must be a number, got {value!r}", key)
+    if body.get("n") not in (None, 1):
+        raise _invalid(settings, "the mock only supports n = 1", "n")
+    stream = body.get("stream", False)
+    options = body.get("stream_options") or {}
+    if not isinstance(stream, bool) or not isinstance(options, dict):
+        raise _invalid(settings, "stream must be a boolean, stream_options an object", "stream")
+    max_tokens = _optional_int(body, "max_tokens", settings)
+    if kind == "chat":
+        max_tokens = max_tokens or _optional_int(body, "max_completion_tokens", settings)
+        prompts, counts = _chat_prompt(body.get("messages"), settings)
+    else:
+        prompts, counts = _completion_prompts(body.get("prompt"), settings)
+    if model not in settings.models:
+        status = settings.unknown_model_status
+        err_type = "NotFoundError" if status == 404 else "BadRequestError"
+        raise RequestRejected(
+            status, error_body(f"The model `{model}` does not exist.", err_type, status)
+        )
+    longest = max(counts) + (max_tokens or 0)
+    if longest > settings.max_model_len:
+        message = (
+            f"This model's maximum context length is {settings.max_model_len} tokens. However, "
+            f"you requested {longest} tokens ({max(counts)} in the messages, {max_tokens or 0} "
+            "in the completion). Please reduce the length of the messages or completion."
+        )
+        raise RequestRejected(400, error_body(message, "BadRequestError", 400))
+    include_usage = bool(options.get("include_usage")) if stream else True
+    return GenerateRequest(kind, model, prompts, counts, max_tokens, stream, include_usage)
+
+
+def _chat_prompt(
+    messages: object, settings: MockSettings
+) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    if not isinstance(messages, list) or not messages:
+        raise _invalid(settings, "messages must be a non-empty list", "messages")
+    contents: list[str] = []
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise _invalid(settings, "each message must be an object with a role", "messages")
+        contents.append(_content_text(message.get("content"), settings))
+    prompt = "\n".join(contents)
+    tokens = sum(text.count_tokens(c) + CHAT_TOKENS_PER_MESSAGE for c in contents)
+    return (prompt,), (tokens + CHAT_TOKENS_REPLY,)
+
+
+def _completion_prompts(
+    prompt: object, settings: MockSettings
+) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not isinstance(prompt, list) or not prompt or not all(isinstance(p, str) for p in prompt):
+        raise _invalid(settings, "prompt must be a string or a non-empty list of strings", "prompt")
+    return tuple(prompt), tuple(max(1, text.count_tokens(p)) for p in prompt)
+
+
+def usage(req: GenerateRequest, gens: list[Generation]) -> Json:
+    """The OpenAI usage object for a whole request."""
+    prompt = sum(req.prompt_tokens)
+    completion = sum(g.completion_tokens for g in gens)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def envelope(
+    req: GenerateRequest, rid: str, created: int, settings: MockSettings, chunk: bool
+) -> Json:
+    """The fields every response and chunk shares."""
+    obj = "chat.completion" if req.kind == "chat" else "text_completion"
+    return {
+        "id": rid,
+        "object": obj + ".chunk" if chunk and req.kind == "chat" else obj,
+        "created": created,
+        "model": req.model,
+        "system_fingerprint": f"fp_mock_{settings.text_seed}",
+    }
+
+
+def full_response(
+    req: GenerateRequest, gens: list[Generation], rid: str, created: int, settings: MockSettings
+) -> Json:
+    """A non-streaming chat.completion or text_completion body."""
+    choices: list[Json] = []
+    for i, gen in enumerate(gens):
+        choice: Json = {"index": i, "logprobs": None, "finish_reason": gen.finish_reason}
+        if req.kind == "chat":
+            choice["message"] = {"role": "assistant", "content": gen.text}
+        else:
+            choice["text"] = gen.text
+        choice["stop_reason"] = None
+        choices.append(choice)
+    body = envelope(req, rid, created, settings, chunk=False) | {"choices": choices}
+    if not settings.no_usage:
+        body["usage"] = usage(req, gens)
+    return body
+
+
+def models_list(settings: MockSettings, created: int) -> Json:
+    """The GET /v1/models body, as vLLM writes it."""
+    data = [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "calibrate-mock",
+            "root": f"/models/{name}",
+            "parent": None,
+            "max_model_len": settings.max_model_len,
+        }
+        for name in settings.models
+    ]
+    return {"object": "list", "data": data}
+
+
+def props(settings: MockSettings) -> Json:
+    """llama.cpp's GET /props body (only served with expose_props)."""
+    return {
+        "total_slots": settings.slots or 1,
+        "model_path": f"/models/{settings.models[0]}",
+        "default_generation_settings": {
+            "n_ctx": settings.max_model_len,
+            "model": settings.models[0],
+        },
+        "build_info": "calibrate-mock",
+    }
+
+
+def _metric(
+    name: str, kind: str, help_text: str, samples: Sequence[tuple[str, float]]
+) -> list[str]:
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    return lines + [f"{name}{labels} {value!r}" for labels, value in samples]
+
+
+def render_metrics(snap: Snapshot, settings: MockSettings) -> str:
+    """Prometheus text exposition of the simulated GPU and the request counters."""
+    model = f'{{model_name="{settings.models[0]}"}}'
+    outcomes = [(f'{{outcome="{k}"}}', snap.outcomes.get(k, 0)) for k in OUTCOMES]
+    gauges = [
+        ("mock_vram_used_bytes", "Simulated GPU memory in use.", "", snap.vram_used_mib * MIB),
+        ("mock_vram_total_bytes", "Simulated GPU memory in total.", "", snap.vram_total_mib * MIB),
+        (
+            "mock_vram_peak_bytes",
+            "Highest simulated GPU memory in use.",
+            "",
+            snap.vram_peak_mib * MIB,
+        ),
+        ("mock_requests_in_flight", "Sequences received and not yet answered.", "", snap.in_flight),
+        ("vllm:num_requests_running", "Requests in execution batches.", model, snap.running),
+        ("vllm:num_requests_waiting", "Requests waiting to be processed.", model, snap.waiting),
+        (
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage; 1 means 100 percent.",
+            model,
+            snap.kv_cache_usage,
+        ),
+    ]
+    lines: list[str] = []
+    for name, help_text, labels, value in gauges:
+        lines += _metric(name, "gauge", help_text, [(labels, value)])
+    lines += _metric("mock_requests_total", "counter", "Requests received, by outcome.", outcomes)
+    return "\n".join(lines) + "\n"

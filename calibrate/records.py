@@ -1,0 +1,218 @@
+"""Typed records and their disk form (SPEC §4): request records, ledger lines, server identity."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from calibrate.errors import ErrorInfo
+
+
+def utc_now_iso() -> str:
+    """``2026-11-29T16:41:29.123Z`` — the timestamp format of every record."""
+    now = dt.datetime.now(dt.UTC)
+    return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Every sampling parameter is sent explicitly, so server defaults cannot override them."""
+
+    temperature: float
+    max_tokens: int
+    top_p: float
+    seed: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+            "top_p": self.top_p,
+        }
+        if self.seed is not None:
+            out["seed"] = self.seed
+        return out
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    total_tokens: int | None
+
+    @property
+    def complete(self) -> bool:
+        return self.prompt_tokens is not None and self.completion_tokens is not None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Usage | None:
+        if not isinstance(data, dict):
+            return None
+
+        def num(key: str) -> int | None:
+            value = data.get(key)
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+        return cls(num("prompt_tokens"), num("completion_tokens"), num("total_tokens"))
+
+
+@dataclass(frozen=True)
+class Choice:
+    index: int
+    text: str
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One answered request: one choice per prompt (chat and single prompts have one)."""
+
+    choices: tuple[Choice, ...]
+    usage: Usage | None
+    served_model: str | None
+    system_fingerprint: str | None
+    elapsed_s: float
+    ttft_s: float | None = None
+
+    @property
+    def text(self) -> str:
+        return self.choices[0].text if self.choices else ""
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.choices[0].finish_reason if self.choices else None
+
+
+def incomplete_reason(choice: Choice, max_tokens: int | None = None) -> str | None:
+    """Why an answer is not complete (SPEC §5.5 ``incomplete``), or None when it is."""
+    if choice.finish_reason == "length":
+        limit = f"max_tokens={max_tokens}" if max_tokens is not None else "max_tokens"
+        return (
+            f"cut off at {limit} (finish_reason length): raise max_tokens, or memory may be short"
+        )
+    if choice.finish_reason != "stop":
+        return f"finish_reason is {choice.finish_reason!r}, not 'stop'"
+    if not choice.text.strip():
+        return "the answer is empty"
+    return None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    id: str
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+@dataclass(frozen=True)
+class ServerIdentity:
+    """What the server says about itself (``GET /v1/models`` and the response fields)."""
+
+    models: tuple[ModelInfo, ...] = ()
+    served_model: str | None = None
+    system_fingerprint: str | None = None
+
+    @property
+    def model_ids(self) -> tuple[str, ...]:
+        return tuple(m.id for m in self.models)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "models": [
+                {"id": m.id, "root": m.root, "max_model_len": m.max_model_len} for m in self.models
+            ],
+            "served_model": self.served_model,
+            "system_fingerprint": self.system_fingerprint,
+        }
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request, as written to ``records.jsonl`` (SPEC §4.1)."""
+
+    run_id: str
+    ts: str
+    stage: str
+    target: str
+    prompt: str
+    params: SamplingParams
+    text: str | None
+    finish_reason: str | None
+    usage: Usage | None
+    elapsed_s: float
+    ttft_s: float | None
+    served_model: str | None
+    system_fingerprint: str | None
+    batch_size: int = 1
+    concurrency: int = 1
+    round: int | None = None
+    ok: bool = True
+    error: ErrorInfo | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "ts": self.ts,
+            "stage": self.stage,
+            "target": self.target,
+            "prompt": self.prompt,
+            "params": self.params.to_json(),
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "usage": self.usage.to_json() if self.usage else None,
+            "elapsed_s": round(self.elapsed_s, 6),
+            "ttft_s": round(self.ttft_s, 6) if self.ttft_s is not None else None,
+            "served_model": self.served_model,
+            "system_fingerprint": self.system_fingerprint,
+            "batch_size": self.batch_size,
+            "concurrency": self.concurrency,
+            "round": self.round,
+            "ok": self.ok,
+            "error": self.error.to_json() if self.error else None,
+        }
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One stage result in ``runs/ledger.jsonl`` (SPEC §4.2); the gates read these."""
+
+    stage: str
+    run_id: str
+    target: str
+    passed: bool
+    summary: dict[str, Any] = field(default_factory=dict)
+    forced: bool = False
+    ts: str = field(default_factory=utc_now_iso)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "ts": self.ts,
+            "stage": self.stage,
+            "run_id": self.run_id,
+            "target": self.target,
+            "passed": self.passed,
+            "summary": self.summary,
+        }
+        if self.forced:
+            out["forced"] = True
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LedgerEntry:
+        return cls(
+            stage=str(data["stage"]),
+            run_id=str(data.get("run_id", "")),
+            target=str(data.get("target", "")),
+            passed=bool(data.get("passed", False)),
+            summary=dict(data.get("summary") or {}),
+            forced=bool(data.get("forced", False)),
+            ts=str(data.get("ts", "")),
+        )

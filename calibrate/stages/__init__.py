@@ -1,0 +1,1 @@
+"""Stage logic, testable without a terminal: each stage takes a ``StageContext``."""

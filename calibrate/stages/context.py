@@ -1,0 +1,85 @@
+"""What a stage runs with: resolved config, client, run folder, ledger and target."""
+
+from __future__ import annotations
+
+import platform
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from calibrate import __version__
+from calibrate.client import OpenAIClient
+from calibrate.config import Config
+from calibrate.ledger import Ledger
+from calibrate.records import LedgerEntry, SamplingParams
+from calibrate.store import RunDir
+
+
+@dataclass(frozen=True)
+class StageContext:
+    config: Config
+    client: OpenAIClient
+    run: RunDir
+    ledger: Ledger
+    target: str
+    forced: bool = False
+
+    @property
+    def params(self) -> SamplingParams:
+        return sampling_params(self.config)
+
+    def record_result(self, passed: bool, summary: dict[str, Any]) -> LedgerEntry:
+        """Append this run's verdict to the ledger and write ``summary.json``."""
+        entry = LedgerEntry(
+            stage=self.run.stage,
+            run_id=self.run.run_id,
+            target=self.target,
+            passed=passed,
+            summary=summary,
+            forced=self.forced,
+        )
+        self.ledger.append(entry)
+        self.run.write_json("summary.json", entry.to_json())
+        return entry
+
+
+def sampling_params(cfg: Config) -> SamplingParams:
+    return SamplingParams(
+        temperature=cfg.prompt.temperature,
+        max_tokens=cfg.prompt.max_tokens,
+        top_p=cfg.prompt.top_p,
+        seed=cfg.prompt.seed,
+    )
+
+
+def versions() -> dict[str, str]:
+    out = {
+        "calibrate": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+    }
+    for package in ("requests", "urllib3", "nvidia-ml-py", "jq", "pandas", "rich"):
+        try:
+            out[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def manifest(
+    ctx: StageContext, command: list[str], extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """``manifest.json``: command, resolved config (no secrets), target, versions."""
+    out: dict[str, Any] = {
+        "run_id": ctx.run.run_id,
+        "stage": ctx.run.stage,
+        "command": command,
+        "target": ctx.target,
+        "forced": ctx.forced,
+        "config": ctx.config.to_public_json(),
+        "versions": versions(),
+    }
+    if extra:
+        out.update(extra)
+    return out

@@ -1,0 +1,90 @@
+"""Stage B: the fixed prompt again, compared with the baseline (SPEC §5.2)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from calibrate.compare import Comparison, Normaliser, compare
+from calibrate.errors import InputError
+from calibrate.ledger import baseline_path
+from calibrate.stages.context import StageContext
+from calibrate.stages.single import fixed_prompt_call, read_baseline
+
+
+@dataclass(frozen=True)
+class ReproResult:
+    comparisons: tuple[Comparison, ...]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.comparisons) and all(c.passed for c in self.comparisons)
+
+    @property
+    def verdict(self) -> str:
+        verdicts = {c.verdict for c in self.comparisons}
+        for worst in ("differs", "whitespace-only"):
+            if worst in verdicts:
+                return worst
+        return "identical"
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict,
+            "runs": len(self.comparisons),
+            "identical": sum(c.verdict == "identical" for c in self.comparisons),
+            "differing": sorted({f for c in self.comparisons for f in c.differing}),
+        }
+
+
+def against_baseline(
+    ctx: StageContext, normaliser: Normaliser, *, runs: int = 1, stream: bool = False
+) -> ReproResult:
+    """Run the fixed prompt ``runs`` times; compare each with the baseline."""
+    baseline = read_baseline(baseline_path(ctx.config))
+    comparisons: list[Comparison] = []
+    for n in range(1, runs + 1):
+        record = fixed_prompt_call(ctx, stream=stream)
+        ctx.run.append("records.jsonl", record.to_json())
+        comparisons.append(
+            compare(baseline, record.to_json(), normaliser, labels=("baseline", f"run {n}"))
+        )
+    return ReproResult(tuple(comparisons))
+
+
+def load_records(path: Path) -> list[dict[str, Any]]:
+    """Every record of a JSONL file; a line that is not a JSON object is an input error."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {path}: {exc}", "Give two JSONL record files.") from exc
+    records: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}:{number} is not JSON ({exc.msg})") from exc
+        if not isinstance(obj, dict):
+            raise InputError(f"{path}:{number} is not a JSON object")
+        records.append(obj)
+    if not records:
+        raise InputError(f"{path} holds no records")
+    return records
+
+
+def between_files(left: Path, right: Path, normaliser: Normaliser) -> ReproResult:
+    """Offline: compare two record files line by line, no server involved."""
+    a, b = load_records(left), load_records(right)
+    comparisons = [
+        compare(x, y, normaliser, labels=(f"{left}:{i}", f"{right}:{i}"))
+        for i, (x, y) in enumerate(zip(a, b, strict=False), 1)
+    ]
+    if len(a) != len(b):
+        comparisons.append(
+            Comparison("differs", ("record count",), (f"{len(a)} records vs {len(b)}",), ())
+        )
+    return ReproResult(tuple(comparisons))

@@ -1,0 +1,148 @@
+"""Stage A: one fixed prompt at temperature 0, checked for completeness (SPEC §5.1)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from calibrate.errors import ErrorInfo, InputError, RequestError, ServerUnreachable
+from calibrate.ledger import baseline_path
+from calibrate.records import RequestRecord, ServerIdentity, incomplete_reason, utc_now_iso
+from calibrate.stages.context import StageContext
+from calibrate.store import dumps_line, read_jsonl, write_atomic
+
+log = logging.getLogger("calibrate")
+
+START_HINT = "Start it, or try the built-in one: make mock"
+
+
+def fixed_prompt_call(ctx: StageContext, *, stream: bool = False) -> RequestRecord:
+    """Send the fixed prompt once and return its record (also for failures; ``ok`` tells)."""
+    cfg = ctx.config
+    params = ctx.params
+    error: ErrorInfo | None = None
+    try:
+        completion = ctx.client.chat(cfg.target.model, cfg.prompt.text, params, stream=stream)
+    except RequestError as exc:
+        if exc.kind == "connect":
+            raise ServerUnreachable(
+                f"no server at {cfg.target.base_url} (connection refused)", START_HINT
+            ) from exc
+        error = exc.info
+        return RequestRecord(
+            run_id=ctx.run.run_id, ts=utc_now_iso(), stage=ctx.run.stage, target=ctx.target,
+            prompt=cfg.prompt.text, params=params, text=None, finish_reason=None, usage=None,
+            elapsed_s=0.0, ttft_s=None, served_model=None, system_fingerprint=None,
+            ok=False, error=error,
+        )  # fmt: skip
+    problem = incomplete_reason(completion.choices[0], params.max_tokens)
+    if problem:
+        error = ErrorInfo("incomplete", problem)
+    return RequestRecord(
+        run_id=ctx.run.run_id, ts=utc_now_iso(), stage=ctx.run.stage, target=ctx.target,
+        prompt=cfg.prompt.text, params=params, text=completion.text,
+        finish_reason=completion.finish_reason, usage=completion.usage,
+        elapsed_s=completion.elapsed_s, ttft_s=completion.ttft_s,
+        served_model=completion.served_model, system_fingerprint=completion.system_fingerprint,
+        ok=error is None, error=error,
+    )  # fmt: skip
+
+
+def server_identity(ctx: StageContext) -> tuple[ServerIdentity, list[str]]:
+    """``GET /v1/models``; connection refused ends the stage with exit 4."""
+    try:
+        return ServerIdentity(models=ctx.client.models()), []
+    except RequestError as exc:
+        if exc.kind == "connect":
+            raise ServerUnreachable(
+                f"no server at {ctx.config.target.base_url} (connection refused)", START_HINT
+            ) from exc
+        return ServerIdentity(), [f"GET /v1/models failed ({exc.info.message}); identity unknown"]
+
+
+@dataclass(frozen=True)
+class SingleResult:
+    record: RequestRecord
+    identity: ServerIdentity
+    problems: tuple[str, ...]
+    warnings: tuple[str, ...]
+    baseline: str | None  # what happened to the baseline: "written", "replaced", None
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+
+def diagnose(record: RequestRecord, identity: ServerIdentity, model: str) -> list[str]:
+    """Why the single call failed, one specific diagnosis per cause (SPEC §5.1)."""
+    if record.error is not None and record.error.kind != "incomplete":
+        info = record.error
+        if info.kind == "http_4xx" and identity.model_ids and model not in identity.model_ids:
+            return [
+                f"the server does not serve {model!r}; it serves: {', '.join(identity.model_ids)}"
+            ]
+        if info.status in (404, 400) and "model" in info.message.lower():
+            served = ", ".join(identity.model_ids) or "unknown (GET /v1/models gave nothing)"
+            return [f"the server does not serve {model!r}; it serves: {served}"]
+        return [f"the request failed ({info.kind}): {info.message}"]
+    problems: list[str] = []
+    if record.error is not None:
+        problems.append(record.error.message)
+    if record.usage is None or not record.usage.complete:
+        problems.append("the server did not report token usage (prompt and completion tokens)")
+    return problems
+
+
+def run_single(
+    ctx: StageContext, *, stream: bool = False, save_baseline: bool = False
+) -> SingleResult:
+    identity, warnings = server_identity(ctx)
+    model = ctx.config.target.model
+    if identity.model_ids and model not in identity.model_ids:
+        warnings.append(
+            f"the server lists {', '.join(identity.model_ids)} but the config names {model!r}"
+        )
+    record = fixed_prompt_call(ctx, stream=stream)
+    ctx.run.append("records.jsonl", record.to_json())
+    identity = replace(
+        identity, served_model=record.served_model, system_fingerprint=record.system_fingerprint
+    )
+    if record.ok and record.served_model and record.served_model != model:
+        warnings.append(
+            f"the response says model {record.served_model!r}, the config names {model!r}: "
+            "right endpoint, wrong weights?"
+        )
+    problems = diagnose(record, identity, model)
+    baseline = None
+    if not problems:
+        baseline = write_baseline(baseline_path(ctx.config), record, replace_existing=save_baseline)
+    return SingleResult(record, identity, tuple(problems), tuple(warnings), baseline)
+
+
+def write_baseline(path: Path, record: RequestRecord, *, replace_existing: bool) -> str | None:
+    """First pass writes the baseline; ``--save-baseline`` replaces it, keeping the old one."""
+    if path.exists() and not replace_existing:
+        return None
+    action = "written"
+    if path.exists():
+        stamp = record.ts.replace(":", "").replace("-", "").replace(".", "")
+        shutil.copy2(path, path.with_name(f"{path.stem}.{stamp}{path.suffix}"))
+        action = "replaced"
+    write_atomic(path, dumps_line(record.to_json()) + "\n")
+    return action
+
+
+def read_baseline(path: Path) -> dict[str, Any]:
+    """The first record of the baseline file."""
+    try:
+        for obj in read_jsonl(path):
+            return obj
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read the baseline {path}: {exc}") from exc
+    raise InputError(
+        f"the baseline {path} holds no record",
+        "Write a new one: calibrate single --save-baseline",
+    )

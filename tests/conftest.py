@@ -1,0 +1,74 @@
+"""Shared fixtures: an isolated working directory, a scrubbed environment, the CLI in-process."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from calibrate.cli import main
+
+FAKE_KEY = "sk-calibrate-test-0123456789abcdef"
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test runs in its own empty directory with no calibrate settings inherited."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("CALIBRATE_") or name in ("OPENAI_API_KEY", "NO_COLOR", "FORCE_COLOR"):
+            monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.out.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Any:
+    """Run ``calibrate ARGS`` in-process and capture its exit code, stdout and stderr."""
+
+    def run(*args: str) -> CliResult:
+        capsys.readouterr()
+        code = main(list(args))
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return run
+
+
+@pytest.fixture
+def mock() -> Iterator[Any]:
+    """The built-in mock on a free port, fast latencies."""
+    from tests.mockserver import start_mock
+
+    with start_mock(ttft=0.002, per_token=0.0005) as server:
+        yield server
+
+
+def write_config(path: Path, base_url: str, extra: str = "") -> Path:
+    path.write_text(
+        f'[target]\nbase_url = "{base_url}"\nmodel = "internlm-s2"\ntimeout_s = 30\n{extra}',
+        encoding="utf-8",
+    )
+    return path
+
+
+def all_files_text(root: Path) -> str:
+    return "\n".join(
+        p.read_text(encoding="utf-8", errors="replace") for p in root.rglob("*") if p.is_file()
+    )

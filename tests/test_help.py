@@ -1,0 +1,33 @@
+"""Every command has help text that ends with an example."""
+
+from __future__ import annotations
+
+import pytest
+
+from calibrate.cli import COMMAND_MODULES, build_parser
+
+
+def test_top_level_help(cli) -> None:
+    result = cli("--help")
+    assert result.code == 0
+    for name in COMMAND_MODULES:
+        assert name in result.out
+
+
+@pytest.mark.parametrize("command", COMMAND_MODULES)
+def test_every_command_has_help_with_example(cli, command: str) -> None:
+    result = cli(command, "--help")
+    assert result.code == 0
+    assert "example:" in result.out, f"`calibrate {command} --help` shows no example"
+
+
+def test_no_command_is_usage_error(cli) -> None:
+    assert cli().code == 2
+
+
+def test_bad_flag_is_usage_error(cli) -> None:
+    assert cli("single", "--no-such-flag").code == 2
+
+
+def test_parser_builds_without_gpu_or_server() -> None:
+    assert build_parser().prog == "calibrate"

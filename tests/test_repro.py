@@ -1,0 +1,92 @@
+"""Stage B: repro against the baseline and between files; gates."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import FAKE_KEY, all_files_text, write_config
+from tests.mockserver import start_mock
+
+
+def _baseline(cli, base_url: str, isolated: Path) -> None:
+    write_config(isolated / "calibrate.toml", base_url)
+    assert cli("single").code == 0
+
+
+def test_repro_identical(cli, mock, isolated: Path) -> None:
+    _baseline(cli, mock.base_url, isolated)
+    result = cli("repro", "--json")
+    assert result.code == 0, result.err
+    assert result.json["verdict"] == "identical" and result.json["runs"] == 2
+    assert "repro passed: 2/2 identical" in result.err
+
+
+def test_repro_detects_changed_answer(cli, isolated: Path) -> None:
+    with start_mock(ttft=0.001, per_token=0.0002) as server:
+        _baseline(cli, server.base_url, isolated)
+    with start_mock(ttft=0.001, per_token=0.0002, text_seed=1) as server:
+        write_config(isolated / "calibrate.toml", server.base_url)
+        result = cli("repro", "--runs", "1", "--json")
+    assert result.code == 1
+    assert "text" in result.json["differing"]
+    assert "-  \"text\"" in result.err or '- "text"' in result.err.replace("  ", " ")
+    ledger = [json.loads(x) for x in (isolated / "runs/ledger.jsonl").read_text().splitlines()]
+    assert ledger[-1]["stage"] == "repro" and ledger[-1]["passed"] is False
+
+
+def test_repro_whitespace_only_passes_with_note(cli, isolated: Path) -> None:
+    with start_mock(ttft=0.001, per_token=0.0002) as server:
+        _baseline(cli, server.base_url, isolated)
+    with start_mock(ttft=0.001, per_token=0.0002, whitespace_variant=True) as server:
+        write_config(isolated / "calibrate.toml", server.base_url)
+        result = cli("repro", "--runs", "1", "--json")
+    assert result.code == 0, result.err
+    assert result.json["verdict"] == "whitespace-only"
+    assert "whitespace-only" in result.err
+
+
+def test_repro_cause_hint_for_prompt_tokens(cli, isolated: Path, tmp_path: Path) -> None:
+    base = {"text": "a", "usage": {"prompt_tokens": 10, "completion_tokens": 1}, "ts": "x"}
+    other = {"text": "b", "usage": {"prompt_tokens": 12, "completion_tokens": 1}, "ts": "y"}
+    (tmp_path / "a.jsonl").write_text(json.dumps(base) + "\n")
+    (tmp_path / "b.jsonl").write_text(json.dumps(other) + "\n")
+    result = cli("repro", "a.jsonl", "b.jsonl")
+    assert result.code == 1
+    assert "chat template or tokenizer changed" in result.err
+
+
+def test_repro_offline_files_and_ignore(cli, tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text('{"text": "x", "ts": 1, "system_fingerprint": "a"}\n')
+    (tmp_path / "b.jsonl").write_text('{"text": "x", "ts": 2, "system_fingerprint": "b"}\n')
+    assert cli("repro", "a.jsonl", "b.jsonl").code == 1
+    assert cli("repro", "a.jsonl", "b.jsonl", "--ignore", "system_fingerprint").code == 0
+    assert cli("repro", "a.jsonl", "b.jsonl", "--jq", "{text}").code == 0
+    assert not (tmp_path / "runs").exists(), "offline comparison writes nothing"
+
+
+def test_bad_jq_program_exits_2_with_jq_message(cli, tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text('{"text": "x"}\n')
+    result = cli("repro", "a.jsonl", "a.jsonl", "--jq", "del(.text")
+    assert result.code == 2 and "does not compile" in result.err
+
+
+def test_repro_bad_file_is_exit_2(cli, tmp_path: Path) -> None:
+    (tmp_path / "a.jsonl").write_text("{not json\n")
+    result = cli("repro", "a.jsonl", "missing.jsonl")
+    assert result.code == 2 and "a.jsonl:1" in result.err
+
+
+def test_gate_closed_without_baseline_and_force(cli, mock, isolated: Path) -> None:
+    write_config(isolated / "calibrate.toml", mock.base_url)
+    result = cli("repro")
+    assert result.code == 3 and "calibrate single" in result.err
+
+
+def test_no_api_key_on_disk(cli, mock, isolated: Path, monkeypatch) -> None:
+    monkeypatch.setenv("CALIBRATE_API_KEY", FAKE_KEY)
+    _baseline(cli, mock.base_url, isolated)
+    assert cli("repro").code == 0
+    assert cli("status").code == 0
+    text = all_files_text(isolated)
+    assert FAKE_KEY not in text and FAKE_KEY[-12:] not in text

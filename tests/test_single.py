@@ -1,0 +1,105 @@
+"""Stage A against the real mock over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+from tests.conftest import write_config
+from tests.mockserver import start_mock
+
+
+def _records(root: Path, stage: str) -> list[dict]:
+    (run,) = [p for p in (root / "runs").iterdir() if p.is_dir() and f"-{stage}-" in p.name]
+    return [json.loads(line) for line in (run / "records.jsonl").read_text("utf-8").splitlines()]
+
+
+def test_single_passes_writes_record_baseline_and_ledger(cli, mock, isolated: Path) -> None:
+    write_config(isolated / "calibrate.toml", mock.base_url)
+    result = cli("single", "--json")
+    assert result.code == 0, result.err
+    assert "baseline written" in result.err
+    (record,) = _records(isolated, "single")
+    assert record["ok"] and record["finish_reason"] == "stop" and record["text"]
+    assert record["params"] == {"temperature": 0.0, "max_tokens": 128, "top_p": 1.0, "seed": 0}
+    assert record["usage"]["prompt_tokens"] > 0 and record["usage"]["completion_tokens"] > 0
+    assert record["served_model"] == "internlm-s2"
+    baseline = json.loads((isolated / "baselines/single.jsonl").read_text("utf-8"))
+    assert baseline["text"] == record["text"]
+    ledger = [json.loads(x) for x in (isolated / "runs/ledger.jsonl").read_text().splitlines()]
+    assert ledger[-1]["stage"] == "single" and ledger[-1]["passed"] is True
+    assert result.json["passed"] is True
+    run_dir = isolated / "runs" / result.json["run_id"]
+    manifest = json.loads((run_dir / "manifest.json").read_text("utf-8"))
+    assert manifest["target"] == record["target"] and manifest["config"]["target"]["model"]
+    # JSONL is compact and UTF-8 unescaped
+    raw = (run_dir / "records.jsonl").read_text("utf-8")
+    assert "定长数组" in raw and ", " not in raw.split('"text"')[0]
+
+
+def test_second_single_keeps_baseline_save_baseline_replaces(cli, isolated: Path) -> None:
+    with start_mock(ttft=0.001, per_token=0.0002) as first:
+        write_config(isolated / "calibrate.toml", first.base_url)
+        assert cli("single").code == 0
+    original = (isolated / "baselines/single.jsonl").read_text("utf-8")
+    with start_mock(ttft=0.001, per_token=0.0002, text_seed=7) as second:
+        write_config(isolated / "calibrate.toml", second.base_url)
+        assert cli("single").code == 0
+        assert (isolated / "baselines/single.jsonl").read_text("utf-8") == original
+        result = cli("single", "--save-baseline")
+        assert result.code == 0 and "baseline replaced" in result.err
+    kept = list((isolated / "baselines").glob("single.*.jsonl"))
+    assert len(kept) == 1 and kept[0].read_text("utf-8") == original
+    assert (isolated / "baselines/single.jsonl").read_text("utf-8") != original
+
+
+def test_stream_records_ttft(cli, mock, isolated: Path) -> None:
+    write_config(isolated / "calibrate.toml", mock.base_url)
+    assert cli("single", "--stream").code == 0
+    (record,) = _records(isolated, "single")
+    assert record["ttft_s"] is not None and 0 < record["ttft_s"] <= record["elapsed_s"]
+    assert record["usage"]["completion_tokens"] > 0
+
+
+def test_unreachable_server_exits_4_with_hint(cli, isolated: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = cli("single", "--base-url", f"http://127.0.0.1:{port}/v1")
+    assert result.code == 4
+    assert f"http://127.0.0.1:{port}/v1" in result.err and "make mock" in result.err
+    assert "Traceback" not in result.err
+
+
+def test_unknown_model_names_what_is_served(cli, mock, isolated: Path) -> None:
+    write_config(isolated / "calibrate.toml", mock.base_url)
+    result = cli("single", "--model", "other-model")
+    assert result.code == 1
+    assert "does not serve 'other-model'" in result.err and "internlm-s2" in result.err
+
+
+def test_unknown_model_with_400_like_transformers_serve(cli, isolated: Path) -> None:
+    with start_mock(ttft=0.001, per_token=0.0002, unknown_model_status=400) as server:
+        result = cli("single", "--base-url", server.base_url, "--model", "nope")
+    assert result.code == 1 and "it serves: internlm-s2" in result.err
+
+
+def test_length_is_a_failure_with_max_tokens_diagnosis(cli, mock, isolated: Path) -> None:
+    write_config(isolated / "calibrate.toml", mock.base_url, "[prompt]\nmax_tokens = 3\n")
+    result = cli("single")
+    assert result.code == 1
+    assert "cut off at max_tokens=3" in result.err
+    assert not (isolated / "baselines/single.jsonl").exists(), "a failed call is no baseline"
+
+
+def test_missing_usage_is_diagnosed(cli, isolated: Path) -> None:
+    with start_mock(ttft=0.001, per_token=0.0002, no_usage=True) as server:
+        result = cli("single", "--base-url", server.base_url)
+    assert result.code == 1 and "did not report token usage" in result.err
+
+
+def test_wrong_weights_warning(cli, isolated: Path) -> None:
+    with start_mock(ttft=0.001, per_token=0.0002, models=("internlm-s2", "other")) as server:
+        result = cli("single", "--base-url", server.base_url, "--model", "other")
+    assert result.code == 0
