@@ -56,7 +56,7 @@ def mock() -> Iterator[Any]:
     """The built-in mock on a free port, fast latencies."""
     from tests.mockserver import start_mock
 
-    with start_mock(ttft=0.002, per_token=0.0005) as server:
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as server:
         yield server
 
 

@@ -19,9 +19,9 @@ LISTENING = "mock listening on "
 class RunningMock:
     """A mock serving on 127.0.0.1:<free port> from a thread of the test process."""
 
-    def __init__(self, settings: MockSettings) -> None:
+    def __init__(self, settings: MockSettings, port: int = 0) -> None:
         self.settings = settings
-        self._background = BackgroundServer(settings, "127.0.0.1", 0)
+        self._background = BackgroundServer(settings, "127.0.0.1", port)
         self.port = self._background.server.port
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self.model: MockModel = self._background.server.model
@@ -33,16 +33,22 @@ class RunningMock:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop()
 
 
-def start_mock(**settings: Any) -> RunningMock:
-    """``start_mock(ttft_s=0.001, slots=2)``: keyword arguments are MockSettings fields."""
+def start_mock(*, port: int = 0, **settings: Any) -> RunningMock:
+    """``start_mock(ttft_s=0.001, slots=2)``: keyword arguments are MockSettings fields.
+
+    ``port`` restarts a mock where an earlier one listened (same base_url, same target).
+    """
     if isinstance(settings.get("models"), str):
         settings["models"] = (settings["models"],)
-    return RunningMock(MockSettings(**settings))
+    return RunningMock(MockSettings(**settings), port)
 
 
 class MockProcess:
@@ -85,7 +91,10 @@ class MockProcess:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop()
 

@@ -23,22 +23,26 @@ def test_repro_identical(cli, mock, isolated: Path) -> None:
 
 
 def test_repro_detects_changed_answer(cli, isolated: Path) -> None:
-    with start_mock(ttft=0.001, per_token=0.0002) as server:
+    with start_mock(ttft_s=0.001, per_token_s=0.0002) as server:
         _baseline(cli, server.base_url, isolated)
-    with start_mock(ttft=0.001, per_token=0.0002, text_seed=1) as server:
+    with start_mock(ttft_s=0.001, per_token_s=0.0002, text_seed=1, port=server.port) as server:
         write_config(isolated / "calibrate.toml", server.base_url)
         result = cli("repro", "--runs", "1", "--json")
     assert result.code == 1
     assert "text" in result.json["differing"]
-    assert "-  \"text\"" in result.err or '- "text"' in result.err.replace("  ", " ")
+    diff_lines = [line for line in result.err.splitlines() if line.startswith(("-", "+"))]
+    assert any('"text"' in line for line in diff_lines if line.startswith("-"))
+    assert any('"text"' in line for line in diff_lines if line.startswith("+"))
     ledger = [json.loads(x) for x in (isolated / "runs/ledger.jsonl").read_text().splitlines()]
     assert ledger[-1]["stage"] == "repro" and ledger[-1]["passed"] is False
 
 
 def test_repro_whitespace_only_passes_with_note(cli, isolated: Path) -> None:
-    with start_mock(ttft=0.001, per_token=0.0002) as server:
+    with start_mock(ttft_s=0.001, per_token_s=0.0002) as server:
         _baseline(cli, server.base_url, isolated)
-    with start_mock(ttft=0.001, per_token=0.0002, whitespace_variant=True) as server:
+    with start_mock(
+        ttft_s=0.001, per_token_s=0.0002, whitespace_variant=True, port=server.port
+    ) as server:
         write_config(isolated / "calibrate.toml", server.base_url)
         result = cli("repro", "--runs", "1", "--json")
     assert result.code == 0, result.err

@@ -39,11 +39,11 @@ def test_single_passes_writes_record_baseline_and_ledger(cli, mock, isolated: Pa
 
 
 def test_second_single_keeps_baseline_save_baseline_replaces(cli, isolated: Path) -> None:
-    with start_mock(ttft=0.001, per_token=0.0002) as first:
+    with start_mock(ttft_s=0.001, per_token_s=0.0002) as first:
         write_config(isolated / "calibrate.toml", first.base_url)
         assert cli("single").code == 0
     original = (isolated / "baselines/single.jsonl").read_text("utf-8")
-    with start_mock(ttft=0.001, per_token=0.0002, text_seed=7) as second:
+    with start_mock(ttft_s=0.001, per_token_s=0.0002, text_seed=7) as second:
         write_config(isolated / "calibrate.toml", second.base_url)
         assert cli("single").code == 0
         assert (isolated / "baselines/single.jsonl").read_text("utf-8") == original
@@ -80,7 +80,7 @@ def test_unknown_model_names_what_is_served(cli, mock, isolated: Path) -> None:
 
 
 def test_unknown_model_with_400_like_transformers_serve(cli, isolated: Path) -> None:
-    with start_mock(ttft=0.001, per_token=0.0002, unknown_model_status=400) as server:
+    with start_mock(ttft_s=0.001, per_token_s=0.0002, unknown_model_status=400) as server:
         result = cli("single", "--base-url", server.base_url, "--model", "nope")
     assert result.code == 1 and "it serves: internlm-s2" in result.err
 
@@ -94,12 +94,12 @@ def test_length_is_a_failure_with_max_tokens_diagnosis(cli, mock, isolated: Path
 
 
 def test_missing_usage_is_diagnosed(cli, isolated: Path) -> None:
-    with start_mock(ttft=0.001, per_token=0.0002, no_usage=True) as server:
+    with start_mock(ttft_s=0.001, per_token_s=0.0002, no_usage=True) as server:
         result = cli("single", "--base-url", server.base_url)
     assert result.code == 1 and "did not report token usage" in result.err
 
 
 def test_wrong_weights_warning(cli, isolated: Path) -> None:
-    with start_mock(ttft=0.001, per_token=0.0002, models=("internlm-s2", "other")) as server:
+    with start_mock(ttft_s=0.001, per_token_s=0.0002, models=("internlm-s2", "other")) as server:
         result = cli("single", "--base-url", server.base_url, "--model", "other")
     assert result.code == 0

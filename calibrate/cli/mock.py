@@ -98,9 +98,9 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    print(f"mock listening on {background.server.base_url}", flush=True)
-    if args.port_file:
+    if args.port_file:  # before the line: whoever reads the line may read the file at once
         Path(args.port_file).write_text(f"{background.server.port}\n", encoding="utf-8")
+    print(f"mock listening on {background.server.base_url}", flush=True)
     while not stop.wait(0.5):
         pass
     background.stop()

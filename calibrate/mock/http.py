@@ -110,6 +110,10 @@ class MockHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         kind = GENERATE_PATHS.get(self.path.split("?", 1)[0])
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            self.close_connection = True  # the body stays unread: the connection is unusable
+            self._send_json(411, {"detail": "Send the body with a Content-Length."})
+            return
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if kind is None:
             self._send_json(404, {"detail": "Not Found"})

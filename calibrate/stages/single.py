@@ -137,6 +137,8 @@ def write_baseline(path: Path, record: RequestRecord, *, replace_existing: bool)
 
 def read_baseline(path: Path) -> dict[str, Any]:
     """The first record of the baseline file."""
+    if not path.exists():
+        raise InputError(f"there is no baseline at {path}", "Write one first: calibrate single")
     try:
         for obj in read_jsonl(path):
             return obj
