@@ -162,7 +162,9 @@ def train(tokenizer, rng: random.Random):
     model = LlamaForCausalLM(config)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / STEPS))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / STEPS)
+    )
     pad = tokenizer.pad_token_id
     loss_value = float("nan")
     for step in range(STEPS):
@@ -197,7 +199,10 @@ def greedy_answer(model, tokenizer, question: str, max_new_tokens: int = 32) -> 
     ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")
     with torch.no_grad():
         out = model.generate(
-            **ids, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id
+            **ids,
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
         )
     return tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=False)
 
@@ -231,9 +236,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    for path in out.iterdir():
+        if path.is_file():
+            path.chmod(0o644)  # safetensors writes 0600; keep the fixture's modes uniform
 
-    print(f"built {out} in {time.monotonic() - t0:.1f}s (final loss {loss:.4f}, "
-          f"{sum(p.numel() for p in model.parameters())} parameters, vocab {len(tokenizer)})")
+    print(
+        f"built {out} in {time.monotonic() - t0:.1f}s (final loss {loss:.4f}, "
+        f"{sum(p.numel() for p in model.parameters())} parameters, vocab {len(tokenizer)})"
+    )
     for path in sorted(out.iterdir()):
         if path.is_file():
             digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]

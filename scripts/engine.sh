@@ -25,6 +25,7 @@ BASE_PYTHON="${ENGINE_PYTHON:-python3.11}"
 HEALTH_TIMEOUT="${ENGINE_HEALTH_TIMEOUT:-120}"
 CB_BLOCKS="${ENGINE_CB_BLOCKS:-64}"
 TORCH_PIN="torch==2.13.0"   # the CPU wheel; unpinned pip pulls a multi-GB CUDA build
+TRANSFORMERS_PIN="transformers[serving]==5.24.0"   # the version docs/engine-protocol.md describes
 RUNS="runs"
 LOG="${RUNS}/engine.log"
 PIDFILE="${RUNS}/engine.pid"
@@ -48,9 +49,9 @@ cmd_install() {
         say "creating ${VENV} with ${BASE_PYTHON}"
         "${BASE_PYTHON}" -m venv "${VENV}" || die "could not create the venv ${VENV}"
     fi
-    say "installing ${TORCH_PIN} and transformers[serving] into ${VENV} (about 2 minutes, 1.2 GB)"
-    if ! "${VENV}/bin/python" -m pip install --quiet "${TORCH_PIN}" "transformers[serving]"; then
-        die "pip could not install ${TORCH_PIN} + transformers[serving] into ${VENV}; see pip's output above. Remove ${VENV} and retry: scripts/engine.sh install"
+    say "installing ${TORCH_PIN} and ${TRANSFORMERS_PIN} into ${VENV} (about 2 minutes, 1.2 GB)"
+    if ! "${VENV}/bin/python" -m pip install --quiet "${TORCH_PIN}" "${TRANSFORMERS_PIN}"; then
+        die "pip could not install ${TORCH_PIN} + ${TRANSFORMERS_PIN} into ${VENV}; see pip's output above. Remove ${VENV} and retry: scripts/engine.sh install"
     fi
     venv_ok || die "${VENV} was installed but 'import torch, transformers, fastapi, uvicorn' or the 'transformers' command fails"
     say "installed: $("${VENV}/bin/python" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"
@@ -73,6 +74,19 @@ live_pid() {
     [[ "${pid}" =~ ^[0-9]+$ ]] || return 1
     kill -0 "${pid}" 2>/dev/null || return 1
     echo "${pid}"
+}
+
+port_is_free() {
+    "${VENV}/bin/python" - "$1" <<'EOF2'
+import socket, sys
+s = socket.socket()
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    sys.exit(1)
+finally:
+    s.close()
+EOF2
 }
 
 free_port() {
@@ -121,6 +135,8 @@ cmd_start() {
         port="$(free_port)"
     fi
     [[ "${port}" =~ ^[0-9]+$ ]] || die "port must be a number, got '${port}'"
+    # Otherwise /health of whatever already listens there would pass for ours.
+    port_is_free "${port}" || die "port ${port} is already in use on 127.0.0.1: pick another or omit it"
     url="http://127.0.0.1:${port}"
     : >"${LOG}"
     # setsid: the engine leads its own process group (pgid == pid), so stop can signal just it.
