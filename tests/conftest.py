@@ -60,9 +60,11 @@ def mock() -> Iterator[Any]:
         yield server
 
 
-def write_config(path: Path, base_url: str, extra: str = "") -> Path:
+def write_config(
+    path: Path, base_url: str, extra: str = "", *, model: str = "internlm-s2"
+) -> Path:
     path.write_text(
-        f'[target]\nbase_url = "{base_url}"\nmodel = "internlm-s2"\ntimeout_s = 30\n{extra}',
+        f'[target]\nbase_url = "{base_url}"\nmodel = "{model}"\ntimeout_s = 30\n{extra}',
         encoding="utf-8",
     )
     return path

@@ -1,0 +1,58 @@
+"""Every stage driven through the real CLI against a real engine doing real token generation.
+
+Run with `make test-engine` (it installs and starts `transformers serve` with continuous batching
+on the CPU, serving the tiny model built by scripts/build_tiny_model.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.engine
+
+
+def _records(root: Path, run_id: str) -> list[dict]:
+    text = (root / "runs" / run_id / "records.jsonl").read_text("utf-8")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_single_passes_with_usage_and_stop(
+    cli, engine_config: Path, isolated: Path, engine_model: str
+) -> None:
+    result = cli("single", "--json")
+    assert result.code == 0, result.err
+    (record,) = _records(isolated, result.json["run_id"])
+    assert record["finish_reason"] == "stop" and record["text"].strip()
+    assert record["usage"]["prompt_tokens"] > 0 and record["usage"]["completion_tokens"] > 0
+    assert engine_model in result.json["identity"]["models"][0]["id"]
+    assert "right endpoint, wrong weights" not in result.err
+
+
+def test_single_streaming_without_done_marker(cli, engine_config: Path, isolated: Path) -> None:
+    result = cli("single", "--stream", "--json")
+    assert result.code == 0, result.err
+    (record,) = _records(isolated, result.json["run_id"])
+    assert record["ttft_s"] is not None and record["usage"]["completion_tokens"] > 0
+
+
+def test_single_with_tiny_max_tokens_is_cut_off(cli, engine_config: Path) -> None:
+    text = engine_config.read_text("utf-8").replace("max_tokens = 32", "max_tokens = 3")
+    engine_config.write_text(text, "utf-8")
+    result = cli("single")
+    assert result.code == 1 and "cut off at max_tokens=3" in result.err
+
+
+def test_unknown_model_lists_what_is_served(cli, engine_config: Path, engine_model: str) -> None:
+    result = cli("single", "--model", "tiny-llama")
+    assert result.code == 1
+    assert "does not serve 'tiny-llama'" in result.err and engine_model in result.err
+
+
+def test_repro_identical(cli, engine_config: Path) -> None:
+    assert cli("single").code == 0
+    result = cli("repro", "--runs", "2", "--json")
+    assert result.code == 0, result.err
+    assert result.json["verdict"] == "identical"
