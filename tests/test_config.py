@@ -45,7 +45,9 @@ def test_api_key_from_environment_only_and_masked() -> None:
         ("[target\n", "not valid TOML"),
     ],
 )
-def test_bad_config_exits_2_naming_file_and_key(cli, isolated: Path, text: str, needle: str) -> None:
+def test_bad_config_exits_2_naming_file_and_key(
+    cli, isolated: Path, text: str, needle: str
+) -> None:
     (isolated / "calibrate.toml").write_text(text, encoding="utf-8")
     result = cli("single")
     assert result.code == 2

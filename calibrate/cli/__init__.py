@@ -21,7 +21,15 @@ COMMAND_MODULES: tuple[str, ...] = (
     "init",
     "single",
     "repro",
+    "ladder",
+    "sweep",
+    "report",
+    "rollback",
+    "pin",
+    "verify",
+    "server",
     "status",
+    "batch",
     "mock",
 )
 

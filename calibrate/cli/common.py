@@ -108,7 +108,12 @@ def output_for(args: argparse.Namespace) -> Output:
 
 
 def open_stage(
-    args: argparse.Namespace, stage: str, out: Output, *, gate: bool = True
+    args: argparse.Namespace,
+    stage: str,
+    out: Output,
+    *,
+    gate: bool = True,
+    max_connections: int | None = None,
 ) -> StageContext:
     """Resolve config, check the stage's gate (exit 3 unless --force), open its run folder."""
     cfg = load_config(args)
@@ -131,7 +136,10 @@ def open_stage(
         api_key=cfg.api_key,
         timeout_s=cfg.target.timeout_s,
         max_connections=max(
-            64, *cfg.sweep.concurrency, cfg.ladder.concurrency * max(cfg.ladder.batch_sizes)
+            64,
+            *cfg.sweep.concurrency,
+            cfg.ladder.concurrency * max(cfg.ladder.batch_sizes),
+            max_connections or 0,
         ),
     )
     run = RunDir(cfg.runs_dir, stage)

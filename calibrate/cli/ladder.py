@@ -1,0 +1,125 @@
+"""Stage C: step the batch size (1→2→4→8), two rounds per tier, VRAM sampled throughout.
+
+Stops on the first failing tier, on VRAM pressure at [ladder].vram_limit, or on a per-item
+latency rise above [ladder].latency_rise; records the last passing tier. Exit 0 when a tier
+passed, 1 when even the first failed or --require-match / --compare failed.
+
+example: calibrate ladder --junit runs/ladder.xml --compare baselines/ladder.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from calibrate.cli.common import (
+    add_command,
+    add_force,
+    add_junit,
+    junit_suite,
+    open_stage,
+    output_for,
+    save_junit,
+)
+from calibrate.cli.tier_output import (
+    add_tier_args,
+    announce,
+    check_flags,
+    compare_and_save,
+    finish_tables,
+    recorder,
+    start_monitor,
+    tasks_from,
+)
+from calibrate.errors import Interrupted
+from calibrate.junit import JUnitCase, JUnitSuite
+from calibrate.report import live_rows
+from calibrate.stages.ladder import Ladder, LadderOptions, LadderResult
+from calibrate.stages.waves import Sender
+
+
+def register(subparsers: Any) -> None:
+    parser = add_command(subparsers, "ladder", __doc__ or "", run)
+    parser.add_argument("--require-match", action="store_true",
+                        help="fail when any output differs from the single-call baseline")  # fmt: skip
+    add_tier_args(parser, "ladder")
+    add_force(parser)
+    add_junit(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = output_for(args)
+    check_flags(args)
+    tasks = tasks_from(args)
+    ctx = open_stage(args, "ladder", out)
+    options = LadderOptions.from_config(ctx.config, tasks=tasks, require_match=args.require_match)
+    monitor = start_monitor(args, ctx)
+    ladder = Ladder(ctx, options, monitor, recorder(args, ctx, monitor), Sender(ctx.client))
+    announce(out, monitor)
+    out.say(f"ladder: batch sizes {', '.join(map(str, options.batch_sizes))}, {options.rounds} "
+            f"rounds each, concurrency {options.concurrency}, {options.mode} mode")  # fmt: skip
+    try:
+        with live_rows(out.console, "ladder", f"ladder {ctx.run.run_id}", out.is_tty) as show:
+            ladder.on_tier = lambda tier: show({**tier.to_json(), "vram_source": monitor.source})
+            result = ladder.run()
+    except KeyboardInterrupt:
+        result = ladder.result()
+        _finish(args, out, ctx, result, monitor.source)
+        raise Interrupted(f"ladder interrupted after {len(result.tiers)} tier(s); completed "
+                          f"rounds are in {ctx.run.path}", "Run it again: calibrate ladder") from None  # fmt: skip
+    finally:
+        monitor.stop()
+        ctx.client.close()
+    return _finish(args, out, ctx, result, monitor.source)
+
+
+def _finish(args: argparse.Namespace, out: Any, ctx: Any, result: LadderResult, source: str) -> int:
+    rows = [{**t.to_json(), "vram_source": source} for t in result.tiers]
+    finish_tables(out, ctx, "ladder", rows, source)
+    comparison = compare_and_save(args, out, ctx, "ladder")
+    for note in result.notes:
+        out.warn(note)
+    summary = result.summary()
+    if comparison is not None:
+        summary["compare"] = comparison.to_json()
+    ctx.record_result(result.passed, summary)
+    ctx.run.close()
+    save_junit(args, _junit(ctx, result, comparison))
+    top = result.last_passing
+    if top is not None:
+        out.ok(f"last passing tier: batch {top.batch_size}, concurrency {top.stats.concurrency} "
+               f"(stopped by {result.stopped_by}: {result.tiers[-1].reason})")  # fmt: skip
+        if result.incidents:
+            out.say(f"{result.incidents} incident bundle(s) in {ctx.run.file('incidents')}")
+        out.say("next: calibrate sweep")
+    else:
+        out.fail(f"ladder failed: {result.tiers[-1].reason if result.tiers else 'no tier ran'}")
+        out.say(f"incidents: {ctx.run.file('incidents')}")
+    if result.match_failed:
+        out.fail("--require-match: outputs differ from the baseline")
+    passed = result.passed and (comparison is None or comparison.passed)
+    out.result({"passed": passed, "run_id": ctx.run.run_id, **summary,
+                "tiers_detail": [t.to_json() for t in result.tiers]})  # fmt: skip
+    return 0 if passed else 1
+
+
+def _junit(ctx: Any, result: LadderResult, comparison: Any) -> JUnitSuite:
+    """One testcase per tier and round; rounds not run after a failure are skipped."""
+    suite = junit_suite("ladder", ctx.run, ctx.target)
+    for tier in result.tiers:
+        for stats in tier.rounds:
+            name = f"batch {tier.batch_size} round {stats.round}"
+            reason = (f"batch {tier.batch_size} round {stats.round}: {stats.errors} of "
+                      f"{stats.items} requests failed ({stats.kinds_text})")  # fmt: skip
+            suite.check(name, not stats.errors, reason, kind=",".join(stats.error_kinds),
+                        time_s=stats.total_s)  # fmt: skip
+        for skipped in range(len(tier.rounds) + 1, tier.rounds_planned + 1):
+            suite.add(JUnitCase(f"batch {tier.batch_size} round {skipped}", "calibrate.ladder",
+                                skipped="not run: an earlier round of this tier failed"))  # fmt: skip
+    if result.require_match:
+        suite.check("outputs match the single-call baseline", not result.match_failed,
+                    "; ".join(result.notes), kind="baseline_mismatch")  # fmt: skip
+    if comparison is not None:
+        suite.check(f"no regression against {comparison.baseline_path}", comparison.passed,
+                    "; ".join(comparison.problems), kind="regression")  # fmt: skip
+    return suite

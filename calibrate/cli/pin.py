@@ -1,0 +1,44 @@
+"""Stage E: write scripts/launch.sh for your engine with the verified batch size and concurrency.
+
+MAX_CONCURRENCY is the sweep's recommendation (1 when no sweep passed); BATCH_SIZE the last
+passing ladder tier (or a rollback's setting). Every value is shell-quoted. Records the pin.
+
+example: calibrate pin --kind vllm --out scripts/launch.sh
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from calibrate.cli.common import add_command, add_force, open_stage, output_for
+from calibrate.server.builders import SERVER_KINDS
+from calibrate.stages.pin import run_pin
+
+
+def register(subparsers: Any) -> None:
+    parser = add_command(subparsers, "pin", __doc__ or "", run)
+    parser.add_argument(
+        "--kind", choices=SERVER_KINDS, help="engine kind (overrides [server] kind)"
+    )
+    parser.add_argument(
+        "--out", metavar="PATH", help="where to write it (default scripts/launch.sh)"
+    )
+    add_force(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = output_for(args)
+    ctx = open_stage(args, "pin", out)
+    result = run_pin(ctx, kind=args.kind, out=Path(args.out) if args.out else None)
+    ctx.run.close()
+    v = result.values
+    out.ok(f"pinned batch {v.batch_size}, concurrency {v.concurrency} ({v.kind}) → {result.script}")
+    out.say(f"  batch size from {v.verified_by}; concurrency from {v.concurrency_from}")
+    out.say(f"  exec {result.command.display()}")
+    out.say(
+        f"next: calibrate server start --script {result.script}   (or run it), then: calibrate verify"
+    )
+    out.result({"run_id": ctx.run.run_id, **result.summary()})
+    return 0

@@ -1,0 +1,118 @@
+"""Stage C′: at the verified batch size, step concurrency (1, 2, 4, 8, 16…) and find the knee.
+
+Each level sends [sweep].items requests with that many in flight; the knee is the last level of
+the run that each add at least [sweep].gain_min throughput with no errors, and its concurrency
+is the recommendation. Stops at the first failing level.
+
+example: calibrate sweep --stream --junit runs/sweep.xml
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from calibrate.cli.common import (
+    add_command,
+    add_force,
+    add_junit,
+    junit_suite,
+    open_stage,
+    output_for,
+    save_junit,
+)
+from calibrate.cli.tier_output import (
+    add_tier_args,
+    announce,
+    check_flags,
+    compare_and_save,
+    finish_tables,
+    recorder,
+    start_monitor,
+    tasks_from,
+)
+from calibrate.errors import Interrupted, UsageError
+from calibrate.report import live_rows
+from calibrate.stages.sweep import (
+    Sweep,
+    SweepOptions,
+    SweepResult,
+    read_server_cap,
+    verified_batch_size,
+)
+from calibrate.stages.waves import Sender
+
+
+def register(subparsers: Any) -> None:
+    parser = add_command(subparsers, "sweep", __doc__ or "", run)
+    parser.add_argument("--stream", action="store_true", help="stream (SSE) and measure TTFT")
+    parser.add_argument("--batch-size", type=int, metavar="N",
+                        help="override the verified batch size (default: the ladder's last passing)")  # fmt: skip
+    add_tier_args(parser, "sweep")
+    add_force(parser)
+    add_junit(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = output_for(args)
+    check_flags(args)
+    if args.batch_size is not None and args.batch_size < 1:
+        raise UsageError(f"--batch-size must be ≥ 1, got {args.batch_size}")
+    tasks = tasks_from(args)
+    ctx = open_stage(args, "sweep", out)
+    batch = args.batch_size or verified_batch_size(
+        ctx.ledger.latest("ladder", ctx.target, passed=True)
+    )
+    options = SweepOptions.from_config(ctx.config, batch, stream=args.stream, tasks=tasks)
+    monitor = start_monitor(args, ctx)
+    cap = read_server_cap(ctx.client.get_text)
+    sweep = Sweep(ctx, options, monitor, recorder(args, ctx, monitor), Sender(ctx.client), cap)
+    announce(out, monitor)
+    out.say(f"sweep: concurrency {', '.join(map(str, options.levels))} at batch size {batch}, "
+            f"{options.items} requests per level" + (f"; server cap {cap.slots} ({cap.source})" if cap else ""))  # fmt: skip
+    try:
+        with live_rows(out.console, "sweep", f"sweep {ctx.run.run_id}", out.is_tty) as show:
+            sweep.on_level = lambda level: show({**level.to_json(), "vram_source": monitor.source})
+            result = sweep.run()
+    except KeyboardInterrupt:
+        _finish(args, out, ctx, sweep.result())
+        raise Interrupted(f"sweep interrupted after {len(sweep.levels)} level(s); completed levels "
+                          f"are in {ctx.run.path}", "Run it again: calibrate sweep") from None  # fmt: skip
+    finally:
+        monitor.stop()
+        ctx.client.close()
+    return _finish(args, out, ctx, result)
+
+
+def _finish(args: argparse.Namespace, out: Any, ctx: Any, result: SweepResult) -> int:
+    rows = [{**lv.to_json(), "vram_source": result.vram_source} for lv in result.levels]
+    finish_tables(out, ctx, "sweep", rows, result.vram_source)
+    comparison = compare_and_save(args, out, ctx, "sweep")
+    for note in result.notes():
+        out.warn(note)
+    summary = result.summary()
+    if comparison is not None:
+        summary["compare"] = comparison.to_json()
+    ctx.record_result(result.passed, summary)
+    ctx.run.close()
+    suite = junit_suite("sweep", ctx.run, ctx.target)
+    for lv in result.levels:
+        s = lv.stats
+        suite.check(f"concurrency {lv.concurrency}", lv.verdict == "pass",
+                    f"concurrency {lv.concurrency}: {s.errors} of {s.items} requests failed ({s.kinds_text})",
+                    kind=",".join(s.error_kinds), time_s=s.total_s)  # fmt: skip
+    if comparison is not None:
+        suite.check(f"no regression against {comparison.baseline_path}", comparison.passed,
+                    "; ".join(comparison.problems), kind="regression")  # fmt: skip
+    save_junit(args, suite)
+    knee = result.knee
+    if knee is not None:
+        out.ok(f"knee: concurrency {knee.concurrency} ({knee.stats.items_per_s:.2f} items/s at batch "
+               f"size {result.batch_size}); recommended concurrency {knee.concurrency}")  # fmt: skip
+        out.say("next: calibrate pin")
+    else:
+        out.fail("sweep failed: even the first level had errors")
+    passed = result.passed and (comparison is None or comparison.passed)
+    out.result({"passed": passed, "run_id": ctx.run.run_id, **summary,
+                "levels_detail": [lv.to_json() for lv in result.levels]})  # fmt: skip
+    return 0 if passed else 1

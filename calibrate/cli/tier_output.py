@@ -1,0 +1,146 @@
+"""What ladder and sweep share on the command line: VRAM flags, incidents, tables, --compare."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from calibrate import report
+from calibrate.cli.common import Output
+from calibrate.errors import UsageError
+from calibrate.stages.bundles import IncidentRecorder
+from calibrate.stages.compare_tiers import TierComparison, compare_tables, read_table, save_baseline
+from calibrate.stages.context import StageContext
+from calibrate.stages.ladder import load_tasks
+from calibrate.vram import VramMonitor, choose_samplers
+
+
+def add_tier_args(parser: argparse.ArgumentParser, kind: str) -> None:
+    add = parser.add_argument
+    add(
+        "--tasks",
+        metavar="FILE",
+        help="real inputs: a JSONL file with a 'text' per line "
+        "(default: the fixed prompt, every output also compared with the baseline)",
+    )
+    add(
+        "--vram-source",
+        choices=("auto", "nvml", "metrics", "none"),
+        default="auto",
+        help="where VRAM comes from (default auto: NVML and the server's /metrics when they answer)",
+    )
+    add(
+        "--gpu",
+        metavar="ID",
+        action="append",
+        default=None,
+        help="NVML device index or UUID the server uses (repeatable; default all). NVML numbers "
+        "devices in nvidia-smi order and ignores CUDA_VISIBLE_DEVICES: UUIDs are safest",
+    )
+    add(
+        "--gpu-metrics-url",
+        metavar="URL",
+        help="a DCGM exporter (…/metrics) for GPUs on another machine",
+    )
+    add(
+        "--server-pid",
+        metavar="PID",
+        type=int,
+        help="the server's process id, recorded in incidents (default: runs/server.pid, or NVML)",
+    )
+    add(
+        "--compare",
+        metavar="CSV",
+        help=f"fail when worse than this committed tier table (e.g. baselines/{kind}.csv)",
+    )
+    add(
+        "--tolerance",
+        type=float,
+        default=0.2,
+        metavar="FRACTION",
+        help="with --compare: allowed worsening per tier (default 0.2 = 20%%)",
+    )
+    add("--save-baseline", action="store_true",
+        help=f"write this run's table to baselines/{kind}.csv (the old one is kept)")  # fmt: skip
+
+
+def tasks_from(args: argparse.Namespace) -> tuple[str, ...]:
+    return load_tasks(Path(args.tasks)) if args.tasks else ()
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Mistakes found before anything is sent (exit 2)."""
+    if args.tolerance < 0:
+        raise UsageError(f"--tolerance must be ≥ 0, got {args.tolerance}")
+    if args.compare and not Path(args.compare).exists():
+        raise UsageError(f"--compare {args.compare}: no such file",
+                         "Write one first with --save-baseline, or fix the path.")  # fmt: skip
+
+
+def start_monitor(args: argparse.Namespace, ctx: StageContext) -> VramMonitor:
+    client = ctx.client
+    url = args.gpu_metrics_url
+
+    def fetch() -> str:
+        text = client.get_text("/metrics")
+        return text + "\n" + client.get_text(url) if url else text
+
+    samplers = choose_samplers(args.vram_source, fetch, devices=args.gpu)
+    monitor = VramMonitor(samplers, ctx.config.ladder.sample_interval_s,
+                          server_kind=ctx.config.server.kind)  # fmt: skip
+    return monitor.start()
+
+
+def recorder(args: argparse.Namespace, ctx: StageContext, monitor: VramMonitor) -> IncidentRecorder:
+    return IncidentRecorder(ctx.run, ctx.client.redacted_headers(), monitor,
+                            runs_dir=ctx.config.runs_dir, server_pid=args.server_pid,
+                            devices=args.gpu)  # fmt: skip
+
+
+def announce(out: Output, monitor: VramMonitor) -> None:
+    if monitor.measured:
+        out.say(f"VRAM source: {monitor.source} (every {monitor.interval_s:g} s)")
+    else:
+        out.warn("VRAM not measured (no NVML, no usable /metrics): the VRAM stop rule is skipped")
+
+
+def finish_tables(
+    out: Output, ctx: StageContext, kind: report.Kind, rows: list[dict[str, Any]], source: str
+) -> list[dict[str, Any]]:
+    """tiers.csv and plot.png; the final table as ``report RUN`` will print it."""
+    csv_path = ctx.run.file("tiers.csv")
+    if not rows:
+        return []
+    report.write_tiers_csv(csv_path, rows, kind, source)
+    table_rows = report.read_rows(csv_path)
+    if not out.is_tty:  # on a terminal the live table is already on screen
+        out.render(report.tier_table(table_rows, kind, f"{kind} {ctx.run.run_id}"))
+    plot = report.write_plot(table_rows, kind, ctx.run.file("plot.png"))
+    out.say(
+        f"tables: {csv_path}" + (f", plot: {plot}" if plot else " (no plot: matplotlib missing)")
+    )
+    if source == "none":
+        out.say("VRAM not measured")
+    return table_rows
+
+
+def compare_and_save(
+    args: argparse.Namespace, out: Output, ctx: StageContext, kind: report.Kind
+) -> TierComparison | None:
+    csv_path = ctx.run.file("tiers.csv")
+    comparison = None
+    if args.compare and csv_path.exists():
+        comparison = compare_tables(kind, read_table(Path(args.compare), kind),
+                                    read_table(csv_path, kind), tolerance=args.tolerance,
+                                    baseline_path=args.compare)  # fmt: skip
+        out.render(report.compare_table(comparison))
+        for problem in comparison.problems:
+            out.fail(f"regression: {problem}")
+        if comparison.passed:
+            out.ok(f"no regression against {args.compare}")
+    if args.save_baseline and csv_path.exists():
+        dest = ctx.config.baselines_dir / f"{kind}.csv"
+        kept = save_baseline(csv_path, dest)
+        out.say(f"baseline written: {dest}" + (f" (previous kept as {kept})" if kept else ""))
+    return comparison

@@ -1,0 +1,254 @@
+"""Tier tables and plots: the only importer of pandas and rich tables; matplotlib lazily.
+
+``tiers.csv`` is written here and read back here, so ``calibrate report RUN`` prints exactly
+what the ladder or sweep printed when it finished.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from calibrate.errors import InputError
+from calibrate.stages.compare_tiers import TierComparison
+from calibrate.store import write_atomic
+
+log = logging.getLogger("calibrate")
+
+Kind = Literal["ladder", "sweep"]
+_COMMON = ["items", "total_s", "per_item_mean_s", "per_item_p50_s", "per_item_p90_s",
+           "per_item_p99_s", "per_item_max_s", "ttft_p50_s", "items_per_s", "output_tokens_per_s",
+           "peak_vram_mib", "vram_idle_mib", "vram_total_mib", "pressure", "pressure_source",
+           "peak_kv_usage", "vram_source", "errors", "error_kinds", "first_done_s", "last_done_s"]  # fmt: skip
+COLUMNS: dict[str, list[str]] = {
+    "ladder": ["batch_size", "concurrency", "rounds", *_COMMON, "baseline_match",
+               "baseline_items", "verdict", "reason"],
+    "sweep": ["concurrency", "batch_size", *_COMMON, "gain", "capped_by_server", "verdict"],
+}  # fmt: skip
+
+
+def kinds_text(value: Any) -> str:
+    """``{"oom": 2}`` (JSONL) or ``"oom:2"`` (CSV) → ``oom:2``."""
+    if isinstance(value, Mapping):
+        return " ".join(f"{k}:{n}" for k, n in sorted(value.items()))
+    return "" if value is None else str(value)
+
+
+def write_tiers_csv(
+    path: Path, rows: Sequence[Mapping[str, Any]], kind: Kind, vram_source: str
+) -> Path:
+    """One row per tier (or level), the SPEC columns in a fixed order."""
+    records = [{**r, "error_kinds": kinds_text(r.get("error_kinds")), "vram_source": vram_source}
+               for r in rows]  # fmt: skip
+    frame = pd.DataFrame(records, columns=COLUMNS[kind])
+    write_atomic(path, frame.to_csv(index=False))
+    return path
+
+
+def run_kind(run: Path) -> Kind:
+    """From the manifest's stage; a folder without one is told by its columns."""
+    try:
+        stage = json.loads((run / "manifest.json").read_text("utf-8")).get("stage")
+    except (OSError, ValueError):
+        stage = None
+    if stage in ("ladder", "sweep"):
+        return "ladder" if stage == "ladder" else "sweep"
+    return "sweep" if "gain" in read_rows(run / "tiers.csv")[0] else "ladder"
+
+
+def read_rows(csv_path: Path) -> list[dict[str, Any]]:
+    """tiers.csv as plain dicts, missing values as None."""
+    try:
+        frame = pd.read_csv(csv_path, keep_default_na=True)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read {csv_path}: {exc}",
+                         "Give a ladder or sweep run folder, e.g. runs/<run_id>") from exc  # fmt: skip
+    if frame.empty:
+        raise InputError(f"{csv_path} has no rows")
+    rows: list[dict[str, Any]] = []
+    for raw in frame.to_dict("records"):
+        rows.append({str(k): (None if isinstance(v, float) and math.isnan(v) else v)
+                     for k, v in raw.items()})  # fmt: skip
+    return rows
+
+
+def _f(value: Any, fmt: str) -> str:
+    return "—" if value is None or value == "" else format(float(value), fmt)
+
+
+def _pressure(row: Mapping[str, Any]) -> str:
+    if row.get("pressure") is None:
+        return "not measured"
+    return f"{float(row['pressure']):.0%} {row.get('pressure_source') or ''}".strip()
+
+
+def _match(row: Mapping[str, Any]) -> str:
+    if row.get("baseline_match") is None or not row.get("baseline_items"):
+        return "—"
+    return f"{int(row['baseline_match'])}/{int(row['baseline_items'])}"
+
+
+_LADDER: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
+    ("batch", lambda r: str(int(r["batch_size"]))),
+    ("conc", lambda r: str(int(r["concurrency"]))),
+    ("rounds", lambda r: str(int(r["rounds"]))),
+    ("items", lambda r: str(int(r["items"]))),
+    ("mean s", lambda r: _f(r.get("per_item_mean_s"), ".3f")),
+    ("p50 s", lambda r: _f(r.get("per_item_p50_s"), ".3f")),
+    ("p90 s", lambda r: _f(r.get("per_item_p90_s"), ".3f")),
+    ("max s", lambda r: _f(r.get("per_item_max_s"), ".3f")),
+    ("items/s", lambda r: _f(r.get("items_per_s"), ".2f")),
+    ("tok/s", lambda r: _f(r.get("output_tokens_per_s"), ".0f")),
+    ("peak MiB", lambda r: _f(r.get("peak_vram_mib"), ".0f")),
+    ("pressure", _pressure),
+    ("errors", lambda r: f"{int(r['errors'])} {kinds_text(r.get('error_kinds'))}".strip()),
+    ("match", _match),
+    ("verdict", lambda r: str(r["verdict"])),
+]
+_SWEEP: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
+    ("conc", lambda r: str(int(r["concurrency"]))),
+    ("batch", lambda r: str(int(r["batch_size"]))),
+    ("items", lambda r: str(int(r["items"]))),
+    ("total s", lambda r: _f(r.get("total_s"), ".2f")),
+    ("items/s", lambda r: _f(r.get("items_per_s"), ".2f")),
+    ("gain", lambda r: "—" if r.get("gain") is None else f"{float(r['gain']):+.0%}"),
+    ("tok/s", lambda r: _f(r.get("output_tokens_per_s"), ".0f")),
+    ("p50 s", lambda r: _f(r.get("per_item_p50_s"), ".3f")),
+    ("p90 s", lambda r: _f(r.get("per_item_p90_s"), ".3f")),
+    ("p99 s", lambda r: _f(r.get("per_item_p99_s"), ".3f")),
+    ("ttft p50", lambda r: _f(r.get("ttft_p50_s"), ".3f")),
+    ("peak MiB", lambda r: _f(r.get("peak_vram_mib"), ".0f")),
+    ("errors", lambda r: f"{int(r['errors'])} {kinds_text(r.get('error_kinds'))}".strip()),
+    ("verdict", lambda r: str(r["verdict"]) + (" (over server cap)" if _true(r.get("capped_by_server")) else "")),
+]  # fmt: skip
+
+
+def _true(value: Any) -> bool:
+    return value is True or str(value).lower() == "true"
+
+
+def _columns(kind: Kind) -> list[tuple[str, Callable[[Mapping[str, Any]], str]]]:
+    return _LADDER if kind == "ladder" else _SWEEP
+
+
+def tier_table(rows: Sequence[Mapping[str, Any]], kind: Kind, title: str | None = None) -> Table:
+    table = Table(title=title, title_justify="left")
+    for name, _ in _columns(kind):
+        table.add_column(
+            name, justify="left" if name in ("verdict", "errors", "pressure") else "right"
+        )
+    for row in rows:
+        style = (
+            "red"
+            if row.get("verdict") == "fail"
+            else ("yellow" if str(row.get("verdict")).startswith("stop") else None)
+        )
+        table.add_row(*(cell(row) for _, cell in _columns(kind)), style=style)
+    return table  # fmt: skip
+
+
+def plain_line(row: Mapping[str, Any], kind: Kind) -> str:
+    """One ``key=value`` line per tier, for logs and CI (no live display off a TTY)."""
+    return "  ".join(f"{name.replace(' ', '_')}={cell(row)}" for name, cell in _columns(kind))
+
+
+@contextmanager
+def live_rows(
+    console: Console, kind: Kind, title: str, live: bool
+) -> Iterator[Callable[[Mapping[str, Any]], None]]:
+    """A table that grows as rows finish on a TTY; plain lines otherwise."""
+    rows: list[Mapping[str, Any]] = []
+    if not live:
+        yield lambda row: console.print(plain_line(row, kind), markup=False, highlight=False)
+        return
+    with Live(tier_table(rows, kind, title), console=console, refresh_per_second=4) as display:
+
+        def add(row: Mapping[str, Any]) -> None:
+            rows.append(row)
+            display.update(tier_table(rows, kind, title))
+
+        yield add  # fmt: skip
+
+
+def compare_table(cmp: TierComparison) -> Table:
+    """Baseline, now and change side by side; offending cells marked."""
+    table = Table(
+        title=f"compared with {cmp.baseline_path} (tolerance {cmp.tolerance:.0%})",
+        title_justify="left",
+    )
+    for name in (
+        cmp.key_name,
+        "verdict: baseline",
+        "now",
+        f"{cmp.metric_name}: baseline",
+        "now",
+        "change",
+    ):
+        table.add_column(name)
+
+    def mark(text: str, bad: bool) -> str:
+        return f"[bold red]{text} ✗[/]" if bad else text
+
+    for row in cmp.rows:
+        table.add_row(
+            str(row.key),
+            row.verdict.baseline,
+            mark(row.verdict.now, row.verdict.bad),
+            row.metric.baseline,
+            mark(row.metric.now, row.metric.bad),
+            row.change,
+        )
+    table.add_row(
+        "last passing",
+        cmp.last_passing.baseline,
+        mark(cmp.last_passing.now, cmp.last_passing.bad),
+        "",
+        "",
+        "",
+    )
+    return table  # fmt: skip
+
+
+def write_plot(rows: Sequence[Mapping[str, Any]], kind: Kind, path: Path) -> Path | None:
+    """plot.png: per-item latency, throughput and peak VRAM; None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.info("matplotlib is not installed: no plot.png (pip install 'calibrate[plot]')")
+        return None
+    x_name = "batch_size" if kind == "ladder" else "concurrency"
+    xs = [int(r[x_name]) for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    try:
+        series = [("per-item latency (s)", ["per_item_mean_s", "per_item_p50_s", "per_item_p90_s"]),
+                  ("throughput (items/s)", ["items_per_s"]), ("peak VRAM (MiB)", ["peak_vram_mib"])]  # fmt: skip
+        for ax, (title, keys) in zip(axes, series, strict=True):
+            for key in keys:
+                ys = [float("nan") if r.get(key) is None else float(r[key]) for r in rows]
+                ax.plot(xs, ys, marker="o", label=key)
+            ax.set_title(title)
+            ax.set_xlabel(x_name)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(xs, [str(x) for x in xs])
+            if len(keys) > 1:
+                ax.legend(fontsize="small")
+        fig.suptitle(f"calibrate {kind}: {path.parent.name}")
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    return path

@@ -1,0 +1,159 @@
+"""Is calibrate itself the bottleneck? Its own CPU near one core, or its threads starved.
+
+One Python process gets about one core of Python work. When the client's process burns close
+to that, or a timer thread wakes up late because request threads hold the interpreter,
+requests are waiting on the client rather than the server: a throughput measured then is
+calibrate's limit, not the GPU's. Ladder, sweep and batch run a ``SelfLoadMonitor`` and warn.
+
+    monitor = SelfLoadMonitor().start()
+    ...                                   # the measured work
+    if (text := monitor.poll_warning()): warn(text)   # at most once
+    report = monitor.stop()               # SelfLoadReport for summaries
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class SelfLoadSample:
+    """One window: CPU seconds per wall second (1.0 = one core) and mean timer lateness."""
+
+    cpu_fraction: float
+    lag_s: float
+
+
+@dataclass(frozen=True)
+class SelfLoadReport:
+    windows: int
+    cpu_fraction_max: float
+    cpu_fraction_mean: float
+    lag_max_s: float
+    bottleneck: bool
+    reason: str
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "windows": self.windows,
+            "cpu_fraction_max": round(self.cpu_fraction_max, 3),
+            "cpu_fraction_mean": round(self.cpu_fraction_mean, 3),
+            "lag_max_s": round(self.lag_max_s, 4),
+            "bottleneck": self.bottleneck,
+            "reason": self.reason,
+        }
+
+
+class SelfLoadMonitor:
+    """Samples this process's CPU time and a timer's lateness in windows on a daemon thread.
+
+    A window is client-bound when CPU ≥ ``cpu_limit`` cores or the timer's mean lateness ≥
+    ``lag_limit_s``; ``confirm`` client-bound windows in a row make it a bottleneck.
+    """
+
+    def __init__(
+        self,
+        *,
+        window_s: float = 1.0,
+        tick_s: float = 0.02,
+        cpu_limit: float = 0.85,
+        lag_limit_s: float = 0.015,
+        confirm: int = 2,
+        clock: Clock = time.perf_counter,
+        cpu_clock: Clock = time.process_time,
+    ) -> None:
+        self.window_s = window_s
+        self.tick_s = tick_s
+        self.cpu_limit = cpu_limit
+        self.lag_limit_s = lag_limit_s
+        self.confirm = confirm
+        self._clock = clock
+        self._cpu_clock = cpu_clock
+        self._samples: list[SelfLoadSample] = []
+        self._streak = 0
+        self._reason = ""
+        self._warned = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def observe(self, wall_s: float, cpu_s: float, lag_s: float) -> SelfLoadSample:
+        """Account one window (also how tests drive the monitor without a thread)."""
+        sample = SelfLoadSample(cpu_s / wall_s if wall_s > 0 else 0.0, lag_s)
+        with self._lock:
+            self._samples.append(sample)
+            bound = sample.cpu_fraction >= self.cpu_limit or sample.lag_s >= self.lag_limit_s
+            self._streak = self._streak + 1 if bound else 0
+            if self._streak >= self.confirm and not self._reason:
+                self._reason = _describe(sample, self.cpu_limit)
+        return sample
+
+    @property
+    def bottleneck(self) -> bool:
+        with self._lock:
+            return bool(self._reason)
+
+    def poll_warning(self) -> str | None:
+        """The bottleneck warning, the first time it is asked for after it was detected."""
+        with self._lock:
+            if not self._reason or self._warned:
+                return None
+            self._warned = True
+            return self._reason
+
+    def report(self) -> SelfLoadReport:
+        with self._lock:
+            samples = list(self._samples)
+            reason = self._reason
+        cpu = [s.cpu_fraction for s in samples] or [0.0]
+        return SelfLoadReport(
+            windows=len(samples),
+            cpu_fraction_max=max(cpu),
+            cpu_fraction_mean=sum(cpu) / len(cpu),
+            lag_max_s=max((s.lag_s for s in samples), default=0.0),
+            bottleneck=bool(reason),
+            reason=reason,
+        )
+
+    def start(self) -> SelfLoadMonitor:
+        self._thread = threading.Thread(target=self._run, name="calibrate-selfload", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> SelfLoadReport:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        return self.report()
+
+    def _run(self) -> None:
+        wall0, cpu0 = self._clock(), self._cpu_clock()
+        lag_total, ticks = 0.0, 0
+        while not self._stop.is_set():
+            before = self._clock()
+            if self._stop.wait(self.tick_s):
+                break
+            lag_total += max(0.0, self._clock() - before - self.tick_s)
+            ticks += 1
+            now = self._clock()
+            if now - wall0 >= self.window_s:
+                cpu = self._cpu_clock()
+                self.observe(now - wall0, cpu - cpu0, lag_total / max(ticks, 1))
+                wall0, cpu0, lag_total, ticks = now, cpu, 0.0, 0
+
+
+def _describe(sample: SelfLoadSample, cpu_limit: float) -> str:
+    if sample.cpu_fraction >= cpu_limit:
+        cause = f"its own process used {sample.cpu_fraction:.2f} CPU cores"
+    else:
+        cause = f"its threads waited {sample.lag_s * 1000:.0f} ms on average to run"
+    return (
+        f"calibrate itself is the bottleneck: {cause}, so requests are waiting on the client, "
+        "not the server; throughput now is the client's limit (lower -c, or run on a faster CPU)"
+    )

@@ -1,0 +1,120 @@
+"""Managing the inference server process (SPEC §6): start, wait until ready, stop, report.
+
+Only the process calibrate started (recorded in runs/server.pid + runs/server.json) is ever
+signalled. ``start`` refuses a second server and a busy port; a server that dies or never gets
+ready ends in ``ServerUnreachable`` (exit 4) with its exit code and the tail of its log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from calibrate.config import Config, ServerKind
+from calibrate.errors import ServerUnreachable, UsageError
+from calibrate.records import utc_now_iso
+from calibrate.server import process, readiness
+from calibrate.server.builders import EngineCommand, LaunchSpec
+from calibrate.server.process import ServerRecord, StopResult
+
+TAIL_LINES = 20
+
+
+def launch_spec(
+    cfg: Config, kind: ServerKind, batch_size: int | None, concurrency: int | None
+) -> LaunchSpec:
+    """The [server] section plus a setting, for the builders."""
+    return LaunchSpec(
+        kind=kind, model_path=cfg.server.model_path, port=cfg.server.port,
+        batch_size=batch_size, concurrency=concurrency, served_name=cfg.target.model,
+        command=cfg.server.command,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Started:
+    record: ServerRecord
+    ready_s: float
+
+
+def local_root(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
+def start(
+    runs_dir: Path,
+    argv: Sequence[str],
+    *,
+    env: Sequence[tuple[str, str]] = (),
+    kind: str | None,
+    port: int,
+    health_path: str | None,
+    ready_timeout_s: float,
+    stop_timeout_s: float,
+    batch_size: int | None = None,
+    concurrency: int | None = None,
+    script: str | None = None,
+    vram_used_mib_before: float | None = None,
+) -> Started:
+    """Start the server, record it, and wait until it is ready (or fail with exit 4)."""
+    current = process.load(runs_dir)
+    if current is not None and process.liveness(current) == "running":
+        raise UsageError(
+            f"calibrate already manages a server (PID {current.pid}, port {current.port})",
+            "Stop it first: calibrate server stop",
+        )
+    if readiness.port_open("127.0.0.1", port):
+        raise UsageError(
+            f"port {port} is already in use (another server is listening there)",
+            "Stop that server, or set another [server] port in calibrate.toml.",
+        )
+    shown = EngineCommand(tuple(argv), tuple(env)).display()
+    try:
+        pid, start_id, offset = process.spawn(argv, env, runs_dir, f"start: {shown}")
+    except OSError as exc:
+        raise ServerUnreachable(
+            f"cannot start {argv[0]}: {exc.strerror or exc}",
+            "Is the engine installed and on PATH? Check [server] in calibrate.toml.",
+        ) from exc
+    record = ServerRecord(
+        pid=pid, start_id=start_id, argv=tuple(argv), kind=kind, port=port,
+        health_path=health_path, started_at=utc_now_iso(), log_offset=offset,
+        batch_size=batch_size, concurrency=concurrency, script=script,
+        vram_used_mib_before=vram_used_mib_before,
+    )  # fmt: skip
+    process.save(record, runs_dir)
+    ready = readiness.wait_ready(
+        local_root(port), health_path, ready_timeout_s, exited=lambda: process.exit_code(pid)
+    )
+    if ready.ready:
+        return Started(record, ready.elapsed_s)
+    tail = process.log_tail(runs_dir, TAIL_LINES, offset)
+    shown_tail = "\n".join(f"  | {line}" for line in tail) or "  | (the log is empty)"
+    log_file = process.log_path(runs_dir)
+    if ready.exit_code is not None:
+        process.forget(runs_dir)
+        raise ServerUnreachable(
+            f"the server exited with code {ready.exit_code} before it was ready "
+            f"({ready.elapsed_s:.1f} s after start); last lines of {log_file}:\n{shown_tail}",
+            f"Fix the cause above, then: calibrate server start   (full log: {log_file})",
+        )
+    stopped = process.stop(record, stop_timeout_s)
+    if stopped.gone:
+        process.forget(runs_dir)
+    raise ServerUnreachable(
+        f"the server was not ready within {ready_timeout_s:g} s (last answer: {ready.last_answer}); "
+        f"stopped it (PID {pid}); last lines of {log_file}:\n{shown_tail}",
+        "If it only needs longer to load, raise [server] ready_timeout_s.",
+    )
+
+
+def stop(runs_dir: Path, stop_timeout_s: float) -> StopResult | None:
+    """Stop the managed server; None when there is none. The record goes once the PID is gone."""
+    record = process.load(runs_dir)
+    if record is None:
+        return None
+    result = process.stop(record, stop_timeout_s)
+    if result.gone or result.was == "stranger":
+        process.forget(runs_dir)
+    return result

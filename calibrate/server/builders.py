@@ -1,0 +1,141 @@
+"""One builder per engine kind: (model path, port, batch size, concurrency) → argv + environment.
+
+The same builders feed ``calibrate server start`` and the launch script ``pin`` writes, so the
+pinned script starts exactly what calibrate would. Values go into argv elements, never through a
+shell: a model path with spaces, quotes or ``$(…)`` stays one literal argument.
+
+A value of None means "not calibrated yet": the engine's own flag is left out (its default).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+from calibrate.config import ServerKind
+from calibrate.errors import ConfigError, UsageError
+
+SERVER_KINDS: tuple[ServerKind, ...] = (
+    "vllm", "llamacpp", "sglang", "lmdeploy", "ollama", "tgi", "custom",
+)  # fmt: skip
+
+# llama.cpp divides -c among its --parallel slots; give each slot this many tokens.
+LLAMACPP_CTX_PER_SLOT = 4096
+
+# Engines that answer GET /health only once the model is loaded (llama.cpp: 503 while loading).
+HEALTH_PATHS: dict[str, str] = {
+    "vllm": "/health",
+    "llamacpp": "/health",
+    "sglang": "/health",
+    "tgi": "/health",
+}
+
+_PLACEHOLDER = re.compile(r"\{(model_path|port|batch_size|concurrency)\}")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What to start: engine kind, weights, port, and the calibrated setting (None = default)."""
+
+    kind: ServerKind
+    model_path: str
+    port: int
+    batch_size: int | None = None
+    concurrency: int | None = None
+    served_name: str = ""  # the model name clients send; "" = the engine's default
+    command: str = ""  # custom kind: template with {model_path} {port} {batch_size} {concurrency}
+
+
+@dataclass(frozen=True)
+class EngineCommand:
+    """The engine's own command line, extra environment, and where readiness is polled."""
+
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    health_path: str | None = None  # None: poll GET /v1/models
+
+    def display(self) -> str:
+        """The command as one would type it in a shell (quoted)."""
+        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env)
+        return f"{prefix} {shlex.join(self.argv)}".strip()
+
+
+def build(spec: LaunchSpec) -> EngineCommand:
+    """The engine command for ``spec``; a missing model path or command is a config error."""
+    if spec.kind not in SERVER_KINDS:
+        raise ConfigError(
+            f"unknown server kind {spec.kind!r}", f"Use one of: {', '.join(SERVER_KINDS)}."
+        )
+    if spec.kind == "custom":
+        return EngineCommand(custom_argv(spec))
+    if spec.kind != "ollama" and not spec.model_path:
+        raise ConfigError(
+            f"[server] model_path is empty: a {spec.kind} server needs the model to load",
+            'Set it in calibrate.toml, e.g. [server] model_path = "/models/internlm-s2".',
+        )
+    port, conc, batch, name = str(spec.port), spec.concurrency, spec.batch_size, spec.served_name
+    health = HEALTH_PATHS.get(spec.kind)
+    argv: list[str]
+    if spec.kind == "vllm":
+        argv = ["vllm", "serve", spec.model_path, "--port", port]
+        argv += _flag("--served-model-name", name) + _flag("--max-num-seqs", conc)
+    elif spec.kind == "llamacpp":
+        argv = ["llama-server", "-m", spec.model_path, "--port", port]
+        argv += _flag("--alias", name) + _flag("--parallel", conc)
+        argv += _flag("-c", conc * LLAMACPP_CTX_PER_SLOT if conc else None)
+    elif spec.kind == "sglang":
+        argv = ["python3", "-m", "sglang.launch_server", "--model-path", spec.model_path]
+        argv += ["--port", port, *_flag("--served-model-name", name)]
+        argv += _flag("--max-running-requests", conc)
+    elif spec.kind == "lmdeploy":
+        argv = ["lmdeploy", "serve", "api_server", spec.model_path, "--server-port", port]
+        argv += _flag("--model-name", name) + _flag("--max-batch-size", batch)
+    elif spec.kind == "tgi":
+        argv = ["text-generation-launcher", "--model-id", spec.model_path, "--port", port]
+        argv += _flag("--max-concurrent-requests", conc)
+    else:  # ollama: configured through its environment; models are pulled by name
+        env = [("OLLAMA_HOST", f"127.0.0.1:{port}")]
+        if conc:
+            env.append(("OLLAMA_NUM_PARALLEL", str(conc)))
+        return EngineCommand(("ollama", "serve"), tuple(env), None)
+    return EngineCommand(tuple(argv), (), health)
+
+
+def _flag(name: str, value: int | str | None) -> list[str]:
+    return [name, str(value)] if value not in (None, "") else []
+
+
+def custom_argv(spec: LaunchSpec) -> tuple[str, ...]:
+    """Split the template first, then substitute into each argument: values never re-split."""
+    if not spec.command.strip():
+        raise ConfigError(
+            "[server] kind is custom but [server] command is empty",
+            'Set it, e.g. command = "my-server --model {model_path} --port {port} --slots {concurrency}".',
+        )
+    try:
+        words = shlex.split(spec.command)
+    except ValueError as exc:
+        raise ConfigError(f"[server] command cannot be split into arguments: {exc}") from exc
+    values: dict[str, int | str | None] = {
+        "model_path": spec.model_path,
+        "port": spec.port,
+        "batch_size": spec.batch_size,
+        "concurrency": spec.concurrency,
+    }
+
+    def substitute(match: re.Match[str]) -> str:
+        value = values[match.group(1)]
+        if value in (None, ""):
+            raise UsageError(
+                f"the [server] command uses {{{match.group(1)}}} but no value is known yet",
+                f"Pass it: calibrate server start --{match.group(1).replace('_', '-')} N "
+                "(or calibrate a setting first: ladder, then rollback or pin).",
+            )
+        return str(value)
+
+    return tuple(_PLACEHOLDER.sub(substitute, word) for word in words)
+
+
+def health_path(kind: str | None) -> str | None:
+    return HEALTH_PATHS.get(kind) if kind else None

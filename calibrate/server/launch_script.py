@@ -1,0 +1,106 @@
+"""The launch script ``pin`` writes: the verified setting as exported variables, then ``exec``.
+
+Every value is passed through ``shlex.quote``; comments carry only run ids and timestamps (and
+lose any line break), so nothing read from the config can end up executed. The exec line holds
+the literal values, not ``$VARS``: a ``PORT`` left in the caller's environment cannot change it.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from calibrate.errors import InputError
+from calibrate.server.builders import SERVER_KINDS, EngineCommand
+from calibrate.store import write_atomic
+
+SCRIPT_MODE = 0o755
+
+
+@dataclass(frozen=True)
+class PinnedValues:
+    kind: str
+    model_path: str
+    port: int
+    batch_size: int
+    concurrency: int
+    verified_by: str  # "ladder run <id>" (or "rollback run <id>") that verified the batch size
+    verified_at: str
+    concurrency_from: str  # the sweep run that recommended it, or "default (no sweep passed)"
+    pinned_by: str
+    pinned_at: str
+
+
+def _comment(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def render(values: PinnedValues, command: EngineCommand) -> str:
+    """The script text; ``bash -n`` accepts it for every engine kind."""
+    q = shlex.quote
+    lines = [
+        "#!/usr/bin/env bash",
+        "# Written by `calibrate pin`: the setting verified on this machine. Regenerate, do not edit.",
+        f"# kind: {_comment(values.kind)}",
+        f"# batch size verified by {_comment(values.verified_by)} at {_comment(values.verified_at)}",
+        f"# concurrency from {_comment(values.concurrency_from)}",
+        f"# pinned by run {_comment(values.pinned_by)} at {_comment(values.pinned_at)}",
+        "# start it: calibrate server start --script <this file>; then check it: calibrate verify",
+        "set -euo pipefail",
+        "",
+        f"export MODEL_PATH={q(values.model_path)}",
+        f"export PORT={q(str(values.port))}",
+        f"export BATCH_SIZE={q(str(values.batch_size))}",
+        f"export MAX_CONCURRENCY={q(str(values.concurrency))}",
+    ]
+    lines += [f"export {name}={q(value)}" for name, value in command.env]
+    lines += ["", f"exec {shlex.join(command.argv)}", ""]
+    return "\n".join(lines)
+
+
+def write(path: Path, text: str) -> Path:
+    """Write atomically and make it executable (0755)."""
+    write_atomic(path, text)
+    os.chmod(path, SCRIPT_MODE)
+    return path
+
+
+@dataclass(frozen=True)
+class ScriptSettings:
+    """What a pinned script says about itself (for ``server start --script``)."""
+
+    kind: str | None
+    port: int | None
+    batch_size: int | None
+    concurrency: int | None
+
+
+def read_settings(path: Path) -> ScriptSettings:
+    """Parse the ``# kind:`` header and the ``export NAME=value`` lines (without running it)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read the launch script {path}: {exc}",
+                         "Write one with: calibrate pin") from exc  # fmt: skip
+    kind: str | None = None
+    exported: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("# kind:"):
+            found = line.removeprefix("# kind:").strip()
+            kind = found if found in SERVER_KINDS else None
+        elif line.startswith("export "):
+            try:
+                words = shlex.split(line)
+            except ValueError:
+                continue
+            if len(words) == 2 and "=" in words[1]:
+                name, value = words[1].split("=", 1)
+                exported[name] = value
+
+    def number(name: str) -> int | None:
+        value = exported.get(name, "")
+        return int(value) if value.isdigit() else None
+
+    return ScriptSettings(kind, number("PORT"), number("BATCH_SIZE"), number("MAX_CONCURRENCY"))

@@ -1,0 +1,264 @@
+"""The managed engine process: start it in its own session, remember who it is, stop only it.
+
+``runs/server.pid`` holds the PID alone (the conventional pidfile other tools read);
+``runs/server.json`` holds its identity — the kernel's start time of that PID — so a stale
+pidfile whose PID now belongs to another program is recognised and never signalled.
+Nothing is ever found or signalled by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from calibrate.records import utc_now_iso
+from calibrate.store import write_atomic, write_json_atomic
+
+log = logging.getLogger("calibrate")
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], None]
+Liveness = Literal["running", "gone", "stranger"]
+
+# Popen objects of the servers this process started: kept so they can be reaped (a zombie
+# still answers kill(pid, 0)) and their exit codes read.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def pid_path(runs_dir: Path) -> Path:
+    return runs_dir / "server.pid"
+
+
+def record_path(runs_dir: Path) -> Path:
+    return runs_dir / "server.json"
+
+
+def log_path(runs_dir: Path) -> Path:
+    return runs_dir / "server.log"
+
+
+@dataclass(frozen=True)
+class ServerRecord:
+    """Who the managed server is and how it was started (``runs/server.json``)."""
+
+    pid: int
+    start_id: str  # kernel start time of the PID: the same number can never mean another process
+    argv: tuple[str, ...]
+    kind: str | None
+    port: int
+    health_path: str | None
+    started_at: str
+    log_offset: int  # where this start's output begins in runs/server.log
+    batch_size: int | None = None
+    concurrency: int | None = None
+    script: str | None = None
+    vram_used_mib_before: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "argv": list(self.argv)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ServerRecord:
+        return cls(**{**data, "argv": tuple(data.get("argv") or ())})
+
+
+def start_id(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (None when no such live process)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return _ps(pid, "lstart=")
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def _ps(pid: int, column: str) -> str | None:
+    """Where there is no /proc (macOS): ask ps about this one PID."""
+    try:
+        done = subprocess.run(["ps", "-o", column, "-p", str(pid)], capture_output=True,
+                              text=True, timeout=5, check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = done.stdout.strip()
+    return text if done.returncode == 0 and text and not text.startswith("Z") else None
+
+
+def cmdline(pid: int) -> str:
+    """The command line of ``pid``, for messages (empty when unknown)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return _ps(pid, "command=") or ""
+    return " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+
+
+def _reap(pid: int) -> int | None:
+    """Collect our own exited child so its PID really disappears; its exit code, if known."""
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        return child.poll()
+    return None
+
+
+def liveness(record: ServerRecord) -> Liveness:
+    _reap(record.pid)
+    current = start_id(record.pid)
+    if current is None:
+        return "gone"
+    return "running" if current == record.start_id else "stranger"
+
+
+def exit_code(pid: int) -> int | None:
+    """The exit code of a server this process started and that has exited (else None)."""
+    return _reap(pid)
+
+
+def spawn(
+    argv: Sequence[str], env: Sequence[tuple[str, str]], runs_dir: Path, header: str
+) -> tuple[int, str, int]:
+    """Start argv in its own session (= process group), output appended to runs/server.log.
+
+    Returns (pid, start_id, log offset). The extra environment goes through ``env`` so the
+    log and the pidfile show exactly what ran.
+    """
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    full = [*(["env", *(f"{k}={v}" for k, v in env)] if env else []), *argv]
+    with log_path(runs_dir).open("ab") as handle:
+        handle.write(f"\n=== {utc_now_iso()} {header} ===\n".encode())
+        handle.flush()
+        offset = handle.tell()
+        child = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=handle,
+                                 stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    _CHILDREN[child.pid] = child
+    return child.pid, start_id(child.pid) or "", offset
+
+
+def save(record: ServerRecord, runs_dir: Path) -> None:
+    write_json_atomic(record_path(runs_dir), record.to_json())
+    write_atomic(pid_path(runs_dir), f"{record.pid}\n")
+
+
+def load(runs_dir: Path) -> ServerRecord | None:
+    """The managed server's record, or None when calibrate manages none."""
+    try:
+        data = json.loads(record_path(runs_dir).read_text(encoding="utf-8"))
+        return ServerRecord.from_json(data)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def forget(runs_dir: Path) -> None:
+    pid_path(runs_dir).unlink(missing_ok=True)
+    record_path(runs_dir).unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class StopResult:
+    pid: int
+    was: Liveness
+    signal_sent: str | None  # "SIGTERM", "SIGKILL" or None (already gone / not ours)
+    exit_code: int | None
+    elapsed_s: float
+    gone: bool
+
+
+def stop(
+    record: ServerRecord,
+    timeout_s: float,
+    *,
+    clock: Clock = time.monotonic,
+    sleep: Sleep = time.sleep,
+    kill_grace_s: float = 5.0,
+) -> StopResult:
+    """SIGTERM the server's process group, SIGKILL after ``timeout_s``; confirm the PID is gone.
+
+    A PID that now belongs to another program (``stranger``) is left alone.
+    """
+    start = clock()
+    was = liveness(record)
+    if was != "running":
+        return StopResult(record.pid, was, None, exit_code(record.pid), 0.0, was == "gone")
+    sent = "SIGTERM"
+    _signal_group(record.pid, signal.SIGTERM)
+    if not _wait_gone(record, start + timeout_s, clock, sleep):
+        log.warning("server PID %s ignored SIGTERM for %.0f s: SIGKILL", record.pid, timeout_s)
+        sent = "SIGKILL"
+        _signal_group(record.pid, signal.SIGKILL)
+        _wait_gone(record, clock() + kill_grace_s, clock, sleep)
+    gone = liveness(record) != "running"
+    return StopResult(record.pid, was, sent, exit_code(record.pid), clock() - start, gone)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_exists(pgid: int) -> bool:
+    # While any member lives, the kernel does not hand this number to a new process.
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _wait_gone(record: ServerRecord, deadline: float, clock: Clock, sleep: Sleep) -> bool:
+    """Wait until the leader and its workers (same process group) have all exited."""
+    while liveness(record) == "running" or _group_exists(record.pid):
+        if clock() >= deadline:
+            return False
+        sleep(0.05)
+    return True
+
+
+def log_tail(runs_dir: Path, lines: int, offset: int = 0) -> list[str]:
+    """The last ``lines`` lines of runs/server.log from ``offset`` on."""
+    try:
+        with log_path(runs_dir).open("rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except OSError:
+        return []
+    text = data.decode("utf-8", errors="replace").splitlines()
+    return text[-lines:] if lines > 0 else []
+
+
+def listener_pid(port: int) -> int | None:
+    """The PID listening on TCP ``port`` on this machine, to print a stop command (Linux only).
+
+    Found through the socket, never by name, and only ever shown to the user, never signalled.
+    """
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{cols[9]}]")
+    if not inodes:
+        return None
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            links = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
+        except OSError:
+            continue
+        if inodes.intersection(links):
+            return int(proc.name)
+    return None

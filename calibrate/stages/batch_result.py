@@ -1,0 +1,198 @@
+"""What a batch produces: one output line per item, live counters, the final result."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from calibrate.errors import ErrorInfo
+from calibrate.records import Completion, incomplete_reason
+from calibrate.selfload import SelfLoadReport
+from calibrate.stages.batch_input import ItemId, Task
+from calibrate.stages.format_check import Expect, OutputShape, find_preamble, parse_json_output
+from calibrate.store import JsonlWriter
+
+EXAMPLES = 5  # failures and format notes kept as examples for the summary
+
+
+@dataclass(frozen=True)
+class BatchProgress:
+    to_run: int
+    finished: int
+    ok: int
+    failed: int
+    in_flight: int
+    elapsed_s: float
+    stopping: bool
+
+    @property
+    def items_per_s(self) -> float:
+        return self.finished / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def eta_s(self) -> float | None:
+        rate = self.items_per_s
+        return (self.to_run - self.finished) / rate if rate > 0 else None
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    total: int
+    skipped: int
+    to_run: int
+    ok: int
+    failed_by_kind: dict[str, int]
+    interrupted: bool
+    abandoned: int  # in flight when the grace period ended
+    seconds: float
+    output_tokens: int
+    retried_items: int
+    attempts: int
+    failures: tuple[dict[str, Any], ...]  # examples: id, kind, message
+    preamble: tuple[int, tuple[str, ...]]  # count, examples
+    too_long: tuple[int, tuple[str, ...]]
+    shapes: tuple[OutputShape, ...]  # sample mode only
+    selfload: SelfLoadReport | None
+    out_path: Path
+
+    @property
+    def failed(self) -> int:
+        return sum(self.failed_by_kind.values())
+
+    @property
+    def finished(self) -> int:
+        return self.ok + self.failed
+
+    @property
+    def remaining(self) -> int:
+        """Items a rerun would still do (failed ones and those not reached)."""
+        return self.total - self.skipped - self.ok
+
+    @property
+    def items_per_s(self) -> float:
+        return self.finished / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+class Tally:
+    """Counters and the output file, shared by the workers under one lock."""
+
+    def __init__(
+        self, writer: JsonlWriter, *, sample: bool, expect: Expect, max_chars: int | None
+    ) -> None:
+        self.lock = threading.Lock()
+        self.writer: JsonlWriter | None = writer
+        self.sample = sample
+        self.expect: Expect = expect
+        self.max_chars = max_chars
+        self.ok = self.in_flight = self.output_tokens = self.retried = self.attempts = 0
+        self.kinds: Counter[str] = Counter()
+        self.failures: list[dict[str, Any]] = []
+        self.preamble: list[str] = []
+        self.preamble_n = self.too_long_n = 0
+        self.too_long: list[str] = []
+        self.shapes: list[OutputShape] = []
+
+    def finish(self, line: dict[str, Any], text: str | None, tokens: int) -> None:
+        item_id = line["id"]
+        with self.lock:
+            self.in_flight -= 1
+            if self.writer is None:  # abandoned after the grace period: not recorded
+                return
+            self.writer.write(line)
+            self.attempts += line["attempts"]
+            self.retried += line["attempts"] > 1
+            if line["ok"]:
+                self.ok += 1
+                self.output_tokens += tokens
+            else:
+                kind = line["error"]["kind"]
+                self.kinds[kind] += 1
+                if len(self.failures) < EXAMPLES:
+                    self.failures.append({"id": item_id, **line["error"]})
+            if text is not None:
+                self._note_shape(item_id, text)
+
+    def _note_shape(self, item_id: ItemId, text: str) -> None:
+        if self.sample:
+            self.shapes.append(OutputShape.of(item_id, text, self.expect))
+        phrase = find_preamble(text)
+        if phrase:
+            self.preamble_n += 1
+            if len(self.preamble) < EXAMPLES:
+                self.preamble.append(f"{item_id!r}: {phrase!r}")
+        if self.max_chars is not None and len(text) > self.max_chars:
+            self.too_long_n += 1
+            if len(self.too_long) < EXAMPLES:
+                self.too_long.append(f"{item_id!r}: {len(text)} chars")
+
+    def close(self) -> None:
+        with self.lock:
+            if self.writer is not None:
+                self.writer.close()
+                self.writer = None
+
+
+def result_line(
+    task: Task, completion: Completion | None, error: ErrorInfo | None, attempts: int,
+    retried: tuple[str, ...], expect: Expect, max_tokens: int,
+) -> dict[str, Any]:  # fmt: skip
+    """The output line of one item; ``id`` first, ``ok`` second, ``attempts`` last (resume.py)."""
+    line: dict[str, Any] = {"id": task.id}
+    if completion is not None and error is None:
+        problem = incomplete_reason(completion.choices[0], max_tokens)
+        parsed = parse_json_output(completion.text) if expect == "json" and not problem else None
+        if problem:
+            error = ErrorInfo("incomplete", problem)
+        elif parsed is not None and not parsed.ok:
+            error = ErrorInfo("format", parsed.message)
+        line["ok"] = error is None
+        if error is not None:
+            line["error"] = error.to_json()
+        line["output"] = completion.text
+        if parsed is not None and parsed.ok:
+            line["parsed"] = parsed.value
+        line["finish_reason"] = completion.finish_reason
+        line["usage"] = completion.usage.to_json() if completion.usage else None
+        line["seconds"] = round(completion.elapsed_s, 4)
+    else:
+        line["ok"] = False
+        line["error"] = (error or ErrorInfo("invalid_response", "no answer")).to_json()
+    if retried:
+        line["retried"] = list(retried)
+    line["attempts"] = attempts
+    return line
+
+
+def summary_json(result: BatchResult, concurrency: int, concurrency_source: str) -> dict[str, Any]:
+    """The summary for ``--json``, summary.json and the ledger."""
+    return {
+        "out": str(result.out_path),
+        "total": result.total,
+        "skipped": result.skipped,
+        "to_run": result.to_run,
+        "done": result.ok,
+        "failed": result.failed,
+        "failed_by_kind": dict(sorted(result.failed_by_kind.items())),
+        "remaining": result.remaining,
+        "interrupted": result.interrupted,
+        "abandoned": result.abandoned,
+        "seconds": round(result.seconds, 3),
+        "items_per_s": round(result.items_per_s, 3),
+        "output_tokens": result.output_tokens,
+        "output_tokens_per_s": round(result.output_tokens_per_s, 3),
+        "attempts": result.attempts,
+        "retried_items": result.retried_items,
+        "failures": list(result.failures),
+        "preamble": {"count": result.preamble[0], "examples": list(result.preamble[1])},
+        "too_long": {"count": result.too_long[0], "examples": list(result.too_long[1])},
+        "concurrency": concurrency,
+        "concurrency_source": concurrency_source,
+        "selfload": result.selfload.to_json() if result.selfload else None,
+    }

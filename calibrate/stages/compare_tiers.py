@@ -1,0 +1,155 @@
+"""``--compare``: a ladder or sweep against a committed tier table, for CI (issue 7 §2)."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from calibrate.errors import InputError
+
+TableKind = Literal["ladder", "sweep"]
+# (row key, metric compared, True when a bigger metric is better)
+_SHAPE: dict[str, tuple[str, str, bool]] = {
+    "ladder": ("batch_size", "per_item_mean_s", False),
+    "sweep": ("concurrency", "items_per_s", True),
+}
+
+
+@dataclass(frozen=True)
+class Cell:
+    baseline: str
+    now: str
+    bad: bool = False
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    key: int
+    verdict: Cell
+    metric: Cell
+    change: str
+
+
+@dataclass(frozen=True)
+class TierComparison:
+    kind: TableKind
+    baseline_path: str
+    tolerance: float
+    rows: tuple[CompareRow, ...]
+    last_passing: Cell
+    problems: tuple[str, ...]
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    @property
+    def key_name(self) -> str:
+        return _SHAPE[self.kind][0]
+
+    @property
+    def metric_name(self) -> str:
+        return _SHAPE[self.kind][1]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"baseline": self.baseline_path, "tolerance": self.tolerance,
+                "passed": self.passed, "problems": list(self.problems)}  # fmt: skip
+
+
+def read_table(path: Path, kind: TableKind) -> list[dict[str, str]]:
+    """The rows of a tiers.csv; a missing file or column is exit 2."""
+    key, metric, _ = _SHAPE[kind]
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            rows = list(csv.DictReader(handle))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise InputError(f"cannot read the tier table {path}: {exc}",
+                         f"Write one with: calibrate {kind} --save-baseline") from exc  # fmt: skip
+    for column in (key, metric, "verdict"):
+        if rows and column not in rows[0]:
+            raise InputError(f"{path} has no column {column!r}: is it a {kind} tiers.csv?")
+    return rows
+
+
+def _num(value: str | None) -> float | None:
+    try:
+        return float(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def _passed(verdict: str | None) -> bool:
+    return verdict not in (None, "", "fail")
+
+
+def _top(rows: Sequence[dict[str, str]], key: str) -> int | None:
+    keys = [int(float(r[key])) for r in rows if _passed(r.get("verdict"))]
+    return max(keys) if keys else None
+
+
+def compare_tables(
+    kind: TableKind,
+    baseline: Sequence[dict[str, str]],
+    now: Sequence[dict[str, str]],
+    *,
+    tolerance: float = 0.2,
+    baseline_path: str = "",
+) -> TierComparison:
+    """Fails when the top passing tier dropped, a tier that passed now fails, or the metric
+    got worse by more than ``tolerance`` (latency up, or throughput down)."""
+    if tolerance < 0:
+        raise InputError(f"--tolerance must be ≥ 0, got {tolerance}")
+    key, metric, higher_better = _SHAPE[kind]
+    base = {int(float(r[key])): r for r in baseline}
+    cur = {int(float(r[key])): r for r in now}
+    problems: list[str] = []
+    rows: list[CompareRow] = []
+    for k in sorted(set(base) | set(cur)):
+        b, n = base.get(k, {}), cur.get(k, {})
+        bv, nv = b.get("verdict", ""), n.get("verdict", "")
+        verdict_bad = _passed(bv) and bool(n) and not _passed(nv)
+        if verdict_bad:
+            problems.append(f"{key} {k} passed in the baseline and now fails ({nv})")
+        bm, nm = _num(b.get(metric)), _num(n.get(metric))
+        change, metric_bad = "", False
+        if bm and nm is not None and _passed(nv):
+            ratio = nm / bm - 1
+            change = f"{ratio:+.0%}"
+            metric_bad = (-ratio if higher_better else ratio) > tolerance
+            if metric_bad:
+                worse = "lower" if higher_better else "higher"
+                problems.append(f"{key} {k}: {metric} {nm:.4g} is {abs(ratio):.0%} {worse} than "
+                                f"the baseline's {bm:.4g} (tolerance {tolerance:.0%})")  # fmt: skip
+        rows.append(CompareRow(k, Cell(bv or "—", nv or "not run", verdict_bad),
+                               Cell(_fmt(bm), _fmt(nm), metric_bad), change))  # fmt: skip
+    top_b, top_n = _top(baseline, key), _top(now, key)
+    top_bad = top_b is not None and (top_n is None or top_n < top_b)
+    if top_bad:
+        problems.insert(0, f"last passing {key} is {top_n if top_n is not None else 'none'}, "
+                           f"lower than the baseline's {top_b}")  # fmt: skip
+    last = Cell(str(top_b) if top_b is not None else "none",
+                str(top_n) if top_n is not None else "none", top_bad)  # fmt: skip
+    return TierComparison(kind, baseline_path, tolerance, tuple(rows), last, tuple(problems))
+
+
+def _fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.4g}"
+
+
+def save_baseline(table: Path, dest: Path) -> Path | None:
+    """Copy a run's tiers.csv to ``dest``; an existing one is kept as ``<stem>.<ts>.csv``."""
+    if not table.exists():
+        raise InputError(f"{table} does not exist: nothing to save as a baseline")
+    kept: Path | None = None
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists():
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+        kept = dest.with_name(f"{dest.stem}.{stamp}{dest.suffix}")
+        shutil.copy2(dest, kept)
+    shutil.copy2(table, dest)
+    return kept

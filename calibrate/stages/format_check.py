@@ -1,0 +1,160 @@
+"""Batch-prompt hygiene: does every output have the shape the prompt asked for?
+
+A preamble ("Sure, here is…", "好的，以下是…") before the answer, outputs over a length
+limit, a varying number of lines, or JSON that does not parse are what a bad batch prompt
+produces; ``--sample`` finds them on a few items before thousands are sent.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Expect = Literal["text", "json"]
+
+# First-line openers that announce an answer instead of being it (matched case-insensitively).
+PREAMBLES: tuple[str, ...] = (
+    "好的，以下是",
+    "好的,以下是",
+    "好的！",
+    "好的，",
+    "以下是",
+    "下面是",
+    "当然，",
+    "当然可以",
+    "sure, here is",
+    "sure, here's",
+    "sure!",
+    "sure,",
+    "here is",
+    "here's",
+    "here are",
+    "certainly",
+    "of course",
+    "below is",
+)
+
+_FENCE = re.compile(r"^\s*```[A-Za-z0-9_-]*[ \t]*\n(.*?)\n?```\s*$", re.DOTALL)
+_INNER_FENCE = re.compile(r"```(?:json|JSON)?[ \t]*\n(.*?)\n?```", re.DOTALL)
+
+
+def find_preamble(text: str) -> str | None:
+    """The preamble phrase ``text`` opens with, or None."""
+    head = text.lstrip().lower()
+    for phrase in PREAMBLES:
+        if head.startswith(phrase):
+            return text.lstrip()[: len(phrase)]
+    return None
+
+
+def strip_fences(text: str) -> str:
+    """The content of a ```json fence (the whole text, or the fence inside it); else the text."""
+    match = _FENCE.match(text)
+    if match:
+        return match.group(1).strip()
+    inner = _INNER_FENCE.search(text)
+    if inner:
+        return inner.group(1).strip()
+    return text.strip()
+
+
+@dataclass(frozen=True)
+class ParsedJson:
+    ok: bool
+    value: Any = None
+    message: str = ""
+
+
+def parse_json_output(text: str) -> ParsedJson:
+    """Strip fences and parse; ``message`` says why not when it does not parse."""
+    body = strip_fences(text)
+    if not body:
+        return ParsedJson(False, message="the output is empty, not JSON")
+    try:
+        return ParsedJson(True, json.loads(body))
+    except ValueError as exc:
+        return ParsedJson(False, message=f"the output is not valid JSON: {exc}")
+
+
+def line_count(text: str) -> int:
+    return len(text.strip().splitlines())
+
+
+@dataclass(frozen=True)
+class OutputShape:
+    """What the checks need to know about one output (not the output itself)."""
+
+    id: object
+    chars: int
+    lines: int
+    preamble: str | None
+    json_ok: bool | None  # None: JSON was not asked for
+
+    @classmethod
+    def of(cls, item_id: object, text: str, expect: Expect) -> OutputShape:
+        json_ok = parse_json_output(text).ok if expect == "json" else None
+        return cls(item_id, len(text), line_count(text), find_preamble(text), json_ok)
+
+
+@dataclass(frozen=True)
+class ShapeCheck:
+    name: str
+    passed: bool
+    detail: str
+
+
+def shape_checks(
+    shapes: Sequence[OutputShape], *, max_chars: int | None, expect: Expect
+) -> list[ShapeCheck]:
+    """The verdicts of ``--sample``: preamble, length, line count, JSON."""
+    checks: list[ShapeCheck] = []
+    with_preamble = [s for s in shapes if s.preamble]
+    checks.append(
+        ShapeCheck(
+            "no preamble",
+            not with_preamble,
+            _examples(f"{len(with_preamble)} of {len(shapes)} outputs open with a preamble",
+                      [f"{s.id!r}: {s.preamble!r}" for s in with_preamble])
+            if with_preamble else "no output opens with a preamble",
+        )
+    )  # fmt: skip
+    if max_chars is not None:
+        long = [s for s in shapes if s.chars > max_chars]
+        checks.append(
+            ShapeCheck(
+                f"within {max_chars} chars",
+                not long,
+                _examples(f"{len(long)} of {len(shapes)} outputs are longer than {max_chars}",
+                          [f"{s.id!r}: {s.chars} chars" for s in long])
+                if long else f"longest output {max((s.chars for s in shapes), default=0)} chars",
+            )
+        )  # fmt: skip
+    counts = Counter(s.lines for s in shapes)
+    if len(counts) <= 1:
+        detail = f"every output has {next(iter(counts), 0)} line(s)"
+    else:
+        detail = "line counts differ: " + ", ".join(
+            f"{n} line(s) × {k}" for n, k in sorted(counts.items())
+        )
+    checks.append(ShapeCheck("same line count", len(counts) <= 1, detail))
+    if expect == "json":
+        bad = [s for s in shapes if not s.json_ok]
+        checks.append(
+            ShapeCheck(
+                "valid JSON",
+                not bad,
+                _examples(f"{len(bad)} of {len(shapes)} outputs do not parse as JSON",
+                          [repr(s.id) for s in bad])
+                if bad else "every output parses as JSON (after stripping code fences)",
+            )
+        )  # fmt: skip
+    return checks
+
+
+def _examples(head: str, items: list[str], limit: int = 3) -> str:
+    more = f", … {len(items) - limit} more" if len(items) > limit else ""
+    return f"{head} ({', '.join(items[:limit])}{more})"

@@ -1,0 +1,275 @@
+"""Stage D: put the server back on the last passing tier, with proof (SPEC §5.7).
+
+Five steps — stop, vram, active, restart, compare — each appended to ``steps.jsonl`` and to the
+ledger (stage ``rollback-step``) as it finishes; a failing step writes an incident bundle and
+ends the rollback. Restarting and freeing VRAM is recovery, not more capacity.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from calibrate import server
+from calibrate.compare import Comparison, Normaliser
+from calibrate.config import ServerKind
+from calibrate.errors import CalibrateError, ErrorInfo, ErrorKind, ExitCode, GateClosed
+from calibrate.gpu import GpuSnapshot
+from calibrate.incidents import Incident, write_incident
+from calibrate.records import LedgerEntry
+from calibrate.server import process, readiness
+from calibrate.server.builders import SERVER_KINDS, build
+from calibrate.server.readiness import VramProbe, used_mib, wait_released
+from calibrate.stages.active import ActiveSetting, write_active
+from calibrate.stages.context import StageContext
+from calibrate.stages.repro import against_baseline
+
+StepName = Literal["stop", "vram", "active", "restart", "compare"]
+Notify = Callable[[str], None]
+
+NOT_CAPACITY = (
+    "note: restarting and freeing VRAM is recovery, not more capacity: "
+    "batch {batch} is still the ceiling the ladder measured"
+)
+STILL_DIFFERS = (
+    "still differs at the verified setting: look at model loading or the environment, "
+    "not concurrency"
+)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    n: int
+    name: StepName
+    ok: bool
+    message: str
+    elapsed_s: float
+    detail: dict[str, Any] = field(default_factory=dict)
+    exit_code: int = 0
+    kind: ErrorKind | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"n": self.n, "step": self.name, "ok": self.ok, "message": self.message,
+                "elapsed_s": round(self.elapsed_s, 3), **self.detail}  # fmt: skip
+
+
+class StepFailed(CalibrateError):
+    """A step's check failed; ``kind`` names it for the incident bundle."""
+
+    def __init__(self, message: str, kind: ErrorKind, code: int = ExitCode.FAILED) -> None:
+        super().__init__(message)
+        self.kind: ErrorKind = kind
+        self.code = code
+
+
+@dataclass(frozen=True)
+class RollbackResult:
+    batch_size: int
+    source: str
+    managed: bool
+    steps: tuple[StepResult, ...]
+    comparison: Comparison | None
+    exit_code: int
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0
+
+    def summary(self) -> dict[str, Any]:
+        failed = next((s.name for s in self.steps if not s.ok), None)
+        return {"batch_size": self.batch_size, "concurrency": 1, "source": self.source,
+                "managed": self.managed, "failed_step": failed,
+                "steps": [{"step": s.name, "ok": s.ok} for s in self.steps]}  # fmt: skip
+
+
+def rollback_tier(ctx: StageContext) -> tuple[int, str]:
+    """(batch size, where it comes from): the latest ladder with a passing tier, else the pin."""
+    ladder = ctx.ledger.latest("ladder", ctx.target)
+    tier = ladder.summary.get("last_passing") if ladder else None
+    if ladder and isinstance(tier, dict) and isinstance(tier.get("batch_size"), int):
+        return int(tier["batch_size"]), f"ladder run {ladder.run_id}"
+    pin = ctx.ledger.latest("pin", ctx.target)
+    if pin and isinstance(pin.summary.get("batch_size"), int):
+        return int(pin.summary["batch_size"]), f"pin run {pin.run_id}"
+    raise GateClosed("rollback has no tier to return to: no ladder with a passing tier, no pin",
+                     "Run first: calibrate ladder")  # fmt: skip
+
+
+class Rollback:
+    """Runs the five steps in order; stops at the first failure."""
+
+    def __init__(self, ctx: StageContext, normaliser: Normaliser, *, wait_s: float,
+                 notify: Notify, on_step: Callable[[StepResult], None], vram_probe: VramProbe,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.ctx, self.normaliser, self.notify, self.probe = ctx, normaliser, notify, vram_probe
+        self.on_step = on_step
+        self.clock = clock
+        self.deadline = clock() + wait_s
+        self.runs = ctx.config.runs_dir
+        self.record = process.load(self.runs)
+        kind = ctx.config.server.kind or (self.record.kind if self.record else None)
+        self.kind: ServerKind | None = next((k for k in SERVER_KINDS if k == kind), None)
+        self.managed = self.kind is not None
+        self.host, self.port = readiness.host_port(ctx.config.target.base_url)
+        self.old_pid: int | None = self.record.pid if self.record else None
+        self.exit_code: int | None = None
+        self.before_stop: GpuSnapshot | None = None
+        self.comparison: Comparison | None = None
+
+    def run(self) -> RollbackResult:
+        batch, source = rollback_tier(self.ctx)
+        self.batch = batch
+        self.notify(f"rollback to batch {batch}, concurrency 1 (last passing, from {source})")
+        steps: list[StepResult] = []
+        plan: list[tuple[StepName, Callable[[], tuple[str, dict[str, Any]]]]] = [
+            ("stop", self.stop), ("vram", self.vram), ("active", self.active),
+            ("restart", self.restart), ("compare", self.compare),
+        ]  # fmt: skip
+        for n, (name, action) in enumerate(plan, 1):
+            step = self._step(n, name, action)
+            steps.append(step)
+            if not step.ok:
+                break
+        code = next((s.exit_code for s in steps if not s.ok), 0)
+        return RollbackResult(batch, source, self.managed, tuple(steps), self.comparison, code)
+
+    def _step(
+        self, n: int, name: StepName, action: Callable[[], tuple[str, dict[str, Any]]]
+    ) -> StepResult:
+        start = self.clock()
+        try:
+            message, detail = action()
+            step = StepResult(n, name, True, message, self.clock() - start, detail)
+        except StepFailed as exc:
+            step = StepResult(
+                n, name, False, exc.message, self.clock() - start, {}, exc.code, exc.kind
+            )
+        except CalibrateError as exc:
+            kind: ErrorKind = "connect" if exc.exit_code == ExitCode.UNREACHABLE else "server_died"
+            step = StepResult(n, name, False, exc.render().removeprefix("error: "),
+                              self.clock() - start, {}, int(exc.exit_code), kind)  # fmt: skip
+        self.ctx.run.append("steps.jsonl", step.to_json())
+        self.ctx.ledger.append(LedgerEntry("rollback-step", self.ctx.run.run_id, self.ctx.target,
+                                           step.ok, step.to_json()))  # fmt: skip
+        self.on_step(step)
+        if not step.ok:
+            self._incident(step)
+        return step
+
+    # -- the steps -------------------------------------------------------------------------
+
+    def stop(self) -> tuple[str, dict[str, Any]]:
+        self.before_stop = self.probe()
+        if self.record is not None:
+            result = server.stop(self.runs, self.ctx.config.server.stop_timeout_s)
+            assert result is not None
+            self.exit_code = result.exit_code
+            if result.was == "stranger":
+                message = (f"the managed server had already exited; PID {result.pid} now belongs "
+                           f"to another program ({process.cmdline(result.pid)[:80]}): not signalled")  # fmt: skip
+            elif result.was == "gone":
+                message = f"the managed server (PID {result.pid}) had already exited"
+            elif not result.gone:
+                raise StepFailed(f"PID {result.pid} is still alive after SIGKILL", "timeout")
+            else:
+                message = (f"stopped the managed server (PID {result.pid}, {result.signal_sent}, "
+                           f"{result.elapsed_s:.1f} s)")  # fmt: skip
+            if result.exit_code is not None:
+                message += f", exit code {result.exit_code}"
+            detail = {"pid": result.pid, "was": result.was, "signal": result.signal_sent}
+            if not readiness.wait_port_closed(self.host, self.port, 5.0):
+                raise StepFailed(f"{message}, but port {self.port} is still open", "timeout")
+            return message, detail
+        if not readiness.port_open(self.host, self.port):
+            return f"nothing listens on {self.host}:{self.port}: the server is already down", {}
+        self.old_pid = process.listener_pid(self.port)
+        how = (f"kill -TERM {self.old_pid}   # {process.cmdline(self.old_pid)[:100]}"
+               if self.old_pid else f"kill -TERM $(lsof -t -iTCP:{self.port} -sTCP:LISTEN)")  # fmt: skip
+        self.notify(f"calibrate does not manage this server: stop it yourself, e.g.\n  {how}")
+        self.notify(f"waiting up to {self._left():.0f} s for port {self.port} to close (--wait)")
+        if not readiness.wait_port_closed(self.host, self.port, self._left()):
+            raise StepFailed(f"port {self.port} is still open after --wait: the server was not stopped",
+                             "timeout")  # fmt: skip
+        return f"the server on port {self.port} stopped (PID {self.old_pid or 'unknown'})", {
+            "pid": self.old_pid
+        }
+
+    def vram(self) -> tuple[str, dict[str, Any]]:
+        before_start = self.record.vram_used_mib_before if self.record else None
+        release = wait_released(self.probe, self.old_pid, before_start, self.before_stop)
+        if not release.ok:
+            raise StepFailed(release.message, "timeout")
+        return release.message, release.to_json()
+
+    def active(self) -> tuple[str, dict[str, Any]]:
+        setting = ActiveSetting(self.batch, 1, "rollback", self.ctx.run.run_id)
+        entry = write_active(self.ctx.ledger, self.runs, self.ctx.target, setting)
+        return (
+            f"active setting: batch {self.batch}, concurrency 1 (runs/active.json)",
+            entry.summary,
+        )
+
+    def restart(self) -> tuple[str, dict[str, Any]]:
+        if self.kind is not None:
+            cfg = self.ctx.config
+            command = build(server.launch_spec(cfg, self.kind, self.batch, 1))
+            snapshot = self.probe()
+            self.notify(f"starting: {command.display()}")
+            started = server.start(
+                self.runs, command.argv, env=command.env, kind=self.kind, port=cfg.server.port,
+                health_path=command.health_path, ready_timeout_s=cfg.server.ready_timeout_s,
+                stop_timeout_s=cfg.server.stop_timeout_s, batch_size=self.batch, concurrency=1,
+                vram_used_mib_before=used_mib(snapshot),
+            )  # fmt: skip
+            self.record = started.record
+            return (f"restarted (PID {started.record.pid}) at batch {self.batch}, concurrency 1; "
+                    f"ready after {started.ready_s:.1f} s"), {"pid": started.record.pid}  # fmt: skip
+        root = self.ctx.client.server_root
+        self.notify(f"restart your server at batch size {self.batch} and concurrency 1, e.g.: "
+                    f"calibrate pin --out launch.sh && ./launch.sh")  # fmt: skip
+        self.notify(f"waiting up to {self._left():.0f} s for {root} to answer (--wait)")
+        ready = readiness.wait_ready(root, None, self._left())
+        if not ready.ready:
+            raise StepFailed(f"no server answered at {root} within --wait ({ready.last_answer})",
+                             "connect", ExitCode.UNREACHABLE)  # fmt: skip
+        return f"the server at {root} is back ({ready.elapsed_s:.1f} s)", {}
+
+    def compare(self) -> tuple[str, dict[str, Any]]:
+        result = against_baseline(self.ctx, self.normaliser, runs=1)
+        self.comparison = result.comparisons[0]
+        if not self.comparison.passed:
+            raise StepFailed(STILL_DIFFERS, "invalid_response")
+        note = " (whitespace only)" if self.comparison.verdict == "whitespace-only" else ""
+        return (f"restored: batch {self.batch}, concurrency 1, output matches the baseline{note}",
+                self.comparison.to_json())  # fmt: skip
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _left(self) -> float:
+        return max(0.0, self.deadline - self.clock())
+
+    def _incident(self, step: StepResult) -> None:
+        cfg, client = self.ctx.config, self.ctx.client
+        body = (
+            client.chat_body(cfg.target.model, cfg.prompt.text, self.ctx.params)
+            if step.name == "compare"
+            else None
+        )
+        extra: dict[str, Any] = {"step": step.name, "step_n": step.n}
+        if self.comparison is not None and step.name == "compare":
+            extra["comparison"] = {**self.comparison.to_json(), "diff": list(self.comparison.diff)}
+        snapshot = self.probe()
+        tail = None
+        if self.managed:
+            tail = process.log_tail(self.runs, 200, self.record.log_offset if self.record else 0)
+        pid = self.record.pid if self.record else self.old_pid
+        incident = Incident(
+            stage="rollback", batch_size=self.batch, concurrency=1, round=None,
+            request_body=body, request_headers=client.redacted_headers(),
+            error=ErrorInfo(step.kind or "server_died", step.message),
+            server_pid=pid, server_exit_code=process.exit_code(pid) if pid else self.exit_code,
+            vram=snapshot.to_json() if snapshot else None, log_tail=tail, extra=extra,
+        )  # fmt: skip
+        write_incident(self.ctx.run, f"{step.n}-{step.name}.json", incident)

@@ -1,0 +1,208 @@
+"""Stage C′: at the verified batch size, step concurrency and find the knee (SPEC §5.6)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from calibrate.config import Config, LadderMode
+from calibrate.errors import RequestError, ServerUnreachable, StageFailed
+from calibrate.records import LedgerEntry
+from calibrate.stages.bundles import IncidentRecorder
+from calibrate.stages.context import StageContext
+from calibrate.stages.ladder import all_refused, item_record
+from calibrate.stages.single import START_HINT
+from calibrate.stages.stop_rules import Point, continue_sweep, gains, knee
+from calibrate.stages.tiers import Stats, summarise
+from calibrate.stages.waves import Sender, build_requests
+from calibrate.vram import VramMonitor
+
+LevelVerdict = Literal["pass", "fail"]
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    levels: tuple[int, ...]
+    items: int
+    gain_min: float
+    batch_size: int
+    mode: LadderMode = "wave"
+    stream: bool = False
+    tasks: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, cfg: Config, batch_size: int, **kw: Any) -> SweepOptions:
+        s = cfg.sweep
+        return cls(s.concurrency, s.items, s.gain_min, batch_size, cfg.ladder.mode, **kw)
+
+
+@dataclass(frozen=True)
+class ServerCap:
+    """The server's own limit on parallel sequences, when it says (llama.cpp /props)."""
+
+    slots: int
+    source: str
+
+
+@dataclass(frozen=True)
+class Level:
+    stats: Stats
+    gain: float | None
+    verdict: LevelVerdict
+    capped: bool
+
+    @property
+    def concurrency(self) -> int:
+        return self.stats.concurrency
+
+    def to_json(self) -> dict[str, Any]:
+        gain = round(self.gain, 4) if self.gain is not None else None
+        return {**self.stats.to_json(), "gain": gain, "verdict": self.verdict,
+                "capped_by_server": self.capped}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    levels: tuple[Level, ...]
+    batch_size: int
+    gain_min: float
+    cap: ServerCap | None
+    vram_source: str
+    incidents: int
+
+    @property
+    def knee(self) -> Level | None:
+        points = [
+            Point(lv.concurrency, lv.stats.items_per_s, lv.stats.errors) for lv in self.levels
+        ]
+        found = knee(points, self.gain_min)
+        return next(
+            (lv for lv in self.levels if found and lv.concurrency == found.concurrency), None
+        )
+
+    @property
+    def passed(self) -> bool:
+        return self.knee is not None
+
+    @property
+    def stopped_by(self) -> str:
+        return "failure" if any(lv.verdict == "fail" for lv in self.levels) else "completed"
+
+    def notes(self) -> list[str]:
+        out: list[str] = []
+        if self.cap is not None:
+            over = [lv.concurrency for lv in self.levels if lv.capped]
+            if over:
+                out.append(
+                    f"concurrency {', '.join(map(str, over))} exceeds the server's own cap of "
+                    f"{self.cap.slots} ({self.cap.source}): the extra requests queue in the server"
+                )
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        top = self.knee
+        return {
+            "recommended_concurrency": top.concurrency if top else None,
+            "batch_size": self.batch_size,
+            "knee": {"concurrency": top.concurrency, "items_per_s": round(top.stats.items_per_s, 3)}
+            if top
+            else None,
+            "stopped_by": self.stopped_by,
+            "server_cap": {"slots": self.cap.slots, "source": self.cap.source}
+            if self.cap
+            else None,
+            "vram_source": self.vram_source,
+            "levels": [
+                {
+                    "concurrency": lv.concurrency,
+                    "items_per_s": round(lv.stats.items_per_s, 3),
+                    "errors": lv.stats.errors,
+                    "verdict": lv.verdict,
+                }
+                for lv in self.levels
+            ],
+            "incidents": self.incidents,
+        }
+
+
+def verified_batch_size(ladder: LedgerEntry | None) -> int:
+    """The last passing batch size from the latest passing ladder."""
+    top = ladder.summary.get("last_passing") if ladder else None
+    size = top.get("batch_size") if isinstance(top, dict) else None
+    if not isinstance(size, int):
+        raise StageFailed("no verified batch size: the latest ladder found no passing tier",
+                          "Run first: calibrate ladder   (or give --batch-size N with --force)")  # fmt: skip
+    return size
+
+
+def read_server_cap(fetch: Callable[[str], str]) -> ServerCap | None:
+    """llama.cpp's ``GET /props`` total_slots, else the length of ``GET /slots``."""
+    for path in ("/props", "/slots"):
+        try:
+            data = json.loads(fetch(path))
+        except (RequestError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("total_slots"), int):
+            return ServerCap(data["total_slots"], "llama.cpp /props total_slots")
+        if isinstance(data, list) and data:
+            return ServerCap(len(data), "llama.cpp /slots")
+    return None
+
+
+@dataclass
+class Sweep:
+    ctx: StageContext
+    options: SweepOptions
+    monitor: VramMonitor
+    incidents: IncidentRecorder
+    sender: Sender
+    cap: ServerCap | None = None
+    on_level: Callable[[Level], None] = lambda level: None
+    levels: list[Level] = field(default_factory=list)
+
+    def run(self) -> SweepResult:
+        points: list[Point] = []
+        for concurrency in self.options.levels:
+            if not continue_sweep(points):
+                break
+            stats = self.run_level(concurrency)
+            points.append(Point(concurrency, stats.items_per_s, stats.errors))
+            level = Level(stats, gains(points)[-1], "fail" if stats.errors else "pass",
+                          self.cap is not None and concurrency > self.cap.slots)  # fmt: skip
+            self.levels.append(level)
+            self.ctx.run.append("tiers.jsonl", level.to_json())
+            self.on_level(level)
+        return self.result()
+
+    def result(self) -> SweepResult:
+        o = self.options
+        return SweepResult(tuple(self.levels), o.batch_size, o.gain_min, self.cap,
+                           self.monitor.source, len(self.incidents.written))  # fmt: skip
+
+    def prompts(self) -> list[list[str]]:
+        o = self.options
+        source = o.tasks or (self.ctx.config.prompt.text,)
+        per_request = o.batch_size if o.mode == "prompt-list" else 1
+        flat = [source[i % len(source)] for i in range(o.items * per_request)]
+        if o.mode == "prompt-list":
+            return [flat[i : i + per_request] for i in range(0, len(flat), per_request)]
+        return [flat]
+
+    def run_level(self, concurrency: int) -> Stats:
+        ctx, o = self.ctx, self.options
+        requests = build_requests(ctx.client, ctx.config.target.model, ctx.params,
+                                  self.prompts(), o.mode, stream=o.stream)  # fmt: skip
+        idle = self.monitor.open_window()
+        items, seconds = self.sender.send(requests, concurrency, ctx.params.max_tokens)
+        peak = self.monitor.close_window(idle)
+        if not self.levels and all_refused(items):
+            raise ServerUnreachable(f"no server at {ctx.config.target.base_url} (connection refused)",
+                                    START_HINT)  # fmt: skip
+        for item in items:
+            ctx.run.append("records.jsonl", item_record(ctx, item, o.batch_size, concurrency, None))
+        self.incidents.record(items, batch_size=o.batch_size, concurrency=concurrency,
+                              round_no=1, label=f"c{concurrency}", peak=peak)  # fmt: skip
+        return summarise(batch_size=o.batch_size, concurrency=concurrency, round_no=None,
+                         items=items, total_s=seconds, peaks=[peak], baseline_text=None)  # fmt: skip

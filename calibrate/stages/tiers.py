@@ -1,0 +1,169 @@
+"""Per-request results and the numbers a round, tier or sweep level reports (SPEC §5.3, §5.6)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from calibrate.errors import ErrorInfo
+from calibrate.records import Usage
+from calibrate.vram import WindowPeak
+
+Verdict = Literal["fail", "stop: vram", "stop: latency", "pass"]
+StopReason = Literal["failure", "vram", "latency", "completed", "interrupted"]
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """One input item's answer (or failure); times are seconds since its round started."""
+
+    index: int
+    prompt: str
+    path: str
+    body: dict[str, Any]
+    text: str | None
+    finish_reason: str | None
+    usage: Usage | None
+    completion_tokens: int
+    elapsed_s: float
+    ttft_s: float | None
+    started_s: float
+    done_s: float
+    served_model: str | None = None
+    system_fingerprint: str | None = None
+    error: ErrorInfo | None = None
+    exception_type: str | None = None
+    traceback: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0–100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass(frozen=True)
+class Stats:
+    """The columns of one round, tier or level; ``round`` is None for a whole tier."""
+
+    batch_size: int
+    concurrency: int
+    round: int | None
+    items: int
+    total_s: float
+    per_item_mean_s: float | None
+    per_item_p50_s: float | None
+    per_item_p90_s: float | None
+    per_item_p99_s: float | None
+    per_item_max_s: float | None
+    ttft_p50_s: float | None
+    items_per_s: float
+    output_tokens_per_s: float
+    peak_vram_mib: float | None
+    vram_idle_mib: float | None
+    vram_total_mib: float | None
+    pressure: float | None
+    pressure_source: str
+    peak_kv_usage: float | None
+    errors: int
+    error_kinds: dict[str, int]
+    first_done_s: float | None
+    last_done_s: float | None
+    baseline_match: int | None
+    baseline_items: int
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        for key, value in out.items():
+            if isinstance(value, float):
+                out[key] = round(value, 6)
+        return out
+
+    @property
+    def kinds_text(self) -> str:
+        """``oom×2, timeout×1``."""
+        return ", ".join(f"{k}×{n}" for k, n in sorted(self.error_kinds.items()))
+
+
+def summarise(
+    *,
+    batch_size: int,
+    concurrency: int,
+    round_no: int | None,
+    items: Sequence[ItemResult],
+    total_s: float,
+    peaks: Sequence[WindowPeak],
+    baseline_text: str | None,
+) -> Stats:
+    """Aggregate items and the VRAM windows they ran in (one for a round, several for a tier)."""
+    latencies = [i.elapsed_s for i in items if i.ok]
+    ttfts = [i.ttft_s for i in items if i.ok and i.ttft_s is not None]
+    tokens = sum(i.completion_tokens for i in items if i.ok)
+    kinds = Counter(i.error.kind for i in items if i.error is not None)
+    done = [i.done_s for i in items]
+    used = [p.peak_used_mib for p in peaks if p.peak_used_mib is not None]
+    kv = [p.peak_kv_usage for p in peaks if p.peak_kv_usage is not None]
+    top = max(peaks, key=lambda p: p.peak_pressure.value or 0.0, default=None)
+    idle = next((p.idle.used_mib for p in peaks if p.idle is not None), None)
+    match = None
+    if baseline_text is not None:
+        match = sum(1 for i in items if i.ok and i.text == baseline_text)
+    ok_items = len(items) - sum(kinds.values())
+    return Stats(
+        batch_size=batch_size, concurrency=concurrency, round=round_no, items=len(items),
+        total_s=total_s,
+        per_item_mean_s=sum(latencies) / len(latencies) if latencies else None,
+        per_item_p50_s=percentile(latencies, 50), per_item_p90_s=percentile(latencies, 90),
+        per_item_p99_s=percentile(latencies, 99), per_item_max_s=max(latencies, default=None),
+        ttft_p50_s=percentile(ttfts, 50),
+        items_per_s=ok_items / total_s if total_s > 0 else 0.0,
+        output_tokens_per_s=tokens / total_s if total_s > 0 else 0.0,
+        peak_vram_mib=max(used, default=None), vram_idle_mib=idle,
+        vram_total_mib=next((p.total_mib for p in peaks if p.total_mib), None),
+        pressure=top.peak_pressure.value if top else None,
+        pressure_source=top.peak_pressure.source if top else "none",
+        peak_kv_usage=max(kv, default=None),
+        errors=sum(kinds.values()), error_kinds=dict(sorted(kinds.items())),
+        first_done_s=min(done, default=None), last_done_s=max(done, default=None),
+        baseline_match=match, baseline_items=len(items) if baseline_text is not None else 0,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A finished ladder tier: its rounds, the aggregate, and the verdict of the stop rules."""
+
+    stats: Stats
+    rounds: tuple[Stats, ...]
+    verdict: Verdict
+    reason: str
+    rounds_planned: int
+
+    @property
+    def batch_size(self) -> int:
+        return self.stats.batch_size
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict != "fail"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.stats.to_json(), "rounds": len(self.rounds),
+                "verdict": self.verdict, "reason": self.reason}  # fmt: skip
+
+    def short(self) -> dict[str, Any]:
+        """The ledger's short form of a tier."""
+        mean = self.stats.per_item_mean_s
+        return {"batch_size": self.batch_size, "verdict": self.verdict,
+                "per_item_mean_s": round(mean, 4) if mean is not None else None,
+                "errors": self.stats.errors}  # fmt: skip

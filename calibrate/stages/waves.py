@@ -1,0 +1,162 @@
+"""Sending a round: chat requests released together (wave) or prompt lists, on a bounded pool.
+
+Every item comes back as an ``ItemResult`` — failures too, with the body that was sent, so an
+incident can be written for it. The ladder never retries: a failure is information.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from calibrate.client import OpenAIClient
+from calibrate.config import LadderMode
+from calibrate.errors import ErrorInfo, RequestError
+from calibrate.incidents import format_traceback
+from calibrate.records import Completion, SamplingParams, incomplete_reason
+from calibrate.stages.tiers import ItemResult
+
+Clock = Callable[[], float]
+CHAT_PATH = "/chat/completions"
+COMPLETIONS_PATH = "/completions"
+
+
+@dataclass(frozen=True)
+class Request:
+    """One HTTP request carrying one prompt (chat) or several (a completions prompt list)."""
+
+    path: str
+    body: dict[str, Any]
+    prompts: tuple[str, ...]
+    first_index: int
+
+
+def build_requests(
+    client: OpenAIClient,
+    model: str,
+    params: SamplingParams,
+    waves: Sequence[Sequence[str]],
+    mode: LadderMode,
+    *,
+    stream: bool = False,
+) -> list[Request]:
+    """wave: one chat request per prompt; prompt-list: one completions request per wave."""
+    out: list[Request] = []
+    index = 1
+    for prompts in waves:
+        if mode == "prompt-list":
+            body = client.completions_body(model, prompts, params, stream=stream)
+            out.append(Request(COMPLETIONS_PATH, body, tuple(prompts), index))
+            index += len(prompts)
+            continue
+        for prompt in prompts:
+            body = client.chat_body(model, prompt, params, stream=stream)
+            out.append(Request(CHAT_PATH, body, (prompt,), index))
+            index += 1
+    return out
+
+
+class Sender:
+    """Sends requests with at most ``workers`` in flight and times every item."""
+
+    def __init__(self, client: OpenAIClient, clock: Clock = time.perf_counter) -> None:
+        self.client = client
+        self.clock = clock
+
+    def send(
+        self, requests: Sequence[Request], workers: int, max_tokens: int | None = None
+    ) -> tuple[list[ItemResult], float]:
+        """All results (in item order) and the wall time from the first send to the last answer."""
+        start = self.clock()
+        results: list[ItemResult] = []
+        pool = cf.ThreadPoolExecutor(max_workers=max(1, min(workers, len(requests) or 1)))
+        try:
+            futures = [pool.submit(self._one, r, start, max_tokens) for r in requests]
+            # Every request has the client's timeout; this bound only guards against a stuck pool.
+            done, _ = cf.wait(futures, timeout=self.client.timeout_s * 2 + 30)
+            for request, future in zip(requests, futures, strict=True):
+                if future in done:
+                    results.extend(future.result())
+                else:
+                    future.cancel()
+                    results.extend(self._stuck(request, start))
+        except BaseException:
+            # Ctrl-C: queued requests are dropped, in-flight ones end on their own timeout.
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        return sorted(results, key=lambda r: r.index), self.clock() - start
+
+    def _one(self, request: Request, t0: float, max_tokens: int | None) -> list[ItemResult]:
+        started = self.clock() - t0
+        try:
+            completion = self.client.post_completion(request.path, request.body)
+        except RequestError as exc:
+            done = self.clock() - t0
+            return [
+                _failed(request, n, started, done, exc.info, exc.exc_type or type(exc).__name__,
+                        format_traceback(exc))
+                for n in range(len(request.prompts))
+            ]  # fmt: skip
+        return _answered(request, completion, started, self.clock() - t0, max_tokens)
+
+    def _stuck(self, request: Request, t0: float) -> list[ItemResult]:
+        now = self.clock() - t0
+        info = ErrorInfo("timeout", f"no answer within {now:.0f} s")
+        return [
+            _failed(request, n, 0.0, now, info, None, None) for n in range(len(request.prompts))
+        ]
+
+
+def _failed(
+    request: Request,
+    n: int,
+    started: float,
+    done: float,
+    info: ErrorInfo,
+    exc_type: str | None,
+    tb: str | None,
+) -> ItemResult:
+    return ItemResult(
+        index=request.first_index + n, prompt=request.prompts[n], path=request.path,
+        body=request.body, text=None, finish_reason=None, usage=None, completion_tokens=0,
+        elapsed_s=done - started, ttft_s=None, started_s=started, done_s=done,
+        error=info, exception_type=exc_type, traceback=tb,
+    )  # fmt: skip
+
+
+def _answered(
+    request: Request, completion: Completion, started: float, done: float, max_tokens: int | None
+) -> list[ItemResult]:
+    count = len(request.prompts)
+    total_tokens = completion.usage.completion_tokens if completion.usage else None
+    out: list[ItemResult] = []
+    for n in range(count):
+        choice = completion.choices[n] if n < len(completion.choices) else None
+        error: ErrorInfo | None = None
+        if choice is None:
+            error = ErrorInfo("invalid_response", f"{count} prompts sent, "
+                              f"{len(completion.choices)} choices returned")  # fmt: skip
+        else:
+            problem = incomplete_reason(choice, max_tokens)
+            if problem:
+                error = ErrorInfo("incomplete", problem)
+        # A prompt list reports one usage for all its prompts: each item gets its share.
+        share = (
+            (total_tokens // count + (1 if n < total_tokens % count else 0)) if total_tokens else 0
+        )
+        out.append(
+            ItemResult(
+                index=request.first_index + n, prompt=request.prompts[n], path=request.path,
+                body=request.body, text=choice.text if choice else None,
+                finish_reason=choice.finish_reason if choice else None,
+                usage=completion.usage if count == 1 else None, completion_tokens=share,
+                elapsed_s=completion.elapsed_s, ttft_s=completion.ttft_s,
+                started_s=started, done_s=done, served_model=completion.served_model,
+                system_fingerprint=completion.system_fingerprint, error=error,
+            )
+        )  # fmt: skip
+    return out

@@ -1,0 +1,93 @@
+"""Fakes for the server tests: a managed-mock config, ledger entries, a fake engine on PATH."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from calibrate.records import LedgerEntry
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE_ENGINE = Path(__file__).with_name("engine.sh")
+ENGINE_NAMES = ("vllm", "llama-server", "python3", "lmdeploy", "text-generation-launcher",
+                "ollama", "fake-engine")  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def mock_command(*extra: str) -> str:
+    """The mock as a managed engine: ``<python> -m calibrate mock --port {port} --slots {concurrency}``."""
+    args = [sys.executable, "-m", "calibrate", "mock", "--ttft", "0.002", "--per-token", "0.0005"]
+    return shlex.join([*args, *extra]) + " --port {port} --slots {concurrency}"
+
+
+def managed_config(
+    root: Path, port: int, command: str, *, ready_timeout_s: float = 15, extra: str = ""
+) -> Path:
+    """calibrate.toml with a custom-kind [server] whose target is that server's port."""
+    path = root / "calibrate.toml"
+    path.write_text(
+        f'[target]\nbase_url = "http://127.0.0.1:{port}/v1"\nmodel = "internlm-s2"\ntimeout_s = 30\n'
+        f'[server]\nkind = "custom"\nport = {port}\ncommand = {json.dumps(command)}\n'
+        f"ready_timeout_s = {ready_timeout_s}\nstop_timeout_s = 5\n{extra}",
+        encoding="utf-8",
+    )
+    return path
+
+
+def append_ledger(root: Path, stage: str, target: str, summary: dict[str, Any], *,
+                  passed: bool = True, run_id: str | None = None) -> None:  # fmt: skip
+    """A stage result written straight into the ledger (instead of running that stage)."""
+    entry = LedgerEntry(
+        stage, run_id or f"20261129T160000Z-{stage}-abcdef", target, passed, summary
+    )
+    ledger = root / "runs" / "ledger.jsonl"
+    ledger.parent.mkdir(parents=True, exist_ok=True)
+    with ledger.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(entry.to_json(), ensure_ascii=False) + "\n")
+
+
+def passing_ladder(root: Path, target: str, batch_size: int = 4) -> None:
+    append_ledger(root, "ladder", target,
+                  {"last_passing": {"batch_size": batch_size, "concurrency": 1},
+                   "stopped_by": "failure"})  # fmt: skip
+
+
+def install_fake_engines(bin_dir: Path) -> Path:
+    """Every engine's launcher name, linked to the recording fake, in ``bin_dir``."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name in ENGINE_NAMES:
+        (bin_dir / name).symlink_to(FAKE_ENGINE)
+    return bin_dir
+
+
+def recorded_run(out: Path) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) the fake engine recorded."""
+    argv = out.read_bytes().split(b"\0")[:-1]
+    env: dict[str, str] = {}
+    for line in out.with_name(out.name + ".env").read_text().splitlines():
+        name, _, value = line.partition("=")
+        if name.isidentifier():
+            env[name] = value
+    return [a.decode() for a in argv], env
+
+
+def pid_gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat[stat.rindex(")") + 2] in "ZX"
+
+
+def pythonpath_env() -> str:
+    return os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)

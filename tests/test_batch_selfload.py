@@ -1,0 +1,45 @@
+"""The self-load monitor: when calibrate itself is the bottleneck, it says so (once)."""
+
+from __future__ import annotations
+
+import time
+
+from calibrate.selfload import SelfLoadMonitor
+
+
+def test_cpu_near_one_core_for_two_windows_is_a_bottleneck() -> None:
+    monitor = SelfLoadMonitor(cpu_limit=0.85, confirm=2)
+    monitor.observe(1.0, 0.95, 0.001)
+    assert monitor.poll_warning() is None  # one window can be a hiccup
+    monitor.observe(1.0, 0.97, 0.001)
+    warning = monitor.poll_warning()
+    assert warning is not None and "calibrate itself is the bottleneck" in warning
+    assert "0.97 CPU cores" in warning
+    assert monitor.poll_warning() is None  # said once
+    report = monitor.report()
+    assert report.bottleneck and report.windows == 2 and report.cpu_fraction_max == 0.97
+
+
+def test_interrupted_streak_and_idle_client_are_not_a_bottleneck() -> None:
+    monitor = SelfLoadMonitor(cpu_limit=0.85, lag_limit_s=0.015, confirm=2)
+    for cpu in (0.9, 0.3, 0.9, 0.2, 0.1):
+        monitor.observe(1.0, cpu, 0.001)
+    assert monitor.poll_warning() is None and not monitor.report().bottleneck
+
+
+def test_starved_timer_counts_as_waiting_on_the_client() -> None:
+    monitor = SelfLoadMonitor(lag_limit_s=0.015, confirm=2)
+    monitor.observe(1.0, 0.5, 0.040)
+    monitor.observe(1.0, 0.5, 0.050)
+    warning = monitor.poll_warning()
+    assert warning is not None and "waited 50 ms" in warning
+
+
+def test_the_thread_samples_a_busy_process() -> None:
+    monitor = SelfLoadMonitor(window_s=0.05, tick_s=0.005, cpu_limit=0.6, confirm=2).start()
+    end = time.perf_counter() + 0.4
+    while time.perf_counter() < end:  # burn one core of Python
+        sum(range(1000))
+    report = monitor.stop()
+    assert report.windows >= 3
+    assert report.bottleneck and report.cpu_fraction_max > 0.6

@@ -1,0 +1,66 @@
+"""Ctrl-C and SIGTERM on a real `python -m calibrate batch` process: clean stop, resume, rerun."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+from tests.batch_helpers import batch_process, ok_ids, results, wait_for_lines, write_tasks
+from tests.conftest import write_config
+from tests.mockserver import start_mock
+
+
+def test_ctrl_c_stops_cleanly_prints_resume_and_rerun_completes(cli, isolated: Path) -> None:
+    tasks = write_tasks(isolated / "tasks.jsonl", 200)
+    out = isolated / "out.jsonl"
+    with start_mock(ttft_s=0.03, per_token_s=0.0005) as server:
+        write_config(isolated / "calibrate.toml", server.base_url)
+        proc = batch_process(isolated, "--input", "tasks.jsonl", "--out", "out.jsonl", "-c", "4")
+        try:
+            wait_for_lines(out, 20, proc)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=15)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err
+        assert "stopping: no new items" in err
+        assert "resume with: calibrate batch --input tasks.jsonl --out out.jsonl -c 4" in err
+        done = len(ok_ids(out))
+        assert 20 <= done < 200
+        assert f"interrupted: {done} of 200 done, {200 - done} remaining" in err
+        assert out.read_bytes().endswith(b"\n")  # in-flight items finished and were flushed
+
+        again = cli("batch", "--input", "tasks.jsonl", "--out", "out.jsonl", "-c", "4", "--json")
+    assert again.code == 0, again.err
+    assert again.json["skipped"] == done and again.json["done"] == 200 - done
+    counts = Counter(ok_ids(out))
+    assert len(counts) == 200 and set(counts.values()) == {1}
+
+
+def test_sigterm_abandons_slow_items_after_the_grace_period(isolated: Path) -> None:
+    tasks = write_tasks(isolated / "tasks.jsonl", 10)
+    with start_mock(ttft_s=5.0, per_token_s=0.0) as server:
+        write_config(isolated / "calibrate.toml", server.base_url)
+        proc = batch_process(isolated, "--input", str(tasks), "--out", "out.jsonl", "-c", "2",
+                             "--grace-s", "0.5")  # fmt: skip
+        try:
+            deadline = time.monotonic() + 15
+            while server.model.snapshot().in_flight < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            stopped_at = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=10)
+            took_s = time.monotonic() - stopped_at
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 130, err
+    assert took_s < 3.0, f"took {took_s:.1f} s to stop with --grace-s 0.5"
+    assert "interrupted: 0 of 10 done, 10 remaining (2 abandoned in flight)" in err
+    assert not results(isolated / "out.jsonl")

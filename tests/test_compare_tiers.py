@@ -1,0 +1,96 @@
+"""``--compare`` / ``--save-baseline``: regressions against a committed tier table."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from calibrate.errors import InputError
+from calibrate.stages.compare_tiers import compare_tables, read_table
+from tests.mockserver import start_mock
+from tests.tier_helpers import open_gate
+
+
+def _rows(*tiers: tuple[int, str, float]) -> list[dict[str, str]]:
+    return [{"batch_size": str(b), "verdict": v, "per_item_mean_s": str(s)} for b, v, s in tiers]
+
+
+BASE = _rows((1, "pass", 0.10), (2, "pass", 0.10), (4, "pass", 0.12), (8, "fail", 0.30))
+
+
+def test_equal_tables_pass() -> None:
+    result = compare_tables("ladder", BASE, BASE, tolerance=0.2)
+    assert result.passed and result.problems == ()
+    assert [r.change for r in result.rows[:3]] == ["+0%", "+0%", "+0%"]
+
+
+def test_lower_last_passing_tier_fails_naming_the_tier() -> None:
+    now = _rows((1, "pass", 0.10), (2, "pass", 0.10), (4, "fail", 0.12))
+    result = compare_tables("ladder", BASE, now)
+    assert not result.passed
+    assert result.problems[0] == "last passing batch_size is 2, lower than the baseline's 4"
+    assert "batch_size 4 passed in the baseline and now fails (fail)" in result.problems
+    assert result.last_passing.bad and result.rows[2].verdict.bad
+
+
+def test_latency_beyond_tolerance_fails_within_passes() -> None:
+    slower = _rows((1, "pass", 0.10), (2, "pass", 0.125), (4, "pass", 0.12), (8, "fail", 0.3))
+    fails = compare_tables("ladder", BASE, slower, tolerance=0.2)
+    assert not fails.passed and fails.rows[1].metric.bad and fails.rows[1].change == "+25%"
+    assert "batch_size 2: per_item_mean_s 0.125 is 25% higher" in fails.problems[0]
+    assert compare_tables("ladder", BASE, slower, tolerance=0.3).passed
+    a_bit = _rows((1, "pass", 0.11), (2, "pass", 0.10), (4, "pass", 0.12), (8, "fail", 0.3))
+    assert compare_tables("ladder", BASE, a_bit, tolerance=0.2).passed
+
+
+def test_sweep_throughput_drop_fails() -> None:
+    base = [{"concurrency": "1", "verdict": "pass", "items_per_s": "10"},
+            {"concurrency": "4", "verdict": "pass", "items_per_s": "40"}]  # fmt: skip
+    now = [{"concurrency": "1", "verdict": "pass", "items_per_s": "10"},
+           {"concurrency": "4", "verdict": "pass", "items_per_s": "30"}]  # fmt: skip
+    result = compare_tables("sweep", base, now, tolerance=0.2)
+    assert not result.passed and "concurrency 4: items_per_s 30 is 25% lower" in result.problems[0]
+
+
+def test_wrong_table_is_an_input_error(isolated: Path) -> None:
+    path = isolated / "x.csv"
+    path.write_text("concurrency,items_per_s,verdict\n1,2,pass\n", "utf-8")
+    with pytest.raises(InputError, match="no column 'batch_size'"):
+        read_table(path, "ladder")
+
+
+def _edit(path: Path, batch: int, **changes: str) -> None:
+    with path.open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    for row in rows:
+        if int(row["batch_size"]) == batch:
+            row.update(changes)
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def test_cli_save_baseline_then_compare(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.02, per_token_s=0.0005, slots=4, oom_at=6) as mock:
+        open_gate(isolated, mock.base_url)
+        saved = cli("ladder", "--save-baseline")
+        assert saved.code == 0 and "baseline written: baselines/ladder.csv" in saved.err
+        baseline = isolated / "baselines/ladder.csv"
+        same = cli("ladder", "--compare", str(baseline), "--tolerance", "0.5")
+        assert same.code == 0, same.err
+        assert "no regression against" in same.err
+        _edit(baseline, 8, verdict="pass")
+        higher = cli("ladder", "--compare", str(baseline), "--json")
+        again = cli("ladder", "--save-baseline")
+    assert higher.code == 1
+    assert "last passing batch_size is 4, lower than the baseline's 8" in higher.err
+    assert "batch_size 8 passed in the baseline and now fails" in higher.err
+    assert "✗" in higher.err  # the offending cells are marked in the side-by-side table
+    assert higher.json["compare"]["passed"] is False and higher.json["passed"] is False
+    assert again.code == 0 and "previous kept as" in again.err
+    assert len(list((isolated / "baselines").glob("ladder.*.csv"))) == 1
+    missing = cli("ladder", "--compare", "nope.csv")
+    assert missing.code == 2 and "nope.csv" in missing.err

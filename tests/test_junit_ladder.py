@@ -1,0 +1,39 @@
+"""``ladder --junit``: one testcase per tier and round, failures naming the tier and the kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.mockserver import start_mock
+from tests.tier_helpers import junit_cases, open_gate
+
+
+def test_junit_from_a_ladder_that_finds_its_ceiling(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, slots=4, oom_at=6) as mock:
+        open_gate(isolated, mock.base_url)
+        result = cli("ladder", "--junit", "out/ladder.xml", "--json")
+    assert result.code == 0, result.err
+    suite, cases = junit_cases(isolated / "out/ladder.xml")
+    names = [c.get("name") for c in cases]
+    assert names == [f"batch {b} round {r}" for b in (1, 2, 4, 8) for r in (1, 2)]
+    assert suite.get("tests") == "8" and suite.get("failures") == "1"
+    assert suite.get("skipped") == "1"
+    (failure,) = [c.find("failure") for c in cases if c.find("failure") is not None]
+    assert failure is not None and failure.get("type") == "oom"
+    assert "batch 8 round 1: 2 of 8 requests failed (oom×2)" in (failure.get("message") or "")
+    assert cases[-1].find("skipped") is not None
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert props["run_id"] == result.json["run_id"] and props["run_dir"].endswith(props["run_id"])
+
+
+def test_junit_from_a_ladder_failing_at_the_first_tier(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, oom_at=0) as mock:
+        open_gate(isolated, mock.base_url)
+        result = cli("ladder", "--junit", "ladder.xml")
+    assert result.code == 1
+    suite, cases = junit_cases(isolated / "ladder.xml")
+    assert [c.get("name") for c in cases] == ["batch 1 round 1", "batch 1 round 2"]
+    assert suite.get("failures") == "1"
+    failure = cases[0].find("failure")
+    assert failure is not None and failure.get("type") == "oom"
+    assert "batch 1" in (failure.text or "") and "oom" in (failure.text or "")

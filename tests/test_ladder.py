@@ -1,0 +1,161 @@
+"""Stage C against the real mock over real HTTP: tiers, stop rules, incidents, records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FAKE_KEY, all_files_text, write_config
+from tests.mockserver import start_mock
+from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
+
+
+def test_oom_at_tier_8_keeps_tier_4_with_incidents_and_no_key_on_disk(
+    cli, isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CALIBRATE_API_KEY", FAKE_KEY)
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, slots=4, oom_at=6) as mock:
+        write_config(isolated / "calibrate.toml", mock.base_url, FAST)
+        assert cli("single").code == 0
+        assert cli("repro", "--runs", "1").code == 0
+        result = cli("ladder", "--json")
+    assert result.code == 0, result.err
+    summary = result.json
+    assert summary["last_passing"] == {"batch_size": 4, "concurrency": 1}
+    assert summary["stopped_by"] == "failure"
+    assert [(t["batch_size"], t["verdict"]) for t in summary["tiers"]] == [
+        (1, "pass"), (2, "pass"), (4, "pass"), (8, "fail")
+    ]  # fmt: skip
+    assert "last passing tier: batch 4" in result.err and "oom" in result.err
+    run = run_dir(isolated, summary["run_id"])
+    incidents = sorted((run / "incidents").glob("*.json"))
+    # 8 sent at once with 6 allowed in flight: exactly 2 fail, one bundle each
+    assert [p.name for p in incidents] == ["8-1-7.json", "8-1-8.json"]
+    for path in incidents:
+        bundle = json.loads(path.read_text("utf-8"))
+        assert bundle["error"]["kind"] == "oom" and bundle["error"]["status"] == 500
+        assert "CUDA out of memory" in bundle["error"]["body"]
+        assert bundle["request"]["body"]["messages"][0]["content"] == "用一句话说明什么是定长数组。"
+        assert bundle["request"]["headers"]["Authorization"] == "[REDACTED]"
+        assert bundle["batch_size"] == 8 and bundle["round"] == 1
+        assert bundle["vram"]["round_peak"]["used_mib"] > bundle["vram"]["sampler"]["used_mib"] - 1
+    records = jsonl(run / "records.jsonl")
+    assert len(records) == 2 + 4 + 8 + 8  # tier 8 stops after its failing first round
+    assert sum(1 for r in records if not r["ok"]) == 2
+    assert {r["batch_size"] for r in records} == {1, 2, 4, 8}
+    assert len(jsonl(run / "rounds.jsonl")) == 7 and len(jsonl(run / "tiers.jsonl")) == 4
+    ledger = jsonl(isolated / "runs/ledger.jsonl")[-1]
+    assert ledger["stage"] == "ladder" and ledger["passed"] is True
+    assert ledger["summary"]["last_passing"]["batch_size"] == 4
+    assert FAKE_KEY not in all_files_text(isolated / "runs")
+
+
+def test_vram_limit_at_tier_4_stops_there_without_failures(cli, isolated: Path) -> None:
+    # used = 5000 + in_flight × 1000 of 10000 MiB: 4 in flight is 90 % = the default vram_limit
+    with start_mock(ttft_s=0.03, per_token_s=0.0005, vram_total_mib=10000,
+                    vram_base_mib=5000, vram_per_request_mib=1000) as mock:  # fmt: skip
+        open_gate(isolated, mock.base_url)
+        result = cli("ladder", "--json")
+    assert result.code == 0, result.err
+    out = result.json
+    assert out["stopped_by"] == "vram" and out["last_passing"]["batch_size"] == 4
+    assert [t["verdict"] for t in out["tiers"]] == ["pass", "pass", "stop: vram"]
+    assert all(t["errors"] == 0 for t in out["tiers"])
+    detail = out["tiers_detail"]
+    assert detail[2]["pressure"] == pytest.approx(0.9) and detail[2]["pressure_source"] == "metrics"
+    assert detail[1]["pressure"] == pytest.approx(0.7) and detail[2]["peak_vram_mib"] == 9000
+    assert "VRAM source: metrics" in result.err
+
+
+def test_latency_jump_at_batch_4_stops_by_latency(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.001, slow_above=2, slow_factor=4.0) as mock:
+        open_gate(isolated, mock.base_url)
+        result = cli("ladder", "--json")
+    assert result.code == 0, result.err
+    assert result.json["stopped_by"] == "latency"
+    assert [t["verdict"] for t in result.json["tiers"]] == ["pass", "pass", "stop: latency"]
+    assert result.json["last_passing"]["batch_size"] == 4
+    assert "per-item latency" in result.err
+
+
+def test_nondeterminism_above_2_is_reported_and_fails_only_with_require_match(
+    cli, isolated: Path
+) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, nondeterministic_above=2) as mock:
+        write_config(isolated / "calibrate.toml", mock.base_url, FAST)
+        assert cli("single").code == 0
+        open_gate(isolated, mock.base_url)
+        plain = cli("ladder", "--json")
+        strict = cli("ladder", "--require-match")
+    assert plain.code == 0, plain.err
+    detail = {t["batch_size"]: t for t in plain.json["tiers_detail"]}
+    assert detail[1]["baseline_match"] == 2 and detail[2]["baseline_match"] == 4
+    assert detail[4]["baseline_match"] < detail[4]["baseline_items"] == 8
+    assert detail[8]["baseline_match"] < detail[8]["baseline_items"] == 16
+    assert "outputs differ from the single-call baseline at batch 4 (" in plain.err
+    assert "not batch-invariant" in plain.err
+    assert strict.code == 1 and "--require-match" in strict.err
+
+
+def test_prompt_list_mode_sends_one_completions_request_per_batch(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
+        open_gate(isolated, mock.base_url, FAST + 'mode = "prompt-list"\nbatch_sizes = [1, 4]\n')
+        result = cli("ladder", "--json")
+        requests_seen = mock.model.snapshot().requests_total
+    assert result.code == 0, result.err
+    assert [t["verdict"] for t in result.json["tiers"]] == ["pass", "pass"]
+    assert requests_seen == 4  # 2 tiers × 2 rounds, one request each
+    records = jsonl(run_dir(isolated, result.json["run_id"]) / "records.jsonl")
+    assert len(records) == 2 + 8 and all(r["ok"] and r["text"] for r in records)
+
+
+def test_tasks_file_inputs_and_vram_not_measured(cli, isolated: Path) -> None:
+    tasks = isolated / "tasks.jsonl"
+    tasks.write_text('{"id": 1, "text": "第一题"}\n{"id": 2, "text": "second"}\n', "utf-8")
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
+        open_gate(isolated, mock.base_url, FAST + "batch_sizes = [1, 2]\n")
+        result = cli("ladder", "--tasks", str(tasks), "--vram-source", "none", "--json")
+    assert result.code == 0, result.err
+    assert "VRAM not measured" in result.err
+    assert all(t["pressure"] is None and t["baseline_match"] is None
+               for t in result.json["tiers_detail"])  # fmt: skip
+    prompts = {
+        r["prompt"] for r in jsonl(run_dir(isolated, result.json["run_id"]) / "records.jsonl")
+    }
+    assert prompts == {"第一题", "second"}
+
+
+def test_first_tier_failing_exits_1(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, truncate_rate=1.0) as mock:
+        open_gate(isolated, mock.base_url)
+        result = cli("ladder", "--json")
+    assert result.code == 1
+    assert result.json["last_passing"] is None and result.json["stopped_by"] == "failure"
+    assert "incomplete" in result.err and "ladder failed" in result.err
+
+
+def test_gate_bad_tasks_and_no_server(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
+        write_config(isolated / "calibrate.toml", mock.base_url)
+        closed = cli("ladder")
+    assert closed.code == 3 and "calibrate repro" in closed.err
+    bad = isolated / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"id": 2}\n', "utf-8")
+    wrong = cli("ladder", "--force", "--tasks", str(bad))
+    assert wrong.code == 2 and "bad.jsonl:2" in wrong.err and "Traceback" not in wrong.err
+    assert not (isolated / "runs").exists()  # nothing written on a usage error
+    gone = cli("ladder", "--force")  # the mock is stopped now
+    assert gone.code == 4 and "make mock" in gone.err
+
+
+def test_concurrency_sends_that_many_waves_and_records_it_apart(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
+        open_gate(isolated, mock.base_url, FAST + "batch_sizes = [2]\nconcurrency = 3\n")
+        result = cli("ladder", "--json")
+    assert result.code == 0, result.err
+    assert result.json["last_passing"] == {"batch_size": 2, "concurrency": 3}
+    records = jsonl(run_dir(isolated, result.json["run_id"]) / "records.jsonl")
+    assert len(records) == 2 * 2 * 3  # rounds × batch × waves
+    assert {(r["batch_size"], r["concurrency"]) for r in records} == {(2, 3)}

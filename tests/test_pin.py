@@ -1,0 +1,116 @@
+"""`calibrate pin`: a launch script per engine kind, quoted so a hostile model path runs nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import write_config
+from tests.fakes import append_ledger, install_fake_engines, passing_ladder, recorded_run
+
+HOSTILE = '/models/my model\'s "dir"; $(touch pwned) `touch pwned2` & $HOME'
+
+# kind → (the engine's own flag, the value it must carry: batch 4 verified, sweep recommends 3)
+ENGINE_FLAG: dict[str, tuple[str, str]] = {
+    "vllm": ("--max-num-seqs", "3"),
+    "llamacpp": ("--parallel", "3"),
+    "sglang": ("--max-running-requests", "3"),
+    "lmdeploy": ("--max-batch-size", "4"),
+    "tgi": ("--max-concurrent-requests", "3"),
+    "custom": ("--slots", "3"),
+}
+CUSTOM = "fake-engine --model {model_path} --port {port} --batch {batch_size} --slots {concurrency}"
+
+
+def _configure(cli, root: Path, kind: str, model_path: str = HOSTILE) -> str:
+    server = (f'[server]\nkind = "{kind}"\nmodel_path = {json.dumps(model_path)}\nport = 8123\n'
+              f"command = {json.dumps(CUSTOM)}\n")  # fmt: skip
+    write_config(root / "calibrate.toml", "http://127.0.0.1:8123/v1", server)
+    return str(cli("status", "--json").json["target"])
+
+
+def _run_script(script: Path, root: Path) -> tuple[list[str], dict[str, str]]:
+    bin_dir = install_fake_engines(root / "fakebin")
+    out = root / "engine.argv"
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_ENGINE_OUT": str(out),
+           "HOME": str(root), "PORT": "9999"}  # fmt: skip
+    done = subprocess.run([str(script)], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=20, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return recorded_run(out)
+
+
+@pytest.mark.parametrize("kind", sorted(ENGINE_FLAG))
+def test_pin_writes_a_safe_script_for_every_kind(cli, isolated: Path, kind: str) -> None:
+    target = _configure(cli, isolated, kind)
+    passing_ladder(isolated, target, batch_size=4)
+    append_ledger(isolated, "sweep", target, {"recommended_concurrency": 3, "batch_size": 4})
+    result = cli("pin", "--json")
+    assert result.code == 0, result.err
+    script = isolated / "scripts/launch.sh"
+    text = script.read_text("utf-8")
+    assert stat.S_IMODE(script.stat().st_mode) == 0o755
+    assert text.startswith("#!/usr/bin/env bash\n") and "\nset -euo pipefail\n" in text
+    assert "20261129T160000Z-ladder-abcdef" in text, "the header names the verifying run"
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    flag, value = ENGINE_FLAG[kind]
+    assert f"{flag} {value}" in text
+    assert "export BATCH_SIZE=4\n" in text and "export MAX_CONCURRENCY=3\n" in text
+
+    argv, env = _run_script(script, isolated)
+    assert not (isolated / "pwned").exists() and not (isolated / "pwned2").exists()
+    assert HOSTILE in argv or f"--model={HOSTILE}" in argv, "the path is one literal argument"
+    assert argv[argv.index(flag) + 1] == value
+    assert env["MODEL_PATH"] == HOSTILE and env["PORT"] == "8123", "the caller's PORT is ignored"
+    assert env["BATCH_SIZE"] == "4" and env["MAX_CONCURRENCY"] == "3"
+    pin = json.loads((isolated / "runs/ledger.jsonl").read_text().splitlines()[-1])
+    assert pin["stage"] == "pin" and pin["summary"]["script"] == "scripts/launch.sh"
+    assert {k: pin["summary"][k] for k in ("batch_size", "concurrency", "kind")} == {
+        "batch_size": 4, "concurrency": 3, "kind": kind}  # fmt: skip
+
+
+def test_pin_ollama_sets_its_environment(cli, isolated: Path) -> None:
+    target = _configure(cli, isolated, "ollama")
+    passing_ladder(isolated, target, batch_size=2)
+    assert cli("pin", "--out", "ollama.sh").code == 0
+    script = isolated / "ollama.sh"
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    argv, env = _run_script(script, isolated)
+    assert argv == ["ollama", "serve"]
+    assert env["OLLAMA_NUM_PARALLEL"] == "1", "no sweep passed: concurrency 1"
+    assert env["OLLAMA_HOST"] == "127.0.0.1:8123" and env["MODEL_PATH"] == HOSTILE
+    assert not (isolated / "pwned").exists()
+
+
+def test_pin_kind_flag_overrides_config_and_rollback_setting_wins_if_newer(
+    cli, isolated: Path
+) -> None:
+    target = _configure(cli, isolated, "vllm", "/models/internlm-s2")
+    passing_ladder(isolated, target, batch_size=8)
+    append_ledger(isolated, "active", target,
+                  {"batch_size": 4, "concurrency": 1, "source": "rollback"})  # fmt: skip
+    result = cli("pin", "--kind", "lmdeploy", "--json")
+    assert result.code == 0, result.err
+    assert result.json["kind"] == "lmdeploy" and result.json["batch_size"] == 4
+    assert "--max-batch-size 4" in (isolated / "scripts/launch.sh").read_text()
+
+
+def test_pin_gate_and_config_errors(cli, isolated: Path) -> None:
+    target = _configure(cli, isolated, "vllm")
+    gated = cli("pin")
+    assert gated.code == 3 and "calibrate ladder" in gated.err
+    append_ledger(isolated, "ladder", target, {"last_passing": None}, passed=False)
+    assert cli("pin").code == 3
+    write_config(isolated / "calibrate.toml", "http://127.0.0.1:8123/v1")
+    plain = str(cli("status", "--json").json["target"])
+    passing_ladder(isolated, plain)
+    no_kind = cli("pin")
+    assert no_kind.code == 2 and "--kind" in no_kind.err and "Traceback" not in no_kind.err
+    no_model = cli("pin", "--kind", "vllm")
+    assert no_model.code == 2 and "model_path" in no_model.err
+    assert not (isolated / "scripts/launch.sh").exists()

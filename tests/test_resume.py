@@ -1,0 +1,115 @@
+"""Resume: the output scan (fast path, fallbacks, torn lines) and a real kill -9 mid-run."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import Counter
+from pathlib import Path
+
+from calibrate.stages.resume import end_with_newline, scan_output
+from calibrate.store import dumps_line
+from tests.batch_helpers import batch_process, results, wait_for_lines, write_tasks
+from tests.conftest import write_config
+from tests.mockserver import start_mock
+
+
+def line(item_id: object, ok: bool = True) -> str:
+    obj = {"id": item_id, "ok": ok, "output": 'say "hi"\n', "usage": {"a": 1}, "attempts": 1}
+    if not ok:
+        obj = {"id": item_id, "ok": False, "error": {"kind": "reset"}, "attempts": 4}
+    return dumps_line(obj) + "\n"
+
+
+def test_scan_reads_our_lines_including_awkward_ids(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    ids = ["a", 7, -3, "7", 'quo"te', "中文", "back\\slash"]
+    out.write_text("".join(line(i) for i in ids) + line("b", ok=False), encoding="utf-8")
+    scan = scan_output(out, set(ids) | {"b"})
+    assert scan.done == set(ids) and 7 in scan.done and "7" in scan.done
+    assert scan.failed == {"b"} and scan.retry == 1
+    assert scan.lines == 8 and not scan.foreign and not scan.needs_newline
+
+
+def test_failed_then_ok_counts_as_done(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    out.write_text(line(1, ok=False) + line(1), encoding="utf-8")
+    scan = scan_output(out, {1})
+    assert scan.done == {1} and scan.retry == 0
+
+
+def test_torn_tail_is_ignored_and_a_newline_goes_first(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    torn = line("c")[:25]
+    out.write_text(line("a") + line("b") + torn, encoding="utf-8")
+    scan = scan_output(out, {"a", "b", "c"})
+    assert scan.done == {"a", "b"} and scan.torn_tail and scan.needs_newline
+    end_with_newline(out)
+    with out.open("a", encoding="utf-8") as handle:
+        handle.write(line("c"))
+    again = scan_output(out, {"a", "b", "c"})
+    assert again.done == {"a", "b", "c"} and again.unreadable == 1 and not again.needs_newline
+
+
+def test_whole_record_without_its_newline_counts(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    out.write_text(line("a") + line("b").rstrip("\n"), encoding="utf-8")
+    scan = scan_output(out, {"a", "b"})
+    assert scan.done == {"a", "b"} and not scan.torn_tail and scan.needs_newline
+
+
+def test_foreign_lines_are_counted_with_an_example(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    out.write_text(line("a") + line("zzz") + '{"name": "not ours"}\n', encoding="utf-8")
+    scan = scan_output(out, {"a"})
+    assert scan.done == {"a"} and scan.foreign == 2 and "zzz" in scan.foreign_example
+
+
+def test_hand_edited_lines_fall_back_to_json(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    pretty = json.dumps({"ok": True, "id": "x", "attempts": 1}) + "\n"  # other key order, spaces
+    out.write_text(line("a") + pretty + "\n" + line("b", ok=False), encoding="utf-8")
+    scan = scan_output(out, {"a", "b", "x"})
+    assert scan.done == {"a", "x"} and scan.failed == {"b"} and not scan.unreadable
+
+
+def test_missing_output_is_empty(tmp_path: Path) -> None:
+    scan = scan_output(tmp_path / "nope.jsonl", {"a"})
+    assert scan.lines == 0 and not scan.done and not scan.needs_newline
+
+
+def test_kill_9_then_torn_line_then_rerun_loses_and_repeats_nothing(cli, isolated: Path) -> None:
+    tasks = write_tasks(isolated / "tasks.jsonl", 200)
+    out = isolated / "out.jsonl"
+    with start_mock(ttft_s=0.01, per_token_s=0.0005) as server:
+        write_config(isolated / "calibrate.toml", server.base_url)
+        proc = batch_process(isolated, "--input", str(tasks), "--out", str(out), "-c", "4")
+        try:
+            wait_for_lines(out, 60, proc)
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == -signal.SIGKILL
+        raw = out.read_bytes()
+        assert raw.endswith(b"\n")
+        lines = raw.splitlines(keepends=True)
+        assert 60 <= len(lines) < 200
+        torn_id = json.loads(lines[-1])["id"]
+        cut = lines[-1][: len(lines[-1]) // 2]  # the crash tore the last record in half
+        out.write_bytes(b"".join(lines[:-1]) + cut)
+        done_before = {json.loads(x)["id"] for x in lines[:-1]}
+
+        result = cli("batch", "--input", str(tasks), "--out", str(out), "-c", "8", "--json")
+    assert result.code == 0, result.err
+    assert "torn" in result.err
+    assert result.json["skipped"] == len(done_before)
+    assert result.json["done"] == 200 - len(done_before)
+    text = out.read_text("utf-8", errors="replace").splitlines()
+    assert text[len(lines) - 1] == cut.decode("utf-8", "replace").rstrip("\n")  # kept, not fused
+    counts = Counter(r["id"] for r in results(out) if r["ok"])
+    assert set(counts) == {f"t{i}" for i in range(200)}
+    assert set(counts.values()) == {1}
+    assert torn_id not in done_before and counts[torn_id] == 1

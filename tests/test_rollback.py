@@ -1,0 +1,178 @@
+"""`calibrate rollback` with the mock as a managed engine (and as a server the user restarts)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from calibrate.gpu import GpuSnapshot
+from calibrate.mock import BackgroundServer, MockSettings
+from calibrate.server import readiness
+from tests.conftest import FAKE_KEY, all_files_text, write_config
+from tests.fakes import (
+    free_port,
+    managed_config,
+    mock_command,
+    passing_ladder,
+    pid_gone,
+    pythonpath_env,
+)
+from tests.mockserver import start_mock
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", pythonpath_env())
+    monkeypatch.setenv("CALIBRATE_API_KEY", FAKE_KEY)
+
+
+def _ledger(root: Path) -> list[dict]:
+    return [json.loads(x) for x in (root / "runs/ledger.jsonl").read_text("utf-8").splitlines()]
+
+
+def _managed_with_baseline(cli, root: Path, port: int) -> tuple[str, int]:
+    """A managed mock at concurrency 4, a baseline from it, and a ladder that passed batch 4."""
+    started = cli("server", "start", "--concurrency", "4", "--json")
+    assert started.code == 0, started.err
+    single = cli("single", "--json")
+    assert single.code == 0, single.err
+    target = single.json["record"]["target"]
+    passing_ladder(root, target, batch_size=4)
+    return target, started.json["pid"]
+
+
+def test_rollback_after_failing_ladder_restores_and_matches(cli, isolated: Path) -> None:
+    port = free_port()
+    managed_config(isolated, port, mock_command())
+    target, old_pid = _managed_with_baseline(cli, isolated, port)
+    try:
+        result = cli("rollback", "--json", "--junit", "rollback.xml")
+        assert result.code == 0, result.err
+        assert pid_gone(old_pid), "the old server process is gone"
+        record = json.loads((isolated / "runs/server.json").read_text("utf-8"))
+        assert record["pid"] != old_pid and record["batch_size"] == 4 and record["concurrency"] == 1
+        assert record["argv"][-2:] == ["--slots", "1"], "restarted with concurrency 1"
+        assert readiness.port_open("127.0.0.1", port)
+    finally:
+        cli("server", "stop")
+    assert "restored: batch 4, concurrency 1, output matches the baseline" in result.err
+    assert "recovery, not more capacity" in result.err
+    assert "VRAM release not measured" in result.err or "VRAM released" in result.err
+    run = isolated / "runs" / result.json["run_id"]
+    steps = [json.loads(x) for x in (run / "steps.jsonl").read_text("utf-8").splitlines()]
+    assert [s["step"] for s in steps] == ["stop", "vram", "active", "restart", "compare"]
+    assert all(s["ok"] for s in steps)
+    ledger = _ledger(isolated)
+    assert [e["summary"]["step"] for e in ledger if e["stage"] == "rollback-step"] == [
+        "stop", "vram", "active", "restart", "compare"]  # fmt: skip
+    assert ledger[-1]["stage"] == "rollback" and ledger[-1]["passed"] is True
+    active = json.loads((isolated / "runs/active.json").read_text("utf-8"))
+    assert active["summary"] == {"batch_size": 4, "concurrency": 1, "source": "rollback"}
+    assert active["target"] == target
+    suite = ET.parse(isolated / "rollback.xml").getroot().find("testsuite")
+    assert suite is not None and suite.get("tests") == "5" and suite.get("failures") == "0"
+    assert FAKE_KEY not in all_files_text(isolated)
+
+
+def test_rollback_with_other_output_says_not_concurrency(cli, isolated: Path) -> None:
+    port = free_port()
+    managed_config(isolated, port, mock_command())
+    _managed_with_baseline(cli, isolated, port)
+    # the engine now loads something else: same server, other text
+    managed_config(isolated, port, mock_command("--text-seed", "7"))
+    try:
+        result = cli("rollback", "--junit", "rollback.xml")
+    finally:
+        cli("server", "stop")
+    assert result.code == 1
+    assert "still differs at the verified setting" in result.err
+    assert "not concurrency" in result.err
+    assert '+ "text": ' in result.err, "the diff shows the changed text"
+    (run,) = [p for p in (isolated / "runs").iterdir() if "-rollback-" in p.name]
+    incident = json.loads((run / "incidents/5-compare.json").read_text("utf-8"))
+    assert incident["request"]["body"]["messages"][0]["content"]
+    assert incident["request"]["headers"]["Authorization"] == "[REDACTED]"
+    assert incident["server"]["log_tail"], "the managed server's log is in the bundle"
+    assert incident["comparison"]["differing"]
+    assert _ledger(isolated)[-1]["passed"] is False
+    failures = ET.parse(isolated / "rollback.xml").getroot().findall(".//failure")
+    assert len(failures) == 1 and "not concurrency" in (failures[0].get("message") or "")
+    assert FAKE_KEY not in all_files_text(isolated)
+
+
+def test_rollback_waits_for_an_unmanaged_server_to_stop_and_come_back(cli, isolated: Path) -> None:
+    settings = MockSettings(ttft_s=0.002, per_token_s=0.0005)
+    first = BackgroundServer(settings, "127.0.0.1", 0)
+    port = first.server.port
+    write_config(isolated / "calibrate.toml", f"http://127.0.0.1:{port}/v1")
+    single = cli("single", "--json")
+    assert single.code == 0
+    passing_ladder(isolated, single.json["record"]["target"], batch_size=2)
+    servers: list[BackgroundServer] = []
+
+    def operator() -> None:  # the user: stops the server, then restarts it on the same port
+        threading.Event().wait(0.4)
+        first.stop()
+        threading.Event().wait(0.4)
+        servers.append(BackgroundServer(settings, "127.0.0.1", port))
+
+    user = threading.Thread(target=operator)
+    user.start()
+    try:
+        result = cli("rollback", "--wait", "20")
+    finally:
+        user.join()
+        for server in servers:
+            server.stop()
+    assert result.code == 0, result.err
+    assert "stop it yourself" in result.err and "kill -TERM" in result.err
+    assert "restart your server at batch size 2 and concurrency 1" in result.err
+    assert "restored: batch 2, concurrency 1" in result.err
+
+
+def test_unmanaged_server_not_stopped_in_time_fails_step_1(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.001, per_token_s=0.0001) as server:
+        write_config(isolated / "calibrate.toml", server.base_url)
+        single = cli("single", "--json")
+        passing_ladder(isolated, single.json["record"]["target"])
+        result = cli("rollback", "--wait", "0.3")
+    assert result.code == 1 and "still open after --wait" in result.err
+    assert list((isolated / "runs").glob("*-rollback-*/incidents/1-stop.json"))
+
+
+def test_rollback_gate_needs_a_passing_tier_or_pin(cli, mock, isolated: Path) -> None:
+    write_config(isolated / "calibrate.toml", mock.base_url)
+    result = cli("rollback")
+    assert result.code == 3 and "calibrate ladder" in result.err
+
+
+def test_vram_release_waits_for_the_pid_to_leave_nvml() -> None:
+    """A fake NVML: the old PID holds memory for two polls, then it is released."""
+    held = GpuSnapshot(
+        ({"index": 0, "used_mib": 70000.0, "total_mib": 81920.0},), ((4242, 68000.0),)
+    )
+    freed = GpuSnapshot(({"index": 0, "used_mib": 1500.0, "total_mib": 81920.0},), ())
+    readings = iter([held, held, freed])
+    now = [0.0]
+    release = readiness.wait_released(lambda: next(readings), 4242, 1200.0, held, timeout_s=5,
+                                      clock=lambda: now[0],
+                                      sleep=lambda s: now.__setitem__(0, now[0] + s))  # fmt: skip
+    assert release.ok and release.measured and release.pid_listed is False
+    assert (
+        "PID 4242 is not in NVML's process list" in release.message and "70000" in release.message
+    )
+
+
+def test_vram_not_released_fails_after_timeout() -> None:
+    stuck = GpuSnapshot(({"index": 0, "used_mib": 30000.0, "total_mib": 81920.0},), ())
+    now = [0.0]
+    release = readiness.wait_released(lambda: stuck, 4242, 1200.0, stuck, timeout_s=2,
+                                      clock=lambda: now[0],
+                                      sleep=lambda s: now.__setitem__(0, now[0] + s))  # fmt: skip
+    assert not release.ok and "not come back within 512 MiB" in release.message
+    none = readiness.wait_released(lambda: None, 4242, None, None)
+    assert none.ok and not none.measured and "not measured" in none.message

@@ -1,0 +1,178 @@
+"""`calibrate server start|stop|status|logs` with the mock (and small fakes) as the managed engine."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from calibrate.server import process, readiness
+from calibrate.server.builders import LaunchSpec, build
+from tests.fakes import free_port, managed_config, mock_command, pid_gone, pythonpath_env
+from tests.mockserver import start_mock
+
+
+@pytest.fixture(autouse=True)
+def _pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", pythonpath_env())
+
+
+def _record(root: Path) -> dict:
+    return json.loads((root / "runs/server.json").read_text("utf-8"))
+
+
+def test_start_ready_status_logs_stop_pid_gone(cli, isolated: Path) -> None:
+    port = free_port()
+    managed_config(isolated, port, mock_command())
+    result = cli("server", "start", "--concurrency", "2", "--json")
+    assert result.code == 0, result.err
+    pid = result.json["pid"]
+    assert (isolated / "runs/server.pid").read_text() == f"{pid}\n"
+    assert _record(isolated)["argv"][-4:] == ["--port", str(port), "--slots", "2"]
+    models = requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=5)
+    assert models.status_code == 200 and models.json()["data"][0]["id"] == "internlm-s2"
+    status = cli("server", "status", "--json")
+    assert status.json["state"] == "running" and status.json["ready"] is True
+    logs = cli("server", "logs", "-n", "5")
+    assert f"mock listening on http://127.0.0.1:{port}/v1" in logs.out
+    again = cli("server", "start", "--concurrency", "2")
+    assert again.code == 2 and "already manages a server" in again.err
+
+    stop = cli("server", "stop", "--json")
+    assert stop.code == 0, stop.err
+    assert stop.json["signal"] == "SIGTERM" and stop.json["stopped"] is True
+    assert pid_gone(pid), "the managed server's PID must be gone after stop"
+    assert not readiness.port_open("127.0.0.1", port)
+    assert not (isolated / "runs/server.pid").exists()
+    assert cli("server", "status", "--json").json["state"] == "none"
+
+
+def test_server_that_exits_at_once_is_exit_4_with_log_tail_and_code(cli, isolated: Path) -> None:
+    code = "import sys; print('CUDA error: no kernel image for this GPU', flush=True); sys.exit(3)"
+    managed_config(isolated, free_port(), shlex.join([sys.executable, "-c", code]))
+    started = time.monotonic()
+    result = cli("server", "start")
+    assert result.code == 4
+    assert "exited with code 3" in result.err
+    assert "CUDA error: no kernel image for this GPU" in result.err
+    assert "Traceback" not in result.err and time.monotonic() - started < 10
+    assert not (isolated / "runs/server.pid").exists()
+
+
+def test_server_never_ready_is_exit_4_after_deadline_and_is_stopped(cli, isolated: Path) -> None:
+    code = "import time; print('loading weights...', flush=True); time.sleep(60)"
+    managed_config(isolated, free_port(), shlex.join([sys.executable, "-c", code]),
+                   ready_timeout_s=1)  # fmt: skip
+    started = time.monotonic()
+    result = cli("server", "start")
+    elapsed = time.monotonic() - started
+    assert result.code == 4
+    assert "not ready within 1 s" in result.err and "loading weights..." in result.err
+    assert 1 <= elapsed < 8
+    pid = int(re.search(r"stopped it \(PID (\d+)\)", result.err).group(1))
+    assert pid_gone(pid), "a server that never got ready is not left running"
+
+
+def test_stale_pidfile_of_another_live_program_is_never_signalled(cli, isolated: Path) -> None:
+    managed_config(isolated, free_port(), mock_command())
+    stranger = subprocess.Popen(["sleep", "30"])
+    try:
+        runs = isolated / "runs"
+        runs.mkdir()
+        (runs / "server.pid").write_text(f"{stranger.pid}\n")
+        # what calibrate wrote for its own server, long gone: the same PID, another start time
+        old = process.ServerRecord(pid=stranger.pid, start_id="1", argv=("vllm", "serve"),
+                                   kind="custom", port=8000, health_path=None,
+                                   started_at="2026-11-28T10:00:00.000Z", log_offset=0)  # fmt: skip
+        process.save(old, runs)
+        assert cli("server", "status", "--json").json["state"] == "stranger"
+        result = cli("server", "stop", "--json")
+        assert result.code == 0
+        assert "not signalled" in result.err and result.json["signal"] is None
+        time.sleep(0.2)
+        assert stranger.poll() is None, "the unrelated process was signalled"
+        assert not (runs / "server.pid").exists(), "the stale pidfile is removed"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_pidfile_without_identity_is_not_trusted(cli, isolated: Path) -> None:
+    stranger = subprocess.Popen(["sleep", "30"])
+    try:
+        (isolated / "runs").mkdir()
+        (isolated / "runs/server.pid").write_text(f"{stranger.pid}\n")
+        result = cli("server", "stop")
+        assert result.code == 0 and "manages no server" in result.err
+        time.sleep(0.1)
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_busy_port_and_missing_kind_are_usage_errors(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.001, per_token_s=0.0001) as other:
+        managed_config(isolated, other.port, mock_command())
+        busy = cli("server", "start", "--concurrency", "1")
+    assert busy.code == 2 and f"port {other.port} is already in use" in busy.err
+    (isolated / "calibrate.toml").write_text("[server]\nport = 8011\n")
+    result = cli("server", "start")
+    assert result.code == 2 and "--kind" in result.err and "Traceback" not in result.err
+    no_value = managed_config(isolated, free_port(), mock_command())
+    assert no_value.exists()
+    result = cli("server", "start")
+    assert result.code == 2 and "{concurrency}" in result.err and "--concurrency" in result.err
+
+
+def test_missing_engine_binary_is_exit_4(cli, isolated: Path) -> None:
+    managed_config(isolated, free_port(), "no-such-engine-binary --port {port}")
+    result = cli("server", "start")
+    assert result.code == 4 and "no-such-engine-binary" in result.err
+
+
+def test_health_503_while_loading_is_waited_for(tmp_path: Path) -> None:
+    """llama.cpp answers /health with 503 while it loads; 200 means ready."""
+    port = free_port()
+    script = tmp_path / "loading.py"
+    script.write_text(
+        "import http.server, sys, time\n"
+        "start = time.monotonic()\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        code = 200 if time.monotonic() - start > 0.8 else 503\n"
+        "        self.send_response(code); self.send_header('Content-Length', '0'); self.end_headers()\n"
+        "    def log_message(self, *a): pass\n"
+        f"http.server.HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n"
+    )
+    from calibrate import server
+
+    started = server.start(
+        tmp_path / "runs", [sys.executable, str(script)], kind="llamacpp", port=port,
+        health_path="/health", ready_timeout_s=10, stop_timeout_s=2,
+    )  # fmt: skip
+    try:
+        assert started.ready_s >= 0.7, "ready was declared while /health still answered 503"
+    finally:
+        stopped = server.stop(tmp_path / "runs", 2)
+    assert stopped is not None and stopped.gone and pid_gone(started.record.pid)
+
+
+def test_builders_keep_a_hostile_path_one_argument() -> None:
+    hostile = '/m/a b\'; $(touch x) "q"'
+    spec = LaunchSpec(
+        "custom", hostile, 9000, 4, 2, command="srv --model={model_path} -c {concurrency}"
+    )
+    assert build(spec).argv == ("srv", f"--model={hostile}", "-c", "2")
+    vllm = build(LaunchSpec("vllm", hostile, 9000, 4, 2, served_name="m"))
+    assert vllm.argv[2] == hostile and vllm.argv[-2:] == ("--max-num-seqs", "2")
+    assert vllm.health_path == "/health"
+    plain = build(LaunchSpec("vllm", "/m", 9000))
+    assert "--max-num-seqs" not in plain.argv, "nothing calibrated: the engine's own default"

@@ -1,0 +1,56 @@
+"""Stage C′ against the real mock: the knee, the server's own cap, the gate, JUnit per level."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.mockserver import start_mock
+from tests.tier_helpers import FAST, jsonl, junit_cases, open_gate, run_dir
+
+SWEEP = FAST + "[sweep]\nconcurrency = [1, 2, 4, 8]\nitems = 16\n"
+
+
+def test_knee_is_the_slot_count_and_the_cap_is_noted(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.004, per_token_s=0.0005, slots=4, expose_props=True) as mock:
+        open_gate(isolated, mock.base_url, SWEEP, stage="ladder")
+        result = cli("sweep", "--json", "--junit", "sweep.xml")
+    assert result.code == 0, result.err
+    out = result.json
+    assert out["recommended_concurrency"] == 4 and out["knee"]["concurrency"] == 4
+    assert out["batch_size"] == 4  # the ladder's last passing tier
+    assert [lv["concurrency"] for lv in out["levels"]] == [1, 2, 4, 8]
+    speeds = [lv["items_per_s"] for lv in out["levels"]]
+    assert speeds[1] > 1.5 * speeds[0] and speeds[2] > 1.5 * speeds[1]
+    assert speeds[3] < 1.1 * speeds[2]  # past the 4 slots nothing more comes out
+    assert out["server_cap"] == {"slots": 4, "source": "llama.cpp /props total_slots"}
+    assert "concurrency 8 exceeds the server's own cap of 4" in result.err
+    assert "recommended concurrency 4" in result.err
+    ledger = jsonl(isolated / "runs/ledger.jsonl")[-1]
+    assert ledger["stage"] == "sweep" and ledger["summary"]["recommended_concurrency"] == 4
+    run = run_dir(isolated, out["run_id"])
+    assert len(jsonl(run / "records.jsonl")) == 4 * 16
+    assert (run / "tiers.csv").read_text("utf-8").startswith("concurrency,batch_size,items,")
+    suite, cases = junit_cases(isolated / "sweep.xml")
+    assert [c.get("name") for c in cases] == [f"concurrency {c}" for c in (1, 2, 4, 8)]
+    assert suite.get("failures") == "0"
+
+
+def test_stops_at_the_first_failing_level(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.004, per_token_s=0.0005, slots=4, oom_at=6) as mock:
+        open_gate(isolated, mock.base_url, SWEEP, stage="ladder")
+        result = cli("sweep", "--json")
+    assert result.code == 0, result.err
+    out = result.json
+    assert [lv["verdict"] for lv in out["levels"]] == ["pass", "pass", "pass", "fail"]
+    assert out["stopped_by"] == "failure" and out["recommended_concurrency"] == 4
+    incidents = list((run_dir(isolated, out["run_id"]) / "incidents").glob("c8-1-*.json"))
+    assert len(incidents) == out["levels"][3]["errors"] > 0
+
+
+def test_gate_needs_a_passing_ladder(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
+        open_gate(isolated, mock.base_url, SWEEP, stage="repro")
+        result = cli("sweep")
+    assert result.code == 3 and "calibrate ladder" in result.err
+    gone = cli("sweep", "--force", "--batch-size", "2")  # the mock is stopped now
+    assert gone.code == 4 and "connection refused" in gone.err

@@ -1,0 +1,40 @@
+"""Helpers shared by the ladder, sweep, report and compare tests."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from calibrate import config
+from calibrate.ledger import Ledger, target_fingerprint
+from calibrate.records import LedgerEntry
+from tests.conftest import write_config
+
+FAST = "[ladder]\nsample_interval_s = 0.005\n"
+
+
+def open_gate(root: Path, base_url: str, extra: str = FAST, stage: str = "repro") -> str:
+    """Write the config and a passing ``stage`` ledger line for its target (the gate opens)."""
+    write_config(root / "calibrate.toml", base_url, extra)
+    cfg = config.load(config.Overrides(config_path=str(root / "calibrate.toml")), {})
+    target = target_fingerprint(cfg)
+    summary: dict[str, Any] = {"last_passing": {"batch_size": 4, "concurrency": 1}}
+    Ledger(root / "runs").append(LedgerEntry(stage, f"test-{stage}", target, True, summary))
+    return target
+
+
+def run_dir(root: Path, run_id: str) -> Path:
+    return root / "runs" / run_id
+
+
+def jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
+
+
+def junit_cases(path: Path) -> tuple[ET.Element, list[ET.Element]]:
+    root = ET.parse(path).getroot()
+    suite = root.find("testsuite")
+    assert suite is not None
+    return suite, suite.findall("testcase")
