@@ -11,6 +11,11 @@ MODEL    ?=
 CONFIG   ?=
 ARGS     ?=
 TARGET   := $(if $(BASE_URL),--base-url $(BASE_URL)) $(if $(MODEL),--model $(MODEL)) $(if $(CONFIG),--config $(CONFIG))
+# CI: make single repro ladder JUNIT_DIR=junit LADDER_ARGS="--compare baselines/ladder.csv"
+JUNIT_DIR   ?=
+LADDER_ARGS ?=
+SWEEP_ARGS  ?=
+JUNIT = $(if $(JUNIT_DIR),--junit $(JUNIT_DIR)/$@.xml)
 
 .PHONY: setup demo test lint mock single repro status
 
@@ -38,10 +43,10 @@ mock: $(STAMP)
 	$(CAL) mock --port $(or $(PORT),8000) $(ARGS)
 
 single: $(STAMP)
-	$(CAL) single $(TARGET) $(ARGS)
+	$(CAL) single $(TARGET) $(JUNIT) $(ARGS)
 
 repro: $(STAMP)
-	$(CAL) repro $(TARGET) $(ARGS)
+	$(CAL) repro $(TARGET) $(JUNIT) $(ARGS)
 
 status: $(STAMP)
 	$(CAL) status $(TARGET) $(ARGS)
@@ -70,10 +75,10 @@ actionlint:
 # --- ladder (stage C), sweep (stage C′), report: make report RUN=runs/<run_id> ---
 .PHONY: ladder sweep report
 ladder: $(STAMP)
-	$(CAL) ladder $(TARGET) $(ARGS)
+	$(CAL) ladder $(TARGET) $(JUNIT) $(LADDER_ARGS) $(ARGS)
 
 sweep: $(STAMP)
-	$(CAL) sweep $(TARGET) $(ARGS)
+	$(CAL) sweep $(TARGET) $(JUNIT) $(SWEEP_ARGS) $(ARGS)
 
 report: $(STAMP)
 	@test -n "$(RUN)" || { echo "usage: make report RUN=runs/<run_id>"; exit 2; }
@@ -82,16 +87,21 @@ report: $(STAMP)
 # --- rollback (stage D), pin / verify (stage E), the managed server: make server-start ARGS="--script scripts/launch.sh" ---
 .PHONY: rollback pin verify server-start server-stop
 rollback: $(STAMP)
-	$(CAL) rollback $(TARGET) $(ARGS)
+	$(CAL) rollback $(TARGET) $(JUNIT) $(ARGS)
 
 pin: $(STAMP)
 	$(CAL) pin $(TARGET) $(ARGS)
 
 verify: $(STAMP)
-	$(CAL) verify $(TARGET) $(ARGS)
+	$(CAL) verify $(TARGET) $(JUNIT) $(ARGS)
 
 server-start: $(STAMP)
 	$(CAL) server start $(if $(CONFIG),--config $(CONFIG)) $(ARGS)
 
 server-stop: $(STAMP)
 	$(CAL) server stop $(if $(CONFIG),--config $(CONFIG)) $(ARGS)
+
+# --- GPU smoke check: NVML devices, memory v1/v2, processes, a sampled allocation spike ---
+.PHONY: gpu-check
+gpu-check: $(STAMP)
+	timeout 60 $(BIN)/python scripts/gpu_check.py

@@ -49,6 +49,7 @@ max_tokens = 32
 [ladder]
 batch_sizes = [1, 2, 4, 8]
 rounds = 2
+latency_rise = 4.0
 
 [sweep]
 concurrency = [1, 2, 4, 8]

@@ -56,3 +56,33 @@ def test_repro_identical(cli, engine_config: Path) -> None:
     result = cli("repro", "--runs", "2", "--json")
     assert result.code == 0, result.err
     assert result.json["verdict"] == "identical"
+
+
+def _calibrated_through_repro(cli) -> None:
+    assert cli("single").code == 0
+    assert cli("repro").code == 0
+
+
+def test_ladder_wave_mode_all_tiers_pass_without_vram(
+    cli, engine_config: Path, isolated: Path
+) -> None:
+    _calibrated_through_repro(cli)
+    result = cli("ladder", "--json")
+    assert result.code == 0, result.err
+    assert "VRAM not measured" in result.err
+    run = isolated / "runs" / result.json["run_id"]
+    tiers = [json.loads(line) for line in (run / "tiers.jsonl").read_text("utf-8").splitlines()]
+    assert [t["batch_size"] for t in tiers] == [1, 2, 4, 8]
+    assert all(t["verdict"] in ("pass", "stop: latency") for t in tiers), tiers
+    assert all("baseline_match" in t for t in tiers)
+    assert result.json["last_passing"]["batch_size"] >= 1
+    print("\n" + result.err)  # the tier table, for the CI log
+
+
+def test_sweep_recommends_a_concurrency(cli, engine_config: Path) -> None:
+    _calibrated_through_repro(cli)
+    assert cli("ladder").code == 0
+    result = cli("sweep", "--json")
+    assert result.code == 0, result.err
+    assert result.json["recommended_concurrency"] >= 1
+    print("\n" + result.err)

@@ -1,0 +1,142 @@
+"""GPU smoke check (make gpu-check): NVML devices, memory v1/v2, processes, and a sampled spike.
+
+On a machine with an NVIDIA GPU it proves calibrate's VRAM sampler sees a one-second allocation
+spike (made with torch or cupy, whichever is importable). Without a GPU it says so and exits 0.
+Finishes well under 60 s.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from calibrate.gpu import MIB, NvmlSampler
+from calibrate.vram import VramMonitor
+
+SPIKE_S = 1.0
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def describe(sampler: NvmlSampler) -> None:
+    nvml = sampler.nvml
+    print(
+        f"driver {_text(nvml.nvmlSystemGetDriverVersion())}, NVML {_text(nvml.nvmlSystemGetNVMLVersion())}"
+    )
+    for index, handle in enumerate(sampler.handles):
+        name = _text(nvml.nvmlDeviceGetName(handle))
+        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        v1 = nvml.nvmlDeviceGetMemoryInfo(handle)
+        print(f"gpu {index}: {name} {uuid}")
+        print(
+            f"  memory v1: used {v1.used / MIB:.0f} MiB, free {v1.free / MIB:.0f}, total {v1.total / MIB:.0f}"
+        )
+        v2_version = getattr(nvml, "nvmlMemory_v2", None)
+        if v2_version is None:
+            print("  memory v2: not offered by this nvidia-ml-py")
+        else:
+            try:
+                v2 = nvml.nvmlDeviceGetMemoryInfo(handle, version=v2_version)
+                print(
+                    f"  memory v2: used {v2.used / MIB:.0f} MiB, reserved {v2.reserved / MIB:.0f}, total {v2.total / MIB:.0f}"
+                )
+            except sampler.errors as exc:
+                print(f"  memory v2: not supported by this driver ({exc})")
+        procs = sampler.processes(handle)
+        listing = ", ".join(f"pid {pid} {used:.0f} MiB" for pid, used in procs) or "none"
+        print(f"  compute processes: {listing}")
+
+
+def allocator() -> tuple[str, Callable[[int], Any]] | None:
+    """A way to put ``n`` bytes on GPU 0 with a tool already on such machines."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+
+            def alloc_torch(n: int) -> Any:
+                block = torch.empty(n, dtype=torch.uint8, device="cuda:0")
+                block.fill_(1)
+                torch.cuda.synchronize()
+                return block
+
+            return "torch", alloc_torch
+    except ImportError:
+        pass
+    try:
+        import cupy
+
+        def alloc_cupy(n: int) -> Any:
+            block = cupy.ones(n, dtype=cupy.uint8)
+            cupy.cuda.runtime.deviceSynchronize()
+            return block
+
+        return "cupy", alloc_cupy
+    except ImportError:
+        return None
+
+
+def spike(sampler: NvmlSampler) -> bool:
+    found = allocator()
+    if found is None:
+        print("spike: neither torch (with CUDA) nor cupy is importable: spike not checked")
+        return True
+    tool, alloc = found
+    v1 = sampler.nvml.nvmlDeviceGetMemoryInfo(sampler.handles[0])
+    size = int(min(4 * 1024 * MIB, v1.free * 0.25))
+    monitor = VramMonitor([sampler], interval_s=0.05).start()
+    try:
+        idle = monitor.open_window()
+        time.sleep(0.2)
+        holder: dict[str, Any] = {}
+
+        def hold() -> None:
+            holder["block"] = alloc(size)
+            time.sleep(SPIKE_S)
+            holder.clear()
+
+        worker = threading.Thread(target=hold)
+        worker.start()
+        worker.join(timeout=30)
+        time.sleep(0.3)
+        peak = monitor.close_window(idle)
+    finally:
+        monitor.stop()
+    idle_mib = idle.used_mib if idle and idle.used_mib is not None else 0.0
+    rise_mib = (peak.peak_used_mib or 0.0) - idle_mib
+    wanted_mib = size / MIB
+    caught = rise_mib >= 0.9 * wanted_mib
+    print(
+        f"spike: {tool} allocated {wanted_mib:.0f} MiB for {SPIKE_S:.0f} s; sampler saw idle "
+        f"{idle_mib:.0f} MiB, peak {peak.peak_used_mib or 0:.0f} MiB (+{rise_mib:.0f}) over "
+        f"{peak.samples} samples: {'CAUGHT' if caught else 'MISSED'}"
+    )
+    return caught
+
+
+def main() -> int:
+    start = time.monotonic()
+    sampler = NvmlSampler.open()
+    if sampler is None:
+        print(
+            "gpu-check: no NVIDIA GPU visible (NVML library, driver or device missing): nothing to check"
+        )
+        return 0
+    try:
+        describe(sampler)
+        ok = spike(sampler)
+    finally:
+        sampler.close()
+    print(
+        f"gpu-check: {'ok' if ok else 'FAILED: the sampler missed the spike'} in {time.monotonic() - start:.1f} s"
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
