@@ -105,3 +105,11 @@ server-stop: $(STAMP)
 .PHONY: gpu-check
 gpu-check: $(STAMP)
 	timeout 60 $(BIN)/python scripts/gpu_check.py
+
+# --- batch (stage F): make batch INPUT=tasks.jsonl OUT=out.jsonl ARGS="--prompt '一句话概括：' -c 8"; make bench ---
+.PHONY: batch bench
+batch: $(STAMP)
+	$(CAL) batch $(TARGET) $(JUNIT) --input $(or $(INPUT),tasks.jsonl) --out $(or $(OUT),out.jsonl) $(ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python bench/bench.py $(ARGS)

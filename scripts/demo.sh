@@ -66,5 +66,18 @@ calibrate server start --script scripts/launch.sh
 calibrate verify
 calibrate server stop
 
+step "calibrate batch    (stage F: 200 items at the pinned concurrency; rerun = resume)"
+calibrate server start --script scripts/launch.sh
+python3 - <<'PY'
+import json
+with open("tasks.jsonl", "w", encoding="utf-8") as handle:
+    for i in range(200):
+        item = {"id": i, "text": f"第{i}号文档：定长数组的长度在编译时确定，元素在内存中连续存放。"}
+        handle.write(json.dumps(item, ensure_ascii=False) + "\n")
+PY
+calibrate batch --input tasks.jsonl --out out.jsonl --prompt "一句话概括："
+calibrate batch --input tasks.jsonl --out out.jsonl --prompt "一句话概括："  # nothing left: resumes
+calibrate server stop
+
 echo
 echo "demo finished: everything it wrote is in $work"

@@ -15,13 +15,14 @@ from tests.fakes import append_ledger, install_fake_engines, passing_ladder, rec
 
 HOSTILE = '/models/my model\'s "dir"; $(touch pwned) `touch pwned2` & $HOME'
 
-# kind → (the engine's own flag, the value it must carry: batch 4 verified, sweep recommends 3)
+# kind → (the engine's own flag, the value it must carry: batch 4 verified, sweep recommends 3;
+# an engine's cap on concurrent sequences must admit the verified batch, so it carries 4)
 ENGINE_FLAG: dict[str, tuple[str, str]] = {
-    "vllm": ("--max-num-seqs", "3"),
-    "llamacpp": ("--parallel", "3"),
-    "sglang": ("--max-running-requests", "3"),
+    "vllm": ("--max-num-seqs", "4"),
+    "llamacpp": ("--parallel", "4"),
+    "sglang": ("--max-running-requests", "4"),
     "lmdeploy": ("--max-batch-size", "4"),
-    "tgi": ("--max-concurrent-requests", "3"),
+    "tgi": ("--max-concurrent-requests", "4"),
     "custom": ("--slots", "3"),
 }
 CUSTOM = "fake-engine --model {model_path} --port {port} --batch {batch_size} --slots {concurrency}"
@@ -82,7 +83,8 @@ def test_pin_ollama_sets_its_environment(cli, isolated: Path) -> None:
     assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
     argv, env = _run_script(script, isolated)
     assert argv == ["ollama", "serve"]
-    assert env["OLLAMA_NUM_PARALLEL"] == "1", "no sweep passed: concurrency 1"
+    assert env["MAX_CONCURRENCY"] == "1", "no sweep passed: concurrency 1"
+    assert env["OLLAMA_NUM_PARALLEL"] == "2", "the verified batch of 2 must be admitted"
     assert env["OLLAMA_HOST"] == "127.0.0.1:8123" and env["MODEL_PATH"] == HOSTILE
     assert not (isolated / "pwned").exists()
 

@@ -172,7 +172,8 @@ def test_builders_keep_a_hostile_path_one_argument() -> None:
     )
     assert build(spec).argv == ("srv", f"--model={hostile}", "-c", "2")
     vllm = build(LaunchSpec("vllm", hostile, 9000, 4, 2, served_name="m"))
-    assert vllm.argv[2] == hostile and vllm.argv[-2:] == ("--max-num-seqs", "2")
+    # the cap admits the verified batch (4) as well as the concurrency (2)
+    assert vllm.argv[2] == hostile and vllm.argv[-2:] == ("--max-num-seqs", "4")
     assert vllm.health_path == "/health"
     plain = build(LaunchSpec("vllm", "/m", 9000))
     assert "--max-num-seqs" not in plain.argv, "nothing calibrated: the engine's own default"

@@ -33,3 +33,18 @@ def test_forced_repro_without_baseline_says_what_to_run(cli, mock, isolated: Pat
     result = cli("repro", "--force")
     assert "FORCED" in result.err
     assert result.code == 2 and "calibrate single" in result.err
+
+
+def test_status_shows_the_active_setting_after_a_rollback(cli, mock, isolated: Path) -> None:
+    from calibrate.config import Overrides, load
+    from calibrate.ledger import Ledger, target_fingerprint
+    from calibrate.stages.active import ActiveSetting, write_active
+
+    write_config(isolated / "calibrate.toml", mock.base_url)
+    cfg = load(Overrides(), {})
+    write_active(
+        Ledger(cfg.runs_dir), cfg.runs_dir, target_fingerprint(cfg), ActiveSetting(4, 1, "rollback")
+    )
+    result = cli("status", "--json")
+    assert result.json["active"] == {"batch_size": 4, "concurrency": 1, "source": "rollback"}
+    assert "active setting: batch 4, concurrency 1 (from rollback)" in result.err

@@ -45,6 +45,12 @@ def run(args: argparse.Namespace) -> int:
         out.say(f"last passing tier: {status.last_passing}")
     if status.recommended_concurrency:
         out.say(f"recommended concurrency: {status.recommended_concurrency}")
+    if status.active:
+        active = status.active
+        out.say(
+            f"active setting: batch {active['batch_size']}, concurrency {active['concurrency']}"
+            f" (from {active['source']})"
+        )
     if status.pinned:
         out.say(f"pinned: {status.pinned}")
     out.say(f"next: {status.next_command}")

@@ -74,7 +74,10 @@ def build(spec: LaunchSpec) -> EngineCommand:
             f"[server] model_path is empty: a {spec.kind} server needs the model to load",
             'Set it in calibrate.toml, e.g. [server] model_path = "/models/internlm-s2".',
         )
-    port, conc, batch, name = str(spec.port), spec.concurrency, spec.batch_size, spec.served_name
+    port, name = str(spec.port), spec.served_name
+    # The engine's cap on concurrent sequences must admit the verified batch as well as the
+    # verified concurrency, or the tier would be queued instead of run as it was measured.
+    conc = batch = max((v for v in (spec.batch_size, spec.concurrency) if v), default=None)
     health = HEALTH_PATHS.get(spec.kind)
     argv: list[str]
     if spec.kind == "vllm":

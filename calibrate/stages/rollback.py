@@ -147,7 +147,7 @@ class Rollback:
                 n, name, False, exc.message, self.clock() - start, {}, exc.code, exc.kind
             )
         except CalibrateError as exc:
-            kind: ErrorKind = "connect" if exc.exit_code == ExitCode.UNREACHABLE else "server_died"
+            kind: ErrorKind = "server_died" if "exited with code" in exc.message else "connect"
             step = StepResult(n, name, False, exc.render().removeprefix("error: "),
                               self.clock() - start, {}, int(exc.exit_code), kind)  # fmt: skip
         self.ctx.run.append("steps.jsonl", step.to_json())
@@ -263,7 +263,7 @@ class Rollback:
         snapshot = self.probe()
         tail = None
         if self.managed:
-            tail = process.log_tail(self.runs, 200, self.record.log_offset if self.record else 0)
+            tail = process.log_tail(self.runs, 200)  # the latest start's output is at the end
         pid = self.record.pid if self.record else self.old_pid
         incident = Incident(
             stage="rollback", batch_size=self.batch, concurrency=1, round=None,

@@ -8,6 +8,7 @@ from typing import Any
 from calibrate.config import Config
 from calibrate.ledger import Ledger, baseline_path
 from calibrate.records import LedgerEntry
+from calibrate.stages.active import current_setting
 
 STAGE_ORDER = ("single", "repro", "ladder", "sweep", "pin", "verify")
 OPTIONAL_STAGES = ("rollback", "batch")
@@ -22,6 +23,7 @@ class TargetStatus:
     pinned: dict[str, Any] | None
     recommended_concurrency: int | None
     next_command: str
+    active: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -31,6 +33,7 @@ class TargetStatus:
             "last_passing": self.last_passing,
             "pinned": self.pinned,
             "recommended_concurrency": self.recommended_concurrency,
+            "active": self.active,
             "next": self.next_command,
         }
 
@@ -46,6 +49,7 @@ def target_status(cfg: Config, ledger: Ledger, target: str) -> TargetStatus:
     sweep = ledger.latest("sweep", target, passed=True)
     recommended = sweep.summary.get("recommended_concurrency") if sweep else None
     baseline = baseline_path(cfg)
+    active = current_setting(ledger, target)
     return TargetStatus(
         target=target,
         baseline=str(baseline) if baseline.exists() else None,
@@ -54,6 +58,7 @@ def target_status(cfg: Config, ledger: Ledger, target: str) -> TargetStatus:
         pinned=pin.summary if pin else None,
         recommended_concurrency=recommended if isinstance(recommended, int) else None,
         next_command=_next_command(latest, baseline.exists()),
+        active=active.summary() if active else None,
     )
 
 
