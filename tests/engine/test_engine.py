@@ -86,3 +86,10 @@ def test_sweep_recommends_a_concurrency(cli, engine_config: Path) -> None:
     assert result.code == 0, result.err
     assert result.json["recommended_concurrency"] >= 1
     print("\n" + result.err)
+
+
+def test_verify_is_consistent(cli, engine_config: Path) -> None:
+    assert cli("single").code == 0
+    result = cli("verify", "--json")
+    assert result.code == 0, result.err
+    assert "config consistent" in result.err
