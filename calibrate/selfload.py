@@ -60,7 +60,7 @@ class SelfLoadMonitor:
         self,
         *,
         window_s: float = 1.0,
-        tick_s: float = 0.02,
+        tick_s: float = 0.05,
         cpu_limit: float = 0.85,
         lag_limit_s: float = 0.015,
         confirm: int = 2,

@@ -13,7 +13,7 @@ from tests.mockserver import start_mock
 
 
 def test_ctrl_c_stops_cleanly_prints_resume_and_rerun_completes(cli, isolated: Path) -> None:
-    tasks = write_tasks(isolated / "tasks.jsonl", 200)
+    write_tasks(isolated / "tasks.jsonl", 200)
     out = isolated / "out.jsonl"
     with start_mock(ttft_s=0.03, per_token_s=0.0005) as server:
         write_config(isolated / "calibrate.toml", server.base_url)

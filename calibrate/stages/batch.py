@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import functools
 import logging
-import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,17 +119,48 @@ class BatchControl:
         self.stop.set()
 
 
-def _tasks(plan: BatchPlan) -> Iterator[Task]:
-    """The items this run sends, in input order: pending ones, or the first N for --sample."""
-    cap = plan.to_run
-    sent = 0
-    for task in read_tasks(plan.spec.input_path):
-        if sent >= cap:
-            return
-        if plan.spec.sample is None and task.id in plan.done_ids:
-            continue
-        sent += 1
-        yield task
+class TaskSource:
+    """The items this run sends, in input order, handed to workers one at a time.
+
+    Workers pull from the streamed file under a lock (no queue, no feeder thread): an item costs
+    no hand-off between threads, and nothing is read ahead of the ``concurrency`` items in flight.
+    """
+
+    def __init__(self, plan: BatchPlan) -> None:
+        self._items = self._generate(plan)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @staticmethod
+    def _generate(plan: BatchPlan) -> Generator[Task, None, None]:
+        cap, sent = plan.to_run, 0
+        skip = plan.done_ids if plan.spec.sample is None else set()
+        for task in read_tasks(plan.spec.input_path):
+            if sent >= cap:
+                return
+            if task.id in skip:
+                continue
+            sent += 1
+            yield task
+
+    def next(self) -> Task | None:
+        """The next item, or None when there are no more (or the source was closed)."""
+        with self._lock:
+            if self._closed:
+                return None
+            task = next(self._items, None)
+            if task is None:
+                self._close()
+            return task
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._items.close()
 
 
 def run_batch(
@@ -152,17 +182,16 @@ def run_batch(
         end_with_newline(out_path)
     writer = JsonlWriter(out_path, fsync=spec.fsync)
     tally = Tally(writer, sample=bool(spec.sample), expect=spec.expect, max_chars=spec.max_chars)
-    work: queue.Queue[Task | None] = queue.Queue(maxsize=spec.concurrency)
+    source = TaskSource(plan)
     workers = [
         threading.Thread(
-            target=_worker, args=(work, client, spec, tally, control), name=f"batch-{n}",
+            target=_worker, args=(source, client, spec, tally, control), name=f"batch-{n}",
             daemon=True,  # only matters when abandoned: a stuck request must not block exit
         )
-        for n in range(spec.concurrency)
+        for n in range(min(spec.concurrency, max(plan.to_run, 1)))
     ]  # fmt: skip
     start = clock()
     last_report = start
-
     told_stop = False
 
     def tick(force: bool = False) -> None:
@@ -184,20 +213,9 @@ def run_batch(
     for worker in workers:
         worker.start()
     try:
-        for task in _tasks(plan):
-            while not control.stop.is_set():
-                try:
-                    work.put(task, timeout=0.1)
-                    break
-                except queue.Full:
-                    tick()
-            if control.stop.is_set():
-                break
-            tick()
-        if control.stop.is_set():
-            _drain(work)
-        abandoned = _finish(work, workers, control, spec.grace_s, tick, clock)
+        abandoned = _wait(workers, source, control, spec.grace_s, tick, clock)
     finally:
+        source.close()
         tally.close()
     tick(force=True)
     elapsed = clock() - start
@@ -213,19 +231,13 @@ def run_batch(
 
 
 def _worker(
-    work: queue.Queue[Task | None],
-    client: OpenAIClient,
-    spec: BatchSpec,
-    tally: Tally,
-    control: BatchControl,
+    source: TaskSource, client: OpenAIClient, spec: BatchSpec, tally: Tally, control: BatchControl
 ) -> None:
     rng = random.Random()
-    while True:
-        task = work.get()
+    while not control.stop.is_set():  # stopping: items not yet started stay for the rerun
+        task = source.next()
         if task is None:
             return
-        if control.stop.is_set():
-            continue  # stopping: items not yet started stay for the rerun
         with tally.lock:
             tally.in_flight += 1
         body = client.chat_body(spec.model, task.message(spec.prompt), spec.params)
@@ -234,7 +246,7 @@ def _worker(
         if attempted.interrupted:
             with tally.lock:
                 tally.in_flight -= 1
-            continue
+            return
         completion = attempted.value
         line = result_line(task, completion, attempted.error, attempted.attempts,
                            attempted.errors, spec.expect, spec.params.max_tokens)  # fmt: skip
@@ -243,41 +255,25 @@ def _worker(
         tally.finish(line, completion.text if completion is not None else None, tokens)
 
 
-def _drain(work: queue.Queue[Task | None]) -> None:
-    """Drop the queued items that no worker started: they stay pending for the rerun."""
-    while True:
-        try:
-            work.get_nowait()
-        except queue.Empty:
-            return
-
-
-def _finish(
-    work: queue.Queue[Task | None],
+def _wait(
     workers: list[threading.Thread],
+    source: TaskSource,
     control: BatchControl,
     grace_s: float,
     tick: Callable[[], None],
     clock: Callable[[], float],
 ) -> int:
-    """Tell every worker to end, wait for them (a grace period once stopping); return abandoned."""
-    pending_stops = len(workers)
+    """Wait for the workers (a grace period once stopping); return how many were abandoned."""
     deadline: float | None = None
     while True:
         if control.stop.is_set() and deadline is None:
             deadline = clock() + grace_s
-            _drain(work)
-        while pending_stops:
-            try:
-                work.put_nowait(None)
-                pending_stops -= 1
-            except queue.Full:
-                break
+            source.close()
         alive = [w for w in workers if w.is_alive()]
         if not alive:
             return 0
         if control.abandon.is_set() or (deadline is not None and clock() >= deadline):
             log.warning("abandoning %d item(s) still in flight", len(alive))
             return len(alive)
-        alive[0].join(0.05)
+        alive[0].join(0.2)  # also how soon a Ctrl-C or a progress line is noticed
         tick()

@@ -1,0 +1,264 @@
+"""`make bench`: how much of the server's speed calibrate's own client delivers, measured here.
+
+The mock runs as a separate process (so this process measures only the client) with a fixed
+latency D per request (--ttft D --per-token 0). For each (D, c) row, N = max(64, 4c) items go
+through calibrate's batch engine at concurrency c; ideal = N / (ceil(N/c) × D) items/s and
+efficiency = achieved / ideal. The same rows are run by a naive reference client (a thread
+per in-flight request, a fresh urllib connection per call). Then: the resume scan of a
+1,000,000-line output file against a json.loads-every-line scan, and the peak RSS of
+`calibrate batch` for 10,000 and 1,000,000 input items. It reports; it never fails on targets.
+
+usage: python bench/bench.py [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from calibrate.client import OpenAIClient  # noqa: E402
+from calibrate.records import SamplingParams  # noqa: E402
+from calibrate.selfload import SelfLoadMonitor  # noqa: E402
+from calibrate.stages.batch import BatchSpec, plan_batch, run_batch  # noqa: E402
+from calibrate.stages.resume import scan_output  # noqa: E402
+from calibrate.store import dumps_line  # noqa: E402
+from tests.mockserver import start_mock_process  # noqa: E402
+
+ROWS = [(1.0, 1), (1.0, 8), (1.0, 64), (1.0, 256), (0.3, 8), (0.3, 32), (0.3, 128), (0.3, 512)]
+PARAMS = SamplingParams(temperature=0.0, max_tokens=64, top_p=1.0, seed=0)
+MODEL = "internlm-s2"
+
+
+@dataclass(frozen=True)
+class Row:
+    latency_s: float
+    concurrency: int
+    items: int
+    ideal_items_per_s: float
+    calibrate_efficiency: float
+    calibrate_cpu_ms_per_request: float
+    calibrate_client_bound: bool
+    naive_efficiency: float
+    naive_cpu_ms_per_request: float
+
+    @property
+    def ratio(self) -> float:
+        return self.calibrate_efficiency / self.naive_efficiency if self.naive_efficiency else 0.0
+
+
+def write_tasks(path: Path, n: int, text: str = "定长数组的长度在编译时确定。") -> Path:
+    with path.open("w", encoding="utf-8") as handle:
+        for i in range(n):
+            handle.write(f'{{"id":"t{i:07d}","text":"{text}"}}\n')
+    return path
+
+
+def calibrate_run(base_url: str, tasks: Path, out: Path, c: int) -> tuple[float, float, bool]:
+    """Calibrate's batch engine: (seconds, client CPU seconds, self-load warning raised)."""
+    spec = BatchSpec(input_path=tasks, out_path=out, model=MODEL, params=PARAMS, concurrency=c)
+    plan = plan_batch(spec)
+    client = OpenAIClient(base_url, timeout_s=60, max_connections=c)
+    monitor = SelfLoadMonitor().start()
+    cpu0 = time.process_time()
+    try:
+        result = run_batch(plan, client, out, progress_every_s=3600)
+    finally:
+        cpu = time.process_time() - cpu0
+        report = monitor.stop()
+        client.close()
+    if result.failed:
+        print(f"  (calibrate: {result.failed} failed: {result.failed_by_kind})", file=sys.stderr)
+    return result.seconds, cpu, report.bottleneck
+
+
+def naive_run(base_url: str, n: int, c: int) -> tuple[float, float]:
+    """What a simple script does: a pool of c threads, urllib.request.urlopen per item."""
+    url = base_url + "/chat/completions"
+
+    def one(i: int) -> str:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": f"item {i}"}],
+                **PARAMS.to_json()}  # fmt: skip
+        request = urllib.request.Request(
+            url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return str(json.loads(response.read())["choices"][0]["message"]["content"])
+
+    cpu0, start = time.process_time(), time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=c) as pool:
+        list(pool.map(one, range(n)))
+    return time.perf_counter() - start, time.process_time() - cpu0
+
+
+def efficiency_rows(work: Path, rows: list[tuple[float, int]], min_items: int) -> list[Row]:
+    out: list[Row] = []
+    for latency, c in rows:
+        n = max(min_items, 4 * c)
+        ideal_s = math.ceil(n / c) * latency
+        tasks = write_tasks(work / f"tasks-{latency}-{c}.jsonl", n)
+        result = work / f"out-{latency}-{c}.jsonl"
+        with start_mock_process("--ttft", str(latency), "--per-token", "0") as mock:
+            cal_s, cal_cpu, bound = calibrate_run(mock.base_url, tasks, result, c)
+        with start_mock_process("--ttft", str(latency), "--per-token", "0") as mock:
+            naive_s, naive_cpu = naive_run(mock.base_url, n, c)
+        row = Row(latency, c, n, n / ideal_s, ideal_s / cal_s, cal_cpu / n * 1000, bound,
+                  ideal_s / naive_s, naive_cpu / n * 1000)  # fmt: skip
+        print(f"  D={latency:g}s c={c}: calibrate {row.calibrate_efficiency:.3f}, "
+              f"naive {row.naive_efficiency:.3f}", file=sys.stderr, flush=True)  # fmt: skip
+        out.append(row)
+    return out
+
+
+def resume_scan(work: Path, lines: int) -> dict[str, float]:
+    """Our scan vs json.loads on every line, over an output file of ``lines`` results."""
+    path = work / "scan.jsonl"
+    output = "定长数组是一种长度固定的数据结构，元素类型相同，在内存中连续存放，按下标访问。"
+    with path.open("w", encoding="utf-8") as handle:
+        for i in range(lines):
+            record = {"id": f"t{i:07d}", "ok": i % 50 != 0, "output": output,
+                      "finish_reason": "stop",
+                      "usage": {"prompt_tokens": 30, "completion_tokens": 40, "total_tokens": 70},
+                      "seconds": 0.4123, "attempts": 1}  # fmt: skip
+            handle.write(dumps_line(record) + "\n")
+    known = {f"t{i:07d}" for i in range(lines)}
+
+    def reference() -> int:
+        done = set()
+        with path.open("rb") as handle:
+            for raw in handle:
+                obj = json.loads(raw)
+                if obj.get("ok") is True:
+                    done.add(obj["id"])
+        return len(done)
+
+    ours_s, ref_s = [], []
+    for _ in range(2):
+        start = time.perf_counter()
+        scan = scan_output(path, known)
+        ours_s.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        ref_done = reference()
+        ref_s.append(time.perf_counter() - start)
+        assert len(scan.done) == ref_done, (len(scan.done), ref_done)
+    size_mib = path.stat().st_size / 2**20
+    path.unlink()
+    return {"lines": lines, "file_mib": size_mib, "ours_s": min(ours_s), "reference_s": min(ref_s),
+            "ratio": min(ours_s) / min(ref_s)}  # fmt: skip
+
+
+# ru_maxrss of a child counts the parent's pages from before exec (this process is large by
+# then), so the child reports the high-water mark of its own address space instead.
+_RUN_AND_REPORT_HWM = """
+import sys
+from calibrate.cli import main
+code = main(sys.argv[1:])
+hwm = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+sys.stderr.write("@@VmHWM " + hwm.split()[1] + "\\n")
+sys.exit(code)
+"""
+
+
+def peak_rss_mib(base_url: str, tasks: Path, out: Path, *extra: str) -> float:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALIBRATE_")}
+    env["PYTHONPATH"] = str(REPO)
+    command = [sys.executable, "-c", _RUN_AND_REPORT_HWM, "batch", "--base-url", base_url,
+               "--input", str(tasks), "--out", str(out), "-c", "32", "--progress-s", "3600",
+               *extra]  # fmt: skip
+    done = subprocess.run(command, cwd=out.parent, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, check=False)  # fmt: skip
+    if done.returncode != 0:
+        print(f"  batch exited {done.returncode}: {done.stderr[-500:]}", file=sys.stderr)
+    marks = [line for line in done.stderr.splitlines() if line.startswith("@@VmHWM ")]
+    return int(marks[-1].split()[1]) / 1024 if marks else float("nan")
+
+
+def id_set_mib(n: int) -> float:
+    """What the id set of n items costs, built the way the validation pass builds it."""
+    tracemalloc.start()
+    ids = {f"t{i:07d}" for i in range(n)}
+    size, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    del ids
+    return size / 2**20
+
+
+def memory(work: Path, small: int, large: int, run_items: int) -> dict[str, float]:
+    small_tasks = write_tasks(work / "rss-small.jsonl", small)
+    large_tasks = write_tasks(work / "rss-large.jsonl", large)
+    with start_mock_process("--ttft", "0", "--per-token", "0") as mock:
+        rss_small = peak_rss_mib(mock.base_url, small_tasks, work / "rss-small-out.jsonl")
+        rss_large = peak_rss_mib(mock.base_url, large_tasks, work / "rss-large-out.jsonl",
+                                 "--limit", str(run_items))  # fmt: skip
+    ids = id_set_mib(large)
+    return {"small_items": small, "large_items": large, "large_items_run": run_items,
+            "rss_small_mib": rss_small, "rss_large_mib": rss_large, "id_set_mib": ids,
+            "ratio_without_ids": (rss_large - ids) / rss_small}  # fmt: skip
+
+
+def table(rows: list[Row], scan: dict[str, float], mem: dict[str, float]) -> str:
+    out = ["| D (s) | c | N | ideal items/s | calibrate eff. | naive eff. | calibrate / naive "
+           "| calibrate CPU ms/req | naive CPU ms/req | self-load warning |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|"]  # fmt: skip
+    for r in rows:
+        out.append(
+            f"| {r.latency_s:g} | {r.concurrency} | {r.items} | {r.ideal_items_per_s:.1f} "
+            f"| {r.calibrate_efficiency:.3f} | {r.naive_efficiency:.3f} | {r.ratio:.2f}× "
+            f"| {r.calibrate_cpu_ms_per_request:.3f} | {r.naive_cpu_ms_per_request:.3f} "
+            f"| {'yes' if r.calibrate_client_bound else 'no'} |"
+        )
+    out += [
+        "",
+        f"resume scan of {scan['lines']:,} lines ({scan['file_mib']:.0f} MiB): "
+        f"{scan['ours_s']:.2f} s vs json.loads-every-line {scan['reference_s']:.2f} s "
+        f"→ ratio {scan['ratio']:.2f} (target ≤ 0.5)",
+        f"peak RSS of calibrate batch: {mem['small_items']:,} items {mem['rss_small_mib']:.0f} MiB;"
+        f" {mem['large_items']:,} items (first {mem['large_items_run']:,} run) "
+        f"{mem['rss_large_mib']:.0f} MiB, of which the id set ≈ {mem['id_set_mib']:.0f} MiB "
+        f"→ (RSS − id set) / RSS(small) = {mem['ratio_without_ids']:.2f} (target ≤ 1.2)",
+    ]
+    return "\n".join(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    args = parser.parse_args()
+    rows = ROWS
+    min_items, scan_lines, small, large, run_items = 64, 1_000_000, 10_000, 1_000_000, 10_000
+    if args.quick:
+        rows = [(0.3, 1), (0.3, 64), (0.3, 512)]
+        min_items, scan_lines, small, large, run_items = 16, 100_000, 2_000, 100_000, 2_000
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="calibrate-bench-") as tmp:
+        work = Path(tmp)
+        print("client efficiency (calibrate vs naive) …", file=sys.stderr, flush=True)
+        measured = efficiency_rows(work, rows, min_items)
+        print("resume scan …", file=sys.stderr, flush=True)
+        scan = resume_scan(work, scan_lines)
+        print("peak RSS …", file=sys.stderr, flush=True)
+        mem = memory(work, small, large, run_items)
+    print(table(measured, scan, mem))
+    print(f"\n(bench took {time.perf_counter() - started:.0f} s on {os.cpu_count()} CPUs)")
+    if args.json:
+        payload = {"rows": [asdict(r) for r in measured], "resume_scan": scan, "memory": mem}
+        Path(args.json).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
