@@ -93,3 +93,19 @@ def test_verify_is_consistent(cli, engine_config: Path) -> None:
     result = cli("verify", "--json")
     assert result.code == 0, result.err
     assert "config consistent" in result.err
+
+
+def test_batch_of_50_items_all_ok(cli, engine_config: Path, isolated: Path) -> None:
+    questions = [f"What is {a} plus {b}?" for a in range(1, 11) for b in range(1, 6)]
+    tasks = isolated / "tasks.jsonl"
+    tasks.write_text(
+        "".join(json.dumps({"id": n, "text": q}) + "\n" for n, q in enumerate(questions)), "utf-8"
+    )
+    result = cli("batch", "--input", str(tasks), "--out", "out.jsonl", "-c", "4", "--json")
+    assert result.code == 0, result.err
+    lines = [json.loads(x) for x in (isolated / "out.jsonl").read_text("utf-8").splitlines()]
+    assert len(lines) == 50 and all(line["ok"] for line in lines)
+    assert {line["id"] for line in lines} == set(range(50))
+    assert all(line["usage"]["completion_tokens"] > 0 for line in lines)
+    rerun = cli("batch", "--input", str(tasks), "--out", "out.jsonl", "-c", "4")
+    assert rerun.code == 0 and "50 already done, 0 to run" in rerun.err

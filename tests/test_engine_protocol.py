@@ -1,0 +1,80 @@
+"""The protocol habits of real engines (docs/engine-protocol.md), reproduced by mock flags.
+
+`transformers serve` ends streams without `data: [DONE]`, puts usage on the finish chunk, answers
+an unknown model with 400 and a bad body with 422 `{"detail": [...]}`. Each is covered here in the
+fast suite, so the client does not depend on the mock's defaults.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from calibrate.client import OpenAIClient
+from calibrate.errors import RequestError
+from calibrate.records import SamplingParams
+from tests.conftest import write_config
+from tests.mockserver import start_mock
+
+PARAMS = SamplingParams(temperature=0.0, max_tokens=64, top_p=1.0, seed=0)
+FAST = {"ttft_s": 0.001, "per_token_s": 0.0002}
+
+
+def _record(root: Path, run_id: str) -> dict:
+    return json.loads((root / "runs" / run_id / "records.jsonl").read_text("utf-8").splitlines()[0])
+
+
+@pytest.mark.parametrize(
+    "habit",
+    [
+        {"no_done": True},
+        {"usage_in_last_chunk": True},
+        {"no_done": True, "usage_in_last_chunk": True},
+    ],
+)
+def test_stream_without_done_or_with_usage_on_the_finish_chunk(cli, isolated: Path, habit) -> None:
+    with start_mock(**FAST, **habit) as server:
+        write_config(isolated / "calibrate.toml", server.base_url)
+        result = cli("single", "--stream", "--json")
+    assert result.code == 0, result.err
+    record = _record(isolated, result.json["run_id"])
+    assert record["finish_reason"] == "stop" and record["usage"]["completion_tokens"] > 0
+    assert record["ttft_s"] is not None
+
+
+def test_streamed_and_plain_answers_are_the_same_text(isolated: Path) -> None:
+    with start_mock(**FAST, no_done=True, usage_in_last_chunk=True) as server:
+        client = OpenAIClient(server.base_url, timeout_s=10)
+        plain = client.chat("internlm-s2", "hello there", PARAMS)
+        streamed = client.chat("internlm-s2", "hello there", PARAMS, stream=True)
+        client.close()
+    assert streamed.text == plain.text
+    assert streamed.usage == plain.usage
+
+
+def test_stream_without_usage_is_diagnosed(cli, isolated: Path) -> None:
+    with start_mock(**FAST, no_usage=True, no_done=True) as server:
+        result = cli("single", "--stream", "--base-url", server.base_url)
+    assert result.code == 1 and "did not report token usage" in result.err
+
+
+def test_422_validation_error_is_a_4xx_with_the_servers_reason() -> None:
+    with start_mock(**FAST, strict_422=True) as server:
+        client = OpenAIClient(server.base_url, timeout_s=10)
+        with pytest.raises(RequestError) as caught:
+            client.post_completion("/chat/completions", {"model": "internlm-s2", "max_tokens": 5})
+        client.close()
+    info = caught.value.info
+    assert info.kind == "http_4xx" and info.status == 422
+    assert "messages" in info.message
+
+
+def test_unknown_model_400_is_not_retried_as_transient() -> None:
+    with start_mock(**FAST, unknown_model_status=400) as server:
+        client = OpenAIClient(server.base_url, timeout_s=10)
+        with pytest.raises(RequestError) as caught:
+            client.chat("tiny-llama", "hi", PARAMS)
+        client.close()
+    assert caught.value.info.status == 400 and not caught.value.info.transient
