@@ -78,6 +78,9 @@ def test_latency_jump_at_batch_4_stops_by_latency(cli, isolated: Path) -> None:
     assert [t["verdict"] for t in result.json["tiers"]] == ["pass", "pass", "stop: latency"]
     assert result.json["last_passing"]["batch_size"] == 4
     assert "per-item latency" in result.err
+    # a quiet client over a few short rounds: measured, and not called the bottleneck
+    assert result.json["selfload"]["bottleneck"] is False
+    assert "calibrate itself is the bottleneck" not in result.err
 
 
 def test_nondeterminism_above_2_is_reported_and_fails_only_with_require_match(

@@ -30,10 +30,12 @@ from calibrate.cli.tier_output import (
     recorder,
     start_monitor,
     tasks_from,
+    warn_if_client_bound,
 )
 from calibrate.errors import Interrupted
 from calibrate.junit import JUnitCase, JUnitSuite
 from calibrate.report import live_rows
+from calibrate.selfload import SelfLoadMonitor
 from calibrate.stages.ladder import Ladder, LadderOptions, LadderResult
 from calibrate.stages.waves import Sender
 
@@ -54,32 +56,47 @@ def run(args: argparse.Namespace) -> int:
     ctx = open_stage(args, "ladder", out)
     options = LadderOptions.from_config(ctx.config, tasks=tasks, require_match=args.require_match)
     monitor = start_monitor(args, ctx)
+    selfload = SelfLoadMonitor().start()
     ladder = Ladder(ctx, options, monitor, recorder(args, ctx, monitor), Sender(ctx.client))
     announce(out, monitor)
     out.say(f"ladder: batch sizes {', '.join(map(str, options.batch_sizes))}, {options.rounds} "
             f"rounds each, concurrency {options.concurrency}, {options.mode} mode")  # fmt: skip
     try:
         with live_rows(out.console, "ladder", f"ladder {ctx.run.run_id}", out.is_tty) as show:
-            ladder.on_tier = lambda tier: show({**tier.to_json(), "vram_source": monitor.source})
+
+            def shown(tier: Any) -> None:
+                show({**tier.to_json(), "vram_source": monitor.source})
+                warn_if_client_bound(out, selfload)
+
+            ladder.on_tier = shown
             result = ladder.run()
     except KeyboardInterrupt:
         result = ladder.result()
-        _finish(args, out, ctx, result, monitor.source)
+        _finish(args, out, ctx, result, monitor.source, selfload)
         raise Interrupted(f"ladder interrupted after {len(result.tiers)} tier(s); completed "
                           f"rounds are in {ctx.run.path}", "Run it again: calibrate ladder") from None  # fmt: skip
     finally:
         monitor.stop()
+        selfload.stop()
         ctx.client.close()
-    return _finish(args, out, ctx, result, monitor.source)
+    return _finish(args, out, ctx, result, monitor.source, selfload)
 
 
-def _finish(args: argparse.Namespace, out: Any, ctx: Any, result: LadderResult, source: str) -> int:
+def _finish(
+    args: argparse.Namespace,
+    out: Any,
+    ctx: Any,
+    result: LadderResult,
+    source: str,
+    selfload: SelfLoadMonitor,
+) -> int:
     rows = [{**t.to_json(), "vram_source": source} for t in result.tiers]
     finish_tables(out, ctx, "ladder", rows, source)
     comparison = compare_and_save(args, out, ctx, "ladder")
     for note in result.notes:
         out.warn(note)
-    summary = result.summary()
+    summary = {**result.summary(), "selfload": selfload.report().to_json()}
+    warn_if_client_bound(out, selfload)
     if comparison is not None:
         summary["compare"] = comparison.to_json()
     ctx.record_result(result.passed, summary)

@@ -9,6 +9,7 @@ from typing import Any
 from calibrate import report
 from calibrate.cli.common import Output
 from calibrate.errors import UsageError
+from calibrate.selfload import SelfLoadMonitor
 from calibrate.stages.bundles import IncidentRecorder
 from calibrate.stages.compare_tiers import TierComparison, compare_tables, read_table, save_baseline
 from calibrate.stages.context import StageContext
@@ -144,3 +145,9 @@ def compare_and_save(
         kept = save_baseline(csv_path, dest)
         out.say(f"baseline written: {dest}" + (f" (previous kept as {kept})" if kept else ""))
     return comparison
+
+
+def warn_if_client_bound(out: Output, selfload: SelfLoadMonitor) -> None:
+    """Say so (once) when calibrate's own CPU, not the server, limits what is measured."""
+    if text := selfload.poll_warning():
+        out.warn(text)
