@@ -15,6 +15,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
+from calibrate.errors import InputError
+
 
 def dumps_line(obj: Any) -> str:
     """One compact JSON line, UTF-8 unescaped (``ensure_ascii=False``)."""
@@ -75,6 +77,32 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
                 continue
             if isinstance(obj, dict):
                 yield obj
+
+
+def load_jsonl_objects(path: Path, what: str = "file") -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) for every line of a small JSONL file a user handed us.
+
+    Unlike ``read_jsonl`` nothing is skipped: a line that is not a JSON object is an input
+    error naming the file and line (exit 2), and so is an empty file.
+    """
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {what} {path}: {exc}") from exc
+    out: list[tuple[int, dict[str, Any]]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}:{number} is not JSON ({exc.msg})") from exc
+        if not isinstance(obj, dict):
+            raise InputError(f"{path}:{number} is not a JSON object")
+        out.append((number, obj))
+    if not out:
+        raise InputError(f"{what} {path} holds no records")
+    return out
 
 
 class JsonlWriter:

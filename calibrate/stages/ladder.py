@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from calibrate.stages.stop_rules import (
 )
 from calibrate.stages.tiers import ItemResult, Stats, StopReason, Tier, summarise
 from calibrate.stages.waves import Sender, build_requests
+from calibrate.store import load_jsonl_objects
 from calibrate.vram import VramMonitor, WindowPeak
 
 log = logging.getLogger("calibrate")
@@ -87,24 +87,12 @@ class LadderResult:
 
 def load_tasks(path: Path) -> tuple[str, ...]:
     """The ``text`` of every line of a tasks JSONL file; a bad line is exit 2 naming it."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read tasks file {path}: {exc}") from exc
     texts: list[str] = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}:{number} is not JSON ({exc.msg})") from exc
-        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+    for number, obj in load_jsonl_objects(path, "tasks file"):
+        if not isinstance(obj.get("text"), str):
             raise InputError(f"{path}:{number} has no string field 'text'",
                              'Each line must look like {"id": 1, "text": "..."}')  # fmt: skip
         texts.append(obj["text"])
-    if not texts:
-        raise InputError(f"tasks file {path} holds no items")
     return tuple(texts)
 
 

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from calibrate.compare import Comparison, Normaliser, compare
-from calibrate.errors import InputError
 from calibrate.ledger import baseline_path
 from calibrate.stages.context import StageContext
 from calibrate.stages.single import fixed_prompt_call, read_baseline
+from calibrate.store import load_jsonl_objects
 
 
 @dataclass(frozen=True)
@@ -56,24 +55,7 @@ def against_baseline(
 
 def load_records(path: Path) -> list[dict[str, Any]]:
     """Every record of a JSONL file; a line that is not a JSON object is an input error."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {path}: {exc}", "Give two JSONL record files.") from exc
-    records: list[dict[str, Any]] = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}:{number} is not JSON ({exc.msg})") from exc
-        if not isinstance(obj, dict):
-            raise InputError(f"{path}:{number} is not a JSON object")
-        records.append(obj)
-    if not records:
-        raise InputError(f"{path} holds no records")
-    return records
+    return [obj for _, obj in load_jsonl_objects(path, "record file")]
 
 
 def between_files(left: Path, right: Path, normaliser: Normaliser) -> ReproResult:
