@@ -136,16 +136,39 @@ class JsonlWriter:
 
 
 class RunDir:
-    """One command run's folder: manifest, records, tables, incidents."""
+    """One command run's folder: manifest, records, tables, incidents.
+
+    The folder appears with the run's first file, its manifest written first: a command that
+    stops before anything was sent or measured (bad input, no server) leaves nothing behind.
+    """
 
     def __init__(self, runs_dir: Path, stage: str, run_id: str | None = None) -> None:
         self.run_id = run_id or new_run_id(stage)
         self.stage = stage
         self.path = run_path(runs_dir, self.run_id)
-        self.path.mkdir(parents=True, exist_ok=True)
         self._writers: dict[str, JsonlWriter] = {}
+        self._manifest: Any = None
+
+    def set_manifest(self, manifest: Any) -> None:
+        """Write ``manifest.json`` now if the folder exists, else with the first file."""
+        self._manifest = manifest
+        if self.path.exists():
+            write_json_atomic(self.path / "manifest.json", manifest)
+
+    def update_manifest(self, **fields: Any) -> None:
+        """Add what was learnt during the run (e.g. the server's identity) to the manifest."""
+        self.set_manifest({**(self._manifest or {}), **fields})
+
+    def _ensure(self) -> None:
+        if self.path.exists():
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        if self._manifest is not None:
+            write_json_atomic(self.path / "manifest.json", self._manifest)
 
     def file(self, name: str) -> Path:
+        """The path of ``name`` in the folder (the folder is created if need be)."""
+        self._ensure()
         return self.path / name
 
     def append(self, name: str, obj: Any) -> None:

@@ -33,6 +33,8 @@ def test_single_passes_writes_record_baseline_and_ledger(cli, mock, isolated: Pa
     run_dir = isolated / "runs" / result.json["run_id"]
     manifest = json.loads((run_dir / "manifest.json").read_text("utf-8"))
     assert manifest["target"] == record["target"] and manifest["config"]["target"]["model"]
+    assert manifest["server"]["models"][0]["id"] == "internlm-s2"
+    assert manifest["command"][:2] == ["calibrate", "single"] and "versions" in manifest
     # JSONL is compact and UTF-8 unescaped
     raw = (run_dir / "records.jsonl").read_text("utf-8")
     assert "定长数组" in raw and ", " not in raw.split('"text"')[0]
@@ -70,6 +72,7 @@ def test_unreachable_server_exits_4_with_hint(cli, isolated: Path) -> None:
     assert result.code == 4
     assert f"http://127.0.0.1:{port}/v1" in result.err and "make mock" in result.err
     assert "Traceback" not in result.err
+    assert not (isolated / "runs").exists(), "nothing was measured, so no run folder"
 
 
 def test_unknown_model_names_what_is_served(cli, mock, isolated: Path) -> None:

@@ -144,7 +144,7 @@ def open_stage(
     )
     run = RunDir(cfg.runs_dir, stage)
     ctx = StageContext(cfg, client, run, ledger, target, forced)
-    run.write_json("manifest.json", manifest(ctx, ["calibrate", *getattr(args, "argv", [])]))
+    run.set_manifest(manifest(ctx, ["calibrate", *getattr(args, "argv", [])]))
     return ctx
 
 

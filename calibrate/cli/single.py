@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         "problems": list(result.problems),
         "identity": result.identity.to_json(),
     }
-    ctx.run.write_json("identity.json", result.identity.to_json())
+    ctx.run.update_manifest(server=result.identity.to_json())
     ctx.record_result(result.passed, summary)
     ctx.run.close()
     suite = junit_suite("single", ctx.run, ctx.target)

@@ -11,6 +11,7 @@ from typing import Any
 from calibrate import __version__
 from calibrate.client import OpenAIClient
 from calibrate.config import Config
+from calibrate.gpu import gpu_snapshot
 from calibrate.ledger import Ledger
 from calibrate.records import LedgerEntry, SamplingParams
 from calibrate.store import RunDir
@@ -78,6 +79,7 @@ def manifest(
         "target": ctx.target,
         "forced": ctx.forced,
         "config": ctx.config.to_public_json(),
+        "gpu": gpu.to_json() if (gpu := gpu_snapshot()) is not None else None,
         "versions": versions(),
     }
     if extra:
