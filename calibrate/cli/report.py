@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate import report
-from calibrate.cli.common import add_command, output_for
+from calibrate.cli.common import add_command, load_config, output_for
 from calibrate.errors import InputError
 
 
@@ -23,12 +23,13 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
     path = Path(args.run_dir)
-    if not path.is_dir() and (Path("runs") / args.run_dir).is_dir():
-        path = Path("runs") / args.run_dir
+    runs_dir = load_config(args).runs_dir
+    if not path.is_dir() and (runs_dir / args.run_dir).is_dir():
+        path = runs_dir / args.run_dir
     csv_path = path / "tiers.csv"
     if not csv_path.exists():
         raise InputError(f"{csv_path} does not exist: {path} is not a finished ladder or sweep run",
-                         "List the runs with: ls runs/   (report reads runs/<run_id>/tiers.csv)")  # fmt: skip
+                         f"List the runs with: ls {runs_dir}/   (report reads <run>/tiers.csv)")  # fmt: skip
     kind = report.run_kind(path)
     rows = report.read_rows(csv_path)
     out.render(report.tier_table(rows, kind, f"{kind} {path.name}"))
