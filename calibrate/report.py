@@ -141,9 +141,42 @@ def _columns(kind: Kind) -> list[tuple[str, Callable[[Mapping[str, Any]], str]]]
     return _LADDER if kind == "ladder" else _SWEEP
 
 
-def tier_table(rows: Sequence[Mapping[str, Any]], kind: Kind, title: str | None = None) -> Table:
+# On a narrow terminal these go first (in this order), so the cells left stay readable.
+_DROP_FIRST: dict[Kind, tuple[str, ...]] = {
+    "ladder": ("rounds", "max s", "p90 s", "items", "tok/s", "p50 s", "conc", "match"),
+    "sweep": ("ttft p50", "p99 s", "items", "batch", "total s", "tok/s", "p90 s", "p50 s"),
+}
+
+
+def _fitting_columns(
+    rows: Sequence[Mapping[str, Any]], kind: Kind, width: int | None
+) -> list[tuple[str, Callable[[Mapping[str, Any]], str]]]:
+    columns = list(_columns(kind))
+    if width is None:
+        return columns
+
+    def needed(cols: list[tuple[str, Callable[[Mapping[str, Any]], str]]]) -> int:
+        return 1 + sum(
+            3 + max([len(name), *(len(cell(row)) for row in rows)]) for name, cell in cols
+        )
+
+    for name in _DROP_FIRST[kind]:
+        if needed(columns) <= width:
+            break
+        columns = [c for c in columns if c[0] != name]
+    return columns
+
+
+def tier_table(
+    rows: Sequence[Mapping[str, Any]],
+    kind: Kind,
+    title: str | None = None,
+    width: int | None = None,
+) -> Table:
+    """The tier (or level) table; with ``width``, minor columns are left out until it fits."""
+    columns = _fitting_columns(rows, kind, width)
     table = Table(title=title, title_justify="left")
-    for name, _ in _columns(kind):
+    for name, _ in columns:
         table.add_column(
             name, justify="left" if name in ("verdict", "errors", "pressure") else "right"
         )
@@ -153,7 +186,7 @@ def tier_table(rows: Sequence[Mapping[str, Any]], kind: Kind, title: str | None 
             if row.get("verdict") == "fail"
             else ("yellow" if str(row.get("verdict")).startswith("stop") else None)
         )
-        table.add_row(*(cell(row) for _, cell in _columns(kind)), style=style)
+        table.add_row(*(cell(row) for _, cell in columns), style=style)
     return table  # fmt: skip
 
 
@@ -171,11 +204,12 @@ def live_rows(
     if not live:
         yield lambda row: console.print(plain_line(row, kind), markup=False, highlight=False)
         return
-    with Live(tier_table(rows, kind, title), console=console, refresh_per_second=4) as display:
+    with Live(tier_table(rows, kind, title, console.width), console=console,
+              refresh_per_second=4) as display:  # fmt: skip
 
         def add(row: Mapping[str, Any]) -> None:
             rows.append(row)
-            display.update(tier_table(rows, kind, title))
+            display.update(tier_table(rows, kind, title, console.width))
 
         yield add  # fmt: skip
 

@@ -66,3 +66,24 @@ def test_report_of_something_that_is_not_a_run(cli, isolated: Path) -> None:
     (isolated / "empty").mkdir()
     result = cli("report", "empty")
     assert result.code == 2 and "tiers.csv" in result.err and "Traceback" not in result.err
+
+
+def test_a_narrow_terminal_drops_minor_columns_instead_of_cropping_cells() -> None:
+    from rich.console import Console
+
+    from calibrate.report import tier_table
+
+    row = {"batch_size": 8, "concurrency": 1, "rounds": 2, "items": 16, "per_item_mean_s": 0.157,
+           "per_item_p50_s": 0.118, "per_item_p90_s": 0.234, "per_item_max_s": 0.234,
+           "items_per_s": 25.38, "output_tokens_per_s": 1218, "peak_vram_mib": 53248,
+           "pressure": 0.65, "pressure_source": "metrics", "errors": 2, "error_kinds": "oom:2",
+           "baseline_match": 6, "baseline_items": 8, "verdict": "fail"}  # fmt: skip
+    wide = tier_table([row], "ladder")
+    narrow = tier_table([row], "ladder", width=80)
+    assert len(narrow.columns) < len(wide.columns)
+    names = [c.header for c in narrow.columns]
+    assert {"batch", "mean s", "items/s", "peak MiB", "errors", "verdict"} <= set(names)
+    console = Console(width=80, record=True, force_terminal=False)
+    console.print(narrow)
+    text = console.export_text()
+    assert "…" not in text and "53248" in text and "oom:2" in text
