@@ -104,8 +104,14 @@ def _finish(
     save_junit(args, _junit(ctx, result, comparison))
     top = result.last_passing
     if top is not None:
-        out.ok(f"last passing tier: batch {top.batch_size}, concurrency {top.stats.concurrency} "
-               f"(stopped by {result.stopped_by}: {result.tiers[-1].reason})")  # fmt: skip
+        why = (
+            "every tier passed"
+            if result.stopped_by == "completed"
+            else f"stopped by {result.stopped_by}: {result.tiers[-1].reason}"
+        )
+        out.ok(
+            f"last passing tier: batch {top.batch_size}, concurrency {top.stats.concurrency} ({why})"
+        )
         if result.incidents:
             out.say(f"{result.incidents} incident bundle(s) in {ctx.run.file('incidents')}")
         out.say("next: calibrate sweep")
