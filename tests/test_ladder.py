@@ -165,3 +165,36 @@ def test_concurrency_sends_that_many_waves_and_records_it_apart(cli, isolated: P
     records = jsonl(run_dir(isolated, result.json["run_id"]) / "records.jsonl")
     assert len(records) == 2 * 2 * 3  # rounds × batch × waves
     assert {(r["batch_size"], r["concurrency"]) for r in records} == {(2, 3)}
+
+
+def test_ctrl_c_mid_round_exits_130_at_once_with_the_rounds_so_far(isolated: Path) -> None:
+    """Requests still on the wire must not hold the process for the client's timeout."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.mockserver import REPO
+
+    # batch 1 and 2 answer at once; from batch 4 on every request takes 60 s
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, slow_above=2, slow_factor=100000.0) as mock:
+        open_gate(isolated, mock.base_url)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "calibrate", "ladder"],
+            cwd=isolated, env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not list((isolated / "runs").glob("*/rounds.jsonl")):
+            time.sleep(0.05)
+        time.sleep(0.5)  # now inside the slow tier
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        took_s = time.monotonic() - sent
+    assert proc.returncode == 130, err
+    assert took_s < 10, f"Ctrl-C took {took_s:.1f} s"
+    assert "interrupted" in err and "calibrate ladder" in err
+    (run,) = [p for p in (isolated / "runs").iterdir() if p.is_dir()]
+    assert len(jsonl(run / "rounds.jsonl")) >= 2

@@ -6,7 +6,7 @@ incident can be written for it. The ladder never retries: a failure is informati
 
 from __future__ import annotations
 
-import concurrent.futures as cf
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -69,25 +69,38 @@ class Sender:
     def send(
         self, requests: Sequence[Request], workers: int, max_tokens: int | None = None
     ) -> tuple[list[ItemResult], float]:
-        """All results (in item order) and the wall time from the first send to the last answer."""
+        """All results (in item order) and the wall time from the first send to the last answer.
+
+        The workers are daemon threads pulling the next request under a lock: at most
+        ``workers`` in flight, and on Ctrl-C the process exits without waiting for requests
+        still on the wire (each would otherwise hold it up to the client's timeout).
+        """
         start = self.clock()
+        slots: list[list[ItemResult] | None] = [None] * len(requests)
+        lock = threading.Lock()
+        cursor = iter(range(len(requests)))
+
+        def work() -> None:
+            while True:
+                with lock:
+                    index = next(cursor, None)
+                if index is None:
+                    return
+                slots[index] = self._one(requests[index], start, max_tokens)
+
+        threads = [
+            threading.Thread(target=work, name=f"calibrate-send-{n}", daemon=True)
+            for n in range(max(1, min(workers, len(requests) or 1)))
+        ]
+        for thread in threads:
+            thread.start()
+        # Every request has the client's timeout; this bound only guards against a stuck worker.
+        deadline = time.monotonic() + self.client.timeout_s * 2 + 30
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
         results: list[ItemResult] = []
-        pool = cf.ThreadPoolExecutor(max_workers=max(1, min(workers, len(requests) or 1)))
-        try:
-            futures = [pool.submit(self._one, r, start, max_tokens) for r in requests]
-            # Every request has the client's timeout; this bound only guards against a stuck pool.
-            done, _ = cf.wait(futures, timeout=self.client.timeout_s * 2 + 30)
-            for request, future in zip(requests, futures, strict=True):
-                if future in done:
-                    results.extend(future.result())
-                else:
-                    future.cancel()
-                    results.extend(self._stuck(request, start))
-        except BaseException:
-            # Ctrl-C: queued requests are dropped, in-flight ones end on their own timeout.
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-        pool.shutdown(wait=True)
+        for request, slot in zip(requests, slots, strict=True):
+            results.extend(slot if slot is not None else self._stuck(request, start))
         return sorted(results, key=lambda r: r.index), self.clock() - start
 
     def _one(self, request: Request, t0: float, max_tokens: int | None) -> list[ItemResult]:
