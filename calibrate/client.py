@@ -14,7 +14,6 @@ decision (batch), never the transport's.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -28,12 +27,18 @@ from urllib3.exceptions import (
     ReadTimeoutError,
 )
 
-from calibrate.errors import ErrorInfo, ErrorKind, RequestError
+from calibrate.error_kinds import (
+    connection_error,
+    error_from_body,
+    http_error,
+    invalid,
+    request_error,
+)
+from calibrate.errors import RequestError
 from calibrate.records import Choice, Completion, ModelInfo, SamplingParams, Usage
+from calibrate.responses import choice_text, parse_completion, sse_events
 
 Clock = Callable[[], float]
-
-_OOM = re.compile(r"out of memory|CUDA OOM|OutOfMemory|\bOOM\b", re.IGNORECASE)
 
 
 class OpenAIClient:
@@ -130,14 +135,14 @@ class OpenAIClient:
                 # The stream may end at [DONE] before the transport's last frame: never reuse it.
                 _finish(response, complete=False)
         payload = self._json(response)
-        return _parse_completion(payload, self._clock() - start, None)
+        return parse_completion(payload, self._clock() - start, None)
 
     def models(self) -> tuple[ModelInfo, ...]:
         """``GET /v1/models``."""
         payload = self._json(self._send("GET", "/models"))
         data = payload.get("data")
         if not isinstance(data, list):
-            raise _invalid("GET /models answered without a 'data' list")
+            raise invalid("GET /models answered without a 'data' list")
         out: list[ModelInfo] = []
         for item in data:
             if isinstance(item, dict) and isinstance(item.get("id"), str):
@@ -193,21 +198,23 @@ class OpenAIClient:
                 retries=False,
             )
         except NewConnectionError as exc:  # a subclass of ConnectTimeoutError: test it first
-            raise _connection_error(url, exc) from exc
+            raise connection_error(url, exc) from exc
         except ConnectTimeoutError as exc:
-            raise _error("connect", f"connection to {url} timed out", exc) from exc
+            raise request_error("connect", f"connection to {url} timed out", exc) from exc
         except ReadTimeoutError as exc:
-            raise _error("timeout", f"no answer from {url} within {read_timeout:g} s", exc) from exc
+            raise request_error(
+                "timeout", f"no answer from {url} within {read_timeout:g} s", exc
+            ) from exc
         except (ProtocolError, OSError) as exc:
-            raise _connection_error(url, exc) from exc
+            raise connection_error(url, exc) from exc
         except HTTPError as exc:
-            raise _error("connect", f"request to {url} failed: {exc}", exc) from exc
+            raise request_error("connect", f"request to {url} failed: {exc}", exc) from exc
         if response.status >= 400:
             try:
                 text = _body_text(response) if stream else response.data.decode("utf-8", "replace")
             finally:
                 _finish(response, complete=not stream)
-            raise RequestError(_http_error(response.status, text, response.headers))
+            raise RequestError(http_error(response.status, text, response.headers))
         return response
 
     def _timeout(self, read_timeout_s: float) -> urllib3.Timeout:
@@ -223,11 +230,11 @@ class OpenAIClient:
         try:
             payload = json.loads(response.data)
         except (ProtocolError, OSError) as exc:
-            raise _connection_error(self.base_url, exc) from exc
+            raise connection_error(self.base_url, exc) from exc
         except ValueError as exc:
-            raise _invalid(f"the server answered with something that is not JSON: {exc}") from exc
+            raise invalid(f"the server answered with something that is not JSON: {exc}") from exc
         if not isinstance(payload, dict):
-            raise _invalid("the server answered with JSON that is not an object")
+            raise invalid("the server answered with JSON that is not an object")
         return payload
 
     def _read_stream(
@@ -241,17 +248,17 @@ class OpenAIClient:
         ttft: float | None = None
         deadline = start + self.timeout_s
         try:
-            for event in _sse_events(_lines(response)):
+            for event in sse_events(_lines(response)):
                 if event == "[DONE]":
                     break
                 try:
                     chunk = json.loads(event)
                 except ValueError as exc:
-                    raise _invalid(f"a stream chunk is not JSON: {event[:200]!r}") from exc
+                    raise invalid(f"a stream chunk is not JSON: {event[:200]!r}") from exc
                 if not isinstance(chunk, dict):
-                    raise _invalid("a stream chunk is not a JSON object")
+                    raise invalid("a stream chunk is not a JSON object")
                 if "error" in chunk:
-                    raise RequestError(_error_from_body(500, chunk))
+                    raise RequestError(error_from_body(500, chunk))
                 model = chunk.get("model") or model
                 fingerprint = chunk.get("system_fingerprint") or fingerprint
                 usage = Usage.from_json(chunk.get("usage")) or usage
@@ -259,7 +266,7 @@ class OpenAIClient:
                     if not isinstance(choice, dict):
                         continue
                     index = int(choice.get("index", 0) or 0)
-                    piece = _choice_text(choice, chat=chat, delta=True)
+                    piece = choice_text(choice, chat=chat, delta=True)
                     if piece:
                         if ttft is None:
                             ttft = self._clock() - start
@@ -269,13 +276,15 @@ class OpenAIClient:
                     if choice.get("finish_reason") is not None:
                         finish[index] = choice["finish_reason"]
                 if self._clock() > deadline:
-                    raise _error("timeout", f"stream still open after {self.timeout_s:g} s", None)
+                    raise request_error(
+                        "timeout", f"stream still open after {self.timeout_s:g} s", None
+                    )
         except ReadTimeoutError as exc:
-            raise _error("timeout", f"stream stalled for {self.timeout_s:g} s", exc) from exc
+            raise request_error("timeout", f"stream stalled for {self.timeout_s:g} s", exc) from exc
         except (HTTPError, OSError) as exc:
-            raise _connection_error(url, exc) from exc
+            raise connection_error(url, exc) from exc
         if not texts:
-            raise _invalid("the stream carried no choices")
+            raise invalid("the stream carried no choices")
         choices = tuple(
             Choice(index=i, text="".join(texts[i]), finish_reason=finish.get(i))
             for i in sorted(texts)
@@ -313,132 +322,3 @@ def _finish(response: urllib3.BaseHTTPResponse, *, complete: bool) -> None:
     if not complete:
         response.close()
     response.release_conn()
-
-
-def _sse_events(lines: Iterator[bytes]) -> Iterator[str]:
-    """The ``data:`` payloads of a server-sent event stream (multi-line data joined)."""
-    buffer: list[str] = []
-    for raw in lines:
-        line = raw.decode("utf-8", errors="replace")
-        if not line:
-            if buffer:
-                yield "\n".join(buffer)
-                buffer = []
-            continue
-        if line.startswith("data:"):
-            buffer.append(line[5:].lstrip(" "))
-    if buffer:
-        yield "\n".join(buffer)
-
-
-def _choice_text(choice: dict[str, Any], *, chat: bool, delta: bool) -> str:
-    if chat:
-        holder = choice.get("delta" if delta else "message")
-        if isinstance(holder, dict):
-            content = holder.get("content")
-            return content if isinstance(content, str) else ""
-        return ""
-    text = choice.get("text")
-    return text if isinstance(text, str) else ""
-
-
-def _parse_completion(
-    payload: dict[str, Any], elapsed_s: float, ttft_s: float | None
-) -> Completion:
-    raw_choices = payload.get("choices")
-    if "error" in payload and not raw_choices:
-        raise RequestError(_error_from_body(500, payload))
-    if not isinstance(raw_choices, list) or not raw_choices:
-        raise _invalid("the response has no 'choices'")
-    chat = str(payload.get("object", "")).startswith("chat") or "message" in raw_choices[0]
-    choices: list[Choice] = []
-    for position, choice in enumerate(raw_choices):
-        if not isinstance(choice, dict):
-            raise _invalid("a choice is not a JSON object")
-        index = choice.get("index", position)
-        choices.append(
-            Choice(
-                index=index if isinstance(index, int) else position,
-                text=_choice_text(choice, chat=chat, delta=False),
-                finish_reason=choice.get("finish_reason"),
-            )
-        )
-    choices.sort(key=lambda c: c.index)
-    model = payload.get("model")
-    fingerprint = payload.get("system_fingerprint")
-    return Completion(
-        choices=tuple(choices),
-        usage=Usage.from_json(payload.get("usage")),
-        served_model=model if isinstance(model, str) else None,
-        system_fingerprint=fingerprint if isinstance(fingerprint, str) else None,
-        elapsed_s=elapsed_s,
-        ttft_s=ttft_s,
-    )
-
-
-def _error(kind: ErrorKind, message: str, exc: BaseException | None) -> RequestError:
-    return RequestError(ErrorInfo(kind, message), type(exc).__name__ if exc else None)
-
-
-def _invalid(message: str) -> RequestError:
-    return RequestError(ErrorInfo("invalid_response", message))
-
-
-def _connection_error(url: str, exc: BaseException) -> RequestError:
-    text = str(exc)
-    refused = (
-        "Connection refused",
-        "NewConnectionError",
-        "Name or service not known",
-        "nodename nor servname",
-        "Failed to resolve",
-        "No route to host",
-    )
-    if any(marker in text for marker in refused):
-        return _error("connect", f"no server at {url} (connection refused)", exc)
-    return _error("reset", f"the connection to {url} was dropped: {_short(text)}", exc)
-
-
-def _short(text: str, limit: int = 200) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _http_error(status: int, text: str, headers: Any) -> ErrorInfo:
-    try:
-        body = json.loads(text) if text else {}
-    except ValueError:
-        body = {}
-    info = _error_from_body(status, body if isinstance(body, dict) else {}, fallback=text)
-    retry_after = _retry_after_s(headers.get("Retry-After"))
-    if status == 429 or (status == 503 and retry_after is not None):
-        kind: ErrorKind = "overloaded"
-    else:
-        kind = info.kind
-    return ErrorInfo(kind, info.message, status, retry_after, _short(text, 4000))
-
-
-def _error_from_body(status: int, body: dict[str, Any], fallback: str = "") -> ErrorInfo:
-    """The server's own error message; kind from its status and text."""
-    message = ""
-    err = body.get("error")
-    if isinstance(err, dict):
-        message = str(err.get("message") or "")
-    elif isinstance(err, str):
-        message = err
-    message = message or str(body.get("message") or body.get("detail") or "") or _short(fallback)
-    if _OOM.search(message) or _OOM.search(fallback):
-        kind: ErrorKind = "oom"
-    elif status >= 500:
-        kind = "http_5xx"
-    else:
-        kind = "http_4xx"
-    return ErrorInfo(kind, f"HTTP {status}: {_short(message, 300)}".rstrip(": "), status)
-
-
-def _retry_after_s(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None

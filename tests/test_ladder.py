@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import FAKE_KEY, all_files_text, write_config
 from tests.mockserver import start_mock
-from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
+from tests.tier_helpers import DEFAULT_RISE, FAST, jsonl, open_gate, run_dir
 
 
 def test_oom_at_tier_8_keeps_tier_4_with_incidents_and_no_key_on_disk(
@@ -74,7 +74,7 @@ def test_vram_limit_at_tier_4_stops_there_without_failures(cli, isolated: Path) 
 
 def test_latency_jump_at_batch_4_stops_by_latency(cli, isolated: Path) -> None:
     with start_mock(ttft_s=0.002, per_token_s=0.001, slow_above=2, slow_factor=4.0) as mock:
-        open_gate(isolated, mock.base_url)
+        open_gate(isolated, mock.base_url, DEFAULT_RISE)
         result = cli("ladder", "--json")
     assert result.code == 0, result.err
     assert result.json["stopped_by"] == "latency"

@@ -1,0 +1,86 @@
+"""Transport failures and HTTP answers mapped to the error kinds of SPEC §5.5, in one place.
+
+``connect`` (refused, DNS), ``timeout``, ``reset`` (dropped mid-request), ``oom`` (an error text
+mentioning out of memory), ``overloaded`` (429, or 503 with Retry-After), ``http_4xx``,
+``http_5xx``, ``invalid_response``. The server's own message is kept, from whichever shape its
+error body has: ``{"error": {"message"}}`` (OpenAI, vLLM's ``{"message"}``), or FastAPI's
+``{"detail"}`` (``transformers serve``, a string or a list).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from calibrate.errors import ErrorInfo, ErrorKind, RequestError
+
+_OOM = re.compile(r"out of memory|CUDA OOM|OutOfMemory|\bOOM\b", re.IGNORECASE)
+
+
+def request_error(kind: ErrorKind, message: str, exc: BaseException | None) -> RequestError:
+    return RequestError(ErrorInfo(kind, message), type(exc).__name__ if exc else None)
+
+
+def invalid(message: str) -> RequestError:
+    return RequestError(ErrorInfo("invalid_response", message))
+
+
+def connection_error(url: str, exc: BaseException) -> RequestError:
+    text = str(exc)
+    refused = (
+        "Connection refused",
+        "NewConnectionError",
+        "Name or service not known",
+        "nodename nor servname",
+        "Failed to resolve",
+        "No route to host",
+    )
+    if any(marker in text for marker in refused):
+        return request_error("connect", f"no server at {url} (connection refused)", exc)
+    return request_error("reset", f"the connection to {url} was dropped: {shorten(text)}", exc)
+
+
+def shorten(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def http_error(status: int, text: str, headers: Any) -> ErrorInfo:
+    try:
+        body = json.loads(text) if text else {}
+    except ValueError:
+        body = {}
+    info = error_from_body(status, body if isinstance(body, dict) else {}, fallback=text)
+    retry_after = retry_after_s(headers.get("Retry-After"))
+    if status == 429 or (status == 503 and retry_after is not None):
+        kind: ErrorKind = "overloaded"
+    else:
+        kind = info.kind
+    return ErrorInfo(kind, info.message, status, retry_after, shorten(text, 4000))
+
+
+def error_from_body(status: int, body: dict[str, Any], fallback: str = "") -> ErrorInfo:
+    """The server's own error message; kind from its status and text."""
+    message = ""
+    err = body.get("error")
+    if isinstance(err, dict):
+        message = str(err.get("message") or "")
+    elif isinstance(err, str):
+        message = err
+    message = message or str(body.get("message") or body.get("detail") or "") or shorten(fallback)
+    if _OOM.search(message) or _OOM.search(fallback):
+        kind: ErrorKind = "oom"
+    elif status >= 500:
+        kind = "http_5xx"
+    else:
+        kind = "http_4xx"
+    return ErrorInfo(kind, f"HTTP {status}: {shorten(message, 300)}".rstrip(": "), status)
+
+
+def retry_after_s(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
