@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.cli.common import add_command, output_for
-from calibrate.config import DEFAULT_CONFIG_NAME, STARTER_TOML
+from calibrate.config import DEFAULT_CONFIG_NAME
 from calibrate.errors import UsageError
+from calibrate.starter import STARTER_TOML
 from calibrate.store import write_atomic
 
 
