@@ -1,0 +1,47 @@
+"""The commented starter file that `calibrate init` writes (every key shows its default)."""
+
+STARTER_TOML = """\
+# calibrate.toml — written by `calibrate init`. Every key is optional; these are the defaults.
+# Precedence: built-in defaults < this file < environment (CALIBRATE_BASE_URL, CALIBRATE_MODEL,
+# CALIBRATE_API_KEY / OPENAI_API_KEY) < command-line flags.
+
+[target]
+base_url = "http://127.0.0.1:8000/v1"
+model = "internlm-s2"              # the name the server registered (see GET /v1/models)
+api_key_env = "CALIBRATE_API_KEY"  # the key itself never goes in this file
+timeout_s = 600                    # per request
+
+[prompt]                           # the fixed input: do not change it between runs
+text = "用一句话说明什么是定长数组。"
+temperature = 0
+max_tokens = 128
+top_p = 1.0
+seed = 0                           # all sampling params are always sent explicitly
+
+[ladder]
+batch_sizes = [1, 2, 4, 8]
+rounds = 2
+concurrency = 1
+mode = "wave"                      # "wave": N chat requests sent together; "prompt-list": one /v1/completions request carrying N prompts
+vram_limit = 0.90                  # stop stepping up when memory pressure reaches this fraction
+latency_rise = 1.5                 # stop when per-item latency rises by more than this factor
+sample_interval_s = 0.05
+
+[sweep]
+concurrency = [1, 2, 4, 8, 16]
+items = 24
+gain_min = 0.10                    # a level must add at least 10 % throughput to count
+
+# [server]                         # optional: lets calibrate start/stop the server itself
+# kind = "vllm"                    # vllm | llamacpp | sglang | lmdeploy | ollama | tgi | custom
+# model_path = "/models/internlm-s2"
+# port = 8000
+# command = ""                     # custom kind only; placeholders {model_path} {port} {batch_size} {concurrency}
+# ready_timeout_s = 900
+# stop_timeout_s = 30
+
+[paths]
+runs = "runs"
+baselines = "baselines"
+scripts = "scripts"
+"""
