@@ -78,3 +78,23 @@ def test_unknown_model_400_is_not_retried_as_transient() -> None:
             client.chat("tiny-llama", "hi", PARAMS)
         client.close()
     assert caught.value.info.status == 400 and not caught.value.info.transient
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "reason"),
+    [
+        ("[Errno 111] Connection refused", "connect", "connection refused"),
+        (
+            "Failed to resolve 'gpu-box' ([Errno -2] Name or service not known)",
+            "connect",
+            "host name not resolved",
+        ),
+        ("[Errno 113] No route to host", "connect", "no route to host"),
+        ("('Connection aborted.', RemoteDisconnected('closed'))", "reset", "dropped"),
+    ],
+)
+def test_transport_failures_name_their_cause(text: str, kind: str, reason: str) -> None:
+    from calibrate.error_kinds import connection_error
+
+    error = connection_error("http://gpu-box:8000/v1/models", OSError(text))
+    assert error.kind == kind and reason in error.info.message

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.config import Config, LadderMode
-from calibrate.errors import InputError, ServerUnreachable
+from calibrate.errors import InputError
 from calibrate.ledger import baseline_path
 from calibrate.records import RequestRecord, utc_now_iso
 from calibrate.stages.bundles import IncidentRecorder
 from calibrate.stages.context import StageContext
-from calibrate.stages.single import START_HINT, read_baseline
+from calibrate.stages.single import read_baseline, unreachable
 from calibrate.stages.stop_rules import (
     last_passing,
     mismatch_notes,
@@ -177,8 +177,7 @@ class Ladder:
         items, seconds = self.sender.send(requests, len(requests), ctx.params.max_tokens)
         peak = self.monitor.close_window(idle)
         if not self.history and round_no == 1 and all_refused(items):
-            raise ServerUnreachable(f"no server at {ctx.config.target.base_url} (connection refused)",
-                                    START_HINT)  # fmt: skip
+            raise unreachable(items[0].error, ctx.config.target.base_url)
         for item in items:
             ctx.run.append(
                 "records.jsonl", item_record(ctx, item, batch, opts.concurrency, round_no)

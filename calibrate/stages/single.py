@@ -19,6 +19,12 @@ log = logging.getLogger("calibrate")
 START_HINT = "Start it, or try the built-in one: make mock"
 
 
+def unreachable(info: ErrorInfo | None, base_url: str) -> ServerUnreachable:
+    """Exit 4 with the client's own words (refused, name not resolved, no route)."""
+    message = info.message if info is not None else f"no server at {base_url}"
+    return ServerUnreachable(message, START_HINT)
+
+
 def fixed_prompt_call(ctx: StageContext, *, stream: bool = False) -> RequestRecord:
     """Send the fixed prompt once and return its record (also for failures; ``ok`` tells)."""
     cfg = ctx.config
@@ -28,9 +34,7 @@ def fixed_prompt_call(ctx: StageContext, *, stream: bool = False) -> RequestReco
         completion = ctx.client.chat(cfg.target.model, cfg.prompt.text, params, stream=stream)
     except RequestError as exc:
         if exc.kind == "connect":
-            raise ServerUnreachable(
-                f"no server at {cfg.target.base_url} (connection refused)", START_HINT
-            ) from exc
+            raise unreachable(exc.info, cfg.target.base_url) from exc
         error = exc.info
         return RequestRecord(
             run_id=ctx.run.run_id, ts=utc_now_iso(), stage=ctx.run.stage, target=ctx.target,
@@ -52,14 +56,12 @@ def fixed_prompt_call(ctx: StageContext, *, stream: bool = False) -> RequestReco
 
 
 def server_identity(ctx: StageContext) -> tuple[ServerIdentity, list[str]]:
-    """``GET /v1/models``; connection refused ends the stage with exit 4."""
+    """``GET /v1/models``; no server there ends the stage with exit 4."""
     try:
         return ServerIdentity(models=ctx.client.models()), []
     except RequestError as exc:
         if exc.kind == "connect":
-            raise ServerUnreachable(
-                f"no server at {ctx.config.target.base_url} (connection refused)", START_HINT
-            ) from exc
+            raise unreachable(exc.info, ctx.config.target.base_url) from exc
         return ServerIdentity(), [f"GET /v1/models failed ({exc.info.message}); identity unknown"]
 
 

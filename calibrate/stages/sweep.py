@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from calibrate.config import Config, LadderMode
-from calibrate.errors import RequestError, ServerUnreachable, StageFailed
+from calibrate.errors import RequestError, StageFailed
 from calibrate.records import LedgerEntry
 from calibrate.stages.bundles import IncidentRecorder
 from calibrate.stages.context import StageContext
 from calibrate.stages.ladder import all_refused, item_record
-from calibrate.stages.single import START_HINT
+from calibrate.stages.single import unreachable
 from calibrate.stages.stop_rules import Point, continue_sweep, gains, knee
 from calibrate.stages.tiers import Stats, summarise
 from calibrate.stages.waves import Sender, build_requests
@@ -198,8 +198,7 @@ class Sweep:
         items, seconds = self.sender.send(requests, concurrency, ctx.params.max_tokens)
         peak = self.monitor.close_window(idle)
         if not self.levels and all_refused(items):
-            raise ServerUnreachable(f"no server at {ctx.config.target.base_url} (connection refused)",
-                                    START_HINT)  # fmt: skip
+            raise unreachable(items[0].error, ctx.config.target.base_url)
         for item in items:
             ctx.run.append("records.jsonl", item_record(ctx, item, o.batch_size, concurrency, None))
         self.incidents.record(items, batch_size=o.batch_size, concurrency=concurrency,
