@@ -21,17 +21,7 @@ from calibrate.cli.common import (
     output_for,
     save_junit,
 )
-from calibrate.cli.tier_output import (
-    add_tier_args,
-    announce,
-    check_flags,
-    compare_and_save,
-    finish_tables,
-    recorder,
-    start_monitor,
-    tasks_from,
-    warn_if_client_bound,
-)
+from calibrate.cli.tier_output import add_tier_args, check_flags, measuring, record_run, tasks_from
 from calibrate.errors import Interrupted
 from calibrate.junit import JUnitCase, JUnitSuite
 from calibrate.report import live_rows
@@ -55,52 +45,30 @@ def run(args: argparse.Namespace) -> int:
     tasks = tasks_from(args)
     ctx = open_stage(args, "ladder", out)
     options = LadderOptions.from_config(ctx.config, tasks=tasks, require_match=args.require_match)
-    monitor = start_monitor(args, ctx)
-    selfload = SelfLoadMonitor().start()
-    ladder = Ladder(ctx, options, monitor, recorder(args, ctx, monitor), Sender(ctx.client))
-    announce(out, monitor)
-    out.say(f"ladder: batch sizes {', '.join(map(str, options.batch_sizes))}, {options.rounds} "
-            f"rounds each, concurrency {options.concurrency}, {options.mode} mode")  # fmt: skip
-    try:
-        with live_rows(out.console, "ladder", f"ladder {ctx.run.run_id}", out.is_tty) as show:
-
-            def shown(tier: Any) -> None:
-                show({**tier.to_json(), "vram_source": monitor.source})
-                warn_if_client_bound(out, selfload)
-
-            ladder.on_tier = shown
-            result = ladder.run()
-    except KeyboardInterrupt:
-        result = ladder.result()
-        _finish(args, out, ctx, result, monitor.source, selfload)
-        raise Interrupted(f"ladder interrupted after {len(result.tiers)} tier(s); completed "
-                          f"rounds are in {ctx.run.path}", "Run it again: calibrate ladder") from None  # fmt: skip
-    finally:
-        monitor.stop()
-        selfload.stop()
-        ctx.client.close()
-    return _finish(args, out, ctx, result, monitor.source, selfload)
+    with measuring(args, ctx, out) as watch:
+        ladder = Ladder(ctx, options, watch.monitor, watch.incidents, Sender(ctx.client))
+        out.say(f"ladder: batch sizes {', '.join(map(str, options.batch_sizes))}, {options.rounds} "
+                f"rounds each, concurrency {options.concurrency}, {options.mode} mode")  # fmt: skip
+        try:
+            with live_rows(out.console, "ladder", f"ladder {ctx.run.run_id}", out.is_tty) as show:
+                ladder.on_tier = watch.shown_by(show, out)
+                result = ladder.run()
+        except KeyboardInterrupt:
+            result = ladder.result()
+            _finish(args, out, ctx, result, watch.selfload)
+            raise Interrupted(f"ladder interrupted after {len(result.tiers)} tier(s); completed "
+                              f"rounds are in {ctx.run.path}", "Run it again: calibrate ladder") from None  # fmt: skip
+    return _finish(args, out, ctx, result, watch.selfload)
 
 
 def _finish(
-    args: argparse.Namespace,
-    out: Any,
-    ctx: Any,
-    result: LadderResult,
-    source: str,
-    selfload: SelfLoadMonitor,
+    args: argparse.Namespace, out: Any, ctx: Any, result: LadderResult, selfload: SelfLoadMonitor
 ) -> int:
-    rows = [{**t.to_json(), "vram_source": source} for t in result.tiers]
-    finish_tables(out, ctx, "ladder", rows, source)
-    comparison = compare_and_save(args, out, ctx, "ladder")
-    for note in result.notes:
-        out.warn(note)
-    summary = {**result.summary(), "selfload": selfload.report().to_json()}
-    warn_if_client_bound(out, selfload)
-    if comparison is not None:
-        summary["compare"] = comparison.to_json()
-    ctx.record_result(result.passed, summary)
-    ctx.run.close()
+    rows = [{**t.to_json(), "vram_source": result.vram_source} for t in result.tiers]
+    comparison, summary = record_run(
+        args, out, ctx, "ladder", rows, result.vram_source, passed=result.passed,
+        summary=result.summary(), notes=list(result.notes), selfload=selfload,
+    )  # fmt: skip
     save_junit(args, _junit(ctx, result, comparison))
     top = result.last_passing
     if top is not None:

@@ -21,17 +21,7 @@ from calibrate.cli.common import (
     output_for,
     save_junit,
 )
-from calibrate.cli.tier_output import (
-    add_tier_args,
-    announce,
-    check_flags,
-    compare_and_save,
-    finish_tables,
-    recorder,
-    start_monitor,
-    tasks_from,
-    warn_if_client_bound,
-)
+from calibrate.cli.tier_output import add_tier_args, check_flags, measuring, record_run, tasks_from
 from calibrate.errors import Interrupted, UsageError
 from calibrate.report import live_rows
 from calibrate.selfload import SelfLoadMonitor
@@ -66,47 +56,30 @@ def run(args: argparse.Namespace) -> int:
         ctx.ledger.latest("ladder", ctx.target, passed=True)
     )
     options = SweepOptions.from_config(ctx.config, batch, stream=args.stream, tasks=tasks)
-    monitor = start_monitor(args, ctx)
-    selfload = SelfLoadMonitor().start()
-    cap = read_server_cap(ctx.client.get_text)
-    sweep = Sweep(ctx, options, monitor, recorder(args, ctx, monitor), Sender(ctx.client), cap)
-    announce(out, monitor)
-    out.say(f"sweep: concurrency {', '.join(map(str, options.levels))} at batch size {batch}, "
-            f"{options.items} requests per level" + (f"; server cap {cap.slots} ({cap.source})" if cap else ""))  # fmt: skip
-    try:
-        with live_rows(out.console, "sweep", f"sweep {ctx.run.run_id}", out.is_tty) as show:
-
-            def shown(level: Any) -> None:
-                show({**level.to_json(), "vram_source": monitor.source})
-                warn_if_client_bound(out, selfload)
-
-            sweep.on_level = shown
-            result = sweep.run()
-    except KeyboardInterrupt:
-        _finish(args, out, ctx, sweep.result(), selfload)
-        raise Interrupted(f"sweep interrupted after {len(sweep.levels)} level(s); completed levels "
-                          f"are in {ctx.run.path}", "Run it again: calibrate sweep") from None  # fmt: skip
-    finally:
-        monitor.stop()
-        selfload.stop()
-        ctx.client.close()
-    return _finish(args, out, ctx, result, selfload)
+    with measuring(args, ctx, out) as watch:
+        cap = read_server_cap(ctx.client.get_text)
+        sweep = Sweep(ctx, options, watch.monitor, watch.incidents, Sender(ctx.client), cap)
+        out.say(f"sweep: concurrency {', '.join(map(str, options.levels))} at batch size {batch}, "
+                f"{options.items} requests per level" + (f"; server cap {cap.slots} ({cap.source})" if cap else ""))  # fmt: skip
+        try:
+            with live_rows(out.console, "sweep", f"sweep {ctx.run.run_id}", out.is_tty) as show:
+                sweep.on_level = watch.shown_by(show, out)
+                result = sweep.run()
+        except KeyboardInterrupt:
+            _finish(args, out, ctx, sweep.result(), watch.selfload)
+            raise Interrupted(f"sweep interrupted after {len(sweep.levels)} level(s); completed levels "
+                              f"are in {ctx.run.path}", "Run it again: calibrate sweep") from None  # fmt: skip
+    return _finish(args, out, ctx, result, watch.selfload)
 
 
 def _finish(
     args: argparse.Namespace, out: Any, ctx: Any, result: SweepResult, selfload: SelfLoadMonitor
 ) -> int:
     rows = [{**lv.to_json(), "vram_source": result.vram_source} for lv in result.levels]
-    finish_tables(out, ctx, "sweep", rows, result.vram_source)
-    comparison = compare_and_save(args, out, ctx, "sweep")
-    for note in result.notes():
-        out.warn(note)
-    summary = {**result.summary(), "selfload": selfload.report().to_json()}
-    warn_if_client_bound(out, selfload)
-    if comparison is not None:
-        summary["compare"] = comparison.to_json()
-    ctx.record_result(result.passed, summary)
-    ctx.run.close()
+    comparison, summary = record_run(
+        args, out, ctx, "sweep", rows, result.vram_source, passed=result.passed,
+        summary=result.summary(), notes=list(result.notes()), selfload=selfload,
+    )  # fmt: skip
     suite = junit_suite("sweep", ctx.run, ctx.target)
     for lv in result.levels:
         s = lv.stats

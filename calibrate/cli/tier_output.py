@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from calibrate import report
 from calibrate.cli.common import Output
@@ -145,6 +148,71 @@ def compare_and_save(
         kept = save_baseline(csv_path, dest)
         out.say(f"baseline written: {dest}" + (f" (previous kept as {kept})" if kept else ""))
     return comparison
+
+
+class _Row(Protocol):
+    def to_json(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Measuring:
+    """What watches a ladder or sweep while it runs: VRAM, calibrate's own load, incidents."""
+
+    monitor: VramMonitor
+    selfload: SelfLoadMonitor
+    incidents: IncidentRecorder
+
+    def shown_by(
+        self, show: Callable[[dict[str, Any]], None], out: Output
+    ) -> Callable[[_Row], None]:
+        """A tier/level callback: add its row to the table, then warn if calibrate is the limit."""
+
+        def shown(row: _Row) -> None:
+            show({**row.to_json(), "vram_source": self.monitor.source})
+            warn_if_client_bound(out, self.selfload)
+
+        return shown
+
+
+@contextmanager
+def measuring(args: argparse.Namespace, ctx: StageContext, out: Output) -> Iterator[Measuring]:
+    """Start the samplers for the run; stop them and close the client however it ends."""
+    monitor = start_monitor(args, ctx)
+    selfload = SelfLoadMonitor().start()
+    try:
+        announce(out, monitor)
+        yield Measuring(monitor, selfload, recorder(args, ctx, monitor))
+    finally:
+        monitor.stop()
+        selfload.stop()
+        ctx.client.close()
+
+
+def record_run(
+    args: argparse.Namespace,
+    out: Output,
+    ctx: StageContext,
+    kind: report.Kind,
+    rows: list[dict[str, Any]],
+    source: str,
+    *,
+    passed: bool,
+    summary: dict[str, Any],
+    notes: list[str],
+    selfload: SelfLoadMonitor,
+) -> tuple[TierComparison | None, dict[str, Any]]:
+    """Tables, plot, --compare / --save-baseline, notes; then the ledger entry. Returns both."""
+    finish_tables(out, ctx, kind, rows, source)
+    comparison = compare_and_save(args, out, ctx, kind)
+    for note in notes:
+        out.warn(note)
+    summary = {**summary, "selfload": selfload.report().to_json()}
+    warn_if_client_bound(out, selfload)
+    if comparison is not None:
+        summary["compare"] = comparison.to_json()
+    ctx.record_result(passed, summary)
+    ctx.run.close()
+    return comparison, summary
 
 
 def warn_if_client_bound(out: Output, selfload: SelfLoadMonitor) -> None:
