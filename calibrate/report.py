@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-import pandas as pd
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -50,6 +49,8 @@ def write_tiers_csv(
     """One row per tier (or level), the SPEC columns in a fixed order."""
     records = [{**r, "error_kinds": kinds_text(r.get("error_kinds")), "vram_source": vram_source}
                for r in rows]  # fmt: skip
+    import pandas as pd  # imported on use: every command's start and --help stay light
+
     frame = pd.DataFrame(records, columns=COLUMNS[kind])
     write_atomic(path, frame.to_csv(index=False))
     return path
@@ -68,6 +69,8 @@ def run_kind(run: Path) -> Kind:
 
 def read_rows(csv_path: Path) -> list[dict[str, Any]]:
     """tiers.csv as plain dicts, missing values as None."""
+    import pandas as pd
+
     try:
         frame = pd.read_csv(csv_path, keep_default_na=True)
     except (OSError, ValueError) as exc:

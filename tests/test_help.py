@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from calibrate.cli import COMMAND_MODULES, build_parser
+from calibrate.cli import COMMAND_MODULES
 
 
 def test_top_level_help(cli) -> None:
@@ -29,5 +32,13 @@ def test_bad_flag_is_usage_error(cli) -> None:
     assert cli("single", "--no-such-flag").code == 2
 
 
-def test_parser_builds_without_gpu_or_server() -> None:
-    assert build_parser().prog == "calibrate"
+def test_help_loads_none_of_the_heavy_or_optional_libraries() -> None:
+    """--help works anywhere: pynvml, jq, pandas and matplotlib are imported only when used."""
+    probe = (
+        "import sys\n"
+        "from calibrate.cli import build_parser\n"
+        "build_parser().format_help()\n"
+        "print(','.join(m for m in ('pynvml', 'jq', 'pandas', 'matplotlib') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == ""

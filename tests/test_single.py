@@ -103,6 +103,17 @@ def test_missing_usage_is_diagnosed(cli, isolated: Path) -> None:
 
 
 def test_wrong_weights_warning(cli, isolated: Path) -> None:
-    with start_mock(ttft_s=0.001, per_token_s=0.0002, models=("internlm-s2", "other")) as server:
-        result = cli("single", "--base-url", server.base_url, "--model", "other")
-    assert result.code == 0
+    """A server that answers any name with what it loaded (llama.cpp) is caught by its answer."""
+    with start_mock(
+        ttft_s=0.001, per_token_s=0.0002, models=("qwen-7b",), any_model=True
+    ) as server:
+        result = cli("single", "--base-url", server.base_url, "--json")
+    assert result.code == 0, result.err
+    assert "the server lists qwen-7b but the config names 'internlm-s2'" in result.err
+    assert "the response says model 'qwen-7b'" in result.err and "wrong weights" in result.err
+    assert result.json["served_model"] == "qwen-7b"
+
+
+def test_right_model_gives_no_weights_warning(cli, mock, isolated: Path) -> None:
+    result = cli("single", "--base-url", mock.base_url)
+    assert result.code == 0 and "warning" not in result.err

@@ -52,6 +52,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-usage", action="store_true", help="never send usage")
     p.add_argument("--usage-in-last-chunk", action="store_true", help="usage on the finish chunk")
     p.add_argument("--unknown-model-status", type=int, choices=(400, 404), default=404)
+    p.add_argument("--any-model", action="store_true",
+                   help="accept any model name and answer as the first --model (llama.cpp's habit)")  # fmt: skip
     p.add_argument("--strict-422", action="store_true", help="invalid bodies get 422, not 400")
     p.add_argument("--expose-props", action="store_true", help="serve llama.cpp's GET /props")
     p.add_argument("--log-requests", action="store_true", help="access log on stderr")
@@ -71,7 +73,7 @@ def settings_from_args(args: argparse.Namespace) -> MockSettings:
     names += ("vram_base_mib", "vram_per_request_mib", "oom_at", "nondeterministic_above")
     names += ("fail_rate", "reset_rate", "truncate_rate", "slow_rate", "slow_s", "overload_rate")
     names += ("whitespace_variant", "no_done", "no_usage", "usage_in_last_chunk", "strict_422")
-    names += ("unknown_model_status", "expose_props", "log_requests", "max_model_len")
+    names += ("unknown_model_status", "any_model", "expose_props", "log_requests", "max_model_len")
     values = {name: getattr(args, name) for name in names}
     try:
         return MockSettings(

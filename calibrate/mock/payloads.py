@@ -97,7 +97,9 @@ def parse_request(kind: Kind, body: object, settings: MockSettings) -> GenerateR
         prompts, counts = _chat_prompt(body.get("messages"), settings)
     else:
         prompts, counts = _completion_prompts(body.get("prompt"), settings)
-    if model not in settings.models:
+    if model not in settings.models and settings.any_model:
+        model = settings.models[0]  # llama.cpp's habit: any name is answered by what is loaded
+    elif model not in settings.models:
         status = settings.unknown_model_status
         err_type = "NotFoundError" if status == 404 else "BadRequestError"
         raise RequestRejected(

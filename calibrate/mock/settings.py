@@ -34,6 +34,7 @@ class MockSettings:
     no_usage: bool = False
     usage_in_last_chunk: bool = False
     unknown_model_status: int = 404
+    any_model: bool = False  # accept any model name, answer as the first served one
     strict_422: bool = False
     expose_props: bool = False
     log_requests: bool = False
