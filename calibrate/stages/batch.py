@@ -191,6 +191,7 @@ class TaskSource:
         self._lock = threading.Lock()
         self._closed = False
         self.handed = 0
+        self._cap = plan.to_run
         self.error = ""  # why the input could not be read again, when it could not
 
     @staticmethod
@@ -213,9 +214,14 @@ class TaskSource:
             try:
                 task = next(self._items, None)
             except (CalibrateError, OSError) as exc:  # the file changed or vanished meanwhile
-                self.error = f"--input could not be read again: {exc}"
+                self.error = (
+                    f"--input could not be read again (did it change during the run?): {exc}"
+                )
                 task = None
             if task is None:
+                if not self.error and self.handed < self._cap:
+                    self.error = (f"--input gave only {self.handed} of {self._cap} items when "
+                                  "read again (did it change during the run?)")  # fmt: skip
                 self._close()
             else:
                 self.handed += 1
