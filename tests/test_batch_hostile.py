@@ -72,9 +72,10 @@ def test_malformed_answers_are_recorded_failures_and_the_file_stays_valid(
             assert error["message"].split(":")[0].endswith("Error"), error
     assert rows["t3"]["ok"] and "\ufffd ok" in rows["t3"]["output"]  # stored, as valid UTF-8
     assert rows["t3"]["parsed"] == {"summary": "\ufffd ok"}
-    assert rows["t4"]["error"]["kind"] == "format" and "nested too deeply" in rows["t4"]["error"][
-        "message"
-    ]
+    assert (
+        rows["t4"]["error"]["kind"] == "format"
+        and "nested too deeply" in rows["t4"]["error"]["message"]
+    )
     for item in ("t5", "t6"):  # NaN / Infinity would make "parsed" unreadable by strict parsers
         assert rows[item]["error"]["kind"] == "format" and "parsed" not in rows[item]
     assert rows["t7"]["ok"] and rows["t7"]["parsed"] == {"summary": "a\u2028b\u0085c"}
@@ -84,9 +85,7 @@ def test_malformed_answers_are_recorded_failures_and_the_file_stays_valid(
     assert _last_ledger(isolated)["passed"] is False
 
 
-def test_a_line_separator_inside_a_record_does_not_split_it_on_resume(
-    cli, isolated: Path
-) -> None:
+def test_a_line_separator_inside_a_record_does_not_split_it_on_resume(cli, isolated: Path) -> None:
     tasks = write_tasks(isolated / "tasks.jsonl", 6)
     out = isolated / "out.jsonl"
     with HostileServer(lambda text: completion("one\u2028two\u0085three\u2029")) as server:
@@ -189,8 +188,9 @@ def fuzz_reply(rng: random.Random, lock: Any) -> Any:
             "empty": Reply(b""),
             "429": Reply(b"{}", 429),
             "choices-obj": raw_completion('{"0": {}}'),
-            "usage-str": Reply(b'{"choices":[{"message":{"content":"{}"},"finish_reason":"stop"}],'
-                               b'"usage":"lots"}'),  # fmt: skip
+            "usage-str": Reply(
+                b'{"choices":[{"message":{"content":"{}"},"finish_reason":"stop"}],"usage":"lots"}'
+            ),
             "length": completion("{", "length"),
             "json-nan": completion("[NaN, Infinity]"),
         }[kind]

@@ -189,7 +189,7 @@ def _run(args: argparse.Namespace, out: Output, spec: BatchSpec, plan: BatchPlan
         ctx.client.close()
     if result.stopped_by == "unreachable":
         raise ServerUnreachable(
-            f"no server at {ctx.config.target.base_url}: {result.stop_detail}",
+            result.stop_detail,
             "Start it (or try the built-in one: make mock), then rerun the same command.",
         )
     summary = summary_json(result, spec.concurrency, source)

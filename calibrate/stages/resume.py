@@ -43,6 +43,8 @@ class OutputScan:
     foreign: int = 0
     foreign_example: str = ""
     records: int = 0  # lines that are JSON objects, ours or not
+    not_results: int = 0  # objects with an id but no "ok": not a results file
+    not_result_example: str = ""
     torn_tail: bool = False  # the last line is the start of one of our records: cut it off
     alien_tail: bool = False  # the last line is something else: not our file
     tail_offset: int = 0  # where the unterminated last line starts
@@ -52,6 +54,8 @@ class OutputScan:
         """Why this file is not a results journal we may append to, or None."""
         if self.alien_tail:
             return "its last line is neither a JSON record nor the start of one"
+        if self.not_results:
+            return self.not_result_example
         if self.unreadable and (self.records == 0 or self.unreadable > self.records):
             return f"{self.unreadable} of {self.lines} lines are not JSON"
         return None
@@ -78,6 +82,11 @@ class OutputScan:
             self.unreadable += 1
             return
         self.records += isinstance(obj, dict)
+        if isinstance(obj, dict) and "id" in obj and not isinstance(obj.get("ok"), bool):
+            self.not_results += 1  # e.g. the tasks file itself: id and text, no verdict
+            if not self.not_result_example:
+                self.not_result_example = f"line {line} has an id but no ok/failed verdict"
+            return
         item_id = obj.get("id") if isinstance(obj, dict) else None
         if isinstance(item_id, bool) or not isinstance(item_id, str | int):
             self.foreign += 1
