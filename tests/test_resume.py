@@ -125,3 +125,21 @@ def test_kill_9_then_torn_line_then_rerun_loses_and_repeats_nothing(cli, isolate
     assert set(counts) == {f"t{i}" for i in range(200)}
     assert set(counts.values()) == {1}
     assert torn_id not in done_before and counts[torn_id] == 1
+
+
+def test_every_jsonl_reader_splits_on_newline_only(tmp_path: Path) -> None:
+    from calibrate.store import JsonlWriter, load_jsonl_objects, read_jsonl
+
+    path = tmp_path / "records.jsonl"
+    texts = ["a\u2028b", "c\u0085d", "e\u2029f\x1cg", "lone \ud800 surrogate"]
+    with JsonlWriter(path) as writer:
+        for i, text in enumerate(texts):
+            writer.write({"id": i, "ok": True, "output": text, "attempts": 1})
+    raw = path.read_bytes()
+    raw.decode("utf-8")  # strictly valid UTF-8: the surrogate became U+FFFD
+    assert raw.count(b"\n") == 4
+    expected = [*texts[:3], "lone \ufffd surrogate"]
+    assert [r["output"] for r in read_jsonl(path)] == expected
+    assert [(n, o["output"]) for n, o in load_jsonl_objects(path)] == list(enumerate(expected, 1))
+    scan = scan_output(path, {0, 1, 2, 3})
+    assert scan.done == {0, 1, 2, 3} and scan.lines == 4 and not scan.unreadable
