@@ -43,6 +43,7 @@ ErrorKind = Literal[
     "incomplete",
     "server_died",
     "format",
+    "internal",
 ]
 
 TRANSIENT_KINDS: frozenset[str] = frozenset(
