@@ -33,11 +33,11 @@ from calibrate.cli.common import (
 from calibrate.errors import ExitCode, UsageError
 from calibrate.ledger import Ledger, target_fingerprint
 from calibrate.selfload import SelfLoadMonitor
+from calibrate.setting import resolve
 from calibrate.stages.batch import (
     DEFAULT_CONCURRENCY,
     BatchControl,
     BatchSpec,
-    pinned_concurrency,
     plan_batch,
     run_batch,
 )
@@ -101,8 +101,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args)
     concurrency, source = args.concurrency, "flag"
     if concurrency is None:
-        pinned = pinned_concurrency(Ledger(cfg.runs_dir), target_fingerprint(cfg))
-        concurrency, source = pinned or (DEFAULT_CONCURRENCY, "default")
+        setting = resolve(Ledger(cfg.runs_dir), target_fingerprint(cfg))
+        concurrency, source = (
+            (setting.concurrency, setting.set_by) if setting else (DEFAULT_CONCURRENCY, "default")
+        )
     params = sampling_params(cfg)
     if args.max_tokens is not None or args.temperature is not None:
         params = type(params)(

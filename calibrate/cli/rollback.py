@@ -88,6 +88,6 @@ def run(args: argparse.Namespace) -> int:
         failed = next(s for s in result.steps if not s.ok)
         out.fail(f"rollback failed at step {failed.n} ({failed.name}); "
                  f"incident: {ctx.run.file(f'incidents/{failed.n}-{failed.name}.json')}")  # fmt: skip
-    out.result({"passed": result.passed, "run_id": ctx.run.run_id, **result.summary(),
+    out.result({"passed": result.passed, "run_id": ctx.run.run_id, **result.summary().to_json(),
                 "messages": [s.message for s in result.steps]})  # fmt: skip
     return result.exit_code

@@ -20,7 +20,6 @@ from pathlib import Path
 
 from calibrate.client import OpenAIClient
 from calibrate.errors import InputError
-from calibrate.ledger import Ledger
 from calibrate.records import SamplingParams
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.stages.batch_input import ItemId, Task, index_input, read_tasks
@@ -89,20 +88,6 @@ def plan_batch(spec: BatchSpec) -> BatchPlan:
             "Use another --out, or pass --allow-foreign to keep them and append anyway.",
         )
     return BatchPlan(spec, index.count, scan.done, scan)
-
-
-def pinned_concurrency(ledger: Ledger, target: str) -> tuple[int, str] | None:
-    """The concurrency verified for this target: the latest pin's, else the latest sweep's."""
-    for stage, keys in (("pin", ("concurrency", "max_concurrency")),
-                        ("sweep", ("recommended_concurrency",))):  # fmt: skip
-        entry = ledger.latest(stage, target, passed=True)
-        if entry is None:
-            continue
-        for key in keys:
-            value = entry.summary.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-                return value, stage
-    return None
 
 
 class BatchControl:
