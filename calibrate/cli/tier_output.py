@@ -210,6 +210,7 @@ def record_run(
     warn_if_client_bound(out, selfload)
     if comparison is not None:
         summary["compare"] = comparison.to_json()
+        passed = passed and comparison.passed  # a regression is not a pass (SPEC §4.2)
     ctx.record_result(passed, summary)
     ctx.run.close()
     return comparison, summary
