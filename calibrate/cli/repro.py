@@ -26,6 +26,7 @@ from calibrate.cli.common import (
     show_comparison,
 )
 from calibrate.errors import UsageError
+from calibrate.pipeline import next_after
 from calibrate.stages.repro import ReproResult, against_baseline, between_files
 from calibrate.store import RunDir
 
@@ -75,7 +76,7 @@ def _report(out: Any, args: argparse.Namespace, result: ReproResult, *, run: Run
         note = " (whitespace only)" if result.verdict == "whitespace-only" else ""
         out.ok(f"repro passed: {summary['identical']}/{summary['runs']} identical{note}")
         if run_id:
-            out.say("next: calibrate ladder")
+            out.say(f"next: {next_after('repro')}")
     else:
         out.fail(
             f"repro failed: output differs from the baseline in {', '.join(summary['differing'])}"
