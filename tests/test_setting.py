@@ -1,0 +1,111 @@
+"""The one resolver of the calibrated setting, and the gates it shares with status (no HTTP)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from calibrate.ledger import Ledger
+from calibrate.records import LedgerEntry
+from calibrate.setting import resolve
+
+T = "abc123"
+
+
+def _ladder(
+    run_id: str, batch: int, *, passed: bool = True, interrupted: bool = False
+) -> LedgerEntry:
+    summary = {
+        "last_passing": {"batch_size": batch, "concurrency": batch},
+        "stopped_by": "completed",
+    }
+    return LedgerEntry("ladder", run_id, T, passed, summary, interrupted=interrupted)
+
+
+def _entry(stage: str, run_id: str, summary: dict[str, Any], passed: bool = True) -> LedgerEntry:
+    return LedgerEntry(stage, run_id, T, passed, summary)
+
+
+def _ledger(tmp_path: Path, *entries: LedgerEntry) -> Ledger:
+    ledger = Ledger(tmp_path / "runs")
+    for entry in entries:
+        ledger.append(entry)
+    return ledger
+
+
+def _sweep(run_id: str, conc: int, ladder_run_id: str, batch: int = 4) -> LedgerEntry:
+    return _entry(
+        "sweep",
+        run_id,
+        {"recommended_concurrency": conc, "batch_size": batch, "ladder_run_id": ladder_run_id},
+    )
+
+
+def test_ladder_alone_sets_batch_with_concurrency_1(tmp_path: Path) -> None:
+    found = resolve(_ledger(tmp_path, _ladder("L1", 4)), T)
+    assert found is not None and (found.batch_size, found.concurrency) == (4, 1)
+    assert found.set_by == "ladder" and "ladder run L1" in found.batch_from
+
+
+def test_a_sweep_on_that_ladder_raises_concurrency(tmp_path: Path) -> None:
+    found = resolve(_ledger(tmp_path, _ladder("L1", 4), _sweep("S1", 8, "L1")), T)
+    assert found is not None and (found.batch_size, found.concurrency, found.set_by) == (
+        4,
+        8,
+        "sweep",
+    )
+
+
+def test_a_sweep_of_an_older_ladder_does_not_count(tmp_path: Path) -> None:
+    ledger = _ledger(tmp_path, _ladder("L1", 4), _sweep("S1", 8, "L1"), _ladder("L2", 2))
+    found = resolve(ledger, T)
+    assert found is not None and (found.batch_size, found.concurrency) == (2, 1)
+
+
+def test_rollback_after_a_pin_wins_and_uses_concurrency_1(tmp_path: Path) -> None:
+    pin = _entry("pin", "P1", {"batch_size": 4, "concurrency": 8, "kind": "vllm"})
+    rollback = _entry("rollback", "R1", {"setting": {"batch_size": 2, "concurrency": 1}}, False)
+    found = resolve(_ledger(tmp_path, _ladder("L1", 4), _sweep("S1", 8, "L1"), pin, rollback), T)
+    assert found is not None and (found.batch_size, found.concurrency) == (2, 1)
+    assert found.set_by == "rollback"
+
+
+def test_a_pin_after_a_rollback_wins(tmp_path: Path) -> None:
+    rollback = _entry("rollback", "R1", {"setting": {"batch_size": 2, "concurrency": 1}})
+    pin = _entry("pin", "P1", {"batch_size": 2, "concurrency": 1, "kind": "vllm"})
+    found = resolve(_ledger(tmp_path, _ladder("L1", 4), rollback, pin), T)
+    assert found is not None and found.set_by == "pin"
+
+
+def test_rollback_that_failed_before_its_active_step_sets_nothing(tmp_path: Path) -> None:
+    rollback = _entry("rollback", "R1", {"setting": None, "failed_step": "stop"}, False)
+    found = resolve(_ledger(tmp_path, _ladder("L1", 4), rollback), T)
+    assert found is not None and found.set_by == "ladder"
+
+
+def test_failed_or_interrupted_ladders_never_set_anything(tmp_path: Path) -> None:
+    ledger = _ledger(
+        tmp_path,
+        _ladder("L1", 8),
+        _ladder("L2", 2, interrupted=True),
+        _ladder("L3", 1, passed=False),
+    )
+    found = resolve(ledger, T)
+    assert found is not None and found.batch_size == 8
+    assert resolve(_ledger(tmp_path / "b", _ladder("L2", 2, interrupted=True)), T) is None
+
+
+def test_legacy_active_lines_read_as_a_rollback(tmp_path: Path) -> None:
+    active = _entry("active", "R0", {"batch_size": 2, "concurrency": 1, "source": "rollback"})
+    found = resolve(_ledger(tmp_path, _ladder("L1", 4), active), T)
+    assert found is not None and (found.batch_size, found.set_by) == (2, "rollback")
+
+
+def test_a_malformed_ledger_line_is_skipped_with_a_warning(tmp_path: Path, caplog) -> None:
+    ledger = _ledger(tmp_path, _ladder("L1", 4))
+    with ledger.path.open("a", encoding="utf-8") as handle:
+        handle.write('{"stage": "pin", "summary": [1]}\n{"truncated\n')
+    ledger.append(_sweep("S1", 2, "L1"))
+    found = resolve(ledger, T)
+    assert found is not None and (found.batch_size, found.concurrency) == (4, 2)
+    assert "line 2" in caplog.text and "line 3" in caplog.text
