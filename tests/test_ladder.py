@@ -177,7 +177,9 @@ def test_one_batch_at_a_time_records_requests_in_flight(cli, isolated: Path) -> 
 
 
 def test_old_ladder_concurrency_key_is_refused_with_what_to_do(cli, isolated: Path) -> None:
-    write_config(isolated / "calibrate.toml", "http://127.0.0.1:9/v1", "[ladder]\nconcurrency = 3\n")
+    write_config(
+        isolated / "calibrate.toml", "http://127.0.0.1:9/v1", "[ladder]\nconcurrency = 3\n"
+    )
     result = cli("ladder")
     assert result.code == 2 and "ladder.concurrency" in result.err
     assert "one batch at a time" in result.err and "[sweep] concurrency" in result.err
