@@ -216,3 +216,13 @@ def test_ctrl_c_mid_round_exits_130_at_once_with_the_rounds_so_far(isolated: Pat
     assert "interrupted" in err and "calibrate ladder" in err
     (run,) = [p for p in (isolated / "runs").iterdir() if p.is_dir()]
     assert len(jsonl(run / "rounds.jsonl")) >= 2
+
+
+def test_asking_for_nvml_where_there_is_none_is_a_usage_error(cli, isolated: Path) -> None:
+    """--vram-source nvml by name must not silently become "VRAM not measured" (no GPU here)."""
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
+        open_gate(isolated, mock.base_url)
+        result = cli("ladder", "--vram-source", "nvml")
+    assert result.code == 2 and "NVML is not available" in result.err
+    assert "--vram-source auto" in result.err
+    assert not list((isolated / "runs").glob("*-ladder-*")), "nothing sent, no run folder"

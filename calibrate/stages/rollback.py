@@ -15,7 +15,15 @@ from typing import Any, Literal
 from calibrate import server
 from calibrate.compare import Comparison, Normaliser
 from calibrate.config import ServerKind
-from calibrate.errors import CalibrateError, ErrorInfo, ErrorKind, ExitCode, GateClosed
+from calibrate.errors import (
+    CalibrateError,
+    ErrorInfo,
+    ErrorKind,
+    ExitCode,
+    GateClosed,
+    ServerDied,
+    StepFailed,
+)
 from calibrate.gpu import GpuSnapshot
 from calibrate.incidents import Incident, write_incident
 from calibrate.records import LedgerEntry
@@ -54,15 +62,6 @@ class StepResult:
     def to_json(self) -> dict[str, Any]:
         return {"n": self.n, "step": self.name, "ok": self.ok, "message": self.message,
                 "elapsed_s": round(self.elapsed_s, 3), **self.detail}  # fmt: skip
-
-
-class StepFailed(CalibrateError):
-    """A step's check failed; ``kind`` names it for the incident bundle."""
-
-    def __init__(self, message: str, kind: ErrorKind, code: int = ExitCode.FAILED) -> None:
-        super().__init__(message)
-        self.kind: ErrorKind = kind
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -158,7 +157,7 @@ class Rollback:
                 n, name, False, exc.message, self.clock() - start, {}, exc.code, exc.kind
             )
         except CalibrateError as exc:
-            kind: ErrorKind = "server_died" if "exited with code" in exc.message else "connect"
+            kind: ErrorKind = "server_died" if isinstance(exc, ServerDied) else "connect"
             step = StepResult(n, name, False, exc.render().removeprefix("error: "),
                               self.clock() - start, {}, int(exc.exit_code), kind)  # fmt: skip
         self.ctx.run.append("steps.jsonl", step.to_json())

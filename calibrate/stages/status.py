@@ -56,9 +56,7 @@ def target_status(cfg: Config, ledger: Ledger, target: str) -> TargetStatus:
     )
 
 
-def next_command(
-    cfg: Config, ledger: Ledger, target: str, latest: dict[str, LedgerEntry]
-) -> str:
+def next_command(cfg: Config, ledger: Ledger, target: str, latest: dict[str, LedgerEntry]) -> str:
     """The first stage of the main line still to do, read from the pipeline table and gates."""
     has_baseline = baseline_path(cfg).exists()
     for stage in MAIN_LINE:
