@@ -59,7 +59,7 @@ class ScriptedSender(Sender):
                 started_s=0.0,
                 done_s=latency,
                 error=error,
-            )  # fmt: skip
+            )
             for r in requests
         ]
         return items, wall
@@ -101,8 +101,13 @@ def _ladder(tmp_path: Path, script: Script, kv: FakeKv | None = None, **ladder: 
     cfg = Config(ladder=replace(LadderConfig(), batch_sizes=(1, 2, 4, 8), **ladder))
     ctx = _ctx(tmp_path, cfg, "ladder")
     monitor = VramMonitor([kv] if kv else [])
-    incidents = IncidentRecorder(ctx.run, {}, monitor, runs_dir=tmp_path / "runs",
-                                 snapshot=lambda devices: GpuSnapshot((), ()))  # fmt: skip
+    incidents = IncidentRecorder(
+        ctx.run,
+        {},
+        monitor,
+        runs_dir=tmp_path / "runs",
+        snapshot=lambda devices: GpuSnapshot((), ()),
+    )
     sender = ScriptedSender(script, lambda requests, workers: len(requests))
     return Ladder(ctx, LadderOptions.from_config(cfg), monitor, incidents, sender)
 
@@ -166,8 +171,13 @@ def _sweep(tmp_path: Path, per_s: dict[int, float], errors_at: int | None = None
     cfg = Config(sweep=replace(SweepConfig(), concurrency=(1, 2, 4, 8), items=8))
     ctx = _ctx(tmp_path, cfg, "sweep")
     monitor = VramMonitor([])
-    incidents = IncidentRecorder(ctx.run, {}, monitor, runs_dir=tmp_path / "runs",
-                                 snapshot=lambda devices: GpuSnapshot((), ()))  # fmt: skip
+    incidents = IncidentRecorder(
+        ctx.run,
+        {},
+        monitor,
+        runs_dir=tmp_path / "runs",
+        snapshot=lambda devices: GpuSnapshot((), ()),
+    )
 
     def script(conc: int, n: int) -> tuple[float, float, str | None]:
         return 0.1, n / per_s[conc], "oom" if conc == errors_at else None
