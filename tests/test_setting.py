@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,28 @@ def test_a_malformed_ledger_line_is_skipped_with_a_warning(tmp_path: Path, caplo
     found = resolve(ledger, T)
     assert found is not None and (found.batch_size, found.concurrency) == (4, 2)
     assert "line 2" in caplog.text and "line 3" in caplog.text
+
+
+def test_batch_after_a_rollback_defaults_to_concurrency_1(cli, mock, isolated: Path) -> None:
+    """SPEC §5.7: a rollback restarts at concurrency 1, and batch follows it, not the older sweep."""
+    from calibrate.config import Overrides, load
+    from calibrate.ledger import target_fingerprint
+    from tests.conftest import write_config
+
+    write_config(isolated / "calibrate.toml", mock.base_url)
+    target = target_fingerprint(load(Overrides(), {}))
+    ledger = Ledger(isolated / "runs")
+    ladder = _ladder("L1", 8)
+    for entry in (
+        replace(ladder, target=target),
+        replace(_sweep("S1", 8, "L1", batch=8), target=target),
+        LedgerEntry(
+            "rollback", "R1", target, True, {"setting": {"batch_size": 4, "concurrency": 1}}
+        ),
+    ):
+        ledger.append(entry)
+    tasks = isolated / "tasks.jsonl"
+    tasks.write_text("".join(f'{{"id": {i}, "text": "t{i}"}}\n' for i in range(3)), "utf-8")
+    result = cli("batch", "--input", str(tasks), "--out", "out.jsonl", "--json")
+    assert result.code == 0, result.err
+    assert result.json["concurrency"] == 1 and result.json["concurrency_source"] == "rollback"
