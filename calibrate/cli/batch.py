@@ -35,13 +35,13 @@ from calibrate.cli.common import (
 from calibrate.errors import ExitCode, ServerUnreachable, StageFailed, UsageError
 from calibrate.ledger import Ledger, target_fingerprint
 from calibrate.selfload import SelfLoadMonitor
+from calibrate.setting import resolve
 from calibrate.stages.batch import (
     DEFAULT_CONCURRENCY,
     MAX_CONCURRENCY,
     BatchPlan,
     BatchSpec,
     open_batch,
-    pinned_concurrency,
     run_batch,
 )
 from calibrate.stages.batch_result import BatchResult, summary_json
@@ -136,8 +136,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args)
     concurrency, source = args.concurrency, "flag"
     if concurrency is None:
-        pinned = pinned_concurrency(Ledger(cfg.runs_dir), target_fingerprint(cfg))
-        concurrency, source = pinned or (DEFAULT_CONCURRENCY, "default")
+        setting = resolve(Ledger(cfg.runs_dir), target_fingerprint(cfg))
+        concurrency, source = (
+            (setting.concurrency, setting.set_by) if setting else (DEFAULT_CONCURRENCY, "default")
+        )
         concurrency = min(concurrency, MAX_CONCURRENCY)  # a ledger line is not trusted blindly
     params = sampling_params(cfg)
     if args.max_tokens is not None or args.temperature is not None:

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from calibrate.client import OpenAIClient
 from calibrate.errors import CalibrateError
-from calibrate.ledger import Ledger
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.stages.batch_input import Task, read_tasks
 from calibrate.stages.batch_plan import (
@@ -35,24 +34,12 @@ from calibrate.store import JsonlWriter
 
 __all__ = [  # the stage's public face; plans are made in batch_plan, workers in batch_worker
     "DEFAULT_CONCURRENCY", "MAX_CONCURRENCY", "BatchControl", "BatchPlan", "BatchSpec",
-    "open_batch", "pinned_concurrency", "plan_batch", "run_batch",
+    "open_batch", "plan_batch", "run_batch",
 ]  # fmt: skip
 
 log = logging.getLogger("calibrate")
 
 
-def pinned_concurrency(ledger: Ledger, target: str) -> tuple[int, str] | None:
-    """The concurrency verified for this target: the latest pin's, else the latest sweep's."""
-    for stage, keys in (("pin", ("concurrency", "max_concurrency")),
-                        ("sweep", ("recommended_concurrency",))):  # fmt: skip
-        entry = ledger.latest(stage, target, passed=True)
-        if entry is None:
-            continue
-        for key in keys:
-            value = entry.summary.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-                return value, stage
-    return None
 
 
 class TaskSource:
