@@ -21,7 +21,7 @@ from calibrate.config import Config
 from calibrate.errors import ConfigError, UsageError
 from calibrate.gpu import gpu_snapshot
 from calibrate.ledger import Ledger, target_fingerprint
-from calibrate.server import launch_script, process, readiness
+from calibrate.server import launch_script, process, readiness, redaction
 from calibrate.server.builders import SERVER_KINDS, build, health_path
 from calibrate.stages.active import current_setting
 
@@ -169,7 +169,7 @@ def run_status(args: argparse.Namespace) -> int:
     }
     out.say(f"server PID {record.pid}: {shown[state]}{', ready' if ready else ''}; port {record.port}; "
             f"started {record.started_at}")  # fmt: skip
-    out.say(f"command: {' '.join(record.argv)}")
+    out.say(f"command: {' '.join(redaction.redact_argv(record.argv))}")
     setting = f"batch {record.batch_size}, concurrency {record.concurrency}"
     out.say(f"setting: {setting}; log: {process.log_path(cfg.runs_dir)}")
     out.result({"managed": True, "state": state, "ready": ready, **record.to_json()})

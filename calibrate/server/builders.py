@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from calibrate.config import ServerKind
 from calibrate.errors import ConfigError, UsageError
-from calibrate.server import shell_words
+from calibrate.server import redaction, shell_words
 
 SERVER_KINDS: tuple[ServerKind, ...] = (
     "vllm", "llamacpp", "sglang", "lmdeploy", "ollama", "tgi", "custom",
@@ -54,9 +54,10 @@ class EngineCommand:
     health_path: str | None = None  # None: poll GET /v1/models
 
     def display(self) -> str:
-        """The command as one would type it in a shell (quoted)."""
-        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env)
-        return f"{prefix} {shlex.join(self.argv)}".strip()
+        """The command as one would type it in a shell (quoted), secret values masked."""
+        env = redaction.redact_env(self.env)
+        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env)
+        return f"{prefix} {shlex.join(redaction.redact_argv(self.argv))}".strip()
 
 
 def build(spec: LaunchSpec) -> EngineCommand:

@@ -14,6 +14,7 @@ from calibrate.config import Config
 from calibrate.gpu import gpu_snapshot
 from calibrate.ledger import Ledger
 from calibrate.records import LedgerEntry, SamplingParams
+from calibrate.server.redaction import redact_config
 from calibrate.store import RunDir
 
 
@@ -78,7 +79,7 @@ def manifest(
         "command": command,
         "target": ctx.target,
         "forced": ctx.forced,
-        "config": ctx.config.to_public_json(),
+        "config": redact_config(ctx.config.to_public_json()),
         "gpu": gpu.to_json() if (gpu := gpu_snapshot()) is not None else None,
         "versions": versions(),
     }
