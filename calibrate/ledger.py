@@ -105,7 +105,7 @@ def check_gate(stage: str, cfg: Config, ledger: Ledger, target: str) -> Gate:
             )
         return Gate(True)
     if stage == "rollback":
-        ladder = ledger.latest("ladder", target)
+        ladder = ledger.latest("ladder", target, passed=True)  # never an interrupted one
         has_tier = ladder is not None and bool(ladder.summary.get("last_passing"))
         if has_tier or ledger.latest("pin", target) is not None:
             return Gate(True)

@@ -191,6 +191,7 @@ class LedgerEntry:
     summary: dict[str, Any] = field(default_factory=dict)
     forced: bool = False
     ts: str = field(default_factory=utc_now_iso)
+    interrupted: bool = False  # Ctrl-C / SIGTERM: partial results, never a setting
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -199,6 +200,7 @@ class LedgerEntry:
             "run_id": self.run_id,
             "target": self.target,
             "passed": self.passed,
+            "interrupted": self.interrupted,
             "summary": self.summary,
         }
         if self.forced:
@@ -215,4 +217,5 @@ class LedgerEntry:
             summary=dict(data.get("summary") or {}),
             forced=bool(data.get("forced", False)),
             ts=str(data.get("ts", "")),
+            interrupted=bool(data.get("interrupted", False)),
         )

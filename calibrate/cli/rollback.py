@@ -13,20 +13,25 @@ import argparse
 from typing import Any
 
 from calibrate.cli.common import (
+    Output,
     add_command,
     add_compare_args,
     add_force,
     add_junit,
+    guarded,
     junit_suite,
+    load_lock,
     normaliser_for,
     open_stage,
     output_for,
     save_junit,
     show_comparison,
 )
+from calibrate.compare import Normaliser
 from calibrate.errors import UsageError
 from calibrate.gpu import gpu_snapshot
 from calibrate.junit import JUnitCase
+from calibrate.stages.context import StageContext
 from calibrate.stages.rollback import NOT_CAPACITY, Rollback, StepResult
 
 STEP_TITLES = {
@@ -55,7 +60,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--wait must be ≥ 0 seconds")
     normaliser = normaliser_for(args)
     ctx = open_stage(args, "rollback", out)
+    with load_lock(ctx), guarded(ctx):
+        return _run(args, out, ctx, normaliser)
 
+
+def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: Normaliser) -> int:
     def on_step(step: StepResult) -> None:
         line = f"[{step.n}/5] {step.name}: {step.message}"
         (out.ok if step.ok else out.fail)(line if step.ok else f"{line}  (FAILED)")

@@ -11,14 +11,17 @@ import argparse
 from typing import Any
 
 from calibrate.cli.common import (
+    Output,
     add_command,
     add_junit,
+    guarded,
     junit_suite,
     open_stage,
     output_for,
     save_junit,
 )
 from calibrate.ledger import baseline_path
+from calibrate.stages.context import StageContext
 from calibrate.stages.single import run_single
 
 
@@ -36,6 +39,11 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
     ctx = open_stage(args, "single", out, gate=False)
+    with guarded(ctx):
+        return _run(args, out, ctx)
+
+
+def _run(args: argparse.Namespace, out: Output, ctx: StageContext) -> int:
     result = run_single(ctx, stream=args.stream, save_baseline=args.save_baseline)
     record = result.record
     for warning in result.warnings:

@@ -17,12 +17,14 @@ from calibrate.cli.common import (
     add_force,
     add_junit,
     junit_suite,
+    kept_on_write_error,
+    load_lock,
     open_stage,
     output_for,
     save_junit,
 )
 from calibrate.cli.tier_output import add_tier_args, check_flags, measuring, record_run, tasks_from
-from calibrate.errors import Interrupted, UsageError
+from calibrate.errors import ExitCode, Interrupted, UsageError
 from calibrate.report import live_rows
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.stages.sweep import (
@@ -56,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         ctx.ledger.latest("ladder", ctx.target, passed=True)
     )
     options = SweepOptions.from_config(ctx.config, batch, stream=args.stream, tasks=tasks)
-    with measuring(args, ctx, out) as watch:
+    with load_lock(ctx), kept_on_write_error(ctx), measuring(args, ctx, out) as watch:
         cap = read_server_cap(ctx.client.get_text)
         sweep = Sweep(ctx, options, watch.monitor, watch.incidents, Sender(ctx.client), cap)
         out.say(f"sweep: concurrency {', '.join(map(str, options.levels))} at batch size {batch}, "
@@ -66,19 +68,27 @@ def run(args: argparse.Namespace) -> int:
                 sweep.on_level = watch.shown_by(show, out)
                 result = sweep.run()
         except KeyboardInterrupt:
-            _finish(args, out, ctx, sweep.result(), watch.selfload)
-            raise Interrupted(f"sweep interrupted after {len(sweep.levels)} level(s); completed levels "
-                              f"are in {ctx.run.path}", "Run it again: calibrate sweep") from None  # fmt: skip
-    return _finish(args, out, ctx, result, watch.selfload)
+            _finish(args, out, ctx, sweep.result(), watch.selfload, interrupted=True)
+            raise Interrupted(f"sweep interrupted after {len(sweep.levels)} level(s), recorded as "
+                              f"not passed; completed levels are kept in {ctx.run.path}",
+                              "Run it again to find the knee: calibrate sweep") from None  # fmt: skip
+        return _finish(args, out, ctx, result, watch.selfload)
 
 
 def _finish(
-    args: argparse.Namespace, out: Any, ctx: Any, result: SweepResult, selfload: SelfLoadMonitor
+    args: argparse.Namespace,
+    out: Any,
+    ctx: Any,
+    result: SweepResult,
+    selfload: SelfLoadMonitor,
+    *,
+    interrupted: bool = False,
 ) -> int:
     rows = [{**lv.to_json(), "vram_source": result.vram_source} for lv in result.levels]
     comparison, summary = record_run(
         args, out, ctx, "sweep", rows, result.vram_source, passed=result.passed,
         summary=result.summary(), notes=list(result.notes()), selfload=selfload,
+        interrupted=interrupted,
     )  # fmt: skip
     suite = junit_suite("sweep", ctx.run, ctx.target)
     for lv in result.levels:
@@ -89,7 +99,11 @@ def _finish(
     if comparison is not None:
         suite.check(f"no regression against {comparison.baseline_path}", comparison.passed,
                     "; ".join(comparison.problems), kind="regression")  # fmt: skip
+    if interrupted:
+        suite.check("the sweep ran to the end", False, "interrupted", kind="interrupted")
     save_junit(args, suite)
+    if interrupted:
+        return int(ExitCode.INTERRUPTED)
     knee = result.knee
     if knee is not None:
         out.ok(f"knee: concurrency {knee.concurrency} ({knee.stats.items_per_s:.2f} items/s at batch "

@@ -200,6 +200,7 @@ def record_run(
     summary: dict[str, Any],
     notes: list[str],
     selfload: SelfLoadMonitor,
+    interrupted: bool = False,
 ) -> tuple[TierComparison | None, dict[str, Any]]:
     """Tables, plot, --compare / --save-baseline, notes; then the ledger entry. Returns both."""
     finish_tables(out, ctx, kind, rows, source)
@@ -210,7 +211,7 @@ def record_run(
     warn_if_client_bound(out, selfload)
     if comparison is not None:
         summary["compare"] = comparison.to_json()
-    ctx.record_result(passed, summary)
+    ctx.record_result(passed, summary, interrupted=interrupted)
     ctx.run.close()
     return comparison, summary
 

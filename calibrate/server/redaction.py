@@ -2,7 +2,8 @@
 
 A flag or variable is secret when a word of its name (split at ``-`` and ``_``) is a key,
 token, secret, password or credential: ``--api-key X``, ``--api-key=X``, ``--hf-token``,
-``HF_TOKEN=…``, ``OPENAI_API_KEY``. ``--max-num-batched-tokens`` and ``--tokenizer`` are not.
+``HF_TOKEN=…``, ``OPENAI_API_KEY``. ``--per-token``, ``--max-tokens`` and ``--tokenizer``
+are not.
 One helper serves ``server.log``, ``server.json``, manifests, messages and ``pin``'s script
 (which takes each secret from an environment variable instead of holding it).
 """
@@ -16,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 MASK = "***"
-_SECRET_WORDS = frozenset({"key", "apikey", "token", "authtoken", "accesstoken", "secret",
-                           "password", "passwd", "pwd", "credential", "credentials", "auth",
-                           "bearer", "passphrase"})  # fmt: skip
+_STRONG = frozenset({"secret", "password", "passwd", "passphrase", "pwd", "apikey",
+                     "credential", "credentials", "authtoken", "accesstoken"})  # fmt: skip
+_WEAK_LAST = frozenset({"key", "token", "auth", "bearer"})  # secret as the name's last word
+_QUANTITY = frozenset({"per", "max", "min", "num", "count", "limit", "budget", "size"})
 # A name (flag or variable) followed by "=" or blanks, then its value (quoted or bare).
 _NAMED_VALUE = re.compile(
     r"(?<![\w./-])(?P<name>-{0,2}[A-Za-z_][\w-]*)(?P<sep>=|\s+)"
@@ -27,9 +29,17 @@ _NAMED_VALUE = re.compile(
 
 
 def secret_name(name: str) -> bool:
-    """Whether a flag or variable name looks like it holds a key, token, secret or password."""
-    words = re.split(r"[-_]+", name.strip("-").lower())
-    return any(word in _SECRET_WORDS for word in words)
+    """Whether a flag or variable name looks like it holds a key, token, secret or password.
+
+    ``--api-key``, ``HF_TOKEN``, ``--password`` are; ``--per-token``, ``--max-tokens`` and
+    ``--tokenizer`` are not.
+    """
+    words = [w for w in re.split(r"[-_]+", name.strip("-").lower()) if w]
+    if not words:
+        return False
+    if any(word in _STRONG for word in words):
+        return True
+    return words[-1] in _WEAK_LAST and not any(word in _QUANTITY for word in words)
 
 
 def redact_text(text: str) -> str:

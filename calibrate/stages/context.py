@@ -31,15 +31,21 @@ class StageContext:
     def params(self) -> SamplingParams:
         return sampling_params(self.config)
 
-    def record_result(self, passed: bool, summary: dict[str, Any]) -> LedgerEntry:
-        """Append this run's verdict to the ledger and write ``summary.json``."""
+    def record_result(
+        self, passed: bool, summary: dict[str, Any], *, interrupted: bool = False
+    ) -> LedgerEntry:
+        """Append this run's verdict to the ledger and write ``summary.json``.
+
+        An interrupted run never passes: its partial results are for ``report`` only.
+        """
         entry = LedgerEntry(
             stage=self.run.stage,
             run_id=self.run.run_id,
             target=self.target,
-            passed=passed,
+            passed=passed and not interrupted,
             summary=summary,
             forced=self.forced,
+            interrupted=interrupted,
         )
         self.ledger.append(entry)
         self.run.write_json("summary.json", entry.to_json())

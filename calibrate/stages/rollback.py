@@ -86,7 +86,7 @@ class RollbackResult:
 
 def rollback_tier(ctx: StageContext) -> tuple[int, str]:
     """(batch size, where it comes from): the latest ladder with a passing tier, else the pin."""
-    ladder = ctx.ledger.latest("ladder", ctx.target)
+    ladder = ctx.ledger.latest("ladder", ctx.target, passed=True)  # interrupted: not a setting
     tier = ladder.summary.get("last_passing") if ladder else None
     if ladder and isinstance(tier, dict) and isinstance(tier.get("batch_size"), int):
         return int(tier["batch_size"]), f"ladder run {ladder.run_id}"
