@@ -283,6 +283,8 @@ def kept_on_write_error(ctx: StageContext) -> Iterator[None]:
     except requests.RequestException:
         raise
     except OSError as exc:
+        with contextlib.suppress(OSError):
+            ctx.run.close()
         where = f"{exc.filename}: " if exc.filename else ""
         raise StageFailed(
             f"{ctx.run.stage} stopped: a write failed ({where}{exc.strerror or exc}); "
