@@ -27,6 +27,7 @@ from calibrate.cli.common import (
     save_junit,
     show_comparison,
 )
+from calibrate.config import MAX_ROUNDS
 from calibrate.errors import UsageError
 from calibrate.stages.repro import ReproResult, against_baseline, between_files
 from calibrate.store import RunDir
@@ -54,8 +55,8 @@ def run(args: argparse.Namespace) -> int:
         check_junit_path(args)
         result = between_files(Path(args.files[0]), Path(args.files[1]), normaliser)
         return _report(out, args, result, run=None)
-    if args.runs < 1:
-        raise UsageError("--runs must be at least 1")
+    if not 1 <= args.runs <= MAX_ROUNDS:
+        raise UsageError(f"--runs must be in [1, {MAX_ROUNDS}], got {args.runs}")
     ctx = open_stage(args, "repro", out)
     with guarded(ctx):
         result = against_baseline(ctx, normaliser, runs=args.runs, stream=args.stream)

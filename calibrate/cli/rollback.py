@@ -28,6 +28,7 @@ from calibrate.cli.common import (
     show_comparison,
 )
 from calibrate.compare import Normaliser
+from calibrate.config import MAX_TIMEOUT_S
 from calibrate.errors import UsageError
 from calibrate.gpu import gpu_snapshot
 from calibrate.junit import JUnitCase
@@ -56,8 +57,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
-    if args.wait < 0:
-        raise UsageError("--wait must be ≥ 0 seconds")
+    if not 0 <= args.wait <= MAX_TIMEOUT_S:  # NaN fails this too
+        raise UsageError(f"--wait must be in [0, {MAX_TIMEOUT_S:g}] seconds, got {args.wait}")
     normaliser = normaliser_for(args)
     ctx = open_stage(args, "rollback", out)
     with load_lock(ctx), guarded(ctx):

@@ -17,7 +17,7 @@ from typing import Any
 
 from calibrate import server
 from calibrate.cli.common import Output, add_command, load_config, output_for
-from calibrate.config import Config
+from calibrate.config import MAX_BATCH_SIZE, Config
 from calibrate.errors import ConfigError, UsageError
 from calibrate.gpu import gpu_snapshot
 from calibrate.ledger import Ledger, target_fingerprint
@@ -79,8 +79,11 @@ def run_start(args: argparse.Namespace) -> int:
     out = output_for(args)
     cfg = load_config(args)
     for name in ("batch_size", "concurrency"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+        value = getattr(args, name)
+        if value is not None and not 1 <= value <= MAX_BATCH_SIZE:
+            raise UsageError(
+                f"--{name.replace('_', '-')} must be in [1, {MAX_BATCH_SIZE}], got {value}"
+            )
     if args.script:
         started = _start_script(cfg, Path(args.script), out)
     else:

@@ -24,6 +24,7 @@ from calibrate.cli.common import (
     save_junit,
 )
 from calibrate.cli.tier_output import add_tier_args, check_flags, measuring, record_run, tasks_from
+from calibrate.config import MAX_BATCH_SIZE
 from calibrate.errors import ExitCode, Interrupted, UsageError
 from calibrate.report import live_rows
 from calibrate.selfload import SelfLoadMonitor
@@ -50,8 +51,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
     check_flags(args)
-    if args.batch_size is not None and args.batch_size < 1:
-        raise UsageError(f"--batch-size must be ≥ 1, got {args.batch_size}")
+    if args.batch_size is not None and not 1 <= args.batch_size <= MAX_BATCH_SIZE:
+        raise UsageError(f"--batch-size must be in [1, {MAX_BATCH_SIZE}], got {args.batch_size}")
     tasks = tasks_from(args)
     ctx = open_stage(args, "sweep", out)
     batch = args.batch_size or verified_batch_size(

@@ -75,8 +75,8 @@ def tasks_from(args: argparse.Namespace) -> tuple[str, ...]:
 
 def check_flags(args: argparse.Namespace) -> None:
     """Mistakes found before anything is sent (exit 2)."""
-    if args.tolerance < 0:
-        raise UsageError(f"--tolerance must be ≥ 0, got {args.tolerance}")
+    if not 0 <= args.tolerance <= 100:  # NaN and inf fail this too
+        raise UsageError(f"--tolerance must be in [0, 100], got {args.tolerance}")
     if args.compare and not Path(args.compare).exists():
         raise UsageError(f"--compare {args.compare}: no such file",
                          "Write one first with --save-baseline, or fix the path.")  # fmt: skip
