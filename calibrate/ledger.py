@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from calibrate.config import Config
 from calibrate.records import LedgerEntry
-from calibrate.store import append_jsonl, ledger_path, read_jsonl
+from calibrate.store import append_jsonl, ledger_path
+
+log = logging.getLogger("calibrate")
 
 Stage = Literal[
     "single", "repro", "ladder", "sweep", "rollback", "pin", "verify", "batch", "active"
@@ -46,17 +49,34 @@ class Ledger:
 
     def __init__(self, runs_dir: Path) -> None:
         self.path = ledger_path(runs_dir)
+        self._warned: set[int] = set()
 
     def append(self, entry: LedgerEntry) -> None:
         append_jsonl(self.path, entry.to_json())
 
     def entries(self) -> list[LedgerEntry]:
-        if not self.path.exists():
+        """Every well-formed line; a malformed one is skipped with a warning naming it.
+
+        Lines are split on "\n" only: U+2028 or U+0085 inside a record is text, not a break.
+        """
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            log.warning("cannot read the ledger %s (%s): every gate reads as closed",
+                        self.path, exc.strerror or exc)  # fmt: skip
             return []
         out: list[LedgerEntry] = []
-        for obj in read_jsonl(self.path):
-            if "stage" in obj:
-                out.append(LedgerEntry.from_json(obj))
+        for number, raw in enumerate(data.split(b"\n"), 1):
+            if not raw.strip():
+                continue
+            entry, problem = _parse_line(raw)
+            if entry is not None:
+                out.append(entry)
+            elif number not in self._warned:
+                self._warned.add(number)
+                log.warning("skipping line %d of %s: %s", number, self.path, problem)
         return out
 
     def latest(self, stage: str, target: str, *, passed: bool | None = None) -> LedgerEntry | None:
@@ -69,6 +89,32 @@ class Ledger:
                 continue
             found = entry
         return found
+
+
+_TEXT_FIELDS = ("stage", "run_id", "target", "ts")
+
+
+def _parse_line(raw: bytes) -> tuple[LedgerEntry | None, str]:
+    """One ledger line → an entry, or None and why it is unusable (torn, not JSON, wrong types)."""
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+    except ValueError as exc:
+        return None, f"not JSON ({exc.args[0] if exc.args else exc})"
+    if not isinstance(obj, dict):
+        return None, "not a JSON object"
+    if not isinstance(obj.get("stage"), str):
+        return None, "no stage"
+    for name in _TEXT_FIELDS:
+        if name in obj and not isinstance(obj[name], str):
+            return None, f"{name} is not a string"
+    for name in ("passed", "forced", "interrupted"):
+        if name in obj and not isinstance(obj[name], bool):
+            return None, f"{name} is not true/false"
+    if obj.get("summary") is not None and not isinstance(obj["summary"], dict):
+        return None, "summary is not an object"
+    return LedgerEntry.from_json(obj), ""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import threading
 import traceback
 from collections.abc import Iterator, Sequence
 from types import FrameType
+from typing import Any
 
 from calibrate import __version__
 from calibrate.errors import CalibrateError, ExitCode
@@ -69,11 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.USAGE
     args.argv = args_list
     debug = bool(getattr(args, "debug", False))
-    logging.basicConfig(
-        level=logging.DEBUG if debug else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    _log_to_stderr(debug)
     try:
         with _sigterm_interrupts():
             return int(args.run(args))
@@ -97,6 +94,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: out of memory; what completed is on disk. Lower the sizes or counts "
               "(batch sizes, concurrency, items) and run again.", file=sys.stderr)  # fmt: skip
         return ExitCode.FAILED
+
+
+class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is now (main() may run many times in one process)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+def _log_to_stderr(debug: bool) -> None:
+    """Library warnings (a skipped ledger line, a server that ignored SIGTERM) go to stderr."""
+    logger = logging.getLogger("calibrate")
+    logger.setLevel(logging.DEBUG if debug else logging.WARNING)
+    if not any(isinstance(h, _CurrentStderr) for h in logger.handlers):
+        handler = _CurrentStderr()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+    logger.propagate = False
 
 
 def _os_error_text(exc: OSError) -> str:
