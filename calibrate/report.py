@@ -103,9 +103,10 @@ def check_rows(rows: Sequence[Mapping[str, Any]], kind: Kind, csv_path: Path) ->
             value = row.get(column)
             if column == "verdict":
                 ok = isinstance(value, str)
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                ok = math.isfinite(value)
             else:
-                ok = isinstance(value, int | float) and not isinstance(value, bool)
-                ok = ok and math.isfinite(float(value))
+                ok = False
             if not ok:
                 raise InputError(f"{csv_path}:{number}: {column} is {value!r}, not what a "
                                  f"{kind} writes", "Rerun the stage to write the table again.")  # fmt: skip
