@@ -104,7 +104,7 @@ def read_settings(path: Path) -> ScriptSettings:
                          "Write one with: calibrate pin") from exc  # fmt: skip
     kind: str | None = None
     exported: dict[str, str] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):  # a value may hold U+2028: only "\n" ends a line
         if line.startswith("# kind:"):
             found = line.removeprefix("# kind:").strip()
             kind = found if found in SERVER_KINDS else None
