@@ -7,6 +7,7 @@ pass their own). The API key is kept in memory only and is masked whenever shown
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import types
 import typing
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
+from urllib.parse import urlsplit
 
 from calibrate.errors import ConfigError
 
@@ -173,16 +175,44 @@ def load(overrides: Overrides, environ: Mapping[str, str]) -> Config:
 
 
 def normalise_base_url(url: str) -> str:
-    """``http://host:8000`` and ``http://host:8000/v1/`` both become ``…/v1``."""
+    """``http://host:8000`` and ``http://host:8000/v1/`` both become ``…/v1``.
+
+    Whatever it came from (file, environment, ``--base-url``), a URL without a host, with a
+    port outside 1–65535, or with a query string or fragment is a config error (exit 2).
+    """
     url = url.strip().rstrip("/")
+    where = "(--base-url, CALIBRATE_BASE_URL or [target].base_url)"
     if not url.startswith(("http://", "https://")):
         raise ConfigError(
-            f"base_url {url!r} is not an http(s) URL",
+            f"base_url {_shown_url(url)!r} is not an http(s) URL",
             "Give one like http://127.0.0.1:8000/v1 (--base-url or [target].base_url).",
+        )
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(f"base_url {_shown_url(url)!r}: the port must be in 1–65535 {where}")
+    if not parts.hostname:
+        raise ConfigError(f"base_url {_shown_url(url)!r} has no host {where}")
+    if parts.query or parts.fragment or url.endswith(("?", "#")):
+        raise ConfigError(
+            f"base_url {_shown_url(url)!r} has a query string or fragment {where}",
+            "Give the server's root or its /v1, e.g. http://127.0.0.1:8000/v1.",
         )
     if not url.endswith("/v1"):
         url += "/v1"
     return url
+
+
+def _shown_url(url: str) -> str:
+    """The URL for a message: credentials before the host never printed."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, tail = rest.partition("/")
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    return f"{scheme}{sep}{netloc}{slash}{tail}"
 
 
 def _apply_file(cfg: Config, path: Path) -> Config:
@@ -252,10 +282,15 @@ def _coerce(hint: Any, value: Any, where: str, path: Path) -> Any:
     if origin is tuple:
         if not isinstance(value, list) or not value:
             raise ConfigError(f"{where} in {path} must be a non-empty list, got {value!r}")
+        if len(value) > MAX_LIST_ITEMS:
+            raise ConfigError(f"{where} in {path} has {len(value)} entries; at most "
+                              f"{MAX_LIST_ITEMS} are allowed")  # fmt: skip
         return tuple(_coerce(args[0], v, where, path) for v in value)
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where} in {path} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{where} in {path} must be a finite number, got {value!r}")
         return float(value)
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -268,24 +303,63 @@ def _coerce(hint: Any, value: Any, where: str, path: Path) -> Any:
     raise ConfigError(f"{where} in {path}: unsupported value {value!r}")
 
 
+# Documented maxima (README "Limits"): every size, count and duration from config and flags.
+MAX_BATCH_SIZE = 4096
+MAX_CONCURRENCY = 4096
+MAX_ROUNDS = 100
+MAX_TOKENS = 1_000_000
+MAX_SWEEP_ITEMS = 1_000_000
+MAX_LIST_ITEMS = 64
+MAX_TIMEOUT_S = 86_400.0
+MAX_TEMPERATURE = 2.0
+MAX_LATENCY_RISE = 1000.0
+MAX_GAIN_MIN = 10.0
+MIN_SAMPLE_INTERVAL_S, MAX_SAMPLE_INTERVAL_S = 0.001, 60.0
+
+
+def _between(name: str, value: float, low: float, high: float, *, low_open: bool = False) -> str:
+    """A problem text when ``value`` is NaN/inf or outside [low, high] ((low, high] if open)."""
+    if not math.isfinite(value) or value > high or value < low or (low_open and value == low):
+        bracket = "(" if low_open else "["
+        return f"{name} must be in {bracket}{low:g}, {high:g}], got {value!r}"
+    return ""
+
+
 def _check_ranges(section: Any, name: str, path: Path) -> None:
     problems: list[str] = []
-    if isinstance(section, TargetConfig) and section.timeout_s <= 0:
-        problems.append("timeout_s must be > 0")
-    if isinstance(section, PromptConfig) and section.max_tokens < 1:
-        problems.append("max_tokens must be ≥ 1")
+    if isinstance(section, TargetConfig):
+        problems.append(_between("timeout_s", section.timeout_s, 0, MAX_TIMEOUT_S, low_open=True))
+        if not section.model.strip():
+            problems.append("model must name the model the server registered (it is empty)")
+        try:
+            normalise_base_url(section.base_url)
+        except ConfigError as exc:
+            problems.append(exc.message)
+    if isinstance(section, PromptConfig):
+        problems.append(_between("max_tokens", section.max_tokens, 1, MAX_TOKENS))
+        problems.append(_between("temperature", section.temperature, 0, MAX_TEMPERATURE))
+        problems.append(_between("top_p", section.top_p, 0, 1, low_open=True))
+        if section.seed is not None and not 0 <= section.seed < 2**63:
+            problems.append(f"seed must be in [0, 2^63), got {section.seed}")
     if isinstance(section, LadderConfig):
-        if any(b < 1 for b in section.batch_sizes):
-            problems.append("batch_sizes must all be ≥ 1")
-        if section.rounds < 1:
-            problems.append("rounds must be ≥ 1")
-        if not 0 < section.vram_limit <= 1:
-            problems.append("vram_limit must be a fraction in (0, 1]")
-        if section.sample_interval_s <= 0:
-            problems.append("sample_interval_s must be > 0")
-    if isinstance(section, SweepConfig) and (
-        any(c < 1 for c in section.concurrency) or section.items < 1
-    ):
-        problems.append("concurrency levels and items must be ≥ 1")
+        if any(not 1 <= b <= MAX_BATCH_SIZE for b in section.batch_sizes):
+            problems.append(f"batch_sizes must all be in [1, {MAX_BATCH_SIZE}]")
+        problems.append(_between("rounds", section.rounds, 1, MAX_ROUNDS))
+        problems.append(_between("vram_limit", section.vram_limit, 0, 1, low_open=True))
+        problems.append(_between("latency_rise", section.latency_rise, 1, MAX_LATENCY_RISE))
+        problems.append(_between("sample_interval_s", section.sample_interval_s,
+                                 MIN_SAMPLE_INTERVAL_S, MAX_SAMPLE_INTERVAL_S))  # fmt: skip
+    if isinstance(section, SweepConfig):
+        if any(not 1 <= c <= MAX_CONCURRENCY for c in section.concurrency):
+            problems.append(f"concurrency levels must all be in [1, {MAX_CONCURRENCY}]")
+        problems.append(_between("items", section.items, 1, MAX_SWEEP_ITEMS))
+        problems.append(_between("gain_min", section.gain_min, 0, MAX_GAIN_MIN))
+    if isinstance(section, ServerConfig):
+        problems.append(_between("port", section.port, 1, 65535))
+        problems.append(_between("ready_timeout_s", section.ready_timeout_s, 0, MAX_TIMEOUT_S,
+                                 low_open=True))  # fmt: skip
+        problems.append(_between("stop_timeout_s", section.stop_timeout_s, 0, MAX_TIMEOUT_S,
+                                 low_open=True))  # fmt: skip
+    problems = [p for p in problems if p]
     if problems:
         raise ConfigError(f"[{name}] in {path}: {'; '.join(problems)}")

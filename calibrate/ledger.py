@@ -41,23 +41,28 @@ class Ledger:
         append_jsonl(self.path, entry.to_json())
 
     def entries(self) -> list[LedgerEntry]:
-        """Every readable line; a malformed one is skipped with a warning naming it."""
-        if not self.path.exists():
+        """Every well-formed line; a malformed one is skipped with a warning naming it.
+
+        Lines are split on "\n" only: U+2028 or U+0085 inside a record is text, not a break.
+        """
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            log.warning("cannot read the ledger %s (%s): every gate reads as closed",
+                        self.path, exc.strerror or exc)  # fmt: skip
             return []
         out: list[LedgerEntry] = []
-        raw = self.path.read_bytes().decode("utf-8", errors="replace")
-        for number, line in enumerate(raw.split("\n"), 1):
-            if not line.strip():
+        for number, raw in enumerate(data.split(b"\n"), 1):
+            if not raw.strip():
                 continue
-            try:
-                obj = json.loads(line)
-                if not isinstance(obj, dict):
-                    raise ValueError("not a JSON object")
-                out.append(LedgerEntry.from_json(obj))
-            except ValueError as exc:
-                if number not in self._warned:
-                    self._warned.add(number)
-                    log.warning("skipping %s line %d: %s", self.path, number, exc)
+            entry, problem = _parse_line(raw)
+            if entry is not None:
+                out.append(entry)
+            elif number not in self._warned:
+                self._warned.add(number)
+                log.warning("skipping line %d of %s: %s", number, self.path, problem)
         return out
 
     def latest(self, stage: str, target: str, *, passed: bool | None = None) -> LedgerEntry | None:
@@ -70,6 +75,32 @@ class Ledger:
                 continue
             found = entry
         return found
+
+
+_TEXT_FIELDS = ("stage", "run_id", "target", "ts")
+
+
+def _parse_line(raw: bytes) -> tuple[LedgerEntry | None, str]:
+    """One ledger line → an entry, or None and why it is unusable (torn, not JSON, wrong types)."""
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+    except ValueError as exc:
+        return None, f"not JSON ({exc.args[0] if exc.args else exc})"
+    if not isinstance(obj, dict):
+        return None, "not a JSON object"
+    if not isinstance(obj.get("stage"), str):
+        return None, "no stage"
+    for name in _TEXT_FIELDS:
+        if name in obj and not isinstance(obj[name], str):
+            return None, f"{name} is not a string"
+    for name in ("passed", "forced", "interrupted"):
+        if name in obj and not isinstance(obj[name], bool):
+            return None, f"{name} is not true/false"
+    if obj.get("summary") is not None and not isinstance(obj["summary"], dict):
+        return None, "summary is not an object"
+    return LedgerEntry.from_json(obj), ""
 
 
 @dataclass(frozen=True)

@@ -59,9 +59,10 @@ def write_tiers_csv(
 def run_kind(run: Path) -> Kind:
     """From the manifest's stage; a folder without one is told by its columns."""
     try:
-        stage = json.loads((run / "manifest.json").read_text("utf-8")).get("stage")
+        manifest = json.loads((run / "manifest.json").read_text("utf-8"))
     except (OSError, ValueError):
-        stage = None
+        manifest = None
+    stage = manifest.get("stage") if isinstance(manifest, dict) else None
     if stage in ("ladder", "sweep"):
         return "ladder" if stage == "ladder" else "sweep"
     return "sweep" if "gain" in read_rows(run / "tiers.csv")[0] else "ladder"
@@ -83,6 +84,32 @@ def read_rows(csv_path: Path) -> list[dict[str, Any]]:
         rows.append({str(k): (None if isinstance(v, float) and math.isnan(v) else v)
                      for k, v in raw.items()})  # fmt: skip
     return rows
+
+
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    "ladder": ("batch_size", "concurrency", "rounds", "items", "errors", "verdict"),
+    "sweep": ("concurrency", "batch_size", "items", "verdict"),
+}
+
+
+def check_rows(rows: Sequence[Mapping[str, Any]], kind: Kind, csv_path: Path) -> None:
+    """Exit 2 on a table this tool did not write: missing columns or non-numbers in them."""
+    missing = [c for c in _REQUIRED[kind] if c not in rows[0]]
+    if missing:
+        raise InputError(f"{csv_path} is not a {kind} tier table: no column {', '.join(missing)}",
+                         "report reads the tiers.csv a ladder or sweep wrote; rerun that stage.")  # fmt: skip
+    for number, row in enumerate(rows, 2):
+        for column in _REQUIRED[kind]:
+            value = row.get(column)
+            if column == "verdict":
+                ok = isinstance(value, str)
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                ok = math.isfinite(value)
+            else:
+                ok = False
+            if not ok:
+                raise InputError(f"{csv_path}:{number}: {column} is {value!r}, not what a "
+                                 f"{kind} writes", "Rerun the stage to write the table again.")  # fmt: skip
 
 
 def _f(value: Any, fmt: str) -> str:

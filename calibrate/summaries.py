@@ -36,7 +36,9 @@ class Setting:
     def from_json(cls, data: Any) -> Setting | None:
         if not isinstance(data, dict):
             return None
-        batch, conc = _int(data, "batch_size"), _int(data, "concurrency")
+        batch = _int(data, "batch_size")
+        # lines from before the concurrency column existed ran one request at a time
+        conc = _int(data, "concurrency") or (1 if "concurrency" not in data else None)
         return cls(batch, conc) if batch and conc else None
 
 

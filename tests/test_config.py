@@ -82,3 +82,77 @@ def test_show_config_masks_key(cli, monkeypatch: pytest.MonkeyPatch) -> None:
     assert result.code == 0
     assert "secret-value" not in result.out + result.err
     assert result.json["config"]["api_key"].startswith("sk-")
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[target]\ntimeout_s = nan\n", "target.timeout_s"),
+        ("[target]\ntimeout_s = inf\n", "target.timeout_s"),
+        ("[target]\ntimeout_s = 1e300\n", "timeout_s"),
+        ('[target]\nmodel = ""\n', "model"),
+        ('[target]\nmodel = "   "\n', "model"),
+        ('[target]\nbase_url = "http://127.0.0.1:70000/v1"\n', "port"),
+        ('[target]\nbase_url = "http://127.0.0.1:0/v1"\n', "port"),
+        ('[target]\nbase_url = "http://127.0.0.1:8000/v1?x=1"\n', "query string"),
+        ('[target]\nbase_url = "http://127.0.0.1:8000/v1#frag"\n', "fragment"),
+        ('[target]\nbase_url = "http://:8000/v1"\n', "no host"),
+        ("[prompt]\ntemperature = nan\n", "temperature"),
+        ("[prompt]\ntemperature = 1e9\n", "temperature"),
+        ("[prompt]\ntop_p = 0\n", "top_p"),
+        ("[prompt]\nmax_tokens = 1000000000\n", "max_tokens"),
+        ("[ladder]\nbatch_sizes = [1, 1000000000]\n", "batch_sizes"),
+        ("[ladder]\nbatch_sizes = [" + ", ".join(["1"] * 65) + "]\n", "at most 64"),
+        ("[ladder]\nrounds = 1000\n", "rounds"),
+        ("[ladder]\nconcurrency = 100000\n", "concurrency"),
+        ("[ladder]\nconcurrency = 64\nbatch_sizes = [128]\n", "in flight"),
+        ("[ladder]\nlatency_rise = inf\n", "latency_rise"),
+        ("[ladder]\nlatency_rise = 0.5\n", "latency_rise"),
+        ("[ladder]\nvram_limit = nan\n", "vram_limit"),
+        ("[ladder]\nsample_interval_s = 1e-9\n", "sample_interval_s"),
+        ("[sweep]\nconcurrency = [1, 5000]\n", "concurrency"),
+        ("[sweep]\nitems = 2000000\n", "items"),
+        ("[sweep]\ngain_min = nan\n", "gain_min"),
+        ("[server]\nport = 70000\n", "port"),
+        ("[server]\nport = 0\n", "port"),
+        ("[server]\nready_timeout_s = inf\n", "ready_timeout_s"),
+        ("[server]\nstop_timeout_s = -1\n", "stop_timeout_s"),
+    ],
+)
+def test_out_of_range_values_exit_2_naming_key_and_file(
+    cli, isolated: Path, text: str, needle: str
+) -> None:
+    (isolated / "calibrate.toml").write_text(text, encoding="utf-8")
+    for command in (("status",), ("single",)):
+        result = cli(*command)
+        assert result.code == 2, result.err
+        assert needle in result.err and "calibrate.toml" in result.err
+        assert "Traceback" not in result.err
+    assert not (isolated / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [
+        ("http://127.0.0.1:99999/v1", "port"),
+        ("http://user:hunter2@127.0.0.1:0/v1", "port"),
+        ("http://127.0.0.1:8000/v1?key=1", "query string"),
+    ],
+)
+def test_bad_base_url_from_flag_or_environment_exits_2(
+    cli, monkeypatch: pytest.MonkeyPatch, url: str, needle: str
+) -> None:
+    flag = cli("single", "--base-url", url)
+    assert flag.code == 2 and needle in flag.err and "hunter2" not in flag.err
+    monkeypatch.setenv("CALIBRATE_BASE_URL", url)
+    env = cli("status")
+    assert env.code == 2 and needle in env.err and "hunter2" not in env.err
+
+
+def test_sizes_from_flags_are_bounded(cli, isolated: Path) -> None:
+    assert cli("server", "start", "--kind", "vllm", "--concurrency", "1000000000").code == 2
+    assert cli("sweep", "--force", "--batch-size", "1000000000").code == 2
+    assert cli("repro", "--runs", "1000000").code == 2
+    assert cli("rollback", "--wait", "nan").code == 2
+    assert cli("ladder", "--force", "--tolerance", "inf").code == 2
+    assert not (isolated / "runs").exists()

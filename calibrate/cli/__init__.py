@@ -7,11 +7,16 @@ Each command lives in its own module exposing ``register(subparsers)``; the pars
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
+import signal
 import sys
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from types import FrameType
+from typing import Any
 
 from calibrate import __version__
 from calibrate.errors import CalibrateError, ExitCode
@@ -65,13 +70,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.USAGE
     args.argv = args_list
     debug = bool(getattr(args, "debug", False))
-    logging.basicConfig(
-        level=logging.DEBUG if debug else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    _log_to_stderr(debug)
     try:
-        return int(args.run(args))
+        with _sigterm_interrupts():
+            return int(args.run(args))
     except CalibrateError as exc:
         if debug:
             traceback.print_exc()
@@ -80,3 +82,66 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
+    except OSError as exc:  # the last resort: a stage turns its own write errors into messages
+        if debug:
+            traceback.print_exc()
+        print(f"error: {_os_error_text(exc)}; fix the path (permissions, free space) and run again",
+              file=sys.stderr)  # fmt: skip
+        return ExitCode.USAGE
+    except MemoryError:
+        if debug:
+            traceback.print_exc()
+        print("error: out of memory; what completed is on disk. Lower the sizes or counts "
+              "(batch sizes, concurrency, items) and run again.", file=sys.stderr)  # fmt: skip
+        return ExitCode.FAILED
+
+
+class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is now (main() may run many times in one process)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+def _log_to_stderr(debug: bool) -> None:
+    """Library warnings (a skipped ledger line, a server that ignored SIGTERM) go to stderr."""
+    logger = logging.getLogger("calibrate")
+    logger.setLevel(logging.DEBUG if debug else logging.WARNING)
+    if not any(isinstance(h, _CurrentStderr) for h in logger.handlers):
+        handler = _CurrentStderr()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+    logger.propagate = False
+
+
+def _os_error_text(exc: OSError) -> str:
+    what = exc.strerror or str(exc)
+    return f"{exc.filename}: {what}" if exc.filename is not None else what
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C: the stage records what it kept and says how to resume."""
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """While a command runs, SIGTERM raises ``Terminated``; a second SIGTERM kills at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

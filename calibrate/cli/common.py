@@ -3,24 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+import requests
 from rich.console import Console
 
 from calibrate import config as config_mod
 from calibrate.client import OpenAIClient
 from calibrate.compare import VOLATILE_FIELDS, Comparison, Normaliser, default_program
 from calibrate.config import Config
-from calibrate.errors import GateClosed
+from calibrate.errors import GateClosed, Interrupted, StageFailed, UsageError
 from calibrate.junit import JUnitSuite
 from calibrate.ledger import Ledger, check_gate, target_fingerprint
 from calibrate.stages.context import StageContext, manifest
 from calibrate.store import RunDir
+from calibrate.target_lock import hold
 
 Runner = Callable[[argparse.Namespace], int]
 
@@ -115,8 +119,14 @@ def open_stage(
     gate: bool = True,
     max_connections: int | None = None,
 ) -> StageContext:
-    """Resolve config, check the stage's gate (exit 3 unless --force), open its run folder."""
+    """Resolve config, check the stage's gate (exit 3 unless --force), open its run folder.
+
+    Where results will be written (runs/, --junit) is checked first: exit 2 before anything
+    is sent, rather than a run whose results cannot be kept.
+    """
     cfg = load_config(args)
+    check_junit_path(args)
+    check_writable_dir(cfg.runs_dir, "[paths] runs")
     ledger = Ledger(cfg.runs_dir)
     target = target_fingerprint(cfg)
     forced = bool(getattr(args, "force", False))
@@ -209,3 +219,92 @@ def junit_suite(stage: str, run: RunDir | None, target: str | None = None) -> JU
 def save_junit(args: argparse.Namespace, suite: JUnitSuite) -> None:
     if getattr(args, "junit", None):
         suite.write(Path(args.junit))
+
+
+def _writable_folder(path: Path) -> str | None:
+    """Why files cannot be created at ``path`` (a folder, made later if need be); None if they can.
+
+    Nothing is created: the nearest existing folder is probed with an anonymous temp file.
+    """
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        return f"cannot write in {existing}: {exc.strerror or exc}"
+    return None
+
+
+def check_writable_dir(path: Path, what: str) -> None:
+    """Exit 2 before anything is sent when no file can be written in ``path``."""
+    problem = _writable_folder(path)
+    if problem:
+        raise UsageError(
+            f"{path}: {problem}; nothing was sent",
+            f"Make it writable (or free space there), or point {what} elsewhere.",
+        )
+
+
+def check_junit_path(args: argparse.Namespace) -> None:
+    """--junit must name a file we can write: not a directory, in a writable folder (exit 2)."""
+    junit = getattr(args, "junit", None)
+    if not junit:
+        return
+    path = Path(junit)
+    if path.is_dir():
+        raise UsageError(f"--junit {path} is a directory; give a file, e.g. {path / 'report.xml'}")
+    problem = _writable_folder(path.parent)
+    if problem:
+        raise UsageError(f"--junit {path}: {problem}; nothing was sent",
+                         "Give a path in a writable folder.")  # fmt: skip
+
+
+@contextlib.contextmanager
+def load_lock(ctx: StageContext) -> Iterator[None]:
+    """One load-sending stage per target at a time (ladder, sweep, rollback)."""
+    with hold(ctx.config.runs_dir, ctx.target, ctx.run.stage):
+        yield
+
+
+def _kept(run: RunDir) -> str:
+    return f"what was written is kept in {run.path}" if run.path.exists() else "nothing was kept"
+
+
+@contextlib.contextmanager
+def kept_on_write_error(ctx: StageContext) -> Iterator[None]:
+    """A write error once the stage has started (disk full, folder gone) → exit 1, saying what
+    was kept. Network errors are the client's business and pass through."""
+    try:
+        yield
+    except requests.RequestException:
+        raise
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            ctx.run.close()
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise StageFailed(
+            f"{ctx.run.stage} stopped: a write failed ({where}{exc.strerror or exc}); "
+            f"{_kept(ctx.run)}",
+            f"Free space or fix permissions, then run it again: calibrate {ctx.run.stage}",
+        ) from exc
+
+
+@contextlib.contextmanager
+def guarded(ctx: StageContext) -> Iterator[None]:
+    """Ctrl-C / SIGTERM → recorded as interrupted (never passed), exit 130 saying what was
+    kept and how to resume; a write error → exit 1 saying what was kept."""
+    with kept_on_write_error(ctx):
+        try:
+            yield
+        except KeyboardInterrupt:
+            kept = _kept(ctx.run)
+            ctx.record_result(False, {}, interrupted=True)
+            ctx.run.close()
+            raise Interrupted(
+                f"{ctx.run.stage} interrupted, recorded as not passed; {kept}",
+                f"Run it again: calibrate {ctx.run.stage}",
+            ) from None

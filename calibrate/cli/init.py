@@ -29,7 +29,16 @@ def run(args: argparse.Namespace) -> int:
             f"{path} already exists; not overwriting it",
             "Edit it, or remove it first if you want a fresh starter file.",
         )
-    write_atomic(path, STARTER_TOML)
+    folder = path.parent
+    if not folder.is_dir():
+        why = "is not a directory" if folder.exists() else "does not exist"
+        raise UsageError(f"cannot write {path}: the directory {folder} {why}",
+                         f"Create it first (mkdir -p {folder}), or give another path.")  # fmt: skip
+    try:
+        write_atomic(path, STARTER_TOML)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}",
+                         "Give a path in a writable folder.") from exc  # fmt: skip
     out.ok(f"wrote {path}: set [target].base_url and model, then run: calibrate single")
     out.result({"written": str(path)})
     return 0

@@ -17,12 +17,14 @@ from calibrate.cli.common import (
     add_force,
     add_junit,
     junit_suite,
+    kept_on_write_error,
+    load_lock,
     open_stage,
     output_for,
     save_junit,
 )
 from calibrate.cli.tier_output import add_tier_args, check_flags, measuring, record_run, tasks_from
-from calibrate.errors import Interrupted
+from calibrate.errors import ExitCode, Interrupted
 from calibrate.junit import JUnitCase, JUnitSuite
 from calibrate.pipeline import next_after
 from calibrate.report import live_rows
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     tasks = tasks_from(args)
     ctx = open_stage(args, "ladder", out)
     options = LadderOptions.from_config(ctx.config, tasks=tasks, require_match=args.require_match)
-    with measuring(args, ctx, out) as watch:
+    with load_lock(ctx), kept_on_write_error(ctx), measuring(args, ctx, out) as watch:
         ladder = Ladder(ctx, options, watch.monitor, watch.incidents, Sender(ctx.client))
         out.say(f"ladder: batch sizes {', '.join(map(str, options.batch_sizes))}, {options.rounds} "
                 f"rounds each, one batch at a time, {options.mode} mode")  # fmt: skip
@@ -56,21 +58,34 @@ def run(args: argparse.Namespace) -> int:
                 result = ladder.run()
         except KeyboardInterrupt:
             result = ladder.result()
-            _finish(args, out, ctx, result, watch.selfload)
-            raise Interrupted(f"ladder interrupted after {len(result.tiers)} tier(s); completed "
-                              f"rounds are in {ctx.run.path}", "Run it again: calibrate ladder") from None  # fmt: skip
-    return _finish(args, out, ctx, result, watch.selfload)
+            _finish(args, out, ctx, result, watch.selfload, interrupted=True)
+            raise Interrupted(f"ladder interrupted after {len(result.tiers)} finished tier(s), "
+                              f"recorded as not passed; completed rounds are kept in {ctx.run.path}",
+                              "Run it again to calibrate: calibrate ladder") from None  # fmt: skip
+        return _finish(args, out, ctx, result, watch.selfload)
 
 
 def _finish(
-    args: argparse.Namespace, out: Any, ctx: Any, result: LadderResult, selfload: SelfLoadMonitor
+    args: argparse.Namespace,
+    out: Any,
+    ctx: Any,
+    result: LadderResult,
+    selfload: SelfLoadMonitor,
+    *,
+    interrupted: bool = False,
 ) -> int:
     rows = [{**t.to_json(), "vram_source": result.vram_source} for t in result.tiers]
     comparison, summary = record_run(
         args, out, ctx, "ladder", rows, result.vram_source, passed=result.passed,
         summary=result.summary().to_json(), notes=list(result.notes), selfload=selfload,
+        interrupted=interrupted,
     )  # fmt: skip
-    save_junit(args, _junit(ctx, result, comparison))
+    suite = _junit(ctx, result, comparison)
+    if interrupted:
+        suite.check("the ladder ran to the end", False, "interrupted", kind="interrupted")
+        save_junit(args, suite)
+        return int(ExitCode.INTERRUPTED)
+    save_junit(args, suite)
     top = result.last_passing
     if top is not None:
         why = (

@@ -32,7 +32,13 @@ def run(args: argparse.Namespace) -> int:
                          f"List the runs with: ls {runs_dir}/   (report reads <run>/tiers.csv)")  # fmt: skip
     kind = report.run_kind(path)
     rows = report.read_rows(csv_path)
-    out.render(report.tier_table(rows, kind, f"{kind} {path.name}", out.console.width))
+    report.check_rows(rows, kind, csv_path)
+    try:
+        table = report.tier_table(rows, kind, f"{kind} {path.name}", out.console.width)
+    except (ValueError, TypeError) as exc:  # a cell that is not a number where one belongs
+        raise InputError(f"{csv_path} has a value report cannot read ({exc})",
+                         "Rerun the stage to write the table again.") from exc  # fmt: skip
+    out.render(table)
     if rows and rows[0].get("vram_source") == "none":
         out.say("VRAM not measured")
     plot = None if args.no_plot else report.write_plot(rows, kind, path / "plot.png")

@@ -18,6 +18,8 @@ from calibrate.cli.common import (
     add_compare_args,
     add_force,
     add_junit,
+    check_junit_path,
+    guarded,
     junit_suite,
     normaliser_for,
     open_stage,
@@ -25,6 +27,7 @@ from calibrate.cli.common import (
     save_junit,
     show_comparison,
 )
+from calibrate.config import MAX_ROUNDS
 from calibrate.errors import UsageError
 from calibrate.pipeline import next_after
 from calibrate.stages.repro import ReproResult, against_baseline, between_files
@@ -50,15 +53,17 @@ def run(args: argparse.Namespace) -> int:
         if len(args.files) != 2:
             raise UsageError("repro takes exactly two files to compare offline",
                              "example: calibrate repro a.jsonl b.jsonl")  # fmt: skip
+        check_junit_path(args)
         result = between_files(Path(args.files[0]), Path(args.files[1]), normaliser)
         return _report(out, args, result, run=None)
-    if args.runs < 1:
-        raise UsageError("--runs must be at least 1")
+    if not 1 <= args.runs <= MAX_ROUNDS:
+        raise UsageError(f"--runs must be in [1, {MAX_ROUNDS}], got {args.runs}")
     ctx = open_stage(args, "repro", out)
-    result = against_baseline(ctx, normaliser, runs=args.runs, stream=args.stream)
-    ctx.record_result(result.passed, {**result.summary(), "jq": normaliser.program})
-    ctx.run.close()
-    return _report(out, args, result, run=ctx.run)
+    with guarded(ctx):
+        result = against_baseline(ctx, normaliser, runs=args.runs, stream=args.stream)
+        ctx.record_result(result.passed, {**result.summary(), "jq": normaliser.program})
+        ctx.run.close()
+        return _report(out, args, result, run=ctx.run)
 
 
 def _report(out: Any, args: argparse.Namespace, result: ReproResult, *, run: RunDir | None) -> int:

@@ -13,21 +13,27 @@ import argparse
 from typing import Any
 
 from calibrate.cli.common import (
+    Output,
     add_command,
     add_compare_args,
     add_force,
     add_junit,
+    guarded,
     junit_suite,
+    load_lock,
     normaliser_for,
     open_stage,
     output_for,
     save_junit,
     show_comparison,
 )
+from calibrate.compare import Normaliser
+from calibrate.config import MAX_TIMEOUT_S
 from calibrate.errors import UsageError
 from calibrate.gpu import gpu_snapshot
 from calibrate.junit import JUnitCase
 from calibrate.pipeline import next_after
+from calibrate.stages.context import StageContext
 from calibrate.stages.rollback import NOT_CAPACITY, Rollback, StepResult
 
 STEP_TITLES = {
@@ -52,11 +58,15 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
-    if args.wait < 0:
-        raise UsageError("--wait must be ≥ 0 seconds")
+    if not 0 <= args.wait <= MAX_TIMEOUT_S:  # NaN fails this too
+        raise UsageError(f"--wait must be in [0, {MAX_TIMEOUT_S:g}] seconds, got {args.wait}")
     normaliser = normaliser_for(args)
     ctx = open_stage(args, "rollback", out)
+    with load_lock(ctx), guarded(ctx):
+        return _run(args, out, ctx, normaliser)
 
+
+def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: Normaliser) -> int:
     def on_step(step: StepResult) -> None:
         line = f"[{step.n}/5] {step.name}: {step.message}"
         (out.ok if step.ok else out.fail)(line if step.ok else f"{line}  (FAILED)")

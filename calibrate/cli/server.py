@@ -17,11 +17,11 @@ from typing import Any
 
 from calibrate import server
 from calibrate.cli.common import Output, add_command, load_config, output_for
-from calibrate.config import Config
+from calibrate.config import MAX_BATCH_SIZE, Config
 from calibrate.errors import ConfigError, UsageError
 from calibrate.gpu import gpu_snapshot
 from calibrate.ledger import Ledger, target_fingerprint
-from calibrate.server import launch_script, process, readiness
+from calibrate.server import launch_script, process, readiness, redaction
 from calibrate.server.builders import SERVER_KINDS, build, health_path
 from calibrate.setting import resolve
 
@@ -79,8 +79,11 @@ def run_start(args: argparse.Namespace) -> int:
     out = output_for(args)
     cfg = load_config(args)
     for name in ("batch_size", "concurrency"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
+        value = getattr(args, name)
+        if value is not None and not 1 <= value <= MAX_BATCH_SIZE:
+            raise UsageError(
+                f"--{name.replace('_', '-')} must be in [1, {MAX_BATCH_SIZE}], got {value}"
+            )
     if args.script:
         started = _start_script(cfg, Path(args.script), out)
     else:
@@ -169,7 +172,7 @@ def run_status(args: argparse.Namespace) -> int:
     }
     out.say(f"server PID {record.pid}: {shown[state]}{', ready' if ready else ''}; port {record.port}; "
             f"started {record.started_at}")  # fmt: skip
-    out.say(f"command: {' '.join(record.argv)}")
+    out.say(f"command: {' '.join(redaction.redact_argv(record.argv))}")
     setting = f"batch {record.batch_size}, concurrency {record.concurrency}"
     out.say(f"setting: {setting}; log: {process.log_path(cfg.runs_dir)}")
     out.result({"managed": True, "state": state, "ready": ready, **record.to_json()})

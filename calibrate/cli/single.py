@@ -11,8 +11,10 @@ import argparse
 from typing import Any
 
 from calibrate.cli.common import (
+    Output,
     add_command,
     add_junit,
+    guarded,
     junit_suite,
     open_stage,
     output_for,
@@ -20,6 +22,7 @@ from calibrate.cli.common import (
 )
 from calibrate.ledger import baseline_path
 from calibrate.pipeline import next_after
+from calibrate.stages.context import StageContext
 from calibrate.stages.single import run_single
 
 
@@ -37,6 +40,11 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
     ctx = open_stage(args, "single", out, gate=False)
+    with guarded(ctx):
+        return _run(args, out, ctx)
+
+
+def _run(args: argparse.Namespace, out: Output, ctx: StageContext) -> int:
     result = run_single(ctx, stream=args.stream, save_baseline=args.save_baseline)
     record = result.record
     for warning in result.warnings:

@@ -11,6 +11,7 @@ from typing import Any
 
 from calibrate.cli.common import add_command, load_config, output_for
 from calibrate.ledger import Ledger, target_fingerprint
+from calibrate.server.redaction import redact_config
 from calibrate.stages.status import OPTIONAL_STAGES, STAGE_ORDER, target_status
 
 
@@ -26,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args)
     target = target_fingerprint(cfg)
     if args.show_config:
-        public = cfg.to_public_json()
+        public = redact_config(cfg.to_public_json())
         out.say(json.dumps(public, ensure_ascii=False, indent=2))
         out.result({"config": public, "target": target})
         return 0

@@ -14,20 +14,25 @@ import dataclasses
 from typing import Any
 
 from calibrate.cli.common import (
+    Output,
     add_command,
     add_force,
     add_junit,
     junit_suite,
+    kept_on_write_error,
+    load_lock,
     open_stage,
     output_for,
     save_junit,
 )
 from calibrate.cli.tier_output import add_tier_args, check_flags, measuring, record_run, tasks_from
-from calibrate.errors import GateClosed, Interrupted, UsageError
+from calibrate.config import MAX_BATCH_SIZE
+from calibrate.errors import ExitCode, GateClosed, Interrupted, UsageError
 from calibrate.pipeline import next_after
 from calibrate.report import live_rows
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.setting import latest_passing_ladder
+from calibrate.stages.context import StageContext
 from calibrate.stages.server_cap import run_at_cap
 from calibrate.stages.sweep import (
     Sweep,
@@ -58,10 +63,19 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
     check_flags(args)
-    if args.batch_size is not None and args.batch_size < 1:
-        raise UsageError(f"--batch-size must be ≥ 1, got {args.batch_size}")
+    if args.batch_size is not None and not 1 <= args.batch_size <= MAX_BATCH_SIZE:
+        raise UsageError(f"--batch-size must be in [1, {MAX_BATCH_SIZE}], got {args.batch_size}")
     tasks = tasks_from(args)
     ctx = open_stage(args, "sweep", out)
+    with load_lock(ctx):  # held from the restart at cap B to the last level
+        options = _plan(args, ctx, out, tasks)
+        return _measure(args, ctx, out, options)
+
+
+def _plan(
+    args: argparse.Namespace, ctx: StageContext, out: Output, tasks: tuple[str, ...]
+) -> SweepOptions:
+    """The levels to run at the verified batch size, within what the ladder proved (SPEC §5.0)."""
     ladder = latest_passing_ladder(ctx.ledger, ctx.target)
     if ladder is None and not args.batch_size:
         raise GateClosed(
@@ -94,8 +108,14 @@ def run(args: argparse.Namespace) -> int:
         skipped_levels=skipped,
         beyond_ladder=args.beyond_ladder and not managed,
     )
-    options = dataclasses.replace(options, levels=levels)
-    with measuring(args, ctx, out) as watch:
+    return dataclasses.replace(options, levels=levels)
+
+
+def _measure(
+    args: argparse.Namespace, ctx: StageContext, out: Output, options: SweepOptions
+) -> int:
+    batch = options.batch_size
+    with kept_on_write_error(ctx), measuring(args, ctx, out) as watch:
         cap = read_server_cap(ctx.client.get_text)
         sweep = Sweep(ctx, options, watch.monitor, watch.incidents, Sender(ctx.client), cap)
         out.say(f"sweep: concurrency {', '.join(map(str, options.levels))} at batch size {batch}, "
@@ -105,10 +125,11 @@ def run(args: argparse.Namespace) -> int:
                 sweep.on_level = watch.shown_by(show, out)
                 result = sweep.run()
         except KeyboardInterrupt:
-            _finish(args, out, ctx, sweep.result(), options, watch.selfload)
-            raise Interrupted(f"sweep interrupted after {len(sweep.levels)} level(s); completed levels "
-                              f"are in {ctx.run.path}", "Run it again: calibrate sweep") from None  # fmt: skip
-    return _finish(args, out, ctx, result, options, watch.selfload)
+            _finish(args, out, ctx, sweep.result(), options, watch.selfload, interrupted=True)
+            raise Interrupted(f"sweep interrupted after {len(sweep.levels)} level(s), recorded as "
+                              f"not passed; completed levels are kept in {ctx.run.path}",
+                              "Run it again to find the knee: calibrate sweep") from None  # fmt: skip
+        return _finish(args, out, ctx, result, options, watch.selfload)
 
 
 def _finish(
@@ -118,11 +139,14 @@ def _finish(
     result: SweepResult,
     options: SweepOptions,
     selfload: SelfLoadMonitor,
+    *,
+    interrupted: bool = False,
 ) -> int:
     rows = [{**lv.to_json(), "vram_source": result.vram_source} for lv in result.levels]
     comparison, summary = record_run(
         args, out, ctx, "sweep", rows, result.vram_source, passed=result.passed,
         summary=result.summary(options).to_json(), notes=list(result.notes()), selfload=selfload,
+        interrupted=interrupted,
     )  # fmt: skip
     suite = junit_suite("sweep", ctx.run, ctx.target)
     for lv in result.levels:
@@ -133,7 +157,11 @@ def _finish(
     if comparison is not None:
         suite.check(f"no regression against {comparison.baseline_path}", comparison.passed,
                     "; ".join(comparison.problems), kind="regression")  # fmt: skip
+    if interrupted:
+        suite.check("the sweep ran to the end", False, "interrupted", kind="interrupted")
     save_junit(args, suite)
+    if interrupted:
+        return int(ExitCode.INTERRUPTED)
     knee = result.knee
     if knee is not None:
         out.ok(f"knee: concurrency {knee.concurrency} ({knee.stats.items_per_s:.2f} items/s at batch "

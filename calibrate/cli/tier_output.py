@@ -76,8 +76,8 @@ def tasks_from(args: argparse.Namespace) -> tuple[str, ...]:
 
 def check_flags(args: argparse.Namespace) -> None:
     """Mistakes found before anything is sent (exit 2)."""
-    if args.tolerance < 0:
-        raise UsageError(f"--tolerance must be ≥ 0, got {args.tolerance}")
+    if not 0 <= args.tolerance <= 100:  # NaN and inf fail this too
+        raise UsageError(f"--tolerance must be in [0, 100], got {args.tolerance}")
     if args.compare and not Path(args.compare).exists():
         raise UsageError(f"--compare {args.compare}: no such file",
                          "Write one first with --save-baseline, or fix the path.")  # fmt: skip
@@ -212,6 +212,7 @@ def record_run(
     summary: dict[str, Any],
     notes: list[str],
     selfload: SelfLoadMonitor,
+    interrupted: bool = False,
 ) -> tuple[TierComparison | None, dict[str, Any]]:
     """Tables, plot, --compare / --save-baseline, notes; then the ledger entry. Returns both."""
     finish_tables(out, ctx, kind, rows, source)
@@ -223,7 +224,7 @@ def record_run(
     if comparison is not None:
         summary["compare"] = comparison.to_json()
         passed = passed and comparison.passed  # a regression is not a pass (SPEC §4.2)
-    ctx.record_result(passed, summary)
+    ctx.record_result(passed, summary, interrupted=interrupted)
     ctx.run.close()
     return comparison, summary
 

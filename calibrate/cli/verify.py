@@ -12,10 +12,12 @@ import argparse
 from typing import Any
 
 from calibrate.cli.common import (
+    Output,
     add_command,
     add_compare_args,
     add_force,
     add_junit,
+    guarded,
     junit_suite,
     normaliser_for,
     open_stage,
@@ -23,6 +25,8 @@ from calibrate.cli.common import (
     save_junit,
     show_comparison,
 )
+from calibrate.compare import Normaliser
+from calibrate.stages.context import StageContext
 from calibrate.stages.verify import run_verify
 
 
@@ -37,6 +41,11 @@ def run(args: argparse.Namespace) -> int:
     out = output_for(args)
     normaliser = normaliser_for(args)
     ctx = open_stage(args, "verify", out)
+    with guarded(ctx):
+        return _run(args, out, ctx, normaliser)
+
+
+def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: Normaliser) -> int:
     result = run_verify(ctx, normaliser)
     ctx.run.close()
     comparison = result.repro.comparisons[0]

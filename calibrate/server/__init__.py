@@ -14,7 +14,7 @@ from pathlib import Path
 from calibrate.config import Config, ServerKind
 from calibrate.errors import ServerDied, ServerUnreachable, UsageError
 from calibrate.records import utc_now_iso
-from calibrate.server import process, readiness
+from calibrate.server import process, readiness, redaction
 from calibrate.server.builders import EngineCommand, LaunchSpec
 from calibrate.server.process import ServerRecord, StopResult
 
@@ -78,7 +78,7 @@ def start(
             "Is the engine installed and on PATH? Check [server] in calibrate.toml.",
         ) from exc
     record = ServerRecord(
-        pid=pid, start_id=start_id, argv=tuple(argv), kind=kind, port=port,
+        pid=pid, start_id=start_id, argv=redaction.redact_argv(argv), kind=kind, port=port,
         health_path=health_path, started_at=utc_now_iso(), log_offset=offset,
         batch_size=batch_size, concurrency=concurrency, script=script,
         vram_used_mib_before=vram_used_mib_before,

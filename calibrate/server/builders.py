@@ -9,12 +9,12 @@ A value of None means "not calibrated yet": the engine's own flag is left out (i
 
 from __future__ import annotations
 
-import re
 import shlex
 from dataclasses import dataclass
 
 from calibrate.config import ServerKind
 from calibrate.errors import ConfigError, UsageError
+from calibrate.server import redaction, shell_words
 
 SERVER_KINDS: tuple[ServerKind, ...] = (
     "vllm", "llamacpp", "sglang", "lmdeploy", "ollama", "tgi", "custom",
@@ -30,8 +30,6 @@ HEALTH_PATHS: dict[str, str] = {
     "sglang": "/health",
     "tgi": "/health",
 }
-
-_PLACEHOLDER = re.compile(r"\{(model_path|port|batch_size|concurrency)\}")
 
 
 @dataclass(frozen=True)
@@ -56,9 +54,10 @@ class EngineCommand:
     health_path: str | None = None  # None: poll GET /v1/models
 
     def display(self) -> str:
-        """The command as one would type it in a shell (quoted)."""
-        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env)
-        return f"{prefix} {shlex.join(self.argv)}".strip()
+        """The command as one would type it in a shell (quoted), secret values masked."""
+        env = redaction.redact_env(self.env)
+        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env)
+        return f"{prefix} {shlex.join(redaction.redact_argv(self.argv))}".strip()
 
 
 def build(spec: LaunchSpec) -> EngineCommand:
@@ -110,7 +109,10 @@ def _flag(name: str, value: int | str | None) -> list[str]:
 
 
 def custom_argv(spec: LaunchSpec) -> tuple[str, ...]:
-    """Split the template first, then substitute into each argument: values never re-split."""
+    """Split the template first, then substitute into each argument: values never re-split.
+
+    Where an argument is itself a shell program (``bash -c '…'``), values are shell-quoted.
+    """
     if not spec.command.strip():
         raise ConfigError(
             "[server] kind is custom but [server] command is empty",
@@ -127,17 +129,17 @@ def custom_argv(spec: LaunchSpec) -> tuple[str, ...]:
         "concurrency": spec.concurrency,
     }
 
-    def substitute(match: re.Match[str]) -> str:
-        value = values[match.group(1)]
+    def lookup(name: str) -> str:
+        value = values[name]
         if value in (None, ""):
             raise UsageError(
-                f"the [server] command uses {{{match.group(1)}}} but no value is known yet",
-                f"Pass it: calibrate server start --{match.group(1).replace('_', '-')} N "
+                f"the [server] command uses {{{name}}} but no value is known yet",
+                f"Pass it: calibrate server start --{name.replace('_', '-')} N "
                 "(or calibrate a setting first: ladder, then rollback or pin).",
             )
         return str(value)
 
-    return tuple(_PLACEHOLDER.sub(substitute, word) for word in words)
+    return shell_words.substitute(words, lookup)
 
 
 def health_path(kind: str | None) -> str | None:

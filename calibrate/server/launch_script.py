@@ -8,11 +8,13 @@ the literal values, not ``$VARS``: a ``PORT`` left in the caller's environment c
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from calibrate.errors import InputError
+from calibrate.server import redaction
 from calibrate.server.builders import SERVER_KINDS, EngineCommand
 from calibrate.store import write_atomic
 
@@ -38,9 +40,22 @@ def _comment(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def _plain(text: str) -> str:
+    """Only characters that mean nothing to a shell, even inside "${VAR:?…}"."""
+    return re.sub(r"[^\w .-]", "", text)
+
+
 def render(values: PinnedValues, command: EngineCommand) -> str:
-    """The script text; ``bash -n`` accepts it for every engine kind."""
+    """The script text; ``bash -n`` accepts it for every engine kind.
+
+    A secret in the command (``--api-key X``, ``HF_TOKEN=…``) is never written: the script
+    reads it from an environment variable its header names, and stops if that is unset.
+    """
     q = shlex.quote
+    prefix = "SERVER" if values.kind == "custom" else values.kind.upper()
+    script = redaction.script_command(command.argv, command.env, prefix)
+    needs = [f"# set {var} before running it: it carries {what} (secrets are not written here)"
+             for var, what in script.needs]  # fmt: skip
     lines = [
         "#!/usr/bin/env bash",
         "# Written by `calibrate pin`: the setting verified on this machine. Regenerate, do not edit.",
@@ -50,15 +65,18 @@ def render(values: PinnedValues, command: EngineCommand) -> str:
         f"# workload: {_comment(values.workload)}",
         f"# pinned by run {_comment(values.pinned_by)} at {_comment(values.pinned_at)}",
         "# start it: calibrate server start --script <this file>; then check it: calibrate verify",
+        *needs,
         "set -euo pipefail",
+        *(f': "${{{var}:?set {var}: it carries {_plain(what)}}}"' for var, what in script.needs),
+        *(f"export {var}" for var, _ in script.needs),
         "",
         f"export MODEL_PATH={q(values.model_path)}",
         f"export PORT={q(str(values.port))}",
         f"export BATCH_SIZE={q(str(values.batch_size))}",
         f"export MAX_CONCURRENCY={q(str(values.concurrency))}",
     ]
-    lines += [f"export {name}={q(value)}" for name, value in command.env]
-    lines += ["", f"exec {shlex.join(command.argv)}", ""]
+    lines += list(script.env_lines)
+    lines += ["", f"exec {script.line}", ""]
     return "\n".join(lines)
 
 
@@ -88,7 +106,7 @@ def read_settings(path: Path) -> ScriptSettings:
                          "Write one with: calibrate pin") from exc  # fmt: skip
     kind: str | None = None
     exported: dict[str, str] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):  # a value may hold U+2028: only "\n" ends a line
         if line.startswith("# kind:"):
             found = line.removeprefix("# kind:").strip()
             kind = found if found in SERVER_KINDS else None

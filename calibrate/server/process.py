@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from calibrate.records import utc_now_iso
+from calibrate.server.redaction import redact_argv, redact_text
 from calibrate.store import write_atomic, write_json_atomic
 
 log = logging.getLogger("calibrate")
@@ -64,7 +65,7 @@ class ServerRecord:
     vram_used_mib_before: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "argv": list(self.argv)}
+        return {**asdict(self), "argv": list(redact_argv(self.argv))}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ServerRecord:
@@ -95,12 +96,13 @@ def _ps(pid: int, column: str) -> str | None:
 
 
 def cmdline(pid: int) -> str:
-    """The command line of ``pid``, for messages (empty when unknown)."""
+    """The command line of ``pid``, for messages (empty when unknown), secret values masked."""
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return _ps(pid, "command=") or ""
-    return " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+        return redact_text(_ps(pid, "command=") or "")
+    words = [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+    return " ".join(redact_argv(words))
 
 
 def _reap(pid: int) -> int | None:

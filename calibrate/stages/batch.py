@@ -40,8 +40,6 @@ __all__ = [  # the stage's public face; plans are made in batch_plan, workers in
 log = logging.getLogger("calibrate")
 
 
-
-
 class TaskSource:
     """The items this run sends, in input order, handed to workers one at a time.
 

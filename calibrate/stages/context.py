@@ -15,6 +15,7 @@ from calibrate.gpu import gpu_snapshot
 from calibrate.identity import TargetIdentity, Weights
 from calibrate.ledger import Ledger
 from calibrate.records import LedgerEntry, SamplingParams
+from calibrate.server.redaction import redact_config
 from calibrate.store import RunDir
 from calibrate.summaries import Summary
 
@@ -94,7 +95,7 @@ def manifest(
         "command": command,
         "target": ctx.target,
         "forced": ctx.forced,
-        "config": ctx.config.to_public_json(),
+        "config": redact_config(ctx.config.to_public_json()),
         "gpu": gpu.to_json() if (gpu := gpu_snapshot()) is not None else None,
         "versions": versions(),
     }

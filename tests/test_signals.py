@@ -1,0 +1,82 @@
+"""SIGTERM on a real `python -m calibrate` process, outside batch: exit 130 like Ctrl-C, a message
+saying what was kept and how to resume, and a ledger line `interrupted: true, passed: false`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.fakes import append_ledger
+from tests.mockserver import REPO, start_mock
+from tests.tier_helpers import jsonl, open_gate
+
+
+def _calibrate(root: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "calibrate", *args], cwd=root,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def _terminate_when(proc: subprocess.Popen[str], ready: Callable[[], bool]) -> str:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not ready() and proc.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return err
+
+
+def _ledger(root: Path, stage: str) -> dict:
+    return [e for e in jsonl(root / "runs/ledger.jsonl") if e["stage"] == stage][-1]
+
+
+def test_sigterm_mid_tier_stops_the_ladder_and_it_opens_no_gate(cli, isolated: Path) -> None:
+    # batch 1 and 2 answer at once; from batch 4 on every request takes a minute
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, slow_above=2, slow_factor=100000.0) as mock:
+        open_gate(isolated, mock.base_url)
+        proc = _calibrate(isolated, "ladder", "--junit", "ladder.xml")
+        err = _terminate_when(proc, lambda: bool(list(isolated.glob("runs/*/tiers.jsonl"))))
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err
+        assert "ladder interrupted after" in err and "recorded as not passed" in err
+        assert "kept in runs/" in err and "calibrate ladder" in err
+        entry = _ledger(isolated, "ladder")
+        assert entry["interrupted"] is True and entry["passed"] is False
+        assert entry["summary"]["last_passing"]["batch_size"] == 2  # kept for report only
+        assert 'type="interrupted"' in (isolated / "ladder.xml").read_text()
+        # an interrupted ladder is never a setting: sweep and pin stay gated
+        assert cli("sweep").code == 3
+        assert cli("pin", "--kind", "vllm").code == 3
+
+
+def test_sigterm_during_single_and_rollback_is_recorded_as_interrupted(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=60.0, per_token_s=0.0) as mock:
+        target = open_gate(isolated, mock.base_url)
+        proc = _calibrate(isolated, "single")
+        err = _terminate_when(proc, lambda: mock.model.snapshot().in_flight > 0)
+        assert proc.returncode == 130, err
+        assert "single interrupted, recorded as not passed" in err
+        assert "Run it again: calibrate single" in err and "Traceback" not in err
+        assert _ledger(isolated, "single")["interrupted"] is True
+
+        # rollback of a server calibrate does not manage waits for you to stop it
+        append_ledger(isolated, "ladder", target, {"last_passing": {"batch_size": 2}})
+        proc = _calibrate(isolated, "rollback", "--wait", "60")
+        err = _terminate_when(proc, lambda: (isolated / "runs/locks").exists())
+        assert proc.returncode == 130, err
+        assert "rollback interrupted" in err and "calibrate rollback" in err
+        entry = _ledger(isolated, "rollback")
+        assert entry["interrupted"] is True and entry["passed"] is False

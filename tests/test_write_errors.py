@@ -1,0 +1,89 @@
+"""Write errors are one-line messages naming the path: exit 2 before anything is sent, exit 1
+(saying what was kept) once the stage ran; out of memory is a clean exit too."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import write_config
+from tests.mockserver import start_mock
+
+JUNIT_STAGES = ["single", "repro", "ladder", "sweep", "rollback", "verify"]
+
+
+@pytest.mark.parametrize("stage", JUNIT_STAGES)
+def test_unwritable_junit_path_is_exit_2_before_anything_is_sent(
+    cli, isolated: Path, stage: str
+) -> None:
+    (isolated / "reports").mkdir()
+    (isolated / "afile").write_text("x")
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
+        write_config(isolated / "calibrate.toml", mock.base_url)
+        for junit, why in (("reports", "is a directory"), ("afile/x.xml", "not a directory")):
+            result = (
+                cli(stage, "--force", "--junit", junit)
+                if stage != "single"
+                else cli(stage, "--junit", junit)
+            )
+            assert result.code == 2, result.err
+            assert junit in result.err and why in result.err
+            assert "Traceback" not in result.err and len(result.err.strip().splitlines()) <= 2
+        assert mock.model.snapshot().requests_total == 0
+    assert not (isolated / "runs").exists()
+
+
+def test_unwritable_runs_folder_is_exit_2_and_nothing_is_sent(cli, isolated: Path) -> None:
+    (isolated / "afile").write_text("x")
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
+        write_config(isolated / "calibrate.toml", mock.base_url, '[paths]\nruns = "afile/runs"\n')
+        result = cli("single")
+        assert result.code == 2, result.err
+        assert "afile/runs" in result.err and "nothing was sent" in result.err
+        assert mock.model.snapshot().requests_total == 0
+
+
+def test_disk_full_after_the_stage_ran_is_exit_1_saying_what_was_kept(
+    cli, isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from calibrate import store
+
+    def full(self: object, obj: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
+        write_config(isolated / "calibrate.toml", mock.base_url)
+        monkeypatch.setattr(store.JsonlWriter, "write", full)
+        result = cli("single")
+    assert result.code == 1, result.err
+    assert "No space left on device" in result.err and "kept" in result.err
+    assert "Traceback" not in result.err
+
+
+def test_out_of_memory_is_a_clean_exit_1(
+    cli, isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from calibrate.cli import single
+
+    def huge(*args: object, **kwargs: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(single, "run_single", huge)
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
+        write_config(isolated / "calibrate.toml", mock.base_url)
+        result = cli("single")
+    assert result.code == 1
+    assert "out of memory" in result.err and "Traceback" not in result.err
+
+
+def test_init_never_creates_folders_and_names_the_path(cli, isolated: Path) -> None:
+    missing = cli("init", "nonexistent/dir/x.toml")
+    assert missing.code == 2 and "nonexistent/dir does not exist" in missing.err
+    assert not (isolated / "nonexistent").exists()
+    (isolated / "afile").write_text("x")
+    under_file = cli("init", "afile/x.toml")
+    assert under_file.code == 2 and "afile is not a directory" in under_file.err
+    assert "Traceback" not in missing.err + under_file.err
+    assert cli("init", "calibrate.toml").code == 0
