@@ -43,8 +43,13 @@ def sse_events(lines: Iterator[bytes]) -> Iterator[str]:
         yield "\n".join(buffer)
 
 
+_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+          list: "a list", dict: "an object"}  # fmt: skip
+
+
 def _describe(value: object) -> str:
-    return "null" if value is None else type(value).__name__
+    """What a JSON value is, in words: ``null``, ``an integer``, ``a list``…"""
+    return "null" if value is None else _NAMES.get(type(value), type(value).__name__)
 
 
 def _is_int(value: object) -> bool:
@@ -55,7 +60,7 @@ def _optional_str(value: object, what: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise invalid(f"{what} is a {_describe(value)}, not a string or null")
+        raise invalid(f"{what} is {_describe(value)}, not a string or null")
     return valid_text(value)
 
 
@@ -64,28 +69,28 @@ def parse_usage(value: object) -> Usage | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise invalid(f"'usage' is a {_describe(value)}, not an object")
+        raise invalid(f"'usage' is {_describe(value)}, not an object")
     for name in _USAGE_FIELDS:
         count = value.get(name)
         if count is not None and not _is_int(count):
-            raise invalid(f"usage.{name} is a {_describe(count)}, not an integer")
+            raise invalid(f"usage.{name} is {_describe(count)}, not an integer")
     return Usage.from_json(value)
 
 
 def parse_choice(raw: object, position: int, *, chat: bool, delta: bool) -> Choice:
     """One choice of a completion (``delta``: of a stream chunk), its shape checked."""
     if not isinstance(raw, dict):
-        raise invalid(f"choices[{position}] is a {_describe(raw)}, not an object")
+        raise invalid(f"choices[{position}] is {_describe(raw)}, not an object")
     index = raw.get("index", position)
     if not _is_int(index):
-        raise invalid(f"choices[{position}].index is a {_describe(index)}, not an integer")
+        raise invalid(f"choices[{position}].index is {_describe(index)}, not an integer")
     if chat:
         key = "delta" if delta else "message"
         holder = raw.get(key)
         if holder is None and delta:
             holder = {}  # a finish chunk may carry no delta at all
         if not isinstance(holder, dict):
-            raise invalid(f"choices[{position}].{key} is a {_describe(holder)}, not an object")
+            raise invalid(f"choices[{position}].{key} is {_describe(holder)}, not an object")
         text = _optional_str(holder.get("content"), f"choices[{position}].{key}.content")
     else:
         text = _optional_str(raw.get("text"), f"choices[{position}].text")
@@ -98,7 +103,7 @@ def _choices(payload: dict[str, Any], *, allow_empty: bool) -> list[Any]:
     if raw is None and allow_empty:
         return []
     if not isinstance(raw, list):
-        what = "no 'choices'" if raw is None else f"'choices' that is a {_describe(raw)}"
+        what = "no 'choices'" if raw is None else f"'choices' that is {_describe(raw)}"
         raise invalid(f"the response has {what}, not a list")
     if not raw and not allow_empty:
         raise invalid("the response has an empty 'choices' list")
@@ -143,7 +148,7 @@ class StreamChunk:
 def parse_chunk(payload: object, *, chat: bool) -> StreamChunk:
     """One streamed chunk (``choices`` may be empty: the usage chunk has none)."""
     if not isinstance(payload, dict):
-        raise invalid(f"a stream chunk is a {_describe(payload)}, not a JSON object")
+        raise invalid(f"a stream chunk is {_describe(payload)}, not a JSON object")
     if "error" in payload:
         raise RequestError(error_from_body(500, payload))
     raw = _choices(payload, allow_empty=True)
