@@ -78,7 +78,10 @@ def test_a_lone_surrogate_becomes_a_replacement_character(
     ("payload", "says"),
     [
         ({"choices": [{"index": "0", "message": {"content": "x"}}]}, "index is a string"),
-        ({"choices": [{"message": {"content": "x"}, "finish_reason": 1}]}, "finish_reason is an integer"),
+        (
+            {"choices": [{"message": {"content": "x"}, "finish_reason": 1}]},
+            "finish_reason is an integer",
+        ),
         ({"choices": [{"message": {"content": "x"}}], "usage": {"prompt_tokens": "9"}}, "usage."),
         ({"choices": [{"message": {"content": "x"}}], "usage": [1]}, "'usage' is a list"),
         ({"choices": []}, "empty 'choices'"),

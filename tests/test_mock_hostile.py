@@ -68,9 +68,13 @@ def test_malformed_streams_carry_a_wrong_chunk() -> None:
     assert events[-1] == "[DONE]" and len(events) == 2
     chunk = json.loads(events[0])
     assert chunk["object"] == "chat.completion.chunk"
-    assert "choices" not in chunk or not isinstance(chunk["choices"][0], dict) or (
-        not isinstance(chunk["choices"][0].get("delta"), dict)
-        or not isinstance(chunk["choices"][0]["delta"].get("content"), str)
+    assert (
+        "choices" not in chunk
+        or not isinstance(chunk["choices"][0], dict)
+        or (
+            not isinstance(chunk["choices"][0].get("delta"), dict)
+            or not isinstance(chunk["choices"][0]["delta"].get("content"), str)
+        )
     )
 
 
