@@ -14,6 +14,7 @@ from calibrate.config import Config
 from calibrate.gpu import gpu_snapshot
 from calibrate.ledger import Ledger
 from calibrate.records import LedgerEntry, SamplingParams
+from calibrate.redact import redact_url
 from calibrate.store import RunDir
 
 
@@ -75,7 +76,7 @@ def manifest(
     out: dict[str, Any] = {
         "run_id": ctx.run.run_id,
         "stage": ctx.run.stage,
-        "command": command,
+        "command": [redact_url(arg) for arg in command],  # --base-url may carry userinfo
         "target": ctx.target,
         "forced": ctx.forced,
         "config": ctx.config.to_public_json(),
