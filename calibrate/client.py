@@ -21,9 +21,8 @@ decision (batch), never the transport's.
 from __future__ import annotations
 
 import json
-import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -37,6 +36,7 @@ from urllib3.exceptions import (
     ReadTimeoutError,
 )
 
+from calibrate.bodies import BodyReader
 from calibrate.error_kinds import (
     connection_error,
     http_error,
@@ -51,7 +51,6 @@ from calibrate.responses import parse_chunk, parse_completion, sse_events, valid
 Clock = Callable[[], float]
 
 MIB = 1024 * 1024
-READ_BYTES = 65536  # one socket read at most: the deadline is checked between reads
 ERROR_BODY_BYTES = 65536  # of an error answer, this much is kept
 MAX_POOL_SIZE = 1024  # urllib3 pre-fills a queue of maxsize slots; block=False grows past it
 
@@ -175,7 +174,7 @@ class OpenAIClient:
                 finally:
                     # The stream may end at [DONE] before the transport's last frame: never reuse it.
                     _finish(response, complete=False)
-            payload = self._json(self._read_body(response, deadline, url))
+            payload = self._json(self._read_body(response, deadline, url, self.timeout_s))
             return parse_completion(payload, self._clock() - start, None, chat=chat)
         except RequestError as exc:
             raise self._scrubbed(exc) from exc.__cause__
@@ -185,7 +184,8 @@ class OpenAIClient:
         url = self.base_url + "/models"
         try:
             deadline = self._clock() + self.timeout_s
-            payload = self._json(self._read_body(self._send("GET", url, deadline), deadline, url))
+            response = self._send("GET", url, deadline)
+            payload = self._json(self._read_body(response, deadline, url, self.timeout_s))
         except RequestError as exc:
             raise self._scrubbed(exc) from exc.__cause__
         data = payload.get("data")
@@ -215,7 +215,8 @@ class OpenAIClient:
         deadline = self._clock() + timeout_s
         try:
             response = self._send("GET", url, deadline, headers=headers, timeout_s=timeout_s)
-            return self._read_body(response, deadline, url).decode("utf-8", errors="replace")
+            body = self._read_body(response, deadline, url, timeout_s)
+            return body.decode("utf-8", errors="replace")
         except RequestError as exc:
             raise self._scrubbed(exc) from exc.__cause__
 
@@ -267,7 +268,8 @@ class OpenAIClient:
         if response.status >= 400:
             complete = False
             try:
-                raw, complete = self._read_some(response, deadline, ERROR_BODY_BYTES)
+                reader = self._reader(response, url, deadline, total)
+                raw, complete = reader.read_some(ERROR_BODY_BYTES)
             except RequestError:
                 raw = b""
             finally:
@@ -285,63 +287,23 @@ class OpenAIClient:
             )
         return timeout
 
-    def _read1(self, response: urllib3.BaseHTTPResponse, deadline: float, url: str) -> bytes:
-        """At most one socket read, which may wait only for the time left before ``deadline``."""
-        left = deadline - self._clock()
-        if left <= 0:
-            raise request_error(
-                "timeout", f"{url} still answering after {self.timeout_s:g} s", None
-            )
-        sock: socket.socket | None = getattr(response.connection, "sock", None)
-        if sock is not None:
-            sock.settimeout(left)
-        try:
-            return response.read1(READ_BYTES)
-        except ReadTimeoutError as exc:
-            raise request_error(
-                "timeout", f"{url} still answering after {self.timeout_s:g} s", exc
-            ) from exc
-        except (HTTPError, OSError) as exc:
-            raise connection_error(url, exc) from exc
+    def _reader(
+        self, response: urllib3.BaseHTTPResponse, url: str, deadline: float, timeout_s: float
+    ) -> BodyReader:
+        return BodyReader(response, url=url, deadline=deadline, timeout_s=timeout_s,
+                          max_bytes=self._max_bytes, clock=self._clock)  # fmt: skip
 
-    def _read_some(
-        self, response: urllib3.BaseHTTPResponse, deadline: float, limit: int
-    ) -> tuple[bytes, bool]:
-        """Up to ``limit`` bytes of the body, and whether that was all of it."""
-        parts: list[bytes] = []
-        size = 0
-        while size < limit:
-            piece = self._read1(response, deadline, "the server")
-            if not piece:
-                return b"".join(parts), True
-            parts.append(piece)
-            size += len(piece)
-        return b"".join(parts)[:limit], False
-
-    def _read_body(self, response: urllib3.BaseHTTPResponse, deadline: float, url: str) -> bytes:
+    def _read_body(
+        self, response: urllib3.BaseHTTPResponse, deadline: float, url: str, timeout_s: float
+    ) -> bytes:
         """The whole body, read before ``deadline`` and no larger than the cap."""
         complete = False
         try:
-            announced = response.length_remaining
-            if announced is not None and announced > self._max_bytes:
-                raise self._too_large()
-            parts: list[bytes] = []
-            size = 0
-            while piece := self._read1(response, deadline, url):
-                size += len(piece)
-                if size > self._max_bytes:
-                    raise self._too_large()
-                parts.append(piece)
+            body = self._reader(response, url, deadline, timeout_s).read_all()
             complete = True
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+            return body
         finally:
             _finish(response, complete=complete)
-
-    def _too_large(self) -> RequestError:
-        return invalid(
-            f"answer larger than {self.max_response_mib:g} MiB (max_response_mib): "
-            "raise [target].max_response_mib if such answers are expected"
-        )
 
     def _json(self, raw: bytes) -> dict[str, Any]:
         try:
@@ -365,26 +327,6 @@ class OpenAIClient:
         )
         return RequestError(clean, exc.exc_type)
 
-    def _lines(
-        self, response: urllib3.BaseHTTPResponse, deadline: float, url: str
-    ) -> Iterator[bytes]:
-        """The lines of a streamed body as they arrive, without line endings, within the cap."""
-        pending: list[bytes] = []  # the start of a line still arriving
-        size = 0
-        while chunk := self._read1(response, deadline, url):
-            size += len(chunk)
-            if size > self._max_bytes:
-                raise self._too_large()
-            if b"\n" not in chunk:
-                pending.append(chunk)  # joined once the line ends: no quadratic copying
-                continue
-            *complete, rest = b"".join([*pending, chunk]).split(b"\n")
-            pending = [rest] if rest else []
-            for line in complete:
-                yield line.rstrip(b"\r")
-        if pending:
-            yield b"".join(pending).rstrip(b"\r")
-
     def _read_stream(
         self,
         response: urllib3.BaseHTTPResponse,
@@ -400,7 +342,8 @@ class OpenAIClient:
         model: str | None = None
         fingerprint: str | None = None
         ttft: float | None = None
-        for event in sse_events(self._lines(response, deadline, url)):
+        lines = self._reader(response, url, deadline, self.timeout_s).lines()
+        for event in sse_events(lines):
             if event == "[DONE]":
                 break
             try:
@@ -411,14 +354,14 @@ class OpenAIClient:
             model = chunk.served_model or model
             fingerprint = chunk.system_fingerprint or fingerprint
             usage = chunk.usage or usage
-            for choice in chunk.choices:
-                pieces = texts.setdefault(choice.index, [])
-                if choice.text:
+            for index, text, finish_reason in chunk.choices:
+                pieces = texts.setdefault(index, [])
+                if text:
                     if ttft is None:
                         ttft = self._clock() - start
-                    pieces.append(choice.text)
-                if choice.finish_reason is not None:
-                    finish[choice.index] = choice.finish_reason
+                    pieces.append(text)
+                if finish_reason is not None:
+                    finish[index] = finish_reason
         if not texts:
             raise invalid("the stream carried no choices")
         choices = tuple(

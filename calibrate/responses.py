@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from calibrate.error_kinds import error_from_body, invalid
 from calibrate.errors import RequestError
@@ -56,12 +55,8 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _optional_str(value: object, what: str) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise invalid(f"{what} is {_describe(value)}, not a string or null")
-    return valid_text(value)
+def _wrong(what: str, value: object, expected: str) -> RequestError:
+    return invalid(f"{what} is {_describe(value)}, not {expected}")
 
 
 def parse_usage(value: object) -> Usage | None:
@@ -69,33 +64,52 @@ def parse_usage(value: object) -> Usage | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise invalid(f"'usage' is {_describe(value)}, not an object")
+        raise _wrong("'usage'", value, "an object")
     for name in _USAGE_FIELDS:
         count = value.get(name)
         if count is not None and not _is_int(count):
-            raise invalid(f"usage.{name} is {_describe(count)}, not an integer")
+            raise _wrong(f"usage.{name}", count, "an integer")
     return Usage.from_json(value)
 
 
-def parse_choice(raw: object, position: int, *, chat: bool, delta: bool) -> Choice:
+class Delta(NamedTuple):
+    """One choice's part of an answer (a whole choice, or a stream chunk's piece of one)."""
+
+    choice: int  # the choice's index (``index`` would shadow tuple.index)
+    text: str
+    finish_reason: str | None
+
+
+def parse_choice(raw: object, position: int, *, chat: bool, delta: bool) -> Delta:
     """One choice of a completion (``delta``: of a stream chunk), its shape checked."""
-    if not isinstance(raw, dict):
-        raise invalid(f"choices[{position}] is {_describe(raw)}, not an object")
+    # Written for the streaming hot path: one call per chunk, plain type checks inline.
+    if type(raw) is not dict:
+        raise _wrong(f"choices[{position}]", raw, "an object")
     index = raw.get("index", position)
-    if not _is_int(index):
-        raise invalid(f"choices[{position}].index is {_describe(index)}, not an integer")
+    if type(index) is not int:
+        raise _wrong(f"choices[{position}].index", index, "an integer")
     if chat:
         key = "delta" if delta else "message"
         holder = raw.get(key)
         if holder is None and delta:
             holder = {}  # a finish chunk may carry no delta at all
-        if not isinstance(holder, dict):
-            raise invalid(f"choices[{position}].{key} is {_describe(holder)}, not an object")
-        text = _optional_str(holder.get("content"), f"choices[{position}].{key}.content")
+        if type(holder) is not dict:
+            raise _wrong(f"choices[{position}].{key}", holder, "an object")
+        text, where = holder.get("content"), f"{key}.content"
     else:
-        text = _optional_str(raw.get("text"), f"choices[{position}].text")
-    finish = _optional_str(raw.get("finish_reason"), f"choices[{position}].finish_reason")
-    return Choice(index=index, text=text or "", finish_reason=finish)
+        text, where = raw.get("text"), "text"
+    if text is None:
+        text = ""
+    elif type(text) is not str:
+        raise _wrong(f"choices[{position}].{where}", text, "a string or null")
+    elif not text.isascii():
+        text = valid_text(text)
+    finish = raw.get("finish_reason")
+    if finish is not None:
+        if type(finish) is not str:
+            raise _wrong(f"choices[{position}].finish_reason", finish, "a string or null")
+        finish = valid_text(finish)
+    return Delta(index, text, finish)
 
 
 def _choices(payload: dict[str, Any], *, allow_empty: bool) -> list[Any]:
@@ -111,6 +125,10 @@ def _choices(payload: dict[str, Any], *, allow_empty: bool) -> list[Any]:
 
 
 def _optional_name(value: object) -> str | None:
+    return value if type(value) is str and value.isascii() else _name(value)
+
+
+def _name(value: object) -> str | None:
     return valid_text(value) if isinstance(value, str) else None
 
 
@@ -121,12 +139,12 @@ def parse_completion(
     if "error" in payload and not payload.get("choices"):
         raise RequestError(error_from_body(500, payload))
     raw = _choices(payload, allow_empty=False)
-    choices = sorted(
+    deltas = sorted(
         (parse_choice(c, i, chat=chat, delta=False) for i, c in enumerate(raw)),
-        key=lambda c: c.index,
+        key=lambda d: d.choice,
     )
     return Completion(
-        choices=tuple(choices),
+        choices=tuple(Choice(d.choice, d.text, d.finish_reason) for d in deltas),
         usage=parse_usage(payload.get("usage")),
         served_model=_optional_name(payload.get("model")),
         system_fingerprint=_optional_name(payload.get("system_fingerprint")),
@@ -135,11 +153,10 @@ def parse_completion(
     )
 
 
-@dataclass(frozen=True)
-class StreamChunk:
+class StreamChunk(NamedTuple):
     """One ``data:`` object of a stream: its choices' pieces, and what else it carried."""
 
-    choices: tuple[Choice, ...]
+    choices: list[Delta]
     usage: Usage | None
     served_model: str | None
     system_fingerprint: str | None
@@ -147,13 +164,13 @@ class StreamChunk:
 
 def parse_chunk(payload: object, *, chat: bool) -> StreamChunk:
     """One streamed chunk (``choices`` may be empty: the usage chunk has none)."""
-    if not isinstance(payload, dict):
-        raise invalid(f"a stream chunk is {_describe(payload)}, not a JSON object")
+    if type(payload) is not dict:
+        raise _wrong("a stream chunk", payload, "a JSON object")
     if "error" in payload:
         raise RequestError(error_from_body(500, payload))
     raw = _choices(payload, allow_empty=True)
     return StreamChunk(
-        choices=tuple(parse_choice(c, i, chat=chat, delta=True) for i, c in enumerate(raw)),
+        choices=[parse_choice(c, i, chat=chat, delta=True) for i, c in enumerate(raw)],
         usage=parse_usage(payload.get("usage")),
         served_model=_optional_name(payload.get("model")),
         system_fingerprint=_optional_name(payload.get("system_fingerprint")),

@@ -95,7 +95,7 @@ def test_each_wrong_shape_is_named(payload: dict[str, Any], says: str) -> None:
 
 
 def test_stream_chunks_are_checked_the_same_way() -> None:
-    assert parse_chunk({"choices": [], "usage": None}, chat=True).choices == ()
+    assert parse_chunk({"choices": [], "usage": None}, chat=True).choices == []
     finish = parse_chunk({"choices": [{"index": 0, "finish_reason": "stop"}]}, chat=True)
     assert finish.choices[0].finish_reason == "stop" and finish.choices[0].text == ""
     for bad in ([1], {"choices": [None]}, {"choices": [{"delta": "x"}]},
