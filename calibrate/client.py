@@ -1,8 +1,15 @@
 """The OpenAI-compatible client: chat, completions (prompt lists too), SSE, /v1/models.
 
-One pooled HTTP transport, a timeout on every call, and every failure mapped once, here, to an
-error kind of SPEC §5.5 (raised as ``RequestError``). The API key is sent as a Bearer header
-and never leaves this object: ``redacted_headers`` is what records and incidents may keep.
+One pooled HTTP transport, and every failure mapped once, here, to an error kind of SPEC §5.5
+(raised as ``RequestError``). Three promises are kept at this edge:
+
+- a total deadline per request: ``timeout_s`` bounds connect, send and every read, streams
+  included (bodies are read in pieces with the socket timeout set to the time left, so a server
+  that drips a byte a second or streams only keep-alive comments is cut at ``timeout_s``);
+- a size cap: an answer over ``max_response_mib`` is ``invalid_response``, never buffered whole;
+- secrets stay here: the key (or the base URL's userinfo, sent as Basic auth) goes only to the
+  target's own origin, and every server-provided text is scrubbed of them before it is raised.
+  ``redacted_headers`` is what records and incidents may keep.
 
 The transport is urllib3's connection pool (which ``requests`` is built on) used directly: on
 the hot path of ladder, sweep and batch it costs about half the client CPU per request that a
@@ -15,8 +22,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit
 
 import urllib3
 from urllib3.exceptions import (
@@ -27,18 +36,34 @@ from urllib3.exceptions import (
     ReadTimeoutError,
 )
 
+from calibrate.bodies import BodyReader
 from calibrate.error_kinds import (
     connection_error,
-    error_from_body,
     http_error,
     invalid,
     request_error,
 )
 from calibrate.errors import RequestError
 from calibrate.records import Choice, Completion, ModelInfo, SamplingParams, Usage
-from calibrate.responses import choice_text, parse_completion, sse_events
+from calibrate.redact import Scrubber, split_userinfo
+from calibrate.responses import parse_chunk, parse_completion, sse_events, valid_text
 
 Clock = Callable[[], float]
+
+MIB = 1024 * 1024
+ERROR_BODY_BYTES = 65536  # of an error answer, this much is kept
+MAX_POOL_SIZE = 1024  # urllib3 pre-fills a queue of maxsize slots; block=False grows past it
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    """scheme, host, port: where a key may be sent."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:  # not a number: config reports it; here it only must not match
+        port = -1
+    port = port or {"http": 80, "https": 443}.get(parts.scheme.lower())
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port
 
 
 class OpenAIClient:
@@ -49,26 +74,42 @@ class OpenAIClient:
         base_url: str,
         *,
         api_key: str | None = None,
+        metrics_key: str | None = None,
         timeout_s: float = 600.0,
         connect_timeout_s: float = 10.0,
+        max_response_mib: float = 64.0,
         max_connections: int = 64,
         pool: urllib3.PoolManager | None = None,
         clock: Clock = time.perf_counter,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        credentials = split_userinfo(base_url.rstrip("/"))
+        self.base_url = credentials.url  # without userinfo: safe in every message
+        self.origin = origin(self.base_url)
         self.timeout_s = timeout_s
         self.connect_timeout_s = min(connect_timeout_s, timeout_s)
+        self.max_response_mib = max_response_mib
+        self._max_bytes = int(max_response_mib * MIB)
         self._clock = clock
-        self._api_key = api_key
         # block=False: a caller with more threads than max_connections gets extra connections
         # instead of a thread parked on the pool (a stall that would look like server latency).
+        # The cap: urllib3 fills its queue with maxsize placeholders up front.
         self._pool = pool or urllib3.PoolManager(
-            num_pools=4, maxsize=max(max_connections, 4), block=False, retries=False
+            num_pools=4,
+            maxsize=min(max(max_connections, 4), MAX_POOL_SIZE),
+            block=False,
+            retries=False,
         )
         self._timeouts: dict[float, urllib3.Timeout] = {}
+        basic = credentials.basic_auth
+        self._scrub = Scrubber.of(api_key, metrics_key, credentials.password, basic)
         self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
+        auth = f"Bearer {api_key}" if api_key else basic
+        if auth:
+            self._headers["Authorization"] = auth
+        # Any other origin (a DCGM exporter on another machine) never sees the target's key.
+        self._foreign_headers = {"Accept": "text/plain, */*"}
+        if metrics_key:
+            self._foreign_headers["Authorization"] = f"Bearer {metrics_key}"
 
     # -- request bodies (also what incidents record) -------------------------------------
 
@@ -102,7 +143,8 @@ class OpenAIClient:
         """The request headers with the key replaced, safe to write to disk."""
         out = dict(self._headers)
         if "Authorization" in out:
-            out["Authorization"] = "Bearer [REDACTED]"
+            scheme = out["Authorization"].split(" ", 1)[0]
+            out["Authorization"] = f"{scheme} [REDACTED]"
         return out
 
     # -- calls ---------------------------------------------------------------------------
@@ -124,22 +166,32 @@ class OpenAIClient:
     def post_completion(self, path: str, body: dict[str, Any]) -> Completion:
         """POST a chat or completions body and parse the answer (streamed or not)."""
         stream = bool(body.get("stream"))
+        chat = path.startswith("/chat")
+        url = self.base_url + path
         start = self._clock()
-        response = self._send("POST", path, body=body, stream=stream)
-        if stream:
-            try:
-                return self._read_stream(
-                    response, start, chat=path.startswith("/chat"), url=self.base_url + path
-                )
-            finally:
-                # The stream may end at [DONE] before the transport's last frame: never reuse it.
-                _finish(response, complete=False)
-        payload = self._json(response)
-        return parse_completion(payload, self._clock() - start, None)
+        deadline = start + self.timeout_s
+        try:
+            response = self._send("POST", url, deadline, body=body)
+            if stream:
+                try:
+                    return self._read_stream(response, start, deadline, chat=chat, url=url)
+                finally:
+                    # The stream may end at [DONE] before the transport's last frame: never reuse it.
+                    _finish(response, complete=False)
+            payload = self._json(self._read_body(response, deadline, url, self.timeout_s))
+            return parse_completion(payload, self._clock() - start, None, chat=chat)
+        except RequestError as exc:
+            raise self._scrubbed(exc) from exc.__cause__
 
     def models(self) -> tuple[ModelInfo, ...]:
         """``GET /v1/models``."""
-        payload = self._json(self._send("GET", "/models"))
+        url = self.base_url + "/models"
+        try:
+            deadline = self._clock() + self.timeout_s
+            response = self._send("GET", url, deadline)
+            payload = self._json(self._read_body(response, deadline, url, self.timeout_s))
+        except RequestError as exc:
+            raise self._scrubbed(exc) from exc.__cause__
         data = payload.get("data")
         if not isinstance(data, list):
             raise invalid("GET /models answered without a 'data' list")
@@ -150,18 +202,27 @@ class OpenAIClient:
                 max_len = item.get("max_model_len")
                 out.append(
                     ModelInfo(
-                        id=item["id"],
-                        root=root if isinstance(root, str) else None,
+                        id=valid_text(item["id"]),
+                        root=valid_text(root) if isinstance(root, str) else None,
                         max_model_len=max_len if isinstance(max_len, int) else None,
                     )
                 )
         return tuple(out)
 
     def get_text(self, url_or_path: str, *, timeout_s: float = 5.0) -> str:
-        """GET a plain-text resource: a path under the server root (``/metrics``) or a URL."""
+        """GET a plain-text resource: a path under the server root (``/metrics``) or a URL.
+
+        A URL on another origin gets no key of the target's (only ``metrics_key``, if given).
+        """
         url = url_or_path if "://" in url_or_path else self.server_root + url_or_path
-        response = self._send("GET", url, timeout_s=timeout_s, absolute=True)
-        return response.data.decode("utf-8", errors="replace")
+        headers = self._headers if origin(url) == self.origin else self._foreign_headers
+        deadline = self._clock() + timeout_s
+        try:
+            response = self._send("GET", url, deadline, headers=headers, timeout_s=timeout_s)
+            body = self._read_body(response, deadline, url, timeout_s)
+            return body.decode("utf-8", errors="replace")
+        except RequestError as exc:
+            raise self._scrubbed(exc) from exc.__cause__
 
     @property
     def server_root(self) -> str:
@@ -176,69 +237,108 @@ class OpenAIClient:
     def _send(
         self,
         method: str,
-        path: str,
+        url: str,
+        deadline: float,
         *,
         body: dict[str, Any] | None = None,
-        stream: bool = False,
+        headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
-        absolute: bool = False,
     ) -> urllib3.BaseHTTPResponse:
-        """One HTTP exchange; the body is read here unless ``stream`` (then the caller closes)."""
-        url = path if absolute else self.base_url + path
-        read_timeout = timeout_s if timeout_s is not None else self.timeout_s
+        """Send one request and return once its headers arrived; the caller reads the body."""
+        total = timeout_s if timeout_s is not None else self.timeout_s
         try:
             response = self._pool.urlopen(
                 method,
                 url,
                 body=json.dumps(body, ensure_ascii=False).encode("utf-8") if body else None,
-                headers=self._headers,
-                timeout=self._timeout(read_timeout),
-                preload_content=not stream,
+                headers=headers or self._headers,
+                timeout=self._timeout(total),
+                preload_content=False,
                 redirect=False,
                 retries=False,
             )
         except NewConnectionError as exc:  # a subclass of ConnectTimeoutError: test it first
             raise connection_error(url, exc) from exc
         except ConnectTimeoutError as exc:
-            raise request_error("connect", f"connection to {url} timed out", exc) from exc
-        except ReadTimeoutError as exc:
             raise request_error(
-                "timeout", f"no answer from {url} within {read_timeout:g} s", exc
+                "connect", f"connection to {url} timed out after {self.connect_timeout_s:g} s", exc
             ) from exc
+        except ReadTimeoutError as exc:
+            raise request_error("timeout", f"no answer from {url} within {total:g} s", exc) from exc
         except (ProtocolError, OSError) as exc:
             raise connection_error(url, exc) from exc
         except HTTPError as exc:
             raise request_error("connect", f"request to {url} failed: {exc}", exc) from exc
         if response.status >= 400:
+            complete = False
             try:
-                text = _body_text(response) if stream else response.data.decode("utf-8", "replace")
+                reader = self._reader(response, url, deadline, total)
+                raw, complete = reader.read_some(ERROR_BODY_BYTES)
+            except RequestError:
+                raw = b""
             finally:
-                _finish(response, complete=not stream)
+                _finish(response, complete=complete)
+            text = raw.decode("utf-8", "replace")
             raise RequestError(http_error(response.status, text, response.headers))
         return response
 
-    def _timeout(self, read_timeout_s: float) -> urllib3.Timeout:
-        timeout = self._timeouts.get(read_timeout_s)
+    def _timeout(self, total_s: float) -> urllib3.Timeout:
+        timeout = self._timeouts.get(total_s)
         if timeout is None:
-            connect = min(self.connect_timeout_s, read_timeout_s)
-            timeout = self._timeouts[read_timeout_s] = urllib3.Timeout(
-                connect=connect, read=read_timeout_s
+            connect = min(self.connect_timeout_s, total_s)
+            timeout = self._timeouts[total_s] = urllib3.Timeout(
+                total=total_s, connect=connect, read=total_s
             )
         return timeout
 
-    def _json(self, response: urllib3.BaseHTTPResponse) -> dict[str, Any]:
+    def _reader(
+        self, response: urllib3.BaseHTTPResponse, url: str, deadline: float, timeout_s: float
+    ) -> BodyReader:
+        return BodyReader(response, url=url, deadline=deadline, timeout_s=timeout_s,
+                          max_bytes=self._max_bytes, clock=self._clock)  # fmt: skip
+
+    def _read_body(
+        self, response: urllib3.BaseHTTPResponse, deadline: float, url: str, timeout_s: float
+    ) -> bytes:
+        """The whole body, read before ``deadline`` and no larger than the cap."""
+        complete = False
         try:
-            payload = json.loads(response.data)
-        except (ProtocolError, OSError) as exc:
-            raise connection_error(self.base_url, exc) from exc
+            body = self._reader(response, url, deadline, timeout_s).read_all()
+            complete = True
+            return body
+        finally:
+            _finish(response, complete=complete)
+
+    def _json(self, raw: bytes) -> dict[str, Any]:
+        try:
+            payload = json.loads(raw)
         except ValueError as exc:
             raise invalid(f"the server answered with something that is not JSON: {exc}") from exc
+        except RecursionError as exc:
+            raise invalid("the server answered with JSON nested too deeply to parse") from exc
         if not isinstance(payload, dict):
             raise invalid("the server answered with JSON that is not an object")
         return payload
 
+    def _scrubbed(self, exc: RequestError) -> RequestError:
+        """The same failure with valid text and none of our secrets in it (SPEC §11)."""
+        info = exc.info
+        body = info.body
+        clean = replace(
+            info,
+            message=self._scrub(valid_text(info.message)),
+            body=self._scrub(valid_text(body)) if body is not None else None,
+        )
+        return RequestError(clean, exc.exc_type)
+
     def _read_stream(
-        self, response: urllib3.BaseHTTPResponse, start: float, *, chat: bool, url: str
+        self,
+        response: urllib3.BaseHTTPResponse,
+        start: float,
+        deadline: float,
+        *,
+        chat: bool,
+        url: str,
     ) -> Completion:
         texts: dict[int, list[str]] = {}
         finish: dict[int, str | None] = {}
@@ -246,43 +346,26 @@ class OpenAIClient:
         model: str | None = None
         fingerprint: str | None = None
         ttft: float | None = None
-        deadline = start + self.timeout_s
-        try:
-            for event in sse_events(_lines(response)):
-                if event == "[DONE]":
-                    break
-                try:
-                    chunk = json.loads(event)
-                except ValueError as exc:
-                    raise invalid(f"a stream chunk is not JSON: {event[:200]!r}") from exc
-                if not isinstance(chunk, dict):
-                    raise invalid("a stream chunk is not a JSON object")
-                if "error" in chunk:
-                    raise RequestError(error_from_body(500, chunk))
-                model = chunk.get("model") or model
-                fingerprint = chunk.get("system_fingerprint") or fingerprint
-                usage = Usage.from_json(chunk.get("usage")) or usage
-                for choice in chunk.get("choices") or []:
-                    if not isinstance(choice, dict):
-                        continue
-                    index = int(choice.get("index", 0) or 0)
-                    piece = choice_text(choice, chat=chat, delta=True)
-                    if piece:
-                        if ttft is None:
-                            ttft = self._clock() - start
-                        texts.setdefault(index, []).append(piece)
-                    else:
-                        texts.setdefault(index, [])
-                    if choice.get("finish_reason") is not None:
-                        finish[index] = choice["finish_reason"]
-                if self._clock() > deadline:
-                    raise request_error(
-                        "timeout", f"stream still open after {self.timeout_s:g} s", None
-                    )
-        except ReadTimeoutError as exc:
-            raise request_error("timeout", f"stream stalled for {self.timeout_s:g} s", exc) from exc
-        except (HTTPError, OSError) as exc:
-            raise connection_error(url, exc) from exc
+        lines = self._reader(response, url, deadline, self.timeout_s).lines()
+        for event in sse_events(lines):
+            if event == "[DONE]":
+                break
+            try:
+                payload = json.loads(event)
+            except (ValueError, RecursionError) as exc:
+                raise invalid(f"a stream chunk is not JSON: {event[:200]!r}") from exc
+            chunk = parse_chunk(payload, chat=chat)
+            model = chunk.served_model or model
+            fingerprint = chunk.system_fingerprint or fingerprint
+            usage = chunk.usage or usage
+            for index, text, finish_reason in chunk.choices:
+                pieces = texts.setdefault(index, [])
+                if text:
+                    if ttft is None:
+                        ttft = self._clock() - start
+                    pieces.append(text)
+                if finish_reason is not None:
+                    finish[index] = finish_reason
         if not texts:
             raise invalid("the stream carried no choices")
         choices = tuple(
@@ -290,31 +373,6 @@ class OpenAIClient:
             for i in sorted(texts)
         )
         return Completion(choices, usage, model, fingerprint, self._clock() - start, ttft)
-
-
-def _lines(response: urllib3.BaseHTTPResponse) -> Iterator[bytes]:
-    """The lines of a streamed body as they arrive (chunked or not), without line endings."""
-    chunks: Iterator[bytes]
-    if getattr(response, "chunked", False):
-        chunks = response.read_chunked()
-    else:
-        chunks = iter(lambda: response.read1(65536), b"")
-    pending = b""
-    for chunk in chunks:
-        pending += chunk
-        *complete, pending = pending.split(b"\n")
-        for line in complete:
-            yield line.rstrip(b"\r")
-    if pending:
-        yield pending.rstrip(b"\r")
-
-
-def _body_text(response: urllib3.BaseHTTPResponse, limit: int = 65536) -> str:
-    """The (start of the) body of a streamed error answer."""
-    try:
-        return response.read(limit).decode("utf-8", errors="replace")
-    except (HTTPError, OSError):
-        return ""
 
 
 def _finish(response: urllib3.BaseHTTPResponse, *, complete: bool) -> None:

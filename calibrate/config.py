@@ -18,11 +18,14 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
 from calibrate.errors import ConfigError
+from calibrate.redact import redact_url
 
 LadderMode = Literal["wave", "prompt-list"]
 ServerKind = Literal["vllm", "llamacpp", "sglang", "lmdeploy", "ollama", "tgi", "custom"]
 
 DEFAULT_CONFIG_NAME = "calibrate.toml"
+MAX_CONNECT_TIMEOUT_S = 3600.0
+MAX_RESPONSE_MIB = 4096
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,10 @@ class TargetConfig:
     base_url: str = "http://127.0.0.1:8000/v1"
     model: str = "internlm-s2"
     api_key_env: str = "CALIBRATE_API_KEY"
-    timeout_s: float = 600.0
+    timeout_s: float = 600.0  # the whole request: connect, send and every read, streams too
+    connect_timeout_s: float = 10.0
+    max_response_mib: float = 64.0  # a larger answer is invalid_response, never buffered whole
+    gpu_metrics_key_env: str = ""  # names the variable holding a key for --gpu-metrics-url
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,7 @@ class Config:
     paths: PathsConfig = field(default_factory=PathsConfig)
     source: str | None = None
     api_key: str | None = field(default=None, repr=False)
+    gpu_metrics_key: str | None = field(default=None, repr=False)
 
     @property
     def runs_dir(self) -> Path:
@@ -103,11 +110,13 @@ class Config:
         """The resolved values for manifests and ``status --show-config``; the key masked."""
         out: dict[str, Any] = {}
         for f in fields(self):
-            if f.name in ("api_key", "source"):
+            if f.name in ("api_key", "gpu_metrics_key", "source"):
                 continue
             out[f.name] = dataclasses.asdict(getattr(self, f.name))
+        out["target"]["base_url"] = redact_url(self.target.base_url)
         out["source"] = self.source
         out["api_key"] = mask_secret(self.api_key)
+        out["gpu_metrics_key"] = mask_secret(self.gpu_metrics_key)
         return out
 
 
@@ -165,13 +174,27 @@ def load(overrides: Overrides, environ: Mapping[str, str]) -> Config:
     if overrides.model:
         target = replace(target, model=overrides.model)
     target = replace(target, base_url=normalise_base_url(target.base_url))
-    api_key = (
-        environ.get(target.api_key_env)
-        or environ.get("CALIBRATE_API_KEY")
-        or environ.get("OPENAI_API_KEY")
-        or None
+    key_var = next(
+        (v for v in (target.api_key_env, "CALIBRATE_API_KEY", "OPENAI_API_KEY") if environ.get(v)),
+        None,
     )
-    return replace(cfg, target=target, api_key=api_key)
+    api_key = _checked_key(environ, key_var)
+    metrics_key = _checked_key(environ, target.gpu_metrics_key_env or None)
+    return replace(cfg, target=target, api_key=api_key, gpu_metrics_key=metrics_key)
+
+
+def _checked_key(environ: Mapping[str, str], var: str | None) -> str | None:
+    """The key in ``var``, surrounding whitespace stripped (a CRLF .env); never printed."""
+    key = (environ.get(var) or "").strip() if var else ""
+    if not key:
+        return None
+    bad = next((i for i, ch in enumerate(key) if not " " <= ch <= "~"), None)
+    if bad is not None:
+        raise ConfigError(
+            f"the key in ${var} has a control or non-ASCII character at position {bad + 1}",
+            f"Set {var} again to the key alone (no quotes, line breaks or invisible characters).",
+        )
+    return key
 
 
 def normalise_base_url(url: str) -> str:
@@ -265,6 +288,7 @@ def _build_section(
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     _check_ranges(built, name, path)
+    _check_client_limits(built, name, path)
     return built
 
 
@@ -323,6 +347,19 @@ def _between(name: str, value: float, low: float, high: float, *, low_open: bool
         bracket = "(" if low_open else "["
         return f"{name} must be in {bracket}{low:g}, {high:g}], got {value!r}"
     return ""
+
+
+def _check_client_limits(section: Any, name: str, path: Path) -> None:
+    """Bounds of the client's own settings: the connect timeout and the answer-size cap."""
+    if not isinstance(section, TargetConfig):
+        return
+    problems: list[str] = []
+    if not 0 < section.connect_timeout_s <= MAX_CONNECT_TIMEOUT_S:
+        problems.append(f"connect_timeout_s must be in (0, {MAX_CONNECT_TIMEOUT_S:g}]")
+    if not 0 < section.max_response_mib <= MAX_RESPONSE_MIB:
+        problems.append(f"max_response_mib must be in (0, {MAX_RESPONSE_MIB}]")
+    if problems:
+        raise ConfigError(f"[{name}] in {path}: {'; '.join(problems)}")
 
 
 def _check_ranges(section: Any, name: str, path: Path) -> None:

@@ -9,7 +9,10 @@ STARTER_TOML = """\
 base_url = "http://127.0.0.1:8000/v1"
 model = "internlm-s2"              # the name the server registered (see GET /v1/models)
 api_key_env = "CALIBRATE_API_KEY"  # the key itself never goes in this file
-timeout_s = 600                    # per request
+timeout_s = 600                    # per request, all of it (streams too)
+connect_timeout_s = 10
+max_response_mib = 64              # a larger answer is invalid_response
+gpu_metrics_key_env = ""           # variable with a key for --gpu-metrics-url (none by default)
 
 [prompt]                           # the fixed input: do not change it between runs
 text = "用一句话说明什么是定长数组。"

@@ -144,7 +144,10 @@ def open_stage(
     client = OpenAIClient(
         cfg.target.base_url,
         api_key=cfg.api_key,
+        metrics_key=cfg.gpu_metrics_key,
         timeout_s=cfg.target.timeout_s,
+        connect_timeout_s=cfg.target.connect_timeout_s,
+        max_response_mib=cfg.target.max_response_mib,
         max_connections=max(
             64,
             *cfg.sweep.concurrency,

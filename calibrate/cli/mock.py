@@ -4,6 +4,13 @@ Latency is --ttft + --per-token × output tokens; the text is derived from the p
 --text-seed. --slots makes requests queue (a throughput knee), the simulated VRAM is exported on
 /metrics, and the fault flags draw from one random generator seeded by --seed.
 
+Hostile answers, to test clients (also seeded by --seed, drawn apart from the faults):
+--malformed-rate (replies of a wrong shape: "choices": [null], [1], a message that is not an
+object, a number as content, no choices), --echo-headers-rate (HTTP 500 repeating the request's
+headers, Authorization included), --lone-surrogate (answers end with a JSON "\\ud800"),
+--drip-s (answers sent one byte at a time), --keepalive-only (SSE streams of ": ping" comments
+only, for up to --keepalive-limit-s or until the client leaves), --huge-mib (answers padded).
+
 example: calibrate mock --port 8000 --slots 4 --oom-at 12 --fail-rate 0.05
 """
 
@@ -58,6 +65,21 @@ def register(subparsers: Any) -> None:
     p.add_argument("--expose-props", action="store_true", help="serve llama.cpp's GET /props")
     p.add_argument("--log-requests", action="store_true", help="access log on stderr")
     p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--malformed-rate", type=float, default=0.0, metavar="P",
+                   help="replies of a wrong shape (choices [null] or [1], bad message or content, "
+                   "no choices)")  # fmt: skip
+    p.add_argument("--echo-headers-rate", type=float, default=0.0, metavar="P",
+                   help="HTTP 500 whose message repeats the request headers (the key too)")  # fmt: skip
+    p.add_argument("--lone-surrogate", action="store_true",
+                   help='answers end with a lone surrogate, the JSON escape "\\ud800"')  # fmt: skip
+    p.add_argument("--drip-s", type=float, default=0.0, metavar="S",
+                   help="send answers one byte every S seconds (0 = at once)")  # fmt: skip
+    p.add_argument("--keepalive-only", action="store_true",
+                   help='answer with an SSE stream of ": ping" comments and nothing else')  # fmt: skip
+    p.add_argument("--keepalive-limit-s", type=float, default=60.0, metavar="S",
+                   help="--keepalive-only streams end after S seconds (default 60)")  # fmt: skip
+    p.add_argument("--huge-mib", type=float, default=0.0, metavar="N",
+                   help="pad every answer's text to about N MiB")  # fmt: skip
 
 
 def settings_from_args(args: argparse.Namespace) -> MockSettings:
@@ -74,6 +96,8 @@ def settings_from_args(args: argparse.Namespace) -> MockSettings:
     names += ("fail_rate", "reset_rate", "truncate_rate", "slow_rate", "slow_s", "overload_rate")
     names += ("whitespace_variant", "no_done", "no_usage", "usage_in_last_chunk", "strict_422")
     names += ("unknown_model_status", "any_model", "expose_props", "log_requests", "max_model_len")
+    names += ("malformed_rate", "echo_headers_rate", "lone_surrogate", "drip_s", "keepalive_only")
+    names += ("keepalive_limit_s", "huge_mib")
     values = {name: getattr(args, name) for name in names}
     try:
         return MockSettings(

@@ -11,6 +11,7 @@ from typing import Any
 
 from calibrate.cli.common import add_command, load_config, output_for
 from calibrate.ledger import Ledger, target_fingerprint
+from calibrate.redact import redact_url
 from calibrate.server.redaction import redact_config
 from calibrate.stages.status import OPTIONAL_STAGES, STAGE_ORDER, target_status
 
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         out.result({"config": public, "target": target})
         return 0
     status = target_status(cfg, Ledger(cfg.runs_dir), target)
-    out.say(f"target {target}: {cfg.target.model} at {cfg.target.base_url}")
+    out.say(f"target {target}: {cfg.target.model} at {redact_url(cfg.target.base_url)}")
     out.say(f"baseline: {status.baseline or 'none yet'}")
     for stage in (*STAGE_ORDER, *OPTIONAL_STAGES):
         entry = status.latest.get(stage)

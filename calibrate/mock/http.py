@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from calibrate.mock import payloads
+from calibrate.mock.malformed import malformed_body
 from calibrate.mock.model import Admission, MockModel
 from calibrate.mock.payloads import GenerateRequest, Kind, RequestRejected, error_body
 from calibrate.mock.settings import MockSettings
@@ -30,6 +31,7 @@ OOM_MESSAGE = (
     "{total:.2f} GiB of which {free:.2f} GiB is free. Of the allocated memory {used:.2f} GiB is "
     "allocated by PyTorch."
 )
+KEEPALIVE_INTERVAL_S = 0.2
 GENERATE_PATHS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 
 
@@ -151,11 +153,28 @@ class MockHandler(BaseHTTPRequestHandler):
             body = error_body("Internal server error (injected fault).", "InternalServerError", 500)
             self._send_json(500, body)
             return
+        if adm.echo_headers:  # a careless proxy: the request's headers, key included, echoed
+            seen = "; ".join(f"{name}: {value}" for name, value in self.headers.items())
+            body = error_body(f"Internal error handling a request with headers: {seen}",
+                              "InternalServerError", 500)  # fmt: skip
+            self._send_json(500, body)
+            return
+        if settings.keepalive_only:
+            self._keepalive_only()
+            return
         model = self.server.model
         model.acquire(adm)
         gens = [model.generate(p, req.max_tokens, adm) for p in req.prompts]
         prefix = "chatcmpl-" if req.kind == "chat" else "cmpl-"
         rid, created, start = prefix + uuid.uuid4().hex, int(time.time()), time.monotonic()
+        if adm.malformed is not None:
+            head = payloads.envelope(req, rid, created, settings, chunk=req.stream)
+            bad = malformed_body(adm.malformed, req, head, chunk=req.stream)
+            if req.stream:
+                self._send_sse([f"data: {json.dumps(bad)}\n\n".encode(), b"data: [DONE]\n\n"])
+            else:
+                self._send_json(200, bad)
+            return
         if not req.stream:
             steps = max(g.completion_tokens for g in gens)
             if adm.outcome == "reset":
@@ -163,22 +182,55 @@ class MockHandler(BaseHTTPRequestHandler):
                 self._reset()
                 return
             _sleep_until(start + adm.ttft_s + steps * adm.per_token_s)
-            self._send_json(200, payloads.full_response(req, gens, rid, created, settings))
+            answer = payloads.full_response(req, gens, rid, created, settings)
+            self._send_json(200, answer, drip=True)
             return
         events = stream_events(req, gens, rid, created, settings)
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
+        self._sse_headers()
         for n, event in enumerate(events):
             if adm.outcome == "reset" and n == len(events) // 2:
                 self._reset()
                 return
             _sleep_until(start + adm.ttft_s + event.step * adm.per_token_s)
-            frame = event.encode()
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame))
-        self.wfile.write(b"0\r\n\r\n")
+            self._write_chunk(event.encode())
+        self._write(b"0\r\n\r\n")
+
+    def _sse_headers(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def _send_sse(self, frames: list[bytes]) -> None:
+        self._sse_headers()
+        for frame in frames:
+            self._write_chunk(frame)
+        self._write(b"0\r\n\r\n")
+
+    def _keepalive_only(self) -> None:
+        """An SSE stream of ``: ping`` comments and nothing else, until the client leaves."""
+        settings = self.server.settings
+        self._sse_headers()
+        end = time.monotonic() + settings.keepalive_limit_s
+        while time.monotonic() < end:
+            self._write_chunk(b": ping\n\n")
+            time.sleep(min(KEEPALIVE_INTERVAL_S, max(0.0, end - time.monotonic())))
+        self._write(b"0\r\n\r\n")
+
+    def _write_chunk(self, frame: bytes) -> None:
+        self._write(b"%x\r\n%s\r\n" % (len(frame), frame))
+
+    def _write(self, data: bytes) -> None:
+        """Send bytes: at once, or with --drip-s one byte at a time."""
+        drip_s = self.server.settings.drip_s
+        if not drip_s:
+            self.wfile.write(data)
+            return
+        for i in range(len(data)):
+            self.wfile.write(data[i : i + 1])
+            self.wfile.flush()
+            time.sleep(drip_s)
 
     def _reset(self) -> None:
         """Drop the connection with a TCP RST: the client sees a reset, not a clean close."""
@@ -186,12 +238,28 @@ class MockHandler(BaseHTTPRequestHandler):
         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.connection.close()  # the fd really closes when finish() closes rfile
 
-    def _send_json(self, status: int, body: object, headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(body, ensure_ascii=False).encode()
-        self._send(status, data, "application/json", headers)
+    def _send_json(
+        self,
+        status: int,
+        body: object,
+        headers: dict[str, str] | None = None,
+        *,
+        drip: bool = False,
+    ) -> None:
+        try:
+            data = json.dumps(body, ensure_ascii=False).encode()
+        except UnicodeEncodeError:  # a lone surrogate (--lone-surrogate): send it as "\ud800"
+            data = json.dumps(body).encode()
+        self._send(status, data, "application/json", headers, drip=drip)
 
     def _send(
-        self, status: int, data: bytes, ctype: str, headers: dict[str, str] | None = None
+        self,
+        status: int,
+        data: bytes,
+        ctype: str,
+        headers: dict[str, str] | None = None,
+        *,
+        drip: bool = False,
     ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", ctype)
@@ -199,7 +267,10 @@ class MockHandler(BaseHTTPRequestHandler):
         for name, value in (headers or {}).items():
             self.send_header(name, value)
         self.end_headers()
-        self.wfile.write(data)
+        if drip:
+            self._write(data)  # an answer: dripped under --drip-s
+        else:
+            self.wfile.write(data)
 
 
 def _sleep_until(deadline: float) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from calibrate.mock import text
+from calibrate.mock.malformed import SHAPES
 from calibrate.mock.settings import MockSettings
 
 Outcome = Literal["ok", "oom", "fail", "reset", "overload"]
@@ -34,6 +35,8 @@ class Admission:
     per_token_s: float
     truncate: bool
     perturb: bool
+    malformed: str | None = None  # the wrong shape this reply takes (mock.malformed.SHAPES)
+    echo_headers: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,8 @@ class MockModel:
         self.settings = settings
         self._cond = threading.Condition()
         self._rng = random.Random(settings.seed)
+        # The hostile draws have their own generator: adding them kept every fault sequence.
+        self._hostile_rng = random.Random(f"hostile-{settings.seed}")
         self._next_ticket = 0
         self._in_flight = 0
         self._running = 0
@@ -85,6 +90,7 @@ class MockModel:
             self._peak_mib = max(self._peak_mib, self._vram_used_mib())
             # Always draw all five, in this order, so a run's fault sequence depends only on seed.
             overload, fail, reset, truncate, slow = (self._rng.random() for _ in range(5))
+            echo, bad, shape = (self._hostile_rng.random() for _ in range(3))
             outcome: Outcome = "ok"
             if s.oom_at is not None and n > s.oom_at:
                 outcome = "oom"
@@ -107,6 +113,8 @@ class MockModel:
                 per_token_s=per_token * self.waves(weight),
                 truncate=truncate < s.truncate_rate,
                 perturb=s.nondeterministic_above is not None and n > s.nondeterministic_above,
+                malformed=SHAPES[int(shape * len(SHAPES))] if bad < s.malformed_rate else None,
+                echo_headers=echo < s.echo_headers_rate,
             )
 
     def waves(self, weight: int) -> int:
@@ -155,6 +163,10 @@ class MockModel:
         finish: FinishReason = "length" if limit < natural else "stop"
         if self.settings.whitespace_variant:
             out += " \n"
+        if self.settings.lone_surrogate:
+            out += "\ud800"
+        if self.settings.huge_mib:
+            out += " " + "x" * max(0, int(self.settings.huge_mib * 1024 * 1024) - len(out) - 1)
         return Generation(text=out, finish_reason=finish, completion_tokens=limit)
 
     def snapshot(self) -> Snapshot:

@@ -39,17 +39,29 @@ class MockSettings:
     expose_props: bool = False
     log_requests: bool = False
     max_model_len: int = 4096
+    # Hostile answers (issue 10): each drawn from its own seeded generator, apart from the faults.
+    malformed_rate: float = 0.0  # a reply of a wrong shape (see mock.malformed.SHAPES)
+    echo_headers_rate: float = 0.0  # HTTP 500 whose message repeats the request's headers
+    lone_surrogate: bool = False  # every answer ends with a JSON "\ud800" (a lone surrogate)
+    drip_s: float = 0.0  # answers sent one byte every drip_s seconds
+    keepalive_only: bool = False  # answers are SSE streams of ": ping" comments, nothing else
+    keepalive_limit_s: float = 60.0  # ... until the client leaves or this long has passed
+    huge_mib: float = 0.0  # answers padded to this many MiB
 
     def __post_init__(self) -> None:
         if not self.models:
             raise ValueError("at least one model name is needed")
-        for name in ("fail_rate", "reset_rate", "truncate_rate", "slow_rate", "overload_rate"):
+        rates = ("fail_rate", "reset_rate", "truncate_rate", "slow_rate", "overload_rate")
+        for name in (*rates, "malformed_rate", "echo_headers_rate"):
             rate = getattr(self, name)
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {rate}")
         if self.slots < 0:
             raise ValueError(f"slots must be ≥ 0 (0 = unlimited), got {self.slots}")
-        if min(self.ttft_s, self.per_token_s, self.slow_s, self.retry_after_s) < 0:
+        times = (self.ttft_s, self.per_token_s, self.slow_s, self.retry_after_s, self.drip_s)
+        if min(times) < 0 or self.keepalive_limit_s <= 0:
             raise ValueError("times must be ≥ 0")
+        if not 0 <= self.huge_mib <= 4096:
+            raise ValueError(f"huge_mib must be in [0, 4096], got {self.huge_mib}")
         if self.unknown_model_status not in (400, 404):
             raise ValueError("unknown_model_status must be 400 or 404")

@@ -24,6 +24,11 @@ class StreamEvent:
         """The SSE frame."""
         return f"data: {self.data}\n\n".encode()
 
+    @classmethod
+    def of(cls, step: int, body: Json, settings: MockSettings) -> StreamEvent:
+        # A lone surrogate cannot be UTF-8: it travels as the JSON escape "\ud800".
+        return cls(step, json.dumps(body, ensure_ascii=settings.lone_surrogate))
+
 
 def _choice(req: GenerateRequest, index: int, piece: str | None, finish: str | None) -> Json:
     choice: Json = {"index": index}
@@ -38,6 +43,15 @@ def _choice(req: GenerateRequest, index: int, piece: str | None, finish: str | N
     return choice
 
 
+def _pieces(gen: Generation) -> list[str]:
+    """One piece per token; what follows the last token (padding, a surrogate) rides on it."""
+    pieces = text.pieces(gen.text)
+    n = gen.completion_tokens
+    if len(pieces) > n > 0:
+        pieces = [*pieces[: n - 1], "".join(pieces[n - 1 :])]
+    return pieces
+
+
 def stream_events(
     req: GenerateRequest, gens: list[Generation], rid: str, created: int, settings: MockSettings
 ) -> list[StreamEvent]:
@@ -47,7 +61,7 @@ def stream_events(
     if req.kind == "chat":
         role: Json = {"index": 0, "delta": {"role": "assistant", "content": ""}}
         events.append((0, head | {"choices": [role | {"logprobs": None, "finish_reason": None}]}))
-    tokens = [text.pieces(g.text) for g in gens]
+    tokens = [_pieces(g) for g in gens]
     # The whitespace variant's trailing " \n" is not a token: it rides on the last piece.
     last_step = max(g.completion_tokens for g in gens)
     for step in range(last_step):
@@ -64,7 +78,7 @@ def stream_events(
     if with_usage and not settings.usage_in_last_chunk:
         events.append((last_step, head | {"choices": [], "usage": usage(req, gens)}))
     events.sort(key=lambda e: e[0])  # stable: keeps choice order within a step
-    out = [StreamEvent(step, json.dumps(body, ensure_ascii=False)) for step, body in events]
+    out = [StreamEvent.of(step, body, settings) for step, body in events]
     if not settings.no_done:
         out.append(StreamEvent(last_step, DONE))
     return out

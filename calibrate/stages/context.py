@@ -15,6 +15,7 @@ from calibrate.gpu import gpu_snapshot
 from calibrate.identity import TargetIdentity, Weights
 from calibrate.ledger import Ledger
 from calibrate.records import LedgerEntry, SamplingParams
+from calibrate.redact import redact_url
 from calibrate.server.redaction import redact_config
 from calibrate.store import RunDir
 from calibrate.summaries import Summary
@@ -92,7 +93,7 @@ def manifest(
     out: dict[str, Any] = {
         "run_id": ctx.run.run_id,
         "stage": ctx.run.stage,
-        "command": command,
+        "command": [redact_url(arg) for arg in command],  # --base-url may carry userinfo
         "target": ctx.target,
         "forced": ctx.forced,
         "config": redact_config(ctx.config.to_public_json()),

@@ -11,6 +11,7 @@ from typing import Any
 from calibrate.errors import ErrorInfo, InputError, RequestError, ServerUnreachable
 from calibrate.ledger import baseline_path
 from calibrate.records import RequestRecord, ServerIdentity, incomplete_reason, utc_now_iso
+from calibrate.redact import redact_url
 from calibrate.stages.context import StageContext
 from calibrate.store import dumps_line, read_jsonl, write_atomic
 
@@ -21,7 +22,7 @@ START_HINT = "Start it, or try the built-in one: make mock"
 
 def unreachable(info: ErrorInfo | None, base_url: str) -> ServerUnreachable:
     """Exit 4 with the client's own words (refused, name not resolved, no route)."""
-    message = info.message if info is not None else f"no server at {base_url}"
+    message = info.message if info is not None else f"no server at {redact_url(base_url)}"
     return ServerUnreachable(message, START_HINT)
 
 

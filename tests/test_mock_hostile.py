@@ -1,0 +1,172 @@
+"""The mock's hostile answers (issue 10): wrong shapes, echoed headers, lone surrogates, drips,
+keep-alive-only streams, huge bodies — each deterministic, each over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from typing import Any
+
+import pytest
+import requests
+
+from calibrate.cli import build_parser
+from calibrate.cli.mock import settings_from_args
+from tests.mockserver import start_mock
+
+FAST: dict[str, Any] = {"ttft_s": 0.001, "per_token_s": 0.0001}
+CHAT = {"model": "internlm-s2", "messages": [{"role": "user", "content": "What is an array?"}]}
+STREAM = CHAT | {"stream": True}
+
+
+def _shape(reply: dict[str, Any]) -> str:
+    """Which wrong shape a reply has (the mock's names)."""
+    if "choices" not in reply:
+        return "no-choices"
+    (choice,) = reply["choices"]
+    if choice is None:
+        return "choices-null"
+    if choice == 1:
+        return "choices-number"
+    message = choice["message"]
+    if not isinstance(message, dict):
+        return "message-string"
+    assert message["content"] == 42
+    return "content-number"
+
+
+def _shapes(seed: int, n: int = 40) -> list[str]:
+    with start_mock(**FAST, malformed_rate=1.0, seed=seed) as mock:
+        url = f"{mock.base_url}/chat/completions"
+        return [_shape(requests.post(url, json=CHAT, timeout=5).json()) for _ in range(n)]
+
+
+def test_malformed_rate_sends_every_wrong_shape_reproducibly() -> None:
+    first = _shapes(seed=3)
+    assert set(first) == {
+        "no-choices",
+        "choices-null",
+        "choices-number",
+        "message-string",
+        "content-number",
+    }
+    assert _shapes(seed=3) == first  # same seed, same sequence
+    with start_mock(**FAST, malformed_rate=0.3, seed=1) as mock:
+        url = f"{mock.base_url}/chat/completions"
+        replies = [requests.post(url, json=CHAT, timeout=5).json() for _ in range(60)]
+    good = [r for r in replies if isinstance((r.get("choices") or [None])[0], dict)
+            and isinstance(r["choices"][0].get("message"), dict)
+            and isinstance(r["choices"][0]["message"]["content"], str)]  # fmt: skip
+    assert 20 < len(good) < 60  # a rate, not all or nothing
+
+
+def test_malformed_streams_carry_a_wrong_chunk() -> None:
+    with start_mock(**FAST, malformed_rate=1.0) as mock:
+        text = requests.post(f"{mock.base_url}/chat/completions", json=STREAM, timeout=5).text
+    events = [line[6:] for line in text.split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and len(events) == 2
+    chunk = json.loads(events[0])
+    assert chunk["object"] == "chat.completion.chunk"
+    assert (
+        "choices" not in chunk
+        or not isinstance(chunk["choices"][0], dict)
+        or (
+            not isinstance(chunk["choices"][0].get("delta"), dict)
+            or not isinstance(chunk["choices"][0]["delta"].get("content"), str)
+        )
+    )
+
+
+def test_echo_headers_repeats_the_authorization_header_in_a_500() -> None:
+    with start_mock(**FAST, echo_headers_rate=1.0) as mock:
+        resp = requests.post(
+            f"{mock.base_url}/chat/completions",
+            json=CHAT,
+            headers={"Authorization": "Bearer sk-echo-me"},
+            timeout=5,
+        )
+    assert resp.status_code == 500
+    assert "Authorization: Bearer sk-echo-me" in resp.json()["message"]
+
+
+def test_lone_surrogate_travels_as_a_json_escape() -> None:
+    with start_mock(**FAST, lone_surrogate=True) as mock:
+        url = f"{mock.base_url}/chat/completions"
+        raw = requests.post(url, json=CHAT, timeout=5).content
+        streamed = requests.post(url, json=STREAM, timeout=5).content
+    assert b"\\ud800" in raw and json.loads(raw)["choices"][0]["message"]["content"][-1] == "\ud800"
+    assert b"\\ud800" in streamed
+
+
+def test_drip_sends_the_answer_one_byte_at_a_time() -> None:
+    with start_mock(**FAST, drip_s=0.002) as mock:
+        start = time.monotonic()
+        resp = requests.post(f"{mock.base_url}/chat/completions", json=CHAT, timeout=30)
+        elapsed = time.monotonic() - start
+        health = requests.get(f"{mock.base_url}/models", timeout=5)  # only answers drip
+    assert resp.status_code == 200 and resp.json()["choices"][0]["message"]["content"]
+    assert elapsed >= 0.9 * len(resp.content) * 0.002
+    assert health.elapsed.total_seconds() < 0.5
+
+
+def test_keepalive_only_streams_pings_and_nothing_else_until_its_limit() -> None:
+    with start_mock(**FAST, keepalive_only=True, keepalive_limit_s=0.6) as mock:
+        start = time.monotonic()
+        resp = requests.post(f"{mock.base_url}/chat/completions", json=STREAM, timeout=10)
+        elapsed = time.monotonic() - start
+    frames = [f for f in resp.text.split("\n\n") if f]
+    assert len(frames) >= 2 and set(frames) == {": ping"}
+    assert 0.5 <= elapsed < 5
+
+
+def test_keepalive_only_ends_when_the_client_leaves() -> None:
+    with start_mock(**FAST, keepalive_only=True, keepalive_limit_s=30) as mock:
+        request = json.dumps(STREAM).encode()
+        with socket.create_connection(("127.0.0.1", mock.port), timeout=5) as sock:
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                b"\r\nContent-Length: %d\r\n\r\n%s" % (len(request), request)
+            )
+            got = b""
+            while b": ping" not in got:
+                got += sock.recv(4096) or b"<closed>"
+                assert b"<closed>" not in got
+        deadline = time.monotonic() + 5
+        while mock.model.snapshot().in_flight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mock.model.snapshot().in_flight == 0  # the handler noticed and ended
+
+
+def test_huge_mib_pads_the_answer() -> None:
+    with start_mock(**FAST, huge_mib=2) as mock:
+        url = f"{mock.base_url}/chat/completions"
+        full = requests.post(url, json=CHAT, timeout=10)
+        streamed = requests.post(url, json=STREAM, timeout=10)
+    assert len(full.json()["choices"][0]["message"]["content"]) >= 2 * 1024 * 1024 - 1
+    assert len(streamed.content) > 2 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("flags", "field", "value"),
+    [
+        (["--malformed-rate", "0.5"], "malformed_rate", 0.5),
+        (["--echo-headers-rate", "1"], "echo_headers_rate", 1.0),
+        (["--lone-surrogate"], "lone_surrogate", True),
+        (["--drip-s", "0.5"], "drip_s", 0.5),
+        (["--keepalive-only", "--keepalive-limit-s", "5"], "keepalive_only", True),
+        (["--huge-mib", "3"], "huge_mib", 3.0),
+    ],
+)
+def test_hostile_flags_reach_the_settings(flags: list[str], field: str, value: object) -> None:
+    args = build_parser().parse_args(["mock", *flags])
+    assert getattr(settings_from_args(args), field) == value
+
+
+def test_hostile_flags_are_documented(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["mock", "--help"])
+    text = capsys.readouterr().out
+    for flag in ("--malformed-rate", "--echo-headers-rate", "--lone-surrogate", "--drip-s",
+                 "--keepalive-only", "--huge-mib"):  # fmt: skip
+        assert flag in text
