@@ -14,7 +14,7 @@ from pathlib import Path
 from calibrate.config import Config, ServerKind
 from calibrate.errors import ServerUnreachable, UsageError
 from calibrate.records import utc_now_iso
-from calibrate.server import process, readiness
+from calibrate.server import exit_status, process, readiness
 from calibrate.server.builders import EngineCommand, LaunchSpec
 from calibrate.server.process import ServerRecord, StopResult
 
@@ -82,11 +82,13 @@ def start(
         health_path=health_path, started_at=utc_now_iso(), log_offset=offset,
         batch_size=batch_size, concurrency=concurrency, script=script,
         vram_used_mib_before=vram_used_mib_before,
+        status_file=str(exit_status.status_path(runs_dir)),
     )  # fmt: skip
     process.save(record, runs_dir)
     ready = readiness.wait_ready(
-        local_root(port), health_path, ready_timeout_s, exited=lambda: process.exit_code(pid)
-    )
+        local_root(port), health_path, ready_timeout_s,
+        exited=lambda: process.exit_code(pid, record.status_file),
+    )  # fmt: skip
     if ready.ready:
         return Started(record, ready.elapsed_s)
     tail = process.log_tail(runs_dir, TAIL_LINES, offset)

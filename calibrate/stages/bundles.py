@@ -10,6 +10,7 @@ from typing import Any
 
 from calibrate.gpu import GpuSnapshot, gpu_snapshot
 from calibrate.incidents import Incident, incident_name, write_incident
+from calibrate.server import exit_status
 from calibrate.stages.tiers import ItemResult
 from calibrate.store import RunDir
 from calibrate.vram import VramMonitor, WindowPeak
@@ -103,14 +104,23 @@ class IncidentRecorder:
         vram = self._vram(snap, peak)
         alive = pid_alive(server.pid) if server.pid is not None else None
         tail = log_tail(self.runs_dir / "server.log") if server.managed else None
+        dead_pid = server.pid if server.managed and alive is False else None
+        ended = None
+        if dead_pid is not None:
+            ended = exit_status.wait_for(exit_status.status_path(self.runs_dir), dead_pid)
         paths: list[Path] = []
         for item in failed:
             assert item.error is not None
+            error = item.error
+            if dead_pid is not None and error.kind in exit_status.DEATH_KINDS:
+                error = exit_status.died_error(error, dead_pid, ended)
             incident = Incident(
                 stage=self.run.stage, batch_size=batch_size, concurrency=concurrency, round=round_no,
-                request_body=item.body, request_headers=self.headers, error=item.error,
+                request_body=item.body, request_headers=self.headers, error=error,
                 exception_type=item.exception_type, traceback=item.traceback,
                 server_pid=server.pid, vram=vram, log_tail=tail,
+                server_exit_code=ended.exit_code if ended else None,
+                server_signal=ended.signal if ended else None,
                 extra={"item": item.index, "path": item.path, "elapsed_s": round(item.elapsed_s, 6),
                        "server_found_by": server.found_by, "server_alive": alive},
             )  # fmt: skip
