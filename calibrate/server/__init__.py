@@ -22,13 +22,17 @@ TAIL_LINES = 20
 
 
 def launch_spec(
-    cfg: Config, kind: ServerKind, batch_size: int | None, concurrency: int | None
+    cfg: Config,
+    kind: ServerKind,
+    batch_size: int | None,
+    concurrency: int | None,
+    context_tokens: int | None = None,
 ) -> LaunchSpec:
     """The [server] section plus a setting, for the builders."""
     return LaunchSpec(
         kind=kind, model_path=cfg.server.model_path, port=cfg.server.port,
         batch_size=batch_size, concurrency=concurrency, served_name=cfg.target.model,
-        command=cfg.server.command,
+        command=cfg.server.command, context_tokens=context_tokens,
     )  # fmt: skip
 
 

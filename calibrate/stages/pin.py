@@ -20,6 +20,7 @@ from calibrate.server.builders import SERVER_KINDS, EngineCommand, build
 from calibrate.server.launch_script import PinnedValues
 from calibrate.stages.active import verified_batch
 from calibrate.stages.context import StageContext
+from calibrate.stages.pin_context import WorkloadContext, verified_workload
 
 
 @dataclass(frozen=True)
@@ -65,12 +66,15 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
     batch, entry = verified
     concurrency, concurrency_from = recommended_concurrency(ctx)
     cfg = ctx.config
-    command = build(server.launch_spec(cfg, engine, batch, concurrency))
+    sized = _llamacpp_context(ctx, max(batch, concurrency)) if engine == "llamacpp" else None
+    tokens = sized.context_tokens if sized else None
+    command = build(server.launch_spec(cfg, engine, batch, concurrency, tokens))
     source = f"{'ladder' if entry.stage == 'ladder' else 'rollback'} run {entry.run_id}"
     values = PinnedValues(
         kind=engine, model_path=cfg.server.model_path, port=cfg.server.port, batch_size=batch,
         concurrency=concurrency, verified_by=source, verified_at=entry.ts,
         concurrency_from=concurrency_from, pinned_by=ctx.run.run_id, pinned_at=utc_now_iso(),
+        context=sized.describe() if sized else "",
     )  # fmt: skip
     text = launch_script.render(values, command)
     path = out or cfg.scripts_dir / "launch.sh"
@@ -79,3 +83,9 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
     result = PinResult(path, values, command)
     ctx.record_result(True, result.summary())
     return result
+
+
+def _llamacpp_context(ctx: StageContext, slots: int) -> WorkloadContext | None:
+    """-c from the latest passing ladder's requests (None: the builder's default per slot)."""
+    ladder = ctx.ledger.latest("ladder", ctx.target, passed=True)
+    return verified_workload(ctx.config.runs_dir, ladder.run_id, slots) if ladder else None
