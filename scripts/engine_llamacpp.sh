@@ -5,14 +5,17 @@
 #
 #   scripts/engine_llamacpp.sh install       build llama-server into the cache if it is missing
 #   scripts/engine_llamacpp.sh build-model   write tests/engine/model.gguf (F32) if it is missing
+#   scripts/engine_llamacpp.sh check-model   rebuild the GGUF aside and require it byte-identical
 #   scripts/engine_llamacpp.sh bin-dir       print the cache folder holding llama-server
 #   scripts/engine_llamacpp.sh start [PORT]  start llama-server on the tiny GGUF, wait for /health
 #   scripts/engine_llamacpp.sh stop          stop the server this script started (its group only)
 #
 # Files: ~/.cache/calibrate/llama.cpp/<version>/bin/llama-server (+ its shared libraries),
-# runs/llamacpp.log, runs/llamacpp.pid (process-group leader), runs/llamacpp.port.
+# .cache/venv-gguf (the pinned gguf package), runs/llamacpp.log, runs/llamacpp.pid (process-group
+# leader), runs/llamacpp.port. The engine suite does not use start/stop: calibrate manages the
+# server itself there ([server] kind = "llamacpp"); they are for trying it by hand.
 # Environment overrides: LLAMACPP_CACHE (default ~/.cache/calibrate/llama.cpp), LLAMACPP_JOBS
-# (default 2), LLAMACPP_GGUF (default tests/engine/model.gguf), ENGINE_VENV (default .venv-engine).
+# (default 2), LLAMACPP_GGUF (default tests/engine/model.gguf), ENGINE_HEALTH_TIMEOUT (s, 120).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,7 +28,7 @@ PREFIX="${CACHE_ROOT}/${LLAMA_CPP_PYTHON_VERSION}"
 BIN="${PREFIX}/bin/llama-server"
 JOBS="${LLAMACPP_JOBS:-2}"
 GGUF="${LLAMACPP_GGUF:-tests/engine/model.gguf}"
-VENV="${ENGINE_VENV:-.venv-engine}"
+GGUF_VENV=".cache/venv-gguf"
 MODEL_DIR="tests/engine/model"
 HEALTH_TIMEOUT="${ENGINE_HEALTH_TIMEOUT:-120}"
 RUNS="runs"
@@ -103,14 +106,119 @@ cmd_install() {
 
 cmd_bin_dir() { echo "${PREFIX}/bin"; }
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+gguf_venv() {
+    if [[ -x "${GGUF_VENV}/bin/python" ]] && "${GGUF_VENV}/bin/python" -c 'import gguf' >/dev/null 2>&1; then
+        return 0
+    fi
+    say "creating ${GGUF_VENV} with ${GGUF_PIN}"
+    python3 -m venv "${GGUF_VENV}" || die "could not create ${GGUF_VENV}"
+    "${GGUF_VENV}/bin/python" -m pip install --quiet "${GGUF_PIN}" \
+        || die "pip could not install ${GGUF_PIN} into ${GGUF_VENV} (see above); remove it and retry"
+}
+
+cmd_build_model() {
+    if [[ -f "${GGUF}" ]]; then
+        say "${GGUF} already built: nothing to do (delete it to rebuild)"
+        return 0
+    fi
+    [[ -f "${MODEL_DIR}/model.safetensors" ]] || die "no ${MODEL_DIR}: scripts/engine.sh build-model first"
+    gguf_venv
+    "${GGUF_VENV}/bin/python" scripts/build_tiny_gguf.py "${MODEL_DIR}" "${GGUF}"
+}
+
+cmd_check_model() {
+    [[ -f "${GGUF}" ]] || die "no ${GGUF}: scripts/engine_llamacpp.sh build-model first"
+    gguf_venv
+    local aside
+    aside="$(mktemp --suffix=.gguf)"
+    "${GGUF_VENV}/bin/python" scripts/build_tiny_gguf.py "${MODEL_DIR}" "${aside}" >/dev/null
+    if ! cmp -s "${aside}" "${GGUF}"; then
+        rm -f "${aside}"
+        die "a rebuild of ${GGUF} differs from the file: the GGUF build is not reproducible"
+    fi
+    rm -f "${aside}"
+    say "${GGUF}: a rebuild is byte-identical"
+}
+
+live_pid() {
+    [[ -f "${PIDFILE}" ]] || return 1
+    local pid
+    pid="$(cat "${PIDFILE}")"
+    [[ "${pid}" =~ ^[0-9]+$ ]] && kill -0 "${pid}" 2>/dev/null || return 1
+    echo "${pid}"
+}
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+kill_group() {
+    # SIGTERM the process group this script started, SIGKILL after 10 s.
+    local pid="$1" i
+    kill -TERM -- "-${pid}" 2>/dev/null || true
+    for ((i = 0; i < 100; i++)); do
+        kill -0 -- "-${pid}" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    kill -KILL -- "-${pid}" 2>/dev/null || true
+}
+
+cmd_start() {
+    local port="${1:-}" pid url start code
+    bin_ok || die "no working ${BIN}: scripts/engine_llamacpp.sh install first"
+    [[ -f "${GGUF}" ]] || die "no ${GGUF}: scripts/engine_llamacpp.sh build-model first"
+    if pid="$(live_pid)"; then
+        die "llama-server already runs (pid ${pid}): scripts/engine_llamacpp.sh stop first"
+    fi
+    mkdir -p "${RUNS}"
+    port="${port:-$(free_port)}"
+    [[ "${port}" =~ ^[0-9]+$ ]] || die "port must be a number, got '${port}'"
+    url="http://127.0.0.1:${port}"
+    : >"${LOG}"
+    setsid "${BIN}" -m "${GGUF}" --host 127.0.0.1 --port "${port}" --parallel 4 --metrics \
+        </dev/null >>"${LOG}" 2>&1 &
+    pid=$!
+    echo "${pid}" >"${PIDFILE}"
+    echo "${port}" >"${PORTFILE}"
+    start=${SECONDS}
+    while true; do
+        kill -0 "${pid}" 2>/dev/null || fail_with_log "llama-server start (it exited)" "${LOG}"
+        code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "${url}/health" || true)"
+        [[ "${code}" == "200" ]] && break
+        if ((SECONDS - start >= HEALTH_TIMEOUT)); then
+            kill_group "${pid}"
+            rm -f "${PIDFILE}" "${PORTFILE}"
+            fail_with_log "waiting ${HEALTH_TIMEOUT}s for /health" "${LOG}"
+        fi
+        sleep 0.3
+    done
+    say "ready: base_url ${url}/v1  pid ${pid}  (any model name is accepted)"
+    echo "${url}/v1"
+}
+
+cmd_stop() {
+    local pid
+    if pid="$(live_pid)"; then
+        kill_group "${pid}"
+        say "stopped process group ${pid}"
+    else
+        say "no llama-server started by this script is running"
+    fi
+    rm -f "${PIDFILE}" "${PORTFILE}"
+}
+
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
 
 main() {
     local sub="${1:-}"
     shift || true
     case "${sub}" in
         install) cmd_install "$@" ;;
+        build-model) cmd_build_model "$@" ;;
+        check-model) cmd_check_model "$@" ;;
         bin-dir) cmd_bin_dir "$@" ;;
+        start) cmd_start "$@" ;;
+        stop) cmd_stop "$@" ;;
         -h | --help | help) usage ;;
         *) usage >&2; exit 2 ;;
     esac

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -60,6 +61,16 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str] | None:
             return [line.rstrip("\n") for line in handle.readlines()[-lines:]]
     except OSError:
         return None
+
+
+def first_error(folder: Path) -> str | None:
+    """The error message of the earliest bundle in ``folder`` (the server's own words)."""
+    try:
+        bundles = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+        error = json.loads(bundles[0].read_text("utf-8"))["error"] if bundles else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return str(error["message"]) if isinstance(error, dict) and error.get("message") else None
 
 
 class IncidentRecorder:
