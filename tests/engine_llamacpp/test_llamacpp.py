@@ -30,6 +30,12 @@ from tests.engine_llamacpp.conftest import (
 pytestmark = pytest.mark.engine
 
 
+def show(text: str) -> None:
+    """For the CI log (with -s): past capsys, which the next in-process command would swallow."""
+    sys.__stdout__.write(text + "\n")
+    sys.__stdout__.flush()
+
+
 def _records(root: Path, run_id: str) -> list[dict]:
     text = (root / "runs" / run_id / "records.jsonl").read_text("utf-8")
     return [json.loads(line) for line in text.splitlines()]
@@ -63,8 +69,15 @@ def test_single_stream_without_usage_in_chunks(cli, llama: str, isolated: Path) 
     result = cli("single", "--stream", "--json")
     assert result.code == 0, result.err
     (record,) = _records(isolated, result.json["run_id"])
-    print(json.dumps(record, indent=1)[:1500])
     assert record["ttft_s"] is not None and record["text"].strip() == "2 plus 3 is 5."
+    # llama.cpp streams usage only when asked (stream_options.include_usage, which calibrate
+    # sends): then in a last chunk with empty choices; without it, no chunk carries usage.
+    assert record["usage"]["completion_tokens"] == 7 and record["usage"]["prompt_tokens"] > 0
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": PROMPT}],
+            "temperature": 0, "max_tokens": 32, "stream": True}  # fmt: skip
+    raw = requests.post(f"{llama}/v1/chat/completions", json=body, timeout=30).text
+    chunks = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
+    assert chunks and not any("usage" in chunk for chunk in chunks)
 
 
 def test_repro_identical(cli, llama: str) -> None:
@@ -86,10 +99,9 @@ def test_ladder_all_tiers_pass(cli, llama: str, isolated: Path) -> None:
         .read_text("utf-8")
         .splitlines()
     ]
-    print(result.err)
     assert [t["batch_size"] for t in tiers] == [1, 2, 4, 8]
     assert all(t["verdict"] in ("pass", "stop: latency") for t in tiers), tiers
-    print("\n" + result.err)
+    show("\n" + result.err)
 
 
 class QueueWatch:
@@ -150,8 +162,8 @@ def test_sweep_at_parallel_4_knee_explained_by_the_queue(cli, llama: str, isolat
     tasks = _tasks(isolated, "long.jsonl", [LONG_PROMPT])
     with QueueWatch(llama) as queue:
         result = cli("sweep", "--tasks", str(tasks), "--json")
-    print("\n" + result.err)
-    print(
+    show("\n" + result.err)
+    show(
         f"llamacpp:requests_deferred max {queue.deferred_max}, requests_processing max {queue.processing_max}"
     )
     assert result.code == 0, result.err
@@ -178,7 +190,7 @@ def test_rollback_really_stops_and_restarts_at_the_verified_batch(
     assert new != old and process.start_id(new) is not None
     assert requests.get(f"{llama}/props", timeout=5).json()["total_slots"] == 2
     assert "restored: batch 2, concurrency 1" in result.err
-    print("\n" + result.err)
+    show("\n" + result.err)
 
 
 def test_pin_then_start_from_the_script_then_verify(cli, llama: str, isolated: Path) -> None:
@@ -189,7 +201,7 @@ def test_pin_then_start_from_the_script_then_verify(cli, llama: str, isolated: P
     assert pin.code == 0, pin.err
     script = isolated / "scripts/launch.sh"
     text = script.read_text("utf-8")
-    print("\n" + text)
+    show("\n" + text)
     ladder_records = [r for p in (isolated / "runs").glob("*-ladder-*/records.jsonl")
                       for r in map(json.loads, p.read_text("utf-8").splitlines()) if r["ok"]]  # fmt: skip
     longest = max(r["usage"]["prompt_tokens"] for r in ladder_records)
@@ -242,7 +254,7 @@ def test_batch_200_items_resumes_after_kill_9(cli, llama: str, isolated: Path) -
     lines = [json.loads(x) for x in out.read_text("utf-8").splitlines() if x.strip()]
     ok = {line["id"] for line in lines if line["ok"]}
     assert ok == set(range(200))
-    print(f"\nkilled after {done_before} results; the rerun finished the other {200 - done_before}")
+    show(f"\nkilled after {done_before} results; the rerun finished the other {200 - done_before}")
 
 
 def test_server_killed_mid_ladder_is_server_died_then_rollback_restores(
@@ -266,7 +278,7 @@ def test_server_killed_mid_ladder_is_server_died_then_rollback_restores(
     killer.start()
     result = cli("ladder", "--json")
     killer.join()
-    print("\n" + result.err)
+    show("\n" + result.err)
     incidents = sorted((isolated / "runs").glob("*-ladder-*/incidents/*.json"))
     assert incidents, result.err
     bundle = json.loads(incidents[0].read_text("utf-8"))
@@ -277,11 +289,11 @@ def test_server_killed_mid_ladder_is_server_died_then_rollback_restores(
     abridged = {k: bundle[k] for k in ("stage", "batch_size", "concurrency", "round", "error")}
     abridged["server"] = {**bundle["server"], "log_tail": bundle["server"]["log_tail"][-3:]}
     abridged["error"] = {k: abridged["error"][k] for k in ("kind", "message", "exception_type")}
-    print(json.dumps(abridged, indent=1))
+    show(json.dumps(abridged, indent=1))
     status = cli("server", "status", "--json")
     assert "killed by SIGKILL" in status.err
     rollback = cli("rollback", "--json")
-    print(rollback.err)
+    show(rollback.err)
     assert rollback.code == 0, rollback.err
     assert "exit code -9" in rollback.err
     assert requests.get(f"{llama}/health", timeout=5).status_code == 200
@@ -294,7 +306,7 @@ def test_prompt_over_the_context_fails_with_llamacpps_message(
     assert cli("single").code == 0 and cli("repro").code == 0
     tasks = _tasks(isolated, "long.jsonl", ["What is 2 plus 3? " * 120])
     result = cli("ladder", "--tasks", str(tasks), "--json")
-    print("\n" + result.err)
+    show("\n" + result.err)
     assert result.code == 1
     assert "exceeds the available context size" in result.err
     (incident, *_) = sorted((isolated / "runs").glob("*-ladder-*/incidents/*.json"))
