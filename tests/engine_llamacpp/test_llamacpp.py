@@ -22,6 +22,7 @@ from calibrate.server import process
 from tests.engine_llamacpp.conftest import (
     LONG_PROMPT,
     MODEL_NAME,
+    PROMPT,
     metric,
     wait_for,
     write_llamacpp_config,
