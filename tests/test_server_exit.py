@@ -97,3 +97,14 @@ def test_exit_status_describes_codes_and_signals() -> None:
     assert exit_status.ExitStatus.from_returncode(7, 3).describe() == "exited with code 3"
     killed = exit_status.ExitStatus.from_returncode(7, -9)
     assert killed.describe() == "killed by SIGKILL" and killed.exit_code == -9
+
+
+def test_first_error_is_the_earliest_bundles_own_message(tmp_path: Path) -> None:
+    from calibrate.stages.bundles import first_error
+
+    assert first_error(tmp_path / "none") is None
+    older, newer = tmp_path / "2-1-0.json", tmp_path / "1-1-0.json"
+    older.write_text(json.dumps({"error": {"message": "HTTP 400: request (847 tokens) exceeds"}}))
+    newer.write_text(json.dumps({"error": {"message": "later"}}))
+    os.utime(older, ns=(1, 1))
+    assert first_error(tmp_path) == "HTTP 400: request (847 tokens) exceeds"
