@@ -17,12 +17,24 @@ from calibrate.errors import InputError
 
 Verdict = Literal["identical", "whitespace-only", "differs"]
 
-VOLATILE_FIELDS = ("run_id", "ts", "elapsed_s", "ttft_s", "stage")
+# what a run was, not what the model answered: timing, run identity, the target's fingerprint
+# (a port change is the same server) and the tier a ladder record came from
+VOLATILE_FIELDS = (
+    "run_id",
+    "ts",
+    "elapsed_s",
+    "ttft_s",
+    "stage",
+    "target",
+    "batch_size",
+    "concurrency",
+    "round",
+)
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 def default_program(ignore: Sequence[str] = ()) -> str:
-    """``del(.run_id, .ts, .elapsed_s, .ttft_s, .stage)`` plus one ``.field`` per --ignore."""
+    """``del(.run_id, .ts, …)`` of ``VOLATILE_FIELDS`` plus one ``.field`` per --ignore."""
     paths = [f".{name}" for name in VOLATILE_FIELDS]
     for name in ignore:
         if not _FIELD.match(name):

@@ -44,7 +44,6 @@ class PromptConfig:
 class LadderConfig:
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     rounds: int = 2
-    concurrency: int = 1
     mode: LadderMode = "wave"
     vram_limit: float = 0.90
     latency_rise: float = 1.5
@@ -117,6 +116,15 @@ SECTIONS: dict[str, type[Any]] = {
     "sweep": SweepConfig,
     "server": ServerConfig,
     "paths": PathsConfig,
+}
+
+
+#: keys earlier versions accepted, with what to do instead
+REMOVED_KEYS: dict[tuple[str, str], str] = {
+    ("ladder", "concurrency"): (
+        "The ladder sends one batch at a time; requests in flight are the sweep's axis. "
+        "Delete the line, and set [sweep] concurrency = [...] for the levels to try."
+    ),
 }
 
 
@@ -211,6 +219,10 @@ def _build_section(
     hints = get_type_hints(section_type)
     changes: dict[str, Any] = {}
     for key, value in values.items():
+        if (name, key) in REMOVED_KEYS:
+            raise ConfigError(
+                f"{name}.{key} in {path} is no longer a setting", REMOVED_KEYS[name, key]
+            )
         if key not in hints:
             known = ", ".join(hints)
             raise ConfigError(
@@ -265,8 +277,8 @@ def _check_ranges(section: Any, name: str, path: Path) -> None:
     if isinstance(section, LadderConfig):
         if any(b < 1 for b in section.batch_sizes):
             problems.append("batch_sizes must all be ≥ 1")
-        if section.rounds < 1 or section.concurrency < 1:
-            problems.append("rounds and concurrency must be ≥ 1")
+        if section.rounds < 1:
+            problems.append("rounds must be ≥ 1")
         if not 0 < section.vram_limit <= 1:
             problems.append("vram_limit must be a fraction in (0, 1]")
         if section.sample_interval_s <= 0:

@@ -6,7 +6,9 @@
     │   └── InputError                      malformed tasks file, bad jq program, bad path
     ├── GateClosed                 exit 3  an earlier stage has not passed for this target
     ├── ServerUnreachable          exit 4  no server at the URL, or it never became ready
+    │   └── ServerDied                      a managed server's process exited (its exit code)
     ├── StageFailed                exit 1  the stage ran and failed its check
+    │   └── StepFailed                      one rollback step's check failed (its error kind)
     ├── RequestError               exit 1  one request failed; carries the SPEC §5.5 kind
     └── Interrupted                exit 130 Ctrl-C / SIGTERM; completed work is on disk
 
@@ -43,6 +45,7 @@ ErrorKind = Literal[
     "incomplete",
     "server_died",
     "format",
+    "internal",
 ]
 
 TRANSIENT_KINDS: frozenset[str] = frozenset(
@@ -87,6 +90,16 @@ class ServerUnreachable(CalibrateError):
     exit_code = ExitCode.UNREACHABLE
 
 
+class ServerDied(ServerUnreachable):
+    """The managed server's process exited; ``server_exit_code`` is its status when known."""
+
+    def __init__(
+        self, message: str, hint: str | None = None, *, server_exit_code: int | None
+    ) -> None:
+        super().__init__(message, hint)
+        self.server_exit_code = server_exit_code
+
+
 class StageFailed(CalibrateError):
     exit_code = ExitCode.FAILED
 
@@ -124,3 +137,12 @@ class RequestError(CalibrateError):
     @property
     def kind(self) -> ErrorKind:
         return self.info.kind
+
+
+class StepFailed(StageFailed):
+    """A rollback step's check failed; ``kind`` names it for the incident bundle."""
+
+    def __init__(self, message: str, kind: ErrorKind, code: int = ExitCode.FAILED) -> None:
+        super().__init__(message)
+        self.kind: ErrorKind = kind
+        self.code = code

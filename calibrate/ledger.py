@@ -1,40 +1,29 @@
-"""The ledger (``runs/ledger.jsonl``) and the gates it opens (SPEC §3.1, §4.3)."""
+"""The ledger (``runs/ledger.jsonl``) and the gates it opens (SPEC §3.1, §4.2, §4.3).
+
+What each stage needs comes from ``calibrate.pipeline``; what makes a target from
+``calibrate.identity``. A gate closed because the target changed says which part changed.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from calibrate.config import Config
+from calibrate.identity import TargetIdentity, Weights
+from calibrate.pipeline import step
 from calibrate.records import LedgerEntry
-from calibrate.store import append_jsonl, ledger_path, read_jsonl
+from calibrate.store import append_jsonl, ledger_path
+from calibrate.summaries import ladder_summary, pin_summary
 
-Stage = Literal[
-    "single", "repro", "ladder", "sweep", "rollback", "pin", "verify", "batch", "active"
-]
+log = logging.getLogger("calibrate")
 
 
 def target_fingerprint(cfg: Config) -> str:
-    """A short hash of what makes a target: endpoint, model, prompt, sampling, server."""
-    identity = {
-        "base_url": cfg.target.base_url,
-        "model": cfg.target.model,
-        "prompt": cfg.prompt.text,
-        "params": {
-            "temperature": cfg.prompt.temperature,
-            "max_tokens": cfg.prompt.max_tokens,
-            "top_p": cfg.prompt.top_p,
-            "seed": cfg.prompt.seed,
-        },
-        "server": {"kind": cfg.server.kind, "model_path": cfg.server.model_path}
-        if cfg.server.kind
-        else None,
-    }
-    blob = json.dumps(identity, sort_keys=True, ensure_ascii=False).encode("utf-8")
-    return hashlib.sha256(blob).hexdigest()[:6]
+    """A short hash of what decides the answer: host, model, prompt, sampling (SPEC §3.1)."""
+    return TargetIdentity.of(cfg).fingerprint
 
 
 def baseline_path(cfg: Config) -> Path:
@@ -46,17 +35,29 @@ class Ledger:
 
     def __init__(self, runs_dir: Path) -> None:
         self.path = ledger_path(runs_dir)
+        self._warned: set[int] = set()
 
     def append(self, entry: LedgerEntry) -> None:
         append_jsonl(self.path, entry.to_json())
 
     def entries(self) -> list[LedgerEntry]:
+        """Every readable line; a malformed one is skipped with a warning naming it."""
         if not self.path.exists():
             return []
         out: list[LedgerEntry] = []
-        for obj in read_jsonl(self.path):
-            if "stage" in obj:
+        raw = self.path.read_bytes().decode("utf-8", errors="replace")
+        for number, line in enumerate(raw.split("\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                if not isinstance(obj, dict):
+                    raise ValueError("not a JSON object")
                 out.append(LedgerEntry.from_json(obj))
+            except ValueError as exc:
+                if number not in self._warned:
+                    self._warned.add(number)
+                    log.warning("skipping %s line %d: %s", self.path, number, exc)
         return out
 
     def latest(self, stage: str, target: str, *, passed: bool | None = None) -> LedgerEntry | None:
@@ -73,41 +74,84 @@ class Ledger:
 
 @dataclass(frozen=True)
 class Gate:
-    """Whether a stage may run; when closed, what to run first."""
+    """Whether a stage may run; when closed, why and what to run first."""
 
     open: bool
     reason: str = ""
     run_first: str = ""
 
 
-# stage -> (stage whose latest result must have passed, command to run first)
-_NEEDS_PASSING: dict[str, tuple[str, str]] = {
-    "ladder": ("repro", "calibrate repro"),
-    "sweep": ("ladder", "calibrate ladder"),
-    "pin": ("ladder", "calibrate ladder"),
-}
+def current_weights(cfg: Config, ledger: Ledger, target: str) -> Weights:
+    """The configured model path, and the newest served root any run of this target recorded."""
+    root = ""
+    for entry in ledger.entries():
+        if entry.target == target:
+            root = Weights.from_json(entry.weights).served_root or root
+    return Weights(cfg.server.model_path, root)
 
 
 def check_gate(stage: str, cfg: Config, ledger: Ledger, target: str) -> Gate:
-    """The gate table of SPEC §4.3."""
-    if stage in ("repro", "verify"):
+    """The gate table of SPEC §4.3, read from ``calibrate.pipeline``."""
+    row = step(stage)
+    if row is None or row.needs == "nothing":
+        return Gate(True)
+    if row.needs == "baseline":
         if not baseline_path(cfg).exists():
-            return Gate(False, f"no baseline at {baseline_path(cfg)}", "calibrate single")
+            return Gate(False, f"no baseline at {baseline_path(cfg)}", row.run_first)
         return Gate(True)
-    if stage in _NEEDS_PASSING:
-        needed, command = _NEEDS_PASSING[stage]
-        entry = ledger.latest(needed, target)
-        if entry is None:
-            return Gate(False, f"no {needed} has run for this target ({target})", command)
-        if not entry.passed:
-            return Gate(
-                False, f"the latest {needed} for this target failed (run {entry.run_id})", command
-            )
-        return Gate(True)
-    if stage == "rollback":
-        ladder = ledger.latest("ladder", target)
-        has_tier = ladder is not None and bool(ladder.summary.get("last_passing"))
-        if has_tier or ledger.latest("pin", target) is not None:
-            return Gate(True)
-        return Gate(False, "no ladder with a passing tier and no pin", "calibrate ladder")
+    if row.needs == "ladder_tier_or_pin":
+        return _rollback_gate(cfg, ledger, target)
+    needed = row.needs
+    entry = ledger.latest(needed, target)
+    if entry is None:
+        return _missing(needed, row.run_first, cfg, ledger, target)
+    if entry.interrupted:
+        return Gate(
+            False,
+            f"the latest {needed} for this target was interrupted "
+            f"(run {entry.run_id}): its partial tiers are not a result",
+            row.run_first,
+        )
+    if not entry.passed:
+        return Gate(
+            False, f"the latest {needed} for this target failed (run {entry.run_id})", row.run_first
+        )
+    if why := Weights.from_json(entry.weights).mismatch(current_weights(cfg, ledger, target)):
+        return Gate(
+            False,
+            f"{why} since the {needed} (run {entry.run_id})",
+            "calibrate single --save-baseline, then calibrate repro and calibrate ladder",
+        )
     return Gate(True)
+
+
+def _rollback_gate(cfg: Config, ledger: Ledger, target: str) -> Gate:
+    ladder = ledger.latest("ladder", target)
+    has_tier = (
+        ladder is not None
+        and not ladder.interrupted
+        and ladder_summary(ladder.summary).last_passing is not None
+    )
+    pin = ledger.latest("pin", target, passed=True)
+    if has_tier or (pin is not None and pin_summary(pin.summary).setting is not None):
+        return Gate(True)
+    return Gate(False, "no ladder with a passing tier and no pin", "calibrate ladder")
+
+
+def _missing(needed: str, run_first: str, cfg: Config, ledger: Ledger, target: str) -> Gate:
+    """No ``needed`` entry for this target: say what changed since the newest one for any target."""
+    plain = Gate(False, f"no {needed} has run for this target ({target})", run_first)
+    newest = next((e for e in reversed(ledger.entries()) if e.stage == needed), None)
+    before = TargetIdentity.from_json(newest.identity) if newest is not None else None
+    if newest is None or before is None:
+        return plain
+    changes = TargetIdentity.of(cfg).changes_since(before)
+    if not changes:
+        return plain
+    return Gate(
+        False,
+        f"{' and '.join(changes)} changed since the last {needed} (run {newest.run_id}), "
+        f"so this is a new target ({target})",
+        "calibrate single --save-baseline, then calibrate repro"
+        + ("" if needed == "repro" else " and calibrate ladder"),
+    )

@@ -182,7 +182,11 @@ class RequestRecord:
 
 @dataclass(frozen=True)
 class LedgerEntry:
-    """One stage result in ``runs/ledger.jsonl`` (SPEC §4.2); the gates read these."""
+    """One stage result in ``runs/ledger.jsonl`` (SPEC §4.2); the gates read these.
+
+    ``identity`` (what the fingerprint hashes) lets a closed gate say which part changed;
+    ``weights`` (model path, served root) guard against other weights behind the same name.
+    """
 
     stage: str
     run_id: str
@@ -191,6 +195,9 @@ class LedgerEntry:
     summary: dict[str, Any] = field(default_factory=dict)
     forced: bool = False
     ts: str = field(default_factory=utc_now_iso)
+    interrupted: bool = False
+    identity: dict[str, Any] | None = None
+    weights: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -199,20 +206,33 @@ class LedgerEntry:
             "run_id": self.run_id,
             "target": self.target,
             "passed": self.passed,
+            "interrupted": self.interrupted,
             "summary": self.summary,
         }
         if self.forced:
             out["forced"] = True
+        if self.identity is not None:
+            out["identity"] = self.identity
+        if self.weights is not None:
+            out["weights"] = self.weights
         return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LedgerEntry:
+        """Raises ValueError when the line is not a ledger entry (the ledger skips it)."""
+        stage, summary = data.get("stage"), data.get("summary", {})
+        if not isinstance(stage, str) or not isinstance(summary, dict | None):
+            raise ValueError("not a ledger entry (no 'stage', or 'summary' is not an object)")
+        identity, weights = data.get("identity"), data.get("weights")
         return cls(
-            stage=str(data["stage"]),
+            stage=stage,
             run_id=str(data.get("run_id", "")),
             target=str(data.get("target", "")),
-            passed=bool(data.get("passed", False)),
-            summary=dict(data.get("summary") or {}),
-            forced=bool(data.get("forced", False)),
+            passed=data.get("passed") is True,
+            summary=dict(summary or {}),
+            forced=data.get("forced") is True,
             ts=str(data.get("ts", "")),
+            interrupted=data.get("interrupted") is True,
+            identity=identity if isinstance(identity, dict) else None,
+            weights=weights if isinstance(weights, dict) else None,
         )

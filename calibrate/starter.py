@@ -20,15 +20,14 @@ seed = 0                           # all sampling params are always sent explici
 
 [ladder]
 batch_sizes = [1, 2, 4, 8]
-rounds = 2
-concurrency = 1
+rounds = 2                         # one batch at a time: a wave of N requests in flight together
 mode = "wave"                      # "wave": N chat requests sent together; "prompt-list": one /v1/completions request carrying N prompts
 vram_limit = 0.90                  # stop stepping up when memory pressure reaches this fraction
 latency_rise = 1.5                 # stop when per-item latency rises by more than this factor
 sample_interval_s = 0.05
 
 [sweep]
-concurrency = [1, 2, 4, 8, 16]
+concurrency = [1, 2, 4, 8, 16]     # requests kept in flight; against a server calibrate does not manage, capped at the ladder's largest passing wave unless --beyond-ladder
 items = 24
 gain_min = 0.10                    # a level must add at least 10 % throughput to count
 

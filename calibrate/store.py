@@ -5,22 +5,59 @@ Paths come from pure functions so every run is a self-describing folder (SPEC §
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import errno
+import fcntl
 import json
 import os
+import re
 import secrets
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TextIO
+from typing import Any, BinaryIO
 
 from calibrate.errors import InputError
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def dumps_line(obj: Any) -> str:
     """One compact JSON line, UTF-8 unescaped (``ensure_ascii=False``)."""
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def encode_line(obj: Any) -> bytes:
+    """``dumps_line`` plus its newline as UTF-8; a lone surrogate becomes U+FFFD.
+
+    A server can send ``"\\ud800"`` (legal JSON escape, not encodable text): replacing it keeps
+    every file we write valid UTF-8 instead of failing the write (and losing the record).
+    """
+    return utf8(dumps_line(obj) + "\n")
+
+
+def utf8(text: str) -> bytes:
+    """``text`` as UTF-8, lone surrogates replaced by U+FFFD (never an encoding error)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return without_surrogates(text).encode("utf-8")
+
+
+def without_surrogates(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD: printable and encodable."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def jsonl_lines(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of JSONL bytes, split on ``\\n`` only.
+
+    Never ``str.splitlines``: it also breaks at U+2028, U+0085 and other characters that JSON
+    carries unescaped inside strings, tearing one record into two unreadable halves.
+    """
+    yield from enumerate(data.split(b"\n"), 1)
 
 
 def new_run_id(stage: str, now: dt.datetime | None = None) -> str:
@@ -42,8 +79,8 @@ def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(utf8(text))
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -59,21 +96,19 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 def append_jsonl(path: Path, obj: Any) -> None:
     """Append one line and flush; for files written rarely (the ledger)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as handle:
-        handle.write(dumps_line(obj) + "\n")
-        handle.flush()
+    with path.open("ab") as handle:
+        handle.write(encode_line(obj))
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
     """Objects of a JSONL file; a torn (unparseable) line is skipped."""
-    with path.open("r", encoding="utf-8") as handle:
-        for line in handle:
-            line = line.strip()
-            if not line:
+    with path.open("rb") as handle:
+        for raw in handle:  # binary lines end at b"\n" only
+            if not raw.strip():
                 continue
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
+                obj = json.loads(raw)
+            except ValueError:  # torn, or not UTF-8 (UnicodeDecodeError is a ValueError)
                 continue
             if isinstance(obj, dict):
                 yield obj
@@ -86,13 +121,17 @@ def load_jsonl_objects(path: Path, what: str = "file") -> list[tuple[int, dict[s
     error naming the file and line (exit 2), and so is an empty file.
     """
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
+        data = path.read_bytes()
+    except OSError as exc:
         raise InputError(f"cannot read {what} {path}: {exc}") from exc
     out: list[tuple[int, dict[str, Any]]] = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
+    for number, raw in jsonl_lines(data):
+        if not raw.strip():
             continue
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"cannot read {what} {path}: line {number} is not UTF-8") from exc
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
@@ -112,16 +151,27 @@ class JsonlWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.fsync = fsync
-        self._handle: TextIO = path.open("a", encoding="utf-8")
+        self._handle: BinaryIO = path.open("ab", buffering=0)
 
     def write(self, obj: Any) -> None:
-        self._handle.write(dumps_line(obj) + "\n")
-        self._handle.flush()
+        """Append one record as one write; raises OSError (disk full…) with nothing half-done
+        on our side. Content never fails the write: see ``encode_line``."""
+        data = memoryview(encode_line(obj))
+        while data:  # a short write (disk nearly full) is continued, or ends in OSError
+            written = self._handle.write(data)
+            if not written:
+                raise OSError(errno.EIO, "the write made no progress", str(self.path))
+            data = data[written:]
         if self.fsync:
             os.fsync(self._handle.fileno())
 
     def close(self) -> None:
         self._handle.close()
+
+    def close_quietly(self) -> None:
+        """Close after a failed write: a second error here would say nothing new."""
+        with contextlib.suppress(OSError):
+            self._handle.close()
 
     def __enter__(self) -> JsonlWriter:
         return self
@@ -133,6 +183,71 @@ class JsonlWriter:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class ExclusiveLock:
+    """An exclusive ``flock`` on a lock file, held until ``release``; the file holds our PID.
+
+    The kernel drops the lock when its process dies (even by kill -9), so a lock file left
+    behind never blocks a later run. The file is removed on release; a run that locked a file
+    just removed by the previous holder notices (another inode is at the path) and locks again.
+    """
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    @classmethod
+    def acquire(cls, path: Path, what: str) -> ExclusiveLock:
+        """Lock ``path`` now or raise InputError (exit 2) naming the holder's PID."""
+        while True:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                raise InputError(
+                    f"cannot create the lock file {path}: {exc.strerror or exc}",
+                    "Check that the folder exists and is writable.",
+                ) from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                holder = _pid_in(fd)
+                os.close(fd)
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise InputError(f"cannot lock {path}: {exc.strerror or exc}") from exc
+                raise InputError(
+                    f"{what} is in use by another run (PID {holder or 'unknown'}; lock {path})",
+                    "Wait for that run to finish or stop it: two runs must not write one file.",
+                ) from exc
+            try:
+                current = os.stat(path)
+            except FileNotFoundError:
+                current = None
+            mine = os.fstat(fd)
+            if current is not None and (current.st_dev, current.st_ino) == (
+                mine.st_dev,
+                mine.st_ino,
+            ):
+                break
+            os.close(fd)  # the previous holder removed it as we opened it: lock the new one
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        return cls(path, fd)
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        self.path.unlink(missing_ok=True)  # while still locked: see the class docstring
+        os.close(self._fd)
+        self._fd = None
+
+
+def _pid_in(fd: int) -> str:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+    return text if text.isdigit() else ""
 
 
 class RunDir:

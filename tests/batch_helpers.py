@@ -65,3 +65,91 @@ def wait_for_lines(path: Path, n: int, proc: subprocess.Popen[str], timeout_s: f
             raise AssertionError(f"batch ended early ({proc.returncode}): {proc.communicate()}")
         time.sleep(0.01)
     raise AssertionError(f"{path} did not reach {n} lines in {timeout_s} s")
+
+
+class Reply:
+    """What the hostile server does with one request: a status and raw body, or a dropped line."""
+
+    def __init__(self, body: bytes = b"", status: int = 200, *, drop: bool = False) -> None:
+        self.body, self.status, self.drop = body, status, drop
+
+
+def completion(content: str | None, finish_reason: str = "stop") -> Reply:
+    """A well-formed chat completion; ``content`` is put into the JSON as given (escapes too)."""
+    message = "null" if content is None else json.dumps(content)
+    return raw_completion(
+        f'[{{"index":0,"message":{{"role":"assistant","content":{message}}},'
+        f'"finish_reason":"{finish_reason}"}}]'
+    )
+
+
+def raw_completion(choices_json: str) -> Reply:
+    """A completion whose ``choices`` is the raw JSON text given (malformed on purpose)."""
+    return Reply(
+        b'{"id":"x","object":"chat.completion","model":"internlm-s2","choices":'
+        + choices_json.encode("utf-8", "surrogatepass")
+        + b',"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}'
+    )
+
+
+class HostileServer:
+    """A purpose-built HTTP server: ``reply(item_text) -> Reply`` decides every answer."""
+
+    def __init__(self, reply: Any) -> None:
+        import http.server
+        import threading
+
+        owner = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # /v1/models, /health, /metrics
+                self._send(Reply(b'{"object":"list","data":[{"id":"internlm-s2"}]}'))
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                text = body["messages"][-1]["content"] if "messages" in body else ""
+                with owner.lock:
+                    owner.requests += 1
+                self._send(owner.reply(text))
+
+            def _send(self, reply: Reply) -> None:
+                if reply.drop:
+                    self.connection.shutdown(2)  # the line drops mid-request: a reset
+                    return
+                self.send_response(reply.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(reply.body)))
+                self.end_headers()
+                self.wfile.write(reply.body)
+
+        self.reply = reply
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> HostileServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def assert_valid_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every line of ``path`` is strict UTF-8 and strict JSON (no NaN); returns the records."""
+
+    def no_constants(name: str) -> Any:
+        raise AssertionError(f"{path} holds {name}")
+
+    data = path.read_bytes()
+    assert data == b"" or data.endswith(b"\n"), "the file ends mid-line"
+    return [json.loads(line.decode("utf-8"), parse_constant=no_constants)
+            for line in data.split(b"\n")[:-1]]  # fmt: skip

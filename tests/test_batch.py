@@ -204,6 +204,8 @@ def test_output_with_foreign_ids_exits_2_unless_allowed(cli, mock, isolated: Pat
     ("args", "message"),
     [
         (["-c", "0"], "-c/--concurrency must be ≥ 1"),
+        (["-c", "1000000000"], "-c/--concurrency must be ≤ 4096"),
+        (["--backoff-s", "nan"], "--backoff-s must be ≥ 0"),
         (["--retries", "-1"], "--retries must be ≥ 0"),
         (["--no-out"], "--out is required"),
         (["--same"], "same file as --input"),

@@ -71,13 +71,33 @@ def test_422_validation_error_is_a_4xx_with_the_servers_reason() -> None:
     assert "messages" in info.message
 
 
-def test_unknown_model_400_is_not_retried_as_transient() -> None:
+def test_unknown_model_400_is_not_retried_as_transient(cli, isolated: Path) -> None:
+    """batch tries a 400 once (a wrong name does not heal), where a 5xx would be retried."""
+    tasks = isolated / "tasks.jsonl"
+    tasks.write_text('{"id": 1, "text": "a"}\n{"id": 2, "text": "b"}\n', "utf-8")
     with start_mock(**FAST, unknown_model_status=400) as server:
         client = OpenAIClient(server.base_url, timeout_s=10)
         with pytest.raises(RequestError) as caught:
             client.chat("tiny-llama", "hi", PARAMS)
         client.close()
+        write_config(isolated / "calibrate.toml", server.base_url, model="tiny-llama")
+        result = cli(
+            "batch",
+            "--input",
+            str(tasks),
+            "--out",
+            "out.jsonl",
+            "--retries",
+            "3",
+            "--backoff-s",
+            "0",
+            "-c",
+            "1",
+        )
     assert caught.value.info.status == 400 and not caught.value.info.transient
+    assert result.code == 1
+    rows = [json.loads(line) for line in (isolated / "out.jsonl").read_text("utf-8").splitlines()]
+    assert [(r["ok"], r["attempts"], r["error"]["status"]) for r in rows] == [(False, 1, 400)] * 2
 
 
 @pytest.mark.parametrize(

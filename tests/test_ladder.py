@@ -24,7 +24,9 @@ def test_oom_at_tier_8_keeps_tier_4_with_incidents_and_no_key_on_disk(
         result = cli("ladder", "--json")
     assert result.code == 0, result.err
     summary = result.json
-    assert summary["last_passing"] == {"batch_size": 4, "concurrency": 1}
+    # wave mode: a batch of 4 is 4 requests in flight together (SPEC §5.0)
+    assert summary["last_passing"] == {"batch_size": 4, "concurrency": 4}
+    assert summary["max_in_flight"] == 4
     assert summary["stopped_by"] == "failure"
     assert [(t["batch_size"], t["verdict"]) for t in summary["tiers"]] == [
         (1, "pass"), (2, "pass"), (4, "pass"), (8, "fail")
@@ -32,9 +34,9 @@ def test_oom_at_tier_8_keeps_tier_4_with_incidents_and_no_key_on_disk(
     assert "last passing tier: batch 4" in result.err and "oom" in result.err
     run = run_dir(isolated, summary["run_id"])
     incidents = sorted((run / "incidents").glob("*.json"))
-    # 8 sent at once with 6 allowed in flight: exactly 2 fail (whichever arrive last), one bundle
-    # each, named <batch>-<round>-<item>
-    assert len(incidents) == 2
+    # 8 sent at once with 6 allowed in flight: up to 2 fail (whichever arrive last; fewer when a
+    # loaded machine lets an early one finish first), one bundle each, named <batch>-<round>-<item>
+    assert 1 <= len(incidents) <= 2 and len(incidents) == summary["tiers"][-1]["errors"]
     assert all(re.fullmatch(r"8-1-[1-8]\.json", p.name) for p in incidents)
     for path in incidents:
         bundle = json.loads(path.read_text("utf-8"))
@@ -156,15 +158,31 @@ def test_gate_bad_tasks_and_no_server(cli, isolated: Path) -> None:
     assert gone.code == 4 and "make mock" in gone.err
 
 
-def test_concurrency_sends_that_many_waves_and_records_it_apart(cli, isolated: Path) -> None:
+def test_one_batch_at_a_time_records_requests_in_flight(cli, isolated: Path) -> None:
+    """Batch size and concurrency stay two columns: B = 2 is 2 requests in flight in wave mode,
+    and one request carrying 2 prompts in prompt-list mode."""
     with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
-        open_gate(isolated, mock.base_url, FAST + "batch_sizes = [2]\nconcurrency = 3\n")
-        result = cli("ladder", "--json")
-    assert result.code == 0, result.err
-    assert result.json["last_passing"] == {"batch_size": 2, "concurrency": 3}
-    records = jsonl(run_dir(isolated, result.json["run_id"]) / "records.jsonl")
-    assert len(records) == 2 * 2 * 3  # rounds × batch × waves
-    assert {(r["batch_size"], r["concurrency"]) for r in records} == {(2, 3)}
+        open_gate(isolated, mock.base_url, FAST + "batch_sizes = [2]\n")
+        wave = cli("ladder", "--json")
+        extra = FAST + 'batch_sizes = [2]\nmode = "prompt-list"\n'
+        write_config(isolated / "calibrate.toml", mock.base_url, extra)
+        cli_list = cli("ladder", "--json")
+    assert wave.code == 0, wave.err
+    assert wave.json["last_passing"] == {"batch_size": 2, "concurrency": 2}
+    records = jsonl(run_dir(isolated, wave.json["run_id"]) / "records.jsonl")
+    assert len(records) == 2 * 2  # rounds × batch: one wave per round
+    assert {(r["batch_size"], r["concurrency"]) for r in records} == {(2, 2)}
+    assert cli_list.code == 0, cli_list.err
+    assert cli_list.json["last_passing"] == {"batch_size": 2, "concurrency": 1}
+
+
+def test_old_ladder_concurrency_key_is_refused_with_what_to_do(cli, isolated: Path) -> None:
+    write_config(
+        isolated / "calibrate.toml", "http://127.0.0.1:9/v1", "[ladder]\nconcurrency = 3\n"
+    )
+    result = cli("ladder")
+    assert result.code == 2 and "ladder.concurrency" in result.err
+    assert "one batch at a time" in result.err and "[sweep] concurrency" in result.err
 
 
 def test_ctrl_c_mid_round_exits_130_at_once_with_the_rounds_so_far(isolated: Path) -> None:
@@ -198,3 +216,13 @@ def test_ctrl_c_mid_round_exits_130_at_once_with_the_rounds_so_far(isolated: Pat
     assert "interrupted" in err and "calibrate ladder" in err
     (run,) = [p for p in (isolated / "runs").iterdir() if p.is_dir()]
     assert len(jsonl(run / "rounds.jsonl")) >= 2
+
+
+def test_asking_for_nvml_where_there_is_none_is_a_usage_error(cli, isolated: Path) -> None:
+    """--vram-source nvml by name must not silently become "VRAM not measured" (no GPU here)."""
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
+        open_gate(isolated, mock.base_url)
+        result = cli("ladder", "--vram-source", "nvml")
+    assert result.code == 2 and "NVML is not available" in result.err
+    assert "--vram-source auto" in result.err
+    assert not list((isolated / "runs").glob("*-ladder-*")), "nothing sent, no run folder"

@@ -325,10 +325,6 @@ def test_slots_make_a_knee_and_connections_burst_without_stalls() -> None:
 # --- the command --------------------------------------------------------------------------------
 
 
-def test_mock_help() -> None:
-    assert main(["mock", "--help"]) == 0
-
-
 def test_mock_command_serves_and_stops_cleanly(tmp_path: Path) -> None:
     port_file = tmp_path / "port"
     proc = start_mock_process("--port-file", str(port_file), "--expose-props", "--slots", "3")

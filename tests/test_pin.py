@@ -15,15 +15,16 @@ from tests.fakes import append_ledger, install_fake_engines, passing_ladder, rec
 
 HOSTILE = '/models/my model\'s "dir"; $(touch pwned) `touch pwned2` & $HOME'
 
-# kind → (the engine's own flag, the value it must carry: batch 4 verified, sweep recommends 3;
-# an engine's cap on concurrent sequences must admit the verified batch, so it carries 4)
+# kind → (the engine's own flag, the value it must carry: batch 4 verified, the sweep recommends
+# 8 in flight; the engine's cap is the verified batch and never more (SPEC §5.0), so it carries 4
+# and the extra requests queue in the server)
 ENGINE_FLAG: dict[str, tuple[str, str]] = {
     "vllm": ("--max-num-seqs", "4"),
     "llamacpp": ("--parallel", "4"),
     "sglang": ("--max-running-requests", "4"),
     "lmdeploy": ("--max-batch-size", "4"),
     "tgi": ("--max-concurrent-requests", "4"),
-    "custom": ("--slots", "3"),
+    "custom": ("--slots", "8"),
 }
 CUSTOM = "fake-engine --model {model_path} --port {port} --batch {batch_size} --slots {concurrency}"
 
@@ -50,7 +51,7 @@ def _run_script(script: Path, root: Path) -> tuple[list[str], dict[str, str]]:
 def test_pin_writes_a_safe_script_for_every_kind(cli, isolated: Path, kind: str) -> None:
     target = _configure(cli, isolated, kind)
     passing_ladder(isolated, target, batch_size=4)
-    append_ledger(isolated, "sweep", target, {"recommended_concurrency": 3, "batch_size": 4})
+    append_ledger(isolated, "sweep", target, {"recommended_concurrency": 8, "batch_size": 4})
     result = cli("pin", "--json")
     assert result.code == 0, result.err
     script = isolated / "scripts/launch.sh"
@@ -61,18 +62,18 @@ def test_pin_writes_a_safe_script_for_every_kind(cli, isolated: Path, kind: str)
     assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
     flag, value = ENGINE_FLAG[kind]
     assert f"{flag} {value}" in text
-    assert "export BATCH_SIZE=4\n" in text and "export MAX_CONCURRENCY=3\n" in text
+    assert "export BATCH_SIZE=4\n" in text and "export MAX_CONCURRENCY=8\n" in text
 
     argv, env = _run_script(script, isolated)
     assert not (isolated / "pwned").exists() and not (isolated / "pwned2").exists()
     assert HOSTILE in argv or f"--model={HOSTILE}" in argv, "the path is one literal argument"
     assert argv[argv.index(flag) + 1] == value
     assert env["MODEL_PATH"] == HOSTILE and env["PORT"] == "8123", "the caller's PORT is ignored"
-    assert env["BATCH_SIZE"] == "4" and env["MAX_CONCURRENCY"] == "3"
+    assert env["BATCH_SIZE"] == "4" and env["MAX_CONCURRENCY"] == "8"
     pin = json.loads((isolated / "runs/ledger.jsonl").read_text().splitlines()[-1])
     assert pin["stage"] == "pin" and pin["summary"]["script"] == "scripts/launch.sh"
     assert {k: pin["summary"][k] for k in ("batch_size", "concurrency", "kind")} == {
-        "batch_size": 4, "concurrency": 3, "kind": kind}  # fmt: skip
+        "batch_size": 4, "concurrency": 8, "kind": kind}  # fmt: skip
 
 
 def test_pin_ollama_sets_its_environment(cli, isolated: Path) -> None:

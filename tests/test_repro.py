@@ -85,6 +85,9 @@ def test_gate_closed_without_baseline_and_force(cli, mock, isolated: Path) -> No
     write_config(isolated / "calibrate.toml", mock.base_url)
     result = cli("repro")
     assert result.code == 3 and "calibrate single" in result.err
+    forced = cli("repro", "--force")  # forcing cannot conjure a baseline to compare with
+    assert forced.code == 2 and "FORCED" in forced.err and "calibrate single" in forced.err
+    assert "Traceback" not in forced.err
 
 
 def test_no_api_key_on_disk(cli, mock, isolated: Path, monkeypatch) -> None:

@@ -7,7 +7,7 @@ import signal
 from collections import Counter
 from pathlib import Path
 
-from calibrate.stages.resume import end_with_newline, scan_output
+from calibrate.stages.resume import repair_tail, scan_output
 from calibrate.store import dumps_line
 from tests.batch_helpers import batch_process, results, wait_for_lines, write_tasks
 from tests.conftest import write_config
@@ -38,17 +38,26 @@ def test_failed_then_ok_counts_as_done(tmp_path: Path) -> None:
     assert scan.done == {1} and scan.retry == 0
 
 
-def test_torn_tail_is_ignored_and_a_newline_goes_first(tmp_path: Path) -> None:
+def test_torn_tail_is_cut_off_so_the_file_stays_valid_jsonl(tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
     torn = line("c")[:25]
     out.write_text(line("a") + line("b") + torn, encoding="utf-8")
     scan = scan_output(out, {"a", "b", "c"})
-    assert scan.done == {"a", "b"} and scan.torn_tail and scan.needs_newline
-    end_with_newline(out)
+    assert scan.done == {"a", "b"} and scan.torn_tail and not scan.needs_newline
+    repair_tail(scan)
+    assert out.read_text("utf-8") == line("a") + line("b")
     with out.open("a", encoding="utf-8") as handle:
         handle.write(line("c"))
     again = scan_output(out, {"a", "b", "c"})
-    assert again.done == {"a", "b", "c"} and again.unreadable == 1 and not again.needs_newline
+    assert again.done == {"a", "b", "c"} and again.unreadable == 0 and not again.torn_tail
+    assert all(json.loads(x) for x in out.read_bytes().split(b"\n")[:-1])
+
+
+def test_a_garbled_line_left_by_an_older_version_is_skipped(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    out.write_text(line("a") + line("b")[:20] + "\n" + line("b"), encoding="utf-8")
+    scan = scan_output(out, {"a", "b"})
+    assert scan.done == {"a", "b"} and scan.unreadable == 1 and scan.not_jsonl() is None
 
 
 def test_whole_record_without_its_newline_counts(tmp_path: Path) -> None:
@@ -107,9 +116,30 @@ def test_kill_9_then_torn_line_then_rerun_loses_and_repeats_nothing(cli, isolate
     assert "torn" in result.err
     assert result.json["skipped"] == len(done_before)
     assert result.json["done"] == 200 - len(done_before)
-    text = out.read_text("utf-8", errors="replace").splitlines()
-    assert text[len(lines) - 1] == cut.decode("utf-8", "replace").rstrip("\n")  # kept, not fused
+    assert "cut off" in result.err
+    raw_after = out.read_bytes()
+    assert raw_after.startswith(b"".join(lines[:-1]))  # the torn half is gone: see rows
+    rows = [json.loads(x.decode("utf-8")) for x in raw_after.split(b"\n")[:-1]]  # valid JSONL
+    assert len(rows) == len(lines) - 1 + 200 - len(done_before)
     counts = Counter(r["id"] for r in results(out) if r["ok"])
     assert set(counts) == {f"t{i}" for i in range(200)}
     assert set(counts.values()) == {1}
     assert torn_id not in done_before and counts[torn_id] == 1
+
+
+def test_every_jsonl_reader_splits_on_newline_only(tmp_path: Path) -> None:
+    from calibrate.store import JsonlWriter, load_jsonl_objects, read_jsonl
+
+    path = tmp_path / "records.jsonl"
+    texts = ["a\u2028b", "c\u0085d", "e\u2029f\x1cg", "lone \ud800 surrogate"]
+    with JsonlWriter(path) as writer:
+        for i, text in enumerate(texts):
+            writer.write({"id": i, "ok": True, "output": text, "attempts": 1})
+    raw = path.read_bytes()
+    raw.decode("utf-8")  # strictly valid UTF-8: the surrogate became U+FFFD
+    assert raw.count(b"\n") == 4
+    expected = [*texts[:3], "lone \ufffd surrogate"]
+    assert [r["output"] for r in read_jsonl(path)] == expected
+    assert [(n, o["output"]) for n, o in load_jsonl_objects(path)] == list(enumerate(expected, 1))
+    scan = scan_output(path, {0, 1, 2, 3})
+    assert scan.done == {0, 1, 2, 3} and scan.lines == 4 and not scan.unreadable

@@ -70,9 +70,12 @@ def test_rollback_after_failing_ladder_restores_and_matches(cli, isolated: Path)
     assert [e["summary"]["step"] for e in ledger if e["stage"] == "rollback-step"] == [
         "stop", "vram", "active", "restart", "compare"]  # fmt: skip
     assert ledger[-1]["stage"] == "rollback" and ledger[-1]["passed"] is True
-    active = json.loads((isolated / "runs/active.json").read_text("utf-8"))
-    assert active["summary"] == {"batch_size": 4, "concurrency": 1, "source": "rollback"}
-    assert active["target"] == target
+    assert ledger[-1]["summary"]["setting"] == {"batch_size": 4, "concurrency": 1}
+    assert ledger[-1]["target"] == target
+    assert not (isolated / "runs/active.json").exists(), "the ledger is the only copy"
+    status = cli("status", "--json").json
+    assert status["setting"]["batch_size"] == 4 and status["setting"]["concurrency"] == 1
+    assert status["setting"]["source"] == "rollback"
     suite = ET.parse(isolated / "rollback.xml").getroot().find("testsuite")
     assert suite is not None and suite.get("tests") == "5" and suite.get("failures") == "0"
     assert FAKE_KEY not in all_files_text(isolated)

@@ -35,16 +35,17 @@ def test_forced_repro_without_baseline_says_what_to_run(cli, mock, isolated: Pat
     assert result.code == 2 and "calibrate single" in result.err
 
 
-def test_status_shows_the_active_setting_after_a_rollback(cli, mock, isolated: Path) -> None:
+def test_status_shows_the_setting_a_rollback_left(cli, mock, isolated: Path) -> None:
     from calibrate.config import Overrides, load
     from calibrate.ledger import Ledger, target_fingerprint
-    from calibrate.stages.active import ActiveSetting, write_active
+    from calibrate.records import LedgerEntry
 
     write_config(isolated / "calibrate.toml", mock.base_url)
     cfg = load(Overrides(), {})
-    write_active(
-        Ledger(cfg.runs_dir), cfg.runs_dir, target_fingerprint(cfg), ActiveSetting(4, 1, "rollback")
-    )
+    summary = {"setting": {"batch_size": 4, "concurrency": 1}, "failed_step": None}
+    entry = LedgerEntry("rollback", "r1", target_fingerprint(cfg), True, summary)
+    Ledger(cfg.runs_dir).append(entry)
     result = cli("status", "--json")
-    assert result.json["active"] == {"batch_size": 4, "concurrency": 1, "source": "rollback"}
-    assert "active setting: batch 4, concurrency 1 (from rollback)" in result.err
+    setting = result.json["setting"]
+    assert (setting["batch_size"], setting["concurrency"], setting["source"]) == (4, 1, "rollback")
+    assert "calibrated setting: batch 4, concurrency 1 (from rollback)" in result.err

@@ -13,7 +13,7 @@ SWEEP = FAST + "[sweep]\nconcurrency = [1, 2, 4, 8]\nitems = 16\n"
 def test_knee_is_the_slot_count_and_the_cap_is_noted(cli, isolated: Path) -> None:
     with start_mock(ttft_s=0.004, per_token_s=0.0005, slots=4, expose_props=True) as mock:
         open_gate(isolated, mock.base_url, SWEEP, stage="ladder")
-        result = cli("sweep", "--json", "--junit", "sweep.xml")
+        result = cli("sweep", "--json", "--junit", "sweep.xml", "--beyond-ladder")
     assert result.code == 0, result.err
     out = result.json
     assert out["recommended_concurrency"] == 4 and out["knee"]["concurrency"] == 4
@@ -38,13 +38,30 @@ def test_knee_is_the_slot_count_and_the_cap_is_noted(cli, isolated: Path) -> Non
 def test_stops_at_the_first_failing_level(cli, isolated: Path) -> None:
     with start_mock(ttft_s=0.004, per_token_s=0.0005, slots=4, oom_at=6) as mock:
         open_gate(isolated, mock.base_url, SWEEP, stage="ladder")
-        result = cli("sweep", "--json")
+        result = cli("sweep", "--json", "--beyond-ladder")
     assert result.code == 0, result.err
     out = result.json
     assert [lv["verdict"] for lv in out["levels"]] == ["pass", "pass", "pass", "fail"]
     assert out["stopped_by"] == "failure" and out["recommended_concurrency"] == 4
     incidents = list((run_dir(isolated, out["run_id"]) / "incidents").glob("c8-1-*.json"))
     assert len(incidents) == out["levels"][3]["errors"] > 0
+
+
+def test_never_more_in_flight_than_the_ladder_proved_on_an_unmanaged_server(
+    cli, isolated: Path
+) -> None:
+    """SPEC §5.0: the ladder passed 4 in flight; 8 and 16 would be load it never proved."""
+    config = FAST + "[sweep]\nconcurrency = [1, 2, 4, 8, 16]\nitems = 8\n"
+    with start_mock(ttft_s=0.004, per_token_s=0.0005, slots=4) as mock:
+        open_gate(isolated, mock.base_url, config, stage="ladder")
+        result = cli("sweep", "--json")
+    assert result.code == 0, result.err
+    assert [lv["concurrency"] for lv in result.json["levels"]] == [1, 2, 4]
+    assert result.json["levels_skipped"] == [8, 16] and result.json["beyond_ladder"] is False
+    assert "concurrency 8, 16 skipped" in result.err and "--beyond-ladder" in result.err
+    records = jsonl(run_dir(isolated, result.json["run_id"]) / "records.jsonl")
+    assert max(r["concurrency"] for r in records) == 4
+    assert result.json["ladder_run_id"] == "test-ladder"
 
 
 def test_gate_needs_a_passing_ladder(cli, isolated: Path) -> None:

@@ -38,7 +38,9 @@ def test_verify_after_clean_restart_and_from_the_pinned_script(cli, isolated: Pa
         assert started.json["argv"] == ["bash", "scripts/launch.sh"]
         assert started.json["batch_size"] == 4 and started.json["concurrency"] == 1
         pinned = cli("verify")
-        assert pinned.code == 0 and "expected setting: batch 4, concurrency 1 (pin)" in pinned.err
+        assert (
+            pinned.code == 0 and "expected setting: batch 4, concurrency 1 (from pin)" in pinned.err
+        )
     finally:
         cli("server", "stop")
     suite = ET.parse(isolated / "verify.xml").getroot().find("testsuite")

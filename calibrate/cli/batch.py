@@ -11,6 +11,8 @@ example: calibrate batch --input tasks.jsonl --out out.jsonl --prompt "一句话
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import shlex
 import signal
 import threading
@@ -30,18 +32,20 @@ from calibrate.cli.common import (
     output_for,
     save_junit,
 )
-from calibrate.errors import ExitCode, UsageError
+from calibrate.errors import ExitCode, ServerUnreachable, StageFailed, UsageError
 from calibrate.ledger import Ledger, target_fingerprint
 from calibrate.selfload import SelfLoadMonitor
+from calibrate.setting import resolve
 from calibrate.stages.batch import (
     DEFAULT_CONCURRENCY,
-    BatchControl,
+    MAX_CONCURRENCY,
+    BatchPlan,
     BatchSpec,
-    pinned_concurrency,
-    plan_batch,
+    open_batch,
     run_batch,
 )
 from calibrate.stages.batch_result import BatchResult, summary_json
+from calibrate.stages.batch_worker import BatchControl
 from calibrate.stages.context import sampling_params
 from calibrate.stages.format_check import shape_checks
 from calibrate.stages.retry import RetryPolicy
@@ -53,8 +57,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", metavar="PATH", help="results JSONL (appended; resumed when rerun)")
     p.add_argument("--prompt", default="", help="put before each item's text (its own line)")
     p.add_argument("-c", "--concurrency", type=int, metavar="N",
-                   help="requests in flight (default: the pinned concurrency, else 4)")  # fmt: skip
-    p.add_argument("--retries", type=int, default=3, help="retries of transient errors (3)")
+                   help="requests in flight (default: the pinned concurrency, else 4; "
+                   f"at most {MAX_CONCURRENCY})")  # fmt: skip
+    p.add_argument("--retries", type=int, default=3,
+                   help=f"retries of transient errors (3; at most {MAX_RETRIES})")  # fmt: skip
     p.add_argument("--backoff-s", type=float, default=1.0, metavar="S",
                    help="first retry wait; doubles each retry, plus jitter (1)")  # fmt: skip
     p.add_argument("--grace-s", type=float, default=10.0, metavar="S",
@@ -75,24 +81,53 @@ def register(subparsers: Any) -> None:
     add_junit(p)
 
 
+MAX_RETRIES = 100
+MAX_WAIT_S = 3600.0
+
+
 def _check_flags(args: argparse.Namespace) -> None:
+    """Every size and count is bounded (SPEC §11): exit 2 naming the flag and its range."""
     problems = [
-        f"{flag} must be ≥ {low}"
-        for flag, value, low in (
-            ("-c/--concurrency", args.concurrency, 1), ("--retries", args.retries, 0),
-            ("--sample", args.sample, 1), ("--limit", args.limit, 1),
-            ("--max-chars", args.max_chars, 1), ("--max-tokens", args.max_tokens, 1),
-            ("--backoff-s", args.backoff_s, 0), ("--grace-s", args.grace_s, 0),
+        _out_of_range(flag, value, low, high)
+        for flag, value, low, high in (
+            ("-c/--concurrency", args.concurrency, 1, MAX_CONCURRENCY),
+            ("--retries", args.retries, 0, MAX_RETRIES),
+            ("--sample", args.sample, 1, math.inf), ("--limit", args.limit, 1, math.inf),
+            ("--max-chars", args.max_chars, 1, math.inf),
+            ("--max-tokens", args.max_tokens, 1, math.inf),
+            ("--backoff-s", args.backoff_s, 0, MAX_WAIT_S),
+            ("--grace-s", args.grace_s, 0, MAX_WAIT_S),
+            ("--progress-s", args.progress_s, 0, MAX_WAIT_S),
         )
-        if value is not None and value < low
+        if value is not None and not low <= value <= high  # NaN fails this too
     ]  # fmt: skip
     if problems:
         raise UsageError("; ".join(problems), "See: calibrate batch --help")
     if args.out is None and args.sample is None:
         raise UsageError("--out is required (or --sample N to try the prompt first)",
                          "example: calibrate batch --input tasks.jsonl --out out.jsonl")  # fmt: skip
-    if args.out and Path(args.out).resolve() == Path(args.input).resolve():
-        raise UsageError("--out is the same file as --input", "Write the results elsewhere.")
+    if getattr(args, "junit", None):
+        _check_writable(Path(args.junit), "--junit")
+
+
+def _out_of_range(flag: str, value: float, low: float, high: float) -> str:
+    if value > high:
+        return f"{flag} must be ≤ {high:g} (the maximum), got {value:g}"
+    return f"{flag} must be ≥ {low:g}" + (f" and ≤ {high:g}" if math.isfinite(high) else "")
+
+
+def _check_writable(path: Path, flag: str) -> None:
+    """A file can be written at ``path`` (checked before anything is sent)."""
+    if path.is_dir():
+        raise UsageError(
+            f"{flag} {path} is a folder", f"Give a file path, e.g. {path / 'batch.xml'}"
+        )
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent  # the report writer creates missing folders below this one
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write {flag} {path}: {folder} is not a writable folder",
+                         "Choose a writable place for it; nothing was sent.")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,8 +136,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args)
     concurrency, source = args.concurrency, "flag"
     if concurrency is None:
-        pinned = pinned_concurrency(Ledger(cfg.runs_dir), target_fingerprint(cfg))
-        concurrency, source = pinned or (DEFAULT_CONCURRENCY, "default")
+        setting = resolve(Ledger(cfg.runs_dir), target_fingerprint(cfg))
+        concurrency, source = (
+            (setting.concurrency, setting.set_by) if setting else (DEFAULT_CONCURRENCY, "default")
+        )
+        concurrency = min(concurrency, MAX_CONCURRENCY)  # a ledger line is not trusted blindly
     params = sampling_params(cfg)
     if args.max_tokens is not None or args.temperature is not None:
         params = type(params)(
@@ -117,11 +155,24 @@ def run(args: argparse.Namespace) -> int:
         fsync=args.fsync, sample=args.sample, limit=args.limit, max_chars=args.max_chars,
         expect=args.expect, allow_foreign=args.allow_foreign,
     )  # fmt: skip
-    plan = plan_batch(spec)  # exit 2 on bad input: before any folder or file is written
+    try:
+        # exit 2 on bad input, a busy or unwritable --out: before anything is sent
+        with open_batch(spec) as plan:
+            return _run(args, out, spec, plan, source)
+    except MemoryError as exc:  # e.g. an absurd input line: end cleanly, never spin
+        raise StageFailed(
+            "ran out of memory; what completed is in --out",
+            "Rerun with a lower -c, or on a machine with more memory; finished items are kept.",
+        ) from exc
+
+
+def _run(args: argparse.Namespace, out: Output, spec: BatchSpec, plan: BatchPlan,
+         source: str) -> int:  # fmt: skip
     if source == "default":
-        out.warn(f"concurrency {concurrency} is not calibrated (nothing pinned for this target); "
-                 "run calibrate sweep and calibrate pin, or pass -c")  # fmt: skip
-    ctx = open_stage(args, "batch", out, gate=False, max_connections=concurrency)
+        out.warn(f"concurrency {spec.concurrency} is not calibrated (nothing pinned for this "
+                 "target); run calibrate sweep and calibrate pin, or pass -c")  # fmt: skip
+    ctx = open_stage(args, "batch", out, gate=False,
+                     max_connections=min(spec.concurrency, max(plan.to_run, 1)))  # fmt: skip
     # --sample tries the prompt: its outputs must not count as done for the real run
     out_path = spec.out_path if spec.out_path and not spec.sample else ctx.run.file("sample.jsonl")
     resume = shlex.join(["calibrate", *getattr(args, "argv", [])])
@@ -138,17 +189,31 @@ def run(args: argparse.Namespace) -> int:
     finally:
         monitor.stop()
         ctx.client.close()
-    summary = summary_json(result, concurrency, source)
+    if result.stopped_by == "unreachable":
+        raise ServerUnreachable(
+            result.stop_detail,
+            "Start it (or try the built-in one: make mock), then rerun the same command.",
+        )
+    summary = summary_json(result, spec.concurrency, source)
     checks = shape_checks(result.shapes, max_chars=spec.max_chars, expect=spec.expect)
     if spec.sample:
         summary["checks"] = [{"name": c.name, "passed": c.passed, "detail": c.detail}
                              for c in checks]  # fmt: skip
-    passed = result.failed == 0 and not result.interrupted
+    # items count: a pass needs an ok line for every item this run was to do
+    passed = result.ok == result.to_run and result.stopped_by is None
     if spec.sample:
         passed = passed and all(c.passed for c in checks)
-    ctx.record_result(passed, summary)
-    ctx.run.close()
-    _junit(args, ctx, result, checks if spec.sample else [])
+    try:
+        ctx.record_result(passed, summary)
+        ctx.run.close()
+        _junit(args, ctx, result, checks if spec.sample else [])
+    except OSError as exc:
+        render_summary(out, result, spec, checks if spec.sample else [], resume)
+        raise StageFailed(
+            f"the batch ran, but its report could not be written: {exc}",
+            f"The results are in {out_path} ({result.ok} ok, {result.failed} failed); "
+            "fix the path and rerun to record the verdict.",
+        ) from exc
     render_summary(out, result, spec, checks if spec.sample else [], resume)
     out.result({"passed": passed, "run_id": ctx.run.run_id, "resume_command": resume, **summary})
     if result.interrupted:
@@ -165,8 +230,8 @@ def _say_plan(
     if scan is not None and scan.retry:
         out.say(f"retrying {scan.retry} item(s) that failed in an earlier run")
     if scan is not None and scan.torn_tail:
-        out.warn(f"the last line of {spec.out_path} was torn (a crash mid-write); it is ignored "
-                 "and its item runs again")  # fmt: skip
+        out.warn(f"the last line of {spec.out_path} was torn (a crash mid-write); it was cut "
+                 "off and its item runs again")  # fmt: skip
     if scan is not None and scan.unreadable:
         out.warn(f"{scan.unreadable} unreadable line(s) in {spec.out_path} skipped")
     if scan is not None and scan.foreign:

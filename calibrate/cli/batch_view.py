@@ -118,11 +118,22 @@ def render_summary(
         abandoned = f" ({r.abandoned} abandoned in flight)" if r.abandoned else ""
         out.fail(f"interrupted: {done} of {r.total} done, {r.remaining} remaining{abandoned}")
         out.say(f"resume with: {resume}")
-    elif r.failed:
+        return
+    if r.unfinished:
+        why = (
+            r.stop_detail
+            or "a worker stopped before its items were done (a bug: rerun with --debug and report it)"
+        )
+        out.fail(f"{r.unfinished} of {r.to_run} item(s) were neither done nor failed: {why}")
+        out.say(f"what finished is kept in {r.out_path}; rerun to do the rest: {resume}")
+    if r.failed:
         out.fail(f"{r.failed} item(s) failed; they are in {r.out_path} with ok:false")
         out.say(f"rerun to retry only those: {resume}")
+    elif r.unfinished:
+        return
     elif r.remaining:
-        out.ok(f"{r.ok} item(s) done; {r.remaining} remaining (--limit)")
+        why = " (--limit)" if spec.limit else ""
+        out.ok(f"{r.ok} item(s) done; {r.remaining} remaining{why}")
         out.say(f"rerun to continue: {resume}")
     else:
         out.ok(f"all {r.total} items ok: {r.out_path}")

@@ -138,7 +138,7 @@ def open_stage(
         max_connections=max(
             64,
             *cfg.sweep.concurrency,
-            cfg.ladder.concurrency * max(cfg.ladder.batch_sizes),
+            max(cfg.ladder.batch_sizes),
             max_connections or 0,
         ),
     )

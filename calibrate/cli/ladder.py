@@ -24,6 +24,7 @@ from calibrate.cli.common import (
 from calibrate.cli.tier_output import add_tier_args, check_flags, measuring, record_run, tasks_from
 from calibrate.errors import Interrupted
 from calibrate.junit import JUnitCase, JUnitSuite
+from calibrate.pipeline import next_after
 from calibrate.report import live_rows
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.stages.bundles import first_error
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     with measuring(args, ctx, out) as watch:
         ladder = Ladder(ctx, options, watch.monitor, watch.incidents, Sender(ctx.client))
         out.say(f"ladder: batch sizes {', '.join(map(str, options.batch_sizes))}, {options.rounds} "
-                f"rounds each, concurrency {options.concurrency}, {options.mode} mode")  # fmt: skip
+                f"rounds each, one batch at a time, {options.mode} mode")  # fmt: skip
         try:
             with live_rows(out.console, "ladder", f"ladder {ctx.run.run_id}", out.is_tty) as show:
                 ladder.on_tier = watch.shown_by(show, out)
@@ -68,7 +69,7 @@ def _finish(
     rows = [{**t.to_json(), "vram_source": result.vram_source} for t in result.tiers]
     comparison, summary = record_run(
         args, out, ctx, "ladder", rows, result.vram_source, passed=result.passed,
-        summary=result.summary(), notes=list(result.notes), selfload=selfload,
+        summary=result.summary().to_json(), notes=list(result.notes), selfload=selfload,
     )  # fmt: skip
     save_junit(args, _junit(ctx, result, comparison))
     top = result.last_passing
@@ -84,7 +85,6 @@ def _finish(
         if result.incidents:
             out.say(f"{result.incidents} incident bundle(s) in {ctx.run.file('incidents')}")
             _say_first_error(out, ctx)
-        out.say("next: calibrate sweep")
     else:
         out.fail(f"ladder failed: {result.tiers[-1].reason if result.tiers else 'no tier ran'}")
         out.say(f"incidents: {ctx.run.file('incidents')}")
@@ -92,6 +92,8 @@ def _finish(
     if result.match_failed:
         out.fail("--require-match: outputs differ from the baseline")
     passed = result.passed and (comparison is None or comparison.passed)
+    if passed:
+        out.say(f"next: {next_after('ladder')}")
     out.result({"passed": passed, "run_id": ctx.run.run_id, **summary,
                 "tiers_detail": [t.to_json() for t in result.tiers]})  # fmt: skip
     return 0 if passed else 1

@@ -40,5 +40,5 @@ def run(args: argparse.Namespace) -> int:
     out.say(
         f"next: calibrate server start --script {result.script}   (or run it), then: calibrate verify"
     )
-    out.result({"run_id": ctx.run.run_id, **result.summary()})
+    out.result({"run_id": ctx.run.run_id, **result.summary().to_json()})
     return 0

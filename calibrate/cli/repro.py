@@ -1,7 +1,7 @@
 """Stage B: run the fixed prompt again and diff it with the baseline; or diff two files.
 
 Volatile fields are removed by a jq program first (default:
-del(.run_id, .ts, .elapsed_s, .ttft_s, .stage)); records are compared with sorted keys.
+del(.run_id, .ts, .elapsed_s, .ttft_s, .stage, .target and the tier fields)); records are compared with sorted keys.
 
 example: calibrate repro --runs 3 --ignore system_fingerprint
 example: calibrate repro baselines/single.jsonl runs/20261129T164129Z-single-a1b2c3/records.jsonl
@@ -26,6 +26,7 @@ from calibrate.cli.common import (
     show_comparison,
 )
 from calibrate.errors import UsageError
+from calibrate.pipeline import next_after
 from calibrate.stages.repro import ReproResult, against_baseline, between_files
 from calibrate.store import RunDir
 
@@ -75,7 +76,7 @@ def _report(out: Any, args: argparse.Namespace, result: ReproResult, *, run: Run
         note = " (whitespace only)" if result.verdict == "whitespace-only" else ""
         out.ok(f"repro passed: {summary['identical']}/{summary['runs']} identical{note}")
         if run_id:
-            out.say("next: calibrate ladder")
+            out.say(f"next: {next_after('repro')}")
     else:
         out.fail(
             f"repro failed: output differs from the baseline in {', '.join(summary['differing'])}"

@@ -27,6 +27,7 @@ from calibrate.cli.common import (
 from calibrate.errors import UsageError
 from calibrate.gpu import gpu_snapshot
 from calibrate.junit import JUnitCase
+from calibrate.pipeline import next_after
 from calibrate.stages.rollback import NOT_CAPACITY, Rollback, StepResult
 
 STEP_TITLES = {
@@ -83,11 +84,13 @@ def run(args: argparse.Namespace) -> int:
     if result.passed:
         out.ok(f"rollback passed (run {ctx.run.run_id})")
         out.say(NOT_CAPACITY.format(batch=result.batch_size))
-        out.say("next: calibrate pin   (writes scripts/launch.sh with this setting)")
+        out.say(
+            f"next: {next_after('rollback')}   (it uses concurrency 1; calibrate pin writes this setting into scripts/launch.sh)"
+        )
     else:
         failed = next(s for s in result.steps if not s.ok)
         out.fail(f"rollback failed at step {failed.n} ({failed.name}); "
                  f"incident: {ctx.run.file(f'incidents/{failed.n}-{failed.name}.json')}")  # fmt: skip
-    out.result({"passed": result.passed, "run_id": ctx.run.run_id, **result.summary(),
+    out.result({"passed": result.passed, "run_id": ctx.run.run_id, **result.summary().to_json(),
                 "messages": [s.message for s in result.steps]})  # fmt: skip
     return result.exit_code

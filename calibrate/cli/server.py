@@ -23,7 +23,7 @@ from calibrate.gpu import gpu_snapshot
 from calibrate.ledger import Ledger, target_fingerprint
 from calibrate.server import exit_status, launch_script, process, readiness
 from calibrate.server.builders import SERVER_KINDS, build, health_path
-from calibrate.stages.active import current_setting
+from calibrate.setting import resolve
 
 START_DOC = """Start the server ([server] in calibrate.toml, or a pinned script) and wait until ready.
 
@@ -90,10 +90,10 @@ def run_start(args: argparse.Namespace) -> int:
                               'Add [server] kind = "vllm" (and model_path) to calibrate.toml, '
                               "pass --kind, or give --script scripts/launch.sh.")  # fmt: skip
         batch, conc = args.batch_size, args.concurrency
-        setting = current_setting(Ledger(cfg.runs_dir), target_fingerprint(cfg))
+        setting = resolve(Ledger(cfg.runs_dir), target_fingerprint(cfg))
         if setting is not None and batch is None and conc is None:
             batch, conc = setting.batch_size, setting.concurrency
-            out.say(f"using the {setting.source} setting: batch {batch}, concurrency {conc}")
+            out.say(f"using the calibrated setting: {setting.describe()}")
         command = build(server.launch_spec(cfg, kind, batch, conc))
         out.say(f"starting: {command.display()}")
         started = server.start(

@@ -19,6 +19,7 @@ from calibrate.cli.common import (
     save_junit,
 )
 from calibrate.ledger import baseline_path
+from calibrate.pipeline import next_after
 from calibrate.stages.single import run_single
 
 
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         out.ok(f"single passed (run {ctx.run.run_id})")
         if result.baseline:
             out.say(f"baseline {result.baseline}: {baseline_path(ctx.config)}")
-        out.say("next: calibrate repro")
+        out.say(f"next: {next_after('single')}")
     else:
         for problem in result.problems:
             out.fail(f"single failed: {problem}")

@@ -41,18 +41,13 @@ def run(args: argparse.Namespace) -> int:
         verdict = "passed" if entry.passed else "FAILED"
         forced = " (forced)" if entry.forced else ""
         out.say(f"  {stage:<9} {verdict}{forced}  {entry.ts}  run {entry.run_id}")
-    if status.last_passing:
-        out.say(f"last passing tier: {status.last_passing}")
-    if status.recommended_concurrency:
-        out.say(f"recommended concurrency: {status.recommended_concurrency}")
-    if status.active:
-        active = status.active
-        out.say(
-            f"active setting: batch {active['batch_size']}, concurrency {active['concurrency']}"
-            f" (from {active['source']})"
-        )
+    if status.setting:
+        s = status.setting
+        out.say(f"calibrated setting: {s.describe()}")
+        out.say(f"  batch size from {s.batch_from}; concurrency from {s.concurrency_from}")
+        out.say(f"  verified on: {s.workload.describe()}")
     if status.pinned:
-        out.say(f"pinned: {status.pinned}")
+        out.say(f"pinned: {status.pinned.get('script')} ({status.pinned.get('kind')})")
     out.say(f"next: {status.next_command}")
     out.result(status.to_json())
     return 0

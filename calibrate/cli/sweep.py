@@ -10,6 +10,7 @@ example: calibrate sweep --stream --junit runs/sweep.xml
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from calibrate.cli.common import (
@@ -22,15 +23,18 @@ from calibrate.cli.common import (
     save_junit,
 )
 from calibrate.cli.tier_output import add_tier_args, check_flags, measuring, record_run, tasks_from
-from calibrate.errors import Interrupted, UsageError
+from calibrate.errors import GateClosed, Interrupted, UsageError
+from calibrate.pipeline import next_after
 from calibrate.report import live_rows
 from calibrate.selfload import SelfLoadMonitor
+from calibrate.setting import latest_passing_ladder
+from calibrate.stages.server_cap import run_at_cap
 from calibrate.stages.sweep import (
     Sweep,
     SweepOptions,
     SweepResult,
     read_server_cap,
-    verified_batch_size,
+    safe_levels,
 )
 from calibrate.stages.waves import Sender
 
@@ -40,6 +44,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--stream", action="store_true", help="stream (SSE) and measure TTFT")
     parser.add_argument("--batch-size", type=int, metavar="N",
                         help="override the verified batch size (default: the ladder's last passing)")  # fmt: skip
+    parser.add_argument(
+        "--beyond-ladder",
+        action="store_true",
+        help="against a server calibrate does not manage, also try concurrency levels above the "
+        "most requests the ladder passed with in flight (said and recorded)",
+    )
     add_tier_args(parser, "sweep")
     add_force(parser)
     add_junit(parser)
@@ -52,10 +62,39 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--batch-size must be ≥ 1, got {args.batch_size}")
     tasks = tasks_from(args)
     ctx = open_stage(args, "sweep", out)
-    batch = args.batch_size or verified_batch_size(
-        ctx.ledger.latest("ladder", ctx.target, passed=True)
+    ladder = latest_passing_ladder(ctx.ledger, ctx.target)
+    if ladder is None and not args.batch_size:
+        raise GateClosed(
+            "no verified batch size: no passing ladder found a passing tier for this target",
+            "Run first: calibrate ladder   (or give --batch-size N with --force)",
+        )
+    top = ladder[0].last_passing if ladder else None
+    batch = args.batch_size or (top.batch_size if top else 1)
+    managed = run_at_cap(ctx, batch, out.say)
+    levels, skipped = safe_levels(
+        ctx.config.sweep.concurrency,
+        ladder[0].max_in_flight if ladder else 0,
+        managed=managed,
+        beyond_ladder=args.beyond_ladder,
     )
-    options = SweepOptions.from_config(ctx.config, batch, stream=args.stream, tasks=tasks)
+    if skipped:
+        out.warn(
+            f"concurrency {', '.join(map(str, skipped))} skipped: the ladder passed with at most "
+            f"{ladder[0].max_in_flight if ladder else 0} requests in flight, and calibrate does "
+            "not manage this server to cap it (--beyond-ladder to send them anyway)"
+        )
+    if args.beyond_ladder and not managed:
+        out.warn("--beyond-ladder: sending more requests at once than the ladder proved (recorded)")
+    options = SweepOptions.from_config(
+        ctx.config,
+        batch,
+        stream=args.stream,
+        tasks=tasks,
+        ladder_run_id=ladder[1].run_id if ladder else "",
+        skipped_levels=skipped,
+        beyond_ladder=args.beyond_ladder and not managed,
+    )
+    options = dataclasses.replace(options, levels=levels)
     with measuring(args, ctx, out) as watch:
         cap = read_server_cap(ctx.client.get_text)
         sweep = Sweep(ctx, options, watch.monitor, watch.incidents, Sender(ctx.client), cap)
@@ -66,19 +105,24 @@ def run(args: argparse.Namespace) -> int:
                 sweep.on_level = watch.shown_by(show, out)
                 result = sweep.run()
         except KeyboardInterrupt:
-            _finish(args, out, ctx, sweep.result(), watch.selfload)
+            _finish(args, out, ctx, sweep.result(), options, watch.selfload)
             raise Interrupted(f"sweep interrupted after {len(sweep.levels)} level(s); completed levels "
                               f"are in {ctx.run.path}", "Run it again: calibrate sweep") from None  # fmt: skip
-    return _finish(args, out, ctx, result, watch.selfload)
+    return _finish(args, out, ctx, result, options, watch.selfload)
 
 
 def _finish(
-    args: argparse.Namespace, out: Any, ctx: Any, result: SweepResult, selfload: SelfLoadMonitor
+    args: argparse.Namespace,
+    out: Any,
+    ctx: Any,
+    result: SweepResult,
+    options: SweepOptions,
+    selfload: SelfLoadMonitor,
 ) -> int:
     rows = [{**lv.to_json(), "vram_source": result.vram_source} for lv in result.levels]
     comparison, summary = record_run(
         args, out, ctx, "sweep", rows, result.vram_source, passed=result.passed,
-        summary=result.summary(), notes=list(result.notes()), selfload=selfload,
+        summary=result.summary(options).to_json(), notes=list(result.notes()), selfload=selfload,
     )  # fmt: skip
     suite = junit_suite("sweep", ctx.run, ctx.target)
     for lv in result.levels:
@@ -94,10 +138,11 @@ def _finish(
     if knee is not None:
         out.ok(f"knee: concurrency {knee.concurrency} ({knee.stats.items_per_s:.2f} items/s at batch "
                f"size {result.batch_size}); recommended concurrency {knee.concurrency}")  # fmt: skip
-        out.say("next: calibrate pin")
     else:
-        out.fail("sweep failed: even the first level had errors")
+        out.fail(f"sweep failed: {result.reason}")
     passed = result.passed and (comparison is None or comparison.passed)
+    if passed:
+        out.say(f"next: {next_after('sweep')}")
     out.result({"passed": passed, "run_id": ctx.run.run_id, **summary,
                 "levels_detail": [lv.to_json() for lv in result.levels]})  # fmt: skip
     return 0 if passed else 1

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from calibrate import report
 from calibrate.cli.common import Output
 from calibrate.errors import UsageError
+from calibrate.gpu import NvmlSampler
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.stages.bundles import IncidentRecorder
 from calibrate.stages.compare_tiers import TierComparison, compare_tables, read_table, save_baseline
@@ -80,6 +81,12 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.compare and not Path(args.compare).exists():
         raise UsageError(f"--compare {args.compare}: no such file",
                          "Write one first with --save-baseline, or fix the path.")  # fmt: skip
+    if args.vram_source == "nvml" and NvmlSampler.open(args.gpu) is None:
+        # asked for by name: measuring nothing would silently switch the VRAM rule off
+        raise UsageError(
+            "--vram-source nvml: NVML is not available here (no NVIDIA driver, or no GPU)",
+            "Use --vram-source auto (measures what it can and says what it could not).",
+        )
 
 
 def start_monitor(args: argparse.Namespace, ctx: StageContext) -> VramMonitor:
@@ -91,6 +98,11 @@ def start_monitor(args: argparse.Namespace, ctx: StageContext) -> VramMonitor:
         return text + "\n" + client.get_text(url) if url else text
 
     samplers = choose_samplers(args.vram_source, fetch, devices=args.gpu)
+    if args.vram_source == "metrics" and not samplers:
+        raise UsageError(
+            "--vram-source metrics: the server's /metrics has no usable memory or KV-cache figure",
+            "Use --vram-source auto (measures what it can, says what it could not).",
+        )
     monitor = VramMonitor(samplers, ctx.config.ladder.sample_interval_s,
                           server_kind=ctx.config.server.kind)  # fmt: skip
     return monitor.start()
@@ -210,6 +222,7 @@ def record_run(
     warn_if_client_bound(out, selfload)
     if comparison is not None:
         summary["compare"] = comparison.to_json()
+        passed = passed and comparison.passed  # a regression is not a pass (SPEC §4.2)
     ctx.record_result(passed, summary)
     ctx.run.close()
     return comparison, summary

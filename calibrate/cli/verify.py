@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     save_junit(args, suite)
     if result.setting is not None:
         s = result.setting
-        out.say(f"expected setting: batch {s.batch_size}, concurrency {s.concurrency} ({s.source})")
+        out.say(f"expected setting: {s.describe()}")
     if result.passed:
         note = " (whitespace-only difference)" if comparison.verdict == "whitespace-only" else ""
         out.ok(

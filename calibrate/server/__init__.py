@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibrate.config import Config, ServerKind
-from calibrate.errors import ServerUnreachable, UsageError
+from calibrate.errors import ServerDied, ServerUnreachable, UsageError
 from calibrate.records import utc_now_iso
 from calibrate.server import exit_status, process, readiness
 from calibrate.server.builders import EngineCommand, LaunchSpec
@@ -100,10 +100,11 @@ def start(
     log_file = process.log_path(runs_dir)
     if ready.exit_code is not None:
         process.forget(runs_dir)
-        raise ServerUnreachable(
+        raise ServerDied(
             f"the server exited with code {ready.exit_code} before it was ready "
             f"({ready.elapsed_s:.1f} s after start); last lines of {log_file}:\n{shown_tail}",
             f"Fix the cause above, then: calibrate server start   (full log: {log_file})",
+            server_exit_code=ready.exit_code,
         )
     stopped = process.stop(record, stop_timeout_s)
     if stopped.gone:

@@ -77,9 +77,9 @@ def build(spec: LaunchSpec) -> EngineCommand:
             'Set it in calibrate.toml, e.g. [server] model_path = "/models/internlm-s2".',
         )
     port, name = str(spec.port), spec.served_name
-    # The engine's cap on concurrent sequences must admit the verified batch as well as the
-    # verified concurrency, or the tier would be queued instead of run as it was measured.
-    conc = batch = max((v for v in (spec.batch_size, spec.concurrency) if v), default=None)
+    # The engine's cap is the verified batch size B and never more (SPEC §5.0): a concurrency
+    # above B queues in the server instead of raising memory past what the ladder proved.
+    conc = batch = spec.batch_size
     health = HEALTH_PATHS.get(spec.kind)
     argv: list[str]
     if spec.kind == "vllm":

@@ -31,6 +31,7 @@ class PinnedValues:
     concurrency_from: str  # the sweep run that recommended it, or "default (no sweep passed)"
     pinned_by: str
     pinned_at: str
+    workload: str = "the fixed prompt"
     context: str = ""  # how the engine's context was sized (llama.cpp -c), when it was
 
 
@@ -47,6 +48,7 @@ def render(values: PinnedValues, command: EngineCommand) -> str:
         f"# kind: {_comment(values.kind)}",
         f"# batch size verified by {_comment(values.verified_by)} at {_comment(values.verified_at)}",
         f"# concurrency from {_comment(values.concurrency_from)}",
+        f"# workload: {_comment(values.workload)}",
         f"# pinned by run {_comment(values.pinned_by)} at {_comment(values.pinned_at)}",
         *([f"# context: {_comment(values.context)}"] if values.context else []),
         "# start it: calibrate server start --script <this file>; then check it: calibrate verify",

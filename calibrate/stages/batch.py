@@ -1,122 +1,45 @@
 """Stage F: the production run — tasks JSONL → results JSONL, concurrent and resumable (SPEC §5.9).
 
-``plan_batch`` validates the input and scans the output before anything is sent (InputError,
-exit 2, touches nothing). ``run_batch`` feeds a fixed pool of ``concurrency`` worker threads from
-the streamed input through a queue of the same size, so at most that many requests are in
-flight and memory does not grow with the file. Each finished item is one line, appended and
-flushed at once: a kill -9 at any moment loses only the requests in flight.
+``open_batch`` (batch_plan.py) decides and prepares everything before anything is sent.
+``run_batch`` feeds a fixed pool of at most ``concurrency`` worker threads (never more than
+items) from the streamed input, so at most that many requests are in flight and memory does not
+grow with the file. Each finished item is one line, appended and flushed at once: a kill -9 at
+any moment loses only the requests in flight.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import random
 import threading
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from calibrate.client import OpenAIClient
-from calibrate.errors import InputError
-from calibrate.ledger import Ledger
-from calibrate.records import SamplingParams
+from calibrate.errors import CalibrateError
 from calibrate.selfload import SelfLoadMonitor
-from calibrate.stages.batch_input import ItemId, Task, index_input, read_tasks
-from calibrate.stages.batch_result import BatchProgress, BatchResult, Tally, result_line
-from calibrate.stages.format_check import Expect
-from calibrate.stages.resume import OutputScan, end_with_newline, scan_output
-from calibrate.stages.retry import RetryPolicy, with_retries
+from calibrate.stages.batch_input import Task, read_tasks
+from calibrate.stages.batch_plan import (
+    DEFAULT_CONCURRENCY,
+    MAX_CONCURRENCY,
+    BatchPlan,
+    BatchSpec,
+    open_batch,
+    plan_batch,
+)
+from calibrate.stages.batch_result import BatchProgress, BatchResult, Tally
+from calibrate.stages.batch_worker import BatchControl, ReachabilityGuard, work
+from calibrate.stages.resume import repair_tail
 from calibrate.store import JsonlWriter
+
+__all__ = [  # the stage's public face; plans are made in batch_plan, workers in batch_worker
+    "DEFAULT_CONCURRENCY", "MAX_CONCURRENCY", "BatchControl", "BatchPlan", "BatchSpec",
+    "open_batch", "plan_batch", "run_batch",
+]  # fmt: skip
 
 log = logging.getLogger("calibrate")
 
-DEFAULT_CONCURRENCY = 4
 
-
-@dataclass(frozen=True)
-class BatchSpec:
-    input_path: Path
-    out_path: Path | None  # None only with ``sample``
-    model: str
-    params: SamplingParams
-    prompt: str = ""
-    concurrency: int = 4
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    grace_s: float = 10.0
-    fsync: bool = False
-    sample: int | None = None
-    limit: int | None = None
-    max_chars: int | None = None
-    expect: Expect = "text"
-    allow_foreign: bool = False
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """What the validation pass and the resume scan found; nothing was written yet."""
-
-    spec: BatchSpec
-    total: int
-    done_ids: set[ItemId]
-    scan: OutputScan | None
-
-    @property
-    def skipped(self) -> int:
-        return 0 if self.spec.sample else len(self.done_ids)
-
-    @property
-    def pending(self) -> int:
-        return self.total - self.skipped
-
-    @property
-    def to_run(self) -> int:
-        cap = self.spec.sample or self.spec.limit
-        return min(self.pending, cap) if cap else self.pending
-
-
-def plan_batch(spec: BatchSpec) -> BatchPlan:
-    """Validate the input, scan the output; raise InputError (exit 2) without writing."""
-    index = index_input(spec.input_path)
-    if spec.sample or spec.out_path is None:
-        return BatchPlan(spec, index.count, set(), None)
-    scan = scan_output(spec.out_path, index.ids)
-    if scan.foreign and not spec.allow_foreign:
-        raise InputError(
-            f"{spec.out_path} holds {scan.foreign} line(s) that are not items of "
-            f"{spec.input_path} ({scan.foreign_example}): a different input file?",
-            "Use another --out, or pass --allow-foreign to keep them and append anyway.",
-        )
-    return BatchPlan(spec, index.count, scan.done, scan)
-
-
-def pinned_concurrency(ledger: Ledger, target: str) -> tuple[int, str] | None:
-    """The concurrency verified for this target: the latest pin's, else the latest sweep's."""
-    for stage, keys in (("pin", ("concurrency", "max_concurrency")),
-                        ("sweep", ("recommended_concurrency",))):  # fmt: skip
-        entry = ledger.latest(stage, target, passed=True)
-        if entry is None:
-            continue
-        for key in keys:
-            value = entry.summary.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-                return value, stage
-    return None
-
-
-class BatchControl:
-    """Stop (take no new items, grace for in-flight ones) and abandon (stop waiting now)."""
-
-    def __init__(self) -> None:
-        self.stop = threading.Event()
-        self.abandon = threading.Event()
-
-    def request_stop(self) -> None:
-        """First Ctrl-C stops; a second one abandons the items still in flight."""
-        if self.stop.is_set():
-            self.abandon.set()
-        self.stop.set()
 
 
 class TaskSource:
@@ -130,12 +53,15 @@ class TaskSource:
         self._items = self._generate(plan)
         self._lock = threading.Lock()
         self._closed = False
+        self.handed = 0
+        self._cap = plan.to_run
+        self.error = ""  # why the input could not be read again, when it could not
 
     @staticmethod
     def _generate(plan: BatchPlan) -> Generator[Task, None, None]:
         cap, sent = plan.to_run, 0
         skip = plan.done_ids if plan.spec.sample is None else set()
-        for task in read_tasks(plan.spec.input_path):
+        for task in read_tasks(plan.source_path, plan.spec.input_path):
             if sent >= cap:
                 return
             if task.id in skip:
@@ -148,9 +74,20 @@ class TaskSource:
         with self._lock:
             if self._closed:
                 return None
-            task = next(self._items, None)
+            try:
+                task = next(self._items, None)
+            except (CalibrateError, OSError) as exc:  # the file changed or vanished meanwhile
+                self.error = (
+                    f"--input could not be read again (did it change during the run?): {exc}"
+                )
+                task = None
             if task is None:
+                if not self.error and self.handed < self._cap:
+                    self.error = (f"--input gave only {self.handed} of {self._cap} items when "
+                                  "read again (did it change during the run?)")  # fmt: skip
                 self._close()
+            else:
+                self.handed += 1
             return task
 
     def close(self) -> None:
@@ -175,20 +112,28 @@ def run_batch(
     warn: Callable[[str], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> BatchResult:
-    """Send the plan's items through ``concurrency`` workers; append one line per item."""
+    """Send the plan's items through at most ``concurrency`` workers; one line per item."""
     spec = plan.spec
     control = control or BatchControl()
-    if plan.scan is not None and plan.scan.needs_newline:
-        end_with_newline(out_path)
-    writer = JsonlWriter(out_path, fsync=spec.fsync)
-    tally = Tally(writer, sample=bool(spec.sample), expect=spec.expect, max_chars=spec.max_chars)
+    writer = plan.writer
+    if writer is None:  # a plan from plan_batch (--sample, or a caller that holds no lock)
+        if plan.scan is not None:
+            repair_tail(plan.scan)
+        writer = JsonlWriter(out_path, fsync=spec.fsync)
+    tally = Tally(writer, sample=bool(spec.sample), expect=spec.expect, max_chars=spec.max_chars,
+                  on_write_error=lambda detail: control.fail("write_error", detail))  # fmt: skip
     source = TaskSource(plan)
+    count = min(spec.concurrency, max(plan.to_run, 1))  # never a thread without an item
+    guard = ReachabilityGuard(
+        count, on_unreachable=lambda detail: control.fail("unreachable", detail)
+    )
     workers = [
         threading.Thread(
-            target=_worker, args=(source, client, spec, tally, control), name=f"batch-{n}",
+            target=work, args=(source.next, client, spec, tally, control, guard),
+            name=f"batch-{n}",
             daemon=True,  # only matters when abandoned: a stuck request must not block exit
         )
-        for n in range(min(spec.concurrency, max(plan.to_run, 1)))
+        for n in range(count)
     ]  # fmt: skip
     start = clock()
     last_report = start
@@ -199,7 +144,7 @@ def run_batch(
         now = clock()
         if monitor is not None and warn is not None and (text := monitor.poll_warning()):
             warn(text)
-        if control.stop.is_set() and not told_stop:
+        if control.interrupted and not told_stop:
             told_stop = force = True  # say at once that we are stopping
         if on_progress is None or (not force and now - last_report < progress_every_s):
             return
@@ -207,7 +152,7 @@ def run_batch(
         with tally.lock:
             finished = tally.ok + sum(tally.kinds.values())
             snapshot = BatchProgress(plan.to_run, finished, tally.ok, finished - tally.ok,
-                                     tally.in_flight, now - start, control.stop.is_set())  # fmt: skip
+                                     tally.in_flight, now - start, control.interrupted)  # fmt: skip
         on_progress(snapshot)
 
     for worker in workers:
@@ -221,38 +166,14 @@ def run_batch(
     elapsed = clock() - start
     return BatchResult(
         total=plan.total, skipped=plan.skipped, to_run=plan.to_run, ok=tally.ok,
-        failed_by_kind=dict(tally.kinds), interrupted=control.stop.is_set(), abandoned=abandoned,
+        failed_by_kind=dict(tally.kinds), interrupted=control.interrupted, abandoned=abandoned,
+        stopped_by=control.reason, stop_detail=control.detail or source.error,
         seconds=elapsed, output_tokens=tally.output_tokens, retried_items=tally.retried,
         attempts=tally.attempts, failures=tuple(tally.failures),
         preamble=(tally.preamble_n, tuple(tally.preamble)),
         too_long=(tally.too_long_n, tuple(tally.too_long)), shapes=tuple(tally.shapes),
         selfload=monitor.report() if monitor is not None else None, out_path=out_path,
     )  # fmt: skip
-
-
-def _worker(
-    source: TaskSource, client: OpenAIClient, spec: BatchSpec, tally: Tally, control: BatchControl
-) -> None:
-    rng = random.Random()
-    while not control.stop.is_set():  # stopping: items not yet started stay for the rerun
-        task = source.next()
-        if task is None:
-            return
-        with tally.lock:
-            tally.in_flight += 1
-        body = client.chat_body(spec.model, task.message(spec.prompt), spec.params)
-        call = functools.partial(client.post_completion, "/chat/completions", body)
-        attempted = with_retries(call, spec.retry, wait=control.stop.wait, rng=rng)
-        if attempted.interrupted:
-            with tally.lock:
-                tally.in_flight -= 1
-            return
-        completion = attempted.value
-        line = result_line(task, completion, attempted.error, attempted.attempts,
-                           attempted.errors, spec.expect, spec.params.max_tokens)  # fmt: skip
-        usage = completion.usage if completion is not None else None
-        tokens = (usage.completion_tokens or 0) if usage is not None else 0
-        tally.finish(line, completion.text if completion is not None else None, tokens)
 
 
 def _wait(

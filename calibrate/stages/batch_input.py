@@ -2,12 +2,19 @@
 
 Nothing but the ids is kept in memory, so a file of millions of long texts costs the id set and
 no more. Every problem names the file and the line (exit 2) before a single request is sent.
+A pipe or FIFO (``--input <(…)``, ``/dev/stdin``) can be read only once: it is spooled to a
+temporary file first, and both passes read that.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import stat
+import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -97,36 +104,66 @@ def parse_task(raw: bytes, path: Path, line: int) -> Task | None:
     return Task(item_id, body, prompt, line)
 
 
-def index_input(path: Path) -> InputIndex:
-    """The validation pass: every line checked, duplicate ids found; only ids are kept."""
+def index_input(path: Path, shown: Path | None = None) -> InputIndex:
+    """The validation pass: every line checked, duplicate ids found; only ids are kept.
+
+    ``shown`` is the name the user gave (messages use it) when ``path`` is a spooled copy.
+    """
+    name = shown or path
     ids: set[ItemId] = set()
     count = 0
     with open_tasks(path) as handle:
-        for line, raw in enumerate(handle, 1):
-            task = parse_task(raw, path, line)
+        for line, raw in enumerate(handle, 1):  # binary lines end at b"\n" only
+            task = parse_task(raw, name, line)
             if task is None:
                 continue
             if task.id in ids:
                 first = _first_line_of(path, task.id, line)
                 raise InputError(
-                    f"{path} line {line}: duplicate id {task.id!r} (first on line {first})",
+                    f"{name} line {line}: duplicate id {task.id!r} (first on line {first})",
                     FIX_HINT,
                 )
             ids.add(task.id)
             count += 1
     if count == 0:
-        raise InputError(f"{path} holds no items", "Each line must be an object like "
+        raise InputError(f"{name} holds no items", "Each line must be an object like "
                          '{"id": 1, "text": "..."}.')  # fmt: skip
     return InputIndex(path, ids, count)
 
 
-def read_tasks(path: Path) -> Iterator[Task]:
+def read_tasks(path: Path, shown: Path | None = None) -> Iterator[Task]:
     """The items again, one at a time, in file order (after ``index_input`` passed)."""
     with open_tasks(path) as handle:
         for line, raw in enumerate(handle, 1):
-            task = parse_task(raw, path, line)
+            task = parse_task(raw, shown or path, line)
             if task is not None:
                 yield task
+
+
+@contextmanager
+def readable_twice(path: Path) -> Iterator[Path]:
+    """``path`` itself when it is a regular file, else a temporary copy removed afterwards."""
+    try:
+        is_regular = stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        is_regular = True  # let open_tasks say what is wrong with it
+    if is_regular:
+        yield path
+        return
+    fd, name = tempfile.mkstemp(prefix="calibrate-input-", suffix=".jsonl")
+    spooled = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as copy, open_tasks(path) as source:
+            try:
+                shutil.copyfileobj(source, copy, 1024 * 1024)
+            except OSError as exc:
+                raise InputError(
+                    f"cannot copy the piped --input {path} to {spooled}: {exc.strerror or exc}",
+                    "Free space in the temporary folder (TMPDIR), or give a regular file.",
+                ) from exc
+        yield spooled
+    finally:
+        spooled.unlink(missing_ok=True)
 
 
 def _first_line_of(path: Path, item_id: ItemId, before: int) -> int:

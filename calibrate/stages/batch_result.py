@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from calibrate.records import Completion, incomplete_reason
 from calibrate.selfload import SelfLoadReport
 from calibrate.stages.batch_input import ItemId, Task
 from calibrate.stages.format_check import Expect, OutputShape, find_preamble, parse_json_output
-from calibrate.store import JsonlWriter
+from calibrate.store import JsonlWriter, without_surrogates
 
 EXAMPLES = 5  # failures and format notes kept as examples for the summary
 
@@ -47,6 +48,8 @@ class BatchResult:
     failed_by_kind: dict[str, int]
     interrupted: bool
     abandoned: int  # in flight when the grace period ended
+    stopped_by: str | None  # interrupted | write_error | unreachable | None (ran to the end)
+    stop_detail: str  # what stopped it, for the user (or why items were not reached)
     seconds: float
     output_tokens: int
     retried_items: int
@@ -67,6 +70,11 @@ class BatchResult:
         return self.ok + self.failed
 
     @property
+    def unfinished(self) -> int:
+        """Items this run should have finished that have neither an ok nor a failed line."""
+        return max(self.to_run - self.finished, 0)
+
+    @property
     def remaining(self) -> int:
         """Items a rerun would still do (failed ones and those not reached)."""
         return self.total - self.skipped - self.ok
@@ -84,10 +92,18 @@ class Tally:
     """Counters and the output file, shared by the workers under one lock."""
 
     def __init__(
-        self, writer: JsonlWriter, *, sample: bool, expect: Expect, max_chars: int | None
+        self,
+        writer: JsonlWriter,
+        *,
+        sample: bool,
+        expect: Expect,
+        max_chars: int | None,
+        on_write_error: Callable[[str], None] = lambda detail: None,
     ) -> None:
         self.lock = threading.Lock()
         self.writer: JsonlWriter | None = writer
+        self.on_write_error = on_write_error
+        self.write_error: str | None = None
         self.sample = sample
         self.expect: Expect = expect
         self.max_chars = max_chars
@@ -99,13 +115,32 @@ class Tally:
         self.too_long: list[str] = []
         self.shapes: list[OutputShape] = []
 
-    def finish(self, line: dict[str, Any], text: str | None, tokens: int) -> None:
-        item_id = line["id"]
+    def begin(self) -> None:
+        with self.lock:
+            self.in_flight += 1
+
+    def end(self) -> None:
         with self.lock:
             self.in_flight -= 1
-            if self.writer is None:  # abandoned after the grace period: not recorded
+
+    def record(self, line: dict[str, Any], text: str | None, tokens: int) -> None:
+        """Write one item's line, then count it; the line is written once or not at all.
+
+        A write that fails (disk full, file gone) stops recording: the error is kept for the
+        summary and ``on_write_error`` stops the run; lines already written stay valid.
+        """
+        item_id = line["id"]
+        with self.lock:
+            if self.writer is None:  # abandoned after the grace period, or a write failed
                 return
-            self.writer.write(line)
+            try:
+                self.writer.write(line)
+            except OSError as exc:
+                self.write_error = f"cannot write to {self.writer.path}: {exc.strerror or exc}"
+                self.writer.close_quietly()
+                self.writer = None
+                self.on_write_error(self.write_error)
+                return
             self.attempts += line["attempts"]
             self.retried += line["attempts"] > 1
             if line["ok"]:
@@ -115,7 +150,9 @@ class Tally:
                 kind = line["error"]["kind"]
                 self.kinds[kind] += 1
                 if len(self.failures) < EXAMPLES:
-                    self.failures.append({"id": item_id, **line["error"]})
+                    error = dict(line["error"])
+                    error["message"] = without_surrogates(str(error.get("message", "")))
+                    self.failures.append({"id": item_id, **error})
             if text is not None:
                 self._note_shape(item_id, text)
 
@@ -183,6 +220,8 @@ def summary_json(result: BatchResult, concurrency: int, concurrency_source: str)
         "remaining": result.remaining,
         "interrupted": result.interrupted,
         "abandoned": result.abandoned,
+        "unfinished": result.unfinished,
+        "stopped_by": result.stopped_by,
         "seconds": round(result.seconds, 3),
         "items_per_s": round(result.items_per_s, 3),
         "output_tokens": result.output_tokens,

@@ -12,9 +12,11 @@ from calibrate import __version__
 from calibrate.client import OpenAIClient
 from calibrate.config import Config
 from calibrate.gpu import gpu_snapshot
+from calibrate.identity import TargetIdentity, Weights
 from calibrate.ledger import Ledger
 from calibrate.records import LedgerEntry, SamplingParams
 from calibrate.store import RunDir
+from calibrate.summaries import Summary
 
 
 @dataclass(frozen=True)
@@ -30,15 +32,29 @@ class StageContext:
     def params(self) -> SamplingParams:
         return sampling_params(self.config)
 
-    def record_result(self, passed: bool, summary: dict[str, Any]) -> LedgerEntry:
-        """Append this run's verdict to the ledger and write ``summary.json``."""
+    def record_result(
+        self,
+        passed: bool,
+        summary: dict[str, Any] | Summary,
+        *,
+        interrupted: bool = False,
+        served_root: str = "",
+    ) -> LedgerEntry:
+        """Append this run's verdict to the ledger and write ``summary.json``.
+
+        An interrupted run is never a pass (SPEC §4.2): its partial results are for ``report``.
+        """
+        weights = Weights(self.config.server.model_path, served_root)
         entry = LedgerEntry(
             stage=self.run.stage,
             run_id=self.run.run_id,
             target=self.target,
-            passed=passed,
-            summary=summary,
+            passed=passed and not interrupted,
+            summary=summary if isinstance(summary, dict) else summary.to_json(),
             forced=self.forced,
+            interrupted=interrupted,
+            identity=TargetIdentity.of(self.config).to_json(),
+            weights=weights.to_json(),
         )
         self.ledger.append(entry)
         self.run.write_json("summary.json", entry.to_json())

@@ -8,6 +8,7 @@ produces; ``--sample`` finds them on a few items before thousands are sent.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -69,19 +70,39 @@ class ParsedJson:
     message: str = ""
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON (strict parsers reject it)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999 would be stored as Infinity
+        raise ValueError(f"{text[:40]} is out of range for a JSON number")
+    return value
+
+
 def parse_json_output(text: str) -> ParsedJson:
-    """Strip fences and parse; ``message`` says why not when it does not parse."""
+    """Strip fences and parse strictly; ``message`` says why not when it does not parse.
+
+    Python's ``json`` accepts ``NaN``/``Infinity``, which no strict parser reads back: such an
+    output is a format failure, so ``"parsed"`` only ever holds valid JSON.
+    """
     body = strip_fences(text)
     if not body:
         return ParsedJson(False, message="the output is empty, not JSON")
     try:
-        return ParsedJson(True, json.loads(body))
+        value = json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
+        return ParsedJson(True, value)
     except ValueError as exc:
         return ParsedJson(False, message=f"the output is not valid JSON: {exc}")
+    except RecursionError:
+        return ParsedJson(False, message="the output is JSON nested too deeply to read")
 
 
 def line_count(text: str) -> int:
-    return len(text.strip().splitlines())
+    """Lines of an output, split at ``\\n`` only (U+2028 and friends are not line ends here)."""
+    body = text.strip()
+    return body.count("\n") + 1 if body else 0
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from calibrate.stages.stop_rules import (
 from calibrate.stages.tiers import ItemResult, Stats, StopReason, Tier, summarise
 from calibrate.stages.waves import Sender, build_requests
 from calibrate.store import load_jsonl_objects
+from calibrate.summaries import LadderSummary, Setting, Workload
 from calibrate.vram import VramMonitor, WindowPeak
 
 log = logging.getLogger("calibrate")
@@ -34,7 +35,6 @@ log = logging.getLogger("calibrate")
 class LadderOptions:
     batch_sizes: tuple[int, ...]
     rounds: int
-    concurrency: int
     mode: LadderMode
     vram_limit: float
     latency_rise: float
@@ -46,7 +46,7 @@ class LadderOptions:
         cls, cfg: Config, *, tasks: Sequence[str] = (), require_match: bool = False
     ) -> LadderOptions:
         c = cfg.ladder
-        return cls(c.batch_sizes, c.rounds, c.concurrency, c.mode, c.vram_limit,
+        return cls(c.batch_sizes, c.rounds, c.mode, c.vram_limit,
                    c.latency_rise, tuple(tasks), require_match)  # fmt: skip
 
 
@@ -71,18 +71,22 @@ class LadderResult:
     def passed(self) -> bool:
         return self.last_passing is not None and not self.match_failed
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> LadderSummary:
         top = self.last_passing
-        return {
-            "last_passing": {"batch_size": top.batch_size, "concurrency": top.stats.concurrency}
-            if top
-            else None,
-            "stopped_by": self.stopped_by,
+        passing = [t.stats.concurrency for t in self.tiers if t.verdict != "fail"]
+        details = {
             "vram_source": self.vram_source,
             "tiers": [t.short() for t in self.tiers],
             "baseline_mismatch": list(self.notes),
             "incidents": self.incidents,
         }
+        return LadderSummary(
+            Setting(top.batch_size, top.stats.concurrency) if top else None,
+            self.stopped_by,
+            max(passing, default=0),
+            Workload(),
+            details,
+        )
 
 
 def load_tasks(path: Path) -> tuple[str, ...]:
@@ -141,7 +145,7 @@ class Ladder:
         total_s = 0.0
         for round_no in range(1, opts.rounds + 1):
             items, seconds, peak = self.run_round(batch, round_no)
-            stats = summarise(batch_size=batch, concurrency=opts.concurrency, round_no=round_no,
+            stats = summarise(batch_size=batch, concurrency=self.in_flight(batch), round_no=round_no,
                               items=items, total_s=seconds, peaks=[peak],
                               baseline_text=baseline)  # fmt: skip
             self.ctx.run.append(
@@ -153,7 +157,7 @@ class Ladder:
             total_s += seconds
             if stats.errors:  # a failed round fails the tier; another round only adds load
                 break
-        agg = summarise(batch_size=batch, concurrency=opts.concurrency, round_no=None,
+        agg = summarise(batch_size=batch, concurrency=self.in_flight(batch), round_no=None,
                         items=items_all, total_s=total_s, peaks=peaks, baseline_text=baseline)  # fmt: skip
         verdict, reason = tier_verdict(agg, previous, vram_limit=opts.vram_limit,
                                        latency_rise=opts.latency_rise, rounds_run=len(rounds),
@@ -161,13 +165,13 @@ class Ladder:
         return Tier(agg, tuple(rounds), verdict, reason, opts.rounds)
 
     def prompts(self, batch: int) -> list[list[str]]:
-        """``concurrency`` waves of ``batch`` items: the fixed prompt, or tasks in turn."""
+        """One wave of ``batch`` items (one batch at a time, SPEC §5.0): the fixed prompt or tasks."""
         source = self.options.tasks or (self.ctx.config.prompt.text,)
-        waves: list[list[str]] = []
-        for wave in range(self.options.concurrency):
-            start = wave * batch
-            waves.append([source[(start + i) % len(source)] for i in range(batch)])
-        return waves
+        return [[source[i % len(source)] for i in range(batch)]]
+
+    def in_flight(self, batch: int) -> int:
+        """Requests in flight at once: B in wave mode, one request of B prompts in prompt-list."""
+        return 1 if self.options.mode == "prompt-list" else batch
 
     def run_round(self, batch: int, round_no: int) -> tuple[list[ItemResult], float, WindowPeak]:
         ctx, opts = self.ctx, self.options
@@ -180,10 +184,10 @@ class Ladder:
             raise unreachable(items[0].error, ctx.config.target.base_url)
         for item in items:
             ctx.run.append(
-                "records.jsonl", item_record(ctx, item, batch, opts.concurrency, round_no)
+                "records.jsonl", item_record(ctx, item, batch, self.in_flight(batch), round_no)
             )
         self.incidents.record(
-            items, batch_size=batch, concurrency=opts.concurrency, round_no=round_no, peak=peak
+            items, batch_size=batch, concurrency=self.in_flight(batch), round_no=round_no, peak=peak
         )
         return items, seconds, peak
 

@@ -59,8 +59,14 @@ def load_records(path: Path) -> list[dict[str, Any]]:
 
 
 def between_files(left: Path, right: Path, normaliser: Normaliser) -> ReproResult:
-    """Offline: compare two record files line by line, no server involved."""
+    """Offline: compare two record files line by line, no server involved.
+
+    A one-record file against a longer one (``repro baselines/single.jsonl runs/<id>/records.jsonl``)
+    compares that record — the baseline — with every record of the run.
+    """
     a, b = load_records(left), load_records(right)
+    if len(a) == 1 and len(b) > 1:
+        a = a * len(b)
     comparisons = [
         compare(x, y, normaliser, labels=(f"{left}:{i}", f"{right}:{i}"))
         for i, (x, y) in enumerate(zip(a, b, strict=False), 1)

@@ -2,14 +2,17 @@
 
 Every line we write starts ``{"id":…,"ok":…,`` and ends ``"attempts":N}``; the scan reads
 those with one regular expression over large blocks (C speed) and falls back to ``json.loads``
-only for blocks holding other lines. A torn last line (a crash mid-write) is ignored, and the
-file gets a newline before anything is appended, so a new record never fuses with it.
+only for blocks holding other lines. Lines end at ``\n`` only (never ``splitlines``). A torn
+last line (a crash mid-write) is cut off before anything is appended, under the output's lock,
+so the file stays valid JSONL; a file that is not JSONL at all is refused, never appended to.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from collections.abc import Container
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +22,8 @@ from calibrate.errors import InputError
 from calibrate.stages.batch_input import ItemId
 
 BLOCK_BYTES = 8 * 1024 * 1024
+OUR_PREFIX = b'{"id":'
+_UNREADABLE = object()
 
 _OURS = re.compile(
     rb'^\{"id":("(?:[^"\\\n]|\\.)*"|-?\d+),"ok":(true|false),[^\n]*"attempts":\d+\}$',
@@ -37,8 +42,23 @@ class OutputScan:
     unreadable: int = 0  # torn or garbled lines, skipped (earlier crashes)
     foreign: int = 0
     foreign_example: str = ""
-    torn_tail: bool = False
+    records: int = 0  # lines that are JSON objects, ours or not
+    not_results: int = 0  # objects with an id but no "ok": not a results file
+    not_result_example: str = ""
+    torn_tail: bool = False  # the last line is the start of one of our records: cut it off
+    alien_tail: bool = False  # the last line is something else: not our file
+    tail_offset: int = 0  # where the unterminated last line starts
     needs_newline: bool = False
+
+    def not_jsonl(self) -> str | None:
+        """Why this file is not a results journal we may append to, or None."""
+        if self.alien_tail:
+            return "its last line is neither a JSON record nor the start of one"
+        if self.not_results:
+            return self.not_result_example
+        if self.unreadable and (self.records == 0 or self.unreadable > self.records):
+            return f"{self.unreadable} of {self.lines} lines are not JSON"
+        return None
 
     @property
     def retry(self) -> int:
@@ -57,10 +77,15 @@ class OutputScan:
         """The slow path for one line that the fast expression did not recognise."""
         if not raw.strip():
             return
-        try:
-            obj: Any = json.loads(raw)
-        except ValueError:
+        obj = _loads(raw)
+        if obj is _UNREADABLE:
             self.unreadable += 1
+            return
+        self.records += isinstance(obj, dict)
+        if isinstance(obj, dict) and "id" in obj and not isinstance(obj.get("ok"), bool):
+            self.not_results += 1  # e.g. the tasks file itself: id and text, no verdict
+            if not self.not_result_example:
+                self.not_result_example = f"line {line} has an id but no ok/failed verdict"
             return
         item_id = obj.get("id") if isinstance(obj, dict) else None
         if isinstance(item_id, bool) or not isinstance(item_id, str | int):
@@ -91,19 +116,26 @@ def scan_output(path: Path, known: Container[ItemId] | None = None) -> OutputSca
             block, carry = data[:cut], data[cut:]
             if block:
                 _scan_block(scan, block, known)
+        scan.tail_offset = handle.tell() - len(carry)
     if carry:
-        scan.needs_newline = True
-        try:
-            tail: Any = json.loads(carry)
-            complete = isinstance(tail, dict) and "id" in tail
-        except ValueError:
-            complete = False
-        if complete:  # the crash came between the record and its newline: it is whole
+        tail = _loads(carry)
+        if isinstance(tail, dict) and "id" in tail:  # the crash came between record and newline
+            scan.needs_newline = True
             scan._line(carry, scan.lines + 1, known)
             scan.lines += 1
-        else:
+        elif not carry.strip() or carry.startswith(OUR_PREFIX) or OUR_PREFIX.startswith(carry):
             scan.torn_tail = True
+        else:
+            scan.alien_tail = True
     return scan
+
+
+def _loads(raw: bytes) -> Any:
+    """The JSON value of one line, or ``_UNREADABLE`` (torn, not UTF-8, absurdly nested)."""
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return _UNREADABLE
 
 
 def _scan_block(scan: OutputScan, block: bytes, known: Container[ItemId] | None) -> None:
@@ -112,6 +144,7 @@ def _scan_block(scan: OutputScan, block: bytes, known: Container[ItemId] | None)
     scan.lines += lines
     found = _OURS.findall(block)
     if len(found) == lines:
+        scan.records += lines
         done, failed, record = scan.done, scan.failed, scan._record
         for token, ok in found:
             if token[0] == 34:  # a string id: no escapes is the common case
@@ -132,10 +165,53 @@ def _scan_block(scan: OutputScan, block: bytes, known: Container[ItemId] | None)
             continue
         token = match.group(1)
         item_id = json.loads(token) if token[0] == 34 else int(token)
+        scan.records += 1
         scan._record(item_id, match.group(2) == b"true", known)
 
 
 def end_with_newline(path: Path) -> None:
-    """Terminate a torn last line so the next appended record starts on a line of its own."""
+    """Terminate a whole last record so the next appended one starts on a line of its own."""
     with path.open("ab") as handle:
         handle.write(b"\n")
+
+
+def repair_tail(scan: OutputScan) -> None:
+    """Before appending (under the lock): cut a torn last line off, or end a whole one."""
+    if scan.torn_tail:
+        os.truncate(scan.path, scan.tail_offset)
+    elif scan.needs_newline:
+        end_with_newline(scan.path)
+
+
+def check_output_path(out: Path, input_path: Path) -> None:
+    """Refuse an --out that is --input itself (any link to it) or not a regular file (exit 2)."""
+    try:
+        found = out.stat()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise InputError(f"cannot use --out {out}: {exc.strerror or exc}") from exc
+    if not stat.S_ISREG(found.st_mode):
+        raise InputError(
+            f"--out {out} is not a regular file (a FIFO, device or folder)",
+            "Give a path for a results file (.jsonl); it is created if absent.",
+        )
+    try:
+        source = input_path.stat()
+    except OSError:
+        return  # reading it will say what is wrong
+    if (found.st_dev, found.st_ino) == (source.st_dev, source.st_ino):
+        raise InputError(
+            f"--out {out} is the same file as --input {input_path} (a link to it)",
+            "Write the results elsewhere; the tasks file is never written to.",
+        )
+
+
+def check_journal(scan: OutputScan) -> None:
+    """Refuse to append to an existing file that is not a JSONL results file (exit 2)."""
+    reason = scan.not_jsonl()
+    if reason is not None:
+        raise InputError(
+            f"--out {scan.path} exists and is not a JSONL results file ({reason})",
+            "Give another --out (an existing one must be a results file of calibrate batch).",
+        )

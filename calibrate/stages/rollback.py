@@ -15,16 +15,25 @@ from typing import Any, Literal
 from calibrate import server
 from calibrate.compare import Comparison, Normaliser
 from calibrate.config import ServerKind
-from calibrate.errors import CalibrateError, ErrorInfo, ErrorKind, ExitCode, GateClosed
+from calibrate.errors import (
+    CalibrateError,
+    ErrorInfo,
+    ErrorKind,
+    ExitCode,
+    GateClosed,
+    ServerDied,
+    StepFailed,
+)
 from calibrate.gpu import GpuSnapshot
 from calibrate.incidents import Incident, write_incident
 from calibrate.records import LedgerEntry
 from calibrate.server import process, readiness
 from calibrate.server.builders import SERVER_KINDS, build
 from calibrate.server.readiness import VramProbe, used_mib, wait_released
-from calibrate.stages.active import ActiveSetting, write_active
+from calibrate.setting import latest_passing_ladder
 from calibrate.stages.context import StageContext
 from calibrate.stages.repro import against_baseline
+from calibrate.summaries import RollbackSummary, Setting, pin_summary
 
 StepName = Literal["stop", "vram", "active", "restart", "compare"]
 Notify = Callable[[str], None]
@@ -55,15 +64,6 @@ class StepResult:
                 "elapsed_s": round(self.elapsed_s, 3), **self.detail}  # fmt: skip
 
 
-class StepFailed(CalibrateError):
-    """A step's check failed; ``kind`` names it for the incident bundle."""
-
-    def __init__(self, message: str, kind: ErrorKind, code: int = ExitCode.FAILED) -> None:
-        super().__init__(message)
-        self.kind: ErrorKind = kind
-        self.code = code
-
-
 @dataclass(frozen=True)
 class RollbackResult:
     batch_size: int
@@ -72,29 +72,36 @@ class RollbackResult:
     steps: tuple[StepResult, ...]
     comparison: Comparison | None
     exit_code: int
+    setting: Setting | None  # set once the "active" step ran
 
     @property
     def passed(self) -> bool:
         return self.exit_code == 0
 
-    def summary(self) -> dict[str, Any]:
-        failed = next((s.name for s in self.steps if not s.ok), None)
-        return {"batch_size": self.batch_size, "concurrency": 1, "source": self.source,
-                "managed": self.managed, "failed_step": failed,
-                "steps": [{"step": s.name, "ok": s.ok} for s in self.steps]}  # fmt: skip
+    def summary(self) -> RollbackSummary:
+        failed = next((s.name for s in self.steps if not s.ok), "")
+        details = {
+            "batch_size": self.batch_size,
+            "source": self.source,
+            "managed": self.managed,
+            "steps": [{"step": s.name, "ok": s.ok} for s in self.steps],
+        }
+        return RollbackSummary(self.setting, failed, details)
 
 
 def rollback_tier(ctx: StageContext) -> tuple[int, str]:
-    """(batch size, where it comes from): the latest ladder with a passing tier, else the pin."""
-    ladder = ctx.ledger.latest("ladder", ctx.target)
-    tier = ladder.summary.get("last_passing") if ladder else None
-    if ladder and isinstance(tier, dict) and isinstance(tier.get("batch_size"), int):
-        return int(tier["batch_size"]), f"ladder run {ladder.run_id}"
-    pin = ctx.ledger.latest("pin", ctx.target)
-    if pin and isinstance(pin.summary.get("batch_size"), int):
-        return int(pin.summary["batch_size"]), f"pin run {pin.run_id}"
-    raise GateClosed("rollback has no tier to return to: no ladder with a passing tier, no pin",
-                     "Run first: calibrate ladder")  # fmt: skip
+    """(batch size, where it comes from): the latest passing ladder's tier, else the pin's."""
+    ladder = latest_passing_ladder(ctx.ledger, ctx.target)
+    if ladder is not None and ladder[0].last_passing is not None:
+        return ladder[0].last_passing.batch_size, f"ladder run {ladder[1].run_id}"
+    pin = ctx.ledger.latest("pin", ctx.target, passed=True)
+    pinned = pin_summary(pin.summary).setting if pin else None
+    if pin is not None and pinned is not None:
+        return pinned.batch_size, f"pin run {pin.run_id}"
+    raise GateClosed(
+        "rollback has no tier to return to: no ladder with a passing tier, no pin",
+        "Run first: calibrate ladder",
+    )
 
 
 class Rollback:
@@ -117,6 +124,7 @@ class Rollback:
         self.exit_code: int | None = None
         self.before_stop: GpuSnapshot | None = None
         self.comparison: Comparison | None = None
+        self.setting: Setting | None = None
 
     def run(self) -> RollbackResult:
         batch, source = rollback_tier(self.ctx)
@@ -133,7 +141,9 @@ class Rollback:
             if not step.ok:
                 break
         code = next((s.exit_code for s in steps if not s.ok), 0)
-        return RollbackResult(batch, source, self.managed, tuple(steps), self.comparison, code)
+        return RollbackResult(
+            batch, source, self.managed, tuple(steps), self.comparison, code, self.setting
+        )
 
     def _step(
         self, n: int, name: StepName, action: Callable[[], tuple[str, dict[str, Any]]]
@@ -147,7 +157,7 @@ class Rollback:
                 n, name, False, exc.message, self.clock() - start, {}, exc.code, exc.kind
             )
         except CalibrateError as exc:
-            kind: ErrorKind = "server_died" if "exited with code" in exc.message else "connect"
+            kind: ErrorKind = "server_died" if isinstance(exc, ServerDied) else "connect"
             step = StepResult(n, name, False, exc.render().removeprefix("error: "),
                               self.clock() - start, {}, int(exc.exit_code), kind)  # fmt: skip
         self.ctx.run.append("steps.jsonl", step.to_json())
@@ -204,11 +214,10 @@ class Rollback:
         return release.message, release.to_json()
 
     def active(self) -> tuple[str, dict[str, Any]]:
-        setting = ActiveSetting(self.batch, 1, "rollback", self.ctx.run.run_id)
-        entry = write_active(self.ctx.ledger, self.runs, self.ctx.target, setting)
+        self.setting = Setting(self.batch, 1)
         return (
-            f"active setting: batch {self.batch}, concurrency 1 (runs/active.json)",
-            entry.summary,
+            f"active setting: batch {self.batch}, concurrency 1 (recorded with this rollback)",
+            self.setting.to_json(),
         )
 
     def restart(self) -> tuple[str, dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Where a target stands: each stage's latest result, the verified tier, the next command."""
+"""Where a target stands: each stage's latest result, the calibrated setting, the next command."""
 
 from __future__ import annotations
 
@@ -6,12 +6,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from calibrate.config import Config
-from calibrate.ledger import Ledger, baseline_path
+from calibrate.ledger import Ledger, baseline_path, check_gate
+from calibrate.pipeline import MAIN_LINE, OPTIONAL, RESTART_THEN_VERIFY, next_after
 from calibrate.records import LedgerEntry
-from calibrate.stages.active import current_setting
+from calibrate.setting import CalibratedSetting, resolve
+from calibrate.summaries import pin_summary
 
-STAGE_ORDER = ("single", "repro", "ladder", "sweep", "pin", "verify")
-OPTIONAL_STAGES = ("rollback", "batch")
+STAGE_ORDER = MAIN_LINE
+OPTIONAL_STAGES = OPTIONAL
 
 
 @dataclass(frozen=True)
@@ -19,21 +21,20 @@ class TargetStatus:
     target: str
     baseline: str | None
     latest: dict[str, LedgerEntry]
-    last_passing: dict[str, Any] | None
+    setting: CalibratedSetting | None
     pinned: dict[str, Any] | None
-    recommended_concurrency: int | None
     next_command: str
-    active: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
+        s = self.setting
         return {
             "target": self.target,
             "baseline": self.baseline,
             "stages": {name: entry.to_json() for name, entry in self.latest.items()},
-            "last_passing": self.last_passing,
+            "last_passing": {"batch_size": s.batch_size} if s else None,
+            "setting": s.to_json() if s else None,
+            "workload": s.workload.to_json() if s else None,
             "pinned": self.pinned,
-            "recommended_concurrency": self.recommended_concurrency,
-            "active": self.active,
             "next": self.next_command,
         }
 
@@ -43,36 +44,30 @@ def target_status(cfg: Config, ledger: Ledger, target: str) -> TargetStatus:
     for entry in ledger.entries():
         if entry.target == target:
             latest[entry.stage] = entry
-    ladder = ledger.latest("ladder", target, passed=True)
-    last_passing = ladder.summary.get("last_passing") if ladder else None
-    pin = ledger.latest("pin", target)
-    sweep = ledger.latest("sweep", target, passed=True)
-    recommended = sweep.summary.get("recommended_concurrency") if sweep else None
+    pin = latest.get("pin")
     baseline = baseline_path(cfg)
-    active = current_setting(ledger, target)
     return TargetStatus(
         target=target,
         baseline=str(baseline) if baseline.exists() else None,
         latest=latest,
-        last_passing=last_passing if isinstance(last_passing, dict) else None,
-        pinned=pin.summary if pin else None,
-        recommended_concurrency=recommended if isinstance(recommended, int) else None,
-        next_command=_next_command(latest, baseline.exists()),
-        active=active.summary() if active else None,
+        setting=resolve(ledger, target),
+        pinned=pin_summary(pin.summary).to_json() if pin and pin.passed else None,
+        next_command=next_command(cfg, ledger, target, latest),
     )
 
 
-def _next_command(latest: dict[str, LedgerEntry], has_baseline: bool) -> str:
-    for stage in STAGE_ORDER:
-        if stage == "sweep" and "sweep" not in latest and "pin" in latest:
-            continue
-        if stage == "verify" and "pin" in latest and "verify" not in latest:
-            return "restart the server from scripts/launch.sh, then: calibrate verify"
+def next_command(cfg: Config, ledger: Ledger, target: str, latest: dict[str, LedgerEntry]) -> str:
+    """The first stage of the main line still to do, read from the pipeline table and gates."""
+    has_baseline = baseline_path(cfg).exists()
+    for stage in MAIN_LINE:
         entry = latest.get(stage)
-        if stage == "single" and entry is None and has_baseline:
-            continue
+        if stage == "single" and (entry is None or not entry.passed) and has_baseline:
+            continue  # a baseline exists: single has done its job
+        if stage == "sweep" and entry is None and "pin" in latest:
+            continue  # pinned without a sweep: concurrency 1, a choice the user made
+        if stage == "verify" and entry is None and "pin" in latest:
+            return RESTART_THEN_VERIFY
         if entry is None or not entry.passed:
-            if stage == "ladder" and entry is not None and entry.summary.get("last_passing"):
-                continue
-            return f"calibrate {stage}"
-    return "calibrate batch --input tasks.jsonl --out out.jsonl"
+            gate = check_gate(stage, cfg, ledger, target)
+            return f"calibrate {stage}" if gate.open else gate.run_first
+    return next_after("verify")

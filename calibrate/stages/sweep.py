@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from calibrate.config import Config, LadderMode
-from calibrate.errors import RequestError, StageFailed
-from calibrate.records import LedgerEntry
+from calibrate.errors import RequestError
 from calibrate.stages.bundles import IncidentRecorder
 from calibrate.stages.context import StageContext
 from calibrate.stages.ladder import all_refused, item_record
@@ -17,6 +16,7 @@ from calibrate.stages.single import unreachable
 from calibrate.stages.stop_rules import Point, continue_sweep, gains, knee
 from calibrate.stages.tiers import Stats, summarise
 from calibrate.stages.waves import Sender, build_requests
+from calibrate.summaries import SweepSummary
 from calibrate.vram import VramMonitor
 
 LevelVerdict = Literal["pass", "fail"]
@@ -31,11 +31,27 @@ class SweepOptions:
     mode: LadderMode = "wave"
     stream: bool = False
     tasks: tuple[str, ...] = ()
+    ladder_run_id: str = ""
+    skipped_levels: tuple[int, ...] = ()  # above what the ladder proved, on an unmanaged server
+    beyond_ladder: bool = False
 
     @classmethod
     def from_config(cls, cfg: Config, batch_size: int, **kw: Any) -> SweepOptions:
         s = cfg.sweep
         return cls(s.concurrency, s.items, s.gain_min, batch_size, cfg.ladder.mode, **kw)
+
+
+def safe_levels(
+    levels: tuple[int, ...], max_in_flight: int, *, managed: bool, beyond_ladder: bool
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(levels to run, levels skipped): SPEC §5.0's rule that the sweep never sends more at once
+    than the ladder proved. A managed server runs at cap B, so extra requests queue in the
+    server and every level is safe; an unmanaged one gets at most ``max_in_flight`` at once."""
+    if managed or beyond_ladder or max_in_flight < 1:
+        return levels, ()
+    keep = tuple(c for c in levels if c <= max_in_flight)
+    skipped = tuple(c for c in levels if c > max_in_flight)
+    return keep or (max_in_flight,), skipped
 
 
 @dataclass(frozen=True)
@@ -90,6 +106,16 @@ class SweepResult:
     def stopped_by(self) -> str:
         return "failure" if any(lv.verdict == "fail" for lv in self.levels) else "completed"
 
+    @property
+    def reason(self) -> str:
+        """Why the sweep stopped, in words (the failing level's errors)."""
+        failed = next((lv for lv in self.levels if lv.verdict == "fail"), None)
+        if failed is None:
+            return "every level ran" if self.levels else "no level ran"
+        s = failed.stats
+        first = " (the first level)" if failed is self.levels[0] else ""
+        return f"concurrency {failed.concurrency}{first}: {s.errors} of {s.items} requests failed ({s.kinds_text})"
+
     def notes(self) -> list[str]:
         out: list[str] = []
         if self.cap is not None:
@@ -101,15 +127,13 @@ class SweepResult:
                 )
         return out
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self, options: SweepOptions) -> SweepSummary:
         top = self.knee
-        return {
-            "recommended_concurrency": top.concurrency if top else None,
-            "batch_size": self.batch_size,
+        details = {
             "knee": {"concurrency": top.concurrency, "items_per_s": round(top.stats.items_per_s, 3)}
             if top
             else None,
-            "stopped_by": self.stopped_by,
+            "reason": self.reason,
             "server_cap": {"slots": self.cap.slots, "source": self.cap.source}
             if self.cap
             else None,
@@ -123,18 +147,17 @@ class SweepResult:
                 }
                 for lv in self.levels
             ],
+            "levels_skipped": list(options.skipped_levels),
+            "beyond_ladder": options.beyond_ladder,
             "incidents": self.incidents,
         }
-
-
-def verified_batch_size(ladder: LedgerEntry | None) -> int:
-    """The last passing batch size from the latest passing ladder."""
-    top = ladder.summary.get("last_passing") if ladder else None
-    size = top.get("batch_size") if isinstance(top, dict) else None
-    if not isinstance(size, int):
-        raise StageFailed("no verified batch size: the latest ladder found no passing tier",
-                          "Run first: calibrate ladder   (or give --batch-size N with --force)")  # fmt: skip
-    return size
+        return SweepSummary(
+            top.concurrency if top else None,
+            self.batch_size,
+            options.ladder_run_id,
+            self.stopped_by,
+            details,
+        )
 
 
 def read_server_cap(fetch: Callable[[str], str]) -> ServerCap | None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from calibrate.compare import Normaliser
-from calibrate.stages.active import ActiveSetting, current_setting
+from calibrate.setting import CalibratedSetting, resolve
 from calibrate.stages.context import StageContext
 from calibrate.stages.repro import ReproResult, against_baseline
 
@@ -17,7 +17,7 @@ from calibrate.stages.repro import ReproResult, against_baseline
 @dataclass(frozen=True)
 class VerifyResult:
     repro: ReproResult
-    setting: ActiveSetting | None  # what the server is supposed to run at (pin or rollback)
+    setting: CalibratedSetting | None  # what the server is supposed to run at
 
     @property
     def passed(self) -> bool:
@@ -26,13 +26,13 @@ class VerifyResult:
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {**self.repro.summary(), "consistent": self.passed}
         if self.setting is not None:
-            out["setting"] = {**self.setting.summary(), "run_id": self.setting.run_id}
+            out["setting"] = self.setting.to_json()
         return out
 
 
 def run_verify(ctx: StageContext, normaliser: Normaliser) -> VerifyResult:
     """Run the fixed prompt once, compare it with the baseline, record the verdict."""
     repro = against_baseline(ctx, normaliser, runs=1)
-    result = VerifyResult(repro, current_setting(ctx.ledger, ctx.target))
+    result = VerifyResult(repro, resolve(ctx.ledger, ctx.target))
     ctx.record_result(result.passed, result.summary())
     return result

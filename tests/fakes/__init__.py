@@ -58,7 +58,7 @@ def append_ledger(root: Path, stage: str, target: str, summary: dict[str, Any], 
 
 def passing_ladder(root: Path, target: str, batch_size: int = 4) -> None:
     append_ledger(root, "ladder", target,
-                  {"last_passing": {"batch_size": batch_size, "concurrency": 1},
+                  {"last_passing": {"batch_size": batch_size, "concurrency": batch_size},
                    "stopped_by": "failure"})  # fmt: skip
 
 

@@ -1,0 +1,167 @@
+"""The one answer to "what is the calibrated setting now, and which run set it" (SPEC §4.2).
+
+Precedence, written down once: walk the target's ledger lines in order and keep the newest of
+- a **rollback** that reached its "active" step: batch B = the tier it returned to, concurrency 1;
+- a **pin**: the batch size and concurrency it wrote into the launch script;
+- a **tune** winner (when tune lands): its batch size and concurrency;
+- a passing **ladder**: batch B = its last passing tier, concurrency 1 — raised by a later passing
+  **sweep** that ran at that ladder's batch size to its recommended concurrency.
+A failed or interrupted ladder/sweep never sets anything (its partial tiers are for ``report``).
+``pin``, ``batch``, ``status``, ``server start``, ``rollback`` and ``verify`` all call ``resolve``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from calibrate.ledger import Ledger
+from calibrate.records import LedgerEntry
+from calibrate.summaries import (
+    LadderSummary,
+    Setting,
+    Workload,
+    ladder_summary,
+    pin_summary,
+    rollback_summary,
+    sweep_summary,
+)
+
+SetBy = Literal["ladder", "sweep", "pin", "rollback", "tune"]
+
+
+@dataclass(frozen=True)
+class CalibratedSetting:
+    """Where the server should run now, and why."""
+
+    batch_size: int
+    concurrency: int
+    set_by: SetBy
+    run_id: str
+    ts: str
+    batch_from: str  # e.g. "ladder run 2026…-ladder-ab12cd"
+    concurrency_from: str
+    workload: Workload
+
+    @property
+    def setting(self) -> Setting:
+        return Setting(self.batch_size, self.concurrency)
+
+    def describe(self) -> str:
+        return f"batch {self.batch_size}, concurrency {self.concurrency} (from {self.set_by})"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "batch_size": self.batch_size,
+            "concurrency": self.concurrency,
+            "source": self.set_by,
+            "run_id": self.run_id,
+            "ts": self.ts,
+            "batch_from": self.batch_from,
+            "concurrency_from": self.concurrency_from,
+            "workload": self.workload.to_json(),
+        }
+
+
+def resolve(ledger: Ledger, target: str) -> CalibratedSetting | None:
+    """The calibrated setting for ``target`` now, or None when nothing has set one."""
+    found: CalibratedSetting | None = None
+    ladder: tuple[LadderSummary, LedgerEntry] | None = None
+    for entry in ledger.entries():
+        if entry.target != target:
+            continue
+        found, ladder = _apply(entry, found, ladder)
+    return found
+
+
+def latest_passing_ladder(ledger: Ledger, target: str) -> tuple[LadderSummary, LedgerEntry] | None:
+    """The newest passing ladder with a passing tier (what sweep, pin and rollback build on)."""
+    found: tuple[LadderSummary, LedgerEntry] | None = None
+    for entry in ledger.entries():
+        if entry.target == target and entry.stage == "ladder" and _sets(entry):
+            summary = ladder_summary(entry.summary)
+            if summary.last_passing is not None:
+                found = (summary, entry)
+    return found
+
+
+def _sets(entry: LedgerEntry) -> bool:
+    return entry.passed and not entry.interrupted
+
+
+def _apply(
+    entry: LedgerEntry,
+    found: CalibratedSetting | None,
+    ladder: tuple[LadderSummary, LedgerEntry] | None,
+) -> tuple[CalibratedSetting | None, tuple[LadderSummary, LedgerEntry] | None]:
+    """One step of the walk: the setting after ``entry`` (and the ladder in force)."""
+    where = f"{entry.stage} run {entry.run_id}"
+    if entry.stage == "ladder" and _sets(entry):
+        summary = ladder_summary(entry.summary)
+        top = summary.last_passing
+        if top is None:
+            return found, ladder
+        unit = CalibratedSetting(
+            top.batch_size,
+            1,
+            "ladder",
+            entry.run_id,
+            entry.ts,
+            where,
+            "default 1 (no sweep has passed at this batch size)",
+            summary.workload,
+        )
+        return unit, (summary, entry)
+    if entry.stage == "sweep" and _sets(entry) and ladder is not None:
+        sweep = sweep_summary(entry.summary)
+        ladder_sum, ladder_entry = ladder
+        top = ladder_sum.last_passing
+        same_ladder = not sweep.ladder_run_id or sweep.ladder_run_id == ladder_entry.run_id
+        if top is None or sweep.recommended_concurrency is None or not same_ladder:
+            return found, ladder
+        if sweep.batch_size and sweep.batch_size != top.batch_size:
+            return found, ladder
+        return CalibratedSetting(
+            top.batch_size,
+            sweep.recommended_concurrency,
+            "sweep",
+            entry.run_id,
+            entry.ts,
+            f"ladder run {ladder_entry.run_id}",
+            where,
+            ladder_sum.workload,
+        ), ladder
+    if entry.stage == "pin" and entry.passed:
+        pinned = pin_summary(entry.summary)
+        if pinned.setting is None:
+            return found, ladder
+        workload = found.workload if found else ladder[0].workload if ladder else Workload()
+        return CalibratedSetting(
+            pinned.setting.batch_size,
+            pinned.setting.concurrency,
+            "pin",
+            entry.run_id,
+            entry.ts,
+            where,
+            where,
+            workload,
+        ), ladder
+    if entry.stage in ("rollback", "active"):
+        # "active" is the line older versions wrote beside a rollback; read it the same way.
+        setting = rollback_summary(entry.summary).setting
+        if setting is None and entry.stage == "active":
+            setting = Setting.from_json(entry.summary)
+        if setting is None:
+            return found, ladder
+        workload = found.workload if found else Workload()
+        return CalibratedSetting(
+            setting.batch_size,
+            setting.concurrency,
+            "rollback",
+            entry.run_id,
+            entry.ts,
+            where,
+            f"{where} (rollback always restarts at concurrency 1)",
+            workload,
+        ), ladder
+    return found, ladder

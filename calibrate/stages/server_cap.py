@@ -1,0 +1,58 @@
+"""Before a sweep: a managed server runs at the verified batch size as its cap (SPEC §5.0).
+
+With the engine's own cap at B, a concurrency above B queues in the server instead of raising
+memory past what the ladder proved, so every sweep level is safe. A server calibrate does not
+manage cannot be capped; the sweep then limits what it sends instead (``safe_levels``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from calibrate import server
+from calibrate.config import ServerKind
+from calibrate.server import process
+from calibrate.server.builders import SERVER_KINDS, build
+from calibrate.stages.context import StageContext
+
+
+def _kind(name: str | None) -> ServerKind | None:
+    return next((k for k in SERVER_KINDS if k == name), None)
+
+
+def run_at_cap(ctx: StageContext, batch: int, notify: Callable[[str], None]) -> bool:
+    """Restart the managed server at cap ``batch`` unless it already runs there.
+
+    Returns whether calibrate manages the server (False: nothing was touched).
+    """
+    cfg = ctx.config
+    record = process.load(cfg.runs_dir)
+    if record is None or process.liveness(record) != "running":
+        return False
+    kind = _kind(cfg.server.kind) or _kind(record.kind)
+    if record.batch_size == batch:
+        return True
+    if kind is None or record.script:
+        notify(
+            f"warning: the managed server runs at batch {record.batch_size}, not the verified "
+            f"{batch}, and calibrate cannot rebuild its command (started from "
+            f"{record.script or 'an unknown kind'}): the sweep runs against it as it is"
+        )
+        return True
+    command = build(server.launch_spec(cfg, kind, batch, batch))
+    notify(f"restarting the managed server at cap {batch} (the verified batch size): ")
+    notify(f"  {command.display()}")
+    server.stop(cfg.runs_dir, cfg.server.stop_timeout_s)
+    server.start(
+        cfg.runs_dir,
+        command.argv,
+        env=command.env,
+        kind=kind,
+        port=cfg.server.port,
+        health_path=command.health_path,
+        ready_timeout_s=cfg.server.ready_timeout_s,
+        stop_timeout_s=cfg.server.stop_timeout_s,
+        batch_size=batch,
+        concurrency=batch,
+    )
+    return True

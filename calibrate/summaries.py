@@ -1,0 +1,197 @@
+"""The typed summaries of ledger lines, one per stage, read and written here only (SPEC §4.2).
+
+The fields other stages act on (the last passing tier, the recommended concurrency, what was
+pinned, where a rollback put the server) are typed; everything a stage reports only for people
+and ``report`` rides along in ``details``. Reading is tolerant: a field of the wrong type reads
+as absent, so an old or hand-edited ledger line can never crash a gate — it just opens nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _int(data: dict[str, Any], key: str) -> int | None:
+    value = data.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _str(data: dict[str, Any], key: str) -> str:
+    value = data.get(key)
+    return value if isinstance(value, str) else ""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Batch size B (the engine's cap) and concurrency C (requests in flight), SPEC §5.0."""
+
+    batch_size: int
+    concurrency: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"batch_size": self.batch_size, "concurrency": self.concurrency}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Setting | None:
+        if not isinstance(data, dict):
+            return None
+        batch, conc = _int(data, "batch_size"), _int(data, "concurrency")
+        return cls(batch, conc) if batch and conc else None
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a ladder or sweep sent (SPEC §5.11): the fixed prompt, a tasks file, or synthetic."""
+
+    source: str = "fixed"
+    longest_input_tokens: int | None = None
+    output_tokens: int | None = None
+
+    def describe(self) -> str:
+        if self.source == "fixed":
+            return "the fixed prompt"
+        parts = [self.source]
+        if self.longest_input_tokens:
+            parts.append(f"longest input {self.longest_input_tokens} tokens")
+        if self.output_tokens:
+            parts.append(f"{self.output_tokens} output tokens")
+        return ", ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "longest_input_tokens": self.longest_input_tokens,
+            "output_tokens": self.output_tokens,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Workload:
+        if not isinstance(data, dict):
+            return cls()
+        return cls(
+            _str(data, "source") or "fixed",
+            _int(data, "longest_input_tokens"),
+            _int(data, "output_tokens"),
+        )
+
+
+@dataclass(frozen=True)
+class LadderSummary:
+    last_passing: Setting | None
+    stopped_by: str
+    max_in_flight: int  # the most requests in flight at once in a passing tier (0: none passed)
+    workload: Workload = field(default_factory=Workload)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.details,
+            "last_passing": self.last_passing.to_json() if self.last_passing else None,
+            "stopped_by": self.stopped_by,
+            "max_in_flight": self.max_in_flight,
+            "workload": self.workload.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LadderSummary:
+        top = Setting.from_json(data.get("last_passing"))
+        in_flight = _int(data, "max_in_flight") or (top.concurrency if top else 0)
+        return cls(
+            top, _str(data, "stopped_by"), in_flight, Workload.from_json(data.get("workload")), data
+        )
+
+
+@dataclass(frozen=True)
+class SweepSummary:
+    recommended_concurrency: int | None
+    batch_size: int
+    ladder_run_id: str  # the ladder whose batch size the sweep ran at
+    stopped_by: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.details,
+            "recommended_concurrency": self.recommended_concurrency,
+            "batch_size": self.batch_size,
+            "ladder_run_id": self.ladder_run_id,
+            "stopped_by": self.stopped_by,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SweepSummary:
+        return cls(
+            _int(data, "recommended_concurrency"),
+            _int(data, "batch_size") or 0,
+            _str(data, "ladder_run_id"),
+            _str(data, "stopped_by"),
+            data,
+        )
+
+
+@dataclass(frozen=True)
+class PinSummary:
+    setting: Setting | None
+    kind: str
+    script: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        base = self.setting.to_json() if self.setting else {}
+        return {**self.details, **base, "kind": self.kind, "script": self.script}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PinSummary:
+        return cls(Setting.from_json(data), _str(data, "kind"), _str(data, "script"), data)
+
+
+@dataclass(frozen=True)
+class RollbackSummary:
+    setting: Setting | None  # written once the "active" step ran: the server is meant to be here
+    failed_step: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.details,
+            "setting": self.setting.to_json() if self.setting else None,
+            "failed_step": self.failed_step or None,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RollbackSummary:
+        return cls(Setting.from_json(data.get("setting")), _str(data, "failed_step"), data)
+
+
+@dataclass(frozen=True)
+class PlainSummary:
+    """Stages nothing else reads back (single, repro, verify, batch): details only."""
+
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.details)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PlainSummary:
+        return cls(data)
+
+
+Summary = LadderSummary | SweepSummary | PinSummary | RollbackSummary | PlainSummary
+
+
+def ladder_summary(data: dict[str, Any]) -> LadderSummary:
+    return LadderSummary.from_json(data)
+
+
+def sweep_summary(data: dict[str, Any]) -> SweepSummary:
+    return SweepSummary.from_json(data)
+
+
+def pin_summary(data: dict[str, Any]) -> PinSummary:
+    return PinSummary.from_json(data)
+
+
+def rollback_summary(data: dict[str, Any]) -> RollbackSummary:
+    return RollbackSummary.from_json(data)
