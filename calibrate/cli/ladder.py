@@ -29,6 +29,7 @@ from calibrate.junit import JUnitCase, JUnitSuite
 from calibrate.pipeline import next_after
 from calibrate.report import live_rows
 from calibrate.selfload import SelfLoadMonitor
+from calibrate.stages.bundles import first_error
 from calibrate.stages.ladder import Ladder, LadderOptions, LadderResult
 from calibrate.stages.waves import Sender
 
@@ -98,9 +99,11 @@ def _finish(
         )
         if result.incidents:
             out.say(f"{result.incidents} incident bundle(s) in {ctx.run.file('incidents')}")
+            _say_first_error(out, ctx)
     else:
         out.fail(f"ladder failed: {result.tiers[-1].reason if result.tiers else 'no tier ran'}")
         out.say(f"incidents: {ctx.run.file('incidents')}")
+        _say_first_error(out, ctx)
     if result.match_failed:
         out.fail("--require-match: outputs differ from the baseline")
     passed = result.passed and (comparison is None or comparison.passed)
@@ -109,6 +112,12 @@ def _finish(
     out.result({"passed": passed, "run_id": ctx.run.run_id, **summary,
                 "tiers_detail": [t.to_json() for t in result.tiers]})  # fmt: skip
     return 0 if passed else 1
+
+
+def _say_first_error(out: Any, ctx: Any) -> None:
+    """The kind alone (http_4xx) does not say why: show the server's own message once."""
+    if message := first_error(ctx.run.file("incidents")):
+        out.say(f"first error: {message}")
 
 
 def _junit(ctx: Any, result: LadderResult, comparison: Any) -> JUnitSuite:
