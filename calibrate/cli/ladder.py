@@ -37,6 +37,7 @@ from calibrate.junit import JUnitCase, JUnitSuite
 from calibrate.pipeline import next_after
 from calibrate.report import live_rows
 from calibrate.selfload import SelfLoadMonitor
+from calibrate.stages.bundles import first_error
 from calibrate.stages.compare_tiers import TierComparison
 from calibrate.stages.context import StageContext
 from calibrate.stages.ladder import Ladder, LadderOptions, LadderResult
@@ -118,9 +119,11 @@ def _finish(
         )
         if result.incidents:
             out.say(f"{result.incidents} incident bundle(s) in {ctx.run.file('incidents')}")
+            _say_first_error(out, ctx)
     else:
         out.fail(f"ladder failed: {result.tiers[-1].reason if result.tiers else 'no tier ran'}")
         out.say(f"incidents: {ctx.run.file('incidents')}")
+        _say_first_error(out, ctx)
     if result.match_failed:
         out.fail("--require-match: outputs differ from the baseline")
     if entry.passed:
@@ -128,6 +131,12 @@ def _finish(
     out.result({"passed": entry.passed, "run_id": ctx.run.run_id, **entry.summary,
                 "tiers_detail": [t.to_json() for t in result.tiers]})  # fmt: skip
     return 0 if entry.passed else 1
+
+
+def _say_first_error(out: Output, ctx: StageContext) -> None:
+    """The kind alone (http_4xx) does not say why: show the server's own message once."""
+    if message := first_error(ctx.run.file("incidents")):
+        out.say(f"first error: {message}")
 
 
 def _junit(

@@ -21,7 +21,7 @@ from calibrate.config import MAX_BATCH_SIZE, Config
 from calibrate.errors import ConfigError, UsageError
 from calibrate.gpu import gpu_snapshot
 from calibrate.ledger import Ledger, target_fingerprint
-from calibrate.server import launch_script, process, readiness, redaction
+from calibrate.server import exit_status, launch_script, process, readiness, redaction
 from calibrate.server.builders import SERVER_KINDS, build, health_path
 from calibrate.setting import resolve
 
@@ -170,12 +170,16 @@ def run_status(args: argparse.Namespace) -> int:
         "gone": "exited",
         "stranger": "exited (PID reused by another program)",
     }
+    ended = exit_status.read(Path(record.status_file), record.pid) if record.status_file else None
+    if state == "gone" and ended is not None:
+        shown["gone"] = f"{ended.describe()} at {ended.ended_at}"
     out.say(f"server PID {record.pid}: {shown[state]}{', ready' if ready else ''}; port {record.port}; "
             f"started {record.started_at}")  # fmt: skip
     out.say(f"command: {' '.join(redaction.redact_argv(record.argv))}")
     setting = f"batch {record.batch_size}, concurrency {record.concurrency}"
     out.say(f"setting: {setting}; log: {process.log_path(cfg.runs_dir)}")
-    out.result({"managed": True, "state": state, "ready": ready, **record.to_json()})
+    out.result({"managed": True, "state": state, "ready": ready, **record.to_json(),
+                "exit": ended.to_json() if ended else None})  # fmt: skip
     return 0
 
 

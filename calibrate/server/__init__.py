@@ -14,7 +14,7 @@ from pathlib import Path
 from calibrate.config import Config, ServerKind
 from calibrate.errors import ServerDied, ServerUnreachable, UsageError
 from calibrate.records import utc_now_iso
-from calibrate.server import process, readiness, redaction
+from calibrate.server import exit_status, process, readiness, redaction
 from calibrate.server.builders import EngineCommand, LaunchSpec
 from calibrate.server.process import ServerRecord, StopResult
 
@@ -22,13 +22,17 @@ TAIL_LINES = 20
 
 
 def launch_spec(
-    cfg: Config, kind: ServerKind, batch_size: int | None, concurrency: int | None
+    cfg: Config,
+    kind: ServerKind,
+    batch_size: int | None,
+    concurrency: int | None,
+    context_tokens: int | None = None,
 ) -> LaunchSpec:
     """The [server] section plus a setting, for the builders."""
     return LaunchSpec(
         kind=kind, model_path=cfg.server.model_path, port=cfg.server.port,
         batch_size=batch_size, concurrency=concurrency, served_name=cfg.target.model,
-        command=cfg.server.command,
+        command=cfg.server.command, context_tokens=context_tokens,
     )  # fmt: skip
 
 
@@ -82,11 +86,13 @@ def start(
         health_path=health_path, started_at=utc_now_iso(), log_offset=offset,
         batch_size=batch_size, concurrency=concurrency, script=script,
         vram_used_mib_before=vram_used_mib_before,
+        status_file=str(exit_status.status_path(runs_dir)),
     )  # fmt: skip
     process.save(record, runs_dir)
     ready = readiness.wait_ready(
-        local_root(port), health_path, ready_timeout_s, exited=lambda: process.exit_code(pid)
-    )
+        local_root(port), health_path, ready_timeout_s,
+        exited=lambda: process.exit_code(pid, record.status_file),
+    )  # fmt: skip
     if ready.ready:
         return Started(record, ready.elapsed_s)
     tail = process.log_tail(runs_dir, TAIL_LINES, offset)

@@ -20,7 +20,8 @@ SERVER_KINDS: tuple[ServerKind, ...] = (
     "vllm", "llamacpp", "sglang", "lmdeploy", "ollama", "tgi", "custom",
 )  # fmt: skip
 
-# llama.cpp divides -c among its --parallel slots; give each slot this many tokens.
+# llama.cpp divides -c among its --parallel slots; give each slot this many tokens unless the
+# verified workload says how many it needs (pin: LaunchSpec.context_tokens).
 LLAMACPP_CTX_PER_SLOT = 4096
 
 # Engines that answer GET /health only once the model is loaded (llama.cpp: 503 while loading).
@@ -43,6 +44,7 @@ class LaunchSpec:
     concurrency: int | None = None
     served_name: str = ""  # the model name clients send; "" = the engine's default
     command: str = ""  # custom kind: template with {model_path} {port} {batch_size} {concurrency}
+    context_tokens: int | None = None  # llama.cpp -c (all slots), sized from the verified workload
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,8 @@ def build(spec: LaunchSpec) -> EngineCommand:
     elif spec.kind == "llamacpp":
         argv = ["llama-server", "-m", spec.model_path, "--port", port]
         argv += _flag("--alias", name) + _flag("--parallel", conc)
-        argv += _flag("-c", conc * LLAMACPP_CTX_PER_SLOT if conc else None)
+        ctx = spec.context_tokens or (conc * LLAMACPP_CTX_PER_SLOT if conc else None)
+        argv += [*_flag("-c", ctx), "--metrics"]  # /metrics: the queue gauges explain a knee
     elif spec.kind == "sglang":
         argv = ["python3", "-m", "sglang.launch_server", "--model-path", spec.model_path]
         argv += ["--port", port, *_flag("--served-model-name", name)]

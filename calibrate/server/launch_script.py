@@ -34,6 +34,7 @@ class PinnedValues:
     pinned_by: str
     pinned_at: str
     workload: str = "the fixed prompt"
+    context: str = ""  # how the engine's context was sized (llama.cpp -c), when it was
 
 
 def _comment(text: str) -> str:
@@ -64,6 +65,7 @@ def render(values: PinnedValues, command: EngineCommand) -> str:
         f"# concurrency from {_comment(values.concurrency_from)}",
         f"# workload: {_comment(values.workload)}",
         f"# pinned by run {_comment(values.pinned_by)} at {_comment(values.pinned_at)}",
+        *([f"# context: {_comment(values.context)}"] if values.context else []),
         "# start it: calibrate server start --script <this file>; then check it: calibrate verify",
         *needs,
         "set -euo pipefail",

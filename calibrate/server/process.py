@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from calibrate.records import utc_now_iso
+from calibrate.server import exit_status, supervise
 from calibrate.server.redaction import redact_argv, redact_text
 from calibrate.store import write_atomic, write_json_atomic
 
@@ -30,8 +31,8 @@ Clock = Callable[[], float]
 Sleep = Callable[[float], None]
 Liveness = Literal["running", "gone", "stranger"]
 
-# Popen objects of the servers this process started: kept so they can be reaped (a zombie
-# still answers kill(pid, 0)) and their exit codes read.
+# The supervisors (calibrate.server.supervise) of the engines this process started, by engine
+# PID: reaped when they end, so none lingers as a zombie.
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
@@ -63,6 +64,7 @@ class ServerRecord:
     concurrency: int | None = None
     script: str | None = None
     vram_used_mib_before: float | None = None
+    status_file: str | None = None  # where the supervisor records how the engine ended
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "argv": list(redact_argv(self.argv))}
@@ -105,12 +107,15 @@ def cmdline(pid: int) -> str:
     return " ".join(redact_argv(words))
 
 
-def _reap(pid: int) -> int | None:
+def _reap(pid: int, wait_s: float = 0.0) -> int | None:
     """Collect our own exited child so its PID really disappears; its exit code, if known."""
     child = _CHILDREN.get(pid)
-    if child is not None:
-        return child.poll()
-    return None
+    if child is None:
+        return None
+    try:
+        return child.wait(wait_s) if wait_s > 0 else child.poll()
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def liveness(record: ServerRecord) -> Liveness:
@@ -121,9 +126,16 @@ def liveness(record: ServerRecord) -> Liveness:
     return "running" if current == record.start_id else "stranger"
 
 
-def exit_code(pid: int) -> int | None:
-    """The exit code of a server this process started and that has exited (else None)."""
-    return _reap(pid)
+def exit_code(pid: int, status_file: str | None = None, wait_s: float = 0.0) -> int | None:
+    """The exit code of a managed server that has exited (else None); see ``exit_status``."""
+    code = _reap(pid)
+    if status_file is None:
+        return code
+    ended = exit_status.wait_for(Path(status_file), pid, wait_s)
+    if ended is None:
+        return None
+    _reap(pid, 1.0)  # the supervisor exits right after writing the status
+    return ended.exit_code
 
 
 def spawn(
@@ -132,7 +144,7 @@ def spawn(
     """Start argv in its own session (= process group), output appended to runs/server.log.
 
     Returns (pid, start_id, log offset). The extra environment goes through ``env`` so the
-    log and the pidfile show exactly what ran.
+    log and the pidfile show exactly what ran. A supervisor (its parent) records how it ends.
     """
     runs_dir.mkdir(parents=True, exist_ok=True)
     full = [*(["env", *(f"{k}={v}" for k, v in env)] if env else []), *argv]
@@ -140,10 +152,9 @@ def spawn(
         handle.write(f"\n=== {utc_now_iso()} {header} ===\n".encode())
         handle.flush()
         offset = handle.tell()
-        child = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=handle,
-                                 stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    _CHILDREN[child.pid] = child
-    return child.pid, start_id(child.pid) or "", offset
+        launched = supervise.launch(full, handle, exit_status.status_path(runs_dir))
+    _CHILDREN[launched.engine_pid] = launched.supervisor
+    return launched.engine_pid, start_id(launched.engine_pid) or "", offset
 
 
 def save(record: ServerRecord, runs_dir: Path) -> None:
@@ -190,7 +201,8 @@ def stop(
     start = clock()
     was = liveness(record)
     if was != "running":
-        return StopResult(record.pid, was, None, exit_code(record.pid), 0.0, was == "gone")
+        code = exit_code(record.pid, record.status_file)
+        return StopResult(record.pid, was, None, code, 0.0, was == "gone")
     sent = "SIGTERM"
     _signal_group(record.pid, signal.SIGTERM)
     if not _wait_gone(record, start + timeout_s, clock, sleep):
@@ -199,7 +211,8 @@ def stop(
         _signal_group(record.pid, signal.SIGKILL)
         _wait_gone(record, clock() + kill_grace_s, clock, sleep)
     gone = liveness(record) != "running"
-    return StopResult(record.pid, was, sent, exit_code(record.pid), clock() - start, gone)
+    code = exit_code(record.pid, record.status_file, exit_status.SETTLE_S if gone else 0.0)
+    return StopResult(record.pid, was, sent, code, clock() - start, gone)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from typing import Any
 
 from calibrate.gpu import GpuSnapshot, gpu_snapshot
 from calibrate.incidents import Incident, incident_name, write_incident
+from calibrate.server import exit_status
 from calibrate.stages.tiers import ItemResult
 from calibrate.store import RunDir
 from calibrate.vram import VramMonitor, WindowPeak
@@ -61,6 +63,16 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str] | None:
         return None
 
 
+def first_error(folder: Path) -> str | None:
+    """The error message of the earliest bundle in ``folder`` (the server's own words)."""
+    try:
+        bundles = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+        error = json.loads(bundles[0].read_text("utf-8"))["error"] if bundles else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return str(error["message"]) if isinstance(error, dict) and error.get("message") else None
+
+
 class IncidentRecorder:
     """Writes ``incidents/<tier>-<round>-<n>.json``; one VRAM snapshot per failing round."""
 
@@ -103,14 +115,23 @@ class IncidentRecorder:
         vram = self._vram(snap, peak)
         alive = pid_alive(server.pid) if server.pid is not None else None
         tail = log_tail(self.runs_dir / "server.log") if server.managed else None
+        dead_pid = server.pid if server.managed and alive is False else None
+        ended = None
+        if dead_pid is not None:
+            ended = exit_status.wait_for(exit_status.status_path(self.runs_dir), dead_pid)
         paths: list[Path] = []
         for item in failed:
             assert item.error is not None
+            error = item.error
+            if dead_pid is not None and error.kind in exit_status.DEATH_KINDS:
+                error = exit_status.died_error(error, dead_pid, ended)
             incident = Incident(
                 stage=self.run.stage, batch_size=batch_size, concurrency=concurrency, round=round_no,
-                request_body=item.body, request_headers=self.headers, error=item.error,
+                request_body=item.body, request_headers=self.headers, error=error,
                 exception_type=item.exception_type, traceback=item.traceback,
                 server_pid=server.pid, vram=vram, log_tail=tail,
+                server_exit_code=ended.exit_code if ended else None,
+                server_signal=ended.signal if ended else None,
                 extra={"item": item.index, "path": item.path, "elapsed_s": round(item.elapsed_s, 6),
                        "server_found_by": server.found_by, "server_alive": alive},
             )  # fmt: skip

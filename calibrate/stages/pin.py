@@ -20,6 +20,7 @@ from calibrate.server.builders import SERVER_KINDS, EngineCommand, build
 from calibrate.server.launch_script import PinnedValues
 from calibrate.setting import resolve
 from calibrate.stages.context import StageContext
+from calibrate.stages.pin_context import WorkloadContext, verified_workload
 from calibrate.summaries import PinSummary, Setting
 
 
@@ -62,7 +63,10 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
         )
     cfg = ctx.config
     batch, concurrency = setting.batch_size, setting.concurrency
-    command = build(server.launch_spec(cfg, engine, batch, concurrency))
+    # llama.cpp's slots are the engine's cap, which is the batch size (SPEC §5.0)
+    sized = _llamacpp_context(ctx, batch) if engine == "llamacpp" else None
+    tokens = sized.context_tokens if sized else None
+    command = build(server.launch_spec(cfg, engine, batch, concurrency, tokens))
     values = PinnedValues(
         kind=engine,
         model_path=cfg.server.model_path,
@@ -75,6 +79,7 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
         pinned_by=ctx.run.run_id,
         pinned_at=utc_now_iso(),
         workload=setting.workload.describe(),
+        context=sized.describe() if sized else "",
     )
     text = launch_script.render(values, command)
     path = out or cfg.scripts_dir / "launch.sh"
@@ -83,3 +88,9 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
     result = PinResult(path, values, command)
     ctx.record_result(True, result.summary())
     return result
+
+
+def _llamacpp_context(ctx: StageContext, slots: int) -> WorkloadContext | None:
+    """-c from the latest passing ladder's requests (None: the builder's default per slot)."""
+    ladder = ctx.ledger.latest("ladder", ctx.target, passed=True)
+    return verified_workload(ctx.config.runs_dir, ladder.run_id, slots) if ladder else None

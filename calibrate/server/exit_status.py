@@ -1,0 +1,104 @@
+"""How the managed engine ended: ``runs/server.exit.json``, written by its supervisor.
+
+Once ``calibrate server start`` returns, the engine is no longer calibrate's child, so only the
+supervisor (``calibrate.server.supervise``, its parent) can reap it and learn its exit status.
+It writes that here; incidents, ``server status``, ``server stop`` and rollback read it.
+
+``exit_code`` follows Python's ``Popen.returncode``: the code the engine exited with, or the
+negated signal number when a signal ended it (``-9`` with ``signal`` ``"SIGKILL"``).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from calibrate.errors import ErrorInfo
+from calibrate.records import utc_now_iso
+from calibrate.store import write_json_atomic
+
+# What a request meets when the server it talks to dies (an HTTP answer means something lived).
+DEATH_KINDS = frozenset({"connect", "reset", "timeout"})
+
+# After the engine is gone, the supervisor needs a moment to reap it and write the file.
+SETTLE_S = 2.0
+
+
+def status_path(runs_dir: Path) -> Path:
+    return runs_dir / "server.exit.json"
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    pid: int
+    exit_code: int  # Popen.returncode: negative = the signal number that ended it
+    signal: str | None  # "SIGKILL", … when a signal ended it
+    ended_at: str
+
+    @classmethod
+    def from_returncode(cls, pid: int, returncode: int) -> ExitStatus:
+        return cls(pid, returncode, signal_name(-returncode) if returncode < 0 else None,
+                   utc_now_iso())  # fmt: skip
+
+    def describe(self) -> str:
+        """``killed by SIGKILL`` / ``exited with code 1``."""
+        if self.signal is not None:
+            return f"killed by {self.signal}"
+        return f"exited with code {self.exit_code}"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def write(path: Path, status: ExitStatus) -> None:
+    write_json_atomic(path, status.to_json())
+
+
+def read(path: Path, pid: int) -> ExitStatus | None:
+    """The recorded end of ``pid``; None when none is recorded (yet) for that PID."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        status = ExitStatus(int(data["pid"]), int(data["exit_code"]), data.get("signal"),
+                            str(data.get("ended_at") or ""))  # fmt: skip
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return status if status.pid == pid else None
+
+
+def wait_for(
+    path: Path,
+    pid: int,
+    timeout_s: float = SETTLE_S,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> ExitStatus | None:
+    """``read``, retried for up to ``timeout_s`` (the engine is gone, its supervisor is writing)."""
+    deadline = clock() + timeout_s
+    while True:
+        status = read(path, pid)
+        if status is not None or clock() >= deadline:
+            return status
+        sleep(0.05)
+
+
+def died_error(error: ErrorInfo, pid: int, status: ExitStatus | None) -> ErrorInfo:
+    """A request that failed because the managed server died: kind ``server_died``."""
+    how = status.describe() if status is not None else "exited (status not recorded)"
+    return ErrorInfo(
+        "server_died",
+        f"the managed server (PID {pid}) {how}; the request failed with: {error.message}",
+        error.status, error.retry_after_s, error.body,
+    )  # fmt: skip

@@ -1,0 +1,316 @@
+"""Every stage through the real CLI, calibrate managing a real llama.cpp `llama-server`.
+
+Run with `make test-engine ENGINE=llamacpp` (scripts/engine_llamacpp.sh builds llama-server from
+source once into ~/.cache/calibrate/llama.cpp/<version>; the tiny model is tests/engine/model.gguf).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from calibrate.server import process
+from tests.engine_llamacpp.conftest import (
+    LONG_PROMPT,
+    MODEL_NAME,
+    PROMPT,
+    metric,
+    wait_for,
+    write_llamacpp_config,
+)
+
+pytestmark = pytest.mark.engine
+
+
+def show(text: str) -> None:
+    """For the CI log (with -s): past capsys, which the next in-process command would swallow."""
+    sys.__stdout__.write(text + "\n")
+    sys.__stdout__.flush()
+
+
+def _records(root: Path, run_id: str) -> list[dict]:
+    text = (root / "runs" / run_id / "records.jsonl").read_text("utf-8")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def _start(cli, *flags: str) -> dict:
+    result = cli("server", "start", *flags, "--json")
+    assert result.code == 0, result.err
+    return result.json
+
+
+def _argv(root: Path) -> list[str]:
+    return json.loads((root / "runs/server.json").read_text("utf-8"))["argv"]
+
+
+def test_single_usage_and_served_name(cli, llama: str, isolated: Path) -> None:
+    started = _start(cli)
+    assert requests.get(f"{llama}/health", timeout=5).status_code == 200
+    assert started["argv"][0] == "llama-server" and "--metrics" in started["argv"]
+    result = cli("single", "--json")
+    assert result.code == 0, result.err
+    (record,) = _records(isolated, result.json["run_id"])
+    assert record["finish_reason"] == "stop" and record["text"].strip() == "2 plus 3 is 5."
+    assert record["usage"]["prompt_tokens"] > 0 and record["usage"]["completion_tokens"] > 0
+    assert record["served_model"] == MODEL_NAME, record["served_model"]
+    assert MODEL_NAME in json.dumps(result.json["identity"])
+
+
+def test_single_stream_without_usage_in_chunks(cli, llama: str, isolated: Path) -> None:
+    _start(cli)
+    result = cli("single", "--stream", "--json")
+    assert result.code == 0, result.err
+    (record,) = _records(isolated, result.json["run_id"])
+    assert record["ttft_s"] is not None and record["text"].strip() == "2 plus 3 is 5."
+    # llama.cpp streams usage only when asked (stream_options.include_usage, which calibrate
+    # sends): then in a last chunk with empty choices; without it, no chunk carries usage.
+    assert record["usage"]["completion_tokens"] == 7 and record["usage"]["prompt_tokens"] > 0
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": PROMPT}],
+            "temperature": 0, "max_tokens": 32, "stream": True}  # fmt: skip
+    raw = requests.post(f"{llama}/v1/chat/completions", json=body, timeout=30).text
+    chunks = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
+    assert chunks and not any("usage" in chunk for chunk in chunks)
+
+
+def test_repro_identical(cli, llama: str) -> None:
+    _start(cli)
+    assert cli("single").code == 0
+    result = cli("repro", "--runs", "2", "--json")
+    assert result.code == 0, result.err
+    assert result.json["verdict"] == "identical"
+
+
+def test_ladder_all_tiers_pass(cli, llama: str, isolated: Path) -> None:
+    _start(cli, "--batch-size", "8")
+    assert cli("single").code == 0 and cli("repro").code == 0
+    result = cli("ladder", "--json")
+    assert result.code == 0, result.err
+    tiers = [
+        json.loads(x)
+        for x in (isolated / "runs" / result.json["run_id"] / "tiers.jsonl")
+        .read_text("utf-8")
+        .splitlines()
+    ]
+    assert [t["batch_size"] for t in tiers] == [1, 2, 4, 8]
+    assert all(t["verdict"] in ("pass", "stop: latency") for t in tiers), tiers
+    show("\n" + result.err)
+
+
+class QueueWatch:
+    """Polls llama.cpp's /metrics queue gauges while a stage runs (calibrate does not read them)."""
+
+    def __init__(self, root: str) -> None:
+        self.root, self.deferred_max, self.processing_max = root, 0.0, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            try:
+                deferred = metric(self.root, "llamacpp:requests_deferred") or 0.0
+                processing = metric(self.root, "llamacpp:requests_processing") or 0.0
+            except requests.RequestException:
+                continue
+            self.deferred_max = max(self.deferred_max, deferred)
+            self.processing_max = max(self.processing_max, processing)
+            time.sleep(0.005)
+
+    def __enter__(self) -> QueueWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def _tasks(root: Path, name: str, texts: list[str]) -> Path:
+    path = root / name
+    path.write_text(
+        "".join(json.dumps({"id": n, "text": t}) + "\n" for n, t in enumerate(texts)), "utf-8"
+    )
+    return path
+
+
+def _configure(root: Path, llama: str, **kw: object) -> None:
+    write_llamacpp_config(root, int(llama.rsplit(":", 1)[1]), **kw)  # type: ignore[arg-type]
+
+
+def _ladder_to(cli, root: Path) -> dict:
+    assert cli("single").code == 0 and cli("repro").code == 0
+    result = cli("ladder", "--json")
+    assert result.code == 0, result.err
+    return result.json
+
+
+def test_sweep_at_parallel_4_knee_explained_by_the_queue(cli, llama: str, isolated: Path) -> None:
+    _start(cli, "--batch-size", "4")
+    assert (
+        "--parallel" in _argv(isolated)
+        and _argv(isolated)[_argv(isolated).index("--parallel") + 1] == "4"
+    )
+    _configure(isolated, llama, max_tokens=128, batch_sizes="[1, 2, 4]")
+    _ladder_to(cli, isolated)
+    tasks = _tasks(isolated, "long.jsonl", [LONG_PROMPT])
+    with QueueWatch(llama) as queue:
+        result = cli("sweep", "--tasks", str(tasks), "--json")
+    show("\n" + result.err)
+    show(
+        f"llamacpp:requests_deferred max {queue.deferred_max}, requests_processing max {queue.processing_max}"
+    )
+    assert result.code == 0, result.err
+    assert "exceeds the server's own cap of 4 (llama.cpp /props total_slots)" in result.err
+    assert result.json["server_cap"] == {"slots": 4, "source": "llama.cpp /props total_slots"}
+    assert queue.processing_max <= 4, "llama.cpp never runs more than its 4 slots"
+    assert queue.deferred_max > 0, "above 4 in flight the server queued (deferred) requests"
+    levels = {lv["concurrency"]: lv for lv in result.json["levels_detail"]}
+    assert all(levels[c]["capped_by_server"] for c in (8, 16) if c in levels)
+
+
+def test_rollback_really_stops_and_restarts_at_the_verified_batch(
+    cli, llama: str, isolated: Path
+) -> None:
+    old = _start(cli)["pid"]
+    _configure(isolated, llama, batch_sizes="[1, 2]")
+    assert _ladder_to(cli, isolated)["last_passing"]["batch_size"] == 2
+    result = cli("rollback", "--json")
+    assert result.code == 0, result.err
+    assert process.start_id(old) is None, "the old llama-server's PID is gone"
+    argv = _argv(isolated)
+    assert argv[argv.index("--parallel") + 1] == "2"
+    new = json.loads((isolated / "runs/server.json").read_text("utf-8"))["pid"]
+    assert new != old and process.start_id(new) is not None
+    assert requests.get(f"{llama}/props", timeout=5).json()["total_slots"] == 2
+    assert "restored: batch 2, concurrency 1" in result.err
+    show("\n" + result.err)
+
+
+def test_pin_then_start_from_the_script_then_verify(cli, llama: str, isolated: Path) -> None:
+    _start(cli, "--batch-size", "4")
+    _configure(isolated, llama, batch_sizes="[1, 2, 4]")
+    _ladder_to(cli, isolated)
+    pin = cli("pin", "--json")
+    assert pin.code == 0, pin.err
+    script = isolated / "scripts/launch.sh"
+    text = script.read_text("utf-8")
+    show("\n" + text)
+    ladder_records = [r for p in (isolated / "runs").glob("*-ladder-*/records.jsonl")
+                      for r in map(json.loads, p.read_text("utf-8").splitlines()) if r["ok"]]  # fmt: skip
+    longest = max(r["usage"]["prompt_tokens"] for r in ladder_records)
+    ctx = 4 * (longest + 32)
+    assert f"--parallel 4 -c {ctx} --metrics" in text
+    assert (
+        f"# context: -c {ctx} = 4 slots x (longest verified prompt {longest} + max_tokens 32 tokens)"
+        in text
+    )
+    assert cli("server", "stop").code == 0
+    started = cli("server", "start", "--script", str(script), "--json")
+    assert started.code == 0, started.err
+    assert requests.get(f"{llama}/props", timeout=5).json()["total_slots"] == 4
+    verify = cli("verify", "--json")
+    assert verify.code == 0 and "config consistent" in verify.err, verify.err
+
+
+def test_batch_200_items_resumes_after_kill_9(cli, llama: str, isolated: Path) -> None:
+    _start(cli, "--batch-size", "4")
+    texts = [LONG_PROMPT if n % 2 else f"What is {n % 10} plus {n // 10 % 10}?" for n in range(200)]
+    tasks = _tasks(isolated, "tasks.jsonl", texts)
+    out = isolated / "out.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    argv = [sys.executable, "-m", "calibrate", "batch", "--input", str(tasks), "--out", str(out),
+            "-c", "4", "--max-tokens", "128"]  # fmt: skip
+    victim = subprocess.Popen(argv, cwd=isolated, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_for(
+            lambda: out.exists() and out.read_text("utf-8").count("\n") >= 10, 60, "10 results"
+        )
+        victim.send_signal(signal.SIGKILL)
+    finally:
+        victim.wait(10)
+    done_before = out.read_text("utf-8").count("\n")
+    assert victim.returncode == -9 and done_before < 200, done_before
+    result = cli(
+        "batch",
+        "--input",
+        str(tasks),
+        "--out",
+        str(out),
+        "-c",
+        "4",
+        "--max-tokens",
+        "128",
+        "--json",
+    )
+    assert result.code == 0, result.err
+    lines = [json.loads(x) for x in out.read_text("utf-8").splitlines() if x.strip()]
+    ok = {line["id"] for line in lines if line["ok"]}
+    assert ok == set(range(200))
+    show(f"\nkilled after {done_before} results; the rerun finished the other {200 - done_before}")
+
+
+def test_server_killed_mid_ladder_is_server_died_then_rollback_restores(
+    cli, llama: str, isolated: Path
+) -> None:
+    pid = _start(cli, "--batch-size", "8")["pid"]
+    _configure(isolated, llama, prompt=LONG_PROMPT, max_tokens=128, batch_sizes="[1, 2, 4, 8]")
+    assert cli("single").code == 0 and cli("repro").code == 0
+
+    def kill_after_first_tier() -> None:
+        def first_tier_done() -> bool:
+            return any(
+                p.read_text("utf-8").strip()
+                for p in (isolated / "runs").glob("*-ladder-*/tiers.jsonl")
+            )
+
+        wait_for(first_tier_done, 60, "the ladder's first tier")
+        os.kill(pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_after_first_tier)
+    killer.start()
+    result = cli("ladder", "--json")
+    killer.join()
+    show("\n" + result.err)
+    incidents = sorted((isolated / "runs").glob("*-ladder-*/incidents/*.json"))
+    assert incidents, result.err
+    bundle = json.loads(incidents[0].read_text("utf-8"))
+    assert bundle["error"]["kind"] == "server_died", bundle["error"]
+    assert bundle["server"]["pid"] == pid
+    assert bundle["server"]["exit_code"] == -9 and bundle["server"]["signal"] == "SIGKILL"
+    assert any("llama" in line for line in bundle["server"]["log_tail"])
+    abridged = {k: bundle[k] for k in ("stage", "batch_size", "concurrency", "round", "error")}
+    abridged["server"] = {**bundle["server"], "log_tail": bundle["server"]["log_tail"][-3:]}
+    abridged["error"] = {k: abridged["error"][k] for k in ("kind", "message", "exception_type")}
+    show(json.dumps(abridged, indent=1))
+    status = cli("server", "status", "--json")
+    assert "killed by SIGKILL" in status.err
+    rollback = cli("rollback", "--json")
+    show(rollback.err)
+    assert rollback.code == 0, rollback.err
+    assert "exit code -9" in rollback.err
+    assert requests.get(f"{llama}/health", timeout=5).status_code == 200
+
+
+def test_prompt_over_the_context_fails_with_llamacpps_message(
+    cli, llama: str, isolated: Path
+) -> None:
+    _start(cli)  # no -c: each slot gets the model's 512 positions
+    assert cli("single").code == 0 and cli("repro").code == 0
+    tasks = _tasks(isolated, "long.jsonl", ["What is 2 plus 3? " * 120])
+    result = cli("ladder", "--tasks", str(tasks), "--json")
+    show("\n" + result.err)
+    assert result.code == 1
+    assert "exceeds the available context size" in result.err
+    (incident, *_) = sorted((isolated / "runs").glob("*-ladder-*/incidents/*.json"))
+    error = json.loads(incident.read_text("utf-8"))["error"]
+    assert error["status"] == 400 and "exceeds the available context size" in error["message"]
+    assert "exceed_context_size_error" in error["body"]

@@ -1,0 +1,110 @@
+"""A managed server's end is recorded by its supervisor: status, stop, incidents (`server_died`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from calibrate.errors import ErrorInfo
+from calibrate.server import exit_status, supervise
+from calibrate.stages.bundles import IncidentRecorder
+from calibrate.stages.tiers import ItemResult
+from calibrate.store import RunDir
+from calibrate.vram import VramMonitor
+from tests.fakes import free_port, managed_config, mock_command, pid_gone, pythonpath_env
+
+
+@pytest.fixture(autouse=True)
+def _pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", pythonpath_env())
+
+
+def _wait_gone(pid: int, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pid_gone(pid):
+        assert time.monotonic() < deadline, f"PID {pid} did not go"
+        time.sleep(0.02)
+
+
+def test_sigkilled_server_is_reported_by_status_and_stop(cli, isolated: Path) -> None:
+    managed_config(isolated, free_port(), mock_command())
+    started = cli("server", "start", "--concurrency", "2", "--json")
+    assert started.code == 0, started.err
+    pid = started.json["pid"]
+    assert os.getpgid(pid) == pid, "the engine leads its own process group"
+    os.kill(pid, signal.SIGKILL)
+    _wait_gone(pid)
+    ended = exit_status.wait_for(isolated / "runs/server.exit.json", pid)
+    assert ended is not None and ended.exit_code == -9 and ended.signal == "SIGKILL"
+    status = cli("server", "status", "--json")
+    assert status.json["state"] == "gone" and "killed by SIGKILL" in status.err
+    assert status.json["exit"]["signal"] == "SIGKILL"
+    stop = cli("server", "stop", "--json")
+    assert stop.json["was"] == "gone" and stop.json["exit_code"] == -9
+
+
+def test_stop_reads_the_exit_code_from_the_supervisor(cli, isolated: Path) -> None:
+    managed_config(isolated, free_port(), mock_command())
+    assert cli("server", "start", "--concurrency", "1").code == 0
+    stop = cli("server", "stop", "--json")
+    assert stop.code == 0 and stop.json["signal"] == "SIGTERM"
+    assert stop.json["exit_code"] is not None, "the supervisor recorded how it ended"
+
+
+def _failed_item(kind: str) -> ItemResult:
+    return ItemResult(index=0, prompt="p", path="/v1/chat/completions", body={"model": "m"},
+                      text=None, finish_reason=None, usage=None, completion_tokens=0,
+                      elapsed_s=0.1, ttft_s=None, started_s=0.0, done_s=0.1,
+                      error=ErrorInfo(kind, "the connection was dropped"))  # fmt: skip
+
+
+def test_incident_of_a_request_whose_managed_server_died_is_server_died(tmp_path: Path) -> None:
+    """What the engine suite checks for real with llama.cpp (a SIGKILL mid-ladder), in ms."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    dead = subprocess.Popen(["sleep", "0"])
+    dead.wait()
+    (runs / "server.pid").write_text(f"{dead.pid}\n")
+    (runs / "server.log").write_text("slot 0: processing\n")
+    exit_status.write(runs / "server.exit.json",
+                      exit_status.ExitStatus.from_returncode(dead.pid, -9))  # fmt: skip
+    recorder = IncidentRecorder(RunDir(runs, "ladder"), {"Authorization": "Bearer x"},
+                                VramMonitor([]), runs_dir=runs, snapshot=lambda _: None)  # fmt: skip
+    reset, http = _failed_item("reset"), replace(_failed_item("http_4xx"), index=1)
+    paths = recorder.record([reset, http], batch_size=4, concurrency=4, round_no=1)
+    died, answered = (json.loads(p.read_text("utf-8")) for p in paths)
+    assert died["error"]["kind"] == "server_died"
+    assert f"PID {dead.pid}) killed by SIGKILL" in died["error"]["message"]
+    assert died["server"] == {"pid": dead.pid, "exit_code": -9, "signal": "SIGKILL",
+                              "log_tail": ["slot 0: processing"]}  # fmt: skip
+    assert answered["error"]["kind"] == "http_4xx", "an HTTP answer came from a live server"
+
+
+def test_supervisor_reports_an_engine_that_cannot_start(tmp_path: Path) -> None:
+    with (tmp_path / "log").open("ab") as log, pytest.raises(OSError) as caught:
+        supervise.launch(["no-such-engine-binary-x"], log, tmp_path / "exit.json")
+    assert caught.value.errno is not None and caught.value.errno > 0
+
+
+def test_exit_status_describes_codes_and_signals() -> None:
+    assert exit_status.ExitStatus.from_returncode(7, 3).describe() == "exited with code 3"
+    killed = exit_status.ExitStatus.from_returncode(7, -9)
+    assert killed.describe() == "killed by SIGKILL" and killed.exit_code == -9
+
+
+def test_first_error_is_the_earliest_bundles_own_message(tmp_path: Path) -> None:
+    from calibrate.stages.bundles import first_error
+
+    assert first_error(tmp_path / "none") is None
+    older, newer = tmp_path / "2-1-0.json", tmp_path / "1-1-0.json"
+    older.write_text(json.dumps({"error": {"message": "HTTP 400: request (847 tokens) exceeds"}}))
+    newer.write_text(json.dumps({"error": {"message": "later"}}))
+    os.utime(older, ns=(1, 1))
+    assert first_error(tmp_path) == "HTTP 400: request (847 tokens) exceeds"
