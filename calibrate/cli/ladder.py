@@ -37,9 +37,9 @@ from calibrate.junit import JUnitCase, JUnitSuite
 from calibrate.pipeline import next_after
 from calibrate.report import live_rows
 from calibrate.selfload import SelfLoadMonitor
-from calibrate.stages.bundles import first_error
 from calibrate.stages.compare_tiers import TierComparison
 from calibrate.stages.context import StageContext
+from calibrate.stages.incidents import first_error
 from calibrate.stages.ladder import Ladder, LadderOptions, LadderResult
 from calibrate.stages.tier_run import MeasureSpec
 from calibrate.stages.waves import Sender

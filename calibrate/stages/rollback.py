@@ -25,13 +25,13 @@ from calibrate.errors import (
     StepFailed,
 )
 from calibrate.gpu import GpuSnapshot
-from calibrate.incidents import Incident, write_incident
 from calibrate.records import LedgerEntry
 from calibrate.server import process, readiness
 from calibrate.server.builders import SERVER_KINDS, build
 from calibrate.server.readiness import VramProbe, used_mib, wait_released
 from calibrate.setting import latest_passing_ladder
 from calibrate.stages.context import StageContext
+from calibrate.stages.incidents import Incident, write_incident
 from calibrate.stages.repro import against_baseline
 from calibrate.summaries import RollbackSummary, Setting, pin_summary
 

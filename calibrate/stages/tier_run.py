@@ -18,7 +18,6 @@ from calibrate.errors import UsageError
 from calibrate.gpu import NvmlSampler
 from calibrate.records import LedgerEntry
 from calibrate.selfload import SelfLoadMonitor
-from calibrate.stages.bundles import IncidentRecorder
 from calibrate.stages.compare_tiers import (
     TableKind,
     TierComparison,
@@ -27,6 +26,7 @@ from calibrate.stages.compare_tiers import (
     save_baseline,
 )
 from calibrate.stages.context import StageContext
+from calibrate.stages.incidents import IncidentRecorder
 from calibrate.vram import SourceChoice, VramMonitor, choose_samplers
 
 
