@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from calibrate.errors import ErrorInfo
-from calibrate.server import exit_status, process
-from calibrate.server.process import ServerRecord, supervise
+from calibrate.server import exit_status, process, supervise
+from calibrate.server.process import ServerRecord
 from calibrate.stages.incidents import IncidentRecorder
 from calibrate.stages.tiers import ItemResult
 from calibrate.store import RunDir
