@@ -142,9 +142,12 @@ class Rollback:
             if not step.ok:
                 break
         code = next((s.exit_code for s in steps if not s.ok), 0)
-        return RollbackResult(
+        result = RollbackResult(
             batch, source, self.managed, tuple(steps), self.comparison, code, self.setting
         )
+        self.ctx.record_result(result.passed, result.summary())
+        self.ctx.run.close()
+        return result
 
     def _step(
         self, n: int, name: StepName, action: Callable[[], tuple[str, dict[str, Any]]]
