@@ -156,13 +156,6 @@ class OpenAIClient:
             "/chat/completions", self.chat_body(model, prompt, params, stream=stream)
         )
 
-    def complete(
-        self, model: str, prompts: Sequence[str], params: SamplingParams, *, stream: bool = False
-    ) -> Completion:
-        return self.post_completion(
-            "/completions", self.completions_body(model, prompts, params, stream=stream)
-        )
-
     def post_completion(self, path: str, body: dict[str, Any]) -> Completion:
         """POST a chat or completions body and parse the answer (streamed or not)."""
         stream = bool(body.get("stream"))

@@ -8,23 +8,22 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from calibrate.errors import InputError
 from calibrate.stages.compare_tiers import TierComparison
 from calibrate.store import write_atomic
+from calibrate.tier_table import Kind, read_rows
 
 log = logging.getLogger("calibrate")
 
-Kind = Literal["ladder", "sweep"]
+__all__ = ["Kind", "read_rows"]  # tables are read through here as well as written
 _COMMON = ["items", "total_s", "per_item_mean_s", "per_item_p50_s", "per_item_p90_s",
            "per_item_p99_s", "per_item_max_s", "ttft_p50_s", "items_per_s", "output_tokens_per_s",
            "peak_vram_mib", "vram_idle_mib", "vram_total_mib", "pressure", "pressure_source",
@@ -66,50 +65,6 @@ def run_kind(run: Path) -> Kind:
     if stage in ("ladder", "sweep"):
         return "ladder" if stage == "ladder" else "sweep"
     return "sweep" if "gain" in read_rows(run / "tiers.csv")[0] else "ladder"
-
-
-def read_rows(csv_path: Path) -> list[dict[str, Any]]:
-    """tiers.csv as plain dicts, missing values as None."""
-    import pandas as pd
-
-    try:
-        frame = pd.read_csv(csv_path, keep_default_na=True)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read {csv_path}: {exc}",
-                         "Give a ladder or sweep run folder, e.g. runs/<run_id>") from exc  # fmt: skip
-    if frame.empty:
-        raise InputError(f"{csv_path} has no rows")
-    rows: list[dict[str, Any]] = []
-    for raw in frame.to_dict("records"):
-        rows.append({str(k): (None if isinstance(v, float) and math.isnan(v) else v)
-                     for k, v in raw.items()})  # fmt: skip
-    return rows
-
-
-_REQUIRED: dict[str, tuple[str, ...]] = {
-    "ladder": ("batch_size", "concurrency", "rounds", "items", "errors", "verdict"),
-    "sweep": ("concurrency", "batch_size", "items", "verdict"),
-}
-
-
-def check_rows(rows: Sequence[Mapping[str, Any]], kind: Kind, csv_path: Path) -> None:
-    """Exit 2 on a table this tool did not write: missing columns or non-numbers in them."""
-    missing = [c for c in _REQUIRED[kind] if c not in rows[0]]
-    if missing:
-        raise InputError(f"{csv_path} is not a {kind} tier table: no column {', '.join(missing)}",
-                         "report reads the tiers.csv a ladder or sweep wrote; rerun that stage.")  # fmt: skip
-    for number, row in enumerate(rows, 2):
-        for column in _REQUIRED[kind]:
-            value = row.get(column)
-            if column == "verdict":
-                ok = isinstance(value, str)
-            elif isinstance(value, int | float) and not isinstance(value, bool):
-                ok = math.isfinite(value)
-            else:
-                ok = False
-            if not ok:
-                raise InputError(f"{csv_path}:{number}: {column} is {value!r}, not what a "
-                                 f"{kind} writes", "Rerun the stage to write the table again.")  # fmt: skip
 
 
 def _f(value: Any, fmt: str) -> str:

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from calibrate.errors import ErrorInfo
-from calibrate.server import exit_status, supervise
-from calibrate.stages.bundles import IncidentRecorder
+from calibrate.server import exit_status, process, supervise
+from calibrate.server.process import ServerRecord
+from calibrate.stages.incidents import IncidentRecorder
 from calibrate.stages.tiers import ItemResult
 from calibrate.store import RunDir
 from calibrate.vram import VramMonitor
@@ -71,7 +72,9 @@ def test_incident_of_a_request_whose_managed_server_died_is_server_died(tmp_path
     runs.mkdir()
     dead = subprocess.Popen(["sleep", "0"])
     dead.wait()
-    (runs / "server.pid").write_text(f"{dead.pid}\n")
+    record = ServerRecord(pid=dead.pid, start_id="gone", argv=("llama-server",), kind="llamacpp",
+                          port=8080, health_path="/health", started_at="t", log_offset=0)  # fmt: skip
+    process.save(record, runs)  # what `server start` leaves: runs/server.json and server.pid
     (runs / "server.log").write_text("slot 0: processing\n")
     exit_status.write(runs / "server.exit.json",
                       exit_status.ExitStatus.from_returncode(dead.pid, -9))  # fmt: skip
@@ -100,7 +103,7 @@ def test_exit_status_describes_codes_and_signals() -> None:
 
 
 def test_first_error_is_the_earliest_bundles_own_message(tmp_path: Path) -> None:
-    from calibrate.stages.bundles import first_error
+    from calibrate.stages.incidents import first_error
 
     assert first_error(tmp_path / "none") is None
     older, newer = tmp_path / "2-1-0.json", tmp_path / "1-1-0.json"

@@ -18,8 +18,8 @@ from calibrate.errors import ErrorInfo
 from calibrate.gpu import GpuSnapshot, VramReading
 from calibrate.ledger import Ledger, target_fingerprint
 from calibrate.records import Usage
-from calibrate.stages.bundles import IncidentRecorder
 from calibrate.stages.context import StageContext
+from calibrate.stages.incidents import IncidentRecorder
 from calibrate.stages.ladder import Ladder, LadderOptions
 from calibrate.stages.sweep import Sweep, SweepOptions
 from calibrate.stages.tiers import ItemResult

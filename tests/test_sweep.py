@@ -71,3 +71,30 @@ def test_gate_needs_a_passing_ladder(cli, isolated: Path) -> None:
     assert result.code == 3 and "calibrate ladder" in result.err
     gone = cli("sweep", "--force", "--batch-size", "2")  # the mock is stopped now
     assert gone.code == 4 and "connection refused" in gone.err
+
+
+def test_a_managed_server_is_restarted_at_cap_b_before_the_sweep(cli, isolated: Path) -> None:
+    """SPEC §5.0: with the engine capped at B the extra requests queue in the server, so every
+    level is safe; calibrate restarts the server it manages at B first."""
+    import json
+
+    from tests.fakes import free_port, managed_config, mock_command, passing_ladder
+
+    port = free_port()
+    extra = "[sweep]\nconcurrency = [1, 2, 8]\nitems = 8\n[ladder]\nsample_interval_s = 0.005\n"
+    managed_config(isolated, port, mock_command(), extra=extra)
+    try:
+        started = cli("server", "start", "--batch-size", "1", "--concurrency", "1", "--json")
+        assert started.code == 0, started.err
+        single = cli("single", "--json")
+        assert single.code == 0, single.err
+        passing_ladder(isolated, single.json["record"]["target"], batch_size=4)
+        result = cli("sweep", "--json")
+        record = json.loads((isolated / "runs/server.json").read_text("utf-8"))
+    finally:
+        cli("server", "stop")
+    assert result.code == 0, result.err
+    assert "restarting the managed server at cap 4" in result.err
+    assert record["pid"] != started.json["pid"] and record["batch_size"] == 4
+    assert [lv["concurrency"] for lv in result.json["levels"]] == [1, 2, 8], "nothing skipped"
+    assert result.json["levels_skipped"] == []

@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-import requests
 from rich.console import Console
 
 from calibrate import config as config_mod
@@ -280,11 +279,9 @@ def _kept(run: RunDir) -> str:
 @contextlib.contextmanager
 def kept_on_write_error(ctx: StageContext) -> Iterator[None]:
     """A write error once the stage has started (disk full, folder gone) → exit 1, saying what
-    was kept. Network errors are the client's business and pass through."""
+    was kept. Network errors never arrive here: the client maps them to RequestError."""
     try:
         yield
-    except requests.RequestException:
-        raise
     except OSError as exc:
         with contextlib.suppress(OSError):
             ctx.run.close()

@@ -13,6 +13,7 @@ import argparse
 from typing import Any
 
 from calibrate.cli.common import (
+    Output,
     add_command,
     add_force,
     add_junit,
@@ -23,14 +24,24 @@ from calibrate.cli.common import (
     output_for,
     save_junit,
 )
-from calibrate.cli.tier_output import add_tier_args, check_flags, measuring, record_run, tasks_from
+from calibrate.cli.tier_output import (
+    add_tier_args,
+    finish_run,
+    measure_spec,
+    shown_by,
+    tasks_from,
+    watching,
+)
 from calibrate.errors import ExitCode, Interrupted
 from calibrate.junit import JUnitCase, JUnitSuite
 from calibrate.pipeline import next_after
 from calibrate.report import live_rows
 from calibrate.selfload import SelfLoadMonitor
-from calibrate.stages.bundles import first_error
+from calibrate.stages.compare_tiers import TierComparison
+from calibrate.stages.context import StageContext
+from calibrate.stages.incidents import first_error
 from calibrate.stages.ladder import Ladder, LadderOptions, LadderResult
+from calibrate.stages.tier_run import MeasureSpec
 from calibrate.stages.waves import Sender
 
 
@@ -45,42 +56,51 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
-    check_flags(args)
+    spec = measure_spec(args)
     tasks = tasks_from(args)
     ctx = open_stage(args, "ladder", out)
     options = LadderOptions.from_config(ctx.config, tasks=tasks, require_match=args.require_match)
-    with load_lock(ctx), kept_on_write_error(ctx), measuring(args, ctx, out) as watch:
+    with load_lock(ctx), kept_on_write_error(ctx), watching(spec, ctx, out) as watch:
         ladder = Ladder(ctx, options, watch.monitor, watch.incidents, Sender(ctx.client))
         out.say(f"ladder: batch sizes {', '.join(map(str, options.batch_sizes))}, {options.rounds} "
                 f"rounds each, one batch at a time, {options.mode} mode")  # fmt: skip
         try:
             with live_rows(out.console, "ladder", f"ladder {ctx.run.run_id}", out.is_tty) as show:
-                ladder.on_tier = watch.shown_by(show, out)
+                ladder.on_tier = shown_by(watch, show, out)
                 result = ladder.run()
         except KeyboardInterrupt:
             result = ladder.result()
-            _finish(args, out, ctx, result, watch.selfload, interrupted=True)
+            _finish(args, spec, out, ctx, result, watch.selfload, interrupted=True)
             raise Interrupted(f"ladder interrupted after {len(result.tiers)} finished tier(s), "
                               f"recorded as not passed; completed rounds are kept in {ctx.run.path}",
                               "Run it again to calibrate: calibrate ladder") from None  # fmt: skip
-        return _finish(args, out, ctx, result, watch.selfload)
+        return _finish(args, spec, out, ctx, result, watch.selfload)
 
 
 def _finish(
     args: argparse.Namespace,
-    out: Any,
-    ctx: Any,
+    spec: MeasureSpec,
+    out: Output,
+    ctx: StageContext,
     result: LadderResult,
     selfload: SelfLoadMonitor,
     *,
     interrupted: bool = False,
 ) -> int:
     rows = [{**t.to_json(), "vram_source": result.vram_source} for t in result.tiers]
-    comparison, summary = record_run(
-        args, out, ctx, "ladder", rows, result.vram_source, passed=result.passed,
-        summary=result.summary().to_json(), notes=list(result.notes), selfload=selfload,
+    comparison, entry = finish_run(
+        spec,
+        out,
+        ctx,
+        "ladder",
+        rows,
+        result.vram_source,
+        passed=result.passed,
+        summary=result.summary().to_json(),
+        notes=list(result.notes),
+        selfload=selfload,
         interrupted=interrupted,
-    )  # fmt: skip
+    )
     suite = _junit(ctx, result, comparison)
     if interrupted:
         suite.check("the ladder ran to the end", False, "interrupted", kind="interrupted")
@@ -106,21 +126,22 @@ def _finish(
         _say_first_error(out, ctx)
     if result.match_failed:
         out.fail("--require-match: outputs differ from the baseline")
-    passed = result.passed and (comparison is None or comparison.passed)
-    if passed:
+    if entry.passed:
         out.say(f"next: {next_after('ladder')}")
-    out.result({"passed": passed, "run_id": ctx.run.run_id, **summary,
+    out.result({"passed": entry.passed, "run_id": ctx.run.run_id, **entry.summary,
                 "tiers_detail": [t.to_json() for t in result.tiers]})  # fmt: skip
-    return 0 if passed else 1
+    return 0 if entry.passed else 1
 
 
-def _say_first_error(out: Any, ctx: Any) -> None:
+def _say_first_error(out: Output, ctx: StageContext) -> None:
     """The kind alone (http_4xx) does not say why: show the server's own message once."""
     if message := first_error(ctx.run.file("incidents")):
         out.say(f"first error: {message}")
 
 
-def _junit(ctx: Any, result: LadderResult, comparison: Any) -> JUnitSuite:
+def _junit(
+    ctx: StageContext, result: LadderResult, comparison: TierComparison | None
+) -> JUnitSuite:
     """One testcase per tier and round; rounds not run after a failure are skipped."""
     suite = junit_suite("ladder", ctx.run, ctx.target)
     for tier in result.tiers:

@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from calibrate import report
+from calibrate import report, tier_table
 from calibrate.cli.common import add_command, load_config, output_for
 from calibrate.errors import InputError
 
@@ -31,8 +31,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"{csv_path} does not exist: {path} is not a finished ladder or sweep run",
                          f"List the runs with: ls {runs_dir}/   (report reads <run>/tiers.csv)")  # fmt: skip
     kind = report.run_kind(path)
-    rows = report.read_rows(csv_path)
-    report.check_rows(rows, kind, csv_path)
+    rows = tier_table.read_rows(csv_path)
+    tier_table.check_rows(rows, kind, csv_path)
     try:
         table = report.tier_table(rows, kind, f"{kind} {path.name}", out.console.width)
     except (ValueError, TypeError) as exc:  # a cell that is not a number where one belongs

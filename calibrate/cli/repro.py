@@ -30,7 +30,7 @@ from calibrate.cli.common import (
 from calibrate.config import MAX_ROUNDS
 from calibrate.errors import UsageError
 from calibrate.pipeline import next_after
-from calibrate.stages.repro import ReproResult, against_baseline, between_files
+from calibrate.stages.repro import ReproResult, between_files, run_repro
 from calibrate.store import RunDir
 
 
@@ -60,9 +60,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--runs must be in [1, {MAX_ROUNDS}], got {args.runs}")
     ctx = open_stage(args, "repro", out)
     with guarded(ctx):
-        result = against_baseline(ctx, normaliser, runs=args.runs, stream=args.stream)
-        ctx.record_result(result.passed, {**result.summary(), "jq": normaliser.program})
-        ctx.run.close()
+        result = run_repro(ctx, normaliser, runs=args.runs, stream=args.stream)
         return _report(out, args, result, run=ctx.run)
 
 

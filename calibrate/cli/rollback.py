@@ -74,8 +74,6 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: N
     rollback = Rollback(ctx, normaliser, wait_s=args.wait, notify=out.say, on_step=on_step,
                         vram_probe=gpu_snapshot)  # fmt: skip
     result = rollback.run()
-    ctx.record_result(result.passed, result.summary())
-    ctx.run.close()
     if result.comparison is not None and not result.comparison.passed:
         show_comparison(out, "fixed prompt vs baseline", result.comparison)
     suite = junit_suite("rollback", ctx.run, ctx.target)

@@ -22,8 +22,9 @@ from calibrate.errors import ConfigError, UsageError
 from calibrate.gpu import gpu_snapshot
 from calibrate.ledger import Ledger, target_fingerprint
 from calibrate.server import exit_status, launch_script, process, readiness, redaction
-from calibrate.server.builders import SERVER_KINDS, build, health_path
+from calibrate.server.builders import SERVER_KINDS, health_path
 from calibrate.setting import resolve
+from calibrate.stages.pin_context import context_for
 
 START_DOC = """Start the server ([server] in calibrate.toml, or a pinned script) and wait until ready.
 
@@ -97,14 +98,17 @@ def run_start(args: argparse.Namespace) -> int:
         if setting is not None and batch is None and conc is None:
             batch, conc = setting.batch_size, setting.concurrency
             out.say(f"using the calibrated setting: {setting.describe()}")
-        command = build(server.launch_spec(cfg, kind, batch, conc))
-        out.say(f"starting: {command.display()}")
-        started = server.start(
-            cfg.runs_dir, command.argv, env=command.env, kind=kind, port=cfg.server.port,
-            health_path=command.health_path, ready_timeout_s=cfg.server.ready_timeout_s,
-            stop_timeout_s=cfg.server.stop_timeout_s, batch_size=batch, concurrency=conc,
+        ledger, target = Ledger(cfg.runs_dir), target_fingerprint(cfg)
+        sized = context_for(ledger, target, cfg.runs_dir, kind, batch)
+        started = server.start_engine(
+            cfg,
+            kind,
+            batch,
+            conc,
+            notify=out.say,
+            context_tokens=sized.context_tokens if sized else None,
             vram_used_mib_before=_vram_used(),
-        )  # fmt: skip
+        )
     record = started.record
     out.ok(f"server ready on port {record.port} (PID {record.pid}, {started.ready_s:.1f} s); "
            f"log: {process.log_path(cfg.runs_dir)}")  # fmt: skip

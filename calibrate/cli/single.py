@@ -58,16 +58,7 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext) -> int:
         f"finish_reason {record.finish_reason}, {tokens}, {record.elapsed_s:.3f}s{ttft}, "
         f"served model {record.served_model!r}"
     )
-    summary: dict[str, Any] = {
-        "finish_reason": record.finish_reason,
-        "elapsed_s": round(record.elapsed_s, 6),
-        "served_model": record.served_model,
-        "problems": list(result.problems),
-        "identity": result.identity.to_json(),
-    }
-    ctx.run.update_manifest(server=result.identity.to_json())
-    ctx.record_result(result.passed, summary)
-    ctx.run.close()
+    summary = result.summary()
     suite = junit_suite("single", ctx.run, ctx.target)
     kind = record.error.kind if record.error else ""
     suite.check("fixed prompt answered completely", result.passed, "; ".join(result.problems),

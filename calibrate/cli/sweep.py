@@ -25,7 +25,14 @@ from calibrate.cli.common import (
     output_for,
     save_junit,
 )
-from calibrate.cli.tier_output import add_tier_args, check_flags, measuring, record_run, tasks_from
+from calibrate.cli.tier_output import (
+    add_tier_args,
+    finish_run,
+    measure_spec,
+    shown_by,
+    tasks_from,
+    watching,
+)
 from calibrate.config import MAX_BATCH_SIZE
 from calibrate.errors import ExitCode, GateClosed, Interrupted, UsageError
 from calibrate.pipeline import next_after
@@ -41,6 +48,7 @@ from calibrate.stages.sweep import (
     read_server_cap,
     safe_levels,
 )
+from calibrate.stages.tier_run import MeasureSpec
 from calibrate.stages.waves import Sender
 
 
@@ -62,14 +70,14 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
-    check_flags(args)
+    spec = measure_spec(args)
     if args.batch_size is not None and not 1 <= args.batch_size <= MAX_BATCH_SIZE:
         raise UsageError(f"--batch-size must be in [1, {MAX_BATCH_SIZE}], got {args.batch_size}")
     tasks = tasks_from(args)
     ctx = open_stage(args, "sweep", out)
     with load_lock(ctx):  # held from the restart at cap B to the last level
         options = _plan(args, ctx, out, tasks)
-        return _measure(args, ctx, out, options)
+        return _measure(args, spec, ctx, out, options)
 
 
 def _plan(
@@ -112,30 +120,35 @@ def _plan(
 
 
 def _measure(
-    args: argparse.Namespace, ctx: StageContext, out: Output, options: SweepOptions
+    args: argparse.Namespace,
+    spec: MeasureSpec,
+    ctx: StageContext,
+    out: Output,
+    options: SweepOptions,
 ) -> int:
     batch = options.batch_size
-    with kept_on_write_error(ctx), measuring(args, ctx, out) as watch:
+    with kept_on_write_error(ctx), watching(spec, ctx, out) as watch:
         cap = read_server_cap(ctx.client.get_text)
         sweep = Sweep(ctx, options, watch.monitor, watch.incidents, Sender(ctx.client), cap)
         out.say(f"sweep: concurrency {', '.join(map(str, options.levels))} at batch size {batch}, "
                 f"{options.items} requests per level" + (f"; server cap {cap.slots} ({cap.source})" if cap else ""))  # fmt: skip
         try:
             with live_rows(out.console, "sweep", f"sweep {ctx.run.run_id}", out.is_tty) as show:
-                sweep.on_level = watch.shown_by(show, out)
+                sweep.on_level = shown_by(watch, show, out)
                 result = sweep.run()
         except KeyboardInterrupt:
-            _finish(args, out, ctx, sweep.result(), options, watch.selfload, interrupted=True)
+            _finish(args, spec, out, ctx, sweep.result(), options, watch.selfload, interrupted=True)
             raise Interrupted(f"sweep interrupted after {len(sweep.levels)} level(s), recorded as "
                               f"not passed; completed levels are kept in {ctx.run.path}",
                               "Run it again to find the knee: calibrate sweep") from None  # fmt: skip
-        return _finish(args, out, ctx, result, options, watch.selfload)
+        return _finish(args, spec, out, ctx, result, options, watch.selfload)
 
 
 def _finish(
     args: argparse.Namespace,
-    out: Any,
-    ctx: Any,
+    spec: MeasureSpec,
+    out: Output,
+    ctx: StageContext,
     result: SweepResult,
     options: SweepOptions,
     selfload: SelfLoadMonitor,
@@ -143,11 +156,19 @@ def _finish(
     interrupted: bool = False,
 ) -> int:
     rows = [{**lv.to_json(), "vram_source": result.vram_source} for lv in result.levels]
-    comparison, summary = record_run(
-        args, out, ctx, "sweep", rows, result.vram_source, passed=result.passed,
-        summary=result.summary(options).to_json(), notes=list(result.notes()), selfload=selfload,
+    comparison, entry = finish_run(
+        spec,
+        out,
+        ctx,
+        "sweep",
+        rows,
+        result.vram_source,
+        passed=result.passed,
+        summary=result.summary(options).to_json(),
+        notes=list(result.notes()),
+        selfload=selfload,
         interrupted=interrupted,
-    )  # fmt: skip
+    )
     suite = junit_suite("sweep", ctx.run, ctx.target)
     for lv in result.levels:
         s = lv.stats
@@ -168,9 +189,8 @@ def _finish(
                f"size {result.batch_size}); recommended concurrency {knee.concurrency}")  # fmt: skip
     else:
         out.fail(f"sweep failed: {result.reason}")
-    passed = result.passed and (comparison is None or comparison.passed)
-    if passed:
+    if entry.passed:
         out.say(f"next: {next_after('sweep')}")
-    out.result({"passed": passed, "run_id": ctx.run.run_id, **summary,
+    out.result({"passed": entry.passed, "run_id": ctx.run.run_id, **entry.summary,
                 "levels_detail": [lv.to_json() for lv in result.levels]})  # fmt: skip
-    return 0 if passed else 1
+    return 0 if entry.passed else 1

@@ -1,24 +1,33 @@
-"""What ladder and sweep share on the command line: VRAM flags, incidents, tables, --compare."""
+"""What ladder and sweep share on the command line: the measuring flags, tables, rendering.
+
+The logic (samplers, incidents, --compare, the ledger verdict) is in ``stages.tier_run``.
+"""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from calibrate import report
 from calibrate.cli.common import Output
-from calibrate.errors import UsageError
-from calibrate.gpu import NvmlSampler
+from calibrate.records import LedgerEntry
 from calibrate.selfload import SelfLoadMonitor
-from calibrate.stages.bundles import IncidentRecorder
-from calibrate.stages.compare_tiers import TierComparison, compare_tables, read_table, save_baseline
+from calibrate.stages.compare_tiers import TierComparison
 from calibrate.stages.context import StageContext
 from calibrate.stages.ladder import load_tasks
-from calibrate.vram import VramMonitor, choose_samplers
+from calibrate.stages.tier_run import (
+    MeasureSpec,
+    Measuring,
+    compare_run,
+    measuring,
+    preflight,
+    record_run,
+    save_table_baseline,
+)
+from calibrate.vram import VramMonitor
 
 
 def add_tier_args(parser: argparse.ArgumentParser, kind: str) -> None:
@@ -74,44 +83,19 @@ def tasks_from(args: argparse.Namespace) -> tuple[str, ...]:
     return load_tasks(Path(args.tasks)) if args.tasks else ()
 
 
-def check_flags(args: argparse.Namespace) -> None:
-    """Mistakes found before anything is sent (exit 2)."""
-    if not 0 <= args.tolerance <= 100:  # NaN and inf fail this too
-        raise UsageError(f"--tolerance must be in [0, 100], got {args.tolerance}")
-    if args.compare and not Path(args.compare).exists():
-        raise UsageError(f"--compare {args.compare}: no such file",
-                         "Write one first with --save-baseline, or fix the path.")  # fmt: skip
-    if args.vram_source == "nvml" and NvmlSampler.open(args.gpu) is None:
-        # asked for by name: measuring nothing would silently switch the VRAM rule off
-        raise UsageError(
-            "--vram-source nvml: NVML is not available here (no NVIDIA driver, or no GPU)",
-            "Use --vram-source auto (measures what it can and says what it could not).",
-        )
-
-
-def start_monitor(args: argparse.Namespace, ctx: StageContext) -> VramMonitor:
-    client = ctx.client
-    url = args.gpu_metrics_url
-
-    def fetch() -> str:
-        text = client.get_text("/metrics")
-        return text + "\n" + client.get_text(url) if url else text
-
-    samplers = choose_samplers(args.vram_source, fetch, devices=args.gpu)
-    if args.vram_source == "metrics" and not samplers:
-        raise UsageError(
-            "--vram-source metrics: the server's /metrics has no usable memory or KV-cache figure",
-            "Use --vram-source auto (measures what it can, says what it could not).",
-        )
-    monitor = VramMonitor(samplers, ctx.config.ladder.sample_interval_s,
-                          server_kind=ctx.config.server.kind)  # fmt: skip
-    return monitor.start()
-
-
-def recorder(args: argparse.Namespace, ctx: StageContext, monitor: VramMonitor) -> IncidentRecorder:
-    return IncidentRecorder(ctx.run, ctx.client.redacted_headers(), monitor,
-                            runs_dir=ctx.config.runs_dir, server_pid=args.server_pid,
-                            devices=args.gpu)  # fmt: skip
+def measure_spec(args: argparse.Namespace) -> MeasureSpec:
+    """The measuring flags as a typed spec; mistakes in them are exit 2 before anything is sent."""
+    spec = MeasureSpec(
+        vram_source=args.vram_source,
+        gpus=tuple(args.gpu) if args.gpu else None,
+        gpu_metrics_url=args.gpu_metrics_url,
+        server_pid=args.server_pid,
+        compare=Path(args.compare) if args.compare else None,
+        tolerance=args.tolerance,
+        save_baseline=args.save_baseline,
+    )
+    preflight(spec)
+    return spec
 
 
 def announce(out: Output, monitor: VramMonitor) -> None:
@@ -123,12 +107,11 @@ def announce(out: Output, monitor: VramMonitor) -> None:
 
 def finish_tables(
     out: Output, ctx: StageContext, kind: report.Kind, rows: list[dict[str, Any]], source: str
-) -> list[dict[str, Any]]:
+) -> None:
     """tiers.csv and plot.png; the final table as ``report RUN`` will print it."""
-    csv_path = ctx.run.file("tiers.csv")
     if not rows:
-        return []
-    report.write_tiers_csv(csv_path, rows, kind, source)
+        return
+    csv_path = report.write_tiers_csv(ctx.run.file("tiers.csv"), rows, kind, source)
     table_rows = report.read_rows(csv_path)
     if not out.is_tty:  # on a terminal the live table is already on screen
         out.render(report.tier_table(table_rows, kind, f"{kind} {ctx.run.run_id}"))
@@ -138,70 +121,44 @@ def finish_tables(
     )
     if source == "none":
         out.say("VRAM not measured")
-    return table_rows
 
 
-def compare_and_save(
-    args: argparse.Namespace, out: Output, ctx: StageContext, kind: report.Kind
-) -> TierComparison | None:
-    csv_path = ctx.run.file("tiers.csv")
-    comparison = None
-    if args.compare and csv_path.exists():
-        comparison = compare_tables(kind, read_table(Path(args.compare), kind),
-                                    read_table(csv_path, kind), tolerance=args.tolerance,
-                                    baseline_path=args.compare)  # fmt: skip
-        out.render(report.compare_table(comparison))
-        for problem in comparison.problems:
-            out.fail(f"regression: {problem}")
-        if comparison.passed:
-            out.ok(f"no regression against {args.compare}")
-    if args.save_baseline and csv_path.exists():
-        dest = ctx.config.baselines_dir / f"{kind}.csv"
-        kept = save_baseline(csv_path, dest)
-        out.say(f"baseline written: {dest}" + (f" (previous kept as {kept})" if kept else ""))
-    return comparison
+def show_comparison(out: Output, comparison: TierComparison | None) -> None:
+    if comparison is None:
+        return
+    out.render(report.compare_table(comparison))
+    for problem in comparison.problems:
+        out.fail(f"regression: {problem}")
+    if comparison.passed:
+        out.ok(f"no regression against {comparison.baseline_path}")
 
 
 class _Row(Protocol):
     def to_json(self) -> dict[str, Any]: ...
 
 
-@dataclass(frozen=True)
-class Measuring:
-    """What watches a ladder or sweep while it runs: VRAM, calibrate's own load, incidents."""
+def shown_by(
+    watch: Measuring, show: Callable[[dict[str, Any]], None], out: Output
+) -> Callable[[_Row], None]:
+    """A tier/level callback: add its row to the live table, then warn if calibrate is the limit."""
 
-    monitor: VramMonitor
-    selfload: SelfLoadMonitor
-    incidents: IncidentRecorder
+    def shown(row: _Row) -> None:
+        show({**row.to_json(), "vram_source": watch.monitor.source})
+        warn_if_client_bound(out, watch.selfload)
 
-    def shown_by(
-        self, show: Callable[[dict[str, Any]], None], out: Output
-    ) -> Callable[[_Row], None]:
-        """A tier/level callback: add its row to the table, then warn if calibrate is the limit."""
-
-        def shown(row: _Row) -> None:
-            show({**row.to_json(), "vram_source": self.monitor.source})
-            warn_if_client_bound(out, self.selfload)
-
-        return shown
+    return shown
 
 
 @contextmanager
-def measuring(args: argparse.Namespace, ctx: StageContext, out: Output) -> Iterator[Measuring]:
-    """Start the samplers for the run; stop them and close the client however it ends."""
-    monitor = start_monitor(args, ctx)
-    selfload = SelfLoadMonitor().start()
-    try:
-        announce(out, monitor)
-        yield Measuring(monitor, selfload, recorder(args, ctx, monitor))
-    finally:
-        monitor.stop()
-        selfload.stop()
-        ctx.client.close()
+def watching(spec: MeasureSpec, ctx: StageContext, out: Output) -> Iterator[Measuring]:
+    """``stages.tier_run.measuring``, announced."""
+    with measuring(spec, ctx) as watch:
+        announce(out, watch.monitor)
+        yield watch
 
 
-def record_run(
-    args: argparse.Namespace,
+def finish_run(
+    spec: MeasureSpec,
     out: Output,
     ctx: StageContext,
     kind: report.Kind,
@@ -213,20 +170,26 @@ def record_run(
     notes: list[str],
     selfload: SelfLoadMonitor,
     interrupted: bool = False,
-) -> tuple[TierComparison | None, dict[str, Any]]:
-    """Tables, plot, --compare / --save-baseline, notes; then the ledger entry. Returns both."""
+) -> tuple[TierComparison | None, LedgerEntry]:
+    """Tables and plot, --compare / --save-baseline, notes; then the stage's ledger verdict."""
     finish_tables(out, ctx, kind, rows, source)
-    comparison = compare_and_save(args, out, ctx, kind)
+    comparison = compare_run(spec, ctx, kind)
+    show_comparison(out, comparison)
+    if saved := save_table_baseline(spec, ctx, kind):
+        dest, kept = saved
+        out.say(f"baseline written: {dest}" + (f" (previous kept as {kept})" if kept else ""))
     for note in notes:
         out.warn(note)
-    summary = {**summary, "selfload": selfload.report().to_json()}
     warn_if_client_bound(out, selfload)
-    if comparison is not None:
-        summary["compare"] = comparison.to_json()
-        passed = passed and comparison.passed  # a regression is not a pass (SPEC §4.2)
-    ctx.record_result(passed, summary, interrupted=interrupted)
-    ctx.run.close()
-    return comparison, summary
+    entry = record_run(
+        ctx,
+        passed=passed,
+        summary=summary,
+        comparison=comparison,
+        selfload=selfload,
+        interrupted=interrupted,
+    )
+    return comparison, entry
 
 
 def warn_if_client_bound(out: Output, selfload: SelfLoadMonitor) -> None:

@@ -7,7 +7,7 @@ ready ends in ``ServerUnreachable`` (exit 4) with its exit code and the tail of 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +15,7 @@ from calibrate.config import Config, ServerKind
 from calibrate.errors import ServerDied, ServerUnreachable, UsageError
 from calibrate.records import utc_now_iso
 from calibrate.server import exit_status, process, readiness, redaction
-from calibrate.server.builders import EngineCommand, LaunchSpec
+from calibrate.server.builders import EngineCommand, LaunchSpec, build
 from calibrate.server.process import ServerRecord, StopResult
 
 TAIL_LINES = 20
@@ -34,6 +34,35 @@ def launch_spec(
         batch_size=batch_size, concurrency=concurrency, served_name=cfg.target.model,
         command=cfg.server.command, context_tokens=context_tokens,
     )  # fmt: skip
+
+
+def start_engine(
+    cfg: Config,
+    kind: ServerKind,
+    batch_size: int | None,
+    concurrency: int | None,
+    *,
+    notify: Callable[[str], None],
+    context_tokens: int | None = None,
+    vram_used_mib_before: float | None = None,
+) -> Started:
+    """Build the engine's command for a setting and start it: the one way calibrate launches
+    an engine from ``[server]`` (server start, sweep at cap B, rollback, batch --restart)."""
+    command = build(launch_spec(cfg, kind, batch_size, concurrency, context_tokens))
+    notify(f"starting: {command.display()}")
+    return start(
+        cfg.runs_dir,
+        command.argv,
+        env=command.env,
+        kind=kind,
+        port=cfg.server.port,
+        health_path=command.health_path,
+        ready_timeout_s=cfg.server.ready_timeout_s,
+        stop_timeout_s=cfg.server.stop_timeout_s,
+        batch_size=batch_size,
+        concurrency=concurrency,
+        vram_used_mib_before=vram_used_mib_before,
+    )
 
 
 @dataclass(frozen=True)

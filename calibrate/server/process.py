@@ -118,6 +118,17 @@ def _reap(pid: int, wait_s: float = 0.0) -> int | None:
         return None
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether any process has ``pid`` (for a PID calibrate did not start, e.g. --server-pid)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def liveness(record: ServerRecord) -> Liveness:
     _reap(record.pid)
     current = start_id(record.pid)

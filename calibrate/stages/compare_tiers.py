@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import shutil
 from collections.abc import Sequence
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from calibrate.errors import InputError
+from calibrate.tier_table import read_rows
 
 TableKind = Literal["ladder", "sweep"]
 # (row key, metric compared, True when a bigger metric is better)
@@ -61,41 +61,39 @@ class TierComparison:
                 "passed": self.passed, "problems": list(self.problems)}  # fmt: skip
 
 
-def read_table(path: Path, kind: TableKind) -> list[dict[str, str]]:
-    """The rows of a tiers.csv; a missing file or column is exit 2."""
+def read_table(path: Path, kind: TableKind) -> list[dict[str, Any]]:
+    """The rows of a tiers.csv (the one reader, ``tier_table``); a missing column is exit 2."""
+    if not path.exists():
+        raise InputError(f"cannot read the tier table {path}: no such file",
+                         f"Write one with: calibrate {kind} --save-baseline")  # fmt: skip
     key, metric, _ = _SHAPE[kind]
-    try:
-        with path.open(newline="", encoding="utf-8") as handle:
-            rows = list(csv.DictReader(handle))
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise InputError(f"cannot read the tier table {path}: {exc}",
-                         f"Write one with: calibrate {kind} --save-baseline") from exc  # fmt: skip
+    rows = read_rows(path)
     for column in (key, metric, "verdict"):
-        if rows and column not in rows[0]:
+        if column not in rows[0]:
             raise InputError(f"{path} has no column {column!r}: is it a {kind} tiers.csv?")
     return rows
 
 
-def _num(value: str | None) -> float | None:
+def _num(value: Any) -> float | None:
     try:
         return float(value) if value not in (None, "") else None
     except ValueError:
         return None
 
 
-def _passed(verdict: str | None) -> bool:
+def _passed(verdict: Any) -> bool:
     return verdict not in (None, "", "fail")
 
 
-def _top(rows: Sequence[dict[str, str]], key: str) -> int | None:
+def _top(rows: Sequence[dict[str, Any]], key: str) -> int | None:
     keys = [int(float(r[key])) for r in rows if _passed(r.get("verdict"))]
     return max(keys) if keys else None
 
 
 def compare_tables(
     kind: TableKind,
-    baseline: Sequence[dict[str, str]],
-    now: Sequence[dict[str, str]],
+    baseline: Sequence[dict[str, Any]],
+    now: Sequence[dict[str, Any]],
     *,
     tolerance: float = 0.2,
     baseline_path: str = "",

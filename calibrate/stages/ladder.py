@@ -12,8 +12,8 @@ from calibrate.config import Config, LadderMode
 from calibrate.errors import InputError
 from calibrate.ledger import baseline_path
 from calibrate.records import RequestRecord, utc_now_iso
-from calibrate.stages.bundles import IncidentRecorder
 from calibrate.stages.context import StageContext
+from calibrate.stages.incidents import IncidentRecorder
 from calibrate.stages.single import read_baseline, unreachable
 from calibrate.stages.stop_rules import (
     last_passing,

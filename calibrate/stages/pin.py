@@ -20,7 +20,7 @@ from calibrate.server.builders import SERVER_KINDS, EngineCommand, build
 from calibrate.server.launch_script import PinnedValues
 from calibrate.setting import resolve
 from calibrate.stages.context import StageContext
-from calibrate.stages.pin_context import WorkloadContext, verified_workload
+from calibrate.stages.pin_context import context_for
 from calibrate.summaries import PinSummary, Setting
 
 
@@ -64,7 +64,7 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
     cfg = ctx.config
     batch, concurrency = setting.batch_size, setting.concurrency
     # llama.cpp's slots are the engine's cap, which is the batch size (SPEC §5.0)
-    sized = _llamacpp_context(ctx, batch) if engine == "llamacpp" else None
+    sized = context_for(ctx.ledger, ctx.target, cfg.runs_dir, engine, batch)
     tokens = sized.context_tokens if sized else None
     command = build(server.launch_spec(cfg, engine, batch, concurrency, tokens))
     values = PinnedValues(
@@ -88,9 +88,3 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
     result = PinResult(path, values, command)
     ctx.record_result(True, result.summary())
     return result
-
-
-def _llamacpp_context(ctx: StageContext, slots: int) -> WorkloadContext | None:
-    """-c from the latest passing ladder's requests (None: the builder's default per slot)."""
-    ladder = ctx.ledger.latest("ladder", ctx.target, passed=True)
-    return verified_workload(ctx.config.runs_dir, ladder.run_id, slots) if ladder else None

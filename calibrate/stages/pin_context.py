@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from calibrate.ledger import Ledger
+from calibrate.setting import latest_passing_ladder
 from calibrate.store import read_jsonl, run_path
 
 
@@ -52,3 +54,14 @@ def verified_workload(runs_dir: Path, ladder_run: str, slots: int) -> WorkloadCo
     if longest <= 0 or max_tokens <= 0:
         return None
     return WorkloadContext(slots, longest, max_tokens, ladder_run)
+
+
+def context_for(
+    ledger: Ledger, target: str, runs_dir: Path, kind: str, slots: int | None
+) -> WorkloadContext | None:
+    """llama.cpp's ``-c`` for ``slots`` from the latest passing ladder (None: other kinds, or
+    the builder's default per slot when no ladder recorded a usable request)."""
+    if kind != "llamacpp" or not slots:
+        return None
+    ladder = latest_passing_ladder(ledger, target)
+    return verified_workload(runs_dir, ladder[1].run_id, slots) if ladder else None

@@ -76,3 +76,11 @@ def between_files(left: Path, right: Path, normaliser: Normaliser) -> ReproResul
             Comparison("differs", ("record count",), (f"{len(a)} records vs {len(b)}",), ())
         )
     return ReproResult(tuple(comparisons))
+
+
+def run_repro(ctx: StageContext, normaliser: Normaliser, *, runs: int, stream: bool) -> ReproResult:
+    """Stage B live: ``runs`` fresh calls against the baseline; the verdict goes to the ledger."""
+    result = against_baseline(ctx, normaliser, runs=runs, stream=stream)
+    ctx.record_result(result.passed, {**result.summary(), "jq": normaliser.program})
+    ctx.run.close()
+    return result

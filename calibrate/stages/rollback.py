@@ -25,13 +25,14 @@ from calibrate.errors import (
     StepFailed,
 )
 from calibrate.gpu import GpuSnapshot
-from calibrate.incidents import Incident, write_incident
 from calibrate.records import LedgerEntry
 from calibrate.server import process, readiness
-from calibrate.server.builders import SERVER_KINDS, build
+from calibrate.server.builders import SERVER_KINDS
 from calibrate.server.readiness import VramProbe, used_mib, wait_released
 from calibrate.setting import latest_passing_ladder
 from calibrate.stages.context import StageContext
+from calibrate.stages.incidents import Incident, write_incident
+from calibrate.stages.pin_context import context_for
 from calibrate.stages.repro import against_baseline
 from calibrate.summaries import RollbackSummary, Setting, pin_summary
 
@@ -141,9 +142,12 @@ class Rollback:
             if not step.ok:
                 break
         code = next((s.exit_code for s in steps if not s.ok), 0)
-        return RollbackResult(
+        result = RollbackResult(
             batch, source, self.managed, tuple(steps), self.comparison, code, self.setting
         )
+        self.ctx.record_result(result.passed, result.summary())
+        self.ctx.run.close()
+        return result
 
     def _step(
         self, n: int, name: StepName, action: Callable[[], tuple[str, dict[str, Any]]]
@@ -222,16 +226,17 @@ class Rollback:
 
     def restart(self) -> tuple[str, dict[str, Any]]:
         if self.kind is not None:
-            cfg = self.ctx.config
-            command = build(server.launch_spec(cfg, self.kind, self.batch, 1))
-            snapshot = self.probe()
-            self.notify(f"starting: {command.display()}")
-            started = server.start(
-                self.runs, command.argv, env=command.env, kind=self.kind, port=cfg.server.port,
-                health_path=command.health_path, ready_timeout_s=cfg.server.ready_timeout_s,
-                stop_timeout_s=cfg.server.stop_timeout_s, batch_size=self.batch, concurrency=1,
-                vram_used_mib_before=used_mib(snapshot),
-            )  # fmt: skip
+            ctx = self.ctx
+            sized = context_for(ctx.ledger, ctx.target, self.runs, self.kind, self.batch)
+            started = server.start_engine(
+                ctx.config,
+                self.kind,
+                self.batch,
+                1,
+                notify=self.notify,
+                context_tokens=sized.context_tokens if sized else None,
+                vram_used_mib_before=used_mib(self.probe()),
+            )
             self.record = started.record
             return (f"restarted (PID {started.record.pid}) at batch {self.batch}, concurrency 1; "
                     f"ready after {started.ready_s:.1f} s"), {"pid": started.record.pid}  # fmt: skip

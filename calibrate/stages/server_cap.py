@@ -12,8 +12,9 @@ from collections.abc import Callable
 from calibrate import server
 from calibrate.config import ServerKind
 from calibrate.server import process
-from calibrate.server.builders import SERVER_KINDS, build
+from calibrate.server.builders import SERVER_KINDS
 from calibrate.stages.context import StageContext
+from calibrate.stages.pin_context import context_for
 
 
 def _kind(name: str | None) -> ServerKind | None:
@@ -39,20 +40,15 @@ def run_at_cap(ctx: StageContext, batch: int, notify: Callable[[str], None]) -> 
             f"{record.script or 'an unknown kind'}): the sweep runs against it as it is"
         )
         return True
-    command = build(server.launch_spec(cfg, kind, batch, batch))
-    notify(f"restarting the managed server at cap {batch} (the verified batch size): ")
-    notify(f"  {command.display()}")
+    notify(f"restarting the managed server at cap {batch} (the verified batch size)")
     server.stop(cfg.runs_dir, cfg.server.stop_timeout_s)
-    server.start(
-        cfg.runs_dir,
-        command.argv,
-        env=command.env,
-        kind=kind,
-        port=cfg.server.port,
-        health_path=command.health_path,
-        ready_timeout_s=cfg.server.ready_timeout_s,
-        stop_timeout_s=cfg.server.stop_timeout_s,
-        batch_size=batch,
-        concurrency=batch,
+    sized = context_for(ctx.ledger, ctx.target, cfg.runs_dir, kind, batch)
+    server.start_engine(
+        cfg,
+        kind,
+        batch,
+        batch,
+        notify=notify,
+        context_tokens=sized.context_tokens if sized else None,
     )
     return True

@@ -78,6 +78,16 @@ class SingleResult:
     def passed(self) -> bool:
         return not self.problems
 
+    def summary(self) -> dict[str, Any]:
+        record = self.record
+        return {
+            "finish_reason": record.finish_reason,
+            "elapsed_s": round(record.elapsed_s, 6),
+            "served_model": record.served_model,
+            "problems": list(self.problems),
+            "identity": self.identity.to_json(),
+        }
+
 
 def diagnose(record: RequestRecord, identity: ServerIdentity, model: str) -> list[str]:
     """Why the single call failed, one specific diagnosis per cause (SPEC §5.1)."""
@@ -122,7 +132,17 @@ def run_single(
     baseline = None
     if not problems:
         baseline = write_baseline(baseline_path(ctx.config), record, replace_existing=save_baseline)
-    return SingleResult(record, identity, tuple(problems), tuple(warnings), baseline)
+    result = SingleResult(record, identity, tuple(problems), tuple(warnings), baseline)
+    ctx.run.update_manifest(server=identity.to_json())
+    ctx.record_result(result.passed, result.summary(), served_root=served_root(identity, model))
+    ctx.run.close()
+    return result
+
+
+def served_root(identity: ServerIdentity, model: str) -> str:
+    """Where the served weights come from, as ``/v1/models`` says (vLLM's ``root``); "" unknown."""
+    named = [m for m in identity.models if m.id == model] or list(identity.models[:1])
+    return (named[0].root or "") if named else ""
 
 
 def write_baseline(path: Path, record: RequestRecord, *, replace_existing: bool) -> str | None:

@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 from calibrate.config import Config, LadderMode
 from calibrate.errors import RequestError
-from calibrate.stages.bundles import IncidentRecorder
 from calibrate.stages.context import StageContext
+from calibrate.stages.incidents import IncidentRecorder
 from calibrate.stages.ladder import all_refused, item_record
 from calibrate.stages.single import unreachable
 from calibrate.stages.stop_rules import Point, continue_sweep, gains, knee

@@ -15,8 +15,8 @@ from typing import Any
 from calibrate.client import OpenAIClient
 from calibrate.config import LadderMode
 from calibrate.errors import ErrorInfo, RequestError
-from calibrate.incidents import format_traceback
 from calibrate.records import Completion, SamplingParams, incomplete_reason
+from calibrate.stages.incidents import format_traceback
 from calibrate.stages.tiers import ItemResult
 
 Clock = Callable[[], float]

@@ -1,66 +1,134 @@
-"""Incident bundles for the ladder and the sweep (SPEC §5.4): one file per failed request."""
+"""Incident bundles (SPEC §5.4): everything needed to understand one failed request.
+
+Written to ``runs/<id>/incidents/<tier>-<round>-<n>.json`` by the ladder and the sweep (one per
+failed request, through ``IncidentRecorder``) and by rollback (one per failed step). Headers are
+redacted here, once: any Authorization, cookie or key-looking header value never reaches disk.
+The server's PID, liveness and log tail come from ``server.process``, the one place that knows
+the managed server.
+"""
 
 from __future__ import annotations
 
 import json
-import os
+import re
+import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calibrate.errors import ErrorInfo
 from calibrate.gpu import GpuSnapshot, gpu_snapshot
-from calibrate.incidents import Incident, incident_name, write_incident
-from calibrate.server import exit_status
+from calibrate.records import utc_now_iso
+from calibrate.server import exit_status, process
+from calibrate.server.process import ServerRecord
 from calibrate.stages.tiers import ItemResult
 from calibrate.store import RunDir
 from calibrate.vram import VramMonitor, WindowPeak
+
+_SECRET_HEADER = re.compile(r"authorization|api[-_]?key|token|cookie|secret", re.IGNORECASE)
+
+
+def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """Headers safe to write: secret-bearing values replaced by ``[REDACTED]``."""
+    return {k: ("[REDACTED]" if _SECRET_HEADER.search(k) else v) for k, v in headers.items()}
+
+
+def incident_name(tier: int | str, round_no: int | str | None, n: int) -> str:
+    return f"{tier}-{round_no if round_no is not None else 0}-{n}.json"
+
+
+@dataclass(frozen=True)
+class Incident:
+    """One failed request with its context; optional parts are None when not known."""
+
+    stage: str
+    batch_size: int | None
+    concurrency: int | None
+    round: int | None
+    request_body: dict[str, Any] | None
+    request_headers: Mapping[str, str]
+    error: ErrorInfo
+    exception_type: str | None = None
+    traceback: str | None = None
+    server_pid: int | None = None
+    server_exit_code: int | None = None
+    server_signal: str | None = None  # "SIGKILL" when a signal ended the managed server
+    vram: dict[str, Any] | None = None
+    log_tail: list[str] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    ts: str = field(default_factory=utc_now_iso)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ts": self.ts,
+            "stage": self.stage,
+            "batch_size": self.batch_size,
+            "concurrency": self.concurrency,
+            "round": self.round,
+            "request": {"body": self.request_body, "headers": redact_headers(self.request_headers)},
+            "error": {
+                "kind": self.error.kind,
+                "message": self.error.message,
+                "status": self.error.status,
+                "body": self.error.body,
+                "exception_type": self.exception_type,
+                "traceback": self.traceback,
+            },
+            "server": {
+                "pid": self.server_pid,
+                "exit_code": self.server_exit_code,
+                "signal": self.server_signal,
+                "log_tail": self.log_tail,
+            },
+            "vram": self.vram,
+            **self.extra,
+        }
+
+
+def format_traceback(exc: BaseException | None) -> str | None:
+    if exc is None or exc.__traceback__ is None:
+        return None
+    return "".join(traceback.format_exception(exc))
+
+
+def write_incident(run: RunDir, name: str, incident: Incident) -> Path:
+    """Write one bundle under ``incidents/`` atomically and return its path."""
+    return run.write_json(f"incidents/{name}", incident.to_json())
+
 
 LOG_TAIL_LINES = 200
 
 
 @dataclass(frozen=True)
 class ServerProcess:
-    """Which process serves the model, and how we know."""
+    """Which process serves the model, and how we know (``record``: calibrate manages it)."""
 
     pid: int | None
     found_by: str  # "--server-pid", "runs/server.pid", "nvml", "unknown"
-    managed: bool = False
+    record: ServerRecord | None = None
 
 
 def resolve_server(
     explicit_pid: int | None, runs_dir: Path, snapshot: GpuSnapshot | None
 ) -> ServerProcess:
-    """``--server-pid``, else the managed server's PID file, else NVML's biggest GPU process."""
+    """``--server-pid``, else the server calibrate manages, else NVML's biggest GPU process."""
     if explicit_pid is not None:
         return ServerProcess(explicit_pid, "--server-pid")
-    pid_file = runs_dir / "server.pid"
-    try:
-        return ServerProcess(int(pid_file.read_text("utf-8").split()[0]), str(pid_file), True)
-    except (OSError, ValueError, IndexError):
-        pass
+    record = process.load(runs_dir)
+    if record is not None:
+        return ServerProcess(record.pid, str(process.pid_path(runs_dir)), record)
     if snapshot is not None and snapshot.processes:
         pid, _ = max(snapshot.processes, key=lambda p: p[1])
         return ServerProcess(pid, "nvml")
     return ServerProcess(None, "unknown")
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str] | None:
-    try:
-        with path.open("r", encoding="utf-8", errors="replace") as handle:
-            return [line.rstrip("\n") for line in handle.readlines()[-lines:]]
-    except OSError:
-        return None
+def alive(server: ServerProcess) -> bool | None:
+    """Whether the server still runs; a managed one is checked by its start time (PID reuse)."""
+    if server.record is not None:
+        return process.liveness(server.record) == "running"
+    return process.pid_alive(server.pid) if server.pid is not None else None
 
 
 def first_error(folder: Path) -> str | None:
@@ -113,9 +181,11 @@ class IncidentRecorder:
         snap = self.snapshot(self.devices)
         server = resolve_server(self.server_pid, self.runs_dir, snap)
         vram = self._vram(snap, peak)
-        alive = pid_alive(server.pid) if server.pid is not None else None
-        tail = log_tail(self.runs_dir / "server.log") if server.managed else None
-        dead_pid = server.pid if server.managed and alive is False else None
+        running = alive(server)
+        tail = None
+        if server.record is not None:  # this start's output only
+            tail = process.log_tail(self.runs_dir, LOG_TAIL_LINES, server.record.log_offset)
+        dead_pid = server.pid if server.record is not None and running is False else None
         ended = None
         if dead_pid is not None:
             ended = exit_status.wait_for(exit_status.status_path(self.runs_dir), dead_pid)
@@ -133,7 +203,7 @@ class IncidentRecorder:
                 server_exit_code=ended.exit_code if ended else None,
                 server_signal=ended.signal if ended else None,
                 extra={"item": item.index, "path": item.path, "elapsed_s": round(item.elapsed_s, 6),
-                       "server_found_by": server.found_by, "server_alive": alive},
+                       "server_found_by": server.found_by, "server_alive": running},
             )  # fmt: skip
             name = incident_name(label or batch_size, round_no, item.index)
             paths.append(write_incident(self.run, name, incident))
