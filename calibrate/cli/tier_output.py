@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +18,7 @@ from calibrate.stages.bundles import IncidentRecorder
 from calibrate.stages.compare_tiers import TierComparison, compare_tables, read_table, save_baseline
 from calibrate.stages.context import StageContext
 from calibrate.stages.ladder import load_tasks
+from calibrate.stages.tiers import queue_note
 from calibrate.vram import VramMonitor, choose_samplers
 
 
@@ -98,7 +99,7 @@ def start_monitor(args: argparse.Namespace, ctx: StageContext) -> VramMonitor:
         return text + "\n" + client.get_text(url) if url else text
 
     samplers = choose_samplers(args.vram_source, fetch, devices=args.gpu)
-    if args.vram_source == "metrics" and not samplers:
+    if args.vram_source == "metrics" and all(s.source == "none" for s in samplers):
         raise UsageError(
             "--vram-source metrics: the server's /metrics has no usable memory or KV-cache figure",
             "Use --vram-source auto (measures what it can, says what it could not).",
@@ -116,7 +117,7 @@ def recorder(args: argparse.Namespace, ctx: StageContext, monitor: VramMonitor) 
 
 def announce(out: Output, monitor: VramMonitor) -> None:
     if monitor.measured:
-        out.say(f"VRAM source: {monitor.source} (every {monitor.interval_s:g} s)")
+        out.say(f"VRAM source: {monitor.describe()}")
     else:
         out.warn("VRAM not measured (no NVML, no usable /metrics): the VRAM stop rule is skipped")
 
@@ -217,7 +218,7 @@ def record_run(
     """Tables, plot, --compare / --save-baseline, notes; then the ledger entry. Returns both."""
     finish_tables(out, ctx, kind, rows, source)
     comparison = compare_and_save(args, out, ctx, kind)
-    for note in notes:
+    for note in [*notes, *queue_notes(rows)]:
         out.warn(note)
     summary = {**summary, "selfload": selfload.report().to_json()}
     warn_if_client_bound(out, selfload)
@@ -227,6 +228,12 @@ def record_run(
     ctx.record_result(passed, summary, interrupted=interrupted)
     ctx.run.close()
     return comparison, summary
+
+
+def queue_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One note per tier or level during which the server queued requests (explains a knee)."""
+    found = (queue_note(r.get("server_queue_max"), int(r["concurrency"])) for r in rows)
+    return [note for note in found if note]
 
 
 def warn_if_client_bound(out: Output, selfload: SelfLoadMonitor) -> None:
