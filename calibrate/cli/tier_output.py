@@ -14,6 +14,7 @@ from calibrate.cli.common import Output
 from calibrate.errors import UsageError
 from calibrate.gpu import NvmlSampler
 from calibrate.selfload import SelfLoadMonitor
+from calibrate.server.devices import managed_server_devices
 from calibrate.stages.bundles import IncidentRecorder
 from calibrate.stages.compare_tiers import TierComparison, compare_tables, read_table, save_baseline
 from calibrate.stages.context import StageContext
@@ -41,8 +42,9 @@ def add_tier_args(parser: argparse.ArgumentParser, kind: str) -> None:
         metavar="ID",
         action="append",
         default=None,
-        help="NVML device index or UUID the server uses (repeatable; default all). NVML numbers "
-        "devices in nvidia-smi order and ignores CUDA_VISIBLE_DEVICES: UUIDs are safest",
+        help="NVML device index, GPU- or MIG- UUID the server uses (repeatable; default: the "
+        "managed server's CUDA_VISIBLE_DEVICES, else all). NVML numbers devices in nvidia-smi "
+        "order and ignores CUDA_VISIBLE_DEVICES: UUIDs are safest",
     )
     add(
         "--gpu-metrics-url",
@@ -90,6 +92,11 @@ def check_flags(args: argparse.Namespace) -> None:
         )
 
 
+def devices_for(args: argparse.Namespace, ctx: StageContext) -> Sequence[str] | None:
+    """``--gpu``, else the managed server's CUDA_VISIBLE_DEVICES (a MIG instance, say), else all."""
+    return args.gpu or managed_server_devices(ctx.config.runs_dir)
+
+
 def start_monitor(args: argparse.Namespace, ctx: StageContext) -> VramMonitor:
     client = ctx.client
     url = args.gpu_metrics_url
@@ -98,7 +105,7 @@ def start_monitor(args: argparse.Namespace, ctx: StageContext) -> VramMonitor:
         text = client.get_text("/metrics")
         return text + "\n" + client.get_text(url) if url else text
 
-    samplers = choose_samplers(args.vram_source, fetch, devices=args.gpu)
+    samplers = choose_samplers(args.vram_source, fetch, devices=devices_for(args, ctx))
     if args.vram_source == "metrics" and all(s.source == "none" for s in samplers):
         raise UsageError(
             "--vram-source metrics: the server's /metrics has no usable memory or KV-cache figure",
@@ -112,7 +119,7 @@ def start_monitor(args: argparse.Namespace, ctx: StageContext) -> VramMonitor:
 def recorder(args: argparse.Namespace, ctx: StageContext, monitor: VramMonitor) -> IncidentRecorder:
     return IncidentRecorder(ctx.run, ctx.client.redacted_headers(), monitor,
                             runs_dir=ctx.config.runs_dir, server_pid=args.server_pid,
-                            devices=args.gpu)  # fmt: skip
+                            devices=devices_for(args, ctx))  # fmt: skip
 
 
 def announce(out: Output, monitor: VramMonitor) -> None:
