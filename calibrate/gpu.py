@@ -1,16 +1,19 @@
-"""VRAM sampling (SPEC §8): one interface, three sources — nvml, metrics, none.
+"""VRAM sampling (SPEC §8): the reading types, the pressure rule, and the NVML source.
 
 ``pynvml`` is imported here only, lazily, so ``--help``, tests and the mock work without a
-driver. A sampler reads once (``read``); ``VramMonitor`` polls the chosen samplers on one daemon
-thread and keeps the peak of the current window (a round, a sweep level).
+driver. A sampler reads once (``read``); ``calibrate.vram.VramMonitor`` polls the chosen samplers
+on one daemon thread. The server's ``/metrics`` source lives in ``calibrate.engine_metrics``.
+
+Pressure is the fullest device's used/total — the **maximum** over the devices the server uses,
+never a sum (a sum of two GPUs at 95 % and 10 % reads 52 % and the VRAM rule goes blind). A MIG
+instance is its own device: its memory, not its parent GPU's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -21,41 +24,100 @@ VramSource = Literal["nvml", "metrics", "none"]
 PressureSource = Literal["kv_cache", "nvml", "metrics", "none"]
 # Engines that reserve their KV cache at start: NVML shows flat usage whatever the load.
 PREALLOCATING_KINDS = frozenset({"vllm", "sglang", "lmdeploy"})
-KV_METRICS = ("vllm:kv_cache_usage_perc", "sglang:token_usage", "lmdeploy:gpu_cache_usage_perc")
+MIG_ENABLED = 1  # pynvml.NVML_DEVICE_MIG_ENABLE
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """One device's memory: ``device`` is the NVML index, a GPU-/MIG- UUID, or an exporter label."""
+
+    device: str
+    used_mib: float
+    total_mib: float | None
+
+    @property
+    def pressure(self) -> float | None:
+        return min(1.0, self.used_mib / self.total_mib) if self.total_mib else None
+
+    def to_json(self) -> dict[str, Any]:
+        pressure = self.pressure
+        return {"device": self.device, "used_mib": round(self.used_mib, 1),
+                "total_mib": round(self.total_mib, 1) if self.total_mib is not None else None,
+                "pressure": round(pressure, 4) if pressure is not None else None}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class VramReading:
-    """One sample; a field is None when this source does not measure it."""
+    """One sample of one source; a field is None (or empty) when the source does not measure it."""
 
     source: VramSource
-    used_mib: float | None = None
-    total_mib: float | None = None
-    kv_usage: float | None = None  # 0–1 KV-cache usage reported by the engine
+    devices: tuple[DeviceMemory, ...] = ()
+    kv_usage: float | None = None  # 0–1 KV-cache usage, the maximum over label sets
     preallocated: bool = False  # the engine reserves memory at start (pressure = KV usage)
+    kv_metric: str | None = None  # which metric the KV usage came from
+    device_metric: str | None = None  # "mock_vram_used_bytes", "DCGM_FI_DEV_FB_USED"; None: NVML
+    server_queue: float | None = None  # requests the server holds waiting (its queue gauge)
+    queue_metric: str | None = None
+
+    @property
+    def used_mib(self) -> float | None:
+        """Summed over the devices: the memory the server holds (pressure is per device)."""
+        return sum(d.used_mib for d in self.devices) if self.devices else None
+
+    @property
+    def total_mib(self) -> float | None:
+        totals = [d.total_mib for d in self.devices if d.total_mib]
+        return sum(totals) if totals else None
+
+    @property
+    def fullest(self) -> DeviceMemory | None:
+        """The device with the highest used/total: the one that runs out first."""
+        known = [d for d in self.devices if d.pressure is not None]
+        return max(known, key=lambda d: d.pressure or 0.0, default=None)
+
+    @property
+    def measures_vram(self) -> bool:
+        return bool(self.devices) or self.kv_usage is not None
 
 
 @dataclass(frozen=True)
 class Pressure:
     value: float | None
     source: PressureSource
+    metric: str | None = None  # what exactly: "vllm:kv_cache_usage_perc", "device 1", …
+
+    @property
+    def text(self) -> str:
+        """``metrics: vllm:kv_cache_usage_perc``, ``nvml: device 1``; named in every report."""
+        if self.metric is None:
+            return self.source
+        return f"{'nvml' if self.source == 'nvml' else 'metrics'}: {self.metric}"
 
 
 def choose_pressure(
-    *, used_mib: float | None, total_mib: float | None, kv_usage: float | None, preallocated: bool
+    device: VramReading | None, kv: VramReading | None, *, preallocated: bool
 ) -> Pressure:
-    """KV-cache usage when the engine pre-allocates (or nothing else is known), else used/total."""
+    """KV-cache usage when the engine pre-allocates (or nothing else is known), else the fullest
+    device's used/total."""
+    kv_usage = kv.kv_usage if kv is not None else None
+    kv_metric = kv.kv_metric if kv is not None else None
     if kv_usage is not None and preallocated:
-        return Pressure(kv_usage, "kv_cache")
-    if used_mib is not None and total_mib:
-        return Pressure(min(1.0, used_mib / total_mib), "nvml")
+        return Pressure(kv_usage, "kv_cache", kv_metric)
+    fullest = device.fullest if device is not None else None
+    if device is not None and fullest is not None and fullest.pressure is not None:
+        if device.source == "nvml":
+            return Pressure(fullest.pressure, "nvml", f"device {fullest.device}")
+        where = device.device_metric or "device memory"
+        if len(device.devices) > 1:
+            where += f" (device {fullest.device})"
+        return Pressure(fullest.pressure, "metrics", where)
     if kv_usage is not None:
-        return Pressure(kv_usage, "kv_cache")
+        return Pressure(kv_usage, "kv_cache", kv_metric)
     return Pressure(None, "none")
 
 
 class VramSampler(Protocol):
-    source: VramSource
+    source: VramSource  # "none" for a source that answers but measures no VRAM (a queue only)
 
     def read(self) -> VramReading | None: ...
 
@@ -81,7 +143,7 @@ def _nvml_errors(nvml: Any) -> tuple[type[BaseException], ...]:
 
 
 class NvmlSampler:
-    """Device memory through NVML (memory info v2 when available), summed over the devices."""
+    """Device memory through NVML (memory info v2 when available), one figure per device."""
 
     source: VramSource = "nvml"
 
@@ -89,7 +151,9 @@ class NvmlSampler:
         self.nvml = nvml
         self.errors = _nvml_errors(nvml)
         nvml.nvmlInit()
-        self.handles = [self._handle(d) for d in devices] if devices else self._all()
+        self.devices: list[tuple[str, Any]] = (
+            [(d, self._handle(d)) for d in devices] if devices else self._all()
+        )
         self._v2 = getattr(nvml, "nvmlMemory_v2", None)
 
     @classmethod
@@ -104,38 +168,79 @@ class NvmlSampler:
         except _nvml_errors(module) as exc:
             log.debug("NVML unavailable: %s", exc)
             return None
-        return sampler if sampler.handles else None
+        return sampler if sampler.devices else None
 
-    def _all(self) -> list[Any]:
-        return [
-            self.nvml.nvmlDeviceGetHandleByIndex(i) for i in range(self.nvml.nvmlDeviceGetCount())
-        ]
+    def _all(self) -> list[tuple[str, Any]]:
+        """Every GPU; one with MIG enabled counts as its instances, each its own device."""
+        out: list[tuple[str, Any]] = []
+        for index in range(self.nvml.nvmlDeviceGetCount()):
+            parent = self.nvml.nvmlDeviceGetHandleByIndex(index)
+            instances = self._mig_instances(parent)
+            out += [(self.uuid(h) or f"{index}/mig{i}", h) for i, h in instances] or [
+                (str(index), parent)
+            ]
+        return out
+
+    def _mig_instances(self, parent: Any) -> list[tuple[int, Any]]:
+        """(slot, handle) of the MIG instances of a GPU in MIG mode; [] otherwise."""
+        try:
+            current, _pending = self.nvml.nvmlDeviceGetMigMode(parent)
+            if current != MIG_ENABLED:
+                return []
+            slots = int(self.nvml.nvmlDeviceGetMaxMigDeviceCount(parent))
+        except self.errors:  # not MIG-capable (NotSupported), or an old library
+            return []
+        found: list[tuple[int, Any]] = []
+        for slot in range(slots):
+            try:
+                found.append((slot, self.nvml.nvmlDeviceGetMigDeviceHandleByIndex(parent, slot)))
+            except self.errors:  # an empty slot (NotFound)
+                continue
+        return found
 
     def _handle(self, selector: str) -> Any:
         # NVML numbers devices in nvidia-smi order and ignores CUDA_VISIBLE_DEVICES: UUIDs are safe.
         if selector.isdigit():
             return self.nvml.nvmlDeviceGetHandleByIndex(int(selector))
-        return self.nvml.nvmlDeviceGetHandleByUUID(selector)
+        try:
+            return self.nvml.nvmlDeviceGetHandleByUUID(selector)
+        except self.errors:
+            if not selector.startswith("MIG-"):
+                raise
+            # Older drivers do not look MIG UUIDs up: walk the instances of every GPU.
+            for index in range(self.nvml.nvmlDeviceGetCount()):
+                parent = self.nvml.nvmlDeviceGetHandleByIndex(index)
+                for _, handle in self._mig_instances(parent):
+                    if self.uuid(handle) == selector:
+                        return handle
+            raise
+
+    def uuid(self, handle: Any) -> str | None:
+        try:
+            value = self.nvml.nvmlDeviceGetUUID(handle)
+        except self.errors:
+            return None
+        return value.decode() if isinstance(value, bytes) else str(value)
 
     def memory(self, handle: Any) -> tuple[float, float]:
-        """(used, total) MiB of one device."""
+        """(used, total) MiB of one device (or MIG instance)."""
         info: Any = None
         if self._v2 is not None:
             try:
                 info = self.nvml.nvmlDeviceGetMemoryInfo(handle, version=self._v2)
             except self.errors:
-                self._v2 = None  # old driver: v1 from now on
+                self._v2 = None  # old driver (or a MIG instance without v2): v1 from now on
         if info is None:
             info = self.nvml.nvmlDeviceGetMemoryInfo(handle)
         return info.used / MIB, info.total / MIB
 
     def read(self) -> VramReading | None:
         try:
-            pairs = [self.memory(h) for h in self.handles]
+            devices = tuple(DeviceMemory(name, *self.memory(h)) for name, h in self.devices)
         except self.errors as exc:
             log.debug("NVML read failed: %s", exc)
             return None
-        return VramReading("nvml", sum(u for u, _ in pairs), sum(t for _, t in pairs))
+        return VramReading("nvml", devices)
 
     def processes(self, handle: Any) -> list[tuple[int, float]]:
         """(pid, used MiB) of the compute processes on one device; slow, so called rarely."""
@@ -158,62 +263,6 @@ def _import_pynvml() -> Any:
     import pynvml
 
     return pynvml
-
-
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-
-
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Metric name → value, summed over label sets (several GPUs or models add up)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line.strip())
-        if not match:
-            continue
-        try:
-            value = float(match.group(3))
-        except ValueError:
-            continue
-        out[match.group(1)] = out.get(match.group(1), 0.0) + value
-    return out
-
-
-def reading_from_metrics(metrics: dict[str, float]) -> VramReading | None:
-    """KV usage from the engine's metrics, device memory from the mock or a DCGM exporter."""
-    kv = next((metrics[name] for name in KV_METRICS if name in metrics), None)
-    used = total = None
-    simulated = "mock_vram_used_bytes" in metrics
-    if simulated:
-        used = metrics["mock_vram_used_bytes"] / MIB
-        total = metrics.get("mock_vram_total_bytes", 0.0) / MIB or None
-    elif "DCGM_FI_DEV_FB_USED" in metrics:
-        used = metrics["DCGM_FI_DEV_FB_USED"]  # DCGM reports MiB
-        total = used + metrics.get("DCGM_FI_DEV_FB_FREE", 0.0) or None
-    if kv is None and used is None:
-        return None
-    # The mock's memory grows with load; a real engine exposing KV usage reserved it at start.
-    return VramReading("metrics", used, total, kv, preallocated=kv is not None and not simulated)
-
-
-class MetricsSampler:
-    """The server's Prometheus ``/metrics`` (or a DCGM exporter URL)."""
-
-    source: VramSource = "metrics"
-
-    def __init__(self, fetch: Callable[[], str]) -> None:
-        self.fetch = fetch
-
-    def read(self) -> VramReading | None:
-        try:
-            return reading_from_metrics(parse_prometheus(self.fetch()))
-        except Exception as exc:  # any scrape failure just means "no sample"
-            log.debug("metrics scrape failed: %s", exc)
-            return None
-
-    def close(self) -> None:
-        return None
 
 
 @dataclass(frozen=True)
@@ -239,23 +288,13 @@ def gpu_snapshot(devices: Sequence[str] | None = None, *, nvml: Any = None) -> G
     try:
         rows: list[dict[str, Any]] = []
         procs: list[tuple[int, float]] = []
-        for index, handle in enumerate(sampler.handles):
+        for name, handle in sampler.devices:
             try:
-                used, total = sampler.memory(handle)
+                memory = DeviceMemory(name, *sampler.memory(handle))
             except sampler.errors:
                 continue
-            uuid = _uuid(sampler, handle)
-            rows.append({"index": index, "uuid": uuid, "used_mib": round(used, 1),
-                         "total_mib": round(total, 1)})  # fmt: skip
+            rows.append({**memory.to_json(), "uuid": sampler.uuid(handle)})
             procs.extend(sampler.processes(handle))
         return GpuSnapshot(tuple(rows), tuple(procs))
     finally:
         sampler.close()
-
-
-def _uuid(sampler: NvmlSampler, handle: Any) -> str | None:
-    try:
-        value = sampler.nvml.nvmlDeviceGetUUID(handle)
-    except sampler.errors:
-        return None
-    return value.decode() if isinstance(value, bytes) else value

@@ -27,7 +27,8 @@ __all__ = ["Kind", "read_rows"]  # tables are read through here as well as writt
 _COMMON = ["items", "total_s", "per_item_mean_s", "per_item_p50_s", "per_item_p90_s",
            "per_item_p99_s", "per_item_max_s", "ttft_p50_s", "items_per_s", "output_tokens_per_s",
            "peak_vram_mib", "vram_idle_mib", "vram_total_mib", "pressure", "pressure_source",
-           "peak_kv_usage", "vram_source", "errors", "error_kinds", "first_done_s", "last_done_s"]  # fmt: skip
+           "pressure_metric", "peak_kv_usage", "per_device", "server_queue_max", "vram_source",
+           "errors", "error_kinds", "first_done_s", "last_done_s"]  # fmt: skip
 COLUMNS: dict[str, list[str]] = {
     "ladder": ["batch_size", "concurrency", "rounds", *_COMMON, "baseline_match",
                "baseline_items", "verdict", "reason"],
@@ -42,12 +43,19 @@ def kinds_text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def _json_text(value: Any) -> str | None:
+    """Per-device figures as compact JSON in one CSV cell (already text when read back)."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":")) if value else None
+
+
 def write_tiers_csv(
     path: Path, rows: Sequence[Mapping[str, Any]], kind: Kind, vram_source: str
 ) -> Path:
     """One row per tier (or level), the SPEC columns in a fixed order."""
-    records = [{**r, "error_kinds": kinds_text(r.get("error_kinds")), "vram_source": vram_source}
-               for r in rows]  # fmt: skip
+    records = [{**r, "error_kinds": kinds_text(r.get("error_kinds")), "vram_source": vram_source,
+                "per_device": _json_text(r.get("per_device"))} for r in rows]  # fmt: skip
     import pandas as pd  # imported on use: every command's start and --help stay light
 
     frame = pd.DataFrame(records, columns=COLUMNS[kind])
@@ -96,6 +104,7 @@ _LADDER: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("tok/s", lambda r: _f(r.get("output_tokens_per_s"), ".0f")),
     ("peak MiB", lambda r: _f(r.get("peak_vram_mib"), ".0f")),
     ("pressure", _pressure),
+    ("queue", lambda r: _f(r.get("server_queue_max"), ".0f")),
     ("errors", lambda r: f"{int(r['errors'])} {kinds_text(r.get('error_kinds'))}".strip()),
     ("match", _match),
     ("verdict", lambda r: str(r["verdict"])),
@@ -113,6 +122,7 @@ _SWEEP: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("p99 s", lambda r: _f(r.get("per_item_p99_s"), ".3f")),
     ("ttft p50", lambda r: _f(r.get("ttft_p50_s"), ".3f")),
     ("peak MiB", lambda r: _f(r.get("peak_vram_mib"), ".0f")),
+    ("queue", lambda r: _f(r.get("server_queue_max"), ".0f")),
     ("errors", lambda r: f"{int(r['errors'])} {kinds_text(r.get('error_kinds'))}".strip()),
     ("verdict", lambda r: str(r["verdict"]) + (" (over server cap)" if _true(r.get("capped_by_server")) else "")),
 ]  # fmt: skip
@@ -128,8 +138,8 @@ def _columns(kind: Kind) -> list[tuple[str, Callable[[Mapping[str, Any]], str]]]
 
 # On a narrow terminal these go first (in this order), so the cells left stay readable.
 _DROP_FIRST: dict[Kind, tuple[str, ...]] = {
-    "ladder": ("rounds", "max s", "p90 s", "items", "tok/s", "p50 s", "conc", "match"),
-    "sweep": ("ttft p50", "p99 s", "items", "batch", "total s", "tok/s", "p90 s", "p50 s"),
+    "ladder": ("rounds", "max s", "p90 s", "items", "queue", "tok/s", "p50 s", "conc", "match"),
+    "sweep": ("ttft p50", "p99 s", "items", "batch", "total s", "queue", "tok/s", "p90 s", "p50 s"),
 }
 
 

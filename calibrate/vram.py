@@ -1,19 +1,21 @@
 """The VRAM monitor: the chosen samplers polled on one daemon thread, peaks kept per window.
 
 A window is a round of the ladder or a level of the sweep: ``open_window`` samples the idle
-value just before it, ``close_window`` returns the peak seen while it ran.
+value just before it, ``close_window`` returns the peak seen while it ran — per device, the
+pressure that counts, and the most requests the server held in its queue.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from calibrate.engine_metrics import MetricsSampler
 from calibrate.gpu import (
     PREALLOCATING_KINDS,
-    MetricsSampler,
+    DeviceMemory,
     NullSampler,
     NvmlSampler,
     Pressure,
@@ -27,22 +29,35 @@ SourceChoice = Literal["auto", "nvml", "metrics", "none"]
 
 @dataclass(frozen=True)
 class VramSample:
-    """The merged view of one poll: device memory, KV usage, and the pressure that counts."""
+    """The merged view of one poll: device memory, KV usage, the pressure that counts, the queue."""
 
-    used_mib: float | None
-    total_mib: float | None
+    devices: tuple[DeviceMemory, ...]
     kv_usage: float | None
     pressure: Pressure
     nvml_used_mib: float | None = None
+    server_queue: float | None = None
+    queue_metric: str | None = None
+
+    @property
+    def used_mib(self) -> float | None:
+        return sum(d.used_mib for d in self.devices) if self.devices else None
+
+    @property
+    def total_mib(self) -> float | None:
+        totals = [d.total_mib for d in self.devices if d.total_mib]
+        return sum(totals) if totals else None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "used_mib": _r(self.used_mib),
             "total_mib": _r(self.total_mib),
+            "devices": [d.to_json() for d in self.devices],
             "kv_usage": _r(self.kv_usage, 4),
             "pressure": _r(self.pressure.value, 4),
             "pressure_source": self.pressure.source,
+            "pressure_metric": self.pressure.text,
             "nvml_used_mib": _r(self.nvml_used_mib),
+            "server_queue": self.server_queue,
         }
 
 
@@ -54,6 +69,8 @@ class WindowPeak:
     peak_kv_usage: float | None
     total_mib: float | None
     samples: int
+    devices: tuple[DeviceMemory, ...] = ()  # each device's own peak
+    server_queue_max: float | None = None  # None: the server exports no queue gauge
 
 
 def _r(value: float | None, digits: int = 1) -> float | None:
@@ -63,22 +80,35 @@ def _r(value: float | None, digits: int = 1) -> float | None:
 def merge(
     readings: Sequence[VramReading], *, preallocating_kind: bool = False
 ) -> VramSample | None:
-    """Device memory from the server's own metrics (mock, DCGM) before local NVML; KV from metrics."""
+    """Device memory from the server's own metrics (mock, DCGM) before local NVML; KV and the
+    queue from metrics."""
     if not readings:
         return None
     metrics = next((r for r in readings if r.source == "metrics"), None)
     nvml = next((r for r in readings if r.source == "nvml"), None)
-    device = metrics if metrics is not None and metrics.used_mib is not None else nvml
-    kv = metrics.kv_usage if metrics is not None else None
+    device = metrics if metrics is not None and metrics.devices else nvml
     preallocated = preallocating_kind or (metrics is not None and metrics.preallocated)
-    used = device.used_mib if device else None
-    total = device.total_mib if device else None
-    pressure = choose_pressure(
-        used_mib=used, total_mib=total, kv_usage=kv, preallocated=preallocated
+    pressure = choose_pressure(device, metrics, preallocated=preallocated)
+    return VramSample(
+        device.devices if device else (),
+        metrics.kv_usage if metrics else None,
+        pressure,
+        nvml.used_mib if nvml else None,
+        metrics.server_queue if metrics else None,
+        metrics.queue_metric if metrics else None,
     )
-    if pressure.source == "nvml" and device is metrics:
-        pressure = Pressure(pressure.value, "metrics")
-    return VramSample(used, total, kv, pressure, nvml.used_mib if nvml else None)
+
+
+def device_peaks(seen_sets: Iterable[Sequence[DeviceMemory]]) -> tuple[DeviceMemory, ...]:
+    """Each device's highest use over samples (or windows), in the order devices first appear."""
+    peaks: dict[str, DeviceMemory] = {}
+    for devices in seen_sets:
+        for d in devices:
+            seen = peaks.get(d.device)
+            if seen is None or d.used_mib > seen.used_mib:
+                peaks[d.device] = DeviceMemory(d.device, d.used_mib,
+                                               d.total_mib or (seen.total_mib if seen else None))  # fmt: skip
+    return tuple(peaks.values())
 
 
 class VramMonitor:
@@ -103,11 +133,11 @@ class VramMonitor:
     @property
     def source(self) -> str:
         """``nvml``, ``metrics``, ``nvml+metrics`` or ``none`` — named in every report."""
-        return "+".join(s.source for s in self.samplers) or "none"
+        return "+".join(s.source for s in self.samplers if s.source != "none") or "none"
 
     @property
     def measured(self) -> bool:
-        return bool(self.samplers)
+        return self.source != "none"
 
     @property
     def last(self) -> VramSample | None:
@@ -116,6 +146,19 @@ class VramMonitor:
 
     def nvml(self) -> NvmlSampler | None:
         return next((s for s in self.samplers if isinstance(s, NvmlSampler)), None)
+
+    def describe(self) -> str:
+        """The "VRAM source:" line: sources, what the pressure is read from, the queue gauge."""
+        sample = self.last or self.sample()
+        parts = [f"{self.source} (every {self.interval_s:g} s)"]
+        if sample is not None and sample.pressure.source != "none":
+            count = len(sample.devices)
+            fullest = count > 1 and sample.pressure.source != "kv_cache"
+            parts.append(f"pressure from {sample.pressure.text}"
+                         + (f", the fullest of {count} devices" if fullest else ""))  # fmt: skip
+        if sample is not None and sample.queue_metric:
+            parts.append(f"server queue: {sample.queue_metric}")
+        return "; ".join(parts)
 
     def sample(self) -> VramSample | None:
         readings = [r for s in self.samplers if (r := s.read()) is not None]
@@ -130,23 +173,24 @@ class VramMonitor:
         """Start a new window; the sample taken now is its idle value."""
         with self._lock:
             self._window = []
-        return self.sample() if self.measured else None
+        return self.sample() if self.samplers else None
 
     def close_window(self, idle: VramSample | None) -> WindowPeak:
-        if self.measured:
+        if self.samplers:
             self.sample()  # the end state counts too, however short the window
         with self._lock:
             window, self._window = self._window, []
         used = [s.used_mib for s in window if s.used_mib is not None]
         kv = [s.kv_usage for s in window if s.kv_usage is not None]
+        queue = [s.server_queue for s in window if s.server_queue is not None]
         top = max(window, key=lambda s: s.pressure.value or 0.0, default=None)
         pressure = top.pressure if top else Pressure(None, "none")
         total = next((s.total_mib for s in window if s.total_mib), None)
         return WindowPeak(idle, max(used, default=None), pressure, max(kv, default=None),
-                          total, len(window))  # fmt: skip
+                          total, len(window), device_peaks(s.devices for s in window), max(queue, default=None))  # fmt: skip
 
     def start(self) -> VramMonitor:
-        if self.measured and self._thread is None:
+        if self.samplers and self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="vram-sampler", daemon=True)
             self._thread.start()
         return self
@@ -171,7 +215,10 @@ def choose_samplers(
     devices: Sequence[str] | None = None,
     nvml: Any = None,
 ) -> list[VramSampler]:
-    """Automatic: NVML when it works and the server's /metrics when it answers; both if both."""
+    """Automatic: NVML when it works and the server's /metrics when it answers; both if both.
+
+    A /metrics with only a queue gauge is kept for the queue (its source stays ``none``).
+    """
     out: list[VramSampler] = []
     if choice in ("auto", "nvml"):
         sampler = NvmlSampler.open(devices, nvml=nvml)

@@ -1,205 +1,139 @@
-"""VRAM samplers with a fake pynvml-shaped probe (no GPU here), /metrics parsing, pressure."""
+"""NVML sampling with a hand-written fake pynvml (no GPU here): per device, MIG, snapshots."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
 from calibrate.gpu import (
-    MIB,
+    DeviceMemory,
     NvmlSampler,
     Pressure,
     VramReading,
     choose_pressure,
     gpu_snapshot,
-    parse_prometheus,
-    reading_from_metrics,
 )
-from calibrate.vram import VramMonitor, choose_samplers, merge
+from calibrate.vram import VramMonitor, merge
+from tests.fakes.nvml import FakeGpu, FakeNvml, mig
 
 
-class FakeNvml:
-    """Shaped like pynvml: module-level functions, NVMLError, nvmlMemory_v2."""
-
-    class NVMLError(Exception):
-        pass
-
-    class NVMLLibraryMismatchError(Exception):  # not an NVMLError subclass, as in pynvml
-        pass
-
-    nvmlMemory_v2 = 0x02000028
-
-    def __init__(self, devices: list[dict[str, Any]], *, v2: bool = True,
-                 init_error: type[Exception] | None = None) -> None:  # fmt: skip
-        self.devices = devices
-        self.v2 = v2
-        self.init_error = init_error
-        self.calls: list[str] = []
-        self.shutdowns = 0
-
-    def nvmlInit(self) -> None:
-        if self.init_error is not None:
-            raise self.init_error("Driver Not Loaded")
-
-    def nvmlShutdown(self) -> None:
-        self.shutdowns += 1
-
-    def nvmlDeviceGetCount(self) -> int:
-        return len(self.devices)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
-        if index >= len(self.devices):
-            raise self.NVMLError("Invalid Argument")
-        return index
-
-    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:
-        for i, d in enumerate(self.devices):
-            if d["uuid"] == uuid:
-                return i
-        raise self.NVMLError("Not Found")
-
-    def nvmlDeviceGetUUID(self, handle: int) -> bytes:
-        return str(self.devices[handle]["uuid"]).encode()
-
-    def nvmlDeviceGetMemoryInfo(self, handle: int, version: int | None = None) -> Any:
-        if version is not None and not self.v2:
-            raise self.NVMLError("Function Not Found")
-        self.calls.append("v2" if version else "v1")
-        d = self.devices[handle]
-        return SimpleNamespace(used=d["used"] * MIB, total=d["total"] * MIB)
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[Any]:
-        return [
-            SimpleNamespace(pid=p, usedGpuMemory=m * MIB) for p, m in self.devices[handle]["procs"]
-        ]
+def two() -> list[FakeGpu]:
+    return [
+        FakeGpu("GPU-aaa", 1000, 80000, [(4242, 900)]),
+        FakeGpu("GPU-bbb", 3000, 80000, [(5151, 2900), (6, 10)]),
+    ]
 
 
-TWO = [
-    {"uuid": "GPU-aaa", "used": 1000, "total": 80000, "procs": [(4242, 900)]},
-    {"uuid": "GPU-bbb", "used": 3000, "total": 80000, "procs": [(5151, 2900), (6, 10)]},
-]
-
-
-def test_nvml_sums_devices_with_memory_v2() -> None:
-    fake = FakeNvml(TWO)
+def test_nvml_reads_each_device_with_memory_v2() -> None:
+    fake = FakeNvml(two())
     sampler = NvmlSampler.open(nvml=fake)
     assert sampler is not None
-    assert sampler.read() == VramReading("nvml", 4000.0, 160000.0)
+    reading = sampler.read()
+    assert reading == VramReading(
+        "nvml", (DeviceMemory("0", 1000.0, 80000.0), DeviceMemory("1", 3000.0, 80000.0))
+    )
+    assert reading.used_mib == 4000.0 and reading.total_mib == 160000.0
     assert fake.calls == ["v2", "v2"]
 
 
+def test_pressure_is_the_fullest_device_never_the_average() -> None:
+    # GPU0 at 95 %, GPU1 at 10 %: summed that reads 52 % and the 90 % VRAM rule never fires
+    fake = FakeNvml([FakeGpu("GPU-aaa", 76000, 80000), FakeGpu("GPU-bbb", 8000, 80000)])
+    sampler = NvmlSampler.open(nvml=fake)
+    assert sampler is not None
+    merged = merge([r for r in [sampler.read()] if r is not None])
+    assert merged is not None
+    assert merged.pressure == Pressure(0.95, "nvml", "device 0")
+    assert merged.pressure.text == "nvml: device 0"
+    assert merged.used_mib == 84000.0  # the memory the server holds is still the sum
+
+
 def test_nvml_falls_back_to_v1_and_selects_by_uuid_or_index() -> None:
-    fake = FakeNvml(TWO, v2=False)
+    fake = FakeNvml(two(), v2=False)
     by_uuid = NvmlSampler.open(["GPU-bbb"], nvml=fake)
-    assert by_uuid is not None and by_uuid.read() == VramReading("nvml", 3000.0, 80000.0)
+    assert by_uuid is not None
+    assert by_uuid.read() == VramReading("nvml", (DeviceMemory("GPU-bbb", 3000.0, 80000.0),))
     assert fake.calls == ["v1"]
     by_index = NvmlSampler.open(["0"], nvml=fake)
-    assert by_index is not None and by_index.read() == VramReading("nvml", 1000.0, 80000.0)
+    assert by_index is not None
+    assert by_index.read() == VramReading("nvml", (DeviceMemory("0", 1000.0, 80000.0),))
 
 
 @pytest.mark.parametrize("error", [FakeNvml.NVMLError, FakeNvml.NVMLLibraryMismatchError, OSError])
 def test_no_driver_or_library_mismatch_means_no_sampler(error: type[Exception]) -> None:
-    assert NvmlSampler.open(nvml=FakeNvml(TWO, init_error=error)) is None
-    assert gpu_snapshot(nvml=FakeNvml(TWO, init_error=error)) is None
+    assert NvmlSampler.open(nvml=FakeNvml(two(), init_error=error)) is None
+    assert gpu_snapshot(nvml=FakeNvml(two(), init_error=error)) is None
 
 
-def test_gpu_snapshot_lists_devices_and_processes() -> None:
-    fake = FakeNvml(TWO)
+def test_gpu_snapshot_lists_devices_with_pressure_and_processes() -> None:
+    fake = FakeNvml(two())
     snap = gpu_snapshot(nvml=fake)
     assert snap is not None
     assert [d["uuid"] for d in snap.devices] == ["GPU-aaa", "GPU-bbb"]
-    assert snap.devices[1]["used_mib"] == 3000.0 and snap.devices[1]["total_mib"] == 80000.0
+    assert snap.devices[1] == {"device": "1", "uuid": "GPU-bbb", "used_mib": 3000.0,
+                               "total_mib": 80000.0, "pressure": 0.0375}  # fmt: skip
     assert snap.processes == ((4242, 900.0), (5151, 2900.0), (6, 10.0))
     assert fake.shutdowns == 1
-    only = gpu_snapshot(["GPU-aaa"], nvml=FakeNvml(TWO))
+    only = gpu_snapshot(["GPU-aaa"], nvml=FakeNvml(two()))
     assert only is not None and only.processes == ((4242, 900.0),)
 
 
-def test_pressure_choice() -> None:
-    # pre-allocating engine: NVML is flat near full, the KV cache tells the load
-    assert choose_pressure(
-        used_mib=76000, total_mib=80000, kv_usage=0.3, preallocated=True
-    ) == Pressure(0.3, "kv_cache")
-    # memory that grows with load: used/total
-    assert choose_pressure(
-        used_mib=40000, total_mib=80000, kv_usage=0.3, preallocated=False
-    ) == Pressure(0.5, "nvml")
-    assert choose_pressure(
-        used_mib=None, total_mib=None, kv_usage=0.7, preallocated=False
-    ) == Pressure(0.7, "kv_cache")
-    assert choose_pressure(used_mib=None, total_mib=None, kv_usage=None, preallocated=False) == Pressure(None, "none")  # fmt: skip
+def mig_machine() -> list[FakeGpu]:
+    """One A100 80 GB in MIG mode with two 20 GB instances (slot 1 empty), and a plain GPU."""
+    parent = FakeGpu("GPU-par", 27000, 81920)
+    parent.migs = [mig("MIG-a1", 19000, 20000, (7001, 18800)), None, mig("MIG-b2", 2000, 20000)]
+    return [parent, FakeGpu("GPU-xyz", 500, 81920)]
 
 
-VLLM = """# HELP vllm:kv_cache_usage_perc KV-cache usage.
-# TYPE vllm:kv_cache_usage_perc gauge
-vllm:kv_cache_usage_perc{model_name="m"} 0.25
-vllm:num_requests_running{model_name="m"} 3
-"""
-
-
-def test_metrics_of_a_preallocating_engine_beside_flat_nvml() -> None:
-    kv = reading_from_metrics(parse_prometheus(VLLM))
-    assert kv == VramReading("metrics", None, None, 0.25, preallocated=True)
-    merged = merge([VramReading("nvml", 72000.0, 80000.0), kv])
-    assert merged is not None
-    assert merged.pressure == Pressure(0.25, "kv_cache") and merged.nvml_used_mib == 72000.0
-    # no KV metric at all: NVML decides
-    alone = merge([VramReading("nvml", 72000.0, 80000.0)])
-    assert alone is not None and alone.pressure == Pressure(0.9, "nvml")
-    # [server] kind (vllm, sglang, lmdeploy) says the engine pre-allocates
-    sglang = VramReading("metrics", None, None, 0.4)
-    told = merge([VramReading("nvml", 72000.0, 80000.0), sglang], preallocating_kind=True)
-    assert told is not None and told.pressure == Pressure(0.4, "kv_cache")
-
-
-def test_mock_and_dcgm_metrics_are_device_memory() -> None:
-    mock = parse_prometheus(f"mock_vram_used_bytes {6000 * MIB}\nmock_vram_total_bytes {8000 * MIB}\n"
-                            'vllm:kv_cache_usage_perc{model_name="m"} 0.5\n')  # fmt: skip
-    reading = reading_from_metrics(mock)
-    assert reading == VramReading("metrics", 6000.0, 8000.0, 0.5, preallocated=False)
+@pytest.mark.parametrize("recent_driver", [True, False])
+def test_a_mig_instance_given_by_uuid_is_sampled_as_its_own_device(recent_driver: bool) -> None:
+    # The server runs on MIG-a1: 95 % of its 20 GB, while the parent GPU reads 33 %.
+    fake = FakeNvml(mig_machine(), mig_uuid_lookup=recent_driver)
+    sampler = NvmlSampler.open(["MIG-a1"], nvml=fake)
+    assert sampler is not None
+    reading = sampler.read()
+    assert reading == VramReading("nvml", (DeviceMemory("MIG-a1", 19000.0, 20000.0),))
     merged = merge([reading])
-    assert merged is not None and merged.pressure == Pressure(0.75, "metrics")
-    dcgm = parse_prometheus('DCGM_FI_DEV_FB_USED{gpu="0"} 100\nDCGM_FI_DEV_FB_USED{gpu="1"} 300\n'
-                            'DCGM_FI_DEV_FB_FREE{gpu="0"} 700\nDCGM_FI_DEV_FB_FREE{gpu="1"} 500\n')  # fmt: skip
-    assert reading_from_metrics(dcgm) == VramReading("metrics", 400.0, 1600.0)
-    assert reading_from_metrics(parse_prometheus("other_metric 1\n")) is None
+    assert merged is not None and merged.pressure == Pressure(0.95, "nvml", "device MIG-a1")
+    snap = gpu_snapshot(["MIG-a1"], nvml=FakeNvml(mig_machine(), mig_uuid_lookup=recent_driver))
+    assert snap is not None and snap.processes == ((7001, 18800.0),)
+    assert [d["device"] for d in snap.devices] == ["MIG-a1"]
 
 
-class Scripted:
-    source = "metrics"
-
-    def __init__(self, used: list[float]) -> None:
-        self.used = used
-
-    def read(self) -> VramReading | None:
-        return VramReading("metrics", self.used.pop(0), 1000.0) if self.used else None
-
-    def close(self) -> None:
-        pass
+def test_an_unknown_mig_uuid_means_no_sampler() -> None:
+    assert NvmlSampler.open(["MIG-nope"], nvml=FakeNvml(mig_machine())) is None
 
 
-def test_monitor_window_keeps_idle_and_peak() -> None:
-    monitor = VramMonitor([Scripted([100.0, 900.0, 400.0, 150.0])])
-    idle = monitor.open_window()
-    monitor.sample()
-    monitor.sample()
-    peak = monitor.close_window(idle)
-    assert idle is not None and idle.used_mib == 100.0
-    assert peak.peak_used_mib == 900.0 and peak.peak_pressure == Pressure(0.9, "metrics")
-    assert peak.samples == 4 and monitor.source == "metrics"
+def test_all_devices_lists_mig_instances_instead_of_their_parent() -> None:
+    fake = FakeNvml(mig_machine())
+    sampler = NvmlSampler.open(nvml=fake)
+    assert sampler is not None
+    reading = sampler.read()
+    assert reading is not None
+    assert [d.device for d in reading.devices] == ["MIG-a1", "MIG-b2", "1"]
+    assert fake.calls == ["v2 mig", "v2 mig", "v2"]
+    fullest = reading.fullest
+    assert fullest is not None and fullest.device == "MIG-a1"
 
 
-def test_automatic_choice() -> None:
-    def no_metrics() -> str:
-        raise OSError("nothing there")
+def test_pressure_choice() -> None:
+    flat = VramReading("nvml", (DeviceMemory("0", 76000, 80000),))
+    kv = VramReading("metrics", kv_usage=0.3, kv_metric="vllm:kv_cache_usage_perc")
+    # pre-allocating engine: NVML is flat near full, the KV cache tells the load
+    assert choose_pressure(flat, kv, preallocated=True) == Pressure(
+        0.3, "kv_cache", "vllm:kv_cache_usage_perc"
+    )
+    assert choose_pressure(flat, kv, preallocated=True).text == "metrics: vllm:kv_cache_usage_perc"
+    # memory that grows with load: used/total
+    half = VramReading("nvml", (DeviceMemory("0", 40000, 80000),))
+    assert choose_pressure(half, kv, preallocated=False) == Pressure(0.5, "nvml", "device 0")
+    assert choose_pressure(None, kv, preallocated=False).value == 0.3
+    assert choose_pressure(None, None, preallocated=False) == Pressure(None, "none")
+    assert Pressure(None, "none").text == "none"
 
-    assert choose_samplers("auto", no_metrics, nvml=FakeNvml(TWO, init_error=OSError)) == []
-    both = choose_samplers("auto", lambda: VLLM, nvml=FakeNvml(TWO))
-    assert [s.source for s in both] == ["nvml", "metrics"]
-    assert [s.source for s in choose_samplers("metrics", lambda: VLLM, nvml=FakeNvml(TWO))] == [
-        "metrics"
-    ]
-    assert choose_samplers("none", lambda: VLLM, nvml=FakeNvml(TWO)) == []
-    assert VramMonitor([]).source == "none"
+
+def test_monitor_source_line_names_the_fullest_device() -> None:
+    fake = FakeNvml([FakeGpu("GPU-aaa", 1000, 80000), FakeGpu("GPU-bbb", 76000, 80000)])
+    sampler = NvmlSampler.open(nvml=fake)
+    assert sampler is not None
+    line = VramMonitor([sampler]).describe()
+    assert line == "nvml (every 0.05 s); pressure from nvml: device 1, the fullest of 2 devices"

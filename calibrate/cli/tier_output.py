@@ -6,7 +6,7 @@ The logic (samplers, incidents, --compare, the ledger verdict) is in ``stages.ti
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,6 +27,7 @@ from calibrate.stages.tier_run import (
     record_run,
     save_table_baseline,
 )
+from calibrate.stages.tiers import queue_note
 from calibrate.vram import VramMonitor
 
 
@@ -49,8 +50,9 @@ def add_tier_args(parser: argparse.ArgumentParser, kind: str) -> None:
         metavar="ID",
         action="append",
         default=None,
-        help="NVML device index or UUID the server uses (repeatable; default all). NVML numbers "
-        "devices in nvidia-smi order and ignores CUDA_VISIBLE_DEVICES: UUIDs are safest",
+        help="NVML device index, GPU- or MIG- UUID the server uses (repeatable; default: the "
+        "managed server's CUDA_VISIBLE_DEVICES, else all). NVML numbers devices in nvidia-smi "
+        "order and ignores CUDA_VISIBLE_DEVICES: UUIDs are safest",
     )
     add(
         "--gpu-metrics-url",
@@ -100,7 +102,7 @@ def measure_spec(args: argparse.Namespace) -> MeasureSpec:
 
 def announce(out: Output, monitor: VramMonitor) -> None:
     if monitor.measured:
-        out.say(f"VRAM source: {monitor.source} (every {monitor.interval_s:g} s)")
+        out.say(f"VRAM source: {monitor.describe()}")
     else:
         out.warn("VRAM not measured (no NVML, no usable /metrics): the VRAM stop rule is skipped")
 
@@ -178,7 +180,7 @@ def finish_run(
     if saved := save_table_baseline(spec, ctx, kind):
         dest, kept = saved
         out.say(f"baseline written: {dest}" + (f" (previous kept as {kept})" if kept else ""))
-    for note in notes:
+    for note in [*notes, *queue_notes(rows)]:
         out.warn(note)
     warn_if_client_bound(out, selfload)
     entry = record_run(
@@ -190,6 +192,12 @@ def finish_run(
         interrupted=interrupted,
     )
     return comparison, entry
+
+
+def queue_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One note per tier or level during which the server queued requests (explains a knee)."""
+    found = (queue_note(r.get("server_queue_max"), int(r["concurrency"])) for r in rows)
+    return [note for note in found if note]
 
 
 def warn_if_client_bound(out: Output, selfload: SelfLoadMonitor) -> None:

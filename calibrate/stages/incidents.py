@@ -217,7 +217,10 @@ class IncidentRecorder:
             out["round_peak"] = {"used_mib": peak.peak_used_mib, "total_mib": peak.total_mib,
                                  "kv_usage": peak.peak_kv_usage,
                                  "pressure": peak.peak_pressure.value,
-                                 "pressure_source": peak.peak_pressure.source}  # fmt: skip
+                                 "pressure_source": peak.peak_pressure.source,
+                                 "pressure_metric": peak.peak_pressure.text,
+                                 "devices": [d.to_json() for d in peak.devices],
+                                 "server_queue_max": peak.server_queue_max}  # fmt: skip
         if snap is not None:
             out.update(snap.to_json())
         if last is not None:

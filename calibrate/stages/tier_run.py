@@ -8,7 +8,7 @@ one ledger verdict (a regression or an interruption is never a pass, SPEC §4.2)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +18,7 @@ from calibrate.errors import UsageError
 from calibrate.gpu import NvmlSampler
 from calibrate.records import LedgerEntry
 from calibrate.selfload import SelfLoadMonitor
+from calibrate.server.devices import managed_server_devices
 from calibrate.stages.compare_tiers import (
     TableKind,
     TierComparison,
@@ -42,9 +43,9 @@ class MeasureSpec:
     tolerance: float = 0.2
     save_baseline: bool = False
 
-    @property
-    def devices(self) -> list[str] | None:
-        return list(self.gpus) if self.gpus else None
+    def devices(self, runs_dir: Path) -> Sequence[str] | None:
+        """``--gpu``, else the managed server's CUDA_VISIBLE_DEVICES (a MIG instance), else all."""
+        return list(self.gpus) if self.gpus else managed_server_devices(runs_dir)
 
 
 def preflight(spec: MeasureSpec) -> None:
@@ -56,7 +57,7 @@ def preflight(spec: MeasureSpec) -> None:
             f"--compare {spec.compare}: no such file",
             "Write one first with --save-baseline, or fix the path.",
         )
-    if spec.vram_source == "nvml" and NvmlSampler.open(spec.devices) is None:
+    if spec.vram_source == "nvml" and NvmlSampler.open(list(spec.gpus or ())) is None:
         # asked for by name: measuring nothing would silently switch the VRAM rule off
         raise UsageError(
             "--vram-source nvml: NVML is not available here (no NVIDIA driver, or no GPU)",
@@ -72,8 +73,8 @@ def start_monitor(spec: MeasureSpec, ctx: StageContext) -> VramMonitor:
         text = client.get_text("/metrics")
         return text + "\n" + client.get_text(url) if url else text
 
-    samplers = choose_samplers(spec.vram_source, fetch, devices=spec.devices)
-    if spec.vram_source == "metrics" and not samplers:
+    samplers = choose_samplers(spec.vram_source, fetch, devices=spec.devices(ctx.config.runs_dir))
+    if spec.vram_source == "metrics" and all(s.source == "none" for s in samplers):
         raise UsageError(
             "--vram-source metrics: the server's /metrics has no usable memory or KV-cache figure",
             "Use --vram-source auto (measures what it can, says what it could not).",
@@ -104,7 +105,7 @@ def measuring(spec: MeasureSpec, ctx: StageContext) -> Iterator[Measuring]:
         monitor,
         runs_dir=ctx.config.runs_dir,
         server_pid=spec.server_pid,
-        devices=spec.devices,
+        devices=spec.devices(ctx.config.runs_dir),
     )
     try:
         yield Measuring(monitor, selfload, incidents)

@@ -9,8 +9,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from calibrate.errors import ErrorInfo
+from calibrate.gpu import DeviceMemory
 from calibrate.records import Usage
-from calibrate.vram import WindowPeak
+from calibrate.vram import WindowPeak, device_peaks
 
 Verdict = Literal["fail", "stop: vram", "stop: latency", "pass"]
 StopReason = Literal["failure", "vram", "latency", "completed", "interrupted"]
@@ -81,12 +82,16 @@ class Stats:
     last_done_s: float | None
     baseline_match: int | None
     baseline_items: int
+    pressure_metric: str | None = None  # "metrics: vllm:kv_cache_usage_perc", "nvml: device 1"
+    server_queue_max: int | None = None  # None: the server exports no queue gauge
+    per_device: tuple[DeviceMemory, ...] = ()  # each device's peak (pressure is the fullest's)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         for key, value in out.items():
             if isinstance(value, float):
                 out[key] = round(value, 6)
+        out["per_device"] = [d.to_json() for d in self.per_device]
         return out
 
     @property
@@ -115,6 +120,7 @@ def summarise(
     kv = [p.peak_kv_usage for p in peaks if p.peak_kv_usage is not None]
     top = max(peaks, key=lambda p: p.peak_pressure.value or 0.0, default=None)
     idle = next((p.idle.used_mib for p in peaks if p.idle is not None), None)
+    queue = [p.server_queue_max for p in peaks if p.server_queue_max is not None]
     match = None
     if baseline_text is not None:
         match = sum(1 for i in items if i.ok and i.text == baseline_text)
@@ -136,7 +142,19 @@ def summarise(
         errors=sum(kinds.values()), error_kinds=dict(sorted(kinds.items())),
         first_done_s=min(done, default=None), last_done_s=max(done, default=None),
         baseline_match=match, baseline_items=len(items) if baseline_text is not None else 0,
+        pressure_metric=top.peak_pressure.text if top and top.peak_pressure.value is not None else None,
+        server_queue_max=round(max(queue)) if queue else None,
+        per_device=device_peaks(p.devices for p in peaks),
     )  # fmt: skip
+
+
+def queue_note(server_queue_max: int | None, concurrency: int) -> str | None:
+    """Why throughput stopped growing, when the server itself queued requests (SPEC §8)."""
+    if not server_queue_max or server_queue_max < 1:
+        return None
+    requests = "request" if server_queue_max == 1 else "requests"
+    return (f"the server queued up to {server_queue_max} {requests} at concurrency {concurrency}: "
+            f"its cap is below {concurrency} in flight")  # fmt: skip
 
 
 @dataclass(frozen=True)

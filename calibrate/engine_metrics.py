@@ -1,0 +1,155 @@
+"""What a server's Prometheus ``/metrics`` says about memory: KV-cache usage, the queue gauge,
+and device memory (the mock's simulated VRAM, or a DCGM exporter for GPUs on another machine).
+
+Every gauge is the **maximum** over its label sets: two engines at 0.6 KV usage are at 0.6, not
+1.2; one waiting request in each of two engines is a queue of 1 per engine, not 2.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection
+from typing import NamedTuple
+
+from calibrate.gpu import MIB, DeviceMemory, VramReading, VramSource
+from calibrate.prometheus import Scrape, Series, max_value, parse_prometheus
+
+log = logging.getLogger("calibrate")
+
+# In the order they are preferred; all are fractions (1 means 100 %) where documented.
+KV_METRICS = (
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",  # vLLM < 0.10
+    "sglang:token_usage",
+    "lmdeploy:gpu_cache_usage_perc",
+    "llamacpp:kv_cache_usage_ratio",
+)
+QUEUE_METRICS = (
+    "vllm:num_requests_waiting",
+    "sglang:num_queue_reqs",
+    "llamacpp:requests_deferred",
+    "tgi_queue_size",
+    "lmdeploy:num_requests_waiting",
+)
+
+
+class Gauge(NamedTuple):
+    metric: str
+    value: float
+
+
+class KvUsage(NamedTuple):
+    metric: str
+    usage: float  # 0–1
+    percent: bool  # the engine wrote 0–100 (seen above 1), normalised here
+
+
+def kv_usage(scrape: Scrape, *, percent_metrics: Collection[str] = ()) -> KvUsage | None:
+    """The first KV metric present, maximum over label sets, as a 0–1 fraction.
+
+    The engines above document a fraction; a value above 1 can only be a percentage (some
+    exporters and older builds write 0–100), and once seen so a metric stays read as percent
+    (``percent_metrics``), so its low values later are not mistaken for a nearly full cache.
+    """
+    for name in KV_METRICS:
+        raw = max_value(scrape, name)
+        if raw is None:
+            continue
+        percent = name in percent_metrics or raw > 1.0
+        usage = raw / 100 if percent else raw
+        return KvUsage(name, min(1.0, max(0.0, usage)), percent)
+    return None
+
+
+def queue_depth(scrape: Scrape) -> Gauge | None:
+    """Requests the server holds waiting for a slot: the first queue gauge present, max over
+    label sets."""
+    for name in QUEUE_METRICS:
+        value = max_value(scrape, name)
+        if value is not None:
+            return Gauge(name, max(0.0, value))
+    return None
+
+
+def _device_name(series: Series, position: int) -> str:
+    name = series.label("UUID") or series.label("gpu") or series.label("device") or str(position)
+    instance = series.label("GPU_I_ID")  # a DCGM exporter on a MIG GPU: one series per instance
+    return f"{name}/mig{instance}" if instance else name
+
+
+def _paired(used: list[Series], other: list[Series]) -> list[tuple[Series, Series | None]]:
+    """Each ``used`` series with the ``other`` series of the same label set."""
+    by_labels = {tuple(sorted(s.labels)): s for s in other}
+    return [(s, by_labels.get(tuple(sorted(s.labels)))) for s in used]
+
+
+def device_memory(scrape: Scrape) -> tuple[str, tuple[DeviceMemory, ...]] | None:
+    """(metric, per-device memory) from the mock's simulated VRAM or a DCGM exporter."""
+    if "mock_vram_used_bytes" in scrape:
+        pairs = _paired(scrape["mock_vram_used_bytes"], scrape.get("mock_vram_total_bytes", []))
+        devices = tuple(
+            DeviceMemory(_device_name(u, i), u.value / MIB, t.value / MIB if t else None)
+            for i, (u, t) in enumerate(pairs)
+        )
+        return "mock_vram_used_bytes", devices
+    if "DCGM_FI_DEV_FB_USED" in scrape:  # DCGM reports MiB
+        pairs = _paired(scrape["DCGM_FI_DEV_FB_USED"], scrape.get("DCGM_FI_DEV_FB_FREE", []))
+        devices = tuple(
+            DeviceMemory(_device_name(u, i), u.value, u.value + f.value if f else None)
+            for i, (u, f) in enumerate(pairs)
+        )
+        return "DCGM_FI_DEV_FB_USED", devices
+    return None
+
+
+def reading_from_metrics(
+    scrape: Scrape, *, percent_metrics: Collection[str] = ()
+) -> VramReading | None:
+    """KV usage, device memory and the queue gauge of one scrape; None when it has none."""
+    kv = kv_usage(scrape, percent_metrics=percent_metrics)
+    memory = device_memory(scrape)
+    queue = queue_depth(scrape)
+    if kv is None and memory is None and queue is None:
+        return None
+    simulated = memory is not None and memory[0] == "mock_vram_used_bytes"
+    return VramReading(
+        "metrics",
+        devices=memory[1] if memory else (),
+        kv_usage=kv.usage if kv else None,
+        # The mock's memory grows with load; a real engine exposing KV usage reserved it at start.
+        preallocated=kv is not None and not simulated,
+        kv_metric=kv.metric if kv else None,
+        device_metric=memory[0] if memory else None,
+        server_queue=queue.value if queue else None,
+        queue_metric=queue.metric if queue else None,
+    )
+
+
+class MetricsSampler:
+    """The server's Prometheus ``/metrics`` (and a DCGM exporter URL, appended by ``fetch``).
+
+    ``source`` is ``metrics`` once a scrape measured memory or KV usage; a server exporting only
+    a queue gauge stays ``none`` (VRAM not measured) while its queue is still sampled.
+    """
+
+    def __init__(self, fetch: Callable[[], str]) -> None:
+        self.fetch = fetch
+        self.source: VramSource = "none"
+        self.percent_metrics: set[str] = set()
+
+    def read(self) -> VramReading | None:
+        try:
+            scrape = parse_prometheus(self.fetch())
+        except Exception as exc:  # sampler thread boundary: any scrape failure is "no sample"
+            log.debug("metrics scrape failed: %s", exc)
+            return None
+        kv = kv_usage(scrape, percent_metrics=self.percent_metrics)
+        if kv is not None and kv.percent:
+            self.percent_metrics.add(kv.metric)
+        reading = reading_from_metrics(scrape, percent_metrics=self.percent_metrics)
+        if reading is not None and reading.measures_vram:
+            self.source = "metrics"
+        return reading
+
+    def close(self) -> None:
+        return None

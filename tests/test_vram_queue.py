@@ -1,0 +1,128 @@
+"""Per-device peaks and the server's queue through windows, tiers, tables and the run's notes."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from rich.console import Console
+
+from calibrate import report
+from calibrate.gpu import DeviceMemory, VramReading
+from calibrate.stages.tiers import queue_note, summarise
+from calibrate.vram import VramMonitor
+from tests.mockserver import start_mock
+from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
+
+
+class Scripted:
+    """A metrics-like source that answers the readings it was given, one per read."""
+
+    source = "metrics"
+
+    def __init__(self, readings: list[VramReading]) -> None:
+        self.readings = readings
+
+    def read(self) -> VramReading | None:
+        return self.readings.pop(0) if self.readings else None
+
+    def close(self) -> None:
+        pass
+
+
+def gpus(a: float, b: float, queue: float | None) -> VramReading:
+    return VramReading("metrics", (DeviceMemory("0", a, 1000.0), DeviceMemory("1", b, 1000.0)),
+                       device_metric="DCGM_FI_DEV_FB_USED", server_queue=queue,
+                       queue_metric="vllm:num_requests_waiting" if queue is not None else None)  # fmt: skip
+
+
+def test_queue_note_explains_a_knee_only_when_the_server_queued() -> None:
+    assert queue_note(12, 16) == (
+        "the server queued up to 12 requests at concurrency 16: its cap is below 16 in flight"
+    )
+    assert queue_note(1, 2) == (
+        "the server queued up to 1 request at concurrency 2: its cap is below 2 in flight"
+    )
+    assert queue_note(0, 16) is None and queue_note(None, 16) is None
+
+
+def test_a_window_keeps_each_devices_peak_and_the_deepest_queue() -> None:
+    monitor = VramMonitor([Scripted([gpus(100, 500, 0), gpus(950, 200, 3), gpus(300, 600, 1),
+                                     gpus(100, 500, 0)])])  # fmt: skip
+    idle = monitor.open_window()
+    monitor.sample()
+    monitor.sample()
+    peak = monitor.close_window(idle)
+    assert peak.devices == (DeviceMemory("0", 950, 1000), DeviceMemory("1", 600, 1000))
+    assert peak.server_queue_max == 3 and peak.samples == 4
+    assert peak.peak_pressure.value == 0.95
+    assert peak.peak_pressure.text == "metrics: DCGM_FI_DEV_FB_USED (device 0)"
+    # the same two rounds summed into a tier: devices, queue and pressure named per row
+    other = VramMonitor([Scripted([gpus(100, 990, 5), gpus(100, 100, 0)])])
+    second = other.close_window(other.open_window())
+    tier = summarise(batch_size=8, concurrency=8, round_no=None, items=[], total_s=1.0,
+                     peaks=[peak, second], baseline_text=None)  # fmt: skip
+    assert tier.server_queue_max == 5
+    assert tier.per_device == (DeviceMemory("0", 950, 1000), DeviceMemory("1", 990, 1000))
+    assert (
+        tier.pressure == 0.99 and tier.pressure_metric == "metrics: DCGM_FI_DEV_FB_USED (device 1)"
+    )
+    row = tier.to_json()
+    assert row["per_device"][1] == {"device": "1", "used_mib": 990.0, "total_mib": 1000.0,
+                                    "pressure": 0.99}  # fmt: skip
+    json.dumps(row)  # tiers.jsonl can hold it
+
+
+def test_no_queue_gauge_records_null_not_zero() -> None:
+    monitor = VramMonitor([Scripted([gpus(1, 1, None), gpus(1, 1, None)])])
+    peak = monitor.close_window(monitor.open_window())
+    assert peak.server_queue_max is None
+    stats = summarise(batch_size=1, concurrency=1, round_no=1, items=[], total_s=1.0,
+                      peaks=[peak], baseline_text=None)  # fmt: skip
+    assert stats.to_json()["server_queue_max"] is None
+
+
+def test_queue_column_shows_and_is_dropped_before_the_main_ones(tmp_path: Path) -> None:
+    row = {"batch_size": 16, "concurrency": 16, "rounds": 2, "items": 32, "errors": 0,
+           "verdict": "pass", "server_queue_max": 12, "pressure": 0.5, "pressure_source": "nvml",
+           "per_device": [{"device": "0", "used_mib": 1.0, "total_mib": 2.0, "pressure": 0.5}]}  # fmt: skip
+    csv_path = report.write_tiers_csv(tmp_path / "tiers.csv", [row], "ladder", "nvml")
+    with csv_path.open(newline="", encoding="utf-8") as handle:
+        written = next(csv.DictReader(handle))
+    assert written["server_queue_max"] == "12"
+    assert json.loads(written["per_device"])[0]["pressure"] == 0.5
+    back = report.read_rows(csv_path)
+    wide = Console(width=300, record=True, file=io.StringIO())
+    wide.print(report.tier_table(back, "ladder", width=300))
+    text = wide.export_text()
+    assert "queue" in text and "│    12 │" in text
+    narrow = report.tier_table(back, "ladder", width=80)
+    assert "queue" not in [c.header for c in narrow.columns]
+    assert "queue=12" in report.plain_line(back[0], "ladder")
+
+
+def test_a_ladder_past_the_servers_slots_records_and_explains_the_queue(
+    cli, isolated: Path
+) -> None:
+    # 2 slots: at batch 4 two requests wait in the mock's queue (its vllm:num_requests_waiting)
+    config = FAST.replace("[ladder]\n", "[ladder]\nbatch_sizes = [1, 4]\nrounds = 1\n")
+    with start_mock(ttft_s=0.15, per_token_s=0.0005, slots=2) as mock:
+        open_gate(isolated, mock.base_url, config)
+        result = cli("ladder", "--json")
+    assert result.code == 0, result.err
+    tiers = result.json["tiers_detail"]
+    assert [t["server_queue_max"] for t in tiers] == [0, 2]
+    assert tiers[1]["per_device"][0]["device"] == "0"
+    assert tiers[1]["pressure_metric"] == "metrics: mock_vram_used_bytes"
+    assert "server queue: vllm:num_requests_waiting" in result.err
+    assert "the server queued up to 2 requests at concurrency 4: its cap is below 4 in flight" in (
+        " ".join(result.err.split())
+    )
+    run = run_dir(isolated, result.json["run_id"])
+    assert [t["server_queue_max"] for t in jsonl(run / "tiers.jsonl")] == [0, 2]
+    with (run / "tiers.csv").open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [r["server_queue_max"] for r in rows] == ["0", "2"]
+    assert json.loads(rows[1]["per_device"])[0]["total_mib"] > 0
