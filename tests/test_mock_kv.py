@@ -127,6 +127,7 @@ def test_preempt_answers_everything_but_each_item_costs_more() -> None:
     # Two of eight sequences do not fit: every step recomputes them, three times the work.
     assert wall8 / 8 > 1.2 * wall4 / 4, (wall4, wall8)
     assert max(s["vllm:kv_cache_usage_perc"] for s in samples) == 1.0
+    assert max(s["vllm:num_requests_waiting"] for s in samples) == 2  # preempted, to recompute
 
 
 def test_queue_waits_for_kv_and_the_queue_gauge_says_so() -> None:

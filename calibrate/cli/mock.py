@@ -95,8 +95,8 @@ def register(subparsers: Any) -> None:
                    "(0 = unlimited)")  # fmt: skip
     p.add_argument("--on-kv-full", choices=ON_KV_FULL, default="oom",
                    help="when a request's KV does not fit: oom = it fails with HTTP 500 'CUDA out "
-                   "of memory'; preempt = no error, every decode step slows by 1 + the number of "
-                   "newest sequences that do not fit (vLLM's recompute); queue = it waits for room "
+                   "of memory'; preempt = no error, every decode step takes (1 + k)× as long, k = "
+                   "the newest sequences that do not fit (recomputed, counted as waiting); queue = it waits for room "
                    "for its prompt and answer, counted as queued (default oom)")  # fmt: skip
     p.add_argument("--preallocate", action="store_true",
                    help="used VRAM flat at base + the whole KV capacity from the start (as vLLM "

@@ -20,14 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from calibrate.mock import text
+from calibrate.mock.answer import AnswerLength, Generation, answer
 from calibrate.mock.kv import KvLedger, SeqPlan
 from calibrate.mock.malformed import SHAPES
 from calibrate.mock.settings import MockSettings
 
 Outcome = Literal["ok", "oom", "fail", "reset", "overload"]
 OUTCOMES: tuple[Outcome, ...] = ("ok", "oom", "fail", "reset", "overload")
-FinishReason = Literal["stop", "length"]
 
 
 @dataclass(frozen=True)
@@ -44,15 +43,6 @@ class Admission:
     perturb: bool
     malformed: str | None = None  # the wrong shape this reply takes (mock.malformed.SHAPES)
     echo_headers: bool = False
-
-
-@dataclass(frozen=True)
-class Generation:
-    """The answer to one prompt."""
-
-    text: str
-    finish_reason: FinishReason
-    completion_tokens: int
 
 
 @dataclass(frozen=True)
@@ -230,28 +220,9 @@ class MockModel:
         Its natural length comes from the prompt; ``ignore_eos`` makes it exactly ``max_tokens``
         long, ``min_tokens`` at least that long; ``max_tokens`` caps it (finish "length").
         """
-        full = text.natural_text(prompt, self.settings.text_seed)
-        if adm.perturb:
-            full = text.perturb(full, prompt, adm.in_flight)
-        natural = text.count_tokens(full)
-        target = max_tokens if ignore_eos and max_tokens is not None else natural
-        target = max(target, min_tokens)
-        limit = target if max_tokens is None else min(target, max_tokens)
-        if adm.truncate:
-            limit = min(limit, max(1, max(natural, target) // 2))
-        if limit > natural:
-            out = text.extend(full, prompt, self.settings.text_seed, limit)
-        else:
-            out = text.cut(full, limit) if limit < natural else full
-        cut_short = limit < natural or limit < target
-        finish: FinishReason = "length" if ignore_eos or cut_short else "stop"
-        if self.settings.whitespace_variant:
-            out += " \n"
-        if self.settings.lone_surrogate:
-            out += "\ud800"
-        if self.settings.huge_mib:
-            out += " " + "x" * max(0, int(self.settings.huge_mib * 1024 * 1024) - len(out) - 1)
-        return Generation(text=out, finish_reason=finish, completion_tokens=limit)
+        perturb_at = adm.in_flight if adm.perturb else None
+        length = AnswerLength(max_tokens, min_tokens, ignore_eos, truncate=adm.truncate)
+        return answer(prompt, self.settings, length, perturb_at=perturb_at)
 
     def snapshot(self) -> Snapshot:
         """The gauges /metrics exports."""
@@ -261,14 +232,17 @@ class MockModel:
             kv = self._in_flight * s.vram_per_request_mib
             usage = min(1.0, kv / kv_room) if kv_room > 0 else 1.0
             in_use = self._kv.tokens_in_use
+            evicted = 0  # preempted sequences wait to be recomputed, as vLLM reports them
             if s.kv_capacity_tokens:
                 usage = min(1.0, in_use / s.kv_capacity_tokens)
+                if s.on_kv_full == "preempt":
+                    evicted = self._kv.evicted(s.kv_capacity_tokens)
             elif s.kv_mib_per_1k_tokens:
                 usage = min(1.0, self._kv_mib(in_use) / kv_room) if kv_room > 0 else 1.0
             return Snapshot(
                 in_flight=self._in_flight,
-                running=self._running,
-                waiting=sum(need for _, need in self._queue),
+                running=self._running - evicted,
+                waiting=sum(need for _, need in self._queue) + evicted,
                 vram_used_mib=self._vram_used_mib(),
                 vram_peak_mib=self._peak_mib,
                 vram_total_mib=s.vram_total_mib,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from calibrate.mock import text
-from calibrate.mock.model import Generation
+from calibrate.mock.answer import Generation
 from calibrate.mock.settings import MockSettings
 
 Kind = Literal["chat", "completion"]
