@@ -11,7 +11,13 @@ headers, Authorization included), --lone-surrogate (answers end with a JSON "\\u
 --drip-s (answers sent one byte at a time), --keepalive-only (SSE streams of ": ping" comments
 only, for up to --keepalive-limit-s or until the client leaves), --huge-mib (answers padded).
 
+Memory that grows with tokens: with --kv-capacity-tokens (and --kv-mib-per-1k-tokens) a request
+holds its prompt plus the tokens generated so far; tokens are counted as usage.prompt_tokens
+reports them (a word, a run of non-space characters or one CJK character each). Request bodies'
+max_tokens, min_tokens and ignore_eos are honoured (ignore_eos: exactly max_tokens, "length").
+
 example: calibrate mock --port 8000 --slots 4 --oom-at 12 --fail-rate 0.05
+example: calibrate mock --kv-capacity-tokens 20000 --on-kv-full preempt --metrics-style vllm
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any
 from calibrate.cli.common import add_command
 from calibrate.errors import UsageError
 from calibrate.mock import BackgroundServer, MockSettings
+from calibrate.mock.settings import METRICS_STYLES, ON_KV_FULL
 
 THREAD_STACK_BYTES = 512 * 1024  # one thread per connection: keep thousands of them cheap
 
@@ -80,6 +87,32 @@ def register(subparsers: Any) -> None:
                    help="--keepalive-only streams end after S seconds (default 60)")  # fmt: skip
     p.add_argument("--huge-mib", type=float, default=0.0, metavar="N",
                    help="pad every answer's text to about N MiB")  # fmt: skip
+    p.add_argument("--kv-mib-per-1k-tokens", type=float, default=0.0, metavar="F",
+                   help="simulated VRAM = base + F MiB per 1,000 KV tokens held (prompt + generated "
+                   "so far, per active request) instead of --vram-per-request-mib (0 = off)")  # fmt: skip
+    p.add_argument("--kv-capacity-tokens", type=int, default=0, metavar="N",
+                   help="KV cache size in tokens; the KV-usage metric is tokens held / N "
+                   "(0 = unlimited)")  # fmt: skip
+    p.add_argument("--on-kv-full", choices=ON_KV_FULL, default="oom",
+                   help="when a request's KV does not fit: oom = it fails with HTTP 500 'CUDA out "
+                   "of memory'; preempt = no error, every decode step takes (1 + k)× as long, k = "
+                   "the newest sequences that do not fit (recomputed, counted as waiting); queue = it waits for room "
+                   "for its prompt and answer, counted as queued (default oom)")  # fmt: skip
+    p.add_argument("--preallocate", action="store_true",
+                   help="used VRAM flat at base + the whole KV capacity from the start (as vLLM "
+                   "and SGLang reserve it) while the KV-usage metric still rises")  # fmt: skip
+    p.add_argument("--prefix-cache", action="store_true",
+                   help="prompts sharing a prefix hold its whole 16-token KV blocks once")  # fmt: skip
+    p.add_argument("--step-ms-per-1k-tokens", type=float, default=0.0, metavar="F",
+                   help="each decode step costs F ms more per 1,000 tokens held by the batch: "
+                   "per-token time = --per-token + F/1000 × tokens/1000 (default 0)")  # fmt: skip
+    p.add_argument("--jitter", type=float, default=0.0, metavar="F",
+                   help="multiply each request's ttft and per-token time by a seeded uniform draw "
+                   "in [1-F, 1+F] (--seed; default 0)")  # fmt: skip
+    p.add_argument("--metrics-style", choices=METRICS_STYLES, default="mock",
+                   help="/metrics names as vllm, sglang, llamacpp or tgi export them, queue gauge "
+                   "included; mock = the mock's own plus vLLM's (default); the mock_vram_* "
+                   "gauges are always there")  # fmt: skip
 
 
 def settings_from_args(args: argparse.Namespace) -> MockSettings:
@@ -97,7 +130,9 @@ def settings_from_args(args: argparse.Namespace) -> MockSettings:
     names += ("whitespace_variant", "no_done", "no_usage", "usage_in_last_chunk", "strict_422")
     names += ("unknown_model_status", "any_model", "expose_props", "log_requests", "max_model_len")
     names += ("malformed_rate", "echo_headers_rate", "lone_surrogate", "drip_s", "keepalive_only")
-    names += ("keepalive_limit_s", "huge_mib")
+    names += ("keepalive_limit_s", "huge_mib", "kv_mib_per_1k_tokens", "kv_capacity_tokens")
+    names += ("on_kv_full", "preallocate", "prefix_cache", "step_ms_per_1k_tokens", "jitter")
+    names += ("metrics_style",)
     values = {name: getattr(args, name) for name in names}
     try:
         return MockSettings(

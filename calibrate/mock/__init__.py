@@ -1,7 +1,8 @@
 """The built-in mock OpenAI-compatible server: a deterministic stand-in for a GPU engine."""
 
+from calibrate.mock.answer import Generation
 from calibrate.mock.http import BackgroundServer, MockHTTPServer
-from calibrate.mock.model import Admission, Generation, MockModel, Snapshot
+from calibrate.mock.model import Admission, MockModel, Snapshot
 from calibrate.mock.settings import MockSettings
 
 __all__ = [

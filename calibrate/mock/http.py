@@ -18,7 +18,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from calibrate.mock import payloads
+from calibrate.mock.decode import DecodeRun
+from calibrate.mock.kv import SeqPlan
 from calibrate.mock.malformed import malformed_body
+from calibrate.mock.metrics import render_metrics
 from calibrate.mock.model import Admission, MockModel
 from calibrate.mock.payloads import GenerateRequest, Kind, RequestRejected, error_body
 from calibrate.mock.settings import MockSettings
@@ -101,7 +104,7 @@ class MockHandler(BaseHTTPRequestHandler):
         elif path in ("/v1/models", "/models"):
             self._send_json(200, payloads.models_list(settings, self.server.created))
         elif path == "/metrics":
-            body = payloads.render_metrics(self.server.model.snapshot(), settings)
+            body = render_metrics(self.server.model.snapshot(), settings)
             self._send(200, body.encode(), "text/plain; version=0.0.4; charset=utf-8")
         elif path == "/props" and settings.expose_props:
             self._send_json(200, payloads.props(settings))
@@ -163,8 +166,28 @@ class MockHandler(BaseHTTPRequestHandler):
             self._keepalive_only()
             return
         model = self.server.model
-        model.acquire(adm)
-        gens = [model.generate(p, req.max_tokens, adm) for p in req.prompts]
+        gens = [
+            model.generate(
+                prompt,
+                req.cap(tokens, settings.max_model_len),
+                adm,
+                min_tokens=req.min_tokens,
+                ignore_eos=req.ignore_eos,
+            )
+            for prompt, tokens in zip(req.prompts, req.prompt_tokens, strict=True)
+        ]
+        run: DecodeRun | None = None
+        if settings.tracks_tokens:
+            plans = [
+                SeqPlan.of(p, n, g.completion_tokens, share=settings.prefix_cache)
+                for p, n, g in zip(req.prompts, req.prompt_tokens, gens, strict=True)
+            ]
+            if not model.start(adm, plans):
+                self._send_json(500, error_body(_oom_message(settings), "InternalServerError", 500))
+                return
+            run = DecodeRun(model, adm, time.monotonic() + adm.ttft_s)
+        else:
+            model.acquire(adm)
         prefix = "chatcmpl-" if req.kind == "chat" else "cmpl-"
         rid, created, start = prefix + uuid.uuid4().hex, int(time.time()), time.monotonic()
         if adm.malformed is not None:
@@ -181,7 +204,11 @@ class MockHandler(BaseHTTPRequestHandler):
                 _sleep_until(start + adm.ttft_s)
                 self._reset()
                 return
-            _sleep_until(start + adm.ttft_s + steps * adm.per_token_s)
+            if run is None:
+                _sleep_until(start + adm.ttft_s + steps * adm.per_token_s)
+            elif not run.wait_step(steps):
+                self._send_json(500, error_body(_oom_message(settings), "InternalServerError", 500))
+                return
             answer = payloads.full_response(req, gens, rid, created, settings)
             self._send_json(200, answer, drip=True)
             return
@@ -191,7 +218,13 @@ class MockHandler(BaseHTTPRequestHandler):
             if adm.outcome == "reset" and n == len(events) // 2:
                 self._reset()
                 return
-            _sleep_until(start + adm.ttft_s + event.step * adm.per_token_s)
+            if run is None:
+                _sleep_until(start + adm.ttft_s + event.step * adm.per_token_s)
+            elif not run.wait_step(event.step):  # vLLM ends a stream that fails with an error event
+                error = {"error": error_body(_oom_message(settings), "InternalServerError", 500)}
+                self._write_chunk(f"data: {json.dumps(error)}\n\n".encode())
+                self._write_chunk(b"data: [DONE]\n\n")
+                break
             self._write_chunk(event.encode())
         self._write(b"0\r\n\r\n")
 

@@ -3,6 +3,11 @@
 No HTTP here. A request is *admitted* (counted in flight, its fate drawn), waits for a decode
 slot, is *generated*, then *released*. "In flight" counts sequences received and not yet
 answered, decoding or queued; a completions request carrying K prompts counts K.
+
+When the settings track tokens (``MockSettings.tracks_tokens``), a request instead ``start``s:
+it waits for a slot (and, under ``on_kv_full="queue"``, for KV room), its prompts' KV is claimed
+in the ledger (mock.kv), and it decodes step by step (mock.decode), growing its KV; the step
+time and a full cache's consequence (OOM, preemption's slowdown) are decided here.
 """
 
 from __future__ import annotations
@@ -11,16 +16,17 @@ import math
 import random
 import threading
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from calibrate.mock import text
+from calibrate.mock.answer import AnswerLength, Generation, answer
+from calibrate.mock.kv import KvLedger, SeqPlan
 from calibrate.mock.malformed import SHAPES
 from calibrate.mock.settings import MockSettings
 
 Outcome = Literal["ok", "oom", "fail", "reset", "overload"]
 OUTCOMES: tuple[Outcome, ...] = ("ok", "oom", "fail", "reset", "overload")
-FinishReason = Literal["stop", "length"]
 
 
 @dataclass(frozen=True)
@@ -40,15 +46,6 @@ class Admission:
 
 
 @dataclass(frozen=True)
-class Generation:
-    """The answer to one prompt."""
-
-    text: str
-    finish_reason: FinishReason
-    completion_tokens: int
-
-
-@dataclass(frozen=True)
 class Snapshot:
     """Gauges and counters at one moment, for /metrics and tests."""
 
@@ -61,6 +58,8 @@ class Snapshot:
     kv_cache_usage: float
     requests_total: int
     outcomes: dict[str, int]
+    kv_tokens_in_use: int = 0
+    kv_capacity_tokens: int = 0
 
 
 class MockModel:
@@ -72,6 +71,8 @@ class MockModel:
         self._rng = random.Random(settings.seed)
         # The hostile draws have their own generator: adding them kept every fault sequence.
         self._hostile_rng = random.Random(f"hostile-{settings.seed}")
+        self._jitter_rng = random.Random(f"jitter-{settings.seed}")
+        self._kv = KvLedger()
         self._next_ticket = 0
         self._in_flight = 0
         self._running = 0
@@ -104,13 +105,18 @@ class MockModel:
             per_token = s.per_token_s
             if s.slow_above is not None and n > s.slow_above:
                 per_token *= s.slow_factor
+            ttft_jitter = per_token_jitter = 1.0
+            if s.jitter:
+                ttft_jitter, per_token_jitter = (
+                    self._jitter_rng.uniform(1 - s.jitter, 1 + s.jitter) for _ in range(2)
+                )
             return Admission(
                 ticket=self._next_ticket,
                 weight=weight,
                 in_flight=n,
                 outcome=outcome,
-                ttft_s=s.ttft_s + (s.slow_s if slow < s.slow_rate else 0.0),
-                per_token_s=per_token * self.waves(weight),
+                ttft_s=s.ttft_s * ttft_jitter + (s.slow_s if slow < s.slow_rate else 0.0),
+                per_token_s=per_token * per_token_jitter * self.waves(weight),
                 truncate=truncate < s.truncate_rate,
                 perturb=s.nondeterministic_above is not None and n > s.nondeterministic_above,
                 malformed=SHAPES[int(shape * len(SHAPES))] if bad < s.malformed_rate else None,
@@ -122,15 +128,25 @@ class MockModel:
         slots = self.settings.slots
         return math.ceil(weight / slots) if slots else 1
 
-    def acquire(self, adm: Admission, timeout_s: float | None = None) -> bool:
-        """Wait, first come first served, until a decode slot is free; False on timeout."""
+    def acquire(
+        self, adm: Admission, timeout_s: float | None = None, plans: Sequence[SeqPlan] = ()
+    ) -> bool:
+        """Wait, first come first served, until a decode slot is free; False on timeout.
+
+        Under ``on_kv_full="queue"`` the head of the queue also waits until the KV of ``plans``,
+        answers included, fits beside what the running requests will hold (or nothing runs).
+        """
         slots = self.settings.slots
         need = min(adm.weight, slots) if slots else adm.weight
         with self._cond:
             entry = (adm.ticket, need)
             self._queue.append(entry)
             ready = self._cond.wait_for(
-                lambda: self._queue[0] == entry and (not slots or self._running + need <= slots),
+                lambda: (
+                    self._queue[0] == entry
+                    and (not slots or self._running + need <= slots)
+                    and self._kv_room_for(plans)
+                ),
                 timeout_s,
             )
             if not ready:
@@ -143,31 +159,70 @@ class MockModel:
             self._cond.notify_all()
             return True
 
+    def start(self, adm: Admission, plans: Sequence[SeqPlan]) -> bool:
+        """Take a slot (waiting as ``acquire``), then claim the prompts' KV; False = out of memory.
+
+        Only ``on_kv_full="oom"`` refuses: a prompt that does not fit beside the KV in use fails.
+        """
+        s = self.settings
+        with self._cond:  # re-entrant: the slot and the claim in one hold of the lock
+            self.acquire(adm, plans=plans)
+            claim = self._kv.tokens_in_use + self._kv.extra_tokens(plans)
+            if s.on_kv_full == "oom" and s.kv_capacity_tokens and claim > s.kv_capacity_tokens:
+                return False
+            self._kv.add(adm.ticket, plans)
+            self._peak_mib = max(self._peak_mib, self._vram_used_mib())
+            return True
+
+    def step_s(self, adm: Admission) -> float:
+        """The time of this request's next decode step, given what the batch holds now."""
+        s = self.settings
+        with self._cond:
+            resident = self._kv.tokens_in_use
+            step = adm.per_token_s + s.step_ms_per_1k_tokens / 1000 * resident / 1000
+            if s.on_kv_full == "preempt" and s.kv_capacity_tokens:
+                # Recompute preemption: the newest sequences that do not fit are evicted, and
+                # each step also recomputes them, one at a time, each costing about a step.
+                step *= 1 + self._kv.evicted(s.kv_capacity_tokens)
+            return step
+
+    def grow(self, adm: Admission, step: int) -> bool:
+        """The request has decoded ``step`` tokens per sequence; False = its KV no longer fits."""
+        s = self.settings
+        with self._cond:
+            extra = self._kv.growth(adm.ticket, step)
+            full = s.on_kv_full == "oom" and s.kv_capacity_tokens
+            if full and self._kv.tokens_in_use + extra > s.kv_capacity_tokens:
+                return False
+            self._kv.grow(adm.ticket, step)
+            self._peak_mib = max(self._peak_mib, self._vram_used_mib())
+            return True
+
     def release(self, adm: Admission) -> None:
-        """The request was answered (or failed): free its slot and its place in flight."""
+        """The request was answered (or failed): free its slot, its KV and its place in flight."""
         with self._cond:
             self._running -= self._held.pop(adm.ticket, 0)
             self._in_flight -= adm.weight
+            self._kv.remove(adm.ticket)
             self._cond.notify_all()
 
-    def generate(self, prompt: str, max_tokens: int | None, adm: Admission) -> Generation:
-        """The deterministic answer to ``prompt`` under this admission."""
-        full = text.natural_text(prompt, self.settings.text_seed)
-        if adm.perturb:
-            full = text.perturb(full, prompt, adm.in_flight)
-        natural = text.count_tokens(full)
-        limit = natural if max_tokens is None else min(natural, max_tokens)
-        if adm.truncate:
-            limit = min(limit, max(1, natural // 2))
-        out = text.cut(full, limit) if limit < natural else full
-        finish: FinishReason = "length" if limit < natural else "stop"
-        if self.settings.whitespace_variant:
-            out += " \n"
-        if self.settings.lone_surrogate:
-            out += "\ud800"
-        if self.settings.huge_mib:
-            out += " " + "x" * max(0, int(self.settings.huge_mib * 1024 * 1024) - len(out) - 1)
-        return Generation(text=out, finish_reason=finish, completion_tokens=limit)
+    def generate(
+        self,
+        prompt: str,
+        max_tokens: int | None,
+        adm: Admission,
+        *,
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
+    ) -> Generation:
+        """The deterministic answer to ``prompt`` under this admission.
+
+        Its natural length comes from the prompt; ``ignore_eos`` makes it exactly ``max_tokens``
+        long, ``min_tokens`` at least that long; ``max_tokens`` caps it (finish "length").
+        """
+        perturb_at = adm.in_flight if adm.perturb else None
+        length = AnswerLength(max_tokens, min_tokens, ignore_eos, truncate=adm.truncate)
+        return answer(prompt, self.settings, length, perturb_at=perturb_at)
 
     def snapshot(self) -> Snapshot:
         """The gauges /metrics exports."""
@@ -175,19 +230,51 @@ class MockModel:
         with self._cond:
             kv_room = s.vram_total_mib - s.vram_base_mib
             kv = self._in_flight * s.vram_per_request_mib
+            usage = min(1.0, kv / kv_room) if kv_room > 0 else 1.0
+            in_use = self._kv.tokens_in_use
+            evicted = 0  # preempted sequences wait to be recomputed, as vLLM reports them
+            if s.kv_capacity_tokens:
+                usage = min(1.0, in_use / s.kv_capacity_tokens)
+                if s.on_kv_full == "preempt":
+                    evicted = self._kv.evicted(s.kv_capacity_tokens)
+            elif s.kv_mib_per_1k_tokens:
+                usage = min(1.0, self._kv_mib(in_use) / kv_room) if kv_room > 0 else 1.0
             return Snapshot(
                 in_flight=self._in_flight,
-                running=self._running,
-                waiting=sum(need for _, need in self._queue),
+                running=self._running - evicted,
+                waiting=sum(need for _, need in self._queue) + evicted,
                 vram_used_mib=self._vram_used_mib(),
                 vram_peak_mib=self._peak_mib,
                 vram_total_mib=s.vram_total_mib,
-                kv_cache_usage=min(1.0, kv / kv_room) if kv_room > 0 else 1.0,
+                kv_cache_usage=usage,
                 requests_total=self._next_ticket,
                 outcomes=dict(self._outcomes),
+                kv_tokens_in_use=in_use,
+                kv_capacity_tokens=s.kv_capacity_tokens,
             )
+
+    def _kv_room_for(self, plans: Sequence[SeqPlan]) -> bool:
+        s = self.settings
+        if s.on_kv_full != "queue" or not s.kv_capacity_tokens or not plans or self._kv.empty:
+            return True
+        extra = self._kv.extra_tokens(plans, reserve=True)
+        return self._kv.tokens_reserved + extra <= s.kv_capacity_tokens
+
+    def _kv_mib(self, tokens: int) -> float:
+        return tokens * self.settings.kv_mib_per_1k_tokens / 1000
 
     def _vram_used_mib(self) -> int:
         s = self.settings
-        used = s.vram_base_mib + self._in_flight * s.vram_per_request_mib
-        return min(used, s.vram_total_mib)
+        if s.preallocate:
+            reserved = (
+                self._kv_mib(s.kv_capacity_tokens) if s.kv_capacity_tokens else s.vram_total_mib
+            )
+            used = s.vram_base_mib + reserved
+        elif s.kv_mib_per_1k_tokens:
+            in_use = self._kv.tokens_in_use
+            if s.kv_capacity_tokens:
+                in_use = min(in_use, s.kv_capacity_tokens)  # preempted sequences hold nothing
+            used = s.vram_base_mib + self._kv_mib(in_use)
+        else:
+            used = s.vram_base_mib + self._in_flight * s.vram_per_request_mib
+        return min(round(used), s.vram_total_mib)

@@ -1,4 +1,4 @@
-"""JSON in and out of the mock: request validation, response bodies, SSE chunks, /metrics text.
+"""JSON in and out of the mock: request validation, response bodies (SSE in mock.stream).
 
 Bodies follow vLLM's OpenAI server: errors are ``{"object": "error", "message", "type",
 "param", "code"}``; with ``strict_422`` a validation error is FastAPI's ``{"detail": [...]}``.
@@ -6,19 +6,17 @@ Bodies follow vLLM's OpenAI server: errors are ``{"object": "error", "message", 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from calibrate.mock import text
-from calibrate.mock.model import OUTCOMES, Generation, Snapshot
+from calibrate.mock.answer import Generation
 from calibrate.mock.settings import MockSettings
 
 Kind = Literal["chat", "completion"]
 Json = dict[str, Any]
 CHAT_TOKENS_PER_MESSAGE = 4
 CHAT_TOKENS_REPLY = 2
-MIB = 1024 * 1024
 
 
 class RequestRejected(Exception):
@@ -41,6 +39,14 @@ class GenerateRequest:
     max_tokens: int | None
     stream: bool
     include_usage: bool
+    min_tokens: int = 0
+    ignore_eos: bool = False
+
+    def cap(self, prompt_tokens: int, max_model_len: int) -> int | None:
+        """The most tokens an answer may have: max_tokens, or the context left when EOS is off."""
+        if self.max_tokens is None and self.ignore_eos:
+            return max(1, max_model_len - prompt_tokens)
+        return self.max_tokens
 
 
 def error_body(message: str, err_type: str, code: int) -> Json:
@@ -105,6 +111,7 @@ def parse_request(kind: Kind, body: object, settings: MockSettings) -> GenerateR
         raise RequestRejected(
             status, error_body(f"The model `{model}` does not exist.", err_type, status)
         )
+    min_tokens, ignore_eos = _forcing(body, max_tokens, settings)
     longest = max(counts) + (max_tokens or 0)
     if longest > settings.max_model_len:
         message = (
@@ -114,7 +121,27 @@ def parse_request(kind: Kind, body: object, settings: MockSettings) -> GenerateR
         )
         raise RequestRejected(400, error_body(message, "BadRequestError", 400))
     include_usage = bool(options.get("include_usage")) if stream else True
-    return GenerateRequest(kind, model, prompts, counts, max_tokens, stream, include_usage)
+    return GenerateRequest(
+        kind, model, prompts, counts, max_tokens, stream, include_usage, min_tokens, ignore_eos
+    )
+
+
+def _forcing(body: Json, max_tokens: int | None, settings: MockSettings) -> tuple[int, bool]:
+    """vLLM's extra sampling fields that force an answer's length: min_tokens, ignore_eos."""
+    min_tokens = body.get("min_tokens") or 0
+    if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) or min_tokens < 0:
+        raise _invalid(
+            settings, f"min_tokens must be an integer ≥ 0, got {min_tokens!r}", "min_tokens"
+        )
+    if max_tokens is not None and min_tokens > max_tokens:
+        message = (
+            f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}."
+        )
+        raise _invalid(settings, message, "min_tokens")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise _invalid(settings, f"ignore_eos must be a boolean, got {ignore_eos!r}", "ignore_eos")
+    return min_tokens, ignore_eos
 
 
 def _chat_prompt(
@@ -214,40 +241,3 @@ def props(settings: MockSettings) -> Json:
         },
         "build_info": "calibrate-mock",
     }
-
-
-def _metric(
-    name: str, kind: str, help_text: str, samples: Sequence[tuple[str, float]]
-) -> list[str]:
-    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-    return lines + [f"{name}{labels} {value!r}" for labels, value in samples]
-
-
-def render_metrics(snap: Snapshot, settings: MockSettings) -> str:
-    """Prometheus text exposition of the simulated GPU and the request counters."""
-    model = f'{{model_name="{settings.models[0]}"}}'
-    outcomes = [(f'{{outcome="{k}"}}', snap.outcomes.get(k, 0)) for k in OUTCOMES]
-    gauges = [
-        ("mock_vram_used_bytes", "Simulated GPU memory in use.", "", snap.vram_used_mib * MIB),
-        ("mock_vram_total_bytes", "Simulated GPU memory in total.", "", snap.vram_total_mib * MIB),
-        (
-            "mock_vram_peak_bytes",
-            "Highest simulated GPU memory in use.",
-            "",
-            snap.vram_peak_mib * MIB,
-        ),
-        ("mock_requests_in_flight", "Sequences received and not yet answered.", "", snap.in_flight),
-        ("vllm:num_requests_running", "Requests in execution batches.", model, snap.running),
-        ("vllm:num_requests_waiting", "Requests waiting to be processed.", model, snap.waiting),
-        (
-            "vllm:kv_cache_usage_perc",
-            "KV-cache usage; 1 means 100 percent.",
-            model,
-            snap.kv_cache_usage,
-        ),
-    ]
-    lines: list[str] = []
-    for name, help_text, labels, value in gauges:
-        lines += _metric(name, "gauge", help_text, [(labels, value)])
-    lines += _metric("mock_requests_total", "counter", "Requests received, by outcome.", outcomes)
-    return "\n".join(lines) + "\n"

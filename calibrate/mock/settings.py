@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+OnKvFull = Literal["oom", "preempt", "queue"]
+ON_KV_FULL: tuple[OnKvFull, ...] = ("oom", "preempt", "queue")
+MetricsStyle = Literal["mock", "vllm", "sglang", "llamacpp", "tgi"]
+METRICS_STYLES: tuple[MetricsStyle, ...] = ("mock", "vllm", "sglang", "llamacpp", "tgi")
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,22 @@ class MockSettings:
     keepalive_only: bool = False  # answers are SSE streams of ": ping" comments, nothing else
     keepalive_limit_s: float = 60.0  # ... until the client leaves or this long has passed
     huge_mib: float = 0.0  # answers padded to this many MiB
+    # Memory that grows with tokens (issue 12): a request holds prompt + generated tokens of KV.
+    kv_mib_per_1k_tokens: float = 0.0  # 0 = VRAM grows per request (vram_per_request_mib)
+    kv_capacity_tokens: int = 0  # 0 = unlimited
+    on_kv_full: OnKvFull = "oom"
+    preallocate: bool = False  # used VRAM flat at base + the whole KV capacity, as vLLM/SGLang
+    prefix_cache: bool = False  # identical prompt prefixes (whole KV blocks) are held once
+    step_ms_per_1k_tokens: float = 0.0  # each decode step costs this much more per 1k resident
+    jitter: float = 0.0  # ttft and per-token time × uniform [1 - jitter, 1 + jitter], seeded
+    metrics_style: MetricsStyle = "mock"
+
+    @property
+    def tracks_tokens(self) -> bool:
+        """Whether requests decode step by step against a token ledger (else: fixed timing)."""
+        return bool(
+            self.kv_mib_per_1k_tokens or self.kv_capacity_tokens or self.step_ms_per_1k_tokens
+        )
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -63,5 +85,13 @@ class MockSettings:
             raise ValueError("times must be ≥ 0")
         if not 0 <= self.huge_mib <= 4096:
             raise ValueError(f"huge_mib must be in [0, 4096], got {self.huge_mib}")
+        if min(self.kv_mib_per_1k_tokens, self.kv_capacity_tokens, self.step_ms_per_1k_tokens) < 0:
+            raise ValueError("KV sizes and step costs must be ≥ 0")
+        if not 0 <= self.jitter < 1:
+            raise ValueError(f"jitter must be in [0, 1), got {self.jitter}")
+        if self.on_kv_full not in ON_KV_FULL:
+            raise ValueError(f"on_kv_full must be one of {', '.join(ON_KV_FULL)}")
+        if self.metrics_style not in METRICS_STYLES:
+            raise ValueError(f"metrics_style must be one of {', '.join(METRICS_STYLES)}")
         if self.unknown_model_status not in (400, 404):
             raise ValueError("unknown_model_status must be 400 or 404")

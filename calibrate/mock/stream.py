@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 
 from calibrate.mock import text
-from calibrate.mock.model import Generation
+from calibrate.mock.answer import Generation
 from calibrate.mock.payloads import GenerateRequest, Json, envelope, usage
 from calibrate.mock.settings import MockSettings
 

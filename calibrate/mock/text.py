@@ -1,6 +1,7 @@
 """Deterministic text: what the mock "generates" for a prompt, and how it counts tokens.
 
-A token is one CJK character or one run of other non-space characters; whitespace belongs to the
+A token is one CJK character or one run of other non-space characters (the mock's tokenizer:
+prompts are counted the same way for ``usage.prompt_tokens``); whitespace belongs to the
 token after it, and trailing whitespace to the last token. So ``count_tokens(text)`` always
 equals ``len(pieces(text))`` and joining the pieces gives the text back.
 """
@@ -185,3 +186,22 @@ def perturb(text: str, prompt: str, in_flight: int) -> str:
 def cut(text: str, max_tokens: int) -> str:
     """The first ``max_tokens`` tokens of ``text``."""
     return "".join(pieces(text)[:max_tokens])
+
+
+def extend(text: str, prompt: str, text_seed: int, n_tokens: int) -> str:
+    """``text`` continued with seeded words to exactly ``n_tokens`` tokens (an answer past EOS)."""
+    have = count_tokens(text)
+    if have >= n_tokens:
+        return cut(text, n_tokens)
+    rng = _rng("more", text_seed, prompt)
+    chinese = bool(_HAS_CJK.search(prompt))
+    parts = [text]
+    while have < n_tokens:
+        if chinese:
+            word = rng.choice(_ZH_WORDS)
+            parts.append(word)
+            have += len(word)
+        else:
+            parts.append(" " + rng.choice(_WORDS))
+            have += 1
+    return cut("".join(parts), n_tokens)

@@ -1,0 +1,94 @@
+"""The mock's ``/metrics`` in Prometheus text, named as the engine ``--metrics-style`` mimics.
+
+Every style keeps the mock's own simulated-VRAM gauges (``mock_vram_*_bytes``), so a metrics
+sampler measures device memory whatever the style. Beside them each engine's own names: its
+running and queued requests and, where the engine exports one, its KV-cache usage:
+
+- vllm: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``
+- sglang: ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``
+- llamacpp: ``llamacpp:requests_processing``, ``llamacpp:requests_deferred`` (no KV gauge, as
+  current llama.cpp)
+- tgi: ``tgi_batch_current_size``, ``tgi_queue_size`` (no KV gauge)
+- mock (the default): the mock's gauges and the vLLM three, unlabelled by engine, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from calibrate.mock.model import OUTCOMES, Snapshot
+from calibrate.mock.settings import MetricsStyle, MockSettings
+
+MIB = 1024 * 1024
+# name, help, value-of-snapshot
+Gauge = tuple[str, str, float]
+
+
+def _metric(
+    name: str, kind: str, help_text: str, samples: Sequence[tuple[str, float]]
+) -> list[str]:
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    return lines + [f"{name}{labels} {value!r}" for labels, value in samples]
+
+
+def _engine_gauges(style: MetricsStyle, snap: Snapshot) -> list[Gauge]:
+    if style in ("mock", "vllm"):
+        return [
+            ("vllm:num_requests_running", "Requests in execution batches.", snap.running),
+            ("vllm:num_requests_waiting", "Requests waiting to be processed.", snap.waiting),
+            (
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage; 1 means 100 percent.",
+                snap.kv_cache_usage,
+            ),
+        ]
+    if style == "sglang":
+        return [
+            ("sglang:num_running_reqs", "The number of running requests.", snap.running),
+            ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", snap.waiting),
+            ("sglang:token_usage", "The token usage.", snap.kv_cache_usage),
+            ("sglang:num_used_tokens", "The number of used tokens.", snap.kv_tokens_in_use),
+        ]
+    if style == "llamacpp":
+        return [
+            ("llamacpp:requests_processing", "Number of requests processing.", snap.running),
+            ("llamacpp:requests_deferred", "Number of requests deferred.", snap.waiting),
+        ]
+    return [
+        ("tgi_batch_current_size", "Current batch size", snap.running),
+        ("tgi_queue_size", "Current queue size", snap.waiting),
+    ]
+
+
+def _labels(style: MetricsStyle, model: str) -> str:
+    if style == "vllm":
+        return f'{{engine="0",model_name="{model}"}}'
+    if style in ("mock", "sglang"):
+        return f'{{model_name="{model}"}}'
+    return ""
+
+
+def render_metrics(snap: Snapshot, settings: MockSettings) -> str:
+    """Prometheus text exposition of the simulated GPU, the engine's gauges and the counters."""
+    style = settings.metrics_style
+    own: list[Gauge] = [
+        ("mock_vram_used_bytes", "Simulated GPU memory in use.", snap.vram_used_mib * MIB),
+        ("mock_vram_total_bytes", "Simulated GPU memory in total.", snap.vram_total_mib * MIB),
+        ("mock_vram_peak_bytes", "Highest simulated GPU memory in use.", snap.vram_peak_mib * MIB),
+        ("mock_requests_in_flight", "Sequences received and not yet answered.", snap.in_flight),
+    ]
+    if settings.tracks_tokens:
+        own.append(("mock_kv_tokens_used", "KV-cache tokens held now.", snap.kv_tokens_in_use))
+        if snap.kv_capacity_tokens:
+            own.append(("mock_kv_tokens_capacity", "KV-cache capacity.", snap.kv_capacity_tokens))
+    if settings.preallocate:
+        own.append(("mock_vram_preallocated", "1: used memory is reserved at start.", 1))
+    lines: list[str] = []
+    for name, help_text, value in own:
+        lines += _metric(name, "gauge", help_text, [("", value)])
+    labels = _labels(style, settings.models[0])
+    for name, help_text, value in _engine_gauges(style, snap):
+        lines += _metric(name, "gauge", help_text, [(labels, value)])
+    outcomes = [(f'{{outcome="{k}"}}', snap.outcomes.get(k, 0)) for k in OUTCOMES]
+    lines += _metric("mock_requests_total", "counter", "Requests received, by outcome.", outcomes)
+    return "\n".join(lines) + "\n"

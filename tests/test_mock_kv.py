@@ -1,0 +1,328 @@
+"""The mock whose memory grows with tokens (issue 12), over real HTTP: KV capacity and what a full
+cache does, preallocation, the prefix cache, forced answer lengths, the step cost, jitter and the
+engines' metric names."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import requests
+
+from calibrate.gpu import parse_prometheus
+from calibrate.mock import text as mock_text
+from tests.mockserver import RunningMock, start_mock, start_mock_process
+
+FAST: dict[str, Any] = {"ttft_s": 0.005, "per_token_s": 0.0005}
+# 3,000-token prompts + 200 forced tokens: 4 fit in 20,000 tokens of KV, 8 do not.
+KV: dict[str, Any] = {"ttft_s": 0.005, "per_token_s": 0.001, "kv_capacity_tokens": 20000}
+KV |= {"kv_mib_per_1k_tokens": 128.0}
+PROMPT_TOKENS = 3000
+CHAT_OVERHEAD = 6  # one message: 4 tokens around it and 2 to start the reply
+
+
+def _prompt(tag: str, n: int = PROMPT_TOKENS) -> str:
+    """``n`` tokens; a different ``tag`` makes every token, the first one included, different."""
+    return " ".join(f"{tag}w{i}" for i in range(n))
+
+
+def _chat(mock: RunningMock, content: str, **extra: Any) -> requests.Response:
+    body = {"model": "internlm-s2", "messages": [{"role": "user", "content": content}]} | extra
+    return requests.post(f"{mock.base_url}/chat/completions", json=body, timeout=30)
+
+
+def _forced(mock: RunningMock, content: str, out: int = 200) -> requests.Response:
+    return _chat(mock, content, max_tokens=out, min_tokens=out, ignore_eos=True)
+
+
+def _wave(mock: RunningMock, prompts: list[str], out: int = 200) -> list[requests.Response]:
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(lambda p: _forced(mock, p, out), prompts))
+
+
+def _metrics(mock: RunningMock) -> dict[str, float]:
+    base = mock.base_url.removesuffix("/v1")
+    return parse_prometheus(requests.get(f"{base}/metrics", timeout=5).text)
+
+
+@contextmanager
+def _sampling(mock: RunningMock, interval_s: float = 0.005) -> Iterator[list[dict[str, float]]]:
+    """Scrape /metrics over and over while the block runs; the samples land in the list."""
+    samples: list[dict[str, float]] = []
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.is_set():
+            samples.append(_metrics(mock))
+            stop.wait(interval_s)
+
+    thread = threading.Thread(target=scrape, daemon=True)
+    thread.start()
+    try:
+        yield samples
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def _timed(call: Callable[[], list[requests.Response]]) -> tuple[float, list[requests.Response]]:
+    start = time.monotonic()
+    out = call()
+    return time.monotonic() - start, out
+
+
+# --- capacity and a full cache ----------------------------------------------------------------
+
+
+def test_kv_capacity_fits_four_long_requests_and_oom_kills_some_of_eight() -> None:
+    with start_mock(**KV, on_kv_full="oom") as mock:
+        four = _wave(mock, [_prompt(f"a{k}") for k in range(4)])
+        assert [r.status_code for r in four] == [200] * 4
+        usage = four[0].json()["usage"]
+        assert usage["prompt_tokens"] == PROMPT_TOKENS + CHAT_OVERHEAD
+        assert usage["completion_tokens"] == 200
+        eight = _wave(mock, [_prompt(f"b{k}") for k in range(8)])
+        failed = [r for r in eight if r.status_code != 200]
+        # 6 prompts of 3,006 tokens fit in 20,000 (and grow to 19,236); the 7th and 8th do not.
+        assert len(failed) == 2
+        assert all(r.status_code == 500 for r in failed)
+        assert all("CUDA out of memory" in r.json()["message"] for r in failed)
+        assert _metrics(mock)["mock_kv_tokens_used"] == 0  # everything given back
+
+
+def test_oom_while_growing_ends_a_stream_with_an_error_event() -> None:
+    # Two prompts of 3,006 fit in 6,100 tokens; their answers cannot both grow by 100.
+    with start_mock(**(KV | {"kv_capacity_tokens": 6100}), on_kv_full="oom") as mock:
+
+        def stream(tag: str) -> str:
+            body = {
+                "model": "internlm-s2",
+                "messages": [{"role": "user", "content": _prompt(tag)}],
+                "max_tokens": 100,
+                "ignore_eos": True,
+                "stream": True,
+            }
+            url = f"{mock.base_url}/chat/completions"
+            return requests.post(url, json=body, timeout=30).text
+
+        with ThreadPoolExecutor(2) as pool:
+            texts = list(pool.map(stream, ["s1", "s2"]))
+        assert sum("CUDA out of memory" in t for t in texts) >= 1
+        assert all(t.rstrip().endswith("data: [DONE]") for t in texts)
+
+
+def test_preempt_answers_everything_but_each_item_costs_more() -> None:
+    settings = KV | {"on_kv_full": "preempt"}
+    with start_mock(**settings) as mock:
+        wall4, four = _timed(lambda: _wave(mock, [_prompt(f"a{k}") for k in range(4)]))
+        with _sampling(mock) as samples:
+            wall8, eight = _timed(lambda: _wave(mock, [_prompt(f"b{k}") for k in range(8)]))
+    assert [r.status_code for r in four + eight] == [200] * 12
+    assert all(r.json()["choices"][0]["finish_reason"] == "length" for r in eight)
+    # Two of eight sequences do not fit: every step recomputes them, three times the work.
+    assert wall8 / 8 > 1.2 * wall4 / 4, (wall4, wall8)
+    assert max(s["vllm:kv_cache_usage_perc"] for s in samples) == 1.0
+    assert max(s["vllm:num_requests_waiting"] for s in samples) == 2  # preempted, to recompute
+
+
+def test_queue_waits_for_kv_and_the_queue_gauge_says_so() -> None:
+    settings = KV | {"on_kv_full": "queue", "metrics_style": "vllm"}
+    with start_mock(**settings) as mock:
+        with _sampling(mock) as samples:
+            wall8, eight = _timed(lambda: _wave(mock, [_prompt(f"q{k}") for k in range(8)]))
+        after = _metrics(mock)
+    assert [r.status_code for r in eight] == [200] * 8
+    waiting = [s["vllm:num_requests_waiting"] for s in samples]
+    assert max(waiting) == 2  # 6 × 3,206 tokens fit in 20,000; two wait for room
+    assert max(s["vllm:kv_cache_usage_perc"] for s in samples) <= 1.0
+    assert after["vllm:num_requests_waiting"] == 0
+    assert wall8 > 2 * 0.2  # two rounds of 200 tokens
+
+
+def test_preallocated_memory_is_flat_while_kv_usage_rises() -> None:
+    settings = KV | {"preallocate": True, "metrics_style": "sglang"}
+    with start_mock(**settings) as mock:
+        before = _metrics(mock)
+        with _sampling(mock) as samples:
+            _wave(mock, [_prompt(f"p{k}") for k in range(4)])
+    reserved = (40960 + 20000 * 128 / 1000) * 1024 * 1024
+    used = {s["mock_vram_used_bytes"] for s in [before, *samples]}
+    assert used == {reserved}
+    assert before["sglang:token_usage"] == 0
+    assert max(s["sglang:token_usage"] for s in samples) > 0.5  # 4 × 3,206 / 20,000
+
+
+def test_used_memory_grows_with_tokens_without_preallocation() -> None:
+    with start_mock(**KV) as mock:
+        idle = _metrics(mock)["mock_vram_used_bytes"]
+        _wave(mock, [_prompt(f"g{k}") for k in range(4)])
+        peak = _metrics(mock)["mock_vram_peak_bytes"]
+    assert idle == 40960 * 1024 * 1024
+    kv_mib = 4 * (PROMPT_TOKENS + CHAT_OVERHEAD + 200) * 128 / 1000
+    assert peak == pytest.approx((40960 + kv_mib) * 1024 * 1024, rel=0.001)
+
+
+def test_prefix_cache_holds_identical_prompts_once() -> None:
+    settings = KV | {"kv_capacity_tokens": 100_000, "prefix_cache": True}
+    same = [_prompt("same")] * 8
+    unique = [_prompt(f"u{k}") for k in range(8)]
+    peaks = []
+    for prompts in (same, unique):
+        with start_mock(**settings) as mock:
+            assert [r.status_code for r in _wave(mock, prompts)] == [200] * 8
+            peaks.append(_metrics(mock)["mock_vram_peak_bytes"] / 1024 / 1024 - 40960)
+    shared_mib, unique_mib = peaks
+    assert unique_mib == pytest.approx(8 * 3206 * 0.128, rel=0.01)
+    assert shared_mib < unique_mib / 4  # one prompt's blocks, eight answers
+
+
+def test_prefix_cache_shares_a_common_prefix_only() -> None:
+    settings = KV | {"kv_capacity_tokens": 100_000, "prefix_cache": True}
+    system = _prompt("sys", 2000)
+    prompts = [f"{system} {_prompt(f't{k}', 1000)}" for k in range(4)]
+    with start_mock(**settings) as mock, _sampling(mock) as samples:
+        _wave(mock, prompts)
+    held = max(s["mock_kv_tokens_used"] for s in samples)
+    # 2,000 shared tokens once, then each request's own 1,000 (+ its answer): not 4 × 3,000.
+    assert 2000 + 4 * 1006 <= held <= 2000 + 4 * (1006 + 200 + 16)
+
+
+# --- answer lengths ---------------------------------------------------------------------------
+
+
+def test_ignore_eos_min_tokens_and_max_tokens_set_the_answer_length() -> None:
+    with start_mock(**FAST) as mock:
+        forced = _chat(mock, "hello", max_tokens=200, ignore_eos=True).json()
+        assert forced["usage"]["completion_tokens"] == 200
+        assert forced["choices"][0]["finish_reason"] == "length"
+        assert mock_text.count_tokens(forced["choices"][0]["message"]["content"]) == 200
+        longer = _chat(mock, "hello", max_tokens=300, min_tokens=100).json()
+        assert longer["usage"]["completion_tokens"] == 100
+        assert longer["choices"][0]["finish_reason"] == "stop"
+        natural = _chat(mock, "hello").json()
+        assert natural["usage"]["completion_tokens"] <= mock_text.MAX_WORDS
+        assert natural["choices"][0]["finish_reason"] == "stop"
+        capped = _chat(mock, "hello", max_tokens=5).json()
+        assert capped["usage"]["completion_tokens"] == 5
+        assert capped["choices"][0]["finish_reason"] == "length"
+        bad = _chat(mock, "hello", max_tokens=5, min_tokens=10)
+        assert bad.status_code == 400 and "min_tokens" in bad.json()["message"]
+
+
+def test_a_forced_stream_has_exactly_max_tokens_pieces() -> None:
+    with start_mock(**FAST) as mock:
+        body = {
+            "model": "internlm-s2",
+            "prompt": "one two three",
+            "max_tokens": 64,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        lines = requests.post(f"{mock.base_url}/completions", json=body, timeout=10).text
+    chunks = [ln for ln in lines.splitlines() if ln.startswith('data: {"id"')]
+    pieces = [c for c in chunks if '"text": ""' not in c and '"choices": []' not in c]
+    assert len(pieces) == 64
+    assert '"finish_reason": "length"' in lines and '"prompt_tokens": 3' in lines
+
+
+def test_max_model_len_refuses_like_vllm_and_is_reported() -> None:
+    with start_mock(**FAST, max_model_len=8192) as mock:
+        models = requests.get(f"{mock.base_url}/models", timeout=5).json()
+        assert models["data"][0]["max_model_len"] == 8192
+        too_long = _chat(mock, _prompt("x", 8000), max_tokens=500)
+        assert too_long.status_code == 400
+        message = too_long.json()["message"]
+        assert "maximum context length is 8192 tokens. However, you requested 8506 tokens" in (
+            message
+        )
+        assert _chat(mock, _prompt("x", 7000), max_tokens=500).status_code == 200
+
+
+# --- the compute model and jitter -------------------------------------------------------------
+
+
+def test_step_time_grows_with_the_tokens_in_the_batch() -> None:
+    settings = FAST | {"per_token_s": 0.0005, "step_ms_per_1k_tokens": 0.1}
+    with start_mock(**settings) as mock:
+        short, _ = _timed(lambda: _wave(mock, ["hi"], out=100))
+        one, _ = _timed(lambda: _wave(mock, [_prompt("one")], out=100))
+        eight, _ = _timed(lambda: _wave(mock, [_prompt(f"e{k}") for k in range(8)], out=100))
+    # per token: 0.5 ms + 0.1 ms per 1,000 resident tokens (3,000 alone, 24,000 for eight)
+    assert one > short + 0.015, (short, one)
+    assert eight > 2 * one, (one, eight)
+
+
+def _request_times(seed: int) -> list[float]:
+    settings = {"ttft_s": 0.01, "per_token_s": 0.002, "jitter": 0.5, "seed": seed}
+    with start_mock(**settings) as mock:
+        out = []
+        for _ in range(4):
+            start = time.monotonic()
+            assert _chat(mock, "hello", max_tokens=30, ignore_eos=True).status_code == 200
+            out.append(time.monotonic() - start)
+        return out
+
+
+def test_jitter_is_seeded() -> None:
+    # Seed 3 draws 0.060, 0.081, 0.088, 0.099 s for these requests; seed 4 0.053, 0.083, 0.069,
+    # 0.055 s (ttft 0.01 s and 30 tokens of 0.002 s, each × a draw in [0.5, 1.5]).
+    first, again, other = _request_times(3), _request_times(3), _request_times(4)
+    assert max(abs(a - b) for a, b in zip(first, again, strict=True)) < 0.015, (first, again)
+    assert max(first) - min(first) > 0.025, first  # the requests really differ
+    assert max(abs(a - b) for a, b in zip(first, other, strict=True)) > 0.025, (first, other)
+    for elapsed in first:
+        assert 0.035 - 0.005 < elapsed < 0.105 + 0.03
+
+
+# --- metric names -----------------------------------------------------------------------------
+
+QUEUE = {
+    "vllm": "vllm:num_requests_waiting",
+    "sglang": "sglang:num_queue_reqs",
+    "llamacpp": "llamacpp:requests_deferred",
+    "tgi": "tgi_queue_size",
+}
+STYLES = {
+    "vllm": ("vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting"),
+    "sglang": ("sglang:token_usage", "sglang:num_running_reqs", "sglang:num_queue_reqs"),
+    "llamacpp": ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
+    "tgi": ("tgi_queue_size", "tgi_batch_current_size"),
+}
+
+
+@pytest.mark.parametrize("style", sorted(STYLES))
+def test_metrics_style_names_and_queue_gauge(style: str) -> None:
+    settings = FAST | {"per_token_s": 0.002, "slots": 1, "metrics_style": style}
+    with start_mock(**settings) as mock:
+        with _sampling(mock) as samples, ThreadPoolExecutor(3) as pool:
+            list(pool.map(lambda k: _forced(mock, f"q{k}", 40), range(3)))
+        names = set(samples[0])
+    assert set(STYLES[style]) <= names
+    assert {"mock_vram_used_bytes", "mock_vram_total_bytes"} <= names
+    other_engines = {n for s, ns in STYLES.items() if s != style for n in ns}
+    assert not names & other_engines
+    if style in ("llamacpp", "tgi"):
+        assert not any("usage" in n for n in names)  # no KV gauge, as these engines
+    assert max(s[QUEUE[style]] for s in samples) == 2  # one slot: two of three wait
+
+
+def test_the_command_wires_every_new_flag() -> None:
+    flags = ("--kv-capacity-tokens", "20000", "--kv-mib-per-1k-tokens", "64", "--preallocate")
+    flags += ("--on-kv-full", "queue", "--prefix-cache", "--step-ms-per-1k-tokens", "0.01")
+    flags += ("--jitter", "0.1", "--metrics-style", "sglang", "--ttft", "0.001")
+    flags += ("--per-token", "0.0002")
+    with start_mock_process(*flags) as proc:
+        body = {"model": "internlm-s2", "prompt": _prompt("c", 100), "max_tokens": 10}
+        answer = requests.post(f"{proc.base_url}/completions", json=body, timeout=10).json()
+        text = requests.get(proc.base_url.removesuffix("/v1") + "/metrics", timeout=5).text
+    assert answer["usage"]["prompt_tokens"] == 100
+    metrics = parse_prometheus(text)
+    assert metrics["mock_kv_tokens_capacity"] == 20000
+    assert metrics["mock_vram_used_bytes"] == (40960 + 1280) * 1024 * 1024  # preallocated
+    assert "sglang:token_usage" in metrics and "vllm:kv_cache_usage_perc" not in metrics
