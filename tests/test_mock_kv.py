@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import requests
 
-from calibrate.gpu import parse_prometheus
+from calibrate import prometheus
 from calibrate.mock import text as mock_text
 from tests.mockserver import RunningMock, start_mock, start_mock_process
 
@@ -43,6 +43,14 @@ def _forced(mock: RunningMock, content: str, out: int = 200) -> requests.Respons
 def _wave(mock: RunningMock, prompts: list[str], out: int = 200) -> list[requests.Response]:
     with ThreadPoolExecutor(len(prompts)) as pool:
         return list(pool.map(lambda p: _forced(mock, p, out), prompts))
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Metric name → its largest value over label sets (what the samplers read)."""
+    scrape = prometheus.parse_prometheus(text)
+    return {
+        name: value for name in scrape if (value := prometheus.max_value(scrape, name)) is not None
+    }
 
 
 def _metrics(mock: RunningMock) -> dict[str, float]:
