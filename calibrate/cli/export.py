@@ -27,7 +27,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", required=True, action="append", metavar="JOURNAL[,JOURNAL…]",
                    help="batch journal(s) (--out of calibrate batch); repeat or comma-separate "
                    "for shard journals")  # fmt: skip
-    p.add_argument("--to", required=True, metavar="FINAL", help="final file: .jsonl, .csv, .parquet")
+    p.add_argument(
+        "--to", required=True, metavar="FINAL", help="final file: .jsonl, .csv, .parquet"
+    )
     p.add_argument("--failed", metavar="PATH",
                    help="ids without an ok result (default: FINAL's name + .failed.jsonl)")  # fmt: skip
 

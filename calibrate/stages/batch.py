@@ -28,8 +28,8 @@ from calibrate.stages.batch_plan import (
     open_batch,
     plan_batch,
 )
-from calibrate.stages.batch_result import BatchProgress, BatchResult, Tally
 from calibrate.stages.batch_queue import WorkQueue
+from calibrate.stages.batch_result import BatchProgress, BatchResult, Tally
 from calibrate.stages.batch_worker import BatchControl, ReachabilityGuard, work
 from calibrate.stages.resume import repair_tail
 from calibrate.store import JsonlWriter
@@ -68,7 +68,7 @@ def run_batch(
     events = events if events is not None else []
     if not lanes:
         assert client is not None, "run_batch needs a client or lanes"
-        endpoint = Endpoint(client.base_url, spec.concurrency, "spec")
+        endpoint = Endpoint(getattr(client, "base_url", ""), spec.concurrency, "spec")  # fakes too
         lanes = (make_lane(endpoint, client, outage, on_event=events.append),)
     writer = plan.writer
     if writer is None:  # a plan from plan_batch (--sample, or a caller that holds no lock)

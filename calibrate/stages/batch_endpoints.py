@@ -54,7 +54,9 @@ def endpoints_for(
     seen: set[str] = set()
     for endpoint in out:
         if endpoint.base_url in seen:
-            raise UsageError(f"--base-url {endpoint.label} is given twice", "Give each server once.")
+            raise UsageError(
+                f"--base-url {endpoint.label} is given twice", "Give each server once."
+            )
         seen.add(endpoint.base_url)
     return tuple(out)
 

@@ -43,7 +43,7 @@ def is_outage(info: ErrorInfo) -> bool:
     return info.kind == "http_5xx" and info.status in OUTAGE_STATUSES
 
 
-class Requeue(Exception):  # noqa: N818 - a signal between threads, never shown to a user
+class Requeue(Exception):
     """The endpoint is in an outage: put the item back; ``info`` is the failure, if one."""
 
     def __init__(self, info: ErrorInfo | None = None) -> None:

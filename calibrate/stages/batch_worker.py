@@ -198,7 +198,9 @@ def _handle(
             return  # nothing ever answered: not this item's failure
         if error is not None and error.kind == "connect" and queue.put_back_item(task):
             # refused to the last retry: the server is away, not this item at fault
-            breaker.trip(f"an item's {attempted.attempts} attempts were all refused: {error.message}")
+            breaker.trip(
+                f"an item's {attempted.attempts} attempts were all refused: {error.message}"
+            )
             return
         _record(task, attempted.value, error, attempted.attempts, attempted.errors, spec, tally,
                 lane, queue)  # fmt: skip

@@ -204,7 +204,9 @@ def _write(
                         "error": {"kind": "not_run", "message": "no result in the journal(s)"}}  # fmt: skip
                 raw = encode_line(line).rstrip(b"\n")
                 final.write(raw, line)
-                failures.write(encode_line({"id": task.id, "status": "not_run"}).rstrip(b"\n"), None)
+                failures.write(
+                    encode_line({"id": task.id, "status": "not_run"}).rstrip(b"\n"), None
+                )
                 continue
             handle = handles[(packed >> 1) & mask]
             handle.seek(packed >> (JOURNAL_BITS + 1))

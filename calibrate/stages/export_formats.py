@@ -6,13 +6,14 @@ file beside the target and renames it into place only when complete (``commit``)
 from __future__ import annotations
 
 import csv
+import importlib
 import io
 import json
 import os
 import tempfile
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, Literal, Protocol
+from typing import Any, BinaryIO, Literal, Protocol, Self
 
 from calibrate.errors import UsageError
 
@@ -31,7 +32,7 @@ def format_of(path: Path, flag: str) -> Format:
                          "Give a .jsonl, .csv or .parquet file.")  # fmt: skip
     if fmt == "parquet":
         try:
-            import pyarrow  # noqa: F401
+            importlib.import_module("pyarrow.parquet")
         except ImportError as exc:
             raise UsageError(
                 f"{flag} {path}: writing .parquet needs pyarrow, which is not installed",
@@ -93,7 +94,7 @@ class _Atomic:
         self.handle.close()
         self.tmp.unlink(missing_ok=True)
 
-    def __enter__(self) -> _Atomic:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
@@ -135,9 +136,8 @@ class ParquetFinal(_Atomic):
     needs_record = True
 
     def __init__(self, path: Path) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
+        pa: Any = importlib.import_module("pyarrow")
+        pq: Any = importlib.import_module("pyarrow.parquet")
         super().__init__(path)
         self._pa = pa
         self._schema = pa.schema([
