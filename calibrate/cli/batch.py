@@ -151,6 +151,15 @@ def _run(args: argparse.Namespace, out: Output, spec: BatchSpec, plan: BatchPlan
                  "target); run calibrate sweep and calibrate pin, or pass -c")  # fmt: skip
     ctx = open_stage(args, "batch", out, gate=False,
                      max_connections=min(endpoints[0].concurrency, max(plan.to_run, 1)))  # fmt: skip
+    try:
+        return _dispatch(args, out, spec, plan, source, endpoints, outage, restarter, ctx)
+    finally:
+        ctx.run.close()  # also when refused or unreachable: no run file is left open
+
+
+def _dispatch(args: argparse.Namespace, out: Output, spec: BatchSpec, plan: BatchPlan,
+              source: str, endpoints: tuple[Endpoint, ...], outage: OutagePolicy,
+              restarter: ManagedRestart | None, ctx: StageContext) -> int:  # fmt: skip
     clients = [ctx.client, *(_client(ctx.config, e) for e in endpoints[1:])]
     # --sample tries the prompt: its outputs must not count as done for the real run
     out_path = spec.out_path if spec.out_path and not spec.sample else ctx.run.file("sample.jsonl")
@@ -158,10 +167,12 @@ def _run(args: argparse.Namespace, out: Output, spec: BatchSpec, plan: BatchPlan
     _say_plan(out, plan.total, plan.skipped, plan.to_run, spec, source, plan.scan)
     extra: dict[str, Any] = {"shard": str(spec.shard) if spec.shard else None}
     events: list[OutageEvent] = []
+    events_lock = threading.Lock()  # events come from the workers' threads
 
     def on_event(event: OutageEvent) -> None:
-        events.append(event)
-        ctx.run.append("outages.jsonl", event.to_json())
+        with events_lock:
+            events.append(event)
+            ctx.run.append("outages.jsonl", event.to_json())
         out.warn(f"{event.endpoint}: {event.event.replace('_', ' ')} — {event.detail}")
 
     control = BatchControl()
