@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import importlib.util
-import json
 from collections import Counter
 from pathlib import Path
 

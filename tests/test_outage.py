@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import threading
@@ -75,7 +76,7 @@ def test_probing_backs_off_and_gives_up_after_the_limit() -> None:
     breaker.trip("test")
     assert breaker.await_up(FakeStop(), lambda: False) is False
     assert breaker.state == "gone"
-    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
     assert gaps[:5] == [1.0, 2.0, 4.0, 8.0, 10.0], gaps  # capped at 10 s
     assert probes[-1] == 30.0
 
