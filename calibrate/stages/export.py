@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Container, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -88,13 +88,14 @@ def export_final(
     known: set[ItemId] = index_input(input_path).ids
     if shard is not None and shard.count > 1:
         known = {item_id for item_id in known if shard.holds(item_id)}
-    winners: dict[ItemId, int] = {}
+    # one table of the input's ids (the same key objects): None until a line is found
+    winners: dict[ItemId, int | None] = dict.fromkeys(known)
+    del known
     lines = foreign = 0
     for number, journal in enumerate(journals):
-        read, alien = _scan_journal(journal, number, known, winners)
+        read, alien = _scan_journal(journal, number, winners)
         lines, foreign = lines + read, foreign + alien
-    total = len(known)
-    del known
+    total = len(winners)
     handles = [_open_journal(path) for path in journals]
     try:
         counts = _write(input_path, shard, winners, handles, to_path, failed_path, fmt)
@@ -114,16 +115,14 @@ def _open_journal(path: Path) -> BinaryIO:
                          "Give the --out file(s) of calibrate batch.") from exc  # fmt: skip
 
 
-def _keep(winners: dict[ItemId, int], item_id: ItemId, packed: int) -> None:
+def _keep(winners: dict[ItemId, int | None], item_id: ItemId, packed: int) -> None:
     """The last ok line wins; a failure only replaces a failure (bit 0 is ok)."""
-    old = winners.get(item_id)
+    old = winners[item_id]
     if old is None or packed & 1 or not old & 1:
         winners[item_id] = packed
 
 
-def _scan_journal(
-    path: Path, number: int, known: Container[ItemId], winners: dict[ItemId, int]
-) -> tuple[int, int]:
+def _scan_journal(path: Path, number: int, winners: dict[ItemId, int | None]) -> tuple[int, int]:
     """Pass 1 over one journal: (lines read, foreign lines)."""
     lines = foreign = 0
     with _open_journal(path) as handle:
@@ -136,7 +135,7 @@ def _scan_journal(
             for match_start, token, ok in _records(block):
                 lines += 1
                 item_id = _id_of(token)
-                if isinstance(item_id, bool) or item_id not in known:
+                if isinstance(item_id, bool) or item_id not in winners:
                     foreign += 1
                     continue
                 _keep(winners, item_id, ((base + match_start) << (JOURNAL_BITS + 1))
@@ -145,7 +144,7 @@ def _scan_journal(
         if carry.strip():  # a last line without its newline: whole (kept) or torn (ignored)
             for match_start, token, ok in _records(carry + b"\n"):
                 item_id = _id_of(token)
-                if not isinstance(item_id, bool) and item_id in known:
+                if not isinstance(item_id, bool) and item_id in winners:
                     lines += 1
                     _keep(winners, item_id, ((base + match_start) << (JOURNAL_BITS + 1))
                           | (number << 1) | (ok == b"true"))  # fmt: skip
@@ -187,7 +186,8 @@ def _loads(raw: bytes) -> Any:
 
 
 def _write(
-    input_path: Path, shard: Shard | None, winners: dict[ItemId, int], handles: list[BinaryIO],
+    input_path: Path, shard: Shard | None, winners: dict[ItemId, int | None],
+    handles: list[BinaryIO],
     to_path: Path, failed_path: Path, fmt: Format,
 ) -> tuple[int, int, int]:  # fmt: skip
     """Pass 2: the input in order, each id's winning line read back; (ok, failed, not run)."""
