@@ -32,6 +32,7 @@ import os
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse
+import itertools
 import json
 import shutil
 import sys
@@ -126,7 +127,7 @@ def build(size: str, out: Path, device: str) -> dict[str, Any]:
         embed.copy_(torch.randn(embed.shape, generator=gen, device=device))
         head = model.lm_head.weight
         head.zero_()
-        for src, dst in zip(chain, chain[1:], strict=False):
+        for src, dst in itertools.pairwise(chain):
             head[dst] += HEAD_GAIN * embed[src] / embed[src].norm()
     model = model.to(torch.bfloat16)
     model.generation_config = GenerationConfig(

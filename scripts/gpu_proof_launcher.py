@@ -70,7 +70,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the engine's cap on requests per batch (calibrate's verified batch)")  # fmt: skip
     parser.add_argument("--batch-ceiling", type=int, default=16,
                         help="the ladder's top tier: the KV cache holds this many requests")  # fmt: skip
-    parser.add_argument("--input-tokens", type=int, default=4096, help="L: the ladder's input length")
+    parser.add_argument(
+        "--input-tokens", type=int, default=4096, help="L: the ladder's input length"
+    )
     parser.add_argument("--output-tokens", type=int, default=64, help="output budget per request")
     parser.add_argument("--cap-file", type=Path, help="where to write the cap arithmetic (JSON)")
     parser.add_argument("--no-cap", action="store_true", help="serve without the memory cap")
