@@ -11,7 +11,8 @@
 #                 bundle holds the CUDA error text and a VRAM snapshot
 #   5 rollback    old PID gone, its VRAM released (NVML), restart at the verified batch, baseline
 #                 matches; then verify
-#   6 report      summary.md + runs.tar.gz + proof.log + cap.json into $OUT, else gpu-proof/
+#   6 report      summary.md, runs.tar.gz, proof.log, cap.json (the ladder's server), cap-rollback.json
+#                 (the restarted one) into $OUT, else gpu-proof/
 #
 # On the GPU box: python3 (3.12) has torch + transformers; the missing wheels come from .whl/
 # (scripts/gpu_proof_prepare.sh, run where there is network) and are installed with --no-index.
@@ -210,6 +211,7 @@ if passed 2; then
             sleep 0.5
         done
         cat "${CAP_FILE}" || true
+        cp -f "${CAP_FILE}" "${WORK}/cap-ladder.json" 2>/dev/null || true  # rollback's restart rewrites cap.json
         if ! grep -q '"state": "\(capped\|no CUDA: not capped\)"' "${CAP_FILE}" 2>/dev/null; then
             sed -i "s/^3	serve	pass	/3	serve	fail	the launcher did not set its cap (see cap.json)/" "${STEPS}"
         fi
@@ -240,7 +242,8 @@ NEW_PID="$(server_pid)"
 cd "${ROOT}"
 mkdir -p "${DEST}"
 tar -czf "${DEST}/runs.tar.gz" -C "${WORK}" runs calibrate.toml 2>/dev/null || true
-cp -f "${CAP_FILE}" "${DEST}/cap.json" 2>/dev/null || true
+cp -f "${WORK}/cap-ladder.json" "${DEST}/cap.json" 2>/dev/null || true
+cp -f "${CAP_FILE}" "${DEST}/cap-rollback.json" 2>/dev/null || true
 rc=0
 PYTHONPATH="${PYPATH}" "${CAL_PY}" scripts/gpu_proof_report.py --work "${WORK}" --dry "${DRY}" \
     --mode "${MODE}" --workload "${WORKLOAD}" --old-pid "${OLD_PID}" --new-pid "${NEW_PID}" \

@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     checks.extend(rollback_checks(work, dry, old_pid, new_pid))
     checks.append(step_check(recorded, "5b", "verify"))
 
-    cap = load_json(work / "cap.json") or {}
+    cap = load_json(work / "cap-ladder.json") or load_json(work / "cap.json") or {}
     model = load_json(work / "model" / "proof_model.json") or {}
     failed = [c for c in checks if c.result == "fail"]
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
