@@ -31,6 +31,7 @@ dt { color: #555; } dd { margin: 0; word-break: break-word; }
 svg.chart { background: #fcfcfd; border: 1px solid #e3e6ea; font-size: 11px; }
 svg.chart .title { font-size: 13px; font-weight: 600; }
 svg.chart .axis { stroke: #333; } svg.chart .grid { stroke: #e6e6e6; }
+.scroll { overflow-x: auto; }
 code { font-size: 12px; background: #f3f5f7; padding: 1px 4px; }
 """
 
@@ -77,7 +78,7 @@ def table(
     head = "".join(
         f'<th class="text">{text(h)}</th>' if h in left else f"<th>{text(h)}</th>" for h in headers
     )
-    out = [f'<table id="{escape(table_id)}">', f"<thead><tr>{head}</tr></thead>", "<tbody>"]
+    out = [f'<div class="scroll"><table id="{escape(table_id)}">', f"<thead><tr>{head}</tr></thead>", "<tbody>"]
     for number, row in enumerate(rows):
         attrs = row_attrs[number] if number < len(row_attrs) else {}
         attr_text = "".join(f' {escape(k)}="{escape(v, quote=True)}"' for k, v in attrs.items())
@@ -86,7 +87,7 @@ def table(
             klass = ' class="text"' if name in left else ""
             cells.append(f"<td{klass}>{cell if raw else text(cell)}</td>")
         out.append(f"<tr{attr_text}>{''.join(cells)}</tr>")
-    out.append("</tbody></table>")
+    out.append("</tbody></table></div>")
     return "\n".join(out)
 
 
