@@ -78,7 +78,11 @@ def table(
     head = "".join(
         f'<th class="text">{text(h)}</th>' if h in left else f"<th>{text(h)}</th>" for h in headers
     )
-    out = [f'<div class="scroll"><table id="{escape(table_id)}">', f"<thead><tr>{head}</tr></thead>", "<tbody>"]
+    out = [
+        f'<div class="scroll"><table id="{escape(table_id)}">',
+        f"<thead><tr>{head}</tr></thead>",
+        "<tbody>",
+    ]
     for number, row in enumerate(rows):
         attrs = row_attrs[number] if number < len(row_attrs) else {}
         attr_text = "".join(f' {escape(k)}="{escape(v, quote=True)}"' for k, v in attrs.items())
