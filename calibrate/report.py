@@ -15,10 +15,13 @@ from typing import Any
 
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
+from calibrate.report_compare import RunComparison, delta_text, value_text
 from calibrate.stages.compare_tiers import TierComparison
 from calibrate.store import write_atomic
+from calibrate.svg_plot import Bar
 from calibrate.tier_table import Kind, read_rows
 
 log = logging.getLogger("calibrate")
@@ -281,3 +284,72 @@ def write_plot(rows: Sequence[Mapping[str, Any]], kind: Kind, path: Path) -> Pat
     finally:
         plt.close(fig)
     return path
+
+
+def table_cells(
+    rows: Sequence[Mapping[str, Any]], kind: Kind
+) -> list[tuple[str, Callable[[Mapping[str, Any]], str]]]:
+    """The terminal table's columns (all of them, as on a wide screen), for the HTML report."""
+    return _fitting_columns(rows, kind, None)
+
+
+def write_timeline_png(bars: Sequence[Bar], title: str, path: Path) -> Path | None:
+    """timeline-<tier>.png: one bar per request (start → finish), TTFT ticks; None without
+    matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.info("matplotlib is not installed: no %s (pip install 'calibrate[plot]')", path.name)
+        return None
+    ordered = sorted(bars, key=lambda b: (b.start_s, b.finish_s))
+    fig, ax = plt.subplots(figsize=(10, max(2.5, 0.12 * len(ordered) + 1.5)))
+    try:
+        for number, bar in enumerate(ordered):
+            colour = "tab:blue" if bar.ok else "tab:red"
+            ax.barh(number, bar.finish_s - bar.start_s, left=bar.start_s, height=0.7, color=colour)
+            if bar.ttft_s is not None:
+                ax.plot([bar.start_s + bar.ttft_s] * 2, [number - 0.4, number + 0.4], color="black")
+        ax.invert_yaxis()
+        ax.set_xlabel("seconds from the first request's start")
+        ax.set_ylabel("requests, in start order")
+        ax.set_title(title)
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def runs_compare_table(cmp: RunComparison) -> Table:
+    """``report A B``: per tier, each headline metric as ``A → B (change)``."""
+    table = Table(title=f"A = {cmp.a.run_id}   B = {cmp.b.run_id}", title_justify="left")
+    for name in (cmp.key, "verdict A", "verdict B", *cmp.metrics):
+        table.add_column(name, justify="left" if name.startswith("verdict") else "right")
+    for row in cmp.rows:
+        cells = [
+            f"{row.key:g}",
+            escape(str((row.a or {}).get("verdict") or "not run")),
+            escape(str((row.b or {}).get("verdict") or "not run")),
+        ]
+        for metric in cmp.metrics:
+            delta = row.deltas.get(metric)
+            if delta is None:
+                side = row.a if row.a is not None else row.b
+                cells.append(value_text(_number((side or {}).get(metric))))
+                continue
+            change = delta_text(delta)
+            colour = None if delta.better is None else ("green" if delta.better else "red")
+            cell = f"{value_text(delta.a)} → {value_text(delta.b)}" + (
+                f" ({change})" if change else ""
+            )
+            cells.append(f"[{colour}]{cell}[/]" if colour else cell)
+        table.add_row(*cells)
+    return table
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

@@ -80,5 +80,14 @@ calibrate batch --input tasks.jsonl --out out.jsonl --prompt "一句话概括：
 calibrate server stop
 echo "final results (one line per id, input order): $work/final.jsonl ($(wc -l <final.jsonl) lines)"
 
+step "calibrate report --html   (one self-contained HTML file per run, no server needed)"
+ladder_run=$(ls -d runs/*-ladder-* | tail -1)
+sweep_run=$(ls -d runs/*-sweep-* | tail -1)
+top() { python3 -c 'import csv, sys; print(max(int(float(r[sys.argv[2]])) for r in csv.DictReader(open(sys.argv[1]))))' "$1/tiers.csv" "$2"; }
+calibrate report "$ladder_run" --html --timeline "$(top "$ladder_run" batch_size)" --no-plot >/dev/null
+calibrate report "$sweep_run" --html --timeline "$(top "$sweep_run" concurrency)" --no-plot >/dev/null
+
 echo
 echo "demo finished: everything it wrote is in $work"
+echo "HTML reports: $work/$ladder_run/report.html"
+echo "              $work/$sweep_run/report.html"

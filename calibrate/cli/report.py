@@ -1,6 +1,8 @@
-"""Re-render a ladder or sweep run's tier table and plot.png from its files (no server needed).
+"""Re-render a ladder or sweep run from its files (no server needed): its tier table and plot.png,
+a self-contained HTML report (--html), a per-request timeline of one tier (--timeline), or two
+runs side by side with deltas per tier (report RUN_A RUN_B).
 
-example: calibrate report runs/20261129T164129Z-ladder-a1b2c3
+example: calibrate report runs/20261129T164129Z-ladder-a1b2c3 --html --timeline 4
 """
 
 from __future__ import annotations
@@ -10,34 +12,84 @@ from pathlib import Path
 from typing import Any
 
 from calibrate import report, tier_table
-from calibrate.cli.common import add_command, load_config, output_for
-from calibrate.errors import InputError
+from calibrate.cli.common import Output, add_command, load_config, output_for
+from calibrate.errors import InputError, UsageError
+from calibrate.html_compare import comparison_html
+from calibrate.html_report import key_label, run_html
+from calibrate.report_compare import compare_runs
+from calibrate.run_view import RunView, load_run
+from calibrate.store import write_atomic
+from calibrate.timeline import Timeline, read_timeline
 
 
 def register(subparsers: Any) -> None:
     parser = add_command(subparsers, "report", __doc__ or "", run, target=False)
     parser.add_argument("run_dir", metavar="RUN", help="a run folder (runs/<run_id>) or its id")
-    parser.add_argument("--no-plot", action="store_true", help="do not write plot.png again")
+    parser.add_argument(
+        "run_b", metavar="RUN_B", nargs="?", help="a second run of the same kind: compare A → B"
+    )
+    parser.add_argument("--no-plot", action="store_true", help="do not write PNG plots again")
+    parser.add_argument(
+        "--html",
+        metavar="PATH",
+        nargs="?",
+        const="",
+        help="write one self-contained HTML report (default RUN/report.html)",
+    )
+    parser.add_argument(
+        "--timeline",
+        metavar="TIER",
+        type=float,
+        help="per-request timeline of one tier: its batch size (ladder) or concurrency (sweep)",
+    )
+
+
+def _resolve(name: str, runs_dir: Path) -> Path:
+    path = Path(name)
+    if not path.is_dir() and (runs_dir / name).is_dir():
+        return runs_dir / name
+    return path
+
+
+def _load(path: Path) -> RunView:
+    if not (path / "tiers.csv").exists():
+        return load_run(path, "ladder")  # raises the "not a finished run" error
+    kind = report.run_kind(path)
+    view = load_run(path, kind)
+    tier_table.check_rows(list(view.rows), kind, path / "tiers.csv")
+    return view
+
+
+def _write(path: Path, text: str) -> Path:
+    try:
+        write_atomic(path, text)
+    except OSError as exc:
+        raise InputError(
+            f"cannot write {path}: {exc.strerror or exc}", "Give a writable path: --html PATH"
+        ) from exc
+    return path
 
 
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
-    path = Path(args.run_dir)
     runs_dir = load_config(args).runs_dir
-    if not path.is_dir() and (runs_dir / args.run_dir).is_dir():
-        path = runs_dir / args.run_dir
-    csv_path = path / "tiers.csv"
-    if not csv_path.exists():
-        raise InputError(f"{csv_path} does not exist: {path} is not a finished ladder or sweep run",
-                         f"List the runs with: ls {runs_dir}/   (report reads <run>/tiers.csv)")  # fmt: skip
-    kind = report.run_kind(path)
-    rows = tier_table.read_rows(csv_path)
-    tier_table.check_rows(rows, kind, csv_path)
+    view = _load(_resolve(args.run_dir, runs_dir))
+    if args.run_b is not None:
+        if args.timeline is not None:
+            raise UsageError("--timeline draws one run: give one RUN with it")
+        return _compare(out, view, _load(_resolve(args.run_b, runs_dir)), args.html)
+    return _one(out, view, args)
+
+
+def _one(out: Output, view: RunView, args: argparse.Namespace) -> int:
+    rows, kind, path = list(view.rows), view.kind, view.path
     try:
         table = report.tier_table(rows, kind, f"{kind} {path.name}", out.console.width)
     except (ValueError, TypeError) as exc:  # a cell that is not a number where one belongs
-        raise InputError(f"{csv_path} has a value report cannot read ({exc})",
-                         "Rerun the stage to write the table again.") from exc  # fmt: skip
+        raise InputError(
+            f"{path / 'tiers.csv'} has a value report cannot read ({exc})",
+            "Rerun the stage to write the table again.",
+        ) from exc
     out.render(table)
     if rows and rows[0].get("vram_source") == "none":
         out.say("VRAM not measured")
@@ -46,5 +98,58 @@ def run(args: argparse.Namespace) -> int:
         out.say(f"plot: {plot}")
     elif not args.no_plot:
         out.say("no plot: matplotlib is not installed (pip install 'calibrate[plot]')")
-    out.result({"run": str(path), "kind": kind, "rows": rows, "plot": str(plot) if plot else None})
+    timeline: Timeline | None = None
+    result: dict[str, Any] = {
+        "run": str(path),
+        "kind": kind,
+        "rows": rows,
+        "plot": str(plot) if plot else None,
+    }
+    if args.timeline is not None:
+        timeline, result["timeline"] = _timeline(out, view, args.timeline, args.no_plot)
+    if args.html is not None:
+        html = _write(
+            Path(args.html) if args.html else path / "report.html", run_html(view, timeline)
+        )
+        out.say(f"HTML report: {html}")
+        result["html"] = str(html)
+    elif timeline is not None and not result["timeline"]["png"]:
+        out.say("the timeline is drawn into the HTML report: add --html")
+    out.result(result)
+    return 0
+
+
+def _timeline(
+    out: Output, view: RunView, tier: float, no_plot: bool
+) -> tuple[Timeline, dict[str, Any]]:
+    """One tier's requests: drawn into the HTML report, and timeline-<tier>.png with matplotlib."""
+    label = f"{key_label(view.key)} {tier:g}"
+    timeline = read_timeline(view.path, view.key, tier, wave=view.kind == "ladder", label=label)
+    png = None
+    if not no_plot:
+        title = f"{view.path.name}: {label}"
+        png = report.write_timeline_png(timeline.bars, title, view.path / f"timeline-{tier:g}.png")
+    out.say(f"timeline of {label}: {len(timeline.bars)} requests; times: {timeline.note}")
+    if png:
+        out.say(f"timeline plot: {png}")
+    summary = {
+        "tier": tier,
+        "requests": len(timeline.bars),
+        "times": timeline.source,
+        "png": str(png) if png else None,
+    }
+    return timeline, summary
+
+
+def _compare(out: Output, a: RunView, b: RunView, html: str | None) -> int:
+    cmp = compare_runs(a, b)
+    out.render(report.runs_compare_table(cmp))
+    result = cmp.to_json()
+    if html is not None:
+        path = _write(
+            Path(html) if html else b.path / f"compare-{a.path.name}.html", comparison_html(cmp)
+        )
+        out.say(f"HTML comparison: {path}")
+        result["html"] = str(path)
+    out.result(result)
     return 0

@@ -1,0 +1,158 @@
+"""``calibrate report RUN_A RUN_B`` (deltas per tier) and ``--timeline TIER``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from calibrate.timeline import tier_timeline
+from tests.report_helpers import Page, ladder_row, sweep_row, write_run
+
+
+def _two_ladders(root: Path) -> None:
+    write_run(
+        root,
+        "a",
+        "ladder",
+        [ladder_row(1, 4.0), ladder_row(2, 8.0), ladder_row(4, 10.0)],
+        summary={"last_passing": {"batch_size": 4, "concurrency": 4}, "stopped_by": "completed"},
+    )
+    write_run(
+        root,
+        "b",
+        "ladder",
+        [
+            ladder_row(1, 4.0),
+            ladder_row(2, 6.0, peak_vram_mib=50000),
+            ladder_row(4, 12.0, verdict="fail"),
+        ],
+        passed=True,
+        summary={"last_passing": {"batch_size": 2, "concurrency": 2}, "stopped_by": "failure"},
+    )
+
+
+def test_report_a_b_gives_deltas_per_tier(cli, isolated: Path) -> None:
+    _two_ladders(isolated)
+    result = cli("report", "runs/a", "runs/b", "--json")
+    assert result.code == 0, result.err
+    data = result.json
+    assert data["kind"] == "ladder" and data["key"] == "batch_size"
+    assert data["a"]["last_passing"] == "batch size 4, concurrency 4"
+    assert data["b"]["last_passing"] == "batch size 2, concurrency 2"
+    rows = {r["key"]: r for r in data["rows"]}
+    assert set(rows) == {1, 2, 4}
+    two = rows[2]["deltas"]
+    assert two["items_per_s"]["a"] == 8.0 and two["items_per_s"]["b"] == 6.0
+    assert two["items_per_s"]["change"] == -0.25 and two["items_per_s"]["better"] is False
+    assert (
+        two["peak_vram_mib"]["delta"] == 50000 - 42000 and two["peak_vram_mib"]["better"] is False
+    )
+    assert rows[1]["deltas"]["items_per_s"]["delta"] == 0
+    assert rows[4]["a"]["verdict"] == "pass" and rows[4]["b"]["verdict"] == "fail"
+    assert "items_per_s" in data["metrics"] and "peak_vram_mib" in data["metrics"]
+    # the terminal table shows the same: A → B (change) per metric
+    assert "8 → 6 (-25%)" in result.err and "pass" in result.err and "fail" in result.err
+
+
+def test_a_tier_only_one_run_has_is_shown_as_not_run(cli, isolated: Path) -> None:
+    write_run(isolated, "a", "sweep", [sweep_row(1, 4.0), sweep_row(2, 8.0)])
+    write_run(isolated, "b", "sweep", [sweep_row(1, 5.0), sweep_row(2, 9.0), sweep_row(4, 16.0)])
+    result = cli("report", "a", "b", "--json", "--html")
+    assert result.code == 0, result.err
+    rows = {r["key"]: r for r in result.json["rows"]}
+    assert result.json["key"] == "concurrency" and rows[4]["a"] is None and rows[4]["deltas"] == {}
+    assert rows[1]["deltas"]["items_per_s"]["change"] == 0.25
+    html = isolated / "runs/b/compare-a.html"  # beside B, named after A
+    assert result.json["html"] == "runs/b/compare-a.html"
+    page = Page(html.read_text("utf-8"))
+    body = page.body_rows("comparison")
+    assert [r[0] for r in body] == ["1", "2", "4"]
+    assert body[2][1] == "not run" and body[2][2] == "pass"
+    header = page.rows["comparison"][0]
+    assert body[0][header.index("items_per_s Δ")] == "+25%"
+
+
+def test_a_ladder_and_a_sweep_are_not_compared(cli, isolated: Path) -> None:
+    write_run(isolated, "lad", "ladder", [ladder_row(1, 4.0)])
+    write_run(isolated, "swp", "sweep", [sweep_row(1, 4.0)])
+    result = cli("report", "runs/lad", "runs/swp", "--html")
+    assert result.code == 2
+    assert "lad is a ladder and swp a sweep" in result.err and "Traceback" not in result.err
+    assert not list(isolated.rglob("*.html"))  # nothing written
+
+
+def test_timeline_bars_are_the_tiers_requests(cli, isolated: Path) -> None:
+    """Records from a stage that wrote each round after it ended (one ts): the starts are
+    replayed with the concurrency; a request that waited for a free slot starts later."""
+    ts = "2026-01-01T00:00:05.000Z"
+    records = [
+        {
+            "batch_size": 4,
+            "concurrency": c,
+            "round": None,
+            "ts": ts,
+            "elapsed_s": 1.0,
+            "ttft_s": 0.1,
+            "ok": True,
+        }
+        for c in (1, 2, 2, 2, 2)
+    ]
+    write_run(isolated, "s", "sweep", [sweep_row(1, 1.0), sweep_row(2, 2.0)], records=records)
+    result = cli("report", "runs/s", "--html", "--timeline", "2", "--json", "--no-plot")
+    assert result.code == 0, result.err
+    assert result.json["timeline"] == {
+        "tier": 2.0,
+        "requests": 4,
+        "times": "estimated",
+        "png": None,
+    }
+    page = Page((isolated / "runs/s/report.html").read_text("utf-8"))
+    assert page.count("rect", "bar") == 4 and page.count("line", "ttft") == 4
+    assert "estimated" in page.id_text["timeline-source"]
+    bars = [a for t, a in page.tags if t == "rect" and "bar" in a.get("class", "")]
+    starts = sorted(float(b["x"]) for b in bars)
+    assert starts[0] == starts[1] < starts[2] == starts[3]  # two slots: two waited a second
+    missing = cli("report", "runs/s", "--timeline", "8")
+    assert missing.code == 2 and "tiers the run has (1, 2)" in missing.err
+
+
+def test_timeline_uses_recorded_starts_or_finish_times() -> None:
+    recorded = [
+        {"batch_size": 2, "started_s": 10.0, "done_s": 10.5, "elapsed_s": 0.5},
+        {"batch_size": 2, "started_s": 10.2, "elapsed_s": 1.0, "ttft_s": 0.3},
+        {"batch_size": 4, "started_s": 0.0, "elapsed_s": 1.0},
+    ]
+    timeline = tier_timeline(recorded, "batch_size", 2, wave=True)
+    assert timeline.source == "recorded"
+    spans = [(round(b.start_s, 6), round(b.finish_s, 6)) for b in timeline.bars]
+    assert spans == [(0.0, 0.5), (0.2, 1.2)]
+    assert timeline.bars[1].ttft_s == 0.3
+    finished = [
+        {"concurrency": 1, "ts": "2026-01-01T00:00:02.000Z", "elapsed_s": 2.0},
+        {
+            "concurrency": 1,
+            "ts": "2026-01-01T00:00:03.500Z",
+            "elapsed_s": 1.0,
+            "ok": False,
+            "error": {"kind": "timeout"},
+        },
+    ]
+    timeline = tier_timeline(finished, "concurrency", 1, wave=False)
+    assert timeline.source == "finish times"
+    assert [(b.start_s, b.finish_s, b.ok) for b in timeline.bars] == [
+        (0.0, 2.0, True),
+        (2.5, 3.5, False),
+    ]
+    assert "timeout" in timeline.bars[1].label
+
+
+def test_a_ladder_wave_starts_together_and_rounds_follow_each_other() -> None:
+    ts = "2026-01-01T00:00:05.000Z"
+    records = [
+        {"batch_size": 2, "concurrency": 2, "round": r, "ts": ts + str(r), "elapsed_s": e}
+        for r, e in ((1, 1.0), (1, 2.0), (2, 1.0), (2, 1.0))
+    ]
+    for record in records:
+        record["ts"] = ts  # every round written at once
+    timeline = tier_timeline(records, "batch_size", 2, wave=True)
+    assert timeline.source == "estimated"
+    assert [(b.start_s, b.finish_s) for b in timeline.bars] == [(0, 1), (0, 2), (2, 3), (2, 3)]
