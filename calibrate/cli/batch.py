@@ -48,6 +48,7 @@ from calibrate.stages.batch_result import BatchResult, summary_json
 from calibrate.stages.batch_worker import BatchControl
 from calibrate.stages.context import sampling_params
 from calibrate.stages.format_check import shape_checks
+from calibrate.stages.length_check import length_warning
 from calibrate.stages.retry import RetryPolicy
 
 
@@ -177,6 +178,11 @@ def _run(args: argparse.Namespace, out: Output, spec: BatchSpec, plan: BatchPlan
     out_path = spec.out_path if spec.out_path and not spec.sample else ctx.run.file("sample.jsonl")
     resume = shlex.join(["calibrate", *getattr(args, "argv", [])])
     _say_plan(out, plan.total, plan.skipped, plan.to_run, spec, source, plan.scan)
+    long_items = length_warning(
+        ctx.ledger, ctx.target, plan.source_path, spec.prompt, shown=spec.input_path
+    )
+    if long_items:
+        out.warn(long_items)
     control = BatchControl()
     monitor = SelfLoadMonitor().start()
     view = ProgressView(out, plan.to_run, args.progress_s, spec.grace_s)
