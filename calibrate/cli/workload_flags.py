@@ -142,7 +142,7 @@ def context_lengths(
     lengths = default_context_lengths(limit, output_tokens)
     if not lengths:
         raise UsageError(
-            f"the server's max_model_len {limit} leaves no room for a 512-token input and a "
+            f"the server's max_model_len {limit} leaves no room for an input beside a "
             f"{output_tokens}-token answer",
             "Lower --output-tokens, or give --context-lengths.",
         )
