@@ -15,9 +15,7 @@ from tests.workload_helpers import FAST_MOCK, LADDER, calibrated, tiers
 KV_20K = {**FAST_MOCK, "kv_capacity_tokens": 20_000}
 
 
-def test_fixed_prompt_misses_the_kv_limit_a_3000_token_workload_finds(
-    cli, isolated: Path
-) -> None:
+def test_fixed_prompt_misses_the_kv_limit_a_3000_token_workload_finds(cli, isolated: Path) -> None:
     with start_mock(**KV_20K, on_kv_full="oom") as mock:
         calibrated(cli, isolated, mock.base_url)
         fixed = cli("ladder", "--json")
@@ -166,3 +164,19 @@ def test_workload_flags_out_of_bounds_exit_2_before_anything_is_written(
             result = cli("ladder", *args)
             assert result.code == 2 and words in result.err, (args, result.err)
         assert sorted((isolated / "runs").iterdir()) == runs_before
+
+
+def test_sweep_sends_the_workload_and_records_it(cli, isolated: Path) -> None:
+    extra = LADDER + "batch_sizes = [1, 2]\n[sweep]\nconcurrency = [1, 2]\nitems = 4\n"
+    with start_mock(**FAST_MOCK) as mock:
+        calibrated(cli, isolated, mock.base_url, extra)
+        assert cli("ladder").code == 0
+        result = cli("sweep", "--input-tokens", "400:800", "--output-tokens", "30", "--json")
+    assert result.code == 0, result.err
+    levels = result.json["levels_detail"]
+    assert all(400 <= lv["input_tokens_target"] <= 800 for lv in levels)
+    assert all(lv["output_tokens_mean"] == 30 for lv in levels)
+    workload = result.json["workload"]
+    assert workload["input_tokens"] == "400:800" and workload["output_tokens"] == 30
+    records = jsonl(run_dir(isolated, result.json["run_id"]) / "records.jsonl")
+    assert len({r["prompt"] for r in records}) == len(records) == 8

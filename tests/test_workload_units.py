@@ -101,7 +101,11 @@ def test_workload_section_is_checked_like_every_other(tmp_path: Path) -> None:
     good = '[workload]\ninput_tokens = "512:4096"\noutput_tokens = 200\nshared_prefix = 0.25\n'
     path.write_text(good, "utf-8")
     loaded = config.load(config.Overrides(config_path=str(path)), {}).workload
-    assert (loaded.input_tokens, loaded.output_tokens, loaded.shared_prefix) == ("512:4096", 200, 0.25)
+    assert (loaded.input_tokens, loaded.output_tokens, loaded.shared_prefix) == (
+        "512:4096",
+        200,
+        0.25,
+    )
     for bad, words in [
         ('source = "files"', "expected one of"),
         ("input_tokens = 0", "input_tokens must be"),

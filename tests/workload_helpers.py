@@ -11,7 +11,11 @@ from tests.conftest import write_config
 
 # Fast mock timings: a 200-token forced answer takes about 40 ms.
 FAST_MOCK: dict[str, Any] = {"ttft_s": 0.002, "per_token_s": 0.0002}
-_ROUND = "min_round_s = 0\n" if "min_round_s" in {f.name for f in dataclasses.fields(LadderConfig)} else ""
+_ROUND = (
+    "min_round_s = 0\n"
+    if "min_round_s" in {f.name for f in dataclasses.fields(LadderConfig)}
+    else ""
+)
 LADDER = f"[ladder]\nsample_interval_s = 0.005\nlatency_rise = 100.0\n{_ROUND}"
 
 
