@@ -209,9 +209,16 @@ class Sweep:
     def result(self) -> SweepResult:
         o = self.options
         passing = [lv.stats for lv in self.levels if lv.verdict == "pass"]
-        return SweepResult(tuple(self.levels), o.batch_size, o.gain_min, self.cap,
-                           self.monitor.source, len(self.incidents.written),
-                           self.plan.recorded(passing), self.plan.details())  # fmt: skip
+        return SweepResult(
+            tuple(self.levels),
+            o.batch_size,
+            o.gain_min,
+            self.cap,
+            self.monitor.source,
+            len(self.incidents.written),
+            self.plan.recorded(passing),
+            self.plan.details(),
+        )
 
     def level_requests(self, concurrency: int, count: int) -> list[Request]:
         """``count`` requests of the workload for one level (each a prompt list of B prompts in
