@@ -6,9 +6,12 @@ through calibrate's batch engine at concurrency c; ideal = N / (ceil(N/c) × D) 
 efficiency = achieved / ideal. The same rows are run by a naive reference client (a thread
 per in-flight request, a fresh urllib connection per call). Then: the resume scan of a
 1,000,000-line output file against a json.loads-every-line scan, and the peak RSS of
-`calibrate batch` for 10,000 and 1,000,000 input items. It reports; it never fails on targets.
+`calibrate batch` for 10,000 and 1,000,000 input items. Then the long-run rows (long_runs.py):
+a 20 s outage, two endpoints against one, export/--final over 1,000,000 journal lines. It
+reports; it never fails on targets.
 
-usage: python bench/bench.py [--quick] [--json PATH]
+usage: python bench/bench.py [--quick] [--only NAME[,NAME…]] [--json PATH]
+names: efficiency, scan, memory, outage, endpoints, final
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+import long_runs  # noqa: E402  (bench/ is this script's folder)
+
 from calibrate.client import OpenAIClient  # noqa: E402
 from calibrate.records import SamplingParams  # noqa: E402
 from calibrate.selfload import SelfLoadMonitor  # noqa: E402
@@ -37,6 +42,8 @@ from calibrate.stages.batch import BatchSpec, plan_batch, run_batch  # noqa: E40
 from calibrate.stages.resume import scan_output  # noqa: E402
 from calibrate.store import dumps_line  # noqa: E402
 from tests.mockserver import start_mock_process  # noqa: E402
+
+SECTIONS = ("efficiency", "scan", "memory", "outage", "endpoints", "final")
 
 ROWS = [(1.0, 1), (1.0, 8), (1.0, 64), (1.0, 256), (0.3, 8), (0.3, 32), (0.3, 128), (0.3, 512)]
 PARAMS = SamplingParams(temperature=0.0, max_tokens=64, top_p=1.0, seed=0)
@@ -173,15 +180,19 @@ sys.exit(code)
 
 
 def peak_rss_mib(base_url: str, tasks: Path, out: Path, *extra: str) -> float:
+    return peak_rss_of(["batch", "--base-url", base_url, "--input", str(tasks), "--out",
+                        str(out), "-c", "32", "--progress-s", "3600", *extra], out.parent)  # fmt: skip
+
+
+def peak_rss_of(args: list[str], cwd: Path) -> float:
+    """``calibrate ARGS`` in a child process: its peak RSS (MiB)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CALIBRATE_")}
     env["PYTHONPATH"] = str(REPO)
-    command = [sys.executable, "-c", _RUN_AND_REPORT_HWM, "batch", "--base-url", base_url,
-               "--input", str(tasks), "--out", str(out), "-c", "32", "--progress-s", "3600",
-               *extra]  # fmt: skip
-    done = subprocess.run(command, cwd=out.parent, env=env, stdout=subprocess.DEVNULL,
+    command = [sys.executable, "-c", _RUN_AND_REPORT_HWM, *args]
+    done = subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True, check=False)  # fmt: skip
     if done.returncode != 0:
-        print(f"  batch exited {done.returncode}: {done.stderr[-500:]}", file=sys.stderr)
+        print(f"  {args[0]} exited {done.returncode}: {done.stderr[-500:]}", file=sys.stderr)
     marks = [line for line in done.stderr.splitlines() if line.startswith("@@VmHWM ")]
     return int(marks[-1].split()[1]) / 1024 if marks else float("nan")
 
@@ -209,53 +220,89 @@ def memory(work: Path, small: int, large: int, run_items: int) -> dict[str, floa
             "ratio_without_ids": (rss_large - ids) / rss_small}  # fmt: skip
 
 
-def table(rows: list[Row], scan: dict[str, float], mem: dict[str, float]) -> str:
-    out = ["| D (s) | c | N | ideal items/s | calibrate eff. | naive eff. | calibrate / naive "
-           "| calibrate CPU ms/req | naive CPU ms/req | self-load warning |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|"]  # fmt: skip
+def table(rows: list[Row], scan: dict[str, float] | None, mem: dict[str, float] | None) -> str:
+    out: list[str] = []
+    if rows:
+        out += ["| D (s) | c | N | ideal items/s | calibrate eff. | naive eff. | calibrate / naive "
+                "| calibrate CPU ms/req | naive CPU ms/req | self-load warning |",
+                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|", ""]  # fmt: skip
     for r in rows:
-        out.append(
+        out.insert(
+            len(out) - 1,
             f"| {r.latency_s:g} | {r.concurrency} | {r.items} | {r.ideal_items_per_s:.1f} "
             f"| {r.calibrate_efficiency:.3f} | {r.naive_efficiency:.3f} | {r.ratio:.2f}× "
             f"| {r.calibrate_cpu_ms_per_request:.3f} | {r.naive_cpu_ms_per_request:.3f} "
-            f"| {'yes' if r.calibrate_client_bound else 'no'} |"
+            f"| {'yes' if r.calibrate_client_bound else 'no'} |",
         )
-    out += [
-        "",
-        f"resume scan of {scan['lines']:,} lines ({scan['file_mib']:.0f} MiB): "
-        f"{scan['ours_s']:.2f} s vs json.loads-every-line {scan['reference_s']:.2f} s "
-        f"→ ratio {scan['ratio']:.2f} (target ≤ 0.5)",
-        f"peak RSS of calibrate batch: {mem['small_items']:,} items {mem['rss_small_mib']:.0f} MiB;"
-        f" {mem['large_items']:,} items (first {mem['large_items_run']:,} run) "
-        f"{mem['rss_large_mib']:.0f} MiB, of which the id set ≈ {mem['id_set_mib']:.0f} MiB "
-        f"→ (RSS − id set) / RSS(small) = {mem['ratio_without_ids']:.2f} (target ≤ 1.2)",
-    ]
+    if scan:
+        out.append(f"resume scan of {scan['lines']:,} lines ({scan['file_mib']:.0f} MiB): "
+                   f"{scan['ours_s']:.2f} s vs json.loads-every-line {scan['reference_s']:.2f} s "
+                   f"→ ratio {scan['ratio']:.2f} (target ≤ 0.5)")  # fmt: skip
+    if mem:
+        out.append(
+            f"peak RSS of calibrate batch: {mem['small_items']:,} items {mem['rss_small_mib']:.0f} "
+            f"MiB; {mem['large_items']:,} items (first {mem['large_items_run']:,} run) "
+            f"{mem['rss_large_mib']:.0f} MiB, of which the id set ≈ {mem['id_set_mib']:.0f} MiB "
+            f"→ (RSS − id set) / RSS(small) = {mem['ratio_without_ids']:.2f} (target ≤ 1.2)"
+        )
     return "\n".join(out)
+
+
+def _only(text: str | None) -> set[str]:
+    names = set(SECTIONS) if not text else {n.strip() for n in text.split(",") if n.strip()}
+    unknown = names - set(SECTIONS)
+    if unknown:
+        raise SystemExit(
+            f"--only: unknown {', '.join(sorted(unknown))}; names: {', '.join(SECTIONS)}"
+        )
+    return names
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
+    parser.add_argument("--only", metavar="NAME[,NAME…]", help=f"run only: {', '.join(SECTIONS)}")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     args = parser.parse_args()
+    only = _only(args.only)
     rows = ROWS
     min_items, scan_lines, small, large, run_items = 64, 1_000_000, 10_000, 1_000_000, 10_000
+    outage_s, outage_items, endpoint_items, final_lines = 20.0, 600, 400, 1_000_000
     if args.quick:
         rows = [(0.3, 1), (0.3, 64), (0.3, 512)]
         min_items, scan_lines, small, large, run_items = 16, 100_000, 2_000, 100_000, 2_000
+        outage_s, outage_items, endpoint_items, final_lines = 5.0, 200, 160, 100_000
     started = time.perf_counter()
+    measured: list[Row] = []
+    scan = mem = None
+    long: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="calibrate-bench-") as tmp:
         work = Path(tmp)
-        print("client efficiency (calibrate vs naive) …", file=sys.stderr, flush=True)
-        measured = efficiency_rows(work, rows, min_items)
-        print("resume scan …", file=sys.stderr, flush=True)
-        scan = resume_scan(work, scan_lines)
-        print("peak RSS …", file=sys.stderr, flush=True)
-        mem = memory(work, small, large, run_items)
+        if "efficiency" in only:
+            print("client efficiency (calibrate vs naive) …", file=sys.stderr, flush=True)
+            measured = efficiency_rows(work, rows, min_items)
+        if "scan" in only:
+            print("resume scan …", file=sys.stderr, flush=True)
+            scan = resume_scan(work, scan_lines)
+        if "memory" in only:
+            print("peak RSS …", file=sys.stderr, flush=True)
+            mem = memory(work, small, large, run_items)
+        if "outage" in only:
+            print(f"outage of {outage_s:g} s …", file=sys.stderr, flush=True)
+            long["outage"] = long_runs.outage(work, outage_s, outage_items)
+        if "endpoints" in only:
+            print("two endpoints vs one …", file=sys.stderr, flush=True)
+            long["endpoints"] = long_runs.endpoints(work, endpoint_items)
+        if "final" in only:
+            print(f"export over {final_lines:,} journal lines …", file=sys.stderr, flush=True)
+            long["final"] = long_runs.final(work, final_lines, peak_rss_of, id_set_mib)
     print(table(measured, scan, mem))
+    if long:
+        print(long_runs.table(long))
     print(f"\n(bench took {time.perf_counter() - started:.0f} s on {os.cpu_count()} CPUs)")
     if args.json:
-        payload = {"rows": [asdict(r) for r in measured], "resume_scan": scan, "memory": mem}
+        payload = {"rows": [asdict(r) for r in measured], "resume_scan": scan, "memory": mem,
+                   **long}  # fmt: skip
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return 0
 

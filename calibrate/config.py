@@ -44,6 +44,8 @@ class TargetConfig:
     connect_timeout_s: float = 10.0
     max_response_mib: float = 64.0  # a larger answer is invalid_response, never buffered whole
     gpu_metrics_key_env: str = ""  # names the variable holding a key for --gpu-metrics-url
+    # batch across several servers: "URL" or "URL#c=N"; the first is the target's base_url
+    base_urls: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,7 @@ class Config:
                 continue
             out[f.name] = dataclasses.asdict(getattr(self, f.name))
         out["target"]["base_url"] = redact_url(self.target.base_url)
+        out["target"]["base_urls"] = [redact_url(url) for url in self.target.base_urls]
         out["source"] = self.source
         out["api_key"] = mask_secret(self.api_key)
         out["gpu_metrics_key"] = mask_secret(self.gpu_metrics_key)
@@ -206,6 +209,10 @@ def load(overrides: Overrides, environ: Mapping[str, str]) -> Config:
         target = replace(target, base_url=overrides.base_url)
     if overrides.model:
         target = replace(target, model=overrides.model)
+    if environ.get("CALIBRATE_BASE_URL") or overrides.base_url:
+        target = replace(target, base_urls=())  # one URL given: it replaces the list too
+    elif target.base_urls:
+        target = replace(target, base_url=split_endpoint(target.base_urls[0])[0])
     target = replace(target, base_url=normalise_base_url(target.base_url))
     key_var = next(
         (v for v in (target.api_key_env, "CALIBRATE_API_KEY", "OPENAI_API_KEY") if environ.get(v)),
@@ -260,6 +267,27 @@ def normalise_base_url(url: str) -> str:
     if not url.endswith("/v1"):
         url += "/v1"
     return url
+
+
+MAX_ENDPOINT_CONCURRENCY = 4096
+
+
+def split_endpoint(text: str) -> tuple[str, int | None]:
+    """``"http://h:8000/v1#c=8"`` → (normalised URL, 8); without ``#c=N`` the concurrency is None."""
+    url, sep, suffix = text.strip().partition("#")
+    concurrency: int | None = None
+    if sep:
+        value = suffix.removeprefix("c=")
+        if not suffix.startswith("c=") or not value.isdigit():
+            raise ConfigError(
+                f"endpoint {_shown_url(text)!r}: after '#' only c=N (its concurrency) is allowed",
+                "Write it like http://10.0.0.2:8000/v1#c=8.",
+            )
+        concurrency = int(value)
+        if not 1 <= concurrency <= MAX_ENDPOINT_CONCURRENCY:
+            raise ConfigError(f"endpoint {_shown_url(text)!r}: c must be in "
+                              f"[1, {MAX_ENDPOINT_CONCURRENCY}], got {concurrency}")  # fmt: skip
+    return normalise_base_url(url), concurrency
 
 
 def _shown_url(url: str) -> str:
@@ -408,8 +436,12 @@ def _check_ranges(section: Any, name: str, path: Path) -> None:
             problems.append("model must name the model the server registered (it is empty)")
         try:
             normalise_base_url(section.base_url)
+            urls = [split_endpoint(text)[0] for text in section.base_urls]
         except ConfigError as exc:
             problems.append(exc.message)
+        else:
+            if len(set(urls)) != len(urls):
+                problems.append("base_urls lists the same server twice")
     if isinstance(section, PromptConfig):
         problems.append(_between("max_tokens", section.max_tokens, 1, MAX_TOKENS))
         problems.append(_between("temperature", section.temperature, 0, MAX_TEMPERATURE))

@@ -75,9 +75,10 @@ with open("tasks.jsonl", "w", encoding="utf-8") as handle:
         item = {"id": i, "text": f"第{i}号文档：定长数组的长度在编译时确定，元素在内存中连续存放。"}
         handle.write(json.dumps(item, ensure_ascii=False) + "\n")
 PY
-calibrate batch --input tasks.jsonl --out out.jsonl --prompt "一句话概括："
-calibrate batch --input tasks.jsonl --out out.jsonl --prompt "一句话概括："  # nothing left: resumes
+calibrate batch --input tasks.jsonl --out out.jsonl --prompt "一句话概括：" --final final.jsonl
+calibrate batch --input tasks.jsonl --out out.jsonl --prompt "一句话概括：" --final final.jsonl  # nothing left: resumes
 calibrate server stop
+echo "final results (one line per id, input order): $work/final.jsonl ($(wc -l <final.jsonl) lines)"
 
 echo
 echo "demo finished: everything it wrote is in $work"

@@ -217,6 +217,17 @@ def test_ctrl_c_mid_round_exits_130_at_once_with_the_rounds_so_far(isolated: Pat
     assert "interrupted" in err and "calibrate ladder" in err
     (run,) = [p for p in (isolated / "runs").iterdir() if p.is_dir() and p.name != "locks"]
     assert len(jsonl(run / "rounds.jsonl")) >= 2
+    entry = jsonl(isolated / "runs/ledger.jsonl")[-1]
+    assert entry["stage"] == "ladder" and entry["run_id"] == run.name
+    assert entry["passed"] is False and entry["interrupted"] is True
+    assert entry["summary"]["last_passing"]["batch_size"] == 2, "partial tiers kept for report"
+
+    refused = subprocess.run(
+        [sys.executable, "-m", "calibrate", "pin", "--kind", "vllm"], cwd=isolated,
+        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert refused.returncode == 3, refused.stderr
+    assert "was interrupted" in refused.stderr and "calibrate ladder" in refused.stderr
 
 
 def test_asking_for_nvml_where_there_is_none_is_a_usage_error(cli, isolated: Path) -> None:

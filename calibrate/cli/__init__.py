@@ -35,6 +35,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "server",
     "status",
     "batch",
+    "export",
     "mock",
 )
 

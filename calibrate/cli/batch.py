@@ -4,15 +4,17 @@ Each line of --input is {"id": ..., "text": ..., "prompt"?: ...}; each finished 
 of --out (completion order). Rerunning the same command resumes: finished ids are skipped,
 failed ones tried again. Ctrl-C stops cleanly (exit 130) and prints the command to resume.
 --sample N tries the prompt on the first N items and checks the outputs' shape (--out untouched).
+A server outage pauses the run (nothing is marked failed) until it answers again or --outage-s
+passes (exit 4); --restart brings back a managed server that died. --base-url may be repeated
+(each checked against the baseline first); --shard I/N splits the ids for a cluster scheduler;
+--final FILE writes one result per id in input order (the last ok, else the last failure).
 
-example: calibrate batch --input tasks.jsonl --out out.jsonl --prompt "一句话概括：" -c 4
+example: calibrate batch --input tasks.jsonl --out out.jsonl --final final.jsonl --prompt "一句话概括：" -c 4
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import os
 import shlex
 import signal
 import threading
@@ -21,127 +23,66 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from calibrate.cli.batch_view import ProgressView, render_summary
+from calibrate.cli.batch_args import check_flags
+from calibrate.cli.batch_args import register as _register
+from calibrate.cli.batch_view import ProgressView, render_summary, say_check
 from calibrate.cli.common import (
     Output,
-    add_command,
-    add_junit,
     junit_suite,
     load_config,
     open_stage,
     output_for,
     save_junit,
 )
+from calibrate.cli.export import say_export
+from calibrate.client import OpenAIClient
+from calibrate.config import Config, split_endpoint
 from calibrate.errors import ExitCode, ServerUnreachable, StageFailed, UsageError
-from calibrate.ledger import Ledger, target_fingerprint
+from calibrate.ledger import Ledger
 from calibrate.selfload import SelfLoadMonitor
-from calibrate.setting import resolve
 from calibrate.stages.batch import (
-    DEFAULT_CONCURRENCY,
     MAX_CONCURRENCY,
     BatchPlan,
     BatchSpec,
     open_batch,
     run_batch,
 )
+from calibrate.stages.batch_endpoints import check_endpoints, endpoints_for
+from calibrate.stages.batch_lanes import Endpoint, Lane, make_lane
+from calibrate.stages.batch_outage import OutageEvent, OutagePolicy
+from calibrate.stages.batch_restart import ManagedRestart
 from calibrate.stages.batch_result import BatchResult, summary_json
+from calibrate.stages.batch_shard import Shard
 from calibrate.stages.batch_worker import BatchControl
-from calibrate.stages.context import sampling_params
+from calibrate.stages.context import StageContext, sampling_params
+from calibrate.stages.export import check_export, export_final
 from calibrate.stages.format_check import shape_checks
 from calibrate.stages.length_check import length_warning
 from calibrate.stages.retry import RetryPolicy
 
 
 def register(subparsers: Any) -> None:
-    p = add_command(subparsers, "batch", __doc__ or "", run)
-    p.add_argument("--input", required=True, metavar="PATH", help="tasks JSONL: id, text, prompt?")
-    p.add_argument("--out", metavar="PATH", help="results JSONL (appended; resumed when rerun)")
-    p.add_argument("--prompt", default="", help="put before each item's text (its own line)")
-    p.add_argument("-c", "--concurrency", type=int, metavar="N",
-                   help="requests in flight (default: the pinned concurrency, else 4; "
-                   f"at most {MAX_CONCURRENCY})")  # fmt: skip
-    p.add_argument("--retries", type=int, default=3,
-                   help=f"retries of transient errors (3; at most {MAX_RETRIES})")  # fmt: skip
-    p.add_argument("--backoff-s", type=float, default=1.0, metavar="S",
-                   help="first retry wait; doubles each retry, plus jitter (1)")  # fmt: skip
-    p.add_argument("--grace-s", type=float, default=10.0, metavar="S",
-                   help="on Ctrl-C, how long in-flight items may finish (10)")  # fmt: skip
-    p.add_argument("--fsync", action="store_true", help="also fsync each output line")
-    p.add_argument("--sample", type=int, metavar="N",
-                   help="run only the first N items and check the outputs' shape")  # fmt: skip
-    p.add_argument("--limit", type=int, metavar="N", help="run at most N pending items this time")
-    p.add_argument("--max-chars", type=int, metavar="N", help="flag outputs longer than this")
-    p.add_argument("--expect", choices=("text", "json"), default="text",
-                   help="json: strip ```json fences, parse into 'parsed', else a format failure")  # fmt: skip
-    p.add_argument("--allow-foreign", action="store_true",
-                   help="append even if --out holds ids that are not in --input")  # fmt: skip
-    p.add_argument("--max-tokens", type=int, metavar="N", help="default: [prompt].max_tokens")
-    p.add_argument("--temperature", type=float, help="default: [prompt].temperature")
-    p.add_argument("--progress-s", type=float, default=5.0, metavar="S",
-                   help="without a terminal, a progress line every S seconds (5)")  # fmt: skip
-    add_junit(p)
-
-
-MAX_RETRIES = 100
-MAX_WAIT_S = 3600.0
-
-
-def _check_flags(args: argparse.Namespace) -> None:
-    """Every size and count is bounded (SPEC §11): exit 2 naming the flag and its range."""
-    problems = [
-        _out_of_range(flag, value, low, high)
-        for flag, value, low, high in (
-            ("-c/--concurrency", args.concurrency, 1, MAX_CONCURRENCY),
-            ("--retries", args.retries, 0, MAX_RETRIES),
-            ("--sample", args.sample, 1, math.inf), ("--limit", args.limit, 1, math.inf),
-            ("--max-chars", args.max_chars, 1, math.inf),
-            ("--max-tokens", args.max_tokens, 1, math.inf),
-            ("--backoff-s", args.backoff_s, 0, MAX_WAIT_S),
-            ("--grace-s", args.grace_s, 0, MAX_WAIT_S),
-            ("--progress-s", args.progress_s, 0, MAX_WAIT_S),
-        )
-        if value is not None and not low <= value <= high  # NaN fails this too
-    ]  # fmt: skip
-    if problems:
-        raise UsageError("; ".join(problems), "See: calibrate batch --help")
-    if args.out is None and args.sample is None:
-        raise UsageError("--out is required (or --sample N to try the prompt first)",
-                         "example: calibrate batch --input tasks.jsonl --out out.jsonl")  # fmt: skip
-    if getattr(args, "junit", None):
-        _check_writable(Path(args.junit), "--junit")
-
-
-def _out_of_range(flag: str, value: float, low: float, high: float) -> str:
-    if value > high:
-        return f"{flag} must be ≤ {high:g} (the maximum), got {value:g}"
-    return f"{flag} must be ≥ {low:g}" + (f" and ≤ {high:g}" if math.isfinite(high) else "")
-
-
-def _check_writable(path: Path, flag: str) -> None:
-    """A file can be written at ``path`` (checked before anything is sent)."""
-    if path.is_dir():
-        raise UsageError(
-            f"{flag} {path} is a folder", f"Give a file path, e.g. {path / 'batch.xml'}"
-        )
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent  # the report writer creates missing folders below this one
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write {flag} {path}: {folder} is not a writable folder",
-                         "Choose a writable place for it; nothing was sent.")  # fmt: skip
+    _register(subparsers, __doc__ or "", run)
 
 
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
-    _check_flags(args)
+    check_flags(args)
+    urls: list[str] = list(args.base_url or [])
+    args.base_url = split_endpoint(urls[0])[0] if urls else None  # the target: the first one
     cfg = load_config(args)
-    concurrency, source = args.concurrency, "flag"
-    if concurrency is None:
-        setting = resolve(Ledger(cfg.runs_dir), target_fingerprint(cfg))
-        concurrency, source = (
-            (setting.concurrency, setting.set_by) if setting else (DEFAULT_CONCURRENCY, "default")
-        )
-        concurrency = min(concurrency, MAX_CONCURRENCY)  # a ledger line is not trusted blindly
+    endpoints = endpoints_for(cfg, urls, args.concurrency, Ledger(cfg.runs_dir), MAX_CONCURRENCY)
+    concurrency = sum(e.concurrency for e in endpoints)
+    if concurrency > MAX_CONCURRENCY:
+        raise UsageError(f"the endpoints' concurrency adds up to {concurrency}; at most "
+                         f"{MAX_CONCURRENCY} in all", "Lower URL#c=N or -c.")  # fmt: skip
+    source = endpoints[0].concurrency_source if len(endpoints) == 1 else "per endpoint"
+    if args.final:
+        check_export(Path(args.final), None, "--final")
+    restarter = ManagedRestart(cfg) if args.restart else None
+    if restarter is not None and not restarter.managed():
+        raise UsageError("--restart needs a server that calibrate manages (runs/server.json)",
+                         "Start it with: calibrate server start (or drop --restart)")  # fmt: skip
     params = sampling_params(cfg)
     if args.max_tokens is not None or args.temperature is not None:
         params = type(params)(
@@ -155,11 +96,13 @@ def run(args: argparse.Namespace) -> int:
         retry=RetryPolicy(retries=args.retries, base_s=args.backoff_s), grace_s=args.grace_s,
         fsync=args.fsync, sample=args.sample, limit=args.limit, max_chars=args.max_chars,
         expect=args.expect, allow_foreign=args.allow_foreign,
+        shard=Shard.parse(args.shard) if args.shard else None,
     )  # fmt: skip
+    outage = OutagePolicy(after=args.outage_after, limit_s=args.outage_s)
     try:
         # exit 2 on bad input, a busy or unwritable --out: before anything is sent
         with open_batch(spec) as plan:
-            return _run(args, out, spec, plan, source)
+            return _run(args, out, spec, plan, source, endpoints, outage, restarter)
     except MemoryError as exc:  # e.g. an absurd input line: end cleanly, never spin
         raise StageFailed(
             "ran out of memory; what completed is in --out",
@@ -167,13 +110,58 @@ def run(args: argparse.Namespace) -> int:
         ) from exc
 
 
-def _run(args: argparse.Namespace, out: Output, spec: BatchSpec, plan: BatchPlan,
-         source: str) -> int:  # fmt: skip
+def _client(cfg: Config, endpoint: Endpoint) -> OpenAIClient:
+    """A client for one more endpoint, set up like the target's (open_stage)."""
+    t = cfg.target
+    return OpenAIClient(endpoint.base_url, api_key=cfg.api_key, metrics_key=cfg.gpu_metrics_key,
+                        timeout_s=t.timeout_s, connect_timeout_s=t.connect_timeout_s,
+                        max_response_mib=t.max_response_mib,
+                        max_connections=endpoint.concurrency)  # fmt: skip
+
+
+def _usable(
+    ctx: StageContext, out: Output, endpoints: tuple[Endpoint, ...],
+    clients: list[OpenAIClient], summary: dict[str, Any],
+) -> list[tuple[Endpoint, OpenAIClient]]:  # fmt: skip
+    """Several endpoints: each must answer the fixed prompt like the baseline (exit 1 if not)."""
+    pairs = list(zip(endpoints, clients, strict=True))
+    if len(endpoints) == 1:
+        return pairs
+    check = check_endpoints(ctx, endpoints, clients)
+    summary["endpoint_check"] = check.to_json()
+    say_check(out, check)
+    if check.differing:
+        names = ", ".join(e.label for e, _ in check.differing)
+        ctx.record_result(False, {**summary, "refused": names})
+        raise StageFailed(
+            f"endpoint(s) {names} answer the fixed prompt differently from the baseline: "
+            "different weights or settings behind them?",
+            "Fix or drop those --base-url entries (the diff is above); nothing was dispatched.",
+        )
+    if not check.usable:
+        raise ServerUnreachable("no endpoint answered the fixed prompt",
+                                "Start the servers, then rerun the same command.")  # fmt: skip
+    return [(e, c) for e, c in pairs if e in check.usable]
+
+
+def _run(args: argparse.Namespace, out: Output, spec: BatchSpec, plan: BatchPlan, source: str,
+         endpoints: tuple[Endpoint, ...], outage: OutagePolicy,
+         restarter: ManagedRestart | None) -> int:  # fmt: skip
     if source == "default":
         out.warn(f"concurrency {spec.concurrency} is not calibrated (nothing pinned for this "
                  "target); run calibrate sweep and calibrate pin, or pass -c")  # fmt: skip
     ctx = open_stage(args, "batch", out, gate=False,
-                     max_connections=min(spec.concurrency, max(plan.to_run, 1)))  # fmt: skip
+                     max_connections=min(endpoints[0].concurrency, max(plan.to_run, 1)))  # fmt: skip
+    try:
+        return _dispatch(args, out, spec, plan, source, endpoints, outage, restarter, ctx)
+    finally:
+        ctx.run.close()  # also when refused or unreachable: no run file is left open
+
+
+def _dispatch(args: argparse.Namespace, out: Output, spec: BatchSpec, plan: BatchPlan,
+              source: str, endpoints: tuple[Endpoint, ...], outage: OutagePolicy,
+              restarter: ManagedRestart | None, ctx: StageContext) -> int:  # fmt: skip
+    clients = [ctx.client, *(_client(ctx.config, e) for e in endpoints[1:])]
     # --sample tries the prompt: its outputs must not count as done for the real run
     out_path = spec.out_path if spec.out_path and not spec.sample else ctx.run.file("sample.jsonl")
     resume = shlex.join(["calibrate", *getattr(args, "argv", [])])
@@ -183,24 +171,46 @@ def _run(args: argparse.Namespace, out: Output, spec: BatchSpec, plan: BatchPlan
     )
     if long_items:
         out.warn(long_items)
+    extra: dict[str, Any] = {"shard": str(spec.shard) if spec.shard else None}
+    events: list[OutageEvent] = []
+    events_lock = threading.Lock()  # events come from the workers' threads
+
+    def on_event(event: OutageEvent) -> None:
+        with events_lock:
+            events.append(event)
+            ctx.run.append("outages.jsonl", event.to_json())
+        out.warn(f"{event.endpoint}: {event.event.replace('_', ' ')} — {event.detail}")
+
     control = BatchControl()
     monitor = SelfLoadMonitor().start()
-    view = ProgressView(out, plan.to_run, args.progress_s, spec.grace_s)
+    view = ProgressView(out, plan.to_run, args.progress_s, spec.grace_s, len(endpoints))
     try:
+        usable = _usable(ctx, out, endpoints, clients, extra)
+        lanes: list[Lane] = [
+            make_lane(e, c, outage, restarter=restarter if e is endpoints[0] else None,
+                      on_event=on_event)
+            for e, c in usable
+        ]  # fmt: skip
         with view, _signals(control, out):
             result = run_batch(
-                plan, ctx.client, out_path, control=control, on_progress=view.update,
-                progress_every_s=view.every_s, monitor=monitor, warn=out.warn,
+                plan, None, out_path, lanes=lanes, control=control, on_progress=view.update,
+                progress_every_s=view.every_s, monitor=monitor, warn=out.warn, outage=outage,
+                events=events,
             )  # fmt: skip
     finally:
         monitor.stop()
-        ctx.client.close()
+        for client in clients:
+            client.close()
     if result.stopped_by == "unreachable":
         raise ServerUnreachable(
             result.stop_detail,
             "Start it (or try the built-in one: make mock), then rerun the same command.",
         )
-    summary = summary_json(result, spec.concurrency, source)
+    if args.final and not spec.sample:
+        final = export_final(plan.source_path, [out_path], Path(args.final), shard=spec.shard)
+        say_export(out, final)
+        extra["final"] = final.to_json()
+    summary = {**summary_json(result, spec.concurrency, source), **extra}
     checks = shape_checks(result.shapes, max_chars=spec.max_chars, expect=spec.expect)
     if spec.sample:
         summary["checks"] = [{"name": c.name, "passed": c.passed, "detail": c.detail}
@@ -222,6 +232,11 @@ def _run(args: argparse.Namespace, out: Output, spec: BatchSpec, plan: BatchPlan
         ) from exc
     render_summary(out, result, spec, checks if spec.sample else [], resume)
     out.result({"passed": passed, "run_id": ctx.run.run_id, "resume_command": resume, **summary})
+    if result.stopped_by == "outage":
+        raise ServerUnreachable(
+            f"{result.stop_detail}; {result.ok} done this run, {result.remaining} remaining",
+            f"When the server answers again, resume with: {resume}",
+        )
     if result.interrupted:
         return ExitCode.INTERRUPTED
     return ExitCode.OK if passed else ExitCode.FAILED
@@ -231,7 +246,8 @@ def _say_plan(
     out: Output, total: int, skipped: int, to_run: int, spec: BatchSpec, source: str, scan: Any
 ) -> None:
     what = f"sample of {to_run}" if spec.sample else f"{to_run} to run"
-    out.say(f"batch: {total} total, {skipped} already done, {what} "
+    shard = f" (shard {spec.shard})" if spec.shard else ""
+    out.say(f"batch{shard}: {total} total, {skipped} already done, {what} "
             f"(concurrency {spec.concurrency} from {source}, retries {spec.retry.retries})")  # fmt: skip
     if scan is not None and scan.retry:
         out.say(f"retrying {scan.retry} item(s) that failed in an earlier run")

@@ -17,17 +17,22 @@ from rich.progress import (
 
 from calibrate.cli.common import Output
 from calibrate.stages.batch import BatchSpec
+from calibrate.stages.batch_endpoints import EndpointCheck
 from calibrate.stages.batch_result import BatchProgress, BatchResult
 from calibrate.stages.format_check import ShapeCheck
 
 TTY_REFRESH_S = 0.25
+OUTAGE_EVERY_S = 5.0  # how often "server unreachable for N s" is repeated
 
 
 class ProgressView:
     """Receives BatchProgress snapshots; draws a rich bar on a TTY, else a line every few s."""
 
-    def __init__(self, out: Output, total: int, plain_every_s: float, grace_s: float) -> None:
+    def __init__(
+        self, out: Output, total: int, plain_every_s: float, grace_s: float, endpoints: int = 1
+    ) -> None:
         self.out = out
+        self.endpoints = endpoints
         self.total = total
         self.grace_s = grace_s
         self.every_s = TTY_REFRESH_S if out.is_tty else max(plain_every_s, 0.1)
@@ -35,6 +40,7 @@ class ProgressView:
         self._task: TaskID | None = None
         self._told_stop = False
         self._last_line = ""
+        self._outage_said_at = -OUTAGE_EVERY_S
 
     def __enter__(self) -> ProgressView:
         if self.out.is_tty:
@@ -63,6 +69,7 @@ class ProgressView:
             self._progress.stop()
 
     def update(self, p: BatchProgress) -> None:
+        self._say_outage(p)
         if p.stopping and not self._told_stop:
             self._told_stop = True
             self.out.warn(
@@ -83,6 +90,38 @@ class ProgressView:
         eta = f", ETA {p.eta_s:.0f} s" if p.eta_s is not None and not p.stopping else ""
         self.out.say(f"{counts}, {p.items_per_s:.1f} items/s{eta}")
 
+    def _say_outage(self, p: BatchProgress) -> None:
+        if not p.down or p.elapsed_s - self._outage_said_at < OUTAGE_EVERY_S:
+            return
+        self._outage_said_at = p.elapsed_s
+        for label, down_s in p.down:
+            who = "server" if len(p.down) == 1 and not self._several else label
+            self.out.warn(f"{who} unreachable for {down_s:.0f} s, waiting (up to "
+                          f"{p.outage_limit_s:g} s); its items are kept, not failed")  # fmt: skip
+
+    @property
+    def _several(self) -> bool:
+        return self.endpoints > 1
+
+
+def say_check(out: Output, check: EndpointCheck) -> None:
+    """What the fixed prompt said on each endpoint before the run."""
+    if not check.baseline:
+        out.warn("no baseline (baselines/single.jsonl): the endpoints were not compared with it; "
+                 "run calibrate single first to check they serve the same weights")  # fmt: skip
+    for endpoint, why in check.benched:
+        out.warn(f"{endpoint.label}: benched, it did not answer the fixed prompt ({why}); "
+                 "the other endpoints take its share")  # fmt: skip
+    for endpoint, comparison in check.differing:
+        out.fail(
+            f"{endpoint.label}: differs from the baseline in {', '.join(comparison.differing)}"
+        )
+        for line in comparison.diff[:40]:
+            out.say(f"  {line}")
+    if check.baseline:
+        for endpoint in check.usable:
+            out.ok(f"{endpoint.label}: fixed prompt matches the baseline")
+
 
 def render_summary(
     out: Output, r: BatchResult, spec: BatchSpec, checks: Sequence[ShapeCheck], resume: str
@@ -97,6 +136,7 @@ def render_summary(
     )
     for failure in r.failures[:3]:
         out.say(f"  failed {failure['id']!r}: {failure['kind']}: {failure['message']}")
+    _say_endpoints(out, r)
     if spec.sample:
         for check in checks:
             mark = "ok  " if check.passed else "FAIL"
@@ -137,3 +177,16 @@ def render_summary(
         out.say(f"rerun to continue: {resume}")
     else:
         out.ok(f"all {r.total} items ok: {r.out_path}")
+
+
+def _say_endpoints(out: Output, r: BatchResult) -> None:
+    """Per endpoint (when several, or after an outage): done, failed, rate, outages."""
+    outages = sum(e.outages for e in r.endpoints)
+    if len(r.endpoints) < 2 and not outages:
+        return
+    for e in r.endpoints:
+        down = f"; {e.outages} outage(s), {e.down_s:.0f} s down" if e.outages else ""
+        restarts = f", restarted {e.restarts}×" if e.restarts else ""
+        state = "" if e.state == "up" else f" [{e.state}]"
+        out.say(f"  {e.url}{state}: {e.done} done, {e.failed} failed, {e.items_per_s:.1f} items/s "
+                f"(c={e.concurrency}){down}{restarts}")  # fmt: skip

@@ -1,9 +1,10 @@
 """Stage F: the production run — tasks JSONL → results JSONL, concurrent and resumable (SPEC §5.9).
 
 ``open_batch`` (batch_plan.py) decides and prepares everything before anything is sent.
-``run_batch`` feeds a fixed pool of at most ``concurrency`` worker threads (never more than
-items) from the streamed input, so at most that many requests are in flight and memory does not
-grow with the file. Each finished item is one line, appended and flushed at once: a kill -9 at
+``run_batch`` feeds a fixed pool of worker threads — each endpoint's concurrency (never more
+than items) — from the streamed input (batch_queue.py), so at most that many requests are in
+flight and memory does not grow with the file. An endpoint in an outage pauses and its items
+go back to the queue (batch_outage.py). Each finished item is one line, appended and flushed at once: a kill -9 at
 any moment loses only the requests in flight.
 """
 
@@ -12,13 +13,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from calibrate.client import OpenAIClient
-from calibrate.errors import CalibrateError
 from calibrate.selfload import SelfLoadMonitor
-from calibrate.stages.batch_input import Task, read_tasks
+from calibrate.stages.batch_lanes import Endpoint, Lane, make_lane, report
+from calibrate.stages.batch_outage import OutageEvent, OutagePolicy
 from calibrate.stages.batch_plan import (
     DEFAULT_CONCURRENCY,
     MAX_CONCURRENCY,
@@ -27,6 +28,7 @@ from calibrate.stages.batch_plan import (
     open_batch,
     plan_batch,
 )
+from calibrate.stages.batch_queue import WorkQueue
 from calibrate.stages.batch_result import BatchProgress, BatchResult, Tally
 from calibrate.stages.batch_worker import BatchControl, ReachabilityGuard, work
 from calibrate.stages.resume import repair_tail
@@ -40,79 +42,34 @@ __all__ = [  # the stage's public face; plans are made in batch_plan, workers in
 log = logging.getLogger("calibrate")
 
 
-class TaskSource:
-    """The items this run sends, in input order, handed to workers one at a time.
-
-    Workers pull from the streamed file under a lock (no queue, no feeder thread): an item costs
-    no hand-off between threads, and nothing is read ahead of the ``concurrency`` items in flight.
-    """
-
-    def __init__(self, plan: BatchPlan) -> None:
-        self._items = self._generate(plan)
-        self._lock = threading.Lock()
-        self._closed = False
-        self.handed = 0
-        self._cap = plan.to_run
-        self.error = ""  # why the input could not be read again, when it could not
-
-    @staticmethod
-    def _generate(plan: BatchPlan) -> Generator[Task, None, None]:
-        cap, sent = plan.to_run, 0
-        skip = plan.done_ids if plan.spec.sample is None else set()
-        for task in read_tasks(plan.source_path, plan.spec.input_path):
-            if sent >= cap:
-                return
-            if task.id in skip:
-                continue
-            sent += 1
-            yield task
-
-    def next(self) -> Task | None:
-        """The next item, or None when there are no more (or the source was closed)."""
-        with self._lock:
-            if self._closed:
-                return None
-            try:
-                task = next(self._items, None)
-            except (CalibrateError, OSError) as exc:  # the file changed or vanished meanwhile
-                self.error = (
-                    f"--input could not be read again (did it change during the run?): {exc}"
-                )
-                task = None
-            if task is None:
-                if not self.error and self.handed < self._cap:
-                    self.error = (f"--input gave only {self.handed} of {self._cap} items when "
-                                  "read again (did it change during the run?)")  # fmt: skip
-                self._close()
-            else:
-                self.handed += 1
-            return task
-
-    def close(self) -> None:
-        with self._lock:
-            self._close()
-
-    def _close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._items.close()
-
-
 def run_batch(
     plan: BatchPlan,
-    client: OpenAIClient,
+    client: OpenAIClient | None,
     out_path: Path,
     *,
+    lanes: Sequence[Lane] = (),
     control: BatchControl | None = None,
     on_progress: Callable[[BatchProgress], None] | None = None,
     progress_every_s: float = 5.0,
     monitor: SelfLoadMonitor | None = None,
     warn: Callable[[str], None] | None = None,
+    outage: OutagePolicy | None = None,
+    events: list[OutageEvent] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> BatchResult:
-    """Send the plan's items through at most ``concurrency`` workers; one line per item."""
+    """Send the plan's items through the lanes' workers; one line per item.
+
+    Without ``lanes``, one lane of ``spec.concurrency`` slots on ``client``. ``events`` collects
+    the outage events (the caller's list, also written to outages.jsonl by its ``on_event``).
+    """
     spec = plan.spec
     control = control or BatchControl()
+    outage = outage or OutagePolicy()
+    events = events if events is not None else []
+    if not lanes:
+        assert client is not None, "run_batch needs a client or lanes"
+        endpoint = Endpoint(getattr(client, "base_url", ""), spec.concurrency, "spec")  # fakes too
+        lanes = (make_lane(endpoint, client, outage, on_event=events.append),)
     writer = plan.writer
     if writer is None:  # a plan from plan_batch (--sample, or a caller that holds no lock)
         if plan.scan is not None:
@@ -120,17 +77,18 @@ def run_batch(
         writer = JsonlWriter(out_path, fsync=spec.fsync)
     tally = Tally(writer, sample=bool(spec.sample), expect=spec.expect, max_chars=spec.max_chars,
                   on_write_error=lambda detail: control.fail("write_error", detail))  # fmt: skip
-    source = TaskSource(plan)
-    count = min(spec.concurrency, max(plan.to_run, 1))  # never a thread without an item
+    queue = WorkQueue(plan)
+    slots = [(lane, min(lane.concurrency, max(plan.to_run, 1))) for lane in lanes]
     guard = ReachabilityGuard(
-        count, on_unreachable=lambda detail: control.fail("unreachable", detail)
+        sum(n for _, n in slots), on_unreachable=lambda detail: control.fail("unreachable", detail)
     )
     workers = [
         threading.Thread(
-            target=work, args=(source.next, client, spec, tally, control, guard),
-            name=f"batch-{n}",
+            target=_lane_worker, args=(lane, lanes, queue, spec, tally, control, guard),
+            name=f"batch-{i}-{n}",
             daemon=True,  # only matters when abandoned: a stuck request must not block exit
         )
+        for i, (lane, count) in enumerate(slots)
         for n in range(count)
     ]  # fmt: skip
     start = clock()
@@ -147,36 +105,60 @@ def run_batch(
         if on_progress is None or (not force and now - last_report < progress_every_s):
             return
         last_report = now
+        down = tuple((lane.label, s) for lane in lanes
+                     if (s := lane.breaker.down_for_s()) is not None)  # fmt: skip
         with tally.lock:
             finished = tally.ok + sum(tally.kinds.values())
             snapshot = BatchProgress(plan.to_run, finished, tally.ok, finished - tally.ok,
-                                     tally.in_flight, now - start, control.interrupted)  # fmt: skip
+                                     tally.in_flight, now - start, control.interrupted, down,
+                                     outage.limit_s)  # fmt: skip
         on_progress(snapshot)
 
     for worker in workers:
         worker.start()
     try:
-        abandoned = _wait(workers, source, control, spec.grace_s, tick, clock)
+        abandoned = _wait(workers, queue, control, spec.grace_s, tick, clock)
     finally:
-        source.close()
+        queue.close()
         tally.close()
     tick(force=True)
     elapsed = clock() - start
+    reports = tuple(report(lane, tally.done_at[lane.label], tally.failed_at[lane.label], elapsed)
+                    for lane in lanes)  # fmt: skip
     return BatchResult(
         total=plan.total, skipped=plan.skipped, to_run=plan.to_run, ok=tally.ok,
         failed_by_kind=dict(tally.kinds), interrupted=control.interrupted, abandoned=abandoned,
-        stopped_by=control.reason, stop_detail=control.detail or source.error,
+        stopped_by=control.reason, stop_detail=control.detail or queue.error,
         seconds=elapsed, output_tokens=tally.output_tokens, retried_items=tally.retried,
         attempts=tally.attempts, failures=tuple(tally.failures),
         preamble=(tally.preamble_n, tuple(tally.preamble)),
         too_long=(tally.too_long_n, tuple(tally.too_long)), shapes=tuple(tally.shapes),
         selfload=monitor.report() if monitor is not None else None, out_path=out_path,
+        endpoints=reports, outage_events=tuple(events),
     )  # fmt: skip
+
+
+def _lane_worker(
+    lane: Lane,
+    lanes: Sequence[Lane],
+    queue: WorkQueue,
+    spec: BatchSpec,
+    tally: Tally,
+    control: BatchControl,
+    guard: ReachabilityGuard,
+) -> None:
+    """One slot of ``lane``; when its endpoint was given up and no endpoint is left, stop."""
+    work(lane, queue, spec, tally, control, guard)
+    if lane.breaker.state == "gone" and all(other.breaker.state == "gone" for other in lanes):
+        total_s = max(other.breaker.down_total_s for other in lanes)
+        control.fail("outage", f"no server answered for {total_s:.0f} s (--outage-s "
+                     f"{lane.breaker.policy.limit_s:g}); items that never got an answer are "
+                     "not marked failed")  # fmt: skip
 
 
 def _wait(
     workers: list[threading.Thread],
-    source: TaskSource,
+    source: WorkQueue,
     control: BatchControl,
     grace_s: float,
     tick: Callable[[], None],

@@ -15,6 +15,7 @@ from pathlib import Path
 from calibrate.errors import InputError
 from calibrate.records import SamplingParams
 from calibrate.stages.batch_input import InputIndex, ItemId, index_input, readable_twice
+from calibrate.stages.batch_shard import Shard
 from calibrate.stages.format_check import Expect
 from calibrate.stages.resume import (
     OutputScan,
@@ -46,6 +47,7 @@ class BatchSpec:
     max_chars: int | None = None
     expect: Expect = "text"
     allow_foreign: bool = False
+    shard: Shard | None = None  # --shard I/N: only the ids whose stable hash mod N is I
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,10 @@ def plan_batch(spec: BatchSpec, input_path: Path | None = None) -> BatchPlan:
 
 
 def _plan(spec: BatchSpec, index: InputIndex, input_path: Path | None) -> BatchPlan:
+    if spec.shard is not None and spec.shard.count > 1:
+        shard = spec.shard
+        ids = {item_id for item_id in index.ids if shard.holds(item_id)}
+        index = InputIndex(index.path, ids, len(ids))
     if spec.sample or spec.out_path is None:
         return BatchPlan(spec, index.count, set(), None, input_path)
     check_output_path(spec.out_path, spec.input_path)

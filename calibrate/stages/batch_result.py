@@ -13,10 +13,13 @@ from calibrate.errors import ErrorInfo
 from calibrate.records import Completion, incomplete_reason
 from calibrate.selfload import SelfLoadReport
 from calibrate.stages.batch_input import ItemId, Task
+from calibrate.stages.batch_lanes import EndpointReport
+from calibrate.stages.batch_outage import OutageEvent
 from calibrate.stages.format_check import Expect, OutputShape, find_preamble, parse_json_output
 from calibrate.store import JsonlWriter, without_surrogates
 
 EXAMPLES = 5  # failures and format notes kept as examples for the summary
+MAX_EVENTS = 100  # outage events in the summary (all of them are in outages.jsonl)
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,8 @@ class BatchProgress:
     in_flight: int
     elapsed_s: float
     stopping: bool
+    down: tuple[tuple[str, float], ...] = ()  # endpoints in an outage: (label, seconds down)
+    outage_limit_s: float = 0.0
 
     @property
     def items_per_s(self) -> float:
@@ -60,6 +65,8 @@ class BatchResult:
     shapes: tuple[OutputShape, ...]  # sample mode only
     selfload: SelfLoadReport | None
     out_path: Path
+    endpoints: tuple[EndpointReport, ...] = ()
+    outage_events: tuple[OutageEvent, ...] = ()
 
     @property
     def failed(self) -> int:
@@ -109,6 +116,8 @@ class Tally:
         self.max_chars = max_chars
         self.ok = self.in_flight = self.output_tokens = self.retried = self.attempts = 0
         self.kinds: Counter[str] = Counter()
+        self.done_at: Counter[str] = Counter()  # per endpoint
+        self.failed_at: Counter[str] = Counter()
         self.failures: list[dict[str, Any]] = []
         self.preamble: list[str] = []
         self.preamble_n = self.too_long_n = 0
@@ -123,7 +132,9 @@ class Tally:
         with self.lock:
             self.in_flight -= 1
 
-    def record(self, line: dict[str, Any], text: str | None, tokens: int) -> None:
+    def record(
+        self, line: dict[str, Any], text: str | None, tokens: int, endpoint: str = ""
+    ) -> None:
         """Write one item's line, then count it; the line is written once or not at all.
 
         A write that fails (disk full, file gone) stops recording: the error is kept for the
@@ -143,6 +154,7 @@ class Tally:
                 return
             self.attempts += line["attempts"]
             self.retried += line["attempts"] > 1
+            (self.done_at if line["ok"] else self.failed_at)[endpoint] += 1
             if line["ok"]:
                 self.ok += 1
                 self.output_tokens += tokens
@@ -234,4 +246,6 @@ def summary_json(result: BatchResult, concurrency: int, concurrency_source: str)
         "concurrency": concurrency,
         "concurrency_source": concurrency_source,
         "selfload": result.selfload.to_json() if result.selfload else None,
+        "endpoints": [e.to_json() for e in result.endpoints],
+        "outages": [e.to_json() for e in result.outage_events[:MAX_EVENTS]],
     }

@@ -14,18 +14,21 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from calibrate.client import OpenAIClient
 from calibrate.errors import ErrorInfo, RequestError
+from calibrate.records import Completion
 from calibrate.stages.batch_input import Task
+from calibrate.stages.batch_outage import Requeue
 from calibrate.stages.batch_result import Tally, result_line
 from calibrate.stages.retry import with_retries
 
 if TYPE_CHECKING:
-    from calibrate.stages.batch import BatchSpec
+    from calibrate.stages.batch_lanes import Lane
+    from calibrate.stages.batch_plan import BatchSpec
+    from calibrate.stages.batch_queue import WorkQueue
 
 T = TypeVar("T")
 
-StopReason = Literal["interrupted", "write_error", "unreachable"]
+StopReason = Literal["interrupted", "write_error", "unreachable", "outage"]
 
 MAX_PROBE_ATTEMPTS = 8  # refused attempts, before any answer, that prove nothing is there
 MESSAGE_CHARS = 300
@@ -34,8 +37,8 @@ MESSAGE_CHARS = 300
 class BatchControl:
     """Stop (take no new items, grace for in-flight ones) and abandon (stop waiting now).
 
-    ``reason`` says why the run stopped early: Ctrl-C, an output that cannot be written, or a
-    server that never answered; the first reason given is kept.
+    ``reason`` says why the run stopped early: Ctrl-C, an output that cannot be written, a
+    server that never answered, or an outage longer than --outage-s; the first one is kept.
     """
 
     def __init__(self) -> None:
@@ -125,54 +128,94 @@ def internal_line(task: Task, exc: BaseException, attempts: int) -> dict[str, An
 
 
 def work(
-    next_task: Callable[[], Task | None],
-    client: OpenAIClient,
+    lane: Lane,
+    queue: WorkQueue,
     spec: BatchSpec,
     tally: Tally,
     control: BatchControl,
     guard: ReachabilityGuard,
 ) -> None:
-    """The worker loop: until the items run out or the run stops."""
+    """The worker loop of one slot of ``lane``: until the items run out or the run stops."""
     rng = random.Random()
     while not control.stop.is_set():  # stopping: items not yet started stay for the rerun
-        task = next_task()
+        if not lane.breaker.await_up(control.stop, queue.idle):
+            return  # given up (its items go to the other endpoints), stopping, or nothing left
+        task = queue.take(control.stop)
         if task is None:
             return
         tally.begin()
         try:
-            _handle(task, client, spec, tally, control, guard, rng)
+            _handle(task, lane, spec, tally, control, guard, queue, rng)
         finally:
             tally.end()
 
 
 def _handle(
     task: Task,
-    client: OpenAIClient,
+    lane: Lane,
     spec: BatchSpec,
     tally: Tally,
     control: BatchControl,
     guard: ReachabilityGuard,
+    queue: WorkQueue,
     rng: random.Random,
 ) -> None:
     attempts = 0
+    breaker = lane.breaker
 
     def attempt() -> Any:
         nonlocal attempts
+        if breaker.down:
+            raise Requeue  # went down while this item waited to retry
         attempts += 1
-        return guard.attempt(functools.partial(client.post_completion, "/chat/completions", body))
+        call = functools.partial(lane.client.post_completion, "/chat/completions", body)
+        try:
+            value = guard.attempt(call)
+        except RequestError as exc:
+            if breaker.note_failure(exc.info):
+                raise Requeue(exc.info) from exc
+            raise
+        breaker.note_answer()
+        return value
 
     try:
-        body = client.chat_body(spec.model, task.message(spec.prompt), spec.params)
-        attempted = with_retries(attempt, spec.retry, wait=control.stop.wait, rng=rng)
+        body = lane.client.chat_body(spec.model, task.message(spec.prompt), spec.params)
+        try:
+            attempted = with_retries(attempt, spec.retry, wait=control.stop.wait, rng=rng)
+        except Requeue as requeue:
+            if requeue.info is not None and guard.gave_up(requeue.info):
+                queue.finished(task)  # nothing ever answered: the run ends, the item is not failed
+            elif not queue.put_back_item(task):
+                _record(task, None, requeue.info or ErrorInfo("connect", "server unreachable"),
+                        attempts, (), spec, tally, lane, queue)  # fmt: skip
+            return
         if attempted.interrupted:
+            queue.finished(task)
             return  # stopped while waiting to retry: the rerun does it
-        if attempted.error is not None and guard.gave_up(attempted.error):
+        error = attempted.error
+        if error is not None and guard.gave_up(error):
+            queue.finished(task)
             return  # nothing ever answered: not this item's failure
-        completion = attempted.value
-        line = result_line(task, completion, attempted.error, attempted.attempts,
-                           attempted.errors, spec.expect, spec.params.max_tokens)  # fmt: skip
-        usage = completion.usage if completion is not None else None
-        tokens = (usage.completion_tokens or 0) if usage is not None else 0
-        tally.record(line, completion.text if completion is not None else None, tokens)
+        if error is not None and error.kind == "connect" and queue.put_back_item(task):
+            # refused to the last retry: the server is away, not this item at fault
+            breaker.trip(
+                f"an item's {attempted.attempts} attempts were all refused: {error.message}"
+            )
+            return
+        _record(task, attempted.value, error, attempted.attempts, attempted.errors, spec, tally,
+                lane, queue)  # fmt: skip
     except Exception as exc:  # thread boundary: any failure becomes this item's recorded failure
-        tally.record(internal_line(task, exc, attempts), None, 0)
+        tally.record(internal_line(task, exc, attempts), None, 0, lane.label)
+        queue.finished(task)
+
+
+def _record(
+    task: Task, completion: Completion | None, error: ErrorInfo | None, attempts: int,
+    retried: tuple[str, ...], spec: BatchSpec, tally: Tally, lane: Lane, queue: WorkQueue,
+) -> None:  # fmt: skip
+    line = result_line(task, completion, error, max(attempts, 1), retried, spec.expect,
+                       spec.params.max_tokens)  # fmt: skip
+    usage = completion.usage if completion is not None else None
+    tokens = (usage.completion_tokens or 0) if usage is not None else 0
+    tally.record(line, completion.text if completion is not None else None, tokens, lane.label)
+    queue.finished(task)

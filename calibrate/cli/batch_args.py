@@ -1,0 +1,119 @@
+"""The flags of ``calibrate batch`` and their bounds (SPEC §11: every size and count bounded)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from calibrate.cli.common import add_command, add_junit
+from calibrate.errors import UsageError
+from calibrate.stages.batch import MAX_CONCURRENCY
+from calibrate.stages.batch_outage import DEFAULT_OUTAGE_AFTER, DEFAULT_OUTAGE_S
+
+MAX_RETRIES = 100
+MAX_WAIT_S = 3600.0
+MAX_OUTAGE_S = 7 * 86_400.0
+MAX_OUTAGE_AFTER = 10_000
+
+
+def register(subparsers: Any, doc: str, run: Any) -> None:
+    p = add_command(subparsers, "batch", doc, run, target=False)
+    p.add_argument("--base-url", action="append", metavar="URL[#c=N]",
+                   help="server URL, e.g. http://host:8000/v1; repeat for several servers, each "
+                   "optionally with its own concurrency (URL#c=8)")  # fmt: skip
+    p.add_argument("--model", metavar="NAME", help="model name the server registered")
+    p.add_argument("--input", required=True, metavar="PATH", help="tasks JSONL: id, text, prompt?")
+    p.add_argument("--out", metavar="PATH", help="results JSONL (appended; resumed when rerun)")
+    p.add_argument("--final", metavar="PATH",
+                   help="also write one result per input id in input order (last ok, else last "
+                   "failure): .jsonl, .csv or .parquet; ids not ok → PATH's name + .failed.jsonl")  # fmt: skip
+    p.add_argument("--prompt", default="", help="put before each item's text (its own line)")
+    p.add_argument("-c", "--concurrency", type=int, metavar="N",
+                   help="requests in flight (default: the pinned concurrency, else 4; "
+                   f"at most {MAX_CONCURRENCY}); with several --base-url, the fallback for those "
+                   "without #c=N or a calibrated setting")  # fmt: skip
+    p.add_argument("--shard", metavar="I/N",
+                   help="take only the ids whose stable hash mod N is I (0-based); one journal "
+                   "per shard, merged by calibrate export")  # fmt: skip
+    p.add_argument("--retries", type=int, default=3,
+                   help=f"retries of transient errors (3; at most {MAX_RETRIES})")  # fmt: skip
+    p.add_argument("--backoff-s", type=float, default=1.0, metavar="S",
+                   help="first retry wait; doubles each retry, plus jitter (1)")  # fmt: skip
+    p.add_argument("--outage-after", type=int, default=DEFAULT_OUTAGE_AFTER, metavar="N",
+                   help="this many refused/reset/overloaded requests in a row pause an endpoint "
+                   f"and probe it until it answers ({DEFAULT_OUTAGE_AFTER})")  # fmt: skip
+    p.add_argument("--outage-s", type=float, default=DEFAULT_OUTAGE_S, metavar="S",
+                   help="how long to wait for a server in an outage before exit 4 "
+                   f"({DEFAULT_OUTAGE_S:g})")  # fmt: skip
+    p.add_argument("--restart", action="store_true",
+                   help="restart the server calibrate manages (calibrate server start) if its "
+                   "process dies mid-run")  # fmt: skip
+    p.add_argument("--grace-s", type=float, default=10.0, metavar="S",
+                   help="on Ctrl-C, how long in-flight items may finish (10)")  # fmt: skip
+    p.add_argument("--fsync", action="store_true", help="also fsync each output line")
+    p.add_argument("--sample", type=int, metavar="N",
+                   help="run only the first N items and check the outputs' shape")  # fmt: skip
+    p.add_argument("--limit", type=int, metavar="N", help="run at most N pending items this time")
+    p.add_argument("--max-chars", type=int, metavar="N", help="flag outputs longer than this")
+    p.add_argument("--expect", choices=("text", "json"), default="text",
+                   help="json: strip ```json fences, parse into 'parsed', else a format failure")  # fmt: skip
+    p.add_argument("--allow-foreign", action="store_true",
+                   help="append even if --out holds ids that are not in --input")  # fmt: skip
+    p.add_argument("--max-tokens", type=int, metavar="N", help="default: [prompt].max_tokens")
+    p.add_argument("--temperature", type=float, help="default: [prompt].temperature")
+    p.add_argument("--progress-s", type=float, default=5.0, metavar="S",
+                   help="without a terminal, a progress line every S seconds (5)")  # fmt: skip
+    add_junit(p)
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Every size and count is bounded (SPEC §11): exit 2 naming the flag and its range."""
+    problems = [
+        _out_of_range(flag, value, low, high)
+        for flag, value, low, high in (
+            ("-c/--concurrency", args.concurrency, 1, MAX_CONCURRENCY),
+            ("--retries", args.retries, 0, MAX_RETRIES),
+            ("--sample", args.sample, 1, math.inf), ("--limit", args.limit, 1, math.inf),
+            ("--max-chars", args.max_chars, 1, math.inf),
+            ("--max-tokens", args.max_tokens, 1, math.inf),
+            ("--backoff-s", args.backoff_s, 0, MAX_WAIT_S),
+            ("--grace-s", args.grace_s, 0, MAX_WAIT_S),
+            ("--progress-s", args.progress_s, 0, MAX_WAIT_S),
+            ("--outage-after", args.outage_after, 1, MAX_OUTAGE_AFTER),
+            ("--outage-s", args.outage_s, 0, MAX_OUTAGE_S),
+        )
+        if value is not None and not low <= value <= high  # NaN fails this too
+    ]  # fmt: skip
+    if problems:
+        raise UsageError("; ".join(problems), "See: calibrate batch --help")
+    if args.out is None and args.sample is None:
+        raise UsageError("--out is required (or --sample N to try the prompt first)",
+                         "example: calibrate batch --input tasks.jsonl --out out.jsonl")  # fmt: skip
+    if args.final and args.sample is not None:
+        raise UsageError("--final goes with a real run, not --sample",
+                         "Drop --final, or drop --sample and give --out.")  # fmt: skip
+    if getattr(args, "junit", None):
+        check_writable(Path(args.junit), "--junit")
+
+
+def _out_of_range(flag: str, value: float, low: float, high: float) -> str:
+    if value > high:
+        return f"{flag} must be ≤ {high:g} (the maximum), got {value:g}"
+    return f"{flag} must be ≥ {low:g}" + (f" and ≤ {high:g}" if math.isfinite(high) else "")
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """A file can be written at ``path`` (checked before anything is sent)."""
+    if path.is_dir():
+        raise UsageError(
+            f"{flag} {path} is a folder", f"Give a file path, e.g. {path / 'batch.xml'}"
+        )
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent  # the report writer creates missing folders below this one
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write {flag} {path}: {folder} is not a writable folder",
+                         "Choose a writable place for it; nothing was sent.")  # fmt: skip

@@ -1,0 +1,180 @@
+"""Writers of the final file by extension: ``.jsonl`` (the journal lines as they are), ``.csv``,
+``.parquet`` (needs pyarrow; row groups, never the whole table in memory). Each writes a temp
+file beside the target and renames it into place only when complete (``commit``).
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+from types import TracebackType
+from typing import Any, BinaryIO, Literal, Protocol, Self
+
+from calibrate.errors import UsageError
+
+Format = Literal["jsonl", "csv", "parquet"]
+FORMATS: dict[str, Format] = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+COLUMNS = ("id", "ok", "output", "parsed", "finish_reason", "error_kind", "error_message",
+           "attempts", "seconds", "prompt_tokens", "completion_tokens")  # fmt: skip
+ROW_GROUP = 10_000
+
+
+def format_of(path: Path, flag: str) -> Format:
+    """The format ``path``'s extension asks for; exit 2 for others or parquet without pyarrow."""
+    fmt = FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise UsageError(f"{flag} {path}: unknown extension {path.suffix or '(none)'!r}",
+                         "Give a .jsonl, .csv or .parquet file.")  # fmt: skip
+    if fmt == "parquet":
+        try:
+            importlib.import_module("pyarrow.parquet")
+        except ImportError as exc:
+            raise UsageError(
+                f"{flag} {path}: writing .parquet needs pyarrow, which is not installed",
+                "Install it (pip install pyarrow), or write .jsonl or .csv instead.",
+            ) from exc
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a folder", "Give a file path, e.g. final.jsonl")
+    return fmt
+
+
+def row_of(record: dict[str, Any]) -> dict[str, Any]:
+    """One result record as flat columns (``parsed`` as JSON text)."""
+    error = record.get("error") if isinstance(record.get("error"), dict) else {}
+    usage = record.get("usage") if isinstance(record.get("usage"), dict) else {}
+    parsed = record.get("parsed")
+    return {
+        "id": record.get("id"),
+        "ok": record.get("ok") is True,
+        "output": record.get("output"),
+        "parsed": None if parsed is None else json.dumps(parsed, ensure_ascii=False),
+        "finish_reason": record.get("finish_reason"),
+        "error_kind": (error or {}).get("kind"),
+        "error_message": (error or {}).get("message"),
+        "attempts": record.get("attempts"),
+        "seconds": record.get("seconds"),
+        "prompt_tokens": (usage or {}).get("prompt_tokens"),
+        "completion_tokens": (usage or {}).get("completion_tokens"),
+    }
+
+
+class FinalWriter(Protocol):
+    def write(self, raw: bytes, record: dict[str, Any] | None) -> None:
+        """One result: its journal line (no newline) and, for table formats, its parsed form."""
+        ...
+
+    def commit(self) -> None:
+        """Complete the file and rename it into place."""
+        ...
+
+    def discard(self) -> None: ...
+
+
+class _Atomic:
+    """A temp file beside ``path``; ``commit`` fsyncs and renames it, ``discard`` removes it."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        self.path, self.tmp = path, Path(tmp)
+        self.handle: BinaryIO = os.fdopen(fd, "wb", buffering=1024 * 1024)
+
+    def commit(self) -> None:
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        self.handle.close()
+        os.replace(self.tmp, self.path)
+
+    def discard(self) -> None:
+        self.handle.close()
+        self.tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:  # fmt: skip
+        if et is not None:
+            self.discard()
+
+
+class JsonlFinal(_Atomic):
+    needs_record = False
+
+    def write(self, raw: bytes, record: dict[str, Any] | None) -> None:
+        self.handle.write(raw + b"\n")
+
+
+class CsvFinal(_Atomic):
+    needs_record = True
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self._text = io.TextIOWrapper(self.handle, encoding="utf-8", newline="")
+        self._csv = csv.DictWriter(self._text, fieldnames=COLUMNS)
+        self._csv.writeheader()
+
+    def write(self, raw: bytes, record: dict[str, Any] | None) -> None:
+        self._csv.writerow(row_of(record or {}))
+
+    def commit(self) -> None:
+        self._text.flush()
+        self._text.detach()
+        super().commit()
+
+    def discard(self) -> None:
+        self._text.detach()
+        super().discard()
+
+
+class ParquetFinal(_Atomic):
+    needs_record = True
+
+    def __init__(self, path: Path) -> None:
+        pa: Any = importlib.import_module("pyarrow")
+        pq: Any = importlib.import_module("pyarrow.parquet")
+        super().__init__(path)
+        self._pa = pa
+        self._schema = pa.schema([
+            ("id", pa.string()), ("ok", pa.bool_()), ("output", pa.string()),
+            ("parsed", pa.string()), ("finish_reason", pa.string()),
+            ("error_kind", pa.string()), ("error_message", pa.string()),
+            ("attempts", pa.int64()), ("seconds", pa.float64()),
+            ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
+        ])  # fmt: skip
+        self._writer = pq.ParquetWriter(self.handle, self._schema)
+        self._rows: list[dict[str, Any]] = []
+
+    def write(self, raw: bytes, record: dict[str, Any] | None) -> None:
+        row = row_of(record or {})
+        row["id"] = str(row["id"])  # one column type: integer ids become their text
+        self._rows.append(row)
+        if len(self._rows) >= ROW_GROUP:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._rows:
+            self._writer.write_table(self._pa.Table.from_pylist(self._rows, self._schema))
+            self._rows = []
+
+    def commit(self) -> None:
+        self._flush()
+        self._writer.close()
+        super().commit()
+
+    def discard(self) -> None:
+        self._writer.close()
+        super().discard()
+
+
+def open_final(path: Path, fmt: Format) -> JsonlFinal | CsvFinal | ParquetFinal:
+    if fmt == "csv":
+        return CsvFinal(path)
+    if fmt == "parquet":
+        return ParquetFinal(path)
+    return JsonlFinal(path)
