@@ -17,8 +17,15 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
-from calibrate.errors import ConfigError
+from calibrate.errors import ConfigError, UsageError
 from calibrate.redact import redact_url
+from calibrate.workload import (
+    MAX_OUTPUT_TOKENS,
+    Pick,
+    WorkloadFlags,
+    WorkloadSource,
+    parse_token_range,
+)
 
 LadderMode = Literal["wave", "prompt-list"]
 ServerKind = Literal["vllm", "llamacpp", "sglang", "lmdeploy", "ollama", "tgi", "custom"]
@@ -68,6 +75,30 @@ class SweepConfig:
 
 
 @dataclass(frozen=True)
+class WorkloadConfig:
+    """[workload] (SPEC §5.11): what ladder and sweep send; flags override each key."""
+
+    source: WorkloadSource | None = None  # None: tasks or synthetic when given, else fixed
+    tasks: str = ""
+    pick: Pick | None = None  # None: longest for the ladder, sample for the sweep
+    input_tokens: int | str | None = None  # 2000, or "512:4096" for a uniform range
+    output_tokens: int | None = None
+    shared_prefix: float = 0.0
+    seed: int = 0
+
+    def flags(self) -> WorkloadFlags:
+        return WorkloadFlags(
+            source=self.source,
+            tasks=self.tasks or None,
+            pick=self.pick,
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            shared_prefix=self.shared_prefix,
+            seed=self.seed,
+        )
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     kind: ServerKind | None = None
     model_path: str = ""
@@ -90,6 +121,7 @@ class Config:
     prompt: PromptConfig = field(default_factory=PromptConfig)
     ladder: LadderConfig = field(default_factory=LadderConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     source: str | None = None
@@ -128,6 +160,7 @@ SECTIONS: dict[str, type[Any]] = {
     "prompt": PromptConfig,
     "ladder": LadderConfig,
     "sweep": SweepConfig,
+    "workload": WorkloadConfig,
     "server": ServerConfig,
     "paths": PathsConfig,
 }
@@ -325,7 +358,12 @@ def _coerce(hint: Any, value: Any, where: str, path: Path) -> Any:
     args = get_args(hint)
     if origin in (types.UnionType, typing.Union):
         inner = [a for a in args if a is not type(None)]
-        return _coerce(inner[0], value, where, path)
+        for option in inner[:-1]:  # int | str: the first type the value is
+            try:
+                return _coerce(option, value, where, path)
+            except ConfigError:
+                continue
+        return _coerce(inner[-1], value, where, path)
     if origin is Literal:
         if value not in args:
             choices = " | ".join(str(a) for a in args)
@@ -423,6 +461,8 @@ def _check_ranges(section: Any, name: str, path: Path) -> None:
             problems.append(f"concurrency levels must all be in [1, {MAX_CONCURRENCY}]")
         problems.append(_between("items", section.items, 1, MAX_SWEEP_ITEMS))
         problems.append(_between("gain_min", section.gain_min, 0, MAX_GAIN_MIN))
+    if isinstance(section, WorkloadConfig):
+        problems += _workload_problems(section)
     if isinstance(section, ServerConfig):
         problems.append(_between("port", section.port, 1, 65535))
         problems.append(_between("ready_timeout_s", section.ready_timeout_s, 0, MAX_TIMEOUT_S,
@@ -432,3 +472,19 @@ def _check_ranges(section: Any, name: str, path: Path) -> None:
     problems = [p for p in problems if p]
     if problems:
         raise ConfigError(f"[{name}] in {path}: {'; '.join(problems)}")
+
+
+def _workload_problems(section: WorkloadConfig) -> list[str]:
+    problems = [_between("shared_prefix", section.shared_prefix, 0, 1)]
+    if section.input_tokens is not None:
+        try:
+            parse_token_range(section.input_tokens, "input_tokens")
+        except UsageError as exc:
+            problems.append(exc.message)
+    if section.output_tokens is not None:
+        problems.append(_between("output_tokens", section.output_tokens, 1, MAX_OUTPUT_TOKENS))
+    if not 0 <= section.seed < 2**63:
+        problems.append(f"seed must be in [0, 2^63), got {section.seed}")
+    if section.source == "tasks" and not section.tasks:
+        problems.append('source = "tasks" needs tasks = "FILE"')
+    return problems

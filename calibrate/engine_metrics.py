@@ -21,12 +21,14 @@ KV_METRICS = (
     "vllm:kv_cache_usage_perc",
     "vllm:gpu_cache_usage_perc",  # vLLM < 0.10
     "sglang:token_usage",
+    "sglang_token_usage",  # newer SGLang names its metrics with "sglang_"
     "lmdeploy:gpu_cache_usage_perc",
     "llamacpp:kv_cache_usage_ratio",
 )
 QUEUE_METRICS = (
     "vllm:num_requests_waiting",
     "sglang:num_queue_reqs",
+    "sglang_num_queue_reqs",
     "llamacpp:requests_deferred",
     "tgi_queue_size",
     "lmdeploy:num_requests_waiting",
@@ -112,12 +114,14 @@ def reading_from_metrics(
     if kv is None and memory is None and queue is None:
         return None
     simulated = memory is not None and memory[0] == "mock_vram_used_bytes"
+    # The mock's memory grows with load unless it says it reserved it (``--preallocate``); a
+    # real engine exposing KV usage reserved it at start. Either way the KV gauge is pressure.
+    reserved = max_value(scrape, "mock_vram_preallocated") == 1
     return VramReading(
         "metrics",
         devices=memory[1] if memory else (),
         kv_usage=kv.usage if kv else None,
-        # The mock's memory grows with load; a real engine exposing KV usage reserved it at start.
-        preallocated=kv is not None and not simulated,
+        preallocated=kv is not None and (reserved or not simulated),
         kv_metric=kv.metric if kv else None,
         device_metric=memory[0] if memory else None,
         server_queue=queue.value if queue else None,

@@ -66,10 +66,16 @@ class Ledger:
         return out
 
     def latest(self, stage: str, target: str, *, passed: bool | None = None) -> LedgerEntry | None:
-        """The newest entry of ``stage`` for ``target`` (optionally only passing/failing ones)."""
+        """The newest entry of ``stage`` for ``target`` (optionally only passing/failing ones).
+
+        A context-axis ladder (``ladder --axis context``) verifies input lengths, not a batch
+        size: it is not the "ladder" the gates and rollback read.
+        """
         found: LedgerEntry | None = None
         for entry in self.entries():
             if entry.stage != stage or entry.target != target:
+                continue
+            if stage == "ladder" and ladder_summary(entry.summary).is_context:
                 continue
             if passed is not None and entry.passed != passed:
                 continue

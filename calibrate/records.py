@@ -91,8 +91,26 @@ class Completion:
         return self.choices[0].finish_reason if self.choices else None
 
 
-def incomplete_reason(choice: Choice, max_tokens: int | None = None) -> str | None:
-    """Why an answer is not complete (SPEC §5.5 ``incomplete``), or None when it is."""
+def incomplete_reason(
+    choice: Choice,
+    max_tokens: int | None = None,
+    *,
+    forced_tokens: int | None = None,
+    completion_tokens: int | None = None,
+) -> str | None:
+    """Why an answer is not complete (SPEC §5.5 ``incomplete``), or None when it is.
+
+    A request that forced its answer to ``forced_tokens`` (SPEC §5.11) ends with ``length`` by
+    design: at exactly that length it is complete; cut anywhere else it is not.
+    """
+    if choice.finish_reason == "length" and forced_tokens is not None:
+        if completion_tokens == forced_tokens and choice.text.strip():
+            return None
+        got = "an unknown number of" if completion_tokens is None else str(completion_tokens)
+        return (
+            f"cut off at {got} tokens (finish_reason length); the answer was forced to "
+            f"{forced_tokens} tokens"
+        )
     if choice.finish_reason == "length":
         limit = f"max_tokens={max_tokens}" if max_tokens is not None else "max_tokens"
         return (
@@ -156,8 +174,18 @@ class RequestRecord:
     round: int | None = None
     ok: bool = True
     error: ErrorInfo | None = None
+    input_tokens_target: int | None = None  # the length a synthetic prompt was sized to
+    canary: bool = False  # the fixed prompt riding along a workload's wave (SPEC §5.11)
 
     def to_json(self) -> dict[str, Any]:
+        out = self._base_json()
+        if self.input_tokens_target is not None:
+            out["input_tokens_target"] = self.input_tokens_target
+        if self.canary:
+            out["canary"] = True
+        return out
+
+    def _base_json(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id,
             "ts": self.ts,

@@ -32,10 +32,19 @@ _COMMON = ["items", "total_s", "per_item_mean_s", "per_item_p50_s", "per_item_p9
            "peak_vram_mib", "vram_idle_mib", "vram_total_mib", "pressure", "pressure_source",
            "pressure_metric", "peak_kv_usage", "per_device", "server_queue_max", "vram_source",
            "errors", "error_kinds", "first_done_s", "last_done_s"]  # fmt: skip
+# What the workload sent and the server counted (SPEC §5.11): target vs actual.
+_TOKENS = [
+    "input_tokens_target",
+    "input_tokens_mean",
+    "input_tokens_max",
+    "output_tokens_mean",
+    "input_chars_mean",
+]
 COLUMNS: dict[str, list[str]] = {
-    "ladder": ["batch_size", "concurrency", "rounds", *_COMMON, "baseline_match",
-               "baseline_items", "verdict", "reason"],
-    "sweep": ["concurrency", "batch_size", *_COMMON, "gain", "capped_by_server", "verdict"],
+    "ladder": ["batch_size", "concurrency", "rounds", *_COMMON, *_TOKENS, "baseline_match",
+               "baseline_items", "verdict", "reason", "axis"],
+    "sweep": ["concurrency", "batch_size", *_COMMON, *_TOKENS, "gain", "capped_by_server",
+              "verdict"],
 }  # fmt: skip
 
 
@@ -94,11 +103,24 @@ def _match(row: Mapping[str, Any]) -> str:
     return f"{int(row['baseline_match'])}/{int(row['baseline_items'])}"
 
 
+def _in_tokens(row: Mapping[str, Any]) -> str:
+    """``3000→3006`` (target → what the server counted), or the count alone when not sized."""
+    actual = _f(row.get("input_tokens_mean"), ".0f")
+    if row.get("input_tokens_target") in (None, ""):
+        return actual
+    return f"{_f(row.get('input_tokens_target'), '.0f')}→{actual}"
+
+
+_TOKEN_CELLS: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
+    ("in tok", _in_tokens),
+    ("out tok", lambda r: _f(r.get("output_tokens_mean"), ".0f")),
+]
 _LADDER: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("batch", lambda r: str(int(r["batch_size"]))),
     ("conc", lambda r: str(int(r["concurrency"]))),
     ("rounds", lambda r: str(int(r["rounds"]))),
     ("items", lambda r: str(int(r["items"]))),
+    *_TOKEN_CELLS,
     ("mean s", lambda r: _f(r.get("per_item_mean_s"), ".3f")),
     ("p50 s", lambda r: _f(r.get("per_item_p50_s"), ".3f")),
     ("p90 s", lambda r: _f(r.get("per_item_p90_s"), ".3f")),
@@ -117,6 +139,7 @@ _SWEEP: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("batch", lambda r: str(int(r["batch_size"]))),
     ("items", lambda r: str(int(r["items"]))),
     ("total s", lambda r: _f(r.get("total_s"), ".2f")),
+    *_TOKEN_CELLS,
     ("items/s", lambda r: _f(r.get("items_per_s"), ".2f")),
     ("gain", lambda r: "—" if r.get("gain") is None else f"{float(r['gain']):+.0%}"),
     ("tok/s", lambda r: _f(r.get("output_tokens_per_s"), ".0f")),
@@ -135,21 +158,57 @@ def _true(value: Any) -> bool:
     return value is True or str(value).lower() == "true"
 
 
-def _columns(kind: Kind) -> list[tuple[str, Callable[[Mapping[str, Any]], str]]]:
-    return _LADDER if kind == "ladder" else _SWEEP
+def context_axis(rows: Sequence[Mapping[str, Any]]) -> bool:
+    """Rows of ``ladder --axis context``: keyed by input length, not batch size."""
+    return any(r.get("axis") == "context" for r in rows)
+
+
+def _columns(
+    kind: Kind, rows: Sequence[Mapping[str, Any]] = ()
+) -> list[tuple[str, Callable[[Mapping[str, Any]], str]]]:
+    if kind == "sweep":
+        return _SWEEP
+    if context_axis(rows):
+        length = ("input", lambda r: _f(r.get("input_tokens_target"), ".0f"))
+        return [length, *_LADDER]
+    return _LADDER
 
 
 # On a narrow terminal these go first (in this order), so the cells left stay readable.
 _DROP_FIRST: dict[Kind, tuple[str, ...]] = {
-    "ladder": ("rounds", "max s", "p90 s", "items", "queue", "tok/s", "p50 s", "conc", "match"),
-    "sweep": ("ttft p50", "p99 s", "items", "batch", "total s", "queue", "tok/s", "p90 s", "p50 s"),
+    "ladder": (
+        "rounds",
+        "out tok",
+        "max s",
+        "p90 s",
+        "items",
+        "queue",
+        "tok/s",
+        "in tok",
+        "p50 s",
+        "conc",
+        "match",
+    ),
+    "sweep": (
+        "ttft p50",
+        "p99 s",
+        "items",
+        "out tok",
+        "batch",
+        "total s",
+        "queue",
+        "tok/s",
+        "in tok",
+        "p90 s",
+        "p50 s",
+    ),
 }
 
 
 def _fitting_columns(
     rows: Sequence[Mapping[str, Any]], kind: Kind, width: int | None
 ) -> list[tuple[str, Callable[[Mapping[str, Any]], str]]]:
-    columns = list(_columns(kind))
+    columns = list(_columns(kind, rows))
     if width is None:
         return columns
 
@@ -190,7 +249,8 @@ def tier_table(
 
 def plain_line(row: Mapping[str, Any], kind: Kind) -> str:
     """One ``key=value`` line per tier, for logs and CI (no live display off a TTY)."""
-    return "  ".join(f"{name.replace(' ', '_')}={cell(row)}" for name, cell in _columns(kind))
+    columns = _columns(kind, [row])
+    return "  ".join(f"{name.replace(' ', '_')}={cell(row)}" for name, cell in columns)
 
 
 @contextmanager
@@ -262,7 +322,9 @@ def write_plot(rows: Sequence[Mapping[str, Any]], kind: Kind, path: Path) -> Pat
         log.info("matplotlib is not installed: no plot.png (pip install 'calibrate[plot]')")
         return None
     x_name = "batch_size" if kind == "ladder" else "concurrency"
-    xs = [int(r[x_name]) for r in rows]
+    if kind == "ladder" and context_axis(rows):
+        x_name = "input_tokens_target"
+    xs = [round(float(r[x_name])) for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     try:
         series = [("per-item latency (s)", ["per_item_mean_s", "per_item_p50_s", "per_item_p90_s"]),

@@ -7,12 +7,14 @@ Precedence, written down once: walk the target's ledger lines in order and keep 
 - a passing **ladder**: batch B = its last passing tier, concurrency 1 — raised by a later passing
   **sweep** that ran at that ladder's batch size to its recommended concurrency.
 A failed or interrupted ladder/sweep never sets anything (its partial tiers are for ``report``).
+A **context-axis** ladder never sets the batch size: the latest passing one only records the
+longest input verified (``verified_input_tokens``), shown by ``status`` and written by ``pin``.
 ``pin``, ``batch``, ``status``, ``server start``, ``rollback`` and ``verify`` all call ``resolve``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from calibrate.ledger import Ledger
@@ -42,6 +44,8 @@ class CalibratedSetting:
     batch_from: str  # e.g. "ladder run 2026…-ladder-ab12cd"
     concurrency_from: str
     workload: Workload
+    verified_input_tokens: int | None = None  # the latest passing context ladder's
+    context_from: str = ""
 
     @property
     def setting(self) -> Setting:
@@ -49,6 +53,14 @@ class CalibratedSetting:
 
     def describe(self) -> str:
         return f"batch {self.batch_size}, concurrency {self.concurrency} (from {self.set_by})"
+
+    def verified_on(self) -> str:
+        """The workload, and the input length a context ladder verified (status, pin)."""
+        text = self.workload.describe()
+        if self.verified_input_tokens:
+            tokens = self.verified_input_tokens
+            text += f"; inputs verified up to {tokens:,} tokens ({self.context_from})"
+        return text
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -60,6 +72,8 @@ class CalibratedSetting:
             "batch_from": self.batch_from,
             "concurrency_from": self.concurrency_from,
             "workload": self.workload.to_json(),
+            "verified_input_tokens": self.verified_input_tokens,
+            "context_from": self.context_from or None,
         }
 
 
@@ -67,11 +81,45 @@ def resolve(ledger: Ledger, target: str) -> CalibratedSetting | None:
     """The calibrated setting for ``target`` now, or None when nothing has set one."""
     found: CalibratedSetting | None = None
     ladder: tuple[LadderSummary, LedgerEntry] | None = None
+    context: tuple[LadderSummary, LedgerEntry] | None = None
     for entry in ledger.entries():
         if entry.target != target:
             continue
+        if entry.stage == "ladder" and ladder_summary(entry.summary).is_context:
+            if _sets(entry) and ladder_summary(entry.summary).context_verified:
+                context = (ladder_summary(entry.summary), entry)
+            continue
         found, ladder = _apply(entry, found, ladder)
+    if found is not None and context is not None:
+        found = replace(
+            found,
+            verified_input_tokens=context[0].context_verified,
+            context_from=f"ladder --axis context run {context[1].run_id}",
+        )
     return found
+
+
+@dataclass(frozen=True)
+class VerifiedInput:
+    """The longest input any passing ladder of the target sent, and how it was counted."""
+
+    tokens: int
+    tokens_per_char: float | None
+    run_id: str
+
+
+def verified_input(ledger: Ledger, target: str) -> VerifiedInput | None:
+    """For ``batch``'s length check: over every passing ladder (either axis), the longest
+    input verified (None when no ladder recorded one)."""
+    best: VerifiedInput | None = None
+    for entry in ledger.entries():
+        if entry.target != target or entry.stage != "ladder" or not _sets(entry):
+            continue
+        workload = ladder_summary(entry.summary).workload
+        tokens = workload.longest_input_tokens
+        if tokens and (best is None or tokens >= best.tokens):
+            best = VerifiedInput(tokens, workload.tokens_per_char, entry.run_id)
+    return best
 
 
 def latest_passing_ladder(ledger: Ledger, target: str) -> tuple[LadderSummary, LedgerEntry] | None:
@@ -80,7 +128,7 @@ def latest_passing_ladder(ledger: Ledger, target: str) -> tuple[LadderSummary, L
     for entry in ledger.entries():
         if entry.target == target and entry.stage == "ladder" and _sets(entry):
             summary = ladder_summary(entry.summary)
-            if summary.last_passing is not None:
+            if summary.last_passing is not None and not summary.is_context:
                 found = (summary, entry)
     return found
 

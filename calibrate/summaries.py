@@ -42,22 +42,50 @@ class Setting:
         return cls(batch, conc) if batch and conc else None
 
 
+def _float(data: dict[str, Any], key: str) -> float | None:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        return None
+    return float(value)
+
+
 @dataclass(frozen=True)
 class Workload:
-    """What a ladder or sweep sent (SPEC §5.11): the fixed prompt, a tasks file, or synthetic."""
+    """What a ladder or sweep sent (SPEC §5.11): the fixed prompt, a tasks file, or synthetic.
+
+    ``longest_input_tokens`` is the longest ``usage.prompt_tokens`` a passing tier sent, and
+    ``tokens_per_char`` what the server counted per character of those inputs (``batch``'s
+    length check estimates its items with it).
+    """
 
     source: str = "fixed"
     longest_input_tokens: int | None = None
     output_tokens: int | None = None
+    input_tokens: str | None = None  # the target: "2000" or "512:4096"
+    tasks: str | None = None
+    pick: str | None = None
+    shared_prefix: float | None = None
+    tokens_per_char: float | None = None
+    output_controlled: bool | None = None  # None: answers were not forced
 
     def describe(self) -> str:
         if self.source == "fixed":
-            return "the fixed prompt"
+            text = "the fixed prompt"
+            if self.longest_input_tokens:
+                text += f" ({self.longest_input_tokens} input tokens)"
+            return text
         parts = [self.source]
+        if self.tasks:
+            parts[0] = f"tasks {self.tasks}" + (f" (pick {self.pick})" if self.pick else "")
+        if self.input_tokens:
+            parts.append(f"target {self.input_tokens} input tokens")
+        if self.shared_prefix:
+            parts.append(f"{self.shared_prefix:.0%} shared prefix")
         if self.longest_input_tokens:
             parts.append(f"longest input {self.longest_input_tokens} tokens")
         if self.output_tokens:
-            parts.append(f"{self.output_tokens} output tokens")
+            forced = "" if self.output_controlled is not False else " (not controlled)"
+            parts.append(f"{self.output_tokens} output tokens{forced}")
         return ", ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
@@ -65,26 +93,48 @@ class Workload:
             "source": self.source,
             "longest_input_tokens": self.longest_input_tokens,
             "output_tokens": self.output_tokens,
+            "input_tokens": self.input_tokens,
+            "tasks": self.tasks,
+            "pick": self.pick,
+            "shared_prefix": self.shared_prefix,
+            "tokens_per_char": round(self.tokens_per_char, 5) if self.tokens_per_char else None,
+            "output_controlled": self.output_controlled,
         }
 
     @classmethod
     def from_json(cls, data: Any) -> Workload:
         if not isinstance(data, dict):
             return cls()
+        controlled = data.get("output_controlled")
         return cls(
             _str(data, "source") or "fixed",
             _int(data, "longest_input_tokens"),
             _int(data, "output_tokens"),
+            _str(data, "input_tokens") or None,
+            _str(data, "tasks") or None,
+            _str(data, "pick") or None,
+            _float(data, "shared_prefix"),
+            _float(data, "tokens_per_char"),
+            controlled if isinstance(controlled, bool) else None,
         )
 
 
 @dataclass(frozen=True)
 class LadderSummary:
+    """A ladder's result. ``axis`` "context" steps the input length (SPEC §5.3): it verifies
+    ``context_verified`` input tokens and never sets the batch size."""
+
     last_passing: Setting | None
     stopped_by: str
     max_in_flight: int  # the most requests in flight at once in a passing tier (0: none passed)
     workload: Workload = field(default_factory=Workload)
     details: dict[str, Any] = field(default_factory=dict)
+    axis: str = "batch"
+    context_verified: int | None = None  # the longest passing input (tokens), context axis
+
+    @property
+    def is_context(self) -> bool:
+        return self.axis == "context"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -93,15 +143,18 @@ class LadderSummary:
             "stopped_by": self.stopped_by,
             "max_in_flight": self.max_in_flight,
             "workload": self.workload.to_json(),
+            "axis": self.axis,
+            "context_verified": self.context_verified,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LadderSummary:
         top = Setting.from_json(data.get("last_passing"))
         in_flight = _int(data, "max_in_flight") or (top.concurrency if top else 0)
-        return cls(
-            top, _str(data, "stopped_by"), in_flight, Workload.from_json(data.get("workload")), data
-        )
+        workload = Workload.from_json(data.get("workload"))
+        axis = "context" if data.get("axis") == "context" else "batch"
+        context = _int(data, "context_verified") if axis == "context" else None
+        return cls(top, _str(data, "stopped_by"), in_flight, workload, data, axis, context)
 
 
 @dataclass(frozen=True)
@@ -111,6 +164,7 @@ class SweepSummary:
     ladder_run_id: str  # the ladder whose batch size the sweep ran at
     stopped_by: str
     details: dict[str, Any] = field(default_factory=dict)
+    workload: Workload = field(default_factory=Workload)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -119,6 +173,7 @@ class SweepSummary:
             "batch_size": self.batch_size,
             "ladder_run_id": self.ladder_run_id,
             "stopped_by": self.stopped_by,
+            "workload": self.workload.to_json(),
         }
 
     @classmethod
@@ -129,6 +184,7 @@ class SweepSummary:
             _str(data, "ladder_run_id"),
             _str(data, "stopped_by"),
             data,
+            Workload.from_json(data.get("workload")),
         )
 
 

@@ -150,9 +150,10 @@ def test_gate_bad_tasks_and_no_server(cli, isolated: Path) -> None:
         closed = cli("ladder")
     assert closed.code == 3 and "calibrate repro" in closed.err
     bad = isolated / "bad.jsonl"
-    bad.write_text('{"text": "ok"}\n{"id": 2}\n', "utf-8")
-    wrong = cli("ladder", "--force", "--tasks", str(bad))
-    assert wrong.code == 2 and "bad.jsonl:2" in wrong.err and "Traceback" not in wrong.err
+    bad.write_text('{"id": 1, "text": "ok"}\n{"id": 2}\n', "utf-8")
+    wrong = cli("ladder", "--force", "--tasks", str(bad))  # batch's input format, batch's words
+    assert wrong.code == 2 and "bad.jsonl line 2: no 'text'" in wrong.err
+    assert "Traceback" not in wrong.err
     assert not (isolated / "runs").exists()  # nothing written on a usage error
     gone = cli("ladder", "--force")  # the mock is stopped now
     assert gone.code == 4 and "make mock" in gone.err

@@ -57,6 +57,7 @@ from calibrate.stages.batch_worker import BatchControl
 from calibrate.stages.context import StageContext, sampling_params
 from calibrate.stages.export import check_export, export_final
 from calibrate.stages.format_check import shape_checks
+from calibrate.stages.length_check import length_warning
 from calibrate.stages.retry import RetryPolicy
 
 
@@ -165,6 +166,11 @@ def _dispatch(args: argparse.Namespace, out: Output, spec: BatchSpec, plan: Batc
     out_path = spec.out_path if spec.out_path and not spec.sample else ctx.run.file("sample.jsonl")
     resume = shlex.join(["calibrate", *getattr(args, "argv", [])])
     _say_plan(out, plan.total, plan.skipped, plan.to_run, spec, source, plan.scan)
+    long_items = length_warning(
+        ctx.ledger, ctx.target, plan.source_path, spec.prompt, shown=spec.input_path
+    )
+    if long_items:
+        out.warn(long_items)
     extra: dict[str, Any] = {"shard": str(spec.shard) if spec.shard else None}
     events: list[OutageEvent] = []
     events_lock = threading.Lock()  # events come from the workers' threads

@@ -4,7 +4,11 @@ Stops on the first failing tier, on VRAM pressure at [ladder].vram_limit, or on 
 latency rise above [ladder].latency_rise; records the last passing tier. Exit 0 when a tier
 passed, 1 when even the first failed or --require-match / --compare failed.
 
-example: calibrate ladder --junit runs/ladder.xml --compare baselines/ladder.csv
+The workload (SPEC §5.11): the fixed prompt (default), --tasks FILE (the longest items), or
+synthetic --input-tokens N --output-tokens M; the fixed prompt rides along each wave as a canary.
+--axis context steps the input length (512, 1k, 2k, … up to max_model_len) instead.
+
+example: calibrate ladder --input-tokens 3000 --output-tokens 200 --junit runs/ladder.xml
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from calibrate.cli.common import (
     add_junit,
     junit_suite,
     kept_on_write_error,
+    load_config,
     load_lock,
     open_stage,
     output_for,
@@ -29,9 +34,9 @@ from calibrate.cli.tier_output import (
     finish_run,
     measure_spec,
     shown_by,
-    tasks_from,
     watching,
 )
+from calibrate.cli.workload_flags import context_lengths, sized, task_pool, workload_spec
 from calibrate.errors import ExitCode, Interrupted
 from calibrate.junit import JUnitCase, JUnitSuite
 from calibrate.pipeline import next_after
@@ -43,6 +48,8 @@ from calibrate.stages.incidents import first_error
 from calibrate.stages.ladder import Ladder, LadderOptions, LadderResult
 from calibrate.stages.tier_run import MeasureSpec
 from calibrate.stages.waves import Sender
+from calibrate.stages.workload_plan import prepare_workload
+from calibrate.workload import WorkloadSpec
 
 
 def register(subparsers: Any) -> None:
@@ -57,16 +64,30 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
     spec = measure_spec(args)
-    tasks = tasks_from(args)
+    workload = workload_spec(args, load_config(args), "ladder")
+    pool = task_pool(workload)  # a bad tasks file is exit 2 before anything is written
     ctx = open_stage(args, "ladder", out)
-    options = LadderOptions.from_config(ctx.config, tasks=tasks, require_match=args.require_match)
+    options = LadderOptions.from_config(ctx.config, require_match=args.require_match)
     with load_lock(ctx), kept_on_write_error(ctx), watching(spec, ctx, out) as watch:
-        ladder = Ladder(ctx, options, watch.monitor, watch.incidents, Sender(ctx.client))
-        out.say(f"ladder: batch sizes {', '.join(map(str, options.batch_sizes))}, {options.rounds} "
-                f"rounds each, one batch at a time, {options.mode} mode")  # fmt: skip
+        if args.axis == "context":
+            options, workload = _context_axis(args, ctx, out, options, workload)
+        plan = prepare_workload(
+            ctx.config,
+            ctx.client,
+            workload,
+            options.mode,
+            ctx.params,
+            pool=pool,
+            probe_tokens=next(iter(options.context_lengths), None),
+        )
+        for note in plan.notes:
+            out.warn(note)
+        ladder = Ladder(ctx, options, watch.monitor, watch.incidents, Sender(ctx.client), plan=plan)
+        _announce(out, options, plan.spec)
+        axis = {"axis": options.axis}
         try:
             with live_rows(out.console, "ladder", f"ladder {ctx.run.run_id}", out.is_tty) as show:
-                ladder.on_tier = shown_by(watch, show, out)
+                ladder.on_tier = shown_by(watch, show, out, axis)
                 result = ladder.run()
         except KeyboardInterrupt:
             result = ladder.result()
@@ -75,6 +96,32 @@ def run(args: argparse.Namespace) -> int:
                               f"recorded as not passed; completed rounds are kept in {ctx.run.path}",
                               "Run it again to calibrate: calibrate ladder") from None  # fmt: skip
         return _finish(args, spec, out, ctx, result, watch.selfload)
+
+
+def _context_axis(
+    args: argparse.Namespace,
+    ctx: StageContext,
+    out: Output,
+    options: LadderOptions,
+    workload: WorkloadSpec,
+) -> tuple[LadderOptions, WorkloadSpec]:
+    """The input lengths to step (from --context-lengths or the server's max_model_len)."""
+    output = workload.output_tokens or ctx.config.prompt.max_tokens
+    lengths, limit = context_lengths(args, ctx, output)
+    where = f"max_model_len {limit} from /v1/models" if limit else "no max_model_len reported"
+    out.say(f"context axis: input lengths {', '.join(map(str, lengths))} tokens ({where})")
+    return options.on_context_axis(lengths, args.batch or 1), sized(workload, lengths)
+
+
+def _announce(out: Output, options: LadderOptions, workload: WorkloadSpec) -> None:
+    if options.axis == "context":
+        steps = f"input length at batch {options.batch_sizes[0]}"
+    else:
+        steps = f"batch sizes {', '.join(map(str, options.batch_sizes))}"
+    out.say(
+        f"ladder: {steps}, {options.rounds} rounds each, one batch at a time, "
+        f"{options.mode} mode; workload: {workload.describe()}"
+    )
 
 
 def _finish(
@@ -87,7 +134,10 @@ def _finish(
     *,
     interrupted: bool = False,
 ) -> int:
-    rows = [{**t.to_json(), "vram_source": result.vram_source} for t in result.tiers]
+    rows = [
+        {**t.to_json(), "vram_source": result.vram_source, "axis": result.axis}
+        for t in result.tiers
+    ]
     comparison, entry = finish_run(
         spec,
         out,
@@ -114,9 +164,16 @@ def _finish(
             if result.stopped_by == "completed"
             else f"stopped by {result.stopped_by}: {result.tiers[-1].reason}"
         )
-        out.ok(
-            f"last passing tier: batch {top.batch_size}, concurrency {top.stats.concurrency} ({why})"
-        )
+        if result.axis == "context":
+            out.ok(
+                f"longest passing input: {result.longest_input_tokens or 0:,} tokens at batch "
+                f"{top.batch_size} ({why})"
+            )
+        else:
+            out.ok(
+                f"last passing tier: batch {top.batch_size}, concurrency "
+                f"{top.stats.concurrency} ({why})"
+            )
         if result.incidents:
             out.say(f"{result.incidents} incident bundle(s) in {ctx.run.file('incidents')}")
             _say_first_error(out, ctx)

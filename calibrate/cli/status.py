@@ -43,11 +43,15 @@ def run(args: argparse.Namespace) -> int:
         verdict = "passed" if entry.passed else "FAILED"
         forced = " (forced)" if entry.forced else ""
         out.say(f"  {stage:<9} {verdict}{forced}  {entry.ts}  run {entry.run_id}")
+    if status.context is not None:
+        verdict = "passed" if status.context.passed else "FAILED"
+        ran = f"{status.context.ts}  run {status.context.run_id}"
+        out.say(f"  context   {verdict}  {ran} (ladder --axis context)")
     if status.setting:
         s = status.setting
         out.say(f"calibrated setting: {s.describe()}")
         out.say(f"  batch size from {s.batch_from}; concurrency from {s.concurrency_from}")
-        out.say(f"  verified on: {s.workload.describe()}")
+        out.say(f"  verified on: {s.verified_on()}")
     if status.pinned:
         out.say(f"pinned: {status.pinned.get('script')} ({status.pinned.get('kind')})")
     out.say(f"next: {status.next_command}")

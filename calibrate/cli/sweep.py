@@ -20,6 +20,7 @@ from calibrate.cli.common import (
     add_junit,
     junit_suite,
     kept_on_write_error,
+    load_config,
     load_lock,
     open_stage,
     output_for,
@@ -30,9 +31,9 @@ from calibrate.cli.tier_output import (
     finish_run,
     measure_spec,
     shown_by,
-    tasks_from,
     watching,
 )
+from calibrate.cli.workload_flags import task_pool, workload_spec
 from calibrate.config import MAX_BATCH_SIZE
 from calibrate.errors import ExitCode, GateClosed, Interrupted, UsageError
 from calibrate.pipeline import next_after
@@ -48,8 +49,11 @@ from calibrate.stages.sweep import (
     read_server_cap,
     safe_levels,
 )
+from calibrate.stages.task_pick import TaskPool
 from calibrate.stages.tier_run import MeasureSpec
 from calibrate.stages.waves import Sender
+from calibrate.stages.workload_plan import prepare_workload
+from calibrate.workload import WorkloadSpec
 
 
 def register(subparsers: Any) -> None:
@@ -73,16 +77,15 @@ def run(args: argparse.Namespace) -> int:
     spec = measure_spec(args)
     if args.batch_size is not None and not 1 <= args.batch_size <= MAX_BATCH_SIZE:
         raise UsageError(f"--batch-size must be in [1, {MAX_BATCH_SIZE}], got {args.batch_size}")
-    tasks = tasks_from(args)
+    workload = workload_spec(args, load_config(args), "sweep")
+    pool = task_pool(workload)  # a bad tasks file is exit 2 before anything is written
     ctx = open_stage(args, "sweep", out)
     with load_lock(ctx):  # held from the restart at cap B to the last level
-        options = _plan(args, ctx, out, tasks)
-        return _measure(args, spec, ctx, out, options)
+        options = _plan(args, ctx, out)
+        return _measure(args, spec, ctx, out, options, (workload, pool))
 
 
-def _plan(
-    args: argparse.Namespace, ctx: StageContext, out: Output, tasks: tuple[str, ...]
-) -> SweepOptions:
+def _plan(args: argparse.Namespace, ctx: StageContext, out: Output) -> SweepOptions:
     """The levels to run at the verified batch size, within what the ladder proved (SPEC §5.0)."""
     ladder = latest_passing_ladder(ctx.ledger, ctx.target)
     if ladder is None and not args.batch_size:
@@ -111,7 +114,6 @@ def _plan(
         ctx.config,
         batch,
         stream=args.stream,
-        tasks=tasks,
         ladder_run_id=ladder[1].run_id if ladder else "",
         skipped_levels=skipped,
         beyond_ladder=args.beyond_ladder and not managed,
@@ -125,11 +127,20 @@ def _measure(
     ctx: StageContext,
     out: Output,
     options: SweepOptions,
+    workload: tuple[WorkloadSpec, TaskPool | None],
 ) -> int:
     batch = options.batch_size
     with kept_on_write_error(ctx), watching(spec, ctx, out) as watch:
         cap = read_server_cap(ctx.client.get_text)
-        sweep = Sweep(ctx, options, watch.monitor, watch.incidents, Sender(ctx.client), cap)
+        plan = prepare_workload(
+            ctx.config, ctx.client, workload[0], options.mode, ctx.params, pool=workload[1]
+        )
+        for note in plan.notes:
+            out.warn(note)
+        sweep = Sweep(
+            ctx, options, watch.monitor, watch.incidents, Sender(ctx.client), cap, plan=plan
+        )
+        out.say(f"workload: {plan.spec.describe()}")
         out.say(f"sweep: concurrency {', '.join(map(str, options.levels))} at batch size {batch}, "
                 f"{options.items} requests per level" + (f"; server cap {cap.slots} ({cap.source})" if cap else ""))  # fmt: skip
         try:

@@ -13,11 +13,11 @@ from typing import Any, Protocol
 
 from calibrate import report
 from calibrate.cli.common import Output
+from calibrate.cli.workload_flags import add_workload_args
 from calibrate.records import LedgerEntry
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.stages.compare_tiers import TierComparison
 from calibrate.stages.context import StageContext
-from calibrate.stages.ladder import load_tasks
 from calibrate.stages.tier_run import (
     MeasureSpec,
     Measuring,
@@ -33,12 +33,7 @@ from calibrate.vram import VramMonitor
 
 def add_tier_args(parser: argparse.ArgumentParser, kind: str) -> None:
     add = parser.add_argument
-    add(
-        "--tasks",
-        metavar="FILE",
-        help="real inputs: a JSONL file with a 'text' per line "
-        "(default: the fixed prompt, every output also compared with the baseline)",
-    )
+    add_workload_args(parser, kind)
     add(
         "--vram-source",
         choices=("auto", "nvml", "metrics", "none"),
@@ -79,10 +74,6 @@ def add_tier_args(parser: argparse.ArgumentParser, kind: str) -> None:
     )
     add("--save-baseline", action="store_true",
         help=f"write this run's table to baselines/{kind}.csv (the old one is kept)")  # fmt: skip
-
-
-def tasks_from(args: argparse.Namespace) -> tuple[str, ...]:
-    return load_tasks(Path(args.tasks)) if args.tasks else ()
 
 
 def measure_spec(args: argparse.Namespace) -> MeasureSpec:
@@ -140,12 +131,15 @@ class _Row(Protocol):
 
 
 def shown_by(
-    watch: Measuring, show: Callable[[dict[str, Any]], None], out: Output
+    watch: Measuring,
+    show: Callable[[dict[str, Any]], None],
+    out: Output,
+    extra: Mapping[str, Any] | None = None,
 ) -> Callable[[_Row], None]:
     """A tier/level callback: add its row to the live table, then warn if calibrate is the limit."""
 
     def shown(row: _Row) -> None:
-        show({**row.to_json(), "vram_source": watch.monitor.source})
+        show({**row.to_json(), "vram_source": watch.monitor.source, **(extra or {})})
         warn_if_client_bound(out, watch.selfload)
 
     return shown

@@ -78,7 +78,7 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
         concurrency_from=setting.concurrency_from,
         pinned_by=ctx.run.run_id,
         pinned_at=utc_now_iso(),
-        workload=setting.workload.describe(),
+        workload=setting.verified_on(),
         context=sized.describe() if sized else "",
     )
     text = launch_script.render(values, command)

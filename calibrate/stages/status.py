@@ -10,7 +10,7 @@ from calibrate.ledger import Ledger, baseline_path, check_gate
 from calibrate.pipeline import MAIN_LINE, OPTIONAL, RESTART_THEN_VERIFY, next_after
 from calibrate.records import LedgerEntry
 from calibrate.setting import CalibratedSetting, resolve
-from calibrate.summaries import pin_summary
+from calibrate.summaries import ladder_summary, pin_summary
 
 STAGE_ORDER = MAIN_LINE
 OPTIONAL_STAGES = OPTIONAL
@@ -24,6 +24,7 @@ class TargetStatus:
     setting: CalibratedSetting | None
     pinned: dict[str, Any] | None
     next_command: str
+    context: LedgerEntry | None = None  # the latest ``ladder --axis context``
 
     def to_json(self) -> dict[str, Any]:
         s = self.setting
@@ -35,14 +36,21 @@ class TargetStatus:
             "setting": s.to_json() if s else None,
             "workload": s.workload.to_json() if s else None,
             "pinned": self.pinned,
+            "context_ladder": self.context.to_json() if self.context else None,
+            "verified_input_tokens": s.verified_input_tokens if s else None,
             "next": self.next_command,
         }
 
 
 def target_status(cfg: Config, ledger: Ledger, target: str) -> TargetStatus:
     latest: dict[str, LedgerEntry] = {}
+    context: LedgerEntry | None = None
     for entry in ledger.entries():
-        if entry.target == target:
+        if entry.target != target:
+            continue
+        if entry.stage == "ladder" and ladder_summary(entry.summary).is_context:
+            context = entry  # verifies input lengths, not the ladder the main line needs
+        else:
             latest[entry.stage] = entry
     pin = latest.get("pin")
     baseline = baseline_path(cfg)
@@ -53,6 +61,7 @@ def target_status(cfg: Config, ledger: Ledger, target: str) -> TargetStatus:
         setting=resolve(ledger, target),
         pinned=pin_summary(pin.summary).to_json() if pin and pin.passed else None,
         next_command=next_command(cfg, ledger, target, latest),
+        context=context,
     )
 
 

@@ -15,9 +15,11 @@ from calibrate.stages.ladder import all_refused, item_record
 from calibrate.stages.single import unreachable
 from calibrate.stages.stop_rules import Point, continue_sweep, gains, knee
 from calibrate.stages.tiers import Stats, summarise
-from calibrate.stages.waves import Sender, build_requests
-from calibrate.summaries import SweepSummary
+from calibrate.stages.waves import Request, Sender
+from calibrate.stages.workload_plan import WorkloadPlan
+from calibrate.summaries import SweepSummary, Workload
 from calibrate.vram import VramMonitor
+from calibrate.workload import WorkloadSpec
 
 LevelVerdict = Literal["pass", "fail"]
 
@@ -30,7 +32,6 @@ class SweepOptions:
     batch_size: int
     mode: LadderMode = "wave"
     stream: bool = False
-    tasks: tuple[str, ...] = ()
     ladder_run_id: str = ""
     skipped_levels: tuple[int, ...] = ()  # above what the ladder proved, on an unmanaged server
     beyond_ladder: bool = False
@@ -87,6 +88,8 @@ class SweepResult:
     cap: ServerCap | None
     vram_source: str
     incidents: int
+    workload: Workload = field(default_factory=Workload)
+    workload_details: dict[str, Any] = field(default_factory=dict)
 
     @property
     def knee(self) -> Level | None:
@@ -150,6 +153,7 @@ class SweepResult:
             "levels_skipped": list(options.skipped_levels),
             "beyond_ladder": options.beyond_ladder,
             "incidents": self.incidents,
+            "workload_detail": self.workload_details,
         }
         return SweepSummary(
             top.concurrency if top else None,
@@ -157,6 +161,7 @@ class SweepResult:
             options.ladder_run_id,
             self.stopped_by,
             details,
+            self.workload,
         )
 
 
@@ -184,6 +189,8 @@ class Sweep:
     cap: ServerCap | None = None
     on_level: Callable[[Level], None] = lambda level: None
     levels: list[Level] = field(default_factory=list)
+    plan: WorkloadPlan = field(default_factory=lambda: WorkloadPlan(WorkloadSpec(), ""))
+    issued: int = 0  # workload prompts built so far: the next one's number (its own prompt)
 
     def run(self) -> SweepResult:
         points: list[Point] = []
@@ -201,22 +208,36 @@ class Sweep:
 
     def result(self) -> SweepResult:
         o = self.options
-        return SweepResult(tuple(self.levels), o.batch_size, o.gain_min, self.cap,
-                           self.monitor.source, len(self.incidents.written))  # fmt: skip
+        passing = [lv.stats for lv in self.levels if lv.verdict == "pass"]
+        return SweepResult(
+            tuple(self.levels),
+            o.batch_size,
+            o.gain_min,
+            self.cap,
+            self.monitor.source,
+            len(self.incidents.written),
+            self.plan.recorded(passing),
+            self.plan.details(),
+        )
 
-    def prompts(self) -> list[list[str]]:
-        o = self.options
-        source = o.tasks or (self.ctx.config.prompt.text,)
+    def level_requests(self, concurrency: int, count: int) -> list[Request]:
+        """``count`` requests of the workload for one level (each a prompt list of B prompts in
+        prompt-list mode); every prompt its own unless the workload shares them."""
+        ctx, o = self.ctx, self.options
         per_request = o.batch_size if o.mode == "prompt-list" else 1
-        flat = [source[i % len(source)] for i in range(o.items * per_request)]
-        if o.mode == "prompt-list":
-            return [flat[i : i + per_request] for i in range(0, len(flat), per_request)]
-        return [flat]
+        prompts, targets = self.plan.prompts(count * per_request, self.issued)
+        self.issued += count * per_request
+        waves = [prompts[i : i + per_request] for i in range(0, len(prompts), per_request)]
+        if o.mode != "prompt-list":
+            waves = [prompts]
+        model = ctx.config.target.model
+        return self.plan.requests(
+            ctx.client, model, ctx.params, waves, targets, o.mode, stream=o.stream
+        )
 
     def run_level(self, concurrency: int) -> Stats:
         ctx, o = self.ctx, self.options
-        requests = build_requests(ctx.client, ctx.config.target.model, ctx.params,
-                                  self.prompts(), o.mode, stream=o.stream)  # fmt: skip
+        requests = self.level_requests(concurrency, o.items)
         idle = self.monitor.open_window()
         items, seconds = self.sender.send(requests, concurrency, ctx.params.max_tokens)
         peak = self.monitor.close_window(idle)

@@ -14,6 +14,9 @@ from calibrate.records import Usage
 from calibrate.vram import WindowPeak, device_peaks
 
 Verdict = Literal["fail", "stop: vram", "stop: latency", "pass"]
+# fixed: the fixed-prompt workload (compared with the baseline); work: a workload item;
+# canary: the fixed prompt riding along a workload's wave (compared, not measured; SPEC §5.11)
+ItemRole = Literal["fixed", "work", "canary"]
 StopReason = Literal["failure", "vram", "latency", "completed", "interrupted"]
 
 
@@ -38,6 +41,8 @@ class ItemResult:
     error: ErrorInfo | None = None
     exception_type: str | None = None
     traceback: str | None = None
+    role: ItemRole = "fixed"
+    input_tokens_target: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -85,6 +90,12 @@ class Stats:
     pressure_metric: str | None = None  # "metrics: vllm:kv_cache_usage_perc", "nvml: device 1"
     server_queue_max: int | None = None  # None: the server exports no queue gauge
     per_device: tuple[DeviceMemory, ...] = ()  # each device's peak (pressure is the fullest's)
+    # What the workload sent and the server counted (SPEC §5.11); canaries left out.
+    input_tokens_target: float | None = None  # None: nothing was sized (fixed prompt, tasks)
+    input_tokens_mean: float | None = None  # the server's usage.prompt_tokens
+    input_tokens_max: int | None = None
+    output_tokens_mean: float | None = None
+    input_chars_mean: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -110,11 +121,18 @@ def summarise(
     peaks: Sequence[WindowPeak],
     baseline_text: str | None,
 ) -> Stats:
-    """Aggregate items and the VRAM windows they ran in (one for a round, several for a tier)."""
+    """Aggregate items and the VRAM windows they ran in (one for a round, several for a tier).
+
+    A canary (the fixed prompt riding along a workload) counts in errors and in the baseline
+    match only: the workload's numbers are the workload's.
+    """
+    canaries = [i for i in items if i.role == "canary"]
+    compared = [i for i in items if i.role != "work"]
+    items = [i for i in items if i.role != "canary"]
     latencies = [i.elapsed_s for i in items if i.ok]
     ttfts = [i.ttft_s for i in items if i.ok and i.ttft_s is not None]
     tokens = sum(i.completion_tokens for i in items if i.ok)
-    kinds = Counter(i.error.kind for i in items if i.error is not None)
+    kinds = Counter(i.error.kind for i in (*items, *canaries) if i.error is not None)
     done = [i.done_s for i in items]
     used = [p.peak_used_mib for p in peaks if p.peak_used_mib is not None]
     kv = [p.peak_kv_usage for p in peaks if p.peak_kv_usage is not None]
@@ -123,8 +141,8 @@ def summarise(
     queue = [p.server_queue_max for p in peaks if p.server_queue_max is not None]
     match = None
     if baseline_text is not None:
-        match = sum(1 for i in items if i.ok and i.text == baseline_text)
-    ok_items = len(items) - sum(kinds.values())
+        match = sum(1 for i in compared if i.ok and i.text == baseline_text)
+    ok_items = sum(1 for i in items if i.ok)
     return Stats(
         batch_size=batch_size, concurrency=concurrency, round=round_no, items=len(items),
         total_s=total_s,
@@ -141,11 +159,29 @@ def summarise(
         peak_kv_usage=max(kv, default=None),
         errors=sum(kinds.values()), error_kinds=dict(sorted(kinds.items())),
         first_done_s=min(done, default=None), last_done_s=max(done, default=None),
-        baseline_match=match, baseline_items=len(items) if baseline_text is not None else 0,
+        baseline_match=match, baseline_items=len(compared) if baseline_text is not None else 0,
         pressure_metric=top.peak_pressure.text if top and top.peak_pressure.value is not None else None,
         server_queue_max=round(max(queue)) if queue else None,
         per_device=device_peaks(p.devices for p in peaks),
+        **token_columns(items),
     )  # fmt: skip
+
+
+def token_columns(items: Sequence[ItemResult]) -> dict[str, Any]:
+    """Target and actual input tokens, output tokens and input characters of answered items."""
+    answered = [i for i in items if i.ok]
+    targets = [i.input_tokens_target for i in items if i.input_tokens_target is not None]
+    prompt = [i.usage.prompt_tokens for i in answered if i.usage and i.usage.prompt_tokens]
+    chars = [len(i.prompt) for i in answered if i.usage and i.usage.prompt_tokens]
+    return {
+        "input_tokens_target": sum(targets) / len(targets) if targets else None,
+        "input_tokens_mean": sum(prompt) / len(prompt) if prompt else None,
+        "input_tokens_max": max(prompt, default=None),
+        "output_tokens_mean": (
+            sum(i.completion_tokens for i in answered) / len(answered) if answered else None
+        ),
+        "input_chars_mean": sum(chars) / len(chars) if chars else None,
+    }
 
 
 def queue_note(server_queue_max: int | None, concurrency: int) -> str | None:

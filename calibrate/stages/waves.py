@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +17,7 @@ from calibrate.config import LadderMode
 from calibrate.errors import ErrorInfo, RequestError
 from calibrate.records import Completion, SamplingParams, incomplete_reason
 from calibrate.stages.incidents import format_traceback
-from calibrate.stages.tiers import ItemResult
+from calibrate.stages.tiers import ItemResult, ItemRole
 
 Clock = Callable[[], float]
 CHAT_PATH = "/chat/completions"
@@ -32,6 +32,12 @@ class Request:
     body: dict[str, Any]
     prompts: tuple[str, ...]
     first_index: int
+    role: ItemRole = "fixed"
+    input_tokens_target: tuple[int | None, ...] = ()  # per prompt, when the workload sized it
+    forced_tokens: int | None = None  # the answer length the body forces (SPEC §5.11)
+
+    def target(self, n: int) -> int | None:
+        return self.input_tokens_target[n] if n < len(self.input_tokens_target) else None
 
 
 def build_requests(
@@ -42,19 +48,44 @@ def build_requests(
     mode: LadderMode,
     *,
     stream: bool = False,
+    first_index: int = 1,
+    role: ItemRole = "fixed",
+    targets: Sequence[int | None] = (),
+    extra: Mapping[str, Any] | None = None,
+    forced_tokens: int | None = None,
 ) -> list[Request]:
-    """wave: one chat request per prompt; prompt-list: one completions request per wave."""
+    """wave: one chat request per prompt; prompt-list: one completions request per wave.
+
+    ``extra`` fields are added to every body (a forced answer length); ``targets`` are the
+    input lengths the workload sized each prompt to, in prompt order.
+    """
     out: list[Request] = []
-    index = 1
+    index = first_index
+    fields = dict(extra or {})
+
+    def sized(count: int) -> tuple[int | None, ...]:
+        start = index - first_index
+        return tuple(targets[start : start + count]) if targets else ()
+
     for prompts in waves:
         if mode == "prompt-list":
-            body = client.completions_body(model, prompts, params, stream=stream)
-            out.append(Request(COMPLETIONS_PATH, body, tuple(prompts), index))
+            body = {**client.completions_body(model, prompts, params, stream=stream), **fields}
+            out.append(
+                Request(
+                    COMPLETIONS_PATH,
+                    body,
+                    tuple(prompts),
+                    index,
+                    role,
+                    sized(len(prompts)),
+                    forced_tokens,
+                )
+            )
             index += len(prompts)
             continue
         for prompt in prompts:
-            body = client.chat_body(model, prompt, params, stream=stream)
-            out.append(Request(CHAT_PATH, body, (prompt,), index))
+            body = {**client.chat_body(model, prompt, params, stream=stream), **fields}
+            out.append(Request(CHAT_PATH, body, (prompt,), index, role, sized(1), forced_tokens))
             index += 1
     return out
 
@@ -138,6 +169,7 @@ def _failed(
         body=request.body, text=None, finish_reason=None, usage=None, completion_tokens=0,
         elapsed_s=done - started, ttft_s=None, started_s=started, done_s=done,
         error=info, exception_type=exc_type, traceback=tb,
+        role=request.role, input_tokens_target=request.target(n),
     )  # fmt: skip
 
 
@@ -150,17 +182,22 @@ def _answered(
     for n in range(count):
         choice = completion.choices[n] if n < len(completion.choices) else None
         error: ErrorInfo | None = None
-        if choice is None:
-            error = ErrorInfo("invalid_response", f"{count} prompts sent, "
-                              f"{len(completion.choices)} choices returned")  # fmt: skip
-        else:
-            problem = incomplete_reason(choice, max_tokens)
-            if problem:
-                error = ErrorInfo("incomplete", problem)
         # A prompt list reports one usage for all its prompts: each item gets its share.
         share = (
             (total_tokens // count + (1 if n < total_tokens % count else 0)) if total_tokens else 0
         )
+        if choice is None:
+            error = ErrorInfo("invalid_response", f"{count} prompts sent, "
+                              f"{len(completion.choices)} choices returned")  # fmt: skip
+        else:
+            problem = incomplete_reason(
+                choice,
+                max_tokens,
+                forced_tokens=request.forced_tokens,
+                completion_tokens=share if total_tokens is not None else None,
+            )
+            if problem:
+                error = ErrorInfo("incomplete", problem)
         out.append(
             ItemResult(
                 index=request.first_index + n, prompt=request.prompts[n], path=request.path,
@@ -170,6 +207,7 @@ def _answered(
                 elapsed_s=completion.elapsed_s, ttft_s=completion.ttft_s,
                 started_s=started, done_s=done, served_model=completion.served_model,
                 system_fingerprint=completion.system_fingerprint, error=error,
+                role=request.role, input_tokens_target=request.target(n),
             )
         )  # fmt: skip
     return out

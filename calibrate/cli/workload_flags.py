@@ -1,0 +1,172 @@
+"""The workload flags of ladder and sweep (SPEC §5.11), and the context axis of the ladder."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from calibrate.config import MAX_BATCH_SIZE, Config
+from calibrate.errors import RequestError, UsageError
+from calibrate.stages.context import StageContext
+from calibrate.stages.task_pick import TaskPool, load_pool
+from calibrate.workload import (
+    MAX_INPUT_TOKENS,
+    MAX_OUTPUT_TOKENS,
+    PICKS,
+    Pick,
+    TokenRange,
+    WorkloadFlags,
+    WorkloadSpec,
+    default_context_lengths,
+    parse_context_lengths,
+    resolve_workload,
+)
+
+
+def add_workload_args(parser: argparse.ArgumentParser, kind: str) -> None:
+    add = parser.add_argument
+    pick = "longest" if kind == "ladder" else "sample"
+    add(
+        "--tasks",
+        metavar="FILE",
+        help="real inputs: a batch input file (id, text, prompt?), sent as batch sends them "
+        "(default: the fixed prompt, every output also compared with the baseline)",
+    )
+    add(
+        "--pick",
+        choices=PICKS,
+        default=None,
+        help=f"which tasks: longest (the worst case for memory) or a seeded sample "
+        f"(default {pick})",
+    )
+    add(
+        "--prompt",
+        default=None,
+        metavar="TEXT",
+        help="with --tasks: put before each item's text, as batch --prompt does",
+    )
+    add(
+        "--input-tokens",
+        metavar="N|A:B",
+        help=f"synthetic prompts of N tokens (or uniform in A:B; at most {MAX_INPUT_TOKENS}), "
+        "sized against the server's own token count",
+    )
+    add(
+        "--output-tokens",
+        type=int,
+        metavar="M",
+        help=f"force answers to M tokens where the engine allows (at most {MAX_OUTPUT_TOKENS}; "
+        "default with --input-tokens: [prompt].max_tokens)",
+    )
+    add(
+        "--shared-prefix",
+        type=float,
+        metavar="F",
+        help="synthetic prompts share their first fraction F (0–1; default 0: all unique)",
+    )
+    if kind == "ladder":
+        add(
+            "--axis",
+            choices=("batch", "context"),
+            default="batch",
+            help="batch: step the batch size (default); context: step the input length",
+        )
+        add(
+            "--context-lengths",
+            metavar="N,N,…",
+            help="with --axis context: the input lengths (default 512, 1024, 2048, … up to "
+            "the server's max_model_len)",
+        )
+        add(
+            "--batch",
+            type=int,
+            metavar="B",
+            help="with --axis context: the batch size to step the length at (default 1)",
+        )
+
+
+def workload_spec(args: argparse.Namespace, cfg: Config, kind: str) -> WorkloadSpec:
+    """Flags over [workload]; a synthetic workload forces answers to [prompt].max_tokens unless
+    --output-tokens says otherwise. Exit 2 on anything out of bounds."""
+    default_pick: Pick = "longest" if kind == "ladder" else "sample"
+    flags = WorkloadFlags(
+        tasks=args.tasks,
+        pick=args.pick,
+        input_tokens=args.input_tokens,
+        output_tokens=args.output_tokens,
+        shared_prefix=args.shared_prefix,
+        prompt=args.prompt,
+    )
+    if getattr(args, "axis", "batch") == "context":
+        return _context_spec(args, cfg, flags)
+    _check_context_flags(args)
+    spec = resolve_workload(cfg.workload.flags(), flags, default_pick=default_pick)
+    if spec.source == "synthetic" and spec.output_tokens is None:
+        return replace(spec, output_tokens=cfg.prompt.max_tokens)
+    return spec
+
+
+def _check_context_flags(args: argparse.Namespace) -> None:
+    for flag, value in (
+        ("--context-lengths", getattr(args, "context_lengths", None)),
+        ("--batch", getattr(args, "batch", None)),
+    ):
+        if value is not None:
+            raise UsageError(f"{flag} goes with --axis context")
+
+
+def _context_spec(args: argparse.Namespace, cfg: Config, flags: WorkloadFlags) -> WorkloadSpec:
+    if flags.tasks or flags.input_tokens is not None:
+        raise UsageError(
+            "--axis context steps synthetic inputs of its own lengths: drop --tasks/--input-tokens",
+            "Give the lengths with --context-lengths 512,1024,… (default: up to max_model_len).",
+        )
+    if args.batch is not None and not 1 <= args.batch <= MAX_BATCH_SIZE:
+        raise UsageError(f"--batch must be in [1, {MAX_BATCH_SIZE}], got {args.batch}")
+    if args.context_lengths is not None:
+        parse_context_lengths(args.context_lengths)  # exit 2 before anything is sent
+    output = flags.output_tokens or cfg.prompt.max_tokens
+    return resolve_workload(
+        WorkloadFlags(seed=cfg.workload.seed),
+        WorkloadFlags(input_tokens=1, output_tokens=output, shared_prefix=flags.shared_prefix),
+    )
+
+
+def context_lengths(
+    args: argparse.Namespace, ctx: StageContext, output_tokens: int
+) -> tuple[tuple[int, ...], int | None]:
+    """The lengths to step, and the max_model_len the server reported (None: not said)."""
+    limit = served_max_model_len(ctx)
+    if args.context_lengths is not None:
+        return parse_context_lengths(args.context_lengths), limit
+    lengths = default_context_lengths(limit, output_tokens)
+    if not lengths:
+        raise UsageError(
+            f"the server's max_model_len {limit} leaves no room for an input beside a "
+            f"{output_tokens}-token answer",
+            "Lower --output-tokens, or give --context-lengths.",
+        )
+    return lengths, limit
+
+
+def served_max_model_len(ctx: StageContext) -> int | None:
+    """``max_model_len`` of the configured model in ``GET /v1/models`` (vLLM, the mock)."""
+    try:
+        models = ctx.client.models()
+    except RequestError:
+        return None
+    model = ctx.config.target.model
+    found = [m.max_model_len for m in models if m.id == model and m.max_model_len]
+    return found[0] if found else None
+
+
+def task_pool(spec: WorkloadSpec) -> TaskPool | None:
+    """The tasks, read and validated before the run starts (exit 2 on a bad line)."""
+    if spec.source != "tasks" or spec.tasks is None:
+        return None
+    return load_pool(spec.tasks, pick=spec.pick, prompt=spec.prompt, seed=spec.seed)
+
+
+def sized(spec: WorkloadSpec, lengths: tuple[int, ...]) -> WorkloadSpec:
+    """The context axis's spec, its target range spanning the lengths stepped."""
+    return replace(spec, input_tokens=TokenRange(lengths[0], lengths[-1]))

@@ -1,0 +1,202 @@
+"""What ladder and sweep send (SPEC §5.11): the workload's spec, resolved once from config and flags.
+
+``fixed`` (the default) repeats the fixed prompt; ``tasks`` takes items of a batch input file
+(``--pick longest`` — the worst case for memory — or a seeded ``sample``); ``synthetic`` builds
+seeded prompts of ``--input-tokens`` (one size or a uniform ``A:B`` range) with answers forced to
+``--output-tokens``. Every bound is checked here (exit 2 naming the flag and its maximum).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from calibrate.errors import UsageError
+
+WorkloadSource = Literal["fixed", "tasks", "synthetic"]
+Pick = Literal["longest", "sample"]
+SOURCES: tuple[WorkloadSource, ...] = ("fixed", "tasks", "synthetic")
+PICKS: tuple[Pick, ...] = ("longest", "sample")
+
+# Documented maxima (README "Limits").
+MAX_INPUT_TOKENS = 1_048_576
+MAX_OUTPUT_TOKENS = 1_000_000
+MAX_CONTEXT_STEPS = 32
+
+
+@dataclass(frozen=True)
+class TokenRange:
+    """Input tokens per request: one size (low == high) or a uniform range."""
+
+    low: int
+    high: int
+
+    @property
+    def mean(self) -> int:
+        return (self.low + self.high) // 2
+
+    def describe(self) -> str:
+        return str(self.low) if self.low == self.high else f"{self.low}:{self.high}"
+
+
+def parse_token_range(text: str | int, where: str) -> TokenRange:
+    """``2000`` or ``"512:4096"`` → a range; anything else (or out of bounds) is exit 2."""
+    raw = str(text).strip()
+    low_text, sep, high_text = raw.partition(":")
+    try:
+        low = int(low_text)
+        high = int(high_text) if sep else low
+    except ValueError:
+        raise UsageError(
+            f"{where} must be a token count N or a range A:B, got {text!r}",
+            "e.g. --input-tokens 2000, or --input-tokens 512:4096 for a uniform range",
+        ) from None
+    if not 1 <= low <= high <= MAX_INPUT_TOKENS:
+        raise UsageError(
+            f"{where} must be in [1, {MAX_INPUT_TOKENS}] (and A ≤ B for a range), got {raw}"
+        )
+    return TokenRange(low, high)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """The resolved workload: which source, and its sizes. ``prompt`` prefixes task items."""
+
+    source: WorkloadSource = "fixed"
+    tasks: Path | None = None
+    pick: Pick = "longest"
+    input_tokens: TokenRange | None = None
+    output_tokens: int | None = None
+    shared_prefix: float = 0.0
+    seed: int = 0
+    prompt: str = ""
+
+    @property
+    def fixed(self) -> bool:
+        return self.source == "fixed"
+
+    def describe(self) -> str:
+        if self.source == "fixed":
+            return "the fixed prompt"
+        if self.source == "tasks":
+            text = f"tasks {self.tasks} (pick {self.pick})"
+        else:
+            assert self.input_tokens is not None
+            text = f"synthetic {self.input_tokens.describe()} input tokens"
+            if self.shared_prefix:
+                text += f" ({self.shared_prefix:.0%} shared prefix)"
+        if self.output_tokens:
+            text += f", answers forced to {self.output_tokens} tokens"
+        return text
+
+
+@dataclass(frozen=True)
+class WorkloadFlags:
+    """The command line's workload flags (None = not given) and the [workload] section's values."""
+
+    source: WorkloadSource | None = None
+    tasks: str | None = None
+    pick: Pick | None = None
+    input_tokens: str | int | None = None
+    output_tokens: int | None = None
+    shared_prefix: float | None = None
+    seed: int | None = None
+    prompt: str | None = None
+
+
+def resolve_workload(
+    file: WorkloadFlags, flags: WorkloadFlags, *, default_pick: Pick = "longest"
+) -> WorkloadSpec:
+    """Flags over the [workload] section; the source follows what was given when not named."""
+    tasks = flags.tasks if flags.tasks is not None else file.tasks
+    input_tokens = flags.input_tokens if flags.input_tokens is not None else file.input_tokens
+    if flags.tasks is not None and flags.input_tokens is not None:
+        raise UsageError("--tasks and --input-tokens are two workloads: give one of them")
+    source = flags.source
+    if source is None and flags.tasks is not None:
+        source = "tasks"
+    elif source is None and flags.input_tokens is not None:
+        source = "synthetic"
+    source = (
+        source or file.source or ("tasks" if tasks else "synthetic" if input_tokens else "fixed")
+    )
+    output = flags.output_tokens if flags.output_tokens is not None else file.output_tokens
+    shared = flags.shared_prefix if flags.shared_prefix is not None else file.shared_prefix
+    seed = flags.seed if flags.seed is not None else file.seed
+    pick = flags.pick or file.pick or default_pick
+    _check_output(output)
+    if shared is not None and not (math.isfinite(shared) and 0.0 <= shared <= 1.0):
+        raise UsageError(f"--shared-prefix must be a fraction in [0, 1], got {shared}")
+    if seed is not None and not 0 <= seed < 2**63:
+        raise UsageError(f"[workload] seed must be in [0, 2^63), got {seed}")
+    spec = WorkloadSpec(
+        source,
+        pick=pick,
+        shared_prefix=shared or 0.0,
+        seed=seed or 0,
+        prompt=flags.prompt or "",
+        output_tokens=output,
+    )
+    if source == "tasks":
+        if not tasks:
+            raise UsageError("the tasks workload needs a file: --tasks FILE ([workload] tasks)")
+        return replace(spec, tasks=Path(tasks))
+    if source == "synthetic":
+        if input_tokens is None:
+            raise UsageError(
+                "the synthetic workload needs --input-tokens N (or A:B)",
+                "e.g. --input-tokens 2000 --output-tokens 200",
+            )
+        return replace(spec, input_tokens=parse_token_range(input_tokens, "--input-tokens"))
+    if output is not None or shared:
+        raise UsageError(
+            "--output-tokens and --shared-prefix shape a synthetic or tasks workload",
+            "Add --input-tokens N (synthetic prompts) or --tasks FILE.",
+        )
+    return spec
+
+
+def _check_output(output: int | None) -> None:
+    if output is not None and not 1 <= output <= MAX_OUTPUT_TOKENS:
+        raise UsageError(f"--output-tokens must be in [1, {MAX_OUTPUT_TOKENS}], got {output}")
+
+
+def parse_context_lengths(text: str) -> tuple[int, ...]:
+    """``--context-lengths 512,1024,2048`` → increasing input lengths (exit 2 otherwise)."""
+    try:
+        lengths = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise UsageError(
+            f"--context-lengths must be comma-separated token counts, got {text!r}",
+            "e.g. --context-lengths 512,1024,2048,4096",
+        ) from None
+    if not lengths or len(lengths) > MAX_CONTEXT_STEPS:
+        raise UsageError(f"--context-lengths takes 1 to {MAX_CONTEXT_STEPS} lengths")
+    if any(not 1 <= n <= MAX_INPUT_TOKENS for n in lengths):
+        raise UsageError(f"--context-lengths must all be in [1, {MAX_INPUT_TOKENS}]")
+    if list(lengths) != sorted(set(lengths)):
+        raise UsageError("--context-lengths must increase, e.g. 512,1024,2048")
+    return lengths
+
+
+CONTEXT_START_TOKENS = 512
+CONTEXT_MARGIN = 0.05  # prompts are built to within a few percent of their target
+
+
+def default_context_lengths(max_model_len: int | None, output_tokens: int) -> tuple[int, ...]:
+    """512, 1k, 2k, … up to what fits in ``max_model_len`` with the answer (and the last
+    length that fits, a margin below it); without a known limit, up to the maximum."""
+    if max_model_len is None:
+        limit = MAX_INPUT_TOKENS
+    else:
+        limit = max_model_len - output_tokens - math.ceil(CONTEXT_MARGIN * max_model_len)
+    lengths: list[int] = []
+    n = CONTEXT_START_TOKENS
+    while n <= limit and len(lengths) < MAX_CONTEXT_STEPS:
+        lengths.append(n)
+        n *= 2
+    if max_model_len is not None and limit >= 1 and (not lengths or lengths[-1] < limit):
+        lengths.append(limit)
+    return tuple(lengths[-MAX_CONTEXT_STEPS:])

@@ -1,0 +1,30 @@
+"""Helpers of the workload and context-ladder tests: a calibrated mock target, fast."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from calibrate.config import LadderConfig
+from tests.conftest import write_config
+
+# Fast mock timings: a 200-token forced answer takes about 40 ms.
+FAST_MOCK: dict[str, Any] = {"ttft_s": 0.002, "per_token_s": 0.0002}
+_ROUND = (
+    "min_round_s = 0\n"
+    if "min_round_s" in {f.name for f in dataclasses.fields(LadderConfig)}
+    else ""
+)
+LADDER = f"[ladder]\nsample_interval_s = 0.005\nlatency_rise = 100.0\n{_ROUND}"
+
+
+def calibrated(cli: Any, root: Path, base_url: str, extra: str = LADDER) -> None:
+    """Config, a single-call baseline and a passing repro: the ladder's gate is open."""
+    write_config(root / "calibrate.toml", base_url, extra)
+    assert cli("single").code == 0
+    assert cli("repro", "--runs", "1").code == 0
+
+
+def tiers(result: Any) -> list[dict[str, Any]]:
+    return list(result.json["tiers_detail"])
