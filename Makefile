@@ -115,3 +115,10 @@ batch: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench.py $(ARGS)
+
+# --- make gpu-proof [DRY=1]: the GPU path proved on a real card in one offline run (scripts/gpu_proof.sh;
+# prepare the wheels first where there is network: bash scripts/gpu_proof_prepare.sh). DRY=1: on the CPU. ---
+.PHONY: gpu-proof
+DRY ?= 0
+gpu-proof:
+	DRY=$(DRY) bash scripts/gpu_proof.sh
