@@ -45,6 +45,7 @@ class CalibratedSetting:
     concurrency_from: str
     workload: Workload
     tuned: tuple[tuple[str, str], ...] = ()  # the engine flags of a tune winner (or its pin)
+    tuned_by: str = ""  # "tune run <id>" that chose them
 
     @property
     def setting(self) -> Setting:
@@ -64,6 +65,7 @@ class CalibratedSetting:
             "concurrency_from": self.concurrency_from,
             "workload": self.workload.to_json(),
             "tuned_flags": dict(self.tuned),
+            "tuned_by": self.tuned_by or None,
         }
 
 
@@ -150,6 +152,7 @@ def _apply(
             f"{where} (the winner's best concurrency)",
             workload,
             winner.flags,
+            where,
         ), ladder
     if entry.stage == "pin" and entry.passed:
         pinned = pin_summary(entry.summary)
@@ -166,6 +169,7 @@ def _apply(
             where,
             workload,
             pinned.tuned,
+            str(pinned.details.get("tuned_by") or "") if pinned.tuned else "",
         ), ladder
     if entry.stage in ("rollback", "active"):
         # "active" is the line older versions wrote beside a rollback; read it the same way.

@@ -14,9 +14,29 @@ from calibrate.stages.tune_result import CandidateResult
 from calibrate.store import RunDir, dumps_line, write_atomic
 
 COLUMNS = tuple(
-    "rank id flags status cap best_concurrency goodput_per_s items_per_s output_tokens_per_s "
-    "p50_s p90_s ttft_p50_s peak_vram_mib peak_kv_usage pressure errors incidents "
-    "start_exit_code rung window elapsed_s".split()
+    [
+        "rank",
+        "id",
+        "flags",
+        "status",
+        "cap",
+        "best_concurrency",
+        "goodput_per_s",
+        "items_per_s",
+        "output_tokens_per_s",
+        "p50_s",
+        "p90_s",
+        "ttft_p50_s",
+        "peak_vram_mib",
+        "peak_kv_usage",
+        "pressure",
+        "errors",
+        "incidents",
+        "start_exit_code",
+        "rung",
+        "window",
+        "elapsed_s",
+    ]
 )
 
 

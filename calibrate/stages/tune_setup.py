@@ -23,7 +23,7 @@ from calibrate.stages.pin_context import verified_workload
 from calibrate.stages.tier_run import MeasureSpec
 from calibrate.stages.tune_grid import TunePlan, build_plan
 from calibrate.stages.tune_measure import MeasureSettings, slo_bounds
-from calibrate.stages.tune_store import fingerprint, find_unfinished
+from calibrate.stages.tune_store import find_unfinished, fingerprint
 from calibrate.store import RunDir
 
 NEEDS_SERVER = (
