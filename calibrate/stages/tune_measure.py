@@ -148,7 +148,7 @@ def measure_candidate(
             result = sweep.run()
         finally:
             run.close()
-    return _measurement(result, run, settings.slo)
+    return _measurement(result, run, settings.slo, options.gain_min)
 
 
 def _goodput(run: RunDir, slo: SloBounds) -> dict[int, int]:
@@ -164,26 +164,32 @@ def _goodput(run: RunDir, slo: SloBounds) -> dict[int, int]:
     return counts
 
 
-def _measurement(result: SweepResult, run: RunDir, slo: SloBounds) -> Measurement:
+def _measurement(result: SweepResult, run: RunDir, slo: SloBounds, gain_min: float) -> Measurement:
+    """The levels read back; the best is the lowest concurrency within ``gain_min`` of the
+    highest goodput among passing levels (more in flight that adds nothing is not better)."""
     good = _goodput(run, slo)
     rows: list[dict[str, Any]] = []
-    best: BestLevel | None = None
+    passing: list[BestLevel] = []
     for level in result.levels:
         s = level.stats
         goodput = good.get(s.concurrency, 0) / s.total_s if s.total_s > 0 else 0.0
         row = {"concurrency": s.concurrency, "goodput_per_s": round(goodput, 4)}
         row |= {"items_per_s": round(s.items_per_s, 4), "errors": s.errors}
         rows.append({**row, "p50_s": s.per_item_p50_s, "verdict": level.verdict})
-        if level.verdict == "pass" and (best is None or goodput > best.goodput_per_s):
-            best = BestLevel(
-                s.concurrency,
-                goodput,
-                s.items_per_s,
-                s.output_tokens_per_s,
-                s.per_item_p50_s,
-                s.per_item_p90_s,
-                s.ttft_p50_s,
+        if level.verdict == "pass" and goodput > 0:
+            passing.append(
+                BestLevel(
+                    s.concurrency,
+                    goodput,
+                    s.items_per_s,
+                    s.output_tokens_per_s,
+                    s.per_item_p50_s,
+                    s.per_item_p90_s,
+                    s.ttft_p50_s,
+                )
             )
+    top = max((b.goodput_per_s for b in passing), default=0.0)
+    best = next((b for b in passing if b.goodput_per_s * (1 + gain_min) >= top), None)
     stats = [lv.stats for lv in result.levels]
 
     def peak(values: list[float | None]) -> float | None:

@@ -70,6 +70,13 @@ def _set_aside(folder: RunDir) -> None:
     folder.path.rename(folder.path.with_name(f"{folder.path.name}.aborted-{n}"))
 
 
+def _why(message: str, tail: tuple[str, ...]) -> str:
+    """The start failure in one line: what happened, and the log's last words on it."""
+    first = message.split("; last lines", 1)[0]
+    said = next((line.strip() for line in reversed(tail) if "error" in line.lower()), "")
+    return f"{first}: {said}" if said else first
+
+
 def _oom(lines: tuple[str, ...]) -> bool:
     return any("out of memory" in line.lower() for line in lines)
 
@@ -137,10 +144,11 @@ class Lifecycle:
                 tuned=candidate.flags,
             )
         except ServerDied as exc:
-            first = exc.message.split("; last lines", 1)[0]
-            return StartFailure(exc.server_exit_code, first, self._tail(offset))
+            tail = self._tail(offset)
+            return StartFailure(exc.server_exit_code, _why(exc.message, tail), tail)
         except ServerUnreachable as exc:  # not ready in time (stopped), or not startable at all
-            return StartFailure(None, exc.message.split("; last lines", 1)[0], self._tail(offset))
+            tail = self._tail(offset)
+            return StartFailure(None, _why(exc.message, tail), tail)
         return None
 
     def warm_up(self) -> str:
