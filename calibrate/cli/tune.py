@@ -29,18 +29,15 @@ from calibrate.cli.common import (
     open_stage,
     output_for,
 )
-from calibrate.cli.tune_view import finished_line, show_ranked, winner_text
+from calibrate.cli.tune_view import finished_line, show_finished
 from calibrate.config import MAX_TIMEOUT_S
 from calibrate.errors import Interrupted, UsageError
 from calibrate.pipeline import next_after
 from calibrate.server.builders import SERVER_KINDS
 from calibrate.stages.ladder import load_tasks
 from calibrate.stages.tier_run import MeasureSpec, preflight
-from calibrate.stages.tune import Tune, TuneOutcome
-from calibrate.stages.tune_files import rows, write_plot, write_tables
-from calibrate.stages.tune_run import Lifecycle
+from calibrate.stages.tune_session import Session
 from calibrate.stages.tune_setup import TuneRequest, TuneSetup, prepare
-from calibrate.stages.tune_store import TuneStore
 
 
 def register(subparsers: Any) -> None:
@@ -130,118 +127,31 @@ def run(args: argparse.Namespace) -> int:
 
 def _tune(args: argparse.Namespace, out: Output, setup: TuneSetup) -> int:
     ctx, plan = setup.ctx, setup.plan
-    store = TuneStore(ctx.run)
-    measured = {r.candidate.index for r in store.results()}
-    axes = "; ".join(f"{a.key} ∈ {{{', '.join(a.values)}}}" for a in plan.axes)
+    session = Session(setup, notify=out.say, on_result=lambda r: out.say(finished_line(r)))
     if setup.resumed:
         out.say(
-            f"resuming tune run {ctx.run.run_id}: {len(measured)} of {plan.size} "
+            f"resuming tune run {ctx.run.run_id}: {session.measured_before} of {plan.size} "
             "candidates already measured"
         )
     else:
+        axes = "; ".join(f"{a.key} ∈ {{{', '.join(a.values)}}}" for a in plan.axes)
         out.say(
             f"tune run {ctx.run.run_id}: {plan.size} candidates ({axes}), {setup.search} "
             f"search, {setup.kind} restarted per candidate"
         )
-    store.write_plan({**plan.to_json(), "search": setup.search}, setup.fingerprint)
-    lifecycle = Lifecycle(ctx, setup.kind, setup.settings, notify=out.say)
-
-    def finished(result: Any) -> None:
-        out.say(finished_line(result))
-
-    tune = Tune(
-        plan,
-        store,
-        lifecycle,
-        setup.search,
-        setup.window,
-        setup.budget_s,
-        notify=out.say,
-        on_result=finished,
-    )
     try:
         with kept_on_write_error(ctx):
-            outcome = tune.run()
+            finished = session.run()
     except KeyboardInterrupt:
         with contextlib.suppress(KeyboardInterrupt):
-            lifecycle.stop_managed()
-        done = len({index for _, index in tune.done})
-        ctx.record_result(
-            False,
-            {"candidates": plan.size, "measured": done, "grid_fingerprint": setup.fingerprint},
-            interrupted=True,
-        )
-        ctx.run.close()
+            session.interrupted()
         raise Interrupted(
-            f"tune interrupted: {done} of {plan.size} candidates measured, kept in "
+            f"tune interrupted: {session.measured} of {plan.size} candidates measured, kept in "
             f"{ctx.run.path}; the server calibrate started for it is stopped",
             f"Resume it: {resume_command(args)}",
         ) from None
-    return _finish(out, setup, store, outcome)
-
-
-def _finish(out: Output, setup: TuneSetup, store: TuneStore, outcome: TuneOutcome) -> int:
-    ctx = setup.ctx
-    table = rows(outcome.ranked)
-    title = f"tune {ctx.run.run_id} (ranked by goodput, {setup.settings.slo.describe()})"
-    if table:
-        csv_path = write_tables(ctx.run, table)
-        plot = write_plot(ctx.run, table, title)
-        show_ranked(out, table, title)
-        out.say(f"tables: {csv_path}" + (f", plot: {plot}" if plot else ""))
-    for probe in outcome.probes:
-        if not probe.ok:
-            out.say(f"memory step: {plan_key(setup)}={probe.fraction} did not start: {probe.error}")
-    if outcome.memory_failed:
-        out.fail(
-            f"no {plan_key(setup)} in {', '.join(setup.plan.memory_fractions)} let the "
-            "engine start and serve one request (see runs/server.log)"
-        )
-    if outcome.untested:
-        out.warn(
-            f"--budget-s spent: {len(outcome.untested)} candidate(s) left untested: "
-            f"{', '.join(c.id for c in outcome.untested)}; run again to continue"
-        )
-    details = {
-        "grid_fingerprint": setup.fingerprint,
-        "search": setup.search,
-        "ladder_run_id": setup.ladder_run_id,
-        "slo": setup.settings.slo.to_json(),
-        "resumed": setup.resumed,
-        "ranked": [r["id"] for r in table],
-    }
-    summary = outcome.summary(details)
-    entry = ctx.record_result(summary.winner is not None, summary)
-    if outcome.complete:
-        store.mark_finished()
-    ctx.run.close()
-    text = winner_text(outcome)
-    if text:
-        out.ok(text)
+    show_finished(out, setup, finished)
+    if finished.entry.passed:
         out.say(f"next: {next_after('tune')}   (writes every flag of the winner)")
-    else:
-        out.fail("tune found no candidate that served a passing level")
-    out.result(
-        {
-            "passed": entry.passed,
-            "run_id": ctx.run.run_id,
-            "resumed": setup.resumed,
-            "complete": outcome.complete,
-            "grid_fingerprint": setup.fingerprint,
-            "candidates": [{**r.to_json(), "rank": n} for n, r in enumerate(outcome.ranked, 1)],
-            "winner": {
-                **summary.winner.to_json(),
-                "id": outcome.winner.candidate.id,
-                "margin": outcome.margin,
-            }
-            if summary.winner and outcome.winner
-            else None,
-            "untested": [c.to_json() for c in outcome.untested],
-            "memory": summary.details.get("memory"),
-        }
-    )
-    return 0 if entry.passed else 1
-
-
-def plan_key(setup: TuneSetup) -> str:
-    return setup.plan.memory_key or "memory fraction"
+    out.result(finished.to_json(setup))
+    return 0 if finished.entry.passed else 1

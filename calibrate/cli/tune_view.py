@@ -11,6 +11,8 @@ from rich.table import Table
 from calibrate.cli.common import Output
 from calibrate.stages.tune import TuneOutcome
 from calibrate.stages.tune_result import CandidateResult
+from calibrate.stages.tune_session import TuneFinished
+from calibrate.stages.tune_setup import TuneSetup
 
 
 def _f(value: Any, fmt: str) -> str:
@@ -101,3 +103,35 @@ def winner_text(outcome: TuneOutcome) -> str | None:
     elif second is None:
         text += " (no runner-up measured)"
     return text
+
+
+def show_finished(out: Output, setup: TuneSetup, finished: TuneFinished) -> None:
+    """The ranked table, where the files are, what the memory step and budget left, the winner."""
+    outcome, key = finished.outcome, setup.plan.memory_key or "memory fraction"
+    if finished.table:
+        show_ranked(out, finished.table, finished.title)
+        plot = f", plot: {finished.plot}" if finished.plot else ""
+        out.say(f"tables: {finished.tables}{plot}")
+    for probe in outcome.probes:
+        if not probe.ok:
+            out.say(f"memory step: {key}={probe.fraction} did not start: {probe.error}")
+    if outcome.memory_failed:
+        fractions = ", ".join(setup.plan.memory_fractions)
+        out.fail(
+            f"no {key} in {fractions} let the engine start and serve one request "
+            "(see runs/server.log); add lower values to [tune] memory_fractions"
+        )
+    if outcome.untested:
+        ids = ", ".join(c.id for c in outcome.untested)
+        out.warn(
+            f"--budget-s spent: {len(outcome.untested)} candidate(s) left untested: {ids}; "
+            "run the same command again to continue"
+        )
+    text = winner_text(outcome)
+    if text:
+        out.ok(text)
+    else:
+        out.fail(
+            "tune found no candidate that served a passing level (see the table and "
+            "each candidate's incidents)"
+        )
