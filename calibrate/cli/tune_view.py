@@ -89,7 +89,7 @@ def show_ranked(out: Output, rows: Sequence[Mapping[str, Any]], title: str) -> N
         out.say(plain_line(row))
 
 
-def winner_text(outcome: TuneOutcome) -> str | None:
+def winner_text(outcome: TuneOutcome, gain_min: float = 0.0) -> str | None:
     win = outcome.winner
     if win is None or win.best is None:
         return None
@@ -100,6 +100,10 @@ def winner_text(outcome: TuneOutcome) -> str | None:
     second, margin = outcome.runner_up, outcome.margin
     if second is not None and margin is not None:
         text += f", {margin:+.0%} over the runner-up {second.candidate.id} ({second.candidate.describe()})"
+        if margin < gain_min:
+            text += (
+                f" — within [sweep] gain_min ({gain_min:.0%}): about equal, measure longer to tell"
+            )
     elif second is None:
         text += " (no runner-up measured)"
     return text
@@ -127,7 +131,7 @@ def show_finished(out: Output, setup: TuneSetup, finished: TuneFinished) -> None
             f"--budget-s spent: {len(outcome.untested)} candidate(s) left untested: {ids}; "
             "run the same command again to continue"
         )
-    text = winner_text(outcome)
+    text = winner_text(outcome, setup.ctx.config.sweep.gain_min)
     if text:
         out.ok(text)
     else:
