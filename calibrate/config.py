@@ -28,6 +28,7 @@ from calibrate.workload import (
 )
 
 LadderMode = Literal["wave", "prompt-list"]
+TuneSearch = Literal["grid", "halving"]
 ServerKind = Literal["vllm", "llamacpp", "sglang", "lmdeploy", "ollama", "tgi", "custom"]
 
 DEFAULT_CONFIG_NAME = "calibrate.toml"
@@ -99,6 +100,18 @@ class WorkloadConfig:
 
 
 @dataclass(frozen=True)
+class TuneConfig:
+    """``calibrate tune`` (SPEC §5.12): the engine flags to search and how."""
+
+    grid: tuple[str, ...] = ()  # "KEY=V1,V2,…" per axis; replaces the kind's default axis KEY
+    memory_fractions: tuple[float, ...] = (0.95, 0.9, 0.85, 0.8, 0.75, 0.7)  # tried high → low
+    search: TuneSearch = "grid"
+    budget_s: float = 0.0  # 0 = no cap on the whole run
+    concurrency: tuple[int, ...] = ()  # levels per candidate; () = [sweep] concurrency
+    window: float = 1.0  # each level's window as a fraction of the sweep's
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     kind: ServerKind | None = None
     model_path: str = ""
@@ -122,6 +135,7 @@ class Config:
     ladder: LadderConfig = field(default_factory=LadderConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     source: str | None = None
@@ -161,6 +175,7 @@ SECTIONS: dict[str, type[Any]] = {
     "ladder": LadderConfig,
     "sweep": SweepConfig,
     "workload": WorkloadConfig,
+    "tune": TuneConfig,
     "server": ServerConfig,
     "paths": PathsConfig,
 }
@@ -463,6 +478,13 @@ def _check_ranges(section: Any, name: str, path: Path) -> None:
         problems.append(_between("gain_min", section.gain_min, 0, MAX_GAIN_MIN))
     if isinstance(section, WorkloadConfig):
         problems += _workload_problems(section)
+    if isinstance(section, TuneConfig):
+        if any(not 0 < f <= 1 for f in section.memory_fractions):
+            problems.append("memory_fractions must all be in (0, 1]")
+        if any(not 1 <= c <= MAX_CONCURRENCY for c in section.concurrency):
+            problems.append(f"concurrency levels must all be in [1, {MAX_CONCURRENCY}]")
+        problems.append(_between("budget_s", section.budget_s, 0, MAX_TIMEOUT_S))
+        problems.append(_between("window", section.window, 0, 1, low_open=True))
     if isinstance(section, ServerConfig):
         problems.append(_between("port", section.port, 1, 65535))
         problems.append(_between("ready_timeout_s", section.ready_timeout_s, 0, MAX_TIMEOUT_S,

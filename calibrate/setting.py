@@ -3,7 +3,8 @@
 Precedence, written down once: walk the target's ledger lines in order and keep the newest of
 - a **rollback** that reached its "active" step: batch B = the tier it returned to, concurrency 1;
 - a **pin**: the batch size and concurrency it wrote into the launch script;
-- a **tune** winner (when tune lands): its batch size and concurrency;
+- a passing **tune**: B = its winner's cap, C = the concurrency it did best at, and every engine
+  flag the winner ran with (``tuned``: pin writes them all; a pin after a tune keeps them);
 - a passing **ladder**: batch B = its last passing tier, concurrency 1 — raised by a later passing
   **sweep** that ran at that ladder's batch size to its recommended concurrency.
 A failed or interrupted ladder/sweep never sets anything (its partial tiers are for ``report``).
@@ -27,6 +28,7 @@ from calibrate.summaries import (
     pin_summary,
     rollback_summary,
     sweep_summary,
+    tune_summary,
 )
 
 SetBy = Literal["ladder", "sweep", "pin", "rollback", "tune"]
@@ -46,6 +48,8 @@ class CalibratedSetting:
     workload: Workload
     verified_input_tokens: int | None = None  # the latest passing context ladder's
     context_from: str = ""
+    tuned: tuple[tuple[str, str], ...] = ()  # the engine flags of a tune winner (or its pin)
+    tuned_by: str = ""  # "tune run <id>" that chose them
 
     @property
     def setting(self) -> Setting:
@@ -74,6 +78,8 @@ class CalibratedSetting:
             "workload": self.workload.to_json(),
             "verified_input_tokens": self.verified_input_tokens,
             "context_from": self.context_from or None,
+            "tuned_flags": dict(self.tuned),
+            "tuned_by": self.tuned_by or None,
         }
 
 
@@ -179,6 +185,23 @@ def _apply(
             where,
             ladder_sum.workload,
         ), ladder
+    if entry.stage == "tune" and _sets(entry):
+        winner = tune_summary(entry.summary).winner
+        if winner is None:
+            return found, ladder
+        workload = ladder[0].workload if ladder else found.workload if found else Workload()
+        return CalibratedSetting(
+            winner.batch_size,
+            winner.concurrency,
+            "tune",
+            entry.run_id,
+            entry.ts,
+            f"{where} (the winner's cap)",
+            f"{where} (the winner's best concurrency)",
+            workload,
+            tuned=winner.flags,
+            tuned_by=where,
+        ), ladder
     if entry.stage == "pin" and entry.passed:
         pinned = pin_summary(entry.summary)
         if pinned.setting is None:
@@ -193,6 +216,8 @@ def _apply(
             where,
             where,
             workload,
+            tuned=pinned.tuned,
+            tuned_by=str(pinned.details.get("tuned_by") or "") if pinned.tuned else "",
         ), ladder
     if entry.stage in ("rollback", "active"):
         # "active" is the line older versions wrote beside a rollback; read it the same way.

@@ -194,14 +194,22 @@ class PinSummary:
     kind: str
     script: str
     details: dict[str, Any] = field(default_factory=dict)
+    tuned: tuple[tuple[str, str], ...] = ()  # the tune winner's engine flags it wrote
 
     def to_json(self) -> dict[str, Any]:
         base = self.setting.to_json() if self.setting else {}
-        return {**self.details, **base, "kind": self.kind, "script": self.script}
+        return {
+            **self.details,
+            **base,
+            "kind": self.kind,
+            "script": self.script,
+            "tuned_flags": dict(self.tuned),
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PinSummary:
-        return cls(Setting.from_json(data), _str(data, "kind"), _str(data, "script"), data)
+        tuned = _flags(data.get("tuned_flags"))
+        return cls(Setting.from_json(data), _str(data, "kind"), _str(data, "script"), data, tuned)
 
 
 @dataclass(frozen=True)
@@ -222,6 +230,71 @@ class RollbackSummary:
         return cls(Setting.from_json(data.get("setting")), _str(data, "failed_step"), data)
 
 
+def _flags(data: Any) -> tuple[tuple[str, str], ...]:
+    """``{"parallel": "4"}`` → ``(("parallel", "4"),)``; anything malformed reads as none."""
+    if not isinstance(data, dict):
+        return ()
+    return tuple(
+        (k, str(v))
+        for k, v in data.items()
+        if isinstance(k, str) and isinstance(v, str | int | float) and not isinstance(v, bool)
+    )
+
+
+@dataclass(frozen=True)
+class TunedSetting:
+    """A tune winner: every engine flag it ran with, its cap B and its best concurrency C."""
+
+    flags: tuple[tuple[str, str], ...]
+    batch_size: int
+    concurrency: int
+
+    @property
+    def setting(self) -> Setting:
+        return Setting(self.batch_size, self.concurrency)
+
+    def describe(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.flags)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.setting.to_json(), "flags": dict(self.flags)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> TunedSetting | None:
+        setting = Setting.from_json(data)
+        if setting is None or not isinstance(data, dict):
+            return None
+        return cls(_flags(data.get("flags")), setting.batch_size, setting.concurrency)
+
+
+@dataclass(frozen=True)
+class TuneSummary:
+    winner: TunedSetting | None
+    kind: str
+    complete: bool  # every candidate measured (not cut by --budget-s)
+    ladder_run_id: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.details,
+            "winner": self.winner.to_json() if self.winner else None,
+            "kind": self.kind,
+            "complete": self.complete,
+            "ladder_run_id": self.ladder_run_id,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TuneSummary:
+        return cls(
+            TunedSetting.from_json(data.get("winner")),
+            _str(data, "kind"),
+            data.get("complete") is True,
+            _str(data, "ladder_run_id"),
+            data,
+        )
+
+
 @dataclass(frozen=True)
 class PlainSummary:
     """Stages nothing else reads back (single, repro, verify, batch): details only."""
@@ -236,7 +309,7 @@ class PlainSummary:
         return cls(data)
 
 
-Summary = LadderSummary | SweepSummary | PinSummary | RollbackSummary | PlainSummary
+Summary = LadderSummary | SweepSummary | PinSummary | RollbackSummary | TuneSummary | PlainSummary
 
 
 def ladder_summary(data: dict[str, Any]) -> LadderSummary:
@@ -253,3 +326,7 @@ def pin_summary(data: dict[str, Any]) -> PinSummary:
 
 def rollback_summary(data: dict[str, Any]) -> RollbackSummary:
     return RollbackSummary.from_json(data)
+
+
+def tune_summary(data: dict[str, Any]) -> TuneSummary:
+    return TuneSummary.from_json(data)

@@ -46,7 +46,7 @@ calibrate status
 cat >>calibrate.toml <<'TOML'
 
 [server]
-command = "calibrate mock --port {port} --slots {concurrency} --oom-at 6 --ttft 0.05 --per-token 0.004"
+command = "calibrate mock --port {port} --slots {batch_size} --oom-at 6 --ttft 0.05 --per-token 0.004"
 ready_timeout_s = 30
 stop_timeout_s = 10
 TOML
@@ -54,10 +54,19 @@ echo "port = $port" >>calibrate.toml
 step "calibrate server start   (the same mock, now started, watched and stopped by calibrate)"
 kill "$mock_pid" && wait "$mock_pid" 2>/dev/null || true
 trap 'calibrate server stop >/dev/null 2>&1 || true' EXIT
-calibrate server start --kind custom --concurrency 4
+calibrate server start --kind custom   # at the calibrated setting: batch 4, concurrency 4
 step "calibrate rollback (stage D: back to the last passing batch at concurrency 1, with proof)"
 calibrate rollback
-step "calibrate pin      (stage E: scripts/launch.sh with the verified batch size and concurrency)"
+# tune: a short window per level (a quarter of the sweep's), levels 1-8, three candidates
+cat >>calibrate.toml <<'TOML'
+
+[tune]
+concurrency = [1, 2, 4, 8]
+window = 0.25
+TOML
+step "calibrate tune     (stage C″: restart the engine per candidate, --slots 1, 2, 4; ranked by goodput)"
+calibrate tune --kind custom --grid batch_size=1,2,4
+step "calibrate pin      (stage E: scripts/launch.sh with the tune winner's flags, batch size and concurrency)"
 calibrate pin --kind custom
 cat scripts/launch.sh
 step "restart from the pinned script, then calibrate verify (stage E′)"

@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "repro",
     "ladder",
     "sweep",
+    "tune",
     "report",
     "rollback",
     "pin",
@@ -45,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="calibrate",
         description=(
             "Staged calibration of a local LLM behind an OpenAI-compatible server: "
-            "single → repro → ladder → sweep → pin/verify, rollback, batch."
+            "single → repro → ladder → sweep (→ tune) → pin/verify, rollback, batch."
         ),
         epilog="example: calibrate single --base-url http://127.0.0.1:8000/v1 --model internlm-s2",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.cli.common import add_command
-from calibrate.errors import UsageError
+from calibrate.errors import StageFailed, UsageError
 from calibrate.mock import BackgroundServer, MockSettings
 from calibrate.mock.settings import METRICS_STYLES, ON_KV_FULL
 
@@ -113,6 +113,18 @@ def register(subparsers: Any) -> None:
                    help="/metrics names as vllm, sglang, llamacpp or tgi export them, queue gauge "
                    "included; mock = the mock's own plus vLLM's (default); the mock_vram_* "
                    "gauges are always there")  # fmt: skip
+    p.add_argument(
+        "--memory-fraction",
+        type=float,
+        metavar="F",
+        help="the memory fraction it is started with (a tune axis)",
+    )
+    p.add_argument(
+        "--max-memory-fraction",
+        type=float,
+        metavar="G",
+        help="with --memory-fraction F > G: exit 1 at start with a CUDA OOM message",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> MockSettings:
@@ -132,7 +144,7 @@ def settings_from_args(args: argparse.Namespace) -> MockSettings:
     names += ("malformed_rate", "echo_headers_rate", "lone_surrogate", "drip_s", "keepalive_only")
     names += ("keepalive_limit_s", "huge_mib", "kv_mib_per_1k_tokens", "kv_capacity_tokens")
     names += ("on_kv_full", "preallocate", "prefix_cache", "step_ms_per_1k_tokens", "jitter")
-    names += ("metrics_style",)
+    names += ("metrics_style", "memory_fraction", "max_memory_fraction")
     values = {name: getattr(args, name) for name in names}
     try:
         return MockSettings(
@@ -148,6 +160,8 @@ def settings_from_args(args: argparse.Namespace) -> MockSettings:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
+    if settings.start_oom:  # as an engine whose weights and cache do not fit: dies at load
+        raise StageFailed(settings.start_oom, "Lower --memory-fraction.")
     threading.stack_size(THREAD_STACK_BYTES)
     try:
         background = BackgroundServer(settings, args.host, args.port)

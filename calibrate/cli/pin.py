@@ -36,6 +36,9 @@ def run(args: argparse.Namespace) -> int:
     v = result.values
     out.ok(f"pinned batch {v.batch_size}, concurrency {v.concurrency} ({v.kind}) → {result.script}")
     out.say(f"  batch size from {v.verified_by}; concurrency from {v.concurrency_from}")
+    if result.tuned:
+        flags = ", ".join(f"{k}={value}" for k, value in result.tuned)
+        out.say(f"  engine flags from {result.tuned_by or 'tune'}: {flags}")
     out.say(f"  exec {result.command.display()}")
     out.say(
         f"next: calibrate server start --script {result.script}   (or run it), then: calibrate verify"

@@ -95,8 +95,9 @@ def run_start(args: argparse.Namespace) -> int:
                               "pass --kind, or give --script scripts/launch.sh.")  # fmt: skip
         batch, conc = args.batch_size, args.concurrency
         setting = resolve(Ledger(cfg.runs_dir), target_fingerprint(cfg))
+        tuned: tuple[tuple[str, str], ...] = ()
         if setting is not None and batch is None and conc is None:
-            batch, conc = setting.batch_size, setting.concurrency
+            batch, conc, tuned = setting.batch_size, setting.concurrency, setting.tuned
             out.say(f"using the calibrated setting: {setting.describe()}")
         ledger, target = Ledger(cfg.runs_dir), target_fingerprint(cfg)
         sized = context_for(ledger, target, cfg.runs_dir, kind, batch)
@@ -108,6 +109,7 @@ def run_start(args: argparse.Namespace) -> int:
             notify=out.say,
             context_tokens=sized.context_tokens if sized else None,
             vram_used_mib_before=_vram_used(),
+            tuned=tuned,
         )
     record = started.record
     out.ok(f"server ready on port {record.port} (PID {record.pid}, {started.ready_s:.1f} s); "

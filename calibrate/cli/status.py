@@ -52,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
         out.say(f"calibrated setting: {s.describe()}")
         out.say(f"  batch size from {s.batch_from}; concurrency from {s.concurrency_from}")
         out.say(f"  verified on: {s.verified_on()}")
+    if tuned := status.tuned_text():
+        out.say(f"tuned engine flags: {tuned}")
     if status.pinned:
         out.say(f"pinned: {status.pinned.get('script')} ({status.pinned.get('kind')})")
     out.say(f"next: {status.next_command}")

@@ -62,6 +62,20 @@ class MockSettings:
     step_ms_per_1k_tokens: float = 0.0  # each decode step costs this much more per 1k resident
     jitter: float = 0.0  # ttft and per-token time × uniform [1 - jitter, 1 + jitter], seeded
     metrics_style: MetricsStyle = "mock"
+    # Start-up memory (tune's memory step): asked for more than fits → exit 1 at start, CUDA OOM.
+    memory_fraction: float | None = None
+    max_memory_fraction: float | None = None
+
+    @property
+    def start_oom(self) -> str | None:
+        """The CUDA-OOM text a real engine prints when its memory fraction does not fit."""
+        f, g = self.memory_fraction, self.max_memory_fraction
+        if f is None or g is None or f <= g:
+            return None
+        return (
+            f"torch.OutOfMemoryError: CUDA out of memory while loading the model (simulated: "
+            f"--memory-fraction {f:g} > --max-memory-fraction {g:g})"
+        )
 
     @property
     def tracks_tokens(self) -> bool:

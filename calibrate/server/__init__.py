@@ -15,7 +15,7 @@ from calibrate.config import Config, ServerKind
 from calibrate.errors import ServerDied, ServerUnreachable, UsageError
 from calibrate.records import utc_now_iso
 from calibrate.server import exit_status, process, readiness, redaction
-from calibrate.server.builders import EngineCommand, LaunchSpec, build
+from calibrate.server.builders import EngineCommand, LaunchSpec, Tuned, build
 from calibrate.server.process import ServerRecord, StopResult
 
 TAIL_LINES = 20
@@ -27,12 +27,13 @@ def launch_spec(
     batch_size: int | None,
     concurrency: int | None,
     context_tokens: int | None = None,
+    tuned: Tuned = (),
 ) -> LaunchSpec:
-    """The [server] section plus a setting, for the builders."""
+    """The [server] section plus a setting (and the engine flags tune chose), for the builders."""
     return LaunchSpec(
         kind=kind, model_path=cfg.server.model_path, port=cfg.server.port,
         batch_size=batch_size, concurrency=concurrency, served_name=cfg.target.model,
-        command=cfg.server.command, context_tokens=context_tokens,
+        command=cfg.server.command, context_tokens=context_tokens, tuned=tuned,
     )  # fmt: skip
 
 
@@ -45,10 +46,11 @@ def start_engine(
     notify: Callable[[str], None],
     context_tokens: int | None = None,
     vram_used_mib_before: float | None = None,
+    tuned: Tuned = (),
 ) -> Started:
     """Build the engine's command for a setting and start it: the one way calibrate launches
-    an engine from ``[server]`` (server start, sweep at cap B, rollback, batch --restart)."""
-    command = build(launch_spec(cfg, kind, batch_size, concurrency, context_tokens))
+    an engine from ``[server]`` (server start, sweep at cap B, rollback, batch --restart, tune)."""
+    command = build(launch_spec(cfg, kind, batch_size, concurrency, context_tokens, tuned))
     notify(f"starting: {command.display()}")
     return start(
         cfg.runs_dir,

@@ -5,6 +5,8 @@ pinned script starts exactly what calibrate would. Values go into argv elements,
 shell: a model path with spaces, quotes or ``$(…)`` stays one literal argument.
 
 A value of None means "not calibrated yet": the engine's own flag is left out (its default).
+``LaunchSpec.tuned`` carries the engine flags ``calibrate tune`` chose, by the names of
+``TUNE_FLAGS`` (or, for a custom command, as values of its ``{placeholders}``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,54 @@ HEALTH_PATHS: dict[str, str] = {
 }
 
 
+# The engine flags tune may set, by the name used in [tune] grid / --grid (one table per kind).
+# The cap (CAP_KEYS) is LaunchSpec.batch_size and is written by the builder as it always is.
+TUNE_FLAGS: dict[str, dict[str, str]] = {
+    "vllm": {
+        "max_num_seqs": "--max-num-seqs",
+        "max_num_batched_tokens": "--max-num-batched-tokens",
+        "gpu_memory_utilization": "--gpu-memory-utilization",
+        "max_model_len": "--max-model-len",
+    },
+    "llamacpp": {"parallel": "--parallel", "ctx_size": "-c", "batch": "-b", "ubatch": "-ub"},
+    "sglang": {
+        "max_running_requests": "--max-running-requests",
+        "chunked_prefill_size": "--chunked-prefill-size",
+        "mem_fraction_static": "--mem-fraction-static",
+    },
+    "lmdeploy": {
+        "max_batch_size": "--max-batch-size",
+        "cache_max_entry_count": "--cache-max-entry-count",
+    },
+    "tgi": {
+        "max_concurrent_requests": "--max-concurrent-requests",
+        "max_batch_total_tokens": "--max-batch-total-tokens",
+    },
+    "ollama": {"num_parallel": "OLLAMA_NUM_PARALLEL"},
+    "custom": {},  # any {placeholder} of the command
+}
+#: the flag that is the engine's cap B (SPEC §5.0), per kind
+CAP_KEYS: dict[str, str] = {
+    "vllm": "max_num_seqs",
+    "llamacpp": "parallel",
+    "sglang": "max_running_requests",
+    "lmdeploy": "max_batch_size",
+    "tgi": "max_concurrent_requests",
+    "ollama": "num_parallel",
+    "custom": "batch_size",
+}
+#: the memory fraction found first (highest that starts and serves), where the engine has one
+MEMORY_KEYS: dict[str, str] = {
+    "vllm": "gpu_memory_utilization",
+    "sglang": "mem_fraction_static",
+    "custom": "memory_fraction",
+}
+#: placeholders every custom command may use; tune may not set them (port, model) or sets the cap
+BASE_PLACEHOLDERS = ("model_path", "port", "batch_size", "concurrency")
+
+Tuned = tuple[tuple[str, str], ...]
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """What to start: engine kind, weights, port, and the calibrated setting (None = default)."""
@@ -45,6 +95,27 @@ class LaunchSpec:
     served_name: str = ""  # the model name clients send; "" = the engine's default
     command: str = ""  # custom kind: template with {model_path} {port} {batch_size} {concurrency}
     context_tokens: int | None = None  # llama.cpp -c (all slots), sized from the verified workload
+    tuned: Tuned = ()  # (TUNE_FLAGS name, value) the tune winner or a candidate sets
+
+    def tuned_value(self, key: str) -> str | None:
+        return next((value for name, value in self.tuned if name == key), None)
+
+    def extra_flags(self) -> list[str]:
+        """``[flag, value, …]`` for the tuned flags other than the cap and llama.cpp's -c."""
+        table = TUNE_FLAGS.get(self.kind, {})
+        out: list[str] = []
+        for key, value in self.tuned:
+            if key in (CAP_KEYS.get(self.kind), "ctx_size"):
+                continue  # the cap is batch_size; -c is placed by the llama.cpp builder
+            flag = table.get(key)
+            if flag is None:
+                known = ", ".join(table) or "none"
+                raise ConfigError(
+                    f"{key!r} is not a tunable {self.kind} flag (known: {known})",
+                    "Fix the key in [tune] grid or --grid.",
+                )
+            out += [flag, value]
+        return out
 
 
 @dataclass(frozen=True)
@@ -70,6 +141,7 @@ def build(spec: LaunchSpec) -> EngineCommand:
         )
     if spec.kind == "custom":
         return EngineCommand(custom_argv(spec))
+    extra = spec.extra_flags()
     if spec.kind != "ollama" and not spec.model_path:
         raise ConfigError(
             f"[server] model_path is empty: a {spec.kind} server needs the model to load",
@@ -83,22 +155,27 @@ def build(spec: LaunchSpec) -> EngineCommand:
     argv: list[str]
     if spec.kind == "vllm":
         argv = ["vllm", "serve", spec.model_path, "--port", port]
-        argv += _flag("--served-model-name", name) + _flag("--max-num-seqs", conc)
+        argv += _flag("--served-model-name", name) + _flag("--max-num-seqs", conc) + extra
     elif spec.kind == "llamacpp":
         argv = ["llama-server", "-m", spec.model_path, "--port", port]
         argv += _flag("--alias", name) + _flag("--parallel", conc)
-        ctx = spec.context_tokens or (conc * LLAMACPP_CTX_PER_SLOT if conc else None)
-        argv += [*_flag("-c", ctx), "--metrics"]  # /metrics: the queue gauges explain a knee
+        ctx = spec.tuned_value("ctx_size") or spec.context_tokens
+        ctx = ctx or (conc * LLAMACPP_CTX_PER_SLOT if conc else None)
+        argv += [
+            *_flag("-c", ctx),
+            *extra,
+            "--metrics",
+        ]  # /metrics: the queue gauges explain a knee
     elif spec.kind == "sglang":
         argv = ["python3", "-m", "sglang.launch_server", "--model-path", spec.model_path]
         argv += ["--port", port, *_flag("--served-model-name", name)]
-        argv += _flag("--max-running-requests", conc)
+        argv += _flag("--max-running-requests", conc) + extra
     elif spec.kind == "lmdeploy":
         argv = ["lmdeploy", "serve", "api_server", spec.model_path, "--server-port", port]
-        argv += _flag("--model-name", name) + _flag("--max-batch-size", batch)
+        argv += _flag("--model-name", name) + _flag("--max-batch-size", batch) + extra
     elif spec.kind == "tgi":
         argv = ["text-generation-launcher", "--model-id", spec.model_path, "--port", port]
-        argv += _flag("--max-concurrent-requests", conc)
+        argv += _flag("--max-concurrent-requests", conc) + extra
     else:  # ollama: configured through its environment; models are pulled by name
         env = [("OLLAMA_HOST", f"127.0.0.1:{port}")]
         if conc:
@@ -126,6 +203,7 @@ def custom_argv(spec: LaunchSpec) -> tuple[str, ...]:
     except ValueError as exc:
         raise ConfigError(f"[server] command cannot be split into arguments: {exc}") from exc
     values: dict[str, int | str | None] = {
+        **{key: value for key, value in spec.tuned if key not in BASE_PLACEHOLDERS},
         "model_path": spec.model_path,
         "port": spec.port,
         "batch_size": spec.batch_size,
@@ -133,7 +211,13 @@ def custom_argv(spec: LaunchSpec) -> tuple[str, ...]:
     }
 
     def lookup(name: str) -> str:
-        value = values[name]
+        value = values.get(name)
+        if value in (None, "") and name not in BASE_PLACEHOLDERS:
+            raise UsageError(
+                f"the [server] command uses {{{name}}} but no value is known for it",
+                f"calibrate tune gives it one (--grid {name}=V1,V2,…); after tune, pin writes "
+                "the winner's value into the launch script.",
+            )
         if value in (None, ""):
             raise UsageError(
                 f"the [server] command uses {{{name}}} but no value is known yet",

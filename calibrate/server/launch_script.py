@@ -35,6 +35,7 @@ class PinnedValues:
     pinned_at: str
     workload: str = "the fixed prompt"
     context: str = ""  # how the engine's context was sized (llama.cpp -c), when it was
+    tuned: str = ""  # "tune run <id>: parallel=4, ctx_size=2048" — every flag the winner ran with
 
 
 def _comment(text: str) -> str:
@@ -66,6 +67,7 @@ def render(values: PinnedValues, command: EngineCommand) -> str:
         f"# workload: {_comment(values.workload)}",
         f"# pinned by run {_comment(values.pinned_by)} at {_comment(values.pinned_at)}",
         *([f"# context: {_comment(values.context)}"] if values.context else []),
+        *([f"# engine flags tuned by {_comment(values.tuned)}"] if values.tuned else []),
         "# start it: calibrate server start --script <this file>; then check it: calibrate verify",
         *needs,
         "set -euo pipefail",

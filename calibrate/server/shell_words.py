@@ -19,7 +19,9 @@ from pathlib import PurePosixPath
 
 from calibrate.errors import ConfigError
 
-PLACEHOLDER = re.compile(r"\{(model_path|port|batch_size|concurrency)\}")
+# {model_path} {port} {batch_size} {concurrency}, and any other lower-case name tune gives a value
+# to ({slots}, {kv_tokens}, {memory_fraction}); a shell's own ${var} is left alone.
+PLACEHOLDER = re.compile(r"(?<!\$)\{([a-z][a-z0-9_]*)\}")
 SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "fish", "csh", "tcsh",
                     "su", "runuser", "script"})  # fmt: skip
 JOIN_TO_SHELL = frozenset({"ssh", "watch"})  # their remaining arguments become one shell program
@@ -27,6 +29,14 @@ _REPARSES = re.compile(r"\beval\b|\b(?:sh|bash|zsh|dash|ksh|ash|fish|su|ssh)\b[^
 _PLAIN = re.compile(r"[A-Za-z0-9_./:@%+=,-]*")
 
 Lookup = Callable[[str], str]
+
+
+def placeholders(words: Sequence[str]) -> tuple[str, ...]:
+    """The placeholder names of a split template, in order of first use."""
+    found: dict[str, None] = {}
+    for word in words:
+        found.update(dict.fromkeys(PLACEHOLDER.findall(word)))
+    return tuple(found)
 
 
 def shell_program_indexes(words: Sequence[str]) -> set[int]:

@@ -1,8 +1,9 @@
 """Stage E: write the verified setting into a launch script for the engine (SPEC §5.8).
 
 BATCH_SIZE and MAX_CONCURRENCY are the calibrated setting (``calibrate.setting.resolve``): the
-ladder's last passing tier with the sweep's recommendation, or a newer rollback; the engine's cap
-is the batch size and never more (SPEC §5.0). The script is built by the
+ladder's last passing tier with the sweep's recommendation, a newer tune winner, or a newer
+rollback; the engine's cap is the batch size (SPEC §5.0). After a tune every engine flag of the
+winner is written too, and the header names the tune run. The script is built by the
 same builder ``calibrate server start`` uses, so what is pinned is what calibrate would run.
 """
 
@@ -29,6 +30,8 @@ class PinResult:
     script: Path
     values: PinnedValues
     command: EngineCommand
+    tuned: tuple[tuple[str, str], ...] = ()
+    tuned_by: str = ""
 
     def summary(self) -> PinSummary:
         v = self.values
@@ -37,8 +40,10 @@ class PinResult:
             "verified_by": v.verified_by,
             "concurrency_from": v.concurrency_from,
             "command": self.command.display(),
+            "tuned_by": self.tuned_by or None,
         }
-        return PinSummary(Setting(v.batch_size, v.concurrency), v.kind, str(self.script), details)
+        setting = Setting(v.batch_size, v.concurrency)
+        return PinSummary(setting, v.kind, str(self.script), details, self.tuned)
 
 
 def resolve_kind(ctx: StageContext, kind: str | None) -> ServerKind:
@@ -63,10 +68,17 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
         )
     cfg = ctx.config
     batch, concurrency = setting.batch_size, setting.concurrency
-    # llama.cpp's slots are the engine's cap, which is the batch size (SPEC §5.0)
-    sized = context_for(ctx.ledger, ctx.target, cfg.runs_dir, engine, batch)
+    tuned = setting.tuned
+    # llama.cpp's slots are the engine's cap, which is the batch size (SPEC §5.0); a tuned -c wins
+    sized = None
+    if not any(key == "ctx_size" for key, _ in tuned):
+        sized = context_for(ctx.ledger, ctx.target, cfg.runs_dir, engine, batch)
     tokens = sized.context_tokens if sized else None
-    command = build(server.launch_spec(cfg, engine, batch, concurrency, tokens))
+    command = build(server.launch_spec(cfg, engine, batch, concurrency, tokens, tuned))
+    tuned_text = ""
+    if tuned:
+        flags = ", ".join(f"{k}={v}" for k, v in tuned)
+        tuned_text = f"{setting.tuned_by or 'a tune run'}: {flags}"
     values = PinnedValues(
         kind=engine,
         model_path=cfg.server.model_path,
@@ -80,11 +92,12 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
         pinned_at=utc_now_iso(),
         workload=setting.verified_on(),
         context=sized.describe() if sized else "",
+        tuned=tuned_text,
     )
     text = launch_script.render(values, command)
     path = out or cfg.scripts_dir / "launch.sh"
     launch_script.write(path, text)
     ctx.run.write_text("launch.sh", text)
-    result = PinResult(path, values, command)
+    result = PinResult(path, values, command, tuned, setting.tuned_by if tuned else "")
     ctx.record_result(True, result.summary())
     return result

@@ -10,7 +10,7 @@ from calibrate.ledger import Ledger, baseline_path, check_gate
 from calibrate.pipeline import MAIN_LINE, OPTIONAL, RESTART_THEN_VERIFY, next_after
 from calibrate.records import LedgerEntry
 from calibrate.setting import CalibratedSetting, resolve
-from calibrate.summaries import ladder_summary, pin_summary
+from calibrate.summaries import ladder_summary, pin_summary, tune_summary
 
 STAGE_ORDER = MAIN_LINE
 OPTIONAL_STAGES = OPTIONAL
@@ -25,6 +25,18 @@ class TargetStatus:
     pinned: dict[str, Any] | None
     next_command: str
     context: LedgerEntry | None = None  # the latest ``ladder --axis context``
+    tuned: dict[str, Any] | None = None  # the latest passing tune's winner and run
+
+    def tuned_text(self) -> str | None:
+        """``c03 (parallel=4, ctx_size=2048) at concurrency 4, run …`` for the latest tune."""
+        if not self.tuned or not self.tuned.get("winner"):
+            return None
+        win = self.tuned["winner"]
+        flags = ", ".join(f"{k}={v}" for k, v in win["flags"].items())
+        more = "" if self.tuned.get("complete") else " (not every candidate measured)"
+        return (
+            f"{flags} at concurrency {win['concurrency']} (tune run {self.tuned['run_id']}){more}"
+        )
 
     def to_json(self) -> dict[str, Any]:
         s = self.setting
@@ -38,6 +50,7 @@ class TargetStatus:
             "pinned": self.pinned,
             "context_ladder": self.context.to_json() if self.context else None,
             "verified_input_tokens": s.verified_input_tokens if s else None,
+            "tuned": self.tuned,
             "next": self.next_command,
         }
 
@@ -53,6 +66,12 @@ def target_status(cfg: Config, ledger: Ledger, target: str) -> TargetStatus:
         else:
             latest[entry.stage] = entry
     pin = latest.get("pin")
+    tune = latest.get("tune")
+    tuned = None
+    if tune is not None and tune.passed:
+        summary = tune_summary(tune.summary)
+        winner = summary.winner.to_json() if summary.winner else None
+        tuned = {"run_id": tune.run_id, "winner": winner, "complete": summary.complete}
     baseline = baseline_path(cfg)
     return TargetStatus(
         target=target,
@@ -62,6 +81,7 @@ def target_status(cfg: Config, ledger: Ledger, target: str) -> TargetStatus:
         pinned=pin_summary(pin.summary).to_json() if pin and pin.passed else None,
         next_command=next_command(cfg, ledger, target, latest),
         context=context,
+        tuned=tuned,
     )
 
 

@@ -1,0 +1,141 @@
+"""Before a tune starts anything: the engine, the plan, how candidates are measured, the run.
+
+Everything a user can get wrong is found here (exit 2, nothing started): no ``[server]``, an
+unknown flag or placeholder, a value that is not allowed, a grid too large — the first
+candidate's command is built once, dry. The grid fingerprint (the plan, the workload, the
+windows, the engine command) picks the unfinished run to continue, unless ``--new``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass, field
+
+from calibrate import server
+from calibrate.config import ServerKind, TuneSearch
+from calibrate.errors import ConfigError, UsageError
+from calibrate.server import shell_words
+from calibrate.server.builders import SERVER_KINDS, build
+from calibrate.setting import latest_passing_ladder
+from calibrate.stages.context import StageContext
+from calibrate.stages.pin_context import verified_workload
+from calibrate.stages.tier_run import MeasureSpec
+from calibrate.stages.tune_grid import TunePlan, build_plan
+from calibrate.stages.tune_measure import MeasureSettings, slo_bounds
+from calibrate.stages.tune_store import find_unfinished, fingerprint
+from calibrate.store import RunDir
+from calibrate.workload import WorkloadSpec
+
+NEEDS_SERVER = (
+    'Add [server] to calibrate.toml: kind = "vllm" (or llamacpp, sglang, lmdeploy, tgi, '
+    'ollama) and model_path = "/models/…", or kind = "custom" and command = "… {port} …"; '
+    "or pass --kind."
+)
+
+
+@dataclass(frozen=True)
+class TuneRequest:
+    """What the command line asked for (None: from ``[tune]``)."""
+
+    spec: MeasureSpec
+    kind: str | None = None
+    grid: tuple[str, ...] = ()
+    search: TuneSearch | None = None
+    budget_s: float | None = None
+    new_run: bool = False
+    stream: bool = False
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+
+
+@dataclass(frozen=True)
+class TuneSetup:
+    ctx: StageContext  # its run is the tune run (a resumed one, or a new one)
+    kind: ServerKind
+    plan: TunePlan
+    settings: MeasureSettings
+    fingerprint: str
+    search: TuneSearch
+    budget_s: float
+    window: float
+    resumed: bool
+    ladder_run_id: str
+
+
+def engine_kind(ctx: StageContext, asked: str | None) -> ServerKind:
+    """The managed engine's kind; tune restarts it per candidate, so one is required (exit 2)."""
+    chosen = asked or ctx.config.server.kind
+    kind = next((k for k in SERVER_KINDS if k == chosen), None)
+    if kind is None:
+        raise UsageError(
+            "tune restarts the engine for every candidate, so calibrate must manage it: "
+            "no [server] kind is configured",
+            NEEDS_SERVER,
+        )
+    if kind == "custom" and not ctx.config.server.command.strip():
+        raise ConfigError("[server] kind is custom but [server] command is empty", NEEDS_SERVER)
+    return kind
+
+
+def _placeholders(command: str) -> tuple[str, ...]:
+    try:
+        return shell_words.placeholders(shlex.split(command))
+    except ValueError as exc:
+        raise ConfigError(f"[server] command cannot be split into arguments: {exc}") from exc
+
+
+def prepare(ctx: StageContext, request: TuneRequest) -> TuneSetup:
+    """The plan and the run to write to; every mistake is exit 2 before anything starts."""
+    cfg = ctx.config
+    kind = engine_kind(ctx, request.kind)
+    ladder = latest_passing_ladder(ctx.ledger, ctx.target)
+    top = ladder[0].last_passing if ladder else None
+    batch = top.batch_size if top else 1
+    ladder_run = ladder[1].run_id if ladder else ""
+    per_slot = verified_workload(cfg.runs_dir, ladder_run, 1) if ladder_run else None
+    plan = build_plan(
+        kind,
+        batch,
+        config_grid=cfg.tune.grid,
+        cli_grid=request.grid,
+        memory_fractions=cfg.tune.memory_fractions,
+        placeholders=_placeholders(cfg.server.command) if kind == "custom" else (),
+        ctx_per_slot=per_slot.context_tokens if per_slot else None,
+    )
+    first = plan.probe(plan.memory_fractions[0]) if plan.memory_key else plan.candidates()[0]
+    build(server.launch_spec(cfg, kind, first.cap, first.cap, tuned=first.flags))  # dry: exit 2
+    settings = MeasureSettings(
+        request.spec,
+        cfg.tune.concurrency or cfg.sweep.concurrency,
+        request.stream,
+        request.workload,
+        ladder_run,
+        slo_bounds(cfg),
+    )
+    search = request.search or cfg.tune.search
+    budget = request.budget_s if request.budget_s is not None else cfg.tune.budget_s
+    identity = {
+        "plan": plan.to_json(),
+        "measure": settings.to_json(cfg),
+        "search": search,
+        "window": cfg.tune.window,
+        "command": cfg.server.command if kind == "custom" else "",
+        "model_path": cfg.server.model_path,
+        "target": ctx.target,
+    }
+    grid_fingerprint = fingerprint(identity)
+    found = None if request.new_run else find_unfinished(cfg.runs_dir, grid_fingerprint)
+    if found is not None:
+        ctx = dataclasses.replace(ctx, run=RunDir(cfg.runs_dir, "tune", run_id=found))
+    return TuneSetup(
+        ctx,
+        kind,
+        plan,
+        settings,
+        grid_fingerprint,
+        search,
+        budget,
+        cfg.tune.window,
+        found is not None,
+        ladder_run,
+    )

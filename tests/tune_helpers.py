@@ -1,0 +1,36 @@
+"""The mock as a managed custom engine whose {placeholders} are tune's axes."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from calibrate import config
+from calibrate.ledger import target_fingerprint
+from tests.fakes import free_port, managed_config, passing_ladder
+
+MOCK = [sys.executable, "-m", "calibrate", "mock", "--ttft", "0.002", "--per-token", "0.0008"]
+# {slots} decode at once; {kv_tokens} of KV cache; a start above --max-memory-fraction 0.8 dies
+# like an engine whose cache does not fit (exit 1, CUDA out of memory).
+COMMAND = shlex.join(MOCK) + (
+    " --port {port} --slots {slots} --kv-capacity-tokens {kv_tokens}"
+    " --step-ms-per-1k-tokens 0.5 --memory-fraction {memory_fraction} --max-memory-fraction 0.8"
+)
+LEVELS = "[sweep]\nconcurrency = [1, 2, 4]\nitems = 8\n[ladder]\nsample_interval_s = 0.005\n"
+
+
+def tune_config(root: Path, tune: str, *, command: str = COMMAND, batch: int = 4) -> str:
+    """calibrate.toml with the mock as [server] and a passing ladder at ``batch``; the target."""
+    port = free_port()
+    managed_config(root, port, command, extra=LEVELS + "[tune]\n" + tune)
+    cfg = config.load(config.Overrides(config_path=str(root / "calibrate.toml")), {})
+    target = target_fingerprint(cfg)
+    passing_ladder(root, target, batch)
+    return target
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text("utf-8").splitlines() if x.strip()]
