@@ -1,7 +1,10 @@
 """Stage C: step the batch size (1→2→4→8), two rounds per tier, VRAM sampled throughout.
 
-Stops on the first failing tier, on VRAM pressure at [ladder].vram_limit, or on a per-item
-latency rise above [ladder].latency_rise; records the last passing tier. Exit 0 when a tier
+A warm-up wave ([ladder].warmup_waves) goes first, not counted; each round repeats waves of B
+until it has lasted [ladder].min_round_s. Stops on the first failing tier, on an [slo] bound
+exceeded at p99 (that tier is not kept), on VRAM pressure at [ladder].vram_limit, or when the
+time per item (round wall time / items) rises by more than [ladder].latency_rise over the
+previous tier; records the last passing tier. Exit 0 when a tier
 passed, 1 when even the first failed or --require-match / --compare failed.
 
 example: calibrate ladder --junit runs/ladder.xml --compare baselines/ladder.csv
@@ -63,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
     with load_lock(ctx), kept_on_write_error(ctx), watching(spec, ctx, out) as watch:
         ladder = Ladder(ctx, options, watch.monitor, watch.incidents, Sender(ctx.client))
         out.say(f"ladder: batch sizes {', '.join(map(str, options.batch_sizes))}, {options.rounds} "
-                f"rounds each, one batch at a time, {options.mode} mode")  # fmt: skip
+                f"rounds each of ≥ {options.min_round_s:g} s, one batch at a time, {options.mode} mode"
+                + (f", {options.warmup_waves} warm-up wave(s) first" if options.warmup_waves else "")
+                + (", streamed for the SLOs" if options.stream else ""))  # fmt: skip
         try:
             with live_rows(out.console, "ladder", f"ladder {ctx.run.run_id}", out.is_tty) as show:
                 ladder.on_tier = shown_by(watch, show, out)

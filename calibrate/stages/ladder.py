@@ -4,31 +4,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from calibrate.config import Config, LadderMode
+from calibrate.config import Config, LadderMode, SloConfig
 from calibrate.errors import InputError
 from calibrate.ledger import baseline_path
 from calibrate.records import RequestRecord, utc_now_iso
 from calibrate.stages.context import StageContext
 from calibrate.stages.incidents import IncidentRecorder
+from calibrate.stages.ladder_result import LadderResult, WarmUp
 from calibrate.stages.single import read_baseline, unreachable
-from calibrate.stages.stop_rules import (
-    last_passing,
-    mismatch_notes,
-    next_tier,
-    stopped_by,
-    tier_verdict,
-)
-from calibrate.stages.tiers import ItemResult, Stats, StopReason, Tier, summarise
-from calibrate.stages.waves import Sender, build_requests
+from calibrate.stages.stop_rules import mismatch_notes, next_tier, stopped_by, tier_verdict
+from calibrate.stages.tiers import ItemResult, Stats, Tier, summarise
+from calibrate.stages.waves import Request, Sender, build_requests
 from calibrate.store import load_jsonl_objects
-from calibrate.summaries import LadderSummary, Setting, Workload
 from calibrate.vram import VramMonitor, WindowPeak
 
 log = logging.getLogger("calibrate")
+__all__ = ["Ladder", "LadderOptions", "LadderResult", "WarmUp", "load_tasks"]
 
 
 @dataclass(frozen=True)
@@ -40,52 +35,31 @@ class LadderOptions:
     latency_rise: float
     tasks: tuple[str, ...] = ()
     require_match: bool = False
+    min_round_s: float = 0.0  # a round repeats waves of B until it lasted this long
+    warmup_waves: int = 0  # waves of the first tier before it, not counted
+    slo: SloConfig = field(default_factory=SloConfig)
+
+    @property
+    def stream(self) -> bool:
+        """Stream (SSE) when an SLO needs TTFT: only a streamed answer shows its first token."""
+        return self.slo.needs_stream
 
     @classmethod
     def from_config(
         cls, cfg: Config, *, tasks: Sequence[str] = (), require_match: bool = False
     ) -> LadderOptions:
         c = cfg.ladder
-        return cls(c.batch_sizes, c.rounds, c.mode, c.vram_limit,
-                   c.latency_rise, tuple(tasks), require_match)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class LadderResult:
-    tiers: tuple[Tier, ...]
-    stopped_by: StopReason
-    vram_source: str
-    notes: tuple[str, ...]
-    require_match: bool
-    incidents: int
-
-    @property
-    def last_passing(self) -> Tier | None:
-        return last_passing(self.tiers)
-
-    @property
-    def match_failed(self) -> bool:
-        return self.require_match and bool(self.notes)
-
-    @property
-    def passed(self) -> bool:
-        return self.last_passing is not None and not self.match_failed
-
-    def summary(self) -> LadderSummary:
-        top = self.last_passing
-        passing = [t.stats.concurrency for t in self.tiers if t.verdict != "fail"]
-        details = {
-            "vram_source": self.vram_source,
-            "tiers": [t.short() for t in self.tiers],
-            "baseline_mismatch": list(self.notes),
-            "incidents": self.incidents,
-        }
-        return LadderSummary(
-            Setting(top.batch_size, top.stats.concurrency) if top else None,
-            self.stopped_by,
-            max(passing, default=0),
-            Workload(),
-            details,
+        return cls(
+            batch_sizes=c.batch_sizes,
+            rounds=c.rounds,
+            mode=c.mode,
+            vram_limit=c.vram_limit,
+            latency_rise=c.latency_rise,
+            tasks=tuple(tasks),
+            require_match=require_match,
+            min_round_s=c.min_round_s,
+            warmup_waves=c.warmup_waves,
+            slo=cfg.slo,
         )
 
 
@@ -111,6 +85,8 @@ class Ladder:
     sender: Sender
     on_tier: Callable[[Tier], None] = lambda tier: None
     history: list[Tier] = field(default_factory=list)
+    warmup: WarmUp | None = None
+    waves_sent: int = 0  # every wave of the run, warm-up included: wave_no counts from 1
 
     def baseline_text(self) -> str | None:
         path = baseline_path(self.ctx.config)
@@ -122,6 +98,8 @@ class Ladder:
     def run(self) -> LadderResult:
         baseline = self.baseline_text()
         opts = self.options
+        if opts.warmup_waves and opts.batch_sizes and not self.history:
+            self.warmup = self.warm_up(opts.batch_sizes[0])
         while (batch := next_tier(self.history, opts.batch_sizes)) is not None:
             tier = self.run_tier(batch, baseline)
             self.history.append(tier)
@@ -133,8 +111,23 @@ class Ladder:
         return LadderResult(
             tuple(self.history), stopped_by(self.history, self.options.batch_sizes),
             self.monitor.source, tuple(mismatch_notes(self.history)),
-            self.options.require_match, len(self.incidents.written),
+            self.options.require_match, len(self.incidents.written), self.warmup,
         )  # fmt: skip
+
+    def warm_up(self, batch: int) -> WarmUp:
+        """Waves of the first tier that load weights, kernels and connections; not counted."""
+        items: list[ItemResult] = []
+        total_s = 0.0
+        for _ in range(self.options.warmup_waves):
+            answered, seconds = self.send_wave(batch)
+            if not items and all_refused(answered):
+                raise unreachable(answered[0].error, self.ctx.config.target.base_url)
+            items += answered
+            total_s += seconds
+        errors = sum(1 for i in items if not i.ok)
+        if errors:
+            log.warning("warm-up: %d of %d requests failed (not counted)", errors, len(items))
+        return WarmUp(self.options.warmup_waves, len(items), errors, total_s)
 
     def run_tier(self, batch: int, baseline: str | None) -> Tier:
         opts = self.options
@@ -142,26 +135,38 @@ class Ladder:
         rounds: list[Stats] = []
         items_all: list[ItemResult] = []
         peaks: list[WindowPeak] = []
-        total_s = 0.0
         for round_no in range(1, opts.rounds + 1):
-            items, seconds, peak = self.run_round(batch, round_no)
+            items, seconds, waves, peak = self.run_round(batch, round_no)
             stats = summarise(batch_size=batch, concurrency=self.in_flight(batch), round_no=round_no,
                               items=items, total_s=seconds, peaks=[peak],
-                              baseline_text=baseline)  # fmt: skip
+                              baseline_text=baseline, waves=waves)  # fmt: skip
             self.ctx.run.append(
                 "rounds.jsonl", {**stats.to_json(), "vram_source": self.monitor.source}
             )
             rounds.append(stats)
             items_all += items
             peaks.append(peak)
-            total_s += seconds
             if stats.errors:  # a failed round fails the tier; another round only adds load
                 break
-        agg = summarise(batch_size=batch, concurrency=self.in_flight(batch), round_no=None,
-                        items=items_all, total_s=total_s, peaks=peaks, baseline_text=baseline)  # fmt: skip
-        verdict, reason = tier_verdict(agg, previous, vram_limit=opts.vram_limit,
-                                       latency_rise=opts.latency_rise, rounds_run=len(rounds),
-                                       rounds_planned=opts.rounds)  # fmt: skip
+        agg = summarise(
+            batch_size=batch,
+            concurrency=self.in_flight(batch),
+            round_no=None,
+            items=items_all,
+            total_s=sum(r.total_s for r in rounds),
+            peaks=peaks,
+            baseline_text=baseline,
+            waves=sum(r.waves or 0 for r in rounds),
+        )
+        verdict, reason = tier_verdict(
+            agg,
+            previous,
+            vram_limit=opts.vram_limit,
+            latency_rise=opts.latency_rise,
+            slo=opts.slo,
+            rounds_run=len(rounds),
+            rounds_planned=opts.rounds,
+        )
         return Tier(agg, tuple(rounds), verdict, reason, opts.rounds)
 
     def prompts(self, batch: int) -> list[list[str]]:
@@ -169,27 +174,75 @@ class Ladder:
         source = self.options.tasks or (self.ctx.config.prompt.text,)
         return [[source[i % len(source)] for i in range(batch)]]
 
+    def wave_requests(self, batch: int, wave_no: int) -> list[Request]:
+        """The requests of one wave of ``batch`` items; ``wave_no`` counts every wave the run
+        sends (warm-up included) from 1, so a workload can keep each wave's inputs fresh."""
+        ctx = self.ctx
+        return build_requests(
+            ctx.client,
+            ctx.config.target.model,
+            ctx.params,
+            self.prompts(batch),
+            self.options.mode,
+            stream=self.options.stream,
+        )
+
     def in_flight(self, batch: int) -> int:
         """Requests in flight at once: B in wave mode, one request of B prompts in prompt-list."""
         return 1 if self.options.mode == "prompt-list" else batch
 
-    def run_round(self, batch: int, round_no: int) -> tuple[list[ItemResult], float, WindowPeak]:
-        ctx, opts = self.ctx, self.options
-        requests = build_requests(ctx.client, ctx.config.target.model, ctx.params,
-                                  self.prompts(batch), opts.mode)  # fmt: skip
+    def send_wave(self, batch: int) -> tuple[list[ItemResult], float]:
+        """One wave: all its requests released together, every answer awaited."""
+        self.waves_sent += 1
+        requests = self.wave_requests(batch, self.waves_sent)
+        return self.sender.send(requests, len(requests), self.ctx.params.max_tokens)
+
+    def run_round(
+        self, batch: int, round_no: int
+    ) -> tuple[list[ItemResult], float, int, WindowPeak]:
+        """Waves of ``batch`` until the round has lasted ``min_round_s`` (at least one wave).
+
+        The round's time is the sum of its waves' wall times (first send to last answer): the
+        moments calibrate spends between waves writing records are not the server's.
+        Returns (items, seconds, waves, VRAM peak).
+        """
+        ctx = self.ctx
+        concurrency = self.in_flight(batch)
         idle = self.monitor.open_window()
-        items, seconds = self.sender.send(requests, len(requests), ctx.params.max_tokens)
+        items: list[ItemResult] = []
+        total_s = 0.0
+        waves = 0
+        while True:
+            answered, seconds = self.send_wave(batch)
+            if not self.history and not self.warmup and not items and all_refused(answered):
+                self.monitor.close_window(idle)
+                raise unreachable(answered[0].error, ctx.config.target.base_url)
+            # item times and numbers run on across the round's waves
+            answered = [shifted(i, len(items), total_s) for i in answered]
+            for item in answered:
+                ctx.run.append(
+                    "records.jsonl", item_record(ctx, item, batch, concurrency, round_no)
+                )
+            items += answered
+            total_s += seconds
+            waves += 1
+            if any(not i.ok for i in answered) or total_s >= self.options.min_round_s:
+                break
         peak = self.monitor.close_window(idle)
-        if not self.history and round_no == 1 and all_refused(items):
-            raise unreachable(items[0].error, ctx.config.target.base_url)
-        for item in items:
-            ctx.run.append(
-                "records.jsonl", item_record(ctx, item, batch, self.in_flight(batch), round_no)
-            )
         self.incidents.record(
-            items, batch_size=batch, concurrency=self.in_flight(batch), round_no=round_no, peak=peak
+            items, batch_size=batch, concurrency=concurrency, round_no=round_no, peak=peak
         )
-        return items, seconds, peak
+        return items, total_s, waves, peak
+
+
+def shifted(item: ItemResult, index_by: int, seconds: float) -> ItemResult:
+    """An item of a later wave, numbered and timed from the start of its round."""
+    return replace(
+        item,
+        index=item.index + index_by,
+        started_s=item.started_s + seconds,
+        done_s=item.done_s + seconds,
+    )
 
 
 def item_record(

@@ -1,0 +1,69 @@
+"""A finished ladder: its tiers, what stopped it, the last passing tier, the warm-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from calibrate.stages.stop_rules import last_passing
+from calibrate.stages.tiers import StopReason, Tier
+from calibrate.summaries import LadderSummary, Setting, Workload
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """The waves sent before the first tier (not counted in any tier)."""
+
+    waves: int
+    items: int
+    errors: int
+    total_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "waves": self.waves,
+            "items": self.items,
+            "errors": self.errors,
+            "total_s": round(self.total_s, 6),
+        }
+
+
+@dataclass(frozen=True)
+class LadderResult:
+    tiers: tuple[Tier, ...]
+    stopped_by: StopReason
+    vram_source: str
+    notes: tuple[str, ...]
+    require_match: bool
+    incidents: int
+    warmup: WarmUp | None = None
+
+    @property
+    def last_passing(self) -> Tier | None:
+        return last_passing(self.tiers)
+
+    @property
+    def match_failed(self) -> bool:
+        return self.require_match and bool(self.notes)
+
+    @property
+    def passed(self) -> bool:
+        return self.last_passing is not None and not self.match_failed
+
+    def summary(self) -> LadderSummary:
+        top = self.last_passing
+        passing = [t.stats.concurrency for t in self.tiers if t.passed]
+        details = {
+            "vram_source": self.vram_source,
+            "tiers": [t.short() for t in self.tiers],
+            "baseline_mismatch": list(self.notes),
+            "incidents": self.incidents,
+            "warmup": self.warmup.to_json() if self.warmup else None,
+        }
+        return LadderSummary(
+            Setting(top.batch_size, top.stats.concurrency) if top else None,
+            self.stopped_by,
+            max(passing, default=0),
+            Workload(),
+            details,
+        )
