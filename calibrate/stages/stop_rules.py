@@ -232,7 +232,7 @@ def _why_not(prev: Point, cur: Point, gain_min: float) -> str:
     gain = gains([prev, cur])[1] or 0.0
     if gain < 0:
         return "throughput fell"
-    return f"below the {gain_min:.0%} a level must add"
+    return f"below the {gain_min * 100:.0f} % a level must add"
 
 
 def continue_sweep(points: Sequence[Point]) -> bool:

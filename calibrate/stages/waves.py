@@ -114,6 +114,7 @@ class Sender:
     ) -> LoopRun:
         """Keep ``concurrency`` requests in flight — each worker starts the next from ``supply``
         as soon as its answer is in — until ``window`` is done, then let those in flight finish.
+        A failed answer ends the run the same way: the level fails, more load only adds noise.
 
         Times are on this sender's clock (injectable: the loop is tested with a fake one).
         """
@@ -143,6 +144,8 @@ class Sender:
                 with lock:
                     results.extend(answered)
                     del in_flight[number]
+                    if state["stop_s"] is None and any(not a.ok for a in answered):
+                        state["stop_s"] = self.clock() - start
 
         threads = [
             threading.Thread(target=work, name=f"calibrate-loop-{n}", daemon=True)
