@@ -183,7 +183,8 @@ def knee(points: Sequence[Point], gain_min: float) -> Point | None:
 
 
 def _pct(value: float) -> str:
-    return f"{value * 100:+.0f} %".replace("-", "−")
+    percent = round(value * 100) or 0  # never "−0 %"
+    return f"{percent:+d} %".replace("-", "−")
 
 
 def _gain_parts(prev: Point, cur: Point) -> tuple[str, str]:

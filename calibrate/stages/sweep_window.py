@@ -5,10 +5,11 @@ loop's window can be tested with a fake clock and the knee with scripted numbers
 
 A run keeps C requests in flight (a new one starts as soon as one finishes) until it has lasted
 ``min_s`` *and* started ``min_requests``; then it stops starting requests and drains. Throughput
-is counted over the **steady window**: from the moment the C-th request started (C in flight)
-to the moment the first finished request was not replaced (the drain began). It is the answers
-that finished in that window over its length; the ramp-up and the drain, where fewer than C are
-in flight, are left out.
+is counted over the **steady window**: it opens at the first answer after the C-th request
+started (C in flight) and closes at the answer that was not replaced (the drain began); the
+answers after the first, up to and including the last, over that time. Both ends are answers,
+so the count is not biased by where in a request's life the window starts; the ramp-up and the
+drain, where fewer than C are in flight, are left out.
 """
 
 from __future__ import annotations
@@ -62,12 +63,15 @@ class Steady:
 
 
 def steady_throughput(run: LoopRun) -> Steady:
-    """Answers that finished in (full_s, stop_s], over its length; the whole run if it is empty."""
+    """Answers that finished in (first answer after full_s, stop_s], over that time; the whole
+    run when that window holds none."""
     ok = [i for i in run.items if i.ok]
-    if run.full_s is not None and run.stop_s is not None and run.stop_s > run.full_s:
-        inside = [i for i in ok if run.full_s < i.done_s <= run.stop_s]
-        if inside:
-            span = run.stop_s - run.full_s
+    if run.full_s is not None and run.stop_s is not None:
+        full_s, stop_s = run.full_s, run.stop_s
+        opens = min((i.done_s for i in ok if full_s <= i.done_s <= stop_s), default=None)
+        inside = [i for i in ok if opens is not None and opens < i.done_s <= stop_s]
+        if opens is not None and inside:
+            span = stop_s - opens
             tokens = sum(i.completion_tokens for i in inside)
             return Steady(len(inside) / span, tokens / span, span, len(inside), False)
     span = run.total_s
