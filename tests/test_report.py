@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.mockserver import start_mock
-from tests.tier_helpers import open_gate, run_dir
+from tests.tier_helpers import FAST, open_gate, run_dir
 
 SPEC_COLUMNS = {
     "batch_size", "concurrency", "rounds", "waves", "total_s", "per_item_s", "latency_mean_s",
@@ -52,7 +52,7 @@ def test_without_matplotlib_there_is_no_plot_and_no_crash(
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib → ImportError
     with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
-        open_gate(isolated, mock.base_url, "[ladder]\nbatch_sizes = [1, 2]\n")
+        open_gate(isolated, mock.base_url, FAST + "batch_sizes = [1, 2]\n")
         ladder = cli("ladder", "--json")
     assert ladder.code == 0, ladder.err
     run = run_dir(isolated, ladder.json["run_id"])
