@@ -69,6 +69,23 @@ def test_noise_within_the_range_is_not_a_gain(tmp_path: Path) -> None:
     assert "within noise (the ranges overlap)" in result.knee_text
 
 
+def test_one_lucky_run_fools_a_single_run_per_level_but_not_three(tmp_path: Path) -> None:
+    """A 4-slot server; 8 in flight add nothing, but the one run of 8 happened to be fast (+15 %).
+    With one run per level that reads as a gain and the knee lands on 8; with three, the other
+    runs of 8 bring the median back and its range overlaps 4's."""
+    runs_at_8 = [0.1 / 1.15, 0.1 * 1.04, 0.1 / 1.02]
+
+    def service(concurrency: int, repeat: int) -> float:
+        return runs_at_8[repeat - 1] if concurrency == 8 else 0.1
+
+    once = _sweep(tmp_path / "once", SimulatedLoop(service), repeats=1).run()
+    assert once.knee is not None and once.knee.concurrency == 8, "fooled by one lucky run"
+    assert "one run per level: no range" in once.knee_text
+    thrice = _sweep(tmp_path / "thrice", SimulatedLoop(service), repeats=3).run()
+    assert thrice.knee is not None and thrice.knee.concurrency == 4
+    assert "within noise" in thrice.knee_text or "below the 10 %" in thrice.knee_text
+
+
 def test_each_run_lasts_its_window_and_is_measured_in_the_steady_part(tmp_path: Path) -> None:
     """level_s = 1 s, but concurrency 1 answers in 0.5 s: the next level's runs last at least
     3 × 0.5 s; every run starts at least 4×C requests; the drain is left out."""
