@@ -247,7 +247,12 @@ def tier_table(
 
 def plain_line(row: Mapping[str, Any], kind: Kind) -> str:
     """One ``key=value`` line per tier, for logs and CI (no live display off a TTY)."""
-    return "  ".join(f"{name.replace(' ', '_')}={cell(row)}" for name, cell in _columns(kind))
+    cells = [(name, cell(row)) for name, cell in _columns(kind)]
+    return "  ".join(
+        f"{name.replace(' ', '_')}={text}"
+        for name, text in cells
+        if name not in _WHEN_MEASURED or text != "—"
+    )
 
 
 @contextmanager

@@ -32,13 +32,20 @@ def item(request: Request, latency_s: float, started_s: float, kind: str | None)
     """The answer (or the failure) of a chat request, with scripted timings."""
     error = ErrorInfo(kind, f"HTTP 500: {kind}", 500) if kind else None
     return ItemResult(
-        index=request.first_index, prompt=request.prompts[0], path=request.path,
-        body=request.body, text=None if error else "答案。",
-        finish_reason=None if error else "stop", usage=None if error else Usage(10, 5, 15),
-        completion_tokens=0 if error else 5, elapsed_s=latency_s,
+        index=request.first_index,
+        prompt=request.prompts[0],
+        path=request.path,
+        body=request.body,
+        text=None if error else "答案。",
+        finish_reason=None if error else "stop",
+        usage=None if error else Usage(10, 5, 15),
+        completion_tokens=0 if error else 5,
+        elapsed_s=latency_s,
         ttft_s=None if error or not request.body.get("stream") else latency_s / 4,
-        started_s=started_s, done_s=started_s + latency_s, error=error,
-    )  # fmt: skip
+        started_s=started_s,
+        done_s=started_s + latency_s,
+        error=error,
+    )
 
 
 class ScriptedSender(Sender):
@@ -151,6 +158,9 @@ def stage_ctx(tmp_path: Path, cfg: Config, stage: str) -> StageContext:
 
 def recorder(ctx: StageContext, monitor: VramMonitor, tmp_path: Path) -> IncidentRecorder:
     return IncidentRecorder(
-        ctx.run, {}, monitor, runs_dir=tmp_path / "runs",
+        ctx.run,
+        {},
+        monitor,
+        runs_dir=tmp_path / "runs",
         snapshot=lambda devices: GpuSnapshot((), ()),
-    )  # fmt: skip
+    )

@@ -57,8 +57,9 @@ def test_a_baseline_from_before_per_item_s_is_compared_on_request_latency(isolat
     old = isolated / "ladder.csv"
     old.write_text("batch_size,verdict,per_item_mean_s\n1,pass,0.10\n2,pass,0.10\n", "utf-8")
     new = isolated / "tiers.csv"
-    new.write_text("batch_size,verdict,per_item_s,latency_mean_s\n1,pass,0.1,0.10\n"
-                   "2,pass,0.05,0.13\n", "utf-8")  # fmt: skip
+    new.write_text(
+        "batch_size,verdict,per_item_s,latency_mean_s\n1,pass,0.1,0.10\n2,pass,0.05,0.13\n", "utf-8"
+    )
     result = compare_tables("ladder", read_table(old, "ladder"), read_table(new, "ladder"))
     assert result.metric_name == "latency_mean_s"
     assert "batch_size 2: latency_mean_s 0.13 is 30% higher" in result.problems[0]

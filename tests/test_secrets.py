@@ -122,9 +122,11 @@ def test_the_key_goes_only_to_the_targets_origin(
         plain = cli("ladder", *flags)
         assert recorder.auth("/metrics") == {None}  # the DCGM exporter never saw our key
         monkeypatch.setenv("DCGM_KEY", " dcgm-key-123\r\n")
-        write_config(isolated / "calibrate.toml", mock.base_url,
-                     'gpu_metrics_key_env = "DCGM_KEY"\n[ladder]\nbatch_sizes = [1]\nrounds = 1\n'
-                     + WINDOWS)  # fmt: skip
+        write_config(
+            isolated / "calibrate.toml",
+            mock.base_url,
+            'gpu_metrics_key_env = "DCGM_KEY"\n[ladder]\nbatch_sizes = [1]\nrounds = 1\n' + WINDOWS,
+        )
         keyed = cli("ladder", *flags, "--force")
     assert plain.code == 0 and keyed.code == 0, plain.err + keyed.err
     assert recorder.auth("/metrics") == {None, "Bearer dcgm-key-123"}

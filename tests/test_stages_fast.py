@@ -22,9 +22,12 @@ ONE_WAVE = {"min_round_s": 0.0, "warmup_waves": 0}
 
 
 def _ladder(
-    tmp_path: Path, script: Script, kv: FakeKv | None = None, slo: SloConfig | None = None,
+    tmp_path: Path,
+    script: Script,
+    kv: FakeKv | None = None,
+    slo: SloConfig | None = None,
     **ladder: object,
-) -> Ladder:  # fmt: skip
+) -> Ladder:
     settings = {**ONE_WAVE, "batch_sizes": (1, 2, 4, 8), **ladder}
     cfg = Config(
         ladder=replace(LadderConfig(), **settings),  # type: ignore[arg-type]
@@ -32,8 +35,13 @@ def _ladder(
     )
     ctx = stage_ctx(tmp_path, cfg, "ladder")
     monitor = VramMonitor([kv] if kv else [])
-    return Ladder(ctx, LadderOptions.from_config(cfg), monitor, recorder(ctx, monitor, tmp_path),
-                  ScriptedSender(script))  # fmt: skip
+    return Ladder(
+        ctx,
+        LadderOptions.from_config(cfg),
+        monitor,
+        recorder(ctx, monitor, tmp_path),
+        ScriptedSender(script),
+    )
 
 
 def _per_item(per_item_s: dict[int, float]) -> Script:
@@ -80,8 +88,13 @@ def test_a_rise_just_under_the_default_is_not_a_stop(tmp_path: Path) -> None:
 def test_a_round_repeats_waves_until_min_round_s(tmp_path: Path) -> None:
     """Waves of 0.1 s and a 0.35 s window: 4 waves a round (0.4 s), items and time per item
     from all of them; the warm-up wave goes first and counts nowhere."""
-    ladder = _ladder(tmp_path, lambda batch, n: (0.1, 0.1, None), min_round_s=0.35,
-                     warmup_waves=1, batch_sizes=(2, 4))  # fmt: skip
+    ladder = _ladder(
+        tmp_path,
+        lambda batch, n: (0.1, 0.1, None),
+        min_round_s=0.35,
+        warmup_waves=1,
+        batch_sizes=(2, 4),
+    )
     result = ladder.run()
     sender = ladder.sender
     assert isinstance(sender, ScriptedSender)
@@ -109,8 +122,9 @@ def test_min_round_s_zero_is_one_wave(tmp_path: Path) -> None:
 
 
 def test_a_failing_wave_ends_its_round_and_the_tier(tmp_path: Path) -> None:
-    ladder = _ladder(tmp_path, lambda batch, n: (0.1, 0.1, "oom" if batch == 8 else None),
-                     min_round_s=0.25)  # fmt: skip
+    ladder = _ladder(
+        tmp_path, lambda batch, n: (0.1, 0.1, "oom" if batch == 8 else None), min_round_s=0.25
+    )
     result = ladder.run()
     assert [t.verdict for t in result.tiers] == ["pass", "pass", "pass", "fail"]
     assert result.last_passing is not None and result.last_passing.batch_size == 4

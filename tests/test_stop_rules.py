@@ -56,10 +56,7 @@ def test_vram_limit_reached_stops_before_latency() -> None:
 
 
 def test_vram_not_measured_skips_the_vram_rule() -> None:
-    assert (
-        tier_verdict(replace(CLEAN, pressure=None, per_item_s=0.12), PREV, **LIMITS)[0]
-        == "pass"
-    )
+    assert tier_verdict(replace(CLEAN, pressure=None, per_item_s=0.12), PREV, **LIMITS)[0] == "pass"
 
 
 def test_latency_rise_beyond_the_factor_stops() -> None:
@@ -173,8 +170,12 @@ def test_a_gain_counts_only_beyond_the_noise() -> None:
 
 
 def test_the_knee_stops_at_a_gain_within_noise_and_says_so() -> None:
-    points = [Point(1, 10.0, 0, 9.8, 10.2), Point(2, 19.0, 0, 18.5, 19.5),
-              Point(4, 36.0, 0, 35.0, 37.0), Point(8, 37.0, 0, 34.5, 39.0)]  # fmt: skip
+    points = [
+        Point(1, 10.0, 0, 9.8, 10.2),
+        Point(2, 19.0, 0, 18.5, 19.5),
+        Point(4, 36.0, 0, 35.0, 37.0),
+        Point(8, 37.0, 0, 34.5, 39.0),
+    ]
     assert knee(points, 0.10) == points[2]
     text = knee_text(points, 0.10)
     assert text.startswith("knee at 4 (+89 % over 2, range +79 %…+100 %)")

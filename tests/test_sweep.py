@@ -35,8 +35,9 @@ def test_knee_is_the_slot_count_and_the_cap_is_noted(cli, isolated: Path) -> Non
         runs = [r["round"] for r in records if r["concurrency"] == level]
         assert runs.count(1) >= 4 * level and runs.count(2) >= 4 * level
     assert all(lv["repeats"] == 2 for lv in out["levels"])
-    assert all(lv["items_per_s_min"] <= lv["items_per_s"] <= lv["items_per_s_max"]
-               for lv in out["levels"])  # fmt: skip
+    assert all(
+        lv["items_per_s_min"] <= lv["items_per_s"] <= lv["items_per_s_max"] for lv in out["levels"]
+    )
     assert out["knee"]["how_sure"].startswith("knee at 4 (")
     assert "how sure: knee at 4 (" in result.err
     assert (run / "tiers.csv").read_text("utf-8").startswith("concurrency,batch_size,repeats,")

@@ -124,11 +124,15 @@ def test_steady_window_leaves_out_the_ramp_and_the_drain() -> None:
     # C = 2: full at 0.1 s; the window opens at the first answer after that (0.5 s) and closes
     # at the answer that began the drain (1.1 s): two answers after the first, in 0.6 s
     done = [(0.0, 0.05), (0.1, 0.5), (0.0, 0.8), (0.5, 1.1), (0.8, 1.4)]
-    items = tuple(item(replace(request, first_index=n), d - s, s, None)
-                  for n, (s, d) in enumerate(done, 1))  # fmt: skip
+    items = tuple(
+        item(replace(request, first_index=n), d - s, s, None) for n, (s, d) in enumerate(done, 1)
+    )
     steady = steady_throughput(LoopRun(items, 1.4, 0.1, 1.1))
     assert (steady.completions, steady.window_s, steady.whole_run) == (2, 0.6000000000000001, False)
-    assert steady.items_per_s == 2 / 0.6000000000000001 and steady.output_tokens_per_s == 10 / 0.6000000000000001
+    assert (
+        steady.items_per_s == 2 / 0.6000000000000001
+        and steady.output_tokens_per_s == 10 / 0.6000000000000001
+    )
     empty = steady_throughput(LoopRun(items, 1.4, 0.1, 0.1))  # no steady part: the whole run
     assert empty.whole_run and empty.items_per_s == 5 / 1.4
     assert level_window(0.2, 4, None) == LevelWindow(0.2, 16)

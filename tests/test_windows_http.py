@@ -13,14 +13,13 @@ from tests.tier_helpers import FAST, WINDOWS, jsonl, open_gate, run_dir
 SHORT = "[ladder]\nsample_interval_s = 0.05\n[sweep]\nconcurrency = [1, 2, 4, 8]\n"
 
 
-def test_with_jitter_and_three_runs_a_level_the_knee_is_4_every_time(
-    cli, isolated: Path
-) -> None:
+def test_with_jitter_and_three_runs_a_level_the_knee_is_4_every_time(cli, isolated: Path) -> None:
     """A 4-slot server with ±20 % timing jitter, as its own process: 5 sweeps, knee 4 in 5.
     8 in flight add nothing but queueing, and its range overlaps 4's."""
     knees, texts = [], []
-    mock = MockProcess("--ttft", "0.004", "--per-token", "0.0005", "--slots", "4",
-                       "--jitter", "0.2")  # fmt: skip
+    mock = MockProcess(
+        "--ttft", "0.004", "--per-token", "0.0005", "--slots", "4", "--jitter", "0.2"
+    )
     try:
         open_gate(isolated, mock.base_url, SHORT + "level_s = 0.1\nrepeats = 3\n", stage="ladder")
         for _ in range(5):
@@ -58,8 +57,10 @@ def test_one_run_per_level_shows_no_range_and_says_a_gain_is_not_told_from_noise
 
 
 def test_ladder_rounds_repeat_waves_for_min_round_s_after_a_warm_up(cli, isolated: Path) -> None:
-    config = ("[ladder]\nsample_interval_s = 0.05\nmin_round_s = 0.05\nwarmup_waves = 1\n"
-              "latency_rise = 100.0\nbatch_sizes = [1, 2]\n")  # fmt: skip
+    config = (
+        "[ladder]\nsample_interval_s = 0.05\nmin_round_s = 0.05\nwarmup_waves = 1\n"
+        "latency_rise = 100.0\nbatch_sizes = [1, 2]\n"
+    )
     with start_mock(ttft_s=0.002, per_token_s=0.0002) as mock:
         open_gate(isolated, mock.base_url, config)
         result = cli("ladder", "--json")
@@ -75,8 +76,12 @@ def test_ladder_rounds_repeat_waves_for_min_round_s_after_a_warm_up(cli, isolate
     records = jsonl(run / "records.jsonl")
     assert len(records) == sum(r["items"] for r in rounds), "the warm-up is not recorded"
     assert sent == len(records) + 1, "one warm-up wave of the first tier (batch 1) was sent"
-    assert result.json["warmup"] == {"waves": 1, "items": 1, "errors": 0,
-                                     "total_s": result.json["warmup"]["total_s"]}  # fmt: skip
+    assert result.json["warmup"] == {
+        "waves": 1,
+        "items": 1,
+        "errors": 0,
+        "total_s": result.json["warmup"]["total_s"],
+    }
     assert "s/item" in result.err or "s/item=" in result.err
 
 
