@@ -15,13 +15,14 @@ SHORT = "[ladder]\nsample_interval_s = 0.05\n[sweep]\nconcurrency = [1, 2, 4, 8]
 
 def test_with_jitter_and_three_runs_a_level_the_knee_is_4_every_time(cli, isolated: Path) -> None:
     """A 4-slot server with ±20 % timing jitter, as its own process: 5 sweeps, knee 4 in 5.
-    8 in flight add nothing but queueing, and its range overlaps 4's."""
+    8 in flight add nothing but queueing. Requests of ~50 ms keep calibrate's own few ms per
+    request (more of them when the machine is busy) from reading as a gain at 8."""
     knees, texts = [], []
-    mock = MockProcess(
-        "--ttft", "0.004", "--per-token", "0.0005", "--slots", "4", "--jitter", "0.2"
-    )
+    mock = MockProcess("--ttft", "0.004", "--per-token", "0.001", "--slots", "4", "--jitter", "0.2")
     try:
-        open_gate(isolated, mock.base_url, SHORT + "level_s = 0.1\nrepeats = 3\n", stage="ladder")
+        # levels 2, 4, 8 are enough to place a knee at 4 (and leave time for 5 sweeps)
+        config = SHORT.replace("[1, 2, 4, 8]", "[2, 4, 8]") + "level_s = 0.1\nrepeats = 3\n"
+        open_gate(isolated, mock.base_url, config, stage="ladder")
         for _ in range(5):
             result = cli("sweep", "--json", "--beyond-ladder")
             assert result.code == 0, result.err
@@ -33,7 +34,7 @@ def test_with_jitter_and_three_runs_a_level_the_knee_is_4_every_time(cli, isolat
     levels = result.json["levels"]
     assert all(lv["repeats"] == 3 for lv in levels)
     assert all(lv["items_per_s_min"] <= lv["items_per_s"] <= lv["items_per_s_max"] for lv in levels)
-    assert [lv["gain_counted"] for lv in levels] == [False, True, True, False]
+    assert [lv["gain_counted"] for lv in levels] == [False, True, False]
     assert texts[-1].startswith("knee at 4 (+") and "8 adds " in texts[-1]
 
 
