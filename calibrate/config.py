@@ -64,14 +64,17 @@ class LadderConfig:
     rounds: int = 2
     mode: LadderMode = "wave"
     vram_limit: float = 0.90
-    latency_rise: float = 1.5
+    latency_rise: float = 1.25  # per_item_s (wall / items) over the previous tier's
     sample_interval_s: float = 0.05
+    min_round_s: float = 2.0  # a round repeats waves of B until it lasted this long (0: one wave)
+    warmup_waves: int = 1  # waves of the first tier sent before it, not counted
 
 
 @dataclass(frozen=True)
 class SweepConfig:
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
-    items: int = 24
+    level_s: float = 15.0  # each run of a level lasts at least this (and ≥ 4×C requests)
+    repeats: int = 3  # runs per level: the table shows their median and range
     gain_min: float = 0.10
 
 
@@ -112,6 +115,20 @@ class TuneConfig:
 
 
 @dataclass(frozen=True)
+class SloConfig:
+    """Latency bounds at p99 (SPEC §5.13); each off (None) unless set."""
+
+    ttft_p99_s: float | None = None
+    tpot_p99_s: float | None = None
+    e2e_p99_s: float | None = None
+
+    @property
+    def needs_stream(self) -> bool:
+        """TTFT (and TPOT, computed from it) is only measured on a streamed answer."""
+        return self.ttft_p99_s is not None or self.tpot_p99_s is not None
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     kind: ServerKind | None = None
     model_path: str = ""
@@ -136,6 +153,7 @@ class Config:
     sweep: SweepConfig = field(default_factory=SweepConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
+    slo: SloConfig = field(default_factory=SloConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     source: str | None = None
@@ -176,6 +194,7 @@ SECTIONS: dict[str, type[Any]] = {
     "sweep": SweepConfig,
     "workload": WorkloadConfig,
     "tune": TuneConfig,
+    "slo": SloConfig,
     "server": ServerConfig,
     "paths": PathsConfig,
 }
@@ -186,6 +205,10 @@ REMOVED_KEYS: dict[tuple[str, str], str] = {
     ("ladder", "concurrency"): (
         "The ladder sends one batch at a time; requests in flight are the sweep's axis. "
         "Delete the line, and set [sweep] concurrency = [...] for the levels to try."
+    ),
+    ("sweep", "items"): (
+        "A level now runs for a time, not a count: at least [sweep] level_s seconds and 4×C "
+        "requests, [sweep] repeats times. Delete the line (set level_s for shorter levels)."
     ),
 }
 
@@ -413,7 +436,8 @@ MAX_BATCH_SIZE = 4096
 MAX_CONCURRENCY = 4096
 MAX_ROUNDS = 100
 MAX_TOKENS = 1_000_000
-MAX_SWEEP_ITEMS = 1_000_000
+MAX_REPEATS = 100
+MAX_WARMUP_WAVES = 100
 MAX_LIST_ITEMS = 64
 MAX_TIMEOUT_S = 86_400.0
 MAX_TEMPERATURE = 2.0
@@ -471,10 +495,13 @@ def _check_ranges(section: Any, name: str, path: Path) -> None:
         problems.append(_between("latency_rise", section.latency_rise, 1, MAX_LATENCY_RISE))
         problems.append(_between("sample_interval_s", section.sample_interval_s,
                                  MIN_SAMPLE_INTERVAL_S, MAX_SAMPLE_INTERVAL_S))  # fmt: skip
+        problems.append(_between("min_round_s", section.min_round_s, 0, MAX_TIMEOUT_S))
+        problems.append(_between("warmup_waves", section.warmup_waves, 0, MAX_WARMUP_WAVES))
     if isinstance(section, SweepConfig):
         if any(not 1 <= c <= MAX_CONCURRENCY for c in section.concurrency):
             problems.append(f"concurrency levels must all be in [1, {MAX_CONCURRENCY}]")
-        problems.append(_between("items", section.items, 1, MAX_SWEEP_ITEMS))
+        problems.append(_between("level_s", section.level_s, 0, MAX_TIMEOUT_S))
+        problems.append(_between("repeats", section.repeats, 1, MAX_REPEATS))
         problems.append(_between("gain_min", section.gain_min, 0, MAX_GAIN_MIN))
     if isinstance(section, WorkloadConfig):
         problems += _workload_problems(section)
@@ -485,6 +512,11 @@ def _check_ranges(section: Any, name: str, path: Path) -> None:
             problems.append(f"concurrency levels must all be in [1, {MAX_CONCURRENCY}]")
         problems.append(_between("budget_s", section.budget_s, 0, MAX_TIMEOUT_S))
         problems.append(_between("window", section.window, 0, 1, low_open=True))
+    if isinstance(section, SloConfig):
+        for key in ("ttft_p99_s", "tpot_p99_s", "e2e_p99_s"):
+            value = getattr(section, key)
+            if value is not None:
+                problems.append(_between(key, value, 0, MAX_TIMEOUT_S, low_open=True))
     if isinstance(section, ServerConfig):
         problems.append(_between("port", section.port, 1, 65535))
         problems.append(_between("ready_timeout_s", section.ready_timeout_s, 0, MAX_TIMEOUT_S,

@@ -27,9 +27,9 @@ from calibrate.tier_table import Kind, read_rows
 log = logging.getLogger("calibrate")
 
 __all__ = ["Kind", "read_rows"]  # tables are read through here as well as written
-_COMMON = ["items", "total_s", "per_item_mean_s", "per_item_p50_s", "per_item_p90_s",
-           "per_item_p99_s", "per_item_max_s", "ttft_p50_s", "items_per_s", "output_tokens_per_s",
-           "peak_vram_mib", "vram_idle_mib", "vram_total_mib", "pressure", "pressure_source",
+_COMMON = ["items", "total_s", "per_item_s", "latency_mean_s", "latency_p50_s", "latency_p90_s",
+           "latency_p99_s", "latency_max_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+           "items_per_s", "output_tokens_per_s", "peak_vram_mib", "vram_idle_mib", "vram_total_mib", "pressure", "pressure_source",
            "pressure_metric", "peak_kv_usage", "per_device", "server_queue_max", "vram_source",
            "errors", "error_kinds", "first_done_s", "last_done_s"]  # fmt: skip
 # What the workload sent and the server counted (SPEC §5.11): target vs actual.
@@ -41,10 +41,10 @@ _TOKENS = [
     "input_chars_mean",
 ]
 COLUMNS: dict[str, list[str]] = {
-    "ladder": ["batch_size", "concurrency", "rounds", *_COMMON, *_TOKENS, "baseline_match",
-               "baseline_items", "verdict", "reason", "axis"],
-    "sweep": ["concurrency", "batch_size", *_COMMON, *_TOKENS, "gain", "capped_by_server",
-              "verdict"],
+    "ladder": ["batch_size", "concurrency", "rounds", "waves", *_COMMON, *_TOKENS,
+               "baseline_match", "baseline_items", "verdict", "reason", "axis"],
+    "sweep": ["concurrency", "batch_size", "repeats", *_COMMON, *_TOKENS, "items_per_s_min",
+              "items_per_s_max", "gain", "gain_counted", "capped_by_server", "verdict"],
 }  # fmt: skip
 
 
@@ -115,16 +115,44 @@ _TOKEN_CELLS: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("in tok", _in_tokens),
     ("out tok", lambda r: _f(r.get("output_tokens_mean"), ".0f")),
 ]
+
+
+def _range(row: Mapping[str, Any]) -> str:
+    """A level's lowest–highest throughput over its runs (a single run has no range)."""
+    low, high = row.get("items_per_s_min"), row.get("items_per_s_max")
+    if low is None or high is None:
+        return "—"
+    if row.get("repeats") == 1:
+        return "one run"
+    return f"{float(low):.2f}–{float(high):.2f}"
+
+
+def _gain(row: Mapping[str, Any]) -> str:
+    """``+85%``; in parentheses when it did not count (below gain_min, or within noise)."""
+    if row.get("gain") is None:
+        return "—"
+    text = f"{float(row['gain']):+.0%}"
+    return (
+        f"({text})"
+        if row.get("gain_counted") is not None and not _true(row["gain_counted"])
+        else text
+    )
+
+
 _LADDER: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("batch", lambda r: str(int(r["batch_size"]))),
     ("conc", lambda r: str(int(r["concurrency"]))),
     ("rounds", lambda r: str(int(r["rounds"]))),
+    ("waves", lambda r: _f(r.get("waves"), ".0f")),
     ("items", lambda r: str(int(r["items"]))),
     *_TOKEN_CELLS,
-    ("mean s", lambda r: _f(r.get("per_item_mean_s"), ".3f")),
-    ("p50 s", lambda r: _f(r.get("per_item_p50_s"), ".3f")),
-    ("p90 s", lambda r: _f(r.get("per_item_p90_s"), ".3f")),
-    ("max s", lambda r: _f(r.get("per_item_max_s"), ".3f")),
+    ("s/item", lambda r: _f(r.get("per_item_s"), ".4f")),
+    ("p50 s", lambda r: _f(r.get("latency_p50_s"), ".3f")),
+    ("p90 s", lambda r: _f(r.get("latency_p90_s"), ".3f")),
+    ("p99 s", lambda r: _f(r.get("latency_p99_s"), ".3f")),
+    ("max s", lambda r: _f(r.get("latency_max_s"), ".3f")),
+    ("ttft p99", lambda r: _f(r.get("ttft_p99_s"), ".3f")),
+    ("tpot p99", lambda r: _f(r.get("tpot_p99_s"), ".4f")),
     ("items/s", lambda r: _f(r.get("items_per_s"), ".2f")),
     ("tok/s", lambda r: _f(r.get("output_tokens_per_s"), ".0f")),
     ("peak MiB", lambda r: _f(r.get("peak_vram_mib"), ".0f")),
@@ -137,15 +165,17 @@ _LADDER: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
 _SWEEP: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("conc", lambda r: str(int(r["concurrency"]))),
     ("batch", lambda r: str(int(r["batch_size"]))),
+    ("runs", lambda r: _f(r.get("repeats"), ".0f")),
     ("items", lambda r: str(int(r["items"]))),
     ("total s", lambda r: _f(r.get("total_s"), ".2f")),
     *_TOKEN_CELLS,
     ("items/s", lambda r: _f(r.get("items_per_s"), ".2f")),
-    ("gain", lambda r: "—" if r.get("gain") is None else f"{float(r['gain']):+.0%}"),
+    ("range", _range),
+    ("gain", _gain),
     ("tok/s", lambda r: _f(r.get("output_tokens_per_s"), ".0f")),
-    ("p50 s", lambda r: _f(r.get("per_item_p50_s"), ".3f")),
-    ("p90 s", lambda r: _f(r.get("per_item_p90_s"), ".3f")),
-    ("p99 s", lambda r: _f(r.get("per_item_p99_s"), ".3f")),
+    ("p50 s", lambda r: _f(r.get("latency_p50_s"), ".3f")),
+    ("p90 s", lambda r: _f(r.get("latency_p90_s"), ".3f")),
+    ("p99 s", lambda r: _f(r.get("latency_p99_s"), ".3f")),
     ("ttft p50", lambda r: _f(r.get("ttft_p50_s"), ".3f")),
     ("peak MiB", lambda r: _f(r.get("peak_vram_mib"), ".0f")),
     ("queue", lambda r: _f(r.get("server_queue_max"), ".0f")),
@@ -179,10 +209,14 @@ _DROP_FIRST: dict[Kind, tuple[str, ...]] = {
     "ladder": (
         "rounds",
         "out tok",
+        "waves",
+        "tpot p99",
+        "ttft p99",
         "max s",
         "p90 s",
         "items",
         "queue",
+        "p99 s",
         "tok/s",
         "in tok",
         "p50 s",
@@ -194,6 +228,7 @@ _DROP_FIRST: dict[Kind, tuple[str, ...]] = {
         "p99 s",
         "items",
         "out tok",
+        "runs",
         "batch",
         "total s",
         "queue",
@@ -203,12 +238,18 @@ _DROP_FIRST: dict[Kind, tuple[str, ...]] = {
         "p50 s",
     ),
 }
+# Shown only when some row has a value (TTFT and TPOT need a streamed run).
+_WHEN_MEASURED = ("ttft p99", "tpot p99", "ttft p50")
 
 
 def _fitting_columns(
     rows: Sequence[Mapping[str, Any]], kind: Kind, width: int | None
 ) -> list[tuple[str, Callable[[Mapping[str, Any]], str]]]:
-    columns = list(_columns(kind, rows))
+    columns = [
+        (name, cell)
+        for name, cell in _columns(kind, rows)
+        if name not in _WHEN_MEASURED or any(cell(row) != "—" for row in rows)
+    ]
     if width is None:
         return columns
 
@@ -249,8 +290,12 @@ def tier_table(
 
 def plain_line(row: Mapping[str, Any], kind: Kind) -> str:
     """One ``key=value`` line per tier, for logs and CI (no live display off a TTY)."""
-    columns = _columns(kind, [row])
-    return "  ".join(f"{name.replace(' ', '_')}={cell(row)}" for name, cell in columns)
+    cells = [(name, cell(row)) for name, cell in _columns(kind, [row])]
+    return "  ".join(
+        f"{name.replace(' ', '_')}={text}"
+        for name, text in cells
+        if name not in _WHEN_MEASURED or text != "—"
+    )
 
 
 @contextmanager
@@ -327,17 +372,20 @@ def write_plot(rows: Sequence[Mapping[str, Any]], kind: Kind, path: Path) -> Pat
     xs = [round(float(r[x_name])) for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     try:
-        series = [("per-item latency (s)", ["per_item_mean_s", "per_item_p50_s", "per_item_p90_s"]),
-                  ("throughput (items/s)", ["items_per_s"]), ("peak VRAM (MiB)", ["peak_vram_mib"])]  # fmt: skip
+        series = [("time per item, request latency (s)", ["per_item_s", "latency_p50_s", "latency_p90_s"]),
+                  ("throughput (items/s)", ["items_per_s", "items_per_s_min", "items_per_s_max"]),
+                  ("peak VRAM (MiB)", ["peak_vram_mib"])]  # fmt: skip
         for ax, (title, keys) in zip(axes, series, strict=True):
             for key in keys:
+                if all(r.get(key) is None for r in rows):
+                    continue  # e.g. the range of a ladder, or per_item_s of an old table
                 ys = [float("nan") if r.get(key) is None else float(r[key]) for r in rows]
                 ax.plot(xs, ys, marker="o", label=key)
             ax.set_title(title)
             ax.set_xlabel(x_name)
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs, [str(x) for x in xs])
-            if len(keys) > 1:
+            if len(ax.get_lines()) > 1:
                 ax.legend(fontsize="small")
         fig.suptitle(f"calibrate {kind}: {path.parent.name}")
         fig.tight_layout()

@@ -26,13 +26,21 @@ batch_sizes = [1, 2, 4, 8]
 rounds = 2                         # one batch at a time: a wave of N requests in flight together
 mode = "wave"                      # "wave": N chat requests sent together; "prompt-list": one /v1/completions request carrying N prompts
 vram_limit = 0.90                  # stop stepping up when memory pressure reaches this fraction
-latency_rise = 1.5                 # stop when per-item latency rises by more than this factor
+latency_rise = 1.25                # stop when the time per item (round wall time / items) rises by more than this factor over the previous tier
 sample_interval_s = 0.05
+min_round_s = 2.0                  # a round repeats waves of B until it has lasted this long (0 = one wave)
+warmup_waves = 1                   # waves of the first tier sent before it, not counted
 
 [sweep]
 concurrency = [1, 2, 4, 8, 16]     # requests kept in flight; against a server calibrate does not manage, capped at the ladder's largest passing wave unless --beyond-ladder
-items = 24
-gain_min = 0.10                    # a level must add at least 10 % throughput to count
+level_s = 15                       # each run of a level lasts at least this (and ≥ 3× the previous level's p50 latency, ≥ 4×C requests)
+repeats = 3                        # runs per level: the table shows the median and the min–max range
+gain_min = 0.10                    # a level must add at least 10 % throughput, with its range above the previous level's, to count
+
+[slo]                              # optional latency bounds at p99; a ladder tier over one stops the ladder and is not kept
+# ttft_p99_s = 0.5                 # time to first token (the ladder then streams its requests)
+# tpot_p99_s = 0.05                # time per output token after the first
+# e2e_p99_s = 20                   # whole request
 
 # [server]                         # optional: lets calibrate start/stop the server itself
 # kind = "vllm"                    # vllm | llamacpp | sglang | lmdeploy | ollama | tgi | custom

@@ -38,8 +38,22 @@ def _cell(text: str) -> Any:
     return None if math.isnan(number) else number
 
 
+# Request latency was once written as per_item_*; per_item_s now means wall time / items.
+OLD_NAMES = {f"per_item_{q}_s": f"latency_{q}_s" for q in ("mean", "p50", "p90", "p99", "max")}
+
+
+def upgraded(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row of a table written before the rename, under today's column names."""
+    out = dict(row)
+    for old, new in OLD_NAMES.items():
+        if old in out and new not in out:
+            out[new] = out.pop(old)
+    return out
+
+
 def read_rows(csv_path: Path) -> list[dict[str, Any]]:
-    """The rows of a tiers.csv with typed cells; unreadable or empty is exit 2."""
+    """The rows of a tiers.csv with typed cells (old column names upgraded); unreadable or empty
+    is exit 2."""
     try:
         with csv_path.open(newline="", encoding="utf-8") as handle:
             raw = list(csv.DictReader(handle))
@@ -48,7 +62,9 @@ def read_rows(csv_path: Path) -> list[dict[str, Any]]:
                          "Give a ladder or sweep run folder, e.g. runs/<run_id>") from exc  # fmt: skip
     if not raw:
         raise InputError(f"{csv_path} has no rows")
-    return [{str(k): _cell(v or "") for k, v in row.items() if k is not None} for row in raw]
+    return [
+        upgraded({str(k): _cell(v or "") for k, v in row.items() if k is not None}) for row in raw
+    ]
 
 
 def check_rows(rows: Sequence[Mapping[str, Any]], kind: Kind, csv_path: Path) -> None:

@@ -26,6 +26,9 @@ cat >calibrate.toml <<TOML
 base_url = "http://127.0.0.1:$port/v1"
 model = "internlm-s2"
 timeout_s = 30
+[sweep]
+level_s = 2     # short levels for the demo; the default (15 s, 3 runs) is for a real server
+repeats = 2
 TOML
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }

@@ -14,7 +14,7 @@ from tests.tier_helpers import open_gate
 
 
 def _rows(*tiers: tuple[int, str, float]) -> list[dict[str, str]]:
-    return [{"batch_size": str(b), "verdict": v, "per_item_mean_s": str(s)} for b, v, s in tiers]
+    return [{"batch_size": str(b), "verdict": v, "per_item_s": str(s)} for b, v, s in tiers]
 
 
 BASE = _rows((1, "pass", 0.10), (2, "pass", 0.10), (4, "pass", 0.12), (8, "fail", 0.30))
@@ -39,10 +39,32 @@ def test_latency_beyond_tolerance_fails_within_passes() -> None:
     slower = _rows((1, "pass", 0.10), (2, "pass", 0.125), (4, "pass", 0.12), (8, "fail", 0.3))
     fails = compare_tables("ladder", BASE, slower, tolerance=0.2)
     assert not fails.passed and fails.rows[1].metric.bad and fails.rows[1].change == "+25%"
-    assert "batch_size 2: per_item_mean_s 0.125 is 25% higher" in fails.problems[0]
+    assert "batch_size 2: per_item_s 0.125 is 25% higher" in fails.problems[0]
     assert compare_tables("ladder", BASE, slower, tolerance=0.3).passed
     a_bit = _rows((1, "pass", 0.11), (2, "pass", 0.10), (4, "pass", 0.12), (8, "fail", 0.3))
     assert compare_tables("ladder", BASE, a_bit, tolerance=0.2).passed
+
+
+def test_an_slo_stop_is_not_kept_as_passing() -> None:
+    now = _rows((1, "pass", 0.10), (2, "pass", 0.10), (4, "stop: slo", 0.12))
+    result = compare_tables("ladder", BASE, now)
+    assert result.problems[0] == "last passing batch_size is 2, lower than the baseline's 4"
+
+
+def test_a_baseline_from_before_per_item_s_is_compared_on_request_latency(isolated: Path) -> None:
+    """An old baselines/ladder.csv has per_item_mean_s (then: mean request latency) and no
+    per_item_s; both tables still have mean request latency, now named latency_mean_s."""
+    old = isolated / "ladder.csv"
+    old.write_text("batch_size,verdict,per_item_mean_s\n1,pass,0.10\n2,pass,0.10\n", "utf-8")
+    new = isolated / "tiers.csv"
+    new.write_text(
+        "batch_size,verdict,per_item_s,latency_mean_s\n1,pass,0.1,0.10\n2,pass,0.05,0.13\n", "utf-8"
+    )
+    result = compare_tables("ladder", read_table(old, "ladder"), read_table(new, "ladder"))
+    assert result.metric_name == "latency_mean_s"
+    assert "batch_size 2: latency_mean_s 0.13 is 30% higher" in result.problems[0]
+    same = compare_tables("ladder", read_table(new, "ladder"), read_table(new, "ladder"))
+    assert same.metric_name == "per_item_s" and same.passed
 
 
 def test_sweep_throughput_drop_fails() -> None:

@@ -8,7 +8,7 @@ from tests.conftest import write_config
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, jsonl, run_dir
 
-SWEEP = FAST + "batch_sizes = [1, 2]\n[sweep]\nconcurrency = [1, 2]\nitems = 4\n"
+SWEEP = FAST + "batch_sizes = [1, 2]\n[sweep]\nconcurrency = [1, 2]\nlevel_s = 0\nrepeats = 1\n"
 SERVER = '[server]\nkind = "vllm"\nport = {port}\nmodel_path = "{path}"\n'
 
 

@@ -82,7 +82,7 @@ def test_latency_jump_at_batch_4_stops_by_latency(cli, isolated: Path) -> None:
     assert result.json["stopped_by"] == "latency"
     assert [t["verdict"] for t in result.json["tiers"]] == ["pass", "pass", "stop: latency"]
     assert result.json["last_passing"]["batch_size"] == 4
-    assert "per-item latency" in result.err
+    assert "s per item is" in result.err and "(limit 1.25×)" in result.err
     # a quiet client over a few short rounds: measured, and not called the bottleneck
     assert result.json["selfload"]["bottleneck"] is False
     assert "calibrate itself is the bottleneck" not in result.err

@@ -55,7 +55,7 @@ def test_malformed_ledger_lines_are_skipped_with_a_warning_naming_them(cli, isol
         (b"", "tiers.csv"),
         (b"\x00\xff\xfe binary", "tiers.csv"),
         (b"batch_size,concurrency,rounds,items,errors,verdict\nabc,1,2,3,0,pass\n", "batch_size"),
-        (b"batch_size,concurrency,rounds,items,errors,verdict,per_item_mean_s\n"
+        (b"batch_size,concurrency,rounds,items,errors,verdict,per_item_p50_s\n"
          b"1,1,2,3,0,pass,fast\n", "tiers.csv"),
     ],
 )  # fmt: skip

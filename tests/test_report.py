@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from tests.mockserver import start_mock
-from tests.tier_helpers import open_gate, run_dir
+from tests.tier_helpers import FAST, open_gate, run_dir
 
 SPEC_COLUMNS = {
-    "batch_size", "concurrency", "rounds", "total_s", "per_item_mean_s", "per_item_p50_s",
-    "per_item_p90_s", "per_item_max_s", "items_per_s", "output_tokens_per_s", "peak_vram_mib",
+    "batch_size", "concurrency", "rounds", "waves", "total_s", "per_item_s", "latency_mean_s",
+    "latency_p50_s", "latency_p90_s", "latency_p99_s", "latency_max_s", "items_per_s", "output_tokens_per_s", "peak_vram_mib",
     "vram_idle_mib", "vram_total_mib", "pressure", "pressure_source", "errors", "error_kinds",
     "first_done_s", "last_done_s", "baseline_match", "verdict",
 }  # fmt: skip
@@ -52,7 +52,7 @@ def test_without_matplotlib_there_is_no_plot_and_no_crash(
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib → ImportError
     with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
-        open_gate(isolated, mock.base_url, "[ladder]\nbatch_sizes = [1, 2]\n")
+        open_gate(isolated, mock.base_url, FAST + "batch_sizes = [1, 2]\n")
         ladder = cli("ladder", "--json")
     assert ladder.code == 0, ladder.err
     run = run_dir(isolated, ladder.json["run_id"])
@@ -73,8 +73,8 @@ def test_a_narrow_terminal_drops_minor_columns_instead_of_cropping_cells() -> No
 
     from calibrate.report import tier_table
 
-    row = {"batch_size": 8, "concurrency": 1, "rounds": 2, "items": 16, "per_item_mean_s": 0.157,
-           "per_item_p50_s": 0.118, "per_item_p90_s": 0.234, "per_item_max_s": 0.234,
+    row = {"batch_size": 8, "concurrency": 1, "rounds": 2, "items": 16, "per_item_s": 0.0394,
+           "latency_p50_s": 0.118, "latency_p90_s": 0.234, "latency_max_s": 0.234,
            "items_per_s": 25.38, "output_tokens_per_s": 1218, "peak_vram_mib": 53248,
            "pressure": 0.65, "pressure_source": "metrics", "errors": 2, "error_kinds": "oom:2",
            "baseline_match": 6, "baseline_items": 8, "verdict": "fail"}  # fmt: skip
@@ -82,7 +82,7 @@ def test_a_narrow_terminal_drops_minor_columns_instead_of_cropping_cells() -> No
     narrow = tier_table([row], "ladder", width=80)
     assert len(narrow.columns) < len(wide.columns)
     names = [c.header for c in narrow.columns]
-    assert {"batch", "mean s", "items/s", "peak MiB", "errors", "verdict"} <= set(names)
+    assert {"batch", "s/item", "items/s", "peak MiB", "errors", "verdict"} <= set(names)
     console = Console(width=80, record=True, force_terminal=False)
     console.print(narrow)
     text = console.export_text()

@@ -18,7 +18,7 @@ import pytest
 from calibrate.redact import Scrubber, redact_url
 from tests.conftest import FAKE_KEY, all_files_text, write_config
 from tests.mockserver import start_mock
-from tests.tier_helpers import open_gate
+from tests.tier_helpers import WINDOWS, open_gate
 
 FAST: dict[str, Any] = {"ttft_s": 0.001, "per_token_s": 0.0001}
 CHAT_REPLY = {
@@ -118,12 +118,15 @@ def test_the_key_goes_only_to_the_targets_origin(
     monkeypatch.setenv("CALIBRATE_API_KEY", FAKE_KEY)
     flags = ("--json", "--vram-source", "metrics", "--gpu-metrics-url", recorder.root + "/metrics")
     with start_mock(**FAST) as mock:
-        open_gate(isolated, mock.base_url, "[ladder]\nbatch_sizes = [1]\nrounds = 1\n")
+        open_gate(isolated, mock.base_url, f"[ladder]\n{WINDOWS}batch_sizes = [1]\nrounds = 1\n")
         plain = cli("ladder", *flags)
         assert recorder.auth("/metrics") == {None}  # the DCGM exporter never saw our key
         monkeypatch.setenv("DCGM_KEY", " dcgm-key-123\r\n")
-        write_config(isolated / "calibrate.toml", mock.base_url,
-                     'gpu_metrics_key_env = "DCGM_KEY"\n[ladder]\nbatch_sizes = [1]\nrounds = 1\n')  # fmt: skip
+        write_config(
+            isolated / "calibrate.toml",
+            mock.base_url,
+            'gpu_metrics_key_env = "DCGM_KEY"\n[ladder]\nbatch_sizes = [1]\nrounds = 1\n' + WINDOWS,
+        )
         keyed = cli("ladder", *flags, "--force")
     assert plain.code == 0 and keyed.code == 0, plain.err + keyed.err
     assert recorder.auth("/metrics") == {None, "Bearer dcgm-key-123"}

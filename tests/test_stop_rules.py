@@ -4,28 +4,35 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from calibrate.config import LadderConfig, SloConfig
 from calibrate.stages.stop_rules import (
     Point,
+    counts_as_gain,
+    gain_range,
     gains,
     knee,
+    knee_text,
     last_passing,
     mismatch_notes,
     next_tier,
+    overlaps,
     stopped_by,
     tier_verdict,
 )
 from calibrate.stages.tiers import Stats, Tier, percentile
 
 CLEAN = Stats(
-    batch_size=2, concurrency=1, round=None, items=4, total_s=1.0, per_item_mean_s=0.2,
-    per_item_p50_s=0.2, per_item_p90_s=0.2, per_item_p99_s=0.2, per_item_max_s=0.2,
-    ttft_p50_s=None, items_per_s=4.0, output_tokens_per_s=100.0, peak_vram_mib=1000.0,
+    batch_size=2, concurrency=1, round=None, items=4, waves=1, total_s=0.8, per_item_s=0.2,
+    latency_mean_s=0.2, latency_p50_s=0.2, latency_p90_s=0.2, latency_p99_s=0.2,
+    latency_max_s=0.2, ttft_p50_s=None, ttft_p99_s=None, tpot_p50_s=None, tpot_p99_s=None,
+    items_per_s=4.0, output_tokens_per_s=100.0, peak_vram_mib=1000.0,
     vram_idle_mib=900.0, vram_total_mib=2000.0, pressure=0.5, pressure_source="nvml",
     peak_kv_usage=None, errors=0, error_kinds={}, first_done_s=0.2, last_done_s=0.2,
     baseline_match=4, baseline_items=4,
 )  # fmt: skip
-PREV = replace(CLEAN, batch_size=1, per_item_mean_s=0.1)
+PREV = replace(CLEAN, batch_size=1, per_item_s=0.1)
 LIMITS = {"vram_limit": 0.9, "latency_rise": 1.5}
+DEFAULT_RISE = LadderConfig().latency_rise
 
 
 def _tier(batch: int, verdict: str, **kw: object) -> Tier:
@@ -41,28 +48,62 @@ def test_errors_fail_first_and_name_kinds() -> None:
 
 
 def test_vram_limit_reached_stops_before_latency() -> None:
-    stats = replace(CLEAN, pressure=0.9, per_item_mean_s=1.0)
+    stats = replace(CLEAN, pressure=0.9, per_item_s=1.0)
     verdict, reason = tier_verdict(stats, PREV, **LIMITS)
     assert verdict == "stop: vram" and "90%" in reason and "nvml" in reason
-    below = tier_verdict(replace(CLEAN, pressure=0.89, per_item_mean_s=0.15), PREV, **LIMITS)
+    below = tier_verdict(replace(CLEAN, pressure=0.89, per_item_s=0.15), PREV, **LIMITS)
     assert below[0] == "pass"
 
 
 def test_vram_not_measured_skips_the_vram_rule() -> None:
-    assert (
-        tier_verdict(replace(CLEAN, pressure=None, per_item_mean_s=0.12), PREV, **LIMITS)[0]
-        == "pass"
-    )
+    assert tier_verdict(replace(CLEAN, pressure=None, per_item_s=0.12), PREV, **LIMITS)[0] == "pass"
 
 
 def test_latency_rise_beyond_the_factor_stops() -> None:
     verdict, reason = tier_verdict(CLEAN, PREV, **LIMITS)  # 0.2 / 0.1 = 2.0 > 1.5
-    assert verdict == "stop: latency" and "2.00×" in reason and "batch 1" in reason
-    at_limit = replace(CLEAN, per_item_mean_s=0.15)  # exactly 1.5×: not more than
+    assert verdict == "stop: latency"
+    assert reason.startswith("batch 2: 0.2 s per item is 2.00× batch 1's 0.1 s (limit 1.5×)")
+    at_limit = replace(CLEAN, per_item_s=0.15)  # exactly 1.5×: not more than
     assert tier_verdict(at_limit, PREV, **LIMITS)[0] == "pass"
     assert (
         tier_verdict(CLEAN, None, **LIMITS)[0] == "pass"
     )  # the first tier has nothing to rise from
+
+
+def test_the_latency_rule_at_its_default_is_about_time_per_item() -> None:
+    """1.25 is the default; a tier at exactly 1.25× passes, just above stops and says why."""
+    assert DEFAULT_RISE == 1.25
+    limits = {"vram_limit": 0.9, "latency_rise": DEFAULT_RISE}
+    prev = replace(PREV, per_item_s=0.25, batch_size=4)
+    at = replace(CLEAN, batch_size=8, per_item_s=0.25 * 1.25)
+    assert tier_verdict(at, prev, **limits)[0] == "pass"
+    over = replace(CLEAN, batch_size=8, per_item_s=0.41)
+    verdict, reason = tier_verdict(over, prev, **limits)
+    assert verdict == "stop: latency"
+    assert "batch 8: 0.41 s per item is 1.64× batch 4's 0.25 s (limit 1.25×)" in reason
+    # request latency tripled, but each item got cheaper: batching works, no stop
+    batched = replace(CLEAN, batch_size=8, per_item_s=0.2, latency_mean_s=3.0, latency_p99_s=3.0)
+    assert tier_verdict(batched, replace(prev, latency_mean_s=1.0), **limits)[0] == "pass"
+
+
+def test_an_slo_breach_stops_and_is_not_kept() -> None:
+    slo = SloConfig(ttft_p99_s=0.5, e2e_p99_s=2.0)
+    limits = {"vram_limit": 0.9, "latency_rise": DEFAULT_RISE}
+    slow_first_token = replace(CLEAN, batch_size=8, ttft_p99_s=0.6, pressure=0.95)
+    verdict, reason = tier_verdict(slow_first_token, PREV, slo=slo, **limits)
+    assert verdict == "stop: slo", "an SLO breach outranks the verdicts that keep their tier"
+    assert "TTFT p99 0.6 s is over the SLO 0.5 s" in reason and "not kept" in reason
+    at_bound = replace(CLEAN, ttft_p99_s=0.5, latency_p99_s=2.0, per_item_s=0.1)
+    assert tier_verdict(at_bound, PREV, slo=slo, **limits)[0] == "pass"
+    not_measured = replace(CLEAN, ttft_p99_s=None, per_item_s=0.1)  # not streamed: not judged
+    assert tier_verdict(not_measured, PREV, slo=slo, **limits)[0] == "pass"
+    assert tier_verdict(replace(CLEAN, latency_p99_s=9.0), None, slo=SloConfig(), **limits)[0] == (
+        "pass"
+    ), "no SLO set: off"
+    history = [_tier(1, "pass"), _tier(2, "pass"), _tier(4, "stop: slo")]
+    assert stopped_by(history, (1, 2, 4, 8)) == "slo"
+    assert last_passing(history).batch_size == 2  # type: ignore[union-attr]
+    assert next_tier(history, (1, 2, 4, 8)) is None
 
 
 def test_next_tier_and_stopped_by() -> None:
@@ -109,3 +150,49 @@ def test_percentile_nearest_rank() -> None:
     assert percentile([], 50) is None
     assert percentile([3.0, 1.0, 2.0, 4.0], 50) == 2.0
     assert percentile([float(i) for i in range(1, 101)], 99) == 99.0
+
+
+def test_a_gain_counts_only_beyond_the_noise() -> None:
+    prev = Point(2, 20.0, 0, 19.0, 21.0)
+    clear = Point(4, 36.0, 0, 35.0, 37.0)
+    assert counts_as_gain(prev, clear, 0.10) and not overlaps(prev, clear)
+    # median +12 %, but the slowest run of 4 is slower than the fastest of 2: within noise
+    noisy = Point(4, 22.4, 0, 20.5, 25.0)
+    assert overlaps(prev, noisy) and not counts_as_gain(prev, noisy, 0.10)
+    # touching ranges overlap (the boundary)
+    assert overlaps(prev, Point(4, 25.0, 0, 21.0, 26.0))
+    assert not overlaps(prev, Point(4, 25.0, 0, 21.01, 26.0))
+    # ranges apart but below gain_min: a real, small gain does not count either
+    small = Point(4, 21.6, 0, 21.5, 21.7)
+    assert not overlaps(prev, small) and not counts_as_gain(prev, small, 0.10)
+    low, high = gain_range(prev, noisy)  # type: ignore[misc]
+    assert low == 20.5 / 21.0 - 1 and high == 25.0 / 19.0 - 1
+
+
+def test_the_knee_stops_at_a_gain_within_noise_and_says_so() -> None:
+    points = [
+        Point(1, 10.0, 0, 9.8, 10.2),
+        Point(2, 19.0, 0, 18.5, 19.5),
+        Point(4, 36.0, 0, 35.0, 37.0),
+        Point(8, 37.0, 0, 34.5, 39.0),
+    ]
+    assert knee(points, 0.10) == points[2]
+    text = knee_text(points, 0.10)
+    assert text.startswith("knee at 4 (+89 % over 2, range +79 %…+100 %)")
+    assert "8 adds +3 % (range −7 %…+11 %): within noise (the ranges overlap)" in text
+    # the same medians with +12 % at 8, but the ranges overlap: still not a gain
+    wide = [*points[:3], Point(8, 40.3, 0, 33.0, 44.0)]
+    assert knee(wide, 0.10) == points[2]
+    assert "within noise" in knee_text(wide, 0.10)
+
+
+def test_the_knee_text_for_one_run_per_level_and_the_last_level() -> None:
+    single = [Point(1, 10.0, 0), Point(2, 19.0, 0), Point(4, 19.5, 0)]
+    text = knee_text(single, 0.10)
+    assert text.startswith("knee at 2 (+90 % over 1); 4 adds +3 %: below the 10 % a level must add")
+    assert "one run per level: no range" in text and "repeats = 3" in text
+    rising = [Point(1, 10.0, 0, 9.0, 11.0), Point(2, 20.0, 0, 19.0, 21.0)]
+    assert "the last level tried: throughput may still rise" in knee_text(rising, 0.10)
+    failed = [Point(1, 10.0, 0, 9.0, 11.0), Point(2, 20.0, 2, 19.0, 21.0)]
+    assert knee_text(failed, 0.10) == "knee at 1; 2 failed (2 errors)"
+    assert knee_text([Point(1, 10.0, 3)], 0.10) == ""

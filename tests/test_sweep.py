@@ -7,7 +7,9 @@ from pathlib import Path
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, jsonl, junit_cases, open_gate, run_dir
 
-SWEEP = FAST + "[sweep]\nconcurrency = [1, 2, 4, 8]\nitems = 16\n"
+# short levels, two runs each: the windows of the defaults (15 s, 3 runs) are for users
+LEVELS = "level_s = 0.1\nrepeats = 2\n"
+SWEEP = FAST + f"[sweep]\nconcurrency = [1, 2, 4, 8]\n{LEVELS}"
 
 
 def test_knee_is_the_slot_count_and_the_cap_is_noted(cli, isolated: Path) -> None:
@@ -28,8 +30,17 @@ def test_knee_is_the_slot_count_and_the_cap_is_noted(cli, isolated: Path) -> Non
     ledger = jsonl(isolated / "runs/ledger.jsonl")[-1]
     assert ledger["stage"] == "sweep" and ledger["summary"]["recommended_concurrency"] == 4
     run = run_dir(isolated, out["run_id"])
-    assert len(jsonl(run / "records.jsonl")) == 4 * 16
-    assert (run / "tiers.csv").read_text("utf-8").startswith("concurrency,batch_size,items,")
+    records = jsonl(run / "records.jsonl")
+    for level in (1, 2, 4, 8):  # two runs a level, each ≥ 4×C requests
+        runs = [r["round"] for r in records if r["concurrency"] == level]
+        assert runs.count(1) >= 4 * level and runs.count(2) >= 4 * level
+    assert all(lv["repeats"] == 2 for lv in out["levels"])
+    assert all(
+        lv["items_per_s_min"] <= lv["items_per_s"] <= lv["items_per_s_max"] for lv in out["levels"]
+    )
+    assert out["knee"]["how_sure"].startswith("knee at 4 (")
+    assert "how sure: knee at 4 (" in result.err
+    assert (run / "tiers.csv").read_text("utf-8").startswith("concurrency,batch_size,repeats,")
     suite, cases = junit_cases(isolated / "sweep.xml")
     assert [c.get("name") for c in cases] == [f"concurrency {c}" for c in (1, 2, 4, 8)]
     assert suite.get("failures") == "0"
@@ -51,7 +62,7 @@ def test_never_more_in_flight_than_the_ladder_proved_on_an_unmanaged_server(
     cli, isolated: Path
 ) -> None:
     """SPEC §5.0: the ladder passed 4 in flight; 8 and 16 would be load it never proved."""
-    config = FAST + "[sweep]\nconcurrency = [1, 2, 4, 8, 16]\nitems = 8\n"
+    config = FAST + f"[sweep]\nconcurrency = [1, 2, 4, 8, 16]\n{LEVELS}"
     with start_mock(ttft_s=0.004, per_token_s=0.0005, slots=4) as mock:
         open_gate(isolated, mock.base_url, config, stage="ladder")
         result = cli("sweep", "--json")
@@ -81,7 +92,7 @@ def test_a_managed_server_is_restarted_at_cap_b_before_the_sweep(cli, isolated: 
     from tests.fakes import free_port, managed_config, mock_command, passing_ladder
 
     port = free_port()
-    extra = "[sweep]\nconcurrency = [1, 2, 8]\nitems = 8\n[ladder]\nsample_interval_s = 0.005\n"
+    extra = f"[sweep]\nconcurrency = [1, 2, 8]\n{LEVELS}{FAST}"
     managed_config(isolated, port, mock_command(), extra=extra)
     try:
         started = cli("server", "start", "--batch-size", "1", "--concurrency", "1", "--json")

@@ -12,10 +12,13 @@ from calibrate.ledger import Ledger, target_fingerprint
 from calibrate.records import LedgerEntry
 from tests.conftest import write_config
 
-# Per-item latencies of a few ms jitter on a loaded 2-core machine: tests that are not about the
-# latency rule keep it out of the way (the latency test sets its own).
-FAST = "[ladder]\nsample_interval_s = 0.005\nlatency_rise = 100.0\n"
-DEFAULT_RISE = "[ladder]\nsample_interval_s = 0.005\n"
+# Windows of the defaults (2 s rounds, a warm-up wave) would make every test take seconds: the
+# shared test config runs one wave per round, no warm-up. A time per item of a few ms jitters on
+# a loaded 2-core machine, so tests not about the latency rule keep it out of the way (the rule
+# is tested at its real default in test_stages_fast and with DEFAULT_RISE over HTTP).
+WINDOWS = "sample_interval_s = 0.005\nmin_round_s = 0\nwarmup_waves = 0\n"
+FAST = f"[ladder]\n{WINDOWS}latency_rise = 100.0\n"
+DEFAULT_RISE = f"[ladder]\n{WINDOWS}"
 
 
 def open_gate(root: Path, base_url: str, extra: str = FAST, stage: str = "repro") -> str:

@@ -19,7 +19,7 @@ COMMAND = shlex.join(MOCK) + (
     " --port {port} --slots {slots} --kv-capacity-tokens {kv_tokens}"
     " --step-ms-per-1k-tokens 0.5 --memory-fraction {memory_fraction} --max-memory-fraction 0.8"
 )
-LEVELS = "[sweep]\nconcurrency = [1, 2, 4]\nitems = 8\n[ladder]\nsample_interval_s = 0.005\n"
+LEVELS = "[sweep]\nconcurrency = [1, 2, 4]\nlevel_s = 0.1\nrepeats = 1\n[ladder]\nsample_interval_s = 0.005\nmin_round_s = 0\n"
 
 
 def tune_config(root: Path, tune: str, *, command: str = COMMAND, batch: int = 4) -> str:

@@ -1,7 +1,10 @@
 """Stage C: step the batch size (1→2→4→8), two rounds per tier, VRAM sampled throughout.
 
-Stops on the first failing tier, on VRAM pressure at [ladder].vram_limit, or on a per-item
-latency rise above [ladder].latency_rise; records the last passing tier. Exit 0 when a tier
+A warm-up wave ([ladder].warmup_waves) goes first, not counted; each round repeats waves of B
+until it has lasted [ladder].min_round_s. Stops on the first failing tier, on an [slo] bound
+exceeded at p99 (that tier is not kept), on VRAM pressure at [ladder].vram_limit, or when the
+time per item (round wall time / items) rises by more than [ladder].latency_rise over the
+previous tier; records the last passing tier. Exit 0 when a tier
 passed, 1 when even the first failed or --require-match / --compare failed.
 
 The workload (SPEC §5.11): the fixed prompt (default), --tasks FILE (the longest items), or
@@ -118,9 +121,11 @@ def _announce(out: Output, options: LadderOptions, workload: WorkloadSpec) -> No
         steps = f"input length at batch {options.batch_sizes[0]}"
     else:
         steps = f"batch sizes {', '.join(map(str, options.batch_sizes))}"
+    warmup = f", {options.warmup_waves} warm-up wave(s) first" if options.warmup_waves else ""
+    streamed = ", streamed for the SLOs" if options.stream else ""
     out.say(
-        f"ladder: {steps}, {options.rounds} rounds each, one batch at a time, "
-        f"{options.mode} mode; workload: {workload.describe()}"
+        f"ladder: {steps}, {options.rounds} rounds each of ≥ {options.min_round_s:g} s, one batch "
+        f"at a time, {options.mode} mode{warmup}{streamed}; workload: {workload.describe()}"
     )
 
 

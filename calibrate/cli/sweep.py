@@ -1,8 +1,11 @@
 """Stage C′: at the verified batch size, step concurrency (1, 2, 4, 8, 16…) and find the knee.
 
-Each level sends [sweep].items requests with that many in flight; the knee is the last level of
-the run that each add at least [sweep].gain_min throughput with no errors, and its concurrency
-is the recommendation. Stops at the first failing level.
+Each level keeps that many requests in flight (a new one as each answer arrives) for at least
+[sweep].level_s seconds and 4×C requests, [sweep].repeats times; throughput is counted over the
+steady window (all C in flight, before the drain) and shown as the median with its range. A
+level counts as a gain when its median adds at least [sweep].gain_min and its range sits above
+the previous level's; the knee is the last of the unbroken run of gains, and its concurrency is
+the recommendation, said with how sure it is. Stops at the first failing level.
 
 example: calibrate sweep --stream --junit runs/sweep.xml
 """
@@ -142,7 +145,8 @@ def _measure(
         )
         out.say(f"workload: {plan.spec.describe()}")
         out.say(f"sweep: concurrency {', '.join(map(str, options.levels))} at batch size {batch}, "
-                f"{options.items} requests per level" + (f"; server cap {cap.slots} ({cap.source})" if cap else ""))  # fmt: skip
+                f"{options.repeats} run(s) per level of ≥ {options.level_s:g} s and ≥ 4×C requests"
+                + (f"; server cap {cap.slots} ({cap.source})" if cap else ""))  # fmt: skip
         try:
             with live_rows(out.console, "sweep", f"sweep {ctx.run.run_id}", out.is_tty) as show:
                 sweep.on_level = shown_by(watch, show, out)
@@ -196,8 +200,10 @@ def _finish(
         return int(ExitCode.INTERRUPTED)
     knee = result.knee
     if knee is not None:
-        out.ok(f"knee: concurrency {knee.concurrency} ({knee.stats.items_per_s:.2f} items/s at batch "
-               f"size {result.batch_size}); recommended concurrency {knee.concurrency}")  # fmt: skip
+        out.ok(f"knee: concurrency {knee.concurrency} ({knee.stats.items_per_s:.2f} items/s median, "
+               f"range {knee.items_per_s_min:.2f}–{knee.items_per_s_max:.2f}, at batch size "
+               f"{result.batch_size}); recommended concurrency {knee.concurrency}")  # fmt: skip
+        out.say(f"how sure: {result.knee_text}")
     else:
         out.fail(f"sweep failed: {result.reason}")
     if entry.passed:

@@ -15,9 +15,11 @@ from calibrate.tier_table import read_rows
 TableKind = Literal["ladder", "sweep"]
 # (row key, metric compared, True when a bigger metric is better)
 _SHAPE: dict[str, tuple[str, str, bool]] = {
-    "ladder": ("batch_size", "per_item_mean_s", False),
+    "ladder": ("batch_size", "per_item_s", False),
     "sweep": ("concurrency", "items_per_s", True),
 }
+# A ladder table written before per_item_s existed is compared on mean request latency.
+_FALLBACK = {"per_item_s": "latency_mean_s"}
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class TierComparison:
     rows: tuple[CompareRow, ...]
     last_passing: Cell
     problems: tuple[str, ...]
+    metric: str = ""  # the column compared (the kind's own, or its fallback for an old table)
 
     @property
     def passed(self) -> bool:
@@ -54,7 +57,7 @@ class TierComparison:
 
     @property
     def metric_name(self) -> str:
-        return _SHAPE[self.kind][1]
+        return self.metric or _SHAPE[self.kind][1]
 
     def to_json(self) -> dict[str, Any]:
         return {"baseline": self.baseline_path, "tolerance": self.tolerance,
@@ -68,10 +71,27 @@ def read_table(path: Path, kind: TableKind) -> list[dict[str, Any]]:
                          f"Write one with: calibrate {kind} --save-baseline")  # fmt: skip
     key, metric, _ = _SHAPE[kind]
     rows = read_rows(path)
+    if metric not in rows[0] and _FALLBACK.get(metric) in rows[0]:
+        metric = _FALLBACK[metric]
     for column in (key, metric, "verdict"):
         if column not in rows[0]:
             raise InputError(f"{path} has no column {column!r}: is it a {kind} tiers.csv?")
     return rows
+
+
+def metric_for(
+    kind: TableKind, baseline: Sequence[dict[str, Any]], now: Sequence[dict[str, Any]]
+) -> str:
+    """The kind's metric; for a baseline written before it existed, the old one both share."""
+    metric = _SHAPE[kind][1]
+    fallback = _FALLBACK.get(metric)
+    if fallback and not _has(baseline, metric) and _has(baseline, fallback) and _has(now, fallback):
+        return fallback
+    return metric
+
+
+def _has(rows: Sequence[dict[str, Any]], column: str) -> bool:
+    return any(_num(r.get(column)) is not None for r in rows)
 
 
 def _num(value: Any) -> float | None:
@@ -82,7 +102,8 @@ def _num(value: Any) -> float | None:
 
 
 def _passed(verdict: Any) -> bool:
-    return verdict not in (None, "", "fail")
+    """Kept as passed (a tier over an SLO is not)."""
+    return verdict not in (None, "", "fail", "stop: slo")
 
 
 def _top(rows: Sequence[dict[str, Any]], key: str) -> int | None:
@@ -102,7 +123,8 @@ def compare_tables(
     got worse by more than ``tolerance`` (latency up, or throughput down)."""
     if tolerance < 0:
         raise InputError(f"--tolerance must be ≥ 0, got {tolerance}")
-    key, metric, higher_better = _SHAPE[kind]
+    key, _, higher_better = _SHAPE[kind]
+    metric = metric_for(kind, baseline, now)
     base = {int(float(r[key])): r for r in baseline}
     cur = {int(float(r[key])): r for r in now}
     problems: list[str] = []
@@ -132,7 +154,9 @@ def compare_tables(
                            f"lower than the baseline's {top_b}")  # fmt: skip
     last = Cell(str(top_b) if top_b is not None else "none",
                 str(top_n) if top_n is not None else "none", top_bad)  # fmt: skip
-    return TierComparison(kind, baseline_path, tolerance, tuple(rows), last, tuple(problems))
+    return TierComparison(
+        kind, baseline_path, tolerance, tuple(rows), last, tuple(problems), metric
+    )
 
 
 def _fmt(value: float | None) -> str:

@@ -6,31 +6,24 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
-from calibrate.config import Config, LadderMode
+from calibrate.config import Config, LadderMode, SloConfig
 from calibrate.ledger import baseline_path
 from calibrate.records import RequestRecord, utc_now_iso
 from calibrate.stages.context import StageContext
 from calibrate.stages.incidents import IncidentRecorder
+from calibrate.stages.ladder_result import Axis, LadderResult, WarmUp
 from calibrate.stages.single import read_baseline, unreachable
-from calibrate.stages.stop_rules import (
-    last_passing,
-    mismatch_notes,
-    next_tier,
-    stopped_by,
-    tier_verdict,
-)
-from calibrate.stages.tiers import ItemResult, Stats, StopReason, Tier, summarise
+from calibrate.stages.stop_rules import mismatch_notes, next_tier, stopped_by, tier_verdict
+from calibrate.stages.tiers import ItemResult, Stats, Tier, summarise
 from calibrate.stages.waves import Request, Sender, build_requests
 from calibrate.stages.workload_plan import WorkloadPlan
-from calibrate.summaries import LadderSummary, Setting, Workload
 from calibrate.vram import VramMonitor, WindowPeak
 from calibrate.workload import TokenRange, WorkloadSpec
 
 log = logging.getLogger("calibrate")
-
-Axis = Literal["batch", "context"]
+__all__ = ["Axis", "Ladder", "LadderOptions", "LadderResult", "WarmUp"]
 
 
 @dataclass(frozen=True)
@@ -41,13 +34,31 @@ class LadderOptions:
     vram_limit: float
     latency_rise: float
     require_match: bool = False
+    min_round_s: float = 0.0  # a round repeats waves of B until it lasted this long
+    warmup_waves: int = 0  # waves of the first tier before it, not counted
+    slo: SloConfig = field(default_factory=SloConfig)
     axis: Axis = "batch"
     context_lengths: tuple[int, ...] = ()  # the context axis's input lengths, one tier each
+
+    @property
+    def stream(self) -> bool:
+        """Stream (SSE) when an SLO needs TTFT: only a streamed answer shows its first token."""
+        return self.slo.needs_stream
 
     @classmethod
     def from_config(cls, cfg: Config, *, require_match: bool = False) -> LadderOptions:
         c = cfg.ladder
-        return cls(c.batch_sizes, c.rounds, c.mode, c.vram_limit, c.latency_rise, require_match)
+        return cls(
+            batch_sizes=c.batch_sizes,
+            rounds=c.rounds,
+            mode=c.mode,
+            vram_limit=c.vram_limit,
+            latency_rise=c.latency_rise,
+            require_match=require_match,
+            min_round_s=c.min_round_s,
+            warmup_waves=c.warmup_waves,
+            slo=cfg.slo,
+        )
 
     def on_context_axis(self, lengths: Sequence[int], batch: int) -> LadderOptions:
         """Step the input length at batch ``batch`` (SPEC §5.3 ``--axis context``). Per-item
@@ -58,67 +69,6 @@ class LadderOptions:
             context_lengths=tuple(lengths),
             batch_sizes=(batch,) * len(lengths),
             latency_rise=math.inf,
-        )
-
-
-@dataclass(frozen=True)
-class LadderResult:
-    tiers: tuple[Tier, ...]
-    stopped_by: StopReason
-    vram_source: str
-    notes: tuple[str, ...]
-    require_match: bool
-    incidents: int
-    workload: Workload = field(default_factory=Workload)
-    workload_details: dict[str, Any] = field(default_factory=dict)
-    axis: Axis = "batch"
-
-    @property
-    def last_passing(self) -> Tier | None:
-        return last_passing(self.tiers)
-
-    @property
-    def match_failed(self) -> bool:
-        return self.require_match and bool(self.notes)
-
-    @property
-    def passed(self) -> bool:
-        return self.last_passing is not None and not self.match_failed
-
-    @property
-    def longest_input_tokens(self) -> int | None:
-        """The longest input (server-counted tokens) of the last passing tier."""
-        top = self.last_passing
-        return top.stats.input_tokens_max if top else None
-
-    def summary(self) -> LadderSummary:
-        top = self.last_passing
-        passing = [t.stats.concurrency for t in self.tiers if t.verdict != "fail"]
-        tiers = [t.short() for t in self.tiers]
-        if self.axis == "context":
-            tiers = [
-                {
-                    **short,
-                    "input_tokens_target": t.stats.input_tokens_target,
-                    "input_tokens_max": t.stats.input_tokens_max,
-                }
-                for short, t in zip(tiers, self.tiers, strict=True)
-            ]
-        details = {
-            "vram_source": self.vram_source,
-            "tiers": tiers,
-            "baseline_mismatch": list(self.notes),
-            "incidents": self.incidents,
-            "workload_detail": self.workload_details,
-        }
-        return LadderSummary(
-            Setting(top.batch_size, top.stats.concurrency) if top else None,
-            self.stopped_by,
-            max(passing, default=0),
-            self.workload,
-            details,
-            self.axis,
-            self.longest_input_tokens if self.axis == "context" else None,
         )
 
 
@@ -133,6 +83,8 @@ class Ladder:
     sender: Sender
     on_tier: Callable[[Tier], None] = lambda tier: None
     history: list[Tier] = field(default_factory=list)
+    warmup: WarmUp | None = None
+    waves_sent: int = 0  # every wave of the run, warm-up included: wave_no counts from 1
     plan: WorkloadPlan = field(default_factory=lambda: WorkloadPlan(WorkloadSpec(), ""))
     issued: int = 0  # workload requests built so far: the next one's number (its own prompt)
     baseline: str | None = None
@@ -148,6 +100,8 @@ class Ladder:
     def run(self) -> LadderResult:
         baseline = self.baseline_text()
         opts = self.options
+        if opts.warmup_waves and opts.batch_sizes and not self.history:
+            self.warmup = self.warm_up(opts.batch_sizes[0])
         while (batch := next_tier(self.history, opts.batch_sizes)) is not None:
             tier = self.run_tier(batch, baseline)
             self.history.append(tier)
@@ -158,11 +112,32 @@ class Ladder:
     def result(self) -> LadderResult:
         passing = [t.stats for t in self.history if t.passed]
         return LadderResult(
-            tuple(self.history), stopped_by(self.history, self.options.batch_sizes),
-            self.monitor.source, tuple(mismatch_notes(self.history)),
-            self.options.require_match, len(self.incidents.written),
-            self.plan.recorded(passing), self.plan.details(), self.options.axis,
-        )  # fmt: skip
+            tuple(self.history),
+            stopped_by(self.history, self.options.batch_sizes),
+            self.monitor.source,
+            tuple(mismatch_notes(self.history)),
+            self.options.require_match,
+            len(self.incidents.written),
+            self.warmup,
+            self.plan.recorded(passing),
+            self.plan.details(),
+            self.options.axis,
+        )
+
+    def warm_up(self, batch: int) -> WarmUp:
+        """Waves of the first tier that load weights, kernels and connections; not counted."""
+        items: list[ItemResult] = []
+        total_s = 0.0
+        for _ in range(self.options.warmup_waves):
+            answered, seconds = self.send_wave(batch)
+            if not items and all_refused(answered):
+                raise unreachable(answered[0].error, self.ctx.config.target.base_url)
+            items += answered
+            total_s += seconds
+        errors = sum(1 for i in items if not i.ok)
+        if errors:
+            log.warning("warm-up: %d of %d requests failed (not counted)", errors, len(items))
+        return WarmUp(self.options.warmup_waves, len(items), errors, total_s)
 
     def run_tier(self, batch: int, baseline: str | None) -> Tier:
         opts = self.options
@@ -170,26 +145,38 @@ class Ladder:
         rounds: list[Stats] = []
         items_all: list[ItemResult] = []
         peaks: list[WindowPeak] = []
-        total_s = 0.0
         for round_no in range(1, opts.rounds + 1):
-            items, seconds, peak = self.run_round(batch, round_no)
+            items, seconds, waves, peak = self.run_round(batch, round_no)
             stats = summarise(batch_size=batch, concurrency=self.in_flight(batch), round_no=round_no,
                               items=items, total_s=seconds, peaks=[peak],
-                              baseline_text=baseline)  # fmt: skip
+                              baseline_text=baseline, waves=waves)  # fmt: skip
             self.ctx.run.append(
                 "rounds.jsonl", {**stats.to_json(), "vram_source": self.monitor.source}
             )
             rounds.append(stats)
             items_all += items
             peaks.append(peak)
-            total_s += seconds
             if stats.errors:  # a failed round fails the tier; another round only adds load
                 break
-        agg = summarise(batch_size=batch, concurrency=self.in_flight(batch), round_no=None,
-                        items=items_all, total_s=total_s, peaks=peaks, baseline_text=baseline)  # fmt: skip
-        verdict, reason = tier_verdict(agg, previous, vram_limit=opts.vram_limit,
-                                       latency_rise=opts.latency_rise, rounds_run=len(rounds),
-                                       rounds_planned=opts.rounds)  # fmt: skip
+        agg = summarise(
+            batch_size=batch,
+            concurrency=self.in_flight(batch),
+            round_no=None,
+            items=items_all,
+            total_s=sum(r.total_s for r in rounds),
+            peaks=peaks,
+            baseline_text=baseline,
+            waves=sum(r.waves or 0 for r in rounds),
+        )
+        verdict, reason = tier_verdict(
+            agg,
+            previous,
+            vram_limit=opts.vram_limit,
+            latency_rise=opts.latency_rise,
+            slo=opts.slo,
+            rounds_run=len(rounds),
+            rounds_planned=opts.rounds,
+        )
         return Tier(agg, tuple(rounds), verdict, reason, opts.rounds)
 
     def tier_sizes(self) -> TokenRange | None:
@@ -203,12 +190,15 @@ class Ladder:
     def wave_requests(self, batch: int, wave_no: int) -> list[Request]:
         """One wave (one batch at a time, SPEC §5.0): ``batch`` workload items, each its own
         prompt, and — under a workload other than the fixed prompt, when a baseline exists —
-        the fixed prompt once more as a canary for batch invariance (SPEC §5.11)."""
+        the fixed prompt once more as a canary for batch invariance (SPEC §5.11). ``wave_no``
+        counts every wave the run sends (warm-up included) from 1."""
         ctx, opts = self.ctx, self.options
         prompts, targets = self.plan.prompts(batch, self.issued, self.tier_sizes())
         self.issued += batch
         model = ctx.config.target.model
-        requests = self.plan.requests(ctx.client, model, ctx.params, [prompts], targets, opts.mode)
+        requests = self.plan.requests(
+            ctx.client, model, ctx.params, [prompts], targets, opts.mode, stream=opts.stream
+        )
         if self.plan.spec.fixed or self.canary_baseline() is None:
             return requests
         canary = build_requests(
@@ -217,6 +207,7 @@ class Ladder:
             ctx.params,
             [[ctx.config.prompt.text]],
             "wave",
+            stream=opts.stream,
             first_index=batch + 1,
             role="canary",
         )
@@ -233,22 +224,58 @@ class Ladder:
         """Requests in flight at once: B in wave mode, one request of B prompts in prompt-list."""
         return 1 if self.options.mode == "prompt-list" else batch
 
-    def run_round(self, batch: int, round_no: int) -> tuple[list[ItemResult], float, WindowPeak]:
+    def send_wave(self, batch: int) -> tuple[list[ItemResult], float]:
+        """One wave: all its requests released together, every answer awaited."""
+        self.waves_sent += 1
+        requests = self.wave_requests(batch, self.waves_sent)
+        return self.sender.send(requests, len(requests), self.ctx.params.max_tokens)
+
+    def run_round(
+        self, batch: int, round_no: int
+    ) -> tuple[list[ItemResult], float, int, WindowPeak]:
+        """Waves of ``batch`` until the round has lasted ``min_round_s`` (at least one wave).
+
+        The round's time is the sum of its waves' wall times (first send to last answer): the
+        moments calibrate spends between waves writing records are not the server's.
+        Returns (items, seconds, waves, VRAM peak).
+        """
         ctx = self.ctx
-        requests = self.wave_requests(batch, 1)
+        concurrency = self.in_flight(batch)
         idle = self.monitor.open_window()
-        items, seconds = self.sender.send(requests, len(requests), ctx.params.max_tokens)
+        items: list[ItemResult] = []
+        total_s = 0.0
+        waves = 0
+        while True:
+            answered, seconds = self.send_wave(batch)
+            if not self.history and not self.warmup and not items and all_refused(answered):
+                self.monitor.close_window(idle)
+                raise unreachable(answered[0].error, ctx.config.target.base_url)
+            # item times and numbers run on across the round's waves
+            answered = [shifted(i, len(items), total_s) for i in answered]
+            for item in answered:
+                ctx.run.append(
+                    "records.jsonl", item_record(ctx, item, batch, concurrency, round_no)
+                )
+            items += answered
+            total_s += seconds
+            waves += 1
+            if any(not i.ok for i in answered) or total_s >= self.options.min_round_s:
+                break
         peak = self.monitor.close_window(idle)
-        if not self.history and round_no == 1 and all_refused(items):
-            raise unreachable(items[0].error, ctx.config.target.base_url)
-        for item in items:
-            ctx.run.append(
-                "records.jsonl", item_record(ctx, item, batch, self.in_flight(batch), round_no)
-            )
         self.incidents.record(
-            items, batch_size=batch, concurrency=self.in_flight(batch), round_no=round_no, peak=peak
+            items, batch_size=batch, concurrency=concurrency, round_no=round_no, peak=peak
         )
-        return items, seconds, peak
+        return items, total_s, waves, peak
+
+
+def shifted(item: ItemResult, index_by: int, seconds: float) -> ItemResult:
+    """An item of a later wave, numbered and timed from the start of its round."""
+    return replace(
+        item,
+        index=item.index + index_by,
+        started_s=item.started_s + seconds,
+        done_s=item.done_s + seconds,
+    )
 
 
 def item_record(

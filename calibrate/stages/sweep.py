@@ -1,11 +1,16 @@
-"""Stage C′: at the verified batch size, step concurrency and find the knee (SPEC §5.6)."""
+"""Stage C′: at the verified batch size, step concurrency and find the knee (SPEC §5.6).
+
+Each level runs ``repeats`` times; each run is a closed loop of C requests in flight for at
+least ``level_s`` (and 4×C requests), measured over its steady window (``sweep_window``).
+"""
 
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from calibrate.config import Config, LadderMode
 from calibrate.errors import RequestError
@@ -13,21 +18,29 @@ from calibrate.stages.context import StageContext
 from calibrate.stages.incidents import IncidentRecorder
 from calibrate.stages.ladder import all_refused, item_record
 from calibrate.stages.single import unreachable
-from calibrate.stages.stop_rules import Point, continue_sweep, gains, knee
-from calibrate.stages.tiers import Stats, summarise
+from calibrate.stages.stop_rules import continue_sweep, counts_as_gain, gains
+from calibrate.stages.sweep_result import Level, ServerCap, SweepResult
+from calibrate.stages.sweep_window import (
+    MIN_REQUESTS_PER_SLOT,
+    LevelWindow,
+    level_window,
+    spread,
+    steady_throughput,
+)
+from calibrate.stages.tiers import ItemResult, Stats, summarise
 from calibrate.stages.waves import Request, Sender
 from calibrate.stages.workload_plan import WorkloadPlan
-from calibrate.summaries import SweepSummary, Workload
-from calibrate.vram import VramMonitor
+from calibrate.vram import VramMonitor, WindowPeak
 from calibrate.workload import WorkloadSpec
 
-LevelVerdict = Literal["pass", "fail"]
+__all__ = ["Level", "ServerCap", "Sweep", "SweepOptions", "SweepResult", "read_server_cap"]
 
 
 @dataclass(frozen=True)
 class SweepOptions:
     levels: tuple[int, ...]
-    items: int
+    level_s: float
+    repeats: int
     gain_min: float
     batch_size: int
     mode: LadderMode = "wave"
@@ -39,7 +52,9 @@ class SweepOptions:
     @classmethod
     def from_config(cls, cfg: Config, batch_size: int, **kw: Any) -> SweepOptions:
         s = cfg.sweep
-        return cls(s.concurrency, s.items, s.gain_min, batch_size, cfg.ladder.mode, **kw)
+        return cls(
+            s.concurrency, s.level_s, s.repeats, s.gain_min, batch_size, cfg.ladder.mode, **kw
+        )
 
 
 def safe_levels(
@@ -53,116 +68,6 @@ def safe_levels(
     keep = tuple(c for c in levels if c <= max_in_flight)
     skipped = tuple(c for c in levels if c > max_in_flight)
     return keep or (max_in_flight,), skipped
-
-
-@dataclass(frozen=True)
-class ServerCap:
-    """The server's own limit on parallel sequences, when it says (llama.cpp /props)."""
-
-    slots: int
-    source: str
-
-
-@dataclass(frozen=True)
-class Level:
-    stats: Stats
-    gain: float | None
-    verdict: LevelVerdict
-    capped: bool
-
-    @property
-    def concurrency(self) -> int:
-        return self.stats.concurrency
-
-    def to_json(self) -> dict[str, Any]:
-        gain = round(self.gain, 4) if self.gain is not None else None
-        return {**self.stats.to_json(), "gain": gain, "verdict": self.verdict,
-                "capped_by_server": self.capped}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class SweepResult:
-    levels: tuple[Level, ...]
-    batch_size: int
-    gain_min: float
-    cap: ServerCap | None
-    vram_source: str
-    incidents: int
-    workload: Workload = field(default_factory=Workload)
-    workload_details: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def knee(self) -> Level | None:
-        points = [
-            Point(lv.concurrency, lv.stats.items_per_s, lv.stats.errors) for lv in self.levels
-        ]
-        found = knee(points, self.gain_min)
-        return next(
-            (lv for lv in self.levels if found and lv.concurrency == found.concurrency), None
-        )
-
-    @property
-    def passed(self) -> bool:
-        return self.knee is not None
-
-    @property
-    def stopped_by(self) -> str:
-        return "failure" if any(lv.verdict == "fail" for lv in self.levels) else "completed"
-
-    @property
-    def reason(self) -> str:
-        """Why the sweep stopped, in words (the failing level's errors)."""
-        failed = next((lv for lv in self.levels if lv.verdict == "fail"), None)
-        if failed is None:
-            return "every level ran" if self.levels else "no level ran"
-        s = failed.stats
-        first = " (the first level)" if failed is self.levels[0] else ""
-        return f"concurrency {failed.concurrency}{first}: {s.errors} of {s.items} requests failed ({s.kinds_text})"
-
-    def notes(self) -> list[str]:
-        out: list[str] = []
-        if self.cap is not None:
-            over = [lv.concurrency for lv in self.levels if lv.capped]
-            if over:
-                out.append(
-                    f"concurrency {', '.join(map(str, over))} exceeds the server's own cap of "
-                    f"{self.cap.slots} ({self.cap.source}): the extra requests queue in the server"
-                )
-        return out
-
-    def summary(self, options: SweepOptions) -> SweepSummary:
-        top = self.knee
-        details = {
-            "knee": {"concurrency": top.concurrency, "items_per_s": round(top.stats.items_per_s, 3)}
-            if top
-            else None,
-            "reason": self.reason,
-            "server_cap": {"slots": self.cap.slots, "source": self.cap.source}
-            if self.cap
-            else None,
-            "vram_source": self.vram_source,
-            "levels": [
-                {
-                    "concurrency": lv.concurrency,
-                    "items_per_s": round(lv.stats.items_per_s, 3),
-                    "errors": lv.stats.errors,
-                    "verdict": lv.verdict,
-                }
-                for lv in self.levels
-            ],
-            "levels_skipped": list(options.skipped_levels),
-            "beyond_ladder": options.beyond_ladder,
-            "incidents": self.incidents,
-            "workload_detail": self.workload_details,
-        }
-        return SweepSummary(
-            top.concurrency if top else None,
-            self.batch_size,
-            options.ladder_run_id,
-            self.stopped_by,
-            details,
-            self.workload,
-        )
 
 
 def read_server_cap(fetch: Callable[[str], str]) -> ServerCap | None:
@@ -193,14 +98,10 @@ class Sweep:
     issued: int = 0  # workload prompts built so far: the next one's number (its own prompt)
 
     def run(self) -> SweepResult:
-        points: list[Point] = []
         for concurrency in self.options.levels:
-            if not continue_sweep(points):
+            if not continue_sweep([lv.point for lv in self.levels]):
                 break
-            stats = self.run_level(concurrency)
-            points.append(Point(concurrency, stats.items_per_s, stats.errors))
-            level = Level(stats, gains(points)[-1], "fail" if stats.errors else "pass",
-                          self.cap is not None and concurrency > self.cap.slots)  # fmt: skip
+            level = self.run_level(concurrency)
             self.levels.append(level)
             self.ctx.run.append("tiers.jsonl", level.to_json())
             self.on_level(level)
@@ -221,8 +122,9 @@ class Sweep:
         )
 
     def level_requests(self, concurrency: int, count: int) -> list[Request]:
-        """``count`` requests of the workload for one level (each a prompt list of B prompts in
-        prompt-list mode); every prompt its own unless the workload shares them."""
+        """``count`` requests of the workload for a run at ``concurrency`` (each a prompt list of
+        B in prompt-list mode). A run asks again when it needs more, so each call returns fresh
+        requests: every prompt its own unless the workload shares them."""
         ctx, o = self.ctx, self.options
         per_request = o.batch_size if o.mode == "prompt-list" else 1
         prompts, targets = self.plan.prompts(count * per_request, self.issued)
@@ -235,17 +137,115 @@ class Sweep:
             ctx.client, model, ctx.params, waves, targets, o.mode, stream=o.stream
         )
 
-    def run_level(self, concurrency: int) -> Stats:
+    def supply(self, concurrency: int) -> Callable[[], Request]:
+        """The next request of a run, numbered from 1 across the run (item indices stay unique)."""
+        pending: deque[Request] = deque()
+        numbered = 0
+
+        def next_request() -> Request:
+            nonlocal numbered
+            if not pending:
+                pending.extend(
+                    self.level_requests(concurrency, MIN_REQUESTS_PER_SLOT * concurrency)
+                )
+            request = replace(pending.popleft(), first_index=numbered + 1)
+            numbered += len(request.prompts)
+            return request
+
+        return next_request
+
+    def run_level(self, concurrency: int) -> Level:
+        """``repeats`` runs of the level (fewer when one fails: more load adds nothing)."""
+        o = self.options
+        previous = self.levels[-1] if self.levels else None
+        window = level_window(
+            o.level_s, concurrency, previous.stats.latency_p50_s if previous else None
+        )
+        runs: list[Stats] = []
+        items: list[ItemResult] = []
+        peaks: list[WindowPeak] = []
+        for repeat in range(1, o.repeats + 1):
+            stats, answered, peak = self.run_once(concurrency, repeat, window)
+            runs.append(stats)
+            items += answered
+            peaks.append(peak)
+            if stats.errors:
+                break
+        whole = summarise(
+            batch_size=o.batch_size,
+            concurrency=concurrency,
+            round_no=None,
+            items=items,
+            total_s=sum(r.total_s for r in runs),
+            peaks=peaks,
+            baseline_text=None,
+        )
+        stats = replace(
+            whole,
+            items_per_s=spread([r.items_per_s for r in runs]).median,
+            output_tokens_per_s=spread([r.output_tokens_per_s for r in runs]).median,
+        )
+        draft = Level(
+            stats,
+            tuple(runs),
+            None,
+            False,
+            "fail" if stats.errors else "pass",
+            self.cap is not None and concurrency > self.cap.slots,
+        )
+        if previous is None:
+            return draft
+        gain = gains([previous.point, draft.point])[1]
+        return replace(
+            draft, gain=gain, counted=counts_as_gain(previous.point, draft.point, o.gain_min)
+        )
+
+    def run_once(
+        self, concurrency: int, repeat: int, window: LevelWindow
+    ) -> tuple[Stats, list[ItemResult], WindowPeak]:
+        """One closed-loop run; its throughput is the steady window's."""
         ctx, o = self.ctx, self.options
-        requests = self.level_requests(concurrency, o.items)
         idle = self.monitor.open_window()
-        items, seconds = self.sender.send(requests, concurrency, ctx.params.max_tokens)
+        loop = self.sender.closed_loop(
+            self.supply(concurrency), concurrency, window, ctx.params.max_tokens
+        )
         peak = self.monitor.close_window(idle)
-        if not self.levels and all_refused(items):
+        items = list(loop.items)
+        if not self.levels and repeat == 1 and all_refused(items):
             raise unreachable(items[0].error, ctx.config.target.base_url)
         for item in items:
-            ctx.run.append("records.jsonl", item_record(ctx, item, o.batch_size, concurrency, None))
-        self.incidents.record(items, batch_size=o.batch_size, concurrency=concurrency,
-                              round_no=1, label=f"c{concurrency}", peak=peak)  # fmt: skip
-        return summarise(batch_size=o.batch_size, concurrency=concurrency, round_no=None,
-                         items=items, total_s=seconds, peaks=[peak], baseline_text=None)  # fmt: skip
+            ctx.run.append(
+                "records.jsonl", item_record(ctx, item, o.batch_size, concurrency, repeat)
+            )
+        self.incidents.record(
+            items,
+            batch_size=o.batch_size,
+            concurrency=concurrency,
+            round_no=repeat,
+            label=f"c{concurrency}",
+            peak=peak,
+        )
+        steady = steady_throughput(loop)
+        stats = replace(
+            summarise(
+                batch_size=o.batch_size,
+                concurrency=concurrency,
+                round_no=repeat,
+                items=items,
+                total_s=loop.total_s,
+                peaks=[peak],
+                baseline_text=None,
+            ),
+            items_per_s=steady.items_per_s,
+            output_tokens_per_s=steady.output_tokens_per_s,
+        )
+        ctx.run.append(
+            "rounds.jsonl",
+            {
+                **stats.to_json(),
+                "steady_window_s": round(steady.window_s, 6),
+                "steady_completions": steady.completions,
+                "vram_source": self.monitor.source,
+            },
+        )
+        return stats, items, peak

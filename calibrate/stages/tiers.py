@@ -13,11 +13,11 @@ from calibrate.gpu import DeviceMemory
 from calibrate.records import Usage
 from calibrate.vram import WindowPeak, device_peaks
 
-Verdict = Literal["fail", "stop: vram", "stop: latency", "pass"]
+Verdict = Literal["fail", "stop: slo", "stop: vram", "stop: latency", "pass"]
 # fixed: the fixed-prompt workload (compared with the baseline); work: a workload item;
 # canary: the fixed prompt riding along a workload's wave (compared, not measured; SPEC §5.11)
 ItemRole = Literal["fixed", "work", "canary"]
-StopReason = Literal["failure", "vram", "latency", "completed", "interrupted"]
+StopReason = Literal["failure", "slo", "vram", "latency", "completed", "interrupted"]
 
 
 @dataclass(frozen=True)
@@ -60,19 +60,29 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 @dataclass(frozen=True)
 class Stats:
-    """The columns of one round, tier or level; ``round`` is None for a whole tier."""
+    """The columns of one round, tier or level; ``round`` is None for a whole tier.
+
+    ``per_item_s`` is wall time / items (the inverse of throughput, what a batch of N costs per
+    item); ``latency_*`` are request latencies (send to last byte), which a bigger batch always
+    raises. TTFT and TPOT are there when the answers were streamed.
+    """
 
     batch_size: int
     concurrency: int
     round: int | None
     items: int
+    waves: int | None  # ladder: waves of B sent in the round (or tier); None for a sweep level
     total_s: float
-    per_item_mean_s: float | None
-    per_item_p50_s: float | None
-    per_item_p90_s: float | None
-    per_item_p99_s: float | None
-    per_item_max_s: float | None
+    per_item_s: float | None
+    latency_mean_s: float | None
+    latency_p50_s: float | None
+    latency_p90_s: float | None
+    latency_p99_s: float | None
+    latency_max_s: float | None
     ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None
+    tpot_p99_s: float | None
     items_per_s: float
     output_tokens_per_s: float
     peak_vram_mib: float | None
@@ -120,6 +130,7 @@ def summarise(
     total_s: float,
     peaks: Sequence[WindowPeak],
     baseline_text: str | None,
+    waves: int | None = None,
 ) -> Stats:
     """Aggregate items and the VRAM windows they ran in (one for a round, several for a tier).
 
@@ -131,6 +142,7 @@ def summarise(
     items = [i for i in items if i.role != "canary"]
     latencies = [i.elapsed_s for i in items if i.ok]
     ttfts = [i.ttft_s for i in items if i.ok and i.ttft_s is not None]
+    tpots = [t for t in map(tpot_s, items) if t is not None]
     tokens = sum(i.completion_tokens for i in items if i.ok)
     kinds = Counter(i.error.kind for i in (*items, *canaries) if i.error is not None)
     done = [i.done_s for i in items]
@@ -145,11 +157,12 @@ def summarise(
     ok_items = sum(1 for i in items if i.ok)
     return Stats(
         batch_size=batch_size, concurrency=concurrency, round=round_no, items=len(items),
-        total_s=total_s,
-        per_item_mean_s=sum(latencies) / len(latencies) if latencies else None,
-        per_item_p50_s=percentile(latencies, 50), per_item_p90_s=percentile(latencies, 90),
-        per_item_p99_s=percentile(latencies, 99), per_item_max_s=max(latencies, default=None),
-        ttft_p50_s=percentile(ttfts, 50),
+        waves=waves, total_s=total_s, per_item_s=total_s / len(items) if items else None,
+        latency_mean_s=sum(latencies) / len(latencies) if latencies else None,
+        latency_p50_s=percentile(latencies, 50), latency_p90_s=percentile(latencies, 90),
+        latency_p99_s=percentile(latencies, 99), latency_max_s=max(latencies, default=None),
+        ttft_p50_s=percentile(ttfts, 50), ttft_p99_s=percentile(ttfts, 99),
+        tpot_p50_s=percentile(tpots, 50), tpot_p99_s=percentile(tpots, 99),
         items_per_s=ok_items / total_s if total_s > 0 else 0.0,
         output_tokens_per_s=tokens / total_s if total_s > 0 else 0.0,
         peak_vram_mib=max(used, default=None), vram_idle_mib=idle,
@@ -184,6 +197,13 @@ def token_columns(items: Sequence[ItemResult]) -> dict[str, Any]:
     }
 
 
+def tpot_s(item: ItemResult) -> float | None:
+    """Time per output token after the first: (E2E − TTFT) / (output tokens − 1), SPEC §5.13."""
+    if not item.ok or item.ttft_s is None or item.completion_tokens < 2:
+        return None
+    return max(0.0, item.elapsed_s - item.ttft_s) / (item.completion_tokens - 1)
+
+
 def queue_note(server_queue_max: int | None, concurrency: int) -> str | None:
     """Why throughput stopped growing, when the server itself queued requests (SPEC §8)."""
     if not server_queue_max or server_queue_max < 1:
@@ -209,7 +229,9 @@ class Tier:
 
     @property
     def passed(self) -> bool:
-        return self.verdict != "fail"
+        """Kept as passed: a clean tier, or one stopped by VRAM or latency. A tier over an SLO
+        is not kept: it breaks the bound the user set (the one before it is the last passing)."""
+        return self.verdict not in ("fail", "stop: slo")
 
     def to_json(self) -> dict[str, Any]:
         return {**self.stats.to_json(), "rounds": len(self.rounds),
@@ -217,7 +239,7 @@ class Tier:
 
     def short(self) -> dict[str, Any]:
         """The ledger's short form of a tier."""
-        mean = self.stats.per_item_mean_s
+        per_item = self.stats.per_item_s
         return {"batch_size": self.batch_size, "verdict": self.verdict,
-                "per_item_mean_s": round(mean, 4) if mean is not None else None,
+                "per_item_s": round(per_item, 4) if per_item is not None else None,
                 "errors": self.stats.errors}  # fmt: skip

@@ -96,15 +96,15 @@ class MeasureSettings:
         options = SweepOptions.from_config(
             cfg, cap, stream=self.stream, ladder_run_id=self.ladder_run_id
         )
-        items = max(1, math.ceil(options.items * window))
-        return dataclasses.replace(options, levels=self.levels, items=items)
+        return dataclasses.replace(options, levels=self.levels, level_s=options.level_s * window)
 
     def to_json(self, cfg: Config) -> dict[str, Any]:
         """What decides the measurements (part of the grid fingerprint)."""
         options = self.sweep_options(cfg, 1, 1.0)
         return {
             "levels": list(self.levels),
-            "items": options.items,
+            "level_s": options.level_s,
+            "repeats": options.repeats,
             "gain_min": options.gain_min,
             "mode": options.mode,
             "stream": self.stream,
@@ -136,7 +136,7 @@ def measure_candidate(
 
     def shown(level: Level) -> None:
         s = level.stats
-        p50 = s.per_item_p50_s or 0.0
+        p50 = s.latency_p50_s or 0.0
         notify(
             f"  {candidate.id} concurrency {s.concurrency}: {s.items_per_s:.2f} items/s, "
             f"p50 {p50:.3f} s, {s.errors} errors"
@@ -181,7 +181,7 @@ def _measurement(result: SweepResult, run: RunDir, slo: SloBounds, gain_min: flo
         goodput = good.get(s.concurrency, 0) / s.total_s if s.total_s > 0 else 0.0
         row = {"concurrency": s.concurrency, "goodput_per_s": round(goodput, 4)}
         row |= {"items_per_s": round(s.items_per_s, 4), "errors": s.errors}
-        rows.append({**row, "p50_s": s.per_item_p50_s, "verdict": level.verdict})
+        rows.append({**row, "p50_s": s.latency_p50_s, "verdict": level.verdict})
         if level.verdict == "pass" and goodput > 0:
             passing.append(
                 BestLevel(
@@ -189,8 +189,8 @@ def _measurement(result: SweepResult, run: RunDir, slo: SloBounds, gain_min: flo
                     goodput,
                     s.items_per_s,
                     s.output_tokens_per_s,
-                    s.per_item_p50_s,
-                    s.per_item_p90_s,
+                    s.latency_p50_s,
+                    s.latency_p90_s,
                     s.ttft_p50_s,
                 )
             )

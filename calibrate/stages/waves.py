@@ -1,4 +1,5 @@
-"""Sending a round: chat requests released together (wave) or prompt lists, on a bounded pool.
+"""Sending load: a wave (requests released together, all answered before the next) for the
+ladder, and a closed loop (C kept in flight until a window ends, then drained) for the sweep.
 
 Every item comes back as an ``ItemResult`` — failures too, with the body that was sent, so an
 incident can be written for it. The ladder never retries: a failure is information.
@@ -17,6 +18,7 @@ from calibrate.config import LadderMode
 from calibrate.errors import ErrorInfo, RequestError
 from calibrate.records import Completion, SamplingParams, incomplete_reason
 from calibrate.stages.incidents import format_traceback
+from calibrate.stages.sweep_window import LevelWindow, LoopRun
 from calibrate.stages.tiers import ItemResult, ItemRole
 
 Clock = Callable[[], float]
@@ -133,6 +135,64 @@ class Sender:
         for request, slot in zip(requests, slots, strict=True):
             results.extend(slot if slot is not None else self._stuck(request, start))
         return sorted(results, key=lambda r: r.index), self.clock() - start
+
+    def closed_loop(
+        self,
+        supply: Callable[[], Request],
+        concurrency: int,
+        window: LevelWindow,
+        max_tokens: int | None = None,
+    ) -> LoopRun:
+        """Keep ``concurrency`` requests in flight — each worker starts the next from ``supply``
+        as soon as its answer is in — until ``window`` is done, then let those in flight finish.
+        A failed answer ends the run the same way: the level fails, more load only adds noise.
+
+        Times are on this sender's clock (injectable: the loop is tested with a fake one).
+        """
+        start = self.clock()
+        lock = threading.Lock()
+        results: list[ItemResult] = []
+        in_flight: dict[int, Request] = {}
+        state: dict[str, float | None] = {"full_s": None, "stop_s": None}
+        started = 0
+
+        def work() -> None:
+            nonlocal started
+            while True:
+                with lock:
+                    now = self.clock() - start
+                    if state["stop_s"] is not None or window.done(now, started):
+                        if state["stop_s"] is None:
+                            state["stop_s"] = now
+                        return
+                    request = supply()
+                    started += 1
+                    number = started
+                    in_flight[number] = request
+                    if started == concurrency:
+                        state["full_s"] = now
+                answered = self._one(request, start, max_tokens)
+                with lock:
+                    results.extend(answered)
+                    del in_flight[number]
+                    if state["stop_s"] is None and any(not a.ok for a in answered):
+                        state["stop_s"] = self.clock() - start
+
+        threads = [
+            threading.Thread(target=work, name=f"calibrate-loop-{n}", daemon=True)
+            for n in range(max(1, concurrency))
+        ]
+        for thread in threads:
+            thread.start()
+        # The window bounds the loop; this only guards against a worker stuck past its timeout.
+        deadline = time.monotonic() + window.min_s + self.client.timeout_s * 2 + 30
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with lock:
+            for request in in_flight.values():
+                results.extend(self._stuck(request, start))
+            items = tuple(sorted(results, key=lambda r: r.index))
+            return LoopRun(items, self.clock() - start, state["full_s"], state["stop_s"])
 
     def _one(self, request: Request, t0: float, max_tokens: int | None) -> list[ItemResult]:
         started = self.clock() - t0

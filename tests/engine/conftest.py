@@ -53,6 +53,7 @@ latency_rise = 4.0
 
 [sweep]
 concurrency = [1, 2, 4, 8]
-items = 16
+level_s = 3
+repeats = 2
 """,
     )

@@ -64,7 +64,7 @@ def write_llamacpp_config(root: Path, port: int, *, prompt: str = PROMPT, max_to
         f"timeout_s = 60\n\n"
         f'[prompt]\ntext = "{prompt}"\nmax_tokens = {max_tokens}\n\n'
         f"[ladder]\nbatch_sizes = {batch_sizes}\nrounds = 2\nlatency_rise = 100.0\n\n"
-        f"[sweep]\nconcurrency = [1, 2, 4, 8, 16]\nitems = 48\n\n"
+        f"[sweep]\nconcurrency = [1, 2, 4, 8, 16]\nlevel_s = 3\nrepeats = 2\n\n"
         f'[server]\nkind = "llamacpp"\nmodel_path = "{GGUF}"\nport = {port}\n'
         f"ready_timeout_s = 60\nstop_timeout_s = 10\n{extra}",
         encoding="utf-8",

@@ -1,0 +1,93 @@
+"""A finished ladder: its tiers, what stopped it, the last passing tier, the warm-up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from calibrate.stages.stop_rules import last_passing
+from calibrate.stages.tiers import StopReason, Tier
+from calibrate.summaries import LadderSummary, Setting, Workload
+
+Axis = Literal["batch", "context"]
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """The waves sent before the first tier (not counted in any tier)."""
+
+    waves: int
+    items: int
+    errors: int
+    total_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "waves": self.waves,
+            "items": self.items,
+            "errors": self.errors,
+            "total_s": round(self.total_s, 6),
+        }
+
+
+@dataclass(frozen=True)
+class LadderResult:
+    tiers: tuple[Tier, ...]
+    stopped_by: StopReason
+    vram_source: str
+    notes: tuple[str, ...]
+    require_match: bool
+    incidents: int
+    warmup: WarmUp | None = None
+    workload: Workload = field(default_factory=Workload)
+    workload_details: dict[str, Any] = field(default_factory=dict)
+    axis: Axis = "batch"
+
+    @property
+    def last_passing(self) -> Tier | None:
+        return last_passing(self.tiers)
+
+    @property
+    def match_failed(self) -> bool:
+        return self.require_match and bool(self.notes)
+
+    @property
+    def passed(self) -> bool:
+        return self.last_passing is not None and not self.match_failed
+
+    @property
+    def longest_input_tokens(self) -> int | None:
+        """The longest input (server-counted tokens) of the last passing tier."""
+        top = self.last_passing
+        return top.stats.input_tokens_max if top else None
+
+    def summary(self) -> LadderSummary:
+        top = self.last_passing
+        passing = [t.stats.concurrency for t in self.tiers if t.passed]
+        tiers = [t.short() for t in self.tiers]
+        if self.axis == "context":
+            tiers = [
+                {
+                    **short,
+                    "input_tokens_target": t.stats.input_tokens_target,
+                    "input_tokens_max": t.stats.input_tokens_max,
+                }
+                for short, t in zip(tiers, self.tiers, strict=True)
+            ]
+        details = {
+            "vram_source": self.vram_source,
+            "tiers": tiers,
+            "baseline_mismatch": list(self.notes),
+            "incidents": self.incidents,
+            "warmup": self.warmup.to_json() if self.warmup else None,
+            "workload_detail": self.workload_details,
+        }
+        return LadderSummary(
+            Setting(top.batch_size, top.stats.concurrency) if top else None,
+            self.stopped_by,
+            max(passing, default=0),
+            self.workload,
+            details,
+            self.axis,
+            self.longest_input_tokens if self.axis == "context" else None,
+        )

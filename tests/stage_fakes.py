@@ -1,0 +1,166 @@
+"""Fakes for ladder and sweep logic in milliseconds: scripted senders, a fake KV source, a
+simulated server behind a closed loop on a fake clock. No HTTP, no real time."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from calibrate.client import OpenAIClient
+from calibrate.config import Config
+from calibrate.errors import ErrorInfo
+from calibrate.gpu import GpuSnapshot, VramReading
+from calibrate.ledger import Ledger, target_fingerprint
+from calibrate.records import Usage
+from calibrate.stages.context import StageContext
+from calibrate.stages.incidents import IncidentRecorder
+from calibrate.stages.sweep_window import LevelWindow, LoopRun
+from calibrate.stages.tiers import ItemResult
+from calibrate.stages.waves import Request, Sender
+from calibrate.store import RunDir
+from calibrate.vram import VramMonitor
+
+# (batch, requests in the wave) -> (per-request latency s, wave wall s, error kind or None)
+Script = Callable[[int, int], tuple[float, float, str | None]]
+
+
+def item(request: Request, latency_s: float, started_s: float, kind: str | None) -> ItemResult:
+    """The answer (or the failure) of a chat request, with scripted timings."""
+    error = ErrorInfo(kind, f"HTTP 500: {kind}", 500) if kind else None
+    return ItemResult(
+        index=request.first_index,
+        prompt=request.prompts[0],
+        path=request.path,
+        body=request.body,
+        text=None if error else "答案。",
+        finish_reason=None if error else "stop",
+        usage=None if error else Usage(10, 5, 15),
+        completion_tokens=0 if error else 5,
+        elapsed_s=latency_s,
+        ttft_s=None if error or not request.body.get("stream") else latency_s / 4,
+        started_s=started_s,
+        done_s=started_s + latency_s,
+        error=error,
+    )
+
+
+class ScriptedSender(Sender):
+    """Answers every wave at once with scripted timings; records what it was asked."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.calls: list[tuple[int, int]] = []  # (requests, workers)
+        self.bodies: list[dict[str, object]] = []
+
+    def send(
+        self, requests: Sequence[Request], workers: int, max_tokens: int | None = None
+    ) -> tuple[list[ItemResult], float]:
+        self.calls.append((len(requests), workers))
+        self.bodies += [r.body for r in requests]
+        latency, wall, kind = self.script(len(requests), len(requests))
+        return [item(r, latency, 0.0, kind) for r in requests], wall
+
+
+# (concurrency, repeat) -> seconds one request takes; the server below queues beyond its slots
+Service = Callable[[int, int], float]
+
+
+@dataclass
+class SimulatedLoop(Sender):
+    """A closed loop against a simulated server with ``slots`` decode slots, on a fake clock.
+
+    Each request takes ``service(C, repeat)`` once it holds a slot; more than ``slots`` in
+    flight queue (first come, first served). As in the real loop, the window decides when to
+    stop starting requests, and so does the first failed answer.
+    """
+
+    service: Service
+    slots: int = 4
+    fail_at: int | None = None  # concurrency whose requests fail
+    runs: list[tuple[int, LevelWindow, LoopRun]] = field(default_factory=list)
+    _repeat: dict[int, int] = field(default_factory=dict)
+
+    def closed_loop(
+        self,
+        supply: Callable[[], Request],
+        concurrency: int,
+        window: LevelWindow,
+        max_tokens: int | None = None,
+    ) -> LoopRun:
+        repeat = self._repeat[concurrency] = self._repeat.get(concurrency, 0) + 1
+        cost = self.service(concurrency, repeat)
+        kind = "oom" if concurrency == self.fail_at else None
+        free_at = [0.0] * self.slots  # when each slot is next free
+        done: list[tuple[float, int]] = []  # (finish time, worker)
+        items: list[ItemResult] = []
+        started, full_s, stop_s, now = 0, None, None, 0.0
+
+        def start(worker: int, at: float) -> None:
+            nonlocal started, full_s
+            request = supply()
+            started += 1
+            if started == concurrency:
+                full_s = at
+            slot = min(range(self.slots), key=lambda s: free_at[s])
+            begin = max(at, free_at[slot])
+            free_at[slot] = begin + cost
+            items.append(item(request, free_at[slot] - at, at, kind))
+            heapq.heappush(done, (free_at[slot], worker))
+
+        for worker in range(concurrency):
+            start(worker, 0.0)
+        while done:
+            now, worker = heapq.heappop(done)
+            if stop_s is None and (kind or window.done(now, started)):
+                stop_s = now  # the window is over, or an answer failed: drain
+            elif stop_s is None:
+                start(worker, now)
+        run = LoopRun(tuple(sorted(items, key=lambda i: i.index)), now, full_s, stop_s)
+        self.runs.append((concurrency, window, run))
+        return run
+
+
+@dataclass
+class FakeKv:
+    """A metrics-like source whose KV usage is set by the test before each tier."""
+
+    usage: float = 0.1
+    source: str = "metrics"
+
+    def read(self) -> VramReading:
+        return VramReading("metrics", kv_usage=self.usage, preallocated=True)
+
+    def close(self) -> None:
+        pass
+
+
+_OPEN: list[RunDir] = []
+
+
+@pytest.fixture(autouse=True)
+def close_runs() -> Iterator[None]:
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
+def stage_ctx(tmp_path: Path, cfg: Config, stage: str) -> StageContext:
+    runs = tmp_path / "runs"
+    client = OpenAIClient("http://127.0.0.1:9/v1")  # builds bodies only; nothing is sent
+    run = RunDir(runs, stage)
+    _OPEN.append(run)
+    return StageContext(cfg, client, run, Ledger(runs), target_fingerprint(cfg))
+
+
+def recorder(ctx: StageContext, monitor: VramMonitor, tmp_path: Path) -> IncidentRecorder:
+    return IncidentRecorder(
+        ctx.run,
+        {},
+        monitor,
+        runs_dir=tmp_path / "runs",
+        snapshot=lambda devices: GpuSnapshot((), ()),
+    )

@@ -1,0 +1,190 @@
+"""Sweep logic without real time: a closed loop on a fake clock against a simulated 4-slot
+server, the level windows, repeats with their median and range, and the overlap-aware knee."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from calibrate.client import OpenAIClient
+from calibrate.config import Config, SweepConfig
+from calibrate.records import Choice, Completion, Usage
+from calibrate.stages.sweep import Sweep, SweepOptions
+from calibrate.stages.sweep_window import (
+    LevelWindow,
+    LoopRun,
+    level_window,
+    steady_throughput,
+)
+from calibrate.stages.waves import Request, Sender
+from calibrate.vram import VramMonitor
+from tests.stage_fakes import Service, SimulatedLoop, close_runs, item, recorder, stage_ctx
+from tests.tier_helpers import jsonl
+
+__all__ = ["close_runs"]  # the autouse fixture, used by being imported
+
+
+def _sweep(tmp_path: Path, loop: SimulatedLoop, **sweep: Any) -> Sweep:
+    settings = {"concurrency": (1, 2, 4, 8), "level_s": 1.0, "repeats": 3, **sweep}
+    cfg = Config(sweep=replace(SweepConfig(), **settings))
+    ctx = stage_ctx(tmp_path, cfg, "sweep")
+    monitor = VramMonitor([])
+    options = SweepOptions.from_config(cfg, 4)
+    return Sweep(ctx, options, monitor, recorder(ctx, monitor, tmp_path), loop)
+
+
+def _steady(seconds: float) -> Service:
+    return lambda concurrency, repeat: seconds
+
+
+def test_the_knee_is_the_slot_count_with_tight_ranges(tmp_path: Path) -> None:
+    """0.1 s a request, 4 slots: 10, 20, 40, 40 items/s; 8 adds nothing, the knee is 4."""
+    sweep = _sweep(tmp_path, SimulatedLoop(_steady(0.1)))
+    result = sweep.run()
+    assert [round(lv.stats.items_per_s, 6) for lv in result.levels] == [10.0, 20.0, 40.0, 40.0]
+    assert result.knee is not None and result.knee.concurrency == 4
+    assert [lv.counted for lv in result.levels] == [False, True, True, False]
+    assert result.knee_text.startswith("knee at 4 (+100 % over 2, range +100 %…+100 %); 8 adds")
+    assert result.summary(sweep.options).recommended_concurrency == 4
+    rows = jsonl(sweep.ctx.run.path / "tiers.jsonl")
+    assert [r["repeats"] for r in rows] == [3, 3, 3, 3]
+    assert len(jsonl(sweep.ctx.run.path / "rounds.jsonl")) == 12, "one line per run"
+
+
+def test_noise_within_the_range_is_not_a_gain(tmp_path: Path) -> None:
+    """At 8 the median is 12 % faster than 4 (over gain_min) but one run of 8 was slower than
+    the fastest run of 4: the ranges overlap, so 8 is noise and the knee stays at 4."""
+    runs_at = {4: [0.1, 0.095, 0.105], 8: [0.1 / 1.12, 0.1 / 1.30, 0.1 / 0.97]}
+
+    def service(concurrency: int, repeat: int) -> float:
+        return runs_at.get(concurrency, [0.1] * 3)[repeat - 1]
+
+    result = _sweep(tmp_path, SimulatedLoop(service)).run()
+    four, eight = result.levels[2], result.levels[3]
+    assert eight.stats.items_per_s / four.stats.items_per_s - 1 >= 0.10
+    assert eight.items_per_s_min < four.items_per_s_max
+    assert not eight.counted and result.knee is not None and result.knee.concurrency == 4
+    assert "within noise (the ranges overlap)" in result.knee_text
+
+
+def test_one_lucky_run_fools_a_single_run_per_level_but_not_three(tmp_path: Path) -> None:
+    """A 4-slot server; 8 in flight add nothing, but the one run of 8 happened to be fast (+15 %).
+    With one run per level that reads as a gain and the knee lands on 8; with three, the other
+    runs of 8 bring the median back and its range overlaps 4's."""
+    runs_at_8 = [0.1 / 1.15, 0.1 * 1.04, 0.1 / 1.02]
+
+    def service(concurrency: int, repeat: int) -> float:
+        return runs_at_8[repeat - 1] if concurrency == 8 else 0.1
+
+    once = _sweep(tmp_path / "once", SimulatedLoop(service), repeats=1).run()
+    assert once.knee is not None and once.knee.concurrency == 8, "fooled by one lucky run"
+    assert "one run per level: no range" in once.knee_text
+    thrice = _sweep(tmp_path / "thrice", SimulatedLoop(service), repeats=3).run()
+    assert thrice.knee is not None and thrice.knee.concurrency == 4
+    assert "within noise" in thrice.knee_text or "below the 10 %" in thrice.knee_text
+
+
+def test_each_run_lasts_its_window_and_is_measured_in_the_steady_part(tmp_path: Path) -> None:
+    """level_s = 1 s, but concurrency 1 answers in 0.5 s: the next level's runs last at least
+    3 × 0.5 s; every run starts at least 4×C requests; the drain is left out."""
+    loop = SimulatedLoop(lambda concurrency, repeat: 0.5 if concurrency == 1 else 0.05)
+    _sweep(tmp_path, loop, concurrency=(1, 2, 16), repeats=1).run()
+    windows = {c: w for c, w, _ in loop.runs}
+    assert windows[1] == LevelWindow(1.0, 4) and windows[2] == LevelWindow(1.5, 8)
+    assert windows[16].min_requests == 64
+    for _, window, run in loop.runs:
+        assert run.stop_s is not None and run.stop_s >= window.min_s
+        assert len(run.items) >= window.min_requests
+        assert max(i.started_s for i in run.items) < run.stop_s, "nothing starts in the drain"
+
+
+def test_a_failing_run_ends_the_level_and_the_sweep(tmp_path: Path) -> None:
+    sweep = _sweep(tmp_path, SimulatedLoop(_steady(0.1), fail_at=4))
+    result = sweep.run()
+    assert [lv.verdict for lv in result.levels] == ["pass", "pass", "fail"]
+    assert len(result.levels[-1].runs) == 1, "no more repeats after a failure"
+    assert result.knee is not None and result.knee.concurrency == 2
+    assert result.stopped_by == "failure"
+    # the first failed answer stops the run: the 4 in flight drain, nothing more is sent
+    assert "concurrency 4: 4 of 4 requests failed (oom×4)" in result.reason
+    assert len(list((sweep.ctx.run.path / "incidents").glob("c4-1-*.json"))) == 4
+
+
+def test_the_first_level_failing_has_no_knee(tmp_path: Path) -> None:
+    result = _sweep(tmp_path, SimulatedLoop(_steady(0.1), fail_at=1)).run()
+    assert [lv.verdict for lv in result.levels] == ["fail"]
+    assert result.knee is None and result.knee_text == ""
+    assert "concurrency 1 (the first level): 1 of 1 requests failed (oom×1)" in result.reason
+
+
+def test_steady_window_leaves_out_the_ramp_and_the_drain() -> None:
+    request = Request("/chat/completions", {}, ("p",), 1)
+    # C = 2: full at 0.1 s; the window opens at the first answer after that (0.5 s) and closes
+    # at the answer that began the drain (1.1 s): two answers after the first, in 0.6 s
+    done = [(0.0, 0.05), (0.1, 0.5), (0.0, 0.8), (0.5, 1.1), (0.8, 1.4)]
+    items = tuple(
+        item(replace(request, first_index=n), d - s, s, None) for n, (s, d) in enumerate(done, 1)
+    )
+    steady = steady_throughput(LoopRun(items, 1.4, 0.1, 1.1))
+    assert (steady.completions, steady.window_s, steady.whole_run) == (2, 0.6000000000000001, False)
+    assert (
+        steady.items_per_s == 2 / 0.6000000000000001
+        and steady.output_tokens_per_s == 10 / 0.6000000000000001
+    )
+    empty = steady_throughput(LoopRun(items, 1.4, 0.1, 0.1))  # no steady part: the whole run
+    assert empty.whole_run and empty.items_per_s == 5 / 1.4
+    assert level_window(0.2, 4, None) == LevelWindow(0.2, 16)
+    assert level_window(0.2, 4, 0.5) == LevelWindow(1.5, 16)
+    assert not LevelWindow(1.0, 8).done(1.0, 7) and LevelWindow(1.0, 8).done(1.0, 8)
+
+
+class _FakeClock:
+    """Each reading is 10 ms after the last: time passes only when someone looks."""
+
+    def __init__(self) -> None:
+        self.now, self.lock = 0.0, threading.Lock()
+
+    def __call__(self) -> float:
+        with self.lock:
+            self.now += 0.01
+            return self.now
+
+
+class _CountingClient(OpenAIClient):
+    """Answers at once and remembers the most requests it ever had in flight."""
+
+    def __init__(self) -> None:
+        super().__init__("http://127.0.0.1:9/v1")
+        self.in_flight = self.most = self.calls = 0
+        self.lock = threading.Lock()
+        self.gate = threading.Barrier(4, timeout=5)
+
+    def post_completion(self, path: str, body: dict[str, Any]) -> Completion:
+        with self.lock:
+            self.in_flight += 1
+            self.calls += 1
+            self.most = max(self.most, self.in_flight)
+        if self.calls <= 4:
+            self.gate.wait()  # the first four meet: all 4 really are in flight together
+        with self.lock:
+            self.in_flight -= 1
+        return Completion((Choice(0, "答案。", "stop"),), Usage(3, 5, 8), "m", None, 0.01)
+
+
+def test_the_real_closed_loop_on_a_fake_clock() -> None:
+    client = _CountingClient()
+    sender = Sender(client, clock=_FakeClock())
+    counter = iter(range(1, 10_000))
+
+    def supply() -> Request:
+        return Request("/chat/completions", {"n": 1}, ("p",), next(counter))
+
+    run = sender.closed_loop(supply, 4, LevelWindow(2.0, 16))
+    client.close()
+    assert client.most == 4, "C in flight, never more"
+    assert len(run.items) == client.calls >= 16 and all(i.ok for i in run.items)
+    assert run.full_s is not None and run.stop_s is not None and run.stop_s >= 2.0
+    assert max(i.started_s for i in run.items) < run.stop_s
+    assert [i.index for i in run.items] == list(range(1, len(run.items) + 1))

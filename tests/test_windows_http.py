@@ -1,0 +1,106 @@
+"""Measurement windows over real HTTP against the mock: the sweep's knee under jitter with
+repeats, what one run per level looks like, the ladder's rounds of waves, an SLO stop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.mockserver import MockProcess, start_mock
+from tests.tier_helpers import FAST, WINDOWS, jsonl, open_gate, run_dir
+
+# levels far shorter than the defaults (15 s, 3 runs) so the suite stays fast; the scraper at
+# its default interval so the client, not /metrics, has the machine's two cores
+SHORT = "[ladder]\nsample_interval_s = 0.05\n[sweep]\nconcurrency = [1, 2, 4, 8]\n"
+
+
+def test_with_jitter_and_three_runs_a_level_the_knee_is_4_every_time(cli, isolated: Path) -> None:
+    """A 4-slot server with ±20 % timing jitter, as its own process: 3 sweeps, knee 4 in 3.
+    8 in flight add nothing but queueing. Requests of ~100 ms keep calibrate's own few ms per
+    request (more of them on a busy machine: at ~50 ms, with two other processes spinning on
+    the two cores, one sweep in five read +11 % at 8) from reading as a gain; 3 sweeps of
+    those fit the time 5 sweeps of faster ones would take."""
+    knees, texts = [], []
+    mock = MockProcess("--ttft", "0.004", "--per-token", "0.002", "--slots", "4", "--jitter", "0.2")
+    try:
+        # levels 2, 4, 8 are enough to place a knee at 4 (and leave time for 3 sweeps)
+        config = SHORT.replace("[1, 2, 4, 8]", "[2, 4, 8]") + "level_s = 0.1\nrepeats = 3\n"
+        open_gate(isolated, mock.base_url, config, stage="ladder")
+        for _ in range(3):
+            result = cli("sweep", "--json", "--beyond-ladder")
+            assert result.code == 0, result.err
+            knees.append(result.json["recommended_concurrency"])
+            texts.append(result.json["knee"]["how_sure"])
+    finally:
+        mock.stop()
+    assert knees == [4] * 3, texts
+    levels = result.json["levels"]
+    assert all(lv["repeats"] == 3 for lv in levels)
+    assert all(lv["items_per_s_min"] <= lv["items_per_s"] <= lv["items_per_s_max"] for lv in levels)
+    assert [lv["gain_counted"] for lv in levels] == [False, True, False]
+    assert texts[-1].startswith("knee at 4 (+") and "8 adds " in texts[-1]
+
+
+def test_one_run_per_level_shows_no_range_and_says_a_gain_is_not_told_from_noise(
+    cli, isolated: Path
+) -> None:
+    with start_mock(ttft_s=0.004, per_token_s=0.0005, slots=4, jitter=0.2) as mock:
+        open_gate(isolated, mock.base_url, SHORT + "repeats = 1\nlevel_s = 0\n", stage="ladder")
+        once = cli("sweep", "--json", "--beyond-ladder")
+        open_gate(isolated, mock.base_url, SHORT + "repeats = 2\nlevel_s = 0.1\n", stage="ladder")
+        twice = cli("sweep", "--json", "--beyond-ladder")
+    assert once.code == 0 and twice.code == 0, once.err + twice.err
+    assert all(lv["items_per_s_min"] == lv["items_per_s_max"] for lv in once.json["levels"])
+    assert "one run per level: no range, so a gain cannot be told from noise" in once.err
+    assert "set [sweep] repeats = 3" in once.json["knee"]["how_sure"]
+    rows = [line for line in once.err.splitlines() if line.startswith("conc=")]
+    assert len(rows) == 4 and all("range=one_run" in r or "range=one run" in r for r in rows)
+    ranged = [line for line in twice.err.splitlines() if line.startswith("conc=")]
+    assert all("range=" in r and "–" in r.split("range=")[1].split()[0] for r in ranged)
+    assert "no range" not in twice.err
+
+
+def test_ladder_rounds_repeat_waves_for_min_round_s_after_a_warm_up(cli, isolated: Path) -> None:
+    config = (
+        "[ladder]\nsample_interval_s = 0.05\nmin_round_s = 0.05\nwarmup_waves = 1\n"
+        "latency_rise = 100.0\nbatch_sizes = [1, 2]\n"
+    )
+    with start_mock(ttft_s=0.002, per_token_s=0.0002) as mock:
+        open_gate(isolated, mock.base_url, config)
+        result = cli("ladder", "--json")
+        sent = mock.model.snapshot().requests_total
+    assert result.code == 0, result.err
+    run = run_dir(isolated, result.json["run_id"])
+    rounds = jsonl(run / "rounds.jsonl")
+    assert len(rounds) == 4
+    for r in rounds:
+        assert r["waves"] > 1 and r["items"] == r["waves"] * r["batch_size"]
+        assert r["total_s"] >= 0.05
+        assert abs(r["per_item_s"] - r["total_s"] / r["items"]) < 1e-5
+    records = jsonl(run / "records.jsonl")
+    assert len(records) == sum(r["items"] for r in rounds), "the warm-up is not recorded"
+    assert sent == len(records) + 1, "one warm-up wave of the first tier (batch 1) was sent"
+    assert result.json["warmup"] == {
+        "waves": 1,
+        "items": 1,
+        "errors": 0,
+        "total_s": result.json["warmup"]["total_s"],
+    }
+    assert "s/item" in result.err or "s/item=" in result.err
+
+
+def test_a_ttft_slo_streams_and_stops_at_the_tier_that_queues(cli, isolated: Path) -> None:
+    """2 slots: at batch 4 half the wave waits for a slot, and its first token comes late."""
+    config = FAST + "batch_sizes = [1, 2, 4, 8]\n[slo]\nttft_p99_s = 0.04\n"
+    with start_mock(ttft_s=0.01, per_token_s=0.001, slots=2) as mock:
+        open_gate(isolated, mock.base_url, config)
+        result = cli("ladder", "--json")
+    assert result.code == 0, result.err
+    out = result.json
+    assert [t["verdict"] for t in out["tiers"]] == ["pass", "pass", "stop: slo"]
+    assert out["stopped_by"] == "slo" and out["last_passing"]["batch_size"] == 2
+    detail = out["tiers_detail"]
+    assert detail[0]["ttft_p99_s"] < 0.04 < detail[2]["ttft_p99_s"]
+    assert detail[0]["tpot_p50_s"] is not None
+    assert "batch 4: TTFT p99" in result.err and "over the SLO 0.04 s" in result.err
+    assert "streamed for the SLOs" in result.err
+    assert WINDOWS in FAST
