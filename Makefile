@@ -35,8 +35,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff format --check calibrate tests scripts
-	$(BIN)/ruff check calibrate tests scripts
+	$(BIN)/ruff format --check calibrate tests scripts bench
+	$(BIN)/ruff check calibrate tests scripts bench
 	$(BIN)/mypy
 
 mock: $(STAMP)

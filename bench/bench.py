@@ -97,8 +97,11 @@ def naive_run(base_url: str, n: int, c: int) -> tuple[float, float]:
     url = base_url + "/chat/completions"
 
     def one(i: int) -> str:
-        body = {"model": MODEL, "messages": [{"role": "user", "content": f"item {i}"}],
-                **PARAMS.to_json()}  # fmt: skip
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": f"item {i}"}],
+            **PARAMS.to_json(),
+        }
         request = urllib.request.Request(
             url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
         )
@@ -122,10 +125,23 @@ def efficiency_rows(work: Path, rows: list[tuple[float, int]], min_items: int) -
             cal_s, cal_cpu, bound = calibrate_run(mock.base_url, tasks, result, c)
         with start_mock_process("--ttft", str(latency), "--per-token", "0") as mock:
             naive_s, naive_cpu = naive_run(mock.base_url, n, c)
-        row = Row(latency, c, n, n / ideal_s, ideal_s / cal_s, cal_cpu / n * 1000, bound,
-                  ideal_s / naive_s, naive_cpu / n * 1000)  # fmt: skip
-        print(f"  D={latency:g}s c={c}: calibrate {row.calibrate_efficiency:.3f}, "
-              f"naive {row.naive_efficiency:.3f}", file=sys.stderr, flush=True)  # fmt: skip
+        row = Row(
+            latency,
+            c,
+            n,
+            n / ideal_s,
+            ideal_s / cal_s,
+            cal_cpu / n * 1000,
+            bound,
+            ideal_s / naive_s,
+            naive_cpu / n * 1000,
+        )
+        print(
+            f"  D={latency:g}s c={c}: calibrate {row.calibrate_efficiency:.3f}, "
+            f"naive {row.naive_efficiency:.3f}",
+            file=sys.stderr,
+            flush=True,
+        )
         out.append(row)
     return out
 
@@ -136,10 +152,15 @@ def resume_scan(work: Path, lines: int) -> dict[str, float]:
     output = "定长数组是一种长度固定的数据结构，元素类型相同，在内存中连续存放，按下标访问。"
     with path.open("w", encoding="utf-8") as handle:
         for i in range(lines):
-            record = {"id": f"t{i:07d}", "ok": i % 50 != 0, "output": output,
-                      "finish_reason": "stop",
-                      "usage": {"prompt_tokens": 30, "completion_tokens": 40, "total_tokens": 70},
-                      "seconds": 0.4123, "attempts": 1}  # fmt: skip
+            record = {
+                "id": f"t{i:07d}",
+                "ok": i % 50 != 0,
+                "output": output,
+                "finish_reason": "stop",
+                "usage": {"prompt_tokens": 30, "completion_tokens": 40, "total_tokens": 70},
+                "seconds": 0.4123,
+                "attempts": 1,
+            }
             handle.write(dumps_line(record) + "\n")
     known = {f"t{i:07d}" for i in range(lines)}
 
@@ -163,8 +184,13 @@ def resume_scan(work: Path, lines: int) -> dict[str, float]:
         assert len(scan.done) == ref_done, (len(scan.done), ref_done)
     size_mib = path.stat().st_size / 2**20
     path.unlink()
-    return {"lines": lines, "file_mib": size_mib, "ours_s": min(ours_s), "reference_s": min(ref_s),
-            "ratio": min(ours_s) / min(ref_s)}  # fmt: skip
+    return {
+        "lines": lines,
+        "file_mib": size_mib,
+        "ours_s": min(ours_s),
+        "reference_s": min(ref_s),
+        "ratio": min(ours_s) / min(ref_s),
+    }
 
 
 # ru_maxrss of a child counts the parent's pages from before exec (this process is large by
@@ -180,8 +206,23 @@ sys.exit(code)
 
 
 def peak_rss_mib(base_url: str, tasks: Path, out: Path, *extra: str) -> float:
-    return peak_rss_of(["batch", "--base-url", base_url, "--input", str(tasks), "--out",
-                        str(out), "-c", "32", "--progress-s", "3600", *extra], out.parent)  # fmt: skip
+    return peak_rss_of(
+        [
+            "batch",
+            "--base-url",
+            base_url,
+            "--input",
+            str(tasks),
+            "--out",
+            str(out),
+            "-c",
+            "32",
+            "--progress-s",
+            "3600",
+            *extra,
+        ],
+        out.parent,
+    )
 
 
 def peak_rss_of(args: list[str], cwd: Path) -> float:
@@ -189,8 +230,15 @@ def peak_rss_of(args: list[str], cwd: Path) -> float:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CALIBRATE_")}
     env["PYTHONPATH"] = str(REPO)
     command = [sys.executable, "-c", _RUN_AND_REPORT_HWM, *args]
-    done = subprocess.run(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        command,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         print(f"  {args[0]} exited {done.returncode}: {done.stderr[-500:]}", file=sys.stderr)
     marks = [line for line in done.stderr.splitlines() if line.startswith("@@VmHWM ")]
@@ -212,20 +260,30 @@ def memory(work: Path, small: int, large: int, run_items: int) -> dict[str, floa
     large_tasks = write_tasks(work / "rss-large.jsonl", large)
     with start_mock_process("--ttft", "0", "--per-token", "0") as mock:
         rss_small = peak_rss_mib(mock.base_url, small_tasks, work / "rss-small-out.jsonl")
-        rss_large = peak_rss_mib(mock.base_url, large_tasks, work / "rss-large-out.jsonl",
-                                 "--limit", str(run_items))  # fmt: skip
+        rss_large = peak_rss_mib(
+            mock.base_url, large_tasks, work / "rss-large-out.jsonl", "--limit", str(run_items)
+        )
     ids = id_set_mib(large)
-    return {"small_items": small, "large_items": large, "large_items_run": run_items,
-            "rss_small_mib": rss_small, "rss_large_mib": rss_large, "id_set_mib": ids,
-            "ratio_without_ids": (rss_large - ids) / rss_small}  # fmt: skip
+    return {
+        "small_items": small,
+        "large_items": large,
+        "large_items_run": run_items,
+        "rss_small_mib": rss_small,
+        "rss_large_mib": rss_large,
+        "id_set_mib": ids,
+        "ratio_without_ids": (rss_large - ids) / rss_small,
+    }
 
 
 def table(rows: list[Row], scan: dict[str, float] | None, mem: dict[str, float] | None) -> str:
     out: list[str] = []
     if rows:
-        out += ["| D (s) | c | N | ideal items/s | calibrate eff. | naive eff. | calibrate / naive "
-                "| calibrate CPU ms/req | naive CPU ms/req | self-load warning |",
-                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|", ""]  # fmt: skip
+        out += [
+            "| D (s) | c | N | ideal items/s | calibrate eff. | naive eff. | calibrate / naive "
+            "| calibrate CPU ms/req | naive CPU ms/req | self-load warning |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|",
+            "",
+        ]
     for r in rows:
         out.insert(
             len(out) - 1,
@@ -235,9 +293,11 @@ def table(rows: list[Row], scan: dict[str, float] | None, mem: dict[str, float] 
             f"| {'yes' if r.calibrate_client_bound else 'no'} |",
         )
     if scan:
-        out.append(f"resume scan of {scan['lines']:,} lines ({scan['file_mib']:.0f} MiB): "
-                   f"{scan['ours_s']:.2f} s vs json.loads-every-line {scan['reference_s']:.2f} s "
-                   f"→ ratio {scan['ratio']:.2f} (target ≤ 0.5)")  # fmt: skip
+        out.append(
+            f"resume scan of {scan['lines']:,} lines ({scan['file_mib']:.0f} MiB): "
+            f"{scan['ours_s']:.2f} s vs json.loads-every-line {scan['reference_s']:.2f} s "
+            f"→ ratio {scan['ratio']:.2f} (target ≤ 0.5)"
+        )
     if mem:
         out.append(
             f"peak RSS of calibrate batch: {mem['small_items']:,} items {mem['rss_small_mib']:.0f} "
@@ -301,8 +361,12 @@ def main() -> int:
         print(long_runs.table(long))
     print(f"\n(bench took {time.perf_counter() - started:.0f} s on {os.cpu_count()} CPUs)")
     if args.json:
-        payload = {"rows": [asdict(r) for r in measured], "resume_scan": scan, "memory": mem,
-                   **long}  # fmt: skip
+        payload = {
+            "rows": [asdict(r) for r in measured],
+            "resume_scan": scan,
+            "memory": mem,
+            **long,
+        }
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return 0
 

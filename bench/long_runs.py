@@ -66,8 +66,14 @@ def outage(work: Path, outage_s: float, items: int) -> dict[str, float]:
     thread = threading.Thread(target=sample_and_break, daemon=True)
     thread.start()
     try:
-        result = run_batch(plan_batch(spec), client, out, progress_every_s=3600,
-                           outage=OutagePolicy(limit_s=outage_s * 4), events=events)  # fmt: skip
+        result = run_batch(
+            plan_batch(spec),
+            client,
+            out,
+            progress_every_s=3600,
+            outage=OutagePolicy(limit_s=outage_s * 4),
+            events=events,
+        )
     finally:
         done.set()
         thread.join()
@@ -78,19 +84,28 @@ def outage(work: Path, outage_s: float, items: int) -> dict[str, float]:
     at_kill = next(n for t, n in samples if t >= killed_at[0])
     back = next((t, n) for t, n in samples if t > killed_at[0] and n > at_kill)
     down_s = next((e.down_s for e in events if e.event == "up"), float("nan"))
-    return {"items": items, "outage_s": outage_s, "failed": result.failed,
-            "ok": result.ok, "before_items_per_s": at_kill / killed_at[0],
-            "after_items_per_s": (result.ok - back[1]) / (result.seconds - back[0]),
-            "down_s": down_s, "total_s": result.seconds}  # fmt: skip
+    return {
+        "items": items,
+        "outage_s": outage_s,
+        "failed": result.failed,
+        "ok": result.ok,
+        "before_items_per_s": at_kill / killed_at[0],
+        "after_items_per_s": (result.ok - back[1]) / (result.seconds - back[0]),
+        "down_s": down_s,
+        "total_s": result.seconds,
+    }
 
 
 def _endpoints_run(work: Path, urls: list[str], items: int, name: str) -> float:
     tasks, out = _tasks(work / f"{name}-tasks.jsonl", items), work / f"{name}-out.jsonl"
-    spec = BatchSpec(input_path=tasks, out_path=out, model=MODEL, params=PARAMS,
-                     concurrency=4 * len(urls))  # fmt: skip
+    spec = BatchSpec(
+        input_path=tasks, out_path=out, model=MODEL, params=PARAMS, concurrency=4 * len(urls)
+    )
     clients = [OpenAIClient(url, timeout_s=60, max_connections=4) for url in urls]
-    lanes = [make_lane(Endpoint(url, 4, "bench"), c, OutagePolicy()) for url, c in
-             zip(urls, clients, strict=True)]  # fmt: skip
+    lanes = [
+        make_lane(Endpoint(url, 4, "bench"), c, OutagePolicy())
+        for url, c in zip(urls, clients, strict=True)
+    ]
     try:
         result = run_batch(plan_batch(spec), None, out, lanes=lanes, progress_every_s=3600)
     finally:
@@ -116,11 +131,19 @@ def final(work: Path, lines: int, rss: Any, id_set_mib: Any) -> dict[str, float]
     tasks = _tasks(work / "final-tasks.jsonl", ids)
     journal = work / "final-out.jsonl"
     output = "定长数组是一种长度固定的数据结构，元素类型相同，在内存中连续存放，按下标访问。"
-    ok = {"ok": True, "output": output, "finish_reason": "stop",
-          "usage": {"prompt_tokens": 30, "completion_tokens": 40, "total_tokens": 70},
-          "seconds": 0.4123, "attempts": 1}  # fmt: skip
-    bad = {"ok": False, "error": {"kind": "timeout", "message": "no answer", "status": None},
-           "attempts": 4}  # fmt: skip
+    ok = {
+        "ok": True,
+        "output": output,
+        "finish_reason": "stop",
+        "usage": {"prompt_tokens": 30, "completion_tokens": 40, "total_tokens": 70},
+        "seconds": 0.4123,
+        "attempts": 1,
+    }
+    bad = {
+        "ok": False,
+        "error": {"kind": "timeout", "message": "no answer", "status": None},
+        "attempts": 4,
+    }
     with journal.open("w", encoding="utf-8") as handle:
         for i in range(ids):  # every 9th id failed the first time …
             record = bad if i % 9 == 0 else ok
@@ -129,33 +152,48 @@ def final(work: Path, lines: int, rss: Any, id_set_mib: Any) -> dict[str, float]
             handle.write(dumps_line({"id": f"t{i:07d}", **ok}) + "\n")
     written = _lines(journal)
     started = time.perf_counter()
-    peak = rss(["export", "--input", str(tasks), "--out", str(journal), "--to",
-                str(work / "final.jsonl")], work)  # fmt: skip
+    peak = rss(
+        ["export", "--input", str(tasks), "--out", str(journal), "--to", str(work / "final.jsonl")],
+        work,
+    )
     elapsed = time.perf_counter() - started
     final_lines = _lines(work / "final.jsonl")
     size_mib = journal.stat().st_size / 2**20
     for path in (journal, work / "final.jsonl", tasks):
         path.unlink()
-    return {"journal_lines": written, "ids": ids, "retried_ids": retried,
-            "journal_mib": size_mib, "seconds": elapsed, "peak_rss_mib": peak,
-            "id_set_mib": id_set_mib(ids), "final_lines": final_lines}  # fmt: skip
+    return {
+        "journal_lines": written,
+        "ids": ids,
+        "retried_ids": retried,
+        "journal_mib": size_mib,
+        "seconds": elapsed,
+        "peak_rss_mib": peak,
+        "id_set_mib": id_set_mib(ids),
+        "final_lines": final_lines,
+    }
 
 
 def table(rows: dict[str, dict[str, float]]) -> str:
     out: list[str] = []
     if o := rows.get("outage"):
-        out.append(f"outage ({o['outage_s']:g} s, mock killed and restarted on its port, c=8): "
-                   f"{o['before_items_per_s']:.1f} items/s before, {o['after_items_per_s']:.1f} "
-                   f"after; down {o['down_s']:.1f} s; {o['ok']:.0f} ok, {o['failed']:.0f} failed "
-                   "(target 0)")  # fmt: skip
+        out.append(
+            f"outage ({o['outage_s']:g} s, mock killed and restarted on its port, c=8): "
+            f"{o['before_items_per_s']:.1f} items/s before, {o['after_items_per_s']:.1f} "
+            f"after; down {o['down_s']:.1f} s; {o['ok']:.0f} ok, {o['failed']:.0f} failed "
+            "(target 0)"
+        )
     if e := rows.get("endpoints"):
-        out.append(f"two endpoints (4 slots each, c=4 each, {e['items']:.0f} items): "
-                   f"{e['two_items_per_s']:.1f} items/s vs one {e['one_items_per_s']:.1f} "
-                   f"→ {e['ratio']:.2f}× (target ≥ 1.9)")  # fmt: skip
+        out.append(
+            f"two endpoints (4 slots each, c=4 each, {e['items']:.0f} items): "
+            f"{e['two_items_per_s']:.1f} items/s vs one {e['one_items_per_s']:.1f} "
+            f"→ {e['ratio']:.2f}× (target ≥ 1.9)"
+        )
     if f := rows.get("final"):
-        out.append(f"export/--final over {f['journal_lines']:,.0f} journal lines "
-                   f"({f['journal_mib']:.0f} MiB, {f['ids']:,.0f} ids, {f['retried_ids']:,.0f} "
-                   f"retried): {f['seconds']:.1f} s, peak RSS {f['peak_rss_mib']:.0f} MiB "
-                   f"(the id set alone ≈ {f['id_set_mib']:.0f} MiB); {f['final_lines']:,.0f} "
-                   "final lines")  # fmt: skip
+        out.append(
+            f"export/--final over {f['journal_lines']:,.0f} journal lines "
+            f"({f['journal_mib']:.0f} MiB, {f['ids']:,.0f} ids, {f['retried_ids']:,.0f} "
+            f"retried): {f['seconds']:.1f} s, peak RSS {f['peak_rss_mib']:.0f} MiB "
+            f"(the id set alone ≈ {f['id_set_mib']:.0f} MiB); {f['final_lines']:,.0f} "
+            "final lines"
+        )
     return "\n".join(out)

@@ -287,8 +287,14 @@ class OpenAIClient:
     def _reader(
         self, response: urllib3.BaseHTTPResponse, url: str, deadline: float, timeout_s: float
     ) -> BodyReader:
-        return BodyReader(response, url=url, deadline=deadline, timeout_s=timeout_s,
-                          max_bytes=self._max_bytes, clock=self._clock)  # fmt: skip
+        return BodyReader(
+            response,
+            url=url,
+            deadline=deadline,
+            timeout_s=timeout_s,
+            max_bytes=self._max_bytes,
+            clock=self._clock,
+        )
 
     def _read_body(
         self, response: urllib3.BaseHTTPResponse, deadline: float, url: str, timeout_s: float

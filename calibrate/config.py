@@ -323,8 +323,10 @@ def split_endpoint(text: str) -> tuple[str, int | None]:
             )
         concurrency = int(value)
         if not 1 <= concurrency <= MAX_ENDPOINT_CONCURRENCY:
-            raise ConfigError(f"endpoint {_shown_url(text)!r}: c must be in "
-                              f"[1, {MAX_ENDPOINT_CONCURRENCY}], got {concurrency}")  # fmt: skip
+            raise ConfigError(
+                f"endpoint {_shown_url(text)!r}: c must be in "
+                f"[1, {MAX_ENDPOINT_CONCURRENCY}], got {concurrency}"
+            )
     return normalise_base_url(url), concurrency
 
 
@@ -411,8 +413,9 @@ def _coerce(hint: Any, value: Any, where: str, path: Path) -> Any:
         if not isinstance(value, list) or not value:
             raise ConfigError(f"{where} in {path} must be a non-empty list, got {value!r}")
         if len(value) > MAX_LIST_ITEMS:
-            raise ConfigError(f"{where} in {path} has {len(value)} entries; at most "
-                              f"{MAX_LIST_ITEMS} are allowed")  # fmt: skip
+            raise ConfigError(
+                f"{where} in {path} has {len(value)} entries; at most {MAX_LIST_ITEMS} are allowed"
+            )
         return tuple(_coerce(args[0], v, where, path) for v in value)
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -493,8 +496,14 @@ def _check_ranges(section: Any, name: str, path: Path) -> None:
         problems.append(_between("rounds", section.rounds, 1, MAX_ROUNDS))
         problems.append(_between("vram_limit", section.vram_limit, 0, 1, low_open=True))
         problems.append(_between("latency_rise", section.latency_rise, 1, MAX_LATENCY_RISE))
-        problems.append(_between("sample_interval_s", section.sample_interval_s,
-                                 MIN_SAMPLE_INTERVAL_S, MAX_SAMPLE_INTERVAL_S))  # fmt: skip
+        problems.append(
+            _between(
+                "sample_interval_s",
+                section.sample_interval_s,
+                MIN_SAMPLE_INTERVAL_S,
+                MAX_SAMPLE_INTERVAL_S,
+            )
+        )
         problems.append(_between("min_round_s", section.min_round_s, 0, MAX_TIMEOUT_S))
         problems.append(_between("warmup_waves", section.warmup_waves, 0, MAX_WARMUP_WAVES))
     if isinstance(section, SweepConfig):
@@ -519,10 +528,12 @@ def _check_ranges(section: Any, name: str, path: Path) -> None:
                 problems.append(_between(key, value, 0, MAX_TIMEOUT_S, low_open=True))
     if isinstance(section, ServerConfig):
         problems.append(_between("port", section.port, 1, 65535))
-        problems.append(_between("ready_timeout_s", section.ready_timeout_s, 0, MAX_TIMEOUT_S,
-                                 low_open=True))  # fmt: skip
-        problems.append(_between("stop_timeout_s", section.stop_timeout_s, 0, MAX_TIMEOUT_S,
-                                 low_open=True))  # fmt: skip
+        problems.append(
+            _between("ready_timeout_s", section.ready_timeout_s, 0, MAX_TIMEOUT_S, low_open=True)
+        )
+        problems.append(
+            _between("stop_timeout_s", section.stop_timeout_s, 0, MAX_TIMEOUT_S, low_open=True)
+        )
     problems = [p for p in problems if p]
     if problems:
         raise ConfigError(f"[{name}] in {path}: {'; '.join(problems)}")

@@ -30,11 +30,18 @@ def connection_error(url: str, exc: BaseException) -> RequestError:
     """``connect`` when nothing could be reached (refused, DNS, no route), else ``reset``."""
     text = str(exc)
     reasons = (
-        (("Name or service not known", "nodename nor servname", "Failed to resolve",
-          "Temporary failure in name resolution"), "host name not resolved"),
+        (
+            (
+                "Name or service not known",
+                "nodename nor servname",
+                "Failed to resolve",
+                "Temporary failure in name resolution",
+            ),
+            "host name not resolved",
+        ),
         (("No route to host", "Network is unreachable"), "no route to host"),
         (("Connection refused", "NewConnectionError"), "connection refused"),
-    )  # fmt: skip
+    )
     for markers, reason in reasons:
         if any(marker in text for marker in markers):
             return request_error("connect", f"no server at {url} ({reason})", exc)

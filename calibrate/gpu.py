@@ -41,9 +41,12 @@ class DeviceMemory:
 
     def to_json(self) -> dict[str, Any]:
         pressure = self.pressure
-        return {"device": self.device, "used_mib": round(self.used_mib, 1),
-                "total_mib": round(self.total_mib, 1) if self.total_mib is not None else None,
-                "pressure": round(pressure, 4) if pressure is not None else None}  # fmt: skip
+        return {
+            "device": self.device,
+            "used_mib": round(self.used_mib, 1),
+            "total_mib": round(self.total_mib, 1) if self.total_mib is not None else None,
+            "pressure": round(pressure, 4) if pressure is not None else None,
+        }
 
 
 @dataclass(frozen=True)

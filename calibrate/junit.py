@@ -49,9 +49,15 @@ class JUnitSuite:
         total_s = sum(c.time_s for c in self.cases)
         suites = ET.Element("testsuites", name="calibrate")
         suite = ET.SubElement(
-            suites, "testsuite", name=self.name, tests=str(len(self.cases)),
-            failures=str(failures), errors="0", skipped=str(skipped), time=f"{total_s:.3f}",
-        )  # fmt: skip
+            suites,
+            "testsuite",
+            name=self.name,
+            tests=str(len(self.cases)),
+            failures=str(failures),
+            errors="0",
+            skipped=str(skipped),
+            time=f"{total_s:.3f}",
+        )
         if self.properties:
             props = ET.SubElement(suite, "properties")
             for key, value in self.properties.items():

@@ -50,8 +50,11 @@ class Ledger:
         except FileNotFoundError:
             return []
         except OSError as exc:
-            log.warning("cannot read the ledger %s (%s): every gate reads as closed",
-                        self.path, exc.strerror or exc)  # fmt: skip
+            log.warning(
+                "cannot read the ledger %s (%s): every gate reads as closed",
+                self.path,
+                exc.strerror or exc,
+            )
             return []
         out: list[LedgerEntry] = []
         for number, raw in enumerate(data.split(b"\n"), 1):

@@ -27,11 +27,36 @@ from calibrate.tier_table import Kind, read_rows
 log = logging.getLogger("calibrate")
 
 __all__ = ["Kind", "read_rows"]  # tables are read through here as well as written
-_COMMON = ["items", "total_s", "per_item_s", "latency_mean_s", "latency_p50_s", "latency_p90_s",
-           "latency_p99_s", "latency_max_s", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
-           "items_per_s", "output_tokens_per_s", "peak_vram_mib", "vram_idle_mib", "vram_total_mib", "pressure", "pressure_source",
-           "pressure_metric", "peak_kv_usage", "per_device", "server_queue_max", "vram_source",
-           "errors", "error_kinds", "first_done_s", "last_done_s"]  # fmt: skip
+_COMMON = [
+    "items",
+    "total_s",
+    "per_item_s",
+    "latency_mean_s",
+    "latency_p50_s",
+    "latency_p90_s",
+    "latency_p99_s",
+    "latency_max_s",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "tpot_p99_s",
+    "items_per_s",
+    "output_tokens_per_s",
+    "peak_vram_mib",
+    "vram_idle_mib",
+    "vram_total_mib",
+    "pressure",
+    "pressure_source",
+    "pressure_metric",
+    "peak_kv_usage",
+    "per_device",
+    "server_queue_max",
+    "vram_source",
+    "errors",
+    "error_kinds",
+    "first_done_s",
+    "last_done_s",
+]
 # What the workload sent and the server counted (SPEC §5.11): target vs actual.
 _TOKENS = [
     "input_tokens_target",
@@ -41,11 +66,33 @@ _TOKENS = [
     "input_chars_mean",
 ]
 COLUMNS: dict[str, list[str]] = {
-    "ladder": ["batch_size", "concurrency", "rounds", "waves", *_COMMON, *_TOKENS,
-               "baseline_match", "baseline_items", "verdict", "reason", "axis"],
-    "sweep": ["concurrency", "batch_size", "repeats", *_COMMON, *_TOKENS, "items_per_s_min",
-              "items_per_s_max", "gain", "gain_counted", "capped_by_server", "verdict"],
-}  # fmt: skip
+    "ladder": [
+        "batch_size",
+        "concurrency",
+        "rounds",
+        "waves",
+        *_COMMON,
+        *_TOKENS,
+        "baseline_match",
+        "baseline_items",
+        "verdict",
+        "reason",
+        "axis",
+    ],
+    "sweep": [
+        "concurrency",
+        "batch_size",
+        "repeats",
+        *_COMMON,
+        *_TOKENS,
+        "items_per_s_min",
+        "items_per_s_max",
+        "gain",
+        "gain_counted",
+        "capped_by_server",
+        "verdict",
+    ],
+}
 
 
 def kinds_text(value: Any) -> str:
@@ -66,8 +113,15 @@ def write_tiers_csv(
     path: Path, rows: Sequence[Mapping[str, Any]], kind: Kind, vram_source: str
 ) -> Path:
     """One row per tier (or level), the SPEC columns in a fixed order."""
-    records = [{**r, "error_kinds": kinds_text(r.get("error_kinds")), "vram_source": vram_source,
-                "per_device": _json_text(r.get("per_device"))} for r in rows]  # fmt: skip
+    records = [
+        {
+            **r,
+            "error_kinds": kinds_text(r.get("error_kinds")),
+            "vram_source": vram_source,
+            "per_device": _json_text(r.get("per_device")),
+        }
+        for r in rows
+    ]
     import pandas as pd  # imported on use: every command's start and --help stay light
 
     frame = pd.DataFrame(records, columns=COLUMNS[kind])
@@ -180,8 +234,13 @@ _SWEEP: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("peak MiB", lambda r: _f(r.get("peak_vram_mib"), ".0f")),
     ("queue", lambda r: _f(r.get("server_queue_max"), ".0f")),
     ("errors", lambda r: f"{int(r['errors'])} {kinds_text(r.get('error_kinds'))}".strip()),
-    ("verdict", lambda r: str(r["verdict"]) + (" (over server cap)" if _true(r.get("capped_by_server")) else "")),
-]  # fmt: skip
+    (
+        "verdict",
+        lambda r: (
+            str(r["verdict"]) + (" (over server cap)" if _true(r.get("capped_by_server")) else "")
+        ),
+    ),
+]
 
 
 def _true(value: Any) -> bool:
@@ -285,7 +344,7 @@ def tier_table(
             else ("yellow" if str(row.get("verdict")).startswith("stop") else None)
         )
         table.add_row(*(cell(row) for _, cell in columns), style=style)
-    return table  # fmt: skip
+    return table
 
 
 def plain_line(row: Mapping[str, Any], kind: Kind) -> str:
@@ -307,14 +366,15 @@ def live_rows(
     if not live:
         yield lambda row: console.print(plain_line(row, kind), markup=False, highlight=False)
         return
-    with Live(tier_table(rows, kind, title, console.width), console=console,
-              refresh_per_second=4) as display:  # fmt: skip
+    with Live(
+        tier_table(rows, kind, title, console.width), console=console, refresh_per_second=4
+    ) as display:
 
         def add(row: Mapping[str, Any]) -> None:
             rows.append(row)
             display.update(tier_table(rows, kind, title, console.width))
 
-        yield add  # fmt: skip
+        yield add
 
 
 def compare_table(cmp: TierComparison) -> Table:
@@ -353,7 +413,7 @@ def compare_table(cmp: TierComparison) -> Table:
         "",
         "",
     )
-    return table  # fmt: skip
+    return table
 
 
 def write_plot(rows: Sequence[Mapping[str, Any]], kind: Kind, path: Path) -> Path | None:
@@ -372,9 +432,14 @@ def write_plot(rows: Sequence[Mapping[str, Any]], kind: Kind, path: Path) -> Pat
     xs = [round(float(r[x_name])) for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     try:
-        series = [("time per item, request latency (s)", ["per_item_s", "latency_p50_s", "latency_p90_s"]),
-                  ("throughput (items/s)", ["items_per_s", "items_per_s_min", "items_per_s_max"]),
-                  ("peak VRAM (MiB)", ["peak_vram_mib"])]  # fmt: skip
+        series = [
+            (
+                "time per item, request latency (s)",
+                ["per_item_s", "latency_p50_s", "latency_p90_s"],
+            ),
+            ("throughput (items/s)", ["items_per_s", "items_per_s_min", "items_per_s_max"]),
+            ("peak VRAM (MiB)", ["peak_vram_mib"]),
+        ]
         for ax, (title, keys) in zip(axes, series, strict=True):
             for key in keys:
                 if all(r.get(key) is None for r in rows):

@@ -42,8 +42,14 @@ def sse_events(lines: Iterator[bytes]) -> Iterator[str]:
         yield "\n".join(buffer)
 
 
-_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-          list: "a list", dict: "an object"}  # fmt: skip
+_NAMES = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "an object",
+}
 
 
 def _describe(value: object) -> str:

@@ -58,8 +58,10 @@ def read_rows(csv_path: Path) -> list[dict[str, Any]]:
         with csv_path.open(newline="", encoding="utf-8") as handle:
             raw = list(csv.DictReader(handle))
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise InputError(f"cannot read {csv_path}: {exc}",
-                         "Give a ladder or sweep run folder, e.g. runs/<run_id>") from exc  # fmt: skip
+        raise InputError(
+            f"cannot read {csv_path}: {exc}",
+            "Give a ladder or sweep run folder, e.g. runs/<run_id>",
+        ) from exc
     if not raw:
         raise InputError(f"{csv_path} has no rows")
     return [
@@ -71,8 +73,10 @@ def check_rows(rows: Sequence[Mapping[str, Any]], kind: Kind, csv_path: Path) ->
     """Exit 2 on a table this tool did not write: missing columns or non-numbers in them."""
     missing = [c for c in REQUIRED[kind] if c not in rows[0]]
     if missing:
-        raise InputError(f"{csv_path} is not a {kind} tier table: no column {', '.join(missing)}",
-                         f"A table written by calibrate {kind} is needed; rerun that stage.")  # fmt: skip
+        raise InputError(
+            f"{csv_path} is not a {kind} tier table: no column {', '.join(missing)}",
+            f"A table written by calibrate {kind} is needed; rerun that stage.",
+        )
     for number, row in enumerate(rows, 2):
         for column in REQUIRED[kind]:
             value = row.get(column)
@@ -83,5 +87,7 @@ def check_rows(rows: Sequence[Mapping[str, Any]], kind: Kind, csv_path: Path) ->
             else:
                 ok = False
             if not ok:
-                raise InputError(f"{csv_path}:{number}: {column} is {value!r}, not what a "
-                                 f"{kind} writes", "Rerun the stage to write the table again.")  # fmt: skip
+                raise InputError(
+                    f"{csv_path}:{number}: {column} is {value!r}, not what a {kind} writes",
+                    "Rerun the stage to write the table again.",
+                )

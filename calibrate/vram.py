@@ -106,8 +106,9 @@ def device_peaks(seen_sets: Iterable[Sequence[DeviceMemory]]) -> tuple[DeviceMem
         for d in devices:
             seen = peaks.get(d.device)
             if seen is None or d.used_mib > seen.used_mib:
-                peaks[d.device] = DeviceMemory(d.device, d.used_mib,
-                                               d.total_mib or (seen.total_mib if seen else None))  # fmt: skip
+                peaks[d.device] = DeviceMemory(
+                    d.device, d.used_mib, d.total_mib or (seen.total_mib if seen else None)
+                )
     return tuple(peaks.values())
 
 
@@ -154,8 +155,10 @@ class VramMonitor:
         if sample is not None and sample.pressure.source != "none":
             count = len(sample.devices)
             fullest = count > 1 and sample.pressure.source != "kv_cache"
-            parts.append(f"pressure from {sample.pressure.text}"
-                         + (f", the fullest of {count} devices" if fullest else ""))  # fmt: skip
+            parts.append(
+                f"pressure from {sample.pressure.text}"
+                + (f", the fullest of {count} devices" if fullest else "")
+            )
         if sample is not None and sample.queue_metric:
             parts.append(f"server queue: {sample.queue_metric}")
         return "; ".join(parts)
@@ -186,8 +189,16 @@ class VramMonitor:
         top = max(window, key=lambda s: s.pressure.value or 0.0, default=None)
         pressure = top.pressure if top else Pressure(None, "none")
         total = next((s.total_mib for s in window if s.total_mib), None)
-        return WindowPeak(idle, max(used, default=None), pressure, max(kv, default=None),
-                          total, len(window), device_peaks(s.devices for s in window), max(queue, default=None))  # fmt: skip
+        return WindowPeak(
+            idle,
+            max(used, default=None),
+            pressure,
+            max(kv, default=None),
+            total,
+            len(window),
+            device_peaks(s.devices for s in window),
+            max(queue, default=None),
+        )
 
     def start(self) -> VramMonitor:
         if self.samplers and self._thread is None:

@@ -66,10 +66,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--device", default="auto", help="cuda, cpu or auto")
-    parser.add_argument("--batch-size", type=int, default=16,
-                        help="the engine's cap on requests per batch (calibrate's verified batch)")  # fmt: skip
-    parser.add_argument("--batch-ceiling", type=int, default=16,
-                        help="the ladder's top tier: the KV cache holds this many requests")  # fmt: skip
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=16,
+        help="the engine's cap on requests per batch (calibrate's verified batch)",
+    )
+    parser.add_argument(
+        "--batch-ceiling",
+        type=int,
+        default=16,
+        help="the ladder's top tier: the KV cache holds this many requests",
+    )
     parser.add_argument(
         "--input-tokens", type=int, default=4096, help="L: the ladder's input length"
     )
@@ -143,10 +151,15 @@ def write_cap(path: Path | None, data: dict[str, Any]) -> None:
 
 
 def post_chat(root: str, model: str, text: str, max_tokens: int) -> dict[str, Any]:
-    body = json.dumps({
-        "model": model, "messages": [{"role": "user", "content": text}],
-        "temperature": 0, "max_tokens": max_tokens, "stream": False,
-    }).encode()  # fmt: skip
+    body = json.dumps(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": text}],
+            "temperature": 0,
+            "max_tokens": max_tokens,
+            "stream": False,
+        }
+    ).encode()
     request = urllib.request.Request(
         f"{root}/v1/chat/completions", body, {"Content-Type": "application/json"}
     )
@@ -203,18 +216,20 @@ def tighten(args: argparse.Namespace, cuda: bool, record: dict[str, Any]) -> Non
             fraction = min(0.95, limit / total)
             if not args.no_cap:
                 torch.cuda.set_per_process_memory_fraction(fraction)
-            record.update({
-                "state": "capped" if not args.no_cap else "measured (--no-cap)",
-                "allocated_before_mib": round(base / MIB, 1),
-                "prefill_activation_mib": round(act / MIB, 1),
-                "reserved_mib": round(reserved / MIB, 1),
-                "headroom_requests": HEADROOM_REQUESTS,
-                "limit_mib": round(limit / MIB, 1),
-                "fraction": round(fraction, 5),
-                "device_total_mib": round(total / MIB, 1),
-                "expected_fit_batch": 4,
-                "expected_oom_batch": "8 (unless its wave splits 4+4 or in three), else 16",
-            })  # fmt: skip
+            record.update(
+                {
+                    "state": "capped" if not args.no_cap else "measured (--no-cap)",
+                    "allocated_before_mib": round(base / MIB, 1),
+                    "prefill_activation_mib": round(act / MIB, 1),
+                    "reserved_mib": round(reserved / MIB, 1),
+                    "headroom_requests": HEADROOM_REQUESTS,
+                    "limit_mib": round(limit / MIB, 1),
+                    "fraction": round(fraction, 5),
+                    "device_total_mib": round(total / MIB, 1),
+                    "expected_fit_batch": 4,
+                    "expected_oom_batch": "8 (unless its wave splits 4+4 or in three), else 16",
+                }
+            )
         else:
             record["state"] = "no CUDA: not capped"
     except Exception as exc:  # the helper must never take the server down; say what went wrong
@@ -229,8 +244,14 @@ def main(argv: list[str] | None = None) -> int:
     cuda = torch.cuda.is_available() and args.device != "cpu"
     device = args.device if args.device != "auto" else ("cuda" if cuda else "cpu")
     shape = model_shape(Path(args.model))
-    record: dict[str, Any] = {"pid": os.getpid(), "device": device, "batch_size": args.batch_size,
-                              "torch": torch.__version__, "state": "starting", **plan(args, shape)}  # fmt: skip
+    record: dict[str, Any] = {
+        "pid": os.getpid(),
+        "device": device,
+        "batch_size": args.batch_size,
+        "torch": torch.__version__,
+        "state": "starting",
+        **plan(args, shape),
+    }
     if cuda and not args.no_cap:
         total = torch.cuda.mem_get_info()[1]
         start_fraction = min(0.95, record["start_cap_mib"] * MIB / total)

@@ -101,8 +101,9 @@ def ladder_checks(work: Path, dry: bool) -> tuple[list[Check], list[dict[str, An
     passing = [t for t in tiers if t["verdict"] != "fail"]
     peaks = [t.get("peak_vram_mib") for t in passing]
     if any(p is None for p in peaks) or not peaks:
-        checks.append(Check("4c", "peak VRAM rises with batch", "skipped: no NVML",
-                            f"VRAM source {source}"))  # fmt: skip
+        checks.append(
+            Check("4c", "peak VRAM rises with batch", "skipped: no NVML", f"VRAM source {source}")
+        )
     elif len(peaks) < 2:
         checks.append(
             Check("4c", "peak VRAM rises with batch", "fail", "fewer than 2 passing tiers")
@@ -110,18 +111,29 @@ def ladder_checks(work: Path, dry: bool) -> tuple[list[Check], list[dict[str, An
     else:
         rising = all(b >= a for a, b in itertools.pairwise(peaks)) and peaks[-1] > peaks[0]
         shown = " -> ".join(f"{p:.0f}" for p in peaks)
-        checks.append(Check("4c", "peak VRAM rises with batch", "pass" if rising else "fail",
-                            f"{shown} MiB"))  # fmt: skip
+        checks.append(
+            Check("4c", "peak VRAM rises with batch", "pass" if rising else "fail", f"{shown} MiB")
+        )
     last = tiers[-1] if tiers else {}
     kinds = last.get("error_kinds") or {}
     stop = f"batch {last.get('batch_size')}: {last.get('verdict')} ({last.get('reason') or ''})"
     if dry:
         all_pass = bool(tiers) and all(t["verdict"] != "fail" for t in tiers)
-        checks.append(Check("4c", "ladder stops on the real OOM at the expected tier",
-                            "skipped: no CUDA (CPU, nothing capped)" if all_pass else "fail",
-                            "every tier passed on the CPU" if all_pass else stop))  # fmt: skip
-        checks.append(Check("4c", "incident bundle: CUDA error text + VRAM snapshot",
-                            "skipped: no CUDA OOM on the CPU"))  # fmt: skip
+        checks.append(
+            Check(
+                "4c",
+                "ladder stops on the real OOM at the expected tier",
+                "skipped: no CUDA (CPU, nothing capped)" if all_pass else "fail",
+                "every tier passed on the CPU" if all_pass else stop,
+            )
+        )
+        checks.append(
+            Check(
+                "4c",
+                "incident bundle: CUDA error text + VRAM snapshot",
+                "skipped: no CUDA OOM on the CPU",
+            )
+        )
         return checks, tiers, source
     oom_stop = last.get("verdict") == "fail" and "oom" in kinds
     vram_stop = str(last.get("verdict", "")).startswith("stop: vram")
@@ -129,8 +141,14 @@ def ladder_checks(work: Path, dry: bool) -> tuple[list[Check], list[dict[str, An
     ok = (oom_stop and at in EXPECTED_OOM_BATCHES) or (
         vram_stop and at in (4, *EXPECTED_OOM_BATCHES)
     )
-    checks.append(Check("4c", "ladder stops on the real OOM (or the VRAM rule) at batch 8 or 16",
-                        "pass" if ok else "fail", stop))  # fmt: skip
+    checks.append(
+        Check(
+            "4c",
+            "ladder stops on the real OOM (or the VRAM rule) at batch 8 or 16",
+            "pass" if ok else "fail",
+            stop,
+        )
+    )
     found = ""
     for path in sorted((run / "incidents").glob("*.json")):
         incident = load_json(path) or {}
@@ -140,8 +158,14 @@ def ladder_checks(work: Path, dry: bool) -> tuple[list[Check], list[dict[str, An
         if "out of memory" in text.lower() and vram.get("devices"):
             found = f"{path.name}: {text.strip()[:160]}"
             break
-    checks.append(Check("4c", "incident bundle: CUDA error text + VRAM snapshot",
-                        "pass" if found else "fail", found or "no incident with both"))  # fmt: skip
+    checks.append(
+        Check(
+            "4c",
+            "incident bundle: CUDA error text + VRAM snapshot",
+            "pass" if found else "fail",
+            found or "no incident with both",
+        )
+    )
     return checks, tiers, source
 
 
@@ -152,17 +176,35 @@ def rollback_checks(work: Path, dry: bool, old_pid: int | None, new_pid: int | N
     checks: list[Check] = []
     stop = done.get("stop", {})
     gone = old_pid is not None and stop.get("ok") and not pid_alive(old_pid)
-    checks.append(Check("5a", "old PID gone", "pass" if gone else "fail",
-                        f"PID {old_pid}: {stop.get('message', 'no stop step')}"))  # fmt: skip
+    checks.append(
+        Check(
+            "5a",
+            "old PID gone",
+            "pass" if gone else "fail",
+            f"PID {old_pid}: {stop.get('message', 'no stop step')}",
+        )
+    )
     released = done.get("vram", {})
     pids = nvml_pids()
     if pids is None:
-        checks.append(Check("5a", "its VRAM released (NVML process list)", "skipped: no NVML",
-                            released.get("message", "")))  # fmt: skip
+        checks.append(
+            Check(
+                "5a",
+                "its VRAM released (NVML process list)",
+                "skipped: no NVML",
+                released.get("message", ""),
+            )
+        )
     else:
         ok = bool(released.get("ok")) and old_pid not in pids
-        checks.append(Check("5a", "its VRAM released (NVML process list)", "pass" if ok else "fail",
-                            f"{released.get('message', 'no vram step')}; NVML now lists {sorted(pids)}"))  # fmt: skip
+        checks.append(
+            Check(
+                "5a",
+                "its VRAM released (NVML process list)",
+                "pass" if ok else "fail",
+                f"{released.get('message', 'no vram step')}; NVML now lists {sorted(pids)}",
+            )
+        )
     restart = done.get("restart", {})
     server = load_json(work / "runs" / "server.json") or {}
     want = (load_json(work / "ladder.json") or {}).get("last_passing", {}) or {}
@@ -171,12 +213,24 @@ def rollback_checks(work: Path, dry: bool, old_pid: int | None, new_pid: int | N
         and new_pid not in (None, old_pid)
         and (server.get("batch_size") == want.get("batch_size"))
     )
-    checks.append(Check("5a", "restart at the verified batch", "pass" if ok else "fail",
-                        f"new PID {new_pid}, batch {server.get('batch_size')} "
-                        f"(ladder's last passing: {want.get('batch_size')})"))  # fmt: skip
+    checks.append(
+        Check(
+            "5a",
+            "restart at the verified batch",
+            "pass" if ok else "fail",
+            f"new PID {new_pid}, batch {server.get('batch_size')} "
+            f"(ladder's last passing: {want.get('batch_size')})",
+        )
+    )
     compare = done.get("compare", {})
-    checks.append(Check("5a", "baseline matches after the restart",
-                        "pass" if compare.get("ok") else "fail", compare.get("message", "")))  # fmt: skip
+    checks.append(
+        Check(
+            "5a",
+            "baseline matches after the restart",
+            "pass" if compare.get("ok") else "fail",
+            compare.get("message", ""),
+        )
+    )
     return checks
 
 
@@ -187,8 +241,10 @@ def device_line(work: Path) -> str:
 
 
 def tier_table(tiers: list[dict[str, Any]]) -> list[str]:
-    rows = ["| batch | verdict | items/s | per item mean s | peak VRAM MiB | idle MiB | errors |",
-            "|---:|---|---:|---:|---:|---:|---|"]  # fmt: skip
+    rows = [
+        "| batch | verdict | items/s | per item mean s | peak VRAM MiB | idle MiB | errors |",
+        "|---:|---|---:|---:|---:|---:|---|",
+    ]
 
     def num(value: Any, spec: str) -> str:
         return format(value, spec) if isinstance(value, int | float) else "–"

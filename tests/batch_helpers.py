@@ -151,5 +151,7 @@ def assert_valid_jsonl(path: Path) -> list[dict[str, Any]]:
 
     data = path.read_bytes()
     assert data == b"" or data.endswith(b"\n"), "the file ends mid-line"
-    return [json.loads(line.decode("utf-8"), parse_constant=no_constants)
-            for line in data.split(b"\n")[:-1]]  # fmt: skip
+    return [
+        json.loads(line.decode("utf-8"), parse_constant=no_constants)
+        for line in data.split(b"\n")[:-1]
+    ]

@@ -23,8 +23,19 @@ def _setup(isolated: Path, base_url: str, n: int = 20, **kw) -> tuple[Path, Path
 
 def test_batch_writes_one_line_per_item_and_a_summary(cli, mock, isolated: Path) -> None:
     tasks, out = _setup(isolated, mock.base_url, 30)
-    result = cli("batch", "--input", str(tasks), "--out", str(out), "--prompt", "一句话概括：",
-                 "-c", "4", "--fsync", "--json")  # fmt: skip
+    result = cli(
+        "batch",
+        "--input",
+        str(tasks),
+        "--out",
+        str(out),
+        "--prompt",
+        "一句话概括：",
+        "-c",
+        "4",
+        "--fsync",
+        "--json",
+    )
     assert result.code == 0, result.err
     lines = out.read_text("utf-8").splitlines()
     assert len(lines) == 30 and all(x.startswith('{"id":"t') for x in lines)  # compact
@@ -63,11 +74,30 @@ def test_rerun_skips_finished_items(cli, mock, isolated: Path) -> None:
 
 
 def test_faults_are_retried_until_every_item_is_ok(cli, isolated: Path) -> None:
-    with start_mock(ttft_s=0.005, per_token_s=0.0002, fail_rate=0.2, reset_rate=0.1,
-                    overload_rate=0.1, retry_after_s=1, seed=3) as server:  # fmt: skip
+    with start_mock(
+        ttft_s=0.005,
+        per_token_s=0.0002,
+        fail_rate=0.2,
+        reset_rate=0.1,
+        overload_rate=0.1,
+        retry_after_s=1,
+        seed=3,
+    ) as server:
         tasks, out = _setup(isolated, server.base_url, 30)
-        result = cli("batch", "--input", str(tasks), "--out", str(out), "-c", "8",
-                     "--retries", "10", "--backoff-s", "0.01", "--json")  # fmt: skip
+        result = cli(
+            "batch",
+            "--input",
+            str(tasks),
+            "--out",
+            str(out),
+            "-c",
+            "8",
+            "--retries",
+            "10",
+            "--backoff-s",
+            "0.01",
+            "--json",
+        )
     assert result.code == 0, result.err
     rows = results(out)
     assert len(rows) == 30 and all(r["ok"] for r in rows)
@@ -82,8 +112,15 @@ def test_faults_are_retried_until_every_item_is_ok(cli, isolated: Path) -> None:
 def test_without_retries_failures_are_recorded_and_a_rerun_retries_only_those(
     cli, isolated: Path
 ) -> None:
-    with start_mock(ttft_s=0.002, per_token_s=0.0002, fail_rate=0.2, reset_rate=0.1,
-                    overload_rate=0.1, retry_after_s=1, seed=5) as server:  # fmt: skip
+    with start_mock(
+        ttft_s=0.002,
+        per_token_s=0.0002,
+        fail_rate=0.2,
+        reset_rate=0.1,
+        overload_rate=0.1,
+        retry_after_s=1,
+        seed=5,
+    ) as server:
         tasks, out = _setup(isolated, server.base_url, 40)
         first = cli("batch", "--input", str(tasks), "--out", str(out), "--retries", "0", "--json")
         assert first.code == 1, first.err
@@ -93,8 +130,18 @@ def test_without_retries_failures_are_recorded_and_a_rerun_retries_only_those(
         assert sum(first.json["failed_by_kind"].values()) == len(failed)
         assert "rerun to retry only those: calibrate batch" in first.err
         ok_before = set(ok_ids(out))
-        second = cli("batch", "--input", str(tasks), "--out", str(out), "--retries", "10",
-                     "--backoff-s", "0.01", "--json")  # fmt: skip
+        second = cli(
+            "batch",
+            "--input",
+            str(tasks),
+            "--out",
+            str(out),
+            "--retries",
+            "10",
+            "--backoff-s",
+            "0.01",
+            "--json",
+        )
     assert second.code == 0, second.err
     assert second.json["skipped"] == len(ok_before) and second.json["to_run"] == len(failed)
     new_lines = results(out)[40:]
@@ -113,10 +160,21 @@ def test_truncated_answers_fail_as_incomplete_without_retrying(cli, isolated: Pa
 
 
 def test_expect_json_parses_fences_and_fails_bad_json_as_format(cli, mock, isolated: Path) -> None:
-    tasks, out = _setup(isolated, mock.base_url, 10,
-                        prompt_of=lambda i: "[badjson] 输出JSON：" if i == 3 else None)  # fmt: skip
-    args = ("batch", "--input", str(tasks), "--out", str(out), "--prompt", "[json] 输出JSON：",
-            "--expect", "json", "--json")  # fmt: skip
+    tasks, out = _setup(
+        isolated, mock.base_url, 10, prompt_of=lambda i: "[badjson] 输出JSON：" if i == 3 else None
+    )
+    args = (
+        "batch",
+        "--input",
+        str(tasks),
+        "--out",
+        str(out),
+        "--prompt",
+        "[json] 输出JSON：",
+        "--expect",
+        "json",
+        "--json",
+    )
     result = cli(*args)
     assert result.code == 1
     rows = {r["id"]: r for r in results(out)}
@@ -132,10 +190,26 @@ def test_expect_json_parses_fences_and_fails_bad_json_as_format(cli, mock, isola
 
 
 def test_sample_reports_a_preamble_and_leaves_out_untouched(cli, mock, isolated: Path) -> None:
-    tasks, out = _setup(isolated, mock.base_url, 40,
-                        prompt_of=lambda i: "[zh-preamble] 概括：" if i in (2, 5) else None)  # fmt: skip
-    result = cli("batch", "--input", str(tasks), "--out", str(out), "--prompt", "概括：",
-                 "--sample", "10", "--max-chars", "2000", "--json")  # fmt: skip
+    tasks, out = _setup(
+        isolated,
+        mock.base_url,
+        40,
+        prompt_of=lambda i: "[zh-preamble] 概括：" if i in (2, 5) else None,
+    )
+    result = cli(
+        "batch",
+        "--input",
+        str(tasks),
+        "--out",
+        str(out),
+        "--prompt",
+        "概括：",
+        "--sample",
+        "10",
+        "--max-chars",
+        "2000",
+        "--json",
+    )
     assert result.code == 1
     assert not out.exists()
     checks = {c["name"]: c for c in result.json["checks"]}
@@ -157,13 +231,17 @@ BAD_INPUTS = {
     "float id": (b'{"id": 1.5, "text": "a"}\n', "line 1: 'id' must be"),
     "bool id": (b'{"id": true, "text": "a"}\n', "line 1: 'id' must be"),
     "list item": (b'[1, "a"]\n', "line 1: expected an object"),
-    "duplicate id": (b'{"id": "a", "text": "x"}\n\n{"id": "a", "text": "y"}\n',
-                     "line 3: duplicate id 'a' (first on line 1)"),
-    "invalid UTF-8": (b'{"id": 1, "text": "ok"}\n{"id": 2, "text": "\xff\xfe"}\n',
-                      "line 2: not valid UTF-8"),
+    "duplicate id": (
+        b'{"id": "a", "text": "x"}\n\n{"id": "a", "text": "y"}\n',
+        "line 3: duplicate id 'a' (first on line 1)",
+    ),
+    "invalid UTF-8": (
+        b'{"id": 1, "text": "ok"}\n{"id": 2, "text": "\xff\xfe"}\n',
+        "line 2: not valid UTF-8",
+    ),
     "lone surrogate": (b'{"id": 1, "text": "\\ud800"}\n', "line 1: a lone surrogate"),
     "empty": (b"\n\n", "holds no items"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUTS))
@@ -227,8 +305,14 @@ def test_default_concurrency_comes_from_the_pin(cli, mock, isolated: Path) -> No
     first = cli("batch", "--input", str(tasks), "--out", str(out), "--limit", "2", "--json")
     assert first.json["concurrency"] == 4 and "not calibrated" in first.err
     target = target_fingerprint(load(Overrides(), {}))
-    pin = {"ts": "2026-11-29T00:00:00.000Z", "stage": "pin", "run_id": "r", "target": target,
-           "passed": True, "summary": {"concurrency": 3, "batch_size": 4}}  # fmt: skip
+    pin = {
+        "ts": "2026-11-29T00:00:00.000Z",
+        "stage": "pin",
+        "run_id": "r",
+        "target": target,
+        "passed": True,
+        "summary": {"concurrency": 3, "batch_size": 4},
+    }
     with (isolated / "runs/ledger.jsonl").open("a") as handle:
         handle.write(json.dumps(pin) + "\n")
     second = cli("batch", "--input", str(tasks), "--out", str(out), "--json")
@@ -240,8 +324,17 @@ def test_default_concurrency_comes_from_the_pin(cli, mock, isolated: Path) -> No
 def test_junit_names_the_failure_kinds(cli, isolated: Path) -> None:
     with start_mock(ttft_s=0.001, per_token_s=0.0001, fail_rate=1.0) as server:
         tasks, out = _setup(isolated, server.base_url, 4)
-        result = cli("batch", "--input", str(tasks), "--out", str(out), "--retries", "0",
-                     "--junit", "junit.xml")  # fmt: skip
+        result = cli(
+            "batch",
+            "--input",
+            str(tasks),
+            "--out",
+            str(out),
+            "--retries",
+            "0",
+            "--junit",
+            "junit.xml",
+        )
     assert result.code == 1
     suite = ET.parse(isolated / "junit.xml").getroot().find("testsuite")
     assert suite is not None and suite.get("name") == "batch"

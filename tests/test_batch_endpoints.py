@@ -27,8 +27,20 @@ def test_two_endpoints_share_the_items_and_report_each(cli, isolated: Path) -> N
         _baseline(cli, isolated, a.base_url)
         tasks = write_tasks(isolated / "tasks.jsonl", 60)
         out = isolated / "out.jsonl"
-        result = cli("batch", "--input", str(tasks), "--out", str(out), "--base-url", a.base_url,
-                     "--base-url", f"{b.base_url}#c=2", "-c", "3", "--json")  # fmt: skip
+        result = cli(
+            "batch",
+            "--input",
+            str(tasks),
+            "--out",
+            str(out),
+            "--base-url",
+            a.base_url,
+            "--base-url",
+            f"{b.base_url}#c=2",
+            "-c",
+            "3",
+            "--json",
+        )
     assert result.code == 0, result.err
     assert len(assert_valid_jsonl(out)) == 60
     summary = result.json
@@ -47,8 +59,20 @@ def test_a_dead_endpoint_is_benched_and_the_other_does_every_item(cli, isolated:
         _baseline(cli, isolated, a.base_url)
         tasks = write_tasks(isolated / "tasks.jsonl", 30)
         out = isolated / "out.jsonl"
-        result = cli("batch", "--input", str(tasks), "--out", str(out), "--base-url", DEAD,
-                     "--base-url", a.base_url, "-c", "4", "--json")  # fmt: skip
+        result = cli(
+            "batch",
+            "--input",
+            str(tasks),
+            "--out",
+            str(out),
+            "--base-url",
+            DEAD,
+            "--base-url",
+            a.base_url,
+            "-c",
+            "4",
+            "--json",
+        )
     assert result.code == 0, result.err
     assert all(r["ok"] for r in assert_valid_jsonl(out)) and result.json["done"] == 30
     assert f"{DEAD}: benched" in result.err
@@ -60,8 +84,17 @@ def test_an_endpoint_with_other_weights_is_refused_by_name(cli, isolated: Path) 
         _baseline(cli, isolated, a.base_url)
         tasks = write_tasks(isolated / "tasks.jsonl", 20)
         out = isolated / "out.jsonl"
-        result = cli("batch", "--input", str(tasks), "--out", str(out), "--base-url", a.base_url,
-                     "--base-url", other.base_url)  # fmt: skip
+        result = cli(
+            "batch",
+            "--input",
+            str(tasks),
+            "--out",
+            str(out),
+            "--base-url",
+            a.base_url,
+            "--base-url",
+            other.base_url,
+        )
         sent_a, sent_other = (
             a.model.snapshot().requests_total,
             other.model.snapshot().requests_total,
@@ -77,33 +110,49 @@ def test_without_a_baseline_several_endpoints_warn_and_run(cli, isolated: Path) 
     with start_mock(**FAST) as a, start_mock(**FAST) as b:
         write_config(isolated / "calibrate.toml", a.base_url)
         tasks = write_tasks(isolated / "tasks.jsonl", 10)
-        result = cli("batch", "--input", str(tasks), "--out", str(isolated / "out.jsonl"),
-                     "--base-url", a.base_url, "--base-url", b.base_url)  # fmt: skip
+        result = cli(
+            "batch",
+            "--input",
+            str(tasks),
+            "--out",
+            str(isolated / "out.jsonl"),
+            "--base-url",
+            a.base_url,
+            "--base-url",
+            b.base_url,
+        )
     assert result.code == 0, result.err
     assert "no baseline" in result.err
 
 
 def test_base_urls_in_the_config_are_the_endpoints(cli, isolated: Path) -> None:
     with start_mock(**FAST) as a, start_mock(**FAST) as b:
-        write_config(isolated / "calibrate.toml", a.base_url,
-                     f'base_urls = ["{a.base_url}#c=2", "{b.base_url}#c=1"]\n')  # fmt: skip
+        write_config(
+            isolated / "calibrate.toml",
+            a.base_url,
+            f'base_urls = ["{a.base_url}#c=2", "{b.base_url}#c=1"]\n',
+        )
         tasks = write_tasks(isolated / "tasks.jsonl", 10)
-        result = cli("batch", "--input", str(tasks), "--out", str(isolated / "out.jsonl"),
-                     "--json")  # fmt: skip
+        result = cli("batch", "--input", str(tasks), "--out", str(isolated / "out.jsonl"), "--json")
     assert result.code == 0, result.err
     assert [(e["url"], e["concurrency"]) for e in result.json["endpoints"]] == [
-        (a.base_url, 2), (b.base_url, 1)
-    ]  # fmt: skip
+        (a.base_url, 2),
+        (b.base_url, 1),
+    ]
 
 
-@pytest.mark.parametrize("entry, message", [
-    ("http://h:8000/v1#x=1", "only c=N"),
-    ("http://h:8000/v1#c=0", "c must be in"),
-    ("ftp://h/v1", "not an http(s) URL"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ("http://h:8000/v1#x=1", "only c=N"),
+        ("http://h:8000/v1#c=0", "c must be in"),
+        ("ftp://h/v1", "not an http(s) URL"),
+    ],
+)
 def test_bad_base_urls_are_config_errors(cli, isolated: Path, entry: str, message: str) -> None:
-    path = write_config(isolated / "calibrate.toml", "http://127.0.0.1:8000/v1",
-                        f'base_urls = ["{entry}"]\n')  # fmt: skip
+    path = write_config(
+        isolated / "calibrate.toml", "http://127.0.0.1:8000/v1", f'base_urls = ["{entry}"]\n'
+    )
     tasks = write_tasks(isolated / "tasks.jsonl", 2)
     result = cli("batch", "--config", str(path), "--input", str(tasks), "--out", "o.jsonl")
     assert result.code == 2 and message in result.err, result.err
@@ -111,8 +160,11 @@ def test_bad_base_urls_are_config_errors(cli, isolated: Path, entry: str, messag
 
 
 def test_one_base_url_from_the_environment_replaces_the_list(isolated: Path) -> None:
-    path = write_config(isolated / "calibrate.toml", "http://a:1/v1",
-                        'base_urls = ["http://b:2/v1", "http://c:3/v1#c=4"]\n')  # fmt: skip
+    path = write_config(
+        isolated / "calibrate.toml",
+        "http://a:1/v1",
+        'base_urls = ["http://b:2/v1", "http://c:3/v1#c=4"]\n',
+    )
     cfg = load(Overrides(config_path=str(path)), {})
     assert cfg.target.base_url == "http://b:2/v1" and len(cfg.target.base_urls) == 2
     env = load(Overrides(config_path=str(path)), {"CALIBRATE_BASE_URL": "http://d:4"})

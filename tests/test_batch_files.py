@@ -64,10 +64,22 @@ def test_stdin_input_runs_every_item_and_an_empty_pipe_is_never_a_pass(isolated:
         write_config(isolated / "calibrate.toml", server.base_url)
         for source, expected in ((tasks.read_bytes(), 0), (b"", 2)):
             proc = subprocess.run(
-                [sys.executable, "-m", "calibrate", "batch", "--input", "/dev/stdin",
-                 "--out", "out.jsonl"],
-                input=source, cwd=isolated, env=env, capture_output=True, timeout=60,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "calibrate",
+                    "batch",
+                    "--input",
+                    "/dev/stdin",
+                    "--out",
+                    "out.jsonl",
+                ],
+                input=source,
+                cwd=isolated,
+                env=env,
+                capture_output=True,
+                timeout=60,
+            )
             assert proc.returncode == expected, proc.stderr.decode()
     assert sorted(ok_ids(isolated / "out.jsonl")) == sorted(f"t{i}" for i in range(12))
     assert b"holds no items" in proc.stderr
@@ -88,8 +100,7 @@ def test_a_server_that_never_answers_exits_4_at_once_and_fails_nothing(
     write_config(isolated / "calibrate.toml", base_url)
     tasks = write_tasks(isolated / "tasks.jsonl", 50)
     started = time.monotonic()
-    result = cli("batch", "--input", str(tasks), "--out", "out.jsonl", "--backoff-s", "0.2",
-                 *extra)  # fmt: skip
+    result = cli("batch", "--input", str(tasks), "--out", "out.jsonl", "--backoff-s", "0.2", *extra)
     took_s = time.monotonic() - started
     assert result.code == 4, result.err
     assert took_s < 3, f"{took_s:.1f} s: it should stop at once, not back off per item"
@@ -153,8 +164,11 @@ def test_an_out_that_is_the_input_or_not_a_results_file_exits_2_untouched(
     sent = mock.model.snapshot().requests_total
     result = cli("batch", "--input", str(tasks), "--out", str(out))
     assert result.code == 2, result.err
-    expected = {"hardlink": "same file as --input", "symlink": "same file as --input",
-                "fifo": "not a regular file"}.get(case, "not a JSONL results file")  # fmt: skip
+    expected = {
+        "hardlink": "same file as --input",
+        "symlink": "same file as --input",
+        "fifo": "not a regular file",
+    }.get(case, "not a JSONL results file")
     assert expected in result.err and str(out) in result.err
     assert mock.model.snapshot().requests_total == sent
     assert tasks.read_bytes() == before_tasks
@@ -203,10 +217,24 @@ def test_a_write_error_mid_run_exits_1_says_what_was_kept_and_a_rerun_completes(
     with start_mock(ttft_s=0.001, per_token_s=0.0001) as server:
         write_config(isolated / "calibrate.toml", server.base_url)
         proc = subprocess.run(
-            [sys.executable, "-c", DISK_FULL, "batch", "--input", str(tasks), "--out", str(out),
-             "-c", "2"],
-            cwd=isolated, env=env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-c",
+                DISK_FULL,
+                "batch",
+                "--input",
+                str(tasks),
+                "--out",
+                str(out),
+                "-c",
+                "2",
+            ],
+            cwd=isolated,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 1, proc.stderr
         assert "Traceback" not in proc.stderr
         assert f"cannot write to {out}" in proc.stderr and "File too large" in proc.stderr

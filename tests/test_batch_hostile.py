@@ -53,14 +53,34 @@ def test_malformed_answers_are_recorded_failures_and_the_file_stays_valid(
             "[sep]": completion('{"summary": "a\u2028b\u0085c"}'),
         }.get(marker, completion('{"summary": "fine"}'))
 
-    markers = ["[null]", "[one]", "[deep-body]", "[surrogate]", "[deep]", "[nan]", "[inf]",
-               "[sep]"] + ["ok"] * 12  # fmt: skip
+    markers = [
+        "[null]",
+        "[one]",
+        "[deep-body]",
+        "[surrogate]",
+        "[deep]",
+        "[nan]",
+        "[inf]",
+        "[sep]",
+    ] + ["ok"] * 12
     tasks = _tasks(isolated / "tasks.jsonl", markers)
     out = isolated / "out.jsonl"
     with HostileServer(reply) as server:
         write_config(isolated / "calibrate.toml", server.base_url)
-        result = cli("batch", "--input", str(tasks), "--out", str(out), "-c", "4",
-                     "--retries", "0", "--expect", "json", "--json")  # fmt: skip
+        result = cli(
+            "batch",
+            "--input",
+            str(tasks),
+            "--out",
+            str(out),
+            "-c",
+            "4",
+            "--retries",
+            "0",
+            "--expect",
+            "json",
+            "--json",
+        )
     assert result.code == 1, result.err
     assert "Traceback" not in result.err and "remaining (--limit)" not in result.err
     rows = {r["id"]: r for r in assert_valid_jsonl(out)}
@@ -126,9 +146,14 @@ def test_any_exception_in_a_worker_is_a_recorded_internal_failure(isolated: Path
     markers = ["[type]", "[recursion]", "[encode]", "[memory]", "[other]"] * 4
     tasks = _tasks(isolated / "tasks.jsonl", markers)
     out = isolated / "out.jsonl"
-    spec = BatchSpec(input_path=tasks, out_path=out, model="m",
-                     params=SamplingParams(0.0, 16, 1.0, None), concurrency=2,
-                     retry=RetryPolicy(retries=0))  # fmt: skip
+    spec = BatchSpec(
+        input_path=tasks,
+        out_path=out,
+        model="m",
+        params=SamplingParams(0.0, 16, 1.0, None),
+        concurrency=2,
+        retry=RetryPolicy(retries=0),
+    )
     client = RaisingClient()
     with open_batch(spec) as plan:
         result = run_batch(plan, client, out)  # type: ignore[arg-type]
@@ -137,8 +162,15 @@ def test_any_exception_in_a_worker_is_a_recorded_internal_failure(isolated: Path
     assert len(rows) == 20 and result.failed == 20 and result.unfinished == 0
     assert result.failed_by_kind == {"internal": 20}
     kinds = Counter(r["error"]["message"].split(":")[0] for r in rows.values())
-    assert kinds == Counter({"TypeError": 4, "RecursionError": 4, "UnicodeEncodeError": 4,
-                             "MemoryError": 4, "AttributeError": 4})  # fmt: skip
+    assert kinds == Counter(
+        {
+            "TypeError": 4,
+            "RecursionError": 4,
+            "UnicodeEncodeError": 4,
+            "MemoryError": 4,
+            "AttributeError": 4,
+        }
+    )
 
 
 def test_items_left_neither_ok_nor_failed_fail_the_run_and_say_why(cli, isolated: Path) -> None:
@@ -162,9 +194,27 @@ def test_items_left_neither_ok_nor_failed_fail_the_run_and_say_why(cli, isolated
     assert _last_ledger(isolated)["passed"] is False
 
 
-FUZZ_KINDS = ("ok", "ok", "ok", "null", "one", "nonjson", "surrogate", "deep", "http500",
-              "drop", "message-int", "content-int", "empty", "429", "choices-obj", "usage-str",
-              "length", "json-nan", "deep-body")  # fmt: skip
+FUZZ_KINDS = (
+    "ok",
+    "ok",
+    "ok",
+    "null",
+    "one",
+    "nonjson",
+    "surrogate",
+    "deep",
+    "http500",
+    "drop",
+    "message-int",
+    "content-int",
+    "empty",
+    "429",
+    "choices-obj",
+    "usage-str",
+    "length",
+    "json-nan",
+    "deep-body",
+)
 
 
 def fuzz_reply(rng: random.Random, lock: Any) -> Any:
@@ -203,8 +253,22 @@ def test_fuzz_every_item_ends_ok_or_failed_and_the_exit_code_matches(cli, isolat
 
     tasks = write_tasks(isolated / "tasks.jsonl", 200)
     out = isolated / "out.jsonl"
-    args = ("batch", "--input", str(tasks), "--out", str(out), "-c", "8", "--retries", "1",
-            "--backoff-s", "0.001", "--expect", "json", "--json")  # fmt: skip
+    args = (
+        "batch",
+        "--input",
+        str(tasks),
+        "--out",
+        str(out),
+        "-c",
+        "8",
+        "--retries",
+        "1",
+        "--backoff-s",
+        "0.001",
+        "--expect",
+        "json",
+        "--json",
+    )
     with HostileServer(fuzz_reply(random.Random(1234), threading.Lock())) as server:
         write_config(isolated / "calibrate.toml", server.base_url)
         first = cli(*args)

@@ -46,8 +46,9 @@ def test_sigterm_abandons_slow_items_after_the_grace_period(isolated: Path) -> N
     tasks = write_tasks(isolated / "tasks.jsonl", 10)
     with start_mock(ttft_s=5.0, per_token_s=0.0) as server:
         write_config(isolated / "calibrate.toml", server.base_url)
-        proc = batch_process(isolated, "--input", str(tasks), "--out", "out.jsonl", "-c", "2",
-                             "--grace-s", "0.5")  # fmt: skip
+        proc = batch_process(
+            isolated, "--input", str(tasks), "--out", "out.jsonl", "-c", "2", "--grace-s", "0.5"
+        )
         try:
             deadline = time.monotonic() + 15
             while server.model.snapshot().in_flight < 2 and time.monotonic() < deadline:

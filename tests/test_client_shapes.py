@@ -37,8 +37,13 @@ def test_single_reports_every_wrong_shape_as_invalid_response(
     assert len(records) == 12
     assert {r["error"]["kind"] for r in records} == {"invalid_response"}
     messages = " | ".join(r["error"]["message"] for r in records)
-    for what in ("choices[0] is null", "choices[0] is an integer", "is a string, not an object",
-                 "content is an integer, not a string or null", "no choices"):  # fmt: skip
+    for what in (
+        "choices[0] is null",
+        "choices[0] is an integer",
+        "is a string, not an object",
+        "content is an integer, not a string or null",
+        "no choices",
+    ):
         assert what in messages.replace("no 'choices'", "no choices")
 
 
@@ -98,8 +103,12 @@ def test_stream_chunks_are_checked_the_same_way() -> None:
     assert parse_chunk({"choices": [], "usage": None}, chat=True).choices == []
     finish = parse_chunk({"choices": [{"index": 0, "finish_reason": "stop"}]}, chat=True)
     assert finish.choices[0].finish_reason == "stop" and finish.choices[0].text == ""
-    for bad in ([1], {"choices": [None]}, {"choices": [{"delta": "x"}]},
-                {"choices": [{"delta": {"content": 5}}]}):  # fmt: skip
+    for bad in (
+        [1],
+        {"choices": [None]},
+        {"choices": [{"delta": "x"}]},
+        {"choices": [{"delta": {"content": 5}}]},
+    ):
         with pytest.raises(RequestError) as caught:
             parse_chunk(bad, chat=True)
         assert caught.value.kind == "invalid_response"

@@ -68,10 +68,14 @@ def test_a_baseline_from_before_per_item_s_is_compared_on_request_latency(isolat
 
 
 def test_sweep_throughput_drop_fails() -> None:
-    base = [{"concurrency": "1", "verdict": "pass", "items_per_s": "10"},
-            {"concurrency": "4", "verdict": "pass", "items_per_s": "40"}]  # fmt: skip
-    now = [{"concurrency": "1", "verdict": "pass", "items_per_s": "10"},
-           {"concurrency": "4", "verdict": "pass", "items_per_s": "30"}]  # fmt: skip
+    base = [
+        {"concurrency": "1", "verdict": "pass", "items_per_s": "10"},
+        {"concurrency": "4", "verdict": "pass", "items_per_s": "40"},
+    ]
+    now = [
+        {"concurrency": "1", "verdict": "pass", "items_per_s": "10"},
+        {"concurrency": "4", "verdict": "pass", "items_per_s": "30"},
+    ]
     result = compare_tables("sweep", base, now, tolerance=0.2)
     assert not result.passed and "concurrency 4: items_per_s 30 is 25% lower" in result.problems[0]
 

@@ -19,13 +19,24 @@ from tests.mockserver import start_mock
 
 
 def _ok(item_id: object, output: str) -> dict:
-    return {"id": item_id, "ok": True, "output": output, "finish_reason": "stop",
-            "usage": {"prompt_tokens": 3, "completion_tokens": 2}, "seconds": 0.1, "attempts": 1}  # fmt: skip
+    return {
+        "id": item_id,
+        "ok": True,
+        "output": output,
+        "finish_reason": "stop",
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+        "seconds": 0.1,
+        "attempts": 1,
+    }
 
 
 def _failed(item_id: object, kind: str) -> dict:
-    return {"id": item_id, "ok": False, "error": {"kind": kind, "message": f"{kind}!",
-            "status": None}, "attempts": 4}  # fmt: skip
+    return {
+        "id": item_id,
+        "ok": False,
+        "error": {"kind": kind, "message": f"{kind}!", "status": None},
+        "attempts": 4,
+    }
 
 
 def _journal(path: Path, records: list[dict], tail: bytes = b"") -> Path:
@@ -47,10 +58,11 @@ def test_final_is_input_order_with_the_last_ok_else_the_last_failure(cli, isolat
             _ok("t5", "five"),
             _ok("zz", "foreign"),
         ],
-        tail=b'{"id":"t2","ok":tr',
-    )  # fmt: skip  (a torn last line: no record)
-    result = cli("export", "--input", str(tasks), "--out", str(journal), "--to", "final.jsonl",
-                 "--json")  # fmt: skip
+        tail=b'{"id":"t2","ok":tr',  # a torn last line: no record
+    )
+    result = cli(
+        "export", "--input", str(tasks), "--out", str(journal), "--to", "final.jsonl", "--json"
+    )
     assert result.code == 1, result.err  # not every id is ok
     final = assert_valid_jsonl(isolated / "final.jsonl")
     assert [r["id"] for r in final] == [f"t{i}" for i in range(6)]
@@ -60,7 +72,10 @@ def test_final_is_input_order_with_the_last_ok_else_the_last_failure(cli, isolat
     assert by_id["t2"]["error"]["kind"] == "not_run" and by_id["t4"]["error"]["kind"] == "not_run"
     failed = assert_valid_jsonl(isolated / "final.failed.jsonl")
     assert [(f["id"], f["status"]) for f in failed] == [
-        ("t0", "failed"), ("t2", "not_run"), ("t4", "not_run")]  # fmt: skip
+        ("t0", "failed"),
+        ("t2", "not_run"),
+        ("t4", "not_run"),
+    ]
     assert result.json["ok"] == 3 and result.json["foreign"] == 1
     assert "1 journal line(s) are not ids of the input" in result.err
 
@@ -74,7 +89,9 @@ def test_all_ok_exits_0_and_csv_has_one_row_per_id(cli, isolated: Path) -> None:
     with (isolated / "final.csv").open(encoding="utf-8", newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert [(r["id"], r["ok"], r["output"]) for r in rows] == [
-        ("2", "True", "two"), ("1", "True", '一,\n"二"')]  # fmt: skip
+        ("2", "True", "two"),
+        ("1", "True", '一,\n"二"'),
+    ]
     assert assert_valid_jsonl(isolated / "final.failed.jsonl") == []
 
 
@@ -127,12 +144,34 @@ def test_batch_final_writes_the_final_file_after_retries(cli, isolated: Path) ->
         write_config(isolated / "calibrate.toml", server.base_url)
         tasks = write_tasks(isolated / "tasks.jsonl", 40)
         out = isolated / "out.jsonl"
-        first = cli("batch", "--input", str(tasks), "--out", str(out), "--retries", "0",
-                    "--final", "final.jsonl", "--json")  # fmt: skip
+        first = cli(
+            "batch",
+            "--input",
+            str(tasks),
+            "--out",
+            str(out),
+            "--retries",
+            "0",
+            "--final",
+            "final.jsonl",
+            "--json",
+        )
         assert first.code == 1 and first.json["final"]["failed"] > 0
         assert len(assert_valid_jsonl(isolated / "final.failed.jsonl")) == first.json["failed"]
-        second = cli("batch", "--input", str(tasks), "--out", str(out), "--retries", "10",
-                     "--backoff-s", "0.01", "--final", "final.jsonl", "--json")  # fmt: skip
+        second = cli(
+            "batch",
+            "--input",
+            str(tasks),
+            "--out",
+            str(out),
+            "--retries",
+            "10",
+            "--backoff-s",
+            "0.01",
+            "--final",
+            "final.jsonl",
+            "--json",
+        )
     assert second.code == 0, second.err
     journal = assert_valid_jsonl(out)
     assert len(journal) > 40, "the journal keeps every line, retried ids included"
@@ -149,8 +188,18 @@ def test_shards_cover_every_id_exactly_once_and_export_merges_them(cli, isolated
         write_config(isolated / "calibrate.toml", server.base_url)
         counts = []
         for index in range(3):
-            result = cli("batch", "--input", str(tasks), "--out", f"out-{index}.jsonl",
-                         "--shard", f"{index}/3", "-c", "8", "--json")  # fmt: skip
+            result = cli(
+                "batch",
+                "--input",
+                str(tasks),
+                "--out",
+                f"out-{index}.jsonl",
+                "--shard",
+                f"{index}/3",
+                "-c",
+                "8",
+                "--json",
+            )
             assert result.code == 0, result.err
             counts.append(result.json["total"])
             assert f"batch (shard {index}/3)" in result.err
@@ -158,8 +207,17 @@ def test_shards_cover_every_id_exactly_once_and_export_merges_them(cli, isolated
     seen = Counter(r["id"] for journal in journals for r in journal)
     assert sorted(seen) == sorted(ids) and set(seen.values()) == {1}
     assert sum(counts) == 100 and all(counts)
-    merged = cli("export", "--input", str(tasks), "--out", "out-0.jsonl,out-1.jsonl",
-                 "--out", "out-2.jsonl", "--to", "final.jsonl")  # fmt: skip
+    merged = cli(
+        "export",
+        "--input",
+        str(tasks),
+        "--out",
+        "out-0.jsonl,out-1.jsonl",
+        "--out",
+        "out-2.jsonl",
+        "--to",
+        "final.jsonl",
+    )
     assert merged.code == 0, merged.err
     assert [r["id"] for r in assert_valid_jsonl(isolated / "final.jsonl")] == ids
 

@@ -69,8 +69,13 @@ def test_gpu_snapshot_lists_devices_with_pressure_and_processes() -> None:
     snap = gpu_snapshot(nvml=fake)
     assert snap is not None
     assert [d["uuid"] for d in snap.devices] == ["GPU-aaa", "GPU-bbb"]
-    assert snap.devices[1] == {"device": "1", "uuid": "GPU-bbb", "used_mib": 3000.0,
-                               "total_mib": 80000.0, "pressure": 0.0375}  # fmt: skip
+    assert snap.devices[1] == {
+        "device": "1",
+        "uuid": "GPU-bbb",
+        "used_mib": 3000.0,
+        "total_mib": 80000.0,
+        "pressure": 0.0375,
+    }
     assert snap.processes == ((4242, 900.0), (5151, 2900.0), (6, 10.0))
     assert fake.shutdowns == 1
     only = gpu_snapshot(["GPU-aaa"], nvml=FakeNvml(two()))

@@ -34,8 +34,10 @@ def _pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
 def hostile(root: Path) -> str:
     """Every way out of a shell word, each creating a file under ``root`` if it ever runs."""
     p = shlex.quote(str(root))
-    return (f"/m; touch {p}/semi; $(touch {p}/dollar) `touch {p}/tick` ' ; touch {p}/single ; '"
-            f'" ; touch {p}/double ; "\\\n touch {p}/newline & touch {p}/amp')  # fmt: skip
+    return (
+        f"/m; touch {p}/semi; $(touch {p}/dollar) `touch {p}/tick` ' ; touch {p}/single ; '"
+        f'" ; touch {p}/double ; "\\\n touch {p}/newline & touch {p}/amp'
+    )
 
 
 def created(root: Path) -> list[str]:
@@ -46,13 +48,16 @@ def created(root: Path) -> list[str]:
 MOCK = shlex.join([sys.executable, "-m", "calibrate", "mock", "--ttft", "0.002"])
 # The placeholder in every quoting context a shell program has: bare, "…" and '…'.
 SHELL_COMMANDS = [
-    "bash -c 'echo loading {model_path} at {batch_size}; exec " + MOCK.replace("'", "") +
-    " --port {port} --slots {concurrency}'",
-    "sh -ec \"echo loading '{model_path}'; exec " + MOCK.replace("'", "") +
-    " --port {port} --slots {concurrency}\"",
-    "env X=1 bash -lc 'echo \"loading {model_path}\" {batch_size}; exec " + MOCK.replace("'", "") +
-    " --port \"{port}\" --slots {concurrency}'",
-]  # fmt: skip
+    "bash -c 'echo loading {model_path} at {batch_size}; exec "
+    + MOCK.replace("'", "")
+    + " --port {port} --slots {concurrency}'",
+    "sh -ec \"echo loading '{model_path}'; exec "
+    + MOCK.replace("'", "")
+    + ' --port {port} --slots {concurrency}"',
+    'env X=1 bash -lc \'echo "loading {model_path}" {batch_size}; exec '
+    + MOCK.replace("'", "")
+    + ' --port "{port}" --slots {concurrency}\'',
+]
 
 
 @pytest.mark.parametrize("command", SHELL_COMMANDS)
@@ -77,8 +82,10 @@ def test_server_start_runs_a_shell_command_without_running_hostile_values(
 def test_pin_script_of_a_shell_command_keeps_hostile_values_literal(cli, isolated: Path) -> None:
     path = hostile(isolated)
     command = "bash -c 'exec fake-engine --model {model_path} --port {port} --slots {concurrency}'"
-    server = (f'[server]\nkind = "custom"\nmodel_path = {json.dumps(path)}\nport = 8123\n'
-              f"command = {json.dumps(command)}\n")  # fmt: skip
+    server = (
+        f'[server]\nkind = "custom"\nmodel_path = {json.dumps(path)}\nport = 8123\n'
+        f"command = {json.dumps(command)}\n"
+    )
     write_config(isolated / "calibrate.toml", "http://127.0.0.1:8123/v1", server)
     passing_ladder(isolated, cli("status", "--json").json["target"])
     pinned = cli("pin", "--json")
@@ -87,10 +94,20 @@ def test_pin_script_of_a_shell_command_keeps_hostile_values_literal(cli, isolate
     assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
     bin_dir = install_fake_engines(isolated / "fakebin")
     out = isolated / "engine.argv"
-    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_ENGINE_OUT": str(out),
-           "HOME": str(isolated)}  # fmt: skip
-    done = subprocess.run([str(script)], cwd=isolated, env=env, capture_output=True, text=True,
-                          timeout=20, check=False)  # fmt: skip
+    env = {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "FAKE_ENGINE_OUT": str(out),
+        "HOME": str(isolated),
+    }
+    done = subprocess.run(
+        [str(script)],
+        cwd=isolated,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     argv, _ = recorded_run(out)
     assert argv[argv.index("--model") + 1] == path
@@ -115,8 +132,12 @@ def test_hostile_numbers_and_a_reparsing_shell_are_refused_before_anything_runs(
     bad_port = cli("server", "start", "--batch-size", "1", "--concurrency", "1")
     assert bad_port.code == 2 and "server.port" in bad_port.err
     # a shell program that parses its text twice (eval) cannot be made safe by quoting
-    managed_config(isolated, free_port(), "bash -c 'eval srv --model {model_path}'",
-                   extra=f"model_path = {json.dumps(hostile(isolated))}\n")  # fmt: skip
+    managed_config(
+        isolated,
+        free_port(),
+        "bash -c 'eval srv --model {model_path}'",
+        extra=f"model_path = {json.dumps(hostile(isolated))}\n",
+    )
     refused = cli("server", "start")
     assert refused.code == 2, refused.err
     assert "parsed twice" in refused.err and "Traceback" not in refused.err

@@ -29,8 +29,11 @@ def test_oom_at_tier_8_keeps_tier_4_with_incidents_and_no_key_on_disk(
     assert summary["max_in_flight"] == 4
     assert summary["stopped_by"] == "failure"
     assert [(t["batch_size"], t["verdict"]) for t in summary["tiers"]] == [
-        (1, "pass"), (2, "pass"), (4, "pass"), (8, "fail")
-    ]  # fmt: skip
+        (1, "pass"),
+        (2, "pass"),
+        (4, "pass"),
+        (8, "fail"),
+    ]
     assert "last passing tier: batch 4" in result.err and "oom" in result.err
     run = run_dir(isolated, summary["run_id"])
     incidents = sorted((run / "incidents").glob("*.json"))
@@ -59,8 +62,13 @@ def test_oom_at_tier_8_keeps_tier_4_with_incidents_and_no_key_on_disk(
 
 def test_vram_limit_at_tier_4_stops_there_without_failures(cli, isolated: Path) -> None:
     # used = 5000 + in_flight × 1000 of 10000 MiB: 4 in flight is 90 % = the default vram_limit
-    with start_mock(ttft_s=0.03, per_token_s=0.0005, vram_total_mib=10000,
-                    vram_base_mib=5000, vram_per_request_mib=1000) as mock:  # fmt: skip
+    with start_mock(
+        ttft_s=0.03,
+        per_token_s=0.0005,
+        vram_total_mib=10000,
+        vram_base_mib=5000,
+        vram_per_request_mib=1000,
+    ) as mock:
         open_gate(isolated, mock.base_url)
         result = cli("ladder", "--json")
     assert result.code == 0, result.err
@@ -127,8 +135,9 @@ def test_tasks_file_inputs_and_vram_not_measured(cli, isolated: Path) -> None:
         result = cli("ladder", "--tasks", str(tasks), "--vram-source", "none", "--json")
     assert result.code == 0, result.err
     assert "VRAM not measured" in result.err
-    assert all(t["pressure"] is None and t["baseline_match"] is None
-               for t in result.json["tiers_detail"])  # fmt: skip
+    assert all(
+        t["pressure"] is None and t["baseline_match"] is None for t in result.json["tiers_detail"]
+    )
     prompts = {
         r["prompt"] for r in jsonl(run_dir(isolated, result.json["run_id"]) / "records.jsonl")
     }
@@ -201,9 +210,12 @@ def test_ctrl_c_mid_round_exits_130_at_once_with_the_rounds_so_far(isolated: Pat
         open_gate(isolated, mock.base_url)
         proc = subprocess.Popen(
             [sys.executable, "-m", "calibrate", "ladder"],
-            cwd=isolated, env={**os.environ, "PYTHONPATH": str(REPO)},
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            cwd=isolated,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not list((isolated / "runs").glob("*/rounds.jsonl")):
             time.sleep(0.05)
@@ -223,9 +235,13 @@ def test_ctrl_c_mid_round_exits_130_at_once_with_the_rounds_so_far(isolated: Pat
     assert entry["summary"]["last_passing"]["batch_size"] == 2, "partial tiers kept for report"
 
     refused = subprocess.run(
-        [sys.executable, "-m", "calibrate", "pin", "--kind", "vllm"], cwd=isolated,
-        env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        [sys.executable, "-m", "calibrate", "pin", "--kind", "vllm"],
+        cwd=isolated,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert refused.returncode == 3, refused.stderr
     assert "was interrupted" in refused.stderr and "calibrate ladder" in refused.stderr
 

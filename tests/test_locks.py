@@ -23,10 +23,12 @@ def test_a_second_load_stage_on_the_same_target_exits_2_naming_the_holder(
         target = open_gate(isolated, mock.base_url)
         append_ledger(isolated, "ladder", target, {"last_passing": {"batch_size": 2}})
         proc = subprocess.Popen(
-            [sys.executable, "-m", "calibrate", "ladder"], cwd=isolated,
+            [sys.executable, "-m", "calibrate", "ladder"],
+            cwd=isolated,
             env={**os.environ, "PYTHONPATH": str(REPO)},
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and not list(isolated.glob("runs/*/tiers.jsonl")):

@@ -55,9 +55,13 @@ def test_malformed_rate_sends_every_wrong_shape_reproducibly() -> None:
     with start_mock(**FAST, malformed_rate=0.3, seed=1) as mock:
         url = f"{mock.base_url}/chat/completions"
         replies = [requests.post(url, json=CHAT, timeout=5).json() for _ in range(60)]
-    good = [r for r in replies if isinstance((r.get("choices") or [None])[0], dict)
-            and isinstance(r["choices"][0].get("message"), dict)
-            and isinstance(r["choices"][0]["message"]["content"], str)]  # fmt: skip
+    good = [
+        r
+        for r in replies
+        if isinstance((r.get("choices") or [None])[0], dict)
+        and isinstance(r["choices"][0].get("message"), dict)
+        and isinstance(r["choices"][0]["message"]["content"], str)
+    ]
     assert 20 < len(good) < 60  # a rate, not all or nothing
 
 
@@ -167,6 +171,12 @@ def test_hostile_flags_are_documented(capsys: pytest.CaptureFixture[str]) -> Non
     with pytest.raises(SystemExit):
         build_parser().parse_args(["mock", "--help"])
     text = capsys.readouterr().out
-    for flag in ("--malformed-rate", "--echo-headers-rate", "--lone-surrogate", "--drip-s",
-                 "--keepalive-only", "--huge-mib"):  # fmt: skip
+    for flag in (
+        "--malformed-rate",
+        "--echo-headers-rate",
+        "--lone-surrogate",
+        "--drip-s",
+        "--keepalive-only",
+        "--huge-mib",
+    ):
         assert flag in text

@@ -96,9 +96,26 @@ def test_a_server_killed_mid_run_and_back_later_fails_no_item(cli, isolated: Pat
 
     thread = _after_lines(out, 20, kill_then_revive)
     try:
-        result = cli("batch", "--input", str(tasks), "--out", str(out), "-c", "4",
-                     "--retries", "2", "--backoff-s", "0.05", "--outage-after", "3",
-                     "--outage-s", "60", "--progress-s", "0.5", "--json")  # fmt: skip
+        result = cli(
+            "batch",
+            "--input",
+            str(tasks),
+            "--out",
+            str(out),
+            "-c",
+            "4",
+            "--retries",
+            "2",
+            "--backoff-s",
+            "0.05",
+            "--outage-after",
+            "3",
+            "--outage-s",
+            "60",
+            "--progress-s",
+            "0.5",
+            "--json",
+        )
         thread.join()
     finally:
         mock.stop()
@@ -125,9 +142,25 @@ def test_an_outage_longer_than_outage_s_exits_4_with_nothing_failed(cli, isolate
     thread = _after_lines(out, 10, lambda: mock.stop(signal.SIGKILL))
     try:
         started = time.monotonic()
-        result = cli("batch", "--input", str(tasks), "--out", str(out), "-c", "4",
-                     "--retries", "1", "--backoff-s", "0.05", "--outage-after", "3",
-                     "--outage-s", "2", "--progress-s", "0.5")  # fmt: skip
+        result = cli(
+            "batch",
+            "--input",
+            str(tasks),
+            "--out",
+            str(out),
+            "-c",
+            "4",
+            "--retries",
+            "1",
+            "--backoff-s",
+            "0.05",
+            "--outage-after",
+            "3",
+            "--outage-s",
+            "2",
+            "--progress-s",
+            "0.5",
+        )
         elapsed = time.monotonic() - started
         thread.join()
     finally:
@@ -139,8 +172,18 @@ def test_an_outage_longer_than_outage_s_exits_4_with_nothing_failed(cli, isolate
     assert "no server answered" in result.err and "resume with: calibrate batch" in result.err
     # the rerun against a live server does exactly the rest
     with start_mock_process("--slots", "4", *FAST) as again:
-        rerun = cli("batch", "--base-url", again.base_url, "--input", str(tasks), "--out",
-                    str(out), "-c", "4", "--json")  # fmt: skip
+        rerun = cli(
+            "batch",
+            "--base-url",
+            again.base_url,
+            "--input",
+            str(tasks),
+            "--out",
+            str(out),
+            "-c",
+            "4",
+            "--json",
+        )
     assert rerun.code == 0, rerun.err
     assert rerun.json["skipped"] == len(rows) and rerun.json["done"] == 60 - len(rows)
 
@@ -152,17 +195,36 @@ def test_restart_brings_back_a_managed_server_that_died(cli, isolated: Path) -> 
     tasks = write_tasks(isolated / "tasks.jsonl", 60)
     out = isolated / "out.jsonl"
     port = _free_port()
-    write_config(isolated / "calibrate.toml", f"http://127.0.0.1:{port}/v1",
-                 f'\n[server]\ncommand = "{sys.executable} -m calibrate mock --port {{port}} '
-                 f'--slots 4 --ttft 0.02 --per-token 0.001"\nport = {port}\n'
-                 "ready_timeout_s = 30\nstop_timeout_s = 5\n")  # fmt: skip
+    write_config(
+        isolated / "calibrate.toml",
+        f"http://127.0.0.1:{port}/v1",
+        f'\n[server]\ncommand = "{sys.executable} -m calibrate mock --port {{port}} '
+        f'--slots 4 --ttft 0.02 --per-token 0.001"\nport = {port}\n'
+        "ready_timeout_s = 30\nstop_timeout_s = 5\n",
+    )
     assert cli("server", "start", "--kind", "custom").code == 0
     pid = int((isolated / "runs/server.pid").read_text())
     thread = _after_lines(out, 15, lambda: os.kill(pid, signal.SIGKILL))
     try:
-        result = cli("batch", "--input", str(tasks), "--out", str(out), "-c", "4", "--restart",
-                     "--retries", "1", "--backoff-s", "0.05", "--outage-after", "3",
-                     "--outage-s", "30", "--json")  # fmt: skip
+        result = cli(
+            "batch",
+            "--input",
+            str(tasks),
+            "--out",
+            str(out),
+            "-c",
+            "4",
+            "--restart",
+            "--retries",
+            "1",
+            "--backoff-s",
+            "0.05",
+            "--outage-after",
+            "3",
+            "--outage-s",
+            "30",
+            "--json",
+        )
         thread.join()
         restarted_pid = int((isolated / "runs/server.pid").read_text())
     finally:

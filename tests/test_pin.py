@@ -30,8 +30,10 @@ CUSTOM = "fake-engine --model {model_path} --port {port} --batch {batch_size} --
 
 
 def _configure(cli, root: Path, kind: str, model_path: str = HOSTILE) -> str:
-    server = (f'[server]\nkind = "{kind}"\nmodel_path = {json.dumps(model_path)}\nport = 8123\n'
-              f"command = {json.dumps(CUSTOM)}\n")  # fmt: skip
+    server = (
+        f'[server]\nkind = "{kind}"\nmodel_path = {json.dumps(model_path)}\nport = 8123\n'
+        f"command = {json.dumps(CUSTOM)}\n"
+    )
     write_config(root / "calibrate.toml", "http://127.0.0.1:8123/v1", server)
     return str(cli("status", "--json").json["target"])
 
@@ -39,10 +41,15 @@ def _configure(cli, root: Path, kind: str, model_path: str = HOSTILE) -> str:
 def _run_script(script: Path, root: Path) -> tuple[list[str], dict[str, str]]:
     bin_dir = install_fake_engines(root / "fakebin")
     out = root / "engine.argv"
-    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_ENGINE_OUT": str(out),
-           "HOME": str(root), "PORT": "9999"}  # fmt: skip
-    done = subprocess.run([str(script)], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=20, check=False)  # fmt: skip
+    env = {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "FAKE_ENGINE_OUT": str(out),
+        "HOME": str(root),
+        "PORT": "9999",
+    }
+    done = subprocess.run(
+        [str(script)], cwd=root, env=env, capture_output=True, text=True, timeout=20, check=False
+    )
     assert done.returncode == 0, done.stderr
     return recorded_run(out)
 
@@ -73,7 +80,10 @@ def test_pin_writes_a_safe_script_for_every_kind(cli, isolated: Path, kind: str)
     pin = json.loads((isolated / "runs/ledger.jsonl").read_text().splitlines()[-1])
     assert pin["stage"] == "pin" and pin["summary"]["script"] == "scripts/launch.sh"
     assert {k: pin["summary"][k] for k in ("batch_size", "concurrency", "kind")} == {
-        "batch_size": 4, "concurrency": 8, "kind": kind}  # fmt: skip
+        "batch_size": 4,
+        "concurrency": 8,
+        "kind": kind,
+    }
 
 
 def test_pin_ollama_sets_its_environment(cli, isolated: Path) -> None:
@@ -95,8 +105,9 @@ def test_pin_kind_flag_overrides_config_and_rollback_setting_wins_if_newer(
 ) -> None:
     target = _configure(cli, isolated, "vllm", "/models/internlm-s2")
     passing_ladder(isolated, target, batch_size=8)
-    append_ledger(isolated, "active", target,
-                  {"batch_size": 4, "concurrency": 1, "source": "rollback"})  # fmt: skip
+    append_ledger(
+        isolated, "active", target, {"batch_size": 4, "concurrency": 1, "source": "rollback"}
+    )
     result = cli("pin", "--kind", "lmdeploy", "--json")
     assert result.code == 0, result.err
     assert result.json["kind"] == "lmdeploy" and result.json["batch_size"] == 4

@@ -34,8 +34,13 @@ def test_pin_sizes_llamacpp_context_from_the_ladder_records(cli, isolated: Path)
     (run / "records.jsonl").write_text(
         _record(13, 32) + _record(40, 32) + _record(900, 32, ok=False), "utf-8"
     )
-    append_ledger(isolated, "ladder", target,
-                  {"last_passing": {"batch_size": 4, "concurrency": 1}}, run_id=LADDER)  # fmt: skip
+    append_ledger(
+        isolated,
+        "ladder",
+        target,
+        {"last_passing": {"batch_size": 4, "concurrency": 1}},
+        run_id=LADDER,
+    )
     result = cli("pin", "--json")
     assert result.code == 0, result.err
     text = (isolated / "scripts/launch.sh").read_text("utf-8")
@@ -48,8 +53,13 @@ def test_pin_sizes_llamacpp_context_from_the_ladder_records(cli, isolated: Path)
 
 def test_pin_without_ladder_records_keeps_the_default_per_slot(cli, isolated: Path) -> None:
     target = _configure(cli, isolated)
-    append_ledger(isolated, "ladder", target,
-                  {"last_passing": {"batch_size": 2, "concurrency": 1}}, run_id=LADDER)  # fmt: skip
+    append_ledger(
+        isolated,
+        "ladder",
+        target,
+        {"last_passing": {"batch_size": 2, "concurrency": 1}},
+        run_id=LADDER,
+    )
     assert cli("pin").code == 0
     text = (isolated / "scripts/launch.sh").read_text("utf-8")
     assert "--parallel 2 -c 8192" in text and "# context:" not in text

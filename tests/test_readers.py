@@ -31,8 +31,12 @@ def test_malformed_ledger_lines_are_skipped_with_a_warning_naming_them(cli, isol
                 handle.write(line.replace('"T"', json.dumps(target)).encode() + b"\n")
             handle.write(b'{"stage": "ladder", "target": "\xff\xfe"}\n')  # not UTF-8
         # a good line whose text holds U+2028 and U+0085: one record, not three lines
-        append_ledger(isolated, "ladder", target,
-                      {"last_passing": {"batch_size": 2}, "note": "a\u2028b\u0085c"})  # fmt: skip
+        append_ledger(
+            isolated,
+            "ladder",
+            target,
+            {"last_passing": {"batch_size": 2}, "note": "a\u2028b\u0085c"},
+        )
         status = cli("status", "--json")
         assert status.code == 0, status.err
         for number in range(2, 2 + len(BAD_LINES) + 1):
@@ -55,10 +59,13 @@ def test_malformed_ledger_lines_are_skipped_with_a_warning_naming_them(cli, isol
         (b"", "tiers.csv"),
         (b"\x00\xff\xfe binary", "tiers.csv"),
         (b"batch_size,concurrency,rounds,items,errors,verdict\nabc,1,2,3,0,pass\n", "batch_size"),
-        (b"batch_size,concurrency,rounds,items,errors,verdict,per_item_p50_s\n"
-         b"1,1,2,3,0,pass,fast\n", "tiers.csv"),
+        (
+            b"batch_size,concurrency,rounds,items,errors,verdict,per_item_p50_s\n"
+            b"1,1,2,3,0,pass,fast\n",
+            "tiers.csv",
+        ),
     ],
-)  # fmt: skip
+)
 def test_report_on_a_bad_tiers_csv_is_exit_2(
     cli, isolated: Path, content: bytes, needle: str
 ) -> None:

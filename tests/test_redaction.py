@@ -45,9 +45,11 @@ def _files_text(root: Path) -> str:
 def test_server_files_messages_and_manifests_hide_secret_flags(cli, isolated: Path) -> None:
     port = free_port()
     mock = shlex.join([sys.executable, "-m", "calibrate", "mock", "--ttft", "0.002"])
-    command = (f"env HF_TOKEN={SECRETS[3]} bash -c ': --api-key {SECRETS[0]} "
-               f"--password={SECRETS[1]}; exec {mock} --port {{port}} --slots {{concurrency}}' "
-               f"calib --hf-token {SECRETS[2]}")  # fmt: skip
+    command = (
+        f"env HF_TOKEN={SECRETS[3]} bash -c ': --api-key {SECRETS[0]} "
+        f"--password={SECRETS[1]}; exec {mock} --port {{port}} --slots {{concurrency}}' "
+        f"calib --hf-token {SECRETS[2]}"
+    )
     managed_config(isolated, port, command)
     started = cli("server", "start", "--concurrency", "2", "--json")
     try:
@@ -68,11 +70,15 @@ def test_server_files_messages_and_manifests_hide_secret_flags(cli, isolated: Pa
 
 
 def test_pin_script_takes_secrets_from_the_environment(cli, isolated: Path) -> None:
-    command = (f"env HF_TOKEN={SECRETS[3]} fake-engine --model {{model_path}} --api-key "
-               f"{SECRETS[0]} --password={SECRETS[1]} --max-num-batched-tokens 8192 "
-               "--slots {concurrency}")  # fmt: skip
-    server = (f'[server]\nkind = "custom"\nmodel_path = "/m"\nport = 8123\n'
-              f"command = {json.dumps(command)}\n")  # fmt: skip
+    command = (
+        f"env HF_TOKEN={SECRETS[3]} fake-engine --model {{model_path}} --api-key "
+        f"{SECRETS[0]} --password={SECRETS[1]} --max-num-batched-tokens 8192 "
+        "--slots {concurrency}"
+    )
+    server = (
+        f'[server]\nkind = "custom"\nmodel_path = "/m"\nport = 8123\n'
+        f"command = {json.dumps(command)}\n"
+    )
     write_config(isolated / "calibrate.toml", "http://127.0.0.1:8123/v1", server)
     passing_ladder(isolated, cli("status", "--json").json["target"])
     pinned = cli("pin", "--json")

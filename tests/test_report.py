@@ -12,11 +12,31 @@ from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, open_gate, run_dir
 
 SPEC_COLUMNS = {
-    "batch_size", "concurrency", "rounds", "waves", "total_s", "per_item_s", "latency_mean_s",
-    "latency_p50_s", "latency_p90_s", "latency_p99_s", "latency_max_s", "items_per_s", "output_tokens_per_s", "peak_vram_mib",
-    "vram_idle_mib", "vram_total_mib", "pressure", "pressure_source", "errors", "error_kinds",
-    "first_done_s", "last_done_s", "baseline_match", "verdict",
-}  # fmt: skip
+    "batch_size",
+    "concurrency",
+    "rounds",
+    "waves",
+    "total_s",
+    "per_item_s",
+    "latency_mean_s",
+    "latency_p50_s",
+    "latency_p90_s",
+    "latency_p99_s",
+    "latency_max_s",
+    "items_per_s",
+    "output_tokens_per_s",
+    "peak_vram_mib",
+    "vram_idle_mib",
+    "vram_total_mib",
+    "pressure",
+    "pressure_source",
+    "errors",
+    "error_kinds",
+    "first_done_s",
+    "last_done_s",
+    "baseline_match",
+    "verdict",
+}
 
 
 def _table(text: str) -> list[str]:
@@ -73,11 +93,26 @@ def test_a_narrow_terminal_drops_minor_columns_instead_of_cropping_cells() -> No
 
     from calibrate.report import tier_table
 
-    row = {"batch_size": 8, "concurrency": 1, "rounds": 2, "items": 16, "per_item_s": 0.0394,
-           "latency_p50_s": 0.118, "latency_p90_s": 0.234, "latency_max_s": 0.234,
-           "items_per_s": 25.38, "output_tokens_per_s": 1218, "peak_vram_mib": 53248,
-           "pressure": 0.65, "pressure_source": "metrics", "errors": 2, "error_kinds": "oom:2",
-           "baseline_match": 6, "baseline_items": 8, "verdict": "fail"}  # fmt: skip
+    row = {
+        "batch_size": 8,
+        "concurrency": 1,
+        "rounds": 2,
+        "items": 16,
+        "per_item_s": 0.0394,
+        "latency_p50_s": 0.118,
+        "latency_p90_s": 0.234,
+        "latency_max_s": 0.234,
+        "items_per_s": 25.38,
+        "output_tokens_per_s": 1218,
+        "peak_vram_mib": 53248,
+        "pressure": 0.65,
+        "pressure_source": "metrics",
+        "errors": 2,
+        "error_kinds": "oom:2",
+        "baseline_match": 6,
+        "baseline_items": 8,
+        "verdict": "fail",
+    }
     wide = tier_table([row], "ladder")
     narrow = tier_table([row], "ladder", width=80)
     assert len(narrow.columns) < len(wide.columns)

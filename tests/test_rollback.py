@@ -68,7 +68,12 @@ def test_rollback_after_failing_ladder_restores_and_matches(cli, isolated: Path)
     assert all(s["ok"] for s in steps)
     ledger = _ledger(isolated)
     assert [e["summary"]["step"] for e in ledger if e["stage"] == "rollback-step"] == [
-        "stop", "vram", "active", "restart", "compare"]  # fmt: skip
+        "stop",
+        "vram",
+        "active",
+        "restart",
+        "compare",
+    ]
     assert ledger[-1]["stage"] == "rollback" and ledger[-1]["passed"] is True
     assert ledger[-1]["summary"]["setting"] == {"batch_size": 4, "concurrency": 1}
     assert ledger[-1]["target"] == target
@@ -161,9 +166,15 @@ def test_vram_release_waits_for_the_pid_to_leave_nvml() -> None:
     freed = GpuSnapshot(({"index": 0, "used_mib": 1500.0, "total_mib": 81920.0},), ())
     readings = iter([held, held, freed])
     now = [0.0]
-    release = readiness.wait_released(lambda: next(readings), 4242, 1200.0, held, timeout_s=5,
-                                      clock=lambda: now[0],
-                                      sleep=lambda s: now.__setitem__(0, now[0] + s))  # fmt: skip
+    release = readiness.wait_released(
+        lambda: next(readings),
+        4242,
+        1200.0,
+        held,
+        timeout_s=5,
+        clock=lambda: now[0],
+        sleep=lambda s: now.__setitem__(0, now[0] + s),
+    )
     assert release.ok and release.measured and release.pid_listed is False
     assert (
         "PID 4242 is not in NVML's process list" in release.message and "70000" in release.message
@@ -173,9 +184,15 @@ def test_vram_release_waits_for_the_pid_to_leave_nvml() -> None:
 def test_vram_not_released_fails_after_timeout() -> None:
     stuck = GpuSnapshot(({"index": 0, "used_mib": 30000.0, "total_mib": 81920.0},), ())
     now = [0.0]
-    release = readiness.wait_released(lambda: stuck, 4242, 1200.0, stuck, timeout_s=2,
-                                      clock=lambda: now[0],
-                                      sleep=lambda s: now.__setitem__(0, now[0] + s))  # fmt: skip
+    release = readiness.wait_released(
+        lambda: stuck,
+        4242,
+        1200.0,
+        stuck,
+        timeout_s=2,
+        clock=lambda: now[0],
+        sleep=lambda s: now.__setitem__(0, now[0] + s),
+    )
     assert not release.ok and "not come back within 512 MiB" in release.message
     none = readiness.wait_released(lambda: None, 4242, None, None)
     assert none.ok and not none.measured and "not measured" in none.message

@@ -107,8 +107,7 @@ def test_userinfo_in_base_url_is_used_as_basic_auth_and_redacted_everywhere(
     )
     assert refused.code == 4 and "127.0.0.1:9" in refused.err
     written = all_files_text(isolated / "runs") + all_files_text(isolated / "baselines")
-    for text in (written, single.out, single.err, flagged.out, shown.out,
-                 shown.err, refused.err):  # fmt: skip
+    for text in (written, single.out, single.err, flagged.out, shown.out, shown.err, refused.err):
         assert password not in text and "alice:" not in text
 
 
@@ -144,8 +143,9 @@ def test_a_key_echoed_by_the_server_never_reaches_disk_or_the_terminal(
         write_config(isolated / "calibrate.toml", mock.base_url)
         single = cli("single", "--json")
         streamed = cli("single", "--json", "--stream")
-        batch = cli("batch", "--json", "--input", "in.jsonl", "--out", "out.jsonl",
-                    "--retries", "0")  # fmt: skip
+        batch = cli(
+            "batch", "--json", "--input", "in.jsonl", "--out", "out.jsonl", "--retries", "0"
+        )
     assert single.code == 1 and streamed.code == 1 and batch.code == 1
     assert "http_5xx" in single.err and "Bearer [REDACTED]" in single.err  # the rest is kept
     everything = all_files_text(isolated) + "".join(

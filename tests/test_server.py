@@ -68,8 +68,9 @@ def test_server_that_exits_at_once_is_exit_4_with_log_tail_and_code(cli, isolate
 
 def test_server_never_ready_is_exit_4_after_deadline_and_is_stopped(cli, isolated: Path) -> None:
     code = "import time; print('loading weights...', flush=True); time.sleep(60)"
-    managed_config(isolated, free_port(), shlex.join([sys.executable, "-c", code]),
-                   ready_timeout_s=1)  # fmt: skip
+    managed_config(
+        isolated, free_port(), shlex.join([sys.executable, "-c", code]), ready_timeout_s=1
+    )
     started = time.monotonic()
     result = cli("server", "start")
     elapsed = time.monotonic() - started
@@ -88,9 +89,16 @@ def test_stale_pidfile_of_another_live_program_is_never_signalled(cli, isolated:
         runs.mkdir()
         (runs / "server.pid").write_text(f"{stranger.pid}\n")
         # what calibrate wrote for its own server, long gone: the same PID, another start time
-        old = process.ServerRecord(pid=stranger.pid, start_id="1", argv=("vllm", "serve"),
-                                   kind="custom", port=8000, health_path=None,
-                                   started_at="2026-11-28T10:00:00.000Z", log_offset=0)  # fmt: skip
+        old = process.ServerRecord(
+            pid=stranger.pid,
+            start_id="1",
+            argv=("vllm", "serve"),
+            kind="custom",
+            port=8000,
+            health_path=None,
+            started_at="2026-11-28T10:00:00.000Z",
+            log_offset=0,
+        )
         process.save(old, runs)
         assert cli("server", "status", "--json").json["state"] == "stranger"
         result = cli("server", "stop", "--json")
@@ -155,9 +163,14 @@ def test_health_503_while_loading_is_waited_for(tmp_path: Path) -> None:
     from calibrate import server
 
     started = server.start(
-        tmp_path / "runs", [sys.executable, str(script)], kind="llamacpp", port=port,
-        health_path="/health", ready_timeout_s=10, stop_timeout_s=2,
-    )  # fmt: skip
+        tmp_path / "runs",
+        [sys.executable, str(script)],
+        kind="llamacpp",
+        port=port,
+        health_path="/health",
+        ready_timeout_s=10,
+        stop_timeout_s=2,
+    )
     try:
         assert started.ready_s >= 0.7, "ready was declared while /health still answered 503"
     finally:

@@ -60,10 +60,21 @@ def test_stop_reads_the_exit_code_from_the_supervisor(cli, isolated: Path) -> No
 
 
 def _failed_item(kind: str) -> ItemResult:
-    return ItemResult(index=0, prompt="p", path="/v1/chat/completions", body={"model": "m"},
-                      text=None, finish_reason=None, usage=None, completion_tokens=0,
-                      elapsed_s=0.1, ttft_s=None, started_s=0.0, done_s=0.1,
-                      error=ErrorInfo(kind, "the connection was dropped"))  # fmt: skip
+    return ItemResult(
+        index=0,
+        prompt="p",
+        path="/v1/chat/completions",
+        body={"model": "m"},
+        text=None,
+        finish_reason=None,
+        usage=None,
+        completion_tokens=0,
+        elapsed_s=0.1,
+        ttft_s=None,
+        started_s=0.0,
+        done_s=0.1,
+        error=ErrorInfo(kind, "the connection was dropped"),
+    )
 
 
 def test_incident_of_a_request_whose_managed_server_died_is_server_died(tmp_path: Path) -> None:
@@ -72,21 +83,39 @@ def test_incident_of_a_request_whose_managed_server_died_is_server_died(tmp_path
     runs.mkdir()
     dead = subprocess.Popen(["sleep", "0"])
     dead.wait()
-    record = ServerRecord(pid=dead.pid, start_id="gone", argv=("llama-server",), kind="llamacpp",
-                          port=8080, health_path="/health", started_at="t", log_offset=0)  # fmt: skip
+    record = ServerRecord(
+        pid=dead.pid,
+        start_id="gone",
+        argv=("llama-server",),
+        kind="llamacpp",
+        port=8080,
+        health_path="/health",
+        started_at="t",
+        log_offset=0,
+    )
     process.save(record, runs)  # what `server start` leaves: runs/server.json and server.pid
     (runs / "server.log").write_text("slot 0: processing\n")
-    exit_status.write(runs / "server.exit.json",
-                      exit_status.ExitStatus.from_returncode(dead.pid, -9))  # fmt: skip
-    recorder = IncidentRecorder(RunDir(runs, "ladder"), {"Authorization": "Bearer x"},
-                                VramMonitor([]), runs_dir=runs, snapshot=lambda _: None)  # fmt: skip
+    exit_status.write(
+        runs / "server.exit.json", exit_status.ExitStatus.from_returncode(dead.pid, -9)
+    )
+    recorder = IncidentRecorder(
+        RunDir(runs, "ladder"),
+        {"Authorization": "Bearer x"},
+        VramMonitor([]),
+        runs_dir=runs,
+        snapshot=lambda _: None,
+    )
     reset, http = _failed_item("reset"), replace(_failed_item("http_4xx"), index=1)
     paths = recorder.record([reset, http], batch_size=4, concurrency=4, round_no=1)
     died, answered = (json.loads(p.read_text("utf-8")) for p in paths)
     assert died["error"]["kind"] == "server_died"
     assert f"PID {dead.pid}) killed by SIGKILL" in died["error"]["message"]
-    assert died["server"] == {"pid": dead.pid, "exit_code": -9, "signal": "SIGKILL",
-                              "log_tail": ["slot 0: processing"]}  # fmt: skip
+    assert died["server"] == {
+        "pid": dead.pid,
+        "exit_code": -9,
+        "signal": "SIGKILL",
+        "log_tail": ["slot 0: processing"],
+    }
     assert answered["error"]["kind"] == "http_4xx", "an HTTP answer came from a live server"
 
 

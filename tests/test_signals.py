@@ -18,10 +18,13 @@ from tests.tier_helpers import jsonl, open_gate
 
 def _calibrate(root: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "calibrate", *args], cwd=root,
+        [sys.executable, "-m", "calibrate", *args],
+        cwd=root,
         env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _terminate_when(proc: subprocess.Popen[str], ready: Callable[[], bool]) -> str:

@@ -22,14 +22,37 @@ from calibrate.stages.stop_rules import (
 from calibrate.stages.tiers import Stats, Tier, percentile
 
 CLEAN = Stats(
-    batch_size=2, concurrency=1, round=None, items=4, waves=1, total_s=0.8, per_item_s=0.2,
-    latency_mean_s=0.2, latency_p50_s=0.2, latency_p90_s=0.2, latency_p99_s=0.2,
-    latency_max_s=0.2, ttft_p50_s=None, ttft_p99_s=None, tpot_p50_s=None, tpot_p99_s=None,
-    items_per_s=4.0, output_tokens_per_s=100.0, peak_vram_mib=1000.0,
-    vram_idle_mib=900.0, vram_total_mib=2000.0, pressure=0.5, pressure_source="nvml",
-    peak_kv_usage=None, errors=0, error_kinds={}, first_done_s=0.2, last_done_s=0.2,
-    baseline_match=4, baseline_items=4,
-)  # fmt: skip
+    batch_size=2,
+    concurrency=1,
+    round=None,
+    items=4,
+    waves=1,
+    total_s=0.8,
+    per_item_s=0.2,
+    latency_mean_s=0.2,
+    latency_p50_s=0.2,
+    latency_p90_s=0.2,
+    latency_p99_s=0.2,
+    latency_max_s=0.2,
+    ttft_p50_s=None,
+    ttft_p99_s=None,
+    tpot_p50_s=None,
+    tpot_p99_s=None,
+    items_per_s=4.0,
+    output_tokens_per_s=100.0,
+    peak_vram_mib=1000.0,
+    vram_idle_mib=900.0,
+    vram_total_mib=2000.0,
+    pressure=0.5,
+    pressure_source="nvml",
+    peak_kv_usage=None,
+    errors=0,
+    error_kinds={},
+    first_done_s=0.2,
+    last_done_s=0.2,
+    baseline_match=4,
+    baseline_items=4,
+)
 PREV = replace(CLEAN, batch_size=1, per_item_s=0.1)
 LIMITS = {"vram_limit": 0.9, "latency_rise": 1.5}
 DEFAULT_RISE = LadderConfig().latency_rise
@@ -127,8 +150,11 @@ def test_last_passing_counts_flagged_tiers() -> None:
 
 
 def test_mismatch_notes_only_for_passing_tiers_that_differ() -> None:
-    history = [_tier(1, "pass"), _tier(4, "pass", baseline_match=3, baseline_items=8),
-               _tier(8, "fail", baseline_match=1, baseline_items=8)]  # fmt: skip
+    history = [
+        _tier(1, "pass"),
+        _tier(4, "pass", baseline_match=3, baseline_items=8),
+        _tier(8, "fail", baseline_match=1, baseline_items=8),
+    ]
     assert mismatch_notes(history) == [
         "outputs differ from the single-call baseline at batch 4 (3/8): "
         "this server is not batch-invariant"

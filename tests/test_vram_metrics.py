@@ -164,8 +164,10 @@ def test_automatic_choice() -> None:
     assert choose_samplers("none", lambda: TWO_VLLM_ENGINES, nvml=FakeNvml(gpus)) == []
     assert VramMonitor([]).source == "none"
     line = VramMonitor(both).describe()
-    assert line == ("nvml+metrics (every 0.05 s); pressure from metrics: vllm:kv_cache_usage_perc; "
-                    "server queue: vllm:num_requests_waiting")  # fmt: skip
+    assert line == (
+        "nvml+metrics (every 0.05 s); pressure from metrics: vllm:kv_cache_usage_perc; "
+        "server queue: vllm:num_requests_waiting"
+    )
 
 
 class _NoNvml:

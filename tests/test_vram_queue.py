@@ -33,9 +33,13 @@ class Scripted:
 
 
 def gpus(a: float, b: float, queue: float | None) -> VramReading:
-    return VramReading("metrics", (DeviceMemory("0", a, 1000.0), DeviceMemory("1", b, 1000.0)),
-                       device_metric="DCGM_FI_DEV_FB_USED", server_queue=queue,
-                       queue_metric="vllm:num_requests_waiting" if queue is not None else None)  # fmt: skip
+    return VramReading(
+        "metrics",
+        (DeviceMemory("0", a, 1000.0), DeviceMemory("1", b, 1000.0)),
+        device_metric="DCGM_FI_DEV_FB_USED",
+        server_queue=queue,
+        queue_metric="vllm:num_requests_waiting" if queue is not None else None,
+    )
 
 
 def test_queue_note_explains_a_knee_only_when_the_server_queued() -> None:
@@ -49,8 +53,9 @@ def test_queue_note_explains_a_knee_only_when_the_server_queued() -> None:
 
 
 def test_a_window_keeps_each_devices_peak_and_the_deepest_queue() -> None:
-    monitor = VramMonitor([Scripted([gpus(100, 500, 0), gpus(950, 200, 3), gpus(300, 600, 1),
-                                     gpus(100, 500, 0)])])  # fmt: skip
+    monitor = VramMonitor(
+        [Scripted([gpus(100, 500, 0), gpus(950, 200, 3), gpus(300, 600, 1), gpus(100, 500, 0)])]
+    )
     idle = monitor.open_window()
     monitor.sample()
     monitor.sample()
@@ -62,16 +67,27 @@ def test_a_window_keeps_each_devices_peak_and_the_deepest_queue() -> None:
     # the same two rounds summed into a tier: devices, queue and pressure named per row
     other = VramMonitor([Scripted([gpus(100, 990, 5), gpus(100, 100, 0)])])
     second = other.close_window(other.open_window())
-    tier = summarise(batch_size=8, concurrency=8, round_no=None, items=[], total_s=1.0,
-                     peaks=[peak, second], baseline_text=None)  # fmt: skip
+    tier = summarise(
+        batch_size=8,
+        concurrency=8,
+        round_no=None,
+        items=[],
+        total_s=1.0,
+        peaks=[peak, second],
+        baseline_text=None,
+    )
     assert tier.server_queue_max == 5
     assert tier.per_device == (DeviceMemory("0", 950, 1000), DeviceMemory("1", 990, 1000))
     assert (
         tier.pressure == 0.99 and tier.pressure_metric == "metrics: DCGM_FI_DEV_FB_USED (device 1)"
     )
     row = tier.to_json()
-    assert row["per_device"][1] == {"device": "1", "used_mib": 990.0, "total_mib": 1000.0,
-                                    "pressure": 0.99}  # fmt: skip
+    assert row["per_device"][1] == {
+        "device": "1",
+        "used_mib": 990.0,
+        "total_mib": 1000.0,
+        "pressure": 0.99,
+    }
     json.dumps(row)  # tiers.jsonl can hold it
 
 
@@ -79,15 +95,31 @@ def test_no_queue_gauge_records_null_not_zero() -> None:
     monitor = VramMonitor([Scripted([gpus(1, 1, None), gpus(1, 1, None)])])
     peak = monitor.close_window(monitor.open_window())
     assert peak.server_queue_max is None
-    stats = summarise(batch_size=1, concurrency=1, round_no=1, items=[], total_s=1.0,
-                      peaks=[peak], baseline_text=None)  # fmt: skip
+    stats = summarise(
+        batch_size=1,
+        concurrency=1,
+        round_no=1,
+        items=[],
+        total_s=1.0,
+        peaks=[peak],
+        baseline_text=None,
+    )
     assert stats.to_json()["server_queue_max"] is None
 
 
 def test_queue_column_shows_and_is_dropped_before_the_main_ones(tmp_path: Path) -> None:
-    row = {"batch_size": 16, "concurrency": 16, "rounds": 2, "items": 32, "errors": 0,
-           "verdict": "pass", "server_queue_max": 12, "pressure": 0.5, "pressure_source": "nvml",
-           "per_device": [{"device": "0", "used_mib": 1.0, "total_mib": 2.0, "pressure": 0.5}]}  # fmt: skip
+    row = {
+        "batch_size": 16,
+        "concurrency": 16,
+        "rounds": 2,
+        "items": 32,
+        "errors": 0,
+        "verdict": "pass",
+        "server_queue_max": 12,
+        "pressure": 0.5,
+        "pressure_source": "nvml",
+        "per_device": [{"device": "0", "used_mib": 1.0, "total_mib": 2.0, "pressure": 0.5}],
+    }
     csv_path = report.write_tiers_csv(tmp_path / "tiers.csv", [row], "ladder", "nvml")
     with csv_path.open(newline="", encoding="utf-8") as handle:
         written = next(csv.DictReader(handle))

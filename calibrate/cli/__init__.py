@@ -87,14 +87,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # the last resort: a stage turns its own write errors into messages
         if debug:
             traceback.print_exc()
-        print(f"error: {_os_error_text(exc)}; fix the path (permissions, free space) and run again",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {_os_error_text(exc)}; fix the path (permissions, free space) and run again",
+            file=sys.stderr,
+        )
         return ExitCode.USAGE
     except MemoryError:
         if debug:
             traceback.print_exc()
-        print("error: out of memory; what completed is on disk. Lower the sizes or counts "
-              "(batch sizes, concurrency, items) and run again.", file=sys.stderr)  # fmt: skip
+        print(
+            "error: out of memory; what completed is on disk. Lower the sizes or counts "
+            "(batch sizes, concurrency, items) and run again.",
+            file=sys.stderr,
+        )
         return ExitCode.FAILED
 
 

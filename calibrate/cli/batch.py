@@ -74,30 +74,45 @@ def run(args: argparse.Namespace) -> int:
     endpoints = endpoints_for(cfg, urls, args.concurrency, Ledger(cfg.runs_dir), MAX_CONCURRENCY)
     concurrency = sum(e.concurrency for e in endpoints)
     if concurrency > MAX_CONCURRENCY:
-        raise UsageError(f"the endpoints' concurrency adds up to {concurrency}; at most "
-                         f"{MAX_CONCURRENCY} in all", "Lower URL#c=N or -c.")  # fmt: skip
+        raise UsageError(
+            f"the endpoints' concurrency adds up to {concurrency}; at most "
+            f"{MAX_CONCURRENCY} in all",
+            "Lower URL#c=N or -c.",
+        )
     source = endpoints[0].concurrency_source if len(endpoints) == 1 else "per endpoint"
     if args.final:
         check_export(Path(args.final), None, "--final")
     restarter = ManagedRestart(cfg) if args.restart else None
     if restarter is not None and not restarter.managed():
-        raise UsageError("--restart needs a server that calibrate manages (runs/server.json)",
-                         "Start it with: calibrate server start (or drop --restart)")  # fmt: skip
+        raise UsageError(
+            "--restart needs a server that calibrate manages (runs/server.json)",
+            "Start it with: calibrate server start (or drop --restart)",
+        )
     params = sampling_params(cfg)
     if args.max_tokens is not None or args.temperature is not None:
         params = type(params)(
             temperature=params.temperature if args.temperature is None else args.temperature,
             max_tokens=params.max_tokens if args.max_tokens is None else args.max_tokens,
-            top_p=params.top_p, seed=params.seed,
-        )  # fmt: skip
+            top_p=params.top_p,
+            seed=params.seed,
+        )
     spec = BatchSpec(
-        input_path=Path(args.input), out_path=Path(args.out) if args.out else None,
-        model=cfg.target.model, params=params, prompt=args.prompt, concurrency=concurrency,
-        retry=RetryPolicy(retries=args.retries, base_s=args.backoff_s), grace_s=args.grace_s,
-        fsync=args.fsync, sample=args.sample, limit=args.limit, max_chars=args.max_chars,
-        expect=args.expect, allow_foreign=args.allow_foreign,
+        input_path=Path(args.input),
+        out_path=Path(args.out) if args.out else None,
+        model=cfg.target.model,
+        params=params,
+        prompt=args.prompt,
+        concurrency=concurrency,
+        retry=RetryPolicy(retries=args.retries, base_s=args.backoff_s),
+        grace_s=args.grace_s,
+        fsync=args.fsync,
+        sample=args.sample,
+        limit=args.limit,
+        max_chars=args.max_chars,
+        expect=args.expect,
+        allow_foreign=args.allow_foreign,
         shard=Shard.parse(args.shard) if args.shard else None,
-    )  # fmt: skip
+    )
     outage = OutagePolicy(after=args.outage_after, limit_s=args.outage_s)
     try:
         # exit 2 on bad input, a busy or unwritable --out: before anything is sent
@@ -113,16 +128,24 @@ def run(args: argparse.Namespace) -> int:
 def _client(cfg: Config, endpoint: Endpoint) -> OpenAIClient:
     """A client for one more endpoint, set up like the target's (open_stage)."""
     t = cfg.target
-    return OpenAIClient(endpoint.base_url, api_key=cfg.api_key, metrics_key=cfg.gpu_metrics_key,
-                        timeout_s=t.timeout_s, connect_timeout_s=t.connect_timeout_s,
-                        max_response_mib=t.max_response_mib,
-                        max_connections=endpoint.concurrency)  # fmt: skip
+    return OpenAIClient(
+        endpoint.base_url,
+        api_key=cfg.api_key,
+        metrics_key=cfg.gpu_metrics_key,
+        timeout_s=t.timeout_s,
+        connect_timeout_s=t.connect_timeout_s,
+        max_response_mib=t.max_response_mib,
+        max_connections=endpoint.concurrency,
+    )
 
 
 def _usable(
-    ctx: StageContext, out: Output, endpoints: tuple[Endpoint, ...],
-    clients: list[OpenAIClient], summary: dict[str, Any],
-) -> list[tuple[Endpoint, OpenAIClient]]:  # fmt: skip
+    ctx: StageContext,
+    out: Output,
+    endpoints: tuple[Endpoint, ...],
+    clients: list[OpenAIClient],
+    summary: dict[str, Any],
+) -> list[tuple[Endpoint, OpenAIClient]]:
     """Several endpoints: each must answer the fixed prompt like the baseline (exit 1 if not)."""
     pairs = list(zip(endpoints, clients, strict=True))
     if len(endpoints) == 1:
@@ -139,28 +162,52 @@ def _usable(
             "Fix or drop those --base-url entries (the diff is above); nothing was dispatched.",
         )
     if not check.usable:
-        raise ServerUnreachable("no endpoint answered the fixed prompt",
-                                "Start the servers, then rerun the same command.")  # fmt: skip
+        raise ServerUnreachable(
+            "no endpoint answered the fixed prompt",
+            "Start the servers, then rerun the same command.",
+        )
     return [(e, c) for e, c in pairs if e in check.usable]
 
 
-def _run(args: argparse.Namespace, out: Output, spec: BatchSpec, plan: BatchPlan, source: str,
-         endpoints: tuple[Endpoint, ...], outage: OutagePolicy,
-         restarter: ManagedRestart | None) -> int:  # fmt: skip
+def _run(
+    args: argparse.Namespace,
+    out: Output,
+    spec: BatchSpec,
+    plan: BatchPlan,
+    source: str,
+    endpoints: tuple[Endpoint, ...],
+    outage: OutagePolicy,
+    restarter: ManagedRestart | None,
+) -> int:
     if source == "default":
-        out.warn(f"concurrency {spec.concurrency} is not calibrated (nothing pinned for this "
-                 "target); run calibrate sweep and calibrate pin, or pass -c")  # fmt: skip
-    ctx = open_stage(args, "batch", out, gate=False,
-                     max_connections=min(endpoints[0].concurrency, max(plan.to_run, 1)))  # fmt: skip
+        out.warn(
+            f"concurrency {spec.concurrency} is not calibrated (nothing pinned for this "
+            "target); run calibrate sweep and calibrate pin, or pass -c"
+        )
+    ctx = open_stage(
+        args,
+        "batch",
+        out,
+        gate=False,
+        max_connections=min(endpoints[0].concurrency, max(plan.to_run, 1)),
+    )
     try:
         return _dispatch(args, out, spec, plan, source, endpoints, outage, restarter, ctx)
     finally:
         ctx.run.close()  # also when refused or unreachable: no run file is left open
 
 
-def _dispatch(args: argparse.Namespace, out: Output, spec: BatchSpec, plan: BatchPlan,
-              source: str, endpoints: tuple[Endpoint, ...], outage: OutagePolicy,
-              restarter: ManagedRestart | None, ctx: StageContext) -> int:  # fmt: skip
+def _dispatch(
+    args: argparse.Namespace,
+    out: Output,
+    spec: BatchSpec,
+    plan: BatchPlan,
+    source: str,
+    endpoints: tuple[Endpoint, ...],
+    outage: OutagePolicy,
+    restarter: ManagedRestart | None,
+    ctx: StageContext,
+) -> int:
     clients = [ctx.client, *(_client(ctx.config, e) for e in endpoints[1:])]
     # --sample tries the prompt: its outputs must not count as done for the real run
     out_path = spec.out_path if spec.out_path and not spec.sample else ctx.run.file("sample.jsonl")
@@ -187,16 +234,25 @@ def _dispatch(args: argparse.Namespace, out: Output, spec: BatchSpec, plan: Batc
     try:
         usable = _usable(ctx, out, endpoints, clients, extra)
         lanes: list[Lane] = [
-            make_lane(e, c, outage, restarter=restarter if e is endpoints[0] else None,
-                      on_event=on_event)
+            make_lane(
+                e, c, outage, restarter=restarter if e is endpoints[0] else None, on_event=on_event
+            )
             for e, c in usable
-        ]  # fmt: skip
+        ]
         with view, _signals(control, out):
             result = run_batch(
-                plan, None, out_path, lanes=lanes, control=control, on_progress=view.update,
-                progress_every_s=view.every_s, monitor=monitor, warn=out.warn, outage=outage,
+                plan,
+                None,
+                out_path,
+                lanes=lanes,
+                control=control,
+                on_progress=view.update,
+                progress_every_s=view.every_s,
+                monitor=monitor,
+                warn=out.warn,
+                outage=outage,
                 events=events,
-            )  # fmt: skip
+            )
     finally:
         monitor.stop()
         for client in clients:
@@ -213,8 +269,9 @@ def _dispatch(args: argparse.Namespace, out: Output, spec: BatchSpec, plan: Batc
     summary = {**summary_json(result, spec.concurrency, source), **extra}
     checks = shape_checks(result.shapes, max_chars=spec.max_chars, expect=spec.expect)
     if spec.sample:
-        summary["checks"] = [{"name": c.name, "passed": c.passed, "detail": c.detail}
-                             for c in checks]  # fmt: skip
+        summary["checks"] = [
+            {"name": c.name, "passed": c.passed, "detail": c.detail} for c in checks
+        ]
     # items count: a pass needs an ok line for every item this run was to do
     passed = result.ok == result.to_run and result.stopped_by is None
     if spec.sample:
@@ -247,18 +304,24 @@ def _say_plan(
 ) -> None:
     what = f"sample of {to_run}" if spec.sample else f"{to_run} to run"
     shard = f" (shard {spec.shard})" if spec.shard else ""
-    out.say(f"batch{shard}: {total} total, {skipped} already done, {what} "
-            f"(concurrency {spec.concurrency} from {source}, retries {spec.retry.retries})")  # fmt: skip
+    out.say(
+        f"batch{shard}: {total} total, {skipped} already done, {what} "
+        f"(concurrency {spec.concurrency} from {source}, retries {spec.retry.retries})"
+    )
     if scan is not None and scan.retry:
         out.say(f"retrying {scan.retry} item(s) that failed in an earlier run")
     if scan is not None and scan.torn_tail:
-        out.warn(f"the last line of {spec.out_path} was torn (a crash mid-write); it was cut "
-                 "off and its item runs again")  # fmt: skip
+        out.warn(
+            f"the last line of {spec.out_path} was torn (a crash mid-write); it was cut "
+            "off and its item runs again"
+        )
     if scan is not None and scan.unreadable:
         out.warn(f"{scan.unreadable} unreadable line(s) in {spec.out_path} skipped")
     if scan is not None and scan.foreign:
-        out.warn(f"{scan.foreign} line(s) in {spec.out_path} are not items of {spec.input_path} "
-                 "(kept, --allow-foreign)")  # fmt: skip
+        out.warn(
+            f"{scan.foreign} line(s) in {spec.out_path} are not items of {spec.input_path} "
+            "(kept, --allow-foreign)"
+        )
 
 
 @contextmanager
@@ -298,9 +361,12 @@ def _junit(args: argparse.Namespace, ctx: Any, result: BatchResult, checks: list
     for kind, count in sorted(result.failed_by_kind.items()):
         ids = [repr(f["id"]) for f in result.failures if f["kind"] == kind]
         message = next((f["message"] for f in result.failures if f["kind"] == kind), "")
-        suite.check(f"items failed: {kind}", False,
-                    f"{count} item(s) failed with {kind}: {message} (e.g. {', '.join(ids)})",
-                    kind=kind)  # fmt: skip
+        suite.check(
+            f"items failed: {kind}",
+            False,
+            f"{count} item(s) failed with {kind}: {message} (e.g. {', '.join(ids)})",
+            kind=kind,
+        )
     for check in checks:
         suite.check(f"sample: {check.name}", check.passed, check.detail, kind="format")
     save_junit(args, suite)

@@ -21,51 +21,108 @@ MAX_OUTAGE_AFTER = 10_000
 
 def register(subparsers: Any, doc: str, run: Any) -> None:
     p = add_command(subparsers, "batch", doc, run, target=False)
-    p.add_argument("--base-url", action="append", metavar="URL[#c=N]",
-                   help="server URL, e.g. http://host:8000/v1; repeat for several servers, each "
-                   "optionally with its own concurrency (URL#c=8)")  # fmt: skip
+    p.add_argument(
+        "--base-url",
+        action="append",
+        metavar="URL[#c=N]",
+        help="server URL, e.g. http://host:8000/v1; repeat for several servers, each "
+        "optionally with its own concurrency (URL#c=8)",
+    )
     p.add_argument("--model", metavar="NAME", help="model name the server registered")
     p.add_argument("--input", required=True, metavar="PATH", help="tasks JSONL: id, text, prompt?")
     p.add_argument("--out", metavar="PATH", help="results JSONL (appended; resumed when rerun)")
-    p.add_argument("--final", metavar="PATH",
-                   help="also write one result per input id in input order (last ok, else last "
-                   "failure): .jsonl, .csv or .parquet; ids not ok → PATH's name + .failed.jsonl")  # fmt: skip
+    p.add_argument(
+        "--final",
+        metavar="PATH",
+        help="also write one result per input id in input order (last ok, else last "
+        "failure): .jsonl, .csv or .parquet; ids not ok → PATH's name + .failed.jsonl",
+    )
     p.add_argument("--prompt", default="", help="put before each item's text (its own line)")
-    p.add_argument("-c", "--concurrency", type=int, metavar="N",
-                   help="requests in flight (default: the pinned concurrency, else 4; "
-                   f"at most {MAX_CONCURRENCY}); with several --base-url, the fallback for those "
-                   "without #c=N or a calibrated setting")  # fmt: skip
-    p.add_argument("--shard", metavar="I/N",
-                   help="take only the ids whose stable hash mod N is I (0-based); one journal "
-                   "per shard, merged by calibrate export")  # fmt: skip
-    p.add_argument("--retries", type=int, default=3,
-                   help=f"retries of transient errors (3; at most {MAX_RETRIES})")  # fmt: skip
-    p.add_argument("--backoff-s", type=float, default=1.0, metavar="S",
-                   help="first retry wait; doubles each retry, plus jitter (1)")  # fmt: skip
-    p.add_argument("--outage-after", type=int, default=DEFAULT_OUTAGE_AFTER, metavar="N",
-                   help="this many refused/reset/overloaded requests in a row pause an endpoint "
-                   f"and probe it until it answers ({DEFAULT_OUTAGE_AFTER})")  # fmt: skip
-    p.add_argument("--outage-s", type=float, default=DEFAULT_OUTAGE_S, metavar="S",
-                   help="how long to wait for a server in an outage before exit 4 "
-                   f"({DEFAULT_OUTAGE_S:g})")  # fmt: skip
-    p.add_argument("--restart", action="store_true",
-                   help="restart the server calibrate manages (calibrate server start) if its "
-                   "process dies mid-run")  # fmt: skip
-    p.add_argument("--grace-s", type=float, default=10.0, metavar="S",
-                   help="on Ctrl-C, how long in-flight items may finish (10)")  # fmt: skip
+    p.add_argument(
+        "-c",
+        "--concurrency",
+        type=int,
+        metavar="N",
+        help="requests in flight (default: the pinned concurrency, else 4; "
+        f"at most {MAX_CONCURRENCY}); with several --base-url, the fallback for those "
+        "without #c=N or a calibrated setting",
+    )
+    p.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="take only the ids whose stable hash mod N is I (0-based); one journal "
+        "per shard, merged by calibrate export",
+    )
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=3,
+        help=f"retries of transient errors (3; at most {MAX_RETRIES})",
+    )
+    p.add_argument(
+        "--backoff-s",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="first retry wait; doubles each retry, plus jitter (1)",
+    )
+    p.add_argument(
+        "--outage-after",
+        type=int,
+        default=DEFAULT_OUTAGE_AFTER,
+        metavar="N",
+        help="this many refused/reset/overloaded requests in a row pause an endpoint "
+        f"and probe it until it answers ({DEFAULT_OUTAGE_AFTER})",
+    )
+    p.add_argument(
+        "--outage-s",
+        type=float,
+        default=DEFAULT_OUTAGE_S,
+        metavar="S",
+        help=f"how long to wait for a server in an outage before exit 4 ({DEFAULT_OUTAGE_S:g})",
+    )
+    p.add_argument(
+        "--restart",
+        action="store_true",
+        help="restart the server calibrate manages (calibrate server start) if its "
+        "process dies mid-run",
+    )
+    p.add_argument(
+        "--grace-s",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="on Ctrl-C, how long in-flight items may finish (10)",
+    )
     p.add_argument("--fsync", action="store_true", help="also fsync each output line")
-    p.add_argument("--sample", type=int, metavar="N",
-                   help="run only the first N items and check the outputs' shape")  # fmt: skip
+    p.add_argument(
+        "--sample",
+        type=int,
+        metavar="N",
+        help="run only the first N items and check the outputs' shape",
+    )
     p.add_argument("--limit", type=int, metavar="N", help="run at most N pending items this time")
     p.add_argument("--max-chars", type=int, metavar="N", help="flag outputs longer than this")
-    p.add_argument("--expect", choices=("text", "json"), default="text",
-                   help="json: strip ```json fences, parse into 'parsed', else a format failure")  # fmt: skip
-    p.add_argument("--allow-foreign", action="store_true",
-                   help="append even if --out holds ids that are not in --input")  # fmt: skip
+    p.add_argument(
+        "--expect",
+        choices=("text", "json"),
+        default="text",
+        help="json: strip ```json fences, parse into 'parsed', else a format failure",
+    )
+    p.add_argument(
+        "--allow-foreign",
+        action="store_true",
+        help="append even if --out holds ids that are not in --input",
+    )
     p.add_argument("--max-tokens", type=int, metavar="N", help="default: [prompt].max_tokens")
     p.add_argument("--temperature", type=float, help="default: [prompt].temperature")
-    p.add_argument("--progress-s", type=float, default=5.0, metavar="S",
-                   help="without a terminal, a progress line every S seconds (5)")  # fmt: skip
+    p.add_argument(
+        "--progress-s",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="without a terminal, a progress line every S seconds (5)",
+    )
     add_junit(p)
 
 
@@ -76,7 +133,8 @@ def check_flags(args: argparse.Namespace) -> None:
         for flag, value, low, high in (
             ("-c/--concurrency", args.concurrency, 1, MAX_CONCURRENCY),
             ("--retries", args.retries, 0, MAX_RETRIES),
-            ("--sample", args.sample, 1, math.inf), ("--limit", args.limit, 1, math.inf),
+            ("--sample", args.sample, 1, math.inf),
+            ("--limit", args.limit, 1, math.inf),
             ("--max-chars", args.max_chars, 1, math.inf),
             ("--max-tokens", args.max_tokens, 1, math.inf),
             ("--backoff-s", args.backoff_s, 0, MAX_WAIT_S),
@@ -86,15 +144,19 @@ def check_flags(args: argparse.Namespace) -> None:
             ("--outage-s", args.outage_s, 0, MAX_OUTAGE_S),
         )
         if value is not None and not low <= value <= high  # NaN fails this too
-    ]  # fmt: skip
+    ]
     if problems:
         raise UsageError("; ".join(problems), "See: calibrate batch --help")
     if args.out is None and args.sample is None:
-        raise UsageError("--out is required (or --sample N to try the prompt first)",
-                         "example: calibrate batch --input tasks.jsonl --out out.jsonl")  # fmt: skip
+        raise UsageError(
+            "--out is required (or --sample N to try the prompt first)",
+            "example: calibrate batch --input tasks.jsonl --out out.jsonl",
+        )
     if args.final and args.sample is not None:
-        raise UsageError("--final goes with a real run, not --sample",
-                         "Drop --final, or drop --sample and give --out.")  # fmt: skip
+        raise UsageError(
+            "--final goes with a real run, not --sample",
+            "Drop --final, or drop --sample and give --out.",
+        )
     if getattr(args, "junit", None):
         check_writable(Path(args.junit), "--junit")
 
@@ -115,5 +177,7 @@ def check_writable(path: Path, flag: str) -> None:
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent  # the report writer creates missing folders below this one
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write {flag} {path}: {folder} is not a writable folder",
-                         "Choose a writable place for it; nothing was sent.")  # fmt: skip
+        raise UsageError(
+            f"cannot write {flag} {path}: {folder} is not a writable folder",
+            "Choose a writable place for it; nothing was sent.",
+        )

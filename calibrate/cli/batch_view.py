@@ -96,8 +96,10 @@ class ProgressView:
         self._outage_said_at = p.elapsed_s
         for label, down_s in p.down:
             who = "server" if len(p.down) == 1 and not self._several else label
-            self.out.warn(f"{who} unreachable for {down_s:.0f} s, waiting (up to "
-                          f"{p.outage_limit_s:g} s); its items are kept, not failed")  # fmt: skip
+            self.out.warn(
+                f"{who} unreachable for {down_s:.0f} s, waiting (up to "
+                f"{p.outage_limit_s:g} s); its items are kept, not failed"
+            )
 
     @property
     def _several(self) -> bool:
@@ -107,11 +109,15 @@ class ProgressView:
 def say_check(out: Output, check: EndpointCheck) -> None:
     """What the fixed prompt said on each endpoint before the run."""
     if not check.baseline:
-        out.warn("no baseline (baselines/single.jsonl): the endpoints were not compared with it; "
-                 "run calibrate single first to check they serve the same weights")  # fmt: skip
+        out.warn(
+            "no baseline (baselines/single.jsonl): the endpoints were not compared with it; "
+            "run calibrate single first to check they serve the same weights"
+        )
     for endpoint, why in check.benched:
-        out.warn(f"{endpoint.label}: benched, it did not answer the fixed prompt ({why}); "
-                 "the other endpoints take its share")  # fmt: skip
+        out.warn(
+            f"{endpoint.label}: benched, it did not answer the fixed prompt ({why}); "
+            "the other endpoints take its share"
+        )
     for endpoint, comparison in check.differing:
         out.fail(
             f"{endpoint.label}: differs from the baseline in {', '.join(comparison.differing)}"
@@ -148,11 +154,15 @@ def render_summary(
             out.fail("sample failed: fix the prompt (--prompt) before running the whole batch")
         return
     if r.preamble[0]:
-        out.warn(f"{r.preamble[0]} output(s) open with a preamble ({', '.join(r.preamble[1][:3])})"
-                 ": tell the model to answer directly, or try --sample first")  # fmt: skip
+        out.warn(
+            f"{r.preamble[0]} output(s) open with a preamble ({', '.join(r.preamble[1][:3])})"
+            ": tell the model to answer directly, or try --sample first"
+        )
     if r.too_long[0]:
-        out.warn(f"{r.too_long[0]} output(s) longer than --max-chars {spec.max_chars} "
-                 f"({', '.join(r.too_long[1][:3])})")  # fmt: skip
+        out.warn(
+            f"{r.too_long[0]} output(s) longer than --max-chars {spec.max_chars} "
+            f"({', '.join(r.too_long[1][:3])})"
+        )
     if r.interrupted:
         done = r.skipped + r.ok
         abandoned = f" ({r.abandoned} abandoned in flight)" if r.abandoned else ""
@@ -188,5 +198,7 @@ def _say_endpoints(out: Output, r: BatchResult) -> None:
         down = f"; {e.outages} outage(s), {e.down_s:.0f} s down" if e.outages else ""
         restarts = f", restarted {e.restarts}×" if e.restarts else ""
         state = "" if e.state == "up" else f" [{e.state}]"
-        out.say(f"  {e.url}{state}: {e.done} done, {e.failed} failed, {e.items_per_s:.1f} items/s "
-                f"(c={e.concurrency}){down}{restarts}")  # fmt: skip
+        out.say(
+            f"  {e.url}{state}: {e.done} done, {e.failed} failed, {e.items_per_s:.1f} items/s "
+            f"(c={e.concurrency}){down}{restarts}"
+        )

@@ -187,9 +187,12 @@ def show_comparison(out: Output, label: str, comparison: Comparison) -> None:
 def add_compare_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jq", metavar="PROGRAM", help="jq program that normalises each record")
     parser.add_argument(
-        "--ignore", metavar="FIELD", action="append", default=[],
+        "--ignore",
+        metavar="FIELD",
+        action="append",
+        default=[],
         help="also drop this field before comparing (repeatable; dotted paths work)",
-    )  # fmt: skip
+    )
 
 
 def normaliser_for(args: argparse.Namespace) -> Normaliser:
@@ -261,8 +264,9 @@ def check_junit_path(args: argparse.Namespace) -> None:
         raise UsageError(f"--junit {path} is a directory; give a file, e.g. {path / 'report.xml'}")
     problem = _writable_folder(path.parent)
     if problem:
-        raise UsageError(f"--junit {path}: {problem}; nothing was sent",
-                         "Give a path in a writable folder.")  # fmt: skip
+        raise UsageError(
+            f"--junit {path}: {problem}; nothing was sent", "Give a path in a writable folder."
+        )
 
 
 @contextlib.contextmanager

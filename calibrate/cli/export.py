@@ -24,14 +24,22 @@ from calibrate.stages.export import ExportResult, export_final
 def register(subparsers: Any) -> None:
     p = add_command(subparsers, "export", __doc__ or "", run, target=False)
     p.add_argument("--input", required=True, metavar="PATH", help="the tasks JSONL of the batch")
-    p.add_argument("--out", required=True, action="append", metavar="JOURNAL[,JOURNAL…]",
-                   help="batch journal(s) (--out of calibrate batch); repeat or comma-separate "
-                   "for shard journals")  # fmt: skip
+    p.add_argument(
+        "--out",
+        required=True,
+        action="append",
+        metavar="JOURNAL[,JOURNAL…]",
+        help="batch journal(s) (--out of calibrate batch); repeat or comma-separate "
+        "for shard journals",
+    )
     p.add_argument(
         "--to", required=True, metavar="FINAL", help="final file: .jsonl, .csv, .parquet"
     )
-    p.add_argument("--failed", metavar="PATH",
-                   help="ids without an ok result (default: FINAL's name + .failed.jsonl)")  # fmt: skip
+    p.add_argument(
+        "--failed",
+        metavar="PATH",
+        help="ids without an ok result (default: FINAL's name + .failed.jsonl)",
+    )
 
 
 def journals_of(values: list[str]) -> list[Path]:
@@ -44,9 +52,11 @@ def journals_of(values: list[str]) -> list[Path]:
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
     result = export_final(
-        Path(args.input), journals_of(args.out), Path(args.to),
+        Path(args.input),
+        journals_of(args.out),
+        Path(args.to),
         failed_path=Path(args.failed) if args.failed else None,
-    )  # fmt: skip
+    )
     say_export(out, result)
     out.result({"passed": result.passed, **result.to_json()})
     return ExitCode.OK if result.passed else ExitCode.FAILED
@@ -54,10 +64,14 @@ def run(args: argparse.Namespace) -> int:
 
 def say_export(out: Output, r: ExportResult) -> None:
     """The lines export (and batch --final) print."""
-    out.say(f"final: {r.to_path} — {r.total} ids in input order: {r.ok} ok, {r.failed} failed, "
-            f"{r.not_run} never ran ({r.journal_lines} journal lines, {r.seconds:.1f} s)")  # fmt: skip
+    out.say(
+        f"final: {r.to_path} — {r.total} ids in input order: {r.ok} ok, {r.failed} failed, "
+        f"{r.not_run} never ran ({r.journal_lines} journal lines, {r.seconds:.1f} s)"
+    )
     if r.foreign:
-        out.warn(f"{r.foreign} journal line(s) are not ids of the input (another input? another "
-                 "shard?): left out")  # fmt: skip
+        out.warn(
+            f"{r.foreign} journal line(s) are not ids of the input (another input? another "
+            "shard?): left out"
+        )
     if not r.passed:
         out.say(f"ids without an ok result: {r.failed_path}")

@@ -32,13 +32,16 @@ def run(args: argparse.Namespace) -> int:
     folder = path.parent
     if not folder.is_dir():
         why = "is not a directory" if folder.exists() else "does not exist"
-        raise UsageError(f"cannot write {path}: the directory {folder} {why}",
-                         f"Create it first (mkdir -p {folder}), or give another path.")  # fmt: skip
+        raise UsageError(
+            f"cannot write {path}: the directory {folder} {why}",
+            f"Create it first (mkdir -p {folder}), or give another path.",
+        )
     try:
         write_atomic(path, STARTER_TOML)
     except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror or exc}",
-                         "Give a path in a writable folder.") from exc  # fmt: skip
+        raise UsageError(
+            f"cannot write {path}: {exc.strerror or exc}", "Give a path in a writable folder."
+        ) from exc
     out.ok(f"wrote {path}: set [target].base_url and model, then run: calibrate single")
     out.result({"written": str(path)})
     return 0

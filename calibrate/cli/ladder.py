@@ -57,8 +57,11 @@ from calibrate.workload import WorkloadSpec
 
 def register(subparsers: Any) -> None:
     parser = add_command(subparsers, "ladder", __doc__ or "", run)
-    parser.add_argument("--require-match", action="store_true",
-                        help="fail when any output differs from the single-call baseline")  # fmt: skip
+    parser.add_argument(
+        "--require-match",
+        action="store_true",
+        help="fail when any output differs from the single-call baseline",
+    )
     add_tier_args(parser, "ladder")
     add_force(parser)
     add_junit(parser)
@@ -95,9 +98,11 @@ def run(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             result = ladder.result()
             _finish(args, spec, out, ctx, result, watch.selfload, interrupted=True)
-            raise Interrupted(f"ladder interrupted after {len(result.tiers)} finished tier(s), "
-                              f"recorded as not passed; completed rounds are kept in {ctx.run.path}",
-                              "Run it again to calibrate: calibrate ladder") from None  # fmt: skip
+            raise Interrupted(
+                f"ladder interrupted after {len(result.tiers)} finished tier(s), "
+                f"recorded as not passed; completed rounds are kept in {ctx.run.path}",
+                "Run it again to calibrate: calibrate ladder",
+            ) from None
         return _finish(args, spec, out, ctx, result, watch.selfload)
 
 
@@ -190,8 +195,14 @@ def _finish(
         out.fail("--require-match: outputs differ from the baseline")
     if entry.passed:
         out.say(f"next: {next_after('ladder')}")
-    out.result({"passed": entry.passed, "run_id": ctx.run.run_id, **entry.summary,
-                "tiers_detail": [t.to_json() for t in result.tiers]})  # fmt: skip
+    out.result(
+        {
+            "passed": entry.passed,
+            "run_id": ctx.run.run_id,
+            **entry.summary,
+            "tiers_detail": [t.to_json() for t in result.tiers],
+        }
+    )
     return 0 if entry.passed else 1
 
 
@@ -209,17 +220,37 @@ def _junit(
     for tier in result.tiers:
         for stats in tier.rounds:
             name = f"batch {tier.batch_size} round {stats.round}"
-            reason = (f"batch {tier.batch_size} round {stats.round}: {stats.errors} of "
-                      f"{stats.items} requests failed ({stats.kinds_text})")  # fmt: skip
-            suite.check(name, not stats.errors, reason, kind=",".join(stats.error_kinds),
-                        time_s=stats.total_s)  # fmt: skip
+            reason = (
+                f"batch {tier.batch_size} round {stats.round}: {stats.errors} of "
+                f"{stats.items} requests failed ({stats.kinds_text})"
+            )
+            suite.check(
+                name,
+                not stats.errors,
+                reason,
+                kind=",".join(stats.error_kinds),
+                time_s=stats.total_s,
+            )
         for skipped in range(len(tier.rounds) + 1, tier.rounds_planned + 1):
-            suite.add(JUnitCase(f"batch {tier.batch_size} round {skipped}", "calibrate.ladder",
-                                skipped="not run: an earlier round of this tier failed"))  # fmt: skip
+            suite.add(
+                JUnitCase(
+                    f"batch {tier.batch_size} round {skipped}",
+                    "calibrate.ladder",
+                    skipped="not run: an earlier round of this tier failed",
+                )
+            )
     if result.require_match:
-        suite.check("outputs match the single-call baseline", not result.match_failed,
-                    "; ".join(result.notes), kind="baseline_mismatch")  # fmt: skip
+        suite.check(
+            "outputs match the single-call baseline",
+            not result.match_failed,
+            "; ".join(result.notes),
+            kind="baseline_mismatch",
+        )
     if comparison is not None:
-        suite.check(f"no regression against {comparison.baseline_path}", comparison.passed,
-                    "; ".join(comparison.problems), kind="regression")  # fmt: skip
+        suite.check(
+            f"no regression against {comparison.baseline_path}",
+            comparison.passed,
+            "; ".join(comparison.problems),
+            kind="regression",
+        )
     return suite

@@ -66,53 +66,119 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-usage", action="store_true", help="never send usage")
     p.add_argument("--usage-in-last-chunk", action="store_true", help="usage on the finish chunk")
     p.add_argument("--unknown-model-status", type=int, choices=(400, 404), default=404)
-    p.add_argument("--any-model", action="store_true",
-                   help="accept any model name and answer as the first --model (llama.cpp's habit)")  # fmt: skip
+    p.add_argument(
+        "--any-model",
+        action="store_true",
+        help="accept any model name and answer as the first --model (llama.cpp's habit)",
+    )
     p.add_argument("--strict-422", action="store_true", help="invalid bodies get 422, not 400")
     p.add_argument("--expose-props", action="store_true", help="serve llama.cpp's GET /props")
     p.add_argument("--log-requests", action="store_true", help="access log on stderr")
     p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--malformed-rate", type=float, default=0.0, metavar="P",
-                   help="replies of a wrong shape (choices [null] or [1], bad message or content, "
-                   "no choices)")  # fmt: skip
-    p.add_argument("--echo-headers-rate", type=float, default=0.0, metavar="P",
-                   help="HTTP 500 whose message repeats the request headers (the key too)")  # fmt: skip
-    p.add_argument("--lone-surrogate", action="store_true",
-                   help='answers end with a lone surrogate, the JSON escape "\\ud800"')  # fmt: skip
-    p.add_argument("--drip-s", type=float, default=0.0, metavar="S",
-                   help="send answers one byte every S seconds (0 = at once)")  # fmt: skip
-    p.add_argument("--keepalive-only", action="store_true",
-                   help='answer with an SSE stream of ": ping" comments and nothing else')  # fmt: skip
-    p.add_argument("--keepalive-limit-s", type=float, default=60.0, metavar="S",
-                   help="--keepalive-only streams end after S seconds (default 60)")  # fmt: skip
-    p.add_argument("--huge-mib", type=float, default=0.0, metavar="N",
-                   help="pad every answer's text to about N MiB")  # fmt: skip
-    p.add_argument("--kv-mib-per-1k-tokens", type=float, default=0.0, metavar="F",
-                   help="simulated VRAM = base + F MiB per 1,000 KV tokens held (prompt + generated "
-                   "so far, per active request) instead of --vram-per-request-mib (0 = off)")  # fmt: skip
-    p.add_argument("--kv-capacity-tokens", type=int, default=0, metavar="N",
-                   help="KV cache size in tokens; the KV-usage metric is tokens held / N "
-                   "(0 = unlimited)")  # fmt: skip
-    p.add_argument("--on-kv-full", choices=ON_KV_FULL, default="oom",
-                   help="when a request's KV does not fit: oom = it fails with HTTP 500 'CUDA out "
-                   "of memory'; preempt = no error, every decode step takes (1 + k)× as long, k = "
-                   "the newest sequences that do not fit (recomputed, counted as waiting); queue = it waits for room "
-                   "for its prompt and answer, counted as queued (default oom)")  # fmt: skip
-    p.add_argument("--preallocate", action="store_true",
-                   help="used VRAM flat at base + the whole KV capacity from the start (as vLLM "
-                   "and SGLang reserve it) while the KV-usage metric still rises")  # fmt: skip
-    p.add_argument("--prefix-cache", action="store_true",
-                   help="prompts sharing a prefix hold its whole 16-token KV blocks once")  # fmt: skip
-    p.add_argument("--step-ms-per-1k-tokens", type=float, default=0.0, metavar="F",
-                   help="each decode step costs F ms more per 1,000 tokens held by the batch: "
-                   "per-token time = --per-token + F/1000 × tokens/1000 (default 0)")  # fmt: skip
-    p.add_argument("--jitter", type=float, default=0.0, metavar="F",
-                   help="multiply each request's ttft and per-token time by a seeded uniform draw "
-                   "in [1-F, 1+F] (--seed; default 0)")  # fmt: skip
-    p.add_argument("--metrics-style", choices=METRICS_STYLES, default="mock",
-                   help="/metrics names as vllm, sglang, llamacpp or tgi export them, queue gauge "
-                   "included; mock = the mock's own plus vLLM's (default); the mock_vram_* "
-                   "gauges are always there")  # fmt: skip
+    p.add_argument(
+        "--malformed-rate",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="replies of a wrong shape (choices [null] or [1], bad message or content, no choices)",
+    )
+    p.add_argument(
+        "--echo-headers-rate",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="HTTP 500 whose message repeats the request headers (the key too)",
+    )
+    p.add_argument(
+        "--lone-surrogate",
+        action="store_true",
+        help='answers end with a lone surrogate, the JSON escape "\\ud800"',
+    )
+    p.add_argument(
+        "--drip-s",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="send answers one byte every S seconds (0 = at once)",
+    )
+    p.add_argument(
+        "--keepalive-only",
+        action="store_true",
+        help='answer with an SSE stream of ": ping" comments and nothing else',
+    )
+    p.add_argument(
+        "--keepalive-limit-s",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="--keepalive-only streams end after S seconds (default 60)",
+    )
+    p.add_argument(
+        "--huge-mib",
+        type=float,
+        default=0.0,
+        metavar="N",
+        help="pad every answer's text to about N MiB",
+    )
+    p.add_argument(
+        "--kv-mib-per-1k-tokens",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="simulated VRAM = base + F MiB per 1,000 KV tokens held (prompt + generated "
+        "so far, per active request) instead of --vram-per-request-mib (0 = off)",
+    )
+    p.add_argument(
+        "--kv-capacity-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="KV cache size in tokens; the KV-usage metric is tokens held / N (0 = unlimited)",
+    )
+    p.add_argument(
+        "--on-kv-full",
+        choices=ON_KV_FULL,
+        default="oom",
+        help="when a request's KV does not fit: oom = it fails with HTTP 500 'CUDA out "
+        "of memory'; preempt = no error, every decode step takes (1 + k)× as long, k = "
+        "the newest sequences that do not fit (recomputed, counted as waiting); queue = it waits for room "
+        "for its prompt and answer, counted as queued (default oom)",
+    )
+    p.add_argument(
+        "--preallocate",
+        action="store_true",
+        help="used VRAM flat at base + the whole KV capacity from the start (as vLLM "
+        "and SGLang reserve it) while the KV-usage metric still rises",
+    )
+    p.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        help="prompts sharing a prefix hold its whole 16-token KV blocks once",
+    )
+    p.add_argument(
+        "--step-ms-per-1k-tokens",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="each decode step costs F ms more per 1,000 tokens held by the batch: "
+        "per-token time = --per-token + F/1000 × tokens/1000 (default 0)",
+    )
+    p.add_argument(
+        "--jitter",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="multiply each request's ttft and per-token time by a seeded uniform draw "
+        "in [1-F, 1+F] (--seed; default 0)",
+    )
+    p.add_argument(
+        "--metrics-style",
+        choices=METRICS_STYLES,
+        default="mock",
+        help="/metrics names as vllm, sglang, llamacpp or tgi export them, queue gauge "
+        "included; mock = the mock's own plus vLLM's (default); the mock_vram_* "
+        "gauges are always there",
+    )
     p.add_argument(
         "--memory-fraction",
         type=float,

@@ -51,8 +51,10 @@ def run(args: argparse.Namespace) -> int:
     normaliser = normaliser_for(args)
     if args.files:
         if len(args.files) != 2:
-            raise UsageError("repro takes exactly two files to compare offline",
-                             "example: calibrate repro a.jsonl b.jsonl")  # fmt: skip
+            raise UsageError(
+                "repro takes exactly two files to compare offline",
+                "example: calibrate repro a.jsonl b.jsonl",
+            )
         check_junit_path(args)
         result = between_files(Path(args.files[0]), Path(args.files[1]), normaliser)
         return _report(out, args, result, run=None)
@@ -84,6 +86,12 @@ def _report(out: Any, args: argparse.Namespace, result: ReproResult, *, run: Run
         out.fail(
             f"repro failed: output differs from the baseline in {', '.join(summary['differing'])}"
         )
-    out.result({"passed": result.passed, "run_id": run_id, **summary,
-                "comparisons": [c.to_json() for c in result.comparisons]})  # fmt: skip
+    out.result(
+        {
+            "passed": result.passed,
+            "run_id": run_id,
+            **summary,
+            "comparisons": [c.to_json() for c in result.comparisons],
+        }
+    )
     return 0 if result.passed else 1

@@ -48,9 +48,12 @@ STEP_TITLES = {
 def register(subparsers: Any) -> None:
     parser = add_command(subparsers, "rollback", __doc__ or "", run)
     parser.add_argument(
-        "--wait", type=float, default=300.0, metavar="S",
+        "--wait",
+        type=float,
+        default=300.0,
+        metavar="S",
         help="unmanaged server: how long to wait for you to stop and restart it (default 300)",
-    )  # fmt: skip
+    )
     add_compare_args(parser)
     add_force(parser)
     add_junit(parser)
@@ -71,16 +74,22 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: N
         line = f"[{step.n}/5] {step.name}: {step.message}"
         (out.ok if step.ok else out.fail)(line if step.ok else f"{line}  (FAILED)")
 
-    rollback = Rollback(ctx, normaliser, wait_s=args.wait, notify=out.say, on_step=on_step,
-                        vram_probe=gpu_snapshot)  # fmt: skip
+    rollback = Rollback(
+        ctx, normaliser, wait_s=args.wait, notify=out.say, on_step=on_step, vram_probe=gpu_snapshot
+    )
     result = rollback.run()
     if result.comparison is not None and not result.comparison.passed:
         show_comparison(out, "fixed prompt vs baseline", result.comparison)
     suite = junit_suite("rollback", ctx.run, ctx.target)
     reached = {s.name for s in result.steps}
     for step in result.steps:
-        suite.check(STEP_TITLES[step.name], step.ok, step.message, kind=step.kind or "",
-                    time_s=step.elapsed_s)  # fmt: skip
+        suite.check(
+            STEP_TITLES[step.name],
+            step.ok,
+            step.message,
+            kind=step.kind or "",
+            time_s=step.elapsed_s,
+        )
     for name, title in STEP_TITLES.items():
         if name not in reached:
             suite.add(
@@ -97,8 +106,16 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: N
         )
     else:
         failed = next(s for s in result.steps if not s.ok)
-        out.fail(f"rollback failed at step {failed.n} ({failed.name}); "
-                 f"incident: {ctx.run.file(f'incidents/{failed.n}-{failed.name}.json')}")  # fmt: skip
-    out.result({"passed": result.passed, "run_id": ctx.run.run_id, **result.summary().to_json(),
-                "messages": [s.message for s in result.steps]})  # fmt: skip
+        out.fail(
+            f"rollback failed at step {failed.n} ({failed.name}); "
+            f"incident: {ctx.run.file(f'incidents/{failed.n}-{failed.name}.json')}"
+        )
+    out.result(
+        {
+            "passed": result.passed,
+            "run_id": ctx.run.run_id,
+            **result.summary().to_json(),
+            "messages": [s.message for s in result.steps],
+        }
+    )
     return result.exit_code

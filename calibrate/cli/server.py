@@ -51,9 +51,11 @@ example: calibrate server logs -n 100
 def register(subparsers: Any) -> None:
     doc = __doc__ or ""
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "server", help=doc.splitlines()[0], description=doc,
+        "server",
+        help=doc.splitlines()[0],
+        description=doc,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     parser.set_defaults(run=_no_action)
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     start = add_command(actions, "start", START_DOC, run_start, target=False)
@@ -68,8 +70,10 @@ def register(subparsers: Any) -> None:
 
 
 def _no_action(args: argparse.Namespace) -> int:
-    raise UsageError("say what to do: calibrate server start | stop | status | logs",
-                     "example: calibrate server start")  # fmt: skip
+    raise UsageError(
+        "say what to do: calibrate server start | stop | status | logs",
+        "example: calibrate server start",
+    )
 
 
 def _vram_used() -> float | None:
@@ -90,9 +94,11 @@ def run_start(args: argparse.Namespace) -> int:
     else:
         kind = args.kind or cfg.server.kind
         if kind is None:
-            raise ConfigError("calibrate does not know how to start your server",
-                              'Add [server] kind = "vllm" (and model_path) to calibrate.toml, '
-                              "pass --kind, or give --script scripts/launch.sh.")  # fmt: skip
+            raise ConfigError(
+                "calibrate does not know how to start your server",
+                'Add [server] kind = "vllm" (and model_path) to calibrate.toml, '
+                "pass --kind, or give --script scripts/launch.sh.",
+            )
         batch, conc = args.batch_size, args.concurrency
         setting = resolve(Ledger(cfg.runs_dir), target_fingerprint(cfg))
         tuned: tuple[tuple[str, str], ...] = ()
@@ -112,8 +118,10 @@ def run_start(args: argparse.Namespace) -> int:
             tuned=tuned,
         )
     record = started.record
-    out.ok(f"server ready on port {record.port} (PID {record.pid}, {started.ready_s:.1f} s); "
-           f"log: {process.log_path(cfg.runs_dir)}")  # fmt: skip
+    out.ok(
+        f"server ready on port {record.port} (PID {record.pid}, {started.ready_s:.1f} s); "
+        f"log: {process.log_path(cfg.runs_dir)}"
+    )
     out.result({"ready": True, "ready_s": round(started.ready_s, 3), **record.to_json()})
     return 0
 
@@ -124,11 +132,18 @@ def _start_script(cfg: Config, script: Path, out: Output) -> server.Started:
     kind = settings.kind or cfg.server.kind
     out.say(f"starting: bash {script}  (kind {kind or 'unknown'}, port {port})")
     return server.start(
-        cfg.runs_dir, ["bash", str(script)], kind=kind, port=port, health_path=health_path(kind),
-        ready_timeout_s=cfg.server.ready_timeout_s, stop_timeout_s=cfg.server.stop_timeout_s,
-        batch_size=settings.batch_size, concurrency=settings.concurrency, script=str(script),
+        cfg.runs_dir,
+        ["bash", str(script)],
+        kind=kind,
+        port=port,
+        health_path=health_path(kind),
+        ready_timeout_s=cfg.server.ready_timeout_s,
+        stop_timeout_s=cfg.server.stop_timeout_s,
+        batch_size=settings.batch_size,
+        concurrency=settings.concurrency,
+        script=str(script),
         vram_used_mib_before=_vram_used(),
-    )  # fmt: skip
+    )
 
 
 def run_stop(args: argparse.Namespace) -> int:
@@ -139,12 +154,20 @@ def run_stop(args: argparse.Namespace) -> int:
         out.say("calibrate manages no server here (no runs/server.json): nothing to stop")
         out.result({"stopped": False, "managed": False})
         return 0
-    payload = {"stopped": result.gone, "managed": True, "pid": result.pid, "was": result.was,
-               "signal": result.signal_sent, "exit_code": result.exit_code}  # fmt: skip
+    payload = {
+        "stopped": result.gone,
+        "managed": True,
+        "pid": result.pid,
+        "was": result.was,
+        "signal": result.signal_sent,
+        "exit_code": result.exit_code,
+    }
     out.result(payload)
     if result.was == "stranger":
-        out.warn(f"PID {result.pid} now belongs to another program "
-                 f"({process.cmdline(result.pid)[:80]}): not signalled; stale pidfile removed")  # fmt: skip
+        out.warn(
+            f"PID {result.pid} now belongs to another program "
+            f"({process.cmdline(result.pid)[:80]}): not signalled; stale pidfile removed"
+        )
         return 0
     if result.was == "gone":
         out.say(f"the managed server (PID {result.pid}) had already exited; pidfile removed")
@@ -179,13 +202,22 @@ def run_status(args: argparse.Namespace) -> int:
     ended = exit_status.read(Path(record.status_file), record.pid) if record.status_file else None
     if state == "gone" and ended is not None:
         shown["gone"] = f"{ended.describe()} at {ended.ended_at}"
-    out.say(f"server PID {record.pid}: {shown[state]}{', ready' if ready else ''}; port {record.port}; "
-            f"started {record.started_at}")  # fmt: skip
+    out.say(
+        f"server PID {record.pid}: {shown[state]}{', ready' if ready else ''}; port {record.port}; "
+        f"started {record.started_at}"
+    )
     out.say(f"command: {' '.join(redaction.redact_argv(record.argv))}")
     setting = f"batch {record.batch_size}, concurrency {record.concurrency}"
     out.say(f"setting: {setting}; log: {process.log_path(cfg.runs_dir)}")
-    out.result({"managed": True, "state": state, "ready": ready, **record.to_json(),
-                "exit": ended.to_json() if ended else None})  # fmt: skip
+    out.result(
+        {
+            "managed": True,
+            "state": state,
+            "ready": ready,
+            **record.to_json(),
+            "exit": ended.to_json() if ended else None,
+        }
+    )
     return 0
 
 

@@ -61,8 +61,13 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext) -> int:
     summary = result.summary()
     suite = junit_suite("single", ctx.run, ctx.target)
     kind = record.error.kind if record.error else ""
-    suite.check("fixed prompt answered completely", result.passed, "; ".join(result.problems),
-                kind=kind, time_s=record.elapsed_s)  # fmt: skip
+    suite.check(
+        "fixed prompt answered completely",
+        result.passed,
+        "; ".join(result.problems),
+        kind=kind,
+        time_s=record.elapsed_s,
+    )
     save_junit(args, suite)
     if result.passed:
         out.ok(f"single passed (run {ctx.run.run_id})")

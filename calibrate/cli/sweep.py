@@ -62,8 +62,12 @@ from calibrate.workload import WorkloadSpec
 def register(subparsers: Any) -> None:
     parser = add_command(subparsers, "sweep", __doc__ or "", run)
     parser.add_argument("--stream", action="store_true", help="stream (SSE) and measure TTFT")
-    parser.add_argument("--batch-size", type=int, metavar="N",
-                        help="override the verified batch size (default: the ladder's last passing)")  # fmt: skip
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="N",
+        help="override the verified batch size (default: the ladder's last passing)",
+    )
     parser.add_argument(
         "--beyond-ladder",
         action="store_true",
@@ -144,18 +148,22 @@ def _measure(
             ctx, options, watch.monitor, watch.incidents, Sender(ctx.client), cap, plan=plan
         )
         out.say(f"workload: {plan.spec.describe()}")
-        out.say(f"sweep: concurrency {', '.join(map(str, options.levels))} at batch size {batch}, "
-                f"{options.repeats} run(s) per level of ≥ {options.level_s:g} s and ≥ 4×C requests"
-                + (f"; server cap {cap.slots} ({cap.source})" if cap else ""))  # fmt: skip
+        out.say(
+            f"sweep: concurrency {', '.join(map(str, options.levels))} at batch size {batch}, "
+            f"{options.repeats} run(s) per level of ≥ {options.level_s:g} s and ≥ 4×C requests"
+            + (f"; server cap {cap.slots} ({cap.source})" if cap else "")
+        )
         try:
             with live_rows(out.console, "sweep", f"sweep {ctx.run.run_id}", out.is_tty) as show:
                 sweep.on_level = shown_by(watch, show, out)
                 result = sweep.run()
         except KeyboardInterrupt:
             _finish(args, spec, out, ctx, sweep.result(), options, watch.selfload, interrupted=True)
-            raise Interrupted(f"sweep interrupted after {len(sweep.levels)} level(s), recorded as "
-                              f"not passed; completed levels are kept in {ctx.run.path}",
-                              "Run it again to find the knee: calibrate sweep") from None  # fmt: skip
+            raise Interrupted(
+                f"sweep interrupted after {len(sweep.levels)} level(s), recorded as "
+                f"not passed; completed levels are kept in {ctx.run.path}",
+                "Run it again to find the knee: calibrate sweep",
+            ) from None
         return _finish(args, spec, out, ctx, result, options, watch.selfload)
 
 
@@ -187,12 +195,20 @@ def _finish(
     suite = junit_suite("sweep", ctx.run, ctx.target)
     for lv in result.levels:
         s = lv.stats
-        suite.check(f"concurrency {lv.concurrency}", lv.verdict == "pass",
-                    f"concurrency {lv.concurrency}: {s.errors} of {s.items} requests failed ({s.kinds_text})",
-                    kind=",".join(s.error_kinds), time_s=s.total_s)  # fmt: skip
+        suite.check(
+            f"concurrency {lv.concurrency}",
+            lv.verdict == "pass",
+            f"concurrency {lv.concurrency}: {s.errors} of {s.items} requests failed ({s.kinds_text})",
+            kind=",".join(s.error_kinds),
+            time_s=s.total_s,
+        )
     if comparison is not None:
-        suite.check(f"no regression against {comparison.baseline_path}", comparison.passed,
-                    "; ".join(comparison.problems), kind="regression")  # fmt: skip
+        suite.check(
+            f"no regression against {comparison.baseline_path}",
+            comparison.passed,
+            "; ".join(comparison.problems),
+            kind="regression",
+        )
     if interrupted:
         suite.check("the sweep ran to the end", False, "interrupted", kind="interrupted")
     save_junit(args, suite)
@@ -200,14 +216,22 @@ def _finish(
         return int(ExitCode.INTERRUPTED)
     knee = result.knee
     if knee is not None:
-        out.ok(f"knee: concurrency {knee.concurrency} ({knee.stats.items_per_s:.2f} items/s median, "
-               f"range {knee.items_per_s_min:.2f}–{knee.items_per_s_max:.2f}, at batch size "
-               f"{result.batch_size}); recommended concurrency {knee.concurrency}")  # fmt: skip
+        out.ok(
+            f"knee: concurrency {knee.concurrency} ({knee.stats.items_per_s:.2f} items/s median, "
+            f"range {knee.items_per_s_min:.2f}–{knee.items_per_s_max:.2f}, at batch size "
+            f"{result.batch_size}); recommended concurrency {knee.concurrency}"
+        )
         out.say(f"how sure: {result.knee_text}")
     else:
         out.fail(f"sweep failed: {result.reason}")
     if entry.passed:
         out.say(f"next: {next_after('sweep')}")
-    out.result({"passed": entry.passed, "run_id": ctx.run.run_id, **entry.summary,
-                "levels_detail": [lv.to_json() for lv in result.levels]})  # fmt: skip
+    out.result(
+        {
+            "passed": entry.passed,
+            "run_id": ctx.run.run_id,
+            **entry.summary,
+            "levels_detail": [lv.to_json() for lv in result.levels],
+        }
+    )
     return 0 if entry.passed else 1

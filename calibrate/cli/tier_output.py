@@ -72,8 +72,11 @@ def add_tier_args(parser: argparse.ArgumentParser, kind: str) -> None:
         metavar="FRACTION",
         help="with --compare: allowed worsening per tier (default 0.2 = 20%%)",
     )
-    add("--save-baseline", action="store_true",
-        help=f"write this run's table to baselines/{kind}.csv (the old one is kept)")  # fmt: skip
+    add(
+        "--save-baseline",
+        action="store_true",
+        help=f"write this run's table to baselines/{kind}.csv (the old one is kept)",
+    )
 
 
 def measure_spec(args: argparse.Namespace) -> MeasureSpec:

@@ -68,6 +68,12 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: N
     else:
         show_comparison(out, "fixed prompt vs baseline", comparison)
         out.fail("verify failed: the restarted server does not give the baseline answer")
-    out.result({"passed": result.passed, "run_id": ctx.run.run_id, **result.summary(),
-                "comparison": comparison.to_json()})  # fmt: skip
+    out.result(
+        {
+            "passed": result.passed,
+            "run_id": ctx.run.run_id,
+            **result.summary(),
+            "comparison": comparison.to_json(),
+        }
+    )
     return 0 if result.passed else 1

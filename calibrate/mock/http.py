@@ -158,8 +158,11 @@ class MockHandler(BaseHTTPRequestHandler):
             return
         if adm.echo_headers:  # a careless proxy: the request's headers, key included, echoed
             seen = "; ".join(f"{name}: {value}" for name, value in self.headers.items())
-            body = error_body(f"Internal error handling a request with headers: {seen}",
-                              "InternalServerError", 500)  # fmt: skip
+            body = error_body(
+                f"Internal error handling a request with headers: {seen}",
+                "InternalServerError",
+                500,
+            )
             self._send_json(500, body)
             return
         if settings.keepalive_only:

@@ -31,10 +31,16 @@ def launch_spec(
 ) -> LaunchSpec:
     """The [server] section plus a setting (and the engine flags tune chose), for the builders."""
     return LaunchSpec(
-        kind=kind, model_path=cfg.server.model_path, port=cfg.server.port,
-        batch_size=batch_size, concurrency=concurrency, served_name=cfg.target.model,
-        command=cfg.server.command, context_tokens=context_tokens, tuned=tuned,
-    )  # fmt: skip
+        kind=kind,
+        model_path=cfg.server.model_path,
+        port=cfg.server.port,
+        batch_size=batch_size,
+        concurrency=concurrency,
+        served_name=cfg.target.model,
+        command=cfg.server.command,
+        context_tokens=context_tokens,
+        tuned=tuned,
+    )
 
 
 def start_engine(
@@ -113,17 +119,27 @@ def start(
             "Is the engine installed and on PATH? Check [server] in calibrate.toml.",
         ) from exc
     record = ServerRecord(
-        pid=pid, start_id=start_id, argv=redaction.redact_argv(argv), kind=kind, port=port,
-        health_path=health_path, started_at=utc_now_iso(), log_offset=offset,
-        batch_size=batch_size, concurrency=concurrency, script=script,
+        pid=pid,
+        start_id=start_id,
+        argv=redaction.redact_argv(argv),
+        kind=kind,
+        port=port,
+        health_path=health_path,
+        started_at=utc_now_iso(),
+        log_offset=offset,
+        batch_size=batch_size,
+        concurrency=concurrency,
+        script=script,
         vram_used_mib_before=vram_used_mib_before,
         status_file=str(exit_status.status_path(runs_dir)),
-    )  # fmt: skip
+    )
     process.save(record, runs_dir)
     ready = readiness.wait_ready(
-        local_root(port), health_path, ready_timeout_s,
+        local_root(port),
+        health_path,
+        ready_timeout_s,
         exited=lambda: process.exit_code(pid, record.status_file),
-    )  # fmt: skip
+    )
     if ready.ready:
         return Started(record, ready.elapsed_s)
     tail = process.log_tail(runs_dir, TAIL_LINES, offset)

@@ -19,8 +19,14 @@ from calibrate.errors import ConfigError, UsageError
 from calibrate.server import redaction, shell_words
 
 SERVER_KINDS: tuple[ServerKind, ...] = (
-    "vllm", "llamacpp", "sglang", "lmdeploy", "ollama", "tgi", "custom",
-)  # fmt: skip
+    "vllm",
+    "llamacpp",
+    "sglang",
+    "lmdeploy",
+    "ollama",
+    "tgi",
+    "custom",
+)
 
 # llama.cpp divides -c among its --parallel slots; give each slot this many tokens unless the
 # verified workload says how many it needs (pin: LaunchSpec.context_tokens).

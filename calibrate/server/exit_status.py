@@ -42,8 +42,9 @@ class ExitStatus:
 
     @classmethod
     def from_returncode(cls, pid: int, returncode: int) -> ExitStatus:
-        return cls(pid, returncode, signal_name(-returncode) if returncode < 0 else None,
-                   utc_now_iso())  # fmt: skip
+        return cls(
+            pid, returncode, signal_name(-returncode) if returncode < 0 else None, utc_now_iso()
+        )
 
     def describe(self) -> str:
         """``killed by SIGKILL`` / ``exited with code 1``."""
@@ -70,8 +71,12 @@ def read(path: Path, pid: int) -> ExitStatus | None:
     """The recorded end of ``pid``; None when none is recorded (yet) for that PID."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        status = ExitStatus(int(data["pid"]), int(data["exit_code"]), data.get("signal"),
-                            str(data.get("ended_at") or ""))  # fmt: skip
+        status = ExitStatus(
+            int(data["pid"]),
+            int(data["exit_code"]),
+            data.get("signal"),
+            str(data.get("ended_at") or ""),
+        )
     except (OSError, ValueError, TypeError, KeyError):
         return None
     return status if status.pid == pid else None
@@ -100,5 +105,7 @@ def died_error(error: ErrorInfo, pid: int, status: ExitStatus | None) -> ErrorIn
     return ErrorInfo(
         "server_died",
         f"the managed server (PID {pid}) {how}; the request failed with: {error.message}",
-        error.status, error.retry_after_s, error.body,
-    )  # fmt: skip
+        error.status,
+        error.retry_after_s,
+        error.body,
+    )

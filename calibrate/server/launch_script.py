@@ -56,8 +56,10 @@ def render(values: PinnedValues, command: EngineCommand) -> str:
     q = shlex.quote
     prefix = "SERVER" if values.kind == "custom" else values.kind.upper()
     script = redaction.script_command(command.argv, command.env, prefix)
-    needs = [f"# set {var} before running it: it carries {what} (secrets are not written here)"
-             for var, what in script.needs]  # fmt: skip
+    needs = [
+        f"# set {var} before running it: it carries {what} (secrets are not written here)"
+        for var, what in script.needs
+    ]
     lines = [
         "#!/usr/bin/env bash",
         "# Written by `calibrate pin`: the setting verified on this machine. Regenerate, do not edit.",
@@ -106,8 +108,9 @@ def read_settings(path: Path) -> ScriptSettings:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read the launch script {path}: {exc}",
-                         "Write one with: calibrate pin") from exc  # fmt: skip
+        raise InputError(
+            f"cannot read the launch script {path}: {exc}", "Write one with: calibrate pin"
+        ) from exc
     kind: str | None = None
     exported: dict[str, str] = {}
     for line in text.split("\n"):  # a value may hold U+2028: only "\n" ends a line

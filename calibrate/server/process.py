@@ -89,8 +89,13 @@ def start_id(pid: int) -> str | None:
 def _ps(pid: int, column: str) -> str | None:
     """Where there is no /proc (macOS): ask ps about this one PID."""
     try:
-        done = subprocess.run(["ps", "-o", column, "-p", str(pid)], capture_output=True,
-                              text=True, timeout=5, check=False)  # fmt: skip
+        done = subprocess.run(
+            ["ps", "-o", column, "-p", str(pid)],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     text = done.stdout.strip()

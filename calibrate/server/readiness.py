@@ -164,13 +164,24 @@ def wait_released(
         levels = f"device memory used {used:.0f} MiB{was}{start}"
         if not listed and back:
             if pid is None and before_start_mib is None:
-                return VramRelease(True, True, f"{levels}; release not proven (the server's PID and "
-                                   "pre-start level are unknown)", used, None)  # fmt: skip
+                return VramRelease(
+                    True,
+                    True,
+                    f"{levels}; release not proven (the server's PID and "
+                    "pre-start level are unknown)",
+                    used,
+                    None,
+                )
             where = f"PID {pid} is not in NVML's process list; " if pid is not None else ""
             return VramRelease(True, True, f"VRAM released: {where}{levels}", used, listed)
         if clock() >= deadline:
-            why = f"PID {pid} still holds GPU memory" if listed else (
-                f"used memory has not come back within {RELEASE_TOLERANCE_MIB:.0f} MiB of the pre-start level")  # fmt: skip
+            why = (
+                f"PID {pid} still holds GPU memory"
+                if listed
+                else (
+                    f"used memory has not come back within {RELEASE_TOLERANCE_MIB:.0f} MiB of the pre-start level"
+                )
+            )
             return VramRelease(
                 False,
                 True,

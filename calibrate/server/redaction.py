@@ -17,8 +17,20 @@ from dataclasses import dataclass
 from typing import Any
 
 MASK = "***"
-_STRONG = frozenset({"secret", "password", "passwd", "passphrase", "pwd", "apikey",
-                     "credential", "credentials", "authtoken", "accesstoken"})  # fmt: skip
+_STRONG = frozenset(
+    {
+        "secret",
+        "password",
+        "passwd",
+        "passphrase",
+        "pwd",
+        "apikey",
+        "credential",
+        "credentials",
+        "authtoken",
+        "accesstoken",
+    }
+)
 _WEAK_LAST = frozenset({"key", "token", "auth", "bearer"})  # secret as the name's last word
 _QUANTITY = frozenset({"per", "max", "min", "num", "count", "limit", "budget", "size"})
 # A name (flag or variable) followed by "=" or blanks, then its value (quoted or bare).

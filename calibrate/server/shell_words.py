@@ -22,8 +22,23 @@ from calibrate.errors import ConfigError
 # {model_path} {port} {batch_size} {concurrency}, and any other lower-case name tune gives a value
 # to ({slots}, {kv_tokens}, {memory_fraction}); a shell's own ${var} is left alone.
 PLACEHOLDER = re.compile(r"(?<!\$)\{([a-z][a-z0-9_]*)\}")
-SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "fish", "csh", "tcsh",
-                    "su", "runuser", "script"})  # fmt: skip
+SHELLS = frozenset(
+    {
+        "sh",
+        "bash",
+        "zsh",
+        "dash",
+        "ksh",
+        "mksh",
+        "ash",
+        "fish",
+        "csh",
+        "tcsh",
+        "su",
+        "runuser",
+        "script",
+    }
+)
 JOIN_TO_SHELL = frozenset({"ssh", "watch"})  # their remaining arguments become one shell program
 _REPARSES = re.compile(r"\beval\b|\b(?:sh|bash|zsh|dash|ksh|ash|fish|su|ssh)\b[^|;&]*\s-\w*c\b")
 _PLAIN = re.compile(r"[A-Za-z0-9_./:@%+=,-]*")

@@ -37,12 +37,26 @@ class Launched:
 def launch(argv: Sequence[str], log: IO[bytes], status: Path) -> Launched:
     """Start ``argv`` under a supervisor; output to ``log``. OSError when the engine cannot start."""
     read_fd, write_fd = os.pipe()
-    command = [sys.executable, "-m", "calibrate.server.supervise", "--status", str(status),
-               "--pid-fd", str(write_fd), "--", *argv]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "calibrate.server.supervise",
+        "--status",
+        str(status),
+        "--pid-fd",
+        str(write_fd),
+        "--",
+        *argv,
+    ]
     try:
-        supervisor = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
-                                      stderr=subprocess.STDOUT, start_new_session=True,
-                                      pass_fds=(write_fd,))  # fmt: skip
+        supervisor = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=(write_fd,),
+        )
     finally:
         os.close(write_fd)
     try:
@@ -75,8 +89,9 @@ def _read_handoff(fd: int, timeout_s: float) -> str:
 def supervise(argv: Sequence[str], status: Path, pid_fd: int) -> int:
     """Run the engine to its end; its exit status goes to ``status``. Returns a shell-style code."""
     try:
-        engine = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True,
-                                  restore_signals=True)  # fmt: skip
+        engine = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, start_new_session=True, restore_signals=True
+        )
     except OSError as exc:
         os.write(pid_fd, f"error {exc.errno or 0} {exc.strerror or exc}\n".encode())
         os.close(pid_fd)

@@ -35,9 +35,15 @@ from calibrate.stages.resume import repair_tail
 from calibrate.store import JsonlWriter
 
 __all__ = [  # the stage's public face; plans are made in batch_plan, workers in batch_worker
-    "DEFAULT_CONCURRENCY", "MAX_CONCURRENCY", "BatchControl", "BatchPlan", "BatchSpec",
-    "open_batch", "plan_batch", "run_batch",
-]  # fmt: skip
+    "DEFAULT_CONCURRENCY",
+    "MAX_CONCURRENCY",
+    "BatchControl",
+    "BatchPlan",
+    "BatchSpec",
+    "open_batch",
+    "plan_batch",
+    "run_batch",
+]
 
 log = logging.getLogger("calibrate")
 
@@ -75,8 +81,13 @@ def run_batch(
         if plan.scan is not None:
             repair_tail(plan.scan)
         writer = JsonlWriter(out_path, fsync=spec.fsync)
-    tally = Tally(writer, sample=bool(spec.sample), expect=spec.expect, max_chars=spec.max_chars,
-                  on_write_error=lambda detail: control.fail("write_error", detail))  # fmt: skip
+    tally = Tally(
+        writer,
+        sample=bool(spec.sample),
+        expect=spec.expect,
+        max_chars=spec.max_chars,
+        on_write_error=lambda detail: control.fail("write_error", detail),
+    )
     queue = WorkQueue(plan)
     slots = [(lane, min(lane.concurrency, max(plan.to_run, 1))) for lane in lanes]
     guard = ReachabilityGuard(
@@ -84,13 +95,14 @@ def run_batch(
     )
     workers = [
         threading.Thread(
-            target=_lane_worker, args=(lane, lanes, queue, spec, tally, control, guard),
+            target=_lane_worker,
+            args=(lane, lanes, queue, spec, tally, control, guard),
             name=f"batch-{i}-{n}",
             daemon=True,  # only matters when abandoned: a stuck request must not block exit
         )
         for i, (lane, count) in enumerate(slots)
         for n in range(count)
-    ]  # fmt: skip
+    ]
     start = clock()
     last_report = start
     told_stop = False
@@ -105,13 +117,22 @@ def run_batch(
         if on_progress is None or (not force and now - last_report < progress_every_s):
             return
         last_report = now
-        down = tuple((lane.label, s) for lane in lanes
-                     if (s := lane.breaker.down_for_s()) is not None)  # fmt: skip
+        down = tuple(
+            (lane.label, s) for lane in lanes if (s := lane.breaker.down_for_s()) is not None
+        )
         with tally.lock:
             finished = tally.ok + sum(tally.kinds.values())
-            snapshot = BatchProgress(plan.to_run, finished, tally.ok, finished - tally.ok,
-                                     tally.in_flight, now - start, control.interrupted, down,
-                                     outage.limit_s)  # fmt: skip
+            snapshot = BatchProgress(
+                plan.to_run,
+                finished,
+                tally.ok,
+                finished - tally.ok,
+                tally.in_flight,
+                now - start,
+                control.interrupted,
+                down,
+                outage.limit_s,
+            )
         on_progress(snapshot)
 
     for worker in workers:
@@ -123,19 +144,33 @@ def run_batch(
         tally.close()
     tick(force=True)
     elapsed = clock() - start
-    reports = tuple(report(lane, tally.done_at[lane.label], tally.failed_at[lane.label], elapsed)
-                    for lane in lanes)  # fmt: skip
+    reports = tuple(
+        report(lane, tally.done_at[lane.label], tally.failed_at[lane.label], elapsed)
+        for lane in lanes
+    )
     return BatchResult(
-        total=plan.total, skipped=plan.skipped, to_run=plan.to_run, ok=tally.ok,
-        failed_by_kind=dict(tally.kinds), interrupted=control.interrupted, abandoned=abandoned,
-        stopped_by=control.reason, stop_detail=control.detail or queue.error,
-        seconds=elapsed, output_tokens=tally.output_tokens, retried_items=tally.retried,
-        attempts=tally.attempts, failures=tuple(tally.failures),
+        total=plan.total,
+        skipped=plan.skipped,
+        to_run=plan.to_run,
+        ok=tally.ok,
+        failed_by_kind=dict(tally.kinds),
+        interrupted=control.interrupted,
+        abandoned=abandoned,
+        stopped_by=control.reason,
+        stop_detail=control.detail or queue.error,
+        seconds=elapsed,
+        output_tokens=tally.output_tokens,
+        retried_items=tally.retried,
+        attempts=tally.attempts,
+        failures=tuple(tally.failures),
         preamble=(tally.preamble_n, tuple(tally.preamble)),
-        too_long=(tally.too_long_n, tuple(tally.too_long)), shapes=tuple(tally.shapes),
-        selfload=monitor.report() if monitor is not None else None, out_path=out_path,
-        endpoints=reports, outage_events=tuple(events),
-    )  # fmt: skip
+        too_long=(tally.too_long_n, tuple(tally.too_long)),
+        shapes=tuple(tally.shapes),
+        selfload=monitor.report() if monitor is not None else None,
+        out_path=out_path,
+        endpoints=reports,
+        outage_events=tuple(events),
+    )
 
 
 def _lane_worker(
@@ -151,9 +186,12 @@ def _lane_worker(
     work(lane, queue, spec, tally, control, guard)
     if lane.breaker.state == "gone" and all(other.breaker.state == "gone" for other in lanes):
         total_s = max(other.breaker.down_total_s for other in lanes)
-        control.fail("outage", f"no server answered for {total_s:.0f} s (--outage-s "
-                     f"{lane.breaker.policy.limit_s:g}); items that never got an answer are "
-                     "not marked failed")  # fmt: skip
+        control.fail(
+            "outage",
+            f"no server answered for {total_s:.0f} s (--outage-s "
+            f"{lane.breaker.policy.limit_s:g}); items that never got an answer are "
+            "not marked failed",
+        )
 
 
 def _wait(

@@ -103,8 +103,9 @@ def check_endpoints(
         if baseline is None or normaliser is None:
             usable.append(endpoint)
             continue
-        comparison = compare(baseline, record.to_json(), normaliser,
-                             labels=("baseline", endpoint.label))  # fmt: skip
+        comparison = compare(
+            baseline, record.to_json(), normaliser, labels=("baseline", endpoint.label)
+        )
         if comparison.passed:
             usable.append(endpoint)
         else:

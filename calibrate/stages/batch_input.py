@@ -126,8 +126,9 @@ def index_input(path: Path, shown: Path | None = None) -> InputIndex:
             ids.add(task.id)
             count += 1
     if count == 0:
-        raise InputError(f"{name} holds no items", "Each line must be an object like "
-                         '{"id": 1, "text": "..."}.')  # fmt: skip
+        raise InputError(
+            f"{name} holds no items", 'Each line must be an object like {"id": 1, "text": "..."}.'
+        )
     return InputIndex(path, ids, count)
 
 

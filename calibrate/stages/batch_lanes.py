@@ -75,8 +75,9 @@ def make_lane(
     restarter: Restarter | None = None,
     on_event: Callable[[OutageEvent], None] = lambda event: None,
 ) -> Lane:
-    breaker = Breaker(endpoint.label, policy, probe_for(client), restarter=restarter,
-                      on_event=on_event)  # fmt: skip
+    breaker = Breaker(
+        endpoint.label, policy, probe_for(client), restarter=restarter, on_event=on_event
+    )
     return Lane(endpoint, client, breaker)
 
 
@@ -100,15 +101,32 @@ class EndpointReport:
         return (self.done + self.failed) / self.seconds if self.seconds > 0 else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"url": self.url, "concurrency": self.concurrency,
-                "concurrency_source": self.concurrency_source, "done": self.done,
-                "failed": self.failed, "items_per_s": round(self.items_per_s, 3),
-                "state": self.state, "outages": self.outages, "down_s": round(self.down_s, 3),
-                "restarts": self.restarts}  # fmt: skip
+        return {
+            "url": self.url,
+            "concurrency": self.concurrency,
+            "concurrency_source": self.concurrency_source,
+            "done": self.done,
+            "failed": self.failed,
+            "items_per_s": round(self.items_per_s, 3),
+            "state": self.state,
+            "outages": self.outages,
+            "down_s": round(self.down_s, 3),
+            "restarts": self.restarts,
+        }
 
 
 def report(lane: Lane, done: int, failed: int, seconds: float) -> EndpointReport:
     b = lane.breaker
     e = lane.endpoint
-    return EndpointReport(e.label, e.concurrency, e.concurrency_source, done, failed, seconds,
-                          b.state, b.incidents, b.down_total_s, b.restarts)  # fmt: skip
+    return EndpointReport(
+        e.label,
+        e.concurrency,
+        e.concurrency_source,
+        done,
+        failed,
+        seconds,
+        b.state,
+        b.incidents,
+        b.down_total_s,
+        b.restarts,
+    )

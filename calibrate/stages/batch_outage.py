@@ -82,8 +82,13 @@ class OutageEvent:
     detail: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"ts": self.ts, "endpoint": self.endpoint, "event": self.event,
-                "down_s": round(self.down_s, 3), "detail": self.detail}  # fmt: skip
+        return {
+            "ts": self.ts,
+            "endpoint": self.endpoint,
+            "event": self.event,
+            "down_s": round(self.down_s, 3),
+            "detail": self.detail,
+        }
 
 
 class Breaker:
@@ -202,8 +207,12 @@ class Breaker:
                 elif down_s >= self.policy.limit_s:
                     self.state = "gone"
                     self.down_total_s += down_s
-                    event = self._event("gave_up", down_s, f"no answer for {down_s:.0f} s "
-                                        f"(--outage-s {self.policy.limit_s:g}): {problem}")  # fmt: skip
+                    event = self._event(
+                        "gave_up",
+                        down_s,
+                        f"no answer for {down_s:.0f} s "
+                        f"(--outage-s {self.policy.limit_s:g}): {problem}",
+                    )
                 else:
                     event = None
                 if event is not None:

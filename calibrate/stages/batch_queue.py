@@ -84,8 +84,10 @@ class WorkQueue:
             task = None
         if task is None:
             if not self.error and self.handed < self._cap:
-                self.error = (f"--input gave only {self.handed} of {self._cap} items when "
-                              "read again (did it change during the run?)")  # fmt: skip
+                self.error = (
+                    f"--input gave only {self.handed} of {self._cap} items when "
+                    "read again (did it change during the run?)"
+                )
             self._exhausted = True
             self._items.close()
             self._cond.notify_all()

@@ -54,8 +54,10 @@ class ManagedRestart:
         else:
             kind = cfg.server.kind if record.kind is None else cast(ServerKind, record.kind)
             if kind is None:
-                raise ServerUnreachable(f"{died}; its kind is unknown, so it cannot be restarted",
-                                        "Start it yourself: calibrate server start")  # fmt: skip
+                raise ServerUnreachable(
+                    f"{died}; its kind is unknown, so it cannot be restarted",
+                    "Start it yourself: calibrate server start",
+                )
             setting = resolve(Ledger(cfg.runs_dir), target_fingerprint(cfg))
             batch, conc = record.batch_size, record.concurrency
             if setting is not None:
@@ -66,9 +68,19 @@ class ManagedRestart:
             how = command.display()
         log.warning("%s; restarting it: %s", died, how)
         started = server.start(
-            cfg.runs_dir, argv, env=env, kind=record.kind, port=record.port, health_path=health,
-            ready_timeout_s=cfg.server.ready_timeout_s, stop_timeout_s=cfg.server.stop_timeout_s,
-            batch_size=batch, concurrency=conc, script=record.script,
-        )  # fmt: skip
-        return (f"{died}; restarted as PID {started.record.pid} ({how}), ready in "
-                f"{started.ready_s:.1f} s")  # fmt: skip
+            cfg.runs_dir,
+            argv,
+            env=env,
+            kind=record.kind,
+            port=record.port,
+            health_path=health,
+            ready_timeout_s=cfg.server.ready_timeout_s,
+            stop_timeout_s=cfg.server.stop_timeout_s,
+            batch_size=batch,
+            concurrency=conc,
+            script=record.script,
+        )
+        return (
+            f"{died}; restarted as PID {started.record.pid} ({how}), ready in "
+            f"{started.ready_s:.1f} s"
+        )

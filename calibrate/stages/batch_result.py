@@ -189,9 +189,14 @@ class Tally:
 
 
 def result_line(
-    task: Task, completion: Completion | None, error: ErrorInfo | None, attempts: int,
-    retried: tuple[str, ...], expect: Expect, max_tokens: int,
-) -> dict[str, Any]:  # fmt: skip
+    task: Task,
+    completion: Completion | None,
+    error: ErrorInfo | None,
+    attempts: int,
+    retried: tuple[str, ...],
+    expect: Expect,
+    max_tokens: int,
+) -> dict[str, Any]:
     """The output line of one item; ``id`` first, ``ok`` second, ``attempts`` last (resume.py)."""
     line: dict[str, Any] = {"id": task.id}
     if completion is not None and error is None:

@@ -38,10 +38,13 @@ class Shard:
         """``"2/8"`` → Shard(2, 8); anything else is a usage error (exit 2)."""
         index_text, sep, count_text = text.partition("/")
         if not (sep and index_text.isdigit() and count_text.isdigit()):
-            raise UsageError(f"--shard {text!r} is not I/N",
-                             "e.g. --shard 0/4 … --shard 3/4 for four shards")  # fmt: skip
+            raise UsageError(
+                f"--shard {text!r} is not I/N", "e.g. --shard 0/4 … --shard 3/4 for four shards"
+            )
         index, count = int(index_text), int(count_text)
         if not 1 <= count <= MAX_SHARDS or not 0 <= index < count:
-            raise UsageError(f"--shard {text}: need 0 ≤ I < N ≤ {MAX_SHARDS}",
-                             "Shards are numbered from 0, e.g. --shard 0/4 … --shard 3/4.")  # fmt: skip
+            raise UsageError(
+                f"--shard {text}: need 0 ≤ I < N ≤ {MAX_SHARDS}",
+                "Shards are numbered from 0, e.g. --shard 0/4 … --shard 3/4.",
+            )
         return cls(index, count)

@@ -186,8 +186,17 @@ def _handle(
             if requeue.info is not None and guard.gave_up(requeue.info):
                 queue.finished(task)  # nothing ever answered: the run ends, the item is not failed
             elif not queue.put_back_item(task):
-                _record(task, None, requeue.info or ErrorInfo("connect", "server unreachable"),
-                        attempts, (), spec, tally, lane, queue)  # fmt: skip
+                _record(
+                    task,
+                    None,
+                    requeue.info or ErrorInfo("connect", "server unreachable"),
+                    attempts,
+                    (),
+                    spec,
+                    tally,
+                    lane,
+                    queue,
+                )
             return
         if attempted.interrupted:
             queue.finished(task)
@@ -202,19 +211,36 @@ def _handle(
                 f"an item's {attempted.attempts} attempts were all refused: {error.message}"
             )
             return
-        _record(task, attempted.value, error, attempted.attempts, attempted.errors, spec, tally,
-                lane, queue)  # fmt: skip
+        _record(
+            task,
+            attempted.value,
+            error,
+            attempted.attempts,
+            attempted.errors,
+            spec,
+            tally,
+            lane,
+            queue,
+        )
     except Exception as exc:  # thread boundary: any failure becomes this item's recorded failure
         tally.record(internal_line(task, exc, attempts), None, 0, lane.label)
         queue.finished(task)
 
 
 def _record(
-    task: Task, completion: Completion | None, error: ErrorInfo | None, attempts: int,
-    retried: tuple[str, ...], spec: BatchSpec, tally: Tally, lane: Lane, queue: WorkQueue,
-) -> None:  # fmt: skip
-    line = result_line(task, completion, error, max(attempts, 1), retried, spec.expect,
-                       spec.params.max_tokens)  # fmt: skip
+    task: Task,
+    completion: Completion | None,
+    error: ErrorInfo | None,
+    attempts: int,
+    retried: tuple[str, ...],
+    spec: BatchSpec,
+    tally: Tally,
+    lane: Lane,
+    queue: WorkQueue,
+) -> None:
+    line = result_line(
+        task, completion, error, max(attempts, 1), retried, spec.expect, spec.params.max_tokens
+    )
     usage = completion.usage if completion is not None else None
     tokens = (usage.completion_tokens or 0) if usage is not None else 0
     tally.record(line, completion.text if completion is not None else None, tokens, lane.label)

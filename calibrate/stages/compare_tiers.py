@@ -60,15 +60,21 @@ class TierComparison:
         return self.metric or _SHAPE[self.kind][1]
 
     def to_json(self) -> dict[str, Any]:
-        return {"baseline": self.baseline_path, "tolerance": self.tolerance,
-                "passed": self.passed, "problems": list(self.problems)}  # fmt: skip
+        return {
+            "baseline": self.baseline_path,
+            "tolerance": self.tolerance,
+            "passed": self.passed,
+            "problems": list(self.problems),
+        }
 
 
 def read_table(path: Path, kind: TableKind) -> list[dict[str, Any]]:
     """The rows of a tiers.csv (the one reader, ``tier_table``); a missing column is exit 2."""
     if not path.exists():
-        raise InputError(f"cannot read the tier table {path}: no such file",
-                         f"Write one with: calibrate {kind} --save-baseline")  # fmt: skip
+        raise InputError(
+            f"cannot read the tier table {path}: no such file",
+            f"Write one with: calibrate {kind} --save-baseline",
+        )
     key, metric, _ = _SHAPE[kind]
     rows = read_rows(path)
     if metric not in rows[0] and _FALLBACK.get(metric) in rows[0]:
@@ -143,17 +149,31 @@ def compare_tables(
             metric_bad = (-ratio if higher_better else ratio) > tolerance
             if metric_bad:
                 worse = "lower" if higher_better else "higher"
-                problems.append(f"{key} {k}: {metric} {nm:.4g} is {abs(ratio):.0%} {worse} than "
-                                f"the baseline's {bm:.4g} (tolerance {tolerance:.0%})")  # fmt: skip
-        rows.append(CompareRow(k, Cell(bv or "—", nv or "not run", verdict_bad),
-                               Cell(_fmt(bm), _fmt(nm), metric_bad), change))  # fmt: skip
+                problems.append(
+                    f"{key} {k}: {metric} {nm:.4g} is {abs(ratio):.0%} {worse} than "
+                    f"the baseline's {bm:.4g} (tolerance {tolerance:.0%})"
+                )
+        rows.append(
+            CompareRow(
+                k,
+                Cell(bv or "—", nv or "not run", verdict_bad),
+                Cell(_fmt(bm), _fmt(nm), metric_bad),
+                change,
+            )
+        )
     top_b, top_n = _top(baseline, key), _top(now, key)
     top_bad = top_b is not None and (top_n is None or top_n < top_b)
     if top_bad:
-        problems.insert(0, f"last passing {key} is {top_n if top_n is not None else 'none'}, "
-                           f"lower than the baseline's {top_b}")  # fmt: skip
-    last = Cell(str(top_b) if top_b is not None else "none",
-                str(top_n) if top_n is not None else "none", top_bad)  # fmt: skip
+        problems.insert(
+            0,
+            f"last passing {key} is {top_n if top_n is not None else 'none'}, "
+            f"lower than the baseline's {top_b}",
+        )
+    last = Cell(
+        str(top_b) if top_b is not None else "none",
+        str(top_n) if top_n is not None else "none",
+        top_bad,
+    )
     return TierComparison(
         kind, baseline_path, tolerance, tuple(rows), last, tuple(problems), metric
     )

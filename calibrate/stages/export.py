@@ -49,11 +49,18 @@ class ExportResult:
         return self.ok == self.total
 
     def to_json(self) -> dict[str, Any]:
-        return {"to": str(self.to_path), "failed_list": str(self.failed_path),
-                "total": self.total, "ok": self.ok, "failed": self.failed,
-                "not_run": self.not_run, "foreign": self.foreign,
-                "journal_lines": self.journal_lines, "seconds": round(self.seconds, 3),
-                "rule": "last ok result per id, else its last failure"}  # fmt: skip
+        return {
+            "to": str(self.to_path),
+            "failed_list": str(self.failed_path),
+            "total": self.total,
+            "ok": self.ok,
+            "failed": self.failed,
+            "not_run": self.not_run,
+            "foreign": self.foreign,
+            "journal_lines": self.journal_lines,
+            "seconds": round(self.seconds, 3),
+            "rule": "last ok result per id, else its last failure",
+        }
 
 
 def failed_path_for(to_path: Path) -> Path:
@@ -66,8 +73,10 @@ def check_export(to_path: Path, failed_path: Path | None, flag: str) -> Format:
     fmt = format_of(to_path, flag)
     failed = failed_path or failed_path_for(to_path)
     if failed.resolve() == to_path.resolve():
-        raise InputError(f"the failed list {failed} would overwrite {flag} {to_path}",
-                         "Give --failed another path.")  # fmt: skip
+        raise InputError(
+            f"the failed list {failed} would overwrite {flag} {to_path}",
+            "Give --failed another path.",
+        )
     return fmt
 
 
@@ -103,16 +112,27 @@ def export_final(
         for handle in handles:
             handle.close()
     ok, failed, not_run = counts
-    return ExportResult(to_path, failed_path, total, ok, failed, not_run, foreign, lines,
-                        time.perf_counter() - start)  # fmt: skip
+    return ExportResult(
+        to_path,
+        failed_path,
+        total,
+        ok,
+        failed,
+        not_run,
+        foreign,
+        lines,
+        time.perf_counter() - start,
+    )
 
 
 def _open_journal(path: Path) -> BinaryIO:
     try:
         return path.open("rb")
     except OSError as exc:
-        raise InputError(f"cannot read the journal {path}: {exc.strerror or exc}",
-                         "Give the --out file(s) of calibrate batch.") from exc  # fmt: skip
+        raise InputError(
+            f"cannot read the journal {path}: {exc.strerror or exc}",
+            "Give the --out file(s) of calibrate batch.",
+        ) from exc
 
 
 def _keep(winners: dict[ItemId, int | None], item_id: ItemId, packed: int) -> None:
@@ -138,16 +158,24 @@ def _scan_journal(path: Path, number: int, winners: dict[ItemId, int | None]) ->
                 if isinstance(item_id, bool) or item_id not in winners:
                     foreign += 1
                     continue
-                _keep(winners, item_id, ((base + match_start) << (JOURNAL_BITS + 1))
-                      | (number << 1) | (ok == b"true"))  # fmt: skip
+                _keep(
+                    winners,
+                    item_id,
+                    ((base + match_start) << (JOURNAL_BITS + 1)) | (number << 1) | (ok == b"true"),
+                )
             base += len(block)
         if carry.strip():  # a last line without its newline: whole (kept) or torn (ignored)
             for match_start, token, ok in _records(carry + b"\n"):
                 item_id = _id_of(token)
                 if not isinstance(item_id, bool) and item_id in winners:
                     lines += 1
-                    _keep(winners, item_id, ((base + match_start) << (JOURNAL_BITS + 1))
-                          | (number << 1) | (ok == b"true"))  # fmt: skip
+                    _keep(
+                        winners,
+                        item_id,
+                        ((base + match_start) << (JOURNAL_BITS + 1))
+                        | (number << 1)
+                        | (ok == b"true"),
+                    )
     return lines, foreign
 
 
@@ -186,10 +214,14 @@ def _loads(raw: bytes) -> Any:
 
 
 def _write(
-    input_path: Path, shard: Shard | None, winners: dict[ItemId, int | None],
+    input_path: Path,
+    shard: Shard | None,
+    winners: dict[ItemId, int | None],
     handles: list[BinaryIO],
-    to_path: Path, failed_path: Path, fmt: Format,
-) -> tuple[int, int, int]:  # fmt: skip
+    to_path: Path,
+    failed_path: Path,
+    fmt: Format,
+) -> tuple[int, int, int]:
     """Pass 2: the input in order, each id's winning line read back; (ok, failed, not run)."""
     ok = failed = not_run = 0
     mask = MAX_JOURNALS - 1
@@ -200,8 +232,11 @@ def _write(
             packed = winners.get(task.id)
             if packed is None:
                 not_run += 1
-                line = {"id": task.id, "ok": False,
-                        "error": {"kind": "not_run", "message": "no result in the journal(s)"}}  # fmt: skip
+                line = {
+                    "id": task.id,
+                    "ok": False,
+                    "error": {"kind": "not_run", "message": "no result in the journal(s)"},
+                }
                 raw = encode_line(line).rstrip(b"\n")
                 final.write(raw, line)
                 failures.write(
@@ -218,8 +253,12 @@ def _write(
                 continue
             failed += 1
             error = (record or {}).get("error") or {}
-            entry = {"id": task.id, "status": "failed", "kind": error.get("kind"),
-                     "message": error.get("message")}  # fmt: skip
+            entry = {
+                "id": task.id,
+                "status": "failed",
+                "kind": error.get("kind"),
+                "message": error.get("message"),
+            }
             failures.write(encode_line(entry).rstrip(b"\n"), None)
         failures.commit()
         final.commit()

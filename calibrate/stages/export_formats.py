@@ -19,8 +19,19 @@ from calibrate.errors import UsageError
 
 Format = Literal["jsonl", "csv", "parquet"]
 FORMATS: dict[str, Format] = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
-COLUMNS = ("id", "ok", "output", "parsed", "finish_reason", "error_kind", "error_message",
-           "attempts", "seconds", "prompt_tokens", "completion_tokens")  # fmt: skip
+COLUMNS = (
+    "id",
+    "ok",
+    "output",
+    "parsed",
+    "finish_reason",
+    "error_kind",
+    "error_message",
+    "attempts",
+    "seconds",
+    "prompt_tokens",
+    "completion_tokens",
+)
 ROW_GROUP = 10_000
 
 
@@ -28,8 +39,10 @@ def format_of(path: Path, flag: str) -> Format:
     """The format ``path``'s extension asks for; exit 2 for others or parquet without pyarrow."""
     fmt = FORMATS.get(path.suffix.lower())
     if fmt is None:
-        raise UsageError(f"{flag} {path}: unknown extension {path.suffix or '(none)'!r}",
-                         "Give a .jsonl, .csv or .parquet file.")  # fmt: skip
+        raise UsageError(
+            f"{flag} {path}: unknown extension {path.suffix or '(none)'!r}",
+            "Give a .jsonl, .csv or .parquet file.",
+        )
     if fmt == "parquet":
         try:
             importlib.import_module("pyarrow.parquet")
@@ -97,8 +110,9 @@ class _Atomic:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if et is not None:
             self.discard()
 
@@ -140,13 +154,21 @@ class ParquetFinal(_Atomic):
         pq: Any = importlib.import_module("pyarrow.parquet")
         super().__init__(path)
         self._pa = pa
-        self._schema = pa.schema([
-            ("id", pa.string()), ("ok", pa.bool_()), ("output", pa.string()),
-            ("parsed", pa.string()), ("finish_reason", pa.string()),
-            ("error_kind", pa.string()), ("error_message", pa.string()),
-            ("attempts", pa.int64()), ("seconds", pa.float64()),
-            ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
-        ])  # fmt: skip
+        self._schema = pa.schema(
+            [
+                ("id", pa.string()),
+                ("ok", pa.bool_()),
+                ("output", pa.string()),
+                ("parsed", pa.string()),
+                ("finish_reason", pa.string()),
+                ("error_kind", pa.string()),
+                ("error_message", pa.string()),
+                ("attempts", pa.int64()),
+                ("seconds", pa.float64()),
+                ("prompt_tokens", pa.int64()),
+                ("completion_tokens", pa.int64()),
+            ]
+        )
         self._writer = pq.ParquetWriter(self.handle, self._schema)
         self._rows: list[dict[str, Any]] = []
 

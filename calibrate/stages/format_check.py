@@ -138,22 +138,28 @@ def shape_checks(
         ShapeCheck(
             "no preamble",
             not with_preamble,
-            _examples(f"{len(with_preamble)} of {len(shapes)} outputs open with a preamble",
-                      [f"{s.id!r}: {s.preamble!r}" for s in with_preamble])
-            if with_preamble else "no output opens with a preamble",
+            _examples(
+                f"{len(with_preamble)} of {len(shapes)} outputs open with a preamble",
+                [f"{s.id!r}: {s.preamble!r}" for s in with_preamble],
+            )
+            if with_preamble
+            else "no output opens with a preamble",
         )
-    )  # fmt: skip
+    )
     if max_chars is not None:
         long = [s for s in shapes if s.chars > max_chars]
         checks.append(
             ShapeCheck(
                 f"within {max_chars} chars",
                 not long,
-                _examples(f"{len(long)} of {len(shapes)} outputs are longer than {max_chars}",
-                          [f"{s.id!r}: {s.chars} chars" for s in long])
-                if long else f"longest output {max((s.chars for s in shapes), default=0)} chars",
+                _examples(
+                    f"{len(long)} of {len(shapes)} outputs are longer than {max_chars}",
+                    [f"{s.id!r}: {s.chars} chars" for s in long],
+                )
+                if long
+                else f"longest output {max((s.chars for s in shapes), default=0)} chars",
             )
-        )  # fmt: skip
+        )
     counts = Counter(s.lines for s in shapes)
     if len(counts) <= 1:
         detail = f"every output has {next(iter(counts), 0)} line(s)"
@@ -168,11 +174,14 @@ def shape_checks(
             ShapeCheck(
                 "valid JSON",
                 not bad,
-                _examples(f"{len(bad)} of {len(shapes)} outputs do not parse as JSON",
-                          [repr(s.id) for s in bad])
-                if bad else "every output parses as JSON (after stripping code fences)",
+                _examples(
+                    f"{len(bad)} of {len(shapes)} outputs do not parse as JSON",
+                    [repr(s.id) for s in bad],
+                )
+                if bad
+                else "every output parses as JSON (after stripping code fences)",
             )
-        )  # fmt: skip
+        )
     return checks
 
 

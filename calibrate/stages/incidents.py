@@ -196,15 +196,28 @@ class IncidentRecorder:
             if dead_pid is not None and error.kind in exit_status.DEATH_KINDS:
                 error = exit_status.died_error(error, dead_pid, ended)
             incident = Incident(
-                stage=self.run.stage, batch_size=batch_size, concurrency=concurrency, round=round_no,
-                request_body=item.body, request_headers=self.headers, error=error,
-                exception_type=item.exception_type, traceback=item.traceback,
-                server_pid=server.pid, vram=vram, log_tail=tail,
+                stage=self.run.stage,
+                batch_size=batch_size,
+                concurrency=concurrency,
+                round=round_no,
+                request_body=item.body,
+                request_headers=self.headers,
+                error=error,
+                exception_type=item.exception_type,
+                traceback=item.traceback,
+                server_pid=server.pid,
+                vram=vram,
+                log_tail=tail,
                 server_exit_code=ended.exit_code if ended else None,
                 server_signal=ended.signal if ended else None,
-                extra={"item": item.index, "path": item.path, "elapsed_s": round(item.elapsed_s, 6),
-                       "server_found_by": server.found_by, "server_alive": running},
-            )  # fmt: skip
+                extra={
+                    "item": item.index,
+                    "path": item.path,
+                    "elapsed_s": round(item.elapsed_s, 6),
+                    "server_found_by": server.found_by,
+                    "server_alive": running,
+                },
+            )
             name = incident_name(label or batch_size, round_no, item.index)
             paths.append(write_incident(self.run, name, incident))
         self.written.extend(paths)
@@ -214,13 +227,16 @@ class IncidentRecorder:
         last = self.monitor.last
         out: dict[str, Any] = {}
         if peak is not None and peak.samples:
-            out["round_peak"] = {"used_mib": peak.peak_used_mib, "total_mib": peak.total_mib,
-                                 "kv_usage": peak.peak_kv_usage,
-                                 "pressure": peak.peak_pressure.value,
-                                 "pressure_source": peak.peak_pressure.source,
-                                 "pressure_metric": peak.peak_pressure.text,
-                                 "devices": [d.to_json() for d in peak.devices],
-                                 "server_queue_max": peak.server_queue_max}  # fmt: skip
+            out["round_peak"] = {
+                "used_mib": peak.peak_used_mib,
+                "total_mib": peak.total_mib,
+                "kv_usage": peak.peak_kv_usage,
+                "pressure": peak.peak_pressure.value,
+                "pressure_source": peak.peak_pressure.source,
+                "pressure_metric": peak.peak_pressure.text,
+                "devices": [d.to_json() for d in peak.devices],
+                "server_queue_max": peak.server_queue_max,
+            }
         if snap is not None:
             out.update(snap.to_json())
         if last is not None:

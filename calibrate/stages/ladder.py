@@ -147,9 +147,16 @@ class Ladder:
         peaks: list[WindowPeak] = []
         for round_no in range(1, opts.rounds + 1):
             items, seconds, waves, peak = self.run_round(batch, round_no)
-            stats = summarise(batch_size=batch, concurrency=self.in_flight(batch), round_no=round_no,
-                              items=items, total_s=seconds, peaks=[peak],
-                              baseline_text=baseline, waves=waves)  # fmt: skip
+            stats = summarise(
+                batch_size=batch,
+                concurrency=self.in_flight(batch),
+                round_no=round_no,
+                items=items,
+                total_s=seconds,
+                peaks=[peak],
+                baseline_text=baseline,
+                waves=waves,
+            )
             self.ctx.run.append(
                 "rounds.jsonl", {**stats.to_json(), "vram_source": self.monitor.source}
             )
@@ -287,13 +294,27 @@ def item_record(
     if isinstance(sent, int) and not isinstance(sent, bool) and sent != params.max_tokens:
         params = replace(params, max_tokens=sent)  # a forced answer length (SPEC §5.11)
     return RequestRecord(
-        run_id=ctx.run.run_id, ts=utc_now_iso(), stage=ctx.run.stage, target=ctx.target,
-        prompt=item.prompt, params=params, text=item.text, finish_reason=item.finish_reason,
-        usage=item.usage, elapsed_s=item.elapsed_s, ttft_s=item.ttft_s,
-        served_model=item.served_model, system_fingerprint=item.system_fingerprint,
-        batch_size=batch, concurrency=concurrency, round=round_no, ok=item.ok, error=item.error,
-        input_tokens_target=item.input_tokens_target, canary=item.role == "canary",
-    ).to_json()  # fmt: skip
+        run_id=ctx.run.run_id,
+        ts=utc_now_iso(),
+        stage=ctx.run.stage,
+        target=ctx.target,
+        prompt=item.prompt,
+        params=params,
+        text=item.text,
+        finish_reason=item.finish_reason,
+        usage=item.usage,
+        elapsed_s=item.elapsed_s,
+        ttft_s=item.ttft_s,
+        served_model=item.served_model,
+        system_fingerprint=item.system_fingerprint,
+        batch_size=batch,
+        concurrency=concurrency,
+        round=round_no,
+        ok=item.ok,
+        error=item.error,
+        input_tokens_target=item.input_tokens_target,
+        canary=item.role == "canary",
+    ).to_json()
 
 
 def all_refused(items: Sequence[ItemResult]) -> bool:

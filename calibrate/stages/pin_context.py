@@ -30,9 +30,11 @@ class WorkloadContext:
         return self.slots * (self.prompt_tokens + self.max_tokens)
 
     def describe(self) -> str:
-        return (f"-c {self.context_tokens} = {self.slots} slots x (longest verified prompt "
-                f"{self.prompt_tokens} + max_tokens {self.max_tokens} tokens) from ladder run "
-                f"{self.ladder_run}")  # fmt: skip
+        return (
+            f"-c {self.context_tokens} = {self.slots} slots x (longest verified prompt "
+            f"{self.prompt_tokens} + max_tokens {self.max_tokens} tokens) from ladder run "
+            f"{self.ladder_run}"
+        )
 
 
 def verified_workload(runs_dir: Path, ladder_run: str, slots: int) -> WorkloadContext | None:

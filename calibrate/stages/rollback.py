@@ -61,8 +61,14 @@ class StepResult:
     kind: ErrorKind | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"n": self.n, "step": self.name, "ok": self.ok, "message": self.message,
-                "elapsed_s": round(self.elapsed_s, 3), **self.detail}  # fmt: skip
+        return {
+            "n": self.n,
+            "step": self.name,
+            "ok": self.ok,
+            "message": self.message,
+            "elapsed_s": round(self.elapsed_s, 3),
+            **self.detail,
+        }
 
 
 @dataclass(frozen=True)
@@ -108,9 +114,17 @@ def rollback_tier(ctx: StageContext) -> tuple[int, str]:
 class Rollback:
     """Runs the five steps in order; stops at the first failure."""
 
-    def __init__(self, ctx: StageContext, normaliser: Normaliser, *, wait_s: float,
-                 notify: Notify, on_step: Callable[[StepResult], None], vram_probe: VramProbe,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        ctx: StageContext,
+        normaliser: Normaliser,
+        *,
+        wait_s: float,
+        notify: Notify,
+        on_step: Callable[[StepResult], None],
+        vram_probe: VramProbe,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.ctx, self.normaliser, self.notify, self.probe = ctx, normaliser, notify, vram_probe
         self.on_step = on_step
         self.clock = clock
@@ -133,9 +147,12 @@ class Rollback:
         self.notify(f"rollback to batch {batch}, concurrency 1 (last passing, from {source})")
         steps: list[StepResult] = []
         plan: list[tuple[StepName, Callable[[], tuple[str, dict[str, Any]]]]] = [
-            ("stop", self.stop), ("vram", self.vram), ("active", self.active),
-            ("restart", self.restart), ("compare", self.compare),
-        ]  # fmt: skip
+            ("stop", self.stop),
+            ("vram", self.vram),
+            ("active", self.active),
+            ("restart", self.restart),
+            ("compare", self.compare),
+        ]
         for n, (name, action) in enumerate(plan, 1):
             step = self._step(n, name, action)
             steps.append(step)
@@ -162,11 +179,22 @@ class Rollback:
             )
         except CalibrateError as exc:
             kind: ErrorKind = "server_died" if isinstance(exc, ServerDied) else "connect"
-            step = StepResult(n, name, False, exc.render().removeprefix("error: "),
-                              self.clock() - start, {}, int(exc.exit_code), kind)  # fmt: skip
+            step = StepResult(
+                n,
+                name,
+                False,
+                exc.render().removeprefix("error: "),
+                self.clock() - start,
+                {},
+                int(exc.exit_code),
+                kind,
+            )
         self.ctx.run.append("steps.jsonl", step.to_json())
-        self.ctx.ledger.append(LedgerEntry("rollback-step", self.ctx.run.run_id, self.ctx.target,
-                                           step.ok, step.to_json()))  # fmt: skip
+        self.ctx.ledger.append(
+            LedgerEntry(
+                "rollback-step", self.ctx.run.run_id, self.ctx.target, step.ok, step.to_json()
+            )
+        )
         self.on_step(step)
         if not step.ok:
             self._incident(step)
@@ -181,15 +209,19 @@ class Rollback:
             assert result is not None
             self.exit_code = result.exit_code
             if result.was == "stranger":
-                message = (f"the managed server had already exited; PID {result.pid} now belongs "
-                           f"to another program ({process.cmdline(result.pid)[:80]}): not signalled")  # fmt: skip
+                message = (
+                    f"the managed server had already exited; PID {result.pid} now belongs "
+                    f"to another program ({process.cmdline(result.pid)[:80]}): not signalled"
+                )
             elif result.was == "gone":
                 message = f"the managed server (PID {result.pid}) had already exited"
             elif not result.gone:
                 raise StepFailed(f"PID {result.pid} is still alive after SIGKILL", "timeout")
             else:
-                message = (f"stopped the managed server (PID {result.pid}, {result.signal_sent}, "
-                           f"{result.elapsed_s:.1f} s)")  # fmt: skip
+                message = (
+                    f"stopped the managed server (PID {result.pid}, {result.signal_sent}, "
+                    f"{result.elapsed_s:.1f} s)"
+                )
             if result.exit_code is not None:
                 message += f", exit code {result.exit_code}"
             detail = {"pid": result.pid, "was": result.was, "signal": result.signal_sent}
@@ -199,13 +231,18 @@ class Rollback:
         if not readiness.port_open(self.host, self.port):
             return f"nothing listens on {self.host}:{self.port}: the server is already down", {}
         self.old_pid = process.listener_pid(self.port)
-        how = (f"kill -TERM {self.old_pid}   # {process.cmdline(self.old_pid)[:100]}"
-               if self.old_pid else f"kill -TERM $(lsof -t -iTCP:{self.port} -sTCP:LISTEN)")  # fmt: skip
+        how = (
+            f"kill -TERM {self.old_pid}   # {process.cmdline(self.old_pid)[:100]}"
+            if self.old_pid
+            else f"kill -TERM $(lsof -t -iTCP:{self.port} -sTCP:LISTEN)"
+        )
         self.notify(f"calibrate does not manage this server: stop it yourself, e.g.\n  {how}")
         self.notify(f"waiting up to {self._left():.0f} s for port {self.port} to close (--wait)")
         if not readiness.wait_port_closed(self.host, self.port, self._left()):
-            raise StepFailed(f"port {self.port} is still open after --wait: the server was not stopped",
-                             "timeout")  # fmt: skip
+            raise StepFailed(
+                f"port {self.port} is still open after --wait: the server was not stopped",
+                "timeout",
+            )
         return f"the server on port {self.port} stopped (PID {self.old_pid or 'unknown'})", {
             "pid": self.old_pid
         }
@@ -238,16 +275,23 @@ class Rollback:
                 vram_used_mib_before=used_mib(self.probe()),
             )
             self.record = started.record
-            return (f"restarted (PID {started.record.pid}) at batch {self.batch}, concurrency 1; "
-                    f"ready after {started.ready_s:.1f} s"), {"pid": started.record.pid}  # fmt: skip
+            return (
+                f"restarted (PID {started.record.pid}) at batch {self.batch}, concurrency 1; "
+                f"ready after {started.ready_s:.1f} s"
+            ), {"pid": started.record.pid}
         root = self.ctx.client.server_root
-        self.notify(f"restart your server at batch size {self.batch} and concurrency 1, e.g.: "
-                    f"calibrate pin --out launch.sh && ./launch.sh")  # fmt: skip
+        self.notify(
+            f"restart your server at batch size {self.batch} and concurrency 1, e.g.: "
+            f"calibrate pin --out launch.sh && ./launch.sh"
+        )
         self.notify(f"waiting up to {self._left():.0f} s for {root} to answer (--wait)")
         ready = readiness.wait_ready(root, None, self._left())
         if not ready.ready:
-            raise StepFailed(f"no server answered at {root} within --wait ({ready.last_answer})",
-                             "connect", ExitCode.UNREACHABLE)  # fmt: skip
+            raise StepFailed(
+                f"no server answered at {root} within --wait ({ready.last_answer})",
+                "connect",
+                ExitCode.UNREACHABLE,
+            )
         return f"the server at {root} is back ({ready.elapsed_s:.1f} s)", {}
 
     def compare(self) -> tuple[str, dict[str, Any]]:
@@ -256,8 +300,10 @@ class Rollback:
         if not self.comparison.passed:
             raise StepFailed(STILL_DIFFERS, "invalid_response")
         note = " (whitespace only)" if self.comparison.verdict == "whitespace-only" else ""
-        return (f"restored: batch {self.batch}, concurrency 1, output matches the baseline{note}",
-                self.comparison.to_json())  # fmt: skip
+        return (
+            f"restored: batch {self.batch}, concurrency 1, output matches the baseline{note}",
+            self.comparison.to_json(),
+        )
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -280,10 +326,17 @@ class Rollback:
             tail = process.log_tail(self.runs, 200)  # the latest start's output is at the end
         pid = self.record.pid if self.record else self.old_pid
         incident = Incident(
-            stage="rollback", batch_size=self.batch, concurrency=1, round=None,
-            request_body=body, request_headers=client.redacted_headers(),
+            stage="rollback",
+            batch_size=self.batch,
+            concurrency=1,
+            round=None,
+            request_body=body,
+            request_headers=client.redacted_headers(),
             error=ErrorInfo(step.kind or "server_died", step.message),
-            server_pid=pid, server_exit_code=process.exit_code(pid) if pid else self.exit_code,
-            vram=snapshot.to_json() if snapshot else None, log_tail=tail, extra=extra,
-        )  # fmt: skip
+            server_pid=pid,
+            server_exit_code=process.exit_code(pid) if pid else self.exit_code,
+            vram=snapshot.to_json() if snapshot else None,
+            log_tail=tail,
+            extra=extra,
+        )
         write_incident(self.ctx.run, f"{step.n}-{step.name}.json", incident)

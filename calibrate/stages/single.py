@@ -38,22 +38,42 @@ def fixed_prompt_call(ctx: StageContext, *, stream: bool = False) -> RequestReco
             raise unreachable(exc.info, cfg.target.base_url) from exc
         error = exc.info
         return RequestRecord(
-            run_id=ctx.run.run_id, ts=utc_now_iso(), stage=ctx.run.stage, target=ctx.target,
-            prompt=cfg.prompt.text, params=params, text=None, finish_reason=None, usage=None,
-            elapsed_s=0.0, ttft_s=None, served_model=None, system_fingerprint=None,
-            ok=False, error=error,
-        )  # fmt: skip
+            run_id=ctx.run.run_id,
+            ts=utc_now_iso(),
+            stage=ctx.run.stage,
+            target=ctx.target,
+            prompt=cfg.prompt.text,
+            params=params,
+            text=None,
+            finish_reason=None,
+            usage=None,
+            elapsed_s=0.0,
+            ttft_s=None,
+            served_model=None,
+            system_fingerprint=None,
+            ok=False,
+            error=error,
+        )
     problem = incomplete_reason(completion.choices[0], params.max_tokens)
     if problem:
         error = ErrorInfo("incomplete", problem)
     return RequestRecord(
-        run_id=ctx.run.run_id, ts=utc_now_iso(), stage=ctx.run.stage, target=ctx.target,
-        prompt=cfg.prompt.text, params=params, text=completion.text,
-        finish_reason=completion.finish_reason, usage=completion.usage,
-        elapsed_s=completion.elapsed_s, ttft_s=completion.ttft_s,
-        served_model=completion.served_model, system_fingerprint=completion.system_fingerprint,
-        ok=error is None, error=error,
-    )  # fmt: skip
+        run_id=ctx.run.run_id,
+        ts=utc_now_iso(),
+        stage=ctx.run.stage,
+        target=ctx.target,
+        prompt=cfg.prompt.text,
+        params=params,
+        text=completion.text,
+        finish_reason=completion.finish_reason,
+        usage=completion.usage,
+        elapsed_s=completion.elapsed_s,
+        ttft_s=completion.ttft_s,
+        served_model=completion.served_model,
+        system_fingerprint=completion.system_fingerprint,
+        ok=error is None,
+        error=error,
+    )
 
 
 def server_identity(ctx: StageContext) -> tuple[ServerIdentity, list[str]]:

@@ -156,28 +156,43 @@ def summarise(
         match = sum(1 for i in compared if i.ok and i.text == baseline_text)
     ok_items = sum(1 for i in items if i.ok)
     return Stats(
-        batch_size=batch_size, concurrency=concurrency, round=round_no, items=len(items),
-        waves=waves, total_s=total_s, per_item_s=total_s / len(items) if items else None,
+        batch_size=batch_size,
+        concurrency=concurrency,
+        round=round_no,
+        items=len(items),
+        waves=waves,
+        total_s=total_s,
+        per_item_s=total_s / len(items) if items else None,
         latency_mean_s=sum(latencies) / len(latencies) if latencies else None,
-        latency_p50_s=percentile(latencies, 50), latency_p90_s=percentile(latencies, 90),
-        latency_p99_s=percentile(latencies, 99), latency_max_s=max(latencies, default=None),
-        ttft_p50_s=percentile(ttfts, 50), ttft_p99_s=percentile(ttfts, 99),
-        tpot_p50_s=percentile(tpots, 50), tpot_p99_s=percentile(tpots, 99),
+        latency_p50_s=percentile(latencies, 50),
+        latency_p90_s=percentile(latencies, 90),
+        latency_p99_s=percentile(latencies, 99),
+        latency_max_s=max(latencies, default=None),
+        ttft_p50_s=percentile(ttfts, 50),
+        ttft_p99_s=percentile(ttfts, 99),
+        tpot_p50_s=percentile(tpots, 50),
+        tpot_p99_s=percentile(tpots, 99),
         items_per_s=ok_items / total_s if total_s > 0 else 0.0,
         output_tokens_per_s=tokens / total_s if total_s > 0 else 0.0,
-        peak_vram_mib=max(used, default=None), vram_idle_mib=idle,
+        peak_vram_mib=max(used, default=None),
+        vram_idle_mib=idle,
         vram_total_mib=next((p.total_mib for p in peaks if p.total_mib), None),
         pressure=top.peak_pressure.value if top else None,
         pressure_source=top.peak_pressure.source if top else "none",
         peak_kv_usage=max(kv, default=None),
-        errors=sum(kinds.values()), error_kinds=dict(sorted(kinds.items())),
-        first_done_s=min(done, default=None), last_done_s=max(done, default=None),
-        baseline_match=match, baseline_items=len(compared) if baseline_text is not None else 0,
-        pressure_metric=top.peak_pressure.text if top and top.peak_pressure.value is not None else None,
+        errors=sum(kinds.values()),
+        error_kinds=dict(sorted(kinds.items())),
+        first_done_s=min(done, default=None),
+        last_done_s=max(done, default=None),
+        baseline_match=match,
+        baseline_items=len(compared) if baseline_text is not None else 0,
+        pressure_metric=top.peak_pressure.text
+        if top and top.peak_pressure.value is not None
+        else None,
         server_queue_max=round(max(queue)) if queue else None,
         per_device=device_peaks(p.devices for p in peaks),
         **token_columns(items),
-    )  # fmt: skip
+    )
 
 
 def token_columns(items: Sequence[ItemResult]) -> dict[str, Any]:
@@ -209,8 +224,10 @@ def queue_note(server_queue_max: int | None, concurrency: int) -> str | None:
     if not server_queue_max or server_queue_max < 1:
         return None
     requests = "request" if server_queue_max == 1 else "requests"
-    return (f"the server queued up to {server_queue_max} {requests} at concurrency {concurrency}: "
-            f"its cap is below {concurrency} in flight")  # fmt: skip
+    return (
+        f"the server queued up to {server_queue_max} {requests} at concurrency {concurrency}: "
+        f"its cap is below {concurrency} in flight"
+    )
 
 
 @dataclass(frozen=True)
@@ -234,12 +251,19 @@ class Tier:
         return self.verdict not in ("fail", "stop: slo")
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.stats.to_json(), "rounds": len(self.rounds),
-                "verdict": self.verdict, "reason": self.reason}  # fmt: skip
+        return {
+            **self.stats.to_json(),
+            "rounds": len(self.rounds),
+            "verdict": self.verdict,
+            "reason": self.reason,
+        }
 
     def short(self) -> dict[str, Any]:
         """The ledger's short form of a tier."""
         per_item = self.stats.per_item_s
-        return {"batch_size": self.batch_size, "verdict": self.verdict,
-                "per_item_s": round(per_item, 4) if per_item is not None else None,
-                "errors": self.stats.errors}  # fmt: skip
+        return {
+            "batch_size": self.batch_size,
+            "verdict": self.verdict,
+            "per_item_s": round(per_item, 4) if per_item is not None else None,
+            "errors": self.stats.errors,
+        }

@@ -201,10 +201,17 @@ class Sender:
         except RequestError as exc:
             done = self.clock() - t0
             return [
-                _failed(request, n, started, done, exc.info, exc.exc_type or type(exc).__name__,
-                        format_traceback(exc))
+                _failed(
+                    request,
+                    n,
+                    started,
+                    done,
+                    exc.info,
+                    exc.exc_type or type(exc).__name__,
+                    format_traceback(exc),
+                )
                 for n in range(len(request.prompts))
-            ]  # fmt: skip
+            ]
         return _answered(request, completion, started, self.clock() - t0, max_tokens)
 
     def _stuck(self, request: Request, t0: float) -> list[ItemResult]:
@@ -225,12 +232,24 @@ def _failed(
     tb: str | None,
 ) -> ItemResult:
     return ItemResult(
-        index=request.first_index + n, prompt=request.prompts[n], path=request.path,
-        body=request.body, text=None, finish_reason=None, usage=None, completion_tokens=0,
-        elapsed_s=done - started, ttft_s=None, started_s=started, done_s=done,
-        error=info, exception_type=exc_type, traceback=tb,
-        role=request.role, input_tokens_target=request.target(n),
-    )  # fmt: skip
+        index=request.first_index + n,
+        prompt=request.prompts[n],
+        path=request.path,
+        body=request.body,
+        text=None,
+        finish_reason=None,
+        usage=None,
+        completion_tokens=0,
+        elapsed_s=done - started,
+        ttft_s=None,
+        started_s=started,
+        done_s=done,
+        error=info,
+        exception_type=exc_type,
+        traceback=tb,
+        role=request.role,
+        input_tokens_target=request.target(n),
+    )
 
 
 def _answered(
@@ -247,8 +266,10 @@ def _answered(
             (total_tokens // count + (1 if n < total_tokens % count else 0)) if total_tokens else 0
         )
         if choice is None:
-            error = ErrorInfo("invalid_response", f"{count} prompts sent, "
-                              f"{len(completion.choices)} choices returned")  # fmt: skip
+            error = ErrorInfo(
+                "invalid_response",
+                f"{count} prompts sent, {len(completion.choices)} choices returned",
+            )
         else:
             problem = incomplete_reason(
                 choice,
@@ -260,14 +281,23 @@ def _answered(
                 error = ErrorInfo("incomplete", problem)
         out.append(
             ItemResult(
-                index=request.first_index + n, prompt=request.prompts[n], path=request.path,
-                body=request.body, text=choice.text if choice else None,
+                index=request.first_index + n,
+                prompt=request.prompts[n],
+                path=request.path,
+                body=request.body,
+                text=choice.text if choice else None,
                 finish_reason=choice.finish_reason if choice else None,
-                usage=completion.usage if count == 1 else None, completion_tokens=share,
-                elapsed_s=completion.elapsed_s, ttft_s=completion.ttft_s,
-                started_s=started, done_s=done, served_model=completion.served_model,
-                system_fingerprint=completion.system_fingerprint, error=error,
-                role=request.role, input_tokens_target=request.target(n),
+                usage=completion.usage if count == 1 else None,
+                completion_tokens=share,
+                elapsed_s=completion.elapsed_s,
+                ttft_s=completion.ttft_s,
+                started_s=started,
+                done_s=done,
+                served_model=completion.served_model,
+                system_fingerprint=completion.system_fingerprint,
+                error=error,
+                role=request.role,
+                input_tokens_target=request.target(n),
             )
-        )  # fmt: skip
+        )
     return out

@@ -56,8 +56,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_llamacpp_config(root: Path, port: int, *, prompt: str = PROMPT, max_tokens: int = 32,
-                          batch_sizes: str = "[1, 2, 4, 8]", extra: str = "") -> Path:  # fmt: skip
+def write_llamacpp_config(
+    root: Path,
+    port: int,
+    *,
+    prompt: str = PROMPT,
+    max_tokens: int = 32,
+    batch_sizes: str = "[1, 2, 4, 8]",
+    extra: str = "",
+) -> Path:
     path = root / "calibrate.toml"
     path.write_text(
         f'[target]\nbase_url = "http://127.0.0.1:{port}/v1"\nmodel = "{MODEL_NAME}"\n'

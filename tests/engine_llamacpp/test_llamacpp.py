@@ -74,8 +74,13 @@ def test_single_stream_without_usage_in_chunks(cli, llama: str, isolated: Path) 
     # llama.cpp streams usage only when asked (stream_options.include_usage, which calibrate
     # sends): then in a last chunk with empty choices; without it, no chunk carries usage.
     assert record["usage"]["completion_tokens"] == 7 and record["usage"]["prompt_tokens"] > 0
-    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": PROMPT}],
-            "temperature": 0, "max_tokens": 32, "stream": True}  # fmt: skip
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "temperature": 0,
+        "max_tokens": 32,
+        "stream": True,
+    }
     raw = requests.post(f"{llama}/v1/chat/completions", json=body, timeout=30).text
     chunks = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
     assert chunks and not any("usage" in chunk for chunk in chunks)
@@ -203,8 +208,12 @@ def test_pin_then_start_from_the_script_then_verify(cli, llama: str, isolated: P
     script = isolated / "scripts/launch.sh"
     text = script.read_text("utf-8")
     show("\n" + text)
-    ladder_records = [r for p in (isolated / "runs").glob("*-ladder-*/records.jsonl")
-                      for r in map(json.loads, p.read_text("utf-8").splitlines()) if r["ok"]]  # fmt: skip
+    ladder_records = [
+        r
+        for p in (isolated / "runs").glob("*-ladder-*/records.jsonl")
+        for r in map(json.loads, p.read_text("utf-8").splitlines())
+        if r["ok"]
+    ]
     longest = max(r["usage"]["prompt_tokens"] for r in ladder_records)
     ctx = 4 * (longest + 32)
     assert f"--parallel 4 -c {ctx} --metrics" in text
@@ -226,10 +235,23 @@ def test_batch_200_items_resumes_after_kill_9(cli, llama: str, isolated: Path) -
     tasks = _tasks(isolated, "tasks.jsonl", texts)
     out = isolated / "out.jsonl"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    argv = [sys.executable, "-m", "calibrate", "batch", "--input", str(tasks), "--out", str(out),
-            "-c", "4", "--max-tokens", "128"]  # fmt: skip
-    victim = subprocess.Popen(argv, cwd=isolated, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "calibrate",
+        "batch",
+        "--input",
+        str(tasks),
+        "--out",
+        str(out),
+        "-c",
+        "4",
+        "--max-tokens",
+        "128",
+    ]
+    victim = subprocess.Popen(
+        argv, cwd=isolated, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         wait_for(
             lambda: out.exists() and out.read_text("utf-8").count("\n") >= 10, 60, "10 results"

@@ -14,8 +14,15 @@ from calibrate.records import LedgerEntry
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_ENGINE = Path(__file__).with_name("engine.sh")
-ENGINE_NAMES = ("vllm", "llama-server", "python3", "lmdeploy", "text-generation-launcher",
-                "ollama", "fake-engine")  # fmt: skip
+ENGINE_NAMES = (
+    "vllm",
+    "llama-server",
+    "python3",
+    "lmdeploy",
+    "text-generation-launcher",
+    "ollama",
+    "fake-engine",
+)
 
 
 def free_port() -> int:
@@ -44,8 +51,15 @@ def managed_config(
     return path
 
 
-def append_ledger(root: Path, stage: str, target: str, summary: dict[str, Any], *,
-                  passed: bool = True, run_id: str | None = None) -> None:  # fmt: skip
+def append_ledger(
+    root: Path,
+    stage: str,
+    target: str,
+    summary: dict[str, Any],
+    *,
+    passed: bool = True,
+    run_id: str | None = None,
+) -> None:
     """A stage result written straight into the ledger (instead of running that stage)."""
     entry = LedgerEntry(
         stage, run_id or f"20261129T160000Z-{stage}-abcdef", target, passed, summary
@@ -57,9 +71,15 @@ def append_ledger(root: Path, stage: str, target: str, summary: dict[str, Any], 
 
 
 def passing_ladder(root: Path, target: str, batch_size: int = 4) -> None:
-    append_ledger(root, "ladder", target,
-                  {"last_passing": {"batch_size": batch_size, "concurrency": batch_size},
-                   "stopped_by": "failure"})  # fmt: skip
+    append_ledger(
+        root,
+        "ladder",
+        target,
+        {
+            "last_passing": {"batch_size": batch_size, "concurrency": batch_size},
+            "stopped_by": "failure",
+        },
+    )
 
 
 def install_fake_engines(bin_dir: Path) -> Path:
