@@ -42,7 +42,9 @@ def test_a_step_over_the_context_fails_with_the_servers_400(cli, isolated: Path)
 def test_a_context_ladder_never_sets_the_batch_size(cli, isolated: Path) -> None:
     with start_mock(**FAST_MOCK, max_model_len=8192) as mock:
         server = '[server]\nmodel_path = "/models/m"\n'
-        calibrated(cli, isolated, mock.base_url, LADDER + "batch_sizes = [1, 2]\n" + server)
+        sweep = "[sweep]\nconcurrency = [1, 2]\nlevel_s = 0.1\nrepeats = 1\n"
+        extra = LADDER + "batch_sizes = [1, 2]\n" + sweep + server
+        calibrated(cli, isolated, mock.base_url, extra)
         assert cli("ladder").code == 0
         context = cli("ladder", "--axis", "context", "--context-lengths", "512,3000", "--json")
         assert context.code == 0, context.err
