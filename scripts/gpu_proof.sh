@@ -148,11 +148,14 @@ run_step 2 model 240 env PYTHONPATH="${PYPATH}" "${ENGINE_PY}" scripts/build_pro
 # --- the calibrate project: calibrate.toml, the workload ----------------------------------------
 cd "${WORK}"
 LADDER_WORKLOAD=()
-if cal ladder --help 2>/dev/null | grep -q -- "--input-tokens"; then
+# The inputs are --tasks items sized with the model's own tokenizer (exact lengths, no token
+# probe). PROOF_SYNTHETIC=1 uses --input-tokens/--output-tokens instead: in the CPU dry run that
+# path's token probe had its connection dropped by the continuous-batching server (open question,
+# see the README section), so it is not the default until it has passed a dry run.
+if [[ "${PROOF_SYNTHETIC:-0}" == 1 ]] && cal ladder --help 2>/dev/null | grep -q -- "--input-tokens"; then
     LADDER_WORKLOAD=(--input-tokens "${INPUT_TOKENS}" --output-tokens "${OUTPUT_TOKENS}")
     WORKLOAD="synthetic: --input-tokens ${INPUT_TOKENS} --output-tokens ${OUTPUT_TOKENS}"
 else
-    # This calibrate has no --input-tokens yet: the same lengths through --tasks (long inputs).
     PYTHONPATH="${PYPATH}" "${ENGINE_PY}" - "${MODEL_DIR}" "${INPUT_TOKENS}" "${TOP}" >tasks.jsonl <<'EOF'
 import json, sys
 from pathlib import Path
@@ -165,7 +168,7 @@ for n in range(count):
     print(json.dumps({"id": n, "text": f"Item {n}. Count:" + unit * max(1, (tokens - 16) // per)}))
 EOF
     LADDER_WORKLOAD=(--tasks tasks.jsonl)
-    WORKLOAD="fallback: this calibrate's ladder has no --input-tokens/--output-tokens yet; ${TOP} --tasks items of about ${INPUT_TOKENS} tokens instead (answers stop on their own)"
+    WORKLOAD="${TOP} --tasks items of ${INPUT_TOKENS} tokens (the model's own tokenizer; answers stop on their own)"
 fi
 say "workload: ${WORKLOAD}"
 

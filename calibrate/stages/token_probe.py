@@ -22,6 +22,7 @@ from calibrate.stages.synthetic import TokenModel, synthetic_prompt
 from calibrate.stages.waves import CHAT_PATH, COMPLETIONS_PATH
 
 Forcing = Literal["full", "ignore_eos", "none"]
+FIRST_PROBE_WORDS = 64  # small enough for any server; enough words for a stable ratio
 TOLERANCE = 0.05
 PROBE_KEY = -1  # the probe's own marker: it shares no prefix with a measured request
 NOT_CONTROLLED = "output length not controlled on this engine: answers are measured as they come"
@@ -104,8 +105,10 @@ class Prober:
 def calibrate_tokens(
     send: Callable[[int, dict[str, Any]], int], target_tokens: int, forcing: Forcing
 ) -> Calibration:
-    """Probe once at about ``target_tokens``; again when the first is more than 5 % off."""
-    words = max(1, target_tokens)
+    """Learn the server's tokens per word from a small probe first (a prompt many times the
+    target — a tokenizer that splits words finely — must never be the first thing a capped
+    server sees), then probe at the workload's size and fit a line through the two."""
+    words = max(1, min(target_tokens, FIRST_PROBE_WORDS))
     extra = forcing_fields(forcing, 1) if forcing != "none" else {}
     try:
         tokens = send(words, extra)
