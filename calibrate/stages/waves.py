@@ -256,7 +256,10 @@ def _answered(
     request: Request, completion: Completion, started: float, done: float, max_tokens: int | None
 ) -> list[ItemResult]:
     count = len(request.prompts)
-    total_tokens = completion.usage.completion_tokens if completion.usage else None
+    reported = completion.usage.completion_tokens if completion.usage else None
+    timing = completion.stream
+    # No usage in the stream (llama.cpp without include_usage): the chunks are the count.
+    total_tokens = reported if reported is not None or timing is None else timing.output_tokens
     out: list[ItemResult] = []
     for n in range(count):
         choice = completion.choices[n] if n < len(completion.choices) else None
@@ -275,7 +278,7 @@ def _answered(
                 choice,
                 max_tokens,
                 forced_tokens=request.forced_tokens,
-                completion_tokens=share if total_tokens is not None else None,
+                completion_tokens=share if reported is not None else None,
             )
             if problem:
                 error = ErrorInfo("incomplete", problem)
@@ -292,6 +295,7 @@ def _answered(
                 elapsed_s=completion.elapsed_s,
                 ttft_s=completion.ttft_s,
                 started_s=started,
+                stream=timing if count == 1 else None,
                 done_s=done,
                 served_model=completion.served_model,
                 system_fingerprint=completion.system_fingerprint,
