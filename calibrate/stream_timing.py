@@ -7,6 +7,7 @@ Pure arithmetic, no clock: the client passes times in seconds since the request 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -74,7 +75,7 @@ def stream_timing(arrivals_s: Sequence[float], usage_tokens: int | None) -> Stre
     without it, every chunk counts as one token (llama.cpp without ``include_usage``).
     """
     chunks = len(arrivals_s)
-    raw = [b - a for a, b in zip(arrivals_s, arrivals_s[1:], strict=False)]
+    raw = [b - a for a, b in itertools.pairwise(arrivals_s)]
     if usage_tokens is None:
         return StreamTiming(chunks, chunks, "chunks", tuple(raw))
     per_chunk = (usage_tokens - 1) / (chunks - 1) if chunks > 1 and usage_tokens > 1 else 1.0

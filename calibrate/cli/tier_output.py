@@ -35,6 +35,20 @@ def add_tier_args(parser: argparse.ArgumentParser, kind: str) -> None:
     add = parser.add_argument
     add_workload_args(parser, kind)
     add(
+        "--no-stream",
+        action="store_true",
+        help="do not stream (SSE): no TTFT, TPOT or ITL (default: streamed where the server can)",
+    )
+    add(
+        "--slo",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="NAME:S",
+        help="latency SLOs per request over [slo], e.g. --slo ttft:0.5 tpot:0.05 e2e:20; "
+        "goodput counts the requests that met every one",
+    )
+    add(
         "--vram-source",
         choices=("auto", "nvml", "metrics", "none"),
         default="auto",

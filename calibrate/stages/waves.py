@@ -18,6 +18,7 @@ from calibrate.config import LadderMode
 from calibrate.errors import ErrorInfo, RequestError
 from calibrate.records import Completion, SamplingParams, incomplete_reason
 from calibrate.stages.incidents import format_traceback
+from calibrate.stages.open_loop import OpenRun, open_loop
 from calibrate.stages.sweep_window import LevelWindow, LoopRun
 from calibrate.stages.tiers import ItemResult, ItemRole
 
@@ -193,6 +194,26 @@ class Sender:
                 results.extend(self._stuck(request, start))
             items = tuple(sorted(results, key=lambda r: r.index))
             return LoopRun(items, self.clock() - start, state["full_s"], state["stop_s"])
+
+    def open_loop(
+        self,
+        requests: Sequence[Request],
+        schedule: Sequence[float],
+        cap: int | None,
+        max_tokens: int | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> OpenRun:
+        """Send ``requests[n]`` at ``schedule[n]`` s whatever the answers (SPEC §5.13), at most
+        ``cap`` in flight, and wait for every answer (``stages.open_loop``)."""
+        join_s = (schedule[-1] if schedule else 0.0) + self.client.timeout_s * 2 + 30
+        return open_loop(
+            lambda n, t0: self._one(requests[n], t0, max_tokens),
+            schedule,
+            cap,
+            clock=self.clock,
+            sleep=sleep,
+            join_s=join_s,
+        )
 
     def _one(self, request: Request, t0: float, max_tokens: int | None) -> list[ItemResult]:
         started = self.clock() - t0
