@@ -38,6 +38,7 @@ from calibrate.cli.tier_output import (
     finish_run,
     measure_spec,
     shown_by,
+    warn_if_not_streamed,
     watching,
 )
 from calibrate.cli.workload_flags import context_lengths, sized, task_pool, workload_spec
@@ -169,6 +170,7 @@ def _finish(
         selfload=selfload,
         interrupted=interrupted,
     )
+    warn_if_not_streamed(out, rows, not args.no_stream)
     suite = _junit(ctx, result, comparison)
     if interrupted:
         suite.check("the ladder ran to the end", False, "interrupted", kind="interrupted")

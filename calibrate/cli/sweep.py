@@ -34,6 +34,7 @@ from calibrate.cli.tier_output import (
     finish_run,
     measure_spec,
     shown_by,
+    warn_if_not_streamed,
     watching,
 )
 from calibrate.cli.workload_flags import task_pool, workload_spec
@@ -230,6 +231,7 @@ def _finish(
         selfload=selfload,
         interrupted=interrupted,
     )
+    warn_if_not_streamed(out, rows, options.stream)
     suite = junit_suite("sweep", ctx.run, ctx.target)
     for lv in result.levels:
         s = lv.stats

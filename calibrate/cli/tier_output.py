@@ -215,3 +215,16 @@ def warn_if_client_bound(out: Output, selfload: SelfLoadMonitor) -> None:
     """Say so (once) when calibrate's own CPU, not the server, limits what is measured."""
     if text := selfload.poll_warning():
         out.warn(text)
+
+
+def warn_if_not_streamed(out: Output, rows: Sequence[Mapping[str, Any]], stream: bool) -> None:
+    """Streaming was asked for but no answer came as a stream: the server answered JSON."""
+    answered = [r for r in rows if r.get("items")]
+    if stream and answered and all(r.get("ttft_p50_s") is None for r in answered):
+        out.warn(
+            "the server answered the streamed requests without streaming (plain JSON): TTFT, "
+            "TPOT and ITL were not measured; E2E latency and throughput were"
+        )
+    counted = {r.get("tokens_counted_by") for r in answered} - {None, "usage"}
+    if counted:
+        out.say("output tokens counted from stream chunks (the server sent no usage in the stream)")
