@@ -4,6 +4,7 @@ driven past its capacity (with the ladder's in-flight cap held)."""
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from tests.tier_helpers import FAST, open_gate
 
 
 def _gaps(times: tuple[float, ...]) -> list[float]:
-    return [b - a for a, b in zip(times, times[1:], strict=False)]
+    return [b - a for a, b in itertools.pairwise(times)]
 
 
 def test_poisson_offers_exactly_the_rate_with_exponential_gaps_and_is_seeded() -> None:
