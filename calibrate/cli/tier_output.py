@@ -124,7 +124,8 @@ def finish_tables(
     csv_path = report.write_tiers_csv(ctx.run.file("tiers.csv"), rows, kind, source)
     table_rows = report.read_rows(csv_path)
     if not out.is_tty:  # on a terminal the live table is already on screen
-        out.render(report.tier_table(table_rows, kind, f"{kind} {ctx.run.run_id}"))
+        title = f"{kind} {ctx.run.run_id}"
+        out.render(report.tier_table(table_rows, kind, title, out.console.width))
     plot = report.write_plot(table_rows, kind, ctx.run.file("plot.png"))
     out.say(
         f"tables: {csv_path}" + (f", plot: {plot}" if plot else " (no plot: matplotlib missing)")
