@@ -47,6 +47,7 @@ from calibrate.errors import RequestError
 from calibrate.records import Choice, Completion, ModelInfo, SamplingParams, Usage
 from calibrate.redact import Scrubber, split_userinfo
 from calibrate.responses import parse_chunk, parse_completion, sse_events, valid_text
+from calibrate.stream_timing import stream_timing
 
 Clock = Callable[[], float]
 
@@ -165,7 +166,7 @@ class OpenAIClient:
         deadline = start + self.timeout_s
         try:
             response = self._send("POST", url, deadline, body=body)
-            if stream:
+            if stream and _is_event_stream(response):
                 try:
                     return self._read_stream(response, start, deadline, chat=chat, url=url)
                 finally:
@@ -345,6 +346,7 @@ class OpenAIClient:
         model: str | None = None
         fingerprint: str | None = None
         ttft: float | None = None
+        arrivals: list[float] = []  # when each chunk with text arrived (the gaps: ITL)
         lines = self._reader(response, url, deadline, self.timeout_s).lines()
         for event in sse_events(lines):
             if event == "[DONE]":
@@ -357,21 +359,34 @@ class OpenAIClient:
             model = chunk.served_model or model
             fingerprint = chunk.system_fingerprint or fingerprint
             usage = chunk.usage or usage
+            carried = False
             for index, text, finish_reason in chunk.choices:
                 pieces = texts.setdefault(index, [])
                 if text:
-                    if ttft is None:
-                        ttft = self._clock() - start
+                    carried = True
                     pieces.append(text)
                 if finish_reason is not None:
                     finish[index] = finish_reason
+            if carried:
+                arrivals.append(self._clock() - start)
+                if ttft is None:
+                    ttft = arrivals[0]
         if not texts:
             raise invalid("the stream carried no choices")
         choices = tuple(
             Choice(index=i, text="".join(texts[i]), finish_reason=finish.get(i))
             for i in sorted(texts)
         )
-        return Completion(choices, usage, model, fingerprint, self._clock() - start, ttft)
+        counted = usage.completion_tokens if usage else None
+        timing = stream_timing(arrivals, counted) if len(texts) == 1 else None
+        return Completion(choices, usage, model, fingerprint, self._clock() - start, ttft, timing)
+
+
+def _is_event_stream(response: urllib3.BaseHTTPResponse) -> bool:
+    """A streamed request answered as SSE; a server that cannot stream answers JSON instead,
+    which is read as a plain completion (no TTFT: the caller says so)."""
+    kind = (response.headers.get("Content-Type") or "").lower()
+    return not kind.startswith("application/json")
 
 
 def _finish(response: urllib3.BaseHTTPResponse, *, complete: bool) -> None:

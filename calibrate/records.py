@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calibrate.errors import ErrorInfo
+from calibrate.stream_timing import StreamTiming
 
 
 def utc_now_iso() -> str:
@@ -81,6 +82,7 @@ class Completion:
     system_fingerprint: str | None
     elapsed_s: float
     ttft_s: float | None = None
+    stream: StreamTiming | None = None  # a streamed answer's chunks and gaps (SPEC §5.13)
 
     @property
     def text(self) -> str:

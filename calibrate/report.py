@@ -27,6 +27,7 @@ from calibrate.tier_table import Kind, read_rows
 log = logging.getLogger("calibrate")
 
 __all__ = ["Kind", "read_rows"]  # tables are read through here as well as written
+_QUANTILES = ("p50", "p90", "p95", "p99", "mean")  # SPEC §5.13's latency columns
 _COMMON = [
     "items",
     "total_s",
@@ -36,12 +37,13 @@ _COMMON = [
     "latency_p90_s",
     "latency_p99_s",
     "latency_max_s",
-    "ttft_p50_s",
-    "ttft_p99_s",
-    "tpot_p50_s",
-    "tpot_p99_s",
+    *(f"{m}_{q}_s" for m in ("ttft", "tpot", "itl", "e2e") for q in _QUANTILES),
+    "tokens_counted_by",
     "items_per_s",
     "output_tokens_per_s",
+    "output_tokens_per_s_per_request",
+    "goodput_per_s",
+    "slo_met",
     "peak_vram_mib",
     "vram_idle_mib",
     "vram_total_mib",
@@ -87,6 +89,12 @@ COLUMNS: dict[str, list[str]] = {
         *_TOKENS,
         "items_per_s_min",
         "items_per_s_max",
+        "offered_rate",
+        "achieved_rate",
+        "saturated",
+        "saturation",
+        "goodput_per_s_min",
+        "goodput_per_s_max",
         "gain",
         "gain_counted",
         "capped_by_server",
@@ -205,10 +213,13 @@ _LADDER: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("p90 s", lambda r: _f(r.get("latency_p90_s"), ".3f")),
     ("p99 s", lambda r: _f(r.get("latency_p99_s"), ".3f")),
     ("max s", lambda r: _f(r.get("latency_max_s"), ".3f")),
+    ("ttft p50", lambda r: _f(r.get("ttft_p50_s"), ".3f")),
     ("ttft p99", lambda r: _f(r.get("ttft_p99_s"), ".3f")),
     ("tpot p99", lambda r: _f(r.get("tpot_p99_s"), ".4f")),
+    ("itl p99", lambda r: _f(r.get("itl_p99_s"), ".4f")),
     ("items/s", lambda r: _f(r.get("items_per_s"), ".2f")),
     ("tok/s", lambda r: _f(r.get("output_tokens_per_s"), ".0f")),
+    ("goodput", lambda r: _f(r.get("goodput_per_s"), ".2f")),
     ("peak MiB", lambda r: _f(r.get("peak_vram_mib"), ".0f")),
     ("pressure", _pressure),
     ("queue", lambda r: _f(r.get("server_queue_max"), ".0f")),
@@ -223,24 +234,40 @@ _SWEEP: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("items", lambda r: str(int(r["items"]))),
     ("total s", lambda r: _f(r.get("total_s"), ".2f")),
     *_TOKEN_CELLS,
+    ("offered", lambda r: _rate(r.get("offered_rate"), r)),
+    ("achieved", lambda r: _f(r.get("achieved_rate"), ".2f")),
     ("items/s", lambda r: _f(r.get("items_per_s"), ".2f")),
     ("range", _range),
     ("gain", _gain),
     ("tok/s", lambda r: _f(r.get("output_tokens_per_s"), ".0f")),
+    ("goodput", lambda r: _f(r.get("goodput_per_s"), ".2f")),
     ("p50 s", lambda r: _f(r.get("latency_p50_s"), ".3f")),
     ("p90 s", lambda r: _f(r.get("latency_p90_s"), ".3f")),
     ("p99 s", lambda r: _f(r.get("latency_p99_s"), ".3f")),
     ("ttft p50", lambda r: _f(r.get("ttft_p50_s"), ".3f")),
+    ("ttft p99", lambda r: _f(r.get("ttft_p99_s"), ".3f")),
+    ("tpot p50", lambda r: _f(r.get("tpot_p50_s"), ".4f")),
+    ("tpot p99", lambda r: _f(r.get("tpot_p99_s"), ".4f")),
+    ("itl p99", lambda r: _f(r.get("itl_p99_s"), ".4f")),
     ("peak MiB", lambda r: _f(r.get("peak_vram_mib"), ".0f")),
     ("queue", lambda r: _f(r.get("server_queue_max"), ".0f")),
     ("errors", lambda r: f"{int(r['errors'])} {kinds_text(r.get('error_kinds'))}".strip()),
     (
         "verdict",
         lambda r: (
-            str(r["verdict"]) + (" (over server cap)" if _true(r.get("capped_by_server")) else "")
+            str(r["verdict"])
+            + (" saturated" if _true(r.get("saturated")) else "")
+            + (" (over server cap)" if _true(r.get("capped_by_server")) else "")
         ),
     ),
 ]
+
+
+def _rate(value: Any, row: Mapping[str, Any]) -> str:
+    """An offered rate; ``inf`` for a rate level sent all at once (no offered rate)."""
+    if value is None or value == "":
+        return "inf" if row.get("achieved_rate") not in (None, "") else "—"
+    return _f(value, "g")
 
 
 def _true(value: Any) -> bool:
@@ -266,6 +293,9 @@ def _columns(
 # On a narrow terminal these go first (in this order), so the cells left stay readable.
 _DROP_FIRST: dict[Kind, tuple[str, ...]] = {
     "ladder": (
+        "itl p99",
+        "ttft p50",
+        "goodput",
         "rounds",
         "out tok",
         "waves",
@@ -283,7 +313,12 @@ _DROP_FIRST: dict[Kind, tuple[str, ...]] = {
         "match",
     ),
     "sweep": (
+        "itl p99",
+        "tpot p50",
         "ttft p50",
+        "tpot p99",
+        "achieved",
+        "ttft p99",
         "p99 s",
         "items",
         "out tok",
@@ -298,7 +333,16 @@ _DROP_FIRST: dict[Kind, tuple[str, ...]] = {
     ),
 }
 # Shown only when some row has a value (TTFT and TPOT need a streamed run).
-_WHEN_MEASURED = ("ttft p99", "tpot p99", "ttft p50")
+_WHEN_MEASURED = (
+    "ttft p99",
+    "tpot p99",
+    "ttft p50",
+    "tpot p50",
+    "itl p99",
+    "goodput",
+    "offered",
+    "achieved",
+)
 
 
 def _fitting_columns(

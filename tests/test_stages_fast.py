@@ -158,7 +158,7 @@ def test_an_e2e_slo_stops_the_ladder_and_keeps_the_tier_before(tmp_path: Path) -
     assert "E2E latency p99 0.4 s is over the SLO 0.25 s" in result.tiers[-1].reason
     sender = ladder.sender
     assert isinstance(sender, ScriptedSender)
-    assert not any(b.get("stream") for b in sender.bodies), "E2E needs no streaming"
+    assert all(b.get("stream") for b in sender.bodies), "streamed by default (SPEC §5.13)"
 
 
 def test_a_ttft_slo_streams_the_requests_and_reads_ttft(tmp_path: Path) -> None:

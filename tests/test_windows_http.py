@@ -102,5 +102,5 @@ def test_a_ttft_slo_streams_and_stops_at_the_tier_that_queues(cli, isolated: Pat
     assert detail[0]["ttft_p99_s"] < 0.04 < detail[2]["ttft_p99_s"]
     assert detail[0]["tpot_p50_s"] is not None
     assert "batch 4: TTFT p99" in result.err and "over the SLO 0.04 s" in result.err
-    assert "streamed for the SLOs" in result.err
+    assert "streamed (TTFT, TPOT, ITL)" in result.err and "SLOs ttft p99" in result.err
     assert WINDOWS in FAST

@@ -17,6 +17,7 @@ example: calibrate ladder --input-tokens 3000 --output-tokens 200 --junit runs/l
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from calibrate.cli.common import (
@@ -37,6 +38,7 @@ from calibrate.cli.tier_output import (
     finish_run,
     measure_spec,
     shown_by,
+    warn_if_not_streamed,
     watching,
 )
 from calibrate.cli.workload_flags import context_lengths, sized, task_pool, workload_spec
@@ -49,6 +51,7 @@ from calibrate.stages.compare_tiers import TierComparison
 from calibrate.stages.context import StageContext
 from calibrate.stages.incidents import first_error
 from calibrate.stages.ladder import Ladder, LadderOptions, LadderResult
+from calibrate.stages.slo import describe, has_slo, parse_slo_flags
 from calibrate.stages.tier_run import MeasureSpec
 from calibrate.stages.waves import Sender
 from calibrate.stages.workload_plan import prepare_workload
@@ -73,7 +76,11 @@ def run(args: argparse.Namespace) -> int:
     workload = workload_spec(args, load_config(args), "ladder")
     pool = task_pool(workload)  # a bad tasks file is exit 2 before anything is written
     ctx = open_stage(args, "ladder", out)
-    options = LadderOptions.from_config(ctx.config, require_match=args.require_match)
+    options = dataclasses.replace(
+        LadderOptions.from_config(ctx.config, require_match=args.require_match),
+        streaming=not args.no_stream,
+        slo=parse_slo_flags(args.slo, ctx.config.slo),
+    )
     with load_lock(ctx), kept_on_write_error(ctx), watching(spec, ctx, out) as watch:
         if args.axis == "context":
             options, workload = _context_axis(args, ctx, out, options, workload)
@@ -127,7 +134,9 @@ def _announce(out: Output, options: LadderOptions, workload: WorkloadSpec) -> No
     else:
         steps = f"batch sizes {', '.join(map(str, options.batch_sizes))}"
     warmup = f", {options.warmup_waves} warm-up wave(s) first" if options.warmup_waves else ""
-    streamed = ", streamed for the SLOs" if options.stream else ""
+    streamed = ", streamed (TTFT, TPOT, ITL)" if options.stream else ", not streamed"
+    if has_slo(options.slo):
+        streamed += f"; SLOs {describe(options.slo)}"
     out.say(
         f"ladder: {steps}, {options.rounds} rounds each of ≥ {options.min_round_s:g} s, one batch "
         f"at a time, {options.mode} mode{warmup}{streamed}; workload: {workload.describe()}"
@@ -161,6 +170,7 @@ def _finish(
         selfload=selfload,
         interrupted=interrupted,
     )
+    warn_if_not_streamed(out, rows, not args.no_stream)
     suite = _junit(ctx, result, comparison)
     if interrupted:
         suite.check("the ladder ran to the end", False, "interrupted", kind="interrupted")

@@ -34,6 +34,7 @@ from calibrate.cli.tier_output import (
     finish_run,
     measure_spec,
     shown_by,
+    warn_if_not_streamed,
     watching,
 )
 from calibrate.cli.workload_flags import task_pool, workload_spec
@@ -43,8 +44,10 @@ from calibrate.pipeline import next_after
 from calibrate.report import live_rows
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.setting import latest_passing_ladder
+from calibrate.stages.arrivals import parse_counts, parse_rates, rate_text
 from calibrate.stages.context import StageContext
 from calibrate.stages.server_cap import run_at_cap
+from calibrate.stages.slo import describe, has_slo, parse_slo_flags
 from calibrate.stages.sweep import (
     Sweep,
     SweepOptions,
@@ -61,7 +64,35 @@ from calibrate.workload import WorkloadSpec
 
 def register(subparsers: Any) -> None:
     parser = add_command(subparsers, "sweep", __doc__ or "", run)
-    parser.add_argument("--stream", action="store_true", help="stream (SSE) and measure TTFT")
+    parser.add_argument(
+        "--stream", action="store_true", help="stream (SSE): the default now (--no-stream: off)"
+    )
+    parser.add_argument(
+        "--concurrency",
+        metavar="C,…",
+        help="closed loop (the default mode) at these levels, e.g. 1,2,4,8 (over [sweep])",
+    )
+    parser.add_argument(
+        "--rates",
+        metavar="R,…",
+        help="open loop at these request rates (req/s), e.g. 1,2,4,8,inf; stops where saturated",
+    )
+    parser.add_argument(
+        "--arrival",
+        choices=("poisson", "constant"),
+        default="poisson",
+        help="with --rates: how requests arrive (default poisson, seeded)",
+    )
+    parser.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        metavar="K",
+        help="with --rates: gamma inter-arrival shape k, mean 1/rate (1 = Poisson, <1 burstier)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="with --rates: the arrival schedule's seed"
+    )
     parser.add_argument(
         "--batch-size",
         type=int,
@@ -103,12 +134,18 @@ def _plan(args: argparse.Namespace, ctx: StageContext, out: Output) -> SweepOpti
     top = ladder[0].last_passing if ladder else None
     batch = args.batch_size or (top.batch_size if top else 1)
     managed = run_at_cap(ctx, batch, out.say)
+    proved = ladder[0].max_in_flight if ladder else 0
     levels, skipped = safe_levels(
-        ctx.config.sweep.concurrency,
-        ladder[0].max_in_flight if ladder else 0,
+        parse_counts(args.concurrency) if args.concurrency else ctx.config.sweep.concurrency,
+        proved,
         managed=managed,
         beyond_ladder=args.beyond_ladder,
     )
+    rates = parse_rates(args.rates) if args.rates else ()
+    if rates:
+        skipped = ()
+    if args.burstiness <= 0:
+        raise UsageError(f"--burstiness must be above 0, got {args.burstiness:g}")
     if skipped:
         out.warn(
             f"concurrency {', '.join(map(str, skipped))} skipped: the ladder passed with at most "
@@ -117,13 +154,20 @@ def _plan(args: argparse.Namespace, ctx: StageContext, out: Output) -> SweepOpti
         )
     if args.beyond_ladder and not managed:
         out.warn("--beyond-ladder: sending more requests at once than the ladder proved (recorded)")
+    capped = not managed and not args.beyond_ladder and proved > 0
     options = SweepOptions.from_config(
         ctx.config,
         batch,
-        stream=args.stream,
+        stream=not args.no_stream,
         ladder_run_id=ladder[1].run_id if ladder else "",
         skipped_levels=skipped,
         beyond_ladder=args.beyond_ladder and not managed,
+        slo=parse_slo_flags(args.slo, ctx.config.slo),
+        rates=rates,
+        arrival=args.arrival,
+        burstiness=args.burstiness,
+        seed=args.seed,
+        max_in_flight=proved if capped and rates else None,
     )
     return dataclasses.replace(options, levels=levels)
 
@@ -136,7 +180,6 @@ def _measure(
     options: SweepOptions,
     workload: tuple[WorkloadSpec, TaskPool | None],
 ) -> int:
-    batch = options.batch_size
     with kept_on_write_error(ctx), watching(spec, ctx, out) as watch:
         cap = read_server_cap(ctx.client.get_text)
         plan = prepare_workload(
@@ -148,11 +191,7 @@ def _measure(
             ctx, options, watch.monitor, watch.incidents, Sender(ctx.client), cap, plan=plan
         )
         out.say(f"workload: {plan.spec.describe()}")
-        out.say(
-            f"sweep: concurrency {', '.join(map(str, options.levels))} at batch size {batch}, "
-            f"{options.repeats} run(s) per level of ≥ {options.level_s:g} s and ≥ 4×C requests"
-            + (f"; server cap {cap.slots} ({cap.source})" if cap else "")
-        )
+        out.say(_announce(options) + (f"; server cap {cap.slots} ({cap.source})" if cap else ""))
         try:
             with live_rows(out.console, "sweep", f"sweep {ctx.run.run_id}", out.is_tty) as show:
                 sweep.on_level = shown_by(watch, show, out)
@@ -192,6 +231,7 @@ def _finish(
         selfload=selfload,
         interrupted=interrupted,
     )
+    warn_if_not_streamed(out, rows, options.stream)
     suite = junit_suite("sweep", ctx.run, ctx.target)
     for lv in result.levels:
         s = lv.stats
@@ -214,8 +254,12 @@ def _finish(
     save_junit(args, suite)
     if interrupted:
         return int(ExitCode.INTERRUPTED)
+    if result.saturation_text:
+        out.warn(result.saturation_text)
     knee = result.knee
-    if knee is not None:
+    if result.recommendation:
+        out.ok(f"recommended {result.recommendation}")
+    elif knee is not None and not result.rate_mode and not has_slo(options.slo):
         out.ok(
             f"knee: concurrency {knee.concurrency} ({knee.stats.items_per_s:.2f} items/s median, "
             f"range {knee.items_per_s_min:.2f}–{knee.items_per_s_max:.2f}, at batch size "
@@ -235,3 +279,23 @@ def _finish(
         }
     )
     return 0 if entry.passed else 1
+
+
+def _announce(options: SweepOptions) -> str:
+    """What the sweep will send, in one line."""
+    at = f"at batch size {options.batch_size}, {options.repeats} run(s) per level"
+    stream = "streamed" if options.stream else "not streamed"
+    slo = f"; SLOs {describe(options.slo)} (goodput)" if has_slo(options.slo) else ""
+    if options.rates:
+        cap = options.max_in_flight
+        shape = options.arrival if options.burstiness == 1 else f"gamma k={options.burstiness:g}"
+        return (
+            f"sweep: rates {', '.join(rate_text(r) for r in options.rates)} req/s, {shape} "
+            f"arrivals, {at} of ≥ {options.level_s:g} s, {stream}"
+            + (f", at most {cap} in flight (the ladder's)" if cap else "")
+            + slo
+        )
+    return (
+        f"sweep: concurrency {', '.join(map(str, options.levels))} {at} of ≥ "
+        f"{options.level_s:g} s and ≥ 4×C requests, {stream}{slo}"
+    )

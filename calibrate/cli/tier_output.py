@@ -35,6 +35,20 @@ def add_tier_args(parser: argparse.ArgumentParser, kind: str) -> None:
     add = parser.add_argument
     add_workload_args(parser, kind)
     add(
+        "--no-stream",
+        action="store_true",
+        help="do not stream (SSE): no TTFT, TPOT or ITL (default: streamed where the server can)",
+    )
+    add(
+        "--slo",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="NAME:S",
+        help="latency SLOs per request over [slo], e.g. --slo ttft:0.5 tpot:0.05 e2e:20; "
+        "goodput counts the requests that met every one",
+    )
+    add(
         "--vram-source",
         choices=("auto", "nvml", "metrics", "none"),
         default="auto",
@@ -110,7 +124,8 @@ def finish_tables(
     csv_path = report.write_tiers_csv(ctx.run.file("tiers.csv"), rows, kind, source)
     table_rows = report.read_rows(csv_path)
     if not out.is_tty:  # on a terminal the live table is already on screen
-        out.render(report.tier_table(table_rows, kind, f"{kind} {ctx.run.run_id}"))
+        title = f"{kind} {ctx.run.run_id}"
+        out.render(report.tier_table(table_rows, kind, title, out.console.width))
     plot = report.write_plot(table_rows, kind, ctx.run.file("plot.png"))
     out.say(
         f"tables: {csv_path}" + (f", plot: {plot}" if plot else " (no plot: matplotlib missing)")
@@ -201,3 +216,16 @@ def warn_if_client_bound(out: Output, selfload: SelfLoadMonitor) -> None:
     """Say so (once) when calibrate's own CPU, not the server, limits what is measured."""
     if text := selfload.poll_warning():
         out.warn(text)
+
+
+def warn_if_not_streamed(out: Output, rows: Sequence[Mapping[str, Any]], stream: bool) -> None:
+    """Streaming was asked for but no answer came as a stream: the server answered JSON."""
+    answered = [r for r in rows if r.get("items")]
+    if stream and answered and all(r.get("ttft_p50_s") is None for r in answered):
+        out.warn(
+            "the server answered the streamed requests without streaming (plain JSON): TTFT, "
+            "TPOT and ITL were not measured; E2E latency and throughput were"
+        )
+    counted = {r.get("tokens_counted_by") for r in answered} - {None, "usage"}
+    if counted:
+        out.say("output tokens counted from stream chunks (the server sent no usage in the stream)")

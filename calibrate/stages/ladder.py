@@ -39,11 +39,13 @@ class LadderOptions:
     slo: SloConfig = field(default_factory=SloConfig)
     axis: Axis = "batch"
     context_lengths: tuple[int, ...] = ()  # the context axis's input lengths, one tier each
+    streaming: bool = True  # SPEC §5.13: streamed by default (``--no-stream`` turns it off)
 
     @property
     def stream(self) -> bool:
-        """Stream (SSE) when an SLO needs TTFT: only a streamed answer shows its first token."""
-        return self.slo.needs_stream
+        """Stream (SSE) by default, and always when an SLO needs TTFT: only a streamed answer
+        shows its first token."""
+        return self.streaming or self.slo.needs_stream
 
     @classmethod
     def from_config(cls, cfg: Config, *, require_match: bool = False) -> LadderOptions:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from calibrate.config import SloConfig
+from calibrate.stages.slo import p99_breaches
 from calibrate.stages.tiers import Stats, StopReason, Tier, Verdict
 
 
@@ -64,17 +65,8 @@ def latency_ratio(stats: Stats, previous: Stats | None) -> float | None:
 
 
 def slo_breaches(stats: Stats, slo: SloConfig) -> list[str]:
-    """One text per SLO whose p99 this tier exceeded; an SLO not measured here is not judged."""
-    checks = (
-        ("TTFT", stats.ttft_p99_s, slo.ttft_p99_s),
-        ("TPOT", stats.tpot_p99_s, slo.tpot_p99_s),
-        ("E2E latency", stats.latency_p99_s, slo.e2e_p99_s),
-    )
-    return [
-        f"{name} p99 {_secs(value)} is over the SLO {_secs(bound)}"
-        for name, value, bound in checks
-        if bound is not None and value is not None and value > bound
-    ]
+    """One text per SLO whose p99 this tier exceeded (the shared definition, ``stages.slo``)."""
+    return p99_breaches(stats, slo)
 
 
 def next_tier(history: Sequence[Tier], batch_sizes: Sequence[int]) -> int | None:

@@ -8,23 +8,30 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from calibrate.config import Config, LadderMode
+from calibrate.config import Config, LadderMode, SloConfig
 from calibrate.errors import RequestError
+from calibrate.stages.arrivals import Arrival
 from calibrate.stages.context import StageContext
 from calibrate.stages.incidents import IncidentRecorder
 from calibrate.stages.ladder import all_refused, item_record
 from calibrate.stages.single import unreachable
 from calibrate.stages.stop_rules import continue_sweep, counts_as_gain, gains
-from calibrate.stages.sweep_result import Level, ServerCap, SweepResult
+from calibrate.stages.sweep_rates import run_rate_level
+from calibrate.stages.sweep_result import (
+    Level,
+    ServerCap,
+    SweepResult,
+    level_stats,
+    with_goodput,
+)
 from calibrate.stages.sweep_window import (
     MIN_REQUESTS_PER_SLOT,
     LevelWindow,
     level_window,
-    spread,
     steady_throughput,
 )
 from calibrate.stages.tiers import ItemResult, Stats, summarise
@@ -48,6 +55,12 @@ class SweepOptions:
     ladder_run_id: str = ""
     skipped_levels: tuple[int, ...] = ()  # above what the ladder proved, on an unmanaged server
     beyond_ladder: bool = False
+    slo: SloConfig = field(default_factory=SloConfig)
+    rates: tuple[float, ...] = ()  # open loop at these requests/s (inf: all at once); () = closed
+    arrival: Arrival = "poisson"
+    burstiness: float = 1.0
+    seed: int = 0
+    max_in_flight: int | None = None  # rate mode's in-flight cap (None: none, a managed server)
 
     @classmethod
     def from_config(cls, cfg: Config, batch_size: int, **kw: Any) -> SweepOptions:
@@ -98,10 +111,13 @@ class Sweep:
     issued: int = 0  # workload prompts built so far: the next one's number (its own prompt)
 
     def run(self) -> SweepResult:
-        for concurrency in self.options.levels:
+        rates = self.options.rates
+        for step in rates or self.options.levels:
             if not continue_sweep([lv.point for lv in self.levels]):
                 break
-            level = self.run_level(concurrency)
+            if self.levels and self.levels[-1].saturated:
+                break  # over-saturated: more load only grows the queue
+            level = run_rate_level(self, step) if rates else self.run_level(int(step))
             self.levels.append(level)
             self.ctx.run.append("tiers.jsonl", level.to_json())
             self.on_level(level)
@@ -119,6 +135,7 @@ class Sweep:
             len(self.incidents.written),
             self.plan.recorded(passing),
             self.plan.details(),
+            o.slo,
         )
 
     def level_requests(self, concurrency: int, count: int) -> list[Request]:
@@ -136,6 +153,15 @@ class Sweep:
         return self.plan.requests(
             ctx.client, model, ctx.params, waves, targets, o.mode, stream=o.stream
         )
+
+    def numbered(self, requests: Sequence[Request]) -> list[Request]:
+        """Requests numbered from 1 across one run (item indices stay unique)."""
+        out: list[Request] = []
+        first = 1
+        for request in requests:
+            out.append(replace(request, first_index=first))
+            first += len(request.prompts)
+        return out
 
     def supply(self, concurrency: int) -> Callable[[], Request]:
         """The next request of a run, numbered from 1 across the run (item indices stay unique)."""
@@ -180,11 +206,7 @@ class Sweep:
             peaks=peaks,
             baseline_text=None,
         )
-        stats = replace(
-            whole,
-            items_per_s=spread([r.items_per_s for r in runs]).median,
-            output_tokens_per_s=spread([r.output_tokens_per_s for r in runs]).median,
-        )
+        stats = level_stats(whole, runs)
         draft = Level(
             stats,
             tuple(runs),
@@ -211,20 +233,7 @@ class Sweep:
         )
         peak = self.monitor.close_window(idle)
         items = list(loop.items)
-        if not self.levels and repeat == 1 and all_refused(items):
-            raise unreachable(items[0].error, ctx.config.target.base_url)
-        for item in items:
-            ctx.run.append(
-                "records.jsonl", item_record(ctx, item, o.batch_size, concurrency, repeat)
-            )
-        self.incidents.record(
-            items,
-            batch_size=o.batch_size,
-            concurrency=concurrency,
-            round_no=repeat,
-            label=f"c{concurrency}",
-            peak=peak,
-        )
+        self.keep(items, concurrency, repeat, peak, f"c{concurrency}")
         steady = steady_throughput(loop)
         stats = replace(
             summarise(
@@ -239,6 +248,7 @@ class Sweep:
             items_per_s=steady.items_per_s,
             output_tokens_per_s=steady.output_tokens_per_s,
         )
+        stats = with_goodput(stats, o.slo, steady.inside, steady.window_s)
         ctx.run.append(
             "rounds.jsonl",
             {
@@ -249,3 +259,23 @@ class Sweep:
             },
         )
         return stats, items, peak
+
+    def keep(
+        self, items: list[ItemResult], concurrency: int, repeat: int, peak: WindowPeak, label: str
+    ) -> None:
+        """Write a run's records and incidents (exit 4 when the very first run reached nothing)."""
+        ctx, o = self.ctx, self.options
+        if not self.levels and repeat == 1 and all_refused(items):
+            raise unreachable(items[0].error, ctx.config.target.base_url)
+        for item in items:
+            ctx.run.append(
+                "records.jsonl", item_record(ctx, item, o.batch_size, concurrency, repeat)
+            )
+        self.incidents.record(
+            items,
+            batch_size=o.batch_size,
+            concurrency=concurrency,
+            round_no=repeat,
+            label=label,
+            peak=peak,
+        )

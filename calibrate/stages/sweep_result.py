@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from calibrate.config import SloConfig
+from calibrate.stages.arrivals import rate_text
+from calibrate.stages.open_loop import RateJudgement
+from calibrate.stages.slo import binding_slo, describe, goodput, has_slo
 from calibrate.stages.stop_rules import Point, knee, knee_text
-from calibrate.stages.tiers import Stats
+from calibrate.stages.sweep_window import spread
+from calibrate.stages.tiers import ItemResult, Stats
 from calibrate.summaries import SweepSummary, Workload
 
 if TYPE_CHECKING:
@@ -34,10 +40,27 @@ class Level:
     counted: bool  # the gain counts: median ≥ gain_min and the ranges do not overlap
     verdict: LevelVerdict
     capped: bool
+    rate: RateJudgement | None = None  # rate mode: offered vs achieved (median run), saturation
 
     @property
     def concurrency(self) -> int:
         return self.stats.concurrency
+
+    @property
+    def saturated(self) -> bool:
+        return self.rate is not None and self.rate.saturated
+
+    @property
+    def label(self) -> str:
+        """``concurrency 4`` or ``4 req/s``."""
+        if self.rate is None:
+            return f"concurrency {self.concurrency}"
+        return f"{rate_text(self.rate.offered_rate)} req/s"
+
+    @property
+    def goodput_range(self) -> tuple[float, float] | None:
+        good = [r.goodput_per_s for r in self.runs if r.goodput_per_s is not None]
+        return (min(good), max(good)) if good else None
 
     @property
     def items_per_s_min(self) -> float:
@@ -70,7 +93,26 @@ class Level:
             "gain_counted": self.counted,
             "verdict": self.verdict,
             "capped_by_server": self.capped,
+            **self.rate_json(),
+            **self.goodput_json(),
         }
+
+    def rate_json(self) -> dict[str, Any]:
+        if self.rate is None:
+            return {}
+        r = self.rate
+        return {
+            "offered_rate": r.offered_rate,
+            "achieved_rate": round(r.achieved_rate, 6),
+            "saturated": r.saturated,
+            "saturation": r.why or None,
+        }
+
+    def goodput_json(self) -> dict[str, Any]:
+        span = self.goodput_range
+        if span is None:
+            return {}
+        return {"goodput_per_s_min": round(span[0], 6), "goodput_per_s_max": round(span[1], 6)}
 
 
 @dataclass(frozen=True)
@@ -83,6 +125,61 @@ class SweepResult:
     incidents: int
     workload: Workload = field(default_factory=Workload)
     workload_details: dict[str, Any] = field(default_factory=dict)
+    slo: SloConfig = field(default_factory=SloConfig)
+
+    @property
+    def rate_mode(self) -> bool:
+        return any(lv.rate is not None for lv in self.levels)
+
+    @property
+    def saturated_at(self) -> Level | None:
+        return next((lv for lv in self.levels if lv.saturated), None)
+
+    @property
+    def saturation_text(self) -> str:
+        """``saturated at 6 req/s: achieved 4.1 req/s is 32 % below the offered 6``."""
+        top = self.saturated_at
+        if top is None or top.rate is None:
+            return ""
+        return f"saturated at {top.label}: {top.rate.why}"
+
+    @property
+    def best(self) -> Level | None:
+        """The recommended level: with SLOs the highest median goodput; in rate mode the highest
+        rate the server kept up with; else the knee."""
+        passing = [lv for lv in self.levels if lv.verdict == "pass"]
+        if has_slo(self.slo):
+            good = [lv for lv in passing if (lv.stats.goodput_per_s or 0.0) > 0]
+            return max(good, key=lambda lv: lv.stats.goodput_per_s or 0.0, default=None)
+        if self.rate_mode:
+            kept = [lv for lv in passing if not lv.saturated]
+            return kept[-1] if kept else None
+        return self.knee
+
+    @property
+    def recommendation(self) -> str:
+        """The recommendation in words, with what bound it."""
+        top = self.best
+        if top is None:
+            if has_slo(self.slo):
+                return f"no level met the SLOs ({describe(self.slo)}) with any request"
+            return ""
+        s = top.stats
+        if has_slo(self.slo):
+            span = top.goodput_range
+            ranged = f", range {span[0]:.2f}–{span[1]:.2f}" if span and len(top.runs) > 1 else ""
+            bound = binding_slo(self._next_after(top) or s, self.slo)
+            return (
+                f"{top.label}: goodput {s.goodput_per_s or 0.0:.2f} req/s within the SLOs "
+                f"(median{ranged}); bounded by {bound}"
+            )
+        if self.rate_mode and top.rate is not None:
+            return f"{top.label}: achieved {top.rate.achieved_rate:.2f} req/s, not saturated"
+        return ""
+
+    def _next_after(self, level: Level) -> Stats | None:
+        at = self.levels.index(level)
+        return self.levels[at + 1].stats if at + 1 < len(self.levels) else None
 
     @property
     def points(self) -> list[Point]:
@@ -102,7 +199,9 @@ class SweepResult:
 
     @property
     def passed(self) -> bool:
-        return self.knee is not None
+        return (
+            self.best is not None if has_slo(self.slo) or self.rate_mode else self.knee is not None
+        )
 
     @property
     def stopped_by(self) -> str:
@@ -134,6 +233,7 @@ class SweepResult:
 
     def summary(self, options: SweepOptions) -> SweepSummary:
         top = self.knee
+        best = self.best
         details = {
             "knee": {
                 "concurrency": top.concurrency,
@@ -159,19 +259,48 @@ class SweepResult:
                     "gain_counted": lv.counted,
                     "errors": lv.stats.errors,
                     "verdict": lv.verdict,
+                    **lv.rate_json(),
+                    "goodput_per_s": lv.stats.goodput_per_s,
                 }
                 for lv in self.levels
             ],
+            "recommendation": self.recommendation or None,
+            "saturated": self.saturation_text or None,
+            "slo": describe(self.slo) if has_slo(self.slo) else None,
+            "load_mode": "rates" if self.rate_mode else "concurrency",
             "levels_skipped": list(options.skipped_levels),
             "beyond_ladder": options.beyond_ladder,
             "incidents": self.incidents,
             "workload_detail": self.workload_details,
         }
+        chosen = best if has_slo(self.slo) or self.rate_mode else top
         return SweepSummary(
-            top.concurrency if top else None,
+            chosen.concurrency if chosen else None,
             self.batch_size,
             options.ladder_run_id,
             self.stopped_by,
             details,
             self.workload,
         )
+
+
+def with_goodput(
+    stats: Stats, slo: SloConfig, items: Sequence[ItemResult], window_s: float
+) -> Stats:
+    """``stats`` with the goodput of a run's measured answers (unchanged without SLOs)."""
+    if not has_slo(slo):
+        return stats
+    good = goodput(slo, items, window_s)
+    return replace(stats, goodput_per_s=good.per_s, slo_met=good.met)
+
+
+def level_stats(whole: Stats, runs: Sequence[Stats]) -> Stats:
+    """A level's stats over all its runs, with throughput and goodput the runs' medians."""
+    good = [r.goodput_per_s for r in runs if r.goodput_per_s is not None]
+    return replace(
+        whole,
+        items_per_s=spread([r.items_per_s for r in runs]).median,
+        output_tokens_per_s=spread([r.output_tokens_per_s for r in runs]).median,
+        goodput_per_s=spread(good).median if good else None,
+        slo_met=sum(r.slo_met or 0 for r in runs) if good else None,
+    )

@@ -60,6 +60,7 @@ class Steady:
     window_s: float
     completions: int
     whole_run: bool  # True: the steady window was empty, the whole run was used
+    inside: tuple[ItemResult, ...] = ()  # the answers counted (goodput is judged on them)
 
 
 def steady_throughput(run: LoopRun) -> Steady:
@@ -73,12 +74,14 @@ def steady_throughput(run: LoopRun) -> Steady:
         if opens is not None and inside:
             span = stop_s - opens
             tokens = sum(i.completion_tokens for i in inside)
-            return Steady(len(inside) / span, tokens / span, span, len(inside), False)
+            return Steady(
+                len(inside) / span, tokens / span, span, len(inside), False, tuple(inside)
+            )
     span = run.total_s
     if span <= 0:
         return Steady(0.0, 0.0, 0.0, len(ok), True)
     tokens = sum(i.completion_tokens for i in ok)
-    return Steady(len(ok) / span, tokens / span, span, len(ok), True)
+    return Steady(len(ok) / span, tokens / span, span, len(ok), True, tuple(ok))
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ from typing import Any, Literal
 from calibrate.errors import ErrorInfo
 from calibrate.gpu import DeviceMemory
 from calibrate.records import Usage
+from calibrate.stages.latency import latency_columns, tpot_of
+from calibrate.stream_timing import StreamTiming
 from calibrate.vram import WindowPeak, device_peaks
 
 Verdict = Literal["fail", "stop: slo", "stop: vram", "stop: latency", "pass"]
@@ -43,6 +45,7 @@ class ItemResult:
     traceback: str | None = None
     role: ItemRole = "fixed"
     input_tokens_target: int | None = None
+    stream: StreamTiming | None = None  # a streamed answer's chunks and inter-token gaps
 
     @property
     def ok(self) -> bool:
@@ -106,6 +109,27 @@ class Stats:
     input_tokens_max: int | None = None
     output_tokens_mean: float | None = None
     input_chars_mean: float | None = None
+    # SPEC §5.13: the rest of the latency columns (TTFT/TPOT/ITL streamed only; e2e = latency)
+    ttft_p90_s: float | None = None
+    ttft_p95_s: float | None = None
+    ttft_mean_s: float | None = None
+    tpot_p90_s: float | None = None
+    tpot_p95_s: float | None = None
+    tpot_mean_s: float | None = None
+    itl_p50_s: float | None = None
+    itl_p90_s: float | None = None
+    itl_p95_s: float | None = None
+    itl_p99_s: float | None = None
+    itl_mean_s: float | None = None
+    e2e_p50_s: float | None = None
+    e2e_p90_s: float | None = None
+    e2e_p95_s: float | None = None
+    e2e_p99_s: float | None = None
+    e2e_mean_s: float | None = None
+    output_tokens_per_s_per_request: float | None = None
+    tokens_counted_by: str | None = None  # "usage", "chunks" (no usage in the stream), or both
+    goodput_per_s: float | None = None  # requests/s that met every SLO (None: no SLOs)
+    slo_met: int | None = None  # requests that met every SLO
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -141,8 +165,6 @@ def summarise(
     compared = [i for i in items if i.role != "work"]
     items = [i for i in items if i.role != "canary"]
     latencies = [i.elapsed_s for i in items if i.ok]
-    ttfts = [i.ttft_s for i in items if i.ok and i.ttft_s is not None]
-    tpots = [t for t in map(tpot_s, items) if t is not None]
     tokens = sum(i.completion_tokens for i in items if i.ok)
     kinds = Counter(i.error.kind for i in (*items, *canaries) if i.error is not None)
     done = [i.done_s for i in items]
@@ -168,10 +190,6 @@ def summarise(
         latency_p90_s=percentile(latencies, 90),
         latency_p99_s=percentile(latencies, 99),
         latency_max_s=max(latencies, default=None),
-        ttft_p50_s=percentile(ttfts, 50),
-        ttft_p99_s=percentile(ttfts, 99),
-        tpot_p50_s=percentile(tpots, 50),
-        tpot_p99_s=percentile(tpots, 99),
         items_per_s=ok_items / total_s if total_s > 0 else 0.0,
         output_tokens_per_s=tokens / total_s if total_s > 0 else 0.0,
         peak_vram_mib=max(used, default=None),
@@ -192,6 +210,7 @@ def summarise(
         server_queue_max=round(max(queue)) if queue else None,
         per_device=device_peaks(p.devices for p in peaks),
         **token_columns(items),
+        **latency_columns(items),
     )
 
 
@@ -214,9 +233,7 @@ def token_columns(items: Sequence[ItemResult]) -> dict[str, Any]:
 
 def tpot_s(item: ItemResult) -> float | None:
     """Time per output token after the first: (E2E − TTFT) / (output tokens − 1), SPEC §5.13."""
-    if not item.ok or item.ttft_s is None or item.completion_tokens < 2:
-        return None
-    return max(0.0, item.elapsed_s - item.ttft_s) / (item.completion_tokens - 1)
+    return tpot_of(item.elapsed_s, item.ttft_s, item.completion_tokens) if item.ok else None
 
 
 def queue_note(server_queue_max: int | None, concurrency: int) -> str | None:

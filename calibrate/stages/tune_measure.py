@@ -16,8 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from calibrate.config import Config
+from calibrate.config import Config, SloConfig
 from calibrate.stages.context import StageContext
+from calibrate.stages.slo import record_met
 from calibrate.stages.sweep import Level, Sweep, SweepOptions, SweepResult, read_server_cap
 from calibrate.stages.tier_run import MeasureSpec, measuring
 from calibrate.stages.tune_grid import Candidate
@@ -43,17 +44,8 @@ class SloBounds:
         return any(b is not None for b in (self.ttft_s, self.tpot_s, self.e2e_s))
 
     def met(self, record: dict[str, Any]) -> bool:
-        """Whether one successful request record met every bound."""
-        e2e, ttft = _num(record.get("elapsed_s")), _num(record.get("ttft_s"))
-        usage = record.get("usage")
-        tokens = _num(usage.get("completion_tokens")) if isinstance(usage, dict) else None
-        if self.e2e_s is not None and (e2e is None or e2e > self.e2e_s):
-            return False
-        if self.ttft_s is not None and (ttft is None or ttft > self.ttft_s):
-            return False
-        if self.tpot_s is not None and e2e is not None and ttft is not None and tokens:
-            return tokens <= 1 or (e2e - ttft) / (tokens - 1) <= self.tpot_s
-        return self.tpot_s is None
+        """Whether one request record met every bound (the shared definition, ``stages.slo``)."""
+        return record_met(SloConfig(self.ttft_s, self.tpot_s, self.e2e_s), record)
 
     def describe(self) -> str:
         named = (("TTFT", self.ttft_s), ("TPOT", self.tpot_s), ("E2E", self.e2e_s))

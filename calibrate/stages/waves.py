@@ -18,6 +18,7 @@ from calibrate.config import LadderMode
 from calibrate.errors import ErrorInfo, RequestError
 from calibrate.records import Completion, SamplingParams, incomplete_reason
 from calibrate.stages.incidents import format_traceback
+from calibrate.stages.open_loop import OpenRun, open_loop
 from calibrate.stages.sweep_window import LevelWindow, LoopRun
 from calibrate.stages.tiers import ItemResult, ItemRole
 
@@ -194,6 +195,26 @@ class Sender:
             items = tuple(sorted(results, key=lambda r: r.index))
             return LoopRun(items, self.clock() - start, state["full_s"], state["stop_s"])
 
+    def open_loop(
+        self,
+        requests: Sequence[Request],
+        schedule: Sequence[float],
+        cap: int | None,
+        max_tokens: int | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> OpenRun:
+        """Send ``requests[n]`` at ``schedule[n]`` s whatever the answers (SPEC §5.13), at most
+        ``cap`` in flight, and wait for every answer (``stages.open_loop``)."""
+        join_s = (schedule[-1] if schedule else 0.0) + self.client.timeout_s * 2 + 30
+        return open_loop(
+            lambda n, t0: self._one(requests[n], t0, max_tokens),
+            schedule,
+            cap,
+            clock=self.clock,
+            sleep=sleep,
+            join_s=join_s,
+        )
+
     def _one(self, request: Request, t0: float, max_tokens: int | None) -> list[ItemResult]:
         started = self.clock() - t0
         try:
@@ -256,7 +277,10 @@ def _answered(
     request: Request, completion: Completion, started: float, done: float, max_tokens: int | None
 ) -> list[ItemResult]:
     count = len(request.prompts)
-    total_tokens = completion.usage.completion_tokens if completion.usage else None
+    reported = completion.usage.completion_tokens if completion.usage else None
+    timing = completion.stream
+    # No usage in the stream (llama.cpp without include_usage): the chunks are the count.
+    total_tokens = reported if reported is not None or timing is None else timing.output_tokens
     out: list[ItemResult] = []
     for n in range(count):
         choice = completion.choices[n] if n < len(completion.choices) else None
@@ -275,7 +299,7 @@ def _answered(
                 choice,
                 max_tokens,
                 forced_tokens=request.forced_tokens,
-                completion_tokens=share if total_tokens is not None else None,
+                completion_tokens=share if reported is not None else None,
             )
             if problem:
                 error = ErrorInfo("incomplete", problem)
@@ -292,6 +316,7 @@ def _answered(
                 elapsed_s=completion.elapsed_s,
                 ttft_s=completion.ttft_s,
                 started_s=started,
+                stream=timing if count == 1 else None,
                 done_s=done,
                 served_model=completion.served_model,
                 system_fingerprint=completion.system_fingerprint,

@@ -1,0 +1,145 @@
+"""Open-loop load (SPEC §5.13): requests sent on a schedule whatever the answers, and the rules
+that read such a run — achieved vs offered rate, and over-saturation.
+
+The dispatcher sends request n at ``schedule[n]`` seconds (a thread each), never holding more than
+``cap`` in flight (SPEC §5.0: an unmanaged server gets no more at once than the ladder proved);
+when the cap holds a request back, the time it waited is counted. A failed answer stops further
+sends: more load only adds noise. Clock and sleep are injectable.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from calibrate.stages.tiers import ItemResult
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], None]
+SHORTFALL = 0.05  # achieved more than 5 % below offered: saturated
+CAPPED_SHARE = 0.2  # the cap held sends back for more than this share of the window: saturated
+GROWTH_MIN = 2.0  # in flight grew by at least this many requests (and doubled) through the run
+
+
+@dataclass(frozen=True)
+class OpenRun:
+    """One open-loop run: every item, and what the dispatcher saw."""
+
+    items: tuple[ItemResult, ...]
+    total_s: float
+    last_send_s: float  # when the last request went out
+    in_flight: tuple[int, ...]  # requests in flight just before each send
+    capped_s: float  # time sends waited on the in-flight cap
+
+
+@dataclass(frozen=True)
+class RateJudgement:
+    """Achieved vs offered, and whether the server kept up."""
+
+    offered_rate: float | None  # None: inf (everything at once)
+    achieved_rate: float
+    window_s: float
+    completions: int
+    saturated: bool
+    why: str  # in words when saturated, else ""
+
+    @property
+    def steady_items(self) -> int:
+        return self.completions
+
+
+def _mean(values: Sequence[int]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def achieved(items: Sequence[ItemResult], total_s: float) -> tuple[float, float, int]:
+    """(requests/s, window, completions): the answers after the first, up to the last, over the
+    time between them — like the closed loop's window, so a request's latency does not bias it."""
+    done = sorted(i.done_s for i in items if i.ok)
+    if len(done) >= 2 and done[-1] > done[0]:
+        span = done[-1] - done[0]
+        return (len(done) - 1) / span, span, len(done) - 1
+    return (len(done) / total_s if total_s > 0 else 0.0), total_s, len(done)
+
+
+def judge(run: OpenRun, offered_rate: float | None, cap: int | None) -> RateJudgement:
+    """Saturated when achieved falls > 5 % below offered, when the in-flight count keeps growing
+    through the run, or when the in-flight cap held sends back for a sustained part of it."""
+    rate, window, count = achieved(run.items, run.total_s)
+    why = ""
+    if offered_rate is not None:
+        quarter = max(1, len(run.in_flight) // 4)
+        first, last = _mean(run.in_flight[:quarter]), _mean(run.in_flight[-quarter:])
+        if rate < offered_rate * (1 - SHORTFALL):
+            why = (
+                f"achieved {rate:.3g} req/s is {1 - rate / offered_rate:.0%} below the offered "
+                f"{offered_rate:g}"
+            )
+        elif last >= first + GROWTH_MIN and last >= 2 * first:
+            why = f"requests in flight kept growing, {first:.1f} → {last:.1f} through the run"
+        elif (
+            cap is not None
+            and run.last_send_s > 0
+            and run.capped_s > CAPPED_SHARE * run.last_send_s
+        ):
+            share = run.capped_s / run.last_send_s
+            why = f"the in-flight cap of {cap} held sends back for {share:.0%} of the run"
+    return RateJudgement(offered_rate, rate, window, count, bool(why), why)
+
+
+def open_loop(
+    send_one: Callable[[int, float], list[ItemResult]],
+    schedule: Sequence[float],
+    cap: int | None,
+    *,
+    clock: Clock = time.perf_counter,
+    sleep: Sleep = time.sleep,
+    join_s: float = 600.0,
+) -> OpenRun:
+    """Send request n (``send_one(n, t0)``) at ``schedule[n]`` s after the start, at most ``cap``
+    in flight; wait for the answers. ``send_one`` times its items from ``t0``."""
+    start = clock()
+    lock = threading.Condition()
+    results: list[ItemResult] = []
+    in_flight = 0
+    seen: list[int] = []
+    capped_s = 0.0
+    failed = False
+    threads: list[threading.Thread] = []
+
+    def work(n: int) -> None:
+        nonlocal in_flight, failed
+        answered = send_one(n, start)
+        with lock:
+            results.extend(answered)
+            in_flight -= 1
+            failed = failed or any(not a.ok for a in answered)
+            lock.notify_all()
+
+    last_send = 0.0
+    for n, at in enumerate(schedule):
+        wait = at - (clock() - start)
+        if wait > 0:
+            sleep(wait)
+        with lock:
+            if failed:
+                break
+            if cap is not None and in_flight >= cap:
+                held = clock()
+                while in_flight >= cap:
+                    lock.wait(0.05)
+                capped_s += clock() - held
+            seen.append(in_flight)
+            in_flight += 1
+        last_send = clock() - start
+        thread = threading.Thread(target=work, args=(n,), name=f"calibrate-open-{n}", daemon=True)
+        threads.append(thread)
+        thread.start()
+    deadline = time.monotonic() + join_s
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    with lock:
+        items = tuple(sorted(results, key=lambda r: r.index))
+        return OpenRun(items, clock() - start, last_send, tuple(seen), capped_s)

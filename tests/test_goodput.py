@@ -1,0 +1,92 @@
+"""SLOs and goodput (SPEC §5.13): one definition for the ladder, the sweep and tune; the sweep's
+recommendation by goodput names the SLO that bound it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from calibrate.config import Config, SloConfig, SweepConfig
+from calibrate.errors import UsageError
+from calibrate.records import Choice, Completion, Usage
+from calibrate.stages.slo import goodput, item_met, parse_slo_flags, record_met
+from calibrate.stages.sweep import Sweep, SweepOptions
+from calibrate.stages.tiers import ItemResult
+from calibrate.stages.tune_measure import SloBounds
+from calibrate.stages.waves import Request, _answered
+from calibrate.vram import VramMonitor
+from tests.stage_fakes import SimulatedLoop, close_runs, recorder, stage_ctx
+
+__all__ = ["close_runs"]
+
+
+def _item(ttft_s: float, elapsed_s: float, tokens: int, ok: bool = True) -> ItemResult:
+    request = Request("/chat/completions", {}, ("p",), 1)
+    completion = Completion(
+        (Choice(0, "text", "stop" if ok else None),),
+        Usage(5, tokens, 5 + tokens),
+        "m",
+        None,
+        elapsed_s,
+        ttft_s,
+    )
+    return _answered(request, completion, 0.0, elapsed_s, None)[0]
+
+
+def test_goodput_counts_the_requests_that_met_every_slo() -> None:
+    """10 requests over 2 s; TTFT 0.5 s and TPOT 0.05 s bounds: the right 4 count."""
+    slo = SloConfig(ttft_p99_s=0.5, tpot_p99_s=0.05)
+    items = [
+        _item(0.2, 0.2 + 0.04 * 9, 10),  # met both
+        _item(0.5, 0.5 + 0.05 * 9, 10),  # exactly at both bounds: met
+        _item(0.1, 0.1 + 0.01 * 9, 10),  # met
+        _item(0.3, 0.3, 1),  # one token: no TPOT to miss, TTFT met
+        _item(0.6, 0.6 + 0.01 * 9, 10),  # TTFT over
+        _item(0.1, 0.1 + 0.06 * 9, 10),  # TPOT over
+        _item(0.9, 0.9 + 0.09 * 9, 10),  # both over
+        _item(0.1, 0.2, 10, ok=False),  # failed (incomplete): never goodput
+        *[replace(_item(0.1, 0.2, 10), ttft_s=None)] * 2,  # not streamed: TTFT cannot be met
+    ]
+    good = goodput(slo, items, 2.0)
+    assert good.met == 4 and good.per_s == pytest.approx(2.0)
+    assert [item_met(slo, i) for i in items[:4]] == [True] * 4
+    only_e2e = SloConfig(e2e_p99_s=0.5)
+    assert goodput(only_e2e, items, 2.0).met == 4  # answered within 0.5 s (unstreamed too)
+
+
+def test_tune_reads_records_with_the_same_definition() -> None:
+    record = {"ok": True, "elapsed_s": 0.65, "ttft_s": 0.2, "usage": {"completion_tokens": 10}}
+    assert record_met(SloConfig(0.5, 0.05), record)
+    assert not record_met(SloConfig(0.5, 0.04), record)
+    assert SloBounds(0.5, 0.05).met(record) and not SloBounds(0.1).met(record)
+
+
+def test_slo_flags_override_the_config_and_bad_ones_say_the_form() -> None:
+    slo = parse_slo_flags(["ttft:0.5", "tpot:0.05 e2e:20"], SloConfig(ttft_p99_s=1.0))
+    assert slo == SloConfig(0.5, 0.05, 20.0)
+    assert parse_slo_flags([], SloConfig(e2e_p99_s=3.0)) == SloConfig(e2e_p99_s=3.0)
+    with pytest.raises(UsageError, match="NAME:SECONDS"):
+        parse_slo_flags(["latency:0.5"], SloConfig())
+
+
+def test_the_recommendation_by_goodput_names_the_binding_slo(tmp_path: Path) -> None:
+    """4 slots, 0.1 s a request: at 8 in flight each waits for a slot (0.2 s), over an E2E SLO
+    of 0.15 s — goodput is highest at 4, and the E2E bound is what stops it."""
+    cfg = Config(sweep=replace(SweepConfig(), concurrency=(1, 2, 4, 8), level_s=1.0, repeats=3))
+    ctx = stage_ctx(tmp_path, cfg, "sweep")
+    monitor = VramMonitor([])
+    options = replace(SweepOptions.from_config(cfg, 4), slo=SloConfig(e2e_p99_s=0.15))
+    sweep = Sweep(
+        ctx, options, monitor, recorder(ctx, monitor, tmp_path), SimulatedLoop(lambda c, r: 0.1)
+    )
+    result = sweep.run()
+    goodputs = [round(lv.stats.goodput_per_s or 0.0, 6) for lv in result.levels]
+    assert goodputs == [10.0, 20.0, 40.0, 0.0]
+    assert result.best is not None and result.best.concurrency == 4
+    assert result.recommendation.startswith("concurrency 4: goodput 40.00 req/s within the SLOs")
+    assert "bounded by e2e p99 0.15 s" in result.recommendation
+    summary = result.summary(options).to_json()
+    assert summary["recommended_concurrency"] == 4 and summary["slo"] == "e2e p99 ≤ 0.15 s"
+    assert result.levels[2].to_json()["goodput_per_s_min"] == pytest.approx(40.0)

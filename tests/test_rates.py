@@ -1,0 +1,102 @@
+"""Open-loop rate mode (SPEC §5.13): the arrival schedule (pure), the saturation rules on
+scripted runs, and two short real runs — the achieved rate on a fast mock, and a 4-slot mock
+driven past its capacity (with the ladder's in-flight cap held)."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from pathlib import Path
+
+import pytest
+
+from calibrate.errors import UsageError
+from calibrate.records import Choice, Completion, Usage
+from calibrate.stages.arrivals import arrival_times, parse_rates
+from calibrate.stages.open_loop import OpenRun, judge
+from calibrate.stages.tiers import ItemResult
+from calibrate.stages.waves import Request, _answered
+from tests.mockserver import start_mock
+from tests.tier_helpers import FAST, open_gate
+
+
+def _gaps(times: tuple[float, ...]) -> list[float]:
+    return [b - a for a, b in itertools.pairwise(times)]
+
+
+def test_poisson_offers_exactly_the_rate_with_exponential_gaps_and_is_seeded() -> None:
+    times = arrival_times(20.0, 401, arrival="poisson", seed=7)
+    gaps = _gaps(times)
+    assert times[0] == 0.0 and times[-1] == pytest.approx(400 / 20.0)  # 20 req/s offered
+    cv = statistics.pstdev(gaps) / statistics.mean(gaps)
+    assert 0.85 < cv < 1.15, "exponential gaps: coefficient of variation ≈ 1"
+    assert arrival_times(20.0, 401, seed=7) == times != arrival_times(20.0, 401, seed=8)
+    assert _gaps(arrival_times(4.0, 5, arrival="constant")) == [0.25] * 4
+    assert arrival_times(float("inf"), 3) == (0.0, 0.0, 0.0)
+
+
+def test_burstiness_below_one_bunches_requests_at_the_same_mean_rate() -> None:
+    bursty = _gaps(arrival_times(10.0, 801, burstiness=0.25, seed=1))
+    assert statistics.mean(bursty) == pytest.approx(0.1)
+    assert statistics.pstdev(bursty) / statistics.mean(bursty) > 1.6  # gamma k: cv = 1/√k = 2
+
+
+def test_rates_must_be_positive_and_rising() -> None:
+    assert parse_rates("1,2,4,inf") == (1.0, 2.0, 4.0, float("inf"))
+    for bad in ("1,x", "0,1", "4,2"):
+        with pytest.raises(UsageError):
+            parse_rates(bad)
+
+
+def _done(at: float, started: float = 0.0) -> ItemResult:
+    request = Request("/chat/completions", {}, ("p",), 1)
+    completion = Completion((Choice(0, "t", "stop"),), Usage(1, 5, 6), "m", None, at - started)
+    return _answered(request, completion, started, at, None)[0]
+
+
+def test_achieved_below_offered_or_a_growing_queue_is_saturation() -> None:
+    # 10 req/s offered, answers every 0.1 s: kept up
+    kept = OpenRun(tuple(_done(0.1 * n + 0.05) for n in range(20)), 2.0, 1.9, (0, 1) * 10, 0.0)
+    assert not judge(kept, 10.0, None).saturated
+    assert judge(kept, 10.0, None).achieved_rate == pytest.approx(10.0)
+    # answers only every 0.125 s (8 req/s): 20 % short
+    short = OpenRun(tuple(_done(0.125 * n) for n in range(20)), 2.5, 1.9, (0,) * 20, 0.0)
+    verdict = judge(short, 10.0, None)
+    assert verdict.saturated and "below the offered 10" in verdict.why
+    # on rate, but the queue kept growing
+    growing = OpenRun(kept.items, 2.0, 1.9, tuple(range(20)), 0.0)
+    assert "kept growing" in judge(growing, 10.0, None).why
+    # on rate, but only because the in-flight cap held sends back for half the run
+    capped = OpenRun(kept.items, 2.0, 1.9, (1,) * 20, 0.95)
+    assert "in-flight cap of 4" in judge(capped, 10.0, 4).why
+    assert not judge(capped, None, 4).saturated  # inf: everything at once, the maximum
+
+
+def test_achieved_rate_within_5_percent_of_offered_on_a_fast_mock(cli, isolated: Path) -> None:
+    """40 req/s of Poisson arrivals for 2 s against a mock with no slot limit."""
+    with start_mock(ttft_s=0.005, per_token_s=0.0002) as mock:
+        open_gate(isolated, mock.base_url, FAST + "[sweep]\nlevel_s = 2\nrepeats = 1\n", "ladder")
+        result = cli("sweep", "--rates", "40", "--json", "--beyond-ladder")
+    assert result.code == 0, result.err
+    level = result.json["levels_detail"][0]
+    assert level["offered_rate"] == 40.0 and level["saturated"] is False
+    assert level["achieved_rate"] == pytest.approx(40.0, rel=0.05)
+    assert level["ttft_p50_s"] is not None and level["itl_p99_s"] is not None
+
+
+def test_a_4_slot_mock_saturates_above_its_capacity_and_the_sweep_stops(
+    cli, isolated: Path
+) -> None:
+    """~0.06 s a request, 4 slots: ≈ 65 req/s at most. 20 req/s keeps up; 200 is saturated,
+    and 400 is never sent. The ladder proved 4 in flight: no more are ever sent at once."""
+    with start_mock(ttft_s=0.01, per_token_s=0.001, slots=4) as mock:
+        open_gate(isolated, mock.base_url, FAST + "[sweep]\nlevel_s = 0.5\nrepeats = 1\n", "ladder")
+        result = cli("sweep", "--rates", "20,200,400", "--arrival", "constant", "--json")
+    assert result.code == 0, result.err
+    levels = result.json["levels_detail"]
+    assert [lv["offered_rate"] for lv in levels] == [20.0, 200.0]
+    assert [lv["saturated"] for lv in levels] == [False, True]
+    assert all(lv["concurrency"] <= 4 for lv in levels), "never more in flight than the ladder"
+    assert "saturated at 200 req/s" in result.err
+    assert result.json["saturated"].startswith("saturated at 200 req/s")
+    assert result.json["recommendation"].startswith("20 req/s")
