@@ -109,3 +109,29 @@ def test_batch_of_50_items_all_ok(cli, engine_config: Path, isolated: Path) -> N
     assert all(line["usage"]["completion_tokens"] > 0 for line in lines)
     rerun = cli("batch", "--input", str(tasks), "--out", "out.jsonl", "-c", "4")
     assert rerun.code == 0 and "50 already done, 0 to run" in rerun.err
+
+
+def test_workload_shaped_ladders_show_actual_token_counts(
+    cli, engine_config: Path, isolated: Path
+) -> None:
+    """SPEC §5.11 on a real engine: synthetic inputs calibrated by the probe (transformers serve
+    refuses ignore_eos/min_tokens with a 422, so the output length is not forced there), and
+    --tasks items built as batch builds them; every tier carries what the server counted."""
+    _calibrated_through_repro(cli)
+    synthetic = cli("ladder", "--input-tokens", "120", "--output-tokens", "16", "--json")
+    assert synthetic.code == 0, synthetic.err
+    assert "output length not controlled" in synthetic.err
+    run = isolated / "runs" / synthetic.json["run_id"]
+    tiers = [json.loads(line) for line in (run / "tiers.jsonl").read_text("utf-8").splitlines()]
+    for tier in tiers:
+        assert tier["input_tokens_target"] == 120
+        assert abs(tier["input_tokens_mean"] - 120) <= 0.1 * 120, tier  # the server's own count
+    print("\n" + synthetic.err)
+    tasks = isolated / "tasks.jsonl"
+    lines = [{"id": n, "text": "Count to ten. " * (n + 1)} for n in range(12)]
+    tasks.write_text("".join(json.dumps(x) + "\n" for x in lines), "utf-8")
+    picked = cli("ladder", "--tasks", str(tasks), "--json")
+    assert picked.code == 0, picked.err
+    assert picked.json["workload"]["source"] == "tasks"
+    assert picked.json["workload"]["pick"] == "longest"
+    print("\n" + picked.err)
