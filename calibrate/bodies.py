@@ -76,6 +76,11 @@ class BodyReader:
         self.size += len(piece)
         if self.size > self.max_bytes:
             raise too_large(self.max_bytes)
+        if self._raw is not None and self._raw.length == 0:
+            # The announced body is all read: close the response as http.client does at the end
+            # of its own reads, or the kept-alive connection still has a response "in progress"
+            # and the next request on it fails with ResponseNotReady (seen on uvicorn servers).
+            self._raw.close()
         return piece
 
     def read_all(self) -> bytes:

@@ -118,17 +118,17 @@ def test_workload_shaped_ladders_show_actual_token_counts(
     refuses ignore_eos/min_tokens with a 422, so the output length is not forced there), and
     --tasks items built as batch builds them; every tier carries what the server counted."""
     _calibrated_through_repro(cli)
-    synthetic = cli("ladder", "--input-tokens", "120", "--output-tokens", "16", "--json")
+    synthetic = cli("ladder", "--input-tokens", "400", "--output-tokens", "16", "--json")
     assert synthetic.code == 0, synthetic.err
     assert "output length not controlled" in synthetic.err
     run = isolated / "runs" / synthetic.json["run_id"]
     tiers = [json.loads(line) for line in (run / "tiers.jsonl").read_text("utf-8").splitlines()]
     for tier in tiers:
-        assert tier["input_tokens_target"] == 120
-        assert abs(tier["input_tokens_mean"] - 120) <= 0.1 * 120, tier  # the server's own count
+        assert tier["input_tokens_target"] == 400
+        assert abs(tier["input_tokens_mean"] - 400) <= 0.1 * 400, tier  # the server's own count
     print("\n" + synthetic.err)
     tasks = isolated / "tasks.jsonl"
-    lines = [{"id": n, "text": "Count to ten. " * (n + 1)} for n in range(12)]
+    lines = [{"id": n, "text": f"What is {n} plus {n + 1}?"} for n in range(12)]
     tasks.write_text("".join(json.dumps(x) + "\n" for x in lines), "utf-8")
     picked = cli("ladder", "--tasks", str(tasks), "--json")
     assert picked.code == 0, picked.err
