@@ -39,6 +39,8 @@ step "calibrate repro    (stage B: same input, same output?)"
 calibrate repro
 step "calibrate ladder   (stage C: batch 1→2→4→8, two rounds each; the mock runs out of memory past 6)"
 calibrate ladder
+step "calibrate ladder --input-tokens 400 --output-tokens 64   (the same ladder on a workload shaped like the job: unique 400-token prompts, answers forced to 64 tokens; 'in tok' shows target→what the server counted)"
+calibrate ladder --input-tokens 400 --output-tokens 64
 step "calibrate sweep    (stage C′: concurrency 1→16 at the verified batch size; the knee is the mock's 4 slots)"
 calibrate sweep
 step "calibrate status"
