@@ -49,6 +49,16 @@ class DeviceMemory:
         }
 
 
+def devices_used_mib(devices: Sequence[DeviceMemory]) -> float | None:
+    """The memory held over ``devices`` (None when none was read)."""
+    return sum(d.used_mib for d in devices) if devices else None
+
+
+def devices_total_mib(devices: Sequence[DeviceMemory]) -> float | None:
+    totals = [d.total_mib for d in devices if d.total_mib]
+    return sum(totals) if totals else None
+
+
 @dataclass(frozen=True)
 class VramReading:
     """One sample of one source; a field is None (or empty) when the source does not measure it."""
@@ -65,12 +75,11 @@ class VramReading:
     @property
     def used_mib(self) -> float | None:
         """Summed over the devices: the memory the server holds (pressure is per device)."""
-        return sum(d.used_mib for d in self.devices) if self.devices else None
+        return devices_used_mib(self.devices)
 
     @property
     def total_mib(self) -> float | None:
-        totals = [d.total_mib for d in self.devices if d.total_mib]
-        return sum(totals) if totals else None
+        return devices_total_mib(self.devices)
 
     @property
     def fullest(self) -> DeviceMemory | None:

@@ -22,6 +22,8 @@ from calibrate.gpu import (
     VramReading,
     VramSampler,
     choose_pressure,
+    devices_total_mib,
+    devices_used_mib,
 )
 
 SourceChoice = Literal["auto", "nvml", "metrics", "none"]
@@ -40,12 +42,11 @@ class VramSample:
 
     @property
     def used_mib(self) -> float | None:
-        return sum(d.used_mib for d in self.devices) if self.devices else None
+        return devices_used_mib(self.devices)
 
     @property
     def total_mib(self) -> float | None:
-        totals = [d.total_mib for d in self.devices if d.total_mib]
-        return sum(totals) if totals else None
+        return devices_total_mib(self.devices)
 
     def to_json(self) -> dict[str, Any]:
         return {
