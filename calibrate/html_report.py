@@ -16,6 +16,7 @@ from calibrate import report
 from calibrate.html_parts import definitions, page, section, table, text, verdict_class
 from calibrate.run_view import RunView
 from calibrate.svg_plot import Series, line_chart, timeline_chart
+from calibrate.tier_table import level_key
 from calibrate.timeline import Timeline
 
 _SECRET_WORDS = ("key", "token", "secret", "password", "authorization")
@@ -58,6 +59,7 @@ def key_label(key: str) -> str:
         "batch_size": "batch size",
         "concurrency": "concurrency",
         "offered_rate": "offered rate (req/s)",
+        "auto_step": "auto step (0 = synchronous)",
         "input_tokens_target": "input tokens",
     }.get(key, key)
 
@@ -121,7 +123,7 @@ def tier_table_html(view: RunView) -> str:
     attrs = [
         {
             "class": f"tier {verdict_class(r.get('verdict'))}",
-            "data-key": f"{num(r.get(view.key)) or 0:g}",
+            "data-key": f"{level_key(r, view.key) or 0:g}",
         }
         for r in view.rows
     ]

@@ -89,6 +89,8 @@ COLUMNS: dict[str, list[str]] = {
         *_TOKENS,
         "items_per_s_min",
         "items_per_s_max",
+        "auto_step",
+        "load",
         "offered_rate",
         "achieved_rate",
         "saturated",
@@ -264,7 +266,11 @@ _SWEEP: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
 
 
 def _rate(value: Any, row: Mapping[str, Any]) -> str:
-    """An offered rate; ``inf`` for a rate level sent all at once (no offered rate)."""
+    """An offered rate; ``inf`` for a rate level sent all at once; an auto sweep's closed-loop
+    ends are ``sync`` and ``max``."""
+    load = row.get("load")
+    if load in ("synchronous", "maximum"):
+        return "sync" if load == "synchronous" else "max"
     if value is None or value == "":
         return "inf" if row.get("achieved_rate") not in (None, "") else "—"
     return _f(value, "g")

@@ -14,6 +14,7 @@ from typing import Any
 
 from calibrate.errors import InputError
 from calibrate.run_view import RunView
+from calibrate.tier_table import level_key
 
 # (column, True when bigger is better); the first of each group a run has is shown.
 _HEADLINE: tuple[tuple[tuple[str, ...], bool], ...] = (
@@ -42,7 +43,15 @@ _HIGHER_BETTER = {
     "items_per_s_max",
     "baseline_match",
 }
-_NOT_METRICS = {"batch_size", "concurrency", "offered_rate", "rounds", "round", "repeats"}
+_NOT_METRICS = {
+    "batch_size",
+    "concurrency",
+    "offered_rate",
+    "auto_step",
+    "rounds",
+    "round",
+    "repeats",
+}
 
 
 def _num(value: Any) -> float | None:
@@ -93,7 +102,7 @@ class PairRow:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "key": self.key,
+            "key": "inf" if math.isinf(self.key) else self.key,  # JSON has no infinity
             "a": self.a,
             "b": self.b,
             "deltas": {k: d.to_json() for k, d in self.deltas.items()},
@@ -170,10 +179,11 @@ def compare_runs(a: RunView, b: RunView) -> RunComparison:
         raise InputError(
             f"{a.path.name} is keyed by {a.key} and {b.path.name} by {b.key}: their levels do "
             "not match",
-            "Compare a rate sweep with a rate sweep, and a concurrency sweep with a concurrency sweep.",
+            "Compare sweeps of one load mode: rates with rates, concurrency with concurrency, "
+            "--auto with --auto.",
         )
-    rows_a = {k: r for r in a.rows if (k := _num(r.get(a.key))) is not None}
-    rows_b = {k: r for r in b.rows if (k := _num(r.get(b.key))) is not None}
+    rows_a = {k: r for r in a.rows if (k := level_key(r, a.key)) is not None}
+    rows_b = {k: r for r in b.rows if (k := level_key(r, b.key)) is not None}
     pairs = tuple(
         PairRow(k, rows_a.get(k), rows_b.get(k), _deltas(rows_a.get(k), rows_b.get(k), a.key))
         for k in sorted(set(rows_a) | set(rows_b))

@@ -16,11 +16,12 @@ from typing import Any
 
 from calibrate.errors import InputError
 from calibrate.store import ledger_path, read_jsonl
-from calibrate.tier_table import Kind, read_rows
+from calibrate.tier_table import Kind, level_key, read_rows
 
 # Columns a newer ladder/sweep may write; shown in the HTML table when a run has them.
 _LATENCY = re.compile(r"^(ttft|tpot|itl|e2e|latency)_(p\d+|mean|max)_s$")
 EXTRA_NAMES = (
+    "load",
     "offered_rate",
     "achieved_rate",
     "saturated",
@@ -100,11 +101,13 @@ def _ledger_line(run: Path, run_id: str) -> dict[str, Any]:
 
 
 def row_key(kind: Kind, rows: Sequence[Mapping[str, Any]]) -> str:
-    """Ladders by batch size (input length on the context axis); sweeps by concurrency, or by
-    offered rate when the sweep ran in rate mode."""
+    """Ladders by batch size (input length on the context axis); sweeps by concurrency, by
+    offered rate when the sweep ran in rate mode, by step when it ran ``--auto``."""
     if kind == "ladder":
         context = any(r.get("axis") == "context" for r in rows)
         return "input_tokens_target" if context else "batch_size"
+    if any(r.get("auto_step") is not None for r in rows):
+        return "auto_step"  # two auto runs offer different rates; their steps match
     return "offered_rate" if any(r.get("offered_rate") is not None for r in rows) else "concurrency"
 
 
@@ -135,8 +138,12 @@ def _setting_text(value: Any) -> str:
 
 
 def _passing_from_rows(rows: Sequence[Mapping[str, Any]], key: str) -> str:
-    passing = [r[key] for r in rows if r.get("verdict") not in (None, "fail") and r.get(key)]
-    return f"{key.replace('_', ' ')} {max(passing)}" if passing else "none"
+    passing = [
+        v
+        for r in rows
+        if r.get("verdict") not in (None, "fail") and (v := level_key(r, key)) is not None
+    ]
+    return f"{key.replace('_', ' ')} {max(passing):g}" if passing else "none"
 
 
 def _notes(summary: Mapping[str, Any], manifest: Mapping[str, Any]) -> tuple[str, ...]:

@@ -35,7 +35,20 @@ def _cell(text: str) -> Any:
         number = float(text)
     except ValueError:
         return text
+    if math.isinf(number):
+        return text  # "inf": an offered rate of everything at once, read by level_key
     return None if math.isnan(number) else number
+
+
+def level_key(row: Mapping[str, Any], key: str) -> float | None:
+    """The value that names a tier or level (batch size, concurrency, offered rate, auto step);
+    an offered rate of ``"inf"`` is infinity. None when the row has none."""
+    value = row.get(key)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return None if math.isnan(value) else float(value)
+    return math.inf if isinstance(value, str) and value.strip().lower() == "inf" else None
 
 
 # Request latency was once written as per_item_*; per_item_s now means wall time / items.

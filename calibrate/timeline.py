@@ -20,6 +20,7 @@ from typing import Any, Literal
 from calibrate.errors import InputError
 from calibrate.store import read_jsonl
 from calibrate.svg_plot import Bar
+from calibrate.tier_table import level_key
 
 
 def _num(value: Any) -> float | None:
@@ -109,8 +110,8 @@ def _replayed(records: Sequence[Mapping[str, Any]], wave: bool) -> list[tuple[fl
 
 
 def _matches(record: Mapping[str, Any], key: str, tier: float) -> bool:
-    value = _num(record.get(key))
-    return value is not None and abs(value - tier) < 1e-9
+    value = level_key(record, key)
+    return value is not None and (value == tier or abs(value - tier) < 1e-9)
 
 
 def tier_timeline(
@@ -147,7 +148,7 @@ def read_timeline(run: Path, key: str, tier: float, *, wave: bool, label: str = 
     records = list(read_jsonl(path))
     timeline = tier_timeline(records, key, tier, wave=wave, label=label)
     if not timeline.bars:
-        there = sorted({v for r in records if (v := _num(r.get(key))) is not None})
+        there = sorted({v for r in records if (v := level_key(r, key)) is not None})
         listed = ", ".join(f"{v:g}" for v in there) or "none"
         raise InputError(
             f"no records with {key} {tier:g} in {path}",

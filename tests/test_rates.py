@@ -66,9 +66,13 @@ def test_achieved_below_offered_or_a_growing_queue_is_saturation() -> None:
     # on rate, but the queue kept growing
     growing = OpenRun(kept.items, 2.0, 1.9, tuple(range(20)), 0.0)
     assert "kept growing" in judge(growing, 10.0, None).why
-    # on rate, but only because the in-flight cap held sends back for half the run
-    capped = OpenRun(kept.items, 2.0, 1.9, (1,) * 20, 0.95)
-    assert "in-flight cap of 4" in judge(capped, 10.0, 4).why
+    # on rate in the window, but the sends fell ever further behind their schedule
+    falling_behind = tuple(0.05 * n for n in range(20))  # the last sends ~0.9 s late
+    capped = OpenRun(kept.items, 2.0, 1.9, (1,) * 20, 0.95, falling_behind)
+    assert "in-flight cap of 4 held sends back" in judge(capped, 10.0, 4).why
+    # held back now and then (a burst waited for a slot) but never further behind: a queue
+    bursts = OpenRun(kept.items, 2.0, 1.9, (1,) * 20, 0.5, (0.0, 0.08, 0.0, 0.05) * 5)
+    assert not judge(bursts, 10.0, 4).saturated
     assert not judge(capped, None, 4).saturated  # inf: everything at once, the maximum
 
 

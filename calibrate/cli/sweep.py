@@ -55,6 +55,7 @@ from calibrate.stages.sweep import (
     read_server_cap,
     safe_levels,
 )
+from calibrate.stages.sweep_auto import DEFAULT_AUTO_STEPS, MAX_AUTO_STEPS
 from calibrate.stages.task_pick import TaskPool
 from calibrate.stages.tier_run import MeasureSpec
 from calibrate.stages.waves import Sender
@@ -76,6 +77,20 @@ def register(subparsers: Any) -> None:
         "--rates",
         metavar="R,…",
         help="open loop at these request rates (req/s), e.g. 1,2,4,8,inf; stops where saturated",
+    )
+    parser.add_argument(
+        "--auto",
+        action="store_true",
+        help="synchronous (concurrency 1), then maximum throughput (the in-flight count the "
+        "ladder proved), then --auto-steps rates between: latency against throughput",
+    )
+    parser.add_argument(
+        "--auto-steps",
+        type=int,
+        default=DEFAULT_AUTO_STEPS,
+        metavar="N",
+        help=f"with --auto: how many rates between synchronous and maximum (default "
+        f"{DEFAULT_AUTO_STEPS})",
     )
     parser.add_argument(
         "--arrival",
@@ -113,6 +128,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
     spec = measure_spec(args)
+    _check_load_flags(args)
     if args.batch_size is not None and not 1 <= args.batch_size <= MAX_BATCH_SIZE:
         raise UsageError(f"--batch-size must be in [1, {MAX_BATCH_SIZE}], got {args.batch_size}")
     workload = workload_spec(args, load_config(args), "sweep")
@@ -121,6 +137,26 @@ def run(args: argparse.Namespace) -> int:
     with load_lock(ctx):  # held from the restart at cap B to the last level
         options = _plan(args, ctx, out)
         return _measure(args, spec, ctx, out, options, (workload, pool))
+
+
+def _check_load_flags(args: argparse.Namespace) -> None:
+    """One load mode at a time, and --auto's step count in range (exit 2 before anything runs)."""
+    given = [f for f, on in (("--concurrency", args.concurrency), ("--rates", args.rates)) if on]
+    if args.auto and given:
+        raise UsageError(
+            f"--auto picks its own levels: it cannot be given with {' or '.join(given)}",
+            "Drop one: calibrate sweep --auto   or   calibrate sweep --rates 1,2,4",
+        )
+    if given == ["--concurrency", "--rates"]:
+        raise UsageError(
+            "--concurrency and --rates are two load modes: give one",
+            "calibrate sweep --concurrency 1,2,4   or   calibrate sweep --rates 1,2,4,inf",
+        )
+    if not 1 <= args.auto_steps <= MAX_AUTO_STEPS:
+        raise UsageError(
+            f"--auto-steps must be in [1, {MAX_AUTO_STEPS}], got {args.auto_steps}",
+            f"e.g. --auto --auto-steps {DEFAULT_AUTO_STEPS}",
+        )
 
 
 def _plan(args: argparse.Namespace, ctx: StageContext, out: Output) -> SweepOptions:
@@ -142,8 +178,10 @@ def _plan(args: argparse.Namespace, ctx: StageContext, out: Output) -> SweepOpti
         beyond_ladder=args.beyond_ladder,
     )
     rates = parse_rates(args.rates) if args.rates else ()
-    if rates:
+    if rates or args.auto:
         skipped = ()
+    if args.auto:
+        levels = (1, max(1, proved or batch))
     if args.burstiness <= 0:
         raise UsageError(f"--burstiness must be above 0, got {args.burstiness:g}")
     if skipped:
@@ -167,7 +205,8 @@ def _plan(args: argparse.Namespace, ctx: StageContext, out: Output) -> SweepOpti
         arrival=args.arrival,
         burstiness=args.burstiness,
         seed=args.seed,
-        max_in_flight=proved if capped and rates else None,
+        max_in_flight=proved if capped and (rates or args.auto) else None,
+        auto_steps=args.auto_steps if args.auto else 0,
     )
     return dataclasses.replace(options, levels=levels)
 
@@ -195,6 +234,7 @@ def _measure(
         try:
             with live_rows(out.console, "sweep", f"sweep {ctx.run.run_id}", out.is_tty) as show:
                 sweep.on_level = shown_by(watch, show, out)
+                sweep.note = out.say
                 result = sweep.run()
         except KeyboardInterrupt:
             _finish(args, spec, out, ctx, sweep.result(), options, watch.selfload, interrupted=True)
@@ -236,9 +276,9 @@ def _finish(
     for lv in result.levels:
         s = lv.stats
         suite.check(
-            f"concurrency {lv.concurrency}",
+            lv.label,
             lv.verdict == "pass",
-            f"concurrency {lv.concurrency}: {s.errors} of {s.items} requests failed ({s.kinds_text})",
+            f"{lv.label}: {s.errors} of {s.items} requests failed ({s.kinds_text})",
             kind=",".join(s.error_kinds),
             time_s=s.total_s,
         )
@@ -259,7 +299,7 @@ def _finish(
     knee = result.knee
     if result.recommendation:
         out.ok(f"recommended {result.recommendation}")
-    elif knee is not None and not result.rate_mode and not has_slo(options.slo):
+    elif knee is not None and not (result.rate_mode or result.auto or has_slo(options.slo)):
         out.ok(
             f"knee: concurrency {knee.concurrency} ({knee.stats.items_per_s:.2f} items/s median, "
             f"range {knee.items_per_s_min:.2f}–{knee.items_per_s_max:.2f}, at batch size "
@@ -286,6 +326,15 @@ def _announce(options: SweepOptions) -> str:
     at = f"at batch size {options.batch_size}, {options.repeats} run(s) per level"
     stream = "streamed" if options.stream else "not streamed"
     slo = f"; SLOs {describe(options.slo)} (goodput)" if has_slo(options.slo) else ""
+    if options.auto_steps:
+        cap = options.max_in_flight
+        return (
+            f"sweep --auto: synchronous (concurrency 1), maximum (concurrency "
+            f"{options.levels[-1]}), then {options.auto_steps} {options.arrival} rate(s) "
+            f"between, {at} of ≥ {options.level_s:g} s, {stream}"
+            + (f", at most {cap} in flight (the ladder's)" if cap else "")
+            + slo
+        )
     if options.rates:
         cap = options.max_in_flight
         shape = options.arrival if options.burstiness == 1 else f"gamma k={options.burstiness:g}"

@@ -80,3 +80,9 @@ def parse_counts(text: str) -> tuple[int, ...]:
 
 def rate_text(rate: float | None) -> str:
     return "inf" if rate is None or math.isinf(rate) else f"{rate:g}"
+
+
+def rate_value(rate: float | None) -> float | str:
+    """An offered rate as JSON and CSV hold it: the number, or ``"inf"`` (JSON has no infinity;
+    pandas and ``float()`` read ``"inf"`` back as infinity)."""
+    return "inf" if rate is None or math.isinf(rate) else rate

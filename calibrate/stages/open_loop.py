@@ -9,6 +9,7 @@ sends: more load only adds noise. Clock and sleep are injectable.
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,8 +20,8 @@ from calibrate.stages.tiers import ItemResult
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
 SHORTFALL = 0.05  # achieved more than 5 % below offered: saturated
-CAPPED_SHARE = 0.2  # the cap held sends back for more than this share of the window: saturated
 GROWTH_MIN = 2.0  # in flight grew by at least this many requests (and doubled) through the run
+LATENCY_GROWTH = 0.25  # … and the last sent quarter's median latency is this much above the first's
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class OpenRun:
     last_send_s: float  # when the last request went out
     in_flight: tuple[int, ...]  # requests in flight just before each send
     capped_s: float  # time sends waited on the in-flight cap
+    lag_s: tuple[float, ...] = ()  # how late each send went out against its schedule
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,39 @@ def achieved(items: Sequence[ItemResult], total_s: float) -> tuple[float, float,
     return (len(done) / total_s if total_s > 0 else 0.0), total_s, len(done)
 
 
+def _latency_grew(run: OpenRun) -> str:
+    """``0.06 → 0.19 s median latency`` when the last quarter of the answers (by send time) took
+    25 % longer than the first; "" otherwise. A queue that really grows makes each request wait
+    longer; a count that rises only because a short Poisson run started from nothing does not."""
+    ok = sorted((i for i in run.items if i.ok), key=lambda i: i.started_s)
+    quarter = max(1, len(ok) // 4)
+    if len(ok) < 4:
+        return ""
+    early = statistics.median(i.elapsed_s for i in ok[:quarter])
+    late = statistics.median(i.elapsed_s for i in ok[-quarter:])
+    if late < early * (1 + LATENCY_GROWTH):
+        return ""
+    return f"{early:.3g} → {late:.3g} s median latency"
+
+
+def _fell_behind(run: OpenRun) -> str:
+    """``the last sends went out 0.4 s late (20 % of the run)`` when, by the last quarter of the
+    sends, the dispatcher had fallen behind its schedule by more than 5 % of the run (the same
+    share as the achieved-rate rule); "" otherwise. A cap that holds a burst back for a moment
+    is a queue that drains; one the schedule falls ever further behind is saturation."""
+    quarter = max(1, len(run.lag_s) // 4)
+    if len(run.lag_s) < 4 or run.last_send_s <= 0:
+        return ""
+    late = _mean(run.lag_s[-quarter:]) - _mean(run.lag_s[:quarter])
+    if late <= SHORTFALL * run.last_send_s:
+        return ""
+    return f"the last sends went out {late:.2g} s late ({late / run.last_send_s:.0%} of the run)"
+
+
 def judge(run: OpenRun, offered_rate: float | None, cap: int | None) -> RateJudgement:
-    """Saturated when achieved falls > 5 % below offered, when the in-flight count keeps growing
-    through the run, or when the in-flight cap held sends back for a sustained part of it."""
+    """Saturated when achieved falls > 5 % below offered, when the in-flight count and the
+    latency keep growing through the run, or when the in-flight cap made the sends fall ever
+    further behind their schedule."""
     rate, window, count = achieved(run.items, run.total_s)
     why = ""
     if offered_rate is not None:
@@ -77,15 +109,13 @@ def judge(run: OpenRun, offered_rate: float | None, cap: int | None) -> RateJudg
                 f"achieved {rate:.3g} req/s is {1 - rate / offered_rate:.0%} below the offered "
                 f"{offered_rate:g}"
             )
-        elif last >= first + GROWTH_MIN and last >= 2 * first:
-            why = f"requests in flight kept growing, {first:.1f} → {last:.1f} through the run"
-        elif (
-            cap is not None
-            and run.last_send_s > 0
-            and run.capped_s > CAPPED_SHARE * run.last_send_s
-        ):
-            share = run.capped_s / run.last_send_s
-            why = f"the in-flight cap of {cap} held sends back for {share:.0%} of the run"
+        elif last >= first + GROWTH_MIN and last >= 2 * first and (grew := _latency_grew(run)):
+            why = (
+                f"requests in flight kept growing, {first:.1f} → {last:.1f} through the run, "
+                f"and latency with them ({grew})"
+            )
+        elif cap is not None and (behind := _fell_behind(run)):
+            why = f"the in-flight cap of {cap} held sends back: {behind}"
     return RateJudgement(offered_rate, rate, window, count, bool(why), why)
 
 
@@ -105,6 +135,7 @@ def open_loop(
     results: list[ItemResult] = []
     in_flight = 0
     seen: list[int] = []
+    lags: list[float] = []
     capped_s = 0.0
     failed = False
     threads: list[threading.Thread] = []
@@ -134,6 +165,7 @@ def open_loop(
             seen.append(in_flight)
             in_flight += 1
         last_send = clock() - start
+        lags.append(max(0.0, last_send - at))
         thread = threading.Thread(target=work, args=(n,), name=f"calibrate-open-{n}", daemon=True)
         threads.append(thread)
         thread.start()
@@ -142,4 +174,4 @@ def open_loop(
         thread.join(max(0.0, deadline - time.monotonic()))
     with lock:
         items = tuple(sorted(results, key=lambda r: r.index))
-        return OpenRun(items, clock() - start, last_send, tuple(seen), capped_s)
+        return OpenRun(items, clock() - start, last_send, tuple(seen), capped_s, tuple(lags))

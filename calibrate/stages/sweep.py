@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,6 +20,7 @@ from calibrate.stages.incidents import IncidentRecorder
 from calibrate.stages.ladder import all_refused, item_record
 from calibrate.stages.single import unreachable
 from calibrate.stages.stop_rules import continue_sweep, counts_as_gain, gains
+from calibrate.stages.sweep_auto import run_auto
 from calibrate.stages.sweep_rates import run_rate_level
 from calibrate.stages.sweep_result import (
     Level,
@@ -61,6 +62,7 @@ class SweepOptions:
     burstiness: float = 1.0
     seed: int = 0
     max_in_flight: int | None = None  # rate mode's in-flight cap (None: none, a managed server)
+    auto_steps: int = 0  # --auto: rates between synchronous and maximum (levels = (1, maximum))
 
     @classmethod
     def from_config(cls, cfg: Config, batch_size: int, **kw: Any) -> SweepOptions:
@@ -106,28 +108,39 @@ class Sweep:
     sender: Sender
     cap: ServerCap | None = None
     on_level: Callable[[Level], None] = lambda level: None
+    note: Callable[[str], None] = lambda text: None  # a line for the user, as the sweep goes
     levels: list[Level] = field(default_factory=list)
     plan: WorkloadPlan = field(default_factory=lambda: WorkloadPlan(WorkloadSpec(), ""))
     issued: int = 0  # workload prompts built so far: the next one's number (its own prompt)
+    auto_step: int | None = None  # --auto: the step now running (each record carries it)
 
     def run(self) -> SweepResult:
+        if self.options.auto_steps:
+            run_auto(self)
+            return self.result()
         rates = self.options.rates
         for step in rates or self.options.levels:
             if not continue_sweep([lv.point for lv in self.levels]):
                 break
             if self.levels and self.levels[-1].saturated:
                 break  # over-saturated: more load only grows the queue
-            level = run_rate_level(self, step) if rates else self.run_level(int(step))
-            self.levels.append(level)
-            self.ctx.run.append("tiers.jsonl", level.to_json())
-            self.on_level(level)
+            self.add(run_rate_level(self, step) if rates else self.run_level(int(step)))
         return self.result()
 
+    def add(self, level: Level) -> Level:
+        """A finished level: kept, written to tiers.jsonl, shown."""
+        self.levels.append(level)
+        self.ctx.run.append("tiers.jsonl", level.to_json())
+        self.on_level(level)
+        return level
+
     def result(self) -> SweepResult:
+        """The levels so far; an auto sweep's in the order of its curve (synchronous, the rates,
+        maximum), not the order they ran in."""
         o = self.options
         passing = [lv.stats for lv in self.levels if lv.verdict == "pass"]
         return SweepResult(
-            tuple(self.levels),
+            tuple(sorted(self.levels, key=lambda lv: lv.auto.step if lv.auto else 0)),
             o.batch_size,
             o.gain_min,
             self.cap,
@@ -261,16 +274,27 @@ class Sweep:
         return stats, items, peak
 
     def keep(
-        self, items: list[ItemResult], concurrency: int, repeat: int, peak: WindowPeak, label: str
+        self,
+        items: list[ItemResult],
+        concurrency: int,
+        repeat: int,
+        peak: WindowPeak,
+        label: str,
+        tags: Mapping[str, Any] | None = None,
     ) -> None:
-        """Write a run's records and incidents (exit 4 when the very first run reached nothing)."""
+        """Write a run's records and incidents (exit 4 when the very first run reached nothing).
+        Each record carries ``tags`` (a rate level's offered rate) and the auto step, so a
+        timeline finds a level's requests by the same key as its row."""
         ctx, o = self.ctx, self.options
         if not self.levels and repeat == 1 and all_refused(items):
             raise unreachable(items[0].error, ctx.config.target.base_url)
+        extra = {
+            **(tags or {}),
+            **({"auto_step": self.auto_step} if self.auto_step is not None else {}),
+        }
         for item in items:
-            ctx.run.append(
-                "records.jsonl", item_record(ctx, item, o.batch_size, concurrency, repeat)
-            )
+            record = item_record(ctx, item, o.batch_size, concurrency, repeat)
+            ctx.run.append("records.jsonl", {**record, **extra})
         self.incidents.record(
             items,
             batch_size=o.batch_size,

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from calibrate.stages.arrivals import arrival_times, rate_text, requests_for
+from calibrate.stages.arrivals import arrival_times, rate_text, rate_value, requests_for
 from calibrate.stages.open_loop import OpenRun, RateJudgement, judge
 from calibrate.stages.sweep_result import Level, level_stats, with_goodput
 from calibrate.stages.tiers import ItemResult, Stats, summarise
@@ -79,7 +79,9 @@ def run_rate_once(
     peak = sweep.monitor.close_window(idle)
     items = list(run.items)
     highest = max(run.in_flight, default=0) + 1
-    sweep.keep(items, highest, repeat, peak, f"r{rate_text(rate)}")
+    sweep.keep(
+        items, highest, repeat, peak, f"r{rate_text(rate)}", {"offered_rate": rate_value(rate)}
+    )
     judgement = judge(run, None if math.isinf(rate) else rate, cap)
     stats = replace(
         summarise(
@@ -99,7 +101,7 @@ def run_rate_once(
         "rounds.jsonl",
         {
             **stats.to_json(),
-            "offered_rate": judgement.offered_rate,
+            "offered_rate": rate_value(judgement.offered_rate),
             "achieved_rate": round(judgement.achieved_rate, 6),
             "saturated": judgement.saturated,
             "capped_s": round(run.capped_s, 6),

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from calibrate.config import SloConfig
-from calibrate.stages.arrivals import rate_text
+from calibrate.stages.arrivals import rate_text, rate_value
 from calibrate.stages.open_loop import RateJudgement
 from calibrate.stages.slo import binding_slo, describe, goodput, has_slo
 from calibrate.stages.stop_rules import Point, knee, knee_text
@@ -30,6 +31,15 @@ class ServerCap:
 
 
 @dataclass(frozen=True)
+class AutoStep:
+    """Where a level sits in an ``--auto`` sweep: 0 synchronous, 1…N the rates, N+1 the
+    maximum (``stages.sweep_auto``)."""
+
+    step: int
+    role: str  # synchronous | rate | maximum
+
+
+@dataclass(frozen=True)
 class Level:
     """One concurrency level: ``stats`` over all its runs, with ``items_per_s`` and
     ``output_tokens_per_s`` the medians of the runs' steady windows; ``runs`` one per repeat."""
@@ -41,6 +51,7 @@ class Level:
     verdict: LevelVerdict
     capped: bool
     rate: RateJudgement | None = None  # rate mode: offered vs achieved (median run), saturation
+    auto: AutoStep | None = None  # --auto: which step of the curve
 
     @property
     def concurrency(self) -> int:
@@ -52,9 +63,10 @@ class Level:
 
     @property
     def label(self) -> str:
-        """``concurrency 4`` or ``4 req/s``."""
+        """``concurrency 4``, ``4 req/s``, or in an auto sweep ``maximum (concurrency 16)``."""
         if self.rate is None:
-            return f"concurrency {self.concurrency}"
+            closed = f"concurrency {self.concurrency}"
+            return f"{self.auto.role} ({closed})" if self.auto else closed
         return f"{rate_text(self.rate.offered_rate)} req/s"
 
     @property
@@ -98,11 +110,17 @@ class Level:
         }
 
     def rate_json(self) -> dict[str, Any]:
+        """Rate levels: offered (``"inf"`` for everything at once: JSON has no infinity) and
+        achieved; an auto sweep's closed-loop levels: their step and achieved rate too."""
+        auto = {"auto_step": self.auto.step, "load": self.auto.role} if self.auto else {}
         if self.rate is None:
-            return {}
+            if not auto:
+                return {}
+            return {**auto, "achieved_rate": round(self.stats.items_per_s, 6)}
         r = self.rate
         return {
-            "offered_rate": r.offered_rate,
+            **auto,
+            "offered_rate": rate_value(r.offered_rate),
             "achieved_rate": round(r.achieved_rate, 6),
             "saturated": r.saturated,
             "saturation": r.why or None,
@@ -144,13 +162,21 @@ class SweepResult:
         return f"saturated at {top.label}: {top.rate.why}"
 
     @property
+    def auto(self) -> bool:
+        return any(lv.auto is not None for lv in self.levels)
+
+    @property
     def best(self) -> Level | None:
         """The recommended level: with SLOs the highest median goodput; in rate mode the highest
-        rate the server kept up with; else the knee."""
+        rate the server kept up with (an auto sweep: else its synchronous level); else the knee."""
         passing = [lv for lv in self.levels if lv.verdict == "pass"]
         if has_slo(self.slo):
             good = [lv for lv in passing if (lv.stats.goodput_per_s or 0.0) > 0]
             return max(good, key=lambda lv: lv.stats.goodput_per_s or 0.0, default=None)
+        if self.auto:
+            kept = [lv for lv in passing if lv.rate is not None and not lv.saturated]
+            sync = next((lv for lv in passing if lv.auto and lv.auto.role == "synchronous"), None)
+            return max(kept, key=_offered, default=sync)
         if self.rate_mode:
             kept = [lv for lv in passing if not lv.saturated]
             return kept[-1] if kept else None
@@ -172,6 +198,11 @@ class SweepResult:
             return (
                 f"{top.label}: goodput {s.goodput_per_s or 0.0:.2f} req/s within the SLOs "
                 f"(median{ranged}); bounded by {bound}"
+            )
+        if self.auto and top.rate is None:
+            return (
+                f"{top.label}: {s.items_per_s:.2f} req/s — every rate between synchronous and "
+                "maximum saturated, or none ran"
             )
         if self.rate_mode and top.rate is not None:
             return f"{top.label}: achieved {top.rate.achieved_rate:.2f} req/s, not saturated"
@@ -199,9 +230,8 @@ class SweepResult:
 
     @property
     def passed(self) -> bool:
-        return (
-            self.best is not None if has_slo(self.slo) or self.rate_mode else self.knee is not None
-        )
+        by_best = has_slo(self.slo) or self.rate_mode or self.auto
+        return self.best is not None if by_best else self.knee is not None
 
     @property
     def stopped_by(self) -> str:
@@ -215,10 +245,7 @@ class SweepResult:
             return "every level ran" if self.levels else "no level ran"
         s = failed.stats
         first = " (the first level)" if failed is self.levels[0] else ""
-        return (
-            f"concurrency {failed.concurrency}{first}: {s.errors} of {s.items} requests failed "
-            f"({s.kinds_text})"
-        )
+        return f"{failed.label}{first}: {s.errors} of {s.items} requests failed ({s.kinds_text})"
 
     def notes(self) -> list[str]:
         out: list[str] = []
@@ -232,7 +259,7 @@ class SweepResult:
         return out
 
     def summary(self, options: SweepOptions) -> SweepSummary:
-        top = self.knee
+        top = None if self.auto else self.knee  # an auto sweep's levels are no concurrency steps
         best = self.best
         details = {
             "knee": {
@@ -267,13 +294,13 @@ class SweepResult:
             "recommendation": self.recommendation or None,
             "saturated": self.saturation_text or None,
             "slo": describe(self.slo) if has_slo(self.slo) else None,
-            "load_mode": "rates" if self.rate_mode else "concurrency",
+            "load_mode": "auto" if self.auto else ("rates" if self.rate_mode else "concurrency"),
             "levels_skipped": list(options.skipped_levels),
             "beyond_ladder": options.beyond_ladder,
             "incidents": self.incidents,
             "workload_detail": self.workload_details,
         }
-        chosen = best if has_slo(self.slo) or self.rate_mode else top
+        chosen = best if has_slo(self.slo) or self.rate_mode or self.auto else top
         return SweepSummary(
             chosen.concurrency if chosen else None,
             self.batch_size,
@@ -282,6 +309,12 @@ class SweepResult:
             details,
             self.workload,
         )
+
+
+def _offered(level: Level) -> float:
+    """A rate level's offered rate (inf for everything at once)."""
+    rate = level.rate.offered_rate if level.rate else None
+    return math.inf if rate is None else rate
 
 
 def with_goodput(

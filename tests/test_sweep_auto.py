@@ -1,0 +1,91 @@
+"""``sweep --auto`` (SPEC §5.13): synchronous, then maximum throughput, then rates between —
+the rates picked from what was measured, the curve in the report, and bad flags refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from calibrate.stages.sweep_auto import auto_rates
+from tests.mockserver import start_mock
+from tests.tier_helpers import FAST, open_gate, run_dir
+
+WINDOWS = FAST + "[sweep]\nlevel_s = 0.6\nrepeats = 1\n"
+
+
+def test_auto_rates_sit_evenly_between_synchronous_and_maximum() -> None:
+    assert auto_rates(10.0, 50.0, 3) == (20.0, 30.0, 40.0)
+    assert auto_rates(1.234, 5.678, 1) == (3.46,)  # 3 significant digits: typeable again
+    assert auto_rates(10.0, 10.0, 4) == ()  # concurrency added nothing: nothing between
+    assert auto_rates(10.0, 10.02, 5) == ()  # no distinct rate fits between once rounded
+    assert auto_rates(0.0, 10.0, 3) == ()
+
+
+def test_auto_measures_both_ends_then_rates_between_on_a_4_slot_mock(cli, isolated: Path) -> None:
+    """~0.06 s a request and 4 slots: about 16 req/s one at a time and ~4× that with 4 in
+    flight (the ladder proved 4). The rates between are drawn from those two measurements."""
+    with start_mock(ttft_s=0.01, per_token_s=0.001, slots=4) as mock:
+        open_gate(isolated, mock.base_url, WINDOWS, "ladder")
+        result = cli("sweep", "--auto", "--auto-steps", "2", "--arrival", "constant", "--json")
+    assert result.code == 0, result.err
+    levels = result.json["levels_detail"]
+    assert [lv["load"] for lv in levels] == ["synchronous", "rate", "rate", "maximum"]
+    assert [lv["auto_step"] for lv in levels] == [0, 1, 2, 3]
+    sync, low, high, most = levels
+    assert sync["concurrency"] == 1 and most["concurrency"] == 4
+    assert most["achieved_rate"] > 2.5 * sync["achieved_rate"], "4 slots: more than 2.5× one"
+    step = (most["achieved_rate"] - sync["achieved_rate"]) / 3
+    assert low["offered_rate"] == pytest.approx(sync["achieved_rate"] + step, rel=0.01)
+    assert high["offered_rate"] == pytest.approx(sync["achieved_rate"] + 2 * step, rel=0.01)
+    assert all(lv["ttft_p50_s"] is not None for lv in levels), "streamed: TTFT at every level"
+    assert result.json["load_mode"] == "auto"
+    assert "auto: synchronous" in result.err and "→ rates" in result.err
+    # the recommendation: the highest rate the server kept up with
+    kept = [lv for lv in (low, high) if not lv["saturated"]]
+    assert kept, result.err
+    assert result.json["recommendation"].startswith(f"{kept[-1]['offered_rate']:g} req/s")
+    # records carry the step: the timeline of the maximum level finds its requests
+    run = run_dir(isolated, result.json["run_id"])
+    records = [json.loads(line) for line in (run / "records.jsonl").read_text().splitlines()]
+    assert {r["auto_step"] for r in records} == {0, 1, 2, 3}
+    assert all(r["offered_rate"] > 0 for r in records if r["auto_step"] in (1, 2))
+    shown = cli("report", str(run), "--timeline", "3", "--html", "--json", "--no-plot")
+    assert shown.code == 0, shown.err
+    assert shown.json["timeline"]["requests"] == sum(r["auto_step"] == 3 for r in records)
+    page = Path(shown.json["html"]).read_text("utf-8")
+    assert "latency vs throughput" in page and "synchronous" in page
+
+
+def test_two_auto_runs_compare_step_by_step(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.01, per_token_s=0.001, slots=4) as mock:
+        open_gate(isolated, mock.base_url, WINDOWS, "ladder")
+        first = cli("sweep", "--auto", "--auto-steps", "1", "--json")
+        second = cli("sweep", "--auto", "--auto-steps", "1", "--json")
+        rates = cli("sweep", "--rates", "10", "--json")
+    assert first.code == second.code == rates.code == 0, first.err + second.err + rates.err
+    a, b = (run_dir(isolated, r.json["run_id"]) for r in (first, second))
+    compared = cli("report", str(a), str(b), "--json")
+    assert compared.code == 0, compared.err
+    assert [row["key"] for row in compared.json["rows"]] == [0, 1, 2]
+    mixed = cli("report", str(a), str(run_dir(isolated, rates.json["run_id"])))
+    assert mixed.code == 2 and "--auto with --auto" in mixed.err
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--auto", "--rates", "1,2"], "cannot be given with --rates"),
+        (["--auto", "--concurrency", "1,2"], "cannot be given with --concurrency"),
+        (["--auto", "--auto-steps", "0"], "--auto-steps must be in [1, 50]"),
+        (["--concurrency", "1,2", "--rates", "1"], "two load modes"),
+    ],
+)
+def test_conflicting_load_flags_are_exit_2_before_anything_runs(
+    cli, isolated: Path, flags: list[str], says: str
+) -> None:
+    open_gate(isolated, "http://127.0.0.1:9/v1", WINDOWS, "ladder")  # nothing listens there
+    result = cli("sweep", *flags)
+    assert result.code == 2 and says in result.err, result.err
+    assert not list((isolated / "runs").glob("*-sweep-*")), "no run folder for a rejected command"
