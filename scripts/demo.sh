@@ -43,6 +43,10 @@ step "calibrate ladder --input-tokens 400 --output-tokens 64   (the same ladder 
 calibrate ladder --input-tokens 400 --output-tokens 64
 step "calibrate sweep    (stage C′: concurrency 1→16 at the verified batch size; the knee is the mock's 4 slots)"
 calibrate sweep
+sweep_run=$(ls -d runs/*-sweep-* | tail -1)
+step "calibrate sweep --auto --auto-steps 3   (synchronous, then the most the ladder proved in flight, then 3 request rates between: latency against throughput)"
+calibrate sweep --auto --auto-steps 3
+auto_run=$(ls -d runs/*-sweep-* | tail -1)
 step "calibrate status"
 calibrate status
 # --- rollback → pin → restart from the script → verify, with the same mock as a managed engine.
@@ -96,12 +100,13 @@ echo "final results (one line per id, input order): $work/final.jsonl ($(wc -l <
 
 step "calibrate report --html   (one self-contained HTML file per run, no server needed)"
 ladder_run=$(ls -d runs/*-ladder-* | tail -1)
-sweep_run=$(ls -d runs/*-sweep-* | tail -1)
 top() { python3 -c 'import csv, sys; print(max(int(float(r[sys.argv[2]])) for r in csv.DictReader(open(sys.argv[1]))))' "$1/tiers.csv" "$2"; }
 calibrate report "$ladder_run" --html --timeline "$(top "$ladder_run" batch_size)" --no-plot >/dev/null
 calibrate report "$sweep_run" --html --timeline "$(top "$sweep_run" concurrency)" --no-plot >/dev/null
+calibrate report "$auto_run" --html --timeline "$(top "$auto_run" auto_step)" --no-plot >/dev/null
 
 echo
 echo "demo finished: everything it wrote is in $work"
 echo "HTML reports: $work/$ladder_run/report.html"
 echo "              $work/$sweep_run/report.html"
+echo "              $work/$auto_run/report.html   (sweep --auto)"

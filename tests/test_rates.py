@@ -104,3 +104,24 @@ def test_a_4_slot_mock_saturates_above_its_capacity_and_the_sweep_stops(
     assert "saturated at 200 req/s" in result.err
     assert result.json["saturated"].startswith("saturated at 200 req/s")
     assert result.json["recommendation"].startswith("20 req/s")
+
+
+def _sent(at: float, latency_s: float) -> ItemResult:
+    return _done(at + latency_s, started=at)
+
+
+def test_achieved_rate_is_fitted_over_every_answer_not_decided_by_the_last_one() -> None:
+    """10 req/s sent for 1.3 s, ~0.25 s each: the last answer's jitter (0.1 s) read 7 % short
+    in a first-to-last window; the fit over all answers stays on the offered rate. A server
+    that answers each request 0.05 s later than the one before is really behind."""
+    jitter = [0.0, 0.02, -0.01, 0.01, -0.02, 0.0, 0.01, -0.01, 0.02, 0.0, -0.01, 0.01, 0.0, 0.1]
+    steady = [_sent(0.1 * n, 0.25 + j) for n, j in enumerate(jitter)]
+    old_window = max(i.done_s for i in steady) - min(i.done_s for i in steady)
+    assert 13 / old_window < 0.95 * 10.0, "the old window: 'saturated' on one slow answer"
+    kept = OpenRun(tuple(steady), 1.7, 1.3, (2,) * 14, 0.0)
+    assert judge(kept, 10.0, None).achieved_rate == pytest.approx(10.0, rel=0.05)
+    assert not judge(kept, 10.0, None).saturated
+    behind = [_sent(0.1 * n, 0.25 + 0.05 * n) for n in range(14)]  # answers every 0.15 s
+    run = OpenRun(tuple(behind), 2.2, 1.3, (2,) * 14, 0.0)
+    assert judge(run, 10.0, None).achieved_rate == pytest.approx(1 / 0.15, rel=0.02)
+    assert judge(run, 10.0, None).saturated

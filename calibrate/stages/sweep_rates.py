@@ -1,9 +1,9 @@
 """The sweep's rate mode (SPEC §5.13): one level per offered rate, sent open loop on an arrival
 schedule, judged on achieved vs offered rate and over-saturation (``stages.open_loop``).
 
-In flight is capped at what the ladder proved on an unmanaged server (SPEC §5.0); a level that
-leans on that cap for a sustained part of its run counts as saturated. The sweep stops at the
-first saturated level.
+In flight is capped at what the ladder proved on an unmanaged server (SPEC §5.0). Every repeat
+runs (a saturated run is not the end of the level: one short run is noise); the level is
+saturated when most of its runs were, and the sweep stops at the first saturated level.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 def run_rate_level(sweep: Sweep, rate: float) -> Level:
-    """``repeats`` open-loop runs at ``rate`` req/s (fewer when one fails or saturates)."""
+    """``repeats`` open-loop runs at ``rate`` req/s (fewer when one fails)."""
     o = sweep.options
     runs: list[Stats] = []
     judged: list[RateJudgement] = []
@@ -36,7 +36,7 @@ def run_rate_level(sweep: Sweep, rate: float) -> Level:
         judged.append(judgement)
         items += answered
         peaks.append(peak)
-        if stats.errors or judgement.saturated:
+        if stats.errors:
             break
     whole = summarise(
         batch_size=o.batch_size,
@@ -48,8 +48,7 @@ def run_rate_level(sweep: Sweep, rate: float) -> Level:
         baseline_text=None,
     )
     achieved = statistics.median(j.achieved_rate for j in judged)
-    saturated = next((j for j in judged if j.saturated), None)
-    rate_judgement = replace(saturated or judged[0], achieved_rate=achieved)
+    rate_judgement = replace(_level_judgement(judged), achieved_rate=achieved)
     return Level(
         level_stats(whole, runs),
         tuple(runs),
@@ -59,6 +58,17 @@ def run_rate_level(sweep: Sweep, rate: float) -> Level:
         sweep.cap is not None and whole.concurrency > sweep.cap.slots,
         rate_judgement,
     )
+
+
+def _level_judgement(judged: list[RateJudgement]) -> RateJudgement:
+    """Saturated when most of the level's runs were (one run of three that fell short on a
+    burst is noise, not a result); the why names how many."""
+    saturated = [j for j in judged if j.saturated]
+    if 2 * len(saturated) <= len(judged):
+        return replace(judged[0], saturated=False, why="")
+    if len(judged) == 1:
+        return saturated[0]
+    return replace(saturated[0], why=f"{saturated[0].why} ({len(saturated)} of {len(judged)} runs)")
 
 
 def run_rate_once(
