@@ -52,7 +52,7 @@ class RateJudgement:
         return self.completions
 
 
-def _mean(values: Sequence[int]) -> float:
+def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
