@@ -89,3 +89,21 @@ def test_conflicting_load_flags_are_exit_2_before_anything_runs(
     result = cli("sweep", *flags)
     assert result.code == 2 and says in result.err, result.err
     assert not list((isolated / "runs").glob("*-sweep-*")), "no run folder for a rejected command"
+
+
+def test_a_one_slot_server_gains_nothing_from_concurrency_and_auto_says_so(
+    cli, isolated: Path
+) -> None:
+    """One slot: four in flight answer no faster than one, so no rate fits between the two
+    (or the few that do saturate); the recommendation is the synchronous level, said why."""
+    with start_mock(ttft_s=0.01, per_token_s=0.0005, slots=1) as mock:
+        open_gate(isolated, mock.base_url, WINDOWS, "ladder")
+        result = cli("sweep", "--auto", "--auto-steps", "3", "--json")
+    assert result.code == 0, result.err
+    levels = result.json["levels_detail"]
+    sync, most = levels[0], levels[-1]
+    assert most["achieved_rate"] < 1.1 * sync["achieved_rate"], "one slot: no gain"
+    rates = [lv for lv in levels if lv["load"] == "rate"]
+    assert all(lv["saturated"] for lv in rates), "nothing between sync and max keeps up"
+    assert result.json["recommendation"].startswith("synchronous (concurrency 1)")
+    assert result.json["recommended_concurrency"] == 1

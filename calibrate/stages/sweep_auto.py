@@ -11,16 +11,15 @@ matches two auto runs level by level (their rates differ; their steps do not).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from calibrate.stages.stop_rules import continue_sweep
 from calibrate.stages.sweep_rates import run_rate_level
-from calibrate.stages.sweep_result import AutoStep, Level
+from calibrate.stages.sweep_result import AutoRole, AutoStep, Level
 
 if TYPE_CHECKING:
     from calibrate.stages.sweep import Sweep
 
-AutoRole = Literal["synchronous", "rate", "maximum"]
 DEFAULT_AUTO_STEPS = 5
 MAX_AUTO_STEPS = 50
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from calibrate.stages.sweep import SweepOptions
 
 LevelVerdict = Literal["pass", "fail"]
+AutoRole = Literal["synchronous", "rate", "maximum"]
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class AutoStep:
     maximum (``stages.sweep_auto``)."""
 
     step: int
-    role: str  # synchronous | rate | maximum
+    role: AutoRole
 
 
 @dataclass(frozen=True)
@@ -200,10 +201,13 @@ class SweepResult:
                 f"(median{ranged}); bounded by {bound}"
             )
         if self.auto and top.rate is None:
-            return (
-                f"{top.label}: {s.items_per_s:.2f} req/s — every rate between synchronous and "
-                "maximum saturated, or none ran"
+            ran = any(lv.rate is not None for lv in self.levels)
+            why = (
+                "every rate tried above it saturated"
+                if ran
+                else "no rate between it and the maximum ran"
             )
+            return f"{top.label}: {s.items_per_s:.2f} req/s — {why}"
         if self.rate_mode and top.rate is not None:
             return f"{top.label}: achieved {top.rate.achieved_rate:.2f} req/s, not saturated"
         return ""
