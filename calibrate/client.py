@@ -115,20 +115,34 @@ class OpenAIClient:
     # -- request bodies (also what incidents record) -------------------------------------
 
     def chat_body(
-        self, model: str, prompt: str, params: SamplingParams, *, stream: bool = False
+        self,
+        model: str,
+        prompt: str,
+        params: SamplingParams,
+        *,
+        stream: bool = False,
+        stream_options: bool = True,
     ) -> dict[str, Any]:
+        """``stream_options`` (usage in the stream) goes with ``stream`` unless turned off: some
+        proxies refuse the field (``stages.stream_probe``)."""
         body: dict[str, Any] = {
             "model": model,
             "messages": [{"role": "user", "content": prompt}],
             **params.to_json(),
             "stream": stream,
         }
-        if stream:
+        if stream and stream_options:
             body["stream_options"] = {"include_usage": True}
         return body
 
     def completions_body(
-        self, model: str, prompts: Sequence[str], params: SamplingParams, *, stream: bool = False
+        self,
+        model: str,
+        prompts: Sequence[str],
+        params: SamplingParams,
+        *,
+        stream: bool = False,
+        stream_options: bool = True,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": model,
@@ -136,7 +150,7 @@ class OpenAIClient:
             **params.to_json(),
             "stream": stream,
         }
-        if stream:
+        if stream and stream_options:
             body["stream_options"] = {"include_usage": True}
         return body
 

@@ -146,9 +146,14 @@ def _passing_from_rows(rows: Sequence[Mapping[str, Any]], key: str) -> str:
     return f"{key.replace('_', ' ')} {max(passing):g}" if passing else "none"
 
 
-def _notes(summary: Mapping[str, Any], manifest: Mapping[str, Any]) -> tuple[str, ...]:
+def stage_notes(summary: Mapping[str, Any]) -> list[str]:
+    """The notes the stage itself wrote into its summary (e.g. streamed requests refused)."""
     listed = summary.get("notes")
-    notes = [str(n) for n in listed if n] if isinstance(listed, list) else []
+    return [str(n) for n in listed if n] if isinstance(listed, list) else []
+
+
+def _notes(summary: Mapping[str, Any], manifest: Mapping[str, Any]) -> tuple[str, ...]:
+    notes = stage_notes(summary)
     if manifest.get("forced"):
         notes.append("run with --force: the gate was closed")
     for name in ("reason", "saturated", "slo", "recommendation"):

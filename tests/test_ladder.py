@@ -122,7 +122,7 @@ def test_prompt_list_mode_sends_one_completions_request_per_batch(cli, isolated:
         requests_seen = mock.model.snapshot().requests_total
     assert result.code == 0, result.err
     assert [t["verdict"] for t in result.json["tiers"]] == ["pass", "pass"]
-    assert requests_seen == 4  # 2 tiers × 2 rounds, one request each
+    assert requests_seen == 4 + 1  # 2 tiers × 2 rounds, one request each; the stream probe
     records = jsonl(run_dir(isolated, result.json["run_id"]) / "records.jsonl")
     assert len(records) == 2 + 8 and all(r["ok"] and r["text"] for r in records)
 

@@ -4,11 +4,15 @@ the rates picked from what was measured, the curve in the report, and bad flags 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from calibrate.stages.open_loop import RateJudgement
 from calibrate.stages.sweep_auto import auto_rates
+from calibrate.stages.sweep_result import AutoRole, AutoStep, Level, SweepResult
+from calibrate.stages.tiers import summarise
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, open_gate, run_dir
 
@@ -91,19 +95,36 @@ def test_conflicting_load_flags_are_exit_2_before_anything_runs(
     assert not list((isolated / "runs").glob("*-sweep-*")), "no run folder for a rejected command"
 
 
-def test_a_one_slot_server_gains_nothing_from_concurrency_and_auto_says_so(
-    cli, isolated: Path
-) -> None:
-    """One slot: four in flight answer no faster than one, so no rate fits between the two
-    (or the few that do saturate); the recommendation is the synchronous level, said why."""
-    with start_mock(ttft_s=0.01, per_token_s=0.0005, slots=1) as mock:
-        open_gate(isolated, mock.base_url, WINDOWS, "ladder")
-        result = cli("sweep", "--auto", "--auto-steps", "3", "--json")
-    assert result.code == 0, result.err
-    levels = result.json["levels_detail"]
-    sync, most = levels[0], levels[-1]
-    assert most["achieved_rate"] < 1.1 * sync["achieved_rate"], "one slot: no gain"
-    rates = [lv for lv in levels if lv["load"] == "rate"]
-    assert all(lv["saturated"] for lv in rates), "nothing between sync and max keeps up"
-    assert result.json["recommendation"].startswith("synchronous (concurrency 1)")
-    assert result.json["recommended_concurrency"] == 1
+def _level(step: int, role: AutoRole, per_s: float, saturated: bool | None = None) -> Level:
+    stats = replace(
+        summarise(
+            batch_size=4,
+            concurrency=1 if role == "synchronous" else 4,
+            round_no=None,
+            items=[],
+            total_s=1.0,
+            peaks=[],
+            baseline_text=None,
+        ),
+        items_per_s=per_s,
+    )
+    rate = None
+    if saturated is not None:
+        rate = RateJudgement(per_s, per_s * (0.8 if saturated else 1.0), 1.0, 10, saturated, "")
+    return Level(stats, (stats,), None, False, "pass", False, rate, AutoStep(step, role))
+
+
+def _recommended(*levels: Level) -> str:
+    return SweepResult(levels, 4, 0.1, None, "none", 0).recommendation
+
+
+def test_auto_recommends_the_highest_rate_kept_up_with_else_the_synchronous_level() -> None:
+    sync, most = _level(0, "synchronous", 10.0), _level(3, "maximum", 40.0)
+    kept, over = _level(1, "rate", 20.0, saturated=False), _level(2, "rate", 30.0, saturated=True)
+    assert _recommended(sync, kept, over, most).startswith("20 req/s: achieved 20.00 req/s")
+    assert _recommended(sync, _level(1, "rate", 20.0, saturated=True), most) == (
+        "synchronous (concurrency 1): 10.00 req/s — every rate tried above it saturated"
+    )
+    assert _recommended(sync, _level(3, "maximum", 10.2)) == (
+        "synchronous (concurrency 1): 10.00 req/s — no rate between it and the maximum ran"
+    )

@@ -78,7 +78,7 @@ def test_ladder_rounds_repeat_waves_for_min_round_s_after_a_warm_up(cli, isolate
         assert abs(r["per_item_s"] - r["total_s"] / r["items"]) < 1e-5
     records = jsonl(run / "records.jsonl")
     assert len(records) == sum(r["items"] for r in rounds), "the warm-up is not recorded"
-    assert sent == len(records) + 1, "one warm-up wave of the first tier (batch 1) was sent"
+    assert sent == len(records) + 1 + 1, "the stream probe and one warm-up wave of batch 1"
     assert result.json["warmup"] == {
         "waves": 1,
         "items": 1,

@@ -39,6 +39,7 @@ from calibrate.cli.tier_output import (
     measure_spec,
     shown_by,
     warn_if_not_streamed,
+    warn_stream_check,
     watching,
 )
 from calibrate.cli.workload_flags import context_lengths, sized, task_pool, workload_spec
@@ -52,6 +53,7 @@ from calibrate.stages.context import StageContext
 from calibrate.stages.incidents import first_error
 from calibrate.stages.ladder import Ladder, LadderOptions, LadderResult
 from calibrate.stages.slo import describe, has_slo, parse_slo_flags
+from calibrate.stages.stream_probe import probe_stream
 from calibrate.stages.tier_run import MeasureSpec
 from calibrate.stages.waves import Sender
 from calibrate.stages.workload_plan import prepare_workload
@@ -95,6 +97,10 @@ def run(args: argparse.Namespace) -> int:
         )
         for note in plan.notes:
             out.warn(note)
+        if options.stream:  # a server that refuses streaming is measured unstreamed, said so
+            check = probe_stream(ctx, options.mode)
+            options = dataclasses.replace(options, stream_check=check)
+            warn_stream_check(out, check, options.slo)
         ladder = Ladder(ctx, options, watch.monitor, watch.incidents, Sender(ctx.client), plan=plan)
         _announce(out, options, plan.spec)
         axis = {"axis": options.axis}
@@ -170,7 +176,8 @@ def _finish(
         selfload=selfload,
         interrupted=interrupted,
     )
-    warn_if_not_streamed(out, rows, not args.no_stream)
+    check = result.stream_check
+    warn_if_not_streamed(out, rows, not args.no_stream and (check is None or check.stream))
     suite = _junit(ctx, result, comparison)
     if interrupted:
         suite.check("the ladder ran to the end", False, "interrupted", kind="interrupted")

@@ -9,7 +9,9 @@ Hostile answers, to test clients (also seeded by --seed, drawn apart from the fa
 object, a number as content, no choices), --echo-headers-rate (HTTP 500 repeating the request's
 headers, Authorization included), --lone-surrogate (answers end with a JSON "\\ud800"),
 --drip-s (answers sent one byte at a time), --keepalive-only (SSE streams of ": ping" comments
-only, for up to --keepalive-limit-s or until the client leaves), --huge-mib (answers padded).
+only, for up to --keepalive-limit-s or until the client leaves), --huge-mib (answers padded),
+--refuse-stream / --refuse-stream-options (HTTP 400 to "stream": true / to stream_options, as a
+server or proxy that cannot stream or does not know the field).
 
 Memory that grows with tokens: with --kv-capacity-tokens (and --kv-mib-per-1k-tokens) a request
 holds its prompt plus the tokens generated so far; tokens are counted as usage.prompt_tokens
@@ -72,6 +74,16 @@ def register(subparsers: Any) -> None:
         help="accept any model name and answer as the first --model (llama.cpp's habit)",
     )
     p.add_argument("--strict-422", action="store_true", help="invalid bodies get 422, not 400")
+    p.add_argument(
+        "--refuse-stream",
+        action="store_true",
+        help='answer any "stream": true request with HTTP 400 (a server or proxy that cannot stream)',
+    )
+    p.add_argument(
+        "--refuse-stream-options",
+        action="store_true",
+        help="answer any request carrying stream_options with HTTP 400 (an unknown field to it)",
+    )
     p.add_argument("--expose-props", action="store_true", help="serve llama.cpp's GET /props")
     p.add_argument("--log-requests", action="store_true", help="access log on stderr")
     p.add_argument("--max-model-len", type=int, default=4096)
@@ -206,6 +218,7 @@ def settings_from_args(args: argparse.Namespace) -> MockSettings:
     names += ("vram_base_mib", "vram_per_request_mib", "oom_at", "nondeterministic_above")
     names += ("fail_rate", "reset_rate", "truncate_rate", "slow_rate", "slow_s", "overload_rate")
     names += ("whitespace_variant", "no_done", "no_usage", "usage_in_last_chunk", "strict_422")
+    names += ("refuse_stream", "refuse_stream_options")
     names += ("unknown_model_status", "any_model", "expose_props", "log_requests", "max_model_len")
     names += ("malformed_rate", "echo_headers_rate", "lone_surrogate", "drip_s", "keepalive_only")
     names += ("keepalive_limit_s", "huge_mib", "kv_mib_per_1k_tokens", "kv_capacity_tokens")

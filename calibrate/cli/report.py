@@ -17,7 +17,7 @@ from calibrate.errors import InputError, UsageError
 from calibrate.html_compare import comparison_html
 from calibrate.html_report import key_label, run_html
 from calibrate.report_compare import compare_runs
-from calibrate.run_view import RunView, load_run
+from calibrate.run_view import RunView, load_run, stage_notes
 from calibrate.store import write_atomic
 from calibrate.timeline import Timeline, read_timeline
 
@@ -91,6 +91,9 @@ def _one(out: Output, view: RunView, args: argparse.Namespace) -> int:
             "Rerun the stage to write the table again.",
         ) from exc
     out.render(table)
+    notes = stage_notes(view.summary)
+    for note in notes:
+        out.warn(note)
     if rows and rows[0].get("vram_source") == "none":
         out.say("VRAM not measured")
     plot = None if args.no_plot else report.write_plot(rows, kind, path / "plot.png")
@@ -104,6 +107,7 @@ def _one(out: Output, view: RunView, args: argparse.Namespace) -> int:
         "kind": kind,
         "rows": rows,
         "plot": str(plot) if plot else None,
+        "notes": notes,
     }
     if args.timeline is not None:
         timeline, result["timeline"] = _timeline(out, view, args.timeline, args.no_plot)

@@ -35,6 +35,7 @@ from calibrate.cli.tier_output import (
     measure_spec,
     shown_by,
     warn_if_not_streamed,
+    warn_stream_check,
     watching,
 )
 from calibrate.cli.workload_flags import task_pool, workload_spec
@@ -48,6 +49,7 @@ from calibrate.stages.arrivals import parse_counts, parse_rates, rate_text
 from calibrate.stages.context import StageContext
 from calibrate.stages.server_cap import run_at_cap
 from calibrate.stages.slo import describe, has_slo, parse_slo_flags
+from calibrate.stages.stream_probe import probe_stream
 from calibrate.stages.sweep import (
     Sweep,
     SweepOptions,
@@ -226,6 +228,10 @@ def _measure(
         )
         for note in plan.notes:
             out.warn(note)
+        if options.stream:  # a server that refuses streaming is measured unstreamed, said so
+            check = probe_stream(ctx, options.mode)
+            options = options.probed(check)
+            warn_stream_check(out, check, options.slo)
         sweep = Sweep(
             ctx, options, watch.monitor, watch.incidents, Sender(ctx.client), cap, plan=plan
         )

@@ -14,10 +14,12 @@ from typing import Any, Protocol
 from calibrate import report
 from calibrate.cli.common import Output
 from calibrate.cli.workload_flags import add_workload_args
+from calibrate.config import SloConfig
 from calibrate.records import LedgerEntry
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.stages.compare_tiers import TierComparison
 from calibrate.stages.context import StageContext
+from calibrate.stages.stream_probe import StreamCheck
 from calibrate.stages.tier_run import (
     MeasureSpec,
     Measuring,
@@ -216,6 +218,17 @@ def warn_if_client_bound(out: Output, selfload: SelfLoadMonitor) -> None:
     """Say so (once) when calibrate's own CPU, not the server, limits what is measured."""
     if text := selfload.poll_warning():
         out.warn(text)
+
+
+def warn_stream_check(out: Output, check: StreamCheck, slo: SloConfig) -> None:
+    """Say once, before any load, when the server refused streamed requests (the probe)."""
+    if note := check.note():
+        out.warn(note)
+    if check.fell_back and not check.stream and slo.needs_stream:
+        out.warn(
+            "TTFT and TPOT SLOs cannot be met unstreamed: every request counts as missing them; "
+            "let streamed requests through to the server, or set only an E2E SLO"
+        )
 
 
 def warn_if_not_streamed(out: Output, rows: Sequence[Mapping[str, Any]], stream: bool) -> None:

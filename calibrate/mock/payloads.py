@@ -97,6 +97,7 @@ def parse_request(kind: Kind, body: object, settings: MockSettings) -> GenerateR
     options = body.get("stream_options") or {}
     if not isinstance(stream, bool) or not isinstance(options, dict):
         raise _invalid(settings, "stream must be a boolean, stream_options an object", "stream")
+    _refuse_streaming(body, stream, settings)
     max_tokens = _optional_int(body, "max_tokens", settings)
     if kind == "chat":
         max_tokens = max_tokens or _optional_int(body, "max_completion_tokens", settings)
@@ -124,6 +125,16 @@ def parse_request(kind: Kind, body: object, settings: MockSettings) -> GenerateR
     return GenerateRequest(
         kind, model, prompts, counts, max_tokens, stream, include_usage, min_tokens, ignore_eos
     )
+
+
+def _refuse_streaming(body: Json, stream: bool, settings: MockSettings) -> None:
+    """A server (or a proxy in front of it) that cannot stream, or does not know the
+    ``stream_options`` field: HTTP 400 (422 with ``strict_422``) before anything is admitted."""
+    if settings.refuse_stream and stream:
+        raise _invalid(settings, "streaming is not supported by this server", "stream")
+    if settings.refuse_stream_options and "stream_options" in body:
+        message = "Unrecognized request argument supplied: stream_options"
+        raise _invalid(settings, message, "stream_options")
 
 
 def _forcing(body: Json, max_tokens: int | None, settings: MockSettings) -> tuple[int, bool]:

@@ -42,6 +42,8 @@ class MockSettings:
     unknown_model_status: int = 404
     any_model: bool = False  # accept any model name, answer as the first served one
     strict_422: bool = False
+    refuse_stream: bool = False  # "stream": true is HTTP 400, as a server that cannot stream
+    refuse_stream_options: bool = False  # a body with stream_options is HTTP 400 (unknown field)
     expose_props: bool = False
     log_requests: bool = False
     max_model_len: int = 4096

@@ -16,6 +16,7 @@ from calibrate.stages.incidents import IncidentRecorder
 from calibrate.stages.ladder_result import Axis, LadderResult, WarmUp
 from calibrate.stages.single import read_baseline, unreachable
 from calibrate.stages.stop_rules import mismatch_notes, next_tier, stopped_by, tier_verdict
+from calibrate.stages.stream_probe import StreamCheck
 from calibrate.stages.tiers import ItemResult, Stats, Tier, summarise
 from calibrate.stages.waves import Request, Sender, build_requests
 from calibrate.stages.workload_plan import WorkloadPlan
@@ -40,12 +41,18 @@ class LadderOptions:
     axis: Axis = "batch"
     context_lengths: tuple[int, ...] = ()  # the context axis's input lengths, one tier each
     streaming: bool = True  # SPEC §5.13: streamed by default (``--no-stream`` turns it off)
+    stream_check: StreamCheck | None = None  # what the stream probe found (None: not probed)
 
     @property
     def stream(self) -> bool:
         """Stream (SSE) by default, and always when an SLO needs TTFT: only a streamed answer
-        shows its first token."""
-        return self.streaming or self.slo.needs_stream
+        shows its first token — unless the server refused streamed requests (the probe)."""
+        asked = self.streaming or self.slo.needs_stream
+        return asked and (self.stream_check is None or self.stream_check.stream)
+
+    @property
+    def stream_options(self) -> bool:
+        return self.stream_check is None or self.stream_check.stream_options
 
     @classmethod
     def from_config(cls, cfg: Config, *, require_match: bool = False) -> LadderOptions:
@@ -124,6 +131,7 @@ class Ladder:
             self.plan.recorded(passing),
             self.plan.details(),
             self.options.axis,
+            self.options.stream_check,
         )
 
     def warm_up(self, batch: int) -> WarmUp:
@@ -206,7 +214,14 @@ class Ladder:
         self.issued += batch
         model = ctx.config.target.model
         requests = self.plan.requests(
-            ctx.client, model, ctx.params, [prompts], targets, opts.mode, stream=opts.stream
+            ctx.client,
+            model,
+            ctx.params,
+            [prompts],
+            targets,
+            opts.mode,
+            stream=opts.stream,
+            stream_options=opts.stream_options,
         )
         if self.plan.spec.fixed or self.canary_baseline() is None:
             return requests
@@ -217,6 +232,7 @@ class Ladder:
             [[ctx.config.prompt.text]],
             "wave",
             stream=opts.stream,
+            stream_options=opts.stream_options,
             first_index=batch + 1,
             role="canary",
         )

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from calibrate.stages.stop_rules import last_passing
+from calibrate.stages.stream_probe import StreamCheck, stream_details
 from calibrate.stages.tiers import StopReason, Tier
 from calibrate.summaries import LadderSummary, Setting, Workload
 
@@ -42,6 +43,7 @@ class LadderResult:
     workload: Workload = field(default_factory=Workload)
     workload_details: dict[str, Any] = field(default_factory=dict)
     axis: Axis = "batch"
+    stream_check: StreamCheck | None = None  # what the stream probe found (None: not probed)
 
     @property
     def last_passing(self) -> Tier | None:
@@ -81,6 +83,7 @@ class LadderResult:
             "incidents": self.incidents,
             "warmup": self.warmup.to_json() if self.warmup else None,
             "workload_detail": self.workload_details,
+            **stream_details(self.stream_check),
         }
         return LadderSummary(
             Setting(top.batch_size, top.stats.concurrency) if top else None,

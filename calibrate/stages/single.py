@@ -109,7 +109,9 @@ class SingleResult:
         }
 
 
-def diagnose(record: RequestRecord, identity: ServerIdentity, model: str) -> list[str]:
+def diagnose(
+    record: RequestRecord, identity: ServerIdentity, model: str, *, streamed: bool = False
+) -> list[str]:
     """Why the single call failed, one specific diagnosis per cause (SPEC §5.1)."""
     if record.error is not None and record.error.kind != "incomplete":
         info = record.error
@@ -120,6 +122,11 @@ def diagnose(record: RequestRecord, identity: ServerIdentity, model: str) -> lis
         if info.status in (404, 400) and "model" in info.message.lower():
             served = ", ".join(identity.model_ids) or "unknown (GET /v1/models gave nothing)"
             return [f"the server does not serve {model!r}; it serves: {served}"]
+        if streamed and info.kind == "http_4xx":  # --stream asked for it: said, not worked around
+            return [
+                f"the streamed request was refused ({info.message}): the server (or a proxy) may "
+                "not accept streaming; try without --stream (ladder and sweep fall back by themselves)"
+            ]
         return [f"the request failed ({info.kind}): {info.message}"]
     problems: list[str] = []
     if record.error is not None:
@@ -148,7 +155,7 @@ def run_single(
             f"the response says model {record.served_model!r}, the config names {model!r}: "
             "right endpoint, wrong weights?"
         )
-    problems = diagnose(record, identity, model)
+    problems = diagnose(record, identity, model, streamed=stream)
     baseline = None
     if not problems:
         baseline = write_baseline(baseline_path(ctx.config), record, replace_existing=save_baseline)

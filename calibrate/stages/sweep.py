@@ -20,6 +20,7 @@ from calibrate.stages.incidents import IncidentRecorder
 from calibrate.stages.ladder import all_refused, item_record
 from calibrate.stages.single import unreachable
 from calibrate.stages.stop_rules import continue_sweep, counts_as_gain, gains
+from calibrate.stages.stream_probe import StreamCheck
 from calibrate.stages.sweep_auto import run_auto
 from calibrate.stages.sweep_rates import run_rate_level
 from calibrate.stages.sweep_result import (
@@ -63,6 +64,15 @@ class SweepOptions:
     seed: int = 0
     max_in_flight: int | None = None  # rate mode's in-flight cap (None: none, a managed server)
     auto_steps: int = 0  # --auto: rates between synchronous and maximum (levels = (1, maximum))
+    stream_check: StreamCheck | None = None  # what the stream probe found (None: not probed)
+
+    def probed(self, check: StreamCheck) -> SweepOptions:
+        """Sent as the stream probe found the server takes them."""
+        return replace(self, stream=self.stream and check.stream, stream_check=check)
+
+    @property
+    def stream_options(self) -> bool:
+        return self.stream_check is None or self.stream_check.stream_options
 
     @classmethod
     def from_config(cls, cfg: Config, batch_size: int, **kw: Any) -> SweepOptions:
@@ -164,7 +174,14 @@ class Sweep:
             waves = [prompts]
         model = ctx.config.target.model
         return self.plan.requests(
-            ctx.client, model, ctx.params, waves, targets, o.mode, stream=o.stream
+            ctx.client,
+            model,
+            ctx.params,
+            waves,
+            targets,
+            o.mode,
+            stream=o.stream,
+            stream_options=o.stream_options,
         )
 
     def numbered(self, requests: Sequence[Request]) -> list[Request]:

@@ -12,6 +12,7 @@ from calibrate.stages.arrivals import rate_text, rate_value
 from calibrate.stages.open_loop import RateJudgement
 from calibrate.stages.slo import binding_slo, describe, goodput, has_slo
 from calibrate.stages.stop_rules import Point, knee, knee_text
+from calibrate.stages.stream_probe import stream_details
 from calibrate.stages.sweep_window import spread
 from calibrate.stages.tiers import ItemResult, Stats
 from calibrate.summaries import SweepSummary, Workload
@@ -303,6 +304,7 @@ class SweepResult:
             "beyond_ladder": options.beyond_ladder,
             "incidents": self.incidents,
             "workload_detail": self.workload_details,
+            **stream_details(options.stream_check),
         }
         chosen = best if has_slo(self.slo) or self.rate_mode or self.auto else top
         return SweepSummary(

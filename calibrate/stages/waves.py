@@ -51,6 +51,7 @@ def build_requests(
     mode: LadderMode,
     *,
     stream: bool = False,
+    stream_options: bool = True,
     first_index: int = 1,
     role: ItemRole = "fixed",
     targets: Sequence[int | None] = (),
@@ -60,7 +61,8 @@ def build_requests(
     """wave: one chat request per prompt; prompt-list: one completions request per wave.
 
     ``extra`` fields are added to every body (a forced answer length); ``targets`` are the
-    input lengths the workload sized each prompt to, in prompt order.
+    input lengths the workload sized each prompt to, in prompt order; ``stream_options`` off
+    leaves that field out of streamed bodies (a server that refuses it).
     """
     out: list[Request] = []
     index = first_index
@@ -72,7 +74,10 @@ def build_requests(
 
     for prompts in waves:
         if mode == "prompt-list":
-            body = {**client.completions_body(model, prompts, params, stream=stream), **fields}
+            body = client.completions_body(
+                model, prompts, params, stream=stream, stream_options=stream_options
+            )
+            body = {**body, **fields}
             out.append(
                 Request(
                     COMPLETIONS_PATH,
@@ -87,7 +92,10 @@ def build_requests(
             index += len(prompts)
             continue
         for prompt in prompts:
-            body = {**client.chat_body(model, prompt, params, stream=stream), **fields}
+            body = client.chat_body(
+                model, prompt, params, stream=stream, stream_options=stream_options
+            )
+            body = {**body, **fields}
             out.append(Request(CHAT_PATH, body, (prompt,), index, role, sized(1), forced_tokens))
             index += 1
     return out

@@ -84,10 +84,13 @@ class WorkloadPlan:
         mode: LadderMode,
         *,
         stream: bool = False,
+        stream_options: bool = True,
     ) -> list[Request]:
         """The workload's requests for ``waves`` of prompts (forcing fields in every body)."""
         if self.spec.fixed:
-            return build_requests(client, model, params, waves, mode, stream=stream)
+            return build_requests(
+                client, model, params, waves, mode, stream=stream, stream_options=stream_options
+            )
         if self.spec.output_tokens is not None:
             params = replace(params, max_tokens=self.spec.output_tokens)
         return build_requests(
@@ -97,6 +100,7 @@ class WorkloadPlan:
             waves,
             mode,
             stream=stream,
+            stream_options=stream_options,
             role="work",
             targets=targets,
             extra=self.fields(),
