@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from calibrate.config import SloConfig
 from calibrate.stages.arrivals import rate_text
 from calibrate.stages.open_loop import RateJudgement
-from calibrate.stages.slo import binding_slo, describe, goodput, has_slo
+from calibrate.stages.slo import binding_slo, describe, has_slo
 from calibrate.stages.stop_rules import Point, knee, knee_text
 from calibrate.stages.sweep_window import spread
-from calibrate.stages.tiers import ItemResult, Stats
+from calibrate.stages.tiers import Stats
 from calibrate.summaries import SweepSummary, Workload
 
 if TYPE_CHECKING:
@@ -282,16 +282,6 @@ class SweepResult:
             details,
             self.workload,
         )
-
-
-def with_goodput(
-    stats: Stats, slo: SloConfig, items: Sequence[ItemResult], window_s: float
-) -> Stats:
-    """``stats`` with the goodput of a run's measured answers (unchanged without SLOs)."""
-    if not has_slo(slo):
-        return stats
-    good = goodput(slo, items, window_s)
-    return replace(stats, goodput_per_s=good.per_s, slo_met=good.met)
 
 
 def level_stats(whole: Stats, runs: Sequence[Stats]) -> Stats:
