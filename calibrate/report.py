@@ -298,10 +298,9 @@ def _columns(
 
 # On a narrow terminal these go first (in this order), so the cells left stay readable.
 _DROP_FIRST: dict[Kind, tuple[str, ...]] = {
-    "ladder": (
+    "ladder": (  # goodput is never dropped: under SLOs it is the tier's headline, as in a sweep
         "itl p99",
         "ttft p50",
-        "goodput",
         "rounds",
         "out tok",
         "waves",

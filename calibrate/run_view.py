@@ -25,7 +25,7 @@ EXTRA_NAMES = (
     "offered_rate",
     "achieved_rate",
     "saturated",
-    "goodput",
+    "slo_met",  # the requests behind the goodput column
     "items_per_s_min",
     "items_per_s_max",
 )

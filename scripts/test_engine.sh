@@ -34,8 +34,9 @@ run_llamacpp() {
     bash scripts/engine_llamacpp.sh check-model
     start=$(date +%s)
     # calibrate starts and stops llama-server itself in this suite ([server] kind = "llamacpp").
+    # -s: what the tests show() (tables, the rate sweep's latencies) lands in this log.
     LLAMACPP_BIN_DIR="$(bash scripts/engine_llamacpp.sh bin-dir)" \
-        "$python" -m pytest -q -m engine -p no:cacheprovider tests/engine_llamacpp "$@"
+        "$python" -m pytest -q -s -m engine -p no:cacheprovider tests/engine_llamacpp "$@"
     echo "test-engine: llama.cpp suite took $(( $(date +%s) - start )) s"
 }
 

@@ -3,6 +3,7 @@ recommendation by goodput names the SLO that bound it."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,8 +17,12 @@ from calibrate.stages.sweep import Sweep, SweepOptions
 from calibrate.stages.tiers import ItemResult
 from calibrate.stages.tune_measure import SloBounds
 from calibrate.stages.waves import Request, _answered
+from calibrate.tier_table import read_rows
 from calibrate.vram import VramMonitor
+from tests.mockserver import start_mock
+from tests.report_helpers import Page
 from tests.stage_fakes import SimulatedLoop, close_runs, recorder, stage_ctx
+from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
 
 __all__ = ["close_runs"]
 
@@ -90,3 +95,68 @@ def test_the_recommendation_by_goodput_names_the_binding_slo(tmp_path: Path) -> 
     summary = result.summary(options).to_json()
     assert summary["recommended_concurrency"] == 4 and summary["slo"] == "e2e p99 ≤ 0.15 s"
     assert result.levels[2].to_json()["goodput_per_s_min"] == pytest.approx(40.0)
+
+
+def test_ladder_tiers_carry_goodput_where_queueing_makes_half_a_wave_miss(
+    cli, isolated: Path
+) -> None:
+    """2 slots, ~0.2 s a request: at batch 4 two of each wave wait for a slot (TTFT ≈ 0.2 s,
+    E2E ≈ 0.4 s), over ``--slo ttft:0.08 e2e:0.3`` — exactly half of tier 4 is goodput; tiers 1
+    and 2 are all goodput. Goodput is over the window items/s uses (the tier's total_s)."""
+    config = FAST + "batch_sizes = [1, 2, 4]\n"
+    with start_mock(ttft_s=0.01, per_token_s=0.004, slots=2) as mock:
+        open_gate(isolated, mock.base_url, config)
+        result = cli("ladder", "--json", "--slo", "ttft:0.08", "e2e:0.3")
+        plain = cli("ladder", "--json")
+    assert result.code == 0, result.err
+    out = result.json
+    assert [t["verdict"] for t in out["tiers"]] == ["pass", "pass", "stop: slo"]
+    detail = out["tiers_detail"]
+    assert [t["slo_met"] for t in detail] == [2, 4, 4]  # of 2, 4 and 8 requests
+    for tier in detail:
+        assert tier["goodput_per_s"] == pytest.approx(tier["slo_met"] / tier["total_s"], rel=1e-4)
+    assert detail[0]["goodput_per_s"] == detail[0]["items_per_s"]
+    assert detail[1]["goodput_per_s"] == detail[1]["items_per_s"]
+    assert detail[2]["goodput_per_s"] == pytest.approx(detail[2]["items_per_s"] / 2, rel=1e-4)
+    run = run_dir(isolated, out["run_id"])
+    slo = SloConfig(ttft_p99_s=0.08, e2e_p99_s=0.3)
+    records = jsonl(run / "records.jsonl")
+    for tier in detail:  # the same judgement as each request record read back
+        mine = [r for r in records if r["batch_size"] == tier["batch_size"]]
+        assert sum(record_met(slo, r) for r in mine) == tier["slo_met"]
+    rounds = jsonl(run / "rounds.jsonl")
+    assert [r["slo_met"] for r in rounds] == [1, 1, 2, 2, 2, 2]
+    assert all(
+        r["goodput_per_s"] == pytest.approx(r["slo_met"] / r["total_s"], rel=1e-4) for r in rounds
+    )
+    # the ledger's summary: the SLOs and the last passing tier's goodput (batch 2)
+    assert out["slo"] == "ttft p99 ≤ 0.08 s, e2e p99 ≤ 0.3 s" and out["slo_met"] == 4
+    assert out["goodput_per_s"] == pytest.approx(detail[1]["goodput_per_s"], abs=1e-4)
+    assert [t["goodput_per_s"] for t in out["tiers"]] == [
+        pytest.approx(t["goodput_per_s"], abs=1e-4) for t in detail
+    ]
+    assert jsonl(isolated / "runs/ledger.jsonl")[-2]["summary"]["slo_met"] == 4
+    assert len(re.findall(r"goodput=\d+\.\d\d ", result.err)) == 3  # the live rows
+    assert "last passing tier: batch 2, concurrency 2, goodput " in result.err
+    table = read_rows(run / "tiers.csv")
+    assert [int(r["slo_met"]) for r in table] == [2, 4, 4]
+    assert [round(float(r["goodput_per_s"]), 4) for r in table] == [
+        round(t["goodput_per_s"], 4) for t in detail
+    ]
+    shown = cli("report", str(run), "--html", "--no-plot")
+    assert shown.code == 0, shown.err
+    header = next(line for line in shown.err.splitlines() if "verdict" in line)
+    assert "goodput" in header
+    page = Page((run / "report.html").read_text("utf-8"))
+    columns = page.rows["tiers"][0]
+    good = [r[columns.index("goodput")] for r in page.body_rows("tiers")]
+    assert good == [f"{t['goodput_per_s']:.2f}" for t in detail]
+    assert [r[columns.index("slo_met")] for r in page.body_rows("tiers")] == ["2", "4", "4"]
+    # without SLOs: no goodput anywhere
+    assert plain.code == 0, plain.err
+    assert all(
+        t["goodput_per_s"] is None and t["slo_met"] is None for t in plain.json["tiers_detail"]
+    )
+    assert "goodput_per_s" not in plain.json and "slo" not in plain.json
+    assert all("goodput_per_s" not in t for t in plain.json["tiers"])
+    assert "goodput" not in plain.err

@@ -43,7 +43,9 @@ def test_fixed_prompt_misses_the_kv_limit_a_3000_token_workload_finds(cli, isola
 def test_forced_answers_are_complete_and_the_canary_is_compared(cli, isolated: Path) -> None:
     with start_mock(**FAST_MOCK) as mock:
         calibrated(cli, isolated, mock.base_url, LADDER + "batch_sizes = [1, 2]\n")
-        result = cli("ladder", "--input-tokens", "300", "--output-tokens", "50", "--json")
+        result = cli(
+            "ladder", "--input-tokens", "300", "--output-tokens", "50", "--slo", "e2e:30", "--json"
+        )
     assert result.code == 0, result.err
     records = jsonl(run_dir(isolated, result.json["run_id"]) / "records.jsonl")
     work = [r for r in records if not r.get("canary")]
@@ -58,6 +60,8 @@ def test_forced_answers_are_complete_and_the_canary_is_compared(cli, isolated: P
     for tier in tiers(result):
         assert (tier["baseline_match"], tier["baseline_items"]) == (2, 2)
         assert tier["items"] == tier["batch_size"] * 2  # canaries are not counted as items
+        assert tier["slo_met"] == tier["items"]  # nor as goodput
+        assert tier["goodput_per_s"] == pytest.approx(tier["items_per_s"], rel=1e-4)
     prompts = [r["prompt"] for r in work]
     assert len(set(prompts)) == len(prompts)  # every request its own prompt
 

@@ -197,9 +197,11 @@ def _finish(
                 f"{top.batch_size} ({why})"
             )
         else:
+            good = top.stats.goodput_per_s
+            within = f", goodput {good:.2f} req/s within the SLOs" if good is not None else ""
             out.ok(
                 f"last passing tier: batch {top.batch_size}, concurrency "
-                f"{top.stats.concurrency} ({why})"
+                f"{top.stats.concurrency}{within} ({why})"
             )
         if result.incidents:
             out.say(f"{result.incidents} incident bundle(s) in {ctx.run.file('incidents')}")

@@ -15,6 +15,7 @@ from calibrate.stages.context import StageContext
 from calibrate.stages.incidents import IncidentRecorder
 from calibrate.stages.ladder_result import Axis, LadderResult, WarmUp
 from calibrate.stages.single import read_baseline, unreachable
+from calibrate.stages.slo import with_goodput
 from calibrate.stages.stop_rules import mismatch_notes, next_tier, stopped_by, tier_verdict
 from calibrate.stages.stream_probe import StreamCheck
 from calibrate.stages.tiers import ItemResult, Stats, Tier, summarise
@@ -132,6 +133,7 @@ class Ladder:
             self.plan.details(),
             self.options.axis,
             self.options.stream_check,
+            self.options.slo,
         )
 
     def warm_up(self, batch: int) -> WarmUp:
@@ -157,15 +159,18 @@ class Ladder:
         peaks: list[WindowPeak] = []
         for round_no in range(1, opts.rounds + 1):
             items, seconds, waves, peak = self.run_round(batch, round_no)
-            stats = summarise(
-                batch_size=batch,
-                concurrency=self.in_flight(batch),
-                round_no=round_no,
-                items=items,
-                total_s=seconds,
-                peaks=[peak],
-                baseline_text=baseline,
-                waves=waves,
+            stats = self.with_goodput(
+                summarise(
+                    batch_size=batch,
+                    concurrency=self.in_flight(batch),
+                    round_no=round_no,
+                    items=items,
+                    total_s=seconds,
+                    peaks=[peak],
+                    baseline_text=baseline,
+                    waves=waves,
+                ),
+                items,
             )
             self.ctx.run.append(
                 "rounds.jsonl", {**stats.to_json(), "vram_source": self.monitor.source}
@@ -175,15 +180,18 @@ class Ladder:
             peaks.append(peak)
             if stats.errors:  # a failed round fails the tier; another round only adds load
                 break
-        agg = summarise(
-            batch_size=batch,
-            concurrency=self.in_flight(batch),
-            round_no=None,
-            items=items_all,
-            total_s=sum(r.total_s for r in rounds),
-            peaks=peaks,
-            baseline_text=baseline,
-            waves=sum(r.waves or 0 for r in rounds),
+        agg = self.with_goodput(
+            summarise(
+                batch_size=batch,
+                concurrency=self.in_flight(batch),
+                round_no=None,
+                items=items_all,
+                total_s=sum(r.total_s for r in rounds),
+                peaks=peaks,
+                baseline_text=baseline,
+                waves=sum(r.waves or 0 for r in rounds),
+            ),
+            items_all,
         )
         verdict, reason = tier_verdict(
             agg,
@@ -195,6 +203,14 @@ class Ladder:
             rounds_planned=opts.rounds,
         )
         return Tier(agg, tuple(rounds), verdict, reason, opts.rounds)
+
+    def with_goodput(self, stats: Stats, items: Sequence[ItemResult]) -> Stats:
+        """``stats`` with goodput under the SLOs (unchanged without): the requests that met
+        every SLO over ``stats.total_s``, the window its ``items_per_s`` divides by (a round:
+        the sum of its waves' wall times, first send to last answer; a tier: the sum of its
+        rounds'), counted over the same items (the canaries left out, as ``summarise`` does)."""
+        work = [i for i in items if i.role != "canary"]
+        return with_goodput(stats, self.options.slo, work, stats.total_s)
 
     def tier_sizes(self) -> TokenRange | None:
         """The input length of the tier being run on the context axis (None on the batch axis)."""

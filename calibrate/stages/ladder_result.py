@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from calibrate.config import SloConfig
+from calibrate.stages.slo import describe, has_slo
 from calibrate.stages.stop_rules import last_passing
 from calibrate.stages.stream_probe import StreamCheck, stream_details
 from calibrate.stages.tiers import StopReason, Tier
@@ -44,6 +46,7 @@ class LadderResult:
     workload_details: dict[str, Any] = field(default_factory=dict)
     axis: Axis = "batch"
     stream_check: StreamCheck | None = None  # what the stream probe found (None: not probed)
+    slo: SloConfig = field(default_factory=SloConfig)
 
     @property
     def last_passing(self) -> Tier | None:
@@ -62,6 +65,18 @@ class LadderResult:
         """The longest input (server-counted tokens) of the last passing tier."""
         top = self.last_passing
         return top.stats.input_tokens_max if top else None
+
+    def goodput_json(self) -> dict[str, Any]:
+        """The SLOs and the last passing tier's goodput under them (nothing without SLOs)."""
+        if not has_slo(self.slo):
+            return {}
+        top = self.last_passing
+        good = top.stats.goodput_per_s if top else None
+        return {
+            "slo": describe(self.slo),
+            "goodput_per_s": round(good, 4) if good is not None else None,
+            "slo_met": top.stats.slo_met if top else None,
+        }
 
     def summary(self) -> LadderSummary:
         top = self.last_passing
@@ -84,6 +99,7 @@ class LadderResult:
             "warmup": self.warmup.to_json() if self.warmup else None,
             "workload_detail": self.workload_details,
             **stream_details(self.stream_check),
+            **self.goodput_json(),
         }
         return LadderSummary(
             Setting(top.batch_size, top.stats.concurrency) if top else None,

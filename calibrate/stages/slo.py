@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from calibrate.config import SloConfig
@@ -126,6 +126,16 @@ class Goodput:
 def goodput(slo: SloConfig, items: Sequence[ItemResult], window_s: float) -> Goodput:
     """The goodput of ``items`` (those finished in the measured window) over ``window_s``."""
     return Goodput(sum(1 for i in items if item_met(slo, i)), window_s)
+
+
+def with_goodput(
+    stats: Stats, slo: SloConfig, items: Sequence[ItemResult], window_s: float
+) -> Stats:
+    """``stats`` with the goodput of ``items`` over ``window_s`` (unchanged without SLOs)."""
+    if not has_slo(slo):
+        return stats
+    good = goodput(slo, items, window_s)
+    return replace(stats, goodput_per_s=good.per_s, slo_met=good.met)
 
 
 def p99_of(stats: Stats, name: SloName) -> float | None:

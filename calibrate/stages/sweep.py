@@ -19,17 +19,12 @@ from calibrate.stages.context import StageContext
 from calibrate.stages.incidents import IncidentRecorder
 from calibrate.stages.ladder import all_refused, item_record
 from calibrate.stages.single import unreachable
+from calibrate.stages.slo import with_goodput
 from calibrate.stages.stop_rules import continue_sweep, counts_as_gain, gains
 from calibrate.stages.stream_probe import StreamCheck
 from calibrate.stages.sweep_auto import run_auto
 from calibrate.stages.sweep_rates import run_rate_level
-from calibrate.stages.sweep_result import (
-    Level,
-    ServerCap,
-    SweepResult,
-    level_stats,
-    with_goodput,
-)
+from calibrate.stages.sweep_result import Level, ServerCap, SweepResult, level_stats
 from calibrate.stages.sweep_window import (
     MIN_REQUESTS_PER_SLOT,
     LevelWindow,

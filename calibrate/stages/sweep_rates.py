@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from calibrate.stages.arrivals import arrival_times, rate_text, rate_value, requests_for
 from calibrate.stages.open_loop import OpenRun, RateJudgement, judge
-from calibrate.stages.sweep_result import Level, level_stats, with_goodput
+from calibrate.stages.slo import with_goodput
+from calibrate.stages.sweep_result import Level, level_stats
 from calibrate.stages.tiers import ItemResult, Stats, summarise
 from calibrate.vram import WindowPeak
 

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from calibrate.config import SloConfig
 from calibrate.stages.arrivals import rate_text, rate_value
 from calibrate.stages.open_loop import RateJudgement
-from calibrate.stages.slo import binding_slo, describe, goodput, has_slo
+from calibrate.stages.slo import binding_slo, describe, has_slo
 from calibrate.stages.stop_rules import Point, knee, knee_text
 from calibrate.stages.stream_probe import stream_details
 from calibrate.stages.sweep_window import spread
-from calibrate.stages.tiers import ItemResult, Stats
+from calibrate.stages.tiers import Stats
 from calibrate.summaries import SweepSummary, Workload
 
 if TYPE_CHECKING:
@@ -321,16 +321,6 @@ def _offered(level: Level) -> float:
     """A rate level's offered rate (inf for everything at once)."""
     rate = level.rate.offered_rate if level.rate else None
     return math.inf if rate is None else rate
-
-
-def with_goodput(
-    stats: Stats, slo: SloConfig, items: Sequence[ItemResult], window_s: float
-) -> Stats:
-    """``stats`` with the goodput of a run's measured answers (unchanged without SLOs)."""
-    if not has_slo(slo):
-        return stats
-    good = goodput(slo, items, window_s)
-    return replace(stats, goodput_per_s=good.per_s, slo_met=good.met)
 
 
 def level_stats(whole: Stats, runs: Sequence[Stats]) -> Stats:

@@ -278,9 +278,11 @@ class Tier:
     def short(self) -> dict[str, Any]:
         """The ledger's short form of a tier."""
         per_item = self.stats.per_item_s
+        good = self.stats.goodput_per_s
         return {
             "batch_size": self.batch_size,
             "verdict": self.verdict,
             "per_item_s": round(per_item, 4) if per_item is not None else None,
             "errors": self.stats.errors,
+            **({"goodput_per_s": round(good, 4)} if good is not None else {}),
         }

@@ -63,6 +63,8 @@ def write_llamacpp_config(
     prompt: str = PROMPT,
     max_tokens: int = 32,
     batch_sizes: str = "[1, 2, 4, 8]",
+    min_round_s: float = 2.0,
+    level_s: float = 3.0,
     extra: str = "",
 ) -> Path:
     path = root / "calibrate.toml"
@@ -70,8 +72,9 @@ def write_llamacpp_config(
         f'[target]\nbase_url = "http://127.0.0.1:{port}/v1"\nmodel = "{MODEL_NAME}"\n'
         f"timeout_s = 60\n\n"
         f'[prompt]\ntext = "{prompt}"\nmax_tokens = {max_tokens}\n\n'
-        f"[ladder]\nbatch_sizes = {batch_sizes}\nrounds = 2\nlatency_rise = 100.0\n\n"
-        f"[sweep]\nconcurrency = [1, 2, 4, 8, 16]\nlevel_s = 3\nrepeats = 2\n\n"
+        f"[ladder]\nbatch_sizes = {batch_sizes}\nrounds = 2\nlatency_rise = 100.0\n"
+        f"min_round_s = {min_round_s:g}\n\n"
+        f"[sweep]\nconcurrency = [1, 2, 4, 8, 16]\nlevel_s = {level_s:g}\nrepeats = 2\n\n"
         f'[server]\nkind = "llamacpp"\nmodel_path = "{GGUF}"\nport = {port}\n'
         f"ready_timeout_s = 60\nstop_timeout_s = 10\n{extra}",
         encoding="utf-8",

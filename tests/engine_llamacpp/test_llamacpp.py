@@ -181,6 +181,78 @@ def test_sweep_at_parallel_4_knee_explained_by_the_queue(cli, llama: str, isolat
     assert all(levels[c]["capped_by_server"] for c in (8, 16) if c in levels)
 
 
+# Measured on a 2-core machine, llama-server --parallel 4, one compute thread, "Count to 100."
+# (~100 tokens): a request alone takes ~15 ms and a closed loop at 4 in flight does ~85 req/s.
+# Offered far beyond that, hundreds of requests pile up (queued in llama-server, a thread each in
+# calibrate, on the same 2 cores) and the achieved rate falls to 25–40 req/s. So 5 and 25 req/s
+# are easy (25 leaves room for a busy machine), and 150 saturates by any reading.
+RATES = (5.0, 25.0, 150.0)
+
+
+def _ms(value: float | None, digits: int = 1) -> str:
+    return "—" if value is None else f"{value * 1000:.{digits}f}"
+
+
+def latency_table(levels: list[dict]) -> str:
+    """A compact markdown table of a rate sweep's levels (latencies in ms), for the CI log."""
+    head = (
+        "| offered req/s | achieved req/s | saturated | ttft p50 | ttft p99 | tpot p50 | tpot p99 "
+        "| itl p99 | e2e p50 | e2e p99 | out tok/s |"
+    )
+    lines = [head, "|" + "|".join("---:" for _ in range(head.count("|") - 1)) + "|"]
+    for lv in levels:
+        lines.append(
+            f"| {lv['offered_rate']:g} | {lv['achieved_rate']:.1f} | "
+            f"{'yes' if lv['saturated'] else 'no'} | {_ms(lv['ttft_p50_s'])} | "
+            f"{_ms(lv['ttft_p99_s'])} | {_ms(lv['tpot_p50_s'], 2)} | {_ms(lv['tpot_p99_s'], 2)} | "
+            f"{_ms(lv['itl_p99_s'], 2)} | {_ms(lv['e2e_p50_s'])} | {_ms(lv['e2e_p99_s'])} | "
+            f"{lv['output_tokens_per_s']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def test_rate_sweep_latency_table_and_saturation(cli, llama: str, isolated: Path) -> None:
+    """Open loop at a low, a middle and an impossible rate, streamed: the latency percentiles a
+    user reads, usage counted from llama.cpp's usage chunk, and saturation at the top rate."""
+    _start(cli, "--batch-size", "4")
+    _configure(isolated, llama, max_tokens=128, batch_sizes="[1, 2, 4]", min_round_s=0.5, level_s=2)
+    _ladder_to(cli, isolated)
+    tasks = _tasks(isolated, "long.jsonl", [LONG_PROMPT])
+    rates = ",".join(f"{r:g}" for r in RATES)
+    started = time.monotonic()
+    result = cli("sweep", "--tasks", str(tasks), "--rates", rates, "--json")
+    took_s = time.monotonic() - started
+    assert result.code == 0, result.err
+    levels = result.json["levels_detail"]
+    show(
+        f"\ncalibrate sweep --tasks long.jsonl --rates {rates} (llama-server --parallel 4, "
+        f"level_s 2, repeats 2; latencies in ms; {took_s:.0f} s)\n" + latency_table(levels)
+    )
+    show(f"{result.json['saturated']}\n{result.json['recommendation']}")
+    assert [lv["offered_rate"] for lv in levels] == list(RATES)
+    for lv in levels:
+        # calibrate asks for stream_options.include_usage; llama.cpp then sends usage in a last
+        # chunk, so output tokens are the server's count, not the chunks calibrate saw
+        assert lv["tokens_counted_by"] == "usage", lv["tokens_counted_by"]
+        for name in ("ttft", "tpot", "itl", "e2e"):
+            p50, p90, p99 = (lv[f"{name}_p{q}_s"] for q in (50, 90, 99))
+            assert p50 is not None and 0 <= p50 <= p90 <= p99, (name, lv)
+        assert lv["tpot_p50_s"] > 0 and lv["ttft_p50_s"] > 0
+        assert lv["ttft_p50_s"] < lv["e2e_p50_s"] and lv["ttft_p99_s"] < lv["e2e_p99_s"]
+        assert lv["output_tokens_mean"] > 50, "the long prompt's answer: about 100 tokens"
+        assert lv["errors"] == 0
+    low, middle, top = levels
+    for lv in (low, middle):
+        assert not lv["saturated"], lv["saturation"]
+        assert lv["achieved_rate"] == pytest.approx(lv["offered_rate"], rel=0.1)
+        assert lv["repeats"] == 2
+    assert top["saturated"] and top["achieved_rate"] < 0.95 * top["offered_rate"]
+    assert top["repeats"] == 1, "a saturated run is not repeated"
+    assert top["e2e_p50_s"] > 10 * middle["e2e_p50_s"], "the queue, not the model, is the wait"
+    assert result.json["saturated"].startswith("saturated at 150 req/s: achieved ")
+    assert result.json["recommendation"].startswith("25 req/s: achieved ")
+
+
 def test_rollback_really_stops_and_restarts_at_the_verified_batch(
     cli, llama: str, isolated: Path
 ) -> None:
