@@ -36,10 +36,13 @@ def test_starved_timer_counts_as_waiting_on_the_client() -> None:
 
 
 def test_the_thread_samples_a_busy_process() -> None:
-    monitor = SelfLoadMonitor(window_s=0.05, tick_s=0.005, cpu_limit=0.6, confirm=2).start()
-    end = time.perf_counter() + 0.4
-    while time.perf_counter() < end:  # burn one core of Python
-        sum(range(1000))
+    """The sampling thread, with a CPU clock that runs as fast as the wall clock (a process
+    busy on one core whatever else the machine runs: a loaded CI box gave the real burn loop
+    only 0.66 of a core): every window reads ~1 core and two in a row are a bottleneck."""
+    monitor = SelfLoadMonitor(
+        window_s=0.05, tick_s=0.005, cpu_limit=0.6, confirm=2, cpu_clock=time.perf_counter
+    ).start()
+    time.sleep(0.4)
     report = monitor.stop()
     assert report.windows >= 3
-    assert report.bottleneck and report.cpu_fraction_max > 0.6
+    assert report.bottleneck and report.cpu_fraction_max > 0.9

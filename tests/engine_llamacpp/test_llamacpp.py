@@ -193,17 +193,27 @@ def _ms(value: float | None, digits: int = 1) -> str:
     return "—" if value is None else f"{value * 1000:.{digits}f}"
 
 
+def _load(level: dict) -> str:
+    load = level.get("load")
+    return f"{load} (C={level['concurrency']})" if load in ("synchronous", "maximum") else "rate"
+
+
+def _offered(level: dict) -> str:
+    rate = level.get("offered_rate")
+    return "—" if rate is None else f"{rate:g}" if isinstance(rate, float | int) else str(rate)
+
+
 def latency_table(levels: list[dict]) -> str:
     """A compact markdown table of a rate sweep's levels (latencies in ms), for the CI log."""
     head = (
-        "| offered req/s | achieved req/s | saturated | ttft p50 | ttft p99 | tpot p50 | tpot p99 "
+        "| load | offered req/s | achieved req/s | saturated | ttft p50 | ttft p99 | tpot p50 | tpot p99 "
         "| itl p99 | e2e p50 | e2e p99 | out tok/s |"
     )
     lines = [head, "|" + "|".join("---:" for _ in range(head.count("|") - 1)) + "|"]
     for lv in levels:
         lines.append(
-            f"| {lv['offered_rate']:g} | {lv['achieved_rate']:.1f} | "
-            f"{'yes' if lv['saturated'] else 'no'} | {_ms(lv['ttft_p50_s'])} | "
+            f"| {_load(lv)} | {_offered(lv)} | {lv['achieved_rate']:.1f} | "
+            f"{'yes' if lv.get('saturated') else 'no'} | {_ms(lv['ttft_p50_s'])} | "
             f"{_ms(lv['ttft_p99_s'])} | {_ms(lv['tpot_p50_s'], 2)} | {_ms(lv['tpot_p99_s'], 2)} | "
             f"{_ms(lv['itl_p99_s'], 2)} | {_ms(lv['e2e_p50_s'])} | {_ms(lv['e2e_p99_s'])} | "
             f"{lv['output_tokens_per_s']:.0f} |"
@@ -247,10 +257,43 @@ def test_rate_sweep_latency_table_and_saturation(cli, llama: str, isolated: Path
         assert lv["achieved_rate"] == pytest.approx(lv["offered_rate"], rel=0.1)
         assert lv["repeats"] == 2
     assert top["saturated"] and top["achieved_rate"] < 0.95 * top["offered_rate"]
-    assert top["repeats"] == 1, "a saturated run is not repeated"
+    assert top["repeats"] == 2 and "(2 of 2 runs)" in top["saturation"], "both runs saturated"
     assert top["e2e_p50_s"] > 10 * middle["e2e_p50_s"], "the queue, not the model, is the wait"
     assert result.json["saturated"].startswith("saturated at 150 req/s: achieved ")
     assert result.json["recommendation"].startswith("25 req/s: achieved ")
+
+
+def test_auto_sweep_synchronous_maximum_and_rates_between(cli, llama: str, isolated: Path) -> None:
+    """``sweep --auto`` on the real server: one request at a time, then its 4 slots full, then
+    three rates between the two measured throughputs — the latency-vs-throughput curve."""
+    _start(cli, "--batch-size", "4")
+    _configure(isolated, llama, max_tokens=128, batch_sizes="[1, 2, 4]", min_round_s=0.5, level_s=2)
+    _ladder_to(cli, isolated)
+    tasks = _tasks(isolated, "long.jsonl", [LONG_PROMPT])
+    started = time.monotonic()
+    result = cli("sweep", "--tasks", str(tasks), "--auto", "--auto-steps", "3", "--json")
+    took_s = time.monotonic() - started
+    assert result.code == 0, result.err
+    levels = result.json["levels_detail"]
+    show(
+        f"\ncalibrate sweep --tasks long.jsonl --auto --auto-steps 3 (llama-server --parallel 4, "
+        f"level_s 2, repeats 2; latencies in ms; {took_s:.0f} s)\n" + latency_table(levels)
+    )
+    show(f"{result.json['saturated']}\n{result.json['recommendation']}")
+    sync, *rates, most = levels
+    assert sync["load"] == "synchronous" and sync["concurrency"] == 1
+    assert most["load"] == "maximum" and most["concurrency"] == 4
+    assert most["achieved_rate"] > 1.3 * sync["achieved_rate"], "4 slots beat 1"
+    assert 1 <= len(rates) <= 3 and [lv["auto_step"] for lv in levels] == sorted(
+        lv["auto_step"] for lv in levels
+    )
+    for lv in rates:
+        assert sync["achieved_rate"] < lv["offered_rate"] < most["achieved_rate"]
+    assert all(not lv["saturated"] for lv in rates[:-1]), "the sweep stops at the first saturated"
+    for lv in levels:
+        assert lv["ttft_p50_s"] is not None and lv["ttft_p50_s"] < lv["e2e_p50_s"]
+        assert lv["errors"] == 0 and lv["tokens_counted_by"] == "usage"
+    assert result.json["load_mode"] == "auto" and result.json["recommendation"]
 
 
 def test_rollback_really_stops_and_restarts_at_the_verified_batch(
