@@ -13,7 +13,8 @@ import pytest
 from calibrate.errors import UsageError
 from calibrate.records import Choice, Completion, Usage
 from calibrate.stages.arrivals import arrival_times, parse_rates
-from calibrate.stages.open_loop import OpenRun, judge
+from calibrate.stages.open_loop import OpenRun, RateJudgement, judge
+from calibrate.stages.sweep_rates import _level_judgement
 from calibrate.stages.tiers import ItemResult
 from calibrate.stages.waves import Request, _answered
 from tests.mockserver import start_mock
@@ -125,3 +126,16 @@ def test_achieved_rate_is_fitted_over_every_answer_not_decided_by_the_last_one()
     run = OpenRun(tuple(behind), 2.2, 1.3, (2,) * 14, 0.0)
     assert judge(run, 10.0, None).achieved_rate == pytest.approx(1 / 0.15, rel=0.02)
     assert judge(run, 10.0, None).saturated
+
+
+def test_a_level_is_saturated_when_most_runs_were_a_tie_by_its_median() -> None:
+    def run(achieved: float, saturated: bool) -> RateJudgement:
+        return RateJudgement(10.0, achieved, 1.0, 10, saturated, "short" if saturated else "")
+
+    one_of_three = _level_judgement([run(10, False), run(9, True), run(10, False)], 10.0)
+    assert not one_of_three.saturated, "one short run of three is noise"
+    two_of_three = _level_judgement([run(9, True), run(10, False), run(9, True)], 9.0)
+    assert two_of_three.saturated and two_of_three.why == "short (2 of 3 runs)"
+    assert not _level_judgement([run(10, False), run(9.2, True)], 9.6).saturated
+    tie = _level_judgement([run(10, False), run(8.6, True)], 9.3)  # the median 7 % short
+    assert tie.saturated and tie.achieved_rate == 9.3

@@ -159,19 +159,7 @@ class Ladder:
         peaks: list[WindowPeak] = []
         for round_no in range(1, opts.rounds + 1):
             items, seconds, waves, peak = self.run_round(batch, round_no)
-            stats = self.with_goodput(
-                summarise(
-                    batch_size=batch,
-                    concurrency=self.in_flight(batch),
-                    round_no=round_no,
-                    items=items,
-                    total_s=seconds,
-                    peaks=[peak],
-                    baseline_text=baseline,
-                    waves=waves,
-                ),
-                items,
-            )
+            stats = self.measured(batch, round_no, items, seconds, [peak], baseline, waves)
             self.ctx.run.append(
                 "rounds.jsonl", {**stats.to_json(), "vram_source": self.monitor.source}
             )
@@ -180,19 +168,8 @@ class Ladder:
             peaks.append(peak)
             if stats.errors:  # a failed round fails the tier; another round only adds load
                 break
-        agg = self.with_goodput(
-            summarise(
-                batch_size=batch,
-                concurrency=self.in_flight(batch),
-                round_no=None,
-                items=items_all,
-                total_s=sum(r.total_s for r in rounds),
-                peaks=peaks,
-                baseline_text=baseline,
-                waves=sum(r.waves or 0 for r in rounds),
-            ),
-            items_all,
-        )
+        total_s, waves_run = sum(r.total_s for r in rounds), sum(r.waves or 0 for r in rounds)
+        agg = self.measured(batch, None, items_all, total_s, peaks, baseline, waves_run)
         verdict, reason = tier_verdict(
             agg,
             previous,
@@ -204,11 +181,31 @@ class Ladder:
         )
         return Tier(agg, tuple(rounds), verdict, reason, opts.rounds)
 
-    def with_goodput(self, stats: Stats, items: Sequence[ItemResult]) -> Stats:
-        """``stats`` with goodput under the SLOs (unchanged without): the requests that met
-        every SLO over ``stats.total_s``, the window its ``items_per_s`` divides by (a round:
-        the sum of its waves' wall times, first send to last answer; a tier: the sum of its
-        rounds'), counted over the same items (the canaries left out, as ``summarise`` does)."""
+    def measured(
+        self,
+        batch: int,
+        round_no: int | None,
+        items: Sequence[ItemResult],
+        total_s: float,
+        peaks: list[WindowPeak],
+        baseline: str | None,
+        waves: int,
+    ) -> Stats:
+        """A round's (or, ``round_no`` None, a tier's) stats, with goodput under the SLOs
+        (none without): the requests that met every SLO over ``total_s``, the window its
+        ``items_per_s`` divides by (a round: the sum of its waves' wall times, first send to
+        last answer; a tier: the sum of its rounds'), counted over the same items (the canaries
+        left out, as ``summarise`` does)."""
+        stats = summarise(
+            batch_size=batch,
+            concurrency=self.in_flight(batch),
+            round_no=round_no,
+            items=items,
+            total_s=total_s,
+            peaks=peaks,
+            baseline_text=baseline,
+            waves=waves,
+        )
         work = [i for i in items if i.role != "canary"]
         return with_goodput(stats, self.options.slo, work, stats.total_s)
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from calibrate.stages.arrivals import arrival_times, rate_text, rate_value, requests_for
-from calibrate.stages.open_loop import OpenRun, RateJudgement, judge
+from calibrate.stages.open_loop import SHORTFALL, OpenRun, RateJudgement, judge
 from calibrate.stages.slo import with_goodput
 from calibrate.stages.sweep_result import Level, level_stats
 from calibrate.stages.tiers import ItemResult, Stats, summarise
@@ -49,7 +49,7 @@ def run_rate_level(sweep: Sweep, rate: float) -> Level:
         baseline_text=None,
     )
     achieved = statistics.median(j.achieved_rate for j in judged)
-    rate_judgement = replace(_level_judgement(judged), achieved_rate=achieved)
+    rate_judgement = _level_judgement(judged, achieved)
     return Level(
         level_stats(whole, runs),
         tuple(runs),
@@ -61,15 +61,19 @@ def run_rate_level(sweep: Sweep, rate: float) -> Level:
     )
 
 
-def _level_judgement(judged: list[RateJudgement]) -> RateJudgement:
+def _level_judgement(judged: list[RateJudgement], achieved: float) -> RateJudgement:
     """Saturated when most of the level's runs were (one run of three that fell short on a
-    burst is noise, not a result); the why names how many."""
+    burst is noise, not a result); a tie is settled by the level's median achieved rate, the
+    number the table shows. The why names how many runs."""
     saturated = [j for j in judged if j.saturated]
-    if 2 * len(saturated) <= len(judged):
-        return replace(judged[0], saturated=False, why="")
+    offered = judged[0].offered_rate
+    tie_short = offered is not None and achieved < offered * (1 - SHORTFALL)
+    if 2 * len(saturated) < len(judged) or (2 * len(saturated) == len(judged) and not tie_short):
+        return replace(judged[0], saturated=False, why="", achieved_rate=achieved)
     if len(judged) == 1:
-        return saturated[0]
-    return replace(saturated[0], why=f"{saturated[0].why} ({len(saturated)} of {len(judged)} runs)")
+        return replace(saturated[0], achieved_rate=achieved)
+    why = f"{saturated[0].why} ({len(saturated)} of {len(judged)} runs)"
+    return replace(saturated[0], why=why, achieved_rate=achieved)
 
 
 def run_rate_once(
