@@ -117,6 +117,9 @@ def test_incident_of_a_request_whose_managed_server_died_is_server_died(tmp_path
         "log_tail": ["slot 0: processing"],
     }
     assert answered["error"]["kind"] == "http_4xx", "an HTTP answer came from a live server"
+    # the records and the tier's error kinds say the same as the incident (they said "reset")
+    kinds = [i.error.kind for i in recorder.classify([reset, http]) if i.error]
+    assert kinds == ["server_died", "http_4xx"]
 
 
 def test_supervisor_reports_an_engine_that_cannot_start(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import json
 import re
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +163,7 @@ class IncidentRecorder:
         self.devices = devices
         self.snapshot = snapshot
         self.written: list[Path] = []
+        self._ended: dict[int, exit_status.ExitStatus | None] = {}
 
     def record(
         self,
@@ -185,16 +186,12 @@ class IncidentRecorder:
         tail = None
         if server.record is not None:  # this start's output only
             tail = process.log_tail(self.runs_dir, LOG_TAIL_LINES, server.record.log_offset)
-        dead_pid = server.pid if server.record is not None and running is False else None
-        ended = None
-        if dead_pid is not None:
-            ended = exit_status.wait_for(exit_status.status_path(self.runs_dir), dead_pid)
+        death = self._death(server, running)
+        ended = death[1] if death else None
         paths: list[Path] = []
         for item in failed:
             assert item.error is not None
-            error = item.error
-            if dead_pid is not None and error.kind in exit_status.DEATH_KINDS:
-                error = exit_status.died_error(error, dead_pid, ended)
+            error = _as_died(item.error, death)
             incident = Incident(
                 stage=self.run.stage,
                 batch_size=batch_size,
@@ -223,6 +220,30 @@ class IncidentRecorder:
         self.written.extend(paths)
         return paths
 
+    def classify(self, items: Sequence[ItemResult]) -> list[ItemResult]:
+        """``items`` with each failure the managed server's death caused (a dropped or refused
+        connection while its process had exited) re-kinded ``server_died``: the records, the
+        tier's error kinds and the incidents then all say the same."""
+        if all(i.error is None for i in items):
+            return list(items)
+        server = resolve_server(self.server_pid, self.runs_dir, None)
+        death = self._death(server, alive(server))
+        if death is None:
+            return list(items)
+        return [replace(i, error=_as_died(i.error, death)) if i.error else i for i in items]
+
+    def _death(
+        self, server: ServerProcess, running: bool | None
+    ) -> tuple[int, exit_status.ExitStatus | None] | None:
+        """(PID, how it ended) when the server calibrate manages has exited; None otherwise.
+        Its exit status is waited for once per PID (the supervisor writes it as it reaps)."""
+        if server.record is None or running is not False or server.pid is None:
+            return None
+        if server.pid not in self._ended:
+            path = exit_status.status_path(self.runs_dir)
+            self._ended[server.pid] = exit_status.wait_for(path, server.pid)
+        return server.pid, self._ended[server.pid]
+
     def _vram(self, snap: GpuSnapshot | None, peak: WindowPeak | None) -> dict[str, Any] | None:
         last = self.monitor.last
         out: dict[str, Any] = {}
@@ -242,3 +263,13 @@ class IncidentRecorder:
         if last is not None:
             out["sampler"] = {"source": self.monitor.source, **last.to_json()}
         return out or None
+
+
+def _as_died(
+    error: ErrorInfo, death: tuple[int, exit_status.ExitStatus | None] | None
+) -> ErrorInfo:
+    """``error`` as ``server_died`` when the managed server had exited and the error is one a
+    death causes; unchanged otherwise (an OOM answer, a 4xx, or a live server)."""
+    if death is None or error.kind not in exit_status.DEATH_KINDS:
+        return error
+    return exit_status.died_error(error, *death)

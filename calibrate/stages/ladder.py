@@ -290,6 +290,7 @@ class Ladder:
                 raise unreachable(answered[0].error, ctx.config.target.base_url)
             # item times and numbers run on across the round's waves
             answered = [shifted(i, len(items), total_s) for i in answered]
+            answered = self.incidents.classify(answered)  # a dead server's failures say so
             for item in answered:
                 ctx.run.append(
                     "records.jsonl", item_record(ctx, item, batch, concurrency, round_no)

@@ -257,8 +257,7 @@ class Sweep:
             self.supply(concurrency), concurrency, window, ctx.params.max_tokens
         )
         peak = self.monitor.close_window(idle)
-        items = list(loop.items)
-        self.keep(items, concurrency, repeat, peak, f"c{concurrency}")
+        items = self.keep(list(loop.items), concurrency, repeat, peak, f"c{concurrency}")
         steady = steady_throughput(loop)
         stats = replace(
             summarise(
@@ -293,13 +292,15 @@ class Sweep:
         peak: WindowPeak,
         label: str,
         tags: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Write a run's records and incidents (exit 4 when the very first run reached nothing).
+    ) -> list[ItemResult]:
+        """Write a run's records and incidents (exit 4 when the very first run reached nothing)
+        and return its items as recorded (a dead managed server's failures: ``server_died``).
         Each record carries ``tags`` (a rate level's offered rate) and the auto step, so a
         timeline finds a level's requests by the same key as its row."""
         ctx, o = self.ctx, self.options
         if not self.levels and repeat == 1 and all_refused(items):
             raise unreachable(items[0].error, ctx.config.target.base_url)
+        items = self.incidents.classify(items)
         extra = {
             **(tags or {}),
             **({"auto_step": self.auto_step} if self.auto_step is not None else {}),
@@ -315,3 +316,4 @@ class Sweep:
             label=label,
             peak=peak,
         )
+        return items

@@ -92,11 +92,9 @@ def run_rate_once(
     in_flight_cap = cap if cap is not None or not math.isinf(rate) else len(requests)
     run = sweep.sender.open_loop(requests, schedule, in_flight_cap, ctx.params.max_tokens)
     peak = sweep.monitor.close_window(idle)
-    items = list(run.items)
     highest = max(run.in_flight, default=0) + 1
-    sweep.keep(
-        items, highest, repeat, peak, f"r{rate_text(rate)}", {"offered_rate": rate_value(rate)}
-    )
+    label, tags = f"r{rate_text(rate)}", {"offered_rate": rate_value(rate)}
+    items = sweep.keep(list(run.items), highest, repeat, peak, label, tags)
     judgement = judge(run, None if math.isinf(rate) else rate, cap)
     stats = replace(
         summarise(

@@ -421,6 +421,10 @@ def test_server_killed_mid_ladder_is_server_died_then_rollback_restores(
     assert incidents, result.err
     bundle = json.loads(incidents[0].read_text("utf-8"))
     assert bundle["error"]["kind"] == "server_died", bundle["error"]
+    failed_tier = result.json["tiers_detail"][-1]
+    assert failed_tier["verdict"] == "fail"
+    assert "server_died" in failed_tier["error_kinds"], "the tier says what the incident says"
+    assert "reset" not in failed_tier["error_kinds"] and "connect" not in failed_tier["error_kinds"]
     assert bundle["server"]["pid"] == pid
     assert bundle["server"]["exit_code"] == -9 and bundle["server"]["signal"] == "SIGKILL"
     tail = bundle["server"]["log_tail"]  # this start's output only (not earlier starts')
