@@ -279,7 +279,7 @@ def test_auto_sweep_synchronous_maximum_and_rates_between(cli, llama: str, isola
         f"\ncalibrate sweep --tasks long.jsonl --auto --auto-steps 3 (llama-server --parallel 4, "
         f"level_s 2, repeats 2; latencies in ms; {took_s:.0f} s)\n" + latency_table(levels)
     )
-    show(f"{result.json['saturated']}\n{result.json['recommendation']}")
+    show(f"{result.json['saturated'] or 'no level saturated'}\n{result.json['recommendation']}")
     sync, *rates, most = levels
     assert sync["load"] == "synchronous" and sync["concurrency"] == 1
     assert most["load"] == "maximum" and most["concurrency"] == 4
