@@ -190,3 +190,17 @@ def test_builders_keep_a_hostile_path_one_argument() -> None:
     assert vllm.health_path == "/health"
     plain = build(LaunchSpec("vllm", "/m", 9000))
     assert "--max-num-seqs" not in plain.argv, "nothing calibrated: the engine's own default"
+
+
+@pytest.mark.parametrize(
+    ("kind", "metrics_flag"),
+    [("sglang", "--enable-metrics"), ("lmdeploy", "--enable-metrics"), ("llamacpp", "--metrics")],
+)
+def test_engines_whose_metrics_are_off_by_default_are_started_with_them_on(
+    kind: str, metrics_flag: str
+) -> None:
+    """SGLang and LMDeploy serve /metrics (KV-cache usage, the queue) only when asked; without
+    it the pressure of an engine that reserves its memory at start is not measured."""
+    argv = build(LaunchSpec(kind, "/m", 9000, 4, 4)).argv
+    assert argv.count(metrics_flag) == 1, argv
+    assert "--enable-metrics" not in build(LaunchSpec("vllm", "/m", 9000, 4, 4)).argv

@@ -28,6 +28,11 @@ SERVER_KINDS: tuple[ServerKind, ...] = (
     "custom",
 )
 
+# SGLang and LMDeploy serve /metrics only with this flag (off by default): without it their
+# KV-cache usage (the pressure signal of an engine that reserves its memory at start, SPEC §8)
+# and queue gauge are missing, and the ladder's VRAM stop rule reads a flat NVML line.
+ENABLE_METRICS = "--enable-metrics"
+
 # llama.cpp divides -c among its --parallel slots; give each slot this many tokens unless the
 # verified workload says how many it needs (pin: LaunchSpec.context_tokens).
 LLAMACPP_CTX_PER_SLOT = 4096
@@ -175,10 +180,11 @@ def build(spec: LaunchSpec) -> EngineCommand:
     elif spec.kind == "sglang":
         argv = ["python3", "-m", "sglang.launch_server", "--model-path", spec.model_path]
         argv += ["--port", port, *_flag("--served-model-name", name)]
-        argv += _flag("--max-running-requests", conc) + extra
+        argv += _flag("--max-running-requests", conc) + extra + [ENABLE_METRICS]
     elif spec.kind == "lmdeploy":
         argv = ["lmdeploy", "serve", "api_server", spec.model_path, "--server-port", port]
         argv += _flag("--model-name", name) + _flag("--max-batch-size", batch) + extra
+        argv.append(ENABLE_METRICS)
     elif spec.kind == "tgi":
         argv = ["text-generation-launcher", "--model-id", spec.model_path, "--port", port]
         argv += _flag("--max-concurrent-requests", conc) + extra
