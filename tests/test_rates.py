@@ -139,3 +139,19 @@ def test_a_level_is_saturated_when_most_runs_were_a_tie_by_its_median() -> None:
     assert not _level_judgement([run(10, False), run(9.2, True)], 9.6).saturated
     tie = _level_judgement([run(10, False), run(8.6, True)], 9.3)  # the median 7 % short
     assert tie.saturated and tie.achieved_rate == 9.3
+
+
+def test_prompt_list_rates_are_requests_per_second_each_carrying_the_batch(
+    cli, isolated: Path
+) -> None:
+    """In prompt-list mode one request carries B = 4 prompts: 8 req/s offered is 8 requests a
+    second (32 prompts), measured as such — not 32 "achieved" against 8 offered."""
+    with start_mock(ttft_s=0.005, per_token_s=0.0002) as mock:
+        extra = FAST + 'mode = "prompt-list"\n[sweep]\nlevel_s = 2\nrepeats = 1\n'
+        open_gate(isolated, mock.base_url, extra, "ladder")
+        result = cli("sweep", "--rates", "8", "--arrival", "constant", "--json")
+    assert result.code == 0, result.err
+    (level,) = result.json["levels_detail"]
+    assert level["achieved_rate"] == pytest.approx(8.0, rel=0.05), "requests/s, as offered"
+    assert level["items_per_s"] == pytest.approx(32.0, rel=0.05), "4 prompts each"
+    assert not level["saturated"]

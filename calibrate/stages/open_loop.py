@@ -25,6 +25,25 @@ LATENCY_GROWTH = 0.25  # … and the last sent quarter's median latency is this 
 
 
 @dataclass(frozen=True)
+class Answer:
+    """One request's answer as the rate rules read it (a prompt list of B is one request)."""
+
+    started_s: float
+    elapsed_s: float
+    ok: bool
+
+    @property
+    def done_s(self) -> float:
+        return self.started_s + self.elapsed_s
+
+    @classmethod
+    def of(cls, items: Sequence[ItemResult]) -> Answer:
+        """The request ``items`` came back from: sent at the first's start, done at the last."""
+        started = min(i.started_s for i in items)
+        return cls(started, max(i.done_s for i in items) - started, all(i.ok for i in items))
+
+
+@dataclass(frozen=True)
 class OpenRun:
     """One open-loop run: every item, and what the dispatcher saw."""
 
@@ -34,6 +53,12 @@ class OpenRun:
     in_flight: tuple[int, ...]  # requests in flight just before each send
     capped_s: float  # time sends waited on the in-flight cap
     lag_s: tuple[float, ...] = ()  # how late each send went out against its schedule
+    answers: tuple[Answer, ...] = ()  # one per request (empty: one per item, a request each)
+
+    @property
+    def requests(self) -> tuple[Answer, ...]:
+        """The answers per request — what a rate in requests/s is measured against."""
+        return self.answers or tuple(Answer.of([i]) for i in self.items)
 
 
 @dataclass(frozen=True)
@@ -56,7 +81,7 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def achieved(items: Sequence[ItemResult], total_s: float) -> tuple[float, float, int]:
+def achieved(answers: Sequence[Answer], total_s: float) -> tuple[float, float, int]:
     """(requests/s, window, completions) of an open-loop run.
 
     The answers arrive over the span the requests were sent over, stretched by the trend of
@@ -67,15 +92,15 @@ def achieved(items: Sequence[ItemResult], total_s: float) -> tuple[float, float,
     decided the old first-to-last-answer window on short runs, reading 9 % short at 40 % load —
     averages out. Runs sent (nearly) all at once — sends spread over less than one request's
     latency, where no trend can be fitted — use the first-to-last-answer window."""
-    ok = [i for i in items if i.ok]
-    starts = [i.started_s for i in ok]
-    spread = len(ok) >= 3 and max(starts) - min(starts) > statistics.median(i.elapsed_s for i in ok)
+    ok = [a for a in answers if a.ok]
+    starts = [a.started_s for a in ok]
+    spread = len(ok) >= 3 and max(starts) - min(starts) > statistics.median(a.elapsed_s for a in ok)
     if spread:
-        slope = statistics.linear_regression(starts, [i.elapsed_s for i in ok]).slope
+        slope = statistics.linear_regression(starts, [a.elapsed_s for a in ok]).slope
         window = (max(starts) - min(starts)) * (1 + slope)
         if window > 0:
             return (len(ok) - 1) / window, window, len(ok) - 1
-    done = sorted(i.done_s for i in ok)
+    done = sorted(a.done_s for a in ok)
     if len(done) >= 2 and done[-1] > done[0]:
         span = done[-1] - done[0]
         return (len(done) - 1) / span, span, len(done) - 1
@@ -86,12 +111,12 @@ def _latency_grew(run: OpenRun) -> str:
     """``0.06 → 0.19 s median latency`` when the last quarter of the answers (by send time) took
     25 % longer than the first; "" otherwise. A queue that really grows makes each request wait
     longer; a count that rises only because a short Poisson run started from nothing does not."""
-    ok = sorted((i for i in run.items if i.ok), key=lambda i: i.started_s)
+    ok = sorted((a for a in run.requests if a.ok), key=lambda a: a.started_s)
     quarter = max(1, len(ok) // 4)
     if len(ok) < 4:
         return ""
-    early = statistics.median(i.elapsed_s for i in ok[:quarter])
-    late = statistics.median(i.elapsed_s for i in ok[-quarter:])
+    early = statistics.median(a.elapsed_s for a in ok[:quarter])
+    late = statistics.median(a.elapsed_s for a in ok[-quarter:])
     if late < early * (1 + LATENCY_GROWTH):
         return ""
     return f"{early:.3g} → {late:.3g} s median latency"
@@ -115,7 +140,7 @@ def judge(run: OpenRun, offered_rate: float | None, cap: int | None) -> RateJudg
     """Saturated when achieved falls > 5 % below offered, when the in-flight count and the
     latency keep growing through the run, or when the in-flight cap made the sends fall ever
     further behind their schedule."""
-    rate, window, count = achieved(run.items, run.total_s)
+    rate, window, count = achieved(run.requests, run.total_s)
     why = ""
     if offered_rate is not None:
         quarter = max(1, len(run.in_flight) // 4)
@@ -149,6 +174,7 @@ def open_loop(
     start = clock()
     lock = threading.Condition()
     results: list[ItemResult] = []
+    answers: list[Answer] = []
     in_flight = 0
     seen: list[int] = []
     lags: list[float] = []
@@ -161,6 +187,8 @@ def open_loop(
         answered = send_one(n, start)
         with lock:
             results.extend(answered)
+            if answered:
+                answers.append(Answer.of(answered))
             in_flight -= 1
             failed = failed or any(not a.ok for a in answered)
             lock.notify_all()
@@ -190,4 +218,6 @@ def open_loop(
         thread.join(max(0.0, deadline - time.monotonic()))
     with lock:
         items = tuple(sorted(results, key=lambda r: r.index))
-        return OpenRun(items, clock() - start, last_send, tuple(seen), capped_s, tuple(lags))
+        return OpenRun(
+            items, clock() - start, last_send, tuple(seen), capped_s, tuple(lags), tuple(answers)
+        )

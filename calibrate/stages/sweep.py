@@ -69,6 +69,12 @@ class SweepOptions:
     def stream_options(self) -> bool:
         return self.stream_check is None or self.stream_check.stream_options
 
+    @property
+    def prompts_per_request(self) -> int:
+        """B in prompt-list mode (one completions request carries the batch), else 1: what
+        turns items/s into the requests/s a rate is offered in."""
+        return self.batch_size if self.mode == "prompt-list" else 1
+
     @classmethod
     def from_config(cls, cfg: Config, batch_size: int, **kw: Any) -> SweepOptions:
         s = cfg.sweep
@@ -161,7 +167,7 @@ class Sweep:
         B in prompt-list mode). A run asks again when it needs more, so each call returns fresh
         requests: every prompt its own unless the workload shares them."""
         ctx, o = self.ctx, self.options
-        per_request = o.batch_size if o.mode == "prompt-list" else 1
+        per_request = o.prompts_per_request
         prompts, targets = self.plan.prompts(count * per_request, self.issued)
         self.issued += count * per_request
         waves = [prompts[i : i + per_request] for i in range(0, len(prompts), per_request)]

@@ -42,7 +42,8 @@ def run_auto(sweep: Sweep) -> None:
     o = sweep.options
     top = o.levels[-1]
     sweep.auto_step = 0
-    sync = sweep.add(_tagged(sweep.run_level(1), 0, "synchronous"))
+    per_request = o.prompts_per_request
+    sync = sweep.add(_tagged(sweep.run_level(1), 0, "synchronous", per_request))
     if top <= 1:
         sweep.note(
             "auto: the ladder proved one request in flight, so synchronous is the maximum: "
@@ -52,27 +53,35 @@ def run_auto(sweep: Sweep) -> None:
     if not continue_sweep([sync.point]):
         return
     sweep.auto_step = o.auto_steps + 1
-    most = sweep.add(_tagged(sweep.run_level(top), o.auto_steps + 1, "maximum"))
+    most = sweep.add(_tagged(sweep.run_level(top), o.auto_steps + 1, "maximum", per_request))
     if not continue_sweep([most.point]):
         return
-    rates = auto_rates(sync.stats.items_per_s, most.stats.items_per_s, o.auto_steps)
+    rates = auto_rates(_request_rate(sync), _request_rate(most), o.auto_steps)
     sweep.note(_plan_text(sync, most, rates))
     for step, rate in enumerate(rates, 1):
         last = sweep.levels[-1]
         if last.saturated or not continue_sweep([last.point]):
             break
         sweep.auto_step = step
-        sweep.add(_tagged(run_rate_level(sweep, rate), step, "rate"))
+        sweep.add(_tagged(run_rate_level(sweep, rate), step, "rate", per_request))
 
 
-def _tagged(level: Level, step: int, role: AutoRole) -> Level:
-    return replace(level, auto=AutoStep(step, role))
+def _tagged(level: Level, step: int, role: AutoRole, per_request: int) -> Level:
+    """``level`` as a step of the curve; a closed-loop one with its rate in requests/s (its
+    items/s over the prompts each request carries), the unit the rates between are offered in."""
+    rate = level.stats.items_per_s / per_request if level.rate is None else None
+    return replace(level, auto=AutoStep(step, role, rate))
+
+
+def _request_rate(level: Level) -> float:
+    assert level.auto is not None and level.auto.request_rate is not None
+    return level.auto.request_rate
 
 
 def _plan_text(sync: Level, most: Level, rates: tuple[float, ...]) -> str:
     head = (
-        f"auto: synchronous {sync.stats.items_per_s:.3g} req/s, maximum "
-        f"{most.stats.items_per_s:.3g} req/s at concurrency {most.concurrency}"
+        f"auto: synchronous {_request_rate(sync):.3g} req/s, maximum "
+        f"{_request_rate(most):.3g} req/s at concurrency {most.concurrency}"
     )
     if not rates:
         return (

@@ -106,7 +106,7 @@ def run_rate_once(
             peaks=[peak],
             baseline_text=None,
         ),
-        items_per_s=judgement.achieved_rate,
+        items_per_s=judgement.achieved_rate * o.prompts_per_request,
         output_tokens_per_s=_tokens_per_s(run, judgement),
     )
     stats = with_goodput(stats, o.slo, _window_items(run), judgement.window_s)

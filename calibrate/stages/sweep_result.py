@@ -39,6 +39,7 @@ class AutoStep:
 
     step: int
     role: AutoRole
+    request_rate: float | None = None  # a closed-loop step's throughput in requests/s
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,8 @@ class Level:
         if self.rate is None:
             if not auto:
                 return {}
-            return {**auto, "achieved_rate": round(self.stats.items_per_s, 6)}
+            rate = self.auto.request_rate if self.auto else None
+            return {**auto, "achieved_rate": round(rate if rate is not None else 0.0, 6)}
         r = self.rate
         return {
             **auto,
@@ -208,7 +210,8 @@ class SweepResult:
                 if ran
                 else "no rate between it and the maximum ran"
             )
-            return f"{top.label}: {s.items_per_s:.2f} req/s — {why}"
+            rate = top.auto.request_rate if top.auto else None
+            return f"{top.label}: {rate or s.items_per_s:.2f} req/s — {why}"
         if self.rate_mode and top.rate is not None:
             return f"{top.label}: achieved {top.rate.achieved_rate:.2f} req/s, not saturated"
         return ""
