@@ -30,7 +30,7 @@ def _external_refs(page: Page, html: str) -> list[str]:
 def test_a_real_ladder_report_has_its_tiers_verdict_incidents_and_timeline(
     cli, isolated: Path
 ) -> None:
-    with start_mock(ttft_s=0.002, per_token_s=0.0005, slots=4, oom_at=6) as mock:
+    with start_mock(ttft_s=0.002, per_token_s=0.004, slots=4, oom_at=6) as mock:
         open_gate(isolated, mock.base_url)
         ladder = cli("ladder", "--json")
     assert ladder.code == 0, ladder.err

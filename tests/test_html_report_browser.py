@@ -57,7 +57,7 @@ def _headless(chromium: str, profile: Path, *args: str) -> subprocess.CompletedP
 
 def test_the_report_renders_in_headless_chromium(cli, isolated: Path) -> None:
     chromium = _chromium()
-    with start_mock(ttft_s=0.002, per_token_s=0.0005, slots=4, oom_at=6) as mock:
+    with start_mock(ttft_s=0.002, per_token_s=0.004, slots=4, oom_at=6) as mock:
         open_gate(isolated, mock.base_url)
         ladder = cli("ladder", "--json")
     assert ladder.code == 0, ladder.err

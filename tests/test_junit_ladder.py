@@ -9,7 +9,7 @@ from tests.tier_helpers import junit_cases, open_gate
 
 
 def test_junit_from_a_ladder_that_finds_its_ceiling(cli, isolated: Path) -> None:
-    with start_mock(ttft_s=0.002, per_token_s=0.0005, slots=4, oom_at=6) as mock:
+    with start_mock(ttft_s=0.002, per_token_s=0.004, slots=4, oom_at=6) as mock:
         open_gate(isolated, mock.base_url)
         result = cli("ladder", "--junit", "out/ladder.xml", "--json")
     assert result.code == 0, result.err

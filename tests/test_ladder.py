@@ -17,7 +17,7 @@ def test_oom_at_tier_8_keeps_tier_4_with_incidents_and_no_key_on_disk(
     cli, isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CALIBRATE_API_KEY", FAKE_KEY)
-    with start_mock(ttft_s=0.002, per_token_s=0.0005, slots=4, oom_at=6) as mock:
+    with start_mock(ttft_s=0.002, per_token_s=0.004, slots=4, oom_at=6) as mock:
         write_config(isolated / "calibrate.toml", mock.base_url, FAST)
         assert cli("single").code == 0
         assert cli("repro", "--runs", "1").code == 0

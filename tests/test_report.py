@@ -45,7 +45,7 @@ def _table(text: str) -> list[str]:
 
 
 def test_tiers_csv_and_report_reproduces_the_table(cli, isolated: Path) -> None:
-    with start_mock(ttft_s=0.002, per_token_s=0.0005, slots=4, oom_at=6) as mock:
+    with start_mock(ttft_s=0.002, per_token_s=0.004, slots=4, oom_at=6) as mock:
         open_gate(isolated, mock.base_url)
         ladder = cli("ladder", "--json")
     assert ladder.code == 0, ladder.err

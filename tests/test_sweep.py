@@ -51,7 +51,7 @@ def test_knee_is_the_slot_count_and_the_cap_is_noted(cli, isolated: Path) -> Non
 
 
 def test_stops_at_the_first_failing_level(cli, isolated: Path) -> None:
-    with start_mock(ttft_s=0.004, per_token_s=0.0005, slots=4, oom_at=6) as mock:
+    with start_mock(ttft_s=0.004, per_token_s=0.004, slots=4, oom_at=6) as mock:
         open_gate(isolated, mock.base_url, SWEEP, stage="ladder")
         result = cli("sweep", "--json", "--beyond-ladder")
     assert result.code == 0, result.err
