@@ -208,22 +208,23 @@ def test_ctrl_c_mid_round_exits_130_at_once_with_the_rounds_so_far(isolated: Pat
     # batch 1 and 2 answer at once; from batch 4 on every request takes 60 s
     with start_mock(ttft_s=0.002, per_token_s=0.0005, slow_above=2, slow_factor=100000.0) as mock:
         open_gate(isolated, mock.base_url)
-        proc = subprocess.Popen(
+        with subprocess.Popen(
             [sys.executable, "-m", "calibrate", "ladder"],
             cwd=isolated,
             env={**os.environ, "PYTHONPATH": str(REPO)},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not list((isolated / "runs").glob("*/rounds.jsonl")):
-            time.sleep(0.05)
-        time.sleep(0.5)  # now inside the slow tier
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-        took_s = time.monotonic() - sent
+        ) as proc:
+            deadline = time.monotonic() + 20
+            runs = isolated / "runs"
+            while time.monotonic() < deadline and not list(runs.glob("*/rounds.jsonl")):
+                time.sleep(0.05)
+            time.sleep(0.5)  # now inside the slow tier
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+            took_s = time.monotonic() - sent
     assert proc.returncode == 130, err
     assert took_s < 10, f"Ctrl-C took {took_s:.1f} s"
     assert "interrupted" in err and "calibrate ladder" in err
