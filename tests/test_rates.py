@@ -5,6 +5,7 @@ driven past its capacity (with the ladder's in-flight cap held)."""
 from __future__ import annotations
 
 import itertools
+import json
 import statistics
 from pathlib import Path
 
@@ -155,3 +156,22 @@ def test_prompt_list_rates_are_requests_per_second_each_carrying_the_batch(
     assert level["achieved_rate"] == pytest.approx(8.0, rel=0.05), "requests/s, as offered"
     assert level["items_per_s"] == pytest.approx(32.0, rel=0.05), "4 prompts each"
     assert not level["saturated"]
+
+
+def test_an_inf_level_is_kept_by_report_compare_and_timeline(cli, isolated: Path) -> None:
+    """``inf`` (everything at once) is written "inf" — JSON has no infinity — and read back as
+    infinity: report A B matched it and --timeline found its requests (both dropped it)."""
+    with start_mock(ttft_s=0.005, per_token_s=0.0002, slots=4) as mock:
+        open_gate(isolated, mock.base_url, FAST + "[sweep]\nlevel_s = 0.5\nrepeats = 1\n", "ladder")
+        runs = [cli("sweep", "--rates", "20,inf", "--json") for _ in range(2)]
+    assert all(r.code == 0 for r in runs), runs[0].err + runs[1].err
+    assert [lv["offered_rate"] for lv in runs[0].json["levels_detail"]] == [20.0, "inf"]
+    a, b = (isolated / "runs" / r.json["run_id"] for r in runs)
+    compared = cli("report", str(a), str(b), "--json")
+    assert compared.code == 0, compared.err
+    assert [row["key"] for row in compared.json["rows"]] == [20.0, "inf"]
+    shown = cli("report", str(a), "--timeline", "inf", "--json", "--no-plot")
+    assert shown.code == 0, shown.err
+    records = [json.loads(line) for line in (a / "records.jsonl").read_text().splitlines()]
+    assert shown.json["timeline"]["requests"] == sum(r["offered_rate"] == "inf" for r in records)
+    assert shown.json["timeline"]["requests"] >= 8
