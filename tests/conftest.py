@@ -11,20 +11,25 @@ from typing import Any
 import pytest
 
 from calibrate.cli import main
+from calibrate.server import process
 
 FAKE_KEY = "sk-calibrate-test-0123456789abcdef"
 
 
 @pytest.fixture(autouse=True)
-def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Each test runs in its own empty directory with no calibrate settings inherited."""
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Each test runs in its own empty directory with no calibrate settings inherited; a server
+    it left running under calibrate's management is stopped (and its supervisor reaped) after."""
     import os
 
     for name in list(os.environ):
         if name.startswith("CALIBRATE_") or name in ("OPENAI_API_KEY", "NO_COLOR", "FORCE_COLOR"):
             monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
-    return tmp_path
+    yield tmp_path
+    record = process.load(tmp_path / "runs")
+    if record is not None and process.liveness(record) == "running":
+        process.stop(record, 10.0)
 
 
 @dataclass

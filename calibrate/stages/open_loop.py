@@ -81,6 +81,23 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+def robust_slope(xs: Sequence[float], ys: Sequence[float], max_points: int = 300) -> float:
+    """The Theil–Sen slope: the median of the slopes between every two points (over at most
+    ``max_points`` of them, evenly spread, to bound the work). One request that hiccups
+    tilts a least-squares line through ten answers; it moves this median by one place."""
+    pairs = sorted(zip(xs, ys, strict=True))
+    if len(pairs) > max_points:
+        step = (len(pairs) - 1) / (max_points - 1)
+        pairs = [pairs[round(n * step)] for n in range(max_points)]
+    slopes = [
+        (y2 - y1) / (x2 - x1)
+        for i, (x1, y1) in enumerate(pairs)
+        for x2, y2 in pairs[i + 1 :]
+        if x2 > x1
+    ]
+    return statistics.median(slopes) if slopes else 0.0
+
+
 def achieved(answers: Sequence[Answer], total_s: float) -> tuple[float, float, int]:
     """(requests/s, window, completions) of an open-loop run.
 
@@ -88,15 +105,15 @@ def achieved(answers: Sequence[Answer], total_s: float) -> tuple[float, float, i
     their latency: ``window = send span × (1 + slope)``, the slope of latency against send time
     fitted over every answer. A server that keeps up has a flat trend (window = send span,
     achieved = offered); one that falls behind answers each request later than the last
-    (slope > 0, achieved < offered). Fitted over all answers, the jitter of one request — which
-    decided the old first-to-last-answer window on short runs, reading 9 % short at 40 % load —
-    averages out. Runs sent (nearly) all at once — sends spread over less than one request's
+    (slope > 0, achieved < offered). The fit is Theil–Sen: one slow answer — which decided the
+    old first-to-last-answer window on short runs, reading 9 % short at 40 % load, and would
+    tilt a least-squares line through ten answers — moves it by one place. Runs sent (nearly) all at once — sends spread over less than one request's
     latency, where no trend can be fitted — use the first-to-last-answer window."""
     ok = [a for a in answers if a.ok]
     starts = [a.started_s for a in ok]
     spread = len(ok) >= 3 and max(starts) - min(starts) > statistics.median(a.elapsed_s for a in ok)
     if spread:
-        slope = statistics.linear_regression(starts, [a.elapsed_s for a in ok]).slope
+        slope = robust_slope(starts, [a.elapsed_s for a in ok])
         window = (max(starts) - min(starts)) * (1 + slope)
         if window > 0:
             return (len(ok) - 1) / window, window, len(ok) - 1
