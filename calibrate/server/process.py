@@ -113,7 +113,12 @@ def cmdline(pid: int) -> str:
 
 
 def _reap(pid: int, wait_s: float = 0.0) -> int | None:
-    """Collect our own exited child so its PID really disappears; its exit code, if known."""
+    """Collect our own exited child so its PID really disappears; its exit code, if known.
+    Every other supervisor that has ended is collected too (one whose engine was killed and
+    restarted is never asked about again, and would stay a zombie)."""
+    for other in [p for p in _CHILDREN if p != pid]:
+        if _CHILDREN[other].poll() is not None:
+            del _CHILDREN[other]
     child = _CHILDREN.get(pid)
     if child is None:
         return None
@@ -169,6 +174,7 @@ def spawn(
         handle.flush()
         offset = handle.tell()
         launched = supervise.launch(full, handle, exit_status.status_path(runs_dir))
+    _reap(launched.engine_pid)  # supervisors of engines gone before this start
     _CHILDREN[launched.engine_pid] = launched.supervisor
     return launched.engine_pid, start_id(launched.engine_pid) or "", offset
 
