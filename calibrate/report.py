@@ -95,6 +95,7 @@ COLUMNS: dict[str, list[str]] = {
         "achieved_rate",
         "saturated",
         "saturation",
+        "send_lag_p99_s",
         "goodput_per_s_min",
         "goodput_per_s_max",
         "gain",
@@ -251,6 +252,7 @@ _SWEEP: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("tpot p50", lambda r: _f(r.get("tpot_p50_s"), ".4f")),
     ("tpot p99", lambda r: _f(r.get("tpot_p99_s"), ".4f")),
     ("itl p99", lambda r: _f(r.get("itl_p99_s"), ".4f")),
+    ("lag p99", lambda r: _f(r.get("send_lag_p99_s"), ".3f")),
     ("peak MiB", lambda r: _f(r.get("peak_vram_mib"), ".0f")),
     ("queue", lambda r: _f(r.get("server_queue_max"), ".0f")),
     ("errors", lambda r: f"{int(r['errors'])} {kinds_text(r.get('error_kinds'))}".strip()),
@@ -318,6 +320,7 @@ _DROP_FIRST: dict[Kind, tuple[str, ...]] = {
         "match",
     ),
     "sweep": (
+        "lag p99",
         "itl p99",
         "tpot p50",
         "ttft p50",
@@ -347,6 +350,7 @@ _WHEN_MEASURED = (
     "goodput",
     "offered",
     "achieved",
+    "lag p99",
 )
 
 

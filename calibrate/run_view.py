@@ -25,6 +25,7 @@ EXTRA_NAMES = (
     "offered_rate",
     "achieved_rate",
     "saturated",
+    "send_lag_p99_s",
     "slo_met",  # the requests behind the goodput column
     "items_per_s_min",
     "items_per_s_max",

@@ -103,6 +103,8 @@ def test_a_4_slot_mock_saturates_above_its_capacity_and_the_sweep_stops(
     assert [lv["offered_rate"] for lv in levels] == [20.0, 200.0]
     assert [lv["saturated"] for lv in levels] == [False, True]
     assert all(lv["concurrency"] <= 4 for lv in levels), "never more in flight than the ladder"
+    # the wait for a free slot at the cap is not in a request's latency: it is shown beside it
+    assert levels[0]["send_lag_p99_s"] < 0.05 < levels[1]["send_lag_p99_s"]
     assert "saturated at 200 req/s" in result.err
     assert result.json["saturated"].startswith("saturated at 200 req/s")
     assert result.json["recommendation"].startswith("20 req/s")

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from calibrate.stages.tiers import ItemResult
+from calibrate.stages.tiers import ItemResult, percentile
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
@@ -71,6 +71,7 @@ class RateJudgement:
     completions: int
     saturated: bool
     why: str  # in words when saturated, else ""
+    send_lag_p99_s: float | None = None  # how late sends went out (waiting on the in-flight cap)
 
     @property
     def steady_items(self) -> int:
@@ -174,7 +175,8 @@ def judge(run: OpenRun, offered_rate: float | None, cap: int | None) -> RateJudg
             )
         elif cap is not None and (behind := _fell_behind(run)):
             why = f"the in-flight cap of {cap} held sends back: {behind}"
-    return RateJudgement(offered_rate, rate, window, count, bool(why), why)
+    lag = percentile(run.lag_s, 99) if offered_rate is not None else None
+    return RateJudgement(offered_rate, rate, window, count, bool(why), why, lag)
 
 
 def open_loop(
