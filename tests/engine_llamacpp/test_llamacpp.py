@@ -19,6 +19,7 @@ import pytest
 import requests
 
 from calibrate.server import process
+from tests.conftest import CliResult
 from tests.engine_llamacpp.conftest import (
     LONG_PROMPT,
     MODEL_NAME,
@@ -221,24 +222,31 @@ def latency_table(levels: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def test_rate_sweep_latency_table_and_saturation(cli, llama: str, isolated: Path) -> None:
-    """Open loop at a low, a middle and an impossible rate, streamed: the latency percentiles a
-    user reads, usage counted from llama.cpp's usage chunk, and saturation at the top rate."""
+def _shown_sweep(cli, llama: str, isolated: Path, *flags: str) -> CliResult:
+    """The gate at --parallel 4, then ``sweep --tasks long.jsonl FLAGS`` (2 s levels, 2 runs
+    each), its latency table and verdict printed for the CI log."""
     _start(cli, "--batch-size", "4")
     _configure(isolated, llama, max_tokens=128, batch_sizes="[1, 2, 4]", min_round_s=0.5, level_s=2)
     _ladder_to(cli, isolated)
     tasks = _tasks(isolated, "long.jsonl", [LONG_PROMPT])
-    rates = ",".join(f"{r:g}" for r in RATES)
     started = time.monotonic()
-    result = cli("sweep", "--tasks", str(tasks), "--rates", rates, "--json")
+    result = cli("sweep", "--tasks", str(tasks), *flags, "--json")
     took_s = time.monotonic() - started
     assert result.code == 0, result.err
-    levels = result.json["levels_detail"]
     show(
-        f"\ncalibrate sweep --tasks long.jsonl --rates {rates} (llama-server --parallel 4, "
-        f"level_s 2, repeats 2; latencies in ms; {took_s:.0f} s)\n" + latency_table(levels)
+        f"\ncalibrate sweep --tasks long.jsonl {' '.join(flags)} (llama-server --parallel 4, "
+        f"level_s 2, repeats 2; latencies in ms; {took_s:.0f} s)\n"
+        + latency_table(result.json["levels_detail"])
     )
-    show(f"{result.json['saturated']}\n{result.json['recommendation']}")
+    show(f"{result.json['saturated'] or 'no level saturated'}\n{result.json['recommendation']}")
+    return result
+
+
+def test_rate_sweep_latency_table_and_saturation(cli, llama: str, isolated: Path) -> None:
+    """Open loop at a low, a middle and an impossible rate, streamed: the latency percentiles a
+    user reads, usage counted from llama.cpp's usage chunk, and saturation at the top rate."""
+    result = _shown_sweep(cli, llama, isolated, "--rates", ",".join(f"{r:g}" for r in RATES))
+    levels = result.json["levels_detail"]
     assert [lv["offered_rate"] for lv in levels] == list(RATES)
     for lv in levels:
         # calibrate asks for stream_options.include_usage; llama.cpp then sends usage in a last
@@ -266,20 +274,8 @@ def test_rate_sweep_latency_table_and_saturation(cli, llama: str, isolated: Path
 def test_auto_sweep_synchronous_maximum_and_rates_between(cli, llama: str, isolated: Path) -> None:
     """``sweep --auto`` on the real server: one request at a time, then its 4 slots full, then
     three rates between the two measured throughputs — the latency-vs-throughput curve."""
-    _start(cli, "--batch-size", "4")
-    _configure(isolated, llama, max_tokens=128, batch_sizes="[1, 2, 4]", min_round_s=0.5, level_s=2)
-    _ladder_to(cli, isolated)
-    tasks = _tasks(isolated, "long.jsonl", [LONG_PROMPT])
-    started = time.monotonic()
-    result = cli("sweep", "--tasks", str(tasks), "--auto", "--auto-steps", "3", "--json")
-    took_s = time.monotonic() - started
-    assert result.code == 0, result.err
+    result = _shown_sweep(cli, llama, isolated, "--auto", "--auto-steps", "3")
     levels = result.json["levels_detail"]
-    show(
-        f"\ncalibrate sweep --tasks long.jsonl --auto --auto-steps 3 (llama-server --parallel 4, "
-        f"level_s 2, repeats 2; latencies in ms; {took_s:.0f} s)\n" + latency_table(levels)
-    )
-    show(f"{result.json['saturated'] or 'no level saturated'}\n{result.json['recommendation']}")
     sync, *rates, most = levels
     assert sync["load"] == "synchronous" and sync["concurrency"] == 1
     assert most["load"] == "maximum" and most["concurrency"] == 4
