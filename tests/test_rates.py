@@ -7,17 +7,18 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from calibrate.errors import UsageError
+from calibrate.errors import ErrorInfo, UsageError
 from calibrate.records import Choice, Completion, Usage
 from calibrate.stages.arrivals import arrival_times, parse_rates
-from calibrate.stages.open_loop import OpenRun, RateJudgement, judge
+from calibrate.stages.open_loop import OpenRun, RateJudgement, judge, open_loop
 from calibrate.stages.sweep_rates import _level_judgement
 from calibrate.stages.tiers import ItemResult
-from calibrate.stages.waves import Request, _answered
+from calibrate.stages.waves import Request, Sender, _answered
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, open_gate
 
@@ -191,3 +192,40 @@ def test_one_slow_answer_among_ten_does_not_make_a_kept_up_rate_saturated() -> N
     assert 9 / (0.45 * (1 + least_squares)) < 0.95 * 20, "the old fit: 'saturated'"
     verdict = judge(run, 20.0, None)
     assert verdict.achieved_rate == pytest.approx(20.0, rel=0.05) and not verdict.saturated
+
+
+def test_a_request_whose_worker_raised_is_a_recorded_failure_and_frees_its_slot() -> None:
+    """Request 1's worker raises (a bug of calibrate's own): with a cap of 1 the dispatcher
+    used to wait forever for the slot, and the request vanished from the level's count."""
+
+    def send_one(n: int, t0: float) -> list[ItemResult]:
+        if n == 1:
+            raise KeyError("choices")
+        return [replace(_done(0.01), index=n + 1)]
+
+    def unanswered(n: int, t0: float) -> list[ItemResult]:
+        error = ErrorInfo("internal", "no answer")
+        return [replace(_done(0.01), index=n + 1, error=error)]
+
+    run = open_loop(send_one, (0.0, 0.0, 0.0), 1, join_s=5, unanswered=unanswered)
+    assert [i.index for i in run.items] == [1, 2]  # request 1 failed: nothing sent after it
+    assert [i.ok for i in run.items] == [True, False]
+    assert run.items[1].error is not None and run.items[1].error.kind == "internal"
+
+
+class _BrokenClient:
+    timeout_s = 5.0
+
+    def post_completion(self, path: str, body: dict) -> Completion:
+        raise ValueError("a bug while reading the answer")
+
+
+def test_an_unexpected_exception_while_sending_is_an_internal_failure_in_both_loops() -> None:
+    sender = Sender(_BrokenClient())  # type: ignore[arg-type]
+    request = Request("/chat/completions", {}, ("p",), 1)
+    run = sender.open_loop([request], (0.0,), None)
+    (item,) = run.items
+    assert item.error is not None and item.error.kind == "internal"
+    assert "ValueError: a bug while reading the answer" in item.error.message
+    items, _ = sender.send([request], 1)
+    assert [i.error.kind for i in items if i.error] == ["internal"]

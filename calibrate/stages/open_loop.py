@@ -187,9 +187,12 @@ def open_loop(
     clock: Clock = time.perf_counter,
     sleep: Sleep = time.sleep,
     join_s: float = 600.0,
+    unanswered: Callable[[int, float], list[ItemResult]] | None = None,
 ) -> OpenRun:
     """Send request n (``send_one(n, t0)``) at ``schedule[n]`` s after the start, at most ``cap``
-    in flight; wait for the answers. ``send_one`` times its items from ``t0``."""
+    in flight; wait for the answers. ``send_one`` times its items from ``t0``. A request sent
+    but never answered — its worker raised, or was still stuck after ``join_s`` — is never
+    dropped: ``unanswered(n, t0)`` stands in for its answer (a recorded failure)."""
     start = clock()
     lock = threading.Condition()
     results: list[ItemResult] = []
@@ -201,15 +204,29 @@ def open_loop(
     failed = False
     threads: list[threading.Thread] = []
 
+    done: set[int] = set()
+
+    def take(n: int, answered: list[ItemResult]) -> None:
+        nonlocal failed
+        done.add(n)
+        results.extend(answered)
+        if answered:
+            answers.append(Answer.of(answered))
+        failed = failed or any(not a.ok for a in answered)
+
     def work(n: int) -> None:
         nonlocal in_flight, failed
-        answered = send_one(n, start)
+        answered: list[ItemResult] | None
+        try:
+            answered = send_one(n, start)
+        except Exception:  # answered by ``unanswered`` below; the slot is freed all the same
+            answered = None
         with lock:
-            results.extend(answered)
-            if answered:
-                answers.append(Answer.of(answered))
             in_flight -= 1
-            failed = failed or any(not a.ok for a in answered)
+            if answered is None:
+                failed = True  # a failure: nothing more is sent
+            else:
+                take(n, answered)
             lock.notify_all()
 
     last_send = 0.0
@@ -236,6 +253,9 @@ def open_loop(
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
     with lock:
+        for n in range(len(threads)):
+            if n not in done and unanswered is not None:
+                take(n, unanswered(n, start))
         items = tuple(sorted(results, key=lambda r: r.index))
         return OpenRun(
             items, clock() - start, last_send, tuple(seen), capped_s, tuple(lags), tuple(answers)

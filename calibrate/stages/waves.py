@@ -221,12 +221,14 @@ class Sender:
             clock=self.clock,
             sleep=sleep,
             join_s=join_s,
+            unanswered=lambda n, t0: self._stuck(requests[n], t0),
         )
 
     def _one(self, request: Request, t0: float, max_tokens: int | None) -> list[ItemResult]:
         started = self.clock() - t0
         try:
             completion = self.client.post_completion(request.path, request.body)
+            return _answered(request, completion, started, self.clock() - t0, max_tokens)
         except RequestError as exc:
             done = self.clock() - t0
             return [
@@ -241,7 +243,14 @@ class Sender:
                 )
                 for n in range(len(request.prompts))
             ]
-        return _answered(request, completion, started, self.clock() - t0, max_tokens)
+        except Exception as exc:  # a bug of calibrate's own: recorded, never a lost request
+            info = ErrorInfo("internal", f"{type(exc).__name__}: {exc}")
+            done = self.clock() - t0
+            tb = format_traceback(exc)
+            return [
+                _failed(request, n, started, done, info, type(exc).__name__, tb)
+                for n in range(len(request.prompts))
+            ]
 
     def _stuck(self, request: Request, t0: float) -> list[ItemResult]:
         now = self.clock() - t0
