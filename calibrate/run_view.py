@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.errors import InputError
+from calibrate.stages.tiers import kept
 from calibrate.store import ledger_path, read_jsonl
 from calibrate.tier_table import Kind, level_key, read_rows
 
@@ -139,11 +140,7 @@ def _setting_text(value: Any) -> str:
 
 
 def _passing_from_rows(rows: Sequence[Mapping[str, Any]], key: str) -> str:
-    passing = [
-        v
-        for r in rows
-        if r.get("verdict") not in (None, "fail") and (v := level_key(r, key)) is not None
-    ]
+    passing = [v for r in rows if kept(r.get("verdict")) and (v := level_key(r, key)) is not None]
     return f"{key.replace('_', ' ')} {max(passing):g}" if passing else "none"
 
 

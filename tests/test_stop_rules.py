@@ -118,8 +118,10 @@ def test_an_slo_breach_stops_and_is_not_kept() -> None:
     assert "TTFT p99 0.6 s is over the SLO 0.5 s" in reason and "not kept" in reason
     at_bound = replace(CLEAN, ttft_p99_s=0.5, latency_p99_s=2.0, per_item_s=0.1)
     assert tier_verdict(at_bound, PREV, slo=slo, **limits)[0] == "pass"
-    not_measured = replace(CLEAN, ttft_p99_s=None, per_item_s=0.1)  # not streamed: not judged
-    assert tier_verdict(not_measured, PREV, slo=slo, **limits)[0] == "pass"
+    # not streamed: the tier cannot show the TTFT SLO met, so it is not (as for each request)
+    not_measured = replace(CLEAN, ttft_p99_s=None, per_item_s=0.1)
+    verdict, reason = tier_verdict(not_measured, PREV, slo=slo, **limits)
+    assert verdict == "stop: slo" and "TTFT p99 not measured" in reason
     assert tier_verdict(replace(CLEAN, latency_p99_s=9.0), None, slo=SloConfig(), **limits)[0] == (
         "pass"
     ), "no SLO set: off"

@@ -232,3 +232,8 @@ def test_a_ttft_slo_against_a_server_that_cannot_stream_is_said_to_be_unmeetable
     assert "TTFT and TPOT SLOs cannot be met unstreamed" in result.err
     records = jsonl(run_dir(isolated, result.json["run_id"]) / "records.jsonl")
     assert records and all(r["ok"] and r["ttft_s"] is None for r in records)
+    # the tier cannot show its TTFT p99 met: stop: slo, not a pass nobody measured
+    first = result.json["tiers_detail"][0]
+    assert first["verdict"] == "stop: slo", first
+    assert result.code == 1 and result.json["passed"] is False
+    assert "ttft p99 not measured" in result.err.lower()

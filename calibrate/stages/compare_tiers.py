@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from calibrate.errors import InputError
+from calibrate.stages.tiers import kept
 from calibrate.tier_table import read_rows
 
 TableKind = Literal["ladder", "sweep"]
@@ -107,13 +108,8 @@ def _num(value: Any) -> float | None:
         return None
 
 
-def _passed(verdict: Any) -> bool:
-    """Kept as passed (a tier over an SLO is not)."""
-    return verdict not in (None, "", "fail", "stop: slo")
-
-
 def _top(rows: Sequence[dict[str, Any]], key: str) -> int | None:
-    keys = [int(float(r[key])) for r in rows if _passed(r.get("verdict"))]
+    keys = [int(float(r[key])) for r in rows if kept(r.get("verdict"))]
     return max(keys) if keys else None
 
 
@@ -138,12 +134,12 @@ def compare_tables(
     for k in sorted(set(base) | set(cur)):
         b, n = base.get(k, {}), cur.get(k, {})
         bv, nv = b.get("verdict", ""), n.get("verdict", "")
-        verdict_bad = _passed(bv) and bool(n) and not _passed(nv)
+        verdict_bad = kept(bv) and bool(n) and not kept(nv)
         if verdict_bad:
             problems.append(f"{key} {k} passed in the baseline and now fails ({nv})")
         bm, nm = _num(b.get(metric)), _num(n.get(metric))
         change, metric_bad = "", False
-        if bm and nm is not None and _passed(nv):
+        if bm and nm is not None and kept(nv):
             ratio = nm / bm - 1
             change = f"{ratio:+.0%}"
             metric_bad = (-ratio if higher_better else ratio) > tolerance

@@ -144,11 +144,16 @@ def p99_of(stats: Stats, name: SloName) -> float | None:
 
 
 def p99_breaches(stats: Stats, slo: SloConfig) -> list[str]:
-    """One text per SLO whose p99 this tier exceeded; an SLO not measured here is not judged."""
+    """One text per SLO whose p99 this tier exceeded — or could not show it met: a tier with
+    answers but no TTFT/TPOT (not streamed: the server refused streaming or answered plain
+    JSON) misses those SLOs, as each of its requests does in ``misses`` (never assumed met)."""
     out: list[str] = []
+    answered = stats.items > stats.errors
     for name, bound in bounds_of(slo).items():
         value = p99_of(stats, name)
-        if value is not None and value > bound:
+        if value is None and answered:
+            out.append(f"{LABELS[name]} p99 not measured (answers not streamed): SLO not met")
+        elif value is not None and value > bound:
             out.append(f"{LABELS[name]} p99 {value:.3g} s is over the SLO {bound:.3g} s")
     return out
 

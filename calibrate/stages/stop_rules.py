@@ -32,7 +32,7 @@ def tier_verdict(
             f"{where}: {stats.errors} of {stats.items} requests failed ({stats.kinds_text})"
             + (f" in round {rounds_run}" if rounds_planned > 1 else "")
         )
-    if slo is not None and (breaches := slo_breaches(stats, slo)):
+    if slo is not None and (breaches := p99_breaches(stats, slo)):
         return "stop: slo", (
             f"{where}: {'; '.join(breaches)}; not kept, the tier before is the last passing"
         )
@@ -62,11 +62,6 @@ def latency_ratio(stats: Stats, previous: Stats | None) -> float | None:
     if previous is None or not previous.per_item_s or stats.per_item_s is None:
         return None
     return stats.per_item_s / previous.per_item_s
-
-
-def slo_breaches(stats: Stats, slo: SloConfig) -> list[str]:
-    """One text per SLO whose p99 this tier exceeded (the shared definition, ``stages.slo``)."""
-    return p99_breaches(stats, slo)
 
 
 def next_tier(history: Sequence[Tier], batch_sizes: Sequence[int]) -> int | None:

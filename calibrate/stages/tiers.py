@@ -11,7 +11,7 @@ from typing import Any, Literal
 from calibrate.errors import ErrorInfo
 from calibrate.gpu import DeviceMemory
 from calibrate.records import Usage
-from calibrate.stages.latency import latency_columns, tpot_of
+from calibrate.stages.latency import latency_columns
 from calibrate.stream_timing import StreamTiming
 from calibrate.vram import WindowPeak, device_peaks
 
@@ -231,9 +231,10 @@ def token_columns(items: Sequence[ItemResult]) -> dict[str, Any]:
     }
 
 
-def tpot_s(item: ItemResult) -> float | None:
-    """Time per output token after the first: (E2E − TTFT) / (output tokens − 1), SPEC §5.13."""
-    return tpot_of(item.elapsed_s, item.ttft_s, item.completion_tokens) if item.ok else None
+def kept(verdict: object) -> bool:
+    """Whether a tier or level with this verdict counts as passed: not failed, not over an SLO
+    (the one rule for live tiers, ledger rows and tables read back)."""
+    return verdict not in (None, "", "fail", "stop: slo")
 
 
 def queue_note(server_queue_max: int | None, concurrency: int) -> str | None:
@@ -265,7 +266,7 @@ class Tier:
     def passed(self) -> bool:
         """Kept as passed: a clean tier, or one stopped by VRAM or latency. A tier over an SLO
         is not kept: it breaks the bound the user set (the one before it is the last passing)."""
-        return self.verdict not in ("fail", "stop: slo")
+        return kept(self.verdict)
 
     def to_json(self) -> dict[str, Any]:
         return {
