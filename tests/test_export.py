@@ -58,7 +58,7 @@ def test_final_is_input_order_with_the_last_ok_else_the_last_failure(cli, isolat
             _ok("t5", "five"),
             _ok("zz", "foreign"),
         ],
-        tail=b'{"id":"t2","ok":tr',  # a torn last line: no record
+        tail=b'{"id":"t2","ok":true,"output":"tw',  # cut by a kill mid-write: no record
     )
     result = cli(
         "export", "--input", str(tasks), "--out", str(journal), "--to", "final.jsonl", "--json"

@@ -13,7 +13,6 @@ and reads each winning line back with a seek. Files are written to a temp file a
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,12 +23,12 @@ from calibrate.errors import InputError
 from calibrate.stages.batch_input import ItemId, index_input, read_tasks
 from calibrate.stages.batch_shard import Shard
 from calibrate.stages.export_formats import Format, JsonlFinal, format_of, open_final
+from calibrate.stages.resume import RESULT_LINE
 from calibrate.store import encode_line
 
 BLOCK_BYTES = 8 * 1024 * 1024
 JOURNAL_BITS = 10  # up to 1024 journals (shards) in one export
 MAX_JOURNALS = 1 << JOURNAL_BITS
-_LINE = re.compile(rb'^\{"id":("(?:[^"\\\n]|\\.)*"|-?\d+),"ok":(true|false),[^\n]*$', re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -181,13 +180,13 @@ def _scan_journal(path: Path, number: int, winners: dict[ItemId, int | None]) ->
 
 def _records(block: bytes) -> list[tuple[int, bytes, bytes]]:
     """(offset, id token, ok) of each result line of ``block`` (lines end at b"\\n")."""
-    found = [(m.start(), m.group(1), m.group(2)) for m in _LINE.finditer(block)]
+    found = [(m.start(), m.group(1), m.group(2)) for m in RESULT_LINE.finditer(block)]
     if len(found) == block.count(b"\n"):
         return found
     out: list[tuple[int, bytes, bytes]] = []  # some lines are not ours verbatim: parse each
     offset = 0
     for raw in block.split(b"\n")[:-1]:
-        match = _LINE.match(raw)
+        match = RESULT_LINE.match(raw)
         if match is not None:
             out.append((offset, match.group(1), match.group(2)))
         else:

@@ -25,7 +25,9 @@ BLOCK_BYTES = 8 * 1024 * 1024
 OUR_PREFIX = b'{"id":'
 _UNREADABLE = object()
 
-_OURS = re.compile(
+# One result line as batch writes it, whole: a line cut off by a kill does not end in
+# "attempts":N} and is never taken for a result (resume and export read journals alike).
+RESULT_LINE = re.compile(
     rb'^\{"id":("(?:[^"\\\n]|\\.)*"|-?\d+),"ok":(true|false),[^\n]*"attempts":\d+\}$',
     re.MULTILINE,
 )
@@ -142,7 +144,7 @@ def _scan_block(scan: OutputScan, block: bytes, known: Container[ItemId] | None)
     first_line = scan.lines + 1
     lines = block.count(b"\n")
     scan.lines += lines
-    found = _OURS.findall(block)
+    found = RESULT_LINE.findall(block)
     if len(found) == lines:
         scan.records += lines
         done, failed, record = scan.done, scan.failed, scan._record
@@ -159,7 +161,7 @@ def _scan_block(scan: OutputScan, block: bytes, known: Container[ItemId] | None)
                 record(item_id, ok == b"true", known)
         return
     for offset, raw in enumerate(block.split(b"\n")[:-1]):
-        match = _OURS.match(raw)
+        match = RESULT_LINE.match(raw)
         if match is None:
             scan._line(raw, first_line + offset, known)
             continue
