@@ -105,6 +105,20 @@ def test_parquet_without_pyarrow_exits_2_before_anything_runs(cli, isolated: Pat
     assert not (isolated / "out.jsonl").exists() and not (isolated / "runs").exists()
 
 
+def test_a_final_path_that_cannot_be_written_exits_2_before_anything_runs(
+    cli, isolated: Path
+) -> None:
+    """Found out only after the batch, it cost the run its verdict (an OSError before the
+    ledger line); now it is a usage error before a request is sent."""
+    tasks = write_tasks(isolated / "tasks.jsonl", 3)
+    (isolated / "a-file").write_text("x")
+    result = cli(
+        "batch", "--input", str(tasks), "--out", "out.jsonl", "--final", "a-file/final.jsonl"
+    )
+    assert result.code == 2 and "cannot write --final a-file/final.jsonl" in result.err
+    assert not (isolated / "out.jsonl").exists() and not (isolated / "runs").exists()
+
+
 @pytest.mark.skipif(importlib.util.find_spec("pyarrow") is None, reason="pyarrow not installed")
 def test_parquet_has_one_row_per_id(isolated: Path) -> None:  # pragma: no cover - optional dep
     import pyarrow.parquet as pq

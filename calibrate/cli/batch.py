@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from calibrate.cli.batch_args import check_flags
+from calibrate.cli.batch_args import check_flags, check_writable
 from calibrate.cli.batch_args import register as _register
 from calibrate.cli.batch_view import ProgressView, render_summary, say_check
 from calibrate.cli.common import (
@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     source = endpoints[0].concurrency_source if len(endpoints) == 1 else "per endpoint"
     if args.final:
         check_export(Path(args.final), None, "--final")
+        check_writable(Path(args.final), "--final")
     restarter = ManagedRestart(cfg) if args.restart else None
     if restarter is not None and not restarter.managed():
         raise UsageError(
@@ -262,10 +263,19 @@ def _dispatch(
             result.stop_detail,
             "Start it (or try the built-in one: make mock), then rerun the same command.",
         )
+    final_error = None
     if args.final and not spec.sample:
-        final = export_final(plan.source_path, [out_path], Path(args.final), shard=spec.shard)
-        say_export(out, final)
-        extra["final"] = final.to_json()
+        try:
+            final = export_final(plan.source_path, [out_path], Path(args.final), shard=spec.shard)
+        except OSError as exc:  # the batch's verdict is still recorded; the export is not
+            final_error = f"--final {args.final} could not be written: {exc}"
+            paths = ("--input", plan.source_path, "--out", out_path, "--to", args.final)
+            again = shlex.join(["calibrate", "export", *map(str, paths)])
+            out.warn(f"{final_error}; write it later with: {again}")
+            extra["final_error"] = final_error
+        else:
+            say_export(out, final)
+            extra["final"] = final.to_json()
     summary = {**summary_json(result, spec.concurrency, source), **extra}
     checks = shape_checks(result.shapes, max_chars=spec.max_chars, expect=spec.expect)
     if spec.sample:
@@ -273,7 +283,7 @@ def _dispatch(
             {"name": c.name, "passed": c.passed, "detail": c.detail} for c in checks
         ]
     # items count: a pass needs an ok line for every item this run was to do
-    passed = result.ok == result.to_run and result.stopped_by is None
+    passed = result.ok == result.to_run and result.stopped_by is None and final_error is None
     if spec.sample:
         passed = passed and all(c.passed for c in checks)
     try:
