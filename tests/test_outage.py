@@ -58,6 +58,16 @@ def test_the_breaker_opens_after_n_in_a_row_and_an_answer_resets_the_count() -> 
     assert is_outage(ErrorInfo("http_5xx", "bad gateway", 502))
 
 
+def test_an_event_the_caller_cannot_record_never_raises_into_the_worker() -> None:
+    """outages.jsonl on a full disk: the breaker still opens, the worker is not hit."""
+
+    def full_disk(event: OutageEvent) -> None:
+        raise OSError(28, "No space left on device")
+
+    breaker = Breaker("http://a/v1", OutagePolicy(after=1), lambda: None, on_event=full_disk)
+    assert breaker.note_failure(REFUSED) and breaker.down
+
+
 def test_probing_backs_off_and_gives_up_after_the_limit() -> None:
     now = [0.0]
     probes: list[float] = []

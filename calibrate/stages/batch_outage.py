@@ -108,7 +108,7 @@ class Breaker:
         self.policy = policy
         self._probe = probe
         self._restarter = restarter
-        self._on_event = on_event
+        self._report = on_event
         self._clock = clock
         self._cond = threading.Condition()
         self.state: State = "up"
@@ -119,6 +119,15 @@ class Breaker:
         self._down_since = 0.0
         self._restarted = False  # in this incident
         self._probing = False
+
+    def _on_event(self, event: OutageEvent) -> None:
+        """Tell the caller; a caller that fails (a full disk under outages.jsonl) is logged,
+        never raised into the worker that tripped the breaker — that left an item both failed
+        and queued again, and the run waiting on it for ever."""
+        try:
+            self._report(event)
+        except Exception:
+            log.exception("batch: reporting the outage event %s failed", event.event)
 
     @property
     def down(self) -> bool:
@@ -233,6 +242,9 @@ class Breaker:
             started = self._restarter.restart()
         except CalibrateError as exc:
             self._on_event(self._event("restart_failed", down_s, exc.message))
+            return
+        except Exception as exc:  # not ours to raise into a worker: a failed restart, said
+            self._on_event(self._event("restart_failed", down_s, f"{type(exc).__name__}: {exc}"))
             return
         self.restarts += 1
         self._on_event(self._event("restart", down_s, started))
