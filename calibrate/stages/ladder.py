@@ -94,11 +94,9 @@ class Ladder:
     on_tier: Callable[[Tier], None] = lambda tier: None
     history: list[Tier] = field(default_factory=list)
     warmup: WarmUp | None = None
-    waves_sent: int = 0  # every wave of the run, warm-up included: wave_no counts from 1
     plan: WorkloadPlan = field(default_factory=lambda: WorkloadPlan(WorkloadSpec(), ""))
     issued: int = 0  # workload requests built so far: the next one's number (its own prompt)
-    baseline: str | None = None
-    baseline_read: bool = False
+    baseline: str | None = None  # the single-call baseline's text, read once by run()
 
     def baseline_text(self) -> str | None:
         path = baseline_path(self.ctx.config)
@@ -108,12 +106,12 @@ class Ladder:
         return text if isinstance(text, str) else None
 
     def run(self) -> LadderResult:
-        baseline = self.baseline_text()
+        self.baseline = self.baseline_text()
         opts = self.options
         if opts.warmup_waves and opts.batch_sizes and not self.history:
             self.warmup = self.warm_up(opts.batch_sizes[0])
         while (batch := next_tier(self.history, opts.batch_sizes)) is not None:
-            tier = self.run_tier(batch, baseline)
+            tier = self.run_tier(batch, self.baseline)
             self.history.append(tier)
             self.ctx.run.append("tiers.jsonl", tier.to_json())
             self.on_tier(tier)
@@ -217,11 +215,10 @@ class Ladder:
         length = lengths[len(self.history)]
         return TokenRange(length, length)
 
-    def wave_requests(self, batch: int, wave_no: int) -> list[Request]:
+    def wave_requests(self, batch: int) -> list[Request]:
         """One wave (one batch at a time, SPEC §5.0): ``batch`` workload items, each its own
         prompt, and — under a workload other than the fixed prompt, when a baseline exists —
-        the fixed prompt once more as a canary for batch invariance (SPEC §5.11). ``wave_no``
-        counts every wave the run sends (warm-up included) from 1."""
+        the fixed prompt once more as a canary for batch invariance (SPEC §5.11)."""
         ctx, opts = self.ctx, self.options
         prompts, targets = self.plan.prompts(batch, self.issued, self.tier_sizes())
         self.issued += batch
@@ -236,7 +233,7 @@ class Ladder:
             stream=opts.stream,
             stream_options=opts.stream_options,
         )
-        if self.plan.spec.fixed or self.canary_baseline() is None:
+        if self.plan.spec.fixed or self.baseline is None:
             return requests
         canary = build_requests(
             ctx.client,
@@ -251,21 +248,13 @@ class Ladder:
         )
         return [*requests, *canary]
 
-    def canary_baseline(self) -> str | None:
-        """The baseline text the canary is compared with (read once; None: no canary)."""
-        if not self.baseline_read:
-            self.baseline = self.baseline_text()
-            self.baseline_read = True
-        return self.baseline
-
     def in_flight(self, batch: int) -> int:
         """Requests in flight at once: B in wave mode, one request of B prompts in prompt-list."""
         return 1 if self.options.mode == "prompt-list" else batch
 
     def send_wave(self, batch: int) -> tuple[list[ItemResult], float]:
         """One wave: all its requests released together, every answer awaited."""
-        self.waves_sent += 1
-        requests = self.wave_requests(batch, self.waves_sent)
+        requests = self.wave_requests(batch)
         return self.sender.send(requests, len(requests), self.ctx.params.max_tokens)
 
     def run_round(
