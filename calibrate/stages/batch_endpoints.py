@@ -18,10 +18,9 @@ from calibrate.errors import ServerUnreachable, UsageError
 from calibrate.ledger import Ledger, baseline_path, target_fingerprint
 from calibrate.setting import resolve
 from calibrate.stages.batch_lanes import Endpoint
+from calibrate.stages.batch_plan import DEFAULT_CONCURRENCY
 from calibrate.stages.context import StageContext
 from calibrate.stages.single import fixed_prompt_call, read_baseline
-
-DEFAULT_CONCURRENCY = 4
 
 
 def endpoints_for(

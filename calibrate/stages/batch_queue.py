@@ -45,11 +45,6 @@ class WorkQueue:
             sent += 1
             yield task
 
-    @property
-    def put_back(self) -> int:
-        with self._cond:
-            return len(self._back)
-
     def idle(self) -> bool:
         """No item left to send and none in flight (or the queue was closed)."""
         with self._cond:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from calibrate.stages.tune_result import CandidateResult, MemoryProbe
-from calibrate.store import RunDir, encode_line, read_jsonl, write_json_atomic
+from calibrate.store import JsonlWriter, RunDir, read_jsonl, write_json_atomic
 
 PLAN_FILE = "tune.json"
 CANDIDATES_FILE = "candidates.jsonl"
@@ -55,11 +54,12 @@ def _trim_torn_tail(path: Path) -> None:
 
 
 def _append_synced(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("ab") as handle:
-        handle.write(encode_line(obj))
-        handle.flush()
-        os.fsync(handle.fileno())
+    """One record, fsynced (a killed tune resumes from what is on disk)."""
+    writer = JsonlWriter(path, fsync=True)  # continues a short write, as batch's journal does
+    try:
+        writer.write(obj)
+    finally:
+        writer.close()
 
 
 class TuneStore:
@@ -72,11 +72,7 @@ class TuneStore:
         return self.run.path / name
 
     def write_plan(self, plan: dict[str, Any], grid_fingerprint: str) -> None:
-        existing = self.read_plan()
-        started = existing.get("started_invocations", 0) if existing else 0
-        invocations = int(started) + 1
         body = {**plan, "fingerprint": grid_fingerprint, "finished": False}
-        body["started_invocations"] = invocations
         write_json_atomic(self.run.file(PLAN_FILE), body)
 
     def read_plan(self) -> dict[str, Any] | None:
