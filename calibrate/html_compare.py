@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from calibrate.html_parts import definitions, page, section, table, text, verdict_class
-from calibrate.html_report import charts_pair, num, verdict_word
+from calibrate.html_report import charts_pair, verdict_word
+from calibrate.numbers import finite
 from calibrate.report_compare import RunComparison, delta_text, value_text
 from calibrate.run_view import RunView
 
@@ -33,8 +34,8 @@ def comparison_table(cmp: RunComparison) -> str:
             delta = row.deltas.get(metric)
             if delta is None:
                 cells += [
-                    text(value_text(num((row.a or {}).get(metric)))),
-                    text(value_text(num((row.b or {}).get(metric)))),
+                    text(value_text(finite((row.a or {}).get(metric)))),
+                    text(value_text(finite((row.b or {}).get(metric)))),
                     "",
                 ]
                 continue

@@ -14,6 +14,7 @@ from typing import Any
 
 from calibrate import report
 from calibrate.html_parts import definitions, page, section, table, text, verdict_class
+from calibrate.numbers import finite
 from calibrate.run_view import RunView
 from calibrate.svg_plot import Series, line_chart, timeline_chart
 from calibrate.tier_table import level_key
@@ -22,19 +23,15 @@ from calibrate.timeline import Timeline
 _SECRET_WORDS = ("key", "token", "secret", "password", "authorization")
 
 
-def num(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
 def first_column(rows: Sequence[Mapping[str, Any]], names: Sequence[str]) -> str | None:
     """The first of ``names`` that some row has a number in."""
-    return next((n for n in names if any(num(r.get(n)) is not None for r in rows)), None)
+    return next((n for n in names if any(finite(r.get(n)) is not None for r in rows)), None)
 
 
 def points(rows: Sequence[Mapping[str, Any]], x: str, y: str) -> tuple[tuple[float, float], ...]:
     out = []
     for row in rows:
-        px, py = num(row.get(x)), num(row.get(y))
+        px, py = finite(row.get(x)), finite(row.get(y))
         if px is not None and py is not None:
             out.append((px, py))
     return tuple(out)
@@ -133,7 +130,7 @@ def tier_table_html(view: RunView) -> str:
 
 
 def _extra(value: Any) -> str:
-    number = num(value)
+    number = finite(value)
     return f"{number:.4g}" if number is not None else ("—" if value is None else str(value))
 
 

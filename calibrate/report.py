@@ -18,6 +18,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from calibrate.numbers import finite
 from calibrate.report_compare import RunComparison, delta_text, value_text
 from calibrate.stages.compare_tiers import TierComparison
 from calibrate.store import write_atomic
@@ -567,7 +568,7 @@ def runs_compare_table(cmp: RunComparison) -> Table:
             delta = row.deltas.get(metric)
             if delta is None:
                 side = row.a if row.a is not None else row.b
-                cells.append(value_text(_number((side or {}).get(metric))))
+                cells.append(value_text(finite((side or {}).get(metric))))
                 continue
             change = delta_text(delta)
             colour = None if delta.better is None else ("green" if delta.better else "red")
@@ -577,7 +578,3 @@ def runs_compare_table(cmp: RunComparison) -> Table:
             cells.append(f"[{colour}]{cell}[/]" if colour else cell)
         table.add_row(*cells)
     return table
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calibrate.errors import InputError
+from calibrate.numbers import finite
 from calibrate.run_view import RunView
 from calibrate.tier_table import level_key
 
@@ -52,12 +53,6 @@ _NOT_METRICS = {
     "round",
     "repeats",
 }
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 @dataclass(frozen=True)
@@ -145,7 +140,7 @@ class RunComparison:
 
 
 def _headline(a: RunView, b: RunView) -> tuple[str, ...]:
-    have = {k for v in (a, b) for row in v.rows for k, x in row.items() if _num(x) is not None}
+    have = {k for v in (a, b) for row in v.rows for k, x in row.items() if finite(x) is not None}
     out: list[str] = []
     for names, _ in _HEADLINE:
         found = next((n for n in names if n in have), None)
@@ -161,7 +156,7 @@ def _deltas(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None, key: str) 
     for name in a:
         if name == key or name in _NOT_METRICS or name not in b:
             continue
-        x, y = _num(a[name]), _num(b[name])
+        x, y = finite(a[name]), finite(b[name])
         if x is not None or y is not None:
             out[name] = Delta(x, y, name in _HIGHER_BETTER)
     return out

@@ -18,15 +18,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from calibrate.errors import InputError
+from calibrate.numbers import finite
 from calibrate.store import read_jsonl
 from calibrate.svg_plot import Bar
 from calibrate.tier_table import level_key
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
 
 
 def _epoch_s(ts: Any) -> float | None:
@@ -64,17 +59,17 @@ class Timeline:
 
 
 def _recorded(record: Mapping[str, Any]) -> tuple[float, float] | None:
-    started, elapsed = _num(record.get("started_s")), _num(record.get("elapsed_s"))
+    started, elapsed = finite(record.get("started_s")), finite(record.get("elapsed_s"))
     if started is None:
         return None
-    done = _num(record.get("done_s"))
+    done = finite(record.get("done_s"))
     if done is None and elapsed is not None:
         done = started + elapsed
     return (started, done) if done is not None else None
 
 
 def _from_ts(record: Mapping[str, Any]) -> tuple[float, float] | None:
-    finish, elapsed = _epoch_s(record.get("ts")), _num(record.get("elapsed_s"))
+    finish, elapsed = _epoch_s(record.get("ts")), finite(record.get("elapsed_s"))
     return None if finish is None or elapsed is None else (finish - elapsed, finish)
 
 
@@ -95,14 +90,14 @@ def _replayed(records: Sequence[Mapping[str, Any]], wave: bool) -> list[tuple[fl
     spans: dict[int, tuple[float, float]] = {}
     clock = 0.0
     for group in rounds.values():
-        size = max(1, int(_num(group[0].get("batch_size")) or 1)) if wave else len(group)
+        size = max(1, int(finite(group[0].get("batch_size")) or 1)) if wave else len(group)
         # a wave (B chat requests, or one request carrying B prompts) is sent all at once
-        workers = size if wave else max(1, int(_num(group[0].get("concurrency")) or 1))
+        workers = size if wave else max(1, int(finite(group[0].get("concurrency")) or 1))
         for first in range(0, len(group), size):
             free = [clock] * workers
             for record in group[first : first + size]:
                 start = heapq.heappop(free)
-                end = start + (_num(record.get("elapsed_s")) or 0.0)
+                end = start + (finite(record.get("elapsed_s")) or 0.0)
                 heapq.heappush(free, end)
                 spans[id(record)] = (start, end)
             clock = max(free)
@@ -136,7 +131,7 @@ def tier_timeline(
         if isinstance(error, dict) and error.get("kind"):
             text += f" ({error['kind']})"
         ok = record.get("ok") is not False
-        bars.append(Bar(text, span[0] - origin, span[1] - origin, _num(record.get("ttft_s")), ok))
+        bars.append(Bar(text, span[0] - origin, span[1] - origin, finite(record.get("ttft_s")), ok))
     return Timeline(label or f"{key} {tier:g}", tuple(bars), source)
 
 

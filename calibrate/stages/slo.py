@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from calibrate.config import SloConfig
 from calibrate.errors import UsageError
+from calibrate.numbers import finite
 from calibrate.stages.latency import tpot_of
 
 if TYPE_CHECKING:
@@ -99,16 +100,10 @@ def record_met(slo: SloConfig, record: dict[str, Any]) -> bool:
     tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
     return not misses(
         slo,
-        e2e_s=_num(record.get("elapsed_s")),
-        ttft_s=_num(record.get("ttft_s")),
+        e2e_s=finite(record.get("elapsed_s")),
+        ttft_s=finite(record.get("ttft_s")),
         tokens=tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None,
     )
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,12 @@ this module is what follows them.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from calibrate.config import Config, SloConfig
+from calibrate.numbers import finite
 from calibrate.stages.context import StageContext
 from calibrate.stages.slo import record_met
 from calibrate.stages.sweep import Level, Sweep, SweepOptions, SweepResult, read_server_cap
@@ -56,19 +56,13 @@ class SloBounds:
         return {"ttft_p99_s": self.ttft_s, "tpot_p99_s": self.tpot_s, "e2e_p99_s": self.e2e_s}
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def slo_bounds(cfg: Config) -> SloBounds:
     """``[slo]`` when this version of the config has the section (SPEC §5.13), else no SLOs."""
     section = getattr(cfg, "slo", None)  # the section is optional, and newer than tune
     return SloBounds(
-        _num(getattr(section, "ttft_p99_s", None)),
-        _num(getattr(section, "tpot_p99_s", None)),
-        _num(getattr(section, "e2e_p99_s", None)),
+        finite(getattr(section, "ttft_p99_s", None)),
+        finite(getattr(section, "tpot_p99_s", None)),
+        finite(getattr(section, "e2e_p99_s", None)),
     )
 
 
