@@ -44,6 +44,7 @@ _HIGHER_BETTER = {
     "items_per_s_max",
     "baseline_match",
 }
+NOISE = 0.05  # a relative change smaller than this is neither better nor worse (not coloured)
 _NOT_METRICS = {
     "batch_size",
     "concurrency",
@@ -73,8 +74,9 @@ class Delta:
 
     @property
     def better(self) -> bool | None:
-        """True when B is better than A on this metric, None when equal or not comparable."""
-        if not self.diff:
+        """True when B is better than A on this metric; None when equal, not comparable, or
+        within ``NOISE`` of A — a 1 % change between two runs is the machine, not a result."""
+        if not self.diff or (self.change is not None and abs(self.change) < NOISE):
             return None
         return (self.diff > 0) == self.higher_better
 

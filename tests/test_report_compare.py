@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from calibrate.report_compare import Delta
 from calibrate.timeline import tier_timeline
 from tests.report_helpers import Page, ladder_row, sweep_row, write_run
 
@@ -47,6 +48,7 @@ def test_report_a_b_gives_deltas_per_tier(cli, isolated: Path) -> None:
         two["peak_vram_mib"]["delta"] == 50000 - 42000 and two["peak_vram_mib"]["better"] is False
     )
     assert rows[1]["deltas"]["items_per_s"]["delta"] == 0
+
     assert rows[4]["a"]["verdict"] == "pass" and rows[4]["b"]["verdict"] == "fail"
     assert "items_per_s" in data["metrics"] and "peak_vram_mib" in data["metrics"]
     # the terminal table shows the same: A → B (change) per metric
@@ -156,3 +158,10 @@ def test_a_ladder_wave_starts_together_and_rounds_follow_each_other() -> None:
     timeline = tier_timeline(records, "batch_size", 2, wave=True)
     assert timeline.source == "estimated"
     assert [(b.start_s, b.finish_s) for b in timeline.bars] == [(0, 1), (0, 2), (2, 3), (2, 3)]
+
+
+def test_a_change_inside_the_noise_is_neither_better_nor_worse() -> None:
+    assert Delta(100.0, 102.0, higher_better=True).better is None  # 2 %: the machine
+    assert Delta(100.0, 90.0, higher_better=True).better is False
+    assert Delta(100.0, 94.0, higher_better=False).better is True
+    assert Delta(0.0, 3.0, higher_better=True).better is True  # no relative change: the sign
