@@ -90,9 +90,9 @@ def register(subparsers: Any) -> None:
 
 
 def _request(args: argparse.Namespace) -> TuneRequest:
+    """The flags as a typed request; mistakes in them are exit 2 before anything is sent."""
     workload = workload_spec(args, load_config(args), "sweep")
     task_pool(workload)  # a bad tasks file is exit 2 before anything is started
-    """The flags as a typed request; mistakes in them are exit 2 before anything is sent."""
     if args.budget_s is not None and not 0 <= args.budget_s <= MAX_TIMEOUT_S:
         raise UsageError(f"--budget-s must be in [0, {MAX_TIMEOUT_S:g}], got {args.budget_s}")
     spec = MeasureSpec(
