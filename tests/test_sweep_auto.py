@@ -17,6 +17,7 @@ from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, open_gate, run_dir
 
 WINDOWS = FAST + "[sweep]\nlevel_s = 0.6\nrepeats = 1\n"
+LONGER = FAST + "[sweep]\nlevel_s = 1.2\nrepeats = 1\n"
 
 
 def test_auto_rates_sit_evenly_between_synchronous_and_maximum() -> None:
@@ -31,7 +32,7 @@ def test_auto_measures_both_ends_then_rates_between_on_a_4_slot_mock(cli, isolat
     """~0.06 s a request and 4 slots: about 16 req/s one at a time and ~4× that with 4 in
     flight (the ladder proved 4). The rates between are drawn from those two measurements."""
     with start_mock(ttft_s=0.01, per_token_s=0.001, slots=4) as mock:
-        open_gate(isolated, mock.base_url, WINDOWS, "ladder")
+        open_gate(isolated, mock.base_url, LONGER, "ladder")  # one hiccup in 0.6 s: 2.47×
         result = cli("sweep", "--auto", "--auto-steps", "2", "--arrival", "constant", "--json")
     assert result.code == 0, result.err
     levels = result.json["levels_detail"]
