@@ -213,12 +213,18 @@ def differences(a: RunView, b: RunView) -> tuple[Difference, ...]:
     wa, wb = _workload(a), _workload(b)
     if any(getattr(wa, f) != getattr(wb, f) for f in _WORKLOAD_FIELDS):
         out.append(Difference("workload", _workload_text(wa), _workload_text(wb)))
-    kind_a, kind_b = _known(_config(a, "server").get("kind")), _known(_config(b, "server").get("kind"))
+    kind_a, kind_b = (
+        _known(_config(a, "server").get("kind")),
+        _known(_config(b, "server").get("kind")),
+    )
     if kind_a != kind_b:
         out.append(Difference("engine", kind_a or "not given", kind_b or "not given"))
     ta, tb = _config(a, "target"), _config(b, "target")
     model_a, model_b = _known(ta.get("model")), _known(tb.get("model"))
-    host_a, host_b = url_host(str(ta.get("base_url") or "")), url_host(str(tb.get("base_url") or ""))
+    host_a, host_b = (
+        url_host(str(ta.get("base_url") or "")),
+        url_host(str(tb.get("base_url") or "")),
+    )
     if model_a and model_b and model_a != model_b:
         out.append(Difference("model", model_a, model_b))
     if host_a and host_b and host_a != host_b:

@@ -64,4 +64,10 @@ def test_a_tier_without_a_figure_shows_a_dash(isolated: Path) -> None:
     (run / "tiers.jsonl").write_text(json.dumps(tier) + "\n", "utf-8")
     code, table = _report(isolated)
     assert code == 1  # the steps did not run: the proof fails, and says so
-    assert [c.strip() for c in table[1].strip("|").split("|")][:5] == ["1", "fail", "0.00", "–", "–"]
+    assert [c.strip() for c in table[1].strip("|").split("|")][:5] == [
+        "1",
+        "fail",
+        "0.00",
+        "–",
+        "–",
+    ]

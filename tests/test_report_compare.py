@@ -222,9 +222,17 @@ def _config(*, model: str = "internlm-s2", host: str = "127.0.0.1", kind: Any = 
             {"workload": {"source": "tasks", "tasks": "b.jsonl"}},
             "workload tasks a.jsonl → tasks b.jsonl",
         ),
-        ({"config": _config(kind="vllm")}, {"config": _config(kind="llamacpp")}, "engine vllm → llamacpp"),
+        (
+            {"config": _config(kind="vllm")},
+            {"config": _config(kind="llamacpp")},
+            "engine vllm → llamacpp",
+        ),
         ({"config": _config()}, {"config": _config(kind="sglang")}, "engine not given → sglang"),
-        ({"config": _config()}, {"config": _config(model="qwen-7b")}, "model internlm-s2 → qwen-7b"),
+        (
+            {"config": _config()},
+            {"config": _config(model="qwen-7b")},
+            "model internlm-s2 → qwen-7b",
+        ),
         ({"config": _config()}, {"config": _config(host="gpu-box")}, "host 127.0.0.1 → gpu-box"),
         ({"target": "abc123"}, {"target": "def456"}, "target abc123 → def456"),
         (

@@ -105,7 +105,9 @@ def test_a_tier_written_on_two_cards_reports_the_fullest_card(tmp_path: Path) ->
     cfg = Config(sweep=replace(SweepConfig(), concurrency=(1, 2), level_s=0.5, repeats=1))
     ctx = stage_ctx(tmp_path, cfg, "sweep")
     loop = SimulatedLoop(lambda concurrency, repeat: 0.1)
-    Sweep(ctx, SweepOptions.from_config(cfg, 4), monitor, recorder(ctx, monitor, tmp_path), loop).run()
+    Sweep(
+        ctx, SweepOptions.from_config(cfg, 4), monitor, recorder(ctx, monitor, tmp_path), loop
+    ).run()
     rows = jsonl(ctx.run.path / "tiers.jsonl")
     assert [r["peak_vram_mib"] for r in rows] == [43000.0, 43000.0]
     assert all(r["peak_vram_mib"] <= r["vram_total_mib"] == 81920.0 for r in rows)

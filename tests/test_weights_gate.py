@@ -73,7 +73,9 @@ def test_a_served_root_the_setting_was_not_measured_on_closes_pin(cli, isolated:
 
     def line(stage: str, summary: dict, root: str) -> None:
         weights = {"model_path": "", "served_root": root}
-        entry = LedgerEntry(stage, f"2026-{stage}-{root[-1]}", target, True, summary, weights=weights)
+        entry = LedgerEntry(
+            stage, f"2026-{stage}-{root[-1]}", target, True, summary, weights=weights
+        )
         with ledger.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(entry.to_json()) + "\n")
 
