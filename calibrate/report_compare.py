@@ -217,8 +217,8 @@ def differences(a: RunView, b: RunView) -> tuple[Difference, ...]:
         _known(_config(a, "server").get("kind")),
         _known(_config(b, "server").get("kind")),
     )
-    if kind_a != kind_b:
-        out.append(Difference("engine", kind_a or "not given", kind_b or "not given"))
+    if kind_a and kind_b and kind_a != kind_b:  # [server] filled in later is no other engine
+        out.append(Difference("engine", kind_a, kind_b))
     ta, tb = _config(a, "target"), _config(b, "target")
     model_a, model_b = _known(ta.get("model")), _known(tb.get("model"))
     host_a, host_b = (

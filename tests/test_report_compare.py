@@ -227,7 +227,6 @@ def _config(*, model: str = "internlm-s2", host: str = "127.0.0.1", kind: Any = 
             {"config": _config(kind="llamacpp")},
             "engine vllm → llamacpp",
         ),
-        ({"config": _config()}, {"config": _config(kind="sglang")}, "engine not given → sglang"),
         (
             {"config": _config()},
             {"config": _config(model="qwen-7b")},
@@ -260,9 +259,24 @@ def test_report_a_b_warns_when_the_runs_did_not_measure_the_same_thing(
     assert said in page.id_text["not-like-for-like"]
 
 
-def test_report_a_b_of_like_runs_says_nothing_about_differences(cli, isolated: Path) -> None:
-    same = {"config": _config(kind="vllm"), "workload": SYNTHETIC}
-    _pair(isolated, same, same)
+@pytest.mark.parametrize(
+    "b",
+    [
+        {"config": _config(kind="vllm"), "workload": SYNTHETIC},
+        # [server] filled in after the first run (the README tour): no other engine, no weights
+        {"config": _config(), "workload": SYNTHETIC},
+        {"weights": {"model_path": "", "served_root": ""}, "workload": SYNTHETIC},
+    ],
+)
+def test_report_a_b_of_like_runs_says_nothing_about_differences(
+    cli, isolated: Path, b: dict[str, Any]
+) -> None:
+    same = {
+        "config": _config(kind="vllm"),
+        "workload": SYNTHETIC,
+        "weights": {"model_path": "/models/m1", "served_root": "/models/x"},
+    }
+    _pair(isolated, same, b)
     result = cli("report", "runs/a", "runs/b", "--json", "--html")
     assert result.code == 0 and "warning" not in result.err
     assert result.json["differences"] == [] and result.json["warning"] is None
