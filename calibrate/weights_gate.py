@@ -12,18 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import get_args
 
 from calibrate.config import Config
 from calibrate.errors import GateClosed
 from calibrate.identity import Weights
 from calibrate.ledger import Gate, Ledger, current_weights, target_fingerprint
 from calibrate.records import LedgerEntry
-from calibrate.setting import CalibratedSetting, resolve
+from calibrate.setting import CalibratedSetting, SetBy, resolve
 from calibrate.stages.batch_lanes import Endpoint
 from calibrate.summaries import ladder_summary
 
 RERUN = "calibrate single --save-baseline, then calibrate repro and calibrate ladder"
-_ALWAYS = ("pin", "rollback", "active")  # a pin that passed, a rollback: they set what they set
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,11 @@ class MeasuredWeights:
 
 
 def _wrote_setting(entry: LedgerEntry) -> bool:
-    if entry.stage in _ALWAYS:
-        return entry.passed or entry.stage != "pin"
+    """Whether the line can have set the setting (as ``calibrate.setting.resolve`` reads it)."""
+    if entry.stage == "pin":
+        return entry.passed
+    if entry.stage in ("rollback", "active"):
+        return True
     if entry.stage not in ("ladder", "sweep", "tune") or not entry.passed or entry.interrupted:
         return False
     return not (entry.stage == "ladder" and ladder_summary(entry.summary).is_context)
@@ -83,12 +86,12 @@ def setting_gate(cfg: Config, ledger: Ledger, target: str, *, served_root: str =
     return Gate(
         False,
         f"{why} since the setting (batch {setting.batch_size}, concurrency "
-        f"{setting.concurrency}) was measured ({where}): it is not for these weights",
+        f"{setting.concurrency}) was recorded ({where}): it is not for these weights",
         RERUN,
     )
 
 
-SET_BY = ("ladder", "sweep", "pin", "rollback", "tune")  # concurrency from the calibrated setting
+SET_BY = get_args(SetBy)  # a batch endpoint whose concurrency came from the calibrated setting
 
 
 def check_batch(cfg: Config, ledger: Ledger, endpoints: Sequence[Endpoint]) -> None:
