@@ -49,14 +49,25 @@ class DeviceMemory:
         }
 
 
+def fullest_device(devices: Sequence[DeviceMemory]) -> DeviceMemory | None:
+    """The device that runs out first: the highest used/total; without totals, the most used."""
+    known = [d for d in devices if d.pressure is not None]
+    if known:
+        return max(known, key=lambda d: d.pressure or 0.0)
+    return max(devices, key=lambda d: d.used_mib, default=None)
+
+
 def devices_used_mib(devices: Sequence[DeviceMemory]) -> float | None:
-    """The memory held over ``devices`` (None when none was read)."""
-    return sum(d.used_mib for d in devices) if devices else None
+    """The fullest device's use (None when none was read): never a sum — 85,000 MiB "used" on
+    two 80 GiB cards is no number a user can act on; each device's own is in ``per_device``."""
+    fullest = fullest_device(devices)
+    return fullest.used_mib if fullest is not None else None
 
 
 def devices_total_mib(devices: Sequence[DeviceMemory]) -> float | None:
-    totals = [d.total_mib for d in devices if d.total_mib]
-    return sum(totals) if totals else None
+    """The fullest device's capacity, the total its use is read against."""
+    fullest = fullest_device(devices)
+    return fullest.total_mib if fullest is not None and fullest.total_mib else None
 
 
 @dataclass(frozen=True)
@@ -74,7 +85,7 @@ class VramReading:
 
     @property
     def used_mib(self) -> float | None:
-        """Summed over the devices: the memory the server holds (pressure is per device)."""
+        """The fullest device's use, as pressure is the fullest device's (never a sum)."""
         return devices_used_mib(self.devices)
 
     @property
@@ -85,7 +96,7 @@ class VramReading:
     def fullest(self) -> DeviceMemory | None:
         """The device with the highest used/total: the one that runs out first."""
         known = [d for d in self.devices if d.pressure is not None]
-        return max(known, key=lambda d: d.pressure or 0.0, default=None)
+        return fullest_device(known) if known else None
 
     @property
     def measures_vram(self) -> bool:

@@ -69,10 +69,16 @@ def comparison_table(cmp: RunComparison) -> str:
 def comparison_html(cmp: RunComparison) -> str:
     """Both runs' verdicts, the matched tiers with deltas, and overlaid plots."""
     title = f"calibrate {cmp.kind}: {cmp.a.run_id} vs {cmp.b.run_id}"
+    warning = (
+        [f'<p class="unknown" id="not-like-for-like">warning: {text(cmp.warning)}</p>']
+        if cmp.warning
+        else []
+    )
     return page(
         title,
         [
             f"<h1>{text(title)}</h1>",
+            *warning,
             section(
                 "runs", "Runs", [definitions(_side("A", cmp.a) + _side("B", cmp.b), "run-pair")]
             ),

@@ -131,7 +131,18 @@ def current_weights(cfg: Config, ledger: Ledger, target: str) -> Weights:
 
 
 def check_gate(stage: str, cfg: Config, ledger: Ledger, target: str) -> Gate:
-    """The gate table of SPEC §4.3, read from ``calibrate.pipeline``."""
+    """The gate table of SPEC §4.3, read from ``calibrate.pipeline``; a stage that derives from
+    the calibrated setting (pin, verify) is also gated against the weights it was measured with."""
+    gate = _stage_gate(stage, cfg, ledger, target)
+    row = step(stage)
+    if gate.open and row is not None and row.derives_setting:
+        from calibrate.weights_gate import setting_gate  # it reads the setting, which reads us
+
+        return setting_gate(cfg, ledger, target)
+    return gate
+
+
+def _stage_gate(stage: str, cfg: Config, ledger: Ledger, target: str) -> Gate:
     row = step(stage)
     if row is None or row.needs == "nothing":
         return Gate(True)

@@ -27,6 +27,7 @@ class Step:
     needs: Need
     run_first: str  # the command that satisfies ``needs``
     then: str  # what to run after this stage passed
+    derives_setting: bool = False  # gated against the weights the setting was measured with
 
 
 PIPELINE: tuple[Step, ...] = (
@@ -35,8 +36,8 @@ PIPELINE: tuple[Step, ...] = (
     Step("ladder", "repro", "calibrate repro", "calibrate sweep"),
     Step("sweep", "ladder", "calibrate ladder", "calibrate pin"),
     Step("tune", "ladder", "calibrate ladder", "calibrate pin"),
-    Step("pin", "ladder", "calibrate ladder", RESTART_THEN_VERIFY),
-    Step("verify", "baseline", "calibrate single", BATCH_COMMAND),
+    Step("pin", "ladder", "calibrate ladder", RESTART_THEN_VERIFY, derives_setting=True),
+    Step("verify", "baseline", "calibrate single", BATCH_COMMAND, derives_setting=True),
     Step("rollback", "ladder_tier_or_pin", "calibrate ladder", BATCH_COMMAND),
     Step("batch", "nothing", "", ""),
 )

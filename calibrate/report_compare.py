@@ -14,6 +14,7 @@ from typing import Any
 
 from calibrate.errors import InputError
 from calibrate.numbers import finite
+from calibrate.run_differences import Difference, differences
 from calibrate.run_view import RunView
 from calibrate.tier_table import level_key
 
@@ -112,6 +113,18 @@ class RunComparison:
     b: RunView
     metrics: tuple[str, ...]  # the headline columns, in display order
     rows: tuple[PairRow, ...]
+    differences: tuple[Difference, ...] = ()
+
+    @property
+    def warning(self) -> str | None:
+        """The one line said above the table when A and B are not like for like."""
+        if not self.differences:
+            return None
+        return (
+            "A and B did not measure the same thing — "
+            + "; ".join(d.text() for d in self.differences)
+            + ": the deltas are not the effect of one change"
+        )
 
     @property
     def kind(self) -> str:
@@ -138,6 +151,8 @@ class RunComparison:
             "b": side(self.b),
             "metrics": list(self.metrics),
             "rows": [r.to_json() for r in self.rows],
+            "differences": [d.to_json() for d in self.differences],
+            "warning": self.warning,
         }
 
 
@@ -185,7 +200,7 @@ def compare_runs(a: RunView, b: RunView) -> RunComparison:
         PairRow(k, rows_a.get(k), rows_b.get(k), _deltas(rows_a.get(k), rows_b.get(k), a.key))
         for k in sorted(set(rows_a) | set(rows_b))
     )
-    return RunComparison(a, b, _headline(a, b), pairs)
+    return RunComparison(a, b, _headline(a, b), pairs, differences(a, b))
 
 
 def delta_text(delta: Delta | None) -> str:

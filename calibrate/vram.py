@@ -184,20 +184,19 @@ class VramMonitor:
             self.sample()  # the end state counts too, however short the window
         with self._lock:
             window, self._window = self._window, []
-        used = [s.used_mib for s in window if s.used_mib is not None]
         kv = [s.kv_usage for s in window if s.kv_usage is not None]
         queue = [s.server_queue for s in window if s.server_queue is not None]
         top = max(window, key=lambda s: s.pressure.value or 0.0, default=None)
         pressure = top.pressure if top else Pressure(None, "none")
-        total = next((s.total_mib for s in window if s.total_mib), None)
+        peaks = device_peaks(s.devices for s in window)
         return WindowPeak(
             idle,
-            max(used, default=None),
+            devices_used_mib(peaks),  # the fullest device's own peak, never a sum over devices
             pressure,
             max(kv, default=None),
-            total,
+            devices_total_mib(peaks),
             len(window),
-            device_peaks(s.devices for s in window),
+            peaks,
             max(queue, default=None),
         )
 

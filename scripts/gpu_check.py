@@ -28,7 +28,7 @@ def describe(sampler: NvmlSampler) -> None:
     print(
         f"driver {_text(nvml.nvmlSystemGetDriverVersion())}, NVML {_text(nvml.nvmlSystemGetNVMLVersion())}"
     )
-    for index, handle in enumerate(sampler.handles):
+    for index, (_device, handle) in enumerate(sampler.devices):
         name = _text(nvml.nvmlDeviceGetName(handle))
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
         v1 = nvml.nvmlDeviceGetMemoryInfo(handle)
@@ -81,13 +81,15 @@ def allocator() -> tuple[str, Callable[[int], Any]] | None:
         return None
 
 
-def spike(sampler: NvmlSampler) -> bool:
-    found = allocator()
+def spike(sampler: NvmlSampler, found: tuple[str, Callable[[int], Any]] | None = None) -> bool:
+    """Allocate on the first GPU for SPIKE_S and check the sampler saw that device rise by it
+    (that device's own figures: the window's peak is the fullest device's, maybe another)."""
+    found = found or allocator()
     if found is None:
         print("spike: neither torch (with CUDA) nor cupy is importable: spike not checked")
         return True
     tool, alloc = found
-    v1 = sampler.nvml.nvmlDeviceGetMemoryInfo(sampler.handles[0])
+    v1 = sampler.nvml.nvmlDeviceGetMemoryInfo(sampler.devices[0][1])
     size = int(min(4 * 1024 * MIB, v1.free * 0.25))
     monitor = VramMonitor([sampler], interval_s=0.05).start()
     try:
@@ -107,14 +109,15 @@ def spike(sampler: NvmlSampler) -> bool:
         peak = monitor.close_window(idle)
     finally:
         monitor.stop()
-    idle_mib = idle.used_mib if idle and idle.used_mib is not None else 0.0
-    rise_mib = (peak.peak_used_mib or 0.0) - idle_mib
+    idle_mib = idle.devices[0].used_mib if idle and idle.devices else 0.0
+    peak_mib = peak.devices[0].used_mib if peak.devices else 0.0
+    rise_mib = peak_mib - idle_mib
     wanted_mib = size / MIB
     caught = rise_mib >= 0.9 * wanted_mib
     print(
         f"spike: {tool} allocated {wanted_mib:.0f} MiB for {SPIKE_S:.0f} s; sampler saw idle "
-        f"{idle_mib:.0f} MiB, peak {peak.peak_used_mib or 0:.0f} MiB (+{rise_mib:.0f}) over "
-        f"{peak.samples} samples: {'CAUGHT' if caught else 'MISSED'}"
+        f"{idle_mib:.0f} MiB, peak {peak_mib:.0f} MiB (+{rise_mib:.0f}) on the first device "
+        f"over {peak.samples} samples: {'CAUGHT' if caught else 'MISSED'}"
     )
     return caught
 

@@ -242,7 +242,7 @@ def device_line(work: Path) -> str:
 
 def tier_table(tiers: list[dict[str, Any]]) -> list[str]:
     rows = [
-        "| batch | verdict | items/s | per item mean s | peak VRAM MiB | idle MiB | errors |",
+        "| batch | verdict | items/s | per item s | peak VRAM MiB | idle MiB | errors |",
         "|---:|---|---:|---:|---:|---:|---|",
     ]
 
@@ -253,7 +253,7 @@ def tier_table(tiers: list[dict[str, Any]]) -> list[str]:
         kinds = ", ".join(f"{k}×{n}" for k, n in sorted((t.get("error_kinds") or {}).items()))
         rows.append(
             f"| {t['batch_size']} | {t['verdict']} | {num(t.get('items_per_s'), '.2f')} | "
-            f"{num(t.get('per_item_mean_s'), '.3f')} | {num(t.get('peak_vram_mib'), '.0f')} | "
+            f"{num(t.get('per_item_s'), '.3f')} | {num(t.get('peak_vram_mib'), '.0f')} | "
             f"{num(t.get('vram_idle_mib'), '.0f')} | {kinds or '0'} |"
         )
     return rows

@@ -31,7 +31,8 @@ def test_nvml_reads_each_device_with_memory_v2() -> None:
     assert reading == VramReading(
         "nvml", (DeviceMemory("0", 1000.0, 80000.0), DeviceMemory("1", 3000.0, 80000.0))
     )
-    assert reading.used_mib == 4000.0 and reading.total_mib == 160000.0
+    # the fullest device's figures, never a sum over the two cards
+    assert reading.used_mib == 3000.0 and reading.total_mib == 80000.0
     assert fake.calls == ["v2", "v2"]
 
 
@@ -44,7 +45,7 @@ def test_pressure_is_the_fullest_device_never_the_average() -> None:
     assert merged is not None
     assert merged.pressure == Pressure(0.95, "nvml", "device 0")
     assert merged.pressure.text == "nvml: device 0"
-    assert merged.used_mib == 84000.0  # the memory the server holds is still the sum
+    assert merged.used_mib == 76000.0 and merged.total_mib == 80000.0  # GPU0's, not the sum
 
 
 def test_nvml_falls_back_to_v1_and_selects_by_uuid_or_index() -> None:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from calibrate.report_compare import Delta
 from calibrate.timeline import tier_timeline
+from tests.mockserver import start_mock
 from tests.report_helpers import Page, ladder_row, sweep_row, write_run
+from tests.tier_helpers import FAST, open_gate
 
 
 def _two_ladders(root: Path) -> None:
@@ -165,3 +171,131 @@ def test_a_change_inside_the_noise_is_neither_better_nor_worse() -> None:
     assert Delta(100.0, 90.0, higher_better=True).better is False
     assert Delta(100.0, 94.0, higher_better=False).better is True
     assert Delta(0.0, 3.0, higher_better=True).better is True  # no relative change: the sign
+
+
+SYNTHETIC = {"source": "synthetic", "input_tokens": "400", "output_tokens": 20}
+
+
+def _pair(root: Path, a: dict[str, Any], b: dict[str, Any]) -> None:
+    """Two ladders alike but for what ``a``/``b`` set: manifest fields and the summary's workload."""
+    for name, extra in (("a", a), ("b", b)):
+        manifest = {k: v for k, v in extra.items() if k in ("config", "target")}
+        summary = {"last_passing": {"batch_size": 2, "concurrency": 2}, "stopped_by": "completed"}
+        if "workload" in extra:
+            summary["workload"] = extra["workload"]
+        run = write_run(
+            root,
+            name,
+            "ladder",
+            [ladder_row(1, 4.0), ladder_row(2, 8.0)],
+            manifest=manifest,
+            summary=summary,
+        )
+        if "weights" in extra:
+            line = json.loads((run / "summary.json").read_text("utf-8"))
+            (run / "summary.json").write_text(json.dumps({**line, "weights": extra["weights"]}))
+
+
+def _config(*, model: str = "internlm-s2", host: str = "127.0.0.1", kind: Any = None) -> Any:
+    return {
+        "target": {"base_url": f"http://{host}:8000/v1", "model": model},
+        "server": {"kind": kind, "model_path": ""},
+    }
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "said"),
+    [
+        ({}, {"workload": SYNTHETIC}, "workload the fixed prompt → synthetic, target 400 input"),
+        (
+            {"workload": SYNTHETIC},
+            {"workload": {**SYNTHETIC, "output_tokens": 100}},
+            "20 output tokens → synthetic, target 400 input tokens, 100 output tokens",
+        ),
+        (
+            {"workload": {**SYNTHETIC, "input_tokens": "512:4096"}},
+            {"workload": SYNTHETIC},
+            "target 512:4096 input tokens",
+        ),
+        (
+            {"workload": {"source": "tasks", "tasks": "a.jsonl"}},
+            {"workload": {"source": "tasks", "tasks": "b.jsonl"}},
+            "workload tasks a.jsonl → tasks b.jsonl",
+        ),
+        (
+            {"config": _config(kind="vllm")},
+            {"config": _config(kind="llamacpp")},
+            "engine vllm → llamacpp",
+        ),
+        (
+            {"config": _config()},
+            {"config": _config(model="qwen-7b")},
+            "model internlm-s2 → qwen-7b",
+        ),
+        ({"config": _config()}, {"config": _config(host="gpu-box")}, "host 127.0.0.1 → gpu-box"),
+        ({"target": "abc123"}, {"target": "def456"}, "target abc123 → def456"),
+        (
+            {"weights": {"model_path": "/models/m1", "served_root": ""}},
+            {"weights": {"model_path": "/models/m2", "served_root": ""}},
+            "weights /models/m1 → /models/m2",
+        ),
+    ],
+)
+def test_report_a_b_warns_when_the_runs_did_not_measure_the_same_thing(
+    cli, isolated: Path, a: dict[str, Any], b: dict[str, Any], said: str
+) -> None:
+    _pair(isolated, a, b)
+    result = cli("report", "runs/a", "runs/b", "--json", "--html")
+    assert result.code == 0, result.err
+    first = result.err.splitlines()[0]
+    assert first.startswith("warning: A and B did not measure the same thing — "), result.err
+    assert said in first and first.endswith("the deltas are not the effect of one change")
+    assert sum("did not measure the same thing" in line for line in result.err.splitlines()) == 1
+    assert result.json["warning"] == first.removeprefix("warning: ")
+    assert result.json["differences"] and all(
+        set(d) == {"what", "a", "b"} for d in result.json["differences"]
+    )
+    page = Page((isolated / "runs/b/compare-a.html").read_text("utf-8"))
+    assert said in page.id_text["not-like-for-like"]
+
+
+@pytest.mark.parametrize(
+    "b",
+    [
+        {"config": _config(kind="vllm"), "workload": SYNTHETIC},
+        # [server] filled in after the first run (the README tour): no other engine, no weights
+        {"config": _config(), "workload": SYNTHETIC},
+        {"weights": {"model_path": "", "served_root": ""}, "workload": SYNTHETIC},
+    ],
+)
+def test_report_a_b_of_like_runs_says_nothing_about_differences(
+    cli, isolated: Path, b: dict[str, Any]
+) -> None:
+    same = {
+        "config": _config(kind="vllm"),
+        "workload": SYNTHETIC,
+        "weights": {"model_path": "/models/m1", "served_root": "/models/x"},
+    }
+    _pair(isolated, same, b)
+    result = cli("report", "runs/a", "runs/b", "--json", "--html")
+    assert result.code == 0 and "warning" not in result.err
+    assert result.json["differences"] == [] and result.json["warning"] is None
+    page = Page((isolated / "runs/b/compare-a.html").read_text("utf-8"))
+    assert "not-like-for-like" not in page.id_text
+
+
+def test_a_fixed_prompt_ladder_and_a_400_token_ladder_are_flagged(cli, isolated: Path) -> None:
+    """The case a user hit: two real ladders against the mock, the second --input-tokens 400."""
+    with start_mock(ttft_s=0.001, per_token_s=0.0002) as mock:
+        open_gate(isolated, mock.base_url, FAST + "batch_sizes = [1, 2]\n")
+        fixed = cli("ladder", "--json")
+        sized = cli("ladder", "--json", "--input-tokens", "400", "--output-tokens", "20")
+    assert fixed.code == 0 and sized.code == 0, sized.err
+    result = cli("report", fixed.json["run_id"], sized.json["run_id"], "--json")
+    assert result.code == 0, result.err
+    assert result.json["differences"][0]["what"] == "workload"
+    first = result.err.splitlines()[0]
+    assert "workload the fixed prompt → synthetic, target 400 input tokens" in first
+    assert "20 output tokens" in first
+    again = cli("report", sized.json["run_id"], sized.json["run_id"], "--json")
+    assert again.json["differences"] == []

@@ -6,6 +6,8 @@ import json
 import socket
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import write_config
 from tests.mockserver import start_mock
 
@@ -102,16 +104,48 @@ def test_missing_usage_is_diagnosed(cli, isolated: Path) -> None:
     assert result.code == 1 and "did not report token usage" in result.err
 
 
-def test_wrong_weights_warning(cli, isolated: Path) -> None:
-    """A server that answers any name with what it loaded (llama.cpp) is caught by its answer."""
+@pytest.mark.parametrize("stream", [False, True])
+def test_wrong_weights_fail_single_without_a_baseline(cli, isolated: Path, stream: bool) -> None:
+    """A server that answers any name with what it loaded (llama.cpp) is caught by its answer:
+    exit 1, no baseline, both names and both ways out in the message."""
     with start_mock(
         ttft_s=0.001, per_token_s=0.0002, models=("qwen-7b",), any_model=True
     ) as server:
-        result = cli("single", "--base-url", server.base_url, "--json")
+        args = ["single", "--base-url", server.base_url, "--json"]
+        result = cli(*args, *(["--stream"] if stream else []))
+    assert result.code == 1, result.err
+    (line,) = [x for x in result.err.splitlines() if "single failed" in x]
+    assert "the server serves 'qwen-7b', the config names 'internlm-s2'" in line
+    assert "fix target.model" in line and "--accept-model" in line
+    assert not (isolated / "baselines/single.jsonl").exists(), "other weights are no baseline"
+    assert result.json["passed"] is False and result.json["served_model"] == "qwen-7b"
+    ledger = [json.loads(x) for x in (isolated / "runs/ledger.jsonl").read_text().splitlines()]
+    assert ledger[-1]["stage"] == "single" and ledger[-1]["passed"] is False
+
+
+def test_accept_model_passes_and_records_the_alias(cli, isolated: Path) -> None:
+    with start_mock(
+        ttft_s=0.001, per_token_s=0.0002, models=("qwen-7b",), any_model=True
+    ) as server:
+        result = cli("single", "--base-url", server.base_url, "--accept-model", "--json")
     assert result.code == 0, result.err
-    assert "the server lists qwen-7b but the config names 'internlm-s2'" in result.err
-    assert "the response says model 'qwen-7b'" in result.err and "wrong weights" in result.err
-    assert result.json["served_model"] == "qwen-7b"
+    assert "'internlm-s2' accepted as an alias of 'qwen-7b' (recorded)" in result.err
+    assert (isolated / "baselines/single.jsonl").exists()
+    assert result.json["accepted_model"] == "qwen-7b"
+    ledger = [json.loads(x) for x in (isolated / "runs/ledger.jsonl").read_text().splitlines()]
+    assert ledger[-1]["passed"] is True and ledger[-1]["summary"]["accepted_model"] == "qwen-7b"
+
+
+def test_a_listing_of_other_models_fails_an_answer_that_names_no_model() -> None:
+    """An answer without a ``model`` field: /v1/models is the only word on the weights."""
+    from calibrate.records import ModelInfo, ServerIdentity
+    from calibrate.stages.single import model_mismatch
+
+    listing = ServerIdentity(models=(ModelInfo("qwen-7b"),))
+    assert model_mismatch(listing, None, "internlm-s2") == "qwen-7b"
+    assert model_mismatch(listing, "internlm-s2", "internlm-s2") is None  # it answered as asked
+    assert model_mismatch(listing, "qwen-7b", "qwen-7b") is None
+    assert model_mismatch(ServerIdentity(), None, "internlm-s2") is None  # nothing known
 
 
 def test_right_model_gives_no_weights_warning(cli, mock, isolated: Path) -> None:

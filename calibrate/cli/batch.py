@@ -59,6 +59,7 @@ from calibrate.stages.export import check_export, export_final
 from calibrate.stages.format_check import shape_checks
 from calibrate.stages.length_check import length_warning
 from calibrate.stages.retry import RetryPolicy
+from calibrate.weights_gate import check_batch
 
 
 def register(subparsers: Any) -> None:
@@ -72,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     args.base_url = split_endpoint(urls[0])[0] if urls else None  # the target: the first one
     cfg = load_config(args)
     endpoints = endpoints_for(cfg, urls, args.concurrency, Ledger(cfg.runs_dir), MAX_CONCURRENCY)
+    check_batch(cfg, Ledger(cfg.runs_dir), endpoints)  # the setting's weights, before anything
     concurrency = sum(e.concurrency for e in endpoints)
     if concurrency > MAX_CONCURRENCY:
         raise UsageError(

@@ -147,6 +147,8 @@ def _timeline(
 
 def _compare(out: Output, a: RunView, b: RunView, html: str | None) -> int:
     cmp = compare_runs(a, b)
+    if cmp.warning:
+        out.warn(cmp.warning)
     out.render(report.runs_compare_table(cmp))
     result = cmp.to_json()
     if html is not None:

@@ -34,6 +34,11 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="replace baselines/single.jsonl with this answer (the old one is kept)",
     )
+    parser.add_argument(
+        "--accept-model",
+        action="store_true",
+        help="pass although the server serves another model name (an intended alias; recorded)",
+    )
     add_junit(parser)
 
 
@@ -45,7 +50,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, out: Output, ctx: StageContext) -> int:
-    result = run_single(ctx, stream=args.stream, save_baseline=args.save_baseline)
+    result = run_single(
+        ctx, stream=args.stream, save_baseline=args.save_baseline, accept_model=args.accept_model
+    )
     record = result.record
     for warning in result.warnings:
         out.warn(warning)

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: Normaliser) -> int:
-    result = run_verify(ctx, normaliser)
+    result = run_verify(ctx, normaliser, force=bool(getattr(args, "force", False)))
     ctx.run.close()
     comparison = result.repro.comparisons[0]
     suite = junit_suite("verify", ctx.run, ctx.target)

@@ -13,7 +13,7 @@ from calibrate.client import OpenAIClient
 from calibrate.config import Config
 from calibrate.gpu import gpu_snapshot
 from calibrate.identity import TargetIdentity, Weights
-from calibrate.ledger import Ledger
+from calibrate.ledger import Ledger, current_weights
 from calibrate.records import LedgerEntry, SamplingParams
 from calibrate.redact import redact_url
 from calibrate.server.redaction import redact_config
@@ -45,8 +45,11 @@ class StageContext:
         """Append this run's verdict to the ledger and write ``summary.json``.
 
         An interrupted run is never a pass (SPEC §4.2): its partial results are for ``report``.
+        Every line records the weights (SPEC §3.1): ``model_path``, and the served root the
+        stage saw, else the newest one a run of this target recorded.
         """
-        weights = Weights(self.config.server.model_path, served_root)
+        root = served_root or current_weights(self.config, self.ledger, self.target).served_root
+        weights = Weights(self.config.server.model_path, root)
         entry = LedgerEntry(
             stage=self.run.stage,
             run_id=self.run.run_id,

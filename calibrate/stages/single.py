@@ -93,6 +93,7 @@ class SingleResult:
     problems: tuple[str, ...]
     warnings: tuple[str, ...]
     baseline: str | None  # what happened to the baseline: "written", "replaced", None
+    accepted_model: str | None = None  # what the server serves, accepted by --accept-model
 
     @property
     def passed(self) -> bool:
@@ -106,6 +107,7 @@ class SingleResult:
             "served_model": record.served_model,
             "problems": list(self.problems),
             "identity": self.identity.to_json(),
+            "accepted_model": self.accepted_model,
         }
 
 
@@ -136,8 +138,30 @@ def diagnose(
     return problems
 
 
+def model_mismatch(identity: ServerIdentity, served_model: str | None, model: str) -> str | None:
+    """What the server serves when it is not the configured model ("right endpoint, wrong
+    weights"): the answer's own ``model``, else ``/v1/models`` when it lists others only."""
+    if served_model and served_model != model:
+        return served_model
+    if not served_model and identity.model_ids and model not in identity.model_ids:
+        return ", ".join(identity.model_ids)
+    return None
+
+
+def mismatch_problem(served: str, model: str) -> str:
+    return (
+        f"the server serves {served!r}, the config names {model!r} (right endpoint, wrong "
+        f"weights?): fix target.model (or the server's weights), or pass --accept-model if "
+        f"{model!r} is meant as an alias of {served!r}"
+    )
+
+
 def run_single(
-    ctx: StageContext, *, stream: bool = False, save_baseline: bool = False
+    ctx: StageContext,
+    *,
+    stream: bool = False,
+    save_baseline: bool = False,
+    accept_model: bool = False,
 ) -> SingleResult:
     identity, warnings = server_identity(ctx)
     model = ctx.config.target.model
@@ -150,16 +174,19 @@ def run_single(
     identity = replace(
         identity, served_model=record.served_model, system_fingerprint=record.system_fingerprint
     )
-    if record.ok and record.served_model and record.served_model != model:
-        warnings.append(
-            f"the response says model {record.served_model!r}, the config names {model!r}: "
-            "right endpoint, wrong weights?"
-        )
     problems = diagnose(record, identity, model, streamed=stream)
+    answered = record.error is None or record.error.kind == "incomplete"
+    served = model_mismatch(identity, record.served_model, model) if answered else None
+    accepted = None
+    if served is not None and accept_model:
+        accepted = served
+        warnings.append(f"--accept-model: {model!r} accepted as an alias of {served!r} (recorded)")
+    elif served is not None:
+        problems.insert(0, mismatch_problem(served, model))
     baseline = None
     if not problems:
         baseline = write_baseline(baseline_path(ctx.config), record, replace_existing=save_baseline)
-    result = SingleResult(record, identity, tuple(problems), tuple(warnings), baseline)
+    result = SingleResult(record, identity, tuple(problems), tuple(warnings), baseline, accepted)
     ctx.run.update_manifest(server=identity.to_json())
     ctx.record_result(result.passed, result.summary(), served_root=served_root(identity, model))
     ctx.run.close()

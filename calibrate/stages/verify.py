@@ -1,17 +1,22 @@
 """Stage E′: after a restart, the fixed prompt against the baseline (SPEC §5.8).
 
-The same comparison as repro with one run: "config consistent", or the diff.
+The same comparison as repro with one run: "config consistent", or the diff. The restarted
+server's ``/v1/models`` root is checked against the weights the setting was measured with
+first (SPEC §3.1): other weights behind the same name are exit 3, naming both.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from calibrate.compare import Normaliser
+from calibrate.errors import GateClosed
 from calibrate.setting import CalibratedSetting, resolve
 from calibrate.stages.context import StageContext
 from calibrate.stages.repro import ReproResult, against_baseline
+from calibrate.stages.single import served_root, server_identity
+from calibrate.weights_gate import setting_gate
 
 
 @dataclass(frozen=True)
@@ -30,9 +35,21 @@ class VerifyResult:
         return out
 
 
-def run_verify(ctx: StageContext, normaliser: Normaliser) -> VerifyResult:
-    """Run the fixed prompt once, compare it with the baseline, record the verdict."""
+def run_verify(ctx: StageContext, normaliser: Normaliser, *, force: bool = False) -> VerifyResult:
+    """Check the served weights, run the fixed prompt once, compare it with the baseline, and
+    record the verdict (with the root the server serves now)."""
+    identity, _ = server_identity(ctx)  # no server there: exit 4
+    root = served_root(identity, ctx.config.target.model)
+    if root:
+        gate = setting_gate(ctx.config, ctx.ledger, ctx.target, served_root=root)
+        if not gate.open and not force:
+            raise GateClosed(
+                f"verify is gated: {gate.reason}",
+                f"Run first: {gate.run_first}   (or pass --force to run anyway; it is recorded)",
+            )
+        if not gate.open:
+            ctx = replace(ctx, forced=True)
     repro = against_baseline(ctx, normaliser, runs=1)
     result = VerifyResult(repro, resolve(ctx.ledger, ctx.target))
-    ctx.record_result(result.passed, result.summary())
+    ctx.record_result(result.passed, result.summary(), served_root=root)
     return result

@@ -103,7 +103,17 @@ class FakeNvml:
         if version is not None and not self.v2:
             raise self.NVMLError("Function Not Found")
         self.calls.append(("v2" if version else "v1") + (" mig" if handle.is_mig else ""))
-        return SimpleNamespace(used=int(handle.used_mib * MIB), total=int(handle.total_mib * MIB))
+        used, total = int(handle.used_mib * MIB), int(handle.total_mib * MIB)
+        return SimpleNamespace(used=used, total=total, free=total - used, reserved=0)
+
+    def nvmlDeviceGetName(self, handle: FakeGpu) -> bytes:
+        return b"NVIDIA Fake 80GB"
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "999.99"
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        return "12.999"
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeGpu) -> list[Any]:
         return [SimpleNamespace(pid=p, usedGpuMemory=int(m * MIB)) for p, m in handle.procs]
