@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calibrate.errors import ErrorInfo
+from calibrate.request_times import NO_TIMES, RequestTimes
 from calibrate.stream_timing import StreamTiming
 
 
@@ -83,6 +84,7 @@ class Completion:
     elapsed_s: float
     ttft_s: float | None = None
     stream: StreamTiming | None = None  # a streamed answer's chunks and gaps (SPEC §5.13)
+    times: RequestTimes | None = None  # sent, first token, finished: stamped by the client
 
     @property
     def text(self) -> str:
@@ -178,9 +180,11 @@ class RequestRecord:
     error: ErrorInfo | None = None
     input_tokens_target: int | None = None  # the length a synthetic prompt was sized to
     canary: bool = False  # the fixed prompt riding along a workload's wave (SPEC §5.11)
+    times: RequestTimes | None = None  # when it was sent, answered, finished (SPEC §4.1)
 
     def to_json(self) -> dict[str, Any]:
         out = self._base_json()
+        out.update(self.times.to_json() if self.times is not None else NO_TIMES)
         if self.input_tokens_target is not None:
             out["input_tokens_target"] = self.input_tokens_target
         if self.canary:

@@ -335,6 +335,7 @@ def item_record(
         error=item.error,
         input_tokens_target=item.input_tokens_target,
         canary=item.role == "canary",
+        times=item.times,
     ).to_json()
 
 

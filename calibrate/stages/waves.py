@@ -17,6 +17,7 @@ from calibrate.client import OpenAIClient
 from calibrate.config import LadderMode
 from calibrate.errors import ErrorInfo, RequestError
 from calibrate.records import Completion, SamplingParams, incomplete_reason
+from calibrate.request_times import RequestTimes, epoch_at, monotonic
 from calibrate.stages.incidents import format_traceback
 from calibrate.stages.open_loop import OpenRun, open_loop
 from calibrate.stages.sweep_window import LevelWindow, LoopRun
@@ -201,7 +202,10 @@ class Sender:
             for request in in_flight.values():
                 results.extend(self._stuck(request, start))
             items = tuple(sorted(results, key=lambda r: r.index))
-            return LoopRun(items, self.clock() - start, state["full_s"], state["stop_s"])
+            started_at = epoch_at(start) if self.clock is monotonic else None
+            return LoopRun(
+                items, self.clock() - start, state["full_s"], state["stop_s"], started_at
+            )
 
     def open_loop(
         self,
@@ -225,12 +229,14 @@ class Sender:
         )
 
     def _one(self, request: Request, t0: float, max_tokens: int | None) -> list[ItemResult]:
+        sent = monotonic()  # a failure's times (an answer's own are the client's)
         started = self.clock() - t0
         try:
             completion = self.client.post_completion(request.path, request.body)
             return _answered(request, completion, started, self.clock() - t0, max_tokens)
         except RequestError as exc:
             done = self.clock() - t0
+            times = RequestTimes.of(sent, monotonic())
             return [
                 _failed(
                     request,
@@ -240,23 +246,27 @@ class Sender:
                     exc.info,
                     exc.exc_type or type(exc).__name__,
                     format_traceback(exc),
+                    times,
                 )
                 for n in range(len(request.prompts))
             ]
         except Exception as exc:  # a bug of calibrate's own: recorded, never a lost request
             info = ErrorInfo("internal", f"{type(exc).__name__}: {exc}")
             done = self.clock() - t0
+            times = RequestTimes.of(sent, monotonic())
             tb = format_traceback(exc)
             return [
-                _failed(request, n, started, done, info, type(exc).__name__, tb)
+                _failed(request, n, started, done, info, type(exc).__name__, tb, times)
                 for n in range(len(request.prompts))
             ]
 
     def _stuck(self, request: Request, t0: float) -> list[ItemResult]:
         now = self.clock() - t0
         info = ErrorInfo("timeout", f"no answer within {now:.0f} s")
+        times = RequestTimes.of(monotonic() - now, monotonic())  # send unknown: the loop's start
         return [
-            _failed(request, n, 0.0, now, info, None, None) for n in range(len(request.prompts))
+            _failed(request, n, 0.0, now, info, None, None, times)
+            for n in range(len(request.prompts))
         ]
 
 
@@ -268,6 +278,7 @@ def _failed(
     info: ErrorInfo,
     exc_type: str | None,
     tb: str | None,
+    times: RequestTimes | None = None,
 ) -> ItemResult:
     return ItemResult(
         index=request.first_index + n,
@@ -287,6 +298,7 @@ def _failed(
         traceback=tb,
         role=request.role,
         input_tokens_target=request.target(n),
+        times=times,
     )
 
 
@@ -340,6 +352,7 @@ def _answered(
                 error=error,
                 role=request.role,
                 input_tokens_target=request.target(n),
+                times=completion.times,
             )
         )
     return out
