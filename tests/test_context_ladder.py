@@ -6,12 +6,23 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from calibrate.records import Choice, ContextLimit, incomplete_reason
+from calibrate.stages.context_axis import (
+    axis_stopped_by,
+    bracket,
+    next_length,
+    outcome,
+    relabel,
+    tier_length,
+)
 from calibrate.stages.server_context import MAX_MODEL_LEN_HINT, props_context
+from calibrate.stages.tiers import Tier
 from tests.mockserver import start_mock
+from tests.test_stop_rules import CLEAN
 from tests.workload_helpers import FAST_MOCK, LADDER, calibrated, tiers
 
 
@@ -231,3 +242,64 @@ def test_the_per_slot_context_is_read_from_any_shape_of_props() -> None:
     assert props_context({"n_ctx": 2048}) == 2048
     assert props_context({"default_generation_settings": {"n_ctx": "512"}}) is None
     assert props_context(["not", "props"]) is None
+
+
+def _length_tier(length: int, verdict: str) -> Tier:
+    stats = replace(CLEAN, batch_size=1, input_tokens_target=float(length))
+    reason = relabel(f"batch 1: {verdict}", 1, length)  # as the ladder says it
+    return Tier(stats, (stats,), verdict, reason, 2)  # type: ignore[arg-type]
+
+
+def _walk(limit: int, planned: tuple[int, ...], cut: int | None = None) -> list[Tier]:
+    """The axis against a server that takes inputs up to ``limit`` tokens; ``cut`` tiers in,
+    the run is interrupted."""
+    history: list[Tier] = []
+    while (length := next_length(history, planned)) is not None and len(history) != cut:
+        history.append(_length_tier(length, "pass" if length <= limit else "fail"))
+        assert len(history) < 40, "the bisection ends"
+    return history
+
+
+PLANNED = (512, 1024, 2048, 4096, 8192, 16384)
+
+
+def test_the_bisection_ends_within_5_percent_or_256_tokens_of_any_limit() -> None:
+    for limit in (600, 1100, 4872, 5000, 8191, 12000, 16000):
+        history = _walk(limit, PLANNED)
+        low, high = bracket(history) or (0, 0)
+        assert low <= limit < high, (limit, low, high)
+        assert high - low <= max(0.05 * low, 256), (limit, low, high)
+        assert axis_stopped_by(history, PLANNED) == "failure"
+        assert len(history) <= len(PLANNED) + 7, (limit, len(history))  # log2 steps
+        line = outcome(history, low, 1)
+        assert line.startswith(f"longest passing input: {low:,} tokens (input lengths {low:,}")
+        assert "batch 1" not in line
+
+
+def test_the_axis_without_a_failure_or_failing_at_once_does_not_bisect() -> None:
+    everything = _walk(10**6, PLANNED)
+    assert [tier_length(t) for t in everything] == list(PLANNED)
+    assert axis_stopped_by(everything, PLANNED) == "completed"
+    assert outcome(everything, 16384, 1).endswith("(every input length passed)")
+    nothing = _walk(100, PLANNED)
+    assert [t.verdict for t in nothing] == ["fail"]
+    assert axis_stopped_by(nothing, PLANNED) == "failure"
+
+
+def test_an_interrupted_bisection_or_another_stop_ends_the_axis_as_it_should() -> None:
+    assert axis_stopped_by(_walk(4872, PLANNED, cut=6), PLANNED) == "interrupted"
+    history = _walk(4872, PLANNED, cut=6)
+    history.append(_length_tier(next_length(history, PLANNED) or 0, "stop: vram"))
+    assert next_length(history, PLANNED) is None  # memory is full: no longer input after it
+    assert axis_stopped_by(history, PLANNED) == "vram"
+
+
+def test_a_reason_is_said_of_the_input_length() -> None:
+    assert relabel("batch 1: 2 of 2 requests failed (oom×2)", 1, 4864.0) == (
+        "input 4,864 tokens: 2 of 2 requests failed (oom×2)"
+    )
+    assert (
+        relabel("batch 2: 4 requests clean", 2, 512)
+        == "input 512 tokens at batch 2: 4 requests clean"
+    )
+    assert relabel("batch 1: clean", 1, None) == "batch 1: clean"  # nothing sized: as it was

@@ -60,9 +60,11 @@ def next_length(history: Sequence[Tier], planned: Sequence[int]) -> int | None:
 
 
 def axis_stopped_by(history: Sequence[Tier], planned: Sequence[int]) -> StopReason:
-    """A length failed (and the bisection that followed ended with a pass or a fail):
-    ``failure``; otherwise what the batch axis would say."""
-    if history and history[-1].verdict in ("pass", "fail") and bracket(history) is not None:
+    """A length was left to try: ``interrupted``; a length failed (and the bisection that
+    followed ended with a pass or a fail): ``failure``; otherwise what the batch axis says."""
+    if not history or next_length(history, planned) is not None:
+        return "interrupted"
+    if history[-1].verdict in ("pass", "fail") and bracket(history) is not None:
         return "failure"
     return stopped_by(history, planned)
 
