@@ -166,3 +166,21 @@ def test_a_completion_is_stamped_by_the_client() -> None:
     assert answer.times is not None and answer.ttft_s is not None
     assert answer.times.first_token_at == answer.times.sent_at + answer.ttft_s
     assert abs(answer.times.elapsed_s - answer.elapsed_s) < 1e-6
+
+
+def test_sweep_records_carry_the_times_and_its_timeline_draws_them(cli, isolated: Path) -> None:
+    sweep = "[sweep]\nconcurrency = [1, 4]\nlevel_s = 0.2\nrepeats = 1\n"
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, slots=4) as mock:
+        open_gate(isolated, mock.base_url, FAST + sweep, stage="ladder")
+        result = cli("sweep", "--json")
+    assert result.code in (0, 1), result.err  # the knee may be inconclusive on a fast mock
+    run = run_dir(isolated, result.json["run_id"])
+    records = jsonl(run / "records.jsonl")
+    assert records and all(r["sent_at"] <= r["finished_at"] for r in records)
+    four = [r for r in records if r["concurrency"] == 4]
+    # a closed loop: requests follow each other, so their sends spread over the level
+    sends = sorted(r["sent_at"] for r in four)
+    assert sends[-1] - sends[0] > 0.1
+    report = cli("report", str(run), "--timeline", "4", "--json", "--no-plot")
+    assert report.code == 0, report.err
+    assert report.json["timeline"]["times"] == "recorded"
