@@ -46,6 +46,7 @@ from calibrate.error_kinds import (
 from calibrate.errors import RequestError
 from calibrate.records import Choice, Completion, ModelInfo, SamplingParams, Usage
 from calibrate.redact import Scrubber, split_userinfo
+from calibrate.request_times import RequestTimes
 from calibrate.responses import parse_chunk, parse_completion, sse_events, valid_text
 from calibrate.stream_timing import stream_timing
 
@@ -182,12 +183,15 @@ class OpenAIClient:
             response = self._send("POST", url, deadline, body=body)
             if stream and _is_event_stream(response):
                 try:
-                    return self._read_stream(response, start, deadline, chat=chat, url=url)
+                    streamed = self._read_stream(response, start, deadline, chat=chat, url=url)
+                    return _stamped(streamed, start)
                 finally:
                     # The stream may end at [DONE] before the transport's last frame: never reuse it.
                     _finish(response, complete=False)
             payload = self._json(self._read_body(response, deadline, url, self.timeout_s))
-            return parse_completion(payload, self._clock() - start, None, chat=chat)
+            return _stamped(
+                parse_completion(payload, self._clock() - start, None, chat=chat), start
+            )
         except RequestError as exc:
             raise self._scrubbed(exc) from exc.__cause__
 
@@ -394,6 +398,13 @@ class OpenAIClient:
         counted = usage.completion_tokens if usage else None
         timing = stream_timing(arrivals, counted) if len(texts) == 1 else None
         return Completion(choices, usage, model, fingerprint, self._clock() - start, ttft, timing)
+
+
+def _stamped(completion: Completion, start: float) -> Completion:
+    """The answer with when it was sent, first answered and finished (SPEC §4.1): ``start``
+    and its elapsed and TTFT are readings of the client's one monotonic clock."""
+    end = start + completion.elapsed_s
+    return replace(completion, times=RequestTimes.of(start, end, completion.ttft_s))
 
 
 def _is_event_stream(response: urllib3.BaseHTTPResponse) -> bool:

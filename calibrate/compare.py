@@ -18,7 +18,7 @@ from calibrate.errors import InputError
 Verdict = Literal["identical", "whitespace-only", "differs"]
 
 # what a run was, not what the model answered: timing, run identity, the target's fingerprint
-# (a port change is the same server) and the tier a ladder record came from
+# (a port change is the same server), the tier a ladder record came from and when it was sent
 VOLATILE_FIELDS = (
     "run_id",
     "ts",
@@ -29,6 +29,9 @@ VOLATILE_FIELDS = (
     "batch_size",
     "concurrency",
     "round",
+    "sent_at",
+    "first_token_at",
+    "finished_at",
 )
 _FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 

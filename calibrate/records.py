@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from calibrate.errors import ErrorInfo
+from calibrate.request_times import NO_TIMES, RequestTimes
 from calibrate.stream_timing import StreamTiming
 
 
@@ -83,6 +85,7 @@ class Completion:
     elapsed_s: float
     ttft_s: float | None = None
     stream: StreamTiming | None = None  # a streamed answer's chunks and gaps (SPEC §5.13)
+    times: RequestTimes | None = None  # sent, first token, finished: stamped by the client
 
     @property
     def text(self) -> str:
@@ -93,26 +96,40 @@ class Completion:
         return self.choices[0].finish_reason if self.choices else None
 
 
+@dataclass(frozen=True)
+class ContextLimit:
+    """The most tokens (prompt + answer) one request may hold on the server, and where that
+    was read: llama.cpp's per-slot context (``/props``), or ``max_model_len``."""
+
+    tokens: int
+    what: str  # "per-slot context" | "context (max_model_len)"
+    hint: str  # what to change, e.g. "llama.cpp: raise --ctx-size or lower --parallel"
+
+
+def _no_context() -> ContextLimit | None:
+    return None
+
+
 def incomplete_reason(
     choice: Choice,
     max_tokens: int | None = None,
     *,
     forced_tokens: int | None = None,
     completion_tokens: int | None = None,
+    prompt_tokens: int | None = None,
+    context: Callable[[], ContextLimit | None] = _no_context,
 ) -> str | None:
     """Why an answer is not complete (SPEC §5.5 ``incomplete``), or None when it is.
 
     A request that forced its answer to ``forced_tokens`` (SPEC §5.11) ends with ``length`` by
-    design: at exactly that length it is complete; cut anywhere else it is not.
+    design: at exactly that length it is complete; cut anywhere else it is not — and when the
+    prompt plus the forced answer do not fit the server's context (``context()``, asked only
+    for such a cut), that is named with the numbers.
     """
     if choice.finish_reason == "length" and forced_tokens is not None:
         if completion_tokens == forced_tokens and choice.text.strip():
             return None
-        got = "an unknown number of" if completion_tokens is None else str(completion_tokens)
-        return (
-            f"cut off at {got} tokens (finish_reason length); the answer was forced to "
-            f"{forced_tokens} tokens"
-        )
+        return _cut_short(forced_tokens, completion_tokens, prompt_tokens, context())
     if choice.finish_reason == "length":
         limit = f"max_tokens={max_tokens}" if max_tokens is not None else "max_tokens"
         return (
@@ -123,6 +140,20 @@ def incomplete_reason(
     if not choice.text.strip():
         return "the answer is empty"
     return None
+
+
+def _cut_short(forced: int, got: int | None, prompt: int | None, limit: ContextLimit | None) -> str:
+    cut = f"cut off at {'an unknown number' if got is None else got} of {forced} forced tokens"
+    if limit is not None and prompt is not None and prompt + forced > limit.tokens:
+        return (
+            f"{cut}: prompt {prompt} + {forced} exceeds the server's {limit.what} "
+            f"{limit.tokens} ({limit.hint})"
+        )
+    said = f"{cut} (finish_reason length); the answer was forced to {forced} tokens"
+    if limit is not None:
+        return said  # it fits the context: something else cut it
+    sized = f" ({prompt} tokens)" if prompt is not None else ""
+    return f"{said}: the prompt{sized} plus the answer may exceed the server's context"
 
 
 @dataclass(frozen=True)
@@ -178,9 +209,11 @@ class RequestRecord:
     error: ErrorInfo | None = None
     input_tokens_target: int | None = None  # the length a synthetic prompt was sized to
     canary: bool = False  # the fixed prompt riding along a workload's wave (SPEC §5.11)
+    times: RequestTimes | None = None  # when it was sent, answered, finished (SPEC §4.1)
 
     def to_json(self) -> dict[str, Any]:
         out = self._base_json()
+        out.update(self.times.to_json() if self.times is not None else NO_TIMES)
         if self.input_tokens_target is not None:
             out["input_tokens_target"] = self.input_tokens_target
         if self.canary:

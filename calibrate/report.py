@@ -482,7 +482,8 @@ def write_plot(rows: Sequence[Mapping[str, Any]], kind: Kind, path: Path) -> Pat
         return None
     x_name = "batch_size" if kind == "ladder" else "concurrency"
     if kind == "ladder" and context_axis(rows):
-        x_name = "input_tokens_target"
+        x_name = "input_tokens_target"  # bisected lengths come after longer ones: sort them
+        rows = sorted(rows, key=lambda r: float(r[x_name]))
     xs = [round(float(r[x_name])) for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     try:

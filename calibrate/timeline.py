@@ -1,7 +1,10 @@
 """Per-request timeline of one tier or level, from a run's ``records.jsonl``.
 
-Records that carry ``started_s`` (seconds on the stage's clock) are drawn from it, with
-``done_s`` or ``started_s + elapsed_s`` as the finish. Otherwise a record has ``ts`` and
+Records carry when each request was sent and finished (``sent_at``, ``finished_at``, epoch
+seconds on the client's one monotonic clock, SPEC §4.1) and, streamed, ``first_token_at``: the
+bars are drawn from those. Records of older runs that carry ``started_s`` (seconds on the
+stage's clock) are drawn from it, with ``done_s`` or ``started_s + elapsed_s`` as the finish.
+Otherwise a record has ``ts`` and
 ``elapsed_s``: when the ``ts`` of a round differ, ``ts`` is taken as the finish. When they are all
 one instant (the stage wrote the round's records after it ended) the starts are *estimated* by
 replaying the round: ``concurrency`` requests in flight, in record order, waves of ``batch_size``
@@ -38,7 +41,7 @@ def _epoch_s(ts: Any) -> float | None:
 
 Source = Literal["recorded", "finish times", "estimated"]
 NOTES: dict[Source, str] = {
-    "recorded": "start and finish as recorded",
+    "recorded": "sent and finished as recorded per request (the tick: its first token)",
     "finish times": "finish = the record's ts, start = finish - elapsed_s",
     "estimated": "records.jsonl has no start times (ts is when the round was written): starts "
     "are estimated by replaying the round with its concurrency and elapsed times",
@@ -56,6 +59,19 @@ class Timeline:
     @property
     def note(self) -> str:
         return NOTES[self.source]
+
+
+def _sent_finished(record: Mapping[str, Any]) -> tuple[float, float] | None:
+    sent, finished = finite(record.get("sent_at")), finite(record.get("finished_at"))
+    return (sent, finished) if sent is not None and finished is not None else None
+
+
+def _first_token_s(record: Mapping[str, Any]) -> float | None:
+    """Seconds from the send to the first token: ``first_token_at`` where recorded."""
+    sent, first = finite(record.get("sent_at")), finite(record.get("first_token_at"))
+    if sent is not None and first is not None:
+        return first - sent
+    return finite(record.get("ttft_s"))
 
 
 def _recorded(record: Mapping[str, Any]) -> tuple[float, float] | None:
@@ -115,7 +131,9 @@ def tier_timeline(
     """One bar per request of the tier (``key`` = batch_size, concurrency or offered_rate)."""
     picked = [r for r in records if _matches(r, key, tier)]
     source: Source
-    if picked and all(_recorded(r) is not None for r in picked):
+    if picked and all(_sent_finished(r) is not None for r in picked):
+        source, spans = "recorded", [_sent_finished(r) for r in picked]
+    elif picked and all(_recorded(r) is not None for r in picked):
         source, spans = "recorded", [_recorded(r) for r in picked]
     elif _written_at_once(picked):
         source, spans = "estimated", list(_replayed(picked, wave))
@@ -131,7 +149,7 @@ def tier_timeline(
         if isinstance(error, dict) and error.get("kind"):
             text += f" ({error['kind']})"
         ok = record.get("ok") is not False
-        bars.append(Bar(text, span[0] - origin, span[1] - origin, finite(record.get("ttft_s")), ok))
+        bars.append(Bar(text, span[0] - origin, span[1] - origin, _first_token_s(record), ok))
     return Timeline(label or f"{key} {tier:g}", tuple(bars), source)
 
 

@@ -1,13 +1,28 @@
 """``ladder --axis context`` (SPEC §5.3) against the mock's max_model_len, and what it feeds:
-the resolver (never the batch size), status, pin's header and batch's length check."""
+the resolver (never the batch size), status, pin's header and batch's length check; and a
+forced answer cut short by a full context, named with the numbers."""
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+from calibrate.records import Choice, ContextLimit, incomplete_reason
+from calibrate.stages.context_axis import (
+    axis_stopped_by,
+    bracket,
+    next_length,
+    outcome,
+    relabel,
+    tier_length,
+)
+from calibrate.stages.server_context import MAX_MODEL_LEN_HINT, props_context
+from calibrate.stages.tiers import Tier
 from tests.mockserver import start_mock
+from tests.test_stop_rules import CLEAN
 from tests.workload_helpers import FAST_MOCK, LADDER, calibrated, tiers
 
 
@@ -26,17 +41,85 @@ def test_context_ladder_steps_up_to_the_limit_the_server_reports(cli, isolated: 
     assert "longest passing input:" in result.err
 
 
-def test_a_step_over_the_context_fails_with_the_servers_400(cli, isolated: Path) -> None:
+def test_a_step_over_the_context_fails_with_the_servers_400_and_is_bisected(
+    cli, isolated: Path
+) -> None:
     with start_mock(**FAST_MOCK, max_model_len=8192) as mock:
         calibrated(cli, isolated, mock.base_url)
         lengths = ("--context-lengths", "2048,4096,9000", "--batch", "2")
         result = cli("ladder", "--axis", "context", *lengths, "--json")
     assert result.code == 0, result.err  # a length passed: the ladder found the ceiling
-    assert [t["verdict"] for t in tiers(result)] == ["pass", "pass", "fail"]
-    assert tiers(result)[-1]["error_kinds"] == {"http_4xx": 2}
+    rows = tiers(result)
+    assert [t["verdict"] for t in rows[:3]] == ["pass", "pass", "fail"]
+    assert rows[2]["error_kinds"] == {"http_4xx": 2}
+    assert all(t["batch_size"] == 2 for t in rows)
     assert "maximum context length is 8192 tokens" in result.err
-    assert abs(result.json["context_verified"] - 4096) <= 0.05 * 4096
+    # the input limit beside a 128-token answer is 8,064: bisected to within 5 %
+    verified = result.json["context_verified"]
+    assert 0.95 * (8192 - 128) <= verified <= 8192 - 128, verified
     assert result.json["stopped_by"] == "failure"
+    _bisected(rows, verified)
+    assert f"longest passing input: {verified:,} tokens at batch 2" in result.err
+
+
+def _bisected(rows: list[dict[str, object]], verified: int) -> None:
+    """Each tier after the first failure lies between the longest pass and the shortest fail
+    so far, and the last pair is within 5 % (or 256 tokens) of each other."""
+    low, high = 0, None
+    for row in rows:
+        length = round(float(str(row["input_tokens_target"])))
+        if high is not None:
+            assert low < length < high, (low, length, high)
+        if row["verdict"] == "pass":
+            low = max(low, length)
+        else:
+            high = length if high is None else min(high, length)
+    assert high is not None and high - low <= max(0.05 * low, 256), (low, high)
+    assert abs(verified - low) <= 0.05 * low  # what the longest passing length sent
+
+
+def test_the_context_axis_bisects_past_a_doubling_that_failed(cli, isolated: Path) -> None:
+    # 4,096 passes, 8,192 fails; the real input limit is 5,000 - 128 = 4,872 tokens
+    with start_mock(**FAST_MOCK, max_model_len=5000) as mock:
+        calibrated(cli, isolated, mock.base_url)
+        lengths = ("--context-lengths", "1024,2048,4096,8192")
+        result = cli("ladder", "--axis", "context", *lengths, "--json")
+    assert result.code == 0, result.err
+    rows = tiers(result)
+    assert [t["input_tokens_target"] for t in rows[:4]] == [1024, 2048, 4096, 8192]
+    verified = result.json["context_verified"]
+    assert 4600 < verified <= 4872, verified
+    _bisected(rows, verified)
+    verdict = next(line for line in result.err.splitlines() if "longest passing input" in line)
+    assert f"longest passing input: {verified:,} tokens (input lengths" in verdict
+    assert "batch 1" not in result.err.replace("at batch 1, 2 rounds", ""), result.err
+    assert "failed, bisected to within" in verdict and "input " in verdict
+
+
+def test_every_context_tier_is_said_of_its_input_length(cli, isolated: Path) -> None:
+    with start_mock(**FAST_MOCK, max_model_len=2048) as mock:
+        calibrated(cli, isolated, mock.base_url)
+        result = cli("ladder", "--axis", "context", "--context-lengths", "1000,3000", "--json")
+    assert result.code == 0, result.err
+    rows = tiers(result)
+    assert len(rows) > 2 and rows[1]["verdict"] == "fail"  # 3,000 failed: bisected below it
+    for row in rows:
+        length = round(float(str(row["input_tokens_target"])))
+        assert str(row["reason"]).startswith(f"input {length:,} tokens: "), row["reason"]
+        assert "batch 1" not in str(row["reason"])
+    verified = result.json["context_verified"]
+    assert 2048 - 128 - 256 <= verified <= 2048 - 128  # small lengths: within 256 tokens
+    _bisected(rows, verified)
+
+
+def test_a_context_axis_where_every_length_fits_does_not_bisect(cli, isolated: Path) -> None:
+    with start_mock(**FAST_MOCK, max_model_len=8192) as mock:
+        calibrated(cli, isolated, mock.base_url)
+        result = cli("ladder", "--axis", "context", "--context-lengths", "512,1000", "--json")
+    assert result.code == 0, result.err
+    assert [t["input_tokens_target"] for t in tiers(result)] == [512, 1000]
+    assert "(every input length passed)" in result.err
+    assert result.json["stopped_by"] == "completed"
 
 
 def test_a_context_ladder_never_sets_the_batch_size(cli, isolated: Path) -> None:
@@ -93,3 +176,130 @@ def test_batch_says_nothing_when_every_item_fits(cli, isolated: Path) -> None:
         result = cli("batch", "--input", str(tasks), "--out", str(isolated / "out.jsonl"))
     assert result.code == 0, result.err
     assert "exceed" not in result.err
+
+
+# llama.cpp with --ctx-size 2048 --parallel 4: 512 tokens a slot; a 320-token prompt leaves
+# room for 192 of a 200-token forced answer
+SLOT_MOCK: dict[str, Any] = {**FAST_MOCK, "slot_context": 512}
+CUT = re.compile(r"cut off at (\d+) of 200 forced tokens: prompt (\d+) \+ 200 exceeds the server's")
+
+
+def test_a_forced_answer_cut_by_a_full_slot_names_the_context_and_the_numbers(
+    cli, isolated: Path
+) -> None:
+    with start_mock(**SLOT_MOCK, expose_props=True) as mock:
+        calibrated(cli, isolated, mock.base_url)
+        result = cli("ladder", "--input-tokens", "320", "--output-tokens", "200")
+    assert result.code == 1, result.err
+    found = CUT.search(result.err)
+    assert found, result.err
+    got, prompt = int(found[1]), int(found[2])
+    assert got + prompt == 512 and abs(prompt - 320) <= 16
+    tail = result.err[found.end() :].split("\n", 1)[0]
+    assert tail == " per-slot context 512 (llama.cpp: raise --ctx-size or lower --parallel)"
+
+
+def test_a_cut_that_fits_the_reported_context_is_not_blamed_on_it(cli, isolated: Path) -> None:
+    # no /props: the server says only max_model_len 4096, which 320 + 200 fit
+    with start_mock(**SLOT_MOCK) as mock:
+        calibrated(cli, isolated, mock.base_url)
+        result = cli("ladder", "--input-tokens", "320", "--output-tokens", "200")
+    assert result.code == 1, result.err
+    assert re.search(r"cut off at \d+ of 200 forced tokens \(finish_reason length\)", result.err)
+    assert "exceeds" not in result.err and "may exceed" not in result.err
+
+
+def test_the_cut_message_with_an_unknown_or_a_model_context() -> None:
+    cut = Choice(0, "some text", "length")
+    unknown = incomplete_reason(
+        cut, 200, forced_tokens=200, completion_tokens=195, prompt_tokens=300
+    )
+    assert unknown == (
+        "cut off at 195 of 200 forced tokens (finish_reason length); the answer was forced to "
+        "200 tokens: the prompt (300 tokens) plus the answer may exceed the server's context"
+    )
+    vllm = ContextLimit(480, "context (max_model_len)", MAX_MODEL_LEN_HINT)
+    named = incomplete_reason(
+        cut, 200, forced_tokens=200, completion_tokens=180, prompt_tokens=300, context=lambda: vllm
+    )
+    assert named == (
+        "cut off at 180 of 200 forced tokens: prompt 300 + 200 exceeds the server's context "
+        "(max_model_len) 480 (vLLM: raise --max-model-len)"
+    )
+    asked: list[int] = []
+
+    def never() -> ContextLimit | None:
+        asked.append(1)
+        return None
+
+    whole = incomplete_reason(cut, 200, forced_tokens=200, completion_tokens=200, context=never)
+    assert whole is None and not asked, "a complete answer never asks the server"
+
+
+def test_the_per_slot_context_is_read_from_any_shape_of_props() -> None:
+    assert props_context({"default_generation_settings": {"n_ctx": 512}, "total_slots": 4}) == 512
+    assert props_context({"n_ctx": 2048, "total_slots": 4}) == 512  # shared by the slots
+    assert props_context({"n_ctx": 2048}) == 2048
+    assert props_context({"default_generation_settings": {"n_ctx": "512"}}) is None
+    assert props_context(["not", "props"]) is None
+
+
+def _length_tier(length: int, verdict: str) -> Tier:
+    stats = replace(CLEAN, batch_size=1, input_tokens_target=float(length))
+    reason = relabel(f"batch 1: {verdict}", 1, length)  # as the ladder says it
+    return Tier(stats, (stats,), verdict, reason, 2)  # type: ignore[arg-type]
+
+
+def _walk(limit: int, planned: tuple[int, ...], cut: int | None = None) -> list[Tier]:
+    """The axis against a server that takes inputs up to ``limit`` tokens; ``cut`` tiers in,
+    the run is interrupted."""
+    history: list[Tier] = []
+    while (length := next_length(history, planned)) is not None and len(history) != cut:
+        history.append(_length_tier(length, "pass" if length <= limit else "fail"))
+        assert len(history) < 40, "the bisection ends"
+    return history
+
+
+PLANNED = (512, 1024, 2048, 4096, 8192, 16384)
+
+
+def test_the_bisection_ends_within_5_percent_or_256_tokens_of_any_limit() -> None:
+    for limit in (600, 1100, 4872, 5000, 8191, 12000, 16000):
+        history = _walk(limit, PLANNED)
+        low, high = bracket(history) or (0, 0)
+        assert low <= limit < high, (limit, low, high)
+        assert high - low <= max(0.05 * low, 256), (limit, low, high)
+        assert axis_stopped_by(history, PLANNED) == "failure"
+        assert len(history) <= len(PLANNED) + 7, (limit, len(history))  # log2 steps
+        line = outcome(history, low, 1)
+        assert line.startswith(f"longest passing input: {low:,} tokens (input lengths {low:,}")
+        assert "batch 1" not in line
+
+
+def test_the_axis_without_a_failure_or_failing_at_once_does_not_bisect() -> None:
+    everything = _walk(10**6, PLANNED)
+    assert [tier_length(t) for t in everything] == list(PLANNED)
+    assert axis_stopped_by(everything, PLANNED) == "completed"
+    assert outcome(everything, 16384, 1).endswith("(every input length passed)")
+    nothing = _walk(100, PLANNED)
+    assert [t.verdict for t in nothing] == ["fail"]
+    assert axis_stopped_by(nothing, PLANNED) == "failure"
+
+
+def test_an_interrupted_bisection_or_another_stop_ends_the_axis_as_it_should() -> None:
+    assert axis_stopped_by(_walk(4872, PLANNED, cut=6), PLANNED) == "interrupted"
+    history = _walk(4872, PLANNED, cut=6)
+    history.append(_length_tier(next_length(history, PLANNED) or 0, "stop: vram"))
+    assert next_length(history, PLANNED) is None  # memory is full: no longer input after it
+    assert axis_stopped_by(history, PLANNED) == "vram"
+
+
+def test_a_reason_is_said_of_the_input_length() -> None:
+    assert relabel("batch 1: 2 of 2 requests failed (oom×2)", 1, 4864.0) == (
+        "input 4,864 tokens: 2 of 2 requests failed (oom×2)"
+    )
+    assert (
+        relabel("batch 2: 4 requests clean", 2, 512)
+        == "input 512 tokens at batch 2: 4 requests clean"
+    )
+    assert relabel("batch 1: clean", 1, None) == "batch 1: clean"  # nothing sized: as it was

@@ -50,6 +50,7 @@ from calibrate.report import live_rows
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.stages.compare_tiers import TierComparison
 from calibrate.stages.context import StageContext
+from calibrate.stages.context_axis import outcome
 from calibrate.stages.incidents import first_error
 from calibrate.stages.ladder import Ladder, LadderOptions, LadderResult
 from calibrate.stages.slo import describe, has_slo, parse_slo_flags
@@ -192,10 +193,7 @@ def _finish(
             else f"stopped by {result.stopped_by}: {result.tiers[-1].reason}"
         )
         if result.axis == "context":
-            out.ok(
-                f"longest passing input: {result.longest_input_tokens or 0:,} tokens at batch "
-                f"{top.batch_size} ({why})"
-            )
+            out.ok(outcome(result.tiers, result.longest_input_tokens, top.batch_size))
         else:
             good = top.stats.goodput_per_s
             within = f", goodput {good:.2f} req/s within the SLOs" if good is not None else ""

@@ -88,6 +88,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--log-requests", action="store_true", help="access log on stderr")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument(
+        "--slot-context",
+        type=int,
+        default=0,
+        metavar="N",
+        help="llama.cpp's per-slot context (/props n_ctx): answers stop when prompt + answer "
+        "reach N, finish_reason length (0: off)",
+    )
+    p.add_argument(
         "--malformed-rate",
         type=float,
         default=0.0,
@@ -223,7 +231,7 @@ def settings_from_args(args: argparse.Namespace) -> MockSettings:
     names += ("malformed_rate", "echo_headers_rate", "lone_surrogate", "drip_s", "keepalive_only")
     names += ("keepalive_limit_s", "huge_mib", "kv_mib_per_1k_tokens", "kv_capacity_tokens")
     names += ("on_kv_full", "preallocate", "prefix_cache", "step_ms_per_1k_tokens", "jitter")
-    names += ("metrics_style", "memory_fraction", "max_memory_fraction")
+    names += ("metrics_style", "memory_fraction", "max_memory_fraction", "slot_context")
     values = {name: getattr(args, name) for name in names}
     try:
         return MockSettings(

@@ -122,9 +122,24 @@ def parse_request(kind: Kind, body: object, settings: MockSettings) -> GenerateR
         )
         raise RequestRejected(400, error_body(message, "BadRequestError", 400))
     include_usage = bool(options.get("include_usage")) if stream else True
+    max_tokens = _slot_room(max(counts), max_tokens, settings)
     return GenerateRequest(
         kind, model, prompts, counts, max_tokens, stream, include_usage, min_tokens, ignore_eos
     )
+
+
+def _slot_room(prompt_tokens: int, max_tokens: int | None, settings: MockSettings) -> int | None:
+    """llama.cpp's slot: a prompt that fills it is refused; an answer stops where it is full."""
+    if not settings.slot_context:
+        return max_tokens
+    room = settings.slot_context - prompt_tokens
+    if room < 1:
+        message = (
+            f"the request exceeds the available context size ({prompt_tokens} tokens, "
+            f"n_ctx_slot = {settings.slot_context}), try increasing it"
+        )
+        raise RequestRejected(400, error_body(message, "exceed_context_size_error", 400))
+    return room if max_tokens is None else min(max_tokens, room)
 
 
 def _refuse_streaming(body: Json, stream: bool, settings: MockSettings) -> None:
@@ -247,7 +262,7 @@ def props(settings: MockSettings) -> Json:
         "total_slots": settings.slots or 1,
         "model_path": f"/models/{settings.models[0]}",
         "default_generation_settings": {
-            "n_ctx": settings.max_model_len,
+            "n_ctx": settings.slot_context or settings.max_model_len,
             "model": settings.models[0],
         },
         "build_info": "calibrate-mock",

@@ -47,6 +47,7 @@ class MockSettings:
     expose_props: bool = False
     log_requests: bool = False
     max_model_len: int = 4096
+    slot_context: int = 0  # llama.cpp's per-slot context: prompt + answer past it is cut (0: off)
     # Hostile answers (issue 10): each drawn from its own seeded generator, apart from the faults.
     malformed_rate: float = 0.0  # a reply of a wrong shape (see mock.malformed.SHAPES)
     echo_headers_rate: float = 0.0  # HTTP 500 whose message repeats the request's headers
@@ -96,6 +97,8 @@ class MockSettings:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {rate}")
         if self.slots < 0:
             raise ValueError(f"slots must be ≥ 0 (0 = unlimited), got {self.slots}")
+        if self.slot_context < 0:
+            raise ValueError(f"slot_context must be ≥ 0 (0 = off), got {self.slot_context}")
         times = (self.ttft_s, self.per_token_s, self.slow_s, self.retry_after_s, self.drip_s)
         if min(times) < 0 or self.keepalive_limit_s <= 0:
             raise ValueError("times must be ≥ 0")

@@ -12,6 +12,7 @@ from calibrate.config import Config, LadderMode, SloConfig
 from calibrate.ledger import baseline_path
 from calibrate.records import RequestRecord, utc_now_iso
 from calibrate.stages.context import StageContext
+from calibrate.stages.context_axis import axis_stopped_by, next_length, relabel
 from calibrate.stages.incidents import IncidentRecorder
 from calibrate.stages.ladder_result import Axis, LadderResult, WarmUp
 from calibrate.stages.single import read_baseline, unreachable
@@ -110,18 +111,29 @@ class Ladder:
         opts = self.options
         if opts.warmup_waves and opts.batch_sizes and not self.history:
             self.warmup = self.warm_up(opts.batch_sizes[0])
-        while (batch := next_tier(self.history, opts.batch_sizes)) is not None:
+        while (batch := self.next_batch()) is not None:
             tier = self.run_tier(batch, self.baseline)
             self.history.append(tier)
             self.ctx.run.append("tiers.jsonl", tier.to_json())
             self.on_tier(tier)
         return self.result()
 
+    def next_batch(self) -> int | None:
+        """The next tier's batch size; on the context axis, while a length is left to try."""
+        opts = self.options
+        if opts.axis == "context":
+            found = next_length(self.history, opts.context_lengths)
+            return opts.batch_sizes[0] if found is not None and opts.batch_sizes else None
+        return next_tier(self.history, opts.batch_sizes)
+
     def result(self) -> LadderResult:
         passing = [t.stats for t in self.history if t.passed]
+        opts = self.options
         return LadderResult(
             tuple(self.history),
-            stopped_by(self.history, self.options.batch_sizes),
+            axis_stopped_by(self.history, opts.context_lengths)
+            if opts.axis == "context"
+            else stopped_by(self.history, opts.batch_sizes),
             self.monitor.source,
             tuple(mismatch_notes(self.history)),
             self.options.require_match,
@@ -177,6 +189,8 @@ class Ladder:
             rounds_run=len(rounds),
             rounds_planned=opts.rounds,
         )
+        if opts.axis == "context":  # said of the input length, not of "batch 1"
+            reason = relabel(reason, batch, agg.input_tokens_target)
         return Tier(agg, tuple(rounds), verdict, reason, opts.rounds)
 
     def measured(
@@ -209,11 +223,10 @@ class Ladder:
 
     def tier_sizes(self) -> TokenRange | None:
         """The input length of the tier being run on the context axis (None on the batch axis)."""
-        lengths = self.options.context_lengths
-        if self.options.axis != "context" or len(self.history) >= len(lengths):
+        if self.options.axis != "context":
             return None
-        length = lengths[len(self.history)]
-        return TokenRange(length, length)
+        length = next_length(self.history, self.options.context_lengths)
+        return TokenRange(length, length) if length is not None else None
 
     def wave_requests(self, batch: int) -> list[Request]:
         """One wave (one batch at a time, SPEC §5.0): ``batch`` workload items, each its own
@@ -335,6 +348,7 @@ def item_record(
         error=item.error,
         input_tokens_target=item.input_tokens_target,
         canary=item.role == "canary",
+        times=item.times,
     ).to_json()
 
 

@@ -12,6 +12,7 @@ from calibrate.errors import ErrorInfo, InputError, RequestError, ServerUnreacha
 from calibrate.ledger import baseline_path
 from calibrate.records import RequestRecord, ServerIdentity, incomplete_reason, utc_now_iso
 from calibrate.redact import redact_url
+from calibrate.request_times import RequestTimes, monotonic
 from calibrate.stages.context import StageContext
 from calibrate.store import dumps_line, read_jsonl, write_atomic
 
@@ -31,12 +32,14 @@ def fixed_prompt_call(ctx: StageContext, *, stream: bool = False) -> RequestReco
     cfg = ctx.config
     params = ctx.params
     error: ErrorInfo | None = None
+    sent = monotonic()
     try:
         completion = ctx.client.chat(cfg.target.model, cfg.prompt.text, params, stream=stream)
     except RequestError as exc:
         if exc.kind == "connect":
             raise unreachable(exc.info, cfg.target.base_url) from exc
         error = exc.info
+        times = RequestTimes.of(sent, monotonic())
         return RequestRecord(
             run_id=ctx.run.run_id,
             ts=utc_now_iso(),
@@ -47,12 +50,13 @@ def fixed_prompt_call(ctx: StageContext, *, stream: bool = False) -> RequestReco
             text=None,
             finish_reason=None,
             usage=None,
-            elapsed_s=0.0,
             ttft_s=None,
             served_model=None,
             system_fingerprint=None,
             ok=False,
             error=error,
+            elapsed_s=times.elapsed_s,
+            times=times,
         )
     problem = incomplete_reason(completion.choices[0], params.max_tokens)
     if problem:
@@ -73,6 +77,7 @@ def fixed_prompt_call(ctx: StageContext, *, stream: bool = False) -> RequestReco
         system_fingerprint=completion.system_fingerprint,
         ok=error is None,
         error=error,
+        times=completion.times,
     )
 
 

@@ -7,7 +7,8 @@ A run keeps C requests in flight (a new one starts as soon as one finishes) unti
 ``min_s`` *and* started ``min_requests``; then it stops starting requests and drains. Throughput
 is counted over the **steady window**: it opens at the first answer after the C-th request
 started (C in flight) and closes at the answer that was not replaced (the drain began); the
-answers after the first, up to and including the last, over that time. Both ends are answers,
+answers after the first, up to and including the last, over that time (each answer's finish is
+its recorded ``finished_at``, SPEC §4.1). Both ends are answers,
 so the count is not biased by where in a request's life the window starts; the ramp-up and the
 drain, where fewer than C are in flight, are left out.
 """
@@ -49,6 +50,14 @@ class LoopRun:
     total_s: float
     full_s: float | None  # when the C-th request started (None: fewer were ever started)
     stop_s: float | None  # when the drain began (None: stopped by a stuck worker)
+    started_at: float | None = None  # the run's start in epoch s, when on the requests' clock
+
+    def finished_s(self, item: ItemResult) -> float:
+        """When an answer finished, in seconds since the run started: its recorded
+        ``finished_at`` (SPEC §4.1) where the run is on that clock, else the loop's own time."""
+        if self.started_at is not None and item.times is not None:
+            return item.times.finished_at - self.started_at
+        return item.done_s
 
 
 @dataclass(frozen=True)
@@ -69,8 +78,9 @@ def steady_throughput(run: LoopRun) -> Steady:
     ok = [i for i in run.items if i.ok]
     if run.full_s is not None and run.stop_s is not None:
         full_s, stop_s = run.full_s, run.stop_s
-        opens = min((i.done_s for i in ok if full_s <= i.done_s <= stop_s), default=None)
-        inside = [i for i in ok if opens is not None and opens < i.done_s <= stop_s]
+        done = {id(i): run.finished_s(i) for i in ok}
+        opens = min((d for d in done.values() if full_s <= d <= stop_s), default=None)
+        inside = [i for i in ok if opens is not None and opens < done[id(i)] <= stop_s]
         if opens is not None and inside:
             span = stop_s - opens
             tokens = sum(i.completion_tokens for i in inside)

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from calibrate.errors import ErrorInfo
 from calibrate.gpu import DeviceMemory
 from calibrate.records import Usage
+from calibrate.request_times import RequestTimes
 from calibrate.stages.latency import latency_columns
 from calibrate.stream_timing import StreamTiming
 from calibrate.vram import WindowPeak, device_peaks
@@ -46,6 +47,7 @@ class ItemResult:
     role: ItemRole = "fixed"
     input_tokens_target: int | None = None
     stream: StreamTiming | None = None  # a streamed answer's chunks and inter-token gaps
+    times: RequestTimes | None = None  # epoch sent / first token / finished (SPEC §4.1)
 
     @property
     def ok(self) -> bool:

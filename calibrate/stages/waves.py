@@ -7,6 +7,7 @@ incident can be written for it. The ladder never retries: a failure is informati
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -16,9 +17,11 @@ from typing import Any
 from calibrate.client import OpenAIClient
 from calibrate.config import LadderMode
 from calibrate.errors import ErrorInfo, RequestError
-from calibrate.records import Completion, SamplingParams, incomplete_reason
+from calibrate.records import Completion, ContextLimit, SamplingParams, incomplete_reason
+from calibrate.request_times import RequestTimes, epoch_at, monotonic
 from calibrate.stages.incidents import format_traceback
 from calibrate.stages.open_loop import OpenRun, open_loop
+from calibrate.stages.server_context import read_context
 from calibrate.stages.sweep_window import LevelWindow, LoopRun
 from calibrate.stages.tiers import ItemResult, ItemRole
 
@@ -103,6 +106,9 @@ def build_requests(
 
 class Sender:
     """Sends requests with at most ``workers`` in flight and times every item."""
+
+    _context: dict[str, ContextLimit | None] | None = None  # per model, asked once
+    _context_lock = threading.Lock()
 
     def __init__(self, client: OpenAIClient, clock: Clock = time.perf_counter) -> None:
         self.client = client
@@ -201,7 +207,10 @@ class Sender:
             for request in in_flight.values():
                 results.extend(self._stuck(request, start))
             items = tuple(sorted(results, key=lambda r: r.index))
-            return LoopRun(items, self.clock() - start, state["full_s"], state["stop_s"])
+            started_at = epoch_at(start) if self.clock is monotonic else None
+            return LoopRun(
+                items, self.clock() - start, state["full_s"], state["stop_s"], started_at
+            )
 
     def open_loop(
         self,
@@ -225,12 +234,16 @@ class Sender:
         )
 
     def _one(self, request: Request, t0: float, max_tokens: int | None) -> list[ItemResult]:
+        sent = monotonic()  # a failure's times (an answer's own are the client's)
         started = self.clock() - t0
         try:
             completion = self.client.post_completion(request.path, request.body)
-            return _answered(request, completion, started, self.clock() - t0, max_tokens)
+            done = self.clock() - t0
+            context = functools.partial(self.server_context, str(request.body.get("model", "")))
+            return _answered(request, completion, started, done, max_tokens, context)
         except RequestError as exc:
             done = self.clock() - t0
+            times = RequestTimes.of(sent, monotonic())
             return [
                 _failed(
                     request,
@@ -240,23 +253,37 @@ class Sender:
                     exc.info,
                     exc.exc_type or type(exc).__name__,
                     format_traceback(exc),
+                    times,
                 )
                 for n in range(len(request.prompts))
             ]
         except Exception as exc:  # a bug of calibrate's own: recorded, never a lost request
             info = ErrorInfo("internal", f"{type(exc).__name__}: {exc}")
             done = self.clock() - t0
+            times = RequestTimes.of(sent, monotonic())
             tb = format_traceback(exc)
             return [
-                _failed(request, n, started, done, info, type(exc).__name__, tb)
+                _failed(request, n, started, done, info, type(exc).__name__, tb, times)
                 for n in range(len(request.prompts))
             ]
+
+    def server_context(self, model: str) -> ContextLimit | None:
+        """The server's context for one request (``stages.server_context``), read the first
+        time an answer is cut short and kept: a cut forced answer is then named with it."""
+        with self._context_lock:
+            if self._context is None:
+                self._context = {}
+            if model not in self._context:
+                self._context[model] = read_context(self.client, model)
+            return self._context[model]
 
     def _stuck(self, request: Request, t0: float) -> list[ItemResult]:
         now = self.clock() - t0
         info = ErrorInfo("timeout", f"no answer within {now:.0f} s")
+        times = RequestTimes.of(monotonic() - now, monotonic())  # send unknown: the loop's start
         return [
-            _failed(request, n, 0.0, now, info, None, None) for n in range(len(request.prompts))
+            _failed(request, n, 0.0, now, info, None, None, times)
+            for n in range(len(request.prompts))
         ]
 
 
@@ -268,6 +295,7 @@ def _failed(
     info: ErrorInfo,
     exc_type: str | None,
     tb: str | None,
+    times: RequestTimes | None = None,
 ) -> ItemResult:
     return ItemResult(
         index=request.first_index + n,
@@ -287,11 +315,17 @@ def _failed(
         traceback=tb,
         role=request.role,
         input_tokens_target=request.target(n),
+        times=times,
     )
 
 
 def _answered(
-    request: Request, completion: Completion, started: float, done: float, max_tokens: int | None
+    request: Request,
+    completion: Completion,
+    started: float,
+    done: float,
+    max_tokens: int | None,
+    context: Callable[[], ContextLimit | None] = lambda: None,
 ) -> list[ItemResult]:
     count = len(request.prompts)
     reported = completion.usage.completion_tokens if completion.usage else None
@@ -317,6 +351,10 @@ def _answered(
                 max_tokens,
                 forced_tokens=request.forced_tokens,
                 completion_tokens=share if reported is not None else None,
+                prompt_tokens=completion.usage.prompt_tokens
+                if completion.usage and count == 1
+                else None,
+                context=context,
             )
             if problem:
                 error = ErrorInfo("incomplete", problem)
@@ -340,6 +378,7 @@ def _answered(
                 error=error,
                 role=request.role,
                 input_tokens_target=request.target(n),
+                times=completion.times,
             )
         )
     return out

@@ -1,0 +1,53 @@
+"""How many tokens one request may hold on the server, as the server says it.
+
+llama.cpp splits its ``--ctx-size`` over ``--parallel`` slots: ``GET /props`` reports the
+per-slot context (``default_generation_settings.n_ctx``); a forced answer that runs into it is
+cut short with finish_reason ``length``. vLLM (and the mock) report ``max_model_len`` in
+``GET /v1/models``. Asked only when an answer was cut short (``waves.Sender``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from calibrate.client import OpenAIClient
+from calibrate.errors import RequestError
+from calibrate.records import ContextLimit
+
+LLAMACPP_HINT = "llama.cpp: raise --ctx-size or lower --parallel"
+MAX_MODEL_LEN_HINT = "vLLM: raise --max-model-len"
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def props_context(props: Any) -> int | None:
+    """The per-slot context in a llama.cpp ``/props`` body: ``default_generation_settings
+    .n_ctx``, else a top-level ``n_ctx`` shared by ``total_slots``."""
+    if not isinstance(props, dict):
+        return None
+    settings = props.get("default_generation_settings")
+    if isinstance(settings, dict) and (n_ctx := _int(settings.get("n_ctx"))):
+        return n_ctx
+    total, slots = _int(props.get("n_ctx")), _int(props.get("total_slots")) or 1
+    return total // slots if total else None
+
+
+def read_context(client: OpenAIClient, model: str) -> ContextLimit | None:
+    """The server's context for one request; None when it says nothing we can read."""
+    try:
+        per_slot = props_context(json.loads(client.get_text("/props")))
+    except (RequestError, ValueError, RecursionError):
+        per_slot = None
+    if per_slot is not None:
+        return ContextLimit(per_slot, "per-slot context", LLAMACPP_HINT)
+    try:
+        models = client.models()
+    except RequestError:
+        return None
+    found = [m.max_model_len for m in models if m.id == model and m.max_model_len]
+    if not found:
+        return None
+    return ContextLimit(found[0], "context (max_model_len)", MAX_MODEL_LEN_HINT)
