@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from calibrate.numbers import finite
+from calibrate.output_paths import Named
 from calibrate.report_compare import RunComparison, delta_text, value_text
 from calibrate.stages.compare_tiers import TierComparison
 from calibrate.store import write_atomic
@@ -139,6 +140,14 @@ def write_tiers_csv(
     frame = pd.DataFrame(records, columns=COLUMNS[kind])
     write_atomic(path, frame.to_csv(index=False))
     return path
+
+
+RUN_INPUTS = ("tiers.csv", "manifest.json", "summary.json", "records.jsonl", "incidents.jsonl")
+
+
+def run_inputs(run: Path) -> list[Named]:
+    """The files of a run folder that report reads (an --html must not be one of them)."""
+    return [(f"the run's {name}", run / name) for name in RUN_INPUTS]
 
 
 def run_kind(run: Path) -> Kind:
