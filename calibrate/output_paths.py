@@ -82,7 +82,8 @@ def check_outputs(writes: Iterable[Named], reads: Iterable[Named] = ()) -> None:
     for index, out in enumerate(outputs):
         for other in [*inputs, *outputs[:index]]:
             if out.same(other):
-                link = "" if out.resolved == other.resolved else " (a link to it)"
+                named = os.path.abspath(out.path) == os.path.abspath(other.path)
+                link = "" if named else " (a link to it)"
                 raise UsageError(
                     f"{out.what} {out.path} is the same file as {other.what} "
                     f"{other.path}{link}: writing it would overwrite it",
