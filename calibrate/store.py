@@ -118,8 +118,9 @@ def temp_beside(path: Path) -> tuple[int, Path]:
     return fd, Path(tmp)
 
 
-def remove_stale_temps(path: Path) -> int:
-    """Remove the temp files of ``temp_beside(path)`` whose writer is dead; how many."""
+def remove_stale_temps(path: Path, *, own: bool = False) -> int:
+    """Remove the temp files of ``temp_beside(path)`` whose writer is dead (``own``: ours,
+    after an interruption, wherever it struck); how many."""
     removed = 0
     prefix = f".{path.name}."
     try:
@@ -130,7 +131,10 @@ def remove_stale_temps(path: Path) -> int:
         if not name.startswith(prefix):
             continue
         pid_text = name[len(prefix) :].split(".", 1)[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid() or _alive(int(pid_text)):
+        if not pid_text.isdigit():
+            continue
+        mine = int(pid_text) == os.getpid()
+        if mine != own or (not mine and _alive(int(pid_text))):
             continue
         with contextlib.suppress(OSError):
             (path.parent / name).unlink()

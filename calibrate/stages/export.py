@@ -25,7 +25,7 @@ from calibrate.stages.batch_input import ItemId, index_input, read_tasks
 from calibrate.stages.batch_shard import Shard
 from calibrate.stages.export_formats import Format, JsonlFinal, format_of, open_final
 from calibrate.stages.resume import RESULT_LINE
-from calibrate.store import encode_line
+from calibrate.store import encode_line, remove_stale_temps
 
 BLOCK_BYTES = 8 * 1024 * 1024
 JOURNAL_BITS = 10  # up to 1024 journals (shards) in one export
@@ -248,6 +248,24 @@ def _write(
     raw_csv: bool,
 ) -> tuple[int, int, int]:
     """Pass 2: the input in order, each id's winning line read back; (ok, failed, not run)."""
+    try:
+        return _write_both(input_path, shard, winners, handles, to_path, failed_path, fmt, raw_csv)
+    except BaseException:  # Ctrl-C, SIGTERM, SIGHUP at any point, even while a file is opened
+        for path in (to_path, failed_path):
+            remove_stale_temps(path, own=True)
+        raise
+
+
+def _write_both(
+    input_path: Path,
+    shard: Shard | None,
+    winners: dict[ItemId, int | None],
+    handles: list[BinaryIO],
+    to_path: Path,
+    failed_path: Path,
+    fmt: Format,
+    raw_csv: bool,
+) -> tuple[int, int, int]:
     ok = failed = not_run = 0
     mask = MAX_JOURNALS - 1
     with open_final(to_path, fmt, raw_csv=raw_csv) as final, JsonlFinal(failed_path) as failures:
