@@ -50,16 +50,8 @@ def kind_of(mode: int) -> str:
 def _identity(what: str, path: Path, *, output: bool) -> _Identity:
     try:
         found: os.stat_result | None = os.stat(path)
-    except FileNotFoundError:
+    except OSError:  # absent; or a loop of links, a file used as a folder: writing says so
         found = None
-    except OSError as exc:  # a loop of links, a file used as a folder, no permission
-        if not output:
-            found = None  # reading it will say what is wrong
-        else:
-            raise UsageError(
-                f"cannot write {what} {path}: {exc.strerror or exc}",
-                "Give a file path in a writable folder; nothing was sent or written.",
-            ) from exc
     if output and found is not None and not stat.S_ISREG(found.st_mode):
         raise UsageError(
             f"{what} {path} is {kind_of(found.st_mode)}, not a regular file: writing it "
