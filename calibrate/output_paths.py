@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibrate.errors import UsageError
+from calibrate.store import ledger_path
 
 Named = tuple[str, Path | None]  # (what the user calls it: "--input", "the ledger"; its path)
 
@@ -84,10 +85,11 @@ def check_outputs(writes: Iterable[Named], reads: Iterable[Named] = ()) -> None:
 
 
 def stage_files(runs_dir: Path, baselines_dir: Path, config: str | None) -> list[Named]:
-    """What every stage reads or journals: the config, the ledger, the baseline."""
+    """What every stage reads or journals: the config, the ledger, the baseline, the record of
+    the managed server."""
     return [
         ("the config", Path(config) if config else None),
-        ("the ledger", runs_dir / "ledger.jsonl"),
+        ("the ledger", ledger_path(runs_dir)),
         ("the baseline", baselines_dir / "single.jsonl"),
         ("the server record", runs_dir / "server.json"),
     ]

@@ -371,3 +371,16 @@ def test_the_atomic_writer_itself_never_replaces_a_special_file(isolated: Path, 
         write_atomic(target, "{}\n")
     _still(target, kind)
     assert [p.name for p in isolated.iterdir()] == ["x.json"]
+
+
+@pytest.mark.parametrize("junit", ["a.jsonl", "b-link.xml", "./b.jsonl"])
+def test_offline_repro_junit_is_never_one_of_the_files_compared(
+    cli, isolated: Path, junit: str
+) -> None:
+    for name in ("a.jsonl", "b.jsonl"):
+        (isolated / name).write_text('{"output": "x"}\n', "utf-8")
+    (isolated / "b-link.xml").symlink_to("b.jsonl")
+    before = _snapshot(isolated)
+    result = cli("repro", "a.jsonl", "b.jsonl", "--junit", junit)
+    _refused(result, "--junit", "is the same file as the file")
+    assert _snapshot(isolated) == before
