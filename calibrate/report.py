@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +19,9 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from calibrate.errors import InputError
 from calibrate.numbers import finite
+from calibrate.output_paths import Named
 from calibrate.report_compare import RunComparison, delta_text, value_text
 from calibrate.stages.compare_tiers import TierComparison
 from calibrate.store import write_atomic
@@ -26,6 +29,7 @@ from calibrate.svg_plot import Bar
 from calibrate.tier_table import Kind, read_rows
 
 log = logging.getLogger("calibrate")
+MAX_TIMELINE_S = 1e7  # 115 days: longer than any stage runs
 
 __all__ = ["Kind", "read_rows"]  # tables are read through here as well as written
 _QUANTILES = ("p50", "p90", "p95", "p99", "mean")  # SPEC §5.13's latency columns
@@ -139,6 +143,14 @@ def write_tiers_csv(
     frame = pd.DataFrame(records, columns=COLUMNS[kind])
     write_atomic(path, frame.to_csv(index=False))
     return path
+
+
+RUN_INPUTS = ("tiers.csv", "manifest.json", "summary.json", "records.jsonl", "incidents.jsonl")
+
+
+def run_inputs(run: Path) -> list[Named]:
+    """The files of a run folder that report reads (an --html must not be one of them)."""
+    return [(f"the run's {name}", run / name) for name in RUN_INPUTS]
 
 
 def run_kind(run: Path) -> Kind:
@@ -535,6 +547,15 @@ def write_timeline_png(bars: Sequence[Bar], title: str, path: Path) -> Path | No
         log.info("matplotlib is not installed: no %s (pip install 'calibrate[plot]')", path.name)
         return None
     ordered = sorted(bars, key=lambda b: (b.start_s, b.finish_s))
+    for bar in ordered:
+        times = (bar.start_s, bar.finish_s, bar.ttft_s or 0.0)
+        if not all(math.isfinite(t) and abs(t) <= MAX_TIMELINE_S for t in times):
+            raise InputError(
+                f"{path.parent / 'records.jsonl'}: {bar.label} starts or ends "
+                f"{max(abs(t) for t in times):g} s from the first one: not a time a stage "
+                "records (a damaged file?)",
+                "Rerun the stage, or draw the timeline without the plot: --no-plot.",
+            )
     fig, ax = plt.subplots(figsize=(10, max(2.5, 0.12 * len(ordered) + 1.5)))
     try:
         for number, bar in enumerate(ordered):

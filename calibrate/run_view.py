@@ -8,6 +8,7 @@ readable ``tiers.csv`` is refused (exit 2): there is nothing to report.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -194,6 +195,32 @@ def _verdict(
     )
 
 
+MAX_CELL = 1e15  # far beyond any count, size, rate or time a stage measures
+LEVELS = ("batch_size", "concurrency")  # a tier's size: never below 1
+
+
+def check_cells(rows: Sequence[Mapping[str, Any]], csv_path: Path) -> None:
+    """Exit 2 naming the file, line and column for a number no stage writes: hundreds of digits
+    (no float holds it), or a batch size or concurrency below 1 (no plot axis can show it)."""
+    for number, row in enumerate(rows, 2):
+        for column, value in row.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            problem = ""
+            if isinstance(value, int) and not -MAX_CELL <= value <= MAX_CELL:
+                problem = f"a number of {len(str(abs(value)))} digits"
+            elif isinstance(value, float) and math.isfinite(value) and abs(value) > MAX_CELL:
+                problem = f"{value:g}, out of range"
+            elif column in LEVELS and value < 1:
+                problem = f"{value:g}, below 1"
+            if problem:
+                raise InputError(
+                    f"{csv_path}:{number}: {column} is {problem}: not what a ladder or sweep "
+                    "writes (a damaged table?)",
+                    "Rerun the stage to write the table again.",
+                )
+
+
 def load_run(run: Path, kind: Kind) -> RunView:
     """Read one run folder; no tiers.csv is exit 2 (report has nothing to show)."""
     csv_path = run / "tiers.csv"
@@ -203,6 +230,7 @@ def load_run(run: Path, kind: Kind) -> RunView:
             f"List the runs with: ls {run.parent}/   (report reads <run>/tiers.csv)",
         )
     rows = read_rows(csv_path)
+    check_cells(rows, csv_path)
     manifest = _json_file(run / "manifest.json")
     line = _json_file(run / "summary.json") or _ledger_line(run, run.name)
     key = row_key(kind, rows)

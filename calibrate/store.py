@@ -13,6 +13,7 @@ import json
 import os
 import re
 import secrets
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,10 +75,86 @@ def ledger_path(runs_dir: Path) -> Path:
     return runs_dir / "ledger.jsonl"
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write to a temp file beside ``path`` and rename it into place."""
+def file_mode() -> int:
+    """The mode a new file gets here: 0666 less the umask (what ``open`` would give it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # no /proc: read it by setting it (and put it back at once)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def refuse_special(path: Path) -> None:
+    """Raise InputError (exit 2) if ``path`` exists and is not a regular file (links followed):
+    a rename onto it would replace a device, a FIFO or a folder."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return
+    if not stat.S_ISREG(found.st_mode):
+        raise InputError(
+            f"{path} exists and is not a regular file (a device, FIFO or folder): "
+            "writing it would replace it",
+            "Give a path for a new or regular file.",
+        )
+
+
+def temp_beside(path: Path) -> tuple[int, Path]:
+    """A new temp file beside ``path`` (``.NAME.PID.XXXX``), mode 0666 less the umask.
+
+    The PID in the name lets a later run tell a temp file left by a dead process (kill -9)
+    from one still being written: see ``remove_stale_temps``.
+    """
+    refuse_special(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", dir=path.parent)
+    with contextlib.suppress(OSError):  # a file system without modes: mkstemp's 0600 stays
+        os.fchmod(fd, file_mode())
+    return fd, Path(tmp)
+
+
+def remove_stale_temps(path: Path, *, own: bool = False) -> int:
+    """Remove the temp files of ``temp_beside(path)`` whose writer is dead (``own``: ours,
+    after an interruption, wherever it struck); how many."""
+    removed = 0
+    prefix = f".{path.name}."
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return 0
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        pid_text = name[len(prefix) :].split(".", 1)[0]
+        if not pid_text.isdigit():
+            continue
+        mine = int(pid_text) == os.getpid()
+        if mine != own or (not mine and _alive(int(pid_text))):
+            continue
+        with contextlib.suppress(OSError):
+            (path.parent / name).unlink()
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # someone else's process (or no such number): leave its file alone
+    return True
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write to a temp file beside ``path`` and rename it into place (never onto a device)."""
+    fd, tmp = temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(utf8(text))
@@ -85,7 +162,7 @@ def write_atomic(path: Path, text: str) -> None:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -94,10 +171,29 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 def append_jsonl(path: Path, obj: Any) -> None:
-    """Append one line and flush; for files written rarely (the ledger)."""
+    """Append one line and flush; for files written rarely (the ledger).
+
+    A torn last line (a crash or a full disk mid-write) is ended first, under an exclusive
+    ``flock``: the new record starts a line of its own instead of being glued to the torn one
+    and lost with it.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("ab") as handle:
-        handle.write(encode_line(obj))
+    with path.open("a+b") as handle:  # readable too: the last byte is looked at
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            data = encode_line(obj)
+            if not ends_with_newline(handle.fileno()):
+                data = b"\n" + data
+            handle.write(data)
+            handle.flush()
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def ends_with_newline(fd: int) -> bool:
+    """Whether the file is empty or its last byte is a newline (the next append starts a line)."""
+    size = os.fstat(fd).st_size
+    return size == 0 or os.pread(fd, 1, size - 1) == b"\n"
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
@@ -151,7 +247,9 @@ class JsonlWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.fsync = fsync
-        self._handle: BinaryIO = path.open("ab", buffering=0)
+        self._handle: BinaryIO = path.open("a+b", buffering=0)
+        if not ends_with_newline(self._handle.fileno()):  # a torn tail: never glue onto it
+            self._handle.write(b"\n")
 
     def write(self, obj: Any) -> None:
         """Append one record as one write; raises OSError (disk full…) with nothing half-done
@@ -191,23 +289,22 @@ class ExclusiveLock:
     The kernel drops the lock when its process dies (even by kill -9), so a lock file left
     behind never blocks a later run. The file is removed on release; a run that locked a file
     just removed by the previous holder notices (another inode is at the path) and locks again.
+    The lock file is never a link (it is opened with ``O_NOFOLLOW`` and must have one name): a
+    link planted there would have us truncate its target. With ``guards``, the file it guards
+    is locked too, by its identity (device and inode): a second name for it (a symlink, a hard
+    link) finds it held.
     """
 
-    def __init__(self, path: Path, fd: int) -> None:
+    def __init__(self, path: Path, fd: int, guard_fd: int | None = None) -> None:
         self.path = path
         self._fd: int | None = fd
+        self._guard_fd = guard_fd
 
     @classmethod
-    def acquire(cls, path: Path, what: str) -> ExclusiveLock:
+    def acquire(cls, path: Path, what: str, *, guards: Path | None = None) -> ExclusiveLock:
         """Lock ``path`` now or raise InputError (exit 2) naming the holder's PID."""
         while True:
-            try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except OSError as exc:
-                raise InputError(
-                    f"cannot create the lock file {path}: {exc.strerror or exc}",
-                    "Check that the folder exists and is writable.",
-                ) from exc
+            fd = open_lock_file(path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -220,7 +317,7 @@ class ExclusiveLock:
                     "Wait for that run to finish or stop it: two runs must not write one file.",
                 ) from exc
             try:
-                current = os.stat(path)
+                current = os.stat(path, follow_symlinks=False)
             except FileNotFoundError:
                 current = None
             mine = os.fstat(fd)
@@ -230,16 +327,72 @@ class ExclusiveLock:
             ):
                 break
             os.close(fd)  # the previous holder removed it as we opened it: lock the new one
+        try:
+            guard_fd = None if guards is None else _lock_identity(guards, what)
+        except BaseException:
+            os.close(fd)
+            raise
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
-        return cls(path, fd)
+        return cls(path, fd, guard_fd)
 
     def release(self) -> None:
+        if self._guard_fd is not None:
+            os.close(self._guard_fd)
+            self._guard_fd = None
         if self._fd is None:
             return
         self.path.unlink(missing_ok=True)  # while still locked: see the class docstring
         os.close(self._fd)
         self._fd = None
+
+
+def open_lock_file(path: Path) -> int:
+    """Open (or create) a lock file that is ours to truncate: never through a link, never a
+    FIFO or device, never a file with a second name; else InputError (exit 2)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InputError(
+                f"the lock file {path} is a symbolic link; calibrate never writes through one",
+                f"Remove it (rm {path}) and run again.",
+            ) from exc
+        raise InputError(
+            f"cannot create the lock file {path}: {exc.strerror or exc}",
+            "Check that the folder exists and is writable.",
+        ) from exc
+    found = os.fstat(fd)
+    if not stat.S_ISREG(found.st_mode) or found.st_nlink > 1:
+        os.close(fd)
+        why = "has another name (a hard link)" if stat.S_ISREG(found.st_mode) else "is special"
+        raise InputError(
+            f"the lock file {path} {why}: it is not a lock calibrate made",
+            f"Remove it (rm {path}) and run again.",
+        )
+    return fd
+
+
+def _lock_identity(path: Path, what: str) -> int:
+    """Lock the file ``path`` names (created if absent), whatever name it is reached by."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK, file_mode())
+    except OSError as exc:
+        raise InputError(
+            f"cannot open {what}: {exc.strerror or exc}",
+            "Choose a writable place for it; nothing was sent.",
+        ) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        raise InputError(
+            f"{what} is in use by another run: it is the same file as the one that run "
+            "writes, under another name (a symlink or hard link)",
+            "Wait for that run to finish or stop it: two runs must not write one file.",
+        ) from exc
+    return fd
 
 
 def _pid_in(fd: int) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from calibrate.errors import UsageError
 from calibrate.records import utc_now_iso
+from calibrate.store import open_lock_file
 
 
 def lock_path(runs_dir: Path, target: str) -> Path:
@@ -39,7 +40,7 @@ def hold(runs_dir: Path, target: str, stage: str) -> Iterator[Path]:
     """Hold the target's lock for the duration; exit 2 at once when a live stage holds it."""
     path = lock_path(runs_dir, target)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_lock_file(path)  # never through a link: a planted one would be truncated
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -47,7 +47,10 @@ def level_key(row: Mapping[str, Any], key: str) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return None if math.isnan(value) else float(value)
+        try:
+            return None if math.isnan(value) else float(value)
+        except OverflowError:  # an integer of hundreds of digits (a damaged file): no tier
+            return None
     return math.inf if isinstance(value, str) and value.strip().lower() == "inf" else None
 
 

@@ -268,3 +268,70 @@ def test_concurrency_far_above_the_items_starts_one_worker_per_item(
     watcher.join()
     assert result.code == 0, result.err
     assert peak[0] - before <= 3 + 8, f"{peak[0] - before} threads for 3 items"
+
+
+def _long_line_file(path: Path, *, line: int, mib: int) -> Path:
+    """``line - 1`` good tasks, then ``mib`` MiB with no newline (a JSON array, say)."""
+    with path.open("wb") as handle:
+        for i in range(1, line):
+            handle.write(json.dumps({"id": i, "text": "t"}).encode() + b"\n")
+        chunk = b'{"id": 3, "text": "c"},' * 4096
+        handle.write(b"[")
+        for _ in range(mib * 1024 * 1024 // len(chunk) + 1):
+            handle.write(chunk)
+    return path
+
+
+def test_a_tasks_file_without_newlines_is_never_read_whole(isolated: Path) -> None:
+    """A 64 MiB "line": exit 2 naming the file and the line, in bounded memory (it used to
+    be read whole, then decoded and parsed: over 10× the file in RSS)."""
+    tasks = _long_line_file(isolated / "array.jsonl", line=3, mib=64)
+    (isolated / "out.jsonl").write_text("", "utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALIBRATE_")}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "calibrate",
+            "export",
+            "--input",
+            str(tasks),
+            "--out",
+            "out.jsonl",
+            "--to",
+            "final.jsonl",
+        ],
+        cwd=isolated,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    with proc.stderr:
+        err = proc.stderr.read().decode()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 2, err
+    assert f"{tasks} line 3: longer than 32 MiB without a newline" in err
+    assert "Traceback" not in err
+    assert usage.ru_maxrss < 160 * 1024, f"{usage.ru_maxrss // 1024} MiB"  # KiB on Linux
+
+
+@pytest.mark.parametrize("line", [1, 2])
+def test_batch_and_ladder_refuse_a_line_without_end_before_sending(
+    cli, mock, isolated: Path, line: int
+) -> None:
+    write_config(isolated / "calibrate.toml", mock.base_url)
+    tasks = _long_line_file(isolated / "array.jsonl", line=line, mib=33)
+    sent = mock.model.snapshot().requests_total
+    for args in (
+        ["batch", "--input", str(tasks), "--out", "out.jsonl"],
+        ["ladder", "--force", "--tasks", str(tasks)],
+    ):
+        result = cli(*args)
+        assert result.code == 2, result.err
+        assert f"{tasks} line {line}: longer than 32 MiB" in result.err, result.err
+        assert "Traceback" not in result.err
+    assert mock.model.snapshot().requests_total == sent
+    assert not (isolated / "out.jsonl").exists() or (isolated / "out.jsonl").stat().st_size == 0

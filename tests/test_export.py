@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -15,7 +20,7 @@ from calibrate.stages.export import export_final
 from calibrate.store import dumps_line
 from tests.batch_helpers import assert_valid_jsonl, write_tasks
 from tests.conftest import write_config
-from tests.mockserver import start_mock
+from tests.mockserver import REPO, start_mock
 
 
 def _ok(item_id: object, output: str) -> dict:
@@ -248,3 +253,156 @@ def test_a_bad_shard_exits_2(cli, isolated: Path, text: str) -> None:
     tasks = write_tasks(isolated / "tasks.jsonl", 2)
     result = cli("batch", "--input", str(tasks), "--out", "o.jsonl", "--shard", text)
     assert result.code == 2 and "--shard" in result.err
+
+
+# --- CSV cells a spreadsheet would run ---------------------------------------------------
+
+FORMULAS = ["=1+1", "+cmd|' /C calc'!A0", "-2+3", "@SUM(A1:A9)", "\t=1", "\r=1", "=HYPERLINK(x)"]
+HARMLESS = ["a=b", "1-2", "plain text", "", "'already quoted", "中文=公式"]
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    with path.open(encoding="utf-8", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_csv_cells_that_a_spreadsheet_would_run_get_a_quote_and_raw_csv_keeps_them(
+    cli, isolated: Path
+) -> None:
+    texts = [*FORMULAS, *HARMLESS]
+    tasks = isolated / "tasks.jsonl"
+    ids: list[object] = [f"={i}" if i % 2 else -i - 1 for i in range(len(texts))]
+    tasks.write_text(
+        "".join(dumps_line({"id": i, "text": "x"}) + "\n" for i in ids), encoding="utf-8"
+    )
+    records = [_ok(i, text) for i, text in zip(ids, texts, strict=True)]
+    records[0] = {**_failed(ids[0], "format"), "error": {"kind": "format", "message": "@evil"}}
+    journal = _journal(isolated / "out.jsonl", records)
+    result = cli("export", "--input", str(tasks), "--out", str(journal), "--to", "safe.csv")
+    assert result.code == 1, result.err
+    rows = _csv_rows(isolated / "safe.csv")
+    for row, text, item_id in zip(rows[1:], texts[1:], ids[1:], strict=True):
+        expected = "'" + text if text.startswith(("=", "+", "-", "@", "\t", "\r")) else text
+        assert row["output"] == expected, (text, row)
+        assert row["id"] == (f"'{item_id}" if isinstance(item_id, str) else str(item_id))
+    assert rows[0]["error_message"] == "'@evil" and rows[0]["output"] == ""
+    # the journal-shaped outputs stay exact: only CSV cells change
+    assert [r.get("output") for r in assert_valid_jsonl(journal)][1:] == texts[1:]
+    raw = cli(
+        "export", "--input", str(tasks), "--out", str(journal), "--to", "raw.csv", "--raw-csv"
+    )
+    assert raw.code == 1, raw.err
+    raw_rows = _csv_rows(isolated / "raw.csv")
+    assert [r["output"] for r in raw_rows[1:]] == texts[1:]
+    assert raw_rows[0]["error_message"] == "@evil"
+    final = cli("export", "--input", str(tasks), "--out", str(journal), "--to", "f.jsonl")
+    assert [r.get("output") for r in assert_valid_jsonl(isolated / "f.jsonl")][1:] == texts[1:]
+    assert final.code == 1
+
+
+# --- ids that are neither strings nor integers --------------------------------------------
+
+BAD_IDS = {"a list": [1], "an object": {"a": 1}, "a float": 1.0, "true": True, "null": None}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_IDS))
+def test_a_journal_id_that_is_not_a_string_or_integer_is_exit_2_naming_the_line(
+    cli, isolated: Path, case: str
+) -> None:
+    tasks = isolated / "tasks.jsonl"
+    tasks.write_text('{"id": 1, "text": "a"}\n{"id": "b", "text": "b"}\n', encoding="utf-8")
+    journal = _journal(
+        isolated / "out.jsonl", [_ok("b", "bee"), _ok(1, "one"), _ok(BAD_IDS[case], "bad")]
+    )
+    result = cli("export", "--input", str(tasks), "--out", str(journal), "--to", "final.jsonl")
+    assert result.code == 2, result.err
+    assert f"{journal} line 3" in result.err and "string or an integer" in result.err
+    assert "Traceback" not in result.err
+    assert not (isolated / "final.jsonl").exists()
+
+
+def test_an_integer_id_of_hundreds_of_digits_is_foreign_not_a_crash(cli, isolated: Path) -> None:
+    tasks = write_tasks(isolated / "tasks.jsonl", 1)
+    journal = isolated / "out.jsonl"
+    journal.write_text(
+        f'{{"id":{"9" * 5000},"ok":true,"output":"x","attempts":1}}\n'
+        + dumps_line(_ok("t0", "zero"))
+        + "\n",
+        encoding="utf-8",
+    )
+    result = cli("export", "--input", str(tasks), "--out", str(journal), "--to", "f.jsonl")
+    assert result.code == 0, result.err
+    assert "1 journal line(s) are not ids of the input" in result.err
+
+
+# --- interrupted and killed exports leave no temp files --------------------------------------
+
+
+def _big_export(root: Path, n: int = 20_000) -> list[str]:
+    with (root / "tasks.jsonl").open("w") as tasks, (root / "out.jsonl").open("w") as out:
+        for i in range(n):
+            tasks.write(dumps_line({"id": f"t{i}", "text": "x" * 40}) + "\n")
+            out.write(dumps_line(_ok(f"t{i}", "y" * 300)) + "\n")
+    return ["export", "--input", "tasks.jsonl", "--out", "out.jsonl", "--to", "final.csv"]
+
+
+def _start(root: Path, args: list[str]) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALIBRATE_")}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.Popen(
+        [sys.executable, "-m", "calibrate", *args],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _temps(root: Path) -> list[str]:
+    return sorted(p.name for p in root.glob(".final.*"))
+
+
+def _when_writing(root: Path, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 60
+    while not _temps(root) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.005)
+    assert _temps(root), "the export never started writing"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM, signal.SIGINT])
+def test_an_interrupted_export_removes_its_temp_files(isolated: Path, sig: signal.Signals) -> None:
+    proc = _start(isolated, _big_export(isolated))
+    _when_writing(isolated, proc)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    if proc.returncode == 0:
+        pytest.skip("the export finished before the signal arrived")
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert _temps(isolated) == [] and not (isolated / "final.csv").exists()
+
+
+def test_temp_files_of_a_killed_export_are_removed_by_the_next_one(isolated: Path) -> None:
+    args = _big_export(isolated)
+    proc = _start(isolated, args)
+    _when_writing(isolated, proc)
+    proc.kill()
+    proc.communicate(timeout=30)
+    left = _temps(isolated)
+    assert left and all(f".{proc.pid}." in name for name in left)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:  # a temp file of a live export (another process) is never touched
+        live = isolated / f".final.csv.{sleeper.pid}.live"
+        live.write_bytes(b"partial")
+        other = isolated / ".final.csv.notours"
+        other.write_bytes(b"x")
+        again = _start(isolated, args)
+        _, err = again.communicate(timeout=120)
+        assert again.returncode == 0, err
+        assert _temps(isolated) == sorted([live.name, other.name])
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert len(_csv_rows(isolated / "final.csv")) == 20_000

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.fakes import append_ledger
 from tests.mockserver import REPO, start_mock
 from tests.tier_helpers import FAST, open_gate
@@ -58,3 +60,104 @@ def test_a_second_load_stage_on_the_same_target_exits_2_naming_the_holder(
         after = cli("ladder", "--json")
     assert after.code == 0, after.err
     assert after.json["last_passing"]["batch_size"] == 2
+
+
+# --- one writer per journal, whatever name reaches it; lock files are never followed ----------
+
+
+def _alias(isolated: Path, kind: str) -> Path:
+    """Another name for ``a.jsonl`` (which exists): a symlink, a hard link, a linked folder."""
+    if kind == "symlink":
+        (isolated / "b.jsonl").symlink_to("a.jsonl")
+        return isolated / "b.jsonl"
+    if kind == "hard link":
+        os.link(isolated / "a.jsonl", isolated / "c.jsonl")
+        return isolated / "c.jsonl"
+    (isolated / "linked").symlink_to(isolated)
+    return isolated / "linked" / "a.jsonl"
+
+
+def test_two_batches_never_share_a_journal_through_a_link(cli, isolated: Path) -> None:
+    from tests.batch_helpers import batch_process, ok_ids, wait_for_lines, write_tasks
+    from tests.conftest import write_config
+
+    tasks = write_tasks(isolated / "tasks.jsonl", 40)
+    journal = isolated / "a.jsonl"
+    with start_mock(ttft_s=0.15, per_token_s=0.0) as server:
+        write_config(isolated / "calibrate.toml", server.base_url)
+        first = batch_process(isolated, "--input", str(tasks), "--out", str(journal), "-c", "2")
+        try:
+            wait_for_lines(journal, 1, first)
+            sent = server.model.snapshot().requests_total
+            for kind in ("symlink", "hard link", "linked folder"):
+                other = _alias(isolated, kind)
+                second = cli("batch", "--input", str(tasks), "--out", str(other), "-c", "8")
+                assert second.code == 2, (kind, second.err)
+                assert "in use by another run" in second.err, (kind, second.err)
+                assert "Traceback" not in second.err
+            # only the first batch's own requests went out meanwhile (2 in flight at most)
+            assert server.model.snapshot().requests_total - sent < 40
+            _, err = first.communicate(timeout=60)
+        finally:
+            if first.poll() is None:
+                first.kill()
+                first.communicate()
+    assert first.returncode == 0, err
+    lines = journal.read_text("utf-8").splitlines()
+    assert len(lines) == 40 and sorted(ok_ids(journal)) == sorted(f"t{i}" for i in range(40))
+
+
+LOCK_TRAPS = ["symlink", "dangling symlink", "hard link", "fifo"]
+
+
+def _trap(lock: Path, victim: Path, kind: str) -> None:
+    if kind == "symlink":
+        lock.symlink_to(victim)
+    elif kind == "dangling symlink":
+        lock.symlink_to(victim.with_name("created-by-calibrate.txt"))
+    elif kind == "hard link":
+        os.link(victim, lock)
+    else:
+        os.mkfifo(lock)
+
+
+@pytest.mark.parametrize("kind", LOCK_TRAPS)
+def test_a_link_planted_at_the_journal_lock_is_never_written_through(
+    cli, mock, isolated: Path, kind: str
+) -> None:
+    from tests.batch_helpers import write_tasks
+    from tests.conftest import write_config
+
+    write_config(isolated / "calibrate.toml", mock.base_url)
+    tasks = write_tasks(isolated / "tasks.jsonl", 3)
+    victim = isolated / "victim.txt"
+    victim.write_text("precious\n", "utf-8")
+    _trap(isolated / "out.jsonl.lock", victim, kind)
+    sent = mock.model.snapshot().requests_total
+    started = time.monotonic()
+    result = cli("batch", "--input", str(tasks), "--out", "out.jsonl")
+    assert time.monotonic() - started < 10, "a FIFO at the lock path must not block"
+    assert result.code == 2, result.err
+    assert "the lock file" in result.err and "out.jsonl.lock" in result.err
+    assert "Traceback" not in result.err
+    assert victim.read_text("utf-8") == "precious\n"
+    assert not (isolated / "created-by-calibrate.txt").exists()
+    assert mock.model.snapshot().requests_total == sent
+
+
+@pytest.mark.parametrize("kind", LOCK_TRAPS)
+def test_a_link_planted_at_the_target_lock_is_never_written_through(
+    cli, isolated: Path, kind: str
+) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
+        target = open_gate(isolated, mock.base_url)
+        append_ledger(isolated, "ladder", target, {"last_passing": {"batch_size": 2}})
+        victim = isolated / "victim.txt"
+        victim.write_text("precious\n", "utf-8")
+        (isolated / "runs/locks").mkdir(parents=True, exist_ok=True)
+        _trap(isolated / "runs/locks" / f"{target}.lock", victim, kind)
+        result = cli("sweep")
+    assert result.code == 2, result.err
+    assert "the lock file" in result.err and "Traceback" not in result.err
+    assert victim.read_text("utf-8") == "precious\n"
+    assert not (isolated / "created-by-calibrate.txt").exists()

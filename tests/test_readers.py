@@ -76,3 +76,46 @@ def test_report_on_a_bad_tiers_csv_is_exit_2(
     result = cli("report", str(run), "--no-plot")
     assert result.code == 2, result.err
     assert needle in result.err and "Traceback" not in result.err
+
+
+TORN_TAILS = {
+    "cut mid-record": lambda line: line[:-12],
+    "its newline lost": lambda line: line[:-1],
+    "cut inside a UTF-8 character": lambda line: line[: line.index("用".encode()) + 1],
+    "zeros after a full disk": lambda line: line + b"\x00" * 64,
+}
+
+
+@pytest.mark.parametrize("case", sorted(TORN_TAILS))
+def test_a_torn_ledger_tail_never_swallows_the_next_result(cli, isolated: Path, case: str) -> None:
+    """The next append ends the torn line first: the stage that says passed is what status shows."""
+    from tests.conftest import write_config
+
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
+        write_config(isolated / "calibrate.toml", mock.base_url)
+        first = cli("single", "--json")
+        assert first.code == 0, first.err
+        ledger = isolated / "runs/ledger.jsonl"
+        data = ledger.read_bytes()
+        assert data.endswith(b"\n") and "用".encode() in data
+        ledger.write_bytes(TORN_TAILS[case](data))
+        for _ in range(2):  # and the one after it too
+            again = cli("single", "--json")
+            assert again.code == 0 and again.json["passed"] is True, again.err
+            status = cli("status", "--json")
+            assert status.code == 0, status.err
+            assert json.loads(status.out)["stages"]["single"]["run_id"] == again.json["run_id"]
+    assert ledger.read_bytes().endswith(b"\n")
+
+
+def test_a_jsonl_writer_opened_on_a_torn_file_starts_a_new_line(isolated: Path) -> None:
+    from calibrate.store import JsonlWriter, read_jsonl
+
+    for tail in (b'{"a": 1', b'{"a": 1}', b"\xe7\x94", b""):
+        path = isolated / "records.jsonl"
+        path.write_bytes(b'{"first": true}\n' + tail)
+        with JsonlWriter(path) as writer:
+            writer.write({"next": 2})
+        assert list(read_jsonl(path))[-1] == {"next": 2}, tail
+        assert path.read_bytes().endswith(b'{"next":2}\n')
+        assert b"\n\n" not in path.read_bytes()

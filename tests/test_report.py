@@ -122,3 +122,86 @@ def test_a_narrow_terminal_drops_minor_columns_instead_of_cropping_cells() -> No
     console.print(narrow)
     text = console.export_text()
     assert "…" not in text and "53248" in text and "oom:2" in text
+
+
+# --- damaged run folders: a clear message naming the file, never a traceback ----------------
+
+
+def _damaged(root: Path, case: str) -> Path:
+    import json
+
+    from tests.report_helpers import ladder_row, sweep_row, write_run
+
+    rows = [ladder_row(1, 2.0), ladder_row(2, 3.0)]
+    if case == "400-digit batch_size":
+        return write_run(root, case.replace(" ", "-"), "ladder", [ladder_row(int("9" * 400), 2.0)])
+    if case == "negative batch_size":
+        return write_run(root, "neg", "ladder", [ladder_row(-4, 2.0), *rows])
+    if case == "zero concurrency":
+        return write_run(root, "zero", "sweep", [sweep_row(0, 2.0), sweep_row(2, 3.0)])
+    if case == "1e300 items_per_s":
+        return write_run(root, "huge", "ladder", [ladder_row(1, 1e300), ladder_row(2, 3.0)])
+    run = write_run(root, "r", "ladder", rows)
+    if case == "list-valued manifest.json":
+        (run / "manifest.json").write_text("[1, 2, 3]", "utf-8")
+    elif case == "list-valued summary.json":
+        (run / "summary.json").write_text('[{"passed": true}]', "utf-8")
+    elif case == "manifest stage a list":
+        (run / "manifest.json").write_text(json.dumps({"stage": ["ladder"]}), "utf-8")
+    return run
+
+
+DAMAGED = {
+    "400-digit batch_size": "batch_size is a number of 400 digits",
+    "negative batch_size": "batch_size is -4, below 1",
+    "zero concurrency": "concurrency is 0, below 1",
+    "1e300 items_per_s": "items_per_s is 1e+300, out of range",
+    "list-valued manifest.json": "",
+    "list-valued summary.json": "",
+    "manifest stage a list": "",
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED))
+def test_a_damaged_run_folder_is_a_clear_message_or_a_report(
+    cli, isolated: Path, case: str
+) -> None:
+    run = _damaged(isolated, case)
+    for args in (["--html"], ["--html", "--timeline", "2"], [str(run)]):  # and compared with itself
+        result = cli("report", str(run), *args)
+        assert "Traceback" not in result.err, (args, result.err)
+        if DAMAGED[case]:
+            assert result.code == 2, result.err
+            assert f"{run / 'tiers.csv'}:2: {DAMAGED[case]}" in result.err, result.err
+            assert len(result.err.strip().splitlines()) == 2
+        else:
+            assert result.code in (0, 2), result.err
+            if result.code == 2:
+                assert str(run) in result.err
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"batch_size": 2, "started_s": 1e308, "elapsed_s": 1.0},
+        {"batch_size": 2, "started_s": 1e308, "elapsed_s": 1e308},
+        {"batch_size": 2, "started_s": -1e308, "done_s": 1e308},
+        {"batch_size": int("9" * 400), "started_s": 0.0, "elapsed_s": 1.0},
+        {"batch_size": [2], "started_s": 0.0, "elapsed_s": 1.0},
+    ],
+)
+def test_absurd_times_in_records_never_crash_the_timeline(
+    cli, isolated: Path, record: dict
+) -> None:
+    import json
+
+    from tests.report_helpers import ladder_row, write_run
+
+    good = {"batch_size": 2, "started_s": 0.0, "elapsed_s": 1.0, "ok": True}
+    run = write_run(isolated, "t", "ladder", [ladder_row(1, 2.0), ladder_row(2, 3.0)])
+    (run / "records.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in (good, record)), "utf-8"
+    )
+    result = cli("report", str(run), "--html", "--timeline", "2")
+    assert result.code in (0, 2), result.err
+    assert "Traceback" not in result.err

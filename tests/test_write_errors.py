@@ -87,3 +87,39 @@ def test_init_never_creates_folders_and_names_the_path(cli, isolated: Path) -> N
     assert under_file.code == 2 and "afile is not a directory" in under_file.err
     assert "Traceback" not in missing.err + under_file.err
     assert cli("init", "calibrate.toml").code == 0
+
+
+# --- files written atomically get the mode the umask gives, not mkstemp's 0600 -----------
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_files_written_atomically_follow_the_umask(isolated: Path, umask: int) -> None:
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    from tests.mockserver import REPO
+
+    (isolated / "tasks.jsonl").write_text('{"id": 1, "text": "a"}\n', "utf-8")
+    (isolated / "out.jsonl").write_text('{"id":1,"ok":true,"output":"x","attempts":1}\n', "utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALIBRATE_")}
+    env["PYTHONPATH"] = str(REPO)
+    for args in (
+        ["init", "calibrate.toml"],
+        ["export", "--input", "tasks.jsonl", "--out", "out.jsonl", "--to", "final.csv"],
+        ["export", "--input", "tasks.jsonl", "--out", "out.jsonl", "--to", "final.jsonl"],
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "calibrate", *args],
+            cwd=isolated,
+            env=env,
+            umask=umask,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+    for name in ("calibrate.toml", "final.csv", "final.jsonl", "final.failed.jsonl"):
+        mode = stat.S_IMODE((isolated / name).stat().st_mode)
+        assert mode == 0o666 & ~umask, (name, oct(mode), oct(umask))

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from calibrate.cli.batch_args import check_flags, check_writable
+from calibrate.cli.batch_args import check_flags, check_paths
 from calibrate.cli.batch_args import register as _register
 from calibrate.cli.batch_view import ProgressView, render_summary, say_check
 from calibrate.cli.common import (
@@ -55,7 +55,7 @@ from calibrate.stages.batch_result import BatchResult, summary_json
 from calibrate.stages.batch_shard import Shard
 from calibrate.stages.batch_worker import BatchControl
 from calibrate.stages.context import StageContext, sampling_params
-from calibrate.stages.export import check_export, export_final
+from calibrate.stages.export import export_final
 from calibrate.stages.format_check import shape_checks
 from calibrate.stages.length_check import length_warning
 from calibrate.stages.retry import RetryPolicy
@@ -82,9 +82,7 @@ def run(args: argparse.Namespace) -> int:
             "Lower URL#c=N or -c.",
         )
     source = endpoints[0].concurrency_source if len(endpoints) == 1 else "per endpoint"
-    if args.final:
-        check_export(Path(args.final), None, "--final")
-        check_writable(Path(args.final), "--final")
+    check_paths(args, cfg)  # no output overwrites what the batch reads: before anything is sent
     restarter = ManagedRestart(cfg) if args.restart else None
     if restarter is not None and not restarter.managed():
         raise UsageError(

@@ -9,9 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.cli.common import add_command, add_junit
+from calibrate.config import Config
 from calibrate.errors import UsageError
+from calibrate.output_paths import Named, check_outputs, stage_files
 from calibrate.stages.batch import MAX_CONCURRENCY
 from calibrate.stages.batch_outage import DEFAULT_OUTAGE_AFTER, DEFAULT_OUTAGE_S
+from calibrate.stages.batch_plan import lock_path
+from calibrate.stages.export import check_export, failed_path_for
 
 MAX_RETRIES = 100
 MAX_WAIT_S = 3600.0
@@ -181,3 +185,26 @@ def check_writable(path: Path, flag: str) -> None:
             f"cannot write {flag} {path}: {folder} is not a writable folder",
             "Choose a writable place for it; nothing was sent.",
         )
+
+
+def check_paths(args: argparse.Namespace, cfg: Config) -> None:
+    """No file the batch writes (--out, --final and its failed list, --junit) is one it reads
+    or journals (--input, the lock, the ledger, the config…) or another of them: exit 2
+    before anything is sent."""
+    out = Path(args.out) if args.out else None
+    final = Path(args.final) if args.final else None
+    reads: list[Named] = [
+        ("--input", Path(args.input)),
+        ("the lock of --out", lock_path(out) if out else None),
+        *stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source),
+    ]
+    writes: list[Named] = [
+        ("--out", out),
+        ("--final", final),
+        ("the failed list of --final", failed_path_for(final) if final else None),
+        ("--junit", Path(args.junit) if getattr(args, "junit", None) else None),
+    ]
+    if final is not None:
+        check_export(final, None, "--final")  # its format
+        check_writable(final, "--final")
+    check_outputs(writes, reads)

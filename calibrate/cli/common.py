@@ -21,6 +21,7 @@ from calibrate.config import Config
 from calibrate.errors import GateClosed, Interrupted, StageFailed, UsageError
 from calibrate.junit import JUnitSuite
 from calibrate.ledger import Ledger, check_gate, target_fingerprint
+from calibrate.output_paths import check_outputs, stage_files
 from calibrate.stages.context import StageContext, manifest
 from calibrate.store import RunDir
 from calibrate.target_lock import hold
@@ -125,6 +126,13 @@ def open_stage(
     """
     cfg = load_config(args)
     check_junit_path(args)
+    check_outputs(  # --junit is not the ledger, the config, --tasks… (exit 2, nothing sent)
+        [("--junit", Path(args.junit) if getattr(args, "junit", None) else None)],
+        [
+            *stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source),
+            ("--tasks", Path(args.tasks) if getattr(args, "tasks", None) else None),
+        ],
+    )
     check_writable_dir(cfg.runs_dir, "[paths] runs")
     ledger = Ledger(cfg.runs_dir)
     target = target_fingerprint(cfg)

@@ -4,7 +4,10 @@ The rule: the LAST ok result of an id if it has one (a later failure does not un
 else its last failure, else a line {"id", "ok": false, "error": {"kind": "not_run"}}. The ids
 without an ok result are also listed in FINAL.failed.jsonl (or --failed PATH). The format
 follows the extension: .jsonl (the journal lines as they are), .csv, .parquet (needs pyarrow).
-Written atomically (temp file + rename). Exit 0 when every id is ok, 1 when some are not.
+Written atomically (temp file + rename); never over --input, a journal or each other (exit 2).
+In .csv, a text cell starting with = + - @ (or tab, CR) gets a ' before it, so a spreadsheet
+shows it instead of running it as a formula (--raw-csv: as it is). Exit 0 when every id is ok,
+1 when some are not; 130 when interrupted (Ctrl-C, SIGTERM, SIGHUP: no temp file is left).
 
 example: calibrate export --input tasks.jsonl --out out.jsonl --to final.jsonl
 example: calibrate export --input tasks.jsonl --out out-0.jsonl,out-1.jsonl,out-2.jsonl --to final.csv
@@ -13,7 +16,12 @@ example: calibrate export --input tasks.jsonl --out out-0.jsonl,out-1.jsonl,out-
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from calibrate.cli.common import Output, add_command, output_for
@@ -40,6 +48,12 @@ def register(subparsers: Any) -> None:
         metavar="PATH",
         help="ids without an ok result (default: FINAL's name + .failed.jsonl)",
     )
+    p.add_argument(
+        "--raw-csv",
+        action="store_true",
+        help="in a .csv, write cells as they are: no ' before a leading = + - @ tab CR "
+        "(a spreadsheet may run such a cell as a formula)",
+    )
 
 
 def journals_of(values: list[str]) -> list[Path]:
@@ -51,15 +65,35 @@ def journals_of(values: list[str]) -> list[Path]:
 
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
-    result = export_final(
-        Path(args.input),
-        journals_of(args.out),
-        Path(args.to),
-        failed_path=Path(args.failed) if args.failed else None,
-    )
+    with _hangup_interrupts():  # the temp files are removed on the way out
+        result = export_final(
+            Path(args.input),
+            journals_of(args.out),
+            Path(args.to),
+            failed_path=Path(args.failed) if args.failed else None,
+            raw_csv=args.raw_csv,
+        )
     say_export(out, result)
     out.result({"passed": result.passed, **result.to_json()})
     return ExitCode.OK if result.passed else ExitCode.FAILED
+
+
+@contextlib.contextmanager
+def _hangup_interrupts() -> Iterator[None]:
+    """SIGHUP (a closed terminal) stops the export like Ctrl-C: its temp files are discarded.
+    SIGINT and SIGTERM already do (``calibrate.cli.main``)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGHUP, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def say_export(out: Output, r: ExportResult) -> None:

@@ -16,6 +16,7 @@ from calibrate.cli.common import Output, add_command, load_config, output_for
 from calibrate.errors import InputError, UsageError
 from calibrate.html_compare import comparison_html
 from calibrate.html_report import key_label, run_html
+from calibrate.output_paths import check_outputs, stage_files
 from calibrate.report_compare import compare_runs
 from calibrate.run_view import RunView, load_run, stage_notes
 from calibrate.store import write_atomic
@@ -72,8 +73,16 @@ def _write(path: Path, text: str) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
-    runs_dir = load_config(args).runs_dir
+    cfg = load_config(args)
+    runs_dir = cfg.runs_dir
     view = _load(_resolve(args.run_dir, runs_dir))
+    if args.html:  # before anything is written: never over what report reads
+        runs = [view.path, *([_resolve(args.run_b, runs_dir)] if args.run_b else [])]
+        reads = [r for run in runs for r in report.run_inputs(run)]
+        check_outputs(
+            [("--html", Path(args.html))],
+            [*reads, *stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source)],
+        )
     if args.run_b is not None:
         if args.timeline is not None:
             raise UsageError("--timeline draws one run: give one RUN with it")

@@ -29,6 +29,7 @@ from calibrate.cli.common import (
 )
 from calibrate.config import MAX_ROUNDS
 from calibrate.errors import UsageError
+from calibrate.output_paths import check_outputs
 from calibrate.pipeline import next_after
 from calibrate.stages.repro import ReproResult, between_files, run_repro
 from calibrate.store import RunDir
@@ -56,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
                 "example: calibrate repro a.jsonl b.jsonl",
             )
         check_junit_path(args)
+        check_outputs(
+            [("--junit", Path(args.junit) if args.junit else None)],
+            [("the file", Path(name)) for name in args.files],
+        )
         result = between_files(Path(args.files[0]), Path(args.files[1]), normaliser)
         return _report(out, args, result, run=None)
     if not 1 <= args.runs <= MAX_ROUNDS:

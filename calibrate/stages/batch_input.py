@@ -24,6 +24,7 @@ from calibrate.errors import InputError
 ItemId = str | int
 
 FIX_HINT = "Fix the tasks file and run again; nothing was sent and no output was written."
+MAX_LINE_BYTES = 32 * 1024 * 1024  # one item; millions of tokens. A longer "line" is no JSONL
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,22 @@ def open_tasks(path: Path) -> BinaryIO:
             f"cannot read the tasks file {path}: {exc.strerror or exc}",
             "Give an existing JSONL file with --input.",
         ) from exc
+
+
+def task_lines(handle: BinaryIO, name: Path) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of a tasks file, each read with a bound: a file with no newline
+    (a JSON array, a binary file) is an InputError naming the line, never read whole."""
+    number = 0
+    while raw := handle.readline(MAX_LINE_BYTES + 1):
+        number += 1
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            raise InputError(
+                f"{name} line {number}: longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB "
+                "without a newline; a tasks file has one JSON object per line (JSONL)",
+                "Write one item per line (a JSON array or another format is not JSONL); "
+                "nothing was sent.",
+            )
+        yield number, raw
 
 
 def parse_task(raw: bytes, path: Path, line: int) -> Task | None:
@@ -113,7 +130,7 @@ def index_input(path: Path, shown: Path | None = None) -> InputIndex:
     ids: set[ItemId] = set()
     count = 0
     with open_tasks(path) as handle:
-        for line, raw in enumerate(handle, 1):  # binary lines end at b"\n" only
+        for line, raw in task_lines(handle, name):  # binary lines end at b"\n" only
             task = parse_task(raw, name, line)
             if task is None:
                 continue
@@ -135,7 +152,7 @@ def index_input(path: Path, shown: Path | None = None) -> InputIndex:
 def read_tasks(path: Path, shown: Path | None = None) -> Iterator[Task]:
     """The items again, one at a time, in file order (after ``index_input`` passed)."""
     with open_tasks(path) as handle:
-        for line, raw in enumerate(handle, 1):
+        for line, raw in task_lines(handle, shown or path):
             task = parse_task(raw, shown or path, line)
             if task is not None:
                 yield task

@@ -107,8 +107,9 @@ def _plan(spec: BatchSpec, index: InputIndex, input_path: Path | None) -> BatchP
 
 
 def lock_path(out_path: Path) -> Path:
-    """``out.jsonl`` → ``out.jsonl.lock``, beside it."""
-    return out_path.with_name(out_path.name + ".lock")
+    """``out.jsonl`` → ``out.jsonl.lock``, beside the file it names (symlinks followed)."""
+    real = out_path.resolve()
+    return real.with_name(real.name + ".lock")
 
 
 @contextmanager
@@ -127,7 +128,9 @@ def open_batch(spec: BatchSpec) -> Iterator[BatchPlan]:
         assert spec.out_path is not None
         check_output_path(spec.out_path, spec.input_path)
         index = index_input(readable, spec.input_path)  # before the lock: bad input, no trace
-        lock = ExclusiveLock.acquire(lock_path(spec.out_path), f"--out {spec.out_path}")
+        lock = ExclusiveLock.acquire(
+            lock_path(spec.out_path), f"--out {spec.out_path}", guards=spec.out_path
+        )
         try:
             plan = _plan(spec, index, readable)
             assert plan.scan is not None

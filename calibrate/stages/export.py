@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from calibrate.errors import InputError
+from calibrate.output_paths import Named, check_outputs
 from calibrate.stages.batch_input import ItemId, index_input, read_tasks
 from calibrate.stages.batch_shard import Shard
 from calibrate.stages.export_formats import Format, JsonlFinal, format_of, open_final
 from calibrate.stages.resume import RESULT_LINE
-from calibrate.store import encode_line
+from calibrate.store import encode_line, remove_stale_temps
 
 BLOCK_BYTES = 8 * 1024 * 1024
 JOURNAL_BITS = 10  # up to 1024 journals (shards) in one export
@@ -67,15 +68,16 @@ def failed_path_for(to_path: Path) -> Path:
     return to_path.with_name(f"{to_path.stem}.failed.jsonl")
 
 
-def check_export(to_path: Path, failed_path: Path | None, flag: str) -> Format:
-    """Before anything runs: the format is known and writable (exit 2 otherwise)."""
+def check_export(
+    to_path: Path, failed_path: Path | None, flag: str, reads: Sequence[Named] = ()
+) -> Format:
+    """Before anything runs: the format is known, and neither output is a special file, a file
+    read (``reads``: the input, the journals…) or the other output (exit 2 otherwise)."""
     fmt = format_of(to_path, flag)
-    failed = failed_path or failed_path_for(to_path)
-    if failed.resolve() == to_path.resolve():
-        raise InputError(
-            f"the failed list {failed} would overwrite {flag} {to_path}",
-            "Give --failed another path.",
-        )
+    failed = (
+        ("--failed", failed_path) if failed_path else ("the failed list", failed_path_for(to_path))
+    )
+    check_outputs([(flag, to_path), failed], reads)
     return fmt
 
 
@@ -86,10 +88,15 @@ def export_final(
     *,
     failed_path: Path | None = None,
     shard: Shard | None = None,
+    raw_csv: bool = False,
 ) -> ExportResult:
-    """Write the final file and the failed list; the journals are only read."""
+    """Write the final file and the failed list; the journals are only read.
+
+    CSV text cells that a spreadsheet would run as formulas get a ``'`` unless ``raw_csv``.
+    """
     start = time.perf_counter()
-    fmt = check_export(to_path, failed_path, "--to")
+    reads = [("--input", input_path), *(("--out", journal) for journal in journals)]
+    fmt = check_export(to_path, failed_path, "--to", reads)
     failed_path = failed_path or failed_path_for(to_path)
     if not journals or len(journals) > MAX_JOURNALS:
         raise InputError(f"give 1 to {MAX_JOURNALS} journals (--out), got {len(journals)}")
@@ -106,7 +113,7 @@ def export_final(
     total = len(winners)
     handles = [_open_journal(path) for path in journals]
     try:
-        counts = _write(input_path, shard, winners, handles, to_path, failed_path, fmt)
+        counts = _write(input_path, shard, winners, handles, to_path, failed_path, fmt, raw_csv)
     finally:
         for handle in handles:
             handle.close()
@@ -146,15 +153,16 @@ def _scan_journal(path: Path, number: int, winners: dict[ItemId, int | None]) ->
     lines = foreign = 0
     with _open_journal(path) as handle:
         base = 0  # file offset of the block's first byte
+        first_line = 1  # line number of the block's first line
         carry = b""
         while data := handle.read(BLOCK_BYTES):
             data = carry + data
             cut = data.rfind(b"\n") + 1
             block, carry = data[:cut], data[cut:]
-            for match_start, token, ok in _records(block):
+            for match_start, token, ok in _records(block, path, first_line):
                 lines += 1
                 item_id = _id_of(token)
-                if isinstance(item_id, bool) or item_id not in winners:
+                if item_id is None or isinstance(item_id, bool) or item_id not in winners:
                     foreign += 1
                     continue
                 _keep(
@@ -163,10 +171,11 @@ def _scan_journal(path: Path, number: int, winners: dict[ItemId, int | None]) ->
                     ((base + match_start) << (JOURNAL_BITS + 1)) | (number << 1) | (ok == b"true"),
                 )
             base += len(block)
+            first_line += block.count(b"\n")
         if carry.strip():  # a last line without its newline: whole (kept) or torn (ignored)
-            for match_start, token, ok in _records(carry + b"\n"):
+            for match_start, token, ok in _records(carry + b"\n", path, first_line):
                 item_id = _id_of(token)
-                if not isinstance(item_id, bool) and item_id in winners:
+                if item_id is not None and not isinstance(item_id, bool) and item_id in winners:
                     lines += 1
                     _keep(
                         winners,
@@ -178,30 +187,46 @@ def _scan_journal(path: Path, number: int, winners: dict[ItemId, int | None]) ->
     return lines, foreign
 
 
-def _records(block: bytes) -> list[tuple[int, bytes, bytes]]:
-    """(offset, id token, ok) of each result line of ``block`` (lines end at b"\\n")."""
+def _records(block: bytes, path: Path, first_line: int) -> list[tuple[int, bytes, bytes]]:
+    """(offset, id token, ok) of each result line of ``block`` (lines end at b"\\n").
+
+    A result whose id is neither a string nor an integer (a list, an object, ``1.0``, which
+    must not be taken for ``1``) is an InputError naming the journal and the line.
+    """
     found = [(m.start(), m.group(1), m.group(2)) for m in RESULT_LINE.finditer(block)]
     if len(found) == block.count(b"\n"):
         return found
     out: list[tuple[int, bytes, bytes]] = []  # some lines are not ours verbatim: parse each
     offset = 0
-    for raw in block.split(b"\n")[:-1]:
+    for number, raw in enumerate(block.split(b"\n")[:-1], first_line):
         match = RESULT_LINE.match(raw)
         if match is not None:
             out.append((offset, match.group(1), match.group(2)))
         else:
             obj = _loads(raw)
             if isinstance(obj, dict) and isinstance(obj.get("ok"), bool) and "id" in obj:
+                item_id = obj["id"]
+                if isinstance(item_id, bool) or not isinstance(item_id, str | int):
+                    shown = json.dumps(item_id, ensure_ascii=False)
+                    raise InputError(
+                        f"{path} line {number}: the result's 'id' must be a string or an "
+                        f"integer, got {shown[:60]}{'…' if len(shown) > 60 else ''}",
+                        "Give the journal(s) calibrate batch wrote (--out); fix or drop that line.",
+                    )
                 token = json.dumps(obj["id"], ensure_ascii=False).encode("utf-8")
                 out.append((offset, token, b"true" if obj["ok"] else b"false"))
         offset += len(raw) + 1
     return out
 
 
-def _id_of(token: bytes) -> ItemId:
+def _id_of(token: bytes) -> ItemId | None:
+    """The id of a token; None when it cannot be one of the input's (an integer too long)."""
     if token[:1] == b'"':
         return token[1:-1].decode("utf-8") if b"\\" not in token else json.loads(token)
-    value: Any = json.loads(token)
+    try:
+        value: Any = json.loads(token)
+    except ValueError:  # more digits than Python reads: no input id is like it
+        return None
     return value  # type: ignore[no-any-return]
 
 
@@ -220,11 +245,30 @@ def _write(
     to_path: Path,
     failed_path: Path,
     fmt: Format,
+    raw_csv: bool,
 ) -> tuple[int, int, int]:
     """Pass 2: the input in order, each id's winning line read back; (ok, failed, not run)."""
+    try:
+        return _write_both(input_path, shard, winners, handles, to_path, failed_path, fmt, raw_csv)
+    except BaseException:  # Ctrl-C, SIGTERM, SIGHUP at any point, even while a file is opened
+        for path in (to_path, failed_path):
+            remove_stale_temps(path, own=True)
+        raise
+
+
+def _write_both(
+    input_path: Path,
+    shard: Shard | None,
+    winners: dict[ItemId, int | None],
+    handles: list[BinaryIO],
+    to_path: Path,
+    failed_path: Path,
+    fmt: Format,
+    raw_csv: bool,
+) -> tuple[int, int, int]:
     ok = failed = not_run = 0
     mask = MAX_JOURNALS - 1
-    with open_final(to_path, fmt) as final, JsonlFinal(failed_path) as failures:
+    with open_final(to_path, fmt, raw_csv=raw_csv) as final, JsonlFinal(failed_path) as failures:
         for task in read_tasks(input_path):
             if shard is not None and shard.count > 1 and not shard.holds(task.id):
                 continue

@@ -10,12 +10,12 @@ import importlib
 import io
 import json
 import os
-import tempfile
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, Literal, Protocol, Self
 
 from calibrate.errors import UsageError
+from calibrate.store import remove_stale_temps, temp_beside
 
 Format = Literal["jsonl", "csv", "parquet"]
 FORMATS: dict[str, Format] = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
@@ -33,6 +33,16 @@ COLUMNS = (
     "completion_tokens",
 )
 ROW_GROUP = 10_000
+# A spreadsheet runs a cell starting with one of these as a formula (=HYPERLINK(…), +cmd|…)
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def neutralised(value: Any) -> Any:
+    """A text cell a spreadsheet would run as a formula, with a ``'`` before it (OWASP's
+    advice); other values as they are."""
+    if isinstance(value, str) and value.startswith(FORMULA_START):
+        return "'" + value
+    return value
 
 
 def format_of(path: Path, flag: str) -> Format:
@@ -92,9 +102,9 @@ class _Atomic:
     """A temp file beside ``path``; ``commit`` fsyncs and renames it, ``discard`` removes it."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        self.path, self.tmp = path, Path(tmp)
+        remove_stale_temps(path)  # left by an export killed with -9
+        fd, self.tmp = temp_beside(path)
+        self.path = path
         self.handle: BinaryIO = os.fdopen(fd, "wb", buffering=1024 * 1024)
 
     def commit(self) -> None:
@@ -125,16 +135,22 @@ class JsonlFinal(_Atomic):
 
 
 class CsvFinal(_Atomic):
+    """CSV; text cells that would run as spreadsheet formulas get a ``'`` unless ``raw``."""
+
     needs_record = True
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, raw: bool = False) -> None:
         super().__init__(path)
+        self._raw = raw
         self._text = io.TextIOWrapper(self.handle, encoding="utf-8", newline="")
         self._csv = csv.DictWriter(self._text, fieldnames=COLUMNS)
         self._csv.writeheader()
 
     def write(self, raw: bytes, record: dict[str, Any] | None) -> None:
-        self._csv.writerow(row_of(record or {}))
+        row = row_of(record or {})
+        if not self._raw:
+            row = {name: neutralised(value) for name, value in row.items()}
+        self._csv.writerow(row)
 
     def commit(self) -> None:
         self._text.flush()
@@ -194,9 +210,11 @@ class ParquetFinal(_Atomic):
         super().discard()
 
 
-def open_final(path: Path, fmt: Format) -> JsonlFinal | CsvFinal | ParquetFinal:
+def open_final(
+    path: Path, fmt: Format, *, raw_csv: bool = False
+) -> JsonlFinal | CsvFinal | ParquetFinal:
     if fmt == "csv":
-        return CsvFinal(path)
+        return CsvFinal(path, raw=raw_csv)
     if fmt == "parquet":
         return ParquetFinal(path)
     return JsonlFinal(path)
