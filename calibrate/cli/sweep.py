@@ -2,10 +2,14 @@
 
 Each level keeps that many requests in flight (a new one as each answer arrives) for at least
 [sweep].level_s seconds and 4×C requests, [sweep].repeats times; throughput is counted over the
-steady window (all C in flight, before the drain) and shown as the median with its range. A
-level counts as a gain when its median adds at least [sweep].gain_min and its range sits above
-the previous level's; the knee is the last of the unbroken run of gains, and its concurrency is
-the recommendation, said with how sure it is. Stops at the first failing level.
+steady window (all C in flight, before the drain) and shown as the median with its range. Each
+level is judged against the best level so far, not only its neighbour: it counts as a gain when
+its median adds at least [sweep].gain_min and its range sits above the best's; when the ranges
+overlap but the medians differ by more than gain_min it runs again (up to [sweep].max_repeats).
+The knee is the smallest level within gain_min of the best; its concurrency is the
+recommendation, said with how sure it is. A level at which calibrate itself was the bottleneck
+is never recommended: if that leaves the best unknown, the sweep is inconclusive (exit 1).
+Stops at the first failing level.
 
 example: calibrate sweep --stream --junit runs/sweep.xml
 """
@@ -58,6 +62,7 @@ from calibrate.stages.sweep import (
     safe_levels,
 )
 from calibrate.stages.sweep_auto import DEFAULT_AUTO_STEPS, MAX_AUTO_STEPS
+from calibrate.stages.sweep_result import CLIENT_LIMIT_HINT
 from calibrate.stages.task_pick import TaskPool
 from calibrate.stages.tier_run import MeasureSpec
 from calibrate.stages.waves import Sender
@@ -233,7 +238,14 @@ def _measure(
             options = options.probed(check)
             warn_stream_check(out, check, options.slo)
         sweep = Sweep(
-            ctx, options, watch.monitor, watch.incidents, Sender(ctx.client), cap, plan=plan
+            ctx,
+            options,
+            watch.monitor,
+            watch.incidents,
+            Sender(ctx.client),
+            cap,
+            plan=plan,
+            selfload=watch.selfload,
         )
         out.say(f"workload: {plan.spec.describe()}")
         out.say(_announce(options) + (f"; server cap {cap.slots} ({cap.source})" if cap else ""))
@@ -273,7 +285,7 @@ def _finish(
         result.vram_source,
         passed=result.passed,
         summary=result.summary(options).to_json(),
-        notes=list(result.notes()),
+        notes=result.notes(llamacpp=ctx.config.server.kind == "llamacpp"),
         selfload=selfload,
         interrupted=interrupted,
     )
@@ -303,7 +315,10 @@ def _finish(
     if result.saturation_text:
         out.warn(result.saturation_text)
     knee = result.knee
-    if result.recommendation:
+    if result.inconclusive:
+        out.fail(f"sweep {result.inconclusive}")
+        out.say(f"what to do: {CLIENT_LIMIT_HINT}")
+    elif result.recommendation:
         out.ok(f"recommended {result.recommendation}")
     elif knee is not None and not (result.rate_mode or result.auto or has_slo(options.slo)):
         out.ok(
@@ -312,6 +327,13 @@ def _finish(
             f"{result.batch_size}); recommended concurrency {knee.concurrency}"
         )
         out.say(f"how sure: {result.knee_text}")
+        repeated = [
+            f"{lv.label} ({len(lv.runs)} runs)"
+            for lv in result.levels
+            if len(lv.runs) > options.repeats
+        ]
+        if repeated:
+            out.say(f"repeated to tell a gain from noise: {', '.join(repeated)}")
     else:
         out.fail(f"sweep failed: {result.reason}")
     if entry.passed:
