@@ -139,7 +139,9 @@ def test_a_client_bound_level_is_never_recommended(tmp_path: Path) -> None:
             super().__init__(_steady(0.1), slots=8)
             self.monitor, self.bound_from = monitor, bound_from
 
-        def closed_loop(self, supply: Any, concurrency: int, window: Any, max_tokens: Any = None) -> Any:
+        def closed_loop(
+            self, supply: Any, concurrency: int, window: Any, max_tokens: Any = None
+        ) -> Any:
             cpu = 0.97 if concurrency >= self.bound_from else 0.2
             for _ in range(2):
                 self.monitor.observe(1.0, cpu, 0.0)
@@ -168,7 +170,9 @@ def test_a_client_bound_level_above_a_settled_knee_is_a_note(tmp_path: Path) -> 
     monitor = SelfLoadMonitor()
 
     class Starved(SimulatedLoop):
-        def closed_loop(self, supply: Any, concurrency: int, window: Any, max_tokens: Any = None) -> Any:
+        def closed_loop(
+            self, supply: Any, concurrency: int, window: Any, max_tokens: Any = None
+        ) -> Any:
             for _ in range(2):
                 monitor.observe(1.0, 0.0, 0.05 if concurrency >= 16 else 0.0)
             return super().closed_loop(supply, concurrency, window, max_tokens)

@@ -176,10 +176,11 @@ def _plan(args: argparse.Namespace, ctx: StageContext, out: Output) -> SweepOpti
         )
     top = ladder[0].last_passing if ladder else None
     batch = args.batch_size or (top.batch_size if top else 1)
-    managed = run_at_cap(ctx, batch, out.say)
+    wanted = parse_counts(args.concurrency) if args.concurrency else ctx.config.sweep.concurrency
+    managed = run_at_cap(ctx, batch, out.say, max(wanted, default=batch))
     proved = ladder[0].max_in_flight if ladder else 0
     levels, skipped = safe_levels(
-        parse_counts(args.concurrency) if args.concurrency else ctx.config.sweep.concurrency,
+        wanted,
         proved,
         managed=managed,
         beyond_ladder=args.beyond_ladder,

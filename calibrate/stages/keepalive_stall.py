@@ -57,8 +57,8 @@ def find_stall(
 ) -> Stall | None:
     """The stall cluster in one level's successful latencies, or None when there is none.
 
-    A stall is a latency in [0.9×timeout, 1.1×timeout + 2×median] — the wait plus the request's
-    own time. It counts when there are at least ``MIN_STALLS`` of them, the median is under a
+    A stall is a latency in [0.9×timeout, 1.4×timeout + 2×median] — the wait plus the request's
+    own time under load. It counts when there are at least ``MIN_STALLS`` of them, the median is under a
     fifth of the timeout, and the stalls outnumber the latencies from half the timeout up to the
     cluster (a cluster, not a long tail)."""
     if len(latencies_s) < MIN_STALLS:
@@ -66,7 +66,7 @@ def find_stall(
     median = statistics.median(latencies_s)
     if median <= 0 or median >= MEDIAN_FRACTION * timeout_s:
         return None
-    low, high = 0.9 * timeout_s, 1.1 * timeout_s + 2 * median
+    low, high = 0.9 * timeout_s, 1.4 * timeout_s + 2 * median
     stalled = sorted(x for x in latencies_s if low <= x <= high)
     between = [x for x in latencies_s if timeout_s / 2 <= x < low]
     if len(stalled) < MIN_STALLS or len(between) >= len(stalled):

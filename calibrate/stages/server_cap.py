@@ -21,8 +21,11 @@ def _kind(name: str | None) -> ServerKind | None:
     return next((k for k in SERVER_KINDS if k == name), None)
 
 
-def run_at_cap(ctx: StageContext, batch: int, notify: Callable[[str], None]) -> bool:
-    """Restart the managed server at cap ``batch`` unless it already runs there.
+def run_at_cap(
+    ctx: StageContext, batch: int, notify: Callable[[str], None], concurrency: int | None = None
+) -> bool:
+    """Restart the managed server at cap ``batch`` unless it already runs there; ``concurrency``
+    is the most the sweep will have in flight (llama.cpp's HTTP threads are sized for it).
 
     Returns whether calibrate manages the server (False: nothing was touched).
     """
@@ -47,7 +50,7 @@ def run_at_cap(ctx: StageContext, batch: int, notify: Callable[[str], None]) -> 
         cfg,
         kind,
         batch,
-        batch,
+        max(batch, concurrency or batch),
         notify=notify,
         context_tokens=sized.context_tokens if sized else None,
     )
