@@ -83,3 +83,20 @@ def test_pin_writes_threads_http_for_the_recommended_concurrency(cli, isolated: 
     assert argv[argv.index("--threads-http") + 1] == "10"
     ledger = json.loads((isolated / "runs/ledger.jsonl").read_text().splitlines()[-1])
     assert "--threads-http 10" in ledger["summary"]["command"]
+
+
+def test_a_managed_llamacpp_short_of_threads_for_the_sweep_is_restarted() -> None:
+    """``server start --batch-size 4`` gives llama.cpp 6 HTTP threads; a sweep to 16 in flight
+    needs 18, so calibrate restarts it (with the flag) before the sweep, and says why."""
+    from calibrate.stages.server_cap import short_of_threads
+
+    started = build(LaunchSpec("llamacpp", "/m.gguf", 9000, 4, None)).argv
+    assert (
+        short_of_threads(started, "llamacpp", 4, 16) == ", with --threads-http 18 for 16 in flight"
+    )
+    enough = build(LaunchSpec("llamacpp", "/m.gguf", 9000, 4, 16)).argv
+    assert short_of_threads(enough, "llamacpp", 4, 16) == ""
+    assert short_of_threads(enough, "llamacpp", 4, 8) == "", "more threads than needed: kept"
+    bare = ("llama-server", "-m", "/m.gguf", "--parallel", "4")
+    assert short_of_threads(bare, "llamacpp", 4, 4) == ", with --threads-http 6 for 4 in flight"
+    assert short_of_threads(bare, "vllm", 4, 16) == "", "only llama.cpp has the flag"
