@@ -120,9 +120,11 @@ def test_one_to_sixteen_on_four_slots_knee_four_judged_against_the_best(
     cli, isolated: Path
 ) -> None:
     """SPEC §5.6 on the real mock, the default levels 1…16 with forced 20-token answers: each
-    level is judged against the best so far, so the knee is the slot count, not 1."""
-    sweep = FAST + "[sweep]\nconcurrency = [1, 2, 4, 8, 16]\nlevel_s = 0.4\nrepeats = 3\n"
-    with start_mock(ttft_s=0.02, per_token_s=0.002, slots=4, expose_props=True) as mock:
+    level is judged against the best so far, so the knee is the slot count, not 1. Requests of
+    ~0.12 s: calibrate's own turnaround between an answer and the next request stays small
+    beside them (see test_knee_is_the_slot_count_and_the_cap_is_noted)."""
+    sweep = FAST + "[sweep]\nconcurrency = [1, 2, 4, 8, 16]\nlevel_s = 0.4\nrepeats = 2\n"
+    with start_mock(ttft_s=0.02, per_token_s=0.005, slots=4, expose_props=True) as mock:
         open_gate(isolated, mock.base_url, sweep, stage="ladder")
         result = cli(
             "sweep", "--json", "--beyond-ladder", "--input-tokens", "100", "--output-tokens", "20"
@@ -133,7 +135,7 @@ def test_one_to_sixteen_on_four_slots_knee_four_judged_against_the_best(
     levels = out["levels"]
     assert [lv["gain_counted"] for lv in levels[:3]] == [False, True, True]
     assert not any(lv["gain_counted"] for lv in levels[3:]), "past 4 slots nothing counts"
-    assert all(lv["repeats"] >= 3 for lv in levels) and out["inconclusive"] is None
+    assert all(lv["repeats"] >= 2 for lv in levels) and out["inconclusive"] is None
     assert "recommended concurrency 4" in result.err
 
 
