@@ -173,7 +173,7 @@ def test_a_client_bound_sweep_is_inconclusive_exit_1_and_says_what_to_do(
     monkeypatch.setattr(tier_run, "SelfLoadMonitor", Busy)
     with start_mock(ttft_s=0.004, per_token_s=0.0005, slots=4) as mock:
         open_gate(isolated, mock.base_url, SWEEP, stage="ladder")
-        result = cli("sweep", "--json", "--beyond-ladder")
+        result = cli("sweep", "--json", "--beyond-ladder", "--junit", "sweep.xml")
     assert result.code == 1, result.err
     out = result.json
     assert out["passed"] is False and out["recommended_concurrency"] is None
@@ -182,3 +182,6 @@ def test_a_client_bound_sweep_is_inconclusive_exit_1_and_says_what_to_do(
     assert "what to do: Run calibrate from a faster client machine" in result.err
     assert "recommended concurrency" not in result.err
     assert all(lv["client_bound"] for lv in out["levels_detail"])
+    suite, cases = junit_cases(isolated / "sweep.xml")
+    assert suite.get("failures") == "1", "CI shows the sweep as not passed"
+    assert cases[-1].get("name") == "calibrate was not the limit"

@@ -308,6 +308,8 @@ def _finish(
             "; ".join(comparison.problems),
             kind="regression",
         )
+    if result.inconclusive:
+        suite.check("calibrate was not the limit", False, result.inconclusive, kind="client_bound")
     if interrupted:
         suite.check("the sweep ran to the end", False, "interrupted", kind="interrupted")
     save_junit(args, suite)
