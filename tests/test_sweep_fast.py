@@ -159,6 +159,8 @@ def test_a_client_bound_level_is_never_recommended(tmp_path: Path) -> None:
         assert "calibrate's own process used 0.97 CPU cores" in result.inconclusive
         summary = result.summary(sweep.options)
         assert summary.recommended_concurrency is None
+        below = ",".join(str(c) for c in (1, 2, 4, 8) if c < bound_from)
+        assert result.what_to_do.endswith(f"--concurrency {below}" if below else "CPU with")
         assert [lv.client_bound != "" for lv in result.levels] == [
             c >= bound_from for c in (1, 2, 4, 8)
         ]

@@ -62,7 +62,6 @@ from calibrate.stages.sweep import (
     safe_levels,
 )
 from calibrate.stages.sweep_auto import DEFAULT_AUTO_STEPS, MAX_AUTO_STEPS
-from calibrate.stages.sweep_result import CLIENT_LIMIT_HINT
 from calibrate.stages.task_pick import TaskPool
 from calibrate.stages.tier_run import MeasureSpec
 from calibrate.stages.waves import Sender
@@ -320,7 +319,7 @@ def _finish(
     knee = result.knee
     if result.inconclusive:
         out.fail(f"sweep {result.inconclusive}")
-        out.say(f"what to do: {CLIENT_LIMIT_HINT}")
+        out.say(f"what to do: {result.what_to_do}")
     elif result.recommendation:
         out.ok(f"recommended {result.recommendation}")
     elif knee is not None and not (result.rate_mode or result.auto or has_slo(options.slo)):

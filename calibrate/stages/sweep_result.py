@@ -30,8 +30,7 @@ if TYPE_CHECKING:
 
 LevelVerdict = Literal["pass", "fail"]
 CLIENT_LIMIT_HINT = (
-    "Run calibrate from a faster client machine, or one the server does not share its CPU "
-    "with; or sweep only the levels below the limit (--concurrency 1,2,4)"
+    "run calibrate from a faster client machine, or one the server does not share its CPU with"
 )
 AutoRole = Literal["synchronous", "rate", "maximum"]
 
@@ -284,13 +283,22 @@ class SweepResult:
         at = limit.rate.offered_rate if limit.rate else None
         where = f"rate ≥ {rate_text(at)} req/s" if limit.rate else f"C ≥ {limit.concurrency}"
         rising = (
-            f"throughput was still rising at {top.label}, the last level it could measure"
+            f"the best level it could measure is the last one before that ({top.label}), so "
+            "what more in flight would give is unknown"
             if top is not None
             else "no level below it was measured"
         )
         return (
             f"inconclusive: the client was the limit at {where} — {rising} ({limit.client_bound})"
         )
+
+    @property
+    def what_to_do(self) -> str:
+        """For an inconclusive sweep: a faster client, or (when some levels were measured
+        cleanly) the levels below the limit to run again."""
+        below = [lv.concurrency for lv in self.measurable if lv.rate is None and not lv.auto]
+        again = f"; or sweep only below the limit: --concurrency {','.join(map(str, below))}"
+        return CLIENT_LIMIT_HINT + (again if below else "")
 
     def _best_measured(self) -> Level | None:
         by_best = has_slo(self.slo) or self.rate_mode or self.auto
