@@ -306,3 +306,27 @@ def test_the_real_closed_loop_on_a_fake_clock() -> None:
     assert run.full_s is not None and run.stop_s is not None and run.stop_s >= 2.0
     assert max(i.started_s for i in run.items) < run.stop_s
     assert [i.index for i in run.items] == list(range(1, len(run.items) + 1))
+
+
+def test_a_passing_client_hiccup_below_clean_levels_is_left_out_not_the_limit(
+    tmp_path: Path,
+) -> None:
+    """The self-check fired at 2 only (another process took the CPU for a while); 4 and 8 ran
+    cleanly. The client was not the limit from 2 on: 2 is left out, the knee is still 4."""
+    monitor = SelfLoadMonitor()
+
+    class Hiccup(SimulatedLoop):
+        def closed_loop(
+            self, supply: Any, concurrency: int, window: Any, max_tokens: Any = None
+        ) -> Any:
+            for _ in range(2):
+                monitor.observe(1.0, 0.97 if concurrency == 2 else 0.1, 0.0)
+            return super().closed_loop(supply, concurrency, window, max_tokens)
+
+    sweep = _sweep(tmp_path, Hiccup(_steady(0.1)))
+    sweep.selfload = monitor
+    result = sweep.run()
+    assert result.passed and not result.inconclusive and result.client_limit is None
+    assert result.knee is not None and result.knee.concurrency == 4
+    assert [lv.concurrency for lv in result.measurable] == [1, 4, 8]
+    assert any(n.startswith("concurrency 2: calibrate itself was") for n in result.notes())

@@ -238,14 +238,20 @@ class SweepResult:
 
     @property
     def client_limit(self) -> Level | None:
-        """The first level at which calibrate itself was the bottleneck."""
-        return next((lv for lv in self.levels if lv.client_bound), None)
+        """The level from which on calibrate itself was the bottleneck at every level (a
+        client-bound level with a clean one above it was a passing hiccup, not the limit)."""
+        limit: Level | None = None
+        for lv in self.levels:
+            limit = (limit or lv) if lv.client_bound else None
+        return limit
 
     @property
     def measurable(self) -> tuple[Level, ...]:
-        """The levels below the first client-bound one: what the server, not the client, set."""
+        """The levels whose throughput the server, not the client, set: those below the client
+        limit, without any client-bound one among them."""
         limit = self.client_limit
-        return self.levels if limit is None else self.levels[: self.levels.index(limit)]
+        below = self.levels if limit is None else self.levels[: self.levels.index(limit)]
+        return tuple(lv for lv in below if not lv.client_bound)
 
     @property
     def points(self) -> list[Point]:
@@ -344,6 +350,12 @@ class SweepResult:
                 f"{limit.label} and above: calibrate itself was the bottleneck, so their "
                 "throughput is the client's limit, not the server's; not recommended"
             )
+        for lv in self.levels[: self.levels.index(limit) if limit else len(self.levels)]:
+            if lv.client_bound:
+                out.append(
+                    f"{lv.label}: calibrate itself was the bottleneck for a while "
+                    f"({lv.client_bound}); left out of the knee"
+                )
         if self.cap is not None:
             over = [lv.concurrency for lv in self.levels if lv.capped]
             if over:
