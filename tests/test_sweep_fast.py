@@ -65,9 +65,16 @@ def test_noise_within_the_range_is_not_a_gain_even_after_its_repeats(tmp_path: P
         return runs_at.get(concurrency, [0.1] * 3)[repeat - 1]
 
     sweep = _sweep(tmp_path, SimulatedLoop(service))
+    said: list[str] = []
+    sweep.note = said.append
     result = sweep.run()
     four, eight = result.levels[2], result.levels[3]
     assert [len(lv.runs) for lv in result.levels] == [3, 3, 3, 6]
+    assert said == [
+        f"concurrency 8: its range overlaps the best level's while the medians differ by more "
+        f"than 10 %: run {n} of at most 6"
+        for n in (4, 5, 6)
+    ]
     assert eight.stats.items_per_s / four.stats.items_per_s - 1 >= 0.10
     assert eight.items_per_s_min < four.items_per_s_max
     assert not eight.counted and result.knee is not None and result.knee.concurrency == 4

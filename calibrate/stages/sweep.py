@@ -254,7 +254,7 @@ class Sweep:
                 break
             self.note(
                 f"concurrency {concurrency}: its range overlaps the best level's while the "
-                f"medians differ by more than {o.gain_min:.0%}: run {repeat + 1} of at most "
+                f"medians differ by more than {o.gain_min * 100:.0f} %: run {repeat + 1} of at most "
                 f"{o.max_repeats}"
             )
         return self._judged(self._level(concurrency, runs, items, peaks), below)
