@@ -76,6 +76,7 @@ class SweepConfig:
     level_s: float = 15.0  # each run of a level lasts at least this (and ≥ 4×C requests)
     repeats: int = 3  # runs per level: the table shows their median and range
     gain_min: float = 0.10
+    max_repeats: int = 6  # runs of a level whose range overlaps the best's while the medians differ
 
 
 @dataclass(frozen=True)
@@ -511,6 +512,7 @@ def _check_ranges(section: Any, name: str, path: Path) -> None:
             problems.append(f"concurrency levels must all be in [1, {MAX_CONCURRENCY}]")
         problems.append(_between("level_s", section.level_s, 0, MAX_TIMEOUT_S))
         problems.append(_between("repeats", section.repeats, 1, MAX_REPEATS))
+        problems.append(_between("max_repeats", section.max_repeats, 1, MAX_REPEATS))
         problems.append(_between("gain_min", section.gain_min, 0, MAX_GAIN_MIN))
     if isinstance(section, WorkloadConfig):
         problems += _workload_problems(section)

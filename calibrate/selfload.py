@@ -9,6 +9,9 @@ calibrate's limit, not the GPU's. Ladder, sweep and batch run a ``SelfLoadMonito
     ...                                   # the measured work
     if (text := monitor.poll_warning()): warn(text)   # at most once
     report = monitor.stop()               # SelfLoadReport for summaries
+
+A sweep asks per level: ``mark = monitor.mark()`` before it, ``monitor.bound_since(mark)`` after
+(the reason, or "" when the client kept up during that level).
 """
 
 from __future__ import annotations
@@ -93,6 +96,24 @@ class SelfLoadMonitor:
                 self._reason = _describe(sample, self.cpu_limit)
         return sample
 
+    def mark(self) -> int:
+        """Where the windows measured so far end: ``bound_since`` looks only after it."""
+        with self._lock:
+            return len(self._samples)
+
+    def bound_since(self, mark: int) -> str:
+        """Why the client was the bottleneck in the windows after ``mark`` (``confirm`` of them
+        client-bound in a row, e.g. "calibrate's own process used 0.97 CPU cores"), or ""."""
+        with self._lock:
+            samples = self._samples[mark:]
+        streak = 0
+        for sample in samples:
+            bound = sample.cpu_fraction >= self.cpu_limit or sample.lag_s >= self.lag_limit_s
+            streak = streak + 1 if bound else 0
+            if streak >= self.confirm:
+                return cause(sample, self.cpu_limit)
+        return ""
+
     @property
     def bottleneck(self) -> bool:
         with self._lock:
@@ -148,12 +169,16 @@ class SelfLoadMonitor:
                 wall0, cpu0, lag_total, ticks = now, cpu, 0.0, 0
 
 
-def _describe(sample: SelfLoadSample, cpu_limit: float) -> str:
+def cause(sample: SelfLoadSample, cpu_limit: float) -> str:
+    """What made a window client-bound, in words."""
     if sample.cpu_fraction >= cpu_limit:
-        cause = f"its own process used {sample.cpu_fraction:.2f} CPU cores"
-    else:
-        cause = f"its threads waited {sample.lag_s * 1000:.0f} ms on average to run"
+        return f"calibrate's own process used {sample.cpu_fraction:.2f} CPU cores"
+    return f"calibrate's threads waited {sample.lag_s * 1000:.0f} ms on average to run"
+
+
+def _describe(sample: SelfLoadSample, cpu_limit: float) -> str:
+    cause_text = cause(sample, cpu_limit).replace("calibrate's", "its", 1)
     return (
-        f"calibrate itself is the bottleneck: {cause}, so requests are waiting on the client, "
+        f"calibrate itself is the bottleneck: {cause_text}, so requests are waiting on the client, "
         "not the server; throughput now is the client's limit (lower -c, or run on a faster CPU)"
     )

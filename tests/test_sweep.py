@@ -43,6 +43,7 @@ def test_knee_is_the_slot_count_and_the_cap_is_noted(cli, isolated: Path) -> Non
         lv["items_per_s_min"] <= lv["items_per_s"] <= lv["items_per_s_max"] for lv in out["levels"]
     )
     assert out["knee"]["how_sure"].startswith("knee at 4 (")
+    assert out["knee"]["how_sure"].endswith(("— sure", "— not sure"))
     assert "how sure: knee at 4 (" in result.err
     assert (run / "tiers.csv").read_text("utf-8").startswith("concurrency,batch_size,repeats,")
     suite, cases = junit_cases(isolated / "sweep.xml")
@@ -113,3 +114,74 @@ def test_a_managed_server_is_restarted_at_cap_b_before_the_sweep(cli, isolated: 
     assert record["pid"] != started.json["pid"] and record["batch_size"] == 4
     assert [lv["concurrency"] for lv in result.json["levels"]] == [1, 2, 8], "nothing skipped"
     assert result.json["levels_skipped"] == []
+
+
+def test_one_to_sixteen_on_four_slots_knee_four_judged_against_the_best(
+    cli, isolated: Path
+) -> None:
+    """SPEC §5.6 on the real mock, the default levels 1…16 with forced 20-token answers: each
+    level is judged against the best so far, so the knee is the slot count, not 1. Requests of
+    ~0.12 s: calibrate's own turnaround between an answer and the next request stays small
+    beside them (see test_knee_is_the_slot_count_and_the_cap_is_noted)."""
+    sweep = FAST + "[sweep]\nconcurrency = [1, 2, 4, 8, 16]\nlevel_s = 0.4\nrepeats = 2\n"
+    with start_mock(ttft_s=0.02, per_token_s=0.005, slots=4, expose_props=True) as mock:
+        open_gate(isolated, mock.base_url, sweep, stage="ladder")
+        result = cli(
+            "sweep", "--json", "--beyond-ladder", "--input-tokens", "100", "--output-tokens", "20"
+        )
+    assert result.code == 0, result.err
+    out = result.json
+    assert out["knee"]["concurrency"] == 4 and out["recommended_concurrency"] == 4
+    levels = out["levels"]
+    assert [lv["gain_counted"] for lv in levels[:3]] == [False, True, True]
+    assert not any(lv["gain_counted"] for lv in levels[3:]), "past 4 slots nothing counts"
+    assert all(lv["repeats"] >= 2 for lv in levels) and out["inconclusive"] is None
+    assert "recommended concurrency 4" in result.err
+
+
+def test_stalls_at_the_keepalive_timeout_are_named_with_the_flag(cli, isolated: Path) -> None:
+    """A server whose answers take a tenth of a second but some wait ≈5 s first (the shape of
+    llama.cpp's HTTP threads held by kept-alive connections): the sweep names it and the flag."""
+    sweep = FAST + "[sweep]\nconcurrency = [4]\nlevel_s = 0.6\nrepeats = 1\n"
+    with start_mock(
+        ttft_s=0.05, per_token_s=0.0005, slots=4, slow_rate=0.25, slow_s=5.0, expose_props=True
+    ) as mock:
+        open_gate(isolated, mock.base_url, sweep, stage="ladder")
+        result = cli("sweep", "--json", "--beyond-ladder")
+    assert result.code == 0, result.err
+    notes = [line for line in result.err.splitlines() if "stalls of ≈5 s" in line]
+    assert len(notes) == 1, result.err
+    assert "concurrency 4:" in notes[0] and "while the median was" in notes[0]
+    assert "llama.cpp's HTTP threads are held by kept-alive connections" in notes[0]
+    assert notes[0].endswith("start it with --threads-http 6")
+
+
+def test_a_client_bound_sweep_is_inconclusive_exit_1_and_says_what_to_do(
+    cli, isolated: Path, monkeypatch
+) -> None:
+    """calibrate's own self-check reads every window as CPU-bound (a fake monitor that burns
+    nothing but reports 0.97 cores): no level is recommended, the sweep is not passed (exit 1)
+    and it says at which concurrency and what to do."""
+    from calibrate.selfload import SelfLoadMonitor
+    from calibrate.stages import tier_run
+
+    class Busy(SelfLoadMonitor):
+        def _run(self) -> None:
+            while not self._stop.wait(0.02):
+                self.observe(1.0, 0.97, 0.0)
+
+    monkeypatch.setattr(tier_run, "SelfLoadMonitor", Busy)
+    with start_mock(ttft_s=0.004, per_token_s=0.0005, slots=4) as mock:
+        open_gate(isolated, mock.base_url, SWEEP, stage="ladder")
+        result = cli("sweep", "--json", "--beyond-ladder", "--junit", "sweep.xml")
+    assert result.code == 1, result.err
+    out = result.json
+    assert out["passed"] is False and out["recommended_concurrency"] is None
+    assert out["inconclusive"].startswith("inconclusive: the client was the limit at C ≥ 1")
+    assert "sweep inconclusive: the client was the limit at C ≥ 1" in result.err
+    assert "what to do: run calibrate from a faster client machine" in result.err
+    assert "recommended concurrency" not in result.err
+    assert all(lv["client_bound"] for lv in out["levels_detail"])
+    suite, cases = junit_cases(isolated / "sweep.xml")
+    assert suite.get("failures") == "1", "CI shows the sweep as not passed"
+    assert cases[-1].get("name") == "calibrate was not the limit"

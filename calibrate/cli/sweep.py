@@ -2,10 +2,14 @@
 
 Each level keeps that many requests in flight (a new one as each answer arrives) for at least
 [sweep].level_s seconds and 4×C requests, [sweep].repeats times; throughput is counted over the
-steady window (all C in flight, before the drain) and shown as the median with its range. A
-level counts as a gain when its median adds at least [sweep].gain_min and its range sits above
-the previous level's; the knee is the last of the unbroken run of gains, and its concurrency is
-the recommendation, said with how sure it is. Stops at the first failing level.
+steady window (all C in flight, before the drain) and shown as the median with its range. Each
+level is judged against the best level so far, not only its neighbour: it counts as a gain when
+its median adds at least [sweep].gain_min and its range sits above the best's; when the ranges
+overlap but the medians differ by more than gain_min it runs again (up to [sweep].max_repeats).
+The knee is the smallest level within gain_min of the best; its concurrency is the
+recommendation, said with how sure it is. A level at which calibrate itself was the bottleneck
+is never recommended: if that leaves the best unknown, the sweep is inconclusive (exit 1).
+Stops at the first failing level.
 
 example: calibrate sweep --stream --junit runs/sweep.xml
 """
@@ -171,10 +175,11 @@ def _plan(args: argparse.Namespace, ctx: StageContext, out: Output) -> SweepOpti
         )
     top = ladder[0].last_passing if ladder else None
     batch = args.batch_size or (top.batch_size if top else 1)
-    managed = run_at_cap(ctx, batch, out.say)
+    wanted = parse_counts(args.concurrency) if args.concurrency else ctx.config.sweep.concurrency
+    managed = run_at_cap(ctx, batch, out.say, max(wanted, default=batch))
     proved = ladder[0].max_in_flight if ladder else 0
     levels, skipped = safe_levels(
-        parse_counts(args.concurrency) if args.concurrency else ctx.config.sweep.concurrency,
+        wanted,
         proved,
         managed=managed,
         beyond_ladder=args.beyond_ladder,
@@ -233,7 +238,14 @@ def _measure(
             options = options.probed(check)
             warn_stream_check(out, check, options.slo)
         sweep = Sweep(
-            ctx, options, watch.monitor, watch.incidents, Sender(ctx.client), cap, plan=plan
+            ctx,
+            options,
+            watch.monitor,
+            watch.incidents,
+            Sender(ctx.client),
+            cap,
+            plan=plan,
+            selfload=watch.selfload,
         )
         out.say(f"workload: {plan.spec.describe()}")
         out.say(_announce(options) + (f"; server cap {cap.slots} ({cap.source})" if cap else ""))
@@ -273,7 +285,7 @@ def _finish(
         result.vram_source,
         passed=result.passed,
         summary=result.summary(options).to_json(),
-        notes=list(result.notes()),
+        notes=result.notes(llamacpp=ctx.config.server.kind == "llamacpp"),
         selfload=selfload,
         interrupted=interrupted,
     )
@@ -295,6 +307,8 @@ def _finish(
             "; ".join(comparison.problems),
             kind="regression",
         )
+    if result.inconclusive:
+        suite.check("calibrate was not the limit", False, result.inconclusive, kind="client_bound")
     if interrupted:
         suite.check("the sweep ran to the end", False, "interrupted", kind="interrupted")
     save_junit(args, suite)
@@ -303,7 +317,10 @@ def _finish(
     if result.saturation_text:
         out.warn(result.saturation_text)
     knee = result.knee
-    if result.recommendation:
+    if result.inconclusive:
+        out.fail(f"sweep {result.inconclusive}")
+        out.say(f"what to do: {result.what_to_do}")
+    elif result.recommendation:
         out.ok(f"recommended {result.recommendation}")
     elif knee is not None and not (result.rate_mode or result.auto or has_slo(options.slo)):
         out.ok(
@@ -312,6 +329,13 @@ def _finish(
             f"{result.batch_size}); recommended concurrency {knee.concurrency}"
         )
         out.say(f"how sure: {result.knee_text}")
+        repeated = [
+            f"{lv.label} ({len(lv.runs)} runs)"
+            for lv in result.levels
+            if len(lv.runs) > options.repeats
+        ]
+        if repeated:
+            out.say(f"repeated to tell a gain from noise: {', '.join(repeated)}")
     else:
         out.fail(f"sweep failed: {result.reason}")
     if entry.passed:

@@ -37,6 +37,14 @@ ENABLE_METRICS = "--enable-metrics"
 # verified workload says how many it needs (pin: LaunchSpec.context_tokens).
 LLAMACPP_CTX_PER_SLOT = 4096
 
+# llama.cpp serves HTTP from a small thread pool (by default --parallel + 2 threads on a small
+# machine); a kept-alive idle connection holds a thread until its 5 s keep-alive timeout, so more
+# clients than threads stall for 5 s (measured: 16 clients, --parallel 4: 24.9 req/s and 6.3 s
+# stalls; --threads-http 20: 123 req/s). Every llama.cpp start gets this many beyond the most
+# requests calibrate will have in flight (SPEC §5.8).
+LLAMACPP_THREADS_HTTP = "--threads-http"
+LLAMACPP_HTTP_SPARE = 2
+
 # Engines that answer GET /health only once the model is loaded (llama.cpp: 503 while loading).
 HEALTH_PATHS: dict[str, str] = {
     "vllm": "/health",
@@ -151,7 +159,7 @@ def build(spec: LaunchSpec) -> EngineCommand:
             f"unknown server kind {spec.kind!r}", f"Use one of: {', '.join(SERVER_KINDS)}."
         )
     if spec.kind == "custom":
-        return EngineCommand(custom_argv(spec))
+        return EngineCommand(_with_threads_http(spec, custom_argv(spec)))
     extra = spec.extra_flags()
     if spec.kind != "ollama" and not spec.model_path:
         raise ConfigError(
@@ -169,7 +177,8 @@ def build(spec: LaunchSpec) -> EngineCommand:
         argv += _flag("--served-model-name", name) + _flag("--max-num-seqs", conc) + extra
     elif spec.kind == "llamacpp":
         argv = ["llama-server", "-m", spec.model_path, "--port", port]
-        argv += _flag("--alias", name) + _flag("--parallel", conc)
+        argv += _flag("--alias", name) + _flag(LLAMACPP_THREADS_HTTP, threads_http(spec))
+        argv += _flag("--parallel", conc)
         ctx = spec.tuned_value("ctx_size") or spec.context_tokens
         ctx = ctx or (conc * LLAMACPP_CTX_PER_SLOT if conc else None)
         argv += [
@@ -194,6 +203,28 @@ def build(spec: LaunchSpec) -> EngineCommand:
             env.append(("OLLAMA_NUM_PARALLEL", str(conc)))
         return EngineCommand(("ollama", "serve"), tuple(env), None)
     return EngineCommand(tuple(argv), (), health)
+
+
+def threads_http(spec: LaunchSpec) -> int | None:
+    """llama.cpp's HTTP threads for ``spec``: the most requests in flight (the concurrency, or
+    the cap when that is larger) + 2; None when neither is known (the engine's default)."""
+    known = [n for n in (spec.concurrency, spec.batch_size) if n]
+    return max(known) + LLAMACPP_HTTP_SPARE if known else None
+
+
+def _with_threads_http(spec: LaunchSpec, argv: tuple[str, ...]) -> tuple[str, ...]:
+    """A custom command that runs ``llama-server`` gets ``--threads-http`` unless it sets it
+    itself (a user's own value is never changed, higher or lower)."""
+    program = argv[0].rsplit("/", 1)[-1] if argv else ""
+    threads = threads_http(spec)
+    if program != "llama-server" or threads is None:
+        return argv
+    if any(
+        word == LLAMACPP_THREADS_HTTP or word.startswith(f"{LLAMACPP_THREADS_HTTP}=")
+        for word in argv
+    ):
+        return argv
+    return (*argv, LLAMACPP_THREADS_HTTP, str(threads))
 
 
 def _flag(name: str, value: int | str | None) -> list[str]:

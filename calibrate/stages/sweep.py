@@ -1,7 +1,9 @@
 """Stage C′: at the verified batch size, step concurrency and find the knee (SPEC §5.6).
 
 Each level runs ``repeats`` times; each run is a closed loop of C requests in flight for at
-least ``level_s`` (and 4×C requests), measured over its steady window (``sweep_window``).
+least ``level_s`` (and 4×C requests), measured over its steady window (``sweep_window``). A
+level whose range overlaps the best level's while their medians differ by more than
+``gain_min`` runs again, up to ``max_repeats`` (``sweep_knee``), before it is judged.
 """
 
 from __future__ import annotations
@@ -14,15 +16,18 @@ from typing import Any
 
 from calibrate.config import Config, LadderMode, SloConfig
 from calibrate.errors import RequestError
+from calibrate.selfload import SelfLoadMonitor
 from calibrate.stages.arrivals import Arrival
 from calibrate.stages.context import StageContext
 from calibrate.stages.incidents import IncidentRecorder
+from calibrate.stages.keepalive_stall import find_stall
 from calibrate.stages.ladder import all_refused, item_record
 from calibrate.stages.single import unreachable
 from calibrate.stages.slo import with_goodput
-from calibrate.stages.stop_rules import continue_sweep, counts_as_gain, gains
+from calibrate.stages.stop_rules import Point, continue_sweep
 from calibrate.stages.stream_probe import StreamCheck
 from calibrate.stages.sweep_auto import run_auto
+from calibrate.stages.sweep_knee import best_of, gain_over, judge, needs_repeat
 from calibrate.stages.sweep_rates import run_rate_level
 from calibrate.stages.sweep_result import Level, ServerCap, SweepResult, level_stats
 from calibrate.stages.sweep_window import (
@@ -60,6 +65,7 @@ class SweepOptions:
     max_in_flight: int | None = None  # rate mode's in-flight cap (None: none, a managed server)
     auto_steps: int = 0  # --auto: rates between synchronous and maximum (levels = (1, maximum))
     stream_check: StreamCheck | None = None  # what the stream probe found (None: not probed)
+    max_repeats: int = 6  # runs of a level left unsure against the best (SPEC §5.6)
 
     def probed(self, check: StreamCheck) -> SweepOptions:
         """Sent as the stream probe found the server takes them."""
@@ -78,6 +84,7 @@ class SweepOptions:
     @classmethod
     def from_config(cls, cfg: Config, batch_size: int, **kw: Any) -> SweepOptions:
         s = cfg.sweep
+        kw.setdefault("max_repeats", max(s.max_repeats, s.repeats))
         return cls(
             s.concurrency, s.level_s, s.repeats, s.gain_min, batch_size, cfg.ladder.mode, **kw
         )
@@ -124,8 +131,12 @@ class Sweep:
     plan: WorkloadPlan = field(default_factory=lambda: WorkloadPlan(WorkloadSpec(), ""))
     issued: int = 0  # workload prompts built so far: the next one's number (its own prompt)
     auto_step: int | None = None  # --auto: the step now running (each record carries it)
+    selfload: SelfLoadMonitor | None = None  # calibrate's own load: a client-bound level is marked
+    selfload_mark: int = 0  # the self-check's windows before the level now running
 
     def run(self) -> SweepResult:
+        if self.selfload is not None:
+            self.selfload_mark = self.selfload.mark()
         if self.options.auto_steps:
             run_auto(self)
             return self.result()
@@ -139,7 +150,11 @@ class Sweep:
         return self.result()
 
     def add(self, level: Level) -> Level:
-        """A finished level: kept, written to tiers.jsonl, shown."""
+        """A finished level: marked when calibrate itself was the bottleneck while it ran, kept,
+        written to tiers.jsonl, shown."""
+        if self.selfload is not None:
+            level = replace(level, client_bound=self.selfload.bound_since(self.selfload_mark))
+            self.selfload_mark = self.selfload.mark()
         self.levels.append(level)
         self.ctx.run.append("tiers.jsonl", level.to_json())
         self.on_level(level)
@@ -212,22 +227,47 @@ class Sweep:
         return next_request
 
     def run_level(self, concurrency: int) -> Level:
-        """``repeats`` runs of the level (fewer when one fails: more load adds nothing)."""
+        """``repeats`` runs of the level (fewer when one fails: more load adds nothing), and
+        more, up to ``max_repeats``, while it is unsure against the best level so far."""
         o = self.options
         previous = self.levels[-1] if self.levels else None
         window = level_window(
             o.level_s, concurrency, previous.stats.latency_p50_s if previous else None
         )
+        below = [lv.point for lv in self.levels]
         runs: list[Stats] = []
         items: list[ItemResult] = []
         peaks: list[WindowPeak] = []
-        for repeat in range(1, o.repeats + 1):
+        repeat = 0
+        while True:
+            repeat += 1
             stats, answered, peak = self.run_once(concurrency, repeat, window)
             runs.append(stats)
             items += answered
             peaks.append(peak)
             if stats.errors:
                 break
+            if repeat < o.repeats:
+                continue
+            level = self._level(concurrency, runs, items, peaks)
+            if not needs_repeat(below, level.point, o.gain_min, repeat, o.max_repeats):
+                break
+            self.note(
+                f"concurrency {concurrency}: its range overlaps the best level's while the "
+                f"medians differ by more than {o.gain_min * 100:.0f} %: run {repeat + 1} of at most "
+                f"{o.max_repeats}"
+            )
+        return self._judged(self._level(concurrency, runs, items, peaks), below)
+
+    def _level(
+        self,
+        concurrency: int,
+        runs: list[Stats],
+        items: list[ItemResult],
+        peaks: list[WindowPeak],
+    ) -> Level:
+        """The level over its runs so far, not yet judged against the levels below it."""
+        o = self.options
         whole = summarise(
             batch_size=o.batch_size,
             concurrency=concurrency,
@@ -238,20 +278,24 @@ class Sweep:
             baseline_text=None,
         )
         stats = level_stats(whole, runs)
-        draft = Level(
+        latencies = [i.elapsed_s for i in items if i.ok]
+        return Level(
             stats,
             tuple(runs),
             None,
             False,
             "fail" if stats.errors else "pass",
             self.cap is not None and concurrency > self.cap.slots,
+            stall=find_stall(latencies),
         )
-        if previous is None:
-            return draft
-        gain = gains([previous.point, draft.point])[1]
-        return replace(
-            draft, gain=gain, counted=counts_as_gain(previous.point, draft.point, o.gain_min)
-        )
+
+    def _judged(self, level: Level, below: list[Point]) -> Level:
+        """``level`` with its gain over the best level below it, and whether that counts."""
+        best = best_of(below, self.options.gain_min)
+        if best is None:
+            return level
+        verdict = judge(best, level.point, self.options.gain_min)
+        return replace(level, gain=gain_over(best, level.point), counted=verdict == "gain")
 
     def run_once(
         self, concurrency: int, repeat: int, window: LevelWindow

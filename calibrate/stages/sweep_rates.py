@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from calibrate.stages.arrivals import arrival_times, rate_text, rate_value, requests_for
+from calibrate.stages.keepalive_stall import find_stall
 from calibrate.stages.open_loop import SHORTFALL, OpenRun, RateJudgement, judge
 from calibrate.stages.slo import with_goodput
 from calibrate.stages.sweep_result import Level, level_stats
@@ -58,6 +59,7 @@ def run_rate_level(sweep: Sweep, rate: float) -> Level:
         "fail" if whole.errors else "pass",
         sweep.cap is not None and whole.concurrency > sweep.cap.slots,
         rate_judgement,
+        stall=find_stall([i.elapsed_s for i in items if i.ok]),
     )
 
 

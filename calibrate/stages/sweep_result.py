@@ -1,4 +1,10 @@
-"""A finished sweep: its levels (median and range over the repeats), the knee, how sure it is."""
+"""A finished sweep: its levels (median and range over the repeats), the knee, how sure it is.
+
+Levels from the first one at which calibrate's own self-check found the client to be the
+bottleneck (``Level.client_bound``) are measured but never recommended: their throughput is the
+client's limit. When the best level the client could measure is the last one before that, the
+curve above it is unknown and the sweep is inconclusive (SPEC §5.6).
+"""
 
 from __future__ import annotations
 
@@ -9,10 +15,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from calibrate.config import SloConfig
 from calibrate.stages.arrivals import rate_text, rate_value
+from calibrate.stages.keepalive_stall import Stall
 from calibrate.stages.open_loop import RateJudgement
 from calibrate.stages.slo import binding_slo, describe, has_slo
-from calibrate.stages.stop_rules import Point, knee, knee_text
+from calibrate.stages.stop_rules import Point
 from calibrate.stages.stream_probe import stream_details
+from calibrate.stages.sweep_knee import Knee, find_knee, judged_range
 from calibrate.stages.sweep_window import spread
 from calibrate.stages.tiers import Stats
 from calibrate.summaries import SweepSummary, Workload
@@ -21,6 +29,9 @@ if TYPE_CHECKING:
     from calibrate.stages.sweep import SweepOptions
 
 LevelVerdict = Literal["pass", "fail"]
+CLIENT_LIMIT_HINT = (
+    "run calibrate from a faster client machine, or one the server does not share its CPU with"
+)
 AutoRole = Literal["synchronous", "rate", "maximum"]
 
 
@@ -49,12 +60,14 @@ class Level:
 
     stats: Stats
     runs: tuple[Stats, ...]
-    gain: float | None
+    gain: float | None  # the median gain over the best level below it (SPEC §5.6)
     counted: bool  # the gain counts: median ≥ gain_min and the ranges do not overlap
     verdict: LevelVerdict
     capped: bool
     rate: RateJudgement | None = None  # rate mode: offered vs achieved (median run), saturation
     auto: AutoStep | None = None  # --auto: which step of the curve
+    client_bound: str = ""  # why calibrate itself was the bottleneck during it ("" = it was not)
+    stall: Stall | None = None  # answers stalled near a keep-alive timeout
 
     @property
     def concurrency(self) -> int:
@@ -87,14 +100,15 @@ class Level:
 
     @property
     def point(self) -> Point:
-        """As the knee rule sees it; a level run once has no range."""
-        ranged = len(self.runs) > 1
+        """As the knee rule sees it: a level run once has no range, one run 5+ times is judged
+        on its middle runs (``sweep_knee.judged_range``)."""
+        span = judged_range([r.items_per_s for r in self.runs])
         return Point(
             self.concurrency,
             self.stats.items_per_s,
             self.stats.errors,
-            self.items_per_s_min if ranged else None,
-            self.items_per_s_max if ranged else None,
+            span[0] if span else None,
+            span[1] if span else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -108,6 +122,7 @@ class Level:
             "gain_counted": self.counted,
             "verdict": self.verdict,
             "capped_by_server": self.capped,
+            "client_bound": self.client_bound or None,
             **self.rate_json(),
             **self.goodput_json(),
         }
@@ -174,7 +189,7 @@ class SweepResult:
     def best(self) -> Level | None:
         """The recommended level: with SLOs the highest median goodput; in rate mode the highest
         rate the server kept up with (an auto sweep: else its synchronous level); else the knee."""
-        passing = [lv for lv in self.levels if lv.verdict == "pass"]
+        passing = [lv for lv in self.measurable if lv.verdict == "pass"]
         if has_slo(self.slo):
             good = [lv for lv in passing if (lv.stats.goodput_per_s or 0.0) > 0]
             return max(good, key=lambda lv: lv.stats.goodput_per_s or 0.0, default=None)
@@ -222,23 +237,88 @@ class SweepResult:
         return self.levels[at + 1].stats if at + 1 < len(self.levels) else None
 
     @property
+    def client_limit(self) -> Level | None:
+        """The level from which on calibrate itself was the bottleneck at every level (a
+        client-bound level with a clean one above it was a passing hiccup, not the limit)."""
+        limit: Level | None = None
+        for lv in self.levels:
+            limit = (limit or lv) if lv.client_bound else None
+        return limit
+
+    @property
+    def measurable(self) -> tuple[Level, ...]:
+        """The levels whose throughput the server, not the client, set: those below the client
+        limit, without any client-bound one among them."""
+        limit = self.client_limit
+        below = self.levels if limit is None else self.levels[: self.levels.index(limit)]
+        return tuple(lv for lv in below if not lv.client_bound)
+
+    @property
     def points(self) -> list[Point]:
-        return [lv.point for lv in self.levels]
+        return [lv.point for lv in self.measurable]
+
+    @property
+    def found(self) -> Knee | None:
+        return find_knee(self.points, self.gain_min)
 
     @property
     def knee(self) -> Level | None:
-        found = knee(self.points, self.gain_min)
-        return next(
-            (lv for lv in self.levels if found and lv.concurrency == found.concurrency), None
-        )
+        """The knee among the levels the client could measure (None when inconclusive)."""
+        found = self.found
+        if found is None or self.inconclusive:
+            return None
+        return next((lv for lv in self.measurable if lv.point == found.knee), None)
 
     @property
     def knee_text(self) -> str:
         """Where the knee is and how sure: the gains around it with their ranges."""
-        return knee_text(self.points, self.gain_min)
+        found = self.found
+        return found.text if found and not self.inconclusive else ""
+
+    @property
+    def inconclusive(self) -> str:
+        """``inconclusive: the client was the limit at C ≥ 8 …`` when a client-bound level
+        leaves the best level unknown (else "")."""
+        limit = self.client_limit
+        if limit is None:
+            return ""
+        reliable = self.measurable
+        top = self._best_measured()
+        if top is not None and reliable and top is not reliable[-1]:
+            return ""
+        at = limit.rate.offered_rate if limit.rate else None
+        where = f"rate ≥ {rate_text(at)} req/s" if limit.rate else f"C ≥ {limit.concurrency}"
+        rising = (
+            f"the best level it could measure is the last one before that ({top.label}), so "
+            "what more in flight would give is unknown"
+            if top is not None
+            else "no level below it was measured"
+        )
+        return (
+            f"inconclusive: the client was the limit at {where} — {rising} ({limit.client_bound})"
+        )
+
+    @property
+    def what_to_do(self) -> str:
+        """For an inconclusive sweep: a faster client, or (when some levels were measured
+        cleanly) the levels below the limit to run again."""
+        below = [lv.concurrency for lv in self.measurable if lv.rate is None and not lv.auto]
+        again = f"; or sweep only below the limit: --concurrency {','.join(map(str, below))}"
+        return CLIENT_LIMIT_HINT + (again if below else "")
+
+    def _best_measured(self) -> Level | None:
+        by_best = has_slo(self.slo) or self.rate_mode or self.auto
+        if by_best:
+            return self.best
+        found = self.found
+        if found is None:
+            return None
+        return next((lv for lv in self.measurable if lv.point == found.best), None)
 
     @property
     def passed(self) -> bool:
+        if self.inconclusive:
+            return False
         by_best = has_slo(self.slo) or self.rate_mode or self.auto
         return self.best is not None if by_best else self.knee is not None
 
@@ -256,8 +336,26 @@ class SweepResult:
         first = " (the first level)" if failed is self.levels[0] else ""
         return f"{failed.label}{first}: {s.errors} of {s.items} requests failed ({s.kinds_text})"
 
-    def notes(self) -> list[str]:
+    def notes(self, *, llamacpp: bool = False) -> list[str]:
+        """Caps exceeded, stalls at a keep-alive timeout (``llamacpp``: name its flag), and the
+        levels whose throughput was the client's limit."""
         out: list[str] = []
+        llamacpp = llamacpp or (self.cap is not None and "llama.cpp" in self.cap.source)
+        for lv in self.levels:
+            if lv.stall is not None:
+                out.append(lv.stall.text(lv.concurrency, llamacpp))
+        limit = self.client_limit
+        if limit is not None and not self.inconclusive:
+            out.append(
+                f"{limit.label} and above: calibrate itself was the bottleneck, so their "
+                "throughput is the client's limit, not the server's; not recommended"
+            )
+        for lv in self.levels[: self.levels.index(limit) if limit else len(self.levels)]:
+            if lv.client_bound:
+                out.append(
+                    f"{lv.label}: calibrate itself was the bottleneck for a while "
+                    f"({lv.client_bound}); left out of the knee"
+                )
         if self.cap is not None:
             over = [lv.concurrency for lv in self.levels if lv.capped]
             if over:
@@ -277,10 +375,12 @@ class SweepResult:
                 "items_per_s_min": round(top.items_per_s_min, 3),
                 "items_per_s_max": round(top.items_per_s_max, 3),
                 "how_sure": self.knee_text,
+                "sure": bool(self.found and self.found.sure),
             }
             if top
             else None,
             "reason": self.reason,
+            "inconclusive": self.inconclusive or None,
             "server_cap": {"slots": self.cap.slots, "source": self.cap.source}
             if self.cap
             else None,
@@ -293,6 +393,7 @@ class SweepResult:
                     "items_per_s_max": round(lv.items_per_s_max, 3),
                     "repeats": len(lv.runs),
                     "gain_counted": lv.counted,
+                    "client_bound": bool(lv.client_bound),
                     "errors": lv.stats.errors,
                     "verdict": lv.verdict,
                     **lv.rate_json(),
@@ -311,6 +412,7 @@ class SweepResult:
             **stream_details(options.stream_check),
         }
         chosen = best if has_slo(self.slo) or self.rate_mode or self.auto else top
+        chosen = None if self.inconclusive else chosen
         return SweepSummary(
             chosen.concurrency if chosen else None,
             self.batch_size,

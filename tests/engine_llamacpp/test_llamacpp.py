@@ -170,6 +170,12 @@ def test_sweep_at_parallel_4_knee_explained_by_the_queue(cli, llama: str, isolat
     with QueueWatch(llama) as queue:
         result = cli("sweep", "--tasks", str(tasks), "--json")
     show("\n" + result.err)
+    # 16 keep-alive clients need 18 HTTP threads: the server started for batch 4 had 6, so the
+    # sweep restarted it with enough, and no level stalled at the 5 s keep-alive timeout
+    assert "with --threads-http 18 for 16 in flight" in result.err, result.err
+    argv = _argv(isolated)
+    assert argv[argv.index("--threads-http") + 1] == "18"
+    assert "stalls of ≈5 s" not in result.err
     show(
         f"llamacpp:requests_deferred max {queue.deferred_max}, requests_processing max {queue.processing_max}"
     )
@@ -279,10 +285,13 @@ def test_auto_sweep_synchronous_maximum_and_rates_between(cli, llama: str, isola
     sync, *rates, most = levels
     assert sync["load"] == "synchronous" and sync["concurrency"] == 1
     assert most["load"] == "maximum" and most["concurrency"] == 4
-    assert most["achieved_rate"] > 1.3 * sync["achieved_rate"], "4 slots beat 1"
-    assert 1 <= len(rates) <= 3 and [lv["auto_step"] for lv in levels] == sorted(
-        lv["auto_step"] for lv in levels
-    )
+    # how much 4 slots beat 1 on a shared 2-core machine is luck (a 1.3× bound failed on a
+    # loaded box); the rule is not: rates go between the two only when the maximum is faster
+    if most["achieved_rate"] > sync["achieved_rate"]:
+        assert 1 <= len(rates) <= 3
+    else:
+        assert not rates and "concurrency adds no throughput here" in result.err
+    assert [lv["auto_step"] for lv in levels] == sorted(lv["auto_step"] for lv in levels)
     for lv in rates:
         assert sync["achieved_rate"] < lv["offered_rate"] < most["achieved_rate"]
     assert all(not lv["saturated"] for lv in rates[:-1]), "the sweep stops at the first saturated"
@@ -328,6 +337,8 @@ def test_pin_then_start_from_the_script_then_verify(cli, llama: str, isolated: P
     longest = max(r["usage"]["prompt_tokens"] for r in ladder_records)
     ctx = 4 * (longest + 32)
     assert f"--parallel 4 -c {ctx} --metrics" in text
+    threads = text.split("--threads-http ", 1)[1].split(" ", 1)[0]
+    assert int(threads) >= 4 + 2, "llama.cpp's HTTP threads: the most in flight + 2"
     assert (
         f"# context: -c {ctx} = 4 slots x (longest verified prompt {longest} + max_tokens 32 tokens)"
         in text
