@@ -1,0 +1,129 @@
+"""A llama-server calibrate does NOT manage: a user's `llama-server --parallel 4` already running.
+
+The numbers a user pins come from here: the sweep's knee (SPEC §5.6: against the best level so
+far, repeated when ranges overlap) and the ladder's ceiling at the server's own cap (§5.3
+``stop: cap``, read from /props ``total_slots``). Run with ``make test-engine ENGINE=llamacpp``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.engine_llamacpp.conftest import GGUF, MODEL_NAME, free_port
+
+pytestmark = pytest.mark.engine
+
+SLOTS = 4
+SWEEPS = 5  # "the knee is 4 in at least 4 of 5 sweeps" (issue 22's done-means)
+
+
+def show(text: str) -> None:
+    sys.__stdout__.write(text + "\n")
+    sys.__stdout__.flush()
+
+
+@pytest.fixture
+def unmanaged(isolated: Path, llamacpp_bin: Path) -> Iterator[str]:
+    """``llama-server --parallel 4`` started by the test, as a user would; calibrate.toml has no
+    [server] section, so calibrate only talks to it. Stopped by PID after the test."""
+    port = free_port()
+    log = (isolated / "llama-server.log").open("wb")
+    argv = [
+        str(llamacpp_bin),
+        "-m",
+        str(GGUF),
+        "--alias",
+        MODEL_NAME,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--parallel",
+        str(SLOTS),
+        "-c",
+        str(SLOTS * 512),
+        "--threads-http",
+        str(16 + 2),  # the sweep goes to 16 in flight (SPEC §5.8)
+        "--metrics",
+    ]
+    server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    root = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"llama-server exited {server.returncode}; see {log.name}")
+            try:
+                if requests.get(f"{root}/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("llama-server did not become healthy within 60 s")
+            time.sleep(0.2)
+        (isolated / "calibrate.toml").write_text(
+            f'[target]\nbase_url = "{root}/v1"\nmodel = "{MODEL_NAME}"\ntimeout_s = 60\n\n'
+            '[prompt]\ntext = "What is 2 plus 3?"\nmax_tokens = 32\n\n'
+            "[ladder]\nbatch_sizes = [1, 2, 4, 8]\nrounds = 2\nmin_round_s = 1\n\n"
+            "[sweep]\nconcurrency = [1, 2, 4, 8, 16]\nlevel_s = 2\nrepeats = 3\n",
+            encoding="utf-8",
+        )
+        yield root
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(10)
+        log.close()
+
+
+def test_ladder_stops_at_the_servers_own_cap_and_keeps_batch_4(cli, unmanaged: str) -> None:
+    """Above /props total_slots the ladder measured llama.cpp's queue, not batch 8: that tier is
+    ``stop: cap`` and never the setting."""
+    assert requests.get(f"{unmanaged}/props", timeout=5).json()["total_slots"] == SLOTS
+    assert cli("single").code == 0 and cli("repro").code == 0
+    result = cli("ladder", "--json")
+    show("\n" + result.err)
+    assert result.code == 0, result.err
+    assert result.json["last_passing"]["batch_size"] == SLOTS, result.json["last_passing"]
+    verdicts = {t["batch_size"]: t["verdict"] for t in result.json["tiers"]}
+    assert verdicts.get(8, "stop: cap") == "stop: cap", verdicts
+    assert "every tier passed" not in result.err
+
+
+def test_sweep_knee_is_the_slot_count_in_most_of_five_sweeps(cli, unmanaged: str) -> None:
+    """Forced 100-token answers, 1, 2, 4, 8, 16 in flight, five times: one noisy level must not
+    hide the real gain at 4 (each level is judged against the best so far)."""
+    assert cli("single").code == 0 and cli("repro").code == 0
+    assert cli("ladder").code == 0
+    knees: list[int | None] = []
+    rows = ["| sweep | knee | " + " | ".join(f"c={c} items/s (range)" for c in (1, 2, 4, 8, 16))]
+    for n in range(SWEEPS):
+        result = cli("sweep", "--input-tokens", "32", "--output-tokens", "100", "--json")
+        assert result.code in (0, 1), result.err
+        knee = (result.json.get("knee") or {}).get("concurrency")
+        knees.append(knee)
+        cells = {
+            lv["concurrency"]: f"{lv['items_per_s']:.1f} ({lv['items_per_s_min']:.1f}–"
+            f"{lv['items_per_s_max']:.1f}, ×{lv['repeats']})"
+            for lv in result.json["levels"]
+        }
+        rows.append(
+            f"| {n + 1} | {knee} | "
+            + " | ".join(cells.get(c, "—") for c in (1, 2, 4, 8, 16))
+        )
+    show(
+        f"\nllama-server --parallel {SLOTS} (unmanaged), forced 100-token answers, "
+        f"{os.cpu_count()} cores\n" + "\n".join(rows)
+    )
+    assert sum(k == SLOTS for k in knees) >= SWEEPS - 1, knees
