@@ -3,9 +3,10 @@
 One pooled HTTP transport, and every failure mapped once, here, to an error kind of SPEC §5.5
 (raised as ``RequestError``). Three promises are kept at this edge:
 
-- a total deadline per request: ``timeout_s`` bounds connect, send and every read, streams
-  included (bodies are read in pieces with the socket timeout set to the time left, so a server
-  that drips a byte a second or streams only keep-alive comments is cut at ``timeout_s``);
+- a total deadline per request: ``timeout_s`` bounds connect, send and every read, the status
+  line and headers included (``calibrate.http_deadline``) and streams too (bodies are read in
+  pieces with the socket timeout set to the time left, so a server that drips a byte a second,
+  its headers or its body, or streams only keep-alive comments is cut at ``timeout_s``);
 - a size cap: an answer over ``max_response_mib`` is ``invalid_response``, never buffered whole;
 - secrets stay here: the key (or the base URL's userinfo, sent as Basic auth) goes only to the
   target's own origin, and every server-provided text is scrubbed of them before it is raised.
@@ -44,6 +45,7 @@ from calibrate.error_kinds import (
     request_error,
 )
 from calibrate.errors import RequestError
+from calibrate.http_deadline import deadline_pool
 from calibrate.records import Choice, Completion, ModelInfo, SamplingParams, Usage
 from calibrate.redact import Scrubber, split_userinfo
 from calibrate.responses import parse_chunk, parse_completion, sse_events, valid_text
@@ -94,7 +96,7 @@ class OpenAIClient:
         # block=False: a caller with more threads than max_connections gets extra connections
         # instead of a thread parked on the pool (a stall that would look like server latency).
         # The cap: urllib3 fills its queue with maxsize placeholders up front.
-        self._pool = pool or urllib3.PoolManager(
+        self._pool = pool or deadline_pool(
             num_pools=4,
             maxsize=min(max(max_connections, 4), MAX_POOL_SIZE),
             block=False,
@@ -224,6 +226,7 @@ class OpenAIClient:
         """
         url = url_or_path if "://" in url_or_path else self.server_root + url_or_path
         headers = self._headers if origin(url) == self.origin else self._foreign_headers
+        timeout_s = min(timeout_s, self.timeout_s)  # a probe never outwaits timeout_s
         deadline = self._clock() + timeout_s
         try:
             response = self._send("GET", url, deadline, headers=headers, timeout_s=timeout_s)
