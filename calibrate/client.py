@@ -48,13 +48,14 @@ from calibrate.errors import RequestError
 from calibrate.http_deadline import deadline_pool
 from calibrate.records import Choice, Completion, ModelInfo, SamplingParams, Usage
 from calibrate.redact import Scrubber, split_userinfo
-from calibrate.responses import parse_chunk, parse_completion, sse_events, valid_text
+from calibrate.responses import in_range, parse_chunk, parse_completion, sse_events, valid_text
 from calibrate.stream_timing import stream_timing
 
 Clock = Callable[[], float]
 
 MIB = 1024 * 1024
 ERROR_BODY_BYTES = 65536  # of an error answer, this much is kept
+MAX_MODEL_LEN = 2**31 - 1  # a context length past this is no length (ignored, as when absent)
 MAX_POOL_SIZE = 1024  # urllib3 pre-fills a queue of maxsize slots; block=False grows past it
 
 
@@ -214,7 +215,7 @@ class OpenAIClient:
                     ModelInfo(
                         id=valid_text(item["id"]),
                         root=valid_text(root) if isinstance(root, str) else None,
-                        max_model_len=max_len if isinstance(max_len, int) else None,
+                        max_model_len=in_range(max_len, 1, MAX_MODEL_LEN),
                     )
                 )
         return tuple(out)

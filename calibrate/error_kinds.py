@@ -10,11 +10,13 @@ error body has: ``{"error": {"message"}}`` (OpenAI, vLLM's ``{"message"}``), or 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
 from calibrate.errors import ErrorInfo, ErrorKind, RequestError
 
+MAX_RETRY_AFTER_S = 3600.0  # a longer hint is read as an hour (the retry policy caps it lower)
 _OOM = re.compile(r"out of memory|CUDA OOM|OutOfMemory|\bOOM\b", re.IGNORECASE)
 
 
@@ -88,6 +90,9 @@ def retry_after_s(value: str | None) -> float | None:
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         return None
+    if not 0.0 <= seconds < math.inf:  # "inf", "nan", negative: no hint to follow
+        return None
+    return min(seconds, MAX_RETRY_AFTER_S)

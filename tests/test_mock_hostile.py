@@ -24,6 +24,8 @@ def _shape(reply: dict[str, Any]) -> str:
     """Which wrong shape a reply has (the mock's names)."""
     if "choices" not in reply:
         return "no-choices"
+    if "usage" in reply:
+        return "huge-usage" if reply["usage"]["completion_tokens"] > 0 else "negative-usage"
     (choice,) = reply["choices"]
     if choice is None:
         return "choices-null"
@@ -50,6 +52,8 @@ def test_malformed_rate_sends_every_wrong_shape_reproducibly() -> None:
         "choices-number",
         "message-string",
         "content-number",
+        "huge-usage",
+        "negative-usage",
     }
     assert _shapes(seed=3) == first  # same seed, same sequence
     with start_mock(**FAST, malformed_rate=0.3, seed=1) as mock:
