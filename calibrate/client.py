@@ -39,9 +39,11 @@ from urllib3.exceptions import (
 
 from calibrate.bodies import BodyReader
 from calibrate.error_kinds import (
+    check_descriptors,
     connection_error,
     http_error,
     invalid,
+    redirect_error,
     request_error,
 )
 from calibrate.errors import RequestError
@@ -270,6 +272,7 @@ class OpenAIClient:
                 retries=False,
             )
         except NewConnectionError as exc:  # a subclass of ConnectTimeoutError: test it first
+            check_descriptors(exc)
             raise connection_error(url, exc) from exc
         except ConnectTimeoutError as exc:
             raise request_error(
@@ -278,9 +281,13 @@ class OpenAIClient:
         except ReadTimeoutError as exc:
             raise request_error("timeout", f"no answer from {url} within {total:g} s", exc) from exc
         except (ProtocolError, OSError) as exc:
+            check_descriptors(exc)
             raise connection_error(url, exc) from exc
         except HTTPError as exc:
             raise request_error("connect", f"request to {url} failed: {exc}", exc) from exc
+        if 300 <= response.status < 400:  # never followed: a key would go wherever it points
+            _finish(response, complete=False)
+            raise RequestError(redirect_error(response.status, url, response.headers))
         if response.status >= 400:
             complete = False
             try:

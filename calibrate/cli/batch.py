@@ -37,6 +37,7 @@ from calibrate.cli.common import (
 from calibrate.cli.export import say_export
 from calibrate.client import OpenAIClient
 from calibrate.config import Config, split_endpoint
+from calibrate.error_kinds import DESCRIPTORS_HINT, OutOfDescriptors
 from calibrate.errors import ExitCode, ServerUnreachable, StageFailed, UsageError
 from calibrate.ledger import Ledger
 from calibrate.selfload import SelfLoadMonitor
@@ -299,6 +300,8 @@ def _dispatch(
         ) from exc
     render_summary(out, result, spec, checks if spec.sample else [], resume)
     out.result({"passed": passed, "run_id": ctx.run.run_id, "resume_command": resume, **summary})
+    if result.stopped_by == "descriptors":
+        raise OutOfDescriptors(result.stop_detail, f"{DESCRIPTORS_HINT} Resume with: {resume}")
     if result.stopped_by == "outage":
         raise ServerUnreachable(
             f"{result.stop_detail}; {result.ok} done this run, {result.remaining} remaining",

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from calibrate.error_kinds import OutOfDescriptors
 from calibrate.errors import ErrorInfo, RequestError
 from calibrate.records import Completion
 from calibrate.stages.batch_input import Task
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-StopReason = Literal["interrupted", "write_error", "unreachable", "outage"]
+StopReason = Literal["interrupted", "write_error", "unreachable", "outage", "descriptors"]
 
 MAX_PROBE_ATTEMPTS = 8  # refused attempts, before any answer, that prove nothing is there
 MESSAGE_CHARS = 300
@@ -38,7 +39,8 @@ class BatchControl:
     """Stop (take no new items, grace for in-flight ones) and abandon (stop waiting now).
 
     ``reason`` says why the run stopped early: Ctrl-C, an output that cannot be written, a
-    server that never answered, or an outage longer than --outage-s; the first one is kept.
+    server that never answered, an outage longer than --outage-s, or calibrate out of file
+    descriptors; the first one is kept.
     """
 
     def __init__(self) -> None:
@@ -222,6 +224,9 @@ def _handle(
             lane,
             queue,
         )
+    except OutOfDescriptors as exc:  # calibrate's own limit, not the item's: the rerun does it
+        control.fail("descriptors", exc.message)
+        queue.finished(task)
     except Exception as exc:  # thread boundary: any failure becomes this item's recorded failure
         tally.record(internal_line(task, exc, attempts), None, 0, lane.label)
         queue.finished(task)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from calibrate.error_kinds import refusal_cause
 from calibrate.errors import ErrorInfo, InputError, RequestError, ServerUnreachable
 from calibrate.ledger import baseline_path
 from calibrate.records import RequestRecord, ServerIdentity, incomplete_reason, utc_now_iso
@@ -115,11 +116,18 @@ def diagnose(
     """Why the single call failed, one specific diagnosis per cause (SPEC §5.1)."""
     if record.error is not None and record.error.kind != "incomplete":
         info = record.error
+        cause = refusal_cause(info) if info.kind == "http_4xx" else None
+        if cause == "context_length":  # vLLM's 400 names "This model's maximum context length"
+            return [
+                f"the server refused the prompt as too long for its context ({info.message}); "
+                "shorten [prompt].text or lower max_tokens, or serve a longer context"
+            ]
         if info.kind == "http_4xx" and identity.model_ids and model not in identity.model_ids:
             return [
                 f"the server does not serve {model!r}; it serves: {', '.join(identity.model_ids)}"
             ]
-        if info.status in (404, 400) and "model" in info.message.lower():
+        unknown = cause == "unknown_model" or (info.status == 404 and "model" in info.message.lower())
+        if info.status in (404, 400) and unknown:
             served = ", ".join(identity.model_ids) or "unknown (GET /v1/models gave nothing)"
             return [f"the server does not serve {model!r}; it serves: {served}"]
         if streamed and info.kind == "http_4xx":  # --stream asked for it: said, not worked around
