@@ -6,13 +6,15 @@ from __future__ import annotations
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
+from collections.abc import Callable
 from typing import Any
 
 Reply = tuple[int, dict[str, str], bytes]
+Replies = dict[str, Reply | Callable[[], Reply]]  # a callable: a reply made per request
 
 
 class CannedServer:
-    def __init__(self, replies: dict[str, Reply]) -> None:
+    def __init__(self, replies: Replies) -> None:
         self.replies = replies
         self.hits: list[str] = []
         outer = self
@@ -29,7 +31,8 @@ class CannedServer:
                     self.rfile.read(length)
                 path = self.path.split("?", 1)[0]
                 outer.hits.append(path)
-                status, headers, body = outer.replies.get(path, (404, {}, b'{"detail": "no"}'))
+                reply = outer.replies.get(path, (404, {}, b'{"detail": "no"}'))
+                status, headers, body = reply() if callable(reply) else reply
                 self.send_response(status)
                 for name, value in {"Content-Type": "application/json", **headers}.items():
                     self.send_header(name, value)

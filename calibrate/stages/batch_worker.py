@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-StopReason = Literal["interrupted", "write_error", "unreachable", "outage", "descriptors"]
+StopReason = Literal[
+    "interrupted", "write_error", "unreachable", "outage", "descriptors", "other_model"
+]
 
 MAX_PROBE_ATTEMPTS = 8  # refused attempts, before any answer, that prove nothing is there
 MESSAGE_CHARS = 300
@@ -49,6 +51,7 @@ class BatchControl:
         self._lock = threading.Lock()
         self.reason: StopReason | None = None
         self.detail = ""
+        self.served: Callable[[str | None], None] = lambda model: None  # each answer's model
 
     @property
     def interrupted(self) -> bool:
@@ -198,6 +201,7 @@ def _handle(
                     tally,
                     lane,
                     queue,
+                    control,
                 )
             return
         if attempted.interrupted:
@@ -223,6 +227,7 @@ def _handle(
             tally,
             lane,
             queue,
+            control,
         )
     except OutOfDescriptors as exc:  # calibrate's own limit, not the item's: the rerun does it
         control.fail("descriptors", exc.message)
@@ -242,11 +247,14 @@ def _record(
     tally: Tally,
     lane: Lane,
     queue: WorkQueue,
+    control: BatchControl,
 ) -> None:
     line = result_line(
         task, completion, error, max(attempts, 1), retried, spec.expect, spec.params.max_tokens
     )
     usage = completion.usage if completion is not None else None
     tokens = (usage.completion_tokens or 0) if usage is not None else 0
+    if completion is not None:
+        control.served(completion.served_model)
     tally.record(line, completion.text if completion is not None else None, tokens, lane.label)
     queue.finished(task)
