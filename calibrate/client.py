@@ -63,11 +63,11 @@ MAX_POOL_SIZE = 1024  # urllib3 pre-fills a queue of maxsize slots; block=False 
 
 def origin(url: str) -> tuple[str, str, int | None]:
     """scheme, host, port: where a key may be sent."""
-    parts = urlsplit(url)
     try:
+        parts = urlsplit(url)
         port = parts.port
-    except ValueError:  # not a number: config reports it; here it only must not match
-        port = -1
+    except ValueError:  # "[::1" or not a number: config reports it; here it must not match
+        return "", "", -1
     port = port or {"http": 80, "https": 443}.get(parts.scheme.lower())
     return parts.scheme.lower(), (parts.hostname or "").lower(), port
 
