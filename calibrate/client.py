@@ -57,6 +57,8 @@ Clock = Callable[[], float]
 
 MIB = 1024 * 1024
 ERROR_BODY_BYTES = 65536  # of an error answer, this much is kept
+MAX_MODELS_KEPT = 32  # of GET /v1/models, this many are kept (the rest counted)
+MAX_ID_CHARS = 512  # of a model's id or root
 MAX_MODEL_LEN = 2**31 - 1  # a context length past this is no length (ignored, as when absent)
 MAX_POOL_SIZE = 1024  # urllib3 pre-fills a queue of maxsize slots; block=False grows past it
 
@@ -196,8 +198,14 @@ class OpenAIClient:
         except RequestError as exc:
             raise self._scrubbed(exc) from exc.__cause__
 
-    def models(self) -> tuple[ModelInfo, ...]:
-        """``GET /v1/models``."""
+    def models(self, keep: str | None = None) -> tuple[ModelInfo, ...]:
+        """``GET /v1/models``: at most ``MAX_MODELS_KEPT`` of them (see ``model_list``)."""
+        return self.model_list(keep)[0]
+
+    def model_list(self, keep: str | None = None) -> tuple[tuple[ModelInfo, ...], int]:
+        """``GET /v1/models``: the first ``MAX_MODELS_KEPT`` models listed (``keep`` among them
+        whenever it is listed at all), and how many more the server listed — a proxy listing
+        300,000 models must not become a 16 MB warning or a ledger line per stage."""
         url = self.base_url + "/models"
         try:
             deadline = self._clock() + self.timeout_s
@@ -209,18 +217,28 @@ class OpenAIClient:
         if not isinstance(data, list):
             raise invalid("GET /models answered without a 'data' list")
         out: list[ModelInfo] = []
+        more = 0
+        kept = False  # ``keep`` is among ``out``
         for item in data:
-            if isinstance(item, dict) and isinstance(item.get("id"), str):
-                root = item.get("root")
-                max_len = item.get("max_model_len")
-                out.append(
-                    ModelInfo(
-                        id=valid_text(item["id"]),
-                        root=valid_text(root) if isinstance(root, str) else None,
-                        max_model_len=in_range(max_len, 1, MAX_MODEL_LEN),
-                    )
+            if not (isinstance(item, dict) and isinstance(item.get("id"), str)):
+                continue
+            name: str = item["id"]
+            wanted = name == keep and not kept
+            if len(out) >= MAX_MODELS_KEPT:
+                more += 1
+                if not wanted:
+                    continue
+                out.pop()  # ``keep`` takes the last place
+            kept = kept or wanted
+            root = item.get("root")
+            out.append(
+                ModelInfo(
+                    id=valid_text(name if wanted else name[:MAX_ID_CHARS]),
+                    root=valid_text(root[:MAX_ID_CHARS]) if isinstance(root, str) else None,
+                    max_model_len=in_range(item.get("max_model_len"), 1, MAX_MODEL_LEN),
                 )
-        return tuple(out)
+            )
+        return tuple(out), more
 
     def get_text(self, url_or_path: str, *, timeout_s: float = 5.0) -> str:
         """GET a plain-text resource: a path under the server root (``/metrics``) or a URL.

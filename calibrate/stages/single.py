@@ -80,7 +80,8 @@ def fixed_prompt_call(ctx: StageContext, *, stream: bool = False) -> RequestReco
 def server_identity(ctx: StageContext) -> tuple[ServerIdentity, list[str]]:
     """``GET /v1/models``; no server there ends the stage with exit 4."""
     try:
-        return ServerIdentity(models=ctx.client.models()), []
+        models, more = ctx.client.model_list(keep=ctx.config.target.model)
+        return ServerIdentity(models=models, more_models=more), []
     except RequestError as exc:
         if exc.kind == "connect":
             raise unreachable(exc.info, ctx.config.target.base_url) from exc
@@ -124,11 +125,11 @@ def diagnose(
             ]
         if info.kind == "http_4xx" and identity.model_ids and model not in identity.model_ids:
             return [
-                f"the server does not serve {model!r}; it serves: {', '.join(identity.model_ids)}"
+                f"the server does not serve {model!r}; it serves: {identity.models_text}"
             ]
         unknown = cause == "unknown_model" or (info.status == 404 and "model" in info.message.lower())
         if info.status in (404, 400) and unknown:
-            served = ", ".join(identity.model_ids) or "unknown (GET /v1/models gave nothing)"
+            served = identity.models_text or "unknown (GET /v1/models gave nothing)"
             return [f"the server does not serve {model!r}; it serves: {served}"]
         if streamed and info.kind == "http_4xx":  # --stream asked for it: said, not worked around
             return [
@@ -151,7 +152,7 @@ def run_single(
     model = ctx.config.target.model
     if identity.model_ids and model not in identity.model_ids:
         warnings.append(
-            f"the server lists {', '.join(identity.model_ids)} but the config names {model!r}"
+            f"the server lists {identity.models_text} but the config names {model!r}"
         )
     record = fixed_prompt_call(ctx, stream=stream)
     ctx.run.append("records.jsonl", record.to_json())
