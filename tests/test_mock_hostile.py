@@ -3,6 +3,7 @@ keep-alive-only streams, huge bodies — each deterministic, each over real HTTP
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -184,3 +185,165 @@ def test_hostile_flags_are_documented(capsys: pytest.CaptureFixture[str]) -> Non
         "--huge-mib",
     ):
         assert flag in text
+
+
+# -- the mock against hostile clients (issue 23): bad flags, malformed requests, slowloris ----
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--per-token", "inf"], "--per-token inf"),
+        (["--ttft", "nan"], "--ttft nan"),
+        (["--drip-s", "inf"], "--drip-s inf"),
+        (["--slow-s=-inf"], "--slow-s -inf"),
+        (["--keepalive-limit-s", "inf"], "--keepalive-limit-s inf"),
+        (["--retry-after", "nan"], "--retry-after nan"),
+        (["--port", "70000"], "--port 70000"),
+        (["--port=-1"], "--port -1"),
+    ],
+)
+def test_mock_flags_out_of_range_exit_2_with_a_message(cli: Any, flags: list[str], says: str) -> None:
+    result = cli("mock", *flags)
+    assert result.code == 2, result.err
+    assert says in result.err and "Traceback" not in result.err
+
+
+def _raw(port: int, request: bytes, timeout_s: float = 5.0) -> bytes:
+    """Send ``request`` as is; the answer's bytes until the server closes or goes quiet."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(request)
+        parts = []
+        with contextlib.suppress(TimeoutError):
+            while piece := sock.recv(65536):
+                parts.append(piece)
+                if b"\r\n\r\n" in b"".join(parts) and _complete(b"".join(parts)):
+                    break
+    return b"".join(parts)
+
+
+def _complete(data: bytes) -> bool:
+    head, _, body = data.partition(b"\r\n\r\n")
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return len(body) >= int(line.split(b":", 1)[1])
+    return False
+
+
+def _post(body: bytes, length: str | None = None) -> bytes:
+    size = str(len(body)) if length is None else length
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {size}\r\n\r\n".encode()
+        + body
+    )
+
+
+LONE = b'{"model": "internlm-s2", "messages": [{"role": "user", "content": "a \\ud800 b"}]}'
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "says"),
+    [
+        (_post(b"[" * 100_000), b"nested too deeply"),
+        (_post(b'{"a": ' * 50_000 + b"1" + b"}" * 50_000), b"nested too deeply"),
+        (_post(LONE), b"lone surrogate"),
+        (_post(b"{}", "abc"), b"Content-Length"),
+        (_post(b"{}", "-1"), b"Content-Length"),
+        (_post(b"{}", "1e3"), b"Content-Length"),
+        (_post(b"{}", str(2**70)), b"Content-Length"),
+    ],
+    ids=["nested-array", "nested-object", "lone-surrogate", "cl-abc", "cl-minus-1", "cl-float", "cl-huge"],
+)
+def test_a_malformed_request_is_answered_400(request_bytes: bytes, says: bytes) -> None:
+    with start_mock(**FAST) as mock:
+        start = time.monotonic()
+        answer = _raw(mock.port, request_bytes)
+        elapsed = time.monotonic() - start
+        after = requests.post(f"{mock.base_url}/chat/completions", json=CHAT, timeout=5)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert says in answer and elapsed < 3
+    assert after.status_code == 200  # and it goes on serving
+
+
+def test_a_valid_surrogate_pair_is_still_answered() -> None:
+    pair = b'{"model": "internlm-s2", "messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}'
+    with start_mock(**FAST) as mock:
+        answer = _raw(mock.port, _post(pair))
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
+def _slowloris(port: int, n: int) -> list[socket.socket]:
+    socks = []
+    for _ in range(n):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        socks.append(sock)
+    return socks
+
+
+def test_thousands_of_slowloris_connections_do_not_stall_the_mock() -> None:
+    from calibrate.mock.http import BackgroundServer
+    from calibrate.mock.settings import MockSettings
+
+    server = BackgroundServer(MockSettings(**FAST), max_connections=200)
+    port = server.server.port
+    socks: list[socket.socket] = []
+    try:
+        socks = _slowloris(port, 2000)
+        start = time.monotonic()
+        resp = requests.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions", json=CHAT, timeout=10
+        )
+        elapsed = time.monotonic() - start
+        assert resp.status_code == 200 and elapsed < 5
+        assert server.server.open_connections() <= 200
+    finally:
+        for sock in socks:
+            sock.close()
+        server.stop()
+
+
+@pytest.mark.parametrize("drip", [b"", b"X-Slow: a"], ids=["idle", "dripping-headers"])
+def test_a_connection_waiting_too_long_for_its_request_is_closed(drip: bytes) -> None:
+    from calibrate.mock.http import BackgroundServer
+    from calibrate.mock.settings import MockSettings
+
+    server = BackgroundServer(MockSettings(**FAST), waiting_timeout_s=1.0)
+    try:
+        sock = socket.create_connection(("127.0.0.1", server.server.port), timeout=10)
+        start = time.monotonic()
+        closed = False
+        with sock:
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\n" if drip else b"")
+            for byte in drip * 40:
+                try:
+                    sock.sendall(bytes([byte]))
+                except OSError:
+                    closed = True
+                    break
+                time.sleep(0.1)
+            if not closed:
+                try:
+                    closed = sock.recv(1) == b""
+                except OSError:
+                    closed = True
+        elapsed = time.monotonic() - start
+    finally:
+        server.stop()
+    assert closed and elapsed < 3.5
+
+
+def test_the_mock_process_survives_slowloris() -> None:
+    from tests.mockserver import start_mock_process
+
+    mock = start_mock_process("--ttft", "0.001", "--per-token", "0.0001")
+    socks: list[socket.socket] = []
+    try:
+        socks = _slowloris(mock.port, 2000)
+        resp = requests.post(f"{mock.base_url}/chat/completions", json=CHAT, timeout=10)
+        assert resp.status_code == 200
+    finally:
+        for sock in socks:
+            sock.close()
+        mock.stop()
