@@ -334,16 +334,39 @@ def test_a_connection_waiting_too_long_for_its_request_is_closed(drip: bytes) ->
     assert closed and elapsed < 3.5
 
 
-def test_the_mock_process_survives_slowloris() -> None:
-    from tests.mockserver import start_mock_process
+@pytest.mark.parametrize("fd_limit", [512, 1024])
+def test_the_mock_process_survives_slowloris_under_its_open_file_limit(fd_limit: int) -> None:
+    """2000 slow clients against a mock allowed ``fd_limit`` open files (a common default):
+    without a bound on connections, accept() would fail for everyone, the real client too."""
+    import os
+    import resource
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    mock = start_mock_process("--ttft", "0.001", "--per-token", "0.0001")
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
+
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "calibrate", "mock", "--port", "0", "--ttft", "0.001"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(repo)),
+        preexec_fn=limit,
+    )
     socks: list[socket.socket] = []
     try:
-        socks = _slowloris(mock.port, 2000)
-        resp = requests.post(f"{mock.base_url}/chat/completions", json=CHAT, timeout=10)
+        assert proc.stdout is not None
+        base_url = proc.stdout.readline().strip().rsplit(" ", 1)[-1]
+        port = int(base_url.rsplit(":", 1)[1].split("/", 1)[0])
+        socks = _slowloris(port, 2000)
+        resp = requests.post(f"{base_url}/chat/completions", json=CHAT, timeout=10)
         assert resp.status_code == 200
     finally:
         for sock in socks:
             sock.close()
-        mock.stop()
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
