@@ -79,12 +79,13 @@ class DeadlineResponse(http.client.HTTPResponse):
         if self._header_deadline is None or fp is None:
             super().begin()
             return
-        lines = _DeadlineLines(fp, self._header_sock, self._header_deadline)
-        self.fp = lines  # type: ignore[assignment]
+        lines: Any = _DeadlineLines(fp, self._header_sock, self._header_deadline)
+        self.fp = lines
         try:
             super().begin()
         finally:
-            if self.fp is lines:  # (closed on a bad status line: left closed)
+            current: Any = self.fp
+            if current is lines:  # (closed on a bad status line: left closed)
                 self.fp = fp
 
 
@@ -96,12 +97,12 @@ def _getresponse(conn: Any, parent: Any) -> Any:
 
 
 class DeadlineHTTPConnection(HTTPConnection):
-    def getresponse(self) -> Any:  # type: ignore[override]
+    def getresponse(self) -> Any:
         return _getresponse(self, HTTPConnection)
 
 
 class DeadlineHTTPSConnection(HTTPSConnection):
-    def getresponse(self) -> Any:  # type: ignore[override]
+    def getresponse(self) -> Any:
         return _getresponse(self, HTTPSConnection)
 
 

@@ -86,7 +86,9 @@ def parse_usage(value: object) -> Usage | None:
         if count is not None and not _is_int(count):
             raise _wrong(f"usage.{name}", count, "an integer")
         if count is not None and in_range(count, 0, MAX_TOKENS) is None:
-            shown = str(count) if len(str(count)) <= 24 else f"an integer of {len(str(count))} digits"
+            shown = (
+                str(count) if len(str(count)) <= 24 else f"an integer of {len(str(count))} digits"
+            )
             raise invalid(f"usage.{name} is {shown}, not a token count in [0, {MAX_TOKENS:.0e}]")
     return Usage.from_json(value)
 

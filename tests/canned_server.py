@@ -4,9 +4,9 @@ odd server sends, for the client to read over real HTTP."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from collections.abc import Callable
 from typing import Any
 
 Reply = tuple[int, dict[str, str], bytes]

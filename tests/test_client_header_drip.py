@@ -39,9 +39,19 @@ def _timeout_config(root: Path, base_url: str, timeout_s: float, extra: str = ""
         (lambda c: c.get_text("/metrics"), "/metrics"),
         (lambda c: c.get_text("/props"), "/props"),
         (lambda c: c.get_text("/health"), "/health"),
-        (lambda c: c.chat("internlm-s2", "hi", SamplingParams(temperature=0.0, top_p=1.0, max_tokens=4)), "/completions"),
         (
-            lambda c: c.chat("internlm-s2", "hi", SamplingParams(temperature=0.0, top_p=1.0, max_tokens=4), stream=True),
+            lambda c: c.chat(
+                "internlm-s2", "hi", SamplingParams(temperature=0.0, top_p=1.0, max_tokens=4)
+            ),
+            "/completions",
+        ),
+        (
+            lambda c: c.chat(
+                "internlm-s2",
+                "hi",
+                SamplingParams(temperature=0.0, top_p=1.0, max_tokens=4),
+                stream=True,
+            ),
             "/completions",
         ),
     ],
@@ -102,7 +112,9 @@ def test_batch_items_against_slow_headers_fail_as_timeouts(cli: Any, isolated: P
 
 
 @pytest.mark.parametrize("paths", [["/completions"], ["/metrics"]], ids=["completions", "metrics"])
-def test_ladder_against_slow_headers_ends_in_time(cli: Any, isolated: Path, paths: list[str]) -> None:
+def test_ladder_against_slow_headers_ends_in_time(
+    cli: Any, isolated: Path, paths: list[str]
+) -> None:
     with start_mock(**FAST) as mock, DripProxy(mock.base_url, paths) as proxy:
         open_gate(isolated, proxy.base_url, LADDER_FAST + "batch_sizes = [1, 2]\n")
         path = isolated / "calibrate.toml"

@@ -25,6 +25,7 @@ from tests.mockserver import start_mock
 from tests.tier_helpers import jsonl
 
 REPO = Path(__file__).resolve().parents[1]
+BATCH = (sys.executable, "-m", "calibrate", "batch")
 MODELS = (200, {}, b'{"data": [{"id": "internlm-s2"}]}')
 PARAMS = SamplingParams(temperature=0.0, max_tokens=4, top_p=1.0)
 
@@ -118,8 +119,7 @@ def test_running_out_of_file_descriptors_is_one_message_not_an_outage(
         write_config(isolated / "calibrate.toml", mock.base_url)
         start = time.monotonic()
         proc = subprocess.run(
-            [sys.executable, "-m", "calibrate", "batch", "--input", "in.jsonl"]
-            + ["--out", "out.jsonl", "-c", "96"],
+            [*BATCH, "--input", "in.jsonl", "--out", "out.jsonl", "-c", "96"],
             capture_output=True,
             text=True,
             timeout=120,

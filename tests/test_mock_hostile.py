@@ -203,7 +203,9 @@ def test_hostile_flags_are_documented(capsys: pytest.CaptureFixture[str]) -> Non
         (["--port=-1"], "--port -1"),
     ],
 )
-def test_mock_flags_out_of_range_exit_2_with_a_message(cli: Any, flags: list[str], says: str) -> None:
+def test_mock_flags_out_of_range_exit_2_with_a_message(
+    cli: Any, flags: list[str], says: str
+) -> None:
     result = cli("mock", *flags)
     assert result.code == 2, result.err
     assert says in result.err and "Traceback" not in result.err
@@ -253,7 +255,15 @@ LONE = b'{"model": "internlm-s2", "messages": [{"role": "user", "content": "a \\
         (_post(b"{}", "1e3"), b"Content-Length"),
         (_post(b"{}", str(2**70)), b"Content-Length"),
     ],
-    ids=["nested-array", "nested-object", "lone-surrogate", "cl-abc", "cl-minus-1", "cl-float", "cl-huge"],
+    ids=[
+        "nested-array",
+        "nested-object",
+        "lone-surrogate",
+        "cl-abc",
+        "cl-minus-1",
+        "cl-float",
+        "cl-huge",
+    ],
 )
 def test_a_malformed_request_is_answered_400(request_bytes: bytes, says: bytes) -> None:
     with start_mock(**FAST) as mock:
@@ -292,9 +302,7 @@ def test_thousands_of_slowloris_connections_do_not_stall_the_mock() -> None:
     try:
         socks = _slowloris(port, 2000)
         start = time.monotonic()
-        resp = requests.post(
-            f"http://127.0.0.1:{port}/v1/chat/completions", json=CHAT, timeout=10
-        )
+        resp = requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=CHAT, timeout=10)
         elapsed = time.monotonic() - start
         assert resp.status_code == 200 and elapsed < 5
         assert server.server.open_connections() <= 200

@@ -257,8 +257,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         background = BackgroundServer(settings, args.host, args.port)
     except (OSError, OverflowError) as exc:
+        why = (exc.strerror if isinstance(exc, OSError) else None) or exc
         raise UsageError(
-            f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
+            f"cannot listen on {args.host}:{args.port}: {why}",
             "Pick another --port, or --port 0 for a free one.",
         ) from exc
     stop = threading.Event()

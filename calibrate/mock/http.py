@@ -57,6 +57,8 @@ def connection_cap() -> int:
     if soft == resource.RLIM_INFINITY:
         return MAX_CONNECTIONS
     return max(8, min(MAX_CONNECTIONS, soft // 2))
+
+
 GENERATE_PATHS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 
 
@@ -193,8 +195,7 @@ class MockHandler(BaseHTTPRequestHandler):
             self._send_json(
                 400,
                 error_body(
-                    f"Content-Length must be a number of bytes up to {MAX_BODY_BYTES}, "
-                    f"got {raw!r}",
+                    f"Content-Length must be a number of bytes up to {MAX_BODY_BYTES}, got {raw!r}",
                     "BadRequestError",
                     400,
                 ),

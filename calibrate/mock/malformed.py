@@ -34,7 +34,7 @@ def malformed_body(shape: str, req: GenerateRequest, envelope: Json, *, chunk: b
     choice: Json = {"index": 0, "finish_reason": "stop"}
     if shape in ("huge-usage", "negative-usage"):
         good = {"role": "assistant", "content": "An answer."}
-        choice |= ({holder: good} if req.kind == "chat" else {"text": "An answer."})
+        choice |= {holder: good} if req.kind == "chat" else {"text": "An answer."}
         counts = (7, HUGE_COUNT) if shape == "huge-usage" else (-7, -8768)
         usage = {"prompt_tokens": counts[0], "completion_tokens": counts[1], "total_tokens": 0}
         return envelope | {"choices": [choice], "usage": usage}

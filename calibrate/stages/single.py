@@ -124,10 +124,10 @@ def diagnose(
                 "shorten [prompt].text or lower max_tokens, or serve a longer context"
             ]
         if info.kind == "http_4xx" and identity.model_ids and model not in identity.model_ids:
-            return [
-                f"the server does not serve {model!r}; it serves: {identity.models_text}"
-            ]
-        unknown = cause == "unknown_model" or (info.status == 404 and "model" in info.message.lower())
+            return [f"the server does not serve {model!r}; it serves: {identity.models_text}"]
+        unknown = cause == "unknown_model" or (
+            info.status == 404 and "model" in info.message.lower()
+        )
         if info.status in (404, 400) and unknown:
             served = identity.models_text or "unknown (GET /v1/models gave nothing)"
             return [f"the server does not serve {model!r}; it serves: {served}"]
@@ -151,9 +151,7 @@ def run_single(
     identity, warnings = server_identity(ctx)
     model = ctx.config.target.model
     if identity.model_ids and model not in identity.model_ids:
-        warnings.append(
-            f"the server lists {identity.models_text} but the config names {model!r}"
-        )
+        warnings.append(f"the server lists {identity.models_text} but the config names {model!r}")
     record = fixed_prompt_call(ctx, stream=stream)
     ctx.run.append("records.jsonl", record.to_json())
     identity = replace(
