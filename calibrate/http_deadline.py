@@ -31,6 +31,11 @@ class _DeadlineLines:
         self._fp = fp
         self._sock = sock
         self._deadline = deadline
+        # urllib3 set the socket's timeout to the time left just now; it is lowered as time
+        # passes, once it is ahead of the time left by more than the slack (a syscall saved per
+        # header line of an answer that arrives at once, as almost every answer does)
+        self._timeout = sock.gettimeout() or 0.0
+        self._slack = 0.05 * max(0.0, deadline - time.monotonic())
 
     def readline(self, limit: int = -1) -> bytes:
         parts: list[bytes] = []
@@ -39,7 +44,9 @@ class _DeadlineLines:
             left = self._deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError("the headers did not arrive within the request's deadline")
-            self._sock.settimeout(left)
+            if not 0 < self._timeout <= left + self._slack:
+                self._sock.settimeout(left)
+                self._timeout = left
             ahead = self._fp.peek(1)  # buffered bytes, or one socket read when none are
             if not ahead:
                 break
