@@ -4,8 +4,8 @@ Every shape a server may get wrong is checked here (choices a non-empty list of 
 ``message``/``delta`` an object, ``content``/``text`` a string or null, ``finish_reason`` a string
 or null, ``index`` and usage counts integers in range: never negative, never so large that a rate
 computed from them overflows); anything else is ``invalid_response`` with a short message saying
-what was wrong — never a TypeError further down. Texts are made valid Unicode
-here too: a lone surrogate (JSON ``"\\ud800"``) becomes U+FFFD, so every writer can encode it.
+what was wrong — never a TypeError further down. Texts are made valid Unicode here too: a lone
+surrogate (JSON ``"\\ud800"``) becomes U+FFFD, so every writer can encode it.
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ def _wrong(what: str, value: object, expected: str) -> RequestError:
 def in_range(value: object, low: int, high: int) -> int | None:
     """``value`` when it is an integer in ``[low, high]``, else None (a server's number that
     would overflow a float, or is negative, or is a boolean, is no count)."""
-    return value if _is_int(value) and low <= value <= high else None  # type: ignore[operator,return-value]
+    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+        return value
+    return None
 
 
 def parse_usage(value: object) -> Usage | None:
