@@ -3,9 +3,10 @@
 One pooled HTTP transport, and every failure mapped once, here, to an error kind of SPEC §5.5
 (raised as ``RequestError``). Three promises are kept at this edge:
 
-- a total deadline per request: ``timeout_s`` bounds connect, send and every read, streams
-  included (bodies are read in pieces with the socket timeout set to the time left, so a server
-  that drips a byte a second or streams only keep-alive comments is cut at ``timeout_s``);
+- a total deadline per request: ``timeout_s`` bounds connect, send and every read, the status
+  line and headers included (``calibrate.http_deadline``) and streams too (bodies are read in
+  pieces with the socket timeout set to the time left, so a server that drips a byte a second,
+  its headers or its body, or streams only keep-alive comments is cut at ``timeout_s``);
 - a size cap: an answer over ``max_response_mib`` is ``invalid_response``, never buffered whole;
 - secrets stay here: the key (or the base URL's userinfo, sent as Basic auth) goes only to the
   target's own origin, and every server-provided text is scrubbed of them before it is raised.
@@ -38,32 +39,38 @@ from urllib3.exceptions import (
 
 from calibrate.bodies import BodyReader
 from calibrate.error_kinds import (
+    check_descriptors,
     connection_error,
     http_error,
     invalid,
+    redirect_error,
     request_error,
 )
 from calibrate.errors import RequestError
+from calibrate.http_deadline import deadline_pool
 from calibrate.records import Choice, Completion, ModelInfo, SamplingParams, Usage
 from calibrate.redact import Scrubber, split_userinfo
 from calibrate.request_times import RequestTimes
-from calibrate.responses import parse_chunk, parse_completion, sse_events, valid_text
+from calibrate.responses import in_range, parse_chunk, parse_completion, sse_events, valid_text
 from calibrate.stream_timing import stream_timing
 
 Clock = Callable[[], float]
 
 MIB = 1024 * 1024
 ERROR_BODY_BYTES = 65536  # of an error answer, this much is kept
+MAX_MODELS_KEPT = 32  # of GET /v1/models, this many are kept (the rest counted)
+MAX_ID_CHARS = 512  # of a model's id or root
+MAX_MODEL_LEN = 2**31 - 1  # a context length past this is no length (ignored, as when absent)
 MAX_POOL_SIZE = 1024  # urllib3 pre-fills a queue of maxsize slots; block=False grows past it
 
 
 def origin(url: str) -> tuple[str, str, int | None]:
     """scheme, host, port: where a key may be sent."""
-    parts = urlsplit(url)
     try:
+        parts = urlsplit(url)
         port = parts.port
-    except ValueError:  # not a number: config reports it; here it only must not match
-        port = -1
+    except ValueError:  # "[::1" or not a number: config reports it; here it must not match
+        return "", "", -1
     port = port or {"http": 80, "https": 443}.get(parts.scheme.lower())
     return parts.scheme.lower(), (parts.hostname or "").lower(), port
 
@@ -95,7 +102,7 @@ class OpenAIClient:
         # block=False: a caller with more threads than max_connections gets extra connections
         # instead of a thread parked on the pool (a stall that would look like server latency).
         # The cap: urllib3 fills its queue with maxsize placeholders up front.
-        self._pool = pool or urllib3.PoolManager(
+        self._pool = pool or deadline_pool(
             num_pools=4,
             maxsize=min(max(max_connections, 4), MAX_POOL_SIZE),
             block=False,
@@ -195,8 +202,14 @@ class OpenAIClient:
         except RequestError as exc:
             raise self._scrubbed(exc) from exc.__cause__
 
-    def models(self) -> tuple[ModelInfo, ...]:
-        """``GET /v1/models``."""
+    def models(self, keep: str | None = None) -> tuple[ModelInfo, ...]:
+        """``GET /v1/models``: at most ``MAX_MODELS_KEPT`` of them (see ``model_list``)."""
+        return self.model_list(keep)[0]
+
+    def model_list(self, keep: str | None = None) -> tuple[tuple[ModelInfo, ...], int]:
+        """``GET /v1/models``: the first ``MAX_MODELS_KEPT`` models listed (``keep`` among them
+        whenever it is listed at all), and how many more the server listed — a proxy listing
+        300,000 models must not become a 16 MB warning or a ledger line per stage."""
         url = self.base_url + "/models"
         try:
             deadline = self._clock() + self.timeout_s
@@ -208,18 +221,28 @@ class OpenAIClient:
         if not isinstance(data, list):
             raise invalid("GET /models answered without a 'data' list")
         out: list[ModelInfo] = []
+        more = 0
+        kept = False  # ``keep`` is among ``out``
         for item in data:
-            if isinstance(item, dict) and isinstance(item.get("id"), str):
-                root = item.get("root")
-                max_len = item.get("max_model_len")
-                out.append(
-                    ModelInfo(
-                        id=valid_text(item["id"]),
-                        root=valid_text(root) if isinstance(root, str) else None,
-                        max_model_len=max_len if isinstance(max_len, int) else None,
-                    )
+            if not (isinstance(item, dict) and isinstance(item.get("id"), str)):
+                continue
+            name: str = item["id"]
+            wanted = name == keep and not kept
+            if len(out) >= MAX_MODELS_KEPT:
+                more += 1
+                if not wanted:
+                    continue
+                out.pop()  # ``keep`` takes the last place
+            kept = kept or wanted
+            root = item.get("root")
+            out.append(
+                ModelInfo(
+                    id=valid_text(name if wanted else name[:MAX_ID_CHARS]),
+                    root=valid_text(root[:MAX_ID_CHARS]) if isinstance(root, str) else None,
+                    max_model_len=in_range(item.get("max_model_len"), 1, MAX_MODEL_LEN),
                 )
-        return tuple(out)
+            )
+        return tuple(out), more
 
     def get_text(self, url_or_path: str, *, timeout_s: float = 5.0) -> str:
         """GET a plain-text resource: a path under the server root (``/metrics``) or a URL.
@@ -228,6 +251,7 @@ class OpenAIClient:
         """
         url = url_or_path if "://" in url_or_path else self.server_root + url_or_path
         headers = self._headers if origin(url) == self.origin else self._foreign_headers
+        timeout_s = min(timeout_s, self.timeout_s)  # a probe never outwaits timeout_s
         deadline = self._clock() + timeout_s
         try:
             response = self._send("GET", url, deadline, headers=headers, timeout_s=timeout_s)
@@ -270,6 +294,7 @@ class OpenAIClient:
                 retries=False,
             )
         except NewConnectionError as exc:  # a subclass of ConnectTimeoutError: test it first
+            check_descriptors(exc)
             raise connection_error(url, exc) from exc
         except ConnectTimeoutError as exc:
             raise request_error(
@@ -278,9 +303,13 @@ class OpenAIClient:
         except ReadTimeoutError as exc:
             raise request_error("timeout", f"no answer from {url} within {total:g} s", exc) from exc
         except (ProtocolError, OSError) as exc:
+            check_descriptors(exc)
             raise connection_error(url, exc) from exc
         except HTTPError as exc:
             raise request_error("connect", f"request to {url} failed: {exc}", exc) from exc
+        if 300 <= response.status < 400:  # never followed: a key would go wherever it points
+            _finish(response, complete=False)
+            raise RequestError(redirect_error(response.status, url, response.headers))
         if response.status >= 400:
             complete = False
             try:

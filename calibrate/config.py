@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
+from urllib3.exceptions import LocationParseError
+from urllib3.util import parse_url
+
 from calibrate.errors import ConfigError, UsageError
 from calibrate.redact import redact_url
 from calibrate.workload import (
@@ -289,15 +292,27 @@ def normalise_base_url(url: str) -> str:
             f"base_url {_shown_url(url)!r} is not an http(s) URL",
             "Give one like http://127.0.0.1:8000/v1 (--base-url or [target].base_url).",
         )
-    parts = urlsplit(url)
+    bad_host = ConfigError(
+        f"base_url {_shown_url(url)!r} has no valid host (an IPv6 address goes in brackets, "
+        f"as in http://[::1]:8000/v1) {where}"
+    )
+    try:
+        parts = urlsplit(url)  # "http://[::1/v1": ValueError (Invalid IPv6 URL)
+        hostname = parts.hostname  # "[zz]": ValueError (not an IP address)
+    except ValueError:
+        raise bad_host from None
     try:
         port = parts.port
     except ValueError:
         port = -1
     if port is not None and not 1 <= port <= 65535:
         raise ConfigError(f"base_url {_shown_url(url)!r}: the port must be in 1–65535 {where}")
-    if not parts.hostname:
+    if not hostname:
         raise ConfigError(f"base_url {_shown_url(url)!r} has no host {where}")
+    try:
+        parse_url(url)  # what the client will send to: "[::1]x:80" passes urlsplit, not this
+    except LocationParseError:
+        raise bad_host from None
     if parts.query or parts.fragment or url.endswith(("?", "#")):
         raise ConfigError(
             f"base_url {_shown_url(url)!r} has a query string or fragment {where}",
@@ -354,6 +369,11 @@ def _apply_file(cfg: Config, path: Path) -> Config:
         raise ConfigError(
             f"{path} is not valid TOML: {exc}", "Fix the file and run again."
         ) from exc
+    except RecursionError:  # a = [[[[…: the parser recurses once per level
+        raise ConfigError(
+            f"{path} is not valid TOML: arrays or tables nested too deeply to read",
+            "Fix the file and run again.",
+        ) from None
     sections: dict[str, Any] = {}
     for name, value in data.items():
         section_type = SECTIONS.get(name)
@@ -450,6 +470,17 @@ MAX_GAIN_MIN = 10.0
 MIN_SAMPLE_INTERVAL_S, MAX_SAMPLE_INTERVAL_S = 0.001, 60.0
 
 
+def _rising(name: str, values: tuple[int, ...]) -> str:
+    """Steps are climbed in order and the last passing one is the largest: ``[8, 4, 2, 2]``
+    would report batch 4 although 8 passed. Refused (not silently sorted), saying what to write."""
+    steps = list(values)
+    if steps == sorted(set(steps)):
+        return ""
+    if len(steps) > 16:
+        return f"{name} must rise, each value once (got {len(steps)} values out of order)"
+    return f"{name} must rise, each value once: got {steps}, write {sorted(set(steps))}"
+
+
 def _between(name: str, value: float, low: float, high: float, *, low_open: bool = False) -> str:
     """A problem text when ``value`` is NaN/inf or outside [low, high] ((low, high] if open)."""
     if not math.isfinite(value) or value > high or value < low or (low_open and value == low):
@@ -494,6 +525,8 @@ def _check_ranges(section: Any, name: str, path: Path) -> None:
     if isinstance(section, LadderConfig):
         if any(not 1 <= b <= MAX_BATCH_SIZE for b in section.batch_sizes):
             problems.append(f"batch_sizes must all be in [1, {MAX_BATCH_SIZE}]")
+        else:
+            problems.append(_rising("batch_sizes", section.batch_sizes))
         problems.append(_between("rounds", section.rounds, 1, MAX_ROUNDS))
         problems.append(_between("vram_limit", section.vram_limit, 0, 1, low_open=True))
         problems.append(_between("latency_rise", section.latency_rise, 1, MAX_LATENCY_RISE))
@@ -510,6 +543,8 @@ def _check_ranges(section: Any, name: str, path: Path) -> None:
     if isinstance(section, SweepConfig):
         if any(not 1 <= c <= MAX_CONCURRENCY for c in section.concurrency):
             problems.append(f"concurrency levels must all be in [1, {MAX_CONCURRENCY}]")
+        else:
+            problems.append(_rising("concurrency", section.concurrency))
         problems.append(_between("level_s", section.level_s, 0, MAX_TIMEOUT_S))
         problems.append(_between("repeats", section.repeats, 1, MAX_REPEATS))
         problems.append(_between("max_repeats", section.max_repeats, 1, MAX_REPEATS))

@@ -35,6 +35,10 @@ QUEUE_METRICS = (
 )
 
 
+MAX_QUEUE = 1e9  # requests waiting; past it (or negative) a gauge says nothing
+MAX_DEVICE_MIB = 1 << 30  # 1 PiB of memory on one device: past it (or negative), no reading
+
+
 class Gauge(NamedTuple):
     metric: str
     value: float
@@ -55,7 +59,7 @@ def kv_usage(scrape: Scrape, *, percent_metrics: Collection[str] = ()) -> KvUsag
     """
     for name in KV_METRICS:
         raw = max_value(scrape, name)
-        if raw is None:
+        if raw is None or not 0.0 <= raw <= 100.0:  # neither a fraction nor a percentage: ignored
             continue
         percent = name in percent_metrics or raw > 1.0
         usage = raw / 100 if percent else raw
@@ -68,8 +72,8 @@ def queue_depth(scrape: Scrape) -> Gauge | None:
     label sets."""
     for name in QUEUE_METRICS:
         value = max_value(scrape, name)
-        if value is not None:
-            return Gauge(name, max(0.0, value))
+        if value is not None and 0.0 <= value <= MAX_QUEUE:  # negative or huge: ignored
+            return Gauge(name, value)
     return None
 
 
@@ -85,8 +89,23 @@ def _paired(used: list[Series], other: list[Series]) -> list[tuple[Series, Serie
     return [(s, by_labels.get(tuple(sorted(s.labels)))) for s in used]
 
 
+def _plausible(devices: tuple[DeviceMemory, ...]) -> bool:
+    """Every figure a size in [0, MAX_DEVICE_MIB] MiB."""
+    for device in devices:
+        sizes = (device.used_mib, device.total_mib if device.total_mib is not None else 0.0)
+        if not all(0.0 <= size <= MAX_DEVICE_MIB for size in sizes):
+            return False
+    return True
+
+
 def device_memory(scrape: Scrape) -> tuple[str, tuple[DeviceMemory, ...]] | None:
-    """(metric, per-device memory) from the mock's simulated VRAM or a DCGM exporter."""
+    """(metric, per-device memory) from the mock's simulated VRAM or a DCGM exporter; None also
+    when a figure is negative or past any device's size (a broken exporter measures nothing)."""
+    found = _device_memory(scrape)
+    return found if found is None or _plausible(found[1]) else None
+
+
+def _device_memory(scrape: Scrape) -> tuple[str, tuple[DeviceMemory, ...]] | None:
     if "mock_vram_used_bytes" in scrape:
         pairs = _paired(scrape["mock_vram_used_bytes"], scrape.get("mock_vram_total_bytes", []))
         devices = tuple(

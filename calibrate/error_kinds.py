@@ -9,13 +9,81 @@ error body has: ``{"error": {"message"}}`` (OpenAI, vLLM's ``{"message"}``), or 
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import re
 from typing import Any
 
-from calibrate.errors import ErrorInfo, ErrorKind, RequestError
+from calibrate.errors import CalibrateError, ErrorInfo, ErrorKind, RequestError
 
+MAX_RETRY_AFTER_S = 3600.0  # a longer hint is read as an hour (the retry policy caps it lower)
 _OOM = re.compile(r"out of memory|CUDA OOM|OutOfMemory|\bOOM\b", re.IGNORECASE)
+
+
+class OutOfDescriptors(CalibrateError):
+    """calibrate itself ran out of file descriptors (EMFILE/ENFILE): no server's fault, and no
+    item's — the run stops with one message instead of recording an outage."""
+
+
+_DESCRIPTOR_ERRNOS = (errno.EMFILE, errno.ENFILE)
+DESCRIPTORS_MESSAGE = (
+    "calibrate ran out of file descriptors (too many open files): each request in flight "
+    "holds a connection"
+)
+DESCRIPTORS_HINT = "Raise the limit (ulimit -n 65536) or lower the concurrency (-c), then rerun."
+
+
+def _out_of_descriptors(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(8):  # urllib3 wraps the OSError once or twice
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and seen.errno in _DESCRIPTOR_ERRNOS:
+            return True
+        if "Too many open files" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def check_descriptors(exc: BaseException) -> None:
+    """Raise ``OutOfDescriptors`` when ``exc`` (or what caused it) is EMFILE or ENFILE."""
+    if _out_of_descriptors(exc):
+        raise OutOfDescriptors(DESCRIPTORS_MESSAGE, DESCRIPTORS_HINT) from exc
+
+
+def redirect_error(status: int, url: str, headers: Any) -> ErrorInfo:
+    """A 3xx: never followed (the key would go wherever it points), never retried."""
+    where = headers.get("Location") or "nowhere (no Location header)"
+    return ErrorInfo(
+        "http_4xx",
+        f"HTTP {status}: {url} redirects to {shorten(where)}; set base_url to the address the "
+        "server answers on (calibrate does not follow redirects)",
+        status,
+    )
+
+
+CONTEXT_LENGTH = re.compile(  # vLLM, SGLang, llama.cpp, TGI, LMDeploy, OpenAI wordings
+    r"context length|context size|context window|too many tokens|prompt is too long|"
+    r"input is too long|max_model_len|max_new_tokens`? must be|exceed_context_size",
+    re.IGNORECASE,
+)
+UNKNOWN_MODEL = re.compile(
+    r"model .{0,80}(?:does not exist|not found|not served|unknown|is not available)|"
+    r"(?:unknown|invalid|no such) model|model_not_found",
+    re.IGNORECASE,
+)
+
+
+def refusal_cause(info: ErrorInfo) -> str | None:
+    """What a 4xx's text says was wrong: ``context_length``, ``unknown_model`` or None."""
+    text = f"{info.message} {info.body or ''}"
+    if CONTEXT_LENGTH.search(text):
+        return "context_length"
+    if UNKNOWN_MODEL.search(text):
+        return "unknown_model"
+    return None
 
 
 def request_error(kind: ErrorKind, message: str, exc: BaseException | None) -> RequestError:
@@ -88,6 +156,9 @@ def retry_after_s(value: str | None) -> float | None:
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
         return None
+    if not 0.0 <= seconds < math.inf:  # "inf", "nan", negative: no hint to follow
+        return None
+    return min(seconds, MAX_RETRY_AFTER_S)

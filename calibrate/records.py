@@ -170,16 +170,24 @@ class ServerIdentity:
     models: tuple[ModelInfo, ...] = ()
     served_model: str | None = None
     system_fingerprint: str | None = None
+    more_models: int = 0  # listed by the server beyond ``models`` (kept to a few: the client)
 
     @property
     def model_ids(self) -> tuple[str, ...]:
         return tuple(m.id for m in self.models)
+
+    @property
+    def models_text(self) -> str:
+        """``a, b, c`` — and how many more, when the list was cut."""
+        text = ", ".join(self.model_ids)
+        return f"{text} (and {self.more_models:,} more)" if self.more_models else text
 
     def to_json(self) -> dict[str, Any]:
         return {
             "models": [
                 {"id": m.id, "root": m.root, "max_model_len": m.max_model_len} for m in self.models
             ],
+            **({"more_models": self.more_models} if self.more_models else {}),
             "served_model": self.served_model,
             "system_fingerprint": self.system_fingerprint,
         }

@@ -2,9 +2,10 @@
 
 Every shape a server may get wrong is checked here (choices a non-empty list of objects,
 ``message``/``delta`` an object, ``content``/``text`` a string or null, ``finish_reason`` a string
-or null, ``index`` and usage counts integers); anything else is ``invalid_response`` with a short
-message saying what was wrong — never a TypeError further down. Texts are made valid Unicode
-here too: a lone surrogate (JSON ``"\\ud800"``) becomes U+FFFD, so every writer can encode it.
+or null, ``index`` and usage counts integers in range: never negative, never so large that a rate
+computed from them overflows); anything else is ``invalid_response`` with a short message saying
+what was wrong — never a TypeError further down. Texts are made valid Unicode here too: a lone
+surrogate (JSON ``"\\ud800"``) becomes U+FFFD, so every writer can encode it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from calibrate.records import Choice, Completion, Usage
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
+MAX_TOKENS = 10**9  # no answer counts more tokens than this; a bigger count is a broken server
+MAX_INDEX = 2**31 - 1  # a choice's index
 
 
 def valid_text(text: str) -> str:
@@ -65,8 +68,17 @@ def _wrong(what: str, value: object, expected: str) -> RequestError:
     return invalid(f"{what} is {_describe(value)}, not {expected}")
 
 
+def in_range(value: object, low: int, high: int) -> int | None:
+    """``value`` when it is an integer in ``[low, high]``, else None (a server's number that
+    would overflow a float, or is negative, or is a boolean, is no count)."""
+    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+        return value
+    return None
+
+
 def parse_usage(value: object) -> Usage | None:
-    """The usage object (absent or null → None); a count that is not an integer is invalid."""
+    """The usage object (absent or null → None); a count that is not an integer in
+    [0, MAX_TOKENS] is invalid (10**330 would overflow every rate computed from it)."""
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -75,6 +87,11 @@ def parse_usage(value: object) -> Usage | None:
         count = value.get(name)
         if count is not None and not _is_int(count):
             raise _wrong(f"usage.{name}", count, "an integer")
+        if count is not None and in_range(count, 0, MAX_TOKENS) is None:
+            shown = (
+                str(count) if len(str(count)) <= 24 else f"an integer of {len(str(count))} digits"
+            )
+            raise invalid(f"usage.{name} is {shown}, not a token count in [0, {MAX_TOKENS:.0e}]")
     return Usage.from_json(value)
 
 
@@ -94,6 +111,8 @@ def parse_choice(raw: object, position: int, *, chat: bool, delta: bool) -> Delt
     index = raw.get("index", position)
     if type(index) is not int:
         raise _wrong(f"choices[{position}].index", index, "an integer")
+    if not 0 <= index <= MAX_INDEX:
+        raise invalid(f"choices[{position}].index is out of range (negative or huge)")
     if chat:
         key = "delta" if delta else "message"
         holder = raw.get(key)

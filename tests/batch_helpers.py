@@ -70,8 +70,11 @@ def wait_for_lines(path: Path, n: int, proc: subprocess.Popen[str], timeout_s: f
 class Reply:
     """What the hostile server does with one request: a status and raw body, or a dropped line."""
 
-    def __init__(self, body: bytes = b"", status: int = 200, *, drop: bool = False) -> None:
+    def __init__(
+        self, body: bytes = b"", status: int = 200, *, drop: bool = False, header_drip_s: float = 0
+    ) -> None:
         self.body, self.status, self.drop = body, status, drop
+        self.header_drip_s = header_drip_s  # > 0: the status line and headers a byte at a time
 
 
 def completion(content: str | None, finish_reason: str = "stop") -> Reply:
@@ -120,11 +123,30 @@ class HostileServer:
                 if reply.drop:
                     self.connection.shutdown(2)  # the line drops mid-request: a reset
                     return
+                if reply.header_drip_s:
+                    self._drip_headers(reply)
+                    return
                 self.send_response(reply.status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(reply.body)))
                 self.end_headers()
                 self.wfile.write(reply.body)
+
+            def _drip_headers(self, reply: Reply) -> None:
+                import time
+
+                head = (
+                    f"HTTP/1.0 {reply.status} OK\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(reply.body)}\r\n\r\n"
+                ).encode()
+                try:
+                    for byte in head:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(reply.header_drip_s)
+                    self.wfile.write(reply.body)
+                except OSError:  # the client gave up at its deadline
+                    self.close_connection = True
 
         self.reply = reply
         self.lock = threading.Lock()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,13 @@ def _tasks(path: Path, markers: list[str]) -> Path:
         for i, marker in enumerate(markers):
             handle.write(json.dumps({"id": f"t{i}", "text": f"{marker} item {i}"}) + "\n")
     return path
+
+
+def _timeout(root: Path, seconds: float) -> None:
+    path = root / "calibrate.toml"
+    path.write_text(
+        path.read_text("utf-8").replace("timeout_s = 30", f"timeout_s = {seconds}"), "utf-8"
+    )
 
 
 def _last_ledger(isolated: Path) -> dict[str, Any]:
@@ -214,7 +222,16 @@ FUZZ_KINDS = (
     "length",
     "json-nan",
     "deep-body",
+    "slow-headers",
+    "huge-usage",
+    "negative-usage",
+    "huge-index",
 )
+GOOD_CHOICE = '[{"index":0,"message":{"content":"{}"},"finish_reason":"stop"}]'
+
+
+def _with_usage(usage: str, choices: str = GOOD_CHOICE) -> Reply:
+    return Reply(f'{{"model":"internlm-s2","choices":{choices},"usage":{usage}}}'.encode())
 
 
 def fuzz_reply(rng: random.Random, lock: Any) -> Any:
@@ -243,6 +260,14 @@ def fuzz_reply(rng: random.Random, lock: Any) -> Any:
             ),
             "length": completion("{", "length"),
             "json-nan": completion("[NaN, Infinity]"),
+            # the status line and headers a byte every 0.2 s: cut at timeout_s, a timeout
+            "slow-headers": Reply(completion('{"summary": "fine"}').body, header_drip_s=0.2),
+            "huge-usage": _with_usage('{"prompt_tokens":3,"completion_tokens":1' + "0" * 330 + "}"),
+            "negative-usage": _with_usage('{"prompt_tokens":3,"completion_tokens":-8768}'),
+            "huge-index": _with_usage(
+                '{"prompt_tokens":3,"completion_tokens":2}',
+                '[{"index":1' + "0" * 40 + ',"message":{"content":"{}"},"finish_reason":"stop"}]',
+            ),
         }[kind]
 
     return reply
@@ -271,8 +296,16 @@ def test_fuzz_every_item_ends_ok_or_failed_and_the_exit_code_matches(cli, isolat
     )
     with HostileServer(fuzz_reply(random.Random(1234), threading.Lock())) as server:
         write_config(isolated / "calibrate.toml", server.base_url)
+        _timeout(isolated, 2)
+        start = time.monotonic()
         first = cli(*args)
+        elapsed = time.monotonic() - start
     rows = assert_valid_jsonl(out)
+    # every attempt's kind: the last one's, and the retried ones' (a slow header is retried)
+    kinds = Counter(r["error"]["kind"] for r in rows if not r["ok"])
+    kinds.update(kind for r in rows for kind in r.get("retried", ()))
+    assert kinds["timeout"] > 0 and kinds["invalid_response"] > 0, kinds  # slow headers, huge
+    assert elapsed < 60  # slow headers are cut at timeout_s, not after their drip's 16 s
     assert Counter(r["id"] for r in rows) == Counter(f"t{i}" for i in range(200))
     ok = sum(r["ok"] for r in rows)
     assert first.json["done"] == ok and first.json["failed"] == 200 - ok

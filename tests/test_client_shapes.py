@@ -29,12 +29,12 @@ def test_single_reports_every_wrong_shape_as_invalid_response(
     flags = ["--stream"] if stream else []
     with start_mock(**FAST, malformed_rate=1.0, seed=3) as mock:
         write_config(isolated / "calibrate.toml", mock.base_url)
-        results = [cli("single", *flags) for _ in range(12)]  # the seed cycles all five shapes
+        results = [cli("single", *flags) for _ in range(20)]  # the seed cycles all seven shapes
     for result in results:
         assert result.code == 1, result.err
         assert "invalid_response" in result.err and "Traceback" not in result.err
     records = _records(isolated)
-    assert len(records) == 12
+    assert len(records) == 20
     assert {r["error"]["kind"] for r in records} == {"invalid_response"}
     messages = " | ".join(r["error"]["message"] for r in records)
     for what in (
@@ -43,6 +43,8 @@ def test_single_reports_every_wrong_shape_as_invalid_response(
         "is a string, not an object",
         "content is an integer, not a string or null",
         "no choices",
+        "usage.completion_tokens is an integer of 331 digits",
+        "usage.prompt_tokens is -7",
     ):
         assert what in messages.replace("no 'choices'", "no choices")
 

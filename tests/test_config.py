@@ -164,3 +164,73 @@ def test_sizes_from_flags_are_bounded(cli, isolated: Path) -> None:
     assert cli("rollback", "--wait", "nan").code == 2
     assert cli("ladder", "--force", "--tolerance", "inf").code == 2
     assert not (isolated / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("[ladder]\nbatch_sizes = [8, 4, 2, 2]\n", "write [2, 4, 8]"),
+        ("[ladder]\nbatch_sizes = [1, 2, 2, 4]\n", "write [1, 2, 4]"),
+        ("[ladder]\nbatch_sizes = [4, 1]\n", "write [1, 4]"),
+        ("[sweep]\nconcurrency = [1, 8, 4]\n", "write [1, 4, 8]"),
+        ("[sweep]\nconcurrency = [2, 2]\n", "write [2]"),
+    ],
+)
+def test_steps_out_of_order_or_twice_exit_2_saying_what_to_write(
+    cli, isolated: Path, text: str, needle: str
+) -> None:
+    (isolated / "calibrate.toml").write_text(text, encoding="utf-8")
+    result = cli("status")
+    assert result.code == 2, result.err
+    assert "must rise, each value once" in result.err and needle in result.err
+    assert "Traceback" not in result.err
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[::1/v1",
+        "http://[/v1",
+        "http://]/v1",
+        "http://[zz]:8000/v1",
+        "http://[::1]x:80/v1",
+        "http://[::1]]/v1",
+        "http://a b:8000/v1",
+    ],
+)
+def test_a_malformed_host_is_a_config_error(cli, isolated: Path, url: str) -> None:
+    for source in ("file", "flag"):
+        if source == "file":
+            (isolated / "calibrate.toml").write_text(
+                f'[target]\nbase_url = "{url}"\n', encoding="utf-8"
+            )
+            result = cli("single")
+        else:
+            (isolated / "calibrate.toml").unlink(missing_ok=True)
+            result = cli("single", "--base-url", url)
+        assert result.code == 2, result.err
+        assert "no valid host" in result.err and "[::1]:8000" in result.err
+        assert "Traceback" not in result.err
+
+
+def test_an_ipv6_host_in_brackets_is_fine() -> None:
+    from calibrate.config import normalise_base_url
+
+    assert normalise_base_url("http://[::1]:8000") == "http://[::1]:8000/v1"
+    assert normalise_base_url("http://[fe80::1%25eth0]:80/v1") == "http://[fe80::1%25eth0]:80/v1"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[ladder]\nbatch_sizes = " + "[" * 100_000 + "]" * 100_000 + "\n",
+        "a = " + "{ b = " * 20_000 + "1" + " }" * 20_000 + "\n",
+        "[target]\nbase_url = " + "[" * 5000 + "\n",
+    ],
+    ids=["array", "inline-table", "unclosed"],
+)
+def test_deeply_nested_toml_is_a_config_error(cli, isolated: Path, text: str) -> None:
+    (isolated / "calibrate.toml").write_text(text, encoding="utf-8")
+    result = cli("status")
+    assert result.code == 2, result.err
+    assert "not valid TOML" in result.err and "Traceback" not in result.err

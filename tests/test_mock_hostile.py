@@ -3,6 +3,7 @@ keep-alive-only streams, huge bodies — each deterministic, each over real HTTP
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import time
@@ -24,6 +25,8 @@ def _shape(reply: dict[str, Any]) -> str:
     """Which wrong shape a reply has (the mock's names)."""
     if "choices" not in reply:
         return "no-choices"
+    if "usage" in reply:
+        return "huge-usage" if reply["usage"]["completion_tokens"] > 0 else "negative-usage"
     (choice,) = reply["choices"]
     if choice is None:
         return "choices-null"
@@ -50,6 +53,8 @@ def test_malformed_rate_sends_every_wrong_shape_reproducibly() -> None:
         "choices-number",
         "message-string",
         "content-number",
+        "huge-usage",
+        "negative-usage",
     }
     assert _shapes(seed=3) == first  # same seed, same sequence
     with start_mock(**FAST, malformed_rate=0.3, seed=1) as mock:
@@ -180,3 +185,196 @@ def test_hostile_flags_are_documented(capsys: pytest.CaptureFixture[str]) -> Non
         "--huge-mib",
     ):
         assert flag in text
+
+
+# -- the mock against hostile clients (issue 23): bad flags, malformed requests, slowloris ----
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--per-token", "inf"], "--per-token inf"),
+        (["--ttft", "nan"], "--ttft nan"),
+        (["--drip-s", "inf"], "--drip-s inf"),
+        (["--slow-s=-inf"], "--slow-s -inf"),
+        (["--keepalive-limit-s", "inf"], "--keepalive-limit-s inf"),
+        (["--retry-after", "nan"], "--retry-after nan"),
+        (["--port", "70000"], "--port 70000"),
+        (["--port=-1"], "--port -1"),
+    ],
+)
+def test_mock_flags_out_of_range_exit_2_with_a_message(
+    cli: Any, flags: list[str], says: str
+) -> None:
+    result = cli("mock", *flags)
+    assert result.code == 2, result.err
+    assert says in result.err and "Traceback" not in result.err
+
+
+def _raw(port: int, request: bytes, timeout_s: float = 5.0) -> bytes:
+    """Send ``request`` as is; the answer's bytes until the server closes or goes quiet."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(request)
+        parts = []
+        with contextlib.suppress(TimeoutError):
+            while piece := sock.recv(65536):
+                parts.append(piece)
+                if b"\r\n\r\n" in b"".join(parts) and _complete(b"".join(parts)):
+                    break
+    return b"".join(parts)
+
+
+def _complete(data: bytes) -> bool:
+    head, _, body = data.partition(b"\r\n\r\n")
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return len(body) >= int(line.split(b":", 1)[1])
+    return False
+
+
+def _post(body: bytes, length: str | None = None) -> bytes:
+    size = str(len(body)) if length is None else length
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {size}\r\n\r\n".encode()
+        + body
+    )
+
+
+LONE = b'{"model": "internlm-s2", "messages": [{"role": "user", "content": "a \\ud800 b"}]}'
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "says"),
+    [
+        (_post(b"[" * 100_000), b"nested too deeply"),
+        (_post(b'{"a": ' * 50_000 + b"1" + b"}" * 50_000), b"nested too deeply"),
+        (_post(LONE), b"lone surrogate"),
+        (_post(b"{}", "abc"), b"Content-Length"),
+        (_post(b"{}", "-1"), b"Content-Length"),
+        (_post(b"{}", "1e3"), b"Content-Length"),
+        (_post(b"{}", str(2**70)), b"Content-Length"),
+    ],
+    ids=[
+        "nested-array",
+        "nested-object",
+        "lone-surrogate",
+        "cl-abc",
+        "cl-minus-1",
+        "cl-float",
+        "cl-huge",
+    ],
+)
+def test_a_malformed_request_is_answered_400(request_bytes: bytes, says: bytes) -> None:
+    with start_mock(**FAST) as mock:
+        start = time.monotonic()
+        answer = _raw(mock.port, request_bytes)
+        elapsed = time.monotonic() - start
+        after = requests.post(f"{mock.base_url}/chat/completions", json=CHAT, timeout=5)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert says in answer and elapsed < 3
+    assert after.status_code == 200  # and it goes on serving
+
+
+def test_a_valid_surrogate_pair_is_still_answered() -> None:
+    pair = b'{"model": "internlm-s2", "messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}'
+    with start_mock(**FAST) as mock:
+        answer = _raw(mock.port, _post(pair))
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
+def _slowloris(port: int, n: int) -> list[socket.socket]:
+    socks = []
+    for _ in range(n):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        socks.append(sock)
+    return socks
+
+
+def test_thousands_of_slowloris_connections_do_not_stall_the_mock() -> None:
+    from calibrate.mock.http import BackgroundServer
+    from calibrate.mock.settings import MockSettings
+
+    server = BackgroundServer(MockSettings(**FAST), max_connections=200)
+    port = server.server.port
+    socks: list[socket.socket] = []
+    try:
+        socks = _slowloris(port, 2000)
+        start = time.monotonic()
+        resp = requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=CHAT, timeout=10)
+        elapsed = time.monotonic() - start
+        assert resp.status_code == 200 and elapsed < 5
+        assert server.server.open_connections() <= 200
+    finally:
+        for sock in socks:
+            sock.close()
+        server.stop()
+
+
+@pytest.mark.parametrize("drip", [b"", b"X-Slow: a"], ids=["idle", "dripping-headers"])
+def test_a_connection_waiting_too_long_for_its_request_is_closed(drip: bytes) -> None:
+    from calibrate.mock.http import BackgroundServer
+    from calibrate.mock.settings import MockSettings
+
+    server = BackgroundServer(MockSettings(**FAST), waiting_timeout_s=1.0)
+    try:
+        sock = socket.create_connection(("127.0.0.1", server.server.port), timeout=10)
+        start = time.monotonic()
+        closed = False
+        with sock:
+            sock.sendall(b"GET /v1/models HTTP/1.1\r\n" if drip else b"")
+            for byte in drip * 40:
+                try:
+                    sock.sendall(bytes([byte]))
+                except OSError:
+                    closed = True
+                    break
+                time.sleep(0.1)
+            if not closed:
+                try:
+                    closed = sock.recv(1) == b""
+                except OSError:
+                    closed = True
+        elapsed = time.monotonic() - start
+    finally:
+        server.stop()
+    assert closed and elapsed < 3.5
+
+
+@pytest.mark.parametrize("fd_limit", [512, 1024])
+def test_the_mock_process_survives_slowloris_under_its_open_file_limit(fd_limit: int) -> None:
+    """2000 slow clients against a mock allowed ``fd_limit`` open files (a common default):
+    without a bound on connections, accept() would fail for everyone, the real client too."""
+    import os
+    import resource
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
+
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "calibrate", "mock", "--port", "0", "--ttft", "0.001"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(repo)),
+        preexec_fn=limit,
+    )
+    socks: list[socket.socket] = []
+    try:
+        assert proc.stdout is not None
+        base_url = proc.stdout.readline().strip().rsplit(" ", 1)[-1]
+        port = int(base_url.rsplit(":", 1)[1].split("/", 1)[0])
+        socks = _slowloris(port, 2000)
+        resp = requests.post(f"{base_url}/chat/completions", json=CHAT, timeout=10)
+        assert resp.status_code == 200
+    finally:
+        for sock in socks:
+            sock.close()
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()

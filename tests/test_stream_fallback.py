@@ -237,3 +237,18 @@ def test_a_ttft_slo_against_a_server_that_cannot_stream_is_said_to_be_unmeetable
     assert first["verdict"] == "stop: slo", first
     assert result.code == 1 and result.json["passed"] is False
     assert "ttft p99 not measured" in result.err.lower()
+
+
+@pytest.mark.parametrize(
+    "hostile", [{"fail_rate": 1.0}, {"malformed_rate": 1.0}, {"reset_rate": 1.0}]
+)
+def test_every_streamed_request_failing_is_not_called_answered_without_streaming(
+    cli, isolated: Path, hostile: dict[str, Any]
+) -> None:
+    """Every request fails (the probe too: not a refusal of streaming, so the stage streams as
+    asked): nothing was answered, so nothing can be said about how it was answered."""
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, **hostile) as mock:
+        open_gate(isolated, mock.base_url, LADDER)
+        result = cli("ladder")
+    assert result.code == 1, result.err
+    assert "without streaming" not in result.err

@@ -37,6 +37,7 @@ from calibrate.cli.common import (
 from calibrate.cli.export import say_export
 from calibrate.client import OpenAIClient
 from calibrate.config import Config, split_endpoint
+from calibrate.error_kinds import DESCRIPTORS_HINT, OutOfDescriptors
 from calibrate.errors import ExitCode, ServerUnreachable, StageFailed, UsageError
 from calibrate.ledger import Ledger
 from calibrate.selfload import SelfLoadMonitor
@@ -47,7 +48,12 @@ from calibrate.stages.batch import (
     open_batch,
     run_batch,
 )
-from calibrate.stages.batch_endpoints import check_endpoints, endpoints_for
+from calibrate.stages.batch_endpoints import (
+    ServedModelWatch,
+    baseline_served_model,
+    check_endpoints,
+    endpoints_for,
+)
 from calibrate.stages.batch_lanes import Endpoint, Lane, make_lane
 from calibrate.stages.batch_outage import OutageEvent, OutagePolicy
 from calibrate.stages.batch_restart import ManagedRestart
@@ -234,6 +240,11 @@ def _dispatch(
     view = ProgressView(out, plan.to_run, args.progress_s, spec.grace_s, len(endpoints))
     try:
         usable = _usable(ctx, out, endpoints, clients, extra)
+        if len(endpoints) == 1:  # no fixed-prompt check: its answers are held to one model
+            watch = ServedModelWatch(
+                baseline_served_model(ctx), lambda why: control.fail("other_model", why)
+            )
+            control.served = watch.note
         lanes: list[Lane] = [
             make_lane(
                 e, c, outage, restarter=restarter if e is endpoints[0] else None, on_event=on_event
@@ -299,6 +310,13 @@ def _dispatch(
         ) from exc
     render_summary(out, result, spec, checks if spec.sample else [], resume)
     out.result({"passed": passed, "run_id": ctx.run.run_id, "resume_command": resume, **summary})
+    if result.stopped_by == "other_model":
+        raise StageFailed(
+            f"{result.stop_detail}; stopped after {result.ok} ok",
+            f"Check what serves {spec.model!r} there, then resume with: {resume}",
+        )
+    if result.stopped_by == "descriptors":
+        raise OutOfDescriptors(result.stop_detail, f"{DESCRIPTORS_HINT} Resume with: {resume}")
     if result.stopped_by == "outage":
         raise ServerUnreachable(
             f"{result.stop_detail}; {result.ok} done this run, {result.remaining} remaining",

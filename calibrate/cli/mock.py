@@ -25,6 +25,7 @@ example: calibrate mock --kv-capacity-tokens 20000 --on-kv-full preempt --metric
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import threading
 from pathlib import Path
@@ -233,6 +234,17 @@ def settings_from_args(args: argparse.Namespace) -> MockSettings:
     names += ("on_kv_full", "preallocate", "prefix_cache", "step_ms_per_1k_tokens", "jitter")
     names += ("metrics_style", "memory_fraction", "max_memory_fraction", "slot_context")
     values = {name: getattr(args, name) for name in names}
+    timings = {"ttft": args.ttft, "per_token": args.per_token, "retry_after": args.retry_after}
+    for name, value in (*values.items(), *timings.items()):
+        if isinstance(value, float) and not math.isfinite(value):  # inf, nan: no time, no rate
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(
+                f"{flag} {value}: must be a finite number", "See: calibrate mock --help"
+            )
+    if not 0 <= args.port <= 65535:
+        raise UsageError(
+            f"--port {args.port}: must be in 0–65535", "Pick another, or --port 0 for a free one."
+        )
     try:
         return MockSettings(
             models=tuple(args.model or ("internlm-s2",)),
@@ -252,9 +264,10 @@ def run(args: argparse.Namespace) -> int:
     threading.stack_size(THREAD_STACK_BYTES)
     try:
         background = BackgroundServer(settings, args.host, args.port)
-    except OSError as exc:
+    except (OSError, OverflowError) as exc:
+        why = (exc.strerror if isinstance(exc, OSError) else None) or exc
         raise UsageError(
-            f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}",
+            f"cannot listen on {args.host}:{args.port}: {why}",
             "Pick another --port, or --port 0 for a free one.",
         ) from exc
     stop = threading.Event()

@@ -233,7 +233,8 @@ def warn_stream_check(out: Output, check: StreamCheck, slo: SloConfig) -> None:
 
 def warn_if_not_streamed(out: Output, rows: Sequence[Mapping[str, Any]], stream: bool) -> None:
     """Streaming was asked for but no answer came as a stream: the server answered JSON."""
-    answered = [r for r in rows if r.get("items")]
+    # rows with at least one request answered: all failed says nothing about streaming
+    answered = [r for r in rows if (r.get("items") or 0) > (r.get("errors") or 0)]
     if stream and answered and all(r.get("ttft_p50_s") is None for r in answered):
         out.warn(
             "the server answered the streamed requests without streaming (plain JSON): TTFT, "

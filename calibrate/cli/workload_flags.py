@@ -152,7 +152,7 @@ def context_lengths(
 def served_max_model_len(ctx: StageContext) -> int | None:
     """``max_model_len`` of the configured model in ``GET /v1/models`` (vLLM, the mock)."""
     try:
-        models = ctx.client.models()
+        models = ctx.client.models(keep=ctx.config.target.model)
     except RequestError:
         return None
     model = ctx.config.target.model

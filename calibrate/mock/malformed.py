@@ -16,7 +16,10 @@ SHAPES: tuple[str, ...] = (
     "message-string",  # the message (chat) or text (completions) is not what it should be
     "content-number",  # "content": 42 / "text": 42
     "no-choices",  # no "choices" at all
+    "huge-usage",  # a good answer whose usage.completion_tokens is 10**330 (overflows a float)
+    "negative-usage",  # a good answer whose usage counts are negative
 )
+HUGE_COUNT = 10**330
 
 
 def malformed_body(shape: str, req: GenerateRequest, envelope: Json, *, chunk: bool) -> Json:
@@ -29,6 +32,12 @@ def malformed_body(shape: str, req: GenerateRequest, envelope: Json, *, chunk: b
     if shape == "no-choices":
         return dict(envelope)
     choice: Json = {"index": 0, "finish_reason": "stop"}
+    if shape in ("huge-usage", "negative-usage"):
+        good = {"role": "assistant", "content": "An answer."}
+        choice |= {holder: good} if req.kind == "chat" else {"text": "An answer."}
+        counts = (7, HUGE_COUNT) if shape == "huge-usage" else (-7, -8768)
+        usage = {"prompt_tokens": counts[0], "completion_tokens": counts[1], "total_tokens": 0}
+        return envelope | {"choices": [choice], "usage": usage}
     if shape == "message-string":
         wrong: object = "a plain string"
         choice |= {holder: wrong} if req.kind == "chat" else {"text": ["a", "list"]}

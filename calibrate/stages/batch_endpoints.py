@@ -8,7 +8,8 @@ naming it); one that does not answer is benched and the others do its share.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from calibrate.client import OpenAIClient
@@ -110,3 +111,43 @@ def check_endpoints(
         else:
             differing.append((endpoint, comparison))
     return EndpointCheck(tuple(usable), tuple(benched), tuple(differing), baseline is not None)
+
+
+class ServedModelWatch:
+    """One endpoint (no fixed-prompt check): the model its answers name, held to the baseline's
+    ``served_model`` (else to the first answer's). The first answer naming another model calls
+    ``on_other`` once: the server was swapped, or answers as another model than calibrated."""
+
+    def __init__(self, expected: str | None, on_other: Callable[[str], None]) -> None:
+        self.expected = expected
+        self._on_other = on_other
+        self._lock = threading.Lock()
+        self.tripped = False
+
+    def note(self, served: str | None) -> None:
+        if served is None or served == self.expected:
+            return
+        with self._lock:
+            if self.expected is None:
+                self.expected = served  # the first answer: the reference for the rest
+                return
+            if self.tripped:
+                return
+            self.tripped = True
+            expected = self.expected
+        self._on_other(
+            f"the server answered as model {served!r}, not {expected!r} as before "
+            "(the baseline, or this run's first answers): other weights behind the same URL?"
+        )
+
+
+def baseline_served_model(ctx: StageContext) -> str | None:
+    """The baseline's ``served_model``; None without a baseline (or one that names none)."""
+    path = baseline_path(ctx.config)
+    if not path.exists():
+        return None
+    try:
+        served = read_baseline(path).get("served_model")
+    except UsageError:
+        return None
+    return served if isinstance(served, str) else None

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from calibrate.error_kinds import OutOfDescriptors
 from calibrate.errors import ErrorInfo, RequestError
 from calibrate.records import Completion
 from calibrate.stages.batch_input import Task
@@ -28,7 +29,9 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-StopReason = Literal["interrupted", "write_error", "unreachable", "outage"]
+StopReason = Literal[
+    "interrupted", "write_error", "unreachable", "outage", "descriptors", "other_model"
+]
 
 MAX_PROBE_ATTEMPTS = 8  # refused attempts, before any answer, that prove nothing is there
 MESSAGE_CHARS = 300
@@ -38,7 +41,8 @@ class BatchControl:
     """Stop (take no new items, grace for in-flight ones) and abandon (stop waiting now).
 
     ``reason`` says why the run stopped early: Ctrl-C, an output that cannot be written, a
-    server that never answered, or an outage longer than --outage-s; the first one is kept.
+    server that never answered, an outage longer than --outage-s, or calibrate out of file
+    descriptors; the first one is kept.
     """
 
     def __init__(self) -> None:
@@ -47,6 +51,7 @@ class BatchControl:
         self._lock = threading.Lock()
         self.reason: StopReason | None = None
         self.detail = ""
+        self.served: Callable[[str | None], None] = lambda model: None  # each answer's model
 
     @property
     def interrupted(self) -> bool:
@@ -196,6 +201,7 @@ def _handle(
                     tally,
                     lane,
                     queue,
+                    control,
                 )
             return
         if attempted.interrupted:
@@ -221,7 +227,11 @@ def _handle(
             tally,
             lane,
             queue,
+            control,
         )
+    except OutOfDescriptors as exc:  # calibrate's own limit, not the item's: the rerun does it
+        control.fail("descriptors", exc.message)
+        queue.finished(task)
     except Exception as exc:  # thread boundary: any failure becomes this item's recorded failure
         tally.record(internal_line(task, exc, attempts), None, 0, lane.label)
         queue.finished(task)
@@ -237,11 +247,14 @@ def _record(
     tally: Tally,
     lane: Lane,
     queue: WorkQueue,
+    control: BatchControl,
 ) -> None:
     line = result_line(
         task, completion, error, max(attempts, 1), retried, spec.expect, spec.params.max_tokens
     )
     usage = completion.usage if completion is not None else None
     tokens = (usage.completion_tokens or 0) if usage is not None else 0
+    if completion is not None:
+        control.served(completion.served_model)
     tally.record(line, completion.text if completion is not None else None, tokens, lane.label)
     queue.finished(task)

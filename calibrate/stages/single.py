@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from calibrate.error_kinds import refusal_cause
 from calibrate.errors import ErrorInfo, InputError, RequestError, ServerUnreachable
 from calibrate.ledger import baseline_path
 from calibrate.records import RequestRecord, ServerIdentity, incomplete_reason, utc_now_iso
@@ -84,7 +85,8 @@ def fixed_prompt_call(ctx: StageContext, *, stream: bool = False) -> RequestReco
 def server_identity(ctx: StageContext) -> tuple[ServerIdentity, list[str]]:
     """``GET /v1/models``; no server there ends the stage with exit 4."""
     try:
-        return ServerIdentity(models=ctx.client.models()), []
+        models, more = ctx.client.model_list(keep=ctx.config.target.model)
+        return ServerIdentity(models=models, more_models=more), []
     except RequestError as exc:
         if exc.kind == "connect":
             raise unreachable(exc.info, ctx.config.target.base_url) from exc
@@ -122,12 +124,19 @@ def diagnose(
     """Why the single call failed, one specific diagnosis per cause (SPEC §5.1)."""
     if record.error is not None and record.error.kind != "incomplete":
         info = record.error
-        if info.kind == "http_4xx" and identity.model_ids and model not in identity.model_ids:
+        cause = refusal_cause(info) if info.kind == "http_4xx" else None
+        if cause == "context_length":  # vLLM's 400 names "This model's maximum context length"
             return [
-                f"the server does not serve {model!r}; it serves: {', '.join(identity.model_ids)}"
+                f"the server refused the prompt as too long for its context ({info.message}); "
+                "shorten [prompt].text or lower max_tokens, or serve a longer context"
             ]
-        if info.status in (404, 400) and "model" in info.message.lower():
-            served = ", ".join(identity.model_ids) or "unknown (GET /v1/models gave nothing)"
+        if info.kind == "http_4xx" and identity.model_ids and model not in identity.model_ids:
+            return [f"the server does not serve {model!r}; it serves: {identity.models_text}"]
+        unknown = cause == "unknown_model" or (
+            info.status == 404 and "model" in info.message.lower()
+        )
+        if info.status in (404, 400) and unknown:
+            served = identity.models_text or "unknown (GET /v1/models gave nothing)"
             return [f"the server does not serve {model!r}; it serves: {served}"]
         if streamed and info.kind == "http_4xx":  # --stream asked for it: said, not worked around
             return [
@@ -171,9 +180,7 @@ def run_single(
     identity, warnings = server_identity(ctx)
     model = ctx.config.target.model
     if identity.model_ids and model not in identity.model_ids:
-        warnings.append(
-            f"the server lists {', '.join(identity.model_ids)} but the config names {model!r}"
-        )
+        warnings.append(f"the server lists {identity.models_text} but the config names {model!r}")
     record = fixed_prompt_call(ctx, stream=stream)
     ctx.run.append("records.jsonl", record.to_json())
     identity = replace(

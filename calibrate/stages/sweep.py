@@ -16,6 +16,7 @@ from typing import Any
 
 from calibrate.config import Config, LadderMode, SloConfig
 from calibrate.errors import RequestError
+from calibrate.responses import in_range
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.stages.arrivals import Arrival
 from calibrate.stages.context import StageContext
@@ -103,15 +104,19 @@ def safe_levels(
     return keep or (max_in_flight,), skipped
 
 
+MAX_SLOTS = 1_000_000  # a slot count past this is no count
+
+
 def read_server_cap(fetch: Callable[[str], str]) -> ServerCap | None:
     """llama.cpp's ``GET /props`` total_slots, else the length of ``GET /slots``."""
     for path in ("/props", "/slots"):
         try:
             data = json.loads(fetch(path))
-        except (RequestError, ValueError):
+        except (RequestError, ValueError, RecursionError):
             continue
-        if isinstance(data, dict) and isinstance(data.get("total_slots"), int):
-            return ServerCap(data["total_slots"], "llama.cpp /props total_slots")
+        slots = in_range(data.get("total_slots"), 1, MAX_SLOTS) if isinstance(data, dict) else None
+        if slots is not None:  # negative, 0, huge: no cap said
+            return ServerCap(slots, "llama.cpp /props total_slots")
         if isinstance(data, list) and data:
             return ServerCap(len(data), "llama.cpp /slots")
     return None
