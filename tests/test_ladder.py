@@ -89,8 +89,12 @@ def test_latency_jump_at_batch_4_stops_by_latency(cli, isolated: Path) -> None:
     assert result.code == 0, result.err
     assert result.json["stopped_by"] == "latency"
     assert [t["verdict"] for t in result.json["tiers"]] == ["pass", "pass", "stop: latency"]
-    assert result.json["last_passing"]["batch_size"] == 4
+    # batch 4 is kept but each item costs ~2× batch 2's: the setting is batch 2, not the last
+    assert result.json["last_passing"]["batch_size"] == 2
+    assert result.json["highest_kept"] == 4
     assert "s per item is" in result.err and "(limit 1.25×)" in result.err
+    assert "setting: batch 2, concurrency 2 — batch 2: " in result.err
+    assert "batch 4 kept but" in result.err and "slower" in result.err
     # a quiet client over a few short rounds: measured, and not called the bottleneck
     assert result.json["selfload"]["bottleneck"] is False
     assert "calibrate itself is the bottleneck" not in result.err

@@ -7,21 +7,31 @@ manage cannot be capped; the sweep then limits what it sends instead (``safe_lev
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from calibrate import server
 from calibrate.config import ServerKind
+from calibrate.errors import RequestError
 from calibrate.server import process
-from calibrate.server.builders import SERVER_KINDS
+from calibrate.server.builders import CAP_KEYS, SERVER_KINDS
 from calibrate.stages.context import StageContext
 from calibrate.stages.pin_context import context_for
+from calibrate.stages.stop_rules import ServerCap
+
+Restart = Callable[[int], None]
 
 
 def _kind(name: str | None) -> ServerKind | None:
     return next((k for k in SERVER_KINDS if k == name), None)
 
 
-def run_at_cap(ctx: StageContext, batch: int, notify: Callable[[str], None]) -> bool:
+def run_at_cap(
+    ctx: StageContext,
+    batch: int,
+    notify: Callable[[str], None],
+    why: str = "the verified batch size",
+) -> bool:
     """Restart the managed server at cap ``batch`` unless it already runs there.
 
     Returns whether calibrate manages the server (False: nothing was touched).
@@ -40,7 +50,7 @@ def run_at_cap(ctx: StageContext, batch: int, notify: Callable[[str], None]) -> 
             f"{record.script or 'an unknown kind'}): the sweep runs against it as it is"
         )
         return True
-    notify(f"restarting the managed server at cap {batch} (the verified batch size)")
+    notify(f"restarting the managed server at cap {batch} ({why})")
     server.stop(cfg.runs_dir, cfg.server.stop_timeout_s)
     sized = context_for(ctx.ledger, ctx.target, cfg.runs_dir, kind, batch)
     server.start_engine(
@@ -52,3 +62,44 @@ def run_at_cap(ctx: StageContext, batch: int, notify: Callable[[str], None]) -> 
         context_tokens=sized.context_tokens if sized else None,
     )
     return True
+
+
+def read_cap(fetch: Callable[[str], str]) -> ServerCap | None:
+    """The server's own cap when it says: llama.cpp's ``GET /props`` total_slots, SGLang's
+    ``GET /get_server_info`` max_running_requests; None when neither answers with one."""
+    readers = (
+        ("/props", "total_slots", "llama.cpp /props total_slots"),
+        ("/get_server_info", "max_running_requests", "SGLang max_running_requests"),
+    )
+    for path, key, source in readers:
+        try:
+            data = json.loads(fetch(path))
+        except (RequestError, ValueError):
+            continue
+        value = data.get(key) if isinstance(data, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return ServerCap(value, source)
+    return None
+
+
+def ladder_cap(
+    ctx: StageContext, notify: Callable[[str], None]
+) -> tuple[ServerCap | None, Restart | None]:
+    """How the ladder meets the server's cap (SPEC §5.3 ``stop: cap``): a managed llama.cpp is
+    restarted at ``--parallel B`` for each tier (there the batch size is ``--parallel``: the
+    restart hook, no cap); a managed server of another kind started at a cap has that cap;
+    else the cap the server itself reports (None: unknown, no ``stop: cap``)."""
+    record = process.load(ctx.config.runs_dir)
+    if record is not None and process.liveness(record) == "running":
+        kind = _kind(ctx.config.server.kind) or _kind(record.kind)
+        if kind == "llamacpp" and not record.script:
+
+            def restart(batch: int) -> None:
+                run_at_cap(ctx, batch, notify, f"--parallel {batch} for ladder batch {batch}")
+
+            return None, restart
+        if kind is not None and record.batch_size:
+            flag = CAP_KEYS.get(kind, "batch_size")
+            return ServerCap(record.batch_size, f"the managed {kind} server's {flag}"), None
+    client = ctx.client
+    return read_cap(lambda path: client.get_text(path)), None
