@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from calibrate.config import Config, LadderMode, SloConfig
+from calibrate.engine_metrics import Gauge, read_preemptions
 from calibrate.ledger import baseline_path
 from calibrate.records import RequestRecord, utc_now_iso
 from calibrate.stages.context import StageContext
@@ -16,7 +17,6 @@ from calibrate.stages.incidents import IncidentRecorder
 from calibrate.stages.ladder_result import Axis, LadderResult, WarmUp
 from calibrate.stages.single import read_baseline, unreachable
 from calibrate.stages.slo import with_goodput
-from calibrate.engine_metrics import Gauge, read_preemptions
 from calibrate.stages.stop_rules import (
     ServerCap,
     latency_seen,

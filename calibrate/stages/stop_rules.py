@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from statistics import median
 from typing import Literal
 
 from calibrate.config import SloConfig
 from calibrate.stages.slo import p99_breaches
 from calibrate.stages.tiers import Stats, StopReason, Tier, Verdict
-
 
 LatencySeen = Literal["rise", "unsure", "flat"]
 
@@ -115,12 +115,14 @@ def latency_seen(
 ) -> LatencySeen:
     """Whether the time per item rose beyond ``limit`` over the previous tier, beyond the
     spread of the rounds: ``rise`` when even this tier's fastest round over the previous
-    tier's slowest is above the limit, ``flat`` when the tiers' times are within it, and
-    ``unsure`` when the times are above it but the rounds disagree (more rounds can tell)."""
+    tier's slowest is above the limit, ``flat`` when the rounds' medians are within it, and
+    ``unsure`` when the medians are above it but the rounds disagree (more rounds can tell)."""
     rise = latency_ratio(stats, previous)
+    now, before = _per_item(rounds), _per_item(previous_rounds)
+    if now and before:  # the rounds' medians: one slow round of a busy box does not move them
+        rise = median(now) / median(before)
     if rise is None or rise <= limit:
         return "flat"
-    now, before = _per_item(rounds), _per_item(previous_rounds)
     if not now or not before:
         return "rise"
     return "rise" if min(now) / max(before) > limit else "unsure"
