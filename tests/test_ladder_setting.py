@@ -4,7 +4,6 @@ the server's own counter, stop: cap above the server's own cap (SPEC §5.3)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
