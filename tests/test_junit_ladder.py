@@ -31,6 +31,18 @@ def test_junit_from_a_ladder_that_finds_its_ceiling(cli, isolated: Path) -> None
     assert props["run_id"] == result.json["run_id"] and props["run_dir"].endswith(props["run_id"])
     assert "batch 8 round 1" in props["ceiling"] and "oom" in props["ceiling"]
     assert props["setting_batch_size"] == str(result.json["last_passing"]["batch_size"])
+    assert props["stopped_by"] == "failure"
+
+
+def test_junit_from_a_ladder_stopped_by_the_servers_cap_has_no_failure(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.002, slots=2, expose_props=True) as mock:
+        open_gate(isolated, mock.base_url)
+        result = cli("ladder", "--junit", "ladder.xml", "--json")
+    assert result.code == 0, result.err
+    suite, cases = junit_cases(isolated / "ladder.xml")
+    assert suite.get("failures") == "0" and all(c.find("failure") is None for c in cases)
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert props["stopped_by"] == "cap" and "the server's own cap is 2" in props["ceiling"]
 
 
 def test_junit_from_a_ladder_failing_at_the_first_tier(cli, isolated: Path) -> None:

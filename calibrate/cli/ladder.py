@@ -295,6 +295,10 @@ def _junit(
                     skipped="not run: an earlier round of this tier failed",
                 )
             )
+    if found:
+        suite.properties["stopped_by"] = result.stopped_by
+        if result.stopped_by != "completed" and result.tiers:
+            suite.properties.setdefault("ceiling", result.tiers[-1].reason)
     if found and (chosen := result.setting) is not None and result.axis == "batch":
         suite.properties["setting_batch_size"] = str(chosen.batch_size)
         suite.properties["setting_reason"] = result.setting_reason
