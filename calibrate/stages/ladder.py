@@ -129,6 +129,7 @@ class Ladder:
         self.baseline = self.baseline_text()
         opts = self.options
         if opts.warmup_waves and opts.batch_sizes and not self.history:
+            self.before_tier(opts.batch_sizes[0])  # warm the server the first tier runs on
             self.warmup = self.warm_up(opts.batch_sizes[0])
         while (batch := next_tier(self.history, opts.batch_sizes)) is not None:
             tier = self.run_tier(batch, self.baseline)

@@ -87,7 +87,7 @@ def ladder_cap(
 ) -> tuple[ServerCap | None, Restart | None]:
     """How the ladder meets the server's cap (SPEC §5.3 ``stop: cap``): a managed llama.cpp is
     restarted at ``--parallel B`` for each tier (there the batch size is ``--parallel``: the
-    restart hook, no cap); a managed server of another kind started at a cap has that cap;
+    restart hook, no cap); a managed server of a known kind started at a cap has that cap;
     else the cap the server itself reports (None: unknown, no ``stop: cap``)."""
     record = process.load(ctx.config.runs_dir)
     if record is not None and process.liveness(record) == "running":
@@ -98,7 +98,7 @@ def ladder_cap(
                 run_at_cap(ctx, batch, notify, f"--parallel {batch} for ladder batch {batch}")
 
             return None, restart
-        if kind is not None and record.batch_size:
+        if kind not in (None, "custom") and record.batch_size:  # custom: no known cap flag
             flag = CAP_KEYS.get(kind, "batch_size")
             return ServerCap(record.batch_size, f"the managed {kind} server's {flag}"), None
     client = ctx.client
