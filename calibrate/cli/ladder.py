@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
             Sender(ctx.client),
             plan=plan,
             cap=cap,
-            before_tier=restart or (lambda batch: None),
+            before_tier=restart or (lambda batch: False),
         )
         _announce(out, options, plan.spec)
         if cap is not None:

@@ -116,7 +116,8 @@ class Ladder:
     cap: ServerCap | None = None  # the server's own cap, when known (``stop: cap`` above it)
     # the server's preemption counter now (None: it has none); default: its /metrics
     preemptions: Callable[[], Gauge | None] | None = None
-    before_tier: Callable[[int], None] = lambda batch: None  # e.g. restart at --parallel B
+    # before each tier: e.g. restart a managed llama.cpp at --parallel B; True: it restarted
+    before_tier: Callable[[int], bool] = lambda batch: False
 
     def baseline_text(self) -> str | None:
         path = baseline_path(self.ctx.config)
@@ -181,7 +182,8 @@ class Ladder:
         """The tier's rounds (more, up to ``round_bound``, while they disagree on a rise in
         time per item), the server's preemptions during them, and the verdict."""
         opts = self.options
-        self.before_tier(batch)
+        if self.before_tier(batch) and self.history and opts.warmup_waves:
+            self.warm_up(batch)  # a restarted engine is cold again: warm it, count nothing
         before = self.preemption_counter()
         last = self.history[-1] if self.history else None
         previous = last.stats if last else None

@@ -19,7 +19,7 @@ from calibrate.stages.context import StageContext
 from calibrate.stages.pin_context import context_for
 from calibrate.stages.stop_rules import ServerCap
 
-Restart = Callable[[int], None]
+Restart = Callable[[int], bool]  # True: the server was restarted for this batch
 
 
 def _kind(name: str | None) -> ServerKind | None:
@@ -94,8 +94,12 @@ def ladder_cap(
         kind = _kind(ctx.config.server.kind) or _kind(record.kind)
         if kind == "llamacpp" and not record.script:
 
-            def restart(batch: int) -> None:
+            def restart(batch: int) -> bool:
+                now = process.load(ctx.config.runs_dir)
+                if now is not None and now.batch_size == batch:
+                    return False
                 run_at_cap(ctx, batch, notify, f"--parallel {batch} for ladder batch {batch}")
+                return True
 
             return None, restart
         if kind not in (None, "custom") and record.batch_size:  # custom: no known cap flag
