@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from calibrate.config import Config, LadderConfig, SweepConfig
-from calibrate.engine_metrics import preemptions
+from calibrate.engine_metrics import Gauge, preemptions
 from calibrate.prometheus import parse_prometheus
 from calibrate.stages.ladder import Ladder, LadderOptions
 from calibrate.stages.server_cap import read_cap
@@ -249,3 +249,45 @@ def test_the_preemption_counter_and_the_cap_are_read_as_the_engines_name_them() 
     assert read_cap(fetch) == ServerCap(16, "SGLang max_running_requests")
     pages["/get_server_info"] = '{"max_running_requests": null}'
     assert read_cap(fetch) is None
+
+
+def test_the_counter_read_before_and_after_each_tier_is_its_preemptions(tmp_path: Path) -> None:
+    """The engine's counter rises by 3 during batch 8 only: that tier is stop: preempt, with the
+    count, and the setting is the best tier below it."""
+    walls = {1: [0.1], 2: [0.1], 4: [0.1], 8: [0.15]}
+    ladder = _ladder(tmp_path, walls)
+    reads: list[int] = []
+
+    def counter() -> Gauge:
+        reads.append(len(ladder.history))
+        batch8_done = len(ladder.history) == 3 and reads.count(3) == 2
+        return Gauge("vllm:num_preemptions_total", 7.0 + (3.0 if batch8_done else 0.0))
+
+    ladder.preemptions = counter
+    result = ladder.run()
+    assert [t.verdict for t in result.tiers] == ["pass", "pass", "pass", "stop: preempt"]
+    assert [t.stats.preemptions for t in result.tiers] == [0, 0, 0, 3]
+    assert result.stopped_by == "preempt" and result.summary().max_in_flight == 4
+    assert result.setting is not None and result.setting.batch_size == 4
+    assert "the server preempted 3 requests during the tier" in result.tiers[-1].reason
+
+
+def test_a_restarted_engine_is_warmed_again_before_its_tier(tmp_path: Path) -> None:
+    cfg = Config(ladder=replace(LadderConfig(), min_round_s=0.0, warmup_waves=1))
+    ctx = stage_ctx(tmp_path, cfg, "ladder")
+    monitor = VramMonitor([])
+    sender = ScriptedSender(lambda batch, n: (0.1, 0.1, None))
+    options = replace(LadderOptions.from_config(cfg), batch_sizes=(1, 2, 4))
+    restarted: list[int] = []
+
+    def restart(batch: int) -> bool:
+        restarted.append(batch)
+        return batch != 1  # the engine already runs at --parallel 1
+
+    ladder = Ladder(
+        ctx, options, monitor, recorder(ctx, monitor, tmp_path), sender, before_tier=restart
+    )
+    ladder.run()
+    assert restarted == [1, 1, 2, 4], "before the warm-up, then before every tier"
+    # warm-up, 2 rounds of 1; a warm-up wave of 2 after the restart, 2 rounds; the same for 4
+    assert sender.calls == [(1, 1)] * 3 + [(2, 2)] * 3 + [(4, 4)] * 3
