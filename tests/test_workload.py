@@ -16,7 +16,8 @@ KV_20K = {**FAST_MOCK, "kv_capacity_tokens": 20_000}
 
 
 def test_fixed_prompt_misses_the_kv_limit_a_3000_token_workload_finds(cli, isolated: Path) -> None:
-    with start_mock(**KV_20K, on_kv_full="oom") as mock:
+    # answers of 200 ms, so the 8 requests of a wave are resident together on a loaded machine
+    with start_mock(**{**KV_20K, "per_token_s": 0.001}, on_kv_full="oom") as mock:
         calibrated(cli, isolated, mock.base_url)
         fixed = cli("ladder", "--json")
         shaped = cli("ladder", "--input-tokens", "3000", "--output-tokens", "200", "--json")
