@@ -8,6 +8,7 @@ Every gauge is the **maximum** over its label sets: two engines at 0.6 KV usage 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Collection
 from typing import NamedTuple
 
@@ -32,6 +33,14 @@ QUEUE_METRICS = (
     "llamacpp:requests_deferred",
     "tgi_queue_size",
     "lmdeploy:num_requests_waiting",
+)
+
+# Counters of requests the engine preempted (vLLM) or retracted (SGLang) because its KV cache was
+# full: a rise during a ladder tier means the tier does not fit (SPEC §5.3 ``stop: preempt``).
+PREEMPTION_METRICS = (
+    "vllm:num_preemptions_total",
+    "sglang:num_retracted_requests_total",
+    "sglang_num_retracted_requests_total",
 )
 
 
@@ -75,6 +84,28 @@ def queue_depth(scrape: Scrape) -> Gauge | None:
         if value is not None and 0.0 <= value <= MAX_QUEUE:  # negative or huge: ignored
             return Gauge(name, value)
     return None
+
+
+def preemptions(scrape: Scrape) -> Gauge | None:
+    """The first preemption counter present, summed over its label sets (one per engine; a
+    per-priority child of SGLang's counter is left out, its unlabelled total counts)."""
+    for name in PREEMPTION_METRICS:
+        series = [
+            s for s in scrape.get(name, ()) if math.isfinite(s.value) and not s.label("priority")
+        ]
+        if series:
+            return Gauge(name, sum(s.value for s in series))
+    return None
+
+
+def read_preemptions(fetch: Callable[[], str]) -> Gauge | None:
+    """The preemption counter of the server's /metrics now; None when it has none or the
+    scrape failed (a ladder without the counter has no ``stop: preempt``)."""
+    try:
+        return preemptions(parse_prometheus(fetch()))
+    except Exception as exc:  # a scrape failure is "no counter", never a failed tier
+        log.debug("preemption counter scrape failed: %s", exc)
+        return None
 
 
 def _device_name(series: Series, position: int) -> str:

@@ -9,6 +9,8 @@ from tests.tier_helpers import junit_cases, open_gate
 
 
 def test_junit_from_a_ladder_that_finds_its_ceiling(cli, isolated: Path) -> None:
+    """A passing ladder (exit 0) that ends at its OOM ceiling is green in CI: the ceiling is a
+    skipped case and a property, never a failure."""
     with start_mock(ttft_s=0.002, per_token_s=0.004, slots=4, oom_at=6) as mock:
         open_gate(isolated, mock.base_url)
         result = cli("ladder", "--junit", "out/ladder.xml", "--json")
@@ -16,14 +18,31 @@ def test_junit_from_a_ladder_that_finds_its_ceiling(cli, isolated: Path) -> None
     suite, cases = junit_cases(isolated / "out/ladder.xml")
     names = [c.get("name") for c in cases]
     assert names == [f"batch {b} round {r}" for b in (1, 2, 4, 8) for r in (1, 2)]
-    assert suite.get("tests") == "8" and suite.get("failures") == "1"
-    assert suite.get("skipped") == "1"
-    (failure,) = [c.find("failure") for c in cases if c.find("failure") is not None]
-    assert failure is not None and failure.get("type") == "oom"
-    assert "batch 8 round 1: 2 of 8 requests failed (oom×2)" in (failure.get("message") or "")
-    assert cases[-1].find("skipped") is not None
+    assert suite.get("tests") == "8" and suite.get("failures") == "0"
+    assert suite.get("errors") == "0" and suite.get("skipped") == "2"
+    assert all(c.find("failure") is None for c in cases)
+    ceiling = cases[-2].find("skipped")
+    assert ceiling is not None
+    assert "the ceiling, not a failure: batch 8 round 1: 2 of 8 requests failed (oom×2)" in (
+        ceiling.get("message") or ""
+    )
+    assert cases[-1].find("skipped") is not None  # round 2 of batch 8: not run
     props = {p.get("name"): p.get("value") for p in suite.iter("property")}
     assert props["run_id"] == result.json["run_id"] and props["run_dir"].endswith(props["run_id"])
+    assert "batch 8 round 1" in props["ceiling"] and "oom" in props["ceiling"]
+    assert props["setting_batch_size"] == str(result.json["last_passing"]["batch_size"])
+    assert props["stopped_by"] == "failure"
+
+
+def test_junit_from_a_ladder_stopped_by_the_servers_cap_has_no_failure(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.002, slots=2, expose_props=True) as mock:
+        open_gate(isolated, mock.base_url)
+        result = cli("ladder", "--junit", "ladder.xml", "--json")
+    assert result.code == 0, result.err
+    suite, cases = junit_cases(isolated / "ladder.xml")
+    assert suite.get("failures") == "0" and all(c.find("failure") is None for c in cases)
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert props["stopped_by"] == "cap" and "the server's own cap is 2" in props["ceiling"]
 
 
 def test_junit_from_a_ladder_failing_at_the_first_tier(cli, isolated: Path) -> None:

@@ -16,6 +16,7 @@ import requests
 
 from calibrate import prometheus
 from calibrate.mock import text as mock_text
+from calibrate.mock.kv import SeqPlan
 from calibrate.mock.model import MockModel
 from calibrate.mock.settings import MockSettings
 from tests.mockserver import RunningMock, start_mock, start_mock_process
@@ -132,12 +133,35 @@ def test_preempt_answers_everything_but_each_item_costs_more() -> None:
         wall4, four = _timed(lambda: _wave(mock, [_prompt(f"a{k}") for k in range(4)]))
         with _sampling(mock) as samples:
             wall8, eight = _timed(lambda: _wave(mock, [_prompt(f"b{k}") for k in range(8)]))
+        after = _metrics(mock)
     assert [r.status_code for r in four + eight] == [200] * 12
     assert all(r.json()["choices"][0]["finish_reason"] == "length" for r in eight)
-    # Two of eight sequences do not fit: every step recomputes them, three times the work.
-    assert wall8 / 8 > 1.2 * wall4 / 4, (wall4, wall8)
+    # Two of eight sequences do not fit: every step recomputes them, three times the work (the
+    # rule itself is tested on the model below: a wall-time ratio on a loaded machine is luck).
+    assert wall8 > wall4, (wall4, wall8)
     assert max(s["vllm:kv_cache_usage_perc"] for s in samples) == 1.0
     assert max(s["vllm:num_requests_waiting"] for s in samples) == 2  # preempted, to recompute
+    # vLLM's counter of preemptions: the ladder's stop: preempt reads it
+    assert after["vllm:num_preemptions_total"] >= 2
+
+
+def test_preemption_recomputes_the_evicted_sequences_every_step_and_counts_them() -> None:
+    model = MockModel(MockSettings(**(KV | {"on_kv_full": "preempt"})))
+    admitted = []
+    for _ in range(8):  # 8 prompts of 3,006 tokens in 20,000: the 7th and 8th are evicted
+        adm = model.admit()
+        assert model.start(adm, [SeqPlan.of("", 3006, 200, share=False)])
+        admitted.append(adm)
+    assert model.step_s(admitted[0]) == pytest.approx(KV["per_token_s"] * 3)
+    assert model.snapshot().preemptions_total == 2
+    for adm in admitted:
+        model.release(adm)
+    after = model.snapshot()
+    assert after.preemptions_total == 2 and after.kv_tokens_in_use == 0, "a counter never falls"
+    plain = MockModel(MockSettings(**(KV | {"on_kv_full": "oom"})))
+    adm = plain.admit()
+    assert plain.start(adm, [SeqPlan.of("", 3006, 200, share=False)])
+    assert plain.snapshot().preemptions_total == 0
 
 
 def test_queue_waits_for_kv_and_the_queue_gauge_says_so() -> None:

@@ -45,3 +45,21 @@ def junit_cases(path: Path) -> tuple[ET.Element, list[ET.Element]]:
     suite = root.find("testsuite")
     assert suite is not None
     return suite, suite.findall("testcase")
+
+
+def setting_by_rule(run: Path, gain_min: float = 0.10) -> int:
+    """SPEC §5.3's setting recomputed from a ladder run's files: of the kept tiers, the smallest
+    batch whose rounds' items/s reach the fastest tier's slowest round, or within gain_min of it."""
+    kept = {"pass", "stop: vram", "stop: latency"}
+    tiers = {t["batch_size"]: t for t in jsonl(run / "tiers.jsonl") if t["verdict"] in kept}
+    rates: dict[int, list[float]] = {b: [] for b in tiers}
+    for row in jsonl(run / "rounds.jsonl"):
+        if row["batch_size"] in rates:
+            rates[row["batch_size"]].append(row["items_per_s"])
+    best = max(tiers, key=lambda b: tiers[b]["items_per_s"])
+    return min(
+        b
+        for b in tiers
+        if max(rates[b]) >= min(rates[best])
+        or tiers[b]["items_per_s"] >= tiers[best]["items_per_s"] * (1 - gain_min)
+    )

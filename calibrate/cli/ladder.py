@@ -2,13 +2,16 @@
 
 A warm-up wave ([ladder].warmup_waves) goes first, not counted; each round repeats waves of B
 until it has lasted [ladder].min_round_s. Stops on the first failing tier, on an [slo] bound
-exceeded at p99 (that tier is not kept), on VRAM pressure at [ladder].vram_limit, or when the
-time per item (round wall time / items) rises by more than [ladder].latency_rise over the
-previous tier; records the last passing tier. Exit 0 when a tier
-passed, 1 when even the first failed or --require-match / --compare failed.
+exceeded at p99, above the server's own cap, when the server preempts requests (those three are
+not kept), on VRAM pressure at [ladder].vram_limit, or when the time per item (round wall time /
+items) rises by more than [ladder].latency_rise over the previous tier beyond the spread of the
+rounds. The setting is the smallest kept batch within noise of the fastest kept tier, not the
+last; the ladder says which and why. Exit 0 when a tier passed, 1 when even the first failed or
+--require-match / --compare failed.
 
 The workload (SPEC §5.11): the fixed prompt (default), --tasks FILE (the longest items), or
-synthetic --input-tokens N --output-tokens M; the fixed prompt rides along each wave as a canary.
+synthetic --input-tokens N --output-tokens M; the fixed prompt is then sent alone once per round,
+between the measured waves, as a canary. A managed llama.cpp restarts at --parallel B per tier.
 --axis context steps the input length (512, 1k, 2k, … up to max_model_len) instead.
 
 example: calibrate ladder --input-tokens 3000 --output-tokens 200 --junit runs/ladder.xml
@@ -53,9 +56,11 @@ from calibrate.stages.context import StageContext
 from calibrate.stages.context_axis import outcome
 from calibrate.stages.incidents import first_error
 from calibrate.stages.ladder import Ladder, LadderOptions, LadderResult
+from calibrate.stages.server_cap import ladder_cap
 from calibrate.stages.slo import describe, has_slo, parse_slo_flags
 from calibrate.stages.stream_probe import probe_stream
 from calibrate.stages.tier_run import MeasureSpec
+from calibrate.stages.tiers import Tier
 from calibrate.stages.waves import Sender
 from calibrate.stages.workload_plan import prepare_workload
 from calibrate.workload import WorkloadSpec
@@ -102,8 +107,20 @@ def run(args: argparse.Namespace) -> int:
             check = probe_stream(ctx, options.mode)
             options = dataclasses.replace(options, stream_check=check)
             warn_stream_check(out, check, options.slo)
-        ladder = Ladder(ctx, options, watch.monitor, watch.incidents, Sender(ctx.client), plan=plan)
+        cap, restart = ladder_cap(ctx, out.say) if options.axis == "batch" else (None, None)
+        ladder = Ladder(
+            ctx,
+            options,
+            watch.monitor,
+            watch.incidents,
+            Sender(ctx.client),
+            plan=plan,
+            cap=cap,
+            before_tier=restart or (lambda batch: False),
+        )
         _announce(out, options, plan.spec)
+        if cap is not None:
+            out.say(f"the server's own cap: {cap.slots} ({cap.source}); tiers above it: stop: cap")
         axis = {"axis": options.axis}
         try:
             with live_rows(out.console, "ladder", f"ladder {ctx.run.run_id}", out.is_tty) as show:
@@ -195,11 +212,14 @@ def _finish(
         if result.axis == "context":
             out.ok(outcome(result.tiers, result.longest_input_tokens, top.batch_size))
         else:
-            good = top.stats.goodput_per_s
-            within = f", goodput {good:.2f} req/s within the SLOs" if good is not None else ""
+            chosen = result.setting or top
             out.ok(
                 f"last passing tier: batch {top.batch_size}, concurrency "
-                f"{top.stats.concurrency}{within} ({why})"
+                f"{top.stats.concurrency}{_goodput(top)} ({why})"
+            )
+            out.ok(
+                f"setting: batch {chosen.batch_size}, concurrency {chosen.stats.concurrency}"
+                f"{_goodput(chosen)} — {result.setting_reason}"
             )
         if result.incidents:
             out.say(f"{result.incidents} incident bundle(s) in {ctx.run.file('incidents')}")
@@ -223,6 +243,11 @@ def _finish(
     return 0 if entry.passed else 1
 
 
+def _goodput(tier: Tier) -> str:
+    good = tier.stats.goodput_per_s
+    return f", goodput {good:.2f} req/s within the SLOs" if good is not None else ""
+
+
 def _say_first_error(out: Output, ctx: StageContext) -> None:
     """The kind alone (http_4xx) does not say why: show the server's own message once."""
     if message := first_error(ctx.run.file("incidents")):
@@ -234,6 +259,7 @@ def _junit(
 ) -> JUnitSuite:
     """One testcase per tier and round; rounds not run after a failure are skipped."""
     suite = junit_suite("ladder", ctx.run, ctx.target)
+    found = result.last_passing is not None  # a failure above it is the ceiling, not a failure
     for tier in result.tiers:
         for stats in tier.rounds:
             name = f"batch {tier.batch_size} round {stats.round}"
@@ -241,6 +267,17 @@ def _junit(
                 f"batch {tier.batch_size} round {stats.round}: {stats.errors} of "
                 f"{stats.items} requests failed ({stats.kinds_text})"
             )
+            if stats.errors and found:
+                suite.add(
+                    JUnitCase(
+                        name,
+                        "calibrate.ladder",
+                        time_s=stats.total_s,
+                        skipped=f"the ceiling, not a failure: {reason}",
+                    )
+                )
+                suite.properties["ceiling"] = reason
+                continue
             suite.check(
                 name,
                 not stats.errors,
@@ -256,6 +293,13 @@ def _junit(
                     skipped="not run: an earlier round of this tier failed",
                 )
             )
+    if found:
+        suite.properties["stopped_by"] = result.stopped_by
+        if result.stopped_by != "completed" and result.tiers:
+            suite.properties.setdefault("ceiling", result.tiers[-1].reason)
+    if found and (chosen := result.setting) is not None and result.axis == "batch":
+        suite.properties["setting_batch_size"] = str(chosen.batch_size)
+        suite.properties["setting_reason"] = result.setting_reason
     if result.require_match:
         suite.check(
             "outputs match the single-call baseline",

@@ -10,6 +10,9 @@ running and queued requests and, where the engine exports one, its KV-cache usag
   current llama.cpp)
 - tgi: ``tgi_batch_current_size``, ``tgi_queue_size`` (no KV gauge)
 - mock (the default): the mock's gauges and the vLLM three, unlabelled by engine, as before.
+
+Under ``--on-kv-full preempt`` the engine's preemption counter too: ``vllm:num_preemptions_total``
+(mock and vllm styles), ``sglang:num_retracted_requests_total`` (sglang).
 """
 
 from __future__ import annotations
@@ -60,6 +63,13 @@ def _engine_gauges(style: MetricsStyle, snap: Snapshot) -> list[Gauge]:
     ]
 
 
+def _preemption_counter(style: MetricsStyle) -> str | None:
+    """The engine's name for its preemption counter (vLLM's in the mock's own style)."""
+    if style in ("mock", "vllm"):
+        return "vllm:num_preemptions_total"
+    return "sglang:num_retracted_requests_total" if style == "sglang" else None
+
+
 def _labels(style: MetricsStyle, model: str) -> str:
     if style == "vllm":
         return f'{{engine="0",model_name="{model}"}}'
@@ -89,6 +99,9 @@ def render_metrics(snap: Snapshot, settings: MockSettings) -> str:
     labels = _labels(style, settings.models[0])
     for name, help_text, value in _engine_gauges(style, snap):
         lines += _metric(name, "gauge", help_text, [(labels, value)])
+    if settings.on_kv_full == "preempt" and (counter := _preemption_counter(style)):
+        help_text = "Cumulative number of preemptions (KV cache full)."
+        lines += _metric(counter, "counter", help_text, [(labels, snap.preemptions_total)])
     outcomes = [(f'{{outcome="{k}"}}', snap.outcomes.get(k, 0)) for k in OUTCOMES]
     lines += _metric("mock_requests_total", "counter", "Requests received, by outcome.", outcomes)
     return "\n".join(lines) + "\n"

@@ -60,6 +60,7 @@ class Snapshot:
     outcomes: dict[str, int]
     kv_tokens_in_use: int = 0
     kv_capacity_tokens: int = 0
+    preemptions_total: int = 0  # sequences evicted from a full KV cache (on_kv_full="preempt")
 
 
 class MockModel:
@@ -80,6 +81,8 @@ class MockModel:
         self._held: dict[int, int] = {}
         self._peak_mib = settings.vram_base_mib
         self._outcomes: dict[str, int] = {}
+        self._evicted_now = 0  # sequences evicted from the full KV cache at this moment
+        self._preemptions = 0  # ... and every eviction so far, as vLLM counts preemptions
 
     def admit(self, weight: int = 1) -> Admission:
         """Count a newly arrived request of ``weight`` sequences and decide what happens to it."""
@@ -171,6 +174,7 @@ class MockModel:
             if s.on_kv_full == "oom" and s.kv_capacity_tokens and claim > s.kv_capacity_tokens:
                 return False
             self._kv.add(adm.ticket, plans)
+            self._count_preemptions()
             self._peak_mib = max(self._peak_mib, self._vram_used_mib())
             return True
 
@@ -195,6 +199,7 @@ class MockModel:
             if full and self._kv.tokens_in_use + extra > s.kv_capacity_tokens:
                 return False
             self._kv.grow(adm.ticket, step)
+            self._count_preemptions()
             self._peak_mib = max(self._peak_mib, self._vram_used_mib())
             return True
 
@@ -204,7 +209,18 @@ class MockModel:
             self._running -= self._held.pop(adm.ticket, 0)
             self._in_flight -= adm.weight
             self._kv.remove(adm.ticket)
+            self._count_preemptions()
             self._cond.notify_all()
+
+    def _count_preemptions(self) -> None:
+        """Under ``on_kv_full="preempt"``, each sequence newly evicted from the full cache is
+        one preemption (``vllm:num_preemptions_total``); called with the lock held."""
+        s = self.settings
+        if s.on_kv_full != "preempt" or not s.kv_capacity_tokens:
+            return
+        evicted = self._kv.evicted(s.kv_capacity_tokens)
+        self._preemptions += max(0, evicted - self._evicted_now)
+        self._evicted_now = evicted
 
     def generate(
         self,
@@ -251,6 +267,7 @@ class MockModel:
                 outcomes=dict(self._outcomes),
                 kv_tokens_in_use=in_use,
                 kv_capacity_tokens=s.kv_capacity_tokens,
+                preemptions_total=self._preemptions,
             )
 
     def _kv_room_for(self, plans: Sequence[SeqPlan]) -> bool:

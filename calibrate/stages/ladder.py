@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from calibrate.config import Config, LadderMode, SloConfig
+from calibrate.engine_metrics import Gauge, read_preemptions
 from calibrate.ledger import baseline_path
 from calibrate.records import RequestRecord, utc_now_iso
 from calibrate.stages.context import StageContext
@@ -17,7 +18,14 @@ from calibrate.stages.incidents import IncidentRecorder
 from calibrate.stages.ladder_result import Axis, LadderResult, WarmUp
 from calibrate.stages.single import read_baseline, unreachable
 from calibrate.stages.slo import with_goodput
-from calibrate.stages.stop_rules import mismatch_notes, next_tier, stopped_by, tier_verdict
+from calibrate.stages.stop_rules import (
+    ServerCap,
+    latency_seen,
+    mismatch_notes,
+    next_tier,
+    stopped_by,
+    tier_verdict,
+)
 from calibrate.stages.stream_probe import StreamCheck
 from calibrate.stages.tiers import ItemResult, Stats, Tier, summarise
 from calibrate.stages.waves import Request, Sender, build_requests
@@ -44,6 +52,12 @@ class LadderOptions:
     context_lengths: tuple[int, ...] = ()  # the context axis's input lengths, one tier each
     streaming: bool = True  # SPEC §5.13: streamed by default (``--no-stream`` turns it off)
     stream_check: StreamCheck | None = None  # what the stream probe found (None: not probed)
+    gain_min: float = 0.10  # the setting: the smallest B within this much of the fastest tier
+    max_rounds: int = 0  # rounds a tier may run when its rounds disagree (0: ``rounds``)
+
+    @property
+    def round_bound(self) -> int:
+        return max(self.rounds, self.max_rounds)
 
     @property
     def stream(self) -> bool:
@@ -69,6 +83,8 @@ class LadderOptions:
             min_round_s=c.min_round_s,
             warmup_waves=c.warmup_waves,
             slo=cfg.slo,
+            gain_min=cfg.sweep.gain_min,
+            max_rounds=2 * c.rounds,
         )
 
     def on_context_axis(self, lengths: Sequence[int], batch: int) -> LadderOptions:
@@ -98,6 +114,11 @@ class Ladder:
     plan: WorkloadPlan = field(default_factory=lambda: WorkloadPlan(WorkloadSpec(), ""))
     issued: int = 0  # workload requests built so far: the next one's number (its own prompt)
     baseline: str | None = None  # the single-call baseline's text, read once by run()
+    cap: ServerCap | None = None  # the server's own cap, when known (``stop: cap`` above it)
+    # the server's preemption counter now (None: it has none); default: its /metrics
+    preemptions: Callable[[], Gauge | None] | None = None
+    # before each tier: e.g. restart a managed llama.cpp at --parallel B; True: it restarted
+    before_tier: Callable[[int], bool] = lambda batch: False
 
     def baseline_text(self) -> str | None:
         path = baseline_path(self.ctx.config)
@@ -110,6 +131,7 @@ class Ladder:
         self.baseline = self.baseline_text()
         opts = self.options
         if opts.warmup_waves and opts.batch_sizes and not self.history:
+            self.before_tier(opts.batch_sizes[0])  # warm the server the first tier runs on
             self.warmup = self.warm_up(opts.batch_sizes[0])
         while (batch := self.next_batch()) is not None:
             tier = self.run_tier(batch, self.baseline)
@@ -144,6 +166,7 @@ class Ladder:
             self.options.axis,
             self.options.stream_check,
             self.options.slo,
+            self.options.gain_min,
         )
 
     def warm_up(self, batch: int) -> WarmUp:
@@ -161,13 +184,27 @@ class Ladder:
             log.warning("warm-up: %d of %d requests failed (not counted)", errors, len(items))
         return WarmUp(self.options.warmup_waves, len(items), errors, total_s)
 
+    def preemption_counter(self) -> Gauge | None:
+        if self.preemptions is not None:
+            return self.preemptions()
+        client = self.ctx.client
+        return read_preemptions(lambda: client.get_text("/metrics"))
+
     def run_tier(self, batch: int, baseline: str | None) -> Tier:
+        """The tier's rounds (more, up to ``round_bound``, while they disagree on a rise in
+        time per item), the server's preemptions during them, and the verdict."""
         opts = self.options
-        previous = self.history[-1].stats if self.history else None
+        if self.before_tier(batch) and self.history and opts.warmup_waves:
+            self.warm_up(batch)  # a restarted engine is cold again: warm it, count nothing
+        before = self.preemption_counter()
+        last = self.history[-1] if self.history else None
+        previous = last.stats if last else None
+        previous_rounds = last.rounds if last else ()
         rounds: list[Stats] = []
         items_all: list[ItemResult] = []
         peaks: list[WindowPeak] = []
-        for round_no in range(1, opts.rounds + 1):
+        while True:
+            round_no = len(rounds) + 1
             items, seconds, waves, peak = self.run_round(batch, round_no)
             stats = self.measured(batch, round_no, items, seconds, [peak], baseline, waves)
             self.ctx.run.append(
@@ -178,8 +215,23 @@ class Ladder:
             peaks.append(peak)
             if stats.errors:  # a failed round fails the tier; another round only adds load
                 break
-        total_s, waves_run = sum(r.total_s for r in rounds), sum(r.waves or 0 for r in rounds)
-        agg = self.measured(batch, None, items_all, total_s, peaks, baseline, waves_run)
+            if round_no < opts.rounds:
+                continue
+            if round_no >= opts.round_bound:
+                break
+            agg = self.aggregate(batch, rounds, items_all, peaks, baseline)
+            seen = latency_seen(agg, previous, rounds, previous_rounds, opts.latency_rise)
+            if seen != "unsure":
+                break
+            log.info("batch %d: its rounds disagree on the time per item; one more round", batch)
+        agg = self.aggregate(batch, rounds, items_all, peaks, baseline)
+        after = self.preemption_counter()
+        if before is not None and after is not None:
+            agg = replace(
+                agg,
+                preemptions=max(0, round(after.value - before.value)),
+                preemption_metric=after.metric,
+            )
         verdict, reason = tier_verdict(
             agg,
             previous,
@@ -188,10 +240,25 @@ class Ladder:
             slo=opts.slo,
             rounds_run=len(rounds),
             rounds_planned=opts.rounds,
+            rounds=rounds,
+            previous_rounds=previous_rounds,
+            cap=self.cap if opts.axis == "batch" else None,
         )
         if opts.axis == "context":  # said of the input length, not of "batch 1"
             reason = relabel(reason, batch, agg.input_tokens_target)
         return Tier(agg, tuple(rounds), verdict, reason, opts.rounds)
+
+    def aggregate(
+        self,
+        batch: int,
+        rounds: Sequence[Stats],
+        items: Sequence[ItemResult],
+        peaks: list[WindowPeak],
+        baseline: str | None,
+    ) -> Stats:
+        """A tier's stats over its rounds so far."""
+        total_s, waves = sum(r.total_s for r in rounds), sum(r.waves or 0 for r in rounds)
+        return self.measured(batch, None, items, total_s, peaks, baseline, waves)
 
     def measured(
         self,
@@ -229,16 +296,14 @@ class Ladder:
         return TokenRange(length, length) if length is not None else None
 
     def wave_requests(self, batch: int) -> list[Request]:
-        """One wave (one batch at a time, SPEC §5.0): ``batch`` workload items, each its own
-        prompt, and — under a workload other than the fixed prompt, when a baseline exists —
-        the fixed prompt once more as a canary for batch invariance (SPEC §5.11)."""
+        """One measured wave (one batch at a time, SPEC §5.0): ``batch`` workload items, each
+        its own prompt. The canary never rides in it (``canary_requests``)."""
         ctx, opts = self.ctx, self.options
         prompts, targets = self.plan.prompts(batch, self.issued, self.tier_sizes())
         self.issued += batch
-        model = ctx.config.target.model
-        requests = self.plan.requests(
+        return self.plan.requests(
             ctx.client,
-            model,
+            ctx.config.target.model,
             ctx.params,
             [prompts],
             targets,
@@ -246,20 +311,36 @@ class Ladder:
             stream=opts.stream,
             stream_options=opts.stream_options,
         )
+
+    def canary_requests(self, first_index: int) -> list[Request]:
+        """The fixed prompt alone, the canary for batch invariance under a workload other than
+        the fixed prompt when a baseline exists (SPEC §5.3, §5.11); none otherwise."""
+        ctx, opts = self.ctx, self.options
         if self.plan.spec.fixed or self.baseline is None:
-            return requests
-        canary = build_requests(
+            return []
+        return build_requests(
             ctx.client,
-            model,
+            ctx.config.target.model,
             ctx.params,
             [[ctx.config.prompt.text]],
             "wave",
             stream=opts.stream,
             stream_options=opts.stream_options,
-            first_index=batch + 1,
+            first_index=first_index,
             role="canary",
         )
-        return [*requests, *canary]
+
+    def send_canary(self, batch: int, round_no: int, first_index: int) -> list[ItemResult]:
+        """The round's canary, sent alone after its measured waves: compared with the baseline
+        and counted in errors, but in no wall time, in-flight count or per-item time."""
+        requests = self.canary_requests(first_index)
+        if not requests:
+            return []
+        answered, _ = self.sender.send(requests, 1, self.ctx.params.max_tokens)
+        answered = self.incidents.classify(answered)
+        for item in answered:
+            self.ctx.run.append("records.jsonl", item_record(self.ctx, item, batch, 1, round_no))
+        return answered
 
     def in_flight(self, batch: int) -> int:
         """Requests in flight at once: B in wave mode, one request of B prompts in prompt-list."""
@@ -306,7 +387,9 @@ class Ladder:
         self.incidents.record(
             items, batch_size=batch, concurrency=concurrency, round_no=round_no, peak=peak
         )
-        return items, total_s, waves, peak
+        canary = self.send_canary(batch, round_no, len(items) + 1)
+        self.incidents.record(canary, batch_size=batch, concurrency=1, round_no=round_no, peak=peak)
+        return [*items, *canary], total_s, waves, peak
 
 
 def shifted(item: ItemResult, index_by: int, seconds: float) -> ItemResult:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from calibrate.config import SloConfig
 from calibrate.stages.slo import describe, has_slo
-from calibrate.stages.stop_rules import last_passing
+from calibrate.stages.stop_rules import last_passing, setting_reason, setting_tier
 from calibrate.stages.stream_probe import StreamCheck, stream_details
 from calibrate.stages.tiers import StopReason, Tier
 from calibrate.summaries import LadderSummary, Setting, Workload
@@ -47,10 +47,25 @@ class LadderResult:
     axis: Axis = "batch"
     stream_check: StreamCheck | None = None  # what the stream probe found (None: not probed)
     slo: SloConfig = field(default_factory=SloConfig)
+    gain_min: float = 0.10
 
     @property
     def last_passing(self) -> Tier | None:
+        """The highest kept tier: the ceiling the ladder reached."""
         return last_passing(self.tiers)
+
+    @property
+    def setting(self) -> Tier | None:
+        """The calibrated tier (SPEC §5.3): the smallest B within noise of the fastest kept
+        tier on the batch axis; the longest passing input on the context axis."""
+        if self.axis == "context":
+            return self.last_passing
+        return setting_tier(self.tiers, self.gain_min)
+
+    @property
+    def setting_reason(self) -> str:
+        """Which tier is the setting and why, in one line (empty on the context axis)."""
+        return setting_reason(self.tiers, self.gain_min) if self.axis == "batch" else ""
 
     @property
     def match_failed(self) -> bool:
@@ -67,10 +82,10 @@ class LadderResult:
         return top.stats.input_tokens_max if top else None
 
     def goodput_json(self) -> dict[str, Any]:
-        """The SLOs and the last passing tier's goodput under them (nothing without SLOs)."""
+        """The SLOs and the setting's goodput under them (nothing without SLOs)."""
         if not has_slo(self.slo):
             return {}
-        top = self.last_passing
+        top = self.setting
         good = top.stats.goodput_per_s if top else None
         return {
             "slo": describe(self.slo),
@@ -79,7 +94,10 @@ class LadderResult:
         }
 
     def summary(self) -> LadderSummary:
-        top = self.last_passing
+        """The ledger's summary: ``last_passing`` is the setting (what status and pin use);
+        ``highest_kept`` the ceiling reached, when it is another tier."""
+        top = self.setting
+        ceiling = self.last_passing
         passing = [t.stats.concurrency for t in self.tiers if t.passed]
         tiers = [t.short() for t in self.tiers]
         if self.axis == "context":
@@ -101,6 +119,9 @@ class LadderResult:
             **stream_details(self.stream_check),
             **self.goodput_json(),
         }
+        if top is not None and self.axis == "batch":
+            details["setting_reason"] = self.setting_reason
+            details["highest_kept"] = ceiling.batch_size if ceiling else None
         return LadderSummary(
             Setting(top.batch_size, top.stats.concurrency) if top else None,
             self.stopped_by,

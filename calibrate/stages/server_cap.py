@@ -7,12 +7,15 @@ manage cannot be capped; the sweep then limits what it sends instead (``safe_lev
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from calibrate import server
 from calibrate.config import ServerKind
+from calibrate.errors import RequestError
 from calibrate.server import process
 from calibrate.server.builders import (
+    CAP_KEYS,
     LLAMACPP_THREADS_HTTP,
     SERVER_KINDS,
     LaunchSpec,
@@ -20,6 +23,9 @@ from calibrate.server.builders import (
 )
 from calibrate.stages.context import StageContext
 from calibrate.stages.pin_context import context_for
+from calibrate.stages.stop_rules import ServerCap
+
+Restart = Callable[[int], bool]  # True: the server was restarted for this batch
 
 
 def _kind(name: str | None) -> ServerKind | None:
@@ -27,10 +33,14 @@ def _kind(name: str | None) -> ServerKind | None:
 
 
 def run_at_cap(
-    ctx: StageContext, batch: int, notify: Callable[[str], None], concurrency: int | None = None
+    ctx: StageContext,
+    batch: int,
+    notify: Callable[[str], None],
+    concurrency: int | None = None,
+    why: str = "the verified batch size",
 ) -> bool:
     """Restart the managed server at cap ``batch`` unless it already runs there; ``concurrency``
-    is the most the sweep will have in flight (llama.cpp's HTTP threads are sized for it).
+    is the most the stage will have in flight (llama.cpp's HTTP threads are sized for it).
 
     Returns whether calibrate manages the server (False: nothing was touched).
     """
@@ -49,7 +59,7 @@ def run_at_cap(
             f"{record.script or 'an unknown kind'}): the sweep runs against it as it is"
         )
         return True
-    notify(f"restarting the managed server at cap {batch} (the verified batch size){threads}")
+    notify(f"restarting the managed server at cap {batch} ({why}){threads}")
     server.stop(cfg.runs_dir, cfg.server.stop_timeout_s)
     sized = context_for(ctx.ledger, ctx.target, cfg.runs_dir, kind, batch)
     server.start_engine(
@@ -77,3 +87,48 @@ def short_of_threads(
     if have.isdigit() and int(have) >= need:
         return ""
     return f", with {flag} {need} for {wanted} in flight"
+
+
+def read_cap(fetch: Callable[[str], str]) -> ServerCap | None:
+    """The server's own cap when it says: llama.cpp's ``GET /props`` total_slots, SGLang's
+    ``GET /get_server_info`` max_running_requests; None when neither answers with one."""
+    readers = (
+        ("/props", "total_slots", "llama.cpp /props total_slots"),
+        ("/get_server_info", "max_running_requests", "SGLang max_running_requests"),
+    )
+    for path, key, source in readers:
+        try:
+            data = json.loads(fetch(path))
+        except (RequestError, ValueError):
+            continue
+        value = data.get(key) if isinstance(data, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return ServerCap(value, source)
+    return None
+
+
+def ladder_cap(
+    ctx: StageContext, notify: Callable[[str], None]
+) -> tuple[ServerCap | None, Restart | None]:
+    """How the ladder meets the server's cap (SPEC §5.3 ``stop: cap``): a managed llama.cpp is
+    restarted at ``--parallel B`` for each tier (there the batch size is ``--parallel``: the
+    restart hook, no cap); a managed server of a known kind started at a cap has that cap;
+    else the cap the server itself reports (None: unknown, no ``stop: cap``)."""
+    record = process.load(ctx.config.runs_dir)
+    if record is not None and process.liveness(record) == "running":
+        kind = _kind(ctx.config.server.kind) or _kind(record.kind)
+        if kind == "llamacpp" and not record.script:
+
+            def restart(batch: int) -> bool:
+                now = process.load(ctx.config.runs_dir)
+                if now is not None and now.batch_size == batch:
+                    return False
+                run_at_cap(ctx, batch, notify, why=f"--parallel {batch} for ladder batch {batch}")
+                return True
+
+            return None, restart
+        if kind not in (None, "custom") and record.batch_size:  # custom: no known cap flag
+            flag = CAP_KEYS.get(kind, "batch_size")
+            return ServerCap(record.batch_size, f"the managed {kind} server's {flag}"), None
+    client = ctx.client
+    return read_cap(lambda path: client.get_text(path)), None

@@ -16,11 +16,19 @@ from calibrate.stages.latency import latency_columns
 from calibrate.stream_timing import StreamTiming
 from calibrate.vram import WindowPeak, device_peaks
 
-Verdict = Literal["fail", "stop: slo", "stop: vram", "stop: latency", "pass"]
+Verdict = Literal[
+    "fail", "stop: slo", "stop: cap", "stop: preempt", "stop: vram", "stop: latency", "pass"
+]
 # fixed: the fixed-prompt workload (compared with the baseline); work: a workload item;
-# canary: the fixed prompt riding along a workload's wave (compared, not measured; SPEC §5.11)
+# canary: the fixed prompt sent alone between a workload's measured waves (compared, not
+# measured; SPEC §5.3, §5.11)
 ItemRole = Literal["fixed", "work", "canary"]
-StopReason = Literal["failure", "slo", "vram", "latency", "completed", "interrupted"]
+StopReason = Literal[
+    "failure", "slo", "cap", "preempt", "vram", "latency", "completed", "interrupted"
+]
+# Verdicts whose tier is not kept: it failed, broke an SLO, measured the server's queue (cap) or
+# had its KV cache full enough that the server preempted requests.
+NOT_KEPT = (None, "", "fail", "stop: slo", "stop: cap", "stop: preempt")
 
 
 @dataclass(frozen=True)
@@ -132,6 +140,8 @@ class Stats:
     tokens_counted_by: str | None = None  # "usage", "chunks" (no usage in the stream), or both
     goodput_per_s: float | None = None  # requests/s that met every SLO (None: no SLOs)
     slo_met: int | None = None  # requests that met every SLO
+    preemptions: int | None = None  # the server's preemption counter's rise (None: no counter)
+    preemption_metric: str | None = None  # e.g. "vllm:num_preemptions_total"
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -160,8 +170,8 @@ def summarise(
 ) -> Stats:
     """Aggregate items and the VRAM windows they ran in (one for a round, several for a tier).
 
-    A canary (the fixed prompt riding along a workload) counts in errors and in the baseline
-    match only: the workload's numbers are the workload's.
+    A canary (the fixed prompt sent between a workload's waves) counts in errors and in the
+    baseline match only: the workload's numbers are the workload's.
     """
     canaries = [i for i in items if i.role == "canary"]
     compared = [i for i in items if i.role != "work"]
@@ -234,9 +244,10 @@ def token_columns(items: Sequence[ItemResult]) -> dict[str, Any]:
 
 
 def kept(verdict: object) -> bool:
-    """Whether a tier or level with this verdict counts as passed: not failed, not over an SLO
-    (the one rule for live tiers, ledger rows and tables read back)."""
-    return verdict not in (None, "", "fail", "stop: slo")
+    """Whether a tier or level with this verdict counts as passed: not failed, not over an SLO,
+    not above the server's own cap, not preempting (the one rule for live tiers, ledger rows
+    and tables read back)."""
+    return verdict not in NOT_KEPT
 
 
 def queue_note(server_queue_max: int | None, concurrency: int) -> str | None:
@@ -267,7 +278,8 @@ class Tier:
     @property
     def passed(self) -> bool:
         """Kept as passed: a clean tier, or one stopped by VRAM or latency. A tier over an SLO
-        is not kept: it breaks the bound the user set (the one before it is the last passing)."""
+        is not kept (it breaks the bound the user set), nor one above the server's cap or with
+        preempted requests (the one before it is the last passing)."""
         return kept(self.verdict)
 
     def to_json(self) -> dict[str, Any]:

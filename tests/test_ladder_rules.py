@@ -1,0 +1,293 @@
+"""The ladder's rules as pure functions, and on the simulated server at the real defaults: the
+setting is the best kept tier within noise (not the last), stop: cap and stop: preempt are not
+kept, and stop: latency fires only on a rise beyond the spread of the rounds (SPEC §5.3)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from calibrate.config import Config, LadderConfig, SweepConfig
+from calibrate.engine_metrics import Gauge, preemptions
+from calibrate.prometheus import parse_prometheus
+from calibrate.stages.ladder import Ladder, LadderOptions
+from calibrate.stages.server_cap import read_cap
+from calibrate.stages.stop_rules import (
+    ServerCap,
+    latency_seen,
+    setting_reason,
+    setting_tier,
+    stopped_by,
+    tier_verdict,
+    within_noise,
+)
+from calibrate.stages.tiers import Stats, Tier, Verdict, kept
+from calibrate.vram import VramMonitor
+from tests.stage_fakes import FakeKv, ScriptedSender, close_runs, recorder, stage_ctx
+from tests.test_stop_rules import CLEAN
+
+__all__ = ["close_runs"]  # the autouse fixture, used by being imported
+
+GAIN_MIN = SweepConfig().gain_min  # the real default, 10 %
+LIMITS = {"vram_limit": LadderConfig().vram_limit, "latency_rise": LadderConfig().latency_rise}
+
+
+def _tier(batch: int, verdict: Verdict, rates: Sequence[float], **kw: object) -> Tier:
+    """A tier whose rounds ran at ``rates`` items/s (the aggregate: their mean)."""
+    rounds = tuple(
+        replace(CLEAN, batch_size=batch, items_per_s=r, per_item_s=1 / r, **kw)  # type: ignore[arg-type]
+        for r in rates
+    )
+    mean = sum(rates) / len(rates)
+    stats = replace(CLEAN, batch_size=batch, items_per_s=mean, per_item_s=1 / mean, **kw)  # type: ignore[arg-type]
+    return Tier(stats, rounds, verdict, "", len(rates))
+
+
+def test_the_setting_is_the_fastest_kept_tier_not_the_last() -> None:
+    # the issue's stop: latency case: batch 4 kept at 4.82 items/s over batch 2's 8.02
+    history = [
+        _tier(1, "pass", [4.0, 4.1]),
+        _tier(2, "pass", [8.0, 8.04]),
+        _tier(4, "stop: latency", [4.8, 4.84]),
+    ]
+    assert setting_tier(history, GAIN_MIN) is history[1]
+    reason = setting_reason(history, GAIN_MIN)
+    assert reason.startswith("batch 2: 8.02 items/s, the fastest kept tier")
+    assert "batch 4 kept but 40 % slower, and each item cost more there (stop: latency)" in reason
+    # a stop: vram tier whose throughput fell, its KV cache full
+    full = [
+        _tier(2, "pass", [8.0, 8.1]),
+        _tier(4, "pass", [15.9, 15.94]),
+        _tier(8, "stop: vram", [13.9, 14.0], pressure=1.0, peak_kv_usage=1.0),
+    ]
+    assert setting_tier(full, GAIN_MIN) is full[1]
+    assert setting_reason(full, GAIN_MIN) == (
+        "batch 4: 15.9 items/s, the fastest kept tier; batch 8 kept but 12 % slower, and its KV "
+        "cache was full (100 %)"
+    )
+
+
+def test_the_setting_is_the_smallest_batch_within_noise_of_the_best() -> None:
+    # batch 8 is 5 % faster than 4: within gain_min → the smaller batch is the setting
+    close = [_tier(4, "pass", [20.0, 20.0]), _tier(8, "pass", [21.0, 21.0])]
+    assert setting_tier(close, GAIN_MIN) is close[0]
+    assert "batch 8 5 % faster (21 items/s) but within noise" in setting_reason(close, GAIN_MIN)
+    # 20 % faster, ranges apart: the bigger batch
+    apart = [_tier(4, "pass", [20.0, 20.2]), _tier(8, "pass", [24.0, 24.2])]
+    assert setting_tier(apart, GAIN_MIN) is apart[1]
+    # 20 % faster at the median, but the ranges overlap: noise, the smaller batch
+    noisy = [_tier(4, "pass", [18.0, 26.0]), _tier(8, "pass", [25.0, 28.0])]
+    assert within_noise(noisy[0], noisy[1], GAIN_MIN)
+    assert setting_tier(noisy, GAIN_MIN) is noisy[0]
+    # flat throughput: batching buys nothing, batch 1 is the setting
+    flat = [_tier(b, "pass", [10.0, 10.0]) for b in (1, 2, 4)]
+    assert setting_tier(flat, GAIN_MIN) is flat[0]
+    assert setting_tier([_tier(1, "fail", [1.0])], GAIN_MIN) is None
+    assert setting_reason([_tier(1, "fail", [1.0])], GAIN_MIN) == ""
+
+
+def test_tiers_not_kept_never_become_the_setting_however_fast() -> None:
+    for verdict in ("stop: preempt", "stop: cap", "stop: slo", "fail"):
+        history = [_tier(4, "pass", [15.9, 15.9]), _tier(8, verdict, [40.0, 40.0])]  # type: ignore[arg-type]
+        assert not kept(verdict)
+        assert setting_tier(history, GAIN_MIN) is history[0], verdict
+        assert "batch 8 not kept" in setting_reason(history, GAIN_MIN)
+    for verdict in ("pass", "stop: vram", "stop: latency"):
+        assert kept(verdict)
+
+
+def test_cap_and_preempt_are_judged_before_the_rules_that_keep_their_tier() -> None:
+    full = replace(CLEAN, batch_size=8, pressure=0.99, preemptions=5)
+    full = replace(full, preemption_metric="vllm:num_preemptions_total")
+    verdict, reason = tier_verdict(full, None, **LIMITS)
+    assert verdict == "stop: preempt"
+    assert reason == (
+        "batch 8: the server preempted 5 requests during the tier (vllm:num_preemptions_total "
+        "+5): its KV cache is full at this batch; not kept"
+    )
+    cap = ServerCap(4, "llama.cpp /props total_slots")
+    verdict, reason = tier_verdict(full, None, cap=cap, **LIMITS)
+    assert verdict == "stop: cap"
+    assert "the server's own cap is 4 (llama.cpp /props total_slots), below batch 8" in reason
+    at_cap = replace(CLEAN, batch_size=4, pressure=0.1)
+    assert tier_verdict(at_cap, None, cap=cap, **LIMITS)[0] == "pass", "B = cap is fine"
+    assert tier_verdict(replace(at_cap, preemptions=0), None, **LIMITS)[0] == "pass"
+    sizes = (1, 2, 4, 8)
+    assert stopped_by([_tier(1, "pass", [1.0]), _tier(2, "stop: cap", [1.0])], sizes) == "cap"
+    assert stopped_by([_tier(1, "stop: preempt", [1.0])], sizes) == "preempt"
+
+
+def test_latency_fires_only_beyond_the_spread_of_the_rounds() -> None:
+    limit = LIMITS["latency_rise"]
+
+    def rounds(batch: int, per_item: Sequence[float]) -> list[Stats]:
+        return [replace(CLEAN, batch_size=batch, per_item_s=p) for p in per_item]
+
+    def agg(batch: int, per_item: Sequence[float]) -> Stats:
+        return replace(CLEAN, batch_size=batch, per_item_s=sum(per_item) / len(per_item))
+
+    prev = [0.10, 0.10]
+    for now, seen in (
+        ([0.20, 0.21], "rise"),  # even the fastest round is 2× the slowest before
+        ([0.11, 0.16], "unsure"),  # 1.35× on average, one round 1.1×: the rounds disagree
+        ([0.12, 0.12], "flat"),  # 1.2×: under the limit
+    ):
+        assert latency_seen(agg(2, now), agg(1, prev), rounds(2, now), rounds(1, prev), limit) == (
+            seen
+        ), now
+    # after the most rounds: unsure with overlapping ranges passes and says why…
+    now, before = [0.12, 0.16, 0.15, 0.22], [0.10, 0.12]
+    verdict, reason = tier_verdict(
+        agg(2, now),
+        agg(1, before),
+        rounds=rounds(2, now),
+        previous_rounds=rounds(1, before),
+        **LIMITS,
+    )
+    assert verdict == "pass" and "within the spread of 4 rounds: not a stop" in reason
+    # …and every round slower than every round before is a stop
+    now = [0.13, 0.16, 0.14, 0.17]
+    verdict, _ = tier_verdict(
+        agg(2, now),
+        agg(1, before),
+        rounds=rounds(2, now),
+        previous_rounds=rounds(1, before),
+        **LIMITS,
+    )
+    assert verdict == "stop: latency"
+
+
+def _ladder(tmp_path: Path, walls: dict[int, Sequence[float]], kv: FakeKv | None = None) -> Ladder:
+    """A ladder at the real defaults (2 rounds, latency_rise 1.25, gain_min 10 %) on a scripted
+    server: wave ``n`` of batch B takes ``walls[B][n]`` s (the last repeats), one wave a round."""
+    cfg = Config(ladder=replace(LadderConfig(), min_round_s=0.0, warmup_waves=0))
+    ctx = stage_ctx(tmp_path, cfg, "ladder")
+    monitor = VramMonitor([kv] if kv else [])
+    sent: dict[int, int] = {}
+
+    def script(batch: int, n: int) -> tuple[float, float, None]:
+        count = sent[batch] = sent.get(batch, 0) + 1
+        wall = walls[batch][min(count, len(walls[batch])) - 1]
+        return wall, wall, None
+
+    return Ladder(
+        ctx,
+        LadderOptions.from_config(cfg),
+        monitor,
+        recorder(ctx, monitor, tmp_path),
+        ScriptedSender(script),
+    )
+
+
+def test_one_noisy_round_on_a_busy_box_runs_more_rounds_instead_of_stopping(
+    tmp_path: Path,
+) -> None:
+    """The fixed-prompt ladder on a busy 4-slot llama.cpp stopped at batch 2 on one slow round:
+    batch 2's rounds disagree (0.22 s, then 0.32 s: 1.35× on average), so it runs a third, and
+    the rounds' median is clean: not a stop, batch 4 is tried."""
+    walls = {1: [0.1], 2: [0.22, 0.32, 0.22, 0.22], 4: [0.24], 8: [0.48]}
+    ladder = _ladder(tmp_path, walls)
+    result = ladder.run()
+    assert [t.verdict for t in result.tiers] == ["pass"] * 4
+    assert [len(t.rounds) for t in result.tiers] == [2, 3, 2, 2]
+    assert result.setting is not None and result.setting.batch_size == 4
+    assert result.summary().last_passing is not None
+    assert result.summary().last_passing.batch_size == 4  # type: ignore[union-attr]
+
+
+def test_a_real_rise_stops_after_the_planned_rounds(tmp_path: Path) -> None:
+    walls = {1: [0.1], 2: [0.15], 4: [0.8], 8: [0.8]}
+    result = _ladder(tmp_path, walls).run()
+    assert [t.verdict for t in result.tiers] == ["pass", "pass", "stop: latency"]
+    assert [len(t.rounds) for t in result.tiers] == [2, 2, 2], "no extra rounds when clear"
+    assert result.last_passing is not None and result.last_passing.batch_size == 4
+    assert result.setting is not None and result.setting.batch_size == 2
+    assert result.summary().details["highest_kept"] == 4
+
+
+def test_a_stop_vram_tier_whose_throughput_fell_is_not_the_setting(tmp_path: Path) -> None:
+    kv = FakeKv()
+    walls = {1: [0.1], 2: [0.1], 4: [0.13], 8: [0.6]}
+
+    class Sender(ScriptedSender):
+        def send(self, requests, workers, max_tokens=None):  # type: ignore[no-untyped-def]
+            kv.usage = 1.0 if len(requests) == 8 else 0.3
+            return super().send(requests, workers, max_tokens)
+
+    ladder = _ladder(tmp_path, walls, kv)
+    ladder.sender = Sender(ladder.sender.script)  # type: ignore[attr-defined]
+    result = ladder.run()
+    assert [t.verdict for t in result.tiers] == ["pass", "pass", "pass", "stop: vram"]
+    assert result.setting is not None and result.setting.batch_size == 4
+    assert "batch 8 kept but 57 % slower, and its KV cache was full (100 %)" in (
+        result.setting_reason
+    )
+
+
+def test_the_preemption_counter_and_the_cap_are_read_as_the_engines_name_them() -> None:
+    vllm = 'vllm:num_preemptions_total{engine="0"} 3.0\nvllm:num_preemptions_total{engine="1"} 2\n'
+    assert preemptions(parse_prometheus(vllm)) == ("vllm:num_preemptions_total", 5.0)
+    sglang = (
+        'sglang:num_retracted_requests_total{model_name="m"} 4\n'
+        'sglang:num_retracted_requests_total{model_name="m",priority="1"} 4\n'
+    )
+    assert preemptions(parse_prometheus(sglang)) == ("sglang:num_retracted_requests_total", 4.0)
+    assert preemptions(parse_prometheus("vllm:num_requests_waiting 1\n")) is None
+
+    pages = {"/props": '{"total_slots": 4}', "/get_server_info": '{"max_running_requests": 16}'}
+
+    def fetch(path: str) -> str:
+        if path not in pages:
+            from calibrate.errors import ErrorInfo, RequestError
+
+            raise RequestError(ErrorInfo("http_4xx", "HTTP 404", 404))
+        return pages[path]
+
+    assert read_cap(fetch) == ServerCap(4, "llama.cpp /props total_slots")
+    del pages["/props"]
+    assert read_cap(fetch) == ServerCap(16, "SGLang max_running_requests")
+    pages["/get_server_info"] = '{"max_running_requests": null}'
+    assert read_cap(fetch) is None
+
+
+def test_the_counter_read_before_and_after_each_tier_is_its_preemptions(tmp_path: Path) -> None:
+    """The engine's counter rises by 3 during batch 8 only: that tier is stop: preempt, with the
+    count, and the setting is the best tier below it."""
+    walls = {1: [0.1], 2: [0.1], 4: [0.1], 8: [0.15]}
+    ladder = _ladder(tmp_path, walls)
+    reads: list[int] = []
+
+    def counter() -> Gauge:
+        reads.append(len(ladder.history))
+        batch8_done = len(ladder.history) == 3 and reads.count(3) == 2
+        return Gauge("vllm:num_preemptions_total", 7.0 + (3.0 if batch8_done else 0.0))
+
+    ladder.preemptions = counter
+    result = ladder.run()
+    assert [t.verdict for t in result.tiers] == ["pass", "pass", "pass", "stop: preempt"]
+    assert [t.stats.preemptions for t in result.tiers] == [0, 0, 0, 3]
+    assert result.stopped_by == "preempt" and result.summary().max_in_flight == 4
+    assert result.setting is not None and result.setting.batch_size == 4
+    assert "the server preempted 3 requests during the tier" in result.tiers[-1].reason
+
+
+def test_a_restarted_engine_is_warmed_again_before_its_tier(tmp_path: Path) -> None:
+    cfg = Config(ladder=replace(LadderConfig(), min_round_s=0.0, warmup_waves=1))
+    ctx = stage_ctx(tmp_path, cfg, "ladder")
+    monitor = VramMonitor([])
+    sender = ScriptedSender(lambda batch, n: (0.1, 0.1, None))
+    options = replace(LadderOptions.from_config(cfg), batch_sizes=(1, 2, 4))
+    restarted: list[int] = []
+
+    def restart(batch: int) -> bool:
+        restarted.append(batch)
+        return batch != 1  # the engine already runs at --parallel 1
+
+    ladder = Ladder(
+        ctx, options, monitor, recorder(ctx, monitor, tmp_path), sender, before_tier=restart
+    )
+    ladder.run()
+    assert restarted == [1, 1, 2, 4], "before the warm-up, then before every tier"
+    # warm-up, 2 rounds of 1; a warm-up wave of 2 after the restart, 2 rounds; the same for 4
+    assert sender.calls == [(1, 1)] * 3 + [(2, 2)] * 3 + [(4, 4)] * 3

@@ -1,0 +1,200 @@
+"""The ladder's numbers a user acts on, over real HTTP against the real mock: the canary outside
+the measured waves, the setting as the best kept tier (status and pin use it), stop: preempt from
+the server's own counter, stop: cap above the server's own cap (SPEC §5.3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import write_config
+from tests.mockserver import start_mock
+from tests.tier_helpers import DEFAULT_RISE, FAST, jsonl, open_gate, run_dir
+
+SERVER = '[server]\nkind = "vllm"\nmodel_path = "/models/m1"\nport = 8123\n'
+
+
+def _gate_with_baseline(cli, root: Path, base_url: str, extra: str) -> None:
+    """single (the baseline the canary is compared with) and repro, as a user would."""
+    write_config(root / "calibrate.toml", base_url, extra)
+    assert cli("single").code == 0
+    assert cli("repro", "--runs", "1").code == 0
+
+
+@pytest.mark.parametrize("batch_sizes", ["[1, 2]", "[1, 4]"])
+def test_the_canary_is_sent_alone_between_measured_waves(
+    cli, isolated: Path, batch_sizes: str
+) -> None:
+    """With a synthetic workload the fixed prompt (a longer answer) must not set a wave's time:
+    batch 1's time per item is the items' own latency, and concurrency is what was in flight."""
+    with start_mock() as mock:  # the mock's defaults, as in the issue: items of ~0.25 s
+        extra = FAST + f"batch_sizes = {batch_sizes}\n"
+        _gate_with_baseline(cli, isolated, mock.base_url, extra)
+        result = cli("ladder", "--input-tokens", "100", "--output-tokens", "20", "--json")
+    assert result.code == 0, result.err
+    first = result.json["tiers_detail"][0]
+    assert first["batch_size"] == 1 and first["concurrency"] == 1
+    # before: 0.537 s per item against 0.252 s of latency (the canary's 48-token answer)
+    assert first["per_item_s"] == pytest.approx(first["latency_mean_s"], rel=0.10)
+    assert first["output_tokens_mean"] == 20, "the canary's answer is not a workload item"
+    records = jsonl(run_dir(isolated, result.json["run_id"]) / "records.jsonl")
+    canaries = [r for r in records if r.get("canary")]
+    work = [r for r in records if not r.get("canary")]
+    tiers = result.json["tiers_detail"]
+    assert len(canaries) == sum(t["rounds"] for t in tiers), "one canary a round"
+    assert all(r["concurrency"] == 1 and r["canary"] is True for r in canaries)
+    assert all(r["concurrency"] == r["batch_size"] for r in work)
+    for tier in tiers:  # each round's measured items are exactly B per wave
+        assert tier["items"] == tier["batch_size"] * tier["waves"]
+        assert tier["baseline_items"] == tier["rounds"], "the canaries are still compared"
+        assert tier["baseline_match"] == tier["rounds"]
+
+
+def test_a_slower_stop_latency_tier_never_becomes_the_setting(cli, isolated: Path) -> None:
+    """batch 4 is slowed 4× per token: kept as stop: latency, but the setting (ledger, status,
+    pin) is batch 2, and the ladder says why."""
+    with start_mock(ttft_s=0.002, per_token_s=0.002, slow_above=2, slow_factor=4.0) as mock:
+        open_gate(isolated, mock.base_url, DEFAULT_RISE + SERVER)
+        result = cli("ladder", "--json")
+    assert result.code == 0, result.err
+    assert [t["verdict"] for t in result.json["tiers"]] == ["pass", "pass", "stop: latency"]
+    assert result.json["last_passing"] == {"batch_size": 2, "concurrency": 2}
+    assert result.json["highest_kept"] == 4
+    reason = result.json["setting_reason"]
+    assert reason.startswith("batch 2: ") and "batch 4 kept but" in reason
+    assert "slower, and each item cost more there (stop: latency)" in reason
+    assert f"setting: batch 2, concurrency 2 — {reason}" in result.err
+    _status_and_pin_say(cli, isolated, 2)
+
+
+def test_a_preempting_tier_is_stop_preempt_with_counts_and_not_kept(cli, isolated: Path) -> None:
+    """The mock preempts when its KV cache is full (``--on-kv-full preempt``) and counts it as
+    vLLM does; batch 8 does not fit in 400 tokens of KV: stop: preempt, batch 4 is the setting."""
+    with start_mock(
+        ttft_s=0.002,
+        per_token_s=0.002,
+        kv_capacity_tokens=400,
+        kv_mib_per_1k_tokens=100,
+        on_kv_full="preempt",
+    ) as mock:
+        open_gate(isolated, mock.base_url, FAST + SERVER)
+        result = cli("ladder", "--json")
+        metrics = mock.model.snapshot()
+    assert result.code == 0, result.err
+    assert [t["verdict"] for t in result.json["tiers"]] == ["pass"] * 3 + ["stop: preempt"]
+    assert result.json["stopped_by"] == "preempt"
+    detail = result.json["tiers_detail"]
+    assert [t["preemptions"] for t in detail[:3]] == [0, 0, 0]
+    counted = detail[3]["preemptions"]
+    assert counted and counted == metrics.preemptions_total
+    assert detail[3]["preemption_metric"] == "vllm:num_preemptions_total"
+    assert f"batch 8: the server preempted {counted} requests during the tier" in result.err
+    assert result.json["last_passing"] == {"batch_size": 4, "concurrency": 4}
+    assert result.json["max_in_flight"] == 4, "a preempting tier is not kept"
+    assert "batch 8 not kept: the server preempted" in result.json["setting_reason"]
+    _status_and_pin_say(cli, isolated, 4)
+
+
+def test_the_mock_exposes_its_preemption_counter_as_vllm_names_it() -> None:
+    import urllib.request
+
+    with start_mock(kv_capacity_tokens=100, on_kv_full="preempt") as mock:
+        root = mock.base_url.removesuffix("/v1")
+        text = urllib.request.urlopen(root + "/metrics", timeout=10).read().decode()
+    assert "# TYPE vllm:num_preemptions_total counter" in text
+    assert 'vllm:num_preemptions_total{model_name="internlm-s2"} 0' in text
+    with start_mock(kv_capacity_tokens=100, on_kv_full="oom") as mock:
+        root = mock.base_url.removesuffix("/v1")
+        text = urllib.request.urlopen(root + "/metrics", timeout=10).read().decode()
+    assert "num_preemptions" not in text, "only a preempting mock counts preemptions"
+
+
+@pytest.mark.parametrize(("slots", "kept"), [(2, [1, 2]), (4, [1, 2, 4])])
+def test_tiers_above_the_servers_own_cap_are_stop_cap(
+    cli, isolated: Path, slots: int, kept: list[int]
+) -> None:
+    """A llama.cpp-like server reporting ``total_slots`` in /props: above it the tier measured
+    the server's queue, not batch B — stop: cap, not kept, and said so."""
+    with start_mock(ttft_s=0.002, per_token_s=0.002, slots=slots, expose_props=True) as mock:
+        open_gate(isolated, mock.base_url, FAST)
+        result = cli("ladder", "--json")
+    assert result.code == 0, result.err
+    verdicts = [(t["batch_size"], t["verdict"]) for t in result.json["tiers"]]
+    assert verdicts == [(b, "pass") for b in kept] + [(slots * 2, "stop: cap")]
+    assert result.json["stopped_by"] == "cap"
+    assert result.json["max_in_flight"] == slots
+    assert f"the server's own cap: {slots} (llama.cpp /props total_slots)" in result.err
+    assert f"batch {slots * 2}: the server's own cap is {slots}" in result.err
+    assert result.json["last_passing"]["batch_size"] <= slots
+
+
+def _status_and_pin_say(cli, root: Path, batch: int) -> None:
+    """``status`` and ``pin`` take the ladder's setting, not its last tier."""
+    status = cli("status", "--json")
+    assert status.code == 0, status.err
+    assert status.json["setting"]["batch_size"] == batch
+    assert status.json["setting"]["source"] == "ladder"
+    assert f"calibrated setting: batch {batch}," in cli("status").err
+    pin = cli("pin", "--json")
+    assert pin.code == 0, pin.err
+    assert f"--max-num-seqs {batch}" in (root / "scripts/launch.sh").read_text("utf-8")
+
+
+def _fake_llama_server(bin_dir: Path) -> Path:
+    """``llama-server`` on PATH: the mock, with as many slots as ``--parallel`` says (and /props
+    saying so), and its argv appended to ``argv.log`` beside it."""
+    import stat
+    import sys
+
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    script = bin_dir / "llama-server"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'printf "%s\\n" "$*" >> "{bin_dir}/argv.log"\n'
+        'port=""; slots=1\n'
+        "while [ $# -gt 0 ]; do\n"
+        '  case "$1" in --port) port=$2; shift;; --parallel) slots=$2; shift;; esac; shift\n'
+        "done\n"
+        f'exec "{sys.executable}" -m calibrate mock --port "$port" --slots "$slots" '
+        "--ttft 0.002 --per-token 0.001 --expose-props --metrics-style llamacpp\n",
+        encoding="utf-8",
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return bin_dir
+
+
+def test_a_managed_llamacpp_ladder_restarts_at_parallel_b_for_each_tier(
+    cli, isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For llama.cpp the batch size is ``--parallel``: calibrate restarts the engine it manages
+    at --parallel B before each tier (no stop: cap), and pin carries the setting's --parallel."""
+    import os
+
+    from tests.fakes import free_port, pythonpath_env
+
+    bin_dir = _fake_llama_server(isolated / "fakebin")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", pythonpath_env())
+    port = free_port()
+    server = (
+        f'[server]\nkind = "llamacpp"\nmodel_path = "/models/m.gguf"\nport = {port}\n'
+        "ready_timeout_s = 20\nstop_timeout_s = 5\n"
+    )
+    write_config(isolated / "calibrate.toml", f"http://127.0.0.1:{port}/v1", FAST + server)
+    assert cli("server", "start", "--batch-size", "1", "--concurrency", "1").code == 0
+    try:
+        assert cli("single").code == 0 and cli("repro", "--runs", "1").code == 0
+        result = cli("ladder", "--json")
+    finally:
+        cli("server", "stop")
+    assert result.code == 0, result.err
+    assert [t["verdict"] for t in result.json["tiers"]] == ["pass"] * 4, "no stop: cap"
+    started = (bin_dir / "argv.log").read_text("utf-8").splitlines()
+    parallel = [line.split("--parallel ")[1].split()[0] for line in started]
+    assert parallel == ["1", "2", "4", "8"], "started at 1, then one restart per tier above it"
+    assert "restarting the managed server at cap 8 (--parallel 8 for ladder batch 8)" in result.err
+    batch = result.json["last_passing"]["batch_size"]
+    assert batch in (4, 8)  # 1 slot per B: throughput doubles up to the setting
+    assert cli("pin").code == 0
+    assert f"--parallel {batch}" in (isolated / "scripts/launch.sh").read_text("utf-8")
