@@ -1,4 +1,4 @@
-"""The stop rules are pure functions: every verdict, next_tier, stopped_by and the knee."""
+"""The stop rules are pure functions: every verdict, next_tier and stopped_by (the knee: tests/test_sweep_knee.py)."""
 
 from __future__ import annotations
 
@@ -6,16 +6,9 @@ from dataclasses import replace
 
 from calibrate.config import LadderConfig, SloConfig
 from calibrate.stages.stop_rules import (
-    Point,
-    counts_as_gain,
-    gain_range,
-    gains,
-    knee,
-    knee_text,
     last_passing,
     mismatch_notes,
     next_tier,
-    overlaps,
     stopped_by,
     tier_verdict,
 )
@@ -163,64 +156,7 @@ def test_mismatch_notes_only_for_passing_tiers_that_differ() -> None:
     ]
 
 
-def test_knee_is_the_end_of_the_rising_run() -> None:
-    rising = [Point(1, 10, 0), Point(2, 19, 0), Point(4, 36, 0), Point(8, 37, 0), Point(16, 45, 0)]
-    assert knee(rising, 0.10) == Point(4, 36, 0)
-    assert gains(rising)[:3] == [None, 0.8999999999999999, 36 / 19 - 1]
-    errors = [Point(1, 10, 0), Point(2, 19, 0), Point(4, 36, 3)]
-    assert knee(errors, 0.10) == Point(2, 19, 0)
-    assert knee([Point(1, 10, 1)], 0.10) is None
-    assert knee([Point(1, 10, 0), Point(2, 10.9, 0)], 0.10) == Point(1, 10, 0)  # +9 % < 10 %
-    assert knee([Point(1, 10, 0), Point(2, 11.0, 0)], 0.10) == Point(2, 11.0, 0)
-
-
 def test_percentile_nearest_rank() -> None:
     assert percentile([], 50) is None
     assert percentile([3.0, 1.0, 2.0, 4.0], 50) == 2.0
     assert percentile([float(i) for i in range(1, 101)], 99) == 99.0
-
-
-def test_a_gain_counts_only_beyond_the_noise() -> None:
-    prev = Point(2, 20.0, 0, 19.0, 21.0)
-    clear = Point(4, 36.0, 0, 35.0, 37.0)
-    assert counts_as_gain(prev, clear, 0.10) and not overlaps(prev, clear)
-    # median +12 %, but the slowest run of 4 is slower than the fastest of 2: within noise
-    noisy = Point(4, 22.4, 0, 20.5, 25.0)
-    assert overlaps(prev, noisy) and not counts_as_gain(prev, noisy, 0.10)
-    # touching ranges overlap (the boundary)
-    assert overlaps(prev, Point(4, 25.0, 0, 21.0, 26.0))
-    assert not overlaps(prev, Point(4, 25.0, 0, 21.01, 26.0))
-    # ranges apart but below gain_min: a real, small gain does not count either
-    small = Point(4, 21.6, 0, 21.5, 21.7)
-    assert not overlaps(prev, small) and not counts_as_gain(prev, small, 0.10)
-    low, high = gain_range(prev, noisy)  # type: ignore[misc]
-    assert low == 20.5 / 21.0 - 1 and high == 25.0 / 19.0 - 1
-
-
-def test_the_knee_stops_at_a_gain_within_noise_and_says_so() -> None:
-    points = [
-        Point(1, 10.0, 0, 9.8, 10.2),
-        Point(2, 19.0, 0, 18.5, 19.5),
-        Point(4, 36.0, 0, 35.0, 37.0),
-        Point(8, 37.0, 0, 34.5, 39.0),
-    ]
-    assert knee(points, 0.10) == points[2]
-    text = knee_text(points, 0.10)
-    assert text.startswith("knee at 4 (+89 % over 2, range +79 %…+100 %)")
-    assert "8 adds +3 % (range −7 %…+11 %): within noise (the ranges overlap)" in text
-    # the same medians with +12 % at 8, but the ranges overlap: still not a gain
-    wide = [*points[:3], Point(8, 40.3, 0, 33.0, 44.0)]
-    assert knee(wide, 0.10) == points[2]
-    assert "within noise" in knee_text(wide, 0.10)
-
-
-def test_the_knee_text_for_one_run_per_level_and_the_last_level() -> None:
-    single = [Point(1, 10.0, 0), Point(2, 19.0, 0), Point(4, 19.5, 0)]
-    text = knee_text(single, 0.10)
-    assert text.startswith("knee at 2 (+90 % over 1); 4 adds +3 %: below the 10 % a level must add")
-    assert "one run per level: no range" in text and "repeats = 3" in text
-    rising = [Point(1, 10.0, 0, 9.0, 11.0), Point(2, 20.0, 0, 19.0, 21.0)]
-    assert "the last level tried: throughput may still rise" in knee_text(rising, 0.10)
-    failed = [Point(1, 10.0, 0, 9.0, 11.0), Point(2, 20.0, 2, 19.0, 21.0)]
-    assert knee_text(failed, 0.10) == "knee at 1; 2 failed (2 errors)"
-    assert knee_text([Point(1, 10.0, 3)], 0.10) == ""

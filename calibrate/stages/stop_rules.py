@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 from statistics import median
 from typing import Literal
 
@@ -281,102 +280,6 @@ class Point:
     def span(self) -> tuple[float, float]:
         low = self.items_per_s if self.low is None else self.low
         return low, self.items_per_s if self.high is None else self.high
-
-
-def gains(points: Sequence[Point]) -> list[float | None]:
-    """Median throughput gain of each level over the previous one (None for the first)."""
-    out: list[float | None] = [None]
-    for prev, cur in pairwise(points):
-        out.append(cur.items_per_s / prev.items_per_s - 1 if prev.items_per_s > 0 else None)
-    return out
-
-
-def gain_range(prev: Point, cur: Point) -> tuple[float, float] | None:
-    """The gain as far apart as the runs allow: this level's lowest over the previous level's
-    highest, and its highest over the previous lowest."""
-    (p_low, p_high), (c_low, c_high) = prev.span, cur.span
-    if p_low <= 0:
-        return None
-    return c_low / p_high - 1, c_high / p_low - 1
-
-
-def overlaps(prev: Point, cur: Point) -> bool:
-    """The two levels' ranges share a value: this level's slowest run is no faster than the
-    previous level's fastest, so a gain between them cannot be told from noise."""
-    return cur.span[0] <= prev.span[1]
-
-
-def counts_as_gain(prev: Point, cur: Point, gain_min: float) -> bool:
-    """A clean level whose median adds ≥ ``gain_min`` and whose range sits above the last one."""
-    gain = gains([prev, cur])[1]
-    return not cur.errors and gain is not None and gain >= gain_min and not overlaps(prev, cur)
-
-
-def knee(points: Sequence[Point], gain_min: float) -> Point | None:
-    """The last level of the unbroken run of levels that each count as a gain, with no errors —
-    where the curve stops rising. None when even the first level failed."""
-    if not points or points[0].errors:
-        return None
-    best = points[0]
-    for prev, cur in pairwise(points):
-        if not counts_as_gain(prev, cur, gain_min):
-            break
-        best = cur
-    return best
-
-
-def _pct(value: float) -> str:
-    percent = round(value * 100) or 0  # never "−0 %"
-    return f"{percent:+d} %".replace("-", "−")
-
-
-def _gain_parts(prev: Point, cur: Point) -> tuple[str, str]:
-    """(``+3 %``, ``range −4 %…+9 %``); the range is empty when neither level has one."""
-    gain = gains([prev, cur])[1]
-    span = gain_range(prev, cur)
-    ranged = span is not None and (prev.low is not None or cur.low is not None)
-    return (
-        _pct(gain) if gain is not None else "—",
-        f"range {_pct(span[0])}…{_pct(span[1])}" if span is not None and ranged else "",
-    )
-
-
-def knee_text(points: Sequence[Point], gain_min: float) -> str:
-    """The knee and how sure it is, e.g. ``knee at 4 (4 adds +85 % over 2 (range +70 %…+95 %));
-    8 adds +3 % (range −4 %…+9 %): within noise``. Empty when there is no knee."""
-    top = knee(points, gain_min)
-    if top is None:
-        return ""
-    at = points.index(top)
-    text = f"knee at {top.concurrency}"
-    if at > 0:
-        gain, span = _gain_parts(points[at - 1], top)
-        text += f" ({gain} over {points[at - 1].concurrency}{', ' + span if span else ''})"
-    if at + 1 == len(points):
-        text += "; the last level tried: throughput may still rise above it"
-    else:
-        nxt = points[at + 1]
-        if nxt.errors:
-            text += f"; {nxt.concurrency} failed ({nxt.errors} errors)"
-        else:
-            gain, span = _gain_parts(top, nxt)
-            span = f" ({span})" if span else ""
-            text += f"; {nxt.concurrency} adds {gain}{span}: {_why_not(top, nxt, gain_min)}"
-    if len(points) > 1 and all(p.low is None for p in points):
-        text += (
-            " — one run per level: no range, so a gain cannot be told from noise "
-            "(set [sweep] repeats = 3)"
-        )
-    return text
-
-
-def _why_not(prev: Point, cur: Point, gain_min: float) -> str:
-    if overlaps(prev, cur) and (prev.low is not None or cur.low is not None):
-        return "within noise (the ranges overlap)"
-    gain = gains([prev, cur])[1] or 0.0
-    if gain < 0:
-        return "throughput fell"
-    return f"below the {gain_min * 100:.0f} % a level must add"
 
 
 def continue_sweep(points: Sequence[Point]) -> bool:
