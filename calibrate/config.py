@@ -355,14 +355,24 @@ def _shown_url(url: str) -> str:
     return f"{scheme}{sep}{netloc}{slash}{tail}"
 
 
+CONFIG_MAX_BYTES = 1 << 20  # a calibrate.toml is a few KiB; a bigger file is a wrong --config
+
+
 def _apply_file(cfg: Config, path: Path) -> Config:
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as fh:
+            raw = fh.read(CONFIG_MAX_BYTES + 1)
     except OSError as exc:
         raise ConfigError(
             f"cannot read config {path}: {exc.strerror or exc}",
             "Check the path given by --config or CALIBRATE_CONFIG, or run: calibrate init",
         ) from exc
+    if len(raw) > CONFIG_MAX_BYTES:
+        raise ConfigError(
+            f"{path} is over {CONFIG_MAX_BYTES >> 20} MiB: not a calibrate config",
+            "Check the path given by --config or CALIBRATE_CONFIG (a task file goes to --tasks or "
+            "--input), or run: calibrate init",
+        )
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -234,3 +234,22 @@ def test_deeply_nested_toml_is_a_config_error(cli, isolated: Path, text: str) ->
     result = cli("status")
     assert result.code == 2, result.err
     assert "not valid TOML" in result.err and "Traceback" not in result.err
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"x" * (3 << 20),  # a 3 MiB file with no newline: read no further than the cap
+        b'[target]\nmodel = "m"\n' + b"#" * (2 << 20) + b"\n",  # a real table, then a huge comment
+        b'{"id": 1, "text": "a task file given as --config"}\n' * 40_000,
+    ],
+)
+def test_a_huge_config_is_exit_2_without_reading_it_whole(
+    cli, isolated: Path, content: bytes
+) -> None:
+    path = isolated / "big.toml"
+    path.write_bytes(content)
+    result = cli("status", "--config", str(path))
+    assert result.code == 2
+    assert f"{path} is over 1 MiB: not a calibrate config" in result.err
+    assert "Traceback" not in result.err
