@@ -50,7 +50,7 @@ def _starting_record(root: Path, proc: subprocess.Popen[str]) -> dict:
         except (OSError, ValueError):
             time.sleep(0.05)
             continue
-        assert record["state"] == "starting" and record["starter_pid"] == proc.pid
+        assert record["phase"] == "starting" and record["starter_pid"] == proc.pid
         return record
     proc.kill()
     raise AssertionError(f"no starting record: {proc.communicate()}")
@@ -116,7 +116,7 @@ def test_after_kill_9_the_next_stop_or_start_finds_the_starting_engine(
             f"stopped the engine an interrupted start had left running (PID {record['pid']})"
             in started.err
         )
-        assert started.json["state"] == "ready" and started.json["pid"] != record["pid"]
+        assert started.json["phase"] == "ready" and started.json["pid"] != record["pid"]
         assert cli("server", "stop").code == 0
     assert _wait_gone(record["pid"])
 
@@ -169,13 +169,16 @@ def test_an_engine_never_recorded_is_stopped_by_its_supervisor(tmp_path: Path, h
     assert f"calibrate did not record engine PID {engine}: stopping it" in log.read_text()
 
 
-@pytest.mark.parametrize("delay_s", [0.05, 0.2, 0.5])
+@pytest.mark.parametrize("delay_s", [0.1, 0.2, 0.35, 0.5, 0.8])
 def test_an_early_ctrl_c_is_interrupted_never_a_traceback(isolated: Path, delay_s: float) -> None:
     managed_config(isolated, free_port(), NEVER_READY, ready_timeout_s=60)
     proc = _calibrate(isolated, "server", "start")
     time.sleep(delay_s)
     proc.send_signal(signal.SIGINT)
     err = _finish(proc)
+    if "init_import_site" in err:  # Python itself was still starting: no calibrate code ran
+        assert "calibrate/" not in err, err
+        return
     assert "Traceback" not in err, err
     assert proc.returncode in (130, -signal.SIGINT), err
     record = process.load(isolated / "runs")

@@ -68,12 +68,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args_list = list(sys.argv[1:] if argv is None else argv)
     redact.forget_all()
-    with streams.safe_streams(), _sigterm_interrupts():
-        try:
-            return _run(args_list)
-        except KeyboardInterrupt as exc:  # before or after a command ran (its own are below)
-            print(_interrupted_text(exc), file=sys.stderr)
-            return ExitCode.INTERRUPTED
+    try:
+        with streams.safe_streams(), _sigterm_interrupts():
+            try:
+                return _run(args_list)
+            except KeyboardInterrupt as exc:  # before or after a command ran
+                print(_interrupted_text(exc), file=sys.stderr)
+                return ExitCode.INTERRUPTED
+    except KeyboardInterrupt:  # a second Ctrl-C while the first is reported
+        return ExitCode.INTERRUPTED
 
 
 def _interrupted_text(exc: KeyboardInterrupt) -> str:

@@ -160,7 +160,7 @@ def start(
         raise
     pid, offset = record.pid, record.log_offset
     if ready.ready:
-        record = replace(record, state="ready")
+        record = replace(record, phase="ready")
         process.save(record, runs_dir)
         return Started(record, ready.elapsed_s)
     tail = process.log_tail(runs_dir, TAIL_LINES, offset)
@@ -206,7 +206,7 @@ def _spawn_recorded(
         started_at=utc_now_iso(),
         log_offset=offset,
         status_file=str(exit_status.status_path(runs_dir)),
-        state="starting",
+        phase="starting",
         starter_pid=os.getpid(),
         starter_id=process.start_id(os.getpid()),
         **fields,

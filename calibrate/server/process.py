@@ -69,7 +69,7 @@ class ServerRecord:
     status_file: str | None = None  # where the supervisor records how the engine ended
     # "starting" from before the readiness wait until the engine answered, then "ready";
     # starter: the calibrate process waiting for it (its PID and start time)
-    state: str = "ready"
+    phase: str = "ready"
     starter_pid: int | None = None
     starter_id: str | None = None
 
@@ -84,7 +84,7 @@ class ServerRecord:
 
     def left_starting(self) -> bool:
         """Still "starting" although the calibrate that started it is gone (kill -9, a crash)."""
-        if self.state != "starting" or self.starter_pid is None:
+        if self.phase != "starting" or self.starter_pid is None:
             return False
         alive = self.starter_pid == os.getpid() or start_id(self.starter_pid) == self.starter_id
         return not alive
