@@ -192,7 +192,7 @@ def test_a_value_inside_a_command_substitution_is_refused_in_start_and_pin(
 def test_a_plain_value_inside_a_command_substitution_still_starts(cli, isolated: Path) -> None:
     port = free_port()
     command = (
-        "bash -c 'echo \"loading $(basename {model_path})\"; exec "
+        'bash -c \'echo "loading $(basename {model_path})"; exec '
         + MOCK.replace("'", "")
         + " --port {port} --slots {concurrency}'"
     )

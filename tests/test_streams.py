@@ -70,9 +70,7 @@ def test_an_ascii_only_stdout_still_gets_valid_json(
 ) -> None:
     _tasks(isolated)
     with start_mock(ttft_s=0.001, per_token_s=0.0001) as mock:
-        write_config(
-            isolated / "calibrate.toml", mock.base_url, '[paths]\nruns = "runs-é✓"\n'
-        )
+        write_config(isolated / "calibrate.toml", mock.base_url, '[paths]\nruns = "runs-é✓"\n')
         args = command.split()
         if args[0] == "batch":
             args += ["--input", "in.jsonl", "--out", "out-é✓.jsonl"]
