@@ -139,12 +139,14 @@ def forget_all() -> None:
 
 
 def scrub(text: str) -> str:
-    """``text`` without any remembered secret, ``Bearer`` token or URL userinfo."""
+    """``text`` without any remembered secret or URL userinfo.
+
+    (No general ``Bearer …`` rule here: this runs over model answers too, and "bearer of"
+    is text; the client's ``Scrubber`` applies it to error messages.)
+    """
     pattern = _REMEMBERED.pattern
     if pattern is not None:
         text = pattern.sub(REDACTED, text)
     if "://" in text:
         text = _URL_USERINFO.sub(r"\1***@", text)
-    if "earer" in text or "EARER" in text:
-        text = _BEARER.sub(rf"\1\2{REDACTED}", text)
     return text

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -155,3 +156,50 @@ def test_a_secret_echoed_in_a_successful_answer_is_nowhere(
     for secret in secrets:
         for form in _forms(secret):
             assert form not in everything, f"{form!r} ({how}) was stored or printed"
+
+
+def _b64_at(offset: int, secret: str) -> str:
+    return base64.b64encode(("x" * offset + secret + "yz").encode()).decode()
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        lambda k: k,
+        str.upper,
+        str.lower,
+        str.swapcase,
+        lambda k: f"{k[:7]} {k[7:]}",
+        lambda k: f"{k[:5]}\n{k[5:12]}\t{k[12:]}",
+        lambda k: json.dumps(f"{k[:9]}\n{k[9:]}"),  # a split key as JSON escapes it
+        lambda k: _b64_at(0, k),
+        lambda k: _b64_at(1, k),
+        lambda k: _b64_at(2, k),
+        lambda k: base64.urlsafe_b64encode(("?>" + k).encode()).decode(),
+        lambda k: urllib.parse.quote(k, safe=""),  # as a query string carries it
+    ],
+)
+def test_every_cheap_form_of_a_remembered_key_is_scrubbed(form: Any) -> None:
+    from calibrate import redact
+
+    key = "sk-Echo-0123456789abcdef+/"
+    redact.forget_all()
+    try:
+        redact.remember(key)
+        shown = redact.scrub(f"before {form(key)} after")
+        assert "[REDACTED]" in shown and shown.startswith("before ") and shown.endswith(" after")
+        assert key[4:16] not in shown and key[4:16].upper() not in shown
+    finally:
+        redact.forget_all()
+
+
+def test_ordinary_text_and_short_values_are_left_alone() -> None:
+    from calibrate import redact
+
+    redact.forget_all()
+    try:
+        redact.remember("abc", "", None, "sk-Echo-0123456789")
+        text = "the bearer of good news, abc, token counts, sk-Echo-01 (a prefix only)"
+        assert redact.scrub(text) == text
+    finally:
+        redact.forget_all()

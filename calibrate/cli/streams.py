@@ -117,7 +117,7 @@ def safe_streams() -> Iterator[None]:
     saved = sys.stdout, sys.stderr
     out = saved[0] if isinstance(saved[0], SafeStream) else SafeStream(saved[0])
     err = saved[1] if isinstance(saved[1], SafeStream) else SafeStream(saved[1])
-    sys.stdout, sys.stderr = out, err  # type: ignore[assignment]
+    sys.stdout, sys.stderr = out, err
     try:
         yield
     finally:

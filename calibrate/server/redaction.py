@@ -127,11 +127,16 @@ def secret_values(command: str) -> tuple[str, ...]:
     except ValueError:
         argv = command.split()
     found: list[str] = []
+
+    def keep(name: str, value: str) -> str:
+        found.append(value.strip("'\""))
+        return value
+
     for flag, word in _argv_values(argv):
         if flag is not None:
             found.append(word)
-            continue
-        _replace_values(word, lambda name, value: found.append(value.strip("'\"")) or value)
+        else:
+            _replace_values(word, keep)
     return tuple(v for v in found if v)
 
 
