@@ -185,3 +185,15 @@ def test_the_batch_resume_hint_never_shows_the_password(
     manifest = next((isolated / "runs").glob("*-batch-*/manifest.json")).read_text()
     for text in (result.err, result.out, manifest, json.dumps(resume)):
         assert "pa55" not in text and "w0rd" not in text
+
+
+def test_the_tune_resume_hint_never_shows_the_password() -> None:
+    import argparse
+
+    from calibrate.cli.tune import resume_command
+
+    url = "http://bob:pa55@w0rd-9@127.0.0.1:8000/v1"
+    for argv in (["tune", "--base-url", url, "--new"], ["tune", f"--base-url={url}"]):
+        hint = resume_command(argparse.Namespace(argv=argv))
+        assert hint.startswith("calibrate tune") and "--new" not in hint
+        assert "pa55" not in hint and "w0rd" not in hint and "***@127.0.0.1" in hint
