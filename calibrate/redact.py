@@ -132,6 +132,11 @@ def remember_url(url: str | None) -> None:
     remember(found.password, basic.removeprefix("Basic ") if basic else None)
 
 
+def remembered() -> tuple[str, ...]:
+    """The secrets remembered so far (for a process that must hide them itself)."""
+    return tuple(sorted(_REMEMBERED.secrets, key=len, reverse=True))
+
+
 def forget_all() -> None:
     """A new command starts (main() may run many in one process): nothing remembered."""
     global _REMEMBERED

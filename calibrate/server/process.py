@@ -20,9 +20,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from calibrate import redact
 from calibrate.records import utc_now_iso
 from calibrate.server import exit_status, supervise
-from calibrate.server.redaction import redact_argv, redact_text
+from calibrate.server.redaction import argv_secret_values, redact_argv, redact_text
 from calibrate.store import write_atomic, write_json_atomic
 
 log = logging.getLogger("calibrate")
@@ -191,7 +192,8 @@ def spawn(
         handle.write(f"\n=== {utc_now_iso()} {header} ===\n".encode())
         handle.flush()
         offset = handle.tell()
-        launched = supervise.launch(full, handle, exit_status.status_path(runs_dir))
+        secrets = (*argv_secret_values(full), *redact.remembered())
+        launched = supervise.launch(full, handle, exit_status.status_path(runs_dir), secrets)
     _reap(launched.engine_pid)  # supervisors of engines gone before this start
     _CHILDREN[launched.engine_pid] = launched.supervisor
     _UNADOPTED[launched.engine_pid] = launched

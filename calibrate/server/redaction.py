@@ -126,6 +126,11 @@ def secret_values(command: str) -> tuple[str, ...]:
         argv = shlex.split(command)
     except ValueError:
         argv = command.split()
+    return argv_secret_values(argv)
+
+
+def argv_secret_values(argv: Sequence[str]) -> tuple[str, ...]:
+    """The secret values in an argument list (what ``redact_argv`` would mask)."""
     found: list[str] = []
 
     def keep(name: str, value: str) -> str:
