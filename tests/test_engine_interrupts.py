@@ -208,3 +208,22 @@ def test_rollback_interrupted_while_restarting_stops_the_engine(isolated: Path) 
     assert f"stopped the engine it was starting (PID {record['pid']}" in err
     assert _wait_gone(record["pid"])
     assert not (isolated / "runs/server.json").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_tune_interrupted_while_a_candidate_starts_stops_that_engine(
+    isolated: Path, sig: signal.Signals
+) -> None:
+    from tests.tune_helpers import tune_config
+
+    slow_start = "bash -c 'sleep 60; exec true' calib {slots} {memory_fraction}"
+    tune_config(isolated, 'grid = ["slots=1,2", "memory_fraction=0.5"]\n', command=slow_start)
+    proc = _calibrate(isolated, "tune")
+    record = _starting_record(isolated, proc)
+    time.sleep(0.3)
+    proc.send_signal(sig)
+    err = _finish(proc)
+    assert proc.returncode == 130, err
+    assert "tune interrupted" in err and "Traceback" not in err
+    assert _wait_gone(record["pid"]), "the candidate's engine outlived the interrupted tune"
+    assert not (isolated / "runs/server.json").exists()
