@@ -105,6 +105,8 @@ def test_after_kill_9_the_next_stop_or_start_finds_the_starting_engine(
     _finish(proc)
     assert not pid_gone(record["pid"]), "kill -9 of the starter leaves the engine (recorded)"
     if rerun == "stop":
+        status = cli("server", "status")
+        assert "left starting by an interrupted start" in status.err, status.err
         stopped = cli("server", "stop", "--json")
         assert stopped.code == 0 and stopped.json["pid"] == record["pid"], stopped.err
         assert stopped.json["stopped"] is True
