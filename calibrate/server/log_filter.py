@@ -3,6 +3,8 @@
 Engines print their own arguments (vLLM logs ``api_key='…'`` at start-up). When the engine's
 command holds a secret, its supervisor reads the engine's output through a pipe and writes
 each line here with every secret value (and any ``--api-key X`` / ``HF_TOKEN=X``) masked.
+(The supervisor outlives the engine — it ignores SIGINT, SIGTERM and SIGHUP — so the pipe stays
+open for as long as the engine writes.)
 """
 
 from __future__ import annotations

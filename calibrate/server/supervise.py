@@ -99,6 +99,7 @@ def launch(
         )
     except BaseException:
         os.close(adopt_write)
+        os.close(read_fd)
         raise
     finally:
         for fd in passed[1:]:
