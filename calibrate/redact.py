@@ -106,6 +106,30 @@ def _forms(secret: str) -> list[str]:
 class _Remembered:
     secrets: frozenset[str] = frozenset()
     pattern: re.Pattern[str] | None = None
+    literal: tuple[str, ...] = ()  # base64 cores: found as they are
+    folded: tuple[str, ...] = ()  # the secrets (and percent forms) lower-cased, blanks removed
+
+    def may_hold(self, text: str) -> bool:
+        """A quick look (substring searches) before the full pattern runs."""
+        if any(core in text for core in self.literal):
+            return True
+        lower = text.lower()
+        if any(form in lower for form in self.folded):
+            return True
+        compact = _compact(lower)
+        return any(form in compact for form in self.folded)
+
+
+# What the pattern's \s matches (every Unicode blank lies below U+3001).
+_BLANKS = dict.fromkeys(c for c in range(0x3001) if chr(c).isspace())
+
+
+def _compact(text: str) -> str:
+    """``text`` without blanks and JSON-escaped line breaks (plain ``str`` methods: fast)."""
+    for escape in ("\\n", "\\r", "\\t"):
+        if escape in text:
+            text = text.replace(escape, "")
+    return text.translate(_BLANKS)
 
 
 _REMEMBERED = _Remembered()
@@ -119,8 +143,12 @@ def remember(*secrets: str | None) -> None:
     }
     if found == _REMEMBERED.secrets:
         return
-    forms = [form for s in sorted(found, key=len, reverse=True) for form in _forms(s)]
-    _REMEMBERED = _Remembered(frozenset(found), re.compile("|".join(forms)))
+    ordered = sorted(found, key=len, reverse=True)
+    forms = [form for s in ordered for form in _forms(s)]
+    literal = tuple(core for s in ordered for core in _base64_cores(s.encode("utf-8")))
+    folded = {_compact(s.lower()) for s in ordered}
+    folded |= {quote(s, safe="").lower() for s in ordered}
+    _REMEMBERED = _Remembered(frozenset(found), re.compile("|".join(forms)), literal, tuple(folded))
 
 
 def remember_url(url: str | None) -> None:
@@ -150,7 +178,7 @@ def scrub(text: str) -> str:
     is text; the client's ``Scrubber`` applies it to error messages.)
     """
     pattern = _REMEMBERED.pattern
-    if pattern is not None:
+    if pattern is not None and _REMEMBERED.may_hold(text):
         text = pattern.sub(REDACTED, text)
     if "://" in text:
         text = _URL_USERINFO.sub(r"\1***@", text)

@@ -171,6 +171,7 @@ def _b64_at(offset: int, secret: str) -> str:
         str.swapcase,
         lambda k: f"{k[:7]} {k[7:]}",
         lambda k: f"{k[:5]}\n{k[5:12]}\t{k[12:]}",
+        lambda k: f"{k[:6]}\u2003{k[6:]}",  # an em space
         lambda k: json.dumps(f"{k[:9]}\n{k[9:]}"),  # a split key as JSON escapes it
         lambda k: _b64_at(0, k),
         lambda k: _b64_at(1, k),
