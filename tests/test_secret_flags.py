@@ -71,6 +71,14 @@ PLAIN_FLAGS = [
     "-c",
     "--num-tokens",
     "--token-budget",
+    "--kv-capacity-tokens",
+    "--max-prefill-tokens",
+    "--num-speculative-tokens",
+    "--long-prefill-token-threshold",
+    "--max-batch-total-tokens",
+    "--prompt-tokens",
+    "--special-tokens",
+    "--eos-token-id",
 ]
 
 

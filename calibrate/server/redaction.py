@@ -25,9 +25,17 @@ _STRONG = re.compile(
     r"|\w+(?:key|token)|(?:key|token)(?:file|path|store|ring)|apikey|accesskey)s?"
 )
 _WEAK = frozenset({"key", "keys", "token", "tokens"})  # secret unless a quantity word is there
+# Words that make a key/token word a size or a setting of the model, not a secret:
+# --max-tokens, --kv-capacity-tokens, --max-prefill-tokens, --num-speculative-tokens.
 _QUANTITY = frozenset(
-    {"per", "max", "min", "num", "count", "limit", "budget", "size", "threshold", "total", "n"}
-)
+    {
+        "per", "max", "min", "num", "n", "count", "limit", "budget", "size", "threshold",
+        "total", "capacity", "cache", "kv", "prefill", "batched", "batch", "draft",
+        "speculative", "lookahead", "reserved", "input", "output", "prompt", "context", "ctx",
+        "seq", "len", "length", "new", "chunk", "chunked", "block", "window", "special",
+        "healing", "ids", "id", "bos", "eos", "pad", "vocab", "rate",
+    }
+)  # fmt: skip
 _SHORT = frozenset({"-k"})  # single-letter flags that carry a key
 # A name (flag or variable) followed by "=" or blanks, then its value (quoted or bare).
 _NAMED_VALUE = re.compile(
