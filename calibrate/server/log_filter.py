@@ -16,6 +16,7 @@ from typing import BinaryIO
 from calibrate.server.redaction import MASK, redact_text
 
 CHUNK = 65536
+MIN_CHARS = 4
 MAX_PENDING = 1 << 20  # a "line" longer than this is written as it is cut
 
 
@@ -23,7 +24,9 @@ class LogFilter:
     """Masks the given secrets, longest first, and key-like flags in one line of output."""
 
     def __init__(self, secrets: Sequence[str]) -> None:
-        self.secrets = tuple(sorted({s for s in secrets if s}, key=len, reverse=True))
+        # a very short value ("-k ab") is masked only after its flag, not as every "ab"
+        found = {s for s in secrets if len(s) >= MIN_CHARS}
+        self.secrets = tuple(sorted(found, key=len, reverse=True))
 
     def __call__(self, data: bytes) -> bytes:
         text = data.decode("utf-8", errors="surrogateescape")
