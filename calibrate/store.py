@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any, BinaryIO
 
 from calibrate.errors import InputError
+from calibrate.redact import scrub
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -40,7 +41,10 @@ def encode_line(obj: Any) -> bytes:
 
 
 def utf8(text: str) -> bytes:
-    """``text`` as UTF-8, lone surrogates replaced by U+FFFD (never an encoding error)."""
+    """``text`` as UTF-8, lone surrogates replaced by U+FFFD (never an encoding error).
+
+    Every file calibrate writes passes here: the command's secrets are scrubbed from it."""
+    text = scrub(text)
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError:

@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM on a real `python -m calibrate batch` process: clean stop, resume, rerun."""
+"""Ctrl-C, SIGHUP and SIGTERM on a real `python -m calibrate batch` process: clean stop, resume, rerun."""
 
 from __future__ import annotations
 
@@ -7,12 +7,17 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from tests.batch_helpers import batch_process, ok_ids, results, wait_for_lines, write_tasks
 from tests.conftest import write_config
 from tests.mockserver import start_mock
 
 
-def test_ctrl_c_stops_cleanly_prints_resume_and_rerun_completes(cli, isolated: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_ctrl_c_stops_cleanly_prints_resume_and_rerun_completes(
+    cli, isolated: Path, sig: signal.Signals
+) -> None:
     write_tasks(isolated / "tasks.jsonl", 200)
     out = isolated / "out.jsonl"
     with start_mock(ttft_s=0.03, per_token_s=0.0005) as server:
@@ -20,7 +25,7 @@ def test_ctrl_c_stops_cleanly_prints_resume_and_rerun_completes(cli, isolated: P
         proc = batch_process(isolated, "--input", "tasks.jsonl", "--out", "out.jsonl", "-c", "4")
         try:
             wait_for_lines(out, 20, proc)
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(sig)
             _, err = proc.communicate(timeout=15)
         finally:
             if proc.poll() is None:

@@ -143,3 +143,63 @@ def test_hostile_numbers_and_a_reparsing_shell_are_refused_before_anything_runs(
     assert "parsed twice" in refused.err and "Traceback" not in refused.err
     assert not (isolated / "runs/server.pid").exists()
     assert created(isolated) == []
+
+
+def _values(root: Path) -> list[str]:
+    """Hostile model paths, each creating a file under ``root`` if it ever runs."""
+    p = str(root)
+    return [
+        f"/m$(touch {p}/x)",
+        f"/m`touch {p}/x`",
+        f"/m'; touch {p}/x; '",
+        f'/m"; touch {p}/x; "',
+        f"/m\ntouch {p}/x",
+        f"/m; touch {p}/y",
+        f"/m) ; touch {p}/y ; (",
+    ]
+
+
+# A spot whose quoting context is not the one around it: inside $(…) (bare or in "…"),
+# backticks, $'…', a here-document, and a value handed as "$1" to eval.
+NESTED_COMMANDS = [
+    'bash -c "echo $(readlink -f {model_path}); exec srv --port {port}"',
+    "bash -c 'echo \"$(readlink -f {model_path})\"; exec srv --port {port}'",
+    "bash -c 'm=`readlink -f {model_path}`; exec srv --model \"$m\" --port {port}'",
+    "bash -c \"echo $'{model_path}'; exec srv --port {port}\"",
+    "bash -c 'cat <<EOF\n{model_path}\nEOF\nexec srv --port {port}'",
+    "bash -c 'eval \"srv --model $1\"' calib {model_path}",
+]
+
+
+@pytest.mark.parametrize("command", NESTED_COMMANDS)
+def test_a_value_inside_a_command_substitution_is_refused_in_start_and_pin(
+    cli, isolated: Path, command: str
+) -> None:
+    for value in _values(isolated):
+        extra = f"model_path = {json.dumps(value)}\n"
+        managed_config(isolated, free_port(), command, extra=extra)
+        started = cli("server", "start")
+        assert started.code == 2, (value, started.err)
+        assert "could run there" in started.err and "Traceback" not in started.err
+        assert not (isolated / "runs/server.pid").exists()
+        passing_ladder(isolated, cli("status", "--json").json["target"])
+        pinned = cli("pin")
+        assert pinned.code == 2 and "could run there" in pinned.err, (value, pinned.err)
+        assert not (isolated / "scripts/launch.sh").exists()
+    assert created(isolated) == [], "a placeholder value ran as a command"
+
+
+def test_a_plain_value_inside_a_command_substitution_still_starts(cli, isolated: Path) -> None:
+    port = free_port()
+    command = (
+        'bash -c \'echo "loading $(basename {model_path})"; exec '
+        + MOCK.replace("'", "")
+        + " --port {port} --slots {concurrency}'"
+    )
+    managed_config(isolated, port, command, extra='model_path = "/models/m-1.5@v2"\n')
+    started = cli("server", "start", "--concurrency", "1")
+    try:
+        assert started.code == 0, started.err
+        assert "loading m-1.5@v2" in (isolated / "runs/server.log").read_text()
+    finally:
+        assert cli("server", "stop").code == 0

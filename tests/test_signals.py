@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.fakes import append_ledger
 from tests.mockserver import REPO, start_mock
 from tests.tier_helpers import jsonl, open_gate
@@ -83,3 +85,18 @@ def test_sigterm_during_single_and_rollback_is_recorded_as_interrupted(cli, isol
         assert "rollback interrupted" in err and "calibrate rollback" in err
         entry = _ledger(isolated, "rollback")
         assert entry["interrupted"] is True and entry["passed"] is False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
+def test_sighup_is_handled_like_sigterm(isolated: Path, sig: signal.Signals) -> None:
+    with start_mock(ttft_s=60.0, per_token_s=0.0) as mock:
+        open_gate(isolated, mock.base_url)
+        proc = _calibrate(isolated, "single")
+        deadline = time.monotonic() + 20
+        while mock.model.snapshot().in_flight == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130, err
+    assert "single interrupted, recorded as not passed" in err and "Traceback" not in err
+    assert _ledger(isolated, "single")["interrupted"] is True

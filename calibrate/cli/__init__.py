@@ -18,7 +18,8 @@ from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any
 
-from calibrate import __version__
+from calibrate import __version__, redact
+from calibrate.cli import streams
 from calibrate.errors import CalibrateError, ExitCode
 
 # One module per command, in the order `calibrate --help` lists them.
@@ -60,8 +61,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one command and return its exit code; never raises for a user mistake."""
+    """Run one command and return its exit code; never raises for a user mistake.
+
+    The signal handlers and the guarded streams come first, before anything slow (importing
+    the commands): a Ctrl-C in the first half-second is "interrupted", not a traceback.
+    """
     args_list = list(sys.argv[1:] if argv is None else argv)
+    redact.forget_all()
+    try:
+        with streams.safe_streams(), _sigterm_interrupts():
+            try:
+                return _run(args_list)
+            except KeyboardInterrupt as exc:  # before or after a command ran
+                print(_interrupted_text(exc), file=sys.stderr)
+                return ExitCode.INTERRUPTED
+    except KeyboardInterrupt:  # a second Ctrl-C while the first is reported
+        return ExitCode.INTERRUPTED
+
+
+def _interrupted_text(exc: KeyboardInterrupt) -> str:
+    """``interrupted``, plus what happened to an engine being started (see server.start)."""
+    return f"interrupted: {exc}" if str(exc) else "interrupted"
+
+
+def _run(args_list: list[str]) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(args_list)
@@ -74,15 +97,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = bool(getattr(args, "debug", False))
     _log_to_stderr(debug)
     try:
-        with _sigterm_interrupts():
-            return int(args.run(args))
+        return int(args.run(args))
     except CalibrateError as exc:
         if debug:
             traceback.print_exc()
         print(exc.render(), file=sys.stderr)
         return int(exc.exit_code)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        print(_interrupted_text(exc), file=sys.stderr)
         return ExitCode.INTERRUPTED
     except OSError as exc:  # the last resort: a stage turns its own write errors into messages
         if debug:
@@ -132,23 +154,29 @@ def _os_error_text(exc: OSError) -> str:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, handled like Ctrl-C: the stage records what it kept and says how to resume."""
+    """SIGTERM or SIGHUP, handled like Ctrl-C: the stage records what it kept and says how to
+    resume (exit 130)."""
+
+
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
 def _sigterm_interrupts() -> Iterator[None]:
-    """While a command runs, SIGTERM raises ``Terminated``; a second SIGTERM kills at once."""
+    """While a command runs, SIGTERM and SIGHUP raise ``Terminated``; a second one kills at once."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for sig in HANDLED_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
         raise Terminated
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in HANDLED_SIGNALS}
     try:
         yield
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, before in previous.items():
+            if before is not None:
+                signal.signal(sig, before)

@@ -41,6 +41,7 @@ from calibrate.error_kinds import DESCRIPTORS_HINT, OutOfDescriptors
 from calibrate.errors import ExitCode, ServerUnreachable, StageFailed, UsageError
 from calibrate.ledger import Ledger
 from calibrate.selfload import SelfLoadMonitor
+from calibrate.server.redaction import shown_command
 from calibrate.stages.batch import (
     MAX_CONCURRENCY,
     BatchPlan,
@@ -218,7 +219,7 @@ def _dispatch(
     clients = [ctx.client, *(_client(ctx.config, e) for e in endpoints[1:])]
     # --sample tries the prompt: its outputs must not count as done for the real run
     out_path = spec.out_path if spec.out_path and not spec.sample else ctx.run.file("sample.jsonl")
-    resume = shlex.join(["calibrate", *getattr(args, "argv", [])])
+    resume = shown_command(["calibrate", *getattr(args, "argv", [])])  # no password in it
     _say_plan(out, plan.total, plan.skipped, plan.to_run, spec, source, plan.scan)
     long_items = length_warning(
         ctx.ledger, ctx.target, plan.source_path, spec.prompt, shown=spec.input_path
@@ -363,7 +364,7 @@ def _signals(control: BatchControl, out: Output) -> Iterator[None]:
         control.request_stop()
 
     previous: dict[signal.Signals, Callable[..., Any] | int | None] = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         previous[sig] = signal.signal(sig, handler)
     try:
         yield

@@ -15,6 +15,8 @@ from typing import Any, TextIO
 from rich.console import Console
 
 from calibrate import config as config_mod
+from calibrate import redact
+from calibrate.cli.streams import can_encode
 from calibrate.client import OpenAIClient
 from calibrate.compare import VOLATILE_FIELDS, Comparison, Normaliser, default_program
 from calibrate.config import Config
@@ -22,6 +24,7 @@ from calibrate.errors import GateClosed, Interrupted, StageFailed, UsageError
 from calibrate.junit import JUnitSuite
 from calibrate.ledger import Ledger, check_gate, target_fingerprint
 from calibrate.output_paths import check_outputs, stage_files
+from calibrate.server.redaction import secret_values
 from calibrate.stages.context import StageContext, manifest
 from calibrate.store import RunDir
 from calibrate.target_lock import hold
@@ -59,8 +62,15 @@ def add_force(parser: argparse.ArgumentParser) -> None:
 
 
 def load_config(args: argparse.Namespace) -> Config:
-    """Resolve the configuration once from file, environment and this command's flags."""
-    return config_mod.load(
+    """Resolve the configuration once from file, environment and this command's flags.
+
+    Its secrets are remembered (``redact.remember``): from here on no file written and no line
+    printed holds them, whatever a server echoes back.
+    """
+    for word in (getattr(args, "base_url", None), *getattr(args, "argv", ())):
+        url = (word or "").split("=", 1)[-1] if (word or "").startswith("-") else word
+        redact.remember_url(url if url and "://" in url else None)  # before a config error
+    cfg = config_mod.load(
         config_mod.Overrides(
             config_path=getattr(args, "config", None),
             base_url=getattr(args, "base_url", None),
@@ -68,6 +78,17 @@ def load_config(args: argparse.Namespace) -> Config:
         ),
         os.environ,
     )
+    remember_secrets(cfg)
+    return cfg
+
+
+def remember_secrets(cfg: Config) -> None:
+    """The key, the metrics key, every base-URL password and the server command's secret values."""
+    redact.remember(cfg.api_key, cfg.gpu_metrics_key)
+    for url in (cfg.target.base_url, *cfg.target.base_urls):
+        redact.remember_url(url)
+    if cfg.server.command:
+        redact.remember(*secret_values(cfg.server.command))
 
 
 class Output:
@@ -103,7 +124,10 @@ class Output:
 
     def result(self, payload: dict[str, Any]) -> None:
         if self.json_mode:
-            sys.stdout.write(json.dumps(payload, ensure_ascii=False, sort_keys=True) + "\n")
+            text = json.dumps(payload, ensure_ascii=False, sort_keys=True)
+            if not can_encode(sys.stdout, text):  # PYTHONIOENCODING=ascii: still valid JSON
+                text = json.dumps(payload, ensure_ascii=True, sort_keys=True)
+            sys.stdout.write(text + "\n")
             sys.stdout.flush()
 
 
@@ -312,11 +336,12 @@ def guarded(ctx: StageContext) -> Iterator[None]:
     with kept_on_write_error(ctx):
         try:
             yield
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             kept = _kept(ctx.run)
             ctx.record_result(False, {}, interrupted=True)
             ctx.run.close()
+            engine = f"; {exc}" if str(exc) else ""  # what became of an engine being started
             raise Interrupted(
-                f"{ctx.run.stage} interrupted, recorded as not passed; {kept}",
+                f"{ctx.run.stage} interrupted, recorded as not passed; {kept}{engine}",
                 f"Run it again: calibrate {ctx.run.stage}",
             ) from None

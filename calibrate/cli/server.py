@@ -194,8 +194,11 @@ def run_status(args: argparse.Namespace) -> int:
     ready = False
     if state == "running":
         ready, _ = readiness.probe(server.local_root(record.port), record.health_path)
+    starting = " (still starting: not ready yet)" if record.phase == "starting" else ""
+    if record.left_starting():
+        starting = " (left starting by an interrupted start: calibrate server stop ends it)"
     shown = {
-        "running": "running",
+        "running": f"running{starting}",
         "gone": "exited",
         "stranger": "exited (PID reused by another program)",
     }

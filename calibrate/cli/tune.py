@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shlex
 from typing import Any
 
 from calibrate.cli.common import (
@@ -35,6 +34,7 @@ from calibrate.config import MAX_TIMEOUT_S
 from calibrate.errors import Interrupted, UsageError
 from calibrate.pipeline import next_after
 from calibrate.server.builders import SERVER_KINDS
+from calibrate.server.redaction import shown_command
 from calibrate.stages.tier_run import MeasureSpec, preflight
 from calibrate.stages.tune_session import Session
 from calibrate.stages.tune_setup import TuneRequest, TuneSetup, prepare
@@ -115,7 +115,7 @@ def _request(args: argparse.Namespace) -> TuneRequest:
 
 def resume_command(args: argparse.Namespace) -> str:
     words = [w for w in getattr(args, "argv", ["tune"]) if w != "--new"]
-    return "calibrate " + shlex.join(words)
+    return shown_command(["calibrate", *words])  # no password in it
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,14 +7,16 @@ ready ends in ``ServerUnreachable`` (exit 4) with its exit code and the tail of 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from calibrate.config import Config, ServerKind
 from calibrate.errors import ServerDied, ServerUnreachable, UsageError
 from calibrate.records import utc_now_iso
-from calibrate.server import exit_status, process, readiness, redaction
+from calibrate.server import exit_status, interrupts, process, readiness, redaction
 from calibrate.server.builders import EngineCommand, LaunchSpec, Tuned, build
 from calibrate.server.process import ServerRecord, StopResult
 
@@ -70,6 +72,7 @@ def start_engine(
         batch_size=batch_size,
         concurrency=concurrency,
         vram_used_mib_before=vram_used_mib_before,
+        notify=notify,
     )
 
 
@@ -97,50 +100,68 @@ def start(
     concurrency: int | None = None,
     script: str | None = None,
     vram_used_mib_before: float | None = None,
+    notify: Callable[[str], None] | None = None,
 ) -> Started:
-    """Start the server, record it, and wait until it is ready (or fail with exit 4)."""
+    """Start the server, record it, and wait until it is ready (or fail with exit 4).
+
+    The engine is in runs/server.json (marked "starting") before the wait begins, and Ctrl-C,
+    SIGTERM and SIGHUP are held back until it is: an interrupted start stops the engine it
+    started and says so (the KeyboardInterrupt goes on, its text saying what became of the
+    engine); after a kill -9 the next ``start`` or ``stop`` finds the record and stops it.
+    """
+    say = notify or (lambda text: None)
     current = process.load(runs_dir)
     if current is not None and process.liveness(current) == "running":
-        raise UsageError(
-            f"calibrate already manages a server (PID {current.pid}, port {current.port})",
-            "Stop it first: calibrate server stop",
-        )
+        if not current.left_starting():
+            raise UsageError(
+                f"calibrate already manages a server (PID {current.pid}, port {current.port})",
+                "Stop it first: calibrate server stop",
+            )
+        left = process.stop(current, stop_timeout_s)
+        if not left.gone:
+            raise UsageError(
+                f"an interrupted start left engine PID {current.pid} running and it did not stop",
+                f"Stop it (kill -KILL {current.pid}), then start again.",
+            )
+        process.forget(runs_dir)
+        say(f"stopped the engine an interrupted start had left running (PID {current.pid})")
+        readiness.wait_port_closed("127.0.0.1", port, 5.0)
     if readiness.port_open("127.0.0.1", port):
         raise UsageError(
             f"port {port} is already in use (another server is listening there)",
             "Stop that server, or set another [server] port in calibrate.toml.",
         )
     shown = EngineCommand(tuple(argv), tuple(env)).display()
+    record: ServerRecord | None = None
     try:
-        pid, start_id, offset = process.spawn(argv, env, runs_dir, f"start: {shown}")
-    except OSError as exc:
-        raise ServerUnreachable(
-            f"cannot start {argv[0]}: {exc.strerror or exc}",
-            "Is the engine installed and on PATH? Check [server] in calibrate.toml.",
-        ) from exc
-    record = ServerRecord(
-        pid=pid,
-        start_id=start_id,
-        argv=redaction.redact_argv(argv),
-        kind=kind,
-        port=port,
-        health_path=health_path,
-        started_at=utc_now_iso(),
-        log_offset=offset,
-        batch_size=batch_size,
-        concurrency=concurrency,
-        script=script,
-        vram_used_mib_before=vram_used_mib_before,
-        status_file=str(exit_status.status_path(runs_dir)),
-    )
-    process.save(record, runs_dir)
-    ready = readiness.wait_ready(
-        local_root(port),
-        health_path,
-        ready_timeout_s,
-        exited=lambda: process.exit_code(pid, record.status_file),
-    )
+        with interrupts.deferred():  # until the engine is on disk: no signal can orphan it
+            record = _spawn_recorded(
+                runs_dir,
+                argv,
+                env,
+                shown,
+                kind=kind,
+                port=port,
+                health_path=health_path,
+                batch_size=batch_size,
+                concurrency=concurrency,
+                script=script,
+                vram_used_mib_before=vram_used_mib_before,
+            )
+        ready = readiness.wait_ready(
+            local_root(port),
+            health_path,
+            ready_timeout_s,
+            exited=lambda: process.exit_code(record.pid, record.status_file) if record else None,
+        )
+    except KeyboardInterrupt as exc:
+        if record is not None:
+            exc.args = (_stop_interrupted(record, runs_dir, stop_timeout_s),)
+        raise
+    pid, offset = record.pid, record.log_offset
     if ready.ready:
+        record = replace(record, phase="ready")
+        process.save(record, runs_dir)
         return Started(record, ready.elapsed_s)
     tail = process.log_tail(runs_dir, TAIL_LINES, offset)
     shown_tail = "\n".join(f"  | {line}" for line in tail) or "  | (the log is empty)"
@@ -160,6 +181,60 @@ def start(
         f"the server was not ready within {ready_timeout_s:g} s (last answer: {ready.last_answer}); "
         f"stopped it (PID {pid}); last lines of {log_file}:\n{shown_tail}",
         "If it only needs longer to load, raise [server] ready_timeout_s.",
+    )
+
+
+def _spawn_recorded(
+    runs_dir: Path,
+    argv: Sequence[str],
+    env: Sequence[tuple[str, str]],
+    shown: str,
+    **fields: Any,
+) -> ServerRecord:
+    """Start the engine and record it as "starting" (its supervisor stops it if we cannot)."""
+    try:
+        pid, start_id, offset = process.spawn(argv, env, runs_dir, f"start: {shown}")
+    except OSError as exc:
+        raise ServerUnreachable(
+            f"cannot start {argv[0]}: {exc.strerror or exc}",
+            "Is the engine installed and on PATH? Check [server] in calibrate.toml.",
+        ) from exc
+    record = ServerRecord(
+        pid=pid,
+        start_id=start_id,
+        argv=redaction.redact_argv(argv),
+        started_at=utc_now_iso(),
+        log_offset=offset,
+        status_file=str(exit_status.status_path(runs_dir)),
+        phase="starting",
+        starter_pid=os.getpid(),
+        starter_id=process.start_id(os.getpid()),
+        **fields,
+    )
+    try:
+        process.save(record, runs_dir)
+    except BaseException:
+        process.abandon(pid)
+        raise
+    process.adopt(pid)
+    return record
+
+
+def _stop_interrupted(record: ServerRecord, runs_dir: Path, stop_timeout_s: float) -> str:
+    """Stop the engine an interrupted start launched; one line saying what became of it."""
+    try:
+        with interrupts.deferred():
+            stopped = process.stop(record, stop_timeout_s)
+            if stopped.gone:
+                process.forget(runs_dir)
+    except KeyboardInterrupt:
+        stopped = None
+    if stopped is not None and stopped.gone:
+        how = f", {stopped.signal_sent}" if stopped.signal_sent else ""
+        return f"stopped the engine it was starting (PID {record.pid}{how})"
+    return (
+        f"the engine it was starting is still running (PID {record.pid}); "
+        "stop it: calibrate server stop"
     )
 
 

@@ -20,9 +20,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from calibrate import redact
 from calibrate.records import utc_now_iso
 from calibrate.server import exit_status, supervise
-from calibrate.server.redaction import redact_argv, redact_text
+from calibrate.server.redaction import argv_secret_values, redact_argv, redact_text
 from calibrate.store import write_atomic, write_json_atomic
 
 log = logging.getLogger("calibrate")
@@ -34,6 +35,8 @@ Liveness = Literal["running", "gone", "stranger"]
 # The supervisors (calibrate.server.supervise) of the engines this process started, by engine
 # PID: reaped when they end, so none lingers as a zombie.
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+# Engines started but not yet recorded (see ``adopt``).
+_UNADOPTED: dict[int, supervise.Launched] = {}
 
 
 def pid_path(runs_dir: Path) -> Path:
@@ -65,13 +68,27 @@ class ServerRecord:
     script: str | None = None
     vram_used_mib_before: float | None = None
     status_file: str | None = None  # where the supervisor records how the engine ended
+    # "starting" from before the readiness wait until the engine answered, then "ready";
+    # starter: the calibrate process waiting for it (its PID and start time)
+    phase: str = "ready"
+    starter_pid: int | None = None
+    starter_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "argv": list(redact_argv(self.argv))}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ServerRecord:
-        return cls(**{**data, "argv": tuple(data.get("argv") or ())})
+        known = {f for f in cls.__dataclass_fields__}
+        fields = {k: v for k, v in data.items() if k in known}
+        return cls(**{**fields, "argv": tuple(data.get("argv") or ())})
+
+    def left_starting(self) -> bool:
+        """Still "starting" although the calibrate that started it is gone (kill -9, a crash)."""
+        if self.phase != "starting" or self.starter_pid is None:
+            return False
+        alive = self.starter_pid == os.getpid() or start_id(self.starter_pid) == self.starter_id
+        return not alive
 
 
 def start_id(pid: int) -> str | None:
@@ -166,6 +183,8 @@ def spawn(
 
     Returns (pid, start_id, log offset). The extra environment goes through ``env`` so the
     log and the pidfile show exactly what ran. A supervisor (its parent) records how it ends.
+    Call ``adopt(pid)`` once the engine is recorded (``save``): until then, if this process
+    dies, the supervisor stops the engine.
     """
     runs_dir.mkdir(parents=True, exist_ok=True)
     full = [*(["env", *(f"{k}={v}" for k, v in env)] if env else []), *argv]
@@ -173,10 +192,26 @@ def spawn(
         handle.write(f"\n=== {utc_now_iso()} {header} ===\n".encode())
         handle.flush()
         offset = handle.tell()
-        launched = supervise.launch(full, handle, exit_status.status_path(runs_dir))
+        secrets = (*argv_secret_values(full), *redact.remembered())
+        launched = supervise.launch(full, handle, exit_status.status_path(runs_dir), secrets)
     _reap(launched.engine_pid)  # supervisors of engines gone before this start
     _CHILDREN[launched.engine_pid] = launched.supervisor
+    _UNADOPTED[launched.engine_pid] = launched
     return launched.engine_pid, start_id(launched.engine_pid) or "", offset
+
+
+def adopt(pid: int) -> None:
+    """The engine ``pid`` is recorded in runs/server.json: its supervisor lets it run."""
+    launched = _UNADOPTED.pop(pid, None)
+    if launched is not None:
+        supervise.adopt(launched)
+
+
+def abandon(pid: int) -> None:
+    """The engine could not be recorded: its supervisor stops it."""
+    launched = _UNADOPTED.pop(pid, None)
+    if launched is not None:
+        supervise.abandon(launched)
 
 
 def save(record: ServerRecord, runs_dir: Path) -> None:

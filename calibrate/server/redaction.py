@@ -1,9 +1,11 @@
 """Secrets in server command lines and environments: hidden wherever they are stored or shown.
 
-A flag or variable is secret when a word of its name (split at ``-`` and ``_``) is a key,
-token, secret, password or credential: ``--api-key X``, ``--api-key=X``, ``--hf-token``,
-``HF_TOKEN=…``, ``OPENAI_API_KEY``. ``--per-token``, ``--max-tokens`` and ``--tokenizer``
-are not.
+A flag or variable is secret when a word of its name (split at ``-`` and ``_``) says key,
+token, secret, password/passwd, cookie, signature, sas, auth or credential — plural or not, or
+inside a compound (``apikey``, ``keyfile``, ``authtoken``): ``--api-key X``, ``--api-keys X Y``
+(every value of a plural flag), ``--api-key=X``, ``-k X``, ``--key-file X``, ``--cookie X``,
+``--sas X``, ``HF_TOKEN=…``, ``X_API_KEY=…``. A key or token word next to a quantity
+(``--per-token``, ``--max-tokens``) is a count, not a secret; ``--tokenizer`` is neither.
 One helper serves ``server.log``, ``server.json``, manifests, messages and ``pin``'s script
 (which takes each secret from an environment variable instead of holding it).
 """
@@ -12,58 +14,80 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 MASK = "***"
-_STRONG = frozenset(
-    {
-        "secret",
-        "password",
-        "passwd",
-        "passphrase",
-        "pwd",
-        "apikey",
-        "credential",
-        "credentials",
-        "authtoken",
-        "accesstoken",
-    }
+# A word of a name that marks it secret wherever it stands (singular or plural).
+_STRONG = re.compile(
+    r"(?:secret|password|passwd|passphrase|pwd|credential|cookie|signature|sas\w*|o?auth\w*"
+    r"|\w+(?:key|token)|(?:key|token)(?:file|path|store|ring)|apikey|accesskey)s?"
 )
-_WEAK_LAST = frozenset({"key", "token", "auth", "bearer"})  # secret as the name's last word
-_QUANTITY = frozenset({"per", "max", "min", "num", "count", "limit", "budget", "size"})
+_WEAK = frozenset({"key", "keys", "token", "tokens"})  # secret unless a quantity word is there
+# Words that make a key/token word a size or a setting of the model, not a secret:
+# --max-tokens, --kv-capacity-tokens, --max-prefill-tokens, --num-speculative-tokens.
+_QUANTITY = frozenset(
+    {
+        "per", "max", "min", "num", "n", "count", "limit", "budget", "size", "threshold",
+        "total", "capacity", "cache", "kv", "prefill", "batched", "batch", "draft",
+        "speculative", "lookahead", "reserved", "input", "output", "prompt", "context", "ctx",
+        "seq", "len", "length", "new", "chunk", "chunked", "block", "window", "special",
+        "healing", "ids", "id", "bos", "eos", "pad", "vocab", "rate",
+    }
+)  # fmt: skip
+_SHORT = frozenset({"-k"})  # single-letter flags that carry a key
 # A name (flag or variable) followed by "=" or blanks, then its value (quoted or bare).
 _NAMED_VALUE = re.compile(
     r"(?<![\w./-])(?P<name>-{0,2}[A-Za-z_][\w-]*)(?P<sep>=|\s+)"
-    r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s'\"]+)"
+    r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s'\";&|)<>`]+)"
 )
+_NEXT_VALUE = re.compile(r"(?P<sep>\s+)(?P<value>\"[^\"]*\"|'[^']*'|(?!-)[^\s'\";&|)]+)")
 
 
 def secret_name(name: str) -> bool:
     """Whether a flag or variable name looks like it holds a key, token, secret or password.
 
-    ``--api-key``, ``HF_TOKEN``, ``--password`` are; ``--per-token``, ``--max-tokens`` and
-    ``--tokenizer`` are not.
+    ``--api-key``, ``--api-keys``, ``-k``, ``--key-file``, ``HF_TOKEN``, ``--cookie`` are;
+    ``--per-token``, ``--max-tokens`` and ``--tokenizer`` are not.
     """
+    if name in _SHORT:
+        return True
     words = [w for w in re.split(r"[-_]+", name.strip("-").lower()) if w]
     if not words:
         return False
-    if any(word in _STRONG for word in words):
+    if any(_STRONG.fullmatch(word) for word in words):
         return True
-    return words[-1] in _WEAK_LAST and not any(word in _QUANTITY for word in words)
+    return any(w in _WEAK for w in words) and not any(w in _QUANTITY for w in words)
+
+
+def plural(name: str) -> bool:
+    """``--api-keys k1 k2``: a plural secret flag takes every value up to the next flag."""
+    last = name.strip("-").lower().replace("_", "-").rsplit("-", 1)[-1]
+    return last.endswith("s") and secret_name(name) and not last.endswith(("ss", "sas"))
+
+
+def _flag_value(name: str, sep: str) -> bool:
+    """Whether ``name`` + ``sep`` starts a secret value: ``--flag=v``, ``--flag v``, ``VAR=v``."""
+    return secret_name(name) and (sep == "=" or name.startswith("-"))
 
 
 def redact_text(text: str) -> str:
     """``--api-key X`` / ``--api-key=X`` / ``HF_TOKEN=X`` inside free text → value masked."""
+    return _replace_values(text, lambda name, value: MASK)
+
+
+def _replace_values(text: str, replace: Callable[[str, str], str]) -> str:
     out: list[str] = []
     pos = 0
     while (match := _NAMED_VALUE.search(text, pos)) is not None:
-        if secret_name(match.group("name")) and (
-            match.group("sep") == "=" or match.group("name").startswith("-")
-        ):
-            out.append(text[pos : match.start("value")] + MASK)
+        name = match.group("name")
+        if _flag_value(name, match.group("sep")):
+            out.append(text[pos : match.start("value")] + replace(name, match.group("value")))
             pos = match.end("value")
+            while plural(name) and (more := _NEXT_VALUE.match(text, pos)) is not None:
+                out.append(more.group("sep") + replace(name, more.group("value")))
+                pos = more.end()
         else:  # step past the name only: the value may itself be the next secret flag
             out.append(text[pos : match.end("name")])
             pos = match.end("name")
@@ -71,18 +95,29 @@ def redact_text(text: str) -> str:
     return "".join(out)
 
 
+def _argv_values(argv: Sequence[str]) -> Iterator[tuple[str | None, str]]:
+    """Each word with the secret flag whose value it is (None for any other word)."""
+    flag: str | None = None
+    for word in argv:
+        if flag is not None and (not word.startswith("-") or word == "-"):
+            yield flag, word
+            flag = flag if plural(flag) else None
+            continue
+        flag = word if _takes_secret_value(word) else None
+        yield None, word
+
+
 def redact_argv(argv: Sequence[str]) -> tuple[str, ...]:
     """The argument list with every secret value masked (``--api-key X`` spans two items)."""
-    out: list[str] = []
-    hide_next = False
-    for word in argv:
-        if hide_next:
-            out.append(MASK)
-            hide_next = False
-            continue
-        hide_next = _takes_secret_value(word)
-        out.append(redact_text(word))
-    return tuple(out)
+    return tuple(MASK if flag else _redact_word(word) for flag, word in _argv_values(argv))
+
+
+def _redact_word(word: str) -> str:
+    """One argument: ``--api-key=X`` hides all of X (it is one value, whatever it holds)."""
+    name, eq, _ = word.partition("=")
+    if eq and secret_name(name) and (name.startswith("-") or re.fullmatch(r"[A-Za-z_]\w*", name)):
+        return f"{name}={MASK}"
+    return redact_text(word)
 
 
 def redact_env(env: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
@@ -91,6 +126,39 @@ def redact_env(env: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
 
 def _takes_secret_value(word: str) -> bool:
     return word.startswith("-") and "=" not in word and secret_name(word)
+
+
+def secret_values(command: str) -> tuple[str, ...]:
+    """The secret values in a server command (flags, ``VAR=v``, inside ``sh -c`` programs)."""
+    try:
+        argv = shlex.split(command)
+    except ValueError:
+        argv = command.split()
+    return argv_secret_values(argv)
+
+
+def argv_secret_values(argv: Sequence[str]) -> tuple[str, ...]:
+    """The secret values in an argument list (what ``redact_argv`` would mask)."""
+    found: list[str] = []
+
+    def keep(name: str, value: str) -> str:
+        found.append(value.strip("'\""))
+        return value
+
+    for flag, word in _argv_values(argv):
+        if flag is not None:
+            found.append(word)
+        else:
+            _replace_values(word, keep)
+    return tuple(v for v in found if v)
+
+
+def shown_command(words: Sequence[str]) -> str:
+    """A command line to print or store (a resume hint, a manifest): shell-quoted, with every
+    secret flag's value masked and every URL's userinfo hidden."""
+    from calibrate.redact import redact_url
+
+    return shlex.join(redact_url(word) for word in redact_argv(words))
 
 
 @dataclass(frozen=True)
@@ -111,26 +179,23 @@ def script_command(
     def variable(flag: str) -> str:
         name = re.sub(r"\W+", "_", flag.strip("-")).upper()
         var = f"{prefix}_{name}" if prefix else name
+        if plural(flag):  # --api-keys k1 k2: SERVER_API_KEYS, SERVER_API_KEYS_2
+            taken = sum(1 for v in needs if v == var or v.startswith(f"{var}_"))
+            var = f"{var}_{taken + 1}" if taken else var
         needs.setdefault(var, flag)
         return var
 
     words: list[str] = []
-    hide_next: str | None = None
-    for word in argv:
-        if hide_next is not None:
-            words.append(f'"${variable(hide_next)}"')
-            hide_next = None
+    for flag, word in _argv_values(argv):
+        if flag is not None:
+            words.append(f'"${variable(flag)}"')
             continue
-        if _takes_secret_value(word):
-            hide_next = word
-            words.append(shlex.quote(word))
-            continue
-        flag, eq, value = word.partition("=")
-        if eq and re.fullmatch(r"[A-Za-z_]\w*", flag) and secret_name(flag):  # env NAME=value
-            needs.setdefault(flag, f"the server variable {flag}")
-            words.append(f'{flag}="${flag}"')
-        elif eq and flag.startswith("-") and secret_name(flag) and value:
-            words.append(f'{shlex.quote(flag)}="${variable(flag)}"')
+        name, eq, value = word.partition("=")
+        if eq and re.fullmatch(r"[A-Za-z_]\w*", name) and secret_name(name):  # env NAME=value
+            needs.setdefault(name, f"the server variable {name}")
+            words.append(f'{name}="${name}"')
+        elif eq and name.startswith("-") and secret_name(name) and value:
+            words.append(f'{shlex.quote(name)}="${variable(name)}"')
         elif redact_text(word) != word:
             words.append(_program_with_variables(word, variable))
         else:
@@ -147,18 +212,7 @@ def script_command(
 
 def _program_with_variables(word: str, variable: Callable[[str], str]) -> str:
     """A shell program holding ``--api-key X``: X becomes ``"$VAR"``, expanded by that shell."""
-    out: list[str] = []
-    pos = 0
-    while (match := _NAMED_VALUE.search(word, pos)) is not None:
-        name = match.group("name")
-        if secret_name(name) and (match.group("sep") == "=" or name.startswith("-")):
-            out.append(word[pos : match.start("value")] + f'"${variable(name)}"')
-            pos = match.end("value")
-        else:
-            out.append(word[pos : match.end("name")])
-            pos = match.end("name")
-    out.append(word[pos:])
-    return shlex.quote("".join(out))
+    return shlex.quote(_replace_values(word, lambda name, value: f'"${variable(name)}"'))
 
 
 def redact_config(public: dict[str, Any]) -> dict[str, Any]:

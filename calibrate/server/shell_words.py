@@ -5,9 +5,11 @@ argument. A plain argument is handed to the engine as it is (no shell sees it). 
 that *is* a shell program — the one after ``-c`` of sh/bash/zsh/dash/…, or ``su``/``script``
 ``-c``, or everything after ``ssh HOST`` / ``watch`` — is parsed by a shell later, so each
 value put into it is quoted for the spot it lands in: bare, inside "…", or inside '…'.
-A shell program that starts yet another shell (``eval``, ``sh -c`` inside ``bash -c``) would
-parse the value a second time; there only plain values (letters, digits, ``/._-:@%+=,``) are
-accepted, anything else is a config error.
+A shell program that parses its text again — it starts yet another shell (``eval``, ``sh -c``
+inside ``bash -c``), or holds a command substitution (``$(…)``, backticks), ANSI-C quoting
+(``$'…'``) or a here-document (``<<``), where the quoting context of a spot is not the one
+around it — gets only plain values (letters, digits, ``/._-:@%+=,``): those mean nothing to a
+shell in any context, so nothing can run; any other value is a config error (exit 2).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ SHELLS = frozenset(
 )
 JOIN_TO_SHELL = frozenset({"ssh", "watch"})  # their remaining arguments become one shell program
 _REPARSES = re.compile(r"\beval\b|\b(?:sh|bash|zsh|dash|ksh|ash|fish|su|ssh)\b[^|;&]*\s-\w*c\b")
+# Spots whose quoting context is not the one around them (see the module docstring).
+_NESTED = re.compile(r"\$\(|`|\$'|<<")
 _PLAIN = re.compile(r"[A-Za-z0-9_./:@%+=,-]*")
 
 Lookup = Callable[[str], str]
@@ -91,18 +95,36 @@ def _after_c_option(words: Sequence[str], start: int) -> int | None:
 def substitute(words: Sequence[str], value: Lookup) -> tuple[str, ...]:
     """Each word with its placeholders filled: literally, or quoted where a shell parses it."""
     programs = shell_program_indexes(words)
+    # ``bash -c 'eval "$1"' _ {model_path}``: a value handed to a program that parses text
+    # again as its argument would run there too — only plain values after such a program.
+    reparsing = [i for i in programs if _REPARSES.search(words[i])]
     out: list[str] = []
     for i, word in enumerate(words):
         if i in programs:
             out.append(_fill_program(word, value))
+        elif reparsing and i > reparsing[0]:
+            out.append(PLACEHOLDER.sub(lambda m: _plain_only(m.group(1), value), word))
         else:
             out.append(PLACEHOLDER.sub(lambda m: value(m.group(1)), word))
     return tuple(out)
 
 
+def _plain_only(name: str, value: Lookup) -> str:
+    text = value(name)
+    if not _PLAIN.fullmatch(text):
+        raise ConfigError(
+            f"[server] command passes {{{name}}} to a shell program that parses text again "
+            f"(eval, sh -c): its value {text!r} could run there",
+            "Use a plain value (letters, digits, / . _ - : @ % + = ,), or call the engine "
+            "without eval or the inner shell.",
+        )
+    return text
+
+
 def _fill_program(program: str, value: Lookup) -> str:
     """Fill placeholders in shell program text, quoting each value for its quoting context."""
     reparsed = bool(_REPARSES.search(program))
+    nested = bool(_NESTED.search(program))
     out: list[str] = []
     state = ""  # "" bare, "'" in single quotes, '"' in double quotes
     i = 0
@@ -117,6 +139,13 @@ def _fill_program(program: str, value: Lookup) -> str:
                     f"sh -c, ssh): the value of {{{name}}} {text!r} would be parsed twice",
                     "Use a plain value (letters, digits, / . _ - : @ % + = ,), or call the "
                     "engine without the inner shell.",
+                )
+            if nested and not _PLAIN.fullmatch(text):
+                raise ConfigError(
+                    f"[server] command's shell program holds a command substitution ($(…) or "
+                    f"`…`), $'…' or <<: the value of {{{name}}} {text!r} could run there",
+                    "Use a plain value (letters, digits, / . _ - : @ % + = ,), or take the "
+                    "$(…) / backticks out of the command (pass the value as an argument).",
                 )
             out.append(_quoted(text, state))
             i = match.end()

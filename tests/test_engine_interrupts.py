@@ -1,0 +1,231 @@
+"""An interrupted engine start never orphans the engine (issue 23, item 3).
+
+Real signals to a real `python -m calibrate server start` (and rollback) while it waits for a
+never-ready engine: SIGINT, SIGTERM and SIGHUP stop the engine it started and say so in one
+line; after kill -9 the engine is in runs/server.json (marked starting) and the next
+`server stop` or `server start` stops it; an engine that was never recorded (the starter died
+before it could write the record) is stopped by its own supervisor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from calibrate.server import process, readiness, supervise
+from tests.fakes import append_ledger, free_port, managed_config, mock_command, pid_gone
+from tests.mockserver import REPO
+
+NEVER_READY = shlex.join(
+    [sys.executable, "-c", "import time; print('loading weights', flush=True); time.sleep(120)"]
+)
+
+
+def _calibrate(root: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "calibrate", *args],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _starting_record(root: Path, proc: subprocess.Popen[str]) -> dict:
+    """The record of the engine being started, once it is on disk (before readiness)."""
+    path = root / "runs/server.json"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            record = json.loads(path.read_text("utf-8"))
+        except (OSError, ValueError):
+            time.sleep(0.05)
+            continue
+        assert record["phase"] == "starting" and record["starter_pid"] == proc.pid
+        return record
+    proc.kill()
+    raise AssertionError(f"no starting record: {proc.communicate()}")
+
+
+def _wait_gone(pid: int, timeout_s: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pid_gone(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _finish(proc: subprocess.Popen[str]) -> str:
+    try:
+        return proc.communicate(timeout=30)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_during_readiness_stops_the_engine_and_says_so(
+    isolated: Path, sig: signal.Signals
+) -> None:
+    port = free_port()
+    managed_config(isolated, port, NEVER_READY, ready_timeout_s=60)
+    proc = _calibrate(isolated, "server", "start")
+    record = _starting_record(isolated, proc)
+    time.sleep(0.3)
+    proc.send_signal(sig)
+    err = _finish(proc)
+    assert proc.returncode == 130, err
+    assert f"interrupted: stopped the engine it was starting (PID {record['pid']}" in err
+    assert "Traceback" not in err
+    assert _wait_gone(record["pid"]), "the engine outlived the interrupted start"
+    assert not (isolated / "runs/server.json").exists()
+    assert not readiness.port_open("127.0.0.1", port)
+
+
+@pytest.mark.parametrize("rerun", ["stop", "start"])
+def test_after_kill_9_the_next_stop_or_start_finds_the_starting_engine(
+    cli, isolated: Path, rerun: str
+) -> None:
+    port = free_port()
+    managed_config(isolated, port, NEVER_READY, ready_timeout_s=60)
+    proc = _calibrate(isolated, "server", "start")
+    record = _starting_record(isolated, proc)
+    proc.kill()
+    _finish(proc)
+    assert not pid_gone(record["pid"]), "kill -9 of the starter leaves the engine (recorded)"
+    if rerun == "stop":
+        status = cli("server", "status")
+        assert "left starting by an interrupted start" in status.err, status.err
+        stopped = cli("server", "stop", "--json")
+        assert stopped.code == 0 and stopped.json["pid"] == record["pid"], stopped.err
+        assert stopped.json["stopped"] is True
+    else:
+        managed_config(isolated, port, mock_command())  # this time an engine that gets ready
+        started = cli("server", "start", "--concurrency", "1", "--json")
+        assert started.code == 0, started.err
+        assert (
+            f"stopped the engine an interrupted start had left running (PID {record['pid']})"
+            in started.err
+        )
+        assert started.json["phase"] == "ready" and started.json["pid"] != record["pid"]
+        assert cli("server", "stop").code == 0
+    assert _wait_gone(record["pid"])
+
+
+def test_a_live_starter_is_never_mistaken_for_a_dead_one(cli, isolated: Path) -> None:
+    managed_config(isolated, free_port(), NEVER_READY, ready_timeout_s=60)
+    proc = _calibrate(isolated, "server", "start")
+    record = _starting_record(isolated, proc)
+    try:
+        second = cli("server", "start")
+        assert second.code == 2 and "already manages a server" in second.err
+        assert not pid_gone(record["pid"])
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _finish(proc)
+    assert _wait_gone(record["pid"])
+
+
+@pytest.mark.parametrize("how", ["abandoned", "kill -9 of the starter"])
+def test_an_engine_never_recorded_is_stopped_by_its_supervisor(tmp_path: Path, how: str) -> None:
+    status = tmp_path / "server.exit.json"
+    log = tmp_path / "server.log"
+    if how == "abandoned":
+        with log.open("ab") as handle:
+            launched = supervise.launch(["sleep", "120"], handle, status)
+        engine = launched.engine_pid
+        assert not pid_gone(engine)
+        supervise.abandon(launched)
+        launched.supervisor.wait(30)  # it ends once its engine is stopped
+    else:  # the starter dies between the engine's start and its record
+        code = (
+            "import sys, time; from pathlib import Path; from calibrate.server import supervise\n"
+            f"launched = supervise.launch(['sleep', '120'], open({str(log)!r}, 'ab'), "
+            f"Path({str(status)!r}))\n"
+            "print(launched.engine_pid, flush=True); time.sleep(120)"
+        )
+        starter = subprocess.Popen(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert starter.stdout is not None
+        with starter:
+            engine = int(starter.stdout.readline())
+            os.kill(starter.pid, signal.SIGKILL)
+    assert _wait_gone(engine), "an engine nobody recorded was left running"
+    ended = process.exit_status.wait_for(status, engine, 5.0)
+    assert ended is not None and ended.signal == "SIGTERM"
+    assert f"calibrate did not record engine PID {engine}: stopping it" in log.read_text()
+
+
+@pytest.mark.parametrize("delay_s", [0.1, 0.2, 0.35, 0.5, 0.8])
+def test_an_early_ctrl_c_is_interrupted_never_a_traceback(isolated: Path, delay_s: float) -> None:
+    managed_config(isolated, free_port(), NEVER_READY, ready_timeout_s=60)
+    proc = _calibrate(isolated, "server", "start")
+    time.sleep(delay_s)
+    proc.send_signal(signal.SIGINT)
+    err = _finish(proc)
+    if "init_import_site" in err:  # Python itself was still starting: no calibrate code ran
+        assert "calibrate/" not in err, err
+        return
+    assert "Traceback" not in err, err
+    assert proc.returncode in (130, -signal.SIGINT), err
+    record = process.load(isolated / "runs")
+    assert record is None or _wait_gone(record.pid)
+
+
+def test_rollback_interrupted_while_restarting_stops_the_engine(isolated: Path) -> None:
+    port = free_port()
+    managed_config(isolated, port, NEVER_READY, ready_timeout_s=60)
+    target = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "calibrate", "status", "--json"],
+            cwd=isolated,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )["target"]
+    append_ledger(isolated, "ladder", target, {"last_passing": {"batch_size": 2}})
+    proc = _calibrate(isolated, "rollback")
+    record = _starting_record(isolated, proc)
+    proc.send_signal(signal.SIGTERM)
+    err = _finish(proc)
+    assert proc.returncode == 130, err
+    assert "rollback interrupted" in err and "Traceback" not in err
+    assert f"stopped the engine it was starting (PID {record['pid']}" in err
+    assert _wait_gone(record["pid"])
+    assert not (isolated / "runs/server.json").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP])
+def test_tune_interrupted_while_a_candidate_starts_stops_that_engine(
+    isolated: Path, sig: signal.Signals
+) -> None:
+    from tests.tune_helpers import tune_config
+
+    slow_start = "bash -c 'sleep 60; exec true' calib {slots} {memory_fraction}"
+    tune_config(isolated, 'grid = ["slots=1,2", "memory_fraction=0.5"]\n', command=slow_start)
+    proc = _calibrate(isolated, "tune")
+    record = _starting_record(isolated, proc)
+    time.sleep(0.3)
+    proc.send_signal(sig)
+    err = _finish(proc)
+    assert proc.returncode == 130, err
+    assert "tune interrupted" in err and "Traceback" not in err
+    assert _wait_gone(record["pid"]), "the candidate's engine outlived the interrupted tune"
+    assert not (isolated / "runs/server.json").exists()
