@@ -87,7 +87,9 @@ def setting_words(view: RunView, row: Row) -> tuple[str, str]:
         head = f"{longest:g} input tokens" if longest is not None else "the longest input"
         return head, f"the longest input that passed, at {size or flight}"
     if view.kind == "ladder":
-        return size or flight, ", ".join(p for p in (flight if size else "", "the last passing tier") if p)
+        return size or flight, ", ".join(
+            p for p in (flight if size else "", "the last passing tier") if p
+        )
     offered = finite(row.get("offered_rate"))
     if offered is not None:
         step = finite(row.get("auto_step"))

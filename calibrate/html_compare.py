@@ -112,7 +112,9 @@ def _pair_cell(row: PairRow, metric: str) -> str:
         b = value_text(finite((row.b or {}).get(metric)))
         return text(f"{a} → {b}")
     said = delta_text(delta)
-    klass = "" if delta.better is None else (' class="better"' if delta.better else ' class="worse"')
+    klass = (
+        "" if delta.better is None else (' class="better"' if delta.better else ' class="worse"')
+    )
     change = f" <span{klass}>({text(said)})</span>" if said else ""
     return f"{text(value_text(delta.a))} → {text(value_text(delta.b))}{change}"
 

@@ -38,7 +38,7 @@ dl.tiles { display: grid; grid-template-columns: repeat(auto-fit, minmax(190px, 
 #notes { margin: 4px 0; padding-left: 20px; color: #444; }
 .sides { display: grid; grid-template-columns: 1fr 1fr; gap: 16px; }
 .sides h3 { margin: 0; } .sides .verdict { font-size: 20px; margin: 2px 0; }
-.sides dl.tiles { grid-template-columns: repeat(auto-fit, minmax(140px, 1fr)); }
+.sides dl.tiles { grid-template-columns: 1fr 1fr; }
 .sides .tile dd { font-size: 16px; }
 .better { color: #17803d; } .worse { color: #c62828; }
 .charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(460px, 1fr)); gap: 12px; }

@@ -203,7 +203,7 @@ def line_chart(
             )
     if any(p in s.failed for s in series for p in s.points):
         body.append(
-            f'<text class="failed-key" x="{width - _RIGHT_PX}" y="{_TOP_PX - 4}" '
+            f'<text class="failed-key" x="{width - _RIGHT_PX}" y="{height - 8}" '
             f'text-anchor="end" fill="{FAILED}">✕ failed tier</text>'
         )
     legend_px = 14 * len(series) + 6 if len(series) > 1 else 0

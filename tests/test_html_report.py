@@ -337,9 +337,7 @@ def test_the_setting_tiles_say_what_is_known_and_nothing_else(cli, isolated: Pat
     assert 'class="failed-point"' in _chart(html, "throughput")
 
 
-def test_report_a_b_leads_with_both_settings_then_plots_then_the_table(
-    cli, isolated: Path
-) -> None:
+def test_report_a_b_leads_with_both_settings_then_plots_then_the_table(cli, isolated: Path) -> None:
     rows_a = [ladder_row(1, 4.0), ladder_row(2, 8.0), ladder_row(4, 9.0, verdict="fail")]
     rows_b = [ladder_row(1, 5.0), ladder_row(2, 10.0), ladder_row(4, 18.0)]
     last = {"batch_size": 2, "concurrency": 2}
