@@ -210,7 +210,7 @@ def line_chart(
     return _svg(width, height + legend_px, title, body)
 
 
-def timeline_chart(title: str, bars: Sequence[Bar], *, width: int = 900) -> str:
+def timeline_chart(title: str, bars: Sequence[Bar], *, width: int = 1200) -> str:
     """One horizontal bar per request (start → finish), a tick at its first token, failures red.
 
     Requests are drawn in start order top to bottom, so waiting shows as a staircase.
