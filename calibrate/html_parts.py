@@ -13,25 +13,41 @@ from html import escape
 from typing import Any
 
 _CSS = """
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 24px;
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 20px 24px;
        color: #1d1d1f; background: #fff; max-width: 1400px; }
-h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 8px; }
+h1 { font-size: 20px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 24px 0 8px; }
+h3 { font-size: 14px; margin: 14px 0 4px; }
 .muted { color: #666; }
 table { border-collapse: collapse; margin: 6px 0; }
 th, td { border: 1px solid #d0d7de; padding: 3px 8px; text-align: right; white-space: nowrap; }
 th { background: #f3f5f7; position: sticky; top: 0; }
 td.text, th.text { text-align: left; white-space: normal; }
 tr.verdict-fail td { background: #fde8e8; } tr.verdict-stop td { background: #fff6dc; }
-.verdict { font-size: 18px; font-weight: 600; }
+.verdict { font-size: 26px; font-weight: 700; margin: 4px 0 8px; }
 .passed { color: #17803d; } .failed { color: #c62828; } .unknown { color: #8a6d00; }
 dl { display: grid; grid-template-columns: max-content auto; gap: 2px 16px; margin: 6px 0; }
 dt { color: #555; } dd { margin: 0; word-break: break-word; }
+dl.inline { display: flex; flex-wrap: wrap; gap: 2px 8px; color: #444; }
+dl.inline dt::after { content: ":"; } dl.inline dd { margin-right: 14px; }
+dl.tiles { display: grid; grid-template-columns: repeat(auto-fit, minmax(190px, 1fr));
+           gap: 10px; margin: 8px 0 10px; }
+.tile { border: 1px solid #d0d7de; border-radius: 6px; padding: 8px 12px; background: #f8fafc; }
+.tile dt { font-size: 12px; text-transform: uppercase; letter-spacing: .04em; }
+.tile dd { font-size: 19px; font-weight: 600; }
+.tile .under { display: block; font-size: 12px; font-weight: 400; color: #555; }
+#notes { margin: 4px 0; padding-left: 20px; color: #444; }
+.sides { display: grid; grid-template-columns: 1fr 1fr; gap: 16px; }
+.sides h3 { margin: 0; } .sides .verdict { font-size: 20px; margin: 2px 0; }
+.sides dl.tiles { grid-template-columns: 1fr 1fr; }
+.sides .tile dd { font-size: 16px; }
 .better { color: #17803d; } .worse { color: #c62828; }
-.charts { display: flex; flex-wrap: wrap; gap: 12px; }
-svg.chart { background: #fcfcfd; border: 1px solid #e3e6ea; font-size: 11px; }
+.charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(460px, 1fr)); gap: 12px; }
+svg.chart { background: #fcfcfd; border: 1px solid #e3e6ea; font-size: 11px;
+            width: 100%; height: auto; }
 svg.chart .title { font-size: 13px; font-weight: 600; }
 svg.chart .axis { stroke: #333; } svg.chart .grid { stroke: #e6e6e6; }
 .scroll { overflow-x: auto; }
+details { margin: 8px 0; } summary { cursor: pointer; color: #0b5cad; }
 code { font-size: 12px; background: #f3f5f7; padding: 1px 4px; }
 """
 
@@ -95,11 +111,21 @@ def table(
     return "\n".join(out)
 
 
-def definitions(items: Sequence[tuple[str, Any]], dl_id: str = "") -> str:
+def definitions(items: Sequence[tuple[str, Any]], dl_id: str = "", klass: str = "") -> str:
     """``<dl>`` of label → value pairs, values escaped."""
     ident = f' id="{escape(dl_id)}"' if dl_id else ""
+    kind = f' class="{escape(klass)}"' if klass else ""
     body = "".join(f"<dt>{text(k)}</dt><dd>{text(v)}</dd>" for k, v in items)
-    return f"<dl{ident}>{body}</dl>"
+    return f"<dl{ident}{kind}>{body}</dl>"
+
+
+def folded(details_id: str, summary: str, inner: Sequence[str]) -> str:
+    """A ``<details>`` closed by default: what a reader opens only when they need it."""
+    return (
+        f'<details id="{escape(details_id)}"><summary>{text(summary)}</summary>\n'
+        + "\n".join(inner)
+        + "\n</details>"
+    )
 
 
 def verdict_class(verdict: Any) -> str:

@@ -1,7 +1,9 @@
 """``calibrate report RUN --html``: one self-contained HTML file for a ladder or sweep run.
 
-Sections: verdict, run (manifest), workload, tier table, plots (latency vs throughput,
-throughput, VRAM), the optional request timeline, incidents. Plots are inline SVG from
+It leads with the answer: the verdict and the setting with its numbers (``html_answer``), then
+the plots (latency vs throughput, throughput, VRAM, pressure; failed tiers crossed out), the
+tier table (the essential columns; every column folded under it), the optional request
+timeline, the incidents, and last, folded, the run's configuration. Plots are inline SVG from
 ``svg_plot`` so the file needs neither matplotlib nor a network to be read.
 """
 
@@ -13,9 +15,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from calibrate import report
-from calibrate.html_parts import definitions, page, section, table, text, verdict_class
+from calibrate.html_answer import setting_row, setting_tiles
+from calibrate.html_parts import definitions, folded, page, section, table, text, verdict_class
 from calibrate.numbers import finite
 from calibrate.run_view import RunView
+from calibrate.stages.tiers import kept
 from calibrate.svg_plot import Series, line_chart, timeline_chart
 from calibrate.tier_table import level_key
 from calibrate.timeline import Timeline
@@ -61,6 +65,17 @@ def key_label(key: str) -> str:
     }.get(key, key)
 
 
+def _series(label: str, view: RunView, x: str, y: str, **style: Any) -> Series:
+    """One run's line of ``y`` against ``x``: failed tiers crossed, the setting ringed."""
+    pts = points(view.rows, x, y)
+    failed = frozenset(
+        p for row in view.rows if not kept(row.get("verdict")) for p in points([row], x, y)
+    )
+    chosen = setting_row(view)
+    at = points([chosen], x, y) if chosen is not None else ()
+    return Series(label, pts, failed=failed, chosen=at[0] if at else None, **style)
+
+
 def charts_for(labelled: Sequence[tuple[str, RunView]]) -> list[str]:
     """Latency vs throughput, throughput, peak VRAM and pressure per tier; with several runs,
     one line per run (prefixed with its label) on the same axes."""
@@ -75,10 +90,10 @@ def charts_for(labelled: Sequence[tuple[str, RunView]]) -> list[str]:
     def tag(label: str, name: str) -> str:
         return f"{label}: {name}" if label else name
 
-    def per_run(name: str, x_col: str) -> list[Series]:
-        return [Series(tag(label, name), points(v.rows, x_col, name)) for label, v in labelled]
+    def per_run(name: str, x_col: str, **style: Any) -> list[Series]:
+        return [_series(tag(label, name), v, x_col, name, **style) for label, v in labelled]
 
-    latency = [Series(s.label, s.points, in_given_order=True) for n in lat for s in per_run(n, x)]
+    latency = [s for n in lat for s in per_run(n, x, in_given_order=True)]
     pressure = [
         s
         for n in ("pressure", "peak_kv_usage")
@@ -101,12 +116,31 @@ def charts_pair(a: RunView, b: RunView) -> list[str]:
     return charts_for([("A", a), ("B", b)])
 
 
-def tier_table_html(view: RunView) -> str:
-    """The terminal table's columns plus any latency percentile / rate columns the run has."""
-    cells = report.table_cells(view.rows, view.kind)
-    shown = {"ttft_p50_s"} if any(name == "ttft p50" for name, _ in cells) else set()
-    extras = [c for c in view.extra_columns() if c not in shown]
-    headers = [name for name, _ in cells] + extras
+# The columns shown by default (the rest are folded under the table): what tells the tiers
+# apart at a glance, and fits 1280 px without scrolling.
+ESSENTIAL = (
+    "input",
+    "batch",
+    "conc",
+    "offered",
+    "achieved",
+    "items/s",
+    "gain",
+    "tok/s",
+    "goodput",
+    "p50 s",
+    "p99 s",
+    "ttft p50",
+    "peak MiB",
+    "pressure",
+    "errors",
+    "verdict",
+)
+
+
+def _cells_of(
+    view: RunView, cells: Sequence[tuple[str, Any]], extras: Sequence[str]
+) -> list[list[str]]:
     body: list[list[str]] = []
     for row in view.rows:
         line = []
@@ -117,19 +151,56 @@ def tier_table_html(view: RunView) -> str:
                 line.append("—")
         line += [_extra(row.get(c)) for c in extras]
         body.append(line)
-    attrs = [
+    return body
+
+
+def _row_attrs(view: RunView) -> list[dict[str, str]]:
+    return [
         {
             "class": f"tier {verdict_class(r.get('verdict'))}",
             "data-key": f"{level_key(r, view.key) or 0:g}",
         }
         for r in view.rows
     ]
-    return table(
-        "tiers", headers, body, row_attrs=attrs, text_columns=("verdict", "errors", "pressure")
+
+
+def tier_table_html(view: RunView) -> str:
+    """The essential columns, then every column (the terminal's plus any latency percentile /
+    rate columns the run has) folded under them."""
+    cells = report.table_cells(view.rows, view.kind)
+    shown = {"ttft_p50_s"} if any(name == "ttft p50" for name, _ in cells) else set()
+    extras = [c for c in view.extra_columns() if c not in shown]
+    headers = [name for name, _ in cells] + extras
+    left = ("verdict", "errors", "pressure")
+    short = [c for c in cells if c[0] in ESSENTIAL]
+    every = table(
+        "tiers",
+        headers,
+        _cells_of(view, cells, extras),
+        row_attrs=_row_attrs(view),
+        text_columns=left,
+    )
+    return "\n".join(
+        [
+            table(
+                "tier-summary",
+                [name for name, _ in short],
+                _cells_of(view, short, []),
+                row_attrs=_row_attrs(view),
+                text_columns=left,
+            ),
+            folded(
+                "tier-columns",
+                f"every column ({len(headers)}): rounds, percentiles, tokens, queue, rates",
+                [every],
+            ),
+        ]
     )
 
 
 def _extra(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     number = finite(value)
     return f"{number:.4g}" if number is not None else ("—" if value is None else str(value))
 
@@ -141,29 +212,47 @@ def verdict_word(passed: bool | None) -> tuple[str, str]:
     return ("passed", "passed") if passed else ("failed", "failed")
 
 
+_KNEE = ("concurrency", "offered_rate", "auto_step")
+
+
 def verdict_html(view: RunView) -> str:
+    """The answer: the verdict, the setting with its numbers, how the run ended, the notes."""
     v = view.verdict
     word, klass = verdict_word(v.passed)
     if v.interrupted:
         word += " (interrupted)"
-    items: list[tuple[str, Any]] = [("stopped by", v.stopped_by), ("last passing", v.last_passing)]
-    if view.kind == "sweep" or v.knee != "—":
-        items.append(("knee", v.knee))
-    notes = "".join(f"<li>{text(n)}</li>" for n in v.notes)
+    items: list[tuple[str, Any]] = [("stopped by", v.stopped_by)]
+    if view.kind == "ladder":
+        items.append(("last passing", v.last_passing))
+    knee = view.summary.get("knee")
+    sure = None
+    if isinstance(knee, dict):  # keyed as the run is (a rate sweep's is by rate), no record dump
+        if knee.get(view.key) is not None:
+            at = [f"{k.replace('_', ' ')} {knee[k]}" for k in _KNEE if knee.get(k) is not None]
+            items.append(("knee", ", ".join(at)))
+            sure = knee.get("how_sure")
+    elif v.knee != "—" or (view.kind == "sweep" and view.key == "concurrency"):
+        items.append(("knee", v.knee if v.knee != "—" else "none found"))
+    notes = "".join(f"<li>{text(n)}</li>" for n in (*v.notes, *([sure] if sure else [])))
     return section(
         "verdict",
         "Verdict",
         [
             f'<p class="verdict {klass}" id="verdict-word">{text(word)}</p>',
-            definitions(items, "verdict-details"),
+            setting_tiles(view),
+            definitions(items, "verdict-details", "inline"),
             f'<ul id="notes">{notes}</ul>' if notes else "",
         ],
     )
 
 
 def _flat(value: Any) -> str:
+    if isinstance(value, dict):  # what is not set is not shown (never a "null")
+        value = {k: v for k, v in value.items() if v is not None}
     if isinstance(value, dict | list):
         return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     return str(value)
 
 
@@ -175,7 +264,7 @@ def _safe_items(data: Any) -> list[tuple[str, Any]]:
     return [
         (str(k), _flat(v))
         for k, v in data.items()
-        if not any(w in str(k).lower() for w in _SECRET_WORDS)
+        if v is not None and not any(w in str(k).lower() for w in _SECRET_WORDS)
     ]
 
 
@@ -207,16 +296,29 @@ def manifest_html(view: RunView) -> str:
             inner += [f"<h3>[{text(name)}]</h3>", definitions(settings)]
     if not m:
         inner = ["<p>no manifest.json in this run folder</p>"]
-    return section("run", "Run", inner)
+    return "\n".join(inner)
 
 
 def workload_html(view: RunView) -> str:
     workload = view.summary.get("workload")
     items = _safe_items(workload) if isinstance(workload, dict) else []
-    inner = (
-        [definitions(items, "workload-details")] if items else ["<p>not recorded in this run</p>"]
+    inner = definitions(items, "workload-details") if items else "<p>not recorded in this run</p>"
+    return f"<h3>Workload</h3>\n{inner}"
+
+
+def configuration_html(view: RunView) -> str:
+    """The run, its settings and its workload: last, and folded."""
+    return section(
+        "configuration",
+        "Configuration",
+        [
+            folded(
+                "config-details",
+                "the run, the command, the target, the stage's settings and the workload",
+                [manifest_html(view), workload_html(view)],
+            )
+        ],
     )
-    return section("workload", "Workload", inner)
 
 
 def incidents_html(view: RunView) -> str:
@@ -255,19 +357,17 @@ def timeline_html(timeline: Timeline) -> str:
 
 
 def run_html(view: RunView, timeline: Timeline | None = None) -> str:
-    """The whole report of one run as one HTML document."""
+    """The whole report of one run as one HTML document, the answer first."""
     title = f"calibrate {view.kind}: {view.run_id}"
     parts = [
         f"<h1>{text(title)}</h1>",
         verdict_html(view),
-        manifest_html(view),
-        workload_html(view),
+        section("plots", "Plots", ['<div class="charts">', *charts_for([("", view)]), "</div>"]),
         section(
             "tier-table", "Tiers" if view.kind == "ladder" else "Levels", [tier_table_html(view)]
         ),
-        section("plots", "Plots", ['<div class="charts">', *charts_for([("", view)]), "</div>"]),
     ]
     if timeline is not None:
         parts.append(timeline_html(timeline))
-    parts.append(incidents_html(view))
+    parts += [incidents_html(view), configuration_html(view)]
     return page(title, parts)

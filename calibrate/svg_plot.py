@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
-COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
+COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf")
+FAILED = "#d62728"  # a failed tier's cross and a failed request's bar
 _LEFT_PX, _RIGHT_PX, _TOP_PX, _BOTTOM_PX = 64, 16, 30, 46
 
 
@@ -22,6 +23,8 @@ class Series:
     label: str
     points: tuple[tuple[float, float], ...]
     in_given_order: bool = False  # joined as given (tier order), not left to right
+    failed: frozenset[tuple[float, float]] = frozenset()  # points of failed tiers: a red cross
+    chosen: tuple[float, float] | None = None  # the setting the report recommends: a ring
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,18 @@ def _svg(width: int, height: int, title: str, body: Sequence[str]) -> str:
     return head + "".join(body) + "</svg>"
 
 
+def _cross(x: float, y: float, label: str) -> str:
+    """A failed tier's point: a red cross (not a dot in the series' colour)."""
+    arms = " ".join(
+        f'<line x1="{x - 6:.1f}" y1="{y + dy * -6:.1f}" x2="{x + 6:.1f}" y2="{y + dy * 6:.1f}"/>'
+        for dy in (1, -1)
+    )
+    return (
+        f'<g class="failed-point" stroke="{FAILED}" stroke-width="3">{arms}'
+        f"<title>{escape(label)}</title></g>"
+    )
+
+
 def line_chart(
     title: str,
     x_label: str,
@@ -136,10 +151,11 @@ def line_chart(
     series: Sequence[Series],
     *,
     log_x: bool = False,
-    width: int = 440,
-    height: int = 280,
+    width: int = 600,
+    height: int = 340,
 ) -> str:
-    """Lines with point markers, one colour per series, a legend when there are several."""
+    """Lines with point markers, one colour per series, a legend when there are several; a failed
+    tier's point is a red cross, the recommended setting a ring."""
     xs = [x for s in series for x, _ in s.points]
     ys = [y for s in series for _, y in s.points]
     frame = _Frame(width, height, xs, ys, log_x)
@@ -163,10 +179,21 @@ def line_chart(
                 f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="2"/>'
             )
         for x, y in points:
+            px, py = frame.px(x), frame.py(y)
+            tip = f"{line.label}: {_label(x)}, {_label(y)}"
+            if (x, y) in line.failed:
+                body.append(_cross(px, py, f"{tip} (failed)"))
+                continue
             body.append(
-                f'<circle cx="{frame.px(x):.1f}" cy="{frame.py(y):.1f}" r="3.5" fill="{colour}">'
-                f"<title>{escape(line.label)}: {_label(x)}, {_label(y)}</title></circle>"
+                f'<circle cx="{px:.1f}" cy="{py:.1f}" r="4" fill="{colour}">'
+                f"<title>{escape(tip)}</title></circle>"
             )
+            if line.chosen == (x, y):
+                body.append(
+                    f'<circle class="chosen-point" cx="{px:.1f}" cy="{py:.1f}" r="9" '
+                    f'fill="none" stroke="{colour}" stroke-width="2">'
+                    f"<title>{escape(tip)} (the setting)</title></circle>"
+                )
         body.append("</g>")
         if len(series) > 1:  # the legend goes under the chart, one line per series
             y = height + 14 * number
@@ -174,11 +201,16 @@ def line_chart(
                 f'<rect x="{_LEFT_PX}" y="{y}" width="10" height="10" fill="{colour}"/>'
                 f'<text x="{_LEFT_PX + 14}" y="{y + 9}">{escape(line.label)}</text>'
             )
+    if any(p in s.failed for s in series for p in s.points):
+        body.append(
+            f'<text class="failed-key" x="{width - _RIGHT_PX}" y="{height - 8}" '
+            f'text-anchor="end" fill="{FAILED}">✕ failed tier</text>'
+        )
     legend_px = 14 * len(series) + 6 if len(series) > 1 else 0
     return _svg(width, height + legend_px, title, body)
 
 
-def timeline_chart(title: str, bars: Sequence[Bar], *, width: int = 900) -> str:
+def timeline_chart(title: str, bars: Sequence[Bar], *, width: int = 1200) -> str:
     """One horizontal bar per request (start → finish), a tick at its first token, failures red.
 
     Requests are drawn in start order top to bottom, so waiting shows as a staircase.
@@ -207,7 +239,7 @@ def timeline_chart(title: str, bars: Sequence[Bar], *, width: int = 900) -> str:
         body.append(
             f'<rect class="bar{"" if bar.ok else " failed"}" x="{x0:.1f}" y="{y:.1f}" '
             f'width="{max(1.0, x1 - x0):.1f}" height="{bar_px:.1f}" '
-            f'fill="{COLOURS[0] if bar.ok else COLOURS[3]}"><title>{escape(tip)}</title></rect>'
+            f'fill="{COLOURS[0] if bar.ok else FAILED}"><title>{escape(tip)}</title></rect>'
         )
         if bar.ttft_s is not None:
             xt = frame.px(bar.start_s + bar.ttft_s)

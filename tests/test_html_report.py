@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 
 from tests.mockserver import start_mock
 from tests.report_helpers import Page, ladder_row, sweep_row, write_run
-from tests.tier_helpers import jsonl, open_gate, run_dir
+from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
 
 XSS = "<script>alert('pwned')</script>"
 
@@ -188,3 +189,176 @@ def test_html_path_is_chosen_and_an_unwritable_one_is_exit_2(cli, isolated: Path
     bad = cli("report", "r1", "--html", "blocker/report.html", "--no-plot")
     assert bad.code == 2 and "cannot write blocker/report.html" in bad.err
     assert "Traceback" not in bad.err
+
+
+# --- the answer first: verdict and setting, plots, table, configuration last and folded ---
+
+SWEEPS = FAST + "[sweep]\nlevel_s = 0.6\nrepeats = 1\n"
+
+
+def _order(html: str, *ids: str) -> list[int]:
+    """Where each section starts in the file (a missing one fails the test)."""
+    return [html.index(f'<section id="{i}">') for i in ids]
+
+
+def _inside_details(html: str, details_id: str, inner: str) -> bool:
+    start = html.index(f'<details id="{details_id}">')
+    end = html.index("</details>", start)
+    return start < html.index(inner) < end
+
+
+def _chart(html: str, title: str) -> str:
+    start = html.index(f'aria-label="{title}"')
+    return html[start : html.index("</svg>", start)]
+
+
+def _tile(page: Page, name: str) -> str:
+    return page.id_text[f"setting-{name}"]
+
+
+def _check_layout(html: str) -> Page:
+    """What every report has: the verdict and setting, then plots, the table, the
+    configuration last inside <details>; no Python None anywhere."""
+    page = Page(html)
+    verdict, plots, tiers, config = _order(html, "verdict", "plots", "tier-table", "configuration")
+    assert verdict < plots < tiers < config
+    assert html.index('id="setting"') < plots  # the setting is part of the first section
+    assert config == max(int(m.start()) for m in re.finditer(r"<section id=", html))
+    assert _inside_details(html, "config-details", 'id="manifest"')
+    assert _inside_details(html, "config-details", "<h3>Workload</h3>")
+    assert _inside_details(html, "tier-columns", '<table id="tiers"')
+    assert not _inside_details(html, "tier-columns", '<table id="tier-summary"')
+    assert not re.search(r"\bNone\b", html), re.findall(r".{40}\bNone\b.{20}", html)
+    assert len(page.rows["tier-summary"][0]) <= 14 < len(page.rows["tiers"][0])
+    return page
+
+
+def test_a_ladder_report_leads_with_the_setting_and_crosses_out_the_failed_tier(
+    cli, isolated: Path
+) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.004, slots=4, oom_at=6) as mock:
+        open_gate(isolated, mock.base_url)
+        ladder = cli("ladder", "--json")
+        context = cli("ladder", "--axis", "context", "--json")
+    assert ladder.code == 0 and context.code == 0, ladder.err + context.err
+    run = run_dir(isolated, ladder.json["run_id"])
+    assert cli("report", str(run), "--html", "--no-plot").code == 0
+    html = (run / "report.html").read_text("utf-8")
+    page = _check_layout(html)
+    tiers = {t["batch_size"]: t for t in jsonl(run / "tiers.jsonl")}
+    four = tiers[4]
+    assert tiers[8]["verdict"] == "fail" and four["verdict"] == "pass"
+    assert page.id_text["verdict-word"] == "passed"
+    assert _tile(page, "at").startswith("batch size 4 concurrency 4")
+    assert f"{four['items_per_s']:.4g} items/s" in _tile(page, "throughput")
+    assert f"p50 {four['latency_p50_s']:.3g} s" in _tile(page, "latency")
+    assert f"p99 {four['latency_p99_s']:.3g} s" in _tile(page, "latency")
+    free = four["vram_total_mib"] - four["peak_vram_mib"]
+    assert _tile(page, "headroom").startswith(f"{free:.0f} MiB free")
+    assert "setting-energy" not in page.id_text  # the mock measures no energy: no tile
+    # batch 8 failed: a red cross on every plot, never a plain dot; batch 4 is ringed
+    throughput = _chart(html, "throughput")
+    assert re.search(r'class="failed-point".*?items_per_s: 8, [\d.]+ \(failed\)', throughput)
+    assert not re.search(r"<circle [^>]*><title>items_per_s: 8,", throughput)  # no plain dot
+    assert "items_per_s: 4, " in throughput and 'class="chosen-point"' in throughput
+    assert _chart(html, "latency vs throughput").count('class="failed-point"') >= 2
+    assert "✕ failed tier" in throughput
+
+    run = run_dir(isolated, context.json["run_id"])
+    assert cli("report", str(run), "--html", "--no-plot").code == 0
+    page = _check_layout((run / "report.html").read_text("utf-8"))
+    longest = max(
+        t["input_tokens_max"] for t in jsonl(run / "tiers.jsonl") if t["verdict"] == "pass"
+    )
+    assert _tile(page, "at").startswith(f"{longest:g} input tokens the longest input")
+
+
+def test_sweep_reports_lead_with_the_level_each_mode_recommends(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.01, per_token_s=0.001, slots=4) as mock:
+        open_gate(isolated, mock.base_url, SWEEPS, "ladder")
+        runs = {
+            "concurrency": cli("sweep", "--beyond-ladder", "--json"),
+            "rates": cli("sweep", "--rates", "5,20", "--json"),
+            "auto": cli("sweep", "--auto", "--auto-steps", "1", "--json"),
+        }
+    for mode, result in runs.items():
+        assert result.code == 0, f"{mode}: {result.err}"
+        run = run_dir(isolated, result.json["run_id"])
+        shown = cli("report", str(run), "--html", "--no-plot")
+        assert shown.code == 0, shown.err
+        page = _check_layout((run / "report.html").read_text("utf-8"))
+        summary = json.loads((run / "summary.json").read_text("utf-8"))["summary"]
+        levels = jsonl(run / "tiers.jsonl")
+        at = _tile(page, "at")
+        if mode == "concurrency":
+            knee = summary["knee"]["concurrency"]
+            assert at.startswith(f"concurrency {knee} batch size 4"), at
+            row = next(r for r in levels if r["concurrency"] == knee)
+            assert f"{row['items_per_s']:.4g} items/s" in _tile(page, "throughput")
+        elif summary["recommendation"].startswith("synchronous"):  # auto: no rate kept up
+            assert at.startswith("synchronous (one at a time)"), at
+            row = next(r for r in levels if r["load"] == "synchronous")
+            assert f"{row['items_per_s']:.4g} items/s" in _tile(page, "throughput")
+        else:  # the recommendation names its rate: the tile shows the same level
+            rate = summary["recommendation"].split(" req/s")[0]
+            assert f"{rate} req/s offered" in at, (at, summary["recommendation"])
+            row = next(r for r in levels if f"{r.get('offered_rate') or 0:.4g}" == rate)
+            assert f"{row['achieved_rate']:.4g} req/s achieved" in _tile(page, "throughput")
+
+
+def test_the_setting_tiles_say_what_is_known_and_nothing_else(cli, isolated: Path) -> None:
+    """Hand-written runs: energy columns give an energy tile; SLOs choose by goodput; a run with
+    no passing tier says so instead of showing numbers."""
+    energy = {"joules_per_output_token": 0.42, "power_mean_w": 310.0}
+    write_run(
+        isolated,
+        "energy",
+        "ladder",
+        [ladder_row(1, 4.0, **energy), ladder_row(2, 7.0, **energy)],
+        summary={"last_passing": {"batch_size": 2, "concurrency": 2}},
+    )
+    slo_rows = [sweep_row(c, 2.0 * c, goodput_per_s=g) for c, g in ((1, 1.5), (2, 3.5), (4, 2.0))]
+    write_run(isolated, "slo", "sweep", slo_rows, summary={"slo": "ttft_p99 <= 0.5 s"})
+    failed = [ladder_row(1, 4.0, verdict="fail")]
+    write_run(isolated, "none", "ladder", failed, summary={"last_passing": None}, passed=False)
+    for name in ("energy", "slo", "none"):
+        assert cli("report", f"runs/{name}", "--html", "--no-plot").code == 0
+    page = Page((isolated / "runs/energy/report.html").read_text("utf-8"))
+    assert _tile(page, "at").startswith("batch size 2")
+    assert _tile(page, "energy") == "0.42 J/token 310 W mean"
+    page = Page((isolated / "runs/slo/report.html").read_text("utf-8"))
+    assert _tile(page, "at").startswith("concurrency 2") and "goodput" in _tile(page, "at")
+    assert _tile(page, "goodput").startswith("3.5 req/s")
+    html = (isolated / "runs/none/report.html").read_text("utf-8")
+    page = Page(html)
+    assert page.id_text["verdict-word"] == "failed"
+    assert _tile(page, "at").startswith("no passing tier")
+    assert "setting-throughput" not in page.id_text
+    assert 'class="failed-point"' in _chart(html, "throughput")
+
+
+def test_report_a_b_leads_with_both_settings_then_plots_then_the_table(cli, isolated: Path) -> None:
+    rows_a = [ladder_row(1, 4.0), ladder_row(2, 8.0), ladder_row(4, 9.0, verdict="fail")]
+    rows_b = [ladder_row(1, 5.0), ladder_row(2, 10.0), ladder_row(4, 18.0)]
+    last = {"batch_size": 2, "concurrency": 2}
+    write_run(isolated, "a", "ladder", rows_a, summary={"last_passing": last})
+    write_run(isolated, "b", "ladder", rows_b, summary={"last_passing": {"batch_size": 4}})
+    result = cli("report", "runs/a", "runs/b", "--html")
+    assert result.code == 0, result.err
+    html = (isolated / "runs/b/compare-a.html").read_text("utf-8")
+    page = Page(html)
+    verdict, plots, tiers, runs = _order(html, "verdict", "plots", "tier-table", "runs")
+    assert verdict < plots < tiers < runs
+    assert page.id_text["verdict-a"] == "passed" and page.id_text["verdict-b"] == "passed"
+    assert page.id_text["setting-a-at"].startswith("batch size 2")
+    assert page.id_text["setting-b-at"].startswith("batch size 4")
+    assert "18 items/s" in page.id_text["setting-b-throughput"]
+    assert _inside_details(html, "run-pairs", 'id="run-pair"')
+    assert _inside_details(html, "comparison-columns", '<table id="comparison"')
+    summary = page.rows["comparison-summary"]
+    header = summary[0]
+    assert len(header) < len(page.rows["comparison"][0]) and "items/s" in header
+    assert summary[2][header.index("items/s")] == "8 → 10 (+25%)"
+    assert summary[3][1:3] == ["fail", "pass"]
+    assert 'class="failed-point"' in _chart(html, "throughput")  # A's batch 4
+    assert not re.search(r"\bNone\b", html)
