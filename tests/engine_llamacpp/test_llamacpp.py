@@ -164,7 +164,8 @@ def test_sweep_at_parallel_4_knee_explained_by_the_queue(cli, llama: str, isolat
         "--parallel" in _argv(isolated)
         and _argv(isolated)[_argv(isolated).index("--parallel") + 1] == "4"
     )
-    _configure(isolated, llama, max_tokens=128, batch_sizes="[1, 2, 4]")
+    # one tier: the setting is batch 4 whatever the box's noise (the best kept tier is the rule)
+    _configure(isolated, llama, max_tokens=128, batch_sizes="[4]")
     _ladder_to(cli, isolated)
     tasks = _tasks(isolated, "long.jsonl", [LONG_PROMPT])
     with QueueWatch(llama) as queue:
@@ -304,24 +305,28 @@ def test_auto_sweep_synchronous_maximum_and_rates_between(cli, llama: str, isola
 def test_rollback_really_stops_and_restarts_at_the_verified_batch(
     cli, llama: str, isolated: Path
 ) -> None:
-    old = _start(cli)["pid"]
+    _start(cli)
     _configure(isolated, llama, batch_sizes="[1, 2]")
-    assert _ladder_to(cli, isolated)["last_passing"]["batch_size"] == 2
+    # the setting is the best kept tier (SPEC §5.3): 2 when two slots are really faster here,
+    # else 1 — rollback restores whichever the ladder chose
+    batch = _ladder_to(cli, isolated)["last_passing"]["batch_size"]
+    assert batch in (1, 2)
+    old = json.loads((isolated / "runs/server.json").read_text("utf-8"))["pid"]
     result = cli("rollback", "--json")
     assert result.code == 0, result.err
     assert process.start_id(old) is None, "the old llama-server's PID is gone"
     argv = _argv(isolated)
-    assert argv[argv.index("--parallel") + 1] == "2"
+    assert argv[argv.index("--parallel") + 1] == str(batch)
     new = json.loads((isolated / "runs/server.json").read_text("utf-8"))["pid"]
     assert new != old and process.start_id(new) is not None
-    assert requests.get(f"{llama}/props", timeout=5).json()["total_slots"] == 2
-    assert "restored: batch 2, concurrency 1" in result.err
+    assert requests.get(f"{llama}/props", timeout=5).json()["total_slots"] == batch
+    assert f"restored: batch {batch}, concurrency 1" in result.err
     show("\n" + result.err)
 
 
 def test_pin_then_start_from_the_script_then_verify(cli, llama: str, isolated: Path) -> None:
     _start(cli, "--batch-size", "4")
-    _configure(isolated, llama, batch_sizes="[1, 2, 4]")
+    _configure(isolated, llama, batch_sizes="[4]")  # one tier: the setting is batch 4
     _ladder_to(cli, isolated)
     pin = cli("pin", "--json")
     assert pin.code == 0, pin.err
@@ -405,19 +410,25 @@ def test_batch_200_items_resumes_after_kill_9(cli, llama: str, isolated: Path) -
 def test_server_killed_mid_ladder_is_server_died_then_rollback_restores(
     cli, llama: str, isolated: Path
 ) -> None:
-    pid = _start(cli, "--batch-size", "8")["pid"]
+    _start(cli, "--batch-size", "8")
     _configure(isolated, llama, prompt=LONG_PROMPT, max_tokens=128, batch_sizes="[1, 2, 4, 8]")
     assert cli("single").code == 0 and cli("repro").code == 0
+    killed: list[int] = []
 
     def kill_after_first_tier() -> None:
-        def first_tier_done() -> bool:
+        def second_tier_measuring() -> bool:
             return any(
-                p.read_text("utf-8").strip()
-                for p in (isolated / "runs").glob("*-ladder-*/tiers.jsonl")
+                json.loads(line).get("batch_size") == 2
+                for p in (isolated / "runs").glob("*-ladder-*/records.jsonl")
+                for line in p.read_text("utf-8").splitlines()
+                if line.endswith("}")
             )
 
-        wait_for(first_tier_done, 60, "the ladder's first tier")
-        os.kill(pid, signal.SIGKILL)
+        wait_for(second_tier_measuring, 120, "the ladder's second tier")
+        # a managed llama.cpp ladder restarts the engine at --parallel B per tier: kill the one
+        # measuring batch 2 now, not the one started before the ladder
+        killed.append(json.loads((isolated / "runs/server.json").read_text("utf-8"))["pid"])
+        os.kill(killed[0], signal.SIGKILL)
 
     killer = threading.Thread(target=kill_after_first_tier)
     killer.start()
@@ -432,7 +443,7 @@ def test_server_killed_mid_ladder_is_server_died_then_rollback_restores(
     assert failed_tier["verdict"] == "fail"
     assert "server_died" in failed_tier["error_kinds"], "the tier says what the incident says"
     assert "reset" not in failed_tier["error_kinds"] and "connect" not in failed_tier["error_kinds"]
-    assert bundle["server"]["pid"] == pid
+    assert bundle["server"]["pid"] == killed[0]
     assert bundle["server"]["exit_code"] == -9 and bundle["server"]["signal"] == "SIGKILL"
     tail = bundle["server"]["log_tail"]  # this start's output only (not earlier starts')
     assert tail and any(word in line for line in tail for word in ("slot", "srv", "llama"))
