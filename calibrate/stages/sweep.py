@@ -169,6 +169,7 @@ class Sweep:
             probe = judge_probe(concurrency, level.runs, o.slo)
             if not probe.passed and level.verdict == "pass":
                 level = replace(level, verdict="stop: slo")
+            level = replace(level, gain=None, counted=False)  # probed out of order: no knee
             self.probes.append(probe)
             self.add(level)
             said = "meets the SLOs" if probe.passed else f"breaks them: {probe.why}"

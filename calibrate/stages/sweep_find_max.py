@@ -151,14 +151,15 @@ class Cliff:
         return self.over is None or self.over > CLIFF_OVER
 
     def text(self, last_passing: int, first_failing: int) -> str:
-        """``ttft p99 0.032 → 0.21 s from 4 to 5 (×6.6), 2.1× the SLO: a cliff``."""
+        """``median ttft p99 0.032 → 0.21 s from 4 to 5 (×6.6), 2.1× the SLO: a cliff``."""
         if self.to_s is None:
             return f"{self.slo} p99 not measured at {first_failing}"
         start = f"{self.from_s:.3g}" if self.from_s is not None else "—"
         jump = f" (×{self.jump:.2g})" if self.jump is not None else ""
         kind = "a cliff" if self.steep else "a gradual rise, not a cliff"
         return (
-            f"{self.slo} p99 {start} → {self.to_s:.3g} s from {last_passing} to {first_failing}"
+            f"median {self.slo} p99 {start} → {self.to_s:.3g} s from {last_passing} to "
+            f"{first_failing}"
             f"{jump}, {self.over or 0.0:.2g}× the SLO: {kind}"
         )
 
