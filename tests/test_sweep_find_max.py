@@ -88,9 +88,7 @@ def test_a_lower_top_caps_the_search() -> None:
     assert max(p.concurrency for p in history) == 6 and bracket(history) == (4, 5)
 
 
-def _run(
-    concurrency: int, ttft_p99_s: float | None, *, errors: int = 0, items: int = 20
-) -> Stats:
+def _run(concurrency: int, ttft_p99_s: float | None, *, errors: int = 0, items: int = 20) -> Stats:
     """One run's stats with a given TTFT p99 (and failed requests)."""
     stats = summarise(
         batch_size=1,
@@ -154,7 +152,9 @@ def test_an_erroring_level_is_a_failing_one_and_the_result_says_why() -> None:
     """Requests fail from 13 on (out of memory), the TTFT SLO holds everywhere below."""
 
     def probe(level: int) -> Probe:
-        runs = [_run(level, 0.02, errors=2, items=4 * level)] if level >= 13 else [_run(level, 0.02)]
+        runs = (
+            [_run(level, 0.02, errors=2, items=4 * level)] if level >= 13 else [_run(level, 0.02)]
+        )
         return judge_probe(level, runs, TTFT)
 
     history: list[Probe] = []
@@ -318,7 +318,9 @@ def test_find_max_takes_the_slo_from_the_config(cli, isolated: Path, slo: str) -
         open_gate(isolated, mock.base_url, CONFIG + slo, stage="ladder")
         result = cli("sweep", "--find-max", "--json")
     assert result.code == 0, result.err
-    assert "find-max searches concurrency 1–4 only" in result.err and "--beyond-ladder" in result.err
+    assert (
+        "find-max searches concurrency 1–4 only" in result.err and "--beyond-ladder" in result.err
+    )
     fm = result.json["find_max"]
     assert fm["order"] == [1, 4] and fm["last_passing"] == 4 and fm["first_failing"] is None
     assert result.json["recommended_concurrency"] == 4

@@ -238,12 +238,12 @@ def _plan(args: argparse.Namespace, ctx: StageContext, out: Output) -> SweepOpti
     if args.beyond_ladder and not managed:
         out.warn("--beyond-ladder: sending more requests at once than the ladder proved (recorded)")
     capped = not managed and not args.beyond_ladder and proved > 0
-    top = min(TOP, proved) if capped else TOP
-    if args.find_max and top < TOP:
+    search_top = min(TOP, proved) if capped else TOP
+    if args.find_max and search_top < TOP:
         out.warn(
-            f"find-max searches concurrency 1–{top} only: the ladder passed with at most {top} "
-            "requests in flight and calibrate does not manage this server (--beyond-ladder to "
-            f"search up to {TOP})"
+            f"find-max searches concurrency 1–{search_top} only: the ladder passed with at most "
+            f"{proved} requests in flight and calibrate does not manage this server "
+            f"(--beyond-ladder to search up to {TOP})"
         )
     options = SweepOptions.from_config(
         ctx.config,
@@ -262,7 +262,7 @@ def _plan(args: argparse.Namespace, ctx: StageContext, out: Output) -> SweepOpti
     )
     if args.find_max:  # each probe runs its repeats, no more: the knee's repeat rule is not asked
         return dataclasses.replace(
-            options, levels=(top,), find_max_top=top, max_repeats=options.repeats
+            options, levels=(search_top,), find_max_top=search_top, max_repeats=options.repeats
         )
     return dataclasses.replace(options, levels=levels)
 
