@@ -163,7 +163,7 @@ def test_an_erroring_level_is_a_failing_one_and_the_result_says_why() -> None:
     result = find_max(history, TTFT)
     assert (result.last_passing, result.first_failing) == (12, 13)
     assert result.cliff is None, "errors are no jump of an SLO metric"
-    assert "concurrency 13 broke them: 2 of 52 requests failed (oom×2)" in result.text
+    assert "concurrency 13 failed: 2 of 52 requests failed (oom×2)" in result.text
     assert result.to_json()["first_failing_why"] == "2 of 52 requests failed (oom×2)"
 
 
@@ -237,13 +237,20 @@ def test_a_sweep_whose_first_level_breaks_the_slo_fails(tmp_path: Path) -> None:
     result = sweep.run()
     assert result.find_max is not None and result.find_max.order == (1,)
     assert not result.passed and result.summary(sweep.options).recommended_concurrency is None
-    assert result.reason.startswith("no level met the SLOs (ttft p99 ≤ 0.1 s): concurrency 1")
+    assert result.reason.startswith(
+        "no level met the SLOs (ttft p99 ≤ 0.1 s): concurrency 1 already broke them: ttft p99 "
+    )
+    assert result.recommendation == ""
 
 
 def test_an_erroring_level_ends_the_exponential_probe(tmp_path: Path) -> None:
     """Requests fail at 8 (an OOM): the search bisects below it, the SLO holds everywhere."""
     loop = SimulatedLoop(lambda concurrency, repeat: 0.01, slots=64, fail_at=8)
-    result = _sweep(tmp_path, loop).run()
+    sweep = _sweep(tmp_path, loop)
+    said: list[str] = []
+    sweep.note = said.append
+    result = sweep.run()
+    assert said[1] == "find-max probe 2: concurrency 8 fails: 8 of 8 requests failed (oom×8)"
     fm = result.find_max
     assert fm is not None and fm.order[:2] == (1, 8) and fm.first_failing == 8
     assert fm.last_passing == 7 and fm.cliff is None
@@ -257,9 +264,14 @@ MOCK = ("--slots", "4", "--ttft", "0.01", "--per-token", "0.004")
 CONFIG = FAST + "[sweep]\nlevel_s = 0.3\nrepeats = 3\n"
 
 
+PINNABLE = CONFIG + '[server]\nkind = "vllm"\nmodel_path = "/models/internlm-s2"\n'
+
+
 def test_find_max_on_a_four_slot_mock_ends_at_four_within_10_probes(cli, isolated: Path) -> None:
+    """The done-means: ``calibrate mock --slots 4``, ``sweep --find-max --slo ttft:0.1`` ends
+    at 4 (5 breaks it, a cliff), and pin writes concurrency 4 from that sweep."""
     with start_mock_process(*MOCK) as mock:
-        open_gate(isolated, mock.base_url, CONFIG, stage="ladder")
+        open_gate(isolated, mock.base_url, PINNABLE, stage="ladder")
         result = cli(
             "sweep",
             "--find-max",
@@ -271,6 +283,7 @@ def test_find_max_on_a_four_slot_mock_ends_at_four_within_10_probes(cli, isolate
             "sweep.xml",
         )
         status = cli("status", "--json")
+        pinned = cli("pin", "--json")
     assert result.code == 0, result.err
     out = result.json
     fm = out["find_max"]
@@ -282,11 +295,16 @@ def test_find_max_on_a_four_slot_mock_ends_at_four_within_10_probes(cli, isolate
     assert "recommended concurrency 4: the most in flight that met every SLO" in result.err
     assert "find-max probe 1: concurrency 1 meets the SLOs" in result.err
     assert "stop: slo" in result.err, "the table marks the levels over the SLO"
-    ledger = jsonl(isolated / "runs/ledger.jsonl")[-1]
+    ledger = [e for e in jsonl(isolated / "runs/ledger.jsonl") if e["stage"] == "sweep"][-1]
     assert ledger["summary"]["find_max"]["last_passing"] == 4
     assert ledger["summary"]["recommended_concurrency"] == 4
     assert status.code == 0, status.err
-    assert '"concurrency": 4' in status.out, "status (and pin) take the boundary as C"
+    setting = status.json["setting"]
+    assert (setting["concurrency"], setting["source"]) == (4, "sweep"), "status takes it as C"
+    assert pinned.code == 0, pinned.err
+    assert pinned.json["concurrency"] == 4 and "--max-num-seqs 4" in pinned.json["command"]
+    assert pinned.json["concurrency_from"] == f"sweep run {out['run_id']}", "pin takes it as C"
+    assert fm["cliff"]["steep"] is True, "from ~0.02 s to ~0.2 s: a cliff"
     _, cases = junit_cases(isolated / "sweep.xml")
     assert all(c.find("failure") is None for c in cases), "over an SLO is how the search ends"
 

@@ -172,7 +172,8 @@ class Sweep:
             level = replace(level, gain=None, counted=False)  # probed out of order: no knee
             self.probes.append(probe)
             self.add(level)
-            said = "meets the SLOs" if probe.passed else f"breaks them: {probe.why}"
+            verb = "fails" if probe.errors else "breaks them"
+            said = "meets the SLOs" if probe.passed else f"{verb}: {probe.why}"
             self.note(f"find-max probe {len(self.probes)}: concurrency {concurrency} {said}")
 
     def add(self, level: Level) -> Level:

@@ -209,9 +209,10 @@ class FindMax:
         if ff is None:
             return f"every probe met the SLOs up to {self.top}, the top of the search; {probes}"
         broke = self.cliff.text(lp, ff) if self.cliff and lp is not None else self.failed_why
+        verb = "broke them" if self.cliff else "failed"
         if lp is None:
-            return f"concurrency {ff} already breaks them: {broke}; {probes}"
-        return f"concurrency {ff} broke them: {broke}; {probes}"
+            return f"concurrency {ff} already {verb}: {broke}; {probes}"
+        return f"concurrency {ff} {verb}: {broke}; {probes}"
 
     def to_json(self) -> dict[str, Any]:
         return {
