@@ -206,7 +206,8 @@ def _sweep(tmp_path: Path, loop: SimulatedLoop, top: int = TOP) -> Sweep:
 def test_the_sweep_finds_four_on_a_simulated_four_slot_server(tmp_path: Path) -> None:
     """0.2 s a request, TTFT a quarter of the time from the request's start (the queue wait
     included): 4 in flight answer in 0.05 s, a 5th waits for a slot and breaks 0.1 s."""
-    sweep = _sweep(tmp_path, SimulatedLoop(lambda concurrency, repeat: 0.2, slots=4))
+    loop = SimulatedLoop(lambda concurrency, repeat: 0.2, slots=4)
+    sweep = _sweep(tmp_path, loop)
     said: list[str] = []
     sweep.note = said.append
     result = sweep.run()
@@ -216,6 +217,10 @@ def test_the_sweep_finds_four_on_a_simulated_four_slot_server(tmp_path: Path) ->
     assert [lv.concurrency for lv in result.levels] == [1, 3, 4, 5, 8], "shown by concurrency"
     assert [lv.verdict for lv in result.levels] == ["pass"] * 3 + ["stop: slo"] * 2
     assert all(len(lv.runs) == 3 for lv in result.levels), "repeats per probe, no more"
+    # each run lasts ≥ 3× the p50 of the nearest level *below* it (0.2 s), not of the probe
+    # before it: after 8 (p50 0.4 s, queued) the windows would double for nothing
+    windows = {c: round(w.min_s, 6) for c, w, _ in loop.runs}
+    assert windows == {1: 0.5, 8: 0.6, 3: 0.6, 5: 0.6, 4: 0.6}
     assert result.passed and result.best is not None and result.best.concurrency == 4
     summary = result.summary(sweep.options)
     assert summary.recommended_concurrency == 4
