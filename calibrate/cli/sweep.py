@@ -11,7 +11,15 @@ recommendation, said with how sure it is. A level at which calibrate itself was 
 is never recommended: if that leaves the best unknown, the sweep is inconclusive (exit 1).
 Stops at the first failing level.
 
+--find-max finds the SLO boundary instead: the largest concurrency that meets every SLO
+([slo] or --slo), probing 1, 8, 64, 512, 1024 until a level breaks an SLO or errors, then
+bisecting between the last passing and the first failing level to within 5 % (or 1): at most 10
+probes on [1, 1024]. Each probe runs [sweep].repeats times and passes when none of its requests
+failed and the median over its runs of each p99 meets every SLO. The last passing level is the
+recommended concurrency (pin takes it). Concurrency only: --find-max with --rates is not built.
+
 example: calibrate sweep --stream --junit runs/sweep.xml
+example: calibrate sweep --find-max --slo ttft:0.5 --beyond-ladder
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ from calibrate.cli.tier_output import (
     watching,
 )
 from calibrate.cli.workload_flags import task_pool, workload_spec
-from calibrate.config import MAX_BATCH_SIZE
+from calibrate.config import MAX_BATCH_SIZE, Config
 from calibrate.errors import ExitCode, GateClosed, Interrupted, UsageError
 from calibrate.pipeline import next_after
 from calibrate.report import live_rows
@@ -62,6 +70,7 @@ from calibrate.stages.sweep import (
     safe_levels,
 )
 from calibrate.stages.sweep_auto import DEFAULT_AUTO_STEPS, MAX_AUTO_STEPS
+from calibrate.stages.sweep_find_max import PROBE_RULE, TOP
 from calibrate.stages.task_pick import TaskPool
 from calibrate.stages.tier_run import MeasureSpec
 from calibrate.stages.waves import Sender
@@ -97,6 +106,13 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help=f"with --auto: how many rates between synchronous and maximum (default "
         f"{DEFAULT_AUTO_STEPS})",
+    )
+    parser.add_argument(
+        "--find-max",
+        action="store_true",
+        help=f"the largest concurrency that meets every SLO ([slo] or --slo, required): "
+        f"exponential probe then bisection on [1, {TOP}] to 5 %%, ≤ 10 probes; concurrency "
+        "only (not with --rates, --concurrency or --auto)",
     )
     parser.add_argument(
         "--arrival",
@@ -137,7 +153,9 @@ def run(args: argparse.Namespace) -> int:
     _check_load_flags(args)
     if args.batch_size is not None and not 1 <= args.batch_size <= MAX_BATCH_SIZE:
         raise UsageError(f"--batch-size must be in [1, {MAX_BATCH_SIZE}], got {args.batch_size}")
-    workload = workload_spec(args, load_config(args), "sweep")
+    cfg = load_config(args)
+    _check_find_max(args, cfg)
+    workload = workload_spec(args, cfg, "sweep")
     pool = task_pool(workload)  # a bad tasks file is exit 2 before anything is written
     ctx = open_stage(args, "sweep", out)
     with load_lock(ctx):  # held from the restart at cap B to the last level
@@ -148,6 +166,15 @@ def run(args: argparse.Namespace) -> int:
 def _check_load_flags(args: argparse.Namespace) -> None:
     """One load mode at a time, and --auto's step count in range (exit 2 before anything runs)."""
     given = [f for f, on in (("--concurrency", args.concurrency), ("--rates", args.rates)) if on]
+    if args.find_max and (given or args.auto):
+        named = " or ".join([*given, *(["--auto"] if args.auto else [])])
+        rates = " (--find-max searches concurrency only; over rates it is not built)"
+        raise UsageError(
+            f"--find-max picks its own levels: it cannot be given with {named}"
+            + (rates if args.rates else ""),
+            "Drop one: calibrate sweep --find-max --slo ttft:0.5   or   calibrate sweep "
+            "--concurrency 1,2,4",
+        )
     if args.auto and given:
         raise UsageError(
             f"--auto picks its own levels: it cannot be given with {' or '.join(given)}",
@@ -165,6 +192,16 @@ def _check_load_flags(args: argparse.Namespace) -> None:
         )
 
 
+def _check_find_max(args: argparse.Namespace, cfg: Config) -> None:
+    """--find-max searches for the SLO boundary: without an SLO there is none (exit 2)."""
+    if args.find_max and not has_slo(parse_slo_flags(args.slo, cfg.slo)):
+        raise UsageError(
+            "--find-max needs an SLO: add [slo] ttft_p99_s = 0.1 (or tpot_p99_s, e2e_p99_s) to "
+            "the config, or --slo ttft:0.1",
+            "e.g. calibrate sweep --find-max --slo ttft:0.1",
+        )
+
+
 def _plan(args: argparse.Namespace, ctx: StageContext, out: Output) -> SweepOptions:
     """The levels to run at the verified batch size, within what the ladder proved (SPEC §5.0)."""
     ladder = latest_passing_ladder(ctx.ledger, ctx.target)
@@ -176,6 +213,7 @@ def _plan(args: argparse.Namespace, ctx: StageContext, out: Output) -> SweepOpti
     top = ladder[0].last_passing if ladder else None
     batch = args.batch_size or (top.batch_size if top else 1)
     wanted = parse_counts(args.concurrency) if args.concurrency else ctx.config.sweep.concurrency
+    wanted = (TOP,) if args.find_max else wanted
     managed = run_at_cap(ctx, batch, out.say, max(wanted, default=batch))
     proved = ladder[0].max_in_flight if ladder else 0
     levels, skipped = safe_levels(
@@ -185,7 +223,7 @@ def _plan(args: argparse.Namespace, ctx: StageContext, out: Output) -> SweepOpti
         beyond_ladder=args.beyond_ladder,
     )
     rates = parse_rates(args.rates) if args.rates else ()
-    if rates or args.auto:
+    if rates or args.auto or args.find_max:
         skipped = ()
     if args.auto:
         levels = (1, max(1, proved or batch))
@@ -200,6 +238,13 @@ def _plan(args: argparse.Namespace, ctx: StageContext, out: Output) -> SweepOpti
     if args.beyond_ladder and not managed:
         out.warn("--beyond-ladder: sending more requests at once than the ladder proved (recorded)")
     capped = not managed and not args.beyond_ladder and proved > 0
+    search_top = min(TOP, proved) if capped else TOP
+    if args.find_max and search_top < TOP:
+        out.warn(
+            f"find-max searches concurrency 1–{search_top} only: the ladder passed with at most "
+            f"{proved} requests in flight and calibrate does not manage this server "
+            f"(--beyond-ladder to search up to {TOP})"
+        )
     options = SweepOptions.from_config(
         ctx.config,
         batch,
@@ -215,6 +260,10 @@ def _plan(args: argparse.Namespace, ctx: StageContext, out: Output) -> SweepOpti
         max_in_flight=proved if capped and (rates or args.auto) else None,
         auto_steps=args.auto_steps if args.auto else 0,
     )
+    if args.find_max:  # each probe runs its repeats, no more: the knee's repeat rule is not asked
+        return dataclasses.replace(
+            options, levels=(search_top,), find_max_top=search_top, max_repeats=options.repeats
+        )
     return dataclasses.replace(options, levels=levels)
 
 
@@ -295,7 +344,7 @@ def _finish(
         s = lv.stats
         suite.check(
             lv.label,
-            lv.verdict == "pass",
+            lv.verdict != "fail",  # a find-max probe over an SLO is how the search ends
             f"{lv.label}: {s.errors} of {s.items} requests failed ({s.kinds_text})",
             kind=",".join(s.error_kinds),
             time_s=s.total_s,
@@ -356,6 +405,12 @@ def _announce(options: SweepOptions) -> str:
     at = f"at batch size {options.batch_size}, {options.repeats} run(s) per level"
     stream = "streamed" if options.stream else "not streamed"
     slo = f"; SLOs {describe(options.slo)} (goodput)" if has_slo(options.slo) else ""
+    if options.find_max_top:
+        return (
+            f"sweep --find-max: the largest concurrency in 1–{options.find_max_top} that meets "
+            f"{describe(options.slo)}, {at} of ≥ {options.level_s:g} s and ≥ 4×C requests, "
+            f"{stream}; {PROBE_RULE}"
+        )
     if options.auto_steps:
         cap = options.max_in_flight
         return (

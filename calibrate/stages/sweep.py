@@ -28,6 +28,7 @@ from calibrate.stages.slo import with_goodput
 from calibrate.stages.stop_rules import Point, continue_sweep
 from calibrate.stages.stream_probe import StreamCheck
 from calibrate.stages.sweep_auto import run_auto
+from calibrate.stages.sweep_find_max import Probe, find_max, judge_probe, next_probe
 from calibrate.stages.sweep_knee import best_of, gain_over, judge, needs_repeat
 from calibrate.stages.sweep_rates import run_rate_level
 from calibrate.stages.sweep_result import Level, ServerCap, SweepResult, level_stats
@@ -67,6 +68,7 @@ class SweepOptions:
     auto_steps: int = 0  # --auto: rates between synchronous and maximum (levels = (1, maximum))
     stream_check: StreamCheck | None = None  # what the stream probe found (None: not probed)
     max_repeats: int = 6  # runs of a level left unsure against the best (SPEC §5.6)
+    find_max_top: int = 0  # --find-max: search concurrency 1…this for the SLO boundary (0: off)
 
     def probed(self, check: StreamCheck) -> SweepOptions:
         """Sent as the stream probe found the server takes them."""
@@ -138,12 +140,16 @@ class Sweep:
     auto_step: int | None = None  # --auto: the step now running (each record carries it)
     selfload: SelfLoadMonitor | None = None  # calibrate's own load: a client-bound level is marked
     selfload_mark: int = 0  # the self-check's windows before the level now running
+    probes: list[Probe] = field(default_factory=list)  # --find-max: the levels probed, in order
 
     def run(self) -> SweepResult:
         if self.selfload is not None:
             self.selfload_mark = self.selfload.mark()
         if self.options.auto_steps:
             run_auto(self)
+            return self.result()
+        if self.options.find_max_top:
+            self.run_find_max()
             return self.result()
         rates = self.options.rates
         for step in rates or self.options.levels:
@@ -153,6 +159,22 @@ class Sweep:
                 break  # over-saturated: more load only grows the queue
             self.add(run_rate_level(self, step) if rates else self.run_level(int(step)))
         return self.result()
+
+    def run_find_max(self) -> None:
+        """Probe the levels ``sweep_find_max.next_probe`` asks for; a level that breaks an SLO
+        is ``stop: slo`` (as a ladder tier over its SLO)."""
+        o = self.options
+        while (concurrency := next_probe(self.probes, o.find_max_top)) is not None:
+            level = self.run_level(concurrency)
+            probe = judge_probe(concurrency, level.runs, o.slo)
+            if not probe.passed and level.verdict == "pass":
+                level = replace(level, verdict="stop: slo")
+            level = replace(level, gain=None, counted=False)  # probed out of order: no knee
+            self.probes.append(probe)
+            self.add(level)
+            verb = "fails" if probe.errors else "breaks them"
+            said = "meets the SLOs" if probe.passed else f"{verb}: {probe.why}"
+            self.note(f"find-max probe {len(self.probes)}: concurrency {concurrency} {said}")
 
     def add(self, level: Level) -> Level:
         """A finished level: marked when calibrate itself was the bottleneck while it ran, kept,
@@ -170,8 +192,14 @@ class Sweep:
         maximum), not the order they ran in."""
         o = self.options
         passing = [lv.stats for lv in self.levels if lv.verdict == "pass"]
+        by_probe = o.find_max_top > 0  # a find-max's levels by concurrency, not probe order
         return SweepResult(
-            tuple(sorted(self.levels, key=lambda lv: lv.auto.step if lv.auto else 0)),
+            tuple(
+                sorted(
+                    self.levels,
+                    key=lambda lv: lv.concurrency if by_probe else lv.auto.step if lv.auto else 0,
+                )
+            ),
             o.batch_size,
             o.gain_min,
             self.cap,
@@ -180,6 +208,7 @@ class Sweep:
             self.plan.recorded(passing),
             self.plan.details(),
             o.slo,
+            find_max(self.probes, o.slo, o.find_max_top) if by_probe else None,
         )
 
     def level_requests(self, concurrency: int, count: int) -> list[Request]:
@@ -235,11 +264,16 @@ class Sweep:
         """``repeats`` runs of the level (fewer when one fails: more load adds nothing), and
         more, up to ``max_repeats``, while it is unsure against the best level so far."""
         o = self.options
-        previous = self.levels[-1] if self.levels else None
+        # the levels below this one (a find-max probes out of order): the window and the gain
+        below_it = sorted(
+            (lv for lv in self.levels if lv.rate is None and lv.concurrency < concurrency),
+            key=lambda lv: lv.concurrency,
+        )
+        previous = below_it[-1] if below_it else None
         window = level_window(
             o.level_s, concurrency, previous.stats.latency_p50_s if previous else None
         )
-        below = [lv.point for lv in self.levels]
+        below = [lv.point for lv in below_it]
         runs: list[Stats] = []
         items: list[ItemResult] = []
         peaks: list[WindowPeak] = []

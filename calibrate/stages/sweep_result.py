@@ -20,6 +20,7 @@ from calibrate.stages.open_loop import RateJudgement
 from calibrate.stages.slo import binding_slo, describe, has_slo
 from calibrate.stages.stop_rules import Point
 from calibrate.stages.stream_probe import stream_details
+from calibrate.stages.sweep_find_max import FindMax
 from calibrate.stages.sweep_knee import Knee, find_knee, judged_range
 from calibrate.stages.sweep_window import spread
 from calibrate.stages.tiers import Stats
@@ -28,7 +29,7 @@ from calibrate.summaries import SweepSummary, Workload
 if TYPE_CHECKING:
     from calibrate.stages.sweep import SweepOptions
 
-LevelVerdict = Literal["pass", "fail"]
+LevelVerdict = Literal["pass", "fail", "stop: slo"]  # stop: slo — a find-max probe over an SLO
 CLIENT_LIMIT_HINT = (
     "run calibrate from a faster client machine, or one the server does not share its CPU with"
 )
@@ -164,6 +165,7 @@ class SweepResult:
     workload: Workload = field(default_factory=Workload)
     workload_details: dict[str, Any] = field(default_factory=dict)
     slo: SloConfig = field(default_factory=SloConfig)
+    find_max: FindMax | None = None  # --find-max: the SLO boundary it found
 
     @property
     def rate_mode(self) -> bool:
@@ -190,6 +192,9 @@ class SweepResult:
         """The recommended level: with SLOs the highest median goodput; in rate mode the highest
         rate the server kept up with (an auto sweep: else its synchronous level); else the knee."""
         passing = [lv for lv in self.measurable if lv.verdict == "pass"]
+        if self.find_max is not None:
+            top = self.find_max.last_passing
+            return next((lv for lv in passing if lv.concurrency == top), None)
         if has_slo(self.slo):
             good = [lv for lv in passing if (lv.stats.goodput_per_s or 0.0) > 0]
             return max(good, key=lambda lv: lv.stats.goodput_per_s or 0.0, default=None)
@@ -206,6 +211,13 @@ class SweepResult:
     def recommendation(self) -> str:
         """The recommendation in words, with what bound it."""
         top = self.best
+        if self.find_max is not None:
+            if top is None:
+                return ""
+            return (
+                f"{top.label}: the most in flight that met every SLO ({describe(self.slo)}); "
+                f"{self.find_max.text}"
+            )
         if top is None:
             if has_slo(self.slo):
                 return f"no level met the SLOs ({describe(self.slo)}) with any request"
@@ -323,12 +335,20 @@ class SweepResult:
         return self.best is not None if by_best else self.knee is not None
 
     @property
+    def load_mode(self) -> str:
+        if self.find_max is not None:
+            return "find-max"
+        return "auto" if self.auto else ("rates" if self.rate_mode else "concurrency")
+
+    @property
     def stopped_by(self) -> str:
         return "failure" if any(lv.verdict == "fail" for lv in self.levels) else "completed"
 
     @property
     def reason(self) -> str:
         """Why the sweep stopped, in words (the failing level's errors)."""
+        if self.find_max is not None and self.find_max.last_passing is None:
+            return f"no level met the SLOs ({describe(self.slo)}): {self.find_max.text}"
         failed = next((lv for lv in self.levels if lv.verdict == "fail"), None)
         if failed is None:
             return "every level ran" if self.levels else "no level ran"
@@ -366,7 +386,7 @@ class SweepResult:
         return out
 
     def summary(self, options: SweepOptions) -> SweepSummary:
-        top = None if self.auto else self.knee  # an auto sweep's levels are no concurrency steps
+        top = None if self.auto or self.find_max else self.knee  # no concurrency steps
         best = self.best
         details = {
             "knee": {
@@ -404,7 +424,8 @@ class SweepResult:
             "recommendation": self.recommendation or None,
             "saturated": self.saturation_text or None,
             "slo": describe(self.slo) if has_slo(self.slo) else None,
-            "load_mode": "auto" if self.auto else ("rates" if self.rate_mode else "concurrency"),
+            "load_mode": self.load_mode,
+            "find_max": self.find_max.to_json() if self.find_max else None,
             "levels_skipped": list(options.skipped_levels),
             "beyond_ladder": options.beyond_ladder,
             "incidents": self.incidents,
