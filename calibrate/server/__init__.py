@@ -14,7 +14,7 @@ from pathlib import Path
 from calibrate.config import Config, ServerKind
 from calibrate.errors import ServerDied, ServerUnreachable, UsageError
 from calibrate.records import utc_now_iso
-from calibrate.server import exit_status, process, readiness, redaction
+from calibrate.server import exit_status, process, readiness, redaction, set_values
 from calibrate.server.builders import EngineCommand, LaunchSpec, Tuned, build
 from calibrate.server.process import ServerRecord, StopResult
 
@@ -55,7 +55,10 @@ def start_engine(
     tuned: Tuned = (),
 ) -> Started:
     """Build the engine's command for a setting and start it: the one way calibrate launches
-    an engine from ``[server]`` (server start, sweep at cap B, rollback, batch --restart, tune)."""
+    an engine from ``[server]`` (server start, sweep at cap B, rollback, batch --restart, tune).
+
+    The values ``server start --set`` remembered fill what ``tuned`` leaves open."""
+    tuned = set_values.merged(set_values.remembered(cfg.runs_dir), tuned)
     command = build(launch_spec(cfg, kind, batch_size, concurrency, context_tokens, tuned))
     notify(f"starting: {command.display()}")
     return start(
