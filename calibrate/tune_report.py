@@ -83,9 +83,7 @@ class TuneView:
         skipped = self.summary.get("skipped_levels")
         if isinstance(skipped, list) and skipped:
             levels = ", ".join(str(v) for v in skipped)
-            out.append(
-                f"concurrency {levels} not measured: above what the ladder proved in flight"
-            )
+            out.append(f"concurrency {levels} not measured: above what the ladder proved in flight")
         untested = self.summary.get("untested")
         if isinstance(untested, list) and untested:
             out.append(f"{len(untested)} candidate(s) left untested (--budget-s spent)")

@@ -46,7 +46,7 @@ def test_a_failed_request_is_named_as_such_never_other_weights(
     if kind is not None:
         assert failure.startswith(f"{kind}, HTTP {status}: ")
     assert failure in err
-    assert f"next: a failed request is not a different answer: check the server first" in err
+    assert "next: a failed request is not a different answer: check the server first" in err
     assert f"then run calibrate {command} again" in err
 
 
@@ -104,7 +104,9 @@ def test_an_answer_stopped_early_does_not_blame_max_tokens(cli, isolated: Path) 
     err = " ".join(result.err.split())
     assert result.code == 1
     assert "raise max_tokens" not in err and "cut off at max_tokens" not in err
-    assert "the server stopped the answer early: finish_reason length at 24 of max_tokens=128" in err
+    assert (
+        "the server stopped the answer early: finish_reason length at 24 of max_tokens=128" in err
+    )
 
 
 def test_an_answer_that_reached_max_tokens_blames_it(cli, mock, isolated: Path) -> None:

@@ -58,7 +58,10 @@ def test_report_renders_a_tune_run_and_a_command_that_caps_itself_shows_no_cap(
     assert shown.code == 0, shown.err
     assert "rerun" not in shown.err.lower()
     winner = tuned.json["winner"]
-    assert shown.json["kind"] == "tune" and shown.json["winner"] == tuned.json["candidates"][0]["id"] == "c02"
+    assert (
+        shown.json["kind"] == "tune"
+        and shown.json["winner"] == tuned.json["candidates"][0]["id"] == "c02"
+    )
     assert "winner: c02 (slots=4)" in shown.err and "over the runner-up c01 (slots=1)" in shown.err
     assert winner["flags"] == {"slots": "4"}
     assert [line.split()[1] for line in shown.err.splitlines() if line.startswith("rank=")] == [

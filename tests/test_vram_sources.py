@@ -141,7 +141,9 @@ def test_nothing_measured_names_every_source_tried() -> None:
     monitor = VramMonitor(sources.samplers, problems=sources.problems)
     [line] = monitor.warnings()
     assert line.startswith("VRAM not measured (NVML: not available")
-    assert "the server's /metrics http://h:8000/metrics: no memory, KV-cache or queue figure" in line
+    assert (
+        "the server's /metrics http://h:8000/metrics: no memory, KV-cache or queue figure" in line
+    )
     assert "--gpu-metrics-url http://dcgm:9400/metrics: connection refused" in line
 
 

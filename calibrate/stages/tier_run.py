@@ -17,6 +17,7 @@ from typing import Any
 from calibrate.errors import UsageError
 from calibrate.gpu import NvmlSampler
 from calibrate.records import LedgerEntry
+from calibrate.redact import redact_url
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.server.devices import managed_server_devices
 from calibrate.stages.compare_tiers import (
@@ -28,7 +29,6 @@ from calibrate.stages.compare_tiers import (
 )
 from calibrate.stages.context import StageContext
 from calibrate.stages.incidents import IncidentRecorder
-from calibrate.redact import redact_url
 from calibrate.vram import MetricsEndpoint, SourceChoice, VramMonitor, open_sources
 
 
@@ -80,7 +80,10 @@ def start_monitor(spec: MeasureSpec, ctx: StageContext) -> VramMonitor:
         gpu_url: str = url
         endpoints.append(
             MetricsEndpoint(
-                "--gpu-metrics-url", redact_url(url), lambda: client.get_text(gpu_url), explicit=True
+                "--gpu-metrics-url",
+                redact_url(url),
+                lambda: client.get_text(gpu_url),
+                explicit=True,
             )
         )
     sources = open_sources(spec.vram_source, endpoints, devices=spec.devices(ctx.config.runs_dir))
