@@ -1,5 +1,5 @@
 """``calibrate server start --set KEY=VALUE`` fills a custom command's placeholders outside tune
-(issue 26), and every later managed start — rollback here — uses the same values."""
+(issue 26), and every later managed start (rollback here) and pin's script use the same values."""
 
 from __future__ import annotations
 
@@ -79,6 +79,10 @@ def test_set_values_fill_the_command_and_later_managed_starts_reuse_them(
         assert rollback.code == 0, rollback.err
         assert "--slots 3 --seed 5" in shlex.join(_argv(isolated))
         assert cli("server", "stop").code == 0
+        # the script pin writes starts the same command
+        pinned = cli("pin")
+        assert pinned.code == 0, pinned.err
+        assert "--slots 3 --seed 5" in (isolated / "scripts/launch.sh").read_text("utf-8")
         # a plain start later: still the kept values; --set KEY=VALUE replaces one
         again = cli("server", "start", "--set", "slots=1")
         assert again.code == 0, again.err

@@ -12,7 +12,7 @@ from tests.tune_helpers import MOCK, tune_config
 # the demo's engine: the cap is {batch_size}, and more than 6 requests at once run out of memory
 OOM_COMMAND = shlex.join(MOCK) + " --port {port} --slots {batch_size} --oom-at 6"
 # the cap is the user's own {slots}: calibrate never passes a cap to this command
-SLOTS_COMMAND = shlex.join(MOCK) + " --port {port} --slots {slots}"
+SLOTS_COMMAND = shlex.join(MOCK) + " --port {port} --slots {slots} --seed {seed}"
 
 
 def _tune_run(isolated: Path) -> Path:
@@ -50,8 +50,14 @@ def test_report_renders_a_tune_run_and_a_command_that_caps_itself_shows_no_cap(
     cli, isolated: Path
 ) -> None:
     tune_config(isolated, 'grid = ["slots=1,4"]\n', command=SLOTS_COMMAND)
+    # {seed} is no axis: the value server start --set kept fills it for every candidate
+    started = cli("server", "start", "--set", "slots=2", "--set", "seed=3")
+    assert started.code == 0, started.err
     tuned = cli("tune", "--json")
     assert tuned.code == 0, tuned.err
+    starts = [line for line in tuned.err.splitlines() if line.startswith("starting: ")]
+    assert starts and all("--seed 3" in line for line in starts)
+    assert any("--slots 1 --seed 3" in line for line in starts)
     assert "cap=4" not in tuned.err and "cap=—" in tuned.err  # calibrate sets no cap here
     run = _tune_run(isolated)
     shown = cli("report", run.name, "--html", "--json")

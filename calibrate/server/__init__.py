@@ -29,7 +29,11 @@ def launch_spec(
     context_tokens: int | None = None,
     tuned: Tuned = (),
 ) -> LaunchSpec:
-    """The [server] section plus a setting (and the engine flags tune chose), for the builders."""
+    """The [server] section plus a setting (and the engine flags tune chose), for the builders.
+
+    The values ``server start --set`` kept fill what ``tuned`` leaves open: every managed start
+    and the script pin writes use them."""
+    tuned = set_values.merged(set_values.remembered(cfg.runs_dir), tuned)
     return LaunchSpec(
         kind=kind,
         model_path=cfg.server.model_path,
@@ -55,10 +59,7 @@ def start_engine(
     tuned: Tuned = (),
 ) -> Started:
     """Build the engine's command for a setting and start it: the one way calibrate launches
-    an engine from ``[server]`` (server start, sweep at cap B, rollback, batch --restart, tune).
-
-    The values ``server start --set`` remembered fill what ``tuned`` leaves open."""
-    tuned = set_values.merged(set_values.remembered(cfg.runs_dir), tuned)
+    an engine from ``[server]`` (server start, sweep at cap B, rollback, batch --restart, tune)."""
     command = build(launch_spec(cfg, kind, batch_size, concurrency, context_tokens, tuned))
     notify(f"starting: {command.display()}")
     return start(
