@@ -161,3 +161,16 @@ def test_a_source_that_dies_mid_run_leaves_the_others_in_the_scrape() -> None:
     alive["dcgm"] = False
     assert fetch().strip() == "vllm:kv_cache_usage_perc 0.5"
     assert fetch.failures == {"--gpu-metrics-url http://d/m": "connection reset"}
+
+
+def test_tune_names_a_dead_gpu_metrics_url_and_still_measures(
+    cli, isolated: Path, dead_url: str
+) -> None:
+    from tests.tune_helpers import tune_config
+
+    tune_config(isolated, 'grid = ["slots=2", "kv_tokens=50000"]\nmemory_fractions = [0.8]\n')
+    result = cli("tune", "--gpu-metrics-url", dead_url, "--json")
+    assert result.code == 0, result.err
+    warned = [line for line in result.err.splitlines() if dead_url in line]
+    assert warned and all("c01: warning: --gpu-metrics-url" in line for line in warned)
+    assert result.json["candidates"][0]["peak_vram_mib"] is not None

@@ -141,6 +141,8 @@ def measure_candidate(
         )
 
     with measuring(settings.spec, sub) as watch:
+        for line in watch.monitor.warnings():  # a memory source that failed, named
+            notify(f"  {candidate.id}: warning: {line}")
         cap = read_server_cap(sub.client.get_text)
         # each candidate is a fresh server: the workload is probed (token counts) on it again
         plan = prepare_workload(ctx.config, sub.client, settings.workload, options.mode, ctx.params)
