@@ -146,7 +146,8 @@ def _cut_at_length(max_tokens: int | None, got: int | None) -> str:
     if max_tokens is not None and got is not None:
         return (
             f"the server stopped the answer early: finish_reason length at {got} of "
-            f"max_tokens={max_tokens} tokens (its context or memory ran out, not max_tokens)"
+            f"max_tokens={max_tokens} tokens; raising max_tokens will not help: check the "
+            "server's context size and its log"
         )
     limit = f"max_tokens={max_tokens}" if max_tokens is not None else "max_tokens"
     return (
