@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -89,3 +90,29 @@ def test_set_values_fill_the_command_and_later_managed_starts_reuse_them(
         assert "--slots 1 --seed 5" in shlex.join(_argv(isolated))
     finally:
         cli("server", "stop")
+
+
+def test_an_engine_flag_is_set_on_a_known_kind_and_its_cap_is_refused(
+    cli, isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.fakes import install_fake_engines, recorded_run
+
+    port = free_port()
+    (isolated / "calibrate.toml").write_text(
+        f'[target]\nbase_url = "http://127.0.0.1:{port}/v1"\nmodel = "internlm-s2"\n'
+        f'[server]\nkind = "vllm"\nmodel_path = "/models/m"\nport = {port}\n'
+        "ready_timeout_s = 5\nstop_timeout_s = 2\n",
+        encoding="utf-8",
+    )
+    cap = cli("server", "start", "--set", "max_num_seqs=8")
+    assert cap.code == 2 and "Use calibrate server start --batch-size N" in cap.err
+    unknown = cli("server", "start", "--set", "slots=8")
+    assert unknown.code == 2 and "--set slots: not a vllm flag calibrate sets" in unknown.err
+    assert "max_model_len" in unknown.err
+    bin_dir = install_fake_engines(isolated / "fakebin")
+    out = isolated / "engine.argv"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_ENGINE_OUT", str(out))
+    cli("server", "start", "--set", "max_model_len=8192")  # the fake engine exits at once
+    argv, _ = recorded_run(out)
+    assert argv[argv.index("--max-model-len") + 1] == "8192"

@@ -64,6 +64,11 @@ def check(kind: ServerKind, command: str, values: Tuned) -> None:
                 )
         else:
             table = [k for k in TUNE_FLAGS.get(kind, {}) if k != CAP_KEYS.get(kind)]
+            if key == CAP_KEYS.get(kind):
+                raise UsageError(
+                    f"--set {key}: that is the engine's cap, set from the batch size",
+                    "Use calibrate server start --batch-size N.",
+                )
             if key not in table:
                 raise UsageError(
                     f"--set {key}: not a {kind} flag calibrate sets",
