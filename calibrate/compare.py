@@ -80,6 +80,7 @@ class Comparison:
     differing: tuple[str, ...]
     causes: tuple[str, ...]
     diff: tuple[str, ...]
+    failure: str | None = None  # ``http_5xx, HTTP 500: …`` when a request got no answer
 
     @property
     def passed(self) -> bool:
@@ -90,6 +91,7 @@ class Comparison:
             "verdict": self.verdict,
             "differing": list(self.differing),
             "causes": list(self.causes),
+            **({"failure": self.failure} if self.failure else {}),
         }
 
 
@@ -106,7 +108,8 @@ def compare(
 ) -> Comparison:
     left, right = normaliser.apply(baseline), normaliser.apply(candidate)
     left_text, right_text = dump_sorted(left), dump_sorted(right)
-    if left_text == right_text:
+    failures = _failures(baseline, candidate, labels)
+    if left_text == right_text and not failures:
         return Comparison("identical", (), (), ())
     differing = tuple(_differing_paths(left, right))
     diff = tuple(
@@ -114,9 +117,81 @@ def compare(
             left_text.splitlines(), right_text.splitlines(), labels[0], labels[1], lineterm=""
         )
     )
+    if failures:  # a failed request is a failed request, never "other weights" or "other params"
+        failure = request_failure(candidate) or request_failure(baseline)
+        return Comparison("differs", differing or ("error",), failures, diff, failure)
     if dump_sorted(_fold_whitespace(left)) == dump_sorted(_fold_whitespace(right)):
         return Comparison("whitespace-only", differing, (), diff)
-    return Comparison("differs", differing, tuple(_causes(left, right, differing)), diff)
+    causes = _causes(left, right, differing) + _fingerprint(baseline, candidate)
+    return Comparison("differs", differing, tuple(causes), diff)
+
+
+def request_failure(record: dict[str, Any]) -> str | None:
+    """``http_5xx, HTTP 500: Internal server error`` for a failed request record, else None."""
+    error = record.get("error")
+    if record.get("ok") is not False and not error:
+        return None
+    if not isinstance(error, dict):
+        return "the request failed (no error recorded)"
+    kind, status = error.get("kind") or "error", error.get("status")
+    message = str(error.get("message") or "").strip()
+    if isinstance(status, int) and message.startswith(f"HTTP {status}"):
+        message = message.removeprefix(f"HTTP {status}").lstrip(": ")
+    head = f"{kind}, HTTP {status}" if isinstance(status, int) else str(kind)
+    return f"{head}: {message}" if message else head
+
+
+def _failures(
+    baseline: dict[str, Any], candidate: dict[str, Any], labels: tuple[str, str]
+) -> tuple[str, ...]:
+    out: list[str] = []
+    for label, record in zip(labels, (baseline, candidate), strict=True):
+        failure = request_failure(record)
+        if failure is not None:
+            out.append(f"the request of {label} failed ({failure}); there is no answer to compare")
+    return tuple(out)
+
+
+def _fingerprint(baseline: dict[str, Any], candidate: dict[str, Any]) -> list[str]:
+    """A changed ``system_fingerprint`` between two answers (read before normalising: it is a
+    likely cause even when ``--ignore system_fingerprint`` hides the field itself)."""
+    before, after = baseline.get("system_fingerprint"), candidate.get("system_fingerprint")
+    if not before or not after or before == after:
+        return []
+    return [
+        f"system_fingerprint changed ({before} → {after}): the server's build or configuration "
+        "is not the one the baseline was recorded with"
+    ]
+
+
+def next_step(comparisons: Sequence[Comparison], *, again: str) -> str:
+    """What to check first after a failed comparison, and which command to run (``again``:
+    the command that repeats the check, e.g. ``calibrate repro``)."""
+    causes = " ".join(c for comparison in comparisons for c in comparison.causes)
+    if any(comparison.failure for comparison in comparisons):
+        return (
+            "a failed request is not a different answer: check the server first "
+            f"(calibrate server status; calibrate server logs), then run {again} again"
+        )
+    if "served_model differs" in causes:
+        return (
+            "start the server with the weights the baseline was recorded with, then run "
+            f"{again}; if the new weights are intended, re-record the baseline: calibrate single"
+        )
+    if "system_fingerprint changed" in causes:
+        return (
+            "the server's build changed: restart it with the baseline's engine version and flags "
+            f"and run {again}; if the upgrade is intended, re-record the baseline: calibrate single"
+        )
+    if "sampling params differ" in causes:
+        return f"check [sampling] in calibrate.toml and the server's defaults, then run {again}"
+    if "prompt_tokens differ" in causes:
+        return f"check the chat template and tokenizer the server loads, then run {again}"
+    return (
+        "check the server runs the baseline's engine version, weights and flags "
+        f"(calibrate server status); a field that may vary: {again} --ignore FIELD; "
+        "an intended change: re-record the baseline with calibrate single"
+    )
 
 
 def _fold_whitespace(value: Any) -> Any:

@@ -131,15 +131,29 @@ def incomplete_reason(
             return None
         return _cut_short(forced_tokens, completion_tokens, prompt_tokens, context())
     if choice.finish_reason == "length":
-        limit = f"max_tokens={max_tokens}" if max_tokens is not None else "max_tokens"
-        return (
-            f"cut off at {limit} (finish_reason length): raise max_tokens, or memory may be short"
-        )
+        return _cut_at_length(max_tokens, completion_tokens)
     if choice.finish_reason != "stop":
         return f"finish_reason is {choice.finish_reason!r}, not 'stop'"
     if not choice.text.strip():
         return "the answer is empty"
     return None
+
+
+def _cut_at_length(max_tokens: int | None, got: int | None) -> str:
+    """finish_reason ``length``: max_tokens is blamed only when the answer reached it."""
+    if max_tokens is not None and got is not None and got >= max_tokens:
+        return f"cut off at max_tokens={max_tokens} (finish_reason length): raise max_tokens"
+    if max_tokens is not None and got is not None:
+        return (
+            f"the server stopped the answer early: finish_reason length at {got} of "
+            f"max_tokens={max_tokens} tokens; raising max_tokens will not help: check the "
+            "server's context size and its log"
+        )
+    limit = f"max_tokens={max_tokens}" if max_tokens is not None else "max_tokens"
+    return (
+        f"cut off (finish_reason length; the server reported no completion_tokens): "
+        f"{limit} or the server's context or memory stopped it"
+    )
 
 
 def _cut_short(forced: int, got: int | None, prompt: int | None, limit: ContextLimit | None) -> str:

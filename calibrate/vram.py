@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from calibrate.engine_metrics import MetricsSampler
+from calibrate.engine_metrics import MetricsSampler, reading_from_metrics
 from calibrate.gpu import (
     PREALLOCATING_KINDS,
     DeviceMemory,
@@ -25,6 +25,8 @@ from calibrate.gpu import (
     devices_total_mib,
     devices_used_mib,
 )
+from calibrate.prometheus import parse_prometheus
+from calibrate.redact import redact_url
 
 SourceChoice = Literal["auto", "nvml", "metrics", "none"]
 
@@ -122,8 +124,10 @@ class VramMonitor:
         interval_s: float = 0.05,
         *,
         server_kind: str | None = None,
+        problems: Sequence[SourceProblem] = (),
     ) -> None:
         self.samplers = [s for s in samplers if not isinstance(s, NullSampler)]
+        self.problems = tuple(problems)  # the sources tried that gave nothing, and why
         self.interval_s = interval_s
         self.preallocating_kind = server_kind in PREALLOCATING_KINDS
         self._lock = threading.Lock()
@@ -163,6 +167,18 @@ class VramMonitor:
         if sample is not None and sample.queue_metric:
             parts.append(f"server queue: {sample.queue_metric}")
         return "; ".join(parts)
+
+    def warnings(self) -> list[str]:
+        """One line per source that failed: all of them when nothing is measured (the VRAM rule
+        is off), else those asked for by a flag — the others are still used."""
+        if not self.measured:
+            tried = "; ".join(p.text() for p in self.problems) or "no source asked for"
+            return [f"VRAM not measured ({tried}): the VRAM stop rule is skipped"]
+        return [
+            f"{p.text()}: measuring without it, from {self.source}"
+            for p in self.problems
+            if p.explicit
+        ]
 
     def sample(self) -> VramSample | None:
         readings = [r for s in self.samplers if (r := s.read()) is not None]
@@ -230,13 +246,107 @@ def choose_samplers(
 
     A /metrics with only a queue gauge is kept for the queue (its source stays ``none``).
     """
-    out: list[VramSampler] = []
+    endpoint = MetricsEndpoint("/metrics", "/metrics", fetch_metrics)
+    return list(open_sources(choice, (endpoint,), devices=devices, nvml=nvml).samplers)
+
+
+@dataclass(frozen=True)
+class MetricsEndpoint:
+    """One Prometheus text source: the server's own ``/metrics`` or ``--gpu-metrics-url``."""
+
+    label: str  # how a user names it: "the server's /metrics", "--gpu-metrics-url"
+    url: str  # shown (credentials already redacted)
+    fetch: Callable[[], str]
+    explicit: bool = False  # asked for by a flag: its failure is always a warning
+
+    def named(self) -> str:
+        return self.label if self.label == self.url else f"{self.label} {self.url}"
+
+
+def _why(exc: BaseException) -> str:
+    info = getattr(exc, "info", None)  # a RequestError: its kind and (scrubbed) message
+    message = getattr(info, "message", None) or str(exc) or type(exc).__name__
+    return " ".join(str(message).split())
+
+
+class MetricsFetch:
+    """Each endpoint scraped on its own, the texts that came back joined: one that fails (a dead
+    DCGM exporter) leaves the others measured. ``failures`` holds the last error of each."""
+
+    def __init__(self, endpoints: Sequence[MetricsEndpoint]) -> None:
+        self.endpoints = tuple(endpoints)
+        self.failures: dict[str, str] = {}
+
+    def __call__(self) -> str:
+        texts: list[str] = []
+        for endpoint in self.endpoints:
+            try:
+                texts.append(endpoint.fetch())
+            except Exception as exc:  # sampler thread boundary: a failed scrape is no text
+                self.failures[endpoint.named()] = _why(exc)
+            else:
+                self.failures.pop(endpoint.named(), None)
+        if not texts:
+            raise OSError("; ".join(f"{k}: {v}" for k, v in self.failures.items()))
+        return "\n".join(texts)
+
+
+@dataclass(frozen=True)
+class SourceProblem:
+    """A memory source that was tried and gave nothing: named, with its URL and the reason."""
+
+    source: str  # "NVML", "the server's /metrics http://…", "--gpu-metrics-url http://…"
+    reason: str
+    explicit: bool = False
+
+    def text(self) -> str:
+        return f"{self.source}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Sources:
+    samplers: tuple[VramSampler, ...]
+    problems: tuple[SourceProblem, ...] = ()
+
+
+def _probe(endpoint: MetricsEndpoint) -> SourceProblem | None:
+    """One endpoint alone: does it answer, and with a memory, KV-cache or queue figure?"""
+    try:
+        text = endpoint.fetch()
+    except Exception as exc:  # any failure of this one source is named, never fatal
+        reason = redact_url(_why(exc)).replace(endpoint.url, "that URL")
+        return SourceProblem(endpoint.named(), reason, endpoint.explicit)
+    reading = reading_from_metrics(parse_prometheus(text))
+    if reading is None:
+        return SourceProblem(
+            endpoint.named(), "no memory, KV-cache or queue figure in it", endpoint.explicit
+        )
+    return None
+
+
+def open_sources(
+    choice: SourceChoice,
+    endpoints: Sequence[MetricsEndpoint],
+    *,
+    devices: Sequence[str] | None = None,
+    nvml: Any = None,
+) -> Sources:
+    """NVML, the server's /metrics and ``--gpu-metrics-url`` each tried on its own: the ones
+    that work are used, each one that does not is named with its URL and why."""
+    samplers: list[VramSampler] = []
+    problems: list[SourceProblem] = []
     if choice in ("auto", "nvml"):
         sampler = NvmlSampler.open(devices, nvml=nvml)
         if sampler is not None:
-            out.append(sampler)
+            samplers.append(sampler)
+        else:
+            problems.append(SourceProblem("NVML", "not available (no NVIDIA driver, or no GPU)"))
     if choice in ("auto", "metrics"):
-        metrics = MetricsSampler(fetch_metrics)
-        if metrics.read() is not None:
-            out.append(metrics)
-    return out
+        failed = {e.named(): p for e in endpoints if (p := _probe(e)) is not None}
+        problems.extend(failed.values())
+        working = [e for e in endpoints if e.named() not in failed]
+        if working:
+            metrics = MetricsSampler(MetricsFetch(working))
+            if metrics.read() is not None:
+                samplers.append(metrics)
+    return Sources(tuple(samplers), tuple(problems))

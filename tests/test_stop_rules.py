@@ -151,8 +151,8 @@ def test_mismatch_notes_only_for_passing_tiers_that_differ() -> None:
         _tier(8, "fail", baseline_match=1, baseline_items=8),
     ]
     assert mismatch_notes(history) == [
-        "outputs differ from the single-call baseline at batch 4 (3/8): "
-        "this server is not batch-invariant"
+        "outputs differ from the single-call baseline at batch 4: 3 of 8 outputs match the "
+        "baseline, 5 differ: this server is not batch-invariant"
     ]
 
 

@@ -11,8 +11,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from calibrate import report, tier_table
+from calibrate import report, tier_table, tune_report
 from calibrate.cli.common import Output, add_command, load_config, output_for
+from calibrate.cli.tune_view import show_ranked
 from calibrate.errors import InputError, UsageError
 from calibrate.html_compare import comparison_html
 from calibrate.html_report import key_label, run_html
@@ -75,14 +76,17 @@ def run(args: argparse.Namespace) -> int:
     out = output_for(args)
     cfg = load_config(args)
     runs_dir = cfg.runs_dir
-    view = _load(_resolve(args.run_dir, runs_dir))
+    first = _resolve(args.run_dir, runs_dir)
     if args.html:  # before anything is written: never over what report reads
-        runs = [view.path, *([_resolve(args.run_b, runs_dir)] if args.run_b else [])]
+        runs = [first, *([_resolve(args.run_b, runs_dir)] if args.run_b else [])]
         reads = [r for run in runs for r in report.run_inputs(run)]
         check_outputs(
             [("--html", Path(args.html))],
             [*reads, *stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source)],
         )
+    if tune_report.is_tune_run(first):
+        return _tune(out, first, args)
+    view = _load(first)
     if args.run_b is not None:
         if args.timeline is not None:
             raise UsageError("--timeline draws one run: give one RUN with it")
@@ -166,5 +170,41 @@ def _compare(out: Output, a: RunView, b: RunView, html: str | None) -> int:
         )
         out.say(f"HTML comparison: {path}")
         result["html"] = str(path)
+    out.result(result)
+    return 0
+
+
+def _tune(out: Output, path: Path, args: argparse.Namespace) -> int:
+    """A tune run: its ranked candidates, the winner and margin, --html; no second run."""
+    if args.run_b is not None or args.timeline is not None:
+        flag = "RUN_B" if args.run_b is not None else "--timeline"
+        raise UsageError(
+            f"{flag} is for ladder and sweep runs; {path.name} is a tune run",
+            f"Show it alone: calibrate report {args.run_dir} [--html]",
+        )
+    view = tune_report.load_tune(path)
+    show_ranked(out, list(view.rows), f"tune {path.name} (ranked by goodput)")
+    for note in view.notes():
+        out.warn(note)
+    if view.winner is not None:
+        out.ok(view.headline())
+    else:
+        out.fail(view.headline())
+    plot = path / "plot.svg"
+    if plot.is_file():
+        out.say(f"plot: {plot}")
+    result: dict[str, Any] = {
+        "run": str(path),
+        "kind": "tune",
+        "rows": list(view.rows),
+        "winner": view.winner["id"] if view.winner else None,
+        "notes": view.notes(),
+    }
+    if args.html is not None:
+        html = _write(
+            Path(args.html) if args.html else path / "report.html", tune_report.tune_html(view)
+        )
+        out.say(f"HTML report: {html}")
+        result["html"] = str(html)
     out.result(result)
     return 0

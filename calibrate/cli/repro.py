@@ -27,6 +27,7 @@ from calibrate.cli.common import (
     save_junit,
     show_comparison,
 )
+from calibrate.compare import next_step
 from calibrate.config import MAX_ROUNDS
 from calibrate.errors import UsageError
 from calibrate.output_paths import check_outputs
@@ -88,9 +89,8 @@ def _report(out: Any, args: argparse.Namespace, result: ReproResult, *, run: Run
         if run_id:
             out.say(f"next: {next_after('repro')}")
     else:
-        out.fail(
-            f"repro failed: output differs from the baseline in {', '.join(summary['differing'])}"
-        )
+        out.fail(f"repro failed: {_failure_line(result)}")
+        out.say(f"next: {next_step(result.comparisons, again='calibrate repro')}")
     out.result(
         {
             "passed": result.passed,
@@ -100,3 +100,14 @@ def _report(out: Any, args: argparse.Namespace, result: ReproResult, *, run: Run
         }
     )
     return 0 if result.passed else 1
+
+
+def _failure_line(result: ReproResult) -> str:
+    """Failed requests are named as failed requests; otherwise the fields that differ."""
+    unanswered = [c.failure for c in result.comparisons if c.failure]
+    if unanswered:
+        return (
+            f"{len(unanswered)} of {len(result.comparisons)} runs got no answer to compare: "
+            f"{unanswered[0]}"
+        )
+    return f"output differs from the baseline in {', '.join(result.summary()['differing'])}"

@@ -21,7 +21,7 @@ from calibrate.config import MAX_BATCH_SIZE, Config
 from calibrate.errors import ConfigError, UsageError
 from calibrate.gpu import gpu_snapshot
 from calibrate.ledger import Ledger, target_fingerprint
-from calibrate.server import exit_status, launch_script, process, readiness, redaction
+from calibrate.server import exit_status, launch_script, process, readiness, redaction, set_values
 from calibrate.server.builders import SERVER_KINDS, health_path
 from calibrate.setting import resolve
 from calibrate.stages.pin_context import context_for
@@ -63,6 +63,14 @@ def register(subparsers: Any) -> None:
     start.add_argument("--kind", choices=SERVER_KINDS, help="engine kind (overrides [server] kind)")
     start.add_argument("--batch-size", type=int, metavar="N", help="batch size to start with")
     start.add_argument("--concurrency", type=int, metavar="C", help="concurrency to start with")
+    start.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="fill a {placeholder} of a custom [server] command (or an engine flag tune sets); "
+        "kept for later managed starts, KEY= forgets it",
+    )
     add_command(actions, "stop", STOP_DOC, run_stop, target=False)
     add_command(actions, "status", STATUS_DOC, run_status, target=False)
     logs = add_command(actions, "logs", LOGS_DOC, run_logs, target=False)
@@ -89,6 +97,12 @@ def run_start(args: argparse.Namespace) -> int:
             raise UsageError(
                 f"--{name.replace('_', '-')} must be in [1, {MAX_BATCH_SIZE}], got {value}"
             )
+    given = set_values.parse(args.set)
+    if args.script and given:
+        raise UsageError(
+            "--set fills the [server] command's placeholders; a script from pin has its values",
+            "Drop --set, or start from [server] command: calibrate server start --set KEY=VALUE",
+        )
     if args.script:
         started = _start_script(cfg, Path(args.script), out)
     else:
@@ -105,6 +119,12 @@ def run_start(args: argparse.Namespace) -> int:
         if setting is not None and batch is None and conc is None:
             batch, conc, tuned = setting.batch_size, setting.concurrency, setting.tuned
             out.say(f"using the calibrated setting: {setting.describe()}")
+        if given:
+            set_values.check(kind, cfg.server.command, given)
+            tuned = set_values.merged(tuned, given)
+            kept = set_values.remember(cfg.runs_dir, given)
+            shown = ", ".join(f"{k}={v}" for k, v in kept) or "none"
+            out.say(f"--set values kept for later managed starts: {shown}")
         ledger, target = Ledger(cfg.runs_dir), target_fingerprint(cfg)
         sized = context_for(ledger, target, cfg.runs_dir, kind, batch)
         started = server.start_engine(

@@ -113,8 +113,8 @@ def measure_spec(args: argparse.Namespace) -> MeasureSpec:
 def announce(out: Output, monitor: VramMonitor) -> None:
     if monitor.measured:
         out.say(f"VRAM source: {monitor.describe()}")
-    else:
-        out.warn("VRAM not measured (no NVML, no usable /metrics): the VRAM stop rule is skipped")
+    for line in monitor.warnings():  # each source that failed, named with its URL
+        out.warn(line)
 
 
 def finish_tables(

@@ -141,6 +141,8 @@ def _tune(args: argparse.Namespace, out: Output, setup: TuneSetup) -> int:
             f"tune run {ctx.run.run_id}: {plan.size} candidates ({axes}), {setup.search} "
             f"search, {setup.kind} restarted per candidate"
         )
+    if note := setup.settings.skipped_note():
+        out.say(note)
     try:
         with kept_on_write_error(ctx):
             finished = session.run()

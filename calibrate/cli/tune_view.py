@@ -50,7 +50,7 @@ _COLUMNS: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("id", lambda r: str(r["id"])),
     ("flags", lambda r: str(r["flags"])),
     ("status", lambda r: _status(r)),
-    ("cap", lambda r: str(r["cap"])),
+    ("cap", lambda r: "—" if r["cap"] in (None, "") else str(r["cap"])),
     ("conc", lambda r: "—" if r.get("best_concurrency") is None else str(r["best_concurrency"])),
     ("goodput/s", lambda r: _f(r.get("goodput_per_s"), ".2f")),
     ("items/s", lambda r: _f(r.get("items_per_s"), ".2f")),

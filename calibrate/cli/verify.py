@@ -25,7 +25,7 @@ from calibrate.cli.common import (
     save_junit,
     show_comparison,
 )
-from calibrate.compare import Normaliser
+from calibrate.compare import Normaliser, next_step
 from calibrate.stages.context import StageContext
 from calibrate.stages.verify import run_verify
 
@@ -67,7 +67,11 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: N
         )
     else:
         show_comparison(out, "fixed prompt vs baseline", comparison)
-        out.fail("verify failed: the restarted server does not give the baseline answer")
+        if comparison.failure:
+            out.fail(f"verify failed: the server gave no answer to compare: {comparison.failure}")
+        else:
+            out.fail("verify failed: the restarted server does not give the baseline answer")
+        out.say(f"next: {next_step(result.repro.comparisons, again='calibrate verify')}")
     out.result(
         {
             "passed": result.passed,

@@ -16,7 +16,7 @@ from typing import Any
 from calibrate.config import Config, ServerKind
 from calibrate.errors import ServerDied, ServerUnreachable, UsageError
 from calibrate.records import utc_now_iso
-from calibrate.server import exit_status, interrupts, process, readiness, redaction
+from calibrate.server import exit_status, interrupts, process, readiness, redaction, set_values
 from calibrate.server.builders import EngineCommand, LaunchSpec, Tuned, build
 from calibrate.server.process import ServerRecord, StopResult
 
@@ -31,7 +31,11 @@ def launch_spec(
     context_tokens: int | None = None,
     tuned: Tuned = (),
 ) -> LaunchSpec:
-    """The [server] section plus a setting (and the engine flags tune chose), for the builders."""
+    """The [server] section plus a setting (and the engine flags tune chose), for the builders.
+
+    The values ``server start --set`` kept fill what ``tuned`` leaves open: every managed start
+    and the script pin writes use them."""
+    tuned = set_values.merged(set_values.remembered(cfg.runs_dir), tuned)
     return LaunchSpec(
         kind=kind,
         model_path=cfg.server.model_path,

@@ -258,8 +258,8 @@ def custom_argv(spec: LaunchSpec) -> tuple[str, ...]:
         if value in (None, "") and name not in BASE_PLACEHOLDERS:
             raise UsageError(
                 f"the [server] command uses {{{name}}} but no value is known for it",
-                f"calibrate tune gives it one (--grid {name}=V1,V2,…); after tune, pin writes "
-                "the winner's value into the launch script.",
+                f"Give it one: calibrate server start --set {name}=VALUE (kept for rollback, "
+                f"sweep and tune), or search it: calibrate tune --grid {name}=V1,V2,…",
             )
         if value in (None, ""):
             raise UsageError(

@@ -200,7 +200,12 @@ def result_line(
     """The output line of one item; ``id`` first, ``ok`` second, ``attempts`` last (resume.py)."""
     line: dict[str, Any] = {"id": task.id}
     if completion is not None and error is None:
-        problem = incomplete_reason(completion.choices[0], max_tokens)
+        usage = completion.usage if len(completion.choices) == 1 else None
+        problem = incomplete_reason(
+            completion.choices[0],
+            max_tokens,
+            completion_tokens=usage.completion_tokens if usage else None,
+        )
         parsed = parse_json_output(completion.text) if expect == "json" and not problem else None
         if problem:
             error = ErrorInfo("incomplete", problem)

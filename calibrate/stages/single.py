@@ -59,7 +59,11 @@ def fixed_prompt_call(ctx: StageContext, *, stream: bool = False) -> RequestReco
             elapsed_s=times.elapsed_s,
             times=times,
         )
-    problem = incomplete_reason(completion.choices[0], params.max_tokens)
+    problem = incomplete_reason(
+        completion.choices[0],
+        params.max_tokens,
+        completion_tokens=completion.usage.completion_tokens if completion.usage else None,
+    )
     if problem:
         error = ErrorInfo("incomplete", problem)
     return RequestRecord(

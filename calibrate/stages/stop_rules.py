@@ -259,8 +259,9 @@ def mismatch_notes(history: Sequence[Tier]) -> list[str]:
             continue
         if s.baseline_match < s.baseline_items:
             notes.append(
-                f"outputs differ from the single-call baseline at batch {s.batch_size} "
-                f"({s.baseline_match}/{s.baseline_items}): this server is not batch-invariant"
+                f"outputs differ from the single-call baseline at batch {s.batch_size}: "
+                f"{s.baseline_match} of {s.baseline_items} outputs match the baseline, "
+                f"{s.baseline_items - s.baseline_match} differ: this server is not batch-invariant"
             )
     return notes
 

@@ -17,6 +17,7 @@ from typing import Any
 from calibrate.errors import UsageError
 from calibrate.gpu import NvmlSampler
 from calibrate.records import LedgerEntry
+from calibrate.redact import redact_url
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.server.devices import managed_server_devices
 from calibrate.stages.compare_tiers import (
@@ -28,7 +29,7 @@ from calibrate.stages.compare_tiers import (
 )
 from calibrate.stages.context import StageContext
 from calibrate.stages.incidents import IncidentRecorder
-from calibrate.vram import SourceChoice, VramMonitor, choose_samplers
+from calibrate.vram import MetricsEndpoint, SourceChoice, VramMonitor, open_sources
 
 
 @dataclass(frozen=True)
@@ -68,19 +69,36 @@ def preflight(spec: MeasureSpec) -> None:
 def start_monitor(spec: MeasureSpec, ctx: StageContext) -> VramMonitor:
     """NVML and the server's /metrics (and a DCGM URL) as the spec asks; started."""
     client, url = ctx.client, spec.gpu_metrics_url
-
-    def fetch() -> str:
-        text = client.get_text("/metrics")
-        return text + "\n" + client.get_text(url) if url else text
-
-    samplers = choose_samplers(spec.vram_source, fetch, devices=spec.devices(ctx.config.runs_dir))
-    if spec.vram_source == "metrics" and all(s.source == "none" for s in samplers):
+    endpoints = [
+        MetricsEndpoint(
+            "the server's /metrics",
+            redact_url(client.server_root + "/metrics"),
+            lambda: client.get_text("/metrics"),
+        )
+    ]
+    if url:
+        gpu_url: str = url
+        endpoints.append(
+            MetricsEndpoint(
+                "--gpu-metrics-url",
+                redact_url(url),
+                lambda: client.get_text(gpu_url),
+                explicit=True,
+            )
+        )
+    sources = open_sources(spec.vram_source, endpoints, devices=spec.devices(ctx.config.runs_dir))
+    if spec.vram_source == "metrics" and all(s.source == "none" for s in sources.samplers):
+        tried = "; ".join(p.text() for p in sources.problems)
         raise UsageError(
-            "--vram-source metrics: the server's /metrics has no usable memory or KV-cache figure",
+            "--vram-source metrics: no usable memory or KV-cache figure"
+            + (f" ({tried})" if tried else " in the server's /metrics"),
             "Use --vram-source auto (measures what it can, says what it could not).",
         )
     monitor = VramMonitor(
-        samplers, ctx.config.ladder.sample_interval_s, server_kind=ctx.config.server.kind
+        sources.samplers,
+        ctx.config.ladder.sample_interval_s,
+        server_kind=ctx.config.server.kind,
+        problems=sources.problems,
     )
     return monitor.start()
 

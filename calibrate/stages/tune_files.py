@@ -49,7 +49,7 @@ def row(rank: int, result: CandidateResult) -> dict[str, Any]:
         "id": data["id"],
         "flags": result.candidate.describe(),
         "status": result.status,
-        "cap": result.candidate.cap,
+        "cap": result.candidate.own_cap,
         "best_concurrency": data["best_concurrency"],
         "goodput_per_s": data["goodput_per_s"],
         "items_per_s": data["items_per_s"],

@@ -54,6 +54,13 @@ class Candidate:
     index: int  # 1-based position in the grid
     flags: Tuned
     cap: int
+    cap_passed: bool = True  # False: a custom command without {batch_size} never receives it
+
+    @property
+    def own_cap(self) -> int | None:
+        """The cap this candidate's engine runs at, as far as calibrate sets it (None: the
+        command caps itself, e.g. through a {slots} placeholder)."""
+        return self.cap if self.cap_passed else None
 
     @property
     def id(self) -> str:
@@ -72,7 +79,8 @@ class Candidate:
         return next((v for k, v in self.flags if k == key), None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "id": self.id, "flags": dict(self.flags), "cap": self.cap}
+        out = {"index": self.index, "id": self.id, "flags": dict(self.flags), "cap": self.cap}
+        return out if self.cap_passed else {**out, "cap_passed": False}
 
     @classmethod
     def from_json(cls, data: Any) -> Candidate | None:
@@ -82,7 +90,7 @@ class Candidate:
         if not isinstance(index, int) or not isinstance(cap, int):
             return None
         flags = tuple((str(k), str(v)) for k, v in data["flags"].items())
-        return cls(index, flags, cap)
+        return cls(index, flags, cap, data.get("cap_passed") is not False)
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,7 @@ class TunePlan:
     memory_key: str | None  # the memory fraction found first; None: no memory step
     memory_fractions: tuple[str, ...]  # tried from the first (highest) down
     ctx_per_slot: int | None = None  # llama.cpp: -c = parallel × this when ctx_size is no axis
+    cap_passed: bool = True  # a custom command without {batch_size}: the cap is not its flag
 
     @property
     def size(self) -> int:
@@ -125,7 +134,7 @@ class TunePlan:
             flags.append(("ctx_size", str(cap * self.ctx_per_slot)))
         if memory is not None and self.memory_key is not None:
             flags.append((self.memory_key, memory))
-        return Candidate(index, tuple(flags), cap)
+        return Candidate(index, tuple(flags), cap, self.cap_passed)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -270,6 +279,7 @@ def build_plan(
         memory_key,
         tuple(f"{f:g}" for f in memory_fractions),
         (ctx_per_slot or LLAMACPP_CTX_PER_SLOT) if kind == "llamacpp" else None,
+        kind != "custom" or CAP_KEYS[kind] in placeholders,
     )
     if plan.size > MAX_CANDIDATES:
         raise UsageError(

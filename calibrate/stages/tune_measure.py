@@ -76,6 +76,18 @@ class MeasureSettings:
     workload: WorkloadSpec
     ladder_run_id: str
     slo: SloBounds
+    skipped_levels: tuple[int, ...] = ()  # above what the ladder proved in flight: not measured
+    proven_in_flight: int = 0  # the most requests the ladder held in flight in a passing tier
+
+    def skipped_note(self) -> str:
+        """Why levels of ``[tune] concurrency`` are not measured ("" when none is skipped)."""
+        if not self.skipped_levels:
+            return ""
+        return (
+            f"concurrency {', '.join(map(str, self.skipped_levels))} skipped: the ladder passed "
+            f"with at most {self.proven_in_flight} requests in flight, and tune measures every "
+            f"candidate within that load (levels {', '.join(map(str, self.levels))})"
+        )
 
     def sweep_options(self, cfg: Config, cap: int, window: float) -> SweepOptions:
         """The sweep's own options at this cap, each level's window scaled by ``window``."""
@@ -129,6 +141,8 @@ def measure_candidate(
         )
 
     with measuring(settings.spec, sub) as watch:
+        for line in watch.monitor.warnings():  # a memory source that failed, named
+            notify(f"  {candidate.id}: warning: {line}")
         cap = read_server_cap(sub.client.get_text)
         # each candidate is a fresh server: the workload is probed (token counts) on it again
         plan = prepare_workload(ctx.config, sub.client, settings.workload, options.mode, ctx.params)

@@ -109,6 +109,8 @@ class Session:
             "search": setup.search,
             "ladder_run_id": setup.ladder_run_id,
             "slo": setup.settings.slo.to_json(),
+            "levels": list(setup.settings.levels),
+            "skipped_levels": list(setup.settings.skipped_levels),
             "resumed": setup.resumed,
             "ranked": [r["id"] for r in table],
         }

@@ -20,6 +20,7 @@ from calibrate.server.builders import SERVER_KINDS, build
 from calibrate.setting import latest_passing_ladder
 from calibrate.stages.context import StageContext
 from calibrate.stages.pin_context import verified_workload
+from calibrate.stages.sweep import safe_levels
 from calibrate.stages.tier_run import MeasureSpec
 from calibrate.stages.tune_grid import TunePlan, build_plan
 from calibrate.stages.tune_measure import MeasureSettings, slo_bounds
@@ -104,13 +105,22 @@ def prepare(ctx: StageContext, request: TuneRequest) -> TuneSetup:
     )
     first = plan.probe(plan.memory_fractions[0]) if plan.memory_key else plan.candidates()[0]
     build(server.launch_spec(cfg, kind, first.cap, first.cap, tuned=first.flags))  # dry: exit 2
+    # candidates are measured within the load the ladder proved, as a sweep against a server
+    # calibrate does not cap (SPEC §5.0): a candidate whose cap is above B would otherwise
+    # meet more requests at once than any tier held, and every one fail the same way
+    proven = ladder[0].max_in_flight if ladder else 0
+    levels, skipped = safe_levels(
+        cfg.tune.concurrency or cfg.sweep.concurrency, proven, managed=False, beyond_ladder=False
+    )
     settings = MeasureSettings(
         request.spec,
-        cfg.tune.concurrency or cfg.sweep.concurrency,
+        levels,
         request.stream,
         request.workload,
         ladder_run,
         slo_bounds(cfg),
+        skipped,
+        proven,
     )
     search = request.search or cfg.tune.search
     budget = request.budget_s if request.budget_s is not None else cfg.tune.budget_s

@@ -1,0 +1,89 @@
+"""Tune within the ladder's proven load, each candidate's own cap, and ``calibrate report``
+of a tune run (issue 26)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from tests.tune_helpers import MOCK, tune_config
+
+# the demo's engine: the cap is {batch_size}, and more than 6 requests at once run out of memory
+OOM_COMMAND = shlex.join(MOCK) + " --port {port} --slots {batch_size} --oom-at 6"
+# the cap is the user's own {slots}: calibrate never passes a cap to this command
+SLOTS_COMMAND = shlex.join(MOCK) + " --port {port} --slots {slots} --seed {seed}"
+
+
+def _tune_run(isolated: Path) -> Path:
+    return next((isolated / "runs").glob("*-tune-*"))
+
+
+def test_candidates_are_measured_within_the_ladders_load_at_their_own_cap(
+    cli, isolated: Path
+) -> None:
+    tune_config(
+        isolated,
+        'grid = ["batch_size=1,2,4"]\nconcurrency = [1, 2, 4, 8]\n',
+        command=OOM_COMMAND,
+    )
+    result = cli("tune", "--json")
+    assert result.code == 0, result.err
+    err = " ".join(result.err.split())
+    assert (
+        "concurrency 8 skipped: the ladder passed with at most 4 requests in flight, and tune "
+        "measures every candidate within that load (levels 1, 2, 4)" in err
+    )
+    rows = [json.loads(x) for x in (_tune_run(isolated) / "tiers.jsonl").read_text().splitlines()]
+    assert sorted(r["cap"] for r in rows) == [1, 2, 4]  # each candidate's own cap
+    assert all(r["errors"] == 0 and r["incidents"] == 0 for r in rows), rows
+    assert all(r["best_concurrency"] <= 4 for r in rows)
+    for line in result.err.splitlines():
+        if line.startswith("rank="):
+            flags = line.split("flags=")[1].split("  ")[0]
+            assert f"cap={flags.removeprefix('batch_size=')} " in line
+    summary = json.loads((_tune_run(isolated) / "summary.json").read_text())["summary"]
+    assert summary["levels"] == [1, 2, 4] and summary["skipped_levels"] == [8]
+
+
+def test_report_renders_a_tune_run_and_a_command_that_caps_itself_shows_no_cap(
+    cli, isolated: Path
+) -> None:
+    tune_config(isolated, 'grid = ["slots=1,4"]\n', command=SLOTS_COMMAND)
+    # {seed} is no axis: the value server start --set kept fills it for every candidate
+    started = cli("server", "start", "--set", "slots=2", "--set", "seed=3")
+    assert started.code == 0, started.err
+    tuned = cli("tune", "--json")
+    assert tuned.code == 0, tuned.err
+    starts = [line for line in tuned.err.splitlines() if line.startswith("starting: ")]
+    assert starts and all("--seed 3" in line for line in starts)
+    assert any("--slots 1 --seed 3" in line for line in starts)
+    assert "cap=4" not in tuned.err and "cap=—" in tuned.err  # calibrate sets no cap here
+    run = _tune_run(isolated)
+    shown = cli("report", run.name, "--html", "--json")
+    assert shown.code == 0, shown.err
+    assert "rerun" not in shown.err.lower()
+    winner = tuned.json["winner"]
+    assert (
+        shown.json["kind"] == "tune"
+        and shown.json["winner"] == tuned.json["candidates"][0]["id"] == "c02"
+    )
+    assert "winner: c02 (slots=4)" in shown.err and "over the runner-up c01 (slots=1)" in shown.err
+    assert winner["flags"] == {"slots": "4"}
+    assert [line.split()[1] for line in shown.err.splitlines() if line.startswith("rank=")] == [
+        "id=c02",
+        "id=c01",
+    ]
+    html = (run / "report.html").read_text("utf-8")
+    assert html.index("winner: c02") < html.index("<table")
+    assert "data:image/svg+xml;base64," in html
+    # a tune run has no tiers to draw or compare
+    timeline = cli("report", run.name, "--timeline", "4")
+    assert timeline.code == 2 and "--timeline is for ladder and sweep runs" in timeline.err
+    # a damaged table is exit 2 naming the file, never a traceback
+    (run / "tiers.jsonl").write_text('{"rank": 1}\n', "utf-8")
+    damaged = cli("report", run.name)
+    assert damaged.code == 2 and "tiers.jsonl:1 is not a tune table row" in damaged.err
+    (run / "tiers.jsonl").unlink()
+    gone = cli("report", run.name)
+    assert gone.code == 2 and "no finished candidate" in gone.err
