@@ -61,7 +61,9 @@ def test_tiers_csv_and_report_reproduces_the_table(cli, isolated: Path) -> None:
     report = cli("report", str(run))  # the mock is gone: no server needed
     assert report.code == 0, report.err
     table = _table(report.err)
-    assert len(table) == 4 + 4 and table == _table(ladder.err)
+    assert table[: 4 + 4] == _table(ladder.err)  # the ladder's own table, line for line
+    # then each tier's repeated metrics over its 2 rounds: mean [95 % interval] and CV
+    assert len(table) == 2 * (4 + 4) and "over the rounds: mean [95 % interval] and CV" in report.err
     assert (run / "plot.png").exists()
     by_id = cli("report", run.name, "--json", "--no-plot")
     assert by_id.code == 0 and by_id.json["kind"] == "ladder" and len(by_id.json["rows"]) == 4
