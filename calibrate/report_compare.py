@@ -233,9 +233,9 @@ def round_values(view: RunView) -> dict[float, dict[str, list[float]]]:
         known = isinstance(round_no, int) and not isinstance(round_no, bool)
         rounds[key, round_no if known else f"line {number}"] = line
     out: dict[float, dict[str, list[float]]] = {}
-    for (key, _), line in rounds.items():
+    for (key, _), kept in rounds.items():
         metrics = out.setdefault(key, {})
-        for name, value in line.items():
+        for name, value in kept.items():
             if name != view.key and name not in _NOT_METRICS and (x := finite(value)) is not None:
                 metrics.setdefault(name, []).append(x)
     return out

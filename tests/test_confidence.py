@@ -174,9 +174,7 @@ def test_exact_rounds_differ_significantly_only_when_their_means_differ() -> Non
 
 
 @pytest.mark.parametrize("value", ["1.5", "0.5", "1", "0", "-0.9", "nan", '"95%"', "true"])
-def test_a_confidence_level_outside_half_to_one_is_exit_2(
-    cli, isolated: Path, value: str
-) -> None:
+def test_a_confidence_level_outside_half_to_one_is_exit_2(cli, isolated: Path, value: str) -> None:
     write_run(isolated, "a", "ladder", [ladder_row(1, 4.0)])
     (isolated / "calibrate.toml").write_text(f"[confidence]\nlevel = {value}\n", "utf-8")
     result = cli("report", "runs/a")

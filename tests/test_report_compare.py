@@ -333,9 +333,7 @@ def _ladders_with_rounds(
         _rounds(write_run(root, name, "ladder", rows), "batch_size", rounds)
 
 
-def test_a_delta_is_claimed_only_when_the_rounds_say_it_is_significant(
-    cli, isolated: Path
-) -> None:
+def test_a_delta_is_claimed_only_when_the_rounds_say_it_is_significant(cli, isolated: Path) -> None:
     _ladders_with_rounds(
         isolated,
         {1: [10.0, 11.0, 12.0], 2: [20.0, 21.0, 19.0], 4: [30.0, 40.0, 20.0]},
