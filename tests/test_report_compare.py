@@ -471,3 +471,36 @@ def test_two_ladders_of_one_workload_differ_by_nothing_significant_a_slower_serv
     header = page.rows["comparison"][0]
     cells = [r[header.index("items_per_s Δ")] for r in page.body_rows("comparison")]
     assert all(c.endswith("%, significant at 95 %") and c.startswith("-") for c in cells), cells
+
+
+def _sweep(cli: Any, root: Path, base_url: str) -> str:
+    """A real sweep: concurrency 1 and 2, three repeats of ≥ 0.5 s each, answers of 8 tokens."""
+    open_gate(
+        root,
+        base_url,
+        FAST + "[sweep]\nconcurrency = [1, 2]\nlevel_s = 0.5\nrepeats = 3\n",
+        "ladder",
+    )
+    result = cli("sweep", "--json", "--input-tokens", "20", "--output-tokens", "8")
+    assert result.code == 0, result.err
+    return str(result.json["run_id"])
+
+
+def test_a_sweep_against_a_slower_server_is_significantly_slower_over_its_repeats(
+    cli, isolated: Path
+) -> None:
+    with start_mock(ttft_s=0.01, per_token_s=0.005) as mock:
+        fast = _sweep(cli, isolated, mock.base_url)
+    with start_mock(ttft_s=0.02, per_token_s=0.01) as slow:
+        slower = _sweep(cli, isolated, slow.base_url)
+    one = cli("report", fast, "--json", "--no-plot")
+    assert one.code == 0, one.err
+    levels = {t["key"]: t["metrics"] for t in one.json["confidence"]["tiers"]}
+    assert set(levels) == {1, 2} and all(m["items_per_s"]["n"] == 3 for m in levels.values())
+    result = cli("report", fast, slower, "--json")
+    assert result.code == 0, result.err
+    assert result.json["key"] == "concurrency"
+    for row in result.json["rows"]:
+        delta = row["deltas"]["items_per_s"]
+        assert delta["rounds_a"]["n"] == delta["rounds_b"]["n"] == 3
+        assert delta["significant"] is True and delta["better"] is False, (row["key"], delta)
