@@ -5,9 +5,11 @@ concurrency (or offered rate) for sweeps. Every numeric column both runs have ge
 ``--json``; the tables show the headline metrics each run has.
 
 A delta is claimed only when it is significant (SPEC §13): each tier's rounds (ladder) or
-repeats (sweep) in ``rounds.jsonl`` are the samples, and Welch's t-interval of B − A at
-``[confidence] level`` must exclude zero (``calibrate.confidence``). A metric whose rounds vary by
-more than 10 % (CV) is called out as noisy.
+repeats (sweep) in ``rounds.jsonl`` are the samples, Welch's t-interval of B − A at
+``[confidence] level`` must exclude zero (``calibrate.confidence``), and the change must be at
+least ``NOISE`` (5 %). Rounds of one run vary less than two runs do (the machine's load drifts
+between them): a 2 % difference whose interval excludes zero is still the machine, not a result.
+A metric whose rounds vary by more than 10 % (CV) is called out as noisy.
 """
 
 from __future__ import annotations
@@ -80,8 +82,16 @@ class Delta:
 
     @property
     def significant(self) -> bool | None:
-        """None: fewer than two rounds on a side, nothing to test."""
-        return None if self.test is None else self.test.significant
+        """True when Welch's interval of B − A excludes zero and the change is at least
+        ``NOISE``; None with fewer than two rounds on a side (nothing to test)."""
+        if self.test is None or self.test.significant is None:
+            return None
+        return self.test.significant and not self.inside_noise
+
+    @property
+    def inside_noise(self) -> bool:
+        """A change of under ``NOISE`` (5 %) of A: what two runs of one setting differ by."""
+        return self.change is not None and abs(self.change) < NOISE
 
     @property
     def cv(self) -> float | None:
@@ -102,9 +112,7 @@ class Delta:
         """True when B is better than A on this metric; None when equal, not comparable, or
         within ``NOISE`` of A — a 1 % change between two runs is the machine, not a result —
         or not significant over the rounds both runs measured."""
-        if not self.diff or (self.change is not None and abs(self.change) < NOISE):
-            return None
-        if self.significant is False:
+        if not self.diff or self.inside_noise or self.significant is False:
             return None
         return (self.diff > 0) == self.higher_better
 
@@ -120,6 +128,7 @@ class Delta:
             "change": self.change,
             "better": self.better,
             "significant": self.significant,
+            "ci_excludes_zero": test.significant if test else None,  # before the 5 % floor
             # Welch's interval of B − A over the rounds (the metric's unit), and relative to A
             "ci_low": test.ci_low if test else None,
             "ci_high": test.ci_high if test else None,
@@ -348,11 +357,11 @@ def delta_text(delta: Delta | None) -> str:
     if delta is None or delta.diff is None:
         return ""
     text = f"{delta.diff:+.4g}" if delta.change is None else f"{delta.change:+.0%}"
-    inside_noise = delta.change is not None and abs(delta.change) < NOISE
-    if delta.test is None or delta.significant is None or not delta.diff or inside_noise:
+    if delta.significant is None or not delta.diff or delta.inside_noise:
         return text  # a change under 5 % is never claimed: no need to say it is not significant
     if delta.significant:
-        return f"{text}, significant at {percent(delta.test.level)}"
+        level = delta.test.level if delta.test else DEFAULT_LEVEL
+        return f"{text}, significant at {percent(level)}"
     return f"{text}, not significant"
 
 
