@@ -165,7 +165,7 @@ class RunComparison:
     rows: tuple[PairRow, ...]
     differences: tuple[Difference, ...] = ()
     level: float = DEFAULT_LEVEL
-    noisy: tuple[str, ...] = ()  # "noisy: items_per_s in B: CV 14 % at batch 8 — add rounds"
+    noisy: tuple[str, ...] = ()  # "noisy: items_per_s CV 14 % at batch 8 in B — add rounds …"
 
     @property
     def warning(self) -> str | None:
