@@ -133,6 +133,19 @@ class SloConfig:
 
 
 @dataclass(frozen=True)
+class ConfidenceConfig:
+    """[confidence] (SPEC §13): the level of the t-intervals repeats are reported with."""
+
+    level: float = 0.95
+
+    def __post_init__(self) -> None:  # a ValueError here is the file's ConfigError (exit 2)
+        if not 0.5 < self.level < 1:
+            raise ValueError(
+                f"[confidence] level must be in (0.5, 1), e.g. 0.95 for 95 %, got {self.level!r}"
+            )
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     kind: ServerKind | None = None
     model_path: str = ""
@@ -158,6 +171,7 @@ class Config:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
     slo: SloConfig = field(default_factory=SloConfig)
+    confidence: ConfidenceConfig = field(default_factory=ConfidenceConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     source: str | None = None
@@ -199,6 +213,7 @@ SECTIONS: dict[str, type[Any]] = {
     "workload": WorkloadConfig,
     "tune": TuneConfig,
     "slo": SloConfig,
+    "confidence": ConfidenceConfig,
     "server": ServerConfig,
     "paths": PathsConfig,
 }

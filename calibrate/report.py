@@ -19,10 +19,19 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
+from calibrate.confidence import percent
 from calibrate.errors import InputError
 from calibrate.numbers import finite
 from calibrate.output_paths import Named
-from calibrate.report_compare import RunComparison, delta_text, value_text
+from calibrate.report_compare import (
+    RunComparison,
+    Spreads,
+    delta_text,
+    headline,
+    spread_text,
+    value_text,
+)
+from calibrate.run_view import RunView
 from calibrate.stages.compare_tiers import TierComparison
 from calibrate.store import write_atomic
 from calibrate.svg_plot import Bar
@@ -598,5 +607,35 @@ def runs_compare_table(cmp: RunComparison) -> Table:
                 f" ({change})" if change else ""
             )
             cells.append(f"[{colour}]{cell}[/]" if colour else cell)
+        table.add_row(*cells)
+    return table
+
+
+CONFIDENCE_METRICS = 4  # headline metrics in the confidence table (the tier table has the rest)
+
+
+def confidence_table(view: RunView, spreads: Spreads, level: float) -> Table:
+    """``report RUN``: each tier's headline metrics over its rounds (ladder) or repeats (sweep):
+    mean [t-interval at ``level``] and CV; a CV over 10 % in yellow."""
+    repeated = [
+        m
+        for m in headline(view)
+        if any((s := spreads[k].get(m)) is not None and s.n > 1 for k in spreads)
+    ][:CONFIDENCE_METRICS]
+    table = Table(
+        title=f"over the {'rounds' if view.kind == 'ladder' else 'repeats'}: mean "
+        f"[{percent(level)} interval] and CV",
+        title_justify="left",
+    )
+    for name in (view.key, "n", *repeated):
+        table.add_column(name, justify="right")
+    for key in sorted(spreads):
+        metrics = spreads[key]
+        n = max((s.n for s in metrics.values()), default=0)
+        cells = [f"{key:g}", str(n)]
+        for name in repeated:
+            found = metrics.get(name)
+            text = escape(spread_text(found))
+            cells.append(f"[yellow]{text}[/]" if found is not None and found.noisy else text)
         table.add_row(*cells)
     return table

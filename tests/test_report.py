@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import csv
+import json
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.mockserver import start_mock
+from tests.report_helpers import ladder_row, sweep_row, write_run
 from tests.tier_helpers import FAST, open_gate, run_dir
 
 SPEC_COLUMNS = {
@@ -61,7 +63,11 @@ def test_tiers_csv_and_report_reproduces_the_table(cli, isolated: Path) -> None:
     report = cli("report", str(run))  # the mock is gone: no server needed
     assert report.code == 0, report.err
     table = _table(report.err)
-    assert len(table) == 4 + 4 and table == _table(ladder.err)
+    assert table[: 4 + 4] == _table(ladder.err)  # the ladder's own table, line for line
+    # then each tier's repeated metrics over its 2 rounds: mean [95 % interval] and CV
+    assert (
+        len(table) == 2 * (4 + 4) and "over the rounds: mean [95 % interval] and CV" in report.err
+    )
     assert (run / "plot.png").exists()
     by_id = cli("report", run.name, "--json", "--no-plot")
     assert by_id.code == 0 and by_id.json["kind"] == "ladder" and len(by_id.json["rows"]) == 4
@@ -205,3 +211,60 @@ def test_absurd_times_in_records_never_crash_the_timeline(
     result = cli("report", str(run), "--html", "--timeline", "2")
     assert result.code in (0, 2), result.err
     assert "Traceback" not in result.err
+
+
+def _with_rounds(root: Path, kind: str, key: str, rounds: dict[int, list[float]]) -> Path:
+    row = ladder_row if kind == "ladder" else sweep_row
+    rows = [row(k, sum(v) / len(v)) for k, v in rounds.items()]
+    run = write_run(root, "r", "ladder" if kind == "ladder" else "sweep", rows)
+    lines = [
+        {key: k, "batch_size": k if key == "batch_size" else 4, "round": n, "items_per_s": v}
+        for k, vs in rounds.items()
+        for n, v in enumerate(vs, 1)
+    ]
+    (run / "rounds.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines), "utf-8")
+    return run
+
+
+@pytest.mark.parametrize(
+    ("kind", "key", "where", "more"),
+    [
+        ("ladder", "batch_size", "batch 2", "add rounds ([ladder] rounds)"),
+        ("sweep", "concurrency", "concurrency 2", "add repeats ([sweep] repeats)"),
+    ],
+)
+def test_report_of_one_run_gives_each_tiers_interval_and_calls_out_a_noisy_one(
+    cli, isolated: Path, kind: str, key: str, where: str, more: str
+) -> None:
+    _with_rounds(isolated, kind, key, {1: [10.0, 10.2, 9.8], 2: [16.0, 20.0, 24.0], 4: [30.0]})
+    result = cli("report", "runs/r", "--json", "--no-plot")
+    assert result.code == 0, result.err
+    confidence = result.json["confidence"]
+    assert confidence["level"] == 0.95
+    tiers = {t["key"]: t["metrics"]["items_per_s"] for t in confidence["tiers"]}
+    assert tiers[1]["n"] == 3 and tiers[1]["mean"] == pytest.approx(10.0)
+    assert tiers[1]["ci_low"] == pytest.approx(10 - 4.302653 * 0.2 / 3**0.5, abs=1e-5)
+    assert tiers[1]["cv"] == pytest.approx(0.02)
+    assert tiers[2]["cv"] == pytest.approx(0.2)
+    assert tiers[4] == {
+        "n": 1,
+        "mean": 30.0,
+        "sd": None,
+        "ci_low": None,
+        "ci_high": None,
+        "cv": None,
+        "level": 0.95,
+    }
+    said = f"noisy: items_per_s CV 20 % at {where} — {more}"
+    assert result.json["noisy"] == [said] and f"warning: {said}" in result.err
+    # the table of intervals under the tier table: mean [low, high] and CV per tier
+    assert "mean [95 % interval] and CV" in result.err
+    assert "10 [9.503, 10.5] CV 2 %" in result.err and "30 (one round)" in result.err
+
+
+def test_a_run_without_rounds_has_no_interval_table_and_no_callout(cli, isolated: Path) -> None:
+    write_run(isolated, "r", "ladder", [ladder_row(1, 4.0), ladder_row(2, 8.0)])
+    result = cli("report", "runs/r", "--json", "--no-plot")
+    assert result.code == 0, result.err
+    assert result.json["confidence"]["tiers"] == [] and result.json["noisy"] == []
+    assert "interval" not in result.err and "noisy" not in result.err

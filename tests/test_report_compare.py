@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from calibrate.report_compare import Delta
+from calibrate.confidence import compare, spread
+from calibrate.report_compare import Delta, delta_text
 from calibrate.timeline import tier_timeline
 from tests.mockserver import start_mock
 from tests.report_helpers import Page, ladder_row, sweep_row, write_run
@@ -299,3 +301,226 @@ def test_a_fixed_prompt_ladder_and_a_400_token_ladder_are_flagged(cli, isolated:
     assert "20 output tokens" in first
     again = cli("report", sized.json["run_id"], sized.json["run_id"], "--json")
     assert again.json["differences"] == []
+
+
+def _rounds(run: Path, key: str, values: dict[float, list[float]], **extra: Any) -> None:
+    """rounds.jsonl of ``run``: one line per round of each tier, items/s as given."""
+    lines = [
+        {key: k, "round": n, "items_per_s": v, "latency_p50_s": 1.0 + 0.001 * n, **extra}
+        for k, vs in values.items()
+        for n, v in enumerate(vs, 1)
+    ]
+    (run / "rounds.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines), "utf-8")
+
+
+def _tier(batch: int, items_per_s: float) -> dict[str, Any]:
+    """A tier with few columns: the terminal table stays narrow enough to read in a test."""
+    return {
+        "batch_size": batch,
+        "concurrency": batch,
+        "rounds": 3,
+        "items": 3 * batch,
+        "items_per_s": items_per_s,
+        "errors": 0,
+        "verdict": "pass",
+    }
+
+
+def _ladders_with_rounds(
+    root: Path, a: dict[float, list[float]], b: dict[float, list[float]]
+) -> None:
+    for name, rounds in (("a", a), ("b", b)):
+        rows = [_tier(int(k), sum(v) / len(v)) for k, v in rounds.items()]
+        _rounds(write_run(root, name, "ladder", rows), "batch_size", rounds)
+
+
+def test_a_delta_is_claimed_only_when_the_rounds_say_it_is_significant(cli, isolated: Path) -> None:
+    _ladders_with_rounds(
+        isolated,
+        {1: [10.0, 11.0, 12.0], 2: [20.0, 21.0, 19.0], 4: [30.0, 40.0, 20.0]},
+        {1: [13.0, 14.0, 15.0], 2: [22.0, 23.0, 21.0], 4: [36.0, 28.0, 44.0]},
+    )
+    result = cli("report", "runs/a", "runs/b", "--json", "--html")
+    assert result.code == 0, result.err
+    rows = {r["key"]: r["deltas"]["items_per_s"] for r in result.json["rows"]}
+    one = rows[1]  # +27 %: t(0.975, 4) · √(2/3) = 2.27 < 3
+    assert one["significant"] is True and one["better"] is True and result.json["level"] == 0.95
+    assert one["ci_low"] == pytest.approx(3 - 2.776445 * math.sqrt(2 / 3), abs=1e-5)
+    assert one["ci_high"] == pytest.approx(3 + 2.776445 * math.sqrt(2 / 3), abs=1e-5)
+    assert one["change_low"] == pytest.approx(one["ci_low"] / 11)
+    assert one["cv"] == pytest.approx(1 / 11) and one["rounds_b"]["n"] == 3
+    two = rows[2]  # +10 %, inside the noise of three rounds each
+    assert two["significant"] is False and two["better"] is None  # not coloured either
+    assert rows[4]["significant"] is False and rows[4]["cv"] == pytest.approx(10 / 30)
+    assert "11 → 14 (+27%, significant at 95 %)" in result.err
+    assert "20 → 22 (+10%, not significant)" in result.err
+    # a CV over 10 % is called out, per run, with the tier it is at
+    assert result.json["noisy"] == [
+        "noisy: items_per_s CV 33 % at batch 4 in A — add rounds ([ladder] rounds)",
+        "noisy: items_per_s CV 22 % at batch 4 in B — add rounds ([ladder] rounds)",
+    ]
+    assert "warning: noisy: items_per_s CV 33 % at batch 4 in A — add rounds" in result.err
+    page = Page((isolated / "runs/b/compare-a.html").read_text("utf-8"))
+    header = page.rows["comparison"][0]
+    cells = [r[header.index("items_per_s Δ")] for r in page.body_rows("comparison")]
+    assert cells[:2] == ["+27%, significant at 95 %", "+10%, not significant"]
+
+
+def test_a_change_under_five_percent_is_never_claimed_however_tight_the_rounds() -> None:
+    """Rounds of one run vary less than two runs do: 2 % apart with a tight interval is the
+    machine's load between the runs."""
+    a, b = spread([100.0, 100.1, 99.9]), spread([102.0, 102.1, 101.9])
+    assert a is not None and b is not None
+    close = Delta(100.0, 102.0, True, a, b, compare(a, b))
+    assert close.test is not None and close.test.significant is True  # the interval: no zero
+    assert close.significant is False and close.better is None
+    assert close.to_json()["ci_excludes_zero"] is True and close.to_json()["significant"] is False
+    assert delta_text(close) == "+2%"  # nothing claimed, nothing to deny
+    c = spread([110.0, 110.1, 109.9])
+    assert c is not None
+    far = Delta(100.0, 110.0, True, a, c, compare(a, c))
+    assert far.significant is True and far.better is True
+    assert delta_text(far) == "+10%, significant at 95 %"
+    down = Delta(100.0, 0.0, False, a, spread([0.0, 0.0]), compare(a, spread([0.0, 0.0]) or a))
+    assert down.significant is True and down.better is True  # a latency to zero: -100 %
+
+
+def test_the_confidence_level_comes_from_the_config(cli, isolated: Path) -> None:
+    _ladders_with_rounds(isolated, {1: [10.0, 11.0, 12.0]}, {1: [13.0, 14.0, 15.0]})
+    (isolated / "calibrate.toml").write_text("[confidence]\nlevel = 0.99\n", "utf-8")
+    result = cli("report", "runs/a", "runs/b", "--json")
+    one = result.json["rows"][0]["deltas"]["items_per_s"]
+    # t(0.995, 4) = 4.604: 4.604 · 0.816 = 3.76 > 3, not significant at 99 %
+    assert one["significant"] is False and one["level"] == 0.99
+    assert "(+27%, not significant)" in result.err
+
+
+@pytest.mark.parametrize(
+    ("b_rounds", "said"),
+    [
+        ([14.0], "one round"),  # one side without a spread
+        (None, "no rounds.jsonl"),  # an older run without per-round lines
+    ],
+)
+def test_without_rounds_on_both_sides_a_delta_is_not_tested(
+    cli, isolated: Path, b_rounds: list[float] | None, said: str
+) -> None:
+    _ladders_with_rounds(isolated, {1: [10.0, 11.0, 12.0]}, {1: b_rounds or [14.0]})
+    if b_rounds is None:
+        (isolated / "runs/b/rounds.jsonl").unlink()
+    result = cli("report", "runs/a", "runs/b", "--json")
+    assert result.code == 0, result.err
+    one = result.json["rows"][0]["deltas"]["items_per_s"]
+    assert one["significant"] is None and one["ci_low"] is None, said
+    assert one["better"] is True  # the plain 5 % rule, as before
+    assert "11 → 14 (+27%)" in result.err and "significant" not in result.err
+
+
+def test_damaged_or_repeated_round_lines_are_read_tolerantly(cli, isolated: Path) -> None:
+    _ladders_with_rounds(isolated, {1: [10.0, 11.0, 12.0]}, {1: [13.0, 14.0, 15.0]})
+    path = isolated / "runs/b/rounds.jsonl"
+    text = path.read_text("utf-8")
+    rerun = json.dumps({"batch_size": 1, "round": 3, "items_per_s": 16.0})  # a resumed round
+    path.write_text(
+        text + "{torn\n" + rerun + "\n" + '{"batch_size": "x", "items_per_s": 1e308}\n'
+        '{"batch_size": 1, "round": 4, "items_per_s": NaN}\n',
+        "utf-8",
+    )
+    result = cli("report", "runs/a", "runs/b", "--json")
+    assert result.code == 0, result.err
+    b = result.json["rows"][0]["deltas"]["items_per_s"]["rounds_b"]
+    assert b["n"] == 3 and b["mean"] == pytest.approx((13 + 14 + 16) / 3)
+
+
+def test_a_rate_sweep_is_tested_over_its_repeats(cli, isolated: Path) -> None:
+    for name, values in (("a", [5.0, 5.1, 4.9]), ("b", [8.0, 8.2, 7.9])):
+        rows = [{**_tier(4, sum(values) / 3), "offered_rate": "inf", "gain": None}]
+        run = write_run(isolated, name, "sweep", rows)
+        _rounds(run, "offered_rate", {math.inf: values}, concurrency=4)
+        lines = (run / "rounds.jsonl").read_text("utf-8").replace("Infinity", '"inf"')
+        (run / "rounds.jsonl").write_text(lines, "utf-8")
+    result = cli("report", "runs/a", "runs/b", "--json")
+    assert result.code == 0, result.err
+    row = result.json["rows"][0]
+    assert row["key"] == "inf" and row["deltas"]["items_per_s"]["significant"] is True
+    assert "significant at 95 %" in result.err
+
+
+def _ladder(cli: Any, root: Path, base_url: str) -> str:
+    """A real ladder: 5 rounds of ≥ 0.2 s per tier, answers of 8 tokens. A request is mostly
+    the mock's sleeps, so a busy shared machine moves its time little."""
+    open_gate(
+        root,
+        base_url,
+        "[ladder]\nsample_interval_s = 0.005\nmin_round_s = 0.2\nwarmup_waves = 1\n"
+        "latency_rise = 100.0\nrounds = 5\nbatch_sizes = [1, 2]\n",
+    )
+    result = cli("ladder", "--json", "--input-tokens", "20", "--output-tokens", "8")
+    assert result.code == 0, result.err
+    return str(result.json["run_id"])
+
+
+def test_two_ladders_of_one_workload_differ_by_nothing_significant_a_slower_server_does(
+    cli, isolated: Path
+) -> None:
+    """Real ladders on the mock: the same server twice, then one twice as slow per token."""
+    with start_mock(ttft_s=0.02, per_token_s=0.01) as mock:
+        a, b = _ladder(cli, isolated, mock.base_url), _ladder(cli, isolated, mock.base_url)
+    with start_mock(ttft_s=0.04, per_token_s=0.02) as slow:
+        c = _ladder(cli, isolated, slow.base_url)
+
+    (isolated / "calibrate.toml").write_text("[confidence]\nlevel = 0.99\n", "utf-8")
+    same = cli("report", a, b, "--json")
+    assert same.code == 0, same.err
+    assert same.json["level"] == 0.99 and "items_per_s" in same.json["metrics"]
+    for row in same.json["rows"]:
+        for metric in ("items_per_s", "output_tokens_per_s"):
+            delta = row["deltas"][metric]
+            assert delta["significant"] is False, (row["key"], metric, delta)
+            assert delta["rounds_a"]["n"] == delta["rounds_b"]["n"] == 5
+            assert delta["better"] is None
+
+    (isolated / "calibrate.toml").unlink()  # the default level, 95 %
+    worse = cli("report", a, c, "--json", "--html")
+    assert worse.code == 0, worse.err
+    for row in worse.json["rows"]:
+        delta = row["deltas"]["items_per_s"]
+        assert delta["significant"] is True and delta["better"] is False, (row["key"], delta)
+        assert delta["change"] < -0.3 and delta["ci_high"] < 0 and delta["change_high"] < 0
+    page = Page(Path(worse.json["html"]).read_text("utf-8"))
+    header = page.rows["comparison"][0]
+    cells = [r[header.index("items_per_s Δ")] for r in page.body_rows("comparison")]
+    assert all(c.endswith("%, significant at 95 %") and c.startswith("-") for c in cells), cells
+
+
+def _sweep(cli: Any, root: Path, base_url: str) -> str:
+    """A real sweep: concurrency 1 and 2, three repeats of ≥ 0.5 s each, answers of 8 tokens."""
+    open_gate(
+        root,
+        base_url,
+        FAST + "[sweep]\nconcurrency = [1, 2]\nlevel_s = 0.5\nrepeats = 3\n",
+        "ladder",
+    )
+    result = cli("sweep", "--json", "--input-tokens", "20", "--output-tokens", "8")
+    assert result.code == 0, result.err
+    return str(result.json["run_id"])
+
+
+def test_a_sweep_against_a_slower_server_is_significantly_slower_over_its_repeats(
+    cli, isolated: Path
+) -> None:
+    with start_mock(ttft_s=0.01, per_token_s=0.005) as mock:
+        fast = _sweep(cli, isolated, mock.base_url)
+    with start_mock(ttft_s=0.02, per_token_s=0.01) as slow:
+        slower = _sweep(cli, isolated, slow.base_url)
+    one = cli("report", fast, "--json", "--no-plot")
+    assert one.code == 0, one.err
+    levels = {t["key"]: t["metrics"] for t in one.json["confidence"]["tiers"]}
+    assert set(levels) == {1, 2} and all(m["items_per_s"]["n"] == 3 for m in levels.values())
+    result = cli("report", fast, slower, "--json")
+    assert result.code == 0, result.err
+    assert result.json["key"] == "concurrency"
+    for row in result.json["rows"]:
+        delta = row["deltas"]["items_per_s"]
+        assert delta["rounds_a"]["n"] == delta["rounds_b"]["n"] == 3
+        assert delta["significant"] is True and delta["better"] is False, (row["key"], delta)

@@ -18,7 +18,12 @@ from calibrate.errors import InputError, UsageError
 from calibrate.html_compare import comparison_html
 from calibrate.html_report import key_label, run_html
 from calibrate.output_paths import check_outputs, stage_files
-from calibrate.report_compare import compare_runs
+from calibrate.report_compare import (
+    compare_runs,
+    confidence_json,
+    noisy_lines,
+    run_spreads,
+)
 from calibrate.run_view import RunView, load_run, stage_notes
 from calibrate.store import write_atomic
 from calibrate.timeline import Timeline, read_timeline
@@ -90,11 +95,12 @@ def run(args: argparse.Namespace) -> int:
     if args.run_b is not None:
         if args.timeline is not None:
             raise UsageError("--timeline draws one run: give one RUN with it")
-        return _compare(out, view, _load(_resolve(args.run_b, runs_dir)), args.html)
-    return _one(out, view, args)
+        b = _load(_resolve(args.run_b, runs_dir))
+        return _compare(out, view, b, args.html, cfg.confidence.level)
+    return _one(out, view, args, cfg.confidence.level)
 
 
-def _one(out: Output, view: RunView, args: argparse.Namespace) -> int:
+def _one(out: Output, view: RunView, args: argparse.Namespace, level: float) -> int:
     rows, kind, path = list(view.rows), view.kind, view.path
     try:
         table = report.tier_table(rows, kind, f"{kind} {path.name}", out.console.width)
@@ -104,6 +110,12 @@ def _one(out: Output, view: RunView, args: argparse.Namespace) -> int:
             "Rerun the stage to write the table again.",
         ) from exc
     out.render(table)
+    spreads = run_spreads(view, level)
+    if any(s.n > 1 for metrics in spreads.values() for s in metrics.values()):
+        out.render(report.confidence_table(view, spreads, level))
+    noisy = noisy_lines(view, spreads)
+    for line in noisy:
+        out.warn(line)
     notes = stage_notes(view.summary)
     for note in notes:
         out.warn(note)
@@ -121,6 +133,8 @@ def _one(out: Output, view: RunView, args: argparse.Namespace) -> int:
         "rows": rows,
         "plot": str(plot) if plot else None,
         "notes": notes,
+        "confidence": confidence_json(view, spreads, level),
+        "noisy": noisy,
     }
     if args.timeline is not None:
         timeline, result["timeline"] = _timeline(out, view, args.timeline, args.no_plot)
@@ -158,11 +172,13 @@ def _timeline(
     return timeline, summary
 
 
-def _compare(out: Output, a: RunView, b: RunView, html: str | None) -> int:
-    cmp = compare_runs(a, b)
+def _compare(out: Output, a: RunView, b: RunView, html: str | None, level: float) -> int:
+    cmp = compare_runs(a, b, level)
     if cmp.warning:
         out.warn(cmp.warning)
     out.render(report.runs_compare_table(cmp))
+    for line in cmp.noisy:
+        out.warn(line)
     result = cmp.to_json()
     if html is not None:
         path = _write(
