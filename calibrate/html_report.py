@@ -162,6 +162,11 @@ def verdict_html(view: RunView) -> str:
 
 
 def _flat(value: Any) -> str:
+    """A setting as the TOML a user writes: never Python's ``None``/``True`` or a repr."""
+    if value is None:
+        return "not set"
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, dict | list):
         return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
     return str(value)

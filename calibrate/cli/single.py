@@ -21,7 +21,7 @@ from calibrate.cli.common import (
     save_junit,
 )
 from calibrate.ledger import baseline_path
-from calibrate.pipeline import next_after
+from calibrate.pipeline import next_step
 from calibrate.stages.context import StageContext
 from calibrate.stages.single import run_single
 
@@ -80,7 +80,7 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext) -> int:
         out.ok(f"single passed (run {ctx.run.run_id})")
         if result.baseline:
             out.say(f"baseline {result.baseline}: {baseline_path(ctx.config)}")
-        out.say(f"next: {next_after('single')}")
+        out.say(f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}")
     else:
         for problem in result.problems:
             out.fail(f"single failed: {problem}")

@@ -6,7 +6,11 @@ small process (detached, its own session), which starts the engine as its child 
 engine's own session (so the engine leads its process group and ``stop`` signals only that
 group), hands the engine's PID back through a pipe, waits, and records the exit status.
 
-    python -m calibrate.server.supervise --status PATH --pid-fd N -- ENGINE ARGV…
+    python -c "$ENTRY" --status PATH --pid-fd N -- ENGINE ARGV…
+
+It is started with ``-c`` and an import, not ``-m``: ``calibrate.server`` imports this module,
+so ``-m`` would find it already imported and runpy would open every server log with a
+RuntimeWarning.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from typing import IO
 from calibrate.server import exit_status
 
 HANDOFF_TIMEOUT_S = 30.0
+#: what the supervisor's Python runs (``-c``): an import, so runpy never re-executes this module
+ENTRY = "import sys; from calibrate.server.supervise import main; sys.exit(main(sys.argv[1:]))"
 
 
 @dataclass(frozen=True)
@@ -39,8 +45,8 @@ def launch(argv: Sequence[str], log: IO[bytes], status: Path) -> Launched:
     read_fd, write_fd = os.pipe()
     command = [
         sys.executable,
-        "-m",
-        "calibrate.server.supervise",
+        "-c",
+        ENTRY,
         "--status",
         str(status),
         "--pid-fd",
