@@ -121,18 +121,13 @@ def next_step(cfg: Config, ledger: Ledger, target: str) -> str:
 
     now = standing(ledger, target)
     latest = now.latest
-    ladder = latest.get("ladder")
-    if (
-        ladder is not None
-        and ladder.passed
-        and ladder.summary.get("server_died")
-        and not (latest.get("rollback") and latest["rollback"].passed and now.newer("rollback", "ladder"))
-    ):
+    ladder, rollback = latest.get("ladder"), latest.get("rollback")
+    rolled_back = rollback is not None and rollback.passed
+    died = ladder is not None and ladder.passed and bool(ladder.summary.get("server_died"))
+    if died and not (rolled_back and now.newer("rollback", "ladder")):
         return ROLLBACK_AFTER_DEATH
-    rollback = latest.get("rollback")
-    if rollback is not None and rollback.passed:
-        if all(now.newer("rollback", stage) for stage in MAIN_LINE if stage in latest):
-            return next_after("rollback")
+    if rolled_back and all(now.newer("rollback", stage) for stage in MAIN_LINE if stage in latest):
+        return next_after("rollback")
     has_baseline = baseline_path(cfg).exists()
     pin = latest.get("pin")
     for stage in MAIN_LINE:

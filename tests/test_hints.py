@@ -24,7 +24,7 @@ from tests.tier_helpers import jsonl
 from tests.workload_helpers import FAST_MOCK, LADDER, calibrated
 
 SWEEP = "[sweep]\nconcurrency = [1, 2]\nlevel_s = 0.1\nrepeats = 1\n"
-SERVER = "[server]\nmodel_path = \"/models/m\"\n"
+SERVER = '[server]\nmodel_path = "/models/m"\n'
 
 
 def hint(err: str) -> str:
@@ -60,6 +60,8 @@ def test_each_stage_of_the_main_line_says_what_status_says(cli, isolated: Path) 
         assert agrees(cli, "ladder") == "calibrate sweep"
         assert agrees(cli, "sweep") == "calibrate pin"
         pinned = agrees(cli, "pin", "--kind", "vllm")
+        # the same server is the restarted one here: verify, then the production run
+        assert agrees(cli, "verify") == "calibrate batch --input tasks.jsonl --out out.jsonl"
     assert pinned.startswith("calibrate server start --script scripts/launch.sh")
     assert pinned.endswith("then: calibrate verify")
 
@@ -101,9 +103,7 @@ def _kill_server_after_tiers(root: Path, tiers: int) -> threading.Thread:
 
 
 @pytest.mark.usefixtures("_managed_env")
-def test_a_ladder_whose_managed_server_died_sends_the_user_to_rollback(
-    cli, isolated: Path
-) -> None:
+def test_a_ladder_whose_managed_server_died_sends_the_user_to_rollback(cli, isolated: Path) -> None:
     port = free_port()
     # batch 1 and 2 answer at once; past 2 in flight every token takes minutes: batch 4 hangs
     command = mock_command("--slow-above", "2", "--slow-factor", "100000")

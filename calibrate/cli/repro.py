@@ -65,7 +65,11 @@ def run(args: argparse.Namespace) -> int:
     with guarded(ctx):
         result = run_repro(ctx, normaliser, runs=args.runs, stream=args.stream)
         return _report(
-            out, args, result, run=ctx.run, hint=lambda: next_step(ctx.config, ctx.ledger, ctx.target)
+            out,
+            args,
+            result,
+            run=ctx.run,
+            hint=lambda: next_step(ctx.config, ctx.ledger, ctx.target),
         )
 
 

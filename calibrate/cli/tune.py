@@ -154,6 +154,8 @@ def _tune(args: argparse.Namespace, out: Output, setup: TuneSetup) -> int:
         ) from None
     show_finished(out, setup, finished)
     if finished.entry.passed:
-        out.say(f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}   (pin writes every flag of the winner)")
+        out.say(
+            f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}   (pin writes every flag of the winner)"
+        )
     out.result(finished.to_json(setup))
     return 0 if finished.entry.passed else 1

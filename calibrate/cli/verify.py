@@ -26,6 +26,7 @@ from calibrate.cli.common import (
     show_comparison,
 )
 from calibrate.compare import Normaliser
+from calibrate.pipeline import next_step
 from calibrate.stages.context import StageContext
 from calibrate.stages.verify import run_verify
 
@@ -65,6 +66,7 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: N
         out.ok(
             f"config consistent: the fixed prompt matches the baseline{note} (run {ctx.run.run_id})"
         )
+        out.say(f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}")
     else:
         show_comparison(out, "fixed prompt vs baseline", comparison)
         out.fail("verify failed: the restarted server does not give the baseline answer")
