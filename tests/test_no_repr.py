@@ -84,3 +84,14 @@ def test_a_library_warning_has_the_one_warning_style(cli, isolated: Path) -> Non
     warned = [line for line in result.err.splitlines() if "skipping line 1" in line]
     assert warned and all(line.startswith("warning: ") for line in warned), result.err
     assert "WARNING" not in result.err and "calibrate:" not in result.err
+
+
+def test_a_failed_single_call_says_what_is_missing_not_none(cli, isolated: Path) -> None:
+    """An HTTP 500 has no finish_reason and no model: the summary line says so in words."""
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, fail_rate=1.0) as mock:
+        write_config(isolated / "calibrate.toml", mock.base_url)
+        result = cli("single")
+    assert result.code != 0
+    summary = next(line for line in result.err.splitlines() if "tokens" in line or "usage" in line)
+    assert "no finish_reason" in summary and "no model named" in summary, result.err
+    assert not NONE.search(result.err), result.err

@@ -61,10 +61,9 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext) -> int:
     ttft = f", ttft {record.ttft_s:.3f}s" if record.ttft_s is not None else ""
     if record.text is not None:
         out.say(f"answer: {record.text.strip()}")
-    out.say(
-        f"finish_reason {record.finish_reason}, {tokens}, {record.elapsed_s:.3f}s{ttft}, "
-        f"served model {record.served_model!r}"
-    )
+    finish = f"finish_reason {record.finish_reason}" if record.finish_reason else "no finish_reason"
+    served = f"served model '{record.served_model}'" if record.served_model else "no model named"
+    out.say(f"{finish}, {tokens}, {record.elapsed_s:.3f}s{ttft}, {served}")
     summary = result.summary()
     suite = junit_suite("single", ctx.run, ctx.target)
     kind = record.error.kind if record.error else ""
