@@ -111,10 +111,12 @@ def next_step(cfg: Config, ledger: Ledger, target: str) -> str:
     """What to run next for ``target``: ``status``'s "next:" and every stage's hint.
 
     The first stage of the main line still to do, read from this table and the gates, with
-    three turns: a ladder whose managed server died is followed by a rollback (it restarts the
-    server at the last passing tier; a sweep would find no server), a passing rollback newer
-    than the main line by the production run at its setting, and a pin newer than the last
-    verify by a restart from the pinned script and a verify.
+    these turns: a ladder whose managed server died is followed by a rollback (it restarts the
+    server at the last passing tier; a sweep would find no server); a passing rollback newer
+    than the main line and tune by the production run at its setting; a passing tune stands
+    in for the sweep (its winner carries a concurrency) and, newer than the pin, asks for a
+    pin of its flags; a pin newer than the last verify asks for a restart from the pinned
+    script and a verify.
     """
     from calibrate.ledger import baseline_path, check_gate
     from calibrate.summaries import pin_summary
@@ -126,16 +128,22 @@ def next_step(cfg: Config, ledger: Ledger, target: str) -> str:
     died = ladder is not None and ladder.passed and bool(ladder.summary.get("server_died"))
     if died and not (rolled_back and now.newer("rollback", "ladder")):
         return ROLLBACK_AFTER_DEATH
-    if rolled_back and all(now.newer("rollback", stage) for stage in MAIN_LINE if stage in latest):
+    later = [stage for stage in (*MAIN_LINE, "tune") if stage in latest]
+    if rolled_back and all(now.newer("rollback", stage) for stage in later):
         return next_after("rollback")
     has_baseline = baseline_path(cfg).exists()
-    pin = latest.get("pin")
+    pin, tune = latest.get("pin"), latest.get("tune")
+    tuned = tune is not None and tune.passed and now.newer("tune", "ladder")
     for stage in MAIN_LINE:
         entry = latest.get(stage)
         if stage == "single" and (entry is None or not entry.passed) and has_baseline:
             continue  # a baseline exists: single has done its job
         if stage == "sweep" and entry is None and pin is not None:
             continue  # pinned without a sweep: concurrency 1, a choice the user made
+        if stage == "sweep" and tuned and now.newer("tune", "sweep"):
+            continue  # the tune winner's best concurrency is the setting
+        if stage == "pin" and tuned and now.newer("tune", "pin"):
+            return "calibrate pin"  # the winner's flags are not in the launch script yet
         if stage == "verify" and pin is not None and pin.passed and now.newer("pin", "verify"):
             return restart_then_verify(pin_summary(pin.summary).script)
         if entry is None or not entry.passed:

@@ -159,3 +159,21 @@ def test_status_shows_an_interrupted_sweep_as_interrupted(cli, isolated: Path) -
     line = next(x for x in status.err.splitlines() if x.strip().startswith("sweep"))
     assert "interrupted" in line and "FAILED" not in line, status.err
     assert hint(status.err) == "calibrate sweep"  # run it again
+
+
+@pytest.mark.usefixtures("_managed_env")
+def test_after_tune_the_hint_and_status_both_say_pin(cli, isolated: Path) -> None:
+    """A passing tune stands in for the sweep: the next step is to pin its winner's flags."""
+    from tests.fakes import append_ledger
+    from tests.tune_helpers import tune_config
+
+    grid = 'grid = ["slots=1,2", "kv_tokens=50000"]\nmemory_fractions = [0.8]\n'
+    target = tune_config(isolated, grid)
+    (isolated / "baselines").mkdir()
+    (isolated / "baselines/single.jsonl").write_text("{}\n", encoding="utf-8")
+    append_ledger(isolated, "single", target, {})
+    append_ledger(isolated, "repro", target, {})
+    assert status_next(cli) == "calibrate sweep"  # before the tune: the main line's next step
+    assert agrees(cli, "tune") == "calibrate pin"
+    pinned = agrees(cli, "pin")
+    assert pinned.startswith("calibrate server start --script") and pinned.endswith("verify")
