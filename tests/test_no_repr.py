@@ -95,3 +95,39 @@ def test_a_failed_single_call_says_what_is_missing_not_none(cli, isolated: Path)
     summary = next(line for line in result.err.splitlines() if "tokens" in line or "usage" in line)
     assert "no finish_reason" in summary and "no model named" in summary, result.err
     assert not NONE.search(result.err), result.err
+
+
+def test_a_batch_outage_is_said_once_in_the_one_warning_style(cli, isolated: Path) -> None:
+    """The endpoint going down is one `warning: URL: down — …` line, not a log record as well."""
+    import signal
+    import threading
+    import time
+
+    from tests.batch_helpers import write_tasks
+    from tests.mockserver import start_mock_process
+
+    tasks = write_tasks(isolated / "tasks.jsonl", 40)
+    out = isolated / "out.jsonl"
+    mock = start_mock_process("--slots", "4", "--ttft", "0.02", "--per-token", "0.001")
+    write_config(isolated / "calibrate.toml", mock.base_url)
+
+    def kill_after_some_lines() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if out.exists() and out.read_bytes().count(b"\n") >= 5:
+                break
+            time.sleep(0.01)
+        mock.stop(signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_after_some_lines, daemon=True)
+    killer.start()
+    try:
+        flags = ("-c", "4", "--retries", "1", "--backoff-s", "0.05", "--outage-after", "3")
+        result = cli("batch", "--input", str(tasks), "--out", str(out), *flags, "--outage-s", "1")
+        killer.join()
+    finally:
+        mock.stop()
+    assert result.code == 4, result.err
+    down = [line for line in result.err.splitlines() if ": down — " in line]
+    assert len(down) == 1 and down[0].startswith("warning: "), result.err
+    assert "pausing its items" not in result.err and "WARNING" not in result.err
