@@ -131,3 +131,24 @@ def test_a_batch_outage_is_said_once_in_the_one_warning_style(cli, isolated: Pat
     down = [line for line in result.err.splitlines() if ": down — " in line]
     assert len(down) == 1 and down[0].startswith("warning: "), result.err
     assert "pausing its items" not in result.err and "WARNING" not in result.err
+    assert "('" not in down[0] and "Disconnected(" not in down[0], "no Python repr"
+
+
+def test_a_dropped_connection_is_described_in_words() -> None:
+    """requests nests its causes as exception objects; the message is their words, no repr."""
+    from http.client import RemoteDisconnected
+
+    import requests
+    from urllib3.exceptions import ProtocolError
+
+    from calibrate.error_kinds import connection_error
+
+    cause = ProtocolError("Connection aborted.", RemoteDisconnected("Remote end closed connection"))
+    error = connection_error("http://h:1/v1/chat/completions", requests.ConnectionError(cause))
+    assert error.info.kind == "reset"
+    assert error.info.message == (
+        "the connection to http://h:1/v1/chat/completions was dropped: "
+        "Connection aborted: Remote end closed connection"
+    )
+    bare = connection_error("http://h:1/v1", requests.ConnectionError())
+    assert bare.info.message.endswith("was dropped: ConnectionError")
