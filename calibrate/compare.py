@@ -164,7 +164,7 @@ def _fingerprint(baseline: dict[str, Any], candidate: dict[str, Any]) -> list[st
     ]
 
 
-def next_step(comparisons: Sequence[Comparison], *, again: str) -> str:
+def after_failure(comparisons: Sequence[Comparison], *, again: str) -> str:
     """What to check first after a failed comparison, and which command to run (``again``:
     the command that repeats the check, e.g. ``calibrate repro``)."""
     causes = " ".join(c for comparison in comparisons for c in comparison.causes)

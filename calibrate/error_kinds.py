@@ -113,7 +113,26 @@ def connection_error(url: str, exc: BaseException) -> RequestError:
     for markers, reason in reasons:
         if any(marker in text for marker in markers):
             return request_error("connect", f"no server at {url} ({reason})", exc)
-    return request_error("reset", f"the connection to {url} was dropped: {shorten(text)}", exc)
+    return request_error(
+        "reset", f"the connection to {url} was dropped: {shorten(words(exc))}", exc
+    )
+
+
+def words(exc: BaseException) -> str:
+    """An exception's messages in words, the nested ones too, never a Python repr:
+    ``Connection aborted: Remote end closed connection without response`` rather than
+    ``('Connection aborted.', RemoteDisconnected('Remote end closed …'))``."""
+    parts: list[str] = []
+
+    def walk(error: BaseException) -> None:
+        for arg in error.args:
+            if isinstance(arg, BaseException):
+                walk(arg)
+            elif isinstance(arg, str) and arg.strip():
+                parts.append(arg.strip().rstrip("."))
+
+    walk(exc)
+    return ": ".join(dict.fromkeys(parts)) or type(exc).__name__
 
 
 def shorten(text: str, limit: int = 200) -> str:

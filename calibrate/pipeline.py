@@ -1,14 +1,21 @@
 """The pipeline in one table: each stage, what it needs, and what to run after it (SPEC §4.3).
 
 The gates (``ledger.check_gate``), ``status``'s "next" and every "next:" hint a command prints
-read this table, so the three can never disagree. A hint is given only after a stage passed:
-a stage that exited 1 or 130 says how to fix or resume it instead.
+read this table, so the three can never disagree: a stage's hint is ``next_step`` read from the
+ledger right after the stage recorded its result, the very answer ``status`` gives next. A hint
+is given only after a stage passed: a stage that exited 1 or 130 says how to fix or resume it
+instead.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # the ledger reads this table; these are imported where they are used
+    from calibrate.config import Config
+    from calibrate.ledger import Ledger
+    from calibrate.records import LedgerEntry
 
 StageName = Literal[
     "single", "repro", "ladder", "sweep", "tune", "pin", "verify", "rollback", "batch"
@@ -17,6 +24,7 @@ Need = Literal["nothing", "baseline", "repro", "ladder", "ladder_tier_or_pin"]
 
 BATCH_COMMAND = "calibrate batch --input tasks.jsonl --out out.jsonl"
 RESTART_THEN_VERIFY = "restart the server from scripts/launch.sh, then: calibrate verify"
+ROLLBACK_AFTER_DEATH = "calibrate rollback"
 
 
 @dataclass(frozen=True)
@@ -61,3 +69,84 @@ def next_after(stage: str) -> str:
     """The "next:" hint after ``stage`` passed ("" when there is none)."""
     row = step(stage)
     return row.then if row is not None else ""
+
+
+def restart_then_verify(script: str) -> str:
+    """After a pin: start the server from the script it wrote, then verify."""
+    if not script:
+        return RESTART_THEN_VERIFY
+    return f"calibrate server start --script {script} (or run it yourself), then: calibrate verify"
+
+
+@dataclass(frozen=True)
+class Standing:
+    """The latest ledger line of each stage for one target, and where it stands in the ledger."""
+
+    latest: dict[str, LedgerEntry]
+    order: dict[str, int]  # stage → position of its latest line (higher is newer)
+    context: LedgerEntry | None  # the latest ``ladder --axis context`` (never the main line's)
+
+    def newer(self, stage: str, than: str) -> bool:
+        return self.order.get(stage, -1) > self.order.get(than, -1)
+
+
+def standing(ledger: Ledger, target: str) -> Standing:
+    from calibrate.summaries import ladder_summary
+
+    latest: dict[str, LedgerEntry] = {}
+    order: dict[str, int] = {}
+    context: LedgerEntry | None = None
+    for position, entry in enumerate(ledger.entries()):
+        if entry.target != target:
+            continue
+        if entry.stage == "ladder" and ladder_summary(entry.summary).is_context:
+            context = entry  # verifies input lengths, not the ladder the main line needs
+            continue
+        latest[entry.stage] = entry
+        order[entry.stage] = position
+    return Standing(latest, order, context)
+
+
+def next_step(cfg: Config, ledger: Ledger, target: str) -> str:
+    """What to run next for ``target``: ``status``'s "next:" and every stage's hint.
+
+    The first stage of the main line still to do, read from this table and the gates, with
+    these turns: a ladder whose managed server died is followed by a rollback (it restarts the
+    server at the last passing tier; a sweep would find no server); a passing rollback newer
+    than the main line and tune by the production run at its setting; a passing tune stands
+    in for the sweep (its winner carries a concurrency) and, newer than the pin, asks for a
+    pin of its flags; a pin newer than the last verify asks for a restart from the pinned
+    script and a verify.
+    """
+    from calibrate.ledger import baseline_path, check_gate
+    from calibrate.summaries import pin_summary
+
+    now = standing(ledger, target)
+    latest = now.latest
+    ladder, rollback = latest.get("ladder"), latest.get("rollback")
+    rolled_back = rollback is not None and rollback.passed
+    died = ladder is not None and ladder.passed and bool(ladder.summary.get("server_died"))
+    if died and not (rolled_back and now.newer("rollback", "ladder")):
+        return ROLLBACK_AFTER_DEATH
+    later = [stage for stage in (*MAIN_LINE, "tune") if stage in latest]
+    if rolled_back and all(now.newer("rollback", stage) for stage in later):
+        return next_after("rollback")
+    has_baseline = baseline_path(cfg).exists()
+    pin, tune = latest.get("pin"), latest.get("tune")
+    tuned = tune is not None and tune.passed and now.newer("tune", "ladder")
+    for stage in MAIN_LINE:
+        entry = latest.get(stage)
+        if stage == "single" and (entry is None or not entry.passed) and has_baseline:
+            continue  # a baseline exists: single has done its job
+        if stage == "sweep" and entry is None and pin is not None:
+            continue  # pinned without a sweep: concurrency 1, a choice the user made
+        if stage == "sweep" and tuned and now.newer("tune", "sweep"):
+            continue  # the tune winner's best concurrency is the setting
+        if stage == "pin" and tuned and now.newer("tune", "pin"):
+            return "calibrate pin"  # the winner's flags are not in the launch script yet
+        if stage == "verify" and pin is not None and pin.passed and now.newer("pin", "verify"):
+            return restart_then_verify(pin_summary(pin.summary).script)
+        if entry is None or not entry.passed:
+            gate = check_gate(stage, cfg, ledger, target)
+            return f"calibrate {stage}" if gate.open else gate.run_first
+    return next_after("verify")

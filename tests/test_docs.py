@@ -1,4 +1,4 @@
-"""The Chinese README and the InternLM guide's twin stay in step with their English originals.
+"""The Chinese README and every docs/ page's zh-CN twin stay in step with their English originals.
 
 Headings differ by language, so they are matched by position and level. Commands do not: every
 ``calibrate …`` / ``make …`` shown in a code block or inline code in one file appears in the other,
@@ -18,10 +18,14 @@ from calibrate.cli import build_parser
 from calibrate.config import Overrides, load
 
 ROOT = Path(__file__).resolve().parent.parent
-PAIRS = [
-    ("README.md", "README_zh-CN.md"),
-    ("docs/guides/internlm.md", "docs/guides/internlm.zh-CN.md"),
-]
+# the READMEs, then every docs/ page with a twin (docs/NAME.md + docs/NAME.zh-CN.md): a new pair is
+# checked as soon as it exists
+_TWINS = sorted(
+    (str(zh.relative_to(ROOT)).replace(".zh-CN.md", ".md"), str(zh.relative_to(ROOT)))
+    for zh in (ROOT / "docs").rglob("*.zh-CN.md")
+)
+PAIRS = [("README.md", "README_zh-CN.md"), *_TWINS]
+README_MAX_LINES = 250
 CODE_LANGS = {"bash", "sh", "shell", "toml", "yaml"}
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
@@ -148,7 +152,8 @@ def test_same_code_blocks(english: str, chinese: str) -> None:
 @pytest.mark.parametrize(("english", "chinese"), PAIRS)
 def test_every_command_appears_in_both(english: str, chinese: str) -> None:
     en, zh = commands(_read(english)), commands(_read(chinese))
-    assert en, f"no commands found in {english}: the parser is broken"
+    if english == "README.md":
+        assert en, f"no commands found in {english}: the parser is broken"
     assert sorted(en - zh) == [], f"shown in {english} but not in {chinese}"
     assert sorted(zh - en) == [], f"shown in {chinese} but not in {english}"
 
@@ -163,9 +168,68 @@ def test_the_readmes_link_each_other_near_the_top() -> None:
         assert any(line.startswith("make test") for line in first_lines)
 
 
-def test_the_guides_link_each_other() -> None:
-    assert "(internlm.zh-CN.md)" in (ROOT / PAIRS[1][0]).read_text(encoding="utf-8")
-    assert "(internlm.md)" in (ROOT / PAIRS[1][1]).read_text(encoding="utf-8")
+@pytest.mark.parametrize(("english", "chinese"), PAIRS[1:])
+def test_the_pages_link_each_other(english: str, chinese: str) -> None:
+    assert f"({Path(chinese).name})" in (ROOT / english).read_text(encoding="utf-8")
+    assert f"({Path(english).name})" in (ROOT / chinese).read_text(encoding="utf-8")
+
+
+def test_the_pairs_are_the_pages_the_readme_promises() -> None:
+    names = {english for english, _ in PAIRS}
+    for page in ("stages", "workload", "load-testing", "batch", "tune", "engines", "ci"):
+        assert f"docs/{page}.md" in names
+    for page in ("configuration", "troubleshooting", "guarantees", "guides/internlm"):
+        assert f"docs/{page}.md" in names
+
+
+@pytest.mark.parametrize("name", ["README.md", "README_zh-CN.md"])
+def test_the_readme_fits_on_a_few_screens(name: str) -> None:
+    lines = (ROOT / name).read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"{name} has {len(lines)} lines (at most {README_MAX_LINES})"
+    )
+
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    doc, fence = set(), False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if _FENCE.match(line):
+            fence = not fence
+        elif not fence and _HEADING.match(line):
+            doc.add(_slug(line.lstrip("#")))
+    return doc
+
+
+@pytest.mark.parametrize("name", [name for pair in PAIRS for name in pair])
+def test_every_relative_link_leads_to_a_page_and_heading_that_exist(name: str) -> None:
+    source = ROOT / name
+    links = _LINK.findall(source.read_text(encoding="utf-8"))
+    for link in links:
+        if "://" in link or link.startswith("mailto:"):
+            continue
+        target, _, anchor = link.partition("#")
+        path = (source.parent / target).resolve() if target else source
+        assert path.exists(), f"{name} links to {link}, which does not exist"
+        if anchor and path.suffix == ".md":
+            assert anchor in _anchors(path), f"{name} links to {link}: no such heading"
+
+
+@pytest.mark.parametrize("name", ["README.md", "README_zh-CN.md"])
+def test_the_readme_links_every_docs_page(name: str) -> None:
+    """Each docs/ page can be found from the README (in its own language)."""
+    text = (ROOT / name).read_text(encoding="utf-8")
+    linked = {link.partition("#")[0] for link in _LINK.findall(text)}
+    for english, chinese in PAIRS[1:]:
+        page = chinese if name == "README_zh-CN.md" else english
+        assert page in linked, f"{name} does not link {page}"
 
 
 @pytest.mark.parametrize("name", [name for pair in PAIRS for name in pair])

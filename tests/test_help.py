@@ -24,6 +24,35 @@ def test_every_command_has_help_with_example(cli, command: str) -> None:
     assert "example:" in result.out, f"`calibrate {command} --help` shows no example"
 
 
+def test_each_command_line_of_the_top_level_help_is_a_whole_sentence(cli) -> None:
+    """`calibrate --help` shows each command's first docstring line: it must not stop mid-way."""
+    import argparse
+
+    from calibrate.cli import build_parser
+
+    actions = build_parser()._actions
+    subparsers = next(a for a in actions if isinstance(a, argparse._SubParsersAction))
+    lines = {a.dest: a.help or "" for a in subparsers._choices_actions}
+    assert set(lines) == set(COMMAND_MODULES)
+    for name, line in lines.items():
+        assert line.endswith((".", ")")), f"`calibrate --help` line for {name} stops: {line!r}"
+        assert not line.rstrip(".").endswith((",", ";", ":", " and", " or")), name
+
+
+def test_the_readme_names_the_commands_without_target_flags(cli) -> None:
+    """The README says which commands take no --base-url/--model ("… take neither"); it is right."""
+    import re
+
+    from tests.test_docs import ROOT
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    sentence = next(p for p in readme.split("\n\n") if "take neither" in p)
+    named = set(re.findall(r"`(\w+)`", sentence.split("take neither")[0]))
+    without = {c for c in COMMAND_MODULES if "--base-url" not in cli(c, "--help").out}
+    assert without, "every command takes --base-url: the check is broken"
+    assert named == without, f"README: {sorted(named)}; the parser: {sorted(without)}"
+
+
 def test_no_command_is_usage_error(cli) -> None:
     assert cli().code == 2
 

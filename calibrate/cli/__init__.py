@@ -137,13 +137,23 @@ class _CurrentStderr(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
+class _OneStyle(logging.Formatter):
+    """``warning: …`` / ``error: …``: a library warning reads like every other warning."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"{record.levelname.lower()}: {record.getMessage()}"
+        if record.exc_info and logging.getLogger("calibrate").isEnabledFor(logging.DEBUG):
+            line += "\n" + self.formatException(record.exc_info)  # tracebacks with --debug only
+        return line
+
+
 def _log_to_stderr(debug: bool) -> None:
     """Library warnings (a skipped ledger line, a server that ignored SIGTERM) go to stderr."""
     logger = logging.getLogger("calibrate")
     logger.setLevel(logging.DEBUG if debug else logging.WARNING)
     if not any(isinstance(h, _CurrentStderr) for h in logger.handlers):
         handler = _CurrentStderr()
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(_OneStyle())
         logger.addHandler(handler)
     logger.propagate = False
 

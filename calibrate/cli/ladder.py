@@ -48,7 +48,7 @@ from calibrate.cli.tier_output import (
 from calibrate.cli.workload_flags import context_lengths, sized, task_pool, workload_spec
 from calibrate.errors import ExitCode, Interrupted
 from calibrate.junit import JUnitCase, JUnitSuite
-from calibrate.pipeline import next_after
+from calibrate.pipeline import next_step
 from calibrate.report import live_rows
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.stages.compare_tiers import TierComparison
@@ -231,7 +231,7 @@ def _finish(
     if result.match_failed:
         out.fail("--require-match: outputs differ from the baseline")
     if entry.passed:
-        out.say(f"next: {next_after('ladder')}")
+        out.say(f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}")
     out.result(
         {
             "passed": entry.passed,

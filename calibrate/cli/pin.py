@@ -14,6 +14,7 @@ from typing import Any
 
 from calibrate.cli.common import add_command, add_force, load_config, open_stage, output_for
 from calibrate.output_paths import check_outputs, stage_files
+from calibrate.pipeline import next_step
 from calibrate.server.builders import SERVER_KINDS
 from calibrate.stages.pin import run_pin
 
@@ -44,8 +45,6 @@ def run(args: argparse.Namespace) -> int:
         flags = ", ".join(f"{k}={value}" for k, value in result.tuned)
         out.say(f"  engine flags from {result.tuned_by or 'tune'}: {flags}")
     out.say(f"  exec {result.command.display()}")
-    out.say(
-        f"next: calibrate server start --script {result.script}   (or run it), then: calibrate verify"
-    )
+    out.say(f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}")
     out.result({"run_id": ctx.run.run_id, **result.summary().to_json()})
     return 0

@@ -1,6 +1,8 @@
-"""Re-render a ladder or sweep run from its files (no server needed): its tier table and plot.png,
-a self-contained HTML report (--html), a per-request timeline of one tier (--timeline), or two
-runs side by side with deltas per tier (report RUN_A RUN_B).
+"""Re-render a run from its files, no server needed: its table, plot, HTML report or a comparison.
+
+A ladder or sweep run's tier table and plot.png, a self-contained HTML report (--html), a
+per-request timeline of one tier (--timeline), or two runs side by side with deltas per tier
+(report RUN_A RUN_B).
 
 example: calibrate report runs/20261129T164129Z-ladder-a1b2c3 --html --timeline 4
 """

@@ -10,6 +10,7 @@ example: calibrate repro baselines/single.jsonl runs/20261129T164129Z-single-a1b
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,11 @@ from calibrate.cli.common import (
     save_junit,
     show_comparison,
 )
-from calibrate.compare import next_step
+from calibrate.compare import after_failure
 from calibrate.config import MAX_ROUNDS
 from calibrate.errors import UsageError
 from calibrate.output_paths import check_outputs
-from calibrate.pipeline import next_after
+from calibrate.pipeline import next_step
 from calibrate.stages.repro import ReproResult, between_files, run_repro
 from calibrate.store import RunDir
 
@@ -63,16 +64,29 @@ def run(args: argparse.Namespace) -> int:
             [("the file", Path(name)) for name in args.files],
         )
         result = between_files(Path(args.files[0]), Path(args.files[1]), normaliser)
-        return _report(out, args, result, run=None)
+        return _report(out, args, result, run=None, hint=None)
     if not 1 <= args.runs <= MAX_ROUNDS:
         raise UsageError(f"--runs must be in [1, {MAX_ROUNDS}], got {args.runs}")
     ctx = open_stage(args, "repro", out)
     with guarded(ctx):
         result = run_repro(ctx, normaliser, runs=args.runs, stream=args.stream)
-        return _report(out, args, result, run=ctx.run)
+        return _report(
+            out,
+            args,
+            result,
+            run=ctx.run,
+            hint=lambda: next_step(ctx.config, ctx.ledger, ctx.target),
+        )
 
 
-def _report(out: Any, args: argparse.Namespace, result: ReproResult, *, run: RunDir | None) -> int:
+def _report(
+    out: Any,
+    args: argparse.Namespace,
+    result: ReproResult,
+    *,
+    run: RunDir | None,
+    hint: Callable[[], str] | None,
+) -> int:
     run_id = run.run_id if run else None
     suite = junit_suite("repro", run)
     for n, comparison in enumerate(result.comparisons, 1):
@@ -86,11 +100,11 @@ def _report(out: Any, args: argparse.Namespace, result: ReproResult, *, run: Run
     if result.passed:
         note = " (whitespace only)" if result.verdict == "whitespace-only" else ""
         out.ok(f"repro passed: {summary['identical']}/{summary['runs']} identical{note}")
-        if run_id:
-            out.say(f"next: {next_after('repro')}")
+        if hint is not None:
+            out.say(f"next: {hint()}")
     else:
         out.fail(f"repro failed: {_failure_line(result)}")
-        out.say(f"next: {next_step(result.comparisons, again='calibrate repro')}")
+        out.say(f"next: {after_failure(result.comparisons, again='calibrate repro')}")
     out.result(
         {
             "passed": result.passed,

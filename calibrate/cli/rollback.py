@@ -32,7 +32,7 @@ from calibrate.config import MAX_TIMEOUT_S
 from calibrate.errors import UsageError
 from calibrate.gpu import gpu_snapshot
 from calibrate.junit import JUnitCase
-from calibrate.pipeline import next_after
+from calibrate.pipeline import next_step
 from calibrate.stages.context import StageContext
 from calibrate.stages.rollback import NOT_CAPACITY, Rollback, StepResult
 
@@ -102,7 +102,7 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: N
         out.ok(f"rollback passed (run {ctx.run.run_id})")
         out.say(NOT_CAPACITY.format(batch=result.batch_size))
         out.say(
-            f"next: {next_after('rollback')}   (it uses concurrency 1; calibrate pin writes this setting into scripts/launch.sh)"
+            f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}   (batch uses concurrency 1; calibrate pin writes this setting into scripts/launch.sh)"
         )
     else:
         failed = next(s for s in result.steps if not s.ok)

@@ -230,7 +230,12 @@ def run_status(args: argparse.Namespace) -> int:
         f"started {record.started_at}"
     )
     out.say(f"command: {' '.join(redaction.redact_argv(record.argv))}")
-    setting = f"batch {record.batch_size}, concurrency {record.concurrency}"
+    setting = ", ".join(
+        f"{name} {value}"
+        for name, value in (("batch", record.batch_size), ("concurrency", record.concurrency))
+        if value is not None
+    )
+    setting = setting or "the command's own (no batch size or concurrency given)"
     out.say(f"setting: {setting}; log: {process.log_path(cfg.runs_dir)}")
     out.result(
         {

@@ -21,7 +21,7 @@ from calibrate.cli.common import (
     save_junit,
 )
 from calibrate.ledger import baseline_path
-from calibrate.pipeline import next_after
+from calibrate.pipeline import next_step
 from calibrate.stages.context import StageContext
 from calibrate.stages.single import run_single
 
@@ -61,10 +61,9 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext) -> int:
     ttft = f", ttft {record.ttft_s:.3f}s" if record.ttft_s is not None else ""
     if record.text is not None:
         out.say(f"answer: {record.text.strip()}")
-    out.say(
-        f"finish_reason {record.finish_reason}, {tokens}, {record.elapsed_s:.3f}s{ttft}, "
-        f"served model {record.served_model!r}"
-    )
+    finish = f"finish_reason {record.finish_reason}" if record.finish_reason else "no finish_reason"
+    served = f"served model '{record.served_model}'" if record.served_model else "no model named"
+    out.say(f"{finish}, {tokens}, {record.elapsed_s:.3f}s{ttft}, {served}")
     summary = result.summary()
     suite = junit_suite("single", ctx.run, ctx.target)
     kind = record.error.kind if record.error else ""
@@ -80,7 +79,7 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext) -> int:
         out.ok(f"single passed (run {ctx.run.run_id})")
         if result.baseline:
             out.say(f"baseline {result.baseline}: {baseline_path(ctx.config)}")
-        out.say(f"next: {next_after('single')}")
+        out.say(f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}")
     else:
         for problem in result.problems:
             out.fail(f"single failed: {problem}")

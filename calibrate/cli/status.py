@@ -13,7 +13,7 @@ from calibrate.cli.common import add_command, load_config, output_for
 from calibrate.ledger import Ledger, target_fingerprint
 from calibrate.redact import redact_url
 from calibrate.server.redaction import redact_config
-from calibrate.stages.status import OPTIONAL_STAGES, STAGE_ORDER, target_status
+from calibrate.stages.status import OPTIONAL_STAGES, STAGE_ORDER, target_status, verdict
 
 
 def register(subparsers: Any) -> None:
@@ -40,13 +40,11 @@ def run(args: argparse.Namespace) -> int:
         if entry is None:
             out.say(f"  {stage:<9} —")
             continue
-        verdict = "passed" if entry.passed else "FAILED"
         forced = " (forced)" if entry.forced else ""
-        out.say(f"  {stage:<9} {verdict}{forced}  {entry.ts}  run {entry.run_id}")
+        out.say(f"  {stage:<9} {verdict(entry)}{forced}  {entry.ts}  run {entry.run_id}")
     if status.context is not None:
-        verdict = "passed" if status.context.passed else "FAILED"
         ran = f"{status.context.ts}  run {status.context.run_id}"
-        out.say(f"  context   {verdict}  {ran} (ladder --axis context)")
+        out.say(f"  context   {verdict(status.context)}  {ran} (ladder --axis context)")
     if status.setting:
         s = status.setting
         out.say(f"calibrated setting: {s.describe()}")

@@ -53,7 +53,7 @@ from calibrate.cli.tier_output import (
 from calibrate.cli.workload_flags import task_pool, workload_spec
 from calibrate.config import MAX_BATCH_SIZE, Config
 from calibrate.errors import ExitCode, GateClosed, Interrupted, UsageError
-from calibrate.pipeline import next_after
+from calibrate.pipeline import next_step
 from calibrate.report import live_rows
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.setting import latest_passing_ladder
@@ -388,7 +388,7 @@ def _finish(
     else:
         out.fail(f"sweep failed: {result.reason}")
     if entry.passed:
-        out.say(f"next: {next_after('sweep')}")
+        out.say(f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}")
     out.result(
         {
             "passed": entry.passed,

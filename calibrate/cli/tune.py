@@ -32,7 +32,7 @@ from calibrate.cli.tune_view import finished_line, show_finished
 from calibrate.cli.workload_flags import add_workload_args, task_pool, workload_spec
 from calibrate.config import MAX_TIMEOUT_S
 from calibrate.errors import Interrupted, UsageError
-from calibrate.pipeline import next_after
+from calibrate.pipeline import next_step
 from calibrate.server.builders import SERVER_KINDS
 from calibrate.server.redaction import shown_command
 from calibrate.stages.tier_run import MeasureSpec, preflight
@@ -156,6 +156,8 @@ def _tune(args: argparse.Namespace, out: Output, setup: TuneSetup) -> int:
         ) from None
     show_finished(out, setup, finished)
     if finished.entry.passed:
-        out.say(f"next: {next_after('tune')}   (writes every flag of the winner)")
+        out.say(
+            f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}   (pin writes every flag of the winner)"
+        )
     out.result(finished.to_json(setup))
     return 0 if finished.entry.passed else 1

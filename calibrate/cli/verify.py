@@ -25,7 +25,8 @@ from calibrate.cli.common import (
     save_junit,
     show_comparison,
 )
-from calibrate.compare import Normaliser, next_step
+from calibrate.compare import Normaliser, after_failure
+from calibrate.pipeline import next_step
 from calibrate.stages.context import StageContext
 from calibrate.stages.verify import run_verify
 
@@ -65,13 +66,14 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: N
         out.ok(
             f"config consistent: the fixed prompt matches the baseline{note} (run {ctx.run.run_id})"
         )
+        out.say(f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}")
     else:
         show_comparison(out, "fixed prompt vs baseline", comparison)
         if comparison.failure:
             out.fail(f"verify failed: the server gave no answer to compare: {comparison.failure}")
         else:
             out.fail("verify failed: the restarted server does not give the baseline answer")
-        out.say(f"next: {next_step(result.repro.comparisons, again='calibrate verify')}")
+        out.say(f"next: {after_failure(result.repro.comparisons, again='calibrate verify')}")
     out.result(
         {
             "passed": result.passed,

@@ -10,7 +10,11 @@ Adoption: calibrate answers ``ok`` on a second pipe once the engine's PID is in
 ``runs/server.json``. If that pipe closes first (calibrate was killed, even by kill -9, before
 it could record the engine), the supervisor stops the engine: none is ever left unrecorded.
 
-    python -m calibrate.server.supervise --status PATH --pid-fd N --adopt-fd M -- ENGINE ARGV…
+    python -c "$ENTRY" --status PATH --pid-fd N --adopt-fd M -- ENGINE ARGV…
+
+It is started with ``-c`` and an import, not ``-m``: ``calibrate.server`` imports this module,
+so ``-m`` would find it already imported and runpy would open every server log with a
+RuntimeWarning.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ HANDOFF_TIMEOUT_S = 30.0
 ADOPT_TIMEOUT_S = 60.0  # calibrate records the engine within this, or the engine is stopped
 ORPHAN_STOP_S = 10.0  # SIGTERM, then SIGKILL, for an engine nobody recorded
 COPY_SETTLE_S = 1.0  # after the engine exits, how long its last output may take to arrive
+#: what the supervisor's Python runs (``-c``): an import, so runpy never re-executes this module
+ENTRY = "import sys; from calibrate.server.supervise import main; sys.exit(main(sys.argv[1:]))"
 
 
 @dataclass(frozen=True)
@@ -75,8 +81,8 @@ def launch(
     extra = ["--secrets-fd", str(secrets_fd)] if secrets_fd >= 0 else []
     command = [
         sys.executable,
-        "-m",
-        "calibrate.server.supervise",
+        "-c",
+        ENTRY,
         "--status",
         str(status),
         "--pid-fd",

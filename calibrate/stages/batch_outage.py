@@ -173,7 +173,8 @@ class Breaker:
         self.incidents += 1
         self._restarted = False
         self._cond.notify_all()
-        log.warning("%s: server unreachable (%s); pausing its items", self.endpoint, why)
+        # said once, by the batch command's "warning: … down" line (the event itself)
+        log.debug("%s: server unreachable (%s); pausing its items", self.endpoint, why)
         return self._event("down", 0.0, why)
 
     def _event(self, kind: EventKind, down_s: float, detail: str) -> OutageEvent:

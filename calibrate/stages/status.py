@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from calibrate.config import Config
-from calibrate.ledger import Ledger, baseline_path, check_gate
-from calibrate.pipeline import MAIN_LINE, OPTIONAL, RESTART_THEN_VERIFY, next_after
+from calibrate.ledger import Ledger, baseline_path
+from calibrate.pipeline import MAIN_LINE, OPTIONAL, next_step, standing
 from calibrate.records import LedgerEntry
 from calibrate.setting import CalibratedSetting, resolve
-from calibrate.summaries import ladder_summary, pin_summary, tune_summary
+from calibrate.summaries import pin_summary, tune_summary
 
 STAGE_ORDER = MAIN_LINE
 OPTIONAL_STAGES = OPTIONAL
@@ -56,15 +56,8 @@ class TargetStatus:
 
 
 def target_status(cfg: Config, ledger: Ledger, target: str) -> TargetStatus:
-    latest: dict[str, LedgerEntry] = {}
-    context: LedgerEntry | None = None
-    for entry in ledger.entries():
-        if entry.target != target:
-            continue
-        if entry.stage == "ladder" and ladder_summary(entry.summary).is_context:
-            context = entry  # verifies input lengths, not the ladder the main line needs
-        else:
-            latest[entry.stage] = entry
+    now = standing(ledger, target)
+    latest = now.latest
     pin = latest.get("pin")
     tune = latest.get("tune")
     tuned = None
@@ -79,24 +72,14 @@ def target_status(cfg: Config, ledger: Ledger, target: str) -> TargetStatus:
         latest=latest,
         setting=resolve(ledger, target),
         pinned=pin_summary(pin.summary).to_json() if pin and pin.passed else None,
-        next_command=next_command(cfg, ledger, target, latest),
-        context=context,
+        next_command=next_step(cfg, ledger, target),
+        context=now.context,
         tuned=tuned,
     )
 
 
-def next_command(cfg: Config, ledger: Ledger, target: str, latest: dict[str, LedgerEntry]) -> str:
-    """The first stage of the main line still to do, read from the pipeline table and gates."""
-    has_baseline = baseline_path(cfg).exists()
-    for stage in MAIN_LINE:
-        entry = latest.get(stage)
-        if stage == "single" and (entry is None or not entry.passed) and has_baseline:
-            continue  # a baseline exists: single has done its job
-        if stage == "sweep" and entry is None and "pin" in latest:
-            continue  # pinned without a sweep: concurrency 1, a choice the user made
-        if stage == "verify" and entry is None and "pin" in latest:
-            return RESTART_THEN_VERIFY
-        if entry is None or not entry.passed:
-            gate = check_gate(stage, cfg, ledger, target)
-            return f"calibrate {stage}" if gate.open else gate.run_first
-    return next_after("verify")
+def verdict(entry: LedgerEntry) -> str:
+    """``passed`` / ``interrupted`` / ``FAILED``: a stage stopped by Ctrl-C or SIGTERM did not fail."""
+    if entry.passed:
+        return "passed"
+    return "interrupted" if entry.interrupted else "FAILED"
