@@ -1,0 +1,119 @@
+"""The output file's one writer: a thread fed by a queue, off the request path (SPEC §11).
+
+A worker hands its item's line over (``record``, one ``SimpleQueue.put``) and takes its next
+item; the journal thread appends the line (one write, flushed, fsynced with --fsync) and only
+then counts the item done in the ``Tally`` — which only this thread changes, so counting needs
+no lock. A kill -9 loses at most the lines not yet written, whose items have no line and so run
+again; nothing is written twice. A worker far ahead of a slow disk waits (at most
+``max_pending`` lines queued), so memory stays bounded. A write that fails (disk full, file
+gone) stops recording: ``on_write_error`` stops the run; lines already written stay valid.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable
+from queue import SimpleQueue
+from typing import Any
+
+from calibrate.stages.batch_result import Tally
+from calibrate.store import JsonlWriter
+
+log = logging.getLogger("calibrate")
+
+MAX_PENDING = 1024  # lines queued for the writer before a worker waits for it
+JOIN_S = 30.0  # closing: how long the writer may take for the lines still queued
+
+_Entry = tuple[dict[str, Any], str | None, int, str]  # line, output text, tokens, endpoint
+
+
+class Journal:
+    def __init__(
+        self,
+        writer: JsonlWriter,
+        tally: Tally,
+        *,
+        on_write_error: Callable[[str], None] = lambda detail: None,
+        max_pending: int = MAX_PENDING,
+    ) -> None:
+        self.tally = tally
+        self.write_error: str | None = None
+        self._writer: JsonlWriter | None = writer
+        self._on_write_error = on_write_error
+        self._max_pending = max(max_pending, 1)
+        self._queue: SimpleQueue[_Entry | None] = SimpleQueue()  # None: close
+        self._puts = itertools.count(1)  # next() is atomic: no lock to number the lines
+        self._handled = 0  # lines the writer is done with (written or dropped)
+        self._accepting = True
+        self._room = threading.Condition()  # only a worker over max_pending waits on it
+        self._waiting = 0
+        self._thread = threading.Thread(target=self._run, name="batch-journal", daemon=True)
+        self._thread.start()
+
+    def record(self, line: dict[str, Any], text: str | None, tokens: int, endpoint: str) -> None:
+        """Queue one item's line; it is counted once written (never twice, or not at all)."""
+        if not self._accepting:
+            return  # abandoned after the grace period, or a write failed
+        number = next(self._puts)
+        self._queue.put((line, text, tokens, endpoint))
+        if number - self._handled > self._max_pending:
+            self._wait_for_room(number)
+
+    def _wait_for_room(self, number: int) -> None:
+        with self._room:
+            self._waiting += 1
+            try:
+                while (
+                    number - self._handled > self._max_pending
+                    and self._accepting
+                    and self._thread.is_alive()
+                ):
+                    self._room.wait(0.05)
+            finally:
+                self._waiting -= 1
+
+    def close(self) -> None:
+        """Write what is queued, then close the file; later lines are dropped."""
+        if self._accepting:
+            self._accepting = False
+            self._queue.put(None)
+        self._thread.join(JOIN_S)
+        if self._thread.is_alive():
+            log.warning("batch: the output writer did not finish within %g s", JOIN_S)
+
+    def _run(self) -> None:
+        try:
+            while (entry := self._queue.get()) is not None:
+                self._handle(*entry)
+                self._handled += 1
+                if self._waiting:
+                    with self._room:
+                        self._room.notify_all()
+        finally:
+            self._accepting = False
+            if self._writer is not None:
+                self._writer.close_quietly()
+                self._writer = None
+            with self._room:
+                self._room.notify_all()
+
+    def _handle(self, line: dict[str, Any], text: str | None, tokens: int, endpoint: str) -> None:
+        writer = self._writer
+        if writer is None:
+            return
+        try:
+            writer.write(line)
+        except Exception as exc:  # OSError (disk full…); anything else must not kill the writer
+            detail = getattr(exc, "strerror", None) or exc
+            self.write_error = f"cannot write to {writer.path}: {detail}"
+            writer.close_quietly()
+            self._writer = None
+            self._accepting = False
+            self._on_write_error(self.write_error)
+            return
+        try:
+            self.tally.count(line, text, tokens, endpoint)
+        except Exception:  # the line is written; a counting bug must not stop the writer
+            log.exception("batch: counting the line of %r failed", line.get("id"))
