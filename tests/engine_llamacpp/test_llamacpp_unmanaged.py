@@ -119,7 +119,8 @@ def test_sweep_knee_is_the_slot_count_in_most_of_five_sweeps(cli, unmanaged: str
             for lv in result.json["levels"]
         }
         rows.append(
-            f"| {n + 1} | {knee} | " + " | ".join(cells.get(c, "—") for c in (1, 2, 4, 8, 16))
+            f"| {n + 1} | {knee} | "
+            + " | ".join(cells.get(c, "—") for c in (1, 2, 4, 8, 16))
         )
     show(
         f"\nllama-server --parallel {SLOTS} (unmanaged), forced 100-token answers, "
