@@ -7,11 +7,14 @@ no lock. A kill -9 loses at most the lines not yet written, whose items have no 
 again; nothing is written twice. A worker far ahead of a slow disk waits (at most
 ``max_pending`` lines queued), so memory stays bounded. A write that fails (disk full, file
 gone) stops recording: ``on_write_error`` stops the run; lines already written stay valid.
+
+The journal thread shares the interpreter with hundreds of workers, so it writes in bursts and
+may lag; a worker waits only past ``max_pending`` queued lines, and then until the queue is
+down to half of that (one wake-up per burst, never one per line for every waiting worker).
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 from collections.abc import Callable
@@ -23,7 +26,7 @@ from calibrate.store import JsonlWriter
 
 log = logging.getLogger("calibrate")
 
-MAX_PENDING = 1024  # lines queued for the writer before a worker waits for it
+MAX_PENDING = 4096  # lines queued for the writer before a worker waits for it
 JOIN_S = 30.0  # closing: how long the writer may take for the lines still queued
 
 _Entry = tuple[dict[str, Any], str | None, int, str]  # line, output text, tokens, endpoint
@@ -43,9 +46,8 @@ class Journal:
         self._writer: JsonlWriter | None = writer
         self._on_write_error = on_write_error
         self._max_pending = max(max_pending, 1)
+        self._resume_at = self._max_pending // 2  # a waiting worker goes on at this many
         self._queue: SimpleQueue[_Entry | None] = SimpleQueue()  # None: close
-        self._puts = itertools.count(1)  # next() is atomic: no lock to number the lines
-        self._handled = 0  # lines the writer is done with (written or dropped)
         self._accepting = True
         self._room = threading.Condition()  # only a worker over max_pending waits on it
         self._waiting = 0
@@ -56,17 +58,16 @@ class Journal:
         """Queue one item's line; it is counted once written (never twice, or not at all)."""
         if not self._accepting:
             return  # abandoned after the grace period, or a write failed
-        number = next(self._puts)
         self._queue.put((line, text, tokens, endpoint))
-        if number - self._handled > self._max_pending:
-            self._wait_for_room(number)
+        if self._queue.qsize() > self._max_pending:
+            self._wait_for_room()
 
-    def _wait_for_room(self, number: int) -> None:
+    def _wait_for_room(self) -> None:
         with self._room:
             self._waiting += 1
             try:
                 while (
-                    number - self._handled > self._max_pending
+                    self._queue.qsize() > self._resume_at
                     and self._accepting
                     and self._thread.is_alive()
                 ):
@@ -87,8 +88,7 @@ class Journal:
         try:
             while (entry := self._queue.get()) is not None:
                 self._handle(*entry)
-                self._handled += 1
-                if self._waiting:
+                if self._waiting and self._queue.qsize() <= self._resume_at:
                     with self._room:
                         self._room.notify_all()
         finally:
