@@ -187,7 +187,7 @@ class Breaker:
         One waiting worker probes; the others wait for the outcome. ``idle()`` is True when
         there is no work left anywhere, so nobody waits for a server that is no longer needed.
         """
-        if self.state == "up":  # the hot path: read without the lock (a stale "up" costs one
+        if not self.down:  # the hot path: read without the lock (a stale "up" costs one
             return True  # attempt, which finds the breaker open and puts its item back)
         while True:
             with self._cond:
