@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from calibrate.client import OpenAIClient
-from calibrate.records import SamplingParams
+from calibrate.records import Choice, Completion, SamplingParams, Usage
 from calibrate.stages.batch import BatchSpec, plan_batch, run_batch
 from calibrate.stages.batch_journal import Journal
 from calibrate.stages.batch_queue import MAX_REQUEUES, WorkQueue
@@ -282,3 +282,43 @@ def test_kill_9_at_c64_at_several_moments_then_rerun_has_every_item_exactly_once
     counts = Counter(ok_ids(out))
     assert set(counts) == {f"t{i}" for i in range(n)}
     assert set(counts.values()) == {1}, "an item was written twice"
+
+
+class InstantClient:
+    """Answers at once, in process (no HTTP): only the batch machinery is left to watch."""
+
+    base_url = "http://instant.invalid/v1"
+
+    def chat_body(self, model: str, message: str, params: SamplingParams) -> dict[str, Any]:
+        return {"model": model, "messages": [{"role": "user", "content": message}]}
+
+    def post_completion(self, path: str, body: dict[str, Any]) -> Completion:
+        time.sleep(0.001)  # lets the other workers run, as a socket wait does
+        return Completion((Choice(0, "tok " * 8, "stop"),), Usage(5, 8, 13), "m", None, 0.001)
+
+
+CONDITION_CALLS = {"__enter__", "wait", "notify", "notify_all", "acquire"}
+
+
+def test_no_condition_or_semaphore_is_taken_per_item_by_the_workers(tmp_path: Path) -> None:
+    """The old queue took a condition every worker waited on for each item (the c=512 profile's
+    top entry); now a worker takes a condition only at the very end or when the disk lags."""
+    n = 400
+    plan = _plan(tmp_path, n)
+    calls: Counter[str] = Counter()
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event != "call" or not threading.current_thread().name.startswith("batch-0-"):
+            return
+        code = frame.f_code
+        if code.co_filename == threading.__file__ and code.co_name in CONDITION_CALLS:
+            owner = type(frame.f_locals.get("self")).__name__
+            calls[f"{owner}.{code.co_name}"] += 1
+
+    threading.setprofile(profile)
+    try:
+        result = run_batch(plan, InstantClient(), plan.spec.out_path, progress_every_s=3600)  # type: ignore[arg-type]
+    finally:
+        threading.setprofile(None)  # type: ignore[arg-type]
+    assert result.ok == n
+    assert sum(calls.values()) <= 4 * 8, f"per-item locking in the workers: {dict(calls)}"
