@@ -20,7 +20,7 @@ from pathlib import Path
 
 from calibrate.client import OpenAIClient
 from calibrate.selfload import SelfLoadMonitor
-from calibrate.stages.batch_journal import Journal
+from calibrate.stages.batch_journal import MAX_PENDING, MIN_PENDING, Journal
 from calibrate.stages.batch_lanes import Endpoint, Lane, make_lane, report
 from calibrate.stages.batch_outage import OutageEvent, OutagePolicy
 from calibrate.stages.batch_plan import (
@@ -90,12 +90,15 @@ def run_batch(
         if plan.scan is not None:
             repair_tail(plan.scan)
         writer = JsonlWriter(out_path, fsync=spec.fsync)
-    tally = Tally(sample=bool(spec.sample), expect=spec.expect, max_chars=spec.max_chars)
-    journal = Journal(
-        writer, tally, on_write_error=lambda detail: control.fail("write_error", detail)
-    )
     counts = [(lane, min(lane.concurrency, max(plan.to_run, 1))) for lane in lanes]
     total_workers = sum(n for _, n in counts)
+    tally = Tally(sample=bool(spec.sample), expect=spec.expect, max_chars=spec.max_chars)
+    journal = Journal(  # lines not yet written: at most about one per worker (or 256)
+        writer,
+        tally,
+        on_write_error=lambda detail: control.fail("write_error", detail),
+        max_pending=min(max(total_workers, MIN_PENDING), MAX_PENDING),
+    )
     queue = WorkQueue(plan, total_workers)
     guard = ReachabilityGuard(
         total_workers, on_unreachable=lambda detail: control.fail("unreachable", detail)
