@@ -7,11 +7,15 @@ efficiency = achieved / ideal. The same rows are run by a naive reference client
 per in-flight request, a fresh urllib connection per call). Then: the resume scan of a
 1,000,000-line output file against a json.loads-every-line scan, and the peak RSS of
 `calibrate batch` for 10,000 and 1,000,000 input items. Then the long-run rows (long_runs.py):
-a 20 s outage, two endpoints against one, export/--final over 1,000,000 journal lines. It
+a 20 s outage, two endpoints against one, export/--final over 1,000,000 journal lines. First of
+all, the issue-25 table (reference.py): calibrate batch --json vs the aiohttp+uvloop reference
+client on one mock at c=32/128/512 (D=0.3 s) and c=256 (D=1 s), with CPU ms per request. It
 reports; it never fails on targets.
 
 usage: python bench/bench.py [--quick] [--only NAME[,NAME…]] [--json PATH]
-names: efficiency, scan, memory, outage, endpoints, final
+                             [--reference-dir DIR] [--reference-python PYTHON] [--waves K]
+names: reference, efficiency, scan, memory, outage, endpoints, final
+--quick: 2 waves of c items per reference point (4 without), smaller sizes everywhere else.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import long_runs  # noqa: E402  (bench/ is this script's folder)
+import reference  # noqa: E402
 
 from calibrate.client import OpenAIClient  # noqa: E402
 from calibrate.records import SamplingParams  # noqa: E402
@@ -43,7 +48,7 @@ from calibrate.stages.resume import scan_output  # noqa: E402
 from calibrate.store import dumps_line  # noqa: E402
 from tests.mockserver import start_mock_process  # noqa: E402
 
-SECTIONS = ("efficiency", "scan", "memory", "outage", "endpoints", "final")
+SECTIONS = ("reference", "efficiency", "scan", "memory", "outage", "endpoints", "final")
 
 ROWS = [(1.0, 1), (1.0, 8), (1.0, 64), (1.0, 256), (0.3, 8), (0.3, 32), (0.3, 128), (0.3, 512)]
 PARAMS = SamplingParams(temperature=0.0, max_tokens=64, top_p=1.0, seed=0)
@@ -323,11 +328,26 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     parser.add_argument("--only", metavar="NAME[,NAME…]", help=f"run only: {', '.join(SECTIONS)}")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument(
+        "--reference-dir",
+        metavar="DIR",
+        help="the shared performance reference (reference_client.py, async_mock.py); "
+        "default ../shared/bench beside the repository",
+    )
+    parser.add_argument(
+        "--reference-python",
+        metavar="PYTHON",
+        help="interpreter with aiohttp and uvloop for the reference client (default: this one)",
+    )
+    parser.add_argument(
+        "--waves", type=int, metavar="K", help="items per reference point = K × c (default 4)"
+    )
     args = parser.parse_args()
     only = _only(args.only)
     rows = ROWS
     min_items, scan_lines, small, large, run_items = 64, 1_000_000, 10_000, 1_000_000, 10_000
     outage_s, outage_items, endpoint_items, final_lines = 20.0, 600, 400, 1_000_000
+    waves = args.waves or (2 if args.quick else 4)
     if args.quick:
         rows = [(0.3, 1), (0.3, 64), (0.3, 512)]
         min_items, scan_lines, small, large, run_items = 16, 100_000, 2_000, 100_000, 2_000
@@ -336,8 +356,17 @@ def main() -> int:
     measured: list[Row] = []
     scan = mem = None
     long: dict[str, dict[str, float]] = {}
+    ref_rows: list[reference.Point] = []
+    setup = reference.find_setup(args.reference_dir, args.reference_python)
     with tempfile.TemporaryDirectory(prefix="calibrate-bench-") as tmp:
         work = Path(tmp)
+        if "reference" in only:
+            print(
+                f"calibrate vs the aiohttp+uvloop reference on {setup.mock} …",
+                file=sys.stderr,
+                flush=True,
+            )
+            ref_rows = reference.measure(setup, waves)
         if "efficiency" in only:
             print("client efficiency (calibrate vs naive) …", file=sys.stderr, flush=True)
             measured = efficiency_rows(work, rows, min_items)
@@ -356,12 +385,19 @@ def main() -> int:
         if "final" in only:
             print(f"export over {final_lines:,} journal lines …", file=sys.stderr, flush=True)
             long["final"] = long_runs.final(work, final_lines, peak_rss_of, id_set_mib)
+    if ref_rows:
+        print(reference.table(setup, ref_rows) + "\n")
     print(table(measured, scan, mem))
     if long:
         print(long_runs.table(long))
     print(f"\n(bench took {time.perf_counter() - started:.0f} s on {os.cpu_count()} CPUs)")
     if args.json:
         payload = {
+            "reference": {
+                "mock": setup.mock,
+                "skipped": setup.skipped_why,
+                "points": [asdict(r) for r in ref_rows],
+            },
             "rows": [asdict(r) for r in measured],
             "resume_scan": scan,
             "memory": mem,

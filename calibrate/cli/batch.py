@@ -15,6 +15,7 @@ example: calibrate batch --input tasks.jsonl --out out.jsonl --final final.jsonl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import signal
 import threading
@@ -268,8 +269,7 @@ def _dispatch(
             )
     finally:
         monitor.stop()
-        for client in clients:
-            client.close()
+        _close_later(clients)
     if result.stopped_by == "unreachable":
         raise ServerUnreachable(
             result.stop_detail,
@@ -326,6 +326,18 @@ def _dispatch(
     if result.interrupted:
         return ExitCode.INTERRUPTED
     return ExitCode.OK if passed else ExitCode.FAILED
+
+
+def _close_later(clients: list[OpenAIClient]) -> None:
+    """Close the pooled connections (one per slot: 512 at -c 512) off the path to the summary;
+    a daemon thread, so the process never waits for it (the kernel closes what is left)."""
+
+    def close_all() -> None:
+        for client in clients:
+            with contextlib.suppress(Exception):  # nothing left to tell anyone
+                client.close()
+
+    threading.Thread(target=close_all, name="batch-close", daemon=True).start()
 
 
 def _say_plan(

@@ -1,11 +1,13 @@
 """Stage F: the production run — tasks JSONL → results JSONL, concurrent and resumable (SPEC §5.9).
 
 ``open_batch`` (batch_plan.py) decides and prepares everything before anything is sent.
-``run_batch`` feeds a fixed pool of worker threads — each endpoint's concurrency (never more
-than items) — from the streamed input (batch_queue.py), so at most that many requests are in
-flight and memory does not grow with the file. An endpoint in an outage pauses and its items
-go back to the queue (batch_outage.py). Each finished item is one line, appended and flushed at once: a kill -9 at
-any moment loses only the requests in flight.
+``run_batch`` runs a fixed pool of worker threads — each endpoint's concurrency (never more
+than items) — fed from the streamed input by one feeder thread (batch_queue.py), so at most
+that many requests are in flight and memory does not grow with the file. An endpoint in an
+outage pauses and its items go back to the queue (batch_outage.py). Each finished item is one
+line, appended and flushed by the one journal thread before it is counted (batch_journal.py):
+a kill -9 at any moment loses only the requests in flight and the lines not yet written.
+Nothing on the per-item path takes a lock that every worker contends for.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from calibrate.client import OpenAIClient
 from calibrate.selfload import SelfLoadMonitor
+from calibrate.stages.batch_journal import MAX_PENDING, MIN_PENDING, Journal
 from calibrate.stages.batch_lanes import Endpoint, Lane, make_lane, report
 from calibrate.stages.batch_outage import OutageEvent, OutagePolicy
 from calibrate.stages.batch_plan import (
@@ -30,7 +33,13 @@ from calibrate.stages.batch_plan import (
 )
 from calibrate.stages.batch_queue import WorkQueue
 from calibrate.stages.batch_result import BatchProgress, BatchResult, Tally
-from calibrate.stages.batch_worker import BatchControl, ReachabilityGuard, work
+from calibrate.stages.batch_worker import (
+    BatchControl,
+    ReachabilityGuard,
+    Slot,
+    in_flight,
+    work,
+)
 from calibrate.stages.resume import repair_tail
 from calibrate.store import JsonlWriter
 
@@ -81,28 +90,31 @@ def run_batch(
         if plan.scan is not None:
             repair_tail(plan.scan)
         writer = JsonlWriter(out_path, fsync=spec.fsync)
-    tally = Tally(
+    counts = [(lane, min(lane.concurrency, max(plan.to_run, 1))) for lane in lanes]
+    total_workers = sum(n for _, n in counts)
+    tally = Tally(sample=bool(spec.sample), expect=spec.expect, max_chars=spec.max_chars)
+    journal = Journal(  # lines not yet written: at most about one per worker (or 256)
         writer,
-        sample=bool(spec.sample),
-        expect=spec.expect,
-        max_chars=spec.max_chars,
+        tally,
         on_write_error=lambda detail: control.fail("write_error", detail),
+        max_pending=min(max(total_workers, MIN_PENDING), MAX_PENDING),
     )
-    queue = WorkQueue(plan)
-    slots = [(lane, min(lane.concurrency, max(plan.to_run, 1))) for lane in lanes]
+    queue = WorkQueue(plan, total_workers)
     guard = ReachabilityGuard(
-        sum(n for _, n in slots), on_unreachable=lambda detail: control.fail("unreachable", detail)
+        total_workers, on_unreachable=lambda detail: control.fail("unreachable", detail)
     )
-    workers = [
-        threading.Thread(
-            target=_lane_worker,
-            args=(lane, lanes, queue, spec, tally, control, guard),
-            name=f"batch-{i}-{n}",
-            daemon=True,  # only matters when abandoned: a stuck request must not block exit
-        )
-        for i, (lane, count) in enumerate(slots)
-        for n in range(count)
-    ]
+    slots: list[Slot] = []
+    workers: list[threading.Thread] = []
+    for i, (lane, count) in enumerate(counts):
+        for n in range(count):
+            slots.append(slot := Slot())
+            worker = threading.Thread(
+                target=_lane_worker,
+                args=(lane, lanes, queue, spec, journal, control, guard, slot),
+                name=f"batch-{i}-{n}",
+                daemon=True,  # only matters when abandoned: a stuck request must not block exit
+            )
+            workers.append(worker)
     start = clock()
     last_report = start
     told_stop = False
@@ -120,28 +132,29 @@ def run_batch(
         down = tuple(
             (lane.label, s) for lane in lanes if (s := lane.breaker.down_for_s()) is not None
         )
-        with tally.lock:
-            finished = tally.ok + sum(tally.kinds.values())
-            snapshot = BatchProgress(
-                plan.to_run,
-                finished,
-                tally.ok,
-                finished - tally.ok,
-                tally.in_flight,
-                now - start,
-                control.interrupted,
-                down,
-                outage.limit_s,
-            )
+        ok, failed = tally.ok, tally.failed  # read, not locked: the journal thread counts
+        snapshot = BatchProgress(
+            plan.to_run,
+            ok + failed,
+            ok,
+            failed,
+            in_flight(slots),
+            now - start,
+            control.interrupted,
+            down,
+            outage.limit_s,
+        )
         on_progress(snapshot)
 
-    for worker in workers:
-        worker.start()
     try:
+        queue.start()
+        for worker in workers:
+            worker.start()
         abandoned = _wait(workers, queue, control, spec.grace_s, tick, clock)
     finally:
         queue.close()
-        tally.close()
+        journal.close()  # writes every line queued (all of them, unless workers were abandoned)
+        queue.join()
     tick(force=True)
     elapsed = clock() - start
     reports = tuple(
@@ -178,12 +191,13 @@ def _lane_worker(
     lanes: Sequence[Lane],
     queue: WorkQueue,
     spec: BatchSpec,
-    tally: Tally,
+    journal: Journal,
     control: BatchControl,
     guard: ReachabilityGuard,
+    slot: Slot,
 ) -> None:
     """One slot of ``lane``; when its endpoint was given up and no endpoint is left, stop."""
-    work(lane, queue, spec, tally, control, guard)
+    work(lane, queue, spec, journal, control, guard, slot)
     if lane.breaker.state == "gone" and all(other.breaker.state == "gone" for other in lanes):
         total_s = max(other.breaker.down_total_s for other in lanes)
         control.fail(

@@ -140,6 +140,8 @@ class Breaker:
 
     def note_answer(self) -> None:
         """The server answered (any answer): the run of failures is over."""
+        if not self.consecutive:  # the hot path: nothing to reset, no lock taken
+            return
         with self._cond:
             if self.state == "up":
                 self.consecutive = 0
@@ -186,6 +188,8 @@ class Breaker:
         One waiting worker probes; the others wait for the outcome. ``idle()`` is True when
         there is no work left anywhere, so nobody waits for a server that is no longer needed.
         """
+        if not self.down:  # the hot path: read without the lock (a stale "up" costs one
+            return True  # attempt, which finds the breaker open and puts its item back)
         while True:
             with self._cond:
                 if self.state == "up":

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +14,7 @@ from calibrate.stages.batch_input import ItemId, Task
 from calibrate.stages.batch_lanes import EndpointReport
 from calibrate.stages.batch_outage import OutageEvent
 from calibrate.stages.format_check import Expect, OutputShape, find_preamble, parse_json_output
-from calibrate.store import JsonlWriter, without_surrogates
+from calibrate.store import without_surrogates
 
 EXAMPLES = 5  # failures and format notes kept as examples for the summary
 MAX_EVENTS = 100  # outage events in the summary (all of them are in outages.jsonl)
@@ -96,25 +94,14 @@ class BatchResult:
 
 
 class Tally:
-    """Counters and the output file, shared by the workers under one lock."""
+    """The run's counters. Only the journal thread changes them (batch_journal.py), each item
+    after its line was written, so they need no lock; progress reads them as they are."""
 
-    def __init__(
-        self,
-        writer: JsonlWriter,
-        *,
-        sample: bool,
-        expect: Expect,
-        max_chars: int | None,
-        on_write_error: Callable[[str], None] = lambda detail: None,
-    ) -> None:
-        self.lock = threading.Lock()
-        self.writer: JsonlWriter | None = writer
-        self.on_write_error = on_write_error
-        self.write_error: str | None = None
+    def __init__(self, *, sample: bool, expect: Expect, max_chars: int | None) -> None:
         self.sample = sample
         self.expect: Expect = expect
         self.max_chars = max_chars
-        self.ok = self.in_flight = self.output_tokens = self.retried = self.attempts = 0
+        self.ok = self.failed = self.output_tokens = self.retried = self.attempts = 0
         self.kinds: Counter[str] = Counter()
         self.done_at: Counter[str] = Counter()  # per endpoint
         self.failed_at: Counter[str] = Counter()
@@ -124,49 +111,29 @@ class Tally:
         self.too_long: list[str] = []
         self.shapes: list[OutputShape] = []
 
-    def begin(self) -> None:
-        with self.lock:
-            self.in_flight += 1
+    @property
+    def finished(self) -> int:
+        return self.ok + self.failed
 
-    def end(self) -> None:
-        with self.lock:
-            self.in_flight -= 1
-
-    def record(
-        self, line: dict[str, Any], text: str | None, tokens: int, endpoint: str = ""
-    ) -> None:
-        """Write one item's line, then count it; the line is written once or not at all.
-
-        A write that fails (disk full, file gone) stops recording: the error is kept for the
-        summary and ``on_write_error`` stops the run; lines already written stay valid.
-        """
+    def count(self, line: dict[str, Any], text: str | None, tokens: int, endpoint: str) -> None:
+        """Count one item whose line is written."""
         item_id = line["id"]
-        with self.lock:
-            if self.writer is None:  # abandoned after the grace period, or a write failed
-                return
-            try:
-                self.writer.write(line)
-            except OSError as exc:
-                self.write_error = f"cannot write to {self.writer.path}: {exc.strerror or exc}"
-                self.writer.close_quietly()
-                self.writer = None
-                self.on_write_error(self.write_error)
-                return
-            self.attempts += line["attempts"]
-            self.retried += line["attempts"] > 1
-            (self.done_at if line["ok"] else self.failed_at)[endpoint] += 1
-            if line["ok"]:
-                self.ok += 1
-                self.output_tokens += tokens
-            else:
-                kind = line["error"]["kind"]
-                self.kinds[kind] += 1
-                if len(self.failures) < EXAMPLES:
-                    error = dict(line["error"])
-                    error["message"] = without_surrogates(str(error.get("message", "")))
-                    self.failures.append({"id": item_id, **error})
-            if text is not None:
-                self._note_shape(item_id, text)
+        self.attempts += line["attempts"]
+        self.retried += line["attempts"] > 1
+        (self.done_at if line["ok"] else self.failed_at)[endpoint] += 1
+        if line["ok"]:
+            self.output_tokens += tokens
+            self.ok += 1
+        else:
+            kind = line["error"]["kind"]
+            self.kinds[kind] += 1
+            if len(self.failures) < EXAMPLES:
+                error = dict(line["error"])
+                error["message"] = without_surrogates(str(error.get("message", "")))
+                self.failures.append({"id": item_id, **error})
+            self.failed += 1
+        if text is not None:
+            self._note_shape(item_id, text)
 
     def _note_shape(self, item_id: ItemId, text: str) -> None:
         if self.sample:
@@ -180,12 +147,6 @@ class Tally:
             self.too_long_n += 1
             if len(self.too_long) < EXAMPLES:
                 self.too_long.append(f"{item_id!r}: {len(text)} chars")
-
-    def close(self) -> None:
-        with self.lock:
-            if self.writer is not None:
-                self.writer.close()
-                self.writer = None
 
 
 def result_line(

@@ -19,10 +19,11 @@ from calibrate.errors import ErrorInfo, RequestError
 from calibrate.records import Completion
 from calibrate.stages.batch_input import Task
 from calibrate.stages.batch_outage import Requeue
-from calibrate.stages.batch_result import Tally, result_line
+from calibrate.stages.batch_result import result_line
 from calibrate.stages.retry import with_retries
 
 if TYPE_CHECKING:
+    from calibrate.stages.batch_journal import Journal
     from calibrate.stages.batch_lanes import Lane
     from calibrate.stages.batch_plan import BatchSpec
     from calibrate.stages.batch_queue import WorkQueue
@@ -105,10 +106,10 @@ class ReachabilityGuard:
         return True
 
     def _note(self, refused: str | None) -> None:
+        if refused is None:  # the hot path: one assignment, no lock
+            self.answered = True
+            return
         with self._lock:
-            if refused is None:
-                self.answered = True
-                return
             if self.answered:
                 return
             self.refused += 1
@@ -132,34 +133,49 @@ def internal_line(task: Task, exc: BaseException, attempts: int) -> dict[str, An
     return {"id": task.id, "ok": False, "error": info.to_json(), "attempts": max(attempts, 1)}
 
 
+class Slot:
+    """One worker's own in-flight flag: progress sums them, so no counter is shared."""
+
+    __slots__ = ("busy",)
+
+    def __init__(self) -> None:
+        self.busy = False
+
+
+def in_flight(slots: list[Slot]) -> int:
+    return sum(1 for slot in slots if slot.busy)
+
+
 def work(
     lane: Lane,
     queue: WorkQueue,
     spec: BatchSpec,
-    tally: Tally,
+    journal: Journal,
     control: BatchControl,
     guard: ReachabilityGuard,
+    slot: Slot | None = None,
 ) -> None:
     """The worker loop of one slot of ``lane``: until the items run out or the run stops."""
     rng = random.Random()
+    slot = slot or Slot()
     while not control.stop.is_set():  # stopping: items not yet started stay for the rerun
         if not lane.breaker.await_up(control.stop, queue.idle):
             return  # given up (its items go to the other endpoints), stopping, or nothing left
         task = queue.take(control.stop)
         if task is None:
             return
-        tally.begin()
+        slot.busy = True
         try:
-            _handle(task, lane, spec, tally, control, guard, queue, rng)
+            _handle(task, lane, spec, journal, control, guard, queue, rng)
         finally:
-            tally.end()
+            slot.busy = False
 
 
 def _handle(
     task: Task,
     lane: Lane,
     spec: BatchSpec,
-    tally: Tally,
+    journal: Journal,
     control: BatchControl,
     guard: ReachabilityGuard,
     queue: WorkQueue,
@@ -198,7 +214,7 @@ def _handle(
                     attempts,
                     (),
                     spec,
-                    tally,
+                    journal,
                     lane,
                     queue,
                     control,
@@ -224,7 +240,7 @@ def _handle(
             attempted.attempts,
             attempted.errors,
             spec,
-            tally,
+            journal,
             lane,
             queue,
             control,
@@ -233,7 +249,7 @@ def _handle(
         control.fail("descriptors", exc.message)
         queue.finished(task)
     except Exception as exc:  # thread boundary: any failure becomes this item's recorded failure
-        tally.record(internal_line(task, exc, attempts), None, 0, lane.label)
+        journal.record(internal_line(task, exc, attempts), None, 0, lane.label)
         queue.finished(task)
 
 
@@ -244,7 +260,7 @@ def _record(
     attempts: int,
     retried: tuple[str, ...],
     spec: BatchSpec,
-    tally: Tally,
+    journal: Journal,
     lane: Lane,
     queue: WorkQueue,
     control: BatchControl,
@@ -256,5 +272,5 @@ def _record(
     tokens = (usage.completion_tokens or 0) if usage is not None else 0
     if completion is not None:
         control.served(completion.served_model)
-    tally.record(line, completion.text if completion is not None else None, tokens, lane.label)
+    journal.record(line, completion.text if completion is not None else None, tokens, lane.label)
     queue.finished(task)
