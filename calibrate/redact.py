@@ -155,7 +155,10 @@ def remember_url(url: str | None) -> None:
     """A URL's password (and its Basic value) are secrets; the URL itself is shown redacted."""
     if not url:
         return
-    found = split_userinfo(url)
+    try:
+        found = split_userinfo(url)
+    except ValueError:  # "http://[::1/v1": the config check says so; nothing to remember here
+        return
     basic = found.basic_auth
     remember(found.password, basic.removeprefix("Basic ") if basic else None)
 
