@@ -131,3 +131,39 @@ def test_the_self_check_marks_only_the_windows_since_a_level_began() -> None:
     monitor.observe(1.0, 0.2, 0.04)
     assert monitor.bound_since(mark) == "calibrate's threads waited 40 ms on average to run"
     assert monitor.bound_since(0) == "calibrate's own process used 0.95 CPU cores"
+
+
+def _runs(concurrency: int, *runs: float) -> Point:
+    span = judged_range(runs)
+    assert span is not None
+    ordered = sorted(runs)
+    return Point(concurrency, ordered[len(ordered) // 2], 0, span[0], span[1], tuple(runs))
+
+
+def test_one_fast_run_of_the_best_level_cannot_hide_a_gain_the_runs_show() -> None:
+    """Measured on llama-server --parallel 4 on a loaded 2-core box: c=1 had one fast run (53.9),
+    so c=4's middle runs still overlapped it after six runs — yet the runs as a whole put 4 above 1:
+    the Welch interval of the means lies above zero."""
+    one = _runs(1, 43.7, 48.5, 53.9)
+    four = _runs(4, 51.2, 52.5, 58.0, 61.8, 64.0, 66.7)
+    assert four.span[0] <= one.span[1], "the ranges overlap, even with the extremes left out"
+    assert judge(one, four, 0.10) == "gain"
+    found = find_knee([one, _runs(2, 38.6, 49.5, 50.2), four], 0.10)
+    assert found is not None and found.knee.concurrency == 4
+
+
+@pytest.mark.parametrize(
+    ("best", "cur", "expected"),
+    [
+        # overlapping and the interval includes zero: still unsure (the sweep repeats it)
+        ((40.7, 41.4, 52.1), (41.4, 48.0, 51.6, 51.6, 55.0, 57.4), "unsure"),
+        # two runs a side: too few for the interval, the ranges decide
+        ((10.0, 13.0), (12.5, 14.5), "unsure"),
+        # a clear interval but a median gain under gain_min: never a gain
+        ((10.0, 10.1, 10.2), (10.6, 10.7, 10.8), "no gain"),
+    ],
+)
+def test_the_interval_settles_a_gain_only_with_enough_runs_and_a_real_margin(
+    best: tuple[float, ...], cur: tuple[float, ...], expected: str
+) -> None:
+    assert judge(_runs(1, *best), _runs(4, *cur), 0.10) == expected

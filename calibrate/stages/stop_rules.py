@@ -276,6 +276,7 @@ class Point:
     errors: int
     low: float | None = None
     high: float | None = None
+    runs: tuple[float, ...] = ()  # each run's throughput (the knee's interval test reads them)
 
     @property
     def span(self) -> tuple[float, float]:

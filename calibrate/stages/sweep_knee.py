@@ -10,6 +10,12 @@ within ``gain_min`` of the best level's: more in flight adds nothing beyond nois
 A level with five or more runs is judged on the range of its middle runs (its fastest and
 slowest run left out): one hiccup on a busy machine does not decide, and repeating a level can
 then narrow its range instead of only ever widening it.
+
+Ranges that still overlap are not the last word: with at least ``MIN_RUNS_FOR_INTERVAL`` runs on
+both sides, a level whose median adds ``gain_min`` is a gain when the 95 % Welch interval of its
+mean throughput minus the best's lies wholly above zero (``calibrate.confidence.compare``). On a
+busy machine one fast outlier run of the best level widens its range over a real gain; the
+interval weighs every run instead of the two extremes.
 """
 
 from __future__ import annotations
@@ -18,10 +24,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from calibrate.confidence import compare, spread
 from calibrate.stages.stop_rules import Point
 
 Judgement = Literal["gain", "no gain", "unsure"]
 TRIM_FROM_RUNS = 5  # from this many runs on, a level's judged range leaves out its two extremes
+MIN_RUNS_FOR_INTERVAL = 3  # runs on each side before the Welch interval may settle a gain
 
 
 def judged_range(values: Sequence[float]) -> tuple[float, float] | None:
@@ -54,9 +62,20 @@ def judge(best: Point, cur: Point, gain_min: float) -> Judgement:
     gain = gain_over(best, cur)
     if cur.errors or gain is None or gain < gain_min:
         return "no gain"
-    if _apart(best, cur):
+    if _apart(best, cur) or _interval_above(best, cur):
         return "gain"
     return "unsure" if gain > gain_min and _ranged(best, cur) else "no gain"
+
+
+def _interval_above(best: Point, cur: Point) -> bool:
+    """``cur``'s mean beats ``best``'s beyond the 95 % Welch interval (enough runs on both)."""
+    if min(len(best.runs), len(cur.runs)) < MIN_RUNS_FOR_INTERVAL:
+        return False
+    a, b = spread(best.runs), spread(cur.runs)
+    if a is None or b is None:
+        return False
+    low = compare(a, b).ci_low
+    return low is not None and low > 0
 
 
 def needs_repeat(

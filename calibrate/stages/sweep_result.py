@@ -110,6 +110,7 @@ class Level:
             self.stats.errors,
             span[0] if span else None,
             span[1] if span else None,
+            tuple(r.items_per_s for r in self.runs),
         )
 
     def to_json(self) -> dict[str, Any]:
