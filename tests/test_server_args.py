@@ -176,7 +176,10 @@ def test_a_kind_given_on_the_command_line_is_checked_too(cli: Any, isolated: Pat
 
 @pytest.mark.parametrize(
     ("kind", "said"),
-    [("ollama", "ollama serve takes no engine flags"), ("custom", "put the flags in [server] command")],
+    [
+        ("ollama", "ollama serve takes no engine flags"),
+        ("custom", "put the flags in [server] command"),
+    ],
 )
 def test_ollama_and_custom_refuse_args_saying_what_to_do(
     cli: Any, isolated: Path, kind: str, said: str

@@ -179,12 +179,12 @@ def args_problem(kind: str | None, args: tuple[str, ...]) -> str:
         return ""
     if kind == "ollama":
         return (
-            "args is not used with kind = \"ollama\": ollama serve takes no engine flags "
+            'args is not used with kind = "ollama": ollama serve takes no engine flags '
             "(set OLLAMA_* variables in the environment calibrate runs in; it passes them on): "
             "remove args"
         )
     if kind == "custom":
-        return "args is not used with kind = \"custom\": put the flags in [server] command"
+        return 'args is not used with kind = "custom": put the flags in [server] command'
     own = OWN_FLAGS.get(kind, {})
     for word in args:
         name = _flag_name(word)
@@ -242,9 +242,7 @@ class LaunchSpec:
                 kept.append(word)
                 continue
             value = word.split("=", 1)[1] if "=" in word else next(words, "")
-            notes.append(
-                f"{name} {tuned[name]} (tuned) replaces {name} {value} from [server] args"
-            )
+            notes.append(f"{name} {tuned[name]} (tuned) replaces {name} {value} from [server] args")
         return tuple(kept), tuple(notes)
 
 
