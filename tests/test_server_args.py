@@ -221,7 +221,7 @@ def test_empty_and_64_args_are_accepted_and_shown(cli: Any, isolated: Path) -> N
 
 # A fake vLLM: records its argv, then serves as the mock on the port (and cap) it was given.
 FAKE_VLLM = """#!/bin/sh
-printf '%s\\0' "$@" >"$FAKE_ENGINE_OUT"
+{ printf '%s\\0' "$@"; printf '\\n'; } >>"$FAKE_ENGINE_OUT"
 port=8000; slots=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -248,8 +248,14 @@ def _fake_vllm(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return out
 
 
+def _starts(out: Path) -> list[list[str]]:
+    """Every start's argv, in order (an entry holds no line break: args refuses one)."""
+    lines = out.read_bytes().split(b"\n")[:-1]
+    return [[a.decode() for a in line.split(b"\0")[:-1]] for line in lines]
+
+
 def _argv(out: Path) -> list[str]:
-    return [a.decode() for a in out.read_bytes().split(b"\0")[:-1]]
+    return _starts(out)[-1]
 
 
 def test_a_managed_vllm_start_runs_the_args_and_masks_a_key_everywhere(
@@ -322,6 +328,30 @@ def test_a_tuned_flag_replaces_the_one_in_args_and_says_so(
         )
     finally:
         assert cli("server", "stop").code == 0
+
+
+def test_the_sweeps_restart_at_cap_b_keeps_the_args(
+    cli: Any, isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """server start at batch 1, a ladder verified 4: the sweep restarts the managed vLLM at
+    --max-num-seqs 4, and that start carries the same args, in order, after its own flags."""
+    out = _fake_vllm(isolated, monkeypatch)
+    fast = "[ladder]\nmin_round_s = 0\nwarmup_waves = 0\n"
+    fast += "[sweep]\nconcurrency = [1, 2]\nlevel_s = 0.1\nrepeats = 2\n"
+    _configure(isolated, "vllm", DEPLOY["vllm"], port=free_port())
+    path = isolated / "calibrate.toml"
+    path.write_text(path.read_text("utf-8") + fast, encoding="utf-8")
+    try:
+        assert cli("server", "start", "--batch-size", "1", "--concurrency", "1").code == 0
+        passing_ladder(isolated, str(cli("status", "--json").json["target"]), batch_size=4)
+        result = cli("sweep", "--json")
+    finally:
+        cli("server", "stop")
+    assert result.code == 0, result.err
+    assert "restarting the managed server at cap 4" in result.err
+    starts = _starts(out)
+    assert [argv[argv.index("--max-num-seqs") + 1] for argv in starts] == ["1", "4"]
+    assert all(argv[-len(DEPLOY["vllm"]) :] == DEPLOY["vllm"] for argv in starts)
 
 
 def test_own_flag_tables_cover_the_cap_and_port_of_every_kind() -> None:
