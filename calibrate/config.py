@@ -151,6 +151,8 @@ class ServerConfig:
     model_path: str = ""
     port: int = 8000
     command: str = ""
+    # the engine's own flags (--tensor-parallel-size 2), appended verbatim to every managed start
+    args: tuple[str, ...] = ()
     ready_timeout_s: float = 900.0
     stop_timeout_s: float = 30.0
 
@@ -456,7 +458,12 @@ def _coerce(hint: Any, value: Any, where: str, path: Path) -> Any:
             raise ConfigError(f"{where} in {path} is {value!r}; expected one of: {choices}")
         return value
     if origin is tuple:
-        if not isinstance(value, list) or not value:
+        if where == "server.args" and not isinstance(value, list):
+            raise ConfigError(
+                f"{where} in {path} must be a list of strings, one argument each, "
+                f'e.g. args = ["--tensor-parallel-size", "2"]; got {value!r}'
+            )
+        if not isinstance(value, list) or (not value and where != "server.args"):
             raise ConfigError(f"{where} in {path} must be a non-empty list, got {value!r}")
         if len(value) > MAX_LIST_ITEMS:
             raise ConfigError(
@@ -596,6 +603,9 @@ def _check_ranges(section: Any, name: str, path: Path) -> None:
         problems.append(
             _between("stop_timeout_s", section.stop_timeout_s, 0, MAX_TIMEOUT_S, low_open=True)
         )
+        from calibrate.server.builders import args_problem  # builders imports this module
+
+        problems.append(args_problem(section.kind, section.args))
     problems = [p for p in problems if p]
     if problems:
         raise ConfigError(f"[{name}] in {path}: {'; '.join(problems)}")

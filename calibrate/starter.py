@@ -48,6 +48,7 @@ max_repeats = 6                    # a level whose range overlaps the best's whi
 # model_path = "/models/internlm-s2"
 # port = 8000
 # command = ""                     # custom kind only; placeholders {model_path} {port} {batch_size} {concurrency}
+# args = ["--tensor-parallel-size", "2"]  # your own engine flags, appended after calibrate's (not the cap or port)
 # ready_timeout_s = 900
 # stop_timeout_s = 30
 

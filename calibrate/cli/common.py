@@ -24,7 +24,7 @@ from calibrate.errors import GateClosed, Interrupted, StageFailed, UsageError
 from calibrate.junit import JUnitSuite
 from calibrate.ledger import Ledger, check_gate, target_fingerprint
 from calibrate.output_paths import check_outputs, stage_files
-from calibrate.server.redaction import secret_values
+from calibrate.server.redaction import argv_secret_values, secret_values
 from calibrate.stages.context import StageContext, manifest
 from calibrate.store import RunDir
 from calibrate.target_lock import hold
@@ -89,6 +89,7 @@ def remember_secrets(cfg: Config) -> None:
         redact.remember_url(url)
     if cfg.server.command:
         redact.remember(*secret_values(cfg.server.command))
+    redact.remember(*argv_secret_values(cfg.server.args))
 
 
 class Output:

@@ -46,6 +46,7 @@ def launch_spec(
         command=cfg.server.command,
         context_tokens=context_tokens,
         tuned=tuned,
+        args=cfg.server.args,
     )
 
 
@@ -64,6 +65,8 @@ def start_engine(
     an engine from ``[server]`` (server start, sweep at cap B, rollback, batch --restart, tune)."""
     command = build(launch_spec(cfg, kind, batch_size, concurrency, context_tokens, tuned))
     notify(f"starting: {command.display()}")
+    for note in command.notes:
+        notify(f"note: {note}")
     return start(
         cfg.runs_dir,
         command.argv,

@@ -7,6 +7,12 @@ shell: a model path with spaces, quotes or ``$(…)`` stays one literal argument
 A value of None means "not calibrated yet": the engine's own flag is left out (its default).
 ``LaunchSpec.tuned`` carries the engine flags ``calibrate tune`` chose, by the names of
 ``TUNE_FLAGS`` (or, for a custom command, as values of its ``{placeholders}``).
+
+``[server] args`` (``LaunchSpec.args``) are the user's own engine flags (``--tensor-parallel-size
+2``), appended verbatim and in order after the engine's own flags. A flag calibrate sets itself
+(the cap, the port, the model, the served name; llama.cpp's -c and --threads-http) is refused
+there (exit 2, ``args_problem``); a flag tune searches takes the tuned value instead of the one
+in args (``EngineCommand.notes`` says so at the start).
 """
 
 from __future__ import annotations
@@ -101,6 +107,91 @@ BASE_PLACEHOLDERS = ("model_path", "port", "batch_size", "concurrency")
 
 Tuned = tuple[tuple[str, str], ...]
 
+MAX_ARGS = 64  # entries in [server] args
+
+# Why calibrate owns a flag, and where its value is set instead (the refusal's message).
+_CAP = "calibrate sets from the batch size: remove it; the ladder finds it"
+_PORT = "calibrate sets from [server] port: remove it and set the port there"
+_MODEL = "calibrate sets from [server] model_path: remove it and set the path there"
+_NAME = "calibrate sets from [target] model (the name clients send): remove it and set it there"
+_CTX = (
+    "calibrate sizes from the slots and the verified workload: remove it; "
+    "search it with calibrate tune --grid ctx_size=V1,V2"
+)
+_THREADS = "calibrate sets from the most requests in flight + 2: remove it"
+#: the flags each kind's builder writes itself, by every spelling the engine takes
+OWN_FLAGS: dict[str, dict[str, str]] = {
+    "vllm": {
+        "--max-num-seqs": _CAP,
+        "--port": _PORT,
+        "--model": _MODEL,
+        "--served-model-name": _NAME,
+    },
+    "llamacpp": {
+        "--parallel": _CAP,
+        "-np": _CAP,
+        "--port": _PORT,
+        "-m": _MODEL,
+        "--model": _MODEL,
+        "--alias": _NAME,
+        "-a": _NAME,
+        "-c": _CTX,
+        "--ctx-size": _CTX,
+        LLAMACPP_THREADS_HTTP: _THREADS,
+    },
+    "sglang": {
+        "--max-running-requests": _CAP,
+        "--port": _PORT,
+        "--model-path": _MODEL,
+        "--model": _MODEL,
+        "--served-model-name": _NAME,
+    },
+    "lmdeploy": {
+        "--max-batch-size": _CAP,
+        "--server-port": _PORT,
+        "--model-name": _NAME,
+    },
+    "tgi": {
+        "--max-concurrent-requests": _CAP,
+        "--port": _PORT,
+        "--model-id": _MODEL,
+    },
+}
+
+
+def _flag_name(word: str) -> str | None:
+    """``--max_num_seqs=8`` → ``--max-num-seqs``; None for a word that is not a flag."""
+    if not word.startswith("-") or word == "-" or word[1:2].isdigit():
+        return None  # a value: "-", "-1", "-0.5"
+    name = word.split("=", 1)[0]
+    dashes = len(name) - len(name.lstrip("-"))
+    return name[:dashes] + name[dashes:].replace("_", "-")
+
+
+def args_problem(kind: str | None, args: tuple[str, ...]) -> str:
+    """Why ``[server] args`` cannot be used with ``kind`` ("" when it can)."""
+    bad = next((a for a in args if "\0" in a or "\n" in a or "\r" in a), None)
+    if bad is not None:
+        return f"args entry {bad!r} holds a NUL or a line break: give one argument per entry"
+    if len(args) > MAX_ARGS:
+        return f"args has {len(args)} entries; at most {MAX_ARGS} are allowed"
+    if not args or kind is None:
+        return ""
+    if kind == "ollama":
+        return (
+            'args is not used with kind = "ollama": ollama serve takes no engine flags '
+            "(set OLLAMA_* variables in the environment calibrate runs in; it passes them on): "
+            "remove args"
+        )
+    if kind == "custom":
+        return 'args is not used with kind = "custom": put the flags in [server] command'
+    own = OWN_FLAGS.get(kind, {})
+    for word in args:
+        name = _flag_name(word)
+        if name is not None and name in own:
+            return f"args sets {name}, which {own[name]}"
+    return ""
+
 
 @dataclass(frozen=True)
 class LaunchSpec:
@@ -115,6 +206,7 @@ class LaunchSpec:
     command: str = ""  # custom kind: template with {model_path} {port} {batch_size} {concurrency}
     context_tokens: int | None = None  # llama.cpp -c (all slots), sized from the verified workload
     tuned: Tuned = ()  # (TUNE_FLAGS name, value) the tune winner or a candidate sets
+    args: tuple[str, ...] = ()  # [server] args: the user's own engine flags, appended verbatim
 
     def tuned_value(self, key: str) -> str | None:
         return next((value for name, value in self.tuned if name == key), None)
@@ -136,6 +228,23 @@ class LaunchSpec:
             out += [flag, value]
         return out
 
+    def user_args(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """``[server] args`` less the flags tune set for this start (their tuned value wins),
+        and one note per flag so replaced."""
+        table = TUNE_FLAGS.get(self.kind, {})
+        tuned = {table[key]: value for key, value in self.tuned if key in table}
+        kept: list[str] = []
+        notes: list[str] = []
+        words = iter(self.args)
+        for word in words:
+            name = _flag_name(word)
+            if name is None or name not in tuned:
+                kept.append(word)
+                continue
+            value = word.split("=", 1)[1] if "=" in word else next(words, "")
+            notes.append(f"{name} {tuned[name]} (tuned) replaces {name} {value} from [server] args")
+        return tuple(kept), tuple(notes)
+
 
 @dataclass(frozen=True)
 class EngineCommand:
@@ -144,6 +253,7 @@ class EngineCommand:
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
     health_path: str | None = None  # None: poll GET /v1/models
+    notes: tuple[str, ...] = ()  # a tuned flag that replaced one of [server] args, said at start
 
     def display(self) -> str:
         """The command as one would type it in a shell (quoted), secret values masked."""
@@ -158,9 +268,13 @@ def build(spec: LaunchSpec) -> EngineCommand:
         raise ConfigError(
             f"unknown server kind {spec.kind!r}", f"Use one of: {', '.join(SERVER_KINDS)}."
         )
+    problem = args_problem(spec.kind, spec.args)
+    if problem:
+        raise ConfigError(f"[server] {problem}", "Fix [server] args in calibrate.toml.")
     if spec.kind == "custom":
         return EngineCommand(_with_threads_http(spec, custom_argv(spec)))
     extra = spec.extra_flags()
+    user, notes = spec.user_args()
     if spec.kind != "ollama" and not spec.model_path:
         raise ConfigError(
             f"[server] model_path is empty: a {spec.kind} server needs the model to load",
@@ -202,7 +316,7 @@ def build(spec: LaunchSpec) -> EngineCommand:
         if conc:
             env.append(("OLLAMA_NUM_PARALLEL", str(conc)))
         return EngineCommand(("ollama", "serve"), tuple(env), None)
-    return EngineCommand(tuple(argv), (), health)
+    return EngineCommand((*argv, *user), (), health, notes)
 
 
 def threads_http(spec: LaunchSpec) -> int | None:

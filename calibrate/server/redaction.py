@@ -216,8 +216,13 @@ def _program_with_variables(word: str, variable: Callable[[str], str]) -> str:
 
 
 def redact_config(public: dict[str, Any]) -> dict[str, Any]:
-    """A resolved config's public JSON with secrets in ``[server] command`` masked."""
+    """A resolved config's public JSON with secrets in ``[server] command`` and ``args`` masked."""
     server = public.get("server")
-    if isinstance(server, dict) and isinstance(server.get("command"), str):
-        return {**public, "server": {**server, "command": redact_text(server["command"])}}
-    return public
+    if not isinstance(server, dict):
+        return public
+    shown = dict(server)
+    if isinstance(server.get("command"), str):
+        shown["command"] = redact_text(server["command"])
+    if isinstance(server.get("args"), list | tuple):
+        shown["args"] = list(redact_argv([str(word) for word in server["args"]]))
+    return {**public, "server": shown}

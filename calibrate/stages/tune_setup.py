@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from calibrate import server
 from calibrate.config import ServerKind, TuneSearch
 from calibrate.errors import ConfigError, UsageError
-from calibrate.server import shell_words
+from calibrate.server import redaction, shell_words
 from calibrate.server.builders import SERVER_KINDS, build
 from calibrate.setting import latest_passing_ladder
 from calibrate.stages.context import StageContext
@@ -130,6 +130,7 @@ def prepare(ctx: StageContext, request: TuneRequest) -> TuneSetup:
         "search": search,
         "window": cfg.tune.window,
         "command": cfg.server.command if kind == "custom" else "",
+        **({"args": list(redaction.redact_argv(cfg.server.args))} if cfg.server.args else {}),
         "model_path": cfg.server.model_path,
         "target": ctx.target,
     }
