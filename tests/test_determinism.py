@@ -1,0 +1,167 @@
+"""The determinism report (SPEC §13): copies of the fixed prompt per tier and level, compared."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from calibrate.mock import text
+from calibrate.mock.settings import MockSettings
+from calibrate.stages.determinism import (
+    check,
+    copies_per_wave,
+    engine_switch,
+    first_difference,
+    overall,
+    tokens,
+)
+from tests.conftest import write_config
+from tests.mockserver import start_mock, start_mock_process
+from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
+
+A = "Arrays hold a fixed number of elements of one type."
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "at"),
+    [
+        (A, A, None),
+        (A, A.replace("fixed", "given"), 4),
+        (A, "Lists" + A[6:], 1),
+        (A, A[: A.index(" of one")], 8),  # b is a's prefix: b ends before token 8
+        (A, A.replace(" of one", "  of one"), 8),  # whitespace alone differs at token 8
+        ("定长数组是一种结构。", "定长数组是两种结构。", 6),  # one CJK character is one token
+    ],
+)
+def test_first_difference_is_the_1_based_token_where_the_texts_part(
+    a: str, b: str, at: int | None
+) -> None:
+    assert first_difference(a, b) == at
+    assert first_difference(b, a) == at
+    assert "".join(tokens(a)) == a
+
+
+def test_check_counts_distinct_completions_and_names_the_earliest_variant() -> None:
+    late = A.replace("type", "kind")
+    early = A.replace("hold", "keep")
+    found = check([A, A, late, A, early, None, A, A], in_flight=4)
+    assert (found.copies, found.answered, found.distinct, found.counts) == (8, 7, 3, (5, 1, 1))
+    assert found.divergence is not None and found.divergence.token == 2
+    assert "hold" in found.divergence.common and "keep" in found.divergence.variant
+    line = found.describe("batch 4")
+    assert line.startswith("batch 4: 3 distinct completions of 8 (1 unanswered); first difference")
+    assert "at token 2" in line
+    same = check([A] * 8, in_flight=1)
+    assert same.distinct == 1 and same.divergence is None
+    assert same.describe("batch 1") == "batch 1: 8 of 8 copies identical"
+    assert same.to_json()["first_diff_token"] is None
+    assert check([None, None], 2).distinct == 0
+
+
+@pytest.mark.parametrize(
+    ("copies", "batch", "waves"), [(8, 1, [1] * 8), (8, 4, [4, 4]), (8, 3, [3, 3, 3]), (8, 16, [16])]
+)
+def test_copies_go_in_full_waves_of_the_batch(copies: int, batch: int, waves: list[int]) -> None:
+    assert copies_per_wave(copies, batch) == waves
+
+
+def test_overall_line_says_where_answers_were_identical_and_where_not() -> None:
+    same, differ = check([A] * 8, 1), check([A] * 4 + [A.replace("one", "a")] * 4, 4)
+    line = overall([("batch 1", same), ("batch 4", differ)])
+    assert line == (
+        "determinism (8 copies each): identical at batch 1; "
+        "2 distinct at batch 4 (first difference at token 9)"
+    )
+    assert overall([]) is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "argv", "environ", "on"),
+    [
+        ("vllm", ["vllm", "serve", "m"], {"VLLM_BATCH_INVARIANT": "1"}, True),
+        ("vllm", ["vllm", "serve", "m"], {"VLLM_BATCH_INVARIANT": "0"}, False),
+        ("vllm", ["env", "VLLM_BATCH_INVARIANT=1", "vllm", "serve"], {}, True),
+        ("vllm", ["vllm", "serve", "m"], {}, False),
+        ("vllm", None, None, None),
+        ("sglang", ["python", "-m", "sglang.launch_server", "--enable-deterministic-inference"], None, True),
+        ("sglang", ["python", "-m", "sglang.launch_server"], None, False),
+        ("sglang", None, {"X": "1"}, None),
+    ],
+)
+def test_engine_switch_is_named_and_read_from_argv_and_environment(
+    kind: str, argv: list[str] | None, environ: dict[str, str] | None, on: bool | None
+) -> None:
+    switch = engine_switch(kind, argv, environ)
+    assert switch is not None and switch.on is on
+    assert switch.switch in switch.advice()
+    assert engine_switch("llamacpp", ["llama-server"], {}) is None
+
+
+def test_mock_diverges_from_token_t_only_above_n_in_flight() -> None:
+    prompt = "用一句话说明什么是定长数组。"
+    full = text.natural_text("explain arrays", 0)
+    for in_flight in (3, 4, 5):
+        variant = text.diverge(full, "explain arrays", in_flight, 5, seed=0)
+        assert first_difference(full, variant) == 5
+        assert variant == text.diverge(full, "explain arrays", in_flight, 5, seed=0)  # seeded
+    assert text.diverge(full, "x", 3, 5, 0) != text.diverge(full, "x", 3, 5, 1)  # per seed
+    zh = text.natural_text(prompt, 0)
+    assert first_difference(zh, text.diverge(zh, prompt, 3, 7, 0)) == 7
+    with pytest.raises(ValueError, match="diverge_at_token"):
+        MockSettings(diverge_at_token=5)
+    with pytest.raises(ValueError, match="diverge_at_token"):
+        MockSettings(nondeterministic_above=2, diverge_at_token=0)
+
+
+DETERMINISM = "[determinism]\ncopies = 8\n"
+
+
+def test_ladder_reports_one_answer_at_batch_1_2_and_several_at_4_through_the_real_mock(
+    cli, isolated: Path
+) -> None:
+    with start_mock_process(
+        "--ttft", "0.002", "--per-token", "0.0005", "--nondeterministic-above", "2",
+        "--diverge-at-token", "5",
+    ) as mock:  # fmt: skip
+        write_config(isolated / "calibrate.toml", mock.base_url, FAST)
+        assert cli("single").code == 0
+        open_gate(isolated, mock.base_url, FAST + "batch_sizes = [1, 2, 4]\n" + DETERMINISM)
+        result = cli("ladder", "--json")
+    assert result.code == 0, result.err  # informative: differing answers fail nothing
+    detail = {t["batch_size"]: t for t in result.json["tiers_detail"]}
+    assert [detail[b]["distinct_completions"] for b in (1, 2)] == [1, 1]
+    assert detail[4]["distinct_completions"] > 1 and detail[4]["first_diff_token"] == 5
+    assert detail[1]["first_diff_token"] is None and detail[4]["determinism_copies"] == 8
+    assert "batch 4: " in result.err and "first difference at token 5" in result.err
+    assert "identical at batch 1, batch 2" in result.err
+    assert result.json["determinism"]["deterministic"] is False
+    run = run_dir(isolated, result.json["run_id"])
+    with (run / "tiers.csv").open(encoding="utf-8") as f:
+        rows = {int(r["batch_size"]): r for r in csv.DictReader(f)}
+    assert float(rows[2]["distinct_completions"]) == 1 and float(rows[4]["first_diff_token"]) == 5
+    assert jsonl(run / "tiers.jsonl")[2]["distinct_completions"] == detail[4]["distinct_completions"]
+    records = jsonl(run / "records.jsonl")
+    copies = [r for r in records if r.get("determinism")]
+    assert len(copies) == 3 * 8 and all(r["canary"] for r in copies)
+    # the copies count in no measured figure: each tier's items are its rounds' waves alone
+    assert [detail[b]["items"] for b in (1, 2, 4)] == [2, 4, 8]
+
+
+def test_copies_off_by_default_send_nothing_more(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, nondeterministic_above=2) as mock:
+        write_config(isolated / "calibrate.toml", mock.base_url, FAST)
+        assert cli("single").code == 0
+        open_gate(isolated, mock.base_url, FAST + "batch_sizes = [1, 4]\n")
+        result = cli("ladder", "--json")
+    assert result.code == 0, result.err
+    assert "distinct_completions" not in result.json["tiers_detail"][0]
+    assert "determinism" not in result.json and "determinism (" not in result.err
+
+
+@pytest.mark.parametrize("copies", ["4", "-1", "2000"])
+def test_too_few_copies_is_a_config_error(cli, isolated: Path, copies: str) -> None:
+    write_config(isolated / "calibrate.toml", "http://127.0.0.1:9/v1", f"[determinism]\ncopies = {copies}\n")
+    result = cli("ladder")
+    assert result.code == 2 and "[determinism] copies" in result.err
