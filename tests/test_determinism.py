@@ -165,3 +165,24 @@ def test_too_few_copies_is_a_config_error(cli, isolated: Path, copies: str) -> N
     write_config(isolated / "calibrate.toml", "http://127.0.0.1:9/v1", f"[determinism]\ncopies = {copies}\n")
     result = cli("ladder")
     assert result.code == 2 and "[determinism] copies" in result.err
+
+
+def test_sweep_reports_copies_per_level_after_its_window(cli, isolated: Path) -> None:
+    sweep = FAST + "[sweep]\nconcurrency = [1, 2, 4]\nlevel_s = 0.1\nrepeats = 1\n" + DETERMINISM
+    with start_mock_process(
+        "--ttft", "0.002", "--per-token", "0.0005", "--nondeterministic-above", "2",
+        "--diverge-at-token", "3",
+    ) as mock:  # fmt: skip
+        open_gate(isolated, mock.base_url, sweep, stage="ladder")
+        result = cli("sweep", "--json", "--beyond-ladder")
+    assert result.code == 0, result.err
+    levels = {lv["concurrency"]: lv for lv in result.json["levels_detail"]}
+    assert [levels[c]["distinct_completions"] for c in (1, 2)] == [1, 1]
+    assert levels[4]["distinct_completions"] > 1 and levels[4]["first_diff_token"] == 3
+    assert "concurrency 4: " in result.err and "first difference at token 3" in result.err
+    run = run_dir(isolated, result.json["run_id"])
+    with (run / "tiers.csv").open(encoding="utf-8") as f:
+        rows = {int(r["concurrency"]): r for r in csv.DictReader(f)}
+    assert float(rows[4]["first_diff_token"]) == 3
+    copies = [r for r in jsonl(run / "records.jsonl") if r.get("determinism")]
+    assert len(copies) == 3 * 8 and all(r["round"] is None for r in copies)
