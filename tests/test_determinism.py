@@ -186,3 +186,40 @@ def test_sweep_reports_copies_per_level_after_its_window(cli, isolated: Path) ->
     assert float(rows[4]["first_diff_token"]) == 3
     copies = [r for r in jsonl(run / "records.jsonl") if r.get("determinism")]
     assert len(copies) == 3 * 8 and all(r["round"] is None for r in copies)
+
+
+def test_single_determinism_n_one_by_one_and_at_once(cli, isolated: Path) -> None:
+    with start_mock_process(
+        "--ttft", "0.002", "--per-token", "0.0005", "--nondeterministic-above", "2",
+        "--diverge-at-token", "4",
+    ) as mock:  # fmt: skip
+        write_config(isolated / "calibrate.toml", mock.base_url)
+        plain = cli("single", "--determinism", "8", "--json")
+        strict = cli("single", "--determinism", "8", "--require-match")
+        calm = cli("single", "--determinism", "2", "--require-match")  # 2 in flight: alike
+    assert plain.code == 0, plain.err  # informative without --require-match
+    found = plain.json["determinism"]
+    assert found["one_by_one"]["distinct_completions"] == 1
+    assert found["at_once"]["distinct_completions"] > 1
+    assert found["at_once"]["first_diff_token"] == 4 and found["deterministic"] is False
+    assert "one after another: 8 of 8 copies identical" in plain.err
+    assert "8 at once: " in plain.err and "first difference at token 4" in plain.err
+    assert strict.code == 1 and "--require-match: the copies' answers differ" in strict.err
+    assert calm.code == 0, calm.err
+    assert "2 at once: 2 of 2 copies identical" in calm.err
+    ledger = jsonl(isolated / "runs/ledger.jsonl")
+    assert [e["passed"] for e in ledger] == [True, False, True]
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--determinism", "1"], "--determinism 1: must be 2–1024"),
+        (["--determinism", "5000"], "--determinism 5000"),
+        (["--require-match"], "give --determinism N"),
+    ],
+)
+def test_single_determinism_mistakes_are_exit_2(cli, isolated: Path, args: list[str], says: str) -> None:
+    write_config(isolated / "calibrate.toml", "http://127.0.0.1:9/v1")
+    result = cli("single", *args)
+    assert result.code == 2 and says in result.err

@@ -46,7 +46,7 @@ class CopiesWave:
 def send_copies(
     ctx: StageContext,
     sender: Sender,
-    incidents: IncidentRecorder,
+    incidents: IncidentRecorder | None,
     how: CopiesWave,
     batch: int,
     record: RecordFn,
@@ -68,13 +68,18 @@ def send_copies(
             role="canary",
         )
         answered, _ = sender.send(requests, len(requests), ctx.params.max_tokens)
-        answered = incidents.classify(answered)
+        answered = incidents.classify(answered) if incidents else answered
         in_flight = len(requests)
         for item in answered:
             ctx.run.append("records.jsonl", {**record(item, in_flight), "determinism": True})
-        incidents.record(
-            answered, batch_size=batch, concurrency=in_flight, round_no=0, label=f"copies-{batch}"
-        )
+        if incidents:
+            incidents.record(
+                answered,
+                batch_size=batch,
+                concurrency=in_flight,
+                round_no=0,
+                label=f"copies-{batch}",
+            )
         texts += [i.text if i.ok and i.text is not None else None for i in answered]
         index += size
     return check(texts, batch)
