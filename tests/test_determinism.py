@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import html
 from pathlib import Path
 
 import pytest
@@ -147,6 +148,14 @@ def test_ladder_reports_one_answer_at_batch_1_2_and_several_at_4_through_the_rea
     assert len(copies) == 3 * 8 and all(r["canary"] for r in copies)
     # the copies count in no measured figure: each tier's items are its rounds' waves alone
     assert [detail[b]["items"] for b in (1, 2, 4)] == [2, 4, 8]
+    report = cli("report", str(run), "--html")
+    assert report.code == 0, report.err
+    page = (run / "report.html").read_text("utf-8")
+    section = page[page.index('<section id="determinism">') :]
+    section = section[: section.index("</section>")]
+    assert "first differing token" in section and "<td>5</td>" in section
+    common, variant = detail[4]["first_diff_common"], detail[4]["first_diff_variant"]
+    assert html.escape(common) in section and html.escape(variant) in section
 
 
 def test_copies_off_by_default_send_nothing_more(cli, isolated: Path) -> None:
