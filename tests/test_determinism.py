@@ -62,7 +62,8 @@ def test_check_counts_distinct_completions_and_names_the_earliest_variant() -> N
 
 
 @pytest.mark.parametrize(
-    ("copies", "batch", "waves"), [(8, 1, [1] * 8), (8, 4, [4, 4]), (8, 3, [3, 3, 3]), (8, 16, [16])]
+    ("copies", "batch", "waves"),
+    [(8, 1, [1] * 8), (8, 4, [4, 4]), (8, 3, [3, 3, 3]), (8, 16, [16])],
 )
 def test_copies_go_in_full_waves_of_the_batch(copies: int, batch: int, waves: list[int]) -> None:
     assert copies_per_wave(copies, batch) == waves
@@ -86,7 +87,12 @@ def test_overall_line_says_where_answers_were_identical_and_where_not() -> None:
         ("vllm", ["env", "VLLM_BATCH_INVARIANT=1", "vllm", "serve"], {}, True),
         ("vllm", ["vllm", "serve", "m"], {}, False),
         ("vllm", None, None, None),
-        ("sglang", ["python", "-m", "sglang.launch_server", "--enable-deterministic-inference"], None, True),
+        (
+            "sglang",
+            ["python", "-m", "sglang.launch_server", "--enable-deterministic-inference"],
+            None,
+            True,
+        ),
         ("sglang", ["python", "-m", "sglang.launch_server"], None, False),
         ("sglang", None, {"X": "1"}, None),
     ],
@@ -142,7 +148,9 @@ def test_ladder_reports_one_answer_at_batch_1_2_and_several_at_4_through_the_rea
     with (run / "tiers.csv").open(encoding="utf-8") as f:
         rows = {int(r["batch_size"]): r for r in csv.DictReader(f)}
     assert float(rows[2]["distinct_completions"]) == 1 and float(rows[4]["first_diff_token"]) == 5
-    assert jsonl(run / "tiers.jsonl")[2]["distinct_completions"] == detail[4]["distinct_completions"]
+    assert (
+        jsonl(run / "tiers.jsonl")[2]["distinct_completions"] == detail[4]["distinct_completions"]
+    )
     records = jsonl(run / "records.jsonl")
     copies = [r for r in records if r.get("determinism")]
     assert len(copies) == 3 * 8 and all(r["canary"] for r in copies)
@@ -171,7 +179,9 @@ def test_copies_off_by_default_send_nothing_more(cli, isolated: Path) -> None:
 
 @pytest.mark.parametrize("copies", ["4", "-1", "2000"])
 def test_too_few_copies_is_a_config_error(cli, isolated: Path, copies: str) -> None:
-    write_config(isolated / "calibrate.toml", "http://127.0.0.1:9/v1", f"[determinism]\ncopies = {copies}\n")
+    write_config(
+        isolated / "calibrate.toml", "http://127.0.0.1:9/v1", f"[determinism]\ncopies = {copies}\n"
+    )
     result = cli("ladder")
     assert result.code == 2 and "[determinism] copies" in result.err
 
@@ -228,7 +238,34 @@ def test_single_determinism_n_one_by_one_and_at_once(cli, isolated: Path) -> Non
         (["--require-match"], "give --determinism N"),
     ],
 )
-def test_single_determinism_mistakes_are_exit_2(cli, isolated: Path, args: list[str], says: str) -> None:
+def test_single_determinism_mistakes_are_exit_2(
+    cli, isolated: Path, args: list[str], says: str
+) -> None:
     write_config(isolated / "calibrate.toml", "http://127.0.0.1:9/v1")
     result = cli("single", *args)
     assert result.code == 2 and says in result.err
+
+
+@pytest.mark.parametrize(
+    ("server", "on"),
+    [
+        ('kind = "vllm"\ncommand = "env VLLM_BATCH_INVARIANT=1 vllm serve {model_path}"\n', True),
+        ('kind = "vllm"\ncommand = "vllm serve {model_path}"\n', False),
+        (
+            'kind = "sglang"\ncommand = "python -m sglang.launch_server --enable-deterministic-inference"\n',
+            True,
+        ),
+        ('kind = "sglang"\nmodel_path = "/m"\n', None),
+    ],
+)
+def test_the_configured_engines_switch_is_read_when_no_server_is_managed(
+    isolated: Path, monkeypatch: pytest.MonkeyPatch, server: str, on: bool | None
+) -> None:
+    from calibrate import config
+    from calibrate.stages.determinism_wave import managed_switch
+
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    write_config(isolated / "calibrate.toml", "http://127.0.0.1:9/v1", "[server]\n" + server)
+    cfg = config.load(config.Overrides(config_path=str(isolated / "calibrate.toml")), {})
+    switch = managed_switch(cfg)
+    assert switch is not None and switch.on is on

@@ -23,7 +23,6 @@ import argparse
 import dataclasses
 from typing import Any
 
-from calibrate.cli.determinism_view import say_differs, say_overall
 from calibrate.cli.common import (
     Output,
     add_command,
@@ -37,6 +36,7 @@ from calibrate.cli.common import (
     output_for,
     save_junit,
 )
+from calibrate.cli.determinism_view import say_differs, say_overall
 from calibrate.cli.tier_output import (
     add_tier_args,
     finish_run,

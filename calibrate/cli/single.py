@@ -24,12 +24,12 @@ from calibrate.cli.common import (
 )
 from calibrate.errors import UsageError
 from calibrate.ledger import baseline_path
-from calibrate.stages.determinism_wave import CopiesWave, managed_switch, send_copies
-from calibrate.stages.ladder import item_record
-from calibrate.stages.waves import Sender
 from calibrate.pipeline import next_step
 from calibrate.stages.context import StageContext
+from calibrate.stages.determinism_wave import CopiesWave, managed_switch, send_copies
+from calibrate.stages.ladder import item_record
 from calibrate.stages.single import run_single
+from calibrate.stages.waves import Sender
 
 
 def register(subparsers: Any) -> None:
@@ -151,7 +151,10 @@ def _copies(args: argparse.Namespace, out: Output, ctx: StageContext) -> dict[st
     sender = Sender(ctx.client)
     found: dict[str, Any] = {}
     differed = False
-    for key, where, batch in (("one_by_one", "one after another", 1), ("at_once", f"{n} at once", n)):
+    for key, where, batch in (
+        ("one_by_one", "one after another", 1),
+        ("at_once", f"{n} at once", n),
+    ):
         check = send_copies(
             ctx,
             sender,

@@ -28,7 +28,6 @@ import argparse
 import dataclasses
 from typing import Any
 
-from calibrate.cli.determinism_view import say_differs, say_overall
 from calibrate.cli.common import (
     Output,
     add_command,
@@ -42,6 +41,7 @@ from calibrate.cli.common import (
     output_for,
     save_junit,
 )
+from calibrate.cli.determinism_view import say_differs, say_overall
 from calibrate.cli.tier_output import (
     add_tier_args,
     finish_run,
@@ -64,8 +64,8 @@ from calibrate.stages.server_cap import run_at_cap
 from calibrate.stages.slo import describe, has_slo, parse_slo_flags
 from calibrate.stages.stream_probe import probe_stream
 from calibrate.stages.sweep import (
-    Sweep,
     Level,
+    Sweep,
     SweepOptions,
     SweepResult,
     read_server_cap,

@@ -107,9 +107,7 @@ def check(texts: Sequence[str | None], in_flight: int) -> DeterminismCheck:
     if len(ranked) > 1:
         common = ranked[0][0]
         found = [(first_difference(common, other), other) for other, _ in ranked[1:]]
-        position, variant = min(
-            ((p, v) for p, v in found if p is not None), key=lambda pv: pv[0]
-        )
+        position, variant = min(((p, v) for p, v in found if p is not None), key=lambda pv: pv[0])
         divergence = Divergence(position, around(common, position), around(variant, position))
     return DeterminismCheck(
         len(texts), len(answered), tuple(n for _, n in ranked), divergence, in_flight

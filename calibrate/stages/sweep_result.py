@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from calibrate.config import SloConfig
-from calibrate.stages.determinism import DeterminismCheck
 from calibrate.stages.arrivals import rate_text, rate_value
+from calibrate.stages.determinism import DeterminismCheck
 from calibrate.stages.keepalive_stall import Stall
 from calibrate.stages.open_loop import RateJudgement
 from calibrate.stages.slo import binding_slo, describe, has_slo
