@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import html
+import json
 from pathlib import Path
 
 import pytest
@@ -145,6 +146,7 @@ def test_ladder_reports_one_answer_at_batch_1_2_and_several_at_4_through_the_rea
     assert "identical at batch 1, batch 2" in result.err
     assert result.json["determinism"]["deterministic"] is False
     run = run_dir(isolated, result.json["run_id"])
+    assert json.loads((run / "determinism.json").read_text("utf-8")) == result.json["determinism"]
     with (run / "tiers.csv").open(encoding="utf-8") as f:
         rows = {int(r["batch_size"]): r for r in csv.DictReader(f)}
     assert float(rows[2]["distinct_completions"]) == 1 and float(rows[4]["first_diff_token"]) == 5

@@ -239,6 +239,8 @@ def _finish(
         out.fail("--require-match: outputs differ from the baseline")
     checks = [(f"batch {t.batch_size}", t.determinism) for t in result.tiers if t.determinism]
     determinism = say_overall(out, ctx.config, checks)
+    if determinism:  # the switch as read, beside the tiers (SPEC §13)
+        ctx.run.write_json("determinism.json", determinism)
     if entry.passed:
         out.say(f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}")
     out.result(

@@ -397,6 +397,8 @@ def _finish(
         out.fail(f"sweep failed: {result.reason}")
     checks = [(lv.label, lv.determinism) for lv in result.levels if lv.determinism]
     determinism = say_overall(out, ctx.config, checks)
+    if determinism:  # the switch as read, beside the tiers (SPEC §13)
+        ctx.run.write_json("determinism.json", determinism)
     if entry.passed:
         out.say(f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}")
     out.result(
