@@ -271,3 +271,22 @@ def test_the_configured_engines_switch_is_read_when_no_server_is_managed(
     cfg = config.load(config.Overrides(config_path=str(isolated / "calibrate.toml")), {})
     switch = managed_switch(cfg)
     assert switch is not None and switch.on is on
+
+
+def test_prompt_list_copies_go_in_one_request_of_b_prompts(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
+        write_config(isolated / "calibrate.toml", mock.base_url, FAST)
+        assert cli("single").code == 0
+        extra = FAST + 'mode = "prompt-list"\nbatch_sizes = [1, 4]\n' + DETERMINISM
+        open_gate(isolated, mock.base_url, extra)
+        result = cli("ladder", "--json")
+    assert result.code == 0, result.err
+    assert [t["distinct_completions"] for t in result.json["tiers_detail"]] == [1, 1]
+    run = run_dir(isolated, result.json["run_id"])
+    copies = [r for r in jsonl(run / "records.jsonl") if r.get("determinism")]
+    assert len(copies) == 8 + 8 and {r["concurrency"] for r in copies} == {1}
+
+
+def test_mock_refuses_diverge_without_nondeterministic_above(cli, isolated: Path) -> None:
+    result = cli("mock", "--port", "0", "--diverge-at-token", "5")
+    assert result.code == 2 and "diverge_at_token needs nondeterministic_above" in result.err
