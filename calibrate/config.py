@@ -146,6 +146,24 @@ class ConfidenceConfig:
 
 
 @dataclass(frozen=True)
+class DeterminismConfig:
+    """[determinism] (SPEC §13): copies of the fixed prompt per ladder tier and sweep level.
+
+    Off (0) by default: each tier and level then sends no extra requests, so its run time and
+    the load the server sees are the measurement's alone; ``single --determinism N`` asks once.
+    """
+
+    copies: int = 0
+
+    def __post_init__(self) -> None:  # a ValueError here is the file's ConfigError (exit 2)
+        if self.copies != 0 and not 8 <= self.copies <= 1024:
+            raise ValueError(
+                f"[determinism] copies must be 0 (off) or 8–1024 (fewer say little about a "
+                f"batch), got {self.copies!r}"
+            )
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     kind: ServerKind | None = None
     model_path: str = ""
@@ -174,6 +192,7 @@ class Config:
     tune: TuneConfig = field(default_factory=TuneConfig)
     slo: SloConfig = field(default_factory=SloConfig)
     confidence: ConfidenceConfig = field(default_factory=ConfidenceConfig)
+    determinism: DeterminismConfig = field(default_factory=DeterminismConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     source: str | None = None
@@ -216,6 +235,7 @@ SECTIONS: dict[str, type[Any]] = {
     "tune": TuneConfig,
     "slo": SloConfig,
     "confidence": ConfidenceConfig,
+    "determinism": DeterminismConfig,
     "server": ServerConfig,
     "paths": PathsConfig,
 }

@@ -342,6 +342,65 @@ def incidents_html(view: RunView) -> str:
     )
 
 
+def _variants(view: RunView) -> dict[str, tuple[str, str]]:
+    """Per tier or level key, the two texts around the first difference (tiers.jsonl)."""
+    found: dict[str, tuple[str, str]] = {}
+    try:
+        lines = (view.path / "tiers.jsonl").read_text("utf-8").splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        key = level_key(row, view.key) if isinstance(row, dict) else None
+        if key is not None and isinstance(row, dict) and row.get("first_diff_common") is not None:
+            found[f"{key:g}"] = (
+                str(row["first_diff_common"]),
+                str(row.get("first_diff_variant")),
+            )
+    return found
+
+
+def determinism_html(view: RunView) -> str | None:
+    """SPEC §13: copies of the fixed prompt per tier or level; None when none were sent."""
+    rows = [r for r in view.rows if finite(r.get("distinct_completions")) is not None]
+    if not rows:
+        return None
+    variants = _variants(view)
+    cells = []
+    for r in rows:
+        value = level_key(r, view.key)
+        key = "" if value is None else f"{value:g}"
+        common, variant = variants.get(key, ("", ""))
+        diff = finite(r.get("first_diff_token"))
+        cells.append(
+            [
+                key,
+                f"{finite(r.get('distinct_completions')):g}",
+                "" if diff is None else f"{diff:g}",
+                common,
+                variant,
+            ]
+        )
+    return section(
+        "determinism",
+        "Determinism",
+        [
+            "<p>Copies of the fixed prompt sent between the measured waves at each "
+            f"{'batch size' if view.kind == 'ladder' else 'level'}: how many distinct answers "
+            "came back, and where the first one differs (a token is a word here).</p>",
+            table(
+                "determinism-table",
+                [view.key, "distinct", "first differing token", "most common", "variant"],
+                cells,
+                text_columns=("most common", "variant"),
+            ),
+        ],
+    )
+
+
 def timeline_html(timeline: Timeline) -> str:
     title = f"requests of {timeline.label} ({len(timeline.bars)})"
     return section(
@@ -369,5 +428,7 @@ def run_html(view: RunView, timeline: Timeline | None = None) -> str:
     ]
     if timeline is not None:
         parts.append(timeline_html(timeline))
+    if (copies := determinism_html(view)) is not None:
+        parts.append(copies)
     parts += [incidents_html(view), configuration_html(view)]
     return page(title, parts)

@@ -91,6 +91,8 @@ COLUMNS: dict[str, list[str]] = {
         *_TOKENS,
         "baseline_match",
         "baseline_items",
+        "distinct_completions",
+        "first_diff_token",
         "verdict",
         "reason",
         "axis",
@@ -115,6 +117,8 @@ COLUMNS: dict[str, list[str]] = {
         "gain",
         "gain_counted",
         "capped_by_server",
+        "distinct_completions",
+        "first_diff_token",
         "verdict",
     ],
 }

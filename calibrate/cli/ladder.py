@@ -36,6 +36,7 @@ from calibrate.cli.common import (
     output_for,
     save_junit,
 )
+from calibrate.cli.determinism_view import say_differs, say_overall
 from calibrate.cli.tier_output import (
     add_tier_args,
     finish_run,
@@ -124,7 +125,13 @@ def run(args: argparse.Namespace) -> int:
         axis = {"axis": options.axis}
         try:
             with live_rows(out.console, "ladder", f"ladder {ctx.run.run_id}", out.is_tty) as show:
-                ladder.on_tier = shown_by(watch, show, out, axis)
+                shown = shown_by(watch, show, out, axis)
+
+                def on_tier(tier: Tier) -> None:
+                    shown(tier)
+                    say_differs(out, tier.determinism, f"batch {tier.batch_size}")
+
+                ladder.on_tier = on_tier
                 result = ladder.run()
         except KeyboardInterrupt:
             result = ladder.result()
@@ -230,6 +237,10 @@ def _finish(
         _say_first_error(out, ctx)
     if result.match_failed:
         out.fail("--require-match: outputs differ from the baseline")
+    checks = [(f"batch {t.batch_size}", t.determinism) for t in result.tiers if t.determinism]
+    determinism = say_overall(out, ctx.config, checks)
+    if determinism:  # the switch as read, beside the tiers (SPEC §13)
+        ctx.run.write_json("determinism.json", determinism)
     if entry.passed:
         out.say(f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}")
     out.result(
@@ -238,6 +249,7 @@ def _finish(
             "run_id": ctx.run.run_id,
             **entry.summary,
             "tiers_detail": [t.to_json() for t in result.tiers],
+            **({"determinism": determinism} if determinism else {}),
         }
     )
     return 0 if entry.passed else 1

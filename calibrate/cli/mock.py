@@ -57,6 +57,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--vram-per-request-mib", type=int, default=2048)
     p.add_argument("--oom-at", type=int, metavar="N", help="in flight above N: CUDA OOM (500)")
     p.add_argument("--nondeterministic-above", type=int, metavar="N", help="above N: text varies")
+    p.add_argument(
+        "--diverge-at-token",
+        type=int,
+        metavar="T",
+        help="with --nondeterministic-above: answers differ from token T on (seeded), not one word",
+    )
     p.add_argument("--fail-rate", type=float, default=0.0, metavar="P", help="HTTP 500")
     p.add_argument("--reset-rate", type=float, default=0.0, metavar="P", help="drop connection")
     p.add_argument("--truncate-rate", type=float, default=0.0, metavar="P", help="cut, 'length'")
@@ -233,6 +239,7 @@ def settings_from_args(args: argparse.Namespace) -> MockSettings:
     names += ("keepalive_limit_s", "huge_mib", "kv_mib_per_1k_tokens", "kv_capacity_tokens")
     names += ("on_kv_full", "preallocate", "prefix_cache", "step_ms_per_1k_tokens", "jitter")
     names += ("metrics_style", "memory_fraction", "max_memory_fraction", "slot_context")
+    names += ("diverge_at_token",)
     values = {name: getattr(args, name) for name in names}
     timings = {"ttft": args.ttft, "per_token": args.per_token, "retry_after": args.retry_after}
     for name, value in (*values.items(), *timings.items()):

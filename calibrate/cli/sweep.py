@@ -41,6 +41,7 @@ from calibrate.cli.common import (
     output_for,
     save_junit,
 )
+from calibrate.cli.determinism_view import say_differs, say_overall
 from calibrate.cli.tier_output import (
     add_tier_args,
     finish_run,
@@ -63,6 +64,7 @@ from calibrate.stages.server_cap import run_at_cap
 from calibrate.stages.slo import describe, has_slo, parse_slo_flags
 from calibrate.stages.stream_probe import probe_stream
 from calibrate.stages.sweep import (
+    Level,
     Sweep,
     SweepOptions,
     SweepResult,
@@ -300,7 +302,13 @@ def _measure(
         out.say(_announce(options) + (f"; server cap {cap.slots} ({cap.source})" if cap else ""))
         try:
             with live_rows(out.console, "sweep", f"sweep {ctx.run.run_id}", out.is_tty) as show:
-                sweep.on_level = shown_by(watch, show, out)
+                shown = shown_by(watch, show, out)
+
+                def on_level(level: Level) -> None:
+                    shown(level)
+                    say_differs(out, level.determinism, level.label)
+
+                sweep.on_level = on_level
                 sweep.note = out.say
                 result = sweep.run()
         except KeyboardInterrupt:
@@ -387,6 +395,10 @@ def _finish(
             out.say(f"repeated to tell a gain from noise: {', '.join(repeated)}")
     else:
         out.fail(f"sweep failed: {result.reason}")
+    checks = [(lv.label, lv.determinism) for lv in result.levels if lv.determinism]
+    determinism = say_overall(out, ctx.config, checks)
+    if determinism:  # the switch as read, beside the tiers (SPEC §13)
+        ctx.run.write_json("determinism.json", determinism)
     if entry.passed:
         out.say(f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}")
     out.result(
@@ -395,6 +407,7 @@ def _finish(
             "run_id": ctx.run.run_id,
             **entry.summary,
             "levels_detail": [lv.to_json() for lv in result.levels],
+            **({"determinism": determinism} if determinism else {}),
         }
     )
     return 0 if entry.passed else 1

@@ -39,7 +39,9 @@ def answer(
     long, ``min_tokens`` at least that long; ``max_tokens`` caps it (finish "length").
     """
     full = text.natural_text(prompt, settings.text_seed)
-    if perturb_at is not None:
+    if perturb_at is not None and settings.diverge_at_token is not None:
+        full = text.diverge(full, prompt, perturb_at, settings.diverge_at_token, settings.seed)
+    elif perturb_at is not None:
         full = text.perturb(full, prompt, perturb_at)
     natural = text.count_tokens(full)
     target = length.max_tokens if length.ignore_eos and length.max_tokens is not None else natural

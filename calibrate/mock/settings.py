@@ -28,6 +28,7 @@ class MockSettings:
     vram_per_request_mib: int = 2048
     oom_at: int | None = None
     nondeterministic_above: int | None = None
+    diverge_at_token: int | None = None  # above that: answers differ from this token on (1-based)
     fail_rate: float = 0.0
     reset_rate: float = 0.0
     truncate_rate: float = 0.0
@@ -97,6 +98,12 @@ class MockSettings:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {rate}")
         if self.slots < 0:
             raise ValueError(f"slots must be ≥ 0 (0 = unlimited), got {self.slots}")
+        if self.diverge_at_token is not None and (
+            self.diverge_at_token < 1 or self.nondeterministic_above is None
+        ):
+            raise ValueError(
+                "diverge_at_token needs nondeterministic_above and must be ≥ 1 (the first token)"
+            )
         if self.slot_context < 0:
             raise ValueError(f"slot_context must be ≥ 0 (0 = off), got {self.slot_context}")
         times = (self.ttft_s, self.per_token_s, self.slow_s, self.retry_after_s, self.drip_s)

@@ -183,6 +183,27 @@ def perturb(text: str, prompt: str, in_flight: int) -> str:
     return "".join(parts)
 
 
+def diverge(text: str, prompt: str, in_flight: int, at: int, seed: int) -> str:
+    """``text`` kept up to token ``at`` (1-based), then seeded words of its own from there on,
+    as many tokens as before: one variant per (seed, prompt, in-flight count). The token at
+    ``at`` always differs from the original one; past the end, one word is added there."""
+    parts = pieces(text)
+    rng = _rng("diverge", seed, prompt, in_flight)
+    chinese = bool(_HAS_CJK.search(prompt))
+    keep = parts[: at - 1]
+    old = [p.strip() for p in parts[at - 1 :]] or [""]
+    new: list[str] = []
+    for n, core in enumerate(old):
+        if chinese:
+            pool = sorted(set("".join(_ZH_WORDS)) - {core.rstrip("。")})
+        else:
+            pool = [w for w in _WORDS if w != core.rstrip(".").lower()] if n == 0 else _WORDS
+        word = rng.choice(pool)
+        new.append(word if chinese else " " + word)
+    end = "。" if chinese else "."
+    return ("".join(keep) + "".join(new)).rstrip() + end
+
+
 def cut(text: str, max_tokens: int) -> str:
     """The first ``max_tokens`` tokens of ``text``."""
     return "".join(pieces(text)[:max_tokens])

@@ -14,6 +14,8 @@ from calibrate.ledger import baseline_path
 from calibrate.records import RequestRecord, utc_now_iso
 from calibrate.stages.context import StageContext
 from calibrate.stages.context_axis import axis_stopped_by, next_length, relabel
+from calibrate.stages.determinism import DeterminismCheck
+from calibrate.stages.determinism_wave import CopiesWave, send_copies
 from calibrate.stages.incidents import IncidentRecorder
 from calibrate.stages.ladder_result import Axis, LadderResult, WarmUp
 from calibrate.stages.single import read_baseline, unreachable
@@ -54,6 +56,7 @@ class LadderOptions:
     stream_check: StreamCheck | None = None  # what the stream probe found (None: not probed)
     gain_min: float = 0.10  # the setting: the smallest B within this much of the fastest tier
     max_rounds: int = 0  # rounds a tier may run when its rounds disagree (0: ``rounds``)
+    determinism_copies: int = 0  # [determinism] copies of the fixed prompt per tier (0: off)
 
     @property
     def round_bound(self) -> int:
@@ -85,6 +88,7 @@ class LadderOptions:
             slo=cfg.slo,
             gain_min=cfg.sweep.gain_min,
             max_rounds=2 * c.rounds,
+            determinism_copies=cfg.determinism.copies,
         )
 
     def on_context_axis(self, lengths: Sequence[int], batch: int) -> LadderOptions:
@@ -246,7 +250,24 @@ class Ladder:
         )
         if opts.axis == "context":  # said of the input length, not of "batch 1"
             reason = relabel(reason, batch, agg.input_tokens_target)
-        return Tier(agg, tuple(rounds), verdict, reason, opts.rounds)
+        copies = self.copies(batch) if verdict != "fail" else None  # a failed tier: no more load
+        return Tier(agg, tuple(rounds), verdict, reason, opts.rounds, copies)
+
+    def copies(self, batch: int) -> DeterminismCheck | None:
+        """[determinism] copies of the fixed prompt in waves of B after the tier's rounds,
+        between measured waves as the canary is (SPEC §13); None when off."""
+        opts = self.options
+        if not opts.determinism_copies or opts.axis != "batch":
+            return None
+        how = CopiesWave(opts.determinism_copies, opts.mode, opts.stream, opts.stream_options)
+        return send_copies(
+            self.ctx,
+            self.sender,
+            self.incidents,
+            how,
+            batch,
+            lambda item, in_flight: item_record(self.ctx, item, batch, in_flight, None),
+        )
 
     def aggregate(
         self,

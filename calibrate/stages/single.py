@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -180,7 +181,10 @@ def run_single(
     stream: bool = False,
     save_baseline: bool = False,
     accept_model: bool = False,
+    after: Callable[[], tuple[bool, dict[str, Any]]] | None = None,
 ) -> SingleResult:
+    """The fixed prompt once; ``after`` (``--determinism``) runs when it passed, before the
+    ledger line: (whether it passed, what it adds to the summary)."""
     identity, warnings = server_identity(ctx)
     model = ctx.config.target.model
     if identity.model_ids and model not in identity.model_ids:
@@ -204,7 +208,9 @@ def run_single(
         baseline = write_baseline(baseline_path(ctx.config), record, replace_existing=save_baseline)
     result = SingleResult(record, identity, tuple(problems), tuple(warnings), baseline, accepted)
     ctx.run.update_manifest(server=identity.to_json())
-    ctx.record_result(result.passed, result.summary(), served_root=served_root(identity, model))
+    passed, more = after() if result.passed and after is not None else (result.passed, {})
+    summary = {**result.summary(), **more}
+    ctx.record_result(passed, summary, served_root=served_root(identity, model))
     ctx.run.close()
     return result
 

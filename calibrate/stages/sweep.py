@@ -20,6 +20,7 @@ from calibrate.responses import in_range
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.stages.arrivals import Arrival
 from calibrate.stages.context import StageContext
+from calibrate.stages.determinism_wave import CopiesWave, send_copies
 from calibrate.stages.incidents import IncidentRecorder
 from calibrate.stages.keepalive_stall import find_stall
 from calibrate.stages.ladder import all_refused, item_record
@@ -69,6 +70,7 @@ class SweepOptions:
     stream_check: StreamCheck | None = None  # what the stream probe found (None: not probed)
     max_repeats: int = 6  # runs of a level left unsure against the best (SPEC §5.6)
     find_max_top: int = 0  # --find-max: search concurrency 1…this for the SLO boundary (0: off)
+    determinism_copies: int = 0  # [determinism] copies of the fixed prompt per level (0: off)
 
     def probed(self, check: StreamCheck) -> SweepOptions:
         """Sent as the stream probe found the server takes them."""
@@ -88,6 +90,7 @@ class SweepOptions:
     def from_config(cls, cfg: Config, batch_size: int, **kw: Any) -> SweepOptions:
         s = cfg.sweep
         kw.setdefault("max_repeats", max(s.max_repeats, s.repeats))
+        kw.setdefault("determinism_copies", cfg.determinism.copies)
         return cls(
             s.concurrency, s.level_s, s.repeats, s.gain_min, batch_size, cfg.ladder.mode, **kw
         )
@@ -182,10 +185,29 @@ class Sweep:
         if self.selfload is not None:
             level = replace(level, client_bound=self.selfload.bound_since(self.selfload_mark))
             self.selfload_mark = self.selfload.mark()
+        level = self.with_copies(level)
         self.levels.append(level)
         self.ctx.run.append("tiers.jsonl", level.to_json())
         self.on_level(level)
         return level
+
+    def with_copies(self, level: Level) -> Level:
+        """[determinism] copies of the fixed prompt after the level's measured window, C at a
+        time (SPEC §13): in none of its figures; not sent after a failed level."""
+        o = self.options
+        if not o.determinism_copies or level.verdict == "fail":
+            return level
+        how = CopiesWave(o.determinism_copies, o.mode, o.stream, o.stream_options)
+        c = max(1, level.concurrency)
+        found = send_copies(
+            self.ctx,
+            self.sender,
+            self.incidents,
+            how,
+            c,
+            lambda item, in_flight: item_record(self.ctx, item, o.batch_size, in_flight, None),
+        )
+        return replace(level, determinism=found)
 
     def result(self) -> SweepResult:
         """The levels so far; an auto sweep's in the order of its curve (synchronous, the rates,

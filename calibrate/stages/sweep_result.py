@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from calibrate.config import SloConfig
 from calibrate.stages.arrivals import rate_text, rate_value
+from calibrate.stages.determinism import DeterminismCheck
 from calibrate.stages.keepalive_stall import Stall
 from calibrate.stages.open_loop import RateJudgement
 from calibrate.stages.slo import binding_slo, describe, has_slo
@@ -69,6 +70,7 @@ class Level:
     auto: AutoStep | None = None  # --auto: which step of the curve
     client_bound: str = ""  # why calibrate itself was the bottleneck during it ("" = it was not)
     stall: Stall | None = None  # answers stalled near a keep-alive timeout
+    determinism: DeterminismCheck | None = None  # [determinism] copies, after the window
 
     @property
     def concurrency(self) -> int:
@@ -127,6 +129,7 @@ class Level:
             "client_bound": self.client_bound or None,
             **self.rate_json(),
             **self.goodput_json(),
+            **(self.determinism.to_json() if self.determinism else {}),
         }
 
     def rate_json(self) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from calibrate.errors import ErrorInfo
 from calibrate.gpu import DeviceMemory
 from calibrate.records import Usage
 from calibrate.request_times import RequestTimes
+from calibrate.stages.determinism import DeterminismCheck
 from calibrate.stages.latency import latency_columns
 from calibrate.stream_timing import StreamTiming
 from calibrate.vram import WindowPeak, device_peaks
@@ -270,6 +271,7 @@ class Tier:
     verdict: Verdict
     reason: str
     rounds_planned: int
+    determinism: DeterminismCheck | None = None  # [determinism] copies, after the rounds
 
     @property
     def batch_size(self) -> int:
@@ -288,6 +290,7 @@ class Tier:
             "rounds": len(self.rounds),
             "verdict": self.verdict,
             "reason": self.reason,
+            **(self.determinism.to_json() if self.determinism else {}),
         }
 
     def short(self) -> dict[str, Any]:

@@ -1,0 +1,187 @@
+"""The determinism report (SPEC §13): K copies of the fixed prompt, how many distinct answers.
+
+Pure functions over the copies' texts: the distinct completions (most common first), the first
+token at which one differs from the most common, and the two variants' text around it. Tokens
+are counted as a word or one CJK character (the mock's tokenizer); a server's own tokenizer may
+split finer, so the position is a word position on a real model. ``engine_switch`` names the
+batch-invariant switch of a managed vLLM or SGLang and says whether its command turned it on.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+_CJK = "\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef"
+_TOKEN = re.compile(rf"\s*(?:[{_CJK}]|[^\s{_CJK}]+)")
+AROUND = 4  # tokens shown on each side of the first difference
+MIN_COPIES = 8  # fewer copies than this say too little about a batch (SPEC §13: K ≥ 8)
+
+
+def tokens(text: str) -> list[str]:
+    """``text`` as tokens that join back into it (whitespace belongs to the token after it)."""
+    found = _TOKEN.findall(text)
+    rest = text[sum(len(p) for p in found) :]
+    if rest:
+        found.append(rest)
+    return found
+
+
+def first_difference(a: str, b: str) -> int | None:
+    """The 1-based position of the first token where ``a`` and ``b`` differ (None: equal).
+    A text that is a prefix of the other differs at the token after its end."""
+    if a == b:
+        return None
+    ta, tb = tokens(a), tokens(b)
+    for n, (x, y) in enumerate(zip(ta, tb, strict=False), start=1):
+        if x.strip() != y.strip():
+            return n
+    if len(ta) == len(tb):  # only the whitespace between tokens differs
+        return next(n for n, (x, y) in enumerate(zip(ta, tb, strict=True), start=1) if x != y)
+    return min(len(ta), len(tb)) + 1
+
+
+def around(text: str, position: int, width: int = AROUND) -> str:
+    """The tokens of ``text`` around ``position`` (1-based), with … where it was cut."""
+    parts = tokens(text)
+    start = max(0, position - 1 - width)
+    end = position + width
+    shown = "".join(parts[start:end]).strip()
+    return ("…" if start > 0 else "") + shown + ("…" if end < len(parts) else "")
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where the earliest-differing variant leaves the most common answer."""
+
+    token: int  # 1-based position of the first differing token
+    common: str  # the most common answer around it
+    variant: str  # the variant around it
+
+
+@dataclass(frozen=True)
+class DeterminismCheck:
+    """K copies of one prompt at one batch size or level: what came back."""
+
+    copies: int  # sent
+    answered: int  # answered with text
+    counts: tuple[int, ...]  # copies per distinct completion, most common first
+    divergence: Divergence | None  # None: one distinct completion (or none answered)
+    in_flight: int  # copies in flight at once
+
+    @property
+    def distinct(self) -> int:
+        return len(self.counts)
+
+    def to_json(self) -> dict[str, Any]:
+        d = self.divergence
+        return {
+            "determinism_copies": self.copies,
+            "distinct_completions": self.distinct,
+            "first_diff_token": d.token if d else None,
+            "first_diff_common": d.common if d else None,
+            "first_diff_variant": d.variant if d else None,
+        }
+
+    def describe(self, where: str) -> str:
+        """``batch 4: 2 distinct completions of 8; first difference at token 5: '…' vs '…'``."""
+        failed = self.copies - self.answered
+        missing = f" ({failed} unanswered)" if failed else ""
+        if self.divergence is None:
+            return f"{where}: {self.answered} of {self.copies} copies identical{missing}"
+        d = self.divergence
+        return (
+            f"{where}: {self.distinct} distinct completions of {self.copies}{missing}; first "
+            f"difference at token {d.token}: {d.common!r} vs {d.variant!r}"
+        )
+
+
+def check(texts: Sequence[str | None], in_flight: int) -> DeterminismCheck:
+    """The copies' answers (None: that copy failed) compared with each other."""
+    answered = [t for t in texts if t is not None]
+    ranked = Counter(answered).most_common()  # ties: the one seen first
+    divergence = None
+    if len(ranked) > 1:
+        common = ranked[0][0]
+        found = [(first_difference(common, other), other) for other, _ in ranked[1:]]
+        position, variant = min(((p, v) for p, v in found if p is not None), key=lambda pv: pv[0])
+        divergence = Divergence(position, around(common, position), around(variant, position))
+    return DeterminismCheck(
+        len(texts), len(answered), tuple(n for _, n in ranked), divergence, in_flight
+    )
+
+
+def copies_per_wave(copies: int, batch: int) -> list[int]:
+    """Waves of ``batch`` copies until at least ``copies`` were sent: every wave full, so each
+    copy ran with ``batch`` in flight (at batch 16, 16 copies rather than 8)."""
+    batch = max(1, batch)
+    waves = max(1, -(-copies // batch))
+    return [batch] * waves
+
+
+@dataclass(frozen=True)
+class EngineSwitch:
+    """A managed engine's batch-invariant switch: its name and whether it was on."""
+
+    engine: str  # "vLLM", "SGLang"
+    switch: str  # "VLLM_BATCH_INVARIANT=1", "--enable-deterministic-inference"
+    on: bool | None  # None: calibrate could not read the engine's command or environment
+
+    def advice(self) -> str:
+        """What to say when the copies differed."""
+        if self.on:
+            return (
+                f"{self.engine}: {self.switch} was on, and the answers still differ: the "
+                "difference is not the batch (check the sampling parameters and the seed)"
+            )
+        was = "was off" if self.on is False else "could not be read"
+        return (
+            f"{self.engine}: {self.switch} turns on batch-invariant kernels ({was} here); "
+            "they cost throughput (SGLang measured ≈ 34 % slower)"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"engine": self.engine, "switch": self.switch, "on": self.on}
+
+
+def engine_switch(
+    kind: str | None, argv: Sequence[str] | None, environ: Mapping[str, str] | None
+) -> EngineSwitch | None:
+    """The switch of engine ``kind`` (None: not vLLM or SGLang); ``on`` from its argv and
+    environment (None where neither was readable). ``VAR=1`` words before the program in the
+    argv count as its environment (``env VLLM_BATCH_INVARIANT=1 vllm serve …``)."""
+    if kind == "vllm":
+        words = dict(w.split("=", 1) for w in argv or () if re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", w))
+        env = {**words, **(environ or {})}
+        value = env.get("VLLM_BATCH_INVARIANT")
+        on: bool | None = None
+        if value is not None:
+            on = value.strip().lower() not in ("", "0", "false")
+        elif argv is not None or environ is not None:
+            on = False
+        return EngineSwitch("vLLM", "VLLM_BATCH_INVARIANT=1", on)
+    if kind == "sglang":
+        flag = "--enable-deterministic-inference"
+        on = None if argv is None else any(w == flag or w.startswith(flag + "=") for w in argv)
+        return EngineSwitch("SGLang", flag, on)
+    return None
+
+
+def overall(checks: Sequence[tuple[str, DeterminismCheck]]) -> str | None:
+    """One line over every tier or level: ``determinism (8 copies each): identical at batch 1,
+    2; 2 distinct at batch 4 (first difference at token 5)``; None when none was checked."""
+    if not checks:
+        return None
+    same = [where for where, c in checks if c.divergence is None]
+    differ = [
+        f"{c.distinct} distinct at {where} (first difference at token {c.divergence.token})"
+        for where, c in checks
+        if c.divergence is not None
+    ]
+    parts = [f"identical at {', '.join(same)}"] if same else []
+    copies = sorted({c.copies for _, c in checks})
+    each = f"{copies[0]}" if len(copies) == 1 else f"{copies[0]}–{copies[-1]}"
+    return f"determinism ({each} copies each): " + "; ".join([*parts, *differ])
