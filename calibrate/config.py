@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from urllib3.exceptions import LocationParseError
 from urllib3.util import parse_url
 
+from calibrate.engine_args import args_problem
 from calibrate.errors import ConfigError, UsageError
 from calibrate.redact import redact_url
 from calibrate.workload import (
@@ -623,8 +624,6 @@ def _check_ranges(section: Any, name: str, path: Path) -> None:
         problems.append(
             _between("stop_timeout_s", section.stop_timeout_s, 0, MAX_TIMEOUT_S, low_open=True)
         )
-        from calibrate.server.builders import args_problem  # builders imports this module
-
         problems.append(args_problem(section.kind, section.args))
     problems = [p for p in problems if p]
     if problems:

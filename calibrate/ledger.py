@@ -1,7 +1,7 @@
-"""The ledger (``runs/ledger.jsonl``) and the gates it opens (SPEC §3.1, §4.2, §4.3).
+"""The ledger (``runs/ledger.jsonl``): what every stage recorded (SPEC §3.1, §4.2).
 
-What each stage needs comes from ``calibrate.pipeline``; what makes a target from
-``calibrate.identity``. A gate closed because the target changed says which part changed.
+The gates it opens are read in ``calibrate.gates``; what makes a target comes from
+``calibrate.identity``.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from pathlib import Path
 
 from calibrate.config import Config
 from calibrate.identity import TargetIdentity, Weights
-from calibrate.pipeline import step
 from calibrate.records import LedgerEntry
 from calibrate.store import append_jsonl, ledger_path
-from calibrate.summaries import ladder_summary, pin_summary
+from calibrate.summaries import ladder_summary
 
 log = logging.getLogger("calibrate")
 
@@ -128,81 +127,3 @@ def current_weights(cfg: Config, ledger: Ledger, target: str) -> Weights:
         if entry.target == target:
             root = Weights.from_json(entry.weights).served_root or root
     return Weights(cfg.server.model_path, root)
-
-
-def check_gate(stage: str, cfg: Config, ledger: Ledger, target: str) -> Gate:
-    """The gate table of SPEC §4.3, read from ``calibrate.pipeline``; a stage that derives from
-    the calibrated setting (pin, verify) is also gated against the weights it was measured with."""
-    gate = _stage_gate(stage, cfg, ledger, target)
-    row = step(stage)
-    if gate.open and row is not None and row.derives_setting:
-        from calibrate.weights_gate import setting_gate  # it reads the setting, which reads us
-
-        return setting_gate(cfg, ledger, target)
-    return gate
-
-
-def _stage_gate(stage: str, cfg: Config, ledger: Ledger, target: str) -> Gate:
-    row = step(stage)
-    if row is None or row.needs == "nothing":
-        return Gate(True)
-    if row.needs == "baseline":
-        if not baseline_path(cfg).exists():
-            return Gate(False, f"no baseline at {baseline_path(cfg)}", row.run_first)
-        return Gate(True)
-    if row.needs == "ladder_tier_or_pin":
-        return _rollback_gate(cfg, ledger, target)
-    needed = row.needs
-    entry = ledger.latest(needed, target)
-    if entry is None:
-        return _missing(needed, row.run_first, cfg, ledger, target)
-    if entry.interrupted:
-        return Gate(
-            False,
-            f"the latest {needed} for this target was interrupted "
-            f"(run {entry.run_id}): its partial tiers are not a result",
-            row.run_first,
-        )
-    if not entry.passed:
-        return Gate(
-            False, f"the latest {needed} for this target failed (run {entry.run_id})", row.run_first
-        )
-    if why := Weights.from_json(entry.weights).mismatch(current_weights(cfg, ledger, target)):
-        return Gate(
-            False,
-            f"{why} since the {needed} (run {entry.run_id})",
-            "calibrate single --save-baseline, then calibrate repro and calibrate ladder",
-        )
-    return Gate(True)
-
-
-def _rollback_gate(cfg: Config, ledger: Ledger, target: str) -> Gate:
-    ladder = ledger.latest("ladder", target)
-    has_tier = (
-        ladder is not None
-        and not ladder.interrupted
-        and ladder_summary(ladder.summary).last_passing is not None
-    )
-    pin = ledger.latest("pin", target, passed=True)
-    if has_tier or (pin is not None and pin_summary(pin.summary).setting is not None):
-        return Gate(True)
-    return Gate(False, "no ladder with a passing tier and no pin", "calibrate ladder")
-
-
-def _missing(needed: str, run_first: str, cfg: Config, ledger: Ledger, target: str) -> Gate:
-    """No ``needed`` entry for this target: say what changed since the newest one for any target."""
-    plain = Gate(False, f"no {needed} has run for this target ({target})", run_first)
-    newest = next((e for e in reversed(ledger.entries()) if e.stage == needed), None)
-    before = TargetIdentity.from_json(newest.identity) if newest is not None else None
-    if newest is None or before is None:
-        return plain
-    changes = TargetIdentity.of(cfg).changes_since(before)
-    if not changes:
-        return plain
-    return Gate(
-        False,
-        f"{' and '.join(changes)} changed since the last {needed} (run {newest.run_id}), "
-        f"so this is a new target ({target})",
-        "calibrate single --save-baseline, then calibrate repro"
-        + ("" if needed == "repro" else " and calibrate ladder"),
-    )

@@ -1,7 +1,7 @@
 """The pipeline in one table: each stage, what it needs, and what to run after it (SPEC §4.3).
 
-The gates (``ledger.check_gate``), ``status``'s "next" and every "next:" hint a command prints
-read this table, so the three can never disagree: a stage's hint is ``next_step`` read from the
+The gates (``gates.check_gate``), ``status``'s "next" and every "next:" hint a command prints
+read this table, so the three can never disagree: a stage's hint is ``gates.next_step`` read from the
 ledger right after the stage recorded its result, the very answer ``status`` gives next. A hint
 is given only after a stage passed: a stage that exited 1 or 130 says how to fix or resume it
 instead.
@@ -10,12 +10,10 @@ instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-if TYPE_CHECKING:  # the ledger reads this table; these are imported where they are used
-    from calibrate.config import Config
-    from calibrate.ledger import Ledger
-    from calibrate.records import LedgerEntry
+from calibrate.ledger import Ledger
+from calibrate.records import LedgerEntry
 
 StageName = Literal[
     "single", "repro", "ladder", "sweep", "tune", "pin", "verify", "rollback", "batch"
@@ -105,48 +103,3 @@ def standing(ledger: Ledger, target: str) -> Standing:
         latest[entry.stage] = entry
         order[entry.stage] = position
     return Standing(latest, order, context)
-
-
-def next_step(cfg: Config, ledger: Ledger, target: str) -> str:
-    """What to run next for ``target``: ``status``'s "next:" and every stage's hint.
-
-    The first stage of the main line still to do, read from this table and the gates, with
-    these turns: a ladder whose managed server died is followed by a rollback (it restarts the
-    server at the last passing tier; a sweep would find no server); a passing rollback newer
-    than the main line and tune by the production run at its setting; a passing tune stands
-    in for the sweep (its winner carries a concurrency) and, newer than the pin, asks for a
-    pin of its flags; a pin newer than the last verify asks for a restart from the pinned
-    script and a verify.
-    """
-    from calibrate.ledger import baseline_path, check_gate
-    from calibrate.summaries import pin_summary
-
-    now = standing(ledger, target)
-    latest = now.latest
-    ladder, rollback = latest.get("ladder"), latest.get("rollback")
-    rolled_back = rollback is not None and rollback.passed
-    died = ladder is not None and ladder.passed and bool(ladder.summary.get("server_died"))
-    if died and not (rolled_back and now.newer("rollback", "ladder")):
-        return ROLLBACK_AFTER_DEATH
-    later = [stage for stage in (*MAIN_LINE, "tune") if stage in latest]
-    if rolled_back and all(now.newer("rollback", stage) for stage in later):
-        return next_after("rollback")
-    has_baseline = baseline_path(cfg).exists()
-    pin, tune = latest.get("pin"), latest.get("tune")
-    tuned = tune is not None and tune.passed and now.newer("tune", "ladder")
-    for stage in MAIN_LINE:
-        entry = latest.get(stage)
-        if stage == "single" and (entry is None or not entry.passed) and has_baseline:
-            continue  # a baseline exists: single has done its job
-        if stage == "sweep" and entry is None and pin is not None:
-            continue  # pinned without a sweep: concurrency 1, a choice the user made
-        if stage == "sweep" and tuned and now.newer("tune", "sweep"):
-            continue  # the tune winner's best concurrency is the setting
-        if stage == "pin" and tuned and now.newer("tune", "pin"):
-            return "calibrate pin"  # the winner's flags are not in the launch script yet
-        if stage == "verify" and pin is not None and pin.passed and now.newer("pin", "verify"):
-            return restart_then_verify(pin_summary(pin.summary).script)
-        if entry is None or not entry.passed:
-            gate = check_gate(stage, cfg, ledger, target)
-            return f"calibrate {stage}" if gate.open else gate.run_first
-    return next_after("verify")

@@ -21,8 +21,9 @@ from calibrate.client import OpenAIClient
 from calibrate.compare import VOLATILE_FIELDS, Comparison, Normaliser, default_program
 from calibrate.config import Config
 from calibrate.errors import GateClosed, Interrupted, StageFailed, UsageError
+from calibrate.gates import check_gate
 from calibrate.junit import JUnitSuite
-from calibrate.ledger import Ledger, check_gate, target_fingerprint
+from calibrate.ledger import Ledger, target_fingerprint
 from calibrate.output_paths import check_outputs, stage_files
 from calibrate.server.redaction import argv_secret_values, secret_values
 from calibrate.stages.context import StageContext, manifest

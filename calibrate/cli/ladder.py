@@ -48,8 +48,8 @@ from calibrate.cli.tier_output import (
 )
 from calibrate.cli.workload_flags import context_lengths, sized, task_pool, workload_spec
 from calibrate.errors import ExitCode, Interrupted
+from calibrate.gates import next_step
 from calibrate.junit import JUnitCase, JUnitSuite
-from calibrate.pipeline import next_step
 from calibrate.report import live_rows
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.stages.compare_tiers import TierComparison

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.cli.common import add_command, add_force, load_config, open_stage, output_for
+from calibrate.gates import next_step
 from calibrate.output_paths import check_outputs, stage_files
-from calibrate.pipeline import next_step
 from calibrate.server.builders import SERVER_KINDS
 from calibrate.stages.pin import run_pin
 

@@ -31,8 +31,8 @@ from calibrate.cli.common import (
 from calibrate.compare import after_failure
 from calibrate.config import MAX_ROUNDS
 from calibrate.errors import UsageError
+from calibrate.gates import next_step
 from calibrate.output_paths import check_outputs
-from calibrate.pipeline import next_step
 from calibrate.stages.repro import ReproResult, between_files, run_repro
 from calibrate.store import RunDir
 

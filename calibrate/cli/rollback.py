@@ -30,9 +30,9 @@ from calibrate.cli.common import (
 from calibrate.compare import Normaliser
 from calibrate.config import MAX_TIMEOUT_S
 from calibrate.errors import UsageError
+from calibrate.gates import next_step
 from calibrate.gpu import gpu_snapshot
 from calibrate.junit import JUnitCase
-from calibrate.pipeline import next_step
 from calibrate.stages.context import StageContext
 from calibrate.stages.rollback import NOT_CAPACITY, Rollback, StepResult
 

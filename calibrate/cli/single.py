@@ -23,8 +23,8 @@ from calibrate.cli.common import (
     save_junit,
 )
 from calibrate.errors import UsageError
+from calibrate.gates import next_step
 from calibrate.ledger import baseline_path
-from calibrate.pipeline import next_step
 from calibrate.stages.context import StageContext
 from calibrate.stages.determinism_wave import CopiesWave, managed_switch, send_copies
 from calibrate.stages.ladder import item_record

@@ -54,7 +54,7 @@ from calibrate.cli.tier_output import (
 from calibrate.cli.workload_flags import task_pool, workload_spec
 from calibrate.config import MAX_BATCH_SIZE, Config
 from calibrate.errors import ExitCode, GateClosed, Interrupted, UsageError
-from calibrate.pipeline import next_step
+from calibrate.gates import next_step
 from calibrate.report import live_rows
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.setting import latest_passing_ladder

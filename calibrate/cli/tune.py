@@ -32,7 +32,7 @@ from calibrate.cli.tune_view import finished_line, show_finished
 from calibrate.cli.workload_flags import add_workload_args, task_pool, workload_spec
 from calibrate.config import MAX_TIMEOUT_S
 from calibrate.errors import Interrupted, UsageError
-from calibrate.pipeline import next_step
+from calibrate.gates import next_step
 from calibrate.server.builders import SERVER_KINDS
 from calibrate.server.redaction import shown_command
 from calibrate.stages.tier_run import MeasureSpec, preflight

@@ -26,7 +26,7 @@ from calibrate.cli.common import (
     show_comparison,
 )
 from calibrate.compare import Normaliser, after_failure
-from calibrate.pipeline import next_step
+from calibrate.gates import next_step
 from calibrate.stages.context import StageContext
 from calibrate.stages.verify import run_verify
 

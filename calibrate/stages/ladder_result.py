@@ -114,7 +114,7 @@ class LadderResult:
             "tiers": tiers,
             "baseline_mismatch": list(self.notes),
             "incidents": self.incidents,
-            # the managed server died under a tier: the next step restarts it (pipeline.next_step)
+            # the managed server died under a tier: the next step restarts it (gates.next_step)
             "server_died": any("server_died" in t.stats.error_kinds for t in self.tiers),
             "warmup": self.warmup.to_json() if self.warmup else None,
             "workload_detail": self.workload_details,

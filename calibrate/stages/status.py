@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from calibrate.config import Config
+from calibrate.gates import next_step
 from calibrate.ledger import Ledger, baseline_path
-from calibrate.pipeline import MAIN_LINE, OPTIONAL, next_step, standing
+from calibrate.pipeline import MAIN_LINE, OPTIONAL, standing
 from calibrate.records import LedgerEntry
 from calibrate.setting import CalibratedSetting, resolve
 from calibrate.summaries import pin_summary, tune_summary
