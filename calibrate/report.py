@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from calibrate.confidence import percent
+from calibrate.energy import ENERGY_COLUMNS
 from calibrate.errors import InputError
 from calibrate.numbers import finite
 from calibrate.output_paths import Named
@@ -149,7 +150,8 @@ def write_tiers_csv(
     ]
     import pandas as pd  # imported on use: every command's start and --help stay light
 
-    frame = pd.DataFrame(records, columns=COLUMNS[kind])
+    energy = [c for c in ENERGY_COLUMNS if any(r.get(c) is not None for r in rows)]  # or none
+    frame = pd.DataFrame(records, columns=[*COLUMNS[kind], *energy])
     write_atomic(path, frame.to_csv(index=False))
     return path
 

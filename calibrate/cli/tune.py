@@ -31,6 +31,7 @@ from calibrate.cli.common import (
 from calibrate.cli.tune_view import finished_line, show_finished
 from calibrate.cli.workload_flags import add_workload_args, task_pool, workload_spec
 from calibrate.config import MAX_TIMEOUT_S
+from calibrate.energy import PRICE_HELP
 from calibrate.errors import Interrupted, UsageError
 from calibrate.pipeline import next_step
 from calibrate.server.builders import SERVER_KINDS
@@ -86,6 +87,7 @@ def register(subparsers: Any) -> None:
         help="NVML device index or UUID the server uses (repeatable)",
     )
     add("--gpu-metrics-url", metavar="URL", help="a DCGM exporter for GPUs on another machine")
+    add("--gpu-price-per-hour", type=float, metavar="USD", help=PRICE_HELP)
     add_force(parser)
 
 
@@ -99,6 +101,7 @@ def _request(args: argparse.Namespace) -> TuneRequest:
         vram_source=args.vram_source,
         gpus=tuple(args.gpu) if args.gpu else None,
         gpu_metrics_url=args.gpu_metrics_url,
+        gpu_price_per_hour=args.gpu_price_per_hour,
     )
     preflight(spec)
     return TuneRequest(

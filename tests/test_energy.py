@@ -1,0 +1,145 @@
+"""Energy and cost per tier and level (SPEC §13): the DCGM-style mock end to end, the fake NVML
+counter, $ per 1M output tokens at the setting, no columns without a source, a bad price."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from calibrate.gpu import NvmlSampler
+from calibrate.vram import VramMonitor, energy_reader
+from tests.fakes.nvml import FakeGpu, FakeNvml
+from tests.mockserver import start_mock
+from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
+
+ENERGY = ("energy_j", "power_mean_w", "joules_per_output_token")
+LADDER = f"{FAST}batch_sizes = [1, 2, 4]\n"
+
+
+def _ladder(cli: Any, root: Path, *flags: str, extra: str = LADDER, **mock: Any) -> Any:
+    with start_mock(ttft_s=0.01, per_token_s=0.002, **mock) as server:
+        open_gate(root, server.base_url, extra)
+        result = cli("ladder", "--json", "--vram-source", "metrics", *flags)
+    assert result.code == 0, result.err
+    return result
+
+
+def _csv_rows(root: Path, run_id: str) -> list[dict[str, str]]:
+    with (run_dir(root, run_id) / "tiers.csv").open(encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("counter", [True, False], ids=["dcgm-counter", "dcgm-power"])
+def test_dcgm_mock_ladder_shows_joules_per_token_rising_with_power(
+    cli: Any, isolated: Path, counter: bool
+) -> None:
+    per_tier: list[dict[int, float]] = []
+    for watts in (100.0, 400.0):
+        result = _ladder(
+            cli, isolated, power_w=watts, power_per_request_w=watts / 4, dcgm_energy=counter
+        )
+        source = "dcgm total energy" if counter else "dcgm power (integrated)"
+        assert f"energy: {source}" in result.err
+        tiers = result.json["tiers_detail"]
+        assert [t["batch_size"] for t in tiers] == [1, 2, 4]
+        for t in tiers:
+            assert t["energy_source"] == source
+            assert t["energy_j"] > 0 and t["joules_per_output_token"] > 0
+            # the mock draws W + W/4 per request: mean power lies between idle and all-busy
+            assert watts * 0.9 <= t["power_mean_w"] <= watts * 2.1
+        rows = _csv_rows(isolated, result.json["run_id"])
+        assert all(float(r["joules_per_output_token"]) > 0 for r in rows)
+        assert "usd_per_1m_output_tokens" not in rows[0]  # no price given: no column
+        per_tier.append({t["batch_size"]: t["joules_per_output_token"] for t in tiers})
+    low, high = per_tier
+    assert all(high[b] > 2 * low[b] for b in low), (low, high)
+
+
+def test_the_fake_nvml_counter_gives_exact_joules_per_window() -> None:
+    gpus = [FakeGpu("GPU-a", 1000, 80000, energy_mj=5_000_000), FakeGpu("GPU-b", 10, 80000)]
+    gpus[1].energy_mj = 9_000_000
+    sampler = NvmlSampler.open(nvml=FakeNvml(gpus))
+    assert sampler is not None
+    reader = energy_reader([sampler])
+    assert reader is not None and reader.source == "nvml total energy"
+    monitor = VramMonitor([sampler], energy=reader, price_per_hour=2.5)
+    idle = monitor.open_window()
+    gpus[0].energy_mj += 300_000  # 300 J on one device, 150 J on the other: 450 J in all
+    gpus[1].energy_mj += 150_000
+    peak = monitor.close_window(idle)
+    assert peak.energy is not None
+    assert peak.energy.joules == 450.0 and peak.energy.source == "nvml total energy"
+    assert peak.price_per_hour == 2.5
+
+
+def test_nvml_without_the_counter_integrates_power_and_without_either_is_none() -> None:
+    powered = FakeNvml([FakeGpu("GPU-a", 1, 80000, power_mw=250_000)])
+    sampler = NvmlSampler.open(nvml=powered)
+    assert sampler is not None
+    reader = energy_reader([sampler])
+    assert reader is not None and reader.source == "nvml power (integrated)"
+    sample = reader.read()
+    assert sample is not None and sample.power_w == 250.0
+    bare = NvmlSampler.open(nvml=FakeNvml([FakeGpu("GPU-a", 1, 80000)]))
+    assert bare is not None and energy_reader([bare]) is None
+
+
+def test_a_price_prints_usd_per_1m_output_tokens_at_the_setting(cli: Any, isolated: Path) -> None:
+    result = _ladder(cli, isolated, "--gpu-price-per-hour", "2.5", power_w=200.0)
+    tiers = result.json["tiers_detail"]
+    setting = next(line for line in result.err.splitlines() if "setting: batch" in line)
+    assert "per 1M output tokens" in setting and "J/output token" in setting
+    for t in tiers:  # the formula, from the tier's own wall time and tokens
+        tokens = t["output_tokens_per_s"] * t["total_s"]
+        expected = 2.5 / 3600 * t["total_s"] / tokens * 1e6
+        assert t["usd_per_1m_output_tokens"] == pytest.approx(expected, rel=0.01)
+    rows = _csv_rows(isolated, result.json["run_id"])
+    assert all(float(r["usd_per_1m_output_tokens"]) > 0 for r in rows)
+    short = {t["batch_size"]: t for t in result.json["tiers"]}
+    assert all("usd_per_1m_output_tokens" in t for t in short.values())
+
+
+def test_the_cost_section_prices_without_an_energy_source(cli: Any, isolated: Path) -> None:
+    result = _ladder(cli, isolated, extra=f"{LADDER}[cost]\ngpu_price_per_hour = 4\n")
+    tiers = result.json["tiers_detail"]
+    assert all(t["usd_per_1m_output_tokens"] > 0 for t in tiers)
+    assert all(k not in t for t in tiers for k in ENERGY)  # priced, but no energy measured
+    assert "energy:" not in result.err
+
+
+def test_no_energy_source_means_no_energy_columns_and_no_zeros(cli: Any, isolated: Path) -> None:
+    result = _ladder(cli, isolated)
+    for t in result.json["tiers_detail"]:
+        assert not {*ENERGY, "usd_per_1m_output_tokens", "energy_source"} & set(t)
+    run = run_dir(isolated, result.json["run_id"])
+    header = (run / "tiers.csv").read_text("utf-8").splitlines()[0].split(",")
+    assert not {*ENERGY, "usd_per_1m_output_tokens"} & set(header)
+    assert all("energy_j" not in row for row in jsonl(run / "tiers.jsonl"))
+    assert "energy:" not in result.err and "J/output token" not in result.err
+
+
+@pytest.mark.parametrize("price", ["-1", "nan", "inf", "-0.01"])
+def test_a_bad_price_is_exit_2_before_anything_is_sent(
+    cli: Any, isolated: Path, price: str
+) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as server:
+        open_gate(isolated, server.base_url, LADDER)
+        for stage in ("ladder", "sweep"):
+            result = cli(stage, f"--gpu-price-per-hour={price}")
+            assert result.code == 2, result.err
+            assert "--gpu-price-per-hour" in result.err and "Traceback" not in result.err
+        sent = server.model.snapshot().requests_total
+    assert sent == 0
+
+
+@pytest.mark.parametrize("price", ["-2", "nan"])
+def test_a_bad_cost_section_is_exit_2(cli: Any, isolated: Path, price: str) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as server:
+        open_gate(isolated, server.base_url, LADDER)
+        toml = isolated / "calibrate.toml"
+        toml.write_text(toml.read_text("utf-8") + f"[cost]\ngpu_price_per_hour = {price}\n")
+        result = cli("ladder")
+    assert result.code == 2 and "gpu_price_per_hour" in result.err
