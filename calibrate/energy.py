@@ -222,3 +222,14 @@ def cost_text(row: Any) -> str:
     if usd is not None:
         parts.append(f"${usd:.3g} per 1M output tokens")
     return "".join(f", {p}" for p in parts)
+
+
+def pinned_cost(entries: Sequence[Any], run_id: str, batch: int, concurrency: int) -> str:
+    """What the setting's run measured at the setting, for the launch script's header: its
+    sweep level at ``concurrency`` or its ladder tier at ``batch``; "" when it measured none."""
+    entry = next((e for e in reversed(entries) if e.run_id == run_id), None)
+    summary: dict[str, Any] = entry.summary if entry is not None else {}
+    levels = [r for r in summary.get("levels") or () if r.get("concurrency") == concurrency]
+    tiers = [r for r in summary.get("tiers") or () if r.get("batch_size") == batch]
+    found = (levels or tiers or [None])[0]
+    return cost_text(found).removeprefix(", ") if isinstance(found, dict) else ""

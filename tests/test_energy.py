@@ -17,6 +17,7 @@ from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
 
 ENERGY = ("energy_j", "power_mean_w", "joules_per_output_token")
 LADDER = f"{FAST}batch_sizes = [1, 2, 4]\n"
+PINNED = f'{LADDER}[server]\nmodel_path = "/models/m"\n'
 
 
 def _ladder(cli: Any, root: Path, *flags: str, extra: str = LADDER, **mock: Any) -> Any:
@@ -143,3 +144,47 @@ def test_a_bad_cost_section_is_exit_2(cli: Any, isolated: Path, price: str) -> N
         toml.write_text(toml.read_text("utf-8") + f"[cost]\ngpu_price_per_hour = {price}\n")
         result = cli("ladder")
     assert result.code == 2 and "gpu_price_per_hour" in result.err
+
+
+def test_a_sweep_shows_energy_per_level_and_cost_at_the_recommendation(
+    cli: Any, isolated: Path
+) -> None:
+    sweep = f"{FAST}[sweep]\nconcurrency = [1, 2, 4]\nlevel_s = 0.3\nrepeats = 1\n"
+    with start_mock(
+        ttft_s=0.01, per_token_s=0.002, slots=2, power_w=100.0, power_per_request_w=50.0
+    ) as server:
+        open_gate(isolated, server.base_url, sweep, stage="ladder")
+        result = cli(
+            "sweep", "--json", "--beyond-ladder", "--vram-source", "metrics",
+            "--gpu-price-per-hour", "2.5",
+        )  # fmt: skip
+    assert result.code == 0, result.err
+    levels = result.json["levels_detail"]
+    assert [lv["concurrency"] for lv in levels] == [1, 2, 4]
+    assert all(lv["joules_per_output_token"] > 0 and lv["energy_j"] > 0 for lv in levels)
+    assert all(lv["usd_per_1m_output_tokens"] > 0 for lv in levels)
+    line = next(x for x in result.err.splitlines() if "recommended" in x and "concurrency" in x)
+    assert "J/output token" in line and "per 1M output tokens" in line
+    short = result.json["levels"]
+    assert all("joules_per_output_token" in lv for lv in short)
+
+
+def test_pin_writes_the_settings_cost_in_the_header(cli: Any, isolated: Path) -> None:
+    _ladder(cli, isolated, "--gpu-price-per-hour", "2.5", extra=PINNED, power_w=200.0)
+    result = cli("pin", "--kind", "vllm")
+    assert result.code == 0, result.err
+    header = [x for x in Path("scripts/launch.sh").read_text("utf-8").splitlines() if x[:1] == "#"]
+    cost = next(x for x in header if x.startswith("# at this setting: "))
+    assert "J/output token" in cost and "per 1M output tokens" in cost
+
+
+def test_pin_without_a_measured_cost_writes_no_cost_line(cli: Any, isolated: Path) -> None:
+    _ladder(cli, isolated, extra=PINNED)
+    assert cli("pin", "--kind", "vllm").code == 0
+    assert "at this setting" not in Path("scripts/launch.sh").read_text("utf-8")
+
+
+@pytest.mark.parametrize("flags", [["--power-w", "-5"], ["--power-per-request-w", "nan"]])
+def test_a_bad_mock_power_is_exit_2(cli: Any, flags: list[str]) -> None:
+    result = cli("mock", "--port", "0", *flags)
+    assert result.code == 2 and "power" in result.err and "Traceback" not in result.err
