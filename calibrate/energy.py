@@ -28,7 +28,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from calibrate.errors import UsageError
 from calibrate.prometheus import parse_prometheus
@@ -44,6 +44,13 @@ ENERGY_COLUMNS = (
     "joules_per_output_token",
     "usd_per_1m_output_tokens",
 )
+# tune --rank-by: goodput (the default), or the fewest J / $ per output token at the best level
+RankBy = Literal["goodput", "joules_per_token", "usd_per_1m"]
+RANK_BY: tuple[RankBy, ...] = ("goodput", "joules_per_token", "usd_per_1m")
+RANK_FIELDS: dict[str, str] = {
+    "joules_per_token": "joules_per_output_token",
+    "usd_per_1m": "usd_per_1m_output_tokens",
+}
 PRICE_HELP = (
     "what the GPUs the server runs on cost per hour, all of them together (2 GPUs at $2.50 "
     "each: 5); adds $ per 1M output tokens = price / 3600 × wall_s / output_tokens × 1e6 to "

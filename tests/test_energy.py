@@ -4,6 +4,7 @@ counter, $ per 1M output tokens at the setting, no columns without a source, a b
 from __future__ import annotations
 
 import csv
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from calibrate.vram import VramMonitor, energy_reader
 from tests.fakes.nvml import FakeGpu, FakeNvml
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
+from tests.tune_helpers import MOCK, tune_config
 
 ENERGY = ("energy_j", "power_mean_w", "joules_per_output_token")
 LADDER = f"{FAST}batch_sizes = [1, 2, 4]\n"
@@ -188,3 +190,35 @@ def test_pin_without_a_measured_cost_writes_no_cost_line(cli: Any, isolated: Pat
 def test_a_bad_mock_power_is_exit_2(cli: Any, flags: list[str]) -> None:
     result = cli("mock", "--port", "0", *flags)
     assert result.code == 2 and "power" in result.err and "Traceback" not in result.err
+
+
+def _tune_power(root: Path, extra: str = "") -> None:
+    """The mock as the managed engine, its power draw the one axis tune searches."""
+    command = shlex.join([*MOCK, "--slots", "2"]) + (
+        " --port {port} --power-w {power} --power-per-request-w 10 --memory-fraction 0.5"
+    )
+    tune_config(root, 'grid = ["power=800,100"]\n' + extra, command=command, batch=2)
+
+
+def test_tune_ranks_by_joules_per_token_when_asked(cli: Any, isolated: Path) -> None:
+    _tune_power(isolated)
+    result = cli(
+        "tune", "--json", "--vram-source", "metrics", "--rank-by", "joules_per_token",
+        "--gpu-price-per-hour", "3",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    ranked = result.json["candidates"]
+    assert [c["flags"]["power"] for c in ranked] == ["100", "800"]
+    best = [c["best"] for c in ranked]
+    assert best[0]["joules_per_output_token"] < best[1]["joules_per_output_token"] / 3
+    assert all(b["usd_per_1m_output_tokens"] > 0 for b in best)
+    assert "ranked by joules_per_token" in result.err
+    run = isolated / "runs" / result.json["run_id"]
+    header = (run / "tiers.csv").read_text("utf-8").splitlines()[0]
+    assert "joules_per_output_token" in header and "usd_per_1m_output_tokens" in header
+
+
+def test_tune_rank_by_usd_needs_a_price(cli: Any, isolated: Path) -> None:
+    _tune_power(isolated)
+    result = cli("tune", "--rank-by", "usd_per_1m")
+    assert result.code == 2 and "--gpu-price-per-hour" in result.err
