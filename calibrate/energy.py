@@ -236,7 +236,11 @@ def pinned_cost(entries: Sequence[Any], run_id: str, batch: int, concurrency: in
     sweep level at ``concurrency`` or its ladder tier at ``batch``; "" when it measured none."""
     entry = next((e for e in reversed(entries) if e.run_id == run_id), None)
     summary: dict[str, Any] = entry.summary if entry is not None else {}
-    levels = [r for r in summary.get("levels") or () if r.get("concurrency") == concurrency]
-    tiers = [r for r in summary.get("tiers") or () if r.get("batch_size") == batch]
-    found = (levels or tiers or [None])[0]
-    return cost_text(found).removeprefix(", ") if isinstance(found, dict) else ""
+
+    def rows(key: str, field: str, value: int) -> list[dict[str, Any]]:
+        found = summary.get(key)
+        listed = found if isinstance(found, list) else []
+        return [r for r in listed if isinstance(r, dict) and r.get(field) == value]
+
+    found = [*rows("levels", "concurrency", concurrency), *rows("tiers", "batch_size", batch)]
+    return cost_text(found[0]).removeprefix(", ") if found else ""
