@@ -103,12 +103,21 @@ def window_energy(samples: Sequence[EnergySample], source: str) -> EnergyWindow 
     return EnergyWindow(joules, seconds, source) if seconds > 0 else None
 
 
-def dcgm_sample(text: str, now_s: float) -> EnergySample | None:
-    """A DCGM exporter's energy counter and power gauge in a scrape, summed over its GPUs."""
+def dcgm_sample(
+    text: str, now_s: float, devices: Sequence[str] | None = None
+) -> EnergySample | None:
+    """A DCGM exporter's energy counter and power gauge in a scrape, summed over its GPUs (only
+    those in ``devices``, by ``gpu`` index or ``UUID`` label, when the server's are known)."""
     scrape = parse_prometheus(text)
+    wanted = set(devices or ())
 
     def total(name: str) -> float | None:
-        values = [s.value for s in scrape.get(name, ()) if math.isfinite(s.value)]
+        values = [
+            s.value
+            for s in scrape.get(name, ())
+            if math.isfinite(s.value)
+            and (not wanted or s.label("gpu") in wanted or s.label("UUID") in wanted)
+        ]
         return sum(values) if values else None
 
     energy, power = total(DCGM_ENERGY), total(DCGM_POWER)
@@ -120,13 +129,20 @@ def dcgm_sample(text: str, now_s: float) -> EnergySample | None:
 class DcgmEnergy:
     """DCGM gauges from the text the VRAM sampler's last scrape brought (no second scrape)."""
 
-    def __init__(self, last_text: Callable[[], str | None], *, counter: bool) -> None:
+    def __init__(
+        self,
+        last_text: Callable[[], str | None],
+        *,
+        counter: bool,
+        devices: Sequence[str] | None = None,
+    ) -> None:
         self.last_text = last_text
+        self.devices = devices
         self.source = "dcgm total energy" if counter else "dcgm power (integrated)"
 
     def read(self) -> EnergySample | None:
         text = self.last_text()
-        return dcgm_sample(text, time.monotonic()) if text else None
+        return dcgm_sample(text, time.monotonic(), self.devices) if text else None
 
 
 class NvmlEnergy:
@@ -166,6 +182,7 @@ class NvmlEnergy:
 def choose_energy(
     nvml: tuple[Any, Sequence[Any], tuple[type[BaseException], ...]] | None,
     metrics_text: Callable[[], str | None] | None,
+    devices: Sequence[str] | None = None,
 ) -> EnergyReader | None:
     """NVML (the counter, else power) when the VRAM sampler opened it; else the DCGM gauges in
     the scraped text (the counter, else power); None when neither is there."""
@@ -177,9 +194,9 @@ def choose_energy(
                 return reader
     if metrics_text is not None:
         text = metrics_text()
-        sample = dcgm_sample(text, 0.0) if text else None
+        sample = dcgm_sample(text, 0.0, devices) if text else None
         if sample is not None:
-            return DcgmEnergy(metrics_text, counter=sample.energy_mj is not None)
+            return DcgmEnergy(metrics_text, counter=sample.energy_mj is not None, devices=devices)
     return None
 
 

@@ -370,13 +370,16 @@ def open_sources(
     return Sources(tuple(samplers), tuple(problems))
 
 
-def energy_reader(samplers: Sequence[VramSampler]) -> EnergyReader | None:
+def energy_reader(
+    samplers: Sequence[VramSampler], devices: Sequence[str] | None = None
+) -> EnergyReader | None:
     """The energy source beside these VRAM samplers: NVML's (on its devices), else the DCGM
-    gauges in the metrics sampler's scrapes; None when neither has one."""
+    gauges in the metrics sampler's scrapes (of ``devices`` when given); None when neither."""
     nvml = next((s for s in samplers if isinstance(s, NvmlSampler)), None)
     metrics = next((s for s in samplers if isinstance(s, MetricsSampler)), None)
     fetch = metrics.fetch if metrics is not None else None
     return choose_energy(
         (nvml.nvml, [h for _, h in nvml.devices], nvml.errors) if nvml is not None else None,
         (lambda: fetch.last_text) if isinstance(fetch, MetricsFetch) else None,
+        devices,
     )

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from calibrate.energy import EnergySample, dcgm_sample, window_energy
 from calibrate.gpu import NvmlSampler
 from calibrate.vram import VramMonitor, energy_reader
 from tests.fakes.nvml import FakeGpu, FakeNvml
@@ -57,6 +58,8 @@ def test_dcgm_mock_ladder_shows_joules_per_token_rising_with_power(
         assert all(float(r["joules_per_output_token"]) > 0 for r in rows)
         assert "usd_per_1m_output_tokens" not in rows[0]  # no price given: no column
         per_tier.append({t["batch_size"]: t["joules_per_output_token"] for t in tiers})
+        report = cli("report", str(run_dir(isolated, result.json["run_id"])), "--no-plot")
+        assert report.code == 0, report.err  # the table with energy columns reads back
     low, high = per_tier
     assert all(high[b] > 2 * low[b] for b in low), (low, high)
 
@@ -222,3 +225,32 @@ def test_tune_rank_by_usd_needs_a_price(cli: Any, isolated: Path) -> None:
     _tune_power(isolated)
     result = cli("tune", "--rank-by", "usd_per_1m")
     assert result.code == 2 and "--gpu-price-per-hour" in result.err
+
+
+DCGM_TWO_GPUS = """# TYPE DCGM_FI_DEV_POWER_USAGE gauge
+DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-aaa"} 300.0
+DCGM_FI_DEV_POWER_USAGE{gpu="1",UUID="GPU-bbb"} 100.0
+DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu="0",UUID="GPU-aaa"} 7000
+DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu="1",UUID="GPU-bbb"} 2000
+"""
+
+
+@pytest.mark.parametrize(
+    ("devices", "watts", "mj"),
+    [(None, 400.0, 9000.0), (["1"], 100.0, 2000.0), (["GPU-aaa"], 300.0, 7000.0)],
+)
+def test_a_dcgm_exporter_counts_only_the_servers_gpus(
+    devices: list[str] | None, watts: float, mj: float
+) -> None:
+    sample = dcgm_sample(DCGM_TWO_GPUS, 1.0, devices)
+    assert sample == EnergySample(1.0, mj, watts)
+    assert dcgm_sample("vllm:num_requests_running 1\n", 1.0) is None
+
+
+def test_power_is_integrated_and_a_counter_that_went_back_says_nothing() -> None:
+    ramp = [EnergySample(0.0, None, 100.0), EnergySample(1.0, None, 300.0)]
+    window = window_energy(ramp, "dcgm power (integrated)")
+    assert window is not None and window.joules == 200.0 and window.seconds == 1.0
+    reset = [EnergySample(0.0, 9000.0, None), EnergySample(1.0, 10.0, None)]
+    assert window_energy(reset, "nvml total energy") is None
+    assert window_energy(ramp[:1], "dcgm power (integrated)") is None

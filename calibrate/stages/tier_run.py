@@ -108,7 +108,7 @@ def start_monitor(spec: MeasureSpec, ctx: StageContext) -> VramMonitor:
         ctx.config.ladder.sample_interval_s,
         server_kind=ctx.config.server.kind,
         problems=sources.problems,
-        energy=energy_reader(sources.samplers),
+        energy=energy_reader(sources.samplers, spec.devices(ctx.config.runs_dir)),
         price_per_hour=spec.gpu_price_per_hour
         if spec.gpu_price_per_hour is not None
         else ctx.config.cost.gpu_price_per_hour,
