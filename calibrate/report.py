@@ -247,6 +247,7 @@ _LADDER: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("items/s", lambda r: _f(r.get("items_per_s"), ".2f")),
     ("tok/s", lambda r: _f(r.get("output_tokens_per_s"), ".0f")),
     ("goodput", lambda r: _f(r.get("goodput_per_s"), ".2f")),
+    ("J/tok", lambda r: _f(r.get("joules_per_output_token"), ".3g")),
     ("peak MiB", lambda r: _f(r.get("peak_vram_mib"), ".0f")),
     ("pressure", _pressure),
     ("queue", lambda r: _f(r.get("server_queue_max"), ".0f")),
@@ -268,6 +269,7 @@ _SWEEP: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("gain", _gain),
     ("tok/s", lambda r: _f(r.get("output_tokens_per_s"), ".0f")),
     ("goodput", lambda r: _f(r.get("goodput_per_s"), ".2f")),
+    ("J/tok", lambda r: _f(r.get("joules_per_output_token"), ".3g")),
     ("p50 s", lambda r: _f(r.get("latency_p50_s"), ".3f")),
     ("p90 s", lambda r: _f(r.get("latency_p90_s"), ".3f")),
     ("p99 s", lambda r: _f(r.get("latency_p99_s"), ".3f")),
@@ -375,6 +377,7 @@ _WHEN_MEASURED = (
     "offered",
     "achieved",
     "lag p99",
+    "J/tok",  # joules per output token: NVML or a DCGM exporter (SPEC §13)
 )
 
 

@@ -60,6 +60,7 @@ def test_dcgm_mock_ladder_shows_joules_per_token_rising_with_power(
         per_tier.append({t["batch_size"]: t["joules_per_output_token"] for t in tiers})
         report = cli("report", str(run_dir(isolated, result.json["run_id"])), "--no-plot")
         assert report.code == 0, report.err  # the table with energy columns reads back
+        assert "J/tok" in report.out + report.err
     low, high = per_tier
     assert all(high[b] > 2 * low[b] for b in low), (low, high)
 
@@ -125,6 +126,7 @@ def test_no_energy_source_means_no_energy_columns_and_no_zeros(cli: Any, isolate
     assert not {*ENERGY, "usd_per_1m_output_tokens"} & set(header)
     assert all("energy_j" not in row for row in jsonl(run / "tiers.jsonl"))
     assert "energy:" not in result.err and "J/output token" not in result.err
+    assert "J/tok" not in result.out + result.err  # no column of dashes either
 
 
 @pytest.mark.parametrize("price", ["-1", "nan", "inf", "-0.01"])
