@@ -105,6 +105,10 @@ def test_a_price_prints_usd_per_1m_output_tokens_at_the_setting(cli: Any, isolat
         assert t["usd_per_1m_output_tokens"] == pytest.approx(expected, rel=0.01)
     rows = _csv_rows(isolated, result.json["run_id"])
     assert all(float(r["usd_per_1m_output_tokens"]) > 0 for r in rows)
+    run = run_dir(isolated, result.json["run_id"])
+    assert cli("report", str(run), "--html", "--no-plot").code == 0
+    page = (run / "report.html").read_text("utf-8")
+    assert "J/token" in page and "$ per 1M output tokens" in page  # the setting's tiles
     short = {t["batch_size"]: t for t in result.json["tiers"]}
     assert all("usd_per_1m_output_tokens" in t for t in short.values())
 
