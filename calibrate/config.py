@@ -165,6 +165,20 @@ class DeterminismConfig:
 
 
 @dataclass(frozen=True)
+class CostConfig:
+    """[cost] (SPEC §13): what the server's GPUs cost per hour, all of them together."""
+
+    gpu_price_per_hour: float | None = None  # None: no $ per 1M output tokens
+
+    def __post_init__(self) -> None:  # a ValueError here is the file's ConfigError (exit 2)
+        price = self.gpu_price_per_hour
+        if price is not None and not (math.isfinite(price) and price >= 0):
+            raise ValueError(
+                f"[cost] gpu_price_per_hour must be a finite number ≥ 0, e.g. 2.5, got {price!r}"
+            )
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     kind: ServerKind | None = None
     model_path: str = ""
@@ -194,6 +208,7 @@ class Config:
     slo: SloConfig = field(default_factory=SloConfig)
     confidence: ConfidenceConfig = field(default_factory=ConfidenceConfig)
     determinism: DeterminismConfig = field(default_factory=DeterminismConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
     source: str | None = None
@@ -237,6 +252,7 @@ SECTIONS: dict[str, type[Any]] = {
     "slo": SloConfig,
     "confidence": ConfidenceConfig,
     "determinism": DeterminismConfig,
+    "cost": CostConfig,
     "server": ServerConfig,
     "paths": PathsConfig,
 }

@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from calibrate.confidence import percent
+from calibrate.energy import ENERGY_COLUMNS
 from calibrate.errors import InputError
 from calibrate.numbers import finite
 from calibrate.output_paths import Named
@@ -153,7 +154,8 @@ def write_tiers_csv(
     ]
     import pandas as pd  # imported on use: every command's start and --help stay light
 
-    frame = pd.DataFrame(records, columns=COLUMNS[kind])
+    energy = [c for c in ENERGY_COLUMNS if any(r.get(c) is not None for r in rows)]  # or none
+    frame = pd.DataFrame(records, columns=[*COLUMNS[kind], *energy])
     write_atomic(path, frame.to_csv(index=False))
     return path
 
@@ -249,6 +251,7 @@ _LADDER: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("items/s", lambda r: _f(r.get("items_per_s"), ".2f")),
     ("tok/s", lambda r: _f(r.get("output_tokens_per_s"), ".0f")),
     ("goodput", lambda r: _f(r.get("goodput_per_s"), ".2f")),
+    ("J/tok", lambda r: _f(r.get("joules_per_output_token"), ".3g")),
     ("peak MiB", lambda r: _f(r.get("peak_vram_mib"), ".0f")),
     ("pressure", _pressure),
     ("queue", lambda r: _f(r.get("server_queue_max"), ".0f")),
@@ -270,6 +273,7 @@ _SWEEP: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("gain", _gain),
     ("tok/s", lambda r: _f(r.get("output_tokens_per_s"), ".0f")),
     ("goodput", lambda r: _f(r.get("goodput_per_s"), ".2f")),
+    ("J/tok", lambda r: _f(r.get("joules_per_output_token"), ".3g")),
     ("p50 s", lambda r: _f(r.get("latency_p50_s"), ".3f")),
     ("p90 s", lambda r: _f(r.get("latency_p90_s"), ".3f")),
     ("p99 s", lambda r: _f(r.get("latency_p99_s"), ".3f")),
@@ -377,6 +381,7 @@ _WHEN_MEASURED = (
     "offered",
     "achieved",
     "lag p99",
+    "J/tok",  # joules per output token: NVML or a DCGM exporter (SPEC §13)
 )
 
 

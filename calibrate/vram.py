@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from calibrate.energy import EnergyReader, EnergySample, EnergyWindow, choose_energy, window_energy
 from calibrate.engine_metrics import MetricsSampler, reading_from_metrics
 from calibrate.gpu import (
     PREALLOCATING_KINDS,
@@ -74,6 +75,8 @@ class WindowPeak:
     samples: int
     devices: tuple[DeviceMemory, ...] = ()  # each device's own peak
     server_queue_max: float | None = None  # None: the server exports no queue gauge
+    energy: EnergyWindow | None = None  # None: no energy source (calibrate.energy)
+    price_per_hour: float | None = None  # --gpu-price-per-hour / [cost], for $ per 1M tokens
 
 
 def _r(value: float | None, digits: int = 1) -> float | None:
@@ -125,8 +128,13 @@ class VramMonitor:
         *,
         server_kind: str | None = None,
         problems: Sequence[SourceProblem] = (),
+        energy: EnergyReader | None = None,
+        price_per_hour: float | None = None,
     ) -> None:
         self.samplers = [s for s in samplers if not isinstance(s, NullSampler)]
+        self.energy = energy  # read beside each VRAM sample, over the same windows
+        self.price_per_hour = price_per_hour
+        self._energy: list[EnergySample] = []
         self.problems = tuple(problems)  # the sources tried that gave nothing, and why
         self.interval_s = interval_s
         self.preallocating_kind = server_kind in PREALLOCATING_KINDS
@@ -183,8 +191,11 @@ class VramMonitor:
     def sample(self) -> VramSample | None:
         readings = [r for s in self.samplers if (r := s.read()) is not None]
         merged = merge(readings, preallocating_kind=self.preallocating_kind)
-        if merged is not None:
-            with self._lock:
+        energy = self.energy.read() if self.energy is not None else None
+        with self._lock:
+            if energy is not None:
+                self._energy.append(energy)
+            if merged is not None:
                 self._last = merged
                 self._window.append(merged)
         return merged
@@ -193,6 +204,7 @@ class VramMonitor:
         """Start a new window; the sample taken now is its idle value."""
         with self._lock:
             self._window = []
+            self._energy = []
         return self.sample() if self.samplers else None
 
     def close_window(self, idle: VramSample | None) -> WindowPeak:
@@ -200,6 +212,7 @@ class VramMonitor:
             self.sample()  # the end state counts too, however short the window
         with self._lock:
             window, self._window = self._window, []
+            energy, self._energy = self._energy, []
         kv = [s.kv_usage for s in window if s.kv_usage is not None]
         queue = [s.server_queue for s in window if s.server_queue is not None]
         top = max(window, key=lambda s: s.pressure.value or 0.0, default=None)
@@ -214,6 +227,8 @@ class VramMonitor:
             len(window),
             peaks,
             max(queue, default=None),
+            window_energy(energy, self.energy.source) if self.energy is not None else None,
+            self.price_per_hour,
         )
 
     def start(self) -> VramMonitor:
@@ -276,8 +291,10 @@ class MetricsFetch:
     def __init__(self, endpoints: Sequence[MetricsEndpoint]) -> None:
         self.endpoints = tuple(endpoints)
         self.failures: dict[str, str] = {}
+        self.last_text: str | None = None  # the last scrape, read again for DCGM energy gauges
 
     def __call__(self) -> str:
+        self.last_text = None
         texts: list[str] = []
         for endpoint in self.endpoints:
             try:
@@ -288,7 +305,8 @@ class MetricsFetch:
                 self.failures.pop(endpoint.named(), None)
         if not texts:
             raise OSError("; ".join(f"{k}: {v}" for k, v in self.failures.items()))
-        return "\n".join(texts)
+        self.last_text = "\n".join(texts)
+        return self.last_text
 
 
 @dataclass(frozen=True)
@@ -350,3 +368,18 @@ def open_sources(
             if metrics.read() is not None:
                 samplers.append(metrics)
     return Sources(tuple(samplers), tuple(problems))
+
+
+def energy_reader(
+    samplers: Sequence[VramSampler], devices: Sequence[str] | None = None
+) -> EnergyReader | None:
+    """The energy source beside these VRAM samplers: NVML's (on its devices), else the DCGM
+    gauges in the metrics sampler's scrapes (of ``devices`` when given); None when neither."""
+    nvml = next((s for s in samplers if isinstance(s, NvmlSampler)), None)
+    metrics = next((s for s in samplers if isinstance(s, MetricsSampler)), None)
+    fetch = metrics.fetch if metrics is not None else None
+    return choose_energy(
+        (nvml.nvml, [h for _, h in nvml.devices], nvml.errors) if nvml is not None else None,
+        (lambda: fetch.last_text) if isinstance(fetch, MetricsFetch) else None,
+        devices,
+    )

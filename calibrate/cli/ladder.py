@@ -47,6 +47,7 @@ from calibrate.cli.tier_output import (
     watching,
 )
 from calibrate.cli.workload_flags import context_lengths, sized, task_pool, workload_spec
+from calibrate.energy import cost_text
 from calibrate.errors import ExitCode, Interrupted
 from calibrate.gates import next_step
 from calibrate.junit import JUnitCase, JUnitSuite
@@ -226,7 +227,7 @@ def _finish(
             )
             out.ok(
                 f"setting: batch {chosen.batch_size}, concurrency {chosen.stats.concurrency}"
-                f"{_goodput(chosen)} — {result.setting_reason}"
+                f"{_goodput(chosen)}{cost_text(chosen.stats)} — {result.setting_reason}"
             )
         if result.incidents:
             out.say(f"{result.incidents} incident bundle(s) in {ctx.run.file('incidents')}")

@@ -207,6 +207,29 @@ def register(subparsers: Any) -> None:
         "gauges are always there",
     )
     p.add_argument(
+        "--power-w",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="serve a DCGM exporter's GPU gauges on /metrics: power = W + --power-per-request-w "
+        "× requests in flight (DCGM_FI_DEV_POWER_USAGE) and the energy it adds up "
+        "(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ); default 0 = none",
+    )
+    p.add_argument(
+        "--power-per-request-w",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="with --power-w: watts more per request in flight (default 0)",
+    )
+    p.add_argument(
+        "--no-dcgm-energy",
+        dest="dcgm_energy",
+        action="store_false",
+        help="with --power-w: the power gauge alone, no energy counter (calibrate integrates "
+        "the power)",
+    )
+    p.add_argument(
         "--memory-fraction",
         type=float,
         metavar="F",
@@ -240,6 +263,7 @@ def settings_from_args(args: argparse.Namespace) -> MockSettings:
     names += ("on_kv_full", "preallocate", "prefix_cache", "step_ms_per_1k_tokens", "jitter")
     names += ("metrics_style", "memory_fraction", "max_memory_fraction", "slot_context")
     names += ("diverge_at_token",)
+    names += ("power_w", "power_per_request_w", "dcgm_energy")
     values = {name: getattr(args, name) for name in names}
     timings = {"ttft": args.ttft, "per_token": args.per_token, "retry_after": args.retry_after}
     for name, value in (*values.items(), *timings.items()):

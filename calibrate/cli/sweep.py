@@ -53,6 +53,7 @@ from calibrate.cli.tier_output import (
 )
 from calibrate.cli.workload_flags import task_pool, workload_spec
 from calibrate.config import MAX_BATCH_SIZE, Config
+from calibrate.energy import cost_text
 from calibrate.errors import ExitCode, GateClosed, Interrupted, UsageError
 from calibrate.gates import next_step
 from calibrate.report import live_rows
@@ -378,12 +379,12 @@ def _finish(
         out.fail(f"sweep {result.inconclusive}")
         out.say(f"what to do: {result.what_to_do}")
     elif result.recommendation:
-        out.ok(f"recommended {result.recommendation}")
+        out.ok(f"recommended {result.recommendation}{_cost(result)}")
     elif knee is not None and not (result.rate_mode or result.auto or has_slo(options.slo)):
         out.ok(
             f"knee: concurrency {knee.concurrency} ({knee.stats.items_per_s:.2f} items/s median, "
             f"range {knee.items_per_s_min:.2f}–{knee.items_per_s_max:.2f}, at batch size "
-            f"{result.batch_size}); recommended concurrency {knee.concurrency}"
+            f"{result.batch_size}); recommended concurrency {knee.concurrency}{_cost(result)}"
         )
         out.say(f"how sure: {result.knee_text}")
         repeated = [
@@ -446,3 +447,8 @@ def _announce(options: SweepOptions) -> str:
         f"sweep: concurrency {', '.join(map(str, options.levels))} {at} of ≥ "
         f"{options.level_s:g} s and ≥ 4×C requests, {stream}{slo}"
     )
+
+
+def _cost(result: SweepResult) -> str:
+    """J per output token and $ per 1M output tokens at the recommended level (SPEC §13)."""
+    return cost_text(result.best.stats) if result.best is not None else ""

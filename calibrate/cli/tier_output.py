@@ -15,6 +15,7 @@ from calibrate import report
 from calibrate.cli.common import Output
 from calibrate.cli.workload_flags import add_workload_args
 from calibrate.config import SloConfig
+from calibrate.energy import PRICE_HELP
 from calibrate.records import LedgerEntry
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.stages.compare_tiers import TierComparison
@@ -70,6 +71,7 @@ def add_tier_args(parser: argparse.ArgumentParser, kind: str) -> None:
         metavar="URL",
         help="a DCGM exporter (…/metrics) for GPUs on another machine",
     )
+    add("--gpu-price-per-hour", type=float, metavar="USD", help=PRICE_HELP)
     add(
         "--server-pid",
         metavar="PID",
@@ -105,6 +107,7 @@ def measure_spec(args: argparse.Namespace) -> MeasureSpec:
         compare=Path(args.compare) if args.compare else None,
         tolerance=args.tolerance,
         save_baseline=args.save_baseline,
+        gpu_price_per_hour=args.gpu_price_per_hour,
     )
     preflight(spec)
     return spec
@@ -113,6 +116,8 @@ def measure_spec(args: argparse.Namespace) -> MeasureSpec:
 def announce(out: Output, monitor: VramMonitor) -> None:
     if monitor.measured:
         out.say(f"VRAM source: {monitor.describe()}")
+    if monitor.energy is not None:
+        out.say(f"energy: {monitor.energy.source}")
     for line in monitor.warnings():  # each source that failed, named with its URL
         out.warn(line)
 

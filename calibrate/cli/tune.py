@@ -31,6 +31,7 @@ from calibrate.cli.common import (
 from calibrate.cli.tune_view import finished_line, show_finished
 from calibrate.cli.workload_flags import add_workload_args, task_pool, workload_spec
 from calibrate.config import MAX_TIMEOUT_S
+from calibrate.energy import PRICE_HELP, RANK_BY
 from calibrate.errors import Interrupted, UsageError
 from calibrate.gates import next_step
 from calibrate.server.builders import SERVER_KINDS
@@ -57,6 +58,15 @@ def register(subparsers: Any) -> None:
         choices=("grid", "halving"),
         help="grid: every candidate (default, [tune] search); halving: all at a short window, "
         "the better half again at twice the window, … the last two at the full window",
+    )
+    add(
+        "--rank-by",
+        choices=RANK_BY,
+        default="goodput",
+        help="goodput: the most requests/s within the SLOs (default); joules_per_token: the "
+        "fewest J per output token at the best level (needs NVML or DCGM energy); usd_per_1m: "
+        "the fewest $ per 1M output tokens (needs --gpu-price-per-hour or [cost]); ties and "
+        "candidates not measured so go by goodput",
     )
     add(
         "--budget-s",
@@ -86,6 +96,7 @@ def register(subparsers: Any) -> None:
         help="NVML device index or UUID the server uses (repeatable)",
     )
     add("--gpu-metrics-url", metavar="URL", help="a DCGM exporter for GPUs on another machine")
+    add("--gpu-price-per-hour", type=float, metavar="USD", help=PRICE_HELP)
     add_force(parser)
 
 
@@ -99,6 +110,7 @@ def _request(args: argparse.Namespace) -> TuneRequest:
         vram_source=args.vram_source,
         gpus=tuple(args.gpu) if args.gpu else None,
         gpu_metrics_url=args.gpu_metrics_url,
+        gpu_price_per_hour=args.gpu_price_per_hour,
     )
     preflight(spec)
     return TuneRequest(
@@ -110,6 +122,7 @@ def _request(args: argparse.Namespace) -> TuneRequest:
         new_run=args.new,
         stream=args.stream,
         workload=workload,
+        rank_by=args.rank_by,
     )
 
 

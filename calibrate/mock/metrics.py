@@ -11,6 +11,10 @@ running and queued requests and, where the engine exports one, its KV-cache usag
 - tgi: ``tgi_batch_current_size``, ``tgi_queue_size`` (no KV gauge)
 - mock (the default): the mock's gauges and the vLLM three, unlabelled by engine, as before.
 
+With ``--power-w W``, a DCGM exporter's gauges for the simulated GPU beside them (labelled
+``gpu="0"``): ``DCGM_FI_DEV_POWER_USAGE`` (W: W + ``--power-per-request-w`` × requests in flight)
+and ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` (mJ since start; left out with ``--no-dcgm-energy``).
+
 Under ``--on-kv-full preempt`` the engine's preemption counter too: ``vllm:num_preemptions_total``
 (mock and vllm styles), ``sglang:num_retracted_requests_total`` (sglang).
 """
@@ -102,6 +106,19 @@ def render_metrics(snap: Snapshot, settings: MockSettings) -> str:
     if settings.on_kv_full == "preempt" and (counter := _preemption_counter(style)):
         help_text = "Cumulative number of preemptions (KV cache full)."
         lines += _metric(counter, "counter", help_text, [(labels, snap.preemptions_total)])
+    if settings.power_w:
+        gpu = '{gpu="0",UUID="GPU-mock-0",modelName="mock"}'
+        lines += _metric(
+            "DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W).", [(gpu, snap.power_w)]
+        )
+        if settings.dcgm_energy:
+            help_text = "Total energy consumption since boot (in mJ)."
+            lines += _metric(
+                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+                "counter",
+                help_text,
+                [(gpu, snap.energy_mj)],
+            )
     outcomes = [(f'{{outcome="{k}"}}', snap.outcomes.get(k, 0)) for k in OUTCOMES]
     lines += _metric("mock_requests_total", "counter", "Requests received, by outcome.", outcomes)
     return "\n".join(lines) + "\n"

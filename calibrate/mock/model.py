@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import random
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -61,6 +62,8 @@ class Snapshot:
     kv_tokens_in_use: int = 0
     kv_capacity_tokens: int = 0
     preemptions_total: int = 0  # sequences evicted from a full KV cache (on_kv_full="preempt")
+    power_w: float = 0.0  # the simulated GPU's draw now (settings.power_w; 0: no GPU gauges)
+    energy_mj: float = 0.0  # ... and the energy it has used since the mock started
 
 
 class MockModel:
@@ -83,12 +86,15 @@ class MockModel:
         self._outcomes: dict[str, int] = {}
         self._evicted_now = 0  # sequences evicted from the full KV cache at this moment
         self._preemptions = 0  # ... and every eviction so far, as vLLM counts preemptions
+        self._energy_mj = 0.0  # simulated GPU energy, integrated whenever in_flight changes
+        self._energy_t = time.monotonic()
 
     def admit(self, weight: int = 1) -> Admission:
         """Count a newly arrived request of ``weight`` sequences and decide what happens to it."""
         s = self.settings
         with self._cond:
             self._next_ticket += 1
+            self._advance_energy()
             self._in_flight += weight
             n = self._in_flight
             self._peak_mib = max(self._peak_mib, self._vram_used_mib())
@@ -207,10 +213,21 @@ class MockModel:
         """The request was answered (or failed): free its slot, its KV and its place in flight."""
         with self._cond:
             self._running -= self._held.pop(adm.ticket, 0)
+            self._advance_energy()
             self._in_flight -= adm.weight
             self._kv.remove(adm.ticket)
             self._count_preemptions()
             self._cond.notify_all()
+
+    def _power_w(self) -> float:
+        s = self.settings
+        return s.power_w + s.power_per_request_w * self._in_flight if s.power_w else 0.0
+
+    def _advance_energy(self) -> None:
+        """Add the energy used at the present draw since the last change (lock held)."""
+        now = time.monotonic()
+        self._energy_mj += self._power_w() * (now - self._energy_t) * 1000
+        self._energy_t = now
 
     def _count_preemptions(self) -> None:
         """Under ``on_kv_full="preempt"``, each sequence newly evicted from the full cache is
@@ -268,6 +285,9 @@ class MockModel:
                 kv_tokens_in_use=in_use,
                 kv_capacity_tokens=s.kv_capacity_tokens,
                 preemptions_total=self._preemptions,
+                power_w=self._power_w(),
+                energy_mj=self._energy_mj
+                + self._power_w() * (time.monotonic() - self._energy_t) * 1000,
             )
 
     def _kv_room_for(self, plans: Sequence[SeqPlan]) -> bool:

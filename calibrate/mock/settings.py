@@ -69,6 +69,11 @@ class MockSettings:
     # Start-up memory (tune's memory step): asked for more than fits → exit 1 at start, CUDA OOM.
     memory_fraction: float | None = None
     max_memory_fraction: float | None = None
+    # DCGM-style GPU power (SPEC §13): power_w + power_per_request_w × requests in flight, served
+    # as DCGM_FI_DEV_POWER_USAGE and (dcgm_energy) DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION; 0: none.
+    power_w: float = 0.0
+    power_per_request_w: float = 0.0
+    dcgm_energy: bool = True  # False: the power gauge alone (calibrate integrates it)
 
     @property
     def start_oom(self) -> str | None:
@@ -113,6 +118,8 @@ class MockSettings:
             raise ValueError(f"huge_mib must be in [0, 4096], got {self.huge_mib}")
         if min(self.kv_mib_per_1k_tokens, self.kv_capacity_tokens, self.step_ms_per_1k_tokens) < 0:
             raise ValueError("KV sizes and step costs must be ≥ 0")
+        if min(self.power_w, self.power_per_request_w) < 0:
+            raise ValueError("power_w and power_per_request_w must be ≥ 0")
         if not 0 <= self.jitter < 1:
             raise ValueError(f"jitter must be in [0, 1), got {self.jitter}")
         if self.on_kv_full not in ON_KV_FULL:

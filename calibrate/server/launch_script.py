@@ -36,6 +36,7 @@ class PinnedValues:
     workload: str = "the fixed prompt"
     context: str = ""  # how the engine's context was sized (llama.cpp -c), when it was
     tuned: str = ""  # "tune run <id>: parallel=4, ctx_size=2048" — every flag the winner ran with
+    cost: str = ""  # "0.41 J/output token (312 W), $1.23 per 1M output tokens" (SPEC §13)
 
 
 def _comment(text: str) -> str:
@@ -70,6 +71,7 @@ def render(values: PinnedValues, command: EngineCommand) -> str:
         f"# pinned by run {_comment(values.pinned_by)} at {_comment(values.pinned_at)}",
         *([f"# context: {_comment(values.context)}"] if values.context else []),
         *([f"# engine flags tuned by {_comment(values.tuned)}"] if values.tuned else []),
+        *([f"# at this setting: {_comment(values.cost)}"] if values.cost else []),
         "# start it: calibrate server start --script <this file>; then check it: calibrate verify",
         *needs,
         "set -euo pipefail",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from calibrate import server
 from calibrate.config import ServerKind
+from calibrate.energy import pinned_cost
 from calibrate.errors import ConfigError, GateClosed
 from calibrate.records import utc_now_iso
 from calibrate.server import launch_script
@@ -93,6 +94,7 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
         workload=setting.verified_on(),
         context=sized.describe() if sized else "",
         tuned=tuned_text,
+        cost=pinned_cost(ctx.ledger.entries(), setting.run_id, batch, concurrency),
     )
     text = launch_script.render(values, command)
     path = out or cfg.scripts_dir / "launch.sh"

@@ -24,7 +24,7 @@ from calibrate.stages.stream_probe import stream_details
 from calibrate.stages.sweep_find_max import FindMax
 from calibrate.stages.sweep_knee import Knee, find_knee, judged_range
 from calibrate.stages.sweep_window import spread
-from calibrate.stages.tiers import Stats
+from calibrate.stages.tiers import Stats, energy_short
 from calibrate.summaries import SweepSummary, Workload
 
 if TYPE_CHECKING:
@@ -422,6 +422,7 @@ class SweepResult:
                     "verdict": lv.verdict,
                     **lv.rate_json(),
                     "goodput_per_s": lv.stats.goodput_per_s,
+                    **energy_short(lv.stats),
                 }
                 for lv in self.levels
             ],

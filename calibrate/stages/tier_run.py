@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from calibrate.energy import check_price
 from calibrate.errors import UsageError
 from calibrate.gpu import NvmlSampler
 from calibrate.records import LedgerEntry
@@ -29,7 +30,13 @@ from calibrate.stages.compare_tiers import (
 )
 from calibrate.stages.context import StageContext
 from calibrate.stages.incidents import IncidentRecorder
-from calibrate.vram import MetricsEndpoint, SourceChoice, VramMonitor, open_sources
+from calibrate.vram import (
+    MetricsEndpoint,
+    SourceChoice,
+    VramMonitor,
+    energy_reader,
+    open_sources,
+)
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,7 @@ class MeasureSpec:
     compare: Path | None = None
     tolerance: float = 0.2
     save_baseline: bool = False
+    gpu_price_per_hour: float | None = None  # None: [cost] gpu_price_per_hour (SPEC §13)
 
     def devices(self, runs_dir: Path) -> Sequence[str] | None:
         """``--gpu``, else the managed server's CUDA_VISIBLE_DEVICES (a MIG instance), else all."""
@@ -51,6 +59,7 @@ class MeasureSpec:
 
 def preflight(spec: MeasureSpec) -> None:
     """Mistakes found before anything is sent (exit 2)."""
+    check_price(spec.gpu_price_per_hour)
     if not 0 <= spec.tolerance <= 100:  # NaN and inf fail this too
         raise UsageError(f"--tolerance must be in [0, 100], got {spec.tolerance}")
     if spec.compare is not None and not spec.compare.exists():
@@ -99,6 +108,10 @@ def start_monitor(spec: MeasureSpec, ctx: StageContext) -> VramMonitor:
         ctx.config.ladder.sample_interval_s,
         server_kind=ctx.config.server.kind,
         problems=sources.problems,
+        energy=energy_reader(sources.samplers, spec.devices(ctx.config.runs_dir)),
+        price_per_hour=spec.gpu_price_per_hour
+        if spec.gpu_price_per_hour is not None
+        else ctx.config.cost.gpu_price_per_hour,
     )
     return monitor.start()
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from calibrate.energy import ENERGY_COLUMNS, energy_fields
 from calibrate.errors import ErrorInfo
 from calibrate.gpu import DeviceMemory
 from calibrate.records import Usage
@@ -143,9 +144,18 @@ class Stats:
     slo_met: int | None = None  # requests that met every SLO
     preemptions: int | None = None  # the server's preemption counter's rise (None: no counter)
     preemption_metric: str | None = None  # e.g. "vllm:num_preemptions_total"
+    # SPEC §13: over the VRAM windows (None: no energy source / no price; left out of JSON)
+    energy_j: float | None = None
+    power_mean_w: float | None = None
+    joules_per_output_token: float | None = None
+    usd_per_1m_output_tokens: float | None = None
+    energy_source: str | None = None  # "nvml total energy", "dcgm power (integrated)", …
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
+        for key in (*ENERGY_COLUMNS, "energy_source"):
+            if out[key] is None:  # not measured: no column, never a zero
+                del out[key]
         for key, value in out.items():
             if isinstance(value, float):
                 out[key] = round(value, 6)
@@ -224,6 +234,12 @@ def summarise(
         per_device=device_peaks(p.devices for p in peaks),
         **token_columns(items),
         **latency_columns(items),
+        **energy_fields(
+            [p.energy for p in peaks if p.energy is not None],
+            tokens,
+            total_s,
+            next((p.price_per_hour for p in peaks if p.price_per_hour is not None), None),
+        ),
     )
 
 
@@ -303,4 +319,12 @@ class Tier:
             "per_item_s": round(per_item, 4) if per_item is not None else None,
             "errors": self.stats.errors,
             **({"goodput_per_s": round(good, 4)} if good is not None else {}),
+            **energy_short(self.stats),
         }
+
+
+def energy_short(stats: Stats) -> dict[str, float]:
+    """J per output token and $ per 1M output tokens where measured (the ledger's short forms;
+    pin writes them in the launch script's header)."""
+    names = ("joules_per_output_token", "usd_per_1m_output_tokens")
+    return {n: round(v, 6) for n in names if (v := getattr(stats, n)) is not None}

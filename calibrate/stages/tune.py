@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calibrate.config import TuneSearch
+from calibrate.energy import RANK_FIELDS, RankBy
 from calibrate.stages.tune_grid import Candidate, TunePlan
 from calibrate.stages.tune_result import CandidateResult, MemoryProbe
 from calibrate.stages.tune_run import Lifecycle
@@ -43,13 +44,17 @@ def _healthy(result: CandidateResult) -> bool:
     return result.best is not None and not result.crashed
 
 
-def rank(results: Sequence[CandidateResult]) -> list[CandidateResult]:
+def rank(results: Sequence[CandidateResult], by: RankBy = "goodput") -> list[CandidateResult]:
     """Best first: a healthy measurement before a crash or a failure, a later halving rung
-    before an earlier one, then goodput, then the lower median latency, then grid order."""
+    before an earlier one, then (``by`` J/token or $/1M: the fewest at its best level, one not
+    measured after those that were) goodput, then the lower median latency, then grid order."""
+    column = RANK_FIELDS.get(by)
 
-    def key(r: CandidateResult) -> tuple[bool, int, float, float, int]:
+    def key(r: CandidateResult) -> tuple[bool, int, float, float, float, int]:
         p50 = r.best.p50_s if r.best and r.best.p50_s is not None else math.inf
-        return (not _healthy(r), -r.rung, -r.goodput_per_s, p50, r.candidate.index)
+        cost = getattr(r.best, column, None) if column and r.best else None
+        spend = cost if cost is not None else (math.inf if column else 0.0)
+        return (not _healthy(r), -r.rung, spend, -r.goodput_per_s, p50, r.candidate.index)
 
     return sorted(results, key=key)
 
@@ -129,6 +134,7 @@ class Tune:
     notify: Notify
     on_result: Callable[[CandidateResult], None] = lambda result: None
     clock: Callable[[], float] = time.monotonic
+    rank_by: RankBy = "goodput"
     done: dict[tuple[int, int], CandidateResult] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -176,7 +182,7 @@ class Tune:
                 previous = [
                     self.done[(rung - 1, c.index)] for c in pool if (rung - 1, c.index) in self.done
                 ]
-                pool = [r.candidate for r in rank(previous) if _healthy(r)][:size]
+                pool = [r.candidate for r in rank(previous, self.rank_by) if _healthy(r)][:size]
                 self.notify(
                     f"halving rung {rung}: {', '.join(c.id for c in pool)} at {rung_window:g}× the window"
                 )
@@ -188,7 +194,12 @@ class Tune:
         for (_, index), result in sorted(self.done.items()):
             latest[index] = result
         return TuneOutcome(
-            plan, memory, probes, tuple(rank(list(latest.values()))), untested, bool(untested)
+            plan,
+            memory,
+            probes,
+            tuple(rank(list(latest.values()), self.rank_by)),
+            untested,
+            bool(untested),
         )
 
     def _measure(self, pool: list[Candidate], rung: int, window: float) -> tuple[Candidate, ...]:

@@ -27,6 +27,8 @@ COLUMNS = tuple(
         "p50_s",
         "p90_s",
         "ttft_p50_s",
+        "joules_per_output_token",
+        "usd_per_1m_output_tokens",
         "peak_vram_mib",
         "peak_kv_usage",
         "pressure",
@@ -57,6 +59,8 @@ def row(rank: int, result: CandidateResult) -> dict[str, Any]:
         "p50_s": best.get("p50_s"),
         "p90_s": best.get("p90_s"),
         "ttft_p50_s": best.get("ttft_p50_s"),
+        "joules_per_output_token": best.get("joules_per_output_token"),
+        "usd_per_1m_output_tokens": best.get("usd_per_1m_output_tokens"),
         "peak_vram_mib": data["peak_vram_mib"],
         "peak_kv_usage": data["peak_kv_usage"],
         "pressure": data["pressure"],
@@ -76,7 +80,10 @@ def rows(ranked: Sequence[CandidateResult]) -> list[dict[str, Any]]:
 def write_tables(run: RunDir, table: Sequence[dict[str, Any]]) -> Path:
     """tiers.csv and tiers.jsonl, ranked; returns the CSV's path."""
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, extrasaction="ignore")
+    energy = ("joules_per_output_token", "usd_per_1m_output_tokens")
+    unmeasured = {c for c in energy if all(r.get(c) is None for r in table)}  # no empty columns
+    names = [c for c in COLUMNS if c not in unmeasured]
+    writer = csv.DictWriter(buffer, fieldnames=names, extrasaction="ignore")
     writer.writeheader()
     for line in table:
         writer.writerow({k: "" if v is None else v for k, v in line.items()})

@@ -192,6 +192,8 @@ def _measurement(result: SweepResult, run: RunDir, slo: SloBounds, gain_min: flo
                     s.latency_p50_s,
                     s.latency_p90_s,
                     s.ttft_p50_s,
+                    s.joules_per_output_token,
+                    s.usd_per_1m_output_tokens,
                 )
             )
     top = max((b.goodput_per_s for b in passing), default=0.0)

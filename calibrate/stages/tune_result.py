@@ -33,8 +33,16 @@ class BestLevel:
     p50_s: float | None
     p90_s: float | None
     ttft_p50_s: float | None
+    # SPEC §13 at this level (None: no energy source / no price): what --rank-by can rank by
+    joules_per_output_token: float | None = None
+    usd_per_1m_output_tokens: float | None = None
 
     def to_json(self) -> dict[str, Any]:
+        energy = {
+            k: _r(v, 6)
+            for k in ("joules_per_output_token", "usd_per_1m_output_tokens")
+            if (v := getattr(self, k)) is not None
+        }
         return {
             "concurrency": self.concurrency,
             "goodput_per_s": _r(self.goodput_per_s),
@@ -43,6 +51,7 @@ class BestLevel:
             "p50_s": _r(self.p50_s),
             "p90_s": _r(self.p90_s),
             "ttft_p50_s": _r(self.ttft_p50_s),
+            **energy,
         }
 
     @classmethod
@@ -57,6 +66,8 @@ class BestLevel:
             _num(data, "p50_s"),
             _num(data, "p90_s"),
             _num(data, "ttft_p50_s"),
+            _num(data, "joules_per_output_token"),
+            _num(data, "usd_per_1m_output_tokens"),
         )
 
 

@@ -75,6 +75,7 @@ class Session:
             setup.budget_s,
             notify=notify,
             on_result=on_result,
+            rank_by=setup.rank_by,
         )
         plan_json = {**setup.plan.to_json(), "search": setup.search}
         self.store.write_plan(plan_json, setup.fingerprint)
@@ -101,7 +102,9 @@ class Session:
     def finish(self, outcome: TuneOutcome) -> TuneFinished:
         setup, ctx = self.setup, self.setup.ctx
         table = rows(outcome.ranked)
-        title = f"tune {ctx.run.run_id} (ranked by goodput, {setup.settings.slo.describe()})"
+        title = (
+            f"tune {ctx.run.run_id} (ranked by {setup.rank_by}, {setup.settings.slo.describe()})"
+        )
         tables = write_tables(ctx.run, table) if table else None
         plot = write_plot(ctx.run, table, title) if table else None
         details = {

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from calibrate import server
 from calibrate.config import ServerKind, TuneSearch
+from calibrate.energy import RankBy
 from calibrate.errors import ConfigError, UsageError
 from calibrate.server import redaction, shell_words
 from calibrate.server.builders import SERVER_KINDS, build
@@ -47,6 +48,7 @@ class TuneRequest:
     new_run: bool = False
     stream: bool = False
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    rank_by: RankBy = "goodput"
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class TuneSetup:
     window: float
     resumed: bool
     ladder_run_id: str
+    rank_by: RankBy = "goodput"
 
 
 def engine_kind(ctx: StageContext, asked: str | None) -> ServerKind:
@@ -89,6 +92,12 @@ def prepare(ctx: StageContext, request: TuneRequest) -> TuneSetup:
     """The plan and the run to write to; every mistake is exit 2 before anything starts."""
     cfg = ctx.config
     kind = engine_kind(ctx, request.kind)
+    price = request.spec.gpu_price_per_hour
+    if request.rank_by == "usd_per_1m" and price is None and cfg.cost.gpu_price_per_hour is None:
+        raise UsageError(
+            "--rank-by usd_per_1m needs a GPU price: none given",
+            "Add --gpu-price-per-hour USD (or [cost] gpu_price_per_hour in calibrate.toml).",
+        )
     ladder = latest_passing_ladder(ctx.ledger, ctx.target)
     top = ladder[0].last_passing if ladder else None
     batch = top.batch_size if top else 1
@@ -149,4 +158,5 @@ def prepare(ctx: StageContext, request: TuneRequest) -> TuneSetup:
         cfg.tune.window,
         found is not None,
         ladder_run,
+        request.rank_by,
     )

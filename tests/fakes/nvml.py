@@ -23,6 +23,8 @@ class FakeGpu:
     procs: list[tuple[int, float]] = field(default_factory=list)
     migs: list[FakeGpu | None] | None = None
     is_mig: bool = False
+    energy_mj: int | None = None  # the total-energy counter; None: Not Supported (a MIG instance)
+    power_mw: int | None = None  # the power draw now; None: Not Supported
 
 
 def mig(uuid: str, used_mib: float, total_mib: float, *procs: tuple[int, float]) -> FakeGpu:
@@ -117,3 +119,13 @@ class FakeNvml:
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeGpu) -> list[Any]:
         return [SimpleNamespace(pid=p, usedGpuMemory=int(m * MIB)) for p, m in handle.procs]
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: FakeGpu) -> int:
+        if handle.energy_mj is None:
+            raise self.NVMLError("Not Supported")
+        return handle.energy_mj
+
+    def nvmlDeviceGetPowerUsage(self, handle: FakeGpu) -> int:
+        if handle.power_mw is None:
+            raise self.NVMLError("Not Supported")
+        return handle.power_mw
