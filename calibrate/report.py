@@ -30,7 +30,6 @@ from calibrate.report_compare import (
     Spreads,
     headline,
     spread_text,
-    value_text,
 )
 from calibrate.run_view import RunView
 from calibrate.stages.compare_tiers import TierComparison
@@ -750,22 +749,52 @@ def short_name(column: str) -> str:
     return SHORT_NAMES.get(column, column.removesuffix("_s").replace("_", " "))
 
 
+# The metrics the default ``report A B`` table shows first (a setting is picked on these);
+# the others follow while the table fits. --wide: every one in the headline order.
+_FIRST = (
+    "items_per_s",
+    "achieved_rate",
+    "goodput",
+    "latency_p99_s",
+    "e2e_p99_s",
+    "per_item_p99_s",
+    "ttft_p99_s",
+    "peak_vram_mib",
+    "errors",
+)
+
+
+def _by_use(metrics: Sequence[str]) -> list[str]:
+    return sorted(metrics, key=lambda m: _FIRST.index(m) if m in _FIRST else len(_FIRST))
+
+
+def _short(value: float | None) -> str:
+    """Three significant digits (the JSON and the HTML keep more): ``0.00823``, ``76.4``."""
+    if value is None:
+        return "—"
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
 def _pair_cell(delta: Any, side: Mapping[str, Any] | None, metric: str) -> tuple[str, str]:
-    """``4.05→3.22 -20%*`` and its colour; ``*`` significant, ``?`` not (the caption says so)."""
+    """``8 → 6 (-25%)`` and its colour; ``(+27%, significant)`` when tested over the rounds
+    (the caption says at what level)."""
     if delta is None:
-        return value_text(finite((side or {}).get(metric))), ""
-    text = f"{value_text(delta.a)}→{value_text(delta.b)}"
+        return _short(finite((side or {}).get(metric))), ""
+    text = f"{_short(delta.a)} → {_short(delta.b)}"
     if delta.diff is not None:
-        text += " " + (f"{delta.diff:+.4g}" if delta.change is None else f"{delta.change:+.0%}")
+        change = f"{delta.diff:+.4g}" if delta.change is None else f"{delta.change:+.0%}"
         if delta.significant is not None and delta.diff and not delta.inside_noise:
-            text += "*" if delta.significant else "?"
+            change += ", significant" if delta.significant else ", not significant"
+        text += f" ({change})"
     colour = "" if delta.better is None else ("green" if delta.better else "red")
     return text, colour
 
 
 def runs_compare_table(cmp: RunComparison, width: int | None = 100, wide: bool = False) -> Table:
-    """``report A B``: per tier, each headline metric as ``A→B change``; metrics are left out
-    (last first) until the table fits ``width`` unless ``wide``."""
+    """``report A B``: per tier, each headline metric as ``A → B (change)``; without ``wide``
+    the metrics a setting is picked on come first and the rest are left out once the table
+    would not fit ``width``."""
+    metrics = list(cmp.metrics) if wide else _by_use(cmp.metrics)
     cells: list[list[tuple[str, str]]] = []
     for row in cmp.rows:
         side = row.a if row.a is not None else row.b
@@ -774,26 +803,23 @@ def runs_compare_table(cmp: RunComparison, width: int | None = 100, wide: bool =
             (str((row.a or {}).get("verdict") or "not run"), ""),
             (str((row.b or {}).get("verdict") or "not run"), ""),
         ]
-        line += [_pair_cell(row.deltas.get(m), side, m) for m in cmp.metrics]
+        line += [_pair_cell(row.deltas.get(m), side, m) for m in metrics]
         cells.append(line)
-    names = [short_name(cmp.key), "verdict A", "verdict B", *(short_name(m) for m in cmp.metrics)]
+    names = [short_name(cmp.key), "verdict A", "verdict B", *(short_name(m) for m in metrics)]
     widths = [max([len(n), *(len(c[i][0]) for c in cells)]) for i, n in enumerate(names)]
     shown = len(names)
     while (
-        not wide
-        and width is not None
-        and shown > 4
-        and sum(w + 2 for w in widths[:shown]) - 2 > width
+        not wide and width is not None and shown > 4 and sum(widths[:shown]) + 2 * shown - 2 > width
     ):
         shown -= 1
-    left_out = [short_name(m) for m in cmp.metrics[shown - 3 :]]
-    caption = "* significant, ? not significant" + (
-        f" at {percent(cmp.level)}; not shown: {', '.join(left_out)} (--wide, --json)"
-        if left_out
-        else f" at {percent(cmp.level)}"
-    )
+    said = [
+        f"significant at {percent(cmp.level)}"
+        if any("significant" in text for line in cells for text, _ in line[3:shown])
+        else "",
+        "more metrics: --wide" if shown < len(names) else "",
+    ]
     table = compact(f"A = {cmp.a.run_id}   B = {cmp.b.run_id}")
-    table.caption, table.caption_justify = caption, "left"
+    table.caption, table.caption_justify = "; ".join(s for s in said if s) or None, "left"
     for name in names[:shown]:
         table.add_column(name, justify="left" if name.startswith("verdict") else "right")
     for line in cells:

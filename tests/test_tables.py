@@ -13,38 +13,27 @@ from rich.console import Console
 
 from calibrate import report
 from tests.mockserver import start_mock
+from tests.report_helpers import table_lines
 from tests.tier_helpers import FAST, open_gate, run_dir
 
-FOUR = FAST + "batch_sizes = [1, 2, 4, 8]\n[sweep]\nconcurrency = [1, 2, 4]\nlevel_s = 0\nrepeats = 2\n"
+FOUR = (
+    FAST
+    + "batch_sizes = [1, 2, 4, 8]\n[sweep]\nconcurrency = [1, 2, 4]\nlevel_s = 0\nrepeats = 2\n"
+)
 MOCK = {"ttft_s": 0.003, "per_token_s": 0.0003, "slots": 4, "oom_at": 6}
 
 
-def _tables(err: str) -> list[list[str]]:
-    """Each table in stderr: its header, the rule under it, its rows (they start with the key,
-    right-justified under a longer header)."""
-    lines = err.splitlines()
-    found = []
-    for n, line in enumerate(lines):
-        if n and line.strip() and set(line.strip()) == {"─"}:
-            rows = []
-            for row in lines[n + 1 :]:
-                if not row.strip() or not (row[0] == " " or row[0].isdigit()):
-                    break
-                rows.append(row)
-            found.append([lines[n - 1], line, *rows])
-    return found
-
-
 def _table_lines(err: str) -> list[str]:
-    return [line for table in _tables(err) for line in table]
+    return table_lines(err)
 
 
 def _header(err: str, word: str = "items/s") -> str:
-    return next(t[0] for t in _tables(err) if word in t[0])
+    lines = _table_lines(err)
+    return next(ln for n, ln in enumerate(lines[:-1]) if word in ln and set(lines[n + 1]) == {"─"})
 
 
 def _rows(err: str, key: float) -> list[str]:
-    return [r for t in _tables(err) for r in t[2:] if r.split()[0] == f"{key:g}"]
+    return [r for r in _table_lines(err) if r.split() and r.split()[0] == f"{key:g}"]
 
 
 TIER_LINE = re.compile(r"^(batch|conc|rate|input) \S+( \(conc \d+\))?: ")
@@ -80,10 +69,14 @@ def test_a_ladder_in_a_log_fits_100_columns_and_shows_each_tier_once_per_line_ki
     for batch in tiers:  # one short line as the tier finished, one row in the final table
         short = [ln for ln in lines if ln.startswith(f"batch {batch}: ")]
         assert len(short) == 1, lines
-        assert "items/s" in short[0] and "s/item" in short[0] and short[0].endswith(
-            ("pass", "fail", "stop: cap", "stop: latency", "stop: vram", "stop: preempt")
+        assert (
+            "items/s" in short[0]
+            and "s/item" in short[0]
+            and short[0].endswith(
+                ("pass", "fail", "stop: cap", "stop: latency", "stop: vram", "stop: preempt")
+            )
         )
-        assert len(_rows(result.err, batch)) == 1, _tables(result.err)
+        assert len(_rows(result.err, batch)) == 1, _table_lines(result.err)
     assert not [ln for ln in lines if "=" in ln and "s/item=" in ln]  # no key=value line
     header = _header(result.err)
     for name in ("batch", "conc", "in tok", "items/s", "s/item", "p99 s", "peak MiB", "verdict"):
@@ -137,11 +130,11 @@ def test_report_a_b_headers_are_whole_at_100_columns(
     assert "…" not in table and "items_per" not in table, table
     header = _header(result.err, "verdict A")
     assert header.split()[0] == "batch" and "items/s" in header
-    assert "not shown:" in result.err  # the metrics left out are named, with where to see them
+    assert "more metrics: --wide" in result.err  # the metrics left out: where to see them
     wide = cli("report", a.json["run_id"], b.json["run_id"], "--wide")
     wide_header = _header(wide.err, "verdict A")
     assert len(wide_header.split("  ")) > len(header.split("  "))
-    assert "not shown:" not in wide.err
+    assert "more metrics" not in wide.err
     one = cli("report", a.json["run_id"])  # one run: its table and the spread over rounds
     assert one.code == 0 and not _wide_lines(one.err), _wide_lines(one.err)
     assert "over the rounds" in one.err
