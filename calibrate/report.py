@@ -283,15 +283,16 @@ _SWEEP: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("peak MiB", lambda r: _f(r.get("peak_vram_mib"), ".0f")),
     ("queue", lambda r: _f(r.get("server_queue_max"), ".0f")),
     ("errors", lambda r: f"{int(r['errors'])} {kinds_text(r.get('error_kinds'))}".strip()),
-    (
-        "verdict",
-        lambda r: (
-            str(r["verdict"])
-            + (" saturated" if _true(r.get("saturated")) else "")
-            + (" (over server cap)" if _true(r.get("capped_by_server")) else "")
-        ),
-    ),
+    ("verdict", lambda r: _level_verdict(r)),
 ]
+
+
+def _level_verdict(row: Mapping[str, Any]) -> str:
+    return (
+        str(row["verdict"])
+        + (" saturated" if _true(row.get("saturated")) else "")
+        + (" (over server cap)" if _true(row.get("capped_by_server")) else "")
+    )
 
 
 def _rate(value: Any, row: Mapping[str, Any]) -> str:
@@ -512,11 +513,13 @@ def plain_line(row: Mapping[str, Any], kind: Kind) -> str:
 
 def tier_line(row: Mapping[str, Any], kind: Kind) -> str:
     """One short line per finished tier (level) for a log: the numbers that pick a setting,
-    e.g. ``batch 4: 15.96 items/s, 0.0627 s/item, p99 0.253 s, 49152 MiB, 0 errors: pass``."""
+    e.g. ``batch 4: 15.96 items/s, 0.0627 s/item, p99 0.253 s, 49152 MiB, 0 errors — pass``."""
     if kind == "sweep":
         rate = row.get("offered_rate")
         load = row.get("load")
-        if load in ("synchronous", "maximum") or rate not in (None, ""):
+        if load in ("synchronous", "maximum"):
+            head = f"{_rate(rate, row)} (conc {int(row['concurrency'])})"
+        elif rate not in (None, ""):
             head = f"rate {_rate(rate, row)} (conc {int(row['concurrency'])})"
         else:
             head = f"conc {int(row['concurrency'])}"
@@ -540,11 +543,11 @@ def tier_line(row: Mapping[str, Any], kind: Kind) -> str:
     figures.append(f"p99 {_f(row.get('latency_p99_s'), '.3f')} s")
     if row.get("peak_vram_mib") not in (None, ""):
         figures.append(f"{_f(row.get('peak_vram_mib'), '.0f')} MiB")
-    errors = f"{int(row.get('errors') or 0)} errors"
+    count = int(row.get("errors") or 0)
     kinds = kinds_text(row.get("error_kinds"))
-    figures.append(errors + (f" ({kinds})" if kinds else ""))
-    verdict = _columns(kind, [row])[-1][1](row) if kind == "sweep" else str(row["verdict"])
-    return f"{head}: {', '.join(figures)}: {verdict}"
+    figures.append(f"{count} error{'' if count == 1 else 's'}" + (f" ({kinds})" if kinds else ""))
+    verdict = _level_verdict(row) if kind == "sweep" else str(row["verdict"])
+    return f"{head}: {', '.join(figures)} — {verdict}"
 
 
 @contextmanager
@@ -856,7 +859,11 @@ def confidence_table(
         return key_w + 3 + sum(2 + max([len(short_name(m)), *map(len, texts(m))]) for m in metrics)
 
     while not wide and width is not None and len(repeated) > 1 and needed(repeated) > width:
-        repeated.pop()
+        # tokens/s follows items/s: it goes first, then the last metric
+        if "output_tokens_per_s" in repeated:
+            repeated.remove("output_tokens_per_s")
+        else:
+            repeated.pop()
     table = compact(
         f"over the {'rounds' if view.kind == 'ladder' else 'repeats'}: mean "
         f"[{percent(level)} interval] and CV"

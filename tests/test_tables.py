@@ -36,7 +36,7 @@ def _rows(err: str, key: float) -> list[str]:
     return [r for r in _table_lines(err) if r.split() and r.split()[0] == f"{key:g}"]
 
 
-TIER_LINE = re.compile(r"^(batch|conc|rate|input) \S+( \(conc \d+\))?: ")
+TIER_LINE = re.compile(r"^(batch|conc|rate|input|sync|max)\b[^:]*: ")
 
 
 def _wide_lines(err: str, limit: int = 100) -> list[str]:
@@ -206,3 +206,44 @@ def test_a_tune_table_fits_100_columns_in_a_log() -> None:
         else:
             assert max(map(len, text.splitlines())) <= 100, text
             assert "goodput/s" in text and "incidents" not in text
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _row(batch: int) -> dict[str, object]:
+    return {
+        "batch_size": batch,
+        "concurrency": batch,
+        "rounds": 2,
+        "items": 8,
+        "errors": 0,
+        "items_per_s": 10.0 * batch,
+        "per_item_s": 0.1 / batch,
+        "latency_p99_s": 0.2,
+        "verdict": "pass",
+    }
+
+
+def test_a_terminal_gets_a_progress_bar_with_eta_and_a_log_never_does() -> None:
+    from calibrate.progress_view import Plan
+
+    terminal = _Terminal()
+    console = Console(file=terminal, force_terminal=True, width=100)
+    with report.live_rows(console, "ladder", "ladder run", True, plan=Plan(4, 30.0)) as show:
+        show(_row(1))
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", terminal.getvalue())
+    assert "ETA 2:00" in shown  # 4 tiers × 30 s planned, before the first one finished
+    assert "tiers" in shown and "items/s" in shown
+    log = io.StringIO()
+    console = Console(file=log, force_terminal=False, width=100)
+    with report.live_rows(console, "ladder", "ladder run", False, plan=Plan(4, 30.0)) as show:
+        show(_row(1))
+        show(_row(2))
+    assert "ETA" not in log.getvalue() and "━" not in log.getvalue()
+    assert log.getvalue().splitlines() == [
+        "batch 1: 10.00 items/s, 0.1000 s/item, p99 0.200 s, 0 errors — pass",
+        "batch 2: 20.00 items/s, 0.0500 s/item, p99 0.200 s, 0 errors — pass",
+    ]
