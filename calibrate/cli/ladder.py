@@ -126,8 +126,8 @@ def run(args: argparse.Namespace) -> int:
             out.say(f"the server's own cap: {cap.slots} ({cap.source}); tiers above it: stop: cap")
         axis = {"axis": options.axis}
         try:
-            plan = Plan(len(options.batch_sizes), options.rounds * options.min_round_s)
-            with live_table(out, "ladder", f"ladder {ctx.run.run_id}", plan) as show:
+            progress = Plan(len(options.batch_sizes), options.rounds * options.min_round_s)
+            with live_table(out, "ladder", f"ladder {ctx.run.run_id}", progress) as show:
                 ladder.on_tier = shown_by(watch, show, out, axis)
                 result = ladder.run()
         except KeyboardInterrupt:
