@@ -532,15 +532,16 @@ def tier_line(row: Mapping[str, Any], kind: Kind) -> str:
             figures.append(f"gain {_gain(row)}")
     else:
         head = f"batch {int(row['batch_size'])}"
-        if context_axis([row]):
-            head = f"input {_f(row.get('input_tokens_target'), '.0f')} at {head}"
+        if context_axis([row]):  # one batch size, said before the first tier
+            head = f"input {_f(row.get('input_tokens_target'), '.0f')}"
         figures = [
             f"{_f(row.get('items_per_s'), '.2f')} items/s",
             f"{_f(row.get('per_item_s'), '.4f')} s/item",
         ]
     if row.get("goodput_per_s") not in (None, ""):
         figures.append(f"goodput {_f(row.get('goodput_per_s'), '.2f')}/s")
-    figures.append(f"p99 {_f(row.get('latency_p99_s'), '.3f')} s")
+    if row.get("latency_p99_s") not in (None, ""):
+        figures.append(f"p99 {_f(row.get('latency_p99_s'), '.3f')} s")
     if row.get("peak_vram_mib") not in (None, ""):
         figures.append(f"{_f(row.get('peak_vram_mib'), '.0f')} MiB")
     count = int(row.get("errors") or 0)
