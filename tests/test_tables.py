@@ -247,3 +247,24 @@ def test_a_terminal_gets_a_progress_bar_with_eta_and_a_log_never_does() -> None:
         "batch 1: 10.00 items/s, 0.1000 s/item, p99 0.200 s, 0 errors — pass",
         "batch 2: 20.00 items/s, 0.0500 s/item, p99 0.200 s, 0 errors — pass",
     ]
+
+
+def test_tune_and_report_of_it_fit_100_columns_and_wide_shows_every_column(
+    cli, isolated: Path, columns_100: None
+) -> None:
+    import shlex
+
+    from tests.tune_helpers import MOCK, tune_config
+
+    command = shlex.join(MOCK) + " --port {port} --slots {slots}"
+    tune_config(isolated, 'grid = ["slots=1,2"]\n', command=command)
+    tuned = cli("tune", "--json")
+    assert tuned.code == 0, tuned.err
+    table = _table_lines(tuned.err)
+    assert len(table) == 2 + 2 and not _wide_lines(tuned.err), tuned.err
+    assert "rank=" not in tuned.err and "goodput/s" in table[0] and "incidents" not in table[0]
+    run = tuned.json["run_id"]
+    shown = cli("report", run)
+    assert shown.code == 0 and _table_lines(shown.err) == table, shown.err
+    wide = cli("report", run, "--wide")
+    assert wide.code == 0 and "incidents" in _table_lines(wide.err)[0], wide.err
