@@ -591,10 +591,7 @@ def live_rows(
 
 def compare_table(cmp: TierComparison) -> Table:
     """Baseline, now and change side by side; offending cells marked."""
-    table = Table(
-        title=f"compared with {cmp.baseline_path} (tolerance {cmp.tolerance:.0%})",
-        title_justify="left",
-    )
+    table = compact(f"compared with {cmp.baseline_path} (tolerance {cmp.tolerance:.0%})")
     for name in (
         cmp.key_name,
         "verdict: baseline",
