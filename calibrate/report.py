@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich import box
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
@@ -24,13 +25,12 @@ from calibrate.energy import ENERGY_COLUMNS
 from calibrate.errors import InputError
 from calibrate.numbers import finite
 from calibrate.output_paths import Named
+from calibrate.progress_view import Plan, progress_bar
 from calibrate.report_compare import (
     RunComparison,
     Spreads,
-    delta_text,
     headline,
     spread_text,
-    value_text,
 )
 from calibrate.run_view import RunView
 from calibrate.stages.compare_tiers import TierComparison
@@ -190,6 +190,11 @@ def _pressure(row: Mapping[str, Any]) -> str:
     return f"{float(row['pressure']):.0%} {row.get('pressure_source') or ''}".strip()
 
 
+def _pressure_short(row: Mapping[str, Any]) -> str:
+    """The default table's pressure: the figure alone (its source is said once, above)."""
+    return "—" if row.get("pressure") is None else f"{float(row['pressure']):.0%}"
+
+
 def _match(row: Mapping[str, Any]) -> str:
     if row.get("baseline_match") is None or not row.get("baseline_items"):
         return "—"
@@ -286,15 +291,16 @@ _SWEEP: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
     ("peak MiB", lambda r: _f(r.get("peak_vram_mib"), ".0f")),
     ("queue", lambda r: _f(r.get("server_queue_max"), ".0f")),
     ("errors", lambda r: f"{int(r['errors'])} {kinds_text(r.get('error_kinds'))}".strip()),
-    (
-        "verdict",
-        lambda r: (
-            str(r["verdict"])
-            + (" saturated" if _true(r.get("saturated")) else "")
-            + (" (over server cap)" if _true(r.get("capped_by_server")) else "")
-        ),
-    ),
+    ("verdict", lambda r: _level_verdict(r)),
 ]
+
+
+def _level_verdict(row: Mapping[str, Any]) -> str:
+    return (
+        str(row["verdict"])
+        + (" saturated" if _true(row.get("saturated")) else "")
+        + (" (over server cap)" if _true(row.get("capped_by_server")) else "")
+    )
 
 
 def _rate(value: Any, row: Mapping[str, Any]) -> str:
@@ -317,15 +323,68 @@ def context_axis(rows: Sequence[Mapping[str, Any]]) -> bool:
     return any(r.get("axis") == "context" for r in rows)
 
 
-def _columns(
-    kind: Kind, rows: Sequence[Mapping[str, Any]] = ()
-) -> list[tuple[str, Callable[[Mapping[str, Any]], str]]]:
+# The default table (fits 100 columns): what a user needs to pick a setting. --wide, tiers.csv,
+# the JSONL and the HTML report carry every column.
+ESSENTIAL: dict[Kind, tuple[str, ...]] = {
+    "ladder": (
+        "input",
+        "batch",
+        "conc",
+        "in tok",
+        "items/s",
+        "s/item",
+        "p50 s",
+        "p99 s",
+        "ttft p99",
+        "goodput",
+        "peak MiB",
+        "pressure",
+        "errors",
+        "verdict",
+    ),
+    "sweep": (
+        "conc",
+        "offered",
+        "achieved",
+        "items/s",
+        "range",
+        "gain",
+        "goodput",
+        "p50 s",
+        "p99 s",
+        "ttft p99",
+        "peak MiB",
+        "errors",
+        "verdict",
+    ),
+}
+_Cells = list[tuple[str, Callable[[Mapping[str, Any]], str]]]
+
+
+def _columns(kind: Kind, rows: Sequence[Mapping[str, Any]] = (), wide: bool = True) -> _Cells:
     if kind == "sweep":
-        return _SWEEP
-    if context_axis(rows):
+        columns = _SWEEP
+    elif context_axis(rows):
         length = ("input", lambda r: _f(r.get("input_tokens_target"), ".0f"))
-        return [length, *_LADDER]
-    return _LADDER
+        columns = [length, *_LADDER]
+    else:
+        columns = _LADDER
+    if wide:
+        return columns
+    short = [
+        ("pressure", _pressure_short) if name == "pressure" else (name, cell)
+        for name, cell in columns
+    ]
+    return [
+        (name, cell)
+        for name, cell in short
+        if name in ESSENTIAL[kind] and (name != "in tok" or _sized(rows))
+    ]
+
+
+def _sized(rows: Sequence[Mapping[str, Any]]) -> bool:
+    """A workload with an input-token target: ``in tok`` (target→counted) says it was met."""
+    return any(r.get("input_tokens_target") not in (None, "") for r in rows)
 
 
 # On a narrow terminal these go first (in this order), so the cells left stay readable.
@@ -386,26 +445,41 @@ _WHEN_MEASURED = (
 
 
 def _fitting_columns(
-    rows: Sequence[Mapping[str, Any]], kind: Kind, width: int | None
-) -> list[tuple[str, Callable[[Mapping[str, Any]], str]]]:
+    rows: Sequence[Mapping[str, Any]], kind: Kind, width: int | None, wide: bool = True
+) -> _Cells:
     columns = [
         (name, cell)
-        for name, cell in _columns(kind, rows)
+        for name, cell in _columns(kind, rows, wide)
         if name not in _WHEN_MEASURED or any(cell(row) != "—" for row in rows)
     ]
     if width is None:
         return columns
-
-    def needed(cols: list[tuple[str, Callable[[Mapping[str, Any]], str]]]) -> int:
-        return 1 + sum(
-            3 + max([len(name), *(len(cell(row)) for row in rows)]) for name, cell in cols
-        )
-
     for name in _DROP_FIRST[kind]:
-        if needed(columns) <= width:
+        if table_width(columns, rows) <= width:
             break
         columns = [c for c in columns if c[0] != name]
     return columns
+
+
+def table_width(columns: _Cells, rows: Sequence[Mapping[str, Any]]) -> int:
+    """The width of a ``compact`` table of these columns: each cell's widest text and two
+    spaces between columns."""
+    return -2 + sum(
+        2 + max([len(name), *(len(cell(row)) for row in rows)]) for name, cell in columns
+    )
+
+
+def compact(title: str | None = None) -> Table:
+    """A table without column rules, side edges or a bottom rule: a rule under the header, two
+    spaces between columns; as wide as its cells, few lines."""
+    return Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=(0, 1, 0, 0),
+        pad_edge=False,
+    )
 
 
 def tier_table(
@@ -413,13 +487,18 @@ def tier_table(
     kind: Kind,
     title: str | None = None,
     width: int | None = None,
+    *,
+    wide: bool = False,
 ) -> Table:
-    """The tier (or level) table; with ``width``, minor columns are left out until it fits."""
-    columns = _fitting_columns(rows, kind, width)
-    table = Table(title=title, title_justify="left")
+    """The tier (or level) table: the essential columns (every one with ``wide``); with
+    ``width``, minor columns are left out until it fits."""
+    columns = _fitting_columns(rows, kind, None if wide else width, wide)
+    table = compact(title)
     for name, _ in columns:
         table.add_column(
-            name, justify="left" if name in ("verdict", "errors", "pressure") else "right"
+            name,
+            justify="left" if name in ("verdict", "errors", "pressure") else "right",
+            overflow="fold",
         )
     for row in rows:
         style = (
@@ -432,7 +511,7 @@ def tier_table(
 
 
 def plain_line(row: Mapping[str, Any], kind: Kind) -> str:
-    """One ``key=value`` line per tier, for logs and CI (no live display off a TTY)."""
+    """Every column of one tier as ``key=value`` (tests and --debug; logs get ``tier_line``)."""
     cells = [(name, cell(row)) for name, cell in _columns(kind, [row])]
     return "  ".join(
         f"{name.replace(' ', '_')}={text}"
@@ -441,32 +520,87 @@ def plain_line(row: Mapping[str, Any], kind: Kind) -> str:
     )
 
 
+def tier_line(row: Mapping[str, Any], kind: Kind) -> str:
+    """One short line per finished tier (level) for a log: the numbers that pick a setting,
+    e.g. ``batch 4: 15.96 items/s, 0.0627 s/item, p99 0.253 s, 49152 MiB, 0 errors — pass``."""
+    if kind == "sweep":
+        rate = row.get("offered_rate")
+        load = row.get("load")
+        if load in ("synchronous", "maximum"):
+            head = f"{_rate(rate, row)} (conc {int(row['concurrency'])})"
+        elif rate not in (None, ""):
+            head = f"rate {_rate(rate, row)} (conc {int(row['concurrency'])})"
+        else:
+            head = f"conc {int(row['concurrency'])}"
+        spread = _range(row)
+        figures = [
+            f"{_f(row.get('items_per_s'), '.2f')} items/s"
+            + (f" ({spread})" if spread not in ("—", "one run") else "")
+        ]
+        if row.get("gain") is not None:
+            figures.append(f"gain {_gain(row)}")
+    else:
+        head = f"batch {int(row['batch_size'])}"
+        if context_axis([row]):  # one batch size, said before the first tier
+            head = f"input {_f(row.get('input_tokens_target'), '.0f')}"
+        figures = [
+            f"{_f(row.get('items_per_s'), '.2f')} items/s",
+            f"{_f(row.get('per_item_s'), '.4f')} s/item",
+        ]
+    if row.get("goodput_per_s") not in (None, ""):
+        figures.append(f"goodput {_f(row.get('goodput_per_s'), '.2f')}/s")
+    if row.get("latency_p99_s") not in (None, ""):
+        figures.append(f"p99 {_f(row.get('latency_p99_s'), '.3f')} s")
+    if row.get("peak_vram_mib") not in (None, ""):
+        figures.append(f"{_f(row.get('peak_vram_mib'), '.0f')} MiB")
+    count = int(row.get("errors") or 0)
+    kinds = kinds_text(row.get("error_kinds"))
+    figures.append(f"{count} error{'' if count == 1 else 's'}" + (f" ({kinds})" if kinds else ""))
+    verdict = _level_verdict(row) if kind == "sweep" else str(row["verdict"])
+    return f"{head}: {', '.join(figures)} — {verdict}"
+
+
 @contextmanager
 def live_rows(
-    console: Console, kind: Kind, title: str, live: bool
+    console: Console,
+    kind: Kind,
+    title: str,
+    live: bool,
+    *,
+    wide: bool = False,
+    plan: Plan | None = None,
 ) -> Iterator[Callable[[Mapping[str, Any]], None]]:
-    """A table that grows as rows finish on a TTY; plain lines otherwise."""
+    """On a TTY a table that grows as rows finish, a progress bar under it; in a log one short
+    line per row (the table comes once, at the end: ``finish_tables``)."""
     rows: list[Mapping[str, Any]] = []
     if not live:
-        yield lambda row: console.print(plain_line(row, kind), markup=False, highlight=False)
+        yield lambda row: console.print(tier_line(row, kind), markup=False, highlight=False)
         return
-    with Live(
-        tier_table(rows, kind, title, console.width), console=console, refresh_per_second=4
-    ) as display:
+    bar = progress_bar(console, plan) if plan is not None and plan.steps > 0 else None
+    task = bar.add_task(kind, total=plan.steps) if bar is not None and plan is not None else None
+
+    def view(done: bool = False) -> RenderableType:
+        table = tier_table(rows, kind, title, console.width)
+        return table if bar is None or done else Group(table, bar)
+
+    # with --wide the table printed at the end has every column: this one goes when done
+    with Live(view(), console=console, refresh_per_second=4, transient=wide) as display:
 
         def add(row: Mapping[str, Any]) -> None:
             rows.append(row)
-            display.update(tier_table(rows, kind, title, console.width))
+            if bar is not None and task is not None:
+                bar.advance(task)
+            display.update(view())
 
-        yield add
+        try:
+            yield add
+        finally:
+            display.update(view(done=True))
 
 
 def compare_table(cmp: TierComparison) -> Table:
     """Baseline, now and change side by side; offending cells marked."""
-    table = Table(
-        title=f"compared with {cmp.baseline_path} (tolerance {cmp.tolerance:.0%})",
-        title_justify="left",
-    )
+    table = compact(f"compared with {cmp.baseline_path} (tolerance {cmp.tolerance:.0%})")
     for name in (
         cmp.key_name,
         "verdict: baseline",
@@ -546,9 +680,7 @@ def write_plot(rows: Sequence[Mapping[str, Any]], kind: Kind, path: Path) -> Pat
     return path
 
 
-def table_cells(
-    rows: Sequence[Mapping[str, Any]], kind: Kind
-) -> list[tuple[str, Callable[[Mapping[str, Any]], str]]]:
+def table_cells(rows: Sequence[Mapping[str, Any]], kind: Kind) -> _Cells:
     """The terminal table's columns (all of them, as on a wide screen), for the HTML report."""
     return _fitting_columns(rows, kind, None)
 
@@ -593,52 +725,159 @@ def write_timeline_png(bars: Sequence[Bar], title: str, path: Path) -> Path | No
     return path
 
 
-def runs_compare_table(cmp: RunComparison) -> Table:
-    """``report A B``: per tier, each headline metric as ``A → B (change)``."""
-    table = Table(title=f"A = {cmp.a.run_id}   B = {cmp.b.run_id}", title_justify="left")
-    for name in (cmp.key, "verdict A", "verdict B", *cmp.metrics):
-        table.add_column(name, justify="left" if name.startswith("verdict") else "right")
+# report A B: a short header per metric, so none is cut ("items_per…") at 100 columns.
+SHORT_NAMES = {
+    "batch_size": "batch",
+    "concurrency": "conc",
+    "offered_rate": "rate",
+    "auto_step": "step",
+    "input_tokens_target": "input",
+    "items_per_s": "items/s",
+    "achieved_rate": "achieved",
+    "goodput": "goodput",
+    "goodput_per_s": "goodput",
+    "output_tokens_per_s": "tok/s",
+    "per_item_s": "s/item",
+    "per_item_mean_s": "s/item",
+    "latency_p50_s": "p50 s",
+    "e2e_p50_s": "e2e p50",
+    "per_item_p50_s": "p50 s",
+    "latency_p99_s": "p99 s",
+    "e2e_p99_s": "e2e p99",
+    "per_item_p99_s": "p99 s",
+    "ttft_p50_s": "ttft p50",
+    "ttft_p99_s": "ttft p99",
+    "tpot_p99_s": "tpot p99",
+    "itl_p99_s": "itl p99",
+    "peak_vram_mib": "peak MiB",
+    "pressure": "pressure",
+    "errors": "errors",
+}
+
+
+def short_name(column: str) -> str:
+    return SHORT_NAMES.get(column, column.removesuffix("_s").replace("_", " "))
+
+
+# The metrics the default ``report A B`` table shows first (a setting is picked on these);
+# the others follow while the table fits. --wide: every one in the headline order.
+_FIRST = (
+    "items_per_s",
+    "achieved_rate",
+    "goodput",
+    "latency_p99_s",
+    "e2e_p99_s",
+    "per_item_p99_s",
+    "ttft_p99_s",
+    "peak_vram_mib",
+    "errors",
+)
+
+
+def _by_use(metrics: Sequence[str]) -> list[str]:
+    return sorted(metrics, key=lambda m: _FIRST.index(m) if m in _FIRST else len(_FIRST))
+
+
+def _short(value: float | None) -> str:
+    """Three significant digits (the JSON and the HTML keep more): ``0.00823``, ``76.4``."""
+    if value is None:
+        return "—"
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
+def _pair_cell(delta: Any, side: Mapping[str, Any] | None, metric: str) -> tuple[str, str]:
+    """``8 → 6 (-25%)`` and its colour; ``(+27%, significant)`` when tested over the rounds
+    (the caption says at what level)."""
+    if delta is None:
+        return _short(finite((side or {}).get(metric))), ""
+    text = f"{_short(delta.a)} → {_short(delta.b)}"
+    if delta.diff is not None:
+        change = f"{delta.diff:+.4g}" if delta.change is None else f"{delta.change:+.0%}"
+        if delta.significant is not None and delta.diff and not delta.inside_noise:
+            change += ", significant" if delta.significant else ", not significant"
+        text += f" ({change})"
+    colour = "" if delta.better is None else ("green" if delta.better else "red")
+    return text, colour
+
+
+def runs_compare_table(cmp: RunComparison, width: int | None = 100, wide: bool = False) -> Table:
+    """``report A B``: per tier, each headline metric as ``A → B (change)``; without ``wide``
+    the metrics a setting is picked on come first and the rest are left out once the table
+    would not fit ``width``."""
+    metrics = list(cmp.metrics) if wide else _by_use(cmp.metrics)
+    cells: list[list[tuple[str, str]]] = []
     for row in cmp.rows:
-        cells = [
-            f"{row.key:g}",
-            escape(str((row.a or {}).get("verdict") or "not run")),
-            escape(str((row.b or {}).get("verdict") or "not run")),
+        side = row.a if row.a is not None else row.b
+        line = [
+            (f"{row.key:g}", ""),
+            (str((row.a or {}).get("verdict") or "not run"), ""),
+            (str((row.b or {}).get("verdict") or "not run"), ""),
         ]
-        for metric in cmp.metrics:
-            delta = row.deltas.get(metric)
-            if delta is None:
-                side = row.a if row.a is not None else row.b
-                cells.append(value_text(finite((side or {}).get(metric))))
-                continue
-            change = delta_text(delta)
-            colour = None if delta.better is None else ("green" if delta.better else "red")
-            cell = f"{value_text(delta.a)} → {value_text(delta.b)}" + (
-                f" ({change})" if change else ""
+        line += [_pair_cell(row.deltas.get(m), side, m) for m in metrics]
+        cells.append(line)
+    names = [short_name(cmp.key), "verdict A", "verdict B", *(short_name(m) for m in metrics)]
+    widths = [max([len(n), *(len(c[i][0]) for c in cells)]) for i, n in enumerate(names)]
+    shown = len(names)
+    while (
+        not wide and width is not None and shown > 4 and sum(widths[:shown]) + 2 * shown - 2 > width
+    ):
+        shown -= 1
+    said = [
+        f"significant at {percent(cmp.level)}"
+        if any("significant" in text for line in cells for text, _ in line[3:shown])
+        else "",
+        "more metrics: --wide" if shown < len(names) else "",
+    ]
+    table = compact(f"A = {cmp.a.run_id}   B = {cmp.b.run_id}")
+    table.caption, table.caption_justify = "; ".join(s for s in said if s) or None, "left"
+    for name in names[:shown]:
+        table.add_column(name, justify="left" if name.startswith("verdict") else "right")
+    for line in cells:
+        table.add_row(
+            *(
+                f"[{colour}]{escape(text)}[/]" if colour else escape(text)
+                for text, colour in line[:shown]
             )
-            cells.append(f"[{colour}]{cell}[/]" if colour else cell)
-        table.add_row(*cells)
+        )
     return table
 
 
 CONFIDENCE_METRICS = 4  # headline metrics in the confidence table (the tier table has the rest)
 
 
-def confidence_table(view: RunView, spreads: Spreads, level: float) -> Table:
+def confidence_table(
+    view: RunView, spreads: Spreads, level: float, width: int | None = None, wide: bool = False
+) -> Table:
     """``report RUN``: each tier's headline metrics over its rounds (ladder) or repeats (sweep):
-    mean [t-interval at ``level``] and CV; a CV over 10 % in yellow."""
+    mean [t-interval at ``level``] and CV; a CV over 10 % in yellow. Metrics are left out (last
+    first) until it fits ``width`` unless ``wide``."""
     repeated = [
         m
         for m in headline(view)
         if any((s := spreads[k].get(m)) is not None and s.n > 1 for k in spreads)
     ][:CONFIDENCE_METRICS]
-    table = Table(
-        title=f"over the {'rounds' if view.kind == 'ladder' else 'repeats'}: mean "
-        f"[{percent(level)} interval] and CV",
-        title_justify="left",
+    keys = sorted(spreads)
+
+    def texts(name: str) -> list[str]:
+        return [spread_text(spreads[k].get(name)) for k in keys]
+
+    def needed(metrics: list[str]) -> int:
+        key_w = max([len(short_name(view.key)), *(len(f"{k:g}") for k in keys)])
+        return key_w + 3 + sum(2 + max([len(short_name(m)), *map(len, texts(m))]) for m in metrics)
+
+    while not wide and width is not None and len(repeated) > 1 and needed(repeated) > width:
+        # tokens/s follows items/s: it goes first, then the last metric
+        if "output_tokens_per_s" in repeated:
+            repeated.remove("output_tokens_per_s")
+        else:
+            repeated.pop()
+    table = compact(
+        f"over the {'rounds' if view.kind == 'ladder' else 'repeats'}: mean "
+        f"[{percent(level)} interval] and CV"
     )
-    for name in (view.key, "n", *repeated):
+    for name in (short_name(view.key), "n", *map(short_name, repeated)):
         table.add_column(name, justify="right")
-    for key in sorted(spreads):
+    for key in keys:
         metrics = spreads[key]
         n = max((s.n for s in metrics.values()), default=0)
         cells = [f"{key:g}", str(n)]

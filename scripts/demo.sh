@@ -101,9 +101,12 @@ echo "final results (one line per id, input order): $work/final.jsonl ($(wc -l <
 step "calibrate report --html   (one self-contained HTML file per run, no server needed)"
 ladder_run=$(ls -d runs/*-ladder-* | tail -1)
 top() { python3 -c 'import csv, sys; print(max(int(float(r[sys.argv[2]])) for r in csv.DictReader(open(sys.argv[1]))))' "$1/tiers.csv" "$2"; }
+# the ladder's table again from its files (no server), then two more reports quietly: their
+# tables are the sweeps' above; a report that fails shows what it said
+quiet() { "$@" >"$work/report.log" 2>&1 || { cat "$work/report.log" >&2; return 1; }; }
 calibrate report "$ladder_run" --html --timeline "$(top "$ladder_run" batch_size)" --no-plot >/dev/null
-calibrate report "$sweep_run" --html --timeline "$(top "$sweep_run" concurrency)" --no-plot >/dev/null
-calibrate report "$auto_run" --html --timeline "$(top "$auto_run" auto_step)" --no-plot >/dev/null
+quiet calibrate report "$sweep_run" --html --timeline "$(top "$sweep_run" concurrency)" --no-plot
+quiet calibrate report "$auto_run" --html --timeline "$(top "$auto_run" auto_step)" --no-plot
 
 echo
 echo "demo finished: everything it wrote is in $work"

@@ -181,3 +181,18 @@ class Page(HTMLParser):
     def body_rows(self, table_id: str) -> list[list[str]]:
         """The rows under the header row."""
         return self.rows.get(table_id, [])[1:]
+
+
+def table_lines(text: str) -> list[str]:
+    """The lines of the tables in some stderr output: each header, the rule under it and the
+    rows after it (they start with the key, right-justified under a longer header)."""
+    lines = text.splitlines()
+    found: list[str] = []
+    for n, line in enumerate(lines):
+        if n and line.strip() and set(line.strip()) == {"─"}:
+            found += [lines[n - 1], line]
+            for row in lines[n + 1 :]:
+                if not row.strip() or not (row[0] == " " or row[0].isdigit()):
+                    break
+                found.append(row)
+    return found

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.mockserver import start_mock
-from tests.report_helpers import ladder_row, sweep_row, write_run
+from tests.report_helpers import ladder_row, sweep_row, table_lines, write_run
 from tests.tier_helpers import FAST, open_gate, run_dir
 
 SPEC_COLUMNS = {
@@ -42,8 +42,8 @@ SPEC_COLUMNS = {
 
 
 def _table(text: str) -> list[str]:
-    """The box-drawn table lines of some stderr output."""
-    return [line for line in text.splitlines() if line[:1] in "┏┃┡│└"]
+    """The table lines of some stderr output: header, rule, rows."""
+    return table_lines(text)
 
 
 def test_tiers_csv_and_report_reproduces_the_table(cli, isolated: Path) -> None:
@@ -63,10 +63,10 @@ def test_tiers_csv_and_report_reproduces_the_table(cli, isolated: Path) -> None:
     report = cli("report", str(run))  # the mock is gone: no server needed
     assert report.code == 0, report.err
     table = _table(report.err)
-    assert table[: 4 + 4] == _table(ladder.err)  # the ladder's own table, line for line
+    assert table[: 2 + 4] == _table(ladder.err)  # the ladder's own table, line for line
     # then each tier's repeated metrics over its 2 rounds: mean [95 % interval] and CV
     assert (
-        len(table) == 2 * (4 + 4) and "over the rounds: mean [95 % interval] and CV" in report.err
+        len(table) == 2 * (2 + 4) and "over the rounds: mean [95 % interval] and CV" in report.err
     )
     assert (run / "plot.png").exists()
     by_id = cli("report", run.name, "--json", "--no-plot")
@@ -119,7 +119,7 @@ def test_a_narrow_terminal_drops_minor_columns_instead_of_cropping_cells() -> No
         "baseline_items": 8,
         "verdict": "fail",
     }
-    wide = tier_table([row], "ladder")
+    wide = tier_table([row], "ladder", wide=True)
     narrow = tier_table([row], "ladder", width=80)
     assert len(narrow.columns) < len(wide.columns)
     names = [c.header for c in narrow.columns]

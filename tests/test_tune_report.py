@@ -4,15 +4,24 @@ of a tune run (issue 26)."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
+from tests.report_helpers import table_lines
 from tests.tune_helpers import MOCK, tune_config
 
 # the demo's engine: the cap is {batch_size}, and more than 6 requests at once run out of memory
 OOM_COMMAND = shlex.join(MOCK) + " --port {port} --slots {batch_size} --oom-at 6"
 # the cap is the user's own {slots}: calibrate never passes a cap to this command
 SLOTS_COMMAND = shlex.join(MOCK) + " --port {port} --slots {slots} --seed {seed}"
+
+
+def _ranked(err: str) -> list[dict[str, str]]:
+    """The rows of the ranked table in stderr, by column name."""
+    lines = table_lines(err)
+    header = re.split(r"\s{2,}", lines[0].strip())
+    return [dict(zip(header, re.split(r"\s{2,}", row.strip()), strict=True)) for row in lines[2:]]
 
 
 def _tune_run(isolated: Path) -> Path:
@@ -38,10 +47,10 @@ def test_candidates_are_measured_within_the_ladders_load_at_their_own_cap(
     assert sorted(r["cap"] for r in rows) == [1, 2, 4]  # each candidate's own cap
     assert all(r["errors"] == 0 and r["incidents"] == 0 for r in rows), rows
     assert all(r["best_concurrency"] <= 4 for r in rows)
-    for line in result.err.splitlines():
-        if line.startswith("rank="):
-            flags = line.split("flags=")[1].split("  ")[0]
-            assert f"cap={flags.removeprefix('batch_size=')} " in line
+    ranked = _ranked(result.err)
+    assert len(ranked) == 3
+    for row in ranked:
+        assert row["cap"] == row["flags"].removeprefix("batch_size=")
     summary = json.loads((_tune_run(isolated) / "summary.json").read_text())["summary"]
     assert summary["levels"] == [1, 2, 4] and summary["skipped_levels"] == [8]
 
@@ -58,7 +67,7 @@ def test_report_renders_a_tune_run_and_a_command_that_caps_itself_shows_no_cap(
     starts = [line for line in tuned.err.splitlines() if line.startswith("starting: ")]
     assert starts and all("--seed 3" in line for line in starts)
     assert any("--slots 1 --seed 3" in line for line in starts)
-    assert "cap=4" not in tuned.err and "cap=—" in tuned.err  # calibrate sets no cap here
+    assert [row["cap"] for row in _ranked(tuned.err)] == ["—", "—"]  # calibrate sets no cap here
     run = _tune_run(isolated)
     shown = cli("report", run.name, "--html", "--json")
     assert shown.code == 0, shown.err
@@ -70,10 +79,7 @@ def test_report_renders_a_tune_run_and_a_command_that_caps_itself_shows_no_cap(
     )
     assert "winner: c02 (slots=4)" in shown.err and "over the runner-up c01 (slots=1)" in shown.err
     assert winner["flags"] == {"slots": "4"}
-    assert [line.split()[1] for line in shown.err.splitlines() if line.startswith("rank=")] == [
-        "id=c02",
-        "id=c01",
-    ]
+    assert [row["id"] for row in _ranked(shown.err)] == ["c02", "c01"]
     html = (run / "report.html").read_text("utf-8")
     assert html.index("winner: c02") < html.index("<table")
     assert "data:image/svg+xml;base64," in html

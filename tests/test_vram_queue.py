@@ -127,9 +127,9 @@ def test_queue_column_shows_and_is_dropped_before_the_main_ones(tmp_path: Path) 
     assert json.loads(written["per_device"])[0]["pressure"] == 0.5
     back = report.read_rows(csv_path)
     wide = Console(width=300, record=True, file=io.StringIO())
-    wide.print(report.tier_table(back, "ladder", width=300))
+    wide.print(report.tier_table(back, "ladder", width=300, wide=True))
     text = wide.export_text()
-    assert "queue" in text and "│    12 │" in text
+    assert "queue" in text and " 12  " in text
     narrow = report.tier_table(back, "ladder", width=80)
     assert "queue" not in [c.header for c in narrow.columns]
     assert "queue=12" in report.plain_line(back[0], "ladder")

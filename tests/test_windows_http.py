@@ -3,6 +3,7 @@ repeats, what one run per level looks like, the ladder's rounds of waves, an SLO
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from tests.mockserver import MockProcess, start_mock
@@ -52,10 +53,10 @@ def test_one_run_per_level_shows_no_range_and_says_a_gain_is_not_told_from_noise
     assert all(lv["items_per_s_min"] == lv["items_per_s_max"] for lv in once.json["levels"])
     assert "one run per level: no range, so a gain cannot be told from noise" in once.err
     assert "set [sweep] repeats = 3" in once.json["knee"]["how_sure"]
-    rows = [line for line in once.err.splitlines() if line.startswith("conc=")]
-    assert len(rows) == 4 and all("range=one_run" in r or "range=one run" in r for r in rows)
-    ranged = [line for line in twice.err.splitlines() if line.startswith("conc=")]
-    assert all("range=" in r and "–" in r.split("range=")[1].split()[0] for r in ranged)
+    rows = [line for line in once.err.splitlines() if re.match(r"conc \d+: ", line)]
+    assert len(rows) == 4 and all(" items/s, " in r for r in rows)  # no (low–high) after it
+    ranged = [line for line in twice.err.splitlines() if re.match(r"conc \d+: ", line)]
+    assert ranged and all("–" in r.split(" items/s (")[1].split(")")[0] for r in ranged)
     assert "no range" not in twice.err
 
 

@@ -93,11 +93,22 @@ def remember_secrets(cfg: Config) -> None:
     redact.remember(*argv_secret_values(cfg.server.args))
 
 
-class Output:
-    """Human text to stderr (rich on a TTY, plain lines otherwise); JSON results to stdout."""
+LOG_WIDTH = 100  # tables in a log (CI, make demo) fit this, or $COLUMNS when set
 
-    def __init__(self, json_mode: bool, stream: TextIO | None = None) -> None:
+
+def log_width() -> int:
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else LOG_WIDTH
+
+
+class Output:
+    """Human text to stderr (rich on a TTY, plain lines otherwise); JSON results to stdout.
+
+    ``wide`` (--wide): tables show every column, as wide as they need."""
+
+    def __init__(self, json_mode: bool, stream: TextIO | None = None, wide: bool = False) -> None:
         self.json_mode = json_mode
+        self.wide = wide
         self.stream = stream if stream is not None else sys.stderr
         self.is_tty = self.stream.isatty()
         self.console = Console(
@@ -106,7 +117,7 @@ class Output:
             no_color=not self.is_tty,
             highlight=False,
             soft_wrap=True,
-            width=None if self.is_tty else 200,
+            width=None if self.is_tty else log_width(),
         )
 
     def say(self, text: str, style: str | None = None) -> None:
@@ -124,6 +135,16 @@ class Output:
     def render(self, renderable: Any) -> None:
         self.console.print(renderable)
 
+    def render_wide(self, table: Any) -> None:
+        """A --wide table at the width it needs (never squeezed into the terminal's)."""
+        width = self.console.width
+        needed = self.console.measure(table, options=self.console.options.update(width=10_000))
+        self.console.width = max(needed.maximum, width)  # print() never goes past it
+        try:
+            self.console.print(table, crop=False)
+        finally:
+            self.console.width = width
+
     def result(self, payload: dict[str, Any]) -> None:
         if self.json_mode:
             text = json.dumps(payload, ensure_ascii=False, sort_keys=True)
@@ -134,7 +155,16 @@ class Output:
 
 
 def output_for(args: argparse.Namespace) -> Output:
-    return Output(bool(getattr(args, "json", False)))
+    return Output(bool(getattr(args, "json", False)), wide=bool(getattr(args, "wide", False)))
+
+
+def add_wide(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="tables with every column (default: the essential ones, fitting 100 columns; "
+        "tiers.csv, the JSON and --html have them all)",
+    )
 
 
 def open_stage(

@@ -28,6 +28,7 @@ from calibrate.cli.common import (
     add_command,
     add_force,
     add_junit,
+    add_wide,
     junit_suite,
     kept_on_write_error,
     load_config,
@@ -40,6 +41,7 @@ from calibrate.cli.determinism_view import say_differs, say_overall
 from calibrate.cli.tier_output import (
     add_tier_args,
     finish_run,
+    live_table,
     measure_spec,
     shown_by,
     warn_if_not_streamed,
@@ -51,7 +53,7 @@ from calibrate.energy import cost_text
 from calibrate.errors import ExitCode, Interrupted
 from calibrate.gates import next_step
 from calibrate.junit import JUnitCase, JUnitSuite
-from calibrate.report import live_rows
+from calibrate.progress_view import Plan
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.stages.compare_tiers import TierComparison
 from calibrate.stages.context import StageContext
@@ -76,6 +78,7 @@ def register(subparsers: Any) -> None:
         help="fail when any output differs from the single-call baseline",
     )
     add_tier_args(parser, "ladder")
+    add_wide(parser)
     add_force(parser)
     add_junit(parser)
 
@@ -125,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
             out.say(f"the server's own cap: {cap.slots} ({cap.source}); tiers above it: stop: cap")
         axis = {"axis": options.axis}
         try:
-            with live_rows(out.console, "ladder", f"ladder {ctx.run.run_id}", out.is_tty) as show:
+            progress = Plan(len(options.batch_sizes), options.rounds * options.min_round_s)
+            with live_table(out, "ladder", f"ladder {ctx.run.run_id}", progress) as show:
                 shown = shown_by(watch, show, out, axis)
 
                 def on_tier(tier: Tier) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate import report, tier_table, tune_report
-from calibrate.cli.common import Output, add_command, load_config, output_for
+from calibrate.cli.common import Output, add_command, add_wide, load_config, output_for
 from calibrate.cli.tune_view import show_ranked
 from calibrate.errors import InputError, UsageError
 from calibrate.html_compare import comparison_html
@@ -51,6 +51,7 @@ def register(subparsers: Any) -> None:
         type=float,
         help="per-request timeline of one tier: its batch size (ladder) or concurrency (sweep)",
     )
+    add_wide(parser)
 
 
 def _resolve(name: str, runs_dir: Path) -> Path:
@@ -105,16 +106,19 @@ def run(args: argparse.Namespace) -> int:
 def _one(out: Output, view: RunView, args: argparse.Namespace, level: float) -> int:
     rows, kind, path = list(view.rows), view.kind, view.path
     try:
-        table = report.tier_table(rows, kind, f"{kind} {path.name}", out.console.width)
+        table = report.tier_table(
+            rows, kind, f"{kind} {path.name}", out.console.width, wide=out.wide
+        )
     except (ValueError, TypeError) as exc:  # a cell that is not a number where one belongs
         raise InputError(
             f"{path / 'tiers.csv'} has a value report cannot read ({exc})",
             "Rerun the stage to write the table again.",
         ) from exc
-    out.render(table)
+    (out.render_wide if out.wide else out.render)(table)
     spreads = run_spreads(view, level)
     if any(s.n > 1 for metrics in spreads.values() for s in metrics.values()):
-        out.render(report.confidence_table(view, spreads, level))
+        spread = report.confidence_table(view, spreads, level, out.console.width, out.wide)
+        (out.render_wide if out.wide else out.render)(spread)
     noisy = noisy_lines(view, spreads)
     for line in noisy:
         out.warn(line)
@@ -178,7 +182,8 @@ def _compare(out: Output, a: RunView, b: RunView, html: str | None, level: float
     cmp = compare_runs(a, b, level)
     if cmp.warning:
         out.warn(cmp.warning)
-    out.render(report.runs_compare_table(cmp))
+    table = report.runs_compare_table(cmp, out.console.width, out.wide)
+    (out.render_wide if out.wide else out.render)(table)
     for line in cmp.noisy:
         out.warn(line)
     result = cmp.to_json()

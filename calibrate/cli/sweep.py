@@ -33,6 +33,7 @@ from calibrate.cli.common import (
     add_command,
     add_force,
     add_junit,
+    add_wide,
     junit_suite,
     kept_on_write_error,
     load_config,
@@ -45,6 +46,7 @@ from calibrate.cli.determinism_view import say_differs, say_overall
 from calibrate.cli.tier_output import (
     add_tier_args,
     finish_run,
+    live_table,
     measure_spec,
     shown_by,
     warn_if_not_streamed,
@@ -56,7 +58,7 @@ from calibrate.config import MAX_BATCH_SIZE, Config
 from calibrate.energy import cost_text
 from calibrate.errors import ExitCode, GateClosed, Interrupted, UsageError
 from calibrate.gates import next_step
-from calibrate.report import live_rows
+from calibrate.progress_view import Plan
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.setting import latest_passing_ladder
 from calibrate.stages.arrivals import parse_counts, parse_rates, rate_text
@@ -146,6 +148,7 @@ def register(subparsers: Any) -> None:
         "most requests the ladder passed with in flight (said and recorded)",
     )
     add_tier_args(parser, "sweep")
+    add_wide(parser)
     add_force(parser)
     add_junit(parser)
 
@@ -302,7 +305,7 @@ def _measure(
         out.say(f"workload: {plan.spec.describe()}")
         out.say(_announce(options) + (f"; server cap {cap.slots} ({cap.source})" if cap else ""))
         try:
-            with live_rows(out.console, "sweep", f"sweep {ctx.run.run_id}", out.is_tty) as show:
+            with live_table(out, "sweep", f"sweep {ctx.run.run_id}", _progress(options)) as show:
                 shown = shown_by(watch, show, out)
 
                 def on_level(level: Level) -> None:
@@ -412,6 +415,17 @@ def _finish(
         }
     )
     return 0 if entry.passed else 1
+
+
+def _progress(options: SweepOptions) -> Plan:
+    """The progress bar's levels (a find-max probes at most 10) of repeats × level_s each."""
+    if options.find_max_top:
+        levels = 10
+    elif options.auto_steps:
+        levels = options.auto_steps + 2
+    else:
+        levels = len(options.rates or options.levels)
+    return Plan(levels, options.repeats * options.level_s, "levels")
 
 
 def _announce(options: SweepOptions) -> str:

@@ -16,6 +16,7 @@ from calibrate.cli.common import Output
 from calibrate.cli.workload_flags import add_workload_args
 from calibrate.config import SloConfig
 from calibrate.energy import PRICE_HELP
+from calibrate.progress_view import Plan
 from calibrate.records import LedgerEntry
 from calibrate.selfload import SelfLoadMonitor
 from calibrate.stages.compare_tiers import TierComparison
@@ -130,8 +131,10 @@ def finish_tables(
         return
     csv_path = report.write_tiers_csv(ctx.run.file("tiers.csv"), rows, kind, source)
     table_rows = report.read_rows(csv_path)
-    if not out.is_tty:  # on a terminal the live table is already on screen
-        title = f"{kind} {ctx.run.run_id}"
+    title = f"{kind} {ctx.run.run_id}"
+    if out.wide:  # the live table (the essential columns) is gone: every column, once
+        out.render_wide(report.tier_table(table_rows, kind, title, wide=True))
+    elif not out.is_tty:  # on a terminal the live table is already on screen
         out.render(report.tier_table(table_rows, kind, title, out.console.width))
     plot = report.write_plot(table_rows, kind, ctx.run.file("plot.png"))
     out.say(
@@ -168,6 +171,16 @@ def shown_by(
         warn_if_client_bound(out, watch.selfload)
 
     return shown
+
+
+@contextmanager
+def live_table(
+    out: Output, kind: report.Kind, title: str, plan: Plan
+) -> Iterator[Callable[[Mapping[str, Any]], None]]:
+    """``report.live_rows`` for this output: a live table and a progress bar on a terminal,
+    a short line per row in a log."""
+    with report.live_rows(out.console, kind, title, out.is_tty, wide=out.wide, plan=plan) as show:
+        yield show
 
 
 @contextmanager

@@ -16,19 +16,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from calibrate.cli.common import (
     Output,
     add_command,
     add_force,
+    add_wide,
     kept_on_write_error,
     load_config,
     load_lock,
     open_stage,
     output_for,
 )
-from calibrate.cli.tune_view import finished_line, show_finished
+from calibrate.cli.tune_view import candidate_progress, finished_line, show_finished
 from calibrate.cli.workload_flags import add_workload_args, task_pool, workload_spec
 from calibrate.config import MAX_TIMEOUT_S
 from calibrate.energy import PRICE_HELP, RANK_BY
@@ -37,6 +39,7 @@ from calibrate.gates import next_step
 from calibrate.server.builders import SERVER_KINDS
 from calibrate.server.redaction import shown_command
 from calibrate.stages.tier_run import MeasureSpec, preflight
+from calibrate.stages.tune_result import CandidateResult
 from calibrate.stages.tune_session import Session
 from calibrate.stages.tune_setup import TuneRequest, TuneSetup, prepare
 
@@ -97,6 +100,7 @@ def register(subparsers: Any) -> None:
     )
     add("--gpu-metrics-url", metavar="URL", help="a DCGM exporter for GPUs on another machine")
     add("--gpu-price-per-hour", type=float, metavar="USD", help=PRICE_HELP)
+    add_wide(parser)
     add_force(parser)
 
 
@@ -142,7 +146,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _tune(args: argparse.Namespace, out: Output, setup: TuneSetup) -> int:
     ctx, plan = setup.ctx, setup.plan
-    session = Session(setup, notify=out.say, on_result=lambda r: out.say(finished_line(r)))
+    step: list[Callable[[], None]] = [lambda: None]  # the progress bar's, once it is up
+
+    def on_result(result: CandidateResult) -> None:
+        out.say(finished_line(result))
+        step[0]()
+
+    session = Session(setup, notify=out.say, on_result=on_result)
     if setup.resumed:
         out.say(
             f"resuming tune run {ctx.run.run_id}: {session.measured_before} of {plan.size} "
@@ -157,7 +167,10 @@ def _tune(args: argparse.Namespace, out: Output, setup: TuneSetup) -> int:
     if note := setup.settings.skipped_note():
         out.say(note)
     try:
-        with kept_on_write_error(ctx):
+        with (
+            kept_on_write_error(ctx),
+            candidate_progress(out, setup, session.measured_before) as step[0],
+        ):
             finished = session.run()
     except KeyboardInterrupt:
         with contextlib.suppress(KeyboardInterrupt):

@@ -1,15 +1,19 @@
-"""How a tune shows itself: a line per finished candidate, then the ranked table (rich on a
-terminal, plain ``key=value`` lines otherwise) and the winner with its margin."""
+"""How a tune shows itself: a line per finished candidate (a progress bar under them on a
+terminal), then the ranked table (the essential columns, fitting 100; --wide: every one) and
+the winner with its margin."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from rich.table import Table
 
 from calibrate.cli.common import Output
-from calibrate.stages.tune import TuneOutcome
+from calibrate.progress_view import Plan, progress_bar
+from calibrate.report import compact, table_width
+from calibrate.stages.tune import TuneOutcome, schedule
 from calibrate.stages.tune_result import CandidateResult
 from calibrate.stages.tune_session import TuneFinished
 from calibrate.stages.tune_setup import TuneSetup
@@ -64,29 +68,61 @@ _COLUMNS: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
 ]
 
 
-def ranked_table(rows: Sequence[Mapping[str, Any]], title: str) -> Table:
-    table = Table(title=title, title_justify="left")
-    for name, _ in _COLUMNS:
-        table.add_column(name, justify="left" if name in ("id", "flags", "status") else "right")
+# On a narrow screen these go first, in this order (--wide keeps them all).
+_DROP_FIRST = ("incidents", "tok/s", "KV", "p90 s", "cap", "items/s", "status")
+
+
+def ranked_table(rows: Sequence[Mapping[str, Any]], title: str, width: int | None = None) -> Table:
+    """The ranked candidates; with ``width``, minor columns are left out until it fits."""
+    columns = list(_COLUMNS)
+    for name in _DROP_FIRST:
+        if width is None or table_width(columns, rows) <= width:
+            break
+        columns = [c for c in columns if c[0] != name]
+    table = compact(title)
+    for name, _ in columns:
+        table.add_column(
+            name,
+            justify="left" if name in ("id", "flags", "status") else "right",
+            overflow="fold",
+        )
     for n, row in enumerate(rows):
         style = "green" if n == 0 and row.get("goodput_per_s") else None
         if row["status"] in ("did not start", "did not serve", "crashed"):
             style = "red"
-        table.add_row(*(cell(row) for _, cell in _COLUMNS), style=style)
+        table.add_row(*(cell(row) for _, cell in columns), style=style)
     return table
 
 
 def plain_line(row: Mapping[str, Any]) -> str:
+    """Every column of one candidate as ``key=value`` (the JSON has them too)."""
     return "  ".join(f"{name.replace(' ', '_')}={cell(row)}" for name, cell in _COLUMNS)
 
 
 def show_ranked(out: Output, rows: Sequence[Mapping[str, Any]], title: str) -> None:
-    if out.is_tty:
-        out.render(ranked_table(rows, title))
+    """One table, on a terminal and in a log alike."""
+    if out.wide:
+        out.render_wide(ranked_table(rows, title))
+    else:
+        out.render(ranked_table(rows, title, out.console.width))
+
+
+@contextmanager
+def candidate_progress(
+    out: Output, setup: TuneSetup, measured_before: int
+) -> Iterator[Callable[[], None]]:
+    """A progress bar over the candidates left on a terminal (none in a log); yields ``step``,
+    called as each candidate's result comes."""
+    steps = sum(size for size, _ in schedule(setup.plan.size, setup.search)) - measured_before
+    if not out.is_tty or steps <= 0:
+        yield lambda: None
         return
-    out.say(title)
-    for row in rows:
-        out.say(plain_line(row))
+    sweep = setup.ctx.config.sweep
+    step_s = len(setup.settings.levels) * sweep.level_s * sweep.repeats * setup.window
+    bar = progress_bar(out.console, Plan(steps, step_s, "candidates"))
+    task = bar.add_task("tune", total=steps)
+    with bar:
+        yield lambda: bar.advance(task)
 
 
 def winner_text(outcome: TuneOutcome, gain_min: float = 0.0) -> str | None:
