@@ -337,6 +337,7 @@ ESSENTIAL: dict[Kind, tuple[str, ...]] = {
         "p99 s",
         "ttft p99",
         "goodput",
+        "J/tok",  # only when energy was measured (the column is left out otherwise)
         "peak MiB",
         "pressure",
         "errors",
@@ -353,6 +354,7 @@ ESSENTIAL: dict[Kind, tuple[str, ...]] = {
         "p50 s",
         "p99 s",
         "ttft p99",
+        "J/tok",  # only when energy was measured (the column is left out otherwise)
         "peak MiB",
         "errors",
         "verdict",
