@@ -33,7 +33,8 @@ def visible_devices(environ: Mapping[str, str]) -> tuple[str, ...] | None:
     return tuple(entries)
 
 
-def _environ(pid: int) -> dict[str, str] | None:
+def read_environ(pid: int) -> dict[str, str] | None:
+    """A process's environment from /proc (None where it cannot be read)."""
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:  # no /proc (macOS), or not ours to read
@@ -47,5 +48,5 @@ def managed_server_devices(runs_dir: Path) -> tuple[str, ...] | None:
     record = process.load(runs_dir)
     if record is None or process.liveness(record) != "running":
         return None
-    environ = _environ(record.pid)
+    environ = read_environ(record.pid)
     return visible_devices(environ) if environ is not None else None

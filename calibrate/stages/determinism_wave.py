@@ -12,11 +12,11 @@ import os
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from calibrate.config import Config, LadderMode
 from calibrate.server import process
+from calibrate.server.devices import read_environ
 from calibrate.stages.context import StageContext
 from calibrate.stages.determinism import (
     DeterminismCheck,
@@ -83,15 +83,6 @@ def send_copies(
         texts += [i.text if i.ok and i.text is not None else None for i in answered]
         index += size
     return check(texts, batch)
-
-
-def read_environ(pid: int) -> dict[str, str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:  # no /proc (macOS), or not ours to read
-        return None
-    pairs = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
-    return {name: value for name, _, value in pairs}
 
 
 def managed_switch(cfg: Config) -> EngineSwitch | None:
