@@ -136,7 +136,9 @@ def test_ladder_tiers_carry_goodput_where_queueing_makes_half_a_wave_miss(
         pytest.approx(t["goodput_per_s"], abs=1e-4) for t in detail
     ]
     assert jsonl(isolated / "runs/ledger.jsonl")[-2]["summary"]["slo_met"] == 4
-    assert len(re.findall(r"^batch \d: .*, goodput \d+\.\d\d/s, ", result.err, re.M)) == 3  # log lines
+    assert (
+        len(re.findall(r"^batch \d: .*, goodput \d+\.\d\d/s, ", result.err, re.M)) == 3
+    )  # log lines
     assert "last passing tier: batch 2, concurrency 2, goodput " in result.err
     table = read_rows(run / "tiers.csv")
     assert [int(r["slo_met"]) for r in table] == [2, 4, 4]
