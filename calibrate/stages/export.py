@@ -114,6 +114,10 @@ def export_final(
     handles = [_open_journal(path) for path in journals]
     try:
         counts = _write(input_path, shard, winners, handles, to_path, failed_path, fmt, raw_csv)
+    except BaseException:  # Ctrl-C, SIGTERM, SIGHUP at any point, even while a file opens
+        for path in (to_path, failed_path):
+            remove_stale_temps(path, own=True)
+        raise
     finally:
         for handle in handles:
             handle.close()
@@ -248,24 +252,6 @@ def _write(
     raw_csv: bool,
 ) -> tuple[int, int, int]:
     """Pass 2: the input in order, each id's winning line read back; (ok, failed, not run)."""
-    try:
-        return _write_both(input_path, shard, winners, handles, to_path, failed_path, fmt, raw_csv)
-    except BaseException:  # Ctrl-C, SIGTERM, SIGHUP at any point, even while a file is opened
-        for path in (to_path, failed_path):
-            remove_stale_temps(path, own=True)
-        raise
-
-
-def _write_both(
-    input_path: Path,
-    shard: Shard | None,
-    winners: dict[ItemId, int | None],
-    handles: list[BinaryIO],
-    to_path: Path,
-    failed_path: Path,
-    fmt: Format,
-    raw_csv: bool,
-) -> tuple[int, int, int]:
     ok = failed = not_run = 0
     mask = MAX_JOURNALS - 1
     with open_final(to_path, fmt, raw_csv=raw_csv) as final, JsonlFinal(failed_path) as failures:
