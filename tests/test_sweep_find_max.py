@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from calibrate.config import Config, SloConfig, SweepConfig
+from calibrate.selfload import SelfLoadMonitor
 from calibrate.stages.sweep import Sweep, SweepOptions
 from calibrate.stages.sweep_find_max import (
     PRECISION,
@@ -347,3 +348,35 @@ def test_find_max_takes_the_slo_from_the_config(cli, isolated: Path, slo: str) -
     fm = result.json["find_max"]
     assert fm["order"] == [1, 4] and fm["last_passing"] == 4 and fm["first_failing"] is None
     assert result.json["recommended_concurrency"] == 4
+
+
+@pytest.mark.parametrize("bound_from", [5, 4])
+def test_a_boundary_probe_the_client_limited_is_inconclusive_not_a_setting(
+    tmp_path: Path, bound_from: int
+) -> None:
+    """The self-check saw calibrate itself CPU-bound at the first failing (5) or the last passing
+    (4) probe: the SLO miss may be the client's, so the sweep recommends nothing and fails."""
+
+    class Starved(SimulatedLoop):
+        def __init__(self, monitor: SelfLoadMonitor) -> None:
+            super().__init__(lambda concurrency, repeat: 0.2, slots=4)
+            self.monitor = monitor
+
+        def closed_loop(
+            self, supply: Any, concurrency: int, window: Any, max_tokens: Any = None
+        ) -> Any:
+            cpu = 0.97 if bound_from <= concurrency <= 5 else 0.2
+            for _ in range(2):
+                self.monitor.observe(1.0, cpu, 0.0)
+            return super().closed_loop(supply, concurrency, window, max_tokens)
+
+    monitor = SelfLoadMonitor()
+    sweep = _sweep(tmp_path, Starved(monitor))
+    sweep.selfload = monitor
+    result = sweep.run()
+    assert result.find_max is not None and result.find_max.first_failing == 5
+    assert not result.passed
+    assert result.inconclusive.startswith(
+        f"inconclusive: the client was the limit at C = {bound_from}, the "
+    ), result.inconclusive
+    assert result.summary(sweep.options).recommended_concurrency is None

@@ -295,6 +295,8 @@ class SweepResult:
     def inconclusive(self) -> str:
         """``inconclusive: the client was the limit at C ≥ 8 …`` when a client-bound level
         leaves the best level unknown (else "")."""
+        if self.find_max is not None:
+            return self._find_max_inconclusive()
         limit = self.client_limit
         if limit is None:
             return ""
@@ -313,6 +315,21 @@ class SweepResult:
         return (
             f"inconclusive: the client was the limit at {where} — {rising} ({limit.client_bound})"
         )
+
+    def _find_max_inconclusive(self) -> str:
+        """A boundary is only as good as its two sides: when calibrate itself was the bottleneck
+        at the last passing or the first failing probe, who missed the SLOs is unknown."""
+        fm = self.find_max
+        assert fm is not None
+        for side, at in (("last passing", fm.last_passing), ("first failing", fm.first_failing)):
+            level = next((lv for lv in self.levels if lv.concurrency == at), None)
+            if level is not None and level.client_bound:
+                return (
+                    f"inconclusive: the client was the limit at C = {at}, the {side} probe — "
+                    f"whether the server or calibrate set the SLO boundary is unknown "
+                    f"({level.client_bound})"
+                )
+        return ""
 
     @property
     def what_to_do(self) -> str:
