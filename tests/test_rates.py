@@ -79,6 +79,21 @@ def test_achieved_below_offered_or_a_growing_queue_is_saturation() -> None:
     assert not judge(capped, None, 4).saturated  # inf: everything at once, the maximum
 
 
+def test_sends_this_process_sent_late_are_not_the_servers_saturation() -> None:
+    """10 req/s scheduled; a starved client sent only every 0.125 s (ever later, the cap never
+    full) and every answer came 0.05 s after its send: the server kept up with all it got."""
+    late = tuple(0.025 * n for n in range(20))  # the last send 0.475 s behind its schedule
+    sent = tuple(_done(0.125 * n + 0.05, started=0.125 * n) for n in range(20))
+    client_bound = OpenRun(sent, 2.5, 2.375, (0,) * 20, 0.0, late)
+    assert not judge(client_bound, 10.0, 4).saturated
+    # the same late sends, but the cap was full most of the run: the server held them back
+    held = OpenRun(sent, 2.5, 2.375, (4,) * 20, 1.5, late)
+    assert judge(held, 10.0, 4).saturated
+    # sent late, and each answer slower than the last: the server fell behind too
+    slower = tuple(_done(0.125 * n + 0.05 + 0.02 * n, started=0.125 * n) for n in range(20))
+    assert judge(OpenRun(slower, 2.9, 2.375, (0,) * 20, 0.0, late), 10.0, 4).saturated
+
+
 def test_achieved_rate_within_5_percent_of_offered_on_a_fast_mock(cli, isolated: Path) -> None:
     """40 req/s of Poisson arrivals for 2 s against a mock with no slot limit."""
     with start_mock(ttft_s=0.005, per_token_s=0.0002) as mock:

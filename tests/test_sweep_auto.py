@@ -68,7 +68,8 @@ def test_two_auto_runs_compare_step_by_step(cli, isolated: Path) -> None:
         open_gate(isolated, mock.base_url, WINDOWS, "ladder")
         first = cli("sweep", "--auto", "--auto-steps", "1", "--json")
         second = cli("sweep", "--auto", "--auto-steps", "1", "--json")
-        rates = cli("sweep", "--rates", "10", "--json")
+        # far below the 4 slots' ~60 req/s, on a steady schedule: kept up even on a busy box
+        rates = cli("sweep", "--rates", "5", "--arrival", "constant", "--json")
     assert first.code == second.code == rates.code == 0, first.err + second.err + rates.err
     a, b = (run_dir(isolated, r.json["run_id"]) for r in (first, second))
     compared = cli("report", str(a), str(b), "--json")

@@ -154,6 +154,27 @@ def _fell_behind(run: OpenRun) -> str:
     return f"the last sends went out {late:.2g} s late ({late / run.last_send_s:.0%} of the run)"
 
 
+def _held_back(run: OpenRun) -> bool:
+    """The in-flight cap held the sends back for more than 5 % of the run."""
+    return run.capped_s > SHORTFALL * run.last_send_s
+
+
+def _client_was_late(run: OpenRun, rate: float) -> bool:
+    """True when this process, not the server, fell behind: the sends went out ever later
+    against their schedule (a busy CPU, a stalled thread) without the in-flight cap holding
+    them back, and the answers kept pace with the sends that did go out. A shortfall against
+    the schedule is then the client's, not saturation of the server."""
+    starts = [a.started_s for a in run.requests if a.ok]
+    if len(starts) < 3 or max(starts) <= min(starts) or len(run.lag_s) < 4:
+        return False
+    quarter = max(1, len(run.lag_s) // 4)
+    late_s = _mean(run.lag_s[-quarter:]) - _mean(run.lag_s[:quarter])
+    if late_s <= SHORTFALL * run.last_send_s or _held_back(run):
+        return False
+    sent_rate = (len(starts) - 1) / (max(starts) - min(starts))
+    return rate >= sent_rate * (1 - SHORTFALL)
+
+
 def judge(run: OpenRun, offered_rate: float | None, cap: int | None) -> RateJudgement:
     """Saturated when achieved falls > 5 % below offered, when the in-flight count and the
     latency keep growing through the run, or when the in-flight cap made the sends fall ever
@@ -163,7 +184,7 @@ def judge(run: OpenRun, offered_rate: float | None, cap: int | None) -> RateJudg
     if offered_rate is not None:
         quarter = max(1, len(run.in_flight) // 4)
         first, last = _mean(run.in_flight[:quarter]), _mean(run.in_flight[-quarter:])
-        if rate < offered_rate * (1 - SHORTFALL):
+        if rate < offered_rate * (1 - SHORTFALL) and not _client_was_late(run, rate):
             why = (
                 f"achieved {rate:.3g} req/s is {1 - rate / offered_rate:.0%} below the offered "
                 f"{offered_rate:g}"
@@ -173,7 +194,7 @@ def judge(run: OpenRun, offered_rate: float | None, cap: int | None) -> RateJudg
                 f"requests in flight kept growing, {first:.1f} → {last:.1f} through the run, "
                 f"and latency with them ({grew})"
             )
-        elif cap is not None and (behind := _fell_behind(run)):
+        elif cap is not None and _held_back(run) and (behind := _fell_behind(run)):
             why = f"the in-flight cap of {cap} held sends back: {behind}"
     lag = percentile(run.lag_s, 99) if offered_rate is not None else None
     return RateJudgement(offered_rate, rate, window, count, bool(why), why, lag)
