@@ -40,12 +40,12 @@ sys.path.insert(0, str(REPO))
 import long_runs  # noqa: E402  (bench/ is this script's folder)
 import reference  # noqa: E402
 
-from calibrate.client import OpenAIClient  # noqa: E402
-from calibrate.records import SamplingParams  # noqa: E402
-from calibrate.selfload import SelfLoadMonitor  # noqa: E402
+from calibrate.gpu.selfload import SelfLoadMonitor  # noqa: E402
+from calibrate.http.client import OpenAIClient  # noqa: E402
+from calibrate.io.records import SamplingParams  # noqa: E402
+from calibrate.io.resume import scan_output  # noqa: E402
+from calibrate.io.store import dumps_line  # noqa: E402
 from calibrate.stages.batch import BatchSpec, plan_batch, run_batch  # noqa: E402
-from calibrate.stages.resume import scan_output  # noqa: E402
-from calibrate.store import dumps_line  # noqa: E402
 from tests.mockserver import start_mock_process  # noqa: E402
 
 SECTIONS = ("reference", "efficiency", "scan", "memory", "outage", "endpoints", "final")

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from urllib3.exceptions import LocationParseError
 from urllib3.util import parse_url
 
-from calibrate.engine_args import args_problem
+from calibrate.engines.args import args_problem
 from calibrate.errors import ConfigError, UsageError
 from calibrate.redact import redact_url
 from calibrate.workload import (

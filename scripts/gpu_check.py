@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from calibrate.gpu import MIB, NvmlSampler
-from calibrate.vram import VramMonitor
+from calibrate.gpu.nvml import MIB, NvmlSampler
+from calibrate.gpu.vram import VramMonitor
 
 SPIKE_S = 1.0
 

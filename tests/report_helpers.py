@@ -9,8 +9,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
-from calibrate.report import COLUMNS, kinds_text
-from calibrate.tier_table import Kind
+from calibrate.io.tier_table import Kind
+from calibrate.report.tables import COLUMNS, kinds_text
 
 
 def ladder_row(

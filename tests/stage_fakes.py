@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.client import OpenAIClient
 from calibrate.config import Config
 from calibrate.errors import ErrorInfo
-from calibrate.gpu import GpuSnapshot, VramReading
-from calibrate.ledger import Ledger, target_fingerprint
-from calibrate.records import Usage
+from calibrate.gpu.nvml import GpuSnapshot, VramReading
+from calibrate.gpu.vram import VramMonitor
+from calibrate.http.client import OpenAIClient
+from calibrate.io.records import Usage
+from calibrate.io.store import RunDir
+from calibrate.load.waves import Request, Sender
+from calibrate.load.window import LevelWindow, LoopRun
 from calibrate.stages.context import StageContext
-from calibrate.stages.incidents import IncidentRecorder
-from calibrate.stages.sweep_window import LevelWindow, LoopRun
-from calibrate.stages.tiers import ItemResult
-from calibrate.stages.waves import Request, Sender
-from calibrate.store import RunDir
-from calibrate.vram import VramMonitor
+from calibrate.stages.measure.incidents import IncidentRecorder
+from calibrate.stages.measure.tiers import ItemResult
+from calibrate.state.ledger import Ledger, target_fingerprint
 
 # (batch, requests in the wave) -> (per-request latency s, wave wall s, error kind or None)
 Script = Callable[[int, int], tuple[float, float, str | None]]

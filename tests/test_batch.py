@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from calibrate.config import Overrides, load
-from calibrate.ledger import target_fingerprint
+from calibrate.state.ledger import target_fingerprint
 from tests.batch_helpers import ok_ids, results, write_tasks
 from tests.conftest import write_config
 from tests.mockserver import start_mock

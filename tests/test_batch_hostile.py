@@ -9,10 +9,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from calibrate.client import OpenAIClient
-from calibrate.records import SamplingParams
+from calibrate.http.client import OpenAIClient
+from calibrate.io.records import SamplingParams
+from calibrate.load.retry import RetryPolicy
 from calibrate.stages.batch import BatchSpec, open_batch, run_batch
-from calibrate.stages.retry import RetryPolicy
 from tests.batch_helpers import (
     HostileServer,
     Reply,

@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from calibrate.client import OpenAIClient
-from calibrate.records import Choice, Completion, SamplingParams, Usage
+from calibrate.http.client import OpenAIClient
+from calibrate.io.records import Choice, Completion, SamplingParams, Usage
+from calibrate.io.store import JsonlWriter
 from calibrate.stages.batch import BatchSpec, plan_batch, run_batch
-from calibrate.stages.batch_journal import Journal
-from calibrate.stages.batch_queue import MAX_REQUEUES, WorkQueue
-from calibrate.stages.batch_result import BatchProgress, Tally
-from calibrate.store import JsonlWriter
+from calibrate.stages.batch.journal import Journal
+from calibrate.stages.batch.queue import MAX_REQUEUES, WorkQueue
+from calibrate.stages.batch.result import BatchProgress, Tally
 from tests.batch_helpers import (
     assert_valid_jsonl,
     batch_process,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from calibrate.selfload import SelfLoadMonitor
+from calibrate.gpu.selfload import SelfLoadMonitor
 
 
 def test_cpu_near_one_core_for_two_windows_is_a_bottleneck() -> None:

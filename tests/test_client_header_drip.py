@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from calibrate.client import OpenAIClient
 from calibrate.errors import RequestError
-from calibrate.records import SamplingParams
+from calibrate.http.client import OpenAIClient
+from calibrate.io.records import SamplingParams
 from tests.conftest import write_config
 from tests.drip_proxy import DripProxy
 from tests.mockserver import start_mock

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from calibrate.client import OpenAIClient
-from calibrate.records import SamplingParams
+from calibrate.http.client import OpenAIClient
+from calibrate.io.records import SamplingParams
 from tests.conftest import write_config
 from tests.mockserver import start_mock
 from tests.tier_helpers import jsonl

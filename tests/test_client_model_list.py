@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from calibrate.client import MAX_MODELS_KEPT, OpenAIClient
+from calibrate.http.client import MAX_MODELS_KEPT, OpenAIClient
 from tests.canned_server import CannedServer
 from tests.conftest import write_config
 

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from calibrate.client import OpenAIClient
-from calibrate.engine_metrics import device_memory, kv_usage, queue_depth
-from calibrate.error_kinds import retry_after_s
 from calibrate.errors import RequestError
-from calibrate.prometheus import parse_prometheus
-from calibrate.responses import parse_chunk, parse_completion
-from calibrate.stages.sweep import read_server_cap
+from calibrate.gpu.engine_metrics import device_memory, kv_usage, queue_depth
+from calibrate.gpu.prometheus import parse_prometheus
+from calibrate.http.client import OpenAIClient
+from calibrate.http.error_kinds import retry_after_s
+from calibrate.http.responses import parse_chunk, parse_completion
+from calibrate.stages.sweep.run import read_server_cap
 from tests.canned_server import CannedServer
 from tests.conftest import write_config
 from tests.mockserver import start_mock

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from calibrate.errors import InputError
-from calibrate.stages.compare_tiers import compare_tables, read_table
+from calibrate.stages.measure.compare_tiers import compare_tables, read_table
 from tests.mockserver import start_mock
 from tests.tier_helpers import open_gate
 

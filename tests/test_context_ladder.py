@@ -10,8 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from calibrate.records import Choice, ContextLimit, incomplete_reason
-from calibrate.stages.context_axis import (
+from calibrate.io.records import Choice, ContextLimit, incomplete_reason
+from calibrate.stages.ladder.context_axis import (
     axis_stopped_by,
     bracket,
     next_length,
@@ -19,8 +19,8 @@ from calibrate.stages.context_axis import (
     relabel,
     tier_length,
 )
+from calibrate.stages.measure.tiers import Tier
 from calibrate.stages.server_context import MAX_MODEL_LEN_HINT, props_context
-from calibrate.stages.tiers import Tier
 from tests.mockserver import start_mock
 from tests.test_stop_rules import CLEAN
 from tests.workload_helpers import FAST_MOCK, LADDER, calibrated, tiers

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from calibrate.energy import EnergySample, dcgm_sample, window_energy
-from calibrate.gpu import NvmlSampler
-from calibrate.vram import VramMonitor, energy_reader
+from calibrate.gpu.energy import EnergySample, dcgm_sample, window_energy
+from calibrate.gpu.nvml import NvmlSampler
+from calibrate.gpu.vram import VramMonitor, energy_reader
 from tests.fakes.nvml import FakeGpu, FakeNvml
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, jsonl, open_gate, run_dir

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.client import OpenAIClient
 from calibrate.errors import RequestError
-from calibrate.records import SamplingParams
+from calibrate.http.client import OpenAIClient
+from calibrate.io.records import SamplingParams
 from tests.conftest import write_config
 from tests.mockserver import start_mock
 
@@ -114,7 +114,7 @@ def test_unknown_model_400_is_not_retried_as_transient(cli, isolated: Path) -> N
     ],
 )
 def test_transport_failures_name_their_cause(text: str, kind: str, reason: str) -> None:
-    from calibrate.error_kinds import connection_error
+    from calibrate.http.error_kinds import connection_error
 
     error = connection_error("http://gpu-box:8000/v1/models", OSError(text))
     assert error.kind == kind and reason in error.info.message

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from calibrate.stages.format_check import (
+from calibrate.stages.measure.format_check import (
     OutputShape,
     find_preamble,
     parse_json_output,

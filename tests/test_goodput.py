@@ -11,14 +11,14 @@ import pytest
 
 from calibrate.config import Config, SloConfig, SweepConfig
 from calibrate.errors import UsageError
-from calibrate.records import Choice, Completion, Usage
-from calibrate.stages.slo import goodput, item_met, parse_slo_flags, record_met
-from calibrate.stages.sweep import Sweep, SweepOptions
-from calibrate.stages.tiers import ItemResult
-from calibrate.stages.tune_measure import SloBounds
-from calibrate.stages.waves import Request, _answered
-from calibrate.tier_table import read_rows
-from calibrate.vram import VramMonitor
+from calibrate.gpu.vram import VramMonitor
+from calibrate.io.records import Choice, Completion, Usage
+from calibrate.io.tier_table import read_rows
+from calibrate.load.waves import Request, _answered
+from calibrate.stages.measure.slo import goodput, item_met, parse_slo_flags, record_met
+from calibrate.stages.measure.tiers import ItemResult
+from calibrate.stages.sweep.run import Sweep, SweepOptions
+from calibrate.stages.tune.measure import SloBounds
 from tests.mockserver import start_mock
 from tests.report_helpers import Page
 from tests.stage_fakes import SimulatedLoop, close_runs, recorder, stage_ctx

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from calibrate.gpu import (
+from calibrate.gpu.nvml import (
     DeviceMemory,
     NvmlSampler,
     Pressure,
@@ -12,7 +12,7 @@ from calibrate.gpu import (
     choose_pressure,
     gpu_snapshot,
 )
-from calibrate.vram import VramMonitor, merge
+from calibrate.gpu.vram import VramMonitor, merge
 from tests.fakes.nvml import FakeGpu, FakeNvml, mig
 
 

@@ -12,7 +12,7 @@ SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"
 
 
 def test_gpu_check_without_gpu_says_so_and_exits_0() -> None:
-    from calibrate.gpu import NvmlSampler
+    from calibrate.gpu.nvml import NvmlSampler
 
     if NvmlSampler.open() is not None:
         pytest.skip("this machine has an NVIDIA GPU; the no-GPU path cannot be shown here")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from calibrate.gpu import MIB, NvmlSampler
+from calibrate.gpu.nvml import MIB, NvmlSampler
 from tests.fakes.nvml import FakeGpu, FakeNvml
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"

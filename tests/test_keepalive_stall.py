@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from calibrate.stages.keepalive_stall import find_stall
+from calibrate.load.keepalive_stall import find_stall
 
 
 def _body(n: int, median_s: float, seed: int = 1) -> list[float]:

@@ -9,11 +9,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from calibrate.config import Config, LadderConfig, SweepConfig
-from calibrate.engine_metrics import Gauge, preemptions
-from calibrate.prometheus import parse_prometheus
-from calibrate.stages.ladder import Ladder, LadderOptions
-from calibrate.stages.server_cap import read_cap
-from calibrate.stages.stop_rules import (
+from calibrate.gpu.engine_metrics import Gauge, preemptions
+from calibrate.gpu.prometheus import parse_prometheus
+from calibrate.gpu.vram import VramMonitor
+from calibrate.stages.ladder.run import Ladder, LadderOptions
+from calibrate.stages.measure.stop_rules import (
     ServerCap,
     latency_seen,
     setting_reason,
@@ -22,8 +22,8 @@ from calibrate.stages.stop_rules import (
     tier_verdict,
     within_noise,
 )
-from calibrate.stages.tiers import Stats, Tier, Verdict, kept
-from calibrate.vram import VramMonitor
+from calibrate.stages.measure.tiers import Stats, Tier, Verdict, kept
+from calibrate.stages.prepare.server_cap import read_cap
 from tests.stage_fakes import FakeKv, ScriptedSender, close_runs, recorder, stage_ctx
 from tests.test_stop_rules import CLEAN
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from calibrate.client import OpenAIClient
+from calibrate.http.client import OpenAIClient
+from calibrate.http.stream_timing import stream_timing
+from calibrate.io.records import SamplingParams
+from calibrate.load.waves import Sender, build_requests
 from calibrate.mock.settings import MockSettings
-from calibrate.records import SamplingParams
-from calibrate.stages.latency import latency_columns
-from calibrate.stages.waves import Sender, build_requests
-from calibrate.stream_timing import stream_timing
+from calibrate.stages.measure.latency import latency_columns
 from tests.mockserver import start_mock
 
 TTFT_S, PER_TOKEN_S, JITTER = 0.25, 0.008, 0.02

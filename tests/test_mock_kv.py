@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import requests
 
-from calibrate import prometheus
+from calibrate.gpu import prometheus
 from calibrate.mock import text as mock_text
 from calibrate.mock.kv import SeqPlan
 from calibrate.mock.model import MockModel

@@ -140,7 +140,7 @@ def test_a_dropped_connection_is_described_in_words() -> None:
     import requests
     from urllib3.exceptions import ProtocolError
 
-    from calibrate.error_kinds import connection_error
+    from calibrate.http.error_kinds import connection_error
 
     cause = ProtocolError("Connection aborted.", RemoteDisconnected("Remote end closed connection"))
     error = connection_error("http://h:1/v1/chat/completions", requests.ConnectionError(cause))

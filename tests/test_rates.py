@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from calibrate.errors import ErrorInfo, UsageError
-from calibrate.records import Choice, Completion, Usage
-from calibrate.stages.arrivals import arrival_times, parse_rates
-from calibrate.stages.open_loop import OpenRun, RateJudgement, judge, open_loop
-from calibrate.stages.sweep_rates import _level_judgement
-from calibrate.stages.tiers import ItemResult
-from calibrate.stages.waves import Request, Sender, _answered
+from calibrate.io.records import Choice, Completion, Usage
+from calibrate.load.arrivals import arrival_times, parse_rates
+from calibrate.load.open_loop import OpenRun, RateJudgement, judge, open_loop
+from calibrate.load.waves import Request, Sender, _answered
+from calibrate.stages.measure.tiers import ItemResult
+from calibrate.stages.sweep.rates import _level_judgement
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, open_gate
 

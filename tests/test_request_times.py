@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from calibrate.client import OpenAIClient
-from calibrate.records import SamplingParams, Usage
-from calibrate.request_times import RequestTimes
-from calibrate.stages.sweep_window import LevelWindow, LoopRun, steady_throughput
-from calibrate.stages.tiers import ItemResult
-from calibrate.stages.waves import Request, Sender
+from calibrate.http.client import OpenAIClient
+from calibrate.http.request_times import RequestTimes
+from calibrate.io.records import SamplingParams, Usage
+from calibrate.load.waves import Request, Sender
+from calibrate.load.window import LevelWindow, LoopRun, steady_throughput
+from calibrate.stages.measure.tiers import ItemResult
 from tests.mockserver import start_mock
 from tests.report_helpers import Page
 from tests.tier_helpers import FAST, jsonl, open_gate, run_dir

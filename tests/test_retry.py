@@ -7,7 +7,7 @@ import random
 import pytest
 
 from calibrate.errors import ErrorInfo, RequestError
-from calibrate.stages.retry import RetryPolicy, with_retries
+from calibrate.load.retry import RetryPolicy, with_retries
 
 
 class FakeWait:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.gpu import GpuSnapshot
+from calibrate.gpu.nvml import GpuSnapshot
 from calibrate.mock import BackgroundServer, MockSettings
 from calibrate.server import readiness
 from tests.conftest import FAKE_KEY, all_files_text, write_config

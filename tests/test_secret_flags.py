@@ -198,7 +198,7 @@ def test_the_batch_resume_hint_never_shows_the_password(
 def test_the_tune_resume_hint_never_shows_the_password() -> None:
     import argparse
 
-    from calibrate.cli.tune import resume_command
+    from calibrate.cli.calibration.tune import resume_command
 
     url = "http://bob:pa55@w0rd-9@127.0.0.1:8000/v1"
     for argv in (["tune", "--base-url", url, "--new"], ["tune", f"--base-url={url}"]):

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from calibrate.engines.builders import LaunchSpec, build
 from calibrate.server import process, readiness
-from calibrate.server.builders import LaunchSpec, build
 from tests.fakes import free_port, managed_config, mock_command, pid_gone, pythonpath_env
 from tests.mockserver import start_mock
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from calibrate.engine_args import OWN_FLAGS
-from calibrate.server.builders import LaunchSpec, build
+from calibrate.engines.args import OWN_FLAGS
+from calibrate.engines.builders import LaunchSpec, build
 from tests.conftest import write_config
 from tests.fakes import free_port, install_fake_engines, passing_ladder, recorded_run
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from calibrate.errors import ErrorInfo
+from calibrate.gpu.vram import VramMonitor
+from calibrate.io.store import RunDir
 from calibrate.server import exit_status, process, supervise
 from calibrate.server.process import ServerRecord
-from calibrate.stages.incidents import IncidentRecorder
-from calibrate.stages.tiers import ItemResult
-from calibrate.store import RunDir
-from calibrate.vram import VramMonitor
+from calibrate.stages.measure.incidents import IncidentRecorder
+from calibrate.stages.measure.tiers import ItemResult
 from tests.fakes import free_port, managed_config, mock_command, pid_gone, pythonpath_env
 
 
@@ -135,7 +135,7 @@ def test_exit_status_describes_codes_and_signals() -> None:
 
 
 def test_first_error_is_the_earliest_bundles_own_message(tmp_path: Path) -> None:
-    from calibrate.stages.incidents import first_error
+    from calibrate.stages.measure.incidents import first_error
 
     assert first_error(tmp_path / "none") is None
     older, newer = tmp_path / "2-1-0.json", tmp_path / "1-1-0.json"

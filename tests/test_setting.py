@@ -6,9 +6,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from calibrate.ledger import Ledger
-from calibrate.records import LedgerEntry
-from calibrate.setting import resolve
+from calibrate.io.records import LedgerEntry
+from calibrate.state.ledger import Ledger
+from calibrate.state.setting import resolve
 
 T = "abc123"
 
@@ -115,7 +115,7 @@ def test_a_malformed_ledger_line_is_skipped_with_a_warning(tmp_path: Path, caplo
 def test_batch_after_a_rollback_defaults_to_concurrency_1(cli, mock, isolated: Path) -> None:
     """SPEC §5.7: a rollback restarts at concurrency 1, and batch follows it, not the older sweep."""
     from calibrate.config import Overrides, load
-    from calibrate.ledger import target_fingerprint
+    from calibrate.state.ledger import target_fingerprint
     from tests.conftest import write_config
 
     write_config(isolated / "calibrate.toml", mock.base_url)

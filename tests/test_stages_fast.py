@@ -10,8 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from calibrate.config import Config, LadderConfig, SloConfig
-from calibrate.stages.ladder import Ladder, LadderOptions
-from calibrate.vram import VramMonitor
+from calibrate.gpu.vram import VramMonitor
+from calibrate.stages.ladder.run import Ladder, LadderOptions
 from tests.stage_fakes import FakeKv, Script, ScriptedSender, close_runs, recorder, stage_ctx
 from tests.tier_helpers import jsonl
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from calibrate.config import LadderConfig, SloConfig
-from calibrate.stages.stop_rules import (
+from calibrate.stages.measure.stop_rules import (
     last_passing,
     mismatch_notes,
     next_tier,
     stopped_by,
     tier_verdict,
 )
-from calibrate.stages.tiers import Stats, Tier, percentile
+from calibrate.stages.measure.tiers import Stats, Tier, percentile
 
 CLEAN = Stats(
     batch_size=2,

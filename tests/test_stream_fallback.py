@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from calibrate.cli.mock import register, settings_from_args
-from calibrate.client import OpenAIClient
 from calibrate.errors import ErrorInfo, ErrorKind, RequestError
-from calibrate.records import SamplingParams
-from calibrate.stages.stream_probe import StreamCheck, check_streaming, stream_details
+from calibrate.http.client import OpenAIClient
+from calibrate.io.records import SamplingParams
+from calibrate.stages.prepare.stream_probe import StreamCheck, check_streaming, stream_details
 from tests.conftest import write_config
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, jsonl, open_gate, run_dir

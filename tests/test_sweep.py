@@ -162,8 +162,8 @@ def test_a_client_bound_sweep_is_inconclusive_exit_1_and_says_what_to_do(
     """calibrate's own self-check reads every window as CPU-bound (a fake monitor that burns
     nothing but reports 0.97 cores): no level is recommended, the sweep is not passed (exit 1)
     and it says at which concurrency and what to do."""
-    from calibrate.selfload import SelfLoadMonitor
-    from calibrate.stages import tier_run
+    from calibrate.gpu.selfload import SelfLoadMonitor
+    from calibrate.stages.measure import tier_run
 
     class Busy(SelfLoadMonitor):
         def _run(self) -> None:

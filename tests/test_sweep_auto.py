@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.stages.open_loop import RateJudgement
-from calibrate.stages.sweep_auto import auto_rates
-from calibrate.stages.sweep_result import AutoRole, AutoStep, Level, SweepResult
-from calibrate.stages.tiers import summarise
+from calibrate.load.open_loop import RateJudgement
+from calibrate.stages.measure.tiers import summarise
+from calibrate.stages.sweep.auto import auto_rates
+from calibrate.stages.sweep.result import AutoRole, AutoStep, Level, SweepResult
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, open_gate, run_dir
 

@@ -8,19 +8,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from calibrate.client import OpenAIClient
 from calibrate.config import Config, SweepConfig
-from calibrate.records import Choice, Completion, Usage
-from calibrate.selfload import SelfLoadMonitor
-from calibrate.stages.sweep import Sweep, SweepOptions
-from calibrate.stages.sweep_window import (
+from calibrate.gpu.selfload import SelfLoadMonitor
+from calibrate.gpu.vram import VramMonitor
+from calibrate.http.client import OpenAIClient
+from calibrate.io.records import Choice, Completion, Usage
+from calibrate.load.waves import Request, Sender
+from calibrate.load.window import (
     LevelWindow,
     LoopRun,
     level_window,
     steady_throughput,
 )
-from calibrate.stages.waves import Request, Sender
-from calibrate.vram import VramMonitor
+from calibrate.stages.sweep.run import Sweep, SweepOptions
 from tests.stage_fakes import Service, SimulatedLoop, close_runs, item, recorder, stage_ctx
 from tests.tier_helpers import jsonl
 

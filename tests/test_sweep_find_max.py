@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from calibrate.config import Config, SloConfig, SweepConfig
-from calibrate.selfload import SelfLoadMonitor
-from calibrate.stages.sweep import Sweep, SweepOptions
-from calibrate.stages.sweep_find_max import (
+from calibrate.gpu.selfload import SelfLoadMonitor
+from calibrate.gpu.vram import VramMonitor
+from calibrate.stages.measure.tiers import Stats, summarise
+from calibrate.stages.sweep.find_max import (
     PRECISION,
     TOP,
     Probe,
@@ -24,8 +25,7 @@ from calibrate.stages.sweep_find_max import (
     judge_probe,
     next_probe,
 )
-from calibrate.stages.tiers import Stats, summarise
-from calibrate.vram import VramMonitor
+from calibrate.stages.sweep.run import Sweep, SweepOptions
 from tests.mockserver import start_mock_process
 from tests.stage_fakes import SimulatedLoop, close_runs, recorder, stage_ctx
 from tests.tier_helpers import FAST, jsonl, junit_cases, open_gate

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from calibrate.selfload import SelfLoadMonitor
-from calibrate.stages.stop_rules import Point
-from calibrate.stages.sweep_knee import (
+from calibrate.gpu.selfload import SelfLoadMonitor
+from calibrate.stages.measure.stop_rules import Point
+from calibrate.stages.sweep.knee import (
     best_of,
     find_knee,
     judge,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from calibrate import report
+from calibrate.report import tables as report
 from tests.mockserver import start_mock
 from tests.report_helpers import table_lines
 from tests.tier_helpers import FAST, open_gate, run_dir
@@ -172,7 +172,7 @@ def test_the_default_table_fits_the_terminal(width: int) -> None:
 
 def test_a_tune_table_fits_100_columns_in_a_log() -> None:
     from calibrate.cli.common import Output
-    from calibrate.cli.tune_view import show_ranked
+    from calibrate.cli.views.tune import show_ranked
 
     rows = [
         {
@@ -228,7 +228,7 @@ def _row(batch: int) -> dict[str, object]:
 
 
 def test_a_terminal_gets_a_progress_bar_with_eta_and_a_log_never_does() -> None:
-    from calibrate.progress_view import Plan
+    from calibrate.report.progress import Plan
 
     terminal = _Terminal()
     console = Console(file=terminal, force_terminal=True, width=100)

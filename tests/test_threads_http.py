@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.server.builders import LaunchSpec, build
+from calibrate.engines.builders import LaunchSpec, build
 from tests.conftest import write_config
 from tests.fakes import append_ledger, install_fake_engines, passing_ladder, recorded_run
 
@@ -88,7 +88,7 @@ def test_pin_writes_threads_http_for_the_recommended_concurrency(cli, isolated: 
 def test_a_managed_llamacpp_short_of_threads_for_the_sweep_is_restarted() -> None:
     """``server start --batch-size 4`` gives llama.cpp 6 HTTP threads; a sweep to 16 in flight
     needs 18, so calibrate restarts it (with the flag) before the sweep, and says why."""
-    from calibrate.stages.server_cap import short_of_threads
+    from calibrate.stages.prepare.server_cap import short_of_threads
 
     started = build(LaunchSpec("llamacpp", "/m.gguf", 9000, 4, None)).argv
     assert (

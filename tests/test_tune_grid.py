@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from calibrate.engines.builders import LaunchSpec, build
 from calibrate.errors import ConfigError, UsageError
-from calibrate.ledger import Ledger
-from calibrate.records import LedgerEntry
-from calibrate.server.builders import LaunchSpec, build
-from calibrate.setting import resolve
-from calibrate.stages.tune import rank, schedule
-from calibrate.stages.tune_grid import Candidate, build_plan
-from calibrate.stages.tune_result import BestLevel, CandidateResult, Measurement
+from calibrate.io.records import LedgerEntry
+from calibrate.stages.tune.grid import Candidate, build_plan
+from calibrate.stages.tune.result import BestLevel, CandidateResult, Measurement
+from calibrate.stages.tune.run import rank, schedule
+from calibrate.state.ledger import Ledger
+from calibrate.state.setting import resolve
 
 
 def plan(kind: str, batch: int = 8, *grid: str, placeholders: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from calibrate.config import Config, SweepConfig
-from calibrate.gpu import DeviceMemory, NvmlSampler, VramReading
+from calibrate.gpu.nvml import DeviceMemory, NvmlSampler, VramReading
+from calibrate.gpu.vram import VramMonitor
 from calibrate.server import process
 from calibrate.server.devices import managed_server_devices, visible_devices
-from calibrate.stages.sweep import Sweep, SweepOptions
-from calibrate.vram import VramMonitor
+from calibrate.stages.sweep.run import Sweep, SweepOptions
 from tests.fakes.nvml import FakeGpu, FakeNvml, mig
 from tests.stage_fakes import SimulatedLoop, close_runs, recorder, stage_ctx
 from tests.tier_helpers import jsonl

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from calibrate import report
-from calibrate.gpu import DeviceMemory, VramReading
-from calibrate.stages.tiers import queue_note, summarise
-from calibrate.vram import VramMonitor
+from calibrate.gpu.nvml import DeviceMemory, VramReading
+from calibrate.gpu.vram import VramMonitor
+from calibrate.report import tables as report
+from calibrate.stages.measure.tiers import queue_note, summarise
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
 

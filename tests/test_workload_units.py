@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 
 from calibrate import config
-from calibrate.engine_metrics import reading_from_metrics
 from calibrate.errors import ConfigError, ErrorInfo, RequestError, UsageError
-from calibrate.gpu import choose_pressure
-from calibrate.prometheus import parse_prometheus
-from calibrate.records import Choice, incomplete_reason
-from calibrate.stages.synthetic import synthetic_prompt
-from calibrate.stages.token_probe import calibrate_tokens, forcing_fields, forcing_for
+from calibrate.gpu.engine_metrics import reading_from_metrics
+from calibrate.gpu.nvml import choose_pressure
+from calibrate.gpu.prometheus import parse_prometheus
+from calibrate.io.records import Choice, incomplete_reason
+from calibrate.stages.prepare.synthetic import synthetic_prompt
+from calibrate.stages.prepare.token_probe import calibrate_tokens, forcing_fields, forcing_for
 from calibrate.workload import default_context_lengths, parse_token_range
 
 

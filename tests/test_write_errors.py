@@ -48,7 +48,7 @@ def test_unwritable_runs_folder_is_exit_2_and_nothing_is_sent(cli, isolated: Pat
 def test_disk_full_after_the_stage_ran_is_exit_1_saying_what_was_kept(
     cli, isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from calibrate import store
+    from calibrate.io import store
 
     def full(self: object, obj: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -65,7 +65,7 @@ def test_disk_full_after_the_stage_ran_is_exit_1_saying_what_was_kept(
 def test_out_of_memory_is_a_clean_exit_1(
     cli, isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from calibrate.cli import single
+    from calibrate.cli.calibration import single
 
     def huge(*args: object, **kwargs: object) -> None:
         raise MemoryError

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from calibrate import config
-from calibrate.ledger import Ledger, target_fingerprint
-from calibrate.records import LedgerEntry
+from calibrate.io.records import LedgerEntry
+from calibrate.state.ledger import Ledger, target_fingerprint
 from tests.conftest import write_config
 
 # Windows of the defaults (2 s rounds, a warm-up wave) would make every test take seconds: the

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate import config
-from calibrate.ledger import target_fingerprint
+from calibrate.state.ledger import target_fingerprint
 from tests.fakes import free_port, managed_config, passing_ladder
 
 MOCK = [sys.executable, "-m", "calibrate", "mock", "--ttft", "0.002", "--per-token", "0.0008"]

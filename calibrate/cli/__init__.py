@@ -41,6 +41,12 @@ COMMAND_MODULES: tuple[str, ...] = (
     "mock",
 )
 
+# The staged calibration's own commands live together in calibration/.
+_FOLDER = dict.fromkeys(
+    ("single", "repro", "ladder", "sweep", "tune", "rollback", "pin", "verify", "status"),
+    "calibration.",
+)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -55,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"calibrate {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        module = importlib.import_module(f"calibrate.cli.{name}")
+        module = importlib.import_module(f"calibrate.cli.{_FOLDER.get(name, '')}{name}")
         module.register(subparsers)
     return parser
 

@@ -26,7 +26,6 @@ from typing import Any
 
 from calibrate.cli.batch_args import check_flags, check_paths
 from calibrate.cli.batch_args import register as _register
-from calibrate.cli.batch_view import ProgressView, render_summary, say_check
 from calibrate.cli.common import (
     Output,
     junit_suite,
@@ -36,12 +35,13 @@ from calibrate.cli.common import (
     save_junit,
 )
 from calibrate.cli.export import say_export
-from calibrate.client import OpenAIClient
+from calibrate.cli.views.batch import ProgressView, render_summary, say_check
 from calibrate.config import Config, split_endpoint
-from calibrate.error_kinds import DESCRIPTORS_HINT, OutOfDescriptors
 from calibrate.errors import ExitCode, ServerUnreachable, StageFailed, UsageError
-from calibrate.ledger import Ledger
-from calibrate.selfload import SelfLoadMonitor
+from calibrate.gpu.selfload import SelfLoadMonitor
+from calibrate.http.client import OpenAIClient
+from calibrate.http.error_kinds import DESCRIPTORS_HINT, OutOfDescriptors
+from calibrate.load.retry import RetryPolicy
 from calibrate.server.redaction import shown_command
 from calibrate.stages.batch import (
     MAX_CONCURRENCY,
@@ -50,24 +50,24 @@ from calibrate.stages.batch import (
     open_batch,
     run_batch,
 )
-from calibrate.stages.batch_endpoints import (
+from calibrate.stages.batch.endpoints import (
     ServedModelWatch,
     baseline_served_model,
     check_endpoints,
     endpoints_for,
 )
-from calibrate.stages.batch_lanes import Endpoint, Lane, make_lane
-from calibrate.stages.batch_outage import OutageEvent, OutagePolicy
-from calibrate.stages.batch_restart import ManagedRestart
-from calibrate.stages.batch_result import BatchResult, summary_json
-from calibrate.stages.batch_shard import Shard
-from calibrate.stages.batch_worker import BatchControl
+from calibrate.stages.batch.lanes import Endpoint, Lane, make_lane
+from calibrate.stages.batch.length_check import length_warning
+from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
+from calibrate.stages.batch.restart import ManagedRestart
+from calibrate.stages.batch.result import BatchResult, summary_json
+from calibrate.stages.batch.shard import Shard
+from calibrate.stages.batch.worker import BatchControl
 from calibrate.stages.context import StageContext, sampling_params
 from calibrate.stages.export import export_final
-from calibrate.stages.format_check import shape_checks
-from calibrate.stages.length_check import length_warning
-from calibrate.stages.retry import RetryPolicy
-from calibrate.weights_gate import check_batch
+from calibrate.stages.measure.format_check import shape_checks
+from calibrate.state.ledger import Ledger
+from calibrate.state.weights_gate import check_batch
 
 
 def register(subparsers: Any) -> None:

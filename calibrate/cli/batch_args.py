@@ -11,10 +11,10 @@ from typing import Any
 from calibrate.cli.common import add_command, add_junit
 from calibrate.config import Config
 from calibrate.errors import UsageError
-from calibrate.output_paths import Named, check_outputs, stage_files
+from calibrate.io.output_paths import Named, check_outputs, stage_files
 from calibrate.stages.batch import MAX_CONCURRENCY
-from calibrate.stages.batch_outage import DEFAULT_OUTAGE_AFTER, DEFAULT_OUTAGE_S
-from calibrate.stages.batch_plan import lock_path
+from calibrate.stages.batch.outage import DEFAULT_OUTAGE_AFTER, DEFAULT_OUTAGE_S
+from calibrate.stages.batch.plan import lock_path
 from calibrate.stages.export import check_export, failed_path_for
 
 MAX_RETRIES = 100

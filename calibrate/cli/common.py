@@ -17,18 +17,18 @@ from rich.console import Console
 from calibrate import config as config_mod
 from calibrate import redact
 from calibrate.cli.streams import can_encode
-from calibrate.client import OpenAIClient
-from calibrate.compare import VOLATILE_FIELDS, Comparison, Normaliser, default_program
 from calibrate.config import Config
 from calibrate.errors import GateClosed, Interrupted, StageFailed, UsageError
-from calibrate.gates import check_gate
-from calibrate.junit import JUnitSuite
-from calibrate.ledger import Ledger, target_fingerprint
-from calibrate.output_paths import check_outputs, stage_files
+from calibrate.http.client import OpenAIClient
+from calibrate.io.baseline import VOLATILE_FIELDS, Comparison, Normaliser, default_program
+from calibrate.io.junit import JUnitSuite
+from calibrate.io.output_paths import check_outputs, stage_files
+from calibrate.io.store import RunDir
 from calibrate.server.redaction import argv_secret_values, secret_values
 from calibrate.stages.context import StageContext, manifest
-from calibrate.store import RunDir
-from calibrate.target_lock import hold
+from calibrate.state.gates import check_gate
+from calibrate.state.ledger import Ledger, target_fingerprint
+from calibrate.state.target_lock import hold
 
 Runner = Callable[[argparse.Namespace], int]
 

@@ -13,22 +13,24 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from calibrate import report, tier_table, tune_report
 from calibrate.cli.common import Output, add_command, add_wide, load_config, output_for
-from calibrate.cli.tune_view import show_ranked
+from calibrate.cli.views.tune import show_ranked
 from calibrate.errors import InputError, UsageError
-from calibrate.html_compare import comparison_html
-from calibrate.html_report import key_label, run_html
-from calibrate.output_paths import check_outputs, stage_files
-from calibrate.report_compare import (
+from calibrate.io import tier_table
+from calibrate.io.output_paths import check_outputs, stage_files
+from calibrate.io.store import write_atomic
+from calibrate.report import tables as report
+from calibrate.report import tune_report
+from calibrate.report.compare import (
     compare_runs,
     confidence_json,
     noisy_lines,
     run_spreads,
 )
-from calibrate.run_view import RunView, load_run, stage_notes
-from calibrate.store import write_atomic
-from calibrate.timeline import Timeline, read_timeline
+from calibrate.report.html.compare import comparison_html
+from calibrate.report.html.page import key_label, run_html
+from calibrate.report.run_view import RunView, load_run, stage_notes
+from calibrate.report.timeline import Timeline, read_timeline
 
 
 def register(subparsers: Any) -> None:

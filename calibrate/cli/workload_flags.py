@@ -8,7 +8,7 @@ from dataclasses import replace
 from calibrate.config import MAX_BATCH_SIZE, Config
 from calibrate.errors import RequestError, UsageError
 from calibrate.stages.context import StageContext
-from calibrate.stages.task_pick import TaskPool, load_pool
+from calibrate.stages.prepare.task_pick import TaskPool, load_pool
 from calibrate.workload import (
     MAX_INPUT_TOKENS,
     MAX_OUTPUT_TOKENS,

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.config import Config, ServerKind
+from calibrate.engines.builders import EngineCommand, LaunchSpec, Tuned, build
 from calibrate.errors import ServerDied, ServerUnreachable, UsageError
-from calibrate.records import utc_now_iso
+from calibrate.io.records import utc_now_iso
 from calibrate.server import exit_status, interrupts, process, readiness, redaction, set_values
-from calibrate.server.builders import EngineCommand, LaunchSpec, Tuned, build
 from calibrate.server.process import ServerRecord, StopResult
 
 TAIL_LINES = 20

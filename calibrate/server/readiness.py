@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from calibrate.client import OpenAIClient
 from calibrate.errors import RequestError
-from calibrate.gpu import GpuSnapshot
+from calibrate.gpu.nvml import GpuSnapshot
+from calibrate.http.client import OpenAIClient
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]

@@ -9,16 +9,16 @@ from importlib import metadata
 from typing import Any
 
 from calibrate import __version__
-from calibrate.client import OpenAIClient
 from calibrate.config import Config
-from calibrate.gpu import gpu_snapshot
-from calibrate.identity import TargetIdentity, Weights
-from calibrate.ledger import Ledger, current_weights
-from calibrate.records import LedgerEntry, SamplingParams
+from calibrate.gpu.nvml import gpu_snapshot
+from calibrate.http.client import OpenAIClient
+from calibrate.io.records import LedgerEntry, SamplingParams
+from calibrate.io.store import RunDir
 from calibrate.redact import redact_url
 from calibrate.server.redaction import redact_config
-from calibrate.store import RunDir
-from calibrate.summaries import Summary
+from calibrate.state.identity import TargetIdentity, Weights
+from calibrate.state.ledger import Ledger, current_weights
+from calibrate.state.summaries import Summary
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from calibrate.errors import InputError
-from calibrate.output_paths import Named, check_outputs
-from calibrate.stages.batch_input import ItemId, index_input, read_tasks
-from calibrate.stages.batch_shard import Shard
+from calibrate.io.output_paths import Named, check_outputs
+from calibrate.io.resume import RESULT_LINE
+from calibrate.io.store import encode_line, remove_stale_temps
+from calibrate.io.tasks import ItemId, index_input, read_tasks
+from calibrate.stages.batch.shard import Shard
 from calibrate.stages.export_formats import Format, JsonlFinal, format_of, open_final
-from calibrate.stages.resume import RESULT_LINE
-from calibrate.store import encode_line, remove_stale_temps
 
 BLOCK_BYTES = 8 * 1024 * 1024
 JOURNAL_BITS = 10  # up to 1024 journals (shards) in one export

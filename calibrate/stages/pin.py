@@ -1,6 +1,6 @@
 """Stage E: write the verified setting into a launch script for the engine (SPEC §5.8).
 
-BATCH_SIZE and MAX_CONCURRENCY are the calibrated setting (``calibrate.setting.resolve``): the
+BATCH_SIZE and MAX_CONCURRENCY are the calibrated setting (``calibrate.state.setting.resolve``): the
 ladder's last passing tier with the sweep's recommendation, a newer tune winner, or a newer
 rollback; the engine's cap is the batch size (SPEC §5.0). After a tune every engine flag of the
 winner is written too, and the header names the tune run. The script is built by the
@@ -14,16 +14,16 @@ from pathlib import Path
 
 from calibrate import server
 from calibrate.config import ServerKind
-from calibrate.energy import pinned_cost
+from calibrate.engines.builders import SERVER_KINDS, EngineCommand, build
 from calibrate.errors import ConfigError, GateClosed
-from calibrate.records import utc_now_iso
+from calibrate.gpu.energy import pinned_cost
+from calibrate.io.records import utc_now_iso
 from calibrate.server import launch_script
-from calibrate.server.builders import SERVER_KINDS, EngineCommand, build
 from calibrate.server.launch_script import PinnedValues
-from calibrate.setting import resolve
 from calibrate.stages.context import StageContext
 from calibrate.stages.pin_context import context_for
-from calibrate.summaries import PinSummary, Setting
+from calibrate.state.setting import resolve
+from calibrate.state.summaries import PinSummary, Setting
 
 
 @dataclass(frozen=True)

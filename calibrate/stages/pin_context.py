@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibrate.ledger import Ledger
-from calibrate.setting import latest_passing_ladder
-from calibrate.store import read_jsonl, run_path
+from calibrate.io.store import read_jsonl, run_path
+from calibrate.state.ledger import Ledger
+from calibrate.state.setting import latest_passing_ladder
 
 
 @dataclass(frozen=True)

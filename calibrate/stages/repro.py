@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from calibrate.compare import Comparison, Normaliser, compare
-from calibrate.ledger import baseline_path
+from calibrate.io.baseline import Comparison, Normaliser, compare
+from calibrate.io.store import load_jsonl_objects
 from calibrate.stages.context import StageContext
 from calibrate.stages.single import fixed_prompt_call, read_baseline
-from calibrate.store import load_jsonl_objects
+from calibrate.state.ledger import baseline_path
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from calibrate import server
-from calibrate.compare import Comparison, Normaliser
 from calibrate.config import ServerKind
+from calibrate.engines.builders import SERVER_KINDS
 from calibrate.errors import (
     CalibrateError,
     ErrorInfo,
@@ -24,17 +24,17 @@ from calibrate.errors import (
     ServerDied,
     StepFailed,
 )
-from calibrate.gpu import GpuSnapshot
-from calibrate.records import LedgerEntry
+from calibrate.gpu.nvml import GpuSnapshot
+from calibrate.io.baseline import Comparison, Normaliser
+from calibrate.io.records import LedgerEntry
 from calibrate.server import process, readiness
-from calibrate.server.builders import SERVER_KINDS
 from calibrate.server.readiness import VramProbe, used_mib, wait_released
-from calibrate.setting import latest_passing_ladder
 from calibrate.stages.context import StageContext
-from calibrate.stages.incidents import Incident, write_incident
+from calibrate.stages.measure.incidents import Incident, write_incident
 from calibrate.stages.pin_context import context_for
 from calibrate.stages.repro import against_baseline
-from calibrate.summaries import RollbackSummary, Setting, pin_summary
+from calibrate.state.setting import latest_passing_ladder
+from calibrate.state.summaries import RollbackSummary, Setting, pin_summary
 
 StepName = Literal["stop", "vram", "active", "restart", "compare"]
 Notify = Callable[[str], None]

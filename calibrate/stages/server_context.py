@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from calibrate.client import OpenAIClient
 from calibrate.errors import RequestError
-from calibrate.records import ContextLimit
+from calibrate.http.client import OpenAIClient
+from calibrate.io.records import ContextLimit
 
 LLAMACPP_HINT = "llama.cpp: raise --ctx-size or lower --parallel"
 MAX_MODEL_LEN_HINT = "vLLM: raise --max-model-len"

@@ -9,14 +9,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from calibrate.error_kinds import refusal_cause
 from calibrate.errors import ErrorInfo, InputError, RequestError, ServerUnreachable
-from calibrate.ledger import baseline_path
-from calibrate.records import RequestRecord, ServerIdentity, incomplete_reason, utc_now_iso
+from calibrate.http.error_kinds import refusal_cause
+from calibrate.http.request_times import RequestTimes, monotonic
+from calibrate.io.records import RequestRecord, ServerIdentity, incomplete_reason, utc_now_iso
+from calibrate.io.store import dumps_line, read_jsonl, write_atomic
 from calibrate.redact import redact_url
-from calibrate.request_times import RequestTimes, monotonic
 from calibrate.stages.context import StageContext
-from calibrate.store import dumps_line, read_jsonl, write_atomic
+from calibrate.state.ledger import baseline_path
 
 log = logging.getLogger("calibrate")
 

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from calibrate.config import Config
-from calibrate.gates import next_step
-from calibrate.ledger import Ledger, baseline_path
-from calibrate.pipeline import MAIN_LINE, OPTIONAL, standing
-from calibrate.records import LedgerEntry
-from calibrate.setting import CalibratedSetting, resolve
-from calibrate.summaries import pin_summary, tune_summary
+from calibrate.io.records import LedgerEntry
+from calibrate.state.gates import next_step
+from calibrate.state.ledger import Ledger, baseline_path
+from calibrate.state.pipeline import MAIN_LINE, OPTIONAL, standing
+from calibrate.state.setting import CalibratedSetting, resolve
+from calibrate.state.summaries import pin_summary, tune_summary
 
 STAGE_ORDER = MAIN_LINE
 OPTIONAL_STAGES = OPTIONAL

@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from calibrate.compare import Normaliser
 from calibrate.errors import GateClosed
-from calibrate.setting import CalibratedSetting, resolve
+from calibrate.io.baseline import Normaliser
 from calibrate.stages.context import StageContext
 from calibrate.stages.repro import ReproResult, against_baseline
 from calibrate.stages.single import served_root, server_identity
-from calibrate.weights_gate import setting_gate
+from calibrate.state.setting import CalibratedSetting, resolve
+from calibrate.state.weights_gate import setting_gate
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""The staged calibration's commands: single, repro, ladder, sweep, tune, pin, verify, rollback, status."""

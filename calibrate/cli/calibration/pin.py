@@ -1,0 +1,50 @@
+"""Stage E: write scripts/launch.sh for your engine with the verified batch size and concurrency.
+
+MAX_CONCURRENCY is the sweep's recommendation (1 when no sweep passed); BATCH_SIZE the last
+passing ladder tier (or a rollback's setting). Every value is shell-quoted. Records the pin.
+
+example: calibrate pin --kind vllm --out scripts/launch.sh
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from calibrate.cli.common import add_command, add_force, load_config, open_stage, output_for
+from calibrate.engines.builders import SERVER_KINDS
+from calibrate.io.output_paths import check_outputs, stage_files
+from calibrate.stages.pin import run_pin
+from calibrate.state.gates import next_step
+
+
+def register(subparsers: Any) -> None:
+    parser = add_command(subparsers, "pin", __doc__ or "", run)
+    parser.add_argument(
+        "--kind", choices=SERVER_KINDS, help="engine kind (overrides [server] kind)"
+    )
+    parser.add_argument(
+        "--out", metavar="PATH", help="where to write it (default scripts/launch.sh)"
+    )
+    add_force(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = output_for(args)
+    cfg = load_config(args)  # --out is never what pin reads, checked before its gate
+    script = Path(args.out) if args.out else cfg.scripts_dir / "launch.sh"
+    check_outputs([("--out", script)], stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source))
+    ctx = open_stage(args, "pin", out)
+    result = run_pin(ctx, kind=args.kind, out=script)
+    ctx.run.close()
+    v = result.values
+    out.ok(f"pinned batch {v.batch_size}, concurrency {v.concurrency} ({v.kind}) → {result.script}")
+    out.say(f"  batch size from {v.verified_by}; concurrency from {v.concurrency_from}")
+    if result.tuned:
+        flags = ", ".join(f"{k}={value}" for k, value in result.tuned)
+        out.say(f"  engine flags from {result.tuned_by or 'tune'}: {flags}")
+    out.say(f"  exec {result.command.display()}")
+    out.say(f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}")
+    out.result({"run_id": ctx.run.run_id, **result.summary().to_json()})
+    return 0

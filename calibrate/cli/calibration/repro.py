@@ -1,0 +1,127 @@
+"""Stage B: run the fixed prompt again and diff it with the baseline; or diff two files.
+
+Volatile fields are removed by a jq program first (default:
+del(.run_id, .ts, .elapsed_s, .ttft_s, .stage, .target and the tier fields)); records are compared with sorted keys.
+
+example: calibrate repro --runs 3 --ignore system_fingerprint
+example: calibrate repro baselines/single.jsonl runs/20261129T164129Z-single-a1b2c3/records.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from calibrate.cli.common import (
+    add_command,
+    add_compare_args,
+    add_force,
+    add_junit,
+    check_junit_path,
+    guarded,
+    junit_suite,
+    normaliser_for,
+    open_stage,
+    output_for,
+    save_junit,
+    show_comparison,
+)
+from calibrate.config import MAX_ROUNDS
+from calibrate.errors import UsageError
+from calibrate.io.baseline import after_failure
+from calibrate.io.output_paths import check_outputs
+from calibrate.io.store import RunDir
+from calibrate.stages.repro import ReproResult, between_files, run_repro
+from calibrate.state.gates import next_step
+
+
+def register(subparsers: Any) -> None:
+    parser = add_command(subparsers, "repro", __doc__ or "", run)
+    parser.add_argument(
+        "files", nargs="*", metavar="FILE", help="two JSONL files to compare offline"
+    )
+    parser.add_argument("--runs", type=int, default=2, help="fresh runs to compare (default 2)")
+    parser.add_argument("--stream", action="store_true", help="stream the requests (SSE)")
+    add_compare_args(parser)
+    add_force(parser)
+    add_junit(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = output_for(args)
+    normaliser = normaliser_for(args)
+    if args.files:
+        if len(args.files) != 2:
+            raise UsageError(
+                "repro takes exactly two files to compare offline",
+                "example: calibrate repro a.jsonl b.jsonl",
+            )
+        check_junit_path(args)
+        check_outputs(
+            [("--junit", Path(args.junit) if args.junit else None)],
+            [("the file", Path(name)) for name in args.files],
+        )
+        result = between_files(Path(args.files[0]), Path(args.files[1]), normaliser)
+        return _report(out, args, result, run=None, hint=None)
+    if not 1 <= args.runs <= MAX_ROUNDS:
+        raise UsageError(f"--runs must be in [1, {MAX_ROUNDS}], got {args.runs}")
+    ctx = open_stage(args, "repro", out)
+    with guarded(ctx):
+        result = run_repro(ctx, normaliser, runs=args.runs, stream=args.stream)
+        return _report(
+            out,
+            args,
+            result,
+            run=ctx.run,
+            hint=lambda: next_step(ctx.config, ctx.ledger, ctx.target),
+        )
+
+
+def _report(
+    out: Any,
+    args: argparse.Namespace,
+    result: ReproResult,
+    *,
+    run: RunDir | None,
+    hint: Callable[[], str] | None,
+) -> int:
+    run_id = run.run_id if run else None
+    suite = junit_suite("repro", run)
+    for n, comparison in enumerate(result.comparisons, 1):
+        show_comparison(out, f"run {n}", comparison)
+        reason = f"{comparison.verdict}: {', '.join(comparison.differing)}; {' '.join(comparison.causes)}"
+        suite.check(
+            f"run {n} matches the baseline", comparison.passed, reason, kind=comparison.verdict
+        )
+    save_junit(args, suite)
+    summary = result.summary()
+    if result.passed:
+        note = " (whitespace only)" if result.verdict == "whitespace-only" else ""
+        out.ok(f"repro passed: {summary['identical']}/{summary['runs']} identical{note}")
+        if hint is not None:
+            out.say(f"next: {hint()}")
+    else:
+        out.fail(f"repro failed: {_failure_line(result)}")
+        out.say(f"next: {after_failure(result.comparisons, again='calibrate repro')}")
+    out.result(
+        {
+            "passed": result.passed,
+            "run_id": run_id,
+            **summary,
+            "comparisons": [c.to_json() for c in result.comparisons],
+        }
+    )
+    return 0 if result.passed else 1
+
+
+def _failure_line(result: ReproResult) -> str:
+    """Failed requests are named as failed requests; otherwise the fields that differ."""
+    unanswered = [c.failure for c in result.comparisons if c.failure]
+    if unanswered:
+        return (
+            f"{len(unanswered)} of {len(result.comparisons)} runs got no answer to compare: "
+            f"{unanswered[0]}"
+        )
+    return f"output differs from the baseline in {', '.join(result.summary()['differing'])}"

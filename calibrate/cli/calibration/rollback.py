@@ -1,0 +1,121 @@
+"""Stage D: return the server to the last passing tier (concurrency 1), with proof.
+
+Stops the server (or tells you how and waits), checks its VRAM was released, writes the active
+setting, restarts it (managed) or waits for your restart, then compares the fixed prompt with the
+baseline. Every step goes to steps.jsonl and the ledger; a failing step leaves an incident.
+
+example: calibrate rollback --wait 600 --junit rollback.xml
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from calibrate.cli.common import (
+    Output,
+    add_command,
+    add_compare_args,
+    add_force,
+    add_junit,
+    guarded,
+    junit_suite,
+    load_lock,
+    normaliser_for,
+    open_stage,
+    output_for,
+    save_junit,
+    show_comparison,
+)
+from calibrate.config import MAX_TIMEOUT_S
+from calibrate.errors import UsageError
+from calibrate.gpu.nvml import gpu_snapshot
+from calibrate.io.baseline import Normaliser
+from calibrate.io.junit import JUnitCase
+from calibrate.stages.context import StageContext
+from calibrate.stages.rollback import NOT_CAPACITY, Rollback, StepResult
+from calibrate.state.gates import next_step
+
+STEP_TITLES = {
+    "stop": "the old server is stopped",
+    "vram": "its VRAM was released",
+    "active": "the active setting is written",
+    "restart": "the server is back at the verified setting",
+    "compare": "the fixed prompt matches the baseline",
+}
+
+
+def register(subparsers: Any) -> None:
+    parser = add_command(subparsers, "rollback", __doc__ or "", run)
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="unmanaged server: how long to wait for you to stop and restart it (default 300)",
+    )
+    add_compare_args(parser)
+    add_force(parser)
+    add_junit(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = output_for(args)
+    if not 0 <= args.wait <= MAX_TIMEOUT_S:  # NaN fails this too
+        raise UsageError(f"--wait must be in [0, {MAX_TIMEOUT_S:g}] seconds, got {args.wait}")
+    normaliser = normaliser_for(args)
+    ctx = open_stage(args, "rollback", out)
+    with load_lock(ctx), guarded(ctx):
+        return _run(args, out, ctx, normaliser)
+
+
+def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: Normaliser) -> int:
+    def on_step(step: StepResult) -> None:
+        line = f"[{step.n}/5] {step.name}: {step.message}"
+        (out.ok if step.ok else out.fail)(line if step.ok else f"{line}  (FAILED)")
+
+    rollback = Rollback(
+        ctx, normaliser, wait_s=args.wait, notify=out.say, on_step=on_step, vram_probe=gpu_snapshot
+    )
+    result = rollback.run()
+    if result.comparison is not None and not result.comparison.passed:
+        show_comparison(out, "fixed prompt vs baseline", result.comparison)
+    suite = junit_suite("rollback", ctx.run, ctx.target)
+    reached = {s.name for s in result.steps}
+    for step in result.steps:
+        suite.check(
+            STEP_TITLES[step.name],
+            step.ok,
+            step.message,
+            kind=step.kind or "",
+            time_s=step.elapsed_s,
+        )
+    for name, title in STEP_TITLES.items():
+        if name not in reached:
+            suite.add(
+                JUnitCase(
+                    title, "calibrate.rollback", skipped="not reached: an earlier step failed"
+                )
+            )
+    save_junit(args, suite)
+    if result.passed:
+        out.ok(f"rollback passed (run {ctx.run.run_id})")
+        out.say(NOT_CAPACITY.format(batch=result.batch_size))
+        out.say(
+            f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}   (batch uses concurrency 1; calibrate pin writes this setting into scripts/launch.sh)"
+        )
+    else:
+        failed = next(s for s in result.steps if not s.ok)
+        out.fail(
+            f"rollback failed at step {failed.n} ({failed.name}); "
+            f"incident: {ctx.run.file(f'incidents/{failed.n}-{failed.name}.json')}"
+        )
+    out.result(
+        {
+            "passed": result.passed,
+            "run_id": ctx.run.run_id,
+            **result.summary().to_json(),
+            "messages": [s.message for s in result.steps],
+        }
+    )
+    return result.exit_code

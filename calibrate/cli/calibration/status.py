@@ -1,0 +1,59 @@
+"""Where the target stands: stages passed, last passing tier, what was pinned, what next.
+
+example: calibrate status --show-config
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from calibrate.cli.common import add_command, load_config, output_for
+from calibrate.redact import redact_url
+from calibrate.server.redaction import redact_config
+from calibrate.stages.status import OPTIONAL_STAGES, STAGE_ORDER, target_status, verdict
+from calibrate.state.ledger import Ledger, target_fingerprint
+
+
+def register(subparsers: Any) -> None:
+    parser = add_command(subparsers, "status", __doc__ or "", run)
+    parser.add_argument(
+        "--show-config", action="store_true", help="print the resolved configuration (key masked)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    out = output_for(args)
+    cfg = load_config(args)
+    target = target_fingerprint(cfg)
+    if args.show_config:
+        public = redact_config(cfg.to_public_json())
+        out.say(json.dumps(public, ensure_ascii=False, indent=2))
+        out.result({"config": public, "target": target})
+        return 0
+    status = target_status(cfg, Ledger(cfg.runs_dir), target)
+    out.say(f"target {target}: {cfg.target.model} at {redact_url(cfg.target.base_url)}")
+    out.say(f"baseline: {status.baseline or 'none yet'}")
+    for stage in (*STAGE_ORDER, *OPTIONAL_STAGES):
+        entry = status.latest.get(stage)
+        if entry is None:
+            out.say(f"  {stage:<9} —")
+            continue
+        forced = " (forced)" if entry.forced else ""
+        out.say(f"  {stage:<9} {verdict(entry)}{forced}  {entry.ts}  run {entry.run_id}")
+    if status.context is not None:
+        ran = f"{status.context.ts}  run {status.context.run_id}"
+        out.say(f"  context   {verdict(status.context)}  {ran} (ladder --axis context)")
+    if status.setting:
+        s = status.setting
+        out.say(f"calibrated setting: {s.describe()}")
+        out.say(f"  batch size from {s.batch_from}; concurrency from {s.concurrency_from}")
+        out.say(f"  verified on: {s.verified_on()}")
+    if tuned := status.tuned_text():
+        out.say(f"tuned engine flags: {tuned}")
+    if status.pinned:
+        out.say(f"pinned: {status.pinned.get('script')} ({status.pinned.get('kind')})")
+    out.say(f"next: {status.next_command}")
+    out.result(status.to_json())
+    return 0

@@ -1,0 +1,189 @@
+"""Stage C″: search the engine's own flags — restart per candidate, measure, rank, keep the best.
+
+Needs a passing ladder and [server] (calibrate starts and stops the engine). First the memory
+fraction (vLLM --gpu-memory-utilization, SGLang --mem-fraction-static, a custom
+{memory_fraction}): the highest of [tune] memory_fractions at which the engine starts and serves
+one request. Then each candidate — defaults per engine kind around the ladder's batch size;
+[tune] grid and --grid KEY=V1,V2,… replace an axis (for a custom command: any {placeholder}) —
+is started, warmed up, measured like the sweep at increasing concurrency (goodput under [slo]),
+stopped, and proven gone. Each result is on disk as it finishes: run the same command again to
+resume. The ranked table goes to tiers.csv/jsonl and plot.svg; pin then writes the winner.
+
+example: calibrate tune --grid max_num_seqs=8,16,32 --grid max_num_batched_tokens=4096,8192 --budget-s 3600
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from calibrate.cli.common import (
+    Output,
+    add_command,
+    add_force,
+    add_wide,
+    kept_on_write_error,
+    load_config,
+    load_lock,
+    open_stage,
+    output_for,
+)
+from calibrate.cli.views.tune import candidate_progress, finished_line, show_finished
+from calibrate.cli.workload_flags import add_workload_args, task_pool, workload_spec
+from calibrate.config import MAX_TIMEOUT_S
+from calibrate.engines.builders import SERVER_KINDS
+from calibrate.errors import Interrupted, UsageError
+from calibrate.gpu.energy import PRICE_HELP, RANK_BY
+from calibrate.server.redaction import shown_command
+from calibrate.stages.measure.tier_run import MeasureSpec, preflight
+from calibrate.stages.tune.result import CandidateResult
+from calibrate.stages.tune.session import Session
+from calibrate.stages.tune.setup import TuneRequest, TuneSetup, prepare
+from calibrate.state.gates import next_step
+
+
+def register(subparsers: Any) -> None:
+    parser = add_command(subparsers, "tune", __doc__ or "", run)
+    add = parser.add_argument
+    add("--kind", choices=SERVER_KINDS, help="engine kind (overrides [server] kind)")
+    add(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,…",
+        help="values to try for one flag (repeatable; replaces that axis of the defaults and "
+        "[tune] grid), e.g. --grid parallel=1,2,4",
+    )
+    add(
+        "--search",
+        choices=("grid", "halving"),
+        help="grid: every candidate (default, [tune] search); halving: all at a short window, "
+        "the better half again at twice the window, … the last two at the full window",
+    )
+    add(
+        "--rank-by",
+        choices=RANK_BY,
+        default="goodput",
+        help="goodput: the most requests/s within the SLOs (default); joules_per_token: the "
+        "fewest J per output token at the best level (needs NVML or DCGM energy); usd_per_1m: "
+        "the fewest $ per 1M output tokens (needs --gpu-price-per-hour or [cost]); ties and "
+        "candidates not measured so go by goodput",
+    )
+    add(
+        "--budget-s",
+        type=float,
+        metavar="S",
+        help="cap the whole run (checked before each start; says what was left untested; "
+        "default [tune] budget_s, 0 = none)",
+    )
+    add(
+        "--new",
+        action="store_true",
+        help="start a new tune run even if an unfinished one with the same grid exists",
+    )
+    add("--stream", action="store_true", help="stream (SSE) and measure TTFT")
+    add_workload_args(parser, "sweep")
+    add(
+        "--vram-source",
+        choices=("auto", "nvml", "metrics", "none"),
+        default="auto",
+        help="where VRAM comes from (default auto)",
+    )
+    add(
+        "--gpu",
+        metavar="ID",
+        action="append",
+        default=None,
+        help="NVML device index or UUID the server uses (repeatable)",
+    )
+    add("--gpu-metrics-url", metavar="URL", help="a DCGM exporter for GPUs on another machine")
+    add("--gpu-price-per-hour", type=float, metavar="USD", help=PRICE_HELP)
+    add_wide(parser)
+    add_force(parser)
+
+
+def _request(args: argparse.Namespace) -> TuneRequest:
+    """The flags as a typed request; mistakes in them are exit 2 before anything is sent."""
+    workload = workload_spec(args, load_config(args), "sweep")
+    task_pool(workload)  # a bad tasks file is exit 2 before anything is started
+    if args.budget_s is not None and not 0 <= args.budget_s <= MAX_TIMEOUT_S:
+        raise UsageError(f"--budget-s must be in [0, {MAX_TIMEOUT_S:g}], got {args.budget_s}")
+    spec = MeasureSpec(
+        vram_source=args.vram_source,
+        gpus=tuple(args.gpu) if args.gpu else None,
+        gpu_metrics_url=args.gpu_metrics_url,
+        gpu_price_per_hour=args.gpu_price_per_hour,
+    )
+    preflight(spec)
+    return TuneRequest(
+        spec,
+        kind=args.kind,
+        grid=tuple(args.grid),
+        search=args.search,
+        budget_s=args.budget_s,
+        new_run=args.new,
+        stream=args.stream,
+        workload=workload,
+        rank_by=args.rank_by,
+    )
+
+
+def resume_command(args: argparse.Namespace) -> str:
+    words = [w for w in getattr(args, "argv", ["tune"]) if w != "--new"]
+    return shown_command(["calibrate", *words])  # no password in it
+
+
+def run(args: argparse.Namespace) -> int:
+    out = output_for(args)
+    request = _request(args)
+    ctx = open_stage(args, "tune", out)
+    with load_lock(ctx):  # one load-sending stage, one server at a time
+        setup = prepare(ctx, request)
+        return _tune(args, out, setup)
+
+
+def _tune(args: argparse.Namespace, out: Output, setup: TuneSetup) -> int:
+    ctx, plan = setup.ctx, setup.plan
+    step: list[Callable[[], None]] = [lambda: None]  # the progress bar's, once it is up
+
+    def on_result(result: CandidateResult) -> None:
+        out.say(finished_line(result))
+        step[0]()
+
+    session = Session(setup, notify=out.say, on_result=on_result)
+    if setup.resumed:
+        out.say(
+            f"resuming tune run {ctx.run.run_id}: {session.measured_before} of {plan.size} "
+            "candidates already measured"
+        )
+    else:
+        axes = "; ".join(f"{a.key} ∈ {{{', '.join(a.values)}}}" for a in plan.axes)
+        out.say(
+            f"tune run {ctx.run.run_id}: {plan.size} candidates ({axes}), {setup.search} "
+            f"search, {setup.kind} restarted per candidate"
+        )
+    if note := setup.settings.skipped_note():
+        out.say(note)
+    try:
+        with (
+            kept_on_write_error(ctx),
+            candidate_progress(out, setup, session.measured_before) as step[0],
+        ):
+            finished = session.run()
+    except KeyboardInterrupt:
+        with contextlib.suppress(KeyboardInterrupt):
+            session.interrupted()
+        raise Interrupted(
+            f"tune interrupted: {session.measured} of {plan.size} candidates measured, kept in "
+            f"{ctx.run.path}; the server calibrate started for it is stopped",
+            f"Resume it: {resume_command(args)}",
+        ) from None
+    show_finished(out, setup, finished)
+    if finished.entry.passed:
+        out.say(
+            f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}   (pin writes every flag of the winner)"
+        )
+    out.result(finished.to_json(setup))
+    return 0 if finished.entry.passed else 1

@@ -1,0 +1,85 @@
+"""Stage E′: after a restart, check the server still gives the baseline answer.
+
+Runs the fixed prompt once and compares it with baselines/single.jsonl (as repro does):
+"config consistent" (exit 0) or the diff (exit 1).
+
+example: calibrate server start --script scripts/launch.sh && calibrate verify --junit verify.xml
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from calibrate.cli.common import (
+    Output,
+    add_command,
+    add_compare_args,
+    add_force,
+    add_junit,
+    guarded,
+    junit_suite,
+    normaliser_for,
+    open_stage,
+    output_for,
+    save_junit,
+    show_comparison,
+)
+from calibrate.io.baseline import Normaliser, after_failure
+from calibrate.stages.context import StageContext
+from calibrate.stages.verify import run_verify
+from calibrate.state.gates import next_step
+
+
+def register(subparsers: Any) -> None:
+    parser = add_command(subparsers, "verify", __doc__ or "", run)
+    add_compare_args(parser)
+    add_force(parser)
+    add_junit(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = output_for(args)
+    normaliser = normaliser_for(args)
+    ctx = open_stage(args, "verify", out)
+    with guarded(ctx):
+        return _run(args, out, ctx, normaliser)
+
+
+def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: Normaliser) -> int:
+    result = run_verify(ctx, normaliser, force=bool(getattr(args, "force", False)))
+    ctx.run.close()
+    comparison = result.repro.comparisons[0]
+    suite = junit_suite("verify", ctx.run, ctx.target)
+    reason = (
+        f"{comparison.verdict}: {', '.join(comparison.differing)}; {' '.join(comparison.causes)}"
+    )
+    suite.check(
+        "fixed prompt matches the baseline", comparison.passed, reason, kind=comparison.verdict
+    )
+    save_junit(args, suite)
+    if result.setting is not None:
+        s = result.setting
+        out.say(f"expected setting: {s.describe()}")
+    if result.passed:
+        note = " (whitespace-only difference)" if comparison.verdict == "whitespace-only" else ""
+        out.ok(
+            f"config consistent: the fixed prompt matches the baseline{note} (run {ctx.run.run_id})"
+        )
+        out.say(f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}")
+    else:
+        show_comparison(out, "fixed prompt vs baseline", comparison)
+        if comparison.failure:
+            out.fail(f"verify failed: the server gave no answer to compare: {comparison.failure}")
+        else:
+            out.fail("verify failed: the restarted server does not give the baseline answer")
+        out.say(f"next: {after_failure(result.repro.comparisons, again='calibrate verify')}")
+    out.result(
+        {
+            "passed": result.passed,
+            "run_id": ctx.run.run_id,
+            **result.summary(),
+            "comparison": comparison.to_json(),
+        }
+    )
+    return 0 if result.passed else 1

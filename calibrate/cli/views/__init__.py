@@ -1,0 +1,1 @@
+"""Renderers: a stage's result as rich tables, text lines and JUnit."""

@@ -1,0 +1,204 @@
+"""How a batch shows itself: a live progress bar on a terminal, plain lines elsewhere; the summary."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from calibrate.cli.common import Output
+from calibrate.stages.batch import BatchSpec
+from calibrate.stages.batch.endpoints import EndpointCheck
+from calibrate.stages.batch.result import BatchProgress, BatchResult
+from calibrate.stages.measure.format_check import ShapeCheck
+
+TTY_REFRESH_S = 0.25
+OUTAGE_EVERY_S = 5.0  # how often "server unreachable for N s" is repeated
+
+
+class ProgressView:
+    """Receives BatchProgress snapshots; draws a rich bar on a TTY, else a line every few s."""
+
+    def __init__(
+        self, out: Output, total: int, plain_every_s: float, grace_s: float, endpoints: int = 1
+    ) -> None:
+        self.out = out
+        self.endpoints = endpoints
+        self.total = total
+        self.grace_s = grace_s
+        self.every_s = TTY_REFRESH_S if out.is_tty else max(plain_every_s, 0.1)
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        self._told_stop = False
+        self._last_line = ""
+        self._outage_said_at = -OUTAGE_EVERY_S
+
+    def __enter__(self) -> ProgressView:
+        if self.out.is_tty:
+            self._progress = Progress(
+                TextColumn("batch"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[failed]} failed"),
+                TextColumn("{task.fields[rate]:.1f} items/s"),
+                TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=self.out.console,
+            )
+            self._task = self._progress.add_task("batch", total=self.total, failed=0, rate=0.0)
+            self._progress.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def update(self, p: BatchProgress) -> None:
+        self._say_outage(p)
+        if p.stopping and not self._told_stop:
+            self._told_stop = True
+            self.out.warn(
+                f"stopping: no new items; {p.in_flight} in flight get up to {self.grace_s:g} s "
+                "to finish (Ctrl-C again to abandon them)"
+            )
+        if self._progress is not None and self._task is not None:
+            self._progress.update(
+                self._task, completed=p.finished, failed=p.failed, rate=p.items_per_s
+            )
+            return
+        if p.to_run == 0:
+            return
+        counts = f"batch: {p.finished}/{p.to_run} done, {p.failed} failed, {p.in_flight} in flight"
+        if counts == self._last_line:
+            return  # nothing moved since the last line: do not repeat it
+        self._last_line = counts
+        eta = f", ETA {p.eta_s:.0f} s" if p.eta_s is not None and not p.stopping else ""
+        self.out.say(f"{counts}, {p.items_per_s:.1f} items/s{eta}")
+
+    def _say_outage(self, p: BatchProgress) -> None:
+        if not p.down or p.elapsed_s - self._outage_said_at < OUTAGE_EVERY_S:
+            return
+        self._outage_said_at = p.elapsed_s
+        for label, down_s in p.down:
+            who = "server" if len(p.down) == 1 and not self._several else label
+            self.out.warn(
+                f"{who} unreachable for {down_s:.0f} s, waiting (up to "
+                f"{p.outage_limit_s:g} s); its items are kept, not failed"
+            )
+
+    @property
+    def _several(self) -> bool:
+        return self.endpoints > 1
+
+
+def say_check(out: Output, check: EndpointCheck) -> None:
+    """What the fixed prompt said on each endpoint before the run."""
+    if not check.baseline:
+        out.warn(
+            "no baseline (baselines/single.jsonl): the endpoints were not compared with it; "
+            "run calibrate single first to check they serve the same weights"
+        )
+    for endpoint, why in check.benched:
+        out.warn(
+            f"{endpoint.label}: benched, it did not answer the fixed prompt ({why}); "
+            "the other endpoints take its share"
+        )
+    for endpoint, comparison in check.differing:
+        out.fail(
+            f"{endpoint.label}: differs from the baseline in {', '.join(comparison.differing)}"
+        )
+        for line in comparison.diff[:40]:
+            out.say(f"  {line}")
+    if check.baseline:
+        for endpoint in check.usable:
+            out.ok(f"{endpoint.label}: fixed prompt matches the baseline")
+
+
+def render_summary(
+    out: Output, r: BatchResult, spec: BatchSpec, checks: Sequence[ShapeCheck], resume: str
+) -> None:
+    """The end of a batch: counts, rate, failures, format notes and what to do next."""
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(r.failed_by_kind.items()))
+    failed = f"{r.failed} failed ({kinds})" if r.failed else "0 failed"
+    out.say(
+        f"batch: {r.ok} ok, {failed}, {r.skipped} skipped (already done) in {r.seconds:.1f} s "
+        f"— {r.items_per_s:.1f} items/s, {r.output_tokens_per_s:.0f} output tokens/s"
+        + (f"; {r.retried_items} needed retries" if r.retried_items else "")
+    )
+    for failure in r.failures[:3]:
+        out.say(f"  failed {failure['id']!r}: {failure['kind']}: {failure['message']}")
+    _say_endpoints(out, r)
+    if spec.sample:
+        for check in checks:
+            mark = "ok  " if check.passed else "FAIL"
+            (out.ok if check.passed else out.fail)(f"  {mark} {check.name}: {check.detail}")
+        out.say(f"sample outputs: {r.out_path}")
+        if all(c.passed for c in checks) and not r.failed:
+            out.ok("sample passed: every output has the same shape; run the batch with --out")
+        else:
+            out.fail("sample failed: fix the prompt (--prompt) before running the whole batch")
+        return
+    if r.preamble[0]:
+        out.warn(
+            f"{r.preamble[0]} output(s) open with a preamble ({', '.join(r.preamble[1][:3])})"
+            ": tell the model to answer directly, or try --sample first"
+        )
+    if r.too_long[0]:
+        out.warn(
+            f"{r.too_long[0]} output(s) longer than --max-chars {spec.max_chars} "
+            f"({', '.join(r.too_long[1][:3])})"
+        )
+    if r.interrupted:
+        done = r.skipped + r.ok
+        abandoned = f" ({r.abandoned} abandoned in flight)" if r.abandoned else ""
+        out.fail(f"interrupted: {done} of {r.total} done, {r.remaining} remaining{abandoned}")
+        out.say(f"resume with: {resume}")
+        return
+    if r.unfinished:
+        why = (
+            r.stop_detail
+            or "a worker stopped before its items were done (a bug: rerun with --debug and report it)"
+        )
+        out.fail(f"{r.unfinished} of {r.to_run} item(s) were neither done nor failed: {why}")
+        out.say(f"what finished is kept in {r.out_path}; rerun to do the rest: {resume}")
+    if r.failed:
+        out.fail(f"{r.failed} item(s) failed; they are in {r.out_path} with ok:false")
+        out.say(f"rerun to retry only those: {resume}")
+    elif r.unfinished:
+        return
+    elif r.remaining:
+        why = " (--limit)" if spec.limit else ""
+        out.ok(f"{r.ok} item(s) done; {r.remaining} remaining{why}")
+        out.say(f"rerun to continue: {resume}")
+    else:
+        out.ok(f"all {r.total} items ok: {r.out_path}")
+
+
+def _say_endpoints(out: Output, r: BatchResult) -> None:
+    """Per endpoint (when several, or after an outage): done, failed, rate, outages."""
+    outages = sum(e.outages for e in r.endpoints)
+    if len(r.endpoints) < 2 and not outages:
+        return
+    for e in r.endpoints:
+        down = f"; {e.outages} outage(s), {e.down_s:.0f} s down" if e.outages else ""
+        restarts = f", restarted {e.restarts}×" if e.restarts else ""
+        state = "" if e.state == "up" else f" [{e.state}]"
+        out.say(
+            f"  {e.url}{state}: {e.done} done, {e.failed} failed, {e.items_per_s:.1f} items/s "
+            f"(c={e.concurrency}){down}{restarts}"
+        )

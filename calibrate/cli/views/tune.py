@@ -1,0 +1,177 @@
+"""How a tune shows itself: a line per finished candidate (a progress bar under them on a
+terminal), then the ranked table (the essential columns, fitting 100; --wide: every one) and
+the winner with its margin."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from rich.table import Table
+
+from calibrate.cli.common import Output
+from calibrate.report.progress import Plan, progress_bar
+from calibrate.report.tables import compact, table_width
+from calibrate.stages.tune.result import CandidateResult
+from calibrate.stages.tune.run import TuneOutcome, schedule
+from calibrate.stages.tune.session import TuneFinished
+from calibrate.stages.tune.setup import TuneSetup
+
+
+def _f(value: Any, fmt: str) -> str:
+    return "—" if value is None or value == "" else format(float(value), fmt)
+
+
+def finished_line(result: CandidateResult) -> str:
+    """``c03 (slots=4): 12.31 req/s at concurrency 4, p50 0.021 s, 0 errors``."""
+    head = f"{result.candidate.id} ({result.candidate.describe()})"
+    if not result.started:
+        code = (
+            f" (exit code {result.start_exit_code})" if result.start_exit_code is not None else ""
+        )
+        return f"{head}: did not start{code}: {result.start_error}"
+    if not result.served:
+        return f"{head}: started but did not serve: {result.start_error}"
+    best = result.best
+    crash = f"; the server crashed (exit code {result.exit_code})" if result.crashed else ""
+    if best is None:
+        return f"{head}: no level passed{crash}"
+    errors = result.measurement.errors if result.measurement else 0
+    return (
+        f"{head}: {best.goodput_per_s:.2f} req/s goodput at concurrency {best.concurrency}, "
+        f"p50 {_f(best.p50_s, '.3f')} s, {errors} errors{crash}"
+    )
+
+
+def _status(row: Mapping[str, Any]) -> str:
+    code = row.get("start_exit_code")
+    return str(row["status"]) + (f" (exit {code})" if code is not None else "")
+
+
+_COLUMNS: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
+    ("rank", lambda r: str(r["rank"])),
+    ("id", lambda r: str(r["id"])),
+    ("flags", lambda r: str(r["flags"])),
+    ("status", lambda r: _status(r)),
+    ("cap", lambda r: "—" if r["cap"] in (None, "") else str(r["cap"])),
+    ("conc", lambda r: "—" if r.get("best_concurrency") is None else str(r["best_concurrency"])),
+    ("goodput/s", lambda r: _f(r.get("goodput_per_s"), ".2f")),
+    ("items/s", lambda r: _f(r.get("items_per_s"), ".2f")),
+    ("tok/s", lambda r: _f(r.get("output_tokens_per_s"), ".0f")),
+    ("p50 s", lambda r: _f(r.get("p50_s"), ".3f")),
+    ("p90 s", lambda r: _f(r.get("p90_s"), ".3f")),
+    ("peak MiB", lambda r: _f(r.get("peak_vram_mib"), ".0f")),
+    ("KV", lambda r: _f(r.get("peak_kv_usage"), ".0%")),
+    ("errors", lambda r: str(r["errors"])),
+    ("incidents", lambda r: str(r["incidents"])),
+]
+
+
+# On a narrow screen these go first, in this order (--wide keeps them all).
+_DROP_FIRST = ("incidents", "tok/s", "KV", "p90 s", "cap", "items/s", "status")
+
+
+def ranked_table(rows: Sequence[Mapping[str, Any]], title: str, width: int | None = None) -> Table:
+    """The ranked candidates; with ``width``, minor columns are left out until it fits."""
+    columns = list(_COLUMNS)
+    for name in _DROP_FIRST:
+        if width is None or table_width(columns, rows) <= width:
+            break
+        columns = [c for c in columns if c[0] != name]
+    table = compact(title)
+    for name, _ in columns:
+        table.add_column(
+            name,
+            justify="left" if name in ("id", "flags", "status") else "right",
+            overflow="fold",
+        )
+    for n, row in enumerate(rows):
+        style = "green" if n == 0 and row.get("goodput_per_s") else None
+        if row["status"] in ("did not start", "did not serve", "crashed"):
+            style = "red"
+        table.add_row(*(cell(row) for _, cell in columns), style=style)
+    return table
+
+
+def plain_line(row: Mapping[str, Any]) -> str:
+    """Every column of one candidate as ``key=value`` (the JSON has them too)."""
+    return "  ".join(f"{name.replace(' ', '_')}={cell(row)}" for name, cell in _COLUMNS)
+
+
+def show_ranked(out: Output, rows: Sequence[Mapping[str, Any]], title: str) -> None:
+    """One table, on a terminal and in a log alike."""
+    if out.wide:
+        out.render_wide(ranked_table(rows, title))
+    else:
+        out.render(ranked_table(rows, title, out.console.width))
+
+
+@contextmanager
+def candidate_progress(
+    out: Output, setup: TuneSetup, measured_before: int
+) -> Iterator[Callable[[], None]]:
+    """A progress bar over the candidates left on a terminal (none in a log); yields ``step``,
+    called as each candidate's result comes."""
+    steps = sum(size for size, _ in schedule(setup.plan.size, setup.search)) - measured_before
+    if not out.is_tty or steps <= 0:
+        yield lambda: None
+        return
+    sweep = setup.ctx.config.sweep
+    step_s = len(setup.settings.levels) * sweep.level_s * sweep.repeats * setup.window
+    bar = progress_bar(out.console, Plan(steps, step_s, "candidates"))
+    task = bar.add_task("tune", total=steps)
+    with bar:
+        yield lambda: bar.advance(task)
+
+
+def winner_text(outcome: TuneOutcome, gain_min: float = 0.0) -> str | None:
+    win = outcome.winner
+    if win is None or win.best is None:
+        return None
+    text = (
+        f"winner: {win.candidate.id} ({win.candidate.describe()}): "
+        f"{win.best.goodput_per_s:.2f} req/s at concurrency {win.best.concurrency}"
+    )
+    second, margin = outcome.runner_up, outcome.margin
+    if second is not None and margin is not None:
+        text += f", {margin:+.0%} over the runner-up {second.candidate.id} ({second.candidate.describe()})"
+        if margin < gain_min:
+            text += (
+                f" — within [sweep] gain_min ({gain_min:.0%}): about equal, measure longer to tell"
+            )
+    elif second is None:
+        text += " (no runner-up measured)"
+    return text
+
+
+def show_finished(out: Output, setup: TuneSetup, finished: TuneFinished) -> None:
+    """The ranked table, where the files are, what the memory step and budget left, the winner."""
+    outcome, key = finished.outcome, setup.plan.memory_key or "memory fraction"
+    if finished.table:
+        show_ranked(out, finished.table, finished.title)
+        plot = f", plot: {finished.plot}" if finished.plot else ""
+        out.say(f"tables: {finished.tables}{plot}")
+    for probe in outcome.probes:
+        if not probe.ok:
+            out.say(f"memory step: {key}={probe.fraction} did not start: {probe.error}")
+    if outcome.memory_failed:
+        fractions = ", ".join(setup.plan.memory_fractions)
+        out.fail(
+            f"no {key} in {fractions} let the engine start and serve one request "
+            "(see runs/server.log); add lower values to [tune] memory_fractions"
+        )
+    if outcome.untested:
+        ids = ", ".join(c.id for c in outcome.untested)
+        out.warn(
+            f"--budget-s spent: {len(outcome.untested)} candidate(s) left untested: {ids}; "
+            "run the same command again to continue"
+        )
+    text = winner_text(outcome, setup.ctx.config.sweep.gain_min)
+    if text:
+        out.ok(text)
+    else:
+        out.fail(
+            "tune found no candidate that served a passing level (see the table and "
+            "each candidate's incidents)"
+        )

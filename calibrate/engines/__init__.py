@@ -1,0 +1,1 @@
+"""What calibrate knows per engine kind: its launch arguments and the refusal table for [server] args."""

@@ -1,0 +1,1 @@
+"""The GPU side: NVML, VRAM sampling, engine /metrics, Prometheus text, the self-load check, energy."""

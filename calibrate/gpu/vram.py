@@ -1,0 +1,391 @@
+"""The VRAM monitor: the chosen samplers polled on one daemon thread, peaks kept per window.
+
+A window is a round of the ladder or a level of the sweep: ``open_window`` samples the idle
+value just before it, ``close_window`` returns the peak seen while it ran — per device, the
+pressure that counts, and the most requests the server held in its queue.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from calibrate.gpu.energy import (
+    EnergyReader,
+    EnergySample,
+    EnergyWindow,
+    choose_energy,
+    window_energy,
+)
+from calibrate.gpu.engine_metrics import MetricsSampler, reading_from_metrics
+from calibrate.gpu.nvml import (
+    PREALLOCATING_KINDS,
+    DeviceMemory,
+    NullSampler,
+    NvmlSampler,
+    Pressure,
+    VramReading,
+    VramSampler,
+    choose_pressure,
+    devices_total_mib,
+    devices_used_mib,
+)
+from calibrate.gpu.prometheus import parse_prometheus
+from calibrate.redact import redact_url
+
+SourceChoice = Literal["auto", "nvml", "metrics", "none"]
+
+
+@dataclass(frozen=True)
+class VramSample:
+    """The merged view of one poll: device memory, KV usage, the pressure that counts, the queue."""
+
+    devices: tuple[DeviceMemory, ...]
+    kv_usage: float | None
+    pressure: Pressure
+    nvml_used_mib: float | None = None
+    server_queue: float | None = None
+    queue_metric: str | None = None
+
+    @property
+    def used_mib(self) -> float | None:
+        return devices_used_mib(self.devices)
+
+    @property
+    def total_mib(self) -> float | None:
+        return devices_total_mib(self.devices)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "used_mib": _r(self.used_mib),
+            "total_mib": _r(self.total_mib),
+            "devices": [d.to_json() for d in self.devices],
+            "kv_usage": _r(self.kv_usage, 4),
+            "pressure": _r(self.pressure.value, 4),
+            "pressure_source": self.pressure.source,
+            "pressure_metric": self.pressure.text,
+            "nvml_used_mib": _r(self.nvml_used_mib),
+            "server_queue": self.server_queue,
+        }
+
+
+@dataclass(frozen=True)
+class WindowPeak:
+    idle: VramSample | None
+    peak_used_mib: float | None
+    peak_pressure: Pressure
+    peak_kv_usage: float | None
+    total_mib: float | None
+    samples: int
+    devices: tuple[DeviceMemory, ...] = ()  # each device's own peak
+    server_queue_max: float | None = None  # None: the server exports no queue gauge
+    energy: EnergyWindow | None = None  # None: no energy source (calibrate.gpu.energy)
+    price_per_hour: float | None = None  # --gpu-price-per-hour / [cost], for $ per 1M tokens
+
+
+def _r(value: float | None, digits: int = 1) -> float | None:
+    return round(value, digits) if value is not None else None
+
+
+def merge(
+    readings: Sequence[VramReading], *, preallocating_kind: bool = False
+) -> VramSample | None:
+    """Device memory from the server's own metrics (mock, DCGM) before local NVML; KV and the
+    queue from metrics."""
+    if not readings:
+        return None
+    metrics = next((r for r in readings if r.source == "metrics"), None)
+    nvml = next((r for r in readings if r.source == "nvml"), None)
+    device = metrics if metrics is not None and metrics.devices else nvml
+    preallocated = preallocating_kind or (metrics is not None and metrics.preallocated)
+    pressure = choose_pressure(device, metrics, preallocated=preallocated)
+    return VramSample(
+        device.devices if device else (),
+        metrics.kv_usage if metrics else None,
+        pressure,
+        nvml.used_mib if nvml else None,
+        metrics.server_queue if metrics else None,
+        metrics.queue_metric if metrics else None,
+    )
+
+
+def device_peaks(seen_sets: Iterable[Sequence[DeviceMemory]]) -> tuple[DeviceMemory, ...]:
+    """Each device's highest use over samples (or windows), in the order devices first appear."""
+    peaks: dict[str, DeviceMemory] = {}
+    for devices in seen_sets:
+        for d in devices:
+            seen = peaks.get(d.device)
+            if seen is None or d.used_mib > seen.used_mib:
+                peaks[d.device] = DeviceMemory(
+                    d.device, d.used_mib, d.total_mib or (seen.total_mib if seen else None)
+                )
+    return tuple(peaks.values())
+
+
+class VramMonitor:
+    """Polls every ``interval_s`` on one daemon thread; thread-safe windows."""
+
+    def __init__(
+        self,
+        samplers: Sequence[VramSampler],
+        interval_s: float = 0.05,
+        *,
+        server_kind: str | None = None,
+        problems: Sequence[SourceProblem] = (),
+        energy: EnergyReader | None = None,
+        price_per_hour: float | None = None,
+    ) -> None:
+        self.samplers = [s for s in samplers if not isinstance(s, NullSampler)]
+        self.energy = energy  # read beside each VRAM sample, over the same windows
+        self.price_per_hour = price_per_hour
+        self._energy: list[EnergySample] = []
+        self.problems = tuple(problems)  # the sources tried that gave nothing, and why
+        self.interval_s = interval_s
+        self.preallocating_kind = server_kind in PREALLOCATING_KINDS
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last: VramSample | None = None
+        self._window: list[VramSample] = []
+
+    @property
+    def source(self) -> str:
+        """``nvml``, ``metrics``, ``nvml+metrics`` or ``none`` — named in every report."""
+        return "+".join(s.source for s in self.samplers if s.source != "none") or "none"
+
+    @property
+    def measured(self) -> bool:
+        return self.source != "none"
+
+    @property
+    def last(self) -> VramSample | None:
+        with self._lock:
+            return self._last
+
+    def nvml(self) -> NvmlSampler | None:
+        return next((s for s in self.samplers if isinstance(s, NvmlSampler)), None)
+
+    def describe(self) -> str:
+        """The "VRAM source:" line: sources, what the pressure is read from, the queue gauge."""
+        sample = self.last or self.sample()
+        parts = [f"{self.source} (every {self.interval_s:g} s)"]
+        if sample is not None and sample.pressure.source != "none":
+            count = len(sample.devices)
+            fullest = count > 1 and sample.pressure.source != "kv_cache"
+            parts.append(
+                f"pressure from {sample.pressure.text}"
+                + (f", the fullest of {count} devices" if fullest else "")
+            )
+        if sample is not None and sample.queue_metric:
+            parts.append(f"server queue: {sample.queue_metric}")
+        return "; ".join(parts)
+
+    def warnings(self) -> list[str]:
+        """One line per source that failed: all of them when nothing is measured (the VRAM rule
+        is off), else those asked for by a flag — the others are still used."""
+        if not self.measured:
+            tried = "; ".join(p.text() for p in self.problems) or "no source asked for"
+            return [f"VRAM not measured ({tried}): the VRAM stop rule is skipped"]
+        return [
+            f"{p.text()}: measuring without it, from {self.source}"
+            for p in self.problems
+            if p.explicit
+        ]
+
+    def sample(self) -> VramSample | None:
+        readings = [r for s in self.samplers if (r := s.read()) is not None]
+        merged = merge(readings, preallocating_kind=self.preallocating_kind)
+        energy = self.energy.read() if self.energy is not None else None
+        with self._lock:
+            if energy is not None:
+                self._energy.append(energy)
+            if merged is not None:
+                self._last = merged
+                self._window.append(merged)
+        return merged
+
+    def open_window(self) -> VramSample | None:
+        """Start a new window; the sample taken now is its idle value."""
+        with self._lock:
+            self._window = []
+            self._energy = []
+        return self.sample() if self.samplers else None
+
+    def close_window(self, idle: VramSample | None) -> WindowPeak:
+        if self.samplers:
+            self.sample()  # the end state counts too, however short the window
+        with self._lock:
+            window, self._window = self._window, []
+            energy, self._energy = self._energy, []
+        kv = [s.kv_usage for s in window if s.kv_usage is not None]
+        queue = [s.server_queue for s in window if s.server_queue is not None]
+        top = max(window, key=lambda s: s.pressure.value or 0.0, default=None)
+        pressure = top.pressure if top else Pressure(None, "none")
+        peaks = device_peaks(s.devices for s in window)
+        return WindowPeak(
+            idle,
+            devices_used_mib(peaks),  # the fullest device's own peak, never a sum over devices
+            pressure,
+            max(kv, default=None),
+            devices_total_mib(peaks),
+            len(window),
+            peaks,
+            max(queue, default=None),
+            window_energy(energy, self.energy.source) if self.energy is not None else None,
+            self.price_per_hour,
+        )
+
+    def start(self) -> VramMonitor:
+        if self.samplers and self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="vram-sampler", daemon=True)
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        for sampler in self.samplers:
+            sampler.close()
+
+
+def choose_samplers(
+    choice: SourceChoice,
+    fetch_metrics: Callable[[], str],
+    *,
+    devices: Sequence[str] | None = None,
+    nvml: Any = None,
+) -> list[VramSampler]:
+    """Automatic: NVML when it works and the server's /metrics when it answers; both if both.
+
+    A /metrics with only a queue gauge is kept for the queue (its source stays ``none``).
+    """
+    endpoint = MetricsEndpoint("/metrics", "/metrics", fetch_metrics)
+    return list(open_sources(choice, (endpoint,), devices=devices, nvml=nvml).samplers)
+
+
+@dataclass(frozen=True)
+class MetricsEndpoint:
+    """One Prometheus text source: the server's own ``/metrics`` or ``--gpu-metrics-url``."""
+
+    label: str  # how a user names it: "the server's /metrics", "--gpu-metrics-url"
+    url: str  # shown (credentials already redacted)
+    fetch: Callable[[], str]
+    explicit: bool = False  # asked for by a flag: its failure is always a warning
+
+    def named(self) -> str:
+        return self.label if self.label == self.url else f"{self.label} {self.url}"
+
+
+def _why(exc: BaseException) -> str:
+    info = getattr(exc, "info", None)  # a RequestError: its kind and (scrubbed) message
+    message = getattr(info, "message", None) or str(exc) or type(exc).__name__
+    return " ".join(str(message).split())
+
+
+class MetricsFetch:
+    """Each endpoint scraped on its own, the texts that came back joined: one that fails (a dead
+    DCGM exporter) leaves the others measured. ``failures`` holds the last error of each."""
+
+    def __init__(self, endpoints: Sequence[MetricsEndpoint]) -> None:
+        self.endpoints = tuple(endpoints)
+        self.failures: dict[str, str] = {}
+        self.last_text: str | None = None  # the last scrape, read again for DCGM energy gauges
+
+    def __call__(self) -> str:
+        self.last_text = None
+        texts: list[str] = []
+        for endpoint in self.endpoints:
+            try:
+                texts.append(endpoint.fetch())
+            except Exception as exc:  # sampler thread boundary: a failed scrape is no text
+                self.failures[endpoint.named()] = _why(exc)
+            else:
+                self.failures.pop(endpoint.named(), None)
+        if not texts:
+            raise OSError("; ".join(f"{k}: {v}" for k, v in self.failures.items()))
+        self.last_text = "\n".join(texts)
+        return self.last_text
+
+
+@dataclass(frozen=True)
+class SourceProblem:
+    """A memory source that was tried and gave nothing: named, with its URL and the reason."""
+
+    source: str  # "NVML", "the server's /metrics http://…", "--gpu-metrics-url http://…"
+    reason: str
+    explicit: bool = False
+
+    def text(self) -> str:
+        return f"{self.source}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Sources:
+    samplers: tuple[VramSampler, ...]
+    problems: tuple[SourceProblem, ...] = ()
+
+
+def _probe(endpoint: MetricsEndpoint) -> SourceProblem | None:
+    """One endpoint alone: does it answer, and with a memory, KV-cache or queue figure?"""
+    try:
+        text = endpoint.fetch()
+    except Exception as exc:  # any failure of this one source is named, never fatal
+        reason = redact_url(_why(exc)).replace(endpoint.url, "that URL")
+        return SourceProblem(endpoint.named(), reason, endpoint.explicit)
+    reading = reading_from_metrics(parse_prometheus(text))
+    if reading is None:
+        return SourceProblem(
+            endpoint.named(), "no memory, KV-cache or queue figure in it", endpoint.explicit
+        )
+    return None
+
+
+def open_sources(
+    choice: SourceChoice,
+    endpoints: Sequence[MetricsEndpoint],
+    *,
+    devices: Sequence[str] | None = None,
+    nvml: Any = None,
+) -> Sources:
+    """NVML, the server's /metrics and ``--gpu-metrics-url`` each tried on its own: the ones
+    that work are used, each one that does not is named with its URL and why."""
+    samplers: list[VramSampler] = []
+    problems: list[SourceProblem] = []
+    if choice in ("auto", "nvml"):
+        sampler = NvmlSampler.open(devices, nvml=nvml)
+        if sampler is not None:
+            samplers.append(sampler)
+        else:
+            problems.append(SourceProblem("NVML", "not available (no NVIDIA driver, or no GPU)"))
+    if choice in ("auto", "metrics"):
+        failed = {e.named(): p for e in endpoints if (p := _probe(e)) is not None}
+        problems.extend(failed.values())
+        working = [e for e in endpoints if e.named() not in failed]
+        if working:
+            metrics = MetricsSampler(MetricsFetch(working))
+            if metrics.read() is not None:
+                samplers.append(metrics)
+    return Sources(tuple(samplers), tuple(problems))
+
+
+def energy_reader(
+    samplers: Sequence[VramSampler], devices: Sequence[str] | None = None
+) -> EnergyReader | None:
+    """The energy source beside these VRAM samplers: NVML's (on its devices), else the DCGM
+    gauges in the metrics sampler's scrapes (of ``devices`` when given); None when neither."""
+    nvml = next((s for s in samplers if isinstance(s, NvmlSampler)), None)
+    metrics = next((s for s in samplers if isinstance(s, MetricsSampler)), None)
+    fetch = metrics.fetch if metrics is not None else None
+    return choose_energy(
+        (nvml.nvml, [h for _, h in nvml.devices], nvml.errors) if nvml is not None else None,
+        (lambda: fetch.last_text) if isinstance(fetch, MetricsFetch) else None,
+        devices,
+    )

@@ -1,0 +1,1 @@
+"""HTTP to the server: the client, request bodies, responses, error kinds, stream timing, deadlines."""

@@ -1,0 +1,202 @@
+"""The OpenAI response formats, parsed and validated in one place: a completion, or SSE chunks.
+
+Every shape a server may get wrong is checked here (choices a non-empty list of objects,
+``message``/``delta`` an object, ``content``/``text`` a string or null, ``finish_reason`` a string
+or null, ``index`` and usage counts integers in range: never negative, never so large that a rate
+computed from them overflows); anything else is ``invalid_response`` with a short message saying
+what was wrong — never a TypeError further down. Texts are made valid Unicode here too: a lone
+surrogate (JSON ``"\\ud800"``) becomes U+FFFD, so every writer can encode it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+from calibrate.errors import RequestError
+from calibrate.http.error_kinds import error_from_body, invalid
+from calibrate.io.records import Choice, Completion, Usage
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
+MAX_TOKENS = 10**9  # no answer counts more tokens than this; a bigger count is a broken server
+MAX_INDEX = 2**31 - 1  # a choice's index
+
+
+def valid_text(text: str) -> str:
+    """``text`` with lone surrogates replaced by U+FFFD (JSON pairs are already joined)."""
+    return text if text.isascii() or not _SURROGATE.search(text) else _SURROGATE.sub("\ufffd", text)
+
+
+def sse_events(lines: Iterator[bytes]) -> Iterator[str]:
+    """The ``data:`` payloads of a server-sent event stream (multi-line data joined)."""
+    buffer: list[str] = []
+    for raw in lines:
+        line = raw.decode("utf-8", errors="replace")
+        if not line:
+            if buffer:
+                yield "\n".join(buffer)
+                buffer = []
+            continue
+        if line.startswith("data:"):
+            buffer.append(line[5:].lstrip(" "))
+    if buffer:
+        yield "\n".join(buffer)
+
+
+_NAMES = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "an object",
+}
+
+
+def _describe(value: object) -> str:
+    """What a JSON value is, in words: ``null``, ``an integer``, ``a list``…"""
+    return "null" if value is None else _NAMES.get(type(value), type(value).__name__)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _wrong(what: str, value: object, expected: str) -> RequestError:
+    return invalid(f"{what} is {_describe(value)}, not {expected}")
+
+
+def in_range(value: object, low: int, high: int) -> int | None:
+    """``value`` when it is an integer in ``[low, high]``, else None (a server's number that
+    would overflow a float, or is negative, or is a boolean, is no count)."""
+    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+        return value
+    return None
+
+
+def parse_usage(value: object) -> Usage | None:
+    """The usage object (absent or null → None); a count that is not an integer in
+    [0, MAX_TOKENS] is invalid (10**330 would overflow every rate computed from it)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _wrong("'usage'", value, "an object")
+    for name in _USAGE_FIELDS:
+        count = value.get(name)
+        if count is not None and not _is_int(count):
+            raise _wrong(f"usage.{name}", count, "an integer")
+        if count is not None and in_range(count, 0, MAX_TOKENS) is None:
+            shown = (
+                str(count) if len(str(count)) <= 24 else f"an integer of {len(str(count))} digits"
+            )
+            raise invalid(f"usage.{name} is {shown}, not a token count in [0, {MAX_TOKENS:.0e}]")
+    return Usage.from_json(value)
+
+
+class Delta(NamedTuple):
+    """One choice's part of an answer (a whole choice, or a stream chunk's piece of one)."""
+
+    choice: int  # the choice's index (``index`` would shadow tuple.index)
+    text: str
+    finish_reason: str | None
+
+
+def parse_choice(raw: object, position: int, *, chat: bool, delta: bool) -> Delta:
+    """One choice of a completion (``delta``: of a stream chunk), its shape checked."""
+    # Written for the streaming hot path: one call per chunk, plain type checks inline.
+    if type(raw) is not dict:
+        raise _wrong(f"choices[{position}]", raw, "an object")
+    index = raw.get("index", position)
+    if type(index) is not int:
+        raise _wrong(f"choices[{position}].index", index, "an integer")
+    if not 0 <= index <= MAX_INDEX:
+        raise invalid(f"choices[{position}].index is out of range (negative or huge)")
+    if chat:
+        key = "delta" if delta else "message"
+        holder = raw.get(key)
+        if holder is None and delta:
+            holder = {}  # a finish chunk may carry no delta at all
+        if type(holder) is not dict:
+            raise _wrong(f"choices[{position}].{key}", holder, "an object")
+        text, where = holder.get("content"), f"{key}.content"
+    else:
+        text, where = raw.get("text"), "text"
+    if text is None:
+        text = ""
+    elif type(text) is not str:
+        raise _wrong(f"choices[{position}].{where}", text, "a string or null")
+    elif not text.isascii():
+        text = valid_text(text)
+    finish = raw.get("finish_reason")
+    if finish is not None:
+        if type(finish) is not str:
+            raise _wrong(f"choices[{position}].finish_reason", finish, "a string or null")
+        finish = valid_text(finish)
+    return Delta(index, text, finish)
+
+
+def _choices(payload: dict[str, Any], *, allow_empty: bool) -> list[Any]:
+    raw = payload.get("choices")
+    if raw is None and allow_empty:
+        return []
+    if not isinstance(raw, list):
+        what = "no 'choices'" if raw is None else f"'choices' that is {_describe(raw)}"
+        raise invalid(f"the response has {what}, not a list")
+    if not raw and not allow_empty:
+        raise invalid("the response has an empty 'choices' list")
+    return raw
+
+
+def _optional_name(value: object) -> str | None:
+    return value if type(value) is str and value.isascii() else _name(value)
+
+
+def _name(value: object) -> str | None:
+    return valid_text(value) if isinstance(value, str) else None
+
+
+def parse_completion(
+    payload: dict[str, Any], elapsed_s: float, ttft_s: float | None, *, chat: bool
+) -> Completion:
+    """A non-streamed chat or completions answer."""
+    if "error" in payload and not payload.get("choices"):
+        raise RequestError(error_from_body(500, payload))
+    raw = _choices(payload, allow_empty=False)
+    deltas = sorted(
+        (parse_choice(c, i, chat=chat, delta=False) for i, c in enumerate(raw)),
+        key=lambda d: d.choice,
+    )
+    return Completion(
+        choices=tuple(Choice(d.choice, d.text, d.finish_reason) for d in deltas),
+        usage=parse_usage(payload.get("usage")),
+        served_model=_optional_name(payload.get("model")),
+        system_fingerprint=_optional_name(payload.get("system_fingerprint")),
+        elapsed_s=elapsed_s,
+        ttft_s=ttft_s,
+    )
+
+
+class StreamChunk(NamedTuple):
+    """One ``data:`` object of a stream: its choices' pieces, and what else it carried."""
+
+    choices: list[Delta]
+    usage: Usage | None
+    served_model: str | None
+    system_fingerprint: str | None
+
+
+def parse_chunk(payload: object, *, chat: bool) -> StreamChunk:
+    """One streamed chunk (``choices`` may be empty: the usage chunk has none)."""
+    if type(payload) is not dict:
+        raise _wrong("a stream chunk", payload, "a JSON object")
+    if "error" in payload:
+        raise RequestError(error_from_body(500, payload))
+    raw = _choices(payload, allow_empty=True)
+    return StreamChunk(
+        choices=[parse_choice(c, i, chat=chat, delta=True) for i, c in enumerate(raw)],
+        usage=parse_usage(payload.get("usage")),
+        served_model=_optional_name(payload.get("model")),
+        system_fingerprint=_optional_name(payload.get("system_fingerprint")),
+    )

@@ -1,0 +1,107 @@
+"""How long one run of a sweep level lasts, and which part of it is measured (SPEC §5.6).
+
+Pure arithmetic on times in seconds since the run started — no clock, no I/O — so the closed
+loop's window can be tested with a fake clock and the knee with scripted numbers.
+
+A run keeps C requests in flight (a new one starts as soon as one finishes) until it has lasted
+``min_s`` *and* started ``min_requests``; then it stops starting requests and drains. Throughput
+is counted over the **steady window**: it opens at the first answer after the C-th request
+started (C in flight) and closes at the answer that was not replaced (the drain began); the
+answers after the first, up to and including the last, over that time (each answer's finish is
+its recorded ``finished_at``, SPEC §4.1). Both ends are answers,
+so the count is not biased by where in a request's life the window starts; the ramp-up and the
+drain, where fewer than C are in flight, are left out.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from calibrate.stages.measure.tiers import ItemResult
+
+MIN_REQUESTS_PER_SLOT = 4  # each run starts at least 4×C requests
+P50_MULTIPLE = 3  # and lasts at least 3× the previous level's median latency
+
+
+@dataclass(frozen=True)
+class LevelWindow:
+    """When a run of a level may stop starting requests."""
+
+    min_s: float
+    min_requests: int
+
+    def done(self, elapsed_s: float, started: int) -> bool:
+        return elapsed_s >= self.min_s and started >= self.min_requests
+
+
+def level_window(level_s: float, concurrency: int, previous_p50_s: float | None) -> LevelWindow:
+    """At least ``level_s``, at least 3× the previous level's p50 latency, at least 4×C requests."""
+    longest = max(level_s, P50_MULTIPLE * previous_p50_s if previous_p50_s else 0.0)
+    return LevelWindow(longest, MIN_REQUESTS_PER_SLOT * concurrency)
+
+
+@dataclass(frozen=True)
+class LoopRun:
+    """One closed-loop run: every item, the wall time, and the steady window's edges."""
+
+    items: tuple[ItemResult, ...]
+    total_s: float
+    full_s: float | None  # when the C-th request started (None: fewer were ever started)
+    stop_s: float | None  # when the drain began (None: stopped by a stuck worker)
+    started_at: float | None = None  # the run's start in epoch s, when on the requests' clock
+
+    def finished_s(self, item: ItemResult) -> float:
+        """When an answer finished, in seconds since the run started: its recorded
+        ``finished_at`` (SPEC §4.1) where the run is on that clock, else the loop's own time."""
+        if self.started_at is not None and item.times is not None:
+            return item.times.finished_at - self.started_at
+        return item.done_s
+
+
+@dataclass(frozen=True)
+class Steady:
+    """Throughput over the steady window (or over the whole run when it has none)."""
+
+    items_per_s: float
+    output_tokens_per_s: float
+    window_s: float
+    completions: int
+    whole_run: bool  # True: the steady window was empty, the whole run was used
+    inside: tuple[ItemResult, ...] = ()  # the answers counted (goodput is judged on them)
+
+
+def steady_throughput(run: LoopRun) -> Steady:
+    """Answers that finished in (first answer after full_s, stop_s], over that time; the whole
+    run when that window holds none."""
+    ok = [i for i in run.items if i.ok]
+    if run.full_s is not None and run.stop_s is not None:
+        full_s, stop_s = run.full_s, run.stop_s
+        done = {id(i): run.finished_s(i) for i in ok}
+        opens = min((d for d in done.values() if full_s <= d <= stop_s), default=None)
+        inside = [i for i in ok if opens is not None and opens < done[id(i)] <= stop_s]
+        if opens is not None and inside:
+            span = stop_s - opens
+            tokens = sum(i.completion_tokens for i in inside)
+            return Steady(
+                len(inside) / span, tokens / span, span, len(inside), False, tuple(inside)
+            )
+    span = run.total_s
+    if span <= 0:
+        return Steady(0.0, 0.0, 0.0, len(ok), True)
+    tokens = sum(i.completion_tokens for i in ok)
+    return Steady(len(ok) / span, tokens / span, span, len(ok), True, tuple(ok))
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The median of a level's runs and their lowest and highest."""
+
+    median: float
+    low: float
+    high: float
+
+
+def spread(values: Sequence[float]) -> Spread:
+    return Spread(statistics.median(values), min(values), max(values))

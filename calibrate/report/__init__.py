@@ -1,0 +1,1 @@
+"""What a finished run looks like to a reader: tables, comparisons, timelines, progress, HTML."""

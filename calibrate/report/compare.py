@@ -1,0 +1,395 @@
+"""``calibrate report RUN_A RUN_B``: two runs of one kind side by side, with deltas per tier.
+
+Rows are matched the way ``--compare`` matches a baseline: by batch size for ladders, by
+concurrency (or offered rate) for sweeps. Every numeric column both runs have gets a delta in
+``--json``; the tables show the headline metrics each run has.
+
+A delta is claimed only when it is significant (SPEC §13): each tier's rounds (ladder) or
+repeats (sweep) in ``rounds.jsonl`` are the samples, Welch's t-interval of B − A at
+``[confidence] level`` must exclude zero (``calibrate.stages.measure.confidence``), and the change must be at
+least ``NOISE`` (5 %). Rounds of one run vary less than two runs do (the machine's load drifts
+between them): a 2 % difference whose interval excludes zero is still the machine, not a result.
+A metric whose rounds vary by more than 10 % (CV) is called out as noisy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from calibrate.errors import InputError
+from calibrate.io.store import read_jsonl
+from calibrate.io.tier_table import level_key
+from calibrate.numbers import finite
+from calibrate.report.run_differences import Difference, differences
+from calibrate.report.run_view import RunView
+from calibrate.stages.measure.confidence import DEFAULT_LEVEL, Spread, compare, percent, spread
+from calibrate.stages.measure.confidence import Difference as Test
+
+# (column, True when bigger is better); the first of each group a run has is shown.
+_HEADLINE: tuple[tuple[tuple[str, ...], bool], ...] = (
+    (("items_per_s",), True),
+    (("achieved_rate",), True),
+    (("goodput",), True),
+    (("output_tokens_per_s",), True),
+    (("per_item_s", "per_item_mean_s"), False),
+    (("latency_p50_s", "e2e_p50_s", "per_item_p50_s"), False),
+    (("latency_p99_s", "e2e_p99_s", "per_item_p99_s"), False),
+    (("ttft_p50_s",), False),
+    (("ttft_p99_s",), False),
+    (("tpot_p99_s",), False),
+    (("itl_p99_s",), False),
+    (("peak_vram_mib",), False),
+    (("pressure",), False),
+    (("errors",), False),
+)
+_HIGHER_BETTER = {
+    "items_per_s",
+    "achieved_rate",
+    "goodput",
+    "output_tokens_per_s",
+    "gain",
+    "items_per_s_min",
+    "items_per_s_max",
+    "baseline_match",
+}
+NOISE = 0.05  # a relative change smaller than this is neither better nor worse (not coloured)
+_NOT_METRICS = {
+    "batch_size",
+    "concurrency",
+    "offered_rate",
+    "auto_step",
+    "rounds",
+    "round",
+    "repeats",
+}
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One metric of one tier in both runs; ``b - a`` and the relative change. With rounds
+    (or repeats) on both sides, ``spread_a``/``spread_b`` are their spreads and ``test`` says
+    whether B − A is significant."""
+
+    a: float | None
+    b: float | None
+    higher_better: bool
+    spread_a: Spread | None = None
+    spread_b: Spread | None = None
+    test: Test | None = None
+
+    @property
+    def significant(self) -> bool | None:
+        """True when Welch's interval of B − A excludes zero and the change is at least
+        ``NOISE``; None with fewer than two rounds on a side (nothing to test)."""
+        if self.test is None or self.test.significant is None:
+            return None
+        return self.test.significant and not self.inside_noise
+
+    @property
+    def inside_noise(self) -> bool:
+        """A change of under ``NOISE`` (5 %) of A: what two runs of one setting differ by."""
+        return self.change is not None and abs(self.change) < NOISE
+
+    @property
+    def cv(self) -> float | None:
+        """The larger coefficient of variation of A's and B's rounds."""
+        found = [s.cv for s in (self.spread_a, self.spread_b) if s is not None and s.cv is not None]
+        return max(found) if found else None
+
+    @property
+    def diff(self) -> float | None:
+        return None if self.a is None or self.b is None else self.b - self.a
+
+    @property
+    def change(self) -> float | None:
+        return None if self.diff is None or not self.a else self.diff / abs(self.a)
+
+    @property
+    def better(self) -> bool | None:
+        """True when B is better than A on this metric; None when equal, not comparable, or
+        within ``NOISE`` of A — a 1 % change between two runs is the machine, not a result —
+        or not significant over the rounds both runs measured."""
+        if not self.diff or self.inside_noise or self.significant is False:
+            return None
+        return (self.diff > 0) == self.higher_better
+
+    def to_json(self) -> dict[str, Any]:
+        test = self.test
+        low, high = (None, None)
+        if test is not None and self.spread_a is not None:
+            low, high = test.relative(self.spread_a.mean)
+        return {
+            "a": self.a,
+            "b": self.b,
+            "delta": self.diff,
+            "change": self.change,
+            "better": self.better,
+            "significant": self.significant,
+            "ci_excludes_zero": test.significant if test else None,  # before the 5 % floor
+            # Welch's interval of B − A over the rounds (the metric's unit), and relative to A
+            "ci_low": test.ci_low if test else None,
+            "ci_high": test.ci_high if test else None,
+            "change_low": low,
+            "change_high": high,
+            "level": test.level if test else None,
+            "cv": self.cv,
+            "rounds_a": self.spread_a.to_json() if self.spread_a else None,
+            "rounds_b": self.spread_b.to_json() if self.spread_b else None,
+        }
+
+
+@dataclass(frozen=True)
+class PairRow:
+    key: float
+    a: Mapping[str, Any] | None
+    b: Mapping[str, Any] | None
+    deltas: dict[str, Delta] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": "inf" if math.isinf(self.key) else self.key,  # JSON has no infinity
+            "a": self.a,
+            "b": self.b,
+            "deltas": {k: d.to_json() for k, d in self.deltas.items()},
+        }
+
+
+@dataclass(frozen=True)
+class RunComparison:
+    a: RunView
+    b: RunView
+    metrics: tuple[str, ...]  # the headline columns, in display order
+    rows: tuple[PairRow, ...]
+    differences: tuple[Difference, ...] = ()
+    level: float = DEFAULT_LEVEL
+    noisy: tuple[str, ...] = ()  # "noisy: items_per_s CV 14 % at batch 8 in B — add rounds …"
+
+    @property
+    def warning(self) -> str | None:
+        """The one line said above the table when A and B are not like for like."""
+        if not self.differences:
+            return None
+        return (
+            "A and B did not measure the same thing — "
+            + "; ".join(d.text() for d in self.differences)
+            + ": the deltas are not the effect of one change"
+        )
+
+    @property
+    def kind(self) -> str:
+        return self.a.kind
+
+    @property
+    def key(self) -> str:
+        return self.a.key
+
+    def to_json(self) -> dict[str, Any]:
+        def side(view: RunView) -> dict[str, Any]:
+            return {
+                "run": str(view.path),
+                "run_id": view.run_id,
+                "passed": view.verdict.passed,
+                "stopped_by": view.verdict.stopped_by,
+                "last_passing": view.verdict.last_passing,
+            }
+
+        return {
+            "kind": self.kind,
+            "key": self.key,
+            "a": side(self.a),
+            "b": side(self.b),
+            "metrics": list(self.metrics),
+            "rows": [r.to_json() for r in self.rows],
+            "differences": [d.to_json() for d in self.differences],
+            "warning": self.warning,
+            "level": self.level,
+            "noisy": list(self.noisy),
+        }
+
+
+def headline(*views: RunView) -> tuple[str, ...]:
+    """The headline metrics the runs have values in, in display order."""
+    have = {k for v in views for row in v.rows for k, x in row.items() if finite(x) is not None}
+    out: list[str] = []
+    for names, _ in _HEADLINE:
+        found = next((n for n in names if n in have), None)
+        if found:
+            out.append(found)
+    return tuple(out)
+
+
+Spreads = dict[float, dict[str, Spread]]  # per tier key, per metric: its rounds' spread
+
+
+def round_values(view: RunView) -> dict[float, dict[str, list[float]]]:
+    """Per tier (by the run's key), every metric's value in each round (ladder) or repeat
+    (sweep) of ``rounds.jsonl``; empty when the run has none. A round written twice (a resumed
+    run) counts once, the later line."""
+    path = view.path / "rounds.jsonl"
+    try:
+        lines = list(read_jsonl(path)) if path.is_file() else []
+    except OSError:
+        return {}
+    rounds: dict[tuple[float, Any], Mapping[str, Any]] = {}
+    for number, line in enumerate(lines):
+        key = level_key(line, view.key)
+        if key is None:
+            continue
+        round_no = line.get("round")
+        known = isinstance(round_no, int) and not isinstance(round_no, bool)
+        rounds[key, round_no if known else f"line {number}"] = line
+    out: dict[float, dict[str, list[float]]] = {}
+    for (key, _), kept in rounds.items():
+        metrics = out.setdefault(key, {})
+        for name, value in kept.items():
+            if name != view.key and name not in _NOT_METRICS and (x := finite(value)) is not None:
+                metrics.setdefault(name, []).append(x)
+    return out
+
+
+def run_spreads(view: RunView, level: float = DEFAULT_LEVEL) -> Spreads:
+    """Each tier's metrics over its rounds: mean, t-interval at ``level`` and CV."""
+    return {
+        key: {name: found for name, values in metrics.items() if (found := spread(values, level))}
+        for key, metrics in round_values(view).items()
+    }
+
+
+def tier_label(key: str, value: float) -> str:
+    """``batch 8``, ``concurrency 4``, ``rate 2 req/s``, ``input 4096 tokens``, ``step 3``."""
+    if key == "offered_rate":
+        return "rate inf" if math.isinf(value) else f"rate {value:g} req/s"
+    if key == "input_tokens_target":
+        return f"input {value:g} tokens"
+    name = {"batch_size": "batch", "auto_step": "step"}.get(key, key.replace("_", " "))
+    return f"{name} {value:g}"
+
+
+# The metrics a noisy callout is about: a tier's throughput and its typical latency (a p99 over
+# a round of a few requests always varies; its delta says "not significant" instead).
+_CALLOUT = (
+    ("items_per_s", "achieved_rate", "goodput_per_s", "output_tokens_per_s"),
+    ("latency_p50_s", "e2e_p50_s", "per_item_s"),
+)
+
+
+def noisy_lines(view: RunView, spreads: Spreads, side: str = "") -> list[str]:
+    """One line per callout metric whose rounds vary by more than 10 % (CV) at some tier:
+    ``noisy: items_per_s CV 14 % at batch 8, 12 % at batch 16 in B — add rounds``."""
+    more = "rounds ([ladder] rounds)" if view.kind == "ladder" else "repeats ([sweep] repeats)"
+    have = {name for metrics in spreads.values() for name in metrics}
+    out: list[str] = []
+    for group in _CALLOUT:
+        metric = next((m for m in group if m in have), None)
+        if metric is None:
+            continue
+        found = [
+            f"{s.cv:.0%}".replace("%", " %") + f" at {tier_label(view.key, key)}"
+            for key in sorted(spreads)
+            if (s := spreads[key].get(metric)) is not None and s.noisy and s.cv is not None
+        ]
+        if found:
+            where = f" in {side}" if side else ""
+            out.append(f"noisy: {metric} CV {', '.join(found)}{where} — add {more}")
+    return out
+
+
+def _deltas(
+    a: Mapping[str, Any] | None,
+    b: Mapping[str, Any] | None,
+    key: str,
+    spreads: tuple[Mapping[str, Spread], Mapping[str, Spread]] = ({}, {}),
+) -> dict[str, Delta]:
+    if a is None or b is None:
+        return {}
+    out: dict[str, Delta] = {}
+    for name in a:
+        if name == key or name in _NOT_METRICS or name not in b:
+            continue
+        x, y = finite(a[name]), finite(b[name])
+        if x is not None or y is not None:
+            sa, sb = spreads[0].get(name), spreads[1].get(name)
+            test = compare(sa, sb) if sa is not None and sb is not None else None
+            out[name] = Delta(x, y, name in _HIGHER_BETTER, sa, sb, test)
+    return out
+
+
+def compare_runs(a: RunView, b: RunView, level: float = DEFAULT_LEVEL) -> RunComparison:
+    """Match the tiers of two runs; runs of different kinds (or sweep modes) are exit 2.
+    Deltas are tested over each tier's rounds at ``level``."""
+    if a.kind != b.kind:
+        raise InputError(
+            f"{a.path.name} is a {a.kind} and {b.path.name} a {b.kind}: report compares two "
+            "runs of one kind",
+            f"Give two ladder runs or two sweep runs, e.g. calibrate report {a.path} <another {a.kind} run>",
+        )
+    if a.key != b.key:
+        raise InputError(
+            f"{a.path.name} is keyed by {a.key} and {b.path.name} by {b.key}: their levels do "
+            "not match",
+            "Compare sweeps of one load mode: rates with rates, concurrency with concurrency, "
+            "--auto with --auto.",
+        )
+    rows_a = {k: r for r in a.rows if (k := level_key(r, a.key)) is not None}
+    rows_b = {k: r for r in b.rows if (k := level_key(r, b.key)) is not None}
+    spreads_a, spreads_b = run_spreads(a, level), run_spreads(b, level)
+    pairs = tuple(
+        PairRow(
+            k,
+            rows_a.get(k),
+            rows_b.get(k),
+            _deltas(
+                rows_a.get(k), rows_b.get(k), a.key, (spreads_a.get(k, {}), spreads_b.get(k, {}))
+            ),
+        )
+        for k in sorted(set(rows_a) | set(rows_b))
+    )
+    noisy = noisy_lines(a, spreads_a, "A") + noisy_lines(b, spreads_b, "B")
+    return RunComparison(a, b, headline(a, b), pairs, differences(a, b), level, tuple(noisy))
+
+
+def delta_text(delta: Delta | None) -> str:
+    """``+12%`` (relative), or the plain difference when A is zero; empty when not comparable.
+    Tested over rounds (from 5 % up): ``+6%, not significant`` or ``+18%, significant at 95 %``."""
+    if delta is None or delta.diff is None:
+        return ""
+    text = f"{delta.diff:+.4g}" if delta.change is None else f"{delta.change:+.0%}"
+    if delta.significant is None or not delta.diff or delta.inside_noise:
+        return text  # a change under 5 % is never claimed: no need to say it is not significant
+    if delta.significant:
+        level = delta.test.level if delta.test else DEFAULT_LEVEL
+        return f"{text}, significant at {percent(level)}"
+    return f"{text}, not significant"
+
+
+def value_text(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
+def confidence_json(view: RunView, spreads: Spreads, level: float) -> dict[str, Any]:
+    """``report RUN --json``: per tier, every metric's mean, t-interval and CV over its rounds."""
+    return {
+        "level": level,
+        "tiers": [
+            {
+                "key": "inf" if math.isinf(key) else key,
+                "metrics": {name: s.to_json() for name, s in sorted(spreads[key].items())},
+            }
+            for key in sorted(spreads)
+        ],
+    }
+
+
+def spread_text(found: Spread | None) -> str:
+    """``33.5 [30.1, 36.9] CV 4 %``; the mean alone for one round; ``—`` for none."""
+    if found is None:
+        return "—"
+    if found.ci_low is None or found.ci_high is None:
+        return f"{value_text(found.mean)} (one round)"
+    cv = f" CV {found.cv:.0%}".replace("%", " %") if found.cv is not None else ""
+    return f"{value_text(found.mean)} [{value_text(found.ci_low)}, {value_text(found.ci_high)}]{cv}"

@@ -1,0 +1,1 @@
+"""The HTML report: the page, its parts, the answer first, comparisons, SVG plots."""

@@ -1,0 +1,181 @@
+"""The first screen of the HTML report: the setting a run recommends and its numbers.
+
+The setting is the tier or level the stage stands behind: a ladder's last passing tier (the
+longest passing input on the context axis), a sweep's knee, its highest unsaturated rate, or the
+level with the most goodput under SLOs. Its throughput, latency, memory headroom and (when
+measured) energy are shown as tiles, so nobody has to read the table to learn the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from calibrate.io.tier_table import level_key
+from calibrate.numbers import finite
+from calibrate.report.html.parts import text
+from calibrate.report.run_view import RunView
+from calibrate.stages.measure.tiers import kept
+
+Row = Mapping[str, Any]
+
+# Energy columns (SPEC §13) under the names a stage may write them; the first found is shown.
+_ENERGY: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("joules_per_output_token", "energy_j_per_output_token", "j_per_output_token"), "J/token"),
+    (("energy_j", "joules"), "J"),
+    (("power_mean_w", "mean_watts", "watts_mean"), "W mean"),
+    (("usd_per_1m_output_tokens", "cost_per_1m_output_tokens"), "$ per 1M output tokens"),
+)
+
+
+def number(value: float) -> str:
+    """Four significant digits (whole numbers from 1000 up): 18.41, 884, 0.0599, 20."""
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
+def _true(value: Any) -> bool:
+    return value is True or str(value).lower() == "true"
+
+
+def _first(row: Row, names: Sequence[str]) -> float | None:
+    return next((v for n in names if (v := finite(row.get(n))) is not None), None)
+
+
+def _matching(rows: Sequence[Row], column: str, value: Any) -> Row | None:
+    want = finite(value)
+    return next((r for r in rows if want is not None and finite(r.get(column)) == want), None)
+
+
+def setting_row(view: RunView) -> Row | None:
+    """The row of the setting the run recommends; None when it has none (nothing passed)."""
+    passing = [r for r in view.rows if kept(r.get("verdict"))]
+    if not passing:
+        return None
+    summary = view.summary
+    if view.kind == "ladder":
+        if view.key == "input_tokens_target":
+            return max(passing, key=lambda r: level_key(r, view.key) or 0.0)
+        last = summary.get("last_passing")
+        found = _matching(passing, "batch_size", last.get("batch_size")) if last else None
+        return found or max(passing, key=lambda r: level_key(r, "batch_size") or 0.0)
+    if summary.get("slo"):
+        good = [r for r in passing if (finite(r.get("goodput_per_s")) or 0.0) > 0]
+        return max(good, key=lambda r: finite(r.get("goodput_per_s")) or 0.0, default=None)
+    if view.key in ("offered_rate", "auto_step"):
+        rated = [
+            r
+            for r in passing
+            if finite(r.get("offered_rate")) is not None and not _true(r.get("saturated"))
+        ]
+        best = max(rated, key=lambda r: finite(r.get("offered_rate")) or 0.0, default=None)
+        sync = next((r for r in passing if r.get("load") == "synchronous"), None)
+        return best or sync
+    knee = summary.get("knee")
+    wanted = knee.get("concurrency") if isinstance(knee, dict) else None
+    if wanted is None:
+        wanted = summary.get("recommended_concurrency")
+    return _matching(passing, "concurrency", wanted)
+
+
+def setting_words(view: RunView, row: Row) -> tuple[str, str]:
+    """The setting as a headline and a line under it: ``batch size 4 · concurrency 4``."""
+    batch, conc = finite(row.get("batch_size")), finite(row.get("concurrency"))
+    size = f"batch size {batch:g}" if batch is not None else ""
+    flight = f"concurrency {conc:g}" if conc is not None else ""
+    if view.key == "input_tokens_target":
+        longest = finite(row.get("input_tokens_max")) or finite(row.get("input_tokens_target"))
+        head = f"{longest:g} input tokens" if longest is not None else "the longest input"
+        return head, f"the longest input that passed, at {size or flight}"
+    if view.kind == "ladder":
+        return size or flight, ", ".join(
+            p for p in (flight if size else "", "the last passing tier") if p
+        )
+    offered = finite(row.get("offered_rate"))
+    if offered is not None:
+        step = finite(row.get("auto_step"))
+        named = f"step {step:g}: " if step is not None else ""
+        under = f"at most {conc:g} in flight" if conc is not None else ""
+        return (
+            f"{named}{number(offered)} req/s offered",
+            ", ".join(p for p in (under, size) if p) + " — the highest rate it kept up with",
+        )
+    if row.get("load") == "synchronous":
+        return "synchronous (one at a time)", f"{size}: no rate above it kept up"
+    why = "most goodput within the SLOs" if view.summary.get("slo") else "the knee"
+    return flight or size, ", ".join(p for p in (size if flight else "", why) if p)
+
+
+def _tile(label: str, value: str, under: str, ident: str) -> str:
+    sub = f'<span class="under">{text(under)}</span>' if under else ""
+    return f'<div class="tile"><dt>{text(label)}</dt><dd id="{ident}">{text(value)}{sub}</dd></div>'
+
+
+def _throughput(row: Row) -> tuple[str, str]:
+    items = finite(row.get("items_per_s"))
+    achieved = finite(row.get("achieved_rate"))
+    tokens = finite(row.get("output_tokens_per_s"))
+    head = (
+        f"{number(achieved)} req/s achieved"
+        if achieved is not None and finite(row.get("offered_rate")) is not None
+        else (f"{number(items)} items/s" if items is not None else "not measured")
+    )
+    return head, f"{number(tokens)} output tokens/s" if tokens is not None else ""
+
+
+def _latency(row: Row) -> tuple[str, str]:
+    """End-to-end p50 as the headline; p99 and the first token's p50 under it."""
+    p50 = _first(row, ("latency_p50_s", "e2e_p50_s", "per_item_p50_s"))
+    p99 = _first(row, ("latency_p99_s", "e2e_p99_s", "per_item_p99_s"))
+    ttft = finite(row.get("ttft_p50_s"))
+    under = [f"{name} {v:.3g} s" for name, v in (("p99", p99), ("first token p50", ttft)) if v]
+    head = f"p50 {p50:.3g} s" if p50 is not None else "not measured"
+    return head, " · ".join(under)
+
+
+def _headroom(row: Row) -> tuple[str, str]:
+    peak, total = finite(row.get("peak_vram_mib")), finite(row.get("vram_total_mib"))
+    kv = finite(row.get("peak_kv_usage"))
+    pressure = finite(row.get("pressure"))
+    kv_text = f"KV cache peak {kv:.0%}" if kv is not None else ""
+    if peak is not None and total:
+        return (
+            f"{total - peak:.0f} MiB free",
+            ", ".join(p for p in (f"peak {peak:.0f} of {total:.0f} MiB", kv_text) if p),
+        )
+    if pressure is not None:
+        return f"{1 - pressure:.0%} free", kv_text or "memory pressure"
+    return "not measured", "no NVML and no memory figures from /metrics"
+
+
+def _energy(row: Row) -> tuple[str, str] | None:
+    found = [(v, unit) for names, unit in _ENERGY if (v := _first(row, names)) is not None]
+    if not found:
+        return None
+    head = f"{number(found[0][0])} {found[0][1]}"
+    return head, " · ".join(f"{number(v)} {unit}" for v, unit in found[1:])
+
+
+def setting_tiles(view: RunView, ident: str = "setting") -> str:
+    """The setting and its numbers as tiles; says so plainly when nothing passed."""
+    row = setting_row(view)
+    if row is None:
+        what = "no passing tier" if view.kind == "ladder" else "no level to recommend"
+        return (
+            f'<dl class="tiles" id="{ident}">'
+            + _tile("setting", what, "see the table and the incidents below", f"{ident}-at")
+            + "</dl>"
+        )
+    tiles = [
+        ("setting", *setting_words(view, row), "at"),
+        ("throughput", *_throughput(row), "throughput"),
+        ("latency", *_latency(row), "latency"),
+        ("memory headroom", *_headroom(row), "headroom"),
+    ]
+    good = finite(row.get("goodput_per_s"))
+    if good is not None:
+        tiles.append(("goodput", f"{number(good)} req/s", "requests within the SLOs", "goodput"))
+    energy = _energy(row)
+    if energy is not None:
+        tiles.append(("energy", *energy, "energy"))
+    body = "".join(_tile(label, v, u, f"{ident}-{name}") for label, v, u, name in tiles)
+    return f'<dl class="tiles" id="{ident}">{body}</dl>'

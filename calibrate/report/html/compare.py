@@ -1,0 +1,210 @@
+"""``calibrate report RUN_A RUN_B --html``: the comparison as one self-contained HTML file.
+
+It leads with the answer, as the one-run report does: each run's verdict and setting side by
+side, then the overlaid plots, the headline metrics as ``A → B (Δ)`` (every column folded under
+them), and last, folded, which runs were compared.
+"""
+
+from __future__ import annotations
+
+from calibrate.numbers import finite
+from calibrate.report.compare import PairRow, RunComparison, delta_text, value_text
+from calibrate.report.html.answer import setting_tiles
+from calibrate.report.html.page import charts_pair, key_label, verdict_word
+from calibrate.report.html.parts import (
+    definitions,
+    folded,
+    page,
+    section,
+    table,
+    text,
+    verdict_class,
+)
+from calibrate.report.run_view import RunView
+
+
+def _side(label: str, view: RunView) -> list[tuple[str, str]]:
+    v = view.verdict
+    word = verdict_word(v.passed)[0]
+    return [
+        (f"{label}", f"{view.run_id} ({view.path})"),
+        (f"{label}: verdict", word),
+        (f"{label}: stopped by", v.stopped_by),
+        (f"{label}: last passing", v.last_passing),
+    ]
+
+
+def comparison_table(cmp: RunComparison) -> str:
+    headers = [cmp.key, "verdict A", "verdict B"]
+    for metric in cmp.metrics:
+        headers += [f"{metric} A", f"{metric} B", f"{metric} Δ"]
+    rows: list[list[str]] = []
+    attrs: list[dict[str, str]] = []
+    for row in cmp.rows:
+        verdict_a = (row.a or {}).get("verdict") or "not run"
+        verdict_b = (row.b or {}).get("verdict") or "not run"
+        cells = [text(f"{row.key:g}"), text(verdict_a), text(verdict_b)]
+        for metric in cmp.metrics:
+            delta = row.deltas.get(metric)
+            if delta is None:
+                cells += [
+                    text(value_text(finite((row.a or {}).get(metric)))),
+                    text(value_text(finite((row.b or {}).get(metric)))),
+                    "",
+                ]
+                continue
+            klass = (
+                ""
+                if delta.better is None
+                else (' class="better"' if delta.better else ' class="worse"')
+            )
+            cells += [
+                text(value_text(delta.a)),
+                text(value_text(delta.b)),
+                f"<span{klass}>{text(delta_text(delta))}</span>" if delta_text(delta) else "",
+            ]
+        rows.append(cells)
+        attrs.append(
+            {
+                "class": f"tier {verdict_class(verdict_b if row.b else verdict_a)}",
+                "data-key": f"{row.key:g}",
+            }
+        )
+    return table(
+        "comparison",
+        headers,
+        rows,
+        row_attrs=attrs,
+        text_columns=("verdict A", "verdict B"),
+        raw=True,
+    )
+
+
+# The metrics shown by default, one column each (``A → B (Δ)``); the rest are folded.
+SHORT_METRICS = (
+    "items_per_s",
+    "achieved_rate",
+    "goodput",
+    "output_tokens_per_s",
+    "latency_p50_s",
+    "e2e_p50_s",
+    "per_item_p50_s",
+    "latency_p99_s",
+    "e2e_p99_s",
+    "per_item_p99_s",
+    "ttft_p50_s",
+    "peak_vram_mib",
+    "errors",
+)
+
+
+_LABELS = {
+    "items_per_s": "items/s",
+    "achieved_rate": "achieved req/s",
+    "output_tokens_per_s": "tok/s",
+    "latency_p50_s": "p50 s",
+    "e2e_p50_s": "p50 s",
+    "per_item_p50_s": "p50 s",
+    "latency_p99_s": "p99 s",
+    "e2e_p99_s": "p99 s",
+    "per_item_p99_s": "p99 s",
+    "ttft_p50_s": "ttft p50 s",
+    "peak_vram_mib": "peak MiB",
+}
+
+
+def _pair_cell(row: PairRow, metric: str) -> str:
+    delta = row.deltas.get(metric)
+    if delta is None:
+        a = value_text(finite((row.a or {}).get(metric)))
+        b = value_text(finite((row.b or {}).get(metric)))
+        return text(f"{a} → {b}")
+    said = delta_text(delta)
+    klass = (
+        "" if delta.better is None else (' class="better"' if delta.better else ' class="worse"')
+    )
+    change = f" <span{klass}>({text(said)})</span>" if said else ""
+    return f"{text(value_text(delta.a))} → {text(value_text(delta.b))}{change}"
+
+
+def summary_table(cmp: RunComparison) -> str:
+    """The key, both verdicts and the headline metrics as ``A → B (Δ)``: fits 1280 px."""
+    metrics = [m for m in cmp.metrics if m in SHORT_METRICS]
+    rows: list[list[str]] = []
+    attrs: list[dict[str, str]] = []
+    for row in cmp.rows:
+        verdict_a = (row.a or {}).get("verdict") or "not run"
+        verdict_b = (row.b or {}).get("verdict") or "not run"
+        rows.append(
+            [text(f"{row.key:g}"), text(verdict_a), text(verdict_b)]
+            + [_pair_cell(row, m) for m in metrics]
+        )
+        attrs.append({"class": f"tier {verdict_class(verdict_b if row.b else verdict_a)}"})
+    return table(
+        "comparison-summary",
+        [key_label(cmp.key), "verdict A", "verdict B", *(_LABELS.get(m, m) for m in metrics)],
+        rows,
+        row_attrs=attrs,
+        text_columns=("verdict A", "verdict B", *(_LABELS.get(m, m) for m in metrics)),
+        raw=True,
+    )
+
+
+def _answer(label: str, view: RunView) -> str:
+    word, klass = verdict_word(view.verdict.passed)
+    side = label.lower()
+    return (
+        f'<div class="side" id="side-{side}"><h3>{text(label)}: {text(view.run_id)}</h3>'
+        f'<p class="verdict {klass}" id="verdict-{side}">{text(word)}</p>'
+        f"{setting_tiles(view, f'setting-{side}')}</div>"
+    )
+
+
+def comparison_html(cmp: RunComparison) -> str:
+    """Both runs' verdicts and settings, overlaid plots, the matched tiers with deltas, and
+    which runs these are."""
+    title = f"calibrate {cmp.kind}: {cmp.a.run_id} vs {cmp.b.run_id}"
+    warning = (
+        [f'<p class="unknown" id="not-like-for-like">warning: {text(cmp.warning)}</p>']
+        if cmp.warning
+        else []
+    )
+    return page(
+        title,
+        [
+            f"<h1>{text(title)}</h1>",
+            *warning,
+            section(
+                "verdict",
+                "Verdicts",
+                [f'<div class="sides">{_answer("A", cmp.a)}{_answer("B", cmp.b)}</div>'],
+            ),
+            section(
+                "plots", "Plots", ['<div class="charts">', *charts_pair(cmp.a, cmp.b), "</div>"]
+            ),
+            section(
+                "tier-table",
+                "Tiers, A → B",
+                [
+                    "<p>Δ is B against A; green where B is better, red where it is worse.</p>",
+                    summary_table(cmp),
+                    folded(
+                        "comparison-columns",
+                        f"every metric as A, B and Δ ({len(cmp.metrics)} metrics)",
+                        [comparison_table(cmp)],
+                    ),
+                ],
+            ),
+            section(
+                "runs",
+                "Runs",
+                [
+                    folded(
+                        "run-pairs",
+                        "the two run folders, their verdicts and where they stopped",
+                        [definitions(_side("A", cmp.a) + _side("B", cmp.b), "run-pair")],
+                    )
+                ],
+            ),
+        ],
+    )

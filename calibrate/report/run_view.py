@@ -1,0 +1,239 @@
+"""A finished ladder or sweep run folder, read back for ``report`` (no server, no pandas).
+
+Everything is read tolerantly: a run from an older or newer calibrate may lack a file or carry
+columns this version does not know, and the report shows what is there. Only a folder without a
+readable ``tiers.csv`` is refused (exit 2): there is nothing to report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from calibrate.errors import InputError
+from calibrate.io.store import ledger_path, read_jsonl
+from calibrate.io.tier_table import Kind, level_key, read_rows
+from calibrate.stages.measure.tiers import kept
+
+# Columns a newer ladder/sweep may write; shown in the HTML table when a run has them.
+_LATENCY = re.compile(r"^(ttft|tpot|itl|e2e|latency)_(p\d+|mean|max)_s$")
+EXTRA_NAMES = (
+    "load",
+    "offered_rate",
+    "achieved_rate",
+    "saturated",
+    "send_lag_p99_s",
+    "slo_met",  # the requests behind the goodput column
+    "items_per_s_min",
+    "items_per_s_max",
+)
+
+
+@dataclass(frozen=True)
+class Incident:
+    """One failure bundle under ``incidents/``, as a line of the report."""
+
+    file: str
+    kind: str
+    message: str
+    status: int | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How the run ended: the ledger's words plus what the tier table says."""
+
+    passed: bool | None  # None: no summary.json and no ledger line for this run
+    interrupted: bool
+    stopped_by: str
+    last_passing: str  # "batch 4 (concurrency 4)", "concurrency 4", or "none"
+    knee: str
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What ``report`` shows of one run folder."""
+
+    path: Path
+    kind: Kind
+    key: str  # the column rows are matched and plotted by
+    rows: tuple[dict[str, Any], ...]
+    manifest: dict[str, Any]
+    summary: dict[str, Any]  # the stage summary (``summary`` of summary.json or the ledger line)
+    verdict: Verdict
+    incidents: tuple[Incident, ...]
+
+    @property
+    def run_id(self) -> str:
+        return str(self.manifest.get("run_id") or self.path.name)
+
+    def extra_columns(self) -> list[str]:
+        """Latency percentile and rate columns this run has values in (newer stages write them)."""
+        names = {k for row in self.rows for k, v in row.items() if v is not None}
+        found = [n for n in sorted(names) if _LATENCY.match(n)]
+        return found + [n for n in EXTRA_NAMES if n in names]
+
+
+def _json_file(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _ledger_line(run: Path, run_id: str) -> dict[str, Any]:
+    """The run's ledger line, for a folder whose summary.json is missing (older runs)."""
+    path = ledger_path(run.parent)
+    if not path.exists():
+        return {}
+    try:
+        return next((e for e in read_jsonl(path) if e.get("run_id") == run_id), {})
+    except OSError:
+        return {}
+
+
+def row_key(kind: Kind, rows: Sequence[Mapping[str, Any]]) -> str:
+    """Ladders by batch size (input length on the context axis); sweeps by concurrency, by
+    offered rate when the sweep ran in rate mode, by step when it ran ``--auto``."""
+    if kind == "ladder":
+        context = any(r.get("axis") == "context" for r in rows)
+        return "input_tokens_target" if context else "batch_size"
+    if any(r.get("auto_step") is not None for r in rows):
+        return "auto_step"  # two auto runs offer different rates; their steps match
+    return "offered_rate" if any(r.get("offered_rate") is not None for r in rows) else "concurrency"
+
+
+def _incidents(run: Path) -> tuple[Incident, ...]:
+    out: list[Incident] = []
+    folder = run / "incidents"
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        data = _json_file(path)
+        error = _dict(data.get("error"))
+        status = error.get("status")
+        kind = error.get("kind") or data.get("kind") if data else None
+        out.append(
+            Incident(
+                path.name,
+                str(kind or "unreadable"),
+                str(error.get("message") or data.get("message") or ""),
+                status if isinstance(status, int) and not isinstance(status, bool) else None,
+            )
+        )
+    return tuple(out)
+
+
+def _setting_text(value: Any) -> str:
+    if not isinstance(value, dict) or not value:
+        return "none"
+    parts = [f"{k.replace('_', ' ')} {v}" for k, v in value.items() if v is not None]
+    return ", ".join(parts) or "none"
+
+
+def _passing_from_rows(rows: Sequence[Mapping[str, Any]], key: str) -> str:
+    passing = [v for r in rows if kept(r.get("verdict")) and (v := level_key(r, key)) is not None]
+    return f"{key.replace('_', ' ')} {max(passing):g}" if passing else "none"
+
+
+def stage_notes(summary: Mapping[str, Any]) -> list[str]:
+    """The notes the stage itself wrote into its summary (e.g. streamed requests refused)."""
+    listed = summary.get("notes")
+    return [str(n) for n in listed if n] if isinstance(listed, list) else []
+
+
+def _notes(summary: Mapping[str, Any], manifest: Mapping[str, Any]) -> tuple[str, ...]:
+    notes = stage_notes(summary)
+    if manifest.get("forced"):
+        notes.append("run with --force: the gate was closed")
+    for name in ("reason", "saturated", "slo", "recommendation"):
+        value = summary.get(name)
+        if value and not isinstance(value, dict | list):
+            notes.append(f"{name.replace('_', ' ')}: {value}")
+    skipped = summary.get("levels_skipped")
+    if isinstance(skipped, list) and skipped:
+        notes.append("levels not run: " + ", ".join(str(s) for s in skipped))
+    mismatch = summary.get("baseline_mismatch")
+    if isinstance(mismatch, list) and mismatch:
+        notes.append("outputs differ from the baseline: " + "; ".join(str(m) for m in mismatch))
+    selfload = summary.get("selfload")
+    if isinstance(selfload, dict) and selfload.get("bottleneck"):
+        notes.append(f"the client was the bottleneck: {selfload.get('reason') or 'busy CPU'}")
+    if summary.get("vram_source") == "none":
+        notes.append("VRAM not measured")
+    return tuple(notes)
+
+
+def _verdict(
+    line: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    key: str,
+    manifest: Mapping[str, Any],
+) -> Verdict:
+    summary = _dict(line.get("summary"))
+    passed = line.get("passed")
+    last = summary.get("last_passing")
+    if last is None and summary.get("recommended_concurrency") is not None:
+        last = {"concurrency": summary["recommended_concurrency"]}
+    knee = summary.get("knee")
+    return Verdict(
+        passed if isinstance(passed, bool) else None,
+        line.get("interrupted") is True,
+        str(summary.get("stopped_by") or "—"),
+        _setting_text(last) if last is not None else _passing_from_rows(rows, key),
+        _setting_text(knee) if isinstance(knee, dict) else str(knee or "—"),
+        _notes(summary, manifest),
+    )
+
+
+MAX_CELL = 1e15  # far beyond any count, size, rate or time a stage measures
+LEVELS = ("batch_size", "concurrency")  # a tier's size: never below 1
+
+
+def check_cells(rows: Sequence[Mapping[str, Any]], csv_path: Path) -> None:
+    """Exit 2 naming the file, line and column for a number no stage writes: hundreds of digits
+    (no float holds it), or a batch size or concurrency below 1 (no plot axis can show it)."""
+    for number, row in enumerate(rows, 2):
+        for column, value in row.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            problem = ""
+            if isinstance(value, int) and not -MAX_CELL <= value <= MAX_CELL:
+                problem = f"a number of {len(str(abs(value)))} digits"
+            elif isinstance(value, float) and math.isfinite(value) and abs(value) > MAX_CELL:
+                problem = f"{value:g}, out of range"
+            elif column in LEVELS and value < 1:
+                problem = f"{value:g}, below 1"
+            if problem:
+                raise InputError(
+                    f"{csv_path}:{number}: {column} is {problem}: not what a ladder or sweep "
+                    "writes (a damaged table?)",
+                    "Rerun the stage to write the table again.",
+                )
+
+
+def load_run(run: Path, kind: Kind) -> RunView:
+    """Read one run folder; no tiers.csv is exit 2 (report has nothing to show)."""
+    csv_path = run / "tiers.csv"
+    if not csv_path.exists():
+        raise InputError(
+            f"{csv_path} does not exist: {run} is not a finished ladder or sweep run",
+            f"List the runs with: ls {run.parent}/   (report reads <run>/tiers.csv)",
+        )
+    rows = read_rows(csv_path)
+    check_cells(rows, csv_path)
+    manifest = _json_file(run / "manifest.json")
+    line = _json_file(run / "summary.json") or _ledger_line(run, run.name)
+    key = row_key(kind, rows)
+    summary = _dict(line.get("summary"))
+    verdict = _verdict(line, rows, key, manifest)
+    return RunView(run, kind, key, tuple(rows), manifest, summary, verdict, _incidents(run))

@@ -1,0 +1,152 @@
+"""``calibrate report <tune run>``: a finished (or interrupted) tune read back from its files —
+the ranked candidates of ``tiers.jsonl``, the winner and its margin, the levels skipped, and a
+self-contained HTML page with the goodput bars of ``plot.svg``."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from calibrate.errors import InputError
+from calibrate.io.store import load_jsonl_objects
+
+REQUIRED = ("rank", "id", "flags", "status", "cap", "errors", "incidents")
+COLUMNS = (
+    ("rank", "rank"),
+    ("id", "id"),
+    ("flags", "flags"),
+    ("status", "status"),
+    ("cap", "cap"),
+    ("best_concurrency", "conc"),
+    ("goodput_per_s", "goodput/s"),
+    ("items_per_s", "items/s"),
+    ("p50_s", "p50 s"),
+    ("p90_s", "p90 s"),
+    ("peak_vram_mib", "peak MiB"),
+    ("errors", "errors"),
+    ("incidents", "incidents"),
+)
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def is_tune_run(path: Path) -> bool:
+    """The manifest says ``tune`` (or, without one, its table has tune's first columns)."""
+    if _json(path / "manifest.json").get("stage") == "tune":
+        return True
+    try:
+        with (path / "tiers.csv").open(encoding="utf-8") as handle:
+            return handle.readline().startswith("rank,id,flags,status")
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+@dataclass(frozen=True)
+class TuneView:
+    path: Path
+    rows: tuple[dict[str, Any], ...]  # ranked, the keys of ``stages.tune_files.row``
+    summary: dict[str, Any]  # the ledger summary (summary.json), {} when the run has none
+    passed: bool | None
+
+    @property
+    def winner(self) -> dict[str, Any] | None:
+        """The first-ranked row, when it served a passing level."""
+        top = self.rows[0] if self.rows else None
+        return top if top is not None and _num(top.get("goodput_per_s")) else None
+
+    def headline(self) -> str:
+        win = self.winner
+        if win is None:
+            return "tune found no candidate that served a passing level"
+        text = (
+            f"winner: {win['id']} ({win['flags']}): {_num(win.get('goodput_per_s')):.2f} req/s "
+            f"goodput at concurrency {win.get('best_concurrency')}"
+        )
+        margin = _num(self.summary.get("margin"))
+        if margin is not None and len(self.rows) > 1:
+            second = self.rows[1]
+            text += f", {margin:+.0%} over the runner-up {second['id']} ({second['flags']})"
+        return text
+
+    def notes(self) -> list[str]:
+        out: list[str] = []
+        skipped = self.summary.get("skipped_levels")
+        if isinstance(skipped, list) and skipped:
+            levels = ", ".join(str(v) for v in skipped)
+            out.append(f"concurrency {levels} not measured: above what the ladder proved in flight")
+        untested = self.summary.get("untested")
+        if isinstance(untested, list) and untested:
+            out.append(f"{len(untested)} candidate(s) left untested (--budget-s spent)")
+        if self.passed is None:
+            out.append("the run has no verdict: it was interrupted, or is still running")
+        return out
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def load_tune(path: Path) -> TuneView:
+    """Read one tune run folder; a missing or damaged table is exit 2 naming the file."""
+    table = path / "tiers.jsonl"
+    if not table.is_file():
+        raise InputError(
+            f"{table} does not exist: {path} is a tune run with no finished candidate",
+            "Run the same calibrate tune command again to continue it.",
+        )
+    rows = [obj for _, obj in load_jsonl_objects(table, "tune table")]
+    for n, row in enumerate(rows, 1):
+        missing = [k for k in REQUIRED if k not in row]
+        if missing:
+            raise InputError(
+                f"{table}:{n} is not a tune table row: no {', '.join(missing)}",
+                "A table written by calibrate tune is needed; rerun the tune to write it again.",
+            )
+    line = _json(path / "summary.json")
+    summary = line.get("summary") if isinstance(line.get("summary"), dict) else {}
+    passed = line.get("passed") if isinstance(line.get("passed"), bool) else None
+    return TuneView(path, tuple(rows), summary or {}, passed)
+
+
+def cell(row: dict[str, Any], key: str) -> str:
+    value = row.get(key)
+    if value is None or value == "":
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.3f}" if key.endswith("_s") else f"{value:.2f}"
+    return str(value)
+
+
+def tune_html(view: TuneView) -> str:
+    """One self-contained page: the verdict first, the goodput bars, then the table."""
+    title = f"tune {view.path.name}"
+    plot = ""
+    svg = view.path / "plot.svg"
+    if svg.is_file():  # as an image: nothing in the file can run in the page
+        data = base64.b64encode(svg.read_bytes()).decode("ascii")
+        plot = f'<p><img alt="goodput per candidate" src="data:image/svg+xml;base64,{data}"></p>'
+
+    head = "".join(f"<th>{escape(label)}</th>" for _, label in COLUMNS)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{escape(cell(r, key))}</td>" for key, _ in COLUMNS) + "</tr>"
+        for r in view.rows
+    )
+    notes = "".join(f"<li>{escape(n)}</li>" for n in view.notes())
+    return (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(title)}</title><style>body{{font-family:sans-serif;margin:2em}}"
+        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}</style>"
+        f"</head><body><h1>{escape(title)}</h1><p><strong>{escape(view.headline())}</strong></p>"
+        f"{'<ul>' + notes + '</ul>' if notes else ''}{plot}"
+        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></body></html>\n"
+    )

@@ -1,0 +1,154 @@
+"""What a batch will do, decided before anything is sent: the spec, the plan, the opened output.
+
+``open_batch`` validates the input (a pipe is spooled first), locks the output (one writer per
+file), scans it and opens it for appending; a problem is an InputError (exit 2) with the output
+untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from calibrate.errors import InputError
+from calibrate.io.records import SamplingParams
+from calibrate.io.resume import (
+    OutputScan,
+    check_journal,
+    check_output_path,
+    repair_tail,
+    scan_output,
+)
+from calibrate.io.store import ExclusiveLock, JsonlWriter
+from calibrate.io.tasks import InputIndex, ItemId, index_input, readable_twice
+from calibrate.load.retry import RetryPolicy
+from calibrate.stages.batch.shard import Shard
+from calibrate.stages.measure.format_check import Expect
+
+DEFAULT_CONCURRENCY = 4
+MAX_CONCURRENCY = 4096  # documented in --help and the README; a thread each, a socket each
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    input_path: Path
+    out_path: Path | None  # None only with ``sample``
+    model: str
+    params: SamplingParams
+    prompt: str = ""
+    concurrency: int = 4
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    grace_s: float = 10.0
+    fsync: bool = False
+    sample: int | None = None
+    limit: int | None = None
+    max_chars: int | None = None
+    expect: Expect = "text"
+    allow_foreign: bool = False
+    shard: Shard | None = None  # --shard I/N: only the ids whose stable hash mod N is I
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """What the validation pass and the resume scan found; nothing was written yet."""
+
+    spec: BatchSpec
+    total: int
+    done_ids: set[ItemId]
+    scan: OutputScan | None
+    input_path: Path | None = None  # what to read: --input, or its spooled copy
+    writer: JsonlWriter | None = None  # --out, opened (and locked) by open_batch
+
+    @property
+    def source_path(self) -> Path:
+        return self.input_path or self.spec.input_path
+
+    @property
+    def skipped(self) -> int:
+        return 0 if self.spec.sample else len(self.done_ids)
+
+    @property
+    def pending(self) -> int:
+        return self.total - self.skipped
+
+    @property
+    def to_run(self) -> int:
+        cap = self.spec.sample or self.spec.limit
+        return min(self.pending, cap) if cap else self.pending
+
+
+def plan_batch(spec: BatchSpec, input_path: Path | None = None) -> BatchPlan:
+    """Validate the input, scan the output; raise InputError (exit 2) without writing.
+
+    ``input_path`` is a readable copy of ``spec.input_path`` (see ``open_batch``).
+    """
+    return _plan(spec, index_input(input_path or spec.input_path, spec.input_path), input_path)
+
+
+def _plan(spec: BatchSpec, index: InputIndex, input_path: Path | None) -> BatchPlan:
+    if spec.shard is not None and spec.shard.count > 1:
+        shard = spec.shard
+        ids = {item_id for item_id in index.ids if shard.holds(item_id)}
+        index = InputIndex(index.path, ids, len(ids))
+    if spec.sample or spec.out_path is None:
+        return BatchPlan(spec, index.count, set(), None, input_path)
+    check_output_path(spec.out_path, spec.input_path)
+    scan = scan_output(spec.out_path, index.ids)
+    check_journal(scan)
+    if scan.foreign and not spec.allow_foreign:
+        raise InputError(
+            f"{spec.out_path} holds {scan.foreign} line(s) that are not items of "
+            f"{spec.input_path} ({scan.foreign_example}): a different input file?",
+            "Use another --out, or pass --allow-foreign to keep them and append anyway.",
+        )
+    return BatchPlan(spec, index.count, scan.done, scan, input_path)
+
+
+def lock_path(out_path: Path) -> Path:
+    """``out.jsonl`` → ``out.jsonl.lock``, beside the file it names (symlinks followed)."""
+    real = out_path.resolve()
+    return real.with_name(real.name + ".lock")
+
+
+@contextmanager
+def open_batch(spec: BatchSpec) -> Iterator[BatchPlan]:
+    """The plan with --out locked, repaired and open for appending; released afterwards.
+
+    Order matters: the input is validated before the lock (bad input leaves no trace), the
+    output is scanned under the lock (no other run appends meanwhile), and it is opened before
+    anything is sent (an unwritable --out is exit 2, not a failure after the run).
+    """
+    with readable_twice(spec.input_path) as readable:
+        index_only = spec.sample is not None or spec.out_path is None
+        if index_only:
+            yield plan_batch(spec, readable)
+            return
+        assert spec.out_path is not None
+        check_output_path(spec.out_path, spec.input_path)
+        index = index_input(readable, spec.input_path)  # before the lock: bad input, no trace
+        lock = ExclusiveLock.acquire(
+            lock_path(spec.out_path), f"--out {spec.out_path}", guards=spec.out_path
+        )
+        try:
+            plan = _plan(spec, index, readable)
+            assert plan.scan is not None
+            writer = _open_output(plan.scan, spec.fsync)
+            try:
+                yield replace(plan, writer=writer)
+            finally:
+                writer.close_quietly()
+        finally:
+            lock.release()
+
+
+def _open_output(scan: OutputScan, fsync: bool) -> JsonlWriter:
+    try:
+        repair_tail(scan)
+        return JsonlWriter(scan.path, fsync=fsync)
+    except OSError as exc:
+        raise InputError(
+            f"cannot write to --out {scan.path}: {exc.strerror or exc}",
+            "Choose a writable place for the results; nothing was sent.",
+        ) from exc

@@ -1,0 +1,227 @@
+"""What a batch produces: one output line per item, live counters, the final result."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from calibrate.errors import ErrorInfo
+from calibrate.gpu.selfload import SelfLoadReport
+from calibrate.io.records import Completion, incomplete_reason
+from calibrate.io.store import without_surrogates
+from calibrate.io.tasks import ItemId, Task
+from calibrate.stages.batch.lanes import EndpointReport
+from calibrate.stages.batch.outage import OutageEvent
+from calibrate.stages.measure.format_check import (
+    Expect,
+    OutputShape,
+    find_preamble,
+    parse_json_output,
+)
+
+EXAMPLES = 5  # failures and format notes kept as examples for the summary
+MAX_EVENTS = 100  # outage events in the summary (all of them are in outages.jsonl)
+
+
+@dataclass(frozen=True)
+class BatchProgress:
+    to_run: int
+    finished: int
+    ok: int
+    failed: int
+    in_flight: int
+    elapsed_s: float
+    stopping: bool
+    down: tuple[tuple[str, float], ...] = ()  # endpoints in an outage: (label, seconds down)
+    outage_limit_s: float = 0.0
+
+    @property
+    def items_per_s(self) -> float:
+        return self.finished / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def eta_s(self) -> float | None:
+        rate = self.items_per_s
+        return (self.to_run - self.finished) / rate if rate > 0 else None
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    total: int
+    skipped: int
+    to_run: int
+    ok: int
+    failed_by_kind: dict[str, int]
+    interrupted: bool
+    abandoned: int  # in flight when the grace period ended
+    stopped_by: str | None  # interrupted | write_error | unreachable | None (ran to the end)
+    stop_detail: str  # what stopped it, for the user (or why items were not reached)
+    seconds: float
+    output_tokens: int
+    retried_items: int
+    attempts: int
+    failures: tuple[dict[str, Any], ...]  # examples: id, kind, message
+    preamble: tuple[int, tuple[str, ...]]  # count, examples
+    too_long: tuple[int, tuple[str, ...]]
+    shapes: tuple[OutputShape, ...]  # sample mode only
+    selfload: SelfLoadReport | None
+    out_path: Path
+    endpoints: tuple[EndpointReport, ...] = ()
+    outage_events: tuple[OutageEvent, ...] = ()
+
+    @property
+    def failed(self) -> int:
+        return sum(self.failed_by_kind.values())
+
+    @property
+    def finished(self) -> int:
+        return self.ok + self.failed
+
+    @property
+    def unfinished(self) -> int:
+        """Items this run should have finished that have neither an ok nor a failed line."""
+        return max(self.to_run - self.finished, 0)
+
+    @property
+    def remaining(self) -> int:
+        """Items a rerun would still do (failed ones and those not reached)."""
+        return self.total - self.skipped - self.ok
+
+    @property
+    def items_per_s(self) -> float:
+        return self.finished / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+class Tally:
+    """The run's counters. Only the journal thread changes them (batch_journal.py), each item
+    after its line was written, so they need no lock; progress reads them as they are."""
+
+    def __init__(self, *, sample: bool, expect: Expect, max_chars: int | None) -> None:
+        self.sample = sample
+        self.expect: Expect = expect
+        self.max_chars = max_chars
+        self.ok = self.failed = self.output_tokens = self.retried = self.attempts = 0
+        self.kinds: Counter[str] = Counter()
+        self.done_at: Counter[str] = Counter()  # per endpoint
+        self.failed_at: Counter[str] = Counter()
+        self.failures: list[dict[str, Any]] = []
+        self.preamble: list[str] = []
+        self.preamble_n = self.too_long_n = 0
+        self.too_long: list[str] = []
+        self.shapes: list[OutputShape] = []
+
+    @property
+    def finished(self) -> int:
+        return self.ok + self.failed
+
+    def count(self, line: dict[str, Any], text: str | None, tokens: int, endpoint: str) -> None:
+        """Count one item whose line is written."""
+        item_id = line["id"]
+        self.attempts += line["attempts"]
+        self.retried += line["attempts"] > 1
+        (self.done_at if line["ok"] else self.failed_at)[endpoint] += 1
+        if line["ok"]:
+            self.output_tokens += tokens
+            self.ok += 1
+        else:
+            kind = line["error"]["kind"]
+            self.kinds[kind] += 1
+            if len(self.failures) < EXAMPLES:
+                error = dict(line["error"])
+                error["message"] = without_surrogates(str(error.get("message", "")))
+                self.failures.append({"id": item_id, **error})
+            self.failed += 1
+        if text is not None:
+            self._note_shape(item_id, text)
+
+    def _note_shape(self, item_id: ItemId, text: str) -> None:
+        if self.sample:
+            self.shapes.append(OutputShape.of(item_id, text, self.expect))
+        phrase = find_preamble(text)
+        if phrase:
+            self.preamble_n += 1
+            if len(self.preamble) < EXAMPLES:
+                self.preamble.append(f"{item_id!r}: {phrase!r}")
+        if self.max_chars is not None and len(text) > self.max_chars:
+            self.too_long_n += 1
+            if len(self.too_long) < EXAMPLES:
+                self.too_long.append(f"{item_id!r}: {len(text)} chars")
+
+
+def result_line(
+    task: Task,
+    completion: Completion | None,
+    error: ErrorInfo | None,
+    attempts: int,
+    retried: tuple[str, ...],
+    expect: Expect,
+    max_tokens: int,
+) -> dict[str, Any]:
+    """The output line of one item; ``id`` first, ``ok`` second, ``attempts`` last (resume.py)."""
+    line: dict[str, Any] = {"id": task.id}
+    if completion is not None and error is None:
+        usage = completion.usage if len(completion.choices) == 1 else None
+        problem = incomplete_reason(
+            completion.choices[0],
+            max_tokens,
+            completion_tokens=usage.completion_tokens if usage else None,
+        )
+        parsed = parse_json_output(completion.text) if expect == "json" and not problem else None
+        if problem:
+            error = ErrorInfo("incomplete", problem)
+        elif parsed is not None and not parsed.ok:
+            error = ErrorInfo("format", parsed.message)
+        line["ok"] = error is None
+        if error is not None:
+            line["error"] = error.to_json()
+        line["output"] = completion.text
+        if parsed is not None and parsed.ok:
+            line["parsed"] = parsed.value
+        line["finish_reason"] = completion.finish_reason
+        line["usage"] = completion.usage.to_json() if completion.usage else None
+        line["seconds"] = round(completion.elapsed_s, 4)
+    else:
+        line["ok"] = False
+        line["error"] = (error or ErrorInfo("invalid_response", "no answer")).to_json()
+    if retried:
+        line["retried"] = list(retried)
+    line["attempts"] = attempts
+    return line
+
+
+def summary_json(result: BatchResult, concurrency: int, concurrency_source: str) -> dict[str, Any]:
+    """The summary for ``--json``, summary.json and the ledger."""
+    return {
+        "out": str(result.out_path),
+        "total": result.total,
+        "skipped": result.skipped,
+        "to_run": result.to_run,
+        "done": result.ok,
+        "failed": result.failed,
+        "failed_by_kind": dict(sorted(result.failed_by_kind.items())),
+        "remaining": result.remaining,
+        "interrupted": result.interrupted,
+        "abandoned": result.abandoned,
+        "unfinished": result.unfinished,
+        "stopped_by": result.stopped_by,
+        "seconds": round(result.seconds, 3),
+        "items_per_s": round(result.items_per_s, 3),
+        "output_tokens": result.output_tokens,
+        "output_tokens_per_s": round(result.output_tokens_per_s, 3),
+        "attempts": result.attempts,
+        "retried_items": result.retried_items,
+        "failures": list(result.failures),
+        "preamble": {"count": result.preamble[0], "examples": list(result.preamble[1])},
+        "too_long": {"count": result.too_long[0], "examples": list(result.too_long[1])},
+        "concurrency": concurrency,
+        "concurrency_source": concurrency_source,
+        "selfload": result.selfload.to_json() if result.selfload else None,
+        "endpoints": [e.to_json() for e in result.endpoints],
+        "outages": [e.to_json() for e in result.outage_events[:MAX_EVENTS]],
+    }

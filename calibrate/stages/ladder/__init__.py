@@ -1,0 +1,1 @@
+"""Stage C, the ladder: batch sizes (or input lengths) one tier at a time."""

@@ -1,0 +1,1 @@
+"""What ladder, sweep and tune share: tiers, latency, SLOs, stop rules, incidents, determinism, confidence."""

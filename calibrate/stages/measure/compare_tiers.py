@@ -1,0 +1,193 @@
+"""``--compare``: a ladder or sweep against a committed tier table, for CI (issue 7 §2)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from calibrate.errors import InputError
+from calibrate.io.tier_table import read_rows
+from calibrate.stages.measure.tiers import kept
+
+TableKind = Literal["ladder", "sweep"]
+# (row key, metric compared, True when a bigger metric is better)
+_SHAPE: dict[str, tuple[str, str, bool]] = {
+    "ladder": ("batch_size", "per_item_s", False),
+    "sweep": ("concurrency", "items_per_s", True),
+}
+# A ladder table written before per_item_s existed is compared on mean request latency.
+_FALLBACK = {"per_item_s": "latency_mean_s"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    baseline: str
+    now: str
+    bad: bool = False
+
+
+@dataclass(frozen=True)
+class CompareRow:
+    key: int
+    verdict: Cell
+    metric: Cell
+    change: str
+
+
+@dataclass(frozen=True)
+class TierComparison:
+    kind: TableKind
+    baseline_path: str
+    tolerance: float
+    rows: tuple[CompareRow, ...]
+    last_passing: Cell
+    problems: tuple[str, ...]
+    metric: str = ""  # the column compared (the kind's own, or its fallback for an old table)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    @property
+    def key_name(self) -> str:
+        return _SHAPE[self.kind][0]
+
+    @property
+    def metric_name(self) -> str:
+        return self.metric or _SHAPE[self.kind][1]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "baseline": self.baseline_path,
+            "tolerance": self.tolerance,
+            "passed": self.passed,
+            "problems": list(self.problems),
+        }
+
+
+def read_table(path: Path, kind: TableKind) -> list[dict[str, Any]]:
+    """The rows of a tiers.csv (the one reader, ``tier_table``); a missing column is exit 2."""
+    if not path.exists():
+        raise InputError(
+            f"cannot read the tier table {path}: no such file",
+            f"Write one with: calibrate {kind} --save-baseline",
+        )
+    key, metric, _ = _SHAPE[kind]
+    rows = read_rows(path)
+    if metric not in rows[0] and _FALLBACK.get(metric) in rows[0]:
+        metric = _FALLBACK[metric]
+    for column in (key, metric, "verdict"):
+        if column not in rows[0]:
+            raise InputError(f"{path} has no column {column!r}: is it a {kind} tiers.csv?")
+    return rows
+
+
+def metric_for(
+    kind: TableKind, baseline: Sequence[dict[str, Any]], now: Sequence[dict[str, Any]]
+) -> str:
+    """The kind's metric; for a baseline written before it existed, the old one both share."""
+    metric = _SHAPE[kind][1]
+    fallback = _FALLBACK.get(metric)
+    if fallback and not _has(baseline, metric) and _has(baseline, fallback) and _has(now, fallback):
+        return fallback
+    return metric
+
+
+def _has(rows: Sequence[dict[str, Any]], column: str) -> bool:
+    return any(_num(r.get(column)) is not None for r in rows)
+
+
+def _num(value: Any) -> float | None:
+    try:
+        return float(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def _top(rows: Sequence[dict[str, Any]], key: str) -> int | None:
+    keys = [int(float(r[key])) for r in rows if kept(r.get("verdict"))]
+    return max(keys) if keys else None
+
+
+def compare_tables(
+    kind: TableKind,
+    baseline: Sequence[dict[str, Any]],
+    now: Sequence[dict[str, Any]],
+    *,
+    tolerance: float = 0.2,
+    baseline_path: str = "",
+) -> TierComparison:
+    """Fails when the top passing tier dropped, a tier that passed now fails, or the metric
+    got worse by more than ``tolerance`` (latency up, or throughput down)."""
+    if tolerance < 0:
+        raise InputError(f"--tolerance must be ≥ 0, got {tolerance}")
+    key, _, higher_better = _SHAPE[kind]
+    metric = metric_for(kind, baseline, now)
+    base = {int(float(r[key])): r for r in baseline}
+    cur = {int(float(r[key])): r for r in now}
+    problems: list[str] = []
+    rows: list[CompareRow] = []
+    for k in sorted(set(base) | set(cur)):
+        b, n = base.get(k, {}), cur.get(k, {})
+        bv, nv = b.get("verdict", ""), n.get("verdict", "")
+        verdict_bad = kept(bv) and bool(n) and not kept(nv)
+        if verdict_bad:
+            problems.append(f"{key} {k} passed in the baseline and now fails ({nv})")
+        bm, nm = _num(b.get(metric)), _num(n.get(metric))
+        change, metric_bad = "", False
+        if bm and nm is not None and kept(nv):
+            ratio = nm / bm - 1
+            change = f"{ratio:+.0%}"
+            metric_bad = (-ratio if higher_better else ratio) > tolerance
+            if metric_bad:
+                worse = "lower" if higher_better else "higher"
+                problems.append(
+                    f"{key} {k}: {metric} {nm:.4g} is {abs(ratio):.0%} {worse} than "
+                    f"the baseline's {bm:.4g} (tolerance {tolerance:.0%})"
+                )
+        rows.append(
+            CompareRow(
+                k,
+                Cell(bv or "—", nv or "not run", verdict_bad),
+                Cell(_fmt(bm), _fmt(nm), metric_bad),
+                change,
+            )
+        )
+    top_b, top_n = _top(baseline, key), _top(now, key)
+    top_bad = top_b is not None and (top_n is None or top_n < top_b)
+    if top_bad:
+        problems.insert(
+            0,
+            f"last passing {key} is {top_n if top_n is not None else 'none'}, "
+            f"lower than the baseline's {top_b}",
+        )
+    last = Cell(
+        str(top_b) if top_b is not None else "none",
+        str(top_n) if top_n is not None else "none",
+        top_bad,
+    )
+    return TierComparison(
+        kind, baseline_path, tolerance, tuple(rows), last, tuple(problems), metric
+    )
+
+
+def _fmt(value: float | None) -> str:
+    return "—" if value is None else f"{value:.4g}"
+
+
+def save_baseline(table: Path, dest: Path) -> Path | None:
+    """Copy a run's tiers.csv to ``dest``; an existing one is kept as ``<stem>.<ts>.csv``."""
+    if not table.exists():
+        raise InputError(f"{table} does not exist: nothing to save as a baseline")
+    kept: Path | None = None
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists():
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+        kept = dest.with_name(f"{dest.stem}.{stamp}{dest.suffix}")
+        shutil.copy2(dest, kept)
+    shutil.copy2(table, dest)
+    return kept

@@ -1,0 +1,102 @@
+"""Sending the determinism copies (SPEC §13): K copies of the fixed prompt, B at a time.
+
+Sent after a ladder tier's measured rounds or a sweep level's measured window, never inside
+one: they count in no wall time, in-flight count or per-item time. Each copy is recorded as a
+canary (records.jsonl ``"canary": true``), so no figure counts it. What the copies' answers say
+is ``stages.determinism``'s; the managed engine's switch is read here.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from calibrate.config import Config, LadderMode
+from calibrate.load.waves import Sender, build_requests
+from calibrate.server import process
+from calibrate.server.devices import read_environ
+from calibrate.stages.context import StageContext
+from calibrate.stages.measure.determinism import (
+    DeterminismCheck,
+    EngineSwitch,
+    check,
+    copies_per_wave,
+    engine_switch,
+)
+from calibrate.stages.measure.incidents import IncidentRecorder
+from calibrate.stages.measure.tiers import ItemResult
+
+# (item, in flight) → its records.jsonl line
+RecordFn = Callable[[ItemResult, int], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class CopiesWave:
+    """How the copies go out: the mode and streaming of the load they sit between."""
+
+    copies: int
+    mode: LadderMode = "wave"
+    stream: bool = False
+    stream_options: bool = True
+
+
+def send_copies(
+    ctx: StageContext,
+    sender: Sender,
+    incidents: IncidentRecorder | None,
+    how: CopiesWave,
+    batch: int,
+    record: RecordFn,
+) -> DeterminismCheck:
+    """``how.copies`` copies (rounded up to full waves) of the fixed prompt, ``batch`` at a
+    time; their answers compared with each other."""
+    texts: list[str | None] = []
+    index = 1
+    for size in copies_per_wave(how.copies, batch):
+        requests = build_requests(
+            ctx.client,
+            ctx.config.target.model,
+            ctx.params,
+            [[ctx.config.prompt.text] * size],
+            how.mode,
+            stream=how.stream,
+            stream_options=how.stream_options,
+            first_index=index,
+            role="canary",
+        )
+        answered, _ = sender.send(requests, len(requests), ctx.params.max_tokens)
+        answered = incidents.classify(answered) if incidents else answered
+        in_flight = len(requests)
+        for item in answered:
+            ctx.run.append("records.jsonl", {**record(item, in_flight), "determinism": True})
+        if incidents:
+            incidents.record(
+                answered,
+                batch_size=batch,
+                concurrency=in_flight,
+                round_no=0,
+                label=f"copies-{batch}",
+            )
+        texts += [i.text if i.ok and i.text is not None else None for i in answered]
+        index += size
+    return check(texts, batch)
+
+
+def managed_switch(cfg: Config) -> EngineSwitch | None:
+    """The batch-invariant switch of the engine calibrate manages (its recorded argv and its
+    process environment), else of [server] kind and command; None for other engines."""
+    record = process.load(cfg.runs_dir)
+    if record is not None and process.liveness(record) == "running":
+        return engine_switch(record.kind or cfg.server.kind, record.argv, read_environ(record.pid))
+    argv: list[str] | None = None
+    if cfg.server.command:
+        try:
+            argv = shlex.split(cfg.server.command)
+        except ValueError:
+            argv = None
+    # calibrate starts the engine with its own environment: that is the engine's, too
+    environ = dict(os.environ) if cfg.server.command or cfg.server.model_path else None
+    return engine_switch(cfg.server.kind, argv, environ)

@@ -1,0 +1,190 @@
+"""What a ladder or sweep run needs around its tiers: samplers, incidents, compare, the verdict.
+
+The command line turns its flags into a ``MeasureSpec``; everything here is testable without a
+terminal. ``measuring`` starts the VRAM sampler and calibrate's own load monitor and stops them
+however the run ends; ``record_run`` compares against a committed table, then writes the run's
+one ledger verdict (a regression or an interruption is never a pass, SPEC §4.2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from calibrate.errors import UsageError
+from calibrate.gpu.energy import check_price
+from calibrate.gpu.nvml import NvmlSampler
+from calibrate.gpu.selfload import SelfLoadMonitor
+from calibrate.gpu.vram import (
+    MetricsEndpoint,
+    SourceChoice,
+    VramMonitor,
+    energy_reader,
+    open_sources,
+)
+from calibrate.io.records import LedgerEntry
+from calibrate.redact import redact_url
+from calibrate.server.devices import managed_server_devices
+from calibrate.stages.context import StageContext
+from calibrate.stages.measure.compare_tiers import (
+    TableKind,
+    TierComparison,
+    compare_tables,
+    read_table,
+    save_baseline,
+)
+from calibrate.stages.measure.incidents import IncidentRecorder
+
+
+@dataclass(frozen=True)
+class MeasureSpec:
+    """The measuring flags of ladder and sweep (``--vram-source``, ``--gpu``, ``--compare`` …)."""
+
+    vram_source: SourceChoice = "auto"
+    gpus: tuple[str, ...] | None = None
+    gpu_metrics_url: str | None = None
+    server_pid: int | None = None
+    compare: Path | None = None
+    tolerance: float = 0.2
+    save_baseline: bool = False
+    gpu_price_per_hour: float | None = None  # None: [cost] gpu_price_per_hour (SPEC §13)
+
+    def devices(self, runs_dir: Path) -> Sequence[str] | None:
+        """``--gpu``, else the managed server's CUDA_VISIBLE_DEVICES (a MIG instance), else all."""
+        return list(self.gpus) if self.gpus else managed_server_devices(runs_dir)
+
+
+def preflight(spec: MeasureSpec) -> None:
+    """Mistakes found before anything is sent (exit 2)."""
+    check_price(spec.gpu_price_per_hour)
+    if not 0 <= spec.tolerance <= 100:  # NaN and inf fail this too
+        raise UsageError(f"--tolerance must be in [0, 100], got {spec.tolerance}")
+    if spec.compare is not None and not spec.compare.exists():
+        raise UsageError(
+            f"--compare {spec.compare}: no such file",
+            "Write one first with --save-baseline, or fix the path.",
+        )
+    if spec.vram_source == "nvml" and NvmlSampler.open(list(spec.gpus or ())) is None:
+        # asked for by name: measuring nothing would silently switch the VRAM rule off
+        raise UsageError(
+            "--vram-source nvml: NVML is not available here (no NVIDIA driver, or no GPU)",
+            "Use --vram-source auto (measures what it can and says what it could not).",
+        )
+
+
+def start_monitor(spec: MeasureSpec, ctx: StageContext) -> VramMonitor:
+    """NVML and the server's /metrics (and a DCGM URL) as the spec asks; started."""
+    client, url = ctx.client, spec.gpu_metrics_url
+    endpoints = [
+        MetricsEndpoint(
+            "the server's /metrics",
+            redact_url(client.server_root + "/metrics"),
+            lambda: client.get_text("/metrics"),
+        )
+    ]
+    if url:
+        gpu_url: str = url
+        endpoints.append(
+            MetricsEndpoint(
+                "--gpu-metrics-url",
+                redact_url(url),
+                lambda: client.get_text(gpu_url),
+                explicit=True,
+            )
+        )
+    sources = open_sources(spec.vram_source, endpoints, devices=spec.devices(ctx.config.runs_dir))
+    if spec.vram_source == "metrics" and all(s.source == "none" for s in sources.samplers):
+        tried = "; ".join(p.text() for p in sources.problems)
+        raise UsageError(
+            "--vram-source metrics: no usable memory or KV-cache figure"
+            + (f" ({tried})" if tried else " in the server's /metrics"),
+            "Use --vram-source auto (measures what it can, says what it could not).",
+        )
+    monitor = VramMonitor(
+        sources.samplers,
+        ctx.config.ladder.sample_interval_s,
+        server_kind=ctx.config.server.kind,
+        problems=sources.problems,
+        energy=energy_reader(sources.samplers, spec.devices(ctx.config.runs_dir)),
+        price_per_hour=spec.gpu_price_per_hour
+        if spec.gpu_price_per_hour is not None
+        else ctx.config.cost.gpu_price_per_hour,
+    )
+    return monitor.start()
+
+
+@dataclass(frozen=True)
+class Measuring:
+    """What watches a ladder or sweep while it runs: VRAM, calibrate's own load, incidents."""
+
+    monitor: VramMonitor
+    selfload: SelfLoadMonitor
+    incidents: IncidentRecorder
+
+
+@contextmanager
+def measuring(spec: MeasureSpec, ctx: StageContext) -> Iterator[Measuring]:
+    """Start the samplers for the run; stop them and close the client however it ends."""
+    monitor = start_monitor(spec, ctx)
+    selfload = SelfLoadMonitor().start()
+    incidents = IncidentRecorder(
+        ctx.run,
+        ctx.client.redacted_headers(),
+        monitor,
+        runs_dir=ctx.config.runs_dir,
+        server_pid=spec.server_pid,
+        devices=spec.devices(ctx.config.runs_dir),
+    )
+    try:
+        yield Measuring(monitor, selfload, incidents)
+    finally:
+        monitor.stop()
+        selfload.stop()
+        ctx.client.close()
+
+
+def compare_run(spec: MeasureSpec, ctx: StageContext, kind: TableKind) -> TierComparison | None:
+    """``--compare``: this run's tiers.csv against the committed table (None without the flag)."""
+    table = ctx.run.file("tiers.csv")
+    if spec.compare is None or not table.exists():
+        return None
+    return compare_tables(
+        kind,
+        read_table(spec.compare, kind),
+        read_table(table, kind),
+        tolerance=spec.tolerance,
+        baseline_path=str(spec.compare),
+    )
+
+
+def save_table_baseline(
+    spec: MeasureSpec, ctx: StageContext, kind: TableKind
+) -> tuple[Path, Path | None] | None:
+    """``--save-baseline``: (where the table went, where the previous one was kept)."""
+    table = ctx.run.file("tiers.csv")
+    if not spec.save_baseline or not table.exists():
+        return None
+    dest = ctx.config.baselines_dir / f"{kind}.csv"
+    return dest, save_baseline(table, dest)
+
+
+def record_run(
+    ctx: StageContext,
+    *,
+    passed: bool,
+    summary: dict[str, Any],
+    comparison: TierComparison | None,
+    selfload: SelfLoadMonitor,
+    interrupted: bool = False,
+) -> LedgerEntry:
+    """The run's one ledger verdict, with calibrate's own load and the comparison in it."""
+    summary = {**summary, "selfload": selfload.report().to_json()}
+    if comparison is not None:
+        summary["compare"] = comparison.to_json()
+        passed = passed and comparison.passed  # a regression is not a pass (SPEC §4.2)
+    entry = ctx.record_result(passed, summary, interrupted=interrupted)
+    ctx.run.close()
+    return entry

@@ -1,0 +1,330 @@
+"""Per-request results and the numbers a round, tier or sweep level reports (SPEC §5.3, §5.6)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from calibrate.errors import ErrorInfo
+from calibrate.gpu.energy import ENERGY_COLUMNS, energy_fields
+from calibrate.gpu.nvml import DeviceMemory
+from calibrate.gpu.vram import WindowPeak, device_peaks
+from calibrate.http.request_times import RequestTimes
+from calibrate.http.stream_timing import StreamTiming
+from calibrate.io.records import Usage
+from calibrate.stages.measure.determinism import DeterminismCheck
+from calibrate.stages.measure.latency import latency_columns
+
+Verdict = Literal[
+    "fail", "stop: slo", "stop: cap", "stop: preempt", "stop: vram", "stop: latency", "pass"
+]
+# fixed: the fixed-prompt workload (compared with the baseline); work: a workload item;
+# canary: the fixed prompt sent alone between a workload's measured waves (compared, not
+# measured; SPEC §5.3, §5.11)
+ItemRole = Literal["fixed", "work", "canary"]
+StopReason = Literal[
+    "failure", "slo", "cap", "preempt", "vram", "latency", "completed", "interrupted"
+]
+# Verdicts whose tier is not kept: it failed, broke an SLO, measured the server's queue (cap) or
+# had its KV cache full enough that the server preempted requests.
+NOT_KEPT = (None, "", "fail", "stop: slo", "stop: cap", "stop: preempt")
+
+
+@dataclass(frozen=True)
+class ItemResult:
+    """One input item's answer (or failure); times are seconds since its round started."""
+
+    index: int
+    prompt: str
+    path: str
+    body: dict[str, Any]
+    text: str | None
+    finish_reason: str | None
+    usage: Usage | None
+    completion_tokens: int
+    elapsed_s: float
+    ttft_s: float | None
+    started_s: float
+    done_s: float
+    served_model: str | None = None
+    system_fingerprint: str | None = None
+    error: ErrorInfo | None = None
+    exception_type: str | None = None
+    traceback: str | None = None
+    role: ItemRole = "fixed"
+    input_tokens_target: int | None = None
+    stream: StreamTiming | None = None  # a streamed answer's chunks and inter-token gaps
+    times: RequestTimes | None = None  # epoch sent / first token / finished (SPEC §4.1)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0–100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass(frozen=True)
+class Stats:
+    """The columns of one round, tier or level; ``round`` is None for a whole tier.
+
+    ``per_item_s`` is wall time / items (the inverse of throughput, what a batch of N costs per
+    item); ``latency_*`` are request latencies (send to last byte), which a bigger batch always
+    raises. TTFT and TPOT are there when the answers were streamed.
+    """
+
+    batch_size: int
+    concurrency: int
+    round: int | None
+    items: int
+    waves: int | None  # ladder: waves of B sent in the round (or tier); None for a sweep level
+    total_s: float
+    per_item_s: float | None
+    latency_mean_s: float | None
+    latency_p50_s: float | None
+    latency_p90_s: float | None
+    latency_p99_s: float | None
+    latency_max_s: float | None
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None
+    tpot_p99_s: float | None
+    items_per_s: float
+    output_tokens_per_s: float
+    peak_vram_mib: float | None
+    vram_idle_mib: float | None
+    vram_total_mib: float | None
+    pressure: float | None
+    pressure_source: str
+    peak_kv_usage: float | None
+    errors: int
+    error_kinds: dict[str, int]
+    first_done_s: float | None
+    last_done_s: float | None
+    baseline_match: int | None
+    baseline_items: int
+    pressure_metric: str | None = None  # "metrics: vllm:kv_cache_usage_perc", "nvml: device 1"
+    server_queue_max: int | None = None  # None: the server exports no queue gauge
+    per_device: tuple[DeviceMemory, ...] = ()  # each device's peak (pressure is the fullest's)
+    # What the workload sent and the server counted (SPEC §5.11); canaries left out.
+    input_tokens_target: float | None = None  # None: nothing was sized (fixed prompt, tasks)
+    input_tokens_mean: float | None = None  # the server's usage.prompt_tokens
+    input_tokens_max: int | None = None
+    output_tokens_mean: float | None = None
+    input_chars_mean: float | None = None
+    # SPEC §5.13: the rest of the latency columns (TTFT/TPOT/ITL streamed only; e2e = latency)
+    ttft_p90_s: float | None = None
+    ttft_p95_s: float | None = None
+    ttft_mean_s: float | None = None
+    tpot_p90_s: float | None = None
+    tpot_p95_s: float | None = None
+    tpot_mean_s: float | None = None
+    itl_p50_s: float | None = None
+    itl_p90_s: float | None = None
+    itl_p95_s: float | None = None
+    itl_p99_s: float | None = None
+    itl_mean_s: float | None = None
+    e2e_p50_s: float | None = None
+    e2e_p90_s: float | None = None
+    e2e_p95_s: float | None = None
+    e2e_p99_s: float | None = None
+    e2e_mean_s: float | None = None
+    output_tokens_per_s_per_request: float | None = None
+    tokens_counted_by: str | None = None  # "usage", "chunks" (no usage in the stream), or both
+    goodput_per_s: float | None = None  # requests/s that met every SLO (None: no SLOs)
+    slo_met: int | None = None  # requests that met every SLO
+    preemptions: int | None = None  # the server's preemption counter's rise (None: no counter)
+    preemption_metric: str | None = None  # e.g. "vllm:num_preemptions_total"
+    # SPEC §13: over the VRAM windows (None: no energy source / no price; left out of JSON)
+    energy_j: float | None = None
+    power_mean_w: float | None = None
+    joules_per_output_token: float | None = None
+    usd_per_1m_output_tokens: float | None = None
+    energy_source: str | None = None  # "nvml total energy", "dcgm power (integrated)", …
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        for key in (*ENERGY_COLUMNS, "energy_source"):
+            if out[key] is None:  # not measured: no column, never a zero
+                del out[key]
+        for key, value in out.items():
+            if isinstance(value, float):
+                out[key] = round(value, 6)
+        out["per_device"] = [d.to_json() for d in self.per_device]
+        return out
+
+    @property
+    def kinds_text(self) -> str:
+        """``oom×2, timeout×1``."""
+        return ", ".join(f"{k}×{n}" for k, n in sorted(self.error_kinds.items()))
+
+
+def summarise(
+    *,
+    batch_size: int,
+    concurrency: int,
+    round_no: int | None,
+    items: Sequence[ItemResult],
+    total_s: float,
+    peaks: Sequence[WindowPeak],
+    baseline_text: str | None,
+    waves: int | None = None,
+) -> Stats:
+    """Aggregate items and the VRAM windows they ran in (one for a round, several for a tier).
+
+    A canary (the fixed prompt sent between a workload's waves) counts in errors and in the
+    baseline match only: the workload's numbers are the workload's.
+    """
+    canaries = [i for i in items if i.role == "canary"]
+    compared = [i for i in items if i.role != "work"]
+    items = [i for i in items if i.role != "canary"]
+    latencies = [i.elapsed_s for i in items if i.ok]
+    tokens = sum(i.completion_tokens for i in items if i.ok)
+    kinds = Counter(i.error.kind for i in (*items, *canaries) if i.error is not None)
+    done = [i.done_s for i in items]
+    used = [p.peak_used_mib for p in peaks if p.peak_used_mib is not None]
+    kv = [p.peak_kv_usage for p in peaks if p.peak_kv_usage is not None]
+    top = max(peaks, key=lambda p: p.peak_pressure.value or 0.0, default=None)
+    idle = next((p.idle.used_mib for p in peaks if p.idle is not None), None)
+    queue = [p.server_queue_max for p in peaks if p.server_queue_max is not None]
+    match = None
+    if baseline_text is not None:
+        match = sum(1 for i in compared if i.ok and i.text == baseline_text)
+    ok_items = sum(1 for i in items if i.ok)
+    return Stats(
+        batch_size=batch_size,
+        concurrency=concurrency,
+        round=round_no,
+        items=len(items),
+        waves=waves,
+        total_s=total_s,
+        per_item_s=total_s / len(items) if items else None,
+        latency_mean_s=sum(latencies) / len(latencies) if latencies else None,
+        latency_p50_s=percentile(latencies, 50),
+        latency_p90_s=percentile(latencies, 90),
+        latency_p99_s=percentile(latencies, 99),
+        latency_max_s=max(latencies, default=None),
+        items_per_s=ok_items / total_s if total_s > 0 else 0.0,
+        output_tokens_per_s=tokens / total_s if total_s > 0 else 0.0,
+        peak_vram_mib=max(used, default=None),
+        vram_idle_mib=idle,
+        vram_total_mib=next((p.total_mib for p in peaks if p.total_mib), None),
+        pressure=top.peak_pressure.value if top else None,
+        pressure_source=top.peak_pressure.source if top else "none",
+        peak_kv_usage=max(kv, default=None),
+        errors=sum(kinds.values()),
+        error_kinds=dict(sorted(kinds.items())),
+        first_done_s=min(done, default=None),
+        last_done_s=max(done, default=None),
+        baseline_match=match,
+        baseline_items=len(compared) if baseline_text is not None else 0,
+        pressure_metric=top.peak_pressure.text
+        if top and top.peak_pressure.value is not None
+        else None,
+        server_queue_max=round(max(queue)) if queue else None,
+        per_device=device_peaks(p.devices for p in peaks),
+        **token_columns(items),
+        **latency_columns(items),
+        **energy_fields(
+            [p.energy for p in peaks if p.energy is not None],
+            tokens,
+            total_s,
+            next((p.price_per_hour for p in peaks if p.price_per_hour is not None), None),
+        ),
+    )
+
+
+def token_columns(items: Sequence[ItemResult]) -> dict[str, Any]:
+    """Target and actual input tokens, output tokens and input characters of answered items."""
+    answered = [i for i in items if i.ok]
+    targets = [i.input_tokens_target for i in items if i.input_tokens_target is not None]
+    prompt = [i.usage.prompt_tokens for i in answered if i.usage and i.usage.prompt_tokens]
+    chars = [len(i.prompt) for i in answered if i.usage and i.usage.prompt_tokens]
+    return {
+        "input_tokens_target": sum(targets) / len(targets) if targets else None,
+        "input_tokens_mean": sum(prompt) / len(prompt) if prompt else None,
+        "input_tokens_max": max(prompt, default=None),
+        "output_tokens_mean": (
+            sum(i.completion_tokens for i in answered) / len(answered) if answered else None
+        ),
+        "input_chars_mean": sum(chars) / len(chars) if chars else None,
+    }
+
+
+def kept(verdict: object) -> bool:
+    """Whether a tier or level with this verdict counts as passed: not failed, not over an SLO,
+    not above the server's own cap, not preempting (the one rule for live tiers, ledger rows
+    and tables read back)."""
+    return verdict not in NOT_KEPT
+
+
+def queue_note(server_queue_max: int | None, concurrency: int) -> str | None:
+    """Why throughput stopped growing, when the server itself queued requests (SPEC §8)."""
+    if not server_queue_max or server_queue_max < 1:
+        return None
+    requests = "request" if server_queue_max == 1 else "requests"
+    return (
+        f"the server queued up to {server_queue_max} {requests} at concurrency {concurrency}: "
+        f"its cap is below {concurrency} in flight"
+    )
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A finished ladder tier: its rounds, the aggregate, and the verdict of the stop rules."""
+
+    stats: Stats
+    rounds: tuple[Stats, ...]
+    verdict: Verdict
+    reason: str
+    rounds_planned: int
+    determinism: DeterminismCheck | None = None  # [determinism] copies, after the rounds
+
+    @property
+    def batch_size(self) -> int:
+        return self.stats.batch_size
+
+    @property
+    def passed(self) -> bool:
+        """Kept as passed: a clean tier, or one stopped by VRAM or latency. A tier over an SLO
+        is not kept (it breaks the bound the user set), nor one above the server's cap or with
+        preempted requests (the one before it is the last passing)."""
+        return kept(self.verdict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.stats.to_json(),
+            "rounds": len(self.rounds),
+            "verdict": self.verdict,
+            "reason": self.reason,
+            **(self.determinism.to_json() if self.determinism else {}),
+        }
+
+    def short(self) -> dict[str, Any]:
+        """The ledger's short form of a tier."""
+        per_item = self.stats.per_item_s
+        good = self.stats.goodput_per_s
+        return {
+            "batch_size": self.batch_size,
+            "verdict": self.verdict,
+            "per_item_s": round(per_item, 4) if per_item is not None else None,
+            "errors": self.stats.errors,
+            **({"goodput_per_s": round(good, 4)} if good is not None else {}),
+            **energy_short(self.stats),
+        }
+
+
+def energy_short(stats: Stats) -> dict[str, float]:
+    """J per output token and $ per 1M output tokens where measured (the ledger's short forms;
+    pin writes them in the launch script's header)."""
+    names = ("joules_per_output_token", "usd_per_1m_output_tokens")
+    return {n: round(v, 6) for n in names if (v := getattr(stats, n)) is not None}

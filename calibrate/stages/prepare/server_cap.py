@@ -1,0 +1,134 @@
+"""Before a sweep: a managed server runs at the verified batch size as its cap (SPEC §5.0).
+
+With the engine's own cap at B, a concurrency above B queues in the server instead of raising
+memory past what the ladder proved, so every sweep level is safe. A server calibrate does not
+manage cannot be capped; the sweep then limits what it sends instead (``safe_levels``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from calibrate import server
+from calibrate.config import ServerKind
+from calibrate.engines.builders import (
+    CAP_KEYS,
+    LLAMACPP_THREADS_HTTP,
+    SERVER_KINDS,
+    LaunchSpec,
+    threads_http,
+)
+from calibrate.errors import RequestError
+from calibrate.server import process
+from calibrate.stages.context import StageContext
+from calibrate.stages.measure.stop_rules import ServerCap
+from calibrate.stages.pin_context import context_for
+
+Restart = Callable[[int], bool]  # True: the server was restarted for this batch
+
+
+def _kind(name: str | None) -> ServerKind | None:
+    return next((k for k in SERVER_KINDS if k == name), None)
+
+
+def run_at_cap(
+    ctx: StageContext,
+    batch: int,
+    notify: Callable[[str], None],
+    concurrency: int | None = None,
+    why: str = "the verified batch size",
+) -> bool:
+    """Restart the managed server at cap ``batch`` unless it already runs there; ``concurrency``
+    is the most the stage will have in flight (llama.cpp's HTTP threads are sized for it).
+
+    Returns whether calibrate manages the server (False: nothing was touched).
+    """
+    cfg = ctx.config
+    record = process.load(cfg.runs_dir)
+    if record is None or process.liveness(record) != "running":
+        return False
+    kind = _kind(cfg.server.kind) or _kind(record.kind)
+    threads = short_of_threads(record.argv, kind, batch, concurrency)
+    if record.batch_size == batch and (not threads or record.script):
+        return True  # a server from a pinned script keeps its own flags
+    if kind is None or record.script:
+        notify(
+            f"warning: the managed server runs at batch {record.batch_size}, not the verified "
+            f"{batch}, and calibrate cannot rebuild its command (started from "
+            f"{record.script or 'an unknown kind'}): the sweep runs against it as it is"
+        )
+        return True
+    notify(f"restarting the managed server at cap {batch} ({why}){threads}")
+    server.stop(cfg.runs_dir, cfg.server.stop_timeout_s)
+    sized = context_for(ctx.ledger, ctx.target, cfg.runs_dir, kind, batch)
+    server.start_engine(
+        cfg,
+        kind,
+        batch,
+        max(batch, concurrency or batch),
+        notify=notify,
+        context_tokens=sized.context_tokens if sized else None,
+    )
+    return True
+
+
+def short_of_threads(
+    argv: tuple[str, ...], kind: ServerKind | None, batch: int, concurrency: int | None
+) -> str:
+    """``", with --threads-http 18 for 16 in flight"`` when a managed llama.cpp has fewer HTTP
+    threads than the sweep will have requests in flight + 2 (SPEC §5.8), else ""."""
+    wanted = max(batch, concurrency or batch)
+    need = threads_http(LaunchSpec("llamacpp", "", 0, batch, wanted))
+    if kind != "llamacpp" or need is None:
+        return ""
+    flag = LLAMACPP_THREADS_HTTP
+    have = argv[argv.index(flag) + 1] if flag in argv[:-1] else ""
+    if have.isdigit() and int(have) >= need:
+        return ""
+    return f", with {flag} {need} for {wanted} in flight"
+
+
+def read_cap(fetch: Callable[[str], str]) -> ServerCap | None:
+    """The server's own cap when it says: llama.cpp's ``GET /props`` total_slots, SGLang's
+    ``GET /get_server_info`` max_running_requests; None when neither answers with one."""
+    readers = (
+        ("/props", "total_slots", "llama.cpp /props total_slots"),
+        ("/get_server_info", "max_running_requests", "SGLang max_running_requests"),
+    )
+    for path, key, source in readers:
+        try:
+            data = json.loads(fetch(path))
+        except (RequestError, ValueError):
+            continue
+        value = data.get(key) if isinstance(data, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return ServerCap(value, source)
+    return None
+
+
+def ladder_cap(
+    ctx: StageContext, notify: Callable[[str], None]
+) -> tuple[ServerCap | None, Restart | None]:
+    """How the ladder meets the server's cap (SPEC §5.3 ``stop: cap``): a managed llama.cpp is
+    restarted at ``--parallel B`` for each tier (there the batch size is ``--parallel``: the
+    restart hook, no cap); a managed server of a known kind started at a cap has that cap;
+    else the cap the server itself reports (None: unknown, no ``stop: cap``)."""
+    record = process.load(ctx.config.runs_dir)
+    if record is not None and process.liveness(record) == "running":
+        kind = _kind(ctx.config.server.kind) or _kind(record.kind)
+        if kind == "llamacpp" and not record.script:
+
+            def restart(batch: int) -> bool:
+                now = process.load(ctx.config.runs_dir)
+                if now is not None and now.batch_size == batch:
+                    return False
+                run_at_cap(ctx, batch, notify, why=f"--parallel {batch} for ladder batch {batch}")
+                return True
+
+            return None, restart
+        if kind not in (None, "custom") and record.batch_size:  # custom: no known cap flag
+            flag = CAP_KEYS.get(kind, "batch_size")
+            return ServerCap(record.batch_size, f"the managed {kind} server's {flag}"), None
+    client = ctx.client
+    return read_cap(lambda path: client.get_text(path)), None

@@ -1,0 +1,1 @@
+"""Stage D, the sweep: concurrency levels, rates, --auto and --find-max over the ladder's batch size."""

@@ -1,0 +1,261 @@
+"""``sweep --find-max`` (SPEC §13): the largest concurrency that meets every SLO, in few probes.
+
+The search, pure (``next_probe(history, top) -> int | None``), as the ladder asks ``next_tier``:
+
+- **Exponential probe**: 1, then ×8 each time (1, 8, 64, 512, then ``top``, 1024 unless the
+  ladder capped it) until a probe breaks an SLO or errors. ×8 rather than ×2 because doubling
+  alone takes 11 probes to reach 1024.
+- **Bisection** between the last passing and the first failing level, at their geometric middle
+  (the precision asked is relative), until the gap is at most 5 % of the last passing level or 1.
+
+That is at most 10 probes for any boundary on [1, 1024] (``tests/test_sweep_find_max.py``
+counts every one): 1, 8, 3, 5, 4 for a boundary at 4; 9 probes for one at 37.
+
+**The probe rule**: a probe runs the sweep's ``repeats`` times; it passes when no request
+failed and, for each SLO set, the **median over its runs of the run's p99** is within the bound
+(one noisy run of three neither passes nor fails a level). A p99 that could not be measured
+(answers not streamed, for TTFT/TPOT) is a miss, as everywhere (``stages.slo``).
+
+**The cliff**: between the last passing and the first failing level, the SLO the failing one
+breaks most, its p99 at both and the jump; a *cliff* when the failing level is over twice the
+bound (SPEC §13: "a step that breaks the SLO by more than 2×").
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from calibrate.config import SloConfig
+from calibrate.stages.measure.slo import SloName, bounds_of, p99_of
+from calibrate.stages.measure.tiers import Stats
+
+TOP = 1024  # the search's upper end (SPEC §13: [1, 1024])
+FACTOR = 8  # the exponential probe's step
+PRECISION = 0.05  # the bisection stops at a gap of 5 % of the last passing level (or 1)
+CLIFF_OVER = 2.0  # a failing level over twice its SLO is a cliff
+PROBE_RULE = (
+    "a probe passes when none of its requests failed and the median over its runs of each "
+    "run's p99 meets every SLO"
+)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One probed level as the search sees it: passed, and each SLO's median p99 over its runs
+    (None: not measured)."""
+
+    concurrency: int
+    passed: bool
+    p99_s: tuple[tuple[SloName, float | None], ...] = ()
+    runs: int = 1
+    errors: int = 0
+    why: str = ""  # why it failed, in words ("" when it passed)
+
+    def p99(self, name: SloName) -> float | None:
+        return dict(self.p99_s).get(name)
+
+
+def judge_probe(concurrency: int, runs: Sequence[Stats], slo: SloConfig) -> Probe:
+    """A level's runs under the probe rule (see the module's doc)."""
+    errors = sum(r.errors for r in runs)
+    medians: list[tuple[SloName, float | None]] = []
+    over: list[str] = []
+    for name, bound in bounds_of(slo).items():
+        values = [_measured(r, name) for r in runs]
+        median = statistics.median(values) if values else math.inf
+        medians.append((name, median if math.isfinite(median) else None))
+        if not math.isfinite(median):
+            over.append(f"{name} p99 not measured (answers not streamed)")
+        elif median > bound:
+            over.append(f"{name} p99 {median:.3g} s is over the SLO {bound:g} s")
+    if errors:
+        total = sum(r.items for r in runs)
+        why = f"{errors} of {total} requests failed ({_kinds(runs)})"
+    else:
+        why = "; ".join(over)
+    if why and len(runs) > 1 and not errors:
+        why += f" (median of {len(runs)} runs)"
+    return Probe(concurrency, not why, tuple(medians), len(runs), errors, why)
+
+
+def _measured(run: Stats, name: SloName) -> float:
+    """The run's p99 of ``name``; infinite when it has answers but no such measure (a miss),
+    or no answers at all."""
+    value = p99_of(run, name)
+    return math.inf if value is None else value
+
+
+def _kinds(runs: Sequence[Stats]) -> str:
+    return ", ".join(k for k in (r.kinds_text for r in runs) if k) or "errors"
+
+
+def bracket(history: Sequence[Probe]) -> tuple[int | None, int | None]:
+    """(last passing, first failing): the lowest failing level, and the highest passing one
+    below it (a noisy pass above a failure does not move the boundary up)."""
+    failing = [p.concurrency for p in history if not p.passed]
+    first_failing = min(failing, default=None)
+    passing = [
+        p.concurrency
+        for p in history
+        if p.passed and (first_failing is None or p.concurrency < first_failing)
+    ]
+    return max(passing, default=None), first_failing
+
+
+def next_probe(history: Sequence[Probe], top: int = TOP) -> int | None:
+    """The next concurrency to probe, or None when the boundary is found (see the module's doc)."""
+    if not history:
+        return 1
+    last_passing, first_failing = bracket(history)
+    if first_failing is None:
+        assert last_passing is not None
+        return None if last_passing >= top else min(last_passing * FACTOR, top)
+    low = last_passing or 0
+    if close_enough(low, first_failing):
+        return None
+    middle = round(math.sqrt(low * first_failing)) if low else first_failing // 2
+    return min(max(middle, low + 1), first_failing - 1)
+
+
+def close_enough(last_passing: int, first_failing: int) -> bool:
+    gap = first_failing - last_passing
+    return gap <= 1 or (last_passing > 0 and gap <= PRECISION * last_passing)
+
+
+@dataclass(frozen=True)
+class Cliff:
+    """How the SLO the first failing level breaks most jumped from the last passing level."""
+
+    slo: SloName
+    bound_s: float
+    from_s: float | None  # its median p99 at the last passing level
+    to_s: float | None  # at the first failing level (None: not measured)
+
+    @property
+    def jump(self) -> float | None:
+        if self.from_s is None or self.to_s is None or self.from_s <= 0:
+            return None
+        return self.to_s / self.from_s
+
+    @property
+    def over(self) -> float | None:
+        """The failing level's p99 over the bound (2.1 = 2.1× the SLO)."""
+        return None if self.to_s is None else self.to_s / self.bound_s
+
+    @property
+    def steep(self) -> bool:
+        return self.over is None or self.over > CLIFF_OVER
+
+    def text(self, last_passing: int, first_failing: int) -> str:
+        """``median ttft p99 0.032 → 0.21 s from 4 to 5 (×6.6), 2.1× the SLO: a cliff``."""
+        if self.to_s is None:
+            return f"{self.slo} p99 not measured at {first_failing}"
+        start = f"{self.from_s:.3g}" if self.from_s is not None else "—"
+        jump = f" (×{self.jump:.2g})" if self.jump is not None else ""
+        kind = "a cliff" if self.steep else "a gradual rise, not a cliff"
+        return (
+            f"median {self.slo} p99 {start} → {self.to_s:.3g} s from {last_passing} to "
+            f"{first_failing}"
+            f"{jump}, {self.over or 0.0:.2g}× the SLO: {kind}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "slo": self.slo,
+            "bound_s": self.bound_s,
+            "last_passing_p99_s": _round(self.from_s),
+            "first_failing_p99_s": _round(self.to_s),
+            "jump": _round(self.jump),
+            "over_slo": _round(self.over),
+            "steep": self.steep,
+        }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
+
+
+@dataclass(frozen=True)
+class FindMax:
+    """The search's result: the boundary, how it was found, how it broke."""
+
+    last_passing: int | None
+    first_failing: int | None
+    order: tuple[int, ...]  # the levels in the order they were probed
+    top: int
+    cliff: Cliff | None = None
+    failed_why: str = ""  # why the first failing level failed
+
+    @property
+    def probes(self) -> int:
+        return len(self.order)
+
+    @property
+    def gap(self) -> float | None:
+        """The boundary's precision: the gap over the last passing level (None: not bracketed)."""
+        if self.last_passing is None or self.first_failing is None:
+            return None
+        return (self.first_failing - self.last_passing) / self.last_passing
+
+    @property
+    def text(self) -> str:
+        """After the last passing level: how the search ended, in words."""
+        lp, ff, n = self.last_passing, self.first_failing, self.probes
+        probes = f"{n} probe{'s' if n != 1 else ''} ({', '.join(map(str, self.order))})"
+        if ff is None:
+            return f"every probe met the SLOs up to {self.top}, the top of the search; {probes}"
+        broke = self.cliff.text(lp, ff) if self.cliff and lp is not None else self.failed_why
+        verb = "broke them" if self.cliff else "failed"
+        if lp is None:
+            return f"concurrency {ff} already {verb}: {broke}; {probes}"
+        return f"concurrency {ff} {verb}: {broke}; {probes}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "last_passing": self.last_passing,
+            "first_failing": self.first_failing,
+            "probes": self.probes,
+            "cliff": self.cliff.to_json() if self.cliff else None,
+            "order": list(self.order),
+            "top": self.top,
+            "gap": _round(self.gap),
+            "first_failing_why": self.failed_why or None,
+            "rule": PROBE_RULE,
+        }
+
+
+def find_max(history: Sequence[Probe], slo: SloConfig, top: int = TOP) -> FindMax:
+    """The result of the probes so far (an interrupted search: the bracket it reached)."""
+    last_passing, first_failing = bracket(history)
+    by_level = {p.concurrency: p for p in history}
+    failed = by_level.get(first_failing) if first_failing is not None else None
+    passed = by_level.get(last_passing) if last_passing is not None else None
+    cliff = None
+    if failed is not None and not failed.errors:
+        cliff = _cliff(passed, failed, slo)
+    return FindMax(
+        last_passing,
+        first_failing,
+        tuple(p.concurrency for p in history),
+        top,
+        cliff,
+        failed.why if failed else "",
+    )
+
+
+def _cliff(passed: Probe | None, failed: Probe, slo: SloConfig) -> Cliff | None:
+    """The SLO ``failed`` breaks most (a measure it lacks counts as the worst)."""
+    bounds = bounds_of(slo)
+    if not bounds:
+        return None
+
+    def badness(name: SloName) -> float:
+        value = failed.p99(name)
+        return math.inf if value is None else value / bounds[name]
+
+    name = max(bounds, key=badness)
+    return Cliff(name, bounds[name], passed.p99(name) if passed else None, failed.p99(name))

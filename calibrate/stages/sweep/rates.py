@@ -1,0 +1,140 @@
+"""The sweep's rate mode (SPEC §5.13): one level per offered rate, sent open loop on an arrival
+schedule, judged on achieved vs offered rate and over-saturation (``stages.open_loop``).
+
+In flight is capped at what the ladder proved on an unmanaged server (SPEC §5.0). Every repeat
+runs (a saturated run is not the end of the level: one short run is noise); the level is
+saturated when most of its runs were, and the sweep stops at the first saturated level.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from calibrate.gpu.vram import WindowPeak
+from calibrate.load.arrivals import arrival_times, rate_text, rate_value, requests_for
+from calibrate.load.keepalive_stall import find_stall
+from calibrate.load.open_loop import SHORTFALL, OpenRun, RateJudgement, judge
+from calibrate.stages.measure.slo import with_goodput
+from calibrate.stages.measure.tiers import ItemResult, Stats, summarise
+from calibrate.stages.sweep.result import Level, level_stats
+
+if TYPE_CHECKING:
+    from calibrate.stages.sweep.run import Sweep
+
+
+def run_rate_level(sweep: Sweep, rate: float) -> Level:
+    """``repeats`` open-loop runs at ``rate`` req/s (fewer when one fails)."""
+    o = sweep.options
+    runs: list[Stats] = []
+    judged: list[RateJudgement] = []
+    items: list[ItemResult] = []
+    peaks: list[WindowPeak] = []
+    for repeat in range(1, o.repeats + 1):
+        stats, judgement, answered, peak = run_rate_once(sweep, rate, repeat)
+        runs.append(stats)
+        judged.append(judgement)
+        items += answered
+        peaks.append(peak)
+        if stats.errors:
+            break
+    whole = summarise(
+        batch_size=o.batch_size,
+        concurrency=max(r.concurrency for r in runs),
+        round_no=None,
+        items=items,
+        total_s=sum(r.total_s for r in runs),
+        peaks=peaks,
+        baseline_text=None,
+    )
+    achieved = statistics.median(j.achieved_rate for j in judged)
+    rate_judgement = _level_judgement(judged, achieved)
+    return Level(
+        level_stats(whole, runs),
+        tuple(runs),
+        None,
+        False,
+        "fail" if whole.errors else "pass",
+        sweep.cap is not None and whole.concurrency > sweep.cap.slots,
+        rate_judgement,
+        stall=find_stall([i.elapsed_s for i in items if i.ok]),
+    )
+
+
+def _level_judgement(judged: list[RateJudgement], achieved: float) -> RateJudgement:
+    """Saturated when most of the level's runs were (one run of three that fell short on a
+    burst is noise, not a result); a tie is settled by the level's median achieved rate, the
+    number the table shows. The why names how many runs."""
+    lags = [j.send_lag_p99_s for j in judged if j.send_lag_p99_s is not None]
+    judged = [replace(j, send_lag_p99_s=max(lags, default=None)) for j in judged]
+    saturated = [j for j in judged if j.saturated]
+    offered = judged[0].offered_rate
+    tie_short = offered is not None and achieved < offered * (1 - SHORTFALL)
+    if 2 * len(saturated) < len(judged) or (2 * len(saturated) == len(judged) and not tie_short):
+        return replace(judged[0], saturated=False, why="", achieved_rate=achieved)
+    if len(judged) == 1:
+        return replace(saturated[0], achieved_rate=achieved)
+    why = f"{saturated[0].why} ({len(saturated)} of {len(judged)} runs)"
+    return replace(saturated[0], why=why, achieved_rate=achieved)
+
+
+def run_rate_once(
+    sweep: Sweep, rate: float, repeat: int
+) -> tuple[Stats, RateJudgement, list[ItemResult], WindowPeak]:
+    """One open-loop run at ``rate``: its schedule seeded by the repeat, its achieved rate the
+    answers' own window."""
+    ctx, o = sweep.ctx, sweep.options
+    cap = o.max_in_flight
+    count = requests_for(rate, o.level_s, cap or o.batch_size)
+    requests = sweep.numbered(sweep.level_requests(count, count))
+    schedule = arrival_times(
+        rate, len(requests), arrival=o.arrival, burstiness=o.burstiness, seed=o.seed + repeat
+    )
+    idle = sweep.monitor.open_window()
+    in_flight_cap = cap if cap is not None or not math.isinf(rate) else len(requests)
+    run = sweep.sender.open_loop(requests, schedule, in_flight_cap, ctx.params.max_tokens)
+    peak = sweep.monitor.close_window(idle)
+    highest = max(run.in_flight, default=0) + 1
+    label, tags = f"r{rate_text(rate)}", {"offered_rate": rate_value(rate)}
+    items = sweep.keep(list(run.items), highest, repeat, peak, label, tags)
+    judgement = judge(run, None if math.isinf(rate) else rate, cap)
+    stats = replace(
+        summarise(
+            batch_size=o.batch_size,
+            concurrency=highest,
+            round_no=repeat,
+            items=items,
+            total_s=run.total_s,
+            peaks=[peak],
+            baseline_text=None,
+        ),
+        items_per_s=judgement.achieved_rate * o.prompts_per_request,
+        output_tokens_per_s=_tokens_per_s(run, judgement),
+    )
+    stats = with_goodput(stats, o.slo, _window_items(run), judgement.window_s)
+    ctx.run.append(
+        "rounds.jsonl",
+        {
+            **stats.to_json(),
+            "offered_rate": rate_value(judgement.offered_rate),
+            "achieved_rate": round(judgement.achieved_rate, 6),
+            "saturated": judgement.saturated,
+            "send_lag_p99_s": judgement.send_lag_p99_s,
+            "capped_s": round(run.capped_s, 6),
+            "vram_source": sweep.monitor.source,
+        },
+    )
+    return stats, judgement, items, peak
+
+
+def _window_items(run: OpenRun) -> list[ItemResult]:
+    """The answers after the first (the achieved rate's window)."""
+    ok = sorted((i for i in run.items if i.ok), key=lambda i: i.done_s)
+    return ok[1:] if len(ok) >= 2 else ok
+
+
+def _tokens_per_s(run: OpenRun, judgement: RateJudgement) -> float:
+    tokens = sum(i.completion_tokens for i in _window_items(run))
+    return tokens / judgement.window_s if judgement.window_s > 0 else 0.0

@@ -1,0 +1,484 @@
+"""A finished sweep: its levels (median and range over the repeats), the knee, how sure it is.
+
+Levels from the first one at which calibrate's own self-check found the client to be the
+bottleneck (``Level.client_bound``) are measured but never recommended: their throughput is the
+client's limit. When the best level the client could measure is the last one before that, the
+curve above it is unknown and the sweep is inconclusive (SPEC §5.6).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+from calibrate.config import SloConfig
+from calibrate.load.arrivals import rate_text, rate_value
+from calibrate.load.keepalive_stall import Stall
+from calibrate.load.open_loop import RateJudgement
+from calibrate.load.window import spread
+from calibrate.stages.measure.determinism import DeterminismCheck
+from calibrate.stages.measure.slo import binding_slo, describe, has_slo
+from calibrate.stages.measure.stop_rules import Point
+from calibrate.stages.measure.tiers import Stats, energy_short
+from calibrate.stages.prepare.stream_probe import stream_details
+from calibrate.stages.sweep.find_max import FindMax
+from calibrate.stages.sweep.knee import Knee, find_knee, judged_range
+from calibrate.state.summaries import SweepSummary, Workload
+
+if TYPE_CHECKING:
+    from calibrate.stages.sweep.run import SweepOptions
+
+LevelVerdict = Literal["pass", "fail", "stop: slo"]  # stop: slo — a find-max probe over an SLO
+CLIENT_LIMIT_HINT = (
+    "run calibrate from a faster client machine, or one the server does not share its CPU with"
+)
+AutoRole = Literal["synchronous", "rate", "maximum"]
+
+
+@dataclass(frozen=True)
+class ServerCap:
+    """The server's own limit on parallel sequences, when it says (llama.cpp /props)."""
+
+    slots: int
+    source: str
+
+
+@dataclass(frozen=True)
+class AutoStep:
+    """Where a level sits in an ``--auto`` sweep: 0 synchronous, 1…N the rates, N+1 the
+    maximum (``stages.sweep_auto``)."""
+
+    step: int
+    role: AutoRole
+    request_rate: float | None = None  # a closed-loop step's throughput in requests/s
+
+
+@dataclass(frozen=True)
+class Level:
+    """One concurrency level: ``stats`` over all its runs, with ``items_per_s`` and
+    ``output_tokens_per_s`` the medians of the runs' steady windows; ``runs`` one per repeat."""
+
+    stats: Stats
+    runs: tuple[Stats, ...]
+    gain: float | None  # the median gain over the best level below it (SPEC §5.6)
+    counted: bool  # the gain counts: median ≥ gain_min and the ranges do not overlap
+    verdict: LevelVerdict
+    capped: bool
+    rate: RateJudgement | None = None  # rate mode: offered vs achieved (median run), saturation
+    auto: AutoStep | None = None  # --auto: which step of the curve
+    client_bound: str = ""  # why calibrate itself was the bottleneck during it ("" = it was not)
+    stall: Stall | None = None  # answers stalled near a keep-alive timeout
+    determinism: DeterminismCheck | None = None  # [determinism] copies, after the window
+
+    @property
+    def concurrency(self) -> int:
+        return self.stats.concurrency
+
+    @property
+    def saturated(self) -> bool:
+        return self.rate is not None and self.rate.saturated
+
+    @property
+    def label(self) -> str:
+        """``concurrency 4``, ``4 req/s``, or in an auto sweep ``maximum (concurrency 16)``."""
+        if self.rate is None:
+            closed = f"concurrency {self.concurrency}"
+            return f"{self.auto.role} ({closed})" if self.auto else closed
+        return f"{rate_text(self.rate.offered_rate)} req/s"
+
+    @property
+    def goodput_range(self) -> tuple[float, float] | None:
+        good = [r.goodput_per_s for r in self.runs if r.goodput_per_s is not None]
+        return (min(good), max(good)) if good else None
+
+    @property
+    def items_per_s_min(self) -> float:
+        return min((r.items_per_s for r in self.runs), default=self.stats.items_per_s)
+
+    @property
+    def items_per_s_max(self) -> float:
+        return max((r.items_per_s for r in self.runs), default=self.stats.items_per_s)
+
+    @property
+    def point(self) -> Point:
+        """As the knee rule sees it: a level run once has no range, one run 5+ times is judged
+        on its middle runs (``sweep_knee.judged_range``)."""
+        span = judged_range([r.items_per_s for r in self.runs])
+        return Point(
+            self.concurrency,
+            self.stats.items_per_s,
+            self.stats.errors,
+            span[0] if span else None,
+            span[1] if span else None,
+            tuple(r.items_per_s for r in self.runs),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        gain = round(self.gain, 4) if self.gain is not None else None
+        return {
+            **self.stats.to_json(),
+            "repeats": len(self.runs),
+            "items_per_s_min": round(self.items_per_s_min, 6),
+            "items_per_s_max": round(self.items_per_s_max, 6),
+            "gain": gain,
+            "gain_counted": self.counted,
+            "verdict": self.verdict,
+            "capped_by_server": self.capped,
+            "client_bound": self.client_bound or None,
+            **self.rate_json(),
+            **self.goodput_json(),
+            **(self.determinism.to_json() if self.determinism else {}),
+        }
+
+    def rate_json(self) -> dict[str, Any]:
+        """Rate levels: offered (``"inf"`` for everything at once: JSON has no infinity) and
+        achieved; an auto sweep's closed-loop levels: their step and achieved rate too."""
+        auto = {"auto_step": self.auto.step, "load": self.auto.role} if self.auto else {}
+        if self.rate is None:
+            if not auto:
+                return {}
+            rate = self.auto.request_rate if self.auto else None
+            return {**auto, "achieved_rate": round(rate if rate is not None else 0.0, 6)}
+        r = self.rate
+        return {
+            **auto,
+            "offered_rate": rate_value(r.offered_rate),
+            "achieved_rate": round(r.achieved_rate, 6),
+            "saturated": r.saturated,
+            "saturation": r.why or None,
+            "send_lag_p99_s": round(r.send_lag_p99_s, 6) if r.send_lag_p99_s is not None else None,
+        }
+
+    def goodput_json(self) -> dict[str, Any]:
+        span = self.goodput_range
+        if span is None:
+            return {}
+        return {"goodput_per_s_min": round(span[0], 6), "goodput_per_s_max": round(span[1], 6)}
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    levels: tuple[Level, ...]
+    batch_size: int
+    gain_min: float
+    cap: ServerCap | None
+    vram_source: str
+    incidents: int
+    workload: Workload = field(default_factory=Workload)
+    workload_details: dict[str, Any] = field(default_factory=dict)
+    slo: SloConfig = field(default_factory=SloConfig)
+    find_max: FindMax | None = None  # --find-max: the SLO boundary it found
+
+    @property
+    def rate_mode(self) -> bool:
+        return any(lv.rate is not None for lv in self.levels)
+
+    @property
+    def saturated_at(self) -> Level | None:
+        return next((lv for lv in self.levels if lv.saturated), None)
+
+    @property
+    def saturation_text(self) -> str:
+        """``saturated at 6 req/s: achieved 4.1 req/s is 32 % below the offered 6``."""
+        top = self.saturated_at
+        if top is None or top.rate is None:
+            return ""
+        return f"saturated at {top.label}: {top.rate.why}"
+
+    @property
+    def auto(self) -> bool:
+        return any(lv.auto is not None for lv in self.levels)
+
+    @property
+    def best(self) -> Level | None:
+        """The recommended level: with SLOs the highest median goodput; in rate mode the highest
+        rate the server kept up with (an auto sweep: else its synchronous level); else the knee."""
+        passing = [lv for lv in self.measurable if lv.verdict == "pass"]
+        if self.find_max is not None:
+            top = self.find_max.last_passing
+            return next((lv for lv in passing if lv.concurrency == top), None)
+        if has_slo(self.slo):
+            good = [lv for lv in passing if (lv.stats.goodput_per_s or 0.0) > 0]
+            return max(good, key=lambda lv: lv.stats.goodput_per_s or 0.0, default=None)
+        if self.auto:
+            kept = [lv for lv in passing if lv.rate is not None and not lv.saturated]
+            sync = next((lv for lv in passing if lv.auto and lv.auto.role == "synchronous"), None)
+            return max(kept, key=_offered, default=sync)
+        if self.rate_mode:
+            kept = [lv for lv in passing if not lv.saturated]
+            return kept[-1] if kept else None
+        return self.knee
+
+    @property
+    def recommendation(self) -> str:
+        """The recommendation in words, with what bound it."""
+        top = self.best
+        if self.find_max is not None:
+            if top is None:
+                return ""
+            return (
+                f"{top.label}: the most in flight that met every SLO ({describe(self.slo)}); "
+                f"{self.find_max.text}"
+            )
+        if top is None:
+            if has_slo(self.slo):
+                return f"no level met the SLOs ({describe(self.slo)}) with any request"
+            return ""
+        s = top.stats
+        if has_slo(self.slo):
+            span = top.goodput_range
+            ranged = f", range {span[0]:.2f}–{span[1]:.2f}" if span and len(top.runs) > 1 else ""
+            bound = binding_slo(self._next_after(top) or s, self.slo)
+            return (
+                f"{top.label}: goodput {s.goodput_per_s or 0.0:.2f} req/s within the SLOs "
+                f"(median{ranged}); bounded by {bound}"
+            )
+        if self.auto and top.rate is None:
+            ran = any(lv.rate is not None for lv in self.levels)
+            why = (
+                "every rate tried above it saturated"
+                if ran
+                else "no rate between it and the maximum ran"
+            )
+            rate = top.auto.request_rate if top.auto else None
+            return f"{top.label}: {rate or s.items_per_s:.2f} req/s — {why}"
+        if self.rate_mode and top.rate is not None:
+            return f"{top.label}: achieved {top.rate.achieved_rate:.2f} req/s, not saturated"
+        return ""
+
+    def _next_after(self, level: Level) -> Stats | None:
+        at = self.levels.index(level)
+        return self.levels[at + 1].stats if at + 1 < len(self.levels) else None
+
+    @property
+    def client_limit(self) -> Level | None:
+        """The level from which on calibrate itself was the bottleneck at every level (a
+        client-bound level with a clean one above it was a passing hiccup, not the limit)."""
+        limit: Level | None = None
+        for lv in self.levels:
+            limit = (limit or lv) if lv.client_bound else None
+        return limit
+
+    @property
+    def measurable(self) -> tuple[Level, ...]:
+        """The levels whose throughput the server, not the client, set: those below the client
+        limit, without any client-bound one among them."""
+        limit = self.client_limit
+        below = self.levels if limit is None else self.levels[: self.levels.index(limit)]
+        return tuple(lv for lv in below if not lv.client_bound)
+
+    @property
+    def points(self) -> list[Point]:
+        return [lv.point for lv in self.measurable]
+
+    @property
+    def found(self) -> Knee | None:
+        return find_knee(self.points, self.gain_min)
+
+    @property
+    def knee(self) -> Level | None:
+        """The knee among the levels the client could measure (None when inconclusive)."""
+        found = self.found
+        if found is None or self.inconclusive:
+            return None
+        return next((lv for lv in self.measurable if lv.point == found.knee), None)
+
+    @property
+    def knee_text(self) -> str:
+        """Where the knee is and how sure: the gains around it with their ranges."""
+        found = self.found
+        return found.text if found and not self.inconclusive else ""
+
+    @property
+    def inconclusive(self) -> str:
+        """``inconclusive: the client was the limit at C ≥ 8 …`` when a client-bound level
+        leaves the best level unknown (else "")."""
+        if self.find_max is not None:
+            return self._find_max_inconclusive()
+        limit = self.client_limit
+        if limit is None:
+            return ""
+        reliable = self.measurable
+        top = self._best_measured()
+        if top is not None and reliable and top is not reliable[-1]:
+            return ""
+        at = limit.rate.offered_rate if limit.rate else None
+        where = f"rate ≥ {rate_text(at)} req/s" if limit.rate else f"C ≥ {limit.concurrency}"
+        rising = (
+            f"the best level it could measure is the last one before that ({top.label}), so "
+            "what more in flight would give is unknown"
+            if top is not None
+            else "no level below it was measured"
+        )
+        return (
+            f"inconclusive: the client was the limit at {where} — {rising} ({limit.client_bound})"
+        )
+
+    def _find_max_inconclusive(self) -> str:
+        """A boundary is only as good as its two sides: when calibrate itself was the bottleneck
+        at the last passing or the first failing probe, who missed the SLOs is unknown."""
+        fm = self.find_max
+        assert fm is not None
+        for side, at in (("last passing", fm.last_passing), ("first failing", fm.first_failing)):
+            level = next((lv for lv in self.levels if lv.concurrency == at), None)
+            if level is not None and level.client_bound:
+                return (
+                    f"inconclusive: the client was the limit at C = {at}, the {side} probe — "
+                    f"whether the server or calibrate set the SLO boundary is unknown "
+                    f"({level.client_bound})"
+                )
+        return ""
+
+    @property
+    def what_to_do(self) -> str:
+        """For an inconclusive sweep: a faster client, or (when some levels were measured
+        cleanly) the levels below the limit to run again."""
+        below = [lv.concurrency for lv in self.measurable if lv.rate is None and not lv.auto]
+        again = f"; or sweep only below the limit: --concurrency {','.join(map(str, below))}"
+        return CLIENT_LIMIT_HINT + (again if below else "")
+
+    def _best_measured(self) -> Level | None:
+        by_best = has_slo(self.slo) or self.rate_mode or self.auto
+        if by_best:
+            return self.best
+        found = self.found
+        if found is None:
+            return None
+        return next((lv for lv in self.measurable if lv.point == found.best), None)
+
+    @property
+    def passed(self) -> bool:
+        if self.inconclusive:
+            return False
+        by_best = has_slo(self.slo) or self.rate_mode or self.auto
+        return self.best is not None if by_best else self.knee is not None
+
+    @property
+    def load_mode(self) -> str:
+        if self.find_max is not None:
+            return "find-max"
+        return "auto" if self.auto else ("rates" if self.rate_mode else "concurrency")
+
+    @property
+    def stopped_by(self) -> str:
+        return "failure" if any(lv.verdict == "fail" for lv in self.levels) else "completed"
+
+    @property
+    def reason(self) -> str:
+        """Why the sweep stopped, in words (the failing level's errors)."""
+        if self.find_max is not None and self.find_max.last_passing is None:
+            return f"no level met the SLOs ({describe(self.slo)}): {self.find_max.text}"
+        failed = next((lv for lv in self.levels if lv.verdict == "fail"), None)
+        if failed is None:
+            return "every level ran" if self.levels else "no level ran"
+        s = failed.stats
+        first = " (the first level)" if failed is self.levels[0] else ""
+        return f"{failed.label}{first}: {s.errors} of {s.items} requests failed ({s.kinds_text})"
+
+    def notes(self, *, llamacpp: bool = False) -> list[str]:
+        """Caps exceeded, stalls at a keep-alive timeout (``llamacpp``: name its flag), and the
+        levels whose throughput was the client's limit."""
+        out: list[str] = []
+        llamacpp = llamacpp or (self.cap is not None and "llama.cpp" in self.cap.source)
+        for lv in self.levels:
+            if lv.stall is not None:
+                out.append(lv.stall.text(lv.concurrency, llamacpp))
+        limit = self.client_limit
+        if limit is not None and not self.inconclusive:
+            out.append(
+                f"{limit.label} and above: calibrate itself was the bottleneck, so their "
+                "throughput is the client's limit, not the server's; not recommended"
+            )
+        for lv in self.levels[: self.levels.index(limit) if limit else len(self.levels)]:
+            if lv.client_bound:
+                out.append(
+                    f"{lv.label}: calibrate itself was the bottleneck for a while "
+                    f"({lv.client_bound}); left out of the knee"
+                )
+        if self.cap is not None:
+            over = [lv.concurrency for lv in self.levels if lv.capped]
+            if over:
+                out.append(
+                    f"concurrency {', '.join(map(str, over))} exceeds the server's own cap of "
+                    f"{self.cap.slots} ({self.cap.source}): the extra requests queue in the server"
+                )
+        return out
+
+    def summary(self, options: SweepOptions) -> SweepSummary:
+        top = None if self.auto or self.find_max else self.knee  # no concurrency steps
+        best = self.best
+        details = {
+            "knee": {
+                "concurrency": top.concurrency,
+                "items_per_s": round(top.stats.items_per_s, 3),
+                "items_per_s_min": round(top.items_per_s_min, 3),
+                "items_per_s_max": round(top.items_per_s_max, 3),
+                "how_sure": self.knee_text,
+                "sure": bool(self.found and self.found.sure),
+            }
+            if top
+            else None,
+            "reason": self.reason,
+            "inconclusive": self.inconclusive or None,
+            "server_cap": {"slots": self.cap.slots, "source": self.cap.source}
+            if self.cap
+            else None,
+            "vram_source": self.vram_source,
+            "levels": [
+                {
+                    "concurrency": lv.concurrency,
+                    "items_per_s": round(lv.stats.items_per_s, 3),
+                    "items_per_s_min": round(lv.items_per_s_min, 3),
+                    "items_per_s_max": round(lv.items_per_s_max, 3),
+                    "repeats": len(lv.runs),
+                    "gain_counted": lv.counted,
+                    "client_bound": bool(lv.client_bound),
+                    "errors": lv.stats.errors,
+                    "verdict": lv.verdict,
+                    **lv.rate_json(),
+                    "goodput_per_s": lv.stats.goodput_per_s,
+                    **energy_short(lv.stats),
+                }
+                for lv in self.levels
+            ],
+            "recommendation": self.recommendation or None,
+            "saturated": self.saturation_text or None,
+            "slo": describe(self.slo) if has_slo(self.slo) else None,
+            "load_mode": self.load_mode,
+            "find_max": self.find_max.to_json() if self.find_max else None,
+            "levels_skipped": list(options.skipped_levels),
+            "beyond_ladder": options.beyond_ladder,
+            "incidents": self.incidents,
+            "workload_detail": self.workload_details,
+            **stream_details(options.stream_check),
+        }
+        chosen = best if has_slo(self.slo) or self.rate_mode or self.auto else top
+        chosen = None if self.inconclusive else chosen
+        return SweepSummary(
+            chosen.concurrency if chosen else None,
+            self.batch_size,
+            options.ladder_run_id,
+            self.stopped_by,
+            details,
+            self.workload,
+        )
+
+
+def _offered(level: Level) -> float:
+    """A rate level's offered rate (inf for everything at once)."""
+    rate = level.rate.offered_rate if level.rate else None
+    return math.inf if rate is None else rate
+
+
+def level_stats(whole: Stats, runs: Sequence[Stats]) -> Stats:
+    """A level's stats over all its runs, with throughput and goodput the runs' medians."""
+    good = [r.goodput_per_s for r in runs if r.goodput_per_s is not None]
+    return replace(
+        whole,
+        items_per_s=spread([r.items_per_s for r in runs]).median,
+        output_tokens_per_s=spread([r.output_tokens_per_s for r in runs]).median,
+        goodput_per_s=spread(good).median if good else None,
+        slo_met=sum(r.slo_met or 0 for r in runs) if good else None,
+    )

@@ -1,0 +1,1 @@
+"""calibrate tune: engine-flag candidates, each started, calibrated and ranked."""

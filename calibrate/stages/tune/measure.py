@@ -1,0 +1,216 @@
+"""One candidate measured the way the sweep measures: the one place tune builds a ``Sweep``.
+
+``measure_candidate`` runs the existing sweep (``stages.sweep``) at the candidate's cap, over
+the candidate's own folder (``runs/<tune>/candidates/<slug>/``: records, levels, incidents),
+then reads its levels back as a ``Measurement``: the best level by goodput (requests per second
+that met every ``[slo]`` bound, or all successful ones when there are no SLOs), its latency
+percentiles, the peak VRAM / KV pressure, errors and incidents. When the sweep's windows change,
+this module is what follows them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from calibrate.config import Config, SloConfig
+from calibrate.io.store import RunDir, read_jsonl
+from calibrate.load.waves import Sender
+from calibrate.numbers import finite
+from calibrate.stages.context import StageContext
+from calibrate.stages.measure.slo import record_met
+from calibrate.stages.measure.tier_run import MeasureSpec, measuring
+from calibrate.stages.prepare.workload_plan import prepare_workload
+from calibrate.stages.sweep.run import Level, Sweep, SweepOptions, SweepResult, read_server_cap
+from calibrate.stages.tune.grid import Candidate
+from calibrate.stages.tune.result import BestLevel, Measurement
+from calibrate.workload import WorkloadSpec
+
+Notify = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class SloBounds:
+    """Latency bounds a request must meet to count as goodput (SPEC §5.13); None = no bound."""
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+
+    @property
+    def any(self) -> bool:
+        return any(b is not None for b in (self.ttft_s, self.tpot_s, self.e2e_s))
+
+    def met(self, record: dict[str, Any]) -> bool:
+        """Whether one request record met every bound (the shared definition, ``stages.slo``)."""
+        return record_met(SloConfig(self.ttft_s, self.tpot_s, self.e2e_s), record)
+
+    def describe(self) -> str:
+        named = (("TTFT", self.ttft_s), ("TPOT", self.tpot_s), ("E2E", self.e2e_s))
+        parts = [f"{name} ≤ {bound:g} s" for name, bound in named if bound is not None]
+        return ", ".join(parts) or "no SLOs"
+
+    def to_json(self) -> dict[str, float | None]:
+        return {"ttft_p99_s": self.ttft_s, "tpot_p99_s": self.tpot_s, "e2e_p99_s": self.e2e_s}
+
+
+def slo_bounds(cfg: Config) -> SloBounds:
+    """``[slo]`` when this version of the config has the section (SPEC §5.13), else no SLOs."""
+    section = getattr(cfg, "slo", None)  # the section is optional, and newer than tune
+    return SloBounds(
+        finite(getattr(section, "ttft_p99_s", None)),
+        finite(getattr(section, "tpot_p99_s", None)),
+        finite(getattr(section, "e2e_p99_s", None)),
+    )
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    """How every candidate is measured: the sweep's levels and window, the workload, the SLOs."""
+
+    spec: MeasureSpec
+    levels: tuple[int, ...]
+    stream: bool
+    workload: WorkloadSpec
+    ladder_run_id: str
+    slo: SloBounds
+    skipped_levels: tuple[int, ...] = ()  # above what the ladder proved in flight: not measured
+    proven_in_flight: int = 0  # the most requests the ladder held in flight in a passing tier
+
+    def skipped_note(self) -> str:
+        """Why levels of ``[tune] concurrency`` are not measured ("" when none is skipped)."""
+        if not self.skipped_levels:
+            return ""
+        return (
+            f"concurrency {', '.join(map(str, self.skipped_levels))} skipped: the ladder passed "
+            f"with at most {self.proven_in_flight} requests in flight, and tune measures every "
+            f"candidate within that load (levels {', '.join(map(str, self.levels))})"
+        )
+
+    def sweep_options(self, cfg: Config, cap: int, window: float) -> SweepOptions:
+        """The sweep's own options at this cap, each level's window scaled by ``window``."""
+        options = SweepOptions.from_config(
+            cfg, cap, stream=self.stream, ladder_run_id=self.ladder_run_id
+        )
+        return dataclasses.replace(options, levels=self.levels, level_s=options.level_s * window)
+
+    def to_json(self, cfg: Config) -> dict[str, Any]:
+        """What decides the measurements (part of the grid fingerprint)."""
+        options = self.sweep_options(cfg, 1, 1.0)
+        return {
+            "levels": list(self.levels),
+            "level_s": options.level_s,
+            "repeats": options.repeats,
+            "gain_min": options.gain_min,
+            "mode": options.mode,
+            "stream": self.stream,
+            "workload": self.workload.describe(),
+            "prompt": cfg.prompt.text,
+            "max_tokens": cfg.prompt.max_tokens,
+            "slo": self.slo.to_json(),
+        }
+
+
+def candidate_run(tune_run: RunDir, candidate: Candidate, rung: int) -> RunDir:
+    """The candidate's own folder inside the tune run (one per rung of a halving search)."""
+    name = candidate.slug + (f"-rung{rung}" if rung else "")
+    return RunDir(tune_run.path / "candidates", "tune", run_id=name)
+
+
+def measure_candidate(
+    ctx: StageContext,
+    settings: MeasureSettings,
+    candidate: Candidate,
+    run: RunDir,
+    *,
+    window: float,
+    notify: Notify,
+) -> Measurement:
+    """The sweep's measurement of the started candidate, at increasing concurrency."""
+    sub = dataclasses.replace(ctx, run=run)
+    options = settings.sweep_options(ctx.config, candidate.cap, window)
+
+    def shown(level: Level) -> None:
+        s = level.stats
+        p50 = s.latency_p50_s or 0.0
+        notify(
+            f"  {candidate.id} concurrency {s.concurrency}: {s.items_per_s:.2f} items/s, "
+            f"p50 {p50:.3f} s, {s.errors} errors"
+        )
+
+    with measuring(settings.spec, sub) as watch:
+        for line in watch.monitor.warnings():  # a memory source that failed, named
+            notify(f"  {candidate.id}: warning: {line}")
+        cap = read_server_cap(sub.client.get_text)
+        # each candidate is a fresh server: the workload is probed (token counts) on it again
+        plan = prepare_workload(ctx.config, sub.client, settings.workload, options.mode, ctx.params)
+        sweep = Sweep(
+            sub, options, watch.monitor, watch.incidents, Sender(sub.client), cap, plan=plan
+        )
+        sweep.on_level = shown
+        try:
+            result = sweep.run()
+        finally:
+            run.close()
+    return _measurement(result, run, settings.slo, options.gain_min)
+
+
+def _goodput(run: RunDir, slo: SloBounds) -> dict[int, int]:
+    """Per concurrency: the successful requests that met every SLO."""
+    counts: dict[int, int] = {}
+    path = run.path / "records.jsonl"
+    if not path.is_file():
+        return counts
+    for record in read_jsonl(path):
+        concurrency = record.get("concurrency")
+        if record.get("ok") is True and isinstance(concurrency, int) and slo.met(record):
+            counts[concurrency] = counts.get(concurrency, 0) + 1
+    return counts
+
+
+def _measurement(result: SweepResult, run: RunDir, slo: SloBounds, gain_min: float) -> Measurement:
+    """The levels read back; the best is the lowest concurrency within ``gain_min`` of the
+    highest goodput among passing levels (more in flight that adds nothing is not better)."""
+    good = _goodput(run, slo)
+    rows: list[dict[str, Any]] = []
+    passing: list[BestLevel] = []
+    for level in result.levels:
+        s = level.stats
+        goodput = good.get(s.concurrency, 0) / s.total_s if s.total_s > 0 else 0.0
+        row = {"concurrency": s.concurrency, "goodput_per_s": round(goodput, 4)}
+        row |= {"items_per_s": round(s.items_per_s, 4), "errors": s.errors}
+        rows.append({**row, "p50_s": s.latency_p50_s, "verdict": level.verdict})
+        if level.verdict == "pass" and goodput > 0:
+            passing.append(
+                BestLevel(
+                    s.concurrency,
+                    goodput,
+                    s.items_per_s,
+                    s.output_tokens_per_s,
+                    s.latency_p50_s,
+                    s.latency_p90_s,
+                    s.ttft_p50_s,
+                    s.joules_per_output_token,
+                    s.usd_per_1m_output_tokens,
+                )
+            )
+    top = max((b.goodput_per_s for b in passing), default=0.0)
+    best = next((b for b in passing if b.goodput_per_s * (1 + gain_min) >= top), None)
+    stats = [lv.stats for lv in result.levels]
+
+    def peak(values: list[float | None]) -> float | None:
+        return max((v for v in values if v is not None), default=None)
+
+    return Measurement(
+        best,
+        tuple(rows),
+        sum(s.errors for s in stats),
+        result.incidents,
+        peak([s.peak_vram_mib for s in stats]),
+        peak([s.peak_kv_usage for s in stats]),
+        peak([s.pressure for s in stats]),
+        result.vram_source,
+        result.stopped_by,
+    )

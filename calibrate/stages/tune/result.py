@@ -1,0 +1,240 @@
+"""What one tune candidate (or memory probe) came to: the typed lines of candidates.jsonl."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from calibrate.stages.tune.grid import Candidate
+
+
+def _num(data: dict[str, Any], key: str) -> float | None:
+    value = data.get(key)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _int(data: dict[str, Any], key: str) -> int | None:
+    value = data.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _r(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+@dataclass(frozen=True)
+class BestLevel:
+    """The concurrency at which a candidate did best, and how it did there."""
+
+    concurrency: int
+    goodput_per_s: float  # requests/s that met every SLO (= items_per_s without SLOs)
+    items_per_s: float
+    output_tokens_per_s: float
+    p50_s: float | None
+    p90_s: float | None
+    ttft_p50_s: float | None
+    # SPEC §13 at this level (None: no energy source / no price): what --rank-by can rank by
+    joules_per_output_token: float | None = None
+    usd_per_1m_output_tokens: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        energy = {
+            k: _r(v, 6)
+            for k in ("joules_per_output_token", "usd_per_1m_output_tokens")
+            if (v := getattr(self, k)) is not None
+        }
+        return {
+            "concurrency": self.concurrency,
+            "goodput_per_s": _r(self.goodput_per_s),
+            "items_per_s": _r(self.items_per_s),
+            "output_tokens_per_s": _r(self.output_tokens_per_s, 2),
+            "p50_s": _r(self.p50_s),
+            "p90_s": _r(self.p90_s),
+            "ttft_p50_s": _r(self.ttft_p50_s),
+            **energy,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> BestLevel | None:
+        if not isinstance(data, dict) or _int(data, "concurrency") is None:
+            return None
+        return cls(
+            _int(data, "concurrency") or 1,
+            _num(data, "goodput_per_s") or 0.0,
+            _num(data, "items_per_s") or 0.0,
+            _num(data, "output_tokens_per_s") or 0.0,
+            _num(data, "p50_s"),
+            _num(data, "p90_s"),
+            _num(data, "ttft_p50_s"),
+            _num(data, "joules_per_output_token"),
+            _num(data, "usd_per_1m_output_tokens"),
+        )
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What the sweep measured on a started candidate (``tune_measure``)."""
+
+    best: BestLevel | None
+    levels: tuple[dict[str, Any], ...]  # per level: concurrency, goodput, items/s, errors
+    errors: int
+    incidents: int
+    peak_vram_mib: float | None
+    peak_kv_usage: float | None
+    pressure: float | None
+    vram_source: str
+    stopped_by: str
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    """One finished measurement of one candidate at one rung of the search."""
+
+    candidate: Candidate
+    rung: int  # 0 for the full grid; successive halving counts up
+    window: float  # the fraction of the sweep's window each level ran
+    started: bool
+    start_exit_code: int | None = None  # the engine's exit code when it did not start
+    start_error: str = ""  # why it did not start (or did not answer its warm-up)
+    log_tail: tuple[str, ...] = ()  # the server log's last lines, when something failed
+    served: bool = False  # answered the warm-up request
+    crashed: bool = False  # the server exited while it was measured
+    exit_code: int | None = None  # how the server ended, when it crashed
+    measurement: Measurement | None = None
+    vram_release: str = ""
+    elapsed_s: float = 0.0
+
+    @property
+    def best(self) -> BestLevel | None:
+        return self.measurement.best if self.measurement else None
+
+    @property
+    def goodput_per_s(self) -> float:
+        return self.best.goodput_per_s if self.best else 0.0
+
+    @property
+    def status(self) -> str:
+        if not self.started:
+            return "did not start"
+        if not self.served:
+            return "did not serve"
+        if self.crashed:
+            return "crashed"
+        return "measured" if self.best else "failed"
+
+    def to_json(self) -> dict[str, Any]:
+        m = self.measurement
+        return {
+            **self.candidate.to_json(),
+            "rung": self.rung,
+            "window": self.window,
+            "status": self.status,
+            "started": self.started,
+            "start_exit_code": self.start_exit_code,
+            "start_error": self.start_error or None,
+            "log_tail": list(self.log_tail),
+            "served": self.served,
+            "crashed": self.crashed,
+            "exit_code": self.exit_code,
+            "best": self.best.to_json() if self.best else None,
+            "best_concurrency": self.best.concurrency if self.best else None,
+            "goodput_per_s": _r(self.best.goodput_per_s) if self.best else None,
+            "items_per_s": _r(self.best.items_per_s) if self.best else None,
+            "latency": self._latency(),
+            "levels": list(m.levels) if m else [],
+            "errors": m.errors if m else 0,
+            "incidents": m.incidents if m else 0,
+            "peak_vram_mib": _r(m.peak_vram_mib, 1) if m else None,
+            "peak_kv_usage": _r(m.peak_kv_usage) if m else None,
+            "pressure": _r(m.pressure) if m else None,
+            "vram_source": m.vram_source if m else None,
+            "stopped_by": m.stopped_by if m else None,
+            "vram_release": self.vram_release,
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
+
+    def _latency(self) -> dict[str, float | None] | None:
+        b = self.best
+        if b is None:
+            return None
+        return {"p50_s": _r(b.p50_s), "p90_s": _r(b.p90_s), "ttft_p50_s": _r(b.ttft_p50_s)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CandidateResult | None:
+        """A line of candidates.jsonl; None when it is not one (never a crash on resume)."""
+        candidate = Candidate.from_json(data)
+        if candidate is None or not isinstance(data.get("started"), bool):
+            return None
+        measurement = None
+        if data["started"] and data.get("served") is True:
+            levels = data.get("levels")
+            measurement = Measurement(
+                BestLevel.from_json(data.get("best")),
+                tuple(lv for lv in levels if isinstance(lv, dict))
+                if isinstance(levels, list)
+                else (),
+                _int(data, "errors") or 0,
+                _int(data, "incidents") or 0,
+                _num(data, "peak_vram_mib"),
+                _num(data, "peak_kv_usage"),
+                _num(data, "pressure"),
+                str(data.get("vram_source") or "none"),
+                str(data.get("stopped_by") or ""),
+            )
+        tail = data.get("log_tail")
+        return cls(
+            candidate,
+            _int(data, "rung") or 0,
+            _num(data, "window") or 1.0,
+            data["started"],
+            _int(data, "start_exit_code"),
+            str(data.get("start_error") or ""),
+            tuple(str(line) for line in tail) if isinstance(tail, list) else (),
+            data.get("served") is True,
+            data.get("crashed") is True,
+            _int(data, "exit_code"),
+            measurement,
+            str(data.get("vram_release") or ""),
+            _num(data, "elapsed_s") or 0.0,
+        )
+
+
+@dataclass(frozen=True)
+class MemoryProbe:
+    """One try of the memory step: did the engine start and serve at this fraction?"""
+
+    fraction: str
+    started: bool
+    served: bool
+    exit_code: int | None
+    error: str
+    log_tail: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.started and self.served
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "fraction": self.fraction,
+            "started": self.started,
+            "served": self.served,
+            "exit_code": self.exit_code,
+            "error": self.error or None,
+            "log_tail": list(self.log_tail),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> MemoryProbe | None:
+        fraction = data.get("fraction")
+        if not isinstance(fraction, str) or not isinstance(data.get("started"), bool):
+            return None
+        tail = data.get("log_tail")
+        return cls(
+            fraction,
+            data["started"],
+            data.get("served") is True,
+            _int(data, "exit_code"),
+            str(data.get("error") or ""),
+            tuple(str(x) for x in tail) if isinstance(tail, list) else (),
+        )

@@ -1,0 +1,217 @@
+"""Stage C″: search the engine's own flags, one restart per candidate, and rank them (SPEC §5.12).
+
+First the memory step (vLLM ``--gpu-memory-utilization``, SGLang ``--mem-fraction-static``, a
+custom ``{memory_fraction}``): the highest fraction at which the most demanding candidate starts
+and serves one request, stepping down on a start failure; it is then fixed for the grid. Then
+every candidate (``--search grid``), or successive halving (``--search halving``: all at a short
+window, the better half again at twice the window, … the last two at the full window). Each
+finished measurement is on disk before the next starts; a rerun with the same grid fingerprint
+skips what is there. ``--budget-s`` is checked before each start; what it left is reported.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from calibrate.config import TuneSearch
+from calibrate.gpu.energy import RANK_FIELDS, RankBy
+from calibrate.stages.tune.candidate import Lifecycle
+from calibrate.stages.tune.grid import Candidate, TunePlan
+from calibrate.stages.tune.result import CandidateResult, MemoryProbe
+from calibrate.stages.tune.store import TuneStore
+from calibrate.state.summaries import TunedSetting, TuneSummary
+
+Notify = Callable[[str], None]
+
+
+def schedule(n: int, search: TuneSearch) -> list[tuple[int, float]]:
+    """(candidates measured, window fraction) per rung: one full rung for the grid; for
+    halving the field halves (rounded up) until two are left, the window doubling up to 1."""
+    if search == "grid" or n <= 2:
+        return [(n, 1.0)]
+    sizes = [n]
+    while sizes[-1] > 2:
+        sizes.append(math.ceil(sizes[-1] / 2))
+    last = len(sizes) - 1
+    return [(size, 2.0 ** (r - last)) for r, size in enumerate(sizes)]
+
+
+def _healthy(result: CandidateResult) -> bool:
+    return result.best is not None and not result.crashed
+
+
+def rank(results: Sequence[CandidateResult], by: RankBy = "goodput") -> list[CandidateResult]:
+    """Best first: a healthy measurement before a crash or a failure, a later halving rung
+    before an earlier one, then (``by`` J/token or $/1M: the fewest at its best level, one not
+    measured after those that were) goodput, then the lower median latency, then grid order."""
+    column = RANK_FIELDS.get(by)
+
+    def key(r: CandidateResult) -> tuple[bool, int, float, float, float, int]:
+        p50 = r.best.p50_s if r.best and r.best.p50_s is not None else math.inf
+        cost = getattr(r.best, column, None) if column and r.best else None
+        spend = cost if cost is not None else (math.inf if column else 0.0)
+        return (not _healthy(r), -r.rung, spend, -r.goodput_per_s, p50, r.candidate.index)
+
+    return sorted(results, key=key)
+
+
+@dataclass(frozen=True)
+class TuneOutcome:
+    """Where a tune run stands: the memory step, every candidate's latest result, ranked."""
+
+    plan: TunePlan
+    memory: str | None
+    probes: tuple[MemoryProbe, ...]
+    ranked: tuple[CandidateResult, ...]  # one per candidate measured (its highest rung)
+    untested: tuple[Candidate, ...]
+    budget_spent: bool
+    memory_failed: bool = False
+
+    @property
+    def winner(self) -> CandidateResult | None:
+        top = self.ranked[0] if self.ranked else None
+        return top if top is not None and _healthy(top) else None
+
+    @property
+    def runner_up(self) -> CandidateResult | None:
+        if self.winner is None or len(self.ranked) < 2 or not _healthy(self.ranked[1]):
+            return None
+        return self.ranked[1]
+
+    @property
+    def margin(self) -> float | None:
+        """The winner's goodput over the runner-up's, as a fraction (0.25 = 25 % more)."""
+        win, second = self.winner, self.runner_up
+        if win is None or second is None or second.goodput_per_s <= 0:
+            return None
+        return win.goodput_per_s / second.goodput_per_s - 1
+
+    @property
+    def complete(self) -> bool:
+        return not self.untested and not self.budget_spent and not self.memory_failed
+
+    def summary(self, details: dict[str, Any]) -> TuneSummary:
+        win = self.winner
+        tuned = None
+        if win is not None and win.best is not None:
+            c = win.candidate
+            tuned = TunedSetting(c.flags, c.cap, win.best.concurrency)
+        second = self.runner_up
+        body = {
+            **details,
+            "candidates": self.plan.size,
+            "measured": len(self.ranked),
+            "did_not_start": sum(1 for r in self.ranked if not r.started),
+            "memory": {
+                "key": self.plan.memory_key,
+                "fixed": self.memory,
+                "probes": [p.to_json() for p in self.probes],
+            },
+            "runner_up": second.candidate.to_json() if second else None,
+            "margin": round(self.margin, 4) if self.margin is not None else None,
+            "untested": [c.to_json() for c in self.untested],
+            "budget_spent": self.budget_spent,
+        }
+        return TuneSummary(
+            tuned, self.plan.kind, self.complete, str(details.get("ladder_run_id", "")), body
+        )
+
+
+@dataclass
+class Tune:
+    """Runs the memory step and the search for one tune run, writing each result as it ends."""
+
+    plan: TunePlan
+    store: TuneStore
+    lifecycle: Lifecycle
+    search: TuneSearch
+    window: float  # [tune] window: every rung's window is this fraction of the sweep's
+    budget_s: float
+    notify: Notify
+    on_result: Callable[[CandidateResult], None] = lambda result: None
+    clock: Callable[[], float] = time.monotonic
+    rank_by: RankBy = "goodput"
+    done: dict[tuple[int, int], CandidateResult] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.deadline = self.clock() + self.budget_s if self.budget_s > 0 else math.inf
+        for result in self.store.results():
+            self.done[(result.rung, result.candidate.index)] = result
+
+    def _out_of_time(self) -> bool:
+        return self.clock() >= self.deadline
+
+    def memory_step(self) -> tuple[str | None, tuple[MemoryProbe, ...], bool]:
+        """(the fixed fraction, the probes, whether the budget ran out before one passed)."""
+        key = self.plan.memory_key
+        if key is None:
+            return None, (), False
+        probes = {p.fraction: p for p in self.store.probes()}
+        for fraction in self.plan.memory_fractions:
+            probe = probes.get(fraction)
+            if probe is None:
+                if self._out_of_time():
+                    return None, tuple(probes.values()), True
+                self.notify(f"memory step: {key}={fraction} (the most demanding candidate)")
+                probe = self.lifecycle.probe_memory(self.plan.probe(fraction), fraction)
+                self.store.append_probe(probe)
+                probes[fraction] = probe
+                if not probe.ok:
+                    code = f" (exit code {probe.exit_code})" if probe.exit_code is not None else ""
+                    self.notify(
+                        f"  {key}={fraction} did not start and serve{code}: {probe.error}; stepping down"
+                    )
+            if probe.ok:
+                self.notify(f"memory step: {key}={fraction} starts and serves; fixed for the grid")
+                return fraction, tuple(probes.values()), False
+        return None, tuple(probes.values()), False
+
+    def run(self) -> TuneOutcome:
+        memory, probes, spent = self.memory_step()
+        plan = self.plan
+        if plan.memory_key is not None and memory is None:
+            return TuneOutcome(plan, None, probes, (), plan.candidates(None), spent, not spent)
+        pool = list(plan.candidates(memory))
+        untested: tuple[Candidate, ...] = ()
+        for rung, (size, rung_window) in enumerate(schedule(len(pool), self.search)):
+            if rung > 0:
+                previous = [
+                    self.done[(rung - 1, c.index)] for c in pool if (rung - 1, c.index) in self.done
+                ]
+                pool = [r.candidate for r in rank(previous, self.rank_by) if _healthy(r)][:size]
+                self.notify(
+                    f"halving rung {rung}: {', '.join(c.id for c in pool)} at {rung_window:g}× the window"
+                )
+            left = self._measure(pool, rung, rung_window * self.window)
+            if left:
+                untested = left
+                break
+        latest: dict[int, CandidateResult] = {}
+        for (_, index), result in sorted(self.done.items()):
+            latest[index] = result
+        return TuneOutcome(
+            plan,
+            memory,
+            probes,
+            tuple(rank(list(latest.values()), self.rank_by)),
+            untested,
+            bool(untested),
+        )
+
+    def _measure(self, pool: list[Candidate], rung: int, window: float) -> tuple[Candidate, ...]:
+        """Measure the pool's unmeasured candidates; those the budget left untested."""
+        for n, candidate in enumerate(pool):
+            if (rung, candidate.index) in self.done:
+                continue
+            if self._out_of_time():
+                return tuple(c for c in pool[n:] if (rung, c.index) not in self.done)
+            self.notify(f"candidate {candidate.id} ({candidate.describe()}): restart and measure")
+            result = self.lifecycle.run(candidate, rung, window, self.store.run)
+            self.store.append(result)
+            self.done[(rung, candidate.index)] = result
+            self.on_result(result)
+        return ()

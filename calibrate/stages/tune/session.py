@@ -1,0 +1,125 @@
+"""A tune run from its setup to its ledger line: the search, then the tables, plot and verdict.
+
+The verdict passes when a winner served a passing level; the run is marked finished (a rerun
+starts a new one) only when every candidate was measured. An interrupted run is recorded
+``interrupted: true`` and stays resumable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from calibrate.io.records import LedgerEntry
+from calibrate.stages.tune.candidate import Lifecycle
+from calibrate.stages.tune.files import rows, write_plot, write_tables
+from calibrate.stages.tune.result import CandidateResult
+from calibrate.stages.tune.run import Notify, Tune, TuneOutcome
+from calibrate.stages.tune.setup import TuneSetup
+from calibrate.stages.tune.store import TuneStore
+from calibrate.state.summaries import TuneSummary
+
+
+@dataclass(frozen=True)
+class TuneFinished:
+    """What a finished (or budget-cut) tune wrote, for the command to show."""
+
+    outcome: TuneOutcome
+    table: list[dict[str, Any]]
+    title: str
+    tables: Path | None
+    plot: Path | None
+    summary: TuneSummary
+    entry: LedgerEntry
+
+    def to_json(self, setup: TuneSetup) -> dict[str, Any]:
+        """The ``--json`` result: every candidate (ranked) and the winner."""
+        o, win = self.outcome, self.summary.winner
+        winner = None
+        if win is not None and o.winner is not None:
+            winner = {**win.to_json(), "id": o.winner.candidate.id, "margin": o.margin}
+        return {
+            "passed": self.entry.passed,
+            "run_id": self.entry.run_id,
+            "resumed": setup.resumed,
+            "complete": o.complete,
+            "grid_fingerprint": setup.fingerprint,
+            "candidates": [{**r.to_json(), "rank": n} for n, r in enumerate(o.ranked, 1)],
+            "winner": winner,
+            "untested": [c.to_json() for c in o.untested],
+            "memory": self.summary.details.get("memory"),
+        }
+
+
+class Session:
+    """One invocation of tune on its run: resumable, one server at a time."""
+
+    def __init__(
+        self,
+        setup: TuneSetup,
+        notify: Notify,
+        on_result: Callable[[CandidateResult], None],
+    ) -> None:
+        self.setup = setup
+        self.store = TuneStore(setup.ctx.run)
+        self.measured_before = len({r.candidate.index for r in self.store.results()})
+        self.lifecycle = Lifecycle(setup.ctx, setup.kind, setup.settings, notify=notify)
+        self.tune = Tune(
+            setup.plan,
+            self.store,
+            self.lifecycle,
+            setup.search,
+            setup.window,
+            setup.budget_s,
+            notify=notify,
+            on_result=on_result,
+            rank_by=setup.rank_by,
+        )
+        plan_json = {**setup.plan.to_json(), "search": setup.search}
+        self.store.write_plan(plan_json, setup.fingerprint)
+
+    @property
+    def measured(self) -> int:
+        return len({index for _, index in self.tune.done})
+
+    def run(self) -> TuneFinished:
+        return self.finish(self.tune.run())
+
+    def interrupted(self) -> None:
+        """Ctrl-C / SIGTERM: stop the server calibrate started, record the run as interrupted."""
+        self.lifecycle.stop_managed()
+        ctx, plan = self.setup.ctx, self.setup.plan
+        summary = {
+            "candidates": plan.size,
+            "measured": self.measured,
+            "grid_fingerprint": self.setup.fingerprint,
+        }
+        ctx.record_result(False, summary, interrupted=True)
+        ctx.run.close()
+
+    def finish(self, outcome: TuneOutcome) -> TuneFinished:
+        setup, ctx = self.setup, self.setup.ctx
+        table = rows(outcome.ranked)
+        title = (
+            f"tune {ctx.run.run_id} (ranked by {setup.rank_by}, {setup.settings.slo.describe()})"
+        )
+        tables = write_tables(ctx.run, table) if table else None
+        plot = write_plot(ctx.run, table, title) if table else None
+        details = {
+            "grid_fingerprint": setup.fingerprint,
+            "search": setup.search,
+            "ladder_run_id": setup.ladder_run_id,
+            "slo": setup.settings.slo.to_json(),
+            "levels": list(setup.settings.levels),
+            "skipped_levels": list(setup.settings.skipped_levels),
+            "resumed": setup.resumed,
+            "ranked": [r["id"] for r in table],
+        }
+        summary = outcome.summary(details)
+        entry = ctx.record_result(summary.winner is not None, summary)
+        if outcome.complete:
+            self.store.mark_finished()
+        ctx.run.close()
+        return TuneFinished(outcome, table, title, tables, plot, summary, entry)

@@ -1,0 +1,114 @@
+"""A tune run on disk: its plan, the memory step and every finished candidate (for resume).
+
+``runs/<id>/tune.json`` holds the grid fingerprint (the grid, the workload, the windows): a
+later ``calibrate tune`` with the same fingerprint continues the newest unfinished run of it.
+``candidates.jsonl`` and ``memory.jsonl`` get one line per finished candidate or probe, flushed
+and fsynced as it completes, so a kill -9 loses at most the one being measured; a torn last
+line (a kill mid-write) is cut off before the next append.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from calibrate.io.store import JsonlWriter, RunDir, read_jsonl, write_json_atomic
+from calibrate.stages.tune.result import CandidateResult, MemoryProbe
+
+PLAN_FILE = "tune.json"
+CANDIDATES_FILE = "candidates.jsonl"
+MEMORY_FILE = "memory.jsonl"
+
+
+def fingerprint(plan: dict[str, Any]) -> str:
+    """A short hash of what decides the measurements (grid, workload, windows, search)."""
+    blob = json.dumps(plan, sort_keys=True, ensure_ascii=False).encode("utf-8")
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def find_unfinished(runs_dir: Path, grid_fingerprint: str) -> str | None:
+    """The newest tune run with this fingerprint that has not measured every candidate."""
+    found: str | None = None
+    for plan_path in sorted(runs_dir.glob(f"*-tune-*/{PLAN_FILE}")):
+        try:
+            data = json.loads(plan_path.read_text("utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict) or data.get("fingerprint") != grid_fingerprint:
+            continue
+        if data.get("finished") is not True:
+            found = plan_path.parent.name
+    return found
+
+
+def _trim_torn_tail(path: Path) -> None:
+    """Cut a last line without its newline (written when the process was killed)."""
+    if not path.is_file():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with path.open("r+b") as handle:
+            handle.truncate(data.rfind(b"\n") + 1)
+
+
+def _append_synced(path: Path, obj: Any) -> None:
+    """One record, fsynced (a killed tune resumes from what is on disk)."""
+    writer = JsonlWriter(path, fsync=True)  # continues a short write, as batch's journal does
+    try:
+        writer.write(obj)
+    finally:
+        writer.close()
+
+
+class TuneStore:
+    """The files of one tune run, in its run folder."""
+
+    def __init__(self, run: RunDir) -> None:
+        self.run = run
+
+    def path(self, name: str) -> Path:
+        return self.run.path / name
+
+    def write_plan(self, plan: dict[str, Any], grid_fingerprint: str) -> None:
+        body = {**plan, "fingerprint": grid_fingerprint, "finished": False}
+        write_json_atomic(self.run.file(PLAN_FILE), body)
+
+    def read_plan(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.path(PLAN_FILE).read_text("utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def mark_finished(self) -> None:
+        plan = self.read_plan() or {}
+        write_json_atomic(self.run.file(PLAN_FILE), {**plan, "finished": True})
+
+    def results(self) -> list[CandidateResult]:
+        """Every candidate measurement on disk, in the order they finished (one per key)."""
+        path = self.path(CANDIDATES_FILE)
+        _trim_torn_tail(path)
+        if not path.is_file():
+            return []
+        seen: dict[tuple[int, int], CandidateResult] = {}
+        for line in read_jsonl(path):
+            result = CandidateResult.from_json(line)
+            if result is not None:
+                seen.setdefault((result.rung, result.candidate.index), result)
+        return list(seen.values())
+
+    def append(self, result: CandidateResult) -> None:
+        _append_synced(self.run.file(CANDIDATES_FILE), result.to_json())
+
+    def probes(self) -> list[MemoryProbe]:
+        path = self.path(MEMORY_FILE)
+        _trim_torn_tail(path)
+        if not path.is_file():
+            return []
+        found = (MemoryProbe.from_json(line) for line in read_jsonl(path))
+        return [probe for probe in found if probe is not None]
+
+    def append_probe(self, probe: MemoryProbe) -> None:
+        _append_synced(self.run.file(MEMORY_FILE), probe.to_json())

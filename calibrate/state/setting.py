@@ -1,0 +1,240 @@
+"""The one answer to "what is the calibrated setting now, and which run set it" (SPEC §4.2).
+
+Precedence, written down once: walk the target's ledger lines in order and keep the newest of
+- a **rollback** that reached its "active" step: batch B = the tier it returned to, concurrency 1;
+- a **pin**: the batch size and concurrency it wrote into the launch script;
+- a passing **tune**: B = its winner's cap, C = the concurrency it did best at, and every engine
+  flag the winner ran with (``tuned``: pin writes them all; a pin after a tune keeps them);
+- a passing **ladder**: batch B = its last passing tier, concurrency 1 — raised by a later passing
+  **sweep** that ran at that ladder's batch size to its recommended concurrency.
+A failed or interrupted ladder/sweep never sets anything (its partial tiers are for ``report``).
+A **context-axis** ladder never sets the batch size: the latest passing one only records the
+longest input verified (``verified_input_tokens``), shown by ``status`` and written by ``pin``.
+``pin``, ``batch``, ``status``, ``server start``, ``rollback`` and ``verify`` all call ``resolve``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from calibrate.io.records import LedgerEntry
+from calibrate.state.ledger import Ledger
+from calibrate.state.summaries import (
+    LadderSummary,
+    Setting,
+    Workload,
+    ladder_summary,
+    pin_summary,
+    rollback_summary,
+    sweep_summary,
+    tune_summary,
+)
+
+SetBy = Literal["ladder", "sweep", "pin", "rollback", "tune"]
+
+
+@dataclass(frozen=True)
+class CalibratedSetting:
+    """Where the server should run now, and why."""
+
+    batch_size: int
+    concurrency: int
+    set_by: SetBy
+    run_id: str
+    ts: str
+    batch_from: str  # e.g. "ladder run 2026…-ladder-ab12cd"
+    concurrency_from: str
+    workload: Workload
+    verified_input_tokens: int | None = None  # the latest passing context ladder's
+    context_from: str = ""
+    tuned: tuple[tuple[str, str], ...] = ()  # the engine flags of a tune winner (or its pin)
+    tuned_by: str = ""  # "tune run <id>" that chose them
+
+    @property
+    def setting(self) -> Setting:
+        return Setting(self.batch_size, self.concurrency)
+
+    def describe(self) -> str:
+        return f"batch {self.batch_size}, concurrency {self.concurrency} (from {self.set_by})"
+
+    def verified_on(self) -> str:
+        """The workload, and the input length a context ladder verified (status, pin)."""
+        text = self.workload.describe()
+        if self.verified_input_tokens:
+            tokens = self.verified_input_tokens
+            text += f"; inputs verified up to {tokens:,} tokens ({self.context_from})"
+        return text
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "batch_size": self.batch_size,
+            "concurrency": self.concurrency,
+            "source": self.set_by,
+            "run_id": self.run_id,
+            "ts": self.ts,
+            "batch_from": self.batch_from,
+            "concurrency_from": self.concurrency_from,
+            "workload": self.workload.to_json(),
+            "verified_input_tokens": self.verified_input_tokens,
+            "context_from": self.context_from or None,
+            "tuned_flags": dict(self.tuned),
+            "tuned_by": self.tuned_by or None,
+        }
+
+
+def resolve(ledger: Ledger, target: str) -> CalibratedSetting | None:
+    """The calibrated setting for ``target`` now, or None when nothing has set one."""
+    found: CalibratedSetting | None = None
+    ladder: tuple[LadderSummary, LedgerEntry] | None = None
+    context: tuple[LadderSummary, LedgerEntry] | None = None
+    for entry in ledger.entries():
+        if entry.target != target:
+            continue
+        if entry.stage == "ladder" and ladder_summary(entry.summary).is_context:
+            if _sets(entry) and ladder_summary(entry.summary).context_verified:
+                context = (ladder_summary(entry.summary), entry)
+            continue
+        found, ladder = _apply(entry, found, ladder)
+    if found is not None and context is not None:
+        found = replace(
+            found,
+            verified_input_tokens=context[0].context_verified,
+            context_from=f"ladder --axis context run {context[1].run_id}",
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class VerifiedInput:
+    """The longest input any passing ladder of the target sent, and how it was counted."""
+
+    tokens: int
+    tokens_per_char: float | None
+    run_id: str
+
+
+def verified_input(ledger: Ledger, target: str) -> VerifiedInput | None:
+    """For ``batch``'s length check: over every passing ladder (either axis), the longest
+    input verified (None when no ladder recorded one)."""
+    best: VerifiedInput | None = None
+    for entry in ledger.entries():
+        if entry.target != target or entry.stage != "ladder" or not _sets(entry):
+            continue
+        workload = ladder_summary(entry.summary).workload
+        tokens = workload.longest_input_tokens
+        if tokens and (best is None or tokens >= best.tokens):
+            best = VerifiedInput(tokens, workload.tokens_per_char, entry.run_id)
+    return best
+
+
+def latest_passing_ladder(ledger: Ledger, target: str) -> tuple[LadderSummary, LedgerEntry] | None:
+    """The newest passing ladder with a passing tier (what sweep, pin and rollback build on)."""
+    found: tuple[LadderSummary, LedgerEntry] | None = None
+    for entry in ledger.entries():
+        if entry.target == target and entry.stage == "ladder" and _sets(entry):
+            summary = ladder_summary(entry.summary)
+            if summary.last_passing is not None and not summary.is_context:
+                found = (summary, entry)
+    return found
+
+
+def _sets(entry: LedgerEntry) -> bool:
+    return entry.passed and not entry.interrupted
+
+
+def _apply(
+    entry: LedgerEntry,
+    found: CalibratedSetting | None,
+    ladder: tuple[LadderSummary, LedgerEntry] | None,
+) -> tuple[CalibratedSetting | None, tuple[LadderSummary, LedgerEntry] | None]:
+    """One step of the walk: the setting after ``entry`` (and the ladder in force)."""
+    where = f"{entry.stage} run {entry.run_id}"
+    if entry.stage == "ladder" and _sets(entry):
+        summary = ladder_summary(entry.summary)
+        top = summary.last_passing
+        if top is None:
+            return found, ladder
+        unit = CalibratedSetting(
+            top.batch_size,
+            1,
+            "ladder",
+            entry.run_id,
+            entry.ts,
+            where,
+            "default 1 (no sweep has passed at this batch size)",
+            summary.workload,
+        )
+        return unit, (summary, entry)
+    if entry.stage == "sweep" and _sets(entry) and ladder is not None:
+        sweep = sweep_summary(entry.summary)
+        ladder_sum, ladder_entry = ladder
+        top = ladder_sum.last_passing
+        same_ladder = not sweep.ladder_run_id or sweep.ladder_run_id == ladder_entry.run_id
+        if top is None or sweep.recommended_concurrency is None or not same_ladder:
+            return found, ladder
+        if sweep.batch_size and sweep.batch_size != top.batch_size:
+            return found, ladder
+        return CalibratedSetting(
+            top.batch_size,
+            sweep.recommended_concurrency,
+            "sweep",
+            entry.run_id,
+            entry.ts,
+            f"ladder run {ladder_entry.run_id}",
+            where,
+            ladder_sum.workload,
+        ), ladder
+    if entry.stage == "tune" and _sets(entry):
+        winner = tune_summary(entry.summary).winner
+        if winner is None:
+            return found, ladder
+        workload = ladder[0].workload if ladder else found.workload if found else Workload()
+        return CalibratedSetting(
+            winner.batch_size,
+            winner.concurrency,
+            "tune",
+            entry.run_id,
+            entry.ts,
+            f"{where} (the winner's cap)",
+            f"{where} (the winner's best concurrency)",
+            workload,
+            tuned=winner.flags,
+            tuned_by=where,
+        ), ladder
+    if entry.stage == "pin" and entry.passed:
+        pinned = pin_summary(entry.summary)
+        if pinned.setting is None:
+            return found, ladder
+        workload = found.workload if found else ladder[0].workload if ladder else Workload()
+        return CalibratedSetting(
+            pinned.setting.batch_size,
+            pinned.setting.concurrency,
+            "pin",
+            entry.run_id,
+            entry.ts,
+            where,
+            where,
+            workload,
+            tuned=pinned.tuned,
+            tuned_by=str(pinned.details.get("tuned_by") or "") if pinned.tuned else "",
+        ), ladder
+    if entry.stage in ("rollback", "active"):
+        # "active" is the line older versions wrote beside a rollback; read it the same way.
+        setting = rollback_summary(entry.summary).setting
+        if setting is None and entry.stage == "active":
+            setting = Setting.from_json(entry.summary)
+        if setting is None:
+            return found, ladder
+        workload = found.workload if found else Workload()
+        return CalibratedSetting(
+            setting.batch_size,
+            setting.concurrency,
+            "rollback",
+            entry.run_id,
+            entry.ts,
+            where,
+            f"{where} (rollback always restarts at concurrency 1)",
+            workload,
+        ), ladder
+    return found, ladder

@@ -1,0 +1,62 @@
+"""One load-sending stage per target at a time (SPEC §11): an exclusive lock in runs/locks/.
+
+ladder, sweep and rollback hold ``runs/locks/<target>.lock`` (``fcntl.flock``) while they run;
+the file says who holds it (PID, stage, since when). The kernel drops the lock when its holder
+dies, so a lock left by a crashed or killed run never blocks the next one; only a live holder
+does, and a second stage then stops at once (exit 2) naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from calibrate.errors import UsageError
+from calibrate.io.records import utc_now_iso
+from calibrate.io.store import open_lock_file
+
+
+def lock_path(runs_dir: Path, target: str) -> Path:
+    return runs_dir / "locks" / f"{target}.lock"
+
+
+def _holder(fd: int) -> str:
+    """``PID 1234 (ladder, since …)`` from the lock file, or a vaguer text when unreadable."""
+    try:
+        text = os.pread(fd, 512, 0).decode("utf-8", errors="replace").split()
+    except OSError:
+        text = []
+    if len(text) >= 2 and text[0].isdigit():
+        since = f", since {text[2]}" if len(text) > 2 else ""
+        return f"a {text[1]} (PID {text[0]}{since})"
+    return "another calibrate process"
+
+
+@contextlib.contextmanager
+def hold(runs_dir: Path, target: str, stage: str) -> Iterator[Path]:
+    """Hold the target's lock for the duration; exit 2 at once when a live stage holds it."""
+    path = lock_path(runs_dir, target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = open_lock_file(path)  # never through a link: a planted one would be truncated
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(
+                f"{_holder(fd)} is already sending load to this target ({target}); "
+                f"two load-sending stages at once would measure each other's load ({path})",
+                f"Wait for it to finish, or stop it first; then run {stage} again.",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {stage} {utc_now_iso()}\n".encode(), 0)
+        try:
+            yield path
+        finally:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
