@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.http.client import OpenAIClient
-from calibrate.io.records import SamplingParams
+from calibrate.http.records import SamplingParams
 from calibrate.io.store import dumps_line
 from calibrate.stages.batch import BatchSpec, plan_batch, run_batch
-from calibrate.stages.batch.lanes import Endpoint, make_lane
+from calibrate.stages.batch.lanes import make_lane
 from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
+from calibrate.state.setting import Endpoint
 from tests.mockserver import start_mock_process
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=64, top_p=1.0, seed=0)

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from urllib3.exceptions import LocationParseError
 from urllib3.util import parse_url
 
-from calibrate.engines.args import args_problem
+from calibrate.engines.args import ServerKind, args_problem
 from calibrate.errors import ConfigError, UsageError
 from calibrate.redact import redact_url
 from calibrate.workload import (
@@ -33,7 +33,6 @@ from calibrate.workload import (
 
 LadderMode = Literal["wave", "prompt-list"]
 TuneSearch = Literal["grid", "halving"]
-ServerKind = Literal["vllm", "llamacpp", "sglang", "lmdeploy", "ollama", "tgi", "custom"]
 
 DEFAULT_CONFIG_NAME = "calibrate.toml"
 MAX_CONNECT_TIMEOUT_S = 3600.0

@@ -18,6 +18,7 @@ Every message is one or two lines: what happened, then what to do next.
 from __future__ import annotations
 
 import enum
+import traceback
 from dataclasses import dataclass
 from typing import Literal
 
@@ -146,3 +147,10 @@ class StepFailed(StageFailed):
         super().__init__(message)
         self.kind: ErrorKind = kind
         self.code = code
+
+
+def format_traceback(exc: BaseException | None) -> str | None:
+    """The whole traceback of ``exc`` as text (kept in records and incidents), or None."""
+    if exc is None or exc.__traceback__ is None:
+        return None
+    return "".join(traceback.format_exception(exc))

@@ -15,13 +15,13 @@ from calibrate.errors import ErrorInfo
 from calibrate.gpu.nvml import GpuSnapshot, VramReading
 from calibrate.gpu.vram import VramMonitor
 from calibrate.http.client import OpenAIClient
-from calibrate.io.records import Usage
+from calibrate.http.records import Usage
 from calibrate.io.store import RunDir
+from calibrate.load.items import ItemResult
 from calibrate.load.waves import Request, Sender
 from calibrate.load.window import LevelWindow, LoopRun
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.incidents import IncidentRecorder
-from calibrate.stages.measure.tiers import ItemResult
 from calibrate.state.ledger import Ledger, target_fingerprint
 
 # (batch, requests in the wave) -> (per-request latency s, wave wall s, error kind or None)

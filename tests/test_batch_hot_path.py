@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from calibrate.http.client import OpenAIClient
-from calibrate.io.records import Choice, Completion, SamplingParams, Usage
+from calibrate.http.records import Choice, Completion, SamplingParams, Usage
 from calibrate.io.store import JsonlWriter
 from calibrate.stages.batch import BatchSpec, plan_batch, run_batch
 from calibrate.stages.batch.journal import Journal

@@ -10,7 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from calibrate.io.records import Choice, ContextLimit, incomplete_reason
+from calibrate.http.records import Choice, ContextLimit, incomplete_reason
+from calibrate.http.server_context import MAX_MODEL_LEN_HINT, props_context
 from calibrate.stages.ladder.context_axis import (
     axis_stopped_by,
     bracket,
@@ -20,7 +21,6 @@ from calibrate.stages.ladder.context_axis import (
     tier_length,
 )
 from calibrate.stages.measure.tiers import Tier
-from calibrate.stages.server_context import MAX_MODEL_LEN_HINT, props_context
 from tests.mockserver import start_mock
 from tests.test_stop_rules import CLEAN
 from tests.workload_helpers import FAST_MOCK, LADDER, calibrated, tiers

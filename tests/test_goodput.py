@@ -12,11 +12,11 @@ import pytest
 from calibrate.config import Config, SloConfig, SweepConfig
 from calibrate.errors import UsageError
 from calibrate.gpu.vram import VramMonitor
-from calibrate.io.records import Choice, Completion, Usage
+from calibrate.http.records import Choice, Completion, Usage
 from calibrate.io.tier_table import read_rows
+from calibrate.load.items import ItemResult
 from calibrate.load.waves import Request, _answered
 from calibrate.stages.measure.slo import goodput, item_met, parse_slo_flags, record_met
-from calibrate.stages.measure.tiers import ItemResult
 from calibrate.stages.sweep.run import Sweep, SweepOptions
 from calibrate.stages.tune.measure import SloBounds
 from tests.mockserver import start_mock

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from calibrate.errors import ErrorInfo, UsageError
-from calibrate.io.records import Choice, Completion, Usage
+from calibrate.http.records import Choice, Completion, Usage
 from calibrate.load.arrivals import arrival_times, parse_rates
+from calibrate.load.items import ItemResult
 from calibrate.load.open_loop import OpenRun, RateJudgement, judge, open_loop
 from calibrate.load.waves import Request, Sender, _answered
-from calibrate.stages.measure.tiers import ItemResult
 from calibrate.stages.sweep.rates import _level_judgement
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, open_gate

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.http.client import OpenAIClient
+from calibrate.http.records import SamplingParams, Usage
 from calibrate.http.request_times import RequestTimes
-from calibrate.io.records import SamplingParams, Usage
+from calibrate.load.items import ItemResult
 from calibrate.load.waves import Request, Sender
 from calibrate.load.window import LevelWindow, LoopRun, steady_throughput
-from calibrate.stages.measure.tiers import ItemResult
 from tests.mockserver import start_mock
 from tests.report_helpers import Page
 from tests.tier_helpers import FAST, jsonl, open_gate, run_dir

@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from calibrate.redact import redact_url
-from calibrate.server.redaction import (
+from calibrate.engines.redaction import (
     MASK,
     redact_argv,
     redact_text,
@@ -27,6 +26,7 @@ from calibrate.server.redaction import (
     secret_name,
     shown_command,
 )
+from calibrate.redact import redact_url
 from tests.conftest import write_config
 from tests.fakes import free_port, managed_config, passing_ladder, pythonpath_env
 from tests.mockserver import start_mock

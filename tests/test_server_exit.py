@@ -15,10 +15,10 @@ import pytest
 from calibrate.errors import ErrorInfo
 from calibrate.gpu.vram import VramMonitor
 from calibrate.io.store import RunDir
+from calibrate.load.items import ItemResult
 from calibrate.server import exit_status, process, supervise
 from calibrate.server.process import ServerRecord
 from calibrate.stages.measure.incidents import IncidentRecorder
-from calibrate.stages.measure.tiers import ItemResult
 from tests.fakes import free_port, managed_config, mock_command, pid_gone, pythonpath_env
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from calibrate.config import LadderConfig, SloConfig
+from calibrate.load.items import percentile
 from calibrate.stages.measure.stop_rules import (
     last_passing,
     mismatch_notes,
@@ -12,7 +13,7 @@ from calibrate.stages.measure.stop_rules import (
     stopped_by,
     tier_verdict,
 )
-from calibrate.stages.measure.tiers import Stats, Tier, percentile
+from calibrate.stages.measure.tiers import Stats, Tier
 
 CLEAN = Stats(
     batch_size=2,

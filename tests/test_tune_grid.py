@@ -9,7 +9,7 @@ import pytest
 
 from calibrate.engines.builders import LaunchSpec, build
 from calibrate.errors import ConfigError, UsageError
-from calibrate.io.records import LedgerEntry
+from calibrate.http.records import LedgerEntry
 from calibrate.stages.tune.grid import Candidate, build_plan
 from calibrate.stages.tune.result import BestLevel, CandidateResult, Measurement
 from calibrate.stages.tune.run import rank, schedule

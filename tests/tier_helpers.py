@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate import config
-from calibrate.io.records import LedgerEntry
+from calibrate.http.records import LedgerEntry
 from calibrate.state.ledger import Ledger, target_fingerprint
 from tests.conftest import write_config
 

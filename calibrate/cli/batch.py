@@ -37,12 +37,12 @@ from calibrate.cli.common import (
 from calibrate.cli.export import say_export
 from calibrate.cli.views.batch import ProgressView, render_summary, say_check
 from calibrate.config import Config, split_endpoint
+from calibrate.engines.redaction import shown_command
 from calibrate.errors import ExitCode, ServerUnreachable, StageFailed, UsageError
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.client import OpenAIClient
 from calibrate.http.error_kinds import DESCRIPTORS_HINT, OutOfDescriptors
 from calibrate.load.retry import RetryPolicy
-from calibrate.server.redaction import shown_command
 from calibrate.stages.batch import (
     MAX_CONCURRENCY,
     BatchPlan,
@@ -56,7 +56,7 @@ from calibrate.stages.batch.endpoints import (
     check_endpoints,
     endpoints_for,
 )
-from calibrate.stages.batch.lanes import Endpoint, Lane, make_lane
+from calibrate.stages.batch.lanes import Lane, make_lane
 from calibrate.stages.batch.length_check import length_warning
 from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
 from calibrate.stages.batch.restart import ManagedRestart
@@ -67,6 +67,7 @@ from calibrate.stages.context import StageContext, sampling_params
 from calibrate.stages.export import export_final
 from calibrate.stages.measure.format_check import shape_checks
 from calibrate.state.ledger import Ledger
+from calibrate.state.setting import Endpoint
 from calibrate.state.weights_gate import check_batch
 
 

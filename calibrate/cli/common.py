@@ -18,13 +18,13 @@ from calibrate import config as config_mod
 from calibrate import redact
 from calibrate.cli.streams import can_encode
 from calibrate.config import Config
+from calibrate.engines.redaction import argv_secret_values, secret_values
 from calibrate.errors import GateClosed, Interrupted, StageFailed, UsageError
 from calibrate.http.client import OpenAIClient
 from calibrate.io.baseline import VOLATILE_FIELDS, Comparison, Normaliser, default_program
 from calibrate.io.junit import JUnitSuite
 from calibrate.io.output_paths import check_outputs, stage_files
 from calibrate.io.store import RunDir
-from calibrate.server.redaction import argv_secret_values, secret_values
 from calibrate.stages.context import StageContext, manifest
 from calibrate.state.gates import check_gate
 from calibrate.state.ledger import Ledger, target_fingerprint

@@ -18,10 +18,11 @@ from typing import Any
 from calibrate import server
 from calibrate.cli.common import Output, add_command, load_config, output_for
 from calibrate.config import MAX_BATCH_SIZE, Config
+from calibrate.engines import redaction
 from calibrate.engines.builders import SERVER_KINDS, health_path
 from calibrate.errors import ConfigError, UsageError
 from calibrate.gpu.nvml import gpu_snapshot
-from calibrate.server import exit_status, launch_script, process, readiness, redaction, set_values
+from calibrate.server import exit_status, launch_script, process, readiness, set_values
 from calibrate.stages.pin_context import context_for
 from calibrate.state.ledger import Ledger, target_fingerprint
 from calibrate.state.setting import resolve

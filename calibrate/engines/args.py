@@ -6,6 +6,11 @@ config check (``calibrate.config``) and the builders (``calibrate.engines.builde
 
 from __future__ import annotations
 
+from typing import Literal
+
+# The engine kinds calibrate knows how to start, pin and read.
+ServerKind = Literal["vllm", "llamacpp", "sglang", "lmdeploy", "ollama", "tgi", "custom"]
+
 MAX_ARGS = 64  # entries in [server] args
 
 # Why calibrate owns a flag, and where its value is set instead (the refusal's message).

@@ -20,10 +20,9 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from calibrate.config import ServerKind
-from calibrate.engines.args import args_problem, flag_name
+from calibrate.engines import redaction, shell_words
+from calibrate.engines.args import ServerKind, args_problem, flag_name
 from calibrate.errors import ConfigError, UsageError
-from calibrate.server import redaction, shell_words
 
 SERVER_KINDS: tuple[ServerKind, ...] = (
     "vllm",

@@ -48,10 +48,10 @@ from calibrate.http.error_kinds import (
     redirect_error,
     request_error,
 )
+from calibrate.http.records import Choice, Completion, ModelInfo, SamplingParams, Usage
 from calibrate.http.request_times import RequestTimes
 from calibrate.http.responses import in_range, parse_chunk, parse_completion, sse_events, valid_text
 from calibrate.http.stream_timing import stream_timing
-from calibrate.io.records import Choice, Completion, ModelInfo, SamplingParams, Usage
 from calibrate.redact import Scrubber, split_userinfo
 
 Clock = Callable[[], float]

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from calibrate.stages.measure.tiers import ItemResult, percentile
+from calibrate.load.items import ItemResult, percentile
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]

@@ -15,15 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from calibrate.config import LadderMode
-from calibrate.errors import ErrorInfo, RequestError
+from calibrate.errors import ErrorInfo, RequestError, format_traceback
 from calibrate.http.client import OpenAIClient
+from calibrate.http.records import Completion, ContextLimit, SamplingParams, incomplete_reason
 from calibrate.http.request_times import RequestTimes, epoch_at, monotonic
-from calibrate.io.records import Completion, ContextLimit, SamplingParams, incomplete_reason
+from calibrate.http.server_context import read_context
+from calibrate.load.items import ItemResult, ItemRole
 from calibrate.load.open_loop import OpenRun, open_loop
 from calibrate.load.window import LevelWindow, LoopRun
-from calibrate.stages.measure.incidents import format_traceback
-from calibrate.stages.measure.tiers import ItemResult, ItemRole
-from calibrate.stages.server_context import read_context
 
 Clock = Callable[[], float]
 CHAT_PATH = "/chat/completions"

@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from calibrate.stages.measure.tiers import ItemResult
+from calibrate.load.items import ItemResult
 
 MIN_REQUESTS_PER_SLOT = 4  # each run starts at least 4×C requests
 P50_MULTIPLE = 3  # and lasts at least 3× the previous level's median latency

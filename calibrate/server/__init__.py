@@ -13,11 +13,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from calibrate.config import Config, ServerKind
+from calibrate.config import Config
+from calibrate.engines import redaction
+from calibrate.engines.args import ServerKind
 from calibrate.engines.builders import EngineCommand, LaunchSpec, Tuned, build
 from calibrate.errors import ServerDied, ServerUnreachable, UsageError
-from calibrate.io.records import utc_now_iso
-from calibrate.server import exit_status, interrupts, process, readiness, redaction, set_values
+from calibrate.http.records import utc_now_iso
+from calibrate.server import exit_status, interrupts, process, readiness, set_values
 from calibrate.server.process import ServerRecord, StopResult
 
 TAIL_LINES = 20

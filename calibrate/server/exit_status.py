@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.errors import ErrorInfo
-from calibrate.io.records import utc_now_iso
+from calibrate.http.records import utc_now_iso
 from calibrate.io.store import write_json_atomic
 
 # What a request meets when the server it talks to dies (an HTTP answer means something lived).

@@ -13,10 +13,10 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from calibrate.engines import redaction
 from calibrate.engines.builders import SERVER_KINDS, EngineCommand
 from calibrate.errors import InputError
 from calibrate.io.store import write_atomic
-from calibrate.server import redaction
 
 SCRIPT_MODE = 0o755
 

@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 from typing import BinaryIO
 
-from calibrate.server.redaction import MASK, redact_text
+from calibrate.engines.redaction import MASK, redact_text
 
 CHUNK = 65536
 MIN_CHARS = 4

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from calibrate import redact
-from calibrate.io.records import utc_now_iso
+from calibrate.engines.redaction import argv_secret_values, redact_argv, redact_text
+from calibrate.http.records import utc_now_iso
 from calibrate.io.store import write_atomic, write_json_atomic
 from calibrate.server import exit_status, supervise
-from calibrate.server.redaction import argv_secret_values, redact_argv, redact_text
 
 log = logging.getLogger("calibrate")
 

@@ -15,10 +15,10 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from calibrate.config import ServerKind
+from calibrate.engines import shell_words
+from calibrate.engines.args import ServerKind
 from calibrate.engines.builders import BASE_PLACEHOLDERS, CAP_KEYS, TUNE_FLAGS, Tuned
 from calibrate.errors import UsageError
-from calibrate.server import shell_words
 
 FILE = "server-set.json"
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

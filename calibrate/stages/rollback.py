@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from calibrate import server
-from calibrate.config import ServerKind
+from calibrate.engines.args import ServerKind
 from calibrate.engines.builders import SERVER_KINDS
 from calibrate.errors import (
     CalibrateError,
@@ -25,8 +25,8 @@ from calibrate.errors import (
     StepFailed,
 )
 from calibrate.gpu.nvml import GpuSnapshot
+from calibrate.http.records import LedgerEntry
 from calibrate.io.baseline import Comparison, Normaliser
-from calibrate.io.records import LedgerEntry
 from calibrate.server import process, readiness
 from calibrate.server.readiness import VramProbe, used_mib, wait_released
 from calibrate.stages.context import StageContext

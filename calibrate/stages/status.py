@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from calibrate.config import Config
-from calibrate.io.records import LedgerEntry
+from calibrate.http.records import LedgerEntry
 from calibrate.state.gates import next_step
 from calibrate.state.ledger import Ledger, baseline_path
 from calibrate.state.pipeline import MAIN_LINE, OPTIONAL, standing

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibrate.config import Config
-from calibrate.io.records import LedgerEntry
+from calibrate.http.records import LedgerEntry
 from calibrate.io.store import append_jsonl, ledger_path
 from calibrate.state.identity import TargetIdentity, Weights
 from calibrate.state.summaries import ladder_summary

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from calibrate.io.records import LedgerEntry
+from calibrate.http.records import LedgerEntry
 from calibrate.state.ledger import Ledger
 
 StageName = Literal[

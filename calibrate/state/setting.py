@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from calibrate.io.records import LedgerEntry
+from calibrate.http.records import LedgerEntry
+from calibrate.redact import redact_url
 from calibrate.state.ledger import Ledger
 from calibrate.state.summaries import (
     LadderSummary,
@@ -238,3 +239,16 @@ def _apply(
             workload,
         ), ladder
     return found, ladder
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One server of the batch: where, and how many requests in flight there."""
+
+    base_url: str
+    concurrency: int
+    concurrency_source: str  # "URL#c=N", "flag", a calibrated setting's stage, "default"
+
+    @property
+    def label(self) -> str:
+        return redact_url(self.base_url)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from calibrate.errors import UsageError
-from calibrate.io.records import utc_now_iso
+from calibrate.http.records import utc_now_iso
 from calibrate.io.store import open_lock_file
 
 

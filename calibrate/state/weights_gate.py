@@ -16,11 +16,10 @@ from typing import get_args
 
 from calibrate.config import Config
 from calibrate.errors import GateClosed
-from calibrate.io.records import LedgerEntry
-from calibrate.stages.batch.lanes import Endpoint
+from calibrate.http.records import LedgerEntry
 from calibrate.state.identity import Weights
 from calibrate.state.ledger import Gate, Ledger, current_weights, target_fingerprint
-from calibrate.state.setting import CalibratedSetting, SetBy, resolve
+from calibrate.state.setting import CalibratedSetting, Endpoint, SetBy, resolve
 from calibrate.state.summaries import ladder_summary
 
 RERUN = "calibrate single --save-baseline, then calibrate repro and calibrate ladder"

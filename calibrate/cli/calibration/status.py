@@ -10,8 +10,8 @@ import json
 from typing import Any
 
 from calibrate.cli.common import add_command, load_config, output_for
+from calibrate.engines.redaction import redact_config
 from calibrate.redact import redact_url
-from calibrate.server.redaction import redact_config
 from calibrate.stages.status import OPTIONAL_STAGES, STAGE_ORDER, target_status, verdict
 from calibrate.state.ledger import Ledger, target_fingerprint
 

@@ -34,9 +34,9 @@ from calibrate.cli.views.tune import candidate_progress, finished_line, show_fin
 from calibrate.cli.workload_flags import add_workload_args, task_pool, workload_spec
 from calibrate.config import MAX_TIMEOUT_S
 from calibrate.engines.builders import SERVER_KINDS
+from calibrate.engines.redaction import shown_command
 from calibrate.errors import Interrupted, UsageError
 from calibrate.gpu.energy import PRICE_HELP, RANK_BY
-from calibrate.server.redaction import shown_command
 from calibrate.stages.measure.tier_run import MeasureSpec, preflight
 from calibrate.stages.tune.result import CandidateResult
 from calibrate.stages.tune.session import Session

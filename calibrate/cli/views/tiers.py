@@ -17,7 +17,7 @@ from calibrate.config import SloConfig
 from calibrate.gpu.energy import PRICE_HELP
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor
-from calibrate.io.records import LedgerEntry
+from calibrate.http.records import LedgerEntry
 from calibrate.report import tables as report
 from calibrate.report.progress import Plan
 from calibrate.stages.context import StageContext

@@ -23,7 +23,7 @@ from calibrate.http.client import OpenAIClient
 from calibrate.io.resume import repair_tail
 from calibrate.io.store import JsonlWriter
 from calibrate.stages.batch.journal import MAX_PENDING, MIN_PENDING, Journal
-from calibrate.stages.batch.lanes import Endpoint, Lane, make_lane, report
+from calibrate.stages.batch.lanes import Lane, make_lane, report
 from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
 from calibrate.stages.batch.plan import (
     DEFAULT_CONCURRENCY,
@@ -42,6 +42,7 @@ from calibrate.stages.batch.worker import (
     in_flight,
     work,
 )
+from calibrate.state.setting import Endpoint
 
 __all__ = [  # the stage's public face; plans are made in batch_plan, workers in batch_worker
     "DEFAULT_CONCURRENCY",

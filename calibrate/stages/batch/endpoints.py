@@ -16,12 +16,11 @@ from calibrate.config import Config, split_endpoint
 from calibrate.errors import ServerUnreachable, UsageError
 from calibrate.http.client import OpenAIClient
 from calibrate.io.baseline import Comparison, Normaliser, compare, default_program
-from calibrate.stages.batch.lanes import Endpoint
 from calibrate.stages.batch.plan import DEFAULT_CONCURRENCY
 from calibrate.stages.context import StageContext
 from calibrate.stages.single import fixed_prompt_call, read_baseline
 from calibrate.state.ledger import Ledger, baseline_path, target_fingerprint
-from calibrate.state.setting import resolve
+from calibrate.state.setting import Endpoint, resolve
 
 
 def endpoints_for(

@@ -14,7 +14,6 @@ from typing import Any
 
 from calibrate.errors import RequestError
 from calibrate.http.client import OpenAIClient
-from calibrate.redact import redact_url
 from calibrate.stages.batch.outage import (
     Breaker,
     OutageEvent,
@@ -22,21 +21,9 @@ from calibrate.stages.batch.outage import (
     Restarter,
     is_outage,
 )
+from calibrate.state.setting import Endpoint
 
 PROBE_TIMEOUT_S = 3.0
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """One server of the batch: where, and how many requests in flight there."""
-
-    base_url: str
-    concurrency: int
-    concurrency_source: str  # "URL#c=N", "flag", a calibrated setting's stage, "default"
-
-    @property
-    def label(self) -> str:
-        return redact_url(self.base_url)
 
 
 @dataclass(frozen=True)

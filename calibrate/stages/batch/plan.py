@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from calibrate.errors import InputError
-from calibrate.io.records import SamplingParams
+from calibrate.http.records import SamplingParams
 from calibrate.io.resume import (
     OutputScan,
     check_journal,

@@ -13,7 +13,8 @@ from dataclasses import replace
 from typing import cast
 
 from calibrate import server
-from calibrate.config import Config, ServerKind
+from calibrate.config import Config
+from calibrate.engines.args import ServerKind
 from calibrate.engines.builders import build
 from calibrate.errors import ServerUnreachable
 from calibrate.server import process

@@ -9,7 +9,7 @@ from typing import Any
 
 from calibrate.errors import ErrorInfo
 from calibrate.gpu.selfload import SelfLoadReport
-from calibrate.io.records import Completion, incomplete_reason
+from calibrate.http.records import Completion, incomplete_reason
 from calibrate.io.store import without_surrogates
 from calibrate.io.tasks import ItemId, Task
 from calibrate.stages.batch.lanes import EndpointReport

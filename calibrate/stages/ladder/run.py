@@ -11,7 +11,8 @@ from typing import Any
 from calibrate.config import Config, LadderMode, SloConfig
 from calibrate.gpu.engine_metrics import Gauge, read_preemptions
 from calibrate.gpu.vram import VramMonitor, WindowPeak
-from calibrate.io.records import RequestRecord, utc_now_iso
+from calibrate.http.records import RequestRecord, utc_now_iso
+from calibrate.load.items import ItemResult
 from calibrate.load.waves import Request, Sender, build_requests
 from calibrate.stages.context import StageContext
 from calibrate.stages.ladder.context_axis import axis_stopped_by, next_length, relabel
@@ -28,7 +29,7 @@ from calibrate.stages.measure.stop_rules import (
     stopped_by,
     tier_verdict,
 )
-from calibrate.stages.measure.tiers import ItemResult, Stats, Tier, summarise
+from calibrate.stages.measure.tiers import Stats, Tier, summarise
 from calibrate.stages.prepare.stream_probe import StreamCheck
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
 from calibrate.stages.single import read_baseline, unreachable

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from calibrate.config import Config, LadderMode
+from calibrate.load.items import ItemResult
 from calibrate.load.waves import Sender, build_requests
 from calibrate.server import process
 from calibrate.server.devices import read_environ
@@ -27,7 +28,6 @@ from calibrate.stages.measure.determinism import (
     engine_switch,
 )
 from calibrate.stages.measure.incidents import IncidentRecorder
-from calibrate.stages.measure.tiers import ItemResult
 
 # (item, in flight) → its records.jsonl line
 RecordFn = Callable[[ItemResult, int], dict[str, Any]]

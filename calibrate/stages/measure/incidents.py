@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,11 +19,11 @@ from typing import Any
 from calibrate.errors import ErrorInfo
 from calibrate.gpu.nvml import GpuSnapshot, gpu_snapshot
 from calibrate.gpu.vram import VramMonitor, WindowPeak
-from calibrate.io.records import utc_now_iso
+from calibrate.http.records import utc_now_iso
 from calibrate.io.store import RunDir
+from calibrate.load.items import ItemResult
 from calibrate.server import exit_status, process
 from calibrate.server.process import ServerRecord
-from calibrate.stages.measure.tiers import ItemResult
 
 _SECRET_HEADER = re.compile(r"authorization|api[-_]?key|token|cookie|secret", re.IGNORECASE)
 
@@ -84,12 +83,6 @@ class Incident:
             "vram": self.vram,
             **self.extra,
         }
-
-
-def format_traceback(exc: BaseException | None) -> str | None:
-    if exc is None or exc.__traceback__ is None:
-        return None
-    return "".join(traceback.format_exception(exc))
 
 
 def write_incident(run: RunDir, name: str, incident: Incident) -> Path:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from calibrate.http.stream_timing import nearest_rank
 
 if TYPE_CHECKING:
-    from calibrate.stages.measure.tiers import ItemResult
+    from calibrate.load.items import ItemResult
 
 PERCENTILES = (50, 90, 95, 99)
 METRICS = ("ttft", "tpot", "itl", "e2e")

@@ -20,7 +20,8 @@ from calibrate.numbers import finite
 from calibrate.stages.measure.latency import tpot_of
 
 if TYPE_CHECKING:
-    from calibrate.stages.measure.tiers import ItemResult, Stats
+    from calibrate.load.items import ItemResult
+    from calibrate.stages.measure.tiers import Stats
 
 SloName = Literal["ttft", "tpot", "e2e"]
 NAMES: tuple[SloName, ...] = ("ttft", "tpot", "e2e")

@@ -25,7 +25,7 @@ from calibrate.gpu.vram import (
     energy_reader,
     open_sources,
 )
-from calibrate.io.records import LedgerEntry
+from calibrate.http.records import LedgerEntry
 from calibrate.redact import redact_url
 from calibrate.server.devices import managed_server_devices
 from calibrate.stages.context import StageContext

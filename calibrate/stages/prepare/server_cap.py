@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 
 from calibrate import server
-from calibrate.config import ServerKind
+from calibrate.engines.args import ServerKind
 from calibrate.engines.builders import (
     CAP_KEYS,
     LLAMACPP_THREADS_HTTP,

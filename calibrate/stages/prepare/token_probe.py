@@ -13,10 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from calibrate.config import LadderMode, ServerKind
+from calibrate.config import LadderMode
+from calibrate.engines.args import ServerKind
 from calibrate.errors import RequestError, StageFailed
 from calibrate.http.client import OpenAIClient
-from calibrate.io.records import SamplingParams
+from calibrate.http.records import SamplingParams
 from calibrate.load.waves import CHAT_PATH, COMPLETIONS_PATH
 from calibrate.stages.prepare.synthetic import TokenModel, synthetic_prompt
 from calibrate.stages.single import unreachable

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 
 from calibrate.gpu.vram import WindowPeak
 from calibrate.load.arrivals import arrival_times, rate_text, rate_value, requests_for
+from calibrate.load.items import ItemResult
 from calibrate.load.keepalive_stall import find_stall
 from calibrate.load.open_loop import SHORTFALL, OpenRun, RateJudgement, judge
 from calibrate.stages.measure.slo import with_goodput
-from calibrate.stages.measure.tiers import ItemResult, Stats, summarise
+from calibrate.stages.measure.tiers import Stats, summarise
 from calibrate.stages.sweep.result import Level, level_stats
 
 if TYPE_CHECKING:

@@ -20,6 +20,7 @@ from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor, WindowPeak
 from calibrate.http.responses import in_range
 from calibrate.load.arrivals import Arrival
+from calibrate.load.items import ItemResult
 from calibrate.load.keepalive_stall import find_stall
 from calibrate.load.waves import Request, Sender
 from calibrate.load.window import (
@@ -34,7 +35,7 @@ from calibrate.stages.measure.determinism_wave import CopiesWave, send_copies
 from calibrate.stages.measure.incidents import IncidentRecorder
 from calibrate.stages.measure.slo import with_goodput
 from calibrate.stages.measure.stop_rules import Point, continue_sweep
-from calibrate.stages.measure.tiers import ItemResult, Stats, summarise
+from calibrate.stages.measure.tiers import Stats, summarise
 from calibrate.stages.prepare.stream_probe import StreamCheck
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
 from calibrate.stages.single import unreachable

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from calibrate import server
-from calibrate.config import ServerKind
+from calibrate.engines.args import ServerKind
 from calibrate.errors import (
     ErrorInfo,
     ErrorKind,

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from calibrate.config import ServerKind
+from calibrate.engines.args import ServerKind
 from calibrate.engines.builders import (
     CAP_KEYS,
     LLAMACPP_CTX_PER_SLOT,

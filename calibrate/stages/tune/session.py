@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from calibrate.io.records import LedgerEntry
+from calibrate.http.records import LedgerEntry
 from calibrate.stages.tune.candidate import Lifecycle
 from calibrate.stages.tune.files import rows, write_plot, write_tables
 from calibrate.stages.tune.result import CandidateResult

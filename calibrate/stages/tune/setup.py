@@ -13,12 +13,13 @@ import shlex
 from dataclasses import dataclass, field
 
 from calibrate import server
-from calibrate.config import ServerKind, TuneSearch
+from calibrate.config import TuneSearch
+from calibrate.engines import redaction, shell_words
+from calibrate.engines.args import ServerKind
 from calibrate.engines.builders import SERVER_KINDS, build
 from calibrate.errors import ConfigError, UsageError
 from calibrate.gpu.energy import RankBy
 from calibrate.io.store import RunDir
-from calibrate.server import redaction, shell_words
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.pin_context import verified_workload

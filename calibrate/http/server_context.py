@@ -13,7 +13,7 @@ from typing import Any
 
 from calibrate.errors import RequestError
 from calibrate.http.client import OpenAIClient
-from calibrate.io.records import ContextLimit
+from calibrate.http.records import ContextLimit
 
 LLAMACPP_HINT = "llama.cpp: raise --ctx-size or lower --parallel"
 MAX_MODEL_LEN_HINT = "vLLM: raise --max-model-len"
