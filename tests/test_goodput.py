@@ -17,7 +17,8 @@ from calibrate.io.tier_table import read_rows
 from calibrate.load.items import ItemResult
 from calibrate.load.waves import Request, _answered
 from calibrate.stages.measure.slo import goodput, item_met, parse_slo_flags, record_met
-from calibrate.stages.sweep.run import Sweep, SweepOptions
+from calibrate.stages.sweep.run import Sweep
+from calibrate.stages.sweep.spec import SweepOptions
 from calibrate.stages.tune.measure import SloBounds
 from tests.mockserver import start_mock
 from tests.report_helpers import Page

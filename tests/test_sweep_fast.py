@@ -20,7 +20,8 @@ from calibrate.load.window import (
     level_window,
     steady_throughput,
 )
-from calibrate.stages.sweep.run import Sweep, SweepOptions
+from calibrate.stages.sweep.run import Sweep
+from calibrate.stages.sweep.spec import SweepOptions
 from tests.stage_fakes import Service, SimulatedLoop, close_runs, item, recorder, stage_ctx
 from tests.tier_helpers import jsonl
 

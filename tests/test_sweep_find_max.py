@@ -25,7 +25,8 @@ from calibrate.stages.sweep.find_max import (
     judge_probe,
     next_probe,
 )
-from calibrate.stages.sweep.run import Sweep, SweepOptions
+from calibrate.stages.sweep.run import Sweep
+from calibrate.stages.sweep.spec import SweepOptions
 from tests.mockserver import start_mock_process
 from tests.stage_fakes import SimulatedLoop, close_runs, recorder, stage_ctx
 from tests.tier_helpers import FAST, jsonl, junit_cases, open_gate

@@ -14,7 +14,8 @@ from calibrate.gpu.nvml import DeviceMemory, NvmlSampler, VramReading
 from calibrate.gpu.vram import VramMonitor
 from calibrate.server import process
 from calibrate.server.devices import managed_server_devices, visible_devices
-from calibrate.stages.sweep.run import Sweep, SweepOptions
+from calibrate.stages.sweep.run import Sweep
+from calibrate.stages.sweep.spec import SweepOptions
 from tests.fakes.nvml import FakeGpu, FakeNvml, mig
 from tests.stage_fakes import SimulatedLoop, close_runs, recorder, stage_ctx
 from tests.tier_helpers import jsonl

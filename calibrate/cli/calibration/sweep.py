@@ -70,14 +70,8 @@ from calibrate.stages.prepare.task_pick import TaskPool
 from calibrate.stages.prepare.workload_plan import prepare_workload
 from calibrate.stages.sweep.auto import DEFAULT_AUTO_STEPS, MAX_AUTO_STEPS
 from calibrate.stages.sweep.find_max import PROBE_RULE, TOP
-from calibrate.stages.sweep.run import (
-    Level,
-    Sweep,
-    SweepOptions,
-    SweepResult,
-    read_server_cap,
-    safe_levels,
-)
+from calibrate.stages.sweep.run import Level, Sweep, SweepResult, read_server_cap, safe_levels
+from calibrate.stages.sweep.spec import SweepOptions
 from calibrate.state.gates import next_step
 from calibrate.state.setting import latest_passing_ladder
 from calibrate.workload import WorkloadSpec

@@ -11,14 +11,11 @@ matches two auto runs level by level (their rates differ; their steps do not).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from calibrate.stages.measure.stop_rules import continue_sweep
 from calibrate.stages.sweep.rates import run_rate_level
 from calibrate.stages.sweep.result import AutoRole, AutoStep, Level
-
-if TYPE_CHECKING:
-    from calibrate.stages.sweep.run import Sweep
+from calibrate.stages.sweep.runner import LevelRunner
 
 DEFAULT_AUTO_STEPS = 5
 MAX_AUTO_STEPS = 50
@@ -37,7 +34,7 @@ def auto_rates(sync_rate: float, max_rate: float, steps: int) -> tuple[float, ..
     return tuple(out)
 
 
-def run_auto(sweep: Sweep) -> None:
+def run_auto(sweep: LevelRunner) -> None:
     """Synchronous, maximum, then the rates between (see the module's doc)."""
     o = sweep.options
     top = o.levels[-1]

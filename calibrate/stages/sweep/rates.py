@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from calibrate.gpu.vram import WindowPeak
 from calibrate.load.arrivals import arrival_times, rate_text, rate_value, requests_for
@@ -21,12 +20,10 @@ from calibrate.load.open_loop import SHORTFALL, OpenRun, RateJudgement, judge
 from calibrate.stages.measure.slo import with_goodput
 from calibrate.stages.measure.tiers import Stats, summarise
 from calibrate.stages.sweep.result import Level, level_stats
-
-if TYPE_CHECKING:
-    from calibrate.stages.sweep.run import Sweep
+from calibrate.stages.sweep.runner import LevelRunner
 
 
-def run_rate_level(sweep: Sweep, rate: float) -> Level:
+def run_rate_level(sweep: LevelRunner, rate: float) -> Level:
     """``repeats`` open-loop runs at ``rate`` req/s (fewer when one fails)."""
     o = sweep.options
     runs: list[Stats] = []
@@ -82,7 +79,7 @@ def _level_judgement(judged: list[RateJudgement], achieved: float) -> RateJudgem
 
 
 def run_rate_once(
-    sweep: Sweep, rate: float, repeat: int
+    sweep: LevelRunner, rate: float, repeat: int
 ) -> tuple[Stats, RateJudgement, list[ItemResult], WindowPeak]:
     """One open-loop run at ``rate``: its schedule seeded by the repeat, its achieved rate the
     answers' own window."""

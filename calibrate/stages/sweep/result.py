@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from calibrate.config import SloConfig
 from calibrate.load.arrivals import rate_text, rate_value
@@ -25,10 +25,8 @@ from calibrate.stages.measure.tiers import Stats, energy_short
 from calibrate.stages.prepare.stream_probe import stream_details
 from calibrate.stages.sweep.find_max import FindMax
 from calibrate.stages.sweep.knee import Knee, find_knee, judged_range
+from calibrate.stages.sweep.spec import SweepOptions
 from calibrate.state.summaries import SweepSummary, Workload
-
-if TYPE_CHECKING:
-    from calibrate.stages.sweep.run import SweepOptions
 
 LevelVerdict = Literal["pass", "fail", "stop: slo"]  # stop: slo — a find-max probe over an SLO
 CLIENT_LIMIT_HINT = (

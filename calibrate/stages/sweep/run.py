@@ -14,12 +14,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from calibrate.config import Config, LadderMode, SloConfig
 from calibrate.errors import RequestError
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor, WindowPeak
 from calibrate.http.responses import in_range
-from calibrate.load.arrivals import Arrival
 from calibrate.load.items import ItemResult
 from calibrate.load.keepalive_stall import find_stall
 from calibrate.load.waves import Request, Sender
@@ -36,7 +34,6 @@ from calibrate.stages.measure.incidents import IncidentRecorder
 from calibrate.stages.measure.slo import with_goodput
 from calibrate.stages.measure.stop_rules import Point, continue_sweep
 from calibrate.stages.measure.tiers import Stats, summarise
-from calibrate.stages.prepare.stream_probe import StreamCheck
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
 from calibrate.stages.single import unreachable
 from calibrate.stages.sweep.auto import run_auto
@@ -44,57 +41,10 @@ from calibrate.stages.sweep.find_max import Probe, find_max, judge_probe, next_p
 from calibrate.stages.sweep.knee import best_of, gain_over, judge, needs_repeat
 from calibrate.stages.sweep.rates import run_rate_level
 from calibrate.stages.sweep.result import Level, ServerCap, SweepResult, level_stats
+from calibrate.stages.sweep.spec import SweepOptions
 from calibrate.workload import WorkloadSpec
 
 __all__ = ["Level", "ServerCap", "Sweep", "SweepOptions", "SweepResult", "read_server_cap"]
-
-
-@dataclass(frozen=True)
-class SweepOptions:
-    levels: tuple[int, ...]
-    level_s: float
-    repeats: int
-    gain_min: float
-    batch_size: int
-    mode: LadderMode = "wave"
-    stream: bool = False
-    ladder_run_id: str = ""
-    skipped_levels: tuple[int, ...] = ()  # above what the ladder proved, on an unmanaged server
-    beyond_ladder: bool = False
-    slo: SloConfig = field(default_factory=SloConfig)
-    rates: tuple[float, ...] = ()  # open loop at these requests/s (inf: all at once); () = closed
-    arrival: Arrival = "poisson"
-    burstiness: float = 1.0
-    seed: int = 0
-    max_in_flight: int | None = None  # rate mode's in-flight cap (None: none, a managed server)
-    auto_steps: int = 0  # --auto: rates between synchronous and maximum (levels = (1, maximum))
-    stream_check: StreamCheck | None = None  # what the stream probe found (None: not probed)
-    max_repeats: int = 6  # runs of a level left unsure against the best (SPEC §5.6)
-    find_max_top: int = 0  # --find-max: search concurrency 1…this for the SLO boundary (0: off)
-    determinism_copies: int = 0  # [determinism] copies of the fixed prompt per level (0: off)
-
-    def probed(self, check: StreamCheck) -> SweepOptions:
-        """Sent as the stream probe found the server takes them."""
-        return replace(self, stream=self.stream and check.stream, stream_check=check)
-
-    @property
-    def stream_options(self) -> bool:
-        return self.stream_check is None or self.stream_check.stream_options
-
-    @property
-    def prompts_per_request(self) -> int:
-        """B in prompt-list mode (one completions request carries the batch), else 1: what
-        turns items/s into the requests/s a rate is offered in."""
-        return self.batch_size if self.mode == "prompt-list" else 1
-
-    @classmethod
-    def from_config(cls, cfg: Config, batch_size: int, **kw: Any) -> SweepOptions:
-        s = cfg.sweep
-        kw.setdefault("max_repeats", max(s.max_repeats, s.repeats))
-        kw.setdefault("determinism_copies", cfg.determinism.copies)
-        return cls(
-            s.concurrency, s.level_s, s.repeats, s.gain_min, batch_size, cfg.ladder.mode, **kw
-        )
 
 
 def safe_levels(
