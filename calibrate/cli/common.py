@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -19,16 +17,13 @@ from calibrate import redact
 from calibrate.cli.streams import can_encode
 from calibrate.config import Config
 from calibrate.engines.redaction import argv_secret_values, secret_values
-from calibrate.errors import GateClosed, Interrupted, StageFailed, UsageError
-from calibrate.http.client import OpenAIClient
+from calibrate.errors import UsageError
 from calibrate.io.baseline import VOLATILE_FIELDS, Comparison, Normaliser, default_program
 from calibrate.io.junit import JUnitSuite
-from calibrate.io.output_paths import check_outputs, stage_files
 from calibrate.io.store import RunDir
-from calibrate.stages.context import StageContext, manifest
-from calibrate.state.gates import check_gate
-from calibrate.state.ledger import Ledger, target_fingerprint
-from calibrate.state.target_lock import hold
+from calibrate.stages import env
+from calibrate.stages.context import StageContext
+from calibrate.stages.env import StageRequest, writable_folder
 
 Runner = Callable[[argparse.Namespace], int]
 
@@ -175,53 +170,20 @@ def open_stage(
     gate: bool = True,
     max_connections: int | None = None,
 ) -> StageContext:
-    """Resolve config, check the stage's gate (exit 3 unless --force), open its run folder.
-
-    Where results will be written (runs/, --junit) is checked first: exit 2 before anything
-    is sent, rather than a run whose results cannot be kept.
-    """
-    cfg = load_config(args)
+    """The stage's request from its flags (--junit checked first), then ``stages.env.open_stage``."""
     check_junit_path(args)
-    check_outputs(  # --junit is not the ledger, the config, --tasks… (exit 2, nothing sent)
-        [("--junit", Path(args.junit) if getattr(args, "junit", None) else None)],
-        [
-            *stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source),
-            ("--tasks", Path(args.tasks) if getattr(args, "tasks", None) else None),
-        ],
+    junit, tasks = getattr(args, "junit", None), getattr(args, "tasks", None)
+    request = StageRequest(
+        stage,
+        load_config(args),
+        tuple(getattr(args, "argv", [])),
+        force=bool(getattr(args, "force", False)),
+        gate=gate,
+        junit=Path(junit) if junit else None,
+        tasks=Path(tasks) if tasks else None,
+        max_connections=max_connections,
     )
-    check_writable_dir(cfg.runs_dir, "[paths] runs")
-    ledger = Ledger(cfg.runs_dir)
-    target = target_fingerprint(cfg)
-    forced = bool(getattr(args, "force", False))
-    if gate:
-        verdict = check_gate(stage, cfg, ledger, target)
-        if not verdict.open:
-            if not forced:
-                raise GateClosed(
-                    f"{stage} is gated: {verdict.reason}",
-                    f"Run first: {verdict.run_first}   (or pass --force to run anyway; it is recorded)",
-                )
-            out.warn(f"FORCED: running {stage} with its gate closed ({verdict.reason}); recorded")
-        else:
-            forced = False
-    client = OpenAIClient(
-        cfg.target.base_url,
-        api_key=cfg.api_key,
-        metrics_key=cfg.gpu_metrics_key,
-        timeout_s=cfg.target.timeout_s,
-        connect_timeout_s=cfg.target.connect_timeout_s,
-        max_response_mib=cfg.target.max_response_mib,
-        max_connections=max(
-            64,
-            *cfg.sweep.concurrency,
-            max(cfg.ladder.batch_sizes),
-            max_connections or 0,
-        ),
-    )
-    run = RunDir(cfg.runs_dir, stage)
-    ctx = StageContext(cfg, client, run, ledger, target, forced)
-    run.set_manifest(manifest(ctx, ["calibrate", *getattr(args, "argv", [])]))
-    return ctx
+    return env.open_stage(request, out.warn)
 
 
 def show_comparison(out: Output, label: str, comparison: Comparison) -> None:
@@ -290,34 +252,6 @@ def save_junit(args: argparse.Namespace, suite: JUnitSuite) -> None:
         suite.write(Path(args.junit))
 
 
-def _writable_folder(path: Path) -> str | None:
-    """Why files cannot be created at ``path`` (a folder, made later if need be); None if they can.
-
-    Nothing is created: the nearest existing folder is probed with an anonymous temp file.
-    """
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is not a directory"
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as exc:
-        return f"cannot write in {existing}: {exc.strerror or exc}"
-    return None
-
-
-def check_writable_dir(path: Path, what: str) -> None:
-    """Exit 2 before anything is sent when no file can be written in ``path``."""
-    problem = _writable_folder(path)
-    if problem:
-        raise UsageError(
-            f"{path}: {problem}; nothing was sent",
-            f"Make it writable (or free space there), or point {what} elsewhere.",
-        )
-
-
 def check_junit_path(args: argparse.Namespace) -> None:
     """--junit must name a file we can write: not a directory, in a writable folder (exit 2)."""
     junit = getattr(args, "junit", None)
@@ -326,54 +260,8 @@ def check_junit_path(args: argparse.Namespace) -> None:
     path = Path(junit)
     if path.is_dir():
         raise UsageError(f"--junit {path} is a directory; give a file, e.g. {path / 'report.xml'}")
-    problem = _writable_folder(path.parent)
+    problem = writable_folder(path.parent)
     if problem:
         raise UsageError(
             f"--junit {path}: {problem}; nothing was sent", "Give a path in a writable folder."
         )
-
-
-@contextlib.contextmanager
-def load_lock(ctx: StageContext) -> Iterator[None]:
-    """One load-sending stage per target at a time (ladder, sweep, rollback)."""
-    with hold(ctx.config.runs_dir, ctx.target, ctx.run.stage):
-        yield
-
-
-def _kept(run: RunDir) -> str:
-    return f"what was written is kept in {run.path}" if run.path.exists() else "nothing was kept"
-
-
-@contextlib.contextmanager
-def kept_on_write_error(ctx: StageContext) -> Iterator[None]:
-    """A write error once the stage has started (disk full, folder gone) → exit 1, saying what
-    was kept. Network errors never arrive here: the client maps them to RequestError."""
-    try:
-        yield
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            ctx.run.close()
-        where = f"{exc.filename}: " if exc.filename else ""
-        raise StageFailed(
-            f"{ctx.run.stage} stopped: a write failed ({where}{exc.strerror or exc}); "
-            f"{_kept(ctx.run)}",
-            f"Free space or fix permissions, then run it again: calibrate {ctx.run.stage}",
-        ) from exc
-
-
-@contextlib.contextmanager
-def guarded(ctx: StageContext) -> Iterator[None]:
-    """Ctrl-C / SIGTERM → recorded as interrupted (never passed), exit 130 saying what was
-    kept and how to resume; a write error → exit 1 saying what was kept."""
-    with kept_on_write_error(ctx):
-        try:
-            yield
-        except KeyboardInterrupt as exc:
-            kept = _kept(ctx.run)
-            ctx.record_result(False, {}, interrupted=True)
-            ctx.run.close()
-            engine = f"; {exc}" if str(exc) else ""  # what became of an engine being started
-            raise Interrupted(
-                f"{ctx.run.stage} interrupted, recorded as not passed; {kept}{engine}",
-                f"Run it again: calibrate {ctx.run.stage}",
-            ) from None

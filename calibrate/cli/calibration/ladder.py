@@ -30,9 +30,7 @@ from calibrate.cli.common import (
     add_junit,
     add_wide,
     junit_suite,
-    kept_on_write_error,
     load_config,
-    load_lock,
     open_stage,
     output_for,
     save_junit,
@@ -56,6 +54,7 @@ from calibrate.io.junit import JUnitCase, JUnitSuite
 from calibrate.load.waves import Sender
 from calibrate.report.progress import Plan
 from calibrate.stages.context import StageContext
+from calibrate.stages.env import kept_on_write_error, load_lock
 from calibrate.stages.ladder.context_axis import outcome
 from calibrate.stages.ladder.run import Ladder, LadderOptions, LadderResult
 from calibrate.stages.measure.compare_tiers import TierComparison

@@ -20,7 +20,6 @@ from calibrate.cli.common import (
     add_force,
     add_junit,
     check_junit_path,
-    guarded,
     junit_suite,
     normaliser_for,
     open_stage,
@@ -33,6 +32,7 @@ from calibrate.errors import UsageError
 from calibrate.io.baseline import after_failure
 from calibrate.io.output_paths import check_outputs
 from calibrate.io.store import RunDir
+from calibrate.stages.env import guarded
 from calibrate.stages.repro import ReproResult, between_files, run_repro
 from calibrate.state.gates import next_step
 

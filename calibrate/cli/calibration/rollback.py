@@ -18,9 +18,7 @@ from calibrate.cli.common import (
     add_compare_args,
     add_force,
     add_junit,
-    guarded,
     junit_suite,
-    load_lock,
     normaliser_for,
     open_stage,
     output_for,
@@ -33,6 +31,7 @@ from calibrate.gpu.nvml import gpu_snapshot
 from calibrate.io.baseline import Normaliser
 from calibrate.io.junit import JUnitCase
 from calibrate.stages.context import StageContext
+from calibrate.stages.env import guarded, load_lock
 from calibrate.stages.rollback import NOT_CAPACITY, Rollback, StepResult
 from calibrate.state.gates import next_step
 

@@ -16,7 +16,6 @@ from calibrate.cli.common import (
     Output,
     add_command,
     add_junit,
-    guarded,
     junit_suite,
     open_stage,
     output_for,
@@ -25,6 +24,7 @@ from calibrate.cli.common import (
 from calibrate.errors import UsageError
 from calibrate.load.waves import Sender
 from calibrate.stages.context import StageContext
+from calibrate.stages.env import guarded
 from calibrate.stages.ladder.run import item_record
 from calibrate.stages.measure.determinism_wave import CopiesWave, managed_switch, send_copies
 from calibrate.stages.single import run_single

@@ -35,9 +35,7 @@ from calibrate.cli.common import (
     add_junit,
     add_wide,
     junit_suite,
-    kept_on_write_error,
     load_config,
-    load_lock,
     open_stage,
     output_for,
     save_junit,
@@ -62,6 +60,7 @@ from calibrate.load.arrivals import parse_counts, parse_rates, rate_text
 from calibrate.load.waves import Sender
 from calibrate.report.progress import Plan
 from calibrate.stages.context import StageContext
+from calibrate.stages.env import kept_on_write_error, load_lock
 from calibrate.stages.measure.slo import describe, has_slo, parse_slo_flags
 from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.prepare.server_cap import run_at_cap

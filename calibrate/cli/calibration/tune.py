@@ -24,9 +24,7 @@ from calibrate.cli.common import (
     add_command,
     add_force,
     add_wide,
-    kept_on_write_error,
     load_config,
-    load_lock,
     open_stage,
     output_for,
 )
@@ -37,6 +35,7 @@ from calibrate.engines.builders import SERVER_KINDS
 from calibrate.engines.redaction import shown_command
 from calibrate.errors import Interrupted, UsageError
 from calibrate.gpu.energy import PRICE_HELP, RANK_BY
+from calibrate.stages.env import kept_on_write_error, load_lock
 from calibrate.stages.measure.tier_run import MeasureSpec, preflight
 from calibrate.stages.tune.result import CandidateResult
 from calibrate.stages.tune.session import Session

@@ -17,7 +17,6 @@ from calibrate.cli.common import (
     add_compare_args,
     add_force,
     add_junit,
-    guarded,
     junit_suite,
     normaliser_for,
     open_stage,
@@ -27,6 +26,7 @@ from calibrate.cli.common import (
 )
 from calibrate.io.baseline import Normaliser, after_failure
 from calibrate.stages.context import StageContext
+from calibrate.stages.env import guarded
 from calibrate.stages.verify import run_verify
 from calibrate.state.gates import next_step
 

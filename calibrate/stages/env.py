@@ -1,0 +1,159 @@
+"""How a stage opens: its config resolved, its gate checked, its run folder made, its client
+built — and how it ends when interrupted or when a write fails (SPEC §2, §11).
+
+The command builds a ``StageRequest`` from its flags; everything after that is here, so a
+stage can be run (and tested) without argv.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from calibrate.config import Config
+from calibrate.errors import GateClosed, Interrupted, StageFailed, UsageError
+from calibrate.http.client import OpenAIClient
+from calibrate.io.output_paths import check_outputs, stage_files
+from calibrate.io.store import RunDir
+from calibrate.stages.context import StageContext, manifest
+from calibrate.state.gates import check_gate
+from calibrate.state.ledger import Ledger, target_fingerprint
+from calibrate.state.target_lock import hold
+
+
+@dataclass(frozen=True)
+class StageRequest:
+    """What a command asks of a stage before it runs: which, under which config, from which
+    command line, and where its side files go."""
+
+    stage: str
+    config: Config
+    argv: tuple[str, ...] = ()
+    force: bool = False
+    gate: bool = True
+    junit: Path | None = None
+    tasks: Path | None = None
+    max_connections: int | None = None
+
+
+def open_stage(request: StageRequest, warn: Callable[[str], None]) -> StageContext:
+    """Resolve config, check the stage's gate (exit 3 unless --force), open its run folder.
+
+    Where results will be written (runs/, --junit) is checked first: exit 2 before anything
+    is sent, rather than a run whose results cannot be kept.
+    """
+    cfg, stage = request.config, request.stage
+    check_outputs(  # --junit is not the ledger, the config, --tasks… (exit 2, nothing sent)
+        [("--junit", request.junit)],
+        [*stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source), ("--tasks", request.tasks)],
+    )
+    check_writable_dir(cfg.runs_dir, "[paths] runs")
+    ledger = Ledger(cfg.runs_dir)
+    target = target_fingerprint(cfg)
+    forced = request.force
+    if request.gate:
+        verdict = check_gate(stage, cfg, ledger, target)
+        if not verdict.open:
+            if not forced:
+                raise GateClosed(
+                    f"{stage} is gated: {verdict.reason}",
+                    f"Run first: {verdict.run_first}   (or pass --force to run anyway; it is recorded)",
+                )
+            warn(f"FORCED: running {stage} with its gate closed ({verdict.reason}); recorded")
+        else:
+            forced = False
+    client = OpenAIClient(
+        cfg.target.base_url,
+        api_key=cfg.api_key,
+        metrics_key=cfg.gpu_metrics_key,
+        timeout_s=cfg.target.timeout_s,
+        connect_timeout_s=cfg.target.connect_timeout_s,
+        max_response_mib=cfg.target.max_response_mib,
+        max_connections=max(
+            64,
+            *cfg.sweep.concurrency,
+            max(cfg.ladder.batch_sizes),
+            request.max_connections or 0,
+        ),
+    )
+    run = RunDir(cfg.runs_dir, stage)
+    ctx = StageContext(cfg, client, run, ledger, target, forced)
+    run.set_manifest(manifest(ctx, ["calibrate", *request.argv]))
+    return ctx
+
+
+def writable_folder(path: Path) -> str | None:
+    """Why files cannot be created at ``path`` (a folder, made later if need be); None if they can.
+
+    Nothing is created: the nearest existing folder is probed with an anonymous temp file.
+    """
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        return f"cannot write in {existing}: {exc.strerror or exc}"
+    return None
+
+
+def check_writable_dir(path: Path, what: str) -> None:
+    """Exit 2 before anything is sent when no file can be written in ``path``."""
+    problem = writable_folder(path)
+    if problem:
+        raise UsageError(
+            f"{path}: {problem}; nothing was sent",
+            f"Make it writable (or free space there), or point {what} elsewhere.",
+        )
+
+
+@contextlib.contextmanager
+def load_lock(ctx: StageContext) -> Iterator[None]:
+    """One load-sending stage per target at a time (ladder, sweep, rollback)."""
+    with hold(ctx.config.runs_dir, ctx.target, ctx.run.stage):
+        yield
+
+
+def _kept(run: RunDir) -> str:
+    return f"what was written is kept in {run.path}" if run.path.exists() else "nothing was kept"
+
+
+@contextlib.contextmanager
+def kept_on_write_error(ctx: StageContext) -> Iterator[None]:
+    """A write error once the stage has started (disk full, folder gone) → exit 1, saying what
+    was kept. Network errors never arrive here: the client maps them to RequestError."""
+    try:
+        yield
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            ctx.run.close()
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise StageFailed(
+            f"{ctx.run.stage} stopped: a write failed ({where}{exc.strerror or exc}); "
+            f"{_kept(ctx.run)}",
+            f"Free space or fix permissions, then run it again: calibrate {ctx.run.stage}",
+        ) from exc
+
+
+@contextlib.contextmanager
+def guarded(ctx: StageContext) -> Iterator[None]:
+    """Ctrl-C / SIGTERM → recorded as interrupted (never passed), exit 130 saying what was
+    kept and how to resume; a write error → exit 1 saying what was kept."""
+    with kept_on_write_error(ctx):
+        try:
+            yield
+        except KeyboardInterrupt as exc:
+            kept = _kept(ctx.run)
+            ctx.record_result(False, {}, interrupted=True)
+            ctx.run.close()
+            engine = f"; {exc}" if str(exc) else ""  # what became of an engine being started
+            raise Interrupted(
+                f"{ctx.run.stage} interrupted, recorded as not passed; {kept}{engine}",
+                f"Run it again: calibrate {ctx.run.stage}",
+            ) from None
