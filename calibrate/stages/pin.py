@@ -9,7 +9,7 @@ same builder ``calibrate server start`` uses, so what is pinned is what calibrat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from calibrate import server
@@ -22,6 +22,7 @@ from calibrate.server import launch_script
 from calibrate.server.launch_script import PinnedValues
 from calibrate.stages.context import StageContext
 from calibrate.stages.pin_context import context_for
+from calibrate.state.gates import next_step
 from calibrate.state.setting import resolve
 from calibrate.state.summaries import PinSummary, Setting
 
@@ -33,6 +34,7 @@ class PinResult:
     command: EngineCommand
     tuned: tuple[tuple[str, str], ...] = ()
     tuned_by: str = ""
+    next_command: str = ""  # ``gates.next_step`` once the pin is recorded
 
     def summary(self) -> PinSummary:
         v = self.values
@@ -59,7 +61,8 @@ def resolve_kind(ctx: StageContext, kind: str | None) -> ServerKind:
 
 
 def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = None) -> PinResult:
-    """Write the launch script for the calibrated setting and record the pin in the ledger."""
+    """Write the launch script for the calibrated setting, record the pin in the ledger and
+    close the run; the result carries the next step."""
     engine = resolve_kind(ctx, kind)
     setting = resolve(ctx.ledger, ctx.target)
     if setting is None:
@@ -94,7 +97,7 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
         workload=setting.verified_on(),
         context=sized.describe() if sized else "",
         tuned=tuned_text,
-        cost=pinned_cost(ctx.ledger.entries(), setting.run_id, batch, concurrency),
+        cost=pinned_cost(ctx.ledger.view().entries, setting.run_id, batch, concurrency),
     )
     text = launch_script.render(values, command)
     path = out or cfg.scripts_dir / "launch.sh"
@@ -102,4 +105,5 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
     ctx.run.write_text("launch.sh", text)
     result = PinResult(path, values, command, tuned, setting.tuned_by if tuned else "")
     ctx.record_result(True, result.summary())
-    return result
+    ctx.run.close()
+    return replace(result, next_command=next_step(cfg, ctx.ledger, ctx.target))

@@ -8,7 +8,7 @@ from typing import Any
 from calibrate.config import Config
 from calibrate.http.records import LedgerEntry
 from calibrate.state.gates import next_step
-from calibrate.state.ledger import Ledger, baseline_path
+from calibrate.state.ledger import Ledger, baseline_path, target_fingerprint
 from calibrate.state.pipeline import MAIN_LINE, OPTIONAL, standing
 from calibrate.state.setting import CalibratedSetting, resolve
 from calibrate.state.summaries import pin_summary, tune_summary
@@ -54,6 +54,11 @@ class TargetStatus:
             "tuned": self.tuned,
             "next": self.next_command,
         }
+
+
+def status_of(cfg: Config) -> TargetStatus:
+    """The configured target's status, from one read of its ledger."""
+    return target_status(cfg, Ledger(cfg.runs_dir), target_fingerprint(cfg))
 
 
 def target_status(cfg: Config, ledger: Ledger, target: str) -> TargetStatus:

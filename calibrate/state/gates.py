@@ -19,7 +19,8 @@ from calibrate.state.pipeline import (
     standing,
     step,
 )
-from calibrate.state.summaries import ladder_summary, pin_summary
+from calibrate.state.setting import rollback_tier
+from calibrate.state.summaries import pin_summary
 from calibrate.state.weights_gate import setting_gate
 
 
@@ -42,7 +43,7 @@ def _stage_gate(stage: str, cfg: Config, ledger: Ledger, target: str) -> Gate:
             return Gate(False, f"no baseline at {baseline_path(cfg)}", row.run_first)
         return Gate(True)
     if row.needs == "ladder_tier_or_pin":
-        return _rollback_gate(cfg, ledger, target)
+        return _rollback_gate(ledger, target)
     needed = row.needs
     entry = ledger.latest(needed, target)
     if entry is None:
@@ -67,15 +68,9 @@ def _stage_gate(stage: str, cfg: Config, ledger: Ledger, target: str) -> Gate:
     return Gate(True)
 
 
-def _rollback_gate(cfg: Config, ledger: Ledger, target: str) -> Gate:
-    ladder = ledger.latest("ladder", target)
-    has_tier = (
-        ladder is not None
-        and not ladder.interrupted
-        and ladder_summary(ladder.summary).last_passing is not None
-    )
-    pin = ledger.latest("pin", target, passed=True)
-    if has_tier or (pin is not None and pin_summary(pin.summary).setting is not None):
+def _rollback_gate(ledger: Ledger, target: str) -> Gate:
+    """Open exactly when the rollback has a tier to return to (``setting.rollback_tier``)."""
+    if rollback_tier(ledger, target) is not None:
         return Gate(True)
     return Gate(False, "no ladder with a passing tier and no pin", "calibrate ladder")
 
@@ -83,7 +78,7 @@ def _rollback_gate(cfg: Config, ledger: Ledger, target: str) -> Gate:
 def _missing(needed: str, run_first: str, cfg: Config, ledger: Ledger, target: str) -> Gate:
     """No ``needed`` entry for this target: say what changed since the newest one for any target."""
     plain = Gate(False, f"no {needed} has run for this target ({target})", run_first)
-    newest = next((e for e in reversed(ledger.entries()) if e.stage == needed), None)
+    newest = ledger.view().newest_of_any_target(needed)
     before = TargetIdentity.from_json(newest.identity) if newest is not None else None
     if newest is None or before is None:
         return plain

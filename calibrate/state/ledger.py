@@ -1,19 +1,21 @@
 """The ledger (``runs/ledger.jsonl``): what every stage recorded (SPEC §3.1, §4.2).
 
-The gates it opens are read in ``calibrate.state.gates``; what makes a target comes from
-``calibrate.state.identity``.
+``Ledger`` is the one reader and writer of the file: a command reads it once, into a
+``LedgerView``, and every gate, the setting and the next step read that view. The gates it opens
+are in ``calibrate.state.gates``; what makes a target comes from ``calibrate.state.identity``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from calibrate.config import Config
 from calibrate.http.records import LedgerEntry
-from calibrate.io.store import append_jsonl, ledger_path
+from calibrate.io.store import append_jsonl, encode_line, ledger_path
 from calibrate.state.identity import TargetIdentity, Weights
 from calibrate.state.summaries import ladder_summary
 
@@ -29,60 +31,97 @@ def baseline_path(cfg: Config) -> Path:
     return cfg.baselines_dir / "single.jsonl"
 
 
-class Ledger:
-    """Append-only stage results; the latest result of a stage for a target decides its gate."""
+def is_context_ladder(entry: LedgerEntry) -> bool:
+    """A ``ladder --axis context`` line: it verifies input lengths, not a batch size, so it is
+    never the "ladder" the gates, the setting, the next step and rollback read."""
+    return entry.stage == "ladder" and ladder_summary(entry.summary).is_context
 
-    def __init__(self, runs_dir: Path) -> None:
-        self.path = ledger_path(runs_dir)
-        self._warned: set[int] = set()
 
-    def append(self, entry: LedgerEntry) -> None:
-        append_jsonl(self.path, entry.to_json())
+@dataclass(frozen=True)
+class LedgerView:
+    """The ledger as one command read it: every well-formed line, oldest first."""
 
-    def entries(self) -> list[LedgerEntry]:
-        """Every well-formed line; a malformed one is skipped with a warning naming it.
+    entries: tuple[LedgerEntry, ...] = ()
 
-        Lines are split on "\n" only: U+2028 or U+0085 inside a record is text, not a break.
-        """
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            log.warning(
-                "cannot read the ledger %s (%s): every gate reads as closed",
-                self.path,
-                exc.strerror or exc,
-            )
-            return []
-        out: list[LedgerEntry] = []
-        for number, raw in enumerate(data.split(b"\n"), 1):
-            if not raw.strip():
-                continue
-            entry, problem = _parse_line(raw)
-            if entry is not None:
-                out.append(entry)
-            elif number not in self._warned:
-                self._warned.add(number)
-                log.warning("skipping line %d of %s: %s", number, self.path, problem)
-        return out
+    def of_target(self, target: str) -> Iterator[tuple[int, LedgerEntry]]:
+        """``target``'s lines with their position in the ledger (higher is newer)."""
+        for position, entry in enumerate(self.entries):
+            if entry.target == target:
+                yield position, entry
 
     def latest(self, stage: str, target: str, *, passed: bool | None = None) -> LedgerEntry | None:
-        """The newest entry of ``stage`` for ``target`` (optionally only passing/failing ones).
-
-        A context-axis ladder (``ladder --axis context``) verifies input lengths, not a batch
-        size: it is not the "ladder" the gates and rollback read.
-        """
+        """The newest entry of ``stage`` for ``target`` (optionally only passing/failing ones);
+        a context-axis ladder is never the "ladder" (``is_context_ladder``)."""
         found: LedgerEntry | None = None
-        for entry in self.entries():
-            if entry.stage != stage or entry.target != target:
-                continue
-            if stage == "ladder" and ladder_summary(entry.summary).is_context:
+        for _, entry in self.of_target(target):
+            if entry.stage != stage or is_context_ladder(entry):
                 continue
             if passed is not None and entry.passed != passed:
                 continue
             found = entry
         return found
+
+    def newest_of_any_target(self, stage: str) -> LedgerEntry | None:
+        """The newest line of ``stage`` whatever its target (what changed since, when a gate
+        finds none for this one)."""
+        return next((e for e in reversed(self.entries) if e.stage == stage), None)
+
+    def with_entry(self, entry: LedgerEntry) -> LedgerView:
+        return LedgerView((*self.entries, entry))
+
+
+class Ledger:
+    """The one reader and writer of ``runs/ledger.jsonl``: the file is read once, the first
+    time a command asks, and the view then follows what this command appends."""
+
+    def __init__(self, runs_dir: Path) -> None:
+        self.path = ledger_path(runs_dir)
+        self._view: LedgerView | None = None
+
+    def view(self) -> LedgerView:
+        if self._view is None:
+            self._view = _read(self.path)
+        return self._view
+
+    def append(self, entry: LedgerEntry) -> None:
+        append_jsonl(self.path, entry.to_json())
+        if self._view is not None:  # the entry as a later read would parse it
+            written, _ = _parse_line(encode_line(entry.to_json()).rstrip(b"\n"))
+            self._view = self._view.with_entry(written or entry)
+
+    def entries(self) -> list[LedgerEntry]:
+        return list(self.view().entries)
+
+    def latest(self, stage: str, target: str, *, passed: bool | None = None) -> LedgerEntry | None:
+        return self.view().latest(stage, target, passed=passed)
+
+
+def _read(path: Path) -> LedgerView:
+    """Every well-formed line; a malformed one is skipped with a warning naming it.
+
+    Lines are split on "\n" only: U+2028 or U+0085 inside a record is text, not a break.
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return LedgerView()
+    except OSError as exc:
+        log.warning(
+            "cannot read the ledger %s (%s): every gate reads as closed",
+            path,
+            exc.strerror or exc,
+        )
+        return LedgerView()
+    out: list[LedgerEntry] = []
+    for number, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        entry, problem = _parse_line(raw)
+        if entry is not None:
+            out.append(entry)
+        else:
+            log.warning("skipping line %d of %s: %s", number, path, problem)
+    return LedgerView(tuple(out))
 
 
 _TEXT_FIELDS = ("stage", "run_id", "target", "ts")
@@ -123,7 +162,6 @@ class Gate:
 def current_weights(cfg: Config, ledger: Ledger, target: str) -> Weights:
     """The configured model path, and the newest served root any run of this target recorded."""
     root = ""
-    for entry in ledger.entries():
-        if entry.target == target:
-            root = Weights.from_json(entry.weights).served_root or root
+    for _, entry in ledger.view().of_target(target):
+        root = Weights.from_json(entry.weights).served_root or root
     return Weights(cfg.server.model_path, root)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from calibrate.http.records import LedgerEntry
-from calibrate.state.ledger import Ledger
+from calibrate.state.ledger import Ledger, is_context_ladder
 
 StageName = Literal[
     "single", "repro", "ladder", "sweep", "tune", "pin", "verify", "rollback", "batch"
@@ -89,15 +89,12 @@ class Standing:
 
 
 def standing(ledger: Ledger, target: str) -> Standing:
-    from calibrate.state.summaries import ladder_summary
-
+    """Each stage's latest line for ``target``; a context ladder is kept apart."""
     latest: dict[str, LedgerEntry] = {}
     order: dict[str, int] = {}
     context: LedgerEntry | None = None
-    for position, entry in enumerate(ledger.entries()):
-        if entry.target != target:
-            continue
-        if entry.stage == "ladder" and ladder_summary(entry.summary).is_context:
+    for position, entry in ledger.view().of_target(target):
+        if is_context_ladder(entry):
             context = entry  # verifies input lengths, not the ladder the main line needs
             continue
         latest[entry.stage] = entry

@@ -20,7 +20,7 @@ from typing import Literal
 
 from calibrate.http.records import LedgerEntry
 from calibrate.redact import redact_url
-from calibrate.state.ledger import Ledger
+from calibrate.state.ledger import Ledger, is_context_ladder
 from calibrate.state.summaries import (
     LadderSummary,
     Setting,
@@ -89,10 +89,8 @@ def resolve(ledger: Ledger, target: str) -> CalibratedSetting | None:
     found: CalibratedSetting | None = None
     ladder: tuple[LadderSummary, LedgerEntry] | None = None
     context: tuple[LadderSummary, LedgerEntry] | None = None
-    for entry in ledger.entries():
-        if entry.target != target:
-            continue
-        if entry.stage == "ladder" and ladder_summary(entry.summary).is_context:
+    for _, entry in ledger.view().of_target(target):
+        if is_context_ladder(entry):
             if _sets(entry) and ladder_summary(entry.summary).context_verified:
                 context = (ladder_summary(entry.summary), entry)
             continue
@@ -119,8 +117,8 @@ def verified_input(ledger: Ledger, target: str) -> VerifiedInput | None:
     """For ``batch``'s length check: over every passing ladder (either axis), the longest
     input verified (None when no ladder recorded one)."""
     best: VerifiedInput | None = None
-    for entry in ledger.entries():
-        if entry.target != target or entry.stage != "ladder" or not _sets(entry):
+    for _, entry in ledger.view().of_target(target):
+        if entry.stage != "ladder" or not _sets(entry):
             continue
         workload = ladder_summary(entry.summary).workload
         tokens = workload.longest_input_tokens
@@ -132,12 +130,34 @@ def verified_input(ledger: Ledger, target: str) -> VerifiedInput | None:
 def latest_passing_ladder(ledger: Ledger, target: str) -> tuple[LadderSummary, LedgerEntry] | None:
     """The newest passing ladder with a passing tier (what sweep, pin and rollback build on)."""
     found: tuple[LadderSummary, LedgerEntry] | None = None
-    for entry in ledger.entries():
-        if entry.target == target and entry.stage == "ladder" and _sets(entry):
+    for _, entry in ledger.view().of_target(target):
+        if entry.stage == "ladder" and _sets(entry) and not is_context_ladder(entry):
             summary = ladder_summary(entry.summary)
-            if summary.last_passing is not None and not summary.is_context:
+            if summary.last_passing is not None:
                 found = (summary, entry)
     return found
+
+
+@dataclass(frozen=True)
+class RollbackTier:
+    """Where a rollback returns the server, and which run measured it."""
+
+    batch_size: int
+    source: str  # "ladder run <id>" or "pin run <id>"
+
+
+def rollback_tier(ledger: Ledger, target: str) -> RollbackTier | None:
+    """The tier a rollback returns to (SPEC §5.7): the latest passing ladder's last passing
+    tier, else the latest passing pin's batch size. None: neither, and the rollback gate is
+    closed — the gate and the stage read this one answer."""
+    ladder = latest_passing_ladder(ledger, target)
+    if ladder is not None and ladder[0].last_passing is not None:
+        return RollbackTier(ladder[0].last_passing.batch_size, f"ladder run {ladder[1].run_id}")
+    pin = ledger.latest("pin", target, passed=True)
+    pinned = pin_summary(pin.summary).setting if pin is not None else None
+    if pin is not None and pinned is not None:
+        return RollbackTier(pinned.batch_size, f"pin run {pin.run_id}")
+    return None
 
 
 def _sets(entry: LedgerEntry) -> bool:

@@ -18,9 +18,14 @@ from calibrate.config import Config
 from calibrate.errors import GateClosed
 from calibrate.http.records import LedgerEntry
 from calibrate.state.identity import Weights
-from calibrate.state.ledger import Gate, Ledger, current_weights, target_fingerprint
+from calibrate.state.ledger import (
+    Gate,
+    Ledger,
+    current_weights,
+    is_context_ladder,
+    target_fingerprint,
+)
 from calibrate.state.setting import CalibratedSetting, Endpoint, SetBy, resolve
-from calibrate.state.summaries import ladder_summary
 
 RERUN = "calibrate single --save-baseline, then calibrate repro and calibrate ladder"
 
@@ -42,14 +47,14 @@ def _wrote_setting(entry: LedgerEntry) -> bool:
         return True
     if entry.stage not in ("ladder", "sweep", "tune") or not entry.passed or entry.interrupted:
         return False
-    return not (entry.stage == "ladder" and ladder_summary(entry.summary).is_context)
+    return not is_context_ladder(entry)
 
 
 def measured_weights(ledger: Ledger, target: str, setting: CalibratedSetting) -> MeasuredWeights:
     """The weights ``setting`` was measured with (empty values: nothing recorded)."""
     path = root = path_from = root_from = ""
-    for entry in ledger.entries():
-        if entry.target != target or not _wrote_setting(entry):
+    for _, entry in ledger.view().of_target(target):
+        if not _wrote_setting(entry):
             continue
         recorded = Weights.from_json(entry.weights)
         where = f"{entry.stage} run {entry.run_id}"

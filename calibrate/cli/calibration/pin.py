@@ -16,7 +16,6 @@ from calibrate.cli.common import add_command, add_force, load_config, open_stage
 from calibrate.engines.builders import SERVER_KINDS
 from calibrate.io.output_paths import check_outputs, stage_files
 from calibrate.stages.pin import run_pin
-from calibrate.state.gates import next_step
 
 
 def register(subparsers: Any) -> None:
@@ -37,7 +36,6 @@ def run(args: argparse.Namespace) -> int:
     check_outputs([("--out", script)], stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source))
     ctx = open_stage(args, "pin", out)
     result = run_pin(ctx, kind=args.kind, out=script)
-    ctx.run.close()
     v = result.values
     out.ok(f"pinned batch {v.batch_size}, concurrency {v.concurrency} ({v.kind}) → {result.script}")
     out.say(f"  batch size from {v.verified_by}; concurrency from {v.concurrency_from}")
@@ -45,6 +43,6 @@ def run(args: argparse.Namespace) -> int:
         flags = ", ".join(f"{k}={value}" for k, value in result.tuned)
         out.say(f"  engine flags from {result.tuned_by or 'tune'}: {flags}")
     out.say(f"  exec {result.command.display()}")
-    out.say(f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}")
+    out.say(f"next: {result.next_command}")
     out.result({"run_id": ctx.run.run_id, **result.summary().to_json()})
     return 0

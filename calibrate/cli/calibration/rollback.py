@@ -13,7 +13,6 @@ import argparse
 from typing import Any
 
 from calibrate.cli.common import (
-    Output,
     add_command,
     add_compare_args,
     add_force,
@@ -28,20 +27,9 @@ from calibrate.cli.common import (
 from calibrate.config import MAX_TIMEOUT_S
 from calibrate.errors import UsageError
 from calibrate.gpu.nvml import gpu_snapshot
-from calibrate.io.baseline import Normaliser
-from calibrate.io.junit import JUnitCase
-from calibrate.stages.context import StageContext
-from calibrate.stages.env import guarded, load_lock
-from calibrate.stages.rollback import NOT_CAPACITY, Rollback, StepResult
-from calibrate.state.gates import next_step
+from calibrate.stages.rollback import NOT_CAPACITY, StepResult, run_rollback
 
-STEP_TITLES = {
-    "stop": "the old server is stopped",
-    "vram": "its VRAM was released",
-    "active": "the active setting is written",
-    "restart": "the server is back at the verified setting",
-    "compare": "the fixed prompt matches the baseline",
-}
+BATCH_NOTE = "(batch uses concurrency 1; calibrate pin writes this setting into scripts/launch.sh)"
 
 
 def register(subparsers: Any) -> None:
@@ -64,47 +52,24 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--wait must be in [0, {MAX_TIMEOUT_S:g}] seconds, got {args.wait}")
     normaliser = normaliser_for(args)
     ctx = open_stage(args, "rollback", out)
-    with load_lock(ctx), guarded(ctx):
-        return _run(args, out, ctx, normaliser)
 
-
-def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: Normaliser) -> int:
     def on_step(step: StepResult) -> None:
         line = f"[{step.n}/5] {step.name}: {step.message}"
         (out.ok if step.ok else out.fail)(line if step.ok else f"{line}  (FAILED)")
 
-    rollback = Rollback(
+    result = run_rollback(
         ctx, normaliser, wait_s=args.wait, notify=out.say, on_step=on_step, vram_probe=gpu_snapshot
     )
-    result = rollback.run()
     if result.comparison is not None and not result.comparison.passed:
         show_comparison(out, "fixed prompt vs baseline", result.comparison)
     suite = junit_suite("rollback", ctx.run, ctx.target)
-    reached = {s.name for s in result.steps}
-    for step in result.steps:
-        suite.check(
-            STEP_TITLES[step.name],
-            step.ok,
-            step.message,
-            kind=step.kind or "",
-            time_s=step.elapsed_s,
-        )
-    for name, title in STEP_TITLES.items():
-        if name not in reached:
-            suite.add(
-                JUnitCase(
-                    title, "calibrate.rollback", skipped="not reached: an earlier step failed"
-                )
-            )
+    result.add_checks(suite)
     save_junit(args, suite)
     if result.passed:
         out.ok(f"rollback passed (run {ctx.run.run_id})")
         out.say(NOT_CAPACITY.format(batch=result.batch_size))
-        out.say(
-            f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}   (batch uses concurrency 1; calibrate pin writes this setting into scripts/launch.sh)"
-        )
-    else:
-        failed = next(s for s in result.steps if not s.ok)
+        out.say(f"next: {result.next_command}   {BATCH_NOTE}")
+    elif failed := result.failed:
         out.fail(
             f"rollback failed at step {failed.n} ({failed.name}); "
             f"incident: {ctx.run.file(f'incidents/{failed.n}-{failed.name}.json')}"

@@ -12,8 +12,8 @@ from typing import Any
 from calibrate.cli.common import add_command, load_config, output_for
 from calibrate.engines.redaction import redact_config
 from calibrate.redact import redact_url
-from calibrate.stages.status import OPTIONAL_STAGES, STAGE_ORDER, target_status, verdict
-from calibrate.state.ledger import Ledger, target_fingerprint
+from calibrate.stages.status import OPTIONAL_STAGES, STAGE_ORDER, status_of, verdict
+from calibrate.state.ledger import target_fingerprint
 
 
 def register(subparsers: Any) -> None:
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         out.say(json.dumps(public, ensure_ascii=False, indent=2))
         out.result({"config": public, "target": target})
         return 0
-    status = target_status(cfg, Ledger(cfg.runs_dir), target)
+    status = status_of(cfg)
     out.say(f"target {target}: {cfg.target.model} at {redact_url(cfg.target.base_url)}")
     out.say(f"baseline: {status.baseline or 'none yet'}")
     for stage in (*STAGE_ORDER, *OPTIONAL_STAGES):

@@ -1,16 +1,15 @@
-"""Stage D: put the server back on the last passing tier, with proof (SPEC §5.7).
+"""The five steps of a rollback — stop, vram, active, restart, compare (SPEC §5.7).
 
-Five steps — stop, vram, active, restart, compare — each appended to ``steps.jsonl`` and to the
-ledger (stage ``rollback-step``) as it finishes; a failing step writes an incident bundle and
-ends the rollback. Restarting and freeing VRAM is recovery, not more capacity.
+Each is appended to ``steps.jsonl`` and to the ledger (stage ``rollback-step``) as it finishes;
+a failing step writes an incident bundle and ends the rollback.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
 from calibrate import server
 from calibrate.engines.args import ServerKind
@@ -33,82 +32,25 @@ from calibrate.stages.context import StageContext
 from calibrate.stages.measure.incidents import Incident, write_incident
 from calibrate.stages.pin_context import context_for
 from calibrate.stages.repro import against_baseline
-from calibrate.state.setting import latest_passing_ladder
-from calibrate.state.summaries import RollbackSummary, Setting, pin_summary
+from calibrate.stages.rollback.result import STILL_DIFFERS, RollbackResult, StepName, StepResult
+from calibrate.state.gates import next_step
+from calibrate.state.setting import RollbackTier
+from calibrate.state.setting import rollback_tier as state_rollback_tier
+from calibrate.state.summaries import Setting
 
-StepName = Literal["stop", "vram", "active", "restart", "compare"]
 Notify = Callable[[str], None]
 
-NOT_CAPACITY = (
-    "note: restarting and freeing VRAM is recovery, not more capacity: "
-    "batch {batch} is still the ceiling the ladder measured"
-)
-STILL_DIFFERS = (
-    "still differs at the verified setting: look at model loading or the environment, "
-    "not concurrency"
-)
 
-
-@dataclass(frozen=True)
-class StepResult:
-    n: int
-    name: StepName
-    ok: bool
-    message: str
-    elapsed_s: float
-    detail: dict[str, Any] = field(default_factory=dict)
-    exit_code: int = 0
-    kind: ErrorKind | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "n": self.n,
-            "step": self.name,
-            "ok": self.ok,
-            "message": self.message,
-            "elapsed_s": round(self.elapsed_s, 3),
-            **self.detail,
-        }
-
-
-@dataclass(frozen=True)
-class RollbackResult:
-    batch_size: int
-    source: str
-    managed: bool
-    steps: tuple[StepResult, ...]
-    comparison: Comparison | None
-    exit_code: int
-    setting: Setting | None  # set once the "active" step ran
-
-    @property
-    def passed(self) -> bool:
-        return self.exit_code == 0
-
-    def summary(self) -> RollbackSummary:
-        failed = next((s.name for s in self.steps if not s.ok), "")
-        details = {
-            "batch_size": self.batch_size,
-            "source": self.source,
-            "managed": self.managed,
-            "steps": [{"step": s.name, "ok": s.ok} for s in self.steps],
-        }
-        return RollbackSummary(self.setting, failed, details)
-
-
-def rollback_tier(ctx: StageContext) -> tuple[int, str]:
-    """(batch size, where it comes from): the latest passing ladder's tier, else the pin's."""
-    ladder = latest_passing_ladder(ctx.ledger, ctx.target)
-    if ladder is not None and ladder[0].last_passing is not None:
-        return ladder[0].last_passing.batch_size, f"ladder run {ladder[1].run_id}"
-    pin = ctx.ledger.latest("pin", ctx.target, passed=True)
-    pinned = pin_summary(pin.summary).setting if pin else None
-    if pin is not None and pinned is not None:
-        return pinned.batch_size, f"pin run {pin.run_id}"
-    raise GateClosed(
-        "rollback has no tier to return to: no ladder with a passing tier, no pin",
-        "Run first: calibrate ladder",
-    )
+def rollback_tier(ctx: StageContext) -> RollbackTier:
+    """The tier to return to (``calibrate.state.setting.rollback_tier``, which the gate reads);
+    run with --force and none, the rollback cannot start."""
+    tier = state_rollback_tier(ctx.ledger, ctx.target)
+    if tier is None:
+        raise GateClosed(
+            "rollback has no tier to return to: no ladder with a passing tier, no pin",
+            "Run first: calibrate ladder",
+        )
+    return tier
 
 
 class Rollback:
@@ -142,7 +84,8 @@ class Rollback:
         self.setting: Setting | None = None
 
     def run(self) -> RollbackResult:
-        batch, source = rollback_tier(self.ctx)
+        tier = rollback_tier(self.ctx)
+        batch, source = tier.batch_size, tier.source
         self.batch = batch
         self.notify(f"rollback to batch {batch}, concurrency 1 (last passing, from {source})")
         steps: list[StepResult] = []
@@ -162,9 +105,12 @@ class Rollback:
         result = RollbackResult(
             batch, source, self.managed, tuple(steps), self.comparison, code, self.setting
         )
-        self.ctx.record_result(result.passed, result.summary())
-        self.ctx.run.close()
-        return result
+        ctx = self.ctx
+        ctx.record_result(result.passed, result.summary())
+        ctx.run.close()
+        if not result.passed:
+            return result
+        return replace(result, next_command=next_step(ctx.config, ctx.ledger, ctx.target))
 
     def _step(
         self, n: int, name: StepName, action: Callable[[], tuple[str, dict[str, Any]]]

@@ -1,0 +1,93 @@
+"""What a rollback reports: each step's outcome, the run's verdict, its JUnit checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from calibrate.errors import ErrorKind
+from calibrate.io.baseline import Comparison
+from calibrate.io.junit import JUnitCase, JUnitSuite
+from calibrate.state.summaries import RollbackSummary, Setting
+
+StepName = Literal["stop", "vram", "active", "restart", "compare"]
+
+NOT_CAPACITY = (
+    "note: restarting and freeing VRAM is recovery, not more capacity: "
+    "batch {batch} is still the ceiling the ladder measured"
+)
+STILL_DIFFERS = (
+    "still differs at the verified setting: look at model loading or the environment, "
+    "not concurrency"
+)
+#: the JUnit check each step proves
+STEP_TITLES: dict[StepName, str] = {
+    "stop": "the old server is stopped",
+    "vram": "its VRAM was released",
+    "active": "the active setting is written",
+    "restart": "the server is back at the verified setting",
+    "compare": "the fixed prompt matches the baseline",
+}
+
+
+@dataclass(frozen=True)
+class StepResult:
+    n: int
+    name: StepName
+    ok: bool
+    message: str
+    elapsed_s: float
+    detail: dict[str, Any] = field(default_factory=dict)
+    exit_code: int = 0
+    kind: ErrorKind | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "step": self.name,
+            "ok": self.ok,
+            "message": self.message,
+            "elapsed_s": round(self.elapsed_s, 3),
+            **self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class RollbackResult:
+    batch_size: int
+    source: str
+    managed: bool
+    steps: tuple[StepResult, ...]
+    comparison: Comparison | None
+    exit_code: int
+    setting: Setting | None  # set once the "active" step ran
+    next_command: str = ""  # ``gates.next_step`` once the rollback is recorded ("" if it failed)
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def failed(self) -> StepResult | None:
+        return next((s for s in self.steps if not s.ok), None)
+
+    def summary(self) -> RollbackSummary:
+        failed = self.failed
+        details = {
+            "batch_size": self.batch_size,
+            "source": self.source,
+            "managed": self.managed,
+            "steps": [{"step": s.name, "ok": s.ok} for s in self.steps],
+        }
+        return RollbackSummary(self.setting, failed.name if failed else "", details)
+
+    def add_checks(self, suite: JUnitSuite) -> None:
+        """One check per step reached; the steps after a failure as skipped."""
+        for step in self.steps:
+            title = STEP_TITLES[step.name]
+            suite.check(title, step.ok, step.message, kind=step.kind or "", time_s=step.elapsed_s)
+        reached = {s.name for s in self.steps}
+        for name, title in STEP_TITLES.items():
+            if name not in reached:
+                skipped = "not reached: an earlier step failed"
+                suite.add(JUnitCase(title, "calibrate.rollback", skipped=skipped))
