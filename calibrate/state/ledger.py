@@ -63,8 +63,9 @@ class LedgerView:
 
     def newest_of_any_target(self, stage: str) -> LedgerEntry | None:
         """The newest line of ``stage`` whatever its target (what changed since, when a gate
-        finds none for this one)."""
-        return next((e for e in reversed(self.entries) if e.stage == stage), None)
+        finds none for this one); a context ladder is not the "ladder" here either."""
+        found = (e for e in reversed(self.entries) if e.stage == stage and not is_context_ladder(e))
+        return next(found, None)
 
     def with_entry(self, entry: LedgerEntry) -> LedgerView:
         return LedgerView((*self.entries, entry))
