@@ -24,6 +24,7 @@ from calibrate.io.store import RunDir
 from calibrate.stages import env
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import StageRequest, writable_folder
+from calibrate.state.ledger import Ledger
 
 Runner = Callable[[argparse.Namespace], int]
 
@@ -169,6 +170,7 @@ def open_stage(
     *,
     gate: bool = True,
     max_connections: int | None = None,
+    ledger: Ledger | None = None,
 ) -> StageContext:
     """The stage's request from its flags (--junit checked first), then ``stages.env.open_stage``."""
     check_junit_path(args)
@@ -182,6 +184,7 @@ def open_stage(
         junit=Path(junit) if junit else None,
         tasks=Path(tasks) if tasks else None,
         max_connections=max_connections,
+        ledger=ledger,
     )
     return env.open_stage(request, out.warn)
 

@@ -37,6 +37,7 @@ class StageRequest:
     junit: Path | None = None
     tasks: Path | None = None
     max_connections: int | None = None
+    ledger: Ledger | None = None  # the command's one reader, when it read the ledger already
 
 
 def open_stage(request: StageRequest, warn: Callable[[str], None]) -> StageContext:
@@ -51,7 +52,7 @@ def open_stage(request: StageRequest, warn: Callable[[str], None]) -> StageConte
         [*stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source), ("--tasks", request.tasks)],
     )
     check_writable_dir(cfg.runs_dir, "[paths] runs")
-    ledger = Ledger(cfg.runs_dir)
+    ledger = request.ledger or Ledger(cfg.runs_dir)
     target = target_fingerprint(cfg)
     forced = request.force
     if request.gate:

@@ -11,10 +11,23 @@ from calibrate.state.gates import next_step
 from calibrate.state.ledger import Ledger, baseline_path, target_fingerprint
 from calibrate.state.pipeline import MAIN_LINE, OPTIONAL, standing
 from calibrate.state.setting import CalibratedSetting, resolve
-from calibrate.state.summaries import pin_summary, tune_summary
+from calibrate.state.summaries import PinSummary, TunedSetting, pin_summary, tune_summary
 
 STAGE_ORDER = MAIN_LINE
 OPTIONAL_STAGES = OPTIONAL
+
+
+@dataclass(frozen=True)
+class TunedStatus:
+    """The latest passing tune: its winner (None: no candidate met the SLOs) and its run."""
+
+    run_id: str
+    winner: TunedSetting | None
+    complete: bool  # every candidate measured
+
+    def to_json(self) -> dict[str, Any]:
+        winner = self.winner.to_json() if self.winner else None
+        return {"run_id": self.run_id, "winner": winner, "complete": self.complete}
 
 
 @dataclass(frozen=True)
@@ -23,21 +36,18 @@ class TargetStatus:
     baseline: str | None
     latest: dict[str, LedgerEntry]
     setting: CalibratedSetting | None
-    pinned: dict[str, Any] | None
+    pinned: PinSummary | None  # the latest pin, when it passed
     next_command: str
     context: LedgerEntry | None = None  # the latest ``ladder --axis context``
-    tuned: dict[str, Any] | None = None  # the latest passing tune's winner and run
+    tuned: TunedStatus | None = None
 
     def tuned_text(self) -> str | None:
         """``c03 (parallel=4, ctx_size=2048) at concurrency 4, run …`` for the latest tune."""
-        if not self.tuned or not self.tuned.get("winner"):
+        if self.tuned is None or self.tuned.winner is None:
             return None
-        win = self.tuned["winner"]
-        flags = ", ".join(f"{k}={v}" for k, v in win["flags"].items())
-        more = "" if self.tuned.get("complete") else " (not every candidate measured)"
-        return (
-            f"{flags} at concurrency {win['concurrency']} (tune run {self.tuned['run_id']}){more}"
-        )
+        win = self.tuned.winner
+        more = "" if self.tuned.complete else " (not every candidate measured)"
+        return f"{win.describe()} at concurrency {win.concurrency} (tune run {self.tuned.run_id}){more}"
 
     def to_json(self) -> dict[str, Any]:
         s = self.setting
@@ -48,10 +58,10 @@ class TargetStatus:
             "last_passing": {"batch_size": s.batch_size} if s else None,
             "setting": s.to_json() if s else None,
             "workload": s.workload.to_json() if s else None,
-            "pinned": self.pinned,
+            "pinned": self.pinned.to_json() if self.pinned else None,
             "context_ladder": self.context.to_json() if self.context else None,
             "verified_input_tokens": s.verified_input_tokens if s else None,
-            "tuned": self.tuned,
+            "tuned": self.tuned.to_json() if self.tuned else None,
             "next": self.next_command,
         }
 
@@ -64,20 +74,18 @@ def status_of(cfg: Config) -> TargetStatus:
 def target_status(cfg: Config, ledger: Ledger, target: str) -> TargetStatus:
     now = standing(ledger, target)
     latest = now.latest
-    pin = latest.get("pin")
-    tune = latest.get("tune")
+    pin, tune = latest.get("pin"), latest.get("tune")
     tuned = None
     if tune is not None and tune.passed:
         summary = tune_summary(tune.summary)
-        winner = summary.winner.to_json() if summary.winner else None
-        tuned = {"run_id": tune.run_id, "winner": winner, "complete": summary.complete}
+        tuned = TunedStatus(tune.run_id, summary.winner, summary.complete)
     baseline = baseline_path(cfg)
     return TargetStatus(
         target=target,
         baseline=str(baseline) if baseline.exists() else None,
         latest=latest,
         setting=resolve(ledger, target),
-        pinned=pin_summary(pin.summary).to_json() if pin and pin.passed else None,
+        pinned=pin_summary(pin.summary) if pin and pin.passed else None,
         next_command=next_step(cfg, ledger, target),
         context=now.context,
         tuned=tuned,

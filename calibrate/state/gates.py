@@ -20,7 +20,7 @@ from calibrate.state.pipeline import (
     step,
 )
 from calibrate.state.setting import rollback_tier
-from calibrate.state.summaries import pin_summary
+from calibrate.state.summaries import ladder_summary, pin_summary
 from calibrate.state.weights_gate import setting_gate
 
 
@@ -109,7 +109,7 @@ def next_step(cfg: Config, ledger: Ledger, target: str) -> str:
     latest = now.latest
     ladder, rollback = latest.get("ladder"), latest.get("rollback")
     rolled_back = rollback is not None and rollback.passed
-    died = ladder is not None and ladder.passed and bool(ladder.summary.get("server_died"))
+    died = ladder is not None and ladder.passed and ladder_summary(ladder.summary).server_died
     if died and not (rolled_back and now.newer("rollback", "ladder")):
         return ROLLBACK_AFTER_DEATH
     later = [stage for stage in (*MAIN_LINE, "tune") if stage in latest]

@@ -67,6 +67,10 @@ class LedgerView:
         found = (e for e in reversed(self.entries) if e.stage == stage and not is_context_ladder(e))
         return next(found, None)
 
+    def of_run(self, run_id: str) -> LedgerEntry | None:
+        """The verdict line of run ``run_id`` (for a run folder without ``summary.json``)."""
+        return next((e for e in self.entries if e.run_id == run_id), None)
+
     def with_entry(self, entry: LedgerEntry) -> LedgerView:
         return LedgerView((*self.entries, entry))
 

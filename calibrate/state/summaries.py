@@ -136,6 +136,11 @@ class LadderSummary:
     def is_context(self) -> bool:
         return self.axis == "context"
 
+    @property
+    def server_died(self) -> bool:
+        """The managed server died under a tier (the next step is a rollback)."""
+        return bool(self.details.get("server_died"))
+
     def to_json(self) -> dict[str, Any]:
         return {
             **self.details,

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     if tuned := status.tuned_text():
         out.say(f"tuned engine flags: {tuned}")
     if status.pinned:
-        out.say(f"pinned: {status.pinned.get('script')} ({status.pinned.get('kind')})")
+        out.say(f"pinned: {status.pinned.script} ({status.pinned.kind})")
     out.say(f"next: {status.next_command}")
     out.result(status.to_json())
     return 0
