@@ -1,1 +1,69 @@
-"""What calibrate knows per engine kind: its launch arguments and the refusal table for [server] args."""
+"""What calibrate knows per engine kind, one module each, behind one lookup: ``engine(kind)``.
+
+Each module (``vllm``, ``llamacpp``, ``sglang``, ``lmdeploy``, ``ollama_tgi``, ``custom``) holds
+an ``Engine`` (``base.py``): its argv builder, health path, cap flag and how the server reports
+its cap, tune flags and default axes, the forcing it honours, its metric names, the flags
+``[server] args`` may not set, and its context hint. A new engine is one module and one line
+in ``ENGINES``. This package imports nothing of calibrate but ``errors`` (``server``, ``gpu``,
+``http``, ``stages`` and ``config`` ask it, never the other way).
+"""
+
+from __future__ import annotations
+
+from calibrate.engines import custom, llamacpp, lmdeploy, ollama_tgi, sglang, vllm
+from calibrate.engines.base import CapReport, Engine, ServerKind
+from calibrate.errors import ConfigError
+
+#: every kind, in the order help and messages list them
+ENGINES: tuple[Engine, ...] = (
+    vllm.ENGINE,
+    llamacpp.ENGINE,
+    sglang.ENGINE,
+    lmdeploy.ENGINE,
+    ollama_tgi.OLLAMA,
+    ollama_tgi.TGI,
+    custom.ENGINE,
+)
+KINDS: tuple[ServerKind, ...] = tuple(e.kind for e in ENGINES)
+_BY_KIND: dict[str, Engine] = {e.kind: e for e in ENGINES}
+
+
+def engine(kind: str) -> Engine:
+    """The engine of ``kind``; an unknown kind is a config error naming the known ones."""
+    found = _BY_KIND.get(kind)
+    if found is None:
+        raise ConfigError(f"unknown server kind {kind!r}", f"Use one of: {', '.join(KINDS)}.")
+    return found
+
+
+def find(kind: str | None) -> Engine | None:
+    """The engine of ``kind``; None for no kind or one calibrate does not know."""
+    return _BY_KIND.get(kind) if kind else None
+
+
+def _preferring(*first: Engine) -> tuple[Engine, ...]:
+    """``first`` in that order, then every other engine: a scrape of one server holds one
+    engine's names, so the order matters only to an exporter that mixes them."""
+    kinds = {e.kind for e in first}
+    return (*first, *(e for e in ENGINES if e.kind not in kinds))
+
+
+#: the KV-cache usage gauges, queue gauges and preemption counters of every engine, in the
+#: order they are preferred
+KV_METRICS = tuple(
+    name
+    for e in _preferring(vllm.ENGINE, sglang.ENGINE, lmdeploy.ENGINE, llamacpp.ENGINE)
+    for name in e.metrics.kv
+)
+QUEUE_METRICS = tuple(
+    name
+    for e in _preferring(
+        vllm.ENGINE, sglang.ENGINE, llamacpp.ENGINE, ollama_tgi.TGI, lmdeploy.ENGINE
+    )
+    for name in e.metrics.queue
+)
+PREEMPTION_METRICS = tuple(name for e in _preferring(vllm.ENGINE) for name in e.metrics.preemptions)
+#: where a running server says its own cap, asked in this order
+CAP_REPORTS: tuple[CapReport, ...] = tuple(e.cap_report for e in ENGINES if e.cap_report)
+#: engines that reserve their KV cache at start: NVML shows flat usage whatever the load
+PREALLOCATING_KINDS: frozenset[str] = frozenset(e.kind for e in ENGINES if e.preallocates)

@@ -12,37 +12,15 @@ import math
 from collections.abc import Callable, Collection
 from typing import NamedTuple
 
+# The engines' names (``Engine.metrics``), in the order they are preferred; the KV gauges are
+# fractions (1 means 100 %) where documented. A rise of a preemption counter (vLLM's preempted,
+# SGLang's retracted requests: its KV cache was full) during a ladder tier means the tier does
+# not fit (SPEC §5.3 ``stop: preempt``).
+from calibrate.engines import KV_METRICS, PREEMPTION_METRICS, QUEUE_METRICS
 from calibrate.gpu.nvml import MIB, DeviceMemory, VramReading, VramSource
 from calibrate.gpu.prometheus import Scrape, Series, max_value, parse_prometheus
 
 log = logging.getLogger("calibrate")
-
-# In the order they are preferred; all are fractions (1 means 100 %) where documented.
-KV_METRICS = (
-    "vllm:kv_cache_usage_perc",
-    "vllm:gpu_cache_usage_perc",  # vLLM < 0.10
-    "sglang:token_usage",
-    "sglang_token_usage",  # newer SGLang names its metrics with "sglang_"
-    "lmdeploy:gpu_cache_usage_perc",
-    "llamacpp:kv_cache_usage_ratio",
-)
-QUEUE_METRICS = (
-    "vllm:num_requests_waiting",
-    "sglang:num_queue_reqs",
-    "sglang_num_queue_reqs",
-    "llamacpp:requests_deferred",
-    "tgi_queue_size",
-    "lmdeploy:num_requests_waiting",
-)
-
-# Counters of requests the engine preempted (vLLM) or retracted (SGLang) because its KV cache was
-# full: a rise during a ladder tier means the tier does not fit (SPEC §5.3 ``stop: preempt``).
-PREEMPTION_METRICS = (
-    "vllm:num_preemptions_total",
-    "sglang:num_retracted_requests_total",
-    "sglang_num_retracted_requests_total",
-)
-
 
 MAX_QUEUE = 1e9  # requests waiting; past it (or negative) a gauge says nothing
 MAX_DEVICE_MIB = 1 << 30  # 1 PiB of memory on one device: past it (or negative), no reading

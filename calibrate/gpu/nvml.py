@@ -17,13 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from calibrate.engines import PREALLOCATING_KINDS as PREALLOCATING_KINDS  # gpu.vram reads it
+
 log = logging.getLogger("calibrate")
 
 MIB = 1024 * 1024
 VramSource = Literal["nvml", "metrics", "none"]
 PressureSource = Literal["kv_cache", "nvml", "metrics", "none"]
-# Engines that reserve their KV cache at start: NVML shows flat usage whatever the load.
-PREALLOCATING_KINDS = frozenset({"vllm", "sglang", "lmdeploy"})
 MIG_ENABLED = 1  # pynvml.NVML_DEVICE_MIG_ENABLE
 
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from calibrate.engines import engine
 from calibrate.errors import RequestError
 from calibrate.http.client import OpenAIClient
 from calibrate.http.records import ContextLimit
 
-LLAMACPP_HINT = "llama.cpp: raise --ctx-size or lower --parallel"
-MAX_MODEL_LEN_HINT = "vLLM: raise --max-model-len"
+LLAMACPP_HINT = engine("llamacpp").context_hint  # /props: the per-slot context
+MAX_MODEL_LEN_HINT = engine("vllm").context_hint  # /v1/models: max_model_len
 
 
 def _int(value: Any) -> int | None:

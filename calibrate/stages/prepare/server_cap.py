@@ -11,14 +11,9 @@ import json
 from collections.abc import Callable
 
 from calibrate import server
+from calibrate.engines import CAP_REPORTS, find
 from calibrate.engines.args import ServerKind
-from calibrate.engines.builders import (
-    CAP_KEYS,
-    LLAMACPP_THREADS_HTTP,
-    SERVER_KINDS,
-    LaunchSpec,
-    threads_http,
-)
+from calibrate.engines.llamacpp import http_threads
 from calibrate.errors import RequestError
 from calibrate.server import process
 from calibrate.stages.context import StageContext
@@ -29,7 +24,8 @@ Restart = Callable[[int], bool]  # True: the server was restarted for this batch
 
 
 def _kind(name: str | None) -> ServerKind | None:
-    return next((k for k in SERVER_KINDS if k == name), None)
+    found = find(name)
+    return found.kind if found is not None else None
 
 
 def run_at_cap(
@@ -79,10 +75,11 @@ def short_of_threads(
     """``", with --threads-http 18 for 16 in flight"`` when a managed llama.cpp has fewer HTTP
     threads than the sweep will have requests in flight + 2 (SPEC §5.8), else ""."""
     wanted = max(batch, concurrency or batch)
-    need = threads_http(LaunchSpec("llamacpp", "", 0, batch, wanted))
-    if kind != "llamacpp" or need is None:
+    found = find(kind)
+    flag = found.http_threads_flag if found is not None else None
+    need = http_threads(batch, wanted)
+    if flag is None or need is None:
         return ""
-    flag = LLAMACPP_THREADS_HTTP
     have = argv[argv.index(flag) + 1] if flag in argv[:-1] else ""
     if have.isdigit() and int(have) >= need:
         return ""
@@ -92,18 +89,14 @@ def short_of_threads(
 def read_cap(fetch: Callable[[str], str]) -> ServerCap | None:
     """The server's own cap when it says: llama.cpp's ``GET /props`` total_slots, SGLang's
     ``GET /get_server_info`` max_running_requests; None when neither answers with one."""
-    readers = (
-        ("/props", "total_slots", "llama.cpp /props total_slots"),
-        ("/get_server_info", "max_running_requests", "SGLang max_running_requests"),
-    )
-    for path, key, source in readers:
+    for report in CAP_REPORTS:  # Engine.cap_report
         try:
-            data = json.loads(fetch(path))
+            data = json.loads(fetch(report.path))
         except (RequestError, ValueError):
             continue
-        value = data.get(key) if isinstance(data, dict) else None
+        value = data.get(report.key) if isinstance(data, dict) else None
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return ServerCap(value, source)
+            return ServerCap(value, report.source)
     return None
 
 
@@ -116,8 +109,8 @@ def ladder_cap(
     else the cap the server itself reports (None: unknown, no ``stop: cap``)."""
     record = process.load(ctx.config.runs_dir)
     if record is not None and process.liveness(record) == "running":
-        kind = _kind(ctx.config.server.kind) or _kind(record.kind)
-        if kind == "llamacpp" and not record.script:
+        found = find(_kind(ctx.config.server.kind) or _kind(record.kind))
+        if found is not None and found.restarts_per_tier and not record.script:
 
             def restart(batch: int) -> bool:
                 now = process.load(ctx.config.runs_dir)
@@ -127,8 +120,8 @@ def ladder_cap(
                 return True
 
             return None, restart
-        if kind not in (None, "custom") and record.batch_size:  # custom: no known cap flag
-            flag = CAP_KEYS.get(kind, "batch_size")
-            return ServerCap(record.batch_size, f"the managed {kind} server's {flag}"), None
+        if found is not None and not found.templated and record.batch_size:  # custom: no cap flag
+            cap = f"the managed {found.kind} server's {found.cap_key}"
+            return ServerCap(record.batch_size, cap), None
     client = ctx.client
     return read_cap(lambda path: client.get_text(path)), None

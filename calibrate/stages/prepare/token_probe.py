@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
 from calibrate.config import LadderMode
+from calibrate.engines import find
 from calibrate.engines.args import ServerKind
+from calibrate.engines.base import Forcing as Forcing  # workload_plan reads it here
 from calibrate.errors import RequestError, StageFailed
 from calibrate.http.client import OpenAIClient
 from calibrate.http.records import SamplingParams
@@ -22,7 +24,6 @@ from calibrate.load.waves import CHAT_PATH, COMPLETIONS_PATH
 from calibrate.stages.prepare.synthetic import TokenModel, synthetic_prompt
 from calibrate.stages.single import unreachable
 
-Forcing = Literal["full", "ignore_eos", "none"]
 FIRST_PROBE_WORDS = 64  # small enough for any server; enough words for a stable ratio
 TOLERANCE = 0.05
 PROBE_KEY = -1  # the probe's own marker: it shares no prefix with a measured request
@@ -32,12 +33,9 @@ NOT_CONTROLLED = "output length not controlled on this engine: answers are measu
 def forcing_for(kind: ServerKind | None) -> Forcing:
     """What the engine honours: ``ignore_eos`` + ``min_tokens`` (vLLM, SGLang, the mock and
     unknown servers), ``ignore_eos`` with ``max_tokens`` only (llama.cpp, LMDeploy), or nothing
-    (Ollama, TGI: the answer stops where the model stops)."""
-    if kind in ("ollama", "tgi"):
-        return "none"
-    if kind in ("llamacpp", "lmdeploy"):
-        return "ignore_eos"
-    return "full"
+    (Ollama, TGI: the answer stops where the model stops): ``Engine.forcing``."""
+    found = find(kind)
+    return found.forcing if found is not None else "full"
 
 
 def forcing_fields(forcing: Forcing, output_tokens: int) -> dict[str, Any]:

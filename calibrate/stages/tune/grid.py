@@ -16,14 +16,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from calibrate.engines import engine
 from calibrate.engines.args import ServerKind
-from calibrate.engines.builders import (
-    CAP_KEYS,
-    LLAMACPP_CTX_PER_SLOT,
-    MEMORY_KEYS,
-    TUNE_FLAGS,
-    Tuned,
-)
+from calibrate.engines.builders import Tuned
 from calibrate.errors import UsageError
 
 MAX_CANDIDATES = 256
@@ -31,8 +26,6 @@ MAX_VALUES = 64
 _KEY = re.compile(r"[a-z][a-z0-9_]*")
 _NUMBER = re.compile(r"\d+(\.\d+)?")
 _WORD = re.compile(r"[A-Za-z0-9_./:@%+=-]+")  # a placeholder value: no comma, space or quote
-LLAMACPP_PARALLEL = (1, 2, 4, 8, 16)
-BATCHED_TOKENS = ("2048", "4096", "8192", "16384")
 
 
 @dataclass(frozen=True)
@@ -128,9 +121,9 @@ class TunePlan:
     ) -> Candidate:
         flags = list(pairs)
         values = dict(flags)
-        cap_key = CAP_KEYS[self.kind]
-        cap = int(values[cap_key]) if cap_key in values else self.ladder_batch
-        if self.kind == "llamacpp" and "ctx_size" not in values and self.ctx_per_slot:
+        kind = engine(self.kind)
+        cap = int(values[kind.cap_key]) if kind.cap_key in values else self.ladder_batch
+        if kind.ctx_per_slot and "ctx_size" not in values and self.ctx_per_slot:
             flags.append(("ctx_size", str(cap * self.ctx_per_slot)))
         if memory is not None and self.memory_key is not None:
             flags.append((self.memory_key, memory))
@@ -157,35 +150,12 @@ def _unique(values: Iterable[int | str]) -> tuple[str, ...]:
 
 
 def default_axes(kind: ServerKind, batch: int) -> list[Axis]:
-    """The kind's axes around the verified batch size B: the cap at B/2, B, 2B and the engine's
-    own batching knob; llama.cpp's slots 1…16 up to 2B (its -c follows the slots)."""
-    around = _unique((max(1, batch // 2), batch, 2 * batch))
-
-    def axis(key: str, values: Sequence[int | str]) -> Axis:
-        return Axis(key, _unique(values), "default")
-
-    if kind == "vllm":
-        return [axis("max_num_seqs", around), axis("max_num_batched_tokens", BATCHED_TOKENS)]
-    if kind == "llamacpp":
-        return [axis("parallel", [p for p in LLAMACPP_PARALLEL if p <= max(2 * batch, 1)])]
-    if kind == "sglang":
-        return [
-            axis("max_running_requests", around),
-            axis("chunked_prefill_size", BATCHED_TOKENS[:3]),
-        ]
-    if kind == "lmdeploy":
-        return [
-            axis("max_batch_size", around),
-            axis("cache_max_entry_count", ("0.5", "0.7", "0.9")),
-        ]
-    if kind == "tgi":
-        return [
-            axis("max_concurrent_requests", around),
-            axis("max_batch_total_tokens", ("8192", "16384", "32768")),
-        ]
-    if kind == "ollama":
-        return [axis("num_parallel", around)]
-    return []  # custom: only what [tune] grid / --grid name
+    """The kind's axes around the verified batch size B (``Engine.default_axes``): the cap at
+    B/2, B, 2B and the engine's own batching knob; llama.cpp's slots 1…16 up to 2B (its -c
+    follows the slots); none for a custom command (only what [tune] grid / --grid name)."""
+    return [
+        Axis(key, _unique(values), "default") for key, values in engine(kind).default_axes(batch)
+    ]
 
 
 def parse_grid(texts: Sequence[str], source: str) -> list[Axis]:
@@ -216,7 +186,8 @@ def _merge(*layers: Sequence[Axis]) -> tuple[Axis, ...]:
 
 def _check_axis(kind: ServerKind, axis: Axis, placeholders: Sequence[str]) -> None:
     where = f"{axis.source} {axis.key}"
-    if kind == "custom":
+    found = engine(kind)
+    if found.templated:
         allowed = [p for p in placeholders if p not in ("model_path", "port", "concurrency")]
         if axis.key not in allowed:
             raise UsageError(
@@ -226,7 +197,7 @@ def _check_axis(kind: ServerKind, axis: Axis, placeholders: Sequence[str]) -> No
             )
         bad = next((v for v in axis.values if not _WORD.fullmatch(v)), None)
     else:
-        table = TUNE_FLAGS[kind]
+        table = found.tune_flags
         if axis.key not in table:
             raise UsageError(
                 f"{where}: {axis.key!r} is not a tunable {kind} flag",
@@ -238,7 +209,7 @@ def _check_axis(kind: ServerKind, axis: Axis, placeholders: Sequence[str]) -> No
             f"{where}: value {bad!r} is not allowed here",
             "Give plain numbers (letters, digits and ./:@%+=-_ for placeholders).",
         )
-    if axis.key == CAP_KEYS[kind] and any(not v.isdigit() or int(v) < 1 for v in axis.values):
+    if axis.key == found.cap_key and any(not v.isdigit() or int(v) < 1 for v in axis.values):
         raise UsageError(f"{where} is the engine's cap: whole numbers ≥ 1 only")
 
 
@@ -267,8 +238,9 @@ def build_plan(
             f"Give one: --grid KEY=V1,V2,… (placeholders of the command: "
             f'{", ".join(tunable) or "none"}), or [tune] grid = ["slots=1,2,4"].',
         )
-    memory_key = MEMORY_KEYS.get(kind)
-    if kind == "custom" and memory_key not in placeholders:
+    found = engine(kind)
+    memory_key = found.memory_key
+    if found.templated and memory_key not in placeholders:
         memory_key = None
     if memory_key is not None and any(axis.key == memory_key for axis in axes):
         memory_key = None  # the grid itself tries fractions: no search before it
@@ -278,8 +250,8 @@ def build_plan(
         ladder_batch,
         memory_key,
         tuple(f"{f:g}" for f in memory_fractions),
-        (ctx_per_slot or LLAMACPP_CTX_PER_SLOT) if kind == "llamacpp" else None,
-        kind != "custom" or CAP_KEYS[kind] in placeholders,
+        (ctx_per_slot or found.ctx_per_slot) if found.ctx_per_slot else None,
+        not found.templated or found.cap_key in placeholders,
     )
     if plan.size > MAX_CANDIDATES:
         raise UsageError(

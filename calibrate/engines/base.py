@@ -1,0 +1,196 @@
+"""What every engine module fills in: the ``Engine`` description, and what its builder takes
+(``LaunchSpec``) and gives back (``EngineCommand``).
+
+Imports nothing of calibrate but ``errors`` and its own ``redaction``: every engine module, the
+registry (``calibrate.engines``), the builders and the ``[server] args`` check read it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from calibrate.engines import redaction
+from calibrate.errors import ConfigError
+
+# The engine kinds calibrate knows how to start, pin and read.
+ServerKind = Literal["vllm", "llamacpp", "sglang", "lmdeploy", "ollama", "tgi", "custom"]
+#: what the engine honours to force an answer's length (SPEC: the token probe)
+Forcing = Literal["full", "ignore_eos", "none"]
+Tuned = tuple[tuple[str, str], ...]
+#: one default tune axis: its key and the values to try (deduplicated by the grid)
+AxisValues = tuple[str, tuple[int | str, ...]]
+
+# Why calibrate owns a flag, and where its value is set instead (the refusal's message).
+CAP_REASON = "calibrate sets from the batch size: remove it; the ladder finds it"
+PORT_REASON = "calibrate sets from [server] port: remove it and set the port there"
+MODEL_REASON = "calibrate sets from [server] model_path: remove it and set the path there"
+NAME_REASON = (
+    "calibrate sets from [target] model (the name clients send): remove it and set it there"
+)
+# A batching knob's values shared by vLLM and SGLang's default tune axes.
+BATCHED_TOKENS = ("2048", "4096", "8192", "16384")
+
+
+def flag_name(word: str) -> str | None:
+    """``--max_num_seqs=8`` → ``--max-num-seqs``; None for a word that is not a flag."""
+    if not word.startswith("-") or word == "-" or word[1:2].isdigit():
+        return None  # a value: "-", "-1", "-0.5"
+    name = word.split("=", 1)[0]
+    dashes = len(name) - len(name.lstrip("-"))
+    return name[:dashes] + name[dashes:].replace("_", "-")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What to start: engine kind, weights, port, and the calibrated setting (None = default)."""
+
+    kind: ServerKind
+    model_path: str
+    port: int
+    batch_size: int | None = None
+    concurrency: int | None = None
+    served_name: str = ""  # the model name clients send; "" = the engine's default
+    command: str = ""  # custom kind: template with {model_path} {port} {batch_size} {concurrency}
+    context_tokens: int | None = None  # llama.cpp -c (all slots), sized from the verified workload
+    tuned: Tuned = ()  # (tune flag name, value) the tune winner or a candidate sets
+    args: tuple[str, ...] = ()  # [server] args: the user's own engine flags, appended verbatim
+
+    def tuned_value(self, key: str) -> str | None:
+        return next((value for name, value in self.tuned if name == key), None)
+
+
+@dataclass(frozen=True)
+class EngineCommand:
+    """The engine's own command line, extra environment, and where readiness is polled."""
+
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    health_path: str | None = None  # None: poll GET /v1/models
+    notes: tuple[str, ...] = ()  # a tuned flag that replaced one of [server] args, said at start
+
+    def display(self) -> str:
+        """The command as one would type it in a shell (quoted), secret values masked."""
+        env = redaction.redact_env(self.env)
+        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env)
+        return f"{prefix} {shlex.join(redaction.redact_argv(self.argv))}".strip()
+
+
+@dataclass(frozen=True)
+class CapReport:
+    """Where a running server says its own cap: GET ``path``, the JSON key ``key``."""
+
+    path: str
+    key: str
+    source: str  # how the ladder names it: "llama.cpp /props total_slots"
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    """The engine's Prometheus names: KV-cache usage (a fraction), requests waiting, and the
+    counter of requests it preempted because its KV cache was full."""
+
+    kv: tuple[str, ...] = ()
+    queue: tuple[str, ...] = ()
+    preemptions: tuple[str, ...] = ()
+
+
+def _no_axes(batch: int) -> tuple[AxisValues, ...]:
+    return ()
+
+
+@dataclass(frozen=True)
+class Engine:
+    """Everything calibrate knows about one engine kind, in one place."""
+
+    kind: ServerKind
+    name: str  # as its users write it: "vLLM", "llama.cpp"
+    build: Callable[[LaunchSpec], EngineCommand]  # the argv (and environment) for one start
+    cap_key: str  # the tune flag that is the engine's cap B (SPEC §5.0)
+    tune_flags: Mapping[str, str] = field(default_factory=dict)  # tune name → engine flag
+    own_flags: Mapping[str, str] = field(default_factory=dict)  # flag the builder sets → why
+    args_refused: str = ""  # why [server] args cannot be used at all ("" when they can)
+    default_axes: Callable[[int], tuple[AxisValues, ...]] = _no_axes  # around the ladder's B
+    memory_key: str | None = None  # the memory fraction tune finds first, where there is one
+    health_path: str | None = None  # answers only once the model is loaded; None: /v1/models
+    needs_model_path: bool = True  # False: the engine pulls its models by name (Ollama)
+    forcing: Forcing = "full"
+    preallocates: bool = False  # reserves its KV cache at start: NVML reads flat under load
+    metrics: EngineMetrics = EngineMetrics()
+    cap_report: CapReport | None = None
+    context_hint: str = ""  # what to raise when an answer runs into the context limit
+    http_threads_flag: str | None = None  # sized for the requests in flight (llama.cpp)
+    ctx_per_slot: int | None = None  # context shared by the slots: tokens per slot by default
+    restarts_per_tier: bool = False  # the ladder restarts it at each tier's batch size
+    templated: bool = False  # a user's command: tune axes are its {placeholders}, no cap flag
+
+
+def around(batch: int) -> tuple[int, ...]:
+    """The cap's default tune values: B/2, B and 2B."""
+    return (max(1, batch // 2), batch, 2 * batch)
+
+
+def flag(name: str, value: int | str | None) -> list[str]:
+    """``[name, value]``, or nothing when the value is not known (the engine's default)."""
+    return [name, str(value)] if value not in (None, "") else []
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What every built-in engine's builder starts from: the tuned flags to append, the user's
+    ``[server] args`` left after them, and one note per args flag a tuned value replaced."""
+
+    extra: list[str]
+    user: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+def prepare(spec: LaunchSpec, engine: Engine) -> Prepared:
+    """The tuned flags and user args of ``spec``; a model path missing where the engine needs
+    one, or a tuned key it does not take, is a config error."""
+    extra = _extra_flags(spec, engine)
+    user, notes = _user_args(spec, engine)
+    if engine.needs_model_path and not spec.model_path:
+        raise ConfigError(
+            f"[server] model_path is empty: a {spec.kind} server needs the model to load",
+            'Set it in calibrate.toml, e.g. [server] model_path = "/models/internlm-s2".',
+        )
+    return Prepared(extra, user, notes)
+
+
+def _extra_flags(spec: LaunchSpec, engine: Engine) -> list[str]:
+    """``[flag, value, …]`` for the tuned flags other than the cap and llama.cpp's -c."""
+    table = engine.tune_flags
+    out: list[str] = []
+    for key, value in spec.tuned:
+        if key in (engine.cap_key, "ctx_size"):
+            continue  # the cap is batch_size; -c is placed by the llama.cpp builder
+        found = table.get(key)
+        if found is None:
+            known = ", ".join(table) or "none"
+            raise ConfigError(
+                f"{key!r} is not a tunable {spec.kind} flag (known: {known})",
+                "Fix the key in [tune] grid or --grid.",
+            )
+        out += [found, value]
+    return out
+
+
+def _user_args(spec: LaunchSpec, engine: Engine) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``[server] args`` less the flags tune set for this start (their tuned value wins), and
+    one note per flag so replaced."""
+    table = engine.tune_flags
+    tuned = {table[key]: value for key, value in spec.tuned if key in table}
+    kept: list[str] = []
+    notes: list[str] = []
+    words = iter(spec.args)
+    for word in words:
+        name = flag_name(word)
+        if name is None or name not in tuned:
+            kept.append(word)
+            continue
+        value = word.split("=", 1)[1] if "=" in word else next(words, "")
+        notes.append(f"{name} {tuned[name]} (tuned) replaces {name} {value} from [server] args")
+    return tuple(kept), tuple(notes)
