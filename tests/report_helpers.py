@@ -9,8 +9,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
-from calibrate.io.tier_table import Kind
-from calibrate.report.tables import COLUMNS, kinds_text
+from calibrate.io.tier_table import COLUMNS, Kind, kinds_text
 
 
 def ladder_row(

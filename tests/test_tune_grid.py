@@ -12,7 +12,7 @@ from calibrate.errors import ConfigError, UsageError
 from calibrate.http.records import LedgerEntry
 from calibrate.stages.tune.grid import Candidate, build_plan
 from calibrate.stages.tune.result import BestLevel, CandidateResult, Measurement
-from calibrate.stages.tune.run import rank, schedule
+from calibrate.stages.tune.search import rank, schedule
 from calibrate.state.ledger import Ledger
 from calibrate.state.setting import resolve
 

@@ -1,7 +1,7 @@
-"""Tier tables and plots: the only importer of pandas and rich tables; matplotlib lazily.
+"""Tier tables and plots: the only importer of rich tables; matplotlib lazily.
 
-``tiers.csv`` is written here and read back here, so ``calibrate report RUN`` prints exactly
-what the ladder or sweep printed when it finished.
+``tiers.csv`` is written and read back through ``io.tier_table`` and printed here, so
+``calibrate report RUN`` prints exactly what the ladder or sweep printed when it finished.
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from calibrate.errors import InputError
-from calibrate.gpu.energy import ENERGY_COLUMNS
 from calibrate.io.output_paths import Named
-from calibrate.io.store import write_atomic
-from calibrate.io.tier_table import Kind, read_rows
+from calibrate.io.tier_table import Kind, kinds_text, read_rows, write_tiers_csv
 from calibrate.numbers import finite
 from calibrate.report.compare import (
     RunComparison,
@@ -41,123 +39,8 @@ from calibrate.stages.measure.confidence import percent
 log = logging.getLogger("calibrate")
 MAX_TIMELINE_S = 1e7  # 115 days: longer than any stage runs
 
-__all__ = ["Kind", "read_rows"]  # tables are read through here as well as written
-_QUANTILES = ("p50", "p90", "p95", "p99", "mean")  # SPEC §5.13's latency columns
-_COMMON = [
-    "items",
-    "total_s",
-    "per_item_s",
-    "latency_mean_s",
-    "latency_p50_s",
-    "latency_p90_s",
-    "latency_p99_s",
-    "latency_max_s",
-    *(f"{m}_{q}_s" for m in ("ttft", "tpot", "itl", "e2e") for q in _QUANTILES),
-    "tokens_counted_by",
-    "items_per_s",
-    "output_tokens_per_s",
-    "output_tokens_per_s_per_request",
-    "goodput_per_s",
-    "slo_met",
-    "peak_vram_mib",
-    "vram_idle_mib",
-    "vram_total_mib",
-    "pressure",
-    "pressure_source",
-    "pressure_metric",
-    "peak_kv_usage",
-    "per_device",
-    "server_queue_max",
-    "vram_source",
-    "errors",
-    "error_kinds",
-    "first_done_s",
-    "last_done_s",
-]
-# What the workload sent and the server counted (SPEC §5.11): target vs actual.
-_TOKENS = [
-    "input_tokens_target",
-    "input_tokens_mean",
-    "input_tokens_max",
-    "output_tokens_mean",
-    "input_chars_mean",
-]
-COLUMNS: dict[str, list[str]] = {
-    "ladder": [
-        "batch_size",
-        "concurrency",
-        "rounds",
-        "waves",
-        *_COMMON,
-        *_TOKENS,
-        "baseline_match",
-        "baseline_items",
-        "distinct_completions",
-        "first_diff_token",
-        "verdict",
-        "reason",
-        "axis",
-    ],
-    "sweep": [
-        "concurrency",
-        "batch_size",
-        "repeats",
-        *_COMMON,
-        *_TOKENS,
-        "items_per_s_min",
-        "items_per_s_max",
-        "auto_step",
-        "load",
-        "offered_rate",
-        "achieved_rate",
-        "saturated",
-        "saturation",
-        "send_lag_p99_s",
-        "goodput_per_s_min",
-        "goodput_per_s_max",
-        "gain",
-        "gain_counted",
-        "capped_by_server",
-        "distinct_completions",
-        "first_diff_token",
-        "verdict",
-    ],
-}
-
-
-def kinds_text(value: Any) -> str:
-    """``{"oom": 2}`` (JSONL) or ``"oom:2"`` (CSV) → ``oom:2``."""
-    if isinstance(value, Mapping):
-        return " ".join(f"{k}:{n}" for k, n in sorted(value.items()))
-    return "" if value is None else str(value)
-
-
-def _json_text(value: Any) -> str | None:
-    """Per-device figures as compact JSON in one CSV cell (already text when read back)."""
-    if value is None or isinstance(value, str):
-        return value
-    return json.dumps(value, separators=(",", ":")) if value else None
-
-
-def write_tiers_csv(
-    path: Path, rows: Sequence[Mapping[str, Any]], kind: Kind, vram_source: str
-) -> Path:
-    """One row per tier (or level), the SPEC columns in a fixed order."""
-    records = [
-        {
-            **r,
-            "error_kinds": kinds_text(r.get("error_kinds")),
-            "vram_source": vram_source,
-            "per_device": _json_text(r.get("per_device")),
-        }
-        for r in rows
-    ]
-    import pandas as pd  # imported on use: every command's start and --help stay light
-
-    energy = [c for c in ENERGY_COLUMNS if any(r.get(c) is not None for r in rows)]  # or none
-    frame = pd.DataFrame(records, columns=[*COLUMNS[kind], *energy])
-    write_atomic(path, frame.to_csv(index=False))
-    return path
+# the table is read and written in io.tier_table; these names stay for the views
+__all__ = ["Kind", "read_rows", "write_tiers_csv"]
 
 
 RUN_INPUTS = ("tiers.csv", "manifest.json", "summary.json", "records.jsonl", "incidents.jsonl")

@@ -1,11 +1,13 @@
-"""``calibrate report <tune run>``: a finished (or interrupted) tune read back from its files —
-the ranked candidates of ``tiers.jsonl``, the winner and its margin, the levels skipped, and a
-self-contained HTML page with the goodput bars of ``plot.svg``."""
+"""A tune as a picture and a page: ``plot.svg`` (goodput per candidate as bars, drawn when the
+tune ends), and ``calibrate report <tune run>`` — a finished (or interrupted) tune read back
+from its files: the ranked candidates of ``tiers.jsonl``, the winner and its margin, the levels
+skipped, and a self-contained HTML page with the goodput bars of ``plot.svg``."""
 
 from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
@@ -32,6 +34,34 @@ COLUMNS = (
 )
 
 
+BAR_H, GAP, LABEL_W, BAR_W = 22, 6, 300, 420
+
+
+def plot_svg(table: Sequence[Mapping[str, Any]], title: str) -> str:
+    """plot.svg: one bar per candidate, its goodput; a candidate that did not start says so."""
+    top = max((float(r["goodput_per_s"] or 0.0) for r in table), default=0.0) or 1.0
+    height = 40 + len(table) * (BAR_H + GAP)
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{LABEL_W + BAR_W + 120}" '
+        f'height="{height}" font-family="sans-serif" font-size="12">',
+        f'<text x="8" y="20" font-weight="bold">{escape(title)}</text>',
+    ]
+    for n, r in enumerate(table):
+        y = 32 + n * (BAR_H + GAP)
+        goodput = float(r["goodput_per_s"] or 0.0)
+        width = BAR_W * goodput / top
+        label = escape(f"{r['id']} {r['flags']}"[:48])
+        note = f"{goodput:.2f}/s at c={r['best_concurrency']}" if goodput else str(r["status"])
+        colour = "#2b7bba" if n else "#1a9850"
+        parts += [
+            f'<text x="8" y="{y + 15}">{label}</text>',
+            f'<rect x="{LABEL_W}" y="{y}" width="{width:.1f}" height="{BAR_H}" fill="{colour}"/>',
+            f'<text x="{LABEL_W + width + 6:.1f}" y="{y + 15}">{escape(note)}</text>',
+        ]
+    parts.append("</svg>\n")
+    return "\n".join(parts)
+
+
 def _json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text("utf-8"))
@@ -54,7 +84,7 @@ def is_tune_run(path: Path) -> bool:
 @dataclass(frozen=True)
 class TuneView:
     path: Path
-    rows: tuple[dict[str, Any], ...]  # ranked, the keys of ``stages.tune_files.row``
+    rows: tuple[dict[str, Any], ...]  # ranked, the cells of ``io.tier_table.TuneRow``
     summary: dict[str, Any]  # the ledger summary (summary.json), {} when the run has none
     passed: bool | None
 

@@ -15,36 +15,22 @@ example: calibrate tune --grid max_num_seqs=8,16,32 --grid max_num_batched_token
 from __future__ import annotations
 
 import argparse
-import contextlib
-from collections.abc import Callable
 from typing import Any
 
-from calibrate.cli.common import (
-    Output,
-    add_command,
-    add_force,
-    add_wide,
-    load_config,
-    open_stage,
-    output_for,
-)
-from calibrate.cli.views.tune import candidate_progress, finished_line, show_finished
+from calibrate.cli import common
+from calibrate.cli.views.tune import show_finished, tune_env
 from calibrate.cli.workload_flags import add_workload_args, task_pool, workload_spec
 from calibrate.config import MAX_TIMEOUT_S
 from calibrate.engines.builders import SERVER_KINDS
 from calibrate.engines.redaction import shown_command
-from calibrate.errors import Interrupted, UsageError
+from calibrate.errors import UsageError
 from calibrate.gpu.energy import PRICE_HELP, RANK_BY
-from calibrate.stages.env import kept_on_write_error, load_lock
+from calibrate.stages import tune
 from calibrate.stages.measure.tier_run import MeasureSpec, preflight
-from calibrate.stages.tune.result import CandidateResult
-from calibrate.stages.tune.session import Session
-from calibrate.stages.tune.setup import TuneRequest, TuneSetup, prepare
-from calibrate.state.gates import next_step
 
 
 def register(subparsers: Any) -> None:
-    parser = add_command(subparsers, "tune", __doc__ or "", run)
+    parser = common.add_command(subparsers, "tune", __doc__ or "", run)
     add = parser.add_argument
     add("--kind", choices=SERVER_KINDS, help="engine kind (overrides [server] kind)")
     add(
@@ -77,11 +63,8 @@ def register(subparsers: Any) -> None:
         help="cap the whole run (checked before each start; says what was left untested; "
         "default [tune] budget_s, 0 = none)",
     )
-    add(
-        "--new",
-        action="store_true",
-        help="start a new tune run even if an unfinished one with the same grid exists",
-    )
+    new_help = "start a new tune run even if an unfinished one with the same grid exists"
+    add("--new", action="store_true", help=new_help)
     add("--stream", action="store_true", help="stream (SSE) and measure TTFT")
     add_workload_args(parser, "sweep")
     add(
@@ -90,33 +73,24 @@ def register(subparsers: Any) -> None:
         default="auto",
         help="where VRAM comes from (default auto)",
     )
-    add(
-        "--gpu",
-        metavar="ID",
-        action="append",
-        default=None,
-        help="NVML device index or UUID the server uses (repeatable)",
-    )
+    gpu_help = "NVML device index or UUID the server uses (repeatable)"
+    add("--gpu", metavar="ID", action="append", default=None, help=gpu_help)
     add("--gpu-metrics-url", metavar="URL", help="a DCGM exporter for GPUs on another machine")
     add("--gpu-price-per-hour", type=float, metavar="USD", help=PRICE_HELP)
-    add_wide(parser)
-    add_force(parser)
+    common.add_wide(parser)
+    common.add_force(parser)
 
 
-def _request(args: argparse.Namespace) -> TuneRequest:
+def _request(args: argparse.Namespace) -> tune.TuneRequest:
     """The flags as a typed request; mistakes in them are exit 2 before anything is sent."""
-    workload = workload_spec(args, load_config(args), "sweep")
+    workload = workload_spec(args, common.load_config(args), "sweep")
     task_pool(workload)  # a bad tasks file is exit 2 before anything is started
     if args.budget_s is not None and not 0 <= args.budget_s <= MAX_TIMEOUT_S:
         raise UsageError(f"--budget-s must be in [0, {MAX_TIMEOUT_S:g}], got {args.budget_s}")
-    spec = MeasureSpec(
-        vram_source=args.vram_source,
-        gpus=tuple(args.gpu) if args.gpu else None,
-        gpu_metrics_url=args.gpu_metrics_url,
-        gpu_price_per_hour=args.gpu_price_per_hour,
-    )
+    gpus, price = tuple(args.gpu) if args.gpu else None, args.gpu_price_per_hour
+    spec = MeasureSpec(args.vram_source, gpus, args.gpu_metrics_url, gpu_price_per_hour=price)
     preflight(spec)
-    return TuneRequest(
+    return tune.TuneRequest(
         spec,
         kind=args.kind,
         grid=tuple(args.grid),
@@ -135,54 +109,10 @@ def resume_command(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = output_for(args)
-    request = _request(args)
-    ctx = open_stage(args, "tune", out)
-    with load_lock(ctx):  # one load-sending stage, one server at a time
-        setup = prepare(ctx, request)
-        return _tune(args, out, setup)
-
-
-def _tune(args: argparse.Namespace, out: Output, setup: TuneSetup) -> int:
-    ctx, plan = setup.ctx, setup.plan
-    step: list[Callable[[], None]] = [lambda: None]  # the progress bar's, once it is up
-
-    def on_result(result: CandidateResult) -> None:
-        out.say(finished_line(result))
-        step[0]()
-
-    session = Session(setup, notify=out.say, on_result=on_result)
-    if setup.resumed:
-        out.say(
-            f"resuming tune run {ctx.run.run_id}: {session.measured_before} of {plan.size} "
-            "candidates already measured"
-        )
-    else:
-        axes = "; ".join(f"{a.key} ∈ {{{', '.join(a.values)}}}" for a in plan.axes)
-        out.say(
-            f"tune run {ctx.run.run_id}: {plan.size} candidates ({axes}), {setup.search} "
-            f"search, {setup.kind} restarted per candidate"
-        )
-    if note := setup.settings.skipped_note():
-        out.say(note)
-    try:
-        with (
-            kept_on_write_error(ctx),
-            candidate_progress(out, setup, session.measured_before) as step[0],
-        ):
-            finished = session.run()
-    except KeyboardInterrupt:
-        with contextlib.suppress(KeyboardInterrupt):
-            session.interrupted()
-        raise Interrupted(
-            f"tune interrupted: {session.measured} of {plan.size} candidates measured, kept in "
-            f"{ctx.run.path}; the server calibrate started for it is stopped",
-            f"Resume it: {resume_command(args)}",
-        ) from None
-    show_finished(out, setup, finished)
-    if finished.entry.passed:
-        out.say(
-            f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}   (pin writes every flag of the winner)"
-        )
-    out.result(finished.to_json(setup))
-    return 0 if finished.entry.passed else 1
+    out = common.output_for(args)
+    request = _request(args)  # a bad flag is exit 2 before the run folder is opened
+    env = tune_env(out, common.open_stage(args, "tune", out), resume_command(args))
+    finished = tune.run(request, env)
+    show_finished(out, finished)
+    out.result(finished.to_json())
+    return 0 if finished.passed else 1

@@ -1,6 +1,6 @@
-"""How a tune shows itself: a line per finished candidate (a progress bar under them on a
-terminal), then the ranked table (the essential columns, fitting 100; --wide: every one) and
-the winner with its margin."""
+"""How a tune shows itself: what it is about to do, a line per finished candidate (a progress
+bar under them on a terminal), then the ranked table (the essential columns, fitting 100;
+--wide: every one), the winner with its margin and the next step."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ from rich.table import Table
 from calibrate.cli.common import Output
 from calibrate.report.progress import Plan, progress_bar
 from calibrate.report.tables import compact, table_width
+from calibrate.report.tune_report import plot_svg
+from calibrate.stages.context import StageContext
+from calibrate.stages.tune import TuneEnv, TuneFinished, TuneSetup
 from calibrate.stages.tune.result import CandidateResult
-from calibrate.stages.tune.run import TuneOutcome, schedule
-from calibrate.stages.tune.session import TuneFinished
-from calibrate.stages.tune.setup import TuneSetup
+from calibrate.stages.tune.search import TuneOutcome, schedule
 
 
 def _f(value: Any, fmt: str) -> str:
@@ -145,8 +146,41 @@ def winner_text(outcome: TuneOutcome, gain_min: float = 0.0) -> str | None:
     return text
 
 
-def show_finished(out: Output, setup: TuneSetup, finished: TuneFinished) -> None:
-    """The ranked table, where the files are, what the memory step and budget left, the winner."""
+def show_start(out: Output, setup: TuneSetup, measured_before: int) -> None:
+    """The run about to go: new (its grid) or resumed (how far it got); the levels left out."""
+    run_id, plan = setup.ctx.run.run_id, setup.plan
+    if setup.resumed:
+        out.say(
+            f"resuming tune run {run_id}: {measured_before} of {plan.size} "
+            "candidates already measured"
+        )
+    else:
+        axes = "; ".join(f"{a.key} ∈ {{{', '.join(a.values)}}}" for a in plan.axes)
+        out.say(
+            f"tune run {run_id}: {plan.size} candidates ({axes}), {setup.search} "
+            f"search, {setup.kind} restarted per candidate"
+        )
+    if note := setup.settings.skipped_note():
+        out.say(note)
+
+
+def tune_env(out: Output, ctx: StageContext, resume: str) -> TuneEnv:
+    """The stage's callbacks, shown on ``out``; plot.svg drawn by the tune report."""
+    return TuneEnv(
+        ctx,
+        draw_plot=plot_svg,
+        resume=resume,
+        say=out.say,
+        on_start=lambda setup, before: show_start(out, setup, before),
+        progress=lambda setup, before: candidate_progress(out, setup, before),
+        on_result=lambda result: out.say(finished_line(result)),
+    )
+
+
+def show_finished(out: Output, finished: TuneFinished) -> None:
+    """The ranked table, where the files are, what the memory step and budget left, the winner,
+    and (when it passed) the next step."""
+    setup = finished.setup
     outcome, key = finished.outcome, setup.plan.memory_key or "memory fraction"
     if finished.table:
         show_ranked(out, finished.table, finished.title)
@@ -175,3 +209,5 @@ def show_finished(out: Output, setup: TuneSetup, finished: TuneFinished) -> None
             "tune found no candidate that served a passing level (see the table and "
             "each candidate's incidents)"
         )
+    if finished.next_step is not None:
+        out.say(f"next: {finished.next_step}   (pin writes every flag of the winner)")

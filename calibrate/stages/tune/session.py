@@ -7,25 +7,28 @@ starts a new one) only when every candidate was measured. An interrupted run is 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from calibrate.http.records import LedgerEntry
 from calibrate.stages.tune.candidate import Lifecycle
-from calibrate.stages.tune.files import rows, write_plot, write_tables
 from calibrate.stages.tune.result import CandidateResult
-from calibrate.stages.tune.run import Notify, Tune, TuneOutcome
+from calibrate.stages.tune.search import Notify, Tune, TuneOutcome
 from calibrate.stages.tune.setup import TuneSetup
-from calibrate.stages.tune.store import TuneStore
+from calibrate.stages.tune.store import TuneStore, ranked_rows, write_plot, write_tables
 from calibrate.state.summaries import TuneSummary
+
+# Draws plot.svg from the ranked rows and a title (the renderer's, so the stage draws nothing).
+DrawPlot = Callable[[Sequence[Mapping[str, Any]], str], str]
 
 
 @dataclass(frozen=True)
 class TuneFinished:
     """What a finished (or budget-cut) tune wrote, for the command to show."""
 
+    setup: TuneSetup
     outcome: TuneOutcome
     table: list[dict[str, Any]]
     title: str
@@ -33,10 +36,15 @@ class TuneFinished:
     plot: Path | None
     summary: TuneSummary
     entry: LedgerEntry
+    next_step: str | None = None  # the pipeline's next command, when the tune passed
 
-    def to_json(self, setup: TuneSetup) -> dict[str, Any]:
+    @property
+    def passed(self) -> bool:
+        return self.entry.passed
+
+    def to_json(self) -> dict[str, Any]:
         """The ``--json`` result: every candidate (ranked) and the winner."""
-        o, win = self.outcome, self.summary.winner
+        setup, o, win = self.setup, self.outcome, self.summary.winner
         winner = None
         if win is not None and o.winner is not None:
             winner = {**win.to_json(), "id": o.winner.candidate.id, "margin": o.margin}
@@ -61,8 +69,10 @@ class Session:
         setup: TuneSetup,
         notify: Notify,
         on_result: Callable[[CandidateResult], None],
+        draw_plot: DrawPlot,
     ) -> None:
         self.setup = setup
+        self.draw_plot = draw_plot
         self.store = TuneStore(setup.ctx.run)
         self.measured_before = len({r.candidate.index for r in self.store.results()})
         self.lifecycle = Lifecycle(setup.ctx, setup.kind, setup.settings, notify=notify)
@@ -101,12 +111,13 @@ class Session:
 
     def finish(self, outcome: TuneOutcome) -> TuneFinished:
         setup, ctx = self.setup, self.setup.ctx
-        table = rows(outcome.ranked)
+        rows = ranked_rows(outcome.ranked)
+        table = [r.to_json() for r in rows]
         title = (
             f"tune {ctx.run.run_id} (ranked by {setup.rank_by}, {setup.settings.slo.describe()})"
         )
-        tables = write_tables(ctx.run, table) if table else None
-        plot = write_plot(ctx.run, table, title) if table else None
+        tables = write_tables(ctx.run, rows) if rows else None
+        plot = write_plot(ctx.run, self.draw_plot(table, title)) if rows else None
         details = {
             "grid_fingerprint": setup.fingerprint,
             "search": setup.search,
@@ -122,4 +133,4 @@ class Session:
         if outcome.complete:
             self.store.mark_finished()
         ctx.run.close()
-        return TuneFinished(outcome, table, title, tables, plot, summary, entry)
+        return TuneFinished(setup, outcome, table, title, tables, plot, summary, entry)

@@ -1,20 +1,31 @@
-"""A tune run on disk: its plan, the memory step and every finished candidate (for resume).
+"""A tune run on disk: its plan, the memory step, every finished candidate (for resume) and,
+when it ends or stops, the ranked table and its plot.
 
 ``runs/<id>/tune.json`` holds the grid fingerprint (the grid, the workload, the windows): a
 later ``calibrate tune`` with the same fingerprint continues the newest unfinished run of it.
 ``candidates.jsonl`` and ``memory.jsonl`` get one line per finished candidate or probe, flushed
 and fsynced as it completes, so a kill -9 loses at most the one being measured; a torn last
-line (a kill mid-write) is cut off before the next append.
+line (a kill mid-write) is cut off before the next append. The ranked table goes to tiers.csv
+(through ``io.tier_table``) and tiers.jsonl, one row per candidate, atomically.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from calibrate.io.store import JsonlWriter, RunDir, read_jsonl, write_json_atomic
+from calibrate.io.store import (
+    JsonlWriter,
+    RunDir,
+    dumps_line,
+    read_jsonl,
+    write_atomic,
+    write_json_atomic,
+)
+from calibrate.io.tier_table import TuneRow, write_tune_csv
 from calibrate.stages.tune.result import CandidateResult, MemoryProbe
 
 PLAN_FILE = "tune.json"
@@ -112,3 +123,53 @@ class TuneStore:
 
     def append_probe(self, probe: MemoryProbe) -> None:
         _append_synced(self.run.file(MEMORY_FILE), probe.to_json())
+
+
+def row(rank: int, result: CandidateResult) -> TuneRow:
+    """One candidate as a table row (the same cells in CSV, JSONL and the printed table)."""
+    data = result.to_json()
+    best = data["best"] or {}
+    return TuneRow(
+        rank=rank,
+        id=data["id"],
+        flags=result.candidate.describe(),
+        status=result.status,
+        cap=result.candidate.own_cap,
+        best_concurrency=data["best_concurrency"],
+        goodput_per_s=data["goodput_per_s"],
+        items_per_s=data["items_per_s"],
+        output_tokens_per_s=best.get("output_tokens_per_s"),
+        p50_s=best.get("p50_s"),
+        p90_s=best.get("p90_s"),
+        ttft_p50_s=best.get("ttft_p50_s"),
+        joules_per_output_token=best.get("joules_per_output_token"),
+        usd_per_1m_output_tokens=best.get("usd_per_1m_output_tokens"),
+        peak_vram_mib=data["peak_vram_mib"],
+        peak_kv_usage=data["peak_kv_usage"],
+        pressure=data["pressure"],
+        errors=data["errors"],
+        incidents=data["incidents"],
+        start_exit_code=data["start_exit_code"],
+        rung=data["rung"],
+        window=data["window"],
+        elapsed_s=data["elapsed_s"],
+    )
+
+
+def ranked_rows(ranked: Sequence[CandidateResult]) -> list[TuneRow]:
+    return [row(n, result) for n, result in enumerate(ranked, 1)]
+
+
+def write_tables(run: RunDir, table: Sequence[TuneRow]) -> Path:
+    """tiers.csv and tiers.jsonl, ranked; returns the CSV's path."""
+    path = write_tune_csv(run.file("tiers.csv"), table)
+    lines = "".join(dumps_line(r.to_json()) + "\n" for r in table)
+    write_atomic(run.file("tiers.jsonl"), lines)
+    return path
+
+
+def write_plot(run: RunDir, svg: str) -> Path:
+    """plot.svg, as drawn by whoever renders the tune."""
+    path = run.file("plot.svg")
+    write_atomic(path, svg)
+    return path
