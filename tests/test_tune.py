@@ -34,7 +34,9 @@ def test_finds_the_best_candidate_after_the_memory_step_and_pins_every_flag(
     assert all(c["flags"]["memory_fraction"] == "0.8" and c["started"] for c in ranked)
     assert ranked[0]["goodput_per_s"] > 1.5 * ranked[1]["goodput_per_s"]
     assert ranked[1]["goodput_per_s"] > 1.5 * ranked[2]["goodput_per_s"]
-    assert ranked[0]["best_concurrency"] == 4 and ranked[2]["best_concurrency"] == 1
+    # one slot: a second request in flight gains only the client's own gap between requests
+    # (a few ms against ~15 ms answers; more on a busy machine), never a second slot's worth
+    assert ranked[0]["best_concurrency"] == 4 and ranked[2]["best_concurrency"] <= 2
     assert ranked[0]["latency"]["p50_s"] > 0 and ranked[0]["peak_vram_mib"] is not None
     winner = out["winner"]
     assert winner["flags"] == {"slots": "4", "kv_tokens": "50000", "memory_fraction": "0.8"}
