@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -126,6 +126,11 @@ class Output:
 
     def fail(self, text: str) -> None:
         self.say(text, style="red")
+
+    def tell(self, lines: Iterable[tuple[str, str]]) -> None:
+        """Lines a stage worded, each with its level: say, warn, ok or fail."""
+        for level, text in lines:
+            {"say": self.say, "warn": self.warn, "ok": self.ok, "fail": self.fail}[level](text)
 
     def render(self, renderable: Any) -> None:
         self.console.print(renderable)

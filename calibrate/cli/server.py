@@ -92,7 +92,7 @@ def run_stop(args: argparse.Namespace) -> int:
     out = output_for(args)
     cfg = load_config(args)
     level, line, code, payload = manage.stop_outcome(stop(cfg.runs_dir, cfg.server.stop_timeout_s))
-    {"say": out.say, "warn": out.warn, "ok": out.ok, "fail": out.fail}[level](line)
+    out.tell([(level, line)])
     out.result(payload)
     return code
 

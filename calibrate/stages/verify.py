@@ -37,7 +37,7 @@ class VerifyResult:
 
 def run_verify(ctx: StageContext, normaliser: Normaliser, *, force: bool = False) -> VerifyResult:
     """Check the served weights, run the fixed prompt once, compare it with the baseline, and
-    record the verdict (with the root the server serves now)."""
+    record the verdict (with the root the server serves now); the run folder is closed."""
     identity, _ = server_identity(ctx)  # no server there: exit 4
     root = served_root(identity, ctx.config.target.model)
     if root:
@@ -52,4 +52,5 @@ def run_verify(ctx: StageContext, normaliser: Normaliser, *, force: bool = False
     repro = against_baseline(ctx, normaliser, runs=1)
     result = VerifyResult(repro, resolve(ctx.ledger, ctx.target))
     ctx.record_result(result.passed, result.summary(), served_root=root)
+    ctx.run.close()
     return result

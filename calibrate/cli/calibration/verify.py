@@ -27,6 +27,7 @@ from calibrate.cli.common import (
 from calibrate.io.baseline import Normaliser, after_failure
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import guarded
+from calibrate.stages.repro import check_reason
 from calibrate.stages.verify import run_verify
 from calibrate.state.gates import next_step
 
@@ -48,19 +49,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: Normaliser) -> int:
     result = run_verify(ctx, normaliser, force=bool(getattr(args, "force", False)))
-    ctx.run.close()
     comparison = result.repro.comparisons[0]
     suite = junit_suite("verify", ctx.run, ctx.target)
-    reason = (
-        f"{comparison.verdict}: {', '.join(comparison.differing)}; {' '.join(comparison.causes)}"
-    )
+    reason = check_reason(comparison)
     suite.check(
         "fixed prompt matches the baseline", comparison.passed, reason, kind=comparison.verdict
     )
     save_junit(args, suite)
     if result.setting is not None:
-        s = result.setting
-        out.say(f"expected setting: {s.describe()}")
+        out.say(f"expected setting: {result.setting.describe()}")
     if result.passed:
         note = " (whitespace-only difference)" if comparison.verdict == "whitespace-only" else ""
         out.ok(
