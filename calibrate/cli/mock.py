@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from calibrate.cli.common import add_command
+from calibrate.cli.flags import add_command
 from calibrate.errors import StageFailed, UsageError
 from calibrate.mock import BackgroundServer
 from calibrate.mock.flags import add_flags, settings_from_args

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from calibrate.cli.common import add_command, add_wide, load_config, output_for
+from calibrate.cli.flags import add_command, add_wide, load_config
+from calibrate.cli.output import output_for
 from calibrate.cli.views.tune import show_ranked
 from calibrate.report.command import ReportRequest, run_report
 

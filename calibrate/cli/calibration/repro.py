@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from calibrate.cli.common import (
+from calibrate.cli.flags import (
     add_command,
     add_compare_args,
     add_force,
@@ -23,10 +23,10 @@ from calibrate.cli.common import (
     junit_suite,
     normaliser_for,
     open_stage,
-    output_for,
     save_junit,
-    show_comparison,
 )
+from calibrate.cli.output import output_for
+from calibrate.cli.views.comparison import show_comparison
 from calibrate.config import MAX_ROUNDS
 from calibrate.errors import UsageError
 from calibrate.io.baseline import after_failure

@@ -11,8 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from calibrate.cli.common import (
-    Output,
+from calibrate.cli.flags import (
     add_command,
     add_compare_args,
     add_force,
@@ -20,10 +19,10 @@ from calibrate.cli.common import (
     junit_suite,
     normaliser_for,
     open_stage,
-    output_for,
     save_junit,
-    show_comparison,
 )
+from calibrate.cli.output import Output, output_for
+from calibrate.cli.views.comparison import show_comparison
 from calibrate.io.baseline import Normaliser, after_failure
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import guarded
