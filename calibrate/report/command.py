@@ -53,6 +53,7 @@ class ReportRequest:
 
 
 def _resolve(name: str, runs_dir: Path) -> Path:
+    """A run folder, or a run id under runs/."""
     path = Path(name)
     if not path.is_dir() and (runs_dir / name).is_dir():
         return runs_dir / name
@@ -60,6 +61,7 @@ def _resolve(name: str, runs_dir: Path) -> Path:
 
 
 def _load(path: Path) -> RunView:
+    """A finished ladder or sweep run, its tier table checked."""
     if not (path / "tiers.csv").exists():
         return load_run(path, "ladder")  # raises the "not a finished run" error
     kind = report.run_kind(path)
@@ -69,6 +71,7 @@ def _load(path: Path) -> RunView:
 
 
 def _write(path: Path, text: str) -> Path:
+    """An HTML report, atomically; a path that cannot be written is exit 2."""
     try:
         write_atomic(path, text)
     except OSError as exc:
@@ -103,9 +106,15 @@ def run_report(
     return _one(out, view, req, cfg.confidence.level, width)
 
 
+def _table(out: Channel, table: Any) -> None:
+    """A table at the width it needs with --wide, else fitted to the screen."""
+    (out.render_wide if out.wide else out.render)(table)
+
+
 def _one(
     out: Channel, view: RunView, req: ReportRequest, level: float, width: int
 ) -> dict[str, Any]:
+    """One ladder or sweep run: its table, spreads, notes, plot, --timeline and --html."""
     rows, kind, path = list(view.rows), view.kind, view.path
     try:
         table = report.tier_table(rows, kind, f"{kind} {path.name}", width, wide=out.wide)
@@ -114,11 +123,11 @@ def _one(
             f"{path / 'tiers.csv'} has a value report cannot read ({exc})",
             "Rerun the stage to write the table again.",
         ) from exc
-    (out.render_wide if out.wide else out.render)(table)
+    _table(out, table)
     spreads = run_spreads(view, level)
     if any(s.n > 1 for metrics in spreads.values() for s in metrics.values()):
         spread = report.confidence_table(view, spreads, level, width, out.wide)
-        (out.render_wide if out.wide else out.render)(spread)
+        _table(out, spread)
     noisy = noisy_lines(view, spreads)
     for line in noisy:
         out.warn(line)
@@ -180,11 +189,12 @@ def _timeline(
 def _compare(
     out: Channel, a: RunView, b: RunView, html: str | None, level: float, width: int
 ) -> dict[str, Any]:
+    """Two runs of the same kind, tier by tier (A → B), and --html."""
     cmp = compare_runs(a, b, level)
     if cmp.warning:
         out.warn(cmp.warning)
     table = report.runs_compare_table(cmp, width, out.wide)
-    (out.render_wide if out.wide else out.render)(table)
+    _table(out, table)
     for line in cmp.noisy:
         out.warn(line)
     result = cmp.to_json()

@@ -47,6 +47,8 @@ class SingleSpec:
 
 @dataclass(frozen=True)
 class SingleOutcome:
+    """What ``single`` found: the answer, the copies, and the hint for a pass."""
+
     spec: SingleSpec
     result: SingleResult
     copies: dict[str, Any] | None  # what --determinism found
@@ -65,6 +67,7 @@ class SingleOutcome:
         return self.result.passed and not self.differ
 
     def add_checks(self, suite: JUnitSuite) -> None:
+        """The JUnit checks: the answer, and with --require-match the copies."""
         record = self.result.record
         suite.check(
             "fixed prompt answered completely",

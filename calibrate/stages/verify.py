@@ -28,6 +28,18 @@ class VerifyResult:
     def passed(self) -> bool:
         return self.repro.passed
 
+    def verdict_line(self, run_id: str) -> str:
+        """ "config consistent: …", or why verify failed."""
+        comparison = self.repro.comparisons[0]
+        if self.passed:
+            note = (
+                " (whitespace-only difference)" if comparison.verdict == "whitespace-only" else ""
+            )
+            return f"config consistent: the fixed prompt matches the baseline{note} (run {run_id})"
+        if comparison.failure:
+            return f"verify failed: the server gave no answer to compare: {comparison.failure}"
+        return "verify failed: the restarted server does not give the baseline answer"
+
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {**self.repro.summary(), "consistent": self.passed}
         if self.setting is not None:

@@ -58,17 +58,11 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: N
     if result.setting is not None:
         out.say(f"expected setting: {result.setting.describe()}")
     if result.passed:
-        note = " (whitespace-only difference)" if comparison.verdict == "whitespace-only" else ""
-        out.ok(
-            f"config consistent: the fixed prompt matches the baseline{note} (run {ctx.run.run_id})"
-        )
+        out.ok(result.verdict_line(ctx.run.run_id))
         out.say(f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}")
     else:
         show_comparison(out, "fixed prompt vs baseline", comparison)
-        if comparison.failure:
-            out.fail(f"verify failed: the server gave no answer to compare: {comparison.failure}")
-        else:
-            out.fail("verify failed: the restarted server does not give the baseline answer")
+        out.fail(result.verdict_line(ctx.run.run_id))
         out.say(f"next: {after_failure(result.repro.comparisons, again='calibrate verify')}")
     out.result(
         {
