@@ -24,7 +24,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from calibrate.cli.common import Output, add_command, output_for
+from calibrate.cli.flags import add_command
+from calibrate.cli.output import Output, output_for
 from calibrate.errors import ExitCode, UsageError
 from calibrate.stages.export import ExportResult, export_final
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.io.baseline import Comparison, Normaliser, compare
+from calibrate.io.junit import JUnitSuite
 from calibrate.io.store import load_jsonl_objects
 from calibrate.stages.context import StageContext
 from calibrate.stages.single import fixed_prompt_call, read_baseline
@@ -36,6 +37,45 @@ class ReproResult:
             "identical": sum(c.verdict == "identical" for c in self.comparisons),
             "differing": sorted({f for c in self.comparisons for f in c.differing}),
         }
+
+    def add_checks(self, suite: JUnitSuite) -> None:
+        """One JUnit check per run."""
+        for n, comparison in enumerate(self.comparisons, 1):
+            suite.check(
+                f"run {n} matches the baseline",
+                comparison.passed,
+                check_reason(comparison),
+                kind=comparison.verdict,
+            )
+
+    def verdict_line(self) -> str:
+        """ "repro passed: …" or "repro failed: …" (failed requests named as such)."""
+        summary = self.summary()
+        if self.passed:
+            note = " (whitespace only)" if self.verdict == "whitespace-only" else ""
+            return f"repro passed: {summary['identical']}/{summary['runs']} identical{note}"
+        unanswered = [c.failure for c in self.comparisons if c.failure]
+        if unanswered:
+            return (
+                f"repro failed: {len(unanswered)} of {len(self.comparisons)} runs got no answer "
+                f"to compare: {unanswered[0]}"
+            )
+        return (
+            f"repro failed: output differs from the baseline in {', '.join(summary['differing'])}"
+        )
+
+    def to_json(self, run_id: str | None) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "run_id": run_id,
+            **self.summary(),
+            "comparisons": [c.to_json() for c in self.comparisons],
+        }
+
+
+def check_reason(comparison: Comparison) -> str:
+    """A comparison's JUnit failure text: its verdict, the fields and the likely causes."""
+    return f"{comparison.verdict}: {', '.join(comparison.differing)}; {' '.join(comparison.causes)}"
 
 
 def against_baseline(

@@ -28,6 +28,18 @@ class VerifyResult:
     def passed(self) -> bool:
         return self.repro.passed
 
+    def verdict_line(self, run_id: str) -> str:
+        """ "config consistent: …", or why verify failed."""
+        comparison = self.repro.comparisons[0]
+        if self.passed:
+            note = (
+                " (whitespace-only difference)" if comparison.verdict == "whitespace-only" else ""
+            )
+            return f"config consistent: the fixed prompt matches the baseline{note} (run {run_id})"
+        if comparison.failure:
+            return f"verify failed: the server gave no answer to compare: {comparison.failure}"
+        return "verify failed: the restarted server does not give the baseline answer"
+
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {**self.repro.summary(), "consistent": self.passed}
         if self.setting is not None:
@@ -37,7 +49,7 @@ class VerifyResult:
 
 def run_verify(ctx: StageContext, normaliser: Normaliser, *, force: bool = False) -> VerifyResult:
     """Check the served weights, run the fixed prompt once, compare it with the baseline, and
-    record the verdict (with the root the server serves now)."""
+    record the verdict (with the root the server serves now); the run folder is closed."""
     identity, _ = server_identity(ctx)  # no server there: exit 4
     root = served_root(identity, ctx.config.target.model)
     if root:
@@ -52,4 +64,5 @@ def run_verify(ctx: StageContext, normaliser: Normaliser, *, force: bool = False
     repro = against_baseline(ctx, normaliser, runs=1)
     result = VerifyResult(repro, resolve(ctx.ledger, ctx.target))
     ctx.record_result(result.passed, result.summary(), served_root=root)
+    ctx.run.close()
     return result

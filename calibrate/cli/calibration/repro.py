@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from calibrate.cli.common import (
+from calibrate.cli.flags import (
     add_command,
     add_compare_args,
     add_force,
@@ -23,10 +23,10 @@ from calibrate.cli.common import (
     junit_suite,
     normaliser_for,
     open_stage,
-    output_for,
     save_junit,
-    show_comparison,
 )
+from calibrate.cli.output import output_for
+from calibrate.cli.views.comparison import show_comparison
 from calibrate.config import MAX_ROUNDS
 from calibrate.errors import UsageError
 from calibrate.io.baseline import after_failure
@@ -87,41 +87,17 @@ def _report(
     run: RunDir | None,
     hint: Callable[[], str] | None,
 ) -> int:
-    run_id = run.run_id if run else None
-    suite = junit_suite("repro", run)
     for n, comparison in enumerate(result.comparisons, 1):
         show_comparison(out, f"run {n}", comparison)
-        reason = f"{comparison.verdict}: {', '.join(comparison.differing)}; {' '.join(comparison.causes)}"
-        suite.check(
-            f"run {n} matches the baseline", comparison.passed, reason, kind=comparison.verdict
-        )
+    suite = junit_suite("repro", run)
+    result.add_checks(suite)
     save_junit(args, suite)
-    summary = result.summary()
     if result.passed:
-        note = " (whitespace only)" if result.verdict == "whitespace-only" else ""
-        out.ok(f"repro passed: {summary['identical']}/{summary['runs']} identical{note}")
+        out.ok(result.verdict_line())
         if hint is not None:
             out.say(f"next: {hint()}")
     else:
-        out.fail(f"repro failed: {_failure_line(result)}")
+        out.fail(result.verdict_line())
         out.say(f"next: {after_failure(result.comparisons, again='calibrate repro')}")
-    out.result(
-        {
-            "passed": result.passed,
-            "run_id": run_id,
-            **summary,
-            "comparisons": [c.to_json() for c in result.comparisons],
-        }
-    )
+    out.result(result.to_json(run.run_id if run else None))
     return 0 if result.passed else 1
-
-
-def _failure_line(result: ReproResult) -> str:
-    """Failed requests are named as failed requests; otherwise the fields that differ."""
-    unanswered = [c.failure for c in result.comparisons if c.failure]
-    if unanswered:
-        return (
-            f"{len(unanswered)} of {len(result.comparisons)} runs got no answer to compare: "
-            f"{unanswered[0]}"
-        )
-    return f"output differs from the baseline in {', '.join(result.summary()['differing'])}"

@@ -11,8 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from calibrate.cli.common import (
-    Output,
+from calibrate.cli.flags import (
     add_command,
     add_compare_args,
     add_force,
@@ -20,13 +19,14 @@ from calibrate.cli.common import (
     junit_suite,
     normaliser_for,
     open_stage,
-    output_for,
     save_junit,
-    show_comparison,
 )
+from calibrate.cli.output import Output, output_for
+from calibrate.cli.views.comparison import show_comparison
 from calibrate.io.baseline import Normaliser, after_failure
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import guarded
+from calibrate.stages.repro import check_reason
 from calibrate.stages.verify import run_verify
 from calibrate.state.gates import next_step
 
@@ -48,31 +48,21 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: Normaliser) -> int:
     result = run_verify(ctx, normaliser, force=bool(getattr(args, "force", False)))
-    ctx.run.close()
     comparison = result.repro.comparisons[0]
     suite = junit_suite("verify", ctx.run, ctx.target)
-    reason = (
-        f"{comparison.verdict}: {', '.join(comparison.differing)}; {' '.join(comparison.causes)}"
-    )
+    reason = check_reason(comparison)
     suite.check(
         "fixed prompt matches the baseline", comparison.passed, reason, kind=comparison.verdict
     )
     save_junit(args, suite)
     if result.setting is not None:
-        s = result.setting
-        out.say(f"expected setting: {s.describe()}")
+        out.say(f"expected setting: {result.setting.describe()}")
     if result.passed:
-        note = " (whitespace-only difference)" if comparison.verdict == "whitespace-only" else ""
-        out.ok(
-            f"config consistent: the fixed prompt matches the baseline{note} (run {ctx.run.run_id})"
-        )
+        out.ok(result.verdict_line(ctx.run.run_id))
         out.say(f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}")
     else:
         show_comparison(out, "fixed prompt vs baseline", comparison)
-        if comparison.failure:
-            out.fail(f"verify failed: the server gave no answer to compare: {comparison.failure}")
-        else:
-            out.fail("verify failed: the restarted server does not give the baseline answer")
+        out.fail(result.verdict_line(ctx.run.run_id))
         out.say(f"next: {after_failure(result.repro.comparisons, again='calibrate verify')}")
     out.result(
         {

@@ -1,0 +1,83 @@
+"""The output channel: human text to stderr, the --json result to stdout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any, TextIO
+
+from rich.console import Console
+
+from calibrate.cli.streams import can_encode
+
+LOG_WIDTH = 100  # tables in a log (CI, make demo) fit this, or $COLUMNS when set
+
+
+def log_width() -> int:
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else LOG_WIDTH
+
+
+class Output:
+    """Human text to stderr (rich on a TTY, plain lines otherwise); JSON results to stdout.
+
+    ``wide`` (--wide): tables show every column, as wide as they need."""
+
+    def __init__(self, json_mode: bool, stream: TextIO | None = None, wide: bool = False) -> None:
+        self.json_mode = json_mode
+        self.wide = wide
+        self.stream = stream if stream is not None else sys.stderr
+        self.is_tty = self.stream.isatty()
+        self.console = Console(
+            file=self.stream,
+            force_terminal=self.is_tty,
+            no_color=not self.is_tty,
+            highlight=False,
+            soft_wrap=True,
+            width=None if self.is_tty else log_width(),
+        )
+
+    def say(self, text: str, style: str | None = None) -> None:
+        self.console.print(text, style=style if self.is_tty else None, markup=False)
+
+    def warn(self, text: str) -> None:
+        self.say(f"warning: {text}", style="yellow")
+
+    def ok(self, text: str) -> None:
+        self.say(text, style="green")
+
+    def fail(self, text: str) -> None:
+        self.say(text, style="red")
+
+    def tell(self, lines: Iterable[tuple[str, str]]) -> None:
+        """Lines a stage worded, each with its level: say, warn, ok or fail."""
+        for level, text in lines:
+            {"say": self.say, "warn": self.warn, "ok": self.ok, "fail": self.fail}[level](text)
+
+    def render(self, renderable: Any) -> None:
+        self.console.print(renderable)
+
+    def render_wide(self, table: Any) -> None:
+        """A --wide table at the width it needs (never squeezed into the terminal's)."""
+        width = self.console.width
+        needed = self.console.measure(table, options=self.console.options.update(width=10_000))
+        self.console.width = max(needed.maximum, width)  # print() never goes past it
+        try:
+            self.console.print(table, crop=False)
+        finally:
+            self.console.width = width
+
+    def result(self, payload: dict[str, Any]) -> None:
+        if self.json_mode:
+            text = json.dumps(payload, ensure_ascii=False, sort_keys=True)
+            if not can_encode(sys.stdout, text):  # PYTHONIOENCODING=ascii: still valid JSON
+                text = json.dumps(payload, ensure_ascii=True, sort_keys=True)
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+
+
+def output_for(args: argparse.Namespace) -> Output:
+    return Output(bool(getattr(args, "json", False)), wide=bool(getattr(args, "wide", False)))

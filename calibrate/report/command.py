@@ -1,0 +1,242 @@
+"""``calibrate report``: which report a run asks for, written (plot, timeline, HTML) and shown.
+
+A tune run shows its ranked candidates; a ladder or sweep run its tier table, spreads and
+notes (with ``--timeline``, one tier's requests); two runs are compared tier by tier. What is
+shown goes through a ``Channel`` (the command's output); what is returned is the --json.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from calibrate.config import Config
+from calibrate.errors import InputError, UsageError
+from calibrate.io import tier_table
+from calibrate.io.output_paths import check_outputs, stage_files
+from calibrate.io.store import write_atomic
+from calibrate.report import tables as report
+from calibrate.report import tune_report
+from calibrate.report.compare import compare_runs, confidence_json, noisy_lines, run_spreads
+from calibrate.report.html.compare import comparison_html
+from calibrate.report.html.page import key_label, run_html
+from calibrate.report.run_view import RunView, load_run, stage_notes
+from calibrate.report.timeline import Timeline, read_timeline
+
+RankedView = Callable[[Sequence[Mapping[str, Any]], str], None]  # a tune run's ranked table
+
+
+class Channel(Protocol):
+    """Where a report is shown: the command's output (rich on a TTY, plain lines otherwise)."""
+
+    wide: bool
+
+    def say(self, text: str, style: str | None = None) -> None: ...
+    def warn(self, text: str) -> None: ...
+    def ok(self, text: str) -> None: ...
+    def fail(self, text: str) -> None: ...
+    def render(self, renderable: Any) -> None: ...
+    def render_wide(self, table: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class ReportRequest:
+    """What ``report`` was asked: one run (or two), --html, --timeline, --no-plot."""
+
+    run_dir: str
+    run_b: str | None = None
+    html: str | None = None  # "": the default path
+    timeline: float | None = None
+    no_plot: bool = False
+
+
+def _resolve(name: str, runs_dir: Path) -> Path:
+    """A run folder, or a run id under runs/."""
+    path = Path(name)
+    if not path.is_dir() and (runs_dir / name).is_dir():
+        return runs_dir / name
+    return path
+
+
+def _load(path: Path) -> RunView:
+    """A finished ladder or sweep run, its tier table checked."""
+    if not (path / "tiers.csv").exists():
+        return load_run(path, "ladder")  # raises the "not a finished run" error
+    kind = report.run_kind(path)
+    view = load_run(path, kind)
+    tier_table.check_rows(list(view.rows), kind, path / "tiers.csv")
+    return view
+
+
+def _write(path: Path, text: str) -> Path:
+    """An HTML report, atomically; a path that cannot be written is exit 2."""
+    try:
+        write_atomic(path, text)
+    except OSError as exc:
+        raise InputError(
+            f"cannot write {path}: {exc.strerror or exc}", "Give a writable path: --html PATH"
+        ) from exc
+    return path
+
+
+def run_report(
+    req: ReportRequest, cfg: Config, out: Channel, width: int, ranked: RankedView
+) -> dict[str, Any]:
+    """Which report the request asks for (a tune run's, one run's, two runs compared), written
+    and shown; returns its --json."""
+    runs_dir = cfg.runs_dir
+    first = _resolve(req.run_dir, runs_dir)
+    if req.html:  # before anything is written: never over what report reads
+        runs = [first, *([_resolve(req.run_b, runs_dir)] if req.run_b else [])]
+        reads = [r for run in runs for r in report.run_inputs(run)]
+        check_outputs(
+            [("--html", Path(req.html))],
+            [*reads, *stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source)],
+        )
+    if tune_report.is_tune_run(first):
+        return _tune(out, first, req, ranked)
+    view = _load(first)
+    if req.run_b is not None:
+        if req.timeline is not None:
+            raise UsageError("--timeline draws one run: give one RUN with it")
+        b = _load(_resolve(req.run_b, runs_dir))
+        return _compare(out, view, b, req.html, cfg.confidence.level, width)
+    return _one(out, view, req, cfg.confidence.level, width)
+
+
+def _table(out: Channel, table: Any) -> None:
+    """A table at the width it needs with --wide, else fitted to the screen."""
+    (out.render_wide if out.wide else out.render)(table)
+
+
+def _one(
+    out: Channel, view: RunView, req: ReportRequest, level: float, width: int
+) -> dict[str, Any]:
+    """One ladder or sweep run: its table, spreads, notes, plot, --timeline and --html."""
+    rows, kind, path = list(view.rows), view.kind, view.path
+    try:
+        table = report.tier_table(rows, kind, f"{kind} {path.name}", width, wide=out.wide)
+    except (ValueError, TypeError) as exc:  # a cell that is not a number where one belongs
+        raise InputError(
+            f"{path / 'tiers.csv'} has a value report cannot read ({exc})",
+            "Rerun the stage to write the table again.",
+        ) from exc
+    _table(out, table)
+    spreads = run_spreads(view, level)
+    if any(s.n > 1 for metrics in spreads.values() for s in metrics.values()):
+        spread = report.confidence_table(view, spreads, level, width, out.wide)
+        _table(out, spread)
+    noisy = noisy_lines(view, spreads)
+    for line in noisy:
+        out.warn(line)
+    notes = stage_notes(view.summary)
+    for note in notes:
+        out.warn(note)
+    if rows and rows[0].get("vram_source") == "none":
+        out.say("VRAM not measured")
+    plot = None if req.no_plot else report.write_plot(rows, kind, path / "plot.png")
+    if plot:
+        out.say(f"plot: {plot}")
+    elif not req.no_plot:
+        out.say("no plot: matplotlib is not installed (pip install 'calibrate[plot]')")
+    timeline: Timeline | None = None
+    result: dict[str, Any] = {
+        "run": str(path),
+        "kind": kind,
+        "rows": rows,
+        "plot": str(plot) if plot else None,
+        "notes": notes,
+        "confidence": confidence_json(view, spreads, level),
+        "noisy": noisy,
+    }
+    if req.timeline is not None:
+        timeline, result["timeline"] = _timeline(out, view, req.timeline, req.no_plot)
+    if req.html is not None:
+        html = _write(
+            Path(req.html) if req.html else path / "report.html", run_html(view, timeline)
+        )
+        out.say(f"HTML report: {html}")
+        result["html"] = str(html)
+    elif timeline is not None and not result["timeline"]["png"]:
+        out.say("the timeline is drawn into the HTML report: add --html")
+    return result
+
+
+def _timeline(
+    out: Channel, view: RunView, tier: float, no_plot: bool
+) -> tuple[Timeline, dict[str, Any]]:
+    """One tier's requests: drawn into the HTML report, and timeline-<tier>.png with matplotlib."""
+    label = f"{key_label(view.key)} {tier:g}"
+    timeline = read_timeline(view.path, view.key, tier, wave=view.kind == "ladder", label=label)
+    png = None
+    if not no_plot:
+        title = f"{view.path.name}: {label}"
+        png = report.write_timeline_png(timeline.bars, title, view.path / f"timeline-{tier:g}.png")
+    out.say(f"timeline of {label}: {len(timeline.bars)} requests; times: {timeline.note}")
+    if png:
+        out.say(f"timeline plot: {png}")
+    summary = {
+        "tier": tier,
+        "requests": len(timeline.bars),
+        "times": timeline.source,
+        "png": str(png) if png else None,
+    }
+    return timeline, summary
+
+
+def _compare(
+    out: Channel, a: RunView, b: RunView, html: str | None, level: float, width: int
+) -> dict[str, Any]:
+    """Two runs of the same kind, tier by tier (A → B), and --html."""
+    cmp = compare_runs(a, b, level)
+    if cmp.warning:
+        out.warn(cmp.warning)
+    table = report.runs_compare_table(cmp, width, out.wide)
+    _table(out, table)
+    for line in cmp.noisy:
+        out.warn(line)
+    result = cmp.to_json()
+    if html is not None:
+        path = _write(
+            Path(html) if html else b.path / f"compare-{a.path.name}.html", comparison_html(cmp)
+        )
+        out.say(f"HTML comparison: {path}")
+        result["html"] = str(path)
+    return result
+
+
+def _tune(out: Channel, path: Path, req: ReportRequest, ranked: RankedView) -> dict[str, Any]:
+    """A tune run: its ranked candidates, the winner and margin, --html; no second run."""
+    if req.run_b is not None or req.timeline is not None:
+        flag = "RUN_B" if req.run_b is not None else "--timeline"
+        raise UsageError(
+            f"{flag} is for ladder and sweep runs; {path.name} is a tune run",
+            f"Show it alone: calibrate report {req.run_dir} [--html]",
+        )
+    view = tune_report.load_tune(path)
+    ranked(list(view.rows), f"tune {path.name} (ranked by goodput)")
+    for note in view.notes():
+        out.warn(note)
+    if view.winner is not None:
+        out.ok(view.headline())
+    else:
+        out.fail(view.headline())
+    plot = path / "plot.svg"
+    if plot.is_file():
+        out.say(f"plot: {plot}")
+    result: dict[str, Any] = {
+        "run": str(path),
+        "kind": "tune",
+        "rows": list(view.rows),
+        "winner": view.winner["id"] if view.winner else None,
+        "notes": view.notes(),
+    }
+    if req.html is not None:
+        html = _write(
+            Path(req.html) if req.html else path / "report.html", tune_report.tune_html(view)
+        )
+        out.say(f"HTML report: {html}")
+        result["html"] = str(html)
+    return result
