@@ -20,7 +20,7 @@ from typing import Any
 from calibrate.cli.batch_args import check_flags, request_for
 from calibrate.cli.batch_args import register as _register
 from calibrate.cli.common import load_config, output_for
-from calibrate.cli.views.batch import env_for, show
+from calibrate.cli.views.batch import BatchView, show
 from calibrate.config import split_endpoint
 from calibrate.stages import batch
 
@@ -35,5 +35,5 @@ def run(args: argparse.Namespace) -> int:
     urls: list[str] = list(args.base_url or [])
     args.base_url = split_endpoint(urls[0])[0] if urls else None  # the target: the first one
     request = request_for(args, urls, load_config(args))
-    env = env_for(out, args.progress_s, request.grace_s, request.junit_path)
+    env = BatchView(out, args.progress_s, request.grace_s, request.junit_path)
     return show(out, batch.run(request, env))

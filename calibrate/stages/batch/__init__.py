@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shlex
 import threading
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,6 @@ from calibrate.errors import (
     StageFailed,
 )
 from calibrate.gpu.selfload import SelfLoadMonitor
-from calibrate.http.client import OpenAIClient
 from calibrate.http.error_kinds import DESCRIPTORS_HINT, OutOfDescriptors
 from calibrate.stages import env as stage_env
 from calibrate.stages import export  # a module, not its names: export imports batch's shard
@@ -44,7 +43,7 @@ from calibrate.stages.batch.plan import (
     plan_batch,
 )
 from calibrate.stages.batch.pool import close_later, run_batch, stop_on_signals
-from calibrate.stages.batch.request import BatchEnv, BatchRequest, BatchSetup, prepare
+from calibrate.stages.batch.request import BatchEnv, BatchRequest, BatchSetup, QuietEnv, prepare
 from calibrate.stages.batch.result import BatchOutcome, BatchResult, summary_json
 from calibrate.stages.batch.worker import BatchControl
 from calibrate.stages.context import StageContext
@@ -59,6 +58,7 @@ __all__ = [  # the stage's public face; plans are made in plan.py, workers in wo
     "BatchPlan",
     "BatchRequest",
     "BatchSpec",
+    "QuietEnv",
     "open_batch",
     "plan_batch",
     "run",
@@ -98,47 +98,56 @@ def _opened(
     )
     ctx = stage_env.open_stage(stage, env.warn)
     try:
-        return _dispatch(request, env, setup, plan, ctx)
+        spec = setup.spec
+        # --sample tries the prompt: its outputs must not count as done for the real run
+        out_path = (
+            spec.out_path if spec.out_path and not spec.sample else ctx.run.file("sample.jsonl")
+        )
+        return _dispatch(_Batch(request, env, setup, plan, ctx, out_path))
     finally:
         ctx.run.close()  # also when refused or unreachable: no run file is left open
 
 
-def _dispatch(
-    request: BatchRequest, env: BatchEnv, setup: BatchSetup, plan: BatchPlan, ctx: StageContext
-) -> BatchOutcome:
-    spec = setup.spec
-    clients = [ctx.client, *(client_for(ctx.config, e) for e in setup.endpoints[1:])]
-    # --sample tries the prompt: its outputs must not count as done for the real run
-    out_path = spec.out_path if spec.out_path and not spec.sample else ctx.run.file("sample.jsonl")
-    env.on_plan(plan, setup.source)
+@dataclass(frozen=True)
+class _Batch:
+    """One batch under way: what was asked, how it talks, what it resolved to, its run folder,
+    and the summary's parts found on the way (``extra``: shard, endpoint check, --final)."""
+
+    request: BatchRequest
+    env: BatchEnv
+    setup: BatchSetup
+    plan: BatchPlan
+    ctx: StageContext
+    out_path: Path
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> BatchSpec:
+        return self.setup.spec
+
+
+def _dispatch(b: _Batch) -> BatchOutcome:
+    spec, ctx = b.spec, b.ctx
+    b.env.on_plan(b.plan, b.setup.source)
     long_items = length_warning(
-        ctx.ledger, ctx.target, plan.source_path, spec.prompt, shown=spec.input_path
+        ctx.ledger, ctx.target, b.plan.source_path, spec.prompt, shown=spec.input_path
     )
     if long_items:
-        env.warn(long_items)
-    extra: dict[str, Any] = {"shard": str(spec.shard) if spec.shard else None}
-    result = _send(request, env, setup, plan, ctx, clients, out_path, extra)
+        b.env.warn(long_items)
+    b.extra["shard"] = str(spec.shard) if spec.shard else None
+    result = _send(b)
     if result.stopped_by == "unreachable":
         raise ServerUnreachable(
             result.stop_detail,
             "Start it (or try the built-in one: make mock), then rerun the same command.",
         )
-    final_error = _final(request, env, plan, out_path, extra)
-    return _verdict(request, env, setup, ctx, result, extra, final_error)
+    return _verdict(b, result, _final(b))
 
 
-def _send(
-    request: BatchRequest,
-    env: BatchEnv,
-    setup: BatchSetup,
-    plan: BatchPlan,
-    ctx: StageContext,
-    clients: list[OpenAIClient],
-    out_path: Path,
-    extra: dict[str, Any],
-) -> BatchResult:
+def _send(b: _Batch) -> BatchResult:
     """The endpoints checked, then the items sent through a lane each; the run's result."""
-    endpoints = setup.endpoints
+    endpoints, ctx, env = b.setup.endpoints, b.ctx, b.env
+    clients = [ctx.client, *(client_for(ctx.config, e) for e in endpoints[1:])]
     events: list[OutageEvent] = []
     events_lock = threading.Lock()  # events come from the workers' threads
 
@@ -150,36 +159,33 @@ def _send(
 
     control = BatchControl()
     monitor = SelfLoadMonitor().start()
-    view = env.progress(plan.to_run, len(endpoints))
+    view = env.progress(b.plan.to_run, len(endpoints))
     try:
-        usable = usable_endpoints(ctx, endpoints, clients, extra, env.on_check)
+        usable = usable_endpoints(ctx, endpoints, clients, b.extra, env.on_check)
         if len(endpoints) == 1:  # no fixed-prompt check: its answers are held to one model
             watch = ServedModelWatch(
                 baseline_served_model(ctx), lambda why: control.fail("other_model", why)
             )
             control.served = watch.note
+        outage, restarter = b.request.outage, b.setup.restarter
         lanes = [
             make_lane(
-                e,
-                c,
-                request.outage,
-                restarter=setup.restarter if e is endpoints[0] else None,
-                on_event=on_event,
+                e, c, outage, restarter=restarter if e is endpoints[0] else None, on_event=on_event
             )
             for e, c in usable
         ]
         with view, stop_on_signals(control):
             return run_batch(
-                plan,
+                b.plan,
                 None,
-                out_path,
+                b.out_path,
                 lanes=lanes,
                 control=control,
                 on_progress=view.update,
                 progress_every_s=view.every_s,
                 monitor=monitor,
                 warn=env.warn,
-                outage=request.outage,
+                outage=outage,
                 events=events,
             )
     finally:
@@ -187,41 +193,31 @@ def _send(
         close_later(clients)
 
 
-def _final(
-    request: BatchRequest, env: BatchEnv, plan: BatchPlan, out_path: Path, extra: dict[str, Any]
-) -> str | None:
-    """--final written (into ``extra``); why it could not be, else None."""
-    spec = plan.spec
-    if not request.final or spec.sample:
+def _final(b: _Batch) -> str | None:
+    """--final written (said in the summary); why it could not be, else None."""
+    final_text, plan = b.request.final, b.plan
+    if not final_text or b.spec.sample:
         return None
     try:
         final = export.export_final(
-            plan.source_path, [out_path], Path(request.final), shard=spec.shard
+            plan.source_path, [b.out_path], Path(final_text), shard=b.spec.shard
         )
     except OSError as exc:  # the batch's verdict is still recorded; the export is not
-        final_error = f"--final {request.final} could not be written: {exc}"
-        paths = ("--input", plan.source_path, "--out", out_path, "--to", request.final)
+        final_error = f"--final {final_text} could not be written: {exc}"
+        paths = ("--input", plan.source_path, "--out", b.out_path, "--to", final_text)
         again = shlex.join(["calibrate", "export", *map(str, paths)])
-        env.warn(f"{final_error}; write it later with: {again}")
-        extra["final_error"] = final_error
+        b.env.warn(f"{final_error}; write it later with: {again}")
+        b.extra["final_error"] = final_error
         return final_error
-    env.on_export(final)
-    extra["final"] = final.to_json()
+    b.env.on_export(final)
+    b.extra["final"] = final.to_json()
     return None
 
 
-def _verdict(
-    request: BatchRequest,
-    env: BatchEnv,
-    setup: BatchSetup,
-    ctx: StageContext,
-    result: BatchResult,
-    extra: dict[str, Any],
-    final_error: str | None,
-) -> BatchOutcome:
+def _verdict(b: _Batch, result: BatchResult, final_error: str | None) -> BatchOutcome:
     """Passed or not, recorded in the ledger (and --junit); the outcome to show."""
-    spec = setup.spec
-    summary = {**summary_json(result, spec.concurrency, setup.source), **extra}
+    spec, ctx = b.spec, b.ctx
+    summary = {**summary_json(result, spec.concurrency, b.setup.source), **b.extra}
     checks = shape_checks(result.shapes, max_chars=spec.max_chars, expect=spec.expect)
     shown = tuple(checks) if spec.sample else ()
     if spec.sample:
@@ -232,27 +228,25 @@ def _verdict(
     passed = result.ok == result.to_run and result.stopped_by is None and final_error is None
     if spec.sample:
         passed = passed and all(c.passed for c in checks)
-    resume = shown_command(["calibrate", *request.argv])  # no password in it
+    resume = shown_command(["calibrate", *b.request.argv])  # no password in it
     outcome = BatchOutcome(result, spec, shown, resume, None, None, ExitCode.FAILED)
     try:
         ctx.record_result(passed, summary)
         ctx.run.close()
-        if env.junit is not None:
-            env.junit(ctx.run, ctx.target, result, shown)
+        b.env.write_junit(ctx.run, ctx.target, result, shown)
     except OSError as exc:
         unrecorded = StageFailed(
             f"the batch ran, but its report could not be written: {exc}",
-            f"The results are in {result.out_path} ({result.ok} ok, {result.failed} failed); "
+            f"The results are in {b.out_path} ({result.ok} ok, {result.failed} failed); "
             "fix the path and rerun to record the verdict.",
         )
         unrecorded.__cause__ = exc
         return replace(outcome, error=unrecorded)
     report = {"passed": passed, "run_id": ctx.run.run_id, "resume_command": resume, **summary}
-    error = _stopped(result, spec, resume)
     code = (
         ExitCode.INTERRUPTED if result.interrupted else ExitCode.OK if passed else ExitCode.FAILED
     )
-    return replace(outcome, report=report, error=error, exit_code=code)
+    return replace(outcome, report=report, error=_stopped(result, spec, resume), exit_code=code)
 
 
 def _stopped(result: BatchResult, spec: BatchSpec, resume: str) -> CalibrateError | None:

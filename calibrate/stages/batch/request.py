@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -82,38 +82,63 @@ class ProgressSink(Protocol):
     ) -> None: ...
 
 
-class QuietProgress:
-    """A ``ProgressSink`` that shows nothing."""
+class BatchEnv(Protocol):
+    """How a batch tells its user what happens: every line it shows goes through one of these."""
 
-    every_s = 5.0
+    def warn(self, text: str) -> None: ...
+
+    def on_plan(self, plan: BatchPlan, source: str) -> None:
+        """The plan, before anything is sent; ``source``: where the concurrency came from."""
+
+    def on_check(self, check: EndpointCheck) -> None:
+        """Several endpoints: what the fixed prompt said on each."""
+
+    def on_export(self, final: export.ExportResult) -> None:
+        """--final was written."""
+
+    def progress(self, to_run: int, endpoints: int) -> ProgressSink:
+        """What receives the progress while the items run."""
+        ...
+
+    def write_junit(
+        self, run: RunDir, target: str, result: BatchResult, checks: Sequence[ShapeCheck]
+    ) -> None:
+        """--junit, if asked for: written before the verdict is shown (an OSError is exit 1)."""
+
+
+class QuietEnv:
+    """A ``BatchEnv`` that shows nothing but its warnings, in the log."""
+
+    every_s = 5.0  # also its own ``ProgressSink``
+
+    def warn(self, text: str) -> None:
+        log.warning("%s", text)
+
+    def on_plan(self, plan: BatchPlan, source: str) -> None:
+        return None
+
+    def on_check(self, check: EndpointCheck) -> None:
+        return None
+
+    def on_export(self, final: export.ExportResult) -> None:
+        return None
+
+    def progress(self, to_run: int, endpoints: int) -> QuietEnv:
+        return self
 
     def update(self, p: BatchProgress) -> None:
         return None
 
-    def __enter__(self) -> QuietProgress:
+    def write_junit(
+        self, run: RunDir, target: str, result: BatchResult, checks: Sequence[ShapeCheck]
+    ) -> None:
+        return None
+
+    def __enter__(self) -> QuietEnv:
         return self
 
     def __exit__(self, *exc: object) -> None:
         return None
-
-
-def _quiet(*what: object) -> None:
-    return None
-
-
-JUnitWriter = Callable[[RunDir, str, BatchResult, Sequence[ShapeCheck]], None]
-
-
-@dataclass(frozen=True)
-class BatchEnv:
-    """How a batch tells its user what happens: every line goes through one of these."""
-
-    warn: Callable[[str], None] = log.warning
-    on_plan: Callable[[BatchPlan, str], None] = _quiet  # the plan, where -c came from
-    on_check: Callable[[EndpointCheck], None] = _quiet  # several endpoints: the fixed prompt
-    on_export: Callable[[export.ExportResult], None] = _quiet  # --final written
-    progress: Callable[[int, int], ProgressSink] = lambda to_run, endpoints: QuietProgress()
-    junit: JUnitWriter | None = None  # --junit: (run, target, result, sample checks)
 
 
 @dataclass(frozen=True)
