@@ -25,7 +25,6 @@ from calibrate.errors import (
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.error_kinds import DESCRIPTORS_HINT, OutOfDescriptors
 from calibrate.stages import env as stage_env
-from calibrate.stages import export  # a module, not its names: export imports batch's shard
 from calibrate.stages.batch.endpoints import (
     ServedModelWatch,
     baseline_served_model,
@@ -47,6 +46,7 @@ from calibrate.stages.batch.request import BatchEnv, BatchRequest, BatchSetup, Q
 from calibrate.stages.batch.result import BatchOutcome, BatchResult, summary_json
 from calibrate.stages.batch.worker import BatchControl
 from calibrate.stages.context import StageContext
+from calibrate.stages.export import export_final
 from calibrate.stages.measure.format_check import shape_checks
 
 __all__ = [  # the stage's public face; plans are made in plan.py, workers in worker.py
@@ -199,9 +199,7 @@ def _final(b: _Batch) -> str | None:
     if not final_text or b.spec.sample:
         return None
     try:
-        final = export.export_final(
-            plan.source_path, [b.out_path], Path(final_text), shard=b.spec.shard
-        )
+        final = export_final(plan.source_path, [b.out_path], Path(final_text), shard=b.spec.shard)
     except OSError as exc:  # the batch's verdict is still recorded; the export is not
         final_error = f"--final {final_text} could not be written: {exc}"
         paths = ("--input", plan.source_path, "--out", b.out_path, "--to", final_text)

@@ -22,10 +22,10 @@ from calibrate.io.resume import (
     repair_tail,
     scan_output,
 )
+from calibrate.io.shard import Shard
 from calibrate.io.store import ExclusiveLock, JsonlWriter
 from calibrate.io.tasks import InputIndex, ItemId, index_input, read_tasks, readable_twice
 from calibrate.load.retry import RetryPolicy
-from calibrate.stages.batch.shard import Shard
 from calibrate.stages.measure.format_check import Expect
 from calibrate.state.ledger import Ledger
 from calibrate.state.setting import verified_input

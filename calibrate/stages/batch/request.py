@@ -18,16 +18,16 @@ from typing import Protocol
 from calibrate.config import Config
 from calibrate.errors import UsageError
 from calibrate.io.output_paths import Named, check_outputs, stage_files
+from calibrate.io.shard import Shard
 from calibrate.io.store import RunDir
 from calibrate.load.retry import RetryPolicy
-from calibrate.stages import export  # a module, not its names: export imports batch's shard
 from calibrate.stages.batch.endpoints import EndpointCheck, endpoints_for
 from calibrate.stages.batch.lanes import ManagedRestart
 from calibrate.stages.batch.outage import OutagePolicy
 from calibrate.stages.batch.plan import MAX_CONCURRENCY, BatchPlan, BatchSpec, lock_path
 from calibrate.stages.batch.result import BatchProgress, BatchResult
-from calibrate.stages.batch.shard import Shard
 from calibrate.stages.context import sampling_params
+from calibrate.stages.export import ExportResult, check_export, failed_path_for
 from calibrate.stages.measure.format_check import Expect, ShapeCheck
 from calibrate.state.ledger import Ledger
 from calibrate.state.setting import Endpoint
@@ -93,7 +93,7 @@ class BatchEnv(Protocol):
     def on_check(self, check: EndpointCheck) -> None:
         """Several endpoints: what the fixed prompt said on each."""
 
-    def on_export(self, final: export.ExportResult) -> None:
+    def on_export(self, final: ExportResult) -> None:
         """--final was written."""
 
     def progress(self, to_run: int, endpoints: int) -> ProgressSink:
@@ -120,7 +120,7 @@ class QuietEnv:
     def on_check(self, check: EndpointCheck) -> None:
         return None
 
-    def on_export(self, final: export.ExportResult) -> None:
+    def on_export(self, final: ExportResult) -> None:
         return None
 
     def progress(self, to_run: int, endpoints: int) -> QuietEnv:
@@ -156,7 +156,8 @@ def prepare(request: BatchRequest) -> BatchSetup:
     cfg = request.config
     ledger = Ledger(cfg.runs_dir)
     endpoints = endpoints_for(cfg, request.urls, request.concurrency, ledger, MAX_CONCURRENCY)
-    check_batch(cfg, ledger, endpoints)  # the setting's weights, before anything
+    # the setting's weights, before anything (its own reader: a bad line is warned of again)
+    check_batch(cfg, Ledger(cfg.runs_dir), endpoints)
     concurrency = sum(e.concurrency for e in endpoints)
     if concurrency > MAX_CONCURRENCY:
         raise UsageError(
@@ -214,11 +215,11 @@ def check_paths(request: BatchRequest) -> None:
     writes: list[Named] = [
         ("--out", out),
         ("--final", final),
-        ("the failed list of --final", export.failed_path_for(final) if final else None),
+        ("the failed list of --final", failed_path_for(final) if final else None),
         ("--junit", request.junit_path),
     ]
     if final is not None:
-        export.check_export(final, None, "--final")  # its format
+        check_export(final, None, "--final")  # its format
         check_writable(final, "--final")
     check_outputs(writes, reads)
 

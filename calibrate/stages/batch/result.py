@@ -119,7 +119,7 @@ class BatchOutcome:
 
 
 class Tally:
-    """The run's counters. Only the journal thread changes them (batch_journal.py), each item
+    """The run's counters. Only the journal thread changes them (journal.py), each item
     after its line was written, so they need no lock; progress reads them as they are."""
 
     def __init__(self, *, sample: bool, expect: Expect, max_chars: int | None) -> None:
