@@ -24,7 +24,6 @@ from calibrate.errors import (
 )
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.error_kinds import DESCRIPTORS_HINT, OutOfDescriptors
-from calibrate.stages import env as stage_env
 from calibrate.stages.batch.endpoints import (
     ServedModelWatch,
     baseline_served_model,
@@ -46,6 +45,7 @@ from calibrate.stages.batch.request import BatchEnv, BatchRequest, BatchSetup, Q
 from calibrate.stages.batch.result import BatchOutcome, BatchResult, summary_json
 from calibrate.stages.batch.worker import BatchControl
 from calibrate.stages.context import StageContext
+from calibrate.stages.env import StageRequest, open_stage
 from calibrate.stages.export import export_final
 from calibrate.stages.measure.format_check import shape_checks
 
@@ -67,7 +67,11 @@ __all__ = [  # the stage's public face; plans are made in plan.py, workers in wo
 
 
 def run(request: BatchRequest, env: BatchEnv) -> BatchOutcome:
-    """Run one batch as ``request`` asks; raise (exit 2) on a problem found before sending."""
+    """Run one batch as ``request`` asks; its outcome says how it ended.
+
+    Raises what ends it before there is a summary to show: a usage or input problem (exit 2,
+    nothing sent), refused endpoints (exit 1), no server at all (exit 4).
+    """
     setup = prepare(request)
     try:
         # exit 2 on bad input, a busy or unwritable --out: before anything is sent
@@ -88,7 +92,7 @@ def _opened(
             f"concurrency {setup.spec.concurrency} is not calibrated (nothing pinned for this "
             "target); run calibrate sweep and calibrate pin, or pass -c"
         )
-    stage = stage_env.StageRequest(
+    stage = StageRequest(
         "batch",
         request.config,
         request.argv,
@@ -96,7 +100,7 @@ def _opened(
         junit=request.junit_path,
         max_connections=min(setup.endpoints[0].concurrency, max(plan.to_run, 1)),
     )
-    ctx = stage_env.open_stage(stage, env.warn)
+    ctx = open_stage(stage, env.warn)
     try:
         spec = setup.spec
         # --sample tries the prompt: its outputs must not count as done for the real run
@@ -127,6 +131,7 @@ class _Batch:
 
 
 def _dispatch(b: _Batch) -> BatchOutcome:
+    """The plan said, the items sent, --final written, the verdict recorded."""
     spec, ctx = b.spec, b.ctx
     b.env.on_plan(b.plan, b.setup.source)
     long_items = length_warning(
