@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from calibrate.io.shard import Shard, shard_of
 from calibrate.io.store import dumps_line
 from calibrate.stages import export_formats
-from calibrate.stages.batch.shard import Shard, shard_of
 from calibrate.stages.export import export_final
 from tests.batch_helpers import assert_valid_jsonl, write_tasks
 from tests.conftest import write_config

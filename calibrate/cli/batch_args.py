@@ -1,21 +1,20 @@
-"""The flags of ``calibrate batch`` and their bounds (SPEC §11: every size and count bounded)."""
+"""The flags of ``calibrate batch``, their bounds (SPEC §11: every size and count bounded), and
+the request they make."""
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 from calibrate.cli.common import add_command, add_junit
 from calibrate.config import Config
 from calibrate.errors import UsageError
-from calibrate.io.output_paths import Named, check_outputs, stage_files
-from calibrate.stages.batch import MAX_CONCURRENCY
-from calibrate.stages.batch.outage import DEFAULT_OUTAGE_AFTER, DEFAULT_OUTAGE_S
-from calibrate.stages.batch.plan import lock_path
-from calibrate.stages.export import check_export, failed_path_for
+from calibrate.load.retry import RetryPolicy
+from calibrate.stages.batch import MAX_CONCURRENCY, BatchRequest
+from calibrate.stages.batch.outage import DEFAULT_OUTAGE_AFTER, DEFAULT_OUTAGE_S, OutagePolicy
+from calibrate.stages.batch.request import check_writable
 
 MAX_RETRIES = 100
 MAX_WAIT_S = 3600.0
@@ -171,40 +170,30 @@ def _out_of_range(flag: str, value: float, low: float, high: float) -> str:
     return f"{flag} must be ≥ {low:g}" + (f" and ≤ {high:g}" if math.isfinite(high) else "")
 
 
-def check_writable(path: Path, flag: str) -> None:
-    """A file can be written at ``path`` (checked before anything is sent)."""
-    if path.is_dir():
-        raise UsageError(
-            f"{flag} {path} is a folder", f"Give a file path, e.g. {path / 'batch.xml'}"
-        )
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent  # the report writer creates missing folders below this one
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(
-            f"cannot write {flag} {path}: {folder} is not a writable folder",
-            "Choose a writable place for it; nothing was sent.",
-        )
-
-
-def check_paths(args: argparse.Namespace, cfg: Config) -> None:
-    """No file the batch writes (--out, --final and its failed list, --junit) is one it reads
-    or journals (--input, the lock, the ledger, the config…) or another of them: exit 2
-    before anything is sent."""
-    out = Path(args.out) if args.out else None
-    final = Path(args.final) if args.final else None
-    reads: list[Named] = [
-        ("--input", Path(args.input)),
-        ("the lock of --out", lock_path(out) if out else None),
-        *stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source),
-    ]
-    writes: list[Named] = [
-        ("--out", out),
-        ("--final", final),
-        ("the failed list of --final", failed_path_for(final) if final else None),
-        ("--junit", Path(args.junit) if getattr(args, "junit", None) else None),
-    ]
-    if final is not None:
-        check_export(final, None, "--final")  # its format
-        check_writable(final, "--final")
-    check_outputs(writes, reads)
+def request_for(args: argparse.Namespace, urls: list[str], cfg: Config) -> BatchRequest:
+    """The batch the flags ask for, under ``cfg`` (resolved with the first URL as the target)."""
+    junit = getattr(args, "junit", None)
+    return BatchRequest(
+        config=cfg,
+        input_path=Path(args.input),
+        out_path=Path(args.out) if args.out else None,
+        urls=tuple(urls),
+        concurrency=args.concurrency,
+        final=args.final,
+        junit_path=Path(junit) if junit else None,
+        argv=tuple(getattr(args, "argv", [])),
+        prompt=args.prompt,
+        retry=RetryPolicy(retries=args.retries, base_s=args.backoff_s),
+        outage=OutagePolicy(after=args.outage_after, limit_s=args.outage_s),
+        restart=args.restart,
+        grace_s=args.grace_s,
+        fsync=args.fsync,
+        sample=args.sample,
+        limit=args.limit,
+        max_chars=args.max_chars,
+        expect=args.expect,
+        allow_foreign=args.allow_foreign,
+        shard=args.shard,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+    )

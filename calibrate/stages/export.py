@@ -22,9 +22,9 @@ from typing import Any, BinaryIO
 from calibrate.errors import InputError
 from calibrate.io.output_paths import Named, check_outputs
 from calibrate.io.resume import RESULT_LINE
+from calibrate.io.shard import Shard
 from calibrate.io.store import encode_line, remove_stale_temps
 from calibrate.io.tasks import ItemId, index_input, read_tasks
-from calibrate.stages.batch.shard import Shard
 from calibrate.stages.export_formats import Format, JsonlFinal, format_of, open_final
 
 BLOCK_BYTES = 8 * 1024 * 1024

@@ -1,8 +1,10 @@
-"""How a batch shows itself: a live progress bar on a terminal, plain lines elsewhere; the summary."""
+"""How a batch shows itself: a live progress bar on a terminal, plain lines elsewhere; the plan,
+the endpoint check and the summary; its JUnit report."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from types import TracebackType
 
 from rich.progress import (
@@ -15,14 +17,122 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from calibrate.cli.common import Output
-from calibrate.stages.batch import BatchSpec
+from calibrate.cli.common import Output, junit_suite
+from calibrate.cli.export import say_export
+from calibrate.io.store import RunDir
+from calibrate.stages.batch import BatchOutcome, BatchPlan, BatchSpec
 from calibrate.stages.batch.endpoints import EndpointCheck
 from calibrate.stages.batch.result import BatchProgress, BatchResult
+from calibrate.stages.export import ExportResult
 from calibrate.stages.measure.format_check import ShapeCheck
 
 TTY_REFRESH_S = 0.25
 OUTAGE_EVERY_S = 5.0  # how often "server unreachable for N s" is repeated
+
+
+class BatchView:
+    """The ``BatchEnv`` of ``calibrate batch``: what the batch says, shown on ``out``."""
+
+    def __init__(self, out: Output, progress_s: float, grace_s: float, junit: Path | None) -> None:
+        self.out = out
+        self.progress_s = progress_s
+        self.grace_s = grace_s
+        self.junit = junit
+
+    def warn(self, text: str) -> None:
+        self.out.warn(text)
+
+    def on_plan(self, plan: BatchPlan, source: str) -> None:
+        """What the batch will do, before anything is sent; what the resume scan found."""
+        spec, scan = plan.spec, plan.scan
+        what = f"sample of {plan.to_run}" if spec.sample else f"{plan.to_run} to run"
+        shard = f" (shard {spec.shard})" if spec.shard else ""
+        self.out.say(
+            f"batch{shard}: {plan.total} total, {plan.skipped} already done, {what} "
+            f"(concurrency {spec.concurrency} from {source}, retries {spec.retry.retries})"
+        )
+        if scan is not None and scan.retry:
+            self.out.say(f"retrying {scan.retry} item(s) that failed in an earlier run")
+        if scan is not None and scan.torn_tail:
+            self.out.warn(
+                f"the last line of {spec.out_path} was torn (a crash mid-write); it was cut "
+                "off and its item runs again"
+            )
+        if scan is not None and scan.unreadable:
+            self.out.warn(f"{scan.unreadable} unreadable line(s) in {spec.out_path} skipped")
+        if scan is not None and scan.foreign:
+            self.out.warn(
+                f"{scan.foreign} line(s) in {spec.out_path} are not items of {spec.input_path} "
+                "(kept, --allow-foreign)"
+            )
+
+    def on_check(self, check: EndpointCheck) -> None:
+        """What the fixed prompt said on each endpoint before the run."""
+        if not check.baseline:
+            self.out.warn(
+                "no baseline (baselines/single.jsonl): the endpoints were not compared with it; "
+                "run calibrate single first to check they serve the same weights"
+            )
+        for endpoint, why in check.benched:
+            self.out.warn(
+                f"{endpoint.label}: benched, it did not answer the fixed prompt ({why}); "
+                "the other endpoints take its share"
+            )
+        for endpoint, comparison in check.differing:
+            self.out.fail(
+                f"{endpoint.label}: differs from the baseline in {', '.join(comparison.differing)}"
+            )
+            for line in comparison.diff[:40]:
+                self.out.say(f"  {line}")
+        if check.baseline:
+            for endpoint in check.usable:
+                self.out.ok(f"{endpoint.label}: fixed prompt matches the baseline")
+
+    def on_export(self, final: ExportResult) -> None:
+        say_export(self.out, final)
+
+    def progress(self, to_run: int, endpoints: int) -> ProgressView:
+        return ProgressView(self.out, to_run, self.progress_s, self.grace_s, endpoints)
+
+    def write_junit(
+        self, run: RunDir, target: str, result: BatchResult, checks: Sequence[ShapeCheck]
+    ) -> None:
+        """--junit: one case for the items, one per failure kind, one per sample check."""
+        if self.junit is None:
+            return
+        suite = junit_suite("batch", run, target)
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(result.failed_by_kind.items()))
+        suite.check(
+            "all items ok",
+            result.failed == 0 and not result.interrupted,
+            f"{result.failed} of {result.finished} items failed ({kinds}); {result.remaining} remaining"
+            if result.failed
+            else "interrupted before the end",
+            kind=",".join(sorted(result.failed_by_kind)) or "interrupted",
+            time_s=result.seconds,
+        )
+        for kind, count in sorted(result.failed_by_kind.items()):
+            ids = [repr(f["id"]) for f in result.failures if f["kind"] == kind]
+            message = next((f["message"] for f in result.failures if f["kind"] == kind), "")
+            suite.check(
+                f"items failed: {kind}",
+                False,
+                f"{count} item(s) failed with {kind}: {message} (e.g. {', '.join(ids)})",
+                kind=kind,
+            )
+        for check in checks:
+            suite.check(f"sample: {check.name}", check.passed, check.detail, kind="format")
+        suite.write(self.junit)
+
+
+def show(out: Output, outcome: BatchOutcome) -> int:
+    """The summary and the --json payload; raise the outcome's error, else its exit code."""
+    render_summary(out, outcome.result, outcome.spec, outcome.checks, outcome.resume)
+    if outcome.report is not None:
+        out.result(outcome.report)
+    if outcome.error is not None:
+        raise outcome.error
+    return outcome.exit_code
 
 
 class ProgressView:
@@ -104,29 +214,6 @@ class ProgressView:
     @property
     def _several(self) -> bool:
         return self.endpoints > 1
-
-
-def say_check(out: Output, check: EndpointCheck) -> None:
-    """What the fixed prompt said on each endpoint before the run."""
-    if not check.baseline:
-        out.warn(
-            "no baseline (baselines/single.jsonl): the endpoints were not compared with it; "
-            "run calibrate single first to check they serve the same weights"
-        )
-    for endpoint, why in check.benched:
-        out.warn(
-            f"{endpoint.label}: benched, it did not answer the fixed prompt ({why}); "
-            "the other endpoints take its share"
-        )
-    for endpoint, comparison in check.differing:
-        out.fail(
-            f"{endpoint.label}: differs from the baseline in {', '.join(comparison.differing)}"
-        )
-        for line in comparison.diff[:40]:
-            out.say(f"  {line}")
-    if check.baseline:
-        for endpoint in check.usable:
-            out.ok(f"{endpoint.label}: fixed prompt matches the baseline")
 
 
 def render_summary(

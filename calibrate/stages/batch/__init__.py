@@ -1,233 +1,269 @@
 """Stage F: the production run — tasks JSONL → results JSONL, concurrent and resumable (SPEC §5.9).
 
-``open_batch`` (batch_plan.py) decides and prepares everything before anything is sent.
-``run_batch`` runs a fixed pool of worker threads — each endpoint's concurrency (never more
-than items) — fed from the streamed input by one feeder thread (batch_queue.py), so at most
-that many requests are in flight and memory does not grow with the file. An endpoint in an
-outage pauses and its items go back to the queue (batch_outage.py). Each finished item is one
-line, appended and flushed by the one journal thread before it is counted (batch_journal.py):
-a kill -9 at any moment loses only the requests in flight and the lines not yet written.
-Nothing on the per-item path takes a lock that every worker contends for.
+``run(request, env)`` is the whole stage: the request resolved and checked (request.py), the
+input validated and --out locked (``open_batch``, plan.py), the endpoints checked
+(endpoints.py), the items sent by the worker pool (``run_batch``, pool.py), --final exported,
+the verdict recorded in the ledger. It returns a ``BatchOutcome``; the command shows it.
+Everything the user sees on the way goes through ``env`` (request.py).
 """
 
 from __future__ import annotations
 
-import logging
+import shlex
 import threading
-import time
-from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
+from calibrate.engines.redaction import shown_command
+from calibrate.errors import (
+    CalibrateError,
+    ExitCode,
+    ServerUnreachable,
+    StageFailed,
+)
 from calibrate.gpu.selfload import SelfLoadMonitor
-from calibrate.http.client import OpenAIClient
-from calibrate.io.resume import repair_tail
-from calibrate.io.store import JsonlWriter
-from calibrate.stages.batch.journal import MAX_PENDING, MIN_PENDING, Journal
-from calibrate.stages.batch.lanes import Lane, make_lane, report
-from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
+from calibrate.http.error_kinds import DESCRIPTORS_HINT, OutOfDescriptors
+from calibrate.stages.batch.endpoints import (
+    ServedModelWatch,
+    baseline_served_model,
+    usable_endpoints,
+)
+from calibrate.stages.batch.lanes import client_for, make_lane
+from calibrate.stages.batch.outage import OutageEvent
 from calibrate.stages.batch.plan import (
     DEFAULT_CONCURRENCY,
     MAX_CONCURRENCY,
     BatchPlan,
     BatchSpec,
+    length_warning,
     open_batch,
     plan_batch,
 )
-from calibrate.stages.batch.queue import WorkQueue
-from calibrate.stages.batch.result import BatchProgress, BatchResult, Tally
-from calibrate.stages.batch.worker import (
-    BatchControl,
-    ReachabilityGuard,
-    Slot,
-    in_flight,
-    work,
-)
-from calibrate.state.setting import Endpoint
+from calibrate.stages.batch.pool import close_later, run_batch, stop_on_signals
+from calibrate.stages.batch.request import BatchEnv, BatchRequest, BatchSetup, QuietEnv, prepare
+from calibrate.stages.batch.result import BatchOutcome, BatchResult, summary_json
+from calibrate.stages.batch.worker import BatchControl
+from calibrate.stages.context import StageContext
+from calibrate.stages.env import StageRequest, open_stage
+from calibrate.stages.export import export_final
+from calibrate.stages.measure.format_check import shape_checks
 
-__all__ = [  # the stage's public face; plans are made in batch_plan, workers in batch_worker
+__all__ = [  # the stage's public face; plans are made in plan.py, workers in worker.py
     "DEFAULT_CONCURRENCY",
     "MAX_CONCURRENCY",
     "BatchControl",
+    "BatchEnv",
+    "BatchOutcome",
     "BatchPlan",
+    "BatchRequest",
     "BatchSpec",
+    "QuietEnv",
     "open_batch",
     "plan_batch",
+    "run",
     "run_batch",
 ]
 
-log = logging.getLogger("calibrate")
 
+def run(request: BatchRequest, env: BatchEnv) -> BatchOutcome:
+    """Run one batch as ``request`` asks; its outcome says how it ended.
 
-def run_batch(
-    plan: BatchPlan,
-    client: OpenAIClient | None,
-    out_path: Path,
-    *,
-    lanes: Sequence[Lane] = (),
-    control: BatchControl | None = None,
-    on_progress: Callable[[BatchProgress], None] | None = None,
-    progress_every_s: float = 5.0,
-    monitor: SelfLoadMonitor | None = None,
-    warn: Callable[[str], None] | None = None,
-    outage: OutagePolicy | None = None,
-    events: list[OutageEvent] | None = None,
-    clock: Callable[[], float] = time.perf_counter,
-) -> BatchResult:
-    """Send the plan's items through the lanes' workers; one line per item.
-
-    Without ``lanes``, one lane of ``spec.concurrency`` slots on ``client``. ``events`` collects
-    the outage events (the caller's list, also written to outages.jsonl by its ``on_event``).
+    Raises what ends it before there is a summary to show: a usage or input problem (exit 2,
+    nothing sent), refused endpoints (exit 1), no server at all (exit 4).
     """
-    spec = plan.spec
-    control = control or BatchControl()
-    outage = outage or OutagePolicy()
-    events = events if events is not None else []
-    if not lanes:
-        assert client is not None, "run_batch needs a client or lanes"
-        endpoint = Endpoint(getattr(client, "base_url", ""), spec.concurrency, "spec")  # fakes too
-        lanes = (make_lane(endpoint, client, outage, on_event=events.append),)
-    writer = plan.writer
-    if writer is None:  # a plan from plan_batch (--sample, or a caller that holds no lock)
-        if plan.scan is not None:
-            repair_tail(plan.scan)
-        writer = JsonlWriter(out_path, fsync=spec.fsync)
-    counts = [(lane, min(lane.concurrency, max(plan.to_run, 1))) for lane in lanes]
-    total_workers = sum(n for _, n in counts)
-    tally = Tally(sample=bool(spec.sample), expect=spec.expect, max_chars=spec.max_chars)
-    journal = Journal(  # lines not yet written: at most about one per worker (or 256)
-        writer,
-        tally,
-        on_write_error=lambda detail: control.fail("write_error", detail),
-        max_pending=min(max(total_workers, MIN_PENDING), MAX_PENDING),
-    )
-    queue = WorkQueue(plan, total_workers)
-    guard = ReachabilityGuard(
-        total_workers, on_unreachable=lambda detail: control.fail("unreachable", detail)
-    )
-    slots: list[Slot] = []
-    workers: list[threading.Thread] = []
-    for i, (lane, count) in enumerate(counts):
-        for n in range(count):
-            slots.append(slot := Slot())
-            worker = threading.Thread(
-                target=_lane_worker,
-                args=(lane, lanes, queue, spec, journal, control, guard, slot),
-                name=f"batch-{i}-{n}",
-                daemon=True,  # only matters when abandoned: a stuck request must not block exit
-            )
-            workers.append(worker)
-    start = clock()
-    last_report = start
-    told_stop = False
-
-    def tick(force: bool = False) -> None:
-        nonlocal last_report, told_stop
-        now = clock()
-        if monitor is not None and warn is not None and (text := monitor.poll_warning()):
-            warn(text)
-        if control.interrupted and not told_stop:
-            told_stop = force = True  # say at once that we are stopping
-        if on_progress is None or (not force and now - last_report < progress_every_s):
-            return
-        last_report = now
-        down = tuple(
-            (lane.label, s) for lane in lanes if (s := lane.breaker.down_for_s()) is not None
-        )
-        ok, failed = tally.ok, tally.failed  # read, not locked: the journal thread counts
-        snapshot = BatchProgress(
-            plan.to_run,
-            ok + failed,
-            ok,
-            failed,
-            in_flight(slots),
-            now - start,
-            control.interrupted,
-            down,
-            outage.limit_s,
-        )
-        on_progress(snapshot)
-
+    setup = prepare(request)
     try:
-        queue.start()
-        for worker in workers:
-            worker.start()
-        abandoned = _wait(workers, queue, control, spec.grace_s, tick, clock)
-    finally:
-        queue.close()
-        journal.close()  # writes every line queued (all of them, unless workers were abandoned)
-        queue.join()
-    tick(force=True)
-    elapsed = clock() - start
-    reports = tuple(
-        report(lane, tally.done_at[lane.label], tally.failed_at[lane.label], elapsed)
-        for lane in lanes
-    )
-    return BatchResult(
-        total=plan.total,
-        skipped=plan.skipped,
-        to_run=plan.to_run,
-        ok=tally.ok,
-        failed_by_kind=dict(tally.kinds),
-        interrupted=control.interrupted,
-        abandoned=abandoned,
-        stopped_by=control.reason,
-        stop_detail=control.detail or queue.error,
-        seconds=elapsed,
-        output_tokens=tally.output_tokens,
-        retried_items=tally.retried,
-        attempts=tally.attempts,
-        failures=tuple(tally.failures),
-        preamble=(tally.preamble_n, tuple(tally.preamble)),
-        too_long=(tally.too_long_n, tuple(tally.too_long)),
-        shapes=tuple(tally.shapes),
-        selfload=monitor.report() if monitor is not None else None,
-        out_path=out_path,
-        endpoints=reports,
-        outage_events=tuple(events),
-    )
+        # exit 2 on bad input, a busy or unwritable --out: before anything is sent
+        with open_batch(setup.spec) as plan:
+            return _opened(request, env, setup, plan)
+    except MemoryError as exc:  # e.g. an absurd input line: end cleanly, never spin
+        raise StageFailed(
+            "ran out of memory; what completed is in --out",
+            "Rerun with a lower -c, or on a machine with more memory; finished items are kept.",
+        ) from exc
 
 
-def _lane_worker(
-    lane: Lane,
-    lanes: Sequence[Lane],
-    queue: WorkQueue,
-    spec: BatchSpec,
-    journal: Journal,
-    control: BatchControl,
-    guard: ReachabilityGuard,
-    slot: Slot,
-) -> None:
-    """One slot of ``lane``; when its endpoint was given up and no endpoint is left, stop."""
-    work(lane, queue, spec, journal, control, guard, slot)
-    if lane.breaker.state == "gone" and all(other.breaker.state == "gone" for other in lanes):
-        total_s = max(other.breaker.down_total_s for other in lanes)
-        control.fail(
-            "outage",
-            f"no server answered for {total_s:.0f} s (--outage-s "
-            f"{lane.breaker.policy.limit_s:g}); items that never got an answer are "
-            "not marked failed",
+def _opened(
+    request: BatchRequest, env: BatchEnv, setup: BatchSetup, plan: BatchPlan
+) -> BatchOutcome:
+    if setup.source == "default":
+        env.warn(
+            f"concurrency {setup.spec.concurrency} is not calibrated (nothing pinned for this "
+            "target); run calibrate sweep and calibrate pin, or pass -c"
         )
+    stage = StageRequest(
+        "batch",
+        request.config,
+        request.argv,
+        gate=False,
+        junit=request.junit_path,
+        max_connections=min(setup.endpoints[0].concurrency, max(plan.to_run, 1)),
+    )
+    ctx = open_stage(stage, env.warn)
+    try:
+        spec = setup.spec
+        # --sample tries the prompt: its outputs must not count as done for the real run
+        out_path = (
+            spec.out_path if spec.out_path and not spec.sample else ctx.run.file("sample.jsonl")
+        )
+        return _dispatch(_Batch(request, env, setup, plan, ctx, out_path))
+    finally:
+        ctx.run.close()  # also when refused or unreachable: no run file is left open
 
 
-def _wait(
-    workers: list[threading.Thread],
-    source: WorkQueue,
-    control: BatchControl,
-    grace_s: float,
-    tick: Callable[[], None],
-    clock: Callable[[], float],
-) -> int:
-    """Wait for the workers (a grace period once stopping); return how many were abandoned."""
-    deadline: float | None = None
-    while True:
-        if control.stop.is_set() and deadline is None:
-            deadline = clock() + grace_s
-            source.close()
-        alive = [w for w in workers if w.is_alive()]
-        if not alive:
-            return 0
-        if control.abandon.is_set() or (deadline is not None and clock() >= deadline):
-            log.warning("abandoning %d item(s) still in flight", len(alive))
-            return len(alive)
-        alive[0].join(0.2)  # also how soon a Ctrl-C or a progress line is noticed
-        tick()
+@dataclass(frozen=True)
+class _Batch:
+    """One batch under way: what was asked, how it talks, what it resolved to, its run folder,
+    and the summary's parts found on the way (``extra``: shard, endpoint check, --final)."""
+
+    request: BatchRequest
+    env: BatchEnv
+    setup: BatchSetup
+    plan: BatchPlan
+    ctx: StageContext
+    out_path: Path
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> BatchSpec:
+        return self.setup.spec
+
+
+def _dispatch(b: _Batch) -> BatchOutcome:
+    """The plan said, the items sent, --final written, the verdict recorded."""
+    spec, ctx = b.spec, b.ctx
+    b.env.on_plan(b.plan, b.setup.source)
+    long_items = length_warning(
+        ctx.ledger, ctx.target, b.plan.source_path, spec.prompt, shown=spec.input_path
+    )
+    if long_items:
+        b.env.warn(long_items)
+    b.extra["shard"] = str(spec.shard) if spec.shard else None
+    result = _send(b)
+    if result.stopped_by == "unreachable":
+        raise ServerUnreachable(
+            result.stop_detail,
+            "Start it (or try the built-in one: make mock), then rerun the same command.",
+        )
+    return _verdict(b, result, _final(b))
+
+
+def _send(b: _Batch) -> BatchResult:
+    """The endpoints checked, then the items sent through a lane each; the run's result."""
+    endpoints, ctx, env = b.setup.endpoints, b.ctx, b.env
+    clients = [ctx.client, *(client_for(ctx.config, e) for e in endpoints[1:])]
+    events: list[OutageEvent] = []
+    events_lock = threading.Lock()  # events come from the workers' threads
+
+    def on_event(event: OutageEvent) -> None:
+        with events_lock:
+            events.append(event)
+            ctx.run.append("outages.jsonl", event.to_json())
+        env.warn(f"{event.endpoint}: {event.event.replace('_', ' ')} — {event.detail}")
+
+    control = BatchControl()
+    monitor = SelfLoadMonitor().start()
+    view = env.progress(b.plan.to_run, len(endpoints))
+    try:
+        usable = usable_endpoints(ctx, endpoints, clients, b.extra, env.on_check)
+        if len(endpoints) == 1:  # no fixed-prompt check: its answers are held to one model
+            watch = ServedModelWatch(
+                baseline_served_model(ctx), lambda why: control.fail("other_model", why)
+            )
+            control.served = watch.note
+        outage, restarter = b.request.outage, b.setup.restarter
+        lanes = [
+            make_lane(
+                e, c, outage, restarter=restarter if e is endpoints[0] else None, on_event=on_event
+            )
+            for e, c in usable
+        ]
+        with view, stop_on_signals(control):
+            return run_batch(
+                b.plan,
+                None,
+                b.out_path,
+                lanes=lanes,
+                control=control,
+                on_progress=view.update,
+                progress_every_s=view.every_s,
+                monitor=monitor,
+                warn=env.warn,
+                outage=outage,
+                events=events,
+            )
+    finally:
+        monitor.stop()
+        close_later(clients)
+
+
+def _final(b: _Batch) -> str | None:
+    """--final written (said in the summary); why it could not be, else None."""
+    final_text, plan = b.request.final, b.plan
+    if not final_text or b.spec.sample:
+        return None
+    try:
+        final = export_final(plan.source_path, [b.out_path], Path(final_text), shard=b.spec.shard)
+    except OSError as exc:  # the batch's verdict is still recorded; the export is not
+        final_error = f"--final {final_text} could not be written: {exc}"
+        paths = ("--input", plan.source_path, "--out", b.out_path, "--to", final_text)
+        again = shlex.join(["calibrate", "export", *map(str, paths)])
+        b.env.warn(f"{final_error}; write it later with: {again}")
+        b.extra["final_error"] = final_error
+        return final_error
+    b.env.on_export(final)
+    b.extra["final"] = final.to_json()
+    return None
+
+
+def _verdict(b: _Batch, result: BatchResult, final_error: str | None) -> BatchOutcome:
+    """Passed or not, recorded in the ledger (and --junit); the outcome to show."""
+    spec, ctx = b.spec, b.ctx
+    summary = {**summary_json(result, spec.concurrency, b.setup.source), **b.extra}
+    checks = shape_checks(result.shapes, max_chars=spec.max_chars, expect=spec.expect)
+    shown = tuple(checks) if spec.sample else ()
+    if spec.sample:
+        summary["checks"] = [
+            {"name": c.name, "passed": c.passed, "detail": c.detail} for c in checks
+        ]
+    # items count: a pass needs an ok line for every item this run was to do
+    passed = result.ok == result.to_run and result.stopped_by is None and final_error is None
+    if spec.sample:
+        passed = passed and all(c.passed for c in checks)
+    resume = shown_command(["calibrate", *b.request.argv])  # no password in it
+    outcome = BatchOutcome(result, spec, shown, resume, None, None, ExitCode.FAILED)
+    try:
+        ctx.record_result(passed, summary)
+        ctx.run.close()
+        b.env.write_junit(ctx.run, ctx.target, result, shown)
+    except OSError as exc:
+        unrecorded = StageFailed(
+            f"the batch ran, but its report could not be written: {exc}",
+            f"The results are in {b.out_path} ({result.ok} ok, {result.failed} failed); "
+            "fix the path and rerun to record the verdict.",
+        )
+        unrecorded.__cause__ = exc
+        return replace(outcome, error=unrecorded)
+    report = {"passed": passed, "run_id": ctx.run.run_id, "resume_command": resume, **summary}
+    code = (
+        ExitCode.INTERRUPTED if result.interrupted else ExitCode.OK if passed else ExitCode.FAILED
+    )
+    return replace(outcome, report=report, error=_stopped(result, spec, resume), exit_code=code)
+
+
+def _stopped(result: BatchResult, spec: BatchSpec, resume: str) -> CalibrateError | None:
+    """The error a run that stopped early ends with, once its summary is shown."""
+    if result.stopped_by == "other_model":
+        return StageFailed(
+            f"{result.stop_detail}; stopped after {result.ok} ok",
+            f"Check what serves {spec.model!r} there, then resume with: {resume}",
+        )
+    if result.stopped_by == "descriptors":
+        return OutOfDescriptors(result.stop_detail, f"{DESCRIPTORS_HINT} Resume with: {resume}")
+    if result.stopped_by == "outage":
+        return ServerUnreachable(
+            f"{result.stop_detail}; {result.ok} done this run, {result.remaining} remaining",
+            f"When the server answers again, resume with: {resume}",
+        )
+    return None

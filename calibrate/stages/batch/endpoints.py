@@ -11,9 +11,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from calibrate.config import Config, split_endpoint
-from calibrate.errors import ServerUnreachable, UsageError
+from calibrate.errors import ServerUnreachable, StageFailed, UsageError
 from calibrate.http.client import OpenAIClient
 from calibrate.io.baseline import Comparison, Normaliser, compare, default_program
 from calibrate.stages.batch.plan import DEFAULT_CONCURRENCY
@@ -110,6 +111,39 @@ def check_endpoints(
         else:
             differing.append((endpoint, comparison))
     return EndpointCheck(tuple(usable), tuple(benched), tuple(differing), baseline is not None)
+
+
+def usable_endpoints(
+    ctx: StageContext,
+    endpoints: Sequence[Endpoint],
+    clients: Sequence[OpenAIClient],
+    summary: dict[str, Any],
+    on_check: Callable[[EndpointCheck], None],
+) -> list[tuple[Endpoint, OpenAIClient]]:
+    """Several endpoints: each must answer the fixed prompt like the baseline (exit 1 if not).
+
+    The check goes into ``summary`` (``endpoint_check``); a refusal is recorded as not passed.
+    """
+    pairs = list(zip(endpoints, clients, strict=True))
+    if len(endpoints) == 1:
+        return pairs
+    check = check_endpoints(ctx, endpoints, clients)
+    summary["endpoint_check"] = check.to_json()
+    on_check(check)
+    if check.differing:
+        names = ", ".join(e.label for e, _ in check.differing)
+        ctx.record_result(False, {**summary, "refused": names})
+        raise StageFailed(
+            f"endpoint(s) {names} answer the fixed prompt differently from the baseline: "
+            "different weights or settings behind them?",
+            "Fix or drop those --base-url entries (the diff is above); nothing was dispatched.",
+        )
+    if not check.usable:
+        raise ServerUnreachable(
+            "no endpoint answered the fixed prompt",
+            "Start the servers, then rerun the same command.",
+        )
+    return [(e, c) for e, c in pairs if e in check.usable]
 
 
 class ServedModelWatch:

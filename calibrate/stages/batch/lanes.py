@@ -4,16 +4,28 @@
 ``URL#c=N``. Every lane runs ``concurrency`` worker threads; a free worker takes the next item,
 so an item always goes to an endpoint with a free slot and a faster endpoint takes more. A lane
 in an outage takes nothing, and its items go back to the queue for the others.
+
+``--restart`` (``ManagedRestart``) starts the managed server again when its process is gone
+mid-run: only the server calibrate started (``runs/server.json``) and only when its PID is gone
+— a server that is alive but slow is waited for, never restarted, and nothing is found by name.
+It comes back the way it was started: from the pinned script if it was started from one, else
+from ``[server]`` at the calibrated setting (the setting it had when none is calibrated).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
-from calibrate.errors import RequestError
+from calibrate import server
+from calibrate.config import Config
+from calibrate.engines.args import ServerKind
+from calibrate.engines.builders import build
+from calibrate.errors import RequestError, ServerUnreachable
 from calibrate.http.client import OpenAIClient
+from calibrate.server import process
 from calibrate.stages.batch.outage import (
     Breaker,
     OutageEvent,
@@ -21,9 +33,12 @@ from calibrate.stages.batch.outage import (
     Restarter,
     is_outage,
 )
-from calibrate.state.setting import Endpoint
+from calibrate.state.ledger import Ledger, target_fingerprint
+from calibrate.state.setting import Endpoint, resolve
 
 PROBE_TIMEOUT_S = 3.0
+
+log = logging.getLogger("calibrate")
 
 
 @dataclass(frozen=True)
@@ -52,6 +67,20 @@ def probe_for(client: OpenAIClient) -> Callable[[], str | None]:
         return None
 
     return probe
+
+
+def client_for(cfg: Config, endpoint: Endpoint) -> OpenAIClient:
+    """A client for one more endpoint, set up like the target's (``open_stage``)."""
+    t = cfg.target
+    return OpenAIClient(
+        endpoint.base_url,
+        api_key=cfg.api_key,
+        metrics_key=cfg.gpu_metrics_key,
+        timeout_s=t.timeout_s,
+        connect_timeout_s=t.connect_timeout_s,
+        max_response_mib=t.max_response_mib,
+        max_connections=endpoint.concurrency,
+    )
 
 
 def make_lane(
@@ -117,3 +146,66 @@ def report(lane: Lane, done: int, failed: int, seconds: float) -> EndpointReport
         b.down_total_s,
         b.restarts,
     )
+
+
+class ManagedRestart:
+    """A ``Restarter`` (outage.py) for the server in ``cfg.runs_dir``."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+
+    def managed(self) -> bool:
+        """Whether calibrate manages a server here at all (checked before the run)."""
+        return process.load(self.cfg.runs_dir) is not None
+
+    def needed(self) -> bool:
+        record = process.load(self.cfg.runs_dir)
+        return record is not None and process.liveness(record) == "gone"
+
+    def restart(self) -> str:
+        cfg = self.cfg
+        record = process.load(cfg.runs_dir)
+        if record is None:
+            raise ServerUnreachable("calibrate manages no server here (no runs/server.json)")
+        code = process.exit_code(record.pid)
+        died = f"the managed server (PID {record.pid}) had exited" + (
+            f" with code {code}" if code is not None else ""
+        )
+        if record.script:
+            argv: tuple[str, ...] = ("bash", record.script)
+            env: tuple[tuple[str, str], ...] = ()
+            batch, conc, health = record.batch_size, record.concurrency, record.health_path
+            how = f"bash {record.script}"
+        else:
+            kind = cfg.server.kind if record.kind is None else cast(ServerKind, record.kind)
+            if kind is None:
+                raise ServerUnreachable(
+                    f"{died}; its kind is unknown, so it cannot be restarted",
+                    "Start it yourself: calibrate server start",
+                )
+            setting = resolve(Ledger(cfg.runs_dir), target_fingerprint(cfg))
+            batch, conc = record.batch_size, record.concurrency
+            if setting is not None:
+                batch, conc = setting.batch_size, setting.concurrency
+            spec = server.launch_spec(cfg, kind, batch, conc)
+            command = build(replace(spec, port=record.port))
+            argv, env, health = command.argv, command.env, command.health_path
+            how = command.display()
+        log.warning("%s; restarting it: %s", died, how)
+        started = server.start(
+            cfg.runs_dir,
+            argv,
+            env=env,
+            kind=record.kind,
+            port=record.port,
+            health_path=health,
+            ready_timeout_s=cfg.server.ready_timeout_s,
+            stop_timeout_s=cfg.server.stop_timeout_s,
+            batch_size=batch,
+            concurrency=conc,
+            script=record.script,
+        )
+        return (
+            f"{died}; restarted as PID {started.record.pid} ({how}), ready in "
+            f"{started.ready_s:.1f} s"
+        )

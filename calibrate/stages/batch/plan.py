@@ -2,11 +2,12 @@
 
 ``open_batch`` validates the input (a pipe is spooled first), locks the output (one writer per
 file), scans it and opens it for appending; a problem is an InputError (exit 2) with the output
-untouched.
+untouched. ``length_warning`` says which items are longer than any passing ladder verified.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -21,11 +22,13 @@ from calibrate.io.resume import (
     repair_tail,
     scan_output,
 )
+from calibrate.io.shard import Shard
 from calibrate.io.store import ExclusiveLock, JsonlWriter
-from calibrate.io.tasks import InputIndex, ItemId, index_input, readable_twice
+from calibrate.io.tasks import InputIndex, ItemId, index_input, read_tasks, readable_twice
 from calibrate.load.retry import RetryPolicy
-from calibrate.stages.batch.shard import Shard
 from calibrate.stages.measure.format_check import Expect
+from calibrate.state.ledger import Ledger
+from calibrate.state.setting import verified_input
 
 DEFAULT_CONCURRENCY = 4
 MAX_CONCURRENCY = 4096  # documented in --help and the README; a thread each, a socket each
@@ -152,3 +155,31 @@ def _open_output(scan: OutputScan, fsync: bool) -> JsonlWriter:
             f"cannot write to --out {scan.path}: {exc.strerror or exc}",
             "Choose a writable place for the results; nothing was sent.",
         ) from exc
+
+
+def length_warning(
+    ledger: Ledger, target: str, path: Path, prompt: str, *, shown: Path | None = None
+) -> str | None:
+    """ "412 items exceed 2,000 tokens; …" or None (all fit, or no ladder measured a length).
+
+    SPEC §5.9: each item's input is estimated without a tokenizer, its message's characters
+    times the tokens per character the ladder measured on its own inputs
+    (``Workload.tokens_per_char``). It only warns, before anything is sent; the items still run.
+    """
+    verified = verified_input(ledger, target)
+    if verified is None or not verified.tokens_per_char:
+        return None
+    over = longest = 0
+    for task in read_tasks(path, shown):
+        estimate = math.ceil(len(task.message(prompt)) * verified.tokens_per_char)
+        longest = max(longest, estimate)
+        over += estimate > verified.tokens
+    if not over:
+        return None
+    items = "item exceeds" if over == 1 else "items exceed"
+    limit = f"{verified.tokens:,}"
+    return (
+        f"{over:,} {items} {limit} tokens (longest about {longest:,}, estimated at "
+        f"{verified.tokens_per_char:.3g} tokens per character); the ladder verified up to "
+        f"{limit} (run {verified.run_id}): run calibrate ladder --tasks {shown or path} on this file"
+    )

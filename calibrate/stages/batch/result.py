@@ -1,4 +1,4 @@
-"""What a batch produces: one output line per item, live counters, the final result."""
+"""What a batch produces: one output line per item, live counters, the final result and outcome."""
 
 from __future__ import annotations
 
@@ -7,16 +7,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from calibrate.errors import ErrorInfo
+from calibrate.errors import CalibrateError, ErrorInfo, ExitCode
 from calibrate.gpu.selfload import SelfLoadReport
 from calibrate.http.records import Completion, incomplete_reason
 from calibrate.io.store import without_surrogates
 from calibrate.io.tasks import ItemId, Task
 from calibrate.stages.batch.lanes import EndpointReport
 from calibrate.stages.batch.outage import OutageEvent
+from calibrate.stages.batch.plan import BatchSpec
 from calibrate.stages.measure.format_check import (
     Expect,
     OutputShape,
+    ShapeCheck,
     find_preamble,
     parse_json_output,
 )
@@ -98,8 +100,26 @@ class BatchResult:
         return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class BatchOutcome:
+    """How a batch ended, for the command to show and exit with.
+
+    ``checks``: the sample's shape checks (none without --sample). ``report``: the --json
+    payload, None when the verdict could not be recorded. ``error``: raised once the summary is
+    shown; without one the command exits with ``exit_code``.
+    """
+
+    result: BatchResult
+    spec: BatchSpec
+    checks: tuple[ShapeCheck, ...]
+    resume: str  # the command that resumes this batch (no secret in it)
+    report: dict[str, Any] | None
+    error: CalibrateError | None
+    exit_code: ExitCode
+
+
 class Tally:
-    """The run's counters. Only the journal thread changes them (batch_journal.py), each item
+    """The run's counters. Only the journal thread changes them (journal.py), each item
     after its line was written, so they need no lock; progress reads them as they are."""
 
     def __init__(self, *, sample: bool, expect: Expect, max_chars: int | None) -> None:

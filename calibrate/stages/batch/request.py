@@ -1,0 +1,240 @@
+"""What a command asks of a batch (``BatchRequest``), how the batch talks back (``BatchEnv``),
+and ``prepare``: the request checked and resolved into a spec before anything is sent.
+
+``prepare`` raises in the order a user meets the problems: the endpoints and their concurrency,
+the weights gate, the output paths, ``--restart`` — each exit 2 with nothing sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Protocol
+
+from calibrate.config import Config
+from calibrate.errors import UsageError
+from calibrate.io.output_paths import Named, check_outputs, stage_files
+from calibrate.io.shard import Shard
+from calibrate.io.store import RunDir
+from calibrate.load.retry import RetryPolicy
+from calibrate.stages.batch.endpoints import EndpointCheck, endpoints_for
+from calibrate.stages.batch.lanes import ManagedRestart
+from calibrate.stages.batch.outage import OutagePolicy
+from calibrate.stages.batch.plan import MAX_CONCURRENCY, BatchPlan, BatchSpec, lock_path
+from calibrate.stages.batch.result import BatchProgress, BatchResult
+from calibrate.stages.context import sampling_params
+from calibrate.stages.export import ExportResult, check_export, failed_path_for
+from calibrate.stages.measure.format_check import Expect, ShapeCheck
+from calibrate.state.ledger import Ledger
+from calibrate.state.setting import Endpoint
+from calibrate.state.weights_gate import check_batch
+
+log = logging.getLogger("calibrate")
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """One batch as the command line asked for it (bounds already checked); ``config`` is the
+    configuration resolved with the first ``--base-url`` as the target."""
+
+    config: Config
+    input_path: Path
+    out_path: Path | None
+    urls: tuple[str, ...] = ()  # --base-url, each URL or URL#c=N
+    concurrency: int | None = None  # -c
+    final: str | None = None  # --final as typed (its messages quote it)
+    junit_path: Path | None = None
+    argv: tuple[str, ...] = ()
+    prompt: str = ""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    outage: OutagePolicy = field(default_factory=OutagePolicy)
+    restart: bool = False
+    grace_s: float = 10.0
+    fsync: bool = False
+    sample: int | None = None
+    limit: int | None = None
+    max_chars: int | None = None
+    expect: Expect = "text"
+    allow_foreign: bool = False
+    shard: str | None = None  # --shard I/N as typed
+    max_tokens: int | None = None
+    temperature: float | None = None
+
+
+class ProgressSink(Protocol):
+    """Receives progress snapshots every ``every_s`` while the batch runs (a bar, a line…)."""
+
+    every_s: float
+
+    def update(self, p: BatchProgress) -> None: ...
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+class BatchEnv(Protocol):
+    """How a batch tells its user what happens: every line it shows goes through one of these."""
+
+    def warn(self, text: str) -> None: ...
+
+    def on_plan(self, plan: BatchPlan, source: str) -> None:
+        """The plan, before anything is sent; ``source``: where the concurrency came from."""
+
+    def on_check(self, check: EndpointCheck) -> None:
+        """Several endpoints: what the fixed prompt said on each."""
+
+    def on_export(self, final: ExportResult) -> None:
+        """--final was written."""
+
+    def progress(self, to_run: int, endpoints: int) -> ProgressSink:
+        """What receives the progress while the items run."""
+        ...
+
+    def write_junit(
+        self, run: RunDir, target: str, result: BatchResult, checks: Sequence[ShapeCheck]
+    ) -> None:
+        """--junit, if asked for: written before the verdict is shown (an OSError is exit 1)."""
+
+
+class QuietEnv:
+    """A ``BatchEnv`` that shows nothing but its warnings, in the log."""
+
+    every_s = 5.0  # also its own ``ProgressSink``
+
+    def warn(self, text: str) -> None:
+        log.warning("%s", text)
+
+    def on_plan(self, plan: BatchPlan, source: str) -> None:
+        return None
+
+    def on_check(self, check: EndpointCheck) -> None:
+        return None
+
+    def on_export(self, final: ExportResult) -> None:
+        return None
+
+    def progress(self, to_run: int, endpoints: int) -> QuietEnv:
+        return self
+
+    def update(self, p: BatchProgress) -> None:
+        return None
+
+    def write_junit(
+        self, run: RunDir, target: str, result: BatchResult, checks: Sequence[ShapeCheck]
+    ) -> None:
+        return None
+
+    def __enter__(self) -> QuietEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class BatchSetup:
+    """The request resolved: the spec, its endpoints, where their concurrency came from."""
+
+    spec: BatchSpec
+    endpoints: tuple[Endpoint, ...]
+    source: str  # "flag", "URL#c", "default", a setting's set_by, or "per endpoint"
+    restarter: ManagedRestart | None
+
+
+def prepare(request: BatchRequest) -> BatchSetup:
+    """Endpoints, weights gate, paths and --restart checked (exit 2, nothing sent); the spec."""
+    cfg = request.config
+    ledger = Ledger(cfg.runs_dir)
+    endpoints = endpoints_for(cfg, request.urls, request.concurrency, ledger, MAX_CONCURRENCY)
+    # the setting's weights, before anything (its own reader: a bad line is warned of again)
+    check_batch(cfg, Ledger(cfg.runs_dir), endpoints)
+    concurrency = sum(e.concurrency for e in endpoints)
+    if concurrency > MAX_CONCURRENCY:
+        raise UsageError(
+            f"the endpoints' concurrency adds up to {concurrency}; at most "
+            f"{MAX_CONCURRENCY} in all",
+            "Lower URL#c=N or -c.",
+        )
+    source = endpoints[0].concurrency_source if len(endpoints) == 1 else "per endpoint"
+    check_paths(request)  # no output overwrites what the batch reads: before anything is sent
+    restarter = ManagedRestart(cfg) if request.restart else None
+    if restarter is not None and not restarter.managed():
+        raise UsageError(
+            "--restart needs a server that calibrate manages (runs/server.json)",
+            "Start it with: calibrate server start (or drop --restart)",
+        )
+    params = sampling_params(cfg)
+    if request.max_tokens is not None or request.temperature is not None:
+        params = type(params)(
+            temperature=params.temperature if request.temperature is None else request.temperature,
+            max_tokens=params.max_tokens if request.max_tokens is None else request.max_tokens,
+            top_p=params.top_p,
+            seed=params.seed,
+        )
+    spec = BatchSpec(
+        input_path=request.input_path,
+        out_path=request.out_path,
+        model=cfg.target.model,
+        params=params,
+        prompt=request.prompt,
+        concurrency=concurrency,
+        retry=request.retry,
+        grace_s=request.grace_s,
+        fsync=request.fsync,
+        sample=request.sample,
+        limit=request.limit,
+        max_chars=request.max_chars,
+        expect=request.expect,
+        allow_foreign=request.allow_foreign,
+        shard=Shard.parse(request.shard) if request.shard else None,
+    )
+    return BatchSetup(spec, endpoints, source, restarter)
+
+
+def check_paths(request: BatchRequest) -> None:
+    """No file the batch writes (--out, --final and its failed list, --junit) is one it reads
+    or journals (--input, the lock, the ledger, the config…) or another of them: exit 2
+    before anything is sent."""
+    cfg, out = request.config, request.out_path
+    final = Path(request.final) if request.final else None
+    reads: list[Named] = [
+        ("--input", request.input_path),
+        ("the lock of --out", lock_path(out) if out else None),
+        *stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source),
+    ]
+    writes: list[Named] = [
+        ("--out", out),
+        ("--final", final),
+        ("the failed list of --final", failed_path_for(final) if final else None),
+        ("--junit", request.junit_path),
+    ]
+    if final is not None:
+        check_export(final, None, "--final")  # its format
+        check_writable(final, "--final")
+    check_outputs(writes, reads)
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """A file can be written at ``path`` (checked before anything is sent)."""
+    if path.is_dir():
+        raise UsageError(
+            f"{flag} {path} is a folder", f"Give a file path, e.g. {path / 'batch.xml'}"
+        )
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent  # the report writer creates missing folders below this one
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"cannot write {flag} {path}: {folder} is not a writable folder",
+            "Choose a writable place for it; nothing was sent.",
+        )
