@@ -42,14 +42,15 @@ from calibrate.cli.common import (
 )
 from calibrate.cli.views.determinism import say_differs, say_overall
 from calibrate.cli.views.tiers import (
+    TierView,
     add_tier_args,
-    finish_run,
+    announce,
     live_table,
     measure_spec,
-    shown_by,
+    show_record,
+    warn_if_client_bound,
     warn_if_not_streamed,
     warn_stream_check,
-    watching,
 )
 from calibrate.cli.workload_flags import task_pool, workload_spec
 from calibrate.config import MAX_BATCH_SIZE, Config
@@ -62,7 +63,8 @@ from calibrate.report.progress import Plan
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import kept_on_write_error, load_lock
 from calibrate.stages.measure.slo import describe, has_slo, parse_slo_flags
-from calibrate.stages.measure.tier_run import MeasureSpec
+from calibrate.stages.measure.tier_finish import finish_tiers, write_determinism
+from calibrate.stages.measure.tier_run import MeasureSpec, measuring
 from calibrate.stages.prepare.server_cap import run_at_cap
 from calibrate.stages.prepare.stream_probe import probe_stream
 from calibrate.stages.prepare.task_pick import TaskPool
@@ -274,7 +276,8 @@ def _measure(
     options: SweepOptions,
     workload: tuple[WorkloadSpec, TaskPool | None],
 ) -> int:
-    with kept_on_write_error(ctx), watching(spec, ctx, out) as watch:
+    with kept_on_write_error(ctx), measuring(spec, ctx) as watch:
+        announce(out, watch.monitor)
         cap = read_server_cap(ctx.client.get_text)
         plan = prepare_workload(
             ctx.config, ctx.client, workload[0], options.mode, ctx.params, pool=workload[1]
@@ -299,10 +302,10 @@ def _measure(
         out.say(_announce(options) + (f"; server cap {cap.slots} ({cap.source})" if cap else ""))
         try:
             with live_table(out, "sweep", f"sweep {ctx.run.run_id}", _progress(options)) as show:
-                shown = shown_by(watch, show, out)
 
                 def on_level(level: Level) -> None:
-                    shown(level)
+                    show({**level.to_json(), "vram_source": watch.monitor.source})
+                    warn_if_client_bound(out, watch.selfload)
                     say_differs(out, level.determinism, level.label)
 
                 sweep.on_level = on_level
@@ -330,19 +333,23 @@ def _finish(
     interrupted: bool = False,
 ) -> int:
     rows = [{**lv.to_json(), "vram_source": result.vram_source} for lv in result.levels]
-    comparison, entry = finish_run(
+    view = TierView(out, ctx)
+    view.kind = "sweep"
+    record = finish_tiers(
         spec,
-        out,
         ctx,
         "sweep",
         rows,
-        result.vram_source,
+        tables=view.tables,
+        source=result.vram_source,
         passed=result.passed,
         summary=result.summary(options).to_json(),
         notes=result.notes(llamacpp=ctx.config.server.kind == "llamacpp"),
         selfload=selfload,
         interrupted=interrupted,
     )
+    show_record(out, record)
+    comparison, entry = record.comparison, record.entry
     warn_if_not_streamed(out, rows, options.stream)
     suite = junit_suite("sweep", ctx.run, ctx.target)
     for lv in result.levels:
@@ -393,9 +400,9 @@ def _finish(
     else:
         out.fail(f"sweep failed: {result.reason}")
     checks = [(lv.label, lv.determinism) for lv in result.levels if lv.determinism]
-    determinism = say_overall(out, ctx.config, checks)
-    if determinism:  # the switch as read, beside the tiers (SPEC §13)
-        ctx.run.write_json("determinism.json", determinism)
+    found = write_determinism(ctx, checks)
+    say_overall(out, found)
+    determinism = found.to_json() if found else None
     if entry.passed:
         out.say(f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}")
     out.result(
