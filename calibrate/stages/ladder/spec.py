@@ -7,6 +7,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from calibrate.config import SloConfig
 from calibrate.stages.context import StageContext
 from calibrate.stages.ladder.result import Axis, LadderResult
 from calibrate.stages.ladder.run import LadderOptions
@@ -14,6 +15,7 @@ from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tier_finish import Determinism, TierRecord
 from calibrate.stages.measure.tier_run import MeasureSpec, Measuring, TierWatcher
 from calibrate.stages.measure.tiers import Tier
+from calibrate.stages.prepare.stream_probe import StreamCheck
 from calibrate.stages.prepare.task_pick import TaskPool
 from calibrate.workload import WorkloadSpec
 
@@ -35,6 +37,9 @@ class LadderSpec:
 
 class LadderWatcher(TierWatcher, Protocol):
     """Who watches a ladder: what it will send, then each tier as it finishes."""
+
+    def stream_checked(self, check: StreamCheck, slo: SloConfig) -> None:
+        """The stream probe's finding, before any load."""
 
     def planned(
         self, options: LadderOptions, workload: WorkloadSpec, cap: ServerCap | None

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from calibrate.config import SloConfig
 from calibrate.errors import UsageError
 from calibrate.gpu.energy import check_price
 from calibrate.gpu.nvml import NvmlSampler
@@ -29,7 +28,6 @@ from calibrate.redact import redact_url
 from calibrate.server.devices import managed_server_devices
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.incidents import IncidentRecorder
-from calibrate.stages.prepare.stream_probe import StreamCheck
 
 
 @dataclass(frozen=True)
@@ -148,9 +146,6 @@ class TierWatcher(Protocol):
 
     def watching(self, watch: Measuring) -> None:
         """The samplers started (what they measure, what they could not)."""
-
-    def stream_checked(self, check: StreamCheck, slo: SloConfig) -> None:
-        """The stream probe's finding, before any load."""
 
     def tables(self, rows: Sequence[Mapping[str, Any]], source: str) -> None:
         """The finished rows: write tiers.csv (``--compare`` reads it next) and show them."""
