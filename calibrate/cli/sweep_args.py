@@ -11,7 +11,6 @@ from calibrate.cli.views.tiers import add_tier_args, measure_spec
 from calibrate.cli.workload_flags import task_pool, workload_spec
 from calibrate.config import MAX_BATCH_SIZE, Config
 from calibrate.errors import UsageError
-from calibrate.load.arrivals import parse_counts, parse_rates
 from calibrate.stages.measure.slo import has_slo, parse_slo_flags
 from calibrate.stages.sweep.auto import DEFAULT_AUTO_STEPS, MAX_AUTO_STEPS
 from calibrate.stages.sweep.find_max import TOP
@@ -99,10 +98,6 @@ def sweep_spec(args: argparse.Namespace) -> SweepSpec:
     _check_find_max(args, cfg)
     workload = workload_spec(args, cfg, "sweep")
     pool = task_pool(workload)  # a bad tasks file is exit 2 before anything is written
-    concurrency = parse_counts(args.concurrency) if args.concurrency else None
-    rates = parse_rates(args.rates) if args.rates else ()
-    if args.burstiness <= 0:
-        raise UsageError(f"--burstiness must be above 0, got {args.burstiness:g}")
     return SweepSpec(
         measure=measure,
         workload=workload,
@@ -110,8 +105,8 @@ def sweep_spec(args: argparse.Namespace) -> SweepSpec:
         streaming=not args.no_stream,
         slo_flags=tuple(args.slo),
         batch_size=args.batch_size,
-        concurrency=concurrency,
-        rates=rates,
+        concurrency=args.concurrency or None,
+        rates=args.rates or None,
         auto_steps=args.auto_steps if args.auto else 0,
         find_max=args.find_max,
         arrival=args.arrival,

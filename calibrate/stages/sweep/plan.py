@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from calibrate.errors import GateClosed
+from calibrate.errors import GateClosed, UsageError
+from calibrate.load.arrivals import parse_counts, parse_rates
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.slo import parse_slo_flags
 from calibrate.stages.prepare.server_cap import run_at_cap
@@ -32,7 +33,7 @@ def plan_sweep(spec: SweepSpec, ctx: StageContext, say: Say, warn: Say) -> Sweep
         )
     top = ladder[0].last_passing if ladder else None
     batch = spec.batch_size or (top.batch_size if top else 1)
-    wanted = spec.concurrency or ctx.config.sweep.concurrency
+    wanted = parse_counts(spec.concurrency) if spec.concurrency else ctx.config.sweep.concurrency
     wanted = (TOP,) if spec.find_max else wanted
     managed = run_at_cap(ctx, batch, say, max(wanted, default=batch))
     proved = ladder[0].max_in_flight if ladder else 0
@@ -42,11 +43,14 @@ def plan_sweep(spec: SweepSpec, ctx: StageContext, say: Say, warn: Say) -> Sweep
         managed=managed,
         beyond_ladder=spec.beyond_ladder,
     )
+    rates = parse_rates(spec.rates) if spec.rates else ()
     auto = spec.auto_steps > 0
-    if spec.rates or auto or spec.find_max:
+    if rates or auto or spec.find_max:
         skipped = ()
     if auto:
         levels = (1, max(1, proved or batch))
+    if spec.burstiness <= 0:
+        raise UsageError(f"--burstiness must be above 0, got {spec.burstiness:g}")
     if skipped:
         warn(
             f"concurrency {', '.join(map(str, skipped))} skipped: the ladder passed with at most "
@@ -71,11 +75,11 @@ def plan_sweep(spec: SweepSpec, ctx: StageContext, say: Say, warn: Say) -> Sweep
         skipped_levels=skipped,
         beyond_ladder=spec.beyond_ladder and not managed,
         slo=parse_slo_flags(spec.slo_flags, ctx.config.slo),
-        rates=spec.rates,
+        rates=rates,
         arrival=spec.arrival,
         burstiness=spec.burstiness,
         seed=spec.seed,
-        max_in_flight=proved if capped and (spec.rates or auto) else None,
+        max_in_flight=proved if capped and (rates or auto) else None,
         auto_steps=spec.auto_steps,
     )
     if spec.find_max:  # each probe runs its repeats, no more: the knee's repeat rule is not asked

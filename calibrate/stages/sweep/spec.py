@@ -72,8 +72,9 @@ class SweepSpec:
     streaming: bool = True  # False: --no-stream
     slo_flags: tuple[str, ...] = ()  # --slo NAME:S …, over [slo]
     batch_size: int | None = None  # None: the ladder's verified batch size
-    concurrency: tuple[int, ...] | None = None  # None: [sweep] concurrency
-    rates: tuple[float, ...] = ()  # open loop at these requests/s
+    # --concurrency and --rates as given: read once the gates are passed, as they always were
+    concurrency: str | None = None  # None: [sweep] concurrency
+    rates: str | None = None  # open loop at these requests/s (None: closed loop)
     auto_steps: int = 0  # --auto: this many rates between synchronous and maximum (0: off)
     find_max: bool = False
     arrival: Arrival = "poisson"
