@@ -6,18 +6,15 @@ import argparse
 from dataclasses import replace
 
 from calibrate.config import MAX_BATCH_SIZE, Config
-from calibrate.errors import RequestError, UsageError
-from calibrate.stages.context import StageContext
+from calibrate.errors import UsageError
 from calibrate.stages.prepare.task_pick import TaskPool, load_pool
 from calibrate.workload import (
     MAX_INPUT_TOKENS,
     MAX_OUTPUT_TOKENS,
     PICKS,
     Pick,
-    TokenRange,
     WorkloadFlags,
     WorkloadSpec,
-    default_context_lengths,
     parse_context_lengths,
     resolve_workload,
 )
@@ -132,41 +129,8 @@ def _context_spec(args: argparse.Namespace, cfg: Config, flags: WorkloadFlags) -
     )
 
 
-def context_lengths(
-    args: argparse.Namespace, ctx: StageContext, output_tokens: int
-) -> tuple[tuple[int, ...], int | None]:
-    """The lengths to step, and the max_model_len the server reported (None: not said)."""
-    limit = served_max_model_len(ctx)
-    if args.context_lengths is not None:
-        return parse_context_lengths(args.context_lengths), limit
-    lengths = default_context_lengths(limit, output_tokens)
-    if not lengths:
-        raise UsageError(
-            f"the server's max_model_len {limit} leaves no room for an input beside a "
-            f"{output_tokens}-token answer",
-            "Lower --output-tokens, or give --context-lengths.",
-        )
-    return lengths, limit
-
-
-def served_max_model_len(ctx: StageContext) -> int | None:
-    """``max_model_len`` of the configured model in ``GET /v1/models`` (vLLM, the mock)."""
-    try:
-        models = ctx.client.models(keep=ctx.config.target.model)
-    except RequestError:
-        return None
-    model = ctx.config.target.model
-    found = [m.max_model_len for m in models if m.id == model and m.max_model_len]
-    return found[0] if found else None
-
-
 def task_pool(spec: WorkloadSpec) -> TaskPool | None:
     """The tasks, read and validated before the run starts (exit 2 on a bad line)."""
     if spec.source != "tasks" or spec.tasks is None:
         return None
     return load_pool(spec.tasks, pick=spec.pick, prompt=spec.prompt, seed=spec.seed)
-
-
-def sized(spec: WorkloadSpec, lengths: tuple[int, ...]) -> WorkloadSpec:
-    """The context axis's spec, its target range spanning the lengths stepped."""
-    return replace(spec, input_tokens=TokenRange(lengths[0], lengths[-1]))

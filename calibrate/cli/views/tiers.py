@@ -1,6 +1,7 @@
 """What ladder and sweep share on the command line: the measuring flags, tables, rendering.
 
-The logic (samplers, incidents, --compare, the ledger verdict) is in ``stages.tier_run``.
+The logic (samplers, incidents, --compare, the ledger verdict) is in ``stages.measure``
+(``tier_run``, ``tier_finish``); here it is only said.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import argparse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from calibrate.cli.common import Output
 from calibrate.cli.workload_flags import add_workload_args
@@ -17,21 +18,14 @@ from calibrate.config import SloConfig
 from calibrate.gpu.energy import PRICE_HELP
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor
-from calibrate.http.records import LedgerEntry
+from calibrate.io.junit import JUnitSuite
 from calibrate.report import tables as report
 from calibrate.report.progress import Plan
 from calibrate.stages.context import StageContext
+from calibrate.stages.env import kept_on_write_error
 from calibrate.stages.measure.compare_tiers import TierComparison
-from calibrate.stages.measure.tier_run import (
-    MeasureSpec,
-    Measuring,
-    compare_run,
-    measuring,
-    preflight,
-    record_run,
-    save_table_baseline,
-)
-from calibrate.stages.measure.tiers import queue_note
+from calibrate.stages.measure.tier_finish import TierRecord
+from calibrate.stages.measure.tier_run import MeasureSpec, Measuring, preflight
 from calibrate.stages.prepare.stream_probe import StreamCheck
 
 
@@ -114,6 +108,38 @@ def measure_spec(args: argparse.Namespace) -> MeasureSpec:
     return spec
 
 
+class TierView:
+    """What the ladder's and the sweep's views share: the lines as they come, the samplers,
+    the stream probe, the finished table, the JUnit report (a stage's ``TierWatcher``)."""
+
+    kind: report.Kind
+
+    def __init__(self, out: Output, ctx: StageContext) -> None:
+        self.out = out
+        self.ctx = ctx
+
+    def say(self, text: str) -> None:
+        self.out.say(text)
+
+    def warn(self, text: str) -> None:
+        self.out.warn(text)
+
+    def watching(self, watch: Measuring) -> None:
+        announce(self.out, watch.monitor)
+
+    def stream_checked(self, check: StreamCheck, slo: SloConfig) -> None:
+        warn_stream_check(self.out, check, slo)
+
+    def tables(self, rows: Sequence[Mapping[str, Any]], source: str) -> None:
+        finish_tables(self.out, self.ctx, self.kind, rows, source)
+
+    def save_junit(self, suite: JUnitSuite, path: str | None) -> None:
+        """``--junit``: a write that fails is the stage's write error (exit 1, what was kept)."""
+        with kept_on_write_error(self.ctx):
+            if path:
+                suite.write(Path(path))
+
+
 def announce(out: Output, monitor: VramMonitor) -> None:
     if monitor.measured:
         out.say(f"VRAM source: {monitor.describe()}")
@@ -124,11 +150,13 @@ def announce(out: Output, monitor: VramMonitor) -> None:
 
 
 def finish_tables(
-    out: Output, ctx: StageContext, kind: report.Kind, rows: list[dict[str, Any]], source: str
+    out: Output,
+    ctx: StageContext,
+    kind: report.Kind,
+    rows: Sequence[Mapping[str, Any]],
+    source: str,
 ) -> None:
     """tiers.csv and plot.png; the final table as ``report RUN`` will print it."""
-    if not rows:
-        return
     csv_path = report.write_tiers_csv(ctx.run.file("tiers.csv"), rows, kind, source)
     table_rows = report.read_rows(csv_path)
     title = f"{kind} {ctx.run.run_id}"
@@ -154,25 +182,6 @@ def show_comparison(out: Output, comparison: TierComparison | None) -> None:
         out.ok(f"no regression against {comparison.baseline_path}")
 
 
-class _Row(Protocol):
-    def to_json(self) -> dict[str, Any]: ...
-
-
-def shown_by(
-    watch: Measuring,
-    show: Callable[[dict[str, Any]], None],
-    out: Output,
-    extra: Mapping[str, Any] | None = None,
-) -> Callable[[_Row], None]:
-    """A tier/level callback: add its row to the live table, then warn if calibrate is the limit."""
-
-    def shown(row: _Row) -> None:
-        show({**row.to_json(), "vram_source": watch.monitor.source, **(extra or {})})
-        warn_if_client_bound(out, watch.selfload)
-
-    return shown
-
-
 @contextmanager
 def live_table(
     out: Output, kind: report.Kind, title: str, plan: Plan
@@ -183,53 +192,16 @@ def live_table(
         yield show
 
 
-@contextmanager
-def watching(spec: MeasureSpec, ctx: StageContext, out: Output) -> Iterator[Measuring]:
-    """``stages.tier_run.measuring``, announced."""
-    with measuring(spec, ctx) as watch:
-        announce(out, watch.monitor)
-        yield watch
-
-
-def finish_run(
-    spec: MeasureSpec,
-    out: Output,
-    ctx: StageContext,
-    kind: report.Kind,
-    rows: list[dict[str, Any]],
-    source: str,
-    *,
-    passed: bool,
-    summary: dict[str, Any],
-    notes: list[str],
-    selfload: SelfLoadMonitor,
-    interrupted: bool = False,
-) -> tuple[TierComparison | None, LedgerEntry]:
-    """Tables and plot, --compare / --save-baseline, notes; then the stage's ledger verdict."""
-    finish_tables(out, ctx, kind, rows, source)
-    comparison = compare_run(spec, ctx, kind)
-    show_comparison(out, comparison)
-    if saved := save_table_baseline(spec, ctx, kind):
-        dest, kept = saved
+def show_record(out: Output, record: TierRecord) -> None:
+    """What finishing decided: the comparison, the baseline written, the notes, the client."""
+    show_comparison(out, record.comparison)
+    if record.baseline:
+        dest, kept = record.baseline
         out.say(f"baseline written: {dest}" + (f" (previous kept as {kept})" if kept else ""))
-    for note in [*notes, *queue_notes(rows)]:
+    for note in record.notes:
         out.warn(note)
-    warn_if_client_bound(out, selfload)
-    entry = record_run(
-        ctx,
-        passed=passed,
-        summary=summary,
-        comparison=comparison,
-        selfload=selfload,
-        interrupted=interrupted,
-    )
-    return comparison, entry
-
-
-def queue_notes(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One note per tier or level during which the server queued requests (explains a knee)."""
-    found = (queue_note(r.get("server_queue_max"), int(r["concurrency"])) for r in rows)
-    return [note for note in found if note]
+    if record.client_bound:
+        out.warn(record.client_bound)
 
 
 def warn_if_client_bound(out: Output, selfload: SelfLoadMonitor) -> None:

@@ -1,18 +1,17 @@
-"""What a ladder or sweep run needs around its tiers: samplers, incidents, compare, the verdict.
+"""What a ladder or sweep run needs around its tiers: samplers, incidents, who watches it.
 
 The command line turns its flags into a ``MeasureSpec``; everything here is testable without a
 terminal. ``measuring`` starts the VRAM sampler and calibrate's own load monitor and stops them
-however the run ends; ``record_run`` compares against a committed table, then writes the run's
-one ledger verdict (a regression or an interruption is never a pass, SPEC §4.2).
+however the run ends; ``tier_finish`` writes the verdict once the tiers are in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from calibrate.errors import UsageError
 from calibrate.gpu.energy import check_price
@@ -25,17 +24,9 @@ from calibrate.gpu.vram import (
     energy_reader,
     open_sources,
 )
-from calibrate.http.records import LedgerEntry
 from calibrate.redact import redact_url
 from calibrate.server.devices import managed_server_devices
 from calibrate.stages.context import StageContext
-from calibrate.stages.measure.compare_tiers import (
-    TableKind,
-    TierComparison,
-    compare_tables,
-    read_table,
-    save_baseline,
-)
 from calibrate.stages.measure.incidents import IncidentRecorder
 
 
@@ -146,45 +137,15 @@ def measuring(spec: MeasureSpec, ctx: StageContext) -> Iterator[Measuring]:
         ctx.client.close()
 
 
-def compare_run(spec: MeasureSpec, ctx: StageContext, kind: TableKind) -> TierComparison | None:
-    """``--compare``: this run's tiers.csv against the committed table (None without the flag)."""
-    table = ctx.run.file("tiers.csv")
-    if spec.compare is None or not table.exists():
-        return None
-    return compare_tables(
-        kind,
-        read_table(spec.compare, kind),
-        read_table(table, kind),
-        tolerance=spec.tolerance,
-        baseline_path=str(spec.compare),
-    )
+class TierWatcher(Protocol):
+    """Who watches a ladder or sweep as it runs: told, never asked (the command line draws it)."""
 
+    def say(self, text: str) -> None: ...
 
-def save_table_baseline(
-    spec: MeasureSpec, ctx: StageContext, kind: TableKind
-) -> tuple[Path, Path | None] | None:
-    """``--save-baseline``: (where the table went, where the previous one was kept)."""
-    table = ctx.run.file("tiers.csv")
-    if not spec.save_baseline or not table.exists():
-        return None
-    dest = ctx.config.baselines_dir / f"{kind}.csv"
-    return dest, save_baseline(table, dest)
+    def warn(self, text: str) -> None: ...
 
+    def watching(self, watch: Measuring) -> None:
+        """The samplers started (what they measure, what they could not)."""
 
-def record_run(
-    ctx: StageContext,
-    *,
-    passed: bool,
-    summary: dict[str, Any],
-    comparison: TierComparison | None,
-    selfload: SelfLoadMonitor,
-    interrupted: bool = False,
-) -> LedgerEntry:
-    """The run's one ledger verdict, with calibrate's own load and the comparison in it."""
-    summary = {**summary, "selfload": selfload.report().to_json()}
-    if comparison is not None:
-        summary["compare"] = comparison.to_json()
-        passed = passed and comparison.passed  # a regression is not a pass (SPEC §4.2)
-    entry = ctx.record_result(passed, summary, interrupted=interrupted)
-    ctx.run.close()
-    return entry
+    def tables(self, rows: Sequence[Mapping[str, Any]], source: str) -> None:
+        """The finished rows: write tiers.csv (``--compare`` reads it next) and show them."""

@@ -1,4 +1,5 @@
-"""What one sweep is asked to do: its levels or rates, windows, repeats and mode (SPEC §5.6)."""
+"""What one sweep is asked to do: its flags (``SweepSpec``), then its levels or rates, windows,
+repeats and mode once planned (``SweepOptions``, SPEC §5.6)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from typing import Any
 
 from calibrate.config import Config, LadderMode, SloConfig
 from calibrate.load.arrivals import Arrival
+from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.prepare.stream_probe import StreamCheck
+from calibrate.stages.prepare.task_pick import TaskPool
+from calibrate.workload import WorkloadSpec
 
 
 @dataclass(frozen=True)
@@ -56,3 +60,24 @@ class SweepOptions:
         return cls(
             s.concurrency, s.level_s, s.repeats, s.gain_min, batch_size, cfg.ladder.mode, **kw
         )
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """The sweep's flags, checked (a mistake in them is exit 2 before anything is sent)."""
+
+    measure: MeasureSpec = field(default_factory=MeasureSpec)
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    pool: TaskPool | None = None  # --tasks, read and checked before the run starts
+    streaming: bool = True  # False: --no-stream
+    slo_flags: tuple[str, ...] = ()  # --slo NAME:S …, over [slo]
+    batch_size: int | None = None  # None: the ladder's verified batch size
+    # --concurrency and --rates as given: read once the gates are passed, as they always were
+    concurrency: str | None = None  # None: [sweep] concurrency
+    rates: str | None = None  # open loop at these requests/s (None: closed loop)
+    auto_steps: int = 0  # --auto: this many rates between synchronous and maximum (0: off)
+    find_max: bool = False
+    arrival: Arrival = "poisson"
+    burstiness: float = 1.0
+    seed: int = 0
+    beyond_ladder: bool = False

@@ -1,0 +1,155 @@
+"""The flags of ``calibrate sweep``, and the one typed ``SweepSpec`` they make (exit 2 on a
+mistake, before anything is written or sent)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from calibrate.cli.common import Runner, add_command, add_force, add_junit, add_wide, load_config
+from calibrate.cli.views.tiers import add_tier_args, measure_spec
+from calibrate.cli.workload_flags import task_pool, workload_spec
+from calibrate.config import MAX_BATCH_SIZE, Config
+from calibrate.errors import UsageError
+from calibrate.stages.measure.slo import has_slo, parse_slo_flags
+from calibrate.stages.sweep.auto import DEFAULT_AUTO_STEPS, MAX_AUTO_STEPS
+from calibrate.stages.sweep.find_max import TOP
+from calibrate.stages.sweep.spec import SweepSpec
+
+
+def register(subparsers: Any, doc: str, run: Runner) -> None:
+    """The sweep's sub-command and its flags (the measuring ones shared with the ladder)."""
+    parser = add_command(subparsers, "sweep", doc, run)
+    parser.add_argument(
+        "--stream", action="store_true", help="stream (SSE): the default now (--no-stream: off)"
+    )
+    parser.add_argument(
+        "--concurrency",
+        metavar="C,…",
+        help="closed loop (the default mode) at these levels, e.g. 1,2,4,8 (over [sweep])",
+    )
+    parser.add_argument(
+        "--rates",
+        metavar="R,…",
+        help="open loop at these request rates (req/s), e.g. 1,2,4,8,inf; stops where saturated",
+    )
+    parser.add_argument(
+        "--auto",
+        action="store_true",
+        help="synchronous (concurrency 1), then maximum throughput (the in-flight count the "
+        "ladder proved), then --auto-steps rates between: latency against throughput",
+    )
+    parser.add_argument(
+        "--auto-steps",
+        type=int,
+        default=DEFAULT_AUTO_STEPS,
+        metavar="N",
+        help=f"with --auto: how many rates between synchronous and maximum (default "
+        f"{DEFAULT_AUTO_STEPS})",
+    )
+    parser.add_argument(
+        "--find-max",
+        action="store_true",
+        help=f"the largest concurrency that meets every SLO ([slo] or --slo, required): "
+        f"exponential probe then bisection on [1, {TOP}] to 5 %%, ≤ 10 probes; concurrency "
+        "only (not with --rates, --concurrency or --auto)",
+    )
+    parser.add_argument(
+        "--arrival",
+        choices=("poisson", "constant"),
+        default="poisson",
+        help="with --rates: how requests arrive (default poisson, seeded)",
+    )
+    parser.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        metavar="K",
+        help="with --rates: gamma inter-arrival shape k, mean 1/rate (1 = Poisson, <1 burstier)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="with --rates: the arrival schedule's seed"
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="N",
+        help="override the verified batch size (default: the ladder's last passing)",
+    )
+    parser.add_argument(
+        "--beyond-ladder",
+        action="store_true",
+        help="against a server calibrate does not manage, also try concurrency levels above the "
+        "most requests the ladder passed with in flight (said and recorded)",
+    )
+    add_tier_args(parser, "sweep")
+    add_wide(parser)
+    add_force(parser)
+    add_junit(parser)
+
+
+def sweep_spec(args: argparse.Namespace) -> SweepSpec:
+    """The flags as one typed spec, checked in the order they always were."""
+    measure = measure_spec(args)
+    _check_load_flags(args)
+    if args.batch_size is not None and not 1 <= args.batch_size <= MAX_BATCH_SIZE:
+        raise UsageError(f"--batch-size must be in [1, {MAX_BATCH_SIZE}], got {args.batch_size}")
+    cfg = load_config(args)
+    _check_find_max(args, cfg)
+    workload = workload_spec(args, cfg, "sweep")
+    pool = task_pool(workload)  # a bad tasks file is exit 2 before anything is written
+    return SweepSpec(
+        measure=measure,
+        workload=workload,
+        pool=pool,
+        streaming=not args.no_stream,
+        slo_flags=tuple(args.slo),
+        batch_size=args.batch_size,
+        concurrency=args.concurrency or None,
+        rates=args.rates or None,
+        auto_steps=args.auto_steps if args.auto else 0,
+        find_max=args.find_max,
+        arrival=args.arrival,
+        burstiness=args.burstiness,
+        seed=args.seed,
+        beyond_ladder=args.beyond_ladder,
+    )
+
+
+def _check_load_flags(args: argparse.Namespace) -> None:
+    """One load mode at a time, and --auto's step count in range (exit 2 before anything runs)."""
+    given = [f for f, on in (("--concurrency", args.concurrency), ("--rates", args.rates)) if on]
+    if args.find_max and (given or args.auto):
+        named = " or ".join([*given, *(["--auto"] if args.auto else [])])
+        rates = " (--find-max searches concurrency only; over rates it is not built)"
+        raise UsageError(
+            f"--find-max picks its own levels: it cannot be given with {named}"
+            + (rates if args.rates else ""),
+            "Drop one: calibrate sweep --find-max --slo ttft:0.5   or   calibrate sweep "
+            "--concurrency 1,2,4",
+        )
+    if args.auto and given:
+        raise UsageError(
+            f"--auto picks its own levels: it cannot be given with {' or '.join(given)}",
+            "Drop one: calibrate sweep --auto   or   calibrate sweep --rates 1,2,4",
+        )
+    if given == ["--concurrency", "--rates"]:
+        raise UsageError(
+            "--concurrency and --rates are two load modes: give one",
+            "calibrate sweep --concurrency 1,2,4   or   calibrate sweep --rates 1,2,4,inf",
+        )
+    if not 1 <= args.auto_steps <= MAX_AUTO_STEPS:
+        raise UsageError(
+            f"--auto-steps must be in [1, {MAX_AUTO_STEPS}], got {args.auto_steps}",
+            f"e.g. --auto --auto-steps {DEFAULT_AUTO_STEPS}",
+        )
+
+
+def _check_find_max(args: argparse.Namespace, cfg: Config) -> None:
+    """--find-max searches for the SLO boundary: without an SLO there is none (exit 2)."""
+    if args.find_max and not has_slo(parse_slo_flags(args.slo, cfg.slo)):
+        raise UsageError(
+            "--find-max needs an SLO: add [slo] ttft_p99_s = 0.1 (or tpot_p99_s, e2e_p99_s) to "
+            "the config, or --slo ttft:0.1",
+            "e.g. calibrate sweep --find-max --slo ttft:0.1",
+        )

@@ -1,0 +1,206 @@
+"""The ladder on the command line: its plan, the tiers as they finish, then its verdict, the
+JUnit report and the ``--json`` result (the stage is ``stages.ladder``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from calibrate.cli.common import junit_suite
+from calibrate.cli.views.determinism import say_differs, say_overall
+from calibrate.cli.views.tiers import (
+    TierView,
+    live_table,
+    show_record,
+    warn_if_client_bound,
+    warn_if_not_streamed,
+)
+from calibrate.errors import Interrupted
+from calibrate.gpu.energy import cost_text
+from calibrate.io.junit import JUnitCase, JUnitSuite
+from calibrate.report.progress import Plan
+from calibrate.stages.ladder import LadderOutcome
+from calibrate.stages.ladder.context_axis import outcome as context_outcome
+from calibrate.stages.ladder.result import LadderResult
+from calibrate.stages.ladder.run import LadderOptions
+from calibrate.stages.measure.compare_tiers import TierComparison
+from calibrate.stages.measure.incidents import first_error
+from calibrate.stages.measure.slo import describe, has_slo
+from calibrate.stages.measure.stop_rules import ServerCap
+from calibrate.stages.measure.tier_run import Measuring
+from calibrate.stages.measure.tiers import Tier
+from calibrate.workload import WorkloadSpec
+
+
+class LadderView(TierView):
+    """Watches a ladder (``stages.ladder.LadderWatcher``), then says what it found."""
+
+    kind = "ladder"
+
+    def planned(
+        self, options: LadderOptions, workload: WorkloadSpec, cap: ServerCap | None
+    ) -> None:
+        if options.axis == "context":
+            steps = f"input length at batch {options.batch_sizes[0]}"
+        else:
+            steps = f"batch sizes {', '.join(map(str, options.batch_sizes))}"
+        warmup = f", {options.warmup_waves} warm-up wave(s) first" if options.warmup_waves else ""
+        streamed = ", streamed (TTFT, TPOT, ITL)" if options.stream else ", not streamed"
+        if has_slo(options.slo):
+            streamed += f"; SLOs {describe(options.slo)}"
+        self.say(
+            f"ladder: {steps}, {options.rounds} rounds each of ≥ {options.min_round_s:g} s, one "
+            f"batch at a time, {options.mode} mode{warmup}{streamed}; workload: "
+            f"{workload.describe()}"
+        )
+        if cap is not None:
+            self.say(f"the server's own cap: {cap.slots} ({cap.source}); tiers above it: stop: cap")
+
+    @contextmanager
+    def live(
+        self, run_id: str, options: LadderOptions, watch: Measuring
+    ) -> Iterator[Callable[[Tier], None]]:
+        progress = Plan(len(options.batch_sizes), options.rounds * options.min_round_s)
+        with live_table(self.out, "ladder", f"ladder {run_id}", progress) as show:
+
+            def on_tier(tier: Tier) -> None:
+                show({**tier.to_json(), "vram_source": watch.monitor.source, "axis": options.axis})
+                warn_if_client_bound(self.out, watch.selfload)
+                say_differs(self.out, tier.determinism, f"batch {tier.batch_size}")
+
+            yield on_tier
+
+    def render(self, done: LadderOutcome, junit: str | None) -> int:
+        """Everything said after the last tier; the exit code (Ctrl-C: ``Interrupted``)."""
+        out, ctx, result = self.out, self.ctx, done.result
+        show_record(out, done.record)
+        warn_if_not_streamed(out, done.record.rows, done.streamed)
+        suite = ladder_junit(
+            junit_suite("ladder", ctx.run, ctx.target), result, done.record.comparison
+        )
+        if done.interrupted:
+            suite.check("the ladder ran to the end", False, "interrupted", kind="interrupted")
+            self.save_junit(suite, junit)
+            raise Interrupted(
+                f"ladder interrupted after {len(result.tiers)} finished tier(s), "
+                f"recorded as not passed; completed rounds are kept in {ctx.run.path}",
+                "Run it again to calibrate: calibrate ladder",
+            )
+        self.save_junit(suite, junit)
+        self.verdict(result)
+        say_overall(out, done.determinism)
+        if done.next_step:
+            out.say(f"next: {done.next_step}")
+        entry = done.record.entry
+        out.result(
+            {
+                "passed": entry.passed,
+                "run_id": ctx.run.run_id,
+                **entry.summary,
+                "tiers_detail": [t.to_json() for t in result.tiers],
+                **({"determinism": done.determinism.to_json()} if done.determinism else {}),
+            }
+        )
+        return 0 if done.passed else 1
+
+    def verdict(self, result: LadderResult) -> None:
+        """The last passing tier and the setting, or why the ladder failed."""
+        out, top = self.out, result.last_passing
+        if top is None:
+            out.fail(f"ladder failed: {result.tiers[-1].reason if result.tiers else 'no tier ran'}")
+            out.say(f"incidents: {self.ctx.run.file('incidents')}")
+            self.say_first_error()
+        elif result.axis == "context":
+            out.ok(context_outcome(result.tiers, result.longest_input_tokens, top.batch_size))
+        else:
+            why = (
+                "every tier passed"
+                if result.stopped_by == "completed"
+                else f"stopped by {result.stopped_by}: {result.tiers[-1].reason}"
+            )
+            chosen = result.setting or top
+            out.ok(
+                f"last passing tier: batch {top.batch_size}, concurrency "
+                f"{top.stats.concurrency}{_goodput(top)} ({why})"
+            )
+            out.ok(
+                f"setting: batch {chosen.batch_size}, concurrency {chosen.stats.concurrency}"
+                f"{_goodput(chosen)}{cost_text(chosen.stats)} — {result.setting_reason}"
+            )
+        if top is not None and result.incidents:
+            out.say(f"{result.incidents} incident bundle(s) in {self.ctx.run.file('incidents')}")
+            self.say_first_error()
+        if result.match_failed:
+            out.fail("--require-match: outputs differ from the baseline")
+
+    def say_first_error(self) -> None:
+        """The kind alone (http_4xx) does not say why: show the server's own message once."""
+        if message := first_error(self.ctx.run.file("incidents")):
+            self.out.say(f"first error: {message}")
+
+
+def _goodput(tier: Tier) -> str:
+    good = tier.stats.goodput_per_s
+    return f", goodput {good:.2f} req/s within the SLOs" if good is not None else ""
+
+
+def ladder_junit(
+    suite: JUnitSuite, result: LadderResult, comparison: TierComparison | None
+) -> JUnitSuite:
+    """One testcase per tier and round; rounds not run after a failure are skipped."""
+    found = result.last_passing is not None  # a failure above it is the ceiling, not a failure
+    for tier in result.tiers:
+        for stats in tier.rounds:
+            name = f"batch {tier.batch_size} round {stats.round}"
+            reason = (
+                f"batch {tier.batch_size} round {stats.round}: {stats.errors} of "
+                f"{stats.items} requests failed ({stats.kinds_text})"
+            )
+            if stats.errors and found:
+                suite.add(
+                    JUnitCase(
+                        name,
+                        "calibrate.ladder",
+                        time_s=stats.total_s,
+                        skipped=f"the ceiling, not a failure: {reason}",
+                    )
+                )
+                suite.properties["ceiling"] = reason
+                continue
+            suite.check(
+                name,
+                not stats.errors,
+                reason,
+                kind=",".join(stats.error_kinds),
+                time_s=stats.total_s,
+            )
+        for skipped in range(len(tier.rounds) + 1, tier.rounds_planned + 1):
+            suite.add(
+                JUnitCase(
+                    f"batch {tier.batch_size} round {skipped}",
+                    "calibrate.ladder",
+                    skipped="not run: an earlier round of this tier failed",
+                )
+            )
+    if found:
+        suite.properties["stopped_by"] = result.stopped_by
+        if result.stopped_by != "completed" and result.tiers:
+            suite.properties.setdefault("ceiling", result.tiers[-1].reason)
+    if found and (chosen := result.setting) is not None and result.axis == "batch":
+        suite.properties["setting_batch_size"] = str(chosen.batch_size)
+        suite.properties["setting_reason"] = result.setting_reason
+    if result.require_match:
+        suite.check(
+            "outputs match the single-call baseline",
+            not result.match_failed,
+            "; ".join(result.notes),
+            kind="baseline_mismatch",
+        )
+    if comparison is not None:
+        suite.check(
+            f"no regression against {comparison.baseline_path}",
+            comparison.passed,
+            "; ".join(comparison.problems),
+            kind="regression",
+        )
+    return suite

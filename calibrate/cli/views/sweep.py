@@ -1,0 +1,176 @@
+"""The sweep on the command line: its plan, the levels as they finish, then the knee or the
+recommendation, the JUnit report and the ``--json`` result (the stage is ``stages.sweep``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from calibrate.cli.common import junit_suite
+from calibrate.cli.views.determinism import say_differs, say_overall
+from calibrate.cli.views.tiers import (
+    TierView,
+    live_table,
+    show_record,
+    warn_if_client_bound,
+    warn_if_not_streamed,
+)
+from calibrate.errors import Interrupted
+from calibrate.gpu.energy import cost_text
+from calibrate.load.arrivals import rate_text
+from calibrate.report.progress import Plan
+from calibrate.stages.measure.slo import describe, has_slo
+from calibrate.stages.measure.tier_run import Measuring
+from calibrate.stages.sweep import SweepOutcome
+from calibrate.stages.sweep.find_max import PROBE_RULE
+from calibrate.stages.sweep.result import Level, ServerCap, SweepResult
+from calibrate.stages.sweep.spec import SweepOptions
+from calibrate.workload import WorkloadSpec
+
+
+class SweepView(TierView):
+    """Watches a sweep (``stages.sweep.SweepWatcher``), then says what it found."""
+
+    kind = "sweep"
+
+    def planned(self, options: SweepOptions, workload: WorkloadSpec, cap: ServerCap | None) -> None:
+        self.say(f"workload: {workload.describe()}")
+        self.say(announce(options) + (f"; server cap {cap.slots} ({cap.source})" if cap else ""))
+
+    @contextmanager
+    def live(
+        self, run_id: str, options: SweepOptions, watch: Measuring
+    ) -> Iterator[Callable[[Level], None]]:
+        with live_table(self.out, "sweep", f"sweep {run_id}", progress(options)) as show:
+
+            def on_level(level: Level) -> None:
+                show({**level.to_json(), "vram_source": watch.monitor.source})
+                warn_if_client_bound(self.out, watch.selfload)
+                say_differs(self.out, level.determinism, level.label)
+
+            yield on_level
+
+    def render(self, done: SweepOutcome, junit: str | None) -> int:
+        """Everything said after the last level; the exit code (Ctrl-C: ``Interrupted``)."""
+        out, ctx, result, record = self.out, self.ctx, done.result, done.record
+        show_record(out, record)
+        warn_if_not_streamed(out, record.rows, done.options.stream)
+        suite = junit_suite("sweep", ctx.run, ctx.target)
+        for lv in result.levels:
+            s = lv.stats
+            suite.check(
+                lv.label,
+                lv.verdict != "fail",  # a find-max probe over an SLO is how the search ends
+                f"{lv.label}: {s.errors} of {s.items} requests failed ({s.kinds_text})",
+                kind=",".join(s.error_kinds),
+                time_s=s.total_s,
+            )
+        if (comparison := record.comparison) is not None:
+            suite.check(
+                f"no regression against {comparison.baseline_path}",
+                comparison.passed,
+                "; ".join(comparison.problems),
+                kind="regression",
+            )
+        if result.inconclusive:
+            suite.check(
+                "calibrate was not the limit", False, result.inconclusive, kind="client_bound"
+            )
+        if done.interrupted:
+            suite.check("the sweep ran to the end", False, "interrupted", kind="interrupted")
+            self.save_junit(suite, junit)
+            raise Interrupted(
+                f"sweep interrupted after {len(result.levels)} level(s), recorded as "
+                f"not passed; completed levels are kept in {ctx.run.path}",
+                "Run it again to find the knee: calibrate sweep",
+            )
+        self.save_junit(suite, junit)
+        self.verdict(result, done.options)
+        say_overall(out, done.determinism)
+        if done.next_step:
+            out.say(f"next: {done.next_step}")
+        out.result(
+            {
+                "passed": record.entry.passed,
+                "run_id": ctx.run.run_id,
+                **record.entry.summary,
+                "levels_detail": [lv.to_json() for lv in result.levels],
+                **({"determinism": done.determinism.to_json()} if done.determinism else {}),
+            }
+        )
+        return 0 if done.passed else 1
+
+    def verdict(self, result: SweepResult, options: SweepOptions) -> None:
+        """The knee or the recommendation with how sure it is, or why there is none."""
+        out, knee = self.out, result.knee
+        if result.saturation_text:
+            out.warn(result.saturation_text)
+        if result.inconclusive:
+            out.fail(f"sweep {result.inconclusive}")
+            out.say(f"what to do: {result.what_to_do}")
+        elif result.recommendation:
+            out.ok(f"recommended {result.recommendation}{_cost(result)}")
+        elif knee is not None and not (result.rate_mode or result.auto or has_slo(options.slo)):
+            out.ok(
+                f"knee: concurrency {knee.concurrency} ({knee.stats.items_per_s:.2f} items/s "
+                f"median, range {knee.items_per_s_min:.2f}–{knee.items_per_s_max:.2f}, at batch "
+                f"size {result.batch_size}); recommended concurrency {knee.concurrency}"
+                f"{_cost(result)}"
+            )
+            out.say(f"how sure: {result.knee_text}")
+            repeated = [
+                f"{lv.label} ({len(lv.runs)} runs)"
+                for lv in result.levels
+                if len(lv.runs) > options.repeats
+            ]
+            if repeated:
+                out.say(f"repeated to tell a gain from noise: {', '.join(repeated)}")
+        else:
+            out.fail(f"sweep failed: {result.reason}")
+
+
+def progress(options: SweepOptions) -> Plan:
+    """The progress bar's levels (a find-max probes at most 10) of repeats × level_s each."""
+    if options.find_max_top:
+        levels = 10
+    elif options.auto_steps:
+        levels = options.auto_steps + 2
+    else:
+        levels = len(options.rates or options.levels)
+    return Plan(levels, options.repeats * options.level_s, "levels")
+
+
+def announce(options: SweepOptions) -> str:
+    """What the sweep will send, in one line."""
+    at = f"at batch size {options.batch_size}, {options.repeats} run(s) per level"
+    stream = "streamed" if options.stream else "not streamed"
+    slo = f"; SLOs {describe(options.slo)} (goodput)" if has_slo(options.slo) else ""
+    if options.find_max_top:
+        return (
+            f"sweep --find-max: the largest concurrency in 1–{options.find_max_top} that meets "
+            f"{describe(options.slo)}, {at} of ≥ {options.level_s:g} s and ≥ 4×C requests, "
+            f"{stream}; {PROBE_RULE}"
+        )
+    cap = options.max_in_flight
+    capped = f", at most {cap} in flight (the ladder's)" if cap else ""
+    if options.auto_steps:
+        return (
+            f"sweep --auto: synchronous (concurrency 1), maximum (concurrency "
+            f"{options.levels[-1]}), then {options.auto_steps} {options.arrival} rate(s) "
+            f"between, {at} of ≥ {options.level_s:g} s, {stream}{capped}{slo}"
+        )
+    if options.rates:
+        shape = options.arrival if options.burstiness == 1 else f"gamma k={options.burstiness:g}"
+        return (
+            f"sweep: rates {', '.join(rate_text(r) for r in options.rates)} req/s, {shape} "
+            f"arrivals, {at} of ≥ {options.level_s:g} s, {stream}{capped}{slo}"
+        )
+    return (
+        f"sweep: concurrency {', '.join(map(str, options.levels))} {at} of ≥ "
+        f"{options.level_s:g} s and ≥ 4×C requests, {stream}{slo}"
+    )
+
+
+def _cost(result: SweepResult) -> str:
+    """J per output token and $ per 1M output tokens at the recommended level (SPEC §13)."""
+    return cost_text(result.best.stats) if result.best is not None else ""

@@ -1,0 +1,166 @@
+"""What a ladder or sweep does once its tiers are measured: the table, ``--compare``,
+``--save-baseline``, the one ledger verdict, and what the determinism copies found.
+
+The order is the contract: the table is written before it is compared, and the comparison is
+in the verdict (a regression or an interruption is never a pass, SPEC §4.2). What is said
+about it all is the command line's; here it is only decided and written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from calibrate.config import Config
+from calibrate.gpu.selfload import SelfLoadMonitor
+from calibrate.http.records import LedgerEntry
+from calibrate.stages.context import StageContext
+from calibrate.stages.measure.compare_tiers import (
+    TableKind,
+    TierComparison,
+    compare_tables,
+    read_table,
+    save_baseline,
+)
+from calibrate.stages.measure.determinism import DeterminismCheck, EngineSwitch, overall
+from calibrate.stages.measure.determinism_wave import managed_switch
+from calibrate.stages.measure.tier_run import MeasureSpec
+from calibrate.stages.measure.tiers import queue_note
+
+Row = Mapping[str, Any]
+Tables = Callable[[Sequence[Row], str], None]  # writes tiers.csv from the rows (and shows it)
+
+
+@dataclass(frozen=True)
+class TierRecord:
+    """What finishing a run decided and wrote, for the command line to say."""
+
+    rows: tuple[Row, ...]
+    comparison: TierComparison | None
+    baseline: tuple[Path, Path | None] | None  # (where the table went, the previous one kept)
+    notes: tuple[str, ...]
+    client_bound: str | None  # calibrate's own CPU was the limit (not said during the run)
+    entry: LedgerEntry
+
+
+def finish_tiers(
+    spec: MeasureSpec,
+    ctx: StageContext,
+    kind: TableKind,
+    rows: Sequence[Row],
+    *,
+    tables: Tables,
+    source: str,
+    passed: bool,
+    summary: dict[str, Any],
+    notes: Sequence[str],
+    selfload: SelfLoadMonitor,
+    interrupted: bool = False,
+) -> TierRecord:
+    """The table, --compare / --save-baseline, the notes; then the stage's ledger verdict."""
+    if rows:
+        tables(rows, source)
+    comparison = compare_run(spec, ctx, kind)
+    saved = save_table_baseline(spec, ctx, kind)
+    client_bound = selfload.poll_warning()
+    entry = record_run(
+        ctx,
+        passed=passed,
+        summary=summary,
+        comparison=comparison,
+        selfload=selfload,
+        interrupted=interrupted,
+    )
+    every = (*notes, *queue_notes(rows))
+    return TierRecord(tuple(rows), comparison, saved, every, client_bound, entry)
+
+
+def queue_notes(rows: Sequence[Row]) -> list[str]:
+    """One note per tier or level during which the server queued requests (explains a knee)."""
+    found = (queue_note(r.get("server_queue_max"), int(r["concurrency"])) for r in rows)
+    return [note for note in found if note]
+
+
+def compare_run(spec: MeasureSpec, ctx: StageContext, kind: TableKind) -> TierComparison | None:
+    """``--compare``: this run's tiers.csv against the committed table (None without the flag)."""
+    table = ctx.run.file("tiers.csv")
+    if spec.compare is None or not table.exists():
+        return None
+    return compare_tables(
+        kind,
+        read_table(spec.compare, kind),
+        read_table(table, kind),
+        tolerance=spec.tolerance,
+        baseline_path=str(spec.compare),
+    )
+
+
+def save_table_baseline(
+    spec: MeasureSpec, ctx: StageContext, kind: TableKind
+) -> tuple[Path, Path | None] | None:
+    """``--save-baseline``: (where the table went, where the previous one was kept)."""
+    table = ctx.run.file("tiers.csv")
+    if not spec.save_baseline or not table.exists():
+        return None
+    dest = ctx.config.baselines_dir / f"{kind}.csv"
+    return dest, save_baseline(table, dest)
+
+
+def record_run(
+    ctx: StageContext,
+    *,
+    passed: bool,
+    summary: dict[str, Any],
+    comparison: TierComparison | None,
+    selfload: SelfLoadMonitor,
+    interrupted: bool = False,
+) -> LedgerEntry:
+    """The run's one ledger verdict, with calibrate's own load and the comparison in it."""
+    summary = {**summary, "selfload": selfload.report().to_json()}
+    if comparison is not None:
+        summary["compare"] = comparison.to_json()
+        passed = passed and comparison.passed  # a regression is not a pass (SPEC §4.2)
+    entry = ctx.record_result(passed, summary, interrupted=interrupted)
+    ctx.run.close()
+    return entry
+
+
+@dataclass(frozen=True)
+class Determinism:
+    """What the copies of the fixed prompt found over the run (SPEC §13)."""
+
+    line: str  # ``determinism (8 copies each): identical at batch 1, 2; …``
+    copies: int
+    differed: bool
+    switch: EngineSwitch | None  # the managed engine's batch-invariant switch, as read
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "copies": self.copies,
+            "deterministic": not self.differed,
+            "switch": self.switch.to_json() if self.switch is not None else None,
+        }
+
+
+def judge_determinism(
+    cfg: Config, checks: Sequence[tuple[str, DeterminismCheck]]
+) -> Determinism | None:
+    """The run's determinism and the engine's switch (None when no copies were sent)."""
+    line = overall(checks)
+    if line is None:
+        return None
+    differed = any(c.divergence is not None for _, c in checks)
+    copies = max(c.copies for _, c in checks)
+    return Determinism(line, copies, differed, managed_switch(cfg))
+
+
+def write_determinism(
+    ctx: StageContext, checks: Sequence[tuple[str, DeterminismCheck]]
+) -> Determinism | None:
+    """``determinism.json`` beside the tiers: the switch as read (SPEC §13)."""
+    found = judge_determinism(ctx.config, checks)
+    if found is not None:
+        ctx.run.write_json("determinism.json", found.to_json())
+    return found

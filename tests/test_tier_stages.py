@@ -1,0 +1,118 @@
+"""The ladder and the sweep as stages, without argv or a terminal: ``stages.ladder.run(spec,
+env)`` and ``stages.sweep.run(spec, env)`` against the real mock, watched by a recorder instead
+of the command line's view."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from calibrate import config
+from calibrate.config import SloConfig
+from calibrate.stages import ladder, sweep
+from calibrate.stages.env import StageRequest, open_stage
+from calibrate.stages.ladder import LadderEnv, LadderSpec
+from calibrate.stages.ladder.run import LadderOptions
+from calibrate.stages.measure.stop_rules import ServerCap
+from calibrate.stages.measure.tier_run import Measuring
+from calibrate.stages.measure.tiers import Tier
+from calibrate.stages.prepare.stream_probe import StreamCheck
+from calibrate.stages.sweep import SweepEnv, SweepSpec
+from calibrate.stages.sweep import result as sweep_result
+from calibrate.stages.sweep.result import Level
+from calibrate.stages.sweep.spec import SweepOptions
+from calibrate.workload import WorkloadSpec
+from tests.mockserver import start_mock
+from tests.tier_helpers import FAST, open_gate
+
+
+class Recorder:
+    """What a ``TierWatcher`` is told, kept."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.tiers: list[int] = []
+        self.written: list[int] = []  # rows per table written
+
+    def say(self, text: str) -> None:
+        self.lines.append(text)
+
+    def warn(self, text: str) -> None:
+        self.lines.append(f"warning: {text}")
+
+    def watching(self, watch: Measuring) -> None:
+        self.lines.append(f"watching: {watch.monitor.source}")
+
+    def stream_checked(self, check: StreamCheck, slo: SloConfig) -> None:
+        self.lines.append(f"streamed: {check.stream}")
+
+    def tables(self, rows: Sequence[Mapping[str, Any]], source: str) -> None:
+        self.written.append(len(rows))
+
+
+class LadderRecorder(Recorder):
+    """A ``LadderWatcher``: told the plan, then each tier."""
+
+    def planned(
+        self, options: LadderOptions, workload: WorkloadSpec, cap: ServerCap | None
+    ) -> None:
+        self.lines.append(f"planned: {options.batch_sizes}")
+
+    @contextmanager
+    def live(
+        self, run_id: str, options: LadderOptions, watch: Measuring
+    ) -> Iterator[Callable[[Tier], None]]:
+        yield lambda tier: self.tiers.append(tier.batch_size)
+
+
+def test_the_ladder_runs_and_records_without_a_command_line(isolated: Path) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, slots=4) as mock:
+        open_gate(isolated, mock.base_url)
+        cfg = config.load(config.Overrides(config_path=str(isolated / "calibrate.toml")), {})
+        ctx = open_stage(StageRequest("ladder", cfg), lambda text: None)
+        watcher = LadderRecorder()
+        done = ladder.run(LadderSpec(), LadderEnv(ctx, watcher))
+    assert done.passed and not done.interrupted
+    tiers = [t.batch_size for t in done.result.tiers]
+    assert watcher.tiers == tiers and tiers[:3] == [1, 2, 4]
+    assert watcher.lines[0].startswith("watching: ")
+    assert any(line.startswith("planned: (1, 2, 4") for line in watcher.lines)
+    assert watcher.written == [len(tiers)] == [len(done.record.rows)]
+    assert not (ctx.run.path / "tiers.csv").exists()  # the table is the watcher's to write
+    entry = done.record.entry
+    assert entry.stage == "ladder" and entry.passed and entry.run_id == ctx.run.run_id
+    assert (ctx.run.path / "summary.json").exists()
+    assert done.next_step  # a passing ladder says what to run next
+
+
+class SweepRecorder(Recorder):
+    """A ``SweepWatcher``: told the plan, then each level."""
+
+    def planned(
+        self, options: SweepOptions, workload: WorkloadSpec, cap: sweep_result.ServerCap | None
+    ) -> None:
+        self.lines.append(f"planned: {options.levels}")
+
+    @contextmanager
+    def live(
+        self, run_id: str, options: SweepOptions, watch: Measuring
+    ) -> Iterator[Callable[[Level], None]]:
+        yield lambda level: self.tiers.append(level.concurrency)
+
+
+def test_the_sweep_runs_and_records_without_a_command_line(isolated: Path) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, slots=4) as mock:
+        extra = FAST + "[sweep]\nlevel_s = 0.2\nrepeats = 1\nconcurrency = [1, 2]\n"
+        open_gate(isolated, mock.base_url, extra, stage="ladder")
+        cfg = config.load(config.Overrides(config_path=str(isolated / "calibrate.toml")), {})
+        ctx = open_stage(StageRequest("sweep", cfg), lambda text: None)
+        watcher = SweepRecorder()
+        done = sweep.run(SweepSpec(), SweepEnv(ctx, watcher))
+    assert not done.interrupted and done.options.levels == (1, 2)
+    assert watcher.tiers == [lv.concurrency for lv in done.result.levels]
+    assert "planned: (1, 2)" in watcher.lines
+    assert watcher.written == [len(done.record.rows)]
+    assert done.record.entry.stage == "sweep" and done.record.entry.run_id == ctx.run.run_id
+    assert (done.next_step is not None) == done.passed
