@@ -16,8 +16,8 @@ import pytest
 
 from calibrate.io.shard import Shard, shard_of
 from calibrate.io.store import dumps_line
-from calibrate.stages import export_formats
 from calibrate.stages.export import export_final
+from calibrate.stages.export import formats as export_formats
 from tests.batch_helpers import assert_valid_jsonl, write_tasks
 from tests.conftest import write_config
 from tests.mockserver import REPO, start_mock

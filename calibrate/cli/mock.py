@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.cli.flags import add_command
+from calibrate.cli.flags.mock import add_flags, settings_from_args
 from calibrate.errors import StageFailed, UsageError
 from calibrate.mock import BackgroundServer
-from calibrate.mock.flags import add_flags, settings_from_args
 
 __all__ = ["register", "run", "settings_from_args"]
 

@@ -31,9 +31,9 @@ from calibrate.cli.common import (
     open_stage,
     output_for,
 )
+from calibrate.cli.flags.workload import task_pool, workload_spec
 from calibrate.cli.views.ladder import LadderView
 from calibrate.cli.views.tiers import add_tier_args, measure_spec
-from calibrate.cli.workload_flags import task_pool, workload_spec
 from calibrate.stages import ladder
 from calibrate.stages.ladder import LadderEnv, LadderSpec
 from calibrate.workload import parse_context_lengths

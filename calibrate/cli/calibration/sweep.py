@@ -27,8 +27,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from calibrate.cli import sweep_args
 from calibrate.cli.common import open_stage, output_for
+from calibrate.cli.flags import sweep as sweep_args
 from calibrate.cli.views.sweep import SweepView
 from calibrate.stages import sweep
 from calibrate.stages.sweep import SweepEnv

@@ -18,8 +18,8 @@ import argparse
 from typing import Any
 
 from calibrate.cli import common
+from calibrate.cli.flags.workload import add_workload_args, task_pool, workload_spec
 from calibrate.cli.views.tune import show_finished, tune_env
-from calibrate.cli.workload_flags import add_workload_args, task_pool, workload_spec
 from calibrate.config import MAX_TIMEOUT_S
 from calibrate.engines.builders import SERVER_KINDS
 from calibrate.engines.redaction import shown_command

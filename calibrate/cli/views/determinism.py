@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from calibrate.cli.common import Output
-from calibrate.stages.measure.determinism import DeterminismCheck
+from calibrate.stages.determinism import DeterminismCheck
 from calibrate.stages.measure.tier_finish import Determinism
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.cli.common import Output
-from calibrate.cli.workload_flags import add_workload_args
+from calibrate.cli.flags.workload import add_workload_args
 from calibrate.config import SloConfig
 from calibrate.gpu.energy import PRICE_HELP
 from calibrate.gpu.selfload import SelfLoadMonitor

@@ -15,10 +15,10 @@ from calibrate.http.records import RequestRecord, utc_now_iso
 from calibrate.load.items import ItemResult
 from calibrate.load.waves import Request, Sender, build_requests
 from calibrate.stages.context import StageContext
+from calibrate.stages.determinism import DeterminismCheck
+from calibrate.stages.determinism.wave import CopiesWave, send_copies
 from calibrate.stages.ladder.context_axis import axis_stopped_by, next_length, relabel
 from calibrate.stages.ladder.result import Axis, LadderResult, WarmUp
-from calibrate.stages.measure.determinism import DeterminismCheck
-from calibrate.stages.measure.determinism_wave import CopiesWave, send_copies
 from calibrate.stages.measure.incidents import IncidentRecorder
 from calibrate.stages.measure.slo import with_goodput
 from calibrate.stages.measure.stop_rules import (

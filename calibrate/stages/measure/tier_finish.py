@@ -17,6 +17,8 @@ from calibrate.config import Config
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.records import LedgerEntry
 from calibrate.stages.context import StageContext
+from calibrate.stages.determinism import DeterminismCheck, EngineSwitch, overall
+from calibrate.stages.determinism.wave import managed_switch
 from calibrate.stages.measure.compare_tiers import (
     TableKind,
     TierComparison,
@@ -24,8 +26,6 @@ from calibrate.stages.measure.compare_tiers import (
     read_table,
     save_baseline,
 )
-from calibrate.stages.measure.determinism import DeterminismCheck, EngineSwitch, overall
-from calibrate.stages.measure.determinism_wave import managed_switch
 from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.measure.tiers import queue_note
 

@@ -11,7 +11,7 @@ from calibrate.gpu.energy import ENERGY_COLUMNS, energy_fields
 from calibrate.gpu.nvml import DeviceMemory
 from calibrate.gpu.vram import WindowPeak, device_peaks
 from calibrate.load.items import ItemResult, percentile
-from calibrate.stages.measure.determinism import DeterminismCheck
+from calibrate.stages.determinism import DeterminismCheck
 from calibrate.stages.measure.latency import latency_columns
 
 Verdict = Literal[

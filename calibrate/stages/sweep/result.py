@@ -18,7 +18,7 @@ from calibrate.load.arrivals import rate_text, rate_value
 from calibrate.load.keepalive_stall import Stall
 from calibrate.load.open_loop import RateJudgement
 from calibrate.load.window import spread
-from calibrate.stages.measure.determinism import DeterminismCheck
+from calibrate.stages.determinism import DeterminismCheck
 from calibrate.stages.measure.slo import binding_slo, describe, has_slo
 from calibrate.stages.measure.stop_rules import Point
 from calibrate.stages.measure.tiers import Stats, energy_short

@@ -28,8 +28,8 @@ from calibrate.load.window import (
     steady_throughput,
 )
 from calibrate.stages.context import StageContext
+from calibrate.stages.determinism.wave import CopiesWave, send_copies
 from calibrate.stages.ladder.run import all_refused, item_record
-from calibrate.stages.measure.determinism_wave import CopiesWave, send_copies
 from calibrate.stages.measure.incidents import IncidentRecorder
 from calibrate.stages.measure.slo import with_goodput
 from calibrate.stages.measure.stop_rules import Point, continue_sweep

@@ -25,7 +25,7 @@ from calibrate.io.resume import RESULT_LINE
 from calibrate.io.shard import Shard
 from calibrate.io.store import encode_line, remove_stale_temps
 from calibrate.io.tasks import ItemId, index_input, read_tasks
-from calibrate.stages.export_formats import Format, JsonlFinal, format_of, open_final
+from calibrate.stages.export.formats import Format, JsonlFinal, format_of, open_final
 
 BLOCK_BYTES = 8 * 1024 * 1024
 JOURNAL_BITS = 10  # up to 1024 journals (shards) in one export

@@ -20,7 +20,7 @@ from calibrate.load.waves import Sender, build_requests
 from calibrate.server import process
 from calibrate.server.devices import read_environ
 from calibrate.stages.context import StageContext
-from calibrate.stages.measure.determinism import (
+from calibrate.stages.determinism import (
     DeterminismCheck,
     EngineSwitch,
     check,

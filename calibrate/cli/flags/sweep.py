@@ -7,8 +7,8 @@ import argparse
 from typing import Any
 
 from calibrate.cli.common import Runner, add_command, add_force, add_junit, add_wide, load_config
+from calibrate.cli.flags.workload import task_pool, workload_spec
 from calibrate.cli.views.tiers import add_tier_args, measure_spec
-from calibrate.cli.workload_flags import task_pool, workload_spec
 from calibrate.config import MAX_BATCH_SIZE, Config
 from calibrate.errors import UsageError
 from calibrate.stages.measure.slo import has_slo, parse_slo_flags
