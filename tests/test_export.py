@@ -19,7 +19,7 @@ from calibrate.stages import export_formats
 from calibrate.stages.batch.shard import Shard, shard_of
 from calibrate.stages.export import export_final
 from tests.batch_helpers import assert_valid_jsonl, write_tasks
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import REPO, start_mock
 
 

@@ -94,6 +94,7 @@ def test_sends_this_process_sent_late_are_not_the_servers_saturation() -> None:
     assert judge(OpenRun(slower, 2.9, 2.375, (0,) * 20, 0.0, late), 10.0, 4).saturated
 
 
+@pytest.mark.serial  # within 5 % of 40 req/s: a busy core sends late
 def test_achieved_rate_within_5_percent_of_offered_on_a_fast_mock(cli, isolated: Path) -> None:
     """40 req/s of Poisson arrivals for 2 s against a mock with no slot limit."""
     with start_mock(ttft_s=0.005, per_token_s=0.0002) as mock:

@@ -19,7 +19,6 @@ import pytest
 import requests
 
 from calibrate.server import process
-from tests.conftest import CliResult
 from tests.engine_llamacpp.conftest import (
     LONG_PROMPT,
     MODEL_NAME,
@@ -28,6 +27,7 @@ from tests.engine_llamacpp.conftest import (
     wait_for,
     write_llamacpp_config,
 )
+from tests.helpers import CliResult
 
 pytestmark = pytest.mark.engine
 
