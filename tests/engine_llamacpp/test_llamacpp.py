@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from calibrate.server import process
-from tests.engine_llamacpp.conftest import (
+from tests.engine_llamacpp.helpers import (
     LONG_PROMPT,
     MODEL_NAME,
     PROMPT,
