@@ -16,11 +16,16 @@ from tests.helpers import CliResult
 @pytest.fixture(autouse=True)
 def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Each test runs in its own empty directory with no calibrate settings inherited; a server
-    it left running under calibrate's management is stopped (and its supervisor reaped) after."""
+    it left running under calibrate's management is stopped (and its supervisor reaped) after.
+
+    COLUMNS and LINES go too: tables in a log are 100 columns wide unless $COLUMNS says otherwise,
+    and the terminal that runs pytest (or pytest-xdist, which sets COLUMNS=80 in its workers)
+    must not decide which columns a test reads."""
     import os
 
+    scrubbed = ("OPENAI_API_KEY", "NO_COLOR", "FORCE_COLOR", "COLUMNS", "LINES")
     for name in list(os.environ):
-        if name.startswith("CALIBRATE_") or name in ("OPENAI_API_KEY", "NO_COLOR", "FORCE_COLOR"):
+        if name.startswith("CALIBRATE_") or name in scrubbed:
             monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
     yield tmp_path
