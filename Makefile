@@ -31,8 +31,15 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/demo.sh
 
+# The suite waits on HTTP and child processes more than it computes: 4 workers (pytest-xdist)
+# fill 2 cores; the tests that assert measured times (marker serial) run after them, alone, from
+# the files that mark any (so the second pass does not collect the whole suite again).
+# Plain `python -m pytest -q` runs everything in one process.
+TEST_WORKERS ?= 4
+SERIAL_FILES = $(shell grep -l 'mark\.serial' tests/test_*.py)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m 'not engine and not browser and not serial'
+	$(BIN)/python -m pytest -q -m 'serial and not engine and not browser' $(SERIAL_FILES)
 
 lint: $(STAMP)
 	$(BIN)/ruff format --check calibrate tests scripts bench

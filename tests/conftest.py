@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,35 +10,28 @@ import pytest
 
 from calibrate.cli import main
 from calibrate.server import process
-
-FAKE_KEY = "sk-calibrate-test-0123456789abcdef"
+from tests.helpers import CliResult
 
 
 @pytest.fixture(autouse=True)
 def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Each test runs in its own empty directory with no calibrate settings inherited; a server
-    it left running under calibrate's management is stopped (and its supervisor reaped) after."""
+    it left running under calibrate's management is stopped (and its supervisor reaped) after.
+
+    COLUMNS and LINES go too: tables in a log are 100 columns wide unless $COLUMNS says otherwise,
+    and the terminal that runs pytest (or pytest-xdist, which sets COLUMNS=80 in its workers)
+    must not decide which columns a test reads."""
     import os
 
+    scrubbed = ("OPENAI_API_KEY", "NO_COLOR", "FORCE_COLOR", "COLUMNS", "LINES")
     for name in list(os.environ):
-        if name.startswith("CALIBRATE_") or name in ("OPENAI_API_KEY", "NO_COLOR", "FORCE_COLOR"):
+        if name.startswith("CALIBRATE_") or name in scrubbed:
             monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
     yield tmp_path
     record = process.load(tmp_path / "runs")
     if record is not None and process.liveness(record) == "running":
         process.stop(record, 10.0)
-
-
-@dataclass
-class CliResult:
-    code: int
-    out: str
-    err: str
-
-    @property
-    def json(self) -> Any:
-        return json.loads(self.out.strip().splitlines()[-1])
 
 
 @pytest.fixture
@@ -63,17 +54,3 @@ def mock() -> Iterator[Any]:
 
     with start_mock(ttft_s=0.002, per_token_s=0.0005) as server:
         yield server
-
-
-def write_config(path: Path, base_url: str, extra: str = "", *, model: str = "internlm-s2") -> Path:
-    path.write_text(
-        f'[target]\nbase_url = "{base_url}"\nmodel = "{model}"\ntimeout_s = 30\n{extra}',
-        encoding="utf-8",
-    )
-    return path
-
-
-def all_files_text(root: Path) -> str:
-    return "\n".join(
-        p.read_text(encoding="utf-8", errors="replace") for p in root.rglob("*") if p.is_file()
-    )

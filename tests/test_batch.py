@@ -12,7 +12,7 @@ import pytest
 from calibrate.config import Overrides, load
 from calibrate.state.ledger import target_fingerprint
 from tests.batch_helpers import ok_ids, results, write_tasks
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import start_mock
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from calibrate.config import Overrides, load
 from tests.batch_helpers import assert_valid_jsonl, write_tasks
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import start_mock
 
 FAST = {"ttft_s": 0.005, "per_token_s": 0.0002, "slots": 4}

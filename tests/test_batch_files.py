@@ -25,7 +25,7 @@ from tests.batch_helpers import (
     wait_for_lines,
     write_tasks,
 )
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import REPO, start_mock
 
 

@@ -21,7 +21,7 @@ from tests.batch_helpers import (
     raw_completion,
     write_tasks,
 )
-from tests.conftest import write_config
+from tests.helpers import write_config
 
 DEEP = "[" * 100_000 + "]" * 100_000
 

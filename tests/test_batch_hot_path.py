@@ -33,7 +33,7 @@ from tests.batch_helpers import (
     wait_for_lines,
     write_tasks,
 )
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import start_mock
 
 PARAMS = SamplingParams(0.0, 64, 1.0, None)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.canned_server import CannedServer, Reply
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import start_mock
 from tests.tier_helpers import jsonl
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.batch_helpers import batch_process, ok_ids, results, wait_for_lines, write_tasks
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import start_mock
 
 

@@ -14,8 +14,8 @@ import pytest
 from calibrate.errors import RequestError
 from calibrate.http.client import OpenAIClient
 from calibrate.http.records import SamplingParams
-from tests.conftest import write_config
 from tests.drip_proxy import DripProxy
+from tests.helpers import write_config
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST as LADDER_FAST
 from tests.tier_helpers import jsonl, open_gate

@@ -12,7 +12,7 @@ import pytest
 
 from calibrate.http.client import OpenAIClient
 from calibrate.http.records import SamplingParams
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import start_mock
 from tests.tier_helpers import jsonl
 

@@ -11,7 +11,7 @@ import pytest
 
 from calibrate.http.client import MAX_MODELS_KEPT, OpenAIClient
 from tests.canned_server import CannedServer
-from tests.conftest import write_config
+from tests.helpers import write_config
 
 N = 300_000
 ANSWER = {

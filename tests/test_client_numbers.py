@@ -18,7 +18,7 @@ from calibrate.http.error_kinds import retry_after_s
 from calibrate.http.responses import parse_chunk, parse_completion
 from calibrate.stages.sweep.run import read_server_cap
 from tests.canned_server import CannedServer
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import start_mock
 from tests.tier_helpers import jsonl
 

@@ -20,7 +20,7 @@ from calibrate.http.client import OpenAIClient
 from calibrate.http.error_kinds import refusal_cause
 from calibrate.http.records import SamplingParams
 from tests.canned_server import CannedServer
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import start_mock
 from tests.tier_helpers import jsonl
 

@@ -11,7 +11,7 @@ import pytest
 
 from calibrate.errors import RequestError
 from calibrate.http.responses import parse_chunk, parse_completion
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import start_mock
 from tests.tier_helpers import jsonl, open_gate, run_dir
 

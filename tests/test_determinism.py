@@ -19,7 +19,7 @@ from calibrate.stages.determinism import (
     overall,
     tokens,
 )
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import start_mock, start_mock_process
 from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
 

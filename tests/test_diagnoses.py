@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.batch_helpers import results, write_tasks
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import start_mock
 
 FAST = {"ttft_s": 0.001, "per_token_s": 0.0002}

@@ -15,7 +15,7 @@ import pytest
 from calibrate.errors import RequestError
 from calibrate.http.client import OpenAIClient
 from calibrate.http.records import SamplingParams
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import start_mock
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=64, top_p=1.0, seed=0)

@@ -19,7 +19,7 @@ from calibrate.io.store import dumps_line
 from calibrate.stages.export import export_final
 from calibrate.stages.export import formats as export_formats
 from tests.batch_helpers import assert_valid_jsonl, write_tasks
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import REPO, start_mock
 
 

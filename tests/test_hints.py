@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import FAKE_KEY
 from tests.fakes import free_port, managed_config, mock_command, pythonpath_env
+from tests.helpers import FAKE_KEY
 from tests.mockserver import REPO, start_mock
 from tests.tier_helpers import jsonl
 from tests.workload_helpers import FAST_MOCK, LADDER, calibrated
@@ -52,7 +52,7 @@ def agrees(cli: Any, *args: str) -> str:
 def test_each_stage_of_the_main_line_says_what_status_says(cli, isolated: Path) -> None:
     with start_mock(**FAST_MOCK) as mock:
         calibrated_extra = LADDER + "batch_sizes = [1, 2]\n" + SWEEP + SERVER
-        from tests.conftest import write_config
+        from tests.helpers import write_config
 
         write_config(isolated / "calibrate.toml", mock.base_url, calibrated_extra)
         assert agrees(cli, "single") == "calibrate repro"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, jsonl, run_dir
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_config
 from tests.fakes import (
     free_port,
     install_fake_engines,
@@ -24,6 +23,7 @@ from tests.fakes import (
     pythonpath_env,
     recorded_run,
 )
+from tests.helpers import write_config
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FAKE_KEY, all_files_text, write_config
+from tests.helpers import FAKE_KEY, all_files_text, write_config
 from tests.mockserver import start_mock
 from tests.tier_helpers import DEFAULT_RISE, FAST, jsonl, open_gate, run_dir, setting_by_rule
 

@@ -79,7 +79,7 @@ def _alias(isolated: Path, kind: str) -> Path:
 
 def test_two_batches_never_share_a_journal_through_a_link(cli, isolated: Path) -> None:
     from tests.batch_helpers import batch_process, ok_ids, wait_for_lines, write_tasks
-    from tests.conftest import write_config
+    from tests.helpers import write_config
 
     tasks = write_tasks(isolated / "tasks.jsonl", 40)
     journal = isolated / "a.jsonl"
@@ -126,7 +126,7 @@ def test_a_link_planted_at_the_journal_lock_is_never_written_through(
     cli, mock, isolated: Path, kind: str
 ) -> None:
     from tests.batch_helpers import write_tasks
-    from tests.conftest import write_config
+    from tests.helpers import write_config
 
     write_config(isolated / "calibrate.toml", mock.base_url)
     tasks = write_tasks(isolated / "tasks.jsonl", 3)

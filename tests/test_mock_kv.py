@@ -202,7 +202,9 @@ def test_used_memory_grows_with_tokens_without_preallocation() -> None:
 
 
 def test_prefix_cache_holds_identical_prompts_once() -> None:
-    settings = KV | {"kv_capacity_tokens": 100_000, "prefix_cache": True}
+    # 0.8 s answers (4 ms a token), so the 8 of a wave are resident together on a busy machine:
+    # with 0.2 s ones the first could end before the last was admitted, and the peak was lower
+    settings = KV | {"kv_capacity_tokens": 100_000, "prefix_cache": True, "per_token_s": 0.004}
     same = [_prompt("same")] * 8
     unique = [_prompt(f"u{k}") for k in range(8)]
     peaks = []

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from calibrate.server import process
-from tests.conftest import FAKE_KEY, write_config
 from tests.fakes import free_port, managed_config, mock_command, pythonpath_env
+from tests.helpers import FAKE_KEY, write_config
 from tests.mockserver import start_mock
 from tests.workload_helpers import FAST_MOCK, LADDER, calibrated
 

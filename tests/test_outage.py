@@ -12,7 +12,7 @@ from pathlib import Path
 from calibrate.errors import ErrorInfo
 from calibrate.stages.batch.outage import Breaker, OutageEvent, OutagePolicy, is_outage
 from tests.batch_helpers import assert_valid_jsonl, write_tasks
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import start_mock_process
 
 REFUSED = ErrorInfo("connect", "connection refused")

@@ -20,7 +20,7 @@ import pytest
 from calibrate.errors import InputError
 from calibrate.io.store import dumps_line, write_atomic
 from tests.batch_helpers import write_tasks
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.report_helpers import ladder_row, write_run
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_config
 from tests.fakes import append_ledger, install_fake_engines, passing_ladder, recorded_run
+from tests.helpers import write_config
 
 HOSTILE = '/models/my model\'s "dir"; $(touch pwned) `touch pwned2` & $HOME'
 

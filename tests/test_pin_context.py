@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.conftest import write_config
 from tests.fakes import append_ledger
+from tests.helpers import write_config
 
 LADDER = "20261129T160000Z-ladder-abcdef"
 

@@ -89,7 +89,7 @@ TORN_TAILS = {
 @pytest.mark.parametrize("case", sorted(TORN_TAILS))
 def test_a_torn_ledger_tail_never_swallows_the_next_result(cli, isolated: Path, case: str) -> None:
     """The next append ends the torn line first: the stage that says passed is what status shows."""
-    from tests.conftest import write_config
+    from tests.helpers import write_config
 
     with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
         write_config(isolated / "calibrate.toml", mock.base_url)

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_config
 from tests.fakes import (
     free_port,
     install_fake_engines,
@@ -25,6 +24,7 @@ from tests.fakes import (
     pythonpath_env,
     recorded_run,
 )
+from tests.helpers import write_config
 
 SECRETS = ("sk-flag-0001", "pw-equals-0002", "hf-token-0003", "hf-env-0004")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.conftest import FAKE_KEY, all_files_text, write_config
+from tests.helpers import FAKE_KEY, all_files_text, write_config
 from tests.mockserver import start_mock
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from calibrate.io.resume import repair_tail, scan_output
 from calibrate.io.store import dumps_line
 from tests.batch_helpers import batch_process, results, wait_for_lines, write_tasks
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import start_mock
 
 

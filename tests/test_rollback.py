@@ -12,7 +12,6 @@ import pytest
 from calibrate.gpu.nvml import GpuSnapshot
 from calibrate.mock import BackgroundServer, MockSettings
 from calibrate.server import readiness
-from tests.conftest import FAKE_KEY, all_files_text, write_config
 from tests.fakes import (
     free_port,
     managed_config,
@@ -21,6 +20,7 @@ from tests.fakes import (
     pid_gone,
     pythonpath_env,
 )
+from tests.helpers import FAKE_KEY, all_files_text, write_config
 from tests.mockserver import start_mock
 
 

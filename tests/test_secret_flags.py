@@ -27,8 +27,8 @@ from calibrate.engines.redaction import (
     shown_command,
 )
 from calibrate.redact import redact_url
-from tests.conftest import write_config
 from tests.fakes import free_port, managed_config, passing_ladder, pythonpath_env
+from tests.helpers import write_config
 from tests.mockserver import start_mock
 
 SECRET_FLAGS = [

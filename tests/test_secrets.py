@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from calibrate.redact import Scrubber, redact_url
-from tests.conftest import FAKE_KEY, all_files_text, write_config
+from tests.helpers import FAKE_KEY, all_files_text, write_config
 from tests.mockserver import start_mock
 from tests.tier_helpers import WINDOWS, open_gate
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import FAKE_KEY, write_config
+from tests.helpers import FAKE_KEY, write_config
 
 PASSWORD = "s3cr3t-pa55word"
 

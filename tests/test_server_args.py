@@ -21,8 +21,8 @@ import pytest
 
 from calibrate.engines.args import OWN_FLAGS
 from calibrate.engines.builders import LaunchSpec, build
-from tests.conftest import write_config
 from tests.fakes import free_port, install_fake_engines, passing_ladder, recorded_run
+from tests.helpers import write_config
 
 KINDS = ("vllm", "sglang", "lmdeploy", "llamacpp", "tgi")
 # a vLLM and an LMDeploy deployment's flags, and values a shell would misread

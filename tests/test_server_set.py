@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from calibrate.server import process
-from tests.conftest import FAKE_KEY
 from tests.fakes import free_port, managed_config, passing_ladder, pythonpath_env
+from tests.helpers import FAKE_KEY
 
 MOCK = [sys.executable, "-m", "calibrate", "mock", "--ttft", "0.002", "--per-token", "0.0005"]
 # {slots} is a placeholder of the user's own: neither tune nor a setting gives it a value

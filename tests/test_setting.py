@@ -116,7 +116,7 @@ def test_batch_after_a_rollback_defaults_to_concurrency_1(cli, mock, isolated: P
     """SPEC §5.7: a rollback restarts at concurrency 1, and batch follows it, not the older sweep."""
     from calibrate.config import Overrides, load
     from calibrate.state.ledger import target_fingerprint
-    from tests.conftest import write_config
+    from tests.helpers import write_config
 
     write_config(isolated / "calibrate.toml", mock.base_url)
     target = target_fingerprint(load(Overrides(), {}))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import start_mock
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import write_config
+from tests.helpers import write_config
 
 
 def test_status_walks_the_stages(cli, mock, isolated: Path) -> None:

@@ -16,7 +16,7 @@ from calibrate.errors import ErrorInfo, ErrorKind, RequestError
 from calibrate.http.client import OpenAIClient
 from calibrate.http.records import SamplingParams
 from calibrate.stages.prepare.stream_probe import StreamCheck, check_streaming, stream_details
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
 

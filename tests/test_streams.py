@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_config
+from tests.helpers import write_config
 from tests.mockserver import REPO, start_mock
 
 

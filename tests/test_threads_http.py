@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from calibrate.engines.builders import LaunchSpec, build
-from tests.conftest import write_config
 from tests.fakes import append_ledger, install_fake_engines, passing_ladder, recorded_run
+from tests.helpers import write_config
 
 
 def _threads(argv: tuple[str, ...]) -> str | None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_config
 from tests.fakes import free_port, managed_config, mock_command, passing_ladder, pythonpath_env
+from tests.helpers import write_config
 
 
 @pytest.fixture(autouse=True)

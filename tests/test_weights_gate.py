@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from calibrate.http.records import LedgerEntry
-from tests.conftest import write_config
 from tests.fakes import append_ledger, passing_ladder
+from tests.helpers import write_config
 from tests.mockserver import start_mock
 
 SERVER = '[server]\nkind = "vllm"\nport = 8123\nmodel_path = "{path}"\n'

@@ -10,13 +10,16 @@ from typing import Any
 from calibrate import config
 from calibrate.http.records import LedgerEntry
 from calibrate.state.ledger import Ledger, target_fingerprint
-from tests.conftest import write_config
+from tests.helpers import write_config
 
 # Windows of the defaults (2 s rounds, a warm-up wave) would make every test take seconds: the
-# shared test config runs one wave per round, no warm-up. A time per item of a few ms jitters on
-# a loaded 2-core machine, so tests not about the latency rule keep it out of the way (the rule
-# is tested at its real default in test_stages_fast and with DEFAULT_RISE over HTTP).
+# shared test config runs one wave per round, no warm-up.
 WINDOWS = "sample_interval_s = 0.005\nmin_round_s = 0\nwarmup_waves = 0\n"
+# latency_rise = 100.0 switches the latency rule off. One wave of a few-ms mock answers is a
+# round, and its time per item jitters by more than the default 1.25 on a loaded 2-core machine,
+# so a test about anything else (a knee, a gate, a report) would stop at a random tier. The rule
+# itself is tested at its real default: on scripted waves in test_stages_fast and test_stop_rules
+# (milliseconds, no HTTP), and over HTTP with DEFAULT_RISE below (test_ladder's jump at batch 4).
 FAST = f"[ladder]\n{WINDOWS}latency_rise = 100.0\n"
 DEFAULT_RISE = f"[ladder]\n{WINDOWS}"
 

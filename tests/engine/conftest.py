@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import write_config
+from tests.helpers import write_config
 
 ENGINE_PROMPT = "What is 2 plus 3?"
 

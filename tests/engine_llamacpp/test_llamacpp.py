@@ -19,8 +19,7 @@ import pytest
 import requests
 
 from calibrate.server import process
-from tests.conftest import CliResult
-from tests.engine_llamacpp.conftest import (
+from tests.engine_llamacpp.helpers import (
     LONG_PROMPT,
     MODEL_NAME,
     PROMPT,
@@ -28,6 +27,7 @@ from tests.engine_llamacpp.conftest import (
     wait_for,
     write_llamacpp_config,
 )
+from tests.helpers import CliResult
 
 pytestmark = pytest.mark.engine
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.engine_llamacpp.conftest import GGUF, MODEL_NAME, free_port
+from tests.engine_llamacpp.helpers import GGUF, MODEL_NAME, free_port
 
 pytestmark = pytest.mark.engine
 

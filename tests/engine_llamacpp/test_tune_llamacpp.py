@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from calibrate.server import process
-from tests.engine_llamacpp.conftest import LONG_PROMPT, write_llamacpp_config
+from tests.engine_llamacpp.helpers import LONG_PROMPT, write_llamacpp_config
 
 pytestmark = pytest.mark.engine
 

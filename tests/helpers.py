@@ -1,0 +1,39 @@
+"""Helpers the tests import: the fake key, a target's config file, a run folder's text, the CLI's result."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FAKE_KEY = "sk-calibrate-test-0123456789abcdef"
+
+
+@dataclass
+class CliResult:
+    """What ``calibrate ARGS`` run in-process gave back: exit code, stdout, stderr."""
+
+    code: int
+    out: str
+    err: str
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.out.strip().splitlines()[-1])
+
+
+def write_config(path: Path, base_url: str, extra: str = "", *, model: str = "internlm-s2") -> Path:
+    """A calibrate.toml naming the target (30 s timeout), plus ``extra`` TOML after it."""
+    path.write_text(
+        f'[target]\nbase_url = "{base_url}"\nmodel = "{model}"\ntimeout_s = 30\n{extra}',
+        encoding="utf-8",
+    )
+    return path
+
+
+def all_files_text(root: Path) -> str:
+    """Every file under ``root`` as text, joined: what a secret must never appear in."""
+    return "\n".join(
+        p.read_text(encoding="utf-8", errors="replace") for p in root.rglob("*") if p.is_file()
+    )
