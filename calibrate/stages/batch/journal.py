@@ -82,8 +82,8 @@ class Journal:
 
     def close(self) -> None:
         """Write what is queued, then close the file; later lines are dropped."""
-        if self._accepting:
-            self._accepting = False
+        self._accepting = False
+        if self._thread.is_alive():  # after a failed write too: its writer still waits for lines
             self._queue.put(None)
         self._thread.join(JOIN_S)
         if self._thread.is_alive():
