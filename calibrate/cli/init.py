@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.cli.common import add_command, output_for
-from calibrate.config import DEFAULT_CONFIG_NAME
+from calibrate.config import DEFAULT_CONFIG_NAME, STARTER_TOML
 from calibrate.errors import UsageError
 from calibrate.io.store import write_atomic
-from calibrate.starter import STARTER_TOML
 
 
 def register(subparsers: Any) -> None:

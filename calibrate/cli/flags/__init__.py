@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,25 +55,38 @@ def add_force(parser: argparse.ArgumentParser) -> None:
     )
 
 
+@dataclass(frozen=True, repr=False)
+class _Resolved:
+    """The Config one command resolved, and the flags and environment it was resolved from."""
+
+    overrides: config_mod.Overrides
+    environ: dict[str, str]
+    config: Config
+
+
 def load_config(args: argparse.Namespace) -> Config:
     """Resolve the configuration once from file, environment and this command's flags.
 
+    A second call for the same command (``open_stage`` after its spec was built) hands back the
+    same Config while its flags and the environment are unchanged: the file is read once.
     Its secrets are remembered (``redact.remember``): from here on no file written and no line
     printed holds them, whatever a server echoes back.
     """
     for word in (getattr(args, "base_url", None), *getattr(args, "argv", ())):
         url = (word or "").split("=", 1)[-1] if (word or "").startswith("-") else word
         redact.remember_url(url if url and "://" in url else None)  # before a config error
-    cfg = config_mod.load(
-        config_mod.Overrides(
-            config_path=getattr(args, "config", None),
-            base_url=getattr(args, "base_url", None),
-            model=getattr(args, "model", None),
-        ),
-        os.environ,
+    overrides = config_mod.Overrides(
+        config_path=getattr(args, "config", None),
+        base_url=getattr(args, "base_url", None),
+        model=getattr(args, "model", None),
     )
-    remember_secrets(cfg)
-    return cfg
+    environ = dict(os.environ)
+    resolved: _Resolved | None = getattr(args, "_resolved_config", None)
+    if resolved is None or (resolved.overrides, resolved.environ) != (overrides, environ):
+        resolved = _Resolved(overrides, environ, config_mod.load(overrides, environ))
+        args._resolved_config = resolved
+    remember_secrets(resolved.config)
+    return resolved.config
 
 
 def remember_secrets(cfg: Config) -> None:
