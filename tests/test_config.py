@@ -43,6 +43,10 @@ def test_api_key_from_environment_only_and_masked() -> None:
         ("[targets]\nmodel = 'x'\n", "[targets]"),
         ("[prompt]\nmax_tokens = 'many'\n", "prompt.max_tokens"),
         ("[target\n", "not valid TOML"),
+        # TOML integers have any size: an int field, a float field, a list of ints
+        ("[ladder]\nrounds = 1" + "0" * 300 + "\n", "ladder.rounds"),
+        ("[sweep]\nlevel_s = 1" + "0" * 400 + "\n", "sweep.level_s"),
+        ("[ladder]\nbatch_sizes = [1, 1" + "0" * 30 + "]\n", "ladder.batch_sizes"),
     ],
 )
 def test_bad_config_exits_2_naming_file_and_key(

@@ -131,6 +131,11 @@ def _coerce(hint: Any, value: Any, where: str, path: Path) -> Any:
                 f"{where} in {path} has {len(value)} entries; at most {MAX_LIST_ITEMS} are allowed"
             )
         return tuple(_coerce(args[0], v, where, path) for v in value)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+        raise ConfigError(  # TOML integers have any size; nothing calibrate counts is this big
+            f"{where} in {path} is out of range ({len(str(abs(value)))} digits); "
+            "give a number below 2^63"
+        )
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where} in {path} must be a number, got {value!r}")
