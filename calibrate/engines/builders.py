@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from calibrate.engines import ENGINES, KINDS, engine, find
 from calibrate.engines.args import ServerKind, args_problem
-from calibrate.engines.base import EngineCommand, LaunchSpec, Tuned, threads_http
-from calibrate.engines.custom import BASE_PLACEHOLDERS, custom_argv
+from calibrate.engines.base import EngineCommand, LaunchSpec, Tuned
+from calibrate.engines.custom import BASE_PLACEHOLDERS
 from calibrate.errors import ConfigError
 
 __all__ = [
@@ -33,9 +33,7 @@ __all__ = [
     "LaunchSpec",
     "Tuned",
     "build",
-    "custom_argv",
     "health_path",
-    "threads_http",
 ]
 
 SERVER_KINDS: tuple[ServerKind, ...] = KINDS
