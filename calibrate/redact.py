@@ -76,8 +76,7 @@ class Scrubber:
         for secret in self.secrets:
             if secret in text:
                 text = text.replace(secret, REDACTED)
-        text = _BEARER.sub(rf"\1\2{REDACTED}", text)
-        return _URL_USERINFO.sub(r"\1***@", text)
+        return redact_url(_BEARER.sub(rf"\1\2{REDACTED}", text))
 
 
 def _base64_cores(data: bytes) -> set[str]:
@@ -183,6 +182,4 @@ def scrub(text: str) -> str:
     pattern = _REMEMBERED.pattern
     if pattern is not None and _REMEMBERED.may_hold(text):
         text = pattern.sub(REDACTED, text)
-    if "://" in text:
-        text = _URL_USERINFO.sub(r"\1***@", text)
-    return text
+    return redact_url(text) if "://" in text else text

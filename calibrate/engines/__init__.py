@@ -1,11 +1,11 @@
 """What calibrate knows per engine kind, one module each, behind one lookup: ``engine(kind)``.
 
 Each module (``vllm``, ``llamacpp``, ``sglang``, ``lmdeploy``, ``ollama_tgi``, ``custom``) holds
-an ``Engine`` (``base.py``): its argv builder, health path, cap flag and how the server reports
-its cap, tune flags and default axes, the forcing it honours, its metric names, the flags
-``[server] args`` may not set, and its context hint. A new engine is one module and one line
-in ``ENGINES``. This package imports nothing of calibrate but ``errors`` (``server``, ``gpu``,
-``http``, ``stages`` and ``config`` ask it, never the other way).
+an ``Engine`` (``base.py``): its command line as data (or its own builder), health path, cap flag
+and how the server reports its cap, tune flags and default axes, the forcing it honours, its
+metric names, the flags ``[server] args`` may not set, and its context hint. A new engine is one
+module and one line in ``ENGINES``. This package imports nothing of calibrate but ``errors``
+(``server``, ``gpu``, ``http``, ``stages`` and ``config`` ask it, never the other way).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""What every engine module fills in: the ``Engine`` description, and what its builder takes
-(``LaunchSpec``) and gives back (``EngineCommand``).
+"""What every engine module fills in: the ``Engine`` description, the one builder that lays out
+a built-in engine's command line from it, and what that takes (``LaunchSpec``) and gives back
+(``EngineCommand``).
 
 Imports nothing of calibrate but ``errors`` and its own ``redaction``: every engine module, the
 registry (``calibrate.engines``), the builders and the ``[server] args`` check read it.
@@ -30,6 +31,17 @@ MODEL_REASON = "calibrate sets from [server] model_path: remove it and set the p
 NAME_REASON = (
     "calibrate sets from [target] model (the name clients send): remove it and set it there"
 )
+CTX_REASON = (
+    "calibrate sizes from the slots and the verified workload: remove it; "
+    "search it with calibrate tune --grid ctx_size=V1,V2"
+)
+THREADS_REASON = "calibrate sets from the most requests in flight + 2: remove it"
+CTX_KEY = "ctx_size"  # the tune name of a context the slots share (llama.cpp -c)
+# An engine that serves HTTP from a small thread pool (llama.cpp: --parallel + 2 threads on a
+# small machine) stalls a client beyond the pool for its 5 s keep-alive timeout (measured: 16
+# clients, --parallel 4: 24.9 req/s and 6.3 s stalls; --threads-http 20: 123 req/s). Every start
+# gets this many threads beyond the most requests calibrate will have in flight (SPEC §5.8).
+HTTP_SPARE = 2
 # A batching knob's values shared by vLLM and SGLang's default tune axes.
 BATCHED_TOKENS = ("2048", "4096", "8192", "16384")
 
@@ -103,14 +115,25 @@ def _no_axes(batch: int) -> tuple[AxisValues, ...]:
 
 @dataclass(frozen=True)
 class Engine:
-    """Everything calibrate knows about one engine kind, in one place."""
+    """Everything calibrate knows about one engine kind, in one place.
+
+    A built-in engine's command line is data: ``program``, the model (after ``model_flag``, or
+    alone), ``port_flag`` PORT, the served name, the HTTP threads, the cap (its tune flag), the
+    context, the tuned flags, ``trailing``, then ``[server] args`` (``command``). A kind that is
+    not one such line (Ollama's environment, a user's template) brings its own ``launch``.
+    """
 
     kind: ServerKind
     name: str  # as its users write it: "vLLM", "llama.cpp"
-    build: Callable[[LaunchSpec], EngineCommand]  # the argv (and environment) for one start
     cap_key: str  # the tune flag that is the engine's cap B (SPEC §5.0)
     tune_flags: Mapping[str, str] = field(default_factory=dict)  # tune name → engine flag
-    own_flags: Mapping[str, str] = field(default_factory=dict)  # flag the builder sets → why
+    program: tuple[str, ...] = ()  # the words before the model: ("vllm", "serve")
+    model_flag: str = ""  # the flag before the model path ("": the path stands alone)
+    port_flag: str = "--port"
+    name_flag: str = ""  # the flag of the model name clients send ("": the engine has none)
+    trailing: tuple[str, ...] = ()  # after the tuned flags: "--enable-metrics"
+    refused: Mapping[str, str] = field(default_factory=dict)  # other spellings of its flags → why
+    launch: Callable[[LaunchSpec], EngineCommand] | None = None  # builds its own command instead
     args_refused: str = ""  # why [server] args cannot be used at all ("" when they can)
     default_axes: Callable[[int], tuple[AxisValues, ...]] = _no_axes  # around the ladder's B
     memory_key: str | None = None  # the memory fraction tune finds first, where there is one
@@ -126,47 +149,80 @@ class Engine:
     restarts_per_tier: bool = False  # the ladder restarts it at each tier's batch size
     templated: bool = False  # a user's command: tune axes are its {placeholders}, no cap flag
 
+    def build(self, spec: LaunchSpec) -> EngineCommand:
+        """The argv (and environment) for one start of ``spec``."""
+        return self.launch(spec) if self.launch is not None else command(spec, self)
+
+    @property
+    def own_flags(self) -> dict[str, str]:
+        """The flags the shared builder writes, by every spelling, → why ``[server] args`` may
+        not set them (none for a kind with its own ``launch``)."""
+        if not self.program:
+            return {}
+        written = [
+            (self.tune_flags[self.cap_key], CAP_REASON),
+            (self.port_flag, PORT_REASON),
+            (self.model_flag, MODEL_REASON),
+            (self.name_flag, NAME_REASON),
+            (self.tune_flags.get(CTX_KEY) if self.ctx_per_slot else None, CTX_REASON),
+            (self.http_threads_flag, THREADS_REASON),
+        ]
+        return {**{name: why for name, why in written if name}, **self.refused}
+
 
 def around(batch: int) -> tuple[int, ...]:
     """The cap's default tune values: B/2, B and 2B."""
     return (max(1, batch // 2), batch, 2 * batch)
 
 
-def flag(name: str, value: int | str | None) -> list[str]:
-    """``[name, value]``, or nothing when the value is not known (the engine's default)."""
-    return [name, str(value)] if value not in (None, "") else []
+def flag(name: str | None, value: int | str | None) -> list[str]:
+    """``[name, value]``, or nothing when the engine has no such flag or the value is not known
+    (the engine's default)."""
+    return [name, str(value)] if name and value not in (None, "") else []
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """What every built-in engine's builder starts from: the tuned flags to append, the user's
-    ``[server] args`` left after them, and one note per args flag a tuned value replaced."""
-
-    extra: list[str]
-    user: tuple[str, ...]
-    notes: tuple[str, ...]
+def http_threads(batch: int | None, concurrency: int | None) -> int | None:
+    """The HTTP threads for cap ``batch`` and ``concurrency`` in flight (see ``threads_http``)."""
+    known = [n for n in (concurrency, batch) if n]
+    return max(known) + HTTP_SPARE if known else None
 
 
-def prepare(spec: LaunchSpec, engine: Engine) -> Prepared:
-    """The tuned flags and user args of ``spec``; a model path missing where the engine needs
-    one, or a tuned key it does not take, is a config error."""
-    extra = _extra_flags(spec, engine)
+def threads_http(spec: LaunchSpec) -> int | None:
+    """The HTTP threads for ``spec``: the most requests in flight (the concurrency, or the cap
+    when that is larger) + 2; None when neither is known (the engine's default)."""
+    return http_threads(spec.batch_size, spec.concurrency)
+
+
+def command(spec: LaunchSpec, engine: Engine) -> EngineCommand:
+    """The built-in engines' one builder, laid out by ``engine``'s data; a model path missing
+    where the engine needs one, or a tuned key it does not take, is a config error."""
+    extra = tuned_flags(spec, engine)
     user, notes = _user_args(spec, engine)
     if engine.needs_model_path and not spec.model_path:
         raise ConfigError(
             f"[server] model_path is empty: a {spec.kind} server needs the model to load",
             'Set it in calibrate.toml, e.g. [server] model_path = "/models/internlm-s2".',
         )
-    return Prepared(extra, user, notes)
+    slots = spec.batch_size
+    argv = [*engine.program, *([engine.model_flag] if engine.model_flag else []), spec.model_path]
+    argv += [engine.port_flag, str(spec.port), *flag(engine.name_flag, spec.served_name)]
+    argv += flag(engine.http_threads_flag, threads_http(spec))
+    argv += flag(engine.tune_flags[engine.cap_key], slots)
+    if engine.ctx_per_slot:  # -c covers every slot: sized from them unless tune or pin said
+        ctx = spec.tuned_value(CTX_KEY) or spec.context_tokens
+        ctx = ctx or (slots * engine.ctx_per_slot if slots else None)
+        argv += flag(engine.tune_flags[CTX_KEY], ctx)
+    argv += [*extra, *engine.trailing, *user]
+    return EngineCommand(tuple(argv), (), engine.health_path, notes)
 
 
-def _extra_flags(spec: LaunchSpec, engine: Engine) -> list[str]:
-    """``[flag, value, …]`` for the tuned flags other than the cap and llama.cpp's -c."""
+def tuned_flags(spec: LaunchSpec, engine: Engine) -> list[str]:
+    """``[flag, value, …]`` for the tuned flags other than the cap and the context."""
     table = engine.tune_flags
     out: list[str] = []
     for key, value in spec.tuned:
-        if key in (engine.cap_key, "ctx_size"):
-            continue  # the cap is batch_size; -c is placed by the llama.cpp builder
+        if key in (engine.cap_key, CTX_KEY):
+            continue  # the cap is batch_size; the context is sized by the builder
         found = table.get(key)
         if found is None:
             known = ", ".join(table) or "none"

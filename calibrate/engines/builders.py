@@ -1,8 +1,8 @@
 """One entry for every engine kind: (model path, port, batch size, concurrency) → argv + env.
 
-The same builders (one per kind, in its module: ``Engine.build``) feed ``calibrate server
-start`` and the launch script ``pin`` writes, so the pinned script starts exactly what calibrate
-would. Values go into argv elements, never through a shell: a model path with spaces, quotes or
+The same builder (``Engine.build``: ``base.command`` laid out by each kind's data, or the kind's
+own ``launch``) feeds ``calibrate server start`` and the launch script ``pin`` writes, so the
+pinned script starts exactly what calibrate would. Values go into argv elements, never through a shell: a model path with spaces, quotes or
 ``$(…)`` stays one literal argument.
 
 A value of None means "not calibrated yet": the engine's own flag is left out (its default).
@@ -21,8 +21,7 @@ from __future__ import annotations
 from calibrate.engines import ENGINES, KINDS, engine, find
 from calibrate.engines.args import ServerKind, args_problem
 from calibrate.engines.base import EngineCommand, LaunchSpec, Tuned
-from calibrate.engines.custom import BASE_PLACEHOLDERS, custom_argv
-from calibrate.engines.llamacpp import threads_http
+from calibrate.engines.custom import BASE_PLACEHOLDERS
 from calibrate.errors import ConfigError
 
 __all__ = [
@@ -34,9 +33,7 @@ __all__ = [
     "LaunchSpec",
     "Tuned",
     "build",
-    "custom_argv",
     "health_path",
-    "threads_http",
 ]
 
 SERVER_KINDS: tuple[ServerKind, ...] = KINDS

@@ -9,8 +9,8 @@ from __future__ import annotations
 import shlex
 
 from calibrate.engines import shell_words
-from calibrate.engines.base import Engine, EngineCommand, LaunchSpec
-from calibrate.engines.llamacpp import LLAMACPP_THREADS_HTTP, threads_http
+from calibrate.engines.base import Engine, EngineCommand, LaunchSpec, threads_http
+from calibrate.engines.llamacpp import LLAMACPP_THREADS_HTTP
 from calibrate.errors import ConfigError, UsageError
 
 #: placeholders every custom command may use; tune may not set them (port, model) or sets the cap
@@ -81,8 +81,8 @@ def custom_argv(spec: LaunchSpec) -> tuple[str, ...]:
 ENGINE = Engine(
     kind="custom",
     name="custom",
-    build=build,
     cap_key="batch_size",  # any {placeholder} of the command is a tune axis
+    launch=build,
     args_refused='args is not used with kind = "custom": put the flags in [server] command',
     memory_key="memory_fraction",  # where the command has that placeholder
     templated=True,

@@ -43,6 +43,7 @@ _NAMED_VALUE = re.compile(
     r"(?P<value>\"[^\"]*\"|'[^']*'|[^\s'\";&|)<>`]+)"
 )
 _NEXT_VALUE = re.compile(r"(?P<sep>\s+)(?P<value>\"[^\"]*\"|'[^']*'|(?!-)[^\s'\";&|)]+)")
+_VARIABLE = re.compile(r"[A-Za-z_]\w*")  # an environment variable's name: NAME=value
 
 
 def secret_name(name: str) -> bool:
@@ -67,11 +68,6 @@ def plural(name: str) -> bool:
     return last.endswith("s") and secret_name(name) and not last.endswith(("ss", "sas"))
 
 
-def _flag_value(name: str, sep: str) -> bool:
-    """Whether ``name`` + ``sep`` starts a secret value: ``--flag=v``, ``--flag v``, ``VAR=v``."""
-    return secret_name(name) and (sep == "=" or name.startswith("-"))
-
-
 def redact_text(text: str) -> str:
     """``--api-key X`` / ``--api-key=X`` / ``HF_TOKEN=X`` inside free text → value masked."""
     return _replace_values(text, lambda name, value: MASK)
@@ -82,7 +78,7 @@ def _replace_values(text: str, replace: Callable[[str, str], str]) -> str:
     pos = 0
     while (match := _NAMED_VALUE.search(text, pos)) is not None:
         name = match.group("name")
-        if _flag_value(name, match.group("sep")):
+        if secret_name(name) and (match.group("sep") == "=" or name.startswith("-")):
             out.append(text[pos : match.start("value")] + replace(name, match.group("value")))
             pos = match.end("value")
             while plural(name) and (more := _NEXT_VALUE.match(text, pos)) is not None:
@@ -103,7 +99,7 @@ def _argv_values(argv: Sequence[str]) -> Iterator[tuple[str | None, str]]:
             yield flag, word
             flag = flag if plural(flag) else None
             continue
-        flag = word if _takes_secret_value(word) else None
+        flag = word if word.startswith("-") and "=" not in word and secret_name(word) else None
         yield None, word
 
 
@@ -115,17 +111,13 @@ def redact_argv(argv: Sequence[str]) -> tuple[str, ...]:
 def _redact_word(word: str) -> str:
     """One argument: ``--api-key=X`` hides all of X (it is one value, whatever it holds)."""
     name, eq, _ = word.partition("=")
-    if eq and secret_name(name) and (name.startswith("-") or re.fullmatch(r"[A-Za-z_]\w*", name)):
+    if eq and secret_name(name) and (name.startswith("-") or _VARIABLE.fullmatch(name)):
         return f"{name}={MASK}"
     return redact_text(word)
 
 
 def redact_env(env: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     return tuple((k, MASK if secret_name(k) else v) for k, v in env)
-
-
-def _takes_secret_value(word: str) -> bool:
-    return word.startswith("-") and "=" not in word and secret_name(word)
 
 
 def secret_values(command: str) -> tuple[str, ...]:
@@ -191,13 +183,13 @@ def script_command(
             words.append(f'"${variable(flag)}"')
             continue
         name, eq, value = word.partition("=")
-        if eq and re.fullmatch(r"[A-Za-z_]\w*", name) and secret_name(name):  # env NAME=value
+        if eq and _VARIABLE.fullmatch(name) and secret_name(name):  # env NAME=value
             needs.setdefault(name, f"the server variable {name}")
             words.append(f'{name}="${name}"')
         elif eq and name.startswith("-") and secret_name(name) and value:
             words.append(f'{shlex.quote(name)}="${variable(name)}"')
-        elif redact_text(word) != word:
-            words.append(_program_with_variables(word, variable))
+        elif redact_text(word) != word:  # a shell program holding --api-key X: X is "$VAR"
+            words.append(shlex.quote(_replace_values(word, lambda n, v: f'"${variable(n)}"')))
         else:
             words.append(shlex.quote(word))
     env_lines: list[str] = []
@@ -208,11 +200,6 @@ def script_command(
         else:
             env_lines.append(f"export {name}={shlex.quote(value)}")
     return ScriptCommand(" ".join(words), tuple(env_lines), tuple(needs.items()))
-
-
-def _program_with_variables(word: str, variable: Callable[[str], str]) -> str:
-    """A shell program holding ``--api-key X``: X becomes ``"$VAR"``, expanded by that shell."""
-    return shlex.quote(_replace_values(word, lambda name, value: f'"${variable(name)}"'))
 
 
 def redact_config(public: dict[str, Any]) -> dict[str, Any]:

@@ -1,37 +1,22 @@
-"""SGLang: ``python3 -m sglang.launch_server``, its flags, cap, tune axes and metric names."""
+"""SGLang: ``python3 -m sglang.launch_server --model-path MODEL --port P … --enable-metrics``,
+its cap, tune axes and metric names."""
 
 from __future__ import annotations
 
 from calibrate.engines.base import (
     BATCHED_TOKENS,
-    CAP_REASON,
     MODEL_REASON,
-    NAME_REASON,
-    PORT_REASON,
     AxisValues,
     CapReport,
     Engine,
-    EngineCommand,
     EngineMetrics,
-    LaunchSpec,
     around,
-    flag,
-    prepare,
 )
 
 # SGLang and LMDeploy serve /metrics only with this flag (off by default): without it their
 # KV-cache usage (the pressure signal of an engine that reserves its memory at start, SPEC §8)
 # and queue gauge are missing, and the ladder's VRAM stop rule reads a flat NVML line.
 ENABLE_METRICS = "--enable-metrics"
-
-
-def build(spec: LaunchSpec) -> EngineCommand:
-    """``python3 -m sglang.launch_server --model-path MODEL --port P … --enable-metrics``."""
-    ready = prepare(spec, ENGINE)
-    argv = ["python3", "-m", "sglang.launch_server", "--model-path", spec.model_path]
-    argv += ["--port", str(spec.port), *flag("--served-model-name", spec.served_name)]
-    argv += flag("--max-running-requests", spec.batch_size) + ready.extra + [ENABLE_METRICS]
-    return EngineCommand((*argv, *ready.user), (), ENGINE.health_path, ready.notes)
 
 
 def default_axes(batch: int) -> tuple[AxisValues, ...]:
@@ -41,20 +26,17 @@ def default_axes(batch: int) -> tuple[AxisValues, ...]:
 ENGINE = Engine(
     kind="sglang",
     name="SGLang",
-    build=build,
     cap_key="max_running_requests",
     tune_flags={
         "max_running_requests": "--max-running-requests",
         "chunked_prefill_size": "--chunked-prefill-size",
         "mem_fraction_static": "--mem-fraction-static",
     },
-    own_flags={
-        "--max-running-requests": CAP_REASON,
-        "--port": PORT_REASON,
-        "--model-path": MODEL_REASON,
-        "--model": MODEL_REASON,
-        "--served-model-name": NAME_REASON,
-    },
+    program=("python3", "-m", "sglang.launch_server"),
+    model_flag="--model-path",
+    name_flag="--served-model-name",
+    trailing=(ENABLE_METRICS,),
+    refused={"--model": MODEL_REASON},
     default_axes=default_axes,
     memory_key="mem_fraction_static",
     health_path="/health",

@@ -25,22 +25,8 @@ from calibrate.errors import ConfigError
 # to ({slots}, {kv_tokens}, {memory_fraction}); a shell's own ${var} is left alone.
 PLACEHOLDER = re.compile(r"(?<!\$)\{([a-z][a-z0-9_]*)\}")
 SHELLS = frozenset(
-    {
-        "sh",
-        "bash",
-        "zsh",
-        "dash",
-        "ksh",
-        "mksh",
-        "ash",
-        "fish",
-        "csh",
-        "tcsh",
-        "su",
-        "runuser",
-        "script",
-    }
-)
+    {"sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "fish", "csh", "tcsh", "su", "runuser", "script"}
+)  # fmt: skip
 JOIN_TO_SHELL = frozenset({"ssh", "watch"})  # their remaining arguments become one shell program
 _REPARSES = re.compile(r"\beval\b|\b(?:sh|bash|zsh|dash|ksh|ash|fish|su|ssh)\b[^|;&]*\s-\w*c\b")
 # Spots whose quoting context is not the one around them (see the module docstring).

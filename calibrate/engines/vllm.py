@@ -1,31 +1,16 @@
-"""vLLM: ``vllm serve``, its flags, cap, tune axes and metric names."""
+"""vLLM: ``vllm serve MODEL --port P [--served-model-name N] [--max-num-seqs B] …``, its cap,
+tune axes and metric names."""
 
 from __future__ import annotations
 
 from calibrate.engines.base import (
     BATCHED_TOKENS,
-    CAP_REASON,
     MODEL_REASON,
-    NAME_REASON,
-    PORT_REASON,
     AxisValues,
     Engine,
-    EngineCommand,
     EngineMetrics,
-    LaunchSpec,
     around,
-    flag,
-    prepare,
 )
-
-
-def build(spec: LaunchSpec) -> EngineCommand:
-    """``vllm serve MODEL --port P [--served-model-name N] [--max-num-seqs B] …``."""
-    ready = prepare(spec, ENGINE)
-    argv = ["vllm", "serve", spec.model_path, "--port", str(spec.port)]
-    argv += flag("--served-model-name", spec.served_name) + flag("--max-num-seqs", spec.batch_size)
-    argv += ready.extra
-    return EngineCommand((*argv, *ready.user), (), ENGINE.health_path, ready.notes)
 
 
 def default_axes(batch: int) -> tuple[AxisValues, ...]:
@@ -35,7 +20,6 @@ def default_axes(batch: int) -> tuple[AxisValues, ...]:
 ENGINE = Engine(
     kind="vllm",
     name="vLLM",
-    build=build,
     cap_key="max_num_seqs",
     tune_flags={
         "max_num_seqs": "--max-num-seqs",
@@ -43,12 +27,9 @@ ENGINE = Engine(
         "gpu_memory_utilization": "--gpu-memory-utilization",
         "max_model_len": "--max-model-len",
     },
-    own_flags={
-        "--max-num-seqs": CAP_REASON,
-        "--port": PORT_REASON,
-        "--model": MODEL_REASON,
-        "--served-model-name": NAME_REASON,
-    },
+    program=("vllm", "serve"),
+    name_flag="--served-model-name",
+    refused={"--model": MODEL_REASON},
     default_axes=default_axes,
     memory_key="gpu_memory_utilization",
     health_path="/health",

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from calibrate import server
 from calibrate.engines import CAP_REPORTS, find
 from calibrate.engines.args import ServerKind
-from calibrate.engines.llamacpp import http_threads
+from calibrate.engines.base import http_threads
 from calibrate.errors import RequestError
 from calibrate.server import process
 from calibrate.stages.context import StageContext
