@@ -13,7 +13,7 @@ from calibrate.errors import ExitCode, UsageError
 from calibrate.stages import batch
 from calibrate.stages.batch import BatchRequest, QuietEnv
 from tests.batch_helpers import write_tasks
-from tests.conftest import write_config
+from tests.helpers import write_config
 
 
 class Heard(QuietEnv):

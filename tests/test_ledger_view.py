@@ -18,8 +18,8 @@ from calibrate.state.ledger import Ledger, LedgerView, target_fingerprint
 from calibrate.state.pipeline import standing
 from calibrate.state.setting import latest_passing_ladder, resolve, rollback_tier
 from calibrate.state.weights_gate import measured_weights
-from tests.conftest import write_config
 from tests.fakes import passing_ladder
+from tests.helpers import write_config
 
 SERVER = '[server]\nkind = "vllm"\nmodel_path = "/models/m"\nport = 8123\n'
 TIER = {"last_passing": {"batch_size": 4, "concurrency": 4}, "stopped_by": "vram"}

@@ -65,12 +65,12 @@ def test_disk_full_after_the_stage_ran_is_exit_1_saying_what_was_kept(
 def test_out_of_memory_is_a_clean_exit_1(
     cli, isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from calibrate.cli.calibration import single
+    from calibrate.stages import single_run
 
     def huge(*args: object, **kwargs: object) -> None:
         raise MemoryError
 
-    monkeypatch.setattr(single, "run_single", huge)
+    monkeypatch.setattr(single_run, "run_single", huge)
     with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
         write_config(isolated / "calibrate.toml", mock.base_url)
         result = cli("single")
