@@ -14,7 +14,7 @@ from calibrate.config import SloConfig
 from calibrate.stages import ladder, sweep
 from calibrate.stages.env import StageRequest, open_stage
 from calibrate.stages.ladder import LadderEnv, LadderSpec
-from calibrate.stages.ladder.run import LadderOptions
+from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tier_run import Measuring
 from calibrate.stages.measure.tiers import Tier

@@ -20,7 +20,8 @@ from calibrate.gpu.vram import VramMonitor, WindowPeak
 from calibrate.http.responses import in_range
 from calibrate.load.items import ItemResult
 from calibrate.load.keepalive_stall import find_stall
-from calibrate.load.waves import Request, Sender
+from calibrate.load.request import Request
+from calibrate.load.waves import Sender
 from calibrate.load.window import (
     MIN_REQUESTS_PER_SLOT,
     LevelWindow,
@@ -29,8 +30,8 @@ from calibrate.load.window import (
 )
 from calibrate.stages.context import StageContext
 from calibrate.stages.determinism.wave import CopiesWave, send_copies
-from calibrate.stages.ladder.run import all_refused, item_record
 from calibrate.stages.measure.incidents import IncidentRecorder
+from calibrate.stages.measure.item_records import all_refused, item_record
 from calibrate.stages.measure.slo import with_goodput
 from calibrate.stages.measure.stop_rules import Point, continue_sweep
 from calibrate.stages.measure.tiers import Stats, summarise

@@ -8,7 +8,8 @@ from typing import Any, Protocol
 
 from calibrate.gpu.vram import VramMonitor, WindowPeak
 from calibrate.load.items import ItemResult
-from calibrate.load.waves import Request, Sender
+from calibrate.load.request import Request
+from calibrate.load.waves import Sender
 from calibrate.stages.context import StageContext
 from calibrate.stages.sweep.result import Level, ServerCap
 from calibrate.stages.sweep.spec import SweepOptions
