@@ -22,6 +22,7 @@ from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.pin_context import context_for
 
 Restart = Callable[[int], bool]  # True: the server was restarted for this batch
+MAX_SLOTS = 1_000_000  # a slot count past this is no count
 
 
 def _kind(name: str | None) -> ServerKind | None:
@@ -139,9 +140,6 @@ def safe_levels(
     keep = tuple(c for c in levels if c <= max_in_flight)
     skipped = tuple(c for c in levels if c > max_in_flight)
     return keep or (max_in_flight,), skipped
-
-
-MAX_SLOTS = 1_000_000  # a slot count past this is no count
 
 
 def read_server_cap(fetch: Callable[[str], str]) -> ServerCap | None:
