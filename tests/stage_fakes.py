@@ -18,7 +18,8 @@ from calibrate.http.client import OpenAIClient
 from calibrate.http.records import Usage
 from calibrate.io.store import RunDir
 from calibrate.load.items import ItemResult
-from calibrate.load.waves import Request, Sender
+from calibrate.load.request import Request
+from calibrate.load.waves import Sender
 from calibrate.load.window import LevelWindow, LoopRun
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.incidents import IncidentRecorder

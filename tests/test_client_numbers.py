@@ -16,7 +16,7 @@ from calibrate.gpu.prometheus import parse_prometheus
 from calibrate.http.client import OpenAIClient
 from calibrate.http.error_kinds import retry_after_s
 from calibrate.http.responses import parse_chunk, parse_completion
-from calibrate.stages.sweep.run import read_server_cap
+from calibrate.stages.prepare.server_cap import read_server_cap
 from tests.canned_server import CannedServer
 from tests.helpers import write_config
 from tests.mockserver import start_mock

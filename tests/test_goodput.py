@@ -14,8 +14,9 @@ from calibrate.errors import UsageError
 from calibrate.gpu.vram import VramMonitor
 from calibrate.http.records import Choice, Completion, Usage
 from calibrate.io.tier_table import read_rows
+from calibrate.load.answers import answer_items
 from calibrate.load.items import ItemResult
-from calibrate.load.waves import Request, _answered
+from calibrate.load.request import Request
 from calibrate.stages.measure.slo import goodput, item_met, parse_slo_flags, record_met
 from calibrate.stages.sweep.run import Sweep
 from calibrate.stages.sweep.spec import SweepOptions
@@ -38,7 +39,7 @@ def _item(ttft_s: float, elapsed_s: float, tokens: int, ok: bool = True) -> Item
         elapsed_s,
         ttft_s,
     )
-    return _answered(request, completion, 0.0, elapsed_s, None)[0]
+    return answer_items(request, completion, 0.0, elapsed_s, None)[0]
 
 
 def test_goodput_counts_the_requests_that_met_every_slo() -> None:

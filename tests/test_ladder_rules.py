@@ -12,7 +12,8 @@ from calibrate.config import Config, LadderConfig, SweepConfig
 from calibrate.gpu.engine_metrics import Gauge, preemptions
 from calibrate.gpu.prometheus import parse_prometheus
 from calibrate.gpu.vram import VramMonitor
-from calibrate.stages.ladder.run import Ladder, LadderOptions
+from calibrate.stages.ladder.options import LadderOptions
+from calibrate.stages.ladder.run import Ladder
 from calibrate.stages.measure.stop_rules import (
     ServerCap,
     latency_seen,

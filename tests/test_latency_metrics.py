@@ -9,7 +9,8 @@ import pytest
 from calibrate.http.client import OpenAIClient
 from calibrate.http.records import SamplingParams
 from calibrate.http.stream_timing import stream_timing
-from calibrate.load.waves import Sender, build_requests
+from calibrate.load.request import build_requests
+from calibrate.load.waves import Sender
 from calibrate.mock.settings import MockSettings
 from calibrate.stages.measure.latency import latency_columns
 from tests.mockserver import start_mock

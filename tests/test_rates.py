@@ -14,10 +14,12 @@ import pytest
 
 from calibrate.errors import ErrorInfo, UsageError
 from calibrate.http.records import Choice, Completion, Usage
+from calibrate.load.answers import answer_items
 from calibrate.load.arrivals import arrival_times, parse_rates
 from calibrate.load.items import ItemResult
 from calibrate.load.open_loop import OpenRun, RateJudgement, judge, open_loop
-from calibrate.load.waves import Request, Sender, _answered
+from calibrate.load.request import Request
+from calibrate.load.waves import Sender
 from calibrate.stages.sweep.rates import _level_judgement
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, open_gate
@@ -54,7 +56,7 @@ def test_rates_must_be_positive_and_rising() -> None:
 def _done(at: float, started: float = 0.0) -> ItemResult:
     request = Request("/chat/completions", {}, ("p",), 1)
     completion = Completion((Choice(0, "t", "stop"),), Usage(1, 5, 6), "m", None, at - started)
-    return _answered(request, completion, started, at, None)[0]
+    return answer_items(request, completion, started, at, None)[0]
 
 
 def test_achieved_below_offered_or_a_growing_queue_is_saturation() -> None:

@@ -12,7 +12,8 @@ from calibrate.http.client import OpenAIClient
 from calibrate.http.records import SamplingParams, Usage
 from calibrate.http.request_times import RequestTimes
 from calibrate.load.items import ItemResult
-from calibrate.load.waves import Request, Sender
+from calibrate.load.request import Request
+from calibrate.load.waves import Sender
 from calibrate.load.window import LevelWindow, LoopRun, steady_throughput
 from tests.mockserver import start_mock
 from tests.report_helpers import Page

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from calibrate.config import Config, LadderConfig, SloConfig
 from calibrate.gpu.vram import VramMonitor
-from calibrate.stages.ladder.run import Ladder, LadderOptions
+from calibrate.stages.ladder.options import LadderOptions
+from calibrate.stages.ladder.run import Ladder
 from tests.stage_fakes import FakeKv, Script, ScriptedSender, close_runs, recorder, stage_ctx
 from tests.tier_helpers import jsonl
 

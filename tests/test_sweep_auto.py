@@ -12,7 +12,8 @@ import pytest
 from calibrate.load.open_loop import RateJudgement
 from calibrate.stages.measure.tiers import summarise
 from calibrate.stages.sweep.auto import auto_rates
-from calibrate.stages.sweep.result import AutoRole, AutoStep, Level, SweepResult
+from calibrate.stages.sweep.levels import AutoRole, AutoStep, Level
+from calibrate.stages.sweep.result import SweepResult
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, open_gate, run_dir
 

@@ -13,7 +13,8 @@ from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor
 from calibrate.http.client import OpenAIClient
 from calibrate.http.records import Choice, Completion, Usage
-from calibrate.load.waves import Request, Sender
+from calibrate.load.request import Request
+from calibrate.load.waves import Sender
 from calibrate.load.window import (
     LevelWindow,
     LoopRun,

@@ -14,14 +14,13 @@ from calibrate.config import SloConfig
 from calibrate.stages import ladder, sweep
 from calibrate.stages.env import StageRequest, open_stage
 from calibrate.stages.ladder import LadderEnv, LadderSpec
-from calibrate.stages.ladder.run import LadderOptions
+from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tier_run import Measuring
 from calibrate.stages.measure.tiers import Tier
 from calibrate.stages.prepare.stream_probe import StreamCheck
 from calibrate.stages.sweep import SweepEnv, SweepSpec
-from calibrate.stages.sweep import result as sweep_result
-from calibrate.stages.sweep.result import Level
+from calibrate.stages.sweep.levels import Level
 from calibrate.stages.sweep.spec import SweepOptions
 from calibrate.workload import WorkloadSpec
 from tests.mockserver import start_mock
@@ -90,9 +89,7 @@ def test_the_ladder_runs_and_records_without_a_command_line(isolated: Path) -> N
 class SweepRecorder(Recorder):
     """A ``SweepWatcher``: told the plan, then each level."""
 
-    def planned(
-        self, options: SweepOptions, workload: WorkloadSpec, cap: sweep_result.ServerCap | None
-    ) -> None:
+    def planned(self, options: SweepOptions, workload: WorkloadSpec, cap: ServerCap | None) -> None:
         self.lines.append(f"planned: {options.levels}")
 
     @contextmanager

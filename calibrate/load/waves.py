@@ -10,97 +10,20 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Sequence
 
-from calibrate.config import LadderMode
 from calibrate.errors import ErrorInfo, RequestError, format_traceback
 from calibrate.http.client import OpenAIClient
-from calibrate.http.records import Completion, ContextLimit, SamplingParams, incomplete_reason
+from calibrate.http.records import ContextLimit
 from calibrate.http.request_times import RequestTimes, epoch_at, monotonic
 from calibrate.http.server_context import read_context
-from calibrate.load.items import ItemResult, ItemRole
+from calibrate.load.answers import answer_items, failed_item
+from calibrate.load.items import ItemResult
 from calibrate.load.open_loop import OpenRun, open_loop
+from calibrate.load.request import Request
 from calibrate.load.window import LevelWindow, LoopRun
 
 Clock = Callable[[], float]
-CHAT_PATH = "/chat/completions"
-COMPLETIONS_PATH = "/completions"
-
-
-@dataclass(frozen=True)
-class Request:
-    """One HTTP request carrying one prompt (chat) or several (a completions prompt list)."""
-
-    path: str
-    body: dict[str, Any]
-    prompts: tuple[str, ...]
-    first_index: int
-    role: ItemRole = "fixed"
-    input_tokens_target: tuple[int | None, ...] = ()  # per prompt, when the workload sized it
-    forced_tokens: int | None = None  # the answer length the body forces (SPEC §5.11)
-
-    def target(self, n: int) -> int | None:
-        return self.input_tokens_target[n] if n < len(self.input_tokens_target) else None
-
-
-def build_requests(
-    client: OpenAIClient,
-    model: str,
-    params: SamplingParams,
-    waves: Sequence[Sequence[str]],
-    mode: LadderMode,
-    *,
-    stream: bool = False,
-    stream_options: bool = True,
-    first_index: int = 1,
-    role: ItemRole = "fixed",
-    targets: Sequence[int | None] = (),
-    extra: Mapping[str, Any] | None = None,
-    forced_tokens: int | None = None,
-) -> list[Request]:
-    """wave: one chat request per prompt; prompt-list: one completions request per wave.
-
-    ``extra`` fields are added to every body (a forced answer length); ``targets`` are the
-    input lengths the workload sized each prompt to, in prompt order; ``stream_options`` off
-    leaves that field out of streamed bodies (a server that refuses it).
-    """
-    out: list[Request] = []
-    index = first_index
-    fields = dict(extra or {})
-
-    def sized(count: int) -> tuple[int | None, ...]:
-        start = index - first_index
-        return tuple(targets[start : start + count]) if targets else ()
-
-    for prompts in waves:
-        if mode == "prompt-list":
-            body = client.completions_body(
-                model, prompts, params, stream=stream, stream_options=stream_options
-            )
-            body = {**body, **fields}
-            out.append(
-                Request(
-                    COMPLETIONS_PATH,
-                    body,
-                    tuple(prompts),
-                    index,
-                    role,
-                    sized(len(prompts)),
-                    forced_tokens,
-                )
-            )
-            index += len(prompts)
-            continue
-        for prompt in prompts:
-            body = client.chat_body(
-                model, prompt, params, stream=stream, stream_options=stream_options
-            )
-            body = {**body, **fields}
-            out.append(Request(CHAT_PATH, body, (prompt,), index, role, sized(1), forced_tokens))
-            index += 1
-    return out
 
 
 class Sender:
@@ -239,12 +162,12 @@ class Sender:
             completion = self.client.post_completion(request.path, request.body)
             done = self.clock() - t0
             context = functools.partial(self.server_context, str(request.body.get("model", "")))
-            return _answered(request, completion, started, done, max_tokens, context)
+            return answer_items(request, completion, started, done, max_tokens, context)
         except RequestError as exc:
             done = self.clock() - t0
             times = RequestTimes.of(sent, monotonic())
             return [
-                _failed(
+                failed_item(
                     request,
                     n,
                     started,
@@ -262,7 +185,7 @@ class Sender:
             times = RequestTimes.of(sent, monotonic())
             tb = format_traceback(exc)
             return [
-                _failed(request, n, started, done, info, type(exc).__name__, tb, times)
+                failed_item(request, n, started, done, info, type(exc).__name__, tb, times)
                 for n in range(len(request.prompts))
             ]
 
@@ -281,103 +204,6 @@ class Sender:
         info = ErrorInfo("timeout", f"no answer within {now:.0f} s")
         times = RequestTimes.of(monotonic() - now, monotonic())  # send unknown: the loop's start
         return [
-            _failed(request, n, 0.0, now, info, None, None, times)
+            failed_item(request, n, 0.0, now, info, None, None, times)
             for n in range(len(request.prompts))
         ]
-
-
-def _failed(
-    request: Request,
-    n: int,
-    started: float,
-    done: float,
-    info: ErrorInfo,
-    exc_type: str | None,
-    tb: str | None,
-    times: RequestTimes | None = None,
-) -> ItemResult:
-    return ItemResult(
-        index=request.first_index + n,
-        prompt=request.prompts[n],
-        path=request.path,
-        body=request.body,
-        text=None,
-        finish_reason=None,
-        usage=None,
-        completion_tokens=0,
-        elapsed_s=done - started,
-        ttft_s=None,
-        started_s=started,
-        done_s=done,
-        error=info,
-        exception_type=exc_type,
-        traceback=tb,
-        role=request.role,
-        input_tokens_target=request.target(n),
-        times=times,
-    )
-
-
-def _answered(
-    request: Request,
-    completion: Completion,
-    started: float,
-    done: float,
-    max_tokens: int | None,
-    context: Callable[[], ContextLimit | None] = lambda: None,
-) -> list[ItemResult]:
-    count = len(request.prompts)
-    reported = completion.usage.completion_tokens if completion.usage else None
-    timing = completion.stream
-    # No usage in the stream (llama.cpp without include_usage): the chunks are the count.
-    total_tokens = reported if reported is not None or timing is None else timing.output_tokens
-    out: list[ItemResult] = []
-    for n in range(count):
-        choice = completion.choices[n] if n < len(completion.choices) else None
-        error: ErrorInfo | None = None
-        # A prompt list reports one usage for all its prompts: each item gets its share.
-        share = (
-            (total_tokens // count + (1 if n < total_tokens % count else 0)) if total_tokens else 0
-        )
-        if choice is None:
-            error = ErrorInfo(
-                "invalid_response",
-                f"{count} prompts sent, {len(completion.choices)} choices returned",
-            )
-        else:
-            problem = incomplete_reason(
-                choice,
-                max_tokens,
-                forced_tokens=request.forced_tokens,
-                completion_tokens=share if reported is not None else None,
-                prompt_tokens=completion.usage.prompt_tokens
-                if completion.usage and count == 1
-                else None,
-                context=context,
-            )
-            if problem:
-                error = ErrorInfo("incomplete", problem)
-        out.append(
-            ItemResult(
-                index=request.first_index + n,
-                prompt=request.prompts[n],
-                path=request.path,
-                body=request.body,
-                text=choice.text if choice else None,
-                finish_reason=choice.finish_reason if choice else None,
-                usage=completion.usage if count == 1 else None,
-                completion_tokens=share,
-                elapsed_s=completion.elapsed_s,
-                ttft_s=completion.ttft_s,
-                started_s=started,
-                stream=timing if count == 1 else None,
-                done_s=done,
-                served_model=completion.served_model,
-                system_fingerprint=completion.system_fingerprint,
-                error=error,
-                role=request.role,
-                input_tokens_target=request.target(n),
-                times=completion.times,
-            )
-        )
-    return out

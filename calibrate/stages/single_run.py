@@ -15,7 +15,7 @@ from calibrate.io.junit import JUnitSuite
 from calibrate.load.waves import Sender
 from calibrate.stages.context import StageContext
 from calibrate.stages.determinism.wave import CopiesWave, managed_switch, send_copies
-from calibrate.stages.ladder.run import item_record
+from calibrate.stages.measure.item_records import item_record
 from calibrate.stages.single import SingleResult, run_single
 from calibrate.state.gates import next_step
 from calibrate.state.ledger import baseline_path

@@ -21,8 +21,8 @@ from calibrate.io.junit import JUnitCase, JUnitSuite
 from calibrate.report.progress import Plan
 from calibrate.stages.ladder import LadderOutcome
 from calibrate.stages.ladder.context_axis import outcome as context_outcome
+from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import LadderResult
-from calibrate.stages.ladder.run import LadderOptions
 from calibrate.stages.measure.compare_tiers import TierComparison
 from calibrate.stages.measure.incidents import first_error
 from calibrate.stages.measure.slo import describe, has_slo

@@ -20,10 +20,12 @@ from calibrate.gpu.energy import cost_text
 from calibrate.load.arrivals import rate_text
 from calibrate.report.progress import Plan
 from calibrate.stages.measure.slo import describe, has_slo
+from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tier_run import Measuring
 from calibrate.stages.sweep import SweepOutcome
 from calibrate.stages.sweep.find_max import PROBE_RULE
-from calibrate.stages.sweep.result import Level, ServerCap, SweepResult
+from calibrate.stages.sweep.levels import Level
+from calibrate.stages.sweep.result import SweepResult
 from calibrate.stages.sweep.spec import SweepOptions
 from calibrate.workload import WorkloadSpec
 

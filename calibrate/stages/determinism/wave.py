@@ -16,7 +16,8 @@ from typing import Any
 
 from calibrate.config import Config, LadderMode
 from calibrate.load.items import ItemResult
-from calibrate.load.waves import Sender, build_requests
+from calibrate.load.request import build_requests
+from calibrate.load.waves import Sender
 from calibrate.server import process
 from calibrate.server.devices import read_environ
 from calibrate.stages.context import StageContext

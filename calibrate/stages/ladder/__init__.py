@@ -16,8 +16,9 @@ from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.load.waves import Sender
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import kept_on_write_error, load_lock
+from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import LadderResult
-from calibrate.stages.ladder.run import Ladder, LadderOptions
+from calibrate.stages.ladder.run import Ladder
 from calibrate.stages.ladder.spec import LadderEnv, LadderOutcome, LadderSpec, LadderWatcher
 from calibrate.stages.measure.slo import parse_slo_flags
 from calibrate.stages.measure.tier_finish import finish_tiers, write_determinism

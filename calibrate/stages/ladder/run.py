@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
-from calibrate.config import Config, LadderMode, SloConfig
 from calibrate.gpu.engine_metrics import Gauge, read_preemptions
 from calibrate.gpu.vram import VramMonitor, WindowPeak
-from calibrate.http.records import RequestRecord, utc_now_iso
 from calibrate.load.items import ItemResult
-from calibrate.load.waves import Request, Sender, build_requests
+from calibrate.load.waves import Sender
 from calibrate.stages.context import StageContext
 from calibrate.stages.determinism import DeterminismCheck
 from calibrate.stages.determinism.wave import CopiesWave, send_copies
 from calibrate.stages.ladder.context_axis import axis_stopped_by, next_length, relabel
-from calibrate.stages.ladder.result import Axis, LadderResult, WarmUp
+from calibrate.stages.ladder.options import LadderOptions
+from calibrate.stages.ladder.result import LadderResult, WarmUp
+from calibrate.stages.ladder.rounds import TierRounds
 from calibrate.stages.measure.incidents import IncidentRecorder
+from calibrate.stages.measure.item_records import all_refused, item_record
 from calibrate.stages.measure.slo import with_goodput
 from calibrate.stages.measure.stop_rules import (
     ServerCap,
@@ -30,82 +29,16 @@ from calibrate.stages.measure.stop_rules import (
     tier_verdict,
 )
 from calibrate.stages.measure.tiers import Stats, Tier, summarise
-from calibrate.stages.prepare.stream_probe import StreamCheck
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
 from calibrate.stages.single import read_baseline, unreachable
 from calibrate.state.ledger import baseline_path
-from calibrate.workload import TokenRange, WorkloadSpec
+from calibrate.workload import WorkloadSpec
 
 log = logging.getLogger("calibrate")
-__all__ = ["Axis", "Ladder", "LadderOptions", "LadderResult", "WarmUp"]
-
-
-@dataclass(frozen=True)
-class LadderOptions:
-    batch_sizes: tuple[int, ...]
-    rounds: int
-    mode: LadderMode
-    vram_limit: float
-    latency_rise: float
-    require_match: bool = False
-    min_round_s: float = 0.0  # a round repeats waves of B until it lasted this long
-    warmup_waves: int = 0  # waves of the first tier before it, not counted
-    slo: SloConfig = field(default_factory=SloConfig)
-    axis: Axis = "batch"
-    context_lengths: tuple[int, ...] = ()  # the context axis's input lengths, one tier each
-    streaming: bool = True  # SPEC §5.13: streamed by default (``--no-stream`` turns it off)
-    stream_check: StreamCheck | None = None  # what the stream probe found (None: not probed)
-    gain_min: float = 0.10  # the setting: the smallest B within this much of the fastest tier
-    max_rounds: int = 0  # rounds a tier may run when its rounds disagree (0: ``rounds``)
-    determinism_copies: int = 0  # [determinism] copies of the fixed prompt per tier (0: off)
-
-    @property
-    def round_bound(self) -> int:
-        return max(self.rounds, self.max_rounds)
-
-    @property
-    def stream(self) -> bool:
-        """Stream (SSE) by default, and always when an SLO needs TTFT: only a streamed answer
-        shows its first token — unless the server refused streamed requests (the probe)."""
-        asked = self.streaming or self.slo.needs_stream
-        return asked and (self.stream_check is None or self.stream_check.stream)
-
-    @property
-    def stream_options(self) -> bool:
-        return self.stream_check is None or self.stream_check.stream_options
-
-    @classmethod
-    def from_config(cls, cfg: Config, *, require_match: bool = False) -> LadderOptions:
-        c = cfg.ladder
-        return cls(
-            batch_sizes=c.batch_sizes,
-            rounds=c.rounds,
-            mode=c.mode,
-            vram_limit=c.vram_limit,
-            latency_rise=c.latency_rise,
-            require_match=require_match,
-            min_round_s=c.min_round_s,
-            warmup_waves=c.warmup_waves,
-            slo=cfg.slo,
-            gain_min=cfg.sweep.gain_min,
-            max_rounds=2 * c.rounds,
-            determinism_copies=cfg.determinism.copies,
-        )
-
-    def on_context_axis(self, lengths: Sequence[int], batch: int) -> LadderOptions:
-        """Step the input length at batch ``batch`` (SPEC §5.3 ``--axis context``). Per-item
-        time grows with the input by nature, so the latency rule has nothing to say here."""
-        return replace(
-            self,
-            axis="context",
-            context_lengths=tuple(lengths),
-            batch_sizes=(batch,) * len(lengths),
-            latency_rise=math.inf,
-        )
 
 
 @dataclass
-class Ladder:
+class Ladder(TierRounds):
     """One ladder run; ``history`` grows as tiers finish (kept if interrupted)."""
 
     ctx: StageContext
@@ -309,154 +242,3 @@ class Ladder:
         )
         work = [i for i in items if i.role != "canary"]
         return with_goodput(stats, self.options.slo, work, stats.total_s)
-
-    def tier_sizes(self) -> TokenRange | None:
-        """The input length of the tier being run on the context axis (None on the batch axis)."""
-        if self.options.axis != "context":
-            return None
-        length = next_length(self.history, self.options.context_lengths)
-        return TokenRange(length, length) if length is not None else None
-
-    def wave_requests(self, batch: int) -> list[Request]:
-        """One measured wave (one batch at a time, SPEC §5.0): ``batch`` workload items, each
-        its own prompt. The canary never rides in it (``canary_requests``)."""
-        ctx, opts = self.ctx, self.options
-        prompts, targets = self.plan.prompts(batch, self.issued, self.tier_sizes())
-        self.issued += batch
-        return self.plan.requests(
-            ctx.client,
-            ctx.config.target.model,
-            ctx.params,
-            [prompts],
-            targets,
-            opts.mode,
-            stream=opts.stream,
-            stream_options=opts.stream_options,
-        )
-
-    def canary_requests(self, first_index: int) -> list[Request]:
-        """The fixed prompt alone, the canary for batch invariance under a workload other than
-        the fixed prompt when a baseline exists (SPEC §5.3, §5.11); none otherwise."""
-        ctx, opts = self.ctx, self.options
-        if self.plan.spec.fixed or self.baseline is None:
-            return []
-        return build_requests(
-            ctx.client,
-            ctx.config.target.model,
-            ctx.params,
-            [[ctx.config.prompt.text]],
-            "wave",
-            stream=opts.stream,
-            stream_options=opts.stream_options,
-            first_index=first_index,
-            role="canary",
-        )
-
-    def send_canary(self, batch: int, round_no: int, first_index: int) -> list[ItemResult]:
-        """The round's canary, sent alone after its measured waves: compared with the baseline
-        and counted in errors, but in no wall time, in-flight count or per-item time."""
-        requests = self.canary_requests(first_index)
-        if not requests:
-            return []
-        answered, _ = self.sender.send(requests, 1, self.ctx.params.max_tokens)
-        answered = self.incidents.classify(answered)
-        for item in answered:
-            self.ctx.run.append("records.jsonl", item_record(self.ctx, item, batch, 1, round_no))
-        return answered
-
-    def in_flight(self, batch: int) -> int:
-        """Requests in flight at once: B in wave mode, one request of B prompts in prompt-list."""
-        return 1 if self.options.mode == "prompt-list" else batch
-
-    def send_wave(self, batch: int) -> tuple[list[ItemResult], float]:
-        """One wave: all its requests released together, every answer awaited."""
-        requests = self.wave_requests(batch)
-        return self.sender.send(requests, len(requests), self.ctx.params.max_tokens)
-
-    def run_round(
-        self, batch: int, round_no: int
-    ) -> tuple[list[ItemResult], float, int, WindowPeak]:
-        """Waves of ``batch`` until the round has lasted ``min_round_s`` (at least one wave).
-
-        The round's time is the sum of its waves' wall times (first send to last answer): the
-        moments calibrate spends between waves writing records are not the server's.
-        Returns (items, seconds, waves, VRAM peak).
-        """
-        ctx = self.ctx
-        concurrency = self.in_flight(batch)
-        idle = self.monitor.open_window()
-        items: list[ItemResult] = []
-        total_s = 0.0
-        waves = 0
-        while True:
-            answered, seconds = self.send_wave(batch)
-            if not self.history and not self.warmup and not items and all_refused(answered):
-                self.monitor.close_window(idle)
-                raise unreachable(answered[0].error, ctx.config.target.base_url)
-            # item times and numbers run on across the round's waves
-            answered = [shifted(i, len(items), total_s) for i in answered]
-            answered = self.incidents.classify(answered)  # a dead server's failures say so
-            for item in answered:
-                ctx.run.append(
-                    "records.jsonl", item_record(ctx, item, batch, concurrency, round_no)
-                )
-            items += answered
-            total_s += seconds
-            waves += 1
-            if any(not i.ok for i in answered) or total_s >= self.options.min_round_s:
-                break
-        peak = self.monitor.close_window(idle)
-        self.incidents.record(
-            items, batch_size=batch, concurrency=concurrency, round_no=round_no, peak=peak
-        )
-        canary = self.send_canary(batch, round_no, len(items) + 1)
-        self.incidents.record(canary, batch_size=batch, concurrency=1, round_no=round_no, peak=peak)
-        return [*items, *canary], total_s, waves, peak
-
-
-def shifted(item: ItemResult, index_by: int, seconds: float) -> ItemResult:
-    """An item of a later wave, numbered and timed from the start of its round."""
-    return replace(
-        item,
-        index=item.index + index_by,
-        started_s=item.started_s + seconds,
-        done_s=item.done_s + seconds,
-    )
-
-
-def item_record(
-    ctx: StageContext, item: ItemResult, batch: int, concurrency: int, round_no: int | None
-) -> dict[str, Any]:
-    """The SPEC §4.1 record of one item, with the sampling parameters its body carried."""
-    sent = item.body.get("max_tokens")
-    params = ctx.params
-    if isinstance(sent, int) and not isinstance(sent, bool) and sent != params.max_tokens:
-        params = replace(params, max_tokens=sent)  # a forced answer length (SPEC §5.11)
-    return RequestRecord(
-        run_id=ctx.run.run_id,
-        ts=utc_now_iso(),
-        stage=ctx.run.stage,
-        target=ctx.target,
-        prompt=item.prompt,
-        params=params,
-        text=item.text,
-        finish_reason=item.finish_reason,
-        usage=item.usage,
-        elapsed_s=item.elapsed_s,
-        ttft_s=item.ttft_s,
-        served_model=item.served_model,
-        system_fingerprint=item.system_fingerprint,
-        batch_size=batch,
-        concurrency=concurrency,
-        round=round_no,
-        ok=item.ok,
-        error=item.error,
-        input_tokens_target=item.input_tokens_target,
-        canary=item.role == "canary",
-        times=item.times,
-    ).to_json()
-
-
-def all_refused(items: Sequence[ItemResult]) -> bool:
-    """Nothing answered at all: no server, which is exit 4 rather than a failing tier."""
-    return bool(items) and all(i.error is not None and i.error.kind == "connect" for i in items)

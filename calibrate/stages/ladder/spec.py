@@ -9,8 +9,8 @@ from typing import Protocol
 
 from calibrate.config import SloConfig
 from calibrate.stages.context import StageContext
+from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import Axis, LadderResult
-from calibrate.stages.ladder.run import LadderOptions
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tier_finish import Determinism, TierRecord
 from calibrate.stages.measure.tier_run import MeasureSpec, Measuring, TierWatcher

@@ -15,12 +15,14 @@ from calibrate.engines import CAP_REPORTS, find
 from calibrate.engines.args import ServerKind
 from calibrate.engines.base import http_threads
 from calibrate.errors import RequestError
+from calibrate.http.responses import in_range
 from calibrate.server import process
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.pin_context import context_for
 
 Restart = Callable[[int], bool]  # True: the server was restarted for this batch
+MAX_SLOTS = 1_000_000  # a slot count past this is no count
 
 
 def _kind(name: str | None) -> ServerKind | None:
@@ -125,3 +127,31 @@ def ladder_cap(
             return ServerCap(record.batch_size, cap), None
     client = ctx.client
     return read_cap(lambda path: client.get_text(path)), None
+
+
+def safe_levels(
+    levels: tuple[int, ...], max_in_flight: int, *, managed: bool, beyond_ladder: bool
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(levels to run, levels skipped): SPEC §5.0's rule that the sweep never sends more at once
+    than the ladder proved. A managed server runs at cap B, so extra requests queue in the
+    server and every level is safe; an unmanaged one gets at most ``max_in_flight`` at once."""
+    if managed or beyond_ladder or max_in_flight < 1:
+        return levels, ()
+    keep = tuple(c for c in levels if c <= max_in_flight)
+    skipped = tuple(c for c in levels if c > max_in_flight)
+    return keep or (max_in_flight,), skipped
+
+
+def read_server_cap(fetch: Callable[[str], str]) -> ServerCap | None:
+    """llama.cpp's ``GET /props`` total_slots, else the length of ``GET /slots``."""
+    for path in ("/props", "/slots"):
+        try:
+            data = json.loads(fetch(path))
+        except (RequestError, ValueError, RecursionError):
+            continue
+        slots = in_range(data.get("total_slots"), 1, MAX_SLOTS) if isinstance(data, dict) else None
+        if slots is not None:  # negative, 0, huge: no cap said
+            return ServerCap(slots, "llama.cpp /props total_slots")
+        if isinstance(data, list) and data:
+            return ServerCap(len(data), "llama.cpp /slots")
+    return None

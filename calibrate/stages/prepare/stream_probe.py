@@ -22,7 +22,7 @@ from typing import Any
 from calibrate.config import LadderMode
 from calibrate.errors import RequestError
 from calibrate.http.error_kinds import shorten
-from calibrate.load.waves import CHAT_PATH, COMPLETIONS_PATH
+from calibrate.load.request import CHAT_PATH, COMPLETIONS_PATH
 from calibrate.stages.context import StageContext
 from calibrate.stages.single import unreachable
 

@@ -18,6 +18,7 @@ from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.load.waves import Sender
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import kept_on_write_error, load_lock
+from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tier_finish import (
     Determinism,
     TierRecord,
@@ -25,11 +26,13 @@ from calibrate.stages.measure.tier_finish import (
     write_determinism,
 )
 from calibrate.stages.measure.tier_run import Measuring, TierWatcher, measuring
+from calibrate.stages.prepare.server_cap import read_server_cap
 from calibrate.stages.prepare.stream_probe import StreamCheck, probe_stream
 from calibrate.stages.prepare.workload_plan import prepare_workload
+from calibrate.stages.sweep.levels import Level
 from calibrate.stages.sweep.plan import plan_sweep
-from calibrate.stages.sweep.result import Level, ServerCap, SweepResult
-from calibrate.stages.sweep.run import Sweep, read_server_cap
+from calibrate.stages.sweep.result import SweepResult
+from calibrate.stages.sweep.run import Sweep
 from calibrate.stages.sweep.spec import SweepOptions, SweepSpec
 from calibrate.state.gates import next_step
 from calibrate.workload import WorkloadSpec

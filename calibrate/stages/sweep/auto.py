@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from calibrate.stages.measure.stop_rules import continue_sweep
+from calibrate.stages.sweep.levels import AutoRole, AutoStep, Level
 from calibrate.stages.sweep.rates import run_rate_level
-from calibrate.stages.sweep.result import AutoRole, AutoStep, Level
 from calibrate.stages.sweep.runner import LevelRunner
 
 DEFAULT_AUTO_STEPS = 5

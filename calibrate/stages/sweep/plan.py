@@ -14,9 +14,8 @@ from calibrate.errors import GateClosed, UsageError
 from calibrate.load.arrivals import parse_counts, parse_rates
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.slo import parse_slo_flags
-from calibrate.stages.prepare.server_cap import run_at_cap
+from calibrate.stages.prepare.server_cap import run_at_cap, safe_levels
 from calibrate.stages.sweep.find_max import TOP
-from calibrate.stages.sweep.run import safe_levels
 from calibrate.stages.sweep.spec import SweepOptions, SweepSpec
 from calibrate.state.setting import latest_passing_ladder
 

@@ -19,7 +19,7 @@ from calibrate.load.keepalive_stall import find_stall
 from calibrate.load.open_loop import SHORTFALL, OpenRun, RateJudgement, judge
 from calibrate.stages.measure.slo import with_goodput
 from calibrate.stages.measure.tiers import Stats, summarise
-from calibrate.stages.sweep.result import Level, level_stats
+from calibrate.stages.sweep.levels import Level, level_stats
 from calibrate.stages.sweep.runner import LevelRunner
 
 

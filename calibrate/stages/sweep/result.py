@@ -1,163 +1,27 @@
-"""A finished sweep: its levels (median and range over the repeats), the knee, how sure it is.
-
-Levels from the first one at which calibrate's own self-check found the client to be the
-bottleneck (``Level.client_bound``) are measured but never recommended: their throughput is the
-client's limit. When the best level the client could measure is the last one before that, the
-curve above it is unknown and the sweep is inconclusive (SPEC §5.6).
-"""
+"""A finished sweep: its levels, the knee or best level, how sure it is, and its summary for
+the ledger (SPEC §5.6); which levels the client could measure is ``levels.ClientLimit``'s."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any
 
 from calibrate.config import SloConfig
-from calibrate.load.arrivals import rate_text, rate_value
-from calibrate.load.keepalive_stall import Stall
-from calibrate.load.open_loop import RateJudgement
-from calibrate.load.window import spread
-from calibrate.stages.determinism import DeterminismCheck
+from calibrate.load.arrivals import rate_text
 from calibrate.stages.measure.slo import binding_slo, describe, has_slo
-from calibrate.stages.measure.stop_rules import Point
+from calibrate.stages.measure.stop_rules import Point, ServerCap
 from calibrate.stages.measure.tiers import Stats, energy_short
 from calibrate.stages.prepare.stream_probe import stream_details
 from calibrate.stages.sweep.find_max import FindMax
-from calibrate.stages.sweep.knee import Knee, find_knee, judged_range
+from calibrate.stages.sweep.knee import Knee, find_knee
+from calibrate.stages.sweep.levels import ClientLimit, Level
 from calibrate.stages.sweep.spec import SweepOptions
 from calibrate.state.summaries import SweepSummary, Workload
 
-LevelVerdict = Literal["pass", "fail", "stop: slo"]  # stop: slo — a find-max probe over an SLO
-CLIENT_LIMIT_HINT = (
-    "run calibrate from a faster client machine, or one the server does not share its CPU with"
-)
-AutoRole = Literal["synchronous", "rate", "maximum"]
-
 
 @dataclass(frozen=True)
-class ServerCap:
-    """The server's own limit on parallel sequences, when it says (llama.cpp /props)."""
-
-    slots: int
-    source: str
-
-
-@dataclass(frozen=True)
-class AutoStep:
-    """Where a level sits in an ``--auto`` sweep: 0 synchronous, 1…N the rates, N+1 the
-    maximum (``stages.sweep_auto``)."""
-
-    step: int
-    role: AutoRole
-    request_rate: float | None = None  # a closed-loop step's throughput in requests/s
-
-
-@dataclass(frozen=True)
-class Level:
-    """One concurrency level: ``stats`` over all its runs, with ``items_per_s`` and
-    ``output_tokens_per_s`` the medians of the runs' steady windows; ``runs`` one per repeat."""
-
-    stats: Stats
-    runs: tuple[Stats, ...]
-    gain: float | None  # the median gain over the best level below it (SPEC §5.6)
-    counted: bool  # the gain counts: median ≥ gain_min and the ranges do not overlap
-    verdict: LevelVerdict
-    capped: bool
-    rate: RateJudgement | None = None  # rate mode: offered vs achieved (median run), saturation
-    auto: AutoStep | None = None  # --auto: which step of the curve
-    client_bound: str = ""  # why calibrate itself was the bottleneck during it ("" = it was not)
-    stall: Stall | None = None  # answers stalled near a keep-alive timeout
-    determinism: DeterminismCheck | None = None  # [determinism] copies, after the window
-
-    @property
-    def concurrency(self) -> int:
-        return self.stats.concurrency
-
-    @property
-    def saturated(self) -> bool:
-        return self.rate is not None and self.rate.saturated
-
-    @property
-    def label(self) -> str:
-        """``concurrency 4``, ``4 req/s``, or in an auto sweep ``maximum (concurrency 16)``."""
-        if self.rate is None:
-            closed = f"concurrency {self.concurrency}"
-            return f"{self.auto.role} ({closed})" if self.auto else closed
-        return f"{rate_text(self.rate.offered_rate)} req/s"
-
-    @property
-    def goodput_range(self) -> tuple[float, float] | None:
-        good = [r.goodput_per_s for r in self.runs if r.goodput_per_s is not None]
-        return (min(good), max(good)) if good else None
-
-    @property
-    def items_per_s_min(self) -> float:
-        return min((r.items_per_s for r in self.runs), default=self.stats.items_per_s)
-
-    @property
-    def items_per_s_max(self) -> float:
-        return max((r.items_per_s for r in self.runs), default=self.stats.items_per_s)
-
-    @property
-    def point(self) -> Point:
-        """As the knee rule sees it: a level run once has no range, one run 5+ times is judged
-        on its middle runs (``sweep_knee.judged_range``)."""
-        span = judged_range([r.items_per_s for r in self.runs])
-        return Point(
-            self.concurrency,
-            self.stats.items_per_s,
-            self.stats.errors,
-            span[0] if span else None,
-            span[1] if span else None,
-            tuple(r.items_per_s for r in self.runs),
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        gain = round(self.gain, 4) if self.gain is not None else None
-        return {
-            **self.stats.to_json(),
-            "repeats": len(self.runs),
-            "items_per_s_min": round(self.items_per_s_min, 6),
-            "items_per_s_max": round(self.items_per_s_max, 6),
-            "gain": gain,
-            "gain_counted": self.counted,
-            "verdict": self.verdict,
-            "capped_by_server": self.capped,
-            "client_bound": self.client_bound or None,
-            **self.rate_json(),
-            **self.goodput_json(),
-            **(self.determinism.to_json() if self.determinism else {}),
-        }
-
-    def rate_json(self) -> dict[str, Any]:
-        """Rate levels: offered (``"inf"`` for everything at once: JSON has no infinity) and
-        achieved; an auto sweep's closed-loop levels: their step and achieved rate too."""
-        auto = {"auto_step": self.auto.step, "load": self.auto.role} if self.auto else {}
-        if self.rate is None:
-            if not auto:
-                return {}
-            rate = self.auto.request_rate if self.auto else None
-            return {**auto, "achieved_rate": round(rate if rate is not None else 0.0, 6)}
-        r = self.rate
-        return {
-            **auto,
-            "offered_rate": rate_value(r.offered_rate),
-            "achieved_rate": round(r.achieved_rate, 6),
-            "saturated": r.saturated,
-            "saturation": r.why or None,
-            "send_lag_p99_s": round(r.send_lag_p99_s, 6) if r.send_lag_p99_s is not None else None,
-        }
-
-    def goodput_json(self) -> dict[str, Any]:
-        span = self.goodput_range
-        if span is None:
-            return {}
-        return {"goodput_per_s_min": round(span[0], 6), "goodput_per_s_max": round(span[1], 6)}
-
-
-@dataclass(frozen=True)
-class SweepResult:
+class SweepResult(ClientLimit):
     levels: tuple[Level, ...]
     batch_size: int
     gain_min: float
@@ -251,23 +115,6 @@ class SweepResult:
         return self.levels[at + 1].stats if at + 1 < len(self.levels) else None
 
     @property
-    def client_limit(self) -> Level | None:
-        """The level from which on calibrate itself was the bottleneck at every level (a
-        client-bound level with a clean one above it was a passing hiccup, not the limit)."""
-        limit: Level | None = None
-        for lv in self.levels:
-            limit = (limit or lv) if lv.client_bound else None
-        return limit
-
-    @property
-    def measurable(self) -> tuple[Level, ...]:
-        """The levels whose throughput the server, not the client, set: those below the client
-        limit, without any client-bound one among them."""
-        limit = self.client_limit
-        below = self.levels if limit is None else self.levels[: self.levels.index(limit)]
-        return tuple(lv for lv in below if not lv.client_bound)
-
-    @property
     def points(self) -> list[Point]:
         return [lv.point for lv in self.measurable]
 
@@ -313,29 +160,6 @@ class SweepResult:
         return (
             f"inconclusive: the client was the limit at {where} — {rising} ({limit.client_bound})"
         )
-
-    def _find_max_inconclusive(self) -> str:
-        """A boundary is only as good as its two sides: when calibrate itself was the bottleneck
-        at the last passing or the first failing probe, who missed the SLOs is unknown."""
-        fm = self.find_max
-        assert fm is not None
-        for side, at in (("last passing", fm.last_passing), ("first failing", fm.first_failing)):
-            level = next((lv for lv in self.levels if lv.concurrency == at), None)
-            if level is not None and level.client_bound:
-                return (
-                    f"inconclusive: the client was the limit at C = {at}, the {side} probe — "
-                    f"whether the server or calibrate set the SLO boundary is unknown "
-                    f"({level.client_bound})"
-                )
-        return ""
-
-    @property
-    def what_to_do(self) -> str:
-        """For an inconclusive sweep: a faster client, or (when some levels were measured
-        cleanly) the levels below the limit to run again."""
-        below = [lv.concurrency for lv in self.measurable if lv.rate is None and not lv.auto]
-        again = f"; or sweep only below the limit: --concurrency {','.join(map(str, below))}"
-        return CLIENT_LIMIT_HINT + (again if below else "")
 
     def _best_measured(self) -> Level | None:
         by_best = has_slo(self.slo) or self.rate_mode or self.auto
@@ -468,15 +292,3 @@ def _offered(level: Level) -> float:
     """A rate level's offered rate (inf for everything at once)."""
     rate = level.rate.offered_rate if level.rate else None
     return math.inf if rate is None else rate
-
-
-def level_stats(whole: Stats, runs: Sequence[Stats]) -> Stats:
-    """A level's stats over all its runs, with throughput and goodput the runs' medians."""
-    good = [r.goodput_per_s for r in runs if r.goodput_per_s is not None]
-    return replace(
-        whole,
-        items_per_s=spread([r.items_per_s for r in runs]).median,
-        output_tokens_per_s=spread([r.output_tokens_per_s for r in runs]).median,
-        goodput_per_s=spread(good).median if good else None,
-        slo_met=sum(r.slo_met or 0 for r in runs) if good else None,
-    )

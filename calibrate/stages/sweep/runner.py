@@ -8,9 +8,11 @@ from typing import Any, Protocol
 
 from calibrate.gpu.vram import VramMonitor, WindowPeak
 from calibrate.load.items import ItemResult
-from calibrate.load.waves import Request, Sender
+from calibrate.load.request import Request
+from calibrate.load.waves import Sender
 from calibrate.stages.context import StageContext
-from calibrate.stages.sweep.result import Level, ServerCap
+from calibrate.stages.measure.stop_rules import ServerCap
+from calibrate.stages.sweep.levels import Level
 from calibrate.stages.sweep.spec import SweepOptions
 
 

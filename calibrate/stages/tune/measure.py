@@ -22,8 +22,11 @@ from calibrate.numbers import finite
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.slo import record_met
 from calibrate.stages.measure.tier_run import MeasureSpec, measuring
+from calibrate.stages.prepare.server_cap import read_server_cap
 from calibrate.stages.prepare.workload_plan import prepare_workload
-from calibrate.stages.sweep.run import Level, Sweep, SweepResult, read_server_cap
+from calibrate.stages.sweep.levels import Level
+from calibrate.stages.sweep.result import SweepResult
+from calibrate.stages.sweep.run import Sweep
 from calibrate.stages.sweep.spec import SweepOptions
 from calibrate.stages.tune.grid import Candidate
 from calibrate.stages.tune.result import BestLevel, Measurement

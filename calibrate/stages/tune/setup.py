@@ -23,7 +23,7 @@ from calibrate.io.store import RunDir
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.pin_context import verified_workload
-from calibrate.stages.sweep.run import safe_levels
+from calibrate.stages.prepare.server_cap import safe_levels
 from calibrate.stages.tune.grid import TunePlan, build_plan
 from calibrate.stages.tune.measure import MeasureSettings, slo_bounds
 from calibrate.stages.tune.store import find_unfinished, fingerprint

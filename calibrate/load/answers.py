@@ -1,0 +1,111 @@
+"""An answer or a failure as items: each prompt of a request becomes one ``ItemResult``, a
+failure too, with the body that was sent (an incident can be written for it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from calibrate.errors import ErrorInfo
+from calibrate.http.records import Completion, ContextLimit, incomplete_reason
+from calibrate.http.request_times import RequestTimes
+from calibrate.load.items import ItemResult
+from calibrate.load.request import Request
+
+
+def failed_item(
+    request: Request,
+    n: int,
+    started: float,
+    done: float,
+    info: ErrorInfo,
+    exc_type: str | None,
+    tb: str | None,
+    times: RequestTimes | None = None,
+) -> ItemResult:
+    """Prompt ``n`` of a request that got no answer, as a failed item."""
+    return ItemResult(
+        index=request.first_index + n,
+        prompt=request.prompts[n],
+        path=request.path,
+        body=request.body,
+        text=None,
+        finish_reason=None,
+        usage=None,
+        completion_tokens=0,
+        elapsed_s=done - started,
+        ttft_s=None,
+        started_s=started,
+        done_s=done,
+        error=info,
+        exception_type=exc_type,
+        traceback=tb,
+        role=request.role,
+        input_tokens_target=request.target(n),
+        times=times,
+    )
+
+
+def answer_items(
+    request: Request,
+    completion: Completion,
+    started: float,
+    done: float,
+    max_tokens: int | None,
+    context: Callable[[], ContextLimit | None] = lambda: None,
+) -> list[ItemResult]:
+    """One item per prompt of an answered request (a cut or missing choice: a failed one)."""
+    count = len(request.prompts)
+    reported = completion.usage.completion_tokens if completion.usage else None
+    timing = completion.stream
+    # No usage in the stream (llama.cpp without include_usage): the chunks are the count.
+    total_tokens = reported if reported is not None or timing is None else timing.output_tokens
+    out: list[ItemResult] = []
+    for n in range(count):
+        choice = completion.choices[n] if n < len(completion.choices) else None
+        error: ErrorInfo | None = None
+        # A prompt list reports one usage for all its prompts: each item gets its share.
+        share = (
+            (total_tokens // count + (1 if n < total_tokens % count else 0)) if total_tokens else 0
+        )
+        if choice is None:
+            error = ErrorInfo(
+                "invalid_response",
+                f"{count} prompts sent, {len(completion.choices)} choices returned",
+            )
+        else:
+            problem = incomplete_reason(
+                choice,
+                max_tokens,
+                forced_tokens=request.forced_tokens,
+                completion_tokens=share if reported is not None else None,
+                prompt_tokens=completion.usage.prompt_tokens
+                if completion.usage and count == 1
+                else None,
+                context=context,
+            )
+            if problem:
+                error = ErrorInfo("incomplete", problem)
+        out.append(
+            ItemResult(
+                index=request.first_index + n,
+                prompt=request.prompts[n],
+                path=request.path,
+                body=request.body,
+                text=choice.text if choice else None,
+                finish_reason=choice.finish_reason if choice else None,
+                usage=completion.usage if count == 1 else None,
+                completion_tokens=share,
+                elapsed_s=completion.elapsed_s,
+                ttft_s=completion.ttft_s,
+                started_s=started,
+                stream=timing if count == 1 else None,
+                done_s=done,
+                served_model=completion.served_model,
+                system_fingerprint=completion.system_fingerprint,
+                error=error,
+                role=request.role,
+                input_tokens_target=request.target(n),
+                times=completion.times,
+            )
+        )
+    return out
