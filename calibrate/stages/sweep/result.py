@@ -26,7 +26,8 @@ from calibrate.stages.prepare.stream_probe import stream_details
 from calibrate.stages.sweep.find_max import FindMax
 from calibrate.stages.sweep.knee import Knee, find_knee, judged_range
 from calibrate.stages.sweep.spec import SweepOptions
-from calibrate.state.summaries import SweepSummary, Workload
+from calibrate.state.summaries import SweepSummary
+from calibrate.state.summary_values import Workload
 
 LevelVerdict = Literal["pass", "fail", "stop: slo"]  # stop: slo — a find-max probe over an SLO
 CLIENT_LIMIT_HINT = (
