@@ -15,7 +15,16 @@ import requests
 
 from calibrate.engines.builders import LaunchSpec, build
 from calibrate.server import process, readiness
-from tests.fakes import free_port, managed_config, mock_command, pid_gone, pythonpath_env
+from calibrate.state import ledger as ledger_module
+from calibrate.state.ledger import LedgerView
+from tests.fakes import (
+    free_port,
+    managed_config,
+    mock_command,
+    passing_ladder,
+    pid_gone,
+    pythonpath_env,
+)
 from tests.mockserver import start_mock
 
 
@@ -52,6 +61,29 @@ def test_start_ready_status_logs_stop_pid_gone(cli, isolated: Path) -> None:
     assert not readiness.port_open("127.0.0.1", port)
     assert not (isolated / "runs/server.pid").exists()
     assert cli("server", "status", "--json").json["state"] == "none"
+
+
+def test_start_at_the_setting_reads_the_ledger_once(
+    cli, isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The calibrated setting comes from the one read of the ledger: a bad line is warned of once."""
+    managed_config(isolated, free_port(), mock_command())
+    passing_ladder(isolated, cli("status", "--json").json["target"], batch_size=2)
+    with (isolated / "runs/ledger.jsonl").open("a", encoding="utf-8") as ledger:
+        ledger.write("{torn\n")
+    reads: list[Path] = []
+    real = ledger_module._read
+
+    def counted(path: Path) -> LedgerView:
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(ledger_module, "_read", counted)
+    result = cli("server", "start")
+    assert result.code == 0, result.err
+    assert "using the calibrated setting" in result.err
+    assert len(reads) == 1 and result.err.count("skipping line") == 1, result.err
+    assert cli("server", "stop").code == 0
 
 
 def test_server_that_exits_at_once_is_exit_4_with_log_tail_and_code(cli, isolated: Path) -> None:

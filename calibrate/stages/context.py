@@ -37,7 +37,7 @@ class StageContext:
     def record_result(
         self,
         passed: bool,
-        summary: dict[str, Any] | Summary,
+        summary: Summary,
         *,
         interrupted: bool = False,
         served_root: str = "",
@@ -55,7 +55,7 @@ class StageContext:
             run_id=self.run.run_id,
             target=self.target,
             passed=passed and not interrupted,
-            summary=summary if isinstance(summary, dict) else summary.to_json(),
+            summary=summary.to_json(),
             forced=self.forced,
             interrupted=interrupted,
             identity=TargetIdentity.of(self.config).to_json(),

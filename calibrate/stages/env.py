@@ -21,6 +21,7 @@ from calibrate.io.store import RunDir
 from calibrate.stages.context import StageContext, manifest
 from calibrate.state.gates import check_gate
 from calibrate.state.ledger import Ledger, target_fingerprint
+from calibrate.state.summaries import PlainSummary
 from calibrate.state.target_lock import hold
 
 
@@ -151,7 +152,7 @@ def guarded(ctx: StageContext) -> Iterator[None]:
             yield
         except KeyboardInterrupt as exc:
             kept = _kept(ctx.run)
-            ctx.record_result(False, {}, interrupted=True)
+            ctx.record_result(False, PlainSummary(), interrupted=True)
             ctx.run.close()
             engine = f"; {exc}" if str(exc) else ""  # what became of an engine being started
             raise Interrupted(

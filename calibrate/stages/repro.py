@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +11,15 @@ from calibrate.io.junit import JUnitSuite
 from calibrate.io.store import load_jsonl_objects
 from calibrate.stages.context import StageContext
 from calibrate.stages.single import fixed_prompt_call, read_baseline
+from calibrate.state.gates import next_step
 from calibrate.state.ledger import baseline_path
+from calibrate.state.summaries import PlainSummary
 
 
 @dataclass(frozen=True)
 class ReproResult:
     comparisons: tuple[Comparison, ...]
+    next_command: str = ""  # ``gates.next_step`` once a live pass is recorded
 
     @property
     def passed(self) -> bool:
@@ -119,8 +122,11 @@ def between_files(left: Path, right: Path, normaliser: Normaliser) -> ReproResul
 
 
 def run_repro(ctx: StageContext, normaliser: Normaliser, *, runs: int, stream: bool) -> ReproResult:
-    """Stage B live: ``runs`` fresh calls against the baseline; the verdict goes to the ledger."""
+    """Stage B live: ``runs`` fresh calls against the baseline; the verdict goes to the ledger,
+    then (after a pass) what to run next."""
     result = against_baseline(ctx, normaliser, runs=runs, stream=stream)
-    ctx.record_result(result.passed, {**result.summary(), "jq": normaliser.program})
+    ctx.record_result(result.passed, PlainSummary({**result.summary(), "jq": normaliser.program}))
     ctx.run.close()
-    return result
+    if not result.passed:
+        return result
+    return replace(result, next_command=next_step(ctx.config, ctx.ledger, ctx.target))

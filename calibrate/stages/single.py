@@ -17,6 +17,7 @@ from calibrate.io.store import dumps_line, read_jsonl, write_atomic
 from calibrate.redact import redact_url
 from calibrate.stages.context import StageContext
 from calibrate.state.ledger import baseline_path
+from calibrate.state.summaries import PlainSummary
 
 log = logging.getLogger("calibrate")
 
@@ -209,7 +210,7 @@ def run_single(
     result = SingleResult(record, identity, tuple(problems), tuple(warnings), baseline, accepted)
     ctx.run.update_manifest(server=identity.to_json())
     passed, more = after() if result.passed and after is not None else (result.passed, {})
-    summary = {**result.summary(), **more}
+    summary = PlainSummary({**result.summary(), **more})
     ctx.record_result(passed, summary, served_root=served_root(identity, model))
     ctx.run.close()
     return result

@@ -53,7 +53,7 @@ class SingleOutcome:
     result: SingleResult
     copies: dict[str, Any] | None  # what --determinism found
     run_id: str
-    next_hint: str
+    next_command: str
 
     @property
     def differ(self) -> bool:
@@ -112,7 +112,7 @@ class SingleOutcome:
             out.append(("ok", f"single passed (run {self.run_id})"))
             if result.baseline:
                 out.append(("say", f"baseline {result.baseline}: {baseline_path(ctx.config)}"))
-            out.append(("say", f"next: {self.next_hint}"))
+            out.append(("say", f"next: {self.next_command}"))
         else:
             out += [("fail", f"single failed: {problem}") for problem in result.problems]
             out.append(("say", f"records: {ctx.run.file('records.jsonl')}"))
@@ -149,7 +149,7 @@ def run(ctx: StageContext, spec: SingleSpec, say: Say, warn: Say) -> SingleOutco
     outcome = SingleOutcome(spec, result, found.get("determinism"), ctx.run.run_id, "")
     if not outcome.passed:
         return outcome
-    return replace(outcome, next_hint=next_step(ctx.config, ctx.ledger, ctx.target))
+    return replace(outcome, next_command=next_step(ctx.config, ctx.ledger, ctx.target))
 
 
 def copies(ctx: StageContext, spec: SingleSpec, say: Say, warn: Say) -> dict[str, Any]:

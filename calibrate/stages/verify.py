@@ -15,7 +15,9 @@ from calibrate.io.baseline import Normaliser
 from calibrate.stages.context import StageContext
 from calibrate.stages.repro import ReproResult, against_baseline
 from calibrate.stages.single import served_root, server_identity
+from calibrate.state.gates import next_step
 from calibrate.state.setting import CalibratedSetting, resolve
+from calibrate.state.summaries import PlainSummary
 from calibrate.state.weights_gate import setting_gate
 
 
@@ -23,6 +25,7 @@ from calibrate.state.weights_gate import setting_gate
 class VerifyResult:
     repro: ReproResult
     setting: CalibratedSetting | None  # what the server is supposed to run at
+    next_command: str = ""  # ``gates.next_step`` once a pass is recorded
 
     @property
     def passed(self) -> bool:
@@ -49,7 +52,8 @@ class VerifyResult:
 
 def run_verify(ctx: StageContext, normaliser: Normaliser, *, force: bool = False) -> VerifyResult:
     """Check the served weights, run the fixed prompt once, compare it with the baseline, and
-    record the verdict (with the root the server serves now); the run folder is closed."""
+    record the verdict (with the root the server serves now) and, after a pass, what to run
+    next; the run folder is closed."""
     identity, _ = server_identity(ctx)  # no server there: exit 4
     root = served_root(identity, ctx.config.target.model)
     if root:
@@ -63,6 +67,8 @@ def run_verify(ctx: StageContext, normaliser: Normaliser, *, force: bool = False
             ctx = replace(ctx, forced=True)
     repro = against_baseline(ctx, normaliser, runs=1)
     result = VerifyResult(repro, resolve(ctx.ledger, ctx.target))
-    ctx.record_result(result.passed, result.summary(), served_root=root)
+    ctx.record_result(result.passed, PlainSummary(result.summary()), served_root=root)
     ctx.run.close()
-    return result
+    if not result.passed:
+        return result
+    return replace(result, next_command=next_step(ctx.config, ctx.ledger, ctx.target))

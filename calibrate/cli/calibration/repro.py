@@ -10,7 +10,6 @@ example: calibrate repro baselines/single.jsonl runs/20261129T164129Z-single-a1b
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,6 @@ from calibrate.io.output_paths import check_outputs
 from calibrate.io.store import RunDir
 from calibrate.stages.env import guarded
 from calibrate.stages.repro import ReproResult, between_files, run_repro
-from calibrate.state.gates import next_step
 
 
 def register(subparsers: Any) -> None:
@@ -64,19 +62,13 @@ def run(args: argparse.Namespace) -> int:
             [("the file", Path(name)) for name in args.files],
         )
         result = between_files(Path(args.files[0]), Path(args.files[1]), normaliser)
-        return _report(out, args, result, run=None, hint=None)
+        return _report(out, args, result, run=None)
     if not 1 <= args.runs <= MAX_ROUNDS:
         raise UsageError(f"--runs must be in [1, {MAX_ROUNDS}], got {args.runs}")
     ctx = open_stage(args, "repro", out)
     with guarded(ctx):
         result = run_repro(ctx, normaliser, runs=args.runs, stream=args.stream)
-        return _report(
-            out,
-            args,
-            result,
-            run=ctx.run,
-            hint=lambda: next_step(ctx.config, ctx.ledger, ctx.target),
-        )
+        return _report(out, args, result, run=ctx.run)
 
 
 def _report(
@@ -85,7 +77,6 @@ def _report(
     result: ReproResult,
     *,
     run: RunDir | None,
-    hint: Callable[[], str] | None,
 ) -> int:
     for n, comparison in enumerate(result.comparisons, 1):
         show_comparison(out, f"run {n}", comparison)
@@ -94,8 +85,8 @@ def _report(
     save_junit(args, suite)
     if result.passed:
         out.ok(result.verdict_line())
-        if hint is not None:
-            out.say(f"next: {hint()}")
+        if run is not None:  # a live run; two files compared offline have no next step
+            out.say(f"next: {result.next_command}")
     else:
         out.fail(result.verdict_line())
         out.say(f"next: {after_failure(result.comparisons, again='calibrate repro')}")

@@ -28,7 +28,6 @@ from calibrate.stages.context import StageContext
 from calibrate.stages.env import guarded
 from calibrate.stages.repro import check_reason
 from calibrate.stages.verify import run_verify
-from calibrate.state.gates import next_step
 
 
 def register(subparsers: Any) -> None:
@@ -59,7 +58,7 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: N
         out.say(f"expected setting: {result.setting.describe()}")
     if result.passed:
         out.ok(result.verdict_line(ctx.run.run_id))
-        out.say(f"next: {next_step(ctx.config, ctx.ledger, ctx.target)}")
+        out.say(f"next: {result.next_command}")
     else:
         show_comparison(out, "fixed prompt vs baseline", comparison)
         out.fail(result.verdict_line(ctx.run.run_id))

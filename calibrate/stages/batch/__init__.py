@@ -48,6 +48,7 @@ from calibrate.stages.context import StageContext
 from calibrate.stages.env import StageRequest, open_stage
 from calibrate.stages.export import export_final
 from calibrate.stages.measure.format_check import shape_checks
+from calibrate.state.summaries import PlainSummary
 
 __all__ = [  # the stage's public face; plans are made in plan.py, workers in worker.py
     "DEFAULT_CONCURRENCY",
@@ -234,7 +235,7 @@ def _verdict(b: _Batch, result: BatchResult, final_error: str | None) -> BatchOu
     resume = shown_command(["calibrate", *b.request.argv])  # no password in it
     outcome = BatchOutcome(result, spec, shown, resume, None, None, ExitCode.FAILED)
     try:
-        ctx.record_result(passed, summary)
+        ctx.record_result(passed, PlainSummary(summary))
         ctx.run.close()
         b.env.write_junit(ctx.run, ctx.target, result, shown)
     except OSError as exc:

@@ -22,6 +22,7 @@ from calibrate.stages.context import StageContext
 from calibrate.stages.single import fixed_prompt_call, read_baseline
 from calibrate.state.ledger import Ledger, baseline_path, target_fingerprint
 from calibrate.state.setting import Endpoint, resolve
+from calibrate.state.summaries import PlainSummary
 
 
 def endpoints_for(
@@ -132,7 +133,7 @@ def usable_endpoints(
     on_check(check)
     if check.differing:
         names = ", ".join(e.label for e, _ in check.differing)
-        ctx.record_result(False, {**summary, "refused": names})
+        ctx.record_result(False, PlainSummary({**summary, "refused": names}))
         raise StageFailed(
             f"endpoint(s) {names} answer the fixed prompt differently from the baseline: "
             "different weights or settings behind them?",

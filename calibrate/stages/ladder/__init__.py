@@ -142,7 +142,7 @@ def _finish(
         tables=env.watcher.tables,
         source=result.vram_source,
         passed=result.passed,
-        summary=result.summary().to_json(),
+        summary=result.summary(),
         notes=result.notes,
         selfload=selfload,
         interrupted=interrupted,

@@ -9,7 +9,7 @@ about it all is the command line's; here it is only decided and written.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from calibrate.stages.measure.compare_tiers import (
 )
 from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.measure.tiers import queue_note
+from calibrate.state.summaries import TierChecks, TierSummary
 
 Row = Mapping[str, Any]
 Tables = Callable[[Sequence[Row], str], None]  # writes tiers.csv from the rows (and shows it)
@@ -54,7 +55,7 @@ def finish_tiers(
     tables: Tables,
     source: str,
     passed: bool,
-    summary: dict[str, Any],
+    summary: TierSummary,
     notes: Sequence[str],
     selfload: SelfLoadMonitor,
     interrupted: bool = False,
@@ -112,17 +113,17 @@ def record_run(
     ctx: StageContext,
     *,
     passed: bool,
-    summary: dict[str, Any],
+    summary: TierSummary,
     comparison: TierComparison | None,
     selfload: SelfLoadMonitor,
     interrupted: bool = False,
 ) -> LedgerEntry:
     """The run's one ledger verdict, with calibrate's own load and the comparison in it."""
-    summary = {**summary, "selfload": selfload.report().to_json()}
+    compared = comparison.to_json() if comparison is not None else None
+    checks = TierChecks(selfload.report().to_json(), compared)
     if comparison is not None:
-        summary["compare"] = comparison.to_json()
         passed = passed and comparison.passed  # a regression is not a pass (SPEC §4.2)
-    entry = ctx.record_result(passed, summary, interrupted=interrupted)
+    entry = ctx.record_result(passed, replace(summary, checks=checks), interrupted=interrupted)
     ctx.run.close()
     return entry
 

@@ -144,7 +144,7 @@ def _finish(
         tables=env.watcher.tables,
         source=result.vram_source,
         passed=result.passed,
-        summary=result.summary(options).to_json(),
+        summary=result.summary(options),
         notes=result.notes(llamacpp=ctx.config.server.kind == "llamacpp"),
         selfload=selfload,
         interrupted=interrupted,

@@ -18,7 +18,7 @@ from calibrate.stages.tune.result import CandidateResult
 from calibrate.stages.tune.search import Notify, Tune, TuneOutcome
 from calibrate.stages.tune.setup import TuneSetup
 from calibrate.stages.tune.store import TuneStore, ranked_rows, write_plot, write_tables
-from calibrate.state.summaries import TuneSummary
+from calibrate.state.summaries import PlainSummary, TuneSummary
 
 # Draws plot.svg from the ranked rows and a title (the renderer's, so the stage draws nothing).
 DrawPlot = Callable[[Sequence[Mapping[str, Any]], str], str]
@@ -101,12 +101,12 @@ class Session:
         """Ctrl-C / SIGTERM: stop the server calibrate started, record the run as interrupted."""
         self.lifecycle.stop_managed()
         ctx, plan = self.setup.ctx, self.setup.plan
-        summary = {
+        progress = {
             "candidates": plan.size,
             "measured": self.measured,
             "grid_fingerprint": self.setup.fingerprint,
         }
-        ctx.record_result(False, summary, interrupted=True)
+        ctx.record_result(False, PlainSummary(progress), interrupted=True)
         ctx.run.close()
 
     def finish(self, outcome: TuneOutcome) -> TuneFinished:
