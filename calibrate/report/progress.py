@@ -1,5 +1,5 @@
-"""What a long stage shows on a terminal while it runs (never in a log): a table that grows as
-tiers finish, and a progress bar under it with the steps done and the time left."""
+"""What a long stage shows while it runs: on a terminal a table that grows as tiers finish, a
+progress bar under it (steps done, time left); in a log one short line per tier."""
 
 from __future__ import annotations
 

@@ -7,12 +7,7 @@ import json
 import shlex
 from typing import Any
 
-from calibrate.report.html.parts import (
-    definitions,
-    folded,
-    section,
-    text,
-)
+from calibrate.report.html.parts import definitions, folded, section, text
 from calibrate.report.run_view import RunView, as_dict
 
 _SECRET_WORDS = ("key", "token", "secret", "password", "authorization")

@@ -1,10 +1,10 @@
 """``calibrate report RUN --html``: one self-contained HTML file for a ladder or sweep run.
 
-It leads with the answer: the verdict and the setting with its numbers (``html_answer``), then
+It leads with the answer: the verdict and the setting with its numbers (``html.answer``), then
 the plots (latency vs throughput, throughput, VRAM, pressure; failed tiers crossed out), the
 tier table (the essential columns; every column folded under it), the optional request
 timeline, the incidents, and last, folded, the run's configuration. Plots are inline SVG from
-``svg_plot`` so the file needs neither matplotlib nor a network to be read.
+``html.svg`` so the file needs neither matplotlib nor a network to be read.
 """
 
 from __future__ import annotations
@@ -16,12 +16,7 @@ from calibrate.numbers import finite
 from calibrate.report.html.answer import verdict_html
 from calibrate.report.html.charts import charts_for
 from calibrate.report.html.configuration import configuration_html
-from calibrate.report.html.parts import (
-    page,
-    section,
-    table,
-    text,
-)
+from calibrate.report.html.parts import page, section, table, text
 from calibrate.report.html.svg import timeline_chart
 from calibrate.report.html.tiers import tier_table_html
 from calibrate.report.run_view import RunView

@@ -7,11 +7,7 @@ from typing import Any
 
 from calibrate.io.tier_table import level_key
 from calibrate.numbers import finite
-from calibrate.report.html.parts import (
-    folded,
-    table,
-    verdict_class,
-)
+from calibrate.report.html.parts import folded, table, verdict_class
 from calibrate.report.run_view import RunView
 from calibrate.report.tables.columns import table_cells
 

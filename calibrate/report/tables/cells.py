@@ -127,6 +127,7 @@ SWEEP: Cells = [
 
 
 def level_verdict(row: Mapping[str, Any]) -> str:
+    """A sweep level's verdict, with ``saturated`` and ``(over server cap)`` when they apply."""
     return (
         str(row["verdict"])
         + (" saturated" if is_true(row.get("saturated")) else "")
@@ -146,6 +147,7 @@ def rate_text(value: Any, row: Mapping[str, Any]) -> str:
 
 
 def is_true(value: Any) -> bool:
+    """True, or ``true`` as tiers.csv spells it."""
     return value is True or str(value).lower() == "true"
 
 

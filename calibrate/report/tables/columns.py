@@ -49,6 +49,8 @@ ESSENTIAL: dict[Kind, tuple[str, ...]] = {
 
 
 def kind_columns(kind: Kind, rows: Sequence[Mapping[str, Any]] = (), wide: bool = True) -> Cells:
+    """A kind's columns (the input length first on the context axis); without ``wide`` the
+    essential ones, pressure as a bare figure."""
     if kind == "sweep":
         columns = SWEEP
     elif context_axis(rows):
@@ -134,6 +136,7 @@ WHEN_MEASURED = (
 def fitting_columns(
     rows: Sequence[Mapping[str, Any]], kind: Kind, width: int | None, wide: bool = True
 ) -> Cells:
+    """The columns with a value in some row; with ``width``, minor ones left out until they fit."""
     columns = [
         (name, cell)
         for name, cell in kind_columns(kind, rows, wide)
@@ -192,4 +195,5 @@ SHORT_NAMES = {
 
 
 def short_name(column: str) -> str:
+    """A column's short header: ``items_per_s`` is ``items/s``, ``queue_wait_s`` ``queue wait``."""
     return SHORT_NAMES.get(column, column.removesuffix("_s").replace("_", " "))
