@@ -97,7 +97,7 @@ def test_report_of_something_that_is_not_a_run(cli, isolated: Path) -> None:
 def test_a_narrow_terminal_drops_minor_columns_instead_of_cropping_cells() -> None:
     from rich.console import Console
 
-    from calibrate.report.tables import tier_table
+    from calibrate.report.tables.tiers import tier_table
 
     row = {
         "batch_size": 8,

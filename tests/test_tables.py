@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from calibrate.report import tables as report
+from calibrate.report.progress import live_rows
+from calibrate.report.tables.tiers import tier_table
 from tests.mockserver import start_mock
 from tests.report_helpers import table_lines
 from tests.tier_helpers import FAST, open_gate, run_dir
@@ -164,7 +165,7 @@ def test_the_default_table_fits_the_terminal(width: int) -> None:
         for b in (1, 2, 4, 8, 16)
     ]
     console = Console(width=width, record=True, file=io.StringIO(), force_terminal=False)
-    console.print(report.tier_table(rows, "ladder", "ladder run", width))
+    console.print(tier_table(rows, "ladder", "ladder run", width))
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= width, text
     assert "…" not in text and "stop: latency" in text and "batch" in text
@@ -232,14 +233,14 @@ def test_a_terminal_gets_a_progress_bar_with_eta_and_a_log_never_does() -> None:
 
     terminal = _Terminal()
     console = Console(file=terminal, force_terminal=True, width=100)
-    with report.live_rows(console, "ladder", "ladder run", True, plan=Plan(4, 30.0)) as show:
+    with live_rows(console, "ladder", "ladder run", True, plan=Plan(4, 30.0)) as show:
         show(_row(1))
     shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", terminal.getvalue())
     assert "ETA 2:00" in shown  # 4 tiers × 30 s planned, before the first one finished
     assert "tiers" in shown and "items/s" in shown
     log = io.StringIO()
     console = Console(file=log, force_terminal=False, width=100)
-    with report.live_rows(console, "ladder", "ladder run", False, plan=Plan(4, 30.0)) as show:
+    with live_rows(console, "ladder", "ladder run", False, plan=Plan(4, 30.0)) as show:
         show(_row(1))
         show(_row(2))
     assert "ETA" not in log.getvalue() and "━" not in log.getvalue()

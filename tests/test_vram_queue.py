@@ -12,7 +12,7 @@ from rich.console import Console
 from calibrate.gpu.nvml import DeviceMemory, VramReading
 from calibrate.gpu.vram import VramMonitor
 from calibrate.io import tier_table
-from calibrate.report import tables as report
+from calibrate.report.tables import tiers as report
 from calibrate.stages.measure.tiers import queue_note, summarise
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, jsonl, open_gate, run_dir

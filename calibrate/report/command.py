@@ -14,15 +14,19 @@ from typing import Any, Protocol
 
 from calibrate.config import Config
 from calibrate.errors import InputError, UsageError
-from calibrate.io import tier_table
 from calibrate.io.output_paths import check_outputs, stage_files
 from calibrate.io.store import write_atomic
-from calibrate.report import tables as report
+from calibrate.io.tier_table import check_rows
 from calibrate.report import tune_report
-from calibrate.report.compare import compare_runs, confidence_json, noisy_lines, run_spreads
+from calibrate.report.compare import compare_runs
+from calibrate.report.html.charts import key_label
 from calibrate.report.html.compare import comparison_html
-from calibrate.report.html.page import key_label, run_html
-from calibrate.report.run_view import RunView, load_run, stage_notes
+from calibrate.report.html.page import run_html
+from calibrate.report.plot import write_plot, write_timeline_png
+from calibrate.report.run_view import RunView, load_run, run_inputs, run_kind, stage_notes
+from calibrate.report.spreads import confidence_json, noisy_lines, run_spreads
+from calibrate.report.tables.compare import runs_compare_table
+from calibrate.report.tables.tiers import confidence_table, tier_table
 from calibrate.report.timeline import Timeline, read_timeline
 
 RankedView = Callable[[Sequence[Mapping[str, Any]], str], None]  # a tune run's ranked table
@@ -64,9 +68,9 @@ def _load(path: Path) -> RunView:
     """A finished ladder or sweep run, its tier table checked."""
     if not (path / "tiers.csv").exists():
         return load_run(path, "ladder")  # raises the "not a finished run" error
-    kind = report.run_kind(path)
+    kind = run_kind(path)
     view = load_run(path, kind)
-    tier_table.check_rows(list(view.rows), kind, path / "tiers.csv")
+    check_rows(list(view.rows), kind, path / "tiers.csv")
     return view
 
 
@@ -90,7 +94,7 @@ def run_report(
     first = _resolve(req.run_dir, runs_dir)
     if req.html:  # before anything is written: never over what report reads
         runs = [first, *([_resolve(req.run_b, runs_dir)] if req.run_b else [])]
-        reads = [r for run in runs for r in report.run_inputs(run)]
+        reads = [r for run in runs for r in run_inputs(run)]
         check_outputs(
             [("--html", Path(req.html))],
             [*reads, *stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source)],
@@ -117,7 +121,7 @@ def _one(
     """One ladder or sweep run: its table, spreads, notes, plot, --timeline and --html."""
     rows, kind, path = list(view.rows), view.kind, view.path
     try:
-        table = report.tier_table(rows, kind, f"{kind} {path.name}", width, wide=out.wide)
+        table = tier_table(rows, kind, f"{kind} {path.name}", width, wide=out.wide)
     except (ValueError, TypeError) as exc:  # a cell that is not a number where one belongs
         raise InputError(
             f"{path / 'tiers.csv'} has a value report cannot read ({exc})",
@@ -126,7 +130,7 @@ def _one(
     _table(out, table)
     spreads = run_spreads(view, level)
     if any(s.n > 1 for metrics in spreads.values() for s in metrics.values()):
-        spread = report.confidence_table(view, spreads, level, width, out.wide)
+        spread = confidence_table(view, spreads, level, width, out.wide)
         _table(out, spread)
     noisy = noisy_lines(view, spreads)
     for line in noisy:
@@ -136,7 +140,7 @@ def _one(
         out.warn(note)
     if rows and rows[0].get("vram_source") == "none":
         out.say("VRAM not measured")
-    plot = None if req.no_plot else report.write_plot(rows, kind, path / "plot.png")
+    plot = None if req.no_plot else write_plot(rows, kind, path / "plot.png")
     if plot:
         out.say(f"plot: {plot}")
     elif not req.no_plot:
@@ -173,7 +177,7 @@ def _timeline(
     png = None
     if not no_plot:
         title = f"{view.path.name}: {label}"
-        png = report.write_timeline_png(timeline.bars, title, view.path / f"timeline-{tier:g}.png")
+        png = write_timeline_png(timeline.bars, title, view.path / f"timeline-{tier:g}.png")
     out.say(f"timeline of {label}: {len(timeline.bars)} requests; times: {timeline.note}")
     if png:
         out.say(f"timeline plot: {png}")
@@ -193,7 +197,7 @@ def _compare(
     cmp = compare_runs(a, b, level)
     if cmp.warning:
         out.warn(cmp.warning)
-    table = report.runs_compare_table(cmp, width, out.wide)
+    table = runs_compare_table(cmp, width, out.wide)
     _table(out, table)
     for line in cmp.noisy:
         out.warn(line)

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calibrate.errors import InputError
-from calibrate.io.store import read_jsonl
 from calibrate.io.tier_table import level_key
 from calibrate.numbers import finite
 from calibrate.report.run_differences import Difference, differences
 from calibrate.report.run_view import RunView
-from calibrate.stages.measure.confidence import DEFAULT_LEVEL, Spread, compare, percent, spread
+from calibrate.report.spreads import NOT_METRICS, noisy_lines, run_spreads
+from calibrate.stages.measure.confidence import DEFAULT_LEVEL, Spread, compare, percent
 from calibrate.stages.measure.confidence import Difference as Test
 
 # (column, True when bigger is better); the first of each group a run has is shown.
@@ -56,15 +56,6 @@ _HIGHER_BETTER = {
     "baseline_match",
 }
 NOISE = 0.05  # a relative change smaller than this is neither better nor worse (not coloured)
-_NOT_METRICS = {
-    "batch_size",
-    "concurrency",
-    "offered_rate",
-    "auto_step",
-    "rounds",
-    "round",
-    "repeats",
-}
 
 
 @dataclass(frozen=True)
@@ -221,82 +212,6 @@ def headline(*views: RunView) -> tuple[str, ...]:
     return tuple(out)
 
 
-Spreads = dict[float, dict[str, Spread]]  # per tier key, per metric: its rounds' spread
-
-
-def round_values(view: RunView) -> dict[float, dict[str, list[float]]]:
-    """Per tier (by the run's key), every metric's value in each round (ladder) or repeat
-    (sweep) of ``rounds.jsonl``; empty when the run has none. A round written twice (a resumed
-    run) counts once, the later line."""
-    path = view.path / "rounds.jsonl"
-    try:
-        lines = list(read_jsonl(path)) if path.is_file() else []
-    except OSError:
-        return {}
-    rounds: dict[tuple[float, Any], Mapping[str, Any]] = {}
-    for number, line in enumerate(lines):
-        key = level_key(line, view.key)
-        if key is None:
-            continue
-        round_no = line.get("round")
-        known = isinstance(round_no, int) and not isinstance(round_no, bool)
-        rounds[key, round_no if known else f"line {number}"] = line
-    out: dict[float, dict[str, list[float]]] = {}
-    for (key, _), kept in rounds.items():
-        metrics = out.setdefault(key, {})
-        for name, value in kept.items():
-            if name != view.key and name not in _NOT_METRICS and (x := finite(value)) is not None:
-                metrics.setdefault(name, []).append(x)
-    return out
-
-
-def run_spreads(view: RunView, level: float = DEFAULT_LEVEL) -> Spreads:
-    """Each tier's metrics over its rounds: mean, t-interval at ``level`` and CV."""
-    return {
-        key: {name: found for name, values in metrics.items() if (found := spread(values, level))}
-        for key, metrics in round_values(view).items()
-    }
-
-
-def tier_label(key: str, value: float) -> str:
-    """``batch 8``, ``concurrency 4``, ``rate 2 req/s``, ``input 4096 tokens``, ``step 3``."""
-    if key == "offered_rate":
-        return "rate inf" if math.isinf(value) else f"rate {value:g} req/s"
-    if key == "input_tokens_target":
-        return f"input {value:g} tokens"
-    name = {"batch_size": "batch", "auto_step": "step"}.get(key, key.replace("_", " "))
-    return f"{name} {value:g}"
-
-
-# The metrics a noisy callout is about: a tier's throughput and its typical latency (a p99 over
-# a round of a few requests always varies; its delta says "not significant" instead).
-_CALLOUT = (
-    ("items_per_s", "achieved_rate", "goodput_per_s", "output_tokens_per_s"),
-    ("latency_p50_s", "e2e_p50_s", "per_item_s"),
-)
-
-
-def noisy_lines(view: RunView, spreads: Spreads, side: str = "") -> list[str]:
-    """One line per callout metric whose rounds vary by more than 10 % (CV) at some tier:
-    ``noisy: items_per_s CV 14 % at batch 8, 12 % at batch 16 in B — add rounds``."""
-    more = "rounds ([ladder] rounds)" if view.kind == "ladder" else "repeats ([sweep] repeats)"
-    have = {name for metrics in spreads.values() for name in metrics}
-    out: list[str] = []
-    for group in _CALLOUT:
-        metric = next((m for m in group if m in have), None)
-        if metric is None:
-            continue
-        found = [
-            f"{s.cv:.0%}".replace("%", " %") + f" at {tier_label(view.key, key)}"
-            for key in sorted(spreads)
-            if (s := spreads[key].get(metric)) is not None and s.noisy and s.cv is not None
-        ]
-        if found:
-            where = f" in {side}" if side else ""
-            out.append(f"noisy: {metric} CV {', '.join(found)}{where} — add {more}")
-    return out
-
-
 def _deltas(
     a: Mapping[str, Any] | None,
     b: Mapping[str, Any] | None,
@@ -307,7 +222,7 @@ def _deltas(
         return {}
     out: dict[str, Delta] = {}
     for name in a:
-        if name == key or name in _NOT_METRICS or name not in b:
+        if name == key or name in NOT_METRICS or name not in b:
             continue
         x, y = finite(a[name]), finite(b[name])
         if x is not None or y is not None:
@@ -363,33 +278,3 @@ def delta_text(delta: Delta | None) -> str:
         level = delta.test.level if delta.test else DEFAULT_LEVEL
         return f"{text}, significant at {percent(level)}"
     return f"{text}, not significant"
-
-
-def value_text(value: float | None) -> str:
-    if value is None:
-        return "—"
-    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
-
-
-def confidence_json(view: RunView, spreads: Spreads, level: float) -> dict[str, Any]:
-    """``report RUN --json``: per tier, every metric's mean, t-interval and CV over its rounds."""
-    return {
-        "level": level,
-        "tiers": [
-            {
-                "key": "inf" if math.isinf(key) else key,
-                "metrics": {name: s.to_json() for name, s in sorted(spreads[key].items())},
-            }
-            for key in sorted(spreads)
-        ],
-    }
-
-
-def spread_text(found: Spread | None) -> str:
-    """``33.5 [30.1, 36.9] CV 4 %``; the mean alone for one round; ``—`` for none."""
-    if found is None:
-        return "—"
-    if found.ci_low is None or found.ci_high is None:
-        return f"{value_text(found.mean)} (one round)"
-    cv = f" CV {found.cv:.0%}".replace("%", " %") if found.cv is not None else ""
-    return f"{value_text(found.mean)} [{value_text(found.ci_low)}, {value_text(found.ci_high)}]{cv}"

@@ -1,10 +1,15 @@
-"""The progress bar a long stage shows on a terminal (never in a log): steps done, time left."""
+"""What a long stage shows while it runs: on a terminal a table that grows as tiers finish, a
+progress bar under it (steps done, time left); in a log one short line per tier."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
-from rich.console import Console, RenderableType
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -15,6 +20,10 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.text import Text
+
+from calibrate.io.tier_table import Kind
+from calibrate.report.tables.cells import tier_line
+from calibrate.report.tables.tiers import tier_table
 
 
 @dataclass(frozen=True)
@@ -59,3 +68,41 @@ class EtaColumn(ProgressColumn):
             left = max(total * self.step_s - elapsed, 0.0)
         minutes, seconds = divmod(int(left + 0.5), 60)
         return Text(f"ETA {minutes}:{seconds:02d}", style="progress.remaining")
+
+
+@contextmanager
+def live_rows(
+    console: Console,
+    kind: Kind,
+    title: str,
+    live: bool,
+    *,
+    wide: bool = False,
+    plan: Plan | None = None,
+) -> Iterator[Callable[[Mapping[str, Any]], None]]:
+    """On a TTY a table that grows as rows finish, a progress bar under it; in a log one short
+    line per row (the table comes once, at the end: ``finish_tables``)."""
+    rows: list[Mapping[str, Any]] = []
+    if not live:
+        yield lambda row: console.print(tier_line(row, kind), markup=False, highlight=False)
+        return
+    bar = progress_bar(console, plan) if plan is not None and plan.steps > 0 else None
+    task = bar.add_task(kind, total=plan.steps) if bar is not None and plan is not None else None
+
+    def view(done: bool = False) -> RenderableType:
+        table = tier_table(rows, kind, title, console.width)
+        return table if bar is None or done else Group(table, bar)
+
+    # with --wide the table printed at the end has every column: this one goes when done
+    with Live(view(), console=console, refresh_per_second=4, transient=wide) as display:
+
+        def add(row: Mapping[str, Any]) -> None:
+            rows.append(row)
+            if bar is not None and task is not None:
+                bar.advance(task)
+            display.update(view())
+
+        try:
+            yield add
+        finally:
+            display.update(view(done=True))

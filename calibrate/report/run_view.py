@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.errors import InputError
-from calibrate.io.store import ledger_path, read_jsonl
+from calibrate.io.output_paths import Named
 from calibrate.io.tier_table import Kind, level_key, read_rows
 from calibrate.stages.measure.tiers import kept
+from calibrate.state.ledger import Ledger
 
 # Columns a newer ladder/sweep may write; shown in the HTML table when a run has them.
 _LATENCY = re.compile(r"^(ttft|tpot|itl|e2e|latency)_(p\d+|mean|max)_s$")
@@ -80,7 +81,8 @@ class RunView:
         return found + [n for n in EXTRA_NAMES if n in names]
 
 
-def _json_file(path: Path) -> dict[str, Any]:
+def read_object(path: Path) -> dict[str, Any]:
+    """A JSON file's object; {} when it is missing, unreadable or not an object."""
     try:
         data = json.loads(path.read_text("utf-8"))
     except (OSError, ValueError):
@@ -88,19 +90,31 @@ def _json_file(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _dict(value: Any) -> dict[str, Any]:
+RUN_INPUTS = ("tiers.csv", "manifest.json", "summary.json", "records.jsonl", "incidents.jsonl")
+
+
+def run_inputs(run: Path) -> list[Named]:
+    """The files of a run folder that report reads (an --html must not be one of them)."""
+    return [(f"the run's {name}", run / name) for name in RUN_INPUTS]
+
+
+def run_kind(run: Path) -> Kind:
+    """From the manifest's stage; a folder without one is told by its columns."""
+    stage = read_object(run / "manifest.json").get("stage")
+    if stage in ("ladder", "sweep"):
+        return "ladder" if stage == "ladder" else "sweep"
+    return "sweep" if "gain" in read_rows(run / "tiers.csv")[0] else "ladder"
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    """``value`` when it is an object, else {} (a file from another version may hold anything)."""
     return value if isinstance(value, dict) else {}
 
 
 def _ledger_line(run: Path, run_id: str) -> dict[str, Any]:
     """The run's ledger line, for a folder whose summary.json is missing (older runs)."""
-    path = ledger_path(run.parent)
-    if not path.exists():
-        return {}
-    try:
-        return next((e for e in read_jsonl(path) if e.get("run_id") == run_id), {})
-    except OSError:
-        return {}
+    entry = Ledger(run.parent).view().of_run(run_id)
+    return entry.to_json() if entry is not None else {}
 
 
 def row_key(kind: Kind, rows: Sequence[Mapping[str, Any]]) -> str:
@@ -118,8 +132,8 @@ def _incidents(run: Path) -> tuple[Incident, ...]:
     out: list[Incident] = []
     folder = run / "incidents"
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        data = _json_file(path)
-        error = _dict(data.get("error"))
+        data = read_object(path)
+        error = as_dict(data.get("error"))
         status = error.get("status")
         kind = error.get("kind") or data.get("kind") if data else None
         out.append(
@@ -179,7 +193,7 @@ def _verdict(
     key: str,
     manifest: Mapping[str, Any],
 ) -> Verdict:
-    summary = _dict(line.get("summary"))
+    summary = as_dict(line.get("summary"))
     passed = line.get("passed")
     last = summary.get("last_passing")
     if last is None and summary.get("recommended_concurrency") is not None:
@@ -231,9 +245,9 @@ def load_run(run: Path, kind: Kind) -> RunView:
         )
     rows = read_rows(csv_path)
     check_cells(rows, csv_path)
-    manifest = _json_file(run / "manifest.json")
-    line = _json_file(run / "summary.json") or _ledger_line(run, run.name)
+    manifest = read_object(run / "manifest.json")
+    line = read_object(run / "summary.json") or _ledger_line(run, run.name)
     key = row_key(kind, rows)
-    summary = _dict(line.get("summary"))
+    summary = as_dict(line.get("summary"))
     verdict = _verdict(line, rows, key, manifest)
     return RunView(run, kind, key, tuple(rows), manifest, summary, verdict, _incidents(run))

@@ -6,7 +6,6 @@ skipped, and a self-contained HTML page with the goodput bars of ``plot.svg``.""
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
@@ -15,6 +14,7 @@ from typing import Any
 
 from calibrate.errors import InputError
 from calibrate.io.store import load_jsonl_objects
+from calibrate.report.run_view import read_object
 
 REQUIRED = ("rank", "id", "flags", "status", "cap", "errors", "incidents")
 COLUMNS = (
@@ -62,17 +62,9 @@ def plot_svg(table: Sequence[Mapping[str, Any]], title: str) -> str:
     return "\n".join(parts)
 
 
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text("utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def is_tune_run(path: Path) -> bool:
     """The manifest says ``tune`` (or, without one, its table has tune's first columns)."""
-    if _json(path / "manifest.json").get("stage") == "tune":
+    if read_object(path / "manifest.json").get("stage") == "tune":
         return True
     try:
         with (path / "tiers.csv").open(encoding="utf-8") as handle:
@@ -142,7 +134,7 @@ def load_tune(path: Path) -> TuneView:
                 f"{table}:{n} is not a tune table row: no {', '.join(missing)}",
                 "A table written by calibrate tune is needed; rerun the tune to write it again.",
             )
-    line = _json(path / "summary.json")
+    line = read_object(path / "summary.json")
     summary = line.get("summary") if isinstance(line.get("summary"), dict) else {}
     passed = line.get("passed") if isinstance(line.get("passed"), bool) else None
     return TuneView(path, tuple(rows), summary or {}, passed)

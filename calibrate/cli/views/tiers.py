@@ -19,8 +19,11 @@ from calibrate.gpu.energy import PRICE_HELP
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor
 from calibrate.io.junit import JUnitSuite
-from calibrate.report import tables as report
-from calibrate.report.progress import Plan
+from calibrate.io.tier_table import Kind, read_rows, write_tiers_csv
+from calibrate.report.plot import write_plot
+from calibrate.report.progress import Plan, live_rows
+from calibrate.report.tables.compare import compare_table
+from calibrate.report.tables.tiers import tier_table
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import kept_on_write_error
 from calibrate.stages.measure.compare_tiers import TierComparison
@@ -112,7 +115,7 @@ class TierView:
     """What the ladder's and the sweep's views share: the lines as they come, the samplers,
     the stream probe, the finished table, the JUnit report (a stage's ``TierWatcher``)."""
 
-    kind: report.Kind
+    kind: Kind
 
     def __init__(self, out: Output, ctx: StageContext) -> None:
         self.out = out
@@ -152,19 +155,19 @@ def announce(out: Output, monitor: VramMonitor) -> None:
 def finish_tables(
     out: Output,
     ctx: StageContext,
-    kind: report.Kind,
+    kind: Kind,
     rows: Sequence[Mapping[str, Any]],
     source: str,
 ) -> None:
     """tiers.csv and plot.png; the final table as ``report RUN`` will print it."""
-    csv_path = report.write_tiers_csv(ctx.run.file("tiers.csv"), rows, kind, source)
-    table_rows = report.read_rows(csv_path)
+    csv_path = write_tiers_csv(ctx.run.file("tiers.csv"), rows, kind, source)
+    table_rows = read_rows(csv_path)
     title = f"{kind} {ctx.run.run_id}"
     if out.wide:  # the live table (the essential columns) is gone: every column, once
-        out.render_wide(report.tier_table(table_rows, kind, title, wide=True))
+        out.render_wide(tier_table(table_rows, kind, title, wide=True))
     elif not out.is_tty:  # on a terminal the live table is already on screen
-        out.render(report.tier_table(table_rows, kind, title, out.console.width))
-    plot = report.write_plot(table_rows, kind, ctx.run.file("plot.png"))
+        out.render(tier_table(table_rows, kind, title, out.console.width))
+    plot = write_plot(table_rows, kind, ctx.run.file("plot.png"))
     out.say(
         f"tables: {csv_path}" + (f", plot: {plot}" if plot else " (no plot: matplotlib missing)")
     )
@@ -175,7 +178,7 @@ def finish_tables(
 def show_comparison(out: Output, comparison: TierComparison | None) -> None:
     if comparison is None:
         return
-    out.render(report.compare_table(comparison))
+    out.render(compare_table(comparison))
     for problem in comparison.problems:
         out.fail(f"regression: {problem}")
     if comparison.passed:
@@ -184,11 +187,11 @@ def show_comparison(out: Output, comparison: TierComparison | None) -> None:
 
 @contextmanager
 def live_table(
-    out: Output, kind: report.Kind, title: str, plan: Plan
+    out: Output, kind: Kind, title: str, plan: Plan
 ) -> Iterator[Callable[[Mapping[str, Any]], None]]:
-    """``report.live_rows`` for this output: a live table and a progress bar on a terminal,
+    """``live_rows`` for this output: a live table and a progress bar on a terminal,
     a short line per row in a log."""
-    with report.live_rows(out.console, kind, title, out.is_tty, wide=out.wide, plan=plan) as show:
+    with live_rows(out.console, kind, title, out.is_tty, wide=out.wide, plan=plan) as show:
         yield show
 
 

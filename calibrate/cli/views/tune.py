@@ -12,7 +12,8 @@ from rich.table import Table
 
 from calibrate.cli.common import Output
 from calibrate.report.progress import Plan, progress_bar
-from calibrate.report.tables import compact, table_width
+from calibrate.report.tables.columns import table_width
+from calibrate.report.tables.tiers import compact
 from calibrate.report.tune_report import plot_svg
 from calibrate.stages.context import StageContext
 from calibrate.stages.tune import TuneEnv, TuneFinished, TuneSetup

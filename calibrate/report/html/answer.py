@@ -1,4 +1,4 @@
-"""The first screen of the HTML report: the setting a run recommends and its numbers.
+"""The first screen of the HTML report: the verdict, the setting a run recommends and its numbers.
 
 The setting is the tier or level the stage stands behind: a ladder's last passing tier (the
 longest passing input on the context axis), a sweep's knee, its highest unsaturated rate, or the
@@ -13,8 +13,10 @@ from typing import Any
 
 from calibrate.io.tier_table import level_key
 from calibrate.numbers import finite
-from calibrate.report.html.parts import text
+from calibrate.report.html.parts import definitions, section, text
 from calibrate.report.run_view import RunView
+from calibrate.report.spreads import value_text
+from calibrate.report.tables.cells import is_true
 from calibrate.stages.measure.tiers import kept
 
 Row = Mapping[str, Any]
@@ -26,15 +28,6 @@ _ENERGY: tuple[tuple[tuple[str, ...], str], ...] = (
     (("power_mean_w", "mean_watts", "watts_mean"), "W mean"),
     (("usd_per_1m_output_tokens", "cost_per_1m_output_tokens"), "$ per 1M output tokens"),
 )
-
-
-def number(value: float) -> str:
-    """Four significant digits (whole numbers from 1000 up): 18.41, 884, 0.0599, 20."""
-    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.4g}"
-
-
-def _true(value: Any) -> bool:
-    return value is True or str(value).lower() == "true"
 
 
 def _first(row: Row, names: Sequence[str]) -> float | None:
@@ -65,7 +58,7 @@ def setting_row(view: RunView) -> Row | None:
         rated = [
             r
             for r in passing
-            if finite(r.get("offered_rate")) is not None and not _true(r.get("saturated"))
+            if finite(r.get("offered_rate")) is not None and not is_true(r.get("saturated"))
         ]
         best = max(rated, key=lambda r: finite(r.get("offered_rate")) or 0.0, default=None)
         sync = next((r for r in passing if r.get("load") == "synchronous"), None)
@@ -96,7 +89,7 @@ def setting_words(view: RunView, row: Row) -> tuple[str, str]:
         named = f"step {step:g}: " if step is not None else ""
         under = f"at most {conc:g} in flight" if conc is not None else ""
         return (
-            f"{named}{number(offered)} req/s offered",
+            f"{named}{value_text(offered)} req/s offered",
             ", ".join(p for p in (under, size) if p) + " — the highest rate it kept up with",
         )
     if row.get("load") == "synchronous":
@@ -115,11 +108,11 @@ def _throughput(row: Row) -> tuple[str, str]:
     achieved = finite(row.get("achieved_rate"))
     tokens = finite(row.get("output_tokens_per_s"))
     head = (
-        f"{number(achieved)} req/s achieved"
+        f"{value_text(achieved)} req/s achieved"
         if achieved is not None and finite(row.get("offered_rate")) is not None
-        else (f"{number(items)} items/s" if items is not None else "not measured")
+        else (f"{value_text(items)} items/s" if items is not None else "not measured")
     )
-    return head, f"{number(tokens)} output tokens/s" if tokens is not None else ""
+    return head, f"{value_text(tokens)} output tokens/s" if tokens is not None else ""
 
 
 def _latency(row: Row) -> tuple[str, str]:
@@ -151,8 +144,8 @@ def _energy(row: Row) -> tuple[str, str] | None:
     found = [(v, unit) for names, unit in _ENERGY if (v := _first(row, names)) is not None]
     if not found:
         return None
-    head = f"{number(found[0][0])} {found[0][1]}"
-    return head, " · ".join(f"{number(v)} {unit}" for v, unit in found[1:])
+    head = f"{value_text(found[0][0])} {found[0][1]}"
+    return head, " · ".join(f"{value_text(v)} {unit}" for v, unit in found[1:])
 
 
 def setting_tiles(view: RunView, ident: str = "setting") -> str:
@@ -173,9 +166,52 @@ def setting_tiles(view: RunView, ident: str = "setting") -> str:
     ]
     good = finite(row.get("goodput_per_s"))
     if good is not None:
-        tiles.append(("goodput", f"{number(good)} req/s", "requests within the SLOs", "goodput"))
+        tiles.append(
+            ("goodput", f"{value_text(good)} req/s", "requests within the SLOs", "goodput")
+        )
     energy = _energy(row)
     if energy is not None:
         tiles.append(("energy", *energy, "energy"))
     body = "".join(_tile(label, v, u, f"{ident}-{name}") for label, v, u, name in tiles)
     return f'<dl class="tiles" id="{ident}">{body}</dl>'
+
+
+def verdict_word(passed: bool | None) -> tuple[str, str]:
+    """The run's verdict in words and its CSS class."""
+    if passed is None:
+        return "not recorded", "unknown"
+    return ("passed", "passed") if passed else ("failed", "failed")
+
+
+_KNEE = ("concurrency", "offered_rate", "auto_step")
+
+
+def verdict_html(view: RunView) -> str:
+    """The answer: the verdict, the setting with its numbers, how the run ended, the notes."""
+    v = view.verdict
+    word, klass = verdict_word(v.passed)
+    if v.interrupted:
+        word += " (interrupted)"
+    items: list[tuple[str, Any]] = [("stopped by", v.stopped_by)]
+    if view.kind == "ladder":
+        items.append(("last passing", v.last_passing))
+    knee = view.summary.get("knee")
+    sure = None
+    if isinstance(knee, dict):  # keyed as the run is (a rate sweep's is by rate), no record dump
+        if knee.get(view.key) is not None:
+            at = [f"{k.replace('_', ' ')} {knee[k]}" for k in _KNEE if knee.get(k) is not None]
+            items.append(("knee", ", ".join(at)))
+            sure = knee.get("how_sure")
+    elif v.knee != "—" or (view.kind == "sweep" and view.key == "concurrency"):
+        items.append(("knee", v.knee if v.knee != "—" else "none found"))
+    notes = "".join(f"<li>{text(n)}</li>" for n in (*v.notes, *([sure] if sure else [])))
+    return section(
+        "verdict",
+        "Verdict",
+        [
+            f'<p class="verdict {klass}" id="verdict-word">{text(word)}</p>',
+            setting_tiles(view),
+            definitions(items, "verdict-details", "inline"),
+            f'<ul id="notes">{notes}</ul>' if notes else "",
+        ],
+    )

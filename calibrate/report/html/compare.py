@@ -8,9 +8,9 @@ them), and last, folded, which runs were compared.
 from __future__ import annotations
 
 from calibrate.numbers import finite
-from calibrate.report.compare import PairRow, RunComparison, delta_text, value_text
-from calibrate.report.html.answer import setting_tiles
-from calibrate.report.html.page import charts_pair, key_label, verdict_word
+from calibrate.report.compare import Delta, PairRow, RunComparison, delta_text
+from calibrate.report.html.answer import setting_tiles, verdict_word
+from calibrate.report.html.charts import charts_pair, key_label
 from calibrate.report.html.parts import (
     definitions,
     folded,
@@ -21,6 +21,7 @@ from calibrate.report.html.parts import (
     verdict_class,
 )
 from calibrate.report.run_view import RunView
+from calibrate.report.spreads import value_text
 
 
 def _side(label: str, view: RunView) -> list[tuple[str, str]]:
@@ -34,6 +35,26 @@ def _side(label: str, view: RunView) -> list[tuple[str, str]]:
     ]
 
 
+def _verdicts(row: PairRow) -> tuple[str, str]:
+    """Each run's verdict of the tier; ``not run`` where it has none."""
+    return (row.a or {}).get("verdict") or "not run", (row.b or {}).get("verdict") or "not run"
+
+
+def _values(row: PairRow, metric: str) -> tuple[str, str]:
+    """A metric of one tier in A and in B, as text."""
+    return (
+        value_text(finite((row.a or {}).get(metric))),
+        value_text(finite((row.b or {}).get(metric))),
+    )
+
+
+def _better_class(delta: Delta) -> str:
+    """The ``class`` attribute of a change: green where B is better, red where worse."""
+    if delta.better is None:
+        return ""
+    return ' class="better"' if delta.better else ' class="worse"'
+
+
 def comparison_table(cmp: RunComparison) -> str:
     headers = [cmp.key, "verdict A", "verdict B"]
     for metric in cmp.metrics:
@@ -41,23 +62,14 @@ def comparison_table(cmp: RunComparison) -> str:
     rows: list[list[str]] = []
     attrs: list[dict[str, str]] = []
     for row in cmp.rows:
-        verdict_a = (row.a or {}).get("verdict") or "not run"
-        verdict_b = (row.b or {}).get("verdict") or "not run"
+        verdict_a, verdict_b = _verdicts(row)
         cells = [text(f"{row.key:g}"), text(verdict_a), text(verdict_b)]
         for metric in cmp.metrics:
             delta = row.deltas.get(metric)
             if delta is None:
-                cells += [
-                    text(value_text(finite((row.a or {}).get(metric)))),
-                    text(value_text(finite((row.b or {}).get(metric)))),
-                    "",
-                ]
+                cells += [*map(text, _values(row, metric)), ""]
                 continue
-            klass = (
-                ""
-                if delta.better is None
-                else (' class="better"' if delta.better else ' class="worse"')
-            )
+            klass = _better_class(delta)
             cells += [
                 text(value_text(delta.a)),
                 text(value_text(delta.b)),
@@ -116,14 +128,10 @@ _LABELS = {
 def _pair_cell(row: PairRow, metric: str) -> str:
     delta = row.deltas.get(metric)
     if delta is None:
-        a = value_text(finite((row.a or {}).get(metric)))
-        b = value_text(finite((row.b or {}).get(metric)))
+        a, b = _values(row, metric)
         return text(f"{a} → {b}")
     said = delta_text(delta)
-    klass = (
-        "" if delta.better is None else (' class="better"' if delta.better else ' class="worse"')
-    )
-    change = f" <span{klass}>({text(said)})</span>" if said else ""
+    change = f" <span{_better_class(delta)}>({text(said)})</span>" if said else ""
     return f"{text(value_text(delta.a))} → {text(value_text(delta.b))}{change}"
 
 
@@ -133,8 +141,7 @@ def summary_table(cmp: RunComparison) -> str:
     rows: list[list[str]] = []
     attrs: list[dict[str, str]] = []
     for row in cmp.rows:
-        verdict_a = (row.a or {}).get("verdict") or "not run"
-        verdict_b = (row.b or {}).get("verdict") or "not run"
+        verdict_a, verdict_b = _verdicts(row)
         rows.append(
             [text(f"{row.key:g}"), text(verdict_a), text(verdict_b)]
             + [_pair_cell(row, m) for m in metrics]

@@ -1,0 +1,1 @@
+"""The terminal's tables: tiers, columns, cells and comparisons (rich, the only importer)."""

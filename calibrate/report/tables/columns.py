@@ -1,0 +1,199 @@
+"""Which columns a tier table shows: the essential ones, those measured, what goes first on a
+narrow terminal, and the short headers of ``report A B``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from calibrate.io.tier_table import Kind
+from calibrate.report.tables.cells import LADDER, SWEEP, Cells, context_axis, figure, pressure_short
+
+# The default table (fits 100 columns): what a user needs to pick a setting. --wide, tiers.csv,
+# the JSONL and the HTML report carry every column.
+ESSENTIAL: dict[Kind, tuple[str, ...]] = {
+    "ladder": (
+        "input",
+        "batch",
+        "conc",
+        "in tok",
+        "items/s",
+        "s/item",
+        "p50 s",
+        "p99 s",
+        "ttft p99",
+        "goodput",
+        "J/tok",  # only when energy was measured (the column is left out otherwise)
+        "peak MiB",
+        "pressure",
+        "errors",
+        "verdict",
+    ),
+    "sweep": (
+        "conc",
+        "offered",
+        "achieved",
+        "items/s",
+        "range",
+        "gain",
+        "goodput",
+        "p50 s",
+        "p99 s",
+        "ttft p99",
+        "J/tok",  # only when energy was measured (the column is left out otherwise)
+        "peak MiB",
+        "errors",
+        "verdict",
+    ),
+}
+
+
+def kind_columns(kind: Kind, rows: Sequence[Mapping[str, Any]] = (), wide: bool = True) -> Cells:
+    """A kind's columns (the input length first on the context axis); without ``wide`` the
+    essential ones, pressure as a bare figure."""
+    if kind == "sweep":
+        columns = SWEEP
+    elif context_axis(rows):
+        length = ("input", lambda r: figure(r.get("input_tokens_target"), ".0f"))
+        columns = [length, *LADDER]
+    else:
+        columns = LADDER
+    if wide:
+        return columns
+    short = [
+        ("pressure", pressure_short) if name == "pressure" else (name, cell)
+        for name, cell in columns
+    ]
+    return [
+        (name, cell)
+        for name, cell in short
+        if name in ESSENTIAL[kind] and (name != "in tok" or _sized(rows))
+    ]
+
+
+def _sized(rows: Sequence[Mapping[str, Any]]) -> bool:
+    """A workload with an input-token target: ``in tok`` (target→counted) says it was met."""
+    return any(r.get("input_tokens_target") not in (None, "") for r in rows)
+
+
+# On a narrow terminal these go first (in this order), so the cells left stay readable.
+_DROP_FIRST: dict[Kind, tuple[str, ...]] = {
+    "ladder": (  # goodput is never dropped: under SLOs it is the tier's headline, as in a sweep
+        "itl p99",
+        "ttft p50",
+        "rounds",
+        "out tok",
+        "waves",
+        "tpot p99",
+        "ttft p99",
+        "max s",
+        "p90 s",
+        "items",
+        "queue",
+        "p99 s",
+        "tok/s",
+        "in tok",
+        "p50 s",
+        "conc",
+        "match",
+    ),
+    "sweep": (
+        "lag p99",
+        "itl p99",
+        "tpot p50",
+        "ttft p50",
+        "tpot p99",
+        "achieved",
+        "ttft p99",
+        "p99 s",
+        "items",
+        "out tok",
+        "runs",
+        "batch",
+        "total s",
+        "queue",
+        "tok/s",
+        "in tok",
+        "p90 s",
+        "p50 s",
+    ),
+}
+# Shown only when some row has a value (TTFT and TPOT need a streamed run).
+WHEN_MEASURED = (
+    "ttft p99",
+    "tpot p99",
+    "ttft p50",
+    "tpot p50",
+    "itl p99",
+    "goodput",
+    "offered",
+    "achieved",
+    "lag p99",
+    "J/tok",  # joules per output token: NVML or a DCGM exporter (SPEC §13)
+)
+
+
+def fitting_columns(
+    rows: Sequence[Mapping[str, Any]], kind: Kind, width: int | None, wide: bool = True
+) -> Cells:
+    """The columns with a value in some row; with ``width``, minor ones left out until they fit."""
+    columns = [
+        (name, cell)
+        for name, cell in kind_columns(kind, rows, wide)
+        if name not in WHEN_MEASURED or any(cell(row) != "—" for row in rows)
+    ]
+    if width is None:
+        return columns
+    for name in _DROP_FIRST[kind]:
+        if table_width(columns, rows) <= width:
+            break
+        columns = [c for c in columns if c[0] != name]
+    return columns
+
+
+def table_width(columns: Cells, rows: Sequence[Mapping[str, Any]]) -> int:
+    """The width of a ``compact`` table of these columns: each cell's widest text and two
+    spaces between columns."""
+    return -2 + sum(
+        2 + max([len(name), *(len(cell(row)) for row in rows)]) for name, cell in columns
+    )
+
+
+def table_cells(rows: Sequence[Mapping[str, Any]], kind: Kind) -> Cells:
+    """The terminal table's columns (all of them, as on a wide screen), for the HTML report."""
+    return fitting_columns(rows, kind, None)
+
+
+# report A B: a short header per metric, so none is cut ("items_per…") at 100 columns.
+SHORT_NAMES = {
+    "batch_size": "batch",
+    "concurrency": "conc",
+    "offered_rate": "rate",
+    "auto_step": "step",
+    "input_tokens_target": "input",
+    "items_per_s": "items/s",
+    "achieved_rate": "achieved",
+    "goodput": "goodput",
+    "goodput_per_s": "goodput",
+    "output_tokens_per_s": "tok/s",
+    "per_item_s": "s/item",
+    "per_item_mean_s": "s/item",
+    "latency_p50_s": "p50 s",
+    "e2e_p50_s": "e2e p50",
+    "per_item_p50_s": "p50 s",
+    "latency_p99_s": "p99 s",
+    "e2e_p99_s": "e2e p99",
+    "per_item_p99_s": "p99 s",
+    "ttft_p50_s": "ttft p50",
+    "ttft_p99_s": "ttft p99",
+    "tpot_p99_s": "tpot p99",
+    "itl_p99_s": "itl p99",
+    "peak_vram_mib": "peak MiB",
+    "pressure": "pressure",
+    "errors": "errors",
+}
+
+
+def short_name(column: str) -> str:
+    """A column's short header: ``items_per_s`` is ``items/s``, ``queue_wait_s`` ``queue wait``."""
+    return SHORT_NAMES.get(column, column.removesuffix("_s").replace("_", " "))

@@ -1,0 +1,136 @@
+"""Tables that set two results side by side: a run against its baseline (``--compare``) and
+``report A B``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from calibrate.numbers import finite
+from calibrate.report.compare import RunComparison
+from calibrate.report.tables.columns import short_name
+from calibrate.report.tables.tiers import compact
+from calibrate.stages.measure.compare_tiers import TierComparison
+from calibrate.stages.measure.confidence import percent
+
+
+def compare_table(cmp: TierComparison) -> Table:
+    """Baseline, now and change side by side; offending cells marked."""
+    table = compact(f"compared with {cmp.baseline_path} (tolerance {cmp.tolerance:.0%})")
+    for name in (
+        cmp.key_name,
+        "verdict: baseline",
+        "now",
+        f"{cmp.metric_name}: baseline",
+        "now",
+        "change",
+    ):
+        table.add_column(name)
+
+    def mark(text: str, bad: bool) -> str:
+        return f"[bold red]{text} ✗[/]" if bad else text
+
+    for row in cmp.rows:
+        table.add_row(
+            str(row.key),
+            row.verdict.baseline,
+            mark(row.verdict.now, row.verdict.bad),
+            row.metric.baseline,
+            mark(row.metric.now, row.metric.bad),
+            row.change,
+        )
+    table.add_row(
+        "last passing",
+        cmp.last_passing.baseline,
+        mark(cmp.last_passing.now, cmp.last_passing.bad),
+        "",
+        "",
+        "",
+    )
+    return table
+
+
+# The metrics the default ``report A B`` table shows first (a setting is picked on these);
+# the others follow while the table fits. --wide: every one in the headline order.
+_FIRST = (
+    "items_per_s",
+    "achieved_rate",
+    "goodput",
+    "latency_p99_s",
+    "e2e_p99_s",
+    "per_item_p99_s",
+    "ttft_p99_s",
+    "peak_vram_mib",
+    "errors",
+)
+
+
+def _by_use(metrics: Sequence[str]) -> list[str]:
+    return sorted(metrics, key=lambda m: _FIRST.index(m) if m in _FIRST else len(_FIRST))
+
+
+def _short(value: float | None) -> str:
+    """Three significant digits (the JSON and the HTML keep more): ``0.00823``, ``76.4``."""
+    if value is None:
+        return "—"
+    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
+def _pair_cell(delta: Any, side: Mapping[str, Any] | None, metric: str) -> tuple[str, str]:
+    """``8 → 6 (-25%)`` and its colour; ``(+27%, significant)`` when tested over the rounds
+    (the caption says at what level)."""
+    if delta is None:
+        return _short(finite((side or {}).get(metric))), ""
+    text = f"{_short(delta.a)} → {_short(delta.b)}"
+    if delta.diff is not None:
+        change = f"{delta.diff:+.4g}" if delta.change is None else f"{delta.change:+.0%}"
+        if delta.significant is not None and delta.diff and not delta.inside_noise:
+            change += ", significant" if delta.significant else ", not significant"
+        text += f" ({change})"
+    colour = "" if delta.better is None else ("green" if delta.better else "red")
+    return text, colour
+
+
+def runs_compare_table(cmp: RunComparison, width: int | None = 100, wide: bool = False) -> Table:
+    """``report A B``: per tier, each headline metric as ``A → B (change)``; without ``wide``
+    the metrics a setting is picked on come first and the rest are left out once the table
+    would not fit ``width``."""
+    metrics = list(cmp.metrics) if wide else _by_use(cmp.metrics)
+    cells: list[list[tuple[str, str]]] = []
+    for row in cmp.rows:
+        side = row.a if row.a is not None else row.b
+        line = [
+            (f"{row.key:g}", ""),
+            (str((row.a or {}).get("verdict") or "not run"), ""),
+            (str((row.b or {}).get("verdict") or "not run"), ""),
+        ]
+        line += [_pair_cell(row.deltas.get(m), side, m) for m in metrics]
+        cells.append(line)
+    names = [short_name(cmp.key), "verdict A", "verdict B", *(short_name(m) for m in metrics)]
+    widths = [max([len(n), *(len(c[i][0]) for c in cells)]) for i, n in enumerate(names)]
+    shown = len(names)
+    while (
+        not wide and width is not None and shown > 4 and sum(widths[:shown]) + 2 * shown - 2 > width
+    ):
+        shown -= 1
+    said = [
+        f"significant at {percent(cmp.level)}"
+        if any("significant" in text for line in cells for text, _ in line[3:shown])
+        else "",
+        "more metrics: --wide" if shown < len(names) else "",
+    ]
+    table = compact(f"A = {cmp.a.run_id}   B = {cmp.b.run_id}")
+    table.caption, table.caption_justify = "; ".join(s for s in said if s) or None, "left"
+    for name in names[:shown]:
+        table.add_column(name, justify="left" if name.startswith("verdict") else "right")
+    for line in cells:
+        table.add_row(
+            *(
+                f"[{colour}]{escape(text)}[/]" if colour else escape(text)
+                for text, colour in line[:shown]
+            )
+        )
+    return table

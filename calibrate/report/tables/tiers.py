@@ -1,0 +1,115 @@
+"""The tier (or level) table of a run, its ``key=value`` line, and its spreads over the rounds."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+
+from calibrate.io.tier_table import Kind
+from calibrate.report.compare import headline
+from calibrate.report.run_view import RunView
+from calibrate.report.spreads import Spreads, spread_text
+from calibrate.report.tables.columns import WHEN_MEASURED, fitting_columns, kind_columns, short_name
+from calibrate.stages.measure.confidence import percent
+
+
+def compact(title: str | None = None) -> Table:
+    """A table without column rules, side edges or a bottom rule: a rule under the header, two
+    spaces between columns; as wide as its cells, few lines."""
+    return Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=(0, 1, 0, 0),
+        pad_edge=False,
+    )
+
+
+def tier_table(
+    rows: Sequence[Mapping[str, Any]],
+    kind: Kind,
+    title: str | None = None,
+    width: int | None = None,
+    *,
+    wide: bool = False,
+) -> Table:
+    """The tier (or level) table: the essential columns (every one with ``wide``); with
+    ``width``, minor columns are left out until it fits."""
+    columns = fitting_columns(rows, kind, None if wide else width, wide)
+    table = compact(title)
+    for name, _ in columns:
+        table.add_column(
+            name,
+            justify="left" if name in ("verdict", "errors", "pressure") else "right",
+            overflow="fold",
+        )
+    for row in rows:
+        style = (
+            "red"
+            if row.get("verdict") == "fail"
+            else ("yellow" if str(row.get("verdict")).startswith("stop") else None)
+        )
+        table.add_row(*(cell(row) for _, cell in columns), style=style)
+    return table
+
+
+def plain_line(row: Mapping[str, Any], kind: Kind) -> str:
+    """Every column of one tier as ``key=value`` (tests and --debug; logs get ``tier_line``)."""
+    cells = [(name, cell(row)) for name, cell in kind_columns(kind, [row])]
+    return "  ".join(
+        f"{name.replace(' ', '_')}={text}"
+        for name, text in cells
+        if name not in WHEN_MEASURED or text != "—"
+    )
+
+
+CONFIDENCE_METRICS = 4  # headline metrics in the confidence table (the tier table has the rest)
+
+
+def confidence_table(
+    view: RunView, spreads: Spreads, level: float, width: int | None = None, wide: bool = False
+) -> Table:
+    """``report RUN``: each tier's headline metrics over its rounds (ladder) or repeats (sweep):
+    mean [t-interval at ``level``] and CV; a CV over 10 % in yellow. Metrics are left out (last
+    first) until it fits ``width`` unless ``wide``."""
+    repeated = [
+        m
+        for m in headline(view)
+        if any((s := spreads[k].get(m)) is not None and s.n > 1 for k in spreads)
+    ][:CONFIDENCE_METRICS]
+    keys = sorted(spreads)
+
+    def texts(name: str) -> list[str]:
+        return [spread_text(spreads[k].get(name)) for k in keys]
+
+    def needed(metrics: list[str]) -> int:
+        key_w = max([len(short_name(view.key)), *(len(f"{k:g}") for k in keys)])
+        return key_w + 3 + sum(2 + max([len(short_name(m)), *map(len, texts(m))]) for m in metrics)
+
+    while not wide and width is not None and len(repeated) > 1 and needed(repeated) > width:
+        # tokens/s follows items/s: it goes first, then the last metric
+        if "output_tokens_per_s" in repeated:
+            repeated.remove("output_tokens_per_s")
+        else:
+            repeated.pop()
+    table = compact(
+        f"over the {'rounds' if view.kind == 'ladder' else 'repeats'}: mean "
+        f"[{percent(level)} interval] and CV"
+    )
+    for name in (short_name(view.key), "n", *map(short_name, repeated)):
+        table.add_column(name, justify="right")
+    for key in keys:
+        metrics = spreads[key]
+        n = max((s.n for s in metrics.values()), default=0)
+        cells = [f"{key:g}", str(n)]
+        for name in repeated:
+            found = metrics.get(name)
+            text = escape(spread_text(found))
+            cells.append(f"[yellow]{text}[/]" if found is not None and found.noisy else text)
+        table.add_row(*cells)
+    return table
