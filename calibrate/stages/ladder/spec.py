@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from calibrate.config import SloConfig
-from calibrate.stages.context import StageContext
 from calibrate.stages.ladder.result import Axis, LadderResult
 from calibrate.stages.ladder.run import LadderOptions
 from calibrate.stages.measure.stop_rules import ServerCap
-from calibrate.stages.measure.tier_finish import Determinism, TierRecord
-from calibrate.stages.measure.tier_run import MeasureSpec, Measuring, TierWatcher
+from calibrate.stages.measure.tier_finish import TierOutcome
+from calibrate.stages.measure.tier_run import MeasureSpec, StageWatcher, TierEnv
 from calibrate.stages.measure.tiers import Tier
-from calibrate.stages.prepare.stream_probe import StreamCheck
 from calibrate.stages.prepare.task_pick import TaskPool
 from calibrate.workload import WorkloadSpec
 
@@ -35,43 +29,6 @@ class LadderSpec:
     context_batch: int = 1  # the batch size the context axis steps the length at
 
 
-class LadderWatcher(TierWatcher, Protocol):
-    """Who watches a ladder: what it will send, then each tier as it finishes."""
-
-    def stream_checked(self, check: StreamCheck, slo: SloConfig) -> None:
-        """The stream probe's finding, before any load."""
-
-    def planned(
-        self, options: LadderOptions, workload: WorkloadSpec, cap: ServerCap | None
-    ) -> None:
-        """The tiers, rounds and workload, once everything before the load is done."""
-
-    def live(
-        self, run_id: str, options: LadderOptions, watch: Measuring
-    ) -> AbstractContextManager[Callable[[Tier], None]]:
-        """Open while the tiers run; what it yields is told each finished tier."""
-        ...
-
-
-@dataclass(frozen=True)
-class LadderEnv:
-    """Where a ladder runs (the opened stage) and who watches it."""
-
-    ctx: StageContext
-    watcher: LadderWatcher
-
-
-@dataclass(frozen=True)
-class LadderOutcome:
-    """A finished (or interrupted) ladder, recorded: what there is to say about it."""
-
-    result: LadderResult
-    record: TierRecord
-    streamed: bool  # streaming was asked for, and the server took streamed requests
-    determinism: Determinism | None = None
-    next_step: str | None = None  # what to run next (after a pass)
-    interrupted: bool = False
-
-    @property
-    def passed(self) -> bool:
-        return self.record.entry.passed
+LadderWatcher = StageWatcher[LadderOptions, Tier, ServerCap]  # the plan, then each tier
+LadderEnv = TierEnv[LadderWatcher]  # where a ladder runs (the opened stage), who watches it
+LadderOutcome = TierOutcome[LadderResult, LadderOptions]  # a finished ladder, recorded
