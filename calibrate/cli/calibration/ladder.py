@@ -24,16 +24,12 @@ from typing import Any
 
 from calibrate.cli.common import (
     add_command,
-    add_force,
-    add_junit,
-    add_wide,
     load_config,
     open_stage,
     output_for,
 )
-from calibrate.cli.flags.workload import task_pool, workload_spec
+from calibrate.cli.flags.workload import add_tier_args, measure_spec, task_pool, workload_spec
 from calibrate.cli.views.ladder import LadderView
-from calibrate.cli.views.tiers import add_tier_args, measure_spec
 from calibrate.stages import ladder
 from calibrate.stages.ladder import LadderEnv, LadderSpec
 from calibrate.workload import parse_context_lengths
@@ -47,9 +43,6 @@ def register(subparsers: Any) -> None:
         help="fail when any output differs from the single-call baseline",
     )
     add_tier_args(parser, "ladder")
-    add_wide(parser)
-    add_force(parser)
-    add_junit(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,10 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.cli.flags import (
+    add_check_flags,
     add_command,
-    add_compare_args,
-    add_force,
-    add_junit,
     check_junit_path,
     junit_suite,
     normaliser_for,
@@ -44,9 +42,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--runs", type=int, default=2, help="fresh runs to compare (default 2)")
     parser.add_argument("--stream", action="store_true", help="stream the requests (SSE)")
-    add_compare_args(parser)
-    add_force(parser)
-    add_junit(parser)
+    add_check_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,18 +12,16 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from calibrate.cli.common import (
+from calibrate.cli.flags import (
+    add_check_flags,
     add_command,
-    add_compare_args,
-    add_force,
-    add_junit,
     junit_suite,
     normaliser_for,
     open_stage,
-    output_for,
     save_junit,
-    show_comparison,
 )
+from calibrate.cli.output import output_for
+from calibrate.cli.views.comparison import show_comparison
 from calibrate.config import MAX_TIMEOUT_S
 from calibrate.errors import UsageError
 from calibrate.gpu.nvml import gpu_snapshot
@@ -41,9 +39,7 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="unmanaged server: how long to wait for you to stop and restart it (default 300)",
     )
-    add_compare_args(parser)
-    add_force(parser)
-    add_junit(parser)
+    add_check_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:

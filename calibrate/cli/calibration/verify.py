@@ -12,10 +12,8 @@ import argparse
 from typing import Any
 
 from calibrate.cli.flags import (
+    add_check_flags,
     add_command,
-    add_compare_args,
-    add_force,
-    add_junit,
     junit_suite,
     normaliser_for,
     open_stage,
@@ -33,9 +31,7 @@ from calibrate.state.gates import next_step
 
 def register(subparsers: Any) -> None:
     parser = add_command(subparsers, "verify", __doc__ or "", run)
-    add_compare_args(parser)
-    add_force(parser)
-    add_junit(parser)
+    add_check_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
