@@ -22,12 +22,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from calibrate.cli.common import (
-    add_command,
-    load_config,
-    open_stage,
-    output_for,
-)
+from calibrate.cli import common
 from calibrate.cli.flags.workload import add_tier_args, measure_spec, task_pool, workload_spec
 from calibrate.cli.views.ladder import LadderView
 from calibrate.stages import ladder
@@ -36,7 +31,7 @@ from calibrate.workload import parse_context_lengths
 
 
 def register(subparsers: Any) -> None:
-    parser = add_command(subparsers, "ladder", __doc__ or "", run)
+    parser = common.add_command(subparsers, "ladder", __doc__ or "", run)
     parser.add_argument(
         "--require-match",
         action="store_true",
@@ -47,8 +42,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     spec = ladder_spec(args)
-    out = output_for(args)
-    ctx = open_stage(args, "ladder", out)
+    out = common.output_for(args)
+    ctx = common.open_stage(args, "ladder", out)
     view = LadderView(out, ctx)
     done = ladder.run(spec, LadderEnv(ctx, view))
     return view.render(done, args.junit)
@@ -57,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 def ladder_spec(args: argparse.Namespace) -> LadderSpec:
     """The flags as one typed spec: exit 2 on a mistake before anything is written."""
     measure = measure_spec(args)
-    workload = workload_spec(args, load_config(args), "ladder")
+    workload = workload_spec(args, common.load_config(args), "ladder")
     lengths = args.context_lengths
     return LadderSpec(
         measure=measure,

@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from rich.table import Table
+
 from calibrate.cli.common import Output, junit_suite
 from calibrate.cli.views.determinism import say_overall
 from calibrate.config import SloConfig
@@ -128,10 +130,9 @@ def finish_tables(
     csv_path = report.write_tiers_csv(ctx.run.file("tiers.csv"), rows, kind, source)
     table_rows = report.read_rows(csv_path)
     title = f"{kind} {ctx.run.run_id}"
-    if out.wide:  # the live table (the essential columns) is gone: every column, once
-        out.render_wide(report.tier_table(table_rows, kind, title, wide=True))
-    elif not out.is_tty:  # on a terminal the live table is already on screen
-        out.render(report.tier_table(table_rows, kind, title, out.console.width))
+    show_table(
+        out, lambda width: report.tier_table(table_rows, kind, title, width, wide=width is None)
+    )
     plot = report.write_plot(table_rows, kind, ctx.run.file("plot.png"))
     out.say(
         f"tables: {csv_path}" + (f", plot: {plot}" if plot else " (no plot: matplotlib missing)")
@@ -149,6 +150,15 @@ def check_comparison(suite: JUnitSuite, comparison: TierComparison | None) -> No
             "; ".join(comparison.problems),
             kind="regression",
         )
+
+
+def show_table(out: Output, table_at: Callable[[int | None], Table], *, live: bool = True) -> None:
+    """A finished table once: every column with --wide (the live table had the essential ones),
+    else fitting the screen (``live``: not on a terminal, where the live table still shows)."""
+    if out.wide:
+        out.render_wide(table_at(None))
+    elif not (live and out.is_tty):
+        out.render(table_at(out.console.width))
 
 
 def show_comparison(out: Output, comparison: TierComparison | None) -> None:
