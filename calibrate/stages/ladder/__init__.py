@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from calibrate.errors import RequestError, UsageError
-from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.load.waves import Sender
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import load_lock
@@ -44,8 +43,32 @@ def run(spec: LadderSpec, env: LadderEnv) -> LadderOutcome:
             ladder.on_tier = on_tier
             return ladder.run()
 
-        live = run_live(ctx, env.watcher, watch, ladder.options, tiers, ladder.result)
-        return _finish(spec, env, ladder.options, *live, watch.selfload)
+        result, interrupted = run_live(
+            ctx, env.watcher, watch, ladder.options, tiers, ladder.result
+        )
+        check = result.stream_check
+        return finish_tiers(
+            spec.measure,
+            ctx,
+            "ladder",
+            result,
+            ladder.options,
+            [
+                {**t.to_json(), "vram_source": result.vram_source, "axis": result.axis}
+                for t in result.tiers
+            ],
+            tables=env.watcher.tables,
+            source=result.vram_source,
+            passed=result.passed,
+            summary=result.summary().to_json(),
+            notes=result.notes,
+            checks=[
+                (f"batch {t.batch_size}", t.determinism) for t in result.tiers if t.determinism
+            ],
+            streamed=spec.streaming and (check is None or check.stream),
+            selfload=watch.selfload,
+            interrupted=interrupted,
+        )
 
 
 def _ladder(spec: LadderSpec, env: LadderEnv, options: LadderOptions, watch: Measuring) -> Ladder:
@@ -110,35 +133,3 @@ def served_max_model_len(ctx: StageContext) -> int | None:
     model = ctx.config.target.model
     found = [m.max_model_len for m in models if m.id == model and m.max_model_len]
     return found[0] if found else None
-
-
-def _finish(
-    spec: LadderSpec,
-    env: LadderEnv,
-    options: LadderOptions,
-    result: LadderResult,
-    interrupted: bool,
-    selfload: SelfLoadMonitor,
-) -> LadderOutcome:
-    """The table, --compare, the ledger verdict; then determinism.json and the next step."""
-    check = result.stream_check
-    return finish_tiers(
-        spec.measure,
-        env.ctx,
-        "ladder",
-        result,
-        options,
-        [
-            {**t.to_json(), "vram_source": result.vram_source, "axis": result.axis}
-            for t in result.tiers
-        ],
-        tables=env.watcher.tables,
-        source=result.vram_source,
-        passed=result.passed,
-        summary=result.summary().to_json(),
-        notes=result.notes,
-        checks=[(f"batch {t.batch_size}", t.determinism) for t in result.tiers if t.determinism],
-        streamed=spec.streaming and (check is None or check.stream),
-        selfload=selfload,
-        interrupted=interrupted,
-    )

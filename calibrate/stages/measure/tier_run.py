@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -58,6 +58,17 @@ class MeasureSpec:
     def devices(self, runs_dir: Path) -> Sequence[str] | None:
         """``--gpu``, else the managed server's CUDA_VISIBLE_DEVICES (a MIG instance), else all."""
         return list(self.gpus) if self.gpus else managed_server_devices(runs_dir)
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """The flags ladder and sweep share, checked (a mistake is exit 2 before anything is sent)."""
+
+    measure: MeasureSpec = field(default_factory=MeasureSpec)
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    pool: TaskPool | None = None  # --tasks, read and checked before the run starts
+    streaming: bool = True  # False: --no-stream
+    slo_flags: tuple[str, ...] = ()  # --slo NAME:S …, over [slo]
 
 
 def preflight(spec: MeasureSpec) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.load.waves import Sender
 from calibrate.stages.env import load_lock
 from calibrate.stages.measure.tier_finish import TierOutcome, finish_tiers
@@ -47,8 +46,24 @@ def run(spec: SweepSpec, env: SweepEnv) -> SweepOutcome:
                 sweep.on_level, sweep.note = on_level, watcher.say
                 return sweep.run()
 
-            live = run_live(ctx, watcher, watch, sweep.options, levels, sweep.result)
-            return _finish(spec, env, sweep.options, *live, watch.selfload)
+            result, interrupted = run_live(ctx, watcher, watch, sweep.options, levels, sweep.result)
+            return finish_tiers(
+                spec.measure,
+                ctx,
+                "sweep",
+                result,
+                sweep.options,
+                [{**lv.to_json(), "vram_source": result.vram_source} for lv in result.levels],
+                tables=watcher.tables,
+                source=result.vram_source,
+                passed=result.passed,
+                summary=result.summary(sweep.options).to_json(),
+                notes=result.notes(llamacpp=ctx.config.server.kind == "llamacpp"),
+                checks=[(lv.label, lv.determinism) for lv in result.levels if lv.determinism],
+                streamed=sweep.options.stream,
+                selfload=watch.selfload,
+                interrupted=interrupted,
+            )
 
 
 def _sweep(spec: SweepSpec, env: SweepEnv, options: SweepOptions, watch: Measuring) -> Sweep:
@@ -77,31 +92,3 @@ def _sweep(spec: SweepSpec, env: SweepEnv, options: SweepOptions, watch: Measuri
     )
     watcher.planned(options, plan.spec, cap)
     return sweep
-
-
-def _finish(
-    spec: SweepSpec,
-    env: SweepEnv,
-    options: SweepOptions,
-    result: SweepResult,
-    interrupted: bool,
-    selfload: SelfLoadMonitor,
-) -> SweepOutcome:
-    """The table, --compare, the ledger verdict; then determinism.json and the next step."""
-    return finish_tiers(
-        spec.measure,
-        env.ctx,
-        "sweep",
-        result,
-        options,
-        [{**lv.to_json(), "vram_source": result.vram_source} for lv in result.levels],
-        tables=env.watcher.tables,
-        source=result.vram_source,
-        passed=result.passed,
-        summary=result.summary(options).to_json(),
-        notes=result.notes(llamacpp=env.ctx.config.server.kind == "llamacpp"),
-        checks=[(lv.label, lv.determinism) for lv in result.levels if lv.determinism],
-        streamed=options.stream,
-        selfload=selfload,
-        interrupted=interrupted,
-    )
