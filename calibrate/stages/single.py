@@ -34,57 +34,53 @@ def fixed_prompt_call(ctx: StageContext, *, stream: bool = False) -> RequestReco
     """Send the fixed prompt once and return its record (also for failures; ``ok`` tells)."""
     cfg = ctx.config
     params = ctx.params
-    error: ErrorInfo | None = None
     sent = monotonic()
     try:
         completion = ctx.client.chat(cfg.target.model, cfg.prompt.text, params, stream=stream)
     except RequestError as exc:
         if exc.kind == "connect":
             raise unreachable(exc.info, cfg.target.base_url) from exc
-        error = exc.info
         times = RequestTimes.of(sent, monotonic())
-        return RequestRecord(
-            run_id=ctx.run.run_id,
-            ts=utc_now_iso(),
-            stage=ctx.run.stage,
-            target=ctx.target,
-            prompt=cfg.prompt.text,
-            params=params,
-            text=None,
-            finish_reason=None,
-            usage=None,
-            ttft_s=None,
-            served_model=None,
-            system_fingerprint=None,
-            ok=False,
-            error=error,
-            elapsed_s=times.elapsed_s,
-            times=times,
-        )
+        return _unanswered(ctx, exc.info, times, times.elapsed_s)
     problem = incomplete_reason(
         completion.choices[0],
         params.max_tokens,
         completion_tokens=completion.usage.completion_tokens if completion.usage else None,
     )
-    if problem:
-        error = ErrorInfo("incomplete", problem)
+    error = ErrorInfo("incomplete", problem) if problem else None
+    return replace(
+        _unanswered(ctx, error, completion.times, completion.elapsed_s),
+        text=completion.text,
+        finish_reason=completion.finish_reason,
+        usage=completion.usage,
+        ttft_s=completion.ttft_s,
+        served_model=completion.served_model,
+        system_fingerprint=completion.system_fingerprint,
+        ok=error is None,
+    )
+
+
+def _unanswered(
+    ctx: StageContext, error: ErrorInfo | None, times: RequestTimes | None, elapsed_s: float
+) -> RequestRecord:
+    """The fixed prompt's record with no answer in it: ``error`` says why (or none yet)."""
     return RequestRecord(
         run_id=ctx.run.run_id,
         ts=utc_now_iso(),
         stage=ctx.run.stage,
         target=ctx.target,
-        prompt=cfg.prompt.text,
-        params=params,
-        text=completion.text,
-        finish_reason=completion.finish_reason,
-        usage=completion.usage,
-        elapsed_s=completion.elapsed_s,
-        ttft_s=completion.ttft_s,
-        served_model=completion.served_model,
-        system_fingerprint=completion.system_fingerprint,
-        ok=error is None,
+        prompt=ctx.config.prompt.text,
+        params=ctx.params,
+        text=None,
+        finish_reason=None,
+        usage=None,
+        elapsed_s=elapsed_s,
+        ttft_s=None,
+        served_model=None,
+        system_fingerprint=None,
+        ok=False,
         error=error,
-        times=completion.times,
+        times=times,
     )
 
 

@@ -22,40 +22,28 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from calibrate.cli.common import (
-    add_command,
-    add_force,
-    add_junit,
-    add_wide,
-    load_config,
-    open_stage,
-    output_for,
-)
-from calibrate.cli.flags.workload import task_pool, workload_spec
+from calibrate.cli import common
+from calibrate.cli.flags.workload import add_tier_args, measure_spec, task_pool, workload_spec
 from calibrate.cli.views.ladder import LadderView
-from calibrate.cli.views.tiers import add_tier_args, measure_spec
 from calibrate.stages import ladder
 from calibrate.stages.ladder import LadderEnv, LadderSpec
 from calibrate.workload import parse_context_lengths
 
 
 def register(subparsers: Any) -> None:
-    parser = add_command(subparsers, "ladder", __doc__ or "", run)
+    parser = common.add_command(subparsers, "ladder", __doc__ or "", run)
     parser.add_argument(
         "--require-match",
         action="store_true",
         help="fail when any output differs from the single-call baseline",
     )
     add_tier_args(parser, "ladder")
-    add_wide(parser)
-    add_force(parser)
-    add_junit(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     spec = ladder_spec(args)
-    out = output_for(args)
-    ctx = open_stage(args, "ladder", out)
+    out = common.output_for(args)
+    ctx = common.open_stage(args, "ladder", out)
     view = LadderView(out, ctx)
     done = ladder.run(spec, LadderEnv(ctx, view))
     return view.render(done, args.junit)
@@ -64,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 def ladder_spec(args: argparse.Namespace) -> LadderSpec:
     """The flags as one typed spec: exit 2 on a mistake before anything is written."""
     measure = measure_spec(args)
-    workload = workload_spec(args, load_config(args), "ladder")
+    workload = workload_spec(args, common.load_config(args), "ladder")
     lengths = args.context_lengths
     return LadderSpec(
         measure=measure,

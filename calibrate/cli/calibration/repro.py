@@ -13,17 +13,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from calibrate.cli.flags import (
-    add_command,
-    add_compare_args,
-    add_force,
-    add_junit,
-    check_junit_path,
-    junit_suite,
-    normaliser_for,
-    open_stage,
-    save_junit,
-)
+from calibrate.cli import flags
 from calibrate.cli.output import output_for
 from calibrate.cli.views.comparison import show_comparison
 from calibrate.config import MAX_ROUNDS
@@ -36,27 +26,25 @@ from calibrate.stages.repro import ReproResult, between_files, run_repro
 
 
 def register(subparsers: Any) -> None:
-    parser = add_command(subparsers, "repro", __doc__ or "", run)
+    parser = flags.add_command(subparsers, "repro", __doc__ or "", run)
     parser.add_argument(
         "files", nargs="*", metavar="FILE", help="two JSONL files to compare offline"
     )
     parser.add_argument("--runs", type=int, default=2, help="fresh runs to compare (default 2)")
     parser.add_argument("--stream", action="store_true", help="stream the requests (SSE)")
-    add_compare_args(parser)
-    add_force(parser)
-    add_junit(parser)
+    flags.add_check_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
-    normaliser = normaliser_for(args)
+    normaliser = flags.normaliser_for(args)
     if args.files:
         if len(args.files) != 2:
             raise UsageError(
                 "repro takes exactly two files to compare offline",
                 "example: calibrate repro a.jsonl b.jsonl",
             )
-        check_junit_path(args)
+        flags.check_junit_path(args)
         check_outputs(
             [("--junit", Path(args.junit) if args.junit else None)],
             [("the file", Path(name)) for name in args.files],
@@ -65,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         return _report(out, args, result, run=None)
     if not 1 <= args.runs <= MAX_ROUNDS:
         raise UsageError(f"--runs must be in [1, {MAX_ROUNDS}], got {args.runs}")
-    ctx = open_stage(args, "repro", out)
+    ctx = flags.open_stage(args, "repro", out)
     with guarded(ctx):
         result = run_repro(ctx, normaliser, runs=args.runs, stream=args.stream)
         return _report(out, args, result, run=ctx.run)
@@ -80,9 +68,9 @@ def _report(
 ) -> int:
     for n, comparison in enumerate(result.comparisons, 1):
         show_comparison(out, f"run {n}", comparison)
-    suite = junit_suite("repro", run)
+    suite = flags.junit_suite("repro", run)
     result.add_checks(suite)
-    save_junit(args, suite)
+    flags.save_junit(args, suite)
     if result.passed:
         out.ok(result.verdict_line())
         if run is not None:  # a live run; two files compared offline have no next step

@@ -12,18 +12,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from calibrate.cli.common import (
-    add_command,
-    add_compare_args,
-    add_force,
-    add_junit,
-    junit_suite,
-    normaliser_for,
-    open_stage,
-    output_for,
-    save_junit,
-    show_comparison,
-)
+from calibrate.cli import flags
+from calibrate.cli.output import output_for
+from calibrate.cli.views.comparison import show_comparison
 from calibrate.config import MAX_TIMEOUT_S
 from calibrate.errors import UsageError
 from calibrate.gpu.nvml import gpu_snapshot
@@ -33,7 +24,7 @@ BATCH_NOTE = "(batch uses concurrency 1; calibrate pin writes this setting into 
 
 
 def register(subparsers: Any) -> None:
-    parser = add_command(subparsers, "rollback", __doc__ or "", run)
+    parser = flags.add_command(subparsers, "rollback", __doc__ or "", run)
     parser.add_argument(
         "--wait",
         type=float,
@@ -41,17 +32,15 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="unmanaged server: how long to wait for you to stop and restart it (default 300)",
     )
-    add_compare_args(parser)
-    add_force(parser)
-    add_junit(parser)
+    flags.add_check_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
     if not 0 <= args.wait <= MAX_TIMEOUT_S:  # NaN fails this too
         raise UsageError(f"--wait must be in [0, {MAX_TIMEOUT_S:g}] seconds, got {args.wait}")
-    normaliser = normaliser_for(args)
-    ctx = open_stage(args, "rollback", out)
+    normaliser = flags.normaliser_for(args)
+    ctx = flags.open_stage(args, "rollback", out)
 
     def on_step(step: StepResult) -> None:
         line = f"[{step.n}/5] {step.name}: {step.message}"
@@ -62,9 +51,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if result.comparison is not None and not result.comparison.passed:
         show_comparison(out, "fixed prompt vs baseline", result.comparison)
-    suite = junit_suite("rollback", ctx.run, ctx.target)
+    suite = flags.junit_suite("rollback", ctx.run, ctx.target)
     result.add_checks(suite)
-    save_junit(args, suite)
+    flags.save_junit(args, suite)
     if result.passed:
         out.ok(f"rollback passed (run {ctx.run.run_id})")
         out.say(NOT_CAPACITY.format(batch=result.batch_size))

@@ -11,16 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from calibrate.cli.flags import (
-    add_command,
-    add_compare_args,
-    add_force,
-    add_junit,
-    junit_suite,
-    normaliser_for,
-    open_stage,
-    save_junit,
-)
+from calibrate.cli import flags
 from calibrate.cli.output import Output, output_for
 from calibrate.cli.views.comparison import show_comparison
 from calibrate.io.baseline import Normaliser, after_failure
@@ -31,16 +22,14 @@ from calibrate.stages.verify import run_verify
 
 
 def register(subparsers: Any) -> None:
-    parser = add_command(subparsers, "verify", __doc__ or "", run)
-    add_compare_args(parser)
-    add_force(parser)
-    add_junit(parser)
+    parser = flags.add_command(subparsers, "verify", __doc__ or "", run)
+    flags.add_check_flags(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
-    normaliser = normaliser_for(args)
-    ctx = open_stage(args, "verify", out)
+    normaliser = flags.normaliser_for(args)
+    ctx = flags.open_stage(args, "verify", out)
     with guarded(ctx):
         return _run(args, out, ctx, normaliser)
 
@@ -48,12 +37,12 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: Normaliser) -> int:
     result = run_verify(ctx, normaliser, force=bool(getattr(args, "force", False)))
     comparison = result.repro.comparisons[0]
-    suite = junit_suite("verify", ctx.run, ctx.target)
+    suite = flags.junit_suite("verify", ctx.run, ctx.target)
     reason = check_reason(comparison)
     suite.check(
         "fixed prompt matches the baseline", comparison.passed, reason, kind=comparison.verdict
     )
-    save_junit(args, suite)
+    flags.save_junit(args, suite)
     if result.setting is not None:
         out.say(f"expected setting: {result.setting.describe()}")
     if result.passed:

@@ -145,6 +145,13 @@ def add_compare_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_check_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of a stage that checks the fixed prompt: --jq, --ignore, --force, --junit."""
+    add_compare_args(parser)
+    add_force(parser)
+    add_junit(parser)
+
+
 def normaliser_for(args: argparse.Namespace) -> Normaliser:
     """--jq replaces the default program; each --ignore FIELD adds a del() after it."""
     if not args.jq:

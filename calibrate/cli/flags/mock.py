@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import fields
 
 from calibrate.errors import UsageError
 from calibrate.mock.settings import METRICS_STYLES, ON_KV_FULL, MockSettings
@@ -215,25 +216,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> MockSettings:
     """The MockSettings the flags describe."""
-    names: tuple[str, ...] = (
-        "text_seed",
-        "seed",
-        "slots",
-        "slow_above",
-        "slow_factor",
-        "vram_total_mib",
-    )
-    names += ("vram_base_mib", "vram_per_request_mib", "oom_at", "nondeterministic_above")
-    names += ("fail_rate", "reset_rate", "truncate_rate", "slow_rate", "slow_s", "overload_rate")
-    names += ("whitespace_variant", "no_done", "no_usage", "usage_in_last_chunk", "strict_422")
-    names += ("refuse_stream", "refuse_stream_options")
-    names += ("unknown_model_status", "any_model", "expose_props", "log_requests", "max_model_len")
-    names += ("malformed_rate", "echo_headers_rate", "lone_surrogate", "drip_s", "keepalive_only")
-    names += ("keepalive_limit_s", "huge_mib", "kv_mib_per_1k_tokens", "kv_capacity_tokens")
-    names += ("on_kv_full", "preallocate", "prefix_cache", "step_ms_per_1k_tokens", "jitter")
-    names += ("metrics_style", "memory_fraction", "max_memory_fraction", "slot_context")
-    names += ("diverge_at_token",)
-    names += ("power_w", "power_per_request_w", "dcgm_energy")
+    # every setting but the models and the three timings is the flag of the same name
+    apart = ("models", "ttft_s", "per_token_s", "retry_after_s")
+    names = [f.name for f in fields(MockSettings) if f.name not in apart]
     values = {name: getattr(args, name) for name in names}
     timings = {"ttft": args.ttft, "per_token": args.per_token, "retry_after": args.retry_after}
     for name, value in (*values.items(), *timings.items()):

@@ -6,9 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from calibrate.cli.common import Runner, add_command, add_force, add_junit, add_wide, load_config
-from calibrate.cli.flags.workload import task_pool, workload_spec
-from calibrate.cli.views.tiers import add_tier_args, measure_spec
+from calibrate.cli.common import Runner, add_command, load_config
+from calibrate.cli.flags.workload import add_tier_args, measure_spec, task_pool, workload_spec
 from calibrate.config import MAX_BATCH_SIZE, Config
 from calibrate.errors import UsageError
 from calibrate.stages.measure.slo import has_slo, parse_slo_flags
@@ -83,9 +82,6 @@ def register(subparsers: Any, doc: str, run: Runner) -> None:
         "most requests the ladder passed with in flight (said and recorded)",
     )
     add_tier_args(parser, "sweep")
-    add_wide(parser)
-    add_force(parser)
-    add_junit(parser)
 
 
 def sweep_spec(args: argparse.Namespace) -> SweepSpec:

@@ -1,12 +1,17 @@
-"""The workload flags of ladder and sweep (SPEC §5.11), and the context axis of the ladder."""
+"""The flags ladder and sweep share: the workload (SPEC §5.11), the ladder's context axis, and
+the measuring flags (``--vram-source``, ``--compare`` …) as a ``MeasureSpec``."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from pathlib import Path
 
+from calibrate.cli.flags import add_force, add_junit, add_wide
 from calibrate.config import MAX_BATCH_SIZE, Config
 from calibrate.errors import UsageError
+from calibrate.gpu.energy import PRICE_HELP
+from calibrate.stages.measure.tier_run import MeasureSpec, preflight
 from calibrate.stages.prepare.task_pick import TaskPool, load_pool
 from calibrate.workload import (
     MAX_INPUT_TOKENS,
@@ -134,3 +139,86 @@ def task_pool(spec: WorkloadSpec) -> TaskPool | None:
     if spec.source != "tasks" or spec.tasks is None:
         return None
     return load_pool(spec.tasks, pick=spec.pick, prompt=spec.prompt, seed=spec.seed)
+
+
+def add_tier_args(parser: argparse.ArgumentParser, kind: str) -> None:
+    """The flags ladder and sweep share: the workload, streaming, SLOs, measuring, --compare."""
+    add = parser.add_argument
+    add_workload_args(parser, kind)
+    add(
+        "--no-stream",
+        action="store_true",
+        help="do not stream (SSE): no TTFT, TPOT or ITL (default: streamed where the server can)",
+    )
+    add(
+        "--slo",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="NAME:S",
+        help="latency SLOs per request over [slo], e.g. --slo ttft:0.5 tpot:0.05 e2e:20; "
+        "goodput counts the requests that met every one",
+    )
+    add(
+        "--vram-source",
+        choices=("auto", "nvml", "metrics", "none"),
+        default="auto",
+        help="where VRAM comes from (default auto: NVML and the server's /metrics when they answer)",
+    )
+    add(
+        "--gpu",
+        metavar="ID",
+        action="append",
+        default=None,
+        help="NVML device index, GPU- or MIG- UUID the server uses (repeatable; default: the "
+        "managed server's CUDA_VISIBLE_DEVICES, else all). NVML numbers devices in nvidia-smi "
+        "order and ignores CUDA_VISIBLE_DEVICES: UUIDs are safest",
+    )
+    add(
+        "--gpu-metrics-url",
+        metavar="URL",
+        help="a DCGM exporter (…/metrics) for GPUs on another machine",
+    )
+    add("--gpu-price-per-hour", type=float, metavar="USD", help=PRICE_HELP)
+    add(
+        "--server-pid",
+        metavar="PID",
+        type=int,
+        help="the server's process id, recorded in incidents (default: runs/server.pid, or NVML)",
+    )
+    add(
+        "--compare",
+        metavar="CSV",
+        help=f"fail when worse than this committed tier table (e.g. baselines/{kind}.csv)",
+    )
+    add(
+        "--tolerance",
+        type=float,
+        default=0.2,
+        metavar="FRACTION",
+        help="with --compare: allowed worsening per tier (default 0.2 = 20%%)",
+    )
+    add(
+        "--save-baseline",
+        action="store_true",
+        help=f"write this run's table to baselines/{kind}.csv (the old one is kept)",
+    )
+    add_wide(parser)
+    add_force(parser)
+    add_junit(parser)
+
+
+def measure_spec(args: argparse.Namespace) -> MeasureSpec:
+    """The measuring flags as a typed spec; mistakes in them are exit 2 before anything is sent."""
+    spec = MeasureSpec(
+        vram_source=args.vram_source,
+        gpus=tuple(args.gpu) if args.gpu else None,
+        gpu_metrics_url=args.gpu_metrics_url,
+        server_pid=args.server_pid,
+        compare=Path(args.compare) if args.compare else None,
+        tolerance=args.tolerance,
+        save_baseline=args.save_baseline,
+        gpu_price_per_hour=args.gpu_price_per_hour,
+    )
+    preflight(spec)
+    return spec

@@ -5,16 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
-from calibrate.cli.common import junit_suite
-from calibrate.cli.views.determinism import say_differs, say_overall
-from calibrate.cli.views.tiers import (
-    TierView,
-    live_table,
-    show_record,
-    warn_if_client_bound,
-    warn_if_not_streamed,
-)
+from calibrate.cli.views.determinism import say_differs
+from calibrate.cli.views.tiers import TierView, check_comparison, live_table, warn_if_client_bound
 from calibrate.errors import Interrupted
 from calibrate.gpu.energy import cost_text
 from calibrate.io.junit import JUnitCase, JUnitSuite
@@ -32,7 +26,7 @@ from calibrate.stages.measure.tiers import Tier
 from calibrate.workload import WorkloadSpec
 
 
-class LadderView(TierView):
+class LadderView(TierView[LadderResult, LadderOptions]):
     """Watches a ladder (``stages.ladder.LadderWatcher``), then says what it found."""
 
     kind = "ladder"
@@ -70,42 +64,22 @@ class LadderView(TierView):
 
             yield on_tier
 
-    def render(self, done: LadderOutcome, junit: str | None) -> int:
-        """Everything said after the last tier; the exit code (Ctrl-C: ``Interrupted``)."""
-        out, ctx, result = self.out, self.ctx, done.result
-        show_record(out, done.record)
-        warn_if_not_streamed(out, done.record.rows, done.streamed)
-        suite = ladder_junit(
-            junit_suite("ladder", ctx.run, ctx.target), result, done.record.comparison
-        )
-        if done.interrupted:
-            suite.check("the ladder ran to the end", False, "interrupted", kind="interrupted")
-            self.save_junit(suite, junit)
-            raise Interrupted(
-                f"ladder interrupted after {len(result.tiers)} finished tier(s), "
-                f"recorded as not passed; completed rounds are kept in {ctx.run.path}",
-                "Run it again to calibrate: calibrate ladder",
-            )
-        self.save_junit(suite, junit)
-        self.verdict(result)
-        say_overall(out, done.determinism)
-        if done.next_step:
-            out.say(f"next: {done.next_step}")
-        entry = done.record.entry
-        out.result(
-            {
-                "passed": entry.passed,
-                "run_id": ctx.run.run_id,
-                **entry.summary,
-                "tiers_detail": [t.to_json() for t in result.tiers],
-                **({"determinism": done.determinism.to_json()} if done.determinism else {}),
-            }
-        )
-        return 0 if done.passed else 1
+    def junit(self, done: LadderOutcome, suite: JUnitSuite) -> JUnitSuite:
+        return ladder_junit(suite, done.result, done.record.comparison)
 
-    def verdict(self, result: LadderResult) -> None:
+    def interrupted(self, done: LadderOutcome) -> Interrupted:
+        return Interrupted(
+            f"ladder interrupted after {len(done.result.tiers)} finished tier(s), "
+            f"recorded as not passed; completed rounds are kept in {self.ctx.run.path}",
+            "Run it again to calibrate: calibrate ladder",
+        )
+
+    def detail(self, done: LadderOutcome) -> dict[str, Any]:
+        return {"tiers_detail": [t.to_json() for t in done.result.tiers]}
+
+    def verdict(self, done: LadderOutcome) -> None:
         """The last passing tier and the setting, or why the ladder failed."""
-        out, top = self.out, result.last_passing
+        out, result, top = self.out, done.result, done.result.last_passing
         if top is None:
             out.fail(f"ladder failed: {result.tiers[-1].reason if result.tiers else 'no tier ran'}")
             out.say(f"incidents: {self.ctx.run.file('incidents')}")
@@ -196,11 +170,5 @@ def ladder_junit(
             "; ".join(result.notes),
             kind="baseline_mismatch",
         )
-    if comparison is not None:
-        suite.check(
-            f"no regression against {comparison.baseline_path}",
-            comparison.passed,
-            "; ".join(comparison.problems),
-            kind="regression",
-        )
+    check_comparison(suite, comparison)
     return suite

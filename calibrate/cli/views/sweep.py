@@ -5,18 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
-from calibrate.cli.common import junit_suite
-from calibrate.cli.views.determinism import say_differs, say_overall
-from calibrate.cli.views.tiers import (
-    TierView,
-    live_table,
-    show_record,
-    warn_if_client_bound,
-    warn_if_not_streamed,
-)
+from calibrate.cli.views.determinism import say_differs
+from calibrate.cli.views.tiers import TierView, check_comparison, live_table, warn_if_client_bound
 from calibrate.errors import Interrupted
 from calibrate.gpu.energy import cost_text
+from calibrate.io.junit import JUnitSuite
 from calibrate.load.arrivals import rate_text
 from calibrate.report.progress import Plan
 from calibrate.stages.measure.slo import describe, has_slo
@@ -30,7 +25,7 @@ from calibrate.stages.sweep.spec import SweepOptions
 from calibrate.workload import WorkloadSpec
 
 
-class SweepView(TierView):
+class SweepView(TierView[SweepResult, SweepOptions]):
     """Watches a sweep (``stages.sweep.SweepWatcher``), then says what it found."""
 
     kind = "sweep"
@@ -52,12 +47,8 @@ class SweepView(TierView):
 
             yield on_level
 
-    def render(self, done: SweepOutcome, junit: str | None) -> int:
-        """Everything said after the last level; the exit code (Ctrl-C: ``Interrupted``)."""
-        out, ctx, result, record = self.out, self.ctx, done.result, done.record
-        show_record(out, record)
-        warn_if_not_streamed(out, record.rows, done.options.stream)
-        suite = junit_suite("sweep", ctx.run, ctx.target)
+    def junit(self, done: SweepOutcome, suite: JUnitSuite) -> JUnitSuite:
+        result = done.result
         for lv in result.levels:
             s = lv.stats
             suite.check(
@@ -67,44 +58,26 @@ class SweepView(TierView):
                 kind=",".join(s.error_kinds),
                 time_s=s.total_s,
             )
-        if (comparison := record.comparison) is not None:
-            suite.check(
-                f"no regression against {comparison.baseline_path}",
-                comparison.passed,
-                "; ".join(comparison.problems),
-                kind="regression",
-            )
+        check_comparison(suite, done.record.comparison)
         if result.inconclusive:
             suite.check(
                 "calibrate was not the limit", False, result.inconclusive, kind="client_bound"
             )
-        if done.interrupted:
-            suite.check("the sweep ran to the end", False, "interrupted", kind="interrupted")
-            self.save_junit(suite, junit)
-            raise Interrupted(
-                f"sweep interrupted after {len(result.levels)} level(s), recorded as "
-                f"not passed; completed levels are kept in {ctx.run.path}",
-                "Run it again to find the knee: calibrate sweep",
-            )
-        self.save_junit(suite, junit)
-        self.verdict(result, done.options)
-        say_overall(out, done.determinism)
-        if done.next_step:
-            out.say(f"next: {done.next_step}")
-        out.result(
-            {
-                "passed": record.entry.passed,
-                "run_id": ctx.run.run_id,
-                **record.entry.summary,
-                "levels_detail": [lv.to_json() for lv in result.levels],
-                **({"determinism": done.determinism.to_json()} if done.determinism else {}),
-            }
-        )
-        return 0 if done.passed else 1
+        return suite
 
-    def verdict(self, result: SweepResult, options: SweepOptions) -> None:
+    def interrupted(self, done: SweepOutcome) -> Interrupted:
+        return Interrupted(
+            f"sweep interrupted after {len(done.result.levels)} level(s), recorded as "
+            f"not passed; completed levels are kept in {self.ctx.run.path}",
+            "Run it again to find the knee: calibrate sweep",
+        )
+
+    def detail(self, done: SweepOutcome) -> dict[str, Any]:
+        return {"levels_detail": [lv.to_json() for lv in done.result.levels]}
+
+    def verdict(self, done: SweepOutcome) -> None:
         """The knee or the recommendation with how sure it is, or why there is none."""
-        out, knee = self.out, result.knee
+        out, result, options, knee = self.out, done.result, done.options, done.result.knee
         if result.saturation_text:
             out.warn(result.saturation_text)
         if result.inconclusive:

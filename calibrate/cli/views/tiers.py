@@ -1,4 +1,5 @@
-"""What ladder and sweep share on the command line: the measuring flags, tables, rendering.
+"""What ladder and sweep share on the command line: the samplers, tables, rendering (their
+measuring flags are ``cli.flags.workload``).
 
 The logic (samplers, incidents, --compare, the ledger verdict) is in ``stages.measure``
 (``tier_run``, ``tier_finish``); here it is only said.
@@ -6,16 +7,18 @@ The logic (samplers, incidents, --compare, the ledger verdict) is in ``stages.me
 
 from __future__ import annotations
 
-import argparse
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from calibrate.cli.common import Output
-from calibrate.cli.flags.workload import add_workload_args
+from rich.table import Table
+
+from calibrate.cli.common import Output, junit_suite
+from calibrate.cli.views.determinism import say_overall
 from calibrate.config import SloConfig
-from calibrate.gpu.energy import PRICE_HELP
+from calibrate.errors import Interrupted
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor
 from calibrate.io.junit import JUnitSuite
@@ -27,91 +30,15 @@ from calibrate.report.tables.tiers import tier_table
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import kept_on_write_error
 from calibrate.stages.measure.compare_tiers import TierComparison
-from calibrate.stages.measure.tier_finish import TierRecord
-from calibrate.stages.measure.tier_run import MeasureSpec, Measuring, preflight
+from calibrate.stages.measure.tier_finish import TierOutcome, TierRecord
+from calibrate.stages.measure.tier_run import Measuring
 from calibrate.stages.prepare.stream_probe import StreamCheck
 
-
-def add_tier_args(parser: argparse.ArgumentParser, kind: str) -> None:
-    add = parser.add_argument
-    add_workload_args(parser, kind)
-    add(
-        "--no-stream",
-        action="store_true",
-        help="do not stream (SSE): no TTFT, TPOT or ITL (default: streamed where the server can)",
-    )
-    add(
-        "--slo",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="NAME:S",
-        help="latency SLOs per request over [slo], e.g. --slo ttft:0.5 tpot:0.05 e2e:20; "
-        "goodput counts the requests that met every one",
-    )
-    add(
-        "--vram-source",
-        choices=("auto", "nvml", "metrics", "none"),
-        default="auto",
-        help="where VRAM comes from (default auto: NVML and the server's /metrics when they answer)",
-    )
-    add(
-        "--gpu",
-        metavar="ID",
-        action="append",
-        default=None,
-        help="NVML device index, GPU- or MIG- UUID the server uses (repeatable; default: the "
-        "managed server's CUDA_VISIBLE_DEVICES, else all). NVML numbers devices in nvidia-smi "
-        "order and ignores CUDA_VISIBLE_DEVICES: UUIDs are safest",
-    )
-    add(
-        "--gpu-metrics-url",
-        metavar="URL",
-        help="a DCGM exporter (…/metrics) for GPUs on another machine",
-    )
-    add("--gpu-price-per-hour", type=float, metavar="USD", help=PRICE_HELP)
-    add(
-        "--server-pid",
-        metavar="PID",
-        type=int,
-        help="the server's process id, recorded in incidents (default: runs/server.pid, or NVML)",
-    )
-    add(
-        "--compare",
-        metavar="CSV",
-        help=f"fail when worse than this committed tier table (e.g. baselines/{kind}.csv)",
-    )
-    add(
-        "--tolerance",
-        type=float,
-        default=0.2,
-        metavar="FRACTION",
-        help="with --compare: allowed worsening per tier (default 0.2 = 20%%)",
-    )
-    add(
-        "--save-baseline",
-        action="store_true",
-        help=f"write this run's table to baselines/{kind}.csv (the old one is kept)",
-    )
+Found = TypeVar("Found")
+Opts = TypeVar("Opts")
 
 
-def measure_spec(args: argparse.Namespace) -> MeasureSpec:
-    """The measuring flags as a typed spec; mistakes in them are exit 2 before anything is sent."""
-    spec = MeasureSpec(
-        vram_source=args.vram_source,
-        gpus=tuple(args.gpu) if args.gpu else None,
-        gpu_metrics_url=args.gpu_metrics_url,
-        server_pid=args.server_pid,
-        compare=Path(args.compare) if args.compare else None,
-        tolerance=args.tolerance,
-        save_baseline=args.save_baseline,
-        gpu_price_per_hour=args.gpu_price_per_hour,
-    )
-    preflight(spec)
-    return spec
-
-
-class TierView:
+class TierView(ABC, Generic[Found, Opts]):
     """What the ladder's and the sweep's views share: the lines as they come, the samplers,
     the stream probe, the finished table, the JUnit report (a stage's ``TierWatcher``)."""
 
@@ -142,6 +69,49 @@ class TierView:
             if path:
                 suite.write(Path(path))
 
+    def render(self, done: TierOutcome[Found, Opts], junit: str | None) -> int:
+        """Everything said after the last tier or level; the exit code (Ctrl-C: ``Interrupted``)."""
+        out, ctx, record = self.out, self.ctx, done.record
+        show_record(out, record)
+        warn_if_not_streamed(out, record.rows, done.streamed)
+        suite = self.junit(done, junit_suite(self.kind, ctx.run, ctx.target))
+        if done.interrupted:
+            suite.check(f"the {self.kind} ran to the end", False, "interrupted", kind="interrupted")
+            self.save_junit(suite, junit)
+            raise self.interrupted(done)
+        self.save_junit(suite, junit)
+        self.verdict(done)
+        say_overall(out, done.determinism)
+        if done.next_step:
+            out.say(f"next: {done.next_step}")
+        determinism = {"determinism": done.determinism.to_json()} if done.determinism else {}
+        out.result(
+            {
+                "passed": record.entry.passed,
+                "run_id": ctx.run.run_id,
+                **record.entry.summary,
+                **self.detail(done),
+                **determinism,
+            }
+        )
+        return 0 if done.passed else 1
+
+    @abstractmethod
+    def junit(self, done: TierOutcome[Found, Opts], suite: JUnitSuite) -> JUnitSuite:
+        """One testcase per tier or level, and the run's other checks."""
+
+    @abstractmethod
+    def interrupted(self, done: TierOutcome[Found, Opts]) -> Interrupted:
+        """What Ctrl-C is told: how far it got, what was kept, what to run."""
+
+    @abstractmethod
+    def verdict(self, done: TierOutcome[Found, Opts]) -> None:
+        """The finding, or why there is none."""
+
+    @abstractmethod
+    def detail(self, done: TierOutcome[Found, Opts]) -> dict[str, Any]:
+        """The ``--json`` result's per-tier or per-level detail."""
+
 
 def announce(out: Output, monitor: VramMonitor) -> None:
     if monitor.measured:
@@ -163,16 +133,33 @@ def finish_tables(
     csv_path = write_tiers_csv(ctx.run.file("tiers.csv"), rows, kind, source)
     table_rows = read_rows(csv_path)
     title = f"{kind} {ctx.run.run_id}"
-    if out.wide:  # the live table (the essential columns) is gone: every column, once
-        out.render_wide(tier_table(table_rows, kind, title, wide=True))
-    elif not out.is_tty:  # on a terminal the live table is already on screen
-        out.render(tier_table(table_rows, kind, title, out.console.width))
+    show_table(out, lambda width: tier_table(table_rows, kind, title, width, wide=width is None))
     plot = write_plot(table_rows, kind, ctx.run.file("plot.png"))
     out.say(
         f"tables: {csv_path}" + (f", plot: {plot}" if plot else " (no plot: matplotlib missing)")
     )
     if source == "none":
         out.say("VRAM not measured")
+
+
+def check_comparison(suite: JUnitSuite, comparison: TierComparison | None) -> None:
+    """``--compare``'s testcase: no regression against the committed table."""
+    if comparison is not None:
+        suite.check(
+            f"no regression against {comparison.baseline_path}",
+            comparison.passed,
+            "; ".join(comparison.problems),
+            kind="regression",
+        )
+
+
+def show_table(out: Output, table_at: Callable[[int | None], Table], *, live: bool = True) -> None:
+    """A finished table once: every column with --wide (the live table had the essential ones),
+    else fitting the screen (``live``: not on a terminal, where the live table still shows)."""
+    if out.wide:
+        out.render_wide(table_at(None))
+    elif not (live and out.is_tty):
+        out.render(table_at(out.console.width))
 
 
 def show_comparison(out: Output, comparison: TierComparison | None) -> None:

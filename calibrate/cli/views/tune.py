@@ -11,6 +11,7 @@ from typing import Any
 from rich.table import Table
 
 from calibrate.cli.common import Output
+from calibrate.cli.views.tiers import show_table
 from calibrate.report.progress import Plan, progress_bar
 from calibrate.report.tables.columns import table_width
 from calibrate.report.tables.tiers import compact
@@ -103,10 +104,7 @@ def plain_line(row: Mapping[str, Any]) -> str:
 
 def show_ranked(out: Output, rows: Sequence[Mapping[str, Any]], title: str) -> None:
     """One table, on a terminal and in a log alike."""
-    if out.wide:
-        out.render_wide(ranked_table(rows, title))
-    else:
-        out.render(ranked_table(rows, title, out.console.width))
+    show_table(out, lambda width: ranked_table(rows, title, width), live=False)
 
 
 @contextmanager

@@ -12,21 +12,18 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from calibrate.errors import RequestError, UsageError
-from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.load.waves import Sender
 from calibrate.stages.context import StageContext
-from calibrate.stages.env import kept_on_write_error, load_lock
+from calibrate.stages.env import load_lock
 from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import LadderResult
 from calibrate.stages.ladder.run import Ladder
 from calibrate.stages.ladder.spec import LadderEnv, LadderOutcome, LadderSpec, LadderWatcher
 from calibrate.stages.measure.slo import parse_slo_flags
-from calibrate.stages.measure.tier_finish import finish_tiers, write_determinism
-from calibrate.stages.measure.tier_run import Measuring, measuring
+from calibrate.stages.measure.tier_finish import finish_tiers
+from calibrate.stages.measure.tier_run import Measuring, prepare_load, run_live, watched
+from calibrate.stages.measure.tiers import Tier
 from calibrate.stages.prepare.server_cap import ladder_cap
-from calibrate.stages.prepare.stream_probe import probe_stream
-from calibrate.stages.prepare.workload_plan import prepare_workload
-from calibrate.state.gates import next_step
 from calibrate.workload import TokenRange, WorkloadSpec, default_context_lengths
 
 __all__ = ["LadderEnv", "LadderOutcome", "LadderSpec", "LadderWatcher", "run"]
@@ -40,16 +37,39 @@ def run(spec: LadderSpec, env: LadderEnv) -> LadderOutcome:
         streaming=spec.streaming,
         slo=parse_slo_flags(spec.slo_flags, ctx.config.slo),
     )
-    with load_lock(ctx), kept_on_write_error(ctx), measuring(spec.measure, ctx) as watch:
-        env.watcher.watching(watch)
+    with load_lock(ctx), watched(spec.measure, ctx, env.watcher) as watch:
         ladder = _ladder(spec, env, options, watch)
-        try:
-            with env.watcher.live(ctx.run.run_id, ladder.options, watch) as on_tier:
-                ladder.on_tier = on_tier
-                result = ladder.run()
-        except KeyboardInterrupt:
-            return _finish(spec, env, ladder.result(), watch.selfload, interrupted=True)
-        return _finish(spec, env, result, watch.selfload)
+
+        def tiers(on_tier: Callable[[Tier], None]) -> LadderResult:
+            ladder.on_tier = on_tier
+            return ladder.run()
+
+        result, interrupted = run_live(
+            ctx, env.watcher, watch, ladder.options, tiers, ladder.result
+        )
+        check = result.stream_check
+        return finish_tiers(
+            spec.measure,
+            ctx,
+            "ladder",
+            result,
+            ladder.options,
+            [
+                {**t.to_json(), "vram_source": result.vram_source, "axis": result.axis}
+                for t in result.tiers
+            ],
+            tables=env.watcher.tables,
+            source=result.vram_source,
+            passed=result.passed,
+            summary=result.summary(),
+            notes=result.notes,
+            checks=[
+                (f"batch {t.batch_size}", t.determinism) for t in result.tiers if t.determinism
+            ],
+            streamed=spec.streaming and (check is None or check.stream),
+            selfload=watch.selfload,
+            interrupted=interrupted,
+        )
 
 
 def _ladder(spec: LadderSpec, env: LadderEnv, options: LadderOptions, watch: Measuring) -> Ladder:
@@ -58,21 +78,17 @@ def _ladder(spec: LadderSpec, env: LadderEnv, options: LadderOptions, watch: Mea
     workload = spec.workload
     if spec.axis == "context":
         options, workload = _context_axis(spec, ctx, watcher.say, options)
-    plan = prepare_workload(
-        ctx.config,
-        ctx.client,
+    plan, check = prepare_load(
+        ctx,
+        watcher,
         workload,
         options.mode,
-        ctx.params,
         pool=spec.pool,
+        stream=options.stream,
+        slo=options.slo,
         probe_tokens=next(iter(options.context_lengths), None),
     )
-    for note in plan.notes:
-        watcher.warn(note)
-    if options.stream:  # a server that refuses streaming is measured unstreamed, said so
-        check = probe_stream(ctx, options.mode)
-        options = replace(options, stream_check=check)
-        watcher.stream_checked(check, options.slo)
+    options = replace(options, stream_check=check)
     cap, restart = ladder_cap(ctx, watcher.say) if options.axis == "batch" else (None, None)
     ladder = Ladder(
         ctx,
@@ -118,40 +134,3 @@ def served_max_model_len(ctx: StageContext) -> int | None:
     model = ctx.config.target.model
     found = [m.max_model_len for m in models if m.id == model and m.max_model_len]
     return found[0] if found else None
-
-
-def _finish(
-    spec: LadderSpec,
-    env: LadderEnv,
-    result: LadderResult,
-    selfload: SelfLoadMonitor,
-    *,
-    interrupted: bool = False,
-) -> LadderOutcome:
-    """The table, --compare, the ledger verdict; then determinism.json and the next step."""
-    ctx = env.ctx
-    rows = [
-        {**t.to_json(), "vram_source": result.vram_source, "axis": result.axis}
-        for t in result.tiers
-    ]
-    record = finish_tiers(
-        spec.measure,
-        ctx,
-        "ladder",
-        rows,
-        tables=env.watcher.tables,
-        source=result.vram_source,
-        passed=result.passed,
-        summary=result.summary(),
-        notes=result.notes,
-        selfload=selfload,
-        interrupted=interrupted,
-    )
-    check = result.stream_check
-    streamed = spec.streaming and (check is None or check.stream)
-    if interrupted:
-        return LadderOutcome(result, record, streamed, interrupted=True)
-    checks = [(f"batch {t.batch_size}", t.determinism) for t in result.tiers if t.determinism]
-    determinism = write_determinism(ctx, checks)
-    hint = next_step(ctx.config, ctx.ledger, ctx.target) if record.entry.passed else None
-    return LadderOutcome(result, record, streamed, determinism, hint)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from calibrate.config import Config
 from calibrate.gpu.selfload import SelfLoadMonitor
@@ -28,10 +28,13 @@ from calibrate.stages.measure.compare_tiers import (
 )
 from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.measure.tiers import queue_note
+from calibrate.state.gates import next_step
 from calibrate.state.summaries import TierChecks, TierSummary
 
 Row = Mapping[str, Any]
 Tables = Callable[[Sequence[Row], str], None]  # writes tiers.csv from the rows (and shows it)
+Found = TypeVar("Found")
+Opts = TypeVar("Opts")
 
 
 @dataclass(frozen=True)
@@ -46,10 +49,29 @@ class TierRecord:
     entry: LedgerEntry
 
 
+@dataclass(frozen=True)
+class TierOutcome(Generic[Found, Opts]):
+    """A finished (or interrupted) ladder or sweep, recorded: what there is to say about it."""
+
+    result: Found
+    options: Opts  # as run: streamed only where the probe let it
+    record: TierRecord
+    streamed: bool  # streaming was asked for, and the server took streamed requests
+    determinism: Determinism | None = None
+    next_step: str | None = None  # what to run next (after a pass)
+    interrupted: bool = False
+
+    @property
+    def passed(self) -> bool:
+        return self.record.entry.passed
+
+
 def finish_tiers(
     spec: MeasureSpec,
     ctx: StageContext,
     kind: TableKind,
+    result: Found,
+    options: Opts,
     rows: Sequence[Row],
     *,
     tables: Tables,
@@ -57,10 +79,13 @@ def finish_tiers(
     passed: bool,
     summary: TierSummary,
     notes: Sequence[str],
+    checks: Sequence[tuple[str, DeterminismCheck]],  # the determinism copies, per tier or level
+    streamed: bool,
     selfload: SelfLoadMonitor,
     interrupted: bool = False,
-) -> TierRecord:
-    """The table, --compare / --save-baseline, the notes; then the stage's ledger verdict."""
+) -> TierOutcome[Found, Opts]:
+    """The table, --compare / --save-baseline, the notes; then the stage's ledger verdict,
+    determinism.json and the next step (none of those two after Ctrl-C)."""
     if rows:
         tables(rows, source)
     comparison = compare_run(spec, ctx, kind)
@@ -75,7 +100,12 @@ def finish_tiers(
         interrupted=interrupted,
     )
     every = (*notes, *queue_notes(rows))
-    return TierRecord(tuple(rows), comparison, saved, every, client_bound, entry)
+    record = TierRecord(tuple(rows), comparison, saved, every, client_bound, entry)
+    outcome = TierOutcome(result, options, record, streamed)
+    if interrupted:
+        return replace(outcome, interrupted=True)
+    hint = next_step(ctx.config, ctx.ledger, ctx.target) if entry.passed else None
+    return replace(outcome, determinism=write_determinism(ctx, checks), next_step=hint)
 
 
 def queue_notes(rows: Sequence[Row]) -> list[str]:

@@ -7,12 +7,13 @@ however the run ends; ``tier_finish`` writes the verdict once the tiers are in.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
+from calibrate.config import LadderMode, SloConfig
 from calibrate.errors import UsageError
 from calibrate.gpu.energy import check_price
 from calibrate.gpu.nvml import NvmlSampler
@@ -27,7 +28,18 @@ from calibrate.gpu.vram import (
 from calibrate.redact import redact_url
 from calibrate.server.devices import managed_server_devices
 from calibrate.stages.context import StageContext
+from calibrate.stages.env import kept_on_write_error
 from calibrate.stages.measure.incidents import IncidentRecorder
+from calibrate.stages.prepare.stream_probe import StreamCheck, probe_stream
+from calibrate.stages.prepare.task_pick import TaskPool
+from calibrate.stages.prepare.workload_plan import WorkloadPlan, prepare_workload
+from calibrate.workload import WorkloadSpec
+
+Opts = TypeVar("Opts", contravariant=True)  # a stage's options (LadderOptions, SweepOptions)
+Step = TypeVar("Step", contravariant=True)  # what finishes one at a time (a Tier, a Level)
+Cap = TypeVar("Cap", contravariant=True)  # the server's own cap, as the stage reads it
+Found = TypeVar("Found")
+W = TypeVar("W")
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,17 @@ class MeasureSpec:
     def devices(self, runs_dir: Path) -> Sequence[str] | None:
         """``--gpu``, else the managed server's CUDA_VISIBLE_DEVICES (a MIG instance), else all."""
         return list(self.gpus) if self.gpus else managed_server_devices(runs_dir)
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """The flags ladder and sweep share, checked (a mistake is exit 2 before anything is sent)."""
+
+    measure: MeasureSpec = field(default_factory=MeasureSpec)
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    pool: TaskPool | None = None  # --tasks, read and checked before the run starts
+    streaming: bool = True  # False: --no-stream
+    slo_flags: tuple[str, ...] = ()  # --slo NAME:S …, over [slo]
 
 
 def preflight(spec: MeasureSpec) -> None:
@@ -147,5 +170,77 @@ class TierWatcher(Protocol):
     def watching(self, watch: Measuring) -> None:
         """The samplers started (what they measure, what they could not)."""
 
+    def stream_checked(self, check: StreamCheck, slo: SloConfig) -> None:
+        """The stream probe's finding, before any load."""
+
     def tables(self, rows: Sequence[Mapping[str, Any]], source: str) -> None:
         """The finished rows: write tiers.csv (``--compare`` reads it next) and show them."""
+
+
+class StageWatcher(TierWatcher, Protocol[Opts, Step, Cap]):
+    """Who watches one ladder or sweep: what it will send, then each tier or level."""
+
+    def planned(self, options: Opts, workload: WorkloadSpec, cap: Cap | None) -> None:
+        """The tiers or levels and the workload, once everything before the load is done."""
+
+    def live(
+        self, run_id: str, options: Opts, watch: Measuring
+    ) -> AbstractContextManager[Callable[[Step], None]]:
+        """Open while the load runs; what it yields is told each finished tier or level."""
+        ...
+
+
+@dataclass(frozen=True)
+class TierEnv(Generic[W]):
+    """Where a ladder or sweep runs (the opened stage) and who watches it."""
+
+    ctx: StageContext
+    watcher: W
+
+
+@contextmanager
+def watched(spec: MeasureSpec, ctx: StageContext, watcher: TierWatcher) -> Iterator[Measuring]:
+    """``measuring``, told to the watcher; a write that fails keeps what was written."""
+    with kept_on_write_error(ctx), measuring(spec, ctx) as watch:
+        watcher.watching(watch)
+        yield watch
+
+
+def prepare_load(
+    ctx: StageContext,
+    watcher: TierWatcher,
+    workload: WorkloadSpec,
+    mode: LadderMode,
+    *,
+    pool: TaskPool | None,
+    stream: bool,
+    slo: SloConfig,
+    probe_tokens: int | None = None,
+) -> tuple[WorkloadPlan, StreamCheck | None]:
+    """The workload (its notes warned), then the stream probe's finding when streaming."""
+    plan = prepare_workload(
+        ctx.config, ctx.client, workload, mode, ctx.params, pool=pool, probe_tokens=probe_tokens
+    )
+    for note in plan.notes:
+        watcher.warn(note)
+    if not stream:
+        return plan, None
+    check = probe_stream(ctx, mode)  # a server that refuses streaming is measured unstreamed
+    watcher.stream_checked(check, slo)
+    return plan, check
+
+
+def run_live(
+    ctx: StageContext,
+    watcher: StageWatcher[Opts, Step, Any],
+    watch: Measuring,
+    options: Opts,
+    run: Callable[[Callable[[Step], None]], Found],
+    partial: Callable[[], Found],
+) -> tuple[Found, bool]:
+    """The load inside the watcher's live view: (what it found, whether Ctrl-C cut it short)."""
+    try:
+        with watcher.live(ctx.run.run_id, options, watch) as told:
+            return run(told), False
+    except KeyboardInterrupt:
+        return partial(), True

@@ -17,10 +17,9 @@ from calibrate.load.arrivals import arrival_times, rate_text, rate_value, reques
 from calibrate.load.items import ItemResult
 from calibrate.load.keepalive_stall import find_stall
 from calibrate.load.open_loop import SHORTFALL, OpenRun, RateJudgement, judge
-from calibrate.stages.measure.slo import with_goodput
-from calibrate.stages.measure.tiers import Stats, summarise
+from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.sweep.levels import Level, level_stats
-from calibrate.stages.sweep.runner import LevelRunner
+from calibrate.stages.sweep.runner import LevelRunner, run_stats, whole_stats
 
 
 def run_rate_level(sweep: LevelRunner, rate: float) -> Level:
@@ -38,15 +37,7 @@ def run_rate_level(sweep: LevelRunner, rate: float) -> Level:
         peaks.append(peak)
         if stats.errors:
             break
-    whole = summarise(
-        batch_size=o.batch_size,
-        concurrency=max(r.concurrency for r in runs),
-        round_no=None,
-        items=items,
-        total_s=sum(r.total_s for r in runs),
-        peaks=peaks,
-        baseline_text=None,
-    )
+    whole = whole_stats(o, max(r.concurrency for r in runs), runs, items, peaks)
     achieved = statistics.median(j.achieved_rate for j in judged)
     rate_judgement = _level_judgement(judged, achieved)
     return Level(
@@ -98,20 +89,18 @@ def run_rate_once(
     label, tags = f"r{rate_text(rate)}", {"offered_rate": rate_value(rate)}
     items = sweep.keep(list(run.items), highest, repeat, peak, label, tags)
     judgement = judge(run, None if math.isinf(rate) else rate, cap)
-    stats = replace(
-        summarise(
-            batch_size=o.batch_size,
-            concurrency=highest,
-            round_no=repeat,
-            items=items,
-            total_s=run.total_s,
-            peaks=[peak],
-            baseline_text=None,
-        ),
+    stats = run_stats(
+        o,
+        highest,
+        repeat,
+        items,
+        run.total_s,
+        peak,
         items_per_s=judgement.achieved_rate * o.prompts_per_request,
         output_tokens_per_s=_tokens_per_s(run, judgement),
+        window=_window_items(run),
+        window_s=judgement.window_s,
     )
-    stats = with_goodput(stats, o.slo, _window_items(run), judgement.window_s)
     ctx.run.append(
         "rounds.jsonl",
         {

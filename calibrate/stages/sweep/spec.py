@@ -8,10 +8,8 @@ from typing import Any
 
 from calibrate.config import Config, LadderMode, SloConfig
 from calibrate.load.arrivals import Arrival
-from calibrate.stages.measure.tier_run import MeasureSpec
+from calibrate.stages.measure.tier_run import TierSpec
 from calibrate.stages.prepare.stream_probe import StreamCheck
-from calibrate.stages.prepare.task_pick import TaskPool
-from calibrate.workload import WorkloadSpec
 
 
 @dataclass(frozen=True)
@@ -63,14 +61,9 @@ class SweepOptions:
 
 
 @dataclass(frozen=True)
-class SweepSpec:
+class SweepSpec(TierSpec):
     """The sweep's flags, checked (a mistake in them is exit 2 before anything is sent)."""
 
-    measure: MeasureSpec = field(default_factory=MeasureSpec)
-    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
-    pool: TaskPool | None = None  # --tasks, read and checked before the run starts
-    streaming: bool = True  # False: --no-stream
-    slo_flags: tuple[str, ...] = ()  # --slo NAME:S …, over [slo]
     batch_size: int | None = None  # None: the ladder's verified batch size
     # --concurrency and --rates as given: read once the gates are passed, as they always were
     concurrency: str | None = None  # None: [sweep] concurrency
