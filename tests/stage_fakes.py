@@ -15,7 +15,7 @@ from calibrate.errors import ErrorInfo
 from calibrate.gpu.nvml import GpuSnapshot, VramReading
 from calibrate.gpu.vram import VramMonitor
 from calibrate.http.client import OpenAIClient
-from calibrate.http.records import Usage
+from calibrate.http.models import Usage
 from calibrate.io.store import RunDir
 from calibrate.load.items import ItemResult
 from calibrate.load.waves import Request, Sender

@@ -48,7 +48,7 @@ from calibrate.http.error_kinds import (
     redirect_error,
     request_error,
 )
-from calibrate.http.records import Choice, Completion, ModelInfo, SamplingParams, Usage
+from calibrate.http.models import Choice, Completion, ModelInfo, SamplingParams, Usage
 from calibrate.http.request_times import RequestTimes
 from calibrate.http.responses import in_range, parse_chunk, parse_completion, sse_events, valid_text
 from calibrate.http.stream_timing import stream_timing

@@ -17,7 +17,7 @@ from typing import Any
 from calibrate.config import LadderMode
 from calibrate.errors import ErrorInfo, RequestError, format_traceback
 from calibrate.http.client import OpenAIClient
-from calibrate.http.records import Completion, ContextLimit, SamplingParams, incomplete_reason
+from calibrate.http.models import Completion, ContextLimit, SamplingParams, incomplete_reason
 from calibrate.http.request_times import RequestTimes, epoch_at, monotonic
 from calibrate.http.server_context import read_context
 from calibrate.load.items import ItemResult, ItemRole

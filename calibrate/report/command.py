@@ -15,8 +15,8 @@ from typing import Any, Protocol
 from calibrate.config import Config
 from calibrate.errors import InputError, UsageError
 from calibrate.io import tier_table
+from calibrate.io.atomic import write_atomic
 from calibrate.io.output_paths import check_outputs, stage_files
-from calibrate.io.store import write_atomic
 from calibrate.report import tables as report
 from calibrate.report import tune_report
 from calibrate.report.compare import compare_runs, confidence_json, noisy_lines, run_spreads

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calibrate.errors import InputError
-from calibrate.io.store import read_jsonl
+from calibrate.io.jsonl import read_jsonl
 from calibrate.io.tier_table import level_key
 from calibrate.numbers import finite
 from calibrate.report.run_differences import Difference, differences

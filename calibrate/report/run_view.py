@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.errors import InputError
-from calibrate.io.store import ledger_path, read_jsonl
+from calibrate.io.jsonl import read_jsonl
+from calibrate.io.store import ledger_path
 from calibrate.io.tier_table import Kind, level_key, read_rows
 from calibrate.stages.measure.tiers import kept
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.errors import InputError
-from calibrate.io.store import load_jsonl_objects
+from calibrate.io.jsonl import load_jsonl_objects
 
 REQUIRED = ("rank", "id", "flags", "status", "cap", "errors", "incidents")
 COLUMNS = (

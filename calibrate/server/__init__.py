@@ -18,7 +18,7 @@ from calibrate.engines import redaction
 from calibrate.engines.args import ServerKind
 from calibrate.engines.builders import EngineCommand, LaunchSpec, Tuned, build
 from calibrate.errors import ServerDied, ServerUnreachable, UsageError
-from calibrate.http.records import utc_now_iso
+from calibrate.io.records import utc_now_iso
 from calibrate.server import exit_status, interrupts, process, readiness, set_values
 from calibrate.server.process import ServerRecord, StopResult
 

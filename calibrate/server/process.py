@@ -22,8 +22,8 @@ from typing import Any, Literal
 
 from calibrate import redact
 from calibrate.engines.redaction import argv_secret_values, redact_argv, redact_text
-from calibrate.http.records import utc_now_iso
-from calibrate.io.store import write_atomic, write_json_atomic
+from calibrate.io.atomic import write_atomic, write_json_atomic
+from calibrate.io.records import utc_now_iso
 from calibrate.server import exit_status, supervise
 
 log = logging.getLogger("calibrate")

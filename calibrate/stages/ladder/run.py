@@ -11,7 +11,7 @@ from typing import Any
 from calibrate.config import Config, LadderMode, SloConfig
 from calibrate.gpu.engine_metrics import Gauge, read_preemptions
 from calibrate.gpu.vram import VramMonitor, WindowPeak
-from calibrate.http.records import RequestRecord, utc_now_iso
+from calibrate.io.records import RequestRecord, utc_now_iso
 from calibrate.load.items import ItemResult
 from calibrate.load.waves import Request, Sender, build_requests
 from calibrate.stages.context import StageContext

@@ -19,7 +19,7 @@ from typing import Any
 from calibrate.errors import ErrorInfo
 from calibrate.gpu.nvml import GpuSnapshot, gpu_snapshot
 from calibrate.gpu.vram import VramMonitor, WindowPeak
-from calibrate.http.records import utc_now_iso
+from calibrate.io.records import utc_now_iso
 from calibrate.io.store import RunDir
 from calibrate.load.items import ItemResult
 from calibrate.server import exit_status, process

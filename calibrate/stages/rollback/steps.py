@@ -24,7 +24,6 @@ from calibrate.errors import (
     StepFailed,
 )
 from calibrate.gpu.nvml import GpuSnapshot
-from calibrate.http.records import LedgerEntry
 from calibrate.io.baseline import Comparison, Normaliser
 from calibrate.server import process, readiness
 from calibrate.server.readiness import VramProbe, used_mib, wait_released
@@ -34,6 +33,7 @@ from calibrate.stages.pin_context import context_for
 from calibrate.stages.repro import against_baseline
 from calibrate.stages.rollback.result import STILL_DIFFERS, RollbackResult, StepName, StepResult
 from calibrate.state.gates import next_step
+from calibrate.state.ledger import LedgerEntry
 from calibrate.state.setting import RollbackTier
 from calibrate.state.setting import rollback_tier as state_rollback_tier
 from calibrate.state.summaries import Setting
