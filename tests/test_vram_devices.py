@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from calibrate.config import Config, SweepConfig
-from calibrate.gpu.nvml import DeviceMemory, NvmlSampler, VramReading
+from calibrate.gpu.nvml import NvmlSampler
+from calibrate.gpu.reading import DeviceMemory, VramReading
 from calibrate.gpu.vram import VramMonitor
 from calibrate.server import process
 from calibrate.server.devices import managed_server_devices, visible_devices
