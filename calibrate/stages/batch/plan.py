@@ -24,8 +24,7 @@ from calibrate.io.resume import (
     repair_tail,
     scan_output,
 )
-from calibrate.io.shard import Shard
-from calibrate.io.tasks import InputIndex, ItemId, index_input, read_tasks, readable_twice
+from calibrate.io.tasks import InputIndex, ItemId, Shard, index_input, read_tasks, readable_twice
 from calibrate.load.retry import RetryPolicy
 from calibrate.stages.measure.format_check import Expect
 from calibrate.state.ledger import Ledger
