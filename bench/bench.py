@@ -42,9 +42,9 @@ import reference  # noqa: E402
 
 from calibrate.gpu.selfload import SelfLoadMonitor  # noqa: E402
 from calibrate.http.client import OpenAIClient  # noqa: E402
-from calibrate.http.records import SamplingParams  # noqa: E402
+from calibrate.http.models import SamplingParams  # noqa: E402
+from calibrate.io.jsonl import dumps_line  # noqa: E402
 from calibrate.io.resume import scan_output  # noqa: E402
-from calibrate.io.store import dumps_line  # noqa: E402
 from calibrate.stages.batch import BatchSpec, plan_batch, run_batch  # noqa: E402
 from tests.mockserver import start_mock_process  # noqa: E402
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.http.client import OpenAIClient
-from calibrate.http.records import SamplingParams
-from calibrate.io.store import dumps_line
+from calibrate.http.models import SamplingParams
+from calibrate.io.jsonl import dumps_line
 from calibrate.stages.batch import BatchSpec, plan_batch, run_batch
 from calibrate.stages.batch.lanes import make_lane
 from calibrate.stages.batch.outage import OutageEvent, OutagePolicy

@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from calibrate.gpu.nvml import MIB, NvmlSampler
+from calibrate.gpu.nvml import NvmlSampler
+from calibrate.gpu.reading import MIB
 from calibrate.gpu.vram import VramMonitor
 
 SPIKE_S = 1.0

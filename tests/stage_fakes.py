@@ -12,10 +12,11 @@ import pytest
 
 from calibrate.config import Config
 from calibrate.errors import ErrorInfo
-from calibrate.gpu.nvml import GpuSnapshot, VramReading
+from calibrate.gpu.nvml import GpuSnapshot
+from calibrate.gpu.reading import VramReading
 from calibrate.gpu.vram import VramMonitor
 from calibrate.http.client import OpenAIClient
-from calibrate.http.records import Usage
+from calibrate.http.models import Usage
 from calibrate.io.store import RunDir
 from calibrate.load.items import ItemResult
 from calibrate.load.request import Request

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.http.client import OpenAIClient
-from calibrate.http.records import SamplingParams
+from calibrate.http.models import SamplingParams
 from calibrate.load.retry import RetryPolicy
 from calibrate.stages.batch import BatchSpec, open_batch, run_batch
 from tests.batch_helpers import (

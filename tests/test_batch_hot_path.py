@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from calibrate.http.client import OpenAIClient
-from calibrate.http.records import Choice, Completion, SamplingParams, Usage
-from calibrate.io.store import JsonlWriter
+from calibrate.http.models import Choice, Completion, SamplingParams, Usage
+from calibrate.io.jsonl import JsonlWriter
 from calibrate.stages.batch import BatchSpec, plan_batch, run_batch
 from calibrate.stages.batch.journal import Journal
 from calibrate.stages.batch.queue import MAX_REQUEUES, WorkQueue

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from calibrate.http.client import OpenAIClient
-from calibrate.http.records import SamplingParams
+from calibrate.http.models import SamplingParams
 from tests.helpers import write_config
 from tests.mockserver import start_mock
 from tests.tier_helpers import jsonl

@@ -18,7 +18,7 @@ import pytest
 from calibrate.errors import ErrorInfo, RequestError
 from calibrate.http.client import OpenAIClient
 from calibrate.http.error_kinds import refusal_cause
-from calibrate.http.records import SamplingParams
+from calibrate.http.models import SamplingParams
 from tests.canned_server import CannedServer
 from tests.helpers import write_config
 from tests.mockserver import start_mock

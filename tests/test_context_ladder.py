@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from calibrate.http.records import Choice, ContextLimit, incomplete_reason
+from calibrate.http.models import Choice, ContextLimit, incomplete_reason
 from calibrate.http.server_context import MAX_MODEL_LEN_HINT, props_context
 from calibrate.stages.ladder.context_axis import (
     axis_stopped_by,

@@ -12,7 +12,8 @@ import pytest
 
 from calibrate.gpu.energy import EnergySample, dcgm_sample, window_energy
 from calibrate.gpu.nvml import NvmlSampler
-from calibrate.gpu.vram import VramMonitor, energy_reader
+from calibrate.gpu.sources import energy_reader
+from calibrate.gpu.vram import VramMonitor
 from tests.fakes.nvml import FakeGpu, FakeNvml
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, jsonl, open_gate, run_dir

@@ -14,7 +14,7 @@ import pytest
 
 from calibrate.errors import RequestError
 from calibrate.http.client import OpenAIClient
-from calibrate.http.records import SamplingParams
+from calibrate.http.models import SamplingParams
 from tests.helpers import write_config
 from tests.mockserver import start_mock
 

@@ -12,7 +12,7 @@ import pytest
 from calibrate.config import Config, SloConfig, SweepConfig
 from calibrate.errors import UsageError
 from calibrate.gpu.vram import VramMonitor
-from calibrate.http.records import Choice, Completion, Usage
+from calibrate.http.models import Choice, Completion, Usage
 from calibrate.io.tier_table import read_rows
 from calibrate.load.answers import answer_items
 from calibrate.load.items import ItemResult

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from calibrate.gpu.nvml import (
-    DeviceMemory,
-    NvmlSampler,
-    Pressure,
-    VramReading,
-    choose_pressure,
-    gpu_snapshot,
-)
+from calibrate.gpu.nvml import NvmlSampler, gpu_snapshot
+from calibrate.gpu.reading import DeviceMemory, Pressure, VramReading, choose_pressure
 from calibrate.gpu.vram import VramMonitor, merge
 from tests.fakes.nvml import FakeGpu, FakeNvml, mig
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from calibrate.gpu.nvml import MIB, NvmlSampler
+from calibrate.gpu.nvml import NvmlSampler
+from calibrate.gpu.reading import MIB
 from tests.fakes.nvml import FakeGpu, FakeNvml
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from calibrate.http.client import OpenAIClient
-from calibrate.http.records import SamplingParams
+from calibrate.http.models import SamplingParams
 from calibrate.http.stream_timing import stream_timing
 from calibrate.load.request import build_requests
 from calibrate.load.waves import Sender

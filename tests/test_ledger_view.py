@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 
 from calibrate import config
-from calibrate.http.records import LedgerEntry
 from calibrate.state import ledger as ledger_module
 from calibrate.state.gates import check_gate, next_step
-from calibrate.state.ledger import Ledger, LedgerView, target_fingerprint
+from calibrate.state.ledger import Ledger, LedgerEntry, LedgerView, target_fingerprint
 from calibrate.state.pipeline import standing
 from calibrate.state.setting import latest_passing_ladder, resolve, rollback_tier
 from calibrate.state.weights_gate import measured_weights

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from calibrate.errors import InputError
-from calibrate.io.store import dumps_line, write_atomic
+from calibrate.io.atomic import write_atomic
+from calibrate.io.jsonl import dumps_line
 from tests.batch_helpers import write_tasks
 from tests.helpers import write_config
 from tests.report_helpers import ladder_row, write_run

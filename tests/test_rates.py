@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from calibrate.errors import ErrorInfo, UsageError
-from calibrate.http.records import Choice, Completion, Usage
+from calibrate.http.models import Choice, Completion, Usage
 from calibrate.load.answers import answer_items
 from calibrate.load.arrivals import arrival_times, parse_rates
 from calibrate.load.items import ItemResult

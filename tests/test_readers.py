@@ -109,7 +109,7 @@ def test_a_torn_ledger_tail_never_swallows_the_next_result(cli, isolated: Path, 
 
 
 def test_a_jsonl_writer_opened_on_a_torn_file_starts_a_new_line(isolated: Path) -> None:
-    from calibrate.io.store import JsonlWriter, read_jsonl
+    from calibrate.io.jsonl import JsonlWriter, read_jsonl
 
     for tail in (b'{"a": 1', b'{"a": 1}', b"\xe7\x94", b""):
         path = isolated / "records.jsonl"

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.http.client import OpenAIClient
-from calibrate.http.records import SamplingParams, Usage
+from calibrate.http.models import SamplingParams, Usage
 from calibrate.http.request_times import RequestTimes
 from calibrate.load.items import ItemResult
 from calibrate.load.request import Request

@@ -7,8 +7,8 @@ import signal
 from collections import Counter
 from pathlib import Path
 
+from calibrate.io.jsonl import dumps_line
 from calibrate.io.resume import repair_tail, scan_output
-from calibrate.io.store import dumps_line
 from tests.batch_helpers import batch_process, results, wait_for_lines, write_tasks
 from tests.helpers import write_config
 from tests.mockserver import start_mock
@@ -128,7 +128,7 @@ def test_kill_9_then_torn_line_then_rerun_loses_and_repeats_nothing(cli, isolate
 
 
 def test_every_jsonl_reader_splits_on_newline_only(tmp_path: Path) -> None:
-    from calibrate.io.store import JsonlWriter, load_jsonl_objects, read_jsonl
+    from calibrate.io.jsonl import JsonlWriter, load_jsonl_objects, read_jsonl
 
     path = tmp_path / "records.jsonl"
     texts = ["a\u2028b", "c\u0085d", "e\u2029f\x1cg", "lone \ud800 surrogate"]

@@ -6,8 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from calibrate.http.records import LedgerEntry
-from calibrate.state.ledger import Ledger
+from calibrate.state.ledger import Ledger, LedgerEntry
 from calibrate.state.setting import resolve
 
 T = "abc123"

@@ -138,7 +138,7 @@ def test_accept_model_passes_and_records_the_alias(cli, isolated: Path) -> None:
 
 def test_a_listing_of_other_models_fails_an_answer_that_names_no_model() -> None:
     """An answer without a ``model`` field: /v1/models is the only word on the weights."""
-    from calibrate.http.records import ModelInfo, ServerIdentity
+    from calibrate.http.models import ModelInfo, ServerIdentity
     from calibrate.stages.single import model_mismatch
 
     listing = ServerIdentity(models=(ModelInfo("qwen-7b"),))

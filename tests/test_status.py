@@ -37,8 +37,7 @@ def test_forced_repro_without_baseline_says_what_to_run(cli, mock, isolated: Pat
 
 def test_status_shows_the_setting_a_rollback_left(cli, mock, isolated: Path) -> None:
     from calibrate.config import Overrides, load
-    from calibrate.http.records import LedgerEntry
-    from calibrate.state.ledger import Ledger, target_fingerprint
+    from calibrate.state.ledger import Ledger, LedgerEntry, target_fingerprint
 
     write_config(isolated / "calibrate.toml", mock.base_url)
     cfg = load(Overrides(), {})

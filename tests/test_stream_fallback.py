@@ -14,7 +14,7 @@ import pytest
 from calibrate.cli.mock import register, settings_from_args
 from calibrate.errors import ErrorInfo, ErrorKind, RequestError
 from calibrate.http.client import OpenAIClient
-from calibrate.http.records import SamplingParams
+from calibrate.http.models import SamplingParams
 from calibrate.stages.prepare.stream_probe import StreamCheck, check_streaming, stream_details
 from tests.helpers import write_config
 from tests.mockserver import start_mock

@@ -12,7 +12,7 @@ from calibrate.config import Config, SweepConfig
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor
 from calibrate.http.client import OpenAIClient
-from calibrate.http.records import Choice, Completion, Usage
+from calibrate.http.models import Choice, Completion, Usage
 from calibrate.load.request import Request
 from calibrate.load.waves import Sender
 from calibrate.load.window import (

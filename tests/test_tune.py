@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from calibrate.server import process
+from calibrate.server import pids, process
 from tests.tune_helpers import lines as jsonl
 from tests.tune_helpers import tune_config
 
@@ -64,7 +64,7 @@ def test_finds_the_best_candidate_after_the_memory_step_and_pins_every_flag(
     started = cli("server", "start", "--script", str(isolated / "scripts/launch.sh"), "--json")
     try:
         assert started.code == 0, started.err
-        assert "--slots 4 --kv-capacity-tokens 50000" in process.cmdline(started.json["pid"])
+        assert "--slots 4 --kv-capacity-tokens 50000" in pids.cmdline(started.json["pid"])
     finally:
         assert cli("server", "stop").code == 0
 

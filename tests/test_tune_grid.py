@@ -9,11 +9,10 @@ import pytest
 
 from calibrate.engines.builders import LaunchSpec, build
 from calibrate.errors import ConfigError, UsageError
-from calibrate.http.records import LedgerEntry
 from calibrate.stages.tune.grid import Candidate, build_plan
 from calibrate.stages.tune.result import BestLevel, CandidateResult, Measurement
 from calibrate.stages.tune.search import rank, schedule
-from calibrate.state.ledger import Ledger
+from calibrate.state.ledger import Ledger, LedgerEntry
 from calibrate.state.setting import resolve
 
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from calibrate.config import Config, SweepConfig
-from calibrate.gpu.nvml import DeviceMemory, NvmlSampler, VramReading
+from calibrate.gpu.nvml import NvmlSampler
+from calibrate.gpu.reading import DeviceMemory, VramReading
 from calibrate.gpu.vram import VramMonitor
-from calibrate.server import process
+from calibrate.server import pids, process
 from calibrate.server.devices import managed_server_devices, visible_devices
 from calibrate.stages.sweep.run import Sweep
 from calibrate.stages.sweep.spec import SweepOptions
@@ -48,7 +49,7 @@ def test_a_managed_server_on_a_mig_instance_is_sampled_there(tmp_path: Path) -> 
     env = {"PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": MIG_A}
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
     try:
-        start = process.start_id(child.pid)
+        start = pids.start_id(child.pid)
         assert start is not None
         record = process.ServerRecord(child.pid, start, ("engine",), "custom", 8000, None, "now", 0)
         process.save(record, tmp_path)

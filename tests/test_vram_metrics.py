@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from calibrate.gpu.engine_metrics import MetricsSampler, kv_usage, queue_depth, reading_from_metrics
-from calibrate.gpu.nvml import MIB, DeviceMemory, Pressure, VramReading
 from calibrate.gpu.prometheus import Series, parse_prometheus
-from calibrate.gpu.vram import VramMonitor, choose_samplers, merge
+from calibrate.gpu.reading import MIB, DeviceMemory, Pressure, VramReading
+from calibrate.gpu.sources import choose_samplers
+from calibrate.gpu.vram import VramMonitor, merge
 
 TWO_VLLM_ENGINES = """# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
 # TYPE vllm:kv_cache_usage_perc gauge

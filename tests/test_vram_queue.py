@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from calibrate.gpu.nvml import DeviceMemory, VramReading
+from calibrate.gpu.reading import DeviceMemory, VramReading
 from calibrate.gpu.vram import VramMonitor
 from calibrate.io import tier_table
 from calibrate.report.tables import tiers as report

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.gpu.vram import MetricsEndpoint, MetricsFetch, VramMonitor, open_sources
+from calibrate.gpu.sources import MetricsEndpoint, MetricsFetch, open_sources
+from calibrate.gpu.vram import VramMonitor
 from tests.fakes.nvml import FakeGpu, FakeNvml
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, open_gate

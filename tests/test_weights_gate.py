@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.http.records import LedgerEntry
+from calibrate.state.ledger import LedgerEntry
 from tests.fakes import append_ledger, passing_ladder
 from tests.helpers import write_config
 from tests.mockserver import start_mock

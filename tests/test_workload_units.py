@@ -11,9 +11,9 @@ import pytest
 from calibrate import config
 from calibrate.errors import ConfigError, ErrorInfo, RequestError, UsageError
 from calibrate.gpu.engine_metrics import reading_from_metrics
-from calibrate.gpu.nvml import choose_pressure
 from calibrate.gpu.prometheus import parse_prometheus
-from calibrate.http.records import Choice, incomplete_reason
+from calibrate.gpu.reading import choose_pressure
+from calibrate.http.models import Choice, incomplete_reason
 from calibrate.stages.prepare.synthetic import synthetic_prompt
 from calibrate.stages.prepare.token_probe import calibrate_tokens, forcing_fields, forcing_for
 from calibrate.workload import default_context_lengths, parse_token_range

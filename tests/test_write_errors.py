@@ -48,14 +48,14 @@ def test_unwritable_runs_folder_is_exit_2_and_nothing_is_sent(cli, isolated: Pat
 def test_disk_full_after_the_stage_ran_is_exit_1_saying_what_was_kept(
     cli, isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from calibrate.io import store
+    from calibrate.io import jsonl
 
     def full(self: object, obj: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
         write_config(isolated / "calibrate.toml", mock.base_url)
-        monkeypatch.setattr(store.JsonlWriter, "write", full)
+        monkeypatch.setattr(jsonl.JsonlWriter, "write", full)
         result = cli("single")
     assert result.code == 1, result.err
     assert "No space left on device" in result.err and "kept" in result.err

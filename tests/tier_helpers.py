@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate import config
-from calibrate.http.records import LedgerEntry
-from calibrate.state.ledger import Ledger, target_fingerprint
+from calibrate.state.ledger import Ledger, LedgerEntry, target_fingerprint
 from tests.helpers import write_config
 
 # Windows of the defaults (2 s rounds, a warm-up wave) would make every test take seconds: the

@@ -12,7 +12,7 @@ from typing import Any
 from calibrate.cli.common import add_command, output_for
 from calibrate.config import DEFAULT_CONFIG_NAME, STARTER_TOML
 from calibrate.errors import UsageError
-from calibrate.io.store import write_atomic
+from calibrate.io.atomic import write_atomic
 
 
 def register(subparsers: Any) -> None:

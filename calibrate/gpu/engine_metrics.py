@@ -17,8 +17,8 @@ from typing import NamedTuple
 # SGLang's retracted requests: its KV cache was full) during a ladder tier means the tier does
 # not fit (SPEC §5.3 ``stop: preempt``).
 from calibrate.engines import KV_METRICS, PREEMPTION_METRICS, QUEUE_METRICS
-from calibrate.gpu.nvml import MIB, DeviceMemory, VramReading, VramSource
 from calibrate.gpu.prometheus import Scrape, Series, max_value, parse_prometheus
+from calibrate.gpu.reading import MIB, DeviceMemory, VramReading, VramSource
 
 log = logging.getLogger("calibrate")
 

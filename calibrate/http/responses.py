@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from calibrate.errors import RequestError
 from calibrate.http.error_kinds import error_from_body, invalid
-from calibrate.http.records import Choice, Completion, Usage
+from calibrate.http.models import Choice, Completion, Usage
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")

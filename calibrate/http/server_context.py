@@ -14,7 +14,7 @@ from typing import Any
 from calibrate.engines import engine
 from calibrate.errors import RequestError
 from calibrate.http.client import OpenAIClient
-from calibrate.http.records import ContextLimit
+from calibrate.http.models import ContextLimit
 
 LLAMACPP_HINT = engine("llamacpp").context_hint  # /props: the per-slot context
 MAX_MODEL_LEN_HINT = engine("vllm").context_hint  # /v1/models: max_model_len

@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from calibrate.io.store import write_atomic
+from calibrate.io.atomic import write_atomic
 
 
 @dataclass(frozen=True)

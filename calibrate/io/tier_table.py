@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from calibrate.errors import InputError
 from calibrate.gpu.energy import ENERGY_COLUMNS
-from calibrate.io.store import write_atomic
+from calibrate.io.atomic import write_atomic
 
 Kind = Literal["ladder", "sweep"]
 

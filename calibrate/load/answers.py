@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from calibrate.errors import ErrorInfo
-from calibrate.http.records import Completion, ContextLimit, incomplete_reason
+from calibrate.http.models import Completion, ContextLimit, incomplete_reason
 from calibrate.http.request_times import RequestTimes
 from calibrate.load.items import ItemResult
 from calibrate.load.request import Request

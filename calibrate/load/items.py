@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from calibrate.errors import ErrorInfo
-from calibrate.http.records import Usage
+from calibrate.http.models import Usage
 from calibrate.http.request_times import RequestTimes
 from calibrate.http.stream_timing import StreamTiming
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from calibrate.config import LadderMode
 from calibrate.http.client import OpenAIClient
-from calibrate.http.records import SamplingParams
+from calibrate.http.models import SamplingParams
 from calibrate.load.items import ItemRole
 
 CHAT_PATH = "/chat/completions"

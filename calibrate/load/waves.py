@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from calibrate.errors import ErrorInfo, RequestError, format_traceback
 from calibrate.http.client import OpenAIClient
-from calibrate.http.records import ContextLimit
+from calibrate.http.models import ContextLimit
 from calibrate.http.request_times import RequestTimes, epoch_at, monotonic
 from calibrate.http.server_context import read_context
 from calibrate.load.answers import answer_items, failed_item

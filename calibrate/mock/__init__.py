@@ -2,7 +2,8 @@
 
 from calibrate.mock.answer import Generation
 from calibrate.mock.http import BackgroundServer, MockHTTPServer
-from calibrate.mock.model import Admission, MockModel, Snapshot
+from calibrate.mock.metrics import Snapshot
+from calibrate.mock.model import Admission, MockModel
 from calibrate.mock.settings import MockSettings
 
 __all__ = [

@@ -19,31 +19,21 @@ import logging
 import re
 import resource
 import socket
-import struct
 import threading
 import time
-import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from calibrate.mock import payloads
-from calibrate.mock.decode import DecodeRun
-from calibrate.mock.kv import SeqPlan
-from calibrate.mock.malformed import malformed_body
 from calibrate.mock.metrics import render_metrics
-from calibrate.mock.model import Admission, MockModel
-from calibrate.mock.payloads import GenerateRequest, Kind, RequestRejected, error_body
+from calibrate.mock.model import MockModel
+from calibrate.mock.payloads import Kind, RequestRejected, error_body
+from calibrate.mock.reply import answer
 from calibrate.mock.settings import MockSettings
-from calibrate.mock.stream import stream_events
+from calibrate.mock.wire import Wire
 
 log = logging.getLogger("calibrate.mock")
 
-OOM_MESSAGE = (
-    "CUDA out of memory. Tried to allocate {gib:.2f} GiB. GPU 0 has a total capacity of "
-    "{total:.2f} GiB of which {free:.2f} GiB is free. Of the allocated memory {used:.2f} GiB is "
-    "allocated by PyTorch."
-)
-KEEPALIVE_INTERVAL_S = 0.2
 WAITING_TIMEOUT_S = 30.0  # for the next request (its line and headers included), per connection
 REAP_INTERVAL_S = 0.5
 MAX_CONNECTIONS = 1024  # lowered to half the open-file limit where that is smaller
@@ -186,13 +176,16 @@ class MockHandler(BaseHTTPRequestHandler):
             self.server.mark(self.connection, waiting=False)  # headers read: being answered
         return ok
 
+    def _wire(self) -> Wire:
+        return Wire(self, self.server.settings)
+
     def _body(self) -> bytes | None:
         """The request body by its Content-Length; None (answered 400) when that is no length."""
         raw = self.headers.get("Content-Length")
         text = (raw or "0").strip()
         if not text.isdigit() or int(text) > MAX_BODY_BYTES:
             self.close_connection = True  # where the body ends is unknown: the connection too
-            self._send_json(
+            self._wire().send_json(
                 400,
                 error_body(
                     f"Content-Length must be a number of bytes up to {MAX_BODY_BYTES}, got {raw!r}",
@@ -207,30 +200,30 @@ class MockHandler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         settings = self.server.settings
         if path == "/health":
-            self._send(200, b"", "text/plain")
+            self._wire().send(200, b"", "text/plain")
         elif path in ("/v1/models", "/models"):
-            self._send_json(200, payloads.models_list(settings, self.server.created))
+            self._wire().send_json(200, payloads.models_list(settings, self.server.created))
         elif path == "/metrics":
             body = render_metrics(self.server.model.snapshot(), settings)
-            self._send(200, body.encode(), "text/plain; version=0.0.4; charset=utf-8")
+            self._wire().send(200, body.encode(), "text/plain; version=0.0.4; charset=utf-8")
         elif path == "/props" and settings.expose_props:
-            self._send_json(200, payloads.props(settings))
+            self._wire().send_json(200, payloads.props(settings))
         elif path in GENERATE_PATHS:
-            self._send_json(405, {"detail": "Method Not Allowed"})
+            self._wire().send_json(405, {"detail": "Method Not Allowed"})
         else:
-            self._send_json(404, {"detail": "Not Found"})
+            self._wire().send_json(404, {"detail": "Not Found"})
 
     def do_POST(self) -> None:
         kind = GENERATE_PATHS.get(self.path.split("?", 1)[0])
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             self.close_connection = True  # the body stays unread: the connection is unusable
-            self._send_json(411, {"detail": "Send the body with a Content-Length."})
+            self._wire().send_json(411, {"detail": "Send the body with a Content-Length."})
             return
         raw = self._body()
         if raw is None:
             return
         if kind is None:
-            self._send_json(404, {"detail": "Not Found"})
+            self._wire().send_json(404, {"detail": "Not Found"})
             return
         settings = self.server.settings
         try:
@@ -242,187 +235,21 @@ class MockHandler(BaseHTTPRequestHandler):
         else:
             problem = _lone_surrogate(raw, body)
         if problem is not None:
-            self._send_json(400, error_body(problem, "BadRequestError", 400))
+            self._wire().send_json(400, error_body(problem, "BadRequestError", 400))
             return
         try:
             req = payloads.parse_request(kind, body, settings)
         except RequestRejected as exc:
-            self._send_json(exc.status, exc.body)
+            self._wire().send_json(exc.status, exc.body)
             return
         model = self.server.model
         adm = model.admit(len(req.prompts))
         try:
-            self._answer(req, adm)
+            answer(self._wire(), req, adm, model, self.headers)
         except (ConnectionError, TimeoutError):
             self.close_connection = True  # the client went away; nothing left to tell it
         finally:
             model.release(adm)
-
-    def _answer(self, req: GenerateRequest, adm: Admission) -> None:
-        settings = self.server.settings
-        if adm.outcome == "oom":
-            self._send_json(500, error_body(_oom_message(settings), "InternalServerError", 500))
-            return
-        if adm.outcome == "overload":
-            message = f"The server is overloaded; retry after {settings.retry_after_s:g} s."
-            headers = {"Retry-After": f"{settings.retry_after_s:g}"}
-            self._send_json(429, error_body(message, "TooManyRequestsError", 429), headers)
-            return
-        if adm.outcome == "fail":
-            body = error_body("Internal server error (injected fault).", "InternalServerError", 500)
-            self._send_json(500, body)
-            return
-        if adm.echo_headers:  # a careless proxy: the request's headers, key included, echoed
-            seen = "; ".join(f"{name}: {value}" for name, value in self.headers.items())
-            body = error_body(
-                f"Internal error handling a request with headers: {seen}",
-                "InternalServerError",
-                500,
-            )
-            self._send_json(500, body)
-            return
-        if settings.keepalive_only:
-            self._keepalive_only()
-            return
-        model = self.server.model
-        gens = [
-            model.generate(
-                prompt,
-                req.cap(tokens, settings.max_model_len),
-                adm,
-                min_tokens=req.min_tokens,
-                ignore_eos=req.ignore_eos,
-            )
-            for prompt, tokens in zip(req.prompts, req.prompt_tokens, strict=True)
-        ]
-        run: DecodeRun | None = None
-        if settings.tracks_tokens:
-            plans = [
-                SeqPlan.of(p, n, g.completion_tokens, share=settings.prefix_cache)
-                for p, n, g in zip(req.prompts, req.prompt_tokens, gens, strict=True)
-            ]
-            if not model.start(adm, plans):
-                self._send_json(500, error_body(_oom_message(settings), "InternalServerError", 500))
-                return
-            run = DecodeRun(model, adm, time.monotonic() + adm.ttft_s)
-        else:
-            model.acquire(adm)
-        prefix = "chatcmpl-" if req.kind == "chat" else "cmpl-"
-        rid, created, start = prefix + uuid.uuid4().hex, int(time.time()), time.monotonic()
-        if adm.malformed is not None:
-            head = payloads.envelope(req, rid, created, settings, chunk=req.stream)
-            bad = malformed_body(adm.malformed, req, head, chunk=req.stream)
-            if req.stream:
-                self._send_sse([f"data: {json.dumps(bad)}\n\n".encode(), b"data: [DONE]\n\n"])
-            else:
-                self._send_json(200, bad)
-            return
-        if not req.stream:
-            steps = max(g.completion_tokens for g in gens)
-            if adm.outcome == "reset":
-                _sleep_until(start + adm.ttft_s)
-                self._reset()
-                return
-            if run is None:
-                _sleep_until(start + adm.ttft_s + steps * adm.per_token_s)
-            elif not run.wait_step(steps):
-                self._send_json(500, error_body(_oom_message(settings), "InternalServerError", 500))
-                return
-            answer = payloads.full_response(req, gens, rid, created, settings)
-            self._send_json(200, answer, drip=True)
-            return
-        events = stream_events(req, gens, rid, created, settings)
-        self._sse_headers()
-        for n, event in enumerate(events):
-            if adm.outcome == "reset" and n == len(events) // 2:
-                self._reset()
-                return
-            if run is None:
-                _sleep_until(start + adm.ttft_s + event.step * adm.per_token_s)
-            elif not run.wait_step(event.step):  # vLLM ends a stream that fails with an error event
-                error = {"error": error_body(_oom_message(settings), "InternalServerError", 500)}
-                self._write_chunk(f"data: {json.dumps(error)}\n\n".encode())
-                self._write_chunk(b"data: [DONE]\n\n")
-                break
-            self._write_chunk(event.encode())
-        self._write(b"0\r\n\r\n")
-
-    def _sse_headers(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-        self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
-
-    def _send_sse(self, frames: list[bytes]) -> None:
-        self._sse_headers()
-        for frame in frames:
-            self._write_chunk(frame)
-        self._write(b"0\r\n\r\n")
-
-    def _keepalive_only(self) -> None:
-        """An SSE stream of ``: ping`` comments and nothing else, until the client leaves."""
-        settings = self.server.settings
-        self._sse_headers()
-        end = time.monotonic() + settings.keepalive_limit_s
-        while time.monotonic() < end:
-            self._write_chunk(b": ping\n\n")
-            time.sleep(min(KEEPALIVE_INTERVAL_S, max(0.0, end - time.monotonic())))
-        self._write(b"0\r\n\r\n")
-
-    def _write_chunk(self, frame: bytes) -> None:
-        self._write(b"%x\r\n%s\r\n" % (len(frame), frame))
-
-    def _write(self, data: bytes) -> None:
-        """Send bytes: at once, or with --drip-s one byte at a time."""
-        drip_s = self.server.settings.drip_s
-        if not drip_s:
-            self.wfile.write(data)
-            return
-        for i in range(len(data)):
-            self.wfile.write(data[i : i + 1])
-            self.wfile.flush()
-            time.sleep(drip_s)
-
-    def _reset(self) -> None:
-        """Drop the connection with a TCP RST: the client sees a reset, not a clean close."""
-        self.close_connection = True
-        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self.connection.close()  # the fd really closes when finish() closes rfile
-
-    def _send_json(
-        self,
-        status: int,
-        body: object,
-        headers: dict[str, str] | None = None,
-        *,
-        drip: bool = False,
-    ) -> None:
-        try:
-            data = json.dumps(body, ensure_ascii=False).encode()
-        except UnicodeEncodeError:  # a lone surrogate (--lone-surrogate): send it as "\ud800"
-            data = json.dumps(body).encode()
-        self._send(status, data, "application/json", headers, drip=drip)
-
-    def _send(
-        self,
-        status: int,
-        data: bytes,
-        ctype: str,
-        headers: dict[str, str] | None = None,
-        *,
-        drip: bool = False,
-    ) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        if drip:
-            self._write(data)  # an answer: dripped under --drip-s
-        else:
-            self.wfile.write(data)
 
 
 def _lone_surrogate(raw: bytes, body: object) -> str | None:
@@ -440,22 +267,6 @@ def _wake(conn: socket.socket) -> None:
     """Make a handler blocked reading ``conn`` see its end (its thread then closes it)."""
     with contextlib.suppress(OSError):
         conn.shutdown(socket.SHUT_RDWR)
-
-
-def _sleep_until(deadline: float) -> None:
-    delay = deadline - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)
-
-
-def _oom_message(settings: MockSettings) -> str:
-    gib = 1024.0
-    return OOM_MESSAGE.format(
-        gib=settings.vram_per_request_mib / gib,
-        total=settings.vram_total_mib / gib,
-        free=settings.vram_per_request_mib / gib / 4,
-        used=settings.vram_base_mib / gib,
-    )
 
 
 class BackgroundServer:

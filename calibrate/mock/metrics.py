@@ -22,11 +22,33 @@ Under ``--on-kv-full preempt`` the engine's preemption counter too: ``vllm:num_p
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from calibrate.mock.model import OUTCOMES, Snapshot
-from calibrate.mock.settings import MetricsStyle, MockSettings
+from calibrate.mock.settings import OUTCOMES, MetricsStyle, MockSettings
 
 MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Gauges and counters at one moment, for /metrics and tests."""
+
+    in_flight: int
+    running: int
+    waiting: int
+    vram_used_mib: int
+    vram_peak_mib: int
+    vram_total_mib: int
+    kv_cache_usage: float
+    requests_total: int
+    outcomes: dict[str, int]
+    kv_tokens_in_use: int = 0
+    kv_capacity_tokens: int = 0
+    preemptions_total: int = 0  # sequences evicted from a full KV cache (on_kv_full="preempt")
+    power_w: float = 0.0  # the simulated GPU's draw now (settings.power_w; 0: no GPU gauges)
+    energy_mj: float = 0.0  # ... and the energy it has used since the mock started
+
+
 # name, help, value-of-snapshot
 Gauge = tuple[str, str, float]
 

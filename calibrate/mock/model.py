@@ -6,8 +6,8 @@ answered, decoding or queued; a completions request carrying K prompts counts K.
 
 When the settings track tokens (``MockSettings.tracks_tokens``), a request instead ``start``s:
 it waits for a slot (and, under ``on_kv_full="queue"``, for KV room), its prompts' KV is claimed
-in the ledger (mock.kv), and it decodes step by step (mock.decode), growing its KV; the step
-time and a full cache's consequence (OOM, preemption's slowdown) are decided here.
+in the ledger (mock.kv), and it decodes step by step (mock.reply.DecodeRun), growing its KV;
+the step time and a full cache's consequence (OOM, preemption's slowdown) are decided here.
 """
 
 from __future__ import annotations
@@ -19,15 +19,11 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from calibrate.mock.answer import AnswerLength, Generation, answer
 from calibrate.mock.kv import KvLedger, SeqPlan
-from calibrate.mock.malformed import SHAPES
-from calibrate.mock.settings import MockSettings
-
-Outcome = Literal["ok", "oom", "fail", "reset", "overload"]
-OUTCOMES: tuple[Outcome, ...] = ("ok", "oom", "fail", "reset", "overload")
+from calibrate.mock.metrics import Snapshot
+from calibrate.mock.settings import SHAPES, MockSettings, Outcome
 
 
 @dataclass(frozen=True)
@@ -42,28 +38,8 @@ class Admission:
     per_token_s: float
     truncate: bool
     perturb: bool
-    malformed: str | None = None  # the wrong shape this reply takes (mock.malformed.SHAPES)
+    malformed: str | None = None  # the wrong shape this reply takes (mock.settings.SHAPES)
     echo_headers: bool = False
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Gauges and counters at one moment, for /metrics and tests."""
-
-    in_flight: int
-    running: int
-    waiting: int
-    vram_used_mib: int
-    vram_peak_mib: int
-    vram_total_mib: int
-    kv_cache_usage: float
-    requests_total: int
-    outcomes: dict[str, int]
-    kv_tokens_in_use: int = 0
-    kv_capacity_tokens: int = 0
-    preemptions_total: int = 0  # sequences evicted from a full KV cache (on_kv_full="preempt")
-    power_w: float = 0.0  # the simulated GPU's draw now (settings.power_w; 0: no GPU gauges)
-    energy_mj: float = 0.0  # ... and the energy it has used since the mock started
 
 
 class MockModel:

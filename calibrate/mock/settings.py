@@ -9,6 +9,18 @@ OnKvFull = Literal["oom", "preempt", "queue"]
 ON_KV_FULL: tuple[OnKvFull, ...] = ("oom", "preempt", "queue")
 MetricsStyle = Literal["mock", "vllm", "sglang", "llamacpp", "tgi"]
 METRICS_STYLES: tuple[MetricsStyle, ...] = ("mock", "vllm", "sglang", "llamacpp", "tgi")
+Outcome = Literal["ok", "oom", "fail", "reset", "overload"]
+OUTCOMES: tuple[Outcome, ...] = ("ok", "oom", "fail", "reset", "overload")
+# the wrong shapes of --malformed-rate (mock.reply.malformed_body): what a broken server sends
+SHAPES: tuple[str, ...] = (
+    "choices-null",  # "choices": [null]
+    "choices-number",  # "choices": [1]
+    "message-string",  # the message (chat) or text (completions) is not what it should be
+    "content-number",  # "content": 42 / "text": 42
+    "no-choices",  # no "choices" at all
+    "huge-usage",  # a good answer whose usage.completion_tokens is 10**330 (overflows a float)
+    "negative-usage",  # a good answer whose usage counts are negative
+)
 
 
 @dataclass(frozen=True)
@@ -50,7 +62,7 @@ class MockSettings:
     max_model_len: int = 4096
     slot_context: int = 0  # llama.cpp's per-slot context: prompt + answer past it is cut (0: off)
     # Hostile answers (issue 10): each drawn from its own seeded generator, apart from the faults.
-    malformed_rate: float = 0.0  # a reply of a wrong shape (see mock.malformed.SHAPES)
+    malformed_rate: float = 0.0  # a reply of a wrong shape (see SHAPES)
     echo_headers_rate: float = 0.0  # HTTP 500 whose message repeats the request's headers
     lone_surrogate: bool = False  # every answer ends with a JSON "\ud800" (a lone surrogate)
     drip_s: float = 0.0  # answers sent one byte every drip_s seconds

@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 from calibrate.config import Config
 from calibrate.errors import InputError, UsageError
+from calibrate.io.atomic import write_atomic
 from calibrate.io.output_paths import check_outputs, stage_files
-from calibrate.io.store import write_atomic
 from calibrate.io.tier_table import check_rows
 from calibrate.report import tune_report
 from calibrate.report.compare import compare_runs

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from calibrate.io.store import read_jsonl
+from calibrate.io.jsonl import read_jsonl
 from calibrate.io.tier_table import level_key
 from calibrate.numbers import finite
 from calibrate.report.run_view import RunView

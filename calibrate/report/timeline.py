@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from calibrate.errors import InputError
-from calibrate.io.store import read_jsonl
+from calibrate.io.jsonl import read_jsonl
 from calibrate.io.tier_table import level_key
 from calibrate.numbers import finite
 from calibrate.report.html.svg import Bar

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.errors import InputError
-from calibrate.io.store import load_jsonl_objects
+from calibrate.io.jsonl import load_jsonl_objects
 from calibrate.report.run_view import read_object
 
 REQUIRED = ("rank", "id", "flags", "status", "cap", "errors", "incidents")

@@ -18,8 +18,8 @@ from calibrate.engines import redaction
 from calibrate.engines.args import ServerKind
 from calibrate.engines.builders import EngineCommand, LaunchSpec, Tuned, build
 from calibrate.errors import ServerDied, ServerUnreachable, UsageError
-from calibrate.http.records import utc_now_iso
-from calibrate.server import exit_status, interrupts, process, readiness, set_values
+from calibrate.io.records import utc_now_iso
+from calibrate.server import exit_status, interrupts, pids, process, readiness, set_values
 from calibrate.server.process import ServerRecord, StopResult
 
 TAIL_LINES = 20
@@ -217,7 +217,7 @@ def _spawn_recorded(
         status_file=str(exit_status.status_path(runs_dir)),
         phase="starting",
         starter_pid=os.getpid(),
-        starter_id=process.start_id(os.getpid()),
+        starter_id=pids.start_id(os.getpid()),
         **fields,
     )
     try:

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.errors import ErrorInfo
-from calibrate.http.records import utc_now_iso
-from calibrate.io.store import write_json_atomic
+from calibrate.io.atomic import write_json_atomic
+from calibrate.io.records import utc_now_iso
 
 # What a request meets when the server it talks to dies (an HTTP answer means something lived).
 DEATH_KINDS = frozenset({"connect", "reset", "timeout"})

@@ -16,7 +16,7 @@ from pathlib import Path
 from calibrate.engines import redaction
 from calibrate.engines.builders import SERVER_KINDS, EngineCommand
 from calibrate.errors import InputError
-from calibrate.io.store import write_atomic
+from calibrate.io.atomic import write_atomic
 
 SCRIPT_MODE = 0o755
 

@@ -14,7 +14,15 @@ from calibrate.config import Config
 from calibrate.engines import redaction
 from calibrate.engines.builders import health_path
 from calibrate.gpu.nvml import gpu_snapshot
-from calibrate.server import Started, exit_status, launch_script, local_root, process, readiness
+from calibrate.server import (
+    Started,
+    exit_status,
+    launch_script,
+    local_root,
+    pids,
+    process,
+    readiness,
+)
 from calibrate.server import start as start_process
 from calibrate.server.exit_status import ExitStatus
 from calibrate.server.process import Liveness, ServerRecord, StopResult
@@ -77,7 +85,7 @@ def stop_outcome(result: StopResult | None) -> tuple[Level, str, int, dict[str, 
     if result.was == "stranger":
         line = (
             f"PID {result.pid} now belongs to another program "
-            f"({process.cmdline(result.pid)[:80]}): not signalled; stale pidfile removed"
+            f"({pids.cmdline(result.pid)[:80]}): not signalled; stale pidfile removed"
         )
         return "warn", line, 0, payload
     if result.was == "gone":

@@ -21,12 +21,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from calibrate import redact
-from calibrate.engines.redaction import argv_secret_values, redact_argv, redact_text
-from calibrate.http.records import utc_now_iso
-from calibrate.io.store import write_atomic, write_json_atomic
+from calibrate.engines.redaction import argv_secret_values, redact_argv
+from calibrate.io.atomic import write_atomic, write_json_atomic
+from calibrate.io.records import utc_now_iso
 from calibrate.server import exit_status, supervise
+from calibrate.server.pids import start_id
 
 log = logging.getLogger("calibrate")
+
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
@@ -91,44 +93,6 @@ class ServerRecord:
         return not alive
 
 
-def start_id(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (None when no such live process)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return _ps(pid, "lstart=")
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return None if fields[0] in ("Z", "X") else fields[19]
-
-
-def _ps(pid: int, column: str) -> str | None:
-    """Where there is no /proc (macOS): ask ps about this one PID."""
-    try:
-        done = subprocess.run(
-            ["ps", "-o", column, "-p", str(pid)],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    text = done.stdout.strip()
-    return text if done.returncode == 0 and text and not text.startswith("Z") else None
-
-
-def cmdline(pid: int) -> str:
-    """The command line of ``pid``, for messages (empty when unknown), secret values masked."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return redact_text(_ps(pid, "command=") or "")
-    words = [part.decode(errors="replace") for part in raw.split(b"\0") if part]
-    return " ".join(redact_argv(words))
-
-
 def _reap(pid: int, wait_s: float = 0.0) -> int | None:
     """Collect our own exited child so its PID really disappears; its exit code, if known.
     Every other supervisor that has ended is collected too (one whose engine was killed and
@@ -143,17 +107,6 @@ def _reap(pid: int, wait_s: float = 0.0) -> int | None:
         return child.wait(wait_s) if wait_s > 0 else child.poll()
     except subprocess.TimeoutExpired:
         return None
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether any process has ``pid`` (for a PID calibrate did not start, e.g. --server-pid)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def liveness(record: ServerRecord) -> Liveness:
@@ -305,32 +258,3 @@ def log_tail(runs_dir: Path, lines: int, offset: int = 0) -> list[str]:
         return []
     text = data.decode("utf-8", errors="replace").splitlines()
     return text[-lines:] if lines > 0 else []
-
-
-def listener_pid(port: int) -> int | None:
-    """The PID listening on TCP ``port`` on this machine, to print a stop command (Linux only).
-
-    Found through the socket, never by name, and only ever shown to the user, never signalled.
-    """
-    inodes: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            cols = row.split()
-            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(f"socket:[{cols[9]}]")
-    if not inodes:
-        return None
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            links = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
-        except OSError:
-            continue
-        if inodes.intersection(links):
-            return int(proc.name)
-    return None

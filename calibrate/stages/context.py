@@ -13,11 +13,11 @@ from calibrate.config import Config
 from calibrate.engines.redaction import redact_config
 from calibrate.gpu.nvml import gpu_snapshot
 from calibrate.http.client import OpenAIClient
-from calibrate.http.records import LedgerEntry, SamplingParams
+from calibrate.http.models import SamplingParams
 from calibrate.io.store import RunDir
 from calibrate.redact import redact_url
 from calibrate.state.identity import TargetIdentity, Weights
-from calibrate.state.ledger import Ledger, current_weights
+from calibrate.state.ledger import Ledger, LedgerEntry, current_weights
 from calibrate.state.summaries import Summary
 
 

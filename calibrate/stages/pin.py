@@ -17,7 +17,7 @@ from calibrate.engines.args import ServerKind
 from calibrate.engines.builders import SERVER_KINDS, EngineCommand, build
 from calibrate.errors import ConfigError, GateClosed
 from calibrate.gpu.energy import pinned_cost
-from calibrate.http.records import utc_now_iso
+from calibrate.io.records import utc_now_iso
 from calibrate.server import launch_script
 from calibrate.server.launch_script import PinnedValues
 from calibrate.stages.context import StageContext

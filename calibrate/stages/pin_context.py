@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibrate.io.store import read_jsonl, run_path
+from calibrate.io.jsonl import read_jsonl
+from calibrate.io.store import run_path
 from calibrate.state.ledger import Ledger
 from calibrate.state.setting import latest_passing_ladder
 

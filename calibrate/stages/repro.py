@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.io.baseline import Comparison, Normaliser, compare
+from calibrate.io.jsonl import load_jsonl_objects
 from calibrate.io.junit import JUnitSuite
-from calibrate.io.store import load_jsonl_objects
 from calibrate.stages.context import StageContext
 from calibrate.stages.single import fixed_prompt_call, read_baseline
 from calibrate.state.gates import next_step

@@ -11,9 +11,11 @@ from typing import Any
 
 from calibrate.errors import ErrorInfo, InputError, RequestError, ServerUnreachable
 from calibrate.http.error_kinds import refusal_cause
-from calibrate.http.records import RequestRecord, ServerIdentity, incomplete_reason, utc_now_iso
+from calibrate.http.models import ServerIdentity, incomplete_reason
 from calibrate.http.request_times import RequestTimes, monotonic
-from calibrate.io.store import dumps_line, read_jsonl, write_atomic
+from calibrate.io.atomic import write_atomic
+from calibrate.io.jsonl import dumps_line, read_jsonl
+from calibrate.io.records import RequestRecord, utc_now_iso
 from calibrate.redact import redact_url
 from calibrate.stages.context import StageContext
 from calibrate.state.ledger import baseline_path

@@ -6,9 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from calibrate.config import Config
-from calibrate.http.records import LedgerEntry
 from calibrate.state.gates import next_step
-from calibrate.state.ledger import Ledger, baseline_path, target_fingerprint
+from calibrate.state.ledger import Ledger, LedgerEntry, baseline_path, target_fingerprint
 from calibrate.state.pipeline import MAIN_LINE, OPTIONAL, standing
 from calibrate.state.setting import CalibratedSetting, resolve
 from calibrate.state.summaries import PinSummary, pin_summary, tune_summary

@@ -10,16 +10,76 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from calibrate.config import Config
-from calibrate.http.records import LedgerEntry
-from calibrate.io.store import append_jsonl, encode_line, ledger_path
+from calibrate.io.jsonl import append_jsonl, encode_line
+from calibrate.io.records import utc_now_iso
+from calibrate.io.store import ledger_path
 from calibrate.state.identity import TargetIdentity, Weights
 from calibrate.state.summaries import ladder_summary
 
 log = logging.getLogger("calibrate")
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One stage result in ``runs/ledger.jsonl`` (SPEC §4.2); the gates read these.
+
+    ``identity`` (what the fingerprint hashes) lets a closed gate say which part changed;
+    ``weights`` (model path, served root) guard against other weights behind the same name.
+    """
+
+    stage: str
+    run_id: str
+    target: str
+    passed: bool
+    summary: dict[str, Any] = field(default_factory=dict)
+    forced: bool = False
+    ts: str = field(default_factory=utc_now_iso)
+    interrupted: bool = False
+    identity: dict[str, Any] | None = None
+    weights: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "ts": self.ts,
+            "stage": self.stage,
+            "run_id": self.run_id,
+            "target": self.target,
+            "passed": self.passed,
+            "interrupted": self.interrupted,
+            "summary": self.summary,
+        }
+        if self.forced:
+            out["forced"] = True
+        if self.identity is not None:
+            out["identity"] = self.identity
+        if self.weights is not None:
+            out["weights"] = self.weights
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LedgerEntry:
+        """Raises ValueError when the line is not a ledger entry (the ledger skips it)."""
+        stage, summary = data.get("stage"), data.get("summary", {})
+        if not isinstance(stage, str) or not isinstance(summary, dict | None):
+            raise ValueError("not a ledger entry (no 'stage', or 'summary' is not an object)")
+        identity, weights = data.get("identity"), data.get("weights")
+        return cls(
+            stage=stage,
+            run_id=str(data.get("run_id", "")),
+            target=str(data.get("target", "")),
+            passed=data.get("passed") is True,
+            summary=dict(summary or {}),
+            forced=data.get("forced") is True,
+            ts=str(data.get("ts", "")),
+            interrupted=data.get("interrupted") is True,
+            identity=identity if isinstance(identity, dict) else None,
+            weights=weights if isinstance(weights, dict) else None,
+        )
 
 
 def target_fingerprint(cfg: Config) -> str:

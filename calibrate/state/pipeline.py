@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from calibrate.http.records import LedgerEntry
-from calibrate.state.ledger import Ledger, is_context_ladder
+from calibrate.state.ledger import Ledger, LedgerEntry, is_context_ladder
 
 StageName = Literal[
     "single", "repro", "ladder", "sweep", "tune", "pin", "verify", "rollback", "batch"

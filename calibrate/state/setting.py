@@ -18,9 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from calibrate.http.records import LedgerEntry
 from calibrate.redact import redact_url
-from calibrate.state.ledger import Ledger, is_context_ladder
+from calibrate.state.ledger import Ledger, LedgerEntry, is_context_ladder
 from calibrate.state.summaries import (
     LadderSummary,
     ladder_summary,

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from calibrate.errors import UsageError
-from calibrate.http.records import utc_now_iso
-from calibrate.io.store import open_lock_file
+from calibrate.io.lock import open_lock_file
+from calibrate.io.records import utc_now_iso
 
 
 def lock_path(runs_dir: Path, target: str) -> Path:

@@ -16,11 +16,11 @@ from typing import get_args
 
 from calibrate.config import Config
 from calibrate.errors import GateClosed
-from calibrate.http.records import LedgerEntry
 from calibrate.state.identity import Weights
 from calibrate.state.ledger import (
     Gate,
     Ledger,
+    LedgerEntry,
     current_weights,
     is_context_ladder,
     target_fingerprint,

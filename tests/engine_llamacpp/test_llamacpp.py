@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from calibrate.server import process
+from calibrate.server import pids
 from tests.engine_llamacpp.helpers import (
     LONG_PROMPT,
     MODEL_NAME,
@@ -314,11 +314,11 @@ def test_rollback_really_stops_and_restarts_at_the_verified_batch(
     old = json.loads((isolated / "runs/server.json").read_text("utf-8"))["pid"]
     result = cli("rollback", "--json")
     assert result.code == 0, result.err
-    assert process.start_id(old) is None, "the old llama-server's PID is gone"
+    assert pids.start_id(old) is None, "the old llama-server's PID is gone"
     argv = _argv(isolated)
     assert argv[argv.index("--parallel") + 1] == str(batch)
     new = json.loads((isolated / "runs/server.json").read_text("utf-8"))["pid"]
-    assert new != old and process.start_id(new) is not None
+    assert new != old and pids.start_id(new) is not None
     assert requests.get(f"{llama}/props", timeout=5).json()["total_slots"] == batch
     assert f"restored: batch {batch}, concurrency 1" in result.err
     show("\n" + result.err)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from calibrate.http.records import LedgerEntry
+from calibrate.state.ledger import LedgerEntry
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_ENGINE = Path(__file__).with_name("engine.sh")

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from queue import Empty, SimpleQueue
 from typing import Any
 
-from calibrate.io.store import JsonlWriter
+from calibrate.io.jsonl import JsonlWriter
 from calibrate.stages.batch.result import Tally
 
 log = logging.getLogger("calibrate")

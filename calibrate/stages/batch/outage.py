@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from calibrate.errors import CalibrateError, ErrorInfo
-from calibrate.http.records import utc_now_iso
+from calibrate.io.records import utc_now_iso
 
 log = logging.getLogger("calibrate")
 

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from calibrate.errors import InputError
-from calibrate.http.records import SamplingParams
+from calibrate.http.models import SamplingParams
+from calibrate.io.jsonl import JsonlWriter
+from calibrate.io.lock import ExclusiveLock
 from calibrate.io.resume import (
     OutputScan,
     check_journal,
@@ -22,9 +24,7 @@ from calibrate.io.resume import (
     repair_tail,
     scan_output,
 )
-from calibrate.io.shard import Shard
-from calibrate.io.store import ExclusiveLock, JsonlWriter
-from calibrate.io.tasks import InputIndex, ItemId, index_input, read_tasks, readable_twice
+from calibrate.io.tasks import InputIndex, ItemId, Shard, index_input, read_tasks, readable_twice
 from calibrate.load.retry import RetryPolicy
 from calibrate.stages.measure.format_check import Expect
 from calibrate.state.ledger import Ledger

@@ -22,8 +22,8 @@ from typing import Any
 
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.client import OpenAIClient
+from calibrate.io.jsonl import JsonlWriter
 from calibrate.io.resume import repair_tail
-from calibrate.io.store import JsonlWriter
 from calibrate.stages.batch.journal import MAX_PENDING, MIN_PENDING, Journal
 from calibrate.stages.batch.lanes import Lane, make_lane, report
 from calibrate.stages.batch.outage import OutageEvent, OutagePolicy

@@ -18,8 +18,8 @@ from typing import Protocol
 from calibrate.config import Config
 from calibrate.errors import UsageError
 from calibrate.io.output_paths import Named, check_outputs, stage_files
-from calibrate.io.shard import Shard
 from calibrate.io.store import RunDir
+from calibrate.io.tasks import Shard
 from calibrate.load.retry import RetryPolicy
 from calibrate.stages.batch.endpoints import EndpointCheck, endpoints_for
 from calibrate.stages.batch.lanes import ManagedRestart

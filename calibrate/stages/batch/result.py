@@ -9,8 +9,8 @@ from typing import Any
 
 from calibrate.errors import CalibrateError, ErrorInfo, ExitCode
 from calibrate.gpu.selfload import SelfLoadReport
-from calibrate.http.records import Completion, incomplete_reason
-from calibrate.io.store import without_surrogates
+from calibrate.http.models import Completion, incomplete_reason
+from calibrate.io.jsonl import without_surrogates
 from calibrate.io.tasks import ItemId, Task
 from calibrate.stages.batch.lanes import EndpointReport
 from calibrate.stages.batch.outage import OutageEvent

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from calibrate.errors import ErrorInfo, RequestError
 from calibrate.http.error_kinds import OutOfDescriptors
-from calibrate.http.records import Completion
+from calibrate.http.models import Completion
 from calibrate.io.tasks import Task
 from calibrate.load.retry import with_retries
 from calibrate.stages.batch.outage import Requeue

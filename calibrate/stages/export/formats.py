@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any, BinaryIO, Literal, Protocol, Self
 
 from calibrate.errors import UsageError
-from calibrate.io.store import remove_stale_temps, temp_beside
+from calibrate.io.atomic import remove_stale_temps, temp_beside
 
 Format = Literal["jsonl", "csv", "parquet"]
 FORMATS: dict[str, Format] = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}

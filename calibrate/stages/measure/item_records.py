@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from calibrate.http.records import RequestRecord, utc_now_iso
+from calibrate.io.records import RequestRecord, utc_now_iso
 from calibrate.load.items import ItemResult
 from calibrate.stages.context import StageContext
 

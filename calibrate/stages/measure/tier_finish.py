@@ -15,7 +15,6 @@ from typing import Any, Generic, TypeVar
 
 from calibrate.config import Config
 from calibrate.gpu.selfload import SelfLoadMonitor
-from calibrate.http.records import LedgerEntry
 from calibrate.stages.context import StageContext
 from calibrate.stages.determinism import DeterminismCheck, EngineSwitch, overall
 from calibrate.stages.determinism.wave import managed_switch
@@ -29,6 +28,7 @@ from calibrate.stages.measure.compare_tiers import (
 from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.measure.tiers import queue_note
 from calibrate.state.gates import next_step
+from calibrate.state.ledger import LedgerEntry
 from calibrate.state.summaries import TierChecks, TierSummary
 
 Row = Mapping[str, Any]

@@ -18,13 +18,8 @@ from calibrate.errors import UsageError
 from calibrate.gpu.energy import check_price
 from calibrate.gpu.nvml import NvmlSampler
 from calibrate.gpu.selfload import SelfLoadMonitor
-from calibrate.gpu.vram import (
-    MetricsEndpoint,
-    SourceChoice,
-    VramMonitor,
-    energy_reader,
-    open_sources,
-)
+from calibrate.gpu.sources import MetricsEndpoint, SourceChoice, energy_reader, open_sources
+from calibrate.gpu.vram import VramMonitor
 from calibrate.redact import redact_url
 from calibrate.server.devices import managed_server_devices
 from calibrate.stages.context import StageContext

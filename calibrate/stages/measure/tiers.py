@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from calibrate.gpu.energy import ENERGY_COLUMNS, energy_fields
-from calibrate.gpu.nvml import DeviceMemory
+from calibrate.gpu.reading import DeviceMemory
 from calibrate.gpu.vram import WindowPeak, device_peaks
 from calibrate.load.items import ItemResult, percentile
 from calibrate.stages.determinism import DeterminismCheck

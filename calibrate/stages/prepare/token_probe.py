@@ -19,7 +19,7 @@ from calibrate.engines.args import ServerKind
 from calibrate.engines.base import Forcing as Forcing  # workload_plan reads it here
 from calibrate.errors import RequestError, StageFailed
 from calibrate.http.client import OpenAIClient
-from calibrate.http.records import SamplingParams
+from calibrate.http.models import SamplingParams
 from calibrate.load.request import CHAT_PATH, COMPLETIONS_PATH
 from calibrate.stages.prepare.synthetic import TokenModel, synthetic_prompt
 from calibrate.stages.single import unreachable

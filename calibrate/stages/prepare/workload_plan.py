@@ -14,7 +14,7 @@ from typing import Any
 
 from calibrate.config import Config, LadderMode
 from calibrate.http.client import OpenAIClient
-from calibrate.http.records import SamplingParams
+from calibrate.http.models import SamplingParams
 from calibrate.load.request import Request, build_requests
 from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.prepare.synthetic import synthetic_prompt, target_tokens

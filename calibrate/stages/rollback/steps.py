@@ -24,9 +24,8 @@ from calibrate.errors import (
     StepFailed,
 )
 from calibrate.gpu.nvml import GpuSnapshot
-from calibrate.http.records import LedgerEntry
 from calibrate.io.baseline import Comparison, Normaliser
-from calibrate.server import process, readiness
+from calibrate.server import pids, process, readiness
 from calibrate.server.readiness import VramProbe, used_mib, wait_released
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.incidents import Incident, write_incident
@@ -34,6 +33,7 @@ from calibrate.stages.pin_context import context_for
 from calibrate.stages.repro import against_baseline
 from calibrate.stages.rollback.result import STILL_DIFFERS, RollbackResult, StepName, StepResult
 from calibrate.state.gates import next_step
+from calibrate.state.ledger import LedgerEntry
 from calibrate.state.setting import RollbackTier
 from calibrate.state.setting import rollback_tier as state_rollback_tier
 from calibrate.state.summary_values import Setting
@@ -157,7 +157,7 @@ class Rollback:
             if result.was == "stranger":
                 message = (
                     f"the managed server had already exited; PID {result.pid} now belongs "
-                    f"to another program ({process.cmdline(result.pid)[:80]}): not signalled"
+                    f"to another program ({pids.cmdline(result.pid)[:80]}): not signalled"
                 )
             elif result.was == "gone":
                 message = f"the managed server (PID {result.pid}) had already exited"
@@ -176,9 +176,9 @@ class Rollback:
             return message, detail
         if not readiness.port_open(self.host, self.port):
             return f"nothing listens on {self.host}:{self.port}: the server is already down", {}
-        self.old_pid = process.listener_pid(self.port)
+        self.old_pid = pids.listener_pid(self.port)
         how = (
-            f"kill -TERM {self.old_pid}   # {process.cmdline(self.old_pid)[:100]}"
+            f"kill -TERM {self.old_pid}   # {pids.cmdline(self.old_pid)[:100]}"
             if self.old_pid
             else f"kill -TERM $(lsof -t -iTCP:{self.port} -sTCP:LISTEN)"
         )

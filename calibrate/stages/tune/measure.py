@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from calibrate.config import Config, SloConfig
-from calibrate.io.store import RunDir, read_jsonl
+from calibrate.io.jsonl import read_jsonl
+from calibrate.io.store import RunDir
 from calibrate.load.waves import Sender
 from calibrate.numbers import finite
 from calibrate.stages.context import StageContext

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from calibrate.http.records import LedgerEntry
 from calibrate.stages.tune.candidate import Lifecycle
 from calibrate.stages.tune.result import CandidateResult
 from calibrate.stages.tune.search import Notify, Tune, TuneOutcome
 from calibrate.stages.tune.setup import TuneSetup
 from calibrate.stages.tune.store import TuneStore, ranked_rows, write_plot, write_tables
+from calibrate.state.ledger import LedgerEntry
 from calibrate.state.summaries import PlainSummary, TuneSummary
 
 # Draws plot.svg from the ranked rows and a title (the renderer's, so the stage draws nothing).

@@ -17,14 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from calibrate.io.store import (
-    JsonlWriter,
-    RunDir,
-    dumps_line,
-    read_jsonl,
-    write_atomic,
-    write_json_atomic,
-)
+from calibrate.io.atomic import write_atomic, write_json_atomic
+from calibrate.io.jsonl import JsonlWriter, dumps_line, read_jsonl
+from calibrate.io.store import RunDir
 from calibrate.io.tier_table import TuneRow, write_tune_csv
 from calibrate.stages.tune.result import CandidateResult, MemoryProbe
 

@@ -1,21 +1,15 @@
-"""Typed records and their disk form (SPEC §4): request records, ledger lines, server identity."""
+"""The http models (SPEC §4): what is sent (sampling), what came back (Completion, Usage), whether
+it is complete, and what the server says about itself.
+"""
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from calibrate.errors import ErrorInfo
-from calibrate.http.request_times import NO_TIMES, RequestTimes
+from calibrate.http.request_times import RequestTimes
 from calibrate.http.stream_timing import StreamTiming
-
-
-def utc_now_iso() -> str:
-    """``2026-11-29T16:41:29.123Z`` — the timestamp format of every record."""
-    now = dt.datetime.now(dt.UTC)
-    return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
 
 
 @dataclass(frozen=True)
@@ -205,119 +199,3 @@ class ServerIdentity:
             "served_model": self.served_model,
             "system_fingerprint": self.system_fingerprint,
         }
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    """One request, as written to ``records.jsonl`` (SPEC §4.1)."""
-
-    run_id: str
-    ts: str
-    stage: str
-    target: str
-    prompt: str
-    params: SamplingParams
-    text: str | None
-    finish_reason: str | None
-    usage: Usage | None
-    elapsed_s: float
-    ttft_s: float | None
-    served_model: str | None
-    system_fingerprint: str | None
-    batch_size: int = 1
-    concurrency: int = 1
-    round: int | None = None
-    ok: bool = True
-    error: ErrorInfo | None = None
-    input_tokens_target: int | None = None  # the length a synthetic prompt was sized to
-    canary: bool = False  # the fixed prompt riding along a workload's wave (SPEC §5.11)
-    times: RequestTimes | None = None  # when it was sent, answered, finished (SPEC §4.1)
-
-    def to_json(self) -> dict[str, Any]:
-        out = self._base_json()
-        out.update(self.times.to_json() if self.times is not None else NO_TIMES)
-        if self.input_tokens_target is not None:
-            out["input_tokens_target"] = self.input_tokens_target
-        if self.canary:
-            out["canary"] = True
-        return out
-
-    def _base_json(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "ts": self.ts,
-            "stage": self.stage,
-            "target": self.target,
-            "prompt": self.prompt,
-            "params": self.params.to_json(),
-            "text": self.text,
-            "finish_reason": self.finish_reason,
-            "usage": self.usage.to_json() if self.usage else None,
-            "elapsed_s": round(self.elapsed_s, 6),
-            "ttft_s": round(self.ttft_s, 6) if self.ttft_s is not None else None,
-            "served_model": self.served_model,
-            "system_fingerprint": self.system_fingerprint,
-            "batch_size": self.batch_size,
-            "concurrency": self.concurrency,
-            "round": self.round,
-            "ok": self.ok,
-            "error": self.error.to_json() if self.error else None,
-        }
-
-
-@dataclass(frozen=True)
-class LedgerEntry:
-    """One stage result in ``runs/ledger.jsonl`` (SPEC §4.2); the gates read these.
-
-    ``identity`` (what the fingerprint hashes) lets a closed gate say which part changed;
-    ``weights`` (model path, served root) guard against other weights behind the same name.
-    """
-
-    stage: str
-    run_id: str
-    target: str
-    passed: bool
-    summary: dict[str, Any] = field(default_factory=dict)
-    forced: bool = False
-    ts: str = field(default_factory=utc_now_iso)
-    interrupted: bool = False
-    identity: dict[str, Any] | None = None
-    weights: dict[str, Any] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "ts": self.ts,
-            "stage": self.stage,
-            "run_id": self.run_id,
-            "target": self.target,
-            "passed": self.passed,
-            "interrupted": self.interrupted,
-            "summary": self.summary,
-        }
-        if self.forced:
-            out["forced"] = True
-        if self.identity is not None:
-            out["identity"] = self.identity
-        if self.weights is not None:
-            out["weights"] = self.weights
-        return out
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> LedgerEntry:
-        """Raises ValueError when the line is not a ledger entry (the ledger skips it)."""
-        stage, summary = data.get("stage"), data.get("summary", {})
-        if not isinstance(stage, str) or not isinstance(summary, dict | None):
-            raise ValueError("not a ledger entry (no 'stage', or 'summary' is not an object)")
-        identity, weights = data.get("identity"), data.get("weights")
-        return cls(
-            stage=stage,
-            run_id=str(data.get("run_id", "")),
-            target=str(data.get("target", "")),
-            passed=data.get("passed") is True,
-            summary=dict(summary or {}),
-            forced=data.get("forced") is True,
-            ts=str(data.get("ts", "")),
-            interrupted=data.get("interrupted") is True,
-            identity=identity if isinstance(identity, dict) else None,
-            weights=weights if isinstance(weights, dict) else None,
-        )

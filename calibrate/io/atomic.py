@@ -1,0 +1,112 @@
+"""Files written atomically: a temp file beside the target, fsynced, renamed into place.
+
+A temp file left by a dead writer (kill -9) is recognised by the PID in its name and removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from calibrate.errors import InputError
+from calibrate.io.jsonl import utf8
+
+
+def file_mode() -> int:
+    """The mode a new file gets here: 0666 less the umask (what ``open`` would give it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # no /proc: read it by setting it (and put it back at once)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def refuse_special(path: Path) -> None:
+    """Raise InputError (exit 2) if ``path`` exists and is not a regular file (links followed):
+    a rename onto it would replace a device, a FIFO or a folder."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return
+    if not stat.S_ISREG(found.st_mode):
+        raise InputError(
+            f"{path} exists and is not a regular file (a device, FIFO or folder): "
+            "writing it would replace it",
+            "Give a path for a new or regular file.",
+        )
+
+
+def temp_beside(path: Path) -> tuple[int, Path]:
+    """A new temp file beside ``path`` (``.NAME.PID.XXXX``), mode 0666 less the umask.
+
+    The PID in the name lets a later run tell a temp file left by a dead process (kill -9)
+    from one still being written: see ``remove_stale_temps``.
+    """
+    refuse_special(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", dir=path.parent)
+    with contextlib.suppress(OSError):  # a file system without modes: mkstemp's 0600 stays
+        os.fchmod(fd, file_mode())
+    return fd, Path(tmp)
+
+
+def remove_stale_temps(path: Path, *, own: bool = False) -> int:
+    """Remove the temp files of ``temp_beside(path)`` whose writer is dead (``own``: ours,
+    after an interruption, wherever it struck); how many."""
+    removed = 0
+    prefix = f".{path.name}."
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return 0
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        pid_text = name[len(prefix) :].split(".", 1)[0]
+        if not pid_text.isdigit():
+            continue
+        mine = int(pid_text) == os.getpid()
+        if mine != own or (not mine and _alive(int(pid_text))):
+            continue
+        with contextlib.suppress(OSError):
+            (path.parent / name).unlink()
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # someone else's process (or no such number): leave its file alone
+    return True
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write to a temp file beside ``path`` and rename it into place (never onto a device)."""
+    fd, tmp = temp_beside(path)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(utf8(text))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    write_atomic(path, json.dumps(obj, ensure_ascii=False, indent=2, sort_keys=True) + "\n")
