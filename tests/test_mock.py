@@ -250,10 +250,13 @@ def test_models_health_metrics(server: RunningMock, http: requests.Session) -> N
 
 
 def test_metrics_see_requests_in_flight(http: requests.Session) -> None:
-    with start_mock(ttft_s=0.3, per_token_s=0.0) as slow, ThreadPoolExecutor(2) as pool:
+    # answers that take 2 s: /metrics is read while both are surely in flight, even on a busy box
+    with start_mock(ttft_s=2.0, per_token_s=0.0) as slow, ThreadPoolExecutor(2) as pool:
         pending = [pool.submit(requests.post, f"{slow.base_url}/chat/completions", json=CHAT)]
         pending.append(pool.submit(requests.post, f"{slow.base_url}/chat/completions", json=CHAT))
-        time.sleep(0.15)
+        deadline = time.monotonic() + 1.5
+        while slow.model.snapshot().in_flight < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
         snap = slow.model.snapshot()
         text = http.get(slow.base_url.removesuffix("/v1") + "/metrics").text
         assert [f.result().status_code for f in pending] == [200, 200]
