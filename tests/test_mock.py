@@ -316,6 +316,7 @@ def _post_many(url: str, body: dict[str, Any], n: int) -> tuple[list[int], float
         return codes, time.perf_counter() - started
 
 
+@pytest.mark.serial  # wall-clock bounds: run alone, not beside three other workers
 def test_slots_make_a_knee_and_connections_burst_without_stalls() -> None:
     with start_mock(ttft_s=0.1, per_token_s=0.0, slots=2) as knee:
         codes, elapsed = _post_many(f"{knee.base_url}/completions", {"prompt": "x"}, 4)

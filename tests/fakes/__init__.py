@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shlex
 import socket
 import sys
@@ -25,10 +26,24 @@ ENGINE_NAMES = (
 )
 
 
+PORT_BAND = 1000  # ports per test worker
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port no other test of this run is handed: in this xdist worker's own band, below the
+    kernel's ephemeral range where the port-0 servers of every worker land. A port-0 pick that
+    is closed again and bound later by a child process could meanwhile go to another worker's
+    mock — a managed server then looked ready on someone else's /health."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    start = 20000 + (int(worker) if worker.isdigit() else 0) * PORT_BAND
+    for port in random.sample(range(start, start + PORT_BAND), PORT_BAND):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use, or still in TIME_WAIT from an earlier test
+            return port
+    raise RuntimeError(f"no free port in {start}-{start + PORT_BAND - 1}")
 
 
 def mock_command(*extra: str) -> str:
