@@ -25,7 +25,10 @@ def test_oom_at_tier_8_keeps_tier_4_with_incidents_and_no_key_on_disk(
     assert result.code == 0, result.err
     summary = result.json
     # wave mode: a batch of 4 is 4 requests in flight together (SPEC §5.0)
-    assert summary["last_passing"] == {"batch_size": 4, "concurrency": 4}
+    # the setting is the smallest kept batch within noise of the fastest: 4 on four slots, or 2
+    # when one wave each (FAST) left 4's gain inside the noise; the kept ceiling is 4 either way
+    setting = summary["last_passing"]
+    assert setting["batch_size"] in (2, 4) and setting["concurrency"] == setting["batch_size"]
     assert summary["max_in_flight"] == 4
     assert summary["stopped_by"] == "failure"
     assert [(t["batch_size"], t["verdict"]) for t in summary["tiers"]] == [
