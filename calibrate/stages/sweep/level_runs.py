@@ -23,13 +23,13 @@ from calibrate.load.window import (
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.incidents import IncidentRecorder
 from calibrate.stages.measure.item_records import all_refused, item_record
-from calibrate.stages.measure.slo import with_goodput
 from calibrate.stages.measure.stop_rules import Point, ServerCap
-from calibrate.stages.measure.tiers import Stats, summarise
+from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
 from calibrate.stages.single import unreachable
 from calibrate.stages.sweep.knee import best_of, gain_over, judge, needs_repeat
 from calibrate.stages.sweep.levels import Level, level_stats
+from calibrate.stages.sweep.runner import run_stats, whole_stats
 from calibrate.stages.sweep.spec import SweepOptions
 
 
@@ -144,16 +144,7 @@ class LevelRuns:
     ) -> Level:
         """The level over its runs so far, not yet judged against the levels below it."""
         o = self.options
-        whole = summarise(
-            batch_size=o.batch_size,
-            concurrency=concurrency,
-            round_no=None,
-            items=items,
-            total_s=sum(r.total_s for r in runs),
-            peaks=peaks,
-            baseline_text=None,
-        )
-        stats = level_stats(whole, runs)
+        stats = level_stats(whole_stats(o, concurrency, runs, items, peaks), runs)
         latencies = [i.elapsed_s for i in items if i.ok]
         return Level(
             stats,
@@ -185,20 +176,18 @@ class LevelRuns:
         peak = self.monitor.close_window(idle)
         items = self.keep(list(loop.items), concurrency, repeat, peak, f"c{concurrency}")
         steady = steady_throughput(loop)
-        stats = replace(
-            summarise(
-                batch_size=o.batch_size,
-                concurrency=concurrency,
-                round_no=repeat,
-                items=items,
-                total_s=loop.total_s,
-                peaks=[peak],
-                baseline_text=None,
-            ),
+        stats = run_stats(
+            o,
+            concurrency,
+            repeat,
+            items,
+            loop.total_s,
+            peak,
             items_per_s=steady.items_per_s,
             output_tokens_per_s=steady.output_tokens_per_s,
+            window=steady.inside,
+            window_s=steady.window_s,
         )
-        stats = with_goodput(stats, o.slo, steady.inside, steady.window_s)
         ctx.run.append(
             "rounds.jsonl",
             {
