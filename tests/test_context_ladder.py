@@ -126,7 +126,9 @@ def test_a_context_ladder_never_sets_the_batch_size(cli, isolated: Path) -> None
     with start_mock(**FAST_MOCK, max_model_len=8192) as mock:
         server = '[server]\nmodel_path = "/models/m"\n'
         sweep = "[sweep]\nconcurrency = [1, 2]\nlevel_s = 0.1\nrepeats = 1\n"
-        extra = LADDER + "batch_sizes = [1, 2]\n" + sweep + server
+        # one tier, batch 2: the batch ladder's setting is 2 whatever the noise, the context
+        # ladder steps at batch 1 — a setting of 1 could only come from the context ladder
+        extra = LADDER + "batch_sizes = [2]\n" + sweep + server
         calibrated(cli, isolated, mock.base_url, extra)
         assert cli("ladder").code == 0
         context = cli("ladder", "--axis", "context", "--context-lengths", "512,3000", "--json")
