@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from tests.batch_helpers import (
     wait_for_lines,
     write_tasks,
 )
+from tests.fakes import free_port
 from tests.helpers import write_config
 from tests.mockserver import REPO, start_mock
 
@@ -86,17 +86,11 @@ def test_stdin_input_runs_every_item_and_an_empty_pipe_is_never_a_pass(isolated:
     assert _no_spool_left(spool_dir)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.parametrize("extra", [["-c", "4"], ["-c", "1", "--retries", "0"], ["-c", "1"]])
 def test_a_server_that_never_answers_exits_4_at_once_and_fails_nothing(
     cli, isolated: Path, extra: list[str]
 ) -> None:
-    base_url = f"http://127.0.0.1:{_free_port()}/v1"
+    base_url = f"http://127.0.0.1:{free_port()}/v1"
     write_config(isolated / "calibrate.toml", base_url)
     tasks = write_tasks(isolated / "tasks.jsonl", 50)
     started = time.monotonic()

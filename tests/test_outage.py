@@ -12,6 +12,7 @@ from pathlib import Path
 from calibrate.errors import ErrorInfo
 from calibrate.stages.batch.outage import Breaker, OutageEvent, OutagePolicy, is_outage
 from tests.batch_helpers import assert_valid_jsonl, write_tasks
+from tests.fakes import free_port
 from tests.helpers import write_config
 from tests.mockserver import start_mock_process
 
@@ -204,7 +205,7 @@ def test_restart_brings_back_a_managed_server_that_died(cli, isolated: Path) -> 
 
     tasks = write_tasks(isolated / "tasks.jsonl", 60)
     out = isolated / "out.jsonl"
-    port = _free_port()
+    port = free_port()
     write_config(
         isolated / "calibrate.toml",
         f"http://127.0.0.1:{port}/v1",
@@ -245,11 +246,3 @@ def test_restart_brings_back_a_managed_server_that_died(cli, isolated: Path) -> 
     events = [e["event"] for e in result.json["outages"]]
     assert events[:3] == ["down", "restart", "up"], events
     assert result.json["endpoints"][0]["restarts"] == 1
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

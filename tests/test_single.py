@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
 
+from tests.fakes import free_port
 from tests.helpers import write_config
 from tests.mockserver import start_mock
 
@@ -67,9 +67,7 @@ def test_stream_records_ttft(cli, mock, isolated: Path) -> None:
 
 
 def test_unreachable_server_exits_4_with_hint(cli, isolated: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens there: this worker's own band
     result = cli("single", "--base-url", f"http://127.0.0.1:{port}/v1")
     assert result.code == 4
     assert f"http://127.0.0.1:{port}/v1" in result.err and "make mock" in result.err

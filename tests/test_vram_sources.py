@@ -3,7 +3,6 @@ are each tried on their own; a failing one is named with its URL, the others are
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,6 +12,7 @@ import pytest
 
 from calibrate.gpu.sources import MetricsEndpoint, MetricsFetch, open_sources
 from calibrate.gpu.vram import VramMonitor
+from tests.fakes import free_port
 from tests.fakes.nvml import FakeGpu, FakeNvml
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, open_gate
@@ -55,10 +55,7 @@ def _serve(status: int, body: str) -> Iterator[str]:
 
 @pytest.fixture
 def dead_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}/metrics"
+    return f"http://127.0.0.1:{free_port()}/metrics"  # nothing listens there
 
 
 @pytest.fixture
