@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams, Usage
 from calibrate.http.request_times import RequestTimes
@@ -60,6 +62,7 @@ def test_a_ladder_wave_records_when_each_request_was_sent_answered_and_finished(
     assert firsts[4] - firsts[3] > 0.05, "the queued four got their first token later"
 
 
+@pytest.mark.serial  # two groups of four by wall clock: run alone, not beside other workers
 def test_the_html_timeline_draws_the_recorded_times_queued_requests_end_later(
     cli, isolated: Path
 ) -> None:
