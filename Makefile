@@ -35,7 +35,7 @@ demo: $(STAMP)
 # fill 2 cores; the tests that assert measured times (marker serial) run after them, alone, from
 # the files that mark any (so the second pass does not collect the whole suite again).
 # Plain `python -m pytest -q` runs everything in one process.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 2
 SERIAL_FILES = $(shell grep -l 'mark\.serial' tests/test_*.py)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m 'not engine and not browser and not serial'
