@@ -9,6 +9,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from calibrate.errors import ErrorInfo
 from calibrate.stages.batch.outage import Breaker, OutageEvent, OutagePolicy, is_outage
 from tests.batch_helpers import assert_valid_jsonl, write_tasks
