@@ -87,10 +87,14 @@ def test_sends_this_process_sent_late_are_not_the_servers_saturation() -> None:
     late = tuple(0.025 * n for n in range(20))  # the last send 0.475 s behind its schedule
     sent = tuple(_done(0.125 * n + 0.05, started=0.125 * n) for n in range(20))
     client_bound = OpenRun(sent, 2.5, 2.375, (0,) * 20, 0.0, late)
-    assert not judge(client_bound, 10.0, 4).saturated
+    verdict = judge(client_bound, 10.0, 4)
+    # not the server's saturation, and not a measurement of 10 req/s either: calibrate's limit
+    assert not verdict.saturated and verdict.client_late.startswith("calibrate sent only 8 of")
+    on_time = judge(OpenRun(sent, 2.5, 2.375, (0,) * 20, 0.0, (0.0,) * 20), 10.0, 4)
+    assert on_time.saturated and not on_time.client_late  # sends on time, answers short
     # the same late sends, but the cap was full most of the run: the server held them back
     held = OpenRun(sent, 2.5, 2.375, (4,) * 20, 1.5, late)
-    assert judge(held, 10.0, 4).saturated
+    assert judge(held, 10.0, 4).saturated and not judge(held, 10.0, 4).client_late
     # sent late, and each answer slower than the last: the server fell behind too
     slower = tuple(_done(0.125 * n + 0.05 + 0.02 * n, started=0.125 * n) for n in range(20))
     assert judge(OpenRun(slower, 2.9, 2.375, (0,) * 20, 0.0, late), 10.0, 4).saturated

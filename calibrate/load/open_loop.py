@@ -72,6 +72,9 @@ class RateJudgement:
     saturated: bool
     why: str  # in words when saturated, else ""
     send_lag_p99_s: float | None = None  # how late sends went out (waiting on the in-flight cap)
+    client_late: str = (
+        ""  # why this process, not the server, fell short of the rate ("" = it did not)
+    )
 
     @property
     def steady_items(self) -> int:
@@ -159,20 +162,18 @@ def _held_back(run: OpenRun) -> bool:
     return run.capped_s > SHORTFALL * run.last_send_s
 
 
-def _client_was_late(run: OpenRun, rate: float) -> bool:
-    """True when this process, not the server, fell behind: the sends went out ever later
-    against their schedule (a busy CPU, a stalled thread) without the in-flight cap holding
-    them back, and the answers kept pace with the sends that did go out. A shortfall against
-    the schedule is then the client's, not saturation of the server."""
+def _sent_late(run: OpenRun) -> float | None:
+    """The rate the sends really went out at, when this process, not the server, fell behind:
+    the sends went out ever later against their schedule (a busy CPU, a stalled thread) without
+    the in-flight cap holding them back. None when the sends kept to their schedule."""
     starts = [a.started_s for a in run.requests if a.ok]
     if len(starts) < 3 or max(starts) <= min(starts) or len(run.lag_s) < 4:
-        return False
+        return None
     quarter = max(1, len(run.lag_s) // 4)
     late_s = _mean(run.lag_s[-quarter:]) - _mean(run.lag_s[:quarter])
     if late_s <= SHORTFALL * run.last_send_s or _held_back(run):
-        return False
-    sent_rate = (len(starts) - 1) / (max(starts) - min(starts))
-    return rate >= sent_rate * (1 - SHORTFALL)
+        return None
+    return (len(starts) - 1) / (max(starts) - min(starts))
 
 
 def judge(run: OpenRun, offered_rate: float | None, cap: int | None) -> RateJudgement:
@@ -180,11 +181,16 @@ def judge(run: OpenRun, offered_rate: float | None, cap: int | None) -> RateJudg
     latency keep growing through the run, or when the in-flight cap made the sends fall ever
     further behind their schedule."""
     rate, window, count = achieved(run.requests, run.total_s)
-    why = ""
+    why = late = ""
     if offered_rate is not None:
         quarter = max(1, len(run.in_flight) // 4)
         first, last = _mean(run.in_flight[:quarter]), _mean(run.in_flight[-quarter:])
-        if rate < offered_rate * (1 - SHORTFALL) and not _client_was_late(run, rate):
+        sent = _sent_late(run) if rate < offered_rate * (1 - SHORTFALL) else None
+        if sent is not None and rate >= sent * (1 - SHORTFALL):
+            # the server answered all that was sent: not its saturation, but the rate offered was
+            # never measured either — the level is calibrate's limit, not a result
+            late = f"calibrate sent only {sent:.3g} of the offered {offered_rate:g} req/s"
+        elif rate < offered_rate * (1 - SHORTFALL):
             why = (
                 f"achieved {rate:.3g} req/s is {1 - rate / offered_rate:.0%} below the offered "
                 f"{offered_rate:g}"
@@ -197,7 +203,7 @@ def judge(run: OpenRun, offered_rate: float | None, cap: int | None) -> RateJudg
         elif cap is not None and _held_back(run) and (behind := _fell_behind(run)):
             why = f"the in-flight cap of {cap} held sends back: {behind}"
     lag = percentile(run.lag_s, 99) if offered_rate is not None else None
-    return RateJudgement(offered_rate, rate, window, count, bool(why), why, lag)
+    return RateJudgement(offered_rate, rate, window, count, bool(why), why, lag, late)
 
 
 def open_loop(

@@ -49,6 +49,7 @@ def run_rate_level(sweep: LevelRunner, rate: float) -> Level:
         sweep.cap is not None and whole.concurrency > sweep.cap.slots,
         rate_judgement,
         stall=find_stall([i.elapsed_s for i in items if i.ok]),
+        client_bound=next((j.client_late for j in judged if j.client_late), ""),
     )
 
 

@@ -86,7 +86,8 @@ class Sweep(LevelRuns):
         """A finished level: marked when calibrate itself was the bottleneck while it ran, kept,
         written to tiers.jsonl, shown."""
         if self.selfload is not None:
-            level = replace(level, client_bound=self.selfload.bound_since(self.selfload_mark))
+            bound = level.client_bound or self.selfload.bound_since(self.selfload_mark)
+            level = replace(level, client_bound=bound)
             self.selfload_mark = self.selfload.mark()
         level = self.with_copies(level)
         self.levels.append(level)
