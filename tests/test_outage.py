@@ -201,7 +201,7 @@ def test_an_outage_longer_than_outage_s_exits_4_with_nothing_failed(cli, isolate
     assert rerun.json["skipped"] == len(rows) and rerun.json["done"] == 60 - len(rows)
 
 
-@pytest.mark.serial  # under load a second restart attempt has met the first one's new server
+@pytest.mark.serial  # restarts a real engine 4 s into a 30 s outage window: kept out of the crowd
 def test_restart_brings_back_a_managed_server_that_died(cli, isolated: Path) -> None:
     import os
     import sys

@@ -236,3 +236,39 @@ def test_engines_whose_metrics_are_off_by_default_are_started_with_them_on(
     argv = build(LaunchSpec(kind, "/m", 9000, 4, 4)).argv
     assert argv.count(metrics_flag) == 1, argv
     assert "--enable-metrics" not in build(LaunchSpec("vllm", "/m", 9000, 4, 4)).argv
+
+
+def test_a_start_after_the_engine_died_waits_for_its_socket_not_another_server(
+    cli, isolated: Path
+) -> None:
+    """kill -9 makes /proc call the engine a zombie while its socket still listens for a moment
+    (3-10 ms for the mock; here a child holds it 1 s): that port is the dead engine's, so the
+    next start (``batch --restart``'s, a user's) waits for it instead of "port in use"."""
+    port = free_port()
+    engine = Path(__file__).parent / "fakes" / "lingering_engine.py"
+    managed_config(isolated, port, f"{shlex.quote(sys.executable)} {engine} --port {{port}}")
+    first = cli("server", "start", "--json")
+    assert first.code == 0, first.err
+    subprocess.run(["kill", "-KILL", str(first.json["pid"])], check=True)
+    assert _wait_gone(first.json["pid"])
+    assert readiness.port_open("127.0.0.1", port), "the child still holds the dead engine's port"
+    again = cli("server", "start", "--json")
+    try:
+        assert again.code == 0, again.err
+        assert again.json["pid"] != first.json["pid"]
+    finally:
+        assert cli("server", "stop").code == 0
+    # a port held by a live stranger is still refused
+    with start_mock(port=port):
+        managed_config(isolated, port, f"{shlex.quote(sys.executable)} {engine} --port {{port}}")
+        held = cli("server", "start")
+    assert held.code == 2 and f"port {port} is already in use" in held.err
+
+
+def _wait_gone(pid: int, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pid_gone(pid):
+            return True
+        time.sleep(0.01)
+    return False

@@ -23,6 +23,7 @@ from calibrate.server import exit_status, interrupts, pids, process, readiness, 
 from calibrate.server.process import ServerRecord, StopResult
 
 TAIL_LINES = 20
+DEAD_PORT_GRACE_S = 5.0  # how long a just-dead recorded engine's socket may linger
 
 
 def launch_spec(
@@ -120,7 +121,8 @@ def start(
     """
     say = notify or (lambda text: None)
     current = process.load(runs_dir)
-    if current is not None and process.liveness(current) == "running":
+    alive = None if current is None else process.liveness(current)
+    if current is not None and alive == "running":
         if not current.left_starting():
             raise UsageError(
                 f"calibrate already manages a server (PID {current.pid}, port {current.port})",
@@ -135,6 +137,10 @@ def start(
         process.forget(runs_dir)
         say(f"stopped the engine an interrupted start had left running (PID {current.pid})")
         readiness.wait_port_closed("127.0.0.1", port, 5.0)
+    elif current is not None and alive == "gone" and current.port == port:
+        # the recorded engine reads as gone (a zombie) while its last threads still hold its
+        # socket for a few ms: measured 3-10 ms after kill -9. Its port is not "another server"
+        readiness.wait_port_closed("127.0.0.1", port, DEAD_PORT_GRACE_S)
     if readiness.port_open("127.0.0.1", port):
         raise UsageError(
             f"port {port} is already in use (another server is listening there)",
