@@ -51,6 +51,9 @@ def test_a_lead_is_significant_only_when_the_interval_clears_zero() -> None:
     once = margin_of(_best(12.0), _best(10.0))
     assert once is not None and once.significant is None and once.runs == (1, 1)
     assert margin_of(_best(12.0), _best(0.0)) is None  # no ratio over nothing
+    resumed = margin_of(BestLevel(4, 12.0, 12.0, 1.0, None, None, None), _best(*CLEAR[1]))
+    assert resumed is not None and resumed.significant is None
+    assert resumed.caveat() == " (no interval: an earlier calibrate kept no runs for one of them)"
     # a winner by the ranking whose runs are significantly slower is never claimed
     behind = margin_of(
         BestLevel(4, 10.5, 10.5, 1.0, None, None, None, runs_per_s=CLEAR[1]), _best(*CLEAR[0])

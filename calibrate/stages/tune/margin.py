@@ -36,6 +36,8 @@ class Margin:
                 f", not significant at {percent(self.level)} (the intervals overlap): "
                 "about equal, measure longer to tell"
             )
+        if min(self.runs) == 0:  # a result read back from a line written before runs were kept
+            return " (no interval: an earlier calibrate kept no runs for one of them)"
         if max(self.runs) <= 1:
             return " (one run each: no interval; set [sweep] repeats = 3 to tell)"
         return " (fewer than two runs on a side: no interval)"
