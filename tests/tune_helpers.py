@@ -22,10 +22,12 @@ COMMAND = shlex.join(MOCK) + (
 LEVELS = "[sweep]\nconcurrency = [1, 2, 4]\nlevel_s = 0.1\nrepeats = 1\n[ladder]\nsample_interval_s = 0.005\nmin_round_s = 0\n"
 
 
-def tune_config(root: Path, tune: str, *, command: str = COMMAND, batch: int = 4) -> str:
+def tune_config(
+    root: Path, tune: str, *, command: str = COMMAND, batch: int = 4, levels: str = LEVELS
+) -> str:
     """calibrate.toml with the mock as [server] and a passing ladder at ``batch``; the target."""
     port = free_port()
-    managed_config(root, port, command, extra=LEVELS + "[tune]\n" + tune)
+    managed_config(root, port, command, extra=levels + "[tune]\n" + tune)
     cfg = config.load(config.Overrides(config_path=str(root / "calibrate.toml")), {})
     target = target_fingerprint(cfg)
     passing_ladder(root, target, batch)

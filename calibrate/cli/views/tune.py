@@ -133,10 +133,12 @@ def winner_text(outcome: TuneOutcome, gain_min: float = 0.0) -> str | None:
         f"winner: {win.candidate.id} ({win.candidate.describe()}): "
         f"{win.best.goodput_per_s:.2f} req/s at concurrency {win.best.concurrency}"
     )
-    second, margin = outcome.runner_up, outcome.margin
-    if second is not None and margin is not None:
+    second, lead = outcome.runner_up, outcome.lead
+    if second is not None and lead is not None:
+        margin = lead.fraction
         text += f", {margin:+.0%} over the runner-up {second.candidate.id} ({second.candidate.describe()})"
-        if margin < gain_min:
+        text += lead.caveat()  # "not significant at 95 %" when the intervals overlap
+        if margin < gain_min and lead.significant is not False:
             text += (
                 f" — within [sweep] gain_min ({gain_min:.0%}): about equal, measure longer to tell"
             )

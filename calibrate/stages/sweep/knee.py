@@ -12,10 +12,11 @@ slowest run left out): one hiccup on a busy machine does not decide, and repeati
 then narrow its range instead of only ever widening it.
 
 Ranges that still overlap are not the last word: with at least ``MIN_RUNS_FOR_INTERVAL`` runs on
-both sides, a level whose median adds ``gain_min`` is a gain when the 95 % Welch interval of its
-mean throughput minus the best's lies wholly above zero (``calibrate.stages.measure.confidence.compare``). On a
-busy machine one fast outlier run of the best level widens its range over a real gain; the
-interval weighs every run instead of the two extremes.
+both sides, a level whose median adds ``gain_min`` is a gain when the Welch interval of its mean
+throughput minus the best's, at ``[confidence] level`` (``level``, 95 % by default), lies wholly
+above zero (``calibrate.stages.measure.confidence.compare``). On a busy machine one fast outlier
+run of the best level widens its range over a real gain; the interval weighs every run instead
+of the two extremes.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from calibrate.stages.measure.confidence import compare, spread
+from calibrate.stages.measure.confidence import DEFAULT_LEVEL, compare, spread
 from calibrate.stages.measure.stop_rules import Point
 
 Judgement = Literal["gain", "no gain", "unsure"]
@@ -57,21 +58,22 @@ def _apart(best: Point, cur: Point) -> bool:
     return cur.span[0] > best.span[1]
 
 
-def judge(best: Point, cur: Point, gain_min: float) -> Judgement:
-    """``cur`` against the best level below it (see the module's doc)."""
+def judge(best: Point, cur: Point, gain_min: float, level: float = DEFAULT_LEVEL) -> Judgement:
+    """``cur`` against the best level below it, the interval at ``level`` (see the module's doc)."""
     gain = gain_over(best, cur)
     if cur.errors or gain is None or gain < gain_min:
         return "no gain"
-    if _apart(best, cur) or _interval_above(best, cur):
+    if _apart(best, cur) or _interval_above(best, cur, level):
         return "gain"
     return "unsure" if gain > gain_min and _ranged(best, cur) else "no gain"
 
 
-def _interval_above(best: Point, cur: Point) -> bool:
-    """``cur``'s mean beats ``best``'s beyond the 95 % Welch interval (enough runs on both)."""
+def _interval_above(best: Point, cur: Point, level: float) -> bool:
+    """``cur``'s mean beats ``best``'s beyond the Welch interval at ``level`` (enough runs on
+    both)."""
     if min(len(best.runs), len(cur.runs)) < MIN_RUNS_FOR_INTERVAL:
         return False
-    a, b = spread(best.runs), spread(cur.runs)
+    a, b = spread(best.runs, level), spread(cur.runs, level)
     if a is None or b is None:
         return False
     low = compare(a, b).ci_low
@@ -79,21 +81,27 @@ def _interval_above(best: Point, cur: Point) -> bool:
 
 
 def needs_repeat(
-    points: Sequence[Point], cur: Point, gain_min: float, runs: int, max_repeats: int
+    points: Sequence[Point],
+    cur: Point,
+    gain_min: float,
+    runs: int,
+    max_repeats: int,
+    level: float = DEFAULT_LEVEL,
 ) -> bool:
     """Run ``cur`` again: it is unsure against the best of ``points`` and has runs to spare."""
-    best = best_of(points, gain_min)
-    return best is not None and runs < max_repeats and judge(best, cur, gain_min) == "unsure"
+    best = best_of(points, gain_min, level)
+    unsure = best is not None and judge(best, cur, gain_min, level) == "unsure"
+    return unsure and runs < max_repeats
 
 
-def best_of(points: Sequence[Point], gain_min: float) -> Point | None:
+def best_of(points: Sequence[Point], gain_min: float, level: float = DEFAULT_LEVEL) -> Point | None:
     """The best level so far: the first clean level, replaced by each later one that is a gain
     over it. None when the first level failed (the sweep stops at a failing level)."""
     best: Point | None = None
     for point in points:
         if point.errors:
             break
-        if best is None or judge(best, point, gain_min) == "gain":
+        if best is None or judge(best, point, gain_min, level) == "gain":
             best = point
     return best
 
@@ -108,24 +116,27 @@ class Knee:
     text: str
 
 
-def find_knee(points: Sequence[Point], gain_min: float) -> Knee | None:
-    """The knee of the clean levels (those before the first failing one); None when the first
-    level failed."""
+def find_knee(
+    points: Sequence[Point], gain_min: float, level: float = DEFAULT_LEVEL
+) -> Knee | None:
+    """The knee of the clean levels (those before the first failing one), the Welch interval at
+    ``level``; None when the first level failed."""
     clean: list[Point] = []
     for point in points:
         if point.errors:
             break
         clean.append(point)
-    best = best_of(clean, gain_min)
+    best = best_of(clean, gain_min, level)
     if best is None:
         return None
     knee = next(p for p in clean if within_noise(best, p, gain_min))
-    doubts = _doubts(clean, gain_min)
+    doubts = _doubts(clean, gain_min, level)
     at = next(n for n, p in enumerate(clean) if p is knee)
     beyond = [d for d, _ in doubts if any(d is p for p in clean[at + 1 :])]
     after = clean[clean.index(best) + 1 :]
     sure = not beyond and bool(after) and all(p.low is not None for p in clean)
-    return Knee(knee, best, sure, _text(points, clean, knee, best, doubts, gain_min, sure))
+    text = _text(points, clean, knee, best, doubts, (gain_min, level), sure)
+    return Knee(knee, best, sure, text)
 
 
 def within_noise(best: Point, cur: Point, gain_min: float) -> bool:
@@ -134,7 +145,7 @@ def within_noise(best: Point, cur: Point, gain_min: float) -> bool:
     return gain is None or gain < gain_min
 
 
-def _doubts(clean: Sequence[Point], gain_min: float) -> list[tuple[Point, Point]]:
+def _doubts(clean: Sequence[Point], gain_min: float, level: float) -> list[tuple[Point, Point]]:
     """(level, the best it was judged against) for each level left unsure after its repeats."""
     out: list[tuple[Point, Point]] = []
     best: Point | None = None
@@ -142,7 +153,7 @@ def _doubts(clean: Sequence[Point], gain_min: float) -> list[tuple[Point, Point]
         if best is None:
             best = point
             continue
-        verdict = judge(best, point, gain_min)
+        verdict = judge(best, point, gain_min, level)
         if verdict == "unsure":
             out.append((point, best))
         elif verdict == "gain":
@@ -172,14 +183,15 @@ def _text(
     knee: Point,
     best: Point,
     doubts: Sequence[tuple[Point, Point]],
-    gain_min: float,
+    rule: tuple[float, float],  # (gain_min, the confidence level)
     sure: bool,
 ) -> str:
     """``knee at 4 (+34 % over 1, range +21 %…+49 %); 8 adds −9 % over 4, range …: throughput
     fell; 16 adds +6 % over 4, …: within noise (the ranges overlap) — sure``."""
+    gain_min, level = rule
     head = f"knee at {knee.concurrency}"
     if knee is not clean[0]:
-        below = best_of(clean[: clean.index(knee)], gain_min) or clean[0]
+        below = best_of(clean[: clean.index(knee)], gain_min, level) or clean[0]
         head += f" ({_versus(below, knee)})"
     parts = [head]
     if best is not knee:

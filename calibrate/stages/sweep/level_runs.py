@@ -126,7 +126,9 @@ class LevelRuns:
             if repeat < o.repeats:
                 continue
             level = self._level(concurrency, runs, items, peaks)
-            if not needs_repeat(below, level.point, o.gain_min, repeat, o.max_repeats):
+            if not needs_repeat(
+                below, level.point, o.gain_min, repeat, o.max_repeats, o.confidence
+            ):
                 break
             self.note(
                 f"concurrency {concurrency}: its range overlaps the best level's while the "
@@ -158,10 +160,11 @@ class LevelRuns:
 
     def _judged(self, level: Level, below: list[Point]) -> Level:
         """``level`` with its gain over the best level below it, and whether that counts."""
-        best = best_of(below, self.options.gain_min)
+        o = self.options
+        best = best_of(below, o.gain_min, o.confidence)
         if best is None:
             return level
-        verdict = judge(best, level.point, self.options.gain_min)
+        verdict = judge(best, level.point, o.gain_min, o.confidence)
         return replace(level, gain=gain_over(best, level.point), counted=verdict == "gain")
 
     def run_once(

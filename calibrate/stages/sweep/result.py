@@ -9,6 +9,7 @@ from typing import Any
 
 from calibrate.config import SloConfig
 from calibrate.load.arrivals import rate_text
+from calibrate.stages.measure.confidence import DEFAULT_LEVEL
 from calibrate.stages.measure.slo import binding_slo, describe, has_slo
 from calibrate.stages.measure.stop_rules import Point, ServerCap
 from calibrate.stages.measure.tiers import Stats, energy_short
@@ -33,6 +34,7 @@ class SweepResult(ClientLimit):
     workload_details: dict[str, Any] = field(default_factory=dict)
     slo: SloConfig = field(default_factory=SloConfig)
     find_max: FindMax | None = None  # --find-max: the SLO boundary it found
+    confidence: float = DEFAULT_LEVEL  # [confidence] level the knee's intervals are taken at
 
     @property
     def rate_mode(self) -> bool:
@@ -121,7 +123,7 @@ class SweepResult(ClientLimit):
 
     @property
     def found(self) -> Knee | None:
-        return find_knee(self.points, self.gain_min)
+        return find_knee(self.points, self.gain_min, self.confidence)
 
     @property
     def knee(self) -> Level | None:
@@ -243,6 +245,7 @@ class SweepResult(ClientLimit):
             }
             if top
             else None,
+            "confidence": self.confidence,  # the level the knee's intervals were taken at
             "reason": self.reason,
             "inconclusive": self.inconclusive or None,
             "server_cap": {"slots": self.cap.slots, "source": self.cap.source}

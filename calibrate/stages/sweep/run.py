@@ -135,4 +135,5 @@ class Sweep(LevelRuns):
             self.plan.details(),
             o.slo,
             find_max(self.probes, o.slo, o.find_max_top) if by_probe else None,
+            o.confidence,
         )

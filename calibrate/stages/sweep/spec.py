@@ -8,6 +8,7 @@ from typing import Any
 
 from calibrate.config import Config, LadderMode, SloConfig
 from calibrate.load.arrivals import Arrival
+from calibrate.stages.measure.confidence import DEFAULT_LEVEL
 from calibrate.stages.measure.tier_run import TierSpec
 from calibrate.stages.prepare.stream_probe import StreamCheck
 
@@ -35,6 +36,7 @@ class SweepOptions:
     max_repeats: int = 6  # runs of a level left unsure against the best (SPEC §5.6)
     find_max_top: int = 0  # --find-max: search concurrency 1…this for the SLO boundary (0: off)
     determinism_copies: int = 0  # [determinism] copies of the fixed prompt per level (0: off)
+    confidence: float = DEFAULT_LEVEL  # [confidence] level: the knee's Welch interval
 
     def probed(self, check: StreamCheck) -> SweepOptions:
         """Sent as the stream probe found the server takes them."""
@@ -55,6 +57,7 @@ class SweepOptions:
         s = cfg.sweep
         kw.setdefault("max_repeats", max(s.max_repeats, s.repeats))
         kw.setdefault("determinism_copies", cfg.determinism.copies)
+        kw.setdefault("confidence", cfg.confidence.level)
         return cls(
             s.concurrency, s.level_s, s.repeats, s.gain_min, batch_size, cfg.ladder.mode, **kw
         )

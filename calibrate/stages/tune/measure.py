@@ -162,28 +162,36 @@ def measure_candidate(
     return _measurement(result, run, settings.slo, options.gain_min)
 
 
-def _goodput(run: RunDir, slo: SloBounds) -> dict[int, int]:
-    """Per concurrency: the successful requests that met every SLO."""
-    counts: dict[int, int] = {}
+def _goodput(run: RunDir, slo: SloBounds) -> dict[tuple[int, int | None], int]:
+    """Per concurrency and run of the level (None: a record of no run, e.g. a determinism
+    copy): the successful requests that met every SLO."""
+    counts: dict[tuple[int, int | None], int] = {}
     path = run.path / "records.jsonl"
     if not path.is_file():
         return counts
     for record in read_jsonl(path):
-        concurrency = record.get("concurrency")
+        concurrency, repeat = record.get("concurrency"), record.get("round")
         if record.get("ok") is True and isinstance(concurrency, int) and slo.met(record):
-            counts[concurrency] = counts.get(concurrency, 0) + 1
+            key = (concurrency, repeat if isinstance(repeat, int) else None)
+            counts[key] = counts.get(key, 0) + 1
     return counts
 
 
 def _measurement(result: SweepResult, run: RunDir, slo: SloBounds, gain_min: float) -> Measurement:
     """The levels read back; the best is the lowest concurrency within ``gain_min`` of the
     highest goodput among passing levels (more in flight that adds nothing is not better)."""
-    good = _goodput(run, slo)
+    by_run = _goodput(run, slo)
+    good: dict[int, int] = {}
+    for (concurrency, _), count in by_run.items():
+        good[concurrency] = good.get(concurrency, 0) + count
     rows: list[dict[str, Any]] = []
     passing: list[BestLevel] = []
     for level in result.levels:
         s = level.stats
         goodput = good.get(s.concurrency, 0) / s.total_s if s.total_s > 0 else 0.0
+        each = [
+            by_run.get((s.concurrency, r.round), 0) / r.total_s for r in level.runs if r.total_s > 0
+        ]
         row = {"concurrency": s.concurrency, "goodput_per_s": round(goodput, 4)}
         row |= {"items_per_s": round(s.items_per_s, 4), "errors": s.errors}
         rows.append({**row, "p50_s": s.latency_p50_s, "verdict": level.verdict})
@@ -199,6 +207,7 @@ def _measurement(result: SweepResult, run: RunDir, slo: SloBounds, gain_min: flo
                     s.ttft_p50_s,
                     s.joules_per_output_token,
                     s.usd_per_1m_output_tokens,
+                    tuple(each),
                 )
             )
     top = max((b.goodput_per_s for b in passing), default=0.0)

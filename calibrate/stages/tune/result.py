@@ -22,6 +22,13 @@ def _r(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def _nums(data: dict[str, Any], key: str) -> tuple[float, ...]:
+    values = data.get(key)
+    if not isinstance(values, list):
+        return ()
+    return tuple(float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool))
+
+
 @dataclass(frozen=True)
 class BestLevel:
     """The concurrency at which a candidate did best, and how it did there."""
@@ -36,6 +43,7 @@ class BestLevel:
     # SPEC §13 at this level (None: no energy source / no price): what --rank-by can rank by
     joules_per_output_token: float | None = None
     usd_per_1m_output_tokens: float | None = None
+    runs_per_s: tuple[float, ...] = ()  # each run's goodput at this level: the margin's interval
 
     def to_json(self) -> dict[str, Any]:
         energy = {
@@ -52,6 +60,7 @@ class BestLevel:
             "p90_s": _r(self.p90_s),
             "ttft_p50_s": _r(self.ttft_p50_s),
             **energy,
+            "runs_per_s": [round(v, 4) for v in self.runs_per_s],
         }
 
     @classmethod
@@ -68,6 +77,7 @@ class BestLevel:
             _num(data, "ttft_p50_s"),
             _num(data, "joules_per_output_token"),
             _num(data, "usd_per_1m_output_tokens"),
+            _nums(data, "runs_per_s"),
         )
 
 

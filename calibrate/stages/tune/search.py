@@ -7,6 +7,8 @@ every candidate (``--search grid``), or successive halving (``--search halving``
 window, the better half again at twice the window, … the last two at the full window). Each
 finished measurement is on disk before the next starts; a rerun with the same grid fingerprint
 skips what is there. ``--budget-s`` is checked before each start; what it left is reported.
+The winner's margin over the runner-up is claimed only when their runs' interval separates
+(``tune.margin``).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from typing import Any
 
 from calibrate.config import TuneSearch
 from calibrate.gpu.energy import RANK_FIELDS, RankBy
+from calibrate.stages.measure.confidence import DEFAULT_LEVEL
 from calibrate.stages.tune.candidate import Lifecycle
 from calibrate.stages.tune.grid import Candidate, TunePlan
+from calibrate.stages.tune.margin import Margin, margin_of
 from calibrate.stages.tune.result import CandidateResult, MemoryProbe
 from calibrate.stages.tune.store import TuneStore
 from calibrate.state.summaries import TuneSummary
@@ -71,6 +75,7 @@ class TuneOutcome:
     untested: tuple[Candidate, ...]
     budget_spent: bool
     memory_failed: bool = False
+    level: float = DEFAULT_LEVEL  # [confidence] level: the margin's interval
 
     @property
     def winner(self) -> CandidateResult | None:
@@ -84,12 +89,30 @@ class TuneOutcome:
         return self.ranked[1]
 
     @property
+    def lead(self) -> Margin | None:
+        """The winner's margin over the runner-up, and whether their intervals separate."""
+        win, second = self.winner, self.runner_up
+        if win is None or second is None or win.best is None or second.best is None:
+            return None
+        return margin_of(win.best, second.best, self.level)
+
+    @property
     def margin(self) -> float | None:
         """The winner's goodput over the runner-up's, as a fraction (0.25 = 25 % more)."""
-        win, second = self.winner, self.runner_up
-        if win is None or second is None or second.goodput_per_s <= 0:
-            return None
-        return win.goodput_per_s / second.goodput_per_s - 1
+        lead = self.lead
+        return lead.fraction if lead is not None else None
+
+    def lead_json(self) -> dict[str, Any]:
+        """``margin``, ``significant``, ``margin_interval`` and ``confidence`` (None: no lead)."""
+        lead = self.lead
+        if lead is None:
+            return {
+                "margin": None,
+                "significant": None,
+                "margin_interval": None,
+                "confidence": self.level,
+            }
+        return lead.to_json()
 
     @property
     def complete(self) -> bool:
@@ -113,7 +136,7 @@ class TuneOutcome:
                 "probes": [p.to_json() for p in self.probes],
             },
             "runner_up": second.candidate.to_json() if second else None,
-            "margin": round(self.margin, 4) if self.margin is not None else None,
+            **self.lead_json(),
             "untested": [c.to_json() for c in self.untested],
             "budget_spent": self.budget_spent,
         }
@@ -136,6 +159,7 @@ class Tune:
     on_result: Callable[[CandidateResult], None] = lambda result: None
     clock: Callable[[], float] = time.monotonic
     rank_by: RankBy = "goodput"
+    level: float = DEFAULT_LEVEL  # [confidence] level: the winner's margin is tested at
     done: dict[tuple[int, int], CandidateResult] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -175,7 +199,8 @@ class Tune:
         memory, probes, spent = self.memory_step()
         plan = self.plan
         if plan.memory_key is not None and memory is None:
-            return TuneOutcome(plan, None, probes, (), plan.candidates(None), spent, not spent)
+            untried = plan.candidates(None)
+            return TuneOutcome(plan, None, probes, (), untried, spent, not spent, self.level)
         pool = list(plan.candidates(memory))
         untested: tuple[Candidate, ...] = ()
         for rung, (size, rung_window) in enumerate(schedule(len(pool), self.search)):
@@ -201,6 +226,7 @@ class Tune:
             tuple(rank(list(latest.values()), self.rank_by)),
             untested,
             bool(untested),
+            level=self.level,
         )
 
     def _measure(self, pool: list[Candidate], rung: int, window: float) -> tuple[Candidate, ...]:

@@ -47,7 +47,8 @@ class TuneFinished:
         setup, o, win = self.setup, self.outcome, self.summary.winner
         winner = None
         if win is not None and o.winner is not None:
-            winner = {**win.to_json(), "id": o.winner.candidate.id, "margin": o.margin}
+            lead = {**o.lead_json(), "margin": o.margin}  # --json's margin unrounded, as before
+            winner = {**win.to_json(), "id": o.winner.candidate.id, **lead}
         return {
             "passed": self.entry.passed,
             "run_id": self.entry.run_id,
@@ -86,6 +87,7 @@ class Session:
             notify=notify,
             on_result=on_result,
             rank_by=setup.rank_by,
+            level=setup.ctx.config.confidence.level,
         )
         plan_json = {**setup.plan.to_json(), "search": setup.search}
         self.store.write_plan(plan_json, setup.fingerprint)

@@ -1,0 +1,120 @@
+"""The tune winner's margin over the runner-up is claimed only when the runs of their best levels
+separate at ``[confidence] level`` (SPEC §13): the rule on fixed numbers, the winner line and
+the summary's keys; a real tune run carries the keys whatever the machine measured."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from calibrate.cli.views.tune import winner_text
+from calibrate.stages.tune.grid import Axis, Candidate, TunePlan
+from calibrate.stages.tune.margin import margin_of
+from calibrate.stages.tune.result import BestLevel, CandidateResult, Measurement
+from calibrate.stages.tune.search import TuneOutcome
+from tests.tune_helpers import LEVELS, tune_config
+from tests.tune_helpers import lines as jsonl
+
+# goodput per run (req/s) at each candidate's best level
+CLEAR = ((12.0, 12.2, 12.4), (10.0, 10.1, 10.2))  # +21 %; 95 % interval +16.7 %…+24.9 %
+# +6 %: at 95 % the interval of the difference is −4.1 %…+15.9 % (holds zero), at 80 % it is
+# +0.6 %…+11.2 % (clears it)
+CLOSE = ((10.3, 10.8, 11.3), (9.9, 10.2, 10.5))
+
+
+def _best(*runs: float) -> BestLevel:
+    goodput = statistics.fmean(runs)
+    return BestLevel(4, goodput, goodput, 100.0, 0.1, 0.2, None, runs_per_s=runs)
+
+
+def _measured(index: int, *runs: float) -> CandidateResult:
+    m = Measurement(_best(*runs), (), 0, 0, None, None, None, "none", "completed")
+    candidate = Candidate(index, (("slots", str(index)),), 4)
+    return CandidateResult(candidate, 0, 1.0, True, served=True, measurement=m)
+
+
+def _outcome(winner: tuple[float, ...], second: tuple[float, ...], level: float) -> TuneOutcome:
+    plan = TunePlan("custom", (Axis("slots", ("1", "2"), "[tune] grid"),), 4, None, ())
+    ranked = (_measured(2, *winner), _measured(1, *second))
+    return TuneOutcome(plan, None, (), ranked, (), False, level=level)
+
+
+def test_a_lead_is_significant_only_when_the_interval_clears_zero() -> None:
+    clear = margin_of(_best(*CLEAR[0]), _best(*CLEAR[1]))
+    assert clear is not None and clear.significant is True and clear.level == 0.95
+    assert round(clear.fraction, 3) == 0.208 and clear.low is not None and clear.low > 0.15
+    close = margin_of(_best(*CLOSE[0]), _best(*CLOSE[1]), 0.95)
+    assert close is not None and close.significant is False and round(close.fraction, 3) == 0.059
+    assert close.low is not None and close.high is not None and close.low < 0 < close.high
+    looser = margin_of(_best(*CLOSE[0]), _best(*CLOSE[1]), 0.80)
+    assert looser is not None and looser.significant is True, "the level decides"
+    once = margin_of(_best(12.0), _best(10.0))
+    assert once is not None and once.significant is None and once.runs == (1, 1)
+    assert margin_of(_best(12.0), _best(0.0)) is None  # no ratio over nothing
+    resumed = margin_of(BestLevel(4, 12.0, 12.0, 1.0, None, None, None), _best(*CLEAR[1]))
+    assert resumed is not None and resumed.significant is None
+    assert resumed.caveat() == " (no interval: an earlier calibrate kept no runs for one of them)"
+    # a winner by the ranking whose runs are significantly slower is never claimed
+    behind = margin_of(
+        BestLevel(4, 10.5, 10.5, 1.0, None, None, None, runs_per_s=CLEAR[1]), _best(*CLEAR[0])
+    )
+    assert behind is not None and behind.fraction < 0 and behind.significant is True
+    ahead = margin_of(
+        BestLevel(4, 12.5, 12.5, 1.0, None, None, None, runs_per_s=CLEAR[1]), _best(*CLEAR[0])
+    )
+    assert ahead is not None and ahead.fraction > 0 and ahead.significant is False
+
+
+def test_the_winner_line_says_whether_the_margin_is_significant() -> None:
+    clear = winner_text(_outcome(*CLEAR, 0.95), 0.10)
+    assert clear is not None and "+21% over the runner-up c01 (slots=1)" in clear
+    assert "significant" not in clear and "gain_min" not in clear
+    close = winner_text(_outcome(*CLOSE, 0.95), 0.10)
+    assert close is not None and close.startswith("winner: c02 (slots=2): 10.80 req/s")
+    assert close.endswith(
+        "+6% over the runner-up c01 (slots=1), not significant at 95 % (the intervals overlap): "
+        "about equal, measure longer to tell"
+    )
+    looser = winner_text(_outcome(*CLOSE, 0.80), 0.10)
+    assert looser is not None and "not significant" not in looser
+    assert "within [sweep] gain_min (10%)" in looser  # significant, yet under gain_min
+    once = winner_text(_outcome((12.0,), (10.0,), 0.95), 0.10)
+    assert once is not None and once.endswith(
+        "+20% over the runner-up c01 (slots=1) (one run each: no interval; "
+        "set [sweep] repeats = 3 to tell)"
+    )
+
+
+def test_the_summary_and_the_results_carry_the_test() -> None:
+    body = _outcome(*CLOSE, 0.95).summary({}).details
+    assert body["margin"] == 0.0588 and body["significant"] is False
+    assert body["confidence"] == 0.95 and body["margin_interval"] == [-0.0414, 0.159]
+    once = _outcome((12.0,), (10.0,), 0.95).summary({}).details
+    assert once["significant"] is None and once["margin_interval"] is None
+    result = _measured(2, *CLOSE[0])
+    again = CandidateResult.from_json(result.to_json())
+    assert again is not None and again.best is not None
+    assert again.best.runs_per_s == CLOSE[0]
+    old = {**result.to_json(), "best": {"concurrency": 4, "goodput_per_s": 10.8}}
+    older = CandidateResult.from_json(old)  # a line written before the runs were kept
+    assert older is not None and older.best is not None and older.best.runs_per_s == ()
+
+
+def test_a_tune_run_names_whether_its_margin_is_significant(cli, isolated: Path) -> None:
+    # the keys and the line's form only: whether the mock's two candidates separate on this
+    # machine is not the test's business (the rule is tested above on fixed numbers)
+    levels = LEVELS.replace("repeats = 1", "repeats = 2") + "[confidence]\nlevel = 0.8\n"
+    tune_config(isolated, 'grid = ["slots=1,2", "kv_tokens=50000"]\n', levels=levels)
+    result = cli("tune", "--json")
+    assert result.code == 0, result.err
+    winner = result.json["winner"]
+    assert winner["significant"] in (True, False) and winner["confidence"] == 0.8
+    assert isinstance(winner["margin"], float) and len(winner["margin_interval"]) == 2
+    line = next(x for x in result.err.splitlines() if x.startswith("winner: "))
+    assert f"winner: {winner['id']} (" in line and "over the runner-up c0" in line
+    assert ("not significant at 80 %" in line) == (winner["significant"] is False)
+    run = isolated / "runs" / result.json["run_id"]
+    for candidate in jsonl(run / "candidates.jsonl"):  # two runs of the best level at least
+        assert candidate["best"] is None or len(candidate["best"]["runs_per_s"]) >= 2
+    ledger = jsonl(isolated / "runs/ledger.jsonl")[-1]["summary"]
+    assert ledger["significant"] == winner["significant"] and ledger["confidence"] == 0.8
