@@ -93,3 +93,22 @@ def test_report_renders_a_tune_run_and_a_command_that_caps_itself_shows_no_cap(
     (run / "tiers.jsonl").unlink()
     gone = cli("report", run.name)
     assert gone.code == 2 and "no finished candidate" in gone.err
+
+
+def test_the_report_of_a_tune_run_says_when_the_winners_lead_is_not_significant() -> None:
+    from calibrate.report.tune_report import TuneView
+
+    rows = (
+        {"id": "c02", "flags": "slots=4", "goodput_per_s": 10.6, "best_concurrency": 4},
+        {"id": "c01", "flags": "slots=2", "goodput_per_s": 10.0, "best_concurrency": 2},
+    )
+    noisy = {"margin": 0.06, "significant": False, "confidence": 0.95}
+    clear = {**noisy, "significant": True}
+    assert (
+        TuneView(Path("."), rows, noisy, True)
+        .headline()
+        .endswith(
+            "+6% over the runner-up c01 (slots=2), not significant at 95 % (the intervals overlap)"
+        )
+    )
+    assert TuneView(Path("."), rows, clear, True).headline().endswith("c01 (slots=2)")

@@ -15,6 +15,7 @@ from typing import Any
 from calibrate.errors import InputError
 from calibrate.io.jsonl import load_jsonl_objects
 from calibrate.report.run_view import read_object
+from calibrate.stages.measure.confidence import percent
 
 REQUIRED = ("rank", "id", "flags", "status", "cap", "errors", "incidents")
 COLUMNS = (
@@ -98,6 +99,9 @@ class TuneView:
         if margin is not None and len(self.rows) > 1:
             second = self.rows[1]
             text += f", {margin:+.0%} over the runner-up {second['id']} ({second['flags']})"
+            level = _num(self.summary.get("confidence"))
+            if self.summary.get("significant") is False and level is not None:
+                text += f", not significant at {percent(level)} (the intervals overlap)"
         return text
 
     def notes(self) -> list[str]:
