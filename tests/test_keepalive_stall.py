@@ -19,11 +19,11 @@ def test_answers_at_five_seconds_beside_a_tenth_of_a_second_median_are_a_stall()
     stall = find_stall(latencies)
     assert stall is not None and stall.count == 5 and stall.requests == 375
     assert 5.0 < stall.typical_s < 5.3 and 0.09 < stall.median_s < 0.13
-    text = stall.text(16, llamacpp=True)
+    text = stall.text(16, "llama.cpp", "--threads-http")
     assert text.startswith("concurrency 16: 5 of 375 requests took ≈5.1 s while the median was")
     assert "stalls of ≈5 s: llama.cpp's HTTP threads are held by kept-alive connections" in text
     assert text.endswith("start it with --threads-http 18")
-    other = stall.text(8, llamacpp=False)
+    other = stall.text(8)
     assert "a keep-alive timeout" in other and "--threads-http 10" in other
 
 
@@ -40,4 +40,8 @@ def test_a_long_tail_load_and_one_slow_answer_are_not_stalls() -> None:
 
 def test_a_stall_at_another_timeout() -> None:
     stall = find_stall([*_body(200, 0.2), 10.1, 10.3, 10.2], timeout_s=10.0)
-    assert stall is not None and stall.count == 3 and "≈10 s" in stall.text(4, llamacpp=True)
+    assert (
+        stall is not None
+        and stall.count == 3
+        and "≈10 s" in stall.text(4, "llama.cpp", "--threads-http")
+    )

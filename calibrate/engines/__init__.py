@@ -41,6 +41,12 @@ def find(kind: str | None) -> Engine | None:
     return _BY_KIND.get(kind) if kind else None
 
 
+def reporting_cap(source: str) -> Engine | None:
+    """The engine whose own cap report is named ``source`` ("llama.cpp /props total_slots"):
+    an unmanaged server's kind, told by the endpoint that answered."""
+    return next((e for e in ENGINES if e.cap_report and e.cap_report.source == source), None)
+
+
 def _preferring(*first: Engine) -> tuple[Engine, ...]:
     """``first`` in that order, then every other engine: a scrape of one server holds one
     engine's names, so the order matters only to an exporter that mixes them."""

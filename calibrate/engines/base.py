@@ -100,6 +100,20 @@ class CapReport:
 
 
 @dataclass(frozen=True)
+class BatchInvariance:
+    """How an engine is switched to batch-invariant kernels: an environment variable set to a
+    true value (``env``), or a flag on its command line (``flag``) — SPEC §13."""
+
+    env: str = ""  # "VLLM_BATCH_INVARIANT": on when set to anything but "", "0", "false"
+    flag: str = ""  # "--enable-deterministic-inference"
+
+    @property
+    def switch(self) -> str:
+        """How a user turns it on, as they would type it."""
+        return f"{self.env}=1" if self.env else self.flag
+
+
+@dataclass(frozen=True)
 class EngineMetrics:
     """The engine's Prometheus names: KV-cache usage (a fraction), requests waiting, and the
     counter of requests it preempted because its KV cache was full."""
@@ -148,6 +162,7 @@ class Engine:
     ctx_per_slot: int | None = None  # context shared by the slots: tokens per slot by default
     restarts_per_tier: bool = False  # the ladder restarts it at each tier's batch size
     templated: bool = False  # a user's command: tune axes are its {placeholders}, no cap flag
+    batch_invariance: BatchInvariance | None = None  # its deterministic mode, where it has one
 
     def build(self, spec: LaunchSpec) -> EngineCommand:
         """The argv (and environment) for one start of ``spec``."""

@@ -7,6 +7,7 @@ from calibrate.engines.base import (
     BATCHED_TOKENS,
     MODEL_REASON,
     AxisValues,
+    BatchInvariance,
     CapReport,
     Engine,
     EngineMetrics,
@@ -26,6 +27,7 @@ def default_axes(batch: int) -> tuple[AxisValues, ...]:
 ENGINE = Engine(
     kind="sglang",
     name="SGLang",
+    batch_invariance=BatchInvariance(flag="--enable-deterministic-inference"),
     cap_key="max_running_requests",
     tune_flags={
         "max_running_requests": "--max-running-requests",

@@ -7,6 +7,7 @@ from calibrate.engines.base import (
     BATCHED_TOKENS,
     MODEL_REASON,
     AxisValues,
+    BatchInvariance,
     Engine,
     EngineMetrics,
     around,
@@ -20,6 +21,7 @@ def default_axes(batch: int) -> tuple[AxisValues, ...]:
 ENGINE = Engine(
     kind="vllm",
     name="vLLM",
+    batch_invariance=BatchInvariance(env="VLLM_BATCH_INVARIANT"),
     cap_key="max_num_seqs",
     tune_flags={
         "max_num_seqs": "--max-num-seqs",

@@ -32,16 +32,18 @@ class Stall:
     median_s: float
     timeout_s: float
 
-    def text(self, concurrency: int, llamacpp: bool) -> str:
+    def text(self, concurrency: int, engine: str = "", threads_flag: str | None = None) -> str:
+        """The note; ``threads_flag`` names the flag that sizes ``engine``'s HTTP threads, where
+        the engine is known to have one (llama.cpp's --threads-http)."""
         threads = concurrency + 2
         where = (
             f"concurrency {concurrency}: {self.count} of {self.requests} requests took "
             f"≈{self.typical_s:.1f} s while the median was {self.median_s:.2f} s"
         )
-        if llamacpp:
+        if threads_flag:
             cause = (
-                f"stalls of ≈{self.timeout_s:g} s: llama.cpp's HTTP threads are held by "
-                f"kept-alive connections — start it with --threads-http {threads}"
+                f"stalls of ≈{self.timeout_s:g} s: {engine}'s HTTP threads are held by "
+                f"kept-alive connections — start it with {threads_flag} {threads}"
             )
         else:
             cause = (

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from calibrate.engines import find
 from calibrate.io.jsonl import read_jsonl
 from calibrate.io.store import run_path
 from calibrate.state.ledger import Ledger
@@ -62,9 +63,11 @@ def verified_workload(runs_dir: Path, ladder_run: str, slots: int) -> WorkloadCo
 def context_for(
     ledger: Ledger, target: str, runs_dir: Path, kind: str, slots: int | None
 ) -> WorkloadContext | None:
-    """llama.cpp's ``-c`` for ``slots`` from the latest passing ladder (None: other kinds, or
-    the builder's default per slot when no ladder recorded a usable request)."""
-    if kind != "llamacpp" or not slots:
+    """The context the slots share (llama.cpp's ``-c``) for ``slots`` from the latest passing
+    ladder (None: an engine whose slots do not share one, or the builder's default per slot
+    when no ladder recorded a usable request)."""
+    shared = find(kind)
+    if shared is None or shared.ctx_per_slot is None or not slots:
         return None
     ladder = latest_passing_ladder(ledger, target)
     return verified_workload(runs_dir, ladder[1].run_id, slots) if ladder else None

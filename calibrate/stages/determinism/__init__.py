@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from calibrate.engines import find
+
 _CJK = "\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef"
 _TOKEN = re.compile(rf"\s*(?:[{_CJK}]|[^\s{_CJK}]+)")
 AROUND = 4  # tokens shown on each side of the first difference
@@ -150,24 +152,25 @@ class EngineSwitch:
 def engine_switch(
     kind: str | None, argv: Sequence[str] | None, environ: Mapping[str, str] | None
 ) -> EngineSwitch | None:
-    """The switch of engine ``kind`` (None: not vLLM or SGLang); ``on`` from its argv and
-    environment (None where neither was readable). ``VAR=1`` words before the program in the
-    argv count as its environment (``env VLLM_BATCH_INVARIANT=1 vllm serve …``)."""
-    if kind == "vllm":
+    """The batch-invariant switch of engine ``kind`` (None: the engine has none); ``on`` from
+    its argv and environment (None where neither was readable). ``VAR=1`` words before the
+    program in the argv count as its environment (``env VLLM_BATCH_INVARIANT=1 vllm serve …``)."""
+    found = find(kind)
+    invariance = found.batch_invariance if found is not None else None
+    if found is None or invariance is None:
+        return None
+    on: bool | None = None
+    if invariance.env:
         words = dict(w.split("=", 1) for w in argv or () if re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", w))
-        env = {**words, **(environ or {})}
-        value = env.get("VLLM_BATCH_INVARIANT")
-        on: bool | None = None
+        value = {**words, **(environ or {})}.get(invariance.env)
         if value is not None:
             on = value.strip().lower() not in ("", "0", "false")
         elif argv is not None or environ is not None:
             on = False
-        return EngineSwitch("vLLM", "VLLM_BATCH_INVARIANT=1", on)
-    if kind == "sglang":
-        flag = "--enable-deterministic-inference"
-        on = None if argv is None else any(w == flag or w.startswith(flag + "=") for w in argv)
-        return EngineSwitch("SGLang", flag, on)
-    return None
+    elif argv is not None:
+        flag = invariance.flag
+        on = any(w == flag or w.startswith(flag + "=") for w in argv)
+    return EngineSwitch(found.name, invariance.switch, on)
 
 
 def overall(checks: Sequence[tuple[str, DeterminismCheck]]) -> str | None:

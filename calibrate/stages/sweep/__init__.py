@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from calibrate.engines import find
 from calibrate.load.waves import Sender
 from calibrate.stages.env import load_lock
 from calibrate.stages.measure.stop_rules import ServerCap
@@ -61,7 +62,7 @@ def run(spec: SweepSpec, env: SweepEnv) -> SweepOutcome:
                 source=result.vram_source,
                 passed=result.passed,
                 summary=result.summary(sweep.options),
-                notes=result.notes(llamacpp=ctx.config.server.kind == "llamacpp"),
+                notes=result.notes(find(ctx.config.server.kind)),
                 checks=[(lv.label, lv.determinism) for lv in result.levels if lv.determinism],
                 streamed=sweep.options.stream,
                 selfload=watch.selfload,

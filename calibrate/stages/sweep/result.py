@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calibrate.config import SloConfig
+from calibrate.engines import reporting_cap
+from calibrate.engines.base import Engine
 from calibrate.load.arrivals import rate_text
 from calibrate.stages.measure.confidence import DEFAULT_LEVEL
 from calibrate.stages.measure.slo import binding_slo, describe, has_slo
@@ -202,14 +204,17 @@ class SweepResult(ClientLimit):
         first = " (the first level)" if failed is self.levels[0] else ""
         return f"{failed.label}{first}: {s.errors} of {s.items} requests failed ({s.kinds_text})"
 
-    def notes(self, *, llamacpp: bool = False) -> list[str]:
-        """Caps exceeded, stalls at a keep-alive timeout (``llamacpp``: name its flag), and the
-        levels whose throughput was the client's limit."""
+    def notes(self, engine: Engine | None = None) -> list[str]:
+        """Caps exceeded, stalls at a keep-alive timeout (naming the flag that sizes the HTTP
+        threads of ``engine``, or of the engine whose cap the server reported), and the levels
+        whose throughput was the client's limit."""
         out: list[str] = []
-        llamacpp = llamacpp or (self.cap is not None and "llama.cpp" in self.cap.source)
+        if engine is None and self.cap is not None:
+            engine = reporting_cap(self.cap.source)
+        name, threads = (engine.name, engine.http_threads_flag) if engine else ("", None)
         for lv in self.levels:
             if lv.stall is not None:
-                out.append(lv.stall.text(lv.concurrency, llamacpp))
+                out.append(lv.stall.text(lv.concurrency, name, threads))
         limit = self.client_limit
         if limit is not None and not self.inconclusive:
             out.append(
