@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibrate.engines import redaction
+from calibrate.engines import engine, redaction
 from calibrate.engines.builders import SERVER_KINDS, EngineCommand
 from calibrate.errors import InputError
 from calibrate.io.atomic import write_atomic
@@ -55,7 +55,7 @@ def render(values: PinnedValues, command: EngineCommand) -> str:
     reads it from an environment variable its header names, and stops if that is unset.
     """
     q = shlex.quote
-    prefix = "SERVER" if values.kind == "custom" else values.kind.upper()
+    prefix = "SERVER" if engine(values.kind).templated else values.kind.upper()
     script = redaction.script_command(command.argv, command.env, prefix)
     needs = [
         f"# set {var} before running it: it carries {what} (secrets are not written here)"

@@ -15,7 +15,7 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from calibrate.engines import shell_words
+from calibrate.engines import engine, shell_words
 from calibrate.engines.args import ServerKind
 from calibrate.engines.builders import BASE_PLACEHOLDERS, CAP_KEYS, TUNE_FLAGS, Tuned
 from calibrate.errors import UsageError
@@ -55,7 +55,7 @@ def check(kind: ServerKind, command: str, values: Tuned) -> None:
                 f"--set {key}: the {key.replace('_', ' ')} has its own flag",
                 f"Use calibrate server start {_FLAGS[key]}.",
             )
-        if kind == "custom":
+        if engine(kind).templated:  # a user's command: its {placeholders}
             known = [p for p in _placeholders(command) if p not in BASE_PLACEHOLDERS]
             if key not in known:
                 raise UsageError(

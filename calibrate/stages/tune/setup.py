@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from calibrate import server
 from calibrate.config import TuneSearch
-from calibrate.engines import redaction, shell_words
+from calibrate.engines import engine, redaction, shell_words
 from calibrate.engines.args import ServerKind
 from calibrate.engines.builders import SERVER_KINDS, build
 from calibrate.errors import ConfigError, UsageError
@@ -77,7 +77,7 @@ def engine_kind(ctx: StageContext, asked: str | None) -> ServerKind:
             "no [server] kind is configured",
             NEEDS_SERVER,
         )
-    if kind == "custom" and not ctx.config.server.command.strip():
+    if engine(kind).templated and not ctx.config.server.command.strip():
         raise ConfigError("[server] kind is custom but [server] command is empty", NEEDS_SERVER)
     return kind
 
@@ -110,7 +110,7 @@ def prepare(ctx: StageContext, request: TuneRequest) -> TuneSetup:
         config_grid=cfg.tune.grid,
         cli_grid=request.grid,
         memory_fractions=cfg.tune.memory_fractions,
-        placeholders=_placeholders(cfg.server.command) if kind == "custom" else (),
+        placeholders=_placeholders(cfg.server.command) if engine(kind).templated else (),
         ctx_per_slot=per_slot.context_tokens if per_slot else None,
     )
     first = plan.probe(plan.memory_fractions[0]) if plan.memory_key else plan.candidates()[0]
@@ -139,7 +139,7 @@ def prepare(ctx: StageContext, request: TuneRequest) -> TuneSetup:
         "measure": settings.to_json(cfg),
         "search": search,
         "window": cfg.tune.window,
-        "command": cfg.server.command if kind == "custom" else "",
+        "command": cfg.server.command if engine(kind).templated else "",
         **({"args": list(redaction.redact_argv(cfg.server.args))} if cfg.server.args else {}),
         "model_path": cfg.server.model_path,
         "target": ctx.target,
