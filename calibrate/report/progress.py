@@ -153,7 +153,7 @@ class LogTable:
             text.ljust(width) if name in LEFT_JUSTIFIED else text.rjust(width)
             for (name, _), text, width in zip(self.columns, texts, self.widths, strict=True)
         ]
-        self._say("  ".join(cells).rstrip())
+        self._say("  ".join(cells))  # padded as a rich table pads: ``report RUN``'s lines
 
     def _say(self, line: str) -> None:
         self.console.print(line, markup=False, highlight=False, crop=False, soft_wrap=True)
