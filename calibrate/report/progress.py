@@ -86,10 +86,10 @@ def live_rows(
     plan: Plan | None = None,
 ) -> Iterator[Callable[[Mapping[str, Any]], None]]:
     """On a TTY a table that grows as rows finish, a progress bar under it; in a log the table
-    a row at a time (``LogTable``). Either way the table is not printed again at the end."""
+    a row at a time (``LogTable``); the finished table again only with --wide (every column)."""
     rows: list[Mapping[str, Any]] = []
     if not live:
-        yield LogTable(console, kind, wide).add
+        yield LogTable(console, kind).add
         return
     bar = progress_bar(console, plan) if plan is not None and plan.steps > 0 else None
     task = bar.add_task(kind, total=plan.steps) if bar is not None and plan is not None else None
@@ -115,13 +115,13 @@ def live_rows(
 
 class LogTable:
     """A log's table, a row as each tier finishes: the header and its rule come with the first
-    row, which fixes the columns (fitting the console; every one with ``wide``) and their widths
-    (a later, wider cell pushes the rest of its row right)."""
+    row, which fixes the columns (the essential ones, fitting the console, as a terminal's live
+    table) and their widths (a later, wider cell pushes the rest of its row right). --wide
+    prints every column once more at the end, as on a terminal."""
 
-    def __init__(self, console: Console, kind: Kind, wide: bool) -> None:
+    def __init__(self, console: Console, kind: Kind) -> None:
         self.console = console
         self.kind = kind
-        self.wide = wide
         self.columns: Cells = []
         self.widths: list[int] = []
 
@@ -137,14 +137,12 @@ class LogTable:
         limit = width = self.console.width
         while True:
             before = len(self.columns)
-            self.columns = fitting_columns(
-                [row], self.kind, None if self.wide else limit, self.wide
-            )
+            self.columns = fitting_columns([row], self.kind, limit, wide=False)
             self.widths = [
                 max(len(name), len(cell(row)), ROOM.get(name, 0)) for name, cell in self.columns
             ]
             over = sum(self.widths) + 2 * (len(self.widths) - 1) - width
-            if self.wide or over <= 0 or len(self.columns) == before:  # fits, or none left to drop
+            if over <= 0 or len(self.columns) == before:  # fits, or none left to drop
                 return
             limit -= over
 

@@ -155,9 +155,9 @@ def check_comparison(suite: JUnitSuite, comparison: TierComparison | None) -> No
 
 def show_table(out: Output, table_at: Callable[[int | None], Table], *, live: bool = True) -> None:
     """A finished table once: every column with --wide, else fitting the screen. After a
-    ``live`` table only on a terminal with --wide (it had the essential columns, and went): a
-    log already has the table, a row at a time, and a terminal still shows it."""
-    if live and not (out.wide and out.is_tty):
+    ``live`` table (the essential columns) only with --wide: without it a log already has the
+    table, a row at a time, and a terminal still shows it."""
+    if live and not out.wide:
         return
     if out.wide:
         out.render_wide(table_at(None))
