@@ -31,7 +31,9 @@ level_s = 2     # short levels for the demo; the default (15 s, 3 runs) is for a
 repeats = 2
 TOML
 
-step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+step() { printf '\033[1m== %s\033[0m\n' "$*"; }
+# a command whose lines say nothing here; when it fails it shows what it said
+quiet() { "$@" >"$work/quiet.log" 2>&1 || { cat "$work/quiet.log" >&2; return 1; }; }
 
 step "calibrate single   (stage A: one fixed prompt, baseline written)"
 calibrate single
@@ -77,15 +79,14 @@ step "calibrate tune     (stage C″: restart the engine per candidate, --slots 
 calibrate tune --kind custom --grid batch_size=1,2,4
 step "calibrate pin      (stage E: scripts/launch.sh with the tune winner's flags, batch size and concurrency)"
 calibrate pin --kind custom
-cat scripts/launch.sh
+# the script's setting, not the whole file (its comments say what pin just said)
+echo "scripts/launch.sh sets $(sed -nE 's/^export (BATCH_SIZE|MAX_CONCURRENCY)=/\1=/p' scripts/launch.sh | paste -sd' ')"
 step "restart from the pinned script, then calibrate verify (stage E′)"
-calibrate server stop
+quiet calibrate server stop   # tune stopped its last engine: this only makes sure
 calibrate server start --script scripts/launch.sh
 calibrate verify
-calibrate server stop
 
-step "calibrate batch    (stage F: 200 items at the pinned concurrency; rerun = resume)"
-calibrate server start --script scripts/launch.sh
+step "calibrate batch    (stage F: 200 items at the pinned concurrency, on the server verify checked; rerun = resume)"
 python3 - <<'PY'
 import json
 with open("tasks.jsonl", "w", encoding="utf-8") as handle:
@@ -96,20 +97,16 @@ PY
 calibrate batch --input tasks.jsonl --out out.jsonl --prompt "一句话概括：" --final final.jsonl
 calibrate batch --input tasks.jsonl --out out.jsonl --prompt "一句话概括：" --final final.jsonl  # nothing left: resumes
 calibrate server stop
-echo "final results (one line per id, input order): $work/final.jsonl ($(wc -l <final.jsonl) lines)"
 
-step "calibrate report --html   (one self-contained HTML file per run, no server needed)"
+step "calibrate report --html   (one self-contained HTML file per run, from its folder alone: no server)"
 ladder_run=$(ls -d runs/*-ladder-* | tail -1)
 top() { python3 -c 'import csv, sys; print(max(int(float(r[sys.argv[2]])) for r in csv.DictReader(open(sys.argv[1]))))' "$1/tiers.csv" "$2"; }
-# the ladder's table again from its files (no server), then two more reports quietly: their
-# tables are the sweeps' above; a report that fails shows what it said
-quiet() { "$@" >"$work/report.log" 2>&1 || { cat "$work/report.log" >&2; return 1; }; }
-calibrate report "$ladder_run" --html --timeline "$(top "$ladder_run" batch_size)" --no-plot >/dev/null
+# the reports quietly: their tables are the ones above
+quiet calibrate report "$ladder_run" --html --timeline "$(top "$ladder_run" batch_size)" --no-plot
 quiet calibrate report "$sweep_run" --html --timeline "$(top "$sweep_run" concurrency)" --no-plot
 quiet calibrate report "$auto_run" --html --timeline "$(top "$auto_run" auto_step)" --no-plot
 
-echo
-echo "demo finished: everything it wrote is in $work"
+echo "demo finished: everything it wrote is in $work (final results: final.jsonl, $(wc -l <final.jsonl) lines)"
 echo "HTML reports: $work/$ladder_run/report.html"
 echo "              $work/$sweep_run/report.html"
 echo "              $work/$auto_run/report.html   (sweep --auto)"

@@ -22,7 +22,7 @@ from calibrate.stages.sweep.run import Sweep
 from calibrate.stages.sweep.spec import SweepOptions
 from calibrate.stages.tune.measure import SloBounds
 from tests.mockserver import start_mock
-from tests.report_helpers import Page
+from tests.report_helpers import Page, table_lines
 from tests.stage_fakes import SimulatedLoop, close_runs, recorder, stage_ctx
 from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
 
@@ -138,10 +138,11 @@ def test_ladder_tiers_carry_goodput_where_queueing_makes_half_a_wave_miss(
         pytest.approx(t["goodput_per_s"], abs=1e-4) for t in detail
     ]
     assert jsonl(isolated / "runs/ledger.jsonl")[-2]["summary"]["slo_met"] == 4
-    assert (
-        len(re.findall(r"^batch \d: .*, goodput \d+\.\d\d/s, ", result.err, re.M)) == 3
-    )  # log lines
-    assert "last passing tier: batch 2, concurrency 2, goodput " in result.err
+    header, _, *rows = table_lines(result.err)  # the log's table: a row per tier, goodput in each
+    at = header.index("goodput") + len("goodput")
+    assert len(rows) == 3 and all(re.search(r"\d+\.\d\d$", r[:at]) for r in rows), rows
+    setting = next(ln for ln in result.err.splitlines() if ln.startswith("setting: batch 2, "))
+    assert "concurrency 2, goodput " in setting and "the last passing tier" in setting
     table = read_rows(run / "tiers.csv")
     assert [int(r["slo_met"]) for r in table] == [2, 4, 4]
     assert [round(float(r["goodput_per_s"]), 4) for r in table] == [

@@ -37,7 +37,8 @@ def test_oom_at_tier_8_keeps_tier_4_with_incidents_and_no_key_on_disk(
         (4, "pass"),
         (8, "fail"),
     ]
-    assert "last passing tier: batch 4" in result.err and "oom" in result.err
+    assert "last passing tier" in result.err and "oom" in result.err
+    assert "(stopped by failure: " in result.err
     run = run_dir(isolated, summary["run_id"])
     incidents = sorted((run / "incidents").glob("*.json"))
     # 8 sent at once with 6 allowed in flight: up to 2 fail (whichever arrive last; fewer when a

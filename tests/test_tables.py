@@ -1,6 +1,6 @@
 """What a user reads of a stage's tables: one table that fits 100 columns (the essential
-columns), every column with --wide, and in a log one short line per tier, never a line and the
-same numbers again in a second line kind."""
+columns), every column with --wide, and in a log that table a row as each tier finishes, never
+the same numbers again in a second line kind."""
 
 from __future__ import annotations
 
@@ -33,6 +33,12 @@ def _header(err: str, word: str = "items/s") -> str:
     return next(ln for n, ln in enumerate(lines[:-1]) if word in ln and set(lines[n + 1]) == {"─"})
 
 
+def _wide_header(err: str) -> str:
+    """--wide in a log: the live table's essential columns, then every column once at the end."""
+    lines = _table_lines(err)
+    return [ln for n, ln in enumerate(lines[:-1]) if set(lines[n + 1]) == {"─"}][-1]
+
+
 def _rows(err: str, key: float) -> list[str]:
     return [r for r in _table_lines(err) if r.split() and r.split()[0] == f"{key:g}"]
 
@@ -59,7 +65,7 @@ def _ladder(cli, isolated: Path, *flags: str):  # type: ignore[no-untyped-def]
     return result
 
 
-def test_a_ladder_in_a_log_fits_100_columns_and_shows_each_tier_once_per_line_kind(
+def test_a_ladder_in_a_log_fits_100_columns_and_shows_each_tier_once(
     cli, isolated: Path, columns_100: None
 ) -> None:
     result = _ladder(cli, isolated, "--input-tokens", "64", "--output-tokens", "8")
@@ -67,17 +73,13 @@ def test_a_ladder_in_a_log_fits_100_columns_and_shows_each_tier_once_per_line_ki
     tiers = [t["batch_size"] for t in result.json["tiers_detail"]]
     assert tiers == [1, 2, 4, 8]
     lines = result.err.splitlines()
-    for batch in tiers:  # one short line as the tier finished, one row in the final table
-        short = [ln for ln in lines if ln.startswith(f"batch {batch}: ")]
-        assert len(short) == 1, lines
-        assert (
-            "items/s" in short[0]
-            and "s/item" in short[0]
-            and short[0].endswith(
-                ("pass", "fail", "stop: cap", "stop: latency", "stop: vram", "stop: preempt")
-            )
+    assert len(_table_lines(result.err)) == 2 + len(tiers)  # one table, a row as each finished
+    for batch in tiers:  # one row each, no second line about it
+        assert not [ln for ln in lines if ln.startswith(f"batch {batch}: ")], lines
+        (row,) = _rows(result.err, batch)
+        assert row.rstrip().endswith(
+            ("pass", "fail", "stop: cap", "stop: latency", "stop: vram", "stop: preempt")
         )
-        assert len(_rows(result.err, batch)) == 1, _table_lines(result.err)
     assert not [ln for ln in lines if "=" in ln and "s/item=" in ln]  # no key=value line
     header = _header(result.err)
     for name in ("batch", "conc", "in tok", "items/s", "s/item", "p99 s", "peak MiB", "verdict"):
@@ -90,7 +92,7 @@ def test_wide_shows_every_column_and_the_default_keeps_them_in_the_csv(
     cli, isolated: Path, columns_100: None
 ) -> None:
     wide = _ladder(cli, isolated, "--wide")
-    header = _header(wide.err)
+    header = _wide_header(wide.err)
     for name in ("rounds", "waves", "items", "p90 s", "max s", "tok/s", "queue", "match"):
         assert name in header, header
     assert "metrics" in wide.err.split(header)[1]  # pressure with its source
@@ -110,12 +112,12 @@ def test_a_sweep_in_a_log_fits_100_columns_one_line_per_level(
         wide = cli("sweep", "--json", "--beyond-ladder", "--wide")
     assert result.code == 0 and wide.code == 0, result.err + wide.err
     assert not _wide_lines(result.err), _wide_lines(result.err)
-    lines = result.err.splitlines()
+    assert len(_table_lines(result.err)) == 2 + 3  # one table, a row as each level finished
     for level in (1, 2, 4):
-        assert len([ln for ln in lines if ln.startswith(f"conc {level}: ")]) == 1, lines
+        assert len(_rows(result.err, level)) == 1, _table_lines(result.err)
     header = _header(result.err)
     assert "range" in header and "gain" in header and "tok/s" not in header
-    wide_header = _header(wide.err)
+    wide_header = _wide_header(wide.err)
     assert "tok/s" in wide_header and "total s" in wide_header and "runs" in wide_header
 
 
@@ -244,10 +246,30 @@ def test_a_terminal_gets_a_progress_bar_with_eta_and_a_log_never_does() -> None:
         show(_row(1))
         show(_row(2))
     assert "ETA" not in log.getvalue() and "━" not in log.getvalue()
-    assert log.getvalue().splitlines() == [
-        "batch 1: 10.00 items/s, 0.1000 s/item, p99 0.200 s, 0 errors — pass",
-        "batch 2: 20.00 items/s, 0.0500 s/item, p99 0.200 s, 0 errors — pass",
+    header, rule, *rows = log.getvalue().splitlines()  # the table, a row at a time, no title
+    assert header.split() == [
+        "batch",
+        "conc",
+        "s/item",
+        "p50",
+        "s",
+        "p99",
+        "s",
+        "items/s",
+        "peak",
+        "MiB",
+        "pressure",
+        "errors",
+        "verdict",
     ]
+    assert set(rule) == {"─"} and len(rule) == len(header)
+    assert [row.split() for row in rows] == [
+        ["1", "1", "0.1000", "—", "0.200", "10.00", "—", "—", "0", "pass"],
+        ["2", "2", "0.0500", "—", "0.200", "20.00", "—", "—", "0", "pass"],
+    ]
+    for row, figure in zip(rows, ("10.00", "20.00"), strict=True):  # the columns line up
+        assert row.index("pass") == header.index("verdict")  # text to the left
+        assert row.index(figure) + len(figure) == header.index("items/s") + len("items/s")
 
 
 def test_tune_and_report_of_it_fit_100_columns_and_wide_shows_every_column(

@@ -64,8 +64,13 @@ def test_report_renders_a_tune_run_and_a_command_that_caps_itself_shows_no_cap(
     assert started.code == 0, started.err
     tuned = cli("tune", "--json")
     assert tuned.code == 0, tuned.err
-    starts = [line for line in tuned.err.splitlines() if line.startswith("starting: ")]
-    assert starts and all("--seed 3" in line for line in starts)
+    # each candidate's server command: in runs/server.log (a log says one line per candidate)
+    log = (isolated / "runs" / "server.log").read_text("utf-8").splitlines()
+    starts = [line for line in log if line.startswith("=== ") and " start: " in line][1:]
+    said = tuned.err.splitlines()
+    assert not [ln for ln in said if ln.startswith("starting: ") or "restart and measure" in ln]
+    assert len([ln for ln in said if ln.startswith(("c01 (", "c02 ("))]) == 2  # one per candidate
+    assert len(starts) == 2 and all("--seed 3" in line for line in starts)
     assert any("--slots 1 --seed 3" in line for line in starts)
     assert [row["cap"] for row in _ranked(tuned.err)] == ["—", "—"]  # calibrate sets no cap here
     run = _tune_run(isolated)

@@ -3,10 +3,10 @@ repeats, what one run per level looks like, the ladder's rounds of waves, an SLO
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from tests.mockserver import MockProcess, start_mock
+from tests.report_helpers import table_lines
 from tests.tier_helpers import FAST, WINDOWS, jsonl, open_gate, run_dir
 
 # levels far shorter than the defaults (15 s, 3 runs) so the suite stays fast; the scraper at
@@ -53,10 +53,11 @@ def test_one_run_per_level_shows_no_range_and_says_a_gain_is_not_told_from_noise
     assert all(lv["items_per_s_min"] == lv["items_per_s_max"] for lv in once.json["levels"])
     assert "one run per level: no range, so a gain cannot be told from noise" in once.err
     assert "set [sweep] repeats = 3" in once.json["knee"]["how_sure"]
-    rows = [line for line in once.err.splitlines() if re.match(r"conc \d+: ", line)]
-    assert len(rows) == 4 and all(" items/s, " in r for r in rows)  # no (low–high) after it
-    ranged = [line for line in twice.err.splitlines() if re.match(r"conc \d+: ", line)]
-    assert ranged and all("–" in r.split(" items/s (")[1].split(")")[0] for r in ranged)
+    header, _, *rows = table_lines(once.err)  # a row as each level finished
+    assert "range" in header and len(rows) == 4
+    assert all("one run" in r and "–" not in r for r in rows)  # no low–high range
+    ranged = table_lines(twice.err)[2:]
+    assert len(ranged) == 4 and all("–" in r and "one run" not in r for r in ranged)
     assert "no range" not in twice.err
 
 

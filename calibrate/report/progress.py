@@ -1,5 +1,5 @@
 """What a long stage shows while it runs: on a terminal a table that grows as tiers finish, a
-progress bar under it (steps done, time left); in a log one short line per tier."""
+progress bar under it (steps done, time left); in a log the same table a row at a time."""
 
 from __future__ import annotations
 
@@ -22,8 +22,13 @@ from rich.progress import (
 from rich.text import Text
 
 from calibrate.io.tier_table import Kind
-from calibrate.report.tables.cells import tier_line
-from calibrate.report.tables.tiers import tier_table
+from calibrate.report.tables.cells import Cells
+from calibrate.report.tables.columns import fitting_columns
+from calibrate.report.tables.tiers import LEFT_JUSTIFIED, tier_table
+
+# What a later row may need more than the first: an error kind ("2 oom:2"), a range and a
+# gain of a faster level ("123.45–130.00", "(+12%)").
+ROOM = {"errors": len("2 oom:2"), "range": len("123.45–130.00"), "gain": len("(+12%)")}
 
 
 @dataclass(frozen=True)
@@ -80,11 +85,11 @@ def live_rows(
     wide: bool = False,
     plan: Plan | None = None,
 ) -> Iterator[Callable[[Mapping[str, Any]], None]]:
-    """On a TTY a table that grows as rows finish, a progress bar under it; in a log one short
-    line per row (the table comes once, at the end: ``finish_tables``)."""
+    """On a TTY a table that grows as rows finish, a progress bar under it; in a log the table
+    a row at a time (``LogTable``); the finished table again only with --wide (every column)."""
     rows: list[Mapping[str, Any]] = []
     if not live:
-        yield lambda row: console.print(tier_line(row, kind), markup=False, highlight=False)
+        yield LogTable(console, kind).add
         return
     bar = progress_bar(console, plan) if plan is not None and plan.steps > 0 else None
     task = bar.add_task(kind, total=plan.steps) if bar is not None and plan is not None else None
@@ -106,3 +111,47 @@ def live_rows(
             yield add
         finally:
             display.update(view(done=True))
+
+
+class LogTable:
+    """A log's table, a row as each tier finishes: the header and its rule come with the first
+    row, which fixes the columns (the essential ones, fitting the console, as a terminal's live
+    table) and their widths (a later, wider cell pushes the rest of its row right). --wide
+    prints every column once more at the end, as on a terminal."""
+
+    def __init__(self, console: Console, kind: Kind) -> None:
+        self.console = console
+        self.kind = kind
+        self.columns: Cells = []
+        self.widths: list[int] = []
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        if not self.columns:
+            self._fit(row)
+            self._print([name for name, _ in self.columns])
+            self._say("─" * (sum(self.widths) + 2 * (len(self.widths) - 1)))
+        self._print([cell(row) for _, cell in self.columns])
+
+    def _fit(self, row: Mapping[str, Any]) -> None:
+        """The columns that fit with their room (fitted narrower until they do)."""
+        limit = width = self.console.width
+        while True:
+            before = len(self.columns)
+            self.columns = fitting_columns([row], self.kind, limit, wide=False)
+            self.widths = [
+                max(len(name), len(cell(row)), ROOM.get(name, 0)) for name, cell in self.columns
+            ]
+            over = sum(self.widths) + 2 * (len(self.widths) - 1) - width
+            if over <= 0 or len(self.columns) == before:  # fits, or none left to drop
+                return
+            limit -= over
+
+    def _print(self, texts: list[str]) -> None:
+        cells = [
+            text.ljust(width) if name in LEFT_JUSTIFIED else text.rjust(width)
+            for (name, _), text, width in zip(self.columns, texts, self.widths, strict=True)
+        ]
+        self._say("  ".join(cells))  # padded as a rich table pads: ``report RUN``'s lines
+
+    def _say(self, line: str) -> None:
+        self.console.print(line, markup=False, highlight=False, crop=False, soft_wrap=True)

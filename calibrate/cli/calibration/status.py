@@ -35,13 +35,16 @@ def run(args: argparse.Namespace) -> int:
     status = status_of(cfg)
     out.say(f"target {target}: {cfg.target.model} at {redact_url(cfg.target.base_url)}")
     out.say(f"baseline: {status.baseline or 'none yet'}")
+    not_run = []
     for stage in (*STAGE_ORDER, *OPTIONAL_STAGES):
         entry = status.latest.get(stage)
         if entry is None:
-            out.say(f"  {stage:<9} —")
+            not_run.append(stage)
             continue
         forced = " (forced)" if entry.forced else ""
         out.say(f"  {stage:<9} {verdict(entry)}{forced}  {entry.ts}  run {entry.run_id}")
+    if not_run:  # one line for them all: a row each would say "—" nine times
+        out.say(f"  not run yet: {', '.join(not_run)}")
     if status.context is not None:
         ran = f"{status.context.ts}  run {status.context.run_id}"
         out.say(f"  context   {verdict(status.context)}  {ran} (ladder --axis context)")

@@ -185,8 +185,8 @@ class ProgressView:
                 self._task, completed=p.finished, failed=p.failed, rate=p.items_per_s
             )
             return
-        if p.to_run == 0:
-            return
+        if p.to_run == 0 or (p.finished >= p.to_run and not p.in_flight and not p.stopping):
+            return  # the last count is the summary's, a line later
         counts = f"batch: {p.finished}/{p.to_run} done, {p.failed} failed, {p.in_flight} in flight"
         if counts == self._last_line:
             return  # nothing moved since the last line: do not repeat it
@@ -216,11 +216,12 @@ def render_summary(
     """The end of a batch: counts, rate, failures, format notes and what to do next."""
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(r.failed_by_kind.items()))
     failed = f"{r.failed} failed ({kinds})" if r.failed else "0 failed"
-    out.say(
-        f"batch: {r.ok} ok, {failed}, {r.skipped} skipped (already done) in {r.seconds:.1f} s "
-        f"— {r.items_per_s:.1f} items/s, {r.output_tokens_per_s:.0f} output tokens/s"
-        + (f"; {r.retried_items} needed retries" if r.retried_items else "")
-    )
+    if r.to_run or r.interrupted:  # nothing to run: the plan said so, 0.0 items/s says no more
+        out.say(
+            f"batch: {r.ok} ok, {failed}, {r.skipped} skipped (already done) in {r.seconds:.1f} s "
+            f"— {r.items_per_s:.1f} items/s, {r.output_tokens_per_s:.0f} output tokens/s"
+            + (f"; {r.retried_items} needed retries" if r.retried_items else "")
+        )
     for failure in r.failures[:3]:
         out.say(f"  failed {failure['id']!r}: {failure['kind']}: {failure['message']}")
     _say_endpoints(out, r)

@@ -93,17 +93,22 @@ class LadderView(TierView[LadderResult, LadderOptions]):
                 else f"stopped by {result.stopped_by}: {result.tiers[-1].reason}"
             )
             chosen = result.setting or top
-            out.ok(
-                f"last passing tier: batch {top.batch_size}, concurrency "
-                f"{top.stats.concurrency}{_goodput(top)} ({why})"
-            )
-            out.ok(
+            setting = (
                 f"setting: batch {chosen.batch_size}, concurrency {chosen.stats.concurrency}"
-                f"{_goodput(chosen)}{cost_text(chosen.stats)} — {result.setting_reason}"
+                f"{_goodput(chosen)}{cost_text(chosen.stats)}"
             )
+            if chosen.batch_size == top.batch_size:  # one line: the same tier twice says no more
+                out.ok(f"{setting} — {result.setting_reason}; the last passing tier ({why})")
+            else:
+                out.ok(
+                    f"last passing tier: batch {top.batch_size}, concurrency "
+                    f"{top.stats.concurrency}{_goodput(top)} ({why})"
+                )
+                out.ok(f"{setting} — {result.setting_reason}")
         if top is not None and result.incidents:
-            out.say(f"{result.incidents} incident bundle(s) in {self.ctx.run.file('incidents')}")
-            self.say_first_error()
+            bundles = f"{result.incidents} incident bundle(s) in {self.ctx.run.file('incidents')}"
+            message = first_error(self.ctx.run.file("incidents"))
+            out.say(f"{bundles}; first error: {message}" if message else bundles)
         if result.match_failed:
             out.fail("--require-match: outputs differ from the baseline")
 

@@ -31,8 +31,8 @@ class SweepView(TierView[SweepResult, SweepOptions]):
     kind = "sweep"
 
     def planned(self, options: SweepOptions, workload: WorkloadSpec, cap: ServerCap | None) -> None:
-        self.say(f"workload: {workload.describe()}")
-        self.say(announce(options) + (f"; server cap {cap.slots} ({cap.source})" if cap else ""))
+        capped = f"; server cap {cap.slots} ({cap.source})" if cap else ""
+        self.say(f"{announce(options)}{capped}; workload: {workload.describe()}")  # as a ladder
 
     @contextmanager
     def live(

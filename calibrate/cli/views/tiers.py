@@ -154,11 +154,14 @@ def check_comparison(suite: JUnitSuite, comparison: TierComparison | None) -> No
 
 
 def show_table(out: Output, table_at: Callable[[int | None], Table], *, live: bool = True) -> None:
-    """A finished table once: every column with --wide (the live table had the essential ones),
-    else fitting the screen (``live``: not on a terminal, where the live table still shows)."""
+    """A finished table once: every column with --wide, else fitting the screen. After a
+    ``live`` table (the essential columns) only with --wide: without it a log already has the
+    table, a row at a time, and a terminal still shows it."""
+    if live and not out.wide:
+        return
     if out.wide:
         out.render_wide(table_at(None))
-    elif not (live and out.is_tty):
+    else:
         out.render(table_at(out.console.width))
 
 
@@ -177,7 +180,7 @@ def live_table(
     out: Output, kind: Kind, title: str, plan: Plan
 ) -> Iterator[Callable[[Mapping[str, Any]], None]]:
     """``live_rows`` for this output: a live table and a progress bar on a terminal,
-    a short line per row in a log."""
+    the table a row at a time in a log."""
     with live_rows(out.console, kind, title, out.is_tty, wide=out.wide, plan=plan) as show:
         yield show
 

@@ -4,6 +4,7 @@ bar under them on a terminal), then the ranked table (the essential columns, fit
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -165,13 +166,33 @@ def show_start(out: Output, setup: TuneSetup, measured_before: int) -> None:
         out.say(note)
 
 
+# What a candidate says while it is measured: its restart, its server's command, each level.
+_AS_IT_GOES = re.compile(
+    r"candidate \S+ \(.*\): restart and measure$|starting: |  \S+ concurrency \d+: "
+)
+
+
+def progress_say(out: Output) -> Callable[[str], None]:
+    """The stage's progress lines: all of them on a terminal or with --wide; in a log one line
+    per candidate, its finished line (the levels are in its folder, candidates/*/tiers.jsonl,
+    and each server's command in runs/server.log)."""
+    if out.is_tty or out.wide:
+        return out.say
+
+    def say(text: str) -> None:
+        if not _AS_IT_GOES.match(text):
+            out.say(text)
+
+    return say
+
+
 def tune_env(out: Output, ctx: StageContext, resume: str) -> TuneEnv:
     """The stage's callbacks, shown on ``out``; plot.svg drawn by the tune report."""
     return TuneEnv(
         ctx,
         draw_plot=plot_svg,
         resume=resume,
-        say=out.say,
+        say=progress_say(out),
         on_start=lambda setup, before: show_start(out, setup, before),
         progress=lambda setup, before: candidate_progress(out, setup, before),
         on_result=lambda result: out.say(finished_line(result)),

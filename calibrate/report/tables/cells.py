@@ -1,11 +1,11 @@
-"""A tier's cells as text: the table's columns per kind, and the one line a log gets."""
+"""A tier's cells as text: the table's columns per kind (the HTML report's too)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from calibrate.io.tier_table import Kind, kinds_text
+from calibrate.io.tier_table import kinds_text
 
 Cells = list[tuple[str, Callable[[Mapping[str, Any]], str]]]  # (header, row → text)
 
@@ -154,43 +154,3 @@ def is_true(value: Any) -> bool:
 def context_axis(rows: Sequence[Mapping[str, Any]]) -> bool:
     """Rows of ``ladder --axis context``: keyed by input length, not batch size."""
     return any(r.get("axis") == "context" for r in rows)
-
-
-def tier_line(row: Mapping[str, Any], kind: Kind) -> str:
-    """One short line per finished tier (level) for a log: the numbers that pick a setting,
-    e.g. ``batch 4: 15.96 items/s, 0.0627 s/item, p99 0.253 s, 49152 MiB, 0 errors — pass``."""
-    if kind == "sweep":
-        rate = row.get("offered_rate")
-        load = row.get("load")
-        if load in ("synchronous", "maximum"):
-            head = f"{rate_text(rate, row)} (conc {int(row['concurrency'])})"
-        elif rate not in (None, ""):
-            head = f"rate {rate_text(rate, row)} (conc {int(row['concurrency'])})"
-        else:
-            head = f"conc {int(row['concurrency'])}"
-        spread = range_text(row)
-        figures = [
-            f"{figure(row.get('items_per_s'), '.2f')} items/s"
-            + (f" ({spread})" if spread not in ("—", "one run") else "")
-        ]
-        if row.get("gain") is not None:
-            figures.append(f"gain {gain_text(row)}")
-    else:
-        head = f"batch {int(row['batch_size'])}"
-        if context_axis([row]):  # one batch size, said before the first tier
-            head = f"input {figure(row.get('input_tokens_target'), '.0f')}"
-        figures = [
-            f"{figure(row.get('items_per_s'), '.2f')} items/s",
-            f"{figure(row.get('per_item_s'), '.4f')} s/item",
-        ]
-    if row.get("goodput_per_s") not in (None, ""):
-        figures.append(f"goodput {figure(row.get('goodput_per_s'), '.2f')}/s")
-    if row.get("latency_p99_s") not in (None, ""):
-        figures.append(f"p99 {figure(row.get('latency_p99_s'), '.3f')} s")
-    if row.get("peak_vram_mib") not in (None, ""):
-        figures.append(f"{figure(row.get('peak_vram_mib'), '.0f')} MiB")
-    count = int(row.get("errors") or 0)
-    kinds = kinds_text(row.get("error_kinds"))
-    figures.append(f"{count} error{'' if count == 1 else 's'}" + (f" ({kinds})" if kinds else ""))
-    verdict = level_verdict(row) if kind == "sweep" else str(row["verdict"])
-    return f"{head}: {', '.join(figures)} — {verdict}"

@@ -16,6 +16,8 @@ from calibrate.report.spreads import Spreads, spread_text
 from calibrate.report.tables.columns import WHEN_MEASURED, fitting_columns, kind_columns, short_name
 from calibrate.stages.measure.confidence import percent
 
+LEFT_JUSTIFIED = ("verdict", "errors", "pressure")  # the text columns; figures go right
+
 
 def compact(title: str | None = None) -> Table:
     """A table without column rules, side edges or a bottom rule: a rule under the header, two
@@ -45,7 +47,7 @@ def tier_table(
     for name, _ in columns:
         table.add_column(
             name,
-            justify="left" if name in ("verdict", "errors", "pressure") else "right",
+            justify="left" if name in LEFT_JUSTIFIED else "right",
             overflow="fold",
         )
     for row in rows:
@@ -59,7 +61,7 @@ def tier_table(
 
 
 def plain_line(row: Mapping[str, Any], kind: Kind) -> str:
-    """Every column of one tier as ``key=value`` (tests and --debug; logs get ``tier_line``)."""
+    """Every column of one tier as ``key=value`` (tests and --debug)."""
     cells = [(name, cell(row)) for name, cell in kind_columns(kind, [row])]
     return "  ".join(
         f"{name.replace(' ', '_')}={text}"
