@@ -25,7 +25,13 @@ def test_a_ladder_of_four_tiers_logs_each_tier_once_in_a_short_log(cli, isolated
     header, _, *rows = table_lines(result.err)
     assert "items/s" in header and [r.split()[0] for r in rows] == ["1", "2", "4", "8"]
     assert sum("batch 4" in ln for ln in lines) == 1, result.err  # the setting, said once
-    assert not [ln for ln in lines if ln.startswith(("batch 1:", "batch 8:", "last passing"))]
+    assert not [ln for ln in lines if ln.startswith(("batch 1:", "batch 8:"))]
+    # "last passing tier: batch 8" has a line of its own only when it is not the setting (the
+    # mock's OOM above 6 in flight needs 7 requests at once, which a busy box may not send)
+    passing = [ln for ln in lines if ln.startswith("last passing")]
+    assert not passing or passing == [
+        "last passing tier: batch 8, concurrency 8 (every tier passed)"
+    ], result.err
 
 
 def test_status_says_the_stages_not_run_in_one_line(cli, isolated: Path) -> None:
