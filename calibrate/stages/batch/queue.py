@@ -87,6 +87,11 @@ class WorkQueue:
         self._events.put(task)
         return True
 
+    def hand_again(self, task: Task) -> None:
+        """Hand the item out again, not counted as an outage it rode out (a worker process
+        died holding it, or put it back and counted that itself)."""
+        self._events.put(task)
+
     def close(self) -> None:
         """Hand out nothing more; workers waiting for an item get the end mark."""
         if not self.closed:
