@@ -197,6 +197,8 @@ class WorkerSet:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.popen.wait()
+        proc.from_child.close()
+        proc.to_child.close()
         self._ended(proc)
 
     def _ended(self, proc: WorkerProc) -> None:

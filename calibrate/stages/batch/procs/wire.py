@@ -103,5 +103,6 @@ class Channel:
         return pickle.loads(body)
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
+        """Close the stream (a send racing with it is refused: False, as for a dead peer)."""
+        with self._lock, contextlib.suppress(OSError):
             self._stream.close()
