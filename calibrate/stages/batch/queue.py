@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Generator
-from queue import SimpleQueue
+from queue import Empty, SimpleQueue
 from typing import Final
 
 from calibrate.errors import CalibrateError
@@ -70,6 +70,19 @@ class WorkQueue:
         if task is None or stop.is_set() or self.closed:
             self._tasks.put(None)  # pass the end mark on to the next worker
             return None  # an item taken after the stop stays for the rerun
+        return task
+
+    def take_waiting(self) -> Task | None:
+        """An item already waiting, without waiting for one; None if there is none (or only
+        the end mark, which stays for the next ``take``)."""
+        if self.closed:
+            return None
+        try:
+            task = self._tasks.get_nowait()
+        except Empty:
+            return None
+        if task is None:
+            self._tasks.put(None)
         return task
 
     def finished(self, task: Task) -> None:

@@ -215,8 +215,9 @@ def _listen(inbox: Channel, queue: ParentQueue, control: BatchControl) -> None:
         if message is None:
             os._exit(0)  # the parent is gone (kill -9): no orphan, nothing left to send to
         kind = message[0]
-        if kind == "task":
-            queue.give(message[1])
+        if kind == "tasks":
+            for task in message[1]:
+                queue.give(task)
         elif kind == "end":
             queue.give(None)
         elif kind == "stop":

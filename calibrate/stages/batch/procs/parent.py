@@ -31,6 +31,7 @@ from calibrate.state.setting import Endpoint
 
 POLL_S = 0.2
 EXIT_WAIT_S = 5.0
+MAX_SENT = 64  # items sent to a worker in one message, at most
 MAX_REPLACEMENTS = 8  # workers started again in one run, at most (a crash loop ends)
 CHILD = "calibrate.stages.batch.procs.child"
 
@@ -176,12 +177,24 @@ class WorkerSet:
                 proc.credit.release()
                 proc.to_child.send(("end",))
                 return
+            tasks = [task]
+            while len(tasks) < MAX_SENT and proc.credit.acquire(blocking=False):
+                if (more := self._queue.take_waiting()) is None:
+                    proc.credit.release()
+                    break
+                tasks.append(more)  # those already waiting go in the same message
             with proc.lock:
-                if not proc.dead:
-                    proc.held[task.id] = task
-            if proc.dead or not proc.to_child.send(("task", task)):
-                if proc.release(task.id) is not None or proc.dead:
-                    self._give_back(task)
+                held = not proc.dead  # once dead, what it held was settled: not these
+                if held:
+                    proc.held.update((t.id, t) for t in tasks)
+            if not held:
+                for t in tasks:
+                    self._give_back(t)
+                return
+            if not proc.to_child.send(("tasks", tasks)):
+                for t in tasks:
+                    if proc.release(t.id) is not None:  # else its end settled it already
+                        self._give_back(t)
                 return
 
     def _read(self, proc: WorkerProc) -> None:
