@@ -17,10 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.gpu.selfload import SelfLoadReport
+from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport
+from calibrate.http.client import OpenAIClient
+from calibrate.http.models import SamplingParams
+from calibrate.stages.batch import BatchPlan, BatchSpec, plan_batch, run_batch
+from calibrate.stages.batch.outage import OutagePolicy
 from calibrate.stages.batch.procs import run as procs_run
 from calibrate.stages.batch.procs.parent import split
-from calibrate.stages.batch.procs.wire import WorkerDone
+from calibrate.stages.batch.procs.wire import ClientSetup, WorkerDone
+from calibrate.stages.batch.worker import BatchControl
 from calibrate.state.setting import Endpoint
 from tests.batch_helpers import (
     assert_valid_jsonl,
@@ -189,3 +194,56 @@ def test_a_workers_bottleneck_is_the_runs_and_slots_are_dealt_evenly() -> None:
     assert merged.bottleneck and merged.reason == busy.reason and merged.cpu_fraction_max == 0.97
     shares = split([Endpoint("http://a/v1", 5, "flag"), Endpoint("http://b/v1", 2, "flag")], 2)
     assert [sum(e.concurrency for e in share) for share in shares] == [4, 3]
+
+
+def test_a_workers_bottleneck_warning_reaches_the_user_once_naming_workers(
+    isolated: Path,
+) -> None:
+    """A worker process whose self-check fires (its threshold at 0 here: every window is
+    client-bound) warns through the parent, once for the run, and the summary says so; the
+    one-process path under the same threshold fires the same way."""
+
+    def plan(name: str) -> BatchPlan:
+        tasks = write_tasks(isolated / f"{name}.jsonl", 120)
+        spec = BatchSpec(
+            input_path=tasks,
+            out_path=isolated / f"{name}-out.jsonl",
+            model="internlm-s2",
+            params=SamplingParams(0.0, 64, 1.0, None),
+        )
+        return plan_batch(spec)
+
+    with start_mock(ttft_s=0.1, per_token_s=0.0) as server:
+        warned: list[str] = []
+        p = plan("two")
+        result = procs_run.run_workers(
+            p,
+            isolated / "two-out.jsonl",
+            endpoints=[Endpoint(server.base_url, 4, "flag")],
+            workers=2,
+            client=ClientSetup(None, None, 30.0, 5.0, 64.0),
+            control=BatchControl(),
+            on_progress=lambda progress: None,
+            progress_every_s=3600,
+            monitor=SelfLoadMonitor(),
+            warn=warned.append,
+            outage=OutagePolicy(),
+            on_event=lambda event: None,
+            events=[],
+            worker_cpu_limit=0.0,
+        )
+        client = OpenAIClient(server.base_url, timeout_s=30, max_connections=4)
+        one: list[str] = []
+        single = plan("one")
+        monitor = SelfLoadMonitor(cpu_limit=0.0, advice=procs_run.advice(1)).start()
+        alone = run_batch(
+            single, client, isolated / "one-out.jsonl", monitor=monitor, warn=one.append
+        )
+        monitor.stop()
+        client.close()
+    assert result.ok == 120 and alone.ok == 120
+    bottleneck = [w for w in warned if "calibrate itself is the bottleneck" in w]
+    assert len(bottleneck) == 1 and "--workers" in bottleneck[0], warned
+    assert result.selfload is not None and result.selfload.bottleneck
+    assert [w for w in one if "calibrate itself is the bottleneck" in w], one
+    assert alone.selfload is not None and alone.selfload.bottleneck

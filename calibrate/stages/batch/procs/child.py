@@ -154,7 +154,7 @@ def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
     slots = sum(lane.concurrency for lane in lanes)
     guard = ReachabilityGuard(slots, on_unreachable=lambda d: control.fail("unreachable", d))
     threading.Thread(target=_listen, args=(inbox, queue, control), daemon=True).start()
-    monitor = SelfLoadMonitor(advice=setup.advice).start()
+    monitor = SelfLoadMonitor(advice=setup.advice, cpu_limit=setup.cpu_limit).start()
     threads = [
         threading.Thread(
             target=_slot, args=(lane, lanes, queue, spec, journal, control, guard), daemon=True
@@ -173,6 +173,8 @@ def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
             if control.reason is not None and not told:
                 told = True
                 outbox.put("fail", control.reason, control.detail)
+    if text := monitor.poll_warning():  # the last window, after the last item
+        outbox.put("warn", text)
     if control.reason is not None and not told:
         outbox.put("fail", control.reason, control.detail)
     stats = tuple(

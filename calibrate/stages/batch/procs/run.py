@@ -88,8 +88,12 @@ def run_workers(
     on_event: Callable[[OutageEvent], None],
     events: list[OutageEvent],
     clock: Callable[[], float] = time.perf_counter,
+    worker_cpu_limit: float = 0.85,
 ) -> BatchResult:
-    """Send the plan's items through ``workers`` processes; one line per item, written here."""
+    """Send the plan's items through ``workers`` processes; one line per item, written here.
+
+    ``worker_cpu_limit``: the workers' self-check threshold (one core is 1.0).
+    """
     spec = plan.spec
     given, endpoints = (
         endpoints,
@@ -140,7 +144,7 @@ def run_workers(
             on_event(event)
 
     setups = [
-        WorkerSetup(i, share, client, spec, outage, advice(workers))
+        WorkerSetup(i, share, client, spec, outage, advice(workers), worker_cpu_limit)
         for i, share in enumerate(split(endpoints, workers))
     ]
     procs = WorkerSet(setups, queue, control, on_message, notes.put)

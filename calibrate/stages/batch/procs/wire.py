@@ -47,6 +47,7 @@ class WorkerSetup:
     spec: BatchSpec
     outage: OutagePolicy
     advice: str  # the self-check's advice when this worker is the bottleneck
+    cpu_limit: float = 0.85  # the self-check's threshold (a test sets 0: every window is bound)
 
 
 @dataclass(frozen=True)
