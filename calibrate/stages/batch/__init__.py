@@ -2,8 +2,9 @@
 
 ``run(request, env)`` is the whole stage: the request resolved and checked (request.py), the
 input validated and --out locked (``open_batch``, plan.py), the endpoints checked
-(endpoints.py), the items sent by the worker pool (``run_batch``, pool.py), --final exported,
-the verdict recorded in the ledger. It returns a ``BatchOutcome``; the command shows it.
+(endpoints.py), the items sent by the worker pool (``run_batch``, pool.py; by N processes with
+--workers N, procs/), --final exported, the verdict recorded in the ledger. It returns a
+``BatchOutcome``; the command shows it.
 Everything the user sees on the way goes through ``env`` (request.py).
 """
 
@@ -41,13 +42,7 @@ from calibrate.stages.batch.plan import (
     plan_batch,
 )
 from calibrate.stages.batch.pool import close_later, run_batch, stop_on_signals
-from calibrate.stages.batch.procs.run import (
-    advice,
-    client_setup,
-    parent_advice,
-    run_workers,
-    workers_for,
-)
+from calibrate.stages.batch.procs import run as procs
 from calibrate.stages.batch.request import BatchEnv, BatchRequest, BatchSetup, QuietEnv, prepare
 from calibrate.stages.batch.result import BatchOutcome, BatchResult, summary_json
 from calibrate.stages.batch.worker import BatchControl
@@ -172,10 +167,11 @@ def _send(b: _Batch) -> BatchResult:
 
     control = BatchControl()
     slots = sum(min(e.concurrency, max(b.plan.to_run, 1)) for e in endpoints)
-    workers = workers_for(b.request.workers, slots)
+    workers = procs.workers_for(b.request.workers, slots)
     if b.request.workers != 1:
         b.extra["workers"] = workers  # said only when asked for: the summary is unchanged else
-    monitor = SelfLoadMonitor(advice=parent_advice(workers) if workers > 1 else advice(1))
+    advice = procs.parent_advice(workers) if workers > 1 else procs.advice(1)
+    monitor = SelfLoadMonitor(advice=advice)
     monitor.start()
     view = env.progress(b.plan.to_run, len(endpoints))
     try:
@@ -194,12 +190,12 @@ def _send(b: _Batch) -> BatchResult:
         ]
         with view, stop_on_signals(control):
             if workers > 1:
-                return run_workers(
+                return procs.run_workers(
                     b.plan,
                     b.out_path,
                     endpoints=[e for e, _ in usable],
                     workers=workers,
-                    client=client_setup(ctx.config),
+                    client=procs.client_setup(ctx.config),
                     control=control,
                     on_progress=view.update,
                     progress_every_s=view.every_s,
