@@ -4,8 +4,8 @@ Started by the parent as ``python -m calibrate.stages.batch.procs.child`` with t
 runs the ordinary batch workers (worker.py) over its share of the slots, with a queue that the
 parent fills and a journal that only sends each line back; the parent writes and counts it. It
 ends when the parent says there are no more items, and at once when its input ends without
-that (the parent died: nobody is left to write what it would answer). Ctrl-C reaches the whole
-process group; a worker ignores it and stops when the parent tells it to.
+that (the parent died: nobody is left to write what it would answer). Ctrl-C (and a hang-up)
+reaches the whole process group; a worker ignores it and stops when the parent tells it to.
 """
 
 from __future__ import annotations
@@ -228,7 +228,8 @@ def _listen(inbox: Channel, queue: ParentQueue, control: BatchControl) -> None:
 
 
 def main() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and tells us
+    for sig in (signal.SIGINT, signal.SIGHUP):  # the parent handles them and tells us
+        signal.signal(sig, signal.SIG_IGN)
     logging.basicConfig(level=logging.ERROR, format="calibrate worker: %(message)s")
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not corrupt the pipe

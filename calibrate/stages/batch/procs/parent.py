@@ -115,6 +115,12 @@ class WorkerSet:
         for setup in self._setups:
             self._start(setup)
 
+    def _start(self, setup: WorkerSetup) -> None:
+        try:
+            self._spawn(setup)
+        except OSError as exc:  # out of processes or descriptors: the run stops, resumable
+            self._control.fail("workers", f"could not start a worker process: {exc}")
+
     def live(self) -> list[WorkerProc]:
         with self._lock:
             return [p for p in self.procs if p.running]
@@ -140,7 +146,7 @@ class WorkerSet:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(EXIT_WAIT_S)
 
-    def _start(self, setup: WorkerSetup) -> None:
+    def _spawn(self, setup: WorkerSetup) -> None:
         env = dict(os.environ)
         root = str(Path(calibrate.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)

@@ -237,6 +237,8 @@ def _wait(
             procs.stop_all()  # also one started just before the stop
         live = procs.live()
         if not live:
+            if not control.stop.is_set() and not queue.idle():
+                control.fail("workers", "no worker process is left to send the items")
             return 0
         if control.abandon.is_set() or (deadline is not None and clock() >= deadline):
             held = procs.held()
