@@ -79,7 +79,9 @@ class ParentQueue:
         self._tasks.put(task)
 
     def idle(self) -> bool:
-        return self.ended and self._tasks.empty()
+        """The parent said no more items will come: a paused endpoint's slots need not wait
+        (those still queued here go to the slots that are up; the end mark stays queued)."""
+        return self.ended
 
     def take(self, stop: threading.Event) -> Task | None:
         if stop.is_set():
@@ -89,6 +91,18 @@ class ParentQueue:
             self._tasks.put(None)
             return None  # taken after the stop: the parent gives it back to the rerun
         return task
+
+    def give_back_waiting(self) -> None:
+        """Send the items not yet taken back to the parent (the end mark stays)."""
+        while True:
+            try:
+                task = self._tasks.get_nowait()
+            except Empty:
+                return
+            if task is None:
+                self._tasks.put(None)
+                return
+            self._outbox.put("back", task.id)
 
     def lined(self, item_id: ItemId | None) -> None:
         self._lined.id = item_id
@@ -164,7 +178,7 @@ def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
     ]
     for thread in threads:
         thread.start()
-    told = False
+    told, paused = False, False
     for thread in threads:
         while thread.is_alive():
             thread.join(POLL_S)
@@ -173,6 +187,10 @@ def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
             if control.reason is not None and not told:
                 told = True
                 outbox.put("fail", control.reason, control.detail)
+            if paused != (paused := all(lane.breaker.down for lane in lanes)):
+                outbox.put("paused", paused)  # every endpoint of this worker is down, or back
+            if paused:
+                queue.give_back_waiting()  # the other workers' endpoints may be up
     if text := monitor.poll_warning():  # the last window, after the last item
         outbox.put("warn", text)
     if control.reason is not None and not told:

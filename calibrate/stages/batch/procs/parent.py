@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,6 +68,7 @@ class WorkerProc:
     lock: threading.Lock = field(default_factory=threading.Lock)
     dead: bool = False
     told_stop: bool = False
+    paused: bool = False
     done: WorkerDone | None = None
     reader: threading.Thread | None = None
 
@@ -176,6 +178,9 @@ class WorkerSet:
     def _feed(self, proc: WorkerProc) -> None:
         """Items from the queue to this worker, while it has room for them."""
         while not proc.dead:
+            if proc.paused:  # every endpoint of this worker is down: the others take the items
+                time.sleep(POLL_S)
+                continue
             if not proc.credit.acquire(timeout=POLL_S):
                 continue
             task = self._queue.take(self._control.stop)
@@ -209,6 +214,8 @@ class WorkerSet:
             for message in messages:
                 if message[0] == "done":
                     proc.done = message[1]
+                elif message[0] == "paused":
+                    proc.paused = bool(message[1])
                 else:
                     self._on_message(proc, message)
         try:
