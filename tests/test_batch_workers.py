@@ -35,7 +35,7 @@ from tests.batch_helpers import (
     write_tasks,
 )
 from tests.helpers import write_config
-from tests.mockserver import start_mock
+from tests.mockserver import start_mock, start_mock_process
 
 CHILD = "calibrate.stages.batch.procs.child"
 
@@ -247,3 +247,35 @@ def test_a_workers_bottleneck_warning_reaches_the_user_once_naming_workers(
     assert result.selfload is not None and result.selfload.bottleneck
     assert [w for w in one if "calibrate itself is the bottleneck" in w], one
     assert alone.selfload is not None and alone.selfload.bottleneck
+
+
+def test_an_endpoint_gone_mid_run_leaves_its_items_to_the_other_workers_endpoint(
+    isolated: Path,
+) -> None:
+    """Two endpoints of one slot each, two workers: each worker has one endpoint. When one
+    server goes away, its worker hands its waiting items back and takes none while down, the
+    other worker does them all, and the run ends when the items do (not after --outage-s)."""
+    n = 200
+    tasks = write_tasks(isolated / "tasks.jsonl", n)
+    out = isolated / "out.jsonl"
+    with (
+        start_mock(ttft_s=0.01, per_token_s=0.0) as up,
+        start_mock_process("--ttft", "0.01", "--per-token", "0") as gone,
+    ):
+        write_config(isolated / "calibrate.toml", up.base_url)
+        proc = batch_process(
+            isolated, "--input", str(tasks), "--out", str(out), "--workers", "2",
+            "--base-url", f"{up.base_url}#c=1", "--base-url", f"{gone.base_url}#c=1",
+            "--outage-s", "120", "--backoff-s", "0.1", "--progress-s", "3600",
+        )  # fmt: skip
+        try:
+            wait_for_lines(out, 30, proc, timeout_s=30)
+            gone.stop(signal.SIGKILL)  # refused from now on
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 0, err
+    assert "down" in err
+    _exactly_once(out, n)

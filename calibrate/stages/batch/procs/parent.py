@@ -179,6 +179,9 @@ class WorkerSet:
         """Items from the queue to this worker, while it has room for them."""
         while not proc.dead:
             if proc.paused:  # every endpoint of this worker is down: the others take the items
+                if self._queue.idle():  # … and none is left: its slots need wait no longer
+                    proc.to_child.send(("end",))
+                    return
                 time.sleep(POLL_S)
                 continue
             if not proc.credit.acquire(timeout=POLL_S):
