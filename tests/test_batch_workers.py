@@ -71,7 +71,7 @@ def _any_worker_alive(pids: list[int]) -> list[int]:
     return alive
 
 
-def _wait_for_workers(parent: int, n: int, timeout_s: float = 20) -> list[int]:
+def _wait_for_workers(parent: int, n: int, timeout_s: float = 60) -> list[int]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if len(pids := _workers_of(parent)) >= n:
@@ -115,7 +115,7 @@ def test_kill_9_of_the_parent_leaves_no_worker_and_the_rerun_repeats_nothing(
         proc = batch_process(isolated, *args, "--workers", "2")
         try:
             workers = _wait_for_workers(proc.pid, 2)
-            wait_for_lines(out, 40, proc, timeout_s=30)
+            wait_for_lines(out, 40, proc, timeout_s=60)
             proc.send_signal(signal.SIGKILL)
             proc.communicate(timeout=10)
         finally:
@@ -150,10 +150,10 @@ def test_kill_9_of_a_worker_puts_its_items_back_and_the_run_completes(isolated: 
         )  # fmt: skip
         try:
             victim, *_ = _wait_for_workers(proc.pid, 2)
-            wait_for_lines(out, 40, proc, timeout_s=30)
+            wait_for_lines(out, 40, proc, timeout_s=60)
             os.kill(victim, signal.SIGKILL)
             workers = _workers_of(proc.pid)  # the other one, perhaps its replacement already
-            _, err = proc.communicate(timeout=60)
+            _, err = proc.communicate(timeout=120)
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -269,9 +269,9 @@ def test_an_endpoint_gone_mid_run_leaves_its_items_to_the_other_workers_endpoint
             "--outage-s", "120", "--backoff-s", "0.1", "--progress-s", "3600",
         )  # fmt: skip
         try:
-            wait_for_lines(out, 30, proc, timeout_s=30)
+            wait_for_lines(out, 30, proc, timeout_s=60)
             gone.stop(signal.SIGKILL)  # refused from now on
-            _, err = proc.communicate(timeout=60)
+            _, err = proc.communicate(timeout=120)
         finally:
             if proc.poll() is None:
                 proc.kill()
