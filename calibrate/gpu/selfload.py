@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 Clock = Callable[[], float]
 
+DEFAULT_ADVICE = "lower -c, or run on a faster CPU"
+
 
 @dataclass(frozen=True)
 class SelfLoadSample:
@@ -69,12 +71,14 @@ class SelfLoadMonitor:
         confirm: int = 2,
         clock: Clock = time.perf_counter,
         cpu_clock: Clock = time.process_time,
+        advice: str = DEFAULT_ADVICE,
     ) -> None:
         self.window_s = window_s
         self.tick_s = tick_s
         self.cpu_limit = cpu_limit
         self.lag_limit_s = lag_limit_s
         self.confirm = confirm
+        self.advice = advice  # what to do about it, said with the warning
         self._clock = clock
         self._cpu_clock = cpu_clock
         self._samples: list[SelfLoadSample] = []
@@ -93,7 +97,7 @@ class SelfLoadMonitor:
             bound = sample.cpu_fraction >= self.cpu_limit or sample.lag_s >= self.lag_limit_s
             self._streak = self._streak + 1 if bound else 0
             if self._streak >= self.confirm and not self._reason:
-                self._reason = _describe(sample, self.cpu_limit)
+                self._reason = _describe(sample, self.cpu_limit, self.advice)
         return sample
 
     def mark(self) -> int:
@@ -176,9 +180,9 @@ def cause(sample: SelfLoadSample, cpu_limit: float) -> str:
     return f"calibrate's threads waited {sample.lag_s * 1000:.0f} ms on average to run"
 
 
-def _describe(sample: SelfLoadSample, cpu_limit: float) -> str:
+def _describe(sample: SelfLoadSample, cpu_limit: float, advice: str) -> str:
     cause_text = cause(sample, cpu_limit).replace("calibrate's", "its", 1)
     return (
         f"calibrate itself is the bottleneck: {cause_text}, so requests are waiting on the client, "
-        "not the server; throughput now is the client's limit (lower -c, or run on a faster CPU)"
+        f"not the server; throughput now is the client's limit ({advice})"
     )

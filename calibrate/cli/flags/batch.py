@@ -14,12 +14,14 @@ from calibrate.errors import UsageError
 from calibrate.load.retry import RetryPolicy
 from calibrate.stages.batch import MAX_CONCURRENCY, BatchRequest
 from calibrate.stages.batch.outage import DEFAULT_OUTAGE_AFTER, DEFAULT_OUTAGE_S, OutagePolicy
+from calibrate.stages.batch.procs.run import SLOTS_PER_WORKER
 from calibrate.stages.batch.request import check_writable
 
 MAX_RETRIES = 100
 MAX_WAIT_S = 3600.0
 MAX_OUTAGE_S = 7 * 86_400.0
 MAX_OUTAGE_AFTER = 10_000
+MAX_WORKERS = 256
 
 
 def register(subparsers: Any, doc: str, run: Any) -> None:
@@ -49,6 +51,15 @@ def register(subparsers: Any, doc: str, run: Any) -> None:
         help="requests in flight (default: the pinned concurrency, else 4; "
         f"at most {MAX_CONCURRENCY}); with several --base-url, the fallback for those "
         "without #c=N or a calibrated setting",
+    )
+    p.add_argument(
+        "--workers",
+        type=_workers,
+        default=1,
+        metavar="N|auto",
+        help="send from N processes that split the concurrency (auto: one per "
+        f"{SLOTS_PER_WORKER} in flight, at most the cores; 1, the default: this process only); "
+        "for when calibrate itself is the bottleneck",
     )
     p.add_argument(
         "--shard",
@@ -129,6 +140,19 @@ def register(subparsers: Any, doc: str, run: Any) -> None:
     add_junit(p)
 
 
+def _workers(text: str) -> int | None:
+    """--workers N (1…MAX_WORKERS) or auto (None)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or auto, got {text!r}") from None
+    if not 1 <= value <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"must be 1…{MAX_WORKERS} or auto, got {value}")
+    return value
+
+
 def check_flags(args: argparse.Namespace) -> None:
     """Every size and count is bounded (SPEC §11): exit 2 naming the flag and its range."""
     problems = [
@@ -196,4 +220,5 @@ def request_for(args: argparse.Namespace, urls: list[str], cfg: Config) -> Batch
         shard=args.shard,
         max_tokens=args.max_tokens,
         temperature=args.temperature,
+        workers=args.workers,
     )

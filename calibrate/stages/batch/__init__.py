@@ -2,8 +2,9 @@
 
 ``run(request, env)`` is the whole stage: the request resolved and checked (request.py), the
 input validated and --out locked (``open_batch``, plan.py), the endpoints checked
-(endpoints.py), the items sent by the worker pool (``run_batch``, pool.py), --final exported,
-the verdict recorded in the ledger. It returns a ``BatchOutcome``; the command shows it.
+(endpoints.py), the items sent by the worker pool (``run_batch``, pool.py; by N processes with
+--workers N, procs/), --final exported, the verdict recorded in the ledger. It returns a
+``BatchOutcome``; the command shows it.
 Everything the user sees on the way goes through ``env`` (request.py).
 """
 
@@ -41,6 +42,7 @@ from calibrate.stages.batch.plan import (
     plan_batch,
 )
 from calibrate.stages.batch.pool import close_later, run_batch, stop_on_signals
+from calibrate.stages.batch.procs import run as procs
 from calibrate.stages.batch.request import BatchEnv, BatchRequest, BatchSetup, QuietEnv, prepare
 from calibrate.stages.batch.result import BatchOutcome, BatchResult, summary_json
 from calibrate.stages.batch.worker import BatchControl
@@ -164,7 +166,13 @@ def _send(b: _Batch) -> BatchResult:
         env.warn(f"{event.endpoint}: {event.event.replace('_', ' ')} — {event.detail}")
 
     control = BatchControl()
-    monitor = SelfLoadMonitor().start()
+    slots = sum(min(e.concurrency, max(b.plan.to_run, 1)) for e in endpoints)
+    workers = procs.workers_for(b.request.workers, slots)
+    if b.request.workers != 1:
+        b.extra["workers"] = workers  # said only when asked for: the summary is unchanged else
+    advice = procs.parent_advice(workers) if workers > 1 else procs.advice(1)
+    monitor = SelfLoadMonitor(advice=advice)
+    monitor.start()
     view = env.progress(b.plan.to_run, len(endpoints))
     try:
         usable = usable_endpoints(ctx, endpoints, clients, b.extra, env.on_check)
@@ -181,6 +189,22 @@ def _send(b: _Batch) -> BatchResult:
             for e, c in usable
         ]
         with view, stop_on_signals(control):
+            if workers > 1:
+                return procs.run_workers(
+                    b.plan,
+                    b.out_path,
+                    endpoints=[e for e, _ in usable],
+                    workers=workers,
+                    client=procs.client_setup(ctx.config),
+                    control=control,
+                    on_progress=view.update,
+                    progress_every_s=view.every_s,
+                    monitor=monitor,
+                    warn=env.warn,
+                    outage=outage,
+                    on_event=on_event,
+                    events=events,
+                )
             return run_batch(
                 b.plan,
                 None,
@@ -262,6 +286,11 @@ def _stopped(result: BatchResult, spec: BatchSpec, resume: str) -> CalibrateErro
         )
     if result.stopped_by == "descriptors":
         return OutOfDescriptors(result.stop_detail, f"{DESCRIPTORS_HINT} Resume with: {resume}")
+    if result.stopped_by == "workers":
+        return StageFailed(
+            f"{result.stop_detail}; {result.ok} done this run, {result.remaining} remaining",
+            f"Resume with: {resume}",
+        )
     if result.stopped_by == "outage":
         return ServerUnreachable(
             f"{result.stop_detail}; {result.ok} done this run, {result.remaining} remaining",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Generator
-from queue import SimpleQueue
+from queue import Empty, SimpleQueue
 from typing import Final
 
 from calibrate.errors import CalibrateError
@@ -72,6 +72,19 @@ class WorkQueue:
             return None  # an item taken after the stop stays for the rerun
         return task
 
+    def take_waiting(self) -> Task | None:
+        """An item already waiting, without waiting for one; None if there is none (or only
+        the end mark, which stays for the next ``take``)."""
+        if self.closed:
+            return None
+        try:
+            task = self._tasks.get_nowait()
+        except Empty:
+            return None
+        if task is None:
+            self._tasks.put(None)
+        return task
+
     def finished(self, task: Task) -> None:
         """The item has its line (or the run gave it up): it leaves the queue for good."""
         if self._requeues:
@@ -86,6 +99,11 @@ class WorkQueue:
         self._requeues[task.id] = count
         self._events.put(task)
         return True
+
+    def hand_again(self, task: Task) -> None:
+        """Hand the item out again, not counted as an outage it rode out (a worker process
+        died holding it, or put it back and counted that itself)."""
+        self._events.put(task)
 
     def close(self) -> None:
         """Hand out nothing more; workers waiting for an item get the end mark."""

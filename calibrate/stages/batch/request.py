@@ -63,6 +63,7 @@ class BatchRequest:
     shard: str | None = None  # --shard I/N as typed
     max_tokens: int | None = None
     temperature: float | None = None
+    workers: int | None = 1  # --workers: processes that send the items (None: auto)
 
 
 class ProgressSink(Protocol):
@@ -168,6 +169,11 @@ def prepare(request: BatchRequest) -> BatchSetup:
     source = endpoints[0].concurrency_source if len(endpoints) == 1 else "per endpoint"
     check_paths(request)  # no output overwrites what the batch reads: before anything is sent
     restarter = ManagedRestart(cfg) if request.restart else None
+    if restarter is not None and (request.workers or 2) > 1:
+        raise UsageError(
+            "--restart goes with one process: --workers 1 (the default)",
+            "Drop --workers, or drop --restart.",
+        )
     if restarter is not None and not restarter.managed():
         raise UsageError(
             "--restart needs a server that calibrate manages (runs/server.json)",

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 StopReason = Literal[
-    "interrupted", "write_error", "unreachable", "outage", "descriptors", "other_model"
+    "interrupted", "write_error", "unreachable", "outage", "descriptors", "other_model", "workers"
 ]
 
 MAX_PROBE_ATTEMPTS = 8  # refused attempts, before any answer, that prove nothing is there
@@ -42,8 +42,8 @@ class BatchControl:
     """Stop (take no new items, grace for in-flight ones) and abandon (stop waiting now).
 
     ``reason`` says why the run stopped early: Ctrl-C, an output that cannot be written, a
-    server that never answered, an outage longer than --outage-s, or calibrate out of file
-    descriptors; the first one is kept.
+    server that never answered, an outage longer than --outage-s, calibrate out of file
+    descriptors, or (--workers) no worker process left; the first one is kept.
     """
 
     def __init__(self) -> None:

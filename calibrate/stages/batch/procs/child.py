@@ -1,0 +1,266 @@
+"""A worker process of ``batch --workers N``: items in from the parent, finished lines out.
+
+Started by the parent as ``python -m calibrate.stages.batch.procs.child`` with two pipes. It
+runs the ordinary batch workers (worker.py) over its share of the slots, with a queue that the
+parent fills and a journal that only sends each line back; the parent writes and counts it. It
+ends when the parent says there are no more items, and at once when its input ends without
+that (the parent died: nobody is left to write what it would answer). Ctrl-C (and a hang-up)
+reaches the whole process group; a worker ignores it and stops when the parent tells it to.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from queue import Empty, SimpleQueue
+from typing import Any
+
+from calibrate.gpu.selfload import SelfLoadMonitor
+from calibrate.http.client import OpenAIClient
+from calibrate.io.tasks import ItemId, Task
+from calibrate.stages.batch.lanes import Lane, make_lane
+from calibrate.stages.batch.procs.wire import Channel, LaneStats, WorkerDone, WorkerSetup
+from calibrate.stages.batch.queue import MAX_REQUEUES
+from calibrate.stages.batch.worker import BatchControl, ReachabilityGuard, work
+
+MAX_GROUP = 256  # messages sent in one frame
+POLL_S = 0.2
+
+
+class Outbox:
+    """The messages to the parent, sent in groups by one thread (a write per line starved the
+    workers); ``None`` ends it after what is queued."""
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+        self._queue: SimpleQueue[tuple[Any, ...] | None] = SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="batch-outbox", daemon=True)
+        self._thread.start()
+
+    def put(self, *message: Any) -> None:
+        self._queue.put(message)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            group = [self._queue.get()]
+            while len(group) < MAX_GROUP:
+                try:
+                    group.append(self._queue.get_nowait())
+                except Empty:
+                    break
+            last = None in group
+            messages = [m for m in group if m is not None]
+            if messages and not self._channel.send(messages):
+                os._exit(0)  # the parent is gone: nothing this process does can be recorded
+            if last:
+                return
+
+
+class ParentQueue:
+    """The ``WorkQueue`` a worker thread sees: items the parent sent; leaving ones told back."""
+
+    def __init__(self, outbox: Outbox) -> None:
+        self._outbox = outbox
+        self._tasks: SimpleQueue[Task | None] = SimpleQueue()
+        self._requeues: dict[ItemId, int] = {}
+        self._lined = threading.local()  # the item whose line this thread just sent
+        self.ended = False
+
+    def give(self, task: Task | None) -> None:
+        if task is None:
+            self.ended = True
+        self._tasks.put(task)
+
+    def idle(self) -> bool:
+        """The parent said no more items will come: a paused endpoint's slots need not wait
+        (those still queued here go to the slots that are up; the end mark stays queued)."""
+        return self.ended
+
+    def take(self, stop: threading.Event) -> Task | None:
+        if stop.is_set():
+            return None
+        task = self._tasks.get()
+        if task is None or stop.is_set():
+            self._tasks.put(None)
+            return None  # taken after the stop: the parent gives it back to the rerun
+        return task
+
+    def give_back_waiting(self) -> None:
+        """Send the items not yet taken back to the parent (the end mark stays)."""
+        while True:
+            try:
+                task = self._tasks.get_nowait()
+            except Empty:
+                return
+            if task is None:
+                self._tasks.put(None)
+                return
+            self._outbox.put("back", task.id)
+
+    def lined(self, item_id: ItemId | None) -> None:
+        self._lined.id = item_id
+
+    def finished(self, task: Task) -> None:
+        self._requeues.pop(task.id, None)
+        if getattr(self._lined, "id", None) == task.id:
+            self._lined.id = None  # its line said it: no second message
+            return
+        self._outbox.put("finished", task.id)
+
+    def put_back_item(self, task: Task) -> bool:
+        count = self._requeues.get(task.id, 0) + 1
+        if count > MAX_REQUEUES:
+            return False
+        self._requeues[task.id] = count
+        self._outbox.put("back", task.id)
+        return True
+
+
+class LineSender:
+    """The ``Journal`` a worker thread sees: each line goes to the parent, which writes it."""
+
+    def __init__(self, outbox: Outbox, queue: ParentQueue) -> None:
+        self._outbox = outbox
+        self._queue = queue
+        self.served = threading.local()  # the model that answered this thread's last item
+
+    def note_served(self, model: str | None) -> None:
+        self.served.model = model
+
+    def record(self, line: dict[str, Any], text: str | None, tokens: int, endpoint: str) -> None:
+        model = getattr(self.served, "model", None)
+        self.served.model = None
+        self._queue.lined(line.get("id"))
+        self._outbox.put("line", line.get("id"), line, text, tokens, endpoint, model)
+
+
+def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
+    """Run this worker's slots until the parent's items end or it says stop."""
+    spec, c = setup.spec, setup.client
+    control = BatchControl()
+    queue = ParentQueue(outbox)
+    journal = LineSender(outbox, queue)
+    control.served = journal.note_served
+    lanes = [
+        make_lane(
+            e,
+            OpenAIClient(
+                e.base_url,
+                api_key=c.api_key,
+                metrics_key=c.metrics_key,
+                timeout_s=c.timeout_s,
+                connect_timeout_s=c.connect_timeout_s,
+                max_response_mib=c.max_response_mib,
+                max_connections=e.concurrency,
+            ),
+            setup.outage,
+            on_event=lambda event: outbox.put("event", event),
+        )
+        for e in setup.endpoints
+    ]
+    slots = sum(lane.concurrency for lane in lanes)
+    guard = ReachabilityGuard(slots, on_unreachable=lambda d: control.fail("unreachable", d))
+    threading.Thread(target=_listen, args=(inbox, queue, control), daemon=True).start()
+    monitor = SelfLoadMonitor(advice=setup.advice, cpu_limit=setup.cpu_limit).start()
+    threads = [
+        threading.Thread(
+            target=_slot, args=(lane, lanes, queue, spec, journal, control, guard), daemon=True
+        )
+        for lane in lanes
+        for _ in range(lane.concurrency)
+    ]
+    for thread in threads:
+        thread.start()
+    told, paused = False, False
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(POLL_S)
+            if text := monitor.poll_warning():
+                outbox.put("warn", text)
+            if control.reason is not None and not told:
+                told = True
+                outbox.put("fail", control.reason, control.detail)
+            if paused != (paused := all(lane.breaker.down for lane in lanes)):
+                outbox.put("paused", paused)  # every endpoint of this worker is down, or back
+            if paused:
+                queue.give_back_waiting()  # the other workers' endpoints may be up
+    if text := monitor.poll_warning():  # the last window, after the last item
+        outbox.put("warn", text)
+    if control.reason is not None and not told:
+        outbox.put("fail", control.reason, control.detail)
+    stats = tuple(
+        LaneStats(
+            lane.label,
+            lane.breaker.state,
+            lane.breaker.incidents,
+            lane.breaker.down_total_s,
+            lane.breaker.restarts,
+        )
+        for lane in lanes
+    )
+    return WorkerDone(monitor.stop(), stats)
+
+
+def _slot(
+    lane: Lane,
+    lanes: list[Lane],
+    queue: ParentQueue,
+    spec: Any,
+    journal: LineSender,
+    control: BatchControl,
+    guard: ReachabilityGuard,
+) -> None:
+    work(lane, queue, spec, journal, control, guard)  # type: ignore[arg-type]
+    if lane.breaker.state == "gone" and all(other.breaker.state == "gone" for other in lanes):
+        total_s = max(other.breaker.down_total_s for other in lanes)
+        control.fail(
+            "outage",
+            f"no server answered for {total_s:.0f} s (--outage-s "
+            f"{lane.breaker.policy.limit_s:g}); items that never got an answer are "
+            "not marked failed",
+        )
+
+
+def _listen(inbox: Channel, queue: ParentQueue, control: BatchControl) -> None:
+    """The parent's messages: items, their end, stop; the end of the pipe ends this process."""
+    while True:
+        message = inbox.receive()
+        if message is None:
+            os._exit(0)  # the parent is gone (kill -9): no orphan, nothing left to send to
+        kind = message[0]
+        if kind == "tasks":
+            for task in message[1]:
+                queue.give(task)
+        elif kind == "end":
+            queue.give(None)
+        elif kind == "stop":
+            control.stop.set()  # no reason of its own: the parent knows why
+            queue.give(None)
+
+
+def main() -> None:
+    for sig in (signal.SIGINT, signal.SIGHUP):  # the parent handles them and tells us
+        signal.signal(sig, signal.SIG_IGN)
+    logging.basicConfig(level=logging.ERROR, format="calibrate worker: %(message)s")
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not corrupt the pipe
+    inbox = Channel(sys.stdin.buffer)
+    setup = inbox.receive()
+    if not isinstance(setup, WorkerSetup):
+        return
+    outbox = Outbox(Channel(out))
+    done = serve(setup, inbox, outbox)
+    outbox.put("done", done)
+    outbox.close()
+    os._exit(0)  # daemon threads (the listener) need not be waited for
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,291 @@
+"""The parent of ``batch --workers N``: one feeder, one journal, N worker processes.
+
+Each worker process gets its share of every endpoint's slots and, through a sender thread,
+items from the one ``WorkQueue`` (at most twice its slots ahead). A reader thread per worker
+takes its messages: a finished line is journaled, then its item leaves the queue; an item
+put back (an outage) is handed out again. Items a worker holds are remembered until its answer
+arrives, so when a worker dies (kill -9, a crash) its unanswered items go back to the queue and
+a replacement starts (up to ``MAX_REPLACEMENTS`` in a run; with none left the others go on, and
+when none is left the run stops, exit 1, resumable). Stopping (Ctrl-C, a failed write, an
+unreachable server) tells every worker to stop; past the grace period they are killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from queue import Empty, SimpleQueue
+
+import calibrate
+from calibrate.io.tasks import ItemId, Task
+from calibrate.stages.batch.procs.wire import Channel, WorkerDone, WorkerSetup
+from calibrate.stages.batch.queue import WorkQueue
+from calibrate.stages.batch.worker import BatchControl
+from calibrate.state.setting import Endpoint
+
+POLL_S = 0.2
+EXIT_WAIT_S = 5.0
+MAX_SENT = 64  # items sent to a worker in one message, at most
+MAX_REPLACEMENTS = 8  # workers started again in one run, at most (a crash loop ends)
+CHILD = "calibrate.stages.batch.procs.child"
+
+
+def split(endpoints: Sequence[Endpoint], workers: int) -> list[tuple[Endpoint, ...]]:
+    """Each worker's share of the endpoints' slots, dealt one slot at a time in turn."""
+    counts = [[0] * len(endpoints) for _ in range(workers)]
+    turn = 0
+    for e_index, endpoint in enumerate(endpoints):
+        for _ in range(endpoint.concurrency):
+            counts[turn % workers][e_index] += 1
+            turn += 1
+    return [
+        tuple(
+            Endpoint(e.base_url, n, e.concurrency_source)
+            for e, n in zip(endpoints, row, strict=True)
+            if n > 0
+        )
+        for row in counts
+    ]
+
+
+@dataclass
+class WorkerProc:
+    """One worker process and what it holds: the items sent to it and not yet answered."""
+
+    setup: WorkerSetup
+    popen: subprocess.Popen[bytes]
+    to_child: Channel
+    from_child: Channel
+    credit: threading.Semaphore
+    held: dict[ItemId, Task] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    dead: bool = False
+    told_stop: bool = False
+    paused: bool = False
+    done: WorkerDone | None = None
+    reader: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.reader is not None and self.reader.is_alive()
+
+    def release(self, item_id: ItemId) -> Task | None:
+        """The item is no longer this worker's (answered, put back or left); None if it was not."""
+        with self.lock:
+            task = self.held.pop(item_id, None)
+        if task is not None:
+            self.credit.release()
+        return task
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+
+
+Handler = Callable[[WorkerProc, tuple[object, ...]], None]
+
+
+class WorkerSet:
+    """The worker processes of one run, started, fed, read and replaced."""
+
+    def __init__(
+        self,
+        setups: Sequence[WorkerSetup],
+        queue: WorkQueue,
+        control: BatchControl,
+        on_message: Handler,
+        note: Callable[[str], None],
+    ) -> None:
+        self._queue = queue
+        self._control = control
+        self._on_message = on_message
+        self._note = note
+        self._replacements = 0
+        self._lock = threading.Lock()
+        self.procs: list[WorkerProc] = []
+        self.reports: list[WorkerDone] = []
+        self._setups = list(setups)
+
+    def start(self) -> None:
+        for setup in self._setups:
+            self._start(setup)
+
+    def _start(self, setup: WorkerSetup) -> None:
+        try:
+            self._spawn(setup)
+        except OSError as exc:  # out of processes or descriptors: the run stops, resumable
+            self._control.fail("workers", f"could not start a worker process: {exc}")
+
+    def live(self) -> list[WorkerProc]:
+        with self._lock:
+            return [p for p in self.procs if p.running]
+
+    def held(self) -> int:
+        with self._lock:
+            return sum(len(p.held) for p in self.procs if not p.dead)
+
+    def stop_all(self) -> None:
+        for proc in self.live():
+            if not proc.told_stop:
+                proc.told_stop = True
+                proc.to_child.send(("stop",))
+
+    def kill_all(self) -> None:
+        with self._lock:
+            procs = list(self.procs)
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            if proc.reader is not None:
+                proc.reader.join(EXIT_WAIT_S)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(EXIT_WAIT_S)
+
+    def _spawn(self, setup: WorkerSetup) -> None:
+        env = dict(os.environ)
+        root = str(Path(calibrate.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        popen = subprocess.Popen(  # the key goes over the pipe below, never argv or a file
+            [sys.executable, "-m", CHILD],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
+        assert popen.stdin is not None and popen.stdout is not None
+        slots = sum(e.concurrency for e in setup.endpoints)
+        proc = WorkerProc(
+            setup,
+            popen,
+            Channel(popen.stdin),
+            Channel(popen.stdout),
+            threading.Semaphore(slots + min(slots, 64)),
+        )
+        proc.to_child.send(setup)
+        proc.reader = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        with self._lock:
+            self.procs.append(proc)
+        proc.reader.start()
+        threading.Thread(target=self._feed, args=(proc,), daemon=True).start()
+
+    def _feed(self, proc: WorkerProc) -> None:
+        """Items from the queue to this worker, while it has room for them."""
+        while not proc.dead:
+            if proc.paused:  # every endpoint of this worker is down: the others take the items
+                if self._queue.idle():  # … and none is left: its slots need wait no longer
+                    proc.to_child.send(("end",))
+                    return
+                time.sleep(POLL_S)
+                continue
+            if not proc.credit.acquire(timeout=POLL_S):
+                continue
+            task = self._queue.take(self._control.stop)
+            if task is None:
+                proc.credit.release()
+                proc.to_child.send(("end",))
+                return
+            tasks = [task]
+            while len(tasks) < MAX_SENT and proc.credit.acquire(blocking=False):
+                if (more := self._queue.take_waiting()) is None:
+                    proc.credit.release()
+                    break
+                tasks.append(more)  # those already waiting go in the same message
+            with proc.lock:
+                held = not proc.dead  # once dead, what it held was settled: not these
+                if held:
+                    proc.held.update((t.id, t) for t in tasks)
+            if not held:
+                for t in tasks:
+                    self._give_back(t)
+                return
+            if not proc.to_child.send(("tasks", tasks)):
+                for t in tasks:
+                    if proc.release(t.id) is not None:  # else its end settled it already
+                        self._give_back(t)
+                return
+
+    def _read(self, proc: WorkerProc) -> None:
+        """This worker's messages until its output ends; then its held items are settled."""
+        while (messages := proc.from_child.receive()) is not None:
+            for message in messages:
+                if message[0] == "done":
+                    proc.done = message[1]
+                elif message[0] == "paused":
+                    proc.paused = bool(message[1])
+                else:
+                    self._on_message(proc, message)
+        try:
+            proc.popen.wait(EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.popen.wait()
+        proc.from_child.close()
+        proc.to_child.close()
+        self._ended(proc)
+
+    def _ended(self, proc: WorkerProc) -> None:
+        with proc.lock:
+            proc.dead = True
+            left = list(proc.held.values())
+            proc.held.clear()
+        if proc.done is not None:
+            self.reports.append(proc.done)
+        for task in left:
+            self._give_back(task)
+        if proc.done is not None or self._control.stop.is_set():
+            return
+        code = proc.popen.returncode
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else "exited"
+        with self._lock:
+            replace = self._replacements < MAX_REPLACEMENTS
+            self._replacements += replace
+            others = any(p.running for p in self.procs if p is not proc)
+        if replace:
+            self._note(
+                f"worker process {proc.setup.index} (PID {proc.popen.pid}) {how}; its "
+                f"{len(left)} unanswered item(s) go back to the queue; a new worker starts"
+            )
+            self._start(proc.setup)
+        elif not others:
+            self._control.fail(
+                "workers",
+                f"every worker process ended unexpectedly (the last {how}) after "
+                f"{MAX_REPLACEMENTS} replacements",
+            )
+        else:
+            self._note(
+                f"worker process {proc.setup.index} (PID {proc.popen.pid}) {how}; no more "
+                "replacements this run, the other workers carry on"
+            )
+
+    def _give_back(self, task: Task) -> None:
+        """An item a worker did not answer: sent again, or left to the rerun when stopping."""
+        if self._control.stop.is_set():
+            self._queue.finished(task)
+        else:
+            self._queue.hand_again(task)
+
+
+class Notes:
+    """Warnings from the reader threads, shown by the main thread (between progress lines)."""
+
+    def __init__(self) -> None:
+        self._queue: SimpleQueue[str] = SimpleQueue()
+
+    def put(self, text: str) -> None:
+        self._queue.put(text)
+
+    def drain(self) -> list[str]:
+        out = []
+        while True:
+            try:
+                out.append(self._queue.get_nowait())
+            except Empty:
+                return out

@@ -1,0 +1,288 @@
+"""``run_workers``: a batch over N worker processes, with the same result as ``run_batch``.
+
+The parent's side of the run: the plan's writer, tally, journal and queue exactly as in the
+one-process pool (pool.py), the workers' messages turned into journal lines and queue events,
+progress and warnings shown from the main thread, and the self-check merged: the warning
+fires when any process (a worker, or this one that feeds and journals them) is the limit.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from calibrate.config import Config
+from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport
+from calibrate.io.jsonl import JsonlWriter
+from calibrate.io.resume import repair_tail
+from calibrate.stages.batch.journal import MAX_PENDING, MIN_PENDING, Journal
+from calibrate.stages.batch.lanes import EndpointReport
+from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
+from calibrate.stages.batch.plan import BatchPlan
+from calibrate.stages.batch.procs.parent import Notes, WorkerProc, WorkerSet, split
+from calibrate.stages.batch.procs.wire import ClientSetup, WorkerDone, WorkerSetup
+from calibrate.stages.batch.queue import WorkQueue
+from calibrate.stages.batch.result import BatchProgress, BatchResult, Tally
+from calibrate.stages.batch.worker import BatchControl
+from calibrate.state.setting import Endpoint
+
+SLOTS_PER_WORKER = 32  # --workers auto: one process per this many slots, at most the cores
+BOTTLENECK = "calibrate itself is the bottleneck"
+_STATES = {"up": 0, "down": 1, "gone": 2}
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def workers_for(asked: int | None, slots: int) -> int:
+    """How many processes: ``asked`` (None: auto) never more than the slots there are."""
+    wanted = asked if asked is not None else min(cores(), max(1, slots // SLOTS_PER_WORKER))
+    return max(1, min(wanted, slots))
+
+
+def advice(workers: int) -> str:
+    """What the self-check tells a run whose worker process (or only process) is the limit."""
+    more = min(cores(), workers * 2)
+    if more > workers:
+        return f"split the load over {more} processes with --workers {more}, or lower -c"
+    return (
+        f"--workers {workers} already uses every core of this machine: lower -c, "
+        "or run on more or faster cores"
+    )
+
+
+def parent_advice(workers: int) -> str:
+    """… and when the parent (one feeder and journal for all workers) is the limit."""
+    return (
+        f"the parent process that reads --input and writes --out for all {workers} --workers "
+        "is the limit, so more workers will not help: lower -c, or run on a faster CPU"
+    )
+
+
+def client_setup(cfg: Config) -> ClientSetup:
+    t = cfg.target
+    return ClientSetup(
+        cfg.api_key, cfg.gpu_metrics_key, t.timeout_s, t.connect_timeout_s, t.max_response_mib
+    )
+
+
+def run_workers(
+    plan: BatchPlan,
+    out_path: Path,
+    *,
+    endpoints: Sequence[Endpoint],
+    workers: int,
+    client: ClientSetup,
+    control: BatchControl,
+    on_progress: Callable[[BatchProgress], None],
+    progress_every_s: float,
+    monitor: SelfLoadMonitor,
+    warn: Callable[[str], None],
+    outage: OutagePolicy,
+    on_event: Callable[[OutageEvent], None],
+    events: list[OutageEvent],
+    clock: Callable[[], float] = time.perf_counter,
+    worker_cpu_limit: float = 0.85,
+) -> BatchResult:
+    """Send the plan's items through ``workers`` processes; one line per item, written here.
+
+    ``worker_cpu_limit``: the workers' self-check threshold (one core is 1.0).
+    """
+    spec = plan.spec
+    given, endpoints = (
+        endpoints,
+        [
+            Endpoint(e.base_url, min(e.concurrency, max(plan.to_run, 1)), e.concurrency_source)
+            for e in endpoints
+        ],
+    )
+    slots = sum(e.concurrency for e in endpoints)
+    workers = max(1, min(workers, slots))  # every worker has a slot
+    writer = plan.writer
+    if writer is None:
+        if plan.scan is not None:
+            repair_tail(plan.scan)
+        writer = JsonlWriter(out_path, fsync=spec.fsync)
+    tally = Tally(sample=bool(spec.sample), expect=spec.expect, max_chars=spec.max_chars)
+    journal = Journal(
+        writer,
+        tally,
+        on_write_error=lambda detail: control.fail("write_error", detail),
+        max_pending=min(max(slots, MIN_PENDING), MAX_PENDING),
+    )
+    queue = WorkQueue(plan, slots)
+    notes = Notes()
+    down_since: dict[str, float] = {}
+
+    def on_message(proc: WorkerProc, message: tuple[object, ...]) -> None:
+        kind = message[0]
+        if kind == "line":
+            _, item_id, line, text, tokens, label, model = message
+            if model is not None:
+                control.served(model)  # type: ignore[arg-type]
+            journal.record(line, text, tokens, label)  # type: ignore[arg-type]
+            if (task := proc.release(item_id)) is not None:  # type: ignore[arg-type]
+                queue.finished(task)
+        elif kind in ("finished", "back"):
+            if (task := proc.release(message[1])) is not None:  # type: ignore[arg-type]
+                queue.finished(task) if kind == "finished" else queue.hand_again(task)
+        elif kind == "fail":
+            control.fail(message[1], message[2])  # type: ignore[arg-type]
+        elif kind == "warn":
+            notes.put(str(message[1]))
+        elif kind == "event" and isinstance(event := message[1], OutageEvent):
+            if event.event == "down":
+                down_since.setdefault(event.endpoint, clock())
+            elif event.event in ("up", "gave_up"):
+                down_since.pop(event.endpoint, None)
+            on_event(event)
+
+    setups = [
+        WorkerSetup(i, share, client, spec, outage, advice(workers), worker_cpu_limit)
+        for i, share in enumerate(split(endpoints, workers))
+    ]
+    procs = WorkerSet(setups, queue, control, on_message, notes.put)
+    start = clock()
+    last_report = start
+    told = {"stop": False, "bottleneck": False}
+
+    def tick(force: bool = False) -> None:
+        nonlocal last_report
+        own = monitor.poll_warning()
+        for text in [*notes.drain(), *([own] if own else [])]:
+            if text.startswith(BOTTLENECK):
+                if told["bottleneck"]:
+                    continue  # once a run, whichever process said it first
+                told["bottleneck"] = True
+            warn(text)
+        if control.interrupted and not told["stop"]:
+            told["stop"] = force = True
+        now = clock()
+        if not force and now - last_report < progress_every_s:
+            return
+        last_report = now
+        down = tuple((label, now - since) for label, since in down_since.items())
+        ok, failed = tally.ok, tally.failed
+        on_progress(
+            BatchProgress(
+                plan.to_run,
+                ok + failed,
+                ok,
+                failed,
+                min(procs.held(), slots),  # held counts the few sent ahead of a free slot
+                now - start,
+                control.interrupted,
+                down,
+                outage.limit_s,
+            )
+        )
+
+    try:
+        queue.start()
+        procs.start()
+        abandoned = _wait(procs, queue, control, spec.grace_s, tick, clock)
+    finally:
+        procs.kill_all()  # none is left running, whatever happened here
+        queue.close()
+        journal.close()
+        queue.join()
+    tick(force=True)
+    elapsed = clock() - start
+    return BatchResult(
+        total=plan.total,
+        skipped=plan.skipped,
+        to_run=plan.to_run,
+        ok=tally.ok,
+        failed_by_kind=dict(tally.kinds),
+        interrupted=control.interrupted,
+        abandoned=abandoned,
+        stopped_by=control.reason,
+        stop_detail=control.detail or queue.error,
+        seconds=elapsed,
+        output_tokens=tally.output_tokens,
+        retried_items=tally.retried,
+        attempts=tally.attempts,
+        failures=tuple(tally.failures),
+        preamble=(tally.preamble_n, tuple(tally.preamble)),
+        too_long=(tally.too_long_n, tuple(tally.too_long)),
+        shapes=tuple(tally.shapes),
+        selfload=merged(monitor.report(), procs.reports),
+        out_path=out_path,
+        endpoints=_reports(given, procs.reports, tally, elapsed),
+        outage_events=tuple(events),
+    )
+
+
+def _wait(
+    procs: WorkerSet,
+    queue: WorkQueue,
+    control: BatchControl,
+    grace_s: float,
+    tick: Callable[[], None],
+    clock: Callable[[], float],
+) -> int:
+    """Until every worker has ended; the items still held when the grace period ended."""
+    deadline: float | None = None
+    while True:
+        if control.stop.is_set():
+            if deadline is None:
+                deadline = clock() + grace_s
+                queue.close()
+            procs.stop_all()  # also one started just before the stop
+        live = procs.live()
+        if not live:
+            if not control.stop.is_set() and not queue.idle():
+                control.fail("workers", "no worker process is left to send the items")
+            return 0
+        if control.abandon.is_set() or (deadline is not None and clock() >= deadline):
+            held = procs.held()
+            procs.kill_all()
+            return held
+        reader = live[0].reader
+        if reader is not None:
+            reader.join(0.2)
+        tick()
+
+
+def merged(own: SelfLoadReport, workers: Sequence[WorkerDone]) -> SelfLoadReport:
+    """One self-check for the run: the busiest process's figures; a bottleneck if any was."""
+    reports = [own, *(w.selfload for w in workers)]
+    reason = next((r.reason for r in reports if r.bottleneck), "")
+    return SelfLoadReport(
+        windows=max(r.windows for r in reports),
+        cpu_fraction_max=max(r.cpu_fraction_max for r in reports),
+        cpu_fraction_mean=max(r.cpu_fraction_mean for r in reports),
+        lag_max_s=max(r.lag_max_s for r in reports),
+        bottleneck=bool(reason),
+        reason=reason,
+    )
+
+
+def _reports(
+    endpoints: Sequence[Endpoint], done: Sequence[WorkerDone], tally: Tally, elapsed_s: float
+) -> tuple[EndpointReport, ...]:
+    """Each endpoint as every worker's breaker saw it: the worst state, the longest outage."""
+    out = []
+    for e in endpoints:
+        stats = [s for w in done for s in w.lanes if s.label == e.label]
+        out.append(
+            EndpointReport(
+                e.label,
+                e.concurrency,
+                e.concurrency_source,
+                tally.done_at[e.label],
+                tally.failed_at[e.label],
+                elapsed_s,
+                max((s.state for s in stats), key=_STATES.__getitem__, default="up"),
+                max((s.incidents for s in stats), default=0),
+                max((s.down_total_s for s in stats), default=0.0),
+                sum(s.restarts for s in stats),
+            )
+        )
+    return tuple(out)

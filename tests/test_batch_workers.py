@@ -1,0 +1,281 @@
+"""``batch --workers N``: worker processes send, the parent alone journals (SPEC §11, §12).
+
+Over real HTTP against the mock: every item exactly once with two workers; kill -9 of the
+parent mid-run leaves no worker behind and the rerun loses and repeats nothing; kill -9 of a
+worker mid-run puts its unanswered items back, a replacement starts and the run completes
+with every item once. The self-check's advice names --workers, and a worker's bottleneck is
+the run's.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport
+from calibrate.http.client import OpenAIClient
+from calibrate.http.models import SamplingParams
+from calibrate.stages.batch import BatchPlan, BatchSpec, plan_batch, run_batch
+from calibrate.stages.batch.outage import OutagePolicy
+from calibrate.stages.batch.procs import run as procs_run
+from calibrate.stages.batch.procs.parent import split
+from calibrate.stages.batch.procs.wire import ClientSetup, WorkerDone
+from calibrate.stages.batch.worker import BatchControl
+from calibrate.state.setting import Endpoint
+from tests.batch_helpers import (
+    assert_valid_jsonl,
+    batch_process,
+    ok_ids,
+    wait_for_lines,
+    write_tasks,
+)
+from tests.helpers import write_config
+from tests.mockserver import start_mock, start_mock_process
+
+CHILD = "calibrate.stages.batch.procs.child"
+
+
+def _workers_of(parent: int) -> list[int]:
+    """The live worker processes whose parent is ``parent`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[1]) == parent and CHILD in cmdline and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def _any_worker_alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if state[state.rindex(")") + 2] != "Z" and CHILD.encode() in Path(
+            f"/proc/{pid}/cmdline"
+        ).read_bytes().replace(b"\0", b" "):
+            alive.append(pid)
+    return alive
+
+
+def _wait_for_workers(parent: int, n: int, timeout_s: float = 60) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if len(pids := _workers_of(parent)) >= n:
+            return pids
+        time.sleep(0.05)
+    raise AssertionError(f"{n} worker processes did not start in {timeout_s} s")
+
+
+def _exactly_once(out: Path, n: int) -> None:
+    counts = Counter(ok_ids(out))
+    assert set(counts) == {f"t{i}" for i in range(n)}, "an item was lost"
+    assert set(counts.values()) == {1}, "an item was written twice"
+    assert_valid_jsonl(out)
+
+
+def test_two_workers_over_http_write_every_item_exactly_once(cli, isolated: Path) -> None:
+    n = 300
+    tasks = write_tasks(isolated / "tasks.jsonl", n)
+    out = isolated / "out.jsonl"
+    with start_mock(ttft_s=0.005, per_token_s=0.0) as server:
+        write_config(isolated / "calibrate.toml", server.base_url)
+        result = cli(
+            "batch", "--input", str(tasks), "--out", str(out), "-c", "8", "--workers", "2",
+            "--json",
+        )  # fmt: skip
+    assert result.code == 0, result.err
+    assert result.json["done"] == n and result.json["workers"] == 2
+    _exactly_once(out, n)
+    assert _workers_of(os.getpid()) == [], "a worker process was left running"
+
+
+def test_kill_9_of_the_parent_leaves_no_worker_and_the_rerun_repeats_nothing(
+    cli, isolated: Path
+) -> None:
+    n = 300
+    tasks = write_tasks(isolated / "tasks.jsonl", n)
+    out = isolated / "out.jsonl"
+    args = ("--input", str(tasks), "--out", str(out), "-c", "8", "--progress-s", "3600")
+    with start_mock(ttft_s=0.02, per_token_s=0.0) as server:
+        write_config(isolated / "calibrate.toml", server.base_url)
+        proc = batch_process(isolated, *args, "--workers", "2")
+        try:
+            workers = _wait_for_workers(proc.pid, 2)
+            wait_for_lines(out, 40, proc, timeout_s=60)
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == -signal.SIGKILL
+        deadline = time.monotonic() + 10
+        while _any_worker_alive(workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = _any_worker_alive(workers)
+        for pid in left:  # never leave one behind, even when the test fails
+            os.kill(pid, signal.SIGKILL)
+        assert not left, "a worker outlived its parent"
+        before = len(ok_ids(out))
+        assert 40 <= before < n, "killed too late to prove anything"
+        result = cli("batch", *args, "--workers", "2", "--json")
+    assert result.code == 0, result.err
+    assert result.json["skipped"] == before and result.json["done"] == n - before
+    _exactly_once(out, n)
+
+
+def test_kill_9_of_a_worker_puts_its_items_back_and_the_run_completes(isolated: Path) -> None:
+    n = 300
+    tasks = write_tasks(isolated / "tasks.jsonl", n)
+    out = isolated / "out.jsonl"
+    with start_mock(ttft_s=0.02, per_token_s=0.0) as server:
+        write_config(isolated / "calibrate.toml", server.base_url)
+        proc = batch_process(
+            isolated, "--input", str(tasks), "--out", str(out), "-c", "8", "--workers", "2",
+            "--progress-s", "3600",
+        )  # fmt: skip
+        try:
+            victim, *_ = _wait_for_workers(proc.pid, 2)
+            wait_for_lines(out, 40, proc, timeout_s=60)
+            os.kill(victim, signal.SIGKILL)
+            workers = _workers_of(proc.pid)  # the other one, perhaps its replacement already
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 0, err
+    assert not _any_worker_alive(workers), "a worker outlived the run"
+    assert f"(PID {victim}) was killed by signal 9" in err and "a new worker starts" in err
+    assert len(ok_ids(out)) == n
+    _exactly_once(out, n)
+
+
+def test_workers_flag_is_bounded_and_restart_needs_one_process(cli, isolated: Path) -> None:
+    tasks = write_tasks(isolated / "tasks.jsonl", 3)
+    for bad in ("0", "x", "257"):
+        result = cli("batch", "--input", str(tasks), "--out", "o.jsonl", "--workers", bad)
+        assert result.code == 2 and "--workers" in result.err
+    write_config(isolated / "calibrate.toml", "http://127.0.0.1:9/v1")
+    result = cli(
+        "batch", "--input", str(tasks), "--out", "o.jsonl", "--workers", "2", "--restart"
+    )  # fmt: skip
+    assert result.code == 2 and "--restart goes with one process" in result.err, result.err
+
+
+def test_the_self_check_advice_names_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(procs_run, "cores", lambda: 16)
+    assert "--workers 2" in procs_run.advice(1)
+    assert "--workers 16" in procs_run.advice(8)
+    assert "already uses every core" in procs_run.advice(16)
+    assert "--workers" in procs_run.parent_advice(4)
+    assert procs_run.workers_for(None, 64) == 2 and procs_run.workers_for(None, 4096) == 16
+    assert procs_run.workers_for(8, 3) == 3  # never more workers than slots
+
+
+def test_a_workers_bottleneck_is_the_runs_and_slots_are_dealt_evenly() -> None:
+    idle = SelfLoadReport(3, 0.2, 0.1, 0.001, False, "")
+    busy = SelfLoadReport(3, 0.97, 0.9, 0.002, True, "calibrate itself is the bottleneck: …")
+    merged = procs_run.merged(idle, [WorkerDone(idle, ()), WorkerDone(busy, ())])
+    assert merged.bottleneck and merged.reason == busy.reason and merged.cpu_fraction_max == 0.97
+    shares = split([Endpoint("http://a/v1", 5, "flag"), Endpoint("http://b/v1", 2, "flag")], 2)
+    assert [sum(e.concurrency for e in share) for share in shares] == [4, 3]
+
+
+def test_a_workers_bottleneck_warning_reaches_the_user_once_naming_workers(
+    isolated: Path,
+) -> None:
+    """A worker process whose self-check fires (its threshold at 0 here: every window is
+    client-bound) warns through the parent, once for the run, and the summary says so; the
+    one-process path under the same threshold fires the same way."""
+
+    def plan(name: str) -> BatchPlan:
+        tasks = write_tasks(isolated / f"{name}.jsonl", 120)
+        spec = BatchSpec(
+            input_path=tasks,
+            out_path=isolated / f"{name}-out.jsonl",
+            model="internlm-s2",
+            params=SamplingParams(0.0, 64, 1.0, None),
+        )
+        return plan_batch(spec)
+
+    with start_mock(ttft_s=0.1, per_token_s=0.0) as server:
+        warned: list[str] = []
+        p = plan("two")
+        result = procs_run.run_workers(
+            p,
+            isolated / "two-out.jsonl",
+            endpoints=[Endpoint(server.base_url, 4, "flag")],
+            workers=2,
+            client=ClientSetup(None, None, 30.0, 5.0, 64.0),
+            control=BatchControl(),
+            on_progress=lambda progress: None,
+            progress_every_s=3600,
+            monitor=SelfLoadMonitor(),
+            warn=warned.append,
+            outage=OutagePolicy(),
+            on_event=lambda event: None,
+            events=[],
+            worker_cpu_limit=0.0,
+        )
+        client = OpenAIClient(server.base_url, timeout_s=30, max_connections=4)
+        one: list[str] = []
+        single = plan("one")
+        monitor = SelfLoadMonitor(cpu_limit=0.0, advice=procs_run.advice(1)).start()
+        alone = run_batch(
+            single, client, isolated / "one-out.jsonl", monitor=monitor, warn=one.append
+        )
+        monitor.stop()
+        client.close()
+    assert result.ok == 120 and alone.ok == 120
+    bottleneck = [w for w in warned if "calibrate itself is the bottleneck" in w]
+    assert len(bottleneck) == 1 and "--workers" in bottleneck[0], warned
+    assert result.selfload is not None and result.selfload.bottleneck
+    assert [w for w in one if "calibrate itself is the bottleneck" in w], one
+    assert alone.selfload is not None and alone.selfload.bottleneck
+
+
+def test_an_endpoint_gone_mid_run_leaves_its_items_to_the_other_workers_endpoint(
+    isolated: Path,
+) -> None:
+    """Two endpoints of one slot each, two workers: each worker has one endpoint. When one
+    server goes away, its worker hands its waiting items back and takes none while down, the
+    other worker does them all, and the run ends when the items do (not after --outage-s)."""
+    n = 200
+    tasks = write_tasks(isolated / "tasks.jsonl", n)
+    out = isolated / "out.jsonl"
+    with (
+        start_mock(ttft_s=0.01, per_token_s=0.0) as up,
+        start_mock_process("--ttft", "0.01", "--per-token", "0") as gone,
+    ):
+        write_config(isolated / "calibrate.toml", up.base_url)
+        proc = batch_process(
+            isolated, "--input", str(tasks), "--out", str(out), "--workers", "2",
+            "--base-url", f"{up.base_url}#c=1", "--base-url", f"{gone.base_url}#c=1",
+            "--outage-s", "120", "--backoff-s", "0.1", "--progress-s", "3600",
+        )  # fmt: skip
+        try:
+            wait_for_lines(out, 30, proc, timeout_s=60)
+            gone.stop(signal.SIGKILL)  # refused from now on
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 0, err
+    assert "down" in err
+    _exactly_once(out, n)
