@@ -79,8 +79,6 @@ step "calibrate tune     (stage C″: restart the engine per candidate, --slots 
 calibrate tune --kind custom --grid batch_size=1,2,4
 step "calibrate pin      (stage E: scripts/launch.sh with the tune winner's flags, batch size and concurrency)"
 calibrate pin --kind custom
-# the script's setting, not the whole file (its comments say what pin just said)
-echo "scripts/launch.sh sets $(sed -nE 's/^export (BATCH_SIZE|MAX_CONCURRENCY)=/\1=/p' scripts/launch.sh | paste -sd' ')"
 step "restart from the pinned script, then calibrate verify (stage E′)"
 quiet calibrate server stop   # tune stopped its last engine: this only makes sure
 calibrate server start --script scripts/launch.sh
@@ -107,6 +105,4 @@ quiet calibrate report "$sweep_run" --html --timeline "$(top "$sweep_run" concur
 quiet calibrate report "$auto_run" --html --timeline "$(top "$auto_run" auto_step)" --no-plot
 
 echo "demo finished: everything it wrote is in $work (final results: final.jsonl, $(wc -l <final.jsonl) lines)"
-echo "HTML reports: $work/$ladder_run/report.html"
-echo "              $work/$sweep_run/report.html"
-echo "              $work/$auto_run/report.html   (sweep --auto)"
+echo "HTML reports (report.html in each): $work/$ladder_run, $work/$sweep_run, $work/$auto_run (sweep --auto)"

@@ -109,9 +109,10 @@ class SingleOutcome:
         if self.differ:
             out.append(("fail", "--require-match: the copies' answers differ"))
         if self.passed:
-            out.append(("ok", f"single passed (run {self.run_id})"))
-            if result.baseline:
-                out.append(("say", f"baseline {result.baseline}: {baseline_path(ctx.config)}"))
+            saved = f"; baseline {result.baseline}: {baseline_path(ctx.config)}"
+            out.append(
+                ("ok", f"single passed (run {self.run_id})" + (saved if result.baseline else ""))
+            )
             out.append(("say", f"next: {self.next_command}"))
         else:
             out += [("fail", f"single failed: {problem}") for problem in result.problems]

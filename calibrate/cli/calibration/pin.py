@@ -38,10 +38,14 @@ def run(args: argparse.Namespace) -> int:
     result = run_pin(ctx, kind=args.kind, out=script)
     v = result.values
     out.ok(f"pinned batch {v.batch_size}, concurrency {v.concurrency} ({v.kind}) → {result.script}")
-    out.say(f"  batch size from {v.verified_by}; concurrency from {v.concurrency_from}")
-    if result.tuned:
-        flags = ", ".join(f"{k}={value}" for k, value in result.tuned)
-        out.say(f"  engine flags from {result.tuned_by or 'tune'}: {flags}")
+    flags = ", ".join(f"{k}={value}" for k, value in result.tuned)
+    tuned_by = result.tuned_by or "tune"
+    if flags and v.verified_by.startswith(tuned_by) and v.concurrency_from.startswith(tuned_by):
+        out.say(f"  batch size, concurrency and engine flags ({flags}) from {tuned_by}")
+    else:
+        out.say(f"  batch size from {v.verified_by}; concurrency from {v.concurrency_from}")
+        if flags:
+            out.say(f"  engine flags from {tuned_by}: {flags}")
     out.say(f"  exec {result.command.display()}")
     out.say(f"next: {result.next_command}")
     out.result({"run_id": ctx.run.run_id, **result.summary().to_json()})
