@@ -125,12 +125,14 @@ PINNABLE = (
 )
 
 
+@pytest.mark.serial  # open loop at ~20 req/s: a starved core sends late (client-bound: inconclusive)
 def test_find_max_over_rates_on_a_four_slot_mock_lands_near_its_capacity(
     cli, isolated: Path
 ) -> None:
     """The synchronous rate first (~5 req/s), then ≤ 10 rate probes: the boundary is within a
-    wide band around the slots' capacity (4 × the synchronous rate); pin and status take the
-    most requests in flight at that rate as the concurrency, as for a rate sweep."""
+    wide band around the slots' capacity (the most any probe achieved, ~20 req/s: well above the
+    synchronous rate); pin and status take the most requests in flight at that rate as the
+    concurrency, as for a rate sweep."""
     with start_mock_process(*MOCK) as mock:
         open_gate(isolated, mock.base_url, PINNABLE, stage="ladder")
         result = cli(
@@ -151,10 +153,12 @@ def test_find_max_over_rates_on_a_four_slot_mock_lands_near_its_capacity(
     out = result.json
     fm = out["find_max"]
     sync = fm["bottom"]
-    capacity = 4 * sync
+    achieved = [lv["achieved_rate"] for lv in out["levels_detail"] if "offered_rate" in lv]
+    capacity = max(achieved)
+    assert capacity >= 2.5 * sync, "four slots answer well over twice the synchronous rate"
     assert fm["over"] == "rates" and fm["start"] == "the synchronous rate"
     assert fm["probes"] <= 10 and fm["order"][:2] == [sync, pytest.approx(8 * sync, rel=0.01)]
-    assert 0.5 * capacity <= fm["boundary_rate"] <= 1.35 * capacity, (fm, result.err)
+    assert 0.5 * capacity <= fm["boundary_rate"] <= 1.25 * capacity, (fm, achieved, result.err)
     assert fm["first_failing"] is not None and fm["gap"] <= 0.05
     assert f"find-max: synchronous {sync:g} req/s" in result.err
     assert f"find-max probe 1: {sync:g} req/s meets the SLOs, not saturated" in result.err
