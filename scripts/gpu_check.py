@@ -1,8 +1,11 @@
-"""GPU smoke check (make gpu-check): NVML devices, memory v1/v2, processes, and a sampled spike.
+"""GPU smoke check (make gpu-check): NVML devices, memory v1/v2, processes, energy, and a sampled
+spike.
 
 On a machine with an NVIDIA GPU it proves calibrate's VRAM sampler sees a one-second allocation
-spike (made with torch or cupy, whichever is importable). Without a GPU it says so and exits 0.
-Finishes well under 60 s.
+spike (made with torch or cupy, whichever is importable), and reads the energy calibrate would
+record over that window (NVML's total-energy counter, else its power draw integrated): the
+``energy:`` line the GPU proof's summary repeats. Energy NVML does not offer (a MIG instance) is
+said, not a failure. Without a GPU it says so and exits 0. Finishes well under 60 s.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from calibrate.gpu.energy import EnergyWindow
 from calibrate.gpu.nvml import NvmlSampler
 from calibrate.gpu.reading import MIB
+from calibrate.gpu.sources import energy_reader
 from calibrate.gpu.vram import VramMonitor
 
 SPIKE_S = 1.0
@@ -51,6 +56,38 @@ def describe(sampler: NvmlSampler) -> None:
         procs = sampler.processes(handle)
         listing = ", ".join(f"pid {pid} {used:.0f} MiB" for pid, used in procs) or "none"
         print(f"  compute processes: {listing}")
+        print(f"  energy: {device_energy(sampler, handle)}")
+
+
+def device_energy(sampler: NvmlSampler, handle: Any) -> str:
+    """``total-energy counter 51234.5 J since the driver loaded; power 71 W`` (or why not)."""
+    nvml, parts = sampler.nvml, []
+    try:
+        parts.append(
+            f"total-energy counter {nvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000:.1f} J "
+            "since the driver loaded"
+        )
+    except sampler.errors as exc:
+        parts.append(f"total-energy counter not supported ({exc})")
+    try:
+        parts.append(f"power {nvml.nvmlDeviceGetPowerUsage(handle) / 1000:.0f} W")
+    except sampler.errors as exc:
+        parts.append(f"power not supported ({exc})")
+    return "; ".join(parts)
+
+
+def energy_line(window: EnergyWindow | None) -> str:
+    """The ``energy:`` line: what calibrate recorded over the spike's window, all devices."""
+    if window is None:
+        return (
+            "energy: NVML gave neither the total-energy counter nor the power draw over the "
+            "window: tiers and levels carry no J/output token on this card"
+        )
+    watts = window.joules / window.seconds if window.seconds > 0 else 0.0
+    return (
+        f"energy: {window.source}, {window.joules:.1f} J over {window.seconds:.1f} s "
+        f"(mean {watts:.0f} W) across the spike window, all devices"
+    )
 
 
 def allocator() -> tuple[str, Callable[[int], Any]] | None:
@@ -82,17 +119,29 @@ def allocator() -> tuple[str, Callable[[int], Any]] | None:
         return None
 
 
+def idle_energy(sampler: NvmlSampler) -> EnergyWindow | None:
+    """The energy over SPIKE_S of nothing (no allocator to make a spike with)."""
+    monitor = VramMonitor([sampler], interval_s=0.05, energy=energy_reader([sampler])).start()
+    try:
+        idle = monitor.open_window()
+        time.sleep(SPIKE_S)
+        return monitor.close_window(idle).energy
+    finally:
+        monitor.stop()
+
+
 def spike(sampler: NvmlSampler, found: tuple[str, Callable[[int], Any]] | None = None) -> bool:
     """Allocate on the first GPU for SPIKE_S and check the sampler saw that device rise by it
     (that device's own figures: the window's peak is the fullest device's, maybe another)."""
     found = found or allocator()
     if found is None:
         print("spike: neither torch (with CUDA) nor cupy is importable: spike not checked")
+        print(energy_line(idle_energy(sampler)))
         return True
     tool, alloc = found
     v1 = sampler.nvml.nvmlDeviceGetMemoryInfo(sampler.devices[0][1])
     size = int(min(4 * 1024 * MIB, v1.free * 0.25))
-    monitor = VramMonitor([sampler], interval_s=0.05).start()
+    monitor = VramMonitor([sampler], interval_s=0.05, energy=energy_reader([sampler])).start()
     try:
         idle = monitor.open_window()
         time.sleep(0.2)
@@ -120,6 +169,7 @@ def spike(sampler: NvmlSampler, found: tuple[str, Callable[[int], Any]] | None =
         f"{idle_mib:.0f} MiB, peak {peak_mib:.0f} MiB (+{rise_mib:.0f}) on the first device "
         f"over {peak.samples} samples: {'CAUGHT' if caught else 'MISSED'}"
     )
+    print(energy_line(peak.energy))
     return caught
 
 

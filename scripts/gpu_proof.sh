@@ -8,11 +8,15 @@
 #                 calibrate starts it ([server] kind = "custom") and owns its PID
 #   4 single, repro, ladder (--vram-source nvml, long inputs): peak VRAM rises with batch, the
 #                 ladder stops on the real OOM (or the VRAM rule) at batch 8 or 16, and an incident
-#                 bundle holds the CUDA error text and a VRAM snapshot
+#                 bundle holds the CUDA error text and a VRAM snapshot; every tier carries NVML's
+#                 energy (total-energy counter joules, mean W, J per output token)
+#   4d sweep      concurrency 1, 2, 4 at the verified batch, one short run each: the same energy
+#                 figures per level (run only while the budget leaves the rollback its time)
 #   5 rollback    old PID gone, its VRAM released (NVML), restart at the verified batch, baseline
 #                 matches; then verify
-#   6 report      summary.md, runs.tar.gz, proof.log, cap.json (the ladder's server), cap-rollback.json
-#                 (the restarted one) into $OUT, else gpu-proof/
+#   6 report      summary.md (energy per tier and level in its tables), energy.json, runs.tar.gz,
+#                 proof.log, cap.json (the ladder's server), cap-rollback.json (the restarted one)
+#                 into $OUT, else gpu-proof/
 #
 # On the GPU box: python3 (3.12) has torch + transformers; the missing wheels come from .whl/
 # (scripts/gpu_proof_prepare.sh, run where there is network) and are installed with --no-index.
@@ -54,6 +58,8 @@ else
     VRAM_SOURCE="nvml"
 fi
 OUTPUT_TOKENS=32
+SWEEP_LEVELS="1,2,4"
+SWEEP_MIN_LEFT_S="${PROOF_SWEEP_MIN_LEFT_S:-240}"  # the sweep runs only with this much budget left
 MODEL_DIR="${WORK}/model"
 CAP_FILE="${WORK}/cap.json"
 
@@ -193,6 +199,10 @@ batch_sizes = [{batches}]
 rounds = 1
 latency_rise = 100.0
 
+[sweep]
+level_s = 3
+repeats = 1
+
 [server]
 kind = "custom"
 model_path = {q(model)}
@@ -234,6 +244,15 @@ stage() {  # stage N NAME TIMEOUT ARGS...: calibrate NAME --json ARGS, its JSON 
 stage 4a single 120
 stage 4b repro 120
 stage 4c ladder 300 --vram-source "${VRAM_SOURCE}" "${LADDER_WORKLOAD[@]}"
+# 4d: energy per sweep level too — only with the budget to spare (the rollback's proof comes first);
+# the sweep restarts the server at the verified batch, so the rollback's old PID is read after it
+if ! passed 4c; then
+    record 4d sweep skipped "no passing ladder" 0
+elif (($(left) < SWEEP_MIN_LEFT_S)); then
+    record 4d sweep skipped "budget: $(left) s left, under ${SWEEP_MIN_LEFT_S} s" 0
+else
+    stage 4d sweep 150 --concurrency "${SWEEP_LEVELS}" --vram-source "${VRAM_SOURCE}" "${LADDER_WORKLOAD[@]}"
+fi
 OLD_PID="$(server_pid)"
 
 # --- 5 rollback, verify -------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 
 Reads the proof's work folder — steps.tsv (each step's exit), cap.json (the launcher's memory
 cap), calibrate's own outputs (<stage>.json, runs/<id>/tiers.jsonl, incidents, steps.jsonl) —
-checks what each step must show, and writes summary.md. Exit 0 when every check passed or was
-skipped for a stated reason (no NVML, no CUDA), else 1.
+checks what each step must show, and writes summary.md, and energy.json beside it: per ladder
+tier and sweep level, the joules NVML's total-energy counter (else its power draw, integrated)
+recorded, the mean watts and the J per output token calibrate computed (SPEC §13). Exit 0 when
+every check passed or was skipped for a stated reason (no NVML, no CUDA), else 1.
 """
 
 from __future__ import annotations
@@ -15,34 +17,23 @@ import itertools
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpu_proof_energy import (
+    Check,
+    check_energy_line,
+    energy_cells,
+    energy_check,
+    energy_rows,
+    level_table,
+    load_json,
+    load_lines,
+    num,
+    run_rows,
+)
+
 EXPECTED_OOM_BATCHES = (8, 16)
-
-
-@dataclass(frozen=True)
-class Check:
-    step: str
-    name: str
-    result: str  # pass | fail | skipped: <why>
-    detail: str = ""
-
-
-def load_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text("utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def load_lines(path: Path) -> list[dict[str, Any]]:
-    try:
-        text = path.read_text("utf-8")
-    except OSError:
-        return []
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def steps(work: Path) -> dict[str, tuple[str, str, str]]:
@@ -56,6 +47,8 @@ def steps(work: Path) -> dict[str, tuple[str, str, str]]:
 
 def step_check(recorded: dict[str, tuple[str, str, str]], n: str, label: str) -> Check:
     name, result, detail = recorded.get(n, (label, "fail", "did not run"))
+    if result == "skipped":
+        result, detail = f"skipped: {detail}", ""
     return Check(n, f"{name}: the command succeeded", result, detail)
 
 
@@ -242,19 +235,16 @@ def device_line(work: Path) -> str:
 
 def tier_table(tiers: list[dict[str, Any]]) -> list[str]:
     rows = [
-        "| batch | verdict | items/s | per item s | peak VRAM MiB | idle MiB | errors |",
-        "|---:|---|---:|---:|---:|---:|---|",
+        "| batch | verdict | items/s | per item s | peak VRAM MiB | idle MiB | errors | energy J "
+        "| mean W | J/output token |",
+        "|---:|---|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
-
-    def num(value: Any, spec: str) -> str:
-        return format(value, spec) if isinstance(value, int | float) else "–"
-
     for t in tiers:
         kinds = ", ".join(f"{k}×{n}" for k, n in sorted((t.get("error_kinds") or {}).items()))
         rows.append(
             f"| {t['batch_size']} | {t['verdict']} | {num(t.get('items_per_s'), '.2f')} | "
             f"{num(t.get('per_item_s'), '.3f')} | {num(t.get('peak_vram_mib'), '.0f')} | "
-            f"{num(t.get('vram_idle_mib'), '.0f')} | {kinds or '0'} |"
+            f"{num(t.get('vram_idle_mib'), '.0f')} | {kinds or '0'} | {energy_cells(t)} |"
         )
     return rows
 
@@ -290,6 +280,11 @@ def main(argv: list[str] | None = None) -> int:
     checks.append(step_check(recorded, "4c", "ladder"))
     ladder, tiers, source = ladder_checks(work, dry)
     checks.extend(ladder)
+    checks.append(energy_check("4c", "ladder", tiers, dry))
+    levels = run_rows(work, "sweep")
+    checks.append(step_check(recorded, "4d", "sweep"))
+    if recorded.get("4d", ("", "", ""))[1] != "skipped":
+        checks.append(energy_check("4d", "sweep", levels, dry))
     checks.append(step_check(recorded, "5a", "rollback"))
     checks.extend(rollback_checks(work, dry, old_pid, new_pid))
     checks.append(step_check(recorded, "5b", "verify"))
@@ -319,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         f"- workload: {args.workload}",
         f"- VRAM source: {source or 'none'}",
+        f"- {check_energy_line(work) or 'energy: gpu-check did not read it (no NVML)'}",
         "",
         "## Checks",
         "",
@@ -330,9 +326,16 @@ def main(argv: list[str] | None = None) -> int:
         "",
         *tier_table(tiers),
         "",
+        *level_table(levels),
     ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines), "utf-8")
+    energy = {
+        "gpu_check": check_energy_line(work) or None,
+        "ladder_tiers": energy_rows(tiers, "batch_size"),
+        "sweep_levels": energy_rows(levels, "concurrency"),
+    }
+    args.out.with_name("energy.json").write_text(json.dumps(energy, indent=2) + "\n", "utf-8")
     print("\n".join(lines))
     return 1 if failed else 0
 

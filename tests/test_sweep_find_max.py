@@ -40,7 +40,7 @@ def search(passes: Any, top: int = TOP) -> list[Probe]:
     """Run the search against ``passes(concurrency) -> bool``; the probes in order."""
     history: list[Probe] = []
     while (level := next_probe(history, top)) is not None:
-        assert all(p.concurrency != level for p in history), f"{level} probed twice"
+        assert all(p.level != level for p in history), f"{level} probed twice"
         assert len(history) < 40, "the search does not end"
         history.append(Probe(level, bool(passes(level))))
     return history
@@ -67,27 +67,27 @@ def test_every_boundary_on_1_to_1024_is_found_to_5_percent_in_at_most_10_probes(
 
 def test_a_boundary_at_1_at_37_and_one_never_reached() -> None:
     at_one = search(lambda c: c <= 1)
-    assert [p.concurrency for p in at_one] == [1, 8, 3, 2]
+    assert [p.level for p in at_one] == [1, 8, 3, 2]
     assert bracket(at_one) == (1, 2)
     at_37 = search(lambda c: c <= 37)
-    assert [p.concurrency for p in at_37] == [1, 8, 64, 23, 38, 30, 34, 36, 37]
+    assert [p.level for p in at_37] == [1, 8, 64, 23, 38, 30, 34, 36, 37]
     assert bracket(at_37) == (37, 38), "lands on 37 itself"
     never = search(lambda c: True)
-    assert [p.concurrency for p in never] == [1, 8, 64, 512, 1024]
+    assert [p.level for p in never] == [1, 8, 64, 512, 1024]
     assert bracket(never) == (1024, None)
     result = find_max(never, TTFT)
     assert result.first_failing is None and result.cliff is None
     assert "every probe met the SLOs up to 1024, the top of the search; 5 probes" in result.text
     failing_one = search(lambda c: False)
-    assert [p.concurrency for p in failing_one] == [1] and bracket(failing_one) == (None, 1)
+    assert [p.level for p in failing_one] == [1] and bracket(failing_one) == (None, 1)
 
 
 def test_a_lower_top_caps_the_search() -> None:
     """An unmanaged server: the search never sends more than the ladder proved."""
     history = search(lambda c: True, top=6)
-    assert [p.concurrency for p in history] == [1, 6]
+    assert [p.level for p in history] == [1, 6]
     history = search(lambda c: c <= 4, top=6)
-    assert max(p.concurrency for p in history) == 6 and bracket(history) == (4, 5)
+    assert max(p.level for p in history) == 6 and bracket(history) == (4, 5)
 
 
 def _run(concurrency: int, ttft_p99_s: float | None, *, errors: int = 0, items: int = 20) -> Stats:
@@ -322,7 +322,8 @@ def test_find_max_refuses_other_load_modes_and_needs_an_slo(cli, isolated: Path)
     for extra, said in (
         (["--auto"], "with --auto"),
         (["--concurrency", "1,2"], "with --concurrency"),
-        (["--rates", "1,2"], "over rates it is not built"),
+        (["--rates", "1,2"], "--find-max --rates '1,2': give the range to search as LO:HI"),
+        (["--rates", "1:2000"], "at most 1024× wide (2000× given)"),
     ):
         result = cli("sweep", "--find-max", "--slo", "ttft:0.1", *extra)
         assert result.code == 2 and said in result.err, result.err

@@ -17,7 +17,7 @@ import pytest
 pytestmark = pytest.mark.engine
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ("1", "2", "3", "4a", "4b", "4c", "5a", "5b")
+STEPS = ("1", "2", "3", "4a", "4b", "4c", "4d", "5a", "5b")
 
 
 def test_gpu_proof_dry_run_passes_every_step(tmp_path: Path) -> None:
@@ -37,9 +37,15 @@ def test_gpu_proof_dry_run_passes_every_step(tmp_path: Path) -> None:
     assert done.returncode == 0, log[-4000:]
     summary = (out / "summary.md").read_text("utf-8")
     assert summary.startswith("# calibrate gpu-proof — PASS (dry run (CPU))"), summary
-    assert {p.name for p in out.iterdir()} >= {"summary.md", "runs.tar.gz", "proof.log", "cap.json"}
+    assert {p.name for p in out.iterdir()} >= {
+        "summary.md",
+        "energy.json",
+        "runs.tar.gz",
+        "proof.log",
+        "cap.json",
+    }
     table = summary.split("## Checks", 1)[1].split("## Ladder tiers", 1)[0]
-    rows = re.findall(r"^\| (\d[a-c]?) \| ([^|]+) \| ([^|]+) \|", table, re.MULTILINE)
+    rows = re.findall(r"^\| (\d[a-d]?) \| ([^|]+) \| ([^|]+) \|", table, re.MULTILINE)
     checks = [(step, name.strip(), result.strip()) for step, name, result in rows]
     assert {step for step, _, _ in checks} >= set(STEPS), summary
     for step, name, result in checks:

@@ -16,10 +16,14 @@ Stops at the first failing level.
 bisecting between the last passing and the first failing level to within 5 % (or 1): at most 10
 probes on [1, 1024]. Each probe runs [sweep].repeats times and passes when none of its requests
 failed and the median over its runs of each p99 meets every SLO. The last passing level is the
-recommended concurrency (pin takes it). Concurrency only: --find-max with --rates is not built.
+recommended concurrency (pin takes it). With --rates auto (or --rates LO:HI req/s) it searches
+the offered rate the same way, from the synchronous rate measured first: the highest rate that
+meets every SLO without saturating; pin takes the most requests in flight at it as the
+concurrency, as for any rate sweep.
 
 example: calibrate sweep --stream --junit runs/sweep.xml
 example: calibrate sweep --find-max --slo ttft:0.5 --beyond-ladder
+example: calibrate sweep --find-max --rates auto --slo ttft:0.5
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from calibrate.errors import UsageError
 from calibrate.stages.measure.slo import has_slo, parse_slo_flags
 from calibrate.stages.sweep.auto import DEFAULT_AUTO_STEPS, MAX_AUTO_STEPS
 from calibrate.stages.sweep.find_max import TOP
+from calibrate.stages.sweep.rates import parse_rate_range
 from calibrate.stages.sweep.spec import SweepSpec
 
 
@@ -50,8 +51,9 @@ def register(subparsers: Any, doc: str, run: Runner) -> None:
         "--find-max",
         action="store_true",
         help=f"the largest concurrency that meets every SLO ([slo] or --slo, required): "
-        f"exponential probe then bisection on [1, {TOP}] to 5 %%, ≤ 10 probes; concurrency "
-        "only (not with --rates, --concurrency or --auto)",
+        f"exponential probe then bisection on [1, {TOP}] to 5 %%, ≤ 10 probes; with --rates "
+        "auto (from the synchronous rate, up to 1024× it) or --rates LO:HI (req/s), the highest "
+        "offered rate that meets them without saturating (not with --concurrency or --auto)",
     )
     parser.add_argument(
         "--arrival",
@@ -102,9 +104,10 @@ def sweep_spec(args: argparse.Namespace) -> SweepSpec:
         slo_flags=tuple(args.slo),
         batch_size=args.batch_size,
         concurrency=args.concurrency or None,
-        rates=args.rates or None,
+        rates=None if args.find_max else args.rates or None,
         auto_steps=args.auto_steps if args.auto else 0,
         find_max=args.find_max,
+        find_max_rates=parse_rate_range(args.rates) if args.find_max and args.rates else None,
         arrival=args.arrival,
         burstiness=args.burstiness,
         seed=args.seed,
@@ -115,15 +118,17 @@ def sweep_spec(args: argparse.Namespace) -> SweepSpec:
 def _check_load_flags(args: argparse.Namespace) -> None:
     """One load mode at a time, and --auto's step count in range (exit 2 before anything runs)."""
     given = [f for f, on in (("--concurrency", args.concurrency), ("--rates", args.rates)) if on]
-    if args.find_max and (given or args.auto):
-        named = " or ".join([*given, *(["--auto"] if args.auto else [])])
-        rates = " (--find-max searches concurrency only; over rates it is not built)"
+    if args.find_max and (args.concurrency or args.auto):
+        named = " or ".join(
+            f for f, on in (("--concurrency", args.concurrency), ("--auto", args.auto)) if on
+        )
         raise UsageError(
-            f"--find-max picks its own levels: it cannot be given with {named}"
-            + (rates if args.rates else ""),
+            f"--find-max picks its own levels: it cannot be given with {named}",
             "Drop one: calibrate sweep --find-max --slo ttft:0.5   or   calibrate sweep "
             "--concurrency 1,2,4",
         )
+    if args.find_max and args.rates:
+        parse_rate_range(args.rates)  # exit 2 before anything is written
     if args.auto and given:
         raise UsageError(
             f"--auto picks its own levels: it cannot be given with {' or '.join(given)}",

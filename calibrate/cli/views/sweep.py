@@ -108,6 +108,8 @@ def progress(options: SweepOptions) -> Plan:
     """The progress bar's levels (a find-max probes at most 10) of repeats × level_s each."""
     if options.find_max_top:
         levels = 10
+    elif options.find_max_rates is not None:
+        levels = 10 + (not options.find_max_rates[0])  # the synchronous level first
     elif options.auto_steps:
         levels = options.auto_steps + 2
     else:
@@ -128,6 +130,15 @@ def announce(options: SweepOptions) -> str:
         )
     cap = options.max_in_flight
     capped = f", at most {cap} in flight (the ladder's)" if cap else ""
+    shape = options.arrival if options.burstiness == 1 else f"gamma k={options.burstiness:g}"
+    if options.find_max_rates is not None:
+        low, high = options.find_max_rates
+        span = f"{low:g}–{high:g} req/s" if low else "the synchronous rate … 1024× it"
+        return (
+            f"sweep --find-max --rates: the highest offered rate in {span} that meets "
+            f"{describe(options.slo)} without saturating, {shape} arrivals, {at} of ≥ "
+            f"{options.level_s:g} s, {stream}{capped}; {PROBE_RULE}"
+        )
     if options.auto_steps:
         return (
             f"sweep --auto: synchronous (concurrency 1), maximum (concurrency "
@@ -135,7 +146,6 @@ def announce(options: SweepOptions) -> str:
             f"between, {at} of ≥ {options.level_s:g} s, {stream}{capped}{slo}"
         )
     if options.rates:
-        shape = options.arrival if options.burstiness == 1 else f"gamma k={options.burstiness:g}"
         return (
             f"sweep: rates {', '.join(rate_text(r) for r in options.rates)} req/s, {shape} "
             f"arrivals, {at} of ≥ {options.level_s:g} s, {stream}{capped}{slo}"

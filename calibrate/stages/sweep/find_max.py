@@ -1,4 +1,5 @@
-"""``sweep --find-max`` (SPEC §13): the largest concurrency that meets every SLO, in few probes.
+"""``sweep --find-max`` (SPEC §13): the largest concurrency (or, with ``--rates``, the highest
+offered rate) that meets every SLO, in few probes.
 
 The search, pure (``next_probe(history, top) -> int | None``), as the ladder asks ``next_tier``:
 
@@ -9,7 +10,8 @@ The search, pure (``next_probe(history, top) -> int | None``), as the ladder ask
   (the precision asked is relative), until the gap is at most 5 % of the last passing level or 1.
 
 That is at most 10 probes for any boundary on [1, 1024] (``tests/test_sweep_find_max.py``
-counts every one): 1, 8, 3, 5, 4 for a boundary at 4; 9 probes for one at 37.
+counts every one): 1, 8, 3, 5, 4 for a boundary at 4; 9 probes for one at 37. The same search
+over offered rates (``--rates``) is ``stages.sweep.rates.next_rate``.
 
 **The probe rule**: a probe runs the sweep's ``repeats`` times; it passes when no request
 failed and, for each SLO set, the **median over its runs of the run's p99** is within the bound
@@ -27,7 +29,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from calibrate.config import SloConfig
 from calibrate.stages.measure.slo import SloName, bounds_of, p99_of
@@ -37,6 +39,7 @@ TOP = 1024  # the search's upper end (SPEC §13: [1, 1024])
 FACTOR = 8  # the exponential probe's step
 PRECISION = 0.05  # the bisection stops at a gap of 5 % of the last passing level (or 1)
 CLIFF_OVER = 2.0  # a failing level over twice its SLO is a cliff
+Over = Literal["concurrency", "rates"]  # what the search steps: requests in flight, or req/s
 PROBE_RULE = (
     "a probe passes when none of its requests failed and the median over its runs of each "
     "run's p99 meets every SLO"
@@ -48,18 +51,19 @@ class Probe:
     """One probed level as the search sees it: passed, and each SLO's median p99 over its runs
     (None: not measured)."""
 
-    concurrency: int
+    level: float  # a concurrency (an int), or an offered rate in req/s
     passed: bool
     p99_s: tuple[tuple[SloName, float | None], ...] = ()
     runs: int = 1
     errors: int = 0
     why: str = ""  # why it failed, in words ("" when it passed)
+    missed: bool = False  # an SLO was missed (a rate probe may fail only by saturating)
 
     def p99(self, name: SloName) -> float | None:
         return dict(self.p99_s).get(name)
 
 
-def judge_probe(concurrency: int, runs: Sequence[Stats], slo: SloConfig) -> Probe:
+def judge_probe(level: float, runs: Sequence[Stats], slo: SloConfig) -> Probe:
     """A level's runs under the probe rule (see the module's doc)."""
     errors = sum(r.errors for r in runs)
     medians: list[tuple[SloName, float | None]] = []
@@ -79,7 +83,7 @@ def judge_probe(concurrency: int, runs: Sequence[Stats], slo: SloConfig) -> Prob
         why = "; ".join(over)
     if why and len(runs) > 1 and not errors:
         why += f" (median of {len(runs)} runs)"
-    return Probe(concurrency, not why, tuple(medians), len(runs), errors, why)
+    return Probe(level, not why, tuple(medians), len(runs), errors, why, bool(over))
 
 
 def _measured(run: Stats, name: SloName) -> float:
@@ -93,15 +97,13 @@ def _kinds(runs: Sequence[Stats]) -> str:
     return ", ".join(k for k in (r.kinds_text for r in runs) if k) or "errors"
 
 
-def bracket(history: Sequence[Probe]) -> tuple[int | None, int | None]:
+def bracket(history: Sequence[Probe]) -> tuple[float | None, float | None]:
     """(last passing, first failing): the lowest failing level, and the highest passing one
     below it (a noisy pass above a failure does not move the boundary up)."""
-    failing = [p.concurrency for p in history if not p.passed]
+    failing = [p.level for p in history if not p.passed]
     first_failing = min(failing, default=None)
     passing = [
-        p.concurrency
-        for p in history
-        if p.passed and (first_failing is None or p.concurrency < first_failing)
+        p.level for p in history if p.passed and (first_failing is None or p.level < first_failing)
     ]
     return max(passing, default=None), first_failing
 
@@ -110,18 +112,18 @@ def next_probe(history: Sequence[Probe], top: int = TOP) -> int | None:
     """The next concurrency to probe, or None when the boundary is found (see the module's doc)."""
     if not history:
         return 1
-    last_passing, first_failing = bracket(history)
-    if first_failing is None:
-        assert last_passing is not None
-        return None if last_passing >= top else min(last_passing * FACTOR, top)
-    low = last_passing or 0
+    passing, failing = bracket(history)
+    if failing is None:
+        assert passing is not None
+        return None if passing >= top else int(min(passing * FACTOR, top))
+    low, first_failing = int(passing or 0), int(failing)
     if close_enough(low, first_failing):
         return None
     middle = round(math.sqrt(low * first_failing)) if low else first_failing // 2
     return min(max(middle, low + 1), first_failing - 1)
 
 
-def close_enough(last_passing: int, first_failing: int) -> bool:
+def close_enough(last_passing: float, first_failing: float) -> bool:
     gap = first_failing - last_passing
     return gap <= 1 or (last_passing > 0 and gap <= PRECISION * last_passing)
 
@@ -150,7 +152,7 @@ class Cliff:
     def steep(self) -> bool:
         return self.over is None or self.over > CLIFF_OVER
 
-    def text(self, last_passing: int, first_failing: int) -> str:
+    def text(self, last_passing: str, first_failing: str) -> str:
         """``median ttft p99 0.032 → 0.21 s from 4 to 5 (×6.6), 2.1× the SLO: a cliff``."""
         if self.to_s is None:
             return f"{self.slo} p99 not measured at {first_failing}"
@@ -159,8 +161,7 @@ class Cliff:
         kind = "a cliff" if self.steep else "a gradual rise, not a cliff"
         return (
             f"median {self.slo} p99 {start} → {self.to_s:.3g} s from {last_passing} to "
-            f"{first_failing}"
-            f"{jump}, {self.over or 0.0:.2g}× the SLO: {kind}"
+            f"{first_failing}{jump}, {self.over or 0.0:.2g}× the SLO: {kind}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -181,14 +182,18 @@ def _round(value: float | None) -> float | None:
 
 @dataclass(frozen=True)
 class FindMax:
-    """The search's result: the boundary, how it was found, how it broke."""
+    """The search's result: the boundary, how it was found, how it broke. Levels are
+    concurrencies (ints), or with ``over == "rates"`` offered rates in req/s from ``bottom``."""
 
-    last_passing: int | None
-    first_failing: int | None
-    order: tuple[int, ...]  # the levels in the order they were probed
-    top: int
+    last_passing: float | None
+    first_failing: float | None
+    order: tuple[float, ...]  # the levels in the order they were probed
+    top: float
     cliff: Cliff | None = None
     failed_why: str = ""  # why the first failing level failed
+    over: Over = "concurrency"
+    bottom: float = 1
+    start: str = ""  # rates: where the bottom came from ("the synchronous rate", "--rates 1:64")
 
     @property
     def probes(self) -> int:
@@ -201,20 +206,32 @@ class FindMax:
             return None
         return (self.first_failing - self.last_passing) / self.last_passing
 
+    def named(self, level: float) -> str:
+        """``concurrency 4`` or ``14.1 req/s``."""
+        return f"{level:g} req/s" if self.over == "rates" else f"concurrency {level:g}"
+
     @property
     def text(self) -> str:
         """After the last passing level: how the search ended, in words."""
         lp, ff, n = self.last_passing, self.first_failing, self.probes
-        probes = f"{n} probe{'s' if n != 1 else ''} ({', '.join(map(str, self.order))})"
+        unit = " req/s" if self.over == "rates" else ""
+        if not n:
+            return "no rate was probed: the synchronous level, which sets where the search starts, failed"
+        probes = f"{n} probe{'s' if n != 1 else ''} ({', '.join(f'{x:g}' for x in self.order)})"
         if ff is None:
-            return f"every probe met the SLOs up to {self.top}, the top of the search; {probes}"
-        broke = self.cliff.text(lp, ff) if self.cliff and lp is not None else self.failed_why
+            kept = " without saturating" if self.over == "rates" else ""
+            return f"every probe met the SLOs{kept} up to {self.top:g}{unit}, the top of the search; {probes}"
+        broke = self.failed_why
+        if self.cliff and lp is not None:
+            broke = self.cliff.text(f"{lp:g}", f"{ff:g}{unit}")
         verb = "broke them" if self.cliff else "failed"
         if lp is None:
-            return f"concurrency {ff} already {verb}: {broke}; {probes}"
-        return f"concurrency {ff} {verb}: {broke}; {probes}"
+            lower = f" (the bottom of the search, {self.start})" if self.over == "rates" else ""
+            return f"{self.named(ff)} already {verb}{lower}: {broke}; {probes}"
+        return f"{self.named(ff)} {verb}: {broke}; {probes}"
 
     def to_json(self) -> dict[str, Any]:
+        rates = {"boundary_rate": self.last_passing, "start": self.start or None}
         return {
             "last_passing": self.last_passing,
             "first_failing": self.first_failing,
@@ -225,13 +242,24 @@ class FindMax:
             "gap": _round(self.gap),
             "first_failing_why": self.failed_why or None,
             "rule": PROBE_RULE,
+            "over": self.over,
+            "bottom": self.bottom,
+            **(rates if self.over == "rates" else {}),
         }
 
 
-def find_max(history: Sequence[Probe], slo: SloConfig, top: int = TOP) -> FindMax:
+def find_max(
+    history: Sequence[Probe],
+    slo: SloConfig,
+    top: float = TOP,
+    *,
+    over: Over = "concurrency",
+    bottom: float = 1,
+    start: str = "",
+) -> FindMax:
     """The result of the probes so far (an interrupted search: the bracket it reached)."""
     last_passing, first_failing = bracket(history)
-    by_level = {p.concurrency: p for p in history}
+    by_level = {p.level: p for p in history}
     failed = by_level.get(first_failing) if first_failing is not None else None
     passed = by_level.get(last_passing) if last_passing is not None else None
     cliff = None
@@ -240,22 +268,26 @@ def find_max(history: Sequence[Probe], slo: SloConfig, top: int = TOP) -> FindMa
     return FindMax(
         last_passing,
         first_failing,
-        tuple(p.concurrency for p in history),
+        tuple(p.level for p in history),
         top,
         cliff,
         failed.why if failed else "",
+        over,
+        bottom,
+        start,
     )
 
 
 def _cliff(passed: Probe | None, failed: Probe, slo: SloConfig) -> Cliff | None:
-    """The SLO ``failed`` breaks most (a measure it lacks counts as the worst)."""
+    """The SLO ``failed`` breaks most (a measure it lacks counts as the worst); None when it
+    met them all (a rate that failed only by saturating)."""
     bounds = bounds_of(slo)
-    if not bounds:
-        return None
 
     def badness(name: SloName) -> float:
         value = failed.p99(name)
         return math.inf if value is None else value / bounds[name]
 
-    name = max(bounds, key=badness)
+    name = max(bounds, key=badness, default=None)
+    if name is None or badness(name) <= 1:
+        return None
     return Cliff(name, bounds[name], passed.p99(name) if passed else None, failed.p99(name))

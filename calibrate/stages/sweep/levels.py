@@ -153,6 +153,28 @@ def level_stats(whole: Stats, runs: Sequence[Stats]) -> Stats:
     )
 
 
+def probed_level(levels: Sequence[Level], fm: FindMax, at: float | None) -> Level | None:
+    """The level a find-max probed at ``at``: a concurrency, or an offered rate."""
+    for lv in levels:
+        rate = lv.rate.offered_rate if lv.rate else None
+        if at is not None and (
+            rate == at if fm.over == "rates" else not lv.rate and lv.concurrency == at
+        ):
+            return lv
+    return None
+
+
+def rate_boundary(top: Level, fm: FindMax, slo: str) -> str:
+    """A rate boundary in words, and the concurrency pin and status take from it."""
+    achieved = f", achieved {top.rate.achieved_rate:.3g} req/s" if top.rate else ""
+    c = top.concurrency
+    return (
+        f"{top.label}: the highest offered rate that met every SLO ({slo}) without saturating"
+        f"{achieved}; at most {c} {'request was' if c == 1 else 'requests were'} in flight there, which "
+        f"pin and status take as concurrency {c}; {fm.text}"
+    )
+
+
 CLIENT_LIMIT_HINT = (
     "run calibrate from a faster client machine, or one the server does not share its CPU with"
 )
@@ -187,10 +209,11 @@ class ClientLimit:
         fm = self.find_max
         assert fm is not None
         for side, at in (("last passing", fm.last_passing), ("first failing", fm.first_failing)):
-            level = next((lv for lv in self.levels if lv.concurrency == at), None)
+            level = probed_level(self.levels, fm, at)
             if level is not None and level.client_bound:
+                where = f"{at:g} req/s" if fm.over == "rates" else f"C = {at}"
                 return (
-                    f"inconclusive: the client was the limit at C = {at}, the {side} probe — "
+                    f"inconclusive: the client was the limit at {where}, the {side} probe — "
                     f"whether the server or calibrate set the SLO boundary is unknown "
                     f"({level.client_bound})"
                 )

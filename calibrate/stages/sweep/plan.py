@@ -60,7 +60,8 @@ def plan_sweep(spec: SweepSpec, ctx: StageContext, say: Say, warn: Say) -> Sweep
         warn("--beyond-ladder: sending more requests at once than the ladder proved (recorded)")
     capped = not managed and not spec.beyond_ladder and proved > 0
     search_top = min(TOP, proved) if capped else TOP
-    if spec.find_max and search_top < TOP:
+    over_rates = spec.find_max and spec.find_max_rates is not None
+    if spec.find_max and search_top < TOP and not over_rates:
         warn(
             f"find-max searches concurrency 1–{search_top} only: the ladder passed with at most "
             f"{proved} requests in flight and calibrate does not manage this server "
@@ -78,9 +79,13 @@ def plan_sweep(spec: SweepSpec, ctx: StageContext, say: Say, warn: Say) -> Sweep
         arrival=spec.arrival,
         burstiness=spec.burstiness,
         seed=spec.seed,
-        max_in_flight=proved if capped and (rates or auto) else None,
+        max_in_flight=proved if capped and (rates or auto or over_rates) else None,
         auto_steps=spec.auto_steps,
     )
+    if over_rates:  # the synchronous level first, then rate probes of their repeats, no more
+        return replace(
+            options, levels=(1,), find_max_rates=spec.find_max_rates, max_repeats=options.repeats
+        )
     if spec.find_max:  # each probe runs its repeats, no more: the knee's repeat rule is not asked
         return replace(
             options, levels=(search_top,), find_max_top=search_top, max_repeats=options.repeats

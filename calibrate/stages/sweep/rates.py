@@ -4,20 +4,39 @@ schedule, judged on achieved vs offered rate and over-saturation (``stages.open_
 In flight is capped at what the ladder proved on an unmanaged server (SPEC §5.0). Every repeat
 runs (a saturated run is not the end of the level: one short run is noise); the level is
 saturated when most of its runs were, and the sweep stops at the first saturated level.
+
+**The SLO boundary over rates** (``sweep --find-max --rates``, ``next_rate``): the search of
+``stages.sweep.find_max`` — ×8 up, then geometric bisection — on an offered rate in req/s, from
+``bottom`` (the synchronous rate measured first, or the user's) up to ``top`` (1024× it unless
+given), each rate rounded to 3 significant digits (one a user can type again), to 5 % of the
+last passing rate: ≤ 10 probes on any range up to 1024× wide. A rate probe passes only when it also
+kept up: a saturated level, or one this process could not send (``client_bound``), is never the
+boundary (``judge_rate``). The bottom failing ends the search: nothing below it is tried.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import replace
 
+from calibrate.config import SloConfig
+from calibrate.errors import UsageError
 from calibrate.gpu.vram import WindowPeak
 from calibrate.load.arrivals import arrival_times, rate_text, rate_value, requests_for
 from calibrate.load.items import ItemResult
 from calibrate.load.keepalive_stall import find_stall
 from calibrate.load.open_loop import SHORTFALL, OpenRun, RateJudgement, judge
 from calibrate.stages.measure.tiers import Stats
+from calibrate.stages.sweep.find_max import (
+    FACTOR,
+    PRECISION,
+    TOP,
+    Probe,
+    bracket,
+    judge_probe,
+)
 from calibrate.stages.sweep.levels import Level, level_stats
 from calibrate.stages.sweep.runner import LevelRunner, run_stats, whole_stats
 
@@ -126,3 +145,63 @@ def _window_items(run: OpenRun) -> list[ItemResult]:
 def _tokens_per_s(run: OpenRun, judgement: RateJudgement) -> float:
     tokens = sum(i.completion_tokens for i in _window_items(run))
     return tokens / judgement.window_s if judgement.window_s > 0 else 0.0
+
+
+def next_rate(history: Sequence[Probe], bottom: float, top: float) -> float | None:
+    """The next offered rate (req/s) to probe on [bottom, top], or None when the boundary is
+    found or the bottom already failed (see the module's doc)."""
+    if not history:
+        return round_rate(bottom)
+    passing, failing = bracket(history)
+    if failing is None:
+        assert passing is not None
+        return None if passing >= top else min(round_rate(passing * FACTOR), top)
+    if passing is None or failing - passing <= PRECISION * passing:
+        return None
+    middle = math.sqrt(passing * failing)
+    rounded = round_rate(middle)
+    return rounded if passing < rounded < failing else middle
+
+
+def round_rate(rate: float) -> float:
+    """A rate to 3 significant digits: one a user can give ``--rates`` again."""
+    return float(f"{rate:.3g}")
+
+
+def judge_rate(
+    rate: float, runs: Sequence[Stats], slo: SloConfig, saturated: str, client_bound: str
+) -> Probe:
+    """A rate level's runs: the probe rule, and it passes only when it kept up — not saturated
+    (``saturated``: why it was), and sent by this process at the rate (``client_bound``)."""
+    probe = judge_probe(rate, runs, slo)
+    held = [
+        *([f"client-bound: {client_bound}"] if client_bound else []),
+        *([f"saturated: {saturated}"] if saturated else []),
+    ]
+    why = "; ".join([probe.why, *held] if probe.why else held)
+    return replace(probe, passed=not why, why=why)
+
+
+def parse_rate_range(text: str) -> tuple[float, float]:
+    """``--find-max --rates``: ``auto`` (from the synchronous rate, up to 1024× it: (0, 0)) or
+    ``LO:HI`` req/s, at most 1024× wide (≤ 10 probes); exit 2 on anything else."""
+    if text.strip().lower() == "auto":
+        return 0.0, 0.0
+    low, _, high = text.partition(":")
+    try:
+        span = float(low), float(high)
+    except ValueError:
+        span = math.nan, math.nan
+    if not all(math.isfinite(r) and r > 0 for r in span) or not span[0] < span[1]:
+        raise UsageError(
+            f"--find-max --rates {text!r}: give the range to search as LO:HI req/s (0 < LO < HI), "
+            "or auto",
+            "e.g. calibrate sweep --find-max --rates auto   or   --find-max --rates 1:200",
+        )
+    if span[1] > span[0] * TOP:
+        raise UsageError(
+            f"--find-max --rates {text!r}: at most {TOP}× wide ({span[1] / span[0]:.0f}× given), "
+            "so the search ends within 10 probes",
+            f"e.g. --find-max --rates {span[0]:g}:{span[0] * TOP:g}",
+        )
+    return span

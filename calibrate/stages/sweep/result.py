@@ -18,7 +18,7 @@ from calibrate.stages.measure.tiers import Stats, energy_short
 from calibrate.stages.prepare.stream_probe import stream_details
 from calibrate.stages.sweep.find_max import FindMax
 from calibrate.stages.sweep.knee import Knee, find_knee
-from calibrate.stages.sweep.levels import ClientLimit, Level
+from calibrate.stages.sweep.levels import ClientLimit, Level, probed_level, rate_boundary
 from calibrate.stages.sweep.spec import SweepOptions
 from calibrate.state.summaries import SweepSummary
 from calibrate.state.summary_values import Workload
@@ -50,8 +50,8 @@ class SweepResult(ClientLimit):
     def saturation_text(self) -> str:
         """``saturated at 6 req/s: achieved 4.1 req/s is 32 % below the offered 6``."""
         top = self.saturated_at
-        if top is None or top.rate is None:
-            return ""
+        if top is None or top.rate is None or self.find_max is not None:
+            return ""  # a find-max over rates probes above saturation: each probe says so
         return f"saturated at {top.label}: {top.rate.why}"
 
     @property
@@ -64,8 +64,7 @@ class SweepResult(ClientLimit):
         rate the server kept up with (an auto sweep: else its synchronous level); else the knee."""
         passing = [lv for lv in self.measurable if lv.verdict == "pass"]
         if self.find_max is not None:
-            top = self.find_max.last_passing
-            return next((lv for lv in passing if lv.concurrency == top), None)
+            return probed_level(passing, self.find_max, self.find_max.last_passing)
         if has_slo(self.slo):
             good = [lv for lv in passing if (lv.stats.goodput_per_s or 0.0) > 0]
             return max(good, key=lambda lv: lv.stats.goodput_per_s or 0.0, default=None)
@@ -82,6 +81,8 @@ class SweepResult(ClientLimit):
     def recommendation(self) -> str:
         """The recommendation in words, with what bound it."""
         top = self.best
+        if self.find_max is not None and self.find_max.over == "rates":
+            return rate_boundary(top, self.find_max, describe(self.slo)) if top else ""
         if self.find_max is not None:
             if top is None:
                 return ""

@@ -21,10 +21,10 @@ from calibrate.stages.measure.item_records import item_record
 from calibrate.stages.measure.stop_rules import ServerCap, continue_sweep
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
 from calibrate.stages.sweep.auto import run_auto
-from calibrate.stages.sweep.find_max import Probe, find_max, judge_probe, next_probe
+from calibrate.stages.sweep.find_max import TOP, FindMax, Probe, find_max, judge_probe, next_probe
 from calibrate.stages.sweep.level_runs import LevelRuns
 from calibrate.stages.sweep.levels import Level
-from calibrate.stages.sweep.rates import run_rate_level
+from calibrate.stages.sweep.rates import judge_rate, next_rate, round_rate, run_rate_level
 from calibrate.stages.sweep.result import SweepResult
 from calibrate.stages.sweep.spec import SweepOptions
 from calibrate.workload import WorkloadSpec
@@ -47,6 +47,7 @@ class Sweep(LevelRuns):
     selfload: SelfLoadMonitor | None = None  # calibrate's own load: a client-bound level is marked
     selfload_mark: int = 0  # the self-check's windows before the level now running
     probes: list[Probe] = field(default_factory=list)  # --find-max: the levels probed, in order
+    rate_span: tuple[float, float] = (0.0, 0.0)  # --find-max --rates: the range searched, req/s
 
     def run(self) -> SweepResult:
         if self.selfload is not None:
@@ -56,6 +57,9 @@ class Sweep(LevelRuns):
             return self.result()
         if self.options.find_max_top:
             self.run_find_max()
+            return self.result()
+        if self.options.find_max_rates is not None:
+            self.run_rate_search()
             return self.result()
         rates = self.options.rates
         for step in rates or self.options.levels:
@@ -78,17 +82,52 @@ class Sweep(LevelRuns):
             level = replace(level, gain=None, counted=False)  # probed out of order: no knee
             self.probes.append(probe)
             self.add(level)
-            verb = "fails" if probe.errors else "breaks them"
-            said = "meets the SLOs" if probe.passed else f"{verb}: {probe.why}"
-            self.note(f"find-max probe {len(self.probes)}: concurrency {concurrency} {said}")
+            self.say_probe(probe, f"concurrency {concurrency}", "meets the SLOs")
+
+    def run_rate_search(self) -> None:
+        """``--find-max --rates``: the synchronous rate first unless the range was given, then
+        the rates ``rates.next_rate`` asks for; a probe over an SLO is ``stop: slo``."""
+        o = self.options
+        assert o.find_max_rates is not None
+        bottom, top = o.find_max_rates
+        if not bottom:
+            sync = self.add(self.run_level(1))
+            bottom = round_rate(sync.stats.items_per_s / o.prompts_per_request)
+            if sync.verdict == "fail" or bottom <= 0:
+                return
+            top = round_rate(bottom * TOP)
+            self.note(f"find-max: synchronous {bottom:g} req/s, so rates {bottom:g}–{top:g} req/s")
+        self.rate_span = (bottom, top)
+        while (rate := next_rate(self.probes, bottom, top)) is not None:
+            level = self.self_checked(run_rate_level(self, rate))
+            saturated = level.rate.why if level.rate and level.saturated else ""
+            probe = judge_rate(rate, level.runs, o.slo, saturated, level.client_bound)
+            if probe.missed and level.verdict == "pass":
+                level = replace(level, verdict="stop: slo")
+            self.probes.append(probe)
+            self.kept(level)
+            self.say_probe(probe, f"{rate:g} req/s", "meets the SLOs, not saturated")
+
+    def say_probe(self, probe: Probe, label: str, met: str) -> None:
+        verb = "breaks them" if probe.missed and not probe.errors else "fails"
+        said = met if probe.passed else f"{verb}: {probe.why}"
+        self.note(f"find-max probe {len(self.probes)}: {label} {said}")
 
     def add(self, level: Level) -> Level:
         """A finished level: marked when calibrate itself was the bottleneck while it ran, kept,
         written to tiers.jsonl, shown."""
+        return self.kept(self.self_checked(level))
+
+    def self_checked(self, level: Level) -> Level:
+        """``level`` marked client-bound when the self-check saw calibrate the bottleneck."""
         if self.selfload is not None:
             bound = level.client_bound or self.selfload.bound_since(self.selfload_mark)
             level = replace(level, client_bound=bound)
             self.selfload_mark = self.selfload.mark()
+        return level
+
+    def kept(self, level: Level) -> Level:
+        """A judged level kept, written to tiers.jsonl, shown."""
         level = self.with_copies(level)
         self.levels.append(level)
         self.ctx.run.append("tiers.jsonl", level.to_json())
@@ -118,14 +157,8 @@ class Sweep(LevelRuns):
         maximum), not the order they ran in."""
         o = self.options
         passing = [lv.stats for lv in self.levels if lv.verdict == "pass"]
-        by_probe = o.find_max_top > 0  # a find-max's levels by concurrency, not probe order
         return SweepResult(
-            tuple(
-                sorted(
-                    self.levels,
-                    key=lambda lv: lv.concurrency if by_probe else lv.auto.step if lv.auto else 0,
-                )
-            ),
+            tuple(sorted(self.levels, key=self._shown_at)),
             o.batch_size,
             o.gain_min,
             self.cap,
@@ -134,6 +167,26 @@ class Sweep(LevelRuns):
             self.plan.recorded(passing),
             self.plan.details(),
             o.slo,
-            find_max(self.probes, o.slo, o.find_max_top) if by_probe else None,
+            self.search(),
             o.confidence,
         )
+
+    def _shown_at(self, level: Level) -> float:
+        """Where a level is shown: a find-max's by concurrency or offered rate (the synchronous
+        level first), not probe order; an auto sweep's by its step."""
+        if self.options.find_max_rates is not None:
+            return (level.rate.offered_rate or 0.0) if level.rate else 0.0
+        if self.options.find_max_top:
+            return level.concurrency
+        return level.auto.step if level.auto else 0
+
+    def search(self) -> FindMax | None:
+        """A find-max's result so far (None: not a find-max)."""
+        o = self.options
+        if o.find_max_top:
+            return find_max(self.probes, o.slo, o.find_max_top)
+        if o.find_max_rates is None:
+            return None
+        bottom, top = self.rate_span
+        given = f"--rates {bottom:g}:{top:g}" if o.find_max_rates[0] else "the synchronous rate"
+        return find_max(self.probes, o.slo, top, over="rates", bottom=bottom, start=given)

@@ -35,6 +35,8 @@ class SweepOptions:
     stream_check: StreamCheck | None = None  # what the stream probe found (None: not probed)
     max_repeats: int = 6  # runs of a level left unsure against the best (SPEC §5.6)
     find_max_top: int = 0  # --find-max: search concurrency 1…this for the SLO boundary (0: off)
+    # --find-max --rates: search offered rates LO…HI req/s (None: off; LO 0: the synchronous rate)
+    find_max_rates: tuple[float, float] | None = None
     determinism_copies: int = 0  # [determinism] copies of the fixed prompt per level (0: off)
     confidence: float = DEFAULT_LEVEL  # [confidence] level: the knee's Welch interval
 
@@ -73,6 +75,7 @@ class SweepSpec(TierSpec):
     rates: str | None = None  # open loop at these requests/s (None: closed loop)
     auto_steps: int = 0  # --auto: this many rates between synchronous and maximum (0: off)
     find_max: bool = False
+    find_max_rates: tuple[float, float] | None = None  # --find-max --rates LO:HI (0, 0: auto)
     arrival: Arrival = "poisson"
     burstiness: float = 1.0
     seed: int = 0
