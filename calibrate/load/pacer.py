@@ -1,0 +1,160 @@
+"""The open loop's pacer: when each send goes out, and the threads that send.
+
+A sleep overshoots its deadline by 50–100 µs and more (the kernel's timer slack, then the wait
+for the interpreter lock), and a thread started per request adds its own start-up: together
+they made sends at 1,000 req/s go out milliseconds late. So the pacer sleeps until shortly
+before a slot and spins the rest on the clock (``wait_until``), then hands the request to a
+sender thread that is already running and waiting on a queue (``SenderPool``) — the pacer never
+waits on the network. While a run is paced, the interpreter switches threads more often
+(``fine_switching``): a sender busy in Python code otherwise holds the lock the pacer needs to
+wake on time for up to 5 ms.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from calibrate.load.items import percentile
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], None]
+SPIN_S = 0.0002  # the last stretch before a slot is spun on the clock, not slept
+LATE_S = 0.001  # a send that went out more than this after its slot is counted as late
+SWITCH_S = 0.0002  # the interpreter's thread switch interval while a run is paced (default 5 ms)
+SPARE = 2  # idle senders kept ready, so that a slot never waits for a thread to start
+
+
+@dataclass(frozen=True)
+class SendLag:
+    """How late one run's (or a level's) sends went out against their schedule."""
+
+    p50_s: float
+    p99_s: float
+    max_s: float
+    late: int  # sends that went out more than LATE_S after their slot
+    sends: int
+
+    @classmethod
+    def of(cls, lags_s: Sequence[float]) -> SendLag | None:
+        """The figures of one run's lags (None: nothing was sent)."""
+        p50, p99 = percentile(lags_s, 50), percentile(lags_s, 99)
+        if p50 is None or p99 is None:
+            return None
+        return cls(p50, p99, max(lags_s), sum(lag > LATE_S for lag in lags_s), len(lags_s))
+
+    @classmethod
+    def worst(cls, runs: Sequence[SendLag | None]) -> SendLag | None:
+        """A level's: each figure the worst of its runs', the late sends counted over all."""
+        lags = [r for r in runs if r is not None]
+        if not lags:
+            return None
+        p50, p99 = max(r.p50_s for r in lags), max(r.p99_s for r in lags)
+        late, sends = sum(r.late for r in lags), sum(r.sends for r in lags)
+        return cls(p50, p99, max(r.max_s for r in lags), late, sends)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "send_lag_p50_s": round(self.p50_s, 6),
+            "send_lag_p99_s": round(self.p99_s, 6),
+            "send_lag_max_s": round(self.max_s, 6),
+            "late_sends": self.late,
+        }
+
+    def text(self) -> str:
+        """``send lag p50 0.04 / p99 0.61 / max 2.3 ms, 3 of 5000 sends over 1 ms late``."""
+        ms = f"p50 {self.p50_s * 1e3:.2g} / p99 {self.p99_s * 1e3:.2g} / max {self.max_s * 1e3:.2g}"
+        late = f", {self.late} of {self.sends} sends over {LATE_S * 1e3:g} ms late"
+        return f"send lag {ms} ms" + (late if self.late else "")
+
+
+def wait_until(target: float, clock: Clock, sleep: Sleep, spin_s: float = SPIN_S) -> None:
+    """Return at ``target`` on ``clock``: sleep until ``spin_s`` before it, spin the rest.
+
+    The spin is bounded in real time (at most ``spin_s``), so an injected clock that stands
+    still between sleeps cannot hold it forever."""
+    wait = target - clock()
+    if wait > spin_s:
+        sleep(wait - spin_s)
+        wait = target - clock()
+    if wait <= 0:
+        return
+    end = time.perf_counter() + min(wait, spin_s)
+    while clock() < target and time.perf_counter() < end:
+        pass
+
+
+@contextmanager
+def fine_switching(interval_s: float = SWITCH_S) -> Iterator[None]:
+    """Within the block the interpreter hands its lock between threads every ``interval_s``
+    at the latest (restored after); a shorter interval than the one set is kept."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, interval_s))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+class SenderPool:
+    """Threads that each take a request number from one queue and run ``work`` on it.
+
+    ``hand(n)`` gives request n to an idle thread; a thread is started first when none is idle,
+    and after each hand-off the pool tops itself up to ``SPARE`` idle threads, off the slot's
+    critical path. ``close`` lets every thread finish its request and stop."""
+
+    def __init__(self, work: Callable[[int], None], ready: int, limit: int | None) -> None:
+        self._work = work
+        self._queue: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._limit = limit  # at most this many threads (the in-flight cap), None: no limit
+        self._busy = 0
+        self.threads: list[threading.Thread] = []
+        self._grow(ready)
+
+    def hand(self, n: int) -> None:
+        """Request n to a waiting thread (one is started when none is idle)."""
+        with self._lock:
+            self._busy += 1
+            idle = len(self.threads) - self._busy
+        if idle < 0:
+            self._grow(1)
+        self._queue.put(n)
+
+    def top_up(self) -> None:
+        """Start threads until ``SPARE`` are idle (or the limit is reached)."""
+        with self._lock:
+            short = SPARE - (len(self.threads) - self._busy)
+        if short > 0:
+            self._grow(short)
+
+    def _grow(self, count: int) -> None:
+        for _ in range(count):
+            if self._limit is not None and len(self.threads) >= self._limit:
+                return
+            name = f"calibrate-open-{len(self.threads)}"
+            thread = threading.Thread(target=self._serve, name=name, daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+    def _serve(self) -> None:
+        while (n := self._queue.get()) is not None:
+            try:
+                self._work(n)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+
+    def close(self, join_s: float) -> None:
+        """Stop every thread once the queue is drained; wait up to ``join_s`` for them."""
+        for _ in self.threads:
+            self._queue.put(None)
+        deadline = time.monotonic() + join_s
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
