@@ -17,11 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from calibrate.load.items import ItemResult
-from calibrate.load.pacer import SenderPool, SendLag, fine_switching, wait_until
+from calibrate.load.pacer import SenderPool, SendLag, fine_switching, threads_to_start, wait_until
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
-READY = 8  # sender threads started before the first send (more join as the run needs them)
 SHORTFALL = 0.05  # achieved more than 5 % below offered: saturated
 GROWTH_MIN = 2.0  # in flight grew by at least this many requests (and doubled) through the run
 LATENCY_GROWTH = 0.25  # … and the last sent quarter's median latency is this much above the first's
@@ -264,12 +263,12 @@ def open_loop(
                 take(n, answered)
             lock.notify_all()
 
-    pool = SenderPool(work, min(len(schedule), cap or READY, READY), cap)
+    pool = SenderPool(work, threads_to_start(schedule, cap), cap)
     last_send = 0.0
     with fine_switching():
         start = clock()
         for n, at in enumerate(schedule):
-            wait_until(start + at, clock, sleep)
+            late_s = wait_until(start + at, clock, sleep)
             with lock:
                 if cap is not None and in_flight >= cap and not failed:
                     held = clock()
@@ -280,10 +279,9 @@ def open_loop(
                     break
                 seen.append(in_flight)
                 in_flight += 1
-            pool.hand(n)
+            pool.hand(n, late_s)
             handed = n + 1
             last_send = clock() - start
-            pool.top_up()
         pool.close(join_s)
     with lock:
         for n in range(handed):

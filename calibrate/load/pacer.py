@@ -12,6 +12,7 @@ wake on time for up to 5 ms.
 
 from __future__ import annotations
 
+import math
 import queue
 import sys
 import threading
@@ -28,7 +29,10 @@ Sleep = Callable[[float], None]
 SPIN_S = 0.0002  # the last stretch before a slot is spun on the clock, not slept
 LATE_S = 0.001  # a send that went out more than this after its slot is counted as late
 SWITCH_S = 0.0002  # the interpreter's thread switch interval while a run is paced (default 5 ms)
-SPARE = 2  # idle senders kept ready, so that a slot never waits for a thread to start
+READY = 8  # sender threads started before the first send (more join as the run needs them)
+BURST_S = 0.01  # sends due this close to the first are a burst: a thread each from the start
+STARVED_S = 0.005  # a pacer, or a waiting sender, this late to wake is starved of CPU …
+STARVED_FOR_S = 0.1  # … and the pool does not grow for this long after
 
 
 @dataclass(frozen=True)
@@ -67,15 +71,10 @@ class SendLag:
             "late_sends": self.late,
         }
 
-    def text(self) -> str:
-        """``send lag p50 0.04 / p99 0.61 / max 2.3 ms, 3 of 5000 sends over 1 ms late``."""
-        ms = f"p50 {self.p50_s * 1e3:.2g} / p99 {self.p99_s * 1e3:.2g} / max {self.max_s * 1e3:.2g}"
-        late = f", {self.late} of {self.sends} sends over {LATE_S * 1e3:g} ms late"
-        return f"send lag {ms} ms" + (late if self.late else "")
 
-
-def wait_until(target: float, clock: Clock, sleep: Sleep, spin_s: float = SPIN_S) -> None:
-    """Return at ``target`` on ``clock``: sleep until ``spin_s`` before it, spin the rest.
+def wait_until(target: float, clock: Clock, sleep: Sleep, spin_s: float = SPIN_S) -> float:
+    """Return at ``target`` on ``clock`` — sleep until ``spin_s`` before it, spin the rest —
+    and say how late that was (≤ 0: on time).
 
     The spin is bounded in real time (at most ``spin_s``), so an injected clock that stands
     still between sleeps cannot hold it forever."""
@@ -83,11 +82,11 @@ def wait_until(target: float, clock: Clock, sleep: Sleep, spin_s: float = SPIN_S
     if wait > spin_s:
         sleep(wait - spin_s)
         wait = target - clock()
-    if wait <= 0:
-        return
-    end = time.perf_counter() + min(wait, spin_s)
-    while clock() < target and time.perf_counter() < end:
-        pass
+    if wait > 0:
+        end = time.perf_counter() + min(wait, spin_s)
+        while clock() < target and time.perf_counter() < end:
+            pass
+    return clock() - target
 
 
 @contextmanager
@@ -102,37 +101,55 @@ def fine_switching(interval_s: float = SWITCH_S) -> Iterator[None]:
         sys.setswitchinterval(before)
 
 
+def threads_to_start(schedule: Sequence[float], cap: int | None) -> int:
+    """Sender threads to start before the first send: one per slot of the cap (no more ever
+    run at once), without one ``READY`` or as many as the first burst sends at once."""
+    if cap is not None:
+        return min(cap, len(schedule))
+    burst = sum(1 for at in schedule if at <= schedule[0] + BURST_S) if schedule else 0
+    return min(len(schedule), max(READY, burst))
+
+
 class SenderPool:
     """Threads that each take a request number from one queue and run ``work`` on it.
 
-    ``hand(n)`` gives request n to an idle thread; a thread is started first when none is idle,
-    and after each hand-off the pool tops itself up to ``SPARE`` idle threads, off the slot's
-    critical path. ``close`` lets every thread finish its request and stop."""
+    ``hand(n)`` gives request n to an idle thread, and starts one when none is idle — unless
+    this process is starved of CPU: the pacer woke late, or a thread that was waiting took
+    long to pick its request up (``STARVED_S``, noted for ``STARVED_FOR_S``). Another thread
+    would then only share the CPU, every request in flight would take longer and the pool
+    would grow without end (on a loaded 2-core machine, to 2,000 threads at 1,000 req/s, at
+    half the throughput); instead the request waits for the next thread that is free, and its
+    send lag says so. ``close`` lets every thread finish its request and stop."""
 
-    def __init__(self, work: Callable[[int], None], ready: int, limit: int | None) -> None:
+    def __init__(
+        self,
+        work: Callable[[int], None],
+        ready: int,
+        limit: int | None,
+        starved_s: float = STARVED_S,
+    ) -> None:
         self._work = work
-        self._queue: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._starved_s = starved_s
+        self._queue: queue.SimpleQueue[tuple[int, float, bool] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._limit = limit  # at most this many threads (the in-flight cap), None: no limit
         self._busy = 0
+        self._starved_at = -math.inf  # when a waiting thread last took long to wake
         self.threads: list[threading.Thread] = []
         self._grow(ready)
 
-    def hand(self, n: int) -> None:
-        """Request n to a waiting thread (one is started when none is idle)."""
+    def hand(self, n: int, late_s: float = 0.0) -> None:
+        """Request n to a waiting thread; when none waits, a pacer on time (``late_s``) in a
+        process not starved starts one first, else n waits for the next thread that is free."""
+        now = time.perf_counter()
         with self._lock:
             self._busy += 1
-            idle = len(self.threads) - self._busy
-        if idle < 0:
-            self._grow(1)
-        self._queue.put(n)
-
-    def top_up(self) -> None:
-        """Start threads until ``SPARE`` are idle (or the limit is reached)."""
-        with self._lock:
-            short = SPARE - (len(self.threads) - self._busy)
-        if short > 0:
+            short = self._busy - len(self.threads)
+            starved = late_s >= self._starved_s or now - self._starved_at < STARVED_FOR_S
+        if short > 0 and not starved:
             self._grow(short)
+            short = self._busy - len(self.threads)
+        self._queue.put((n, now, short <= 0))
 
     def _grow(self, count: int) -> None:
         for _ in range(count):
@@ -144,7 +161,11 @@ class SenderPool:
             thread.start()
 
     def _serve(self) -> None:
-        while (n := self._queue.get()) is not None:
+        while (got := self._queue.get()) is not None:
+            n, handed, waited_for = got
+            now = time.perf_counter()
+            if waited_for and now - handed >= self._starved_s:  # a thread was free: it woke late
+                self._starved_at = now
             try:
                 self._work(n)
             finally:
