@@ -263,12 +263,12 @@ def open_loop(
                 take(n, answered)
             lock.notify_all()
 
-    pool = SenderPool(work, threads_to_start(schedule, cap), cap)
+    pool = SenderPool(work, threads_to_start(schedule, cap))
     last_send = 0.0
     with fine_switching():
         start = clock()
         for n, at in enumerate(schedule):
-            late_s = wait_until(start + at, clock, sleep)
+            wait_until(start + at, clock, sleep)
             with lock:
                 if cap is not None and in_flight >= cap and not failed:
                     held = clock()
@@ -279,7 +279,7 @@ def open_loop(
                     break
                 seen.append(in_flight)
                 in_flight += 1
-            pool.hand(n, late_s)
+            pool.hand(n)
             handed = n + 1
             last_send = clock() - start
         pool.close(join_s)

@@ -12,7 +12,6 @@ wake on time for up to 5 ms.
 
 from __future__ import annotations
 
-import math
 import queue
 import sys
 import threading
@@ -29,10 +28,8 @@ Sleep = Callable[[float], None]
 SPIN_S = 0.0002  # the last stretch before a slot is spun on the clock, not slept
 LATE_S = 0.001  # a send that went out more than this after its slot is counted as late
 SWITCH_S = 0.0002  # the interpreter's thread switch interval while a run is paced (default 5 ms)
-READY = 8  # sender threads started before the first send (more join as the run needs them)
+READY = 8  # pool threads started before the first send, without a cap (more: a thread each)
 BURST_S = 0.01  # sends due this close to the first are a burst: a thread each from the start
-STARVED_S = 0.005  # a pacer, or a waiting sender, this late to wake is starved of CPU …
-STARVED_FOR_S = 0.1  # … and the pool does not grow for this long after
 
 
 @dataclass(frozen=True)
@@ -72,9 +69,8 @@ class SendLag:
         }
 
 
-def wait_until(target: float, clock: Clock, sleep: Sleep, spin_s: float = SPIN_S) -> float:
-    """Return at ``target`` on ``clock`` — sleep until ``spin_s`` before it, spin the rest —
-    and say how late that was (≤ 0: on time).
+def wait_until(target: float, clock: Clock, sleep: Sleep, spin_s: float = SPIN_S) -> None:
+    """Return at ``target`` on ``clock``: sleep until ``spin_s`` before it, spin the rest.
 
     The spin is bounded in real time (at most ``spin_s``), so an injected clock that stands
     still between sleeps cannot hold it forever."""
@@ -86,7 +82,6 @@ def wait_until(target: float, clock: Clock, sleep: Sleep, spin_s: float = SPIN_S
         end = time.perf_counter() + min(wait, spin_s)
         while clock() < target and time.perf_counter() < end:
             pass
-    return clock() - target
 
 
 @contextmanager
@@ -111,70 +106,52 @@ def threads_to_start(schedule: Sequence[float], cap: int | None) -> int:
 
 
 class SenderPool:
-    """Threads that each take a request number from one queue and run ``work`` on it.
+    """``ready`` threads that each take a request number from one queue and run ``work`` on it;
+    a request handed while none of them waits runs on a thread of its own, started then.
 
-    ``hand(n)`` gives request n to an idle thread, and starts one when none is idle — unless
-    this process is starved of CPU: the pacer woke late, or a thread that was waiting took
-    long to pick its request up (``STARVED_S``, noted for ``STARVED_FOR_S``). Another thread
-    would then only share the CPU, every request in flight would take longer and the pool
-    would grow without end (on a loaded 2-core machine, to 2,000 threads at 1,000 req/s, at
-    half the throughput); instead the request waits for the next thread that is free, and its
-    send lag says so. ``close`` lets every thread finish its request and stop."""
+    The pool makes a send a hand-off, not a thread start; the threads of their own keep what
+    the dispatcher always did when more is in flight than the pool holds. Such a start waits
+    for the new thread to run, so a process short of CPU sends later instead of piling up
+    requests it cannot serve (a pool that grew instead reached 2,000 threads at 1,000 req/s on
+    a loaded 2-core machine, at half the throughput). ``close`` lets every thread finish."""
 
-    def __init__(
-        self,
-        work: Callable[[int], None],
-        ready: int,
-        limit: int | None,
-        starved_s: float = STARVED_S,
-    ) -> None:
+    def __init__(self, work: Callable[[int], None], ready: int) -> None:
         self._work = work
-        self._starved_s = starved_s
-        self._queue: queue.SimpleQueue[tuple[int, float, bool] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._limit = limit  # at most this many threads (the in-flight cap), None: no limit
-        self._busy = 0
-        self._starved_at = -math.inf  # when a waiting thread last took long to wake
+        self._idle = 0
+        self._ready = ready
         self.threads: list[threading.Thread] = []
-        self._grow(ready)
+        for k in range(ready):
+            self._start(self._serve, f"calibrate-open-{k}")
 
-    def hand(self, n: int, late_s: float = 0.0) -> None:
-        """Request n to a waiting thread; when none waits, a pacer on time (``late_s``) in a
-        process not starved starts one first, else n waits for the next thread that is free."""
-        now = time.perf_counter()
+    def hand(self, n: int) -> None:
+        """Request n to a waiting thread, or to a thread of its own when none waits."""
         with self._lock:
-            self._busy += 1
-            short = self._busy - len(self.threads)
-            starved = late_s >= self._starved_s or now - self._starved_at < STARVED_FOR_S
-        if short > 0 and not starved:
-            self._grow(short)
-            short = self._busy - len(self.threads)
-        self._queue.put((n, now, short <= 0))
+            waiting = self._idle > 0
+            self._idle -= waiting
+        if waiting:
+            self._queue.put(n)
+        else:
+            self._start(lambda: self._work(n), f"calibrate-open-r{n}")
 
-    def _grow(self, count: int) -> None:
-        for _ in range(count):
-            if self._limit is not None and len(self.threads) >= self._limit:
-                return
-            name = f"calibrate-open-{len(self.threads)}"
-            thread = threading.Thread(target=self._serve, name=name, daemon=True)
-            self.threads.append(thread)
-            thread.start()
+    def _start(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        self.threads.append(thread)
+        thread.start()
 
     def _serve(self) -> None:
-        while (got := self._queue.get()) is not None:
-            n, handed, waited_for = got
-            now = time.perf_counter()
-            if waited_for and now - handed >= self._starved_s:  # a thread was free: it woke late
-                self._starved_at = now
-            try:
-                self._work(n)
-            finally:
-                with self._lock:
-                    self._busy -= 1
+        while True:
+            with self._lock:
+                self._idle += 1
+            n = self._queue.get()
+            if n is None:
+                return
+            self._work(n)
 
     def close(self, join_s: float) -> None:
         """Stop every thread once the queue is drained; wait up to ``join_s`` for them."""
-        for _ in self.threads:
+        for _ in range(self._ready):
             self._queue.put(None)
         deadline = time.monotonic() + join_s
         for thread in self.threads:
