@@ -84,6 +84,7 @@ def test_a_request_handed_while_every_pool_thread_is_busy_gets_a_thread_of_its_o
             seen.append(n)
         release.wait(5)
 
+    assert SenderPool(work, 0).spin_s == 0.0, "no sender waits: the pacer does not spin"
     pool = SenderPool(work, 1)
     for n in range(4):
         pool.hand(n)  # each blocks until released: four in flight need four threads

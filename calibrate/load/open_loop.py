@@ -268,7 +268,7 @@ def open_loop(
     with fine_switching():
         start = clock()
         for n, at in enumerate(schedule):
-            wait_until(start + at, clock, sleep)
+            wait_until(start + at, clock, sleep, pool.spin_s)
             with lock:
                 if cap is not None and in_flight >= cap and not failed:
                     held = clock()
