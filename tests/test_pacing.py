@@ -70,8 +70,11 @@ def test_wait_until_sleeps_to_just_before_the_slot_and_a_still_clock_cannot_hold
 
 def test_fine_switching_is_restored_after_the_run() -> None:
     before = sys.getswitchinterval()
-    with fine_switching(0.0001):
+    with fine_switching(0.0001) as fine:
         assert sys.getswitchinterval() == pytest.approx(0.0001)
+        fine(False)
+        assert sys.getswitchinterval() == before
+        fine(True)
     assert sys.getswitchinterval() == before
 
 

@@ -265,9 +265,10 @@ def open_loop(
 
     pool = SenderPool(work, threads_to_start(schedule, cap))
     last_send = 0.0
-    with fine_switching():
+    with fine_switching() as fine:
         start = clock()
         for n, at in enumerate(schedule):
+            fine(pool.spin_s > 0)  # both only while the senders keep up
             wait_until(start + at, clock, sleep, pool.spin_s)
             with lock:
                 if cap is not None and in_flight >= cap and not failed:

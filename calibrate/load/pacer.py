@@ -85,13 +85,20 @@ def wait_until(target: float, clock: Clock, sleep: Sleep, spin_s: float = SPIN_S
 
 
 @contextmanager
-def fine_switching(interval_s: float = SWITCH_S) -> Iterator[None]:
+def fine_switching(interval_s: float = SWITCH_S) -> Iterator[Callable[[bool], None]]:
     """Within the block the interpreter hands its lock between threads every ``interval_s``
-    at the latest (restored after); a shorter interval than the one set is kept."""
+    at the latest (a shorter interval already set is kept; restored after). ``fine(False)``
+    goes back to the interval set while the senders fall behind: with many requests in flight
+    a finer interval only adds hand-offs of the lock they all need."""
     before = sys.getswitchinterval()
-    sys.setswitchinterval(min(before, interval_s))
+    fine_s = min(before, interval_s)
+
+    def fine(on: bool) -> None:
+        sys.setswitchinterval(fine_s if on else before)
+
+    fine(True)
     try:
-        yield
+        yield fine
     finally:
         sys.setswitchinterval(before)
 
