@@ -93,8 +93,9 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def mock_at(setup: Setup, latency_s: float) -> Iterator[str]:
-    """A mock answering every POST after ``latency_s``; yields its base URL (…/v1)."""
+def mock_at(setup: Setup, latency_s: float, extra: tuple[str, ...] = ()) -> Iterator[str]:
+    """A mock answering every POST after ``latency_s``; yields its base URL (…/v1). ``extra``:
+    more arguments for async_mock.py (--tokens, --chunks)."""
     if setup.mock_script is None:
         from tests.mockserver import start_mock_process
 
@@ -103,7 +104,7 @@ def mock_at(setup: Setup, latency_s: float) -> Iterator[str]:
         return
     port = _free_port()
     command = [sys.executable, str(setup.mock_script), "--port", str(port)]
-    command += ["--delay", str(latency_s), "--model", MODEL]
+    command += ["--delay", str(latency_s), "--model", MODEL, *extra]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 15
