@@ -19,6 +19,7 @@ read per text chunk), so the streamed figures compare transports, not parsers.
 
 usage: python bench/transports.py [--quick] [--waves K] [--delay D] [--concurrency 32,128,…]
                                   [--candidates NAME,…] [--json PATH] [--reference-dir DIR]
+                                  [--repeat K] [--fixed-delay]
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -354,6 +355,16 @@ def point_latency_s(base_s: float, c: int, stream: bool, fixed: bool) -> float:
     return base_s if fixed else base_s * max(1.0, c / knee)
 
 
+def _best(samples: list[Run]) -> Run:
+    """Of repeated runs, the fastest, with the least CPU any of them took: on a shared machine
+    the least disturbed run is the nearest to what the transport costs."""
+    done = [r for r in samples if r.ratio is not None]
+    if not done:
+        return samples[-1]
+    best = max(done, key=lambda r: r.ratio or 0.0)
+    return replace(best, cpu_ms=min(r.cpu_ms or 0.0 for r in done))
+
+
 def measure(
     candidates: tuple[str, ...],
     concurrency: tuple[int, ...],
@@ -361,6 +372,7 @@ def measure(
     latency_s: float,
     reference_dir: str | None = None,
     fixed: bool = False,
+    repeat: int = 1,
 ) -> list[Run]:
     setup = reference.find_setup(reference_dir, None)
     if setup.mock_script is None:
@@ -379,20 +391,23 @@ def measure(
                 print(f"  c={c}: skipped, fd limit {hard} too low", file=sys.stderr)
                 continue
             with reference.mock_at(setup, d_s, extra) as base_url:
-                for cand in candidates:
-                    why = available(cand)
-                    if why:
-                        runs.append(Run(cand, stream, c, d_s, 0, None, None, None, 0, why))
-                        continue
-                    run = one(cand, base_url, waves * c, c, stream, d_s)
-                    runs.append(run)
-                    print(
-                        f"  {'stream' if stream else 'plain '} c={c:<5} D={d_s:<4g} {cand:<27} "
-                        f"ratio {_cell(run.ratio)}  cpu {_cell(run.cpu_ms)} ms/req  "
-                        f"mock {_cell(run.mock_cpu_ms)} ms/req {run.note}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                samples: dict[str, list[Run]] = {}
+                for _ in range(repeat):  # interleaved: a burst of outside load hits every one
+                    for cand in candidates:
+                        why = available(cand)
+                        if why:
+                            samples[cand] = [Run(cand, stream, c, d_s, 0, None, None, None, 0, why)]
+                            continue
+                        run = one(cand, base_url, waves * c, c, stream, d_s)
+                        samples.setdefault(cand, []).append(run)
+                        print(
+                            f"  {'stream' if stream else 'plain '} c={c:<5} D={d_s:<4g} "
+                            f"{cand:<27} ratio {_cell(run.ratio)}  cpu {_cell(run.cpu_ms)} "
+                            f"ms/req  mock {_cell(run.mock_cpu_ms)} ms/req {run.note}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                runs += [_best(samples[cand]) for cand in candidates]
     return runs
 
 
@@ -452,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--candidates", help=f"comma-separated, of: {', '.join(CANDIDATES)}")
     parser.add_argument("--json", metavar="PATH", help="also write the runs as JSON")
     parser.add_argument("--reference-dir", metavar="DIR", help="where async_mock.py is")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs per point, the best kept (default 1)"
+    )
     parser.add_argument(
         "--fixed-delay", action="store_true", help="every point at --delay (no D past the knee)"
     )

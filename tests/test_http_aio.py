@@ -3,6 +3,7 @@ it against servers that send exactly the bytes a test gives (framing the mock ne
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import threading
@@ -148,6 +149,13 @@ def test_error_answers_keep_their_kind(head: bytes, kind: str) -> None:
             client.chat("m", "hi", PARAMS)
         client.close()
     assert caught.value.kind == kind
+
+
+def test_a_gzip_body_sent_unasked_is_decoded() -> None:
+    body = gzip.compress(PLAIN)
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
+    answer = _fed(head + b"Content-Length: %d\r\n\r\n%s" % (len(body), body), lines=True)
+    assert answer.body() == PLAIN
 
 
 def test_no_server_is_connect() -> None:

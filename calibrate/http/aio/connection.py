@@ -33,7 +33,8 @@ class Call:
     origin: Origin
     url: str  # for messages (no userinfo)
     payload: bytes  # request line, headers and body
-    timeout_s: float  # what is left of the total deadline when the call starts
+    left_s: float  # what is left of the total deadline when the call starts
+    timeout_s: float  # the caller's total (for messages)
     connect_timeout_s: float
     max_bytes: int
     lines: bool  # a streamed answer: kept as timed lines
@@ -113,7 +114,9 @@ class Connections:
             )
         except TimeoutError as exc:
             raise request_error(
-                "connect", f"connection to {call.url} timed out after {wait_s:g} s", exc
+                "connect",
+                f"connection to {call.url} timed out after {call.connect_timeout_s:g} s",
+                exc,
             ) from exc
         except ConnectionRefusedError as exc:
             message = f"no server at {call.url} (connection refused)"
@@ -126,7 +129,7 @@ class Connections:
     async def exchange(self, call: Call) -> Answer:
         """Send ``call`` and read its whole answer (streamed lines too) before the deadline."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + call.timeout_s
+        deadline = loop.time() + call.left_s
         conn = await self._connect(call, deadline)
         answer = conn.answer = Answer(max_bytes=call.max_bytes, lines=call.lines, clock=call.clock)
         waiter = conn.waiter = loop.create_future()

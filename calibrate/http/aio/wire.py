@@ -9,6 +9,7 @@ those arrival times, not when a worker thread got to them). An error answer keep
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 
 from calibrate.http.bodies import too_large
@@ -19,6 +20,20 @@ MAX_HEADERS = 100  # as http.client
 MAX_CHUNK_LINE = 4096
 ERROR_BODY_BYTES = 65536  # of an error answer, this much is kept
 DONE_LINE = b"data: [DONE]"
+
+
+def _decoded(raw: bytes, encoding: str, max_bytes: int) -> bytes:
+    """A gzip or deflate body decoded, no larger than the cap (we ask for none: some send it)."""
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        raise invalid(f"the answer is encoded as {encoding[:40]}, which calibrate cannot read")
+    wbits = 47 if "gzip" in encoding else 15  # 47: gzip or zlib header, auto-detected
+    try:
+        out = zlib.decompressobj(wbits).decompress(raw, max_bytes + 1)
+    except zlib.error as exc:
+        raise invalid(f"the answer's {encoding} body does not decode: {exc}") from exc
+    if len(out) > max_bytes:
+        raise too_large(max_bytes)
+    return out
 
 
 class Headers(dict[str, str]):
@@ -52,6 +67,8 @@ class Answer:
         self._pending = b""  # the start of a line still arriving
         self._capped = False  # an error answer cut at ERROR_BODY_BYTES
         self._saw_done = False  # a streamed answer's [DONE] line arrived
+        self._encoding = "identity"
+        self._stream = False  # an event stream (its lines wanted), encoded or not
 
     @property
     def event_stream(self) -> bool:
@@ -117,7 +134,9 @@ class Answer:
         self.reusable = (headers.get("connection") or "").lower() != "close" and parts[
             0
         ] != "HTTP/1.0"
-        self.want_lines = self.want_lines and self.event_stream and status < 300
+        self._encoding = (headers.get("content-encoding") or "identity").lower()
+        self._stream = self.want_lines and self.event_stream and status < 300
+        self.want_lines = self._stream and self._encoding == "identity"  # else split when whole
         self._chunked = "chunked" in (headers.get("transfer-encoding") or "").lower()
         length = headers.get("content-length")
         if self._chunked:
@@ -201,6 +220,11 @@ class Answer:
                 self._saw_done = True
 
     def _finish(self, *, reusable: bool = True) -> None:
+        if self._encoding != "identity" and self.status < 300:
+            self.parts = [_decoded(self.body(), self._encoding, self.max_bytes)]
+            if self._stream:  # lines only now, all stamped with the answer's end
+                now = self.clock()
+                self.lines = [(line.rstrip(b"\r"), now) for line in self.parts[0].split(b"\n")]
         if self._pending:
             self.lines.append((self._pending.rstrip(b"\r"), self.clock()))
             self._pending = b""
