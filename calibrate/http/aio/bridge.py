@@ -10,56 +10,122 @@ request over urllib3 did (``make bench``, section transports). uvloop is used wh
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 
 from calibrate.errors import RequestError
 from calibrate.http.aio.connection import Call, Connections, Origin
 from calibrate.http.aio.wire import Answer
 from calibrate.http.error_kinds import http_error, redirect_error, request_error
 
+GRACE_S = 5.0  # past a request's own deadline, how long a caller waits on a stuck loop
+
+
+class _Job:
+    """One request handed to the loop: the caller waits on ``done`` (held until it is over)."""
+
+    __slots__ = ("answer", "call", "connections", "done", "error", "task")
+
+    def __init__(self, connections: Connections, call: Call) -> None:
+        self.connections = connections
+        self.call = call
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.answer: Answer | None = None
+        self.error: BaseException | None = None
+        self.task: asyncio.Task[None] | None = None
+
+
+class LoopThread:
+    """An event loop in a daemon thread, and the cheapest hand-off to it: jobs go on a deque and
+    the loop is woken only when it is not already about to drain it (one self-pipe write per
+    burst, not per request); each caller then sleeps on its own lock, released by the loop."""
+
+    def __init__(self) -> None:
+        try:
+            import uvloop
+        except ImportError:
+            self.loop = asyncio.new_event_loop()
+        else:
+            self.loop = uvloop.new_event_loop()
+        self._jobs: collections.deque[_Job] = collections.deque()
+        self._woken = False
+        started = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.call_soon(started.set)
+            self.loop.run_forever()
+
+        threading.Thread(target=run, name="calibrate-io", daemon=True).start()
+        started.wait()
+
+    def run(self, connections: Connections, call: Call) -> Answer:
+        job = _Job(connections, call)
+        self._jobs.append(job)
+        if not self._woken:
+            self._woken = True
+            self.loop.call_soon_threadsafe(self._drain)
+        try:
+            finished = job.done.acquire(timeout=call.left_s + GRACE_S)
+        except BaseException:  # interrupted (Ctrl-C in the main thread): stop the request
+            self.loop.call_soon_threadsafe(self._cancel, job)
+            raise
+        if not finished:
+            self.loop.call_soon_threadsafe(self._cancel, job)
+            raise request_error(
+                "timeout", f"no answer from {call.url} (the I/O loop is stuck)", None
+            )
+        if job.error is not None:
+            raise job.error
+        assert job.answer is not None
+        return job.answer
+
+    def _drain(self) -> None:
+        self._woken = False  # first: a job added from now on wakes the loop again
+        jobs = self._jobs
+        while jobs:
+            job = jobs.popleft()
+            job.task = self.loop.create_task(self._serve(job))
+
+    @staticmethod
+    async def _serve(job: _Job) -> None:
+        try:
+            job.answer = await job.connections.exchange(job.call)
+        except BaseException as exc:  # handed to the caller's thread, raised there
+            job.error = exc
+        finally:
+            job.done.release()
+
+    @staticmethod
+    def _cancel(job: _Job) -> None:
+        if job.task is not None:
+            job.task.cancel()
+
+
 _lock = threading.Lock()
-_loop: asyncio.AbstractEventLoop | None = None
+_shared: LoopThread | None = None
 
 
 def _forget_after_fork() -> None:
     """A forked child has no loop thread (only the thread that forked survives): it starts its
     own on first use, and the parent's connections are not shared with it."""
-    global _loop, _lock
-    _loop, _lock = None, threading.Lock()
+    global _shared, _lock
+    _shared, _lock = None, threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def _new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-    return loop
-
-
-def shared_loop() -> asyncio.AbstractEventLoop:
-    """The process's I/O loop, started on first use in a daemon thread."""
-    global _loop
+def shared_loop() -> LoopThread:
+    """The process's I/O loop, started on first use."""
+    global _shared
     with _lock:
-        if _loop is None or _loop.is_closed():
-            loop = _new_loop()
-            started = threading.Event()
-
-            def run() -> None:
-                asyncio.set_event_loop(loop)
-                loop.call_soon(started.set)
-                loop.run_forever()
-
-            threading.Thread(target=run, name="calibrate-io", daemon=True).start()
-            started.wait()
-            _loop = loop
-        return _loop
+        if _shared is None:
+            _shared = LoopThread()
+        return _shared
 
 
 class AioTransport:
@@ -103,14 +169,7 @@ class AioTransport:
         )
         if self._pid != os.getpid():  # forked: the parent's connections stay the parent's
             self._pid, self._connections = os.getpid(), Connections()
-        loop = _loop or shared_loop()
-        future: Future[Answer] = asyncio.run_coroutine_threadsafe(
-            self._connections.exchange(call), loop
-        )
-        try:
-            answer = future.result()
-        finally:
-            future.cancel()  # a no-op once done; stops the request if this thread was interrupted
+        answer = (_shared or shared_loop()).run(self._connections, call)
         if 300 <= answer.status < 400:  # never followed: a key would go wherever it points
             raise RequestError(redirect_error(answer.status, url, answer.headers))
         if answer.status >= 400:
@@ -119,8 +178,8 @@ class AioTransport:
         return answer
 
     def close(self) -> None:
-        if _loop is not None and not _loop.is_closed() and self._pid == os.getpid():
-            _loop.call_soon_threadsafe(self._connections.close)
+        if _shared is not None and self._pid == os.getpid():
+            _shared.loop.call_soon_threadsafe(self._connections.close)
 
 
 def _request_bytes(
