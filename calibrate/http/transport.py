@@ -1,4 +1,7 @@
-"""The transport: urllib3's connection pool used directly, a total deadline per request, a size cap.
+"""The urllib3 transport: its connection pool used directly, a total deadline per request, a cap.
+
+It carries /v1/models, /metrics and the probes, and completions when asked (``io="urllib3"``,
+``CALIBRATE_TRANSPORT=urllib3``); completions otherwise go through ``calibrate.http.aio``.
 
 ``timeout_s`` bounds connect, send and every read, the status line and headers included
 (``calibrate.http.deadline``) and bodies too (read in pieces with the socket timeout set to the
