@@ -12,9 +12,13 @@ all, the issue-25 table (reference.py): calibrate batch --json vs the aiohttp+uv
 client on one mock at c=32/128/512 (D=0.3 s) and c=256 (D=1 s), with CPU ms per request. It
 reports; it never fails on targets.
 
+Then the transport comparison (transports.py): threads over urllib3, aiohttp (+uvloop), a
+hand-written asyncio client, and calibrate's client as it is, at c = 32, 128, 512, 2048,
+streamed and not, on the shared async mock.
+
 usage: python bench/bench.py [--quick] [--only NAME[,NAME…]] [--json PATH]
                              [--reference-dir DIR] [--reference-python PYTHON] [--waves K]
-names: reference, efficiency, scan, memory, outage, endpoints, final, pacing
+names: reference, transports, efficiency, scan, memory, outage, endpoints, final, pacing
 --quick: 2 waves of c items per reference point (4 without), smaller sizes everywhere else.
 """
 
@@ -40,6 +44,7 @@ sys.path.insert(0, str(REPO))
 import long_runs  # noqa: E402  (bench/ is this script's folder)
 import pacing  # noqa: E402
 import reference  # noqa: E402
+import transports  # noqa: E402
 
 from calibrate.gpu.selfload import SelfLoadMonitor  # noqa: E402
 from calibrate.http.client import OpenAIClient  # noqa: E402
@@ -49,7 +54,17 @@ from calibrate.io.resume import scan_output  # noqa: E402
 from calibrate.stages.batch import BatchSpec, plan_batch, run_batch  # noqa: E402
 from tests.mockserver import start_mock_process  # noqa: E402
 
-SECTIONS = ("reference", "efficiency", "scan", "memory", "outage", "endpoints", "final", "pacing")
+SECTIONS = (
+    "reference",
+    "transports",
+    "efficiency",
+    "scan",
+    "memory",
+    "outage",
+    "endpoints",
+    "final",
+    "pacing",
+)
 
 ROWS = [(1.0, 1), (1.0, 8), (1.0, 64), (1.0, 256), (0.3, 8), (0.3, 32), (0.3, 128), (0.3, 512)]
 PARAMS = SamplingParams(temperature=0.0, max_tokens=64, top_p=1.0, seed=0)
@@ -358,6 +373,7 @@ def main() -> int:
     scan = mem = None
     long: dict[str, dict[str, float]] = {}
     ref_rows: list[reference.Point] = []
+    transport_runs: list[transports.Run] = []
     setup = reference.find_setup(args.reference_dir, args.reference_python)
     with tempfile.TemporaryDirectory(prefix="calibrate-bench-") as tmp:
         work = Path(tmp)
@@ -368,6 +384,15 @@ def main() -> int:
                 flush=True,
             )
             ref_rows = reference.measure(setup, waves)
+        if "transports" in only and setup.mock_script is not None:
+            print("transports …", file=sys.stderr, flush=True)
+            transport_runs = transports.measure(
+                transports.CANDIDATES,
+                transports.CONCURRENCY,
+                waves,
+                0.3,
+                str(setup.mock_script.parent),
+            )
         if "efficiency" in only:
             print("client efficiency (calibrate vs naive) …", file=sys.stderr, flush=True)
             measured = efficiency_rows(work, rows, min_items)
@@ -391,6 +416,10 @@ def main() -> int:
             long["pacing"] = pacing.measure(seconds=1.0 if args.quick else 5.0)
     if ref_rows:
         print(reference.table(setup, ref_rows) + "\n")
+    if transport_runs:
+        print(transports.table(transport_runs, 0.3) + "\n")
+    elif "transports" in only:
+        print(f"transports skipped: no async_mock.py ({setup.skipped_why or 'not found'})\n")
     print(table(measured, scan, mem))
     if long:
         print(long_runs.table(long))
@@ -404,6 +433,7 @@ def main() -> int:
                 "skipped": setup.skipped_why,
                 "points": [asdict(r) for r in ref_rows],
             },
+            "transports": [asdict(r) for r in transport_runs],
             "rows": [asdict(r) for r in measured],
             "resume_scan": scan,
             "memory": mem,

@@ -12,21 +12,29 @@ to an error kind of SPEC §5.5 (raised as ``RequestError``). Three promises are 
   target's own origin, and every server-provided text is scrubbed of them before it is raised.
   ``redacted_headers`` is what records and incidents may keep.
 
-The transport is urllib3's connection pool used directly, its retries off: retrying is the
-caller's decision (batch), never the transport's.
+Every call goes over urllib3's connection pool by default. ``io="asyncio"`` (or
+``CALIBRATE_TRANSPORT=asyncio``) sends completions (the load engine's hot path) through the
+asyncio transport instead (``calibrate.http.aio``: one event-loop thread does the I/O of every
+thread's requests) — the winner of ``make bench``'s transports section, not yet the default:
+it does not yet replace a kept-alive connection the server closed just as it was reused, nor
+enforce ``max_connections``. Neither retries: retrying is the caller's decision (batch).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import urllib3
 
 from calibrate.errors import RequestError
+from calibrate.http.aio.bridge import AioTransport
+from calibrate.http.aio.completion import completion_of
 from calibrate.http.error_kinds import invalid
 from calibrate.http.models import Completion, ModelInfo, SamplingParams
 from calibrate.http.request_times import RequestTimes
@@ -39,6 +47,7 @@ MIB = 1024 * 1024
 MAX_MODELS_KEPT = 32  # of GET /v1/models, this many are kept (the rest counted)
 MAX_ID_CHARS = 512  # of a model's id or root
 MAX_MODEL_LEN = 2**31 - 1  # a context length past this is no length (ignored, as when absent)
+Io = Literal["asyncio", "urllib3"]
 
 
 def origin(url: str) -> tuple[str, str, int | None]:
@@ -67,6 +76,7 @@ class OpenAIClient:
         max_connections: int = 64,
         pool: urllib3.PoolManager | None = None,
         clock: Clock = time.perf_counter,
+        io: Io | None = None,
     ) -> None:
         credentials = split_userinfo(base_url.rstrip("/"))
         self.base_url = credentials.url  # without userinfo: safe in every message
@@ -83,6 +93,17 @@ class OpenAIClient:
             pool=pool,
             clock=clock,
         )
+        chosen = io or os.environ.get("CALIBRATE_TRANSPORT", "urllib3")
+        self._aio: AioTransport | None = None
+        if chosen == "asyncio" and pool is None:
+            self._aio = AioTransport(
+                connect_timeout_s=self.connect_timeout_s,
+                max_bytes=int(max_response_mib * MIB),
+                clock=clock,
+            )
+        self._target_prefix = urlsplit(self.base_url).path
+        scheme, host, port = self.origin
+        self._origin = (scheme, host, port or (443 if scheme == "https" else 80))
         basic = credentials.basic_auth
         self._scrub = Scrubber.of(api_key, metrics_key, credentials.password, basic)
         self._headers = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -161,6 +182,19 @@ class OpenAIClient:
         start = self._clock()
         deadline = start + self.timeout_s
         try:
+            if self._aio is not None:
+                answer = self._aio.exchange(
+                    "POST",
+                    self._origin,
+                    url,
+                    self._target_prefix + path,
+                    deadline,
+                    body=json.dumps(body, ensure_ascii=False).encode("utf-8"),
+                    headers=self._headers,
+                    lines=stream,
+                    timeout_s=self.timeout_s,
+                )
+                return _stamped(completion_of(answer, start, stream=stream, chat=chat), start)
             response = self._transport.send("POST", url, deadline, body=body, headers=self._headers)
             if stream and is_event_stream(response):
                 try:
@@ -243,6 +277,8 @@ class OpenAIClient:
 
     def close(self) -> None:
         self._transport.close()
+        if self._aio is not None:
+            self._aio.close()
 
     # -- secrets: what leaves the edge --------------------------------------------------
 

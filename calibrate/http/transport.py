@@ -1,4 +1,7 @@
-"""The transport: urllib3's connection pool used directly, a total deadline per request, a size cap.
+"""The urllib3 transport: its connection pool used directly, a total deadline per request, a cap.
+
+It carries every call by default; completions go through ``calibrate.http.aio`` when asked
+(``io="asyncio"``, ``CALIBRATE_TRANSPORT=asyncio``).
 
 ``timeout_s`` bounds connect, send and every read, the status line and headers included
 (``calibrate.http.deadline``) and bodies too (read in pieces with the socket timeout set to the

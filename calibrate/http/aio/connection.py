@@ -1,0 +1,176 @@
+"""Keep-alive connections on one event loop, and one request on them under a total deadline.
+
+A request's deadline is set before it connects: ``loop.call_at`` aborts the connection when it
+passes, whatever the request is waiting for then — the connection, the status line and headers
+(a server dripping them a byte at a time), or the body (a stream sending only keep-alive
+comments). Idle connections are kept per origin, last used first; one the server closed is
+dropped before reuse. There are no retries: retrying is the caller's decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
+
+from calibrate.errors import RequestError
+from calibrate.http.aio.wire import Answer
+from calibrate.http.error_kinds import (
+    check_descriptors,
+    connection_error,
+    request_error,
+)
+
+Origin = tuple[str, str, int]  # scheme, host, port
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request, as bytes, and how its answer is to be read."""
+
+    origin: Origin
+    url: str  # for messages (no userinfo)
+    payload: bytes  # request line, headers and body
+    left_s: float  # what is left of the total deadline when the call starts
+    timeout_s: float  # the caller's total (for messages)
+    connect_timeout_s: float
+    max_bytes: int
+    lines: bool  # a streamed answer: kept as timed lines
+    clock: Callable[[], float]
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.answer: Answer | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.lost = False
+        self.failure: BaseException | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are no asyncio.Transport subclass: not isinstance-checked
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        answer, waiter = self.answer, self.waiter
+        if answer is None or waiter is None or waiter.done():
+            self.lost = True  # bytes nobody asked for: this connection is not to be trusted
+            self.abort()
+            return
+        try:
+            answer.feed(data)
+        except RequestError as exc:
+            self.lost = True
+            waiter.set_exception(exc)
+            self.abort()
+            return
+        if answer.done:
+            waiter.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        answer, waiter = self.answer, self.waiter
+        if answer is None or waiter is None or waiter.done():
+            return
+        if answer.closed():
+            waiter.set_result(None)
+        else:
+            self.failure = exc or ConnectionResetError("the server closed the connection")
+            waiter.set_exception(self.failure)
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Connections:
+    """The idle connections of one event loop, per origin."""
+
+    def __init__(self) -> None:
+        self._idle: dict[Origin, list[_Connection]] = {}
+        self._tls: ssl.SSLContext | None = None
+
+    async def _connect(self, call: Call, deadline: float) -> _Connection:
+        idle = self._idle.get(call.origin)
+        while idle:
+            conn = idle.pop()
+            if not conn.lost:
+                return conn
+        loop = asyncio.get_running_loop()
+        scheme, host, port = call.origin
+        tls = None
+        if scheme == "https":
+            tls = self._tls = self._tls or ssl.create_default_context()
+        wait_s = max(0.0, min(call.connect_timeout_s, deadline - loop.time()))
+        try:
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(_Connection, host, port, ssl=tls), wait_s
+            )
+        except TimeoutError as exc:
+            raise request_error(
+                "connect",
+                f"connection to {call.url} timed out after {call.connect_timeout_s:g} s",
+                exc,
+            ) from exc
+        except ConnectionRefusedError as exc:
+            message = f"no server at {call.url} (connection refused)"
+            raise request_error("connect", message, exc) from exc
+        except OSError as exc:
+            check_descriptors(exc)
+            raise connection_error(call.url, exc) from exc
+        return conn
+
+    async def exchange(self, call: Call) -> Answer:
+        """Send ``call`` and read its whole answer (streamed lines too) before the deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + call.left_s
+        conn = await self._connect(call, deadline)
+        answer = conn.answer = Answer(max_bytes=call.max_bytes, lines=call.lines, clock=call.clock)
+        waiter = conn.waiter = loop.create_future()
+        timer = loop.call_at(deadline, _expire, conn)
+        whole = False
+        try:
+            assert conn.transport is not None
+            conn.transport.write(call.payload)
+            await waiter
+            whole = True
+        except TimeoutError as exc:
+            if answer.head_done:
+                message = f"{call.url} still answering after {call.timeout_s:g} s (timeout_s)"
+            else:
+                message = f"no answer from {call.url} within {call.timeout_s:g} s"
+            raise request_error("timeout", message, exc) from exc
+        except OSError as exc:
+            raise connection_error(call.url, exc) from exc
+        finally:
+            timer.cancel()
+            conn.answer = conn.waiter = None
+            if whole and answer.reusable and not conn.lost:
+                self._idle.setdefault(call.origin, []).append(conn)
+            else:  # failed, cancelled, or not to be reused: never handed out again
+                conn.lost = True
+                if whole:
+                    conn.close()
+                else:
+                    conn.abort()
+        return answer
+
+    def close(self) -> None:
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.abort()
+        self._idle.clear()
+
+
+def _expire(conn: _Connection) -> None:
+    waiter = conn.waiter
+    if waiter is not None and not waiter.done():
+        waiter.set_exception(TimeoutError("the request's deadline passed"))
+    conn.lost = True
+    conn.abort()

@@ -1,0 +1,237 @@
+"""One HTTP/1.1 answer parsed as its bytes arrive: status line, headers, and the body.
+
+The head is limited (``MAX_HEADER_BYTES``, ``MAX_HEADERS``); the body is read by Content-Length,
+by chunks, or up to the connection's close, never past the size cap. A streamed answer is kept
+as lines, each with the clock time its bytes arrived (the TTFT and the gaps between chunks are
+those arrival times, not when a worker thread got to them). An error answer keeps at most
+``ERROR_BODY_BYTES``. Failures raise ``RequestError`` (``invalid_response``).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+
+from calibrate.http.bodies import too_large
+from calibrate.http.error_kinds import invalid
+
+MAX_HEADER_BYTES = 65536  # the status line and all headers
+MAX_HEADERS = 100  # as http.client
+MAX_CHUNK_LINE = 4096
+ERROR_BODY_BYTES = 65536  # of an error answer, this much is kept
+DONE_LINE = b"data: [DONE]"
+
+
+def _decoded(raw: bytes, encoding: str, max_bytes: int) -> bytes:
+    """A gzip or deflate body decoded, no larger than the cap (we ask for none: some send it)."""
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        raise invalid(f"the answer is encoded as {encoding[:40]}, which calibrate cannot read")
+    wbits = 47 if "gzip" in encoding else 15  # 47: gzip or zlib header, auto-detected
+    try:
+        out = zlib.decompressobj(wbits).decompress(raw, max_bytes + 1)
+    except zlib.error as exc:
+        raise invalid(f"the answer's {encoding} body does not decode: {exc}") from exc
+    if len(out) > max_bytes:
+        raise too_large(max_bytes)
+    return out
+
+
+class Headers(dict[str, str]):
+    """Answer headers by lower-cased name; ``get`` takes any case."""
+
+    def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        return super().get(name.lower(), default)
+
+
+class Answer:
+    """The parser of one answer; ``done`` once it is whole, ``reusable`` if its connection is."""
+
+    def __init__(self, *, max_bytes: int, lines: bool, clock: Callable[[], float]) -> None:
+        self.max_bytes = max_bytes
+        self.want_lines = lines
+        self.clock = clock
+        self.status = 0
+        self.headers = Headers()
+        self.head_done = False
+        self.done = False
+        self.reusable = True
+        self.parts: list[bytes] = []
+        self.lines: list[tuple[bytes, float]] = []  # streamed: (line without its ending, when)
+        self.size = 0
+        self.finished_at = 0.0
+        self._buf = b""  # the head, or a chunk-size line, still arriving
+        self._chunked = False
+        self._until_close = False
+        self._left = 0  # by length: body bytes still to come; chunked: this chunk's + its CRLF
+        self._trailer = False
+        self._pending = b""  # the start of a line still arriving
+        self._capped = False  # an error answer cut at ERROR_BODY_BYTES
+        self._saw_done = False  # a streamed answer's [DONE] line arrived
+        self._encoding = "identity"
+        self._stream = False  # an event stream (its lines wanted), encoded or not
+
+    @property
+    def event_stream(self) -> bool:
+        kind = (self.headers.get("Content-Type") or "").lower()
+        return not kind.startswith("application/json")
+
+    def feed(self, data: bytes) -> None:
+        if self.done:
+            return  # after [DONE] or a capped error body: the connection is not reused
+        if not self.head_done:
+            data = self._head(data)
+            if not self.head_done or self.done:
+                return
+        if self._chunked:
+            self._chunks(data)
+        elif data:
+            if not self._until_close:
+                if len(data) > self._left:
+                    raise invalid("the server sent more body than its Content-Length announced")
+                self._left -= len(data)
+            self._body(data)
+            if not self._until_close and self._left == 0:
+                self._finish()
+        if self._saw_done and not self.done:
+            # [DONE] ends the stream; the framing that should follow did not come with it: the
+            # connection is not reused (as a stream cut at [DONE] never was)
+            self._finish(reusable=False)
+
+    def closed(self) -> bool:
+        """The connection closed: True when that ends the answer (a body read up to the close)."""
+        if self.head_done and self._until_close and not self.done:
+            self._finish(reusable=False)
+            return True
+        return self.done
+
+    def _head(self, data: bytes) -> bytes:
+        buf = self._buf + data if self._buf else data
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buf) > MAX_HEADER_BYTES:
+                raise invalid("the answer's headers are over 64 KiB")
+            self._buf = buf
+            return b""
+        self._buf = b""
+        if end > MAX_HEADER_BYTES:
+            raise invalid("the answer's headers are over 64 KiB")
+        lines = buf[:end].decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+            raise invalid(f"the server answered with no HTTP/1.x status line: {lines[0][:80]}")
+        if len(lines) > MAX_HEADERS + 1:
+            raise invalid(f"the answer has more than {MAX_HEADERS} headers")
+        status = int(parts[1])
+        rest = buf[end + 4 :]
+        if 100 <= status < 200:  # an interim answer (100 Continue): the real one follows
+            return self._head(rest) if rest else b""
+        headers = self.headers
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        self.status = status
+        self.head_done = True
+        self.reusable = (headers.get("connection") or "").lower() != "close" and parts[
+            0
+        ] != "HTTP/1.0"
+        self._encoding = (headers.get("content-encoding") or "identity").lower()
+        self._stream = self.want_lines and self.event_stream and status < 300
+        self.want_lines = self._stream and self._encoding == "identity"  # else split when whole
+        self._chunked = "chunked" in (headers.get("transfer-encoding") or "").lower()
+        length = headers.get("content-length")
+        if self._chunked:
+            pass
+        elif status in (204, 304):
+            self._finish()
+        elif length is not None:
+            if not length.isdigit():
+                raise invalid(f"the answer's Content-Length is not a number: {length[:40]}")
+            self._left = int(length)
+            if self._left > self.max_bytes and status < 300:
+                raise too_large(self.max_bytes)
+            if self._left == 0:
+                self._finish()
+        else:
+            self._until_close = True
+            self.reusable = False
+        return rest
+
+    def _chunks(self, data: bytes) -> None:
+        if self._buf:
+            data = self._buf + data
+            self._buf = b""
+        pos, end = 0, len(data)
+        while pos < end and not self.done:
+            if self._left > 2:  # chunk data
+                take = min(end - pos, self._left - 2)
+                self._body(data[pos : pos + take])
+                pos += take
+                self._left -= take
+                continue
+            if self._left > 0:  # the CRLF after a chunk's data
+                take = min(end - pos, self._left)
+                pos += take
+                self._left -= take
+                continue
+            nl = data.find(b"\r\n", pos)
+            if nl < 0:
+                if end - pos > MAX_CHUNK_LINE:
+                    raise invalid("the answer has a chunk-size line over 4 KiB")
+                self._buf = data[pos:]
+                return
+            line = data[pos:nl]
+            pos = nl + 2
+            if self._trailer:
+                if not line:
+                    self._finish()
+                continue
+            try:
+                size = int(line.split(b";", 1)[0], 16)
+            except ValueError:
+                raise invalid(f"the answer has a bad chunk size: {line[:40]!r}") from None
+            if size == 0:
+                self._trailer = True
+            else:
+                self._left = size + 2
+
+    def _body(self, piece: bytes) -> None:
+        self.size += len(piece)
+        if self.status >= 300:
+            if not self._capped:
+                self.parts.append(piece)
+            if self.size >= ERROR_BODY_BYTES:
+                self._capped = True
+                self._finish(reusable=False)
+            return
+        if self.size > self.max_bytes:
+            raise too_large(self.max_bytes)
+        if not self.want_lines:
+            self.parts.append(piece)
+            return
+        if self._pending:
+            piece = self._pending + piece
+        split = piece.split(b"\n")
+        self._pending = split.pop()
+        now = self.clock()
+        for line in split:
+            line = line[:-1] if line.endswith(b"\r") else line
+            self.lines.append((line, now))
+            if line == DONE_LINE:
+                self._saw_done = True
+
+    def _finish(self, *, reusable: bool = True) -> None:
+        if self._encoding != "identity" and self.status < 300:
+            self.parts = [_decoded(self.body(), self._encoding, self.max_bytes)]
+            if self._stream:  # lines only now, all stamped with the answer's end
+                now = self.clock()
+                self.lines = [(line.rstrip(b"\r"), now) for line in self.parts[0].split(b"\n")]
+        if self._pending:
+            self.lines.append((self._pending.rstrip(b"\r"), self.clock()))
+            self._pending = b""
+        self.done = True
+        self.reusable = self.reusable and reusable
+        self.finished_at = self.clock()
+
+    def body(self) -> bytes:
+        raw = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+        return raw[:ERROR_BODY_BYTES] if self.status >= 300 else raw
