@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,13 @@ import pytest
 from calibrate.cli import main
 from calibrate.server import process
 from tests.helpers import CliResult
+
+# A suite started in the background by a non-interactive shell (`make test &`, nohup, some CI
+# runners) inherits SIGINT ignored, and so would every calibrate it starts: the Ctrl-C tests
+# would then watch calibrate ignore Ctrl-C. A handler (not SIG_IGN) is reset to the default in
+# each child at exec, so the children get Python's own Ctrl-C again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
