@@ -18,7 +18,7 @@ streamed and not, on the shared async mock.
 
 usage: python bench/bench.py [--quick] [--only NAME[,NAME…]] [--json PATH]
                              [--reference-dir DIR] [--reference-python PYTHON] [--waves K]
-names: reference, transports, efficiency, scan, memory, outage, endpoints, final, pacing
+names: reference, transports, efficiency, scan, memory, outage, endpoints, final
 --quick: 2 waves of c items per reference point (4 without), smaller sizes everywhere else.
 """
 
@@ -42,7 +42,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import long_runs  # noqa: E402  (bench/ is this script's folder)
-import pacing  # noqa: E402
 import reference  # noqa: E402
 import transports  # noqa: E402
 
@@ -63,7 +62,6 @@ SECTIONS = (
     "outage",
     "endpoints",
     "final",
-    "pacing",
 )
 
 ROWS = [(1.0, 1), (1.0, 8), (1.0, 64), (1.0, 256), (0.3, 8), (0.3, 32), (0.3, 128), (0.3, 512)]
@@ -411,9 +409,6 @@ def main() -> int:
         if "final" in only:
             print(f"export over {final_lines:,} journal lines …", file=sys.stderr, flush=True)
             long["final"] = long_runs.final(work, final_lines, peak_rss_of, id_set_mib)
-        if "pacing" in only:  # the open loop's send lag at 1,000 req/s (pacing.py)
-            print("open-loop pacing …", file=sys.stderr, flush=True)
-            long["pacing"] = pacing.measure(seconds=1.0 if args.quick else 5.0)
     if ref_rows:
         print(reference.table(setup, ref_rows) + "\n")
     if transport_runs:
@@ -423,8 +418,6 @@ def main() -> int:
     print(table(measured, scan, mem))
     if long:
         print(long_runs.table(long))
-    if "pacing" in long:
-        print(pacing.table(long["pacing"]))
     print(f"\n(bench took {time.perf_counter() - started:.0f} s on {os.cpu_count()} CPUs)")
     if args.json:
         payload = {

@@ -52,13 +52,13 @@ def test_ttft_and_tpot_percentiles_match_the_mock(mode: str, usage: str) -> None
         client.close()
     assert all(i.ok for i in items), [i.error for i in items]
     cols = latency_columns(items)
-    # never earlier than the mock's times (after jitter); later by at most 15 %: the client's
-    # own scheduling on a loaded 2-core machine (8 threads plus the mock's) — one fresh-clone
-    # run's p50 TTFT came 8 % late, with nothing else running
-    low, high = 1 - 0.05 - JITTER, 1 + 0.15 + JITTER
-    assert TTFT_S * low <= cols["ttft_p50_s"] <= TTFT_S * high
+    # never earlier than the mock's times (after jitter); later by the client's own scheduling
+    # (8 threads plus the in-process mock's on 2 cores): in the serial pass p50 came up to 8 %
+    # and p99 up to 40 % late. 1.5× still tells TTFT from E2E (0.25 + 64 × 0.008 = 0.76 s)
+    low = 1 - 0.05 - JITTER
+    assert TTFT_S * low <= cols["ttft_p50_s"] <= TTFT_S * (1.15 + JITTER)
     assert cols["tpot_p50_s"] == pytest.approx(PER_TOKEN_S, rel=0.05 + JITTER)
-    assert TTFT_S * low <= cols["ttft_p99_s"] <= TTFT_S * high
+    assert TTFT_S * low <= cols["ttft_p99_s"] <= TTFT_S * 1.5
     assert PER_TOKEN_S * (1 - 0.05 - JITTER) <= cols["tpot_p99_s"] <= PER_TOKEN_S * 1.2
     for q in ("p50", "p99"):
         assert cols[f"itl_{q}_s"] is not None

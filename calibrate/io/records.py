@@ -42,7 +42,6 @@ class RequestRecord:
     input_tokens_target: int | None = None  # the length a synthetic prompt was sized to
     canary: bool = False  # the fixed prompt riding along a workload's wave (SPEC §5.11)
     times: RequestTimes | None = None  # when it was sent, answered, finished (SPEC §4.1)
-    send_lag_s: float | None = None  # open loop: sent this long after its scheduled time
 
     def to_json(self) -> dict[str, Any]:
         out = self._base_json()
@@ -51,8 +50,6 @@ class RequestRecord:
             out["input_tokens_target"] = self.input_tokens_target
         if self.canary:
             out["canary"] = True
-        if self.send_lag_s is not None:
-            out["send_lag_s"] = round(self.send_lag_s, 6)
         return out
 
     def _base_json(self) -> dict[str, Any]:

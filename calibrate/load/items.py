@@ -43,7 +43,6 @@ class ItemResult:
     input_tokens_target: int | None = None
     stream: StreamTiming | None = None  # a streamed answer's chunks and inter-token gaps
     times: RequestTimes | None = None  # epoch sent / first token / finished (SPEC §4.1)
-    send_lag_s: float | None = None  # open loop: how late its request went out (SPEC §5.13)
 
     @property
     def ok(self) -> bool:

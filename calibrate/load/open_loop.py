@@ -1,11 +1,10 @@
 """Open-loop load (SPEC §5.13): requests sent on a schedule whatever the answers, and the rules
 that read such a run — achieved vs offered rate, and over-saturation.
 
-The dispatcher sends request n at ``schedule[n]`` seconds (paced by ``load.pacer``: a sender
-thread already waiting takes it), never holding more than ``cap`` in flight (SPEC §5.0: an
-unmanaged server gets no more at once than the ladder proved); when the cap holds a request
-back, the time it waited is counted. Every send notes how late it went out (``send_lag_s``). A
-failed answer stops further sends: more load only adds noise. Clock and sleep are injectable.
+The dispatcher sends request n at ``schedule[n]`` seconds (a thread each), never holding more than
+``cap`` in flight (SPEC §5.0: an unmanaged server gets no more at once than the ladder proved);
+when the cap holds a request back, the time it waited is counted. A failed answer stops further
+sends: more load only adds noise. Clock and sleep are injectable.
 """
 
 from __future__ import annotations
@@ -14,10 +13,9 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from calibrate.load.items import ItemResult
-from calibrate.load.pacer import SenderPool, SendLag, fine_switching, threads_to_start, wait_until
+from calibrate.load.items import ItemResult, percentile
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
@@ -73,14 +71,10 @@ class RateJudgement:
     completions: int
     saturated: bool
     why: str  # in words when saturated, else ""
-    send_lag: SendLag | None = None  # how late sends went out (the in-flight cap's waits too)
+    send_lag_p99_s: float | None = None  # how late sends went out (waiting on the in-flight cap)
     client_late: str = (
         ""  # why this process, not the server, fell short of the rate ("" = it did not)
     )
-
-    @property
-    def send_lag_p99_s(self) -> float | None:
-        return self.send_lag.p99_s if self.send_lag is not None else None
 
     @property
     def steady_items(self) -> int:
@@ -208,7 +202,7 @@ def judge(run: OpenRun, offered_rate: float | None, cap: int | None) -> RateJudg
             )
         elif cap is not None and _held_back(run) and (behind := _fell_behind(run)):
             why = f"the in-flight cap of {cap} held sends back: {behind}"
-    lag = SendLag.of(run.lag_s) if offered_rate is not None else None
+    lag = percentile(run.lag_s, 99) if offered_rate is not None else None
     return RateJudgement(offered_rate, rate, window, count, bool(why), why, lag, late)
 
 
@@ -225,18 +219,18 @@ def open_loop(
     """Send request n (``send_one(n, t0)``) at ``schedule[n]`` s after the start, at most ``cap``
     in flight; wait for the answers. ``send_one`` times its items from ``t0``. A request sent
     but never answered — its worker raised, or was still stuck after ``join_s`` — is never
-    dropped: ``unanswered(n, t0)`` stands in for its answer (a recorded failure). The pacer
-    (``load.pacer``) hands each request to a waiting sender thread, which notes how late it went
-    out against its schedule just before it sends."""
+    dropped: ``unanswered(n, t0)`` stands in for its answer (a recorded failure)."""
+    start = clock()
     lock = threading.Condition()
     results: list[ItemResult] = []
     answers: list[Answer] = []
     in_flight = 0
     seen: list[int] = []
-    lags: list[float | None] = [None] * len(schedule)
+    lags: list[float] = []
     capped_s = 0.0
     failed = False
-    handed = 0
+    threads: list[threading.Thread] = []
+
     done: set[int] = set()
 
     def take(n: int, answered: list[ItemResult]) -> None:
@@ -249,10 +243,9 @@ def open_loop(
 
     def work(n: int) -> None:
         nonlocal in_flight, failed
-        lag = lags[n] = max(0.0, clock() - start - schedule[n])
         answered: list[ItemResult] | None
         try:
-            answered = [replace(i, send_lag_s=lag) for i in send_one(n, start)]
+            answered = send_one(n, start)
         except Exception:  # answered by ``unanswered`` below; the slot is freed all the same
             answered = None
         with lock:
@@ -263,33 +256,34 @@ def open_loop(
                 take(n, answered)
             lock.notify_all()
 
-    pool = SenderPool(work, threads_to_start(schedule, cap))
     last_send = 0.0
-    with fine_switching() as fine:
-        start = clock()
-        for n, at in enumerate(schedule):
-            fine(pool.spin_s > 0)  # both only while the senders keep up
-            wait_until(start + at, clock, sleep, pool.spin_s)
-            with lock:
-                if cap is not None and in_flight >= cap and not failed:
-                    held = clock()
-                    while in_flight >= cap:
-                        lock.wait(0.05)
-                    capped_s += clock() - held
-                if failed:  # the answer that freed the slot may have been the failure
-                    break
-                seen.append(in_flight)
-                in_flight += 1
-            pool.hand(n)
-            handed = n + 1
-            last_send = clock() - start
-        pool.close(join_s)
+    for n, at in enumerate(schedule):
+        wait = at - (clock() - start)
+        if wait > 0:
+            sleep(wait)
+        with lock:
+            if failed:
+                break
+            if cap is not None and in_flight >= cap:
+                held = clock()
+                while in_flight >= cap:
+                    lock.wait(0.05)
+                capped_s += clock() - held
+            seen.append(in_flight)
+            in_flight += 1
+        last_send = clock() - start
+        lags.append(max(0.0, last_send - at))
+        thread = threading.Thread(target=work, args=(n,), name=f"calibrate-open-{n}", daemon=True)
+        threads.append(thread)
+        thread.start()
+    deadline = time.monotonic() + join_s
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
     with lock:
-        for n in range(handed):
+        for n in range(len(threads)):
             if n not in done and unanswered is not None:
-                take(n, [replace(i, send_lag_s=lags[n]) for i in unanswered(n, start)])
+                take(n, unanswered(n, start))
         items = tuple(sorted(results, key=lambda r: r.index))
-        sent_lags = tuple(lag for lag in lags[:handed] if lag is not None)
         return OpenRun(
-            items, clock() - start, last_send, tuple(seen), capped_s, sent_lags, tuple(answers)
+            items, clock() - start, last_send, tuple(seen), capped_s, tuple(lags), tuple(answers)
         )

@@ -42,7 +42,6 @@ def item_record(
         input_tokens_target=item.input_tokens_target,
         canary=item.role == "canary",
         times=item.times,
-        send_lag_s=item.send_lag_s,
     ).to_json()
 
 

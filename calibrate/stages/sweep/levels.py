@@ -131,7 +131,7 @@ class Level:
             "achieved_rate": round(r.achieved_rate, 6),
             "saturated": r.saturated,
             "saturation": r.why or None,
-            **(r.send_lag.to_json() if r.send_lag is not None else {"send_lag_p99_s": None}),
+            "send_lag_p99_s": round(r.send_lag_p99_s, 6) if r.send_lag_p99_s is not None else None,
         }
 
     def goodput_json(self) -> dict[str, Any]:

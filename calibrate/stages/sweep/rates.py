@@ -28,7 +28,6 @@ from calibrate.load.arrivals import arrival_times, rate_text, rate_value, reques
 from calibrate.load.items import ItemResult
 from calibrate.load.keepalive_stall import find_stall
 from calibrate.load.open_loop import SHORTFALL, OpenRun, RateJudgement, judge
-from calibrate.load.pacer import SendLag
 from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.sweep.find_max import (
     FACTOR,
@@ -77,8 +76,8 @@ def _level_judgement(judged: list[RateJudgement], achieved: float) -> RateJudgem
     """Saturated when most of the level's runs were (one run of three that fell short on a
     burst is noise, not a result); a tie is settled by the level's median achieved rate, the
     number the table shows. The why names how many runs."""
-    lag = SendLag.worst([j.send_lag for j in judged])
-    judged = [replace(j, send_lag=lag) for j in judged]
+    lags = [j.send_lag_p99_s for j in judged if j.send_lag_p99_s is not None]
+    judged = [replace(j, send_lag_p99_s=max(lags, default=None)) for j in judged]
     saturated = [j for j in judged if j.saturated]
     offered = judged[0].offered_rate
     tie_short = offered is not None and achieved < offered * (1 - SHORTFALL)
@@ -129,7 +128,7 @@ def run_rate_once(
             "offered_rate": rate_value(judgement.offered_rate),
             "achieved_rate": round(judgement.achieved_rate, 6),
             "saturated": judgement.saturated,
-            **(lag.to_json() if (lag := judgement.send_lag) else {"send_lag_p99_s": None}),
+            "send_lag_p99_s": judgement.send_lag_p99_s,
             "capped_s": round(run.capped_s, 6),
             "vram_source": sweep.monitor.source,
         },
