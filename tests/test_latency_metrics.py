@@ -54,11 +54,12 @@ def test_ttft_and_tpot_percentiles_match_the_mock(mode: str, usage: str) -> None
     cols = latency_columns(items)
     # never earlier than the mock's times (after jitter); later by the client's own scheduling
     # (8 threads plus the in-process mock's on 2 cores): in the serial pass p50 came up to 8 %
-    # and p99 up to 40 % late. 1.5× still tells TTFT from E2E (0.25 + 64 × 0.008 = 0.76 s)
+    # and p99 (the slowest of 8) up to 60 % late. 2× still tells TTFT from E2E (0.25 + 64 ×
+    # 0.008 = 0.76 s) and from the headers' time (≈ 0)
     low = 1 - 0.05 - JITTER
     assert TTFT_S * low <= cols["ttft_p50_s"] <= TTFT_S * (1.15 + JITTER)
     assert cols["tpot_p50_s"] == pytest.approx(PER_TOKEN_S, rel=0.05 + JITTER)
-    assert TTFT_S * low <= cols["ttft_p99_s"] <= TTFT_S * 1.5
+    assert TTFT_S * low <= cols["ttft_p99_s"] <= TTFT_S * 2
     assert PER_TOKEN_S * (1 - 0.05 - JITTER) <= cols["tpot_p99_s"] <= PER_TOKEN_S * 1.2
     for q in ("p50", "p99"):
         assert cols[f"itl_{q}_s"] is not None
