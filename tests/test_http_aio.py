@@ -8,6 +8,7 @@ import json
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -114,6 +115,78 @@ def raw_server(reply: bytes, *, hold_s: float = 0.0) -> Iterator[str]:
         listener.close()
 
 
+@contextmanager
+def idle_closing_server(close_after_s: float) -> Iterator[tuple[str, list[int]]]:
+    """Answers the first request of each connection and keeps it alive; the next request on it
+    is read, then, ``close_after_s`` later, the connection is closed unanswered (as an engine
+    closing an idle connection just as the client reuses it). Yields the URL and the number of
+    requests each connection received."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    reply = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def serve(conn: socket.socket, index: int) -> None:
+        with conn:
+            data = b""
+            while seen[index] < 2:
+                while b"\r\n\r\n" not in data:
+                    got = conn.recv(65536)
+                    if not got:
+                        return
+                    data += got
+                head, data = data.split(b"\r\n\r\n", 1)
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                while len(data) < length:
+                    data += conn.recv(65536)
+                data = data[length:]
+                seen[index] += 1
+                if seen[index] == 1:
+                    conn.sendall(reply % (len(PLAIN), PLAIN))
+            stop.wait(close_after_s)
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            seen.append(0)
+            threading.Thread(target=serve, args=(conn, len(seen) - 1), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1", seen
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
+def test_a_kept_alive_connection_closed_as_it_is_reused_is_replaced_once() -> None:
+    with idle_closing_server(close_after_s=0.0) as (url, seen):
+        client = OpenAIClient(url, timeout_s=5, io="asyncio")
+        answers = [client.chat("m", "hi", PARAMS) for _ in range(2)]
+        client.close()
+    assert [a.choices[0].text for a in answers] == ["hello", "hello"]
+    assert seen[:2] == [2, 1]  # the second request went once more, on a new connection
+
+
+def test_a_reused_connection_that_dies_while_the_server_works_is_not_resent() -> None:
+    """Closed long after the request arrived: the server had it (an engine that died while
+    generating) — the failure is reported, never sent a second time behind the user's back."""
+    with idle_closing_server(close_after_s=1.0) as (url, seen):
+        client = OpenAIClient(url, timeout_s=5, io="asyncio")
+        client.chat("m", "hi", PARAMS)
+        with pytest.raises(RequestError) as caught:
+            client.chat("m", "hi", PARAMS)
+        client.close()
+    assert caught.value.kind in ("reset", "connect")
+    assert seen == [2]
+
+
 def test_a_stream_ending_at_done_without_its_last_chunk_returns_at_once() -> None:
     with raw_server(SSE_HEAD + _sse(CHUNK, LAST, b"[DONE]"), hold_s=10) as url:
         client = OpenAIClient(url, timeout_s=5, io="asyncio")
@@ -158,6 +231,40 @@ def test_a_gzip_body_sent_unasked_is_decoded() -> None:
     assert answer.body() == PLAIN
 
 
+def test_a_gzip_stream_is_decoded_as_it_arrives_each_line_at_its_own_time() -> None:
+    """A server that gzips its event stream unasked: each event is read when its bytes arrive
+    (TTFT and the gaps between tokens are real), not all at the stream's end."""
+    ticks = iter(range(1000))
+    answer = Answer(max_bytes=1 << 20, lines=True, clock=lambda: float(next(ticks)))
+    answer.feed(SSE_HEAD.replace(b"\r\n\r\n", b"\r\nContent-Encoding: gzip\r\n\r\n"))
+    packer = zlib.compressobj(wbits=31)
+    for event in (CHUNK, LAST, b"[DONE]"):
+        piece = packer.compress(b"data: " + event + b"\n\n") + packer.flush(zlib.Z_SYNC_FLUSH)
+        answer.feed(_chunk(piece))
+    answer.feed(_chunk(packer.flush()) + b"0\r\n\r\n")
+    events = [(line, at) for line, at in answer.lines if line]
+    assert [line for line, _ in events] == [b"data: " + CHUNK, b"data: " + LAST, b"data: [DONE]"]
+    assert len({at for _, at in events}) == 3
+    assert answer.done
+
+
+@pytest.mark.parametrize("status", [b"200 OK", b"500 Internal Server Error"])
+def test_a_gzip_bomb_is_cut_at_the_cap_never_inflated_whole(status: bytes) -> None:
+    bomb = gzip.compress(b"\0" * (64 << 20))  # 64 MiB of zeros in about 64 KiB
+    head = (
+        b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
+    )
+    raw = head + b"Content-Length: %d\r\n\r\n%s" % (len(bomb), bomb)
+    if status.startswith(b"200"):
+        with pytest.raises(RequestError) as caught:
+            _fed(raw, lines=False, step=1 << 16, max_bytes=1 << 20)
+        assert caught.value.kind == "invalid_response"
+    else:  # an error answer keeps its first 64 KiB, decoded
+        answer = _fed(raw, lines=False, step=1 << 16, max_bytes=1 << 20)
+        assert answer.done and not answer.reusable
+        assert answer.body() == b"\0" * 65536
+
+
 @pytest.mark.parametrize("io", ["asyncio", "urllib3"])
 def test_no_server_is_connect(io: str) -> None:
     with socket.socket() as s:
@@ -167,6 +274,45 @@ def test_no_server_is_connect(io: str) -> None:
     with pytest.raises(RequestError) as caught:
         client.chat("m", "hi", PARAMS)
     assert caught.value.kind == "connect" and "connection refused" in caught.value.info.message
+
+
+def _established_to(port: int) -> int:
+    """This box's TCP connections to ``port`` that are open (ESTABLISHED), from the client side."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                if int(fields[2].rsplit(":", 1)[1], 16) == port and fields[3] == "01":
+                    count += 1
+    return count
+
+
+@pytest.mark.parametrize("io", ["asyncio", "urllib3"])
+def test_after_a_burst_at_most_max_connections_stay_open(io: str) -> None:
+    """16 requests at once on a client of ``max_connections=4``: all are answered (the burst
+    is never made to wait for a connection), then no more than 4 stay open to the server."""
+    with start_mock(ttft_s=0.05, per_token_s=0.0) as mock:
+        client = OpenAIClient(mock.base_url, timeout_s=10, max_connections=4, io=io)  # type: ignore[arg-type]
+        port = int(mock.base_url.rsplit(":", 1)[1].split("/")[0])
+        texts: list[str] = []
+
+        def ask() -> None:
+            texts.append(client.chat("internlm-s2", "hi", PARAMS).choices[0].text)
+
+        threads = [threading.Thread(target=ask) for _ in range(16)]
+        start = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        took_s = time.monotonic() - start
+        time.sleep(0.2)
+        open_after = _established_to(port)
+        client.close()
+    assert len(texts) == 16 and all(texts)
+    assert took_s < 0.05 * 16 / 2  # not 4 at a time
+    assert 1 <= open_after <= 4
 
 
 def test_both_transports_read_the_same_answers() -> None:

@@ -16,8 +16,9 @@ Every call goes over urllib3's connection pool by default. ``io="asyncio"`` (or
 ``CALIBRATE_TRANSPORT=asyncio``) sends completions (the load engine's hot path) through the
 asyncio transport instead (``calibrate.http.aio``: one event-loop thread does the I/O of every
 thread's requests) — the winner of ``make bench``'s transports section, not yet the default:
-it does not yet replace a kept-alive connection the server closed just as it was reused, nor
-enforce ``max_connections``. Neither retries: retrying is the caller's decision (batch).
+it replaces a kept-alive connection the server closed just as it was reused (once, see
+``calibrate.http.aio.connection``) and keeps at most ``max_connections`` idle, as urllib3's pool.
+Neither retries anything else: retrying is the caller's decision (batch).
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class OpenAIClient:
             self._aio = AioTransport(
                 connect_timeout_s=self.connect_timeout_s,
                 max_bytes=int(max_response_mib * MIB),
+                max_connections=max_connections,
                 clock=clock,
             )
         self._target_prefix = urlsplit(self.base_url).path

@@ -131,12 +131,20 @@ def shared_loop() -> LoopThread:
 class AioTransport:
     """Requests of one client sent on the shared loop; its own pool of connections there."""
 
-    def __init__(self, *, connect_timeout_s: float, max_bytes: int, clock: Callable[[], float]):
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float,
+        max_bytes: int,
+        max_connections: int,
+        clock: Callable[[], float],
+    ):
         self.connect_timeout_s = connect_timeout_s
         self.max_bytes = max_bytes
         self._clock = clock
         self._pid = os.getpid()
-        self._connections = Connections()
+        self._max_idle = max_connections
+        self._connections = Connections(max_connections)
 
     def exchange(
         self,
@@ -168,7 +176,7 @@ class AioTransport:
             clock=self._clock,
         )
         if self._pid != os.getpid():  # forked: the parent's connections stay the parent's
-            self._pid, self._connections = os.getpid(), Connections()
+            self._pid, self._connections = os.getpid(), Connections(self._max_idle)
         answer = (_shared or shared_loop()).run(self._connections, call)
         if 300 <= answer.status < 400:  # never followed: a key would go wherever it points
             raise RequestError(redirect_error(answer.status, url, answer.headers))

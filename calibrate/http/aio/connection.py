@@ -3,8 +3,15 @@
 A request's deadline is set before it connects: ``loop.call_at`` aborts the connection when it
 passes, whatever the request is waiting for then — the connection, the status line and headers
 (a server dripping them a byte at a time), or the body (a stream sending only keep-alive
-comments). Idle connections are kept per origin, last used first; one the server closed is
-dropped before reuse. There are no retries: retrying is the caller's decision.
+comments). Idle connections are kept per origin, last used first, at most ``max_idle`` of them
+(as urllib3's pool keeps ``maxsize``; a burst past it opens more, closed after use); one the
+server closed is dropped before reuse.
+
+One retry, and only one kind: a kept-alive connection the server closed just as it was reused
+(llama.cpp and most engines close idle ones after a few seconds) — the answer's first byte never
+came and the close arrived within ``STALE_RETRY_S`` of the request — is replaced by a new one
+and the request sent once more, within the same deadline. Every other failure is the caller's
+to retry or not.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from calibrate.http.error_kinds import (
 )
 
 Origin = tuple[str, str, int]  # scheme, host, port
+STALE_RETRY_S = 0.5  # a reused connection closed unanswered this soon was closed idle, not busy
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,8 @@ class _Connection(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.lost = False
         self.failure: BaseException | None = None
+        self.used = False  # it carried an answer before (kept alive, then reused)
+        self.got_bytes = False  # the current request's answer has begun to arrive
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are no asyncio.Transport subclass: not isinstance-checked
@@ -59,6 +69,7 @@ class _Connection(asyncio.Protocol):
             self.lost = True  # bytes nobody asked for: this connection is not to be trusted
             self.abort()
             return
+        self.got_bytes = True
         try:
             answer.feed(data)
         except RequestError as exc:
@@ -92,12 +103,13 @@ class _Connection(asyncio.Protocol):
 class Connections:
     """The idle connections of one event loop, per origin."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_idle: int = 64) -> None:
         self._idle: dict[Origin, list[_Connection]] = {}
         self._tls: ssl.SSLContext | None = None
+        self.max_idle = max(1, max_idle)
 
-    async def _connect(self, call: Call, deadline: float) -> _Connection:
-        idle = self._idle.get(call.origin)
+    async def _connect(self, call: Call, deadline: float, *, reuse: bool = True) -> _Connection:
+        idle = self._idle.get(call.origin) if reuse else None
         while idle:
             conn = idle.pop()
             if not conn.lost:
@@ -131,8 +143,25 @@ class Connections:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + call.left_s
         conn = await self._connect(call, deadline)
+        try:
+            if conn.used:
+                sent_at = loop.time()
+                try:
+                    return await self._exchange(conn, call, deadline)
+                except OSError:
+                    if conn.got_bytes or loop.time() - sent_at > STALE_RETRY_S:
+                        raise
+                # closed idle as it was reused: once more, on a new connection
+                conn = await self._connect(call, deadline, reuse=False)
+            return await self._exchange(conn, call, deadline)
+        except OSError as exc:
+            raise connection_error(call.url, exc) from exc
+
+    async def _exchange(self, conn: _Connection, call: Call, deadline: float) -> Answer:
+        loop = asyncio.get_running_loop()
         answer = conn.answer = Answer(max_bytes=call.max_bytes, lines=call.lines, clock=call.clock)
         waiter = conn.waiter = loop.create_future()
+        conn.got_bytes = False
         timer = loop.call_at(deadline, _expire, conn)
         whole = False
         try:
@@ -146,14 +175,14 @@ class Connections:
             else:
                 message = f"no answer from {call.url} within {call.timeout_s:g} s"
             raise request_error("timeout", message, exc) from exc
-        except OSError as exc:
-            raise connection_error(call.url, exc) from exc
         finally:
             timer.cancel()
             conn.answer = conn.waiter = None
-            if whole and answer.reusable and not conn.lost:
-                self._idle.setdefault(call.origin, []).append(conn)
-            else:  # failed, cancelled, or not to be reused: never handed out again
+            conn.used = True
+            idle = self._idle.setdefault(call.origin, [])
+            if whole and answer.reusable and not conn.lost and len(idle) < self.max_idle:
+                idle.append(conn)
+            else:  # failed, cancelled, or not to be kept: never handed out again
                 conn.lost = True
                 if whole:
                     conn.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 from calibrate.http.bodies import too_large
 from calibrate.http.error_kinds import invalid
@@ -22,18 +23,11 @@ ERROR_BODY_BYTES = 65536  # of an error answer, this much is kept
 DONE_LINE = b"data: [DONE]"
 
 
-def _decoded(raw: bytes, encoding: str, max_bytes: int) -> bytes:
-    """A gzip or deflate body decoded, no larger than the cap (we ask for none: some send it)."""
+def _decoder(encoding: str) -> Any:
+    """A decoder of a gzip or deflate body (we ask for none: some servers send it anyway)."""
     if encoding not in ("gzip", "x-gzip", "deflate"):
         raise invalid(f"the answer is encoded as {encoding[:40]}, which calibrate cannot read")
-    wbits = 47 if "gzip" in encoding else 15  # 47: gzip or zlib header, auto-detected
-    try:
-        out = zlib.decompressobj(wbits).decompress(raw, max_bytes + 1)
-    except zlib.error as exc:
-        raise invalid(f"the answer's {encoding} body does not decode: {exc}") from exc
-    if len(out) > max_bytes:
-        raise too_large(max_bytes)
-    return out
+    return zlib.decompressobj(47 if "gzip" in encoding else 15)  # 47: gzip or zlib header
 
 
 class Headers(dict[str, str]):
@@ -67,8 +61,7 @@ class Answer:
         self._pending = b""  # the start of a line still arriving
         self._capped = False  # an error answer cut at ERROR_BODY_BYTES
         self._saw_done = False  # a streamed answer's [DONE] line arrived
-        self._encoding = "identity"
-        self._stream = False  # an event stream (its lines wanted), encoded or not
+        self._inflate: Any = None  # a zlib decoder of an encoded body, fed as bytes arrive
 
     @property
     def event_stream(self) -> bool:
@@ -134,9 +127,10 @@ class Answer:
         self.reusable = (headers.get("connection") or "").lower() != "close" and parts[
             0
         ] != "HTTP/1.0"
-        self._encoding = (headers.get("content-encoding") or "identity").lower()
-        self._stream = self.want_lines and self.event_stream and status < 300
-        self.want_lines = self._stream and self._encoding == "identity"  # else split when whole
+        encoding = (headers.get("content-encoding") or "identity").lower()
+        if encoding != "identity":
+            self._inflate = _decoder(encoding)
+        self.want_lines = self.want_lines and self.event_stream and status < 300
         self._chunked = "chunked" in (headers.get("transfer-encoding") or "").lower()
         length = headers.get("content-length")
         if self._chunked:
@@ -195,6 +189,8 @@ class Answer:
                 self._left = size + 2
 
     def _body(self, piece: bytes) -> None:
+        if self._inflate is not None:
+            piece = self._decoded(piece)
         self.size += len(piece)
         if self.status >= 300:
             if not self._capped:
@@ -219,12 +215,26 @@ class Answer:
             if line == DONE_LINE:
                 self._saw_done = True
 
+    def _decoded(self, raw: bytes) -> bytes:
+        """Encoded bytes decoded as they arrive (a gzip stream's lines keep their arrival
+        times), never more than one byte past what the cap leaves."""
+        cap = ERROR_BODY_BYTES if self.status >= 300 else self.max_bytes
+        try:
+            return bytes(self._inflate.decompress(raw, max(1, cap - self.size + 1)))
+        except zlib.error as exc:
+            raise invalid(f"the answer's encoded body does not decode: {exc}") from exc
+
     def _finish(self, *, reusable: bool = True) -> None:
-        if self._encoding != "identity" and self.status < 300:
-            self.parts = [_decoded(self.body(), self._encoding, self.max_bytes)]
-            if self._stream:  # lines only now, all stamped with the answer's end
-                now = self.clock()
-                self.lines = [(line.rstrip(b"\r"), now) for line in self.parts[0].split(b"\n")]
+        inflate, self._inflate = self._inflate, None
+        if inflate is not None and not self._capped:
+            try:
+                rest = inflate.flush()
+            except zlib.error as exc:
+                raise invalid(f"the answer's encoded body does not decode: {exc}") from exc
+            if rest:
+                self._body(rest)
+            if self.done:  # the decoded rest capped an error body
+                return
         if self._pending:
             self.lines.append((self._pending.rstrip(b"\r"), self.clock()))
             self._pending = b""
