@@ -10,6 +10,7 @@ Everything the user sees on the way goes through ``env`` (request.py).
 
 from __future__ import annotations
 
+import functools
 import shlex
 import threading
 from dataclasses import dataclass, field, replace
@@ -188,28 +189,21 @@ def _send(b: _Batch) -> BatchResult:
             )
             for e, c in usable
         ]
+        send = (  # the same run, in worker processes or in this one
+            functools.partial(
+                procs.run_workers,
+                endpoints=[e for e, _ in usable],
+                workers=workers,
+                client=procs.client_setup(ctx.config),
+                on_event=on_event,
+            )
+            if workers > 1
+            else functools.partial(run_batch, client=None, lanes=lanes)
+        )
         with view, stop_on_signals(control):
-            if workers > 1:
-                return procs.run_workers(
-                    b.plan,
-                    b.out_path,
-                    endpoints=[e for e, _ in usable],
-                    workers=workers,
-                    client=procs.client_setup(ctx.config),
-                    control=control,
-                    on_progress=view.update,
-                    progress_every_s=view.every_s,
-                    monitor=monitor,
-                    warn=env.warn,
-                    outage=outage,
-                    on_event=on_event,
-                    events=events,
-                )
-            return run_batch(
+            return send(
                 b.plan,
-                None,
-                b.out_path,
-                lanes=lanes,
+                out_path=b.out_path,
                 control=control,
                 on_progress=view.update,
                 progress_every_s=view.every_s,
