@@ -1,8 +1,13 @@
-"""Helpers the tests import: the fake key, a target's config file, a run folder's text, the CLI's result."""
+"""Helpers the tests import: the fake key, a target's config file, a run folder's text, the CLI's
+result, a child process that never outlives its test."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,3 +42,21 @@ def all_files_text(root: Path) -> str:
     return "\n".join(
         p.read_text(encoding="utf-8", errors="replace") for p in root.rglob("*") if p.is_file()
     )
+
+
+@contextlib.contextmanager
+def reaped(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """``proc`` for the block; killed after it if still running, whatever the test asserted."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def kill_9(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL ``proc`` and wait for it; it died of that signal."""
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=10)
+    assert proc.returncode == -signal.SIGKILL

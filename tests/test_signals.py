@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import append_ledger
+from tests.helpers import reaped
 from tests.mockserver import REPO, start_mock
 from tests.tier_helpers import jsonl, open_gate
 
@@ -35,12 +36,8 @@ def _terminate_when(proc: subprocess.Popen[str], ready: Callable[[], bool]) -> s
         time.sleep(0.05)
     time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
-    try:
+    with reaped(proc):
         _, err = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     return err
 
 
