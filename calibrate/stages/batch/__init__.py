@@ -31,7 +31,7 @@ from calibrate.stages.batch.endpoints import (
     baseline_served_model,
     usable_endpoints,
 )
-from calibrate.stages.batch.lanes import client_for, make_lane
+from calibrate.stages.batch.lanes import ClientSetup, make_lane
 from calibrate.stages.batch.outage import OutageEvent
 from calibrate.stages.batch.plan import (
     DEFAULT_CONCURRENCY,
@@ -156,7 +156,8 @@ def _dispatch(b: _Batch) -> BatchOutcome:
 def _send(b: _Batch) -> BatchResult:
     """The endpoints checked, then the items sent through a lane each; the run's result."""
     endpoints, ctx, env = b.setup.endpoints, b.ctx, b.env
-    clients = [ctx.client, *(client_for(ctx.config, e) for e in endpoints[1:])]
+    how = ClientSetup.of(ctx.config)  # each further endpoint's client, and every worker's
+    clients = [ctx.client, *(how.client(e) for e in endpoints[1:])]
     events: list[OutageEvent] = []
     events_lock = threading.Lock()  # events come from the workers' threads
 
@@ -194,7 +195,7 @@ def _send(b: _Batch) -> BatchResult:
                 procs.run_workers,
                 endpoints=[e for e, _ in usable],
                 workers=workers,
-                client=procs.client_setup(ctx.config),
+                client=how,
                 on_event=on_event,
             )
             if workers > 1

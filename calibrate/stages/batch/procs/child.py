@@ -19,7 +19,6 @@ from queue import Empty, SimpleQueue
 from typing import Any
 
 from calibrate.gpu.selfload import SelfLoadMonitor
-from calibrate.http.client import OpenAIClient
 from calibrate.io.tasks import ItemId, Task
 from calibrate.stages.batch.lanes import make_lane
 from calibrate.stages.batch.procs.wire import Channel, LaneStats, WorkerDone, WorkerSetup
@@ -143,7 +142,7 @@ class LineSender:
 
 def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
     """Run this worker's slots until the parent's items end or it says stop."""
-    spec, c = setup.spec, setup.client
+    spec = setup.spec
     control = BatchControl()
     queue = ParentQueue(outbox)
     journal = LineSender(outbox, queue)
@@ -151,15 +150,7 @@ def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
     lanes = [
         make_lane(
             e,
-            OpenAIClient(
-                e.base_url,
-                api_key=c.api_key,
-                metrics_key=c.metrics_key,
-                timeout_s=c.timeout_s,
-                connect_timeout_s=c.connect_timeout_s,
-                max_response_mib=c.max_response_mib,
-                max_connections=e.concurrency,
-            ),
+            setup.client.client(e),
             setup.outage,
             on_event=lambda event: outbox.put("event", event),
         )

@@ -13,14 +13,13 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from calibrate.config import Config
 from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport
 from calibrate.stages.batch.journal import Journal
-from calibrate.stages.batch.lanes import EndpointReport
+from calibrate.stages.batch.lanes import ClientSetup, EndpointReport
 from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
 from calibrate.stages.batch.plan import BatchPlan
 from calibrate.stages.batch.procs.parent import Notes, WorkerProc, WorkerSet, split
-from calibrate.stages.batch.procs.wire import ClientSetup, WorkerDone, WorkerSetup
+from calibrate.stages.batch.procs.wire import WorkerDone, WorkerSetup
 from calibrate.stages.batch.queue import WorkQueue
 from calibrate.stages.batch.result import BatchProgress, BatchResult, Tally
 from calibrate.stages.batch.worker import BatchControl
@@ -60,13 +59,6 @@ def parent_advice(workers: int) -> str:
     return (
         f"the parent process that reads --input and writes --out for all {workers} --workers "
         "is the limit, so more workers will not help: lower -c, or run on a faster CPU"
-    )
-
-
-def client_setup(cfg: Config) -> ClientSetup:
-    t = cfg.target
-    return ClientSetup(
-        cfg.api_key, cfg.gpu_metrics_key, t.timeout_s, t.connect_timeout_s, t.max_response_mib
     )
 
 
