@@ -1,18 +1,21 @@
 """Helpers the tests import: the fake key, a target's config file, a run folder's text, the CLI's
-result, a child process that never outlives its test."""
+result, a calibrate child process that never outlives its test."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 FAKE_KEY = "sk-calibrate-test-0123456789abcdef"
+REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -41,6 +44,18 @@ def all_files_text(root: Path) -> str:
     """Every file under ``root`` as text, joined: what a secret must never appear in."""
     return "\n".join(
         p.read_text(encoding="utf-8", errors="replace") for p in root.rglob("*") if p.is_file()
+    )
+
+
+def calibrate_process(root: Path, *args: str) -> subprocess.Popen[str]:
+    """``python -m calibrate ARGS`` in ``root`` from this checkout; stdout and stderr as text."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "calibrate", *args],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
