@@ -10,7 +10,6 @@ Everything the user sees on the way goes through ``env`` (request.py).
 
 from __future__ import annotations
 
-import functools
 import shlex
 import threading
 from dataclasses import dataclass, field, replace
@@ -42,7 +41,7 @@ from calibrate.stages.batch.plan import (
     open_batch,
     plan_batch,
 )
-from calibrate.stages.batch.pool import close_later, run_batch, stop_on_signals
+from calibrate.stages.batch.pool import RunHooks, close_later, run_batch, stop_on_signals
 from calibrate.stages.batch.procs import run as procs
 from calibrate.stages.batch.request import BatchEnv, BatchRequest, BatchSetup, QuietEnv, prepare
 from calibrate.stages.batch.result import BatchOutcome, BatchResult, summary_json
@@ -190,29 +189,27 @@ def _send(b: _Batch) -> BatchResult:
             )
             for e, c in usable
         ]
-        send = (  # the same run, in worker processes or in this one
-            functools.partial(
-                procs.run_workers,
-                endpoints=[e for e, _ in usable],
-                workers=workers,
-                client=how,
-                on_event=on_event,
-            )
-            if workers > 1
-            else functools.partial(run_batch, client=None, lanes=lanes)
+        hooks = RunHooks(
+            control=control,
+            on_progress=view.update,
+            progress_every_s=view.every_s,
+            monitor=monitor,
+            warn=env.warn,
+            outage=outage,
+            events=events,
         )
         with view, stop_on_signals(control):
-            return send(
-                b.plan,
-                out_path=b.out_path,
-                control=control,
-                on_progress=view.update,
-                progress_every_s=view.every_s,
-                monitor=monitor,
-                warn=env.warn,
-                outage=outage,
-                events=events,
-            )
+            if workers > 1:
+                return procs.run_workers(
+                    b.plan,
+                    b.out_path,
+                    endpoints=[e for e, _ in usable],
+                    workers=workers,
+                    client=how,
+                    on_event=on_event,
+                    **hooks,
+                )
+            return run_batch(b.plan, None, b.out_path, lanes=lanes, **hooks)
     finally:
         monitor.stop()
         close_later(clients)

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.client import OpenAIClient
@@ -38,6 +38,18 @@ from calibrate.stages.batch.worker import (
 from calibrate.state.setting import Endpoint
 
 log = logging.getLogger("calibrate")
+
+
+class RunHooks(TypedDict):
+    """What both runners take alike (``run_batch`` here, ``procs.run_workers``): ``**hooks``."""
+
+    control: BatchControl
+    on_progress: Callable[[BatchProgress], None]
+    progress_every_s: float
+    monitor: SelfLoadMonitor
+    warn: Callable[[str], None]
+    outage: OutagePolicy
+    events: list[OutageEvent]
 
 
 def run_batch(
