@@ -7,6 +7,12 @@ lines, each event handed to a callback without an ``await`` per event (where aio
 set before connecting, covers connect, headers and body: ``loop.call_at`` aborts the connection
 when it passes, so a server dripping its headers a byte at a time is cut at ``timeout_s``. Idle
 connections are kept per client (LIFO) and reused while the server keeps them alive.
+
+calibrate/http/aio/wire.py grew from this parser and shares its shape; it is kept apart on
+purpose. This is the reference the transports table measures: one callback per SSE event on
+the loop, no clock read per piece, no gzip, error-body cap or read-to-close. Parsing with
+wire.py would measure calibrate's parser twice (the ``calibrate`` candidate already runs it)
+and leave the recorded ``raw-asyncio`` rows of bench/README.md nothing to be compared with.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +178,11 @@ def assert_valid_jsonl(path: Path) -> list[dict[str, Any]]:
         json.loads(line.decode("utf-8"), parse_constant=no_constants)
         for line in data.split(b"\n")[:-1]
     ]
+
+
+def assert_each_item_once(out: Path, n: int) -> None:
+    """``out`` is valid JSONL with one ok line for each of the ``n`` items t0… and no more."""
+    counts = Counter(ok_ids(out))
+    assert set(counts) == {f"t{i}" for i in range(n)}, "an item was lost"
+    assert set(counts.values()) == {1}, "an item was written twice"
+    assert_valid_jsonl(out)

@@ -1,13 +1,21 @@
-"""Helpers the tests import: the fake key, a target's config file, a run folder's text, the CLI's result."""
+"""Helpers the tests import: the fake key, a target's config file, a run folder's text, the CLI's
+result, a calibrate child process that never outlives its test."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 FAKE_KEY = "sk-calibrate-test-0123456789abcdef"
+REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -37,3 +45,33 @@ def all_files_text(root: Path) -> str:
     return "\n".join(
         p.read_text(encoding="utf-8", errors="replace") for p in root.rglob("*") if p.is_file()
     )
+
+
+def calibrate_process(root: Path, *args: str) -> subprocess.Popen[str]:
+    """``python -m calibrate ARGS`` in ``root`` from this checkout; stdout and stderr as text."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "calibrate", *args],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@contextlib.contextmanager
+def reaped(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """``proc`` for the block; killed after it if still running, whatever the test asserted."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def kill_9(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL ``proc`` and wait for it; it died of that signal."""
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=10)
+    assert proc.returncode == -signal.SIGKILL

@@ -6,13 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 from calibrate.mock import BackgroundServer, MockModel, MockSettings
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 LISTENING = "mock listening on "
 
 

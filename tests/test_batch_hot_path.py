@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import json
-import signal
 import threading
 import time
 from collections import Counter
@@ -27,13 +26,14 @@ from calibrate.stages.batch.journal import Journal
 from calibrate.stages.batch.queue import MAX_REQUEUES, WorkQueue
 from calibrate.stages.batch.result import BatchProgress, Tally
 from tests.batch_helpers import (
+    assert_each_item_once,
     assert_valid_jsonl,
     batch_process,
     ok_ids,
     wait_for_lines,
     write_tasks,
 )
-from tests.helpers import write_config
+from tests.helpers import kill_9, reaped, write_config
 from tests.mockserver import start_mock
 
 PARAMS = SamplingParams(0.0, 64, 1.0, None)
@@ -269,24 +269,15 @@ def test_kill_9_at_c64_at_several_moments_then_rerun_has_every_item_exactly_once
     with start_mock(ttft_s=0.02, per_token_s=0.0) as server:
         write_config(isolated / "calibrate.toml", server.base_url)
         for kill_after in (40, 200):
-            proc = batch_process(isolated, *args)
-            try:
+            with reaped(batch_process(isolated, *args)) as proc:
                 wait_for_lines(out, kill_after, proc, timeout_s=60)
-                proc.send_signal(signal.SIGKILL)
-                proc.communicate(timeout=10)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.communicate()
-            assert proc.returncode == -signal.SIGKILL
+                kill_9(proc)
         before = len(ok_ids(out))
         assert 200 <= before < n, "killed too late to prove anything"
         result = cli("batch", *args, "--json")
     assert result.code == 0, result.err
     assert result.json["skipped"] == before and result.json["done"] == n - before
-    counts = Counter(ok_ids(out))
-    assert set(counts) == {f"t{i}" for i in range(n)}
-    assert set(counts.values()) == {1}, "an item was written twice"
+    assert_each_item_once(out, n)
 
 
 class InstantClient:

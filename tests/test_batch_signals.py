@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import signal
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from tests.batch_helpers import batch_process, ok_ids, results, wait_for_lines, write_tasks
-from tests.helpers import write_config
+from tests.batch_helpers import (
+    assert_each_item_once,
+    batch_process,
+    ok_ids,
+    results,
+    wait_for_lines,
+    write_tasks,
+)
+from tests.helpers import reaped, write_config
 from tests.mockserver import start_mock
 
 
@@ -22,15 +28,11 @@ def test_ctrl_c_stops_cleanly_prints_resume_and_rerun_completes(
     out = isolated / "out.jsonl"
     with start_mock(ttft_s=0.03, per_token_s=0.0005) as server:
         write_config(isolated / "calibrate.toml", server.base_url)
-        proc = batch_process(isolated, "--input", "tasks.jsonl", "--out", "out.jsonl", "-c", "4")
-        try:
+        args = ("--input", "tasks.jsonl", "--out", "out.jsonl", "-c", "4")
+        with reaped(batch_process(isolated, *args)) as proc:
             wait_for_lines(out, 20, proc)
             proc.send_signal(sig)
             _, err = proc.communicate(timeout=15)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
         assert proc.returncode == 130, err
         assert "Traceback" not in err
         assert "stopping: no new items" in err
@@ -40,21 +42,18 @@ def test_ctrl_c_stops_cleanly_prints_resume_and_rerun_completes(
         assert f"interrupted: {done} of 200 done, {200 - done} remaining" in err
         assert out.read_bytes().endswith(b"\n")  # in-flight items finished and were flushed
 
-        again = cli("batch", "--input", "tasks.jsonl", "--out", "out.jsonl", "-c", "4", "--json")
+        again = cli("batch", *args, "--json")
     assert again.code == 0, again.err
     assert again.json["skipped"] == done and again.json["done"] == 200 - done
-    counts = Counter(ok_ids(out))
-    assert len(counts) == 200 and set(counts.values()) == {1}
+    assert_each_item_once(out, 200)
 
 
 def test_sigterm_abandons_slow_items_after_the_grace_period(isolated: Path) -> None:
     tasks = write_tasks(isolated / "tasks.jsonl", 10)
     with start_mock(ttft_s=5.0, per_token_s=0.0) as server:
         write_config(isolated / "calibrate.toml", server.base_url)
-        proc = batch_process(
-            isolated, "--input", str(tasks), "--out", "out.jsonl", "-c", "2", "--grace-s", "0.5"
-        )
-        try:
+        args = ("--input", str(tasks), "--out", "out.jsonl", "-c", "2", "--grace-s", "0.5")
+        with reaped(batch_process(isolated, *args)) as proc:
             deadline = time.monotonic() + 15
             while server.model.snapshot().in_flight < 2 and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -62,10 +61,6 @@ def test_sigterm_abandons_slow_items_after_the_grace_period(isolated: Path) -> N
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=10)
             took_s = time.monotonic() - stopped_at
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
     assert proc.returncode == 130, err
     assert took_s < 3.0, f"took {took_s:.1f} s to stop with --grace-s 0.5"
     assert "interrupted: 0 of 10 done, 10 remaining (2 abandoned in flight)" in err

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -28,13 +27,13 @@ from calibrate.stages.batch.procs.wire import ClientSetup, WorkerDone
 from calibrate.stages.batch.worker import BatchControl
 from calibrate.state.setting import Endpoint
 from tests.batch_helpers import (
-    assert_valid_jsonl,
+    assert_each_item_once,
     batch_process,
     ok_ids,
     wait_for_lines,
     write_tasks,
 )
-from tests.helpers import write_config
+from tests.helpers import kill_9, reaped, write_config
 from tests.mockserver import start_mock, start_mock_process
 
 CHILD = "calibrate.stages.batch.procs.child"
@@ -80,13 +79,6 @@ def _wait_for_workers(parent: int, n: int, timeout_s: float = 60) -> list[int]:
     raise AssertionError(f"{n} worker processes did not start in {timeout_s} s")
 
 
-def _exactly_once(out: Path, n: int) -> None:
-    counts = Counter(ok_ids(out))
-    assert set(counts) == {f"t{i}" for i in range(n)}, "an item was lost"
-    assert set(counts.values()) == {1}, "an item was written twice"
-    assert_valid_jsonl(out)
-
-
 def test_two_workers_over_http_write_every_item_exactly_once(cli, isolated: Path) -> None:
     n = 300
     tasks = write_tasks(isolated / "tasks.jsonl", n)
@@ -99,7 +91,7 @@ def test_two_workers_over_http_write_every_item_exactly_once(cli, isolated: Path
         )  # fmt: skip
     assert result.code == 0, result.err
     assert result.json["done"] == n and result.json["workers"] == 2
-    _exactly_once(out, n)
+    assert_each_item_once(out, n)
     assert _workers_of(os.getpid()) == [], "a worker process was left running"
 
 
@@ -112,17 +104,10 @@ def test_kill_9_of_the_parent_leaves_no_worker_and_the_rerun_repeats_nothing(
     args = ("--input", str(tasks), "--out", str(out), "-c", "8", "--progress-s", "3600")
     with start_mock(ttft_s=0.02, per_token_s=0.0) as server:
         write_config(isolated / "calibrate.toml", server.base_url)
-        proc = batch_process(isolated, *args, "--workers", "2")
-        try:
+        with reaped(batch_process(isolated, *args, "--workers", "2")) as proc:
             workers = _wait_for_workers(proc.pid, 2)
             wait_for_lines(out, 40, proc, timeout_s=60)
-            proc.send_signal(signal.SIGKILL)
-            proc.communicate(timeout=10)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-        assert proc.returncode == -signal.SIGKILL
+            kill_9(proc)
         deadline = time.monotonic() + 10
         while _any_worker_alive(workers) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -135,7 +120,7 @@ def test_kill_9_of_the_parent_leaves_no_worker_and_the_rerun_repeats_nothing(
         result = cli("batch", *args, "--workers", "2", "--json")
     assert result.code == 0, result.err
     assert result.json["skipped"] == before and result.json["done"] == n - before
-    _exactly_once(out, n)
+    assert_each_item_once(out, n)
 
 
 def test_kill_9_of_a_worker_puts_its_items_back_and_the_run_completes(isolated: Path) -> None:
@@ -144,25 +129,18 @@ def test_kill_9_of_a_worker_puts_its_items_back_and_the_run_completes(isolated: 
     out = isolated / "out.jsonl"
     with start_mock(ttft_s=0.02, per_token_s=0.0) as server:
         write_config(isolated / "calibrate.toml", server.base_url)
-        proc = batch_process(
-            isolated, "--input", str(tasks), "--out", str(out), "-c", "8", "--workers", "2",
-            "--progress-s", "3600",
-        )  # fmt: skip
-        try:
+        args = ("--input", str(tasks), "--out", str(out), "-c", "8", "--workers", "2")
+        with reaped(batch_process(isolated, *args, "--progress-s", "3600")) as proc:
             victim, *_ = _wait_for_workers(proc.pid, 2)
             wait_for_lines(out, 40, proc, timeout_s=60)
             os.kill(victim, signal.SIGKILL)
             workers = _workers_of(proc.pid)  # the other one, perhaps its replacement already
             _, err = proc.communicate(timeout=120)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
     assert proc.returncode == 0, err
     assert not _any_worker_alive(workers), "a worker outlived the run"
     assert f"(PID {victim}) was killed by signal 9" in err and "a new worker starts" in err
     assert len(ok_ids(out)) == n
-    _exactly_once(out, n)
+    assert_each_item_once(out, n)
 
 
 def test_workers_flag_is_bounded_and_restart_needs_one_process(cli, isolated: Path) -> None:
@@ -278,4 +256,4 @@ def test_an_endpoint_gone_mid_run_leaves_its_items_to_the_other_workers_endpoint
                 proc.communicate()
     assert proc.returncode == 0, err
     assert "down" in err
-    _exactly_once(out, n)
+    assert_each_item_once(out, n)

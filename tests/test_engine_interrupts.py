@@ -22,22 +22,11 @@ import pytest
 
 from calibrate.server import process, readiness, supervise
 from tests.fakes import append_ledger, free_port, managed_config, mock_command, pid_gone
-from tests.mockserver import REPO
+from tests.helpers import REPO, calibrate_process, reaped
 
 NEVER_READY = shlex.join(
     [sys.executable, "-c", "import time; print('loading weights', flush=True); time.sleep(120)"]
 )
-
-
-def _calibrate(root: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "calibrate", *args],
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def _starting_record(root: Path, proc: subprocess.Popen[str]) -> dict:
@@ -66,12 +55,8 @@ def _wait_gone(pid: int, timeout_s: float = 15.0) -> bool:
 
 
 def _finish(proc: subprocess.Popen[str]) -> str:
-    try:
+    with reaped(proc):
         return proc.communicate(timeout=30)[1]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
@@ -80,7 +65,7 @@ def test_a_signal_during_readiness_stops_the_engine_and_says_so(
 ) -> None:
     port = free_port()
     managed_config(isolated, port, NEVER_READY, ready_timeout_s=60)
-    proc = _calibrate(isolated, "server", "start")
+    proc = calibrate_process(isolated, "server", "start")
     record = _starting_record(isolated, proc)
     time.sleep(0.3)
     proc.send_signal(sig)
@@ -100,7 +85,7 @@ def test_after_kill_9_the_next_stop_or_start_finds_the_starting_engine(
 ) -> None:
     port = free_port()
     managed_config(isolated, port, NEVER_READY, ready_timeout_s=60)
-    proc = _calibrate(isolated, "server", "start")
+    proc = calibrate_process(isolated, "server", "start")
     record = _starting_record(isolated, proc)
     proc.kill()
     _finish(proc)
@@ -126,7 +111,7 @@ def test_after_kill_9_the_next_stop_or_start_finds_the_starting_engine(
 
 def test_a_live_starter_is_never_mistaken_for_a_dead_one(cli, isolated: Path) -> None:
     managed_config(isolated, free_port(), NEVER_READY, ready_timeout_s=60)
-    proc = _calibrate(isolated, "server", "start")
+    proc = calibrate_process(isolated, "server", "start")
     record = _starting_record(isolated, proc)
     try:
         second = cli("server", "start")
@@ -176,7 +161,7 @@ def test_an_engine_never_recorded_is_stopped_by_its_supervisor(tmp_path: Path, h
 @pytest.mark.parametrize("delay_s", [0.1, 0.2, 0.35, 0.5, 0.8])
 def test_an_early_ctrl_c_is_interrupted_never_a_traceback(isolated: Path, delay_s: float) -> None:
     managed_config(isolated, free_port(), NEVER_READY, ready_timeout_s=60)
-    proc = _calibrate(isolated, "server", "start")
+    proc = calibrate_process(isolated, "server", "start")
     time.sleep(delay_s)
     proc.send_signal(signal.SIGINT)
     err = _finish(proc)
@@ -204,7 +189,7 @@ def test_rollback_interrupted_while_restarting_stops_the_engine(isolated: Path) 
         ).stdout
     )["target"]
     append_ledger(isolated, "ladder", target, {"last_passing": {"batch_size": 2}})
-    proc = _calibrate(isolated, "rollback")
+    proc = calibrate_process(isolated, "rollback")
     record = _starting_record(isolated, proc)
     proc.send_signal(signal.SIGTERM)
     err = _finish(proc)
@@ -223,7 +208,7 @@ def test_tune_interrupted_while_a_candidate_starts_stops_that_engine(
 
     slow_start = "bash -c 'sleep 60; exec true' calib {slots} {memory_fraction}"
     tune_config(isolated, 'grid = ["slots=1,2", "memory_fraction=0.5"]\n', command=slow_start)
-    proc = _calibrate(isolated, "tune")
+    proc = calibrate_process(isolated, "tune")
     record = _starting_record(isolated, proc)
     time.sleep(0.3)
     proc.send_signal(sig)

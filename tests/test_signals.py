@@ -3,10 +3,8 @@ saying what was kept and how to resume, and a ledger line `interrupted: true, pa
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,19 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import append_ledger
-from tests.mockserver import REPO, start_mock
+from tests.helpers import calibrate_process, reaped
+from tests.mockserver import start_mock
 from tests.tier_helpers import jsonl, open_gate
-
-
-def _calibrate(root: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "calibrate", *args],
-        cwd=root,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def _terminate_when(proc: subprocess.Popen[str], ready: Callable[[], bool]) -> str:
@@ -35,12 +23,8 @@ def _terminate_when(proc: subprocess.Popen[str], ready: Callable[[], bool]) -> s
         time.sleep(0.05)
     time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
-    try:
+    with reaped(proc):
         _, err = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     return err
 
 
@@ -52,7 +36,7 @@ def test_sigterm_mid_tier_stops_the_ladder_and_it_opens_no_gate(cli, isolated: P
     # batch 1 and 2 answer at once; from batch 4 on every request takes a minute
     with start_mock(ttft_s=0.002, per_token_s=0.0005, slow_above=2, slow_factor=100000.0) as mock:
         open_gate(isolated, mock.base_url)
-        proc = _calibrate(isolated, "ladder", "--junit", "ladder.xml")
+        proc = calibrate_process(isolated, "ladder", "--junit", "ladder.xml")
         err = _terminate_when(proc, lambda: bool(list(isolated.glob("runs/*/tiers.jsonl"))))
         assert proc.returncode == 130, err
         assert "Traceback" not in err
@@ -70,7 +54,7 @@ def test_sigterm_mid_tier_stops_the_ladder_and_it_opens_no_gate(cli, isolated: P
 def test_sigterm_during_single_and_rollback_is_recorded_as_interrupted(cli, isolated: Path) -> None:
     with start_mock(ttft_s=60.0, per_token_s=0.0) as mock:
         target = open_gate(isolated, mock.base_url)
-        proc = _calibrate(isolated, "single")
+        proc = calibrate_process(isolated, "single")
         err = _terminate_when(proc, lambda: mock.model.snapshot().in_flight > 0)
         assert proc.returncode == 130, err
         assert "single interrupted, recorded as not passed" in err
@@ -79,7 +63,7 @@ def test_sigterm_during_single_and_rollback_is_recorded_as_interrupted(cli, isol
 
         # rollback of a server calibrate does not manage waits for you to stop it
         append_ledger(isolated, "ladder", target, {"last_passing": {"batch_size": 2}})
-        proc = _calibrate(isolated, "rollback", "--wait", "60")
+        proc = calibrate_process(isolated, "rollback", "--wait", "60")
         err = _terminate_when(proc, lambda: (isolated / "runs/locks").exists())
         assert proc.returncode == 130, err
         assert "rollback interrupted" in err and "calibrate rollback" in err
@@ -91,7 +75,7 @@ def test_sigterm_during_single_and_rollback_is_recorded_as_interrupted(cli, isol
 def test_sighup_is_handled_like_sigterm(isolated: Path, sig: signal.Signals) -> None:
     with start_mock(ttft_s=60.0, per_token_s=0.0) as mock:
         open_gate(isolated, mock.base_url)
-        proc = _calibrate(isolated, "single")
+        proc = calibrate_process(isolated, "single")
         deadline = time.monotonic() + 20
         while mock.model.snapshot().in_flight == 0 and time.monotonic() < deadline:
             time.sleep(0.05)

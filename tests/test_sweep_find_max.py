@@ -29,7 +29,7 @@ from calibrate.stages.sweep.run import Sweep
 from calibrate.stages.sweep.spec import SweepOptions
 from tests.mockserver import start_mock_process
 from tests.stage_fakes import SimulatedLoop, close_runs, recorder, stage_ctx
-from tests.tier_helpers import FAST, jsonl, junit_cases, open_gate
+from tests.tier_helpers import FAST, FOUR_SLOTS, PIN_SERVER, jsonl, junit_cases, open_gate
 
 __all__ = ["close_runs"]  # the autouse fixture, used by being imported
 
@@ -267,17 +267,16 @@ def test_an_erroring_level_ends_the_exponential_probe(tmp_path: Path) -> None:
 
 # a 4-slot mock: 0.01 s to the first token, ~0.2 s a request: a 5th in flight waits ~0.2 s for a
 # slot. Three runs a probe: one run hit by a hiccup of this shared machine does not move it
-MOCK = ("--slots", "4", "--ttft", "0.01", "--per-token", "0.004")
 CONFIG = FAST + "[sweep]\nlevel_s = 0.3\nrepeats = 3\n"
 
 
-PINNABLE = CONFIG + '[server]\nkind = "vllm"\nmodel_path = "/models/internlm-s2"\n'
+PINNABLE = CONFIG + PIN_SERVER
 
 
 def test_find_max_on_a_four_slot_mock_ends_at_four_within_10_probes(cli, isolated: Path) -> None:
     """The done-means: ``calibrate mock --slots 4``, ``sweep --find-max --slo ttft:0.1`` ends
     at 4 (5 breaks it, a cliff), and pin writes concurrency 4 from that sweep."""
-    with start_mock_process(*MOCK) as mock:
+    with start_mock_process(*FOUR_SLOTS) as mock:
         open_gate(isolated, mock.base_url, PINNABLE, stage="ladder")
         result = cli(
             "sweep",
@@ -340,7 +339,7 @@ def test_find_max_refuses_other_load_modes_and_needs_an_slo(cli, isolated: Path)
 def test_find_max_takes_the_slo_from_the_config(cli, isolated: Path, slo: str) -> None:
     """No --slo: [slo] is the SLO; an unmanaged server is searched only up to what the ladder
     proved (4 here), said so."""
-    with start_mock_process(*MOCK) as mock:
+    with start_mock_process(*FOUR_SLOTS) as mock:
         open_gate(isolated, mock.base_url, CONFIG + slo, stage="ladder")
         result = cli("sweep", "--find-max", "--json")
     assert result.code == 0, result.err

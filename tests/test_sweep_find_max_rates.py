@@ -19,7 +19,7 @@ from calibrate.stages.measure.tiers import Stats, summarise
 from calibrate.stages.sweep.find_max import PRECISION, TOP, Probe, bracket, find_max
 from calibrate.stages.sweep.rates import judge_rate, next_rate, parse_rate_range
 from tests.mockserver import start_mock_process
-from tests.tier_helpers import FAST, jsonl, open_gate
+from tests.tier_helpers import FAST, FOUR_SLOTS, PIN_SERVER, jsonl, open_gate
 
 TTFT = SloConfig(ttft_p99_s=0.1)
 
@@ -115,14 +115,8 @@ def test_the_range_is_auto_or_lo_hi_at_most_1024x_wide() -> None:
         parse_rate_range("1:2000")
 
 
-# a 4-slot mock, ~0.2 s a request: about 4 / 0.2 = 20 req/s. Sent at a constant rate, no
-# request waits below that; above it, requests queue for a slot and TTFT jumps past 0.1 s
-MOCK = ("--slots", "4", "--ttft", "0.01", "--per-token", "0.004")
-PINNABLE = (
-    FAST
-    + "[sweep]\nlevel_s = 0.3\nrepeats = 2\n"
-    + '[server]\nkind = "vllm"\nmodel_path = "/models/internlm-s2"\n'
-)
+# FOUR_SLOTS: about 4 / 0.2 s = 20 req/s. Sent at a constant rate, no request waits below that
+PINNABLE = FAST + "[sweep]\nlevel_s = 0.3\nrepeats = 2\n" + PIN_SERVER
 
 
 @pytest.mark.serial  # open loop at ~20 req/s: a starved core sends late (client-bound: inconclusive)
@@ -133,7 +127,7 @@ def test_find_max_over_rates_on_a_four_slot_mock_lands_near_its_capacity(
     wide band around the slots' capacity (the most any probe achieved, ~20 req/s: well above the
     synchronous rate); pin and status take the most requests in flight at that rate as the
     concurrency, as for a rate sweep."""
-    with start_mock_process(*MOCK) as mock:
+    with start_mock_process(*FOUR_SLOTS) as mock:
         open_gate(isolated, mock.base_url, PINNABLE, stage="ladder")
         result = cli(
             "sweep",

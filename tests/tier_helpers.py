@@ -21,6 +21,10 @@ WINDOWS = "sample_interval_s = 0.005\nmin_round_s = 0\nwarmup_waves = 0\n"
 # (milliseconds, no HTTP), and over HTTP with DEFAULT_RISE below (test_ladder's jump at batch 4).
 FAST = f"[ladder]\n{WINDOWS}latency_rise = 100.0\n"
 DEFAULT_RISE = f"[ladder]\n{WINDOWS}"
+# the find-max tests' server: 4 slots, ~0.2 s a request (so about 20 req/s at most); above 4 in
+# flight (or that rate) requests queue for a slot and TTFT jumps past 0.1 s
+FOUR_SLOTS = ("--slots", "4", "--ttft", "0.01", "--per-token", "0.004")
+PIN_SERVER = '[server]\nkind = "vllm"\nmodel_path = "/models/internlm-s2"\n'  # what pin needs
 
 
 def open_gate(root: Path, base_url: str, extra: str = FAST, stage: str = "repro") -> str:

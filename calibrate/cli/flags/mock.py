@@ -4,10 +4,100 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import fields
+from collections.abc import Callable
+from dataclasses import MISSING, fields
+from typing import Any
 
 from calibrate.errors import UsageError
 from calibrate.mock.settings import METRICS_STYLES, ON_KV_FULL, MockSettings
+
+# Every setting's flag: (flag, metavar, help). Its type and default are the MockSettings field's
+# of the flag's name (``--ttft`` sets ``ttft_s``; ``--no-X`` of a field X that defaults to True
+# clears it); a bool field is a switch.
+# fmt: off
+SETTINGS: tuple[tuple[str, str | None, str | None], ...] = (
+    ("--text-seed", None, "changes every generated text"),
+    ("--seed", None, "seed of the fault draws"),
+    ("--ttft", "S", "time to first token"),
+    ("--per-token", "S", "time per token"),
+    ("--slots", None, "requests decoding at once (0 = no limit)"),
+    ("--slow-above", "N", "in flight above N: slower tokens"),
+    ("--slow-factor", None, "per-token factor, --slow-above"),
+    ("--vram-total-mib", None, None),
+    ("--vram-base-mib", None, None),
+    ("--vram-per-request-mib", None, None),
+    ("--oom-at", "N", "in flight above N: CUDA OOM (500)"),
+    ("--nondeterministic-above", "N", "above N: text varies"),
+    ("--diverge-at-token", "T",
+     "with --nondeterministic-above: answers differ from token T on (seeded), not one word"),
+    ("--fail-rate", "P", "HTTP 500"),
+    ("--reset-rate", "P", "drop connection"),
+    ("--truncate-rate", "P", "cut, 'length'"),
+    ("--slow-rate", "P", "add --slow-s"),
+    ("--slow-s", "S", None),
+    ("--overload-rate", "P", "HTTP 429"),
+    ("--retry-after", "S", "429 Retry-After"),
+    ("--whitespace-variant", None, "append ' \\n' to outputs"),
+    ("--no-done", None, "streams end without data: [DONE]"),
+    ("--no-usage", None, "never send usage"),
+    ("--usage-in-last-chunk", None, "usage on the finish chunk"),
+    ("--unknown-model-status", None, None),
+    ("--any-model", None, "accept any model name and answer as the first --model (llama.cpp's habit)"),
+    ("--strict-422", None, "invalid bodies get 422, not 400"),
+    ("--refuse-stream", None,
+     'answer any "stream": true request with HTTP 400 (a server or proxy that cannot stream)'),
+    ("--refuse-stream-options", None,
+     "answer any request carrying stream_options with HTTP 400 (an unknown field to it)"),
+    ("--expose-props", None, "serve llama.cpp's GET /props"),
+    ("--log-requests", None, "access log on stderr"),
+    ("--max-model-len", None, None),
+    ("--slot-context", "N", "llama.cpp's per-slot context (/props n_ctx): answers stop when "
+     "prompt + answer reach N, finish_reason length (0: off)"),
+    ("--malformed-rate", "P",
+     "replies of a wrong shape (choices [null] or [1], bad message or content, no choices)"),
+    ("--echo-headers-rate", "P",
+     "HTTP 500 whose message repeats the request headers (the key too)"),
+    ("--lone-surrogate", None, 'answers end with a lone surrogate, the JSON escape "\\ud800"'),
+    ("--drip-s", "S", "send answers one byte every S seconds (0 = at once)"),
+    ("--keepalive-only", None, 'answer with an SSE stream of ": ping" comments and nothing else'),
+    ("--keepalive-limit-s", "S", "--keepalive-only streams end after S seconds (default 60)"),
+    ("--huge-mib", "N", "pad every answer's text to about N MiB"),
+    ("--kv-mib-per-1k-tokens", "F", "simulated VRAM = base + F MiB per 1,000 KV tokens held "
+     "(prompt + generated so far, per active request) instead of --vram-per-request-mib (0 = off)"),
+    ("--kv-capacity-tokens", "N",
+     "KV cache size in tokens; the KV-usage metric is tokens held / N (0 = unlimited)"),
+    ("--on-kv-full", None, "when a request's KV does not fit: oom = it fails with HTTP 500 'CUDA "
+     "out of memory'; preempt = no error, every decode step takes (1 + k)× as long, k = the "
+     "newest sequences that do not fit (recomputed, counted as waiting); queue = it waits for "
+     "room for its prompt and answer, counted as queued (default oom)"),
+    ("--preallocate", None, "used VRAM flat at base + the whole KV capacity from the start (as "
+     "vLLM and SGLang reserve it) while the KV-usage metric still rises"),
+    ("--prefix-cache", None, "prompts sharing a prefix hold its whole 16-token KV blocks once"),
+    ("--step-ms-per-1k-tokens", "F", "each decode step costs F ms more per 1,000 tokens held by "
+     "the batch: per-token time = --per-token + F/1000 × tokens/1000 (default 0)"),
+    ("--jitter", "F", "multiply each request's ttft and per-token time by a seeded uniform draw "
+     "in [1-F, 1+F] (--seed; default 0)"),
+    ("--metrics-style", None, "/metrics names as vllm, sglang, llamacpp or tgi export them, queue "
+     "gauge included; mock = the mock's own plus vLLM's (default); the mock_vram_* gauges are "
+     "always there"),
+    ("--power-w", "W", "serve a DCGM exporter's GPU gauges on /metrics: power = W + "
+     "--power-per-request-w × requests in flight (DCGM_FI_DEV_POWER_USAGE) and the energy it "
+     "adds up (DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ); default 0 = none"),
+    ("--power-per-request-w", "W", "with --power-w: watts more per request in flight (default 0)"),
+    ("--no-dcgm-energy", None,
+     "with --power-w: the power gauge alone, no energy counter (calibrate integrates the power)"),
+    ("--memory-fraction", "F", "the memory fraction it is started with (a tune axis)"),
+    ("--max-memory-fraction", "G", "with --memory-fraction F > G: exit 1 at start with a CUDA OOM "
+     "message"),
+)
+# fmt: on
+CHOICES: dict[str, tuple[object, ...]] = {
+    "unknown_model_status": (400, 404),
+    "on_kv_full": ON_KV_FULL,
+    "metrics_style": METRICS_STYLES,
+}
+TIMINGS = ("ttft", "per_token", "retry_after")  # flags of the settings named with _s
+TYPES: dict[str, Callable[[str], Any]] = {"int": int, "float": float}  # else a string
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
@@ -16,202 +106,20 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one (default 8000)")
     p.add_argument("--port-file", metavar="PATH", help="also write the port number to this file")
     p.add_argument("--model", action="append", metavar="NAME", help="served name (repeatable)")
-    p.add_argument("--text-seed", type=int, default=0, help="changes every generated text")
-    p.add_argument("--seed", type=int, default=0, help="seed of the fault draws")
-    p.add_argument("--ttft", type=float, default=0.05, metavar="S", help="time to first token")
-    p.add_argument("--per-token", type=float, default=0.01, metavar="S", help="time per token")
-    p.add_argument("--slots", type=int, default=0, help="requests decoding at once (0 = no limit)")
-    p.add_argument("--slow-above", type=int, metavar="N", help="in flight above N: slower tokens")
-    p.add_argument("--slow-factor", type=float, default=1.0, help="per-token factor, --slow-above")
-    p.add_argument("--vram-total-mib", type=int, default=81920)
-    p.add_argument("--vram-base-mib", type=int, default=40960)
-    p.add_argument("--vram-per-request-mib", type=int, default=2048)
-    p.add_argument("--oom-at", type=int, metavar="N", help="in flight above N: CUDA OOM (500)")
-    p.add_argument("--nondeterministic-above", type=int, metavar="N", help="above N: text varies")
-    p.add_argument(
-        "--diverge-at-token",
-        type=int,
-        metavar="T",
-        help="with --nondeterministic-above: answers differ from token T on (seeded), not one word",
-    )
-    p.add_argument("--fail-rate", type=float, default=0.0, metavar="P", help="HTTP 500")
-    p.add_argument("--reset-rate", type=float, default=0.0, metavar="P", help="drop connection")
-    p.add_argument("--truncate-rate", type=float, default=0.0, metavar="P", help="cut, 'length'")
-    p.add_argument("--slow-rate", type=float, default=0.0, metavar="P", help="add --slow-s")
-    p.add_argument("--slow-s", type=float, default=1.0, metavar="S")
-    p.add_argument("--overload-rate", type=float, default=0.0, metavar="P", help="HTTP 429")
-    p.add_argument("--retry-after", type=float, default=1.0, metavar="S", help="429 Retry-After")
-    p.add_argument("--whitespace-variant", action="store_true", help="append ' \\n' to outputs")
-    p.add_argument("--no-done", action="store_true", help="streams end without data: [DONE]")
-    p.add_argument("--no-usage", action="store_true", help="never send usage")
-    p.add_argument("--usage-in-last-chunk", action="store_true", help="usage on the finish chunk")
-    p.add_argument("--unknown-model-status", type=int, choices=(400, 404), default=404)
-    p.add_argument(
-        "--any-model",
-        action="store_true",
-        help="accept any model name and answer as the first --model (llama.cpp's habit)",
-    )
-    p.add_argument("--strict-422", action="store_true", help="invalid bodies get 422, not 400")
-    p.add_argument(
-        "--refuse-stream",
-        action="store_true",
-        help='answer any "stream": true request with HTTP 400 (a server or proxy that cannot stream)',
-    )
-    p.add_argument(
-        "--refuse-stream-options",
-        action="store_true",
-        help="answer any request carrying stream_options with HTTP 400 (an unknown field to it)",
-    )
-    p.add_argument("--expose-props", action="store_true", help="serve llama.cpp's GET /props")
-    p.add_argument("--log-requests", action="store_true", help="access log on stderr")
-    p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument(
-        "--slot-context",
-        type=int,
-        default=0,
-        metavar="N",
-        help="llama.cpp's per-slot context (/props n_ctx): answers stop when prompt + answer "
-        "reach N, finish_reason length (0: off)",
-    )
-    p.add_argument(
-        "--malformed-rate",
-        type=float,
-        default=0.0,
-        metavar="P",
-        help="replies of a wrong shape (choices [null] or [1], bad message or content, no choices)",
-    )
-    p.add_argument(
-        "--echo-headers-rate",
-        type=float,
-        default=0.0,
-        metavar="P",
-        help="HTTP 500 whose message repeats the request headers (the key too)",
-    )
-    p.add_argument(
-        "--lone-surrogate",
-        action="store_true",
-        help='answers end with a lone surrogate, the JSON escape "\\ud800"',
-    )
-    p.add_argument(
-        "--drip-s",
-        type=float,
-        default=0.0,
-        metavar="S",
-        help="send answers one byte every S seconds (0 = at once)",
-    )
-    p.add_argument(
-        "--keepalive-only",
-        action="store_true",
-        help='answer with an SSE stream of ": ping" comments and nothing else',
-    )
-    p.add_argument(
-        "--keepalive-limit-s",
-        type=float,
-        default=60.0,
-        metavar="S",
-        help="--keepalive-only streams end after S seconds (default 60)",
-    )
-    p.add_argument(
-        "--huge-mib",
-        type=float,
-        default=0.0,
-        metavar="N",
-        help="pad every answer's text to about N MiB",
-    )
-    p.add_argument(
-        "--kv-mib-per-1k-tokens",
-        type=float,
-        default=0.0,
-        metavar="F",
-        help="simulated VRAM = base + F MiB per 1,000 KV tokens held (prompt + generated "
-        "so far, per active request) instead of --vram-per-request-mib (0 = off)",
-    )
-    p.add_argument(
-        "--kv-capacity-tokens",
-        type=int,
-        default=0,
-        metavar="N",
-        help="KV cache size in tokens; the KV-usage metric is tokens held / N (0 = unlimited)",
-    )
-    p.add_argument(
-        "--on-kv-full",
-        choices=ON_KV_FULL,
-        default="oom",
-        help="when a request's KV does not fit: oom = it fails with HTTP 500 'CUDA out "
-        "of memory'; preempt = no error, every decode step takes (1 + k)× as long, k = "
-        "the newest sequences that do not fit (recomputed, counted as waiting); queue = it waits for room "
-        "for its prompt and answer, counted as queued (default oom)",
-    )
-    p.add_argument(
-        "--preallocate",
-        action="store_true",
-        help="used VRAM flat at base + the whole KV capacity from the start (as vLLM "
-        "and SGLang reserve it) while the KV-usage metric still rises",
-    )
-    p.add_argument(
-        "--prefix-cache",
-        action="store_true",
-        help="prompts sharing a prefix hold its whole 16-token KV blocks once",
-    )
-    p.add_argument(
-        "--step-ms-per-1k-tokens",
-        type=float,
-        default=0.0,
-        metavar="F",
-        help="each decode step costs F ms more per 1,000 tokens held by the batch: "
-        "per-token time = --per-token + F/1000 × tokens/1000 (default 0)",
-    )
-    p.add_argument(
-        "--jitter",
-        type=float,
-        default=0.0,
-        metavar="F",
-        help="multiply each request's ttft and per-token time by a seeded uniform draw "
-        "in [1-F, 1+F] (--seed; default 0)",
-    )
-    p.add_argument(
-        "--metrics-style",
-        choices=METRICS_STYLES,
-        default="mock",
-        help="/metrics names as vllm, sglang, llamacpp or tgi export them, queue gauge "
-        "included; mock = the mock's own plus vLLM's (default); the mock_vram_* "
-        "gauges are always there",
-    )
-    p.add_argument(
-        "--power-w",
-        type=float,
-        default=0.0,
-        metavar="W",
-        help="serve a DCGM exporter's GPU gauges on /metrics: power = W + --power-per-request-w "
-        "× requests in flight (DCGM_FI_DEV_POWER_USAGE) and the energy it adds up "
-        "(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ); default 0 = none",
-    )
-    p.add_argument(
-        "--power-per-request-w",
-        type=float,
-        default=0.0,
-        metavar="W",
-        help="with --power-w: watts more per request in flight (default 0)",
-    )
-    p.add_argument(
-        "--no-dcgm-energy",
-        dest="dcgm_energy",
-        action="store_false",
-        help="with --power-w: the power gauge alone, no energy counter (calibrate integrates "
-        "the power)",
-    )
-    p.add_argument(
-        "--memory-fraction",
-        type=float,
-        metavar="F",
-        help="the memory fraction it is started with (a tune axis)",
-    )
-    p.add_argument(
-        "--max-memory-fraction",
-        type=float,
-        metavar="G",
-        help="with --memory-fraction F > G: exit 1 at start with a CUDA OOM message",
-    )
+    known = {f.name: f for f in fields(MockSettings)}
+    for flag, metavar, text in SETTINGS:
+        dest = flag[2:].replace("-", "_")
+        field = known.get(dest + "_s" if dest in TIMINGS else dest) or known[dest[3:]]
+        default, kind = field.default, str(field.type).split(" | ")[0]
+        assert default is not MISSING, field.name
+        if kind == "bool":  # a switch; --no-X clears X
+            action = "store_false" if default else "store_true"
+            p.add_argument(flag, dest=field.name, action=action, help=text)
+        else:
+            kind_of, choices = TYPES.get(kind, str), CHOICES.get(dest)
+            p.add_argument(
+                flag, type=kind_of, default=default, choices=choices, metavar=metavar, help=text
+            )
 
 
 def settings_from_args(args: argparse.Namespace) -> MockSettings:

@@ -30,7 +30,7 @@ from calibrate.stages.batch.endpoints import (
     baseline_served_model,
     usable_endpoints,
 )
-from calibrate.stages.batch.lanes import client_for, make_lane
+from calibrate.stages.batch.lanes import ClientSetup, make_lane
 from calibrate.stages.batch.outage import OutageEvent
 from calibrate.stages.batch.plan import (
     DEFAULT_CONCURRENCY,
@@ -41,7 +41,7 @@ from calibrate.stages.batch.plan import (
     open_batch,
     plan_batch,
 )
-from calibrate.stages.batch.pool import close_later, run_batch, stop_on_signals
+from calibrate.stages.batch.pool import RunHooks, close_later, run_batch, stop_on_signals
 from calibrate.stages.batch.procs import run as procs
 from calibrate.stages.batch.request import BatchEnv, BatchRequest, BatchSetup, QuietEnv, prepare
 from calibrate.stages.batch.result import BatchOutcome, BatchResult, summary_json
@@ -155,7 +155,8 @@ def _dispatch(b: _Batch) -> BatchOutcome:
 def _send(b: _Batch) -> BatchResult:
     """The endpoints checked, then the items sent through a lane each; the run's result."""
     endpoints, ctx, env = b.setup.endpoints, b.ctx, b.env
-    clients = [ctx.client, *(client_for(ctx.config, e) for e in endpoints[1:])]
+    how = ClientSetup.of(ctx.config)  # each further endpoint's client, and every worker's
+    clients = [ctx.client, *(how.client(e) for e in endpoints[1:])]
     events: list[OutageEvent] = []
     events_lock = threading.Lock()  # events come from the workers' threads
 
@@ -188,6 +189,15 @@ def _send(b: _Batch) -> BatchResult:
             )
             for e, c in usable
         ]
+        hooks = RunHooks(
+            control=control,
+            on_progress=view.update,
+            progress_every_s=view.every_s,
+            monitor=monitor,
+            warn=env.warn,
+            outage=outage,
+            events=events,
+        )
         with view, stop_on_signals(control):
             if workers > 1:
                 return procs.run_workers(
@@ -195,29 +205,11 @@ def _send(b: _Batch) -> BatchResult:
                     b.out_path,
                     endpoints=[e for e, _ in usable],
                     workers=workers,
-                    client=procs.client_setup(ctx.config),
-                    control=control,
-                    on_progress=view.update,
-                    progress_every_s=view.every_s,
-                    monitor=monitor,
-                    warn=env.warn,
-                    outage=outage,
+                    client=how,
                     on_event=on_event,
-                    events=events,
+                    **hooks,
                 )
-            return run_batch(
-                b.plan,
-                None,
-                b.out_path,
-                lanes=lanes,
-                control=control,
-                on_progress=view.update,
-                progress_every_s=view.every_s,
-                monitor=monitor,
-                warn=env.warn,
-                outage=outage,
-                events=events,
-            )
+            return run_batch(b.plan, None, b.out_path, lanes=lanes, **hooks)
     finally:
         monitor.stop()
         close_later(clients)

@@ -21,10 +21,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from queue import Empty, SimpleQueue
 from typing import Any
 
 from calibrate.io.jsonl import JsonlWriter
+from calibrate.io.resume import repair_tail
+from calibrate.stages.batch.plan import BatchPlan
 from calibrate.stages.batch.result import Tally
 
 log = logging.getLogger("calibrate")
@@ -58,6 +61,23 @@ class Journal:
         self._waiting = 0
         self._thread = threading.Thread(target=self._run, name="batch-journal", daemon=True)
         self._thread.start()
+
+    @classmethod
+    def for_plan(
+        cls, plan: BatchPlan, out_path: Path, slots: int, on_write_error: Callable[[str], None]
+    ) -> Journal:
+        """The run's journal (pool and worker processes alike): on the plan's writer, or on one
+        opened here for a plan that holds none (--sample, or a caller that holds no lock);
+        lines not yet written: at most about one per slot (or MIN_PENDING)."""
+        spec = plan.spec
+        writer = plan.writer
+        if writer is None:
+            if plan.scan is not None:
+                repair_tail(plan.scan)
+            writer = JsonlWriter(out_path, fsync=spec.fsync)
+        tally = Tally(sample=bool(spec.sample), expect=spec.expect, max_chars=spec.max_chars)
+        pending = min(max(slots, MIN_PENDING), MAX_PENDING)
+        return cls(writer, tally, on_write_error=on_write_error, max_pending=pending)
 
     def record(self, line: dict[str, Any], text: str | None, tokens: int, endpoint: str) -> None:
         """Queue one item's line; it is counted once written (never twice, or not at all)."""

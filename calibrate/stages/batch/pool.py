@@ -18,18 +18,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.client import OpenAIClient
-from calibrate.io.jsonl import JsonlWriter
-from calibrate.io.resume import repair_tail
-from calibrate.stages.batch.journal import MAX_PENDING, MIN_PENDING, Journal
+from calibrate.stages.batch.journal import Journal
 from calibrate.stages.batch.lanes import Lane, make_lane, report
 from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
-from calibrate.stages.batch.plan import BatchPlan, BatchSpec
+from calibrate.stages.batch.plan import BatchPlan
 from calibrate.stages.batch.queue import WorkQueue
-from calibrate.stages.batch.result import BatchProgress, BatchResult, Tally
+from calibrate.stages.batch.result import BatchProgress, BatchResult
 from calibrate.stages.batch.worker import (
     BatchControl,
     ReachabilityGuard,
@@ -40,6 +38,18 @@ from calibrate.stages.batch.worker import (
 from calibrate.state.setting import Endpoint
 
 log = logging.getLogger("calibrate")
+
+
+class RunHooks(TypedDict):
+    """What both runners take alike (``run_batch`` here, ``procs.run_workers``): ``**hooks``."""
+
+    control: BatchControl
+    on_progress: Callable[[BatchProgress], None]
+    progress_every_s: float
+    monitor: SelfLoadMonitor
+    warn: Callable[[str], None]
+    outage: OutagePolicy
+    events: list[OutageEvent]
 
 
 def run_batch(
@@ -70,20 +80,12 @@ def run_batch(
         assert client is not None, "run_batch needs a client or lanes"
         endpoint = Endpoint(getattr(client, "base_url", ""), spec.concurrency, "spec")  # fakes too
         lanes = (make_lane(endpoint, client, outage, on_event=events.append),)
-    writer = plan.writer
-    if writer is None:  # a plan from plan_batch (--sample, or a caller that holds no lock)
-        if plan.scan is not None:
-            repair_tail(plan.scan)
-        writer = JsonlWriter(out_path, fsync=spec.fsync)
     counts = [(lane, min(lane.concurrency, max(plan.to_run, 1))) for lane in lanes]
     total_workers = sum(n for _, n in counts)
-    tally = Tally(sample=bool(spec.sample), expect=spec.expect, max_chars=spec.max_chars)
-    journal = Journal(  # lines not yet written: at most about one per worker (or 256)
-        writer,
-        tally,
-        on_write_error=lambda detail: control.fail("write_error", detail),
-        max_pending=min(max(total_workers, MIN_PENDING), MAX_PENDING),
+    journal = Journal.for_plan(
+        plan, out_path, total_workers, lambda detail: control.fail("write_error", detail)
     )
+    tally = journal.tally
     queue = WorkQueue(plan, total_workers)
     guard = ReachabilityGuard(
         total_workers, on_unreachable=lambda detail: control.fail("unreachable", detail)
@@ -94,7 +96,7 @@ def run_batch(
         for n in range(count):
             slots.append(slot := Slot())
             worker = threading.Thread(
-                target=_lane_worker,
+                target=work,
                 args=(lane, lanes, queue, spec, journal, control, guard, slot),
                 name=f"batch-{i}-{n}",
                 daemon=True,  # only matters when abandoned: a stuck request must not block exit
@@ -146,51 +148,18 @@ def run_batch(
         report(lane, tally.done_at[lane.label], tally.failed_at[lane.label], elapsed)
         for lane in lanes
     )
-    return BatchResult(
-        total=plan.total,
-        skipped=plan.skipped,
-        to_run=plan.to_run,
-        ok=tally.ok,
-        failed_by_kind=dict(tally.kinds),
-        interrupted=control.interrupted,
+    return BatchResult.of(
+        plan,
+        tally,
+        control.reason,
+        control.detail or queue.error,
         abandoned=abandoned,
-        stopped_by=control.reason,
-        stop_detail=control.detail or queue.error,
         seconds=elapsed,
-        output_tokens=tally.output_tokens,
-        retried_items=tally.retried,
-        attempts=tally.attempts,
-        failures=tuple(tally.failures),
-        preamble=(tally.preamble_n, tuple(tally.preamble)),
-        too_long=(tally.too_long_n, tuple(tally.too_long)),
-        shapes=tuple(tally.shapes),
         selfload=monitor.report() if monitor is not None else None,
         out_path=out_path,
         endpoints=reports,
-        outage_events=tuple(events),
+        events=events,
     )
-
-
-def _lane_worker(
-    lane: Lane,
-    lanes: Sequence[Lane],
-    queue: WorkQueue,
-    spec: BatchSpec,
-    journal: Journal,
-    control: BatchControl,
-    guard: ReachabilityGuard,
-    slot: Slot,
-) -> None:
-    """One slot of ``lane``; when its endpoint was given up and no endpoint is left, stop."""
-    work(lane, queue, spec, journal, control, guard, slot)
-    if lane.breaker.state == "gone" and all(other.breaker.state == "gone" for other in lanes):
-        total_s = max(other.breaker.down_total_s for other in lanes)
-        control.fail(
-            "outage",
-            f"no server answered for {total_s:.0f} s (--outage-s "
-            f"{lane.breaker.policy.limit_s:g}); items that never got an answer are "
-            "not marked failed",
-        )
 
 
 def _wait(

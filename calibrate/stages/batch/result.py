@@ -14,7 +14,7 @@ from calibrate.io.jsonl import without_surrogates
 from calibrate.io.tasks import ItemId, Task
 from calibrate.stages.batch.lanes import EndpointReport
 from calibrate.stages.batch.outage import OutageEvent
-from calibrate.stages.batch.plan import BatchSpec
+from calibrate.stages.batch.plan import BatchPlan, BatchSpec
 from calibrate.stages.measure.format_check import (
     Expect,
     OutputShape,
@@ -72,6 +72,46 @@ class BatchResult:
     out_path: Path
     endpoints: tuple[EndpointReport, ...] = ()
     outage_events: tuple[OutageEvent, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        plan: BatchPlan,
+        tally: Tally,
+        stopped_by: str | None,
+        stop_detail: str,
+        *,
+        abandoned: int,
+        seconds: float,
+        selfload: SelfLoadReport | None,
+        out_path: Path,
+        endpoints: tuple[EndpointReport, ...],
+        events: list[OutageEvent],
+    ) -> BatchResult:
+        """The result of a run (pool and worker processes alike) from its plan and tally."""
+        return cls(
+            total=plan.total,
+            skipped=plan.skipped,
+            to_run=plan.to_run,
+            ok=tally.ok,
+            failed_by_kind=dict(tally.kinds),
+            interrupted=stopped_by == "interrupted",
+            abandoned=abandoned,
+            stopped_by=stopped_by,
+            stop_detail=stop_detail,
+            seconds=seconds,
+            output_tokens=tally.output_tokens,
+            retried_items=tally.retried,
+            attempts=tally.attempts,
+            failures=tuple(tally.failures),
+            preamble=(tally.preamble_n, tuple(tally.preamble)),
+            too_long=(tally.too_long_n, tuple(tally.too_long)),
+            shapes=tuple(tally.shapes),
+            selfload=selfload,
+            out_path=out_path,
+            endpoints=endpoints,
+            outage_events=tuple(events),
+        )
 
     @property
     def failed(self) -> int:

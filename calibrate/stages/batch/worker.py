@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from calibrate.errors import ErrorInfo, RequestError
@@ -148,6 +148,7 @@ def in_flight(slots: list[Slot]) -> int:
 
 def work(
     lane: Lane,
+    lanes: Sequence[Lane],
     queue: WorkQueue,
     spec: BatchSpec,
     journal: Journal,
@@ -155,9 +156,30 @@ def work(
     guard: ReachabilityGuard,
     slot: Slot | None = None,
 ) -> None:
+    """One slot of ``lane`` (pool and worker process alike); when its endpoint was given up
+    and no endpoint is left, the run stops."""
+    _take_items(lane, queue, spec, journal, control, guard, slot or Slot())
+    if lane.breaker.state == "gone" and all(other.breaker.state == "gone" for other in lanes):
+        total_s = max(other.breaker.down_total_s for other in lanes)
+        control.fail(
+            "outage",
+            f"no server answered for {total_s:.0f} s (--outage-s "
+            f"{lane.breaker.policy.limit_s:g}); items that never got an answer are "
+            "not marked failed",
+        )
+
+
+def _take_items(
+    lane: Lane,
+    queue: WorkQueue,
+    spec: BatchSpec,
+    journal: Journal,
+    control: BatchControl,
+    guard: ReachabilityGuard,
+    slot: Slot,
+) -> None:
     """The worker loop of one slot of ``lane``: until the items run out or the run stops."""
     rng = random.Random()
-    slot = slot or Slot()
     while not control.stop.is_set():  # stopping: items not yet started stay for the rerun
         if not lane.breaker.await_up(control.stop, queue.idle):
             return  # given up (its items go to the other endpoints), stopping, or nothing left

@@ -19,9 +19,8 @@ from queue import Empty, SimpleQueue
 from typing import Any
 
 from calibrate.gpu.selfload import SelfLoadMonitor
-from calibrate.http.client import OpenAIClient
 from calibrate.io.tasks import ItemId, Task
-from calibrate.stages.batch.lanes import Lane, make_lane
+from calibrate.stages.batch.lanes import make_lane
 from calibrate.stages.batch.procs.wire import Channel, LaneStats, WorkerDone, WorkerSetup
 from calibrate.stages.batch.queue import MAX_REQUEUES
 from calibrate.stages.batch.worker import BatchControl, ReachabilityGuard, work
@@ -143,7 +142,7 @@ class LineSender:
 
 def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
     """Run this worker's slots until the parent's items end or it says stop."""
-    spec, c = setup.spec, setup.client
+    spec = setup.spec
     control = BatchControl()
     queue = ParentQueue(outbox)
     journal = LineSender(outbox, queue)
@@ -151,15 +150,7 @@ def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
     lanes = [
         make_lane(
             e,
-            OpenAIClient(
-                e.base_url,
-                api_key=c.api_key,
-                metrics_key=c.metrics_key,
-                timeout_s=c.timeout_s,
-                connect_timeout_s=c.connect_timeout_s,
-                max_response_mib=c.max_response_mib,
-                max_connections=e.concurrency,
-            ),
+            setup.client.client(e),
             setup.outage,
             on_event=lambda event: outbox.put("event", event),
         )
@@ -171,7 +162,7 @@ def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
     monitor = SelfLoadMonitor(advice=setup.advice, cpu_limit=setup.cpu_limit).start()
     threads = [
         threading.Thread(
-            target=_slot, args=(lane, lanes, queue, spec, journal, control, guard), daemon=True
+            target=work, args=(lane, lanes, queue, spec, journal, control, guard), daemon=True
         )
         for lane in lanes
         for _ in range(lane.concurrency)
@@ -206,26 +197,6 @@ def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
         for lane in lanes
     )
     return WorkerDone(monitor.stop(), stats)
-
-
-def _slot(
-    lane: Lane,
-    lanes: list[Lane],
-    queue: ParentQueue,
-    spec: Any,
-    journal: LineSender,
-    control: BatchControl,
-    guard: ReachabilityGuard,
-) -> None:
-    work(lane, queue, spec, journal, control, guard)  # type: ignore[arg-type]
-    if lane.breaker.state == "gone" and all(other.breaker.state == "gone" for other in lanes):
-        total_s = max(other.breaker.down_total_s for other in lanes)
-        control.fail(
-            "outage",
-            f"no server answered for {total_s:.0f} s (--outage-s "
-            f"{lane.breaker.policy.limit_s:g}); items that never got an answer are "
-            "not marked failed",
-        )
 
 
 def _listen(inbox: Channel, queue: ParentQueue, control: BatchControl) -> None:

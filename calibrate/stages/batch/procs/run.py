@@ -13,16 +13,13 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from calibrate.config import Config
 from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport
-from calibrate.io.jsonl import JsonlWriter
-from calibrate.io.resume import repair_tail
-from calibrate.stages.batch.journal import MAX_PENDING, MIN_PENDING, Journal
-from calibrate.stages.batch.lanes import EndpointReport
+from calibrate.stages.batch.journal import Journal
+from calibrate.stages.batch.lanes import ClientSetup, EndpointReport
 from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
 from calibrate.stages.batch.plan import BatchPlan
 from calibrate.stages.batch.procs.parent import Notes, WorkerProc, WorkerSet, split
-from calibrate.stages.batch.procs.wire import ClientSetup, WorkerDone, WorkerSetup
+from calibrate.stages.batch.procs.wire import WorkerDone, WorkerSetup
 from calibrate.stages.batch.queue import WorkQueue
 from calibrate.stages.batch.result import BatchProgress, BatchResult, Tally
 from calibrate.stages.batch.worker import BatchControl
@@ -65,13 +62,6 @@ def parent_advice(workers: int) -> str:
     )
 
 
-def client_setup(cfg: Config) -> ClientSetup:
-    t = cfg.target
-    return ClientSetup(
-        cfg.api_key, cfg.gpu_metrics_key, t.timeout_s, t.connect_timeout_s, t.max_response_mib
-    )
-
-
 def run_workers(
     plan: BatchPlan,
     out_path: Path,
@@ -104,18 +94,10 @@ def run_workers(
     )
     slots = sum(e.concurrency for e in endpoints)
     workers = max(1, min(workers, slots))  # every worker has a slot
-    writer = plan.writer
-    if writer is None:
-        if plan.scan is not None:
-            repair_tail(plan.scan)
-        writer = JsonlWriter(out_path, fsync=spec.fsync)
-    tally = Tally(sample=bool(spec.sample), expect=spec.expect, max_chars=spec.max_chars)
-    journal = Journal(
-        writer,
-        tally,
-        on_write_error=lambda detail: control.fail("write_error", detail),
-        max_pending=min(max(slots, MIN_PENDING), MAX_PENDING),
+    journal = Journal.for_plan(
+        plan, out_path, slots, lambda detail: control.fail("write_error", detail)
     )
+    tally = journal.tally
     queue = WorkQueue(plan, slots)
     notes = Notes()
     down_since: dict[str, float] = {}
@@ -194,28 +176,17 @@ def run_workers(
         queue.join()
     tick(force=True)
     elapsed = clock() - start
-    return BatchResult(
-        total=plan.total,
-        skipped=plan.skipped,
-        to_run=plan.to_run,
-        ok=tally.ok,
-        failed_by_kind=dict(tally.kinds),
-        interrupted=control.interrupted,
+    return BatchResult.of(
+        plan,
+        tally,
+        control.reason,
+        control.detail or queue.error,
         abandoned=abandoned,
-        stopped_by=control.reason,
-        stop_detail=control.detail or queue.error,
         seconds=elapsed,
-        output_tokens=tally.output_tokens,
-        retried_items=tally.retried,
-        attempts=tally.attempts,
-        failures=tuple(tally.failures),
-        preamble=(tally.preamble_n, tuple(tally.preamble)),
-        too_long=(tally.too_long_n, tuple(tally.too_long)),
-        shapes=tuple(tally.shapes),
         selfload=merged(monitor.report(), procs.reports),
         out_path=out_path,
         endpoints=_reports(given, procs.reports, tally, elapsed),
-        outage_events=tuple(events),
+        events=events,
     )
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from calibrate.gpu.selfload import SelfLoadReport
+from calibrate.stages.batch.lanes import ClientSetup
 from calibrate.stages.batch.outage import OutagePolicy
 from calibrate.stages.batch.plan import BatchSpec
 from calibrate.state.setting import Endpoint
@@ -24,26 +25,12 @@ MAX_FRAME = 1 << 30  # a longer length prefix is a corrupt stream, not a message
 
 
 @dataclass(frozen=True)
-class ClientSetup:
-    """How a worker builds its clients (the target's settings; the key stays in memory)."""
-
-    api_key: str | None
-    metrics_key: str | None
-    timeout_s: float
-    connect_timeout_s: float
-    max_response_mib: float
-
-    def __repr__(self) -> str:  # never the key, in a traceback or a log
-        return f"ClientSetup(timeout_s={self.timeout_s})"
-
-
-@dataclass(frozen=True)
 class WorkerSetup:
     """The first message to a worker: its share of each endpoint's slots and the run's spec."""
 
     index: int
     endpoints: tuple[Endpoint, ...]  # its own share: concurrency already split
-    client: ClientSetup
+    client: ClientSetup  # how it builds its clients
     spec: BatchSpec
     outage: OutagePolicy
     advice: str  # the self-check's advice when this worker is the bottleneck
