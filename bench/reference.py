@@ -267,9 +267,9 @@ def table(setup: Setup, rows: list[Point]) -> str:
         rule,
         f"| aiohttp + uvloop reference | {' | '.join(map(_cell, ref))} "
         f"| {_cpu_range([r.reference_cpu_ms for r in rows])} |",
-        f"| calibrate batch over asyncio (CALIBRATE_TRANSPORT=asyncio) | {' | '.join(map(_cell, cal))} "
+        f"| calibrate batch over asyncio (the default) | {' | '.join(map(_cell, cal))} "
         f"| {_cpu_range([r.calibrate_cpu_ms for r in rows])} |",
-        f"| calibrate batch over urllib3 (the default) "
+        f"| calibrate batch over urllib3 (CALIBRATE_TRANSPORT=urllib3) "
         f"| {' | '.join(_cell(r.urllib3_ratio) for r in rows)} "
         f"| {_cpu_range([r.urllib3_cpu_ms for r in rows])} |",
     ]

@@ -18,6 +18,7 @@ from calibrate.errors import RequestError
 from calibrate.http.aio.wire import Answer
 from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams
+from tests.helpers import write_config
 from tests.mockserver import start_mock
 
 PARAMS = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=8)
@@ -326,3 +327,31 @@ def test_both_transports_read_the_same_answers() -> None:
             assert streamed.ttft_s is not None and 0 < streamed.ttft_s <= streamed.elapsed_s
             got.append((plain.choices, plain.usage, streamed.choices, streamed.usage))
     assert got[0] == got[1]
+
+
+@pytest.mark.parametrize("value", ["", "urllib3", "asyncio"])
+def test_the_transport_is_asyncio_unless_the_environment_says_urllib3(
+    cli, mock, isolated, monkeypatch, value: str
+) -> None:
+    """Both transports carry a whole stage; the variable picks one (unset or empty: asyncio)."""
+    monkeypatch.setenv("CALIBRATE_TRANSPORT", value)
+    write_config(isolated / "calibrate.toml", mock.base_url)
+    result = cli("single")
+    assert result.code == 0, result.err
+    client = OpenAIClient(mock.base_url)
+    assert (client._aio is None) == (value == "urllib3")
+    client.close()
+
+
+def test_an_unknown_transport_is_a_usage_error_naming_the_way_out(
+    cli, mock, isolated, monkeypatch
+) -> None:
+    monkeypatch.setenv("CALIBRATE_TRANSPORT", "aiohttp")
+    write_config(isolated / "calibrate.toml", mock.base_url)
+    result = cli("single")
+    assert result.code == 2
+    assert result.err.strip().splitlines() == [
+        "error: CALIBRATE_TRANSPORT is 'aiohttp': set it to asyncio (the default) or urllib3, "
+        "or unset it"
+    ]
+    assert not (isolated / "runs" / "ledger.jsonl").exists()

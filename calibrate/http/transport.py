@@ -1,7 +1,7 @@
 """The urllib3 transport: its connection pool used directly, a total deadline per request, a cap.
 
-It carries every call by default; completions go through ``calibrate.http.aio`` when asked
-(``io="asyncio"``, ``CALIBRATE_TRANSPORT=asyncio``).
+It carries every call but completions, which go through ``calibrate.http.aio`` unless asked
+(``io="urllib3"``, ``CALIBRATE_TRANSPORT=urllib3``).
 
 ``timeout_s`` bounds connect, send and every read, the status line and headers included
 (``calibrate.http.deadline``) and bodies too (read in pieces with the socket timeout set to the
