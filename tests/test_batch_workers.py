@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport
+from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport, tree_cpu
 from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams
 from calibrate.stages.batch import BatchPlan, BatchSpec, plan_batch, run_batch
@@ -225,6 +227,63 @@ def test_a_workers_bottleneck_warning_reaches_the_user_once_naming_workers(
     assert result.selfload is not None and result.selfload.bottleneck
     assert [w for w in one if "calibrate itself is the bottleneck" in w], one
     assert alone.selfload is not None and alone.selfload.bottleneck
+
+
+def test_workers_that_together_take_the_machine_are_named_once_advising_another_machine(
+    isolated: Path,
+) -> None:
+    """Each worker keeps up (its own threshold is the real one), but the parent and its workers
+    together cross the machine-wide threshold (0 here): one warning, naming every process and
+    the machine's cores, and the advice is to move the client, not more --workers."""
+    tasks = write_tasks(isolated / "tasks.jsonl", 120)
+    spec = BatchSpec(
+        input_path=tasks,
+        out_path=isolated / "out.jsonl",
+        model="internlm-s2",
+        params=SamplingParams(0.0, 64, 1.0, None),
+    )
+    with start_mock(ttft_s=0.1, per_token_s=0.0) as server:
+        warned: list[str] = []
+        result = procs_run.run_workers(
+            plan_batch(spec),
+            isolated / "out.jsonl",
+            endpoints=[Endpoint(server.base_url, 4, "flag")],
+            workers=2,
+            client=ClientSetup(None, None, 30.0, 5.0, 64.0),
+            control=BatchControl(),
+            on_progress=lambda progress: None,
+            progress_every_s=3600,
+            monitor=SelfLoadMonitor(),
+            warn=warned.append,
+            outage=OutagePolicy(),
+            on_event=lambda event: None,
+            events=[],
+            machine_cpu_limit=0.0,
+        )
+    assert result.ok == 120
+    (text,) = [w for w in warned if "calibrate itself is the bottleneck" in w]
+    assert "its 3 processes used" in text and f"of this machine's {procs_run.cores()}" in text
+    assert "another machine" in text
+    assert result.selfload is not None and result.selfload.bottleneck
+
+
+def test_the_tree_cpu_clock_counts_a_busy_child_and_never_runs_back() -> None:
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass",
+        ]
+    )
+    with reaped(child):
+        clock = tree_cpu(lambda: [child.pid] if child.poll() is None else [])
+        before = clock()
+        time.sleep(0.8)
+        during = clock()
+        child.wait(10)
+        readings = [clock() for _ in range(3)]
+    assert during - before > 0.3  # the child's CPU, while this process slept
+    assert readings == sorted(readings) and readings[0] >= during
 
 
 def test_an_endpoint_gone_mid_run_leaves_its_items_to_the_other_workers_endpoint(

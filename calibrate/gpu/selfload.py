@@ -12,13 +12,18 @@ calibrate's limit, not the GPU's. Ladder, sweep and batch run a ``SelfLoadMonito
 
 A sweep asks per level: ``mark = monitor.mark()`` before it, ``monitor.bound_since(mark)`` after
 (the reason, or "" when the client kept up during that level).
+
+``batch --workers N`` checks each process against its core and, in the parent, all of them
+together against the machine (``tree_cpu``: the parent's CPU and its workers'): N workers that
+each keep up can still, together, take every core the machine has.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 Clock = Callable[[], float]
@@ -72,8 +77,12 @@ class SelfLoadMonitor:
         clock: Clock = time.perf_counter,
         cpu_clock: Clock = time.process_time,
         advice: str = DEFAULT_ADVICE,
+        who: str = "calibrate's own process",
+        of_cores: int | None = None,
     ) -> None:
         self.window_s = window_s
+        self.who = who  # what used the CPU, in words ("calibrate's 3 processes")
+        self.of_cores = of_cores  # the machine's cores, said with the figure when given
         self.tick_s = tick_s
         self.cpu_limit = cpu_limit
         self.lag_limit_s = lag_limit_s
@@ -97,7 +106,7 @@ class SelfLoadMonitor:
             bound = sample.cpu_fraction >= self.cpu_limit or sample.lag_s >= self.lag_limit_s
             self._streak = self._streak + 1 if bound else 0
             if self._streak >= self.confirm and not self._reason:
-                self._reason = _describe(sample, self.cpu_limit, self.advice)
+                self._reason = _describe(self._cause(sample), self.advice)
         return sample
 
     def mark(self) -> int:
@@ -115,8 +124,15 @@ class SelfLoadMonitor:
             bound = sample.cpu_fraction >= self.cpu_limit or sample.lag_s >= self.lag_limit_s
             streak = streak + 1 if bound else 0
             if streak >= self.confirm:
-                return cause(sample, self.cpu_limit)
+                return self._cause(sample)
         return ""
+
+    def _cause(self, sample: SelfLoadSample) -> str:
+        """What made a window client-bound, in words."""
+        if sample.cpu_fraction >= self.cpu_limit:
+            of = f" of this machine's {self.of_cores}" if self.of_cores else ""
+            return f"{self.who} used {sample.cpu_fraction:.2f}{of} CPU cores"
+        return f"calibrate's threads waited {sample.lag_s * 1000:.0f} ms on average to run"
 
     @property
     def bottleneck(self) -> bool:
@@ -173,16 +189,32 @@ class SelfLoadMonitor:
                 wall0, cpu0, lag_total, ticks = now, cpu, 0.0, 0
 
 
-def cause(sample: SelfLoadSample, cpu_limit: float) -> str:
-    """What made a window client-bound, in words."""
-    if sample.cpu_fraction >= cpu_limit:
-        return f"calibrate's own process used {sample.cpu_fraction:.2f} CPU cores"
-    return f"calibrate's threads waited {sample.lag_s * 1000:.0f} ms on average to run"
-
-
-def _describe(sample: SelfLoadSample, cpu_limit: float, advice: str) -> str:
-    cause_text = cause(sample, cpu_limit).replace("calibrate's", "its", 1)
+def _describe(cause: str, advice: str) -> str:
+    cause_text = cause.replace("calibrate's", "its", 1)
     return (
         f"calibrate itself is the bottleneck: {cause_text}, so requests are waiting on the client, "
         f"not the server; throughput now is the client's limit ({advice})"
     )
+
+
+def tree_cpu(pids: Callable[[], Iterable[int]]) -> Callable[[], float]:
+    """A CPU clock of this process and its children: its own CPU seconds, its reaped children's,
+    and those of the live ``pids`` (read from /proc; where there is none, the live children are
+    counted once reaped). Never runs backwards (a child between its death and its reaping)."""
+    tick_s = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+    last = [0.0]
+
+    def clock() -> float:
+        t = os.times()
+        total = time.process_time() + t.children_user + t.children_system
+        for pid in pids():
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as stat:
+                    fields = stat.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # gone, or no /proc
+            total += (int(fields[11]) + int(fields[12])) * tick_s  # utime, stime
+        last[0] = max(last[0], total)
+        return last[0]
+
+    return clock

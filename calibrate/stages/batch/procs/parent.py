@@ -123,6 +123,11 @@ class WorkerSet:
         except OSError as exc:  # out of processes or descriptors: the run stops, resumable
             self._control.fail("workers", f"could not start a worker process: {exc}")
 
+    def pids(self) -> list[int]:
+        """The live workers' process ids (the machine-wide self-check reads their CPU)."""
+        with self._lock:
+            return [p.popen.pid for p in self.procs if p.popen.returncode is None]
+
     def live(self) -> list[WorkerProc]:
         with self._lock:
             return [p for p in self.procs if p.running]

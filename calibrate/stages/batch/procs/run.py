@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport
+from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport, tree_cpu
 from calibrate.stages.batch.journal import Journal
 from calibrate.stages.batch.lanes import ClientSetup, EndpointReport
 from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
@@ -62,6 +63,14 @@ def parent_advice(workers: int) -> str:
     )
 
 
+def machine_advice(workers: int) -> str:
+    """… and when all of calibrate's processes together take the machine's cores."""
+    return (
+        f"the parent and its {workers} --workers share this machine's cores with nothing to "
+        "spare: run calibrate on another machine than the server, or lower -c"
+    )
+
+
 def run_workers(
     plan: BatchPlan,
     out_path: Path,
@@ -79,10 +88,12 @@ def run_workers(
     events: list[OutageEvent],
     clock: Callable[[], float] = time.perf_counter,
     worker_cpu_limit: float = 0.85,
+    machine_cpu_limit: float = 0.85,
 ) -> BatchResult:
     """Send the plan's items through ``workers`` processes; one line per item, written here.
 
-    ``worker_cpu_limit``: the workers' self-check threshold (one core is 1.0).
+    ``worker_cpu_limit``: the workers' self-check threshold (one core is 1.0);
+    ``machine_cpu_limit``: all processes together, as a share of the machine's cores.
     """
     spec = plan.spec
     given, endpoints = (
@@ -130,14 +141,22 @@ def run_workers(
         for i, share in enumerate(split(endpoints, workers))
     ]
     procs = WorkerSet(setups, queue, control, on_message, notes.put)
+    machine = SelfLoadMonitor(
+        cpu_clock=tree_cpu(procs.pids),
+        cpu_limit=machine_cpu_limit * cores(),
+        lag_limit_s=float("inf"),  # each process's own monitor watches its threads
+        advice=machine_advice(workers),
+        who=f"calibrate's {workers + 1} processes",
+        of_cores=cores(),
+    )
     start = clock()
     last_report = start
     told = {"stop": False, "bottleneck": False}
 
     def tick(force: bool = False) -> None:
         nonlocal last_report
-        own = monitor.poll_warning()
-        for text in [*notes.drain(), *([own] if own else [])]:
+        own = [w for w in (monitor.poll_warning(), machine.poll_warning()) if w]
+        for text in [*notes.drain(), *own]:
             if text.startswith(BOTTLENECK):
                 if told["bottleneck"]:
                     continue  # once a run, whichever process said it first
@@ -168,8 +187,10 @@ def run_workers(
     try:
         queue.start()
         procs.start()
+        machine.start()
         abandoned = _wait(procs, queue, control, spec.grace_s, tick, clock)
     finally:
+        machine.stop()
         procs.kill_all()  # none is left running, whatever happened here
         queue.close()
         journal.close()
@@ -183,7 +204,7 @@ def run_workers(
         control.detail or queue.error,
         abandoned=abandoned,
         seconds=elapsed,
-        selfload=merged(monitor.report(), procs.reports),
+        selfload=merged(monitor.report(), procs.reports, machine.report()),
         out_path=out_path,
         endpoints=_reports(given, procs.reports, tally, elapsed),
         events=events,
@@ -221,9 +242,14 @@ def _wait(
         tick()
 
 
-def merged(own: SelfLoadReport, workers: Sequence[WorkerDone]) -> SelfLoadReport:
-    """One self-check for the run: the busiest process's figures; a bottleneck if any was."""
+def merged(
+    own: SelfLoadReport, workers: Sequence[WorkerDone], machine: SelfLoadReport | None = None
+) -> SelfLoadReport:
+    """One self-check for the run: the busiest process's figures; a bottleneck if any process
+    was one, or all of them together took the machine (``machine``: its reason only)."""
     reports = [own, *(w.selfload for w in workers)]
+    if machine is not None and machine.bottleneck:
+        reports.append(replace(machine, cpu_fraction_max=0.0, cpu_fraction_mean=0.0))
     reason = next((r.reason for r in reports if r.bottleneck), "")
     return SelfLoadReport(
         windows=max(r.windows for r in reports),
