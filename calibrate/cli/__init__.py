@@ -48,7 +48,9 @@ _FOLDER = dict.fromkeys(
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or with ``only`` one command's (what a run of that command needs: the
+    other fourteen modules are not imported, a third of a second less start-up)."""
     parser = argparse.ArgumentParser(
         prog="calibrate",
         description=(
@@ -60,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"calibrate {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in (only,) if only in COMMAND_MODULES else COMMAND_MODULES:
         module = importlib.import_module(f"calibrate.cli.{_FOLDER.get(name, '')}{name}")
         module.register(subparsers)
     return parser
@@ -91,7 +93,7 @@ def _interrupted_text(exc: KeyboardInterrupt) -> str:
 
 
 def _run(args_list: list[str]) -> int:
-    parser = build_parser()
+    parser = build_parser(args_list[0] if args_list else None)
     try:
         args = parser.parse_args(args_list)
     except SystemExit as exc:  # argparse exits 2 on bad flags, 0 on --help
