@@ -124,7 +124,9 @@ def test_the_closed_loop_on_the_real_clock_puts_its_window_on_the_recorded_finis
         client.close()
     assert run.started_at is not None and all(i.times is not None for i in run.items)
     for item in run.items:
-        assert abs(run.finished_s(item) - item.done_s) < 0.005  # the same instant, one clock
+        # one clock: the answer's last byte arrived (its recorded finish), then its sender
+        # thread took it up (the I/O loop's hand-off: well under 50 ms even on a loaded box)
+        assert -0.002 < item.done_s - run.finished_s(item) < 0.05
     steady = steady_throughput(run)
     assert not steady.whole_run and steady.completions >= 8
 
