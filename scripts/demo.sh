@@ -62,7 +62,8 @@ ready_timeout_s = 30
 stop_timeout_s = 10
 TOML
 echo "port = $port" >>calibrate.toml
-step "calibrate server start, then rollback   (the mock, now run by calibrate; stage D: back to the last passing batch at concurrency 1, with proof)"
+# the same mock, now started, watched and stopped by calibrate
+step "calibrate server start, then rollback   (stage D: back to the last passing batch, with proof)"
 kill "$mock_pid" && wait "$mock_pid" 2>/dev/null || true
 trap 'calibrate server stop >/dev/null 2>&1 || true' EXIT
 calibrate server start --kind custom   # at the calibrated setting: batch 4, concurrency 4
