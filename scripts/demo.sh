@@ -62,11 +62,11 @@ ready_timeout_s = 30
 stop_timeout_s = 10
 TOML
 echo "port = $port" >>calibrate.toml
-step "calibrate server start   (the same mock, now started, watched and stopped by calibrate)"
+# the same mock, now started, watched and stopped by calibrate
+step "calibrate server start, then rollback   (stage D: back to the last passing batch, with proof)"
 kill "$mock_pid" && wait "$mock_pid" 2>/dev/null || true
 trap 'calibrate server stop >/dev/null 2>&1 || true' EXIT
 calibrate server start --kind custom   # at the calibrated setting: batch 4, concurrency 4
-step "calibrate rollback (stage D: back to the last passing batch at concurrency 1, with proof)"
 calibrate rollback
 # tune: a short window per level (a quarter of the sweep's), levels 1-8, three candidates
 cat >>calibrate.toml <<'TOML'
@@ -93,7 +93,7 @@ with open("tasks.jsonl", "w", encoding="utf-8") as handle:
         handle.write(json.dumps(item, ensure_ascii=False) + "\n")
 PY
 calibrate batch --input tasks.jsonl --out out.jsonl --prompt "一句话概括：" --final final.jsonl
-calibrate batch --input tasks.jsonl --out out.jsonl --prompt "一句话概括：" --final final.jsonl  # nothing left: resumes
+calibrate batch --input tasks.jsonl --out out.jsonl --prompt "一句话概括："  # nothing left: resumes
 calibrate server stop
 
 step "calibrate report --html   (one self-contained HTML file per run, from its folder alone: no server)"
@@ -104,5 +104,5 @@ quiet calibrate report "$ladder_run" --html --timeline "$(top "$ladder_run" batc
 quiet calibrate report "$sweep_run" --html --timeline "$(top "$sweep_run" concurrency)" --no-plot
 quiet calibrate report "$auto_run" --html --timeline "$(top "$auto_run" auto_step)" --no-plot
 
-echo "demo finished: everything it wrote is in $work (final results: final.jsonl, $(wc -l <final.jsonl) lines)"
-echo "HTML reports (report.html in each): $work/$ladder_run, $work/$sweep_run, $work/$auto_run (sweep --auto)"
+# final.jsonl's lines: batch's "final:" line counts them
+echo "demo finished: everything it wrote is in $work; report.html in $ladder_run, $sweep_run, $auto_run (sweep --auto)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from collections.abc import Mapping, Sequence
 from html.parser import HTMLParser
 from pathlib import Path
@@ -182,16 +183,32 @@ class Page(HTMLParser):
         return self.rows.get(table_id, [])[1:]
 
 
-def table_lines(text: str) -> list[str]:
-    """The lines of the tables in some stderr output: each header, the rule under it and the
-    rows after it (they start with the key, right-justified under a longer header)."""
-    lines = text.splitlines()
-    found: list[str] = []
-    for n, line in enumerate(lines):
-        if n and line.strip() and set(line.strip()) == {"─"}:
-            found += [lines[n - 1], line]
+def _is_row(line: str) -> bool:
+    """A table row starts with its key, right-justified under a longer header."""
+    return bool(line.strip()) and (line[0] == " " or line[0].isdigit())
+
+
+def _is_header(line: str) -> bool:
+    """Column names from the first character, two spaces or more between them."""
+    return bool(line) and line[0].isalpha() and len(re.split(r" {2,}", line.strip())) > 1
+
+
+def tables(text: str) -> list[list[str]]:
+    """The tables in some stderr output, each its header then its rows (a log's tables have no
+    rule under the header; a terminal's do, and it is left out)."""
+    lines = [ln for ln in text.splitlines() if not (ln.strip() and set(ln.strip()) == {"─"})]
+    found: list[list[str]] = []
+    for n, line in enumerate(lines[:-1]):
+        if _is_header(line) and _is_row(lines[n + 1]):
+            rows = []
             for row in lines[n + 1 :]:
-                if not row.strip() or not (row[0] == " " or row[0].isdigit()):
+                if not _is_row(row):
                     break
-                found.append(row)
+                rows.append(row)
+            found.append([line, *rows])
     return found
+
+
+def table_lines(text: str) -> list[str]:
+    """The lines of the tables in some stderr output: each header and the rows after it."""
+    return [line for table in tables(text) for line in table]

@@ -165,7 +165,7 @@ def test_batch_warns_before_sending_about_items_longer_than_any_ladder_verified(
     assert found and found[1] == "4", warning
     assert abs(int(found[2].replace(",", "")) - 2000) <= 100  # what the 2000-token step sent
     assert "run calibrate ladder --tasks" in warning and str(tasks) in warning
-    assert result.err.index("items exceed") < result.err.index("batch: 8 ok")  # before the end
+    assert result.err.index("items exceed") < result.err.index("all 8 items ok")  # before the end
     assert result.code == 0
 
 

@@ -138,7 +138,7 @@ def test_ladder_tiers_carry_goodput_where_queueing_makes_half_a_wave_miss(
         pytest.approx(t["goodput_per_s"], abs=1e-4) for t in detail
     ]
     assert jsonl(isolated / "runs/ledger.jsonl")[-2]["summary"]["slo_met"] == 4
-    header, _, *rows = table_lines(result.err)  # the log's table: a row per tier, goodput in each
+    header, *rows = table_lines(result.err)  # the log's table: a row per tier, goodput in each
     at = header.index("goodput") + len("goodput")
     assert len(rows) == 3 and all(re.search(r"\d+\.\d\d$", r[:at]) for r in rows), rows
     setting = next(ln for ln in result.err.splitlines() if ln.startswith("setting: batch 2, "))

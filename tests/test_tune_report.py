@@ -21,7 +21,7 @@ def _ranked(err: str) -> list[dict[str, str]]:
     """The rows of the ranked table in stderr, by column name."""
     lines = table_lines(err)
     header = re.split(r"\s{2,}", lines[0].strip())
-    return [dict(zip(header, re.split(r"\s{2,}", row.strip()), strict=True)) for row in lines[2:]]
+    return [dict(zip(header, re.split(r"\s{2,}", row.strip()), strict=True)) for row in lines[1:]]
 
 
 def _tune_run(isolated: Path) -> Path:

@@ -39,8 +39,10 @@ def test_verify_after_clean_restart_and_from_the_pinned_script(cli, isolated: Pa
         assert started.json["batch_size"] == 4 and started.json["concurrency"] == 1
         pinned = cli("verify")
         assert (
-            pinned.code == 0 and "expected setting: batch 4, concurrency 1 (from pin)" in pinned.err
+            pinned.code == 0
+            and "config consistent at batch 4, concurrency 1 (from pin): " in pinned.err
         )
+        assert "expected setting" not in pinned.err  # the verdict names it: one line, not two
     finally:
         cli("server", "stop")
     suite = ET.parse(isolated / "verify.xml").getroot().find("testsuite")

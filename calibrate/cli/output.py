@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any, TextIO
 
 from rich.console import Console
+from rich.table import Table
 
 from calibrate.cli.streams import can_encode
 
@@ -58,7 +59,7 @@ class Output:
             {"say": self.say, "warn": self.warn, "ok": self.ok, "fail": self.fail}[level](text)
 
     def render(self, renderable: Any) -> None:
-        self.console.print(renderable)
+        self._print_table(renderable)
 
     def render_wide(self, table: Any) -> None:
         """A --wide table at the width it needs (never squeezed into the terminal's)."""
@@ -66,9 +67,23 @@ class Output:
         needed = self.console.measure(table, options=self.console.options.update(width=10_000))
         self.console.width = max(needed.maximum, width)  # print() never goes past it
         try:
-            self.console.print(table, crop=False)
+            self._print_table(table, crop=False)
         finally:
             self.console.width = width
+
+    def _print_table(self, renderable: Any, crop: bool = True) -> None:
+        """A table as rich lays it out; in a log without the rule under its header, as a
+        stage's table printed a row at a time has none (``report RUN`` prints its lines)."""
+        if self.is_tty or not isinstance(renderable, Table):
+            self.console.print(renderable, crop=crop)
+            return
+        with self.console.capture() as capture:
+            self.console.print(renderable, crop=crop)
+        lines = capture.get().splitlines()
+        rule = next((n for n, line in enumerate(lines) if set(line.strip()) == {"─"}), None)
+        kept = lines if rule is None else lines[:rule] + lines[rule + 1 :]
+        self.stream.write("".join(f"{line}\n" for line in kept))
+        self.stream.flush()
 
     def result(self, payload: dict[str, Any]) -> None:
         if self.json_mode:

@@ -114,8 +114,8 @@ def live_rows(
 
 
 class LogTable:
-    """A log's table, a row as each tier finishes: the header and its rule come with the first
-    row, which fixes the columns (the essential ones, fitting the console, as a terminal's live
+    """A log's table, a row as each tier finishes: the header (no rule under it in a log) comes
+    with the first row, which fixes the columns (the essential ones, fitting the console, as a terminal's live
     table) and their widths (a later, wider cell pushes the rest of its row right). --wide
     prints every column once more at the end, as on a terminal."""
 
@@ -129,7 +129,6 @@ class LogTable:
         if not self.columns:
             self._fit(row)
             self._print([name for name, _ in self.columns])
-            self._say("─" * (sum(self.widths) + 2 * (len(self.widths) - 1)))
         self._print([cell(row) for _, cell in self.columns])
 
     def _fit(self, row: Mapping[str, Any]) -> None:

@@ -32,13 +32,17 @@ class VerifyResult:
         return self.repro.passed
 
     def verdict_line(self, run_id: str) -> str:
-        """ "config consistent: …", or why verify failed."""
+        """ "config consistent at batch 4, concurrency 4 (from pin): …" (the setting the server
+        is supposed to run at, when there is one), or why verify failed."""
         comparison = self.repro.comparisons[0]
         if self.passed:
             note = (
                 " (whitespace-only difference)" if comparison.verdict == "whitespace-only" else ""
             )
-            return f"config consistent: the fixed prompt matches the baseline{note} (run {run_id})"
+            at = f" at {self.setting.describe()}" if self.setting is not None else ""
+            return (
+                f"config consistent{at}: the fixed prompt matches the baseline{note} (run {run_id})"
+            )
         if comparison.failure:
             return f"verify failed: the server gave no answer to compare: {comparison.failure}"
         return "verify failed: the restarted server does not give the baseline answer"

@@ -33,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
         out.result({"config": public, "target": target})
         return 0
     status = status_of(cfg)
-    out.say(f"target {target}: {cfg.target.model} at {redact_url(cfg.target.base_url)}")
-    out.say(f"baseline: {status.baseline or 'none yet'}")
+    where = f"{cfg.target.model} at {redact_url(cfg.target.base_url)}"
+    out.say(f"target {target}: {where}; baseline: {status.baseline or 'none yet'}")
     not_run = []
     for stage in (*STAGE_ORDER, *OPTIONAL_STAGES):
         entry = status.latest.get(stage)

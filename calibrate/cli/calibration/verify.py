@@ -43,12 +43,12 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: N
         "fixed prompt matches the baseline", comparison.passed, reason, kind=comparison.verdict
     )
     flags.save_junit(args, suite)
-    if result.setting is not None:
-        out.say(f"expected setting: {result.setting.describe()}")
-    if result.passed:
+    if result.passed:  # the verdict names the setting
         out.ok(result.verdict_line(ctx.run.run_id))
         out.say(f"next: {result.next_command}")
     else:
+        if result.setting is not None:
+            out.say(f"expected setting: {result.setting.describe()}")
         show_comparison(out, "fixed prompt vs baseline", comparison)
         out.fail(result.verdict_line(ctx.run.run_id))
         out.say(f"next: {after_failure(result.repro.comparisons, again='calibrate verify')}")

@@ -216,11 +216,14 @@ def render_summary(
     """The end of a batch: counts, rate, failures, format notes and what to do next."""
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(r.failed_by_kind.items()))
     failed = f"{r.failed} failed ({kinds})" if r.failed else "0 failed"
-    if r.to_run or r.interrupted:  # nothing to run: the plan said so, 0.0 items/s says no more
+    retried = f"; {r.retried_items} needed retries" if r.retried_items else ""
+    pace = f"{r.items_per_s:.1f} items/s, {r.output_tokens_per_s:.0f} output tokens/s{retried}"
+    all_ok = not (spec.sample or r.interrupted or r.unfinished or r.failed or r.remaining)
+    # nothing to run: the plan said so, 0.0 items/s says no more; all ok: the verdict says it
+    if (r.to_run or r.interrupted) and not all_ok:
         out.say(
             f"batch: {r.ok} ok, {failed}, {r.skipped} skipped (already done) in {r.seconds:.1f} s "
-            f"— {r.items_per_s:.1f} items/s, {r.output_tokens_per_s:.0f} output tokens/s"
-            + (f"; {r.retried_items} needed retries" if r.retried_items else "")
+            f"— {pace}"
         )
     for failure in r.failures[:3]:
         out.say(f"  failed {failure['id']!r}: {failure['kind']}: {failure['message']}")
@@ -267,8 +270,9 @@ def render_summary(
         why = " (--limit)" if spec.limit else ""
         out.ok(f"{r.ok} item(s) done; {r.remaining} remaining{why}")
         out.say(f"rerun to continue: {resume}")
-    else:
-        out.ok(f"all {r.total} items ok: {r.out_path}")
+    else:  # the plan line said how many were already done
+        ran = f" ({r.ok} run in {r.seconds:.1f} s — {pace})" if r.to_run else ""
+        out.ok(f"all {r.total} items ok: {r.out_path}{ran}")
 
 
 def _say_endpoints(out: Output, r: BatchResult) -> None:

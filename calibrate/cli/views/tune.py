@@ -76,7 +76,9 @@ _COLUMNS: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
 _DROP_FIRST = ("incidents", "tok/s", "KV", "p90 s", "cap", "items/s", "status")
 
 
-def ranked_table(rows: Sequence[Mapping[str, Any]], title: str, width: int | None = None) -> Table:
+def ranked_table(
+    rows: Sequence[Mapping[str, Any]], title: str | None, width: int | None = None
+) -> Table:
     """The ranked candidates; with ``width``, minor columns are left out until it fits."""
     columns = list(_COLUMNS)
     for name in _DROP_FIRST:
@@ -103,7 +105,7 @@ def plain_line(row: Mapping[str, Any]) -> str:
     return "  ".join(f"{name.replace(' ', '_')}={cell(row)}" for name, cell in _COLUMNS)
 
 
-def show_ranked(out: Output, rows: Sequence[Mapping[str, Any]], title: str) -> None:
+def show_ranked(out: Output, rows: Sequence[Mapping[str, Any]], title: str | None) -> None:
     """One table, on a terminal and in a log alike."""
     show_table(out, lambda width: ranked_table(rows, title, width), live=False)
 
@@ -149,18 +151,20 @@ def winner_text(outcome: TuneOutcome, gain_min: float = 0.0) -> str | None:
 
 
 def show_start(out: Output, setup: TuneSetup, measured_before: int) -> None:
-    """The run about to go: new (its grid) or resumed (how far it got); the levels left out."""
+    """The run about to go: new (its grid) or resumed (how far it got), what ranks the
+    candidates; the levels left out."""
     run_id, plan = setup.ctx.run.run_id, setup.plan
+    ranked = f"ranked by {setup.rank_by} ({setup.settings.slo.describe()})"
     if setup.resumed:
         out.say(
             f"resuming tune run {run_id}: {measured_before} of {plan.size} "
-            "candidates already measured"
+            f"candidates already measured; {ranked}"
         )
     else:
         axes = "; ".join(f"{a.key} ∈ {{{', '.join(a.values)}}}" for a in plan.axes)
         out.say(
             f"tune run {run_id}: {plan.size} candidates ({axes}), {setup.search} "
-            f"search, {setup.kind} restarted per candidate"
+            f"search, {setup.kind} restarted per candidate; {ranked}"
         )
     if note := setup.settings.skipped_note():
         out.say(note)
@@ -205,7 +209,9 @@ def show_finished(out: Output, finished: TuneFinished) -> None:
     setup = finished.setup
     outcome, key = finished.outcome, setup.plan.memory_key or "memory fraction"
     if finished.table:
-        show_ranked(out, finished.table, finished.title)
+        # in a log without its title, as a ladder's table: the first line said what ranks
+        # the candidates, the tables line names the run
+        show_ranked(out, finished.table, finished.title if out.is_tty else None)
         plot = f", plot: {finished.plot}" if finished.plot else ""
         out.say(f"tables: {finished.tables}{plot}")
     for probe in outcome.probes:
