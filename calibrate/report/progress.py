@@ -115,8 +115,8 @@ def live_rows(
 
 class LogTable:
     """A log's table, a row as each tier finishes: the header (no rule under it in a log) comes
-    with the first row, which fixes the columns (the essential ones, fitting the console, as a terminal's live
-    table) and their widths (a later, wider cell pushes the rest of its row right). --wide
+    with the first row, which fixes the columns (the essential ones, fitting the console, as a
+    terminal's live table) and their widths (a later, wider cell pushes the rest of its row right). --wide
     prints every column once more at the end, as on a terminal."""
 
     def __init__(self, console: Console, kind: Kind) -> None:
