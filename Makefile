@@ -23,7 +23,7 @@ JUNIT = $(if $(JUNIT_DIR),--junit $(JUNIT_DIR)/$@.xml)
 # this project is tested on) every `calibrate` process — the demo's dozens, the suite's
 # hundreds — would compile ~250 modules from source again (≈ 0.4 s a start); compileall
 # writes the caches explicitly.
-COMPILE = $(BIN)/python -m compileall -q -j 0 calibrate tests >/dev/null
+COMPILE = @$(BIN)/python -m compileall -q -j 0 calibrate tests >/dev/null
 
 setup: $(STAMP)
 
