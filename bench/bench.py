@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import long_runs  # noqa: E402  (bench/ is this script's folder)
+import pacing  # noqa: E402
 import reference  # noqa: E402
 import transports  # noqa: E402
 
@@ -56,6 +57,7 @@ from tests.mockserver import start_mock_process  # noqa: E402
 SECTIONS = (
     "reference",
     "transports",
+    "pacing",
     "efficiency",
     "scan",
     "memory",
@@ -372,6 +374,7 @@ def main() -> int:
     long: dict[str, dict[str, float]] = {}
     ref_rows: list[reference.Point] = []
     transport_runs: list[transports.Run] = []
+    pace_points: list[pacing.Point] = []
     setup = reference.find_setup(args.reference_dir, args.reference_python)
     with tempfile.TemporaryDirectory(prefix="calibrate-bench-") as tmp:
         work = Path(tmp)
@@ -391,6 +394,16 @@ def main() -> int:
                 0.3,
                 str(setup.mock_script.parent),
             )
+        if "pacing" in only:
+            print("open-loop pacing …", file=sys.stderr, flush=True)
+            pace_mock, pace_url, pace_model = pacing.fast_mock(args.reference_dir)
+            try:
+                pace_points = pacing.measure(
+                    pace_url, pace_model, pacing.RATES, 1.0 if args.quick else 3.0
+                )
+            finally:
+                pace_mock.terminate()
+                pace_mock.wait(10)
         if "efficiency" in only:
             print("client efficiency (calibrate vs naive) …", file=sys.stderr, flush=True)
             measured = efficiency_rows(work, rows, min_items)
@@ -415,6 +428,8 @@ def main() -> int:
         print(transports.table(transport_runs, 0.3) + "\n")
     elif "transports" in only:
         print(f"transports skipped: no async_mock.py ({setup.skipped_why or 'not found'})\n")
+    if pace_points:
+        print(pacing.table(pace_points, 1.0 if args.quick else 3.0) + "\n")
     print(table(measured, scan, mem))
     if long:
         print(long_runs.table(long))
@@ -427,6 +442,7 @@ def main() -> int:
                 "points": [asdict(r) for r in ref_rows],
             },
             "transports": [asdict(r) for r in transport_runs],
+            "pacing": [asdict(p) for p in pace_points],
             "rows": [asdict(r) for r in measured],
             "resume_scan": scan,
             "memory": mem,

@@ -7,12 +7,15 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
+import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from calibrate.errors import ErrorInfo, UsageError
+from calibrate.http.client import OpenAIClient
 from calibrate.http.models import Choice, Completion, Usage
 from calibrate.load.answers import answer_items
 from calibrate.load.arrivals import arrival_times, parse_rates
@@ -238,13 +241,26 @@ def test_a_request_whose_worker_raised_is_a_recorded_failure_and_frees_its_slot(
 
 class _BrokenClient:
     timeout_s = 5.0
+    can_submit = False  # a thread per send
 
     def post_completion(self, path: str, body: dict) -> Completion:
         raise ValueError("a bug while reading the answer")
 
 
-def test_an_unexpected_exception_while_sending_is_an_internal_failure_in_both_loops() -> None:
-    sender = Sender(_BrokenClient())  # type: ignore[arg-type]
+class _BrokenSubmitter(_BrokenClient):
+    can_submit = True  # handed off, answered from another thread (as the I/O loop does)
+
+    def submit_completion(self, path: str, body: dict, done: Callable[..., None]) -> float:
+        failure = ValueError("a bug while reading the answer")
+        threading.Thread(target=done, args=(None, failure)).start()
+        return 0.0
+
+
+@pytest.mark.parametrize("client", [_BrokenClient, _BrokenSubmitter])
+def test_an_unexpected_exception_while_sending_is_an_internal_failure_in_both_loops(
+    client: type[_BrokenClient],
+) -> None:
+    sender = Sender(client())  # type: ignore[arg-type]
     request = Request("/chat/completions", {}, ("p",), 1)
     run = sender.open_loop([request], (0.0,), None)
     (item,) = run.items
@@ -252,3 +268,37 @@ def test_an_unexpected_exception_while_sending_is_an_internal_failure_in_both_lo
     assert "ValueError: a bug while reading the answer" in item.error.message
     items, _ = sender.send([request], 1)
     assert [i.error.kind for i in items if i.error] == ["internal"]
+
+
+def test_an_open_loop_over_the_asyncio_transport_starts_no_thread_per_send() -> None:
+    """300 req/s for a second on 50 ms answers (about 15 in flight): over the asyncio transport
+    each send is handed to the I/O loop — no sender thread at all (what made sends late at
+    1,000 req/s: ``make bench``, section pacing), every request answered once and timed from its
+    own send; over urllib3 a thread per request in flight."""
+    peaks = {}
+    for io in ("asyncio", "urllib3"):
+        with start_mock(ttft_s=0.05, per_token_s=0.0) as mock:
+            client = OpenAIClient(mock.base_url, timeout_s=10, max_connections=64, io=io)  # type: ignore[arg-type]
+            body = {"model": "internlm-s2", "messages": [{"role": "user", "content": "hi"}]}
+            requests = [Request("/chat/completions", body, ("hi",), n) for n in range(300)]
+            schedule = [n / 300 for n in range(300)]
+            counts: list[int] = []
+            stop = threading.Event()
+
+            def watch(stop: threading.Event, counts: list[int]) -> None:
+                while not stop.wait(0.01):  # this process's sender threads (the mock's aside)
+                    names = [t.name for t in threading.enumerate()]
+                    counts.append(sum(1 for name in names if name.startswith("calibrate-open")))
+
+            watcher = threading.Thread(target=watch, args=(stop, counts))
+            watcher.start()
+            run = Sender(client).open_loop(requests, schedule, None)
+            stop.set()
+            watcher.join()
+            client.close()
+        assert sorted(i.index for i in run.items) == list(range(300))
+        assert all(i.ok for i in run.items)
+        assert all(i.started_s >= schedule[i.index] for i in run.items)
+        peaks[io] = max(counts)
+    assert peaks["asyncio"] == 0, peaks
+    assert peaks["urllib3"] >= 8, peaks

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -37,8 +37,9 @@ from urllib.parse import urlsplit
 import urllib3
 
 from calibrate.errors import ConfigError, RequestError
-from calibrate.http.aio.bridge import AioTransport
+from calibrate.http.aio.bridge import AioTransport, checked
 from calibrate.http.aio.completion import completion_of
+from calibrate.http.aio.wire import Answer
 from calibrate.http.error_kinds import invalid
 from calibrate.http.models import Completion, ModelInfo, SamplingParams
 from calibrate.http.request_times import RequestTimes
@@ -220,6 +221,58 @@ class OpenAIClient:
             )
         except RequestError as exc:
             raise self._scrubbed(exc) from exc.__cause__
+
+    @property
+    def can_submit(self) -> bool:
+        """Completions can be handed off without a thread waiting on each (``submit_completion``)."""
+        return self._aio is not None
+
+    def submit_completion(
+        self,
+        path: str,
+        body: dict[str, Any],
+        done: Callable[[Completion | None, BaseException | None], None],
+    ) -> float:
+        """``post_completion`` without waiting (``can_submit`` clients only): returns when it
+        was handed to the I/O loop (the request's start on the client's clock); ``done(answer,
+        failure)`` runs on the loop thread once it is over — it must be quick and must not block.
+        A failure is a ``RequestError`` (scrubbed as everywhere) or, for a bug of calibrate's
+        own, another exception."""
+        assert self._aio is not None, "submit_completion needs the asyncio transport"
+        stream = bool(body.get("stream"))
+        chat = path.startswith("/chat")
+        url = self.base_url + path
+        start = self._clock()
+
+        def then(answer: Answer | None, failure: BaseException | None) -> None:
+            try:
+                if failure is not None:
+                    raise failure
+                assert answer is not None
+                completion = completion_of(checked(answer, url), start, stream=stream, chat=chat)
+            except RequestError as exc:
+                done(None, self._scrubbed(exc))
+            except Exception as exc:  # calibrate's own bug: the caller records it
+                done(None, exc)
+            else:
+                done(_stamped(completion, start), None)
+
+        try:
+            self._aio.submit(
+                "POST",
+                self._origin,
+                url,
+                self._target_prefix + path,
+                start + self.timeout_s,
+                body=json.dumps(body, ensure_ascii=False).encode("utf-8"),
+                headers=self._headers,
+                lines=stream,
+                timeout_s=self.timeout_s,
+                then=then,
+            )
+        except RequestError as exc:
+            raise self._scrubbed(exc) from exc.__cause__
+        return start
 
     def models(self, keep: str | None = None) -> tuple[ModelInfo, ...]:
         """``GET /v1/models``: at most ``MAX_MODELS_KEPT`` of them (see ``model_list``)."""

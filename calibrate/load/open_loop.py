@@ -1,14 +1,15 @@
 """Open-loop load (SPEC §5.13): requests sent on a schedule whatever the answers, and the rules
 that read such a run — achieved vs offered rate, and over-saturation.
 
-The dispatcher sends request n at ``schedule[n]`` seconds (a thread each), never holding more than
-``cap`` in flight (SPEC §5.0: an unmanaged server gets no more at once than the ladder proved);
+The dispatcher sends request n at ``schedule[n]`` seconds (handed to the I/O loop where the client
+can, else a thread each), never holding more than ``cap`` in flight (SPEC §5.0: an unmanaged server gets no more at once than the ladder proved);
 when the cap holds a request back, the time it waited is counted. A failed answer stops further
 sends: more load only adds noise. Clock and sleep are injectable.
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import threading
 import time
@@ -215,10 +216,13 @@ def open_loop(
     sleep: Sleep = time.sleep,
     join_s: float = 600.0,
     unanswered: Callable[[int, float], list[ItemResult]] | None = None,
+    submit_one: Callable[[int, float, Callable[[list[ItemResult]], None]], None] | None = None,
 ) -> OpenRun:
     """Send request n (``send_one(n, t0)``) at ``schedule[n]`` s after the start, at most ``cap``
-    in flight; wait for the answers. ``send_one`` times its items from ``t0``. A request sent
-    but never answered — its worker raised, or was still stuck after ``join_s`` — is never
+    in flight; wait for the answers. ``send_one`` times its items from ``t0``. With
+    ``submit_one(n, t0, finish)`` no thread is started per send: it hands the request off and
+    returns, and ``finish(items)`` is called (from any thread) once it is answered. A request
+    sent but never answered — its worker raised, or was still stuck after ``join_s`` — is never
     dropped: ``unanswered(n, t0)`` stands in for its answer (a recorded failure)."""
     start = clock()
     lock = threading.Condition()
@@ -230,6 +234,7 @@ def open_loop(
     capped_s = 0.0
     failed = False
     threads: list[threading.Thread] = []
+    sent = settled = 0
 
     done: set[int] = set()
 
@@ -241,20 +246,24 @@ def open_loop(
             answers.append(Answer.of(answered))
         failed = failed or any(not a.ok for a in answered)
 
-    def work(n: int) -> None:
-        nonlocal in_flight, failed
-        answered: list[ItemResult] | None
-        try:
-            answered = send_one(n, start)
-        except Exception:  # answered by ``unanswered`` below; the slot is freed all the same
-            answered = None
+    def finished(n: int, answered: list[ItemResult] | None) -> None:
+        nonlocal in_flight, failed, settled
         with lock:
             in_flight -= 1
+            settled += 1
             if answered is None:
                 failed = True  # a failure: nothing more is sent
             else:
                 take(n, answered)
             lock.notify_all()
+
+    def work(n: int) -> None:
+        answered: list[ItemResult] | None
+        try:
+            answered = send_one(n, start)
+        except Exception:  # answered by ``unanswered`` below; the slot is freed all the same
+            answered = None
+        finished(n, answered)
 
     last_send = 0.0
     for n, at in enumerate(schedule):
@@ -273,6 +282,13 @@ def open_loop(
             in_flight += 1
         last_send = clock() - start
         lags.append(max(0.0, last_send - at))
+        sent += 1
+        if submit_one is not None:
+            try:
+                submit_one(n, start, functools.partial(finished, n))
+            except Exception:  # not sent after all: answered by ``unanswered`` below
+                finished(n, None)
+            continue
         thread = threading.Thread(target=work, args=(n,), name=f"calibrate-open-{n}", daemon=True)
         threads.append(thread)
         thread.start()
@@ -280,7 +296,9 @@ def open_loop(
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
     with lock:
-        for n in range(len(threads)):
+        while settled < sent and (left_s := deadline - time.monotonic()) > 0:
+            lock.wait(min(left_s, 0.5))
+        for n in range(sent):
             if n not in done and unanswered is not None:
                 take(n, unanswered(n, start))
         items = tuple(sorted(results, key=lambda r: r.index))

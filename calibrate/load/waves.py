@@ -11,10 +11,11 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
+from queue import SimpleQueue
 
 from calibrate.errors import ErrorInfo, RequestError, format_traceback
 from calibrate.http.client import OpenAIClient
-from calibrate.http.models import ContextLimit
+from calibrate.http.models import Completion, ContextLimit
 from calibrate.http.request_times import RequestTimes, epoch_at, monotonic
 from calibrate.http.server_context import read_context
 from calibrate.load.answers import answer_items, failed_item
@@ -24,6 +25,13 @@ from calibrate.load.request import Request
 from calibrate.load.window import LevelWindow, LoopRun
 
 Clock = Callable[[], float]
+
+
+def _collect(collected: SimpleQueue[Callable[[], None] | None]) -> None:
+    """Runs what the I/O loop handed back (turning answers into items may read the server's
+    context over HTTP: never on the loop), until ``None``."""
+    while (work := collected.get()) is not None:
+        work()
 
 
 class Sender:
@@ -143,51 +151,88 @@ class Sender:
         sleep: Callable[[float], None] = time.sleep,
     ) -> OpenRun:
         """Send ``requests[n]`` at ``schedule[n]`` s whatever the answers (SPEC §5.13), at most
-        ``cap`` in flight, and wait for every answer (``stages.open_loop``)."""
+        ``cap`` in flight, and wait for every answer (``stages.open_loop``).
+
+        Over the asyncio transport each request is handed to the I/O loop at its time (no
+        thread started per send: a send goes out within a millisecond of its schedule at
+        1,000 req/s); one collector thread turns the answers into items."""
         join_s = (schedule[-1] if schedule else 0.0) + self.client.timeout_s * 2 + 30
-        return open_loop(
-            lambda n, t0: self._one(requests[n], t0, max_tokens),
-            schedule,
-            cap,
-            clock=self.clock,
-            sleep=sleep,
-            join_s=join_s,
-            unanswered=lambda n, t0: self._stuck(requests[n], t0),
-        )
+        submit = None
+        collected: SimpleQueue[Callable[[], None] | None] = SimpleQueue()
+        if self.client.can_submit:
+
+            def submit(n: int, t0: float, finish: Callable[[list[ItemResult]], None]) -> None:
+                request, sent, started = requests[n], monotonic(), self.clock() - t0
+
+                def done(completion: Completion | None, failure: BaseException | None) -> None:
+                    at, ended = self.clock() - t0, monotonic()  # on the loop: no blocking here
+                    collected.put(
+                        lambda: finish(
+                            self._items(
+                                request, started, at, sent, ended, completion, failure, max_tokens
+                            )
+                        )
+                    )
+
+                self.client.submit_completion(request.path, request.body, done)
+
+            threading.Thread(
+                target=_collect, args=(collected,), name="calibrate-answers", daemon=True
+            ).start()
+        try:
+            return open_loop(
+                lambda n, t0: self._one(requests[n], t0, max_tokens),
+                schedule,
+                cap,
+                clock=self.clock,
+                sleep=sleep,
+                join_s=join_s,
+                unanswered=lambda n, t0: self._stuck(requests[n], t0),
+                submit_one=submit,
+            )
+        finally:
+            collected.put(None)
 
     def _one(self, request: Request, t0: float, max_tokens: int | None) -> list[ItemResult]:
         sent = monotonic()  # a failure's times (an answer's own are the client's)
         started = self.clock() - t0
         try:
             completion = self.client.post_completion(request.path, request.body)
-            done = self.clock() - t0
+        except Exception as exc:  # a RequestError, or a bug of calibrate's own: recorded
+            return self._items(
+                request, started, self.clock() - t0, sent, monotonic(), None, exc, max_tokens
+            )
+        return self._items(
+            request, started, self.clock() - t0, sent, monotonic(), completion, None, max_tokens
+        )
+
+    def _items(
+        self,
+        request: Request,
+        started: float,
+        done: float,
+        sent: float,
+        ended: float,
+        completion: Completion | None,
+        failure: BaseException | None,
+        max_tokens: int | None,
+    ) -> list[ItemResult]:
+        """A request's items: its answer's, or one failed item per prompt (a failure's times
+        are ``sent`` and ``ended`` on the monotonic clock; an answer's own are the client's)."""
+        if completion is not None:
             context = functools.partial(self.server_context, str(request.body.get("model", "")))
             return answer_items(request, completion, started, done, max_tokens, context)
-        except RequestError as exc:
-            done = self.clock() - t0
-            times = RequestTimes.of(sent, monotonic())
-            return [
-                failed_item(
-                    request,
-                    n,
-                    started,
-                    done,
-                    exc.info,
-                    exc.exc_type or type(exc).__name__,
-                    format_traceback(exc),
-                    times,
-                )
-                for n in range(len(request.prompts))
-            ]
-        except Exception as exc:  # a bug of calibrate's own: recorded, never a lost request
-            info = ErrorInfo("internal", f"{type(exc).__name__}: {exc}")
-            done = self.clock() - t0
-            times = RequestTimes.of(sent, monotonic())
-            tb = format_traceback(exc)
-            return [
-                failed_item(request, n, started, done, info, type(exc).__name__, tb, times)
-                for n in range(len(request.prompts))
-            ]
+        if isinstance(failure, RequestError):
+            info, kind = failure.info, failure.exc_type or type(failure).__name__
+        else:  # a bug of calibrate's own: recorded, never a lost request
+            info = ErrorInfo("internal", f"{type(failure).__name__}: {failure}")
+            kind = type(failure).__name__
+        times = RequestTimes.of(sent, ended)
+        tb = format_traceback(failure) if isinstance(failure, Exception) else None
+        return [
+            failed_item(request, n, started, done, info, kind, tb, times)
+            for n in range(len(request.prompts))
+        ]
 
     def server_context(self, model: str) -> ContextLimit | None:
         """The server's context for one request (``stages.server_context``), read the first

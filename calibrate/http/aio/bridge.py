@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -20,17 +21,23 @@ from calibrate.http.aio.connection import Call, Connections, Origin
 from calibrate.http.aio.wire import Answer
 from calibrate.http.error_kinds import http_error, redirect_error, request_error
 
+log = logging.getLogger("calibrate")
 GRACE_S = 5.0  # past a request's own deadline, how long a caller waits on a stuck loop
 
 
+Finished = Callable[[Answer | None, BaseException | None], None]
+
+
 class _Job:
-    """One request handed to the loop: the caller waits on ``done`` (held until it is over)."""
+    """One request handed to the loop: the caller waits on ``done`` (held until it is over), or,
+    submitted, ``then`` is called on the loop with the answer or the failure."""
 
-    __slots__ = ("answer", "call", "connections", "done", "error", "task")
+    __slots__ = ("answer", "call", "connections", "done", "error", "task", "then")
 
-    def __init__(self, connections: Connections, call: Call) -> None:
+    def __init__(self, connections: Connections, call: Call, then: Finished | None = None) -> None:
         self.connections = connections
         self.call = call
+        self.then = then
         self.done = threading.Lock()
         self.done.acquire()
         self.answer: Answer | None = None
@@ -62,12 +69,20 @@ class LoopThread:
         threading.Thread(target=run, name="calibrate-io", daemon=True).start()
         started.wait()
 
-    def run(self, connections: Connections, call: Call) -> Answer:
-        job = _Job(connections, call)
+    def submit(self, connections: Connections, call: Call, then: Finished) -> None:
+        """Hand ``call`` to the loop and return at once; ``then(answer, failure)`` runs on the
+        loop when it is over (it must be quick and must not block: the loop does everyone's I/O)."""
+        self._hand(_Job(connections, call, then))
+
+    def _hand(self, job: _Job) -> None:
         self._jobs.append(job)
         if not self._woken:
             self._woken = True
             self.loop.call_soon_threadsafe(self._drain)
+
+    def run(self, connections: Connections, call: Call) -> Answer:
+        job = _Job(connections, call)
+        self._hand(job)
         try:
             finished = job.done.acquire(timeout=call.left_s + GRACE_S)
         except BaseException:  # interrupted (Ctrl-C in the main thread): stop the request
@@ -97,7 +112,13 @@ class LoopThread:
         except BaseException as exc:  # handed to the caller's thread, raised there
             job.error = exc
         finally:
-            job.done.release()
+            if job.then is None:
+                job.done.release()
+            else:
+                try:
+                    job.then(job.answer, job.error)
+                except Exception:  # the caller's own bug: never the loop's end
+                    log.exception("a finished request's callback failed")
 
     @staticmethod
     def _cancel(job: _Job) -> None:
@@ -161,10 +182,46 @@ class AioTransport:
     ) -> Answer:
         """Send one request and wait for its whole answer, all before ``deadline`` (a clock time);
         a redirect or an error status is raised as its error kind (SPEC §5.5)."""
+        call = self._call(method, origin, url, target, deadline, body, headers, lines, timeout_s)
+        return checked((_shared or shared_loop()).run(self._connections, call), url)
+
+    def submit(
+        self,
+        method: str,
+        origin: Origin,
+        url: str,
+        target: str,
+        deadline: float,
+        *,
+        body: bytes,
+        headers: dict[str, str],
+        lines: bool,
+        timeout_s: float,
+        then: Finished,
+    ) -> None:
+        """``exchange`` without waiting: ``then(answer, failure)`` runs on the loop thread when
+        the request is over (the answer not yet ``checked``)."""
+        call = self._call(method, origin, url, target, deadline, body, headers, lines, timeout_s)
+        (_shared or shared_loop()).submit(self._connections, call, then)
+
+    def _call(
+        self,
+        method: str,
+        origin: Origin,
+        url: str,
+        target: str,
+        deadline: float,
+        body: bytes,
+        headers: dict[str, str],
+        lines: bool,
+        timeout_s: float,
+    ) -> Call:
         left_s = deadline - self._clock()
         if left_s <= 0:
             raise request_error("timeout", f"no answer from {url} within {timeout_s:g} s", None)
-        call = Call(
+        if self._pid != os.getpid():  # forked: the parent's connections stay the parent's
+            self._pid, self._connections = os.getpid(), Connections(self._max_idle)
+        return Call(
             origin=origin,
             url=url,
             payload=_request_bytes(method, origin, target, headers, body),
@@ -175,19 +232,20 @@ class AioTransport:
             lines=lines,
             clock=self._clock,
         )
-        if self._pid != os.getpid():  # forked: the parent's connections stay the parent's
-            self._pid, self._connections = os.getpid(), Connections(self._max_idle)
-        answer = (_shared or shared_loop()).run(self._connections, call)
-        if 300 <= answer.status < 400:  # never followed: a key would go wherever it points
-            raise RequestError(redirect_error(answer.status, url, answer.headers))
-        if answer.status >= 400:
-            text = answer.body().decode("utf-8", "replace")
-            raise RequestError(http_error(answer.status, text, answer.headers))
-        return answer
 
     def close(self) -> None:
         if _shared is not None and self._pid == os.getpid():
             _shared.loop.call_soon_threadsafe(self._connections.close)
+
+
+def checked(answer: Answer, url: str) -> Answer:
+    """The answer, or its redirect or error status raised as its error kind (SPEC §5.5)."""
+    if 300 <= answer.status < 400:  # never followed: a key would go wherever it points
+        raise RequestError(redirect_error(answer.status, url, answer.headers))
+    if answer.status >= 400:
+        text = answer.body().decode("utf-8", "replace")
+        raise RequestError(http_error(answer.status, text, answer.headers))
+    return answer
 
 
 def _request_bytes(
