@@ -166,13 +166,19 @@ class Sender:
 
                 def done(completion: Completion | None, failure: BaseException | None) -> None:
                     at, ended = self.clock() - t0, monotonic()  # on the loop: no blocking here
-                    collected.put(
-                        lambda: finish(
-                            self._items(
+
+                    def settle() -> None:  # on the collector
+                        try:
+                            items = self._items(
                                 request, started, at, sent, ended, completion, failure, max_tokens
                             )
-                        )
-                    )
+                        except Exception as exc:  # calibrate's own bug: recorded all the same
+                            items = self._items(
+                                request, started, at, sent, ended, None, exc, max_tokens
+                            )
+                        finish(items)
+
+                    collected.put(settle)
 
                 self.client.submit_completion(request.path, request.body, done)
 
