@@ -26,6 +26,7 @@ from calibrate.stages.batch.outage import OutagePolicy
 from calibrate.stages.batch.procs import run as procs_run
 from calibrate.stages.batch.procs.parent import split
 from calibrate.stages.batch.procs.wire import ClientSetup, WorkerDone
+from calibrate.stages.batch.result import BatchResult
 from calibrate.stages.batch.worker import BatchControl
 from calibrate.state.setting import Endpoint
 from tests.batch_helpers import (
@@ -176,45 +177,49 @@ def test_a_workers_bottleneck_is_the_runs_and_slots_are_dealt_evenly() -> None:
     assert [sum(e.concurrency for e in share) for share in shares] == [4, 3]
 
 
+def _plan_of(isolated: Path, name: str) -> BatchPlan:
+    """120 items for the self-check tests (at 4 in flight on 0.1 s answers: about 3 s)."""
+    spec = BatchSpec(
+        input_path=write_tasks(isolated / f"{name}.jsonl", 120),
+        out_path=isolated / f"{name}-out.jsonl",
+        model="internlm-s2",
+        params=SamplingParams(0.0, 64, 1.0, None),
+    )
+    return plan_batch(spec)
+
+
+def _two_workers(isolated: Path, base_url: str, warned: list[str], **limits: float) -> BatchResult:
+    """``run_workers`` with 2 workers on 4 slots; ``limits``: the self-check thresholds."""
+    return procs_run.run_workers(
+        _plan_of(isolated, "two"),
+        isolated / "two-out.jsonl",
+        endpoints=[Endpoint(base_url, 4, "flag")],
+        workers=2,
+        client=ClientSetup(None, None, 30.0, 5.0, 64.0),
+        control=BatchControl(),
+        on_progress=lambda progress: None,
+        progress_every_s=3600,
+        monitor=SelfLoadMonitor(),
+        warn=warned.append,
+        outage=OutagePolicy(),
+        on_event=lambda event: None,
+        events=[],
+        **limits,
+    )
+
+
 def test_a_workers_bottleneck_warning_reaches_the_user_once_naming_workers(
     isolated: Path,
 ) -> None:
     """A worker process whose self-check fires (its threshold at 0 here: every window is
     client-bound) warns through the parent, once for the run, and the summary says so; the
     one-process path under the same threshold fires the same way."""
-
-    def plan(name: str) -> BatchPlan:
-        tasks = write_tasks(isolated / f"{name}.jsonl", 120)
-        spec = BatchSpec(
-            input_path=tasks,
-            out_path=isolated / f"{name}-out.jsonl",
-            model="internlm-s2",
-            params=SamplingParams(0.0, 64, 1.0, None),
-        )
-        return plan_batch(spec)
-
     with start_mock(ttft_s=0.1, per_token_s=0.0) as server:
         warned: list[str] = []
-        p = plan("two")
-        result = procs_run.run_workers(
-            p,
-            isolated / "two-out.jsonl",
-            endpoints=[Endpoint(server.base_url, 4, "flag")],
-            workers=2,
-            client=ClientSetup(None, None, 30.0, 5.0, 64.0),
-            control=BatchControl(),
-            on_progress=lambda progress: None,
-            progress_every_s=3600,
-            monitor=SelfLoadMonitor(),
-            warn=warned.append,
-            outage=OutagePolicy(),
-            on_event=lambda event: None,
-            events=[],
-            worker_cpu_limit=0.0,
-        )
+        result = _two_workers(isolated, server.base_url, warned, worker_cpu_limit=0.0)
         client = OpenAIClient(server.base_url, timeout_s=30, max_connections=4)
         one: list[str] = []
-        single = plan("one")
+        single = _plan_of(isolated, "one")
         monitor = SelfLoadMonitor(cpu_limit=0.0, advice=procs_run.advice(1)).start()
         alone = run_batch(
             single, client, isolated / "one-out.jsonl", monitor=monitor, warn=one.append
@@ -235,31 +240,9 @@ def test_workers_that_together_take_the_machine_are_named_once_advising_another_
     """Each worker keeps up (its own threshold is the real one), but the parent and its workers
     together cross the machine-wide threshold (0 here): one warning, naming every process and
     the machine's cores, and the advice is to move the client, not more --workers."""
-    tasks = write_tasks(isolated / "tasks.jsonl", 120)
-    spec = BatchSpec(
-        input_path=tasks,
-        out_path=isolated / "out.jsonl",
-        model="internlm-s2",
-        params=SamplingParams(0.0, 64, 1.0, None),
-    )
     with start_mock(ttft_s=0.1, per_token_s=0.0) as server:
         warned: list[str] = []
-        result = procs_run.run_workers(
-            plan_batch(spec),
-            isolated / "out.jsonl",
-            endpoints=[Endpoint(server.base_url, 4, "flag")],
-            workers=2,
-            client=ClientSetup(None, None, 30.0, 5.0, 64.0),
-            control=BatchControl(),
-            on_progress=lambda progress: None,
-            progress_every_s=3600,
-            monitor=SelfLoadMonitor(),
-            warn=warned.append,
-            outage=OutagePolicy(),
-            on_event=lambda event: None,
-            events=[],
-            machine_cpu_limit=0.0,
-        )
+        result = _two_workers(isolated, server.base_url, warned, machine_cpu_limit=0.0)
     assert result.ok == 120
     (text,) = [w for w in warned if "calibrate itself is the bottleneck" in w]
     assert "its 3 processes used" in text and f"of this machine's {procs_run.cores()}" in text

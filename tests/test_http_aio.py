@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
@@ -84,27 +84,22 @@ def test_malformed_answers_are_invalid_response(raw: bytes, words: str) -> None:
 
 
 @contextmanager
-def raw_server(reply: bytes, *, hold_s: float = 0.0) -> Iterator[str]:
-    """Answers every request with ``reply``, then keeps the connection ``hold_s`` and closes it."""
+def serving(serve: Callable[[socket.socket, int, threading.Event], None]) -> Iterator[str]:
+    """A listener on a free port: ``serve(conn, n, stop)`` on a thread for the n-th connection
+    (``stop`` is set when the test is over). Yields the base URL."""
     listener = socket.create_server(("127.0.0.1", 0))
     stop = threading.Event()
 
-    def serve(conn: socket.socket) -> None:
-        with conn:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                data += conn.recv(65536)
-            conn.sendall(reply)
-            stop.wait(hold_s)
-
     def accept() -> None:
         listener.settimeout(0.1)
+        count = 0
         while not stop.is_set():
             try:
                 conn, _ = listener.accept()
             except TimeoutError:
                 continue
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+            threading.Thread(target=serve, args=(conn, count, stop), daemon=True).start()
+            count += 1
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
@@ -117,17 +112,32 @@ def raw_server(reply: bytes, *, hold_s: float = 0.0) -> Iterator[str]:
 
 
 @contextmanager
+def raw_server(reply: bytes, *, hold_s: float = 0.0) -> Iterator[str]:
+    """Answers every request with ``reply``, then keeps the connection ``hold_s`` and closes it."""
+
+    def serve(conn: socket.socket, _: int, stop: threading.Event) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            conn.sendall(reply)
+            stop.wait(hold_s)
+
+    with serving(serve) as url:
+        yield url
+
+
+@contextmanager
 def idle_closing_server(close_after_s: float) -> Iterator[tuple[str, list[int]]]:
     """Answers the first request of each connection and keeps it alive; the next request on it
     is read, then, ``close_after_s`` later, the connection is closed unanswered (as an engine
     closing an idle connection just as the client reuses it). Yields the URL and the number of
     requests each connection received."""
-    listener = socket.create_server(("127.0.0.1", 0))
     reply = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-    seen: list[int] = []
-    stop = threading.Event()
+    seen: dict[int, int] = {}
 
-    def serve(conn: socket.socket, index: int) -> None:
+    def serve(conn: socket.socket, index: int, stop: threading.Event) -> None:
+        seen[index] = 0
         with conn:
             data = b""
             while seen[index] < 2:
@@ -146,24 +156,10 @@ def idle_closing_server(close_after_s: float) -> Iterator[tuple[str, list[int]]]
                     conn.sendall(reply % (len(PLAIN), PLAIN))
             stop.wait(close_after_s)
 
-    def accept() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            seen.append(0)
-            threading.Thread(target=serve, args=(conn, len(seen) - 1), daemon=True).start()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1", seen
-    finally:
-        stop.set()
-        thread.join(5)
-        listener.close()
+    counts: list[int] = []
+    with serving(serve) as url:
+        yield url, counts
+        counts.extend(seen[n] for n in sorted(seen))
 
 
 def test_a_kept_alive_connection_closed_as_it_is_reused_is_replaced_once() -> None:

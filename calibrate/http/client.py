@@ -39,6 +39,7 @@ import urllib3
 from calibrate.errors import ConfigError, RequestError
 from calibrate.http.aio.bridge import AioTransport, checked
 from calibrate.http.aio.completion import completion_of
+from calibrate.http.aio.connection import Call
 from calibrate.http.aio.wire import Answer
 from calibrate.http.error_kinds import invalid
 from calibrate.http.models import Completion, ModelInfo, SamplingParams
@@ -195,17 +196,7 @@ class OpenAIClient:
         deadline = start + self.timeout_s
         try:
             if self._aio is not None:
-                answer = self._aio.exchange(
-                    "POST",
-                    self._origin,
-                    url,
-                    self._target_prefix + path,
-                    deadline,
-                    body=json.dumps(body, ensure_ascii=False).encode("utf-8"),
-                    headers=self._headers,
-                    lines=stream,
-                    timeout_s=self.timeout_s,
-                )
+                answer = self._aio.exchange(self._completion_call(path, body, deadline))
                 return _stamped(completion_of(answer, start, stream=stream, chat=chat), start)
             response = self._transport.send("POST", url, deadline, body=body, headers=self._headers)
             if stream and is_event_stream(response):
@@ -258,21 +249,25 @@ class OpenAIClient:
                 done(_stamped(completion, start), None)
 
         try:
-            self._aio.submit(
-                "POST",
-                self._origin,
-                url,
-                self._target_prefix + path,
-                start + self.timeout_s,
-                body=json.dumps(body, ensure_ascii=False).encode("utf-8"),
-                headers=self._headers,
-                lines=stream,
-                timeout_s=self.timeout_s,
-                then=then,
-            )
+            self._aio.submit(self._completion_call(path, body, start + self.timeout_s), then)
         except RequestError as exc:
             raise self._scrubbed(exc) from exc.__cause__
         return start
+
+    def _completion_call(self, path: str, body: dict[str, Any], deadline: float) -> Call:
+        """A completion's request for the asyncio transport (a streamed one kept as timed lines)."""
+        assert self._aio is not None
+        return self._aio.call(
+            "POST",
+            self._origin,
+            self.base_url + path,
+            self._target_prefix + path,
+            deadline,
+            body=json.dumps(body, ensure_ascii=False).encode("utf-8"),
+            headers=self._headers,
+            lines=bool(body.get("stream")),
+            timeout_s=self.timeout_s,
+        )
 
     def models(self, keep: str | None = None) -> tuple[ModelInfo, ...]:
         """``GET /v1/models``: at most ``MAX_MODELS_KEPT`` of them (see ``model_list``)."""

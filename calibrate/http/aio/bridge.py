@@ -167,7 +167,7 @@ class AioTransport:
         self._max_idle = max_connections
         self._connections = Connections(max_connections)
 
-    def exchange(
+    def call(
         self,
         method: str,
         origin: Origin,
@@ -175,47 +175,12 @@ class AioTransport:
         target: str,
         deadline: float,
         *,
-        body: bytes,
-        headers: dict[str, str],
-        lines: bool,
-        timeout_s: float,
-    ) -> Answer:
-        """Send one request and wait for its whole answer, all before ``deadline`` (a clock time);
-        a redirect or an error status is raised as its error kind (SPEC §5.5)."""
-        call = self._call(method, origin, url, target, deadline, body, headers, lines, timeout_s)
-        return checked((_shared or shared_loop()).run(self._connections, call), url)
-
-    def submit(
-        self,
-        method: str,
-        origin: Origin,
-        url: str,
-        target: str,
-        deadline: float,
-        *,
-        body: bytes,
-        headers: dict[str, str],
-        lines: bool,
-        timeout_s: float,
-        then: Finished,
-    ) -> None:
-        """``exchange`` without waiting: ``then(answer, failure)`` runs on the loop thread when
-        the request is over (the answer not yet ``checked``)."""
-        call = self._call(method, origin, url, target, deadline, body, headers, lines, timeout_s)
-        (_shared or shared_loop()).submit(self._connections, call, then)
-
-    def _call(
-        self,
-        method: str,
-        origin: Origin,
-        url: str,
-        target: str,
-        deadline: float,
         body: bytes,
         headers: dict[str, str],
         lines: bool,
         timeout_s: float,
     ) -> Call:
+        """One request, as bytes, to be sent before ``deadline`` (a clock time)."""
         left_s = deadline - self._clock()
         if left_s <= 0:
             raise request_error("timeout", f"no answer from {url} within {timeout_s:g} s", None)
@@ -232,6 +197,16 @@ class AioTransport:
             lines=lines,
             clock=self._clock,
         )
+
+    def exchange(self, call: Call) -> Answer:
+        """Send ``call`` and wait for its whole answer, all before its deadline; a redirect or
+        an error status is raised as its error kind (SPEC §5.5)."""
+        return checked((_shared or shared_loop()).run(self._connections, call), call.url)
+
+    def submit(self, call: Call, then: Finished) -> None:
+        """``exchange`` without waiting: ``then(answer, failure)`` runs on the loop thread when
+        the request is over (the answer not yet ``checked``)."""
+        (_shared or shared_loop()).submit(self._connections, call, then)
 
     def close(self) -> None:
         if _shared is not None and self._pid == os.getpid():
