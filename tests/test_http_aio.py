@@ -335,7 +335,7 @@ def test_the_transport_is_asyncio_unless_the_environment_says_urllib3(
     result = cli("single")
     assert result.code == 0, result.err
     client = OpenAIClient(mock.base_url)
-    assert (client._aio is None) == (value == "urllib3")
+    assert client.can_submit == (value != "urllib3")
     client.close()
 
 

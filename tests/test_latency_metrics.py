@@ -48,25 +48,25 @@ def test_ttft_and_tpot_percentiles_match_the_mock(mode: str, usage: str) -> None
     low = 1 - 0.05 - JITTER
     with start_mock(ttft_s=TTFT_S, per_token_s=PER_TOKEN_S, jitter=JITTER, **flags) as mock:
         # never earlier than the mock's times (after jitter), in every attempt; later only by
-        # the client's own scheduling (8 threads plus the in-process mock's on 2 cores): p50 up
-        # to 8 % and p99 (the slowest of 8) up to 60 % late in the serial pass — and, once in a
-        # few runs, a stall of the whole box (≈ 0.1 s, both transports) makes one attempt late
-        # throughout, so lateness is judged on the best of three. 2× still tells TTFT from E2E
-        # (0.25 + 64 × 0.008 = 0.76 s) and from the headers' time (≈ 0)
+        # the client's own scheduling (8 streams plus the in-process mock on 2 cores): the I/O
+        # loop stamps each line as it arrives, p50 and p99 within 7 % of the configured TTFT in
+        # 12 repeats on a quiet box — but, once in a few runs, a stall of the whole box
+        # (≈ 0.1 s, both transports) makes one attempt late throughout, so lateness is judged
+        # on the best of three
         for _ in range(3):
             cols = _measured(mock.base_url, mode)
             assert TTFT_S * low <= cols["ttft_p50_s"] and TTFT_S * low <= cols["ttft_p99_s"]
             assert PER_TOKEN_S * low <= cols["tpot_p99_s"]
             late = (
-                cols["ttft_p50_s"] > TTFT_S * (1.15 + JITTER)
-                or cols["ttft_p99_s"] > TTFT_S * 2
+                cols["ttft_p50_s"] > TTFT_S * (1 + 0.05 + JITTER)
+                or cols["ttft_p99_s"] > TTFT_S * (1 + 0.15 + JITTER)
                 or cols["tpot_p99_s"] > PER_TOKEN_S * 1.2
             )
             if not late:
                 break
-    assert cols["ttft_p50_s"] <= TTFT_S * (1.15 + JITTER)
+    assert TTFT_S * low <= cols["ttft_p50_s"] <= TTFT_S * (1 + 0.05 + JITTER)
     assert cols["tpot_p50_s"] == pytest.approx(PER_TOKEN_S, rel=0.05 + JITTER)
-    assert cols["ttft_p99_s"] <= TTFT_S * 2
+    assert cols["ttft_p99_s"] <= TTFT_S * (1 + 0.15 + JITTER)
     assert cols["tpot_p99_s"] <= PER_TOKEN_S * 1.2
     for q in ("p50", "p99"):
         assert cols[f"itl_{q}_s"] is not None
