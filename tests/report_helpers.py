@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -207,6 +207,14 @@ def tables(text: str) -> list[list[str]]:
                 rows.append(row)
             found.append([line, *rows])
     return found
+
+
+def keyed_rows(text: str, keys: Iterable[int]) -> list[str]:
+    """The rows of a log's table whose key (first cell) is one of ``keys``, wherever they are:
+    a sweep prints a row as each level finishes, and a note (another run of a noisy level, the
+    self-check) may come between two rows, which ends ``tables``' table there."""
+    wanted = {str(k) for k in keys}
+    return [ln for ln in text.splitlines() if _is_row(ln) and ln.split()[0] in wanted]
 
 
 def table_lines(text: str) -> list[str]:

@@ -116,7 +116,7 @@ def test_the_range_is_auto_or_lo_hi_at_most_1024x_wide() -> None:
 
 
 # FOUR_SLOTS: about 4 / 0.2 s = 20 req/s. Sent at a constant rate, no request waits below that
-PINNABLE = FAST + "[sweep]\nlevel_s = 0.3\nrepeats = 2\n" + PIN_SERVER
+PINNABLE = FAST + "[sweep]\nlevel_s = 0.3\nrepeats = 1\n" + PIN_SERVER
 
 
 @pytest.mark.serial  # open loop at ~20 req/s: a starved core sends late (client-bound: inconclusive)

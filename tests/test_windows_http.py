@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.mockserver import MockProcess, start_mock
-from tests.report_helpers import table_lines
+from tests.report_helpers import keyed_rows, table_lines
 from tests.tier_helpers import FAST, WINDOWS, jsonl, open_gate, run_dir
 
 # levels far shorter than the defaults (15 s, 3 runs) so the suite stays fast; the scraper at
 # its default interval so the client, not /metrics, has the machine's two cores
+LEVELS = (1, 2, 4, 8)
 SHORT = "[ladder]\nsample_interval_s = 0.05\n[sweep]\nconcurrency = [1, 2, 4, 8]\n"
 
 
@@ -53,11 +54,11 @@ def test_one_run_per_level_shows_no_range_and_says_a_gain_is_not_told_from_noise
     assert all(lv["items_per_s_min"] == lv["items_per_s_max"] for lv in once.json["levels"])
     assert "one run per level: no range, so a gain cannot be told from noise" in once.err
     assert "set [sweep] repeats = 3" in once.json["knee"]["how_sure"]
-    header, *rows = table_lines(once.err)  # a row as each level finished
-    assert "range" in header and len(rows) == 4
-    assert all("one run" in r and "–" not in r for r in rows)  # no low–high range
-    ranged = table_lines(twice.err)[1:]
-    assert len(ranged) == 4 and all("–" in r and "one run" not in r for r in ranged)
+    assert "range" in table_lines(once.err)[0]
+    rows = keyed_rows(once.err, LEVELS)  # a row as each level finished
+    assert len(rows) == 4 and all("one run" in r and "–" not in r for r in rows), once.err
+    ranged = keyed_rows(twice.err, LEVELS)  # a noisy level's further runs are noted between rows
+    assert len(ranged) == 4 and all("–" in r and "one run" not in r for r in ranged), twice.err
     assert "no range" not in twice.err
 
 

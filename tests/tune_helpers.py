@@ -12,7 +12,7 @@ from calibrate import config
 from calibrate.state.ledger import target_fingerprint
 from tests.fakes import free_port, managed_config, passing_ladder
 
-MOCK = [sys.executable, "-m", "calibrate", "mock", "--ttft", "0.002", "--per-token", "0.002"]
+MOCK = [sys.executable, "-m", "calibrate", "mock", "--ttft", "0.002", "--per-token", "0.0005"]
 # {slots} decode at once; {kv_tokens} of KV cache; a start above --max-memory-fraction 0.8 dies
 # like an engine whose cache does not fit (exit 1, CUDA out of memory).
 COMMAND = shlex.join(MOCK) + (
