@@ -3,6 +3,7 @@ it against servers that send exactly the bytes a test gives (framing the mock ne
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import socket
@@ -15,6 +16,8 @@ from contextlib import contextmanager
 import pytest
 
 from calibrate.errors import RequestError
+from calibrate.http.aio.bridge import AioTransport
+from calibrate.http.aio.connection import Connections, _Connection
 from calibrate.http.aio.wire import Answer
 from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams
@@ -182,6 +185,57 @@ def test_a_reused_connection_that_dies_while_the_server_works_is_not_resent() ->
         client.close()
     assert caught.value.kind in ("reset", "connect")
     assert seen == [2]
+
+
+@pytest.mark.parametrize("kind", ["uvloop", "asyncio"])
+def test_a_connection_reset_before_its_request_is_written_is_a_dropped_connection(
+    kind: str,
+) -> None:
+    """A server killed mid-batch resets a connection just made (or kept) before the request is
+    written on it: uvloop's write then raised RuntimeError, and batch recorded the item as an
+    ``internal`` failure. It is a dropped connection (OSError: ``reset``, or on a reused
+    connection one more try on a new one), and an idle one closing is never handed out."""
+    loop = pytest.importorskip("uvloop").new_event_loop() if kind == "uvloop" else None
+    loop = loop or asyncio.new_event_loop()
+    transport = AioTransport(
+        connect_timeout_s=2, max_bytes=1 << 20, max_connections=4, clock=time.monotonic
+    )
+
+    def holding(conn: socket.socket, _: int, stop: threading.Event) -> None:
+        with conn:  # accepts, reads nothing, answers nothing
+            stop.wait(5)
+
+    with serving(holding) as url:
+        origin = ("http", "127.0.0.1", int(url.rsplit(":", 1)[1].split("/", 1)[0]))
+        call = transport.call(
+            "POST",
+            origin,
+            url,
+            "/v1/chat/completions",
+            time.monotonic() + 5,
+            body=b"{}",
+            headers={},
+            lines=False,
+            timeout_s=5,
+        )
+
+        async def reset_then_write() -> tuple[bool, bool]:
+            connections = Connections(4)
+            _, conn = await loop.create_connection(_Connection, "127.0.0.1", origin[2])
+            conn.abort()  # the reset: the transport closes at once, connection_lost runs next
+            connections._idle[origin] = [conn]
+            fresh = await connections._connect(call, loop.time() + 5)
+            fresh.abort()
+            await asyncio.sleep(0.05)  # connection_lost has run: the transport is closed
+            with pytest.raises(ConnectionResetError, match="the connection was closed"):
+                await connections._exchange(conn, call, loop.time() + 5)
+            await asyncio.sleep(0.05)
+            return fresh is conn, conn.lost
+
+        handed_out, lost = loop.run_until_complete(reset_then_write())
+    loop.close()
+    assert not handed_out, "a connection whose close has come in is not reused"
+    assert lost
 
 
 def test_a_stream_ending_at_done_without_its_last_chunk_returns_at_once() -> None:

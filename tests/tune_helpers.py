@@ -15,10 +15,14 @@ from tests.fakes import free_port, managed_config, passing_ladder
 MOCK = [sys.executable, "-m", "calibrate", "mock", "--ttft", "0.002", "--per-token", "0.0005"]
 # {slots} decode at once; {kv_tokens} of KV cache; a start above --max-memory-fraction 0.8 dies
 # like an engine whose cache does not fit (exit 1, CUDA out of memory).
-COMMAND = shlex.join(MOCK) + (
+FLAGS = (
     " --port {port} --slots {slots} --kv-capacity-tokens {kv_tokens}"
     " --step-ms-per-1k-tokens 0.5 --memory-fraction {memory_fraction} --max-memory-fraction 0.8"
 )
+COMMAND = shlex.join(MOCK) + FLAGS  # ~25 ms answers: the level windows stay short
+# ~100 ms answers: four slots serve ~40 req/s, where the server and not this shared machine's
+# CPU sets the pace, so candidates' throughputs keep their slots' ratios (a ranking test)
+SERVER_BOUND = shlex.join([*MOCK[:-1], "0.002"]) + FLAGS
 LEVELS = "[sweep]\nconcurrency = [1, 2, 4]\nlevel_s = 0.1\nrepeats = 1\n[ladder]\nsample_interval_s = 0.005\nmin_round_s = 0\n"
 
 

@@ -5,7 +5,8 @@ passes, whatever the request is waiting for then — the connection, the status 
 (a server dripping them a byte at a time), or the body (a stream sending only keep-alive
 comments). Idle connections are kept per origin, last used first, at most ``max_idle`` of them
 (as urllib3's pool keeps ``maxsize``; a burst past it opens more, closed after use); one the
-server closed is dropped before reuse.
+server closed is dropped before reuse, and so is one whose close has come in but not yet been
+handled (its transport is closing).
 
 One retry, and only one kind: a kept-alive connection the server closed just as it was reused
 (llama.cpp and most engines close idle ones after a few seconds) — the answer's first byte never
@@ -91,6 +92,24 @@ class _Connection(asyncio.Protocol):
             self.failure = exc or ConnectionResetError("the server closed the connection")
             waiter.set_exception(self.failure)
 
+    def closing(self) -> bool:
+        """Its transport is closed or closing: the close came (the server's FIN read, or our own
+        abort) but ``connection_lost`` has not run yet — writing to it would raise."""
+        return self.transport is None or self.transport.is_closing()
+
+    def write(self, payload: bytes) -> None:
+        """Send the request; a transport closed under us (a reset that came in after the
+        connection was made or kept) is a dropped connection: uvloop raised RuntimeError there
+        (an item's ``internal`` failure), the default loop dropped the bytes and the request
+        waited out its deadline."""
+        if self.closing():
+            raise ConnectionResetError("the connection was closed before the request was sent")
+        assert self.transport is not None
+        try:
+            self.transport.write(payload)
+        except RuntimeError as exc:  # uvloop: "unable to perform operation on <TCPTransport…>"
+            raise ConnectionResetError(f"the connection was closed: {exc}") from exc
+
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
@@ -112,7 +131,7 @@ class Connections:
         idle = self._idle.get(call.origin) if reuse else None
         while idle:
             conn = idle.pop()
-            if not conn.lost:
+            if not conn.lost and not conn.closing():
                 return conn
         loop = asyncio.get_running_loop()
         scheme, host, port = call.origin
@@ -165,8 +184,7 @@ class Connections:
         timer = loop.call_at(deadline, _expire, conn)
         whole = False
         try:
-            assert conn.transport is not None
-            conn.transport.write(call.payload)
+            conn.write(call.payload)
             await waiter
             whole = True
         except TimeoutError as exc:
