@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 from calibrate.server import pids, process
-from tests.tune_helpers import lines as jsonl
 from tests.tune_helpers import SERVER_BOUND, tune_config
+from tests.tune_helpers import lines as jsonl
 
 GRID = 'grid = ["slots=1,2,4", "kv_tokens=50000"]\nmemory_fractions = [0.9, 0.8]\n'
 
