@@ -246,24 +246,3 @@ def parse_context_lengths(text: str) -> tuple[int, ...]:
     if list(lengths) != sorted(set(lengths)):
         raise UsageError("--context-lengths must increase, e.g. 512,1024,2048")
     return lengths
-
-
-CONTEXT_START_TOKENS = 512
-CONTEXT_MARGIN = 0.05  # prompts are built to within a few percent of their target
-
-
-def default_context_lengths(max_model_len: int | None, output_tokens: int) -> tuple[int, ...]:
-    """512, 1k, 2k, … up to what fits in ``max_model_len`` with the answer (and the last
-    length that fits, a margin below it); without a known limit, up to the maximum."""
-    if max_model_len is None:
-        limit = MAX_INPUT_TOKENS
-    else:
-        limit = max_model_len - output_tokens - math.ceil(CONTEXT_MARGIN * max_model_len)
-    lengths: list[int] = []
-    n = CONTEXT_START_TOKENS
-    while n <= limit and len(lengths) < MAX_CONTEXT_STEPS:
-        lengths.append(n)
-        n *= 2
-    if max_model_len is not None and limit >= 1 and (not lengths or lengths[-1] < limit):
-        lengths.append(limit)
-    return tuple(lengths[-MAX_CONTEXT_STEPS:])
