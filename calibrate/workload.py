@@ -17,6 +17,7 @@ from calibrate.errors import UsageError
 
 WorkloadSource = Literal["fixed", "tasks", "synthetic"]
 Pick = Literal["longest", "sample"]
+Axis = Literal["batch", "context"]
 SOURCES: tuple[WorkloadSource, ...] = ("fixed", "tasks", "synthetic")
 PICKS: tuple[Pick, ...] = ("longest", "sample")
 
@@ -24,6 +25,7 @@ PICKS: tuple[Pick, ...] = ("longest", "sample")
 MAX_INPUT_TOKENS = 1_048_576
 MAX_OUTPUT_TOKENS = 1_000_000
 MAX_CONTEXT_STEPS = 32
+MAX_BATCH_SIZE = 4096
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,71 @@ class WorkloadFlags:
     prompt: str | None = None
 
 
+@dataclass(frozen=True)
+class AxisFlags:
+    """The ladder's ``--axis``, ``--context-lengths`` and ``--batch`` (None = not given)."""
+
+    axis: Axis = "batch"
+    context_lengths: str | None = None
+    batch: int | None = None
+
+
+@dataclass(frozen=True)
+class ResolvedWorkload:
+    """What a command sends, resolved once from config and flags: the workload, and for the
+    ladder the axis it steps (the context axis: its lengths, None for the default ones)."""
+
+    spec: WorkloadSpec
+    axis: Axis = "batch"
+    context_lengths: tuple[int, ...] | None = None
+    context_batch: int = 1
+
+
+def resolve_workload_flags(
+    file: WorkloadFlags,
+    flags: WorkloadFlags,
+    along: AxisFlags = AxisFlags(),
+    *,
+    default_pick: Pick,
+    max_tokens: int,
+) -> ResolvedWorkload:
+    """Flags over [workload]; a synthetic workload forces answers to ``max_tokens`` ([prompt])
+    unless --output-tokens says otherwise. Exit 2 on anything out of bounds."""
+    if along.axis == "context":
+        return _context_axis(file, flags, along, max_tokens)
+    for flag, value in (("--context-lengths", along.context_lengths), ("--batch", along.batch)):
+        if value is not None:
+            raise UsageError(f"{flag} goes with --axis context")
+    spec = resolve_workload(file, flags, default_pick=default_pick)
+    if spec.source == "synthetic" and spec.output_tokens is None:
+        spec = replace(spec, output_tokens=max_tokens)
+    return ResolvedWorkload(spec)
+
+
+def _context_axis(
+    file: WorkloadFlags, flags: WorkloadFlags, along: AxisFlags, max_tokens: int
+) -> ResolvedWorkload:
+    """The context axis sends synthetic inputs of its own lengths (sized per step)."""
+    if flags.tasks or flags.input_tokens is not None:
+        raise UsageError(
+            "--axis context steps synthetic inputs of its own lengths: drop --tasks/--input-tokens",
+            "Give the lengths with --context-lengths 512,1024,… (default: up to max_model_len).",
+        )
+    if along.batch is not None and not 1 <= along.batch <= MAX_BATCH_SIZE:
+        raise UsageError(f"--batch must be in [1, {MAX_BATCH_SIZE}], got {along.batch}")
+    lengths = along.context_lengths
+    steps = parse_context_lengths(lengths) if lengths is not None else None
+    spec = resolve_workload(
+        WorkloadFlags(seed=file.seed),
+        WorkloadFlags(
+            input_tokens=1,
+            output_tokens=flags.output_tokens or max_tokens,
+            shared_prefix=flags.shared_prefix,
+        ),
+    )
+    return ResolvedWorkload(spec, "context", steps, along.batch or 1)
+
+
 def resolve_workload(
     file: WorkloadFlags, flags: WorkloadFlags, *, default_pick: Pick = "longest"
 ) -> WorkloadSpec:
@@ -179,24 +246,3 @@ def parse_context_lengths(text: str) -> tuple[int, ...]:
     if list(lengths) != sorted(set(lengths)):
         raise UsageError("--context-lengths must increase, e.g. 512,1024,2048")
     return lengths
-
-
-CONTEXT_START_TOKENS = 512
-CONTEXT_MARGIN = 0.05  # prompts are built to within a few percent of their target
-
-
-def default_context_lengths(max_model_len: int | None, output_tokens: int) -> tuple[int, ...]:
-    """512, 1k, 2k, … up to what fits in ``max_model_len`` with the answer (and the last
-    length that fits, a margin below it); without a known limit, up to the maximum."""
-    if max_model_len is None:
-        limit = MAX_INPUT_TOKENS
-    else:
-        limit = max_model_len - output_tokens - math.ceil(CONTEXT_MARGIN * max_model_len)
-    lengths: list[int] = []
-    n = CONTEXT_START_TOKENS
-    while n <= limit and len(lengths) < MAX_CONTEXT_STEPS:
-        lengths.append(n)
-        n *= 2
-    if max_model_len is not None and limit >= 1 and (not lengths or lengths[-1] < limit):
-        lengths.append(limit)
-    return tuple(lengths[-MAX_CONTEXT_STEPS:])

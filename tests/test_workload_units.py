@@ -14,9 +14,10 @@ from calibrate.gpu.engine_metrics import reading_from_metrics
 from calibrate.gpu.prometheus import parse_prometheus
 from calibrate.gpu.reading import choose_pressure
 from calibrate.http.models import Choice, incomplete_reason
+from calibrate.stages.ladder.context_axis import default_context_lengths
 from calibrate.stages.prepare.synthetic import synthetic_prompt
 from calibrate.stages.prepare.token_probe import calibrate_tokens, forcing_fields, forcing_for
-from calibrate.workload import default_context_lengths, parse_token_range
+from calibrate.workload import parse_token_range
 
 
 def test_token_ranges_and_their_bounds() -> None:

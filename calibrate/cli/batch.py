@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     out = output_for(args)
     check_flags(args)
     urls: list[str] = list(args.base_url or [])
-    args.base_url = split_endpoint(urls[0])[0] if urls else None  # the target: the first one
-    request = request_for(args, urls, load_config(args))
+    target = split_endpoint(urls[0])[0] if urls else None  # the target: the first one
+    request = request_for(args, urls, load_config(args, base_url=target))
     env = BatchView(out, args.progress_s, request.grace_s, request.junit_path)
     return show(out, batch.run(request, env))

@@ -6,13 +6,18 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterable
-from typing import Any, TextIO
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console
 from rich.table import Table
 
 from calibrate.cli.streams import can_encode
+
+if TYPE_CHECKING:
+    from calibrate.io.tier_table import Kind
+    from calibrate.report.progress import Plan
 
 LOG_WIDTH = 100  # tables in a log (CI, make demo) fit this, or $COLUMNS when set
 
@@ -57,6 +62,25 @@ class Output:
         """Lines a stage worded, each with its level: say, warn, ok or fail."""
         for level, text in lines:
             {"say": self.say, "warn": self.warn, "ok": self.ok, "fail": self.fail}[level](text)
+
+    def show_table(self, table_at: Callable[[int | None], Table], *, live: bool = True) -> None:
+        """A finished table once: every column with --wide, else fitting the screen. After a
+        ``live`` table (the essential columns) only with --wide: without it a log already has
+        the table, a row at a time, and a terminal still shows it."""
+        if self.wide:
+            self.render_wide(table_at(None))
+        elif not live:
+            self.render(table_at(self.console.width))
+
+    @contextmanager
+    def live_table(
+        self, kind: Kind, title: str, plan: Plan
+    ) -> Iterator[Callable[[Mapping[str, Any]], None]]:
+        """A live table and a progress bar on a terminal, the table a row at a time in a log."""
+        from calibrate.report.progress import live_rows  # only the commands that measure
+
+        with live_rows(self.console, kind, title, self.is_tty, wide=self.wide, plan=plan) as show:
+            yield show
 
     def render(self, renderable: Any) -> None:
         self._print_table(renderable)

@@ -5,7 +5,7 @@ limits (the documented maxima, each section's check), urls (base URLs), load (th
 starter (the file `calibrate init` writes). The names other packages use are handed on here.
 """
 
-from calibrate.config.limits import MAX_BATCH_SIZE, MAX_ROUNDS, MAX_TIMEOUT_S
+from calibrate.config.limits import MAX_ROUNDS, MAX_TIMEOUT_S
 from calibrate.config.load import DEFAULT_CONFIG_NAME, Overrides, load
 from calibrate.config.sections import (
     Config,
@@ -17,6 +17,7 @@ from calibrate.config.sections import (
 )
 from calibrate.config.starter import STARTER_TOML
 from calibrate.config.urls import normalise_base_url, split_endpoint
+from calibrate.workload import MAX_BATCH_SIZE
 
 __all__ = [
     "DEFAULT_CONFIG_NAME",

@@ -25,9 +25,8 @@ from calibrate.config.sections import (
 from calibrate.config.urls import normalise_base_url, split_endpoint
 from calibrate.engines.args import args_problem
 from calibrate.errors import ConfigError, UsageError
-from calibrate.workload import MAX_OUTPUT_TOKENS, parse_token_range
+from calibrate.workload import MAX_BATCH_SIZE, MAX_OUTPUT_TOKENS, parse_token_range
 
-MAX_BATCH_SIZE = 4096
 MAX_CONCURRENCY = 4096
 MAX_ROUNDS = 100
 MAX_TOKENS = 1_000_000

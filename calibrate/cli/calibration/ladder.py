@@ -23,11 +23,11 @@ import argparse
 from typing import Any
 
 from calibrate.cli import common
-from calibrate.cli.flags.workload import add_tier_args, measure_spec, task_pool, workload_spec
+from calibrate.cli.flags.workload import add_tier_args, measure_spec, resolved_workload
 from calibrate.cli.views.ladder import LadderView
 from calibrate.stages import ladder
 from calibrate.stages.ladder import LadderEnv, LadderSpec
-from calibrate.workload import parse_context_lengths
+from calibrate.stages.prepare.task_pick import pool_for
 
 
 def register(subparsers: Any) -> None:
@@ -52,16 +52,15 @@ def run(args: argparse.Namespace) -> int:
 def ladder_spec(args: argparse.Namespace) -> LadderSpec:
     """The flags as one typed spec: exit 2 on a mistake before anything is written."""
     measure = measure_spec(args)
-    workload = workload_spec(args, common.load_config(args), "ladder")
-    lengths = args.context_lengths
+    workload = resolved_workload(args, common.load_config(args), "ladder")
     return LadderSpec(
         measure=measure,
-        workload=workload,
-        pool=task_pool(workload),
+        workload=workload.spec,
+        pool=pool_for(workload.spec),
         require_match=args.require_match,
         streaming=not args.no_stream,
         slo_flags=tuple(args.slo),
-        axis=args.axis,
-        context_lengths=parse_context_lengths(lengths) if lengths is not None else None,
-        context_batch=args.batch or 1,
+        axis=workload.axis,
+        context_lengths=workload.context_lengths,
+        context_batch=workload.context_batch,
     )

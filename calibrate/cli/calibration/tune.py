@@ -18,7 +18,7 @@ import argparse
 from typing import Any
 
 from calibrate.cli import common
-from calibrate.cli.flags.workload import add_workload_args, task_pool, workload_spec
+from calibrate.cli.flags.workload import add_workload_args, resolved_workload
 from calibrate.cli.views.tune import show_finished, tune_env
 from calibrate.config import MAX_TIMEOUT_S
 from calibrate.engines.builders import SERVER_KINDS
@@ -27,6 +27,7 @@ from calibrate.errors import UsageError
 from calibrate.gpu.energy import PRICE_HELP, RANK_BY
 from calibrate.stages import tune
 from calibrate.stages.measure.tier_run import MeasureSpec, preflight
+from calibrate.stages.prepare.task_pick import pool_for
 
 
 def register(subparsers: Any) -> None:
@@ -83,8 +84,8 @@ def register(subparsers: Any) -> None:
 
 def _request(args: argparse.Namespace) -> tune.TuneRequest:
     """The flags as a typed request; mistakes in them are exit 2 before anything is sent."""
-    workload = workload_spec(args, common.load_config(args), "sweep")
-    task_pool(workload)  # a bad tasks file is exit 2 before anything is started
+    workload = resolved_workload(args, common.load_config(args), "sweep").spec
+    pool_for(workload)  # a bad tasks file is exit 2 before anything is started
     if args.budget_s is not None and not 0 <= args.budget_s <= MAX_TIMEOUT_S:
         raise UsageError(f"--budget-s must be in [0, {MAX_TIMEOUT_S:g}], got {args.budget_s}")
     gpus, price = tuple(args.gpu) if args.gpu else None, args.gpu_price_per_hour

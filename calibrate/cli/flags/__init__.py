@@ -64,20 +64,23 @@ class _Resolved:
     config: Config
 
 
-def load_config(args: argparse.Namespace) -> Config:
-    """Resolve the configuration once from file, environment and this command's flags.
+def load_config(args: argparse.Namespace, *, base_url: str | None = None) -> Config:
+    """Resolve the configuration once from file, environment and this command's flags
+    (``base_url``: the target a command chose among several --base-url, else its flag).
 
     A second call for the same command (``open_stage`` after its spec was built) hands back the
     same Config while its flags and the environment are unchanged: the file is read once.
     Its secrets are remembered (``redact.remember``): from here on no file written and no line
     printed holds them, whatever a server echoes back.
     """
-    for word in (getattr(args, "base_url", None), *getattr(args, "argv", ())):
+    if base_url is None:
+        base_url = getattr(args, "base_url", None)
+    for word in (base_url, *getattr(args, "argv", ())):
         url = (word or "").split("=", 1)[-1] if (word or "").startswith("-") else word
         redact.remember_url(url if url and "://" in url else None)  # before a config error
     overrides = config_mod.Overrides(
         config_path=getattr(args, "config", None),
-        base_url=getattr(args, "base_url", None),
+        base_url=base_url,
         model=getattr(args, "model", None),
     )
     environ = dict(os.environ)

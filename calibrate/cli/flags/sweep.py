@@ -7,10 +7,11 @@ import argparse
 from typing import Any
 
 from calibrate.cli.common import Runner, add_command, load_config
-from calibrate.cli.flags.workload import add_tier_args, measure_spec, task_pool, workload_spec
+from calibrate.cli.flags.workload import add_tier_args, measure_spec, resolved_workload
 from calibrate.config import MAX_BATCH_SIZE, Config
 from calibrate.errors import UsageError
 from calibrate.stages.measure.slo import has_slo, parse_slo_flags
+from calibrate.stages.prepare.task_pick import pool_for
 from calibrate.stages.sweep.auto import DEFAULT_AUTO_STEPS, MAX_AUTO_STEPS
 from calibrate.stages.sweep.find_max import TOP
 from calibrate.stages.sweep.rates import parse_rate_range
@@ -94,12 +95,11 @@ def sweep_spec(args: argparse.Namespace) -> SweepSpec:
         raise UsageError(f"--batch-size must be in [1, {MAX_BATCH_SIZE}], got {args.batch_size}")
     cfg = load_config(args)
     _check_find_max(args, cfg)
-    workload = workload_spec(args, cfg, "sweep")
-    pool = task_pool(workload)  # a bad tasks file is exit 2 before anything is written
+    workload = resolved_workload(args, cfg, "sweep").spec
     return SweepSpec(
         measure=measure,
         workload=workload,
-        pool=pool,
+        pool=pool_for(workload),  # a bad tasks file is exit 2 before anything is written
         streaming=not args.no_stream,
         slo_flags=tuple(args.slo),
         batch_size=args.batch_size,

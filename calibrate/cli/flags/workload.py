@@ -4,24 +4,20 @@ the measuring flags (``--vram-source``, ``--compare`` …) as a ``MeasureSpec``.
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 from pathlib import Path
 
 from calibrate.cli.flags import add_force, add_junit, add_wide
-from calibrate.config import MAX_BATCH_SIZE, Config
-from calibrate.errors import UsageError
+from calibrate.config import Config
 from calibrate.gpu.energy import PRICE_HELP
 from calibrate.stages.measure.tier_run import MeasureSpec, preflight
-from calibrate.stages.prepare.task_pick import TaskPool, load_pool
 from calibrate.workload import (
     MAX_INPUT_TOKENS,
     MAX_OUTPUT_TOKENS,
     PICKS,
-    Pick,
+    AxisFlags,
+    ResolvedWorkload,
     WorkloadFlags,
-    WorkloadSpec,
-    parse_context_lengths,
-    resolve_workload,
+    resolve_workload_flags,
 )
 
 
@@ -87,10 +83,9 @@ def add_workload_args(parser: argparse.ArgumentParser, kind: str) -> None:
         )
 
 
-def workload_spec(args: argparse.Namespace, cfg: Config, kind: str) -> WorkloadSpec:
-    """Flags over [workload]; a synthetic workload forces answers to [prompt].max_tokens unless
-    --output-tokens says otherwise. Exit 2 on anything out of bounds."""
-    default_pick: Pick = "longest" if kind == "ladder" else "sample"
+def resolved_workload(args: argparse.Namespace, cfg: Config, kind: str) -> ResolvedWorkload:
+    """The workload flags (and the ladder's axis flags), read once, over [workload]: exit 2 on
+    anything out of bounds."""
     flags = WorkloadFlags(
         tasks=args.tasks,
         pick=args.pick,
@@ -99,46 +94,14 @@ def workload_spec(args: argparse.Namespace, cfg: Config, kind: str) -> WorkloadS
         shared_prefix=args.shared_prefix,
         prompt=args.prompt,
     )
-    if getattr(args, "axis", "batch") == "context":
-        return _context_spec(args, cfg, flags)
-    _check_context_flags(args)
-    spec = resolve_workload(cfg.workload.flags(), flags, default_pick=default_pick)
-    if spec.source == "synthetic" and spec.output_tokens is None:
-        return replace(spec, output_tokens=cfg.prompt.max_tokens)
-    return spec
-
-
-def _check_context_flags(args: argparse.Namespace) -> None:
-    for flag, value in (
-        ("--context-lengths", getattr(args, "context_lengths", None)),
-        ("--batch", getattr(args, "batch", None)),
-    ):
-        if value is not None:
-            raise UsageError(f"{flag} goes with --axis context")
-
-
-def _context_spec(args: argparse.Namespace, cfg: Config, flags: WorkloadFlags) -> WorkloadSpec:
-    if flags.tasks or flags.input_tokens is not None:
-        raise UsageError(
-            "--axis context steps synthetic inputs of its own lengths: drop --tasks/--input-tokens",
-            "Give the lengths with --context-lengths 512,1024,… (default: up to max_model_len).",
-        )
-    if args.batch is not None and not 1 <= args.batch <= MAX_BATCH_SIZE:
-        raise UsageError(f"--batch must be in [1, {MAX_BATCH_SIZE}], got {args.batch}")
-    if args.context_lengths is not None:
-        parse_context_lengths(args.context_lengths)  # exit 2 before anything is sent
-    output = flags.output_tokens or cfg.prompt.max_tokens
-    return resolve_workload(
-        WorkloadFlags(seed=cfg.workload.seed),
-        WorkloadFlags(input_tokens=1, output_tokens=output, shared_prefix=flags.shared_prefix),
+    ladder = kind == "ladder"
+    return resolve_workload_flags(
+        cfg.workload.flags(),
+        flags,
+        AxisFlags(args.axis, args.context_lengths, args.batch) if ladder else AxisFlags(),
+        default_pick="longest" if ladder else "sample",
+        max_tokens=cfg.prompt.max_tokens,
     )
-
-
-def task_pool(spec: WorkloadSpec) -> TaskPool | None:
-    """The tasks, read and validated before the run starts (exit 2 on a bad line)."""
-    if spec.source != "tasks" or spec.tasks is None:
-        return None
-    return load_pool(spec.tasks, pick=spec.pick, prompt=spec.prompt, seed=spec.seed)
 
 
 def add_tier_args(parser: argparse.ArgumentParser, kind: str) -> None:

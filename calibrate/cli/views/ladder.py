@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from calibrate.cli.views.determinism import say_differs
-from calibrate.cli.views.tiers import TierView, check_comparison, live_table, warn_if_client_bound
+from calibrate.cli.views.tiers import TierView, check_comparison, warn_if_client_bound
 from calibrate.errors import Interrupted
 from calibrate.gpu.energy import cost_text
 from calibrate.io.junit import JUnitCase, JUnitSuite
@@ -55,7 +55,7 @@ class LadderView(TierView[LadderResult, LadderOptions]):
         self, run_id: str, options: LadderOptions, watch: Measuring
     ) -> Iterator[Callable[[Tier], None]]:
         progress = Plan(len(options.batch_sizes), options.rounds * options.min_round_s)
-        with live_table(self.out, "ladder", f"ladder {run_id}", progress) as show:
+        with self.out.live_table("ladder", f"ladder {run_id}", progress) as show:
 
             def on_tier(tier: Tier) -> None:
                 show({**tier.to_json(), "vram_source": watch.monitor.source, "axis": options.axis})

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from calibrate.cli.views.determinism import say_differs
-from calibrate.cli.views.tiers import TierView, check_comparison, live_table, warn_if_client_bound
+from calibrate.cli.views.tiers import TierView, check_comparison, warn_if_client_bound
 from calibrate.errors import Interrupted
 from calibrate.gpu.energy import cost_text
 from calibrate.io.junit import JUnitSuite
@@ -38,7 +38,7 @@ class SweepView(TierView[SweepResult, SweepOptions]):
     def live(
         self, run_id: str, options: SweepOptions, watch: Measuring
     ) -> Iterator[Callable[[Level], None]]:
-        with live_table(self.out, "sweep", f"sweep {run_id}", progress(options)) as show:
+        with self.out.live_table("sweep", f"sweep {run_id}", progress(options)) as show:
 
             def on_level(level: Level) -> None:
                 show({**level.to_json(), "vram_source": watch.monitor.source})

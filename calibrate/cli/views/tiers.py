@@ -8,12 +8,9 @@ The logic (samplers, incidents, --compare, the ledger verdict) is in ``stages.me
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
-
-from rich.table import Table
 
 from calibrate.cli.common import Output, junit_suite
 from calibrate.cli.views.determinism import say_overall
@@ -24,7 +21,6 @@ from calibrate.gpu.vram import VramMonitor
 from calibrate.io.junit import JUnitSuite
 from calibrate.io.tier_table import Kind, read_rows, write_tiers_csv
 from calibrate.report.plot import write_plot
-from calibrate.report.progress import Plan, live_rows
 from calibrate.report.tables.compare import compare_table
 from calibrate.report.tables.tiers import tier_table
 from calibrate.stages.context import StageContext
@@ -133,7 +129,7 @@ def finish_tables(
     csv_path = write_tiers_csv(ctx.run.file("tiers.csv"), rows, kind, source)
     table_rows = read_rows(csv_path)
     title = f"{kind} {ctx.run.run_id}"
-    show_table(out, lambda width: tier_table(table_rows, kind, title, width, wide=width is None))
+    out.show_table(lambda width: tier_table(table_rows, kind, title, width, wide=width is None))
     plot = write_plot(table_rows, kind, ctx.run.file("plot.png"))
     out.say(
         f"tables: {csv_path}" + (f", plot: {plot}" if plot else " (no plot: matplotlib missing)")
@@ -153,18 +149,6 @@ def check_comparison(suite: JUnitSuite, comparison: TierComparison | None) -> No
         )
 
 
-def show_table(out: Output, table_at: Callable[[int | None], Table], *, live: bool = True) -> None:
-    """A finished table once: every column with --wide, else fitting the screen. After a
-    ``live`` table (the essential columns) only with --wide: without it a log already has the
-    table, a row at a time, and a terminal still shows it."""
-    if live and not out.wide:
-        return
-    if out.wide:
-        out.render_wide(table_at(None))
-    else:
-        out.render(table_at(out.console.width))
-
-
 def show_comparison(out: Output, comparison: TierComparison | None) -> None:
     if comparison is None:
         return
@@ -173,16 +157,6 @@ def show_comparison(out: Output, comparison: TierComparison | None) -> None:
         out.fail(f"regression: {problem}")
     if comparison.passed:
         out.ok(f"no regression against {comparison.baseline_path}")
-
-
-@contextmanager
-def live_table(
-    out: Output, kind: Kind, title: str, plan: Plan
-) -> Iterator[Callable[[Mapping[str, Any]], None]]:
-    """``live_rows`` for this output: a live table and a progress bar on a terminal,
-    the table a row at a time in a log."""
-    with live_rows(out.console, kind, title, out.is_tty, wide=out.wide, plan=plan) as show:
-        yield show
 
 
 def show_record(out: Output, record: TierRecord) -> None:

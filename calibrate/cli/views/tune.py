@@ -12,19 +12,14 @@ from typing import Any
 from rich.table import Table
 
 from calibrate.cli.common import Output
-from calibrate.cli.views.tiers import show_table
 from calibrate.report.progress import Plan, progress_bar
-from calibrate.report.tables.columns import table_width
-from calibrate.report.tables.tiers import compact
+from calibrate.report.tables.cells import Cells, figure
+from calibrate.report.tables.grid import fit, grid, key_values
 from calibrate.report.tune_report import plot_svg
 from calibrate.stages.context import StageContext
 from calibrate.stages.tune import TuneEnv, TuneFinished, TuneSetup
 from calibrate.stages.tune.result import CandidateResult
 from calibrate.stages.tune.search import TuneOutcome, schedule
-
-
-def _f(value: Any, fmt: str) -> str:
-    return "—" if value is None or value == "" else format(float(value), fmt)
 
 
 def finished_line(result: CandidateResult) -> str:
@@ -44,7 +39,7 @@ def finished_line(result: CandidateResult) -> str:
     errors = result.measurement.errors if result.measurement else 0
     return (
         f"{head}: {best.goodput_per_s:.2f} req/s goodput at concurrency {best.concurrency}, "
-        f"p50 {_f(best.p50_s, '.3f')} s, {errors} errors{crash}"
+        f"p50 {figure(best.p50_s, '.3f')} s, {errors} errors{crash}"
     )
 
 
@@ -53,20 +48,20 @@ def _status(row: Mapping[str, Any]) -> str:
     return str(row["status"]) + (f" (exit {code})" if code is not None else "")
 
 
-_COLUMNS: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
+_COLUMNS: Cells = [
     ("rank", lambda r: str(r["rank"])),
     ("id", lambda r: str(r["id"])),
     ("flags", lambda r: str(r["flags"])),
     ("status", lambda r: _status(r)),
     ("cap", lambda r: "—" if r["cap"] in (None, "") else str(r["cap"])),
     ("conc", lambda r: "—" if r.get("best_concurrency") is None else str(r["best_concurrency"])),
-    ("goodput/s", lambda r: _f(r.get("goodput_per_s"), ".2f")),
-    ("items/s", lambda r: _f(r.get("items_per_s"), ".2f")),
-    ("tok/s", lambda r: _f(r.get("output_tokens_per_s"), ".0f")),
-    ("p50 s", lambda r: _f(r.get("p50_s"), ".3f")),
-    ("p90 s", lambda r: _f(r.get("p90_s"), ".3f")),
-    ("peak MiB", lambda r: _f(r.get("peak_vram_mib"), ".0f")),
-    ("KV", lambda r: _f(r.get("peak_kv_usage"), ".0%")),
+    ("goodput/s", lambda r: figure(r.get("goodput_per_s"), ".2f")),
+    ("items/s", lambda r: figure(r.get("items_per_s"), ".2f")),
+    ("tok/s", lambda r: figure(r.get("output_tokens_per_s"), ".0f")),
+    ("p50 s", lambda r: figure(r.get("p50_s"), ".3f")),
+    ("p90 s", lambda r: figure(r.get("p90_s"), ".3f")),
+    ("peak MiB", lambda r: figure(r.get("peak_vram_mib"), ".0f")),
+    ("KV", lambda r: figure(r.get("peak_kv_usage"), ".0%")),
     ("errors", lambda r: str(r["errors"])),
     ("incidents", lambda r: str(r["incidents"])),
 ]
@@ -76,38 +71,32 @@ _COLUMNS: list[tuple[str, Callable[[Mapping[str, Any]], str]]] = [
 _DROP_FIRST = ("incidents", "tok/s", "KV", "p90 s", "cap", "items/s", "status")
 
 
+_LEFT = ("id", "flags", "status")
+
+
+def _style(n: int, row: Mapping[str, Any]) -> str | None:
+    """The winner in green; a candidate that did not start, serve or stay up in red."""
+    if row["status"] in ("did not start", "did not serve", "crashed"):
+        return "red"
+    return "green" if n == 0 and row.get("goodput_per_s") else None
+
+
 def ranked_table(
     rows: Sequence[Mapping[str, Any]], title: str | None, width: int | None = None
 ) -> Table:
     """The ranked candidates; with ``width``, minor columns are left out until it fits."""
-    columns = list(_COLUMNS)
-    for name in _DROP_FIRST:
-        if width is None or table_width(columns, rows) <= width:
-            break
-        columns = [c for c in columns if c[0] != name]
-    table = compact(title)
-    for name, _ in columns:
-        table.add_column(
-            name,
-            justify="left" if name in ("id", "flags", "status") else "right",
-            overflow="fold",
-        )
-    for n, row in enumerate(rows):
-        style = "green" if n == 0 and row.get("goodput_per_s") else None
-        if row["status"] in ("did not start", "did not serve", "crashed"):
-            style = "red"
-        table.add_row(*(cell(row) for _, cell in columns), style=style)
-    return table
+    columns = fit(_COLUMNS, rows, width, _DROP_FIRST)
+    return grid(columns, rows, title, left=_LEFT, style=_style)
 
 
 def plain_line(row: Mapping[str, Any]) -> str:
     """Every column of one candidate as ``key=value`` (the JSON has them too)."""
-    return "  ".join(f"{name.replace(' ', '_')}={cell(row)}" for name, cell in _COLUMNS)
+    return key_values((name, cell(row)) for name, cell in _COLUMNS)
 
 
 def show_ranked(out: Output, rows: Sequence[Mapping[str, Any]], title: str | None) -> None:
     """One table, on a terminal and in a log alike."""
-    show_table(out, lambda width: ranked_table(rows, title, width), live=False)
+    out.show_table(lambda width: ranked_table(rows, title, width), live=False)
 
 
 @contextmanager

@@ -8,6 +8,7 @@ from typing import Any
 
 from calibrate.io.tier_table import Kind
 from calibrate.report.tables.cells import LADDER, SWEEP, Cells, context_axis, figure, pressure_short
+from calibrate.report.tables.grid import fit
 
 # The default table (fits 100 columns): what a user needs to pick a setting. --wide, tiers.csv,
 # the JSONL and the HTML report carry every column.
@@ -142,21 +143,7 @@ def fitting_columns(
         for name, cell in kind_columns(kind, rows, wide)
         if name not in WHEN_MEASURED or any(cell(row) != "—" for row in rows)
     ]
-    if width is None:
-        return columns
-    for name in _DROP_FIRST[kind]:
-        if table_width(columns, rows) <= width:
-            break
-        columns = [c for c in columns if c[0] != name]
-    return columns
-
-
-def table_width(columns: Cells, rows: Sequence[Mapping[str, Any]]) -> int:
-    """The width of a ``compact`` table of these columns: each cell's widest text and two
-    spaces between columns."""
-    return -2 + sum(
-        2 + max([len(name), *(len(cell(row)) for row in rows)]) for name, cell in columns
-    )
+    return fit(columns, rows, width, _DROP_FIRST[kind])
 
 
 def table_cells(rows: Sequence[Mapping[str, Any]], kind: Kind) -> Cells:

@@ -12,7 +12,7 @@ from rich.table import Table
 from calibrate.numbers import finite
 from calibrate.report.compare import RunComparison
 from calibrate.report.tables.columns import short_name
-from calibrate.report.tables.tiers import compact
+from calibrate.report.tables.grid import compact
 from calibrate.stages.measure.compare_tiers import TierComparison
 from calibrate.stages.measure.confidence import percent
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -14,22 +13,10 @@ from calibrate.report.compare import headline
 from calibrate.report.run_view import RunView
 from calibrate.report.spreads import Spreads, spread_text
 from calibrate.report.tables.columns import WHEN_MEASURED, fitting_columns, kind_columns, short_name
+from calibrate.report.tables.grid import compact, grid, key_values
 from calibrate.stages.measure.confidence import percent
 
 LEFT_JUSTIFIED = ("verdict", "errors", "pressure")  # the text columns; figures go right
-
-
-def compact(title: str | None = None) -> Table:
-    """A table without column rules, side edges or a bottom rule: a rule under the header, two
-    spaces between columns; as wide as its cells, few lines."""
-    return Table(
-        title=title,
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        show_edge=False,
-        padding=(0, 1, 0, 0),
-        pad_edge=False,
-    )
 
 
 def tier_table(
@@ -43,31 +30,20 @@ def tier_table(
     """The tier (or level) table: the essential columns (every one with ``wide``); with
     ``width``, minor columns are left out until it fits."""
     columns = fitting_columns(rows, kind, None if wide else width, wide)
-    table = compact(title)
-    for name, _ in columns:
-        table.add_column(
-            name,
-            justify="left" if name in LEFT_JUSTIFIED else "right",
-            overflow="fold",
-        )
-    for row in rows:
-        style = (
-            "red"
-            if row.get("verdict") == "fail"
-            else ("yellow" if str(row.get("verdict")).startswith("stop") else None)
-        )
-        table.add_row(*(cell(row) for _, cell in columns), style=style)
-    return table
+    return grid(columns, rows, title, left=LEFT_JUSTIFIED, style=_verdict_style)
+
+
+def _verdict_style(_: int, row: Mapping[str, Any]) -> str | None:
+    """A failed tier in red, one that stopped the run in yellow."""
+    if row.get("verdict") == "fail":
+        return "red"
+    return "yellow" if str(row.get("verdict")).startswith("stop") else None
 
 
 def plain_line(row: Mapping[str, Any], kind: Kind) -> str:
     """Every column of one tier as ``key=value`` (tests and --debug)."""
     cells = [(name, cell(row)) for name, cell in kind_columns(kind, [row])]
-    return "  ".join(
-        f"{name.replace(' ', '_')}={text}"
-        for name, text in cells
-        if name not in WHEN_MEASURED or text != "—"
-    )
+    return key_values((n, t) for n, t in cells if n not in WHEN_MEASURED or t != "—")
 
 
 CONFIDENCE_METRICS = 4  # headline metrics in the confidence table (the tier table has the rest)

@@ -15,6 +15,7 @@ from calibrate.errors import RequestError, UsageError
 from calibrate.load.waves import Sender
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import load_lock
+from calibrate.stages.ladder.context_axis import default_context_lengths
 from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import LadderResult
 from calibrate.stages.ladder.run import Ladder
@@ -24,7 +25,7 @@ from calibrate.stages.measure.tier_finish import finish_tiers
 from calibrate.stages.measure.tier_run import Measuring, prepare_load, run_live, watched
 from calibrate.stages.measure.tiers import Tier
 from calibrate.stages.prepare.server_cap import ladder_cap
-from calibrate.workload import TokenRange, WorkloadSpec, default_context_lengths
+from calibrate.workload import TokenRange, WorkloadSpec
 
 __all__ = ["LadderEnv", "LadderOutcome", "LadderSpec", "LadderWatcher", "run"]
 

@@ -9,10 +9,12 @@ Pure functions of the tiers run so far: no I/O, no clock.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from calibrate.stages.measure.stop_rules import stopped_by
 from calibrate.stages.measure.tiers import StopReason, Tier
+from calibrate.workload import MAX_CONTEXT_STEPS, MAX_INPUT_TOKENS
 
 BISECT_GAP = 0.05  # of the longest passing length
 BISECT_TOKENS = 256  # or this many tokens, whichever is more
@@ -94,3 +96,24 @@ def outcome(history: Sequence[Tier], longest_tokens: int | None, batch: int) -> 
     if not history or history[-1].verdict == "pass":
         return f"{head} (every input length passed)"
     return f"{head} (stopped: {history[-1].reason})"
+
+
+CONTEXT_START_TOKENS = 512
+CONTEXT_MARGIN = 0.05  # prompts are built to within a few percent of their target
+
+
+def default_context_lengths(max_model_len: int | None, output_tokens: int) -> tuple[int, ...]:
+    """512, 1k, 2k, … up to what fits in ``max_model_len`` with the answer (and the last
+    length that fits, a margin below it); without a known limit, up to the maximum."""
+    if max_model_len is None:
+        limit = MAX_INPUT_TOKENS
+    else:
+        limit = max_model_len - output_tokens - math.ceil(CONTEXT_MARGIN * max_model_len)
+    lengths: list[int] = []
+    n = CONTEXT_START_TOKENS
+    while n <= limit and len(lengths) < MAX_CONTEXT_STEPS:
+        lengths.append(n)
+        n *= 2
+    if max_model_len is not None and limit >= 1 and (not lengths or lengths[-1] < limit):
+        lengths.append(limit)
+    return tuple(lengths[-MAX_CONTEXT_STEPS:])

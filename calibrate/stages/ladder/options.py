@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from calibrate.config import Config, LadderMode, SloConfig
-from calibrate.stages.ladder.result import Axis
 from calibrate.stages.prepare.stream_probe import StreamCheck
+from calibrate.workload import Axis
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from calibrate.config import SloConfig
 from calibrate.stages.measure.slo import describe, has_slo
@@ -12,8 +12,7 @@ from calibrate.stages.measure.tiers import StopReason, Tier
 from calibrate.stages.prepare.stream_probe import StreamCheck, stream_details
 from calibrate.state.summaries import LadderSummary
 from calibrate.state.summary_values import Setting, Workload
-
-Axis = Literal["batch", "context"]
+from calibrate.workload import Axis
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibrate.io.tasks import index_input, read_tasks
-from calibrate.workload import Pick
+from calibrate.workload import Pick, WorkloadSpec
 
 POOL = 4096  # at most this many messages are kept, whatever the file's size
 
@@ -56,3 +56,11 @@ def load_pool(path: Path, *, pick: Pick, prompt: str = "", seed: int = 0) -> Tas
             reservoir[j] = message
     rng.shuffle(reservoir)
     return TaskPool(tuple(reservoir), index.count, pick)
+
+
+def pool_for(spec: WorkloadSpec) -> TaskPool | None:
+    """A tasks workload's pool, read and validated before the run starts (exit 2 on a bad
+    line); None for the other workloads."""
+    if spec.source != "tasks" or spec.tasks is None:
+        return None
+    return load_pool(spec.tasks, pick=spec.pick, prompt=spec.prompt, seed=spec.seed)

@@ -1,0 +1,71 @@
+"""The one table renderer: a view declares its columns as ``(header, row → text)``; here they are
+fitted to a width (minor ones left out, in a given order), drawn as a compact rich table, or
+written as one ``key=value`` line."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any
+
+from rich import box
+from rich.table import Table
+
+from calibrate.report.tables.cells import Cells
+
+Row = Mapping[str, Any]
+RowStyle = Callable[[int, Row], str | None]  # (position, row) → a rich style, or none
+
+
+def compact(title: str | None = None) -> Table:
+    """A table without column rules, side edges or a bottom rule: a rule under the header, two
+    spaces between columns; as wide as its cells, few lines."""
+    return Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=(0, 1, 0, 0),
+        pad_edge=False,
+    )
+
+
+def table_width(columns: Cells, rows: Sequence[Row]) -> int:
+    """The width of a ``compact`` table of these columns: each cell's widest text and two
+    spaces between columns."""
+    return -2 + sum(
+        2 + max([len(name), *(len(cell(row)) for row in rows)]) for name, cell in columns
+    )
+
+
+def fit(columns: Cells, rows: Sequence[Row], width: int | None, drop_first: Iterable[str]) -> Cells:
+    """The columns that fit ``width``: those named in ``drop_first`` left out, in that order,
+    until the table fits (every one without a width)."""
+    if width is None:
+        return columns
+    for name in drop_first:
+        if table_width(columns, rows) <= width:
+            break
+        columns = [c for c in columns if c[0] != name]
+    return columns
+
+
+def grid(
+    columns: Cells,
+    rows: Sequence[Row],
+    title: str | None,
+    *,
+    left: Collection[str],
+    style: RowStyle,
+) -> Table:
+    """The rows as a ``compact`` table: the ``left`` columns (text) left, figures right."""
+    table = compact(title)
+    for name, _ in columns:
+        table.add_column(name, justify="left" if name in left else "right", overflow="fold")
+    for n, row in enumerate(rows):
+        table.add_row(*(cell(row) for _, cell in columns), style=style(n, row))
+    return table
+
+
+def key_values(cells: Iterable[tuple[str, str]]) -> str:
+    """Cells as one line of ``key=value`` (a header's spaces are underscores)."""
+    return "  ".join(f"{name.replace(' ', '_')}={text}" for name, text in cells)
