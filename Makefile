@@ -46,7 +46,7 @@ demo: $(STAMP)
 # on): without the cache each worker rewrites all ~130 test files again (≈ 6 s of CPU apiece).
 # Plain `python -m pytest -q` runs everything in one process.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( 2 * n > 16 ? 16 : 2 * n )))
-SERIAL_FILES = $(shell grep -l 'mark\.serial' tests/test_*.py)
+SERIAL_FILES = $(shell grep -rl --include='test_*.py' 'mark\.serial' tests | sort)
 PYTEST = env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest
 test: $(STAMP)
 	$(COMPILE)

@@ -24,6 +24,7 @@ from calibrate.load.waves import Sender
 from calibrate.load.window import LevelWindow, LoopRun
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.incidents import IncidentRecorder
+from calibrate.stages.measure.tiers import Stats
 from calibrate.state.ledger import Ledger, target_fingerprint
 
 # (batch, requests in the wave) -> (per-request latency s, wave wall s, error kind or None)
@@ -166,3 +167,38 @@ def recorder(ctx: StageContext, monitor: VramMonitor, tmp_path: Path) -> Inciden
         runs_dir=tmp_path / "runs",
         snapshot=lambda devices: GpuSnapshot((), ()),
     )
+
+
+# a clean tier's stats (batch 2, 0.2 s an item, no errors): the stop rules' tests vary it
+CLEAN = Stats(
+    batch_size=2,
+    concurrency=1,
+    round=None,
+    items=4,
+    waves=1,
+    total_s=0.8,
+    per_item_s=0.2,
+    latency_mean_s=0.2,
+    latency_p50_s=0.2,
+    latency_p90_s=0.2,
+    latency_p99_s=0.2,
+    latency_max_s=0.2,
+    ttft_p50_s=None,
+    ttft_p99_s=None,
+    tpot_p50_s=None,
+    tpot_p99_s=None,
+    items_per_s=4.0,
+    output_tokens_per_s=100.0,
+    peak_vram_mib=1000.0,
+    vram_idle_mib=900.0,
+    vram_total_mib=2000.0,
+    pressure=0.5,
+    pressure_source="nvml",
+    peak_kv_usage=None,
+    errors=0,
+    error_kinds={},
+    first_done_s=0.2,
+    last_done_s=0.2,
+    baseline_match=4,
+    baseline_items=4,
+)

@@ -22,7 +22,7 @@ from calibrate.stages.ladder.context_axis import (
 )
 from calibrate.stages.measure.tiers import Tier
 from tests.mockserver import start_mock
-from tests.test_stop_rules import CLEAN
+from tests.stage_fakes import CLEAN
 from tests.workload_helpers import FAST_MOCK, LADDER, calibrated, tiers
 
 

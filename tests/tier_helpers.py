@@ -17,8 +17,8 @@ WINDOWS = "sample_interval_s = 0.005\nmin_round_s = 0\nwarmup_waves = 0\n"
 # latency_rise = 100.0 switches the latency rule off. One wave of a few-ms mock answers is a
 # round, and its time per item jitters by more than the default 1.25 on a loaded 2-core machine,
 # so a test about anything else (a knee, a gate, a report) would stop at a random tier. The rule
-# itself is tested at its real default: on scripted waves in test_stages_fast and test_stop_rules
-# (milliseconds, no HTTP), and over HTTP with DEFAULT_RISE below (test_ladder's jump at batch 4).
+# itself is tested at its real default: on scripted waves in tests/stages/ladder/test_fast.py and
+# tests/stages/measure/test_stop_rules.py (milliseconds, no HTTP), and over HTTP with DEFAULT_RISE below (test_ladder's jump at batch 4).
 FAST = f"[ladder]\n{WINDOWS}latency_rise = 100.0\n"
 DEFAULT_RISE = f"[ladder]\n{WINDOWS}"
 # the find-max tests' server: 4 slots, ~0.2 s a request (so about 20 req/s at most); above 4 in

@@ -1,4 +1,4 @@
-"""The stop rules are pure functions: every verdict, next_tier and stopped_by (the knee: tests/test_sweep_knee.py)."""
+"""The stop rules are pure functions: every verdict, next_tier and stopped_by (the knee: tests/stages/sweep/test_knee.py)."""
 
 from __future__ import annotations
 
@@ -13,40 +13,9 @@ from calibrate.stages.measure.stop_rules import (
     stopped_by,
     tier_verdict,
 )
-from calibrate.stages.measure.tiers import Stats, Tier
+from calibrate.stages.measure.tiers import Tier
+from tests.stage_fakes import CLEAN
 
-CLEAN = Stats(
-    batch_size=2,
-    concurrency=1,
-    round=None,
-    items=4,
-    waves=1,
-    total_s=0.8,
-    per_item_s=0.2,
-    latency_mean_s=0.2,
-    latency_p50_s=0.2,
-    latency_p90_s=0.2,
-    latency_p99_s=0.2,
-    latency_max_s=0.2,
-    ttft_p50_s=None,
-    ttft_p99_s=None,
-    tpot_p50_s=None,
-    tpot_p99_s=None,
-    items_per_s=4.0,
-    output_tokens_per_s=100.0,
-    peak_vram_mib=1000.0,
-    vram_idle_mib=900.0,
-    vram_total_mib=2000.0,
-    pressure=0.5,
-    pressure_source="nvml",
-    peak_kv_usage=None,
-    errors=0,
-    error_kinds={},
-    first_done_s=0.2,
-    last_done_s=0.2,
-    baseline_match=4,
-    baseline_items=4,
-)
 PREV = replace(CLEAN, batch_size=1, per_item_s=0.1)
 LIMITS = {"vram_limit": 0.9, "latency_rise": 1.5}
 DEFAULT_RISE = LadderConfig().latency_rise

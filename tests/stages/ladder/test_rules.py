@@ -25,8 +25,7 @@ from calibrate.stages.measure.stop_rules import (
 )
 from calibrate.stages.measure.tiers import Stats, Tier, Verdict, kept
 from calibrate.stages.prepare.server_cap import read_cap
-from tests.stage_fakes import FakeKv, ScriptedSender, close_runs, recorder, stage_ctx
-from tests.test_stop_rules import CLEAN
+from tests.stage_fakes import CLEAN, FakeKv, ScriptedSender, close_runs, recorder, stage_ctx
 
 __all__ = ["close_runs"]  # the autouse fixture, used by being imported
 
