@@ -11,6 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.io.tier_table import COLUMNS, Kind, kinds_text
+from tests.tier_helpers import FAST
+
+# the tables' tests: a 4-slot mock that runs out of memory above 6 in flight, a ladder of 1-8 and a
+# sweep of 1-4 over it (one ladder tier fails, the table crosses it out)
+TABLES_CONFIG = (
+    FAST
+    + "batch_sizes = [1, 2, 4, 8]\n[sweep]\nconcurrency = [1, 2, 4]\nlevel_s = 0\nrepeats = 2\n"
+)
+TABLES_MOCK = {"ttft_s": 0.003, "per_token_s": 0.0003, "slots": 4, "oom_at": 6}
 
 
 def ladder_row(

@@ -9,8 +9,7 @@ from pathlib import Path
 from tests.batch_helpers import write_tasks
 from tests.helpers import write_config
 from tests.mockserver import start_mock
-from tests.report_helpers import table_lines
-from tests.test_tables import FOUR, MOCK
+from tests.report_helpers import TABLES_CONFIG, TABLES_MOCK, table_lines
 from tests.tier_helpers import open_gate
 
 # VRAM source, plan, the table (header, 4 tiers), tables:, the queue warning, the setting,
@@ -19,8 +18,8 @@ LADDER_LINES = 12 + 2
 
 
 def test_a_ladder_of_four_tiers_logs_each_tier_once_in_a_short_log(cli, isolated: Path) -> None:
-    with start_mock(**MOCK) as mock:
-        open_gate(isolated, mock.base_url, FOUR)
+    with start_mock(**TABLES_MOCK) as mock:
+        open_gate(isolated, mock.base_url, TABLES_CONFIG)
         result = cli("ladder", "--json")
     assert result.code == 0, result.err
     lines = result.err.splitlines()

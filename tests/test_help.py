@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from calibrate.cli import COMMAND_MODULES
+from tests.helpers import REPO
 
 
 def test_top_level_help(cli) -> None:
@@ -43,9 +44,7 @@ def test_the_readme_names_the_commands_without_target_flags(cli) -> None:
     """The README says which commands take no --base-url/--model ("… take neither"); it is right."""
     import re
 
-    from tests.test_docs import ROOT
-
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
     sentence = next(p for p in readme.split("\n\n") if "take neither" in p)
     named = set(re.findall(r"`(\w+)`", sentence.split("take neither")[0]))
     without = {c for c in COMMAND_MODULES if "--base-url" not in cli(c, "--help").out}

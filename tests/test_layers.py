@@ -140,3 +140,24 @@ def test_no_folder_over_twelve_modules_and_few_top_level_ones() -> None:
     assert counts[PACKAGE] <= TOP_LEVEL_MAX, sorted(
         p.name for p in MODULES.values() if p.parent == PACKAGE
     )
+
+
+def test_tests_share_helpers_never_another_test_module() -> None:
+    """What several tests use lives in a helper module (tests/helpers.py, tier_helpers.py,
+    stage_fakes.py …): a test module imported by another runs its tests' module code twice and
+    ties two files together that the layout keeps apart (tests/stages/<stage>/ beside them)."""
+    tests = PACKAGE.parent / "tests"
+    borrowed = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            for name in names:
+                if name.rsplit(".", 1)[-1].startswith("test_") or name == "tests.conftest":
+                    borrowed.append(f"{path.relative_to(tests)} imports {name}")
+    assert borrowed == []

@@ -14,14 +14,8 @@ from rich.console import Console
 from calibrate.report.progress import live_rows
 from calibrate.report.tables.tiers import tier_table
 from tests.mockserver import start_mock
-from tests.report_helpers import keyed_rows, table_lines, tables
-from tests.tier_helpers import FAST, open_gate, run_dir
-
-FOUR = (
-    FAST
-    + "batch_sizes = [1, 2, 4, 8]\n[sweep]\nconcurrency = [1, 2, 4]\nlevel_s = 0\nrepeats = 2\n"
-)
-MOCK = {"ttft_s": 0.003, "per_token_s": 0.0003, "slots": 4, "oom_at": 6}
+from tests.report_helpers import TABLES_CONFIG, TABLES_MOCK, keyed_rows, table_lines, tables
+from tests.tier_helpers import open_gate, run_dir
 
 
 def _table_lines(err: str) -> list[str]:
@@ -56,8 +50,8 @@ def columns_100(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _ladder(cli, isolated: Path, *flags: str):  # type: ignore[no-untyped-def]
-    with start_mock(**MOCK) as mock:
-        open_gate(isolated, mock.base_url, FOUR)
+    with start_mock(**TABLES_MOCK) as mock:
+        open_gate(isolated, mock.base_url, TABLES_CONFIG)
         result = cli("ladder", "--json", *flags)
     assert result.code == 0, result.err
     return result
@@ -104,8 +98,8 @@ def test_wide_shows_every_column_and_the_default_keeps_them_in_the_csv(
 def test_a_sweep_in_a_log_fits_100_columns_one_line_per_level(
     cli, isolated: Path, columns_100: None
 ) -> None:
-    with start_mock(**MOCK) as mock:
-        open_gate(isolated, mock.base_url, FOUR, stage="ladder")
+    with start_mock(**TABLES_MOCK) as mock:
+        open_gate(isolated, mock.base_url, TABLES_CONFIG, stage="ladder")
         result = cli("sweep", "--json", "--beyond-ladder")
         wide = cli("sweep", "--json", "--beyond-ladder", "--wide")
     assert result.code == 0 and wide.code == 0, result.err + wide.err
