@@ -348,3 +348,48 @@ def test_mock_command_serves_and_stops_cleanly(tmp_path: Path) -> None:
 def test_mock_command_refuses_bad_settings(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["mock", "--fail-rate", "2", "--port", "0"]) == 2
     assert "fail_rate" in capsys.readouterr().err
+
+
+class _RecordingWire:
+    """A Wire that keeps what the answer writes, in order, and answers at once."""
+
+    def __init__(self, settings: MockSettings, said: list[str]) -> None:
+        self.settings, self.said = settings, said
+
+    def sse_headers(self) -> None:
+        self.said.append("headers")
+
+    def write_chunk(self, frame: bytes) -> None:
+        self.said.append("[DONE]" if b"[DONE]" in frame else "event")
+
+    def write(self, data: bytes) -> None:
+        self.said.append("end")
+
+    def send_json(self, status: int, body: object, headers: object = None, **_: object) -> None:
+        self.said.append(f"body {status}")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_leaves_the_batch_before_its_last_bytes_go_out(stream: bool) -> None:
+    """As in an engine, a sequence is out of the batch once its last token is generated: the
+    client's next request, sent the moment it has the answer, never meets this one still in
+    flight (under four test workers a ladder's wave of 2 was seen as 3, and the mock's
+    --nondeterministic-above 2 changed an answer at batch 2)."""
+    from calibrate.mock import payloads
+    from calibrate.mock.reply import answer
+
+    settings = MockSettings(ttft_s=0.0, per_token_s=0.0)
+    model = MockModel(settings)
+    said: list[str] = []
+    body = {"model": "internlm-s2", "messages": [{"role": "user", "content": "hi"}]}
+    req = payloads.parse_request("chat", body | {"stream": stream, "max_tokens": 3}, settings)
+    adm = model.admit(1)
+
+    def generated() -> None:
+        said.append(f"released, {model.snapshot().in_flight} in flight before")
+        model.release(adm)
+
+    answer(_RecordingWire(settings, said), req, adm, model, {}, generated)  # type: ignore[arg-type]
+    last = "[DONE]" if stream else "body 200"
+    assert said.index("released, 1 in flight before") == said.index(last) - 1, said
+    assert model.snapshot().in_flight == 0

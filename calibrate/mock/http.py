@@ -244,12 +244,20 @@ class MockHandler(BaseHTTPRequestHandler):
             return
         model = self.server.model
         adm = model.admit(len(req.prompts))
+        released = False
+
+        def release() -> None:  # once: when generated, or when the answer ended otherwise
+            nonlocal released
+            if not released:
+                released = True
+                model.release(adm)
+
         try:
-            answer(self._wire(), req, adm, model, self.headers)
+            answer(self._wire(), req, adm, model, self.headers, release)
         except (ConnectionError, TimeoutError):
             self.close_connection = True  # the client went away; nothing left to tell it
         finally:
-            model.release(adm)
+            release()
 
 
 def _lone_surrogate(raw: bytes, body: object) -> str | None:

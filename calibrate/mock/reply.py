@@ -81,10 +81,20 @@ class DecodeRun:
 
 
 def answer(
-    wire: Wire, req: GenerateRequest, adm: Admission, model: MockModel, request_headers: Message
+    wire: Wire,
+    req: GenerateRequest,
+    adm: Admission,
+    model: MockModel,
+    request_headers: Message,
+    generated: Callable[[], None] = lambda: None,
 ) -> None:
     """Answer one admitted generate request as its drawn fate says: an error, or the answer
-    (whole or streamed) at the pace the settings give; ``request_headers`` are its headers."""
+    (whole or streamed) at the pace the settings give; ``request_headers`` are its headers.
+
+    ``generated`` is called once the last token is generated, before the answer's last bytes
+    are written: as in an engine, the sequence leaves the batch then, not once the client has
+    read it — else a client's next request, sent the moment it has the answer, could arrive
+    while this one still counted in flight (a wave of B seen as B + 1 by a loaded machine)."""
     settings = wire.settings
     if adm.outcome == "oom":
         wire.send_json(500, error_body(_oom_message(settings), "InternalServerError", 500))
@@ -154,6 +164,7 @@ def answer(
             wire.send_json(500, error_body(_oom_message(settings), "InternalServerError", 500))
             return
         answer = payloads.full_response(req, gens, rid, created, settings)
+        generated()
         wire.send_json(200, answer, drip=True)
         return
     events = stream_events(req, gens, rid, created, settings)
@@ -169,6 +180,8 @@ def answer(
             wire.write_chunk(f"data: {json.dumps(error)}\n\n".encode())
             wire.write_chunk(b"data: [DONE]\n\n")
             break
+        if n == len(events) - 1:
+            generated()  # the last event ([DONE]) is about to go out
         wire.write_chunk(event.encode())
     wire.write(b"0\r\n\r\n")
 
