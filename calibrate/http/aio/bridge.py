@@ -59,9 +59,11 @@ class LoopThread:
             self.loop = uvloop.new_event_loop()
         self._jobs: collections.deque[_Job] = collections.deque()
         self._woken = False
+        self._ident = -1  # the loop thread's
         started = threading.Event()
 
         def run() -> None:
+            self._ident = threading.get_ident()
             asyncio.set_event_loop(self.loop)
             self.loop.call_soon(started.set)
             self.loop.run_forever()
@@ -71,14 +73,18 @@ class LoopThread:
 
     def submit(self, connections: Connections, call: Call, then: Finished) -> None:
         """Hand ``call`` to the loop and return at once; ``then(answer, failure)`` runs on the
-        loop when it is over (it must be quick and must not block: the loop does everyone's I/O)."""
+        loop when it is over (it must be quick and must not block: the loop does everyone's I/O).
+        ``then`` may submit the next request itself (batch's chains do)."""
         self._hand(_Job(connections, call, then))
 
     def _hand(self, job: _Job) -> None:
         self._jobs.append(job)
         if not self._woken:
             self._woken = True
-            self.loop.call_soon_threadsafe(self._drain)
+            if threading.get_ident() == self._ident:  # a callback sending the next request
+                self.loop.call_soon(self._drain)  # no self-pipe write to wake itself
+            else:
+                self.loop.call_soon_threadsafe(self._drain)
 
     def run(self, connections: Connections, call: Call) -> Answer:
         job = _Job(connections, call)

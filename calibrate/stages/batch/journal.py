@@ -79,11 +79,32 @@ class Journal:
         pending = min(max(slots, MIN_PENDING), MAX_PENDING)
         return cls(writer, tally, on_write_error=on_write_error, max_pending=pending)
 
-    def record(self, line: dict[str, Any], text: str | None, tokens: int, endpoint: str) -> None:
-        """Queue one item's line; it is counted once written (never twice, or not at all)."""
+    def record(
+        self,
+        line: dict[str, Any],
+        text: str | None,
+        tokens: int,
+        endpoint: str,
+        *,
+        wait: bool = True,
+    ) -> None:
+        """Queue one item's line; it is counted once written (never twice, or not at all).
+
+        Past ``max_pending`` queued lines the caller waits for room, unless ``wait`` is False
+        (the I/O loop, which must not block: it sees ``backlogged`` and stops sending)."""
         if not self._accepting:
             return  # abandoned after the grace period, or a write failed
         self._queue.put((line, text, tokens, endpoint))
+        if wait and self._queue.qsize() > self._max_pending:
+            self._wait_for_room()
+
+    @property
+    def backlogged(self) -> bool:
+        """More lines queued than ``max_pending``: who records more should wait (``make_room``)."""
+        return self._queue.qsize() > self._max_pending
+
+    def make_room(self) -> None:
+        """Wait while the journal is backlogged (returns at once when it is not)."""
         if self._queue.qsize() > self._max_pending:
             self._wait_for_room()
 

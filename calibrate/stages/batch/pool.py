@@ -6,7 +6,9 @@ many requests are in flight and memory does not grow with the file. An endpoint 
 pauses and its items go back to the queue (outage.py). Each finished item is one line,
 appended and flushed by the one journal thread before it is counted (journal.py): a kill -9 at
 any moment loses only the requests in flight and the lines not yet written. Nothing on the
-per-item path takes a lock that every worker contends for.
+per-item path takes a lock that every worker contends for. Over the asyncio transport a slot's
+answered items are recorded and followed by the next one on the I/O loop itself (chain.py): its
+thread wakes only for what needs it — a failed attempt, an outage, no item waiting.
 """
 
 from __future__ import annotations

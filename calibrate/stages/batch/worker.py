@@ -19,6 +19,7 @@ from calibrate.http.error_kinds import OutOfDescriptors
 from calibrate.http.models import Completion
 from calibrate.io.tasks import Task
 from calibrate.load.retry import with_retries
+from calibrate.stages.batch.chain import Chain, FirstAttempt
 from calibrate.stages.batch.outage import Requeue
 from calibrate.stages.batch.result import result_line
 
@@ -77,6 +78,7 @@ class ReachabilityGuard:
 
     Until some request gets any answer, ``connect`` failures are not failures of their items:
     nothing was there to fail them. Once anything answered, they are ordinary transient errors.
+    An answer seen elsewhere (chain.py) sets ``answered`` itself: one assignment, no lock.
     """
 
     def __init__(self, workers: int, on_unreachable: Callable[[str], None]) -> None:
@@ -178,17 +180,28 @@ def _take_items(
     guard: ReachabilityGuard,
     slot: Slot,
 ) -> None:
-    """The worker loop of one slot of ``lane``: until the items run out or the run stops."""
+    """The worker loop of one slot of ``lane``: until the items run out or the run stops.
+
+    Over the asyncio transport the slot's items go back to back from the I/O loop (chain.py)
+    and this thread handles only what the chain hands back: a failed attempt's item."""
     rng = random.Random()
+    submits = getattr(lane.client, "can_submit", False)  # the tests' scripted clients cannot
+    chain = Chain(lane, queue, spec, journal, control, guard) if submits else None
     while not control.stop.is_set():  # stopping: items not yet started stay for the rerun
         if not lane.breaker.await_up(control.stop, queue.idle):
             return  # given up (its items go to the other endpoints), stopping, or nothing left
+        journal.make_room()  # a chain that ended on a backlogged journal: wait for it here
         task = queue.take(control.stop)
         if task is None:
             return
         slot.busy = True
         try:
-            _handle(task, lane, spec, journal, control, guard, queue, rng)
+            if chain is None:
+                _handle(task, lane, spec, journal, control, guard, queue, rng)
+            elif (handoff := chain.run(task)) is not None:
+                _handle(
+                    handoff.task, lane, spec, journal, control, guard, queue, rng, handoff.first
+                )
         finally:
             slot.busy = False
 
@@ -202,16 +215,22 @@ def _handle(
     guard: ReachabilityGuard,
     queue: WorkQueue,
     rng: random.Random,
+    first: FirstAttempt | None = None,
 ) -> None:
+    """Send ``task`` with retries and record its line (``first``: its first attempt, made)."""
     attempts = 0
     breaker = lane.breaker
 
     def attempt() -> Any:
-        nonlocal attempts
-        if breaker.down:
+        nonlocal attempts, first
+        call: Callable[[], Completion]
+        if first is not None:  # made on the I/O loop already (chain.py)
+            call, first = first.result, None
+        elif breaker.down:
             raise Requeue  # went down while this item waited to retry
+        else:
+            call = functools.partial(lane.client.post_completion, "/chat/completions", body)
         attempts += 1
-        call = functools.partial(lane.client.post_completion, "/chat/completions", body)
         try:
             value = guard.attempt(call)
         except RequestError as exc:

@@ -91,6 +91,17 @@ class ParentQueue:
             return None  # taken after the stop: the parent gives it back to the rerun
         return task
 
+    def take_waiting(self) -> Task | None:
+        """An item already here, without waiting; None if there is none (or only the end
+        mark, which stays for the next ``take``)."""
+        try:
+            task = self._tasks.get_nowait()
+        except Empty:
+            return None
+        if task is None:
+            self._tasks.put(None)
+        return task
+
     def give_back_waiting(self) -> None:
         """Send the items not yet taken back to the parent (the end mark stays)."""
         while True:
@@ -133,7 +144,20 @@ class LineSender:
     def note_served(self, model: str | None) -> None:
         self.served.model = model
 
-    def record(self, line: dict[str, Any], text: str | None, tokens: int, endpoint: str) -> None:
+    backlogged = False  # the outbox thread sends in groups; nothing here waits for room
+
+    def make_room(self) -> None:
+        return None
+
+    def record(
+        self,
+        line: dict[str, Any],
+        text: str | None,
+        tokens: int,
+        endpoint: str,
+        *,
+        wait: bool = True,
+    ) -> None:
         model = getattr(self.served, "model", None)
         self.served.model = None
         self._queue.lined(line.get("id"))
