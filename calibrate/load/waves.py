@@ -19,6 +19,7 @@ from calibrate.http.models import Completion, ContextLimit
 from calibrate.http.request_times import RequestTimes, epoch_at, monotonic
 from calibrate.http.server_context import read_context
 from calibrate.load.answers import answer_items, failed_item
+from calibrate.load.closed_loop import NeedsContext, closed_loop_submitted
 from calibrate.load.items import ItemResult
 from calibrate.load.open_loop import OpenRun, open_loop
 from calibrate.load.request import Request
@@ -78,7 +79,7 @@ class Sender:
             thread.join(max(0.0, deadline - time.monotonic()))
         results: list[ItemResult] = []
         for request, slot in zip(requests, slots, strict=True):
-            results.extend(slot if slot is not None else self._stuck(request, start))
+            results.extend(slot if slot is not None else self.stuck_items(request, start))
         return sorted(results, key=lambda r: r.index), self.clock() - start
 
     def closed_loop(
@@ -92,8 +93,11 @@ class Sender:
         as soon as its answer is in — until ``window`` is done, then let those in flight finish.
         A failed answer ends the run the same way: the level fails, more load only adds noise.
 
-        Times are on this sender's clock (injectable: the loop is tested with a fake one).
+        Times are on this sender's clock (injectable: the loop is tested with a fake one). Over
+        the asyncio transport the I/O loop itself sends each answer's successor (closed_loop.py).
         """
+        if self.client.can_submit:
+            return closed_loop_submitted(self, supply, concurrency, window, max_tokens)
         start = self.clock()
         lock = threading.Lock()
         results: list[ItemResult] = []
@@ -135,7 +139,7 @@ class Sender:
             thread.join(max(0.0, deadline - time.monotonic()))
         with lock:
             for request in in_flight.values():
-                results.extend(self._stuck(request, start))
+                results.extend(self.stuck_items(request, start))
             items = tuple(sorted(results, key=lambda r: r.index))
             started_at = epoch_at(start) if self.clock is monotonic else None
             return LoopRun(
@@ -169,11 +173,11 @@ class Sender:
 
                     def settle() -> None:  # on the collector
                         try:
-                            items = self._items(
+                            items = self.items_of(
                                 request, started, at, sent, ended, completion, failure, max_tokens
                             )
                         except Exception as exc:  # calibrate's own bug: recorded all the same
-                            items = self._items(
+                            items = self.items_of(
                                 request, started, at, sent, ended, None, exc, max_tokens
                             )
                         finish(items)
@@ -193,7 +197,7 @@ class Sender:
                 clock=self.clock,
                 sleep=sleep,
                 join_s=join_s,
-                unanswered=lambda n, t0: self._stuck(requests[n], t0),
+                unanswered=lambda n, t0: self.stuck_items(requests[n], t0),
                 submit_one=submit,
             )
         finally:
@@ -205,14 +209,14 @@ class Sender:
         try:
             completion = self.client.post_completion(request.path, request.body)
         except Exception as exc:  # a RequestError, or a bug of calibrate's own: recorded
-            return self._items(
+            return self.items_of(
                 request, started, self.clock() - t0, sent, monotonic(), None, exc, max_tokens
             )
-        return self._items(
+        return self.items_of(
             request, started, self.clock() - t0, sent, monotonic(), completion, None, max_tokens
         )
 
-    def _items(
+    def items_of(
         self,
         request: Request,
         started: float,
@@ -222,11 +226,14 @@ class Sender:
         completion: Completion | None,
         failure: BaseException | None,
         max_tokens: int | None,
+        context: Callable[[], ContextLimit | None] | None = None,
     ) -> list[ItemResult]:
         """A request's items: its answer's, or one failed item per prompt (a failure's times
-        are ``sent`` and ``ended`` on the monotonic clock; an answer's own are the client's)."""
+        are ``sent`` and ``ended`` on the monotonic clock; an answer's own are the client's).
+        ``context``: how a cut answer's server context is read (else ``server_context``)."""
         if completion is not None:
-            context = functools.partial(self.server_context, str(request.body.get("model", "")))
+            model = str(request.body.get("model", ""))
+            context = context or functools.partial(self.server_context, model)
             return answer_items(request, completion, started, done, max_tokens, context)
         if isinstance(failure, RequestError):
             info, kind = failure.info, failure.exc_type or type(failure).__name__
@@ -240,6 +247,14 @@ class Sender:
             for n in range(len(request.prompts))
         ]
 
+    def cached_context(self, model: str) -> ContextLimit | None:
+        """``server_context`` if it was read already, else ``NeedsContext`` (the I/O loop
+        must not read it over HTTP)."""
+        with self._context_lock:
+            if self._context is None or model not in self._context:
+                raise NeedsContext(model)
+            return self._context[model]
+
     def server_context(self, model: str) -> ContextLimit | None:
         """The server's context for one request (``stages.server_context``), read the first
         time an answer is cut short and kept: a cut forced answer is then named with it."""
@@ -250,7 +265,7 @@ class Sender:
                 self._context[model] = read_context(self.client, model)
             return self._context[model]
 
-    def _stuck(self, request: Request, t0: float) -> list[ItemResult]:
+    def stuck_items(self, request: Request, t0: float) -> list[ItemResult]:
         now = self.clock() - t0
         info = ErrorInfo("timeout", f"no answer within {now:.0f} s")
         times = RequestTimes.of(monotonic() - now, monotonic())  # send unknown: the loop's start

@@ -280,7 +280,10 @@ class _FakeClock:
 
 
 class _CountingClient(OpenAIClient):
-    """Answers at once and remembers the most requests it ever had in flight."""
+    """Answers at once and remembers the most requests it ever had in flight (a thread each:
+    the closed loop's thread version, as over urllib3; tests/test_closed_loop.py the other)."""
+
+    can_submit = False  # type: ignore[assignment]
 
     def __init__(self) -> None:
         super().__init__("http://127.0.0.1:9/v1")

@@ -1,0 +1,136 @@
+"""The closed loop over the asyncio transport (calibrate/load/closed_loop.py): C in flight, each
+answer's successor sent from the I/O loop, requests built and server context read off it.
+
+A scripted client answers on a fake loop thread; the real client against the mock is
+tests/test_request_times.py's closed-loop test."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from queue import SimpleQueue
+from typing import Any
+
+from calibrate.errors import ErrorInfo, RequestError
+from calibrate.http.models import Choice, Completion, ContextLimit, Usage
+from calibrate.load.request import Request
+from calibrate.load.waves import Sender
+from calibrate.load.window import LevelWindow
+
+Done = Callable[[Completion | None, BaseException | None], None]
+LOOP = "fake-io-loop"
+
+
+class LoopClient:
+    """Submits to one fake loop thread, which answers (after ``answer_s``) once the first
+    ``gate`` requests are all in flight; ``script`` maps a request's number to its failure
+    or its completion. Counts the most requests ever in flight, and who sent each."""
+
+    can_submit = True
+    timeout_s = 30.0
+    base_url = "http://scripted.invalid/v1"
+
+    def __init__(self, gate: int, answer_s: float = 0.002, script: dict[int, Any] | None = None):
+        self.jobs: SimpleQueue[Callable[[], None]] = SimpleQueue()
+        self.opened = threading.Event()
+        self.gate, self.answer_s, self.script = gate, answer_s, script or {}
+        self.lock = threading.Lock()
+        self.in_flight = self.most = 0
+        self.senders: list[str] = []
+        threading.Thread(target=self._loop, name=LOOP, daemon=True).start()
+
+    def _loop(self) -> None:
+        self.opened.wait(5)
+        while True:
+            job = self.jobs.get()
+            time.sleep(self.answer_s)
+            job()
+
+    def submit_completion(self, path: str, body: dict[str, Any], done: Done) -> float:
+        number = body["n"]
+        with self.lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            self.senders.append(threading.current_thread().name)
+            if len(self.senders) >= self.gate:
+                self.opened.set()
+        outcome = self.script.get(number, _answer())
+
+        def answer() -> None:
+            with self.lock:
+                self.in_flight -= 1
+            if isinstance(outcome, BaseException):
+                done(None, outcome)
+            else:
+                done(outcome, None)
+
+        self.jobs.put(answer)
+        return 0.0
+
+
+def _answer(finish: str = "stop", tokens: int = 5) -> Completion:
+    return Completion((Choice(0, "答案。", finish),), Usage(3, tokens, 3 + tokens), "m", None, 0.01)
+
+
+def _supply(forced: int | None = None) -> tuple[Callable[[], Request], list[str]]:
+    numbers = iter(range(1, 10_000))
+    built_on: list[str] = []
+
+    def supply() -> Request:
+        built_on.append(threading.current_thread().name)
+        n = next(numbers)
+        return Request("/chat/completions", {"n": n, "model": "m"}, ("p",), n, forced_tokens=forced)
+
+    return supply, built_on
+
+
+def test_c_stay_in_flight_and_the_loop_sends_each_answers_successor() -> None:
+    client = LoopClient(gate=4)
+    supply, built_on = _supply()
+    run = Sender(client).closed_loop(supply, 4, LevelWindow(0.05, 16))  # type: ignore[arg-type]
+    assert client.most == 4, "C in flight, never more"
+    assert len(run.items) == len(client.senders) >= 16 and all(i.ok for i in run.items)
+    assert [i.index for i in run.items] == list(range(1, len(run.items) + 1))
+    assert run.full_s is not None and run.stop_s is not None and run.stop_s >= 0.05
+    assert max(i.started_s for i in run.items) < run.stop_s
+    # the caller starts the first C; every later one is sent by the loop (or, when no request
+    # was ready, the helper that built more) — no thread per slot
+    assert client.senders[:4] == [threading.current_thread().name] * 4
+    assert set(client.senders[4:]) <= {LOOP, "calibrate-loop-helper"}
+    assert LOOP not in built_on, "requests are never built on the I/O loop"
+
+
+def test_a_failed_answer_ends_the_run_without_waiting_for_the_window() -> None:
+    refused = RequestError(ErrorInfo("overloaded", "429 too many requests"))
+    client = LoopClient(gate=4, script={6: refused})
+    supply, _ = _supply()
+    began = time.monotonic()
+    run = Sender(client).closed_loop(supply, 4, LevelWindow(20.0, 16))  # type: ignore[arg-type]
+    assert time.monotonic() - began < 10, "the window of 20 s was waited out after a failure"
+    failed = [i for i in run.items if not i.ok]
+    assert [i.index for i in failed] == [6] and failed[0].error is not None
+    assert failed[0].error.kind == "overloaded"
+    assert len(client.senders) <= 6 + 3, "after the failure only those in flight may finish"
+    assert len(run.items) == len(client.senders), "every request sent is recorded"
+    assert run.stop_s is not None
+
+
+def test_a_cut_answer_reads_the_servers_context_off_the_loop() -> None:
+    read_on: list[str] = []
+
+    class Reading(Sender):
+        def server_context(self, model: str) -> ContextLimit | None:
+            read_on.append(threading.current_thread().name)
+            return None  # the server says nothing: the cut is named without numbers
+
+    client = LoopClient(gate=2, script={3: _answer("length", tokens=2)})
+    supply, _ = _supply(forced=5)
+    sender = Reading(client)  # type: ignore[arg-type]
+    good = {n: _answer("length", tokens=5) for n in range(1, 100) if n != 3}
+    client.script = {**good, **client.script}
+    run = sender.closed_loop(supply, 2, LevelWindow(20.0, 8))
+    cut = [i for i in run.items if not i.ok]
+    assert [i.index for i in cut] == [3] and cut[0].error is not None
+    assert cut[0].error.kind == "incomplete"
+    assert read_on == ["calibrate-loop-helper"], "the context is read over HTTP: never on the loop"
