@@ -6,6 +6,9 @@ requests only: imports, loop and client set-up excluded) and failures as JSON.
   over urllib3 (``io="urllib3"``: client.py → transport.py, deadline.py, bodies.py);
 - ``calibrate`` — the same threads and client as it is now (the asyncio transport,
   calibrate/http/aio: one loop thread does every thread's I/O);
+- ``calibrate closed loop`` — the sweep's own load engine, ``Sender.closed_loop`` (c in flight,
+  each answer's successor sent from the I/O loop, calibrate/load/closed_loop.py), n requests,
+  answers parsed into items with their stream timing as a sweep records them;
 - ``aiohttp+uvloop`` / ``aiohttp`` — the reference's client; streams by ``async for line``;
 - ``raw-asyncio+uvloop`` / ``raw-asyncio`` — the hand-written client of aio_http.py, coroutines
   on the loop itself (no threads): what an engine written for the loop would cost;
@@ -77,6 +80,30 @@ def child_threads(url: str, n: int, c: int, stream: bool, io: str) -> tuple[floa
     for thread in threads:
         thread.join()
     return time.perf_counter() - t0, failed[0]
+
+
+def child_closed_loop(url: str, n: int, c: int, stream: bool) -> tuple[float, int]:
+    import itertools
+
+    from calibrate.http.client import OpenAIClient
+    from calibrate.http.models import SamplingParams
+    from calibrate.load.request import Request
+    from calibrate.load.waves import Sender
+    from calibrate.load.window import LevelWindow
+
+    params = SamplingParams(temperature=0.0, max_tokens=TOKENS, top_p=1.0, seed=0)
+    client = OpenAIClient(url, timeout_s=120.0, max_connections=c)
+    numbers = itertools.count(1)
+
+    def supply() -> Request:
+        i = next(numbers)
+        body = client.chat_body(MODEL, f"summarise item {i}", params, stream=stream)
+        return Request("/chat/completions", body, (f"summarise item {i}",), i)
+
+    t0 = time.perf_counter()
+    run = Sender(client).closed_loop(supply, c, LevelWindow(0.0, n), TOKENS)
+    wall = time.perf_counter() - t0
+    return wall, sum(1 for item in run.items if not item.ok)
 
 
 def child_bridge(url: str, n: int, c: int, stream: bool) -> tuple[float, int]:
@@ -245,6 +272,11 @@ def child_main(candidate: str, url: str, n: int, c: int, stream: bool) -> None:
         r0 = resource.getrusage(resource.RUSAGE_SELF)
         io = "urllib3" if candidate == "threads+urllib3" else "asyncio"
         wall, failed = child_threads(url, n, c, stream, io)
+    elif candidate == "calibrate closed loop":
+        import calibrate.load.waves  # noqa: F401  (imports are start-up: not measured)
+
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        wall, failed = child_closed_loop(url, n, c, stream)
     elif candidate.startswith("threads→"):
         import aio_http
         import uvloop

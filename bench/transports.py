@@ -42,6 +42,7 @@ CANDIDATES = (
     "raw-asyncio",
     "threads→raw-asyncio+uvloop",
     "calibrate",
+    "calibrate closed loop",
 )
 CONCURRENCY = (32, 128, 512, 2048)
 TOKENS = 64
