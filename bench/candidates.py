@@ -267,7 +267,7 @@ def child_main(candidate: str, url: str, n: int, c: int, stream: bool) -> None:
     if soft < c + FD_SPARE:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, c + 4 * FD_SPARE), hard))
     if candidate in ("threads+urllib3", "calibrate"):
-        import calibrate.http.client  # noqa: F401  (imports are start-up: not measured)
+        import calibrate.http.client
 
         r0 = resource.getrusage(resource.RUSAGE_SELF)
         io = "urllib3" if candidate == "threads+urllib3" else "asyncio"
