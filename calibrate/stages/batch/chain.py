@@ -21,8 +21,9 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from calibrate.http.error_kinds import request_error
 from calibrate.http.models import Completion
@@ -34,10 +35,22 @@ if TYPE_CHECKING:
     from calibrate.stages.batch.lanes import Lane
     from calibrate.stages.batch.plan import BatchSpec
     from calibrate.stages.batch.queue import WorkQueue
-    from calibrate.stages.batch.worker import BatchControl, ReachabilityGuard
 
 GRACE_S = 5.0  # past a request's deadline, how long the thread waits on a stuck loop
 PATH = "/chat/completions"
+
+
+class Control(Protocol):
+    """What a chain reads of the run's control (``worker.BatchControl``)."""
+
+    stop: threading.Event
+    served: Callable[[str | None], None]
+
+
+class Guard(Protocol):
+    """What a chain tells the reachability guard (``worker.ReachabilityGuard``)."""
+
+    answered: bool
 
 
 @dataclass(frozen=True)
@@ -72,8 +85,8 @@ class Chain:
         queue: WorkQueue,
         spec: BatchSpec,
         journal: Journal,
-        control: BatchControl,
-        guard: ReachabilityGuard,
+        control: Control,
+        guard: Guard,
         clock: Any = time.monotonic,
     ) -> None:
         self._lane = lane
