@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO))
 import long_runs  # noqa: E402  (bench/ is this script's folder)
 import pacing  # noqa: E402
 import reference  # noqa: E402
+import scaling  # noqa: E402
 import transports  # noqa: E402
 
 from calibrate.gpu.selfload import SelfLoadMonitor  # noqa: E402
@@ -59,6 +60,7 @@ SECTIONS = (
     "transports",
     "pacing",
     "efficiency",
+    "workers",
     "scan",
     "memory",
     "outage",
@@ -375,6 +377,7 @@ def main() -> int:
     ref_rows: list[reference.Point] = []
     transport_runs: list[transports.Run] = []
     pace_points: list[pacing.Point] = []
+    scaling_points: list[scaling.Point] = []
     setup = reference.find_setup(args.reference_dir, args.reference_python)
     with tempfile.TemporaryDirectory(prefix="calibrate-bench-") as tmp:
         work = Path(tmp)
@@ -407,6 +410,9 @@ def main() -> int:
         if "efficiency" in only:
             print("client efficiency (calibrate vs naive) …", file=sys.stderr, flush=True)
             measured = efficiency_rows(work, rows, min_items)
+        if "workers" in only:
+            print("batch --workers 1 vs 2 against a zero-latency mock …", file=sys.stderr)
+            scaling_points = scaling.measure(setup, 4_000 if args.quick else 20_000)
         if "scan" in only:
             print("resume scan …", file=sys.stderr, flush=True)
             scan = resume_scan(work, scan_lines)
@@ -430,6 +436,8 @@ def main() -> int:
         print(f"transports skipped: no async_mock.py ({setup.skipped_why or 'not found'})\n")
     if pace_points:
         print(pacing.table(pace_points, 1.0 if args.quick else 3.0) + "\n")
+    if scaling_points:
+        print(scaling.table(scaling_points) + "\n")
     print(table(measured, scan, mem))
     if long:
         print(long_runs.table(long))
@@ -443,6 +451,7 @@ def main() -> int:
             },
             "transports": [asdict(r) for r in transport_runs],
             "pacing": [asdict(p) for p in pace_points],
+            "workers": [asdict(p) for p in scaling_points],
             "rows": [asdict(r) for r in measured],
             "resume_scan": scan,
             "memory": mem,
