@@ -1,5 +1,5 @@
-"""The closed loop over the asyncio transport (calibrate/load/closed_loop.py): C in flight, each
-answer's successor sent from the I/O loop, requests built and server context read off it.
+"""The closed loop over the asyncio transport (calibrate/load/closed_loop.py): C in flight, no
+thread per slot, and nothing but I/O on the loop: one helper parses, builds and sends.
 
 A scripted client answers on a fake loop thread; the real client against the mock is
 tests/test_request_times.py's closed-loop test."""
@@ -14,6 +14,7 @@ from typing import Any
 
 from calibrate.errors import ErrorInfo, RequestError
 from calibrate.http.models import Choice, Completion, ContextLimit, Usage
+from calibrate.load.closed_loop import HELPER
 from calibrate.load.request import Request
 from calibrate.load.waves import Sender
 from calibrate.load.window import LevelWindow
@@ -38,6 +39,7 @@ class LoopClient:
         self.lock = threading.Lock()
         self.in_flight = self.most = 0
         self.senders: list[str] = []
+        self.parsed_on: list[str] = []
         threading.Thread(target=self._loop, name=LOOP, daemon=True).start()
 
     def _loop(self) -> None:
@@ -47,8 +49,11 @@ class LoopClient:
             time.sleep(self.answer_s)
             job()
 
-    def submit_completion(self, path: str, body: dict[str, Any], done: Done) -> float:
+    def submit_completion(
+        self, path: str, body: dict[str, Any], done: Done, off_loop: Any = None
+    ) -> float:
         number = body["n"]
+        parsed_on: list[str] = self.parsed_on
         with self.lock:
             self.in_flight += 1
             self.most = max(self.most, self.in_flight)
@@ -57,13 +62,20 @@ class LoopClient:
                 self.opened.set()
         outcome = self.script.get(number, _answer())
 
-        def answer() -> None:
-            with self.lock:
-                self.in_flight -= 1
+        def parse() -> None:  # where the client parses: the loop, or what off_loop runs
+            parsed_on.append(threading.current_thread().name)
             if isinstance(outcome, BaseException):
                 done(None, outcome)
             else:
                 done(outcome, None)
+
+        def answer() -> None:
+            with self.lock:
+                self.in_flight -= 1
+            if off_loop is None:
+                parse()
+            else:
+                off_loop(parse)
 
         self.jobs.put(answer)
         return 0.0
@@ -85,7 +97,7 @@ def _supply(forced: int | None = None) -> tuple[Callable[[], Request], list[str]
     return supply, built_on
 
 
-def test_c_stay_in_flight_and_the_loop_sends_each_answers_successor() -> None:
+def test_c_stay_in_flight_and_one_helper_not_a_thread_per_slot_sends_the_rest() -> None:
     client = LoopClient(gate=4)
     supply, built_on = _supply()
     run = Sender(client).closed_loop(supply, 4, LevelWindow(0.05, 16))  # type: ignore[arg-type]
@@ -94,11 +106,12 @@ def test_c_stay_in_flight_and_the_loop_sends_each_answers_successor() -> None:
     assert [i.index for i in run.items] == list(range(1, len(run.items) + 1))
     assert run.full_s is not None and run.stop_s is not None and run.stop_s >= 0.05
     assert max(i.started_s for i in run.items) < run.stop_s
-    # the caller starts the first C; every later one is sent by the loop (or, when no request
-    # was ready, the helper that built more) — no thread per slot
+    # the caller starts the first C, the helper every later one: no thread per slot; and
+    # nothing but I/O on the loop (a parse there would hold up every other stream's stamps)
     assert client.senders[:4] == [threading.current_thread().name] * 4
-    assert set(client.senders[4:]) <= {LOOP, "calibrate-loop-helper"}
+    assert set(client.senders[4:]) == {HELPER}
     assert LOOP not in built_on, "requests are never built on the I/O loop"
+    assert set(client.parsed_on) == {HELPER}, "answers are never parsed on the I/O loop"
 
 
 def test_a_failed_answer_ends_the_run_without_waiting_for_the_window() -> None:
@@ -133,4 +146,4 @@ def test_a_cut_answer_reads_the_servers_context_off_the_loop() -> None:
     cut = [i for i in run.items if not i.ok]
     assert [i.index for i in cut] == [3] and cut[0].error is not None
     assert cut[0].error.kind == "incomplete"
-    assert read_on == ["calibrate-loop-helper"], "the context is read over HTTP: never on the loop"
+    assert read_on == [HELPER], "the context is read over HTTP: never on the loop"

@@ -405,3 +405,34 @@ def test_an_unknown_transport_is_a_usage_error_naming_the_way_out(
         "or unset it"
     ]
     assert not (isolated / "runs" / "ledger.jsonl").exists()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_a_submitted_answer_is_parsed_where_off_loop_runs_it_not_on_the_io_loop(
+    stream: bool,
+) -> None:
+    """The closed and open loops hand each answer to one helper thread: parsing a streamed
+    answer on the loop held every other stream's bytes (and their timestamps) back."""
+    jobs: list[Callable[[], None]] = []
+    seen: list[tuple[str, str]] = []
+    finished = threading.Event()
+
+    def done(completion: object, failure: BaseException | None) -> None:
+        assert failure is None, failure
+        seen.append((threading.current_thread().name, completion.choices[0].text))  # type: ignore[attr-defined]
+        finished.set()
+
+    with start_mock(ttft_s=0.001, per_token_s=0.0) as mock:
+        client = OpenAIClient(mock.base_url, timeout_s=10)
+        body = client.chat_body(
+            "internlm-s2", "hi", SamplingParams(0.0, 8, 1.0, None), stream=stream
+        )
+        client.submit_completion("/chat/completions", body, done, jobs.append)
+        deadline = time.monotonic() + 10
+        while not jobs and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert jobs and not seen, "nothing is parsed before off_loop runs it"
+        jobs[0]()
+        client.close()
+    assert finished.is_set() and seen[0][0] == threading.current_thread().name
+    assert seen[0][1], "the answer's text, parsed"

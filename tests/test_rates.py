@@ -252,9 +252,11 @@ class _BrokenClient:
 class _BrokenSubmitter(_BrokenClient):
     can_submit = True  # handed off, answered from another thread (as the I/O loop does)
 
-    def submit_completion(self, path: str, body: dict, done: Callable[..., None]) -> float:
+    def submit_completion(
+        self, path: str, body: dict, done: Callable[..., None], off_loop: Callable[..., None]
+    ) -> float:
         failure = ValueError("a bug while reading the answer")
-        threading.Thread(target=done, args=(None, failure)).start()
+        threading.Thread(target=off_loop, args=(lambda: done(None, failure),)).start()
         return 0.0
 
 

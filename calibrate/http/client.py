@@ -26,6 +26,7 @@ Neither retries anything else: retrying is the caller's decision (batch).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -223,10 +224,14 @@ class OpenAIClient:
         path: str,
         body: dict[str, Any],
         done: Callable[[Completion | None, BaseException | None], None],
+        off_loop: Callable[[Callable[[], None]], None] | None = None,
     ) -> float:
         """``post_completion`` without waiting (``can_submit`` clients only): returns when it
         was handed to the I/O loop (the request's start on the client's clock); ``done(answer,
         failure)`` runs on the loop thread once it is over — it must be quick and must not block.
+        With ``off_loop`` (e.g. a queue's ``put``) the answer is parsed and ``done`` called
+        wherever ``off_loop`` runs what it is given: a streamed answer's parse then never holds
+        up the loop, which stamps every other stream's bytes as they arrive.
         A failure is a ``RequestError`` (scrubbed as everywhere) or, for a bug of calibrate's
         own, another exception."""
         assert self._aio is not None, "submit_completion needs the asyncio transport"
@@ -235,7 +240,7 @@ class OpenAIClient:
         url = self.base_url + path
         start = self._clock()
 
-        def then(answer: Answer | None, failure: BaseException | None) -> None:
+        def finish(answer: Answer | None, failure: BaseException | None) -> None:
             try:
                 if failure is not None:
                     raise failure
@@ -247,6 +252,12 @@ class OpenAIClient:
                 done(None, exc)
             else:
                 done(_stamped(completion, start), None)
+
+        def then(answer: Answer | None, failure: BaseException | None) -> None:
+            if off_loop is None:
+                finish(answer, failure)
+            else:
+                off_loop(functools.partial(finish, answer, failure))
 
         try:
             self._aio.submit(self._completion_call(path, body, start + self.timeout_s), then)

@@ -1,15 +1,17 @@
-"""The sweep's closed loop over the asyncio transport: C requests in flight, each answer's
-successor sent by the I/O loop itself.
+"""The sweep's closed loop over the asyncio transport: C requests in flight, no thread per slot.
 
-A thread per slot, each handing its request to the loop and woken for the answer, cost about
-0.27 ms of CPU per request in hand-offs alone (bench/README.md, threads→raw-asyncio+uvloop).
-Here the answer's callback, on the loop, turns it into items and sends the next request. Two
-things never run on the loop, because a loop that stalls delays every other stream's timestamps:
+A thread per slot, each handing its request to the I/O loop and woken for the answer, cost about
+0.27 ms of CPU per request in hand-offs alone (bench/README.md, threads→raw-asyncio+uvloop). Here
+the loop only does I/O and stamps each answer's bytes as they arrive; one helper thread parses
+each answer, turns it into items and starts its successor. Under load answers queue up for the
+helper and it takes them one after another without sleeping, so the hand-offs are one per burst,
+not one per request.
 
-- building requests: ``supply`` may build hundreds at once (synthetic prompts), so a helper
-  thread keeps at least C of them ready and the loop only takes the next one;
-- an answer that needs the server's context (read over HTTP the first time an answer is cut
-  short, ``Sender.server_context``): the helper settles it.
+Nothing but I/O runs on the loop on purpose: parsing a streamed answer takes about half a
+millisecond, and when C answers end together (a closed loop starts its C requests at once) the
+loop would parse them back to back while every other stream's bytes waited to be read — and
+stamped late. Measured, c=128 streamed: a loop that parsed doubled the mean TTFT recorded
+(16 → 33 ms against a 5 ms server); the helper keeps it where the thread version had it.
 
 What the run records is the thread version's (waves.py): the same items, the window's edges
 (``full_s`` when the C-th request started, ``stop_s`` when the window ended or an answer
@@ -18,7 +20,6 @@ failed), and a request still unanswered past the bound is a recorded failure, ne
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 from collections.abc import Callable
@@ -26,18 +27,14 @@ from queue import SimpleQueue
 from typing import Protocol
 
 from calibrate.http.client import OpenAIClient
-from calibrate.http.models import Completion, ContextLimit
+from calibrate.http.models import Completion
 from calibrate.http.request_times import epoch_at, monotonic
 from calibrate.load.items import ItemResult
 from calibrate.load.request import Request
 from calibrate.load.window import LevelWindow, LoopRun
 
 log = logging.getLogger("calibrate")
-Context = Callable[[], ContextLimit | None]
-
-
-class NeedsContext(Exception):
-    """An answer's items need the server's context, not read yet: not on the loop."""
+HELPER = "calibrate-loop-helper"
 
 
 class Answers(Protocol):
@@ -56,7 +53,6 @@ class Answers(Protocol):
         completion: Completion | None,
         failure: BaseException | None,
         max_tokens: int | None,
-        context: Context | None = None,
     ) -> list[ItemResult]:
         """A request's items: its answer's, or one failed item per prompt."""
         ...
@@ -65,13 +61,9 @@ class Answers(Protocol):
         """A request never answered, as failed items."""
         ...
 
-    def cached_context(self, model: str) -> ContextLimit | None:
-        """The server's context if read already; else raises ``NeedsContext``."""
-        ...
-
 
 class SubmittedLoop:
-    """One closed-loop run on the I/O loop (``Sender.closed_loop`` over the asyncio transport)."""
+    """One closed-loop run over the asyncio transport (``Sender.closed_loop``)."""
 
     def __init__(
         self,
@@ -88,10 +80,7 @@ class SubmittedLoop:
         self._concurrency = max(1, concurrency)
         self._window = window
         self._max_tokens = max_tokens
-        self._lock = threading.Lock()
-        self._ready: collections.deque[Request] = collections.deque()
-        self._refilling = False
-        self._owed = 0  # starts the loop could not make: no request was ready
+        self._lock = threading.Lock()  # the caller's thread (the first C) and the helper
         self._results: list[ItemResult] = []
         self._in_flight: dict[int, Request] = {}
         self._started = 0
@@ -102,15 +91,15 @@ class SubmittedLoop:
         self._start = 0.0
 
     def run(self) -> LoopRun:
-        self._ready.extend(self._supply() for _ in range(2 * self._concurrency))
-        threading.Thread(target=self._help, name="calibrate-loop-helper", daemon=True).start()
+        threading.Thread(target=self._help, name=HELPER, daemon=True).start()
         self._start = self._clock()
         try:
-            with self._lock:
-                starts = [self._next_locked() for _ in range(self._concurrency)]
-            for start in starts:
-                if start is not None:
-                    self._send(*start)
+            for _ in range(self._concurrency):
+                with self._lock:
+                    start = self._next_locked()
+                if start is None:
+                    break
+                self._send(*start)
             self._finish_if_over()
             # The window bounds the loop; this only guards against a request stuck past its
             # timeout (it is then a recorded failure, as in the thread version).
@@ -120,73 +109,49 @@ class SubmittedLoop:
         return self._run()
 
     def _run(self) -> LoopRun:
-        sender, start = self._sender, self._start
+        start = self._start
         with self._lock:  # stopped by a stuck request: stop_s may be None (as in waves.py)
             results = list(self._results)
             for request in self._in_flight.values():
-                results.extend(sender.stuck_items(request, start))
+                results.extend(self._sender.stuck_items(request, start))
             self._in_flight.clear()
             self._over.set()  # late answers change nothing from here on
             items = tuple(sorted(results, key=lambda r: r.index))
             started_at = epoch_at(start) if self._clock is monotonic else None
             return LoopRun(items, self._clock() - start, self._full_s, self._stop_s, started_at)
 
-    # -- starting requests (under the lock), sending them (outside it) -----------------------
-
     def _next_locked(self) -> tuple[int, Request] | None:
-        """The next request to start, numbered, or None: the window is over, an answer
-        failed, or none is ready yet (owed: the helper starts it once it has built more)."""
+        """The next request to start, numbered; None once the window is over or an answer
+        failed. ``supply`` is called here, under the lock: by one thread at a time."""
         now = self._clock() - self._start
         if self._stop_s is not None or self._over.is_set():
             return None
         if self._window.done(now, self._started):
             self._stop_s = now
             return None
-        if not self._ready:
-            self._owed += 1
-            self._refill_locked()
-            return None
-        request = self._ready.popleft()
+        request = self._supply()
         self._started += 1
         self._in_flight[self._started] = request
         if self._started == self._concurrency:
             self._full_s = now
-        if len(self._ready) < self._concurrency:
-            self._refill_locked()
         return self._started, request
-
-    def _refill_locked(self) -> None:
-        if not self._refilling:
-            self._refilling = True
-            self._helper.put(self._refill)
 
     def _send(self, number: int, request: Request) -> None:
         sent, started = monotonic(), self._clock() - self._start
 
         def done(completion: Completion | None, failure: BaseException | None) -> None:
-            at, ended = self._clock() - self._start, monotonic()  # on the loop: never blocks
-
-            def items(context: Context | None) -> list[ItemResult]:
-                answers, most = self._sender, self._max_tokens
-                try:
-                    return answers.items_of(
-                        request, started, at, sent, ended, completion, failure, most, context
-                    )
-                except NeedsContext:
-                    raise
-                except Exception as exc:  # calibrate's own bug: recorded all the same
-                    return answers.items_of(request, started, at, sent, ended, None, exc, most)
-
-            model = str(request.body.get("model", ""))
+            at, ended = self._clock() - self._start, monotonic()  # on the helper
+            answers, most = self._sender, self._max_tokens
             try:
-                answered = items(lambda: self._sender.cached_context(model))
-            except NeedsContext:  # read over HTTP the first time: on the helper, not here
-                self._helper.put(lambda: self._settle(number, items(None)))
-                return
-            self._settle(number, answered)
+                items = answers.items_of(
+                    request, started, at, sent, ended, completion, failure, most
+                )
+            except Exception as exc:  # calibrate's own bug: recorded all the same
+                items = answers.items_of(request, started, at, sent, ended, None, exc, most)
+            self._settle(number, items)
 
         try:
-            self._client.submit_completion(request.path, request.body, done)
+            self._client.submit_completion(request.path, request.body, done, self._helper.put)
         except Exception as exc:  # not sent after all: its failure is the answer
             now = self._clock() - self._start
             failed = self._sender.items_of(
@@ -213,8 +178,6 @@ class SubmittedLoop:
         if over:
             self._over.set()
 
-    # -- the helper thread -------------------------------------------------------------------
-
     def _help(self) -> None:
         while (job := self._helper.get()) is not None:
             try:
@@ -225,18 +188,6 @@ class SubmittedLoop:
                     if self._stop_s is None:
                         self._stop_s = self._clock() - self._start
                 self._finish_if_over()
-
-    def _refill(self) -> None:
-        fresh = [self._supply() for _ in range(self._concurrency)]
-        with self._lock:
-            self._ready.extend(fresh)
-            self._refilling = False
-            owed, self._owed = self._owed, 0
-            starts = [self._next_locked() for _ in range(owed)]
-        for start in starts:
-            if start is not None:
-                self._send(*start)
-        self._finish_if_over()
 
 
 def closed_loop_submitted(

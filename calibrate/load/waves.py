@@ -19,7 +19,7 @@ from calibrate.http.models import Completion, ContextLimit
 from calibrate.http.request_times import RequestTimes, epoch_at, monotonic
 from calibrate.http.server_context import read_context
 from calibrate.load.answers import answer_items, failed_item
-from calibrate.load.closed_loop import NeedsContext, closed_loop_submitted
+from calibrate.load.closed_loop import closed_loop_submitted
 from calibrate.load.items import ItemResult
 from calibrate.load.open_loop import OpenRun, open_loop
 from calibrate.load.request import Request
@@ -29,8 +29,8 @@ Clock = Callable[[], float]
 
 
 def _collect(collected: SimpleQueue[Callable[[], None] | None]) -> None:
-    """Runs what the I/O loop handed back (turning answers into items may read the server's
-    context over HTTP: never on the loop), until ``None``."""
+    """Runs what the I/O loop handed back (parsing answers, turning them into items, which may
+    read the server's context over HTTP: never on the loop), until ``None``."""
     while (work := collected.get()) is not None:
         work()
 
@@ -94,7 +94,8 @@ class Sender:
         A failed answer ends the run the same way: the level fails, more load only adds noise.
 
         Times are on this sender's clock (injectable: the loop is tested with a fake one). Over
-        the asyncio transport the I/O loop itself sends each answer's successor (closed_loop.py).
+        the asyncio transport no thread per slot: one helper starts each answer's successor
+        (closed_loop.py).
         """
         if self.client.can_submit:
             return closed_loop_submitted(self, supply, concurrency, window, max_tokens)
@@ -169,22 +170,19 @@ class Sender:
                 request, sent, started = requests[n], monotonic(), self.clock() - t0
 
                 def done(completion: Completion | None, failure: BaseException | None) -> None:
-                    at, ended = self.clock() - t0, monotonic()  # on the loop: no blocking here
+                    at, ended = self.clock() - t0, monotonic()  # on the collector
+                    try:
+                        items = self.items_of(
+                            request, started, at, sent, ended, completion, failure, max_tokens
+                        )
+                    except Exception as exc:  # calibrate's own bug: recorded all the same
+                        items = self.items_of(
+                            request, started, at, sent, ended, None, exc, max_tokens
+                        )
+                    finish(items)
 
-                    def settle() -> None:  # on the collector
-                        try:
-                            items = self.items_of(
-                                request, started, at, sent, ended, completion, failure, max_tokens
-                            )
-                        except Exception as exc:  # calibrate's own bug: recorded all the same
-                            items = self.items_of(
-                                request, started, at, sent, ended, None, exc, max_tokens
-                            )
-                        finish(items)
-
-                    collected.put(settle)
-
-                self.client.submit_completion(request.path, request.body, done)
+                # parsed on the collector too: the loop only reads and stamps (closed_loop.py)
+                self.client.submit_completion(request.path, request.body, done, collected.put)
 
             threading.Thread(
                 target=_collect, args=(collected,), name="calibrate-answers", daemon=True
@@ -226,14 +224,11 @@ class Sender:
         completion: Completion | None,
         failure: BaseException | None,
         max_tokens: int | None,
-        context: Callable[[], ContextLimit | None] | None = None,
     ) -> list[ItemResult]:
         """A request's items: its answer's, or one failed item per prompt (a failure's times
-        are ``sent`` and ``ended`` on the monotonic clock; an answer's own are the client's).
-        ``context``: how a cut answer's server context is read (else ``server_context``)."""
+        are ``sent`` and ``ended`` on the monotonic clock; an answer's own are the client's)."""
         if completion is not None:
-            model = str(request.body.get("model", ""))
-            context = context or functools.partial(self.server_context, model)
+            context = functools.partial(self.server_context, str(request.body.get("model", "")))
             return answer_items(request, completion, started, done, max_tokens, context)
         if isinstance(failure, RequestError):
             info, kind = failure.info, failure.exc_type or type(failure).__name__
@@ -246,14 +241,6 @@ class Sender:
             failed_item(request, n, started, done, info, kind, tb, times)
             for n in range(len(request.prompts))
         ]
-
-    def cached_context(self, model: str) -> ContextLimit | None:
-        """``server_context`` if it was read already, else ``NeedsContext`` (the I/O loop
-        must not read it over HTTP)."""
-        with self._context_lock:
-            if self._context is None or model not in self._context:
-                raise NeedsContext(model)
-            return self._context[model]
 
     def server_context(self, model: str) -> ContextLimit | None:
         """The server's context for one request (``stages.server_context``), read the first
