@@ -54,7 +54,7 @@ class Answers(Protocol):
         failure: BaseException | None,
         max_tokens: int | None,
     ) -> list[ItemResult]:
-        """A request's items: its answer's, or one failed item per prompt."""
+        """A request's items: its answer's, or one failed item per prompt (never raises)."""
         ...
 
     def stuck_items(self, request: Request, t0: float) -> list[ItemResult]:
@@ -141,14 +141,11 @@ class SubmittedLoop:
 
         def done(completion: Completion | None, failure: BaseException | None) -> None:
             at, ended = self._clock() - self._start, monotonic()  # on the helper
-            answers, most = self._sender, self._max_tokens
-            try:
-                items = answers.items_of(
-                    request, started, at, sent, ended, completion, failure, most
-                )
-            except Exception as exc:  # calibrate's own bug: recorded all the same
-                items = answers.items_of(request, started, at, sent, ended, None, exc, most)
-            self._settle(number, items)
+            most = self._max_tokens
+            self._settle(
+                number,
+                self._sender.items_of(request, started, at, sent, ended, completion, failure, most),
+            )
 
         try:
             self._client.submit_completion(request.path, request.body, done, self._helper.put)

@@ -171,15 +171,11 @@ class Sender:
 
                 def done(completion: Completion | None, failure: BaseException | None) -> None:
                     at, ended = self.clock() - t0, monotonic()  # on the collector
-                    try:
-                        items = self.items_of(
+                    finish(
+                        self.items_of(
                             request, started, at, sent, ended, completion, failure, max_tokens
                         )
-                    except Exception as exc:  # calibrate's own bug: recorded all the same
-                        items = self.items_of(
-                            request, started, at, sent, ended, None, exc, max_tokens
-                        )
-                    finish(items)
+                    )
 
                 # parsed on the collector too: the loop only reads and stamps (closed_loop.py)
                 self.client.submit_completion(request.path, request.body, done, collected.put)
@@ -226,10 +222,14 @@ class Sender:
         max_tokens: int | None,
     ) -> list[ItemResult]:
         """A request's items: its answer's, or one failed item per prompt (a failure's times
-        are ``sent`` and ``ended`` on the monotonic clock; an answer's own are the client's)."""
+        are ``sent`` and ``ended`` on the monotonic clock; an answer's own are the client's).
+        An answer that cannot be turned into items (calibrate's own bug) is its failure."""
         if completion is not None:
             context = functools.partial(self.server_context, str(request.body.get("model", "")))
-            return answer_items(request, completion, started, done, max_tokens, context)
+            try:
+                return answer_items(request, completion, started, done, max_tokens, context)
+            except Exception as exc:  # recorded all the same, never a lost request
+                failure = exc
         if isinstance(failure, RequestError):
             info, kind = failure.info, failure.exc_type or type(failure).__name__
         else:  # a bug of calibrate's own: recorded, never a lost request

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from calibrate.http.error_kinds import request_error
 from calibrate.http.models import Completion
@@ -87,7 +87,7 @@ class Chain:
         journal: Journal,
         control: Control,
         guard: Guard,
-        clock: Any = time.monotonic,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._lane = lane
         self._client = lane.client

@@ -32,6 +32,18 @@ _FINISHED: Final = object()  # feeder message: one item left for good
 _CLOSE: Final = object()  # feeder message: stop handing out
 
 
+def waiting_task(tasks: SimpleQueue[Task | None]) -> Task | None:
+    """A task already in ``tasks``, without waiting; None if there is none (or only the end
+    mark ``None``, which stays for the next taker)."""
+    try:
+        task = tasks.get_nowait()
+    except Empty:
+        return None
+    if task is None:
+        tasks.put(None)
+    return task
+
+
 class WorkQueue:
     def __init__(self, plan: BatchPlan, workers: int = 1, ahead: int | None = None) -> None:
         self._plan = plan
@@ -75,15 +87,7 @@ class WorkQueue:
     def take_waiting(self) -> Task | None:
         """An item already waiting, without waiting for one; None if there is none (or only
         the end mark, which stays for the next ``take``)."""
-        if self.closed:
-            return None
-        try:
-            task = self._tasks.get_nowait()
-        except Empty:
-            return None
-        if task is None:
-            self._tasks.put(None)
-        return task
+        return None if self.closed else waiting_task(self._tasks)
 
     def finished(self, task: Task) -> None:
         """The item has its line (or the run gave it up): it leaves the queue for good."""

@@ -22,7 +22,7 @@ from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.io.tasks import ItemId, Task
 from calibrate.stages.batch.lanes import make_lane
 from calibrate.stages.batch.procs.wire import Channel, LaneStats, WorkerDone, WorkerSetup
-from calibrate.stages.batch.queue import MAX_REQUEUES
+from calibrate.stages.batch.queue import MAX_REQUEUES, waiting_task
 from calibrate.stages.batch.worker import BatchControl, ReachabilityGuard, work
 
 MAX_GROUP = 256  # messages sent in one frame
@@ -94,13 +94,7 @@ class ParentQueue:
     def take_waiting(self) -> Task | None:
         """An item already here, without waiting; None if there is none (or only the end
         mark, which stays for the next ``take``)."""
-        try:
-            task = self._tasks.get_nowait()
-        except Empty:
-            return None
-        if task is None:
-            self._tasks.put(None)
-        return task
+        return waiting_task(self._tasks)
 
     def give_back_waiting(self) -> None:
         """Send the items not yet taken back to the parent (the end mark stays)."""
