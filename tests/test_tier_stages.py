@@ -4,13 +4,13 @@ of the command line's view."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from calibrate import config
 from calibrate.config import SloConfig
+from calibrate.io.tier_table import read_rows
 from calibrate.stages import ladder, sweep
 from calibrate.stages.env import StageRequest, open_stage
 from calibrate.stages.ladder import LadderEnv, LadderSpec
@@ -47,8 +47,8 @@ class Recorder:
     def stream_checked(self, check: StreamCheck, slo: SloConfig) -> None:
         self.lines.append(f"streamed: {check.stream}")
 
-    def tables(self, rows: Sequence[Mapping[str, Any]], source: str) -> None:
-        self.written.append(len(rows))
+    def tables(self, table: Path, source: str) -> None:
+        self.written.append(len(read_rows(table)))
 
 
 class LadderRecorder(Recorder):
@@ -79,7 +79,7 @@ def test_the_ladder_runs_and_records_without_a_command_line(isolated: Path) -> N
     assert watcher.lines[0].startswith("watching: ")
     assert any(line.startswith("planned: (1, 2, 4") for line in watcher.lines)
     assert watcher.written == [len(tiers)] == [len(done.record.rows)]
-    assert not (ctx.run.path / "tiers.csv").exists()  # the table is the watcher's to write
+    assert (ctx.run.path / "tiers.csv").exists()  # the stage's to write, the watcher's to show
     entry = done.record.entry
     assert entry.stage == "ladder" and entry.passed and entry.run_id == ctx.run.run_id
     assert (ctx.run.path / "summary.json").exists()

@@ -19,7 +19,7 @@ from calibrate.errors import Interrupted
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor
 from calibrate.io.junit import JUnitSuite
-from calibrate.io.tier_table import Kind, read_rows, write_tiers_csv
+from calibrate.io.tier_table import Kind, read_rows
 from calibrate.report.plot import write_plot
 from calibrate.report.tables.compare import compare_table
 from calibrate.report.tables.tiers import tier_table
@@ -56,8 +56,8 @@ class TierView(ABC, Generic[Found, Opts]):
     def stream_checked(self, check: StreamCheck, slo: SloConfig) -> None:
         warn_stream_check(self.out, check, slo)
 
-    def tables(self, rows: Sequence[Mapping[str, Any]], source: str) -> None:
-        finish_tables(self.out, self.ctx, self.kind, rows, source)
+    def tables(self, table: Path, source: str) -> None:
+        show_tables(self.out, self.ctx, self.kind, table, source)
 
     def save_junit(self, suite: JUnitSuite, path: str | None) -> None:
         """``--junit``: a write that fails is the stage's write error (exit 1, what was kept)."""
@@ -118,15 +118,8 @@ def announce(out: Output, monitor: VramMonitor) -> None:
         out.warn(line)
 
 
-def finish_tables(
-    out: Output,
-    ctx: StageContext,
-    kind: Kind,
-    rows: Sequence[Mapping[str, Any]],
-    source: str,
-) -> None:
-    """tiers.csv and plot.png; the final table as ``report RUN`` will print it."""
-    csv_path = write_tiers_csv(ctx.run.file("tiers.csv"), rows, kind, source)
+def show_tables(out: Output, ctx: StageContext, kind: Kind, csv_path: Path, source: str) -> None:
+    """The final table as ``report RUN`` will print it (read back from tiers.csv); plot.png."""
     table_rows = read_rows(csv_path)
     title = f"{kind} {ctx.run.run_id}"
     out.show_table(lambda width: tier_table(table_rows, kind, title, width, wide=width is None))

@@ -55,10 +55,7 @@ def run(spec: LadderSpec, env: LadderEnv) -> LadderOutcome:
             "ladder",
             result,
             ladder.options,
-            [
-                {**t.to_json(), "vram_source": result.vram_source, "axis": result.axis}
-                for t in result.tiers
-            ],
+            [{**t.to_json(), "axis": result.axis} for t in result.tiers],
             tables=env.watcher.tables,
             source=result.vram_source,
             passed=result.passed,

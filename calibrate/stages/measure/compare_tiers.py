@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -87,7 +87,7 @@ def read_table(path: Path, kind: TableKind) -> list[dict[str, Any]]:
 
 
 def metric_for(
-    kind: TableKind, baseline: Sequence[dict[str, Any]], now: Sequence[dict[str, Any]]
+    kind: TableKind, baseline: Sequence[Mapping[str, Any]], now: Sequence[Mapping[str, Any]]
 ) -> str:
     """The kind's metric; for a baseline written before it existed, the old one both share."""
     metric = _SHAPE[kind][1]
@@ -97,7 +97,7 @@ def metric_for(
     return metric
 
 
-def _has(rows: Sequence[dict[str, Any]], column: str) -> bool:
+def _has(rows: Sequence[Mapping[str, Any]], column: str) -> bool:
     return any(_num(r.get(column)) is not None for r in rows)
 
 
@@ -108,15 +108,15 @@ def _num(value: Any) -> float | None:
         return None
 
 
-def _top(rows: Sequence[dict[str, Any]], key: str) -> int | None:
+def _top(rows: Sequence[Mapping[str, Any]], key: str) -> int | None:
     keys = [int(float(r[key])) for r in rows if kept(r.get("verdict"))]
     return max(keys) if keys else None
 
 
 def compare_tables(
     kind: TableKind,
-    baseline: Sequence[dict[str, Any]],
-    now: Sequence[dict[str, Any]],
+    baseline: Sequence[Mapping[str, Any]],
+    now: Sequence[Mapping[str, Any]],
     *,
     tolerance: float = 0.2,
     baseline_path: str = "",

@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 
 from calibrate.config import Config
 from calibrate.gpu.selfload import SelfLoadMonitor
+from calibrate.io.tier_table import write_tiers_csv
 from calibrate.stages.context import StageContext
 from calibrate.stages.determinism import DeterminismCheck, EngineSwitch, overall
 from calibrate.stages.determinism.wave import managed_switch
@@ -32,7 +33,7 @@ from calibrate.state.ledger import LedgerEntry
 from calibrate.state.summaries import TierChecks, TierSummary
 
 Row = Mapping[str, Any]
-Tables = Callable[[Sequence[Row], str], None]  # writes tiers.csv from the rows (and shows it)
+Shown = Callable[[Path, str], None]  # told the tiers.csv just written and the VRAM source
 Found = TypeVar("Found")
 Opts = TypeVar("Opts")
 
@@ -74,7 +75,7 @@ def finish_tiers(
     options: Opts,
     rows: Sequence[Row],
     *,
-    tables: Tables,
+    tables: Shown,
     source: str,
     passed: bool,
     summary: TierSummary,
@@ -85,11 +86,15 @@ def finish_tiers(
     interrupted: bool = False,
 ) -> TierOutcome[Found, Opts]:
     """The table, --compare / --save-baseline, the notes; then the stage's ledger verdict,
-    determinism.json and the next step (none of those two after Ctrl-C)."""
-    if rows:
-        tables(rows, source)
-    comparison = compare_run(spec, ctx, kind)
-    saved = save_table_baseline(spec, ctx, kind)
+    determinism.json and the next step (none of those two after Ctrl-C).
+
+    tiers.csv is written here (``tier_table``, its one writer) and then shown through
+    ``tables``; ``--compare`` judges the rows in memory, never the file a view wrote."""
+    table = write_tiers_csv(ctx.run.file("tiers.csv"), rows, kind, source) if rows else None
+    if table is not None:
+        tables(table, source)
+    comparison = compare_run(spec, kind, rows)
+    saved = save_table_baseline(spec, ctx, kind, table)
     client_bound = selfload.poll_warning()
     entry = record_run(
         ctx,
@@ -114,26 +119,25 @@ def queue_notes(rows: Sequence[Row]) -> list[str]:
     return [note for note in found if note]
 
 
-def compare_run(spec: MeasureSpec, ctx: StageContext, kind: TableKind) -> TierComparison | None:
-    """``--compare``: this run's tiers.csv against the committed table (None without the flag)."""
-    table = ctx.run.file("tiers.csv")
-    if spec.compare is None or not table.exists():
+def compare_run(spec: MeasureSpec, kind: TableKind, rows: Sequence[Row]) -> TierComparison | None:
+    """``--compare``: this run's rows against the committed table (None without the flag, or
+    with no row to compare)."""
+    if spec.compare is None or not rows:
         return None
     return compare_tables(
         kind,
         read_table(spec.compare, kind),
-        read_table(table, kind),
+        rows,
         tolerance=spec.tolerance,
         baseline_path=str(spec.compare),
     )
 
 
 def save_table_baseline(
-    spec: MeasureSpec, ctx: StageContext, kind: TableKind
+    spec: MeasureSpec, ctx: StageContext, kind: TableKind, table: Path | None
 ) -> tuple[Path, Path | None] | None:
     """``--save-baseline``: (where the table went, where the previous one was kept)."""
-    table = ctx.run.file("tiers.csv")
-    if not spec.save_baseline or not table.exists():
+    if not spec.save_baseline or table is None:
         return None
     dest = ctx.config.baselines_dir / f"{kind}.csv"
     return dest, save_baseline(table, dest)

@@ -7,7 +7,7 @@ however the run ends; ``tier_finish`` writes the verdict once the tiers are in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,12 +112,13 @@ def start_monitor(spec: MeasureSpec, ctx: StageContext) -> VramMonitor:
             + (f" ({tried})" if tried else " in the server's /metrics"),
             "Use --vram-source auto (measures what it can, says what it could not).",
         )
+    energy = energy_reader(sources.samplers, spec.devices(ctx.config.runs_dir))
     monitor = VramMonitor(
         sources.samplers,
         ctx.config.ladder.sample_interval_s,
         server_kind=ctx.config.server.kind,
         problems=sources.problems,
-        energy=energy_reader(sources.samplers, spec.devices(ctx.config.runs_dir)),
+        energy=energy,
         price_per_hour=spec.gpu_price_per_hour
         if spec.gpu_price_per_hour is not None
         else ctx.config.cost.gpu_price_per_hour,
@@ -168,8 +169,8 @@ class TierWatcher(Protocol):
     def stream_checked(self, check: StreamCheck, slo: SloConfig) -> None:
         """The stream probe's finding, before any load."""
 
-    def tables(self, rows: Sequence[Mapping[str, Any]], source: str) -> None:
-        """The finished rows: write tiers.csv (``--compare`` reads it next) and show them."""
+    def tables(self, table: Path, source: str) -> None:
+        """The finished rows, written to ``table`` (tiers.csv): show them."""
 
 
 class StageWatcher(TierWatcher, Protocol[Opts, Step, Cap]):
