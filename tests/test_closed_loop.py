@@ -1,5 +1,6 @@
-"""The closed loop over the asyncio transport (calibrate/load/closed_loop.py): C in flight, no
-thread per slot, and nothing but I/O on the loop: one helper parses, builds and sends.
+"""The closed loop and the wave over the asyncio transport (calibrate/load/closed_loop.py,
+wave_loop.py): C in flight, no thread per slot or request, and nothing but I/O on the loop: one
+helper parses, builds and sends.
 
 A scripted client answers on a fake loop thread; the real client against the mock is
 tests/test_request_times.py's closed-loop test."""
@@ -16,6 +17,7 @@ from calibrate.errors import ErrorInfo, RequestError
 from calibrate.http.models import Choice, Completion, ContextLimit, Usage
 from calibrate.load.closed_loop import HELPER
 from calibrate.load.request import Request
+from calibrate.load.wave_loop import HELPER as WAVE_HELPER
 from calibrate.load.waves import Sender
 from calibrate.load.window import LevelWindow
 
@@ -147,3 +149,50 @@ def test_a_cut_answer_reads_the_servers_context_off_the_loop() -> None:
     assert [i.index for i in cut] == [3] and cut[0].error is not None
     assert cut[0].error.kind == "incomplete"
     assert read_on == [HELPER], "the context is read over HTTP: never on the loop"
+
+
+def _wave(count: int) -> list[Request]:
+    return [
+        Request("/chat/completions", {"n": n, "model": "m"}, ("p",), n) for n in range(1, count + 1)
+    ]
+
+
+def test_a_wave_keeps_workers_in_flight_and_one_helper_sends_the_rest() -> None:
+    client = LoopClient(gate=3)
+    answered, wall_s = Sender(client).send(_wave(10), 3)  # type: ignore[arg-type]
+    assert client.most == 3, "at most workers in flight"
+    assert [i.index for i in answered] == list(range(1, 11)) and all(i.ok for i in answered)
+    assert wall_s >= max(i.started_s for i in answered)
+    # the caller sends the first three, the helper the rest: no thread per request
+    assert client.senders[:3] == [threading.current_thread().name] * 3
+    assert set(client.senders[3:]) == {WAVE_HELPER}
+    assert set(client.parsed_on) == {WAVE_HELPER}, "answers are never parsed on the I/O loop"
+
+
+def test_a_failure_in_a_wave_is_kept_and_the_wave_goes_on() -> None:
+    """The ladder never retries and never cuts a wave short: a failure is information."""
+    refused = RequestError(ErrorInfo("overloaded", "429 too many requests"))
+    client = LoopClient(gate=4, script={2: refused, 5: refused})
+    answered, _ = Sender(client).send(_wave(8), 4)  # type: ignore[arg-type]
+    assert [i.index for i in answered] == list(range(1, 9)), "every request is recorded"
+    failed = [i for i in answered if not i.ok]
+    assert [i.index for i in failed] == [2, 5]
+    assert all(i.error is not None and i.error.kind == "overloaded" for i in failed)
+    assert len(client.senders) == 8
+
+
+def test_a_request_that_cannot_be_sent_is_its_own_failure_not_a_stuck_wave() -> None:
+    class Refusing(LoopClient):
+        def submit_completion(
+            self, path: str, body: dict[str, Any], done: Done, off_loop: Any = None
+        ) -> float:
+            if body["n"] == 3:
+                raise RequestError(ErrorInfo("connection", "connection refused"))
+            return super().submit_completion(path, body, done, off_loop)
+
+    client = Refusing(gate=1)
+    began = time.monotonic()
+    answered, _ = Sender(client).send(_wave(5), 5)  # type: ignore[arg-type]
+    assert time.monotonic() - began < 10, "the wave waited for a request never sent"
+    assert [i.index for i in answered] == [1, 2, 3, 4, 5]
+    assert [i.index for i in answered if not i.ok] == [3]

@@ -23,6 +23,7 @@ from calibrate.load.closed_loop import closed_loop_submitted
 from calibrate.load.items import ItemResult
 from calibrate.load.open_loop import OpenRun, open_loop
 from calibrate.load.request import Request
+from calibrate.load.wave_loop import SubmittedWave
 from calibrate.load.window import LevelWindow, LoopRun
 
 Clock = Callable[[], float]
@@ -52,8 +53,11 @@ class Sender:
 
         The workers are daemon threads pulling the next request under a lock: at most
         ``workers`` in flight, and on Ctrl-C the process exits without waiting for requests
-        still on the wire (each would otherwise hold it up to the client's timeout).
+        still on the wire (each would otherwise hold it up to the client's timeout). Over the
+        asyncio transport no thread per request: one helper sends the rest (wave_loop.py).
         """
+        if self.client.can_submit:
+            return SubmittedWave(self, requests, workers, max_tokens).run()
         start = self.clock()
         slots: list[list[ItemResult] | None] = [None] * len(requests)
         lock = threading.Lock()
