@@ -9,6 +9,8 @@ requests only: imports, loop and client set-up excluded) and failures as JSON.
 - ``calibrate closed loop`` — the sweep's own load engine, ``Sender.closed_loop`` (c in flight,
   each answer's successor sent from the I/O loop, calibrate/load/closed_loop.py), n requests,
   answers parsed into items with their stream timing as a sweep records them;
+- ``calibrate wave`` — the ladder's, ``Sender.send``: the n requests as waves of c, each
+  released together and answered before the next (calibrate/load/wave_loop.py);
 - ``aiohttp+uvloop`` / ``aiohttp`` — the reference's client; streams by ``async for line``;
 - ``raw-asyncio+uvloop`` / ``raw-asyncio`` — the hand-written client of aio_http.py, coroutines
   on the loop itself (no threads): what an engine written for the loop would cost;
@@ -104,6 +106,29 @@ def child_closed_loop(url: str, n: int, c: int, stream: bool) -> tuple[float, in
     run = Sender(client).closed_loop(supply, c, LevelWindow(0.0, n), TOKENS)
     wall = time.perf_counter() - t0
     return wall, sum(1 for item in run.items if not item.ok)
+
+
+def child_wave(url: str, n: int, c: int, stream: bool) -> tuple[float, int]:
+    from calibrate.http.client import OpenAIClient
+    from calibrate.http.models import SamplingParams
+    from calibrate.load.request import Request
+    from calibrate.load.waves import Sender
+
+    params = SamplingParams(temperature=0.0, max_tokens=TOKENS, top_p=1.0, seed=0)
+    client = OpenAIClient(url, timeout_s=120.0, max_connections=c)
+    sender = Sender(client)
+
+    def request(i: int) -> Request:
+        body = client.chat_body(MODEL, f"summarise item {i}", params, stream=stream)
+        return Request("/chat/completions", body, (f"summarise item {i}",), i)
+
+    failed = 0
+    t0 = time.perf_counter()
+    for first in range(1, n + 1, c):
+        wave = [request(i) for i in range(first, min(first + c, n + 1))]
+        items, _ = sender.send(wave, len(wave), TOKENS)
+        failed += sum(1 for item in items if not item.ok)
+    return time.perf_counter() - t0, failed
 
 
 def child_bridge(url: str, n: int, c: int, stream: bool) -> tuple[float, int]:
@@ -272,11 +297,12 @@ def child_main(candidate: str, url: str, n: int, c: int, stream: bool) -> None:
         r0 = resource.getrusage(resource.RUSAGE_SELF)
         io = "urllib3" if candidate == "threads+urllib3" else "asyncio"
         wall, failed = child_threads(url, n, c, stream, io)
-    elif candidate == "calibrate closed loop":
+    elif candidate in ("calibrate closed loop", "calibrate wave"):
         import calibrate.load.waves  # noqa: F401  (imports are start-up: not measured)
 
         r0 = resource.getrusage(resource.RUSAGE_SELF)
-        wall, failed = child_closed_loop(url, n, c, stream)
+        child = child_closed_loop if candidate == "calibrate closed loop" else child_wave
+        wall, failed = child(url, n, c, stream)
     elif candidate.startswith("threads→"):
         import aio_http
         import uvloop

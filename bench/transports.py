@@ -43,6 +43,7 @@ CANDIDATES = (
     "threads→raw-asyncio+uvloop",
     "calibrate",
     "calibrate closed loop",
+    "calibrate wave",
 )
 CONCURRENCY = (32, 128, 512, 2048)
 TOKENS = 64
