@@ -14,7 +14,6 @@ from typing import Any
 
 from calibrate.cli.flags import add_command, add_wide, load_config
 from calibrate.cli.output import output_for
-from calibrate.cli.views.tune import show_ranked
 from calibrate.report.command import ReportRequest, run_report
 
 
@@ -45,5 +44,5 @@ def run(args: argparse.Namespace) -> int:
     out = output_for(args)
     req = ReportRequest(args.run_dir, args.run_b, args.html, args.timeline, args.no_plot)
     width = out.console.width
-    out.result(run_report(req, load_config(args), out, width, lambda *a: show_ranked(out, *a)))
+    out.result(run_report(req, load_config(args), out, width))
     return 0

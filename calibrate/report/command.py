@@ -7,7 +7,7 @@ shown goes through a ``Channel`` (the command's output); what is returned is the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,9 +27,8 @@ from calibrate.report.run_view import RunView, load_run, run_inputs, run_kind, s
 from calibrate.report.spreads import confidence_json, noisy_lines, run_spreads
 from calibrate.report.tables.compare import runs_compare_table
 from calibrate.report.tables.tiers import confidence_table, tier_table
+from calibrate.report.tables.tune import ranked_table
 from calibrate.report.timeline import Timeline, read_timeline
-
-RankedView = Callable[[Sequence[Mapping[str, Any]], str], None]  # a tune run's ranked table
 
 
 class Channel(Protocol):
@@ -43,6 +42,7 @@ class Channel(Protocol):
     def fail(self, text: str) -> None: ...
     def render(self, renderable: Any) -> None: ...
     def render_wide(self, table: Any) -> None: ...
+    def show_table(self, table_at: Callable[[int | None], Any], *, live: bool = True) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -85,9 +85,7 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def run_report(
-    req: ReportRequest, cfg: Config, out: Channel, width: int, ranked: RankedView
-) -> dict[str, Any]:
+def run_report(req: ReportRequest, cfg: Config, out: Channel, width: int) -> dict[str, Any]:
     """Which report the request asks for (a tune run's, one run's, two runs compared), written
     and shown; returns its --json."""
     runs_dir = cfg.runs_dir
@@ -100,7 +98,7 @@ def run_report(
             [*reads, *stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source)],
         )
     if tune_report.is_tune_run(first):
-        return _tune(out, first, req, ranked)
+        return _tune(out, first, req)
     view = _load(first)
     if req.run_b is not None:
         if req.timeline is not None:
@@ -211,7 +209,7 @@ def _compare(
     return result
 
 
-def _tune(out: Channel, path: Path, req: ReportRequest, ranked: RankedView) -> dict[str, Any]:
+def _tune(out: Channel, path: Path, req: ReportRequest) -> dict[str, Any]:
     """A tune run: its ranked candidates, the winner and margin, --html; no second run."""
     if req.run_b is not None or req.timeline is not None:
         flag = "RUN_B" if req.run_b is not None else "--timeline"
@@ -220,7 +218,8 @@ def _tune(out: Channel, path: Path, req: ReportRequest, ranked: RankedView) -> d
             f"Show it alone: calibrate report {req.run_dir} [--html]",
         )
     view = tune_report.load_tune(path)
-    ranked(list(view.rows), f"tune {path.name} (ranked by goodput)")
+    title = f"tune {path.name} (ranked by goodput)"
+    out.show_table(lambda width: ranked_table(view.rows, title, width), live=False)
     for note in view.notes():
         out.warn(note)
     if view.winner is not None:

@@ -15,25 +15,10 @@ from typing import Any
 from calibrate.errors import InputError
 from calibrate.io.jsonl import load_jsonl_objects
 from calibrate.report.run_view import read_object
+from calibrate.report.tables.tune import COLUMNS
 from calibrate.stages.measure.confidence import percent
 
 REQUIRED = ("rank", "id", "flags", "status", "cap", "errors", "incidents")
-COLUMNS = (
-    ("rank", "rank"),
-    ("id", "id"),
-    ("flags", "flags"),
-    ("status", "status"),
-    ("cap", "cap"),
-    ("best_concurrency", "conc"),
-    ("goodput_per_s", "goodput/s"),
-    ("items_per_s", "items/s"),
-    ("p50_s", "p50 s"),
-    ("p90_s", "p90 s"),
-    ("peak_vram_mib", "peak MiB"),
-    ("errors", "errors"),
-    ("incidents", "incidents"),
-)
-
 
 BAR_H, GAP, LABEL_W, BAR_W = 22, 6, 300, 420
 
@@ -144,15 +129,6 @@ def load_tune(path: Path) -> TuneView:
     return TuneView(path, tuple(rows), summary or {}, passed)
 
 
-def cell(row: dict[str, Any], key: str) -> str:
-    value = row.get(key)
-    if value is None or value == "":
-        return "—"
-    if isinstance(value, float):
-        return f"{value:.3f}" if key.endswith("_s") else f"{value:.2f}"
-    return str(value)
-
-
 def tune_html(view: TuneView) -> str:
     """One self-contained page: the verdict first, the goodput bars, then the table."""
     title = f"tune {view.path.name}"
@@ -162,9 +138,9 @@ def tune_html(view: TuneView) -> str:
         data = base64.b64encode(svg.read_bytes()).decode("ascii")
         plot = f'<p><img alt="goodput per candidate" src="data:image/svg+xml;base64,{data}"></p>'
 
-    head = "".join(f"<th>{escape(label)}</th>" for _, label in COLUMNS)
+    head = "".join(f"<th>{escape(name)}</th>" for name, _ in COLUMNS)  # the terminal's cells
     body = "".join(
-        "<tr>" + "".join(f"<td>{escape(cell(r, key))}</td>" for key, _ in COLUMNS) + "</tr>"
+        "<tr>" + "".join(f"<td>{escape(cell(r))}</td>" for _, cell in COLUMNS) + "</tr>"
         for r in view.rows
     )
     notes = "".join(f"<li>{escape(n)}</li>" for n in view.notes())

@@ -9,12 +9,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from rich.table import Table
-
 from calibrate.cli.common import Output
 from calibrate.report.progress import Plan, progress_bar
-from calibrate.report.tables.cells import Cells, figure
-from calibrate.report.tables.grid import fit, grid, key_values
+from calibrate.report.tables.cells import figure
+from calibrate.report.tables.tune import ranked_table
 from calibrate.report.tune_report import plot_svg
 from calibrate.stages.context import StageContext
 from calibrate.stages.tune import TuneEnv, TuneFinished, TuneSetup
@@ -43,59 +41,8 @@ def finished_line(result: CandidateResult) -> str:
     )
 
 
-def _status(row: Mapping[str, Any]) -> str:
-    code = row.get("start_exit_code")
-    return str(row["status"]) + (f" (exit {code})" if code is not None else "")
-
-
-_COLUMNS: Cells = [
-    ("rank", lambda r: str(r["rank"])),
-    ("id", lambda r: str(r["id"])),
-    ("flags", lambda r: str(r["flags"])),
-    ("status", lambda r: _status(r)),
-    ("cap", lambda r: "—" if r["cap"] in (None, "") else str(r["cap"])),
-    ("conc", lambda r: "—" if r.get("best_concurrency") is None else str(r["best_concurrency"])),
-    ("goodput/s", lambda r: figure(r.get("goodput_per_s"), ".2f")),
-    ("items/s", lambda r: figure(r.get("items_per_s"), ".2f")),
-    ("tok/s", lambda r: figure(r.get("output_tokens_per_s"), ".0f")),
-    ("p50 s", lambda r: figure(r.get("p50_s"), ".3f")),
-    ("p90 s", lambda r: figure(r.get("p90_s"), ".3f")),
-    ("peak MiB", lambda r: figure(r.get("peak_vram_mib"), ".0f")),
-    ("KV", lambda r: figure(r.get("peak_kv_usage"), ".0%")),
-    ("errors", lambda r: str(r["errors"])),
-    ("incidents", lambda r: str(r["incidents"])),
-]
-
-
-# On a narrow screen these go first, in this order (--wide keeps them all).
-_DROP_FIRST = ("incidents", "tok/s", "KV", "p90 s", "cap", "items/s", "status")
-
-
-_LEFT = ("id", "flags", "status")
-
-
-def _style(n: int, row: Mapping[str, Any]) -> str | None:
-    """The winner in green; a candidate that did not start, serve or stay up in red."""
-    if row["status"] in ("did not start", "did not serve", "crashed"):
-        return "red"
-    return "green" if n == 0 and row.get("goodput_per_s") else None
-
-
-def ranked_table(
-    rows: Sequence[Mapping[str, Any]], title: str | None, width: int | None = None
-) -> Table:
-    """The ranked candidates; with ``width``, minor columns are left out until it fits."""
-    columns = fit(_COLUMNS, rows, width, _DROP_FIRST)
-    return grid(columns, rows, title, left=_LEFT, style=_style)
-
-
-def plain_line(row: Mapping[str, Any]) -> str:
-    """Every column of one candidate as ``key=value`` (the JSON has them too)."""
-    return key_values((name, cell(row)) for name, cell in _COLUMNS)
-
-
 def show_ranked(out: Output, rows: Sequence[Mapping[str, Any]], title: str | None) -> None:
-    """One table, on a terminal and in a log alike."""
+    """One table, on a terminal and in a log alike (``report RUN`` shows the same)."""
     out.show_table(lambda width: ranked_table(rows, title, width), live=False)
 
 

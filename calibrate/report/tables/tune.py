@@ -1,0 +1,63 @@
+"""A tune's ranked candidates as one table: the same cells on a terminal (the essential
+columns, fitting the width; --wide: every one), in a log, and in ``report RUN``'s HTML page."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.table import Table
+
+from calibrate.report.tables.cells import Cells, figure
+from calibrate.report.tables.grid import fit, grid, key_values
+
+
+def _status(row: Mapping[str, Any]) -> str:
+    code = row.get("start_exit_code")
+    return str(row["status"]) + (f" (exit {code})" if code is not None else "")
+
+
+def _count(value: Any) -> str:
+    return "—" if value in (None, "") else str(value)
+
+
+COLUMNS: Cells = [
+    ("rank", lambda r: str(r["rank"])),
+    ("id", lambda r: str(r["id"])),
+    ("flags", lambda r: str(r["flags"])),
+    ("status", lambda r: _status(r)),
+    ("cap", lambda r: _count(r.get("cap"))),
+    ("conc", lambda r: _count(r.get("best_concurrency"))),
+    ("goodput/s", lambda r: figure(r.get("goodput_per_s"), ".2f")),
+    ("items/s", lambda r: figure(r.get("items_per_s"), ".2f")),
+    ("tok/s", lambda r: figure(r.get("output_tokens_per_s"), ".0f")),
+    ("p50 s", lambda r: figure(r.get("p50_s"), ".3f")),
+    ("p90 s", lambda r: figure(r.get("p90_s"), ".3f")),
+    ("peak MiB", lambda r: figure(r.get("peak_vram_mib"), ".0f")),
+    ("KV", lambda r: figure(r.get("peak_kv_usage"), ".0%")),
+    ("errors", lambda r: str(r["errors"])),
+    ("incidents", lambda r: str(r["incidents"])),
+]
+
+# On a narrow screen these go first, in this order (--wide keeps them all).
+_DROP_FIRST = ("incidents", "tok/s", "KV", "p90 s", "cap", "items/s", "status")
+_LEFT = ("id", "flags", "status")
+
+
+def _style(n: int, row: Mapping[str, Any]) -> str | None:
+    """The winner in green; a candidate that did not start, serve or stay up in red."""
+    if row["status"] in ("did not start", "did not serve", "crashed"):
+        return "red"
+    return "green" if n == 0 and row.get("goodput_per_s") else None
+
+
+def ranked_table(
+    rows: Sequence[Mapping[str, Any]], title: str | None, width: int | None = None
+) -> Table:
+    """The ranked candidates; with ``width``, minor columns are left out until it fits."""
+    return grid(fit(COLUMNS, rows, width, _DROP_FIRST), rows, title, left=_LEFT, style=_style)
+
+
+def plain_line(row: Mapping[str, Any]) -> str:
+    """Every column of one candidate as ``key=value`` (the JSON has them too)."""
+    return key_values((name, cell(row)) for name, cell in COLUMNS)
