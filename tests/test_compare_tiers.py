@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -123,3 +124,51 @@ def test_cli_save_baseline_then_compare(cli, isolated: Path) -> None:
     assert len(list((isolated / "baselines").glob("ladder.*.csv"))) == 1
     missing = cli("ladder", "--compare", "nope.csv")
     assert missing.code == 2 and "nope.csv" in missing.err
+
+
+
+# Measuring flags wrong in their value, not their form. {same}: a table of the stage's own kind,
+# {other}: the other kind's, {empty}: a header without rows, {binary}: not text at all.
+MISTAKES = {
+    "slo that is not NAME:SECONDS": ["--slo", "garbage"],
+    "slo of no seconds": ["--slo", "ttft:abc"],
+    "compare: no rows": ["--compare", "{empty}"],
+    "compare: not text": ["--compare", "{binary}"],
+    "compare: the other kind's table": ["--compare", "{other}"],
+    "tolerance below 0": ["--compare", "{same}", "--tolerance", "-0.1"],
+    "tolerance nan": ["--compare", "{same}", "--tolerance", "nan"],
+}
+
+
+@pytest.mark.parametrize("mistake", MISTAKES)
+def test_a_wrong_measuring_flag_is_exit_2_before_anything_is_sent(
+    cli: Any, isolated: Path, mistake: str
+) -> None:
+    """Each is said before the first request, never at the end of a ladder or sweep that ran
+    for minutes (the --slo and --compare tables were once read only after the last tier)."""
+    tables = {
+        "ladder": isolated / "ladder.csv",
+        "sweep": isolated / "sweep.csv",
+        "empty": isolated / "empty.csv",
+        "binary": isolated / "binary.csv",
+    }
+    tables["ladder"].write_text("batch_size,per_item_s,verdict\n1,0.1,pass\n", "utf-8")
+    tables["sweep"].write_text("concurrency,items_per_s,verdict\n1,4.0,pass\n", "utf-8")
+    tables["empty"].write_text("batch_size,per_item_s,verdict\n", "utf-8")
+    tables["binary"].write_bytes(b"\xff\xfe\x00garbage\n")
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as server:
+        open_gate(isolated, server.base_url)
+        before = sorted((isolated / "runs").iterdir())
+        ledger = (isolated / "runs" / "ledger.jsonl").read_bytes()
+        for stage, other in (("ladder", "sweep"), ("sweep", "ladder")):
+            names = {k: str(v) for k, v in tables.items()} | {
+                "same": str(tables[stage]),
+                "other": str(tables[other]),
+            }
+            result = cli(stage, *(w.format(**names) for w in MISTAKES[mistake]))
+            assert result.code == 2, (stage, result.err)
+            assert result.err.startswith("error: ") and "Traceback" not in result.err, result.err
+        sent = server.model.snapshot().requests_total
+    assert sent == 0, f"{sent} request(s) sent before the mistake was said"
+    assert sorted((isolated / "runs").iterdir()) == before, "no run folder for a rejected input"
+    assert (isolated / "runs" / "ledger.jsonl").read_bytes() == ledger, "nothing recorded"

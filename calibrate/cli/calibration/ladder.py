@@ -27,6 +27,7 @@ from calibrate.cli.flags.workload import add_tier_args, measure_spec, resolved_w
 from calibrate.cli.views.ladder import LadderView
 from calibrate.stages import ladder
 from calibrate.stages.ladder import LadderEnv, LadderSpec
+from calibrate.stages.measure.slo import parse_slo_flags
 from calibrate.stages.prepare.task_pick import pool_for
 
 
@@ -51,15 +52,16 @@ def run(args: argparse.Namespace) -> int:
 
 def ladder_spec(args: argparse.Namespace) -> LadderSpec:
     """The flags as one typed spec: exit 2 on a mistake before anything is written."""
-    measure = measure_spec(args)
-    workload = resolved_workload(args, common.load_config(args), "ladder")
+    measure = measure_spec(args, "ladder")
+    cfg = common.load_config(args)
+    workload = resolved_workload(args, cfg, "ladder")
     return LadderSpec(
         measure=measure,
         workload=workload.spec,
         pool=pool_for(workload.spec),
         require_match=args.require_match,
         streaming=not args.no_stream,
-        slo_flags=tuple(args.slo),
+        slo=parse_slo_flags(args.slo, cfg.slo) if args.slo else None,
         axis=workload.axis,
         context_lengths=workload.context_lengths,
         context_batch=workload.context_batch,

@@ -8,7 +8,7 @@ from typing import Any
 
 from calibrate.cli.common import Runner, add_command, load_config
 from calibrate.cli.flags.workload import add_tier_args, measure_spec, resolved_workload
-from calibrate.config import MAX_BATCH_SIZE, Config
+from calibrate.config import MAX_BATCH_SIZE, SloConfig
 from calibrate.errors import UsageError
 from calibrate.stages.measure.slo import has_slo, parse_slo_flags
 from calibrate.stages.prepare.task_pick import pool_for
@@ -89,19 +89,20 @@ def register(subparsers: Any, doc: str, run: Runner) -> None:
 
 def sweep_spec(args: argparse.Namespace) -> SweepSpec:
     """The flags as one typed spec, checked in the order they always were."""
-    measure = measure_spec(args)
+    measure = measure_spec(args, "sweep")
     _check_load_flags(args)
     if args.batch_size is not None and not 1 <= args.batch_size <= MAX_BATCH_SIZE:
         raise UsageError(f"--batch-size must be in [1, {MAX_BATCH_SIZE}], got {args.batch_size}")
     cfg = load_config(args)
-    _check_find_max(args, cfg)
+    slo = parse_slo_flags(args.slo, cfg.slo) if args.slo else None
+    _check_find_max(args, slo if slo is not None else cfg.slo)
     workload = resolved_workload(args, cfg, "sweep").spec
     return SweepSpec(
         measure=measure,
         workload=workload,
         pool=pool_for(workload),  # a bad tasks file is exit 2 before anything is written
         streaming=not args.no_stream,
-        slo_flags=tuple(args.slo),
+        slo=slo,
         batch_size=args.batch_size,
         concurrency=args.concurrency or None,
         rates=None if args.find_max else args.rates or None,
@@ -146,9 +147,9 @@ def _check_load_flags(args: argparse.Namespace) -> None:
         )
 
 
-def _check_find_max(args: argparse.Namespace, cfg: Config) -> None:
+def _check_find_max(args: argparse.Namespace, slo: SloConfig) -> None:
     """--find-max searches for the SLO boundary: without an SLO there is none (exit 2)."""
-    if args.find_max and not has_slo(parse_slo_flags(args.slo, cfg.slo)):
+    if args.find_max and not has_slo(slo):
         raise UsageError(
             "--find-max needs an SLO: add [slo] ttft_p99_s = 0.1 (or tpot_p99_s, e2e_p99_s) to "
             "the config, or --slo ttft:0.1",

@@ -4,11 +4,13 @@ the measuring flags (``--vram-source``, ``--compare`` …) as a ``MeasureSpec``.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from calibrate.cli.flags import add_force, add_junit, add_wide
 from calibrate.config import Config
 from calibrate.gpu.energy import PRICE_HELP
+from calibrate.stages.measure.compare_tiers import TableKind, read_table
 from calibrate.stages.measure.tier_run import MeasureSpec, preflight
 from calibrate.workload import (
     MAX_INPUT_TOKENS,
@@ -171,8 +173,9 @@ def add_tier_args(parser: argparse.ArgumentParser, kind: str) -> None:
     add_junit(parser)
 
 
-def measure_spec(args: argparse.Namespace) -> MeasureSpec:
-    """The measuring flags as a typed spec; mistakes in them are exit 2 before anything is sent."""
+def measure_spec(args: argparse.Namespace, kind: TableKind) -> MeasureSpec:
+    """The measuring flags as a typed spec; mistakes in them are exit 2 before anything is sent
+    (a --compare table that is not one of ``kind``'s too: it is read here, once)."""
     spec = MeasureSpec(
         vram_source=args.vram_source,
         gpus=tuple(args.gpu) if args.gpu else None,
@@ -184,4 +187,6 @@ def measure_spec(args: argparse.Namespace) -> MeasureSpec:
         gpu_price_per_hour=args.gpu_price_per_hour,
     )
     preflight(spec)
-    return spec
+    if spec.compare is None:
+        return spec
+    return replace(spec, baseline=tuple(read_table(spec.compare, kind)))

@@ -20,7 +20,6 @@ from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import LadderResult
 from calibrate.stages.ladder.run import Ladder
 from calibrate.stages.ladder.spec import LadderEnv, LadderOutcome, LadderSpec, LadderWatcher
-from calibrate.stages.measure.slo import parse_slo_flags
 from calibrate.stages.measure.tier_finish import finish_tiers
 from calibrate.stages.measure.tier_run import Measuring, prepare_load, run_live, watched
 from calibrate.stages.measure.tiers import Tier
@@ -36,7 +35,7 @@ def run(spec: LadderSpec, env: LadderEnv) -> LadderOutcome:
     options = replace(
         LadderOptions.from_config(ctx.config, require_match=spec.require_match),
         streaming=spec.streaming,
-        slo=parse_slo_flags(spec.slo_flags, ctx.config.slo),
+        slo=spec.slo if spec.slo is not None else ctx.config.slo,
     )
     with load_lock(ctx), watched(spec.measure, ctx, env.watcher) as watch:
         ladder = _ladder(spec, env, options, watch)

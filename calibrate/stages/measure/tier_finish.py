@@ -124,9 +124,10 @@ def compare_run(spec: MeasureSpec, kind: TableKind, rows: Sequence[Row]) -> Tier
     with no row to compare)."""
     if spec.compare is None or not rows:
         return None
+    baseline = spec.baseline if spec.baseline is not None else read_table(spec.compare, kind)
     return compare_tables(
         kind,
-        read_table(spec.compare, kind),
+        baseline,
         rows,
         tolerance=spec.tolerance,
         baseline_path=str(spec.compare),

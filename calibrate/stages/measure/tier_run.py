@@ -7,7 +7,7 @@ however the run ends; ``tier_finish`` writes the verdict once the tiers are in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +46,7 @@ class MeasureSpec:
     gpu_metrics_url: str | None = None
     server_pid: int | None = None
     compare: Path | None = None
+    baseline: tuple[Mapping[str, Any], ...] | None = None  # --compare's rows, read up front
     tolerance: float = 0.2
     save_baseline: bool = False
     gpu_price_per_hour: float | None = None  # None: [cost] gpu_price_per_hour (SPEC §13)
@@ -63,7 +64,7 @@ class TierSpec:
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     pool: TaskPool | None = None  # --tasks, read and checked before the run starts
     streaming: bool = True  # False: --no-stream
-    slo_flags: tuple[str, ...] = ()  # --slo NAME:S …, over [slo]
+    slo: SloConfig | None = None  # --slo NAME:S … over [slo], parsed; None: [slo] as it is
 
 
 def preflight(spec: MeasureSpec) -> None:

@@ -13,7 +13,6 @@ from dataclasses import replace
 from calibrate.errors import GateClosed, UsageError
 from calibrate.load.arrivals import parse_counts, parse_rates
 from calibrate.stages.context import StageContext
-from calibrate.stages.measure.slo import parse_slo_flags
 from calibrate.stages.prepare.server_cap import run_at_cap, safe_levels
 from calibrate.stages.sweep.find_max import TOP
 from calibrate.stages.sweep.spec import SweepOptions, SweepSpec
@@ -74,7 +73,7 @@ def plan_sweep(spec: SweepSpec, ctx: StageContext, say: Say, warn: Say) -> Sweep
         ladder_run_id=ladder[1].run_id if ladder else "",
         skipped_levels=skipped,
         beyond_ladder=spec.beyond_ladder and not managed,
-        slo=parse_slo_flags(spec.slo_flags, ctx.config.slo),
+        slo=spec.slo if spec.slo is not None else ctx.config.slo,
         rates=rates,
         arrival=spec.arrival,
         burstiness=spec.burstiness,
