@@ -126,7 +126,6 @@ def test_cli_save_baseline_then_compare(cli, isolated: Path) -> None:
     assert missing.code == 2 and "nope.csv" in missing.err
 
 
-
 # Measuring flags wrong in their value, not their form. {same}: a table of the stage's own kind,
 # {other}: the other kind's, {empty}: a header without rows, {binary}: not text at all.
 MISTAKES = {
