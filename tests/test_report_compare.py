@@ -121,8 +121,12 @@ def test_timeline_bars_are_the_tiers_requests(cli, isolated: Path) -> None:
     bars = [a for t, a in page.tags if t == "rect" and "bar" in a.get("class", "")]
     starts = sorted(float(b["x"]) for b in bars)
     assert starts[0] == starts[1] < starts[2] == starts[3]  # two slots: two waited a second
-    missing = cli("report", "runs/s", "--timeline", "8")
+    html = (isolated / "runs/s/report.html").read_bytes()
+    missing = cli("report", "runs/s", "--html", "--timeline", "8")
     assert missing.code == 2 and "tiers the run has (1, 2)" in missing.err
+    # rejected before anything is shown or written: no table above the error, no new page
+    assert missing.err.startswith("error: no records with concurrency 8"), missing.err
+    assert (isolated / "runs/s/report.html").read_bytes() == html
 
 
 def test_timeline_uses_recorded_starts_or_finish_times() -> None:

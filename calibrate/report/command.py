@@ -118,6 +118,8 @@ def _one(
 ) -> dict[str, Any]:
     """One ladder or sweep run: its table, spreads, notes, plot, --timeline and --html."""
     rows, kind, path = list(view.rows), view.kind, view.path
+    # a tier the run does not have is exit 2 before anything is shown or written
+    timeline = _read_timeline(view, req.timeline) if req.timeline is not None else None
     try:
         table = tier_table(rows, kind, f"{kind} {path.name}", width, wide=out.wide)
     except (ValueError, TypeError) as exc:  # a cell that is not a number where one belongs
@@ -143,7 +145,6 @@ def _one(
         out.say(f"plot: {plot}")
     elif not req.no_plot:
         out.say("no plot: matplotlib is not installed (pip install 'calibrate[plot]')")
-    timeline: Timeline | None = None
     result: dict[str, Any] = {
         "run": str(path),
         "kind": kind,
@@ -153,8 +154,8 @@ def _one(
         "confidence": confidence_json(view, spreads, level),
         "noisy": noisy,
     }
-    if req.timeline is not None:
-        timeline, result["timeline"] = _timeline(out, view, req.timeline, req.no_plot)
+    if timeline is not None and req.timeline is not None:
+        result["timeline"] = _draw_timeline(out, view, timeline, req.timeline, req.no_plot)
     if req.html is not None:
         html = _write(
             Path(req.html) if req.html else path / "report.html", run_html(view, timeline)
@@ -166,12 +167,17 @@ def _one(
     return result
 
 
-def _timeline(
-    out: Channel, view: RunView, tier: float, no_plot: bool
-) -> tuple[Timeline, dict[str, Any]]:
-    """One tier's requests: drawn into the HTML report, and timeline-<tier>.png with matplotlib."""
+def _read_timeline(view: RunView, tier: float) -> Timeline:
+    """One tier's requests (exit 2 naming the tiers there are when the run has not this one)."""
     label = f"{key_label(view.key)} {tier:g}"
-    timeline = read_timeline(view.path, view.key, tier, wave=view.kind == "ladder", label=label)
+    return read_timeline(view.path, view.key, tier, wave=view.kind == "ladder", label=label)
+
+
+def _draw_timeline(
+    out: Channel, view: RunView, timeline: Timeline, tier: float, no_plot: bool
+) -> dict[str, Any]:
+    """The timeline drawn into the HTML report, and timeline-<tier>.png with matplotlib."""
+    label = timeline.label
     png = None
     if not no_plot:
         title = f"{view.path.name}: {label}"
@@ -185,7 +191,7 @@ def _timeline(
         "times": timeline.source,
         "png": str(png) if png else None,
     }
-    return timeline, summary
+    return summary
 
 
 def _compare(
