@@ -180,8 +180,8 @@ def test_an_unwritable_out_or_junit_exits_2_before_anything_is_sent(
     sent = mock.model.snapshot().requests_total
     cases = [
         (["--out", str(tasks / "out.jsonl")], "out.jsonl"),  # its folder is a file
-        (["--out", "out.jsonl", "--junit", "reports"], "--junit reports is a folder"),
-        (["--out", "out.jsonl", "--junit", str(tasks / "j.xml")], "is not a writable folder"),
+        (["--out", "out.jsonl", "--junit", "reports"], "--junit reports is a directory"),
+        (["--out", "out.jsonl", "--junit", str(tasks / "j.xml")], "is not a directory"),
     ]
     for args, message in cases:
         result = cli("batch", "--input", str(tasks), *args)

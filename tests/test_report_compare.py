@@ -127,6 +127,8 @@ def test_timeline_bars_are_the_tiers_requests(cli, isolated: Path) -> None:
     # rejected before anything is shown or written: no table above the error, no new page
     assert missing.err.startswith("error: no records with concurrency 8"), missing.err
     assert (isolated / "runs/s/report.html").read_bytes() == html
+    blocked = cli("report", "runs/s", "--html", "runs/s/tiers.csv/page.html")  # a file as folder
+    assert blocked.code == 2 and blocked.err.startswith("error: cannot write --html"), blocked.err
 
 
 def test_timeline_uses_recorded_starts_or_finish_times() -> None:

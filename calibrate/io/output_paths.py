@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,3 +94,37 @@ def stage_files(runs_dir: Path, baselines_dir: Path, config: str | None) -> list
         ("the baseline", baselines_dir / "single.jsonl"),
         ("the server record", runs_dir / "server.json"),
     ]
+
+
+def writable_folder(path: Path) -> str | None:
+    """Why files cannot be created at ``path`` (a folder, made later if need be); None if they can.
+
+    Nothing is created: the nearest existing folder is probed with an anonymous temp file (as
+    root, permission bits say yes where a read-only mount or /proc says no).
+    """
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a directory"
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        return f"cannot write in {existing}: {exc.strerror or exc}"
+    return None
+
+
+def check_writable(path: Path, flag: str) -> None:
+    """A file can be written at ``path`` — not a folder, in a folder it can be made in — checked
+    before anything is sent or written (exit 2)."""
+    if path.is_dir():
+        raise UsageError(
+            f"{flag} {path} is a directory", f"Give a file path, e.g. {path / ('out' + flag[1:])}"
+        )
+    problem = writable_folder(path.parent)
+    if problem:
+        raise UsageError(
+            f"cannot write {flag} {path}: {problem}",
+            "Give a path in a writable folder; nothing was sent or written.",
+        )

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from calibrate.config import Config
 from calibrate.errors import InputError, UsageError
 from calibrate.io.atomic import write_atomic
-from calibrate.io.output_paths import check_outputs, stage_files
+from calibrate.io.output_paths import check_outputs, check_writable, stage_files
 from calibrate.io.tier_table import check_rows
 from calibrate.report import tune_report
 from calibrate.report.compare import compare_runs
@@ -90,13 +90,14 @@ def run_report(req: ReportRequest, cfg: Config, out: Channel, width: int) -> dic
     and shown; returns its --json."""
     runs_dir = cfg.runs_dir
     first = _resolve(req.run_dir, runs_dir)
-    if req.html:  # before anything is written: never over what report reads
+    if req.html:  # before anything is shown or written: never over what report reads
         runs = [first, *([_resolve(req.run_b, runs_dir)] if req.run_b else [])]
         reads = [r for run in runs for r in run_inputs(run)]
         check_outputs(
             [("--html", Path(req.html))],
             [*reads, *stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source)],
         )
+        check_writable(Path(req.html), "--html")
     if tune_report.is_tune_run(first):
         return _tune(out, first, req)
     view = _load(first)

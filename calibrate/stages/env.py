@@ -8,7 +8,6 @@ stage can be run (and tested) without argv.
 from __future__ import annotations
 
 import contextlib
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 from calibrate.config import Config
 from calibrate.errors import GateClosed, Interrupted, StageFailed, UsageError
 from calibrate.http.client import OpenAIClient
-from calibrate.io.output_paths import check_outputs, stage_files
+from calibrate.io.output_paths import check_outputs, stage_files, writable_folder
 from calibrate.io.store import RunDir
 from calibrate.stages.context import StageContext, manifest
 from calibrate.state.gates import check_gate
@@ -85,24 +84,6 @@ def open_stage(request: StageRequest, warn: Callable[[str], None]) -> StageConte
     ctx = StageContext(cfg, client, run, ledger, target, forced)
     run.set_manifest(manifest(ctx, ["calibrate", *request.argv]))
     return ctx
-
-
-def writable_folder(path: Path) -> str | None:
-    """Why files cannot be created at ``path`` (a folder, made later if need be); None if they can.
-
-    Nothing is created: the nearest existing folder is probed with an anonymous temp file.
-    """
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is not a directory"
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as exc:
-        return f"cannot write in {existing}: {exc.strerror or exc}"
-    return None
 
 
 def check_writable_dir(path: Path, what: str) -> None:

@@ -14,13 +14,13 @@ from calibrate import redact
 from calibrate.cli.output import Output
 from calibrate.config import Config
 from calibrate.engines.redaction import argv_secret_values, secret_values
-from calibrate.errors import UsageError
 from calibrate.io.baseline import VOLATILE_FIELDS, Normaliser, default_program
 from calibrate.io.junit import JUnitSuite
+from calibrate.io.output_paths import check_writable
 from calibrate.io.store import RunDir
 from calibrate.stages import env
 from calibrate.stages.context import StageContext
-from calibrate.stages.env import StageRequest, writable_folder
+from calibrate.stages.env import StageRequest
 from calibrate.state.ledger import Ledger
 
 Runner = Callable[[argparse.Namespace], int]
@@ -188,14 +188,5 @@ def save_junit(args: argparse.Namespace, suite: JUnitSuite) -> None:
 
 def check_junit_path(args: argparse.Namespace) -> None:
     """--junit must name a file we can write: not a directory, in a writable folder (exit 2)."""
-    junit = getattr(args, "junit", None)
-    if not junit:
-        return
-    path = Path(junit)
-    if path.is_dir():
-        raise UsageError(f"--junit {path} is a directory; give a file, e.g. {path / 'report.xml'}")
-    problem = writable_folder(path.parent)
-    if problem:
-        raise UsageError(
-            f"--junit {path}: {problem}; nothing was sent", "Give a path in a writable folder."
-        )
+    if junit := getattr(args, "junit", None):
+        check_writable(Path(junit), "--junit")

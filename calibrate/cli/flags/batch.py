@@ -11,11 +11,11 @@ from typing import Any
 from calibrate.cli.common import add_command, add_junit
 from calibrate.config import Config
 from calibrate.errors import UsageError
+from calibrate.io.output_paths import check_writable
 from calibrate.load.retry import RetryPolicy
 from calibrate.stages.batch import MAX_CONCURRENCY, BatchRequest
 from calibrate.stages.batch.outage import DEFAULT_OUTAGE_AFTER, DEFAULT_OUTAGE_S, OutagePolicy
 from calibrate.stages.batch.procs.run import SLOTS_PER_WORKER
-from calibrate.stages.batch.request import check_writable
 
 MAX_RETRIES = 100
 MAX_WAIT_S = 3600.0

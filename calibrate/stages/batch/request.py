@@ -8,7 +8,6 @@ the weights gate, the output paths, ``--restart`` — each exit 2 with nothing s
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Protocol
 
 from calibrate.config import Config
 from calibrate.errors import UsageError
-from calibrate.io.output_paths import Named, check_outputs, stage_files
+from calibrate.io.output_paths import Named, check_outputs, check_writable, stage_files
 from calibrate.io.store import RunDir
 from calibrate.io.tasks import Shard
 from calibrate.load.retry import RetryPolicy
@@ -228,19 +227,3 @@ def check_paths(request: BatchRequest) -> None:
         check_export(final, None, "--final")  # its format
         check_writable(final, "--final")
     check_outputs(writes, reads)
-
-
-def check_writable(path: Path, flag: str) -> None:
-    """A file can be written at ``path`` (checked before anything is sent)."""
-    if path.is_dir():
-        raise UsageError(
-            f"{flag} {path} is a folder", f"Give a file path, e.g. {path / 'batch.xml'}"
-        )
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent  # the report writer creates missing folders below this one
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(
-            f"cannot write {flag} {path}: {folder} is not a writable folder",
-            "Choose a writable place for it; nothing was sent.",
-        )
