@@ -77,6 +77,10 @@ def test_never_more_in_flight_than_the_ladder_proved_on_an_unmanaged_server(
     assert [lv["concurrency"] for lv in result.json["levels"]] == [1, 2, 4]
     assert result.json["levels_skipped"] == [8, 16] and result.json["beyond_ladder"] is False
     assert "concurrency 8, 16 skipped" in result.err and "--beyond-ladder" in result.err
+    # the best at the top says why nothing above it was measured, not that more may help
+    assert "may still rise above it" not in result.err
+    if "the best is the last level tried" in result.err:
+        assert "the last level tried: 8, 16 not sent, above what the ladder proved" in result.err
     records = jsonl(run_dir(isolated, result.json["run_id"]) / "records.jsonl")
     assert max(r["concurrency"] for r in records) == 4
     assert result.json["ladder_run_id"] == "test-ladder"

@@ -117,10 +117,11 @@ class Knee:
 
 
 def find_knee(
-    points: Sequence[Point], gain_min: float, level: float = DEFAULT_LEVEL
+    points: Sequence[Point], gain_min: float, level: float = DEFAULT_LEVEL, above: str = ""
 ) -> Knee | None:
     """The knee of the clean levels (those before the first failing one), the Welch interval at
-    ``level``; None when the first level failed."""
+    ``level``; None when the first level failed. ``above``: why no level above the last one was
+    sent (the ladder's proof), said instead of "may still rise" when the best is the last."""
     clean: list[Point] = []
     for point in points:
         if point.errors:
@@ -135,7 +136,7 @@ def find_knee(
     beyond = [d for d, _ in doubts if any(d is p for p in clean[at + 1 :])]
     after = clean[clean.index(best) + 1 :]
     sure = not beyond and bool(after) and all(p.low is not None for p in clean)
-    text = _text(points, clean, knee, best, doubts, (gain_min, level), sure)
+    text = _text(points, clean, knee, best, doubts, (gain_min, level), sure, above)
     return Knee(knee, best, sure, text)
 
 
@@ -185,6 +186,7 @@ def _text(
     doubts: Sequence[tuple[Point, Point]],
     rule: tuple[float, float],  # (gain_min, the confidence level)
     sure: bool,
+    above: str = "",
 ) -> str:
     """``knee at 4 (+34 % over 1, range +21 %…+49 %); 8 adds −9 % over 4, range …: throughput
     fell; 16 adds +6 % over 4, …: within noise (the ranges overlap) — sure``."""
@@ -214,7 +216,11 @@ def _text(
         failed = points[len(clean)]
         parts.append(f"{failed.concurrency} failed ({failed.errors} errors)")
     elif best is clean[-1]:
-        parts.append("the best is the last level tried: throughput may still rise above it")
+        parts.append(
+            f"the best is the last level tried: {above}"
+            if above
+            else "the best is the last level tried: throughput may still rise above it"
+        )
     if len(clean) > 1 and all(p.low is None for p in clean):
         parts.append(
             "one run per level: no range, so a gain cannot be told from noise "

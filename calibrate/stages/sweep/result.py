@@ -37,6 +37,7 @@ class SweepResult(ClientLimit):
     slo: SloConfig = field(default_factory=SloConfig)
     find_max: FindMax | None = None  # --find-max: the SLO boundary it found
     confidence: float = DEFAULT_LEVEL  # [confidence] level the knee's intervals are taken at
+    skipped_levels: tuple[int, ...] = ()  # above what the ladder proved: planned, never sent
 
     @property
     def rate_mode(self) -> bool:
@@ -126,7 +127,14 @@ class SweepResult(ClientLimit):
 
     @property
     def found(self) -> Knee | None:
-        return find_knee(self.points, self.gain_min, self.confidence)
+        above = ""
+        if self.skipped_levels:
+            skipped = ", ".join(map(str, self.skipped_levels))
+            above = (
+                f"{skipped} not sent, above what the ladder proved in flight "
+                "(--beyond-ladder to measure them)"
+            )
+        return find_knee(self.points, self.gain_min, self.confidence, above)
 
     @property
     def knee(self) -> Level | None:

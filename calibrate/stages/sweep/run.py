@@ -169,6 +169,7 @@ class Sweep(LevelRuns):
             o.slo,
             self.search(),
             o.confidence,
+            o.skipped_levels,
         )
 
     def _shown_at(self, level: Level) -> float:
