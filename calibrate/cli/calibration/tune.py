@@ -85,7 +85,7 @@ def register(subparsers: Any) -> None:
 def _request(args: argparse.Namespace) -> tune.TuneRequest:
     """The flags as a typed request; mistakes in them are exit 2 before anything is sent."""
     workload = resolved_workload(args, common.load_config(args), "sweep").spec
-    pool_for(workload)  # a bad tasks file is exit 2 before anything is started
+    pool = pool_for(workload)  # a bad tasks file is exit 2 before anything is started
     if args.budget_s is not None and not 0 <= args.budget_s <= MAX_TIMEOUT_S:
         raise UsageError(f"--budget-s must be in [0, {MAX_TIMEOUT_S:g}], got {args.budget_s}")
     gpus, price = tuple(args.gpu) if args.gpu else None, args.gpu_price_per_hour
@@ -100,6 +100,7 @@ def _request(args: argparse.Namespace) -> tune.TuneRequest:
         new_run=args.new,
         stream=args.stream,
         workload=workload,
+        pool=pool,
         rank_by=args.rank_by,
     )
 

@@ -181,12 +181,12 @@ def measure_spec(args: argparse.Namespace, kind: TableKind) -> MeasureSpec:
         gpus=tuple(args.gpu) if args.gpu else None,
         gpu_metrics_url=args.gpu_metrics_url,
         server_pid=args.server_pid,
-        compare=Path(args.compare) if args.compare else None,
         tolerance=args.tolerance,
         save_baseline=args.save_baseline,
         gpu_price_per_hour=args.gpu_price_per_hour,
     )
     preflight(spec)
-    if spec.compare is None:
+    if not args.compare:
         return spec
-    return replace(spec, baseline=tuple(read_table(spec.compare, kind)))
+    compare = Path(args.compare)  # read here, once: a table that is not one is exit 2 now
+    return replace(spec, compare=compare, baseline=tuple(read_table(compare, kind)))

@@ -73,7 +73,7 @@ def read_table(path: Path, kind: TableKind) -> list[dict[str, Any]]:
     """The rows of a tiers.csv (the one reader, ``tier_table``); a missing column is exit 2."""
     if not path.exists():
         raise InputError(
-            f"cannot read the tier table {path}: no such file",
+            f"--compare {path}: no such file",
             f"Write one with: calibrate {kind} --save-baseline",
         )
     key, metric, _ = _SHAPE[kind]
@@ -108,8 +108,8 @@ def _num(value: Any) -> float | None:
         return None
 
 
-def _top(rows: Sequence[Mapping[str, Any]], key: str) -> int | None:
-    keys = [int(float(r[key])) for r in rows if kept(r.get("verdict"))]
+def _top(passed: Mapping[int, bool]) -> int | None:
+    keys = [k for k, ok in passed.items() if ok]
     return max(keys) if keys else None
 
 
@@ -129,17 +129,20 @@ def compare_tables(
     metric = metric_for(kind, baseline, now)
     base = {int(float(r[key])): r for r in baseline}
     cur = {int(float(r[key])): r for r in now}
+    # each row's verdict judged once (``tiers.kept``), for its cells and the top passing tier
+    base_ok = {k: kept(r.get("verdict", "")) for k, r in base.items()}
+    cur_ok = {k: kept(r.get("verdict", "")) for k, r in cur.items()}
     problems: list[str] = []
     rows: list[CompareRow] = []
     for k in sorted(set(base) | set(cur)):
         b, n = base.get(k, {}), cur.get(k, {})
         bv, nv = b.get("verdict", ""), n.get("verdict", "")
-        verdict_bad = kept(bv) and bool(n) and not kept(nv)
+        verdict_bad = base_ok.get(k, False) and bool(n) and not cur_ok.get(k, False)
         if verdict_bad:
             problems.append(f"{key} {k} passed in the baseline and now fails ({nv})")
         bm, nm = _num(b.get(metric)), _num(n.get(metric))
         change, metric_bad = "", False
-        if bm and nm is not None and kept(nv):
+        if bm and nm is not None and cur_ok.get(k, False):
             ratio = nm / bm - 1
             change = f"{ratio:+.0%}"
             metric_bad = (-ratio if higher_better else ratio) > tolerance
@@ -157,7 +160,7 @@ def compare_tables(
                 change,
             )
         )
-    top_b, top_n = _top(baseline, key), _top(now, key)
+    top_b, top_n = _top(base_ok), _top(cur_ok)
     top_bad = top_b is not None and (top_n is None or top_n < top_b)
     if top_bad:
         problems.insert(

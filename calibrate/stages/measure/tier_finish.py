@@ -23,7 +23,6 @@ from calibrate.stages.measure.compare_tiers import (
     TableKind,
     TierComparison,
     compare_tables,
-    read_table,
     save_baseline,
 )
 from calibrate.stages.measure.tier_run import MeasureSpec
@@ -122,12 +121,11 @@ def queue_notes(rows: Sequence[Row]) -> list[str]:
 def compare_run(spec: MeasureSpec, kind: TableKind, rows: Sequence[Row]) -> TierComparison | None:
     """``--compare``: this run's rows against the committed table (None without the flag, or
     with no row to compare)."""
-    if spec.compare is None or not rows:
+    if spec.compare is None or spec.baseline is None or not rows:
         return None
-    baseline = spec.baseline if spec.baseline is not None else read_table(spec.compare, kind)
     return compare_tables(
         kind,
-        baseline,
+        spec.baseline,
         rows,
         tolerance=spec.tolerance,
         baseline_path=str(spec.compare),

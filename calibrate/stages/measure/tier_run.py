@@ -51,6 +51,10 @@ class MeasureSpec:
     save_baseline: bool = False
     gpu_price_per_hour: float | None = None  # None: [cost] gpu_price_per_hour (SPEC §13)
 
+    def __post_init__(self) -> None:
+        if (self.compare is None) != (self.baseline is None):  # a caller's mistake, not a user's
+            raise ValueError("--compare's path and its rows go together (cli.flags.measure_spec)")
+
     def devices(self, runs_dir: Path) -> Sequence[str] | None:
         """``--gpu``, else the managed server's CUDA_VISIBLE_DEVICES (a MIG instance), else all."""
         return list(self.gpus) if self.gpus else managed_server_devices(runs_dir)
@@ -72,11 +76,6 @@ def preflight(spec: MeasureSpec) -> None:
     check_price(spec.gpu_price_per_hour)
     if not 0 <= spec.tolerance <= 100:  # NaN and inf fail this too
         raise UsageError(f"--tolerance must be in [0, 100], got {spec.tolerance}")
-    if spec.compare is not None and not spec.compare.exists():
-        raise UsageError(
-            f"--compare {spec.compare}: no such file",
-            "Write one first with --save-baseline, or fix the path.",
-        )
     if spec.vram_source == "nvml" and NvmlSampler.open(list(spec.gpus or ())) is None:
         # asked for by name: measuring nothing would silently switch the VRAM rule off
         raise UsageError(

@@ -18,7 +18,7 @@ from calibrate.http.models import SamplingParams
 from calibrate.load.request import Request, build_requests
 from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.prepare.synthetic import synthetic_prompt, target_tokens
-from calibrate.stages.prepare.task_pick import TaskPool, load_pool
+from calibrate.stages.prepare.task_pick import TaskPool
 from calibrate.stages.prepare.token_probe import (
     NOT_CONTROLLED,
     Calibration,
@@ -147,16 +147,15 @@ def prepare_workload(
     mode: LadderMode,
     params: SamplingParams,
     *,
-    pool: TaskPool | None = None,
+    pool: TaskPool | None,
     probe_tokens: int | None = None,
 ) -> WorkloadPlan:
-    """Read the tasks (unless ``pool`` already holds them), or probe the server's token count;
-    once, before the stage."""
+    """The tasks the command read (``pool``, for a --tasks workload: read once, before the run
+    folder was opened, and never again), or the server's token count probed; before the stage."""
     fixed = cfg.prompt.text
     if spec.source == "tasks":
-        assert spec.tasks is not None
         if pool is None:
-            pool = load_pool(spec.tasks, pick=spec.pick, prompt=spec.prompt, seed=spec.seed)
+            raise ValueError("a --tasks workload needs its pool (stages.prepare.task_pick)")
         forcing = forcing_for(cfg.server.kind)
         notes = _output_notes(spec, forcing)
         return WorkloadPlan(spec, fixed, None, pool, forcing, notes)

@@ -24,6 +24,7 @@ from calibrate.stages.context import StageContext
 from calibrate.stages.measure.slo import record_met
 from calibrate.stages.measure.tier_run import MeasureSpec, measuring
 from calibrate.stages.prepare.server_cap import read_server_cap
+from calibrate.stages.prepare.task_pick import TaskPool
 from calibrate.stages.prepare.workload_plan import prepare_workload
 from calibrate.stages.sweep.levels import Level
 from calibrate.stages.sweep.result import SweepResult
@@ -79,6 +80,7 @@ class MeasureSettings:
     levels: tuple[int, ...]
     stream: bool
     workload: WorkloadSpec
+    pool: TaskPool | None  # the tasks of a --tasks workload, read once for every candidate
     ladder_run_id: str
     slo: SloBounds
     skipped_levels: tuple[int, ...] = ()  # above what the ladder proved in flight: not measured
@@ -150,7 +152,14 @@ def measure_candidate(
             notify(f"  {candidate.id}: warning: {line}")
         cap = read_server_cap(sub.client.get_text)
         # each candidate is a fresh server: the workload is probed (token counts) on it again
-        plan = prepare_workload(ctx.config, sub.client, settings.workload, options.mode, ctx.params)
+        plan = prepare_workload(
+            ctx.config,
+            sub.client,
+            settings.workload,
+            options.mode,
+            ctx.params,
+            pool=settings.pool,
+        )
         sweep = Sweep(
             sub, options, watch.monitor, watch.incidents, Sender(sub.client), cap, plan=plan
         )

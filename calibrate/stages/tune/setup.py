@@ -24,6 +24,7 @@ from calibrate.stages.context import StageContext
 from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.pin_context import verified_workload
 from calibrate.stages.prepare.server_cap import safe_levels
+from calibrate.stages.prepare.task_pick import TaskPool
 from calibrate.stages.tune.grid import TunePlan, build_plan
 from calibrate.stages.tune.measure import MeasureSettings, slo_bounds
 from calibrate.stages.tune.store import find_unfinished, fingerprint
@@ -49,6 +50,7 @@ class TuneRequest:
     new_run: bool = False
     stream: bool = False
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    pool: TaskPool | None = None  # --tasks, read once by the command: every candidate's
     rank_by: RankBy = "goodput"
 
 
@@ -127,6 +129,7 @@ def prepare(ctx: StageContext, request: TuneRequest) -> TuneSetup:
         levels,
         request.stream,
         request.workload,
+        request.pool,
         ladder_run,
         slo_bounds(cfg),
         skipped,

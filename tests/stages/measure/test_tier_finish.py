@@ -16,6 +16,7 @@ from calibrate.io.tier_table import read_rows, write_tiers_csv
 from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import LadderResult
 from calibrate.stages.ladder.run import Ladder
+from calibrate.stages.measure.compare_tiers import read_table
 from calibrate.stages.measure.tier_finish import TierOutcome, finish_tiers
 from calibrate.stages.measure.tier_run import MeasureSpec
 from tests.stage_fakes import ScriptedSender, close_runs, recorder, stage_ctx
@@ -83,7 +84,7 @@ def test_compare_judges_the_measured_rows_not_the_file_a_view_rewrote(tmp_path: 
     shown: list[Path] = []
     done = _finished(
         tmp_path,
-        MeasureSpec(compare=baseline),
+        MeasureSpec(compare=baseline, baseline=tuple(read_table(baseline, "ladder"))),
         shown,
         rewrite=baseline.read_text(encoding="utf-8"),
     )
