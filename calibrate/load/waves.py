@@ -46,6 +46,10 @@ class Sender:
         self.client = client
         self.clock = clock
 
+    def close(self) -> None:
+        """Nothing to end here: every request is sent from this process (``WorkerSender``'s
+        worker processes end here)."""
+
     def send(
         self, requests: Sequence[Request], workers: int, max_tokens: int | None = None
     ) -> tuple[list[ItemResult], float]:
