@@ -216,3 +216,25 @@ def test_a_worker_killed_mid_level_is_a_clear_error_and_exit_1(cli, isolated: Pa
     assert f"(PID {killed[0]}) was killed by signal 9" in result.err
     assert "--workers 1" in result.err and "Traceback" not in result.err
     assert _workers_of(os.getpid()) == []  # the other worker was ended too
+
+
+def test_a_client_bound_sweep_advises_more_workers(cli, isolated: Path, monkeypatch) -> None:
+    """The self-check reads every window as CPU-bound (a fake monitor): the warning and the
+    what-to-do name --workers, with one process and with two."""
+    from calibrate.gpu.selfload import SelfLoadMonitor
+    from calibrate.stages.measure import tier_run
+
+    class Busy(SelfLoadMonitor):
+        def _run(self) -> None:
+            while not self._stop.wait(0.02):
+                self.observe(1.0, 0.97, 0.0)
+
+    monkeypatch.setattr(tier_run, "SelfLoadMonitor", Busy)
+    monkeypatch.setattr("calibrate.stages.sweep.cores", lambda: 8)
+    with start_mock(ttft_s=0.004, per_token_s=0.0005, slots=4) as mock:
+        open_gate(isolated, mock.base_url, SWEEP, stage="ladder")
+        for workers, more in (("1", 2), ("2", 4)):
+            result = cli("sweep", "--json", "--workers", workers)
+            assert result.code == 1, result.err
+            assert f"split the load over {more} processes with --workers {more}" in result.err
+            assert "what to do: send from more processes with --workers N" in result.err

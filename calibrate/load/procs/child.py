@@ -24,6 +24,7 @@ from queue import Empty, SimpleQueue
 from typing import Any
 
 from calibrate.errors import format_traceback
+from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.models import Completion
 from calibrate.http.request_times import use_anchor
 from calibrate.load.items import ItemResult
@@ -132,8 +133,10 @@ class Feed:
         return request
 
 
-def serve(inbox: Channel, outbox: Outbox, recipe: ClientRecipe) -> None:
-    """Runs, one at a time, until the parent closes the pipe."""
+def serve(inbox: Channel, outbox: Outbox, recipe: ClientRecipe, who: str) -> None:
+    """Runs, one at a time, until the parent closes the pipe; each run's result carries
+    why this process was the client's limit during it ("" when it kept up)."""
+    monitor = SelfLoadMonitor(who=who).start()
     sender = ShareSender(recipe, outbox)
     feed = Feed(outbox)
     jobs: SimpleQueue[tuple[Any, ...]] = SimpleQueue()
@@ -143,6 +146,7 @@ def serve(inbox: Channel, outbox: Outbox, recipe: ClientRecipe) -> None:
         job = jobs.get()
         kind, run_no = job[0], job[1]
         sender.run_no = run_no
+        mark = monitor.mark()
         try:
             if kind == "closed":
                 _, _, concurrency, window, max_tokens, go_at, requests = job
@@ -151,13 +155,13 @@ def serve(inbox: Channel, outbox: Outbox, recipe: ClientRecipe) -> None:
                 _wait_until(go_at)
                 shared = StoppableWindow(window.min_s, window.min_requests, stop)
                 loop = sender.closed_loop(feed.take, concurrency, shared, max_tokens)
-                outbox.put("loop", run_no, loop, time.perf_counter())
+                outbox.put("loop", run_no, loop, monitor.bound_since(mark))
             else:
                 _, _, requests, schedule, cap, max_tokens, go_at = job
                 _wait_until(go_at)
                 start = time.perf_counter()
                 run = sender.open_loop(requests, schedule, cap, max_tokens)
-                outbox.put("open", run_no, run, start)
+                outbox.put("open", run_no, run, start, monitor.bound_since(mark))
         except Exception as exc:  # calibrate's own bug: the parent says so and stops
             outbox.put("error", run_no, f"{type(exc).__name__}: {exc}", format_traceback(exc))
 
@@ -195,13 +199,13 @@ def main() -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not corrupt the pipe
     inbox = Channel(sys.stdin.buffer)
     setup = inbox.receive()
-    if not (isinstance(setup, tuple) and len(setup) == 3 and isinstance(setup[0], ClientRecipe)):
+    if not (isinstance(setup, tuple) and len(setup) == 4 and isinstance(setup[0], ClientRecipe)):
         return
-    recipe, wall, mono = setup
+    recipe, who, wall, mono = setup
     use_anchor(wall, mono)
     outbox = Outbox(Channel(out))
     outbox.put("ready", 0)
-    serve(inbox, outbox, recipe)
+    serve(inbox, outbox, recipe, who)
 
 
 if __name__ == "__main__":

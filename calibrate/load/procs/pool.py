@@ -102,7 +102,8 @@ class WorkerPool:
         )
         assert popen.stdin is not None and popen.stdout is not None
         worker = Worker(index, popen, Channel(popen.stdin), Channel(popen.stdout))
-        worker.to_child.send((self._recipe, *anchor()))
+        who = f"load worker process {index + 1} of {self.count}"
+        worker.to_child.send((self._recipe, who, *anchor()))
         worker.reader = threading.Thread(
             target=self._read, args=(worker,), name=f"load-worker-{index}", daemon=True
         )

@@ -74,6 +74,13 @@ class WorkerSender(Sender):
         self.workers = workers
         self._pool = WorkerPool(recipe, workers)
         self._run_no = 0
+        self._bound: list[str] = []  # per run: why a worker was the limit ("": none was)
+
+    def workers_mark(self) -> int:
+        return len(self._bound)
+
+    def workers_bound_since(self, mark: int) -> str:
+        return next((why for why in self._bound[mark:] if why), "")
 
     def close(self) -> None:
         self._pool.close()
@@ -102,6 +109,7 @@ class WorkerSender(Sender):
         ):
             pool.send(k, ("closed", run_no, share, part, max_tokens, go_at, requests))
         runs: dict[int, LoopRun] = {}
+        bound: list[str] = []
         stopped = False
         deadline = time.monotonic() + GO_S + window.min_s + self.client.timeout_s * 2 + 60
         try:
@@ -120,11 +128,13 @@ class WorkerSender(Sender):
                                 pool.send(other, ("stop", run_no))
                     elif kind == "loop":
                         runs[k] = rest[0]
+                        bound.append(rest[1])
                 if took and k not in runs:
                     pool.send(k, ("more", run_no, [supply() for _ in range(took)]))
         except BaseException:  # Ctrl-C too: no worker goes on sending
             pool.close()
             raise
+        self._bound.append(next((why for why in bound if why), ""))
         started_at = epoch_at(go_at)
         return merge_loops(
             [(run, _offset(run.started_at, started_at)) for _, run in sorted(runs.items())],
@@ -152,6 +162,7 @@ class WorkerSender(Sender):
             times = [schedule[i] for i in indices]
             pool.send(k, ("open", run_no, mine, times, caps[k], max_tokens, go_at))
         runs: dict[int, tuple[OpenRun, float]] = {}
+        bound: list[str] = []
         last = schedule[-1] if schedule else 0.0
         deadline = time.monotonic() + GO_S + last + self.client.timeout_s * 2 + 60
         try:
@@ -160,9 +171,11 @@ class WorkerSender(Sender):
                 for kind, number, *rest in messages:
                     if kind == "open" and number == run_no:
                         runs[k] = (rest[0], rest[1] - go_at)
+                        bound.append(rest[2])
         except BaseException:
             pool.close()
             raise
+        self._bound.append(next((why for why in bound if why), ""))
         return merge_open([(run, offset, dealt[k]) for k, (run, offset) in sorted(runs.items())])
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from calibrate.engines import find
+from calibrate.gpu.selfload import SelfLoadMonitor, workers_advice
+from calibrate.load.procs.pool import cores
 from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.load.procs.sender import WorkerSender, workers_for
 from calibrate.load.waves import Sender
@@ -33,6 +35,7 @@ from calibrate.stages.sweep.result import SweepResult
 from calibrate.stages.sweep.run import Sweep
 from calibrate.stages.sweep.spec import SweepOptions, SweepSpec
 
+ADVICE = "run calibrate on a faster client machine"  # when no core is left for --workers
 __all__ = ["SweepEnv", "SweepOutcome", "SweepSpec", "SweepWatcher", "run"]
 
 
@@ -97,7 +100,7 @@ def _sweep(spec: SweepSpec, env: SweepEnv, options: SweepOptions, watch: Measuri
         options,
         watch.monitor,
         watch.incidents,
-        _sender(spec, ctx, options, watcher.say),
+        _sender(spec, ctx, options, watcher.say, watch.selfload),
         cap,
         plan=plan,
         selfload=watch.selfload,
@@ -107,11 +110,16 @@ def _sweep(spec: SweepSpec, env: SweepEnv, options: SweepOptions, watch: Measuri
 
 
 def _sender(
-    spec: SweepSpec, ctx: StageContext, options: SweepOptions, say: Callable[[str], None]
+    spec: SweepSpec,
+    ctx: StageContext,
+    options: SweepOptions,
+    say: Callable[[str], None],
+    selfload: SelfLoadMonitor,
 ) -> Sender:
     """The levels' sender: this process (``--workers 1``, the default), or N processes that
     split each level's concurrency or rate (``--workers N``; auto: as many as the highest
     level planned needs, ``load.procs.sender.workers_for``)."""
+    selfload.advice = workers_advice(1, cores(), ADVICE)
     if spec.workers == 1:
         return Sender(ctx.client)
     in_flight, rate = highest_load(options)
@@ -119,6 +127,7 @@ def _sender(
     if workers == 1:
         return Sender(ctx.client)
     say(f"sending each level from {workers} worker processes (--workers)")
+    selfload.advice = workers_advice(workers, cores(), ADVICE)
     return WorkerSender(ctx.client, ClientRecipe.of(ctx.config, in_flight), workers)
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport, tree_cpu
+from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport, tree_cpu, workers_advice
 from calibrate.load.procs.pool import cores
 from calibrate.load.procs.sender import SLOTS_PER_WORKER
 from calibrate.stages.batch.journal import Journal
@@ -39,13 +39,7 @@ def workers_for(asked: int | None, slots: int) -> int:
 
 def advice(workers: int) -> str:
     """What the self-check tells a run whose worker process (or only process) is the limit."""
-    more = min(cores(), workers * 2)
-    if more > workers:
-        return f"split the load over {more} processes with --workers {more}, or lower -c"
-    return (
-        f"--workers {workers} already uses every core of this machine: lower -c, "
-        "or run on more or faster cores"
-    )
+    return workers_advice(workers, cores(), "lower -c")
 
 
 def parent_advice(workers: int) -> str:
