@@ -220,7 +220,7 @@ def test_a_worker_killed_mid_level_is_a_clear_error_and_exit_1(cli, isolated: Pa
 
 def test_a_client_bound_sweep_advises_more_workers(cli, isolated: Path, monkeypatch) -> None:
     """The self-check reads every window as CPU-bound (a fake monitor): the warning and the
-    what-to-do name --workers, with one process and with two."""
+    what-to-do name --workers; with two, this process's own limit is the parent's."""
     from calibrate.gpu.selfload import SelfLoadMonitor
     from calibrate.stages.measure import tier_run
 
@@ -233,8 +233,22 @@ def test_a_client_bound_sweep_advises_more_workers(cli, isolated: Path, monkeypa
     monkeypatch.setattr("calibrate.stages.sweep.cores", lambda: 8)
     with start_mock(ttft_s=0.004, per_token_s=0.0005, slots=4) as mock:
         open_gate(isolated, mock.base_url, SWEEP, stage="ladder")
-        for workers, more in (("1", 2), ("2", 4)):
-            result = cli("sweep", "--json", "--workers", workers)
-            assert result.code == 1, result.err
-            assert f"split the load over {more} processes with --workers {more}" in result.err
-            assert "what to do: send from more processes with --workers N" in result.err
+        result = cli("sweep", "--json")
+        assert result.code == 1, result.err
+        assert "split the load over 2 processes with --workers 2" in result.err
+        assert "what to do: send from more processes with --workers N" in result.err
+        result = cli("sweep", "--json", "--workers", "2")  # this process only feeds them
+    assert result.code == 1, result.err
+    assert "the parent process that feeds all 2 --workers is the limit" in result.err
+
+
+def test_auto_mode_runs_its_closed_and_open_loops_over_workers(cli, isolated: Path) -> None:
+    """--auto: synchronous and maximum (closed loops), then rates between (open loops)."""
+    config = FAST + "[sweep]\nlevel_s = 0.3\nrepeats = 1\n"
+    with start_mock(ttft_s=0.005, per_token_s=0.0005, slots=4) as mock:
+        open_gate(isolated, mock.base_url, config, stage="ladder")
+        result = cli("sweep", "--auto", "--auto-steps", "2", "--json", "--workers", "2")
+    assert result.code == 0, result.err
+    levels = result.json["levels"]
+    assert len(levels) == 4 and all(lv["verdict"] == "pass" for lv in levels)
+    assert "sending each level from 2 worker processes" in result.err

@@ -127,7 +127,10 @@ def _sender(
     if workers == 1:
         return Sender(ctx.client)
     say(f"sending each level from {workers} worker processes (--workers)")
-    selfload.advice = workers_advice(workers, cores(), ADVICE)
+    selfload.advice = (  # this process's own monitor: here it only feeds the workers
+        f"the parent process that feeds all {workers} --workers is the limit, so more workers "
+        "will not help: run calibrate on a faster CPU"
+    )
     return WorkerSender(ctx.client, ClientRecipe.of(ctx.config, in_flight), workers)
 
 
