@@ -26,6 +26,7 @@ from calibrate.load.procs.shares import (
     deal,
     merge_loops,
     merge_open,
+    merge_waves,
     share_windows,
     split_cap,
     split_concurrency,
@@ -86,6 +87,14 @@ def test_two_closed_loops_merge_into_one_window_on_the_parents_clock() -> None:
     assert run.stop_s == pytest.approx(1.3)  # the first one to drain
     assert run.total_s == pytest.approx(2.0)
     assert merge_loops([(a, 0.0), (LoopRun((), 0.1, None, 0.1), 0.0)], None).full_s is None
+
+
+def test_a_waves_parts_merge_timed_from_the_first_send_to_the_last_answer() -> None:
+    a = [_item(1, 0.0, 0.5), _item(3, 0.0, 0.7)]
+    b = [_item(2, 0.0, 0.4)]
+    items, wall_s = merge_waves([(a, 0.7, 0.002), (b, 0.4, 0.0)])  # a started 2 ms later
+    assert [i.index for i in items] == [1, 2, 3]
+    assert items[0].started_s == pytest.approx(0.002) and wall_s == pytest.approx(0.702)
 
 
 def test_two_open_loops_merge_with_in_flight_counted_over_both() -> None:
@@ -230,7 +239,7 @@ def test_a_client_bound_sweep_advises_more_workers(cli, isolated: Path, monkeypa
                 self.observe(1.0, 0.97, 0.0)
 
     monkeypatch.setattr(tier_run, "SelfLoadMonitor", Busy)
-    monkeypatch.setattr("calibrate.stages.sweep.cores", lambda: 8)
+    monkeypatch.setattr("calibrate.load.procs.sender.cores", lambda: 8)
     with start_mock(ttft_s=0.004, per_token_s=0.0005, slots=4) as mock:
         open_gate(isolated, mock.base_url, SWEEP, stage="ladder")
         result = cli("sweep", "--json")
@@ -252,3 +261,24 @@ def test_auto_mode_runs_its_closed_and_open_loops_over_workers(cli, isolated: Pa
     levels = result.json["levels"]
     assert len(levels) == 4 and all(lv["verdict"] == "pass" for lv in levels)
     assert "sending each level from 2 worker processes" in result.err
+
+
+def test_two_workers_split_the_ladders_waves_and_its_tiers_read_as_with_one(
+    cli, isolated: Path
+) -> None:
+    """Each wave of B dealt to two processes and released together: the same tiers, verdicts
+    and records as one process, an OOM at batch 8 found the same way."""
+    seen = []
+    with start_mock(ttft_s=0.002, per_token_s=0.004, slots=4, oom_at=6) as mock:
+        open_gate(isolated, mock.base_url, FAST)  # repro passed: the ladder's gate is open
+        for workers in ("1", "2"):
+            result = cli("ladder", "--json", "--workers", workers)
+            assert result.code == 0, result.err
+            tiers = [(t["batch_size"], t["verdict"]) for t in result.json["tiers"]]
+            records = jsonl(run_dir(isolated, result.json["run_id"]) / "records.jsonl")
+            per_tier = {b: sum(r["batch_size"] == b for r in records) for b in (1, 2, 4, 8)}
+            assert all(r["sent_at"] <= r["finished_at"] for r in records if r["ok"])
+            seen.append((tiers, per_tier, sorted(records[0])))
+    assert seen[0] == seen[1]
+    assert seen[1][0] == [(1, "pass"), (2, "pass"), (4, "pass"), (8, "fail")]
+    assert "sending each wave from 2 worker processes" in result.err

@@ -7,11 +7,9 @@ import argparse
 from typing import Any
 
 from calibrate.cli.common import Runner, add_command, load_config
-from calibrate.cli.flags.workers import workers_count
 from calibrate.cli.flags.workload import add_tier_args, measure_spec, resolved_workload
 from calibrate.config import MAX_BATCH_SIZE, SloConfig
 from calibrate.errors import UsageError
-from calibrate.load.procs.sender import RATE_PER_WORKER, SLOTS_PER_WORKER
 from calibrate.stages.measure.slo import has_slo, parse_slo_flags
 from calibrate.stages.prepare.task_pick import pool_for
 from calibrate.stages.sweep.auto import DEFAULT_AUTO_STEPS, MAX_AUTO_STEPS
@@ -85,16 +83,6 @@ def register(subparsers: Any, doc: str, run: Runner) -> None:
         action="store_true",
         help="against a server calibrate does not manage, also try concurrency levels above the "
         "most requests the ladder passed with in flight (said and recorded)",
-    )
-    parser.add_argument(
-        "--workers",
-        type=workers_count,
-        default=1,
-        metavar="N|auto",
-        help="send each level from N processes that split its concurrency or rate (auto: one "
-        f"per {SLOTS_PER_WORKER} in flight or {RATE_PER_WORKER:g} req/s of the highest level, at "
-        "most the cores; 1, the default: this process only); for when calibrate itself is the "
-        "bottleneck",
     )
     add_tier_args(parser, "sweep")
 

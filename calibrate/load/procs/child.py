@@ -3,8 +3,9 @@
 Started by the parent (``sender.py``) as ``python -m calibrate.load.procs.child`` with two
 pipes. The first message is the client's recipe (the key in memory only) and the parent's
 clock anchor; then one run at a time: a closed loop at its share of C, fed requests by the
-parent ahead of need (it says how many it took, the parent sends as many more), or an open
-loop over its share of the schedule. It starts each run at the parent's ``go_at`` and hands
+parent ahead of need (it says how many it took, the parent sends as many more), an open
+loop over its share of the schedule, or its part of a ladder's wave (held until every worker
+holds its part, then released at one moment). It starts each run at the parent's ``go_at`` and hands
 back the ``LoopRun`` or ``OpenRun`` as the one-process engine makes it; the parent merges.
 The end of its input (the parent died or closed it) ends it at once. Ctrl-C reaches the whole
 process group: a worker ignores it, the parent ends it.
@@ -103,6 +104,25 @@ class ShareSender(Sender):
         return items
 
 
+class Gate:
+    """When each wave goes: the parent says so once every worker holds its part."""
+
+    def __init__(self) -> None:
+        self._opened = threading.Condition()
+        self._at: dict[int, float] = {}
+
+    def open(self, run_no: int, go_at: float) -> None:
+        with self._opened:
+            self._at[run_no] = go_at
+            self._opened.notify_all()
+
+    def wait(self, run_no: int) -> float:
+        with self._opened:
+            while run_no not in self._at:
+                self._opened.wait(0.5)
+            return self._at.pop(run_no)
+
+
 class Feed:
     """The requests the parent sent ahead for the closed loop running now."""
 
@@ -138,10 +158,10 @@ def serve(inbox: Channel, outbox: Outbox, recipe: ClientRecipe, who: str) -> Non
     why this process was the client's limit during it ("" when it kept up)."""
     monitor = SelfLoadMonitor(who=who).start()
     sender = ShareSender(recipe, outbox)
-    feed = Feed(outbox)
+    feed, gate = Feed(outbox), Gate()
     jobs: SimpleQueue[tuple[Any, ...]] = SimpleQueue()
     stops: dict[int, threading.Event] = {}
-    threading.Thread(target=_listen, args=(inbox, jobs, feed, stops), daemon=True).start()
+    threading.Thread(target=_listen, args=(inbox, jobs, feed, gate, stops), daemon=True).start()
     while True:
         job = jobs.get()
         kind, run_no = job[0], job[1]
@@ -156,6 +176,13 @@ def serve(inbox: Channel, outbox: Outbox, recipe: ClientRecipe, who: str) -> Non
                 shared = StoppableWindow(window.min_s, window.min_requests, stop)
                 loop = sender.closed_loop(feed.take, concurrency, shared, max_tokens)
                 outbox.put("loop", run_no, loop, monitor.bound_since(mark))
+            elif kind == "wave":  # released together with the other workers' parts
+                _, _, requests, max_tokens = job
+                outbox.put("armed", run_no)
+                _wait_until(gate.wait(run_no))
+                start = time.perf_counter()
+                items, wall_s = sender.send(requests, len(requests), max_tokens)
+                outbox.put("wave", run_no, items, wall_s, start)
             else:
                 _, _, requests, schedule, cap, max_tokens, go_at = job
                 _wait_until(go_at)
@@ -175,6 +202,7 @@ def _listen(
     inbox: Channel,
     jobs: SimpleQueue[tuple[Any, ...]],
     feed: Feed,
+    gate: Gate,
     stops: dict[int, threading.Event],
 ) -> None:
     """The parent's messages; the end of the pipe ends this process."""
@@ -183,8 +211,10 @@ def _listen(
         if message is None:
             os._exit(0)  # the parent is gone or done: no orphan, nothing left to send to
         kind = message[0]
-        if kind in ("closed", "open"):
+        if kind in ("closed", "open", "wave"):
             jobs.put(message)
+        elif kind == "go":
+            gate.open(message[1], message[2])
         elif kind == "more":
             feed.give(message[1], message[2])
         elif kind == "stop":

@@ -24,8 +24,11 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
+from calibrate.config import Config
+from calibrate.gpu.selfload import workers_advice
 from calibrate.http.client import OpenAIClient
 from calibrate.http.request_times import epoch_at
+from calibrate.load.items import ItemResult
 from calibrate.load.open_loop import OpenRun
 from calibrate.load.procs.pool import WorkerPool, cores
 from calibrate.load.procs.recipe import ClientRecipe
@@ -33,6 +36,7 @@ from calibrate.load.procs.shares import (
     deal,
     merge_loops,
     merge_open,
+    merge_waves,
     share_windows,
     split_cap,
     split_concurrency,
@@ -44,6 +48,7 @@ from calibrate.load.window import LevelWindow, LoopRun
 SLOTS_PER_WORKER = 32  # --workers auto: one process per this many in flight (as batch's)
 RATE_PER_WORKER = 500.0  # … or per this many requests/s offered
 GO_S = 0.1  # every worker starts a run at the same moment, this long after it was sent
+WAVE_GO_S = 0.005  # … a wave, this long after every worker said it holds its part
 AHEAD_MIN = 8  # requests a worker holds beyond its share in flight, at least
 
 
@@ -58,6 +63,29 @@ def workers_for(asked: int | None, in_flight: int, rate: float | None = None) ->
         wanted = max(1, math.ceil(in_flight / SLOTS_PER_WORKER), math.ceil(by_rate))
         asked = min(cores(), wanted)
     return max(1, min(asked, max(1, in_flight)))
+
+
+def sender_for(
+    client: OpenAIClient, cfg: Config, asked: int | None, in_flight: int, rate: float | None = None
+) -> Sender:
+    """The sender of a load of at most ``in_flight`` at once (``rate`` req/s): this process
+    (``--workers 1``, the default: ``Sender`` as it always was), or ``WorkerSender`` over
+    ``workers_for`` processes."""
+    workers = 1 if asked == 1 else workers_for(asked, in_flight, rate)
+    if workers == 1:
+        return Sender(client)
+    return WorkerSender(client, ClientRecipe.of(cfg, in_flight), workers)
+
+
+def self_check_advice(sender: Sender) -> str:
+    """What this process's self-check advises when it is the limit: more processes, or — when
+    it only feeds the workers — a faster CPU (more workers would not help)."""
+    if isinstance(sender, WorkerSender):
+        return (
+            f"the parent process that feeds all {sender.workers} --workers is the limit, so "
+            "more workers will not help: run calibrate on a faster CPU"
+        )
+    return workers_advice(1, cores(), "run calibrate on a faster client machine")
 
 
 def ahead(share: int) -> int:
@@ -88,6 +116,43 @@ class WorkerSender(Sender):
     def pids(self) -> list[int]:
         """The workers' process ids (a self-check can read their CPU)."""
         return self._pool.pids()
+
+    def send(
+        self, requests: Sequence[Request], workers: int, max_tokens: int | None = None
+    ) -> tuple[list[ItemResult], float]:
+        """``Sender.send``: a wave of several requests dealt to the workers in turn and released
+        by all of them at one moment; one request (a canary, a probe) goes from here."""
+        dealt = deal(len(requests), self.workers, workers)
+        if len(dealt) < 2:
+            return super().send(requests, workers, max_tokens)
+        pool, during = self._pool, f"a wave of {len(requests)} requests"
+        pool.start()
+        self._run_no += 1
+        run_no = self._run_no
+        for k, indices in enumerate(dealt):
+            pool.send(k, ("wave", run_no, [requests[i] for i in indices], max_tokens))
+        armed: set[int] = set()
+        parts: dict[int, tuple[list[ItemResult], float, float]] = {}
+        go_at = 0.0
+        deadline = time.monotonic() + self.client.timeout_s * 2 + 60
+        try:
+            while len(parts) < len(dealt):
+                k, messages = pool.next_event(deadline, during)
+                for kind, number, *rest in messages:
+                    if number != run_no:
+                        continue
+                    if kind == "armed":
+                        armed.add(k)
+                        if len(armed) == len(dealt):  # every part is where it is sent from
+                            go_at = time.perf_counter() + WAVE_GO_S
+                            for other in range(len(dealt)):
+                                pool.send(other, ("go", run_no, go_at))
+                    elif kind == "wave":
+                        parts[k] = (rest[0], rest[1], rest[2] - go_at)
+        except BaseException:
+            pool.close()
+            raise
+        return merge_waves([parts[k] for k in sorted(parts)])
 
     def closed_loop(
         self,

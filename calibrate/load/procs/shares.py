@@ -65,6 +65,18 @@ def renumbered(items: Sequence[ItemResult]) -> tuple[ItemResult, ...]:
     return tuple(replace(item, index=n) for n, item in enumerate(order, start=1))
 
 
+def merge_waves(
+    parts: Sequence[tuple[Sequence[ItemResult], float, float]],
+) -> tuple[list[ItemResult], float]:
+    """The processes' parts of one wave (items, wall time, offset) as ``Sender.send`` hands a
+    wave back: every item in index order, timed from the first send of any process to the
+    last answer of any."""
+    first = min(offset for _, _, offset in parts)
+    items = [_shifted(i, offset - first) for part, _, offset in parts for i in part]
+    wall_s = max(offset + wall for _, wall, offset in parts) - first
+    return sorted(items, key=lambda i: i.index), wall_s
+
+
 def merge_loops(runs: Sequence[tuple[LoopRun, float]], started_at: float | None) -> LoopRun:
     """The processes' closed-loop runs (each with its offset) as one: every item, full when the
     last process had all its slots started (every one of the C), the drain from the first

@@ -11,10 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from calibrate.engines import find
-from calibrate.gpu.selfload import SelfLoadMonitor, workers_advice
-from calibrate.load.procs.pool import cores
-from calibrate.load.procs.recipe import ClientRecipe
-from calibrate.load.procs.sender import WorkerSender, workers_for
+from calibrate.gpu.selfload import SelfLoadMonitor
+from calibrate.load.procs.sender import WorkerSender, self_check_advice, sender_for
 from calibrate.load.waves import Sender
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import load_lock
@@ -35,7 +33,6 @@ from calibrate.stages.sweep.result import SweepResult
 from calibrate.stages.sweep.run import Sweep
 from calibrate.stages.sweep.spec import SweepOptions, SweepSpec
 
-ADVICE = "run calibrate on a faster client machine"  # when no core is left for --workers
 __all__ = ["SweepEnv", "SweepOutcome", "SweepSpec", "SweepWatcher", "run"]
 
 
@@ -119,19 +116,12 @@ def _sender(
     """The levels' sender: this process (``--workers 1``, the default), or N processes that
     split each level's concurrency or rate (``--workers N``; auto: as many as the highest
     level planned needs, ``load.procs.sender.workers_for``)."""
-    selfload.advice = workers_advice(1, cores(), ADVICE)
-    if spec.workers == 1:
-        return Sender(ctx.client)
     in_flight, rate = highest_load(options)
-    workers = workers_for(spec.workers, in_flight, rate)
-    if workers == 1:
-        return Sender(ctx.client)
-    say(f"sending each level from {workers} worker processes (--workers)")
-    selfload.advice = (  # this process's own monitor: here it only feeds the workers
-        f"the parent process that feeds all {workers} --workers is the limit, so more workers "
-        "will not help: run calibrate on a faster CPU"
-    )
-    return WorkerSender(ctx.client, ClientRecipe.of(ctx.config, in_flight), workers)
+    sender = sender_for(ctx.client, ctx.config, spec.workers, in_flight, rate)
+    selfload.advice = self_check_advice(sender)
+    if isinstance(sender, WorkerSender):
+        say(f"sending each level from {sender.workers} worker processes (--workers)")
+    return sender
 
 
 def highest_load(options: SweepOptions) -> tuple[int, float | None]:

@@ -25,7 +25,6 @@ class SweepOptions:
     ladder_run_id: str = ""
     skipped_levels: tuple[int, ...] = ()  # above what the ladder proved, on an unmanaged server
     beyond_ladder: bool = False
-    workers: int | None = 1  # --workers: processes that send each level (None: auto; 1: this one)
     slo: SloConfig = field(default_factory=SloConfig)
     rates: tuple[float, ...] = ()  # open loop at these requests/s (inf: all at once); () = closed
     arrival: Arrival = "poisson"
