@@ -10,6 +10,7 @@
     ├── StageFailed                exit 1  the stage ran and failed its check
     │   └── StepFailed                      one rollback step's check failed (its error kind)
     ├── RequestError               exit 1  one request failed; carries the SPEC §5.5 kind
+    ├── WorkerDied                 exit 1  a load worker process (--workers) ended mid-run
     └── Interrupted                exit 130 Ctrl-C / SIGTERM; completed work is on disk
 
 Every message is one or two lines: what happened, then what to do next.
@@ -102,6 +103,13 @@ class ServerDied(ServerUnreachable):
 
 
 class StageFailed(CalibrateError):
+    exit_code = ExitCode.FAILED
+
+
+class WorkerDied(CalibrateError):
+    """A load worker process (``--workers N``) ended or failed in the middle of a run: the run
+    lacks its share, so it is not measured (never a hang, never a traceback)."""
+
     exit_code = ExitCode.FAILED
 
 

@@ -186,7 +186,10 @@ def test_a_client_bound_sweep_is_inconclusive_exit_1_and_says_what_to_do(
     assert out["passed"] is False and out["recommended_concurrency"] is None
     assert out["inconclusive"].startswith("inconclusive: the client was the limit at C ≥ 1")
     assert "sweep inconclusive: the client was the limit at C ≥ 1" in result.err
-    assert "what to do: run calibrate from a faster client machine" in result.err
+    assert (
+        "what to do: send from more processes with --workers N (or auto), or run calibrate from a faster client machine"
+        in result.err
+    )
     assert "recommended concurrency" not in result.err
     assert all(lv["client_bound"] for lv in out["levels_detail"])
     suite, cases = junit_cases(isolated / "sweep.xml")

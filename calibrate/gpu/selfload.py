@@ -189,6 +189,18 @@ class SelfLoadMonitor:
                 wall0, cpu0, lag_total, ticks = now, cpu, 0.0, 0
 
 
+def workers_advice(workers: int, cores: int, instead: str) -> str:
+    """What to do when a process sending load is the limit: more processes (``--workers``,
+    batch and sweep) while cores are left, else ``instead``."""
+    more = min(cores, workers * 2)
+    if more > workers:
+        return f"split the load over {more} processes with --workers {more}, or {instead}"
+    return (
+        f"--workers {workers} already uses every core of this machine: {instead}, "
+        "or run on more or faster cores"
+    )
+
+
 def _describe(cause: str, advice: str) -> str:
     cause_text = cause.replace("calibrate's", "its", 1)
     return (

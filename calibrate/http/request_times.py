@@ -23,6 +23,18 @@ def epoch_at(reading: float) -> float:
     return _WALL_AT_START + (reading - _MONO_AT_START)
 
 
+def anchor() -> tuple[float, float]:
+    """This process's wall time and clock reading at import: what ``epoch_at`` counts from."""
+    return _WALL_AT_START, _MONO_AT_START
+
+
+def use_anchor(wall: float, mono: float) -> None:
+    """Count from another process's anchor (a load worker takes its parent's): the clock is
+    CLOCK_MONOTONIC, one for the machine, so both then stamp every request on one line."""
+    global _WALL_AT_START, _MONO_AT_START
+    _WALL_AT_START, _MONO_AT_START = wall, mono
+
+
 def epoch_now() -> float:
     return epoch_at(monotonic())
 

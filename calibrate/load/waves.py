@@ -46,6 +46,19 @@ class Sender:
         self.client = client
         self.clock = clock
 
+    def close(self) -> None:
+        """Nothing to end here: every request is sent from this process (``WorkerSender``'s
+        worker processes end here)."""
+
+    def workers_mark(self) -> int:
+        """Where the worker processes' self-checks so far end (``workers_bound_since``)."""
+        return 0
+
+    def workers_bound_since(self, mark: int) -> str:
+        """Why a worker process was the client's limit in the runs after ``mark``, or "": one
+        process has none (the stage's own self-check watches this one)."""
+        return ""
+
     def send(
         self, requests: Sequence[Request], workers: int, max_tokens: int | None = None
     ) -> tuple[list[ItemResult], float]:

@@ -13,6 +13,7 @@ The workload (SPEC §5.11): the fixed prompt (default), --tasks FILE (the longes
 synthetic --input-tokens N --output-tokens M; the fixed prompt is then sent alone once per round,
 between the measured waves, as a canary. A managed llama.cpp restarts at --parallel B per tier.
 --axis context steps the input length (512, 1k, 2k, … up to max_model_len) instead.
+--workers N (or auto) sends each wave from N processes that split it, released together.
 
 example: calibrate ladder --input-tokens 3000 --output-tokens 200 --junit runs/ladder.xml
 """
@@ -65,4 +66,5 @@ def ladder_spec(args: argparse.Namespace) -> LadderSpec:
         axis=workload.axis,
         context_lengths=workload.context_lengths,
         context_batch=workload.context_batch,
+        workers=args.workers,
     )

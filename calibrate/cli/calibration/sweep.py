@@ -9,7 +9,8 @@ overlap but the medians differ by more than gain_min it runs again (up to [sweep
 The knee is the smallest level within gain_min of the best; its concurrency is the
 recommendation, said with how sure it is. A level at which calibrate itself was the bottleneck
 is never recommended: if that leaves the best unknown, the sweep is inconclusive (exit 1).
-Stops at the first failing level.
+Stops at the first failing level. --workers N (or auto) sends each level from N processes that
+split its concurrency or rate, for when calibrate itself is the limit.
 
 --find-max finds the SLO boundary instead: the largest concurrency that meets every SLO
 ([slo] or --slo), probing 1, 8, 64, 512, 1024 until a level breaks an SLO or errors, then
@@ -24,6 +25,7 @@ concurrency, as for any rate sweep.
 example: calibrate sweep --stream --junit runs/sweep.xml
 example: calibrate sweep --find-max --slo ttft:0.5 --beyond-ladder
 example: calibrate sweep --find-max --rates auto --slo ttft:0.5
+example: calibrate sweep --concurrency 64,128,256 --workers auto
 """
 
 from __future__ import annotations

@@ -9,19 +9,19 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.cli.common import add_command, add_junit
+from calibrate.cli.flags.workers import workers_count
 from calibrate.config import Config
 from calibrate.errors import UsageError
 from calibrate.io.output_paths import check_writable
+from calibrate.load.procs.sender import SLOTS_PER_WORKER
 from calibrate.load.retry import RetryPolicy
 from calibrate.stages.batch import MAX_CONCURRENCY, BatchRequest
 from calibrate.stages.batch.outage import DEFAULT_OUTAGE_AFTER, DEFAULT_OUTAGE_S, OutagePolicy
-from calibrate.stages.batch.procs.run import SLOTS_PER_WORKER
 
 MAX_RETRIES = 100
 MAX_WAIT_S = 3600.0
 MAX_OUTAGE_S = 7 * 86_400.0
 MAX_OUTAGE_AFTER = 10_000
-MAX_WORKERS = 256
 
 
 def register(subparsers: Any, doc: str, run: Any) -> None:
@@ -54,7 +54,7 @@ def register(subparsers: Any, doc: str, run: Any) -> None:
     )
     p.add_argument(
         "--workers",
-        type=_workers,
+        type=workers_count,
         default=1,
         metavar="N|auto",
         help="send from N processes that split the concurrency (auto: one per "
@@ -138,19 +138,6 @@ def register(subparsers: Any, doc: str, run: Any) -> None:
         help="without a terminal, a progress line every S seconds (5)",
     )
     add_junit(p)
-
-
-def _workers(text: str) -> int | None:
-    """--workers N (1…MAX_WORKERS) or auto (None)."""
-    if text.strip().lower() == "auto":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or auto, got {text!r}") from None
-    if not 1 <= value <= MAX_WORKERS:
-        raise argparse.ArgumentTypeError(f"must be 1…{MAX_WORKERS} or auto, got {value}")
-    return value
 
 
 def check_flags(args: argparse.Namespace) -> None:

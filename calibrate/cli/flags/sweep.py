@@ -113,6 +113,7 @@ def sweep_spec(args: argparse.Namespace) -> SweepSpec:
         burstiness=args.burstiness,
         seed=args.seed,
         beyond_ladder=args.beyond_ladder,
+        workers=args.workers,
     )
 
 

@@ -8,8 +8,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from calibrate.cli.flags import add_force, add_junit, add_wide
+from calibrate.cli.flags.workers import workers_count
 from calibrate.config import Config
 from calibrate.gpu.energy import PRICE_HELP
+from calibrate.load.procs.sender import RATE_PER_WORKER, SLOTS_PER_WORKER
 from calibrate.stages.measure.compare_tiers import TableKind, read_table
 from calibrate.stages.measure.tier_run import MeasureSpec, preflight
 from calibrate.workload import (
@@ -167,6 +169,21 @@ def add_tier_args(parser: argparse.ArgumentParser, kind: str) -> None:
         "--save-baseline",
         action="store_true",
         help=f"write this run's table to baselines/{kind}.csv (the old one is kept)",
+    )
+    add(
+        "--workers",
+        type=workers_count,
+        default=1,
+        metavar="N|auto",
+        help=(
+            "send each level from N processes that split its concurrency or rate (auto: one "
+            f"per {SLOTS_PER_WORKER} in flight or {RATE_PER_WORKER:g} req/s of the highest level"
+            if kind == "sweep"
+            else "send each wave from N processes that split it (auto: one per "
+            f"{SLOTS_PER_WORKER} requests of the largest wave"
+        )
+        + ", at most the cores; 1, the default: this process only); for when calibrate itself "
+        "is the bottleneck",
     )
     add_wide(parser)
     add_force(parser)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from calibrate.errors import RequestError, UsageError
+from calibrate.load.procs.sender import WorkerSender, self_check_advice, sender_for
 from calibrate.load.waves import Sender
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import load_lock
@@ -44,9 +45,12 @@ def run(spec: LadderSpec, env: LadderEnv) -> LadderOutcome:
             ladder.on_tier = on_tier
             return ladder.run()
 
-        result, interrupted = run_live(
-            ctx, env.watcher, watch, ladder.options, tiers, ladder.result
-        )
+        try:
+            result, interrupted = run_live(
+                ctx, env.watcher, watch, ladder.options, tiers, ladder.result
+            )
+        finally:
+            ladder.sender.close()  # --workers: its processes end with the last tier
         check = result.stream_check
         return finish_tiers(
             spec.measure,
@@ -92,13 +96,31 @@ def _ladder(spec: LadderSpec, env: LadderEnv, options: LadderOptions, watch: Mea
         options,
         watch.monitor,
         watch.incidents,
-        Sender(ctx.client),
+        _sender(spec, ctx, options, watch, watcher.say),
         plan=plan,
         cap=cap,
         before_tier=restart or (lambda batch: False),
     )
     watcher.planned(options, plan.spec, cap)
     return ladder
+
+
+def _sender(
+    spec: LadderSpec,
+    ctx: StageContext,
+    options: LadderOptions,
+    watch: Measuring,
+    say: Callable[[str], None],
+) -> Sender:
+    """The waves' sender: this process (``--workers 1``, the default), or N processes that
+    split each wave (``--workers N``; auto: as many as the largest wave needs). A prompt-list
+    wave is one request: it is never split."""
+    largest = max(options.batch_sizes, default=1) if options.mode == "wave" else 1
+    sender = sender_for(ctx.client, ctx.config, spec.workers, largest)
+    watch.selfload.advice = self_check_advice(sender)
+    if isinstance(sender, WorkerSender):
+        say(f"sending each wave from {sender.workers} worker processes (--workers)")
+    return sender
 
 
 def _context_axis(

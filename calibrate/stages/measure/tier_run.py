@@ -69,6 +69,7 @@ class TierSpec:
     pool: TaskPool | None = None  # --tasks, read and checked before the run starts
     streaming: bool = True  # False: --no-stream
     slo: SloConfig | None = None  # --slo NAME:S … over [slo], parsed; None: [slo] as it is
+    workers: int | None = 1  # --workers: processes that send the load (None: auto; 1: this one)
 
 
 def preflight(spec: MeasureSpec) -> None:

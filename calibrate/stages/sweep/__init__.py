@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from calibrate.engines import find
+from calibrate.gpu.selfload import SelfLoadMonitor
+from calibrate.load.procs.sender import WorkerSender, self_check_advice, sender_for
 from calibrate.load.waves import Sender
+from calibrate.stages.context import StageContext
 from calibrate.stages.env import load_lock
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tier_finish import TierOutcome, finish_tiers
@@ -50,7 +53,12 @@ def run(spec: SweepSpec, env: SweepEnv) -> SweepOutcome:
                 sweep.on_level, sweep.note = on_level, watcher.say
                 return sweep.run()
 
-            result, interrupted = run_live(ctx, watcher, watch, sweep.options, levels, sweep.result)
+            try:
+                result, interrupted = run_live(
+                    ctx, watcher, watch, sweep.options, levels, sweep.result
+                )
+            finally:
+                sweep.sender.close()  # --workers: its processes end with the last level
             return finish_tiers(
                 spec.measure,
                 ctx,
@@ -89,10 +97,37 @@ def _sweep(spec: SweepSpec, env: SweepEnv, options: SweepOptions, watch: Measuri
         options,
         watch.monitor,
         watch.incidents,
-        Sender(ctx.client),
+        _sender(spec, ctx, options, watcher.say, watch.selfload),
         cap,
         plan=plan,
         selfload=watch.selfload,
     )
     watcher.planned(options, plan.spec, cap)
     return sweep
+
+
+def _sender(
+    spec: SweepSpec,
+    ctx: StageContext,
+    options: SweepOptions,
+    say: Callable[[str], None],
+    selfload: SelfLoadMonitor,
+) -> Sender:
+    """The levels' sender: this process (``--workers 1``, the default), or N processes that
+    split each level's concurrency or rate (``--workers N``; auto: as many as the highest
+    level planned needs, ``load.procs.sender.workers_for``)."""
+    in_flight, rate = highest_load(options)
+    sender = sender_for(ctx.client, ctx.config, spec.workers, in_flight, rate)
+    selfload.advice = self_check_advice(sender)
+    if isinstance(sender, WorkerSender):
+        say(f"sending each level from {sender.workers} worker processes (--workers)")
+    return sender
+
+
+def highest_load(options: SweepOptions) -> tuple[int, float | None]:
+    """The most requests any planned level keeps in flight, and its highest offered rate."""
+    levels = max((*options.levels, options.find_max_top, 1))
+    if not options.rates and options.find_max_rates is None:
+        return levels, None
+    highest = max(options.rates, default=float("inf"))  # a find-max's top is not known yet
+    return options.max_in_flight or levels, highest

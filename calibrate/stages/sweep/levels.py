@@ -176,7 +176,8 @@ def rate_boundary(top: Level, fm: FindMax, slo: str) -> str:
 
 
 CLIENT_LIMIT_HINT = (
-    "run calibrate from a faster client machine, or one the server does not share its CPU with"
+    "send from more processes with --workers N (or auto), or run calibrate from a faster "
+    "client machine, or one the server does not share its CPU with"
 )
 
 

@@ -46,12 +46,14 @@ class Sweep(LevelRuns):
     auto_step: int | None = None  # --auto: the step now running (each record carries it)
     selfload: SelfLoadMonitor | None = None  # calibrate's own load: a client-bound level is marked
     selfload_mark: int = 0  # the self-check's windows before the level now running
+    workers_mark: int = 0  # … and the worker processes' (--workers), before it
     probes: list[Probe] = field(default_factory=list)  # --find-max: the levels probed, in order
     rate_span: tuple[float, float] = (0.0, 0.0)  # --find-max --rates: the range searched, req/s
 
     def run(self) -> SweepResult:
         if self.selfload is not None:
             self.selfload_mark = self.selfload.mark()
+        self.workers_mark = self.sender.workers_mark()
         if self.options.auto_steps:
             run_auto(self)
             return self.result()
@@ -121,9 +123,14 @@ class Sweep(LevelRuns):
     def self_checked(self, level: Level) -> Level:
         """``level`` marked client-bound when the self-check saw calibrate the bottleneck."""
         if self.selfload is not None:
-            bound = level.client_bound or self.selfload.bound_since(self.selfload_mark)
+            bound = (
+                level.client_bound
+                or self.selfload.bound_since(self.selfload_mark)
+                or self.sender.workers_bound_since(self.workers_mark)
+            )
             level = replace(level, client_bound=bound)
             self.selfload_mark = self.selfload.mark()
+            self.workers_mark = self.sender.workers_mark()
         return level
 
     def kept(self, level: Level) -> Level:

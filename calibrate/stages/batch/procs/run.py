@@ -8,13 +8,14 @@ fires when any process (a worker, or this one that feeds and journals them) is t
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport, tree_cpu
+from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport, tree_cpu, workers_advice
+from calibrate.load.procs.pool import cores
+from calibrate.load.procs.sender import SLOTS_PER_WORKER
 from calibrate.stages.batch.journal import Journal
 from calibrate.stages.batch.lanes import ClientSetup, EndpointReport
 from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
@@ -26,16 +27,8 @@ from calibrate.stages.batch.result import BatchProgress, BatchResult, Tally
 from calibrate.stages.batch.worker import BatchControl
 from calibrate.state.setting import Endpoint
 
-SLOTS_PER_WORKER = 32  # --workers auto: one process per this many slots, at most the cores
 BOTTLENECK = "calibrate itself is the bottleneck"
 _STATES = {"up": 0, "down": 1, "gone": 2}
-
-
-def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def workers_for(asked: int | None, slots: int) -> int:
@@ -46,13 +39,7 @@ def workers_for(asked: int | None, slots: int) -> int:
 
 def advice(workers: int) -> str:
     """What the self-check tells a run whose worker process (or only process) is the limit."""
-    more = min(cores(), workers * 2)
-    if more > workers:
-        return f"split the load over {more} processes with --workers {more}, or lower -c"
-    return (
-        f"--workers {workers} already uses every core of this machine: lower -c, "
-        "or run on more or faster cores"
-    )
+    return workers_advice(workers, cores(), "lower -c")
 
 
 def parent_advice(workers: int) -> str:

@@ -1,27 +1,21 @@
-"""What the parent and a worker process say to each other: length-prefixed pickles on a pipe.
-
-Both ends are this package's own code, started by the parent, so pickle is safe here. A frame
-cut short (the writer was killed mid-write) reads as the end of the stream: nothing in it is
-used, and its items run again.
+"""What the parent and a worker process say to each other, over the load engine's ``Channel``
+(length-prefixed pickles on a pipe, ``calibrate.load.procs.channel``). A frame cut short (the
+writer was killed mid-write) reads as the end of the stream: nothing in it is used, and its
+items run again.
 """
 
 from __future__ import annotations
 
-import contextlib
-import pickle
-import struct
-import threading
 from dataclasses import dataclass
-from typing import IO, Any
 
 from calibrate.gpu.selfload import SelfLoadReport
+from calibrate.load.procs.channel import Channel
 from calibrate.stages.batch.lanes import ClientSetup
 from calibrate.stages.batch.outage import OutagePolicy
 from calibrate.stages.batch.plan import BatchSpec
 from calibrate.state.setting import Endpoint
 
-_HEADER = struct.Struct("!I")
-MAX_FRAME = 1 << 30  # a longer length prefix is a corrupt stream, not a message
+__all__ = ["Channel", "ClientSetup", "LaneStats", "WorkerDone", "WorkerSetup"]
 
 
 @dataclass(frozen=True)
@@ -54,43 +48,3 @@ class WorkerDone:
 
     selfload: SelfLoadReport
     lanes: tuple[LaneStats, ...]
-
-
-class Channel:
-    """One direction of a pipe: ``send`` is safe from several threads, ``receive`` from one."""
-
-    def __init__(self, stream: IO[bytes]) -> None:
-        self._stream = stream
-        self._lock = threading.Lock()
-
-    def send(self, message: Any) -> bool:
-        """Write one message; False when the other end is gone."""
-        data = pickle.dumps(message, pickle.HIGHEST_PROTOCOL)
-        try:
-            with self._lock:
-                self._stream.write(_HEADER.pack(len(data)) + data)
-                self._stream.flush()
-        except (OSError, ValueError):  # a broken pipe, or a stream closed meanwhile
-            return False
-        return True
-
-    def receive(self) -> Any | None:
-        """The next message; None at the end of the stream (or a frame cut short)."""
-        try:
-            head = self._stream.read(_HEADER.size)
-            if head is None or len(head) < _HEADER.size:
-                return None
-            (size,) = _HEADER.unpack(head)
-            if size > MAX_FRAME:
-                return None
-            body = self._stream.read(size)
-        except (OSError, ValueError):
-            return None
-        if body is None or len(body) < size:
-            return None
-        return pickle.loads(body)
-
-    def close(self) -> None:
-        """Close the stream (a send racing with it is refused: False, as for a dead peer)."""
-        with self._lock, contextlib.suppress(OSError):
-            self._stream.close()

@@ -1,0 +1,242 @@
+"""A load worker process: its share of a closed or open loop, sent by the ordinary ``Sender``.
+
+Started by the parent (``sender.py``) as ``python -m calibrate.load.procs.child`` with two
+pipes. The first message is the client's recipe (the key in memory only) and the parent's
+clock anchor; then one run at a time: a closed loop at its share of C, fed requests by the
+parent ahead of need (it says how many it took, the parent sends as many more), an open
+loop over its share of the schedule, or its part of a ladder's wave (held until every worker
+holds its part, then released at one moment). It starts each run at the parent's ``go_at`` and hands
+back the ``LoopRun`` or ``OpenRun`` as the one-process engine makes it; the parent merges.
+The end of its input (the parent died or closed it) ends it at once. Ctrl-C reaches the whole
+process group: a worker ignores it, the parent ends it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from queue import Empty, SimpleQueue
+from typing import Any
+
+from calibrate.errors import format_traceback
+from calibrate.gpu.selfload import SelfLoadMonitor
+from calibrate.http.models import Completion
+from calibrate.http.request_times import use_anchor
+from calibrate.load.items import ItemResult
+from calibrate.load.procs.channel import Channel
+from calibrate.load.procs.recipe import ClientRecipe
+from calibrate.load.request import Request
+from calibrate.load.waves import Sender
+from calibrate.load.window import LevelWindow
+
+MAX_GROUP = 256  # messages sent in one frame
+
+
+@dataclasses.dataclass(frozen=True)
+class StoppableWindow(LevelWindow):
+    """A share's window that also ends when the parent says another worker's answer failed
+    (one process stops the whole loop then: more load only adds noise)."""
+
+    stop: threading.Event = dataclasses.field(default_factory=threading.Event, compare=False)
+
+    def done(self, elapsed_s: float, started: int) -> bool:
+        return self.stop.is_set() or super().done(elapsed_s, started)
+
+
+class Outbox:
+    """Messages to the parent, sent in groups by one thread (a write per request would cost
+    the loop a system call each); ``None`` ends it after what is queued."""
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+        self._queue: SimpleQueue[tuple[Any, ...] | None] = SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="load-outbox", daemon=True)
+        self._thread.start()
+
+    def put(self, *message: Any) -> None:
+        self._queue.put(message)
+
+    def _run(self) -> None:
+        while True:
+            group = [self._queue.get()]
+            while len(group) < MAX_GROUP:
+                try:
+                    group.append(self._queue.get_nowait())
+                except Empty:
+                    break
+            messages = [m for m in group if m is not None]
+            if messages and not self._channel.send(messages):
+                os._exit(0)  # the parent is gone: nothing this process does can be recorded
+            if None in group:
+                return
+
+
+class ShareSender(Sender):
+    """The ordinary sender, telling the parent at once when an answer failed."""
+
+    def __init__(self, recipe: ClientRecipe, outbox: Outbox) -> None:
+        super().__init__(recipe.client())
+        self._outbox = outbox
+        self.run_no = 0
+
+    def items_of(
+        self,
+        request: Request,
+        started: float,
+        done: float,
+        sent: float,
+        ended: float,
+        completion: Completion | None,
+        failure: BaseException | None,
+        max_tokens: int | None,
+    ) -> list[ItemResult]:
+        items = super().items_of(
+            request, started, done, sent, ended, completion, failure, max_tokens
+        )
+        if any(not i.ok for i in items):
+            self._outbox.put("failed", self.run_no)
+        return items
+
+
+class Gate:
+    """When each wave goes: the parent says so once every worker holds its part."""
+
+    def __init__(self) -> None:
+        self._opened = threading.Condition()
+        self._at: dict[int, float] = {}
+
+    def open(self, run_no: int, go_at: float) -> None:
+        with self._opened:
+            self._at[run_no] = go_at
+            self._opened.notify_all()
+
+    def wait(self, run_no: int) -> float:
+        with self._opened:
+            while run_no not in self._at:
+                self._opened.wait(0.5)
+            return self._at.pop(run_no)
+
+
+class Feed:
+    """The requests the parent sent ahead for the closed loop running now."""
+
+    def __init__(self, outbox: Outbox) -> None:
+        self._outbox = outbox
+        self._ready = threading.Condition()
+        self._requests: deque[Request] = deque()
+        self.run_no = 0
+
+    def begin(self, run_no: int, requests: list[Request]) -> None:
+        with self._ready:
+            self.run_no = run_no
+            self._requests = deque(requests)
+
+    def give(self, run_no: int, requests: list[Request]) -> None:
+        with self._ready:
+            if run_no == self.run_no:
+                self._requests.extend(requests)
+                self._ready.notify_all()
+
+    def take(self) -> Request:
+        """The next request (the loop's ``supply``); waits only if the parent fell behind."""
+        with self._ready:
+            while not self._requests:
+                self._ready.wait(0.5)
+            request = self._requests.popleft()
+        self._outbox.put("took", self.run_no, 1)
+        return request
+
+
+def serve(inbox: Channel, outbox: Outbox, recipe: ClientRecipe, who: str) -> None:
+    """Runs, one at a time, until the parent closes the pipe; each run's result carries
+    why this process was the client's limit during it ("" when it kept up)."""
+    monitor = SelfLoadMonitor(who=who).start()
+    sender = ShareSender(recipe, outbox)
+    feed, gate = Feed(outbox), Gate()
+    jobs: SimpleQueue[tuple[Any, ...]] = SimpleQueue()
+    stops: dict[int, threading.Event] = {}
+    threading.Thread(target=_listen, args=(inbox, jobs, feed, gate, stops), daemon=True).start()
+    while True:
+        job = jobs.get()
+        kind, run_no = job[0], job[1]
+        sender.run_no = run_no
+        mark = monitor.mark()
+        try:
+            if kind == "closed":
+                _, _, concurrency, window, max_tokens, go_at, requests = job
+                stop = stops.setdefault(run_no, threading.Event())
+                feed.begin(run_no, requests)
+                _wait_until(go_at)
+                shared = StoppableWindow(window.min_s, window.min_requests, stop)
+                loop = sender.closed_loop(feed.take, concurrency, shared, max_tokens)
+                outbox.put("loop", run_no, loop, monitor.bound_since(mark))
+            elif kind == "wave":  # released together with the other workers' parts
+                _, _, requests, max_tokens = job
+                outbox.put("armed", run_no)
+                _wait_until(gate.wait(run_no))
+                start = time.perf_counter()
+                items, wall_s = sender.send(requests, len(requests), max_tokens)
+                outbox.put("wave", run_no, items, wall_s, start)
+            else:
+                _, _, requests, schedule, cap, max_tokens, go_at = job
+                _wait_until(go_at)
+                start = time.perf_counter()
+                run = sender.open_loop(requests, schedule, cap, max_tokens)
+                outbox.put("open", run_no, run, start, monitor.bound_since(mark))
+        except Exception as exc:  # calibrate's own bug: the parent says so and stops
+            outbox.put("error", run_no, f"{type(exc).__name__}: {exc}", format_traceback(exc))
+
+
+def _wait_until(go_at: float) -> None:
+    if (wait := go_at - time.perf_counter()) > 0:
+        time.sleep(wait)
+
+
+def _listen(
+    inbox: Channel,
+    jobs: SimpleQueue[tuple[Any, ...]],
+    feed: Feed,
+    gate: Gate,
+    stops: dict[int, threading.Event],
+) -> None:
+    """The parent's messages; the end of the pipe ends this process."""
+    while True:
+        message = inbox.receive()
+        if message is None:
+            os._exit(0)  # the parent is gone or done: no orphan, nothing left to send to
+        kind = message[0]
+        if kind in ("closed", "open", "wave"):
+            jobs.put(message)
+        elif kind == "go":
+            gate.open(message[1], message[2])
+        elif kind == "more":
+            feed.give(message[1], message[2])
+        elif kind == "stop":
+            stops.setdefault(message[1], threading.Event()).set()
+
+
+def main() -> None:
+    for sig in (signal.SIGINT, signal.SIGHUP):  # the parent handles them and ends us
+        signal.signal(sig, signal.SIG_IGN)
+    logging.basicConfig(level=logging.ERROR, format="calibrate load worker: %(message)s")
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not corrupt the pipe
+    inbox = Channel(sys.stdin.buffer)
+    setup = inbox.receive()
+    if not (isinstance(setup, tuple) and len(setup) == 4 and isinstance(setup[0], ClientRecipe)):
+        return
+    recipe, who, wall, mono = setup
+    use_anchor(wall, mono)
+    outbox = Outbox(Channel(out))
+    outbox.put("ready", 0)
+    serve(inbox, outbox, recipe, who)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""The load worker processes of one sender: started once, used run after run, ended together.
+
+Each worker is ``python -m calibrate.load.procs.child`` with two pipes; the first message is
+the client's recipe (the key travels over the pipe, never in argv, the environment or a file)
+and the parent's clock anchor. A reader thread per worker puts every group of its messages on
+one queue, and its end too, so the parent's one thread that runs a load reads them in order
+and a worker that dies (kill -9, a crash, out of memory) is a ``WorkerDied`` the moment its
+pipe closes — never a hang: every wait here has a bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from queue import Empty, SimpleQueue
+from typing import Any
+
+import calibrate
+from calibrate.errors import WorkerDied
+from calibrate.http.request_times import anchor
+from calibrate.load.procs.channel import Channel
+from calibrate.load.procs.recipe import ClientRecipe
+
+CHILD = "calibrate.load.procs.child"
+READY_S = 60.0  # a worker that has not started within this is stuck (a loaded machine: ~1 s)
+EXIT_WAIT_S = 5.0
+AGAIN = (
+    "Nothing of this run is measured. Run it again; if a worker dies again, look for its "
+    "error above and for the kernel's out-of-memory killer (dmesg), or run with --workers 1"
+)
+
+
+def cores() -> int:
+    """The cores this process may run on (``--workers auto`` takes at most these)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@dataclass
+class Worker:
+    """One worker process and its two pipes."""
+
+    index: int
+    popen: subprocess.Popen[bytes]
+    to_child: Channel
+    from_child: Channel
+    reader: threading.Thread | None = None
+
+
+Event = tuple[int, list[tuple[Any, ...]]]  # (worker, its messages) — ("ended",): its pipe closed
+
+
+class WorkerPool:
+    """``count`` worker processes and the one queue their messages arrive on."""
+
+    def __init__(self, recipe: ClientRecipe, count: int) -> None:
+        self._recipe = recipe
+        self.count = count
+        self.workers: list[Worker] = []
+        self._events: SimpleQueue[Event] = SimpleQueue()
+
+    def start(self) -> None:
+        """Start the workers (once) and wait until each has built its client."""
+        if self.workers:
+            return
+        self._events = SimpleQueue()
+        try:
+            for index in range(self.count):
+                self.workers.append(self._spawn(index))
+        except OSError as exc:  # out of processes or descriptors
+            self.close()
+            raise WorkerDied(
+                f"could not start load worker process {len(self.workers) + 1} of "
+                f"{self.count}: {exc}",
+                "Lower --workers, or run with --workers 1",
+            ) from exc
+        ready: set[int] = set()
+        deadline = time.monotonic() + READY_S
+        while len(ready) < self.count:
+            index, messages = self.next_event(deadline, "its start")
+            if any(m[0] == "ready" for m in messages):
+                ready.add(index)
+
+    def _spawn(self, index: int) -> Worker:
+        env = dict(os.environ)
+        root = str(Path(calibrate.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        popen = subprocess.Popen(  # the key goes over the pipe below, never argv or a file
+            [sys.executable, "-m", CHILD],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
+        assert popen.stdin is not None and popen.stdout is not None
+        worker = Worker(index, popen, Channel(popen.stdin), Channel(popen.stdout))
+        who = f"load worker process {index + 1} of {self.count}"
+        worker.to_child.send((self._recipe, who, *anchor()))
+        worker.reader = threading.Thread(
+            target=self._read, args=(worker,), name=f"load-worker-{index}", daemon=True
+        )
+        worker.reader.start()
+        return worker
+
+    def _read(self, worker: Worker) -> None:
+        events = self._events  # this start's queue, not a later one's
+        while (messages := worker.from_child.receive()) is not None:
+            events.put((worker.index, messages))
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.popen.wait(EXIT_WAIT_S)
+        events.put((worker.index, [("ended",)]))
+
+    def send(self, index: int, message: tuple[Any, ...]) -> None:
+        """To one worker; a worker gone is reported by its reader (``ended``), not here."""
+        self.workers[index].to_child.send(message)
+
+    def next_event(self, deadline: float, during: str) -> Event:
+        """The next group of messages from a worker; ``WorkerDied`` (every worker ended) when
+        one has ended, reported an error, or none answered by ``deadline`` (monotonic s)."""
+        try:
+            index, messages = self._events.get(timeout=max(0.0, deadline - time.monotonic()))
+        except Empty:
+            self.close()
+            raise WorkerDied(
+                f"the load worker processes sent nothing for too long during {during}", AGAIN
+            ) from None
+        for message in messages:
+            if message[0] == "ended":
+                raise self._died(index, during)
+            if message[0] == "error":
+                self.close()
+                raise WorkerDied(
+                    f"load worker process {index + 1} of {self.count} failed during {during}: "
+                    f"{message[2]}",
+                    "This is calibrate's own bug (its traceback is above): run with --workers 1 "
+                    "and report it",
+                )
+        return index, messages
+
+    def _died(self, index: int, during: str) -> WorkerDied:
+        worker = self.workers[index]
+        code = worker.popen.poll()
+        how = (
+            f"was killed by signal {-code}"
+            if code is not None and code < 0
+            else f"exited with status {code}"
+            if code is not None
+            else "closed its pipe"
+        )
+        self.close()
+        return WorkerDied(
+            f"load worker process {index + 1} of {self.count} (PID {worker.popen.pid}) {how} "
+            f"during {during}",
+            AGAIN,
+        )
+
+    def close(self) -> None:
+        """End every worker: the end of its input ends it; past a short wait it is killed."""
+        workers, self.workers = self.workers, []
+        for worker in workers:
+            worker.to_child.close()
+        for worker in workers:
+            try:
+                worker.popen.wait(EXIT_WAIT_S)
+            except subprocess.TimeoutExpired:
+                worker.popen.kill()
+                worker.popen.wait()
+            if worker.reader is not None:
+                worker.reader.join(EXIT_WAIT_S)
+            worker.from_child.close()
+
+    def pids(self) -> list[int]:
+        return [w.popen.pid for w in self.workers if w.popen.returncode is None]

@@ -1,0 +1,249 @@
+"""``WorkerSender``: the sweep's closed and open loops sent from N processes (SPEC §12).
+
+One Python process gets about one core of Python work; against a fast server that core, not
+the server, sets the pace. This ``Sender`` keeps the request supply here (the workload plan
+lives in this process) and runs each loop in N worker processes (``child.py``):
+
+- a closed loop at C: C split as evenly as can be (``shares.split_concurrency``), each worker
+  keeping its share in flight with the ordinary engine; it is sent its first requests and
+  a buffer ahead, and every request it takes is replaced at once, so it never waits on this
+  process for the next. An answer that fails in one worker stops the others' starting too
+  (one process stops its loop then). The window's edges are merged as one process has them:
+  full when the last worker had its share started, the drain from the first that stopped;
+- an open loop: the schedule's sends dealt in turn to the workers, the in-flight cap split.
+
+Items come back as ``ItemResult``s, shifted onto this process's start and numbered in the
+order the requests started, so the stage above sees what one process would have made. A
+worker that dies is a ``WorkerDied`` (exit 1) naming it, and the others are ended. Everything
+else (waves, copies, probes) is still sent from this process, as by ``Sender``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from calibrate.config import Config
+from calibrate.gpu.selfload import workers_advice
+from calibrate.http.client import OpenAIClient
+from calibrate.http.request_times import epoch_at
+from calibrate.load.items import ItemResult
+from calibrate.load.open_loop import OpenRun
+from calibrate.load.procs.pool import WorkerPool, cores
+from calibrate.load.procs.recipe import ClientRecipe
+from calibrate.load.procs.shares import (
+    deal,
+    merge_loops,
+    merge_open,
+    merge_waves,
+    share_windows,
+    split_cap,
+    split_concurrency,
+)
+from calibrate.load.request import Request
+from calibrate.load.waves import Sender
+from calibrate.load.window import LevelWindow, LoopRun
+
+SLOTS_PER_WORKER = 32  # --workers auto: one process per this many in flight (as batch's)
+RATE_PER_WORKER = 500.0  # … or per this many requests/s offered
+GO_S = 0.1  # every worker starts a run at the same moment, this long after it was sent
+WAVE_GO_S = 0.005  # … a wave, this long after every worker said it holds its part
+AHEAD_MIN = 8  # requests a worker holds beyond its share in flight, at least
+
+
+def workers_for(asked: int | None, in_flight: int, rate: float | None = None) -> int:
+    """How many processes send a load of at most ``in_flight`` requests at once (and, open
+    loop, ``rate`` req/s at most; inf: as fast as can be): ``asked``, or for auto (None) one
+    per ``SLOTS_PER_WORKER`` in flight or per ``RATE_PER_WORKER`` req/s, whichever asks more —
+    a process sends about that much before its one core is the limit (docs/sweep.md) — and
+    never more than the cores, nor more than the requests ever in flight."""
+    if asked is None:
+        by_rate = 0 if rate is None else cores() if math.isinf(rate) else rate / RATE_PER_WORKER
+        wanted = max(1, math.ceil(in_flight / SLOTS_PER_WORKER), math.ceil(by_rate))
+        asked = min(cores(), wanted)
+    return max(1, min(asked, max(1, in_flight)))
+
+
+def sender_for(
+    client: OpenAIClient, cfg: Config, asked: int | None, in_flight: int, rate: float | None = None
+) -> Sender:
+    """The sender of a load of at most ``in_flight`` at once (``rate`` req/s): this process
+    (``--workers 1``, the default: ``Sender`` as it always was), or ``WorkerSender`` over
+    ``workers_for`` processes."""
+    workers = 1 if asked == 1 else workers_for(asked, in_flight, rate)
+    if workers == 1:
+        return Sender(client)
+    return WorkerSender(client, ClientRecipe.of(cfg, in_flight), workers)
+
+
+def self_check_advice(sender: Sender) -> str:
+    """What this process's self-check advises when it is the limit: more processes, or — when
+    it only feeds the workers — a faster CPU (more workers would not help)."""
+    if isinstance(sender, WorkerSender):
+        return (
+            f"the parent process that feeds all {sender.workers} --workers is the limit, so "
+            "more workers will not help: run calibrate on a faster CPU"
+        )
+    return workers_advice(1, cores(), "run calibrate on a faster client machine")
+
+
+def ahead(share: int) -> int:
+    """Requests sent to a worker before its loop starts: its share, and as many again (at
+    least ``AHEAD_MIN``) so that a burst of answers never waits on this process."""
+    return share + max(share, AHEAD_MIN)
+
+
+class WorkerSender(Sender):
+    """A ``Sender`` whose closed and open loops run in ``workers`` processes."""
+
+    def __init__(self, client: OpenAIClient, recipe: ClientRecipe, workers: int) -> None:
+        super().__init__(client)
+        self.workers = workers
+        self._pool = WorkerPool(recipe, workers)
+        self._run_no = 0
+        self._bound: list[str] = []  # per run: why a worker was the limit ("": none was)
+
+    def workers_mark(self) -> int:
+        return len(self._bound)
+
+    def workers_bound_since(self, mark: int) -> str:
+        return next((why for why in self._bound[mark:] if why), "")
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def pids(self) -> list[int]:
+        """The workers' process ids (a self-check can read their CPU)."""
+        return self._pool.pids()
+
+    def send(
+        self, requests: Sequence[Request], workers: int, max_tokens: int | None = None
+    ) -> tuple[list[ItemResult], float]:
+        """``Sender.send``: a wave of several requests dealt to the workers in turn and released
+        by all of them at one moment; one request (a canary, a probe) goes from here."""
+        dealt = deal(len(requests), self.workers, workers)
+        if len(dealt) < 2:
+            return super().send(requests, workers, max_tokens)
+        pool, during = self._pool, f"a wave of {len(requests)} requests"
+        pool.start()
+        self._run_no += 1
+        run_no = self._run_no
+        for k, indices in enumerate(dealt):
+            pool.send(k, ("wave", run_no, [requests[i] for i in indices], max_tokens))
+        armed: set[int] = set()
+        parts: dict[int, tuple[list[ItemResult], float, float]] = {}
+        go_at = 0.0
+        deadline = time.monotonic() + self.client.timeout_s * 2 + 60
+        try:
+            while len(parts) < len(dealt):
+                k, messages = pool.next_event(deadline, during)
+                for kind, number, *rest in messages:
+                    if number != run_no:
+                        continue
+                    if kind == "armed":
+                        armed.add(k)
+                        if len(armed) == len(dealt):  # every part is where it is sent from
+                            go_at = time.perf_counter() + WAVE_GO_S
+                            for other in range(len(dealt)):
+                                pool.send(other, ("go", run_no, go_at))
+                    elif kind == "wave":
+                        parts[k] = (rest[0], rest[1], rest[2] - go_at)
+        except BaseException:
+            pool.close()
+            raise
+        return merge_waves([parts[k] for k in sorted(parts)])
+
+    def closed_loop(
+        self,
+        supply: Callable[[], Request],
+        concurrency: int,
+        window: LevelWindow,
+        max_tokens: int | None = None,
+    ) -> LoopRun:
+        """``Sender.closed_loop`` with C split over the workers (see the module's doc)."""
+        pool, during = self._pool, f"the closed loop at concurrency {concurrency}"
+        shares = split_concurrency(concurrency, self.workers)
+        pool.start()
+        self._run_no += 1
+        run_no = self._run_no
+        first = [[supply() for _ in range(ahead(share))] for share in shares]
+        go_at = time.perf_counter() + GO_S
+        for k, (share, part, requests) in enumerate(
+            zip(shares, share_windows(window, shares), first, strict=True)
+        ):
+            pool.send(k, ("closed", run_no, share, part, max_tokens, go_at, requests))
+        runs: dict[int, LoopRun] = {}
+        bound: list[str] = []
+        stopped = False
+        deadline = time.monotonic() + GO_S + window.min_s + self.client.timeout_s * 2 + 60
+        try:
+            while len(runs) < len(shares):
+                k, messages = pool.next_event(deadline, during)
+                took = 0
+                for kind, number, *rest in messages:
+                    if number != run_no:
+                        continue  # a late word of an earlier run
+                    if kind == "took" and k not in runs:
+                        took += rest[0]
+                    elif kind == "failed" and not stopped:
+                        stopped = True
+                        for other in range(len(shares)):
+                            if other != k:
+                                pool.send(other, ("stop", run_no))
+                    elif kind == "loop":
+                        runs[k] = rest[0]
+                        bound.append(rest[1])
+                if took and k not in runs:
+                    pool.send(k, ("more", run_no, [supply() for _ in range(took)]))
+        except BaseException:  # Ctrl-C too: no worker goes on sending
+            pool.close()
+            raise
+        self._bound.append(next((why for why in bound if why), ""))
+        started_at = epoch_at(go_at)
+        return merge_loops(
+            [(run, _offset(run.started_at, started_at)) for _, run in sorted(runs.items())],
+            started_at,
+        )
+
+    def open_loop(
+        self,
+        requests: Sequence[Request],
+        schedule: Sequence[float],
+        cap: int | None,
+        max_tokens: int | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> OpenRun:
+        """``Sender.open_loop`` with the sends dealt to the workers (see the module's doc)."""
+        pool, during = self._pool, "the open loop"
+        dealt = deal(len(requests), self.workers, cap)
+        caps = split_cap(cap, len(dealt))
+        pool.start()
+        self._run_no += 1
+        run_no = self._run_no
+        go_at = time.perf_counter() + GO_S
+        for k, indices in enumerate(dealt):
+            mine = [requests[i] for i in indices]
+            times = [schedule[i] for i in indices]
+            pool.send(k, ("open", run_no, mine, times, caps[k], max_tokens, go_at))
+        runs: dict[int, tuple[OpenRun, float]] = {}
+        bound: list[str] = []
+        last = schedule[-1] if schedule else 0.0
+        deadline = time.monotonic() + GO_S + last + self.client.timeout_s * 2 + 60
+        try:
+            while len(runs) < len(dealt):
+                k, messages = pool.next_event(deadline, during)
+                for kind, number, *rest in messages:
+                    if kind == "open" and number == run_no:
+                        runs[k] = (rest[0], rest[1] - go_at)
+                        bound.append(rest[2])
+        except BaseException:
+            pool.close()
+            raise
+        self._bound.append(next((why for why in bound if why), ""))
+        return merge_open([(run, offset, dealt[k]) for k, (run, offset) in sorted(runs.items())])
+
+
+def _offset(child_started_at: float | None, started_at: float) -> float:
+    """A worker's start after this process's, in s (both epoch stamps on one anchor)."""
+    return child_started_at - started_at if child_started_at is not None else 0.0

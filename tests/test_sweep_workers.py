@@ -1,0 +1,284 @@
+"""``sweep --workers N`` (SPEC §12): the load split over N processes, merged as one.
+
+The split and the merge are pure (milliseconds); over real HTTP against the mock: the same
+levels and records as one process, an open-loop rate kept, and a worker killed mid-level is
+a clear error (exit 1), never a hang or a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from calibrate.errors import ErrorInfo
+from calibrate.http.client import OpenAIClient
+from calibrate.http.models import SamplingParams
+from calibrate.load.items import ItemResult
+from calibrate.load.open_loop import Answer, OpenRun
+from calibrate.load.procs.recipe import ClientRecipe
+from calibrate.load.procs.sender import WorkerSender, workers_for
+from calibrate.load.procs.shares import (
+    deal,
+    merge_loops,
+    merge_open,
+    merge_waves,
+    share_windows,
+    split_cap,
+    split_concurrency,
+)
+from calibrate.load.request import build_requests
+from calibrate.load.window import LevelWindow, LoopRun, steady_throughput
+from tests.mockserver import start_mock
+from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
+
+CHILD = "calibrate.load.procs.child"
+
+
+def test_concurrency_is_split_evenly_and_every_process_has_a_slot() -> None:
+    assert split_concurrency(10, 3) == [4, 3, 3]
+    assert split_concurrency(64, 2) == [32, 32]
+    assert split_concurrency(2, 4) == [1, 1]  # never a process without a slot
+    assert split_concurrency(1, 1) == [1]
+    for c in range(1, 40):
+        for n in range(1, 9):
+            shares = split_concurrency(c, n)
+            assert sum(shares) == c and max(shares) - min(shares) <= 1 and min(shares) >= 1
+    windows = share_windows(LevelWindow(2.0, 40), [4, 3, 3])  # 4×C over the shares
+    assert [w.min_requests for w in windows] == [16, 12, 12] and {w.min_s for w in windows} == {2}
+
+
+def test_an_open_loops_sends_are_dealt_in_turn_and_its_cap_split() -> None:
+    assert deal(7, 3, None) == [[0, 3, 6], [1, 4], [2, 5]]
+    assert deal(5, 4, 2) == [[0, 2, 4], [1, 3]]  # no more processes than in-flight slots
+    assert deal(0, 2, None) == [[]]
+    assert split_cap(5, 2) == [3, 2] and split_cap(None, 3) == [None, None, None]
+
+
+def test_auto_takes_one_process_per_32_in_flight_or_500_per_s_at_most_the_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("calibrate.load.procs.sender.cores", lambda: 4)
+    assert workers_for(None, 16) == 1 and workers_for(None, 64) == 2 and workers_for(None, 512) == 4
+    assert workers_for(None, 64, 1200.0) == 3 and workers_for(None, 8, float("inf")) == 4
+    assert workers_for(3, 2) == 2  # never more processes than requests in flight
+    assert workers_for(1, 512) == 1
+
+
+def _item(index: int, started: float, done: float, ok: bool = True) -> ItemResult:
+    error = None if ok else ErrorInfo("http_5xx", "boom")
+    return ItemResult(
+        index, "p", "/chat/completions", {}, "t" if ok else None, "stop", None, 1,
+        done - started, None, started, done, error=error,
+    )  # fmt: skip
+
+
+def test_two_closed_loops_merge_into_one_window_on_the_parents_clock() -> None:
+    a = LoopRun((_item(1, 0.0, 1.0), _item(3, 0.2, 1.5)), 2.0, 0.2, 1.8)
+    b = LoopRun((_item(2, 0.0, 1.1), _item(9, 0.5, 1.6)), 1.9, 0.5, 1.2)  # started 0.1 s later
+    run = merge_loops([(a, 0.0), (b, 0.1)], None)
+    assert [i.index for i in run.items] == [1, 2, 3, 4]  # in the order they started, no gap
+    assert [i.started_s for i in run.items] == pytest.approx([0.0, 0.1, 0.2, 0.6])
+    assert run.full_s == pytest.approx(0.6)  # the last process had all its slots going
+    assert run.stop_s == pytest.approx(1.3)  # the first one to drain
+    assert run.total_s == pytest.approx(2.0)
+    assert merge_loops([(a, 0.0), (LoopRun((), 0.1, None, 0.1), 0.0)], None).full_s is None
+
+
+def test_a_waves_parts_merge_timed_from_the_first_send_to_the_last_answer() -> None:
+    a = [_item(1, 0.0, 0.5), _item(3, 0.0, 0.7)]
+    b = [_item(2, 0.0, 0.4)]
+    items, wall_s = merge_waves([(a, 0.7, 0.002), (b, 0.4, 0.0)])  # a started 2 ms later
+    assert [i.index for i in items] == [1, 2, 3]
+    assert items[0].started_s == pytest.approx(0.002) and wall_s == pytest.approx(0.702)
+
+
+def test_two_open_loops_merge_with_in_flight_counted_over_both() -> None:
+    a = OpenRun((_item(1, 0.0, 1.0), _item(3, 0.5, 1.5)), 1.5, 0.5, (0, 1), 0.0, (0.01, 0.02))
+    b = OpenRun((_item(2, 0.25, 1.25),), 1.25, 0.25, (0,), 0.1, (0.03,))
+    run = merge_open([(a, 0.0, [0, 2]), (b, 0.0, [1])])
+    assert [i.index for i in run.items] == [1, 2, 3]
+    assert run.in_flight == (0, 1, 2)  # each send saw the other process's requests too
+    assert run.lag_s == (0.01, 0.03, 0.02) and run.capped_s == 0.1 and run.last_send_s == 0.5
+    assert sorted(a.started_s for a in run.requests) == [0.0, 0.25, 0.5]
+    assert isinstance(run.requests[0], Answer)
+
+
+def test_a_worker_sender_keeps_c_in_flight_and_hands_back_one_processes_run() -> None:
+    with start_mock(ttft_s=0.01, per_token_s=0.0005) as mock:
+        client = OpenAIClient(mock.base_url)
+        params = SamplingParams(0.0, 256, 1.0)
+        made = 0
+
+        def supply() -> object:
+            nonlocal made
+            made += 1
+            return build_requests(client, "internlm-s2", params, [[f"p{made}"]], "wave")[0]
+
+        sender = WorkerSender(client, ClientRecipe(mock.base_url, None, None, 30, 5, 64, 8), 2)
+        try:
+            run = sender.closed_loop(supply, 6, LevelWindow(0.5, 24), 256)  # type: ignore[arg-type]
+        finally:
+            sender.close()
+        client.close()
+    assert sender.pids() == []  # the workers ended with the sender
+    assert len(run.items) >= 24 and all(i.ok for i in run.items)
+    assert [i.index for i in run.items] == list(range(1, len(run.items) + 1))
+    assert len({i.prompt for i in run.items}) == len(run.items)  # each request sent once
+    assert all(i.times and i.times.sent_at <= i.times.finished_at for i in run.items)
+    assert run.full_s is not None and run.stop_s is not None and run.full_s < run.stop_s
+    assert run.started_at is not None
+    for item in run.items:  # the epoch stamps and the loop's own times tell one story
+        assert item.times is not None
+        assert item.times.finished_at - run.started_at == pytest.approx(item.done_s, abs=0.02)
+    steady = steady_throughput(run)
+    assert not steady.whole_run and steady.completions > 6
+
+
+SWEEP = FAST + "[sweep]\nconcurrency = [2, 4]\nlevel_s = 0.3\nrepeats = 1\n"
+SYNTHETIC = ("--input-tokens", "16", "--output-tokens", "8")
+
+
+def test_two_workers_measure_the_same_levels_and_records_as_one(cli, isolated: Path) -> None:
+    shapes = []
+    with start_mock(ttft_s=0.005, per_token_s=0.001, slots=8) as mock:
+        open_gate(isolated, mock.base_url, SWEEP, stage="ladder")
+        for workers in ("1", "2"):
+            result = cli("sweep", "--json", *SYNTHETIC, "--workers", workers)
+            assert result.code == 0, result.err
+            out = result.json
+            run = run_dir(isolated, out["run_id"])
+            records = jsonl(run / "records.jsonl")
+            rounds = jsonl(run / "rounds.jsonl")
+            work = [r for r in records if not r.get("canary")]
+            for c in (2, 4):  # at least 4×C requests a run, each sent once
+                mine = [r for r in work if r["concurrency"] == c]
+                assert len(mine) >= 4 * c
+                assert len({r["prompt"] for r in mine}) == len(mine)
+            assert all(r["ok"] and r["sent_at"] <= r["finished_at"] for r in work)
+            assert all(r["steady_completions"] > 0 for r in rounds)
+            shapes.append(
+                (
+                    [(lv["concurrency"], lv["verdict"]) for lv in out["levels"]],
+                    sorted(records[0]),
+                    sorted(rounds[0]),
+                )
+            )
+    assert shapes[0] == shapes[1]
+    assert "sending each level from 2 worker processes" in result.err
+
+
+def test_an_open_loop_rate_is_kept_by_two_workers(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.005, per_token_s=0.0002) as mock:
+        open_gate(isolated, mock.base_url, FAST + "[sweep]\nlevel_s = 2\nrepeats = 1\n", "ladder")
+        result = cli("sweep", "--rates", "40", "--json", "--beyond-ladder", "--workers", "2")
+    assert result.code == 0, result.err
+    level = result.json["levels_detail"][0]
+    assert level["offered_rate"] == 40.0 and level["saturated"] is False
+    assert level["achieved_rate"] == pytest.approx(40.0, rel=0.05)
+    records = jsonl(run_dir(isolated, result.json["run_id"]) / "records.jsonl")
+    assert len(records) == pytest.approx(80, abs=8)
+
+
+def _workers_of(parent: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat[1]) == parent and CHILD.encode() in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def test_a_worker_killed_mid_level_is_a_clear_error_and_exit_1(cli, isolated: Path) -> None:
+    killed: list[int] = []
+
+    def kill_one() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            if len(workers := _workers_of(os.getpid())) == 2:
+                time.sleep(1.0)  # started, and in the middle of the level
+                os.kill(workers[0], signal.SIGKILL)
+                killed.append(workers[0])
+            time.sleep(0.05)
+
+    config = FAST + "[sweep]\nconcurrency = [4]\nlevel_s = 30\nrepeats = 1\n"
+    with start_mock(ttft_s=0.005, per_token_s=0.001) as mock:
+        open_gate(isolated, mock.base_url, config, stage="ladder")
+        killer = threading.Thread(target=kill_one, daemon=True)
+        killer.start()
+        began = time.monotonic()
+        result = cli("sweep", "--workers", "2")
+        killer.join(5)
+    assert killed, "no worker was found to kill"
+    assert result.code == 1, result.err
+    assert time.monotonic() - began < 25, "the sweep waited for the level instead of stopping"
+    assert f"(PID {killed[0]}) was killed by signal 9" in result.err
+    assert "--workers 1" in result.err and "Traceback" not in result.err
+    assert _workers_of(os.getpid()) == []  # the other worker was ended too
+
+
+def test_a_client_bound_sweep_advises_more_workers(cli, isolated: Path, monkeypatch) -> None:
+    """The self-check reads every window as CPU-bound (a fake monitor): the warning and the
+    what-to-do name --workers; with two, this process's own limit is the parent's."""
+    from calibrate.gpu.selfload import SelfLoadMonitor
+    from calibrate.stages.measure import tier_run
+
+    class Busy(SelfLoadMonitor):
+        def _run(self) -> None:
+            while not self._stop.wait(0.02):
+                self.observe(1.0, 0.97, 0.0)
+
+    monkeypatch.setattr(tier_run, "SelfLoadMonitor", Busy)
+    monkeypatch.setattr("calibrate.load.procs.sender.cores", lambda: 8)
+    with start_mock(ttft_s=0.004, per_token_s=0.0005, slots=4) as mock:
+        open_gate(isolated, mock.base_url, SWEEP, stage="ladder")
+        result = cli("sweep", "--json")
+        assert result.code == 1, result.err
+        assert "split the load over 2 processes with --workers 2" in result.err
+        assert "what to do: send from more processes with --workers N" in result.err
+        result = cli("sweep", "--json", "--workers", "2")  # this process only feeds them
+    assert result.code == 1, result.err
+    assert "the parent process that feeds all 2 --workers is the limit" in result.err
+
+
+def test_auto_mode_runs_its_closed_and_open_loops_over_workers(cli, isolated: Path) -> None:
+    """--auto: synchronous and maximum (closed loops), then rates between (open loops)."""
+    config = FAST + "[sweep]\nlevel_s = 0.3\nrepeats = 1\n"
+    with start_mock(ttft_s=0.005, per_token_s=0.0005, slots=4) as mock:
+        open_gate(isolated, mock.base_url, config, stage="ladder")
+        result = cli("sweep", "--auto", "--auto-steps", "2", "--json", "--workers", "2")
+    assert result.code == 0, result.err
+    levels = result.json["levels"]
+    assert len(levels) == 4 and all(lv["verdict"] == "pass" for lv in levels)
+    assert "sending each level from 2 worker processes" in result.err
+
+
+def test_two_workers_split_the_ladders_waves_and_its_tiers_read_as_with_one(
+    cli, isolated: Path
+) -> None:
+    """Each wave of B dealt to two processes and released together: the same tiers, verdicts
+    and records as one process, an OOM at batch 8 found the same way."""
+    seen = []
+    with start_mock(ttft_s=0.002, per_token_s=0.004, slots=4, oom_at=6) as mock:
+        open_gate(isolated, mock.base_url, FAST)  # repro passed: the ladder's gate is open
+        for workers in ("1", "2"):
+            result = cli("ladder", "--json", "--workers", workers)
+            assert result.code == 0, result.err
+            tiers = [(t["batch_size"], t["verdict"]) for t in result.json["tiers"]]
+            records = jsonl(run_dir(isolated, result.json["run_id"]) / "records.jsonl")
+            per_tier = {b: sum(r["batch_size"] == b for r in records) for b in (1, 2, 4, 8)}
+            assert all(r["sent_at"] <= r["finished_at"] for r in records if r["ok"])
+            seen.append((tiers, per_tier, sorted(records[0])))
+    assert seen[0] == seen[1]
+    assert seen[1][0] == [(1, "pass"), (2, "pass"), (4, "pass"), (8, "fail")]
+    assert "sending each wave from 2 worker processes" in result.err
