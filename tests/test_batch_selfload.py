@@ -20,6 +20,17 @@ def test_cpu_near_one_core_for_two_windows_is_a_bottleneck() -> None:
     assert report.bottleneck and report.windows == 2 and report.cpu_fraction_max == 0.97
 
 
+def test_the_warning_gives_the_advice_set_after_it_was_detected() -> None:
+    """The monitor starts before the stage knows what to advise (one process, or the parent of
+    --workers): a bottleneck found in between still carries the advice the stage then set."""
+    monitor = SelfLoadMonitor(cpu_limit=0.85, confirm=1)
+    monitor.observe(1.0, 0.97, 0.001)  # during the workload probe, say
+    monitor.advice = "split the load over 2 processes with --workers 2"
+    warning = monitor.poll_warning()
+    assert warning is not None and "--workers 2" in warning and "lower -c" not in warning
+    assert "--workers 2" in monitor.report().reason
+
+
 def test_interrupted_streak_and_idle_client_are_not_a_bottleneck() -> None:
     monitor = SelfLoadMonitor(cpu_limit=0.85, lag_limit_s=0.015, confirm=2)
     for cpu in (0.9, 0.3, 0.9, 0.2, 0.1):

@@ -244,7 +244,7 @@ def test_a_client_bound_sweep_advises_more_workers(cli, isolated: Path, monkeypa
         open_gate(isolated, mock.base_url, SWEEP, stage="ladder")
         result = cli("sweep", "--json")
         assert result.code == 1, result.err
-        assert "split the load over 2 processes with --workers 2" in result.err
+        assert "split the load over 2 processes with --workers 2" in result.err, result.err
         assert "what to do: send from more processes with --workers N" in result.err
         result = cli("sweep", "--json", "--workers", "2")  # this process only feeds them
     assert result.code == 1, result.err

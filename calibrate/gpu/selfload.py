@@ -92,7 +92,7 @@ class SelfLoadMonitor:
         self._cpu_clock = cpu_clock
         self._samples: list[SelfLoadSample] = []
         self._streak = 0
-        self._reason = ""
+        self._cause_text = ""  # what made it client-bound; the advice is added when it is said
         self._warned = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -105,8 +105,8 @@ class SelfLoadMonitor:
             self._samples.append(sample)
             bound = sample.cpu_fraction >= self.cpu_limit or sample.lag_s >= self.lag_limit_s
             self._streak = self._streak + 1 if bound else 0
-            if self._streak >= self.confirm and not self._reason:
-                self._reason = _describe(self._cause(sample), self.advice)
+            if self._streak >= self.confirm and not self._cause_text:
+                self._cause_text = self._cause(sample)
         return sample
 
     def mark(self) -> int:
@@ -137,12 +137,18 @@ class SelfLoadMonitor:
     @property
     def bottleneck(self) -> bool:
         with self._lock:
-            return bool(self._reason)
+            return bool(self._cause_text)
+
+    @property
+    def _reason(self) -> str:
+        """The warning: its cause, with the advice as it stands now (a stage may set the advice
+        after the monitor started, e.g. once it knows whether ``--workers`` are sending)."""
+        return _describe(self._cause_text, self.advice) if self._cause_text else ""
 
     def poll_warning(self) -> str | None:
         """The bottleneck warning, the first time it is asked for after it was detected."""
         with self._lock:
-            if not self._reason or self._warned:
+            if not self._cause_text or self._warned:
                 return None
             self._warned = True
             return self._reason
