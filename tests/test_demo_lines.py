@@ -30,12 +30,17 @@ def test_a_ladder_of_four_tiers_logs_each_tier_once_in_a_short_log(cli, isolated
     # the setting, said once (batch 4, or batch 2 where 4 was within noise of it on a busy box)
     assert sum(ln.startswith("setting: batch ") for ln in lines) == 1, result.err
     assert not [ln for ln in lines if ln.startswith(("batch 1:", "batch 8:"))]
-    # "last passing tier: batch 8" has a line of its own only when it is not the setting (the
-    # mock's OOM above 6 in flight needs 7 requests at once, which a busy box may not send)
+    # "last passing tier" has a line of its own only when it is not the setting: batch 4,
+    # stopped by batch 8's OOM (the mock fails above 6 in flight), or batch 8 where a busy box
+    # never had 7 of a wave in flight at once
     passing = [ln for ln in lines if ln.startswith("last passing")]
-    assert not passing or passing == [
-        "last passing tier: batch 8, concurrency 8 (every tier passed)"
-    ], result.err
+    assert len(passing) <= 1, result.err
+    assert not passing or passing[0].startswith(
+        (
+            "last passing tier: batch 4, concurrency 4 (stopped by failure: batch 8:",
+            "last passing tier: batch 8, concurrency 8 (every tier passed)",
+        )
+    ), result.err
 
 
 def test_status_says_the_stages_not_run_in_one_line(cli, isolated: Path) -> None:

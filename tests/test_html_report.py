@@ -187,7 +187,7 @@ def test_html_path_is_chosen_and_an_unwritable_one_is_exit_2(cli, isolated: Path
     assert mine.code == 0 and (isolated / "mine.html").exists()
     (isolated / "blocker").write_text("a file, not a folder", "utf-8")
     bad = cli("report", "r1", "--html", "blocker/report.html", "--no-plot")
-    assert bad.code == 2 and "cannot write blocker/report.html" in bad.err
+    assert bad.code == 2 and "cannot write --html blocker/report.html" in bad.err
     assert "Traceback" not in bad.err
 
 

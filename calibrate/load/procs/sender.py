@@ -14,8 +14,9 @@ lives in this process) and runs each loop in N worker processes (``child.py``):
 
 Items come back as ``ItemResult``s, shifted onto this process's start and numbered in the
 order the requests started, so the stage above sees what one process would have made. A
-worker that dies is a ``WorkerDied`` (exit 1) naming it, and the others are ended. Everything
-else (waves, copies, probes) is still sent from this process, as by ``Sender``.
+worker that dies is a ``WorkerDied`` (exit 1) naming it, and the others are ended. A ladder's
+wave of B is dealt to the workers too and released by all at one moment; everything else (a
+prompt-list wave, the canary, the copies, the probes) is still sent from this process.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def workers_for(asked: int | None, in_flight: int, rate: float | None = None) ->
     """How many processes send a load of at most ``in_flight`` requests at once (and, open
     loop, ``rate`` req/s at most; inf: as fast as can be): ``asked``, or for auto (None) one
     per ``SLOTS_PER_WORKER`` in flight or per ``RATE_PER_WORKER`` req/s, whichever asks more —
-    a process sends about that much before its one core is the limit (docs/sweep.md) — and
+    a process sends about that much before its one core is the limit (docs/stages.md) — and
     never more than the cores, nor more than the requests ever in flight."""
     if asked is None:
         by_rate = 0 if rate is None else cores() if math.isinf(rate) else rate / RATE_PER_WORKER
