@@ -195,12 +195,12 @@ class Answer:
                     self._finish()
                 continue
             try:
-                size = int(line.split(b";", 1)[0], 16)
+                size = int(line.split(b";", 1)[0] if b";" in line else line, 16)
             except ValueError:
                 raise invalid(f"the answer has a bad chunk size: {line[:40]!r}") from None
             if size == 0:
                 self._trailer = True
-            elif end - pos >= size + 2:  # the whole chunk and its CRLF came in this read
+            elif size > 0 and end - pos >= size + 2:  # all of it and its CRLF: at once
                 self._body(data[pos : pos + size])
                 pos += size + 2
             else:
