@@ -3,7 +3,8 @@
 The head is limited (``MAX_HEADER_BYTES``, ``MAX_HEADERS``); the body is read by Content-Length,
 by chunks, or up to the connection's close, never past the size cap. A streamed answer is kept
 as the runs of whole lines it arrived in, each with the clock time its bytes arrived (the TTFT
-and the gaps between chunks are those arrival times, not when a worker thread got to them). An error answer keeps at most
+and the gaps between chunks are those arrival times, not when a worker thread got to them): a
+read's lines are split once, when the answer is parsed. An error answer keeps at most
 ``ERROR_BODY_BYTES``. Failures raise ``RequestError`` (``invalid_response``).
 """
 
