@@ -422,3 +422,19 @@ def test_whole_chunks_and_a_byte_at_a_time_give_the_same_lines() -> None:
         assert answer.done and answer.lines == whole.lines[: len(answer.lines)]
         assert DONE_LINE in [line for line, _ in answer.lines]
         assert completion_of(answer, 0.0, stream=True, chat=True) == done
+
+
+@pytest.mark.parametrize("step", [0, 1])
+def test_a_stream_over_the_size_cap_is_refused_whole_chunks_or_not(step: int) -> None:
+    body = _sse(*[_chat_chunk(f"tok{k} ") for k in range(20)])
+    reads = [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"]
+    reads.append(b"Transfer-Encoding: chunked\r\n\r\n")
+    for event in body.split(b"\n\n")[:-1]:
+        framed = b"%x\r\n%s\n\n\r\n" % (len(event) + 2, event)
+        reads += [framed] if not step else [framed[i : i + 1] for i in range(len(framed))]
+    answer = Answer(max_bytes=len(body) // 2, lines=True, clock=lambda: 0.0)
+    with pytest.raises(RequestError) as caught:
+        for data in reads:
+            answer.feed(data)
+    assert caught.value.kind == "invalid_response" and "MiB (max_response_mib)" in str(caught.value)
+    assert answer.size > len(body) // 2 and not answer.done

@@ -69,6 +69,7 @@ class Answer:
         self._capped = False  # an error answer cut at ERROR_BODY_BYTES
         self._saw_done = False  # a streamed answer's [DONE] line arrived
         self._inflate: Any = None  # a zlib decoder of an encoded body, fed as bytes arrive
+        self._stream_chunks = False  # a streamed, chunked, plain answer: _one_chunk may take a read
 
     @property
     def lines(self) -> list[tuple[bytes, float]]:
@@ -92,7 +93,8 @@ class Answer:
             if not self.head_done or self.done:
                 return
         if self._chunked:
-            self._chunks(data)
+            if not (self._stream_chunks and self._one_chunk(data)):
+                self._chunks(data)
         elif data:
             if not self._until_close:
                 if len(data) > self._left:
@@ -148,6 +150,7 @@ class Answer:
             self._inflate = _decoder(encoding)
         self.want_lines = self.want_lines and self.event_stream and status < 300
         self._chunked = "chunked" in (headers.get("transfer-encoding") or "").lower()
+        self._stream_chunks = self._chunked and self.want_lines and self._inflate is None
         length = headers.get("content-length")
         if self._chunked:
             pass
@@ -206,6 +209,30 @@ class Answer:
                 pos += size + 2
             else:
                 self._left = size + 2
+
+    def _one_chunk(self, data: bytes) -> bool:
+        """Take a read that is one whole chunk of whole lines (a streaming server's every write,
+        as it mostly arrives) in one step, as ``_chunks`` and ``_body`` would: True if it was."""
+        if self._left or self._buf or self._pending or self._trailer:
+            return False  # in the middle of something: the general way
+        nl = data.find(b"\r\n", 0, 18)
+        if nl <= 0 or b";" in data[:nl]:
+            return False
+        try:
+            size = int(data[:nl], 16)
+        except ValueError:
+            return False  # _chunks says what is wrong with it
+        stop = nl + 2 + size
+        if size <= 0 or len(data) != stop + 2 or data[stop - 1] != 10:  # 10: b"\n"
+            return False
+        self.size += size
+        if self.size > self.max_bytes:
+            raise too_large(self.max_bytes)
+        piece = data[nl + 2 : stop]
+        self.blocks.append((piece, self.clock()))
+        if DONE_LINE in piece and _has_done_line(piece):
+            self._saw_done = True
+        return True
 
     def _body(self, piece: bytes) -> None:
         if self._inflate is not None:
