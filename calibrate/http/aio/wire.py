@@ -216,10 +216,13 @@ class Answer:
         if self._left or self._buf or self._pending or self._trailer:
             return False  # in the middle of something: the general way
         nl = data.find(b"\r\n", 0, 18)
-        if nl <= 0 or b";" in data[:nl]:
+        if nl <= 0:
+            return False
+        line = data[:nl]
+        if b";" in line:
             return False
         try:
-            size = int(data[:nl], 16)
+            size = int(line, 16)
         except ValueError:
             return False  # _chunks says what is wrong with it
         stop = nl + 2 + size
