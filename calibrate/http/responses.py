@@ -11,7 +11,6 @@ surrogate (JSON ``"\\ud800"``) becomes U+FFFD, so every writer can encode it.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from calibrate.errors import RequestError
@@ -27,22 +26,6 @@ MAX_INDEX = 2**31 - 1  # a choice's index
 def valid_text(text: str) -> str:
     """``text`` with lone surrogates replaced by U+FFFD (JSON pairs are already joined)."""
     return text if text.isascii() or not _SURROGATE.search(text) else _SURROGATE.sub("\ufffd", text)
-
-
-def sse_events(lines: Iterator[bytes]) -> Iterator[str]:
-    """The ``data:`` payloads of a server-sent event stream (multi-line data joined)."""
-    buffer: list[str] = []
-    for raw in lines:
-        line = raw.decode("utf-8", errors="replace")
-        if not line:
-            if buffer:
-                yield "\n".join(buffer)
-                buffer = []
-            continue
-        if line.startswith("data:"):
-            buffer.append(line[5:].lstrip(" "))
-    if buffer:
-        yield "\n".join(buffer)
 
 
 _NAMES = {
@@ -200,3 +183,43 @@ def parse_chunk(payload: object, *, chat: bool) -> StreamChunk:
         served_model=_optional_name(payload.get("model")),
         system_fingerprint=_optional_name(payload.get("system_fingerprint")),
     )
+
+
+def plain_piece(payload: object, chat: bool) -> str | None:
+    """The text of a stream chunk of the common shape, else None (``parse_chunk`` reads it).
+
+    That shape: an object with no ``error``, no usage (or null), one choice at index 0 (or no
+    index) with no finish_reason, its ``delta`` an object (chat) and its text a string or null;
+    ``model`` and ``system_fingerprint`` absent, null or ASCII strings. Of such a chunk,
+    ``parse_chunk`` would say exactly this text as choice 0's piece and nothing else — without
+    the tuples it builds (this runs once per streamed event)."""
+    if type(payload) is not dict or "error" in payload or payload.get("usage") is not None:
+        return None
+    choices = payload.get("choices")
+    if type(choices) is not list or len(choices) != 1:
+        return None
+    choice = choices[0]
+    if type(choice) is not dict or choice.get("finish_reason") is not None:
+        return None
+    index = choice.get("index", 0)
+    if type(index) is not int or index != 0:
+        return None
+    if chat:
+        delta = choice.get("delta")
+        if type(delta) is not dict:
+            return None
+        text = delta.get("content")
+    else:
+        text = choice.get("text")
+    if text is None:
+        text = ""
+    elif type(text) is not str:
+        return None
+    elif not text.isascii():
+        text = valid_text(text)
+    model, fingerprint = payload.get("model"), payload.get("system_fingerprint")
+    if model is not None and (type(model) is not str or not model.isascii()):
+        return None
+    if fingerprint is not None and (type(fingerprint) is not str or not fingerprint.isascii()):
+        return None
+    return text

@@ -1,50 +1,146 @@
-"""A streamed answer (SSE) read into one ``Completion``: its choices, usage, TTFT and gaps."""
+"""A streamed answer (SSE) read into one ``Completion``: its choices, usage, TTFT and gaps.
+
+Its events come from its lines (urllib3's reader: ``sse_events``) or from the timed blocks the
+asyncio transport kept (``timed_events``); both give the same events: the ``data:`` lines of an
+event joined by ``\\n`` (the space after ``data:`` dropped), an event ended by an empty line or
+by the stream's end; other lines (comments ``:``, ``event:``, ``id:``) are skipped. Bytes that
+are not UTF-8 become U+FFFD. A line ends at ``\\n``; the ``\\r`` before it is dropped (by the
+urllib3 reader, every one; by ``timed_events``, one, as the asyncio transport always has).
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from calibrate.http.error_kinds import invalid
 from calibrate.http.models import Choice, Completion, Usage
-from calibrate.http.responses import parse_chunk, sse_events
+from calibrate.http.responses import parse_chunk, plain_piece
 from calibrate.http.stream_timing import stream_timing
+
+# json.loads's own scanner, in C: the (value, end) of the JSON value at an index (typeshed
+# does not name it; the json module has called it so since Python 2.6)
+_Scan = Callable[[str, int], tuple[Any, int]]
+_scan: _Scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def _json_of(event: str) -> Any:
+    """The JSON value of one event, or ``invalid_response`` saying it is none."""
+    try:
+        return json.loads(event)
+    except (ValueError, RecursionError) as exc:
+        raise invalid(f"a stream chunk is not JSON: {event[:200]!r}") from exc
+
+
+def sse_events(lines: Iterator[bytes]) -> Iterator[str]:
+    """The payloads of a stream's lines (without their line ends: the urllib3 reader's)."""
+    buffer: list[bytes] = []
+    for line in lines:
+        if not line:
+            if buffer:
+                # one decode per event: a line end never splits a UTF-8 sequence, so this is
+                # the lines decoded one by one and joined
+                yield (buffer[0] if len(buffer) == 1 else b"\n".join(buffer)).decode(
+                    "utf-8", "replace"
+                )
+                buffer = []
+        elif line.startswith(b"data:"):
+            buffer.append(line[5:].lstrip(b" "))
+    if buffer:
+        yield b"\n".join(buffer).decode("utf-8", "replace")
+
+
+def timed_events(blocks: Iterable[tuple[bytes, float]], end: float) -> Iterator[tuple[str, float]]:
+    """The payloads of a stream received as ``blocks`` — runs of whole lines, each ending in
+    ``\\n``, with the time its bytes arrived — each with the arrival of the line that ended it
+    (an event cut by the stream's end: ``end``, when the answer was whole)."""
+    buffer: list[str] = []
+    for block, arrived in blocks:
+        text = block.decode("utf-8", "replace")
+        # The common block, one whole event: "data: {…}\n\n" (the data line its only line).
+        if (
+            not buffer
+            and text.startswith("data: {")
+            and text.endswith("}\n\n")
+            and text.find("\n") == len(text) - 2
+        ):
+            yield text[6:-2], arrived
+            continue
+        lines = text.split("\n")
+        lines.pop()  # after the block's last line end: nothing
+        for line in lines:
+            if line.endswith("\r"):
+                line = line[:-1]
+            if not line:
+                if buffer:
+                    yield "\n".join(buffer), arrived
+                    buffer = []
+            elif line.startswith("data:"):
+                buffer.append(line[5:].lstrip(" "))
+    if buffer:
+        yield "\n".join(buffer), end
 
 
 def read_stream(
     lines: Iterator[bytes], start: float, clock: Callable[[], float], *, chat: bool
 ) -> Completion:
-    """The events of ``lines`` up to ``[DONE]`` (or their end); ``clock`` stamps each text chunk."""
+    """The events of ``lines`` up to ``[DONE]`` (or their end); ``clock`` stamps each event as
+    it is read (the lines are read as they arrive: urllib3's reader)."""
+    return read_events(((event, clock()) for event in sse_events(lines)), start, clock, chat=chat)
+
+
+def read_events(
+    events: Iterator[tuple[str, float]],
+    start: float,
+    end: Callable[[], float],
+    *,
+    chat: bool,
+) -> Completion:
+    """The answer of ``events`` — payloads, each with the clock reading when it arrived — up to
+    ``[DONE]`` (the answer's elapsed time: when that arrived) or their end (``end()``)."""
     texts: dict[int, list[str]] = {}
+    first: list[str] | None = None  # choice 0's pieces, for the common chunk's shortcut
     finish: dict[int, str | None] = {}
     usage: Usage | None = None
     model: str | None = None
     fingerprint: str | None = None
-    ttft: float | None = None
     arrivals: list[float] = []  # when each chunk with text arrived (the gaps: ITL)
-    for event in sse_events(lines):
+    done_at: float | None = None
+    for event, arrived in events:
         if event == "[DONE]":
+            done_at = arrived
             break
-        try:
-            payload = json.loads(event)
-        except (ValueError, RecursionError) as exc:
-            raise invalid(f"a stream chunk is not JSON: {event[:200]!r}") from exc
+        try:  # json.loads without its Python layers: the value must be the whole event
+            payload, stop = _scan(event, 0)
+        except (StopIteration, ValueError, RecursionError):
+            stop = -1
+        if stop != len(event):  # whitespace around it, or no JSON: json.loads says which
+            payload = _json_of(event)
+        text = plain_piece(payload, chat)
+        if text is not None:  # one choice, 0, text only: what parse_chunk would say, sooner
+            model = payload.get("model") or model
+            fingerprint = payload.get("system_fingerprint") or fingerprint
+            if first is None:
+                first = texts.setdefault(0, [])
+            if text:
+                first.append(text)
+                arrivals.append(arrived - start)
+            continue
         chunk = parse_chunk(payload, chat=chat)
         model = chunk.served_model or model
         fingerprint = chunk.system_fingerprint or fingerprint
         usage = chunk.usage or usage
         carried = False
-        for index, text, finish_reason in chunk.choices:
+        for index, piece, finish_reason in chunk.choices:
             pieces = texts.setdefault(index, [])
-            if text:
+            if piece:
                 carried = True
-                pieces.append(text)
+                pieces.append(piece)
             if finish_reason is not None:
                 finish[index] = finish_reason
         if carried:
-            arrivals.append(clock() - start)
-            if ttft is None:
-                ttft = arrivals[0]
+            arrivals.append(arrived - start)
     if not texts:
         raise invalid("the stream carried no choices")
     choices = tuple(
@@ -52,4 +148,6 @@ def read_stream(
     )
     counted = usage.completion_tokens if usage else None
     timing = stream_timing(arrivals, counted) if len(texts) == 1 else None
-    return Completion(choices, usage, model, fingerprint, clock() - start, ttft, timing)
+    ttft = arrivals[0] if arrivals else None
+    elapsed = (done_at if done_at is not None else end()) - start
+    return Completion(choices, usage, model, fingerprint, elapsed, ttft, timing)

@@ -79,5 +79,6 @@ def stream_timing(arrivals_s: Sequence[float], usage_tokens: int | None) -> Stre
     if usage_tokens is None:
         return StreamTiming(chunks, chunks, "chunks", tuple(raw))
     per_chunk = (usage_tokens - 1) / (chunks - 1) if chunks > 1 and usage_tokens > 1 else 1.0
-    gaps = tuple(g / per_chunk for g in raw) if per_chunk > 0 else tuple(raw)
+    # a token a chunk (the common stream): x / 1.0 is x, the list is kept as it is
+    gaps = tuple([g / per_chunk for g in raw]) if per_chunk > 0 and per_chunk != 1.0 else tuple(raw)
     return StreamTiming(chunks, usage_tokens, "usage", gaps)

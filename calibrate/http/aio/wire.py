@@ -2,8 +2,9 @@
 
 The head is limited (``MAX_HEADER_BYTES``, ``MAX_HEADERS``); the body is read by Content-Length,
 by chunks, or up to the connection's close, never past the size cap. A streamed answer is kept
-as lines, each with the clock time its bytes arrived (the TTFT and the gaps between chunks are
-those arrival times, not when a worker thread got to them). An error answer keeps at most
+as the runs of whole lines it arrived in, each with the clock time its bytes arrived (the TTFT
+and the gaps between chunks are those arrival times, not when a worker thread got to them): a
+read's lines are split once, when the answer is parsed. An error answer keeps at most
 ``ERROR_BODY_BYTES``. Failures raise ``RequestError`` (``invalid_response``).
 """
 
@@ -30,6 +31,11 @@ def _decoder(encoding: str) -> Any:
     return zlib.decompressobj(47 if "gzip" in encoding else 15)  # 47: gzip or zlib header
 
 
+def _has_done_line(block: bytes) -> bool:
+    """``block`` holds the line ``data: [DONE]`` (not just those bytes within a line)."""
+    return any(line in (DONE_LINE, DONE_LINE + b"\r") for line in block.split(b"\n"))
+
+
 class Headers(dict[str, str]):
     """Answer headers by lower-cased name; ``get`` takes any case."""
 
@@ -50,7 +56,8 @@ class Answer:
         self.done = False
         self.reusable = True
         self.parts: list[bytes] = []
-        self.lines: list[tuple[bytes, float]] = []  # streamed: (line without its ending, when)
+        # streamed: runs of whole lines (each ending in \n) as they arrived, and when
+        self.blocks: list[tuple[bytes, float]] = []
         self.size = 0
         self.finished_at = 0.0
         self._buf = b""  # the head, or a chunk-size line, still arriving
@@ -62,6 +69,16 @@ class Answer:
         self._capped = False  # an error answer cut at ERROR_BODY_BYTES
         self._saw_done = False  # a streamed answer's [DONE] line arrived
         self._inflate: Any = None  # a zlib decoder of an encoded body, fed as bytes arrive
+        self._stream_chunks = False  # a streamed, chunked, plain answer: _one_chunk may take a read
+
+    @property
+    def lines(self) -> list[tuple[bytes, float]]:
+        """The streamed lines, without their line ends, each with when its bytes arrived."""
+        return [
+            (line[:-1] if line.endswith(b"\r") else line, arrived)
+            for block, arrived in self.blocks
+            for line in block.split(b"\n")[:-1]
+        ]
 
     @property
     def event_stream(self) -> bool:
@@ -76,7 +93,8 @@ class Answer:
             if not self.head_done or self.done:
                 return
         if self._chunked:
-            self._chunks(data)
+            if not (self._stream_chunks and self._one_chunk(data)):
+                self._chunks(data)
         elif data:
             if not self._until_close:
                 if len(data) > self._left:
@@ -132,6 +150,7 @@ class Answer:
             self._inflate = _decoder(encoding)
         self.want_lines = self.want_lines and self.event_stream and status < 300
         self._chunked = "chunked" in (headers.get("transfer-encoding") or "").lower()
+        self._stream_chunks = self._chunked and self.want_lines and self._inflate is None
         length = headers.get("content-length")
         if self._chunked:
             pass
@@ -180,13 +199,43 @@ class Answer:
                     self._finish()
                 continue
             try:
-                size = int(line.split(b";", 1)[0], 16)
+                size = int(line.split(b";", 1)[0] if b";" in line else line, 16)
             except ValueError:
                 raise invalid(f"the answer has a bad chunk size: {line[:40]!r}") from None
             if size == 0:
                 self._trailer = True
+            elif size > 0 and end - pos >= size + 2:  # all of it and its CRLF: at once
+                self._body(data[pos : pos + size])
+                pos += size + 2
             else:
                 self._left = size + 2
+
+    def _one_chunk(self, data: bytes) -> bool:
+        """Take a read that is one whole chunk of whole lines (a streaming server's every write,
+        as it mostly arrives) in one step, as ``_chunks`` and ``_body`` would: True if it was."""
+        if self._left or self._buf or self._pending or self._trailer:
+            return False  # in the middle of something: the general way
+        nl = data.find(b"\r\n", 0, 18)
+        if nl <= 0:
+            return False
+        line = data[:nl]
+        if b";" in line:
+            return False
+        try:
+            size = int(line, 16)
+        except ValueError:
+            return False  # _chunks says what is wrong with it
+        stop = nl + 2 + size
+        if size <= 0 or len(data) != stop + 2 or data[stop - 1] != 10:  # 10: b"\n"
+            return False
+        self.size += size
+        if self.size > self.max_bytes:
+            raise too_large(self.max_bytes)
+        piece = data[nl + 2 : stop]
+        self.blocks.append((piece, self.clock()))
+        if DONE_LINE in piece and _has_done_line(piece):
+            self._saw_done = True
+        return True
 
     def _body(self, piece: bytes) -> None:
         if self._inflate is not None:
@@ -206,14 +255,17 @@ class Answer:
             return
         if self._pending:
             piece = self._pending + piece
-        split = piece.split(b"\n")
-        self._pending = split.pop()
-        now = self.clock()
-        for line in split:
-            line = line[:-1] if line.endswith(b"\r") else line
-            self.lines.append((line, now))
-            if line == DONE_LINE:
-                self._saw_done = True
+        cut = piece.rfind(b"\n") + 1  # kept whole: the lines are split once, when parsed
+        if cut < len(piece):
+            self._pending = piece[cut:]
+            if not cut:
+                return
+            piece = piece[:cut]
+        else:
+            self._pending = b""
+        self.blocks.append((piece, self.clock()))
+        if DONE_LINE in piece and _has_done_line(piece):
+            self._saw_done = True
 
     def _decoded(self, raw: bytes) -> bytes:
         """Encoded bytes decoded as they arrive (a gzip stream's lines keep their arrival
@@ -236,7 +288,7 @@ class Answer:
             if self.done:  # the decoded rest capped an error body
                 return
         if self._pending:
-            self.lines.append((self._pending.rstrip(b"\r"), self.clock()))
+            self.blocks.append((self._pending.rstrip(b"\r") + b"\n", self.clock()))
             self._pending = b""
         self.done = True
         self.reusable = self.reusable and reusable
