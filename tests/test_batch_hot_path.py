@@ -348,3 +348,11 @@ def test_while_answers_come_back_the_io_loop_sends_the_next_items_not_the_worker
     assert sum(client.by_thread.values()) == n, "one request per item: none sent twice"
     assert client.by_thread["worker"] < n // 4, dict(client.by_thread)
     assert_each_item_once(plan.spec.out_path, n)
+
+
+def test_progress_never_shows_more_in_flight_than_are_left() -> None:
+    """Counts read without a lock: a slot still busy with an item the journal has just counted
+    must not read as "8/8 done, 1 in flight"."""
+    assert BatchProgress(8, 8, 8, 0, 1, 1.0, False).in_flight == 0
+    assert BatchProgress(8, 6, 6, 0, 4, 1.0, False).in_flight == 2
+    assert BatchProgress(8, 2, 1, 1, 3, 1.0, False).in_flight == 3

@@ -39,6 +39,12 @@ class BatchProgress:
     down: tuple[tuple[str, float], ...] = ()  # endpoints in an outage: (label, seconds down)
     outage_limit_s: float = 0.0
 
+    def __post_init__(self) -> None:
+        # the counts are read without a lock: a slot still busy with an item the journal has
+        # just counted (or one sent ahead to a worker) would show more in flight than are left
+        left = max(self.to_run - self.finished, 0)
+        object.__setattr__(self, "in_flight", min(self.in_flight, left))
+
     @property
     def items_per_s(self) -> float:
         return self.finished / self.elapsed_s if self.elapsed_s > 0 else 0.0
