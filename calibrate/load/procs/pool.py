@@ -11,6 +11,7 @@ pipe closes — never a hang: every wait here has a bound.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from calibrate.http.request_times import anchor
 from calibrate.load.procs.channel import Channel
 from calibrate.load.procs.recipe import ClientRecipe
 
+log = logging.getLogger("calibrate")
 CHILD = "calibrate.load.procs.child"
 READY_S = 60.0  # a worker that has not started within this is stuck (a loaded machine: ~1 s)
 EXIT_WAIT_S = 5.0
@@ -136,6 +138,7 @@ class WorkerPool:
             if message[0] == "ended":
                 raise self._died(index, during)
             if message[0] == "error":
+                log.error("load worker process %d: %s", index + 1, message[3])  # its traceback
                 self.close()
                 raise WorkerDied(
                     f"load worker process {index + 1} of {self.count} failed during {during}: "
