@@ -8,13 +8,19 @@ nothing in it is used. ``batch --workers`` and the load engine's workers speak i
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
 import struct
+import subprocess
+import sys
 import threading
+from pathlib import Path
+from queue import Empty, SimpleQueue
 from typing import IO, Any
 
 _HEADER = struct.Struct("!I")
 MAX_FRAME = 1 << 30  # a longer length prefix is a corrupt stream, not a message
+MAX_GROUP = 256  # an outbox's messages sent in one frame
 
 
 class Channel:
@@ -55,3 +61,56 @@ class Channel:
         """Close the stream (a send racing with it is refused: False, as for a dead peer)."""
         with self._lock, contextlib.suppress(OSError):
             self._stream.close()
+
+
+class Outbox:
+    """A worker's messages to its parent, sent in groups by one thread (a write per request or
+    line would cost a system call each and starve the worker); ``close`` ends it after what is
+    queued. The parent gone, nothing the worker does can be recorded: the process ends."""
+
+    def __init__(self, channel: Channel, name: str) -> None:
+        self._channel = channel
+        self._queue: SimpleQueue[tuple[Any, ...] | None] = SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, *message: Any) -> None:
+        self._queue.put(message)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            group = [self._queue.get()]
+            while len(group) < MAX_GROUP:
+                try:
+                    group.append(self._queue.get_nowait())
+                except Empty:
+                    break
+            messages = [m for m in group if m is not None]
+            if messages and not self._channel.send(messages):
+                os._exit(0)  # the parent is gone
+            if None in group:
+                return
+
+
+def spawn_worker(module: str) -> tuple[subprocess.Popen[bytes], Channel, Channel]:
+    """``python -m module`` as a worker of this process: (its process, the channel to it, the
+    channel from it). This checkout's calibrate comes first on its path; whatever it needs to
+    know (the API key too) goes over the channel, never argv, the environment or a file."""
+    import calibrate  # the package's own folder, wherever this process imported it from
+
+    env = dict(os.environ)
+    root = str(Path(calibrate.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    popen = subprocess.Popen(
+        [sys.executable, "-m", module],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        close_fds=True,
+    )
+    assert popen.stdin is not None and popen.stdout is not None
+    return popen, Channel(popen.stdin), Channel(popen.stdout)

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections import deque
-from queue import Empty, SimpleQueue
+from queue import SimpleQueue
 from typing import Any
 
 from calibrate.errors import format_traceback
@@ -29,13 +29,11 @@ from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.models import Completion
 from calibrate.http.request_times import use_anchor
 from calibrate.load.items import ItemResult
-from calibrate.load.procs.channel import Channel
+from calibrate.load.procs.channel import Channel, Outbox
 from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.load.request import Request
 from calibrate.load.waves import Sender
 from calibrate.load.window import LevelWindow
-
-MAX_GROUP = 256  # messages sent in one frame
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,34 +45,6 @@ class StoppableWindow(LevelWindow):
 
     def done(self, elapsed_s: float, started: int) -> bool:
         return self.stop.is_set() or super().done(elapsed_s, started)
-
-
-class Outbox:
-    """Messages to the parent, sent in groups by one thread (a write per request would cost
-    the loop a system call each); ``None`` ends it after what is queued."""
-
-    def __init__(self, channel: Channel) -> None:
-        self._channel = channel
-        self._queue: SimpleQueue[tuple[Any, ...] | None] = SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="load-outbox", daemon=True)
-        self._thread.start()
-
-    def put(self, *message: Any) -> None:
-        self._queue.put(message)
-
-    def _run(self) -> None:
-        while True:
-            group = [self._queue.get()]
-            while len(group) < MAX_GROUP:
-                try:
-                    group.append(self._queue.get_nowait())
-                except Empty:
-                    break
-            messages = [m for m in group if m is not None]
-            if messages and not self._channel.send(messages):
-                os._exit(0)  # the parent is gone: nothing this process does can be recorded
-            if None in group:
-                return
 
 
 class ShareSender(Sender):
@@ -233,7 +203,7 @@ def main() -> None:
         return
     recipe, who, wall, mono = setup
     use_anchor(wall, mono)
-    outbox = Outbox(Channel(out))
+    outbox = Outbox(Channel(out), "load-outbox")
     outbox.put("ready", 0)
     serve(inbox, outbox, recipe, who)
 

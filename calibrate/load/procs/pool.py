@@ -14,18 +14,15 @@ import contextlib
 import logging
 import os
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from queue import Empty, SimpleQueue
 from typing import Any
 
-import calibrate
 from calibrate.errors import WorkerDied
 from calibrate.http.request_times import anchor
-from calibrate.load.procs.channel import Channel
+from calibrate.load.procs.channel import Channel, spawn_worker
 from calibrate.load.procs.recipe import ClientRecipe
 
 log = logging.getLogger("calibrate")
@@ -92,18 +89,8 @@ class WorkerPool:
                 ready.add(index)
 
     def _spawn(self, index: int) -> Worker:
-        env = dict(os.environ)
-        root = str(Path(calibrate.__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        popen = subprocess.Popen(  # the key goes over the pipe below, never argv or a file
-            [sys.executable, "-m", CHILD],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            close_fds=True,
-        )
-        assert popen.stdin is not None and popen.stdout is not None
-        worker = Worker(index, popen, Channel(popen.stdin), Channel(popen.stdout))
+        popen, to_child, from_child = spawn_worker(CHILD)
+        worker = Worker(index, popen, to_child, from_child)
         who = f"load worker process {index + 1} of {self.count}"
         worker.to_child.send((self._recipe, who, *anchor()))
         worker.reader = threading.Thread(

@@ -20,46 +20,13 @@ from typing import Any
 
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.io.tasks import ItemId, Task
+from calibrate.load.procs.channel import Outbox
 from calibrate.stages.batch.lanes import make_lane
 from calibrate.stages.batch.procs.wire import Channel, LaneStats, WorkerDone, WorkerSetup
 from calibrate.stages.batch.queue import MAX_REQUEUES, waiting_task
 from calibrate.stages.batch.worker import BatchControl, ReachabilityGuard, work
 
-MAX_GROUP = 256  # messages sent in one frame
 POLL_S = 0.2
-
-
-class Outbox:
-    """The messages to the parent, sent in groups by one thread (a write per line starved the
-    workers); ``None`` ends it after what is queued."""
-
-    def __init__(self, channel: Channel) -> None:
-        self._channel = channel
-        self._queue: SimpleQueue[tuple[Any, ...] | None] = SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="batch-outbox", daemon=True)
-        self._thread.start()
-
-    def put(self, *message: Any) -> None:
-        self._queue.put(message)
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            group = [self._queue.get()]
-            while len(group) < MAX_GROUP:
-                try:
-                    group.append(self._queue.get_nowait())
-                except Empty:
-                    break
-            last = None in group
-            messages = [m for m in group if m is not None]
-            if messages and not self._channel.send(messages):
-                os._exit(0)  # the parent is gone: nothing this process does can be recorded
-            if last:
-                return
 
 
 class ParentQueue:
@@ -244,7 +211,7 @@ def main() -> None:
     setup = inbox.receive()
     if not isinstance(setup, WorkerSetup):
         return
-    outbox = Outbox(Channel(out))
+    outbox = Outbox(Channel(out), "batch-outbox")
     done = serve(setup, inbox, outbox)
     outbox.put("done", done)
     outbox.close()

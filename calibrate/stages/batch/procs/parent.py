@@ -13,19 +13,16 @@ unreachable server) tells every worker to stop; past the grace period they are k
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from queue import Empty, SimpleQueue
 
-import calibrate
 from calibrate.io.tasks import ItemId, Task
-from calibrate.stages.batch.procs.wire import Channel, WorkerDone, WorkerSetup
+from calibrate.load.procs.channel import Channel, spawn_worker
+from calibrate.stages.batch.procs.wire import WorkerDone, WorkerSetup
 from calibrate.stages.batch.queue import WorkQueue
 from calibrate.stages.batch.worker import BatchControl
 from calibrate.state.setting import Endpoint
@@ -154,24 +151,10 @@ class WorkerSet:
                 proc.popen.wait(EXIT_WAIT_S)
 
     def _spawn(self, setup: WorkerSetup) -> None:
-        env = dict(os.environ)
-        root = str(Path(calibrate.__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        popen = subprocess.Popen(  # the key goes over the pipe below, never argv or a file
-            [sys.executable, "-m", CHILD],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            close_fds=True,
-        )
-        assert popen.stdin is not None and popen.stdout is not None
+        popen, to_child, from_child = spawn_worker(CHILD)  # the key goes over to_child
         slots = sum(e.concurrency for e in setup.endpoints)
         proc = WorkerProc(
-            setup,
-            popen,
-            Channel(popen.stdin),
-            Channel(popen.stdout),
-            threading.Semaphore(slots + min(slots, 64)),
+            setup, popen, to_child, from_child, threading.Semaphore(slots + min(slots, 64))
         )
         proc.to_child.send(setup)
         proc.reader = threading.Thread(target=self._read, args=(proc,), daemon=True)
