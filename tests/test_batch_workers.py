@@ -21,6 +21,7 @@ import pytest
 from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport, tree_cpu
 from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams
+from calibrate.load.procs.sender import workers_for
 from calibrate.stages.batch import BatchPlan, BatchSpec, plan_batch, run_batch
 from calibrate.stages.batch.outage import OutagePolicy
 from calibrate.stages.batch.procs import run as procs_run
@@ -160,12 +161,14 @@ def test_workers_flag_is_bounded_and_restart_needs_one_process(cli, isolated: Pa
 
 def test_the_self_check_advice_names_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(procs_run, "cores", lambda: 16)
+    monkeypatch.setattr("calibrate.load.procs.sender.cores", lambda: 16)
     assert "--workers 2" in procs_run.advice(1)
     assert "--workers 16" in procs_run.advice(8)
     assert "already uses every core" in procs_run.advice(16)
     assert "--workers" in procs_run.parent_advice(4)
-    assert procs_run.workers_for(None, 64) == 2 and procs_run.workers_for(None, 4096) == 16
-    assert procs_run.workers_for(8, 3) == 3  # never more workers than slots
+    assert workers_for(None, 64) == 2 and workers_for(None, 4096) == 16
+    assert workers_for(None, 40) == 2  # at most 32 in flight per process, as the sweep's
+    assert workers_for(8, 3) == 3  # never more workers than slots
 
 
 def test_a_workers_bottleneck_is_the_runs_and_slots_are_dealt_evenly() -> None:

@@ -25,6 +25,7 @@ from calibrate.errors import (
 )
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.error_kinds import DESCRIPTORS_HINT, OutOfDescriptors
+from calibrate.load.procs.sender import workers_for
 from calibrate.stages.batch.endpoints import (
     ServedModelWatch,
     baseline_served_model,
@@ -168,7 +169,7 @@ def _send(b: _Batch) -> BatchResult:
 
     control = BatchControl()
     slots = sum(min(e.concurrency, max(b.plan.to_run, 1)) for e in endpoints)
-    workers = procs.workers_for(b.request.workers, slots)
+    workers = workers_for(b.request.workers, slots)  # one rule with the sweep's and ladder's
     if b.request.workers != 1:
         b.extra["workers"] = workers  # said only when asked for: the summary is unchanged else
     advice = procs.parent_advice(workers) if workers > 1 else procs.advice(1)

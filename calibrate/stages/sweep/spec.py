@@ -80,4 +80,3 @@ class SweepSpec(TierSpec):
     burstiness: float = 1.0
     seed: int = 0
     beyond_ladder: bool = False
-    workers: int | None = 1  # --workers: processes that send each level (None: auto; 1: this one)

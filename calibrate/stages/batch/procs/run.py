@@ -15,7 +15,6 @@ from pathlib import Path
 
 from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport, tree_cpu, workers_advice
 from calibrate.load.procs.pool import cores
-from calibrate.load.procs.sender import SLOTS_PER_WORKER
 from calibrate.stages.batch.journal import Journal
 from calibrate.stages.batch.lanes import ClientSetup, EndpointReport
 from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
@@ -29,12 +28,6 @@ from calibrate.state.setting import Endpoint
 
 BOTTLENECK = "calibrate itself is the bottleneck"
 _STATES = {"up": 0, "down": 1, "gone": 2}
-
-
-def workers_for(asked: int | None, slots: int) -> int:
-    """How many processes: ``asked`` (None: auto) never more than the slots there are."""
-    wanted = asked if asked is not None else min(cores(), max(1, slots // SLOTS_PER_WORKER))
-    return max(1, min(wanted, slots))
 
 
 def advice(workers: int) -> str:
