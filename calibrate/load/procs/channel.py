@@ -8,8 +8,10 @@ nothing in it is used. ``batch --workers`` and the load engine's workers speak i
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
+import signal
 import struct
 import subprocess
 import sys
@@ -114,3 +116,15 @@ def spawn_worker(module: str) -> tuple[subprocess.Popen[bytes], Channel, Channel
     )
     assert popen.stdin is not None and popen.stdout is not None
     return popen, Channel(popen.stdin), Channel(popen.stdout)
+
+
+def worker_pipes(label: str) -> tuple[Channel, Channel]:
+    """A worker's own ends of its pipes: (from the parent, to the parent). Ctrl-C and SIGHUP are
+    the parent's to handle (it ends its workers); a stray print goes to stderr, never into the
+    pipe; the worker's log lines are labelled ``label``."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    logging.basicConfig(level=logging.ERROR, format=f"{label}: %(message)s")
+    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    return Channel(sys.stdin.buffer), Channel(out)

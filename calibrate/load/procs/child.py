@@ -14,10 +14,7 @@ process group: a worker ignores it, the parent ends it.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
-import signal
-import sys
 import threading
 import time
 from collections import deque
@@ -29,7 +26,7 @@ from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.models import Completion
 from calibrate.http.request_times import use_anchor
 from calibrate.load.items import ItemResult
-from calibrate.load.procs.channel import Channel, Outbox
+from calibrate.load.procs.channel import Channel, Outbox, worker_pipes
 from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.load.request import Request
 from calibrate.load.waves import Sender
@@ -192,18 +189,13 @@ def _listen(
 
 
 def main() -> None:
-    for sig in (signal.SIGINT, signal.SIGHUP):  # the parent handles them and ends us
-        signal.signal(sig, signal.SIG_IGN)
-    logging.basicConfig(level=logging.ERROR, format="calibrate load worker: %(message)s")
-    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not corrupt the pipe
-    inbox = Channel(sys.stdin.buffer)
+    inbox, to_parent = worker_pipes("calibrate load worker")
     setup = inbox.receive()
     if not (isinstance(setup, tuple) and len(setup) == 4 and isinstance(setup[0], ClientRecipe)):
         return
     recipe, who, wall, mono = setup
     use_anchor(wall, mono)
-    outbox = Outbox(Channel(out), "load-outbox")
+    outbox = Outbox(to_parent, "load-outbox")
     outbox.put("ready", 0)
     serve(inbox, outbox, recipe, who)
 

@@ -10,17 +10,14 @@ reaches the whole process group; a worker ignores it and stops when the parent t
 
 from __future__ import annotations
 
-import logging
 import os
-import signal
-import sys
 import threading
 from queue import Empty, SimpleQueue
 from typing import Any
 
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.io.tasks import ItemId, Task
-from calibrate.load.procs.channel import Outbox
+from calibrate.load.procs.channel import Outbox, worker_pipes
 from calibrate.stages.batch.lanes import make_lane
 from calibrate.stages.batch.procs.wire import Channel, LaneStats, WorkerDone, WorkerSetup
 from calibrate.stages.batch.queue import MAX_REQUEUES, waiting_task
@@ -202,16 +199,11 @@ def _listen(inbox: Channel, queue: ParentQueue, control: BatchControl) -> None:
 
 
 def main() -> None:
-    for sig in (signal.SIGINT, signal.SIGHUP):  # the parent handles them and tells us
-        signal.signal(sig, signal.SIG_IGN)
-    logging.basicConfig(level=logging.ERROR, format="calibrate worker: %(message)s")
-    out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not corrupt the pipe
-    inbox = Channel(sys.stdin.buffer)
+    inbox, to_parent = worker_pipes("calibrate worker")
     setup = inbox.receive()
     if not isinstance(setup, WorkerSetup):
         return
-    outbox = Outbox(Channel(out), "batch-outbox")
+    outbox = Outbox(to_parent, "batch-outbox")
     done = serve(setup, inbox, outbox)
     outbox.put("done", done)
     outbox.close()
