@@ -115,12 +115,12 @@ def writable_folder(path: Path) -> str | None:
     return None
 
 
-def check_writable(path: Path, flag: str) -> None:
+def check_writable(path: Path, flag: str, example: str) -> None:
     """A file can be written at ``path`` — not a folder, in a folder it can be made in — checked
-    before anything is sent or written (exit 2)."""
+    before anything is sent or written (exit 2); ``example``: a file name to suggest in it."""
     if path.is_dir():
         raise UsageError(
-            f"{flag} {path} is a directory", f"Give a file path, e.g. {path / ('out' + flag[1:])}"
+            f"{flag} {path} is a directory", f"Give a file path, e.g. {path / example}"
         )
     problem = writable_folder(path.parent)
     if problem:

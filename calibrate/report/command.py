@@ -97,7 +97,7 @@ def run_report(req: ReportRequest, cfg: Config, out: Channel, width: int) -> dic
             [("--html", Path(req.html))],
             [*reads, *stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source)],
         )
-        check_writable(Path(req.html), "--html")
+        check_writable(Path(req.html), "--html", "report.html")
     if tune_report.is_tune_run(first):
         return _tune(out, first, req)
     view = _load(first)

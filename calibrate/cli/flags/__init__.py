@@ -189,4 +189,4 @@ def save_junit(args: argparse.Namespace, suite: JUnitSuite) -> None:
 def check_junit_path(args: argparse.Namespace) -> None:
     """--junit must name a file we can write: not a directory, in a writable folder (exit 2)."""
     if junit := getattr(args, "junit", None):
-        check_writable(Path(junit), "--junit")
+        check_writable(Path(junit), "--junit", "report.xml")

@@ -8,11 +8,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from calibrate.cli.common import add_command, add_junit
+from calibrate.cli.common import add_command, add_junit, check_junit_path
 from calibrate.cli.flags.workers import workers_count
 from calibrate.config import Config
 from calibrate.errors import UsageError
-from calibrate.io.output_paths import check_writable
 from calibrate.load.procs.sender import SLOTS_PER_WORKER
 from calibrate.load.retry import RetryPolicy
 from calibrate.stages.batch import MAX_CONCURRENCY, BatchRequest
@@ -171,8 +170,7 @@ def check_flags(args: argparse.Namespace) -> None:
             "--final goes with a real run, not --sample",
             "Drop --final, or drop --sample and give --out.",
         )
-    if getattr(args, "junit", None):
-        check_writable(Path(args.junit), "--junit")
+    check_junit_path(args)
 
 
 def _out_of_range(flag: str, value: float, low: float, high: float) -> str:

@@ -225,5 +225,5 @@ def check_paths(request: BatchRequest) -> None:
     ]
     if final is not None:
         check_export(final, None, "--final")  # its format
-        check_writable(final, "--final")
+        check_writable(final, "--final", "final.jsonl")
     check_outputs(writes, reads)
