@@ -500,12 +500,16 @@ def test_two_ladders_of_one_workload_differ_by_nothing_significant_a_slower_serv
     assert all(c.endswith("%, significant at 95 %") and c.startswith("-") for c in cells), cells
 
 
+REPEATS = 4
+
+
 def _sweep(cli: Any, root: Path, base_url: str) -> str:
-    """A real sweep: concurrency 1 and 2, three repeats of ≥ 0.5 s each, answers of 8 tokens."""
+    """A real sweep: concurrency 1 and 2, four repeats of ≥ 0.3 s (and 4×C requests) each,
+    answers of 8 tokens."""
     open_gate(
         root,
         base_url,
-        FAST + "[sweep]\nconcurrency = [1, 2]\nlevel_s = 0.5\nrepeats = 3\n",
+        FAST + f"[sweep]\nconcurrency = [1, 2]\nlevel_s = 0.3\nrepeats = {REPEATS}\n",
         "ladder",
     )
     result = cli("sweep", "--json", "--input-tokens", "20", "--output-tokens", "8")
@@ -516,18 +520,22 @@ def _sweep(cli: Any, root: Path, base_url: str) -> str:
 def test_a_sweep_against_a_slower_server_is_significantly_slower_over_its_repeats(
     cli, isolated: Path
 ) -> None:
+    """A request to the slow server takes 3× as long (0.15 s against 0.05 s). With three
+    repeats and a 2× gap, one round stalled by a third on a busy 2-core machine (CI) made the
+    interval cross zero (t at 2 degrees of freedom is 4.3); with four repeats and 3×, a single
+    round may lose two thirds of its throughput and the drop is still significant."""
     with start_mock(ttft_s=0.01, per_token_s=0.005) as mock:
         fast = _sweep(cli, isolated, mock.base_url)
-    with start_mock(ttft_s=0.02, per_token_s=0.01) as slow:
+    with start_mock(ttft_s=0.03, per_token_s=0.015) as slow:
         slower = _sweep(cli, isolated, slow.base_url)
     one = cli("report", fast, "--json", "--no-plot")
     assert one.code == 0, one.err
     levels = {t["key"]: t["metrics"] for t in one.json["confidence"]["tiers"]}
-    assert set(levels) == {1, 2} and all(m["items_per_s"]["n"] == 3 for m in levels.values())
+    assert set(levels) == {1, 2} and all(m["items_per_s"]["n"] == REPEATS for m in levels.values())
     result = cli("report", fast, slower, "--json")
     assert result.code == 0, result.err
     assert result.json["key"] == "concurrency"
     for row in result.json["rows"]:
         delta = row["deltas"]["items_per_s"]
-        assert delta["rounds_a"]["n"] == delta["rounds_b"]["n"] == 3
+        assert delta["rounds_a"]["n"] == delta["rounds_b"]["n"] == REPEATS
         assert delta["significant"] is True and delta["better"] is False, (row["key"], delta)
