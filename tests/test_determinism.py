@@ -264,7 +264,7 @@ def test_the_configured_engines_switch_is_read_when_no_server_is_managed(
     isolated: Path, monkeypatch: pytest.MonkeyPatch, server: str, on: bool | None
 ) -> None:
     from calibrate import config
-    from calibrate.stages.determinism.wave import managed_switch
+    from calibrate.stages.determinism import managed_switch
 
     monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
     write_config(isolated / "calibrate.toml", "http://127.0.0.1:9/v1", "[server]\n" + server)

@@ -9,12 +9,19 @@ Shards for a cluster scheduler (``Shard``): ``--shard I/N`` takes the ids whose 
 mod N is I. The hash is CRC-32 of the id's JSON text (``"t1"`` and ``1`` are different ids), so every
 process on every machine, in any Python, puts an id in the same shard: N processes started with
 0/N … N-1/N cover every id exactly once. Python's ``hash()`` is salted per process and would not.
+
+Items as ladder, sweep and tune inputs (``TaskPool``, SPEC §5.11): each item becomes the message
+``batch`` would send (``Task.message``: its own prompt, else ``--prompt``), and only a bounded
+pool is kept: the longest ``POOL`` items, or a seeded reservoir of them — never "the first N
+lines".
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
+import random
 import shutil
 import stat
 import tempfile
@@ -26,11 +33,13 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from calibrate.errors import InputError, UsageError
+from calibrate.workload import Pick, WorkloadSpec
 
 ItemId = str | int
 
 FIX_HINT = "Fix the tasks file and run again; nothing was sent and no output was written."
 MAX_LINE_BYTES = 32 * 1024 * 1024  # one item; millions of tokens. A longer "line" is no JSONL
+POOL = 4096  # at most this many messages are kept, whatever the file's size
 
 
 @dataclass(frozen=True)
@@ -234,3 +243,50 @@ class Shard:
                 "Shards are numbered from 0, e.g. --shard 0/4 … --shard 3/4.",
             )
         return cls(index, count)
+
+
+@dataclass(frozen=True)
+class TaskPool:
+    """The messages to send, in the order they are used, and what was picked from what."""
+
+    messages: tuple[str, ...]
+    total: int  # items in the file
+    pick: Pick
+
+    def take(self, count: int, first_key: int) -> list[str]:
+        """``count`` messages: the longest first (every wave the worst case), or the seeded
+        order continued from request ``first_key`` (every wave new items)."""
+        n = len(self.messages)
+        start = 0 if self.pick == "longest" else first_key
+        return [self.messages[(start + i) % n] for i in range(count)]
+
+    @property
+    def longest_chars(self) -> int:
+        return max(len(m) for m in self.messages)
+
+
+def load_pool(path: Path, *, pick: Pick, prompt: str = "", seed: int = 0) -> TaskPool:
+    """Validate ``path`` like ``batch`` does, then keep the longest items or a seeded sample."""
+    index = index_input(path)
+    messages = (task.message(prompt) for task in read_tasks(path))
+    if pick == "longest":
+        # (length, -position) keeps the earlier item of two equally long ones
+        kept = heapq.nlargest(POOL, ((len(m), -i, m) for i, m in enumerate(messages)))
+        return TaskPool(tuple(m for _, _, m in kept), index.count, pick)
+    rng = random.Random(f"calibrate-pick-{seed}")
+    reservoir: list[str] = []
+    for i, message in enumerate(messages):
+        if i < POOL:
+            reservoir.append(message)
+        elif (j := rng.randrange(i + 1)) < POOL:
+            reservoir[j] = message
+    rng.shuffle(reservoir)
+    return TaskPool(tuple(reservoir), index.count, pick)
+
+
+def pool_for(spec: WorkloadSpec) -> TaskPool | None:
+    """A tasks workload's pool, read and validated before the run starts (exit 2 on a bad
+    line); None for the other workloads."""
+    if spec.source != "tasks" or spec.tasks is None:
+        return None
+    return load_pool(spec.tasks, pick=spec.pick, prompt=spec.prompt, seed=spec.seed)

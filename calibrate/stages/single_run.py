@@ -14,7 +14,8 @@ from calibrate.errors import UsageError
 from calibrate.io.junit import JUnitSuite
 from calibrate.load.waves import Sender
 from calibrate.stages.context import StageContext
-from calibrate.stages.determinism.wave import CopiesWave, managed_switch, send_copies
+from calibrate.stages.determinism import managed_switch
+from calibrate.stages.determinism.wave import CopiesWave, send_copies
 from calibrate.stages.measure.item_records import item_record
 from calibrate.stages.single import SingleResult, run_single
 from calibrate.state.gates import next_step

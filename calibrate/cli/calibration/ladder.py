@@ -26,10 +26,10 @@ from typing import Any
 from calibrate.cli import common
 from calibrate.cli.flags.workload import add_tier_args, measure_spec, resolved_workload
 from calibrate.cli.views.ladder import LadderView
+from calibrate.io.tasks import pool_for
 from calibrate.stages import ladder
 from calibrate.stages.ladder import LadderEnv, LadderSpec
 from calibrate.stages.measure.slo import parse_slo_flags
-from calibrate.stages.prepare.task_pick import pool_for
 
 
 def register(subparsers: Any) -> None:

@@ -25,9 +25,9 @@ from calibrate.engines.builders import SERVER_KINDS
 from calibrate.engines.redaction import shown_command
 from calibrate.errors import UsageError
 from calibrate.gpu.energy import PRICE_HELP, RANK_BY
+from calibrate.io.tasks import pool_for
 from calibrate.stages import tune
 from calibrate.stages.measure.tier_run import MeasureSpec, preflight
-from calibrate.stages.prepare.task_pick import pool_for
 
 
 def register(subparsers: Any) -> None:

@@ -10,8 +10,8 @@ from calibrate.cli.common import Runner, add_command, load_config
 from calibrate.cli.flags.workload import add_tier_args, measure_spec, resolved_workload
 from calibrate.config import MAX_BATCH_SIZE, SloConfig
 from calibrate.errors import UsageError
+from calibrate.io.tasks import pool_for
 from calibrate.stages.measure.slo import has_slo, parse_slo_flags
-from calibrate.stages.prepare.task_pick import pool_for
 from calibrate.stages.sweep.auto import DEFAULT_AUTO_STEPS, MAX_AUTO_STEPS
 from calibrate.stages.sweep.find_max import TOP
 from calibrate.stages.sweep.rates import parse_rate_range

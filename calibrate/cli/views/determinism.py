@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from calibrate.cli.common import Output
-from calibrate.stages.determinism import DeterminismCheck
-from calibrate.stages.measure.tier_finish import Determinism
+from calibrate.stages.determinism import Determinism, DeterminismCheck
 
 
 def say_differs(out: Output, check: DeterminismCheck | None, where: str) -> None:

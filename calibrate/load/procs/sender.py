@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from calibrate.config import Config
-from calibrate.gpu.selfload import workers_advice
+from calibrate.gpu.selfload import SelfLoadMonitor, workers_advice
 from calibrate.http.client import OpenAIClient
 from calibrate.http.request_times import epoch_at
 from calibrate.load.items import ItemResult
@@ -76,6 +76,24 @@ def sender_for(
     if workers == 1:
         return Sender(client)
     return WorkerSender(client, ClientRecipe.of(cfg, in_flight), workers)
+
+
+def stage_sender(
+    client: OpenAIClient,
+    cfg: Config,
+    load: tuple[int | None, int, float | None],  # (--workers as asked, most in flight, rate)
+    selfload: SelfLoadMonitor,
+    say: Callable[[str], None],
+    each: str,
+) -> Sender:
+    """A ladder's or sweep's sender (``sender_for``), with the self-check's advice to match
+    and, for more than one process, a line that says so (``each``: "wave", "level")."""
+    asked, in_flight, rate = load
+    sender = sender_for(client, cfg, asked, in_flight, rate)
+    selfload.advice = self_check_advice(sender)
+    if isinstance(sender, WorkerSender):
+        say(f"sending each {each} from {sender.workers} worker processes (--workers)")
+    return sender
 
 
 def self_check_advice(sender: Sender) -> str:

@@ -4,18 +4,25 @@ Pure functions over the copies' texts: the distinct completions (most common fir
 token at which one differs from the most common, and the two variants' text around it. Tokens
 are counted as a word or one CJK character (the mock's tokenizer); a server's own tokenizer may
 split finer, so the position is a word position on a real model. ``engine_switch`` names the
-batch-invariant switch of a managed vLLM or SGLang and says whether its command turned it on.
+batch-invariant switch of a managed vLLM or SGLang and says whether its command turned it on;
+``write_determinism`` judges a whole run's copies and writes ``determinism.json``.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from calibrate.config import Config
 from calibrate.engines import find
+from calibrate.server import process
+from calibrate.server.devices import read_environ
+from calibrate.stages.context import StageContext
 
 _CJK = "\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef"
 _TOKEN = re.compile(rf"\s*(?:[{_CJK}]|[^\s{_CJK}]+)")
@@ -188,3 +195,59 @@ def overall(checks: Sequence[tuple[str, DeterminismCheck]]) -> str | None:
     copies = sorted({c.copies for _, c in checks})
     each = f"{copies[0]}" if len(copies) == 1 else f"{copies[0]}–{copies[-1]}"
     return f"determinism ({each} copies each): " + "; ".join([*parts, *differ])
+
+
+def managed_switch(cfg: Config) -> EngineSwitch | None:
+    """The batch-invariant switch of the engine calibrate manages (its recorded argv and its
+    process environment), else of [server] kind and command; None for other engines."""
+    record = process.load(cfg.runs_dir)
+    if record is not None and process.liveness(record) == "running":
+        return engine_switch(record.kind or cfg.server.kind, record.argv, read_environ(record.pid))
+    argv: list[str] | None = None
+    if cfg.server.command:
+        try:
+            argv = shlex.split(cfg.server.command)
+        except ValueError:
+            argv = None
+    # calibrate starts the engine with its own environment: that is the engine's, too
+    environ = dict(os.environ) if cfg.server.command or cfg.server.model_path else None
+    return engine_switch(cfg.server.kind, argv, environ)
+
+
+@dataclass(frozen=True)
+class Determinism:
+    """What the copies of the fixed prompt found over the run (SPEC §13)."""
+
+    line: str  # ``determinism (8 copies each): identical at batch 1, 2; …``
+    copies: int
+    differed: bool
+    switch: EngineSwitch | None  # the managed engine's batch-invariant switch, as read
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "copies": self.copies,
+            "deterministic": not self.differed,
+            "switch": self.switch.to_json() if self.switch is not None else None,
+        }
+
+
+def judge_determinism(
+    cfg: Config, checks: Sequence[tuple[str, DeterminismCheck]]
+) -> Determinism | None:
+    """The run's determinism and the engine's switch (None when no copies were sent)."""
+    line = overall(checks)
+    if line is None:
+        return None
+    differed = any(c.divergence is not None for _, c in checks)
+    copies = max(c.copies for _, c in checks)
+    return Determinism(line, copies, differed, managed_switch(cfg))
+
+
+def write_determinism(
+    ctx: StageContext, checks: Sequence[tuple[str, DeterminismCheck]]
+) -> Determinism | None:
+    """``determinism.json`` beside the tiers: the switch as read (SPEC §13)."""
+    found = judge_determinism(ctx.config, checks)
+    if found is not None:
+        ctx.run.write_json("determinism.json", found.to_json())
+    return found

@@ -3,30 +3,24 @@
 Sent after a ladder tier's measured rounds or a sweep level's measured window, never inside
 one: they count in no wall time, in-flight count or per-item time. Each copy is recorded as a
 canary (records.jsonl ``"canary": true``), so no figure counts it. What the copies' answers say
-is ``stages.determinism``'s; the managed engine's switch is read here.
+is ``stages.determinism``'s.
 """
 
 from __future__ import annotations
 
-import os
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from calibrate.config import Config, LadderMode
+from calibrate.config import LadderMode
 from calibrate.load.items import ItemResult
 from calibrate.load.request import build_requests
 from calibrate.load.waves import Sender
-from calibrate.server import process
-from calibrate.server.devices import read_environ
 from calibrate.stages.context import StageContext
 from calibrate.stages.determinism import (
     DeterminismCheck,
-    EngineSwitch,
     check,
     copies_per_wave,
-    engine_switch,
 )
 from calibrate.stages.measure.incidents import IncidentRecorder
 
@@ -84,20 +78,3 @@ def send_copies(
         texts += [i.text if i.ok and i.text is not None else None for i in answered]
         index += size
     return check(texts, batch)
-
-
-def managed_switch(cfg: Config) -> EngineSwitch | None:
-    """The batch-invariant switch of the engine calibrate manages (its recorded argv and its
-    process environment), else of [server] kind and command; None for other engines."""
-    record = process.load(cfg.runs_dir)
-    if record is not None and process.liveness(record) == "running":
-        return engine_switch(record.kind or cfg.server.kind, record.argv, read_environ(record.pid))
-    argv: list[str] | None = None
-    if cfg.server.command:
-        try:
-            argv = shlex.split(cfg.server.command)
-        except ValueError:
-            argv = None
-    # calibrate starts the engine with its own environment: that is the engine's, too
-    environ = dict(os.environ) if cfg.server.command or cfg.server.model_path else None
-    return engine_switch(cfg.server.kind, argv, environ)

@@ -12,8 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from calibrate.errors import RequestError, UsageError
-from calibrate.load.procs.sender import WorkerSender, self_check_advice, sender_for
-from calibrate.load.waves import Sender
+from calibrate.load.procs.sender import stage_sender
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import load_lock
 from calibrate.stages.ladder.context_axis import default_context_lengths
@@ -96,7 +95,14 @@ def _ladder(spec: LadderSpec, env: LadderEnv, options: LadderOptions, watch: Mea
         options,
         watch.monitor,
         watch.incidents,
-        _sender(spec, ctx, options, watch, watcher.say),
+        stage_sender(
+            ctx.client,
+            ctx.config,
+            (spec.workers, _largest_wave(options), None),
+            watch.selfload,
+            watcher.say,
+            "wave",
+        ),
         plan=plan,
         cap=cap,
         before_tier=restart or (lambda batch: False),
@@ -105,22 +111,9 @@ def _ladder(spec: LadderSpec, env: LadderEnv, options: LadderOptions, watch: Mea
     return ladder
 
 
-def _sender(
-    spec: LadderSpec,
-    ctx: StageContext,
-    options: LadderOptions,
-    watch: Measuring,
-    say: Callable[[str], None],
-) -> Sender:
-    """The waves' sender: this process (``--workers 1``, the default), or N processes that
-    split each wave (``--workers N``; auto: as many as the largest wave needs). A prompt-list
-    wave is one request: it is never split."""
-    largest = max(options.batch_sizes, default=1) if options.mode == "wave" else 1
-    sender = sender_for(ctx.client, ctx.config, spec.workers, largest)
-    watch.selfload.advice = self_check_advice(sender)
-    if isinstance(sender, WorkerSender):
-        say(f"sending each wave from {sender.workers} worker processes (--workers)")
-    return sender
+def _largest_wave(options: LadderOptions) -> int:
+    """The most requests a wave sends at once: a prompt-list wave is one request, never split."""
+    return max(options.batch_sizes, default=1) if options.mode == "wave" else 1
 
 
 def _context_axis(

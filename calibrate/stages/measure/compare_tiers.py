@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from calibrate.errors import InputError
 from calibrate.io.tier_table import read_rows
+from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.measure.tiers import kept
 
 TableKind = Literal["ladder", "sweep"]
@@ -194,3 +195,29 @@ def save_baseline(table: Path, dest: Path) -> Path | None:
         shutil.copy2(dest, kept)
     shutil.copy2(table, dest)
     return kept
+
+
+def compare_run(
+    spec: MeasureSpec, kind: TableKind, rows: Sequence[Mapping[str, Any]]
+) -> TierComparison | None:
+    """``--compare``: this run's rows against the committed table (None without the flag, or
+    with no row to compare)."""
+    if spec.compare is None or spec.baseline is None or not rows:
+        return None
+    return compare_tables(
+        kind,
+        spec.baseline,
+        rows,
+        tolerance=spec.tolerance,
+        baseline_path=str(spec.compare),
+    )
+
+
+def save_table_baseline(
+    spec: MeasureSpec, baselines_dir: Path, kind: TableKind, table: Path | None
+) -> tuple[Path, Path | None] | None:
+    """``--save-baseline``: (where the table went, where the previous one was kept)."""
+    if not spec.save_baseline or table is None:
+        return None
+    dest = baselines_dir / f"{kind}.csv"
+    return dest, save_baseline(table, dest)

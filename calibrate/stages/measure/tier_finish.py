@@ -13,17 +13,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from calibrate.config import Config
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.io.tier_table import write_tiers_csv
 from calibrate.stages.context import StageContext
-from calibrate.stages.determinism import DeterminismCheck, EngineSwitch, overall
-from calibrate.stages.determinism.wave import managed_switch
+from calibrate.stages.determinism import Determinism, DeterminismCheck, write_determinism
 from calibrate.stages.measure.compare_tiers import (
     TableKind,
     TierComparison,
-    compare_tables,
-    save_baseline,
+    compare_run,
+    save_table_baseline,
 )
 from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.measure.tiers import queue_note
@@ -93,16 +91,15 @@ def finish_tiers(
     if table is not None:
         tables(table, source)
     comparison = compare_run(spec, kind, rows)
-    saved = save_table_baseline(spec, ctx, kind, table)
+    saved = save_table_baseline(spec, ctx.config.baselines_dir, kind, table)
     client_bound = selfload.poll_warning()
-    entry = record_run(
-        ctx,
-        passed=passed,
-        summary=summary,
-        comparison=comparison,
-        selfload=selfload,
-        interrupted=interrupted,
-    )
+    # the run's one ledger verdict, with calibrate's own load and the comparison in it
+    compared = comparison.to_json() if comparison is not None else None
+    measured = TierChecks(selfload.report().to_json(), compared)
+    if comparison is not None:
+        passed = passed and comparison.passed  # a regression is not a pass (SPEC §4.2)
+    entry = ctx.record_result(passed, replace(summary, checks=measured), interrupted=interrupted)
+    ctx.run.close()
     every = (*notes, *queue_notes(rows))
     record = TierRecord(tuple(rows), comparison, saved, every, client_bound, entry)
     outcome = TierOutcome(result, options, record, streamed)
@@ -116,85 +113,3 @@ def queue_notes(rows: Sequence[Row]) -> list[str]:
     """One note per tier or level during which the server queued requests (explains a knee)."""
     found = (queue_note(r.get("server_queue_max"), int(r["concurrency"])) for r in rows)
     return [note for note in found if note]
-
-
-def compare_run(spec: MeasureSpec, kind: TableKind, rows: Sequence[Row]) -> TierComparison | None:
-    """``--compare``: this run's rows against the committed table (None without the flag, or
-    with no row to compare)."""
-    if spec.compare is None or spec.baseline is None or not rows:
-        return None
-    return compare_tables(
-        kind,
-        spec.baseline,
-        rows,
-        tolerance=spec.tolerance,
-        baseline_path=str(spec.compare),
-    )
-
-
-def save_table_baseline(
-    spec: MeasureSpec, ctx: StageContext, kind: TableKind, table: Path | None
-) -> tuple[Path, Path | None] | None:
-    """``--save-baseline``: (where the table went, where the previous one was kept)."""
-    if not spec.save_baseline or table is None:
-        return None
-    dest = ctx.config.baselines_dir / f"{kind}.csv"
-    return dest, save_baseline(table, dest)
-
-
-def record_run(
-    ctx: StageContext,
-    *,
-    passed: bool,
-    summary: TierSummary,
-    comparison: TierComparison | None,
-    selfload: SelfLoadMonitor,
-    interrupted: bool = False,
-) -> LedgerEntry:
-    """The run's one ledger verdict, with calibrate's own load and the comparison in it."""
-    compared = comparison.to_json() if comparison is not None else None
-    checks = TierChecks(selfload.report().to_json(), compared)
-    if comparison is not None:
-        passed = passed and comparison.passed  # a regression is not a pass (SPEC §4.2)
-    entry = ctx.record_result(passed, replace(summary, checks=checks), interrupted=interrupted)
-    ctx.run.close()
-    return entry
-
-
-@dataclass(frozen=True)
-class Determinism:
-    """What the copies of the fixed prompt found over the run (SPEC §13)."""
-
-    line: str  # ``determinism (8 copies each): identical at batch 1, 2; …``
-    copies: int
-    differed: bool
-    switch: EngineSwitch | None  # the managed engine's batch-invariant switch, as read
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "copies": self.copies,
-            "deterministic": not self.differed,
-            "switch": self.switch.to_json() if self.switch is not None else None,
-        }
-
-
-def judge_determinism(
-    cfg: Config, checks: Sequence[tuple[str, DeterminismCheck]]
-) -> Determinism | None:
-    """The run's determinism and the engine's switch (None when no copies were sent)."""
-    line = overall(checks)
-    if line is None:
-        return None
-    differed = any(c.divergence is not None for _, c in checks)
-    copies = max(c.copies for _, c in checks)
-    return Determinism(line, copies, differed, managed_switch(cfg))
-
-
-def write_determinism(
-    ctx: StageContext, checks: Sequence[tuple[str, DeterminismCheck]]
-) -> Determinism | None:
-    """``determinism.json`` beside the tiers: the switch as read (SPEC §13)."""
-    found = judge_determinism(ctx.config, checks)
-    if found is not None:
-        ctx.run.write_json("determinism.json", found.to_json())
-    return found

@@ -20,13 +20,13 @@ from calibrate.gpu.nvml import NvmlSampler
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.sources import MetricsEndpoint, SourceChoice, energy_reader, open_sources
 from calibrate.gpu.vram import VramMonitor
+from calibrate.io.tasks import TaskPool
 from calibrate.redact import redact_url
 from calibrate.server.devices import managed_server_devices
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import kept_on_write_error
 from calibrate.stages.measure.incidents import IncidentRecorder
 from calibrate.stages.prepare.stream_probe import StreamCheck, probe_stream
-from calibrate.stages.prepare.task_pick import TaskPool
 from calibrate.stages.prepare.workload_plan import WorkloadPlan, prepare_workload
 from calibrate.workload import WorkloadSpec
 

@@ -15,10 +15,10 @@ from typing import Any
 from calibrate.config import Config, LadderMode
 from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams
+from calibrate.io.tasks import TaskPool
 from calibrate.load.request import Request, build_requests
 from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.prepare.synthetic import synthetic_prompt, target_tokens
-from calibrate.stages.prepare.task_pick import TaskPool
 from calibrate.stages.prepare.token_probe import (
     NOT_CONTROLLED,
     Calibration,

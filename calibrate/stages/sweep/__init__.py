@@ -11,10 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from calibrate.engines import find
-from calibrate.gpu.selfload import SelfLoadMonitor
-from calibrate.load.procs.sender import WorkerSender, self_check_advice, sender_for
-from calibrate.load.waves import Sender
-from calibrate.stages.context import StageContext
+from calibrate.load.procs.sender import stage_sender
 from calibrate.stages.env import load_lock
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tier_finish import TierOutcome, finish_tiers
@@ -97,31 +94,20 @@ def _sweep(spec: SweepSpec, env: SweepEnv, options: SweepOptions, watch: Measuri
         options,
         watch.monitor,
         watch.incidents,
-        _sender(spec, ctx, options, watcher.say, watch.selfload),
+        stage_sender(
+            ctx.client,
+            ctx.config,
+            (spec.workers, *highest_load(options)),
+            watch.selfload,
+            watcher.say,
+            "level",
+        ),
         cap,
         plan=plan,
         selfload=watch.selfload,
     )
     watcher.planned(options, plan.spec, cap)
     return sweep
-
-
-def _sender(
-    spec: SweepSpec,
-    ctx: StageContext,
-    options: SweepOptions,
-    say: Callable[[str], None],
-    selfload: SelfLoadMonitor,
-) -> Sender:
-    """The levels' sender: this process (``--workers 1``, the default), or N processes that
-    split each level's concurrency or rate (``--workers N``; auto: as many as the highest
-    level planned needs, ``load.procs.sender.workers_for``)."""
-    in_flight, rate = highest_load(options)
-    sender = sender_for(ctx.client, ctx.config, spec.workers, in_flight, rate)
-    selfload.advice = self_check_advice(sender)
-    if isinstance(sender, WorkerSender):
-        say(f"sending each level from {sender.workers} worker processes (--workers)")
-    return sender
 
 
 def highest_load(options: SweepOptions) -> tuple[int, float | None]:

@@ -18,13 +18,13 @@ from typing import Any
 from calibrate.config import Config, SloConfig
 from calibrate.io.jsonl import read_jsonl
 from calibrate.io.store import RunDir
+from calibrate.io.tasks import TaskPool
 from calibrate.load.waves import Sender
 from calibrate.numbers import finite
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.slo import record_met
 from calibrate.stages.measure.tier_run import MeasureSpec, measuring
 from calibrate.stages.prepare.server_cap import read_server_cap
-from calibrate.stages.prepare.task_pick import TaskPool
 from calibrate.stages.prepare.workload_plan import prepare_workload
 from calibrate.stages.sweep.levels import Level
 from calibrate.stages.sweep.result import SweepResult

@@ -20,11 +20,11 @@ from calibrate.engines.builders import SERVER_KINDS, build
 from calibrate.errors import ConfigError, UsageError
 from calibrate.gpu.energy import RankBy
 from calibrate.io.store import RunDir
+from calibrate.io.tasks import TaskPool
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.pin_context import verified_workload
 from calibrate.stages.prepare.server_cap import safe_levels
-from calibrate.stages.prepare.task_pick import TaskPool
 from calibrate.stages.tune.grid import TunePlan, build_plan
 from calibrate.stages.tune.measure import MeasureSettings, slo_bounds
 from calibrate.stages.tune.store import find_unfinished, fingerprint
