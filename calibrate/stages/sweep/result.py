@@ -20,8 +20,7 @@ from calibrate.stages.sweep.find_max import FindMax
 from calibrate.stages.sweep.knee import Knee, find_knee
 from calibrate.stages.sweep.levels import ClientLimit, Level, probed_level, rate_boundary
 from calibrate.stages.sweep.spec import SweepOptions
-from calibrate.state.summaries import SweepSummary
-from calibrate.state.summary_values import Workload
+from calibrate.state.summaries import SweepSummary, Workload
 
 
 @dataclass(frozen=True)

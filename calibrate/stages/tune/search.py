@@ -27,8 +27,7 @@ from calibrate.stages.tune.grid import Candidate, TunePlan
 from calibrate.stages.tune.margin import Margin, margin_of
 from calibrate.stages.tune.result import CandidateResult, MemoryProbe
 from calibrate.stages.tune.store import TuneStore
-from calibrate.state.summaries import TuneSummary
-from calibrate.state.summary_values import TunedSetting
+from calibrate.state.summaries import TunedSetting, TuneSummary
 
 Notify = Callable[[str], None]
 
