@@ -19,6 +19,8 @@ from calibrate.state.setting import latest_passing_ladder, resolve, rollback_tie
 from calibrate.state.weights_gate import measured_weights
 from tests.fakes import passing_ladder
 from tests.helpers import write_config
+from tests.mockserver import start_mock
+from tests.tier_helpers import FAST
 
 SERVER = '[server]\nkind = "vllm"\nmodel_path = "/models/m"\nport = 8123\n'
 TIER = {"last_passing": {"batch_size": 4, "concurrency": 4}, "stopped_by": "vram"}
@@ -60,6 +62,39 @@ def test_a_command_reads_the_ledger_once_and_warns_once(
     assert result.code == code, result.err
     assert len(reads) == 1, f"`calibrate {' '.join(args)}` read the ledger {len(reads)} times"
     assert result.err.count("skipping line") == 1, result.err
+
+
+def test_every_stage_that_sends_reads_the_ledger_once_and_warns_once(
+    cli, isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The staged calibration against the mock, then batch at the calibrated setting and at
+    -c: each command reads the ledger once (batch read it three times: its endpoints, its
+    weights gate and its stage context each had a reader of their own) and warns of a torn
+    line once."""
+    (isolated / "in.jsonl").write_text(
+        "".join(json.dumps({"id": i, "text": "hi"}) + "\n" for i in range(4)), "utf-8"
+    )
+    fast = FAST + "batch_sizes = [1, 2]\n[sweep]\nconcurrency = [1, 2]\nlevel_s = 0\nrepeats = 1\n"
+    reads = _count_reads(monkeypatch)
+    with start_mock(ttft_s=0.001, per_token_s=0.0002) as mock:
+        write_config(isolated / "calibrate.toml", mock.base_url, fast)
+        (isolated / "runs").mkdir()
+        (isolated / "runs/ledger.jsonl").write_text("{torn\n", "utf-8")
+        for args in (
+            ("single",),
+            ("repro",),
+            ("ladder",),
+            ("sweep",),
+            ("batch", "--input", "in.jsonl", "--out", "at-setting.jsonl"),
+            ("batch", "--input", "in.jsonl", "--out", "at-c.jsonl", "-c", "2"),
+        ):
+            reads.clear()
+            result = cli(*args)
+            assert result.code == 0, (args, result.err)
+            assert len(reads) == 1, (
+                f"`calibrate {' '.join(args)}` read the ledger {len(reads)} times"
+            )
+            assert result.err.count("skipping line") == 1, (args, result.err)
 
 
 def test_the_view_follows_what_the_command_appends(tmp_path: Path) -> None:

@@ -103,6 +103,7 @@ def _opened(
         gate=False,
         junit=request.junit_path,
         max_connections=min(setup.endpoints[0].concurrency, max(plan.to_run, 1)),
+        ledger=setup.ledger,
     )
     ctx = open_stage(stage, env.warn)
     try:

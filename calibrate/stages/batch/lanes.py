@@ -171,8 +171,9 @@ def report(lane: Lane, done: int, failed: int, seconds: float) -> EndpointReport
 class ManagedRestart:
     """A ``Restarter`` (outage.py) for the server in ``cfg.runs_dir``."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, ledger: Ledger) -> None:
         self.cfg = cfg
+        self.ledger = ledger  # the command's reader: the setting to restart at
 
     def managed(self) -> bool:
         """Whether calibrate manages a server here at all (checked before the run)."""
@@ -203,7 +204,7 @@ class ManagedRestart:
                     f"{died}; its kind is unknown, so it cannot be restarted",
                     "Start it yourself: calibrate server start",
                 )
-            setting = resolve(Ledger(cfg.runs_dir), target_fingerprint(cfg))
+            setting = resolve(self.ledger, target_fingerprint(cfg))
             batch, conc = record.batch_size, record.concurrency
             if setting is not None:
                 batch, conc = setting.batch_size, setting.concurrency

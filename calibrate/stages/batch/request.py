@@ -149,6 +149,7 @@ class BatchSetup:
     endpoints: tuple[Endpoint, ...]
     source: str  # "flag", "URL#c", "default", a setting's set_by, or "per endpoint"
     restarter: ManagedRestart | None
+    ledger: Ledger  # the command's one reader: the stage's context reads no other
 
 
 def prepare(request: BatchRequest) -> BatchSetup:
@@ -156,8 +157,7 @@ def prepare(request: BatchRequest) -> BatchSetup:
     cfg = request.config
     ledger = Ledger(cfg.runs_dir)
     endpoints = endpoints_for(cfg, request.urls, request.concurrency, ledger, MAX_CONCURRENCY)
-    # the setting's weights, before anything (its own reader: a bad line is warned of again)
-    check_batch(cfg, Ledger(cfg.runs_dir), endpoints)
+    check_batch(cfg, ledger, endpoints)  # the setting's weights, before anything
     concurrency = sum(e.concurrency for e in endpoints)
     if concurrency > MAX_CONCURRENCY:
         raise UsageError(
@@ -167,7 +167,7 @@ def prepare(request: BatchRequest) -> BatchSetup:
         )
     source = endpoints[0].concurrency_source if len(endpoints) == 1 else "per endpoint"
     check_paths(request)  # no output overwrites what the batch reads: before anything is sent
-    restarter = ManagedRestart(cfg) if request.restart else None
+    restarter = ManagedRestart(cfg, ledger) if request.restart else None
     if restarter is not None and (request.workers or 2) > 1:
         raise UsageError(
             "--restart goes with one process: --workers 1 (the default)",
@@ -203,7 +203,7 @@ def prepare(request: BatchRequest) -> BatchSetup:
         allow_foreign=request.allow_foreign,
         shard=Shard.parse(request.shard) if request.shard else None,
     )
-    return BatchSetup(spec, endpoints, source, restarter)
+    return BatchSetup(spec, endpoints, source, restarter, ledger)
 
 
 def check_paths(request: BatchRequest) -> None:
