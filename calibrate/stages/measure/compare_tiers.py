@@ -1,4 +1,5 @@
-"""``--compare``: a ladder or sweep against a committed tier table, for CI (issue 7 §2)."""
+"""``--compare``: a ladder or sweep against a committed tier table, for CI (issue 7 §2); and
+``--save-baseline``, which commits this run's table as the next one (``save_table_baseline``)."""
 
 from __future__ import annotations
 
