@@ -18,7 +18,6 @@ from calibrate.errors import UsageError
 WorkloadSource = Literal["fixed", "tasks", "synthetic"]
 Pick = Literal["longest", "sample"]
 Axis = Literal["batch", "context"]
-SOURCES: tuple[WorkloadSource, ...] = ("fixed", "tasks", "synthetic")
 PICKS: tuple[Pick, ...] = ("longest", "sample")
 
 # Documented maxima (README "Limits").

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from calibrate.gpu.engine_metrics import MetricsSampler, kv_usage, queue_depth, reading_from_metrics
 from calibrate.gpu.prometheus import Series, parse_prometheus
 from calibrate.gpu.reading import MIB, DeviceMemory, Pressure, VramReading
-from calibrate.gpu.sources import choose_samplers
+from calibrate.gpu.sources import MetricsEndpoint, SourceChoice, open_sources
 from calibrate.gpu.vram import VramMonitor, merge
+
+
+def choose_samplers(choice: SourceChoice, fetch_metrics: Callable[[], str], *, nvml: Any) -> list:
+    """The samplers ``open_sources`` opens for ``choice`` over one server /metrics: NVML when
+    it works and /metrics when it answers, both if both (a queue-only /metrics is kept too)."""
+    endpoint = MetricsEndpoint("/metrics", "/metrics", fetch_metrics)
+    return list(open_sources(choice, (endpoint,), nvml=nvml).samplers)
+
 
 TWO_VLLM_ENGINES = """# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
 # TYPE vllm:kv_cache_usage_perc gauge

@@ -133,7 +133,6 @@ def test_queue_column_shows_and_is_dropped_before_the_main_ones(tmp_path: Path) 
     assert "queue" in text and " 12  " in text
     narrow = report.tier_table(back, "ladder", width=80)
     assert "queue" not in [c.header for c in narrow.columns]
-    assert "queue=12" in report.plain_line(back[0], "ladder")
 
 
 def test_a_ladder_past_the_servers_slots_records_and_explains_the_queue(

@@ -18,21 +18,6 @@ from calibrate.redact import redact_url
 SourceChoice = Literal["auto", "nvml", "metrics", "none"]
 
 
-def choose_samplers(
-    choice: SourceChoice,
-    fetch_metrics: Callable[[], str],
-    *,
-    devices: Sequence[str] | None = None,
-    nvml: Any = None,
-) -> list[VramSampler]:
-    """Automatic: NVML when it works and the server's /metrics when it answers; both if both.
-
-    A /metrics with only a queue gauge is kept for the queue (its source stays ``none``).
-    """
-    endpoint = MetricsEndpoint("/metrics", "/metrics", fetch_metrics)
-    return list(open_sources(choice, (endpoint,), devices=devices, nvml=nvml).samplers)
-
-
 @dataclass(frozen=True)
 class MetricsEndpoint:
     """One Prometheus text source: the server's own ``/metrics`` or ``--gpu-metrics-url``."""

@@ -35,10 +35,6 @@ def use_anchor(wall: float, mono: float) -> None:
     _WALL_AT_START, _MONO_AT_START = wall, mono
 
 
-def epoch_now() -> float:
-    return epoch_at(monotonic())
-
-
 def _us(value: float | None) -> float | None:
     return round(value, 6) if value is not None else None
 

@@ -260,10 +260,6 @@ class TaskPool:
         start = 0 if self.pick == "longest" else first_key
         return [self.messages[(start + i) % n] for i in range(count)]
 
-    @property
-    def longest_chars(self) -> int:
-        return max(len(m) for m in self.messages)
-
 
 def load_pool(path: Path, *, pick: Pick, prompt: str = "", seed: int = 0) -> TaskPool:
     """Validate ``path`` like ``batch`` does, then keep the longest items or a seeded sample."""

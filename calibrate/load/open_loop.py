@@ -77,10 +77,6 @@ class RateJudgement:
         ""  # why this process, not the server, fell short of the rate ("" = it did not)
     )
 
-    @property
-    def steady_items(self) -> int:
-        return self.completions
-
 
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0

@@ -22,7 +22,6 @@ MAX_WORDS = 48
 
 PREAMBLE = "Sure, here is the summary:\n"
 ZH_PREAMBLE = "好的，以下是总结：\n"
-MARKERS = ("[json]", "[badjson]", "[preamble]", "[zh-preamble]")
 
 _WORDS = [
     "array",

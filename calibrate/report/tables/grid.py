@@ -64,8 +64,3 @@ def grid(
     for n, row in enumerate(rows):
         table.add_row(*(cell(row) for _, cell in columns), style=style(n, row))
     return table
-
-
-def key_values(cells: Iterable[tuple[str, str]]) -> str:
-    """Cells as one line of ``key=value`` (a header's spaces are underscores)."""
-    return "  ".join(f"{name.replace(' ', '_')}={text}" for name, text in cells)

@@ -12,8 +12,8 @@ from calibrate.io.tier_table import Kind
 from calibrate.report.compare import headline
 from calibrate.report.run_view import RunView
 from calibrate.report.spreads import Spreads, spread_text
-from calibrate.report.tables.columns import WHEN_MEASURED, fitting_columns, kind_columns, short_name
-from calibrate.report.tables.grid import compact, grid, key_values
+from calibrate.report.tables.columns import fitting_columns, short_name
+from calibrate.report.tables.grid import compact, grid
 from calibrate.stages.measure.confidence import percent
 
 LEFT_JUSTIFIED = ("verdict", "errors", "pressure")  # the text columns; figures go right
@@ -38,12 +38,6 @@ def _verdict_style(_: int, row: Mapping[str, Any]) -> str | None:
     if row.get("verdict") == "fail":
         return "red"
     return "yellow" if str(row.get("verdict")).startswith("stop") else None
-
-
-def plain_line(row: Mapping[str, Any], kind: Kind) -> str:
-    """Every column of one tier as ``key=value`` (tests and --debug)."""
-    cells = [(name, cell(row)) for name, cell in kind_columns(kind, [row])]
-    return key_values((n, t) for n, t in cells if n not in WHEN_MEASURED or t != "—")
 
 
 CONFIDENCE_METRICS = 4  # headline metrics in the confidence table (the tier table has the rest)

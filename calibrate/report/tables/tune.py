@@ -9,7 +9,7 @@ from typing import Any
 from rich.table import Table
 
 from calibrate.report.tables.cells import Cells, figure
-from calibrate.report.tables.grid import fit, grid, key_values
+from calibrate.report.tables.grid import fit, grid
 
 
 def _status(row: Mapping[str, Any]) -> str:
@@ -56,8 +56,3 @@ def ranked_table(
 ) -> Table:
     """The ranked candidates; with ``width``, minor columns are left out until it fits."""
     return grid(fit(COLUMNS, rows, width, _DROP_FIRST), rows, title, left=_LEFT, style=_style)
-
-
-def plain_line(row: Mapping[str, Any]) -> str:
-    """Every column of one candidate as ``key=value`` (the JSON has them too)."""
-    return key_values((name, cell(row)) for name, cell in COLUMNS)

@@ -27,7 +27,6 @@ from calibrate.stages.context import StageContext
 _CJK = "\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef"
 _TOKEN = re.compile(rf"\s*(?:[{_CJK}]|[^\s{_CJK}]+)")
 AROUND = 4  # tokens shown on each side of the first difference
-MIN_COPIES = 8  # fewer copies than this say too little about a batch (SPEC §13: K ≥ 8)
 
 
 def tokens(text: str) -> list[str]:

@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, Literal, Protocol, Self
+from typing import Any, BinaryIO, Literal, Self
 
 from calibrate.errors import UsageError
 from calibrate.io.atomic import remove_stale_temps, temp_beside
@@ -84,18 +84,6 @@ def row_of(record: dict[str, Any]) -> dict[str, Any]:
         "prompt_tokens": (usage or {}).get("prompt_tokens"),
         "completion_tokens": (usage or {}).get("completion_tokens"),
     }
-
-
-class FinalWriter(Protocol):
-    def write(self, raw: bytes, record: dict[str, Any] | None) -> None:
-        """One result: its journal line (no newline) and, for table formats, its parsed form."""
-        ...
-
-    def commit(self) -> None:
-        """Complete the file and rename it into place."""
-        ...
-
-    def discard(self) -> None: ...
 
 
 class _Atomic:

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from calibrate.load.items import ItemResult
 
 PERCENTILES = (50, 90, 95, 99)
-METRICS = ("ttft", "tpot", "itl", "e2e")
 
 
 def tpot_of(elapsed_s: float, ttft_s: float | None, tokens: int | None) -> float | None:

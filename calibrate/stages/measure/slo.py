@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from calibrate.stages.measure.tiers import Stats
 
 SloName = Literal["ttft", "tpot", "e2e"]
-NAMES: tuple[SloName, ...] = ("ttft", "tpot", "e2e")
 LABELS: dict[SloName, str] = {"ttft": "TTFT", "tpot": "TPOT", "e2e": "E2E latency"}
 
 

@@ -36,9 +36,6 @@ class TokenModel:
         """How many words make a prompt of about ``tokens`` tokens (at least one)."""
         return max(1, round((tokens - self.overhead_tokens) / self.tokens_per_word))
 
-    def tokens_of(self, words: int) -> float:
-        return self.overhead_tokens + self.tokens_per_word * words
-
     def to_json(self) -> dict[str, float]:
         return {
             "overhead_tokens": round(self.overhead_tokens, 3),
