@@ -62,3 +62,12 @@ def mock() -> Iterator[Any]:
 
     with start_mock(ttft_s=0.002, per_token_s=0.0005) as server:
         yield server
+
+
+@pytest.fixture
+def repo_on_pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkout on PYTHONPATH, for the tests whose children (a managed mock engine, a
+    pinned launch script) run ``python -m calibrate`` or ``tests.*`` from another directory."""
+    from tests.fakes import pythonpath_env
+
+    monkeypatch.setenv("PYTHONPATH", pythonpath_env())

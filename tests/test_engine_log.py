@@ -16,15 +16,13 @@ from typing import Any
 
 import pytest
 
-from tests.fakes import free_port, managed_config, pythonpath_env
+from tests.fakes import free_port, managed_config
 
 SECRETS = ("sk-engine-key-0001", "hf-env-token-0002", "pw-equals-0003")
 MOCK = shlex.join([sys.executable, "-m", "calibrate", "mock", "--ttft", "0.002"])
 
 
-@pytest.fixture(autouse=True)
-def _pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYTHONPATH", pythonpath_env())
+pytestmark = pytest.mark.usefixtures("repo_on_pythonpath")
 
 
 def _command(then: str) -> str:

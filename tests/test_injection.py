@@ -20,15 +20,11 @@ from tests.fakes import (
     install_fake_engines,
     managed_config,
     passing_ladder,
-    pythonpath_env,
     recorded_run,
 )
 from tests.helpers import write_config
 
-
-@pytest.fixture(autouse=True)
-def _pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYTHONPATH", pythonpath_env())
+pytestmark = pytest.mark.usefixtures("repo_on_pythonpath")
 
 
 def hostile(root: Path) -> str:

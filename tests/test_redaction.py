@@ -21,7 +21,6 @@ from tests.fakes import (
     install_fake_engines,
     managed_config,
     passing_ladder,
-    pythonpath_env,
     recorded_run,
 )
 from tests.helpers import write_config
@@ -29,9 +28,7 @@ from tests.helpers import write_config
 SECRETS = ("sk-flag-0001", "pw-equals-0002", "hf-token-0003", "hf-env-0004")
 
 
-@pytest.fixture(autouse=True)
-def _pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYTHONPATH", pythonpath_env())
+pytestmark = pytest.mark.usefixtures("repo_on_pythonpath")
 
 
 def _leaks(text: str) -> list[str]:

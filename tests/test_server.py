@@ -23,14 +23,10 @@ from tests.fakes import (
     mock_command,
     passing_ladder,
     pid_gone,
-    pythonpath_env,
 )
 from tests.mockserver import start_mock
 
-
-@pytest.fixture(autouse=True)
-def _pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYTHONPATH", pythonpath_env())
+pytestmark = pytest.mark.usefixtures("repo_on_pythonpath")
 
 
 def _record(root: Path) -> dict:

@@ -19,12 +19,9 @@ from calibrate.load.items import ItemResult
 from calibrate.server import exit_status, process, supervise
 from calibrate.server.process import ServerRecord
 from calibrate.stages.measure.incidents import IncidentRecorder
-from tests.fakes import free_port, managed_config, mock_command, pid_gone, pythonpath_env
+from tests.fakes import free_port, managed_config, mock_command, pid_gone
 
-
-@pytest.fixture(autouse=True)
-def _pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYTHONPATH", pythonpath_env())
+pytestmark = pytest.mark.usefixtures("repo_on_pythonpath")
 
 
 def _wait_gone(pid: int, timeout_s: float = 5.0) -> None:

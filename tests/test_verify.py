@@ -8,13 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes import free_port, managed_config, mock_command, passing_ladder, pythonpath_env
+from tests.fakes import free_port, managed_config, mock_command, passing_ladder
 from tests.helpers import write_config
 
-
-@pytest.fixture(autouse=True)
-def _pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYTHONPATH", pythonpath_env())
+pytestmark = pytest.mark.usefixtures("repo_on_pythonpath")
 
 
 def test_verify_after_clean_restart_and_from_the_pinned_script(cli, isolated: Path) -> None:
