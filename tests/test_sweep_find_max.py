@@ -339,8 +339,9 @@ def test_find_max_refuses_other_load_modes_and_needs_an_slo(cli, isolated: Path)
 def test_find_max_takes_the_slo_from_the_config(cli, isolated: Path, slo: str) -> None:
     """No --slo: [slo] is the SLO; an unmanaged server is searched only up to what the ladder
     proved (4 here), said so."""
+    once = CONFIG.replace("repeats = 3", "repeats = 1")  # which SLO and range, not a boundary
     with start_mock_process(*FOUR_SLOTS) as mock:
-        open_gate(isolated, mock.base_url, CONFIG + slo, stage="ladder")
+        open_gate(isolated, mock.base_url, once + slo, stage="ladder")
         result = cli("sweep", "--find-max", "--json")
     assert result.code == 0, result.err
     assert (
