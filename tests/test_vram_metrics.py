@@ -9,12 +9,14 @@ import pytest
 
 from calibrate.gpu.engine_metrics import MetricsSampler, kv_usage, queue_depth, reading_from_metrics
 from calibrate.gpu.prometheus import Series, parse_prometheus
-from calibrate.gpu.reading import MIB, DeviceMemory, Pressure, VramReading
+from calibrate.gpu.reading import MIB, DeviceMemory, Pressure, VramReading, VramSampler
 from calibrate.gpu.sources import MetricsEndpoint, SourceChoice, open_sources
 from calibrate.gpu.vram import VramMonitor, merge
 
 
-def choose_samplers(choice: SourceChoice, fetch_metrics: Callable[[], str], *, nvml: Any) -> list:
+def choose_samplers(
+    choice: SourceChoice, fetch_metrics: Callable[[], str], *, nvml: Any
+) -> list[VramSampler]:
     """The samplers ``open_sources`` opens for ``choice`` over one server /metrics: NVML when
     it works and /metrics when it answers, both if both (a queue-only /metrics is kept too)."""
     endpoint = MetricsEndpoint("/metrics", "/metrics", fetch_metrics)

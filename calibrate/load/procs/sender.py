@@ -81,14 +81,16 @@ def sender_for(
 def stage_sender(
     client: OpenAIClient,
     cfg: Config,
-    load: tuple[int | None, int, float | None],  # (--workers as asked, most in flight, rate)
+    asked: int | None,
+    in_flight: int,
+    rate: float | None,
+    *,
     selfload: SelfLoadMonitor,
     say: Callable[[str], None],
     each: str,
 ) -> Sender:
     """A ladder's or sweep's sender (``sender_for``), with the self-check's advice to match
     and, for more than one process, a line that says so (``each``: "wave", "level")."""
-    asked, in_flight, rate = load
     sender = sender_for(client, cfg, asked, in_flight, rate)
     selfload.advice = self_check_advice(sender)
     if isinstance(sender, WorkerSender):

@@ -4,8 +4,11 @@ Pure functions over the copies' texts: the distinct completions (most common fir
 token at which one differs from the most common, and the two variants' text around it. Tokens
 are counted as a word or one CJK character (the mock's tokenizer); a server's own tokenizer may
 split finer, so the position is a word position on a real model. ``engine_switch`` names the
-batch-invariant switch of a managed vLLM or SGLang and says whether its command turned it on;
-``write_determinism`` judges a whole run's copies and writes ``determinism.json``.
+batch-invariant switch of a managed vLLM or SGLang and says whether its command turned it on.
+
+Two functions touch the world: ``managed_switch`` reads the managed engine's record and process
+environment, and ``write_determinism`` judges a whole run's copies and writes
+``determinism.json`` into its run folder.
 """
 
 from __future__ import annotations
