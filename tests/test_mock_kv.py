@@ -25,6 +25,10 @@ FAST: dict[str, Any] = {"ttft_s": 0.005, "per_token_s": 0.0005}
 # 3,000-token prompts + 200 forced tokens: 4 fit in 20,000 tokens of KV, 8 do not.
 KV: dict[str, Any] = {"ttft_s": 0.005, "per_token_s": 0.001, "kv_capacity_tokens": 20000}
 KV |= {"kv_mib_per_1k_tokens": 128.0}
+# 0.8 s answers (4 ms a token) for the tests that need a whole wave resident together: under
+# parallel test workers the eight 3,000-token requests of a wave reach the mock up to ~0.3 s
+# apart, and with 0.2 s answers the first were done before the last came, so nothing waited
+TOGETHER: dict[str, Any] = KV | {"per_token_s": 0.004}
 PROMPT_TOKENS = 3000
 CHAT_OVERHEAD = 6  # one message: 4 tokens around it and 2 to start the reply
 
@@ -128,7 +132,7 @@ def test_oom_while_growing_ends_a_stream_with_an_error_event() -> None:
 
 
 def test_preempt_answers_everything_but_each_item_costs_more() -> None:
-    settings = KV | {"on_kv_full": "preempt"}
+    settings = TOGETHER | {"on_kv_full": "preempt"}
     with start_mock(**settings) as mock:
         wall4, four = _timed(lambda: _wave(mock, [_prompt(f"a{k}") for k in range(4)]))
         with _sampling(mock) as samples:
@@ -165,7 +169,7 @@ def test_preemption_recomputes_the_evicted_sequences_every_step_and_counts_them(
 
 
 def test_queue_waits_for_kv_and_the_queue_gauge_says_so() -> None:
-    settings = KV | {"on_kv_full": "queue", "metrics_style": "vllm"}
+    settings = TOGETHER | {"on_kv_full": "queue", "metrics_style": "vllm"}
     with start_mock(**settings) as mock:
         with _sampling(mock) as samples:
             wall8, eight = _timed(lambda: _wave(mock, [_prompt(f"q{k}") for k in range(8)]))
@@ -175,7 +179,7 @@ def test_queue_waits_for_kv_and_the_queue_gauge_says_so() -> None:
     assert max(waiting) == 2  # 6 × 3,206 tokens fit in 20,000; two wait for room
     assert max(s["vllm:kv_cache_usage_perc"] for s in samples) <= 1.0
     assert after["vllm:num_requests_waiting"] == 0
-    assert wall8 > 2 * 0.2  # two rounds of 200 tokens
+    assert wall8 > 2 * 200 * TOGETHER["per_token_s"]  # two rounds of 200 tokens
 
 
 def test_preallocated_memory_is_flat_while_kv_usage_rises() -> None:
@@ -202,9 +206,7 @@ def test_used_memory_grows_with_tokens_without_preallocation() -> None:
 
 
 def test_prefix_cache_holds_identical_prompts_once() -> None:
-    # 0.8 s answers (4 ms a token), so the 8 of a wave are resident together on a busy machine:
-    # with 0.2 s ones the first could end before the last was admitted, and the peak was lower
-    settings = KV | {"kv_capacity_tokens": 100_000, "prefix_cache": True, "per_token_s": 0.004}
+    settings = TOGETHER | {"kv_capacity_tokens": 100_000, "prefix_cache": True}
     same = [_prompt("same")] * 8
     unique = [_prompt(f"u{k}") for k in range(8)]
     peaks = []
