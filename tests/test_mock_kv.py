@@ -183,7 +183,7 @@ def test_queue_waits_for_kv_and_the_queue_gauge_says_so() -> None:
 
 
 def test_preallocated_memory_is_flat_while_kv_usage_rises() -> None:
-    settings = KV | {"preallocate": True, "metrics_style": "sglang"}
+    settings = TOGETHER | {"preallocate": True, "metrics_style": "sglang"}
     with start_mock(**settings) as mock:
         before = _metrics(mock)
         with _sampling(mock) as samples:
@@ -227,7 +227,7 @@ def test_prefix_cache_holds_identical_prompts_once() -> None:
 
 
 def test_prefix_cache_shares_a_common_prefix_only() -> None:
-    settings = KV | {"kv_capacity_tokens": 100_000, "prefix_cache": True}
+    settings = TOGETHER | {"kv_capacity_tokens": 100_000, "prefix_cache": True}
     system = _prompt("sys", 2000)
     prompts = [f"{system} {_prompt(f't{k}', 1000)}" for k in range(4)]
     with start_mock(**settings) as mock, _sampling(mock) as samples:
@@ -351,7 +351,8 @@ STYLES = {
 
 @pytest.mark.parametrize("style", sorted(STYLES))
 def test_metrics_style_names_and_queue_gauge(style: str) -> None:
-    settings = FAST | {"per_token_s": 0.002, "slots": 1, "metrics_style": style}
+    # 0.2 s answers: the three must all have arrived before the first is done
+    settings = FAST | {"per_token_s": 0.005, "slots": 1, "metrics_style": style}
     with start_mock(**settings) as mock:
         with _sampling(mock) as samples, ThreadPoolExecutor(3) as pool:
             list(pool.map(lambda k: _forced(mock, f"q{k}", 40), range(3)))
