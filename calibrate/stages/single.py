@@ -15,9 +15,10 @@ from calibrate.http.models import ServerIdentity, incomplete_reason
 from calibrate.http.request_times import RequestTimes, monotonic
 from calibrate.io.atomic import write_atomic
 from calibrate.io.jsonl import dumps_line, read_jsonl
-from calibrate.io.records import RequestRecord, utc_now_iso
+from calibrate.io.records import RequestRecord
 from calibrate.redact import redact_url
 from calibrate.stages.context import StageContext
+from calibrate.stages.measure.item_records import unanswered_record
 from calibrate.state.ledger import baseline_path
 from calibrate.state.summaries import PlainSummary
 
@@ -66,24 +67,8 @@ def _unanswered(
     ctx: StageContext, error: ErrorInfo | None, times: RequestTimes | None, elapsed_s: float
 ) -> RequestRecord:
     """The fixed prompt's record with no answer in it: ``error`` says why (or none yet)."""
-    return RequestRecord(
-        run_id=ctx.run.run_id,
-        ts=utc_now_iso(),
-        stage=ctx.run.stage,
-        target=ctx.target,
-        prompt=ctx.config.prompt.text,
-        params=ctx.params,
-        text=None,
-        finish_reason=None,
-        usage=None,
-        elapsed_s=elapsed_s,
-        ttft_s=None,
-        served_model=None,
-        system_fingerprint=None,
-        ok=False,
-        error=error,
-        times=times,
-    )
+    prompt = ctx.config.prompt.text
+    return unanswered_record(ctx, prompt, ctx.params, elapsed_s=elapsed_s, error=error, times=times)
 
 
 def server_identity(ctx: StageContext) -> tuple[ServerIdentity, list[str]]:

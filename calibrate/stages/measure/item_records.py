@@ -7,9 +7,43 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from calibrate.errors import ErrorInfo
+from calibrate.http.models import SamplingParams
+from calibrate.http.request_times import RequestTimes
 from calibrate.io.records import RequestRecord, utc_now_iso
 from calibrate.load.items import ItemResult
 from calibrate.stages.context import StageContext
+
+
+def unanswered_record(
+    ctx: StageContext,
+    prompt: str,
+    params: SamplingParams,
+    *,
+    elapsed_s: float,
+    error: ErrorInfo | None,
+    times: RequestTimes | None,
+) -> RequestRecord:
+    """The SPEC §4.1 record of one of this stage's requests with no answer in it: ``error``
+    says why (or none yet: the caller fills the answer in). Every stage's record starts here."""
+    return RequestRecord(
+        run_id=ctx.run.run_id,
+        ts=utc_now_iso(),
+        stage=ctx.run.stage,
+        target=ctx.target,
+        prompt=prompt,
+        params=params,
+        text=None,
+        finish_reason=None,
+        usage=None,
+        elapsed_s=elapsed_s,
+        ttft_s=None,
+        served_model=None,
+        system_fingerprint=None,
+        ok=False,
+        error=error,
+        times=times,
+    )
 
 
 def item_record(
@@ -20,17 +54,14 @@ def item_record(
     params = ctx.params
     if isinstance(sent, int) and not isinstance(sent, bool) and sent != params.max_tokens:
         params = replace(params, max_tokens=sent)  # a forced answer length (SPEC §5.11)
-    return RequestRecord(
-        run_id=ctx.run.run_id,
-        ts=utc_now_iso(),
-        stage=ctx.run.stage,
-        target=ctx.target,
-        prompt=item.prompt,
-        params=params,
+    record = unanswered_record(
+        ctx, item.prompt, params, elapsed_s=item.elapsed_s, error=item.error, times=item.times
+    )
+    return replace(
+        record,
         text=item.text,
         finish_reason=item.finish_reason,
         usage=item.usage,
-        elapsed_s=item.elapsed_s,
         ttft_s=item.ttft_s,
         served_model=item.served_model,
         system_fingerprint=item.system_fingerprint,
@@ -38,10 +69,8 @@ def item_record(
         concurrency=concurrency,
         round=round_no,
         ok=item.ok,
-        error=item.error,
         input_tokens_target=item.input_tokens_target,
         canary=item.role == "canary",
-        times=item.times,
     ).to_json()
 
 
