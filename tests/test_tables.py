@@ -167,7 +167,7 @@ def test_the_default_table_fits_the_terminal(width: int) -> None:
 
 
 def test_a_tune_table_fits_100_columns_in_a_log() -> None:
-    from calibrate.cli.common import Output
+    from calibrate.cli.output import Output
     from calibrate.cli.views.tune import show_ranked
 
     rows = [

@@ -20,6 +20,7 @@ from typing import Any
 
 from calibrate import __version__, redact
 from calibrate.cli import streams
+from calibrate.cli.flags import CommandLine
 from calibrate.errors import CalibrateError, ExitCode
 
 # One module per command, in the order `calibrate --help` lists them.
@@ -95,13 +96,12 @@ def _interrupted_text(exc: KeyboardInterrupt) -> str:
 def _run(args_list: list[str]) -> int:
     parser = build_parser(args_list[0] if args_list else None)
     try:
-        args = parser.parse_args(args_list)
+        args = parser.parse_args(args_list, namespace=CommandLine(tuple(args_list)))
     except SystemExit as exc:  # argparse exits 2 on bad flags, 0 on --help
         return int(exc.code) if isinstance(exc.code, int) else ExitCode.USAGE
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return ExitCode.USAGE
-    args.argv = args_list
     debug = bool(getattr(args, "debug", False))
     _log_to_stderr(debug)
     try:

@@ -9,7 +9,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from calibrate.cli.common import add_command, output_for
+from calibrate.cli.flags import add_command
+from calibrate.cli.output import output_for
 from calibrate.config import DEFAULT_CONFIG_NAME, STARTER_TOML
 from calibrate.errors import UsageError
 from calibrate.io.atomic import write_atomic

@@ -23,17 +23,19 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from calibrate.cli import common
+from calibrate.cli import flags, output
 from calibrate.cli.flags.workload import add_tier_args, measure_spec, resolved_workload
 from calibrate.cli.views.ladder import LadderView
+from calibrate.config import Config
 from calibrate.io.tasks import pool_for
 from calibrate.stages import ladder
 from calibrate.stages.ladder import LadderEnv, LadderSpec
 from calibrate.stages.measure.slo import parse_slo_flags
+from calibrate.stages.measure.tier_run import MeasureSpec
 
 
 def register(subparsers: Any) -> None:
-    parser = common.add_command(subparsers, "ladder", __doc__ or "", run)
+    parser = flags.add_command(subparsers, "ladder", __doc__ or "", run)
     parser.add_argument(
         "--require-match",
         action="store_true",
@@ -43,18 +45,18 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    spec = ladder_spec(args)
-    out = common.output_for(args)
-    ctx = common.open_stage(args, "ladder", out)
+    measure = measure_spec(args, "ladder")  # a flag's mistake before the config's
+    cfg = flags.load_config(args)
+    spec = ladder_spec(args, measure, cfg)
+    out = output.output_for(args)
+    ctx = flags.open_stage(args, "ladder", out, cfg)
     view = LadderView(out, ctx)
     done = ladder.run(spec, LadderEnv(ctx, view))
     return view.render(done, args.junit)
 
 
-def ladder_spec(args: argparse.Namespace) -> LadderSpec:
+def ladder_spec(args: argparse.Namespace, measure: MeasureSpec, cfg: Config) -> LadderSpec:
     """The flags as one typed spec: exit 2 on a mistake before anything is written."""
-    measure = measure_spec(args, "ladder")
-    cfg = common.load_config(args)
     workload = resolved_workload(args, cfg, "ladder")
     return LadderSpec(
         measure=measure,

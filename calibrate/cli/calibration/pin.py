@@ -12,7 +12,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from calibrate.cli.common import add_command, add_force, load_config, open_stage, output_for
+from calibrate.cli.flags import add_command, add_force, load_config, open_stage
+from calibrate.cli.output import output_for
 from calibrate.engines.builders import SERVER_KINDS
 from calibrate.io.output_paths import check_outputs, stage_files
 from calibrate.stages.pin import run_pin
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args)  # --out is never what pin reads, checked before its gate
     script = Path(args.out) if args.out else cfg.scripts_dir / "launch.sh"
     check_outputs([("--out", script)], stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source))
-    ctx = open_stage(args, "pin", out)
+    ctx = open_stage(args, "pin", out, cfg)
     result = run_pin(ctx, kind=args.kind, out=script)
     v = result.values
     out.ok(f"pinned batch {v.batch_size}, concurrency {v.concurrency} ({v.kind}) → {result.script}")

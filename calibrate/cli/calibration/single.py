@@ -12,7 +12,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from calibrate.cli.flags import add_command, add_junit, junit_suite, open_stage, save_junit
+from calibrate.cli.flags import (
+    add_command,
+    add_junit,
+    junit_suite,
+    load_config,
+    open_stage,
+    save_junit,
+)
 from calibrate.cli.output import output_for
 from calibrate.stages import single_run
 from calibrate.stages.env import guarded
@@ -57,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         require_match=args.require_match,
     )
     spec.check()
-    ctx = open_stage(args, "single", out, gate=False)
+    ctx = open_stage(args, "single", out, load_config(args), gate=False)
     with guarded(ctx):
         outcome = single_run.run(ctx, spec, out.say, out.warn)
         out.tell(outcome.answer_lines())

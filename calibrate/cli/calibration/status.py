@@ -9,7 +9,8 @@ import argparse
 import json
 from typing import Any
 
-from calibrate.cli.common import add_command, load_config, output_for
+from calibrate.cli.flags import add_command, load_config
+from calibrate.cli.output import output_for
 from calibrate.engines.redaction import redact_config
 from calibrate.redact import redact_url
 from calibrate.stages.status import OPTIONAL_STAGES, STAGE_ORDER, status_of, verdict

@@ -33,8 +33,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from calibrate.cli.common import open_stage, output_for
+from calibrate.cli.flags import load_config, open_stage
 from calibrate.cli.flags import sweep as sweep_args
+from calibrate.cli.output import output_for
 from calibrate.cli.views.sweep import SweepView
 from calibrate.stages import sweep
 from calibrate.stages.sweep import SweepEnv
@@ -45,9 +46,10 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    spec = sweep_args.sweep_spec(args)
+    cfg = load_config(args)
+    spec = sweep_args.sweep_spec(args, cfg)
     out = output_for(args)
-    ctx = open_stage(args, "sweep", out)
+    ctx = open_stage(args, "sweep", out, cfg)
     view = SweepView(out, ctx)
     done = sweep.run(spec, SweepEnv(ctx, view))
     return view.render(done, args.junit)

@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from calibrate.cli import common
+from calibrate.cli import flags, output
 from calibrate.cli.flags.workload import add_workload_args, resolved_workload
 from calibrate.cli.views.tune import show_finished, tune_env
-from calibrate.config import MAX_TIMEOUT_S
+from calibrate.config import MAX_TIMEOUT_S, Config
 from calibrate.engines.builders import SERVER_KINDS
 from calibrate.engines.redaction import shown_command
 from calibrate.errors import UsageError
@@ -31,7 +31,7 @@ from calibrate.stages.measure.tier_run import MeasureSpec, preflight
 
 
 def register(subparsers: Any) -> None:
-    parser = common.add_command(subparsers, "tune", __doc__ or "", run)
+    parser = flags.add_command(subparsers, "tune", __doc__ or "", run)
     add = parser.add_argument
     add("--kind", choices=SERVER_KINDS, help="engine kind (overrides [server] kind)")
     add(
@@ -78,13 +78,13 @@ def register(subparsers: Any) -> None:
     add("--gpu", metavar="ID", action="append", default=None, help=gpu_help)
     add("--gpu-metrics-url", metavar="URL", help="a DCGM exporter for GPUs on another machine")
     add("--gpu-price-per-hour", type=float, metavar="USD", help=PRICE_HELP)
-    common.add_wide(parser)
-    common.add_force(parser)
+    flags.add_wide(parser)
+    flags.add_force(parser)
 
 
-def _request(args: argparse.Namespace) -> tune.TuneRequest:
+def _request(args: argparse.Namespace, cfg: Config) -> tune.TuneRequest:
     """The flags as a typed request; mistakes in them are exit 2 before anything is sent."""
-    workload = resolved_workload(args, common.load_config(args), "sweep").spec
+    workload = resolved_workload(args, cfg, "sweep").spec
     pool = pool_for(workload)  # a bad tasks file is exit 2 before anything is started
     if args.budget_s is not None and not 0 <= args.budget_s <= MAX_TIMEOUT_S:
         raise UsageError(f"--budget-s must be in [0, {MAX_TIMEOUT_S:g}], got {args.budget_s}")
@@ -106,14 +106,15 @@ def _request(args: argparse.Namespace) -> tune.TuneRequest:
 
 
 def resume_command(args: argparse.Namespace) -> str:
-    words = [w for w in getattr(args, "argv", ["tune"]) if w != "--new"]
+    words = [w for w in args.argv if w != "--new"]
     return shown_command(["calibrate", *words])  # no password in it
 
 
 def run(args: argparse.Namespace) -> int:
-    out = common.output_for(args)
-    request = _request(args)  # a bad flag is exit 2 before the run folder is opened
-    env = tune_env(out, common.open_stage(args, "tune", out), resume_command(args))
+    out = output.output_for(args)
+    cfg = flags.load_config(args)
+    request = _request(args, cfg)  # a bad flag is exit 2 before the run folder is opened
+    env = tune_env(out, flags.open_stage(args, "tune", out, cfg), resume_command(args))
     finished = tune.run(request, env)
     show_finished(out, finished)
     out.result(finished.to_json())

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,16 @@ from calibrate.stages.env import StageRequest
 from calibrate.state.ledger import Ledger
 
 Runner = Callable[[argparse.Namespace], int]
+
+
+class CommandLine(argparse.Namespace):
+    """One command's parsed flags and, as ``argv``, the words they were parsed from (the ledger
+    and the manifest record them, redacted): given to argparse before parsing, never added after."""
+
+    argv: tuple[str, ...]
+
+    def __init__(self, argv: tuple[str, ...] = ()) -> None:
+        super().__init__(argv=argv)
 
 
 def add_command(
@@ -55,27 +64,16 @@ def add_force(parser: argparse.ArgumentParser) -> None:
     )
 
 
-@dataclass(frozen=True, repr=False)
-class _Resolved:
-    """The Config one command resolved, and the flags and environment it was resolved from."""
-
-    overrides: config_mod.Overrides
-    environ: dict[str, str]
-    config: Config
-
-
 def load_config(args: argparse.Namespace, *, base_url: str | None = None) -> Config:
     """Resolve the configuration once from file, environment and this command's flags
     (``base_url``: the target a command chose among several --base-url, else its flag).
 
-    A second call for the same command (``open_stage`` after its spec was built) hands back the
-    same Config while its flags and the environment are unchanged: the file is read once.
-    Its secrets are remembered (``redact.remember``): from here on no file written and no line
+    A command calls it once and hands the Config on (``open_stage`` takes it). Its secrets are remembered (``redact.remember``): from here on no file written and no line
     printed holds them, whatever a server echoes back.
     """
     if base_url is None:
         base_url = getattr(args, "base_url", None)
-    for word in (base_url, *getattr(args, "argv", ())):
+    for word in (base_url, *args.argv):
         url = (word or "").split("=", 1)[-1] if (word or "").startswith("-") else word
         redact.remember_url(url if url and "://" in url else None)  # before a config error
     overrides = config_mod.Overrides(
@@ -83,13 +81,9 @@ def load_config(args: argparse.Namespace, *, base_url: str | None = None) -> Con
         base_url=base_url,
         model=getattr(args, "model", None),
     )
-    environ = dict(os.environ)
-    resolved: _Resolved | None = getattr(args, "_resolved_config", None)
-    if resolved is None or (resolved.overrides, resolved.environ) != (overrides, environ):
-        resolved = _Resolved(overrides, environ, config_mod.load(overrides, environ))
-        args._resolved_config = resolved
-    remember_secrets(resolved.config)
-    return resolved.config
+    cfg = config_mod.load(overrides, dict(os.environ))
+    remember_secrets(cfg)
+    return cfg
 
 
 def remember_secrets(cfg: Config) -> None:
@@ -115,18 +109,20 @@ def open_stage(
     args: argparse.Namespace,
     stage: str,
     out: Output,
+    cfg: Config,
     *,
     gate: bool = True,
     max_connections: int | None = None,
     ledger: Ledger | None = None,
 ) -> StageContext:
-    """The stage's request from its flags (--junit checked first), then ``stages.env.open_stage``."""
+    """The stage's request from its flags and ``cfg`` (the Config the command resolved once),
+    --junit checked first, then ``stages.env.open_stage``."""
     check_junit_path(args)
     junit, tasks = getattr(args, "junit", None), getattr(args, "tasks", None)
     request = StageRequest(
         stage,
-        load_config(args),
-        tuple(getattr(args, "argv", [])),
+        cfg,
+        args.argv,
         force=bool(getattr(args, "force", False)),
         gate=gate,
         junit=Path(junit) if junit else None,

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from calibrate.cli.common import add_command, add_junit, check_junit_path
+from calibrate.cli.flags import add_command, add_junit, check_junit_path
 from calibrate.cli.flags.workers import workers_count
 from calibrate.config import Config
 from calibrate.errors import UsageError
@@ -190,7 +190,7 @@ def request_for(args: argparse.Namespace, urls: list[str], cfg: Config) -> Batch
         concurrency=args.concurrency,
         final=args.final,
         junit_path=Path(junit) if junit else None,
-        argv=tuple(getattr(args, "argv", [])),
+        argv=args.argv,
         prompt=args.prompt,
         retry=RetryPolicy(retries=args.retries, base_s=args.backoff_s),
         outage=OutagePolicy(after=args.outage_after, limit_s=args.outage_s),

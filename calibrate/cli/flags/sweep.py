@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from calibrate.cli.common import Runner, add_command, load_config
+from calibrate.cli.flags import Runner, add_command
 from calibrate.cli.flags.workload import add_tier_args, measure_spec, resolved_workload
-from calibrate.config import MAX_BATCH_SIZE, SloConfig
+from calibrate.config import MAX_BATCH_SIZE, Config, SloConfig
 from calibrate.errors import UsageError
 from calibrate.io.tasks import pool_for
 from calibrate.stages.measure.slo import has_slo, parse_slo_flags
@@ -87,13 +87,12 @@ def register(subparsers: Any, doc: str, run: Runner) -> None:
     add_tier_args(parser, "sweep")
 
 
-def sweep_spec(args: argparse.Namespace) -> SweepSpec:
+def sweep_spec(args: argparse.Namespace, cfg: Config) -> SweepSpec:
     """The flags as one typed spec, checked in the order they always were."""
     measure = measure_spec(args, "sweep")
     _check_load_flags(args)
     if args.batch_size is not None and not 1 <= args.batch_size <= MAX_BATCH_SIZE:
         raise UsageError(f"--batch-size must be in [1, {MAX_BATCH_SIZE}], got {args.batch_size}")
-    cfg = load_config(args)
     slo = parse_slo_flags(args.slo, cfg.slo) if args.slo else None
     _check_find_max(args, slo if slo is not None else cfg.slo)
     workload = resolved_workload(args, cfg, "sweep").spec

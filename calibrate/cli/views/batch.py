@@ -16,8 +16,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from calibrate.cli.common import Output, junit_suite
 from calibrate.cli.export import say_export
+from calibrate.cli.flags import junit_suite
+from calibrate.cli.output import Output
 from calibrate.io.store import RunDir
 from calibrate.stages.batch import BatchOutcome, BatchPlan, BatchSpec
 from calibrate.stages.batch.endpoints import EndpointCheck

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from calibrate.cli.common import Output
+from calibrate.cli.output import Output
 from calibrate.stages.determinism import Determinism, DeterminismCheck
 
 

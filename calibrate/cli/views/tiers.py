@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from calibrate.cli.common import Output, junit_suite
+from calibrate.cli.flags import junit_suite
+from calibrate.cli.output import Output
 from calibrate.cli.views.determinism import say_overall
 from calibrate.config import SloConfig
 from calibrate.errors import Interrupted

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from calibrate.cli.common import Output
+from calibrate.cli.output import Output
 from calibrate.report.progress import Plan, progress_bar
 from calibrate.report.tables.cells import figure
 from calibrate.report.tables.tune import ranked_table
