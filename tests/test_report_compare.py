@@ -454,7 +454,9 @@ def test_a_rate_sweep_is_tested_over_its_repeats(cli, isolated: Path) -> None:
 
 def _ladder(cli: Any, root: Path, base_url: str) -> str:
     """A real ladder: 5 rounds of ≥ 0.2 s per tier, answers of 8 tokens. A request is mostly
-    the mock's sleeps, so a busy shared machine moves its time little."""
+    the mock's sleeps, so a busy shared machine moves its time little. The latency rule is
+    off (latency_rise = 100): these ladders compare two whole runs, and a ladder stopped early by
+    a noisy time per item would leave the two runs with different tiers to compare."""
     open_gate(
         root,
         base_url,

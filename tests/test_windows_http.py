@@ -63,6 +63,8 @@ def test_one_run_per_level_shows_no_range_and_says_a_gain_is_not_told_from_noise
 
 
 def test_ladder_rounds_repeat_waves_for_min_round_s_after_a_warm_up(cli, isolated: Path) -> None:
+    # the latency rule off (latency_rise = 100): the test counts the waves of both tiers, and on
+    # 2-ms answers a loaded machine's time per item can rise 1.25× and stop it after the first
     config = (
         "[ladder]\nsample_interval_s = 0.05\nmin_round_s = 0.05\nwarmup_waves = 1\n"
         "latency_rise = 100.0\nbatch_sizes = [1, 2]\n"
