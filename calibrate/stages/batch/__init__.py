@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import shlex
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from calibrate.engines.redaction import shown_command
 from calibrate.errors import (
@@ -45,7 +44,7 @@ from calibrate.stages.batch.plan import (
 from calibrate.stages.batch.pool import RunHooks, close_later, run_batch, stop_on_signals
 from calibrate.stages.batch.procs import run as procs
 from calibrate.stages.batch.request import BatchEnv, BatchRequest, BatchSetup, QuietEnv, prepare
-from calibrate.stages.batch.result import BatchOutcome, BatchResult, summary_json
+from calibrate.stages.batch.result import BatchNotes, BatchOutcome, BatchResult, summary_json
 from calibrate.stages.batch.worker import BatchControl
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import StageRequest, open_stage
@@ -119,8 +118,7 @@ def _opened(
 
 @dataclass(frozen=True)
 class _Batch:
-    """One batch under way: what was asked, how it talks, what it resolved to, its run folder,
-    and the summary's parts found on the way (``extra``: shard, endpoint check, --final)."""
+    """One batch under way: what was asked, how it talks, what it resolved to, its run folder."""
 
     request: BatchRequest
     env: BatchEnv
@@ -128,7 +126,6 @@ class _Batch:
     plan: BatchPlan
     ctx: StageContext
     out_path: Path
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def spec(self) -> BatchSpec:
@@ -144,18 +141,24 @@ def _dispatch(b: _Batch) -> BatchOutcome:
     )
     if long_items:
         b.env.warn(long_items)
-    b.extra["shard"] = str(spec.shard) if spec.shard else None
-    result = _send(b)
+    slots = sum(min(e.concurrency, max(b.plan.to_run, 1)) for e in b.setup.endpoints)
+    workers = workers_for(b.request.workers, slots)  # one rule with the sweep's and ladder's
+    notes = BatchNotes(
+        shard=str(spec.shard) if spec.shard else None,
+        workers=workers if b.request.workers != 1 else None,  # said only when asked for
+    )
+    result, notes = _send(b, workers, notes)
     if result.stopped_by == "unreachable":
         raise ServerUnreachable(
             result.stop_detail,
             "Start it (or try the built-in one: make mock), then rerun the same command.",
         )
-    return _verdict(b, result, _final(b))
+    return _verdict(b, result, _final(b, notes))
 
 
-def _send(b: _Batch) -> BatchResult:
-    """The endpoints checked, then the items sent through a lane each; the run's result."""
+def _send(b: _Batch, workers: int, notes: BatchNotes) -> tuple[BatchResult, BatchNotes]:
+    """The endpoints checked, then the items sent through a lane each (by ``workers``
+    processes); the run's result, and the notes with the endpoints' check."""
     endpoints, ctx, env = b.setup.endpoints, b.ctx, b.env
     how = ClientSetup.of(ctx.config)  # each further endpoint's client, and every worker's
     clients = [ctx.client, *(how.client(e) for e in endpoints[1:])]
@@ -169,16 +172,13 @@ def _send(b: _Batch) -> BatchResult:
         env.warn(f"{event.endpoint}: {event.event.replace('_', ' ')} — {event.detail}")
 
     control = BatchControl()
-    slots = sum(min(e.concurrency, max(b.plan.to_run, 1)) for e in endpoints)
-    workers = workers_for(b.request.workers, slots)  # one rule with the sweep's and ladder's
-    if b.request.workers != 1:
-        b.extra["workers"] = workers  # said only when asked for: the summary is unchanged else
     advice = procs.parent_advice(workers) if workers > 1 else procs.advice(1)
     monitor = SelfLoadMonitor(advice=advice)
     monitor.start()
     view = env.progress(b.plan.to_run, len(endpoints))
     try:
-        usable = usable_endpoints(ctx, endpoints, clients, b.extra, env.on_check)
+        usable, check = usable_endpoints(ctx, endpoints, clients, notes.to_json(), env.on_check)
+        notes = replace(notes, endpoint_check=check)
         if len(endpoints) == 1:  # no fixed-prompt check: its answers are held to one model
             watch = ServedModelWatch(
                 baseline_served_model(ctx), lambda why: control.fail("other_model", why)
@@ -202,7 +202,7 @@ def _send(b: _Batch) -> BatchResult:
         )
         with view, stop_on_signals(control):
             if workers > 1:
-                return procs.run_workers(
+                result = procs.run_workers(
                     b.plan,
                     b.out_path,
                     endpoints=[e for e, _ in usable],
@@ -211,17 +211,19 @@ def _send(b: _Batch) -> BatchResult:
                     on_event=on_event,
                     **hooks,
                 )
-            return run_batch(b.plan, None, b.out_path, lanes=lanes, **hooks)
+            else:
+                result = run_batch(b.plan, None, b.out_path, lanes=lanes, **hooks)
+        return result, notes
     finally:
         monitor.stop()
         close_later(clients)
 
 
-def _final(b: _Batch) -> str | None:
-    """--final written (said in the summary); why it could not be, else None."""
+def _final(b: _Batch, notes: BatchNotes) -> BatchNotes:
+    """--final written (said in the summary), or why it could not be, in the notes."""
     final_text, plan = b.request.final, b.plan
     if not final_text or b.spec.sample:
-        return None
+        return notes
     try:
         final = export_final(plan.source_path, [b.out_path], Path(final_text), shard=b.spec.shard)
     except OSError as exc:  # the batch's verdict is still recorded; the export is not
@@ -229,25 +231,21 @@ def _final(b: _Batch) -> str | None:
         paths = ("--input", plan.source_path, "--out", b.out_path, "--to", final_text)
         again = shlex.join(["calibrate", "export", *map(str, paths)])
         b.env.warn(f"{final_error}; write it later with: {again}")
-        b.extra["final_error"] = final_error
-        return final_error
+        return replace(notes, final_error=final_error)
     b.env.on_export(final)
-    b.extra["final"] = final.to_json()
-    return None
+    return replace(notes, final=final)
 
 
-def _verdict(b: _Batch, result: BatchResult, final_error: str | None) -> BatchOutcome:
+def _verdict(b: _Batch, result: BatchResult, notes: BatchNotes) -> BatchOutcome:
     """Passed or not, recorded in the ledger (and --junit); the outcome to show."""
     spec, ctx = b.spec, b.ctx
-    summary = {**summary_json(result, spec.concurrency, b.setup.source), **b.extra}
     checks = shape_checks(result.shapes, max_chars=spec.max_chars, expect=spec.expect)
     shown = tuple(checks) if spec.sample else ()
-    if spec.sample:
-        summary["checks"] = [
-            {"name": c.name, "passed": c.passed, "detail": c.detail} for c in checks
-        ]
+    sample = shown if spec.sample else None
+    summary = summary_json(result, spec.concurrency, b.setup.source, notes, sample)
     # items count: a pass needs an ok line for every item this run was to do
-    passed = result.ok == result.to_run and result.stopped_by is None and final_error is None
+    passed = result.ok == result.to_run and result.stopped_by is None
+    passed = passed and notes.final_error is None
     if spec.sample:
         passed = passed and all(c.passed for c in checks)
     resume = shown_command(["calibrate", *b.request.argv])  # no password in it

@@ -9,7 +9,7 @@ naming it); one that does not answer is benched and the others do its share.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -118,22 +118,24 @@ def usable_endpoints(
     ctx: StageContext,
     endpoints: Sequence[Endpoint],
     clients: Sequence[OpenAIClient],
-    summary: dict[str, Any],
+    summary: Mapping[str, Any],
     on_check: Callable[[EndpointCheck], None],
-) -> list[tuple[Endpoint, OpenAIClient]]:
-    """Several endpoints: each must answer the fixed prompt like the baseline (exit 1 if not).
+) -> tuple[list[tuple[Endpoint, OpenAIClient]], EndpointCheck | None]:
+    """Several endpoints: each must answer the fixed prompt like the baseline (exit 1 if not);
+    the endpoints to use and the check (None: one endpoint, nothing to check).
 
-    The check goes into ``summary`` (``endpoint_check``); a refusal is recorded as not passed.
+    A refusal is recorded as not passed: ``summary`` (what the batch knew so far), the check
+    and the endpoints refused.
     """
     pairs = list(zip(endpoints, clients, strict=True))
     if len(endpoints) == 1:
-        return pairs
+        return pairs, None
     check = check_endpoints(ctx, endpoints, clients)
-    summary["endpoint_check"] = check.to_json()
     on_check(check)
     if check.differing:
         names = ", ".join(e.label for e, _ in check.differing)
-        ctx.record_result(False, PlainSummary({**summary, "refused": names}))
+        refused = {**summary, "endpoint_check": check.to_json(), "refused": names}
+        ctx.record_result(False, PlainSummary(refused))
         raise StageFailed(
             f"endpoint(s) {names} answer the fixed prompt differently from the baseline: "
             "different weights or settings behind them?",
@@ -144,7 +146,7 @@ def usable_endpoints(
             "no endpoint answered the fixed prompt",
             "Start the servers, then rerun the same command.",
         )
-    return [(e, c) for e, c in pairs if e in check.usable]
+    return [(e, c) for e, c in pairs if e in check.usable], check
 
 
 class ServedModelWatch:

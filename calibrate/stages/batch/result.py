@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,11 @@ from calibrate.gpu.selfload import SelfLoadReport
 from calibrate.http.models import Completion, incomplete_reason
 from calibrate.io.jsonl import without_surrogates
 from calibrate.io.tasks import ItemId, Task
+from calibrate.stages.batch.endpoints import EndpointCheck
 from calibrate.stages.batch.lanes import EndpointReport
 from calibrate.stages.batch.outage import OutageEvent
 from calibrate.stages.batch.plan import BatchPlan, BatchSpec
+from calibrate.stages.export import ExportResult
 from calibrate.stages.measure.format_check import (
     Expect,
     OutputShape,
@@ -261,8 +264,40 @@ def result_line(
     return line
 
 
-def summary_json(result: BatchResult, concurrency: int, concurrency_source: str) -> dict[str, Any]:
-    """The summary for ``--json``, summary.json and the ledger."""
+@dataclass(frozen=True)
+class BatchNotes:
+    """What a batch's summary says beside its counts, found on the way: its shard, the worker
+    processes (only when --workers was given: else the summary is as it always was), the
+    endpoints' fixed-prompt check (several endpoints) and what became of --final."""
+
+    shard: str | None = None
+    workers: int | None = None
+    endpoint_check: EndpointCheck | None = None
+    final: ExportResult | None = None
+    final_error: str | None = None  # --final could not be written: why
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"shard": self.shard}
+        if self.workers is not None:
+            out["workers"] = self.workers
+        if self.endpoint_check is not None:
+            out["endpoint_check"] = self.endpoint_check.to_json()
+        if self.final_error is not None:
+            out["final_error"] = self.final_error
+        if self.final is not None:
+            out["final"] = self.final.to_json()
+        return out
+
+
+def summary_json(
+    result: BatchResult,
+    concurrency: int,
+    concurrency_source: str,
+    notes: BatchNotes,
+    checks: Sequence[ShapeCheck] | None = None,
+) -> dict[str, Any]:
+    """The summary for ``--json``, summary.json and the ledger (``checks``: --sample's)."""
+    sample = {"checks": [c.to_json() for c in checks]} if checks is not None else {}
     return {
         "out": str(result.out_path),
         "total": result.total,
@@ -290,4 +325,6 @@ def summary_json(result: BatchResult, concurrency: int, concurrency_source: str)
         "selfload": result.selfload.to_json() if result.selfload else None,
         "endpoints": [e.to_json() for e in result.endpoints],
         "outages": [e.to_json() for e in result.outage_events[:MAX_EVENTS]],
+        **notes.to_json(),
+        **sample,
     }

@@ -127,6 +127,9 @@ class ShapeCheck:
     passed: bool
     detail: str
 
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "passed": self.passed, "detail": self.detail}
+
 
 def shape_checks(
     shapes: Sequence[OutputShape], *, max_chars: int | None, expect: Expect
