@@ -9,10 +9,12 @@ the run's.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -37,6 +39,7 @@ from tests.batch_helpers import (
     wait_for_lines,
     write_tasks,
 )
+from tests.canned_server import CannedServer
 from tests.helpers import kill_9, reaped, write_config
 from tests.mockserver import start_mock, start_mock_process
 
@@ -270,6 +273,56 @@ def test_the_tree_cpu_clock_counts_a_busy_child_and_never_runs_back() -> None:
         readings = [clock() for _ in range(3)]
     assert during - before > 0.3  # the child's CPU, while this process slept
     assert readings == sorted(readings) and readings[0] >= during
+
+
+def _answers_once() -> CannedServer:
+    """A server that answers one chat request (the endpoints' fixed-prompt check) and then stops
+    listening: every later connection is refused."""
+    answer = {
+        "id": "c1",
+        "object": "chat.completion",
+        "model": "internlm-s2",
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+        ],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
+    }
+
+    def once() -> tuple[int, dict[str, str], bytes]:
+        def close() -> None:
+            canned._server.shutdown()
+            canned._server.server_close()
+
+        threading.Timer(0.02, close).start()  # after this answer is written
+        return 200, {}, json.dumps(answer).encode()
+
+    canned = CannedServer({"/v1/chat/completions": once})
+    return canned
+
+
+def test_an_endpoint_that_answered_the_check_then_went_away_is_an_outage_not_no_server(
+    isolated: Path,
+) -> None:
+    """Two endpoints, two workers, one endpoint each; the second answers the fixed-prompt check
+    and is gone before its worker sends anything. A server did answer, so its worker's refusals
+    are that endpoint's outage (the other does every item, exit 0), never "no server" (exit 4):
+    the worker process alone never saw an answer, the run did. (Four slots there: two of its
+    threads refused at once used to be "the first attempts were all refused".)"""
+    n = 40
+    tasks = write_tasks(isolated / "tasks.jsonl", n)
+    out = isolated / "out.jsonl"
+    with start_mock(ttft_s=0.005, per_token_s=0.0) as up, _answers_once() as gone:
+        write_config(isolated / "calibrate.toml", up.base_url)
+        proc = batch_process(
+            isolated, "--input", str(tasks), "--out", str(out), "--workers", "2",
+            "--base-url", f"{up.base_url}#c=1", "--base-url", f"{gone.base_url}#c=4",
+            "--outage-s", "120", "--backoff-s", "0.1", "--progress-s", "3600",
+        )  # fmt: skip
+        _, err = proc.communicate(timeout=120)
+    assert gone.hits == ["/v1/chat/completions"]  # the check, and nothing after it answered
+    assert proc.returncode == 0, err
+    assert "[down]" in err  # the gone endpoint, in the summary: an outage it waited out
+    assert_each_item_once(out, n)
 
 
 def test_an_endpoint_gone_mid_run_leaves_its_items_to_the_other_workers_endpoint(

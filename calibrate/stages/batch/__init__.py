@@ -209,6 +209,7 @@ def _send(b: _Batch, workers: int, notes: BatchNotes) -> tuple[BatchResult, Batc
                     workers=workers,
                     client=how,
                     on_event=on_event,
+                    answered=check is not None,  # every endpoint used answered the check
                     **hooks,
                 )
             else:

@@ -140,7 +140,8 @@ def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
     ]
     slots = sum(lane.concurrency for lane in lanes)
     guard = ReachabilityGuard(slots, on_unreachable=lambda d: control.fail("unreachable", d))
-    threading.Thread(target=_listen, args=(inbox, queue, control), daemon=True).start()
+    guard.answered = setup.answered  # then a refusal here is an outage, not "no server at all"
+    threading.Thread(target=_listen, args=(inbox, queue, control, guard), daemon=True).start()
     monitor = SelfLoadMonitor(advice=setup.advice, cpu_limit=setup.cpu_limit).start()
     threads = [
         threading.Thread(
@@ -181,8 +182,11 @@ def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
     return WorkerDone(monitor.stop(), stats)
 
 
-def _listen(inbox: Channel, queue: ParentQueue, control: BatchControl) -> None:
-    """The parent's messages: items, their end, stop; the end of the pipe ends this process."""
+def _listen(
+    inbox: Channel, queue: ParentQueue, control: BatchControl, guard: ReachabilityGuard
+) -> None:
+    """The parent's messages: items, their end, stop, "a server answered"; the end of the pipe
+    ends this process."""
     while True:
         message = inbox.receive()
         if message is None:
@@ -193,6 +197,8 @@ def _listen(inbox: Channel, queue: ParentQueue, control: BatchControl) -> None:
                 queue.give(task)
         elif kind == "end":
             queue.give(None)
+        elif kind == "answered":
+            guard.answered = True  # another worker's server answered: no "nothing ever did"
         elif kind == "stop":
             control.stop.set()  # no reason of its own: the parent knows why
             queue.give(None)

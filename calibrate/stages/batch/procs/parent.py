@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from queue import Empty, SimpleQueue
 
 from calibrate.io.tasks import ItemId, Task
@@ -109,6 +109,7 @@ class WorkerSet:
         self.procs: list[WorkerProc] = []
         self.reports: list[WorkerDone] = []
         self._setups = list(setups)
+        self.answered = any(s.answered for s in self._setups)
 
     def start(self) -> None:
         for setup in self._setups:
@@ -133,6 +134,15 @@ class WorkerSet:
         with self._lock:
             return sum(len(p.held) for p in self.procs if not p.dead)
 
+    def tell_answered(self) -> None:
+        """A server answered: from now on each worker's refusals are an outage to wait out,
+        never "nothing ever answered" (which ends the whole run as no server)."""
+        if self.answered:
+            return
+        self.answered = True
+        for proc in self.live():
+            proc.to_child.send(("answered",))
+
     def stop_all(self) -> None:
         for proc in self.live():
             if not proc.told_stop:
@@ -151,6 +161,7 @@ class WorkerSet:
                 proc.popen.wait(EXIT_WAIT_S)
 
     def _spawn(self, setup: WorkerSetup) -> None:
+        setup = replace(setup, answered=setup.answered or self.answered)  # a replacement too
         popen, to_child, from_child = spawn_worker(CHILD)  # the key goes over to_child
         slots = sum(e.concurrency for e in setup.endpoints)
         proc = WorkerProc(

@@ -66,12 +66,16 @@ def run_workers(
     outage: OutagePolicy,
     on_event: Callable[[OutageEvent], None],
     events: list[OutageEvent],
+    answered: bool = False,
     clock: Callable[[], float] = time.perf_counter,
     worker_cpu_limit: float = 0.85,
     machine_cpu_limit: float = 0.85,
 ) -> BatchResult:
     """Send the plan's items through ``workers`` processes; one line per item, written here.
 
+    ``answered``: a server answered already (the endpoints' fixed-prompt check), so a worker
+    whose first attempts are refused waits out an outage rather than ending the run as no
+    server; the first ok line tells every worker the same.
     ``worker_cpu_limit``: the workers' self-check threshold (one core is 1.0);
     ``machine_cpu_limit``: all processes together, as a share of the machine's cores.
     """
@@ -100,6 +104,8 @@ def run_workers(
             if model is not None:
                 control.served(model)  # type: ignore[arg-type]
             journal.record(line, text, tokens, label)  # type: ignore[arg-type]
+            if not procs.answered and isinstance(line, dict) and line.get("ok") is True:
+                procs.tell_answered()
             if (task := proc.release(item_id)) is not None:  # type: ignore[arg-type]
                 queue.finished(task)
         elif kind in ("finished", "back"):
@@ -117,7 +123,7 @@ def run_workers(
             on_event(event)
 
     setups = [
-        WorkerSetup(i, share, client, spec, outage, advice(workers), worker_cpu_limit)
+        WorkerSetup(i, share, client, spec, outage, advice(workers), worker_cpu_limit, answered)
         for i, share in enumerate(split(endpoints, workers))
     ]
     procs = WorkerSet(setups, queue, control, on_message, notes.put)

@@ -29,6 +29,7 @@ class WorkerSetup:
     outage: OutagePolicy
     advice: str  # the self-check's advice when this worker is the bottleneck
     cpu_limit: float = 0.85  # the self-check's threshold (a test sets 0: every window is bound)
+    answered: bool = False  # a server answered already (the endpoints' check, another worker)
 
 
 @dataclass(frozen=True)
