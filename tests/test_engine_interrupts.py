@@ -29,6 +29,9 @@ NEVER_READY = shlex.join(
 )
 
 
+ADOPT_SETTLE_S = 0.5
+
+
 def _starting_record(root: Path, proc: subprocess.Popen[str]) -> dict:
     """The record of the engine being started, once it is on disk (before readiness)."""
     path = root / "runs/server.json"
@@ -40,6 +43,10 @@ def _starting_record(root: Path, proc: subprocess.Popen[str]) -> dict:
             time.sleep(0.05)
             continue
         assert record["phase"] == "starting" and record["starter_pid"] == proc.pid
+        # the starter tells the supervisor "recorded" just after this file is written: a kill -9
+        # between the two is an engine nobody adopted, which its supervisor stops (tested apart);
+        # these tests are about a recorded one, so the starter gets a moment to say it
+        time.sleep(ADOPT_SETTLE_S)
         return record
     proc.kill()
     raise AssertionError(f"no starting record: {proc.communicate()}")
