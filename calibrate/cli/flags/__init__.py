@@ -68,8 +68,9 @@ def load_config(args: argparse.Namespace, *, base_url: str | None = None) -> Con
     """Resolve the configuration once from file, environment and this command's flags
     (``base_url``: the target a command chose among several --base-url, else its flag).
 
-    A command calls it once and hands the Config on (``open_stage`` takes it). Its secrets are remembered (``redact.remember``): from here on no file written and no line
-    printed holds them, whatever a server echoes back.
+    A command calls it once and hands the Config on (``open_stage`` takes it). Its secrets
+    are remembered (``redact.remember``): from here on no file written and no line printed
+    holds them, whatever a server echoes back.
     """
     if base_url is None:
         base_url = getattr(args, "base_url", None)
