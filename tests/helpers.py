@@ -75,3 +75,15 @@ def kill_9(proc: subprocess.Popen[str]) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=10)
     assert proc.returncode == -signal.SIGKILL
+
+
+# A whole, ordinary chat completion: what a canned server answers for one fixed-prompt call.
+CHAT_REPLY: dict[str, Any] = {
+    "id": "chatcmpl-1",
+    "object": "chat.completion",
+    "model": "internlm-s2",
+    "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+    ],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+}

@@ -40,7 +40,7 @@ from tests.batch_helpers import (
     write_tasks,
 )
 from tests.canned_server import CannedServer
-from tests.helpers import kill_9, reaped, write_config
+from tests.helpers import CHAT_REPLY, kill_9, reaped, write_config
 from tests.mockserver import start_mock, start_mock_process
 
 CHILD = "calibrate.stages.batch.procs.child"
@@ -278,15 +278,6 @@ def test_the_tree_cpu_clock_counts_a_busy_child_and_never_runs_back() -> None:
 def _answers_once() -> CannedServer:
     """A server that answers one chat request (the endpoints' fixed-prompt check) and then stops
     listening: every later connection is refused."""
-    answer = {
-        "id": "c1",
-        "object": "chat.completion",
-        "model": "internlm-s2",
-        "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-        ],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
-    }
 
     def once() -> tuple[int, dict[str, str], bytes]:
         def close() -> None:
@@ -294,7 +285,7 @@ def _answers_once() -> CannedServer:
             canned._server.server_close()
 
         threading.Timer(0.02, close).start()  # after this answer is written
-        return 200, {}, json.dumps(answer).encode()
+        return 200, {}, json.dumps(CHAT_REPLY).encode()
 
     canned = CannedServer({"/v1/chat/completions": once})
     return canned

@@ -16,20 +16,11 @@ from typing import Any
 import pytest
 
 from calibrate.redact import Scrubber, redact_url
-from tests.helpers import FAKE_KEY, all_files_text, write_config
+from tests.helpers import CHAT_REPLY, FAKE_KEY, all_files_text, write_config
 from tests.mockserver import start_mock
 from tests.tier_helpers import WINDOWS, open_gate
 
 FAST: dict[str, Any] = {"ttft_s": 0.001, "per_token_s": 0.0001}
-CHAT_REPLY = {
-    "id": "chatcmpl-1",
-    "object": "chat.completion",
-    "model": "internlm-s2",
-    "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-    ],
-    "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-}
 DCGM = 'DCGM_FI_DEV_FB_USED{gpu="0"} 1000\nDCGM_FI_DEV_FB_FREE{gpu="0"} 79000\n'
 
 

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         return _report(out, args, result, run=None)
     if not 1 <= args.runs <= MAX_ROUNDS:
         raise UsageError(f"--runs must be in [1, {MAX_ROUNDS}], got {args.runs}")
-    ctx = flags.open_stage(args, "repro", out, flags.load_config(args))
+    ctx = flags.open_stage(args, "repro", out)
     with guarded(ctx):
         result = run_repro(ctx, normaliser, runs=args.runs, stream=args.stream)
         return _report(out, args, result, run=ctx.run)

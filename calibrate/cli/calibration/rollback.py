@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.wait <= MAX_TIMEOUT_S:  # NaN fails this too
         raise UsageError(f"--wait must be in [0, {MAX_TIMEOUT_S:g}] seconds, got {args.wait}")
     normaliser = flags.normaliser_for(args)
-    ctx = flags.open_stage(args, "rollback", out, flags.load_config(args))
+    ctx = flags.open_stage(args, "rollback", out)
 
     def on_step(step: StepResult) -> None:
         line = f"[{step.n}/5] {step.name}: {step.message}"

@@ -16,7 +16,6 @@ from calibrate.cli.flags import (
     add_command,
     add_junit,
     junit_suite,
-    load_config,
     open_stage,
     save_junit,
 )
@@ -64,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         require_match=args.require_match,
     )
     spec.check()
-    ctx = open_stage(args, "single", out, load_config(args), gate=False)
+    ctx = open_stage(args, "single", out, gate=False)
     with guarded(ctx):
         outcome = single_run.run(ctx, spec, out.say, out.warn)
         out.tell(outcome.answer_lines())

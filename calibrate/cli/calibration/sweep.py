@@ -46,8 +46,9 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    measure = sweep_args.check_sweep_flags(args)
     cfg = load_config(args)
-    spec = sweep_args.sweep_spec(args, cfg)
+    spec = sweep_args.sweep_spec(args, measure, cfg)
     out = output_for(args)
     ctx = open_stage(args, "sweep", out, cfg)
     view = SweepView(out, ctx)

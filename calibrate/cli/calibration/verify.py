@@ -29,7 +29,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
     normaliser = flags.normaliser_for(args)
-    ctx = flags.open_stage(args, "verify", out, flags.load_config(args))
+    ctx = flags.open_stage(args, "verify", out)
     with guarded(ctx):
         return _run(args, out, ctx, normaliser)
 

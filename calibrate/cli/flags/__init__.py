@@ -110,15 +110,17 @@ def open_stage(
     args: argparse.Namespace,
     stage: str,
     out: Output,
-    cfg: Config,
+    cfg: Config | None = None,
     *,
     gate: bool = True,
     max_connections: int | None = None,
     ledger: Ledger | None = None,
 ) -> StageContext:
-    """The stage's request from its flags and ``cfg`` (the Config the command resolved once),
-    --junit checked first, then ``stages.env.open_stage``."""
+    """The stage's request from its flags and ``cfg`` (the Config the command resolved; None:
+    resolved here, after --junit is checked), then ``stages.env.open_stage``."""
     check_junit_path(args)
+    if cfg is None:
+        cfg = load_config(args)
     junit, tasks = getattr(args, "junit", None), getattr(args, "tasks", None)
     request = StageRequest(
         stage,

@@ -12,6 +12,7 @@ from calibrate.config import MAX_BATCH_SIZE, Config, SloConfig
 from calibrate.errors import UsageError
 from calibrate.io.tasks import pool_for
 from calibrate.stages.measure.slo import has_slo, parse_slo_flags
+from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.sweep.auto import DEFAULT_AUTO_STEPS, MAX_AUTO_STEPS
 from calibrate.stages.sweep.find_max import TOP
 from calibrate.stages.sweep.rates import parse_rate_range
@@ -87,12 +88,17 @@ def register(subparsers: Any, doc: str, run: Runner) -> None:
     add_tier_args(parser, "sweep")
 
 
-def sweep_spec(args: argparse.Namespace, cfg: Config) -> SweepSpec:
-    """The flags as one typed spec, checked in the order they always were."""
+def check_sweep_flags(args: argparse.Namespace) -> MeasureSpec:
+    """The checks that need no configuration: a flag's mistake comes before the config's."""
     measure = measure_spec(args, "sweep")
     _check_load_flags(args)
     if args.batch_size is not None and not 1 <= args.batch_size <= MAX_BATCH_SIZE:
         raise UsageError(f"--batch-size must be in [1, {MAX_BATCH_SIZE}], got {args.batch_size}")
+    return measure
+
+
+def sweep_spec(args: argparse.Namespace, measure: MeasureSpec, cfg: Config) -> SweepSpec:
+    """The flags as one typed spec (after ``check_sweep_flags``), under ``cfg``."""
     slo = parse_slo_flags(args.slo, cfg.slo) if args.slo else None
     _check_find_max(args, slo if slo is not None else cfg.slo)
     workload = resolved_workload(args, cfg, "sweep").spec
