@@ -10,11 +10,11 @@ error body has: ``{"error": {"message"}}`` (OpenAI, vLLM's ``{"message"}``), or 
 from __future__ import annotations
 
 import errno
-import json
 import math
 import re
 from typing import Any
 
+from calibrate import json_text
 from calibrate.errors import CalibrateError, ErrorInfo, ErrorKind, RequestError
 
 MAX_RETRY_AFTER_S = 3600.0  # a longer hint is read as an hour (the retry policy caps it lower)
@@ -141,7 +141,7 @@ def shorten(text: str, limit: int = 200) -> str:
 
 def http_error(status: int, text: str, headers: Any) -> ErrorInfo:
     try:
-        body = json.loads(text) if text else {}
+        body = json_text.loads(text) if text else {}
     except ValueError:
         body = {}
     info = error_from_body(status, body if isinstance(body, dict) else {}, fallback=text)

@@ -8,9 +8,9 @@ cut short with finish_reason ``length``. vLLM (and the mock) report ``max_model_
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from calibrate import json_text
 from calibrate.engines import engine
 from calibrate.errors import RequestError
 from calibrate.http.client import OpenAIClient
@@ -39,8 +39,8 @@ def props_context(props: Any) -> int | None:
 def read_context(client: OpenAIClient, model: str) -> ContextLimit | None:
     """The server's context for one request; None when it says nothing we can read."""
     try:
-        per_slot = props_context(json.loads(client.get_text("/props")))
-    except (RequestError, ValueError, RecursionError):
+        per_slot = props_context(json_text.loads(client.get_text("/props")))
+    except (RequestError, ValueError):
         per_slot = None
     if per_slot is not None:
         return ContextLimit(per_slot, "per-slot context", LLAMACPP_HINT)

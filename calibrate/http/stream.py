@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from calibrate import json_text
 from calibrate.http.error_kinds import invalid
 from calibrate.http.models import Choice, Completion, Usage
 from calibrate.http.responses import parse_chunk, plain_piece
@@ -28,8 +29,8 @@ _scan: _Scan = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 def _json_of(event: str) -> Any:
     """The JSON value of one event, or ``invalid_response`` saying it is none."""
     try:
-        return json.loads(event)
-    except (ValueError, RecursionError) as exc:
+        return json_text.loads(event)
+    except ValueError as exc:
         raise invalid(f"a stream chunk is not JSON: {event[:200]!r}") from exc
 
 

@@ -29,6 +29,7 @@ from urllib3.exceptions import (
     ReadTimeoutError,
 )
 
+from calibrate import json_text
 from calibrate.errors import RequestError
 from calibrate.http.bodies import BodyReader
 from calibrate.http.deadline import deadline_pool
@@ -168,11 +169,11 @@ class Transport:
 def parse_json(raw: bytes) -> dict[str, Any]:
     """An answer's body as a JSON object, else ``invalid_response``."""
     try:
-        payload = json.loads(raw)
+        payload = json_text.loads(raw)
+    except json_text.NestedTooDeeply as exc:
+        raise invalid("the server answered with JSON nested too deeply to parse") from exc
     except ValueError as exc:
         raise invalid(f"the server answered with something that is not JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise invalid("the server answered with JSON nested too deeply to parse") from exc
     if not isinstance(payload, dict):
         raise invalid("the server answered with JSON that is not an object")
     return payload

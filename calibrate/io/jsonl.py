@@ -16,6 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO
 
+from calibrate import json_text
 from calibrate.errors import InputError
 from calibrate.redact import scrub
 
@@ -94,7 +95,7 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw)
+                obj = json_text.loads(raw)
             except ValueError:  # torn, or not UTF-8 (UnicodeDecodeError is a ValueError)
                 continue
             if isinstance(obj, dict):
@@ -120,7 +121,7 @@ def load_jsonl_objects(path: Path, what: str = "file") -> list[tuple[int, dict[s
         except UnicodeDecodeError as exc:
             raise InputError(f"cannot read {what} {path}: line {number} is not UTF-8") from exc
         try:
-            obj = json.loads(line)
+            obj = json_text.loads(line)
         except json.JSONDecodeError as exc:
             raise InputError(f"{path}:{number} is not JSON ({exc.msg})") from exc
         if not isinstance(obj, dict):

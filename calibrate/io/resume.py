@@ -9,7 +9,6 @@ so the file stays valid JSONL; a file that is not JSONL at all is refused, never
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calibrate import json_text
 from calibrate.errors import InputError
 from calibrate.io.tasks import ItemId
 
@@ -135,8 +135,8 @@ def scan_output(path: Path, known: Container[ItemId] | None = None) -> OutputSca
 def _loads(raw: bytes) -> Any:
     """The JSON value of one line, or ``_UNREADABLE`` (torn, not UTF-8, absurdly nested)."""
     try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):
+        return json_text.loads(raw)
+    except ValueError:
         return _UNREADABLE
 
 
@@ -151,7 +151,7 @@ def _scan_block(scan: OutputScan, block: bytes, known: Container[ItemId] | None)
         for token, ok in found:
             if token[0] == 34:  # a string id: no escapes is the common case
                 item_id: ItemId = (
-                    token[1:-1].decode("utf-8") if b"\\" not in token else json.loads(token)
+                    token[1:-1].decode("utf-8") if b"\\" not in token else json_text.loads(token)
                 )
             else:
                 item_id = int(token)
@@ -166,7 +166,7 @@ def _scan_block(scan: OutputScan, block: bytes, known: Container[ItemId] | None)
             scan._line(raw, first_line + offset, known)
             continue
         token = match.group(1)
-        item_id = json.loads(token) if token[0] == 34 else int(token)
+        item_id = json_text.loads(token) if token[0] == 34 else int(token)
         scan.records += 1
         scan._record(item_id, match.group(2) == b"true", known)
 

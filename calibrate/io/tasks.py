@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from calibrate import json_text
 from calibrate.errors import InputError, UsageError
 from calibrate.workload import Pick, WorkloadSpec
 
@@ -106,7 +107,7 @@ def parse_task(raw: bytes, path: Path, line: int) -> Task | None:
     if not text.strip():
         return None
     try:
-        obj: Any = json.loads(text)
+        obj: Any = json_text.loads(text)
     except ValueError as exc:
         raise InputError(f"{where}: not JSON ({exc})", FIX_HINT) from exc
     if not isinstance(obj, dict):

@@ -24,6 +24,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from calibrate import json_text
 from calibrate.mock import payloads
 from calibrate.mock.metrics import render_metrics
 from calibrate.mock.model import MockModel
@@ -227,8 +228,8 @@ class MockHandler(BaseHTTPRequestHandler):
             return
         settings = self.server.settings
         try:
-            body = json.loads(raw)
-        except RecursionError:
+            body = json_text.loads(raw)
+        except json_text.NestedTooDeeply:
             body, problem = None, "the request body is JSON nested too deeply"
         except (ValueError, UnicodeDecodeError):
             body, problem = None, None  # not JSON: parse_request says so

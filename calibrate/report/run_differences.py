@@ -7,10 +7,10 @@ comparison says so in one line above its table (and in ``--json`` and the HTML).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from calibrate import json_text
 from calibrate.report.run_view import RunView
 from calibrate.state.identity import Weights, url_host
 from calibrate.state.summaries import Workload
@@ -53,7 +53,7 @@ def _config(view: RunView, section: str) -> dict[str, Any]:
 
 def _weights(view: RunView) -> Weights:
     try:
-        line = json.loads((view.path / "summary.json").read_text("utf-8"))
+        line = json_text.loads((view.path / "summary.json").read_text("utf-8"))
     except (OSError, ValueError):
         return Weights()
     return Weights.from_json(line.get("weights") if isinstance(line, dict) else None)

@@ -7,7 +7,6 @@ readable ``tiers.csv`` is refused (exit 2): there is nothing to report.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from calibrate import json_text
 from calibrate.errors import InputError
 from calibrate.io.output_paths import Named
 from calibrate.io.tier_table import Kind, level_key, read_rows
@@ -84,7 +84,7 @@ class RunView:
 def read_object(path: Path) -> dict[str, Any]:
     """A JSON file's object; {} when it is missing, unreadable or not an object."""
     try:
-        data = json.loads(path.read_text("utf-8"))
+        data = json_text.loads(path.read_text("utf-8"))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

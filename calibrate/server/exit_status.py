@@ -10,7 +10,6 @@ negated signal number when a signal ended it (``-9`` with ``signal`` ``"SIGKILL"
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from calibrate import json_text
 from calibrate.errors import ErrorInfo
 from calibrate.io.atomic import write_json_atomic
 from calibrate.io.records import utc_now_iso
@@ -70,7 +70,7 @@ def write(path: Path, status: ExitStatus) -> None:
 def read(path: Path, pid: int) -> ExitStatus | None:
     """The recorded end of ``pid``; None when none is recorded (yet) for that PID."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json_text.loads(path.read_text(encoding="utf-8"))
         status = ExitStatus(
             int(data["pid"]),
             int(data["exit_code"]),

@@ -9,7 +9,6 @@ Nothing is ever found or signalled by name.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -20,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from calibrate import redact
+from calibrate import json_text, redact
 from calibrate.engines.redaction import argv_secret_values, redact_argv
 from calibrate.io.atomic import write_atomic, write_json_atomic
 from calibrate.io.records import utc_now_iso
@@ -175,7 +174,7 @@ def save(record: ServerRecord, runs_dir: Path) -> None:
 def load(runs_dir: Path) -> ServerRecord | None:
     """The managed server's record, or None when calibrate manages none."""
     try:
-        data = json.loads(record_path(runs_dir).read_text(encoding="utf-8"))
+        data = json_text.loads(record_path(runs_dir).read_text(encoding="utf-8"))
         return ServerRecord.from_json(data)
     except (OSError, ValueError, TypeError):
         return None

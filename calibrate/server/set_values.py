@@ -15,6 +15,7 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
+from calibrate import json_text
 from calibrate.engines import engine, shell_words
 from calibrate.engines.args import ServerKind
 from calibrate.engines.builders import BASE_PLACEHOLDERS, CAP_KEYS, TUNE_FLAGS, Tuned
@@ -94,7 +95,7 @@ def merged(base: Tuned, over: Tuned) -> Tuned:
 def remembered(runs_dir: Path) -> Tuned:
     """The values the last ``server start --set`` gave (none when it gave none)."""
     try:
-        data = json.loads((runs_dir / FILE).read_text(encoding="utf-8"))
+        data = json_text.loads((runs_dir / FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return ()
     if not isinstance(data, dict):

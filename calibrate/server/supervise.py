@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from calibrate import json_text
 from calibrate.server import exit_status, log_filter
 
 HANDOFF_TIMEOUT_S = 30.0
@@ -149,7 +150,7 @@ def _read_secrets(fd: int) -> tuple[str, ...]:
     finally:
         os.close(fd)
     try:
-        found = json.loads(b"".join(chunks))
+        found = json_text.loads(b"".join(chunks))
     except ValueError:
         return ()
     return tuple(s for s in found if isinstance(s, str)) if isinstance(found, list) else ()

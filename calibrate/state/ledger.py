@@ -7,13 +7,13 @@ are in ``calibrate.state.gates``; what makes a target comes from ``calibrate.sta
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calibrate import json_text
 from calibrate.config import Config
 from calibrate.io.jsonl import append_jsonl, encode_line
 from calibrate.io.records import utc_now_iso
@@ -195,7 +195,7 @@ _TEXT_FIELDS = ("stage", "run_id", "target", "ts")
 def _parse_line(raw: bytes) -> tuple[LedgerEntry | None, str]:
     """One ledger line → an entry, or None and why it is unusable (torn, not JSON, wrong types)."""
     try:
-        obj = json.loads(raw.decode("utf-8"))
+        obj = json_text.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         return None, "not UTF-8"
     except ValueError as exc:

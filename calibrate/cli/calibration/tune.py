@@ -106,8 +106,7 @@ def _request(args: argparse.Namespace, cfg: Config) -> tune.TuneRequest:
 
 
 def resume_command(args: argparse.Namespace) -> str:
-    words = [w for w in args.argv if w != "--new"]
-    return shown_command(["calibrate", *words])  # no password in it
+    return shown_command(["calibrate", *(w for w in args.argv if w != "--new")])  # no password
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,8 +9,7 @@ timeline, the incidents, and last, folded, the run's configuration. Plots are in
 
 from __future__ import annotations
 
-import json
-
+from calibrate import json_text
 from calibrate.io.tier_table import level_key
 from calibrate.numbers import finite
 from calibrate.report.html.answer import verdict_html
@@ -53,7 +52,7 @@ def _variants(view: RunView) -> dict[str, tuple[str, str]]:
         return found
     for line in lines:
         try:
-            row = json.loads(line)
+            row = json_text.loads(line)
         except ValueError:
             continue
         key = level_key(row, view.key) if isinstance(row, dict) else None

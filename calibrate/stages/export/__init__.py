@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from calibrate import json_text
 from calibrate.errors import InputError
 from calibrate.io.atomic import remove_stale_temps
 from calibrate.io.jsonl import encode_line
@@ -226,9 +227,9 @@ def _records(block: bytes, path: Path, first_line: int) -> list[tuple[int, bytes
 def _id_of(token: bytes) -> ItemId | None:
     """The id of a token; None when it cannot be one of the input's (an integer too long)."""
     if token[:1] == b'"':
-        return token[1:-1].decode("utf-8") if b"\\" not in token else json.loads(token)
+        return token[1:-1].decode("utf-8") if b"\\" not in token else json_text.loads(token)
     try:
-        value: Any = json.loads(token)
+        value: Any = json_text.loads(token)
     except ValueError:  # more digits than Python reads: no input id is like it
         return None
     return value  # type: ignore[no-any-return]
@@ -236,8 +237,8 @@ def _id_of(token: bytes) -> ItemId | None:
 
 def _loads(raw: bytes) -> Any:
     try:
-        return json.loads(raw)
-    except (ValueError, RecursionError):
+        return json_text.loads(raw)
+    except ValueError:
         return None
 
 

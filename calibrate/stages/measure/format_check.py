@@ -7,13 +7,14 @@ produces; ``--sample`` finds them on a few items before thousands are sent.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from calibrate import json_text
 
 Expect = Literal["text", "json"]
 
@@ -91,12 +92,12 @@ def parse_json_output(text: str) -> ParsedJson:
     if not body:
         return ParsedJson(False, message="the output is empty, not JSON")
     try:
-        value = json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
+        value = json_text.loads(body, parse_constant=_reject_constant, parse_float=_finite_float)
         return ParsedJson(True, value)
+    except json_text.NestedTooDeeply:
+        return ParsedJson(False, message="the output is JSON nested too deeply to read")
     except ValueError as exc:
         return ParsedJson(False, message=f"the output is not valid JSON: {exc}")
-    except RecursionError:
-        return ParsedJson(False, message="the output is JSON nested too deeply to read")
 
 
 def line_count(text: str) -> int:

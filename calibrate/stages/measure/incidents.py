@@ -9,13 +9,13 @@ the managed server.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from calibrate import json_text
 from calibrate.errors import ErrorInfo
 from calibrate.gpu.nvml import GpuSnapshot, gpu_snapshot
 from calibrate.gpu.vram import VramMonitor, WindowPeak
@@ -128,7 +128,7 @@ def first_error(folder: Path) -> str | None:
     """The error message of the earliest bundle in ``folder`` (the server's own words)."""
     try:
         bundles = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
-        error = json.loads(bundles[0].read_text("utf-8"))["error"] if bundles else None
+        error = json_text.loads(bundles[0].read_text("utf-8"))["error"] if bundles else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return str(error["message"]) if isinstance(error, dict) and error.get("message") else None

@@ -7,10 +7,9 @@ manage cannot be capped; the sweep then limits what it sends instead (``safe_lev
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
-from calibrate import server
+from calibrate import json_text, server
 from calibrate.engines import CAP_REPORTS, find
 from calibrate.engines.args import ServerKind
 from calibrate.engines.base import http_threads
@@ -88,20 +87,6 @@ def short_of_threads(
     return f", with {flag} {need} for {wanted} in flight"
 
 
-def read_cap(fetch: Callable[[str], str]) -> ServerCap | None:
-    """The server's own cap when it says: llama.cpp's ``GET /props`` total_slots, SGLang's
-    ``GET /get_server_info`` max_running_requests; None when neither answers with one."""
-    for report in CAP_REPORTS:  # Engine.cap_report
-        try:
-            data = json.loads(fetch(report.path))
-        except (RequestError, ValueError):
-            continue
-        value = data.get(report.key) if isinstance(data, dict) else None
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return ServerCap(value, report.source)
-    return None
-
-
 def ladder_cap(
     ctx: StageContext, notify: Callable[[str], None]
 ) -> tuple[ServerCap | None, Restart | None]:
@@ -126,7 +111,7 @@ def ladder_cap(
             cap = f"the managed {found.kind} server's {found.cap_key}"
             return ServerCap(record.batch_size, cap), None
     client = ctx.client
-    return read_cap(lambda path: client.get_text(path)), None
+    return read_server_cap(lambda path: client.get_text(path)), None
 
 
 def safe_levels(
@@ -143,15 +128,25 @@ def safe_levels(
 
 
 def read_server_cap(fetch: Callable[[str], str]) -> ServerCap | None:
-    """llama.cpp's ``GET /props`` total_slots, else the length of ``GET /slots``."""
-    for path in ("/props", "/slots"):
-        try:
-            data = json.loads(fetch(path))
-        except (RequestError, ValueError, RecursionError):
-            continue
-        slots = in_range(data.get("total_slots"), 1, MAX_SLOTS) if isinstance(data, dict) else None
-        if slots is not None:  # negative, 0, huge: no cap said
-            return ServerCap(slots, "llama.cpp /props total_slots")
-        if isinstance(data, list) and data:
-            return ServerCap(len(data), "llama.cpp /slots")
+    """The server's own cap when it says one, for the ladder, the sweep and tune alike: each
+    engine's report in turn (llama.cpp ``GET /props`` total_slots, SGLang ``GET
+    /get_server_info`` max_running_requests), else the length of llama.cpp's ``GET /slots``.
+    A count that is not an integer in [1, MAX_SLOTS], or an answer that is not JSON, says none."""
+    for report in CAP_REPORTS:  # Engine.cap_report
+        data = _answer(fetch, report.path)
+        value = data.get(report.key) if isinstance(data, dict) else None
+        slots = in_range(value, 1, MAX_SLOTS)
+        if slots is not None:
+            return ServerCap(slots, report.source)
+    listed = _answer(fetch, "/slots")
+    if isinstance(listed, list) and listed:
+        return ServerCap(len(listed), "llama.cpp /slots")
     return None
+
+
+def _answer(fetch: Callable[[str], str], path: str) -> object:
+    """The JSON of ``GET path``; None when it fails or is not JSON."""
+    try:
+        return json_text.loads(fetch(path))
+    except (RequestError, ValueError):
+        return None

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from calibrate import json_text
 from calibrate.io.atomic import write_atomic, write_json_atomic
 from calibrate.io.jsonl import JsonlWriter, dumps_line, read_jsonl
 from calibrate.io.store import RunDir
@@ -39,7 +40,7 @@ def find_unfinished(runs_dir: Path, grid_fingerprint: str) -> str | None:
     found: str | None = None
     for plan_path in sorted(runs_dir.glob(f"*-tune-*/{PLAN_FILE}")):
         try:
-            data = json.loads(plan_path.read_text("utf-8"))
+            data = json_text.loads(plan_path.read_text("utf-8"))
         except (OSError, ValueError):
             continue
         if not isinstance(data, dict) or data.get("fingerprint") != grid_fingerprint:
@@ -83,7 +84,7 @@ class TuneStore:
 
     def read_plan(self) -> dict[str, Any] | None:
         try:
-            data = json.loads(self.path(PLAN_FILE).read_text("utf-8"))
+            data = json_text.loads(self.path(PLAN_FILE).read_text("utf-8"))
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
