@@ -24,7 +24,7 @@ from calibrate.stages.measure.stop_rules import (
     within_noise,
 )
 from calibrate.stages.measure.tiers import Stats, Tier, Verdict, kept
-from calibrate.stages.prepare.server_cap import read_cap
+from calibrate.stages.prepare.server_cap import read_server_cap
 from tests.stage_fakes import CLEAN, FakeKv, ScriptedSender, close_runs, recorder, stage_ctx
 
 __all__ = ["close_runs"]  # the autouse fixture, used by being imported
@@ -244,11 +244,11 @@ def test_the_preemption_counter_and_the_cap_are_read_as_the_engines_name_them() 
             raise RequestError(ErrorInfo("http_4xx", "HTTP 404", 404))
         return pages[path]
 
-    assert read_cap(fetch) == ServerCap(4, "llama.cpp /props total_slots")
+    assert read_server_cap(fetch) == ServerCap(4, "llama.cpp /props total_slots")
     del pages["/props"]
-    assert read_cap(fetch) == ServerCap(16, "SGLang max_running_requests")
+    assert read_server_cap(fetch) == ServerCap(16, "SGLang max_running_requests")
     pages["/get_server_info"] = '{"max_running_requests": null}'
-    assert read_cap(fetch) is None
+    assert read_server_cap(fetch) is None
 
 
 def test_the_counter_read_before_and_after_each_tier_is_its_preemptions(tmp_path: Path) -> None:
