@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from calibrate.numbers import finite
 from calibrate.report.compare import RunComparison
@@ -30,21 +30,21 @@ def compare_table(cmp: TierComparison) -> Table:
     ):
         table.add_column(name)
 
-    def mark(text: str, bad: bool) -> str:
-        return f"[bold red]{text} ✗[/]" if bad else text
+    def mark(text: str, bad: bool) -> Text:
+        return Text(f"{text} ✗", style="bold red") if bad else Text(text)
 
     for row in cmp.rows:
         table.add_row(
-            str(row.key),
-            row.verdict.baseline,
+            Text(str(row.key)),
+            Text(row.verdict.baseline),
             mark(row.verdict.now, row.verdict.bad),
-            row.metric.baseline,
+            Text(row.metric.baseline),
             mark(row.metric.now, row.metric.bad),
-            row.change,
+            Text(row.change),
         )
     table.add_row(
         "last passing",
-        cmp.last_passing.baseline,
+        Text(cmp.last_passing.baseline),
         mark(cmp.last_passing.now, cmp.last_passing.bad),
         "",
         "",
@@ -127,10 +127,5 @@ def runs_compare_table(cmp: RunComparison, width: int | None = 100, wide: bool =
     for name in names[:shown]:
         table.add_column(name, justify="left" if name.startswith("verdict") else "right")
     for line in cells:
-        table.add_row(
-            *(
-                f"[{colour}]{escape(text)}[/]" if colour else escape(text)
-                for text, colour in line[:shown]
-            )
-        )
+        table.add_row(*(Text(text, style=colour) for text, colour in line[:shown]))
     return table

@@ -1,6 +1,9 @@
 """The one table renderer: a view declares its columns as ``(header, row → text)``; here they are
 fitted to a width (minor ones left out, in a given order), drawn as a compact rich table, or
-written as one ``key=value`` line."""
+written as one ``key=value`` line.
+
+Titles and cells are plain text, never rich markup: they hold what a run folder, a tiers.csv or
+a flag said, and ``[/x]`` in one would otherwise restyle the table or raise MarkupError."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from typing import Any
 
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from calibrate.report.tables.cells import Cells
 
@@ -18,9 +22,9 @@ RowStyle = Callable[[int, Row], str | None]  # (position, row) → a rich style,
 
 def compact(title: str | None = None) -> Table:
     """A table without column rules, side edges or a bottom rule: a rule under the header, two
-    spaces between columns; as wide as its cells, few lines."""
+    spaces between columns; as wide as its cells, few lines. The title is plain text."""
     return Table(
-        title=title,
+        title=Text(title) if title is not None else None,
         title_justify="left",
         box=box.SIMPLE_HEAD,
         show_edge=False,
@@ -62,5 +66,5 @@ def grid(
     for name, _ in columns:
         table.add_column(name, justify="left" if name in left else "right", overflow="fold")
     for n, row in enumerate(rows):
-        table.add_row(*(cell(row) for _, cell in columns), style=style(n, row))
+        table.add_row(*(Text(cell(row)) for _, cell in columns), style=style(n, row))
     return table
