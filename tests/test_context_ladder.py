@@ -244,6 +244,9 @@ def test_the_per_slot_context_is_read_from_any_shape_of_props() -> None:
     assert props_context({"n_ctx": 2048}) == 2048
     assert props_context({"default_generation_settings": {"n_ctx": "512"}}) is None
     assert props_context(["not", "props"]) is None
+    for absurd in (10**330, -512, 0, True):  # no context, not a limit every prompt is under
+        assert props_context({"default_generation_settings": {"n_ctx": absurd}}) is None
+        assert props_context({"n_ctx": absurd, "total_slots": 1}) is None
 
 
 def _length_tier(length: int, verdict: str) -> Tier:

@@ -13,15 +13,17 @@ from typing import Any
 from calibrate import json_text
 from calibrate.engines import engine
 from calibrate.errors import RequestError
-from calibrate.http.client import OpenAIClient
+from calibrate.http.client import MAX_MODEL_LEN, OpenAIClient
 from calibrate.http.models import ContextLimit
+from calibrate.http.responses import in_range
 
 LLAMACPP_HINT = engine("llamacpp").context_hint  # /props: the per-slot context
 MAX_MODEL_LEN_HINT = engine("vllm").context_hint  # /v1/models: max_model_len
 
 
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    """A context or slot count the server said, in range (10**330 tokens is no context)."""
+    return in_range(value, 1, MAX_MODEL_LEN)
 
 
 def props_context(props: Any) -> int | None:
