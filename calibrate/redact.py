@@ -28,6 +28,26 @@ MIN_REMEMBERED_CHARS = 6  # a shorter "secret" would blank out ordinary words ev
 _SPLIT = r"(?:\s|\\[nrt])*"  # blanks, or a line break as JSON escapes it, inside a split key
 
 
+# What a terminal acts on instead of showing: C0 controls but newline and tab (ESC starts the
+# sequences that clear the screen, move the cursor, set the title), DEL, C1 controls, and the
+# bidi overrides that reorder what is shown.
+_UNSHOWN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` as a terminal shows it without acting on it: each control character and bidi
+    override as a visible escape (``\\x1b``, ``\\r``, ``\\u202e``); newlines and tabs kept.
+    Every human line calibrate prints goes through it, since servers, files and flags write
+    into them (a server's ``\\x1b[1A\\x1b[2K`` would otherwise erase the line above)."""
+    return _UNSHOWN.sub(lambda found: repr(found.group())[1:-1], text)
+
+
+def one_line(text: str) -> str:
+    """A server's message as one line: every run of blanks and line breaks one space (a
+    message ``"boom\\nsingle passed"`` would otherwise print a line calibrate never wrote)."""
+    return " ".join(text.split())
+
+
 def redact_url(url: str) -> str:
     """``http://user:pass@host/v1`` → ``http://***@host/v1``; other URLs unchanged."""
     return _URL_USERINFO.sub(r"\1***@", url)

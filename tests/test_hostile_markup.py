@@ -1,14 +1,17 @@
-"""Text calibrate did not write itself is shown as text, never read as rich markup.
+"""Text calibrate did not write itself is shown as text: never read as rich markup, never
+obeyed as a terminal's control sequence.
 
 rich reads ``[red]`` and ``[/]`` in a table's cells and title as markup, and a closing tag it
 cannot match (``[/x]``) raises MarkupError. A tiers.csv cell, a run folder's name, a baseline's
 path or a ``--grid`` value reaching a table could therefore restyle the report or end it in a
 traceback. Every table here goes through the one renderer (``report.tables.grid``), which takes
-its cells and titles as plain text.
+its cells and titles as plain text; every human line goes through ``redact.printable``, and a
+server's error message is made one line where it is read.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,8 @@ from rich.console import Console
 from calibrate.report.tables.compare import compare_table
 from calibrate.report.tables.grid import grid
 from calibrate.stages.measure.compare_tiers import compare_tables
+from tests.canned_server import CannedServer
+from tests.helpers import write_config
 from tests.report_helpers import ladder_row, sweep_row, write_run
 
 ODD = "[/x] [bold]loud[/bold] [link=http://evil]"
@@ -65,3 +70,37 @@ def test_a_baseline_whose_path_and_verdicts_hold_markup_is_compared_as_written()
     assert f"baselines/{ODD}.csv" in text
     assert f"pass {ODD}" in text and f"fail {ODD}" in text
     assert "0.3 ✗" in text  # the marked cell keeps its mark
+
+
+FORGED = "\x1b[1A\x1b[2K\x1b]0;pwned\x07\u202e\rboom\nsingle passed: the call answered"
+
+
+def test_a_servers_error_message_cannot_move_the_cursor_or_write_a_line(
+    cli, isolated: Path
+) -> None:
+    """A 500 whose message erases the line above, sets the title and starts a line of its own:
+    shown escaped on the one line calibrate wrote, never obeyed."""
+    body = json.dumps({"error": {"message": FORGED, "type": "x"}}).encode()
+    models = (200, {}, b'{"data": [{"id": "internlm-s2"}]}')
+    replies = {"/v1/models": models, "/v1/chat/completions": (500, {}, body)}
+    with CannedServer(replies) as server:  # type: ignore[arg-type]
+        write_config(isolated / "calibrate.toml", server.base_url)
+        result = cli("single")
+    assert result.code == 1, result.err
+    assert not set(result.err) & {"\x1b", "\x07", "\r", "\u202e"}, repr(result.err)
+    assert "\\x1b[1A\\x1b[2K" in result.err  # what the server sent, visible
+    assert not any(line.startswith("single passed") for line in result.err.splitlines())
+
+
+def test_every_table_cell_shows_control_characters_escaped() -> None:
+    rows = [{"name": FORGED}]
+    text = _printed(
+        grid(
+            [("name", lambda r: str(r["name"]))],
+            rows,
+            FORGED,
+            left={"name"},
+            style=lambda n, r: None,
+        )
+    )
+    assert "\x1b" not in text and "\\x1b[1A" in text

@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _interrupted_text(exc: KeyboardInterrupt) -> str:
     """``interrupted``, plus what happened to an engine being started (see server.start)."""
-    return f"interrupted: {exc}" if str(exc) else "interrupted"
+    return f"interrupted: {redact.printable(str(exc))}" if str(exc) else "interrupted"
 
 
 def _run(args_list: list[str]) -> int:
@@ -109,7 +109,7 @@ def _run(args_list: list[str]) -> int:
     except CalibrateError as exc:
         if debug:
             traceback.print_exc()
-        print(exc.render(), file=sys.stderr)
+        print(redact.printable(exc.render()), file=sys.stderr)
         return int(exc.exit_code)
     except KeyboardInterrupt as exc:
         print(_interrupted_text(exc), file=sys.stderr)
@@ -149,7 +149,7 @@ class _OneStyle(logging.Formatter):
     """``warning: …`` / ``error: …``: a library warning reads like every other warning."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line = f"{record.levelname.lower()}: {record.getMessage()}"
+        line = f"{record.levelname.lower()}: {redact.printable(record.getMessage())}"
         if record.exc_info and logging.getLogger("calibrate").isEnabledFor(logging.DEBUG):
             line += "\n" + self.formatException(record.exc_info)  # tracebacks with --debug only
         return line

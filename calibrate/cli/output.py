@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from calibrate.cli.streams import can_encode
+from calibrate.redact import printable
 
 if TYPE_CHECKING:
     from calibrate.io.tier_table import Kind
@@ -47,7 +48,8 @@ class Output:
         )
 
     def say(self, text: str, style: str | None = None) -> None:
-        self.console.print(text, style=style if self.is_tty else None, markup=False)
+        shown = printable(text)  # a server's ESC sequence is shown, never obeyed
+        self.console.print(shown, style=style if self.is_tty else None, markup=False)
 
     def warn(self, text: str) -> None:
         self.say(f"warning: {text}", style="yellow")

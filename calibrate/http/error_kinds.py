@@ -16,6 +16,7 @@ from typing import Any
 
 from calibrate import json_text
 from calibrate.errors import CalibrateError, ErrorInfo, ErrorKind, RequestError
+from calibrate.redact import one_line
 
 MAX_RETRY_AFTER_S = 3600.0  # a longer hint is read as an hour (the retry policy caps it lower)
 _OOM = re.compile(r"out of memory|CUDA OOM|OutOfMemory|\bOOM\b", re.IGNORECASE)
@@ -161,7 +162,8 @@ def error_from_body(status: int, body: dict[str, Any], fallback: str = "") -> Er
         message = str(err.get("message") or "")
     elif isinstance(err, str):
         message = err
-    message = message or str(body.get("message") or body.get("detail") or "") or shorten(fallback)
+    message = message or str(body.get("message") or body.get("detail") or "") or fallback
+    message = one_line(message)  # its line breaks would print lines calibrate never wrote
     if _OOM.search(message) or _OOM.search(fallback):
         kind: ErrorKind = "oom"
     elif status >= 500:

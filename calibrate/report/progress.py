@@ -22,6 +22,7 @@ from rich.progress import (
 from rich.text import Text
 
 from calibrate.io.tier_table import Kind
+from calibrate.redact import printable
 from calibrate.report.tables.cells import Cells
 from calibrate.report.tables.columns import fitting_columns
 from calibrate.report.tables.tiers import LEFT_JUSTIFIED, tier_table
@@ -153,4 +154,5 @@ class LogTable:
         self._say("  ".join(cells))  # padded as a rich table pads: ``report RUN``'s lines
 
     def _say(self, line: str) -> None:
-        self.console.print(line, markup=False, highlight=False, crop=False, soft_wrap=True)
+        shown = printable(line)
+        self.console.print(shown, markup=False, highlight=False, crop=False, soft_wrap=True)

@@ -12,7 +12,7 @@ from rich.text import Text
 from calibrate.numbers import finite
 from calibrate.report.compare import RunComparison
 from calibrate.report.tables.columns import short_name
-from calibrate.report.tables.grid import compact
+from calibrate.report.tables.grid import compact, plain
 from calibrate.stages.measure.compare_tiers import TierComparison
 from calibrate.stages.measure.confidence import percent
 
@@ -31,20 +31,20 @@ def compare_table(cmp: TierComparison) -> Table:
         table.add_column(name)
 
     def mark(text: str, bad: bool) -> Text:
-        return Text(f"{text} ✗", style="bold red") if bad else Text(text)
+        return plain(f"{text} ✗", "bold red") if bad else plain(text)
 
     for row in cmp.rows:
         table.add_row(
-            Text(str(row.key)),
-            Text(row.verdict.baseline),
+            plain(str(row.key)),
+            plain(row.verdict.baseline),
             mark(row.verdict.now, row.verdict.bad),
-            Text(row.metric.baseline),
+            plain(row.metric.baseline),
             mark(row.metric.now, row.metric.bad),
-            Text(row.change),
+            plain(row.change),
         )
     table.add_row(
         "last passing",
-        Text(cmp.last_passing.baseline),
+        plain(cmp.last_passing.baseline),
         mark(cmp.last_passing.now, cmp.last_passing.bad),
         "",
         "",
@@ -127,5 +127,5 @@ def runs_compare_table(cmp: RunComparison, width: int | None = 100, wide: bool =
     for name in names[:shown]:
         table.add_column(name, justify="left" if name.startswith("verdict") else "right")
     for line in cells:
-        table.add_row(*(Text(text, style=colour) for text, colour in line[:shown]))
+        table.add_row(*(plain(text, colour) for text, colour in line[:shown]))
     return table

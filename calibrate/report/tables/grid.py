@@ -2,8 +2,9 @@
 fitted to a width (minor ones left out, in a given order), drawn as a compact rich table, or
 written as one ``key=value`` line.
 
-Titles and cells are plain text, never rich markup: they hold what a run folder, a tiers.csv or
-a flag said, and ``[/x]`` in one would otherwise restyle the table or raise MarkupError."""
+Titles and cells are plain text (``plain``), never rich markup and never a control character:
+they hold what a run folder, a tiers.csv or a flag said, and ``[/x]`` in one would otherwise
+restyle the table or raise MarkupError, an ESC move the cursor."""
 
 from __future__ import annotations
 
@@ -14,17 +15,23 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from calibrate.redact import printable
 from calibrate.report.tables.cells import Cells
 
 Row = Mapping[str, Any]
 RowStyle = Callable[[int, Row], str | None]  # (position, row) → a rich style, or none
 
 
+def plain(text: str, style: str = "") -> Text:
+    """A cell or title as it is written: no markup read, control characters shown escaped."""
+    return Text(printable(text), style=style)
+
+
 def compact(title: str | None = None) -> Table:
     """A table without column rules, side edges or a bottom rule: a rule under the header, two
     spaces between columns; as wide as its cells, few lines. The title is plain text."""
     return Table(
-        title=Text(title) if title is not None else None,
+        title=plain(title) if title is not None else None,
         title_justify="left",
         box=box.SIMPLE_HEAD,
         show_edge=False,
@@ -66,5 +73,5 @@ def grid(
     for name, _ in columns:
         table.add_column(name, justify="left" if name in left else "right", overflow="fold")
     for n, row in enumerate(rows):
-        table.add_row(*(Text(cell(row)) for _, cell in columns), style=style(n, row))
+        table.add_row(*(plain(cell(row)) for _, cell in columns), style=style(n, row))
     return table
