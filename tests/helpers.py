@@ -48,11 +48,12 @@ def all_files_text(root: Path) -> str:
 
 
 def calibrate_process(root: Path, *args: str) -> subprocess.Popen[str]:
-    """``python -m calibrate ARGS`` in ``root`` from this checkout; stdout and stderr as text."""
+    """``python -m calibrate ARGS`` in ``root`` from this checkout; stdout and stderr as text.
+    SIGABRT makes it print every thread's stack (``stacks_of``), for a test it outlived."""
     return subprocess.Popen(
         [sys.executable, "-m", "calibrate", *args],
         cwd=root,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONFAULTHANDLER": "1"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -68,6 +69,17 @@ def reaped(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def stacks_of(proc: subprocess.Popen[str]) -> str:
+    """Where a ``calibrate_process`` that should have ended is stuck: its threads' stacks (the
+    faulthandler's dump on SIGABRT) and what it had printed."""
+    proc.send_signal(signal.SIGABRT)
+    try:
+        return proc.communicate(timeout=10)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()[1]
 
 
 def kill_9(proc: subprocess.Popen[str]) -> None:

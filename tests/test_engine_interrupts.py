@@ -22,7 +22,7 @@ import pytest
 
 from calibrate.server import process, readiness, supervise
 from tests.fakes import append_ledger, free_port, managed_config, mock_command, pid_gone
-from tests.helpers import REPO, calibrate_process, reaped
+from tests.helpers import REPO, calibrate_process, reaped, stacks_of
 
 NEVER_READY = shlex.join(
     [sys.executable, "-c", "import time; print('loading weights', flush=True); time.sleep(120)"]
@@ -63,7 +63,11 @@ def _wait_gone(pid: int, timeout_s: float = 15.0) -> bool:
 
 def _finish(proc: subprocess.Popen[str]) -> str:
     with reaped(proc):
-        return proc.communicate(timeout=30)[1]
+        try:
+            return proc.communicate(timeout=30)[1]
+        except subprocess.TimeoutExpired:  # say where it hangs (seen once in a serial pass)
+            stacks = stacks_of(proc)
+            raise AssertionError(f"still running 30 s after the signal:\n{stacks}") from None
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
