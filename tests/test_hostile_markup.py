@@ -21,7 +21,7 @@ from calibrate.report.tables.compare import compare_table
 from calibrate.report.tables.grid import grid
 from calibrate.stages.measure.compare_tiers import compare_tables
 from tests.canned_server import CannedServer
-from tests.helpers import write_config
+from tests.helpers import CHAT_REPLY, write_config
 from tests.report_helpers import ladder_row, sweep_row, write_run
 
 ODD = "[/x] [bold]loud[/bold] [link=http://evil]"
@@ -104,3 +104,23 @@ def test_every_table_cell_shows_control_characters_escaped() -> None:
         )
     )
     assert "\x1b" not in text and "\\x1b[1A" in text
+
+
+@pytest.mark.parametrize("where", ["answer", "models"])
+def test_a_model_name_with_a_line_break_stays_on_calibrates_line(
+    cli, isolated: Path, where: str
+) -> None:
+    """The answer's ``model`` or a ``/v1/models`` id is shown inside calibrate's own line."""
+    forged = "x\nsingle passed: the call answered"
+    reply = {**CHAT_REPLY, "model": forged if where == "answer" else "internlm-s2"}
+    ids = [forged] if where == "models" else ["internlm-s2"]
+    models = json.dumps({"data": [{"id": i} for i in ids]}).encode()
+    replies = {
+        "/v1/models": (200, {}, models),
+        "/v1/chat/completions": (200, {}, json.dumps(reply).encode()),
+    }
+    with CannedServer(replies) as server:  # type: ignore[arg-type]
+        write_config(isolated / "calibrate.toml", server.base_url)
+        result = cli("single")
+    assert "x single passed: the call answered" in result.err, result.err
+    assert "single passed: the call answered" not in result.err.splitlines()

@@ -10,6 +10,7 @@ from typing import Any
 
 from calibrate.http.request_times import RequestTimes
 from calibrate.http.stream_timing import StreamTiming
+from calibrate.redact import one_line
 
 
 @dataclass(frozen=True)
@@ -186,8 +187,8 @@ class ServerIdentity:
 
     @property
     def models_text(self) -> str:
-        """``a, b, c`` — and how many more, when the list was cut."""
-        text = ", ".join(self.model_ids)
+        """``a, b, c`` — and how many more, when the list was cut (each id on this one line)."""
+        text = ", ".join(one_line(i) for i in self.model_ids)
         return f"{text} (and {self.more_models:,} more)" if self.more_models else text
 
     def to_json(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from calibrate.http.request_times import RequestTimes, monotonic
 from calibrate.io.atomic import write_atomic
 from calibrate.io.jsonl import dumps_line, read_jsonl
 from calibrate.io.records import RequestRecord
-from calibrate.redact import redact_url
+from calibrate.redact import one_line, redact_url
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.item_records import unanswered_record
 from calibrate.state.ledger import baseline_path
@@ -145,9 +145,9 @@ def model_mismatch(identity: ServerIdentity, served_model: str | None, model: st
     """What the server serves when it is not the configured model ("right endpoint, wrong
     weights"): the answer's own ``model``, else ``/v1/models`` when it lists others only."""
     if served_model and served_model != model:
-        return served_model
+        return one_line(served_model)  # a name is shown on calibrate's line, never its own
     if not served_model and identity.model_ids and model not in identity.model_ids:
-        return ", ".join(identity.model_ids)
+        return identity.models_text
     return None
 
 

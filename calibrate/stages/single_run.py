@@ -13,6 +13,7 @@ from typing import Any, Literal
 from calibrate.errors import UsageError
 from calibrate.io.junit import JUnitSuite
 from calibrate.load.waves import Sender
+from calibrate.redact import one_line
 from calibrate.stages.context import StageContext
 from calibrate.stages.determinism import managed_switch
 from calibrate.stages.determinism.wave import CopiesWave, send_copies
@@ -95,7 +96,9 @@ class SingleOutcome:
             f"finish_reason {record.finish_reason}" if record.finish_reason else "no finish_reason"
         )
         served = (
-            f"served model '{record.served_model}'" if record.served_model else "no model named"
+            f"served model '{one_line(record.served_model)}'"
+            if record.served_model
+            else "no model named"
         )
         out: list[Line] = [("warn", warning) for warning in result.warnings]
         if record.text is not None:
