@@ -48,7 +48,11 @@ def test_a_real_ladder_report_has_its_tiers_verdict_incidents_and_timeline(
     assert [r[verdict] for r in rows] == ["pass", "pass", "pass", "fail"]
     assert page.id_text["verdict-word"] == "passed"
     details = page.id_text["verdict-details"]
-    assert "stopped by failure" in details and "last passing batch size 4, concurrency 4" in details
+    # the setting the run recorded (4, or 2 when a loaded machine made 4 read within noise of it)
+    setting = ladder.json["last_passing"]["batch_size"]
+    assert setting in (2, 4), ladder.err
+    assert "stopped by failure" in details
+    assert f"last passing batch size {setting}, concurrency {setting}" in details
     incidents = page.body_rows("incident-list")
     assert len(incidents) == 2 and all(r[1] == "oom" and r[3] == "500" for r in incidents)
     assert "CUDA out of memory" in incidents[0][2]
