@@ -8,6 +8,7 @@ import re
 import shlex
 from pathlib import Path
 
+from calibrate.report.tune_report import plot_svg
 from tests.report_helpers import table_lines
 from tests.tune_helpers import MOCK, tune_config
 
@@ -117,3 +118,20 @@ def test_the_report_of_a_tune_run_says_when_the_winners_lead_is_not_significant(
         )
     )
     assert TuneView(Path("."), rows, clear, True).headline().endswith("c01 (slots=2)")
+
+
+def test_plot_svg_is_a_bar_per_candidate_drawn_by_the_one_svg_plotter() -> None:
+    """plot.svg (an image of its own, so with its namespace): bars in proportion to goodput,
+    the winner first; a candidate that did not start has no bar, and says why; text escaped."""
+    rows = [
+        {"id": "c01", "flags": "--max-num-seqs 8", "goodput_per_s": 10.0, "best_concurrency": 8},
+        {"id": "c02", "flags": "<b>x</b>", "goodput_per_s": 5.0, "best_concurrency": 4},
+        {"id": "c03", "flags": "y", "goodput_per_s": None, "status": "did not start"},
+        {"id": "c04", "flags": "z", "goodput_per_s": float("inf"), "status": "damaged"},
+    ]
+    svg = plot_svg(rows, "tune <run>")
+    assert svg.startswith('<svg class="chart" xmlns="http://www.w3.org/2000/svg"')
+    widths = [float(w) for w in re.findall(r'<rect class="bar"[^>]* width="([0-9.]+)"', svg)]
+    assert widths == [420.0, 210.0, 0.0, 0.0]
+    assert "did not start" in svg and "10.00/s at c=8" in svg
+    assert "&lt;b&gt;x&lt;/b&gt;" in svg and "<b>" not in svg and "tune &lt;run&gt;" in svg

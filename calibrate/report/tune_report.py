@@ -8,44 +8,29 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from html import escape
 from pathlib import Path
 from typing import Any
 
 from calibrate.errors import InputError
 from calibrate.io.jsonl import load_jsonl_objects
+from calibrate.numbers import finite
+from calibrate.report.html.parts import page, table, text
+from calibrate.report.html.svg import BarValue, bar_chart
 from calibrate.report.run_view import read_object
-from calibrate.report.tables.tune import COLUMNS
+from calibrate.report.tables.tune import COLUMNS, LEFT
 from calibrate.stages.measure.confidence import percent
 
 REQUIRED = ("rank", "id", "flags", "status", "cap", "errors", "incidents")
 
-BAR_H, GAP, LABEL_W, BAR_W = 22, 6, 300, 420
-
 
 def plot_svg(table: Sequence[Mapping[str, Any]], title: str) -> str:
     """plot.svg: one bar per candidate, its goodput; a candidate that did not start says so."""
-    top = max((float(r["goodput_per_s"] or 0.0) for r in table), default=0.0) or 1.0
-    height = 40 + len(table) * (BAR_H + GAP)
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{LABEL_W + BAR_W + 120}" '
-        f'height="{height}" font-family="sans-serif" font-size="12">',
-        f'<text x="8" y="20" font-weight="bold">{escape(title)}</text>',
-    ]
-    for n, r in enumerate(table):
-        y = 32 + n * (BAR_H + GAP)
-        goodput = float(r["goodput_per_s"] or 0.0)
-        width = BAR_W * goodput / top
-        label = escape(f"{r['id']} {r['flags']}"[:48])
+    bars = []
+    for r in table:
+        goodput = finite(r.get("goodput_per_s")) or 0.0
         note = f"{goodput:.2f}/s at c={r['best_concurrency']}" if goodput else str(r["status"])
-        colour = "#2b7bba" if n else "#1a9850"
-        parts += [
-            f'<text x="8" y="{y + 15}">{label}</text>',
-            f'<rect x="{LABEL_W}" y="{y}" width="{width:.1f}" height="{BAR_H}" fill="{colour}"/>',
-            f'<text x="{LABEL_W + width + 6:.1f}" y="{y + 15}">{escape(note)}</text>',
-        ]
-    parts.append("</svg>\n")
-    return "\n".join(parts)
+        bars.append(BarValue(f"{r['id']} {r['flags']}"[:48], goodput, note))
+    return bar_chart(title, bars, standalone=True)
 
 
 def is_tune_run(path: Path) -> bool:
@@ -138,17 +123,15 @@ def tune_html(view: TuneView) -> str:
         data = base64.b64encode(svg.read_bytes()).decode("ascii")
         plot = f'<p><img alt="goodput per candidate" src="data:image/svg+xml;base64,{data}"></p>'
 
-    head = "".join(f"<th>{escape(name)}</th>" for name, _ in COLUMNS)  # the terminal's cells
-    body = "".join(
-        "<tr>" + "".join(f"<td>{escape(cell(r))}</td>" for _, cell in COLUMNS) + "</tr>"
-        for r in view.rows
-    )
-    notes = "".join(f"<li>{escape(n)}</li>" for n in view.notes())
-    return (
-        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{escape(title)}</title><style>body{{font-family:sans-serif;margin:2em}}"
-        "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}</style>"
-        f"</head><body><h1>{escape(title)}</h1><p><strong>{escape(view.headline())}</strong></p>"
-        f"{'<ul>' + notes + '</ul>' if notes else ''}{plot}"
-        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></body></html>\n"
+    notes = "".join(f"<li>{text(n)}</li>" for n in view.notes())
+    cells = [[cell(r) for _, cell in COLUMNS] for r in view.rows]  # the terminal's cells
+    return page(
+        title,
+        [
+            f"<h1>{text(title)}</h1>",
+            f'<p class="verdict" id="verdict-word"><strong>{text(view.headline())}</strong></p>',
+            f'<ul id="notes">{notes}</ul>' if notes else "",
+            plot,
+            table("candidates", [name for name, _ in COLUMNS], cells, text_columns=LEFT),
+        ],
     )

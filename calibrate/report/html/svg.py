@@ -1,4 +1,5 @@
-"""A tiny SVG plotter for the HTML report: line/scatter charts and a request timeline.
+"""The one SVG plotter: line/scatter charts and a request timeline for the HTML report, the bar
+chart of a tune's candidates (its plot.svg, a file of its own).
 
 No dependency and no external reference: the output is an inline ``<svg>`` element whose text is
 HTML-escaped, so a report renders the same with or without matplotlib, offline.
@@ -36,6 +37,18 @@ class Bar:
     finish_s: float
     ttft_s: float | None  # from the request's start
     ok: bool
+
+
+@dataclass(frozen=True)
+class BarValue:
+    """One bar of a bar chart: its label, its length in the chart's unit, what follows it."""
+
+    label: str
+    value: float
+    note: str
+
+
+_BAR_PX, _BAR_GAP_PX, _BAR_LABEL_PX, _BAR_SPAN_PX = 22, 6, 300, 420
 
 
 def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
@@ -123,13 +136,47 @@ def _axes(
     return out
 
 
-def _svg(width: int, height: int, title: str, body: Sequence[str]) -> str:
+def _svg(
+    width: int, height: int, title: str, body: Sequence[str], *, standalone: bool = False
+) -> str:
+    """The ``<svg>`` element; ``standalone``: a file of its own, with its namespace and font
+    (an image needs them; inside the report the page's CSS gives the font)."""
+    alone = (
+        ' xmlns="http://www.w3.org/2000/svg" font-family="sans-serif" font-size="12"'
+        if standalone
+        else ""
+    )
     head = (
-        f'<svg class="chart" width="{width}" '
+        f'<svg class="chart"{alone} width="{width}" '
         f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
         f'aria-label="{escape(title)}"><title>{escape(title)}</title>'
     )
-    return head + "".join(body) + "</svg>"
+    return head + "".join(body) + "</svg>" + ("\n" if standalone else "")
+
+
+def bar_chart(title: str, bars: Sequence[BarValue], *, standalone: bool = False) -> str:
+    """Horizontal bars, one a row, the largest value the full span, its note after it (tune's
+    goodput per candidate, the winner first and green)."""
+    top = max((b.value for b in bars if _drawn(b.value)), default=0.0) or 1.0
+    width = _BAR_LABEL_PX + _BAR_SPAN_PX + 120
+    height = 40 + len(bars) * (_BAR_PX + _BAR_GAP_PX)
+    body = [f'<text x="8" y="20" font-weight="bold">{escape(title)}</text>']
+    for n, bar in enumerate(bars):
+        y = 32 + n * (_BAR_PX + _BAR_GAP_PX)
+        length = _BAR_SPAN_PX * (bar.value if _drawn(bar.value) else 0.0) / top
+        colour = COLOURS[2] if n == 0 else COLOURS[0]
+        body += [
+            f'<text x="8" y="{y + 15}">{escape(bar.label)}</text>',
+            f'<rect class="bar" x="{_BAR_LABEL_PX}" y="{y}" width="{length:.1f}" '
+            f'height="{_BAR_PX}" fill="{colour}"/>',
+            f'<text x="{_BAR_LABEL_PX + length + 6:.1f}" y="{y + 15}">{escape(bar.note)}</text>',
+        ]
+    return _svg(width, height, title, body, standalone=standalone)
+
+
+def _drawn(value: float) -> bool:
+    """A length a bar can have: finite and above zero."""
+    return math.isfinite(value) and value > 0
 
 
 def _cross(x: float, y: float, label: str) -> str:

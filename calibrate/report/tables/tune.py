@@ -41,7 +41,7 @@ COLUMNS: Cells = [
 
 # On a narrow screen these go first, in this order (--wide keeps them all).
 _DROP_FIRST = ("incidents", "tok/s", "KV", "p90 s", "cap", "items/s", "status")
-_LEFT = ("id", "flags", "status")
+LEFT = ("id", "flags", "status")  # the text columns, left-aligned (the HTML page too)
 
 
 def _style(n: int, row: Mapping[str, Any]) -> str | None:
@@ -55,4 +55,4 @@ def ranked_table(
     rows: Sequence[Mapping[str, Any]], title: str | None, width: int | None = None
 ) -> Table:
     """The ranked candidates; with ``width``, minor columns are left out until it fits."""
-    return grid(fit(COLUMNS, rows, width, _DROP_FIRST), rows, title, left=_LEFT, style=_style)
+    return grid(fit(COLUMNS, rows, width, _DROP_FIRST), rows, title, left=LEFT, style=_style)
