@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from calibrate.http.client import MAX_MODELS_KEPT, OpenAIClient
+from calibrate.http.client import OpenAIClient
+from calibrate.http.responses import MAX_MODELS_KEPT
 from tests.canned_server import CannedServer
 from tests.helpers import write_config
 

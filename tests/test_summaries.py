@@ -8,13 +8,12 @@ import json
 from calibrate.state.summaries import (
     LadderSummary,
     PlainSummary,
-    Setting,
     SweepSummary,
     TierChecks,
-    Workload,
     ladder_summary,
     sweep_summary,
 )
+from calibrate.state.summary_values import Setting, Workload
 
 SELFLOAD = {"windows": 3, "bottleneck": False}
 COMPARE = {"baseline": "baselines/ladder.csv", "passed": True, "problems": []}

@@ -42,18 +42,20 @@ from calibrate.http.aio.bridge import AioTransport, checked
 from calibrate.http.aio.completion import completion_of
 from calibrate.http.aio.connection import Call
 from calibrate.http.aio.wire import Answer
-from calibrate.http.error_kinds import invalid
-from calibrate.http.models import Completion, ModelInfo, SamplingParams
+from calibrate.http.models import (
+    Completion,
+    ModelInfo,
+    SamplingParams,
+    chat_request,
+    completions_request,
+)
 from calibrate.http.request_times import RequestTimes
-from calibrate.http.responses import in_range, parse_completion, valid_text
+from calibrate.http.responses import parse_completion, parse_model_list, valid_text
 from calibrate.http.stream import read_stream
 from calibrate.http.transport import Clock, Transport, finish, is_event_stream, parse_json
 from calibrate.redact import Scrubber, split_userinfo
 
 MIB = 1024 * 1024
-MAX_MODELS_KEPT = 32  # of GET /v1/models, this many are kept (the rest counted)
-MAX_ID_CHARS = 512  # of a model's id or root
-MAX_MODEL_LEN = 2**31 - 1  # a context length past this is no length (ignored, as when absent)
 Io = Literal["asyncio", "urllib3"]
 TRANSPORTS = ("asyncio", "urllib3")
 
@@ -129,7 +131,7 @@ class OpenAIClient:
         if metrics_key:
             self._foreign_headers["Authorization"] = f"Bearer {metrics_key}"
 
-    # -- request bodies (also what incidents record) -------------------------------------
+    # -- request bodies (also what incidents record; built in ``http.models``) ------------
 
     def chat_body(
         self,
@@ -140,17 +142,7 @@ class OpenAIClient:
         stream: bool = False,
         stream_options: bool = True,
     ) -> dict[str, Any]:
-        """``stream_options`` (usage in the stream) goes with ``stream`` unless turned off: some
-        proxies refuse the field (``stages.stream_probe``)."""
-        body: dict[str, Any] = {
-            "model": model,
-            "messages": [{"role": "user", "content": prompt}],
-            **params.to_json(),
-            "stream": stream,
-        }
-        if stream and stream_options:
-            body["stream_options"] = {"include_usage": True}
-        return body
+        return chat_request(model, prompt, params, stream=stream, stream_options=stream_options)
 
     def completions_body(
         self,
@@ -161,15 +153,9 @@ class OpenAIClient:
         stream: bool = False,
         stream_options: bool = True,
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "model": model,
-            "prompt": prompts[0] if len(prompts) == 1 else list(prompts),
-            **params.to_json(),
-            "stream": stream,
-        }
-        if stream and stream_options:
-            body["stream_options"] = {"include_usage": True}
-        return body
+        return completions_request(
+            model, prompts, params, stream=stream, stream_options=stream_options
+        )
 
     def redacted_headers(self) -> dict[str, str]:
         """The request headers with the key replaced, safe to write to disk."""
@@ -295,32 +281,7 @@ class OpenAIClient:
             payload = parse_json(self._transport.read_body(response, deadline, url, self.timeout_s))
         except RequestError as exc:
             raise self._scrubbed(exc) from exc.__cause__
-        data = payload.get("data")
-        if not isinstance(data, list):
-            raise invalid("GET /models answered without a 'data' list")
-        out: list[ModelInfo] = []
-        more = 0
-        kept = False  # ``keep`` is among ``out``
-        for item in data:
-            if not (isinstance(item, dict) and isinstance(item.get("id"), str)):
-                continue
-            name: str = item["id"]
-            wanted = name == keep and not kept
-            if len(out) >= MAX_MODELS_KEPT:
-                more += 1
-                if not wanted:
-                    continue
-                out.pop()  # ``keep`` takes the last place
-            kept = kept or wanted
-            root = item.get("root")
-            out.append(
-                ModelInfo(
-                    id=valid_text(name if wanted else name[:MAX_ID_CHARS]),
-                    root=valid_text(root[:MAX_ID_CHARS]) if isinstance(root, str) else None,
-                    max_model_len=in_range(item.get("max_model_len"), 1, MAX_MODEL_LEN),
-                )
-            )
-        return tuple(out), more
+        return parse_model_list(payload, keep)
 
     def get_text(self, url_or_path: str, *, timeout_s: float = 5.0) -> str:
         """GET a plain-text resource: a path under the server root (``/metrics``) or a URL.

@@ -4,7 +4,7 @@ it is complete, and what the server says about itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,3 +200,44 @@ class ServerIdentity:
             "served_model": self.served_model,
             "system_fingerprint": self.system_fingerprint,
         }
+
+
+def chat_request(
+    model: str,
+    prompt: str,
+    params: SamplingParams,
+    *,
+    stream: bool = False,
+    stream_options: bool = True,
+) -> dict[str, Any]:
+    """A chat completion's body. ``stream_options`` (usage in the stream) goes with ``stream``
+    unless turned off: some proxies refuse the field (``stages.stream_probe``)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        **params.to_json(),
+        "stream": stream,
+    }
+    if stream and stream_options:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def completions_request(
+    model: str,
+    prompts: Sequence[str],
+    params: SamplingParams,
+    *,
+    stream: bool = False,
+    stream_options: bool = True,
+) -> dict[str, Any]:
+    """A completions body: one prompt, or a prompt list (one request, many answers)."""
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": prompts[0] if len(prompts) == 1 else list(prompts),
+        **params.to_json(),
+        "stream": stream,
+    }
+    if stream and stream_options:
+        body["stream_options"] = {"include_usage": True}
+    return body

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from calibrate.errors import RequestError
 from calibrate.http.error_kinds import error_from_body, invalid
-from calibrate.http.models import Choice, Completion, Usage
+from calibrate.http.models import Choice, Completion, ModelInfo, Usage
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
@@ -223,3 +223,41 @@ def plain_piece(payload: object, chat: bool) -> str | None:
     if fingerprint is not None and (type(fingerprint) is not str or not fingerprint.isascii()):
         return None
     return text
+
+
+MAX_MODELS_KEPT = 32  # of GET /v1/models, this many are kept (the rest counted)
+MAX_ID_CHARS = 512  # of a model's id or root
+MAX_MODEL_LEN = 2**31 - 1  # a context length past this is no length (ignored, as when absent)
+
+
+def parse_model_list(
+    payload: dict[str, Any], keep: str | None = None
+) -> tuple[tuple[ModelInfo, ...], int]:
+    """``GET /v1/models``'s answer: the first ``MAX_MODELS_KEPT`` models listed (``keep`` among
+    them whenever it is listed at all), and how many more the server listed."""
+    data = payload.get("data")
+    if not isinstance(data, list):
+        raise invalid("GET /models answered without a 'data' list")
+    out: list[ModelInfo] = []
+    more = 0
+    kept = False  # ``keep`` is among ``out``
+    for item in data:
+        if not (isinstance(item, dict) and isinstance(item.get("id"), str)):
+            continue
+        name: str = item["id"]
+        wanted = name == keep and not kept
+        if len(out) >= MAX_MODELS_KEPT:
+            more += 1
+            if not wanted:
+                continue
+            out.pop()  # ``keep`` takes the last place
+        kept = kept or wanted
+        root = item.get("root")
+        out.append(
+            ModelInfo(
+                id=valid_text(name if wanted else name[:MAX_ID_CHARS]),
+                root=valid_text(root[:MAX_ID_CHARS]) if isinstance(root, str) else None,
+                max_model_len=in_range(item.get("max_model_len"), 1, MAX_MODEL_LEN),
+            )
+        )
+    return tuple(out), more

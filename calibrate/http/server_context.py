@@ -13,9 +13,9 @@ from typing import Any
 from calibrate import json_text
 from calibrate.engines import engine
 from calibrate.errors import RequestError
-from calibrate.http.client import MAX_MODEL_LEN, OpenAIClient
+from calibrate.http.client import OpenAIClient
 from calibrate.http.models import ContextLimit
-from calibrate.http.responses import in_range
+from calibrate.http.responses import MAX_MODEL_LEN, in_range
 
 LLAMACPP_HINT = engine("llamacpp").context_hint  # /props: the per-slot context
 MAX_MODEL_LEN_HINT = engine("vllm").context_hint  # /v1/models: max_model_len

@@ -13,7 +13,7 @@ from typing import Any
 from calibrate import json_text
 from calibrate.report.run_view import RunView
 from calibrate.state.identity import Weights, url_host
-from calibrate.state.summaries import Workload
+from calibrate.state.summary_values import Workload
 
 
 @dataclass(frozen=True)

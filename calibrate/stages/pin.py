@@ -24,7 +24,8 @@ from calibrate.stages.context import StageContext
 from calibrate.stages.pin_context import context_for
 from calibrate.state.gates import next_step
 from calibrate.state.setting import resolve
-from calibrate.state.summaries import PinSummary, Setting
+from calibrate.state.summaries import PinSummary
+from calibrate.state.summary_values import Setting
 
 
 @dataclass(frozen=True)

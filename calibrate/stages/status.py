@@ -10,7 +10,8 @@ from calibrate.state.gates import next_step
 from calibrate.state.ledger import Ledger, LedgerEntry, baseline_path, target_fingerprint
 from calibrate.state.pipeline import MAIN_LINE, OPTIONAL, standing
 from calibrate.state.setting import CalibratedSetting, resolve
-from calibrate.state.summaries import PinSummary, TunedSetting, pin_summary, tune_summary
+from calibrate.state.summaries import PinSummary, pin_summary, tune_summary
+from calibrate.state.summary_values import TunedSetting
 
 STAGE_ORDER = MAIN_LINE
 OPTIONAL_STAGES = OPTIONAL

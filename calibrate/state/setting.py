@@ -22,14 +22,13 @@ from calibrate.redact import redact_url
 from calibrate.state.ledger import Ledger, LedgerEntry, is_context_ladder
 from calibrate.state.summaries import (
     LadderSummary,
-    Setting,
-    Workload,
     ladder_summary,
     pin_summary,
     rollback_summary,
     sweep_summary,
     tune_summary,
 )
+from calibrate.state.summary_values import Setting, Workload
 
 SetBy = Literal["ladder", "sweep", "pin", "rollback", "tune"]
 

@@ -10,7 +10,8 @@ from calibrate.stages.measure.slo import describe, has_slo
 from calibrate.stages.measure.stop_rules import last_passing, setting_reason, setting_tier
 from calibrate.stages.measure.tiers import StopReason, Tier
 from calibrate.stages.prepare.stream_probe import StreamCheck, stream_details
-from calibrate.state.summaries import LadderSummary, Setting, Workload
+from calibrate.state.summaries import LadderSummary
+from calibrate.state.summary_values import Setting, Workload
 from calibrate.workload import Axis
 
 

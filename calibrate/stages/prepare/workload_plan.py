@@ -28,7 +28,7 @@ from calibrate.stages.prepare.token_probe import (
     forcing_fields,
     forcing_for,
 )
-from calibrate.state.summaries import Workload
+from calibrate.state.summary_values import Workload
 from calibrate.workload import TokenRange, WorkloadSpec
 
 

@@ -8,7 +8,8 @@ from typing import Any, Literal
 from calibrate.errors import ErrorKind
 from calibrate.io.baseline import Comparison
 from calibrate.io.junit import JUnitCase, JUnitSuite
-from calibrate.state.summaries import RollbackSummary, Setting
+from calibrate.state.summaries import RollbackSummary
+from calibrate.state.summary_values import Setting
 
 StepName = Literal["stop", "vram", "active", "restart", "compare"]
 

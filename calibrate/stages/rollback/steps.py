@@ -36,7 +36,7 @@ from calibrate.state.gates import next_step
 from calibrate.state.ledger import LedgerEntry
 from calibrate.state.setting import RollbackTier
 from calibrate.state.setting import rollback_tier as state_rollback_tier
-from calibrate.state.summaries import Setting
+from calibrate.state.summary_values import Setting
 
 Notify = Callable[[str], None]
 

@@ -20,7 +20,8 @@ from calibrate.stages.sweep.find_max import FindMax
 from calibrate.stages.sweep.knee import Knee, find_knee
 from calibrate.stages.sweep.levels import ClientLimit, Level, probed_level, rate_boundary
 from calibrate.stages.sweep.spec import SweepOptions
-from calibrate.state.summaries import SweepSummary, Workload
+from calibrate.state.summaries import SweepSummary
+from calibrate.state.summary_values import Workload
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ from calibrate.stages.tune.grid import Candidate, TunePlan
 from calibrate.stages.tune.margin import Margin, margin_of
 from calibrate.stages.tune.result import CandidateResult, MemoryProbe
 from calibrate.stages.tune.store import TuneStore
-from calibrate.state.summaries import TunedSetting, TuneSummary
+from calibrate.state.summaries import TuneSummary
+from calibrate.state.summary_values import TunedSetting
 
 Notify = Callable[[str], None]
 
