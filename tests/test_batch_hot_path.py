@@ -22,9 +22,9 @@ from calibrate.http.client import OpenAIClient
 from calibrate.http.models import Choice, Completion, SamplingParams, Usage
 from calibrate.io.jsonl import JsonlWriter
 from calibrate.stages.batch import BatchSpec, plan_batch, run_batch
-from calibrate.stages.batch.journal import Journal
+from calibrate.stages.batch.journal import Journal, Tally
 from calibrate.stages.batch.queue import MAX_REQUEUES, WorkQueue
-from calibrate.stages.batch.result import BatchProgress, Tally
+from calibrate.stages.batch.result import BatchProgress
 from tests.batch_helpers import (
     assert_each_item_once,
     assert_valid_jsonl,

@@ -20,15 +20,76 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from queue import Empty, SimpleQueue
 from typing import Any
 
-from calibrate.io.jsonl import JsonlWriter
+from calibrate.io.jsonl import JsonlWriter, without_surrogates
 from calibrate.io.resume import repair_tail
+from calibrate.io.tasks import ItemId
 from calibrate.stages.batch.plan import BatchPlan
-from calibrate.stages.batch.result import Tally
+from calibrate.stages.measure.format_check import Expect, OutputShape, find_preamble
+
+EXAMPLES = 5  # failures and format notes kept as examples for the summary
+
+
+class Tally:
+    """The run's counters. Only the journal thread changes them (``Journal`` below), each item
+    after its line was written, so they need no lock; progress reads them as they are."""
+
+    def __init__(self, *, sample: bool, expect: Expect, max_chars: int | None) -> None:
+        self.sample = sample
+        self.expect: Expect = expect
+        self.max_chars = max_chars
+        self.ok = self.failed = self.output_tokens = self.retried = self.attempts = 0
+        self.kinds: Counter[str] = Counter()
+        self.done_at: Counter[str] = Counter()  # per endpoint
+        self.failed_at: Counter[str] = Counter()
+        self.failures: list[dict[str, Any]] = []
+        self.preamble: list[str] = []
+        self.preamble_n = self.too_long_n = 0
+        self.too_long: list[str] = []
+        self.shapes: list[OutputShape] = []
+
+    @property
+    def finished(self) -> int:
+        return self.ok + self.failed
+
+    def count(self, line: dict[str, Any], text: str | None, tokens: int, endpoint: str) -> None:
+        """Count one item whose line is written."""
+        item_id = line["id"]
+        self.attempts += line["attempts"]
+        self.retried += line["attempts"] > 1
+        (self.done_at if line["ok"] else self.failed_at)[endpoint] += 1
+        if line["ok"]:
+            self.output_tokens += tokens
+            self.ok += 1
+        else:
+            kind = line["error"]["kind"]
+            self.kinds[kind] += 1
+            if len(self.failures) < EXAMPLES:
+                error = dict(line["error"])
+                error["message"] = without_surrogates(str(error.get("message", "")))
+                self.failures.append({"id": item_id, **error})
+            self.failed += 1
+        if text is not None:
+            self._note_shape(item_id, text)
+
+    def _note_shape(self, item_id: ItemId, text: str) -> None:
+        if self.sample:
+            self.shapes.append(OutputShape.of(item_id, text, self.expect))
+        phrase = find_preamble(text)
+        if phrase:
+            self.preamble_n += 1
+            if len(self.preamble) < EXAMPLES:
+                self.preamble.append(f"{item_id!r}: {phrase!r}")
+        if self.max_chars is not None and len(text) > self.max_chars:
+            self.too_long_n += 1
+            if len(self.too_long) < EXAMPLES:
+                self.too_long.append(f"{item_id!r}: {len(text)} chars")
+
 
 log = logging.getLogger("calibrate")
 

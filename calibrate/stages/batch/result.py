@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,9 +10,9 @@ from typing import Any
 from calibrate.errors import CalibrateError, ErrorInfo, ExitCode
 from calibrate.gpu.selfload import SelfLoadReport
 from calibrate.http.models import Completion, incomplete_reason
-from calibrate.io.jsonl import without_surrogates
-from calibrate.io.tasks import ItemId, Task
+from calibrate.io.tasks import Task
 from calibrate.stages.batch.endpoints import EndpointCheck
+from calibrate.stages.batch.journal import Tally
 from calibrate.stages.batch.lanes import EndpointReport
 from calibrate.stages.batch.outage import OutageEvent
 from calibrate.stages.batch.plan import BatchPlan, BatchSpec
@@ -22,11 +21,9 @@ from calibrate.stages.measure.format_check import (
     Expect,
     OutputShape,
     ShapeCheck,
-    find_preamble,
     parse_json_output,
 )
 
-EXAMPLES = 5  # failures and format notes kept as examples for the summary
 MAX_EVENTS = 100  # outage events in the summary (all of them are in outages.jsonl)
 
 
@@ -165,62 +162,6 @@ class BatchOutcome:
     report: dict[str, Any] | None
     error: CalibrateError | None
     exit_code: ExitCode
-
-
-class Tally:
-    """The run's counters. Only the journal thread changes them (journal.py), each item
-    after its line was written, so they need no lock; progress reads them as they are."""
-
-    def __init__(self, *, sample: bool, expect: Expect, max_chars: int | None) -> None:
-        self.sample = sample
-        self.expect: Expect = expect
-        self.max_chars = max_chars
-        self.ok = self.failed = self.output_tokens = self.retried = self.attempts = 0
-        self.kinds: Counter[str] = Counter()
-        self.done_at: Counter[str] = Counter()  # per endpoint
-        self.failed_at: Counter[str] = Counter()
-        self.failures: list[dict[str, Any]] = []
-        self.preamble: list[str] = []
-        self.preamble_n = self.too_long_n = 0
-        self.too_long: list[str] = []
-        self.shapes: list[OutputShape] = []
-
-    @property
-    def finished(self) -> int:
-        return self.ok + self.failed
-
-    def count(self, line: dict[str, Any], text: str | None, tokens: int, endpoint: str) -> None:
-        """Count one item whose line is written."""
-        item_id = line["id"]
-        self.attempts += line["attempts"]
-        self.retried += line["attempts"] > 1
-        (self.done_at if line["ok"] else self.failed_at)[endpoint] += 1
-        if line["ok"]:
-            self.output_tokens += tokens
-            self.ok += 1
-        else:
-            kind = line["error"]["kind"]
-            self.kinds[kind] += 1
-            if len(self.failures) < EXAMPLES:
-                error = dict(line["error"])
-                error["message"] = without_surrogates(str(error.get("message", "")))
-                self.failures.append({"id": item_id, **error})
-            self.failed += 1
-        if text is not None:
-            self._note_shape(item_id, text)
-
-    def _note_shape(self, item_id: ItemId, text: str) -> None:
-        if self.sample:
-            self.shapes.append(OutputShape.of(item_id, text, self.expect))
-        phrase = find_preamble(text)
-        if phrase:
-            self.preamble_n += 1
-            if len(self.preamble) < EXAMPLES:
-                self.preamble.append(f"{item_id!r}: {phrase!r}")
-        if self.max_chars is not None and len(text) > self.max_chars:
-            self.too_long_n += 1
-            if len(self.too_long) < EXAMPLES:
-                self.too_long.append(f"{item_id!r}: {len(text)} chars")
 
 
 def result_line(
