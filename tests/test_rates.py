@@ -20,9 +20,10 @@ from calibrate.http.models import Choice, Completion, Usage
 from calibrate.load.answers import answer_items
 from calibrate.load.arrivals import arrival_times, parse_rates
 from calibrate.load.items import ItemResult
-from calibrate.load.open_loop import OpenRun, RateJudgement, judge, open_loop
+from calibrate.load.open_loop import OpenRun, open_loop
 from calibrate.load.request import Request
 from calibrate.load.waves import Sender
+from calibrate.stages.measure.saturation import RateJudgement, judge
 from calibrate.stages.sweep.rates import _level_judgement
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, open_gate

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.load.open_loop import RateJudgement
+from calibrate.stages.measure.saturation import RateJudgement
 from calibrate.stages.measure.tiers import summarise
 from calibrate.stages.sweep.auto import auto_rates
 from calibrate.stages.sweep.levels import AutoRole, AutoStep, Level

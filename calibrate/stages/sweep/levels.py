@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 from calibrate.load.arrivals import rate_text, rate_value
 from calibrate.load.keepalive_stall import Stall
-from calibrate.load.open_loop import RateJudgement
 from calibrate.load.window import spread
 from calibrate.stages.determinism import DeterminismCheck
+from calibrate.stages.measure.saturation import RateJudgement
 from calibrate.stages.measure.stop_rules import Point
 from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.sweep.find_max import FindMax
