@@ -1,4 +1,4 @@
-"""calibrate.stages.measure.confidence: t quantiles, t-intervals, CV and Welch's comparison; [confidence] level."""
+"""calibrate.confidence: t quantiles, t-intervals, CV and Welch's comparison; [confidence] level."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.stages.measure.confidence import (
+from calibrate.confidence import (
     NOISY_CV,
     Spread,
     check_level,

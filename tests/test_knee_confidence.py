@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from calibrate import config
-from calibrate.stages.measure.confidence import compare, spread
+from calibrate.confidence import compare, spread
 from calibrate.stages.measure.stop_rules import Point
 from calibrate.stages.sweep.knee import find_knee, judge, judged_range, needs_repeat
 from calibrate.stages.sweep.spec import SweepOptions

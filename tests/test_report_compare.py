@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from calibrate.confidence import compare, spread
 from calibrate.report.compare import Delta, delta_text
 from calibrate.report.timeline import tier_timeline
-from calibrate.stages.measure.confidence import compare, spread
 from tests.mockserver import start_mock
 from tests.report_helpers import Page, ladder_row, sweep_row, write_run
 from tests.tier_helpers import FAST, open_gate

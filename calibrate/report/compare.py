@@ -6,7 +6,7 @@ concurrency (or offered rate) for sweeps. Every numeric column both runs have ge
 
 A delta is claimed only when it is significant (SPEC §13): each tier's rounds (ladder) or
 repeats (sweep) in ``rounds.jsonl`` are the samples, Welch's t-interval of B − A at
-``[confidence] level`` must exclude zero (``calibrate.stages.measure.confidence``), and the change must be at
+``[confidence] level`` must exclude zero (``calibrate.confidence``), and the change must be at
 least ``NOISE`` (5 %). Rounds of one run vary less than two runs do (the machine's load drifts
 between them): a 2 % difference whose interval excludes zero is still the machine, not a result.
 A metric whose rounds vary by more than 10 % (CV) is called out as noisy.
@@ -19,14 +19,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from calibrate.confidence import DEFAULT_LEVEL, Spread, compare, percent
+from calibrate.confidence import Difference as Test
 from calibrate.errors import InputError
 from calibrate.io.tier_table import level_key
 from calibrate.numbers import finite
 from calibrate.report.run_differences import Difference, differences
 from calibrate.report.run_view import RunView
 from calibrate.report.spreads import NOT_METRICS, noisy_lines, run_spreads
-from calibrate.stages.measure.confidence import DEFAULT_LEVEL, Spread, compare, percent
-from calibrate.stages.measure.confidence import Difference as Test
 
 # (column, True when bigger is better); the first of each group a run has is shown.
 _HEADLINE: tuple[tuple[tuple[str, ...], bool], ...] = (

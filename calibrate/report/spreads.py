@@ -7,11 +7,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from calibrate.confidence import DEFAULT_LEVEL, Spread, spread
 from calibrate.io.jsonl import read_jsonl
 from calibrate.io.tier_table import level_key
 from calibrate.numbers import finite
 from calibrate.report.run_view import RunView
-from calibrate.stages.measure.confidence import DEFAULT_LEVEL, Spread, spread
 
 # the tier's key and its round counters: never a metric to compare or spread
 NOT_METRICS = {

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from calibrate.confidence import percent
 from calibrate.errors import InputError
 from calibrate.io.jsonl import load_jsonl_objects
 from calibrate.numbers import finite
@@ -18,7 +19,6 @@ from calibrate.report.html.parts import page, table, text
 from calibrate.report.html.svg import BarValue, bar_chart
 from calibrate.report.run_view import read_object
 from calibrate.report.tables.tune import COLUMNS, LEFT
-from calibrate.stages.measure.confidence import percent
 
 REQUIRED = ("rank", "id", "flags", "status", "cap", "errors", "incidents")
 

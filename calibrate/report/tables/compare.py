@@ -9,12 +9,12 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from calibrate.confidence import percent
 from calibrate.numbers import finite
 from calibrate.report.compare import RunComparison
 from calibrate.report.tables.columns import short_name
 from calibrate.report.tables.grid import compact, plain
 from calibrate.stages.measure.compare_tiers import TierComparison
-from calibrate.stages.measure.confidence import percent
 
 
 def compare_table(cmp: TierComparison) -> Table:

@@ -8,13 +8,13 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from calibrate.confidence import percent
 from calibrate.io.tier_table import Kind
 from calibrate.report.compare import headline
 from calibrate.report.run_view import RunView
 from calibrate.report.spreads import Spreads, spread_text
 from calibrate.report.tables.columns import fitting_columns, short_name
 from calibrate.report.tables.grid import compact, grid
-from calibrate.stages.measure.confidence import percent
 
 LEFT_JUSTIFIED = ("verdict", "errors", "pressure")  # the text columns; figures go right
 

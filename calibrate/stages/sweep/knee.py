@@ -14,7 +14,7 @@ then narrow its range instead of only ever widening it.
 Ranges that still overlap are not the last word: with at least ``MIN_RUNS_FOR_INTERVAL`` runs on
 both sides, a level whose median adds ``gain_min`` is a gain when the Welch interval of its mean
 throughput minus the best's, at ``[confidence] level`` (``level``, 95 % by default), lies wholly
-above zero (``calibrate.stages.measure.confidence.compare``). On a busy machine one fast outlier
+above zero (``calibrate.confidence.compare``). On a busy machine one fast outlier
 run of the best level widens its range over a real gain; the interval weighs every run instead
 of the two extremes.
 """
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from calibrate.stages.measure.confidence import DEFAULT_LEVEL, compare, spread
+from calibrate.confidence import DEFAULT_LEVEL, compare, spread
 from calibrate.stages.measure.stop_rules import Point
 
 Judgement = Literal["gain", "no gain", "unsure"]

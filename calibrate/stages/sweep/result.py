@@ -7,11 +7,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.config import SloConfig
 from calibrate.engines import reporting_cap
 from calibrate.engines.base import Engine
 from calibrate.load.arrivals import rate_text
-from calibrate.stages.measure.confidence import DEFAULT_LEVEL
 from calibrate.stages.measure.slo import binding_slo, describe, has_slo
 from calibrate.stages.measure.stop_rules import Point, ServerCap
 from calibrate.stages.measure.tiers import Stats, energy_short

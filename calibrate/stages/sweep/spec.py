@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.config import Config, LadderMode, SloConfig
 from calibrate.load.arrivals import Arrival
-from calibrate.stages.measure.confidence import DEFAULT_LEVEL
 from calibrate.stages.measure.tier_run import TierSpec
 from calibrate.stages.prepare.stream_probe import StreamCheck
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from calibrate.stages.measure.confidence import DEFAULT_LEVEL, compare, percent, spread
+from calibrate.confidence import DEFAULT_LEVEL, compare, percent, spread
 from calibrate.stages.tune.result import BestLevel
 
 

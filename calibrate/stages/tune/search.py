@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.config import TuneSearch
 from calibrate.gpu.energy import RANK_FIELDS, RankBy
-from calibrate.stages.measure.confidence import DEFAULT_LEVEL
 from calibrate.stages.tune.candidate import Lifecycle
 from calibrate.stages.tune.grid import Candidate, TunePlan
 from calibrate.stages.tune.margin import Margin, margin_of
