@@ -1,5 +1,5 @@
 """Text calibrate did not write itself is shown as text: never read as rich markup, never
-obeyed as a terminal's control sequence.
+obeyed as a terminal's control sequence, never what makes a --junit file unreadable.
 
 rich reads ``[red]`` and ``[/]`` in a table's cells and title as markup, and a closing tag it
 cannot match (``[/x]``) raises MarkupError. A tiers.csv cell, a run folder's name, a baseline's
@@ -12,6 +12,7 @@ server's error message is made one line where it is read.
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,22 @@ def test_a_model_name_with_a_line_break_stays_on_calibrates_line(
         result = cli("single")
     assert "x single passed: the call answered" in result.err, result.err
     assert "single passed: the call answered" not in result.err.splitlines()
+
+
+def test_a_junit_report_holding_a_servers_control_characters_is_still_xml(
+    cli, isolated: Path
+) -> None:
+    """--junit for CI: an ESC or NUL from the server's message is written escaped (XML 1.0
+    cannot hold it, and a CI that cannot parse the file shows no result at all)."""
+    body = json.dumps({"error": {"message": "boom \x1b[31m\x00 gone", "type": "x"}}).encode()
+    models = (200, {}, b'{"data": [{"id": "internlm-s2"}]}')
+    replies = {"/v1/models": models, "/v1/chat/completions": (500, {}, body)}
+    report = isolated / "single.xml"
+    with CannedServer(replies) as server:  # type: ignore[arg-type]
+        write_config(isolated / "calibrate.toml", server.base_url)
+        result = cli("single", "--junit", str(report))
+    assert result.code == 1, result.err
+    failures = ET.parse(report).getroot().findall(".//failure")
+    assert failures and any(
+        "boom \\x1b[31m\\x00 gone" in (f.get("message") or "") for f in failures
+    )
