@@ -30,7 +30,7 @@ import functools
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -133,29 +133,8 @@ class OpenAIClient:
 
     # -- request bodies (also what incidents record; built in ``http.models``) ------------
 
-    def chat_body(
-        self,
-        model: str,
-        prompt: str,
-        params: SamplingParams,
-        *,
-        stream: bool = False,
-        stream_options: bool = True,
-    ) -> dict[str, Any]:
-        return chat_request(model, prompt, params, stream=stream, stream_options=stream_options)
-
-    def completions_body(
-        self,
-        model: str,
-        prompts: Sequence[str],
-        params: SamplingParams,
-        *,
-        stream: bool = False,
-        stream_options: bool = True,
-    ) -> dict[str, Any]:
-        return completions_request(
-            model, prompts, params, stream=stream, stream_options=stream_options
-        )
+    chat_body = staticmethod(chat_request)
+    completions_body = staticmethod(completions_request)
 
     def redacted_headers(self) -> dict[str, str]:
         """The request headers with the key replaced, safe to write to disk."""
