@@ -53,6 +53,17 @@ def redact_url(url: str) -> str:
     return _URL_USERINFO.sub(r"\1***@", url)
 
 
+def origin(url: str) -> tuple[str, str, int | None]:
+    """scheme, host, port: where a key may be sent."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:  # "[::1" or not a number: config reports it; here it must not match
+        return "", "", -1
+    port = port or {"http": 80, "https": 443}.get(parts.scheme.lower())
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port
+
+
 @dataclass(frozen=True)
 class Credentials:
     """The userinfo of a URL, split off: the URL to send to and the Basic auth it carried."""

@@ -53,22 +53,11 @@ from calibrate.http.request_times import RequestTimes
 from calibrate.http.responses import parse_completion, parse_model_list, valid_text
 from calibrate.http.stream import read_stream
 from calibrate.http.transport import Clock, Transport, finish, is_event_stream, parse_json
-from calibrate.redact import Scrubber, split_userinfo
+from calibrate.redact import Scrubber, origin, split_userinfo
 
 MIB = 1024 * 1024
 Io = Literal["asyncio", "urllib3"]
 TRANSPORTS = ("asyncio", "urllib3")
-
-
-def origin(url: str) -> tuple[str, str, int | None]:
-    """scheme, host, port: where a key may be sent."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:  # "[::1" or not a number: config reports it; here it must not match
-        return "", "", -1
-    port = port or {"http": 80, "https": 443}.get(parts.scheme.lower())
-    return parts.scheme.lower(), (parts.hostname or "").lower(), port
 
 
 class OpenAIClient:
