@@ -20,7 +20,7 @@ from calibrate.load.window import spread
 from calibrate.stages.determinism import DeterminismCheck
 from calibrate.stages.measure.saturation import RateJudgement
 from calibrate.stages.measure.stop_rules import Point
-from calibrate.stages.measure.tiers import Stats
+from calibrate.stages.measure.tiers import Stats, energy_short
 from calibrate.stages.sweep.find_max import FindMax
 from calibrate.stages.sweep.knee import judged_range
 
@@ -113,6 +113,23 @@ class Level:
             **self.rate_json(),
             **self.goodput_json(),
             **(self.determinism.to_json() if self.determinism else {}),
+        }
+
+    def summary_json(self) -> dict[str, Any]:
+        """The level in the ledger's sweep summary (status, pin and report read it back)."""
+        return {
+            "concurrency": self.concurrency,
+            "items_per_s": round(self.stats.items_per_s, 3),
+            "items_per_s_min": round(self.items_per_s_min, 3),
+            "items_per_s_max": round(self.items_per_s_max, 3),
+            "repeats": len(self.runs),
+            "gain_counted": self.counted,
+            "client_bound": bool(self.client_bound),
+            "errors": self.stats.errors,
+            "verdict": self.verdict,
+            **self.rate_json(),
+            "goodput_per_s": self.stats.goodput_per_s,
+            **energy_short(self.stats),
         }
 
     def rate_json(self) -> dict[str, Any]:

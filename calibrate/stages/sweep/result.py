@@ -14,7 +14,7 @@ from calibrate.engines.base import Engine
 from calibrate.load.arrivals import rate_text
 from calibrate.stages.measure.slo import binding_slo, describe, has_slo
 from calibrate.stages.measure.stop_rules import Point, ServerCap
-from calibrate.stages.measure.tiers import Stats, energy_short
+from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.prepare.stream_probe import stream_details
 from calibrate.stages.sweep.find_max import FindMax
 from calibrate.stages.sweep.knee import Knee, find_knee
@@ -266,23 +266,7 @@ class SweepResult(ClientLimit):
             if self.cap
             else None,
             "vram_source": self.vram_source,
-            "levels": [
-                {
-                    "concurrency": lv.concurrency,
-                    "items_per_s": round(lv.stats.items_per_s, 3),
-                    "items_per_s_min": round(lv.items_per_s_min, 3),
-                    "items_per_s_max": round(lv.items_per_s_max, 3),
-                    "repeats": len(lv.runs),
-                    "gain_counted": lv.counted,
-                    "client_bound": bool(lv.client_bound),
-                    "errors": lv.stats.errors,
-                    "verdict": lv.verdict,
-                    **lv.rate_json(),
-                    "goodput_per_s": lv.stats.goodput_per_s,
-                    **energy_short(lv.stats),
-                }
-                for lv in self.levels
-            ],
+            "levels": [lv.summary_json() for lv in self.levels],
             "recommendation": self.recommendation or None,
             "saturated": self.saturation_text or None,
             "slo": describe(self.slo) if has_slo(self.slo) else None,
