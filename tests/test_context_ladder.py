@@ -31,7 +31,7 @@ def test_context_ladder_steps_up_to_the_limit_the_server_reports(cli, isolated: 
         calibrated(cli, isolated, mock.base_url)
         result = cli("ladder", "--axis", "context", "--json")
     assert result.code == 0, result.err
-    assert "max_model_len 8192 from /v1/models" in result.err
+    assert "the server's context (max_model_len): 8192 tokens, from GET /v1/models" in result.err
     lengths = [t["input_tokens_target"] for t in tiers(result)]
     # 512, 1k, 2k, 4k, then the longest that fits beside a 128-token answer (5 % margin)
     assert lengths[:4] == [512, 1024, 2048, 4096] and 7000 < lengths[-1] < 8192 - 128
@@ -39,6 +39,23 @@ def test_context_ladder_steps_up_to_the_limit_the_server_reports(cli, isolated: 
     assert result.json["axis"] == "context"
     assert 7000 < result.json["context_verified"] <= 8192 - 128
     assert "longest passing input:" in result.err
+
+
+def test_on_a_llamacpp_the_context_axis_steps_up_to_the_per_slot_context(
+    cli, isolated: Path
+) -> None:
+    """llama.cpp says its per-slot context in /props (4,096 here, its whole model 32,768):
+    the axis steps up to it, as the cut-short check reads it, instead of past it into
+    answers cut short."""
+    with start_mock(**FAST_MOCK, expose_props=True, slot_context=4096, max_model_len=32768) as mock:
+        calibrated(cli, isolated, mock.base_url)
+        result = cli("ladder", "--axis", "context", "--json")
+    assert result.code == 0, result.err
+    assert "the server's per-slot context: 4096 tokens, from GET /props" in result.err
+    lengths = [t["input_tokens_target"] for t in tiers(result)]
+    assert lengths[:3] == [512, 1024, 2048] and 3500 < lengths[-1] < 4096 - 128, lengths
+    assert all(t["verdict"] == "pass" for t in tiers(result))
+    assert 3500 < result.json["context_verified"] <= 4096 - 128
 
 
 def test_a_step_over_the_context_fails_with_the_servers_400_and_is_bisected(

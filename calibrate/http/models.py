@@ -99,6 +99,7 @@ class ContextLimit:
     tokens: int
     what: str  # "per-slot context" | "context (max_model_len)"
     hint: str  # what to change, e.g. "llama.cpp: raise --ctx-size or lower --parallel"
+    source: str = ""  # where the server said it: "GET /props" | "GET /v1/models"
 
 
 def _no_context() -> ContextLimit | None:

@@ -3,7 +3,8 @@
 llama.cpp splits its ``--ctx-size`` over ``--parallel`` slots: ``GET /props`` reports the
 per-slot context (``default_generation_settings.n_ctx``); a forced answer that runs into it is
 cut short with finish_reason ``length``. vLLM (and the mock) report ``max_model_len`` in
-``GET /v1/models``. Asked only when an answer was cut short (``waves.Sender``).
+``GET /v1/models``. Asked when an answer was cut short (``waves.Sender``) and by the ladder's
+context axis for the longest input to step to: one reader, so both agree.
 """
 
 from __future__ import annotations
@@ -45,12 +46,12 @@ def read_context(client: OpenAIClient, model: str) -> ContextLimit | None:
     except (RequestError, ValueError):
         per_slot = None
     if per_slot is not None:
-        return ContextLimit(per_slot, "per-slot context", LLAMACPP_HINT)
+        return ContextLimit(per_slot, "per-slot context", LLAMACPP_HINT, "GET /props")
     try:
-        models = client.models()
+        models = client.models(keep=model)  # among the first listed even behind 300,000 others
     except RequestError:
         return None
     found = [m.max_model_len for m in models if m.id == model and m.max_model_len]
     if not found:
         return None
-    return ContextLimit(found[0], "context (max_model_len)", MAX_MODEL_LEN_HINT)
+    return ContextLimit(found[0], "context (max_model_len)", MAX_MODEL_LEN_HINT, "GET /v1/models")

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from calibrate.errors import RequestError, UsageError
+from calibrate.errors import UsageError
+from calibrate.http.server_context import read_context
 from calibrate.load.procs.sender import stage_sender
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import load_lock
@@ -123,28 +124,21 @@ def _context_axis(
 ) -> tuple[LadderOptions, WorkloadSpec]:
     """The input lengths to step (from --context-lengths or the server's max_model_len)."""
     output = spec.workload.output_tokens or ctx.config.prompt.max_tokens
-    limit = served_max_model_len(ctx)
+    limit = read_context(ctx.client, ctx.config.target.model)
     lengths = spec.context_lengths
     if lengths is None:
-        lengths = default_context_lengths(limit, output)
+        lengths = default_context_lengths(limit.tokens if limit else None, output)
     if not lengths:
         raise UsageError(
-            f"the server's max_model_len {limit} leaves no room for an input beside a "
-            f"{output}-token answer",
+            f"the server's {limit.what if limit else 'context'} of {limit.tokens if limit else 0} "
+            f"tokens leaves no room for an input beside a {output}-token answer",
             "Lower --output-tokens, or give --context-lengths.",
         )
-    where = f"max_model_len {limit} from /v1/models" if limit else "no max_model_len reported"
+    where = (
+        f"the server's {limit.what}: {limit.tokens} tokens, from {limit.source}"
+        if limit
+        else "the server reports no context limit"
+    )
     say(f"context axis: input lengths {', '.join(map(str, lengths))} tokens ({where})")
     sized = replace(spec.workload, input_tokens=TokenRange(lengths[0], lengths[-1]))
     return options.on_context_axis(lengths, spec.context_batch), sized
-
-
-def served_max_model_len(ctx: StageContext) -> int | None:
-    """``max_model_len`` of the configured model in ``GET /v1/models`` (vLLM, the mock)."""
-    try:
-        models = ctx.client.models(keep=ctx.config.target.model)
-    except RequestError:
-        return None
-    model = ctx.config.target.model
-    found = [m.max_model_len for m in models if m.id == model and m.max_model_len]
-    return found[0] if found else None
