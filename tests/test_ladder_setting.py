@@ -199,3 +199,39 @@ def test_a_managed_llamacpp_ladder_restarts_at_parallel_b_for_each_tier(
     assert batch in (4, 8)  # 1 slot per B: throughput doubles up to the setting
     assert cli("pin").code == 0
     assert f"--parallel {batch}" in (isolated / "scripts/launch.sh").read_text("utf-8")
+
+
+def test_a_server_started_as_another_kind_than_the_config_says_is_treated_as_what_runs(
+    cli, isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``server start --kind llamacpp`` under a config that names vllm: what runs is llama.cpp,
+    so the ladder restarts it at --parallel B per tier (one rule for the kind, ``kind_of``; the
+    cap reader once took the config's vllm and measured one --parallel for every tier)."""
+    import os
+
+    from tests.fakes import free_port, pythonpath_env
+
+    bin_dir = _fake_llama_server(isolated / "fakebin")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", pythonpath_env())
+    port = free_port()
+    server = (
+        f'[server]\nkind = "vllm"\nmodel_path = "/models/m.gguf"\nport = {port}\n'
+        "ready_timeout_s = 20\nstop_timeout_s = 5\n"
+    )
+    extra = FAST + "batch_sizes = [1, 2, 4]\n" + server
+    write_config(isolated / "calibrate.toml", f"http://127.0.0.1:{port}/v1", extra)
+    started = cli("server", "start", "--kind", "llamacpp", "--batch-size", "1")
+    assert started.code == 0, started.err
+    try:
+        assert cli("single").code == 0 and cli("repro", "--runs", "1").code == 0
+        result = cli("ladder", "--json")
+    finally:
+        cli("server", "stop")
+    assert result.code == 0, result.err
+    parallel = [
+        line.split("--parallel ")[1].split()[0]
+        for line in (bin_dir / "argv.log").read_text("utf-8").splitlines()
+    ]
+    assert parallel == ["1", "2", "4"], "started at 1, then one restart per tier above it"
+    assert [t["verdict"] for t in result.json["tiers"]] == ["pass"] * 3

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from calibrate import json_text, redact
+from calibrate.engines import find
+from calibrate.engines.args import ServerKind
 from calibrate.engines.redaction import argv_secret_values, redact_argv
 from calibrate.io.atomic import write_atomic, write_json_atomic
 from calibrate.io.records import utc_now_iso
@@ -178,6 +180,25 @@ def load(runs_dir: Path) -> ServerRecord | None:
         return ServerRecord.from_json(data)
     except (OSError, ValueError, TypeError):
         return None
+
+
+def kind_of(record: ServerRecord | None, configured: str | None) -> ServerKind | None:
+    """The engine kind a stage treats the server as: the kind the managed server was started as
+    (``record``: what runs, whatever the config says now), else ``[server] kind``; a kind
+    calibrate does not know counts as none. Every stage asks this one rule: a cap, a restart,
+    output forcing, VRAM preallocation, the notes."""
+    for name in (record.kind if record is not None else None, configured):
+        found = find(name)
+        if found is not None:
+            return found.kind
+    return None
+
+
+def running_kind(runs_dir: Path, configured: str | None) -> ServerKind | None:
+    """``kind_of`` the managed server while it runs; ``configured`` when none runs."""
+    record = load(runs_dir)
+    running = record is not None and liveness(record) == "running"
+    return kind_of(record if running else None, configured)
 
 
 def forget(runs_dir: Path) -> None:

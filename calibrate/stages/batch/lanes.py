@@ -17,11 +17,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any
 
 from calibrate import server
 from calibrate.config import Config
-from calibrate.engines.args import ServerKind
 from calibrate.engines.builders import build
 from calibrate.errors import RequestError, ServerUnreachable
 from calibrate.http.client import OpenAIClient
@@ -198,7 +197,7 @@ class ManagedRestart:
             batch, conc, health = record.batch_size, record.concurrency, record.health_path
             how = f"bash {record.script}"
         else:
-            kind = cfg.server.kind if record.kind is None else cast(ServerKind, record.kind)
+            kind = process.kind_of(record, cfg.server.kind)
             if kind is None:
                 raise ServerUnreachable(
                     f"{died}; its kind is unknown, so it cannot be restarted",

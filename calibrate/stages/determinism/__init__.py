@@ -204,7 +204,8 @@ def managed_switch(cfg: Config) -> EngineSwitch | None:
     process environment), else of [server] kind and command; None for other engines."""
     record = process.load(cfg.runs_dir)
     if record is not None and process.liveness(record) == "running":
-        return engine_switch(record.kind or cfg.server.kind, record.argv, read_environ(record.pid))
+        kind = process.kind_of(record, cfg.server.kind)
+        return engine_switch(kind, record.argv, read_environ(record.pid))
     argv: list[str] | None = None
     if cfg.server.command:
         try:

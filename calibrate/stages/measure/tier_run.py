@@ -22,6 +22,7 @@ from calibrate.gpu.sources import MetricsEndpoint, SourceChoice, energy_reader, 
 from calibrate.gpu.vram import VramMonitor
 from calibrate.io.tasks import TaskPool
 from calibrate.redact import redact_url
+from calibrate.server import process
 from calibrate.server.devices import managed_server_devices
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import kept_on_write_error
@@ -117,7 +118,7 @@ def start_monitor(spec: MeasureSpec, ctx: StageContext) -> VramMonitor:
     monitor = VramMonitor(
         sources.samplers,
         ctx.config.ladder.sample_interval_s,
-        server_kind=ctx.config.server.kind,
+        server_kind=process.running_kind(ctx.config.runs_dir, ctx.config.server.kind),
         problems=sources.problems,
         energy=energy,
         price_per_hour=spec.gpu_price_per_hour

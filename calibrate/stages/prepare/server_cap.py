@@ -24,11 +24,6 @@ Restart = Callable[[int], bool]  # True: the server was restarted for this batch
 MAX_SLOTS = 1_000_000  # a slot count past this is no count
 
 
-def _kind(name: str | None) -> ServerKind | None:
-    found = find(name)
-    return found.kind if found is not None else None
-
-
 def run_at_cap(
     ctx: StageContext,
     batch: int,
@@ -45,7 +40,7 @@ def run_at_cap(
     record = process.load(cfg.runs_dir)
     if record is None or process.liveness(record) != "running":
         return False
-    kind = _kind(cfg.server.kind) or _kind(record.kind)
+    kind = process.kind_of(record, cfg.server.kind)
     threads = short_of_threads(record.argv, kind, batch, concurrency)
     if record.batch_size == batch and (not threads or record.script):
         return True  # a server from a pinned script keeps its own flags
@@ -96,7 +91,7 @@ def ladder_cap(
     else the cap the server itself reports (None: unknown, no ``stop: cap``)."""
     record = process.load(ctx.config.runs_dir)
     if record is not None and process.liveness(record) == "running":
-        found = find(_kind(ctx.config.server.kind) or _kind(record.kind))
+        found = find(process.kind_of(record, ctx.config.server.kind))
         if found is not None and found.restarts_per_tier and not record.script:
 
             def restart(batch: int) -> bool:

@@ -17,6 +17,7 @@ from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams
 from calibrate.io.tasks import TaskPool
 from calibrate.load.request import Request, build_requests
+from calibrate.server.process import running_kind
 from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.prepare.synthetic import synthetic_prompt, target_tokens
 from calibrate.stages.prepare.token_probe import (
@@ -153,17 +154,18 @@ def prepare_workload(
     """The tasks the command read (``pool``, for a --tasks workload: read once, before the run
     folder was opened, and never again), or the server's token count probed; before the stage."""
     fixed = cfg.prompt.text
+    kind = running_kind(cfg.runs_dir, cfg.server.kind)  # what runs, if calibrate started it
     if spec.source == "tasks":
         if pool is None:
             raise ValueError("a --tasks workload needs its pool (stages.prepare.task_pick)")
-        forcing = forcing_for(cfg.server.kind)
+        forcing = forcing_for(kind)
         notes = _output_notes(spec, forcing)
         return WorkloadPlan(spec, fixed, None, pool, forcing, notes)
     if spec.source == "fixed":
         return WorkloadPlan(spec, fixed)
     size = probe_tokens or (spec.input_tokens.mean if spec.input_tokens else 512)
     prober = Prober(client, cfg.target.model, params, mode, cfg.target.base_url, spec.seed)
-    calibration = calibrate_tokens(prober.prompt_tokens, size, forcing_for(cfg.server.kind))
+    calibration = calibrate_tokens(prober.prompt_tokens, size, forcing_for(kind))
     notes = _output_notes(spec, calibration.forcing)
     return WorkloadPlan(spec, fixed, calibration, None, calibration.forcing, notes)
 

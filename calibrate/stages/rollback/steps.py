@@ -13,7 +13,6 @@ from typing import Any
 
 from calibrate import server
 from calibrate.engines.args import ServerKind
-from calibrate.engines.builders import SERVER_KINDS
 from calibrate.errors import (
     CalibrateError,
     ErrorInfo,
@@ -73,8 +72,7 @@ class Rollback:
         self.deadline = clock() + wait_s
         self.runs = ctx.config.runs_dir
         self.record = process.load(self.runs)
-        kind = ctx.config.server.kind or (self.record.kind if self.record else None)
-        self.kind: ServerKind | None = next((k for k in SERVER_KINDS if k == kind), None)
+        self.kind: ServerKind | None = process.kind_of(self.record, ctx.config.server.kind)
         self.managed = self.kind is not None
         self.host, self.port = readiness.host_port(ctx.config.target.base_url)
         self.old_pid: int | None = self.record.pid if self.record else None
