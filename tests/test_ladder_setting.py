@@ -226,9 +226,13 @@ def test_a_server_started_as_another_kind_than_the_config_says_is_treated_as_wha
     try:
         assert cli("single").code == 0 and cli("repro", "--runs", "1").code == 0
         result = cli("ladder", "--json")
+        pinned = cli("pin")  # while it runs: the script launches what was measured
     finally:
         cli("server", "stop")
     assert result.code == 0, result.err
+    assert pinned.code == 0, pinned.err
+    script = (isolated / "scripts/launch.sh").read_text("utf-8")
+    assert "llama-server" in script and "--parallel" in script and "--max-num-seqs" not in script
     parallel = [
         line.split("--parallel ")[1].split()[0]
         for line in (bin_dir / "argv.log").read_text("utf-8").splitlines()

@@ -20,6 +20,7 @@ from calibrate.gpu.energy import pinned_cost
 from calibrate.io.records import utc_now_iso
 from calibrate.server import launch_script
 from calibrate.server.launch_script import PinnedValues
+from calibrate.server.process import running_kind
 from calibrate.stages.context import StageContext
 from calibrate.stages.pin_context import context_for
 from calibrate.state.gates import next_step
@@ -51,7 +52,8 @@ class PinResult:
 
 
 def resolve_kind(ctx: StageContext, kind: str | None) -> ServerKind:
-    chosen = kind or ctx.config.server.kind
+    """--kind, else what the managed server runs as (what was measured), else [server] kind."""
+    chosen = kind or running_kind(ctx.config.runs_dir, ctx.config.server.kind)
     for known in SERVER_KINDS:
         if known == chosen:
             return known
