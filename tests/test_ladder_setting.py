@@ -165,24 +165,33 @@ def _fake_llama_server(bin_dir: Path) -> Path:
     return bin_dir
 
 
+def _managed_fake_llamacpp(
+    root: Path, monkeypatch: pytest.MonkeyPatch, config_kind: str, extra: str
+) -> Path:
+    """The fake ``llama-server`` on PATH and a config whose [server] names ``config_kind``;
+    the fake's folder (its ``argv.log``)."""
+    import os
+
+    from tests.fakes import free_port, pythonpath_env
+
+    bin_dir = _fake_llama_server(root / "fakebin")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", pythonpath_env())
+    port = free_port()
+    server = (
+        f'[server]\nkind = "{config_kind}"\nmodel_path = "/models/m.gguf"\nport = {port}\n'
+        "ready_timeout_s = 20\nstop_timeout_s = 5\n"
+    )
+    write_config(root / "calibrate.toml", f"http://127.0.0.1:{port}/v1", extra + server)
+    return bin_dir
+
+
 def test_a_managed_llamacpp_ladder_restarts_at_parallel_b_for_each_tier(
     cli, isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """For llama.cpp the batch size is ``--parallel``: calibrate restarts the engine it manages
     at --parallel B before each tier (no stop: cap), and pin carries the setting's --parallel."""
-    import os
-
-    from tests.fakes import free_port, pythonpath_env
-
-    bin_dir = _fake_llama_server(isolated / "fakebin")
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("PYTHONPATH", pythonpath_env())
-    port = free_port()
-    server = (
-        f'[server]\nkind = "llamacpp"\nmodel_path = "/models/m.gguf"\nport = {port}\n'
-        "ready_timeout_s = 20\nstop_timeout_s = 5\n"
-    )
-    write_config(isolated / "calibrate.toml", f"http://127.0.0.1:{port}/v1", FAST + server)
+    bin_dir = _managed_fake_llamacpp(isolated, monkeypatch, "llamacpp", FAST)
     assert cli("server", "start", "--batch-size", "1", "--concurrency", "1").code == 0
     try:
         assert cli("single").code == 0 and cli("repro", "--runs", "1").code == 0
@@ -207,20 +216,9 @@ def test_a_server_started_as_another_kind_than_the_config_says_is_treated_as_wha
     """``server start --kind llamacpp`` under a config that names vllm: what runs is llama.cpp,
     so the ladder restarts it at --parallel B per tier (one rule for the kind, ``kind_of``; the
     cap reader once took the config's vllm and measured one --parallel for every tier)."""
-    import os
-
-    from tests.fakes import free_port, pythonpath_env
-
-    bin_dir = _fake_llama_server(isolated / "fakebin")
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("PYTHONPATH", pythonpath_env())
-    port = free_port()
-    server = (
-        f'[server]\nkind = "vllm"\nmodel_path = "/models/m.gguf"\nport = {port}\n'
-        "ready_timeout_s = 20\nstop_timeout_s = 5\n"
+    bin_dir = _managed_fake_llamacpp(
+        isolated, monkeypatch, "vllm", FAST + "batch_sizes = [1, 2, 4]\n"
     )
-    extra = FAST + "batch_sizes = [1, 2, 4]\n" + server
-    write_config(isolated / "calibrate.toml", f"http://127.0.0.1:{port}/v1", extra)
     started = cli("server", "start", "--kind", "llamacpp", "--batch-size", "1")
     assert started.code == 0, started.err
     try:
