@@ -4,6 +4,7 @@ the server's own counter, stop: cap above the server's own cap (SPEC §5.3)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -237,3 +238,5 @@ def test_a_server_started_as_another_kind_than_the_config_says_is_treated_as_wha
     ]
     assert parallel == ["1", "2", "4"], "started at 1, then one restart per tier above it"
     assert [t["verdict"] for t in result.json["tiers"]] == ["pass"] * 3
+    run = isolated / "runs" / result.json["run_id"]
+    assert json.loads((run / "manifest.json").read_text("utf-8"))["server_kind"] == "llamacpp"

@@ -187,7 +187,7 @@ SYNTHETIC = {"source": "synthetic", "input_tokens": "400", "output_tokens": 20}
 def _pair(root: Path, a: dict[str, Any], b: dict[str, Any]) -> None:
     """Two ladders alike but for what ``a``/``b`` set: manifest fields and the summary's workload."""
     for name, extra in (("a", a), ("b", b)):
-        manifest = {k: v for k, v in extra.items() if k in ("config", "target")}
+        manifest = {k: v for k, v in extra.items() if k in ("config", "target", "server_kind")}
         summary = {"last_passing": {"batch_size": 2, "concurrency": 2}, "stopped_by": "completed"}
         if "workload" in extra:
             summary["workload"] = extra["workload"]
@@ -233,6 +233,11 @@ def _config(*, model: str = "internlm-s2", host: str = "127.0.0.1", kind: Any = 
         (
             {"config": _config(kind="vllm")},
             {"config": _config(kind="llamacpp")},
+            "engine vllm → llamacpp",
+        ),
+        (  # one config, but B's server was started as llama.cpp: its manifest says what ran
+            {"config": _config(kind="vllm"), "server_kind": "vllm"},
+            {"config": _config(kind="vllm"), "server_kind": "llamacpp"},
             "engine vllm → llamacpp",
         ),
         (

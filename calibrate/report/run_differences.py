@@ -59,6 +59,12 @@ def _weights(view: RunView) -> Weights:
     return Weights.from_json(line.get("weights") if isinstance(line, dict) else None)
 
 
+def _server_kind(view: RunView) -> str:
+    """The engine the run measured: the kind its manifest says the server ran as, else (a run
+    from before that was recorded) its config's [server] kind."""
+    return _known(view.manifest.get("server_kind")) or _known(_config(view, "server").get("kind"))
+
+
 def _known(value: Any) -> str:
     return str(value) if value not in (None, "") else ""
 
@@ -71,10 +77,7 @@ def differences(a: RunView, b: RunView) -> tuple[Difference, ...]:
     wa, wb = _workload(a), _workload(b)
     if any(getattr(wa, f) != getattr(wb, f) for f in _WORKLOAD_FIELDS):
         out.append(Difference("workload", _workload_text(wa), _workload_text(wb)))
-    kind_a, kind_b = (
-        _known(_config(a, "server").get("kind")),
-        _known(_config(b, "server").get("kind")),
-    )
+    kind_a, kind_b = _server_kind(a), _server_kind(b)
     if kind_a and kind_b and kind_a != kind_b:  # [server] filled in later is no other engine
         out.append(Difference("engine", kind_a, kind_b))
     ta, tb = _config(a, "target"), _config(b, "target")

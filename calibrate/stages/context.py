@@ -16,6 +16,7 @@ from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams
 from calibrate.io.store import RunDir
 from calibrate.redact import redact_url
+from calibrate.server.process import running_kind
 from calibrate.state.identity import TargetIdentity, Weights
 from calibrate.state.ledger import Ledger, LedgerEntry, current_weights
 from calibrate.state.summaries import Summary
@@ -92,7 +93,9 @@ def versions() -> dict[str, str]:
 def manifest(
     ctx: StageContext, command: list[str], extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """``manifest.json``: command, resolved config (no secrets), target, versions."""
+    """``manifest.json``: command, resolved config (no secrets), target, the engine kind the
+    server runs as (``server.process.running_kind``: what calibrate started, whatever the config
+    says; else [server] kind), versions."""
     out: dict[str, Any] = {
         "run_id": ctx.run.run_id,
         "stage": ctx.run.stage,
@@ -100,6 +103,7 @@ def manifest(
         "target": ctx.target,
         "forced": ctx.forced,
         "config": redact_config(ctx.config.to_public_json()),
+        "server_kind": running_kind(ctx.config.runs_dir, ctx.config.server.kind),
         "gpu": gpu.to_json() if (gpu := gpu_snapshot()) is not None else None,
         "versions": versions(),
     }
