@@ -216,7 +216,8 @@ def test_a_server_started_as_another_kind_than_the_config_says_is_treated_as_wha
 ) -> None:
     """``server start --kind llamacpp`` under a config that names vllm: what runs is llama.cpp,
     so the ladder restarts it at --parallel B per tier (one rule for the kind, ``kind_of``; the
-    cap reader once took the config's vllm and measured one --parallel for every tier)."""
+    cap reader once took the config's vllm and measured one --parallel for every tier), and
+    pin, after the server is stopped, writes the llama.cpp script the numbers hold for."""
     bin_dir = _managed_fake_llamacpp(
         isolated, monkeypatch, "vllm", FAST + "batch_sizes = [1, 2, 4]\n"
     )
@@ -225,10 +226,10 @@ def test_a_server_started_as_another_kind_than_the_config_says_is_treated_as_wha
     try:
         assert cli("single").code == 0 and cli("repro", "--runs", "1").code == 0
         result = cli("ladder", "--json")
-        pinned = cli("pin")  # while it runs: the script launches what was measured
     finally:
         cli("server", "stop")
     assert result.code == 0, result.err
+    pinned = cli("pin")  # the server is gone: the ladder's manifest says what was measured
     assert pinned.code == 0, pinned.err
     script = (isolated / "scripts/launch.sh").read_text("utf-8")
     assert "llama-server" in script and "--parallel" in script and "--max-num-seqs" not in script

@@ -12,12 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from calibrate import server
+from calibrate import json_text, server
 from calibrate.engines.args import ServerKind
 from calibrate.engines.builders import SERVER_KINDS, EngineCommand, build
 from calibrate.errors import ConfigError, GateClosed
 from calibrate.gpu.energy import pinned_cost
 from calibrate.io.records import utc_now_iso
+from calibrate.io.store import run_path
 from calibrate.server import launch_script
 from calibrate.server.launch_script import PinnedValues
 from calibrate.server.process import running_kind
@@ -51,9 +52,12 @@ class PinResult:
         return PinSummary(setting, v.kind, str(self.script), details, self.tuned)
 
 
-def resolve_kind(ctx: StageContext, kind: str | None) -> ServerKind:
-    """--kind, else what the managed server runs as (what was measured), else [server] kind."""
-    chosen = kind or running_kind(ctx.config.runs_dir, ctx.config.server.kind)
+def resolve_kind(ctx: StageContext, kind: str | None, measured_in: str | None = None) -> ServerKind:
+    """--kind; else the kind the setting was measured on (its run's manifest, ``measured_in``);
+    else what the managed server runs as; else [server] kind."""
+    cfg = ctx.config
+    chosen = kind or _measured_kind(cfg.runs_dir, measured_in)
+    chosen = chosen or running_kind(cfg.runs_dir, cfg.server.kind)
     for known in SERVER_KINDS:
         if known == chosen:
             return known
@@ -63,16 +67,31 @@ def resolve_kind(ctx: StageContext, kind: str | None) -> ServerKind:
     )
 
 
+def _measured_kind(runs_dir: Path, run_id: str | None) -> str | None:
+    """The engine kind the run's manifest says the server ran as (None: an older run, or no
+    readable manifest)."""
+    if not run_id:
+        return None
+    try:
+        manifest = json_text.loads(
+            (run_path(runs_dir, run_id) / "manifest.json").read_text("utf-8")
+        )
+    except (OSError, ValueError):
+        return None
+    found = manifest.get("server_kind") if isinstance(manifest, dict) else None
+    return found if isinstance(found, str) else None
+
+
 def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = None) -> PinResult:
     """Write the launch script for the calibrated setting, record the pin in the ledger and
     close the run; the result carries the next step."""
-    engine = resolve_kind(ctx, kind)
     setting = resolve(ctx.ledger, ctx.target)
     if setting is None:
         raise GateClosed(
             "pin has no verified batch size: no ladder with a passing tier",
             "Run first: calibrate ladder",
         )
+    engine = resolve_kind(ctx, kind, setting.run_id)
     cfg = ctx.config
     batch, concurrency = setting.batch_size, setting.concurrency
     tuned = setting.tuned
