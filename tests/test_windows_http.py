@@ -17,12 +17,12 @@ SHORT = "[ladder]\nsample_interval_s = 0.05\n[sweep]\nconcurrency = [1, 2, 4, 8]
 
 def test_with_jitter_and_three_runs_a_level_the_knee_is_4_every_time(cli, isolated: Path) -> None:
     """A 4-slot server with ±20 % timing jitter, as its own process: 3 sweeps, knee 4 in 3.
-    8 in flight add nothing but queueing. Requests of ~100 ms keep calibrate's own few ms per
-    request (more of them on a busy machine: at ~50 ms, with two other processes spinning on
-    the two cores, one sweep in five read +11 % at 8) from reading as a gain; 3 sweeps of
-    those fit the time 5 sweeps of faster ones would take."""
+    8 in flight add nothing but queueing. Requests of ~150 ms keep calibrate's own few ms per
+    request (more of them on a busy machine) from reading as a gain: at ~50 ms, with two other
+    processes spinning on the two cores, one sweep in five read +11 % at 8; at ~100 ms one
+    make test in five had a sweep read 8 as the knee."""
     knees, texts = [], []
-    mock = MockProcess("--ttft", "0.004", "--per-token", "0.002", "--slots", "4", "--jitter", "0.2")
+    mock = MockProcess("--ttft", "0.004", "--per-token", "0.003", "--slots", "4", "--jitter", "0.2")
     try:
         # levels 2, 4, 8 are enough to place a knee at 4 (and leave time for 3 sweeps)
         config = SHORT.replace("[1, 2, 4, 8]", "[2, 4, 8]") + "level_s = 0.1\nrepeats = 3\n"
