@@ -30,15 +30,19 @@ _SPLIT = r"(?:\s|\\[nrt])*"  # blanks, or a line break as JSON escapes it, insid
 
 # What a terminal acts on instead of showing: C0 controls but newline and tab (ESC starts the
 # sequences that clear the screen, move the cursor, set the title), DEL, C1 controls, and the
-# bidi overrides that reorder what is shown.
-_UNSHOWN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# bidi overrides that reorder what is shown; and what no UTF-8 stream or XML 1.0 file can
+# hold: lone surrogates, U+FFFE and U+FFFF.
+_UNSHOWN = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff\ufffe\uffff]"
+)
 
 
 def printable(text: str) -> str:
     """``text`` as a terminal shows it without acting on it: each control character and bidi
     override as a visible escape (``\\x1b``, ``\\r``, ``\\u202e``); newlines and tabs kept.
     Every human line calibrate prints goes through it, since servers, files and flags write
-    into them (a server's ``\\x1b[1A\\x1b[2K`` would otherwise erase the line above)."""
+    into them (a server's ``\\x1b[1A\\x1b[2K`` would otherwise erase the line above), and so
+    does every text of a --junit file (XML 1.0 cannot hold a control character)."""
     return _UNSHOWN.sub(lambda found: repr(found.group())[1:-1], text)
 
 

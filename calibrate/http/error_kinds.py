@@ -162,7 +162,7 @@ def error_from_body(status: int, body: dict[str, Any], fallback: str = "") -> Er
         message = str(err.get("message") or "")
     elif isinstance(err, str):
         message = err
-    message = message or str(body.get("message") or body.get("detail") or "") or fallback
+    message = message or str(body.get("message") or body.get("detail") or "") or shorten(fallback)
     message = one_line(message)  # its line breaks would print lines calibrate never wrote
     if _OOM.search(message) or _OOM.search(fallback):
         kind: ErrorKind = "oom"

@@ -1,26 +1,18 @@
 """JUnit XML for CI (SPEC §10): one <testsuite> per stage run, one <testcase> per check.
 
 Every name, message and property is XML 1.0 text: a character XML cannot hold (a server's ESC
-or NUL in an error message, a lone surrogate) is written as its visible escape (``\\x1b``), so
-the file stays one a CI can parse.
+or NUL in an error message, a lone surrogate) is written as its visible escape
+(``redact.printable``: ``\\x1b``), so the file stays one a CI can parse.
 """
 
 from __future__ import annotations
 
-import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from calibrate.io.atomic import write_atomic
-
-# What XML 1.0 has no room for: C0 controls but tab, newline and CR; lone surrogates; U+FFFE/F.
-_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
-
-
-def xml_text(text: str) -> str:
-    """``text`` as XML 1.0 can hold it: each character it cannot as a visible escape."""
-    return _NOT_XML.sub(lambda found: repr(found.group())[1:-1], text)
+from calibrate.redact import printable
 
 
 @dataclass(frozen=True)
@@ -65,7 +57,7 @@ class JUnitSuite:
         suite = ET.SubElement(
             suites,
             "testsuite",
-            name=xml_text(self.name),
+            name=printable(self.name),
             tests=str(len(self.cases)),
             failures=str(failures),
             errors="0",
@@ -75,22 +67,22 @@ class JUnitSuite:
         if self.properties:
             props = ET.SubElement(suite, "properties")
             for key, value in self.properties.items():
-                ET.SubElement(props, "property", name=xml_text(key), value=xml_text(value))
+                ET.SubElement(props, "property", name=printable(key), value=printable(value))
         for case in self.cases:
             element = ET.SubElement(
                 suite,
                 "testcase",
-                name=xml_text(case.name),
-                classname=xml_text(case.classname),
+                name=printable(case.name),
+                classname=printable(case.classname),
                 time=f"{case.time_s:.3f}",
             )
             if case.failure is not None:
-                message = xml_text(case.failure)
-                kind = xml_text(case.failure_type or "failed")
+                message = printable(case.failure)
+                kind = printable(case.failure_type or "failed")
                 failure = ET.SubElement(element, "failure", message=message, type=kind)
                 failure.text = message
             elif case.skipped is not None:
-                ET.SubElement(element, "skipped", message=xml_text(case.skipped))
+                ET.SubElement(element, "skipped", message=printable(case.skipped))
         ET.indent(suites)
         return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
 

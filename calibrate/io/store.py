@@ -11,6 +11,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from calibrate import json_text
 from calibrate.io.atomic import write_atomic, write_json_atomic
 from calibrate.io.jsonl import JsonlWriter
 
@@ -19,6 +20,16 @@ def new_run_id(stage: str, now: dt.datetime | None = None) -> str:
     """``20261129T164129Z-ladder-a1b2c3``."""
     stamp = (now or dt.datetime.now(dt.UTC)).strftime("%Y%m%dT%H%M%SZ")
     return f"{stamp}-{stage}-{secrets.token_hex(3)}"
+
+
+def read_object(path: Path) -> dict[str, Any]:
+    """A run file's JSON object (manifest.json, summary.json); {} when it is missing,
+    unreadable or not an object."""
+    try:
+        data = json_text.loads(path.read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def run_path(runs_dir: Path, run_id: str) -> Path:

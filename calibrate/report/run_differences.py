@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from calibrate import json_text
+from calibrate.io.store import read_object
 from calibrate.report.run_view import RunView
 from calibrate.state.identity import Weights, url_host
 from calibrate.state.summary_values import Workload
@@ -52,11 +52,7 @@ def _config(view: RunView, section: str) -> dict[str, Any]:
 
 
 def _weights(view: RunView) -> Weights:
-    try:
-        line = json_text.loads((view.path / "summary.json").read_text("utf-8"))
-    except (OSError, ValueError):
-        return Weights()
-    return Weights.from_json(line.get("weights") if isinstance(line, dict) else None)
+    return Weights.from_json(read_object(view.path / "summary.json").get("weights"))
 
 
 def _server_kind(view: RunView) -> str:

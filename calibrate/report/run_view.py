@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from calibrate import json_text
 from calibrate.errors import InputError
 from calibrate.io.output_paths import Named
+from calibrate.io.store import read_object
 from calibrate.io.tier_table import Kind, level_key, read_rows
 from calibrate.stages.measure.tiers import kept
 from calibrate.state.ledger import Ledger
@@ -79,15 +79,6 @@ class RunView:
         names = {k for row in self.rows for k, v in row.items() if v is not None}
         found = [n for n in sorted(names) if _LATENCY.match(n)]
         return found + [n for n in EXTRA_NAMES if n in names]
-
-
-def read_object(path: Path) -> dict[str, Any]:
-    """A JSON file's object; {} when it is missing, unreadable or not an object."""
-    try:
-        data = json_text.loads(path.read_text("utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 RUN_INPUTS = ("tiers.csv", "manifest.json", "summary.json", "records.jsonl", "incidents.jsonl")

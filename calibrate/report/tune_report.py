@@ -14,10 +14,10 @@ from typing import Any
 from calibrate.confidence import percent
 from calibrate.errors import InputError
 from calibrate.io.jsonl import load_jsonl_objects
+from calibrate.io.store import read_object
 from calibrate.numbers import finite
 from calibrate.report.html.parts import page, table, text
 from calibrate.report.html.svg import BarValue, bar_chart
-from calibrate.report.run_view import read_object
 from calibrate.report.tables.tune import COLUMNS, LEFT
 
 REQUIRED = ("rank", "id", "flags", "status", "cap", "errors", "incidents")

@@ -12,13 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from calibrate import json_text, server
+from calibrate import server
 from calibrate.engines.args import ServerKind
 from calibrate.engines.builders import SERVER_KINDS, EngineCommand, build
 from calibrate.errors import ConfigError, GateClosed
 from calibrate.gpu.energy import pinned_cost
 from calibrate.io.records import utc_now_iso
-from calibrate.io.store import run_path
+from calibrate.io.store import read_object, run_path
 from calibrate.server import launch_script
 from calibrate.server.launch_script import PinnedValues
 from calibrate.server.process import running_kind
@@ -52,7 +52,7 @@ class PinResult:
         return PinSummary(setting, v.kind, str(self.script), details, self.tuned)
 
 
-def resolve_kind(ctx: StageContext, kind: str | None, measured_in: str | None = None) -> ServerKind:
+def resolve_kind(ctx: StageContext, kind: str | None, measured_in: str = "") -> ServerKind:
     """--kind; else the kind the setting was measured on (its run's manifest, ``measured_in``);
     else what the managed server runs as; else [server] kind."""
     cfg = ctx.config
@@ -67,18 +67,12 @@ def resolve_kind(ctx: StageContext, kind: str | None, measured_in: str | None = 
     )
 
 
-def _measured_kind(runs_dir: Path, run_id: str | None) -> str | None:
-    """The engine kind the run's manifest says the server ran as (None: an older run, or no
-    readable manifest)."""
+def _measured_kind(runs_dir: Path, run_id: str) -> str | None:
+    """The engine kind the run's manifest says the server ran as (None: no run, an older run,
+    or no readable manifest)."""
     if not run_id:
         return None
-    try:
-        manifest = json_text.loads(
-            (run_path(runs_dir, run_id) / "manifest.json").read_text("utf-8")
-        )
-    except (OSError, ValueError):
-        return None
-    found = manifest.get("server_kind") if isinstance(manifest, dict) else None
+    found = read_object(run_path(runs_dir, run_id) / "manifest.json").get("server_kind")
     return found if isinstance(found, str) else None
 
 
