@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -187,22 +188,34 @@ def _managed_fake_llamacpp(
     return bin_dir
 
 
-def test_a_managed_llamacpp_ladder_restarts_at_parallel_b_for_each_tier(
-    cli, isolated: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """For llama.cpp the batch size is ``--parallel``: calibrate restarts the engine it manages
-    at --parallel B before each tier (no stop: cap), and pin carries the setting's --parallel."""
-    bin_dir = _managed_fake_llamacpp(isolated, monkeypatch, "llamacpp", FAST)
-    assert cli("server", "start", "--batch-size", "1", "--concurrency", "1").code == 0
+def _ladder_on_managed(cli: Any, *start: str) -> Any:
+    """``server start --batch-size 1 START…``, single, repro, the ladder (--json), stop."""
+    started = cli("server", "start", "--batch-size", "1", *start)
+    assert started.code == 0, started.err
     try:
         assert cli("single").code == 0 and cli("repro", "--runs", "1").code == 0
         result = cli("ladder", "--json")
     finally:
         cli("server", "stop")
     assert result.code == 0, result.err
+    return result
+
+
+def _started_parallel(bin_dir: Path) -> list[str]:
+    """The --parallel of each start of the fake llama-server, in order."""
+    lines = (bin_dir / "argv.log").read_text("utf-8").splitlines()
+    return [line.split("--parallel ")[1].split()[0] for line in lines]
+
+
+def test_a_managed_llamacpp_ladder_restarts_at_parallel_b_for_each_tier(
+    cli, isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For llama.cpp the batch size is ``--parallel``: calibrate restarts the engine it manages
+    at --parallel B before each tier (no stop: cap), and pin carries the setting's --parallel."""
+    bin_dir = _managed_fake_llamacpp(isolated, monkeypatch, "llamacpp", FAST)
+    result = _ladder_on_managed(cli, "--concurrency", "1")
     assert [t["verdict"] for t in result.json["tiers"]] == ["pass"] * 4, "no stop: cap"
-    started = (bin_dir / "argv.log").read_text("utf-8").splitlines()
-    parallel = [line.split("--parallel ")[1].split()[0] for line in started]
+    parallel = _started_parallel(bin_dir)
     assert parallel == ["1", "2", "4", "8"], "started at 1, then one restart per tier above it"
     assert "restarting the managed server at cap 8 (--parallel 8 for ladder batch 8)" in result.err
     batch = result.json["last_passing"]["batch_size"]
@@ -221,23 +234,12 @@ def test_a_server_started_as_another_kind_than_the_config_says_is_treated_as_wha
     bin_dir = _managed_fake_llamacpp(
         isolated, monkeypatch, "vllm", FAST + "batch_sizes = [1, 2, 4]\n"
     )
-    started = cli("server", "start", "--kind", "llamacpp", "--batch-size", "1")
-    assert started.code == 0, started.err
-    try:
-        assert cli("single").code == 0 and cli("repro", "--runs", "1").code == 0
-        result = cli("ladder", "--json")
-    finally:
-        cli("server", "stop")
-    assert result.code == 0, result.err
+    result = _ladder_on_managed(cli, "--kind", "llamacpp")
     pinned = cli("pin")  # the server is gone: the ladder's manifest says what was measured
     assert pinned.code == 0, pinned.err
     script = (isolated / "scripts/launch.sh").read_text("utf-8")
     assert "llama-server" in script and "--parallel" in script and "--max-num-seqs" not in script
-    parallel = [
-        line.split("--parallel ")[1].split()[0]
-        for line in (bin_dir / "argv.log").read_text("utf-8").splitlines()
-    ]
-    assert parallel == ["1", "2", "4"], "started at 1, then one restart per tier above it"
+    assert _started_parallel(bin_dir) == ["1", "2", "4"], "one restart per tier above 1"
     assert [t["verdict"] for t in result.json["tiers"]] == ["pass"] * 3
     run = isolated / "runs" / result.json["run_id"]
     assert json.loads((run / "manifest.json").read_text("utf-8"))["server_kind"] == "llamacpp"
