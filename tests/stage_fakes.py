@@ -156,7 +156,7 @@ def stage_ctx(tmp_path: Path, cfg: Config, stage: str) -> StageContext:
     client = OpenAIClient("http://127.0.0.1:9/v1")  # builds bodies only; nothing is sent
     run = RunDir(runs, stage)
     _OPEN.append(run)
-    return StageContext(cfg, client, run, Ledger(runs), target_fingerprint(cfg))
+    return StageContext(cfg, client, run, Ledger(runs), target_fingerprint(cfg), cfg.server.kind)
 
 
 def recorder(ctx: StageContext, monitor: VramMonitor, tmp_path: Path) -> IncidentRecorder:

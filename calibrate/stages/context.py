@@ -1,4 +1,4 @@
-"""What a stage runs with: resolved config, client, run folder, ledger and target."""
+"""What a stage runs with: resolved config, client, run folder, ledger, target, engine kind."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import Any
 
 from calibrate import __version__
 from calibrate.config import Config
+from calibrate.engines.args import ServerKind
 from calibrate.engines.redaction import redact_config
 from calibrate.gpu.nvml import gpu_snapshot
 from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams
 from calibrate.io.store import RunDir
 from calibrate.redact import redact_url
-from calibrate.server.process import running_kind
 from calibrate.state.identity import TargetIdentity, Weights
 from calibrate.state.ledger import Ledger, LedgerEntry, current_weights
 from calibrate.state.summaries import Summary
@@ -29,6 +29,9 @@ class StageContext:
     run: RunDir
     ledger: Ledger
     target: str
+    # the engine the server is, decided once when the stage opens (``server.process.running_kind``:
+    # what calibrate started, whatever the config says; else [server] kind); None: not known
+    server_kind: ServerKind | None
     forced: bool = False
 
     @property
@@ -94,8 +97,7 @@ def manifest(
     ctx: StageContext, command: list[str], extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """``manifest.json``: command, resolved config (no secrets), target, the engine kind the
-    server runs as (``server.process.running_kind``: what calibrate started, whatever the config
-    says; else [server] kind), versions."""
+    server runs as (``StageContext.server_kind``), versions."""
     out: dict[str, Any] = {
         "run_id": ctx.run.run_id,
         "stage": ctx.run.stage,
@@ -103,7 +105,7 @@ def manifest(
         "target": ctx.target,
         "forced": ctx.forced,
         "config": redact_config(ctx.config.to_public_json()),
-        "server_kind": running_kind(ctx.config.runs_dir, ctx.config.server.kind),
+        "server_kind": ctx.server_kind,
         "gpu": gpu.to_json() if (gpu := gpu_snapshot()) is not None else None,
         "versions": versions(),
     }

@@ -17,6 +17,7 @@ from calibrate.errors import GateClosed, Interrupted, StageFailed, UsageError
 from calibrate.http.client import OpenAIClient
 from calibrate.io.output_paths import check_outputs, stage_files, writable_folder
 from calibrate.io.store import RunDir
+from calibrate.server.process import running_kind
 from calibrate.stages.context import StageContext, manifest
 from calibrate.state.gates import check_gate
 from calibrate.state.ledger import Ledger, target_fingerprint
@@ -81,7 +82,9 @@ def open_stage(request: StageRequest, warn: Callable[[str], None]) -> StageConte
         ),
     )
     run = RunDir(cfg.runs_dir, stage)
-    ctx = StageContext(cfg, client, run, ledger, target, forced)
+    ctx = StageContext(
+        cfg, client, run, ledger, target, running_kind(cfg.runs_dir, cfg.server.kind), forced
+    )
     run.set_manifest(manifest(ctx, ["calibrate", *request.argv]))
     return ctx
 

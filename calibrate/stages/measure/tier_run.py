@@ -22,7 +22,6 @@ from calibrate.gpu.sources import MetricsEndpoint, SourceChoice, energy_reader, 
 from calibrate.gpu.vram import VramMonitor
 from calibrate.io.tasks import TaskPool
 from calibrate.redact import redact_url
-from calibrate.server import process
 from calibrate.server.devices import managed_server_devices
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import kept_on_write_error
@@ -118,7 +117,7 @@ def start_monitor(spec: MeasureSpec, ctx: StageContext) -> VramMonitor:
     monitor = VramMonitor(
         sources.samplers,
         ctx.config.ladder.sample_interval_s,
-        server_kind=process.running_kind(ctx.config.runs_dir, ctx.config.server.kind),
+        server_kind=ctx.server_kind,
         problems=sources.problems,
         energy=energy,
         price_per_hour=spec.gpu_price_per_hour
@@ -217,7 +216,14 @@ def prepare_load(
 ) -> tuple[WorkloadPlan, StreamCheck | None]:
     """The workload (its notes warned), then the stream probe's finding when streaming."""
     plan = prepare_workload(
-        ctx.config, ctx.client, workload, mode, ctx.params, pool=pool, probe_tokens=probe_tokens
+        ctx.config,
+        ctx.client,
+        workload,
+        mode,
+        ctx.params,
+        kind=ctx.server_kind,
+        pool=pool,
+        probe_tokens=probe_tokens,
     )
     for note in plan.notes:
         watcher.warn(note)

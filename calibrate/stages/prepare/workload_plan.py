@@ -13,11 +13,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from calibrate.config import Config, LadderMode
+from calibrate.engines.args import ServerKind
 from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams
 from calibrate.io.tasks import TaskPool
 from calibrate.load.request import Request, build_requests
-from calibrate.server.process import running_kind
 from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.prepare.synthetic import synthetic_prompt, target_tokens
 from calibrate.stages.prepare.token_probe import (
@@ -148,13 +148,13 @@ def prepare_workload(
     mode: LadderMode,
     params: SamplingParams,
     *,
+    kind: ServerKind | None,
     pool: TaskPool | None,
     probe_tokens: int | None = None,
 ) -> WorkloadPlan:
     """The tasks the command read (``pool``, for a --tasks workload: read once, before the run
     folder was opened, and never again), or the server's token count probed; before the stage."""
     fixed = cfg.prompt.text
-    kind = running_kind(cfg.runs_dir, cfg.server.kind)  # what runs, if calibrate started it
     if spec.source == "tasks":
         if pool is None:
             raise ValueError("a --tasks workload needs its pool (stages.prepare.task_pick)")

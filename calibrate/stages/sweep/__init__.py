@@ -12,7 +12,6 @@ from collections.abc import Callable
 
 from calibrate.engines import find
 from calibrate.load.procs.sender import stage_sender
-from calibrate.server.process import running_kind
 from calibrate.stages.env import load_lock
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tier_finish import TierOutcome, finish_tiers
@@ -68,7 +67,7 @@ def run(spec: SweepSpec, env: SweepEnv) -> SweepOutcome:
                 source=result.vram_source,
                 passed=result.passed,
                 summary=result.summary(sweep.options),
-                notes=result.notes(find(running_kind(ctx.config.runs_dir, ctx.config.server.kind))),
+                notes=result.notes(find(ctx.server_kind)),
                 checks=[(lv.label, lv.determinism) for lv in result.levels if lv.determinism],
                 streamed=sweep.options.stream,
                 selfload=watch.selfload,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from calibrate import server
 from calibrate.engines.args import ServerKind
@@ -206,7 +206,12 @@ class Lifecycle:
             problem = self.warm_up()
             if not problem:
                 measurement = measure_candidate(
-                    self.ctx, self.settings, candidate, folder, window=window, notify=self.notify
+                    replace(self.ctx, server_kind=self.kind),  # the candidate runs
+                    self.settings,
+                    candidate,
+                    folder,
+                    window=window,
+                    notify=self.notify,
                 )
         except ServerUnreachable as exc:  # nothing answered the first level: the server is gone
             problem = exc.message

@@ -158,6 +158,7 @@ def measure_candidate(
             settings.workload,
             options.mode,
             ctx.params,
+            kind=ctx.server_kind,
             pool=settings.pool,
         )
         sweep = Sweep(
