@@ -25,6 +25,7 @@ from calibrate.stages.measure.format_check import (
 )
 
 MAX_EVENTS = 100  # outage events in the summary (all of them are in outages.jsonl)
+MESSAGE_CHARS = 300  # of an internal failure's message
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,15 @@ class BatchOutcome:
     report: dict[str, Any] | None
     error: CalibrateError | None
     exit_code: ExitCode
+
+
+def internal_line(task: Task, exc: BaseException, attempts: int) -> dict[str, Any]:
+    """The failure line of an item whose handling raised ``exc`` (kind ``internal``)."""
+    text = str(exc)
+    if len(text) > MESSAGE_CHARS:
+        text = text[: MESSAGE_CHARS - 1] + "…"
+    info = ErrorInfo("internal", f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+    return {"id": task.id, "ok": False, "error": info.to_json(), "attempts": max(attempts, 1)}
 
 
 def result_line(

@@ -12,6 +12,7 @@ import functools
 import random
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from calibrate.errors import ErrorInfo, RequestError
@@ -21,7 +22,7 @@ from calibrate.io.tasks import Task
 from calibrate.load.retry import with_retries
 from calibrate.stages.batch.chain import Chain, FirstAttempt
 from calibrate.stages.batch.outage import Requeue
-from calibrate.stages.batch.result import result_line
+from calibrate.stages.batch.result import internal_line, result_line
 
 if TYPE_CHECKING:
     from calibrate.stages.batch.journal import Journal
@@ -36,7 +37,6 @@ StopReason = Literal[
 ]
 
 MAX_PROBE_ATTEMPTS = 8  # refused attempts, before any answer, that prove nothing is there
-MESSAGE_CHARS = 300
 
 
 class BatchControl:
@@ -126,15 +126,6 @@ class ReachabilityGuard:
         )
 
 
-def internal_line(task: Task, exc: BaseException, attempts: int) -> dict[str, Any]:
-    """The failure line of an item whose handling raised ``exc`` (kind ``internal``)."""
-    text = str(exc)
-    if len(text) > MESSAGE_CHARS:
-        text = text[: MESSAGE_CHARS - 1] + "…"
-    info = ErrorInfo("internal", f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
-    return {"id": task.id, "ok": False, "error": info.to_json(), "attempts": max(attempts, 1)}
-
-
 class Slot:
     """One worker's own in-flight flag: progress sums them, so no counter is shared."""
 
@@ -160,7 +151,7 @@ def work(
 ) -> None:
     """One slot of ``lane`` (pool and worker process alike); when its endpoint was given up
     and no endpoint is left, the run stops."""
-    _take_items(lane, queue, spec, journal, control, guard, slot or Slot())
+    _Worker(lane, queue, spec, journal, control, guard).take_items(slot or Slot())
     if lane.breaker.state == "gone" and all(other.breaker.state == "gone" for other in lanes):
         total_s = max(other.breaker.down_total_s for other in lanes)
         control.fail(
@@ -171,147 +162,115 @@ def work(
         )
 
 
-def _take_items(
-    lane: Lane,
-    queue: WorkQueue,
-    spec: BatchSpec,
-    journal: Journal,
-    control: BatchControl,
-    guard: ReachabilityGuard,
-    slot: Slot,
-) -> None:
-    """The worker loop of one slot of ``lane``: until the items run out or the run stops.
+@dataclass
+class _Worker:
+    """One slot's loop: what it sends with, where its items come from and its lines go."""
 
-    Over the asyncio transport the slot's items go back to back from the I/O loop (chain.py)
-    and this thread handles only what the chain hands back: a failed attempt's item."""
-    rng = random.Random()
-    submits = getattr(lane.client, "can_submit", False)  # the tests' scripted clients cannot
-    chain = Chain(lane, queue, spec, journal, control, guard) if submits else None
-    while not control.stop.is_set():  # stopping: items not yet started stay for the rerun
-        if not lane.breaker.await_up(control.stop, queue.idle):
-            return  # given up (its items go to the other endpoints), stopping, or nothing left
-        journal.make_room()  # a chain that ended on a backlogged journal: wait for it here
-        task = queue.take(control.stop)
-        if task is None:
-            return
-        slot.busy = True
+    lane: Lane
+    queue: WorkQueue
+    spec: BatchSpec
+    journal: Journal
+    control: BatchControl
+    guard: ReachabilityGuard
+    rng: random.Random = field(default_factory=random.Random)
+
+    def take_items(self, slot: Slot) -> None:
+        """Until the items run out or the run stops.
+
+        Over the asyncio transport the slot's items go back to back from the I/O loop (chain.py)
+        and this thread handles only what the chain hands back: a failed attempt's item."""
+        lane, queue, control, journal = self.lane, self.queue, self.control, self.journal
+        submits = getattr(lane.client, "can_submit", False)  # the tests' scripted clients cannot
+        chain = Chain(lane, queue, self.spec, journal, control, self.guard) if submits else None
+        while not control.stop.is_set():  # stopping: items not yet started stay for the rerun
+            if not lane.breaker.await_up(control.stop, queue.idle):
+                return  # given up (its items go to the other endpoints), stopping, or none left
+            journal.make_room()  # a chain that ended on a backlogged journal: wait for it here
+            task = queue.take(control.stop)
+            if task is None:
+                return
+            slot.busy = True
+            try:
+                if chain is None:
+                    self.handle(task)
+                elif (handoff := chain.run(task)) is not None:
+                    self.handle(handoff.task, handoff.first)
+            finally:
+                slot.busy = False
+
+    def handle(self, task: Task, first: FirstAttempt | None = None) -> None:
+        """Send ``task`` with retries and record its line (``first``: its first attempt, made)."""
+        attempts = 0
+        lane, queue, guard, breaker = self.lane, self.queue, self.guard, self.lane.breaker
+
+        def attempt() -> Any:
+            nonlocal attempts, first
+            call: Callable[[], Completion]
+            if first is not None:  # made on the I/O loop already (chain.py)
+                call, first = first.result, None
+            elif breaker.down:
+                raise Requeue  # went down while this item waited to retry
+            else:
+                call = functools.partial(lane.client.post_completion, "/chat/completions", body)
+            attempts += 1
+            try:
+                value = guard.attempt(call)
+            except RequestError as exc:
+                if breaker.note_failure(exc.info):
+                    raise Requeue(exc.info) from exc
+                raise
+            breaker.note_answer()
+            return value
+
         try:
-            if chain is None:
-                _handle(task, lane, spec, journal, control, guard, queue, rng)
-            elif (handoff := chain.run(task)) is not None:
-                _handle(
-                    handoff.task, lane, spec, journal, control, guard, queue, rng, handoff.first
+            spec = self.spec
+            body = lane.client.chat_body(spec.model, task.message(spec.prompt), spec.params)
+            try:
+                done = with_retries(attempt, spec.retry, wait=self.control.stop.wait, rng=self.rng)
+            except Requeue as requeue:
+                if requeue.info is not None and guard.gave_up(requeue.info):
+                    queue.finished(task)  # nothing ever answered: the run ends, not failed
+                elif not queue.put_back_item(task):
+                    unreachable = ErrorInfo("connect", "server unreachable")
+                    self.record(task, None, requeue.info or unreachable, attempts, ())
+                return
+            if done.interrupted:
+                queue.finished(task)
+                return  # stopped while waiting to retry: the rerun does it
+            error = done.error
+            if error is not None and guard.gave_up(error):
+                queue.finished(task)
+                return  # nothing ever answered: not this item's failure
+            if error is not None and error.kind == "connect" and queue.put_back_item(task):
+                # refused to the last retry: the server is away, not this item at fault
+                breaker.trip(
+                    f"an item's {done.attempts} attempts were all refused: {error.message}"
                 )
-        finally:
-            slot.busy = False
-
-
-def _handle(
-    task: Task,
-    lane: Lane,
-    spec: BatchSpec,
-    journal: Journal,
-    control: BatchControl,
-    guard: ReachabilityGuard,
-    queue: WorkQueue,
-    rng: random.Random,
-    first: FirstAttempt | None = None,
-) -> None:
-    """Send ``task`` with retries and record its line (``first``: its first attempt, made)."""
-    attempts = 0
-    breaker = lane.breaker
-
-    def attempt() -> Any:
-        nonlocal attempts, first
-        call: Callable[[], Completion]
-        if first is not None:  # made on the I/O loop already (chain.py)
-            call, first = first.result, None
-        elif breaker.down:
-            raise Requeue  # went down while this item waited to retry
-        else:
-            call = functools.partial(lane.client.post_completion, "/chat/completions", body)
-        attempts += 1
-        try:
-            value = guard.attempt(call)
-        except RequestError as exc:
-            if breaker.note_failure(exc.info):
-                raise Requeue(exc.info) from exc
-            raise
-        breaker.note_answer()
-        return value
-
-    try:
-        body = lane.client.chat_body(spec.model, task.message(spec.prompt), spec.params)
-        try:
-            attempted = with_retries(attempt, spec.retry, wait=control.stop.wait, rng=rng)
-        except Requeue as requeue:
-            if requeue.info is not None and guard.gave_up(requeue.info):
-                queue.finished(task)  # nothing ever answered: the run ends, the item is not failed
-            elif not queue.put_back_item(task):
-                _record(
-                    task,
-                    None,
-                    requeue.info or ErrorInfo("connect", "server unreachable"),
-                    attempts,
-                    (),
-                    spec,
-                    journal,
-                    lane,
-                    queue,
-                    control,
-                )
-            return
-        if attempted.interrupted:
+                return
+            self.record(task, done.value, error, done.attempts, done.errors)
+        except OutOfDescriptors as exc:  # calibrate's own limit, not the item's: the rerun does it
+            self.control.fail("descriptors", exc.message)
             queue.finished(task)
-            return  # stopped while waiting to retry: the rerun does it
-        error = attempted.error
-        if error is not None and guard.gave_up(error):
+        except Exception as exc:  # thread boundary: any failure becomes this item's recorded one
+            self.journal.record(internal_line(task, exc, attempts), None, 0, lane.label)
             queue.finished(task)
-            return  # nothing ever answered: not this item's failure
-        if error is not None and error.kind == "connect" and queue.put_back_item(task):
-            # refused to the last retry: the server is away, not this item at fault
-            breaker.trip(
-                f"an item's {attempted.attempts} attempts were all refused: {error.message}"
-            )
-            return
-        _record(
-            task,
-            attempted.value,
-            error,
-            attempted.attempts,
-            attempted.errors,
-            spec,
-            journal,
-            lane,
-            queue,
-            control,
+
+    def record(
+        self,
+        task: Task,
+        completion: Completion | None,
+        error: ErrorInfo | None,
+        attempts: int,
+        retried: tuple[str, ...],
+    ) -> None:
+        spec = self.spec
+        line = result_line(
+            task, completion, error, max(attempts, 1), retried, spec.expect, spec.params.max_tokens
         )
-    except OutOfDescriptors as exc:  # calibrate's own limit, not the item's: the rerun does it
-        control.fail("descriptors", exc.message)
-        queue.finished(task)
-    except Exception as exc:  # thread boundary: any failure becomes this item's recorded failure
-        journal.record(internal_line(task, exc, attempts), None, 0, lane.label)
-        queue.finished(task)
-
-
-def _record(
-    task: Task,
-    completion: Completion | None,
-    error: ErrorInfo | None,
-    attempts: int,
-    retried: tuple[str, ...],
-    spec: BatchSpec,
-    journal: Journal,
-    lane: Lane,
-    queue: WorkQueue,
-    control: BatchControl,
-) -> None:
-    line = result_line(
-        task, completion, error, max(attempts, 1), retried, spec.expect, spec.params.max_tokens
-    )
-    usage = completion.usage if completion is not None else None
-    tokens = (usage.completion_tokens or 0) if usage is not None else 0
-    if completion is not None:
-        control.served(completion.served_model)
-    journal.record(line, completion.text if completion is not None else None, tokens, lane.label)
-    queue.finished(task)
+        usage = completion.usage if completion is not None else None
+        tokens = (usage.completion_tokens or 0) if usage is not None else 0
+        if completion is not None:
+            self.control.served(completion.served_model)
+        text = completion.text if completion is not None else None
+        self.journal.record(line, text, tokens, self.lane.label)
+        self.queue.finished(task)
