@@ -257,21 +257,22 @@ def test_workers_that_together_take_the_machine_are_named_once_advising_another_
 
 
 def test_the_tree_cpu_clock_counts_a_busy_child_and_never_runs_back() -> None:
-    child = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass",
-        ]
-    )
+    # the child burns 0.6 s of its own CPU, then stays alive idle: on a loaded machine that takes
+    # longer than 0.6 s of wall time, so the clock is read until it shows or the child ends
+    burn = "import time\nwhile time.process_time() < 0.6: pass\ntime.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", burn])
     with reaped(child):
         clock = tree_cpu(lambda: [child.pid] if child.poll() is None else [])
-        before = clock()
-        time.sleep(0.8)
-        during = clock()
+        before = during = clock()
+        deadline = time.monotonic() + 30
+        while during - before <= 0.3 and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            during = clock()
+        alive = child.poll() is None
+        child.kill()
         child.wait(10)
         readings = [clock() for _ in range(3)]
-    assert during - before > 0.3  # the child's CPU, while this process slept
+    assert alive and during - before > 0.3  # the live child's CPU, while this process slept
     assert readings == sorted(readings) and readings[0] >= during
 
 
