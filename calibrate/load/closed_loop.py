@@ -86,6 +86,7 @@ class SubmittedLoop:
         self._started = 0
         self._full_s: float | None = None
         self._stop_s: float | None = None
+        self._unreplaced: list[ItemResult] = []  # an item of each answer not followed by a start
         self._over = threading.Event()
         self._helper: SimpleQueue[Callable[[], None] | None] = SimpleQueue()
         self._start = 0.0
@@ -118,7 +119,8 @@ class SubmittedLoop:
             self._over.set()  # late answers change nothing from here on
             items = tuple(sorted(results, key=lambda r: r.index))
             started_at = epoch_at(start) if self._clock is monotonic else None
-            return LoopRun(items, self._clock() - start, self._full_s, self._stop_s, started_at)
+            run = LoopRun(items, self._clock() - start, self._full_s, self._stop_s, started_at)
+            return run.closed_by(self._unreplaced)
 
     def _next_locked(self) -> tuple[int, Request] | None:
         """The next request to start, numbered; None once the window is over or an answer
@@ -165,6 +167,8 @@ class SubmittedLoop:
             if self._stop_s is None and any(not i.ok for i in items):
                 self._stop_s = self._clock() - self._start  # more load only adds noise
             start = self._next_locked()
+            if start is None and items:
+                self._unreplaced.append(items[0])
         if start is not None:
             self._send(*start)
         self._finish_if_over()

@@ -121,16 +121,19 @@ class Sender:
         results: list[ItemResult] = []
         in_flight: dict[int, Request] = {}
         state: dict[str, float | None] = {"full_s": None, "stop_s": None}
+        unreplaced: list[ItemResult] = []  # an item of each answer not followed by a start
         started = 0
 
         def work() -> None:
             nonlocal started
+            answered: list[ItemResult] = []
             while True:
                 with lock:
                     now = self.clock() - start
                     if state["stop_s"] is not None or window.done(now, started):
                         if state["stop_s"] is None:
                             state["stop_s"] = now
+                        unreplaced.extend(answered[:1])
                         return
                     request = supply()
                     started += 1
@@ -160,9 +163,8 @@ class Sender:
                 results.extend(self.stuck_items(request, start))
             items = tuple(sorted(results, key=lambda r: r.index))
             started_at = epoch_at(start) if self.clock is monotonic else None
-            return LoopRun(
-                items, self.clock() - start, state["full_s"], state["stop_s"], started_at
-            )
+            run = LoopRun(items, self.clock() - start, state["full_s"], state["stop_s"], started_at)
+            return run.closed_by(unreplaced)
 
     def open_loop(
         self,

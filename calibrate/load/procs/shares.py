@@ -84,6 +84,7 @@ def merge_loops(runs: Sequence[tuple[LoopRun, float]], started_at: float | None)
     items = [_shifted(i, offset) for run, offset in runs for i in run.items]
     fulls = [run.full_s + offset if run.full_s is not None else None for run, offset in runs]
     stops = [run.stop_s + offset for run, offset in runs if run.stop_s is not None]
+    closes = [run.closed_s + offset for run, offset in runs if run.closed_s is not None]
     full_s = None if any(f is None for f in fulls) else max(f for f in fulls if f is not None)
     return LoopRun(
         renumbered(items),
@@ -91,6 +92,7 @@ def merge_loops(runs: Sequence[tuple[LoopRun, float]], started_at: float | None)
         full_s,
         min(stops) if stops else None,
         started_at,
+        min(closes) if closes and len(closes) == len(stops) else None,
     )
 
 
