@@ -85,8 +85,10 @@ def preflight(spec: MeasureSpec) -> None:
         )
 
 
-def start_monitor(spec: MeasureSpec, ctx: StageContext) -> VramMonitor:
-    """NVML and the server's /metrics (and a DCGM URL) as the spec asks; started."""
+def start_monitor(
+    spec: MeasureSpec, ctx: StageContext, devices: Sequence[str] | None
+) -> VramMonitor:
+    """NVML and the server's /metrics (and a DCGM URL) as the spec asks, on ``devices``; started."""
     client, url = ctx.client, spec.gpu_metrics_url
     endpoints = [
         MetricsEndpoint(
@@ -105,7 +107,7 @@ def start_monitor(spec: MeasureSpec, ctx: StageContext) -> VramMonitor:
                 explicit=True,
             )
         )
-    sources = open_sources(spec.vram_source, endpoints, devices=spec.devices(ctx.config.runs_dir))
+    sources = open_sources(spec.vram_source, endpoints, devices=devices)
     if spec.vram_source == "metrics" and all(s.source == "none" for s in sources.samplers):
         tried = "; ".join(p.text() for p in sources.problems)
         raise UsageError(
@@ -113,7 +115,7 @@ def start_monitor(spec: MeasureSpec, ctx: StageContext) -> VramMonitor:
             + (f" ({tried})" if tried else " in the server's /metrics"),
             "Use --vram-source auto (measures what it can, says what it could not).",
         )
-    energy = energy_reader(sources.samplers, spec.devices(ctx.config.runs_dir))
+    energy = energy_reader(sources.samplers, devices)
     monitor = VramMonitor(
         sources.samplers,
         ctx.config.ladder.sample_interval_s,
@@ -139,7 +141,8 @@ class Measuring:
 @contextmanager
 def measuring(spec: MeasureSpec, ctx: StageContext) -> Iterator[Measuring]:
     """Start the samplers for the run; stop them and close the client however it ends."""
-    monitor = start_monitor(spec, ctx)
+    devices = spec.devices(ctx.config.runs_dir)  # the managed server's own: read once
+    monitor = start_monitor(spec, ctx, devices)
     selfload = SelfLoadMonitor().start()
     incidents = IncidentRecorder(
         ctx.run,
@@ -147,7 +150,7 @@ def measuring(spec: MeasureSpec, ctx: StageContext) -> Iterator[Measuring]:
         monitor,
         runs_dir=ctx.config.runs_dir,
         server_pid=spec.server_pid,
-        devices=spec.devices(ctx.config.runs_dir),
+        devices=devices,
     )
     try:
         yield Measuring(monitor, selfload, incidents)
