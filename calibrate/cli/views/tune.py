@@ -15,6 +15,7 @@ from calibrate.report.tables.cells import figure
 from calibrate.report.tables.tune import ranked_table
 from calibrate.report.tune_report import plot_svg
 from calibrate.stages.context import StageContext
+from calibrate.stages.measure.slo import describe
 from calibrate.stages.tune import TuneEnv, TuneFinished, TuneSetup
 from calibrate.stages.tune.result import CandidateResult
 from calibrate.stages.tune.search import TuneOutcome, schedule
@@ -90,7 +91,7 @@ def show_start(out: Output, setup: TuneSetup, measured_before: int) -> None:
     """The run about to go: new (its grid) or resumed (how far it got), what ranks the
     candidates; the levels left out."""
     run_id, plan = setup.ctx.run.run_id, setup.plan
-    ranked = f"ranked by {setup.rank_by} ({setup.settings.slo.describe()})"
+    ranked = f"ranked by {setup.rank_by} ({describe(setup.settings.slo)})"
     if setup.resumed:
         out.say(
             f"resuming tune run {run_id}: {measured_before} of {plan.size} "

@@ -12,11 +12,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from calibrate.config import SloConfig
 from calibrate.errors import UsageError
-from calibrate.numbers import finite
 from calibrate.stages.measure.latency import tpot_of
 
 if TYPE_CHECKING:
@@ -90,20 +89,6 @@ def item_met(slo: SloConfig, item: ItemResult) -> bool:
     if not item.ok:
         return False
     return not misses(slo, e2e_s=item.elapsed_s, ttft_s=item.ttft_s, tokens=item.completion_tokens)
-
-
-def record_met(slo: SloConfig, record: dict[str, Any]) -> bool:
-    """The same judgement on a request record read back from ``records.jsonl``."""
-    if record.get("ok") is not True:
-        return False
-    usage = record.get("usage")
-    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    return not misses(
-        slo,
-        e2e_s=finite(record.get("elapsed_s")),
-        ttft_s=finite(record.get("ttft_s")),
-        tokens=tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None,
-    )
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from calibrate.config import Config, SloConfig
-from calibrate.io.jsonl import read_jsonl
 from calibrate.io.store import RunDir
 from calibrate.io.tasks import TaskPool
 from calibrate.load.waves import Sender
-from calibrate.numbers import finite
 from calibrate.stages.context import StageContext
-from calibrate.stages.measure.slo import record_met
+from calibrate.stages.measure.slo import has_slo
 from calibrate.stages.measure.tier_run import MeasureSpec, measuring
+from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.prepare.server_cap import read_server_cap
 from calibrate.stages.prepare.workload_plan import prepare_workload
 from calibrate.stages.sweep.levels import Level
@@ -38,41 +37,6 @@ Notify = Callable[[str], None]
 
 
 @dataclass(frozen=True)
-class SloBounds:
-    """Latency bounds a request must meet to count as goodput (SPEC §5.13); None = no bound."""
-
-    ttft_s: float | None = None
-    tpot_s: float | None = None
-    e2e_s: float | None = None
-
-    @property
-    def any(self) -> bool:
-        return any(b is not None for b in (self.ttft_s, self.tpot_s, self.e2e_s))
-
-    def met(self, record: dict[str, Any]) -> bool:
-        """Whether one request record met every bound (the shared definition, ``stages.slo``)."""
-        return record_met(SloConfig(self.ttft_s, self.tpot_s, self.e2e_s), record)
-
-    def describe(self) -> str:
-        named = (("TTFT", self.ttft_s), ("TPOT", self.tpot_s), ("E2E", self.e2e_s))
-        parts = [f"{name} ≤ {bound:g} s" for name, bound in named if bound is not None]
-        return ", ".join(parts) or "no SLOs"
-
-    def to_json(self) -> dict[str, float | None]:
-        return {"ttft_p99_s": self.ttft_s, "tpot_p99_s": self.tpot_s, "e2e_p99_s": self.e2e_s}
-
-
-def slo_bounds(cfg: Config) -> SloBounds:
-    """``[slo]`` when this version of the config has the section (SPEC §5.13), else no SLOs."""
-    section = getattr(cfg, "slo", None)  # the section is optional, and newer than tune
-    return SloBounds(
-        finite(getattr(section, "ttft_p99_s", None)),
-        finite(getattr(section, "tpot_p99_s", None)),
-        finite(getattr(section, "e2e_p99_s", None)),
-    )
-
-
-@dataclass(frozen=True)
 class MeasureSettings:
     """How every candidate is measured: the sweep's levels and window, the workload, the SLOs."""
 
@@ -82,7 +46,7 @@ class MeasureSettings:
     workload: WorkloadSpec
     pool: TaskPool | None  # the tasks of a --tasks workload, read once for every candidate
     ladder_run_id: str
-    slo: SloBounds
+    slo: SloConfig  # [slo]: goodput counts the requests within every bound
     skipped_levels: tuple[int, ...] = ()  # above what the ladder proved in flight: not measured
     proven_in_flight: int = 0  # the most requests the ladder held in flight in a passing tier
 
@@ -99,7 +63,7 @@ class MeasureSettings:
     def sweep_options(self, cfg: Config, cap: int, window: float) -> SweepOptions:
         """The sweep's own options at this cap, each level's window scaled by ``window``."""
         options = SweepOptions.from_config(
-            cfg, cap, stream=self.stream, ladder_run_id=self.ladder_run_id
+            cfg, cap, stream=self.stream, ladder_run_id=self.ladder_run_id, slo=self.slo
         )
         return dataclasses.replace(options, levels=self.levels, level_s=options.level_s * window)
 
@@ -116,7 +80,7 @@ class MeasureSettings:
             "workload": self.workload.describe(),
             "prompt": cfg.prompt.text,
             "max_tokens": cfg.prompt.max_tokens,
-            "slo": self.slo.to_json(),
+            "slo": dataclasses.asdict(self.slo),
         }
 
 
@@ -169,39 +133,25 @@ def measure_candidate(
             result = sweep.run()
         finally:
             run.close()
-    return _measurement(result, run, settings.slo, options.gain_min)
+    return _measurement(result, settings.slo, options.gain_min)
 
 
-def _goodput(run: RunDir, slo: SloBounds) -> dict[tuple[int, int | None], int]:
-    """Per concurrency and run of the level (None: a record of no run, e.g. a determinism
-    copy): the successful requests that met every SLO."""
-    counts: dict[tuple[int, int | None], int] = {}
-    path = run.path / "records.jsonl"
-    if not path.is_file():
-        return counts
-    for record in read_jsonl(path):
-        concurrency, repeat = record.get("concurrency"), record.get("round")
-        if record.get("ok") is True and isinstance(concurrency, int) and slo.met(record):
-            key = (concurrency, repeat if isinstance(repeat, int) else None)
-            counts[key] = counts.get(key, 0) + 1
-    return counts
+def _goodput(stats: Stats, slo: SloConfig) -> float:
+    """The sweep's own goodput of a level or run: within every ``[slo]`` bound over its steady
+    window; with no SLOs, every successful request over it (its throughput)."""
+    return (stats.goodput_per_s or 0.0) if has_slo(slo) else stats.items_per_s
 
 
-def _measurement(result: SweepResult, run: RunDir, slo: SloBounds, gain_min: float) -> Measurement:
-    """The levels read back; the best is the lowest concurrency within ``gain_min`` of the
-    highest goodput among passing levels (more in flight that adds nothing is not better)."""
-    by_run = _goodput(run, slo)
-    good: dict[int, int] = {}
-    for (concurrency, _), count in by_run.items():
-        good[concurrency] = good.get(concurrency, 0) + count
+def _measurement(result: SweepResult, slo: SloConfig, gain_min: float) -> Measurement:
+    """The levels as the sweep measured them; the best is the lowest concurrency within
+    ``gain_min`` of the highest goodput among passing levels (more in flight that adds nothing
+    is not better)."""
     rows: list[dict[str, Any]] = []
     passing: list[BestLevel] = []
     for level in result.levels:
         s = level.stats
-        goodput = good.get(s.concurrency, 0) / s.total_s if s.total_s > 0 else 0.0
-        each = [
-            by_run.get((s.concurrency, r.round), 0) / r.total_s for r in level.runs if r.total_s > 0
-        ]
+        goodput = _goodput(s, slo)
+        each = [_goodput(r, slo) for r in level.runs]
         row = {"concurrency": s.concurrency, "goodput_per_s": round(goodput, 4)}
         row |= {"items_per_s": round(s.items_per_s, 4), "errors": s.errors}
         rows.append({**row, "p50_s": s.latency_p50_s, "verdict": level.verdict})

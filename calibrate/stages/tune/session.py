@@ -8,10 +8,11 @@ starts a new one) only when every candidate was measured. An interrupted run is 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from calibrate.stages.measure.slo import describe
 from calibrate.stages.tune.candidate import Lifecycle
 from calibrate.stages.tune.result import CandidateResult
 from calibrate.stages.tune.search import Notify, Tune, TuneOutcome
@@ -115,16 +116,14 @@ class Session:
         setup, ctx = self.setup, self.setup.ctx
         rows = ranked_rows(outcome.ranked)
         table = [r.to_json() for r in rows]
-        title = (
-            f"tune {ctx.run.run_id} (ranked by {setup.rank_by}, {setup.settings.slo.describe()})"
-        )
+        title = f"tune {ctx.run.run_id} (ranked by {setup.rank_by}, {describe(setup.settings.slo)})"
         tables = write_tables(ctx.run, rows) if rows else None
         plot = write_plot(ctx.run, self.draw_plot(table, title)) if rows else None
         details = {
             "grid_fingerprint": setup.fingerprint,
             "search": setup.search,
             "ladder_run_id": setup.ladder_run_id,
-            "slo": setup.settings.slo.to_json(),
+            "slo": asdict(setup.settings.slo),
             "levels": list(setup.settings.levels),
             "skipped_levels": list(setup.settings.skipped_levels),
             "resumed": setup.resumed,

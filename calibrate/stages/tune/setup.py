@@ -26,7 +26,7 @@ from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.pin_context import verified_workload
 from calibrate.stages.prepare.server_cap import safe_levels
 from calibrate.stages.tune.grid import TunePlan, build_plan
-from calibrate.stages.tune.measure import MeasureSettings, slo_bounds
+from calibrate.stages.tune.measure import MeasureSettings
 from calibrate.stages.tune.store import find_unfinished, fingerprint
 from calibrate.state.setting import latest_passing_ladder
 from calibrate.workload import WorkloadSpec
@@ -131,7 +131,7 @@ def prepare(ctx: StageContext, request: TuneRequest) -> TuneSetup:
         request.workload,
         request.pool,
         ladder_run,
-        slo_bounds(cfg),
+        cfg.slo,
         skipped,
         proven,
     )
