@@ -138,9 +138,11 @@ def run_rate_once(
 
 
 def _window_items(run: OpenRun) -> list[ItemResult]:
-    """The answers after the first (the achieved rate's window)."""
+    """The items of the answers after the first (the achieved rate's window): a prompt list's
+    first answer carries several items, and all of them are left out, as its one request is."""
     ok = sorted((i for i in run.items if i.ok), key=lambda i: i.done_s)
-    return ok[1:] if len(ok) >= 2 else ok
+    later = [i for i in ok if i.done_s > ok[0].done_s] if ok else []
+    return later or ok
 
 
 def _tokens_per_s(run: OpenRun, judgement: RateJudgement) -> float:
