@@ -228,3 +228,52 @@ def test_tune_interrupted_while_a_candidate_starts_stops_that_engine(
     assert "tune interrupted" in err and "Traceback" not in err
     assert _wait_gone(record["pid"]), "the candidate's engine outlived the interrupted tune"
     assert not (isolated / "runs/server.json").exists()
+
+
+# Loaded before calibrate (PYTHONPATH): while MODULE is imported a Ctrl-C comes, and whatever it
+# raises there is cleared — what a C extension's module init does with an error from an import of
+# its own (CPython's _elementtree loading pyexpat), the way calibrate once lost an early Ctrl-C.
+SWALLOWING_IMPORT = """
+import os, signal, sys, time
+
+class _ClearsErrors:
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r}:
+            sys.meta_path.remove(self)
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)  # a handler that raises does it here
+            except BaseException:
+                pass
+        return None
+
+sys.meta_path.insert(0, _ClearsErrors())
+"""
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "calibrate.cli.flags",  # the first modules, loaded by python -m calibrate
+        "calibrate.cli.server",  # the command's own, loaded once argv names it
+    ],
+)
+def test_a_ctrl_c_while_modules_load_is_never_lost_by_an_import(
+    isolated: Path, tmp_path: Path, module: str
+) -> None:
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(SWALLOWING_IMPORT.format(module=module))
+    managed_config(isolated, free_port(), NEVER_READY, ready_timeout_s=3)
+    done = subprocess.run(
+        [sys.executable, "-m", "calibrate", "server", "start"],
+        cwd=isolated,
+        env={**os.environ, "PYTHONPATH": f"{hooks}{os.pathsep}{REPO}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 130, done.stderr
+    assert "interrupted" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert "starting:" not in done.stderr, "no engine is started after a Ctrl-C"
+    assert not (isolated / "runs/server.json").exists()

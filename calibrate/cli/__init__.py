@@ -22,6 +22,7 @@ from calibrate import __version__, redact
 from calibrate.cli import streams
 from calibrate.cli.flags import CommandLine
 from calibrate.errors import CalibrateError, ExitCode
+from calibrate.server import interrupts
 
 # One module per command, in the order `calibrate --help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -94,7 +95,8 @@ def _interrupted_text(exc: KeyboardInterrupt) -> str:
 
 
 def _run(args_list: list[str]) -> int:
-    parser = build_parser(args_list[0] if args_list else None)
+    with interrupts.deferred():  # the commands' modules load: no import can lose a Ctrl-C
+        parser = build_parser(args_list[0] if args_list else None)
     try:
         args = parser.parse_args(args_list, namespace=CommandLine(tuple(args_list)))
     except SystemExit as exc:  # argparse exits 2 on bad flags, 0 on --help

@@ -1,8 +1,10 @@
-"""Holding Ctrl-C, SIGTERM and SIGHUP back while an engine's PID is not yet on disk.
+"""Holding Ctrl-C, SIGTERM and SIGHUP back while an engine's PID is not yet on disk, and while
+the commands' modules load.
 
 Between starting an engine and writing ``runs/server.json`` a signal would leave an engine
-nobody knows about. ``deferred()`` notes any of these signals that arrives inside it and
-delivers it again, with the command's own handler back in place, once it ends.
+nobody knows about; raised inside an import, a Ctrl-C can be cleared by a C extension that
+imports a module of its own, and lost. ``deferred()`` notes any of these signals that arrives
+inside it and delivers it again, with the command's own handler back in place, once it ends.
 """
 
 from __future__ import annotations
