@@ -251,22 +251,27 @@ sys.meta_path.insert(0, _ClearsErrors())
 """
 
 
+@pytest.mark.parametrize("entry", ["python -m calibrate", "the calibrate command"])
 @pytest.mark.parametrize(
     "module",
     [
-        "calibrate.cli.flags",  # the first modules, loaded by python -m calibrate
+        "calibrate.cli.flags",  # the first modules, loaded before main
         "calibrate.cli.server",  # the command's own, loaded once argv names it
     ],
 )
 def test_a_ctrl_c_while_modules_load_is_never_lost_by_an_import(
-    isolated: Path, tmp_path: Path, module: str
+    isolated: Path, tmp_path: Path, module: str, entry: str
 ) -> None:
     hooks = tmp_path / "hooks"
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(SWALLOWING_IMPORT.format(module=module))
     managed_config(isolated, free_port(), NEVER_READY, ready_timeout_s=3)
+    script = Path(sys.executable).with_name("calibrate")  # the console script pip installed
+    command = (
+        [str(script)] if entry == "the calibrate command" else [sys.executable, "-m", "calibrate"]
+    )
     done = subprocess.run(
-        [sys.executable, "-m", "calibrate", "server", "start"],
+        [*command, "server", "start"],
         cwd=isolated,
         env={**os.environ, "PYTHONPATH": f"{hooks}{os.pathsep}{REPO}"},
         capture_output=True,
