@@ -18,7 +18,7 @@ from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import LadderResult, WarmUp
 from calibrate.stages.ladder.rounds import TierRounds
 from calibrate.stages.measure.incidents import IncidentRecorder
-from calibrate.stages.measure.item_records import all_refused, item_record
+from calibrate.stages.measure.item_records import all_refused, item_record, record_round
 from calibrate.stages.measure.slo import with_goodput
 from calibrate.stages.measure.stop_rules import (
     ServerCap,
@@ -145,9 +145,7 @@ class Ladder(TierRounds):
             round_no = len(rounds) + 1
             items, seconds, waves, peak = self.run_round(batch, round_no)
             stats = self.measured(batch, round_no, items, seconds, [peak], baseline, waves)
-            self.ctx.run.append(
-                "rounds.jsonl", {**stats.to_json(), "vram_source": self.monitor.source}
-            )
+            record_round(self.ctx, stats, self.monitor.source)
             rounds.append(stats)
             items_all += items
             peaks.append(peak)

@@ -1,5 +1,6 @@
-"""A stage's items as it records them: the SPEC §4.1 record of one item, and whether nothing
-answered at all (no server: exit 4, not a failing tier or level)."""
+"""A stage's items as it records them: the SPEC §4.1 record of one item, the line of one round
+(``rounds.jsonl``), and whether nothing answered at all (no server: exit 4, not a failing tier
+or level)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from calibrate.http.request_times import RequestTimes
 from calibrate.io.records import RequestRecord, utc_now_iso
 from calibrate.load.items import ItemResult
 from calibrate.stages.context import StageContext
+from calibrate.stages.measure.tiers import Stats
 
 
 def unanswered_record(
@@ -77,3 +79,9 @@ def item_record(
 def all_refused(items: Sequence[ItemResult]) -> bool:
     """Nothing answered at all: no server, which is exit 4 rather than a failing tier."""
     return bool(items) and all(i.error is not None and i.error.kind == "connect" for i in items)
+
+
+def record_round(ctx: StageContext, stats: Stats, vram_source: str, **measured: Any) -> None:
+    """One line of ``rounds.jsonl``: a ladder round's or a sweep run's stats, what else its mode
+    measured (the steady window, the achieved rate) and where its memory figures came from."""
+    ctx.run.append("rounds.jsonl", {**stats.to_json(), **measured, "vram_source": vram_source})

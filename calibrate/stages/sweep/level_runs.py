@@ -22,7 +22,7 @@ from calibrate.load.window import (
 )
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.incidents import IncidentRecorder
-from calibrate.stages.measure.item_records import all_refused, item_record
+from calibrate.stages.measure.item_records import all_refused, item_record, record_round
 from calibrate.stages.measure.stop_rules import Point, ServerCap
 from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
@@ -191,14 +191,12 @@ class LevelRuns:
             window=steady.inside,
             window_s=steady.window_s,
         )
-        ctx.run.append(
-            "rounds.jsonl",
-            {
-                **stats.to_json(),
-                "steady_window_s": round(steady.window_s, 6),
-                "steady_completions": steady.completions,
-                "vram_source": self.monitor.source,
-            },
+        record_round(
+            ctx,
+            stats,
+            self.monitor.source,
+            steady_window_s=round(steady.window_s, 6),
+            steady_completions=steady.completions,
         )
         return stats, items, peak
 

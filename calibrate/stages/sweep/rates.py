@@ -28,6 +28,7 @@ from calibrate.load.arrivals import arrival_times, rate_text, rate_value, reques
 from calibrate.load.items import ItemResult
 from calibrate.load.keepalive_stall import find_stall
 from calibrate.load.open_loop import OpenRun
+from calibrate.stages.measure.item_records import record_round
 from calibrate.stages.measure.saturation import SHORTFALL, RateJudgement, judge
 from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.sweep.find_max import (
@@ -122,17 +123,15 @@ def run_rate_once(
         window=_window_items(run),
         window_s=judgement.window_s,
     )
-    ctx.run.append(
-        "rounds.jsonl",
-        {
-            **stats.to_json(),
-            "offered_rate": rate_value(judgement.offered_rate),
-            "achieved_rate": round(judgement.achieved_rate, 6),
-            "saturated": judgement.saturated,
-            "send_lag_p99_s": judgement.send_lag_p99_s,
-            "capped_s": round(run.capped_s, 6),
-            "vram_source": sweep.monitor.source,
-        },
+    record_round(
+        ctx,
+        stats,
+        sweep.monitor.source,
+        offered_rate=rate_value(judgement.offered_rate),
+        achieved_rate=round(judgement.achieved_rate, 6),
+        saturated=judgement.saturated,
+        send_lag_p99_s=judgement.send_lag_p99_s,
+        capped_s=round(run.capped_s, 6),
     )
     return stats, judgement, items, peak
 
