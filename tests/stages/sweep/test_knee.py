@@ -167,3 +167,21 @@ def test_the_interval_settles_a_gain_only_with_enough_runs_and_a_real_margin(
     best: tuple[float, ...], cur: tuple[float, ...], expected: str
 ) -> None:
     assert judge(_runs(1, *best), _runs(4, *cur), 0.10) == expected
+
+
+def test_a_level_clearly_slower_than_the_best_fell_and_is_never_called_noise() -> None:
+    """What llama.cpp's 4 slots showed in CI: 8 and 16 in flight ran 13 % and 21 % slower than 2,
+    every run of them below every run of 2 — the ranges apart, downwards. Only 4, whose runs
+    straddle 2's, is within noise."""
+    points = curve(
+        (1, 10.0, 9.6, 10.4),
+        (2, 18.5, 17.5, 19.5),
+        (4, 18.1, 17.0, 19.0),
+        (8, 16.1, 15.8, 16.4),
+        (16, 14.6, 14.4, 14.9),
+    )
+    found = find_knee(points, 0.10)
+    assert found is not None and found.knee.concurrency == 2
+    assert "4 adds −2 % over 2, range −13 %…+9 %: within noise (the ranges overlap)" in found.text
+    assert "8 adds −13 % over 2, range −19 %…−6 %: throughput fell" in found.text
+    assert "16 adds −21 % over 2, range −26 %…−15 %: throughput fell" in found.text
