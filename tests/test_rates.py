@@ -166,7 +166,14 @@ def test_a_level_is_saturated_when_most_runs_were_a_tie_by_its_median() -> None:
     one_of_three = _level_judgement([run(10, False), run(9, True), run(10, False)], 10.0)
     assert not one_of_three.saturated, "one short run of three is noise"
     two_of_three = _level_judgement([run(9, True), run(10, False), run(9, True)], 9.0)
-    assert two_of_three.saturated and two_of_three.why == "short (2 of 3 runs)"
+    assert two_of_three.saturated
+    assert two_of_three.why == "achieved 9 req/s is 10% below the offered 10 (2 of 3 runs)"
+    # the level's shortfall is its median's, the number its table shows, not its first short run's
+    both = _level_judgement([run(8.73, True), run(7.03, True)], 7.88)
+    assert both.why == "achieved 7.88 req/s is 21% below the offered 10 (2 of 2 runs)"
+    # a reason other than the shortfall (the median kept up) is the first saturated run's
+    grew = _level_judgement([run(9.8, True), run(9.7, True)], 9.75)
+    assert grew.saturated and grew.why == "short (2 of 2 runs)"
     assert not _level_judgement([run(10, False), run(9.2, True)], 9.6).saturated
     tie = _level_judgement([run(10, False), run(8.6, True)], 9.3)  # the median 7 % short
     assert tie.saturated and tie.achieved_rate == 9.3

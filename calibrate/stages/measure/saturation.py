@@ -126,6 +126,12 @@ def _sent_late(run: OpenRun) -> float | None:
     return (len(starts) - 1) / (max(starts) - min(starts))
 
 
+def shortfall_text(achieved_rate: float, offered_rate: float) -> str:
+    """``achieved 4.1 req/s is 32 % below the offered 6``."""
+    short = 1 - achieved_rate / offered_rate
+    return f"achieved {achieved_rate:.3g} req/s is {short:.0%} below the offered {offered_rate:g}"
+
+
 def judge(run: OpenRun, offered_rate: float | None, cap: int | None) -> RateJudgement:
     """Saturated when achieved falls > 5 % below offered, when the in-flight count and the
     latency keep growing through the run, or when the in-flight cap made the sends fall ever
@@ -141,10 +147,7 @@ def judge(run: OpenRun, offered_rate: float | None, cap: int | None) -> RateJudg
             # never measured either — the level is calibrate's limit, not a result
             late = f"calibrate sent only {sent:.3g} of the offered {offered_rate:g} req/s"
         elif rate < offered_rate * (1 - SHORTFALL):
-            why = (
-                f"achieved {rate:.3g} req/s is {1 - rate / offered_rate:.0%} below the offered "
-                f"{offered_rate:g}"
-            )
+            why = shortfall_text(rate, offered_rate)
         elif last >= first + GROWTH_MIN and last >= 2 * first and (grew := _latency_grew(run)):
             why = (
                 f"requests in flight kept growing, {first:.1f} → {last:.1f} through the run, "
