@@ -232,8 +232,7 @@ def _text(
 def _why_not(best: Point, cur: Point, gain_min: float) -> str:
     """Why a level above the best is not a gain: noise only while the ranges really overlap —
     one whose fastest run is slower than the best's slowest fell, whatever its spread."""
-    fell_apart = cur.span[1] < best.span[0]
-    if _ranged(best, cur) and not _apart(best, cur) and not fell_apart:
+    if _ranged(best, cur) and not _apart(best, cur) and not _apart(cur, best):
         return "within noise (the ranges overlap)"
     gain = gain_over(best, cur) or 0.0
     if gain < 0:
