@@ -25,6 +25,17 @@ from calibrate.state.ledger import Ledger
 Runner = Callable[[argparse.Namespace], int]
 
 
+class StrictParser(argparse.ArgumentParser):
+    """A parser that takes a flag only as it is spelled: never an abbreviation of a longer one
+    (``ladder --mode prompt-list`` read as ``--model prompt-list`` changed the target). Every
+    sub-command's parser is of this class too: ``add_subparsers`` makes its parsers of the class
+    of the parser it was called on."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+
 class CommandLine(argparse.Namespace):
     """One command's parsed flags and, as ``argv``, the words they were parsed from (the ledger
     and the manifest record them, redacted): given to argparse before parsing, never added after."""
