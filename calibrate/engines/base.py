@@ -165,6 +165,9 @@ class Engine:
     templated: bool = False  # a user's command: tune axes are its {placeholders}, no cap flag
     batch_invariance: BatchInvariance | None = None  # its deterministic mode, where it has one
     env_set: tuple[str, ...] = ()  # the variables its own launch sets (Ollama's host and cap)
+    # its answers' system_fingerprint, where it says more than the build: a pattern whose
+    # "build" and "config" groups split it (vLLM: vllm-<version>-<hash of the engine config>)
+    fingerprint: str = ""
 
     def build(self, spec: LaunchSpec) -> EngineCommand:
         """The argv (and environment) for one start of ``spec``: the engine's own variables

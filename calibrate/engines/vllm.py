@@ -42,4 +42,7 @@ ENGINE = Engine(
         preemptions=("vllm:num_preemptions_total",),
     ),
     context_hint="vLLM: raise --max-model-len",
+    # vllm-0.32.0-980f5236: the version, then a hash of the engine's config (980f5236 with no
+    # cap, d34c11a0 at --max-num-seqs 8; the same across restarts with the same flags)
+    fingerprint=r"(?P<build>vllm-.+)-(?P<config>[0-9a-f]{6,64})",
 )

@@ -216,7 +216,7 @@ def envelope(
         "object": obj + ".chunk" if chunk and req.kind == "chat" else obj,
         "created": created,
         "model": req.model,
-        "system_fingerprint": f"fp_mock_{settings.text_seed}",
+        "system_fingerprint": settings.fingerprint,
     }
 
 

@@ -45,6 +45,8 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: N
     flags.save_junit(args, suite)
     if result.passed:  # the verdict names the setting
         out.ok(result.verdict_line(ctx.run.run_id))
+        for note in comparison.notes:
+            out.say(f"note: {note}")
         out.say(f"next: {result.next_command}")
     else:
         if result.setting is not None:
