@@ -72,6 +72,15 @@ QUEUE_METRICS = tuple(
     for name in e.metrics.queue
 )
 PREEMPTION_METRICS = tuple(name for e in _preferring(vllm.ENGINE) for name in e.metrics.preemptions)
+#: the running gauges (requests the server executes now), in the order the queue gauges are
+RUNNING_METRICS = tuple(
+    name
+    for e in _preferring(
+        vllm.ENGINE, sglang.ENGINE, llamacpp.ENGINE, ollama_tgi.TGI, lmdeploy.ENGINE
+    )
+    for name in e.metrics.running
+)
+WAITING_REASON_METRICS = tuple(name for e in ENGINES for name in e.metrics.waiting_by_reason)
 #: where a running server says its own cap, asked in this order
 CAP_REPORTS: tuple[CapReport, ...] = tuple(e.cap_report for e in ENGINES if e.cap_report)
 #: engines that reserve their KV cache at start: NVML shows flat usage whatever the load

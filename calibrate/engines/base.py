@@ -116,12 +116,16 @@ class BatchInvariance:
 
 @dataclass(frozen=True)
 class EngineMetrics:
-    """The engine's Prometheus names: KV-cache usage (a fraction), requests waiting, and the
-    counter of requests it preempted because its KV cache was full."""
+    """The engine's Prometheus names: KV-cache usage (a fraction), requests waiting, requests
+    running (its own count: below B while others wait, it is the server's cap, SPEC §6.1), why
+    they wait (vLLM's by-reason gauge), and the counter of requests it preempted because its KV
+    cache was full."""
 
     kv: tuple[str, ...] = ()
     queue: tuple[str, ...] = ()
     preemptions: tuple[str, ...] = ()
+    running: tuple[str, ...] = ()
+    waiting_by_reason: tuple[str, ...] = ()  # a gauge with a reason label: capacity | deferred
 
 
 def _no_axes(batch: int) -> tuple[AxisValues, ...]:

@@ -65,5 +65,5 @@ TGI = Engine(
     default_axes=_tgi_axes,
     health_path="/health",
     forcing="none",
-    metrics=EngineMetrics(queue=("tgi_queue_size",)),
+    metrics=EngineMetrics(queue=("tgi_queue_size",), running=("tgi_batch_current_size",)),
 )

@@ -30,6 +30,7 @@ from calibrate.stages.measure.stop_rules import (
 )
 from calibrate.stages.measure.tiers import Stats, Tier, summarise
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
+from calibrate.stages.server_account import observed_cap
 from calibrate.stages.single import read_baseline, unreachable
 from calibrate.state.ledger import baseline_path
 from calibrate.workload import WorkloadSpec
@@ -178,12 +179,21 @@ class Ladder(TierRounds):
             rounds_planned=opts.rounds,
             rounds=rounds,
             previous_rounds=previous_rounds,
-            cap=self.cap if opts.axis == "batch" else None,
+            cap=self.tier_cap(agg) if opts.axis == "batch" else None,
         )
         if opts.axis == "context":  # said of the input length, not of "batch 1"
             reason = relabel(reason, batch, agg.input_tokens_target)
         copies = self.copies(batch) if verdict != "fail" else None  # a failed tier: no more load
         return Tier(agg, tuple(rounds), verdict, reason, opts.rounds, copies)
+
+    def tier_cap(self, stats: Stats) -> ServerCap | None:
+        """The cap ``stop: cap`` judges a tier by: the one the server reports (or a managed
+        start's cap flag) when it is below B, else the one its own running gauge showed
+        (``server_account.observed_cap``, SPEC §6.1)."""
+        known = self.cap
+        if known is not None and known.slots < stats.batch_size:
+            return known
+        return observed_cap(stats) or known
 
     def copies(self, batch: int) -> DeterminismCheck | None:
         """[determinism] copies of the fixed prompt in waves of B after the tier's rounds,
