@@ -215,3 +215,50 @@ def test_the_mock_counts_each_prompt_of_a_list_and_says_why_requests_wait() -> N
     assert 'reason="capacity"} 4' in text and 'reason="deferred"} 0' in text
     model.release(listed)
     assert (model.snapshot().running, model.snapshot().waiting) == (0, 0)
+
+
+def test_pin_never_writes_a_cap_the_server_did_not_run(cli, isolated: Path) -> None:
+    """The sweep at batch 8 saw the server run 4: pin refuses to write a cap of 8 (exit 3)."""
+    from tests.tier_helpers import PIN_SERVER
+
+    sweep = FAST + "[sweep]\nconcurrency = [1, 2, 4, 8]\nlevel_s = 0.3\nrepeats = 2\n"
+    with start_mock(ttft_s=0.03, per_token_s=0.002, slots=4, metrics_style="vllm") as mock:
+        target = open_gate(isolated, mock.base_url, sweep + PIN_SERVER, stage="repro")
+        _ladder_passed(isolated, target, 8)
+        assert cli("sweep").code == 0
+        pinned = cli("pin")
+    assert pinned.code == 3, pinned.err
+    err = " ".join(pinned.err.split())
+    assert "pin refused" in err and "run at most 4 at once" in err and "calibrate ladder" in err
+    assert not (isolated / "scripts/launch.sh").exists()
+
+
+@pytest.mark.parametrize(("slots", "code"), [(4, 1), (8, 0)])
+def test_verify_checks_the_running_servers_cap(cli, isolated: Path, slots: int, code: int) -> None:
+    """The setting is batch 8; a server reporting 4 slots (llama.cpp's /props) does not run it."""
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, slots=slots, expose_props=True) as mock:
+        target = open_gate(isolated, mock.base_url, FAST, stage="repro")
+        assert cli("single").code == 0
+        _ladder_passed(isolated, target, 8)
+        result = cli("verify", "--json")
+    assert result.code == code, result.err
+    err = " ".join(result.err.split())
+    assert result.json["server_cap"]["slots"] == slots
+    if code:
+        assert (
+            "the server runs at cap 4 (llama.cpp /props total_slots), not the verified batch 8"
+            in err
+        )
+        assert "config consistent" not in err
+    else:
+        assert "config consistent at batch 8" in err and "the server's cap is 8" in err
+
+
+def test_verify_says_when_the_cap_cannot_be_read(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, slots=4, metrics_style="vllm") as mock:
+        target = open_gate(isolated, mock.base_url, FAST, stage="repro")
+        assert cli("single").code == 0
+        _ladder_passed(isolated, target, 4)
+        result = cli("verify")
+    assert result.code == 0, result.err
+    assert "the server's cap could not be read" in " ".join(result.err.split())

@@ -132,6 +132,15 @@ def server_limit(known: ServerCap | None, batch: int, levels: Sequence[Stats]) -
     return min(seen, key=lambda cap: cap.slots, default=None)
 
 
+def stopping_cap(known: ServerCap | None, tiers: Sequence[Stats]) -> Any:
+    """The cap a ladder met, as its ledger line holds it (``pin`` reads it): the reported one
+    when a tier was above it, else the smallest its running gauge showed; None when neither."""
+    if known is not None and any(t.batch_size > known.slots for t in tiers):
+        return known.to_json()
+    seen = [cap for stats in tiers if (cap := observed_cap(stats)) is not None]
+    return min(seen, key=lambda cap: cap.slots).to_json() if seen else None
+
+
 def limit_json(known: ServerCap | None, batch: int, levels: Sequence[Stats]) -> Any:
     """``server_limit`` as the ledger holds it: ``{"slots": 4, "source": …}`` or None."""
     limit = server_limit(known, batch, levels)
@@ -142,7 +151,12 @@ def cap_notes(
     known: ServerCap | None, batch: int, levels: Sequence[tuple[int, bool, Stats]]
 ) -> list[str]:
     """A sweep's word on the server's cap: levels above a cap it runs below the batch size are
-    not recommended (its own account, SPEC §6.1); else levels above its reported cap queue."""
+    not recommended (its own account, SPEC §6.1); else levels above its reported cap queue; a
+    server that publishes neither a cap nor a running count is said to."""
+    running = any(stats.server_running_max is not None for _, _, stats in levels)
+    told = unaccounted(known, running) if levels else None
+    if told is not None:
+        return [told]
     limit = server_limit(known, batch, [stats for _, _, stats in levels])
     if limit is not None:
         above = ", ".join(str(c) for c, _, _ in levels if c > limit.slots)

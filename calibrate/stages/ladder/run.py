@@ -106,6 +106,7 @@ class Ladder(TierRounds):
             self.options.stream_check,
             self.options.slo,
             self.options.gain_min,
+            self.cap,
         )
 
     def warm_up(self, batch: int) -> WarmUp:
