@@ -79,6 +79,9 @@ class MockSettings:
     step_ms_per_1k_tokens: float = 0.0  # each decode step costs this much more per 1k resident
     jitter: float = 0.0  # ttft and per-token time × uniform [1 - jitter, 1 + jitter], seeded
     metrics_style: MetricsStyle = "mock"
+    # chat messages go through a chat template before the answer is derived (as an instruct
+    # model's engine applies one): a raw /v1/completions of the same text answers otherwise
+    chat_template: bool = False
     # Start-up memory (tune's memory step): asked for more than fits → exit 1 at start, CUDA OOM.
     memory_fraction: float | None = None
     max_memory_fraction: float | None = None
