@@ -62,6 +62,17 @@ def test_batch_writes_one_line_per_item_and_a_summary(cli, mock, isolated: Path)
     assert all(with_prompt[i] > without[i] for i in without)
 
 
+def test_a_byte_order_mark_and_crlf_line_ends_are_accepted(cli, mock, isolated: Path) -> None:
+    """Windows Notepad's UTF-8: a BOM before the first line, CRLF after each."""
+    write_config(isolated / "calibrate.toml", mock.base_url)
+    tasks = isolated / "tasks.jsonl"
+    lines = [json.dumps({"id": i, "text": f"第{i}段"}, ensure_ascii=False) for i in range(4)]
+    tasks.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode("utf-8") + b"\r\n")
+    result = cli("batch", "--input", str(tasks), "--out", "out.jsonl", "--json")
+    assert result.code == 0, result.err
+    assert sorted(ok_ids(isolated / "out.jsonl")) == [0, 1, 2, 3]
+
+
 def test_rerun_skips_finished_items(cli, mock, isolated: Path) -> None:
     tasks, out = _setup(isolated, mock.base_url, 12)
     assert cli("batch", "--input", str(tasks), "--out", str(out), "--limit", "5").code == 0
@@ -240,6 +251,13 @@ BAD_INPUTS = {
         "line 2: not valid UTF-8",
     ),
     "lone surrogate": (b'{"id": 1, "text": "\\ud800"}\n', "line 1: a lone surrogate"),
+    # a Chinese user's editor saving in another encoding: the line named, nothing sent
+    "GBK": (
+        '{"id": 1, "text": "ok"}\n{"id": 2, "text": "一句话"}\n'.encode("gbk"),
+        "line 2: not valid UTF-8",
+    ),
+    "GB18030": ('{"id": 1, "text": "一句话"}\n'.encode("gb18030"), "line 1: not valid UTF-8"),
+    "UTF-16": ('{"id": 1, "text": "摘要"}\n'.encode("utf-16"), "line 1: not valid UTF-8"),
     "empty": (b"\n\n", "holds no items"),
 }
 

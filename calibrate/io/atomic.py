@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.errors import InputError
+from calibrate.io.bounded import read_bounded
 from calibrate.io.jsonl import utf8
 
 
@@ -96,10 +97,20 @@ def _alive(pid: int) -> bool:
 
 def write_atomic(path: Path, text: str) -> None:
     """Write to a temp file beside ``path`` and rename it into place (never onto a device)."""
+    write_bytes_atomic(path, utf8(text))
+
+
+def copy_atomic(source: Path, path: Path) -> None:
+    """``source`` copied to ``path`` like ``write_atomic`` writes, read with the bound (exit 2
+    past ``MAX_FILE_BYTES``: a device or FIFO is never copied without end)."""
+    write_bytes_atomic(path, read_bounded(source))
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
     fd, tmp = temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(utf8(text))
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

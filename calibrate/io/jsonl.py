@@ -18,6 +18,15 @@ from typing import Any, BinaryIO
 
 from calibrate import json_text
 from calibrate.errors import InputError
+from calibrate.io.bounded import (
+    MAX_FILE_BYTES,
+    TooLong,
+    bounded_lines,
+    is_regular,
+    lines_or_skipped,
+    mib,
+    open_read,
+)
 from calibrate.redact import scrub
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -89,10 +98,16 @@ def ends_with_newline(fd: int) -> bool:
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Objects of a JSONL file; a torn (unparseable) line is skipped."""
+    """Objects of a JSONL file; a torn (unparseable) or over-long line is skipped, read in
+    bounded pieces; a path that is not a regular file (a device, a FIFO) is an InputError."""
+    if not is_regular(path):
+        raise InputError(
+            f"{path} is not a regular file (a device, FIFO or folder)",
+            "Remove it, or give the file calibrate wrote.",
+        )
     with path.open("rb") as handle:
-        for raw in handle:  # binary lines end at b"\n" only
-            if not raw.strip():
+        for _, raw in lines_or_skipped(handle):  # binary lines end at b"\n" only
+            if raw is None or not raw.strip():
                 continue
             try:
                 obj = json_text.loads(raw)
@@ -106,30 +121,50 @@ def load_jsonl_objects(path: Path, what: str = "file") -> list[tuple[int, dict[s
     """(line number, object) for every line of a small JSONL file a user handed us.
 
     Unlike ``read_jsonl`` nothing is skipped: a line that is not a JSON object is an input
-    error naming the file and line (exit 2), and so is an empty file.
+    error naming the file and line (exit 2), and so is an empty file. Read with the bounds: a
+    line over 32 MiB, or more than ``MAX_SMALL_BYTES`` in all, is exit 2 (read no further).
     """
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read {what} {path}: {exc}") from exc
     out: list[tuple[int, dict[str, Any]]] = []
-    for number, raw in jsonl_lines(data):
-        if not raw.strip():
-            continue
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InputError(f"cannot read {what} {path}: line {number} is not UTF-8") from exc
-        try:
-            obj = json_text.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}:{number} is not JSON ({exc.msg})") from exc
-        if not isinstance(obj, dict):
-            raise InputError(f"{path}:{number} is not a JSON object")
-        out.append((number, obj))
+    total = 0
+    with open_read(path, what) as handle:
+        for number, raw in _small_lines(handle, path, what):
+            total += len(raw)
+            if total > MAX_SMALL_BYTES:
+                raise TooLong(
+                    f"{what} {path} is over {mib(MAX_SMALL_BYTES)}: read no further",
+                    "Give a smaller file (or the file calibrate wrote).",
+                )
+            out.append((number, _object(raw, path, number, what)))
     if not out:
         raise InputError(f"{what} {path} holds no records")
     return out
+
+
+MAX_SMALL_BYTES = 8 * MAX_FILE_BYTES  # a file of records a user hands to repro or report
+
+
+def _small_lines(handle: BinaryIO, path: Path, what: str) -> Iterator[tuple[int, bytes]]:
+    try:
+        for number, raw in bounded_lines(handle, path):
+            if raw.strip():
+                yield number, raw
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
+
+
+def _object(raw: bytes, path: Path, number: int, what: str) -> dict[str, Any]:
+    """One line of a file ``load_jsonl_objects`` reads, as an object (else exit 2)."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"cannot read {what} {path}: line {number} is not UTF-8") from exc
+    try:
+        obj = json_text.loads(line)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}:{number} is not JSON ({exc.msg})") from exc
+    if not isinstance(obj, dict):
+        raise InputError(f"{path}:{number} is not a JSON object")
+    return obj
 
 
 class JsonlWriter:

@@ -2,8 +2,8 @@
 
 Nothing but the ids is kept in memory, so a file of millions of long texts costs the id set and
 no more. Every problem names the file and the line (exit 2) before a single request is sent.
-A pipe or FIFO (``--input <(…)``, ``/dev/stdin``) can be read only once: it is spooled to a
-temporary file first, and both passes read that.
+A pipe or FIFO (``--input <(…)``, ``/dev/stdin``) can be read only once: it is copied to an
+unnamed temporary file first (io/bounded.py), and both passes read that.
 
 Shards for a cluster scheduler (``Shard``): ``--shard I/N`` takes the ids whose stable hash
 mod N is I. The hash is CRC-32 of the id's JSON text (``"t1"`` and ``1`` are different ids), so every
@@ -20,26 +20,23 @@ from __future__ import annotations
 
 import heapq
 import json
-import os
 import random
-import shutil
-import stat
-import tempfile
 import zlib
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from calibrate import json_text
 from calibrate.errors import InputError, UsageError
+from calibrate.io import bounded
+from calibrate.io.bounded import bounded_lines, open_read
 from calibrate.workload import Pick, WorkloadSpec
 
 ItemId = str | int
 
 FIX_HINT = "Fix the tasks file and run again; nothing was sent and no output was written."
-MAX_LINE_BYTES = 32 * 1024 * 1024  # one item; millions of tokens. A longer "line" is no JSONL
 POOL = 4096  # at most this many messages are kept, whatever the file's size
 
 
@@ -69,30 +66,20 @@ class InputIndex:
     count: int
 
 
+TASKS_RULE = "a tasks file has one JSON object per line (JSONL)"
+TASKS_HINT = (
+    "Write one item per line (a JSON array or another format is not JSONL); nothing was sent."
+)
+
+
 def open_tasks(path: Path) -> BinaryIO:
-    try:
-        return path.open("rb")
-    except OSError as exc:
-        raise InputError(
-            f"cannot read the tasks file {path}: {exc.strerror or exc}",
-            "Give an existing JSONL file with --input.",
-        ) from exc
+    return open_read(path, "the tasks file", "Give an existing JSONL file with --input.")
 
 
 def task_lines(handle: BinaryIO, name: Path) -> Iterator[tuple[int, bytes]]:
     """(line number, line) of a tasks file, each read with a bound: a file with no newline
-    (a JSON array, a binary file) is an InputError naming the line, never read whole."""
-    number = 0
-    while raw := handle.readline(MAX_LINE_BYTES + 1):
-        number += 1
-        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-            raise InputError(
-                f"{name} line {number}: longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB "
-                "without a newline; a tasks file has one JSON object per line (JSONL)",
-                "Write one item per line (a JSON array or another format is not JSONL); "
-                "nothing was sent.",
-            )
-        yield number, raw
+    (a JSON array, a binary file, /dev/zero) is an InputError naming the line, never read whole."""
+    return bounded_lines(handle, name, rule=TASKS_RULE, hint=TASKS_HINT)
 
 
 def parse_task(raw: bytes, path: Path, line: int) -> Task | None:
@@ -174,30 +161,10 @@ def read_tasks(path: Path, shown: Path | None = None) -> Iterator[Task]:
                 yield task
 
 
-@contextmanager
-def readable_twice(path: Path) -> Iterator[Path]:
-    """``path`` itself when it is a regular file, else a temporary copy removed afterwards."""
-    try:
-        is_regular = stat.S_ISREG(path.stat().st_mode)
-    except OSError:
-        is_regular = True  # let open_tasks say what is wrong with it
-    if is_regular:
-        yield path
-        return
-    fd, name = tempfile.mkstemp(prefix="calibrate-input-", suffix=".jsonl")
-    spooled = Path(name)
-    try:
-        with os.fdopen(fd, "wb") as copy, open_tasks(path) as source:
-            try:
-                shutil.copyfileobj(source, copy, 1024 * 1024)
-            except OSError as exc:
-                raise InputError(
-                    f"cannot copy the piped --input {path} to {spooled}: {exc.strerror or exc}",
-                    "Free space in the temporary folder (TMPDIR), or give a regular file.",
-                ) from exc
-        yield spooled
-    finally:
-        spooled.unlink(missing_ok=True)
+def readable_twice(path: Path) -> AbstractContextManager[Path]:
+    """``path`` itself when it is a regular file, else an unnamed copy of it (a pipe, a FIFO,
+    ``/dev/stdin``), copied line by line under the bound and gone with the process."""
+    return bounded.readable_twice(path, "the tasks file", rule=TASKS_RULE, hint=TASKS_HINT)
 
 
 def _first_line_of(path: Path, item_id: ItemId, before: int) -> int:

@@ -226,7 +226,13 @@ def _final(b: _Batch, notes: BatchNotes) -> BatchNotes:
     if not final_text or b.spec.sample:
         return notes
     try:
-        final = export_final(plan.source_path, [b.out_path], Path(final_text), shard=b.spec.shard)
+        final = export_final(
+            plan.source_path,
+            [b.out_path],
+            Path(final_text),
+            shard=b.spec.shard,
+            input_name=b.spec.input_path,
+        )
     except OSError as exc:  # the batch's verdict is still recorded; the export is not
         final_error = f"--final {final_text} could not be written: {exc}"
         paths = ("--input", plan.source_path, "--out", b.out_path, "--to", final_text)

@@ -26,8 +26,8 @@ from pathlib import Path
 from queue import Empty, SimpleQueue
 from typing import Any
 
+from calibrate.io.journal.scan import repair_tail
 from calibrate.io.jsonl import JsonlWriter, without_surrogates
-from calibrate.io.resume import repair_tail
 from calibrate.io.tasks import ItemId
 from calibrate.stages.batch.plan import BatchPlan
 from calibrate.stages.measure.format_check import Expect, OutputShape, find_preamble

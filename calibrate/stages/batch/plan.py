@@ -15,15 +15,15 @@ from pathlib import Path
 
 from calibrate.errors import InputError
 from calibrate.http.models import SamplingParams
-from calibrate.io.jsonl import JsonlWriter
-from calibrate.io.lock import ExclusiveLock
-from calibrate.io.resume import (
+from calibrate.io.journal.scan import (
     OutputScan,
     check_journal,
     check_output_path,
     repair_tail,
     scan_output,
 )
+from calibrate.io.jsonl import JsonlWriter
+from calibrate.io.lock import ExclusiveLock
 from calibrate.io.tasks import InputIndex, ItemId, Shard, index_input, read_tasks, readable_twice
 from calibrate.load.retry import RetryPolicy
 from calibrate.stages.measure.format_check import Expect

@@ -19,6 +19,7 @@ from typing import Any
 
 from calibrate import json_text
 from calibrate.errors import InputError
+from calibrate.io.bounded import MAX_LINE_BYTES, TooLong, mib
 from calibrate.io.tasks import ItemId
 
 BLOCK_BYTES = 8 * 1024 * 1024
@@ -118,6 +119,8 @@ def scan_output(path: Path, known: Container[ItemId] | None = None) -> OutputSca
             block, carry = data[:cut], data[cut:]
             if block:
                 _scan_block(scan, block, known)
+            if len(carry) > MAX_LINE_BYTES:
+                raise line_too_long(path, scan.lines + 1)
         scan.tail_offset = handle.tell() - len(carry)
     if carry:
         tail = _loads(carry)
@@ -130,6 +133,15 @@ def scan_output(path: Path, known: Container[ItemId] | None = None) -> OutputSca
         else:
             scan.alien_tail = True
     return scan
+
+
+def line_too_long(path: Path, line: int) -> TooLong:
+    """A journal line past the bound (exit 2): read no further."""
+    return TooLong(
+        f"{path} line {line}: longer than {mib(MAX_LINE_BYTES)} without a newline: "
+        "not a results journal of calibrate batch",
+        "Give the --out file calibrate batch wrote (or another --out for a new run).",
+    )
 
 
 def _loads(raw: bytes) -> Any:
