@@ -143,6 +143,14 @@ def index_input(path: Path, shown: Path | None = None) -> InputIndex:
                     f"{name} line {line}: duplicate id {task.id!r} (first on line {first})",
                     FIX_HINT,
                 )
+            twin = id_twin(task.id)
+            if twin is not None and twin in ids:
+                first = _first_line_of(path, twin, line)
+                raise InputError(
+                    f"{name} line {line}: id {task.id!r} and id {twin!r} (line {first}) differ "
+                    f"only in type, and CSV and Parquet write both as {str(twin)!r}: ambiguous",
+                    "Give every item an id of its own (all strings or all integers); " + FIX_HINT,
+                )
             ids.add(task.id)
             count += 1
     if count == 0:
@@ -165,6 +173,25 @@ def readable_twice(path: Path) -> AbstractContextManager[Path]:
     """``path`` itself when it is a regular file, else an unnamed copy of it (a pipe, a FIFO,
     ``/dev/stdin``), copied line by line under the bound and gone with the process."""
     return bounded.readable_twice(path, "the tasks file", rule=TASKS_RULE, hint=TASKS_HINT)
+
+
+def id_twin(item_id: ItemId) -> ItemId | None:
+    """The id of the other type with the same text — ``1`` for ``"1"``, ``"1"`` for ``1`` — or
+    None. One input never holds both (``index_input``): an id's text names one item in every
+    format, CSV and Parquet included, which write ids as text."""
+    if isinstance(item_id, int):
+        return str(item_id)
+    if item_id[:1] in _INT_START and len(item_id) <= _INT_DIGITS:
+        try:
+            number = int(item_id)
+        except ValueError:
+            return None
+        return number if str(number) == item_id else None  # "01", "+1", "1_0", " 1": no twin
+    return None
+
+
+_INT_START = frozenset("-0123456789")
+_INT_DIGITS = 4000  # int() reads at most 4300 digits; no tasks file holds such an id
 
 
 def _first_line_of(path: Path, item_id: ItemId, before: int) -> int:

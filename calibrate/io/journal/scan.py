@@ -20,7 +20,7 @@ from typing import Any
 from calibrate import json_text
 from calibrate.errors import InputError
 from calibrate.io.bounded import MAX_LINE_BYTES, TooLong, mib
-from calibrate.io.tasks import ItemId
+from calibrate.io.tasks import ItemId, id_twin
 
 BLOCK_BYTES = 8 * 1024 * 1024
 OUR_PREFIX = b'{"id":'
@@ -72,7 +72,12 @@ class OutputScan:
         if known is not None and item_id not in known:
             self.foreign += 1
             if not self.foreign_example:
-                self.foreign_example = f"id {item_id!r}"
+                twin = id_twin(item_id)
+                self.foreign_example = f"id {item_id!r}" + (
+                    f", where the input has {twin!r}: an id's type is part of it"
+                    if twin is not None and twin in known
+                    else ""
+                )
             return
         (self.done if ok else self.failed).add(item_id)
 
