@@ -40,7 +40,11 @@ def test_batch_writes_one_line_per_item_and_a_summary(cli, mock, isolated: Path)
     lines = out.read_text("utf-8").splitlines()
     assert len(lines) == 30 and all(x.startswith('{"id":"t') for x in lines)  # compact
     record = json.loads(lines[0])
-    assert list(record) == ["id", "ok", "output", "finish_reason", "usage", "seconds", "attempts"]
+    fields = ["id", "ok", "input_fp", "output", "finish_reason", "usage", "seconds"]
+    # the run's first line holds its settings in full; every line says what made it
+    assert list(record) == [*fields, "settings", "made", "attempts"]
+    assert list(json.loads(lines[1])) == [*fields, "made", "attempts"]
+    assert record["settings"]["model"] == "internlm-s2" and record["settings"]["prompt"]
     assert record["ok"] and record["output"] and record["finish_reason"] == "stop"
     assert record["usage"]["completion_tokens"] > 0 and record["attempts"] == 1
     assert "定长数组" not in lines[0] or "\\u" not in lines[0]  # UTF-8, not escaped

@@ -18,6 +18,7 @@ lines".
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
 import random
@@ -56,13 +57,30 @@ class Task:
             return self.text
         return prompt + self.text if prompt[-1].isspace() else f"{prompt}\n{self.text}"
 
+    @property
+    def digest(self) -> int:
+        """What the item says (its text and own prompt) in 64 bits: ``item_digest``."""
+        return item_digest(self.text, self.prompt)
+
+
+def item_digest(text: str, prompt: str | None) -> int:
+    """An item's text and own prompt in 64 bits (BLAKE2b): a journal line records it, so a
+    result whose item was edited since is known for what it is (``input_fp``)."""
+    data = text.encode("utf-8", "surrogatepass")
+    h = hashlib.blake2b(len(data).to_bytes(8, "big"), digest_size=8)  # text | prompt: one way
+    h.update(data)
+    if prompt is not None:
+        h.update(prompt.encode("utf-8", "surrogatepass"))
+    return int.from_bytes(h.digest(), "big")
+
 
 @dataclass(frozen=True)
 class InputIndex:
-    """What the validation pass learned: how many items, and their ids (nothing else)."""
+    """What the validation pass learned: how many items, and each id's ``item_digest`` (nothing
+    else: never the text)."""
 
     path: Path
-    ids: set[ItemId]
+    ids: dict[ItemId, int]
     count: int
 
 
@@ -130,7 +148,7 @@ def index_input(path: Path, shown: Path | None = None) -> InputIndex:
     ``shown`` is the name the user gave (messages use it) when ``path`` is a spooled copy.
     """
     name = shown or path
-    ids: set[ItemId] = set()
+    ids: dict[ItemId, int] = {}
     count = 0
     with open_tasks(path) as handle:
         for line, raw in task_lines(handle, name):  # binary lines end at b"\n" only
@@ -151,7 +169,7 @@ def index_input(path: Path, shown: Path | None = None) -> InputIndex:
                     f"only in type, and CSV and Parquet write both as {str(twin)!r}: ambiguous",
                     "Give every item an id of its own (all strings or all integers); " + FIX_HINT,
                 )
-            ids.add(task.id)
+            ids[task.id] = task.digest
             count += 1
     if count == 0:
         raise InputError(
@@ -170,8 +188,7 @@ def read_tasks(path: Path, shown: Path | None = None) -> Iterator[Task]:
 
 
 def readable_twice(path: Path) -> AbstractContextManager[Path]:
-    """``path`` itself when it is a regular file, else an unnamed copy of it (a pipe, a FIFO,
-    ``/dev/stdin``), copied line by line under the bound and gone with the process."""
+    """``path`` if a regular file, else an unnamed copy of it (a pipe, ``/dev/stdin``)."""
     return bounded.readable_twice(path, "the tasks file", rule=TASKS_RULE, hint=TASKS_HINT)
 
 
@@ -191,7 +208,7 @@ def id_twin(item_id: ItemId) -> ItemId | None:
 
 
 _INT_START = frozenset("-0123456789")
-_INT_DIGITS = 4000  # int() reads at most 4300 digits; no tasks file holds such an id
+_INT_DIGITS = 4000  # int() reads at most 4300 digits
 
 
 def _first_line_of(path: Path, item_id: ItemId, before: int) -> int:

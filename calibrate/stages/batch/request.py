@@ -28,6 +28,7 @@ from calibrate.stages.batch.result import BatchProgress, BatchResult
 from calibrate.stages.context import sampling_params
 from calibrate.stages.export import ExportResult, check_export, failed_path_for
 from calibrate.stages.measure.format_check import Expect, ShapeCheck
+from calibrate.state.identity import url_host
 from calibrate.state.ledger import Ledger
 from calibrate.state.setting import Endpoint
 from calibrate.state.weights_gate import check_batch
@@ -59,6 +60,7 @@ class BatchRequest:
     max_chars: int | None = None
     expect: Expect = "text"
     allow_foreign: bool = False
+    allow_mixed: bool = False  # keep results made with other settings (io/journal/made.py)
     shard: str | None = None  # --shard I/N as typed
     max_tokens: int | None = None
     temperature: float | None = None
@@ -202,6 +204,8 @@ def prepare(request: BatchRequest) -> BatchSetup:
         expect=request.expect,
         allow_foreign=request.allow_foreign,
         shard=Shard.parse(request.shard) if request.shard else None,
+        hosts=tuple(url_host(e.base_url) for e in endpoints),
+        allow_mixed=request.allow_mixed,
     )
     return BatchSetup(spec, endpoints, source, restarter, ledger)
 

@@ -23,18 +23,14 @@ from calibrate.errors import InputError
 from calibrate.io import bounded
 from calibrate.io.atomic import remove_stale_temps
 from calibrate.io.bounded import MAX_LINE_BYTES
+from calibrate.io.journal.made import Settings
 from calibrate.io.jsonl import encode_line
 from calibrate.io.output_paths import Named, check_outputs
-from calibrate.io.tasks import ItemId, Shard, index_input, read_tasks, readable_twice
+from calibrate.io.tasks import Shard, index_input, read_tasks, readable_twice
 from calibrate.stages.export.formats import Format, JsonlFinal, format_of, open_final
-from calibrate.stages.export.scan import (
-    MAX_JOURNALS,
-    Winners,
-    loads,
-    open_journal,
-    scan_journal,
-    unpack,
-)
+from calibrate.stages.export.scan import MAX_JOURNALS, Pass1, loads, open_journal, unpack
+
+STALE = "its result(s) in the journal are for an earlier text of this item: rerun calibrate batch"
 
 
 @dataclass(frozen=True)
@@ -48,6 +44,24 @@ class ExportResult:
     foreign: int  # journal lines whose id is not in the input (or not in this shard)
     journal_lines: int
     seconds: float
+    changed: int = 0  # ids whose only results are of an earlier text of the item (not run)
+    made: tuple[tuple[int, Settings | None], ...] = ()  # results per settings, most first
+
+    @property
+    def mixed(self) -> str | None:
+        """How the results' settings differ ("3 of 8 … with --prompt 'A:' (now …)"), or None."""
+        if len(self.made) < 2:
+            return None
+        (most, usual), rest = self.made[0], self.made[1:]
+        others = sum(n for n, _ in rest)
+        other = rest[0][1]
+        if usual is None or other is None:
+            return (
+                f"{others} of {most + others} results were made with other settings, or by an "
+                "older calibrate that did not record them"
+            )
+        what = "; ".join(usual.changes_from(other, "the rest")) or "the servers"
+        return f"{others} of {most + others} results were made with other settings ({what})"
 
     @property
     def passed(self) -> bool:
@@ -65,6 +79,8 @@ class ExportResult:
             "journal_lines": self.journal_lines,
             "seconds": round(self.seconds, 3),
             "rule": "last ok result per id, else its last failure",
+            "changed": self.changed,
+            "mixed_settings": self.mixed,
         }
 
 
@@ -112,18 +128,20 @@ def export_final(
         source = copies.enter_context(readable_twice(input_path))
         readable = [copies.enter_context(readable_journal(path)) for path in journals]
         job = _Job(source, input_name or input_path, shard, to_path, failed_path, fmt, raw_csv)
-        counts, lines, foreign = _export(job, readable, journals)
-    ok, failed, not_run, total = counts
+        found = _export(job, readable, journals)
+    ok, failed, not_run = found.counts
     return ExportResult(
         to_path,
         failed_path,
-        total,
+        len(found.winners),
         ok,
         failed,
         not_run,
-        foreign,
-        lines,
+        found.foreign,
+        found.lines,
         time.perf_counter() - start,
+        changed=len(found.stale - {i for i, w in found.winners.items() if w is not None}),
+        made=tuple(found.made()),
     )
 
 
@@ -149,24 +167,18 @@ JOURNAL_RULE = "a journal has one result per line"
 JOURNAL_HINT = "Give the --out file(s) of calibrate batch."
 
 
-def _export(
-    job: _Job, readable: list[Path], journals: Sequence[Path]
-) -> tuple[tuple[int, int, int, int], int, int]:
-    """Both passes: ((ok, failed, not run, total), journal lines, foreign lines)."""
-    known: set[ItemId] = index_input(job.source, job.input_name).ids
+def _export(job: _Job, readable: list[Path], journals: Sequence[Path]) -> Pass1:
+    """Both passes; what pass 1 found, ``counts`` set by pass 2."""
+    digests = index_input(job.source, job.input_name).ids
     if job.shard is not None and job.shard.count > 1:
-        known = {item_id for item_id in known if job.shard.holds(item_id)}
-    # one table of the input's ids (the same key objects): None until a line is found
-    winners: Winners = dict.fromkeys(known)
-    del known
-    lines = foreign = 0
+        digests = {i: fp for i, fp in digests.items() if job.shard.holds(i)}
+    found = Pass1(digests)
+    del digests
     for number, (journal, shown) in enumerate(zip(readable, journals, strict=True)):
-        read, alien = scan_journal(journal, shown, number, winners)
-        lines, foreign = lines + read, foreign + alien
-    total = len(winners)
+        found.scan(journal, shown, number)
     handles = [open_journal(path) for path in readable]
     try:
-        ok, failed, not_run = _write(job, winners, handles)
+        found.counts = _write(job, found, handles)
     except BaseException:  # Ctrl-C, SIGTERM, SIGHUP at any point, even while a file opens
         for path in (job.to_path, job.failed_path):
             remove_stale_temps(path, own=True)
@@ -174,12 +186,12 @@ def _export(
     finally:
         for handle in handles:
             handle.close()
-    return (ok, failed, not_run, total), lines, foreign
+    return found
 
 
-def _write(job: _Job, winners: Winners, handles: list[BinaryIO]) -> tuple[int, int, int]:
+def _write(job: _Job, found: Pass1, handles: list[BinaryIO]) -> tuple[int, int, int]:
     """Pass 2: the input in order, each id's winning line read back; (ok, failed, not run)."""
-    shard = job.shard
+    shard, winners = job.shard, found.winners
     ok = failed = not_run = 0
     with (
         open_final(job.to_path, job.fmt, raw_csv=job.raw_csv) as final,
@@ -191,11 +203,8 @@ def _write(job: _Job, winners: Winners, handles: list[BinaryIO]) -> tuple[int, i
             packed = winners.get(task.id)
             if packed is None:
                 not_run += 1
-                line = {
-                    "id": task.id,
-                    "ok": False,
-                    "error": {"kind": "not_run", "message": "no result in the journal(s)"},
-                }
+                why = STALE if task.id in found.stale else "no result in the journal(s)"
+                line = {"id": task.id, "ok": False, "error": {"kind": "not_run", "message": why}}
                 raw = encode_line(line).rstrip(b"\n")
                 final.write(raw, line)
                 failures.write(
