@@ -15,7 +15,7 @@ from typing import Any
 
 from calibrate.errors import InputError
 from calibrate.io.bounded import read_bounded
-from calibrate.io.jsonl import utf8
+from calibrate.io.jsonl import json_safe, utf8
 
 
 def file_mode() -> int:
@@ -120,4 +120,5 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    write_atomic(path, json.dumps(obj, ensure_ascii=False, indent=2, sort_keys=True) + "\n")
+    safe = json_safe(obj)  # a path that is not UTF-8 as \\xNN, and still JSON
+    write_atomic(path, json.dumps(safe, ensure_ascii=False, indent=2, sort_keys=True) + "\n")

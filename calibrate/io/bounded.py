@@ -103,6 +103,33 @@ def read_tail(path: Path, limit: int, offset: int = 0) -> bytes:
         return handle.read(limit)
 
 
+Stamp = tuple[int, int, int, int]  # device, inode, size, modification time (ns)
+
+
+def stamp(path: Path) -> Stamp | None:
+    """What tells a regular file's content changed (or was replaced); None for anything else."""
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    if not stat.S_ISREG(found.st_mode):
+        return None
+    return found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns
+
+
+def stamp_change(before: Stamp, after: Stamp | None) -> str | None:
+    """How a file changed between two stamps, in words; None when it did not."""
+    if after is None:
+        return "it is gone"
+    if before[:2] != after[:2]:
+        return "it was replaced"
+    if before[2] != after[2]:
+        return f"its size went from {before[2]:,} to {after[2]:,} bytes"
+    if before[3] != after[3]:
+        return "it was rewritten"
+    return None
+
+
 def is_regular(path: Path) -> bool:
     """Whether ``path`` is a regular file (links followed); True when it cannot be looked at,
     so that opening it says what is wrong."""

@@ -41,9 +41,24 @@ def encode_line(obj: Any) -> bytes:
     """``dumps_line`` plus its newline as UTF-8; a lone surrogate becomes U+FFFD.
 
     A server can send ``"\\ud800"`` (legal JSON escape, not encodable text): replacing it keeps
-    every file we write valid UTF-8 instead of failing the write (and losing the record).
+    every file we write valid UTF-8 instead of failing the write (and losing the record). The
+    replacement is made in the values (``json_safe``), so a ``\\xNN`` stays valid JSON.
     """
-    return utf8(dumps_line(obj) + "\n")
+    try:
+        return scrub(dumps_line(obj) + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        return utf8(dumps_line(json_safe(obj)) + "\n")
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every text in it (keys too) passed through ``without_surrogates``."""
+    if isinstance(obj, str):
+        return without_surrogates(obj)
+    if isinstance(obj, dict):
+        return {json_safe(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    return obj
 
 
 def utf8(text: str) -> bytes:
@@ -58,8 +73,15 @@ def utf8(text: str) -> bytes:
 
 
 def without_surrogates(text: str) -> str:
-    """``text`` with every lone surrogate replaced by U+FFFD: printable and encodable."""
-    return _LONE_SURROGATE.sub("\ufffd", text)
+    """``text`` printable and encodable: a byte that was not UTF-8 in a path or an argv word
+    (Python's surrogate escape, U+DC80–U+DCFF) as ``\\xNN`` — a GBK file name stays legible
+    and tells its bytes, where U+FFFD would tell nothing — and any other lone surrogate as U+FFFD."""
+    return _LONE_SURROGATE.sub(_shown, text)
+
+
+def _shown(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else "\ufffd"
 
 
 def jsonl_lines(data: bytes) -> Iterator[tuple[int, bytes]]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from calibrate.errors import InputError
 from calibrate.http.models import SamplingParams
+from calibrate.io.bounded import Stamp, stamp, stamp_change
 from calibrate.io.journal.made import MIXED_FLAG, Settings
 from calibrate.io.journal.scan import (
     OutputScan,
@@ -72,6 +73,19 @@ class BatchPlan:
     input_path: Path | None = None  # what to read: --input, or its spooled copy
     writer: JsonlWriter | None = None  # --out, opened (and locked) by open_batch
     notes: tuple[str, ...] = ()  # what the resume found about what produced the results
+    input_stamp: Stamp | None = None  # --input as validated (a regular file; not a copy)
+
+    def input_changed(self) -> str | None:
+        """How --input changed since it was validated, in words; None when it did not (or is a
+        pipe, read once into a copy of ours)."""
+        if self.input_stamp is None:
+            return None
+        return stamp_change(self.input_stamp, stamp(self.spec.input_path))
+
+    @property
+    def piped(self) -> bool:
+        """--input was a pipe or device, read once into a copy of ours (gone after the run)."""
+        return self.input_path is not None and self.input_path != self.spec.input_path
 
     @property
     def source_path(self) -> Path:
@@ -178,9 +192,10 @@ def open_batch(spec: BatchSpec) -> Iterator[BatchPlan]:
     anything is sent (an unwritable --out is exit 2, not a failure after the run).
     """
     with readable_twice(spec.input_path) as readable:
+        before = stamp(readable) if readable == spec.input_path else None
         index_only = spec.sample is not None or spec.out_path is None
         if index_only:
-            yield plan_batch(spec, readable)
+            yield replace(plan_batch(spec, readable), input_stamp=before)
             return
         assert spec.out_path is not None
         check_output_path(spec.out_path, spec.input_path)
@@ -193,7 +208,7 @@ def open_batch(spec: BatchSpec) -> Iterator[BatchPlan]:
             assert plan.scan is not None
             writer = _open_output(plan.scan, spec.fsync)
             try:
-                yield replace(plan, writer=writer)
+                yield replace(plan, writer=writer, input_stamp=before)
             finally:
                 writer.close_quietly()
         finally:

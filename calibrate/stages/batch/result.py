@@ -234,6 +234,7 @@ class BatchNotes:
     endpoint_check: EndpointCheck | None = None
     final: ExportResult | None = None
     final_error: str | None = None  # --final could not be written: why
+    input_changed: str | None = None  # --input changed while the run read it: how
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"shard": self.shard}
@@ -241,6 +242,8 @@ class BatchNotes:
             out["workers"] = self.workers
         if self.endpoint_check is not None:
             out["endpoint_check"] = self.endpoint_check.to_json()
+        if self.input_changed is not None:
+            out["input_changed"] = self.input_changed
         if self.final_error is not None:
             out["final_error"] = self.final_error
         if self.final is not None:
