@@ -7,8 +7,11 @@ text; a journal line whose id has the other type is not that item."""
 from __future__ import annotations
 
 import csv
+import importlib
+import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,6 +74,20 @@ def test_ids_with_distinct_texts_are_distinct_rows_in_every_format(
         rows = [row["id"] for row in csv.DictReader(handle)]
     assert rows == ["1", "01", "-1", "'-01", "a"]  # a text starting with - gets a '
     assert len(set(rows)) == len(ids)
+    if importlib.util.find_spec("pyarrow") is None:
+        return
+    assert (
+        cli("export", "--input", "tasks.jsonl", "--out", "out.jsonl", "--to", "final.parquet").code
+        == 0
+    )
+    parquet: Any = importlib.import_module("pyarrow.parquet")
+    assert parquet.read_table(isolated / "final.parquet").column("id").to_pylist() == [
+        "1",
+        "01",
+        "-1",
+        "-01",
+        "a",
+    ]
 
 
 def test_a_journal_line_whose_id_has_the_other_type_is_not_that_item(

@@ -84,15 +84,6 @@ def _shown(found: re.Match[str]) -> str:
     return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else "\ufffd"
 
 
-def jsonl_lines(data: bytes) -> Iterator[tuple[int, bytes]]:
-    """(line number, line) of JSONL bytes, split on ``\\n`` only.
-
-    Never ``str.splitlines``: it also breaks at U+2028, U+0085 and other characters that JSON
-    carries unescaped inside strings, tearing one record into two unreadable halves.
-    """
-    yield from enumerate(data.split(b"\n"), 1)
-
-
 def append_jsonl(path: Path, obj: Any) -> None:
     """Append one line and flush; for files written rarely (the ledger).
 
