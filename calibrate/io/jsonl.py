@@ -159,6 +159,8 @@ MAX_SMALL_BYTES = 8 * MAX_FILE_BYTES  # a file of records a user hands to repro 
 def _small_lines(handle: BinaryIO, path: Path, what: str) -> Iterator[tuple[int, bytes]]:
     try:
         for number, raw in bounded_lines(handle, path):
+            if number == 1:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")  # an editor's byte-order mark
             if raw.strip():
                 yield number, raw
     except OSError as exc:
