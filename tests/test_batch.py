@@ -40,7 +40,11 @@ def test_batch_writes_one_line_per_item_and_a_summary(cli, mock, isolated: Path)
     lines = out.read_text("utf-8").splitlines()
     assert len(lines) == 30 and all(x.startswith('{"id":"t') for x in lines)  # compact
     record = json.loads(lines[0])
-    assert list(record) == ["id", "ok", "output", "finish_reason", "usage", "seconds", "attempts"]
+    fields = ["id", "ok", "input_fp", "output", "finish_reason", "usage", "seconds"]
+    # the run's first line holds its settings in full; every line says what made it
+    assert list(record) == [*fields, "settings", "made", "attempts"]
+    assert list(json.loads(lines[1])) == [*fields, "made", "attempts"]
+    assert record["settings"]["model"] == "internlm-s2" and record["settings"]["prompt"]
     assert record["ok"] and record["output"] and record["finish_reason"] == "stop"
     assert record["usage"]["completion_tokens"] > 0 and record["attempts"] == 1
     assert "定长数组" not in lines[0] or "\\u" not in lines[0]  # UTF-8, not escaped
@@ -60,6 +64,17 @@ def test_batch_writes_one_line_per_item_and_a_summary(cli, mock, isolated: Path)
     with_prompt = {r["id"]: r["usage"]["prompt_tokens"] for r in results(out)}
     without = {r["id"]: r["usage"]["prompt_tokens"] for r in results(isolated / "bare.jsonl")}
     assert all(with_prompt[i] > without[i] for i in without)
+
+
+def test_a_byte_order_mark_and_crlf_line_ends_are_accepted(cli, mock, isolated: Path) -> None:
+    """Windows Notepad's UTF-8: a BOM before the first line, CRLF after each."""
+    write_config(isolated / "calibrate.toml", mock.base_url)
+    tasks = isolated / "tasks.jsonl"
+    lines = [json.dumps({"id": i, "text": f"第{i}段"}, ensure_ascii=False) for i in range(4)]
+    tasks.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode("utf-8") + b"\r\n")
+    result = cli("batch", "--input", str(tasks), "--out", "out.jsonl", "--json")
+    assert result.code == 0, result.err
+    assert sorted(ok_ids(isolated / "out.jsonl")) == [0, 1, 2, 3]
 
 
 def test_rerun_skips_finished_items(cli, mock, isolated: Path) -> None:
@@ -240,6 +255,13 @@ BAD_INPUTS = {
         "line 2: not valid UTF-8",
     ),
     "lone surrogate": (b'{"id": 1, "text": "\\ud800"}\n', "line 1: a lone surrogate"),
+    # a Chinese user's editor saving in another encoding: the line named, nothing sent
+    "GBK": (
+        '{"id": 1, "text": "ok"}\n{"id": 2, "text": "一句话"}\n'.encode("gbk"),
+        "line 2: not valid UTF-8",
+    ),
+    "GB18030": ('{"id": 1, "text": "一句话"}\n'.encode("gb18030"), "line 1: not valid UTF-8"),
+    "UTF-16": ('{"id": 1, "text": "摘要"}\n'.encode("utf-16"), "line 1: not valid UTF-8"),
     "empty": (b"\n\n", "holds no items"),
 }
 

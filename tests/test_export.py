@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -406,3 +407,29 @@ def test_temp_files_of_a_killed_export_are_removed_by_the_next_one(isolated: Pat
         sleeper.kill()
         sleeper.wait()
     assert len(_csv_rows(isolated / "final.csv")) == 20_000
+
+
+def test_a_piped_input_and_a_piped_journal_are_read_whole(cli, isolated: Path) -> None:
+    """``export --input <(…) --out <(zcat …)``: each pipe is copied once and read there (the
+    input's second pass read an empty pipe: "5 ids: 0 ok"; a piped journal could not be
+    seeked into)."""
+    tasks = write_tasks(isolated / "tasks.jsonl", 5)
+    journal = _journal(isolated / "out.jsonl", [_ok(f"t{i}", f"o{i}") for i in range(5)])
+    pipes = []
+    for name, source in (("in.fifo", tasks), ("out.fifo", journal)):
+        fifo = isolated / name
+        os.mkfifo(fifo)
+        feeder = threading.Thread(target=fifo.write_bytes, args=(source.read_bytes(),))
+        feeder.start()
+        pipes.append((fifo, feeder))
+    (in_fifo, in_feeder), (out_fifo, out_feeder) = pipes
+    result = cli(
+        "export", "--input", str(in_fifo), "--out", str(out_fifo), "--to", "final.jsonl", "--json"
+    )
+    in_feeder.join(5)
+    out_feeder.join(5)
+    assert result.code == 0, result.err
+    assert result.json["ok"] == 5 and result.json["total"] == 5
+    assert [r["id"] for r in assert_valid_jsonl(isolated / "final.jsonl")] == [
+        f"t{i}" for i in range(5)
+    ]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from calibrate.io.journal.scan import repair_tail, scan_output
 from calibrate.io.jsonl import dumps_line
-from calibrate.io.resume import repair_tail, scan_output
 from tests.batch_helpers import assert_each_item_once, batch_process, wait_for_lines, write_tasks
 from tests.helpers import kill_9, reaped, write_config
 from tests.mockserver import start_mock

@@ -103,6 +103,13 @@ def say_export(out: Output, r: ExportResult) -> None:
         f"final: {r.to_path} — {r.total} ids in input order: {r.ok} ok, {r.failed} failed, "
         f"{r.not_run} never ran ({r.journal_lines} journal lines, {r.seconds:.1f} s)"
     )
+    if r.changed:
+        out.warn(
+            f"{r.changed} id(s) changed in the input since their result (another text): "
+            "written as not_run; rerun calibrate batch for them"
+        )
+    if r.mixed:
+        out.warn(f"the final file mixes settings: {r.mixed}")
     if r.foreign:
         out.warn(
             f"{r.foreign} journal line(s) are not ids of the input (another input? another "

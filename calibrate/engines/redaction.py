@@ -150,7 +150,27 @@ def shown_command(words: Sequence[str]) -> str:
     secret flag's value masked and every URL's userinfo hidden."""
     from calibrate.redact import redact_url
 
-    return shlex.join(redact_url(word) for word in redact_argv(words))
+    return " ".join(shell_word(redact_url(word)) for word in redact_argv(words))
+
+
+def shell_word(word: str) -> str:
+    """``shlex.quote(word)``, except for a word holding bytes that are not UTF-8 (a file name
+    in GBK, decoded with surrogate escapes): bash's ``$'…'`` with each such byte as ``\\xNN``,
+    so the command pasted back into a shell names the same file."""
+    if not any(0xDC80 <= ord(c) <= 0xDCFF for c in word):
+        return shlex.quote(word)
+    out = []
+    for c in word:
+        code = ord(c)
+        if 0xDC80 <= code <= 0xDCFF:
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif c in "\\'":
+            out.append("\\" + c)
+        elif code < 0x20 or code == 0x7F:
+            out.append(f"\\x{code:02x}")
+        else:
+            out.append(c)
+    return "$'" + "".join(out) + "'"
 
 
 @dataclass(frozen=True)

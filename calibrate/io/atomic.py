@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.errors import InputError
-from calibrate.io.jsonl import utf8
+from calibrate.io.bounded import read_bounded
+from calibrate.io.jsonl import json_safe, utf8
 
 
 def file_mode() -> int:
@@ -96,10 +97,20 @@ def _alive(pid: int) -> bool:
 
 def write_atomic(path: Path, text: str) -> None:
     """Write to a temp file beside ``path`` and rename it into place (never onto a device)."""
+    write_bytes_atomic(path, utf8(text))
+
+
+def copy_atomic(source: Path, path: Path) -> None:
+    """``source`` copied to ``path`` like ``write_atomic`` writes, read with the bound (exit 2
+    past ``MAX_FILE_BYTES``: a device or FIFO is never copied without end)."""
+    write_bytes_atomic(path, read_bounded(source))
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
     fd, tmp = temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(utf8(text))
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -109,4 +120,5 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    write_atomic(path, json.dumps(obj, ensure_ascii=False, indent=2, sort_keys=True) + "\n")
+    safe = json_safe(obj)  # a path that is not UTF-8 as \\xNN, and still JSON
+    write_atomic(path, json.dumps(safe, ensure_ascii=False, indent=2, sort_keys=True) + "\n")

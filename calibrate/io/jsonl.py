@@ -18,6 +18,15 @@ from typing import Any, BinaryIO
 
 from calibrate import json_text
 from calibrate.errors import InputError
+from calibrate.io.bounded import (
+    MAX_FILE_BYTES,
+    TooLong,
+    bounded_lines,
+    is_regular,
+    lines_or_skipped,
+    mib,
+    open_read,
+)
 from calibrate.redact import scrub
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -32,9 +41,24 @@ def encode_line(obj: Any) -> bytes:
     """``dumps_line`` plus its newline as UTF-8; a lone surrogate becomes U+FFFD.
 
     A server can send ``"\\ud800"`` (legal JSON escape, not encodable text): replacing it keeps
-    every file we write valid UTF-8 instead of failing the write (and losing the record).
+    every file we write valid UTF-8 instead of failing the write (and losing the record). The
+    replacement is made in the values (``json_safe``), so a ``\\xNN`` stays valid JSON.
     """
-    return utf8(dumps_line(obj) + "\n")
+    try:
+        return scrub(dumps_line(obj) + "\n").encode("utf-8")
+    except UnicodeEncodeError:
+        return utf8(dumps_line(json_safe(obj)) + "\n")
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every text in it (keys too) passed through ``without_surrogates``."""
+    if isinstance(obj, str):
+        return without_surrogates(obj)
+    if isinstance(obj, dict):
+        return {json_safe(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    return obj
 
 
 def utf8(text: str) -> bytes:
@@ -49,17 +73,15 @@ def utf8(text: str) -> bytes:
 
 
 def without_surrogates(text: str) -> str:
-    """``text`` with every lone surrogate replaced by U+FFFD: printable and encodable."""
-    return _LONE_SURROGATE.sub("\ufffd", text)
+    """``text`` printable and encodable: a byte that was not UTF-8 in a path or an argv word
+    (Python's surrogate escape, U+DC80–U+DCFF) as ``\\xNN`` — a GBK file name stays legible
+    and tells its bytes, where U+FFFD would tell nothing — and any other lone surrogate as U+FFFD."""
+    return _LONE_SURROGATE.sub(_shown, text)
 
 
-def jsonl_lines(data: bytes) -> Iterator[tuple[int, bytes]]:
-    """(line number, line) of JSONL bytes, split on ``\\n`` only.
-
-    Never ``str.splitlines``: it also breaks at U+2028, U+0085 and other characters that JSON
-    carries unescaped inside strings, tearing one record into two unreadable halves.
-    """
-    yield from enumerate(data.split(b"\n"), 1)
+def _shown(found: re.Match[str]) -> str:
+    code = ord(found.group())
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else "\ufffd"
 
 
 def append_jsonl(path: Path, obj: Any) -> None:
@@ -89,10 +111,16 @@ def ends_with_newline(fd: int) -> bool:
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    """Objects of a JSONL file; a torn (unparseable) line is skipped."""
+    """Objects of a JSONL file; a torn (unparseable) or over-long line is skipped, read in
+    bounded pieces; a path that is not a regular file (a device, a FIFO) is an InputError."""
+    if not is_regular(path):
+        raise InputError(
+            f"{path} is not a regular file (a device, FIFO or folder)",
+            "Remove it, or give the file calibrate wrote.",
+        )
     with path.open("rb") as handle:
-        for raw in handle:  # binary lines end at b"\n" only
-            if not raw.strip():
+        for _, raw in lines_or_skipped(handle):  # binary lines end at b"\n" only
+            if raw is None or not raw.strip():
                 continue
             try:
                 obj = json_text.loads(raw)
@@ -106,30 +134,52 @@ def load_jsonl_objects(path: Path, what: str = "file") -> list[tuple[int, dict[s
     """(line number, object) for every line of a small JSONL file a user handed us.
 
     Unlike ``read_jsonl`` nothing is skipped: a line that is not a JSON object is an input
-    error naming the file and line (exit 2), and so is an empty file.
+    error naming the file and line (exit 2), and so is an empty file. Read with the bounds: a
+    line over 32 MiB, or more than ``MAX_SMALL_BYTES`` in all, is exit 2 (read no further).
     """
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"cannot read {what} {path}: {exc}") from exc
     out: list[tuple[int, dict[str, Any]]] = []
-    for number, raw in jsonl_lines(data):
-        if not raw.strip():
-            continue
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InputError(f"cannot read {what} {path}: line {number} is not UTF-8") from exc
-        try:
-            obj = json_text.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}:{number} is not JSON ({exc.msg})") from exc
-        if not isinstance(obj, dict):
-            raise InputError(f"{path}:{number} is not a JSON object")
-        out.append((number, obj))
+    total = 0
+    with open_read(path, what) as handle:
+        for number, raw in _small_lines(handle, path, what):
+            total += len(raw)
+            if total > MAX_SMALL_BYTES:
+                raise TooLong(
+                    f"{what} {path} is over {mib(MAX_SMALL_BYTES)}: read no further",
+                    "Give a smaller file (or the file calibrate wrote).",
+                )
+            out.append((number, _object(raw, path, number, what)))
     if not out:
         raise InputError(f"{what} {path} holds no records")
     return out
+
+
+MAX_SMALL_BYTES = 8 * MAX_FILE_BYTES  # a file of records a user hands to repro or report
+
+
+def _small_lines(handle: BinaryIO, path: Path, what: str) -> Iterator[tuple[int, bytes]]:
+    try:
+        for number, raw in bounded_lines(handle, path):
+            if number == 1:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")  # an editor's byte-order mark
+            if raw.strip():
+                yield number, raw
+    except OSError as exc:
+        raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
+
+
+def _object(raw: bytes, path: Path, number: int, what: str) -> dict[str, Any]:
+    """One line of a file ``load_jsonl_objects`` reads, as an object (else exit 2)."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"cannot read {what} {path}: line {number} is not UTF-8") from exc
+    try:
+        obj = json_text.loads(line)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}:{number} is not JSON ({exc.msg})") from exc
+    if not isinstance(obj, dict):
+        raise InputError(f"{path}:{number} is not a JSON object")
+    return obj
 
 
 class JsonlWriter:

@@ -13,6 +13,7 @@ from typing import Any
 
 from calibrate import json_text
 from calibrate.io.atomic import write_atomic, write_json_atomic
+from calibrate.io.bounded import read_text
 from calibrate.io.jsonl import JsonlWriter
 
 
@@ -24,9 +25,9 @@ def new_run_id(stage: str, now: dt.datetime | None = None) -> str:
 
 def read_object(path: Path) -> dict[str, Any]:
     """A run file's JSON object (manifest.json, summary.json); {} when it is missing,
-    unreadable or not an object."""
+    unreadable or not an object; exit 2 (``TooLong``) past the bound, read no further."""
     try:
-        data = json_text.loads(path.read_text("utf-8"))
+        data = json_text.loads(read_text(path))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

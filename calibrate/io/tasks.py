@@ -2,8 +2,8 @@
 
 Nothing but the ids is kept in memory, so a file of millions of long texts costs the id set and
 no more. Every problem names the file and the line (exit 2) before a single request is sent.
-A pipe or FIFO (``--input <(…)``, ``/dev/stdin``) can be read only once: it is spooled to a
-temporary file first, and both passes read that.
+A pipe or FIFO (``--input <(…)``, ``/dev/stdin``) can be read only once: it is copied to an
+unnamed temporary file first (io/bounded.py), and both passes read that.
 
 Shards for a cluster scheduler (``Shard``): ``--shard I/N`` takes the ids whose stable hash
 mod N is I. The hash is CRC-32 of the id's JSON text (``"t1"`` and ``1`` are different ids), so every
@@ -18,28 +18,26 @@ lines".
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
-import os
 import random
-import shutil
-import stat
-import tempfile
 import zlib
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from calibrate import json_text
 from calibrate.errors import InputError, UsageError
+from calibrate.io import bounded
+from calibrate.io.bounded import bounded_lines, open_read
 from calibrate.workload import Pick, WorkloadSpec
 
 ItemId = str | int
 
 FIX_HINT = "Fix the tasks file and run again; nothing was sent and no output was written."
-MAX_LINE_BYTES = 32 * 1024 * 1024  # one item; millions of tokens. A longer "line" is no JSONL
 POOL = 4096  # at most this many messages are kept, whatever the file's size
 
 
@@ -59,40 +57,47 @@ class Task:
             return self.text
         return prompt + self.text if prompt[-1].isspace() else f"{prompt}\n{self.text}"
 
+    @property
+    def digest(self) -> int:
+        """What the item says (its text and own prompt) in 64 bits: ``item_digest``."""
+        return item_digest(self.text, self.prompt)
+
+
+def item_digest(text: str, prompt: str | None) -> int:
+    """An item's text and own prompt in 64 bits (BLAKE2b): a journal line records it, so a
+    result whose item was edited since is known for what it is (``input_fp``)."""
+    data = text.encode("utf-8", "surrogatepass")
+    h = hashlib.blake2b(len(data).to_bytes(8, "big"), digest_size=8)  # text | prompt: one way
+    h.update(data)
+    if prompt is not None:
+        h.update(prompt.encode("utf-8", "surrogatepass"))
+    return int.from_bytes(h.digest(), "big")
+
 
 @dataclass(frozen=True)
 class InputIndex:
-    """What the validation pass learned: how many items, and their ids (nothing else)."""
+    """What the validation pass learned: how many items, and each id's ``item_digest`` (nothing
+    else: never the text)."""
 
     path: Path
-    ids: set[ItemId]
+    ids: dict[ItemId, int]
     count: int
 
 
+TASKS_RULE = "a tasks file has one JSON object per line (JSONL)"
+TASKS_HINT = (
+    "Write one item per line (a JSON array or another format is not JSONL); nothing was sent."
+)
+
+
 def open_tasks(path: Path) -> BinaryIO:
-    try:
-        return path.open("rb")
-    except OSError as exc:
-        raise InputError(
-            f"cannot read the tasks file {path}: {exc.strerror or exc}",
-            "Give an existing JSONL file with --input.",
-        ) from exc
+    return open_read(path, "the tasks file", "Give an existing JSONL file with --input.")
 
 
 def task_lines(handle: BinaryIO, name: Path) -> Iterator[tuple[int, bytes]]:
     """(line number, line) of a tasks file, each read with a bound: a file with no newline
-    (a JSON array, a binary file) is an InputError naming the line, never read whole."""
-    number = 0
-    while raw := handle.readline(MAX_LINE_BYTES + 1):
-        number += 1
-        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
-            raise InputError(
-                f"{name} line {number}: longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB "
-                "without a newline; a tasks file has one JSON object per line (JSONL)",
-                "Write one item per line (a JSON array or another format is not JSONL); "
-                "nothing was sent.",
-            )
-        yield number, raw
+    (a JSON array, a binary file, /dev/zero) is an InputError naming the line, never read whole."""
+    return bounded_lines(handle, name, rule=TASKS_RULE, hint=TASKS_HINT)
 
 
 def parse_task(raw: bytes, path: Path, line: int) -> Task | None:
@@ -143,7 +148,7 @@ def index_input(path: Path, shown: Path | None = None) -> InputIndex:
     ``shown`` is the name the user gave (messages use it) when ``path`` is a spooled copy.
     """
     name = shown or path
-    ids: set[ItemId] = set()
+    ids: dict[ItemId, int] = {}
     count = 0
     with open_tasks(path) as handle:
         for line, raw in task_lines(handle, name):  # binary lines end at b"\n" only
@@ -156,7 +161,15 @@ def index_input(path: Path, shown: Path | None = None) -> InputIndex:
                     f"{name} line {line}: duplicate id {task.id!r} (first on line {first})",
                     FIX_HINT,
                 )
-            ids.add(task.id)
+            twin = id_twin(task.id)
+            if twin is not None and twin in ids:
+                first = _first_line_of(path, twin, line)
+                raise InputError(
+                    f"{name} line {line}: id {task.id!r} and id {twin!r} (line {first}) differ "
+                    f"only in type, and CSV and Parquet write both as {str(twin)!r}: ambiguous",
+                    "Give every item an id of its own (all strings or all integers); " + FIX_HINT,
+                )
+            ids[task.id] = task.digest
             count += 1
     if count == 0:
         raise InputError(
@@ -174,30 +187,28 @@ def read_tasks(path: Path, shown: Path | None = None) -> Iterator[Task]:
                 yield task
 
 
-@contextmanager
-def readable_twice(path: Path) -> Iterator[Path]:
-    """``path`` itself when it is a regular file, else a temporary copy removed afterwards."""
-    try:
-        is_regular = stat.S_ISREG(path.stat().st_mode)
-    except OSError:
-        is_regular = True  # let open_tasks say what is wrong with it
-    if is_regular:
-        yield path
-        return
-    fd, name = tempfile.mkstemp(prefix="calibrate-input-", suffix=".jsonl")
-    spooled = Path(name)
-    try:
-        with os.fdopen(fd, "wb") as copy, open_tasks(path) as source:
-            try:
-                shutil.copyfileobj(source, copy, 1024 * 1024)
-            except OSError as exc:
-                raise InputError(
-                    f"cannot copy the piped --input {path} to {spooled}: {exc.strerror or exc}",
-                    "Free space in the temporary folder (TMPDIR), or give a regular file.",
-                ) from exc
-        yield spooled
-    finally:
-        spooled.unlink(missing_ok=True)
+def readable_twice(path: Path) -> AbstractContextManager[Path]:
+    """``path`` if a regular file, else an unnamed copy of it (a pipe, ``/dev/stdin``)."""
+    return bounded.readable_twice(path, "the tasks file", rule=TASKS_RULE, hint=TASKS_HINT)
+
+
+def id_twin(item_id: ItemId) -> ItemId | None:
+    """The id of the other type with the same text — ``1`` for ``"1"``, ``"1"`` for ``1`` — or
+    None. One input never holds both (``index_input``): an id's text names one item in every
+    format, CSV and Parquet included, which write ids as text."""
+    if isinstance(item_id, int):
+        return str(item_id)
+    if item_id[:1] in _INT_START and len(item_id) <= _INT_DIGITS:
+        try:
+            number = int(item_id)
+        except ValueError:
+            return None
+        return number if str(number) == item_id else None  # "01", "+1", "1_0", " 1": no twin
+    return None
+
+
+_INT_START = frozenset("-0123456789")
+_INT_DIGITS = 4000  # int() reads at most 4300 digits
 
 
 def _first_line_of(path: Path, item_id: ItemId, before: int) -> int:

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from calibrate.errors import InputError
 from calibrate.gpu.energy import ENERGY_COLUMNS
 from calibrate.io.atomic import write_atomic
+from calibrate.io.bounded import read_text
 
 Kind = Literal["ladder", "sweep"]
 
@@ -78,7 +79,7 @@ def read_rows(csv_path: Path) -> list[dict[str, Any]]:
     """The rows of a tiers.csv with typed cells (old column names upgraded); unreadable or empty
     is exit 2."""
     try:
-        with csv_path.open(newline="", encoding="utf-8") as handle:
+        with io.StringIO(read_text(csv_path), newline="") as handle:
             raw = list(csv.DictReader(handle))
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise InputError(

@@ -13,6 +13,7 @@ from typing import Any
 
 from calibrate.confidence import percent
 from calibrate.errors import InputError
+from calibrate.io.bounded import read_bounded
 from calibrate.io.jsonl import load_jsonl_objects
 from calibrate.io.store import read_object
 from calibrate.numbers import finite
@@ -20,6 +21,7 @@ from calibrate.report.html.parts import page, table, text
 from calibrate.report.html.svg import BarValue, bar_chart
 from calibrate.report.tables.tune import COLUMNS, LEFT
 
+HEADER_BYTES = 4096  # the first line of a tiers.csv, read no further
 REQUIRED = ("rank", "id", "flags", "status", "cap", "errors", "incidents")
 
 
@@ -38,8 +40,8 @@ def is_tune_run(path: Path) -> bool:
     if read_object(path / "manifest.json").get("stage") == "tune":
         return True
     try:
-        with (path / "tiers.csv").open(encoding="utf-8") as handle:
-            return handle.readline().startswith("rank,id,flags,status")
+        with (path / "tiers.csv").open("rb") as handle:
+            return handle.readline(HEADER_BYTES).startswith(b"rank,id,flags,status")
     except (OSError, UnicodeDecodeError):
         return False
 
@@ -120,7 +122,7 @@ def tune_html(view: TuneView) -> str:
     plot = ""
     svg = view.path / "plot.svg"
     if svg.is_file():  # as an image: nothing in the file can run in the page
-        data = base64.b64encode(svg.read_bytes()).decode("ascii")
+        data = base64.b64encode(read_bounded(svg)).decode("ascii")
         plot = f'<p><img alt="goodput per candidate" src="data:image/svg+xml;base64,{data}"></p>'
 
     notes = "".join(f"<li>{text(n)}</li>" for n in view.notes())

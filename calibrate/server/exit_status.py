@@ -20,6 +20,7 @@ from typing import Any
 from calibrate import json_text
 from calibrate.errors import ErrorInfo
 from calibrate.io.atomic import write_json_atomic
+from calibrate.io.bounded import read_text
 from calibrate.io.records import utc_now_iso
 
 # What a request meets when the server it talks to dies (an HTTP answer means something lived).
@@ -70,7 +71,7 @@ def write(path: Path, status: ExitStatus) -> None:
 def read(path: Path, pid: int) -> ExitStatus | None:
     """The recorded end of ``pid``; None when none is recorded (yet) for that PID."""
     try:
-        data = json_text.loads(path.read_text(encoding="utf-8"))
+        data = json_text.loads(read_text(path))
         status = ExitStatus(
             int(data["pid"]),
             int(data["exit_code"]),

@@ -17,6 +17,7 @@ from calibrate.engines import engine, redaction
 from calibrate.engines.builders import SERVER_KINDS, EngineCommand
 from calibrate.errors import InputError
 from calibrate.io.atomic import write_atomic
+from calibrate.io.bounded import read_text
 
 SCRIPT_MODE = 0o755
 
@@ -108,7 +109,7 @@ class ScriptSettings:
 def read_settings(path: Path) -> ScriptSettings:
     """Parse the ``# kind:`` header and the ``export NAME=value`` lines (without running it)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path)
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(
             f"cannot read the launch script {path}: {exc}", "Write one with: calibrate pin"

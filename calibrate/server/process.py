@@ -24,11 +24,14 @@ from calibrate.engines import find
 from calibrate.engines.args import ServerKind
 from calibrate.engines.redaction import argv_secret_values, redact_argv
 from calibrate.io.atomic import write_atomic, write_json_atomic
+from calibrate.io.bounded import read_tail, read_text
 from calibrate.io.records import utc_now_iso
 from calibrate.server import exit_status, supervise
 from calibrate.server.pids import start_id
 
 log = logging.getLogger("calibrate")
+
+TAIL_BYTES = 1024 * 1024  # a log tail is read from the last MiB, never the whole log
 
 
 Clock = Callable[[], float]
@@ -176,7 +179,7 @@ def save(record: ServerRecord, runs_dir: Path) -> None:
 def load(runs_dir: Path) -> ServerRecord | None:
     """The managed server's record, or None when calibrate manages none."""
     try:
-        data = json_text.loads(record_path(runs_dir).read_text(encoding="utf-8"))
+        data = json_text.loads(read_text(record_path(runs_dir)))
         return ServerRecord.from_json(data)
     except (OSError, ValueError, TypeError):
         return None
@@ -271,9 +274,7 @@ def _wait_gone(record: ServerRecord, deadline: float, clock: Clock, sleep: Sleep
 def log_tail(runs_dir: Path, lines: int, offset: int = 0) -> list[str]:
     """The last ``lines`` lines of runs/server.log from ``offset`` on."""
     try:
-        with log_path(runs_dir).open("rb") as handle:
-            handle.seek(offset)
-            data = handle.read()
+        data = read_tail(log_path(runs_dir), TAIL_BYTES, offset)
     except OSError:
         return []
     text = data.decode("utf-8", errors="replace").splitlines()

@@ -20,6 +20,7 @@ from calibrate.engines import engine, shell_words
 from calibrate.engines.args import ServerKind
 from calibrate.engines.builders import BASE_PLACEHOLDERS, CAP_KEYS, TUNE_FLAGS, Tuned
 from calibrate.errors import UsageError
+from calibrate.io.bounded import read_text
 
 FILE = "server-set.json"
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -95,7 +96,7 @@ def merged(base: Tuned, over: Tuned) -> Tuned:
 def remembered(runs_dir: Path) -> Tuned:
     """The values the last ``server start --set`` gave (none when it gave none)."""
     try:
-        data = json_text.loads((runs_dir / FILE).read_text(encoding="utf-8"))
+        data = json_text.loads(read_text(runs_dir / FILE))
     except (OSError, ValueError):
         return ()
     if not isinstance(data, dict):

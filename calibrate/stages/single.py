@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -13,7 +12,7 @@ from calibrate.errors import ErrorInfo, InputError, RequestError, ServerUnreacha
 from calibrate.http.error_kinds import refusal_cause
 from calibrate.http.models import ServerIdentity, incomplete_reason
 from calibrate.http.request_times import RequestTimes, monotonic
-from calibrate.io.atomic import write_atomic
+from calibrate.io.atomic import copy_atomic, write_atomic
 from calibrate.io.jsonl import dumps_line, read_jsonl
 from calibrate.io.records import RequestRecord
 from calibrate.redact import one_line, redact_url
@@ -212,7 +211,7 @@ def write_baseline(path: Path, record: RequestRecord, *, replace_existing: bool)
     action = "written"
     if path.exists():
         stamp = record.ts.replace(":", "").replace("-", "").replace(".", "")
-        shutil.copy2(path, path.with_name(f"{path.stem}.{stamp}{path.suffix}"))
+        copy_atomic(path, path.with_name(f"{path.stem}.{stamp}{path.suffix}"))
         action = "replaced"
     write_atomic(path, dumps_line(record.to_json()) + "\n")
     return action

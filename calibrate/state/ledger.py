@@ -7,6 +7,7 @@ are in ``calibrate.state.gates``; what makes a target comes from ``calibrate.sta
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from typing import Any
 
 from calibrate import json_text
 from calibrate.config import Config
+from calibrate.io.bounded import MAX_LINE_BYTES, is_regular, lines_or_skipped, mib
 from calibrate.io.jsonl import append_jsonl, encode_line
 from calibrate.io.records import utc_now_iso
 from calibrate.io.store import ledger_path
@@ -166,8 +168,21 @@ def _read(path: Path) -> LedgerView:
 
     Lines are split on "\n" only: U+2028 or U+0085 inside a record is text, not a break.
     """
+    out: list[LedgerEntry] = []
     try:
-        data = path.read_bytes()
+        for number, raw in _lines(path):
+            if raw is None:
+                log.warning(
+                    "skipping line %d of %s: longer than %s", number, path, mib(MAX_LINE_BYTES)
+                )
+                continue
+            if not raw.strip():
+                continue
+            entry, problem = _parse_line(raw)
+            if entry is not None:
+                out.append(entry)
+            else:
+                log.warning("skipping line %d of %s: %s", number, path, problem)
     except FileNotFoundError:
         return LedgerView()
     except OSError as exc:
@@ -177,16 +192,15 @@ def _read(path: Path) -> LedgerView:
             exc.strerror or exc,
         )
         return LedgerView()
-    out: list[LedgerEntry] = []
-    for number, raw in enumerate(data.split(b"\n"), 1):
-        if not raw.strip():
-            continue
-        entry, problem = _parse_line(raw)
-        if entry is not None:
-            out.append(entry)
-        else:
-            log.warning("skipping line %d of %s: %s", number, path, problem)
     return LedgerView(tuple(out))
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes | None]]:
+    """The ledger's lines, each read with the bound (``None``: one too long, passed over)."""
+    if not is_regular(path):
+        raise OSError(errno.EINVAL, "not a regular file (a device, FIFO or folder)")
+    with path.open("rb") as handle:
+        yield from lines_or_skipped(handle)
 
 
 _TEXT_FIELDS = ("stage", "run_id", "target", "ts")

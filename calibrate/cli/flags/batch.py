@@ -127,6 +127,12 @@ def register(subparsers: Any, doc: str, run: Any) -> None:
         action="store_true",
         help="append even if --out holds ids that are not in --input",
     )
+    p.add_argument(
+        "--allow-mixed",
+        action="store_true",
+        help="resume even if --out holds results made with another --prompt, --model, "
+        "--max-tokens, sampling or server: keep them, run the rest with these",
+    )
     p.add_argument("--max-tokens", type=int, metavar="N", help="default: [prompt].max_tokens")
     p.add_argument("--temperature", type=float, help="default: [prompt].temperature")
     p.add_argument(
@@ -202,6 +208,7 @@ def request_for(args: argparse.Namespace, urls: list[str], cfg: Config) -> Batch
         max_chars=args.max_chars,
         expect=args.expect,
         allow_foreign=args.allow_foreign,
+        allow_mixed=args.allow_mixed,
         shard=args.shard,
         max_tokens=args.max_tokens,
         temperature=args.temperature,

@@ -65,6 +65,8 @@ class BatchView:
                 f"{scan.foreign} line(s) in {spec.out_path} are not items of {spec.input_path} "
                 "(kept, --allow-foreign)"
             )
+        for note in plan.notes:  # what produced the results kept (io/journal/made.py)
+            self.out.warn(note)
 
     def on_check(self, check: EndpointCheck) -> None:
         """What the fixed prompt said on each endpoint before the run."""

@@ -10,6 +10,7 @@ timeline, the incidents, and last, folded, the run's configuration. Plots are in
 from __future__ import annotations
 
 from calibrate import json_text
+from calibrate.io.bounded import read_text
 from calibrate.io.tier_table import level_key
 from calibrate.numbers import finite
 from calibrate.report.html.answer import verdict_html
@@ -47,8 +48,8 @@ def _variants(view: RunView) -> dict[str, tuple[str, str]]:
     """Per tier or level key, the two texts around the first difference (tiers.jsonl)."""
     found: dict[str, tuple[str, str]] = {}
     try:
-        lines = (view.path / "tiers.jsonl").read_text("utf-8").splitlines()
-    except OSError:
+        lines = read_text(view.path / "tiers.jsonl").splitlines()
+    except (OSError, ValueError):
         return found
     for line in lines:
         try:

@@ -10,12 +10,10 @@ Everything the user sees on the way goes through ``env`` (request.py).
 
 from __future__ import annotations
 
-import shlex
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from calibrate.engines.redaction import shown_command
 from calibrate.errors import (
     CalibrateError,
     ExitCode,
@@ -23,7 +21,6 @@ from calibrate.errors import (
     StageFailed,
 )
 from calibrate.gpu.selfload import SelfLoadMonitor
-from calibrate.http.error_kinds import DESCRIPTORS_HINT, OutOfDescriptors
 from calibrate.load.procs.sender import workers_for
 from calibrate.stages.batch.endpoints import (
     ServedModelWatch,
@@ -43,7 +40,17 @@ from calibrate.stages.batch.plan import (
 )
 from calibrate.stages.batch.pool import RunHooks, close_later, run_batch, stop_on_signals
 from calibrate.stages.batch.procs import run as procs
-from calibrate.stages.batch.request import BatchEnv, BatchRequest, BatchSetup, QuietEnv, prepare
+from calibrate.stages.batch.request import (
+    PIPED,
+    BatchEnv,
+    BatchRequest,
+    BatchSetup,
+    QuietEnv,
+    prepare,
+    resume_command,
+    said,
+    stopped_error,
+)
 from calibrate.stages.batch.result import BatchNotes, BatchOutcome, BatchResult, summary_json
 from calibrate.stages.batch.worker import BatchControl
 from calibrate.stages.context import StageContext
@@ -148,6 +155,15 @@ def _dispatch(b: _Batch) -> BatchOutcome:
         workers=workers if b.request.workers != 1 else None,  # said only when asked for
     )
     result, notes = _send(b, workers, notes)
+    changed = b.plan.input_changed()
+    if changed is not None:  # what was sent may not be what was validated: say so, keep all
+        notes = replace(notes, input_changed=f"{spec.input_path} changed during the run: {changed}")
+        b.env.warn(
+            f"{notes.input_changed}; {result.finished} result(s) of this run are in "
+            f"{b.out_path}, nothing is lost"
+        )
+    if b.plan.piped and (result.remaining or result.interrupted):
+        b.env.warn(PIPED.format(path=spec.input_path))
     if result.stopped_by == "unreachable":
         raise ServerUnreachable(
             result.stop_detail,
@@ -225,12 +241,22 @@ def _final(b: _Batch, notes: BatchNotes) -> BatchNotes:
     final_text, plan = b.request.final, b.plan
     if not final_text or b.spec.sample:
         return notes
+    if notes.input_changed is not None:  # its items are not those the run was given
+        final_error = f"--final {final_text} not written: the input changed during the run"
+        b.env.warn(f"{final_error}; it is written by the resume that completes the run")
+        return replace(notes, final_error=final_error)
     try:
-        final = export_final(plan.source_path, [b.out_path], Path(final_text), shard=b.spec.shard)
-    except OSError as exc:  # the batch's verdict is still recorded; the export is not
-        final_error = f"--final {final_text} could not be written: {exc}"
-        paths = ("--input", plan.source_path, "--out", b.out_path, "--to", final_text)
-        again = shlex.join(["calibrate", "export", *map(str, paths)])
+        final = export_final(
+            plan.source_path,
+            [b.out_path],
+            Path(final_text),
+            shard=b.spec.shard,
+            input_name=b.spec.input_path,
+        )
+    except (OSError, CalibrateError) as exc:  # the verdict is still recorded; the export is not
+        final_error = f"--final {final_text} could not be written: {said(exc)}"
+        words = ["export", "--input", str(b.spec.input_path), "--out", str(b.out_path)]
+        again = resume_command([*words, "--to", final_text], b.spec.input_path, plan.piped)
         b.env.warn(f"{final_error}; write it later with: {again}")
         return replace(notes, final_error=final_error)
     b.env.on_export(final)
@@ -246,10 +272,10 @@ def _verdict(b: _Batch, result: BatchResult, notes: BatchNotes) -> BatchOutcome:
     summary = summary_json(result, spec.concurrency, b.setup.source, notes, sample)
     # items count: a pass needs an ok line for every item this run was to do
     passed = result.ok == result.to_run and result.stopped_by is None
-    passed = passed and notes.final_error is None
+    passed = passed and notes.final_error is None and notes.input_changed is None
     if spec.sample:
         passed = passed and all(c.passed for c in checks)
-    resume = shown_command(["calibrate", *b.request.argv])  # no password in it
+    resume = resume_command(b.request.argv, spec.input_path, b.plan.piped)  # no password in it
     outcome = BatchOutcome(result, spec, shown, resume, None, None, ExitCode.FAILED)
     try:
         ctx.record_result(passed, PlainSummary(summary))
@@ -267,26 +293,5 @@ def _verdict(b: _Batch, result: BatchResult, notes: BatchNotes) -> BatchOutcome:
     code = (
         ExitCode.INTERRUPTED if result.interrupted else ExitCode.OK if passed else ExitCode.FAILED
     )
-    return replace(outcome, report=report, error=_stopped(result, spec, resume), exit_code=code)
-
-
-def _stopped(result: BatchResult, spec: BatchSpec, resume: str) -> CalibrateError | None:
-    """The error a run that stopped early ends with, once its summary is shown."""
-    if result.stopped_by == "other_model":
-        return StageFailed(
-            f"{result.stop_detail}; stopped after {result.ok} ok",
-            f"Check what serves {spec.model!r} there, then resume with: {resume}",
-        )
-    if result.stopped_by == "descriptors":
-        return OutOfDescriptors(result.stop_detail, f"{DESCRIPTORS_HINT} Resume with: {resume}")
-    if result.stopped_by == "workers":
-        return StageFailed(
-            f"{result.stop_detail}; {result.ok} done this run, {result.remaining} remaining",
-            f"Resume with: {resume}",
-        )
-    if result.stopped_by == "outage":
-        return ServerUnreachable(
-            f"{result.stop_detail}; {result.ok} done this run, {result.remaining} remaining",
-            f"When the server answers again, resume with: {resume}",
-        )
-    return None
+    error = stopped_error(result, spec, resume, notes.input_changed)
+    return replace(outcome, report=report, error=error, exit_code=code)

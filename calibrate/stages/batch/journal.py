@@ -26,8 +26,9 @@ from pathlib import Path
 from queue import Empty, SimpleQueue
 from typing import Any
 
+from calibrate.io.journal.made import Settings
+from calibrate.io.journal.scan import repair_tail
 from calibrate.io.jsonl import JsonlWriter, without_surrogates
-from calibrate.io.resume import repair_tail
 from calibrate.io.tasks import ItemId
 from calibrate.stages.batch.plan import BatchPlan
 from calibrate.stages.measure.format_check import Expect, OutputShape, find_preamble
@@ -109,8 +110,11 @@ class Journal:
         *,
         on_write_error: Callable[[str], None] = lambda detail: None,
         max_pending: int = MAX_PENDING,
+        settings: Settings | None = None,
     ) -> None:
         self.tally = tally
+        self._settings = settings  # each line is stamped with them (io/journal/made.py)
+        self._whole = True  # the run's first line holds them in full
         self.write_error: str | None = None
         self._writer: JsonlWriter | None = writer
         self._on_write_error = on_write_error
@@ -138,7 +142,13 @@ class Journal:
             writer = JsonlWriter(out_path, fsync=spec.fsync)
         tally = Tally(sample=bool(spec.sample), expect=spec.expect, max_chars=spec.max_chars)
         pending = min(max(slots, MIN_PENDING), MAX_PENDING)
-        return cls(writer, tally, on_write_error=on_write_error, max_pending=pending)
+        return cls(
+            writer,
+            tally,
+            on_write_error=on_write_error,
+            max_pending=pending,
+            settings=None if spec.sample else spec.settings,
+        )
 
     def record(
         self,
@@ -223,6 +233,10 @@ class Journal:
         if writer is None or not group:
             return
         lines = [line for line, _, _, _ in group]
+        if self._settings is not None:  # what made each result (io/journal/made.py)
+            for line in lines:
+                self._settings.stamp(line, whole=self._whole)
+                self._whole = False
         try:
             writer.write_many(lines)  # every line, flushed (fsynced with --fsync) before counted
         except Exception as exc:  # OSError (disk full…); anything else must not kill the writer

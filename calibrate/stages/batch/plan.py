@@ -15,15 +15,17 @@ from pathlib import Path
 
 from calibrate.errors import InputError
 from calibrate.http.models import SamplingParams
-from calibrate.io.jsonl import JsonlWriter
-from calibrate.io.lock import ExclusiveLock
-from calibrate.io.resume import (
+from calibrate.io.bounded import Stamp, stamp, stamp_change
+from calibrate.io.journal.made import MIXED_FLAG, Settings
+from calibrate.io.journal.scan import (
     OutputScan,
     check_journal,
     check_output_path,
     repair_tail,
     scan_output,
 )
+from calibrate.io.jsonl import JsonlWriter
+from calibrate.io.lock import ExclusiveLock
 from calibrate.io.tasks import InputIndex, ItemId, Shard, index_input, read_tasks, readable_twice
 from calibrate.load.retry import RetryPolicy
 from calibrate.stages.measure.format_check import Expect
@@ -51,6 +53,13 @@ class BatchSpec:
     expect: Expect = "text"
     allow_foreign: bool = False
     shard: Shard | None = None  # --shard I/N: only the ids whose stable hash mod N is I
+    hosts: tuple[str, ...] = ()  # the endpoints' hosts: what produced results (made.py)
+    allow_mixed: bool = False  # --allow-mixed: keep results made with other settings
+
+    @property
+    def settings(self) -> Settings:
+        """What this run sends besides each item (the journal's settings line)."""
+        return Settings.of(self.model, self.prompt, self.params.to_json(), self.hosts)
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,20 @@ class BatchPlan:
     scan: OutputScan | None
     input_path: Path | None = None  # what to read: --input, or its spooled copy
     writer: JsonlWriter | None = None  # --out, opened (and locked) by open_batch
+    notes: tuple[str, ...] = ()  # what the resume found about what produced the results
+    input_stamp: Stamp | None = None  # --input as validated (a regular file; not a copy)
+
+    def input_changed(self) -> str | None:
+        """How --input changed since it was validated, in words; None when it did not (or is a
+        pipe, read once into a copy of ours)."""
+        if self.input_stamp is None:
+            return None
+        return stamp_change(self.input_stamp, stamp(self.spec.input_path))
+
+    @property
+    def piped(self) -> bool:
+        """--input was a pipe or device, read once into a copy of ours (gone after the run)."""
+        return self.input_path is not None and self.input_path != self.spec.input_path
 
     @property
     def source_path(self) -> Path:
@@ -93,7 +116,7 @@ def plan_batch(spec: BatchSpec, input_path: Path | None = None) -> BatchPlan:
 def _plan(spec: BatchSpec, index: InputIndex, input_path: Path | None) -> BatchPlan:
     if spec.shard is not None and spec.shard.count > 1:
         shard = spec.shard
-        ids = {item_id for item_id in index.ids if shard.holds(item_id)}
+        ids = {item_id: fp for item_id, fp in index.ids.items() if shard.holds(item_id)}
         index = InputIndex(index.path, ids, len(ids))
     if spec.sample or spec.out_path is None:
         return BatchPlan(spec, index.count, set(), None, input_path)
@@ -106,7 +129,52 @@ def _plan(spec: BatchSpec, index: InputIndex, input_path: Path | None) -> BatchP
             f"{spec.input_path} ({scan.foreign_example}): a different input file?",
             "Use another --out, or pass --allow-foreign to keep them and append anyway.",
         )
-    return BatchPlan(spec, index.count, scan.done, scan, input_path)
+    notes = made_notes(spec, scan)
+    return BatchPlan(spec, index.count, scan.done, scan, input_path, notes=notes)
+
+
+def _changes(now: Settings, old: Settings | None) -> list[str]:
+    if old is None:  # the run's first line, which holds them in full, was lost (torn)
+        return ["settings the journal no longer holds in full"]
+    return now.changes_from(old)
+
+
+def made_notes(spec: BatchSpec, scan: OutputScan) -> tuple[str, ...]:
+    """Refuse (exit 2) a resume whose kept results were made with other settings, unless
+    --allow-mixed; the notes to show: results kept as they are, items edited since."""
+    assert spec.out_path is not None
+    now = spec.settings
+    other = [(n, scan.settings.get(fp)) for fp, n in scan.made.items() if fp and fp != now.fp]
+    changes = [(n, c) for n, old in other if (c := _changes(now, old))]
+    notes = []
+    if changes and not spec.allow_mixed:
+        count, what = max(changes, key=lambda found: found[0])
+        others = sum(n for n, _ in changes) - count
+        more = f", and {others} more with other settings" if others else ""
+        raise InputError(
+            f"{spec.out_path} holds {count} result(s) made with other settings: "
+            f"{'; '.join(what)}{more}",
+            f"Give another --out for a run with these settings, or pass {MIXED_FLAG} to keep "
+            "those results and run only the rest with these (the output then mixes both); "
+            "nothing was sent.",
+        )
+    if changes:
+        notes.append(
+            f"{sum(n for n, _ in changes)} result(s) in {spec.out_path} were made with other "
+            f"settings ({'; '.join(changes[0][1])}); kept, as {MIXED_FLAG} asks"
+        )
+    if scan.made.get(None):
+        notes.append(
+            f"{scan.made[None]} result(s) in {spec.out_path} were written by an older calibrate "
+            "that did not record what produced them: kept as they are"
+        )
+    if scan.edited:
+        example = next(iter(scan.edited))
+        notes.append(
+            f"{len(scan.edited)} item(s) changed in {spec.input_path} since their result "
+            f"(e.g. id {example!r}): they run again"
+        )
+    return tuple(notes)
 
 
 def lock_path(out_path: Path) -> Path:
@@ -124,9 +192,10 @@ def open_batch(spec: BatchSpec) -> Iterator[BatchPlan]:
     anything is sent (an unwritable --out is exit 2, not a failure after the run).
     """
     with readable_twice(spec.input_path) as readable:
+        before = stamp(readable) if readable == spec.input_path else None
         index_only = spec.sample is not None or spec.out_path is None
         if index_only:
-            yield plan_batch(spec, readable)
+            yield replace(plan_batch(spec, readable), input_stamp=before)
             return
         assert spec.out_path is not None
         check_output_path(spec.out_path, spec.input_path)
@@ -139,7 +208,7 @@ def open_batch(spec: BatchSpec) -> Iterator[BatchPlan]:
             assert plan.scan is not None
             writer = _open_output(plan.scan, spec.fsync)
             try:
-                yield replace(plan, writer=writer)
+                yield replace(plan, writer=writer, input_stamp=before)
             finally:
                 writer.close_quietly()
         finally:

@@ -15,7 +15,9 @@ from types import TracebackType
 from typing import Protocol
 
 from calibrate.config import Config
-from calibrate.errors import UsageError
+from calibrate.engines.redaction import shown_command
+from calibrate.errors import CalibrateError, ServerUnreachable, StageFailed, UsageError
+from calibrate.http.error_kinds import DESCRIPTORS_HINT, OutOfDescriptors
 from calibrate.io.output_paths import Named, check_outputs, check_writable, stage_files
 from calibrate.io.store import RunDir
 from calibrate.io.tasks import Shard
@@ -28,6 +30,7 @@ from calibrate.stages.batch.result import BatchProgress, BatchResult
 from calibrate.stages.context import sampling_params
 from calibrate.stages.export import ExportResult, check_export, failed_path_for
 from calibrate.stages.measure.format_check import Expect, ShapeCheck
+from calibrate.state.identity import url_host
 from calibrate.state.ledger import Ledger
 from calibrate.state.setting import Endpoint
 from calibrate.state.weights_gate import check_batch
@@ -59,6 +62,7 @@ class BatchRequest:
     max_chars: int | None = None
     expect: Expect = "text"
     allow_foreign: bool = False
+    allow_mixed: bool = False  # keep results made with other settings (io/journal/made.py)
     shard: str | None = None  # --shard I/N as typed
     max_tokens: int | None = None
     temperature: float | None = None
@@ -202,6 +206,8 @@ def prepare(request: BatchRequest) -> BatchSetup:
         expect=request.expect,
         allow_foreign=request.allow_foreign,
         shard=Shard.parse(request.shard) if request.shard else None,
+        hosts=tuple(url_host(e.base_url) for e in endpoints),
+        allow_mixed=request.allow_mixed,
     )
     return BatchSetup(spec, endpoints, source, restarter, ledger)
 
@@ -227,3 +233,61 @@ def check_paths(request: BatchRequest) -> None:
         check_export(final, None, "--final")  # its format
         check_writable(final, "--final", "final.jsonl")
     check_outputs(writes, reads)
+
+
+PIPED = (
+    "--input {path} was a pipe, read once: to resume, save its items to a file and give that "
+    "as --input (the resume command says TASKS.jsonl)"
+)
+PIPED_ARG = "TASKS.jsonl"
+
+
+def resume_command(argv: Sequence[str], input_path: Path, piped: bool) -> str:
+    """``calibrate ARGV`` to show (no secret in it, a file name that is not UTF-8 as ``$'…'``);
+    a piped --input, gone after this run, named ``TASKS.jsonl`` instead (see ``PIPED``)."""
+    words = list(argv)
+    if piped:
+        given = str(input_path)
+        for i, word in enumerate(words):
+            if word == "--input" and i + 1 < len(words) and words[i + 1] == given:
+                words[i + 1] = PIPED_ARG
+            elif word == f"--input={given}":
+                words[i] = f"--input={PIPED_ARG}"
+    return shown_command(["calibrate", *words])
+
+
+def said(exc: BaseException) -> str:
+    """An error's own words, without a hint written for a run that sent nothing."""
+    return exc.message if isinstance(exc, CalibrateError) else str(exc)
+
+
+def stopped_error(
+    result: BatchResult, spec: BatchSpec, resume: str, input_changed: str | None = None
+) -> CalibrateError | None:
+    """The error a run that stopped early (or whose input changed under it) ends with, once
+    its summary is shown."""
+    if result.stopped_by == "other_model":
+        return StageFailed(
+            f"{result.stop_detail}; stopped after {result.ok} ok",
+            f"Check what serves {spec.model!r} there, then resume with: {resume}",
+        )
+    if result.stopped_by == "descriptors":
+        return OutOfDescriptors(result.stop_detail, f"{DESCRIPTORS_HINT} Resume with: {resume}")
+    if result.stopped_by == "workers":
+        return StageFailed(
+            f"{result.stop_detail}; {result.ok} done this run, {result.remaining} remaining",
+            f"Resume with: {resume}",
+        )
+    if result.stopped_by == "outage":
+        return ServerUnreachable(
+            f"{result.stop_detail}; {result.ok} done this run, {result.remaining} remaining",
+            f"When the server answers again, resume with: {resume}",
+        )
+    if input_changed is not None:
+        return StageFailed(
+            f"{input_changed}; {result.finished} result(s) of this run are kept in "
+            f"{result.out_path}",
+            f"Put the input back (or keep the new one) and resume with: {resume} — items whose "
+            "text changed run again.",
+        )
+    return None

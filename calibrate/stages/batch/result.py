@@ -10,6 +10,7 @@ from typing import Any
 from calibrate.errors import CalibrateError, ErrorInfo, ExitCode
 from calibrate.gpu.selfload import SelfLoadReport
 from calibrate.http.models import Completion, incomplete_reason
+from calibrate.io.journal.made import FP_FIELD, fp_text
 from calibrate.io.tasks import Task
 from calibrate.stages.batch.endpoints import EndpointCheck
 from calibrate.stages.batch.journal import Tally
@@ -171,7 +172,13 @@ def internal_line(task: Task, exc: BaseException, attempts: int) -> dict[str, An
     if len(text) > MESSAGE_CHARS:
         text = text[: MESSAGE_CHARS - 1] + "…"
     info = ErrorInfo("internal", f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
-    return {"id": task.id, "ok": False, "error": info.to_json(), "attempts": max(attempts, 1)}
+    return {
+        "id": task.id,
+        "ok": False,
+        FP_FIELD: fp_text(task.digest),
+        "error": info.to_json(),
+        "attempts": max(attempts, 1),
+    }
 
 
 def result_line(
@@ -183,8 +190,9 @@ def result_line(
     expect: Expect,
     max_tokens: int,
 ) -> dict[str, Any]:
-    """The output line of one item; ``id`` first, ``ok`` second, ``attempts`` last (resume.py)."""
-    line: dict[str, Any] = {"id": task.id}
+    """The output line of one item; ``id`` first, ``ok`` second, then the item's digest,
+    ``attempts`` last (io/journal/scan.py reads them so)."""
+    line: dict[str, Any] = {"id": task.id, "ok": False, FP_FIELD: fp_text(task.digest)}
     if completion is not None and error is None:
         usage = completion.usage if len(completion.choices) == 1 else None
         problem = incomplete_reason(
@@ -226,6 +234,7 @@ class BatchNotes:
     endpoint_check: EndpointCheck | None = None
     final: ExportResult | None = None
     final_error: str | None = None  # --final could not be written: why
+    input_changed: str | None = None  # --input changed while the run read it: how
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"shard": self.shard}
@@ -233,6 +242,8 @@ class BatchNotes:
             out["workers"] = self.workers
         if self.endpoint_check is not None:
             out["endpoint_check"] = self.endpoint_check.to_json()
+        if self.input_changed is not None:
+            out["input_changed"] = self.input_changed
         if self.final_error is not None:
             out["final_error"] = self.final_error
         if self.final is not None:

@@ -12,25 +12,25 @@ and reads each winning line back with a seek. Files are written to a temp file a
 
 from __future__ import annotations
 
-import json
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from calibrate import json_text
 from calibrate.errors import InputError
+from calibrate.io import bounded
 from calibrate.io.atomic import remove_stale_temps
+from calibrate.io.bounded import MAX_LINE_BYTES
+from calibrate.io.journal.made import Settings
 from calibrate.io.jsonl import encode_line
 from calibrate.io.output_paths import Named, check_outputs
-from calibrate.io.resume import RESULT_LINE
-from calibrate.io.tasks import ItemId, Shard, index_input, read_tasks
+from calibrate.io.tasks import Shard, index_input, read_tasks, readable_twice
 from calibrate.stages.export.formats import Format, JsonlFinal, format_of, open_final
+from calibrate.stages.export.scan import MAX_JOURNALS, Pass1, loads, open_journal, unpack
 
-BLOCK_BYTES = 8 * 1024 * 1024
-JOURNAL_BITS = 10  # up to 1024 journals (shards) in one export
-MAX_JOURNALS = 1 << JOURNAL_BITS
+STALE = "its result(s) in the journal are for an earlier text of this item: rerun calibrate batch"
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,24 @@ class ExportResult:
     foreign: int  # journal lines whose id is not in the input (or not in this shard)
     journal_lines: int
     seconds: float
+    changed: int = 0  # ids whose only results are of an earlier text of the item (not run)
+    made: tuple[tuple[int, Settings | None], ...] = ()  # results per settings, most first
+
+    @property
+    def mixed(self) -> str | None:
+        """How the results' settings differ ("3 of 8 … with --prompt 'A:' (now …)"), or None."""
+        if len(self.made) < 2:
+            return None
+        (most, usual), rest = self.made[0], self.made[1:]
+        others = sum(n for n, _ in rest)
+        other = rest[0][1]
+        if usual is None or other is None:
+            return (
+                f"{others} of {most + others} results were made with other settings, or by an "
+                "older calibrate that did not record them"
+            )
+        what = "; ".join(usual.changes_from(other, "the rest")) or "the servers"
+        return f"{others} of {most + others} results were made with other settings ({what})"
 
     @property
     def passed(self) -> bool:
@@ -61,6 +79,8 @@ class ExportResult:
             "journal_lines": self.journal_lines,
             "seconds": round(self.seconds, 3),
             "rule": "last ok result per id, else its last failure",
+            "changed": self.changed,
+            "mixed_settings": self.mixed,
         }
 
 
@@ -90,10 +110,13 @@ def export_final(
     failed_path: Path | None = None,
     shard: Shard | None = None,
     raw_csv: bool = False,
+    input_name: Path | None = None,
 ) -> ExportResult:
     """Write the final file and the failed list; the journals are only read.
 
     CSV text cells that a spreadsheet would run as formulas get a ``'`` unless ``raw_csv``.
+    A pipe given as the input or a journal is copied once (bounded, unnamed) and read there;
+    ``input_name`` is the input's name in messages when ``input_path`` is such a copy already.
     """
     start = time.perf_counter()
     reads = [("--input", input_path), *(("--out", journal) for journal in journals)]
@@ -101,184 +124,100 @@ def export_final(
     failed_path = failed_path or failed_path_for(to_path)
     if not journals or len(journals) > MAX_JOURNALS:
         raise InputError(f"give 1 to {MAX_JOURNALS} journals (--out), got {len(journals)}")
-    known: set[ItemId] = index_input(input_path).ids
-    if shard is not None and shard.count > 1:
-        known = {item_id for item_id in known if shard.holds(item_id)}
-    # one table of the input's ids (the same key objects): None until a line is found
-    winners: dict[ItemId, int | None] = dict.fromkeys(known)
-    del known
-    lines = foreign = 0
-    for number, journal in enumerate(journals):
-        read, alien = _scan_journal(journal, number, winners)
-        lines, foreign = lines + read, foreign + alien
-    total = len(winners)
-    handles = [_open_journal(path) for path in journals]
+    with contextlib.ExitStack() as copies:
+        source = copies.enter_context(readable_twice(input_path))
+        readable = [copies.enter_context(readable_journal(path)) for path in journals]
+        job = _Job(source, input_name or input_path, shard, to_path, failed_path, fmt, raw_csv)
+        found = _export(job, readable, journals)
+    ok, failed, not_run = found.counts
+    return ExportResult(
+        to_path,
+        failed_path,
+        len(found.winners),
+        ok,
+        failed,
+        not_run,
+        found.foreign,
+        found.lines,
+        time.perf_counter() - start,
+        changed=len(found.stale - {i for i, w in found.winners.items() if w is not None}),
+        made=tuple(found.made()),
+    )
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One export: the input to read (and its name), the shard, the outputs and their format."""
+
+    source: Path
+    input_name: Path
+    shard: Shard | None
+    to_path: Path
+    failed_path: Path
+    fmt: Format
+    raw_csv: bool
+
+
+def readable_journal(path: Path) -> contextlib.AbstractContextManager[Path]:
+    """A journal as a file that can be read twice (seeked into): a pipe is copied first."""
+    return bounded.readable_twice(path, "the journal", rule=JOURNAL_RULE, hint=JOURNAL_HINT)
+
+
+JOURNAL_RULE = "a journal has one result per line"
+JOURNAL_HINT = "Give the --out file(s) of calibrate batch."
+
+
+def _export(job: _Job, readable: list[Path], journals: Sequence[Path]) -> Pass1:
+    """Both passes; what pass 1 found, ``counts`` set by pass 2."""
+    digests = index_input(job.source, job.input_name).ids
+    if job.shard is not None and job.shard.count > 1:
+        digests = {i: fp for i, fp in digests.items() if job.shard.holds(i)}
+    found = Pass1(digests)
+    del digests
+    for number, (journal, shown) in enumerate(zip(readable, journals, strict=True)):
+        found.scan(journal, shown, number)
+    handles = [open_journal(path) for path in readable]
     try:
-        counts = _write(input_path, shard, winners, handles, to_path, failed_path, fmt, raw_csv)
+        found.counts = _write(job, found, handles)
     except BaseException:  # Ctrl-C, SIGTERM, SIGHUP at any point, even while a file opens
-        for path in (to_path, failed_path):
+        for path in (job.to_path, job.failed_path):
             remove_stale_temps(path, own=True)
         raise
     finally:
         for handle in handles:
             handle.close()
-    ok, failed, not_run = counts
-    return ExportResult(
-        to_path,
-        failed_path,
-        total,
-        ok,
-        failed,
-        not_run,
-        foreign,
-        lines,
-        time.perf_counter() - start,
-    )
+    return found
 
 
-def _open_journal(path: Path) -> BinaryIO:
-    try:
-        return path.open("rb")
-    except OSError as exc:
-        raise InputError(
-            f"cannot read the journal {path}: {exc.strerror or exc}",
-            "Give the --out file(s) of calibrate batch.",
-        ) from exc
-
-
-def _keep(winners: dict[ItemId, int | None], item_id: ItemId, packed: int) -> None:
-    """The last ok line wins; a failure only replaces a failure (bit 0 is ok)."""
-    old = winners[item_id]
-    if old is None or packed & 1 or not old & 1:
-        winners[item_id] = packed
-
-
-def _scan_journal(path: Path, number: int, winners: dict[ItemId, int | None]) -> tuple[int, int]:
-    """Pass 1 over one journal: (lines read, foreign lines)."""
-    lines = foreign = 0
-    with _open_journal(path) as handle:
-        base = 0  # file offset of the block's first byte
-        first_line = 1  # line number of the block's first line
-        carry = b""
-        while data := handle.read(BLOCK_BYTES):
-            data = carry + data
-            cut = data.rfind(b"\n") + 1
-            block, carry = data[:cut], data[cut:]
-            for match_start, token, ok in _records(block, path, first_line):
-                lines += 1
-                item_id = _id_of(token)
-                if item_id is None or isinstance(item_id, bool) or item_id not in winners:
-                    foreign += 1
-                    continue
-                _keep(
-                    winners,
-                    item_id,
-                    ((base + match_start) << (JOURNAL_BITS + 1)) | (number << 1) | (ok == b"true"),
-                )
-            base += len(block)
-            first_line += block.count(b"\n")
-        if carry.strip():  # a last line without its newline: whole (kept) or torn (ignored)
-            for match_start, token, ok in _records(carry + b"\n", path, first_line):
-                item_id = _id_of(token)
-                if item_id is not None and not isinstance(item_id, bool) and item_id in winners:
-                    lines += 1
-                    _keep(
-                        winners,
-                        item_id,
-                        ((base + match_start) << (JOURNAL_BITS + 1))
-                        | (number << 1)
-                        | (ok == b"true"),
-                    )
-    return lines, foreign
-
-
-def _records(block: bytes, path: Path, first_line: int) -> list[tuple[int, bytes, bytes]]:
-    """(offset, id token, ok) of each result line of ``block`` (lines end at b"\\n").
-
-    A result whose id is neither a string nor an integer (a list, an object, ``1.0``, which
-    must not be taken for ``1``) is an InputError naming the journal and the line.
-    """
-    found = [(m.start(), m.group(1), m.group(2)) for m in RESULT_LINE.finditer(block)]
-    if len(found) == block.count(b"\n"):
-        return found
-    out: list[tuple[int, bytes, bytes]] = []  # some lines are not ours verbatim: parse each
-    offset = 0
-    for number, raw in enumerate(block.split(b"\n")[:-1], first_line):
-        match = RESULT_LINE.match(raw)
-        if match is not None:
-            out.append((offset, match.group(1), match.group(2)))
-        else:
-            obj = _loads(raw)
-            if isinstance(obj, dict) and isinstance(obj.get("ok"), bool) and "id" in obj:
-                item_id = obj["id"]
-                if isinstance(item_id, bool) or not isinstance(item_id, str | int):
-                    shown = json.dumps(item_id, ensure_ascii=False)
-                    raise InputError(
-                        f"{path} line {number}: the result's 'id' must be a string or an "
-                        f"integer, got {shown[:60]}{'…' if len(shown) > 60 else ''}",
-                        "Give the journal(s) calibrate batch wrote (--out); fix or drop that line.",
-                    )
-                token = json.dumps(obj["id"], ensure_ascii=False).encode("utf-8")
-                out.append((offset, token, b"true" if obj["ok"] else b"false"))
-        offset += len(raw) + 1
-    return out
-
-
-def _id_of(token: bytes) -> ItemId | None:
-    """The id of a token; None when it cannot be one of the input's (an integer too long)."""
-    if token[:1] == b'"':
-        return token[1:-1].decode("utf-8") if b"\\" not in token else json_text.loads(token)
-    try:
-        value: Any = json_text.loads(token)
-    except ValueError:  # more digits than Python reads: no input id is like it
-        return None
-    return value  # type: ignore[no-any-return]
-
-
-def _loads(raw: bytes) -> Any:
-    try:
-        return json_text.loads(raw)
-    except ValueError:
-        return None
-
-
-def _write(
-    input_path: Path,
-    shard: Shard | None,
-    winners: dict[ItemId, int | None],
-    handles: list[BinaryIO],
-    to_path: Path,
-    failed_path: Path,
-    fmt: Format,
-    raw_csv: bool,
-) -> tuple[int, int, int]:
+def _write(job: _Job, found: Pass1, handles: list[BinaryIO]) -> tuple[int, int, int]:
     """Pass 2: the input in order, each id's winning line read back; (ok, failed, not run)."""
+    shard, winners = job.shard, found.winners
     ok = failed = not_run = 0
-    mask = MAX_JOURNALS - 1
-    with open_final(to_path, fmt, raw_csv=raw_csv) as final, JsonlFinal(failed_path) as failures:
-        for task in read_tasks(input_path):
+    with (
+        open_final(job.to_path, job.fmt, raw_csv=job.raw_csv) as final,
+        JsonlFinal(job.failed_path) as failures,
+    ):
+        for task in read_tasks(job.source, job.input_name):
             if shard is not None and shard.count > 1 and not shard.holds(task.id):
                 continue
             packed = winners.get(task.id)
             if packed is None:
                 not_run += 1
-                line = {
-                    "id": task.id,
-                    "ok": False,
-                    "error": {"kind": "not_run", "message": "no result in the journal(s)"},
-                }
+                why = STALE if task.id in found.stale else "no result in the journal(s)"
+                line = {"id": task.id, "ok": False, "error": {"kind": "not_run", "message": why}}
                 raw = encode_line(line).rstrip(b"\n")
                 final.write(raw, line)
                 failures.write(
                     encode_line({"id": task.id, "status": "not_run"}).rstrip(b"\n"), None
                 )
                 continue
-            handle = handles[(packed >> 1) & mask]
-            handle.seek(packed >> (JOURNAL_BITS + 1))
-            raw = handle.readline().rstrip(b"\n")
-            record = _loads(raw) if final.needs_record or not packed & 1 else None
+            offset, number, is_ok = unpack(packed)
+            handle = handles[number]
+            handle.seek(offset)
+            raw = handle.readline(MAX_LINE_BYTES + 1).rstrip(b"\n")
+            record = loads(raw) if final.needs_record or not is_ok else None
             final.write(raw, record)
-            if packed & 1:
+            if is_ok:
                 ok += 1
                 continue
             failed += 1

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import datetime as dt
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from calibrate.errors import InputError
+from calibrate.io.atomic import copy_atomic
 from calibrate.io.tier_table import read_rows
 from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.measure.tiers import kept
@@ -193,8 +193,8 @@ def save_baseline(table: Path, dest: Path) -> Path | None:
     if dest.exists():
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
         kept = dest.with_name(f"{dest.stem}.{stamp}{dest.suffix}")
-        shutil.copy2(dest, kept)
-    shutil.copy2(table, dest)
+        copy_atomic(dest, kept)
+    copy_atomic(table, dest)
     return kept
 
 

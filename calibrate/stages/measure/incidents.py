@@ -19,6 +19,7 @@ from calibrate import json_text
 from calibrate.errors import ErrorInfo
 from calibrate.gpu.nvml import GpuSnapshot, gpu_snapshot
 from calibrate.gpu.vram import VramMonitor, WindowPeak
+from calibrate.io.bounded import TooLong, read_text
 from calibrate.io.records import utc_now_iso
 from calibrate.io.store import RunDir
 from calibrate.load.items import ItemResult
@@ -128,8 +129,8 @@ def first_error(folder: Path) -> str | None:
     """The error message of the earliest bundle in ``folder`` (the server's own words)."""
     try:
         bundles = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
-        error = json_text.loads(bundles[0].read_text("utf-8"))["error"] if bundles else None
-    except (OSError, ValueError, KeyError, TypeError):
+        error = json_text.loads(read_text(bundles[0]))["error"] if bundles else None
+    except (OSError, ValueError, KeyError, TypeError, TooLong):
         return None
     return str(error["message"]) if isinstance(error, dict) and error.get("message") else None
 

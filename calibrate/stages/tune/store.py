@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from calibrate import json_text
 from calibrate.io.atomic import write_atomic, write_json_atomic
+from calibrate.io.bounded import MAX_LINE_BYTES, TooLong, mib, read_text
 from calibrate.io.jsonl import JsonlWriter, dumps_line, read_jsonl
 from calibrate.io.store import RunDir
 from calibrate.io.tier_table import TuneRow, write_tune_csv
@@ -40,7 +42,7 @@ def find_unfinished(runs_dir: Path, grid_fingerprint: str) -> str | None:
     found: str | None = None
     for plan_path in sorted(runs_dir.glob(f"*-tune-*/{PLAN_FILE}")):
         try:
-            data = json_text.loads(plan_path.read_text("utf-8"))
+            data = json_text.loads(read_text(plan_path))
         except (OSError, ValueError):
             continue
         if not isinstance(data, dict) or data.get("fingerprint") != grid_fingerprint:
@@ -50,14 +52,27 @@ def find_unfinished(runs_dir: Path, grid_fingerprint: str) -> str | None:
     return found
 
 
+def line_too_long_in(path: Path) -> TooLong:
+    return TooLong(
+        f"{path}: its last line is longer than {mib(MAX_LINE_BYTES)}: not a file calibrate wrote",
+        "Start a new tune run (or remove the file).",
+    )
+
+
 def _trim_torn_tail(path: Path) -> None:
     """Cut a last line without its newline (written when the process was killed)."""
     if not path.is_file():
         return
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with path.open("r+b") as handle:
-            handle.truncate(data.rfind(b"\n") + 1)
+    with path.open("r+b") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        start = max(size - MAX_LINE_BYTES - 1, 0)  # a last line is read with the bound
+        handle.seek(start)
+        tail = handle.read()
+        if tail and not tail.endswith(b"\n"):
+            cut = tail.rfind(b"\n")
+            if cut < 0 and start > 0:
+                raise line_too_long_in(path)
+            handle.truncate(start + cut + 1)
 
 
 def _append_synced(path: Path, obj: Any) -> None:
@@ -84,7 +99,7 @@ class TuneStore:
 
     def read_plan(self) -> dict[str, Any] | None:
         try:
-            data = json_text.loads(self.path(PLAN_FILE).read_text("utf-8"))
+            data = json_text.loads(read_text(self.path(PLAN_FILE)))
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None

@@ -12,14 +12,17 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Container
+from collections import Counter
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from calibrate import json_text
 from calibrate.errors import InputError
-from calibrate.io.tasks import ItemId
+from calibrate.io.bounded import MAX_LINE_BYTES, TooLong, mib
+from calibrate.io.journal.made import FP_FIELD, MADE_FIELD, SETTINGS_MARK, Settings
+from calibrate.io.tasks import ItemId, id_twin
 
 BLOCK_BYTES = 8 * 1024 * 1024
 OUR_PREFIX = b'{"id":'
@@ -27,10 +30,15 @@ _UNREADABLE = object()
 
 # One result line as batch writes it, whole: a line cut off by a kill does not end in
 # "attempts":N} and is never taken for a result (resume and export read journals alike).
+# Its groups: the id's token, ok, the item's digest and the settings' fingerprint
+# (io/journal/made.py; lines written before they were recorded have neither).
 RESULT_LINE = re.compile(
-    rb'^\{"id":("(?:[^"\\\n]|\\.)*"|-?\d+),"ok":(true|false),[^\n]*"attempts":\d+\}$',
+    rb'^\{"id":("(?:[^"\\\n]|\\.)*"|-?\d+),"ok":(true|false),'
+    rb'(?:"input_fp":"([0-9a-f]{16})",)?'
+    rb'(?:[^\n]*,"made":"([0-9a-f]{16})"|[^\n]*),"attempts":\d+\}$',
     re.MULTILINE,
 )
+Known = Container[ItemId] | Mapping[ItemId, int]  # the input's ids, or its ids' digests
 
 
 @dataclass
@@ -51,6 +59,11 @@ class OutputScan:
     alien_tail: bool = False  # the last line is something else: not our file
     tail_offset: int = 0  # where the unterminated last line starts
     needs_newline: bool = False
+    # what produced the results (made.py): ok lines per settings fingerprint (None: not
+    # recorded), the settings of each fingerprint seen in full; ok lines of an item edited since
+    made: Counter[str | None] = field(default_factory=Counter)
+    settings: dict[str, Settings] = field(default_factory=dict)
+    changed: set[ItemId] = field(default_factory=set)
 
     def not_jsonl(self) -> str | None:
         """Why this file is not a results journal we may append to, or None."""
@@ -67,15 +80,39 @@ class OutputScan:
         """Ids with failed lines and no ok line: tried again this run."""
         return len(self.failed - self.done)
 
-    def _record(self, item_id: ItemId, ok: bool, known: Container[ItemId] | None) -> None:
+    @property
+    def edited(self) -> set[ItemId]:
+        """Ids whose only ok results are of an earlier text of the item: they run again."""
+        return self.changed - self.done
+
+    def _record(
+        self, item_id: ItemId, ok: bool, fp: bytes | None, made: bytes | None, known: Known | None
+    ) -> None:
         if known is not None and item_id not in known:
             self.foreign += 1
             if not self.foreign_example:
-                self.foreign_example = f"id {item_id!r}"
+                twin = id_twin(item_id)
+                self.foreign_example = f"id {item_id!r}" + (
+                    f", where the input has {twin!r}: an id's type is part of it"
+                    if twin is not None and twin in known
+                    else ""
+                )
             return
-        (self.done if ok else self.failed).add(item_id)
+        if not ok:
+            self.failed.add(item_id)
+        elif fp is not None and isinstance(known, Mapping) and int(fp, 16) != known[item_id]:
+            self.changed.add(item_id)
+        else:
+            self.done.add(item_id)
+            self.made[made.decode() if made else None] += 1
 
-    def _line(self, raw: bytes, line: int, known: Container[ItemId] | None) -> None:
+    def _settings_of(self, raw: bytes) -> None:
+        """Learn the settings a run's first line holds in full."""
+        settings = Settings.from_line(_loads(raw))
+        if settings is not None:
+            self.settings[settings.fp] = settings
+
+    def _line(self, raw: bytes, line: int, known: Known | None) -> None:
         """The slow path for one line that the fast expression did not recognise."""
         if not raw.strip():
             return
@@ -95,10 +132,19 @@ class OutputScan:
             if not self.foreign_example:
                 self.foreign_example = f"line {line} is not a batch result"
             return
-        self._record(item_id, obj.get("ok") is True, known)
+        fp, made = obj.get(FP_FIELD), obj.get(MADE_FIELD)
+        fp_bytes = fp.encode() if isinstance(fp, str) and _FP.fullmatch(fp) else None
+        made_bytes = made.encode() if isinstance(made, str) and _FP.fullmatch(made) else None
+        settings = Settings.from_line(obj)
+        if settings is not None:
+            self.settings[settings.fp] = settings
+        self._record(item_id, obj.get("ok") is True, fp_bytes, made_bytes, known)
 
 
-def scan_output(path: Path, known: Container[ItemId] | None = None) -> OutputScan:
+_FP = re.compile("[0-9a-f]{16}")
+
+
+def scan_output(path: Path, known: Known | None = None) -> OutputScan:
     """Read ``path`` (absent = empty); ids not in ``known`` are counted as foreign."""
     scan = OutputScan(path)
     try:
@@ -118,6 +164,8 @@ def scan_output(path: Path, known: Container[ItemId] | None = None) -> OutputSca
             block, carry = data[:cut], data[cut:]
             if block:
                 _scan_block(scan, block, known)
+            if len(carry) > MAX_LINE_BYTES:
+                raise line_too_long(path, scan.lines + 1)
         scan.tail_offset = handle.tell() - len(carry)
     if carry:
         tail = _loads(carry)
@@ -132,6 +180,15 @@ def scan_output(path: Path, known: Container[ItemId] | None = None) -> OutputSca
     return scan
 
 
+def line_too_long(path: Path, line: int) -> TooLong:
+    """A journal line past the bound (exit 2): read no further."""
+    return TooLong(
+        f"{path} line {line}: longer than {mib(MAX_LINE_BYTES)} without a newline: "
+        "not a results journal of calibrate batch",
+        "Give the --out file calibrate batch wrote (or another --out for a new run).",
+    )
+
+
 def _loads(raw: bytes) -> Any:
     """The JSON value of one line, or ``_UNREADABLE`` (torn, not UTF-8, absurdly nested)."""
     try:
@@ -140,7 +197,7 @@ def _loads(raw: bytes) -> Any:
         return _UNREADABLE
 
 
-def _scan_block(scan: OutputScan, block: bytes, known: Container[ItemId] | None) -> None:
+def _scan_block(scan: OutputScan, block: bytes, known: Known | None) -> None:
     first_line = scan.lines + 1
     lines = block.count(b"\n")
     scan.lines += lines
@@ -148,17 +205,30 @@ def _scan_block(scan: OutputScan, block: bytes, known: Container[ItemId] | None)
     if len(found) == lines:
         scan.records += lines
         done, failed, record = scan.done, scan.failed, scan._record
-        for token, ok in found:
+        digests = known if isinstance(known, Mapping) else None
+        made_by: list[bytes] = []  # counted once per block (C speed)
+        for token, ok, fp, made in found:
             if token[0] == 34:  # a string id: no escapes is the common case
                 item_id: ItemId = (
                     token[1:-1].decode("utf-8") if b"\\" not in token else json_text.loads(token)
                 )
             else:
                 item_id = int(token)
-            if known is None or item_id in known:
-                (done if ok == b"true" else failed).add(item_id)
+            if known is not None and item_id not in known:
+                record(item_id, ok == b"true", fp or None, made or None, known)  # foreign
+            elif ok != b"true":
+                failed.add(item_id)
+            elif fp and digests is not None and int(fp, 16) != digests[item_id]:
+                scan.changed.add(item_id)
             else:
-                record(item_id, ok == b"true", known)
+                done.add(item_id)
+                made_by.append(made)
+        for made, n in Counter(made_by).items():
+            scan.made[made.decode() if made else None] += n
+        if SETTINGS_MARK in block:  # a run's first line: its settings in full
+            for raw in block.split(b"\n"):
+                if SETTINGS_MARK in raw:
+                    scan._settings_of(raw)
         return
     for offset, raw in enumerate(block.split(b"\n")[:-1]):
         match = RESULT_LINE.match(raw)
@@ -168,7 +238,9 @@ def _scan_block(scan: OutputScan, block: bytes, known: Container[ItemId] | None)
         token = match.group(1)
         item_id = json_text.loads(token) if token[0] == 34 else int(token)
         scan.records += 1
-        scan._record(item_id, match.group(2) == b"true", known)
+        scan._record(item_id, match.group(2) == b"true", match.group(3), match.group(4), known)
+        if SETTINGS_MARK in raw:
+            scan._settings_of(raw)
 
 
 def end_with_newline(path: Path) -> None:
