@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from calibrate.io.jobs.shard import Shard, shard_of
 from calibrate.io.jsonl import dumps_line
-from calibrate.io.tasks import Shard, shard_of
 from calibrate.stages.export import export_final
 from calibrate.stages.export import formats as export_formats
 from tests.batch_helpers import assert_valid_jsonl, write_tasks

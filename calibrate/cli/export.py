@@ -3,7 +3,8 @@
 The rule: the LAST ok result of an id if it has one (a later failure does not undo a success),
 else its last failure, else a line {"id", "ok": false, "error": {"kind": "not_run"}}. The ids
 without an ok result are also listed in FINAL.failed.jsonl (or --failed PATH). The format
-follows the extension: .jsonl (the journal lines as they are), .csv, .parquet (needs pyarrow).
+follows the extension: .jsonl (the journal lines as they are; for an OpenAI Batch API input,
+its output lines: id, custom_id, response, error), .csv, .parquet (needs pyarrow).
 Written atomically (temp file + rename); never over --input, a journal or each other (exit 2).
 In .csv, a text cell starting with = + - @ (or tab, CR) gets a ' before it, so a spreadsheet
 shows it instead of running it as a formula (--raw-csv: as it is). Exit 0 when every id is ok,
@@ -99,8 +100,9 @@ def _hangup_interrupts() -> Iterator[None]:
 
 def say_export(out: Output, r: ExportResult) -> None:
     """The lines export (and batch --final) print."""
+    lines = "ids" if r.lines == "results" else f"{r.lines} lines"
     out.say(
-        f"final: {r.to_path} — {r.total} ids in input order: {r.ok} ok, {r.failed} failed, "
+        f"final: {r.to_path} — {r.total} {lines} in input order: {r.ok} ok, {r.failed} failed, "
         f"{r.not_run} never ran ({r.journal_lines} journal lines, {r.seconds:.1f} s)"
     )
     if r.changed:

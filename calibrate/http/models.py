@@ -4,8 +4,8 @@ it is complete, and what the server says about itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from calibrate.http.request_times import RequestTimes
@@ -81,6 +81,8 @@ class Completion:
     ttft_s: float | None = None
     stream: StreamTiming | None = None  # a streamed answer's chunks and gaps (SPEC §5.13)
     times: RequestTimes | None = None  # sent, first token, finished: stamped by the client
+    # a whole (not streamed) answer's JSON as it came: batch's Batch API output keeps it
+    body: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def text(self) -> str:

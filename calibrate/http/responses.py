@@ -158,6 +158,7 @@ def parse_completion(
         system_fingerprint=_optional_name(payload.get("system_fingerprint")),
         elapsed_s=elapsed_s,
         ttft_s=ttft_s,
+        body=payload,
     )
 
 

@@ -2,13 +2,11 @@
 
 Nothing but the ids is kept in memory, so a file of millions of long texts costs the id set and
 no more. Every problem names the file and the line (exit 2) before a single request is sent.
+Two formats, told apart by each line and never mixed in one file: ``{id, text}`` tasks, and the
+OpenAI Batch API's request lines (a ``custom_id``: io/jobs/openai_batch.py), whose custom_id is
+the item's id and whose request goes with the item as it is.
 A pipe or FIFO (``--input <(…)``, ``/dev/stdin``) can be read only once: it is copied to an
 unnamed temporary file first (io/bounded.py), and both passes read that.
-
-Shards for a cluster scheduler (``Shard``): ``--shard I/N`` takes the ids whose stable hash
-mod N is I. The hash is CRC-32 of the id's JSON text (``"t1"`` and ``1`` are different ids), so every
-process on every machine, in any Python, puts an id in the same shard: N processes started with
-0/N … N-1/N cover every id exactly once. Python's ``hash()`` is salted per process and would not.
 
 Items as ladder, sweep and tune inputs (``TaskPool``, SPEC §5.11): each item becomes the message
 ``batch`` would send (``Task.message``: its own prompt, else ``--prompt``), and only a bounded
@@ -20,9 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import json
 import random
-import zlib
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -30,25 +26,35 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from calibrate import json_text
-from calibrate.errors import InputError, UsageError
+from calibrate.errors import InputError
 from calibrate.io import bounded
 from calibrate.io.bounded import bounded_lines, open_read
+from calibrate.io.jobs.openai_batch import (
+    FORMAT_NAMES,
+    MARK,
+    ApiRequest,
+    JobFormat,
+    parse_request_line,
+)
 from calibrate.workload import Pick, WorkloadSpec
 
 ItemId = str | int
 
 FIX_HINT = "Fix the tasks file and run again; nothing was sent and no output was written."
 POOL = 4096  # at most this many messages are kept, whatever the file's size
+MAX_MODELS = 16  # distinct models named by request bodies, kept with their first line
 
 
 @dataclass(frozen=True)
 class Task:
-    """One item to run: its id, its text and (optionally) its own prompt."""
+    """One item to run: its id, its text and (optionally) its own prompt — or, from a Batch API
+    request line, its custom_id, the text its body sends and the ``request`` sent as given."""
 
     id: ItemId
     text: str
     prompt: str | None
     line: int
+    request: ApiRequest | None = None
 
     def message(self, default_prompt: str) -> str:
         """The user message: the item's prompt (else ``--prompt``) on the line before the text."""
@@ -59,8 +65,12 @@ class Task:
 
     @property
     def digest(self) -> int:
-        """What the item says (its text and own prompt) in 64 bits: ``item_digest``."""
-        return item_digest(self.text, self.prompt)
+        """What the item says (its text and own prompt, or its request) in 64 bits."""
+        return self.request.digest if self.request else item_digest(self.text, self.prompt)
+
+    @property
+    def format(self) -> JobFormat:
+        return "tasks" if self.request is None else "openai_batch"
 
 
 def item_digest(text: str, prompt: str | None) -> int:
@@ -82,6 +92,8 @@ class InputIndex:
     path: Path
     ids: dict[ItemId, int]
     count: int
+    format: JobFormat = "tasks"  # found on the first item: every other one is of it too
+    models: tuple[tuple[str, int], ...] = ()  # models request bodies name, each's first line
 
 
 TASKS_RULE = "a tasks file has one JSON object per line (JSONL)"
@@ -117,8 +129,12 @@ def parse_task(raw: bytes, path: Path, line: int) -> Task | None:
         raise InputError(f"{where}: not JSON ({exc})", FIX_HINT) from exc
     if not isinstance(obj, dict):
         raise InputError(f"{where}: expected an object with 'id' and 'text'", FIX_HINT)
+    if MARK in obj:  # a Batch API request line
+        found = parse_request_line(obj, where, escaped=b"\\u" in raw)
+        return Task(found.custom_id, found.text, None, line, found.request)
     if "id" not in obj:
-        raise InputError(f"{where}: no 'id'", FIX_HINT)
+        nor = " (nor 'custom_id')" if "url" in obj or "body" in obj else ""  # a request line?
+        raise InputError(f"{where}: no 'id'{nor}", FIX_HINT)
     item_id = obj["id"]
     if isinstance(item_id, bool) or not isinstance(item_id, str | int) or item_id == "":
         raise InputError(
@@ -150,22 +166,35 @@ def index_input(path: Path, shown: Path | None = None) -> InputIndex:
     name = shown or path
     ids: dict[ItemId, int] = {}
     count = 0
+    first: Task | None = None
+    models: dict[str, int] = {}
     with open_tasks(path) as handle:
         for line, raw in task_lines(handle, name):  # binary lines end at b"\n" only
             task = parse_task(raw, name, line)
             if task is None:
                 continue
-            if task.id in ids:
-                first = _first_line_of(path, task.id, line)
+            first = first or task
+            if task.format != first.format:
                 raise InputError(
-                    f"{name} line {line}: duplicate id {task.id!r} (first on line {first})",
+                    f"{name} line {line} is one of {FORMAT_NAMES[task.format]}, but line "
+                    f"{first.line} is one of {FORMAT_NAMES[first.format]}: one format per file",
                     FIX_HINT,
                 )
+            if task.id in ids:
+                said = "custom_id" if task.request else "id"
+                line_of = _first_line_of(path, task.id, line)
+                raise InputError(
+                    f"{name} line {line}: duplicate {said} {task.id!r} (first on line {line_of})",
+                    FIX_HINT,
+                )
+            model = task.request.model if task.request else None
+            if model is not None and model not in models and len(models) < MAX_MODELS:
+                models[model] = line
             twin = id_twin(task.id)
             if twin is not None and twin in ids:
-                first = _first_line_of(path, twin, line)
+                line_of = _first_line_of(path, twin, line)
                 raise InputError(
-                    f"{name} line {line}: id {task.id!r} and id {twin!r} (line {first}) differ "
+                    f"{name} line {line}: id {task.id!r} and id {twin!r} (line {line_of}) differ "
                     f"only in type, and CSV and Parquet write both as {str(twin)!r}: ambiguous",
                     "Give every item an id of its own (all strings or all integers); " + FIX_HINT,
                 )
@@ -175,7 +204,8 @@ def index_input(path: Path, shown: Path | None = None) -> InputIndex:
         raise InputError(
             f"{name} holds no items", 'Each line must be an object like {"id": 1, "text": "..."}.'
         )
-    return InputIndex(path, ids, count)
+    assert first is not None
+    return InputIndex(path, ids, count, first.format, tuple(models.items()))
 
 
 def read_tasks(path: Path, shown: Path | None = None) -> Iterator[Task]:
@@ -219,42 +249,6 @@ def _first_line_of(path: Path, item_id: ItemId, before: int) -> int:
         if task.id == item_id and type(task.id) is type(item_id):
             return task.line
     return before
-
-
-MAX_SHARDS = 100_000
-
-
-def shard_of(item_id: ItemId, count: int) -> int:
-    """Which of ``count`` shards holds ``item_id``."""
-    return zlib.crc32(json.dumps(item_id, ensure_ascii=False).encode("utf-8")) % count
-
-
-@dataclass(frozen=True)
-class Shard:
-    index: int
-    count: int
-
-    def holds(self, item_id: ItemId) -> bool:
-        return self.count == 1 or shard_of(item_id, self.count) == self.index
-
-    def __str__(self) -> str:
-        return f"{self.index}/{self.count}"
-
-    @classmethod
-    def parse(cls, text: str) -> Shard:
-        """``"2/8"`` → Shard(2, 8); anything else is a usage error (exit 2)."""
-        index_text, sep, count_text = text.partition("/")
-        if not (sep and index_text.isdigit() and count_text.isdigit()):
-            raise UsageError(
-                f"--shard {text!r} is not I/N", "e.g. --shard 0/4 … --shard 3/4 for four shards"
-            )
-        index, count = int(index_text), int(count_text)
-        if not 1 <= count <= MAX_SHARDS or not 0 <= index < count:
-            raise UsageError(
-                f"--shard {text}: need 0 ≤ I < N ≤ {MAX_SHARDS}",
-                "Shards are numbered from 0, e.g. --shard 0/4 … --shard 3/4.",
-            )
-        return cls(index, count)
 
 
 @dataclass(frozen=True)

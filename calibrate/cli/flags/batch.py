@@ -33,7 +33,13 @@ def register(subparsers: Any, doc: str, run: Any) -> None:
         "optionally with its own concurrency (URL#c=8)",
     )
     p.add_argument("--model", metavar="NAME", help="model name the server registered")
-    p.add_argument("--input", required=True, metavar="PATH", help="tasks JSONL: id, text, prompt?")
+    p.add_argument(
+        "--input",
+        required=True,
+        metavar="PATH",
+        help="tasks JSONL (id, text, prompt?) or OpenAI Batch API request lines (custom_id, "
+        "method, url, body)",
+    )
     p.add_argument("--out", metavar="PATH", help="results JSONL (appended; resumed when rerun)")
     p.add_argument(
         "--final",

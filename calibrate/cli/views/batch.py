@@ -6,28 +6,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-
 from calibrate.cli.export import say_export
 from calibrate.cli.flags import junit_suite
 from calibrate.cli.output import Output
+from calibrate.cli.views.batch_progress import ProgressView
+from calibrate.engines.redaction import shown_command
+from calibrate.io.jobs.openai_batch import FORMAT_NAMES
 from calibrate.io.store import RunDir
 from calibrate.stages.batch import BatchOutcome, BatchPlan, BatchSpec
 from calibrate.stages.batch.endpoints import EndpointCheck
-from calibrate.stages.batch.result import BatchProgress, BatchResult
+from calibrate.stages.batch.result import BatchResult
 from calibrate.stages.export import ExportResult
 from calibrate.stages.measure.format_check import ShapeCheck
-
-TTY_REFRESH_S = 0.25
-OUTAGE_EVERY_S = 5.0  # how often "server unreachable for N s" is repeated
 
 
 class BatchView:
@@ -47,6 +37,7 @@ class BatchView:
         spec, scan = plan.spec, plan.scan
         what = f"sample of {plan.to_run}" if spec.sample else f"{plan.to_run} to run"
         shard = f" (shard {spec.shard})" if spec.shard else ""
+        self.out.say(f"input format (detected): {FORMAT_NAMES[spec.format]}")
         self.out.say(
             f"batch{shard}: {plan.total} total, {plan.skipped} already done, {what} "
             f"(concurrency {spec.concurrency} from {source}, retries {spec.retry.retries})"
@@ -130,87 +121,17 @@ class BatchView:
 def show(out: Output, outcome: BatchOutcome) -> int:
     """The summary and the --json payload; raise the outcome's error, else its exit code."""
     render_summary(out, outcome.result, outcome.spec, outcome.checks, outcome.resume)
+    spec, report = outcome.spec, outcome.report or {}
+    if spec.format == "openai_batch" and not spec.sample and "final" not in report:
+        words = ["export", "--input", str(spec.input_path), "--out", str(outcome.result.out_path)]
+        again = shown_command(["calibrate", *words, "--to", "results.jsonl"])
+        out.say("the Batch API output lines (one per custom_id, in input order) come from:")
+        out.say(f"  {again}")
     if outcome.report is not None:
         out.result(outcome.report)
     if outcome.error is not None:
         raise outcome.error
     return outcome.exit_code
-
-
-class ProgressView:
-    """Receives BatchProgress snapshots; draws a rich bar on a TTY, else a line every few s."""
-
-    def __init__(
-        self, out: Output, total: int, plain_every_s: float, grace_s: float, endpoints: int = 1
-    ) -> None:
-        self.out = out
-        self.endpoints = endpoints
-        self.total = total
-        self.grace_s = grace_s
-        self.every_s = TTY_REFRESH_S if out.is_tty else max(plain_every_s, 0.1)
-        self._progress: Progress | None = None
-        self._task: TaskID | None = None
-        self._told_stop = False
-        self._last_line = ""
-        self._outage_said_at = -OUTAGE_EVERY_S
-
-    def __enter__(self) -> ProgressView:
-        if self.out.is_tty:
-            self._progress = Progress(
-                TextColumn("batch"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[failed]} failed"),
-                TextColumn("{task.fields[rate]:.1f} items/s"),
-                TimeElapsedColumn(),
-                TextColumn("ETA"),
-                TimeRemainingColumn(),
-                console=self.out.console,
-            )
-            self._task = self._progress.add_task("batch", total=self.total, failed=0, rate=0.0)
-            self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-
-    def update(self, p: BatchProgress) -> None:
-        self._say_outage(p)
-        if p.stopping and not self._told_stop:
-            self._told_stop = True
-            self.out.warn(
-                f"stopping: no new items; {p.in_flight} in flight get up to {self.grace_s:g} s "
-                "to finish (Ctrl-C again to abandon them)"
-            )
-        if self._progress is not None and self._task is not None:
-            self._progress.update(
-                self._task, completed=p.finished, failed=p.failed, rate=p.items_per_s
-            )
-            return
-        if p.to_run == 0 or (p.finished >= p.to_run and not p.in_flight and not p.stopping):
-            return  # the last count is the summary's, a line later
-        counts = f"batch: {p.finished}/{p.to_run} done, {p.failed} failed, {p.in_flight} in flight"
-        if counts == self._last_line:
-            return  # nothing moved since the last line: do not repeat it
-        self._last_line = counts
-        eta = f", ETA {p.eta_s:.0f} s" if p.eta_s is not None and not p.stopping else ""
-        self.out.say(f"{counts}, {p.items_per_s:.1f} items/s{eta}")
-
-    def _say_outage(self, p: BatchProgress) -> None:
-        if not p.down or p.elapsed_s - self._outage_said_at < OUTAGE_EVERY_S:
-            return
-        self._outage_said_at = p.elapsed_s
-        for label, down_s in p.down:
-            who = "server" if len(p.down) == 1 and not self._several else label
-            self.out.warn(
-                f"{who} unreachable for {down_s:.0f} s, waiting (up to "
-                f"{p.outage_limit_s:g} s); its items are kept, not failed"
-            )
-
-    @property
-    def _several(self) -> bool:
-        return self.endpoints > 1
 
 
 def render_summary(

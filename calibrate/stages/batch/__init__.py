@@ -136,7 +136,7 @@ class _Batch:
 
     @property
     def spec(self) -> BatchSpec:
-        return self.setup.spec
+        return self.plan.spec  # the setup's, with what the plan found (the input's format)
 
 
 def _dispatch(b: _Batch) -> BatchOutcome:
@@ -270,6 +270,7 @@ def _verdict(b: _Batch, result: BatchResult, notes: BatchNotes) -> BatchOutcome:
     shown = tuple(checks) if spec.sample else ()
     sample = shown if spec.sample else None
     summary = summary_json(result, spec.concurrency, b.setup.source, notes, sample)
+    summary["input_format"] = spec.format
     # items count: a pass needs an ok line for every item this run was to do
     passed = result.ok == result.to_run and result.stopped_by is None
     passed = passed and notes.final_error is None and notes.input_changed is None

@@ -37,7 +37,6 @@ if TYPE_CHECKING:
     from calibrate.stages.batch.queue import WorkQueue
 
 GRACE_S = 5.0  # past a request's deadline, how long the thread waits on a stuck loop
-PATH = "/chat/completions"
 
 
 class Control(Protocol):
@@ -130,9 +129,8 @@ class Chain:
         self._task = task
         self._deadline = self._clock() + self._client.timeout_s
         try:
-            spec = self._spec
-            body = self._client.chat_body(spec.model, task.message(spec.prompt), spec.params)
-            self._client.submit_completion(PATH, body, functools.partial(self._answered, task))
+            path, body = self._spec.request_for(task)  # the item's own request, or its text's
+            self._client.submit_completion(path, body, functools.partial(self._answered, task))
         except Exception as exc:  # refused before it was sent (or a bug): the thread's to handle
             self._end(Handoff(task, FirstAttempt(None, exc)))
 

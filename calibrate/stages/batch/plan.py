@@ -12,10 +12,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
-from calibrate.errors import InputError
-from calibrate.http.models import SamplingParams
+from calibrate.errors import InputError, UsageError
+from calibrate.http.models import SamplingParams, chat_request
 from calibrate.io.bounded import Stamp, stamp, stamp_change
+from calibrate.io.jobs.openai_batch import JobFormat
+from calibrate.io.jobs.shard import Shard
 from calibrate.io.journal.made import MIXED_FLAG, Settings
 from calibrate.io.journal.scan import (
     OutputScan,
@@ -26,12 +29,13 @@ from calibrate.io.journal.scan import (
 )
 from calibrate.io.jsonl import JsonlWriter
 from calibrate.io.lock import ExclusiveLock
-from calibrate.io.tasks import InputIndex, ItemId, Shard, index_input, read_tasks, readable_twice
+from calibrate.io.tasks import InputIndex, ItemId, Task, index_input, read_tasks, readable_twice
 from calibrate.load.retry import RetryPolicy
 from calibrate.stages.measure.format_check import Expect
 from calibrate.state.ledger import Ledger
 from calibrate.state.setting import verified_input
 
+CHAT_PATH = "/chat/completions"
 DEFAULT_CONCURRENCY = 4
 MAX_CONCURRENCY = 4096  # documented in --help and the README; a thread each, a socket each
 
@@ -55,11 +59,22 @@ class BatchSpec:
     shard: Shard | None = None  # --shard I/N: only the ids whose stable hash mod N is I
     hosts: tuple[str, ...] = ()  # the endpoints' hosts: what produced results (made.py)
     allow_mixed: bool = False  # --allow-mixed: keep results made with other settings
+    format: JobFormat = "tasks"  # the input's, found by the plan (io/jobs/openai_batch.py)
+    text_flags: tuple[str, ...] = ()  # flags given that only {id, text} tasks take
 
     @property
     def settings(self) -> Settings:
-        """What this run sends besides each item (the journal's settings line)."""
-        return Settings.of(self.model, self.prompt, self.params.to_json(), self.hosts)
+        """What this run sends besides each item (the journal's settings line): a Batch API
+        request's body is the item's own, so only the model it may lack and the hosts."""
+        params = self.params.to_json() if self.format == "tasks" else {}
+        return Settings.of(self.model, self.prompt, params, self.hosts)
+
+    def request_for(self, task: Task) -> tuple[str, dict[str, Any]]:
+        """Where ``task`` goes under the base URL, and the body sent: a request line's as it
+        is (with this model if it names none), else the chat message of its text."""
+        if task.request is not None:
+            return task.request.path, task.request.body_for(self.model)
+        return CHAT_PATH, chat_request(self.model, task.message(self.prompt), self.params)
 
 
 @dataclass(frozen=True)
@@ -114,6 +129,9 @@ def plan_batch(spec: BatchSpec, input_path: Path | None = None) -> BatchPlan:
 
 
 def _plan(spec: BatchSpec, index: InputIndex, input_path: Path | None) -> BatchPlan:
+    spec = replace(spec, format=index.format)
+    if index.format == "openai_batch":
+        check_requests(spec, index)
     if spec.shard is not None and spec.shard.count > 1:
         shard = spec.shard
         ids = {item_id: fp for item_id, fp in index.ids.items() if shard.holds(item_id)}
@@ -131,6 +149,28 @@ def _plan(spec: BatchSpec, index: InputIndex, input_path: Path | None) -> BatchP
         )
     notes = made_notes(spec, scan)
     return BatchPlan(spec, index.count, scan.done, scan, input_path, notes=notes)
+
+
+def check_requests(spec: BatchSpec, index: InputIndex) -> None:
+    """A Batch API input is sent as it is: flags that would change its requests, and bodies
+    naming another model than the batch's, are refused (exit 2, nothing sent)."""
+    where = spec.input_path
+    if spec.text_flags:
+        raise UsageError(
+            f"{', '.join(spec.text_flags)}: {where} holds OpenAI Batch API requests, sent as "
+            "they are",
+            "Drop the flag and put what it set into the request bodies (e.g. max_tokens); "
+            "nothing was sent.",
+        )
+    other = next(((m, line) for m, line in index.models if m != spec.model), None)
+    if other is not None:
+        model, line = other
+        raise InputError(
+            f"{where} line {line}: the body names model {model!r}, but this batch is for "
+            f"{spec.model!r} (the target's model, which the stages before it calibrated)",
+            f"Pass --model {model} if the server serves it (its own gates then apply), or "
+            'drop "model" from the bodies; nothing was sent.',
+        )
 
 
 def _changes(now: Settings, old: Settings | None) -> list[str]:
@@ -200,6 +240,8 @@ def open_batch(spec: BatchSpec) -> Iterator[BatchPlan]:
         assert spec.out_path is not None
         check_output_path(spec.out_path, spec.input_path)
         index = index_input(readable, spec.input_path)  # before the lock: bad input, no trace
+        if index.format == "openai_batch":
+            check_requests(spec, index)
         lock = ExclusiveLock.acquire(
             lock_path(spec.out_path), f"--out {spec.out_path}", guards=spec.out_path
         )

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol
+from typing import Any, Protocol
 
 from calibrate.config import Config
 from calibrate.engines.redaction import shown_command
 from calibrate.errors import CalibrateError, ServerUnreachable, StageFailed, UsageError
 from calibrate.http.error_kinds import DESCRIPTORS_HINT, OutOfDescriptors
+from calibrate.io.jobs.shard import Shard
 from calibrate.io.output_paths import Named, check_outputs, check_writable, stage_files
 from calibrate.io.store import RunDir
-from calibrate.io.tasks import Shard
 from calibrate.load.retry import RetryPolicy
 from calibrate.stages.batch.endpoints import EndpointCheck, endpoints_for
 from calibrate.stages.batch.lanes import ManagedRestart
@@ -182,14 +182,11 @@ def prepare(request: BatchRequest) -> BatchSetup:
             "--restart needs a server that calibrate manages (runs/server.json)",
             "Start it with: calibrate server start (or drop --restart)",
         )
-    params = sampling_params(cfg)
-    if request.max_tokens is not None or request.temperature is not None:
-        params = type(params)(
-            temperature=params.temperature if request.temperature is None else request.temperature,
-            max_tokens=params.max_tokens if request.max_tokens is None else request.max_tokens,
-            top_p=params.top_p,
-            seed=params.seed,
-        )
+    given: dict[str, Any] = {"max_tokens": request.max_tokens, "temperature": request.temperature}
+    params = replace(sampling_params(cfg), **{k: v for k, v in given.items() if v is not None})
+    # the flags that shape an {id, text} item's request (a Batch API line is sent as it is)
+    flags = ["--prompt"] * bool(request.prompt)
+    flags += [f"--{k.replace('_', '-')}" for k, v in given.items() if v is not None]
     spec = BatchSpec(
         input_path=request.input_path,
         out_path=request.out_path,
@@ -208,6 +205,7 @@ def prepare(request: BatchRequest) -> BatchSetup:
         shard=Shard.parse(request.shard) if request.shard else None,
         hosts=tuple(url_host(e.base_url) for e in endpoints),
         allow_mixed=request.allow_mixed,
+        text_flags=tuple(flags),
     )
     return BatchSetup(spec, endpoints, source, restarter, ledger)
 

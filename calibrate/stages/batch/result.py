@@ -10,6 +10,7 @@ from typing import Any
 from calibrate.errors import CalibrateError, ErrorInfo, ExitCode
 from calibrate.gpu.selfload import SelfLoadReport
 from calibrate.http.models import Completion, incomplete_reason
+from calibrate.io.jobs.openai_batch import response_of
 from calibrate.io.journal.made import FP_FIELD, fp_text
 from calibrate.io.tasks import Task
 from calibrate.stages.batch.endpoints import EndpointCheck
@@ -188,11 +189,14 @@ def result_line(
     attempts: int,
     retried: tuple[str, ...],
     expect: Expect,
-    max_tokens: int,
+    max_tokens: int | None,
 ) -> dict[str, Any]:
     """The output line of one item; ``id`` first, ``ok`` second, then the item's digest,
-    ``attempts`` last (io/journal/scan.py reads them so)."""
+    ``attempts`` last (io/journal/scan.py reads them so). A Batch API request's line also
+    keeps its answer's ``response`` (io/jobs/openai_batch.py), and its body's max_tokens."""
     line: dict[str, Any] = {"id": task.id, "ok": False, FP_FIELD: fp_text(task.digest)}
+    if task.request is not None:
+        max_tokens = task.request.max_tokens
     if completion is not None and error is None:
         usage = completion.usage if len(completion.choices) == 1 else None
         problem = incomplete_reason(
@@ -217,6 +221,8 @@ def result_line(
     else:
         line["ok"] = False
         line["error"] = (error or ErrorInfo("invalid_response", "no answer")).to_json()
+    if task.request is not None:  # after the short fields: its body is the answer whole
+        line["response"] = response_of(completion, error)
     if retried:
         line["retried"] = list(retried)
     line["attempts"] = attempts

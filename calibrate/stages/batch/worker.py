@@ -211,7 +211,7 @@ class _Worker:
             elif breaker.down:
                 raise Requeue  # went down while this item waited to retry
             else:
-                call = functools.partial(lane.client.post_completion, "/chat/completions", body)
+                call = functools.partial(lane.client.post_completion, path, body)
             attempts += 1
             try:
                 value = guard.attempt(call)
@@ -224,7 +224,7 @@ class _Worker:
 
         try:
             spec = self.spec
-            body = lane.client.chat_body(spec.model, task.message(spec.prompt), spec.params)
+            path, body = spec.request_for(task)  # the item's own request, or its text's
             try:
                 done = with_retries(attempt, spec.retry, wait=self.control.stop.wait, rng=self.rng)
             except Requeue as requeue:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -23,10 +23,12 @@ from calibrate.errors import InputError
 from calibrate.io import bounded
 from calibrate.io.atomic import remove_stale_temps
 from calibrate.io.bounded import MAX_LINE_BYTES
+from calibrate.io.jobs.openai_batch import JobFormat
+from calibrate.io.jobs.shard import Shard
 from calibrate.io.journal.made import Settings
 from calibrate.io.jsonl import encode_line
 from calibrate.io.output_paths import Named, check_outputs
-from calibrate.io.tasks import Shard, index_input, read_tasks, readable_twice
+from calibrate.io.tasks import index_input, read_tasks, readable_twice
 from calibrate.stages.export.formats import Format, JsonlFinal, format_of, open_final
 from calibrate.stages.export.scan import MAX_JOURNALS, Pass1, loads, open_journal, unpack
 
@@ -46,6 +48,7 @@ class ExportResult:
     seconds: float
     changed: int = 0  # ids whose only results are of an earlier text of the item (not run)
     made: tuple[tuple[int, Settings | None], ...] = ()  # results per settings, most first
+    lines: str = "results"  # what the final file's lines are: "results", or "Batch API output"
 
     @property
     def mixed(self) -> str | None:
@@ -81,6 +84,7 @@ class ExportResult:
             "rule": "last ok result per id, else its last failure",
             "changed": self.changed,
             "mixed_settings": self.mixed,
+            "lines": self.lines,
         }
 
 
@@ -142,6 +146,7 @@ def export_final(
         time.perf_counter() - start,
         changed=len(found.stale - {i for i, w in found.winners.items() if w is not None}),
         made=tuple(found.made()),
+        lines="Batch API output" if found.api_lines else "results",
     )
 
 
@@ -156,6 +161,12 @@ class _Job:
     failed_path: Path
     fmt: Format
     raw_csv: bool
+    input_format: JobFormat = "tasks"
+
+    @property
+    def api_lines(self) -> bool:
+        """A .jsonl final of a Batch API input holds Batch API output lines."""
+        return self.fmt == "jsonl" and self.input_format == "openai_batch"
 
 
 def readable_journal(path: Path) -> contextlib.AbstractContextManager[Path]:
@@ -169,10 +180,13 @@ JOURNAL_HINT = "Give the --out file(s) of calibrate batch."
 
 def _export(job: _Job, readable: list[Path], journals: Sequence[Path]) -> Pass1:
     """Both passes; what pass 1 found, ``counts`` set by pass 2."""
-    digests = index_input(job.source, job.input_name).ids
+    index = index_input(job.source, job.input_name)
+    job = replace(job, input_format=index.format)
+    digests = index.ids
     if job.shard is not None and job.shard.count > 1:
         digests = {i: fp for i, fp in digests.items() if job.shard.holds(i)}
     found = Pass1(digests)
+    found.api_lines = job.api_lines
     del digests
     for number, (journal, shown) in enumerate(zip(readable, journals, strict=True)):
         found.scan(journal, shown, number)
@@ -194,7 +208,7 @@ def _write(job: _Job, found: Pass1, handles: list[BinaryIO]) -> tuple[int, int, 
     shard, winners = job.shard, found.winners
     ok = failed = not_run = 0
     with (
-        open_final(job.to_path, job.fmt, raw_csv=job.raw_csv) as final,
+        open_final(job.to_path, job.fmt, raw_csv=job.raw_csv, api=job.api_lines) as final,
         JsonlFinal(job.failed_path) as failures,
     ):
         for task in read_tasks(job.source, job.input_name):

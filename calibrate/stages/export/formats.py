@@ -1,6 +1,7 @@
-"""Writers of the final file by extension: ``.jsonl`` (the journal lines as they are), ``.csv``,
-``.parquet`` (needs pyarrow; row groups, never the whole table in memory). Each writes a temp
-file beside the target and renames it into place only when complete (``commit``).
+"""Writers of the final file by extension: ``.jsonl`` (the journal lines as they are; for a Batch
+API input, its output lines), ``.csv``, ``.parquet`` (needs pyarrow; row groups, never the whole
+table in memory). Each writes a temp file beside the target and renames it into place only when
+complete (``commit``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any, BinaryIO, Literal, Self
 
 from calibrate.errors import UsageError
 from calibrate.io.atomic import remove_stale_temps, temp_beside
+from calibrate.io.jobs.openai_batch import output_line
+from calibrate.io.jsonl import encode_line
 
 Format = Literal["jsonl", "csv", "parquet"]
 FORMATS: dict[str, Format] = {".jsonl": "jsonl", ".csv": "csv", ".parquet": "parquet"}
@@ -122,6 +125,15 @@ class JsonlFinal(_Atomic):
         self.handle.write(raw + b"\n")
 
 
+class BatchApiFinal(JsonlFinal):
+    """JSONL of the OpenAI Batch API's output lines, one per result (io/jobs/openai_batch.py)."""
+
+    needs_record = True
+
+    def write(self, raw: bytes, record: dict[str, Any] | None) -> None:
+        self.handle.write(encode_line(output_line(record or {})))
+
+
 class CsvFinal(_Atomic):
     """CSV; text cells that would run as spreadsheet formulas get a ``'`` unless ``raw``."""
 
@@ -199,10 +211,11 @@ class ParquetFinal(_Atomic):
 
 
 def open_final(
-    path: Path, fmt: Format, *, raw_csv: bool = False
+    path: Path, fmt: Format, *, raw_csv: bool = False, api: bool = False
 ) -> JsonlFinal | CsvFinal | ParquetFinal:
+    """The final file's writer (``api``: a Batch API input's .jsonl, in its output lines)."""
     if fmt == "csv":
         return CsvFinal(path, raw=raw_csv)
     if fmt == "parquet":
         return ParquetFinal(path)
-    return JsonlFinal(path)
+    return BatchApiFinal(path) if api else JsonlFinal(path)

@@ -63,6 +63,7 @@ class Pass1:
     fps: dict[bytes, int] = field(default_factory=dict)  # settings fingerprint → its number
     settings: dict[str, Settings] = field(default_factory=dict)  # fingerprint → in full
     counts: tuple[int, int, int] = (0, 0, 0)  # pass 2's: ok, failed, not run
+    api_lines: bool = False  # the final file holds Batch API output lines (a Batch API input)
 
     def __post_init__(self) -> None:
         # one table of the input's ids (the same key objects): None until a line is found
