@@ -20,6 +20,7 @@ from calibrate.io.tasks import load_pool
 from tests.batch_helpers import batch_process, results, wait_for_lines
 from tests.helpers import kill_9, reaped, write_config
 from tests.mockserver import start_mock
+from tests.workload_helpers import FAST_MOCK, calibrated
 
 MODEL = "meta-llama/Meta-Llama-3-8B-Instruct"
 
@@ -390,3 +391,27 @@ def test_the_ladder_reads_a_request_file_as_its_bodies_text(isolated: Path) -> N
     pool = load_pool(isolated / "requests.jsonl", pick="longest")
     assert pool.total == 3 and pool.messages[0] == "x" * 500
     assert set(pool.messages) == {"short", "x" * 500, "a prompt"}
+
+
+def test_requests_longer_than_the_ladder_verified_are_warned_about_before_sending(
+    cli, isolated: Path
+) -> None:
+    """The length check reads a request's text as its body sends it (its messages)."""
+    lines = [
+        request_line(f"r{i}", " ".join(["word"] * (i * 400))).replace(f'"model": "{MODEL}", ', "")
+        for i in range(1, 9)
+    ]
+    (isolated / "requests.jsonl").write_text("".join(lines), encoding="utf-8")
+    with start_mock(**FAST_MOCK, max_model_len=8192) as server:
+        calibrated(cli, isolated, server.base_url)
+        ladder = cli("ladder", "--axis", "context", "--context-lengths", "512,2000")
+        assert ladder.code == 0, ladder.err
+        result = cli(
+            "batch", "--input", "requests.jsonl", "--out", "out.jsonl", "-c", "2",
+            "--final", "results.jsonl",
+        )  # fmt: skip
+    warning = next(line for line in result.err.splitlines() if "items exceed" in line)
+    assert warning.startswith("warning: 4 items exceed"), warning  # 2,400 … 3,200 words
+    assert "run calibrate ladder --tasks requests.jsonl" in warning
+    assert result.err.index("items exceed") < result.err.index("all 8 items ok")
+    assert result.code == 0, result.err
