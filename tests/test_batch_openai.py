@@ -17,7 +17,7 @@ import pytest
 
 from calibrate.io.jobs.openai_batch import output_line
 from calibrate.io.tasks import load_pool
-from tests.batch_helpers import batch_process, results, wait_for_lines
+from tests.batch_helpers import batch_process, results, wait_for_lines, write_tasks
 from tests.helpers import kill_9, reaped, write_config
 from tests.mockserver import start_mock
 from tests.workload_helpers import FAST_MOCK, calibrated
@@ -415,3 +415,14 @@ def test_requests_longer_than_the_ladder_verified_are_warned_about_before_sendin
     assert "run calibrate ladder --tasks requests.jsonl" in warning
     assert result.err.index("items exceed") < result.err.index("all 8 items ok")
     assert result.code == 0, result.err
+
+
+def test_tasks_stay_as_they_were_and_the_summary_names_either_format(
+    cli, server, isolated: Path
+) -> None:
+    write_config(isolated / "calibrate.toml", server.base_url, model=MODEL)
+    write_tasks(isolated / "tasks.jsonl", 3)
+    tasks = cli("batch", "--input", "tasks.jsonl", "--out", "out.jsonl", "--json")
+    assert tasks.code == 0, tasks.err
+    assert tasks.json["input_format"] == "tasks" and "input format" not in tasks.err
+    assert all("response" not in line for line in results(isolated / "out.jsonl"))

@@ -202,7 +202,8 @@ def index_input(path: Path, shown: Path | None = None) -> InputIndex:
             count += 1
     if count == 0:
         raise InputError(
-            f"{name} holds no items", 'Each line must be an object like {"id": 1, "text": "..."}.'
+            f"{name} holds no items",
+            'Each line must be an object like {"id": 1, "text": "..."}, or a Batch API request.',
         )
     assert first is not None
     return InputIndex(path, ids, count, first.format, tuple(models.items()))

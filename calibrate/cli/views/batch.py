@@ -37,7 +37,8 @@ class BatchView:
         spec, scan = plan.spec, plan.scan
         what = f"sample of {plan.to_run}" if spec.sample else f"{plan.to_run} to run"
         shard = f" (shard {spec.shard})" if spec.shard else ""
-        self.out.say(f"input format (detected): {FORMAT_NAMES[spec.format]}")
+        if spec.format != "tasks":  # the usual {id, text} tasks go unsaid (--json says both)
+            self.out.say(f"input format (detected): {FORMAT_NAMES[spec.format]}")
         self.out.say(
             f"batch{shard}: {plan.total} total, {plan.skipped} already done, {what} "
             f"(concurrency {spec.concurrency} from {source}, retries {spec.retry.retries})"
