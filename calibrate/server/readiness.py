@@ -16,8 +16,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from calibrate.engines import find
-from calibrate.errors import RequestError
+from calibrate.errors import InputError, RequestError
 from calibrate.http.client import OpenAIClient
+from calibrate.io.bounded import read_bounded
 from calibrate.server import exit_status, process
 
 # the VRAM release a stop is proven by lives beside the devices it is measured on
@@ -131,8 +132,8 @@ def listening_owners(port: int, proc: Path = Path("/proc")) -> set[int] | None:
     readable = False
     for table in ("net/tcp", "net/tcp6"):
         try:
-            lines = (proc / table).read_text("ascii", errors="replace").splitlines()[1:]
-        except OSError:
+            lines = read_bounded(proc / table).decode("ascii", "replace").splitlines()[1:]
+        except (OSError, InputError):
             continue
         readable = True
         for line in lines:
@@ -182,8 +183,8 @@ def _session(pid: int) -> int | None:
 
 def _name(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/comm").read_text("utf-8", errors="replace").strip() or "?"
-    except OSError:
+        return read_bounded(Path(f"/proc/{pid}/comm")).decode("utf-8", "replace").strip() or "?"
+    except (OSError, InputError):
         return "?"
 
 
