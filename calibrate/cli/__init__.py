@@ -56,7 +56,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="calibrate",
         description=(
-            "Staged calibration of a local LLM behind an OpenAI-compatible server: "
+            "Staged calibration of a local LLM behind an OpenAI-compatible server:\n"
             "single → repro → ladder → sweep (→ tune) → pin/verify, rollback, batch."
         ),
         epilog="example: calibrate single --base-url http://127.0.0.1:8000/v1 --model internlm-s2",

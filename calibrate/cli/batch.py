@@ -9,7 +9,8 @@ passes (exit 4); --restart brings back a managed server that died. --base-url ma
 (each checked against the baseline first); --shard I/N splits the ids for a cluster scheduler;
 --final FILE writes one result per id in input order (the last ok, else the last failure).
 
-example: calibrate batch --input tasks.jsonl --out out.jsonl --final final.jsonl --prompt "一句话概括：" -c 4
+example: calibrate batch --input tasks.jsonl --out out.jsonl --final final.jsonl \\
+           --prompt "一句话概括：" -c 4
 """
 
 from __future__ import annotations
