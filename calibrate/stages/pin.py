@@ -25,6 +25,7 @@ from calibrate.server.process import running_kind
 from calibrate.stages.context import StageContext
 from calibrate.stages.pin_context import context_for
 from calibrate.state.gates import next_step
+from calibrate.state.ledger import current_weights
 from calibrate.state.setting import resolve
 from calibrate.state.summaries import PinSummary
 from calibrate.state.summary_values import Setting
@@ -38,6 +39,7 @@ class PinResult:
     tuned: tuple[tuple[str, str], ...] = ()
     tuned_by: str = ""
     next_command: str = ""  # ``gates.next_step`` once the pin is recorded
+    model_from: str = ""  # where the model path came from when [server] model_path is empty
 
     def summary(self) -> PinSummary:
         v = self.values
@@ -94,14 +96,20 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
     if not any(key == "ctx_size" for key, _ in tuned):
         sized = context_for(ctx.ledger, ctx.target, cfg.runs_dir, engine, batch)
     tokens = sized.context_tokens if sized else None
-    command = build(server.launch_spec(cfg, engine, batch, concurrency, tokens, tuned))
+    spec = server.launch_spec(cfg, engine, batch, concurrency, tokens, tuned)
+    model_from = ""
+    if not spec.model_path:  # the weights the server said it serves (vLLM's /v1/models root)
+        root = current_weights(cfg, ctx.ledger, ctx.target).served_root
+        spec = replace(spec, model_path=root)
+        model_from = f"model path {root} from the server's /v1/models" if root else ""
+    command = build(spec)
     tuned_text = ""
     if tuned:
         flags = ", ".join(f"{k}={v}" for k, v in tuned)
         tuned_text = f"{setting.tuned_by or 'a tune run'}: {flags}"
     values = PinnedValues(
         kind=engine,
-        model_path=cfg.server.model_path,
+        model_path=spec.model_path,
         port=cfg.server.port,
         batch_size=batch,
         concurrency=concurrency,
@@ -119,7 +127,9 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
     path = out or cfg.scripts_dir / "launch.sh"
     launch_script.write(path, text)
     ctx.run.write_text("launch.sh", text)
-    result = PinResult(path, values, command, tuned, setting.tuned_by if tuned else "")
+    result = PinResult(
+        path, values, command, tuned, setting.tuned_by if tuned else "", model_from=model_from
+    )
     ctx.record_result(True, result.summary())
     ctx.run.close()
     return replace(result, next_command=next_step(cfg, ctx.ledger, ctx.target))

@@ -47,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
         out.say(f"  batch size from {v.verified_by}; concurrency from {v.concurrency_from}")
         if flags:
             out.say(f"  engine flags from {tuned_by}: {flags}")
+    if result.model_from:
+        out.say(f"  {result.model_from} ([server] model_path is empty)")
     out.say(f"  exec {result.command.display()}")
     out.say(f"next: {result.next_command}")
     out.result({"run_id": ctx.run.run_id, **result.summary().to_json()})
