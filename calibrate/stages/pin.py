@@ -13,7 +13,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from calibrate import server
+from calibrate.engines import find
 from calibrate.engines.args import ServerKind
+from calibrate.engines.base import LaunchSpec
 from calibrate.engines.builders import SERVER_KINDS, EngineCommand, build
 from calibrate.errors import ConfigError, GateClosed
 from calibrate.gpu.energy import pinned_cost
@@ -78,6 +80,15 @@ def _measured_kind(runs_dir: Path, run_id: str) -> str | None:
     return found if isinstance(found, str) else None
 
 
+def _loads_a_path(spec: LaunchSpec) -> bool:
+    """Whether the launch command names the weights' path (Ollama pulls by name; a custom
+    command only where it has a {model_path} placeholder)."""
+    if spec.kind == "custom":
+        return "{model_path}" in spec.command
+    found = find(spec.kind)
+    return found is not None and found.needs_model_path
+
+
 def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = None) -> PinResult:
     """Write the launch script for the calibrated setting, record the pin in the ledger and
     close the run; the result carries the next step."""
@@ -98,7 +109,7 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
     tokens = sized.context_tokens if sized else None
     spec = server.launch_spec(cfg, engine, batch, concurrency, tokens, tuned)
     model_from = ""
-    if not spec.model_path:  # the weights the server said it serves (vLLM's /v1/models root)
+    if not spec.model_path and _loads_a_path(spec):  # what the server said it serves (root)
         root = current_weights(cfg, ctx.ledger, ctx.target).served_root
         spec = replace(spec, model_path=root)
         model_from = f"model path {root} from the server's /v1/models" if root else ""
