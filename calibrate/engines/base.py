@@ -156,6 +156,7 @@ class Engine:
     forcing: Forcing = "full"
     preallocates: bool = False  # reserves its KV cache at start: NVML reads flat under load
     metrics: EngineMetrics = EngineMetrics()
+    metrics_hint: str = ""  # how to turn its KV-cache gauge on, where it may be off
     cap_report: CapReport | None = None
     context_hint: str = ""  # what to raise when an answer runs into the context limit
     http_threads_flag: str | None = None  # sized for the requests in flight (llama.cpp)

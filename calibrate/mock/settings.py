@@ -7,8 +7,13 @@ from typing import Literal
 
 OnKvFull = Literal["oom", "preempt", "queue"]
 ON_KV_FULL: tuple[OnKvFull, ...] = ("oom", "preempt", "queue")
-MetricsStyle = Literal["mock", "vllm", "sglang", "llamacpp", "tgi"]
-METRICS_STYLES: tuple[MetricsStyle, ...] = ("mock", "vllm", "sglang", "llamacpp", "tgi")
+MetricsStyle = Literal["mock", "vllm", "sglang", "llamacpp", "tgi", "lmdeploy"]
+METRICS_STYLES: tuple[MetricsStyle, ...] = ("mock", "vllm", "sglang", "llamacpp", "tgi", "lmdeploy")
+# how a request the engine cannot serve is answered: an HTTP error (vLLM, and LMDeploy from
+# v0.16), or LMDeploy's HTTP 200 with finish_reason "error" and "internal error happened, status
+# code ResponseType.…" as its text (v0.9.2 – v0.15)
+ErrorStyle = Literal["http", "lmdeploy"]
+ERROR_STYLES: tuple[ErrorStyle, ...] = ("http", "lmdeploy")
 Outcome = Literal["ok", "oom", "fail", "reset", "overload"]
 OUTCOMES: tuple[Outcome, ...] = ("ok", "oom", "fail", "reset", "overload")
 # the wrong shapes of --malformed-rate (mock.reply.malformed_body): what a broken server sends
@@ -78,6 +83,8 @@ class MockSettings:
     step_ms_per_1k_tokens: float = 0.0  # each decode step costs this much more per 1k resident
     jitter: float = 0.0  # ttft and per-token time × uniform [1 - jitter, 1 + jitter], seeded
     metrics_style: MetricsStyle = "mock"
+    metrics: bool = True  # False: GET /metrics is 404, an engine whose metrics are off
+    error_style: ErrorStyle = "http"
     # Start-up memory (tune's memory step): asked for more than fits → exit 1 at start, CUDA OOM.
     memory_fraction: float | None = None
     max_memory_fraction: float | None = None
@@ -138,5 +145,7 @@ class MockSettings:
             raise ValueError(f"on_kv_full must be one of {', '.join(ON_KV_FULL)}")
         if self.metrics_style not in METRICS_STYLES:
             raise ValueError(f"metrics_style must be one of {', '.join(METRICS_STYLES)}")
+        if self.error_style not in ERROR_STYLES:
+            raise ValueError(f"error_style must be one of {', '.join(ERROR_STYLES)}")
         if self.unknown_model_status not in (400, 404):
             raise ValueError("unknown_model_status must be 400 or 404")

@@ -171,8 +171,6 @@ def run_single(
     ledger line: (whether it passed, what it adds to the summary)."""
     identity, warnings = server_identity(ctx)
     model = ctx.config.target.model
-    if identity.model_ids and model not in identity.model_ids:
-        warnings.append(f"the server lists {identity.models_text} but the config names {model!r}")
     record = fixed_prompt_call(ctx, stream=stream)
     ctx.run.append("records.jsonl", record.to_json())
     identity = replace(
@@ -180,6 +178,8 @@ def run_single(
     )
     problems = diagnose(record, identity, model, streamed=stream)
     answered = record.error is None or record.error.kind == "incomplete"
+    if answered and identity.model_ids and model not in identity.model_ids:  # else the failure says
+        warnings.append(f"the server lists {identity.models_text} but the config names {model!r}")
     served = model_mismatch(identity, record.served_model, model) if answered else None
     accepted = None
     if served is not None and accept_model:
