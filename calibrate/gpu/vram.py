@@ -183,14 +183,11 @@ class VramMonitor:
         is off), else those asked for by a flag — the others are still used."""
         if not self.measured:
             tried = "; ".join(p.text() for p in self.problems) or "no source asked for"
-            return [f"VRAM not measured ({tried}): the VRAM stop rule is skipped"] + (
-                self._no_kv_gauge()
-            )
-        return [
-            f"{p.text()}: measuring without it, from {self.source}"
-            for p in self.problems
-            if p.explicit
-        ] + self._no_kv_gauge()
+            skipped = f"VRAM not measured ({tried}): the VRAM stop rule is skipped"
+            return [skipped, *self._no_kv_gauge()]
+        failed = [p for p in self.problems if p.explicit]
+        lines = [f"{p.text()}: measuring without it, from {self.source}" for p in failed]
+        return [*lines, *self._no_kv_gauge()]
 
     def _no_kv_gauge(self) -> list[str]:
         """An engine that reserves its memory at start whose /metrics gave no KV-cache gauge:
