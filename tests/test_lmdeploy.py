@@ -59,8 +59,9 @@ def test_the_mock_answers_an_engine_failure_as_lmdeploy_does() -> None:
 
 def test_the_mock_serves_lmdeploys_gauges_or_no_metrics_at_all() -> None:
     with start_mock(metrics_style="lmdeploy") as mock:
-        with urllib.request.urlopen(mock.base_url.removesuffix("/v1") + "/metrics") as got:
-            text = got.read().decode()
+        got = urllib.request.urlopen(mock.base_url.removesuffix("/v1") + "/metrics")
+        text = got.read().decode()
+        got.close()
     for name in ("gpu_cache_usage_perc", "num_requests_waiting", "num_requests_running"):
         assert f'lmdeploy:{name}{{engine="0"}} ' in text
     with start_mock(metrics=False) as mock, pytest.raises(urllib.error.HTTPError) as refused:
