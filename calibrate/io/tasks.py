@@ -38,7 +38,7 @@ from calibrate.workload import Pick, WorkloadSpec
 
 ItemId = str | int
 
-FIX_HINT = "Fix the tasks file and run again; nothing was sent and no output was written."
+FIX_HINT = "Fix the tasks file and run again; nothing was done."
 MAX_LINE_BYTES = 32 * 1024 * 1024  # one item; millions of tokens. A longer "line" is no JSONL
 POOL = 4096  # at most this many messages are kept, whatever the file's size
 
@@ -90,7 +90,7 @@ def task_lines(handle: BinaryIO, name: Path) -> Iterator[tuple[int, bytes]]:
                 f"{name} line {number}: longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB "
                 "without a newline; a tasks file has one JSON object per line (JSONL)",
                 "Write one item per line (a JSON array or another format is not JSONL); "
-                "nothing was sent.",
+                "nothing was done.",
             )
         yield number, raw
 
