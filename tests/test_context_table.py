@@ -1,0 +1,27 @@
+"""A context ladder's log table: its rows grow from 512 to the server's context, and every row
+still fits its columns (a 1024→1024 used to spill past "in tok" and push the row right)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.cells import cell_len
+
+from tests.mockserver import start_mock
+from tests.workload_helpers import FAST_MOCK, calibrated
+
+
+def test_every_row_of_a_context_ladder_fits_the_columns_its_header_set(cli, isolated: Path) -> None:
+    with start_mock(**FAST_MOCK, max_model_len=16384) as mock:
+        calibrated(cli, isolated, mock.base_url)
+        result = cli("ladder", "--axis", "context")
+    assert result.code == 0, result.err
+    lines = result.err.splitlines()
+    at = next(n for n, ln in enumerate(lines) if "in tok" in ln and ln.rstrip().endswith("verdict"))
+    header = lines[at]
+    rows = [ln for ln in lines[at + 1 :] if ln[:6].strip().isdigit()]
+    assert [r.split()[0] for r in rows][:5] == ["512", "1024", "2048", "4096", "8192"]
+    edge = header.index("in tok") + len("in tok")  # right-justified under its header
+    for row in rows:
+        assert cell_len(row) == cell_len(header) <= 100, f"{header}\n{row}"
+        assert row[edge - 1].isdigit() and row[edge] == " ", f"{header}\n{row}"
