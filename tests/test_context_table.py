@@ -25,3 +25,19 @@ def test_every_row_of_a_context_ladder_fits_the_columns_its_header_set(cli, isol
     for row in rows:
         assert cell_len(row) == cell_len(header) <= 100, f"{header}\n{row}"
         assert row[edge - 1].isdigit() and row[edge] == " ", f"{header}\n{row}"
+
+
+def test_status_says_how_long_an_input_a_context_ladder_verified_without_a_batch_ladder(
+    cli, isolated: Path
+) -> None:
+    """The docs promise status shows "inputs verified up to N tokens" after a context ladder;
+    it used to say it only inside the calibrated setting, which a context ladder never sets."""
+    with start_mock(**FAST_MOCK, max_model_len=8192) as mock:
+        calibrated(cli, isolated, mock.base_url)
+        context = cli("ladder", "--axis", "context", "--context-lengths", "512,3000", "--json")
+        assert context.code == 0, context.err
+        status = cli("status")
+    verified = context.json["context_verified"]
+    line = next(ln for ln in status.err.splitlines() if ln.startswith("  context "))
+    assert f": inputs verified up to {verified:,} tokens (ladder --axis context)" in line, line
+    assert "calibrated setting" not in status.err  # no batch ladder: no setting to carry it
