@@ -111,3 +111,18 @@ def test_without_an_engine_kind_run_is_exit_2_before_anything_is_sent(cli, isola
     assert "nothing says which engine it starts; nothing was sent" in result.err
     assert "--kind (vllm | llamacpp" in result.err
     assert not (isolated / "runs").exists()
+
+
+def test_run_hands_its_tasks_to_the_ladder_the_sweep_and_pin_and_its_kind_to_pin() -> None:
+    """Each stage's namespace is its own parser's defaults plus the run's shared flags."""
+    from calibrate.cli import build_parser
+    from calibrate.cli.calibration.run import stage_namespace
+    from calibrate.cli.flags import CommandLine
+
+    words = ("run", "--base-url", "http://h:1/v1", "--tasks", "job.jsonl", "--kind", "llamacpp")
+    args = build_parser("run").parse_args(list(words), namespace=CommandLine(words))
+    ladder, single, pin = (stage_namespace(s, args) for s in ("ladder", "single", "pin"))
+    assert ladder.tasks == "job.jsonl" and ladder.base_url == "http://h:1/v1"
+    assert not hasattr(single, "tasks") and single.stream is False  # single's own default
+    assert pin.tasks == "job.jsonl" and pin.kind == "llamacpp" and pin.prompt == ""
+    assert ladder.json is False and ladder.run.__module__.endswith(".ladder")

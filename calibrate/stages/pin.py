@@ -25,7 +25,7 @@ from calibrate.server import launch_script
 from calibrate.server.launch_script import PinnedValues
 from calibrate.server.process import running_kind
 from calibrate.stages.context import StageContext
-from calibrate.stages.pin_context import context_for
+from calibrate.stages.pin_context import JobInput, context_for
 from calibrate.state.gates import next_step
 from calibrate.state.ledger import current_weights
 from calibrate.state.setting import resolve
@@ -80,6 +80,19 @@ def _measured_kind(runs_dir: Path, run_id: str) -> str | None:
     return found if isinstance(found, str) else None
 
 
+def _default_context(kind: str, slots: int, tuned: tuple[tuple[str, str], ...]) -> str:
+    """A shared context left at the engine's default per slot: said, with how to size it for
+    the job (nothing for an engine whose slots do not share one, or a tuned -c)."""
+    shared = find(kind)
+    if shared is None or shared.ctx_per_slot is None or any(k == "ctx_size" for k, _ in tuned):
+        return ""
+    return (
+        f"-c {slots * shared.ctx_per_slot} = {slots} slots x {shared.name}'s "
+        f"{shared.ctx_per_slot} a slot: the ladder sent no input shaped like the job; size it "
+        "with calibrate pin --tasks FILE (the batch input), or set -c in [server] args"
+    )
+
+
 def _loads_a_path(spec: LaunchSpec) -> bool:
     """Whether the launch command names the weights' path (Ollama pulls by name; a custom
     command only where it has a {model_path} placeholder)."""
@@ -89,7 +102,13 @@ def _loads_a_path(spec: LaunchSpec) -> bool:
     return found is not None and found.needs_model_path
 
 
-def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = None) -> PinResult:
+def run_pin(
+    ctx: StageContext,
+    *,
+    kind: str | None = None,
+    out: Path | None = None,
+    job: JobInput | None = None,
+) -> PinResult:
     """Write the launch script for the calibrated setting, record the pin in the ledger and
     close the run; the result carries the next step."""
     setting = resolve(ctx.ledger, ctx.target)
@@ -105,7 +124,9 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
     # llama.cpp's slots are the engine's cap, which is the batch size (SPEC §5.0); a tuned -c wins
     sized = None
     if not any(key == "ctx_size" for key, _ in tuned):
-        sized = context_for(ctx.ledger, ctx.target, cfg.runs_dir, engine, batch)
+        sized = context_for(
+            ctx.ledger, ctx.target, cfg.runs_dir, engine, batch, args=cfg.server.args, job=job
+        )
     tokens = sized.context_tokens if sized else None
     spec = server.launch_spec(cfg, engine, batch, concurrency, tokens, tuned)
     model_from = ""
@@ -114,6 +135,7 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
         spec = replace(spec, model_path=root)
         model_from = f"model path {root} from the server's /v1/models" if root else ""
     command = build(spec)
+    context = sized.describe() if sized else _default_context(engine, batch, tuned)
     tuned_text = ""
     if tuned:
         flags = ", ".join(f"{k}={v}" for k, v in tuned)
@@ -130,7 +152,7 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
         pinned_by=ctx.run.run_id,
         pinned_at=utc_now_iso(),
         workload=setting.verified_on(),
-        context=sized.describe() if sized else "",
+        context=context,
         tuned=tuned_text,
         cost=pinned_cost(ctx.ledger.view().entries, setting.run_id, batch, concurrency),
     )

@@ -10,7 +10,7 @@ runs again); --from STAGE runs again from there. It ends with one summary: the s
 No calibrate.toml is needed: --base-url and --model name the server, --kind the engine the
 launch script starts (else [server] kind); the model path is [server] model_path, else what the
 server's /v1/models says it serves. --tasks FILE has the ladder and the sweep send your job's
-items. For the rest, run the stages one at a time (calibrate ladder --help).
+items, and pin size llama.cpp's context for them. For the rest, run the stages one at a time.
 
 example: calibrate run --base-url http://127.0.0.1:8000/v1 --model internlm-s2 --kind vllm
 """
@@ -54,7 +54,9 @@ def register(subparsers: Any) -> None:
         "--out", metavar="PATH", help="where pin writes the launch script (scripts/launch.sh)"
     )
     parser.add_argument(
-        "--tasks", metavar="FILE", help="the ladder and the sweep send these items (your job's)"
+        "--tasks",
+        metavar="FILE",
+        help="your job's items: the ladder and the sweep send them, pin sizes for them",
     )
     parser.add_argument(
         "--from",
@@ -134,8 +136,8 @@ def stage_namespace(stage: str, args: argparse.Namespace) -> flags.CommandLine:
     for shared in ("config", "base_url", "model", "debug"):
         setattr(namespace, shared, getattr(args, shared))
     namespace.json = False  # run's --json is its own summary
-    if stage in ("ladder", "sweep") and args.tasks:
-        namespace.tasks = args.tasks
+    if stage in ("ladder", "sweep", "pin") and args.tasks:
+        namespace.tasks = args.tasks  # pin sizes llama.cpp's context for them
     if stage == "pin":
         namespace.kind, namespace.out = args.kind, args.out
     return namespace
