@@ -87,7 +87,7 @@ def _default_context(kind: str, slots: int, tuned: tuple[tuple[str, str], ...]) 
     if shared is None or shared.ctx_per_slot is None or any(k == "ctx_size" for k, _ in tuned):
         return ""
     return (
-        f"-c {slots * shared.ctx_per_slot} = {slots} slots x {shared.name}'s "
+        f"-c {slots * shared.ctx_per_slot} = {slots} slot{'s' if slots != 1 else ''} x {shared.name}'s "
         f"{shared.ctx_per_slot} a slot: the ladder sent no input shaped like the job; size it "
         "with calibrate pin --tasks FILE (the batch input), or set -c in [server] args"
     )

@@ -71,9 +71,13 @@ class WorkloadContext:
             per_slot = self.stated_tokens // max(self.slots, 1)
             return f"-c {self.stated_tokens} from [server] args ({per_slot} tokens a slot)"
         return (
-            f"-c {self.context_tokens} = {self.slots} slots x (longest input "
+            f"-c {self.context_tokens} = {_slots(self.slots)} x (longest input "
             f"{self.prompt_tokens} + max_tokens {self.max_tokens} tokens) from {self.source}"
         )
+
+
+def _slots(n: int) -> str:
+    return f"{n} slot" if n == 1 else f"{n} slots"
 
 
 def verified_workload(runs_dir: Path, ladder_run: str, slots: int) -> WorkloadContext | None:
