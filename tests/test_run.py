@@ -40,6 +40,7 @@ def test_run_from_the_command_line_ends_with_the_summary_and_a_launch_script(
     assert len(end) == 6, result.err  # one short summary, nothing after it
     script = (isolated / "scripts" / "launch.sh").read_text("utf-8")
     assert "vllm serve /models/internlm-s2" in script  # the model path the server reported
+    assert f" --port {mock.port} " in script  # no [server]: where the calibrated server was
     # each stage its own verdict and files
     assert _stages(isolated) == [(s, True) for s in ("single", "repro", "ladder", "sweep", "pin")]
     for stage in ("single", "repro", "ladder", "sweep", "pin"):
@@ -126,3 +127,24 @@ def test_run_hands_its_tasks_to_the_ladder_the_sweep_and_pin_and_its_kind_to_pin
     assert not hasattr(single, "tasks") and single.stream is False  # single's own default
     assert pin.tasks == "job.jsonl" and pin.kind == "llamacpp" and pin.prompt == ""
     assert ladder.json is False and ladder.run.__module__.endswith(".ladder")
+
+
+def test_a_llamacpp_says_its_weights_in_props_where_v1_models_has_no_root() -> None:
+    """llama.cpp's /v1/models has no root; its /props names the model_path — the served
+    weights single records, so pin can write the launch script with no [server] model_path."""
+    from calibrate.errors import ErrorInfo, RequestError
+    from calibrate.http.server_context import props_model_path
+
+    class Client:
+        def __init__(self, text: str | None) -> None:
+            self.text = text
+
+        def get_text(self, path: str) -> str:
+            if self.text is None:
+                raise RequestError(ErrorInfo("http_4xx", "404 Not Found", status=404))
+            return self.text
+
+    said = Client('{"model_path": "/m/tiny.gguf", "total_slots": 2}')
+    assert props_model_path(said) == "/m/tiny.gguf"  # type: ignore[arg-type]
+    assert props_model_path(Client(None)) == ""  # type: ignore[arg-type]
+    assert props_model_path(Client("<html>")) == ""  # type: ignore[arg-type]

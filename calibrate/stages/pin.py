@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from calibrate import server
 from calibrate.engines import find
@@ -129,6 +130,8 @@ def run_pin(
         )
     tokens = sized.context_tokens if sized else None
     spec = server.launch_spec(cfg, engine, batch, concurrency, tokens, tuned)
+    if cfg.server.kind is None:  # no [server] set up: serve where the calibrated server did
+        spec = replace(spec, port=urlsplit(cfg.target.base_url).port or spec.port)
     model_from = ""
     if not spec.model_path and _loads_a_path(spec):  # what the server said it serves (root)
         root = current_weights(cfg, ctx.ledger, ctx.target).served_root
@@ -143,7 +146,7 @@ def run_pin(
     values = PinnedValues(
         kind=engine,
         model_path=spec.model_path,
-        port=cfg.server.port,
+        port=spec.port,
         batch_size=batch,
         concurrency=concurrency,
         verified_by=setting.batch_from,

@@ -13,6 +13,7 @@ from calibrate.errors import ErrorInfo, InputError, RequestError, ServerUnreacha
 from calibrate.http.error_kinds import refusal_cause
 from calibrate.http.models import ServerIdentity, incomplete_reason
 from calibrate.http.request_times import RequestTimes, monotonic
+from calibrate.http.server_context import props_model_path
 from calibrate.io.atomic import write_atomic
 from calibrate.io.jsonl import dumps_line, read_jsonl
 from calibrate.io.records import RequestRecord
@@ -194,7 +195,8 @@ def run_single(
     ctx.run.update_manifest(server=identity.to_json())
     passed, more = after() if result.passed and after is not None else (result.passed, {})
     summary = PlainSummary({**result.summary(), **more})
-    ctx.record_result(passed, summary, served_root=served_root(identity, model))
+    root = served_root(identity, model) or props_model_path(ctx.client)  # llama.cpp: /props
+    ctx.record_result(passed, summary, served_root=root)
     ctx.run.close()
     return result
 
