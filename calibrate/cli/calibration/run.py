@@ -59,6 +59,12 @@ def register(subparsers: Any) -> None:
         help="your job's items: the ladder and the sweep send them, pin sizes for them",
     )
     parser.add_argument(
+        "--prompt",
+        default=None,
+        metavar="TEXT",
+        help="with --tasks: put before each item's text, as batch --prompt does",
+    )
+    parser.add_argument(
         "--from",
         dest="start",
         choices=RUN_LINE,
@@ -138,6 +144,8 @@ def stage_namespace(stage: str, args: argparse.Namespace) -> flags.CommandLine:
     namespace.json = False  # run's --json is its own summary
     if stage in ("ladder", "sweep", "pin") and args.tasks:
         namespace.tasks = args.tasks  # pin sizes llama.cpp's context for them
+        if args.prompt is not None:
+            namespace.prompt = args.prompt
     if stage == "pin":
         namespace.kind, namespace.out = args.kind, args.out
     return namespace
