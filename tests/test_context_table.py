@@ -41,3 +41,25 @@ def test_status_says_how_long_an_input_a_context_ladder_verified_without_a_batch
     line = next(ln for ln in status.err.splitlines() if ln.startswith("  context "))
     assert f": inputs verified up to {verified:,} tokens (ladder --axis context)" in line, line
     assert "calibrated setting" not in status.err  # no batch ladder: no setting to carry it
+
+
+def test_a_rate_sweeps_log_table_has_room_for_a_saturated_verdict() -> None:
+    """make demo's sweep --auto: the first (synchronous) level says "pass", a later rate level
+    "pass saturated" — it pushed its row to 104 columns."""
+    import io
+
+    from rich.console import Console
+
+    from calibrate.report.progress import LogTable
+    from tests.report_helpers import sweep_row
+
+    stream = io.StringIO()
+    table = LogTable(Console(file=stream, width=100, no_color=True), "sweep")
+    extra = {"offered_rate": None, "items_per_s_min": 4.0, "items_per_s_max": 4.2}
+    table.add(sweep_row(1, 4.1, auto_step="sync", ttft_p99_s=0.05, **extra))
+    saturated = {**extra, "offered_rate": 13.3, "saturated": True, "ttft_p99_s": 0.1}
+    table.add(sweep_row(4, 12.9, auto_step="3", **saturated))
+    header, *rows = stream.getvalue().splitlines()
+    assert rows[-1].rstrip().endswith("pass saturated"), rows
+    assert all(cell_len(row) <= 100 for row in [header, *rows]), stream.getvalue()
+    assert all(len(row) == len(header) for row in rows), stream.getvalue()

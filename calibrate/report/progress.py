@@ -33,6 +33,9 @@ ROOM = {"errors": len("2 oom:2"), "range": len("123.45–130.00"), "gain": len("
 # A context ladder's rows grow: 512 first, up to the server's context last (a 6-digit length on
 # a long-context model), so its first row cannot size the length columns: this one sizes them.
 LONGEST_CONTEXT = {"input_tokens_target": 131072, "input_tokens_mean": 131072}
+# A rate level's verdict may say it saturated ("pass saturated"), where the first level's said
+# "pass": its column has that room from the first row.
+SWEEP_ROOM = {"verdict": len("pass saturated")}
 
 
 @dataclass(frozen=True)
@@ -143,8 +146,9 @@ class LogTable:
             before = len(self.columns)
             rows = [row, {**row, **LONGEST_CONTEXT}] if context_axis([row]) else [row]
             self.columns = fitting_columns(rows, self.kind, limit, wide=False)
+            room = {**ROOM, **(SWEEP_ROOM if self.kind == "sweep" else {})}
             self.widths = [
-                max(len(name), *(len(cell(r)) for r in rows), ROOM.get(name, 0))
+                max(len(name), *(len(cell(r)) for r in rows), room.get(name, 0))
                 for name, cell in self.columns
             ]
             over = sum(self.widths) + 2 * (len(self.widths) - 1) - width
