@@ -109,7 +109,7 @@ def test_a_stage_whose_gate_is_closed_stops_the_run_with_exit_3(cli, isolated: P
 def test_without_an_engine_kind_run_is_exit_2_before_anything_is_sent(cli, isolated: Path) -> None:
     result = cli("run", "--base-url", "http://127.0.0.1:9/v1", "--model", "m")
     assert result.code == 2, result.err
-    assert "nothing says which engine it starts; nothing was sent" in result.err
+    assert "no engine kind is known; nothing was sent" in result.err
     assert "--kind (vllm | llamacpp" in result.err
     assert not (isolated / "runs").exists()
 

@@ -78,8 +78,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = flags.load_config(args)
     if not (args.kind or running_kind(cfg.runs_dir, cfg.server.kind)):
         raise UsageError(
-            "calibrate run ends by writing a launch script, and nothing says which engine it "
-            "starts; nothing was sent",
+            "calibrate run ends with a launch script, and no engine kind is known; nothing was sent",
             f"Pass --kind ({' | '.join(SERVER_KINDS)}), or set [server] kind in calibrate.toml.",
         )
     target = target_fingerprint(cfg)
