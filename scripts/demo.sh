@@ -35,18 +35,19 @@ step() { printf '\033[1m== %s\033[0m\n' "$*"; }
 # a command whose lines say nothing here; when it fails it shows what it said
 quiet() { "$@" >"$work/quiet.log" 2>&1 || { cat "$work/quiet.log" >&2; return 1; }; }
 
-step "calibrate single   (stage A: one fixed prompt, baseline written)"
-calibrate single
-step "calibrate repro    (stage B: same input, same output?)"
-calibrate repro
-step "calibrate ladder   (stage C: batch 1→2→4→8, two rounds each; the mock runs out of memory past 6)"
-calibrate ladder
-step "calibrate ladder --input-tokens 400 --output-tokens 64   (the same ladder on a workload shaped like the job: unique 400-token prompts, answers forced to 64 tokens; 'in tok' shows target→what the server counted)"
-calibrate ladder --input-tokens 400 --output-tokens 64
-step "calibrate sweep    (stage C′: concurrency 1→16 at the verified batch size; the knee is the mock's 4 slots)"
-calibrate sweep
+step "calibrate run --kind vllm   (single → repro → ladder → sweep → pin in one command)"
+# each stage is its own gate, verdict and run folder; the mock runs out of memory past 6 in
+# flight, so the ladder stops at batch 8 and the sweep's knee is its 4 slots
+calibrate run --kind vllm
 sweep_run=$(ls -d runs/*-sweep-* | tail -1)
-step "calibrate sweep --auto --auto-steps 3   (synchronous, then the most the ladder proved in flight, then 3 request rates between: latency against throughput)"
+step "calibrate run again   (every stage passed for this target: the summary, nothing sent)"
+calibrate run --kind vllm
+step "the stages one at a time: calibrate ladder --input-tokens 400 --output-tokens 64"
+# the same ladder on a workload shaped like the job: unique 400-token prompts, answers forced
+# to 64 tokens; 'in tok' shows target→what the server counted
+calibrate ladder --input-tokens 400 --output-tokens 64
+step "calibrate sweep --auto --auto-steps 3   (latency against throughput)"
+# synchronous, then the most the ladder proved in flight, then 3 request rates between
 calibrate sweep --auto --auto-steps 3
 auto_run=$(ls -d runs/*-sweep-* | tail -1)
 step "calibrate status"
@@ -63,7 +64,7 @@ stop_timeout_s = 10
 TOML
 echo "port = $port" >>calibrate.toml
 # the same mock, now started, watched and stopped by calibrate
-step "calibrate server start, then rollback   (stage D: back to the last passing batch, with proof)"
+step "calibrate server start, then rollback   (stage D: back to the last passing batch)"
 kill "$mock_pid" && wait "$mock_pid" 2>/dev/null || true
 trap 'calibrate server stop >/dev/null 2>&1 || true' EXIT
 calibrate server start --kind custom   # at the calibrated setting: batch 4, concurrency 4
@@ -75,16 +76,16 @@ cat >>calibrate.toml <<'TOML'
 concurrency = [1, 2, 4, 8]
 window = 0.25
 TOML
-step "calibrate tune     (stage C″: restart the engine per candidate, --slots 1, 2, 4; ranked by goodput)"
+step "calibrate tune     (stage C″: the engine restarted per candidate, --slots 1, 2, 4)"
 calibrate tune --kind custom --grid batch_size=1,2,4
-step "calibrate pin      (stage E: scripts/launch.sh with the tune winner's flags, batch size and concurrency)"
+step "calibrate pin      (stage E: scripts/launch.sh with the tune winner's flags)"
 calibrate pin --kind custom
 step "restart from the pinned script, then calibrate verify (stage E′)"
 quiet calibrate server stop   # tune stopped its last engine: this only makes sure
 calibrate server start --script scripts/launch.sh
 calibrate verify
 
-step "calibrate batch    (stage F: 200 items at the pinned concurrency, on the server verify checked; rerun = resume)"
+step "calibrate batch    (stage F: 200 items at the pinned concurrency; a rerun resumes)"
 python3 - <<'PY'
 import json
 with open("tasks.jsonl", "w", encoding="utf-8") as handle:
@@ -96,7 +97,7 @@ calibrate batch --input tasks.jsonl --out out.jsonl --prompt "一句话概括：
 calibrate batch --input tasks.jsonl --out out.jsonl --prompt "一句话概括："  # nothing left: resumes
 calibrate server stop
 
-step "calibrate report --html   (one self-contained HTML file per run, from its folder alone: no server)"
+step "calibrate report --html   (one self-contained HTML file per run, no server needed)"
 ladder_run=$(ls -d runs/*-ladder-* | tail -1)
 top() { python3 -c 'import csv, sys; print(max(int(float(r[sys.argv[2]])) for r in csv.DictReader(open(sys.argv[1]))))' "$1/tiers.csv" "$2"; }
 # the reports quietly: their tables are the ones above
@@ -105,4 +106,5 @@ quiet calibrate report "$sweep_run" --html --timeline "$(top "$sweep_run" concur
 quiet calibrate report "$auto_run" --html --timeline "$(top "$auto_run" auto_step)" --no-plot
 
 # final.jsonl's lines: batch's "final:" line counts them
-echo "demo finished: everything it wrote is in $work; report.html in $ladder_run, $sweep_run, $auto_run (sweep --auto)"
+echo "demo finished: everything it wrote is in .demo/; a report.html in each of"
+printf '  %s\n' "$ladder_run (ladder)" "$sweep_run (sweep)" "$auto_run (sweep --auto)"

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from calibrate.cli import main
+from calibrate.cli.lines import unfit
+from calibrate.cli.output import log_width
 from calibrate.server import process
 from tests.helpers import CliResult
 
@@ -50,7 +52,8 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Any:
         capsys.readouterr()
         code = main(list(args))
         captured = capsys.readouterr()
-        return CliResult(code, captured.out, captured.err)
+        said = unfit(captured.err, log_width())
+        return CliResult(code, captured.out, said, printed=captured.err)
 
     return run
 

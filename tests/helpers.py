@@ -20,15 +20,27 @@ REPO = Path(__file__).resolve().parent.parent
 
 @dataclass
 class CliResult:
-    """What ``calibrate ARGS`` run in-process gave back: exit code, stdout, stderr."""
+    """What ``calibrate ARGS`` run in-process gave back: exit code, stdout, stderr.
+
+    ``err`` is what the command said, each message in one line (``calibrate.cli.lines.unfit``:
+    a log wraps prose at 100 columns); ``printed`` is stderr exactly as printed."""
 
     code: int
     out: str
     err: str
+    printed: str = ""
 
     @property
     def json(self) -> Any:
         return json.loads(self.out.strip().splitlines()[-1])
+
+
+def said(stderr: str) -> str:
+    """A calibrate child's stderr with each wrapped message joined back into one line."""
+    from calibrate.cli.lines import unfit
+    from calibrate.cli.output import log_width
+
+    return unfit(stderr, log_width())
 
 
 def write_config(path: Path, base_url: str, extra: str = "", *, model: str = "internlm-s2") -> Path:

@@ -57,3 +57,18 @@ def test_the_thread_samples_a_busy_process() -> None:
     report = monitor.stop()
     assert report.windows >= 3
     assert report.bottleneck and report.cpu_fraction_max > 0.9
+
+
+def test_windows_while_an_endpoint_is_down_never_make_a_bottleneck() -> None:
+    """A batch in an outage sends nothing: the client's CPU or its late timer then says nothing
+    about the server, and "calibrate itself is the bottleneck" would be wrong."""
+    monitor = SelfLoadMonitor(cpu_limit=0.85, confirm=2)
+    monitor.quiet("http://gpu:8000/v1", True)
+    for _ in range(5):
+        monitor.observe(1.0, 0.99, 0.0)
+    assert not monitor.bottleneck and monitor.poll_warning() is None
+    monitor.quiet("http://gpu:8000/v1", False)  # back up: the streak starts again
+    monitor.observe(1.0, 0.99, 0.0)
+    assert not monitor.bottleneck
+    monitor.observe(1.0, 0.99, 0.0)
+    assert monitor.bottleneck

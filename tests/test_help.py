@@ -95,6 +95,7 @@ def test_a_command_starts_without_importing_the_other_commands() -> None:
         "pin",
         "repro",
         "rollback",
+        "run",
         "single",
         "status",
         "sweep",

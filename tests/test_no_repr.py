@@ -86,13 +86,15 @@ def test_a_library_warning_has_the_one_warning_style(cli, isolated: Path) -> Non
 
 
 def test_a_failed_single_call_says_what_is_missing_not_none(cli, isolated: Path) -> None:
-    """An HTTP 500 has no finish_reason and no model: the summary line says so in words."""
+    """An HTTP 500 has no answer, no finish_reason and no model: the failure is said first, in
+    words, with no line of numbers the server never sent."""
     with start_mock(ttft_s=0.002, per_token_s=0.0005, fail_rate=1.0) as mock:
         write_config(isolated / "calibrate.toml", mock.base_url)
         result = cli("single")
     assert result.code != 0
-    summary = next(line for line in result.err.splitlines() if "tokens" in line or "usage" in line)
-    assert "no finish_reason" in summary and "no model named" in summary, result.err
+    first = result.err.splitlines()[0]
+    assert first.startswith("single failed: the request failed (http_5xx): "), result.err
+    assert "no finish_reason" not in result.err and "tokens" not in result.err, result.err
     assert not NONE.search(result.err), result.err
 
 

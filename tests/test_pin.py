@@ -128,3 +128,27 @@ def test_pin_gate_and_config_errors(cli, isolated: Path) -> None:
     no_model = cli("pin", "--kind", "vllm")
     assert no_model.code == 2 and "model_path" in no_model.err
     assert not (isolated / "scripts/launch.sh").exists()
+
+
+def test_pin_without_a_model_path_takes_the_weights_the_server_reported_or_says_to_set_one(
+    cli, isolated: Path
+) -> None:
+    """[server] model_path empty: the launch script loads what /v1/models said it serves (vLLM's
+    root, recorded by single), and says so; with no such report it is exit 2, as before."""
+    write_config(
+        isolated / "calibrate.toml", "http://127.0.0.1:8123/v1", '[server]\nkind = "vllm"\n'
+    )
+    target = str(cli("status", "--json").json["target"])
+    passing_ladder(isolated, target, batch_size=4)
+    refused = cli("pin")
+    assert refused.code == 2 and "[server] model_path is empty" in refused.err, refused.err
+    from calibrate.state.identity import Weights
+    from calibrate.state.ledger import Ledger, LedgerEntry
+
+    served = Weights("", "/models/served-root").to_json()
+    Ledger(isolated / "runs").append(LedgerEntry("single", "s1", target, True, {}, weights=served))
+    pinned = cli("pin")
+    assert pinned.code == 0, pinned.err
+    assert "model path /models/served-root from the server's /v1/models" in pinned.err
+    script = (isolated / "scripts" / "launch.sh").read_text("utf-8")
+    assert "export MODEL_PATH=/models/served-root" in script and "/models/served-root" in script

@@ -126,8 +126,6 @@ def _refusal_cases() -> list[tuple[str, list[str], str]]:
         ("tgi", ["--model-id", "/other"], "--model-id"),
         ("lmdeploy", ["--model-name", "x"], "--model-name"),
         ("llamacpp", ["-np", "8"], "-np"),
-        ("llamacpp", ["-c", "8192"], "-c"),
-        ("llamacpp", ["--ctx-size=8192"], "--ctx-size"),
         ("llamacpp", ["--threads-http", "64"], "--threads-http"),
         ("llamacpp", ["-m", "/other.gguf"], "-m"),
     ]
@@ -160,8 +158,8 @@ def test_the_cap_refusal_says_where_the_value_comes_from(cli: Any, isolated: Pat
     )
     _configure(isolated, "vllm", ["--port", "9001"])
     assert "set the port there" in cli("status").err
-    _configure(isolated, "llamacpp", ["-c", "8192"])
-    assert "calibrate tune --grid ctx_size=" in cli("status").err
+    _configure(isolated, "llamacpp", ["-c", "8192"])  # your context: used (test_pin_context)
+    assert cli("status").code == 0
 
 
 def test_a_kind_given_on_the_command_line_is_checked_too(cli: Any, isolated: Path) -> None:

@@ -80,6 +80,26 @@ def test_unknown_model_names_what_is_served(cli, mock, isolated: Path) -> None:
     result = cli("single", "--model", "other-model")
     assert result.code == 1
     assert "does not serve 'other-model'" in result.err and "internlm-s2" in result.err
+    # the real message first: no line of numbers for an answer that never came, no warning
+    # saying the same thing before it
+    first = result.err.splitlines()[0]
+    assert first == "single failed: the server does not serve 'other-model'; it serves: internlm-s2"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_lmdeploy_engine_error_is_shown_with_its_text(cli, isolated: Path, stream: bool) -> None:
+    """LMDeploy (v0.9.2 – v0.15) answers a request its engine failed with HTTP 200,
+    finish_reason "error" and the reason as the text: the failure quotes it."""
+    with start_mock(
+        ttft_s=0.001, per_token_s=0.0002, error_style="lmdeploy", max_model_len=64
+    ) as m:
+        write_config(isolated / "calibrate.toml", m.base_url)
+        result = cli("single", *(["--stream"] if stream else []))
+    assert result.code == 1, result.err
+    assert (
+        "single failed: the server reported an error (finish_reason 'error'): internal error "
+        "happened, status code ResponseType.INPUT_LENGTH_ERROR" in result.err.splitlines()
+    ), result.err
 
 
 def test_unknown_model_with_400_like_transformers_serve(cli, isolated: Path) -> None:

@@ -27,6 +27,7 @@ from calibrate.server import interrupts
 # One module per command, in the order `calibrate --help` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
     "init",
+    "run",
     "single",
     "repro",
     "ladder",
@@ -45,7 +46,7 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 # The staged calibration's own commands live together in calibration/.
 _FOLDER = dict.fromkeys(
-    ("single", "repro", "ladder", "sweep", "tune", "rollback", "pin", "verify", "status"),
+    ("run", "single", "repro", "ladder", "sweep", "tune", "rollback", "pin", "verify", "status"),
     "calibration.",
 )
 
@@ -56,10 +57,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = StrictParser(
         prog="calibrate",
         description=(
-            "Staged calibration of a local LLM behind an OpenAI-compatible server: "
-            "single → repro → ladder → sweep (→ tune) → pin/verify, rollback, batch."
+            "Staged calibration of a local LLM behind an OpenAI-compatible server:\n"
+            "single → repro → ladder → sweep (→ tune) → pin/verify, rollback, batch;\n"
+            "calibrate run does single → repro → ladder → sweep → pin in one command."
         ),
-        epilog="example: calibrate single --base-url http://127.0.0.1:8000/v1 --model internlm-s2",
+        epilog="example: calibrate run --base-url http://127.0.0.1:8000/v1 --model internlm-s2 "
+        "--kind vllm",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"calibrate {__version__}")

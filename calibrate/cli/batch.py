@@ -13,7 +13,8 @@ passes (exit 4); --restart brings back a managed server that died. --base-url ma
 --final FILE writes one result per id in input order (the last ok, else the last failure; for
 request lines in .jsonl, the Batch API output lines {"id", "custom_id", "response", "error"}).
 
-example: calibrate batch --input tasks.jsonl --out out.jsonl --final final.jsonl --prompt "一句话概括：" -c 4
+example: calibrate batch --input tasks.jsonl --out out.jsonl --final final.jsonl \\
+           --prompt "一句话概括：" -c 4
 """
 
 from __future__ import annotations

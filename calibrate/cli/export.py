@@ -11,7 +11,8 @@ shows it instead of running it as a formula (--raw-csv: as it is). Exit 0 when e
 1 when some are not; 130 when interrupted (Ctrl-C, SIGTERM, SIGHUP: no temp file is left).
 
 example: calibrate export --input tasks.jsonl --out out.jsonl --to final.jsonl
-example: calibrate export --input tasks.jsonl --out out-0.jsonl,out-1.jsonl,out-2.jsonl --to final.csv
+example: calibrate export --input tasks.jsonl --out out-0.jsonl,out-1.jsonl,out-2.jsonl \\
+           --to final.csv
 """
 
 from __future__ import annotations

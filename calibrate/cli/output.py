@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from rich.console import Console
 from rich.table import Table
 
+from calibrate.cli.lines import fit
 from calibrate.cli.streams import can_encode
 from calibrate.redact import printable
 
@@ -48,7 +49,7 @@ class Output:
         )
 
     def say(self, text: str, style: str | None = None) -> None:
-        shown = printable(text)  # a server's ESC sequence is shown, never obeyed
+        shown = fit(printable(text), self.console.width)  # escapes shown, never obeyed
         self.console.print(shown, style=style if self.is_tty else None, markup=False)
 
     def warn(self, text: str) -> None:

@@ -13,6 +13,7 @@ timeout_s = 600                    # per request, all of it (streams too)
 connect_timeout_s = 10
 max_response_mib = 64              # a larger answer is invalid_response
 gpu_metrics_key_env = ""           # variable with a key for --gpu-metrics-url (none by default)
+# base_urls = ["http://gpu1:8000/v1#c=8", "http://gpu2:8000/v1"]  # batch over several servers
 
 [prompt]                           # the fixed input: do not change it between runs
 text = "用一句话说明什么是定长数组。"
@@ -38,10 +39,36 @@ repeats = 3                        # runs per level: the table shows the median 
 gain_min = 0.10                    # a level must add at least 10 % throughput over the best level below it, with its range above that one's, to count
 max_repeats = 6                    # a level whose range overlaps the best's while the medians differ by more than gain_min is run again, up to this many runs
 
+[workload]                         # what ladder and sweep send; their flags override each key
+# source = "tasks"                 # fixed | tasks | synthetic (default: tasks or synthetic when set, else fixed)
+# tasks = "tasks.jsonl"            # your job's items, built into prompts as batch builds them
+# pick = "longest"                 # longest | sample (default: longest for the ladder, sample for the sweep)
+# input_tokens = 2000              # synthetic prompts of this many tokens, or "512:4096" for a range
+# output_tokens = 200              # answers forced to this many tokens where the engine allows it
+shared_prefix = 0.0                # the fraction of each synthetic prompt all of them share
+seed = 0                           # the draw of synthetic prompts and of sampled items
+
 [slo]                              # optional latency bounds at p99; a ladder tier over one stops the ladder and is not kept
 # ttft_p99_s = 0.5                 # time to first token (the ladder then streams its requests)
 # tpot_p99_s = 0.05                # time per output token after the first
 # e2e_p99_s = 20                   # whole request
+
+[tune]                             # calibrate tune: the engine's own flags, searched by restarting it
+# grid = ["max_num_seqs=8,16,32"]  # "KEY=V1,V2,…" per axis (default: the kind's own axes)
+memory_fractions = [0.95, 0.9, 0.85, 0.8, 0.75, 0.7]  # tried high → low for the most demanding candidate
+search = "grid"                    # or "halving": all at a short window, the better half at twice it, …
+budget_s = 0                       # cap the whole run (checked before each start); 0 = none
+# concurrency = [1, 2, 4, 8]       # levels per candidate (default: [sweep] concurrency)
+window = 1.0                       # each level's window as a fraction of the sweep's
+
+[confidence]
+level = 0.95                       # the level of the intervals repeated runs are reported with
+
+[determinism]
+copies = 0                         # copies of the fixed prompt per ladder tier and sweep level; 0 = off, else 8–1024
+
+[cost]                             # what the server's GPUs cost per hour, all of them together
+# gpu_price_per_hour = 2.5         # adds $ per 1M output tokens to the tables (none by default)
 
 # [server]                         # optional: lets calibrate start/stop the server itself
 # kind = "vllm"                    # vllm | llamacpp | sglang | lmdeploy | ollama | tgi | custom

@@ -1,6 +1,7 @@
 """Which of a user's ``[server] args`` calibrate refuses, per engine kind: the flags each kind's
-builder writes itself (the cap, the port, the model, the served name; llama.cpp's -c and
---threads-http), by every spelling the engine takes (``Engine.own_flags``). Both the config
+builder writes itself (the cap, the port, the model, the served name; llama.cpp's
+--threads-http), by every spelling the engine takes (``Engine.own_flags``). llama.cpp's -c is
+not one: a user's own is the job's context, and calibrate then sizes none. Both the config
 check (``calibrate.config``) and the builders (``calibrate.engines.builders``) read it.
 """
 

@@ -9,7 +9,7 @@ registry (``calibrate.engines``), the builders and the ``[server] args`` check r
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -30,10 +30,6 @@ PORT_REASON = "calibrate sets from [server] port: remove it and set the port the
 MODEL_REASON = "calibrate sets from [server] model_path: remove it and set the path there"
 NAME_REASON = (
     "calibrate sets from [target] model (the name clients send): remove it and set it there"
-)
-CTX_REASON = (
-    "calibrate sizes from the slots and the verified workload: remove it; "
-    "search it with calibrate tune --grid ctx_size=V1,V2"
 )
 THREADS_REASON = "calibrate sets from the most requests in flight + 2: remove it"
 CTX_KEY = "ctx_size"  # the tune name of a context the slots share (llama.cpp -c)
@@ -161,10 +157,12 @@ class Engine:
     forcing: Forcing = "full"
     preallocates: bool = False  # reserves its KV cache at start: NVML reads flat under load
     metrics: EngineMetrics = EngineMetrics()
+    metrics_hint: str = ""  # how to turn its KV-cache gauge on, where it may be off
     cap_report: CapReport | None = None
     context_hint: str = ""  # what to raise when an answer runs into the context limit
     http_threads_flag: str | None = None  # sized for the requests in flight (llama.cpp)
     ctx_per_slot: int | None = None  # context shared by the slots: tokens per slot by default
+    ctx_spellings: tuple[str, ...] = ()  # that context's flag as a user may write it in args
     restarts_per_tier: bool = False  # the ladder restarts it at each tier's batch size
     templated: bool = False  # a user's command: tune axes are its {placeholders}, no cap flag
     batch_invariance: BatchInvariance | None = None  # its deterministic mode, where it has one
@@ -192,7 +190,6 @@ class Engine:
             (self.port_flag, PORT_REASON),
             (self.model_flag, MODEL_REASON),
             (self.name_flag, NAME_REASON),
-            (self.tune_flags.get(CTX_KEY) if self.ctx_per_slot else None, CTX_REASON),
             (self.http_threads_flag, THREADS_REASON),
         ]
         return {**{name: why for name, why in written if name}, **self.refused}
@@ -236,10 +233,11 @@ def command(spec: LaunchSpec, engine: Engine) -> EngineCommand:
     argv += [engine.port_flag, str(spec.port), *flag(engine.name_flag, spec.served_name)]
     argv += flag(engine.http_threads_flag, threads_http(spec))
     argv += flag(engine.tune_flags[engine.cap_key], slots)
-    if engine.ctx_per_slot:  # -c covers every slot: sized from them unless tune or pin said
+    if engine.ctx_per_slot:  # -c covers every slot: sized from them unless tune, pin or you said
         ctx = spec.tuned_value(CTX_KEY) or spec.context_tokens
         ctx = ctx or (slots * engine.ctx_per_slot if slots else None)
-        argv += flag(engine.tune_flags[CTX_KEY], ctx)
+        if spec.tuned_value(CTX_KEY) or stated_context(user, engine) is None:
+            argv += flag(engine.tune_flags[CTX_KEY], ctx)
     argv += [*extra, *engine.trailing, *user]
     return EngineCommand(tuple(argv), (), engine.health_path, notes)
 
@@ -272,9 +270,27 @@ def _user_args(spec: LaunchSpec, engine: Engine) -> tuple[tuple[str, ...], tuple
     words = iter(spec.args)
     for word in words:
         name = flag_name(word)
+        if name in engine.ctx_spellings:  # -c or --ctx-size: the one flag tune's ctx_size sets
+            name = table[CTX_KEY]
         if name is None or name not in tuned:
             kept.append(word)
             continue
         value = word.split("=", 1)[1] if "=" in word else next(words, "")
         notes.append(f"{name} {tuned[name]} (tuned) replaces {name} {value} from [server] args")
     return tuple(kept), tuple(notes)
+
+
+def stated_context(args: Sequence[str], engine: Engine) -> int | None:
+    """The shared context a user gave in ``[server] args`` (llama.cpp ``-c 8192`` or
+    ``--ctx-size=8192``): calibrate then sizes none of its own. None: not given, or not a
+    positive whole number (the engine will say what is wrong with it)."""
+    words = list(args)
+    for n, word in enumerate(words):
+        name = flag_name(word)
+        if name is None or name not in engine.ctx_spellings:
+            continue
+        value = (
+            word.split("=", 1)[1] if "=" in word else (words[n + 1] if n + 1 < len(words) else "")
+        )
+        return int(value) if value.isdigit() and int(value) > 0 else None
+    return None

@@ -37,6 +37,13 @@ def with_threads_http(spec: LaunchSpec, argv: tuple[str, ...]) -> tuple[str, ...
     return (*argv, LLAMACPP_THREADS_HTTP, str(threads))
 
 
+# what N to start with before anything was calibrated (afterwards server start uses the setting)
+FIRST_VALUE = {
+    "batch_size": " (before a ladder: the largest of [ladder] batch_sizes, so every tier fits)",
+    "concurrency": " (before a sweep: the largest of [sweep] concurrency)",
+}
+
+
 def custom_argv(spec: LaunchSpec) -> tuple[str, ...]:
     """Split the template first, then substitute into each argument: values never re-split.
 
@@ -67,11 +74,11 @@ def custom_argv(spec: LaunchSpec) -> tuple[str, ...]:
                 f"Give it one: calibrate server start --set {name}=VALUE (kept for rollback, "
                 f"sweep and tune), or search it: calibrate tune --grid {name}=V1,V2,…",
             )
-        if value in (None, ""):
+        if value in (None, ""):  # the ladder needs this server running: never "ladder first"
+            first = FIRST_VALUE.get(name, "")
             raise UsageError(
                 f"the [server] command uses {{{name}}} but no value is known yet",
-                f"Pass it: calibrate server start --{name.replace('_', '-')} N "
-                "(or calibrate a setting first: ladder, then rollback or pin).",
+                f"Pass it: calibrate server start --{name.replace('_', '-')} N{first}.",
             )
         return str(value)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from calibrate.engines.base import (
     CAP_REASON,
-    CTX_REASON,
     MODEL_REASON,
     NAME_REASON,
     AxisValues,
@@ -15,7 +14,7 @@ from calibrate.engines.base import (
 )
 
 # llama.cpp divides -c among its --parallel slots; give each slot this many tokens unless the
-# verified workload says how many it needs (pin: LaunchSpec.context_tokens).
+# job says how many it needs (pin: LaunchSpec.context_tokens) or [server] args set -c.
 LLAMACPP_CTX_PER_SLOT = 4096
 # llama.cpp serves HTTP from a small thread pool: every start gets the most requests calibrate
 # will have in flight + 2 (``base.HTTP_SPARE``, SPEC §5.8).
@@ -40,7 +39,6 @@ ENGINE = Engine(
         "-np": CAP_REASON,
         "--model": MODEL_REASON,
         "-a": NAME_REASON,
-        "--ctx-size": CTX_REASON,
     },
     default_axes=default_axes,
     health_path="/health",  # 503 while the model loads
@@ -54,5 +52,6 @@ ENGINE = Engine(
     context_hint="llama.cpp: raise --ctx-size or lower --parallel",
     http_threads_flag=LLAMACPP_THREADS_HTTP,
     ctx_per_slot=LLAMACPP_CTX_PER_SLOT,
+    ctx_spellings=("-c", "--ctx-size"),  # yours in [server] args: calibrate sizes none
     restarts_per_tier=True,  # its batch size is --parallel: each tier's slots are a restart
 )

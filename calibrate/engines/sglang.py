@@ -14,9 +14,9 @@ from calibrate.engines.base import (
     around,
 )
 
-# SGLang and LMDeploy serve /metrics only with this flag (off by default): without it their
-# KV-cache usage (the pressure signal of an engine that reserves its memory at start, SPEC §8)
-# and queue gauge are missing, and the ladder's VRAM stop rule reads a flat NVML line.
+# SGLang serves /metrics only with this flag (off by default): without it its KV-cache usage
+# (the pressure signal of an engine that reserves its memory at start) and queue gauge are
+# missing, and the ladder's VRAM stop rule reads a flat NVML line.
 ENABLE_METRICS = "--enable-metrics"
 
 
@@ -38,6 +38,7 @@ ENGINE = Engine(
     model_flag="--model-path",
     name_flag="--served-model-name",
     trailing=(ENABLE_METRICS,),
+    metrics_hint='start SGLang with --enable-metrics (kind = "sglang" does)',
     refused={"--model": MODEL_REASON},
     default_axes=default_axes,
     memory_key="mem_fraction_static",

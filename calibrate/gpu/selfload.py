@@ -10,6 +10,10 @@ calibrate's limit, not the GPU's. Ladder, sweep and batch run a ``SelfLoadMonito
     if (text := monitor.poll_warning()): warn(text)   # at most once
     report = monitor.stop()               # SelfLoadReport for summaries
 
+While an endpoint is down (a batch's outage: nothing is being sent to it, workers wait on
+probes) the client's load says nothing about the server: ``quiet(name, True)`` until
+``quiet(name, False)``, and no window in between counts toward a bottleneck.
+
 A sweep asks per level: ``mark = monitor.mark()`` before it, ``monitor.bound_since(mark)`` after
 (the reason, or "" when the client kept up during that level).
 
@@ -94,6 +98,7 @@ class SelfLoadMonitor:
         self._streak = 0
         self._cause_text = ""  # what made it client-bound; the advice is added when it is said
         self._warned = False
+        self._quiet: set[str] = set()  # what is down now (``quiet``): windows do not count
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -102,12 +107,25 @@ class SelfLoadMonitor:
         """Account one window (also how tests drive the monitor without a thread)."""
         sample = SelfLoadSample(cpu_s / wall_s if wall_s > 0 else 0.0, lag_s)
         with self._lock:
+            if self._quiet:  # an outage: no load is being sent, nothing to judge
+                self._streak = 0
+                return sample
             self._samples.append(sample)
             bound = sample.cpu_fraction >= self.cpu_limit or sample.lag_s >= self.lag_limit_s
             self._streak = self._streak + 1 if bound else 0
             if self._streak >= self.confirm and not self._cause_text:
                 self._cause_text = self._cause(sample)
         return sample
+
+    def quiet(self, name: str, down: bool) -> None:
+        """``name`` (an endpoint) went down (``down``) or came back: while any is down no
+        window counts toward a bottleneck, and the streak starts again after."""
+        with self._lock:
+            if down:
+                self._quiet.add(name)
+            else:
+                self._quiet.discard(name)
+            self._streak = 0
 
     def mark(self) -> int:
         """Where the windows measured so far end: ``bound_since`` looks only after it."""

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from calibrate.engines import PREALLOCATING_KINDS
+from calibrate.engines import PREALLOCATING_KINDS, find
 from calibrate.gpu.energy import (
     EnergyReader,
     EnergySample,
@@ -172,6 +172,7 @@ class VramMonitor:
         self.problems = tuple(problems)  # the sources tried that gave nothing, and why
         self.interval_s = interval_s
         self.preallocating_kind = server_kind in PREALLOCATING_KINDS
+        self.server_kind = server_kind
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -217,11 +218,25 @@ class VramMonitor:
         is off), else those asked for by a flag — the others are still used."""
         if not self.measured:
             tried = "; ".join(p.text() for p in self.problems) or "no source asked for"
-            return [f"VRAM not measured ({tried}): the VRAM stop rule is skipped"]
+            skipped = f"VRAM not measured ({tried}): the VRAM stop rule is skipped"
+            return [skipped, *self._no_kv_gauge()]
+        failed = [p for p in self.problems if p.explicit]
+        lines = [f"{p.text()}: measuring without it, from {self.source}" for p in failed]
+        return [*lines, *self._no_kv_gauge()]
+
+    def _no_kv_gauge(self) -> list[str]:
+        """An engine that reserves its memory at start whose /metrics gave no KV-cache gauge:
+        its memory reads flat, so the VRAM rule has nothing to go on — and how to turn it on."""
+        engine = find(self.server_kind)
+        if engine is None or not engine.preallocates or not engine.metrics.kv:
+            return []
+        sample = self.last or self.sample()
+        if sample is not None and sample.kv_usage is not None:
+            return []
+        hint = engine.metrics_hint or f"check that {engine.name}'s /metrics answers at its address"
         return [
-            f"{p.text()}: measuring without it, from {self.source}"
-            for p in self.problems
-            if p.explicit
+            f"no {engine.metrics.kv[0]} on the server's /metrics: {engine.name} reserves its "
+            f"memory at start, so it reads flat and the VRAM rule has little to go on; {hint}"
         ]
 
     def sample(self) -> VramSample | None:

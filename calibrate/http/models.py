@@ -108,6 +108,9 @@ def _no_context() -> ContextLimit | None:
     return None
 
 
+ERROR_TEXT_CHARS = 200  # of an answer that is an error report, the most a message quotes
+
+
 def incomplete_reason(
     choice: Choice,
     max_tokens: int | None = None,
@@ -130,6 +133,9 @@ def incomplete_reason(
         return _cut_short(forced_tokens, completion_tokens, prompt_tokens, context())
     if choice.finish_reason == "length":
         return _cut_at_length(max_tokens, completion_tokens)
+    if choice.finish_reason == "error":  # LMDeploy: HTTP 200, the engine's failure as the text
+        said = " ".join(choice.text.split())[:ERROR_TEXT_CHARS]
+        return f"the server reported an error (finish_reason 'error'): {said or 'no text'}"
     if choice.finish_reason != "stop":
         return f"finish_reason is {choice.finish_reason!r}, not 'stop'"
     if not choice.text.strip():

@@ -55,3 +55,14 @@ def read_context(client: OpenAIClient, model: str) -> ContextLimit | None:
     if not found:
         return None
     return ContextLimit(found[0], "context (max_model_len)", MAX_MODEL_LEN_HINT, "GET /v1/models")
+
+
+def props_model_path(client: OpenAIClient) -> str:
+    """The weights a llama.cpp loaded, as its ``GET /props`` says (``model_path``): what vLLM's
+    ``/v1/models`` root says for it ("" when the server has no /props or says none)."""
+    try:
+        props = json_text.loads(client.get_text("/props"))
+    except (RequestError, ValueError):
+        return ""
+    path = props.get("model_path") if isinstance(props, dict) else None
+    return path if isinstance(path, str) else ""

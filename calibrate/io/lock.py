@@ -110,7 +110,7 @@ def _lock_identity(path: Path, what: str) -> int:
     except OSError as exc:
         raise InputError(
             f"cannot open {what}: {exc.strerror or exc}",
-            "Choose a writable place for it; nothing was sent.",
+            "Choose a writable place for it; nothing was done.",
         ) from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -58,7 +58,7 @@ def _identity(what: str, path: Path, *, output: bool) -> _Identity:
         raise UsageError(
             f"{what} {path} is {kind_of(found.st_mode)}, not a regular file: writing it "
             "would replace it",
-            "Give a path for a new or regular file; nothing was sent or written.",
+            "Give a path for a new or regular file; nothing was done.",
         )
     try:
         resolved = path.resolve()
@@ -81,7 +81,7 @@ def check_outputs(writes: Iterable[Named], reads: Iterable[Named] = ()) -> None:
                 raise UsageError(
                     f"{out.what} {out.path} is the same file as {other.what} "
                     f"{other.path}{link}: writing it would overwrite it",
-                    f"Give {out.what} another path; nothing was sent or written.",
+                    f"Give {out.what} another path; nothing was done.",
                 )
 
 
@@ -126,5 +126,5 @@ def check_writable(path: Path, flag: str, example: str) -> None:
     if problem:
         raise UsageError(
             f"cannot write {flag} {path}: {problem}",
-            "Give a path in a writable folder; nothing was sent or written.",
+            "Give a path in a writable folder; nothing was done.",
         )

@@ -40,7 +40,7 @@ from calibrate.workload import Pick, WorkloadSpec
 
 ItemId = str | int
 
-FIX_HINT = "Fix the tasks file and run again; nothing was sent and no output was written."
+FIX_HINT = "Fix the tasks file and run again; nothing was done."
 POOL = 4096  # at most this many messages are kept, whatever the file's size
 MAX_MODELS = 16  # distinct models named by request bodies, kept with their first line
 
@@ -98,7 +98,7 @@ class InputIndex:
 
 TASKS_RULE = "a tasks file has one JSON object per line (JSONL)"
 TASKS_HINT = (
-    "Write one item per line (a JSON array or another format is not JSONL); nothing was sent."
+    "Write one item per line (a JSON array or another format is not JSONL); nothing was done."
 )
 
 

@@ -8,7 +8,7 @@ from typing import Literal
 from calibrate.mock import text
 from calibrate.mock.settings import MockSettings
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "error"]
 
 
 @dataclass(frozen=True)

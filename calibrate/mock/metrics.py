@@ -11,6 +11,8 @@ running and queued requests and, where the engine exports one, its KV-cache usag
 - llamacpp: ``llamacpp:requests_processing``, ``llamacpp:requests_deferred`` (no KV gauge, as
   current llama.cpp)
 - tgi: ``tgi_batch_current_size``, ``tgi_queue_size`` (no KV gauge)
+- lmdeploy: ``lmdeploy:num_requests_running``, ``lmdeploy:num_requests_waiting``,
+  ``lmdeploy:gpu_cache_usage_perc``, labelled ``engine="0"`` (its data-parallel rank)
 - mock (the default): the mock's gauges and the vLLM three, unlabelled by engine, as before.
 
 With ``--power-w W``, a DCGM exporter's gauges for the simulated GPU beside them (labelled
@@ -86,6 +88,12 @@ def _engine_gauges(style: MetricsStyle, snap: Snapshot) -> list[Gauge]:
             ("llamacpp:requests_processing", "Number of requests processing.", snap.running),
             ("llamacpp:requests_deferred", "Number of requests deferred.", snap.waiting),
         ]
+    if style == "lmdeploy":
+        return [
+            ("lmdeploy:num_requests_running", "Number of running requests.", snap.running),
+            ("lmdeploy:num_requests_waiting", "Number of waiting requests.", snap.waiting),
+            ("lmdeploy:gpu_cache_usage_perc", "GPU KV-cache usage.", snap.kv_cache_usage),
+        ]
     return [
         ("tgi_batch_current_size", "Current batch size", snap.running),
         ("tgi_queue_size", "Current queue size", snap.waiting),
@@ -113,6 +121,8 @@ def _preemption_counter(style: MetricsStyle) -> str | None:
 def _labels(style: MetricsStyle, model: str) -> str:
     if style == "vllm":
         return f'{{engine="0",model_name="{model}"}}'
+    if style == "lmdeploy":
+        return '{engine="0"}'
     if style in ("mock", "sglang"):
         return f'{{model_name="{model}"}}'
     return ""

@@ -41,6 +41,7 @@ class GenerateRequest:
     include_usage: bool
     min_tokens: int = 0
     ignore_eos: bool = False
+    engine_error: str = ""  # answered with LMDeploy's finish_reason "error" (error_style)
 
     def cap(self, prompt_tokens: int, max_model_len: int) -> int | None:
         """The most tokens an answer may have: max_tokens, or the context left when EOS is off."""
@@ -114,7 +115,10 @@ def parse_request(kind: Kind, body: object, settings: MockSettings) -> GenerateR
         )
     min_tokens, ignore_eos = _forcing(body, max_tokens, settings)
     longest = max(counts) + (max_tokens or 0)
-    if longest > settings.max_model_len:
+    engine_error = ""
+    if longest > settings.max_model_len and settings.error_style == "lmdeploy":
+        engine_error = "ResponseType.INPUT_LENGTH_ERROR"  # LMDeploy: the session cannot hold it
+    elif longest > settings.max_model_len:
         message = (
             f"This model's maximum context length is {settings.max_model_len} tokens. However, "
             f"you requested {longest} tokens ({max(counts)} in the messages, {max_tokens or 0} "
@@ -124,7 +128,16 @@ def parse_request(kind: Kind, body: object, settings: MockSettings) -> GenerateR
     include_usage = bool(options.get("include_usage")) if stream else True
     max_tokens = _slot_room(max(counts), max_tokens, settings)
     return GenerateRequest(
-        kind, model, prompts, counts, max_tokens, stream, include_usage, min_tokens, ignore_eos
+        kind,
+        model,
+        prompts,
+        counts,
+        max_tokens,
+        stream,
+        include_usage,
+        min_tokens,
+        ignore_eos,
+        engine_error,
     )
 
 

@@ -20,6 +20,7 @@ from email.message import Message
 from typing import Protocol
 
 from calibrate.mock import payloads
+from calibrate.mock.answer import Generation
 from calibrate.mock.kv import SeqPlan
 from calibrate.mock.model import Admission, MockModel
 from calibrate.mock.payloads import GenerateRequest, Json, error_body
@@ -104,9 +105,15 @@ def answer(
         headers = {"Retry-After": f"{settings.retry_after_s:g}"}
         wire.send_json(429, error_body(message, "TooManyRequestsError", 429), headers)
         return
+    if adm.outcome == "fail" and settings.error_style == "lmdeploy":
+        _engine_error(wire, req, "ResponseType.INTERNAL_ENGINE_ERROR")
+        return
     if adm.outcome == "fail":
         body = error_body("Internal server error (injected fault).", "InternalServerError", 500)
         wire.send_json(500, body)
+        return
+    if req.engine_error:
+        _engine_error(wire, req, req.engine_error)
         return
     if adm.echo_headers:  # a careless proxy: the request's headers, key included, echoed
         seen = "; ".join(f"{name}: {value}" for name, value in request_headers.items())
@@ -182,6 +189,22 @@ def answer(
             break
         if n == len(events) - 1:
             generated()  # the last event ([DONE]) is about to go out
+        wire.write_chunk(event.encode())
+    wire.write(b"0\r\n\r\n")
+
+
+def _engine_error(wire: Wire, req: GenerateRequest, status: str) -> None:
+    """LMDeploy's answer to a request its engine failed (v0.9.2 – v0.15): HTTP 200, the reason
+    as the text, ``finish_reason: "error"`` — whole or streamed, at once."""
+    settings = wire.settings
+    failed = Generation(f"internal error happened, status code {status}", "error", 1)
+    gens = [failed for _ in req.prompts]
+    rid, created = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
+    if not req.stream:
+        wire.send_json(200, payloads.full_response(req, gens, rid, created, settings))
+        return
+    wire.sse_headers()
+    for event in stream_events(req, gens, rid, created, settings):
         wire.write_chunk(event.encode())
     wire.write(b"0\r\n\r\n")
 

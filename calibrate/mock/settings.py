@@ -8,8 +8,13 @@ from typing import Literal
 
 OnKvFull = Literal["oom", "preempt", "queue"]
 ON_KV_FULL: tuple[OnKvFull, ...] = ("oom", "preempt", "queue")
-MetricsStyle = Literal["mock", "vllm", "sglang", "llamacpp", "tgi"]
-METRICS_STYLES: tuple[MetricsStyle, ...] = ("mock", "vllm", "sglang", "llamacpp", "tgi")
+MetricsStyle = Literal["mock", "vllm", "sglang", "llamacpp", "tgi", "lmdeploy"]
+METRICS_STYLES: tuple[MetricsStyle, ...] = ("mock", "vllm", "sglang", "llamacpp", "tgi", "lmdeploy")
+# how a request the engine cannot serve is answered: an HTTP error (vLLM, and LMDeploy from
+# v0.16), or LMDeploy's HTTP 200 with finish_reason "error" and "internal error happened, status
+# code ResponseType.…" as its text (v0.9.2 – v0.15)
+ErrorStyle = Literal["http", "lmdeploy"]
+ERROR_STYLES: tuple[ErrorStyle, ...] = ("http", "lmdeploy")
 Outcome = Literal["ok", "oom", "fail", "reset", "overload"]
 OUTCOMES: tuple[Outcome, ...] = ("ok", "oom", "fail", "reset", "overload")
 # the wrong shapes of --malformed-rate (mock.reply.malformed_body): what a broken server sends
@@ -82,6 +87,8 @@ class MockSettings:
     # chat messages go through a chat template before the answer is derived (as an instruct
     # model's engine applies one): a raw /v1/completions of the same text answers otherwise
     chat_template: bool = False
+    metrics: bool = True  # False: GET /metrics is 404, an engine whose metrics are off
+    error_style: ErrorStyle = "http"
     # Start-up memory (tune's memory step): asked for more than fits → exit 1 at start, CUDA OOM.
     memory_fraction: float | None = None
     max_memory_fraction: float | None = None
@@ -163,5 +170,7 @@ class MockSettings:
             raise ValueError(f"on_kv_full must be one of {', '.join(ON_KV_FULL)}")
         if self.metrics_style not in METRICS_STYLES:
             raise ValueError(f"metrics_style must be one of {', '.join(METRICS_STYLES)}")
+        if self.error_style not in ERROR_STYLES:
+            raise ValueError(f"error_style must be one of {', '.join(ERROR_STYLES)}")
         if self.unknown_model_status not in (400, 404):
             raise ValueError("unknown_model_status must be 400 or 404")

@@ -23,13 +23,19 @@ from rich.text import Text
 
 from calibrate.io.tier_table import Kind
 from calibrate.redact import printable
-from calibrate.report.tables.cells import Cells
+from calibrate.report.tables.cells import Cells, context_axis
 from calibrate.report.tables.columns import fitting_columns
 from calibrate.report.tables.tiers import LEFT_JUSTIFIED, tier_table
 
 # What a later row may need more than the first: an error kind ("2 oom:2"), a range and a
 # gain of a faster level ("123.45–130.00", "(+12%)").
 ROOM = {"errors": len("2 oom:2"), "range": len("123.45–130.00"), "gain": len("(+12%)")}
+# A context ladder's rows grow: 512 first, up to the server's context last (a 6-digit length on
+# a long-context model), so its first row cannot size the length columns: this one sizes them.
+LONGEST_CONTEXT = {"input_tokens_target": 131072, "input_tokens_mean": 131072}
+# A rate level's verdict may say it saturated ("pass saturated"), where the first level's said
+# "pass": its column has that room from the first row.
+SWEEP_ROOM = {"verdict": len("pass saturated")}
 
 
 @dataclass(frozen=True)
@@ -117,7 +123,8 @@ def live_rows(
 class LogTable:
     """A log's table, a row as each tier finishes: the header (no rule under it in a log) comes
     with the first row, which fixes the columns (the essential ones, fitting the console, as a
-    terminal's live table) and their widths (a later, wider cell pushes the rest of its row right). --wide
+    terminal's live table) and their widths (a later, wider cell pushes the rest of its row right;
+    a context ladder's length columns have room for a long context from the start). --wide
     prints every column once more at the end, as on a terminal."""
 
     def __init__(self, console: Console, kind: Kind) -> None:
@@ -137,9 +144,12 @@ class LogTable:
         limit = width = self.console.width
         while True:
             before = len(self.columns)
-            self.columns = fitting_columns([row], self.kind, limit, wide=False)
+            rows = [row, {**row, **LONGEST_CONTEXT}] if context_axis([row]) else [row]
+            self.columns = fitting_columns(rows, self.kind, limit, wide=False)
+            room = {**ROOM, **(SWEEP_ROOM if self.kind == "sweep" else {})}
             self.widths = [
-                max(len(name), len(cell(row)), ROOM.get(name, 0)) for name, cell in self.columns
+                max(len(name), *(len(cell(r)) for r in rows), room.get(name, 0))
+                for name, cell in self.columns
             ]
             over = sum(self.widths) + 2 * (len(self.widths) - 1) - width
             if over <= 0 or len(self.columns) == before:  # fits, or none left to drop

@@ -19,7 +19,7 @@ from calibrate.io.store import read_object
 from calibrate.numbers import finite
 from calibrate.report.html.parts import page, table, text
 from calibrate.report.html.svg import BarValue, bar_chart
-from calibrate.report.tables.tune import COLUMNS, LEFT
+from calibrate.report.tables.tune import LEFT, columns_of
 
 HEADER_BYTES = 4096  # the first line of a tiers.csv, read no further
 REQUIRED = ("rank", "id", "flags", "status", "cap", "errors", "incidents")
@@ -126,7 +126,8 @@ def tune_html(view: TuneView) -> str:
         plot = f'<p><img alt="goodput per candidate" src="data:image/svg+xml;base64,{data}"></p>'
 
     notes = "".join(f"<li>{text(n)}</li>" for n in view.notes())
-    cells = [[cell(r) for _, cell in COLUMNS] for r in view.rows]  # the terminal's cells
+    columns = columns_of(view.rows)
+    cells = [[cell(r) for _, cell in columns] for r in view.rows]  # the terminal's cells
     return page(
         title,
         [
@@ -134,6 +135,6 @@ def tune_html(view: TuneView) -> str:
             f'<p class="verdict" id="verdict-word"><strong>{text(view.headline())}</strong></p>',
             f'<ul id="notes">{notes}</ul>' if notes else "",
             plot,
-            table("candidates", [name for name, _ in COLUMNS], cells, text_columns=LEFT),
+            table("candidates", [name for name, _ in columns], cells, text_columns=LEFT),
         ],
     )

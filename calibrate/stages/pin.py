@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from calibrate import server
+from calibrate.engines import find
 from calibrate.engines.args import ServerKind
+from calibrate.engines.base import LaunchSpec
 from calibrate.engines.builders import SERVER_KINDS, EngineCommand, build
 from calibrate.errors import ConfigError, GateClosed
 from calibrate.gpu.energy import pinned_cost
@@ -23,8 +26,9 @@ from calibrate.server import launch_script
 from calibrate.server.launch_script import PinnedValues
 from calibrate.server.process import running_kind
 from calibrate.stages.context import StageContext
-from calibrate.stages.pin_context import context_for
+from calibrate.stages.pin_context import JobInput, context_for
 from calibrate.state.gates import next_step
+from calibrate.state.ledger import current_weights
 from calibrate.state.setting import resolve
 from calibrate.state.summaries import PinSummary
 from calibrate.state.summary_values import Setting
@@ -38,6 +42,7 @@ class PinResult:
     tuned: tuple[tuple[str, str], ...] = ()
     tuned_by: str = ""
     next_command: str = ""  # ``gates.next_step`` once the pin is recorded
+    model_from: str = ""  # where the model path came from when [server] model_path is empty
 
     def summary(self) -> PinSummary:
         v = self.values
@@ -93,7 +98,35 @@ def refuse_unrun_cap(ctx: StageContext, run_id: str, batch: int) -> None:
             )
 
 
-def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = None) -> PinResult:
+def _default_context(kind: str, slots: int, tuned: tuple[tuple[str, str], ...]) -> str:
+    """A shared context left at the engine's default per slot: said, with how to size it for
+    the job (nothing for an engine whose slots do not share one, or a tuned -c)."""
+    shared = find(kind)
+    if shared is None or shared.ctx_per_slot is None or any(k == "ctx_size" for k, _ in tuned):
+        return ""
+    return (
+        f"-c {slots * shared.ctx_per_slot} = {slots} slot{'s' if slots != 1 else ''} x {shared.name}'s "
+        f"{shared.ctx_per_slot} a slot: the ladder sent no input shaped like the job; size it "
+        "with calibrate pin --tasks FILE (the batch input), or set -c in [server] args"
+    )
+
+
+def _loads_a_path(spec: LaunchSpec) -> bool:
+    """Whether the launch command names the weights' path (Ollama pulls by name; a custom
+    command only where it has a {model_path} placeholder)."""
+    if spec.kind == "custom":
+        return "{model_path}" in spec.command
+    found = find(spec.kind)
+    return found is not None and found.needs_model_path
+
+
+def run_pin(
+    ctx: StageContext,
+    *,
+    kind: str | None = None,
+    out: Path | None = None,
+    job: JobInput | None = None,
+) -> PinResult:
     """Write the launch script for the calibrated setting, record the pin in the ledger and
     close the run; the result carries the next step."""
     setting = resolve(ctx.ledger, ctx.target)
@@ -110,17 +143,28 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
     # llama.cpp's slots are the engine's cap, which is the batch size (SPEC §5.0); a tuned -c wins
     sized = None
     if not any(key == "ctx_size" for key, _ in tuned):
-        sized = context_for(ctx.ledger, ctx.target, cfg.runs_dir, engine, batch)
+        sized = context_for(
+            ctx.ledger, ctx.target, cfg.runs_dir, engine, batch, args=cfg.server.args, job=job
+        )
     tokens = sized.context_tokens if sized else None
-    command = build(server.launch_spec(cfg, engine, batch, concurrency, tokens, tuned))
+    spec = server.launch_spec(cfg, engine, batch, concurrency, tokens, tuned)
+    if cfg.server.kind is None:  # no [server] set up: serve where the calibrated server did
+        spec = replace(spec, port=urlsplit(cfg.target.base_url).port or spec.port)
+    model_from = ""
+    if not spec.model_path and _loads_a_path(spec):  # what the server said it serves (root)
+        root = current_weights(cfg, ctx.ledger, ctx.target).served_root
+        spec = replace(spec, model_path=root)
+        model_from = f"model path {root} from the server's /v1/models" if root else ""
+    command = build(spec)
+    context = sized.describe() if sized else _default_context(engine, batch, tuned)
     tuned_text = ""
     if tuned:
         flags = ", ".join(f"{k}={v}" for k, v in tuned)
         tuned_text = f"{setting.tuned_by or 'a tune run'}: {flags}"
     values = PinnedValues(
         kind=engine,
-        model_path=cfg.server.model_path,
-        port=cfg.server.port,
+        model_path=spec.model_path,
+        port=spec.port,
         batch_size=batch,
         concurrency=concurrency,
         verified_by=setting.batch_from,
@@ -129,7 +173,7 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
         pinned_by=ctx.run.run_id,
         pinned_at=utc_now_iso(),
         workload=setting.verified_on(),
-        context=sized.describe() if sized else "",
+        context=context,
         tuned=tuned_text,
         cost=pinned_cost(ctx.ledger.view().entries, setting.run_id, batch, concurrency),
     )
@@ -137,7 +181,9 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
     path = out or cfg.scripts_dir / "launch.sh"
     launch_script.write(path, text)
     ctx.run.write_text("launch.sh", text)
-    result = PinResult(path, values, command, tuned, setting.tuned_by if tuned else "")
+    result = PinResult(
+        path, values, command, tuned, setting.tuned_by if tuned else "", model_from=model_from
+    )
     ctx.record_result(True, result.summary())
     ctx.run.close()
     return replace(result, next_command=next_step(cfg, ctx.ledger, ctx.target))

@@ -12,6 +12,7 @@ from calibrate.errors import ErrorInfo, InputError, RequestError, ServerUnreacha
 from calibrate.http.error_kinds import refusal_cause
 from calibrate.http.models import ServerIdentity, incomplete_reason
 from calibrate.http.request_times import RequestTimes, monotonic
+from calibrate.http.server_context import props_model_path
 from calibrate.io.atomic import copy_atomic, write_atomic
 from calibrate.io.jsonl import dumps_line, read_jsonl
 from calibrate.io.records import RequestRecord
@@ -170,8 +171,6 @@ def run_single(
     ledger line: (whether it passed, what it adds to the summary)."""
     identity, warnings = server_identity(ctx)
     model = ctx.config.target.model
-    if identity.model_ids and model not in identity.model_ids:
-        warnings.append(f"the server lists {identity.models_text} but the config names {model!r}")
     record = fixed_prompt_call(ctx, stream=stream)
     ctx.run.append("records.jsonl", record.to_json())
     identity = replace(
@@ -179,6 +178,8 @@ def run_single(
     )
     problems = diagnose(record, identity, model, streamed=stream)
     answered = record.error is None or record.error.kind == "incomplete"
+    if answered and identity.model_ids and model not in identity.model_ids:  # else the failure says
+        warnings.append(f"the server lists {identity.models_text} but the config names {model!r}")
     served = model_mismatch(identity, record.served_model, model) if answered else None
     accepted = None
     if served is not None and accept_model:
@@ -193,7 +194,8 @@ def run_single(
     ctx.run.update_manifest(server=identity.to_json())
     passed, more = after() if result.passed and after is not None else (result.passed, {})
     summary = PlainSummary({**result.summary(), **more})
-    ctx.record_result(passed, summary, served_root=served_root(identity, model))
+    root = served_root(identity, model) or props_model_path(ctx.client)  # llama.cpp: /props
+    ctx.record_result(passed, summary, served_root=root)
     ctx.run.close()
     return result
 

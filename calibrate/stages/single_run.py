@@ -101,6 +101,8 @@ class SingleOutcome:
             else "no model named"
         )
         out: list[Line] = [("warn", warning) for warning in result.warnings]
+        if record.text is None and record.finish_reason is None and record.error is not None:
+            return out  # no answer: the verdict says what went wrong, first
         if record.text is not None:
             out.append(("say", f"answer: {record.text.strip()}"))
         out.append(("say", f"{finish}, {tokens}, {record.elapsed_s:.3f}s{ttft}, {served}"))

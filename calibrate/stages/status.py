@@ -97,3 +97,29 @@ def verdict(entry: LedgerEntry) -> str:
     if entry.passed:
         return "passed"
     return "interrupted" if entry.interrupted else "FAILED"
+
+
+def why_lines(status: TargetStatus) -> tuple[str, ...]:
+    """Why the setting is what it is, a line from the ladder and one from the sweep, as their
+    ledger lines say it (``calibrate run``'s summary)."""
+    lines = []
+    ladder, sweep = status.latest.get("ladder"), status.latest.get("sweep")
+    if ladder is not None and ladder.passed:
+        reason = ladder.summary.get("setting_reason")
+        lines.append(f"ladder: {reason}" if isinstance(reason, str) and reason else "")
+    if sweep is not None and sweep.passed:
+        lines.append(f"sweep: {_sweep_reason(sweep.summary)}")
+    return tuple(line for line in lines if line)
+
+
+def _sweep_reason(summary: dict[str, Any]) -> str:
+    """The knee and how sure it is; a rate sweep's recommendation; else the concurrency."""
+    knee = summary.get("knee")
+    if isinstance(knee, dict) and isinstance(knee.get("how_sure"), str) and knee["how_sure"]:
+        first = str(knee["how_sure"]).split("; ", 1)[0]  # "knee at 4 (+99 % over 2)"
+        return f"{first} — {'sure' if knee.get('sure') is True else 'not sure'}"
+    recommendation = summary.get("recommendation")
+    if isinstance(recommendation, str) and recommendation:
+        return recommendation
+    concurrency = summary.get("recommended_concurrency")
+    return f"recommended concurrency {concurrency}" if concurrency else "no recommendation"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from calibrate.errors import GateClosed
+from calibrate.http.server_context import props_model_path
 from calibrate.io.baseline import Normaliser
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.stop_rules import ServerCap
@@ -90,7 +91,7 @@ def run_verify(ctx: StageContext, normaliser: Normaliser, *, force: bool = False
     record the verdict (with the root the server serves now) and, after a pass, what to run
     next; the run folder is closed."""
     identity, _ = server_identity(ctx)  # no server there: exit 4
-    root = served_root(identity, ctx.config.target.model)
+    root = served_root(identity, ctx.config.target.model) or props_model_path(ctx.client)
     if root:
         gate = setting_gate(ctx.config, ctx.ledger, ctx.target, served_root=root)
         if not gate.open and not force:

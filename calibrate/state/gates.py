@@ -14,6 +14,9 @@ from calibrate.state.ledger import Gate, Ledger, baseline_path, current_weights
 from calibrate.state.pipeline import (
     MAIN_LINE,
     ROLLBACK_AFTER_DEATH,
+    RUN_LINE,
+    StageName,
+    builds_on,
     next_after,
     restart_then_verify,
     standing,
@@ -134,3 +137,26 @@ def next_step(cfg: Config, ledger: Ledger, target: str) -> str:
             gate = check_gate(stage, cfg, ledger, target)
             return f"calibrate {stage}" if gate.open else gate.run_first
     return next_after("verify")
+
+
+def first_not_passed(cfg: Config, ledger: Ledger, target: str) -> StageName | None:
+    """Where ``calibrate run`` resumes for ``target``: the first stage of ``RUN_LINE`` whose
+    latest line did not pass, was measured on other weights than the server's now, is older
+    than the result it builds on (a sweep older than the ladder, a pin older than the sweep), or
+    whose gate is closed now (None: every one passed). Single also needs its baseline on disk."""
+    now = standing(ledger, target)
+    weights = current_weights(cfg, ledger, target)
+    for stage in RUN_LINE:
+        entry = now.latest.get(stage)
+        if entry is None or not entry.passed:
+            return stage
+        if Weights.from_json(entry.weights).mismatch(weights):
+            return stage
+        before = builds_on(stage)
+        if before is not None and not now.newer(stage, before):
+            return stage
+        if stage == "single" and not baseline_path(cfg).exists():
+            return stage
+        if not check_gate(stage, cfg, ledger, target).open:
+            return stage
+    return None

@@ -2,8 +2,9 @@
 
 A change that cannot change the answer must not reset the gates; one that can, must. So the
 fingerprint covers the **host** of base_url (not its port, scheme or path: a server moved to
-another port is the same server), the model name, the prompt text and the sampling params — and
-not ``[server]`` at all, which a user may fill in after the ladder. The weights are guarded by
+another port is the same server; this machine by any name — localhost, 127.0.0.1, ::1 — is one
+host), the model name, the prompt text and the sampling params — and not ``[server]`` at all,
+which a user may fill in after the ladder. The weights are guarded by
 comparison instead: every ledger line records ``model_path`` and what ``/v1/models`` reported
 (vLLM's ``root``), and a gate closes when a recorded non-empty value differs from the current one.
 """
@@ -11,6 +12,7 @@ comparison instead: every ledger line records ``model_path`` and what ``/v1/mode
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -76,9 +78,20 @@ class TargetIdentity:
         return out
 
 
+LOOPBACK = "127.0.0.1"  # the one name of this machine in a target's identity
+_LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
+
+
 def url_host(base_url: str) -> str:
-    """The host name of a URL, lower-cased, without userinfo or port."""
-    return (urlsplit(base_url).hostname or "").lower()
+    """The host name of a URL, lower-cased, without userinfo or port; this machine by any name
+    (``localhost``, ``127.0.0.1``, ``[::1]``, any 127.x.y.z) is one host, ``127.0.0.1``."""
+    host = (urlsplit(base_url).hostname or "").lower().rstrip(".")
+    if host in _LOOPBACK_NAMES or host.endswith(".localhost"):
+        return LOOPBACK
+    try:
+        return LOOPBACK if ipaddress.ip_address(host).is_loopback else host
+    except ValueError:  # a name, not an address
+        return host
 
 
 @dataclass(frozen=True)

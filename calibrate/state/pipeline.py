@@ -49,9 +49,19 @@ PIPELINE: tuple[Step, ...] = (
 
 #: the order ``status`` walks to find the next command (optional stages left out)
 MAIN_LINE: tuple[StageName, ...] = ("single", "repro", "ladder", "sweep", "pin", "verify")
+#: what ``calibrate run`` runs, in order: the main line up to the launch script
+RUN_LINE: tuple[StageName, ...] = ("single", "repro", "ladder", "sweep", "pin")
+#: in ``RUN_LINE`` each of these measures, or pins, what the one before it found: an older one
+#: than the stage before it is out of date
+_BUILDS_ON = {"sweep": "ladder", "pin": "sweep"}
 OPTIONAL: tuple[StageName, ...] = ("tune", "rollback", "batch")
 
 _BY_NAME = {step.stage: step for step in PIPELINE}
+
+
+def builds_on(stage: str) -> str | None:
+    """The stage of ``RUN_LINE`` whose result ``stage`` measures or pins (None: none)."""
+    return _BUILDS_ON.get(stage)
 
 
 def step(stage: str) -> Step | None:

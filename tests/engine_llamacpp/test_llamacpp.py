@@ -333,21 +333,17 @@ def test_pin_then_start_from_the_script_then_verify(cli, llama: str, isolated: P
     script = isolated / "scripts/launch.sh"
     text = script.read_text("utf-8")
     show("\n" + text)
-    ladder_records = [
-        r
-        for p in (isolated / "runs").glob("*-ladder-*/records.jsonl")
-        for r in map(json.loads, p.read_text("utf-8").splitlines())
-        if r["ok"]
-    ]
-    longest = max(r["usage"]["prompt_tokens"] for r in ladder_records)
-    ctx = 4 * (longest + 32)
-    assert f"--parallel 4 -c {ctx} --metrics" in text
+    # a ladder of the fixed prompt says nothing of the job's inputs: 4096 a slot, as it ran
+    assert "--parallel 4 -c 16384 --metrics" in text
     threads = text.split("--threads-http ", 1)[1].split(" ", 1)[0]
     assert int(threads) >= 4 + 2, "llama.cpp's HTTP threads: the most in flight + 2"
-    assert (
-        f"# context: -c {ctx} = 4 slots x (longest verified prompt {longest} + max_tokens 32 tokens)"
-        in text
-    )
+    assert "# context: -c 16384 = 4 slots x llama.cpp's 4096 a slot: the ladder sent" in text
+    job = _tasks(isolated, "job.jsonl", [LONG_PROMPT * 20])  # the job: one long document
+    sized = cli("pin", "--tasks", str(job))
+    assert sized.code == 0, sized.err
+    ctx = int(script.read_text("utf-8").split(" -c ", 1)[1].split(" ", 1)[0])
+    assert ctx % (4 * 256) == 0 and ctx // 4 > 32, ctx  # whole 256-token blocks a slot
+    assert f"  context: -c {ctx} = 4 slots x (longest input " in sized.err, sized.err
     assert cli("server", "stop").code == 0
     started = cli("server", "start", "--script", str(script), "--json")
     assert started.code == 0, started.err

@@ -1,1 +1,2 @@
-"""The staged calibration's commands: single, repro, ladder, sweep, tune, pin, verify, rollback, status."""
+"""The staged calibration's commands: run (single → … → pin in one), single, repro, ladder, sweep,
+tune, pin, verify, rollback, status."""

@@ -9,9 +9,9 @@ rounds. The setting is the smallest kept batch within noise of the fastest kept 
 last; the ladder says which and why. Exit 0 when a tier passed, 1 when even the first failed or
 --require-match / --compare failed.
 
-The workload (SPEC §5.11): the fixed prompt (default), --tasks FILE (the longest items), or
+The workload: the fixed prompt (default), --tasks FILE (the longest items), or
 synthetic --input-tokens N --output-tokens M; the fixed prompt is then sent alone once per round,
-between the measured waves, as a canary. A managed llama.cpp restarts at --parallel B per tier.
+after the measured waves, as a canary. A managed llama.cpp restarts at --parallel B per tier.
 --axis context steps the input length (512, 1k, 2k, … up to max_model_len) instead.
 --workers N (or auto) sends each wave from N processes that split it, released together.
 

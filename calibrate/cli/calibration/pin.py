@@ -2,6 +2,9 @@
 
 MAX_CONCURRENCY is the sweep's recommendation (1 when no sweep passed); BATCH_SIZE the last
 passing ladder tier (or a rollback's setting). Every value is shell-quoted. Records the pin.
+llama.cpp's -c (shared by its slots) is sized for the job: your -c in [server] args, else
+--tasks FILE (the batch input: its longest item + max_tokens, a slot each), else a ladder that
+sent the job's inputs; after a ladder of the fixed prompt alone it stays at 4096 a slot.
 
 example: calibrate pin --kind vllm --out scripts/launch.sh
 """
@@ -15,8 +18,10 @@ from typing import Any
 from calibrate.cli.flags import add_command, add_force, load_config, open_stage
 from calibrate.cli.output import output_for
 from calibrate.engines.builders import SERVER_KINDS
+from calibrate.errors import UsageError
 from calibrate.io.output_paths import check_outputs, stage_files
 from calibrate.stages.pin import run_pin
+from calibrate.stages.pin_context import job_input
 
 
 def register(subparsers: Any) -> None:
@@ -27,6 +32,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--out", metavar="PATH", help="where to write it (default scripts/launch.sh)"
     )
+    parser.add_argument(
+        "--tasks", metavar="FILE", help="the batch input: llama.cpp's -c is sized for its items"
+    )
+    parser.add_argument(
+        "--prompt", default="", help="with --tasks: put before each item's text, as batch does"
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, metavar="N", help="with --tasks: default [prompt].max_tokens"
+    )
     add_force(parser)
 
 
@@ -34,9 +48,15 @@ def run(args: argparse.Namespace) -> int:
     out = output_for(args)
     cfg = load_config(args)  # --out is never what pin reads, checked before its gate
     script = Path(args.out) if args.out else cfg.scripts_dir / "launch.sh"
-    check_outputs([("--out", script)], stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source))
+    tasks = Path(args.tasks) if args.tasks else None
+    reads = [*stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source), ("--tasks", tasks)]
+    check_outputs([("--out", script)], reads)
+    max_tokens = args.max_tokens if args.max_tokens is not None else cfg.prompt.max_tokens
+    if max_tokens < 1:
+        raise UsageError(f"--max-tokens must be at least 1, got {max_tokens}")
+    job = job_input(tasks, args.prompt, max_tokens) if tasks else None
     ctx = open_stage(args, "pin", out, cfg)
-    result = run_pin(ctx, kind=args.kind, out=script)
+    result = run_pin(ctx, kind=args.kind, out=script, job=job)
     v = result.values
     out.ok(f"pinned batch {v.batch_size}, concurrency {v.concurrency} ({v.kind}) → {result.script}")
     flags = ", ".join(f"{k}={value}" for k, value in result.tuned)
@@ -47,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
         out.say(f"  batch size from {v.verified_by}; concurrency from {v.concurrency_from}")
         if flags:
             out.say(f"  engine flags from {tuned_by}: {flags}")
+    if v.context:
+        out.say(f"  context: {v.context}")
+    if result.model_from:
+        out.say(f"  {result.model_from} ([server] model_path is empty)")
     out.say(f"  exec {result.command.display()}")
     out.say(f"next: {result.next_command}")
     out.result({"run_id": ctx.run.run_id, **result.summary().to_json()})

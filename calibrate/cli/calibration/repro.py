@@ -1,7 +1,7 @@
 """Stage B: run the fixed prompt again and diff it with the baseline; or diff two files.
 
-Volatile fields are removed by a jq program first (default:
-del(.run_id, .ts, .elapsed_s, .ttft_s, .stage, .target and the tier fields)); records are compared with sorted keys.
+Volatile fields are removed by a jq program first (default: del(.run_id, .ts, .elapsed_s,
+.ttft_s, .stage, .target and the tier fields)); records are compared with sorted keys.
 
 example: calibrate repro --runs 3 --ignore system_fingerprint
 example: calibrate repro baselines/single.jsonl runs/20261129T164129Z-single-a1b2c3/records.jsonl

@@ -15,6 +15,7 @@ from calibrate.engines.redaction import redact_config
 from calibrate.redact import redact_url
 from calibrate.stages.status import OPTIONAL_STAGES, STAGE_ORDER, status_of, verdict
 from calibrate.state.ledger import target_fingerprint
+from calibrate.state.summaries import ladder_summary
 
 
 def register(subparsers: Any) -> None:
@@ -46,14 +47,19 @@ def run(args: argparse.Namespace) -> int:
         out.say(f"  {stage:<9} {verdict(entry)}{forced}  {entry.ts}  run {entry.run_id}")
     if not_run:  # one line for them all: a row each would say "—" nine times
         out.say(f"  not run yet: {', '.join(not_run)}")
+    said_tokens = None  # the context ladder's verified length, once said on its own line
     if status.context is not None:
         ran = f"{status.context.ts}  run {status.context.run_id}"
+        tokens = ladder_summary(status.context.summary).context_verified
+        if status.context.passed and tokens:
+            said_tokens, ran = tokens, f"{ran}: inputs verified up to {tokens:,} tokens"
         out.say(f"  context   {verdict(status.context)}  {ran} (ladder --axis context)")
     if status.setting:
         s = status.setting
         out.say(f"calibrated setting: {s.describe()}")
         out.say(f"  batch size from {s.batch_from}; concurrency from {s.concurrency_from}")
-        out.say(f"  verified on: {s.verified_on()}")
+        same = said_tokens is not None and s.verified_input_tokens == said_tokens
+        out.say(f"  verified on: {s.workload.describe() if same else s.verified_on()}")
     if tuned := status.tuned_text():
         out.say(f"tuned engine flags: {tuned}")
     if status.pinned:

@@ -9,7 +9,8 @@ is started, warmed up, measured like the sweep at increasing concurrency (goodpu
 stopped, and proven gone. Each result is on disk as it finishes: run the same command again to
 resume. The ranked table goes to tiers.csv/jsonl and plot.svg; pin then writes the winner.
 
-example: calibrate tune --grid max_num_seqs=8,16,32 --grid max_num_batched_tokens=4096,8192 --budget-s 3600
+example: calibrate tune --grid max_num_seqs=8,16,32 --grid max_num_batched_tokens=4096,8192 \\
+           --budget-s 3600
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from calibrate.errors import UsageError
-from calibrate.mock.settings import METRICS_STYLES, ON_KV_FULL, MockSettings
+from calibrate.mock.settings import ERROR_STYLES, METRICS_STYLES, ON_KV_FULL, MockSettings
 
 # Every setting's flag: (flag, metavar, help). Its type and default are the MockSettings field's
 # of the flag's name (``--ttft`` sets ``ttft_s``; ``--no-X`` of a field X that defaults to True
@@ -77,11 +77,15 @@ SETTINGS: tuple[tuple[str, str | None, str | None], ...] = (
      "the batch: per-token time = --per-token + F/1000 × tokens/1000 (default 0)"),
     ("--jitter", "F", "multiply each request's ttft and per-token time by a seeded uniform draw "
      "in [1-F, 1+F] (--seed; default 0)"),
-    ("--metrics-style", None, "/metrics names as vllm, sglang, llamacpp or tgi export them, queue "
-     "gauge included; mock = the mock's own plus vLLM's (default); the mock_vram_* gauges are "
-     "always there"),
+    ("--metrics-style", None, "/metrics names as vllm, sglang, llamacpp, tgi or lmdeploy export "
+     "them, queue gauge included; mock = the mock's own plus vLLM's (default); the mock_vram_* "
+     "gauges are always there"),
     ("--chat-template", None, "apply a chat template to chat messages, as an engine serving an "
      "instruct model does: a raw /v1/completions of the same text then answers otherwise"),
+    ("--no-metrics", None, "GET /metrics is 404, as an engine whose metrics are off (LMDeploy "
+     "0.9.2–0.10.x without --enable-metrics)"),
+    ("--error-style", None, "lmdeploy: a prompt over --max-model-len and a --fail-rate fault are "
+     "HTTP 200 with finish_reason \"error\" and LMDeploy's text (v0.9.2–v0.15), not 400 / 500"),
     ("--power-w", "W", "serve a DCGM exporter's GPU gauges on /metrics: power = W + "
      "--power-per-request-w × requests in flight (DCGM_FI_DEV_POWER_USAGE) and the energy it "
      "adds up (DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ); default 0 = none"),
@@ -97,6 +101,7 @@ CHOICES: dict[str, tuple[object, ...]] = {
     "unknown_model_status": (400, 404),
     "on_kv_full": ON_KV_FULL,
     "metrics_style": METRICS_STYLES,
+    "error_style": ERROR_STYLES,
 }
 TIMINGS = ("ttft", "per_token", "retry_after")  # flags of the settings named with _s
 TYPES: dict[str, Callable[[str], Any]] = {"int": int, "float": float}  # else a string

@@ -33,14 +33,18 @@ COLUMNS: Cells = [
     ("tok/s", lambda r: figure(r.get("output_tokens_per_s"), ".0f")),
     ("p50 s", lambda r: figure(r.get("p50_s"), ".3f")),
     ("p90 s", lambda r: figure(r.get("p90_s"), ".3f")),
+    ("J/tok", lambda r: figure(r.get("joules_per_output_token"), ".3f")),
+    ("$/1M tok", lambda r: figure(r.get("usd_per_1m_output_tokens"), ".3f")),
     ("peak MiB", lambda r: figure(r.get("peak_vram_mib"), ".0f")),
     ("KV", lambda r: figure(r.get("peak_kv_usage"), ".0%")),
     ("errors", lambda r: str(r["errors"])),
     ("incidents", lambda r: str(r["incidents"])),
 ]
 
-# On a narrow screen these go first, in this order (--wide keeps them all).
+# On a narrow screen these go first, in this order (--wide keeps them all); J/tok and $/1M tok
+# stay (--rank-by ranks by them), shown where energy (and a price) was measured at all.
 _DROP_FIRST = ("incidents", "tok/s", "KV", "p90 s", "cap", "items/s", "status")
+_WHEN_MEASURED = {"J/tok": "joules_per_output_token", "$/1M tok": "usd_per_1m_output_tokens"}
 LEFT = ("id", "flags", "status")  # the text columns, left-aligned (the HTML page too)
 
 
@@ -55,4 +59,16 @@ def ranked_table(
     rows: Sequence[Mapping[str, Any]], title: str | None, width: int | None = None
 ) -> Table:
     """The ranked candidates; with ``width``, minor columns are left out until it fits."""
-    return grid(fit(COLUMNS, rows, width, _DROP_FIRST), rows, title, left=LEFT, style=_style)
+    return grid(
+        fit(columns_of(rows), rows, width, _DROP_FIRST), rows, title, left=LEFT, style=_style
+    )
+
+
+def columns_of(rows: Sequence[Mapping[str, Any]]) -> Cells:
+    """Every column, but an energy or cost column no candidate has a figure for."""
+    return [
+        (name, cell)
+        for name, cell in COLUMNS
+        if name not in _WHEN_MEASURED
+        or any(r.get(_WHEN_MEASURED[name]) not in (None, "") for r in rows)
+    ]

@@ -181,15 +181,18 @@ def _send(b: _Batch, workers: int, notes: BatchNotes) -> tuple[BatchResult, Batc
     events: list[OutageEvent] = []
     events_lock = threading.Lock()  # events come from the workers' threads
 
+    control = BatchControl()
+    advice = procs.parent_advice(workers) if workers > 1 else procs.advice(1)
+    monitor = SelfLoadMonitor(advice=advice)
+
     def on_event(event: OutageEvent) -> None:
+        if event.event in ("down", "up", "gave_up"):  # an outage is not the client's load
+            monitor.quiet(event.endpoint, event.event == "down")
         with events_lock:
             events.append(event)
             ctx.run.append("outages.jsonl", event.to_json())
         env.warn(f"{event.endpoint}: {event.event.replace('_', ' ')} — {event.detail}")
 
-    control = BatchControl()
-    advice = procs.parent_advice(workers) if workers > 1 else procs.advice(1)
-    monitor = SelfLoadMonitor(advice=advice)
     monitor.start()
     view = env.progress(b.plan.to_run, len(endpoints))
     try:

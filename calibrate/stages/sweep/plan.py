@@ -50,10 +50,14 @@ def plan_sweep(spec: SweepSpec, ctx: StageContext, say: Say, warn: Say) -> Sweep
     if spec.burstiness <= 0:
         raise UsageError(f"--burstiness must be above 0, got {spec.burstiness:g}")
     if skipped:
+        instead = [
+            c for c in levels if c not in wanted
+        ]  # none asked for was safe: the most that is
+        runs = f"; running concurrency {instead[0]} instead" if instead else ""
         warn(
             f"concurrency {', '.join(map(str, skipped))} skipped: the ladder passed with at most "
             f"{proved} requests in flight, and calibrate does not manage this server to cap it "
-            "(--beyond-ladder to send them anyway)"
+            f"(--beyond-ladder to send them anyway){runs}"
         )
     if spec.beyond_ladder and not managed:
         warn("--beyond-ladder: sending more requests at once than the ladder proved (recorded)")

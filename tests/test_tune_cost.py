@@ -1,0 +1,38 @@
+"""tune --rank-by usd_per_1m (or joules_per_token): the table shows what it ranks by — a $/1M
+tok and a J/tok column where energy was measured — and tiers.csv never holds a "None"."""
+
+from __future__ import annotations
+
+import csv
+import shlex
+from pathlib import Path
+
+from tests.report_helpers import table_lines
+from tests.tune_helpers import MOCK, tune_config
+
+
+def _tune(cli, root: Path, power: bool, *extra: str):  # type: ignore[no-untyped-def]
+    gauges = " --power-w 100 --power-per-request-w 50" if power else ""
+    command = shlex.join(MOCK) + " --port {port} --slots {slots}" + gauges
+    tune_config(root, 'grid = ["slots=1,2"]\n', command=command)
+    return cli("tune", *extra)
+
+
+def test_a_tune_ranked_by_cost_shows_the_cost_and_energy_columns(cli, isolated: Path) -> None:
+    result = _tune(cli, isolated, True, "--rank-by", "usd_per_1m", "--gpu-price-per-hour", "2.5")
+    assert result.code == 0, result.err
+    header, *rows = table_lines(result.err)
+    assert "$/1M tok" in header and "J/tok" in header, result.err
+    column = header.index("$/1M tok") + len("$/1M tok")
+    assert all(row[column - 1].isdigit() for row in rows), result.err  # a figure in every row
+    csv_path = next((isolated / "runs").glob("*-tune-*/tiers.csv"))
+    with csv_path.open(encoding="utf-8") as handle:
+        cells = [cell for row in csv.reader(handle) for cell in row]
+    assert "None" not in cells
+
+
+def test_without_energy_the_table_has_no_empty_cost_columns(cli, isolated: Path) -> None:
+    result = _tune(cli, isolated, False)
+    assert result.code == 0, result.err
+    header = table_lines(result.err)[0]
+    assert "$/1M" not in header and "J/tok" not in header, header
