@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from calibrate.io.journal.made import Settings
 from tests.batch_helpers import results, write_tasks
 from tests.helpers import write_config
 from tests.mockserver import start_mock
@@ -21,7 +22,7 @@ CHANGES = {
     "--max-tokens": (["--max-tokens", "256"], "--max-tokens 64 (now 256)"),
     "--temperature": (["--temperature", "0.7"], "--temperature 0.0 (now 0.7)"),
     "--model": (["--model", "other-model"], "--model 'internlm-s2' (now 'other-model')"),
-    "the server": ([], "the server 127.0.0.1 (now localhost)"),
+    "the server": ([], "the server gpu-box-a (now 127.0.0.1)"),
 }
 
 
@@ -29,6 +30,19 @@ CHANGES = {
 def any_model() -> object:
     with start_mock(ttft_s=0.001, per_token_s=0.0002, any_model=True) as server:
         yield server
+
+
+def _made_on(journal: Path, host: str) -> None:
+    """Rewrite ``journal`` as if its results had been made against ``host``: its settings and
+    every line's stamp of them."""
+    lines = [json.loads(line) for line in journal.read_text("utf-8").splitlines()]
+    whole = next(line["settings"] for line in lines if "settings" in line)
+    moved = Settings.of(whole["model"], whole["prompt"], whole["params"], (host,))
+    for line in lines:
+        line["made"] = moved.fp
+        if "settings" in line:
+            line["settings"] = moved.to_json()
+    journal.write_text("".join(json.dumps(line) + "\n" for line in lines), "utf-8")
 
 
 def _batch(cli, *args: str):
@@ -42,11 +56,11 @@ def test_a_resume_with_other_settings_is_refused_saying_what_changed(
     write_config(isolated / "calibrate.toml", any_model.base_url)
     write_tasks(isolated / "tasks.jsonl", 5)
     assert _batch(cli, *FIRST, "--limit", "3").code == 0
+    if change == "the server":  # this machine by any name is one host: say it was another
+        _made_on(isolated / "out.jsonl", "gpu-box-a")
     journal = (isolated / "out.jsonl").read_bytes()
     flags, said = CHANGES[change]
     rest = [*FIRST, *flags]
-    if change == "the server":
-        rest += ["--base-url", any_model.base_url.replace("127.0.0.1", "localhost")]
     sent = any_model.model.snapshot().requests_total
     refused = _batch(cli, *rest)
     assert refused.code == 2, refused.err

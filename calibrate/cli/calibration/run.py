@@ -133,7 +133,7 @@ def stage_namespace(stage: str, args: argparse.Namespace) -> flags.CommandLine:
     """``calibrate STAGE`` as if typed with this run's --config, --base-url and --model: the
     stage's own parser gives every other flag its default (no words of it are parsed)."""
     module = importlib.import_module(f"calibrate.cli.calibration.{stage}")
-    holder = argparse.ArgumentParser(add_help=False)
+    holder = flags.StrictParser(add_help=False)
     subparsers = holder.add_subparsers()
     module.register(subparsers)
     parser: argparse.ArgumentParser = subparsers.choices[stage]
