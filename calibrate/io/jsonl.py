@@ -109,7 +109,7 @@ def load_jsonl_objects(path: Path, what: str = "file") -> list[tuple[int, dict[s
     error naming the file and line (exit 2), and so is an empty file.
     """
     try:
-        data = path.read_bytes()
+        data = path.read_bytes().removeprefix(b"\xef\xbb\xbf")  # an editor's byte-order mark
     except OSError as exc:
         raise InputError(f"cannot read {what} {path}: {exc}") from exc
     out: list[tuple[int, dict[str, Any]]] = []
