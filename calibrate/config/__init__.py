@@ -16,7 +16,7 @@ from calibrate.config.sections import (
     TuneSearch,
 )
 from calibrate.config.starter import STARTER_TOML
-from calibrate.config.urls import normalise_base_url, split_endpoint
+from calibrate.config.urls import normal_url, normalise_base_url, split_endpoint
 from calibrate.workload import MAX_BATCH_SIZE
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "SweepConfig",
     "TuneSearch",
     "load",
+    "normal_url",
     "normalise_base_url",
     "split_endpoint",
 ]

@@ -23,7 +23,7 @@ from calibrate.errors import (
     StageFailed,
 )
 from calibrate.gpu.selfload import SelfLoadMonitor
-from calibrate.http.error_kinds import DESCRIPTORS_HINT, OutOfDescriptors
+from calibrate.http.error_kinds import DESCRIPTORS_HINT, OutOfDescriptors, reach_hint
 from calibrate.load.procs.sender import workers_for
 from calibrate.stages.batch.endpoints import (
     ServedModelWatch,
@@ -151,7 +151,7 @@ def _dispatch(b: _Batch) -> BatchOutcome:
     if result.stopped_by == "unreachable":
         raise ServerUnreachable(
             result.stop_detail,
-            "Start it (or try the built-in one: make mock), then rerun the same command.",
+            f"{reach_hint(result.stop_detail).removesuffix('.')}; then rerun the same command.",
         )
     return _verdict(b, result, _final(b, notes))
 
