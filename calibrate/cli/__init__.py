@@ -20,6 +20,7 @@ from typing import Any
 
 from calibrate import __version__, redact
 from calibrate.cli import streams
+from calibrate.cli.argv_text import read_as_utf8
 from calibrate.cli.flags import CommandLine
 from calibrate.errors import CalibrateError, ExitCode
 from calibrate.server import interrupts
@@ -107,6 +108,7 @@ def _run(args_list: list[str]) -> int:
     debug = bool(getattr(args, "debug", False))
     _log_to_stderr(debug)
     try:
+        read_as_utf8(parser, args, lambda line: print(line, file=sys.stderr))
         return int(args.run(args))
     except CalibrateError as exc:
         if debug:

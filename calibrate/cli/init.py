@@ -18,7 +18,9 @@ from calibrate.io.atomic import write_atomic
 
 def register(subparsers: Any) -> None:
     parser = add_command(subparsers, "init", __doc__ or "", run, target=False)
-    parser.add_argument("path", nargs="?", default=DEFAULT_CONFIG_NAME, help="where to write it")
+    parser.add_argument(
+        "path", nargs="?", default=DEFAULT_CONFIG_NAME, metavar="PATH", help="where to write it"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,8 +1,8 @@
 """Configuration: built-in defaults < calibrate.toml < environment < flags, resolved once.
 
 sections (the frozen dataclasses and their defaults), file (calibrate.toml read and typed),
-limits (the documented maxima, each section's check), urls (base URLs), load (the precedence),
-starter (the file `calibrate init` writes). The names other packages use are handed on here.
+limits (the documented maxima, each section's check), urls (base URLs), text (argv and the
+environment read as UTF-8), load (the precedence), starter (the file `calibrate init` writes). The names other packages use are handed on here.
 """
 
 from calibrate.config.limits import MAX_ROUNDS, MAX_TIMEOUT_S

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from calibrate.config.file import apply_file
 from calibrate.config.sections import Config
+from calibrate.config.text import as_utf8
 from calibrate.config.urls import normalise_base_url, split_endpoint
 from calibrate.errors import ConfigError
 
@@ -37,9 +38,10 @@ def load(overrides: Overrides, environ: Mapping[str, str]) -> Config:
         cfg = apply_file(cfg, path)
     target = cfg.target
     if environ.get("CALIBRATE_BASE_URL"):
-        target = replace(target, base_url=environ["CALIBRATE_BASE_URL"])
+        url = as_utf8(environ["CALIBRATE_BASE_URL"], "$CALIBRATE_BASE_URL")
+        target = replace(target, base_url=url)
     if environ.get("CALIBRATE_MODEL"):
-        target = replace(target, model=environ["CALIBRATE_MODEL"])
+        target = replace(target, model=as_utf8(environ["CALIBRATE_MODEL"], "$CALIBRATE_MODEL"))
     if overrides.base_url:
         target = replace(target, base_url=overrides.base_url)
     if overrides.model:
