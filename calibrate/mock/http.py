@@ -50,6 +50,13 @@ def connection_cap() -> int:
     return max(8, min(MAX_CONNECTIONS, soft // 2))
 
 
+def listening_family(host: str, port: int) -> socket.AddressFamily:
+    """The address family of ``host`` (``::1`` and ``::`` are IPv6, a name what it resolves to
+    first); a host that names no address is the ``socket.gaierror`` of its look-up."""
+    found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    return found[0][0]
+
+
 GENERATE_PATHS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 
 
@@ -78,6 +85,8 @@ class MockHTTPServer(ThreadingHTTPServer):
         self._connections: dict[socket.socket, float | None] = {}
         self._conn_lock = threading.Lock()
         self._closed = threading.Event()
+        host = host.removeprefix("[").removesuffix("]")  # "[::1]", as in a URL, is ::1
+        self.address_family = listening_family(host, port)
         super().__init__((host, port), MockHandler)
         self._reaper = threading.Thread(target=self._reap, name="mock-reaper", daemon=True)
         self._reaper.start()
@@ -89,6 +98,8 @@ class MockHTTPServer(ThreadingHTTPServer):
     @property
     def base_url(self) -> str:
         host = str(self.server_address[0])
+        if ":" in host:  # an IPv6 address goes in brackets in a URL
+            host = f"[{host}]"
         return f"http://{host}:{self.port}/v1"
 
     def process_request(self, request: Any, client_address: Any) -> None:
