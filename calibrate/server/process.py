@@ -230,9 +230,11 @@ def stop(
     """
     start = clock()
     was = liveness(record)
-    if was != "running":
-        code = exit_code(record.pid, record.status_file)
-        return StopResult(record.pid, was, None, code, 0.0, was == "gone")
+    if was != "running":  # gone: its supervisor may be writing how it ended right now
+        code = exit_code(
+            record.pid, record.status_file, exit_status.SETTLE_S if was == "gone" else 0
+        )
+        return StopResult(record.pid, was, None, code, clock() - start, was == "gone")
     sent = "SIGTERM"
     _signal_group(record.pid, signal.SIGTERM)
     if not _wait_gone(record, start + timeout_s, clock, sleep):
