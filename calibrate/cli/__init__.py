@@ -22,7 +22,7 @@ from calibrate import __version__, redact
 from calibrate.cli import streams
 from calibrate.cli.argv_text import read_as_utf8
 from calibrate.cli.flags import CommandLine
-from calibrate.errors import CalibrateError, ExitCode
+from calibrate.errors import OUT_OF_ROOM, CalibrateError, ExitCode, os_error_text
 from calibrate.server import interrupts
 
 # One module per command, in the order `calibrate --help` lists them.
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with streams.safe_streams(), _sigterm_interrupts():
             try:
-                return _run(args_list)
+                return streams.delivered(_run(args_list))
             except KeyboardInterrupt as exc:  # before or after a command ran
                 print(_interrupted_text(exc), file=sys.stderr)
                 return ExitCode.INTERRUPTED
@@ -122,10 +122,10 @@ def _run(args_list: list[str]) -> int:
         if debug:
             traceback.print_exc()
         print(
-            f"error: {_os_error_text(exc)}; fix the path (permissions, free space) and run again",
+            f"error: {os_error_text(exc)}; fix the path (permissions, free space) and run again",
             file=sys.stderr,
-        )
-        return ExitCode.USAGE
+        )  # one exit code per cause: a full disk is 1 (as after a stage), a wrong path 2
+        return ExitCode.FAILED if exc.errno in OUT_OF_ROOM else ExitCode.USAGE
     except MemoryError:
         if debug:
             traceback.print_exc()
@@ -168,11 +168,6 @@ def _log_to_stderr(debug: bool) -> None:
         handler.setFormatter(_OneStyle())
         logger.addHandler(handler)
     logger.propagate = False
-
-
-def _os_error_text(exc: OSError) -> str:
-    what = exc.strerror or str(exc)
-    return f"{exc.filename}: {what}" if exc.filename is not None else what
 
 
 class Terminated(KeyboardInterrupt):

@@ -12,7 +12,7 @@ from typing import Any
 from calibrate.cli.flags import add_command
 from calibrate.cli.output import output_for
 from calibrate.config import DEFAULT_CONFIG_NAME, STARTER_TOML
-from calibrate.errors import UsageError
+from calibrate.errors import UsageError, unwritten
 from calibrate.io.atomic import write_atomic
 
 
@@ -40,10 +40,8 @@ def run(args: argparse.Namespace) -> int:
         )
     try:
         write_atomic(path, STARTER_TOML)
-    except OSError as exc:
-        raise UsageError(
-            f"cannot write {path}: {exc.strerror or exc}", "Give a path in a writable folder."
-        ) from exc
+    except OSError as exc:  # a full disk exit 1, an unwritable folder exit 2; nothing left
+        raise unwritten(exc, "nothing was written") from exc
     out.ok(f"wrote {path}: set [target].base_url and model, then run: calibrate single")
     out.result({"written": str(path)})
     return 0

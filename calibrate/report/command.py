@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from calibrate.config import Config
-from calibrate.errors import InputError, UsageError
+from calibrate.errors import InputError, UsageError, unwritten
 from calibrate.io.atomic import write_atomic
 from calibrate.io.output_paths import check_outputs, check_writable, stage_files
 from calibrate.io.tier_table import check_rows
@@ -75,13 +75,12 @@ def _load(path: Path) -> RunView:
 
 
 def _write(path: Path, text: str) -> Path:
-    """An HTML report, atomically; a path that cannot be written is exit 2."""
+    """An HTML report, atomically; one that cannot be written is ``unwritten`` (a full disk
+    exit 1, a path that cannot be written exit 2), naming it, nothing of it left."""
     try:
         write_atomic(path, text)
     except OSError as exc:
-        raise InputError(
-            f"cannot write {path}: {exc.strerror or exc}", "Give a writable path: --html PATH"
-        ) from exc
+        raise unwritten(exc, "nothing of it was kept") from exc
     return path
 
 
@@ -141,7 +140,10 @@ def _one(
         out.warn(note)
     if rows and rows[0].get("vram_source") == "none":
         out.say("VRAM not measured")
-    plot = None if req.no_plot else write_plot(rows, kind, path / "plot.png")
+    try:
+        plot = None if req.no_plot else write_plot(rows, kind, path / "plot.png")
+    except OSError as exc:  # the table is shown; a full disk leaves no empty PNG behind
+        raise unwritten(exc, "nothing of it was kept (the table above is the report)") from exc
     if plot:
         out.say(f"plot: {plot}")
     elif not req.no_plot:
@@ -182,7 +184,10 @@ def _draw_timeline(
     png = None
     if not no_plot:
         title = f"{view.path.name}: {label}"
-        png = write_timeline_png(timeline.bars, title, view.path / f"timeline-{tier:g}.png")
+        try:
+            png = write_timeline_png(timeline.bars, title, view.path / f"timeline-{tier:g}.png")
+        except OSError as exc:
+            raise unwritten(exc, "nothing of it was kept") from exc
     out.say(f"timeline of {label}: {len(timeline.bars)} requests; times: {timeline.note}")
     if png:
         out.say(f"timeline plot: {png}")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.errors import InputError
+from calibrate.io.atomic import write_atomic_with
 from calibrate.io.tier_table import Kind
 from calibrate.report.html.svg import Bar
 from calibrate.report.tables.cells import context_axis
@@ -33,10 +34,10 @@ def _pyplot(missing: str) -> Any:
 
 
 def _save(fig: Any, path: Path) -> None:
-    """Lay the figure out and write it to ``path`` (its folder made if need be)."""
+    """Lay the figure out and write it to ``path`` atomically (its folder made if need be): a
+    full disk leaves no empty or half-drawn PNG behind."""
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    write_atomic_with(path, lambda handle: fig.savefig(handle, dpi=100, format="png"))
 
 
 def write_plot(rows: Sequence[Mapping[str, Any]], kind: Kind, path: Path) -> Path | None:

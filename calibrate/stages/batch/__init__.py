@@ -21,6 +21,8 @@ from calibrate.errors import (
     ExitCode,
     ServerUnreachable,
     StageFailed,
+    Unwritten,
+    os_error_text,
 )
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.error_kinds import DESCRIPTORS_HINT, OutOfDescriptors, reach_hint
@@ -227,8 +229,9 @@ def _final(b: _Batch, notes: BatchNotes) -> BatchNotes:
         return notes
     try:
         final = export_final(plan.source_path, [b.out_path], Path(final_text), shard=b.spec.shard)
-    except OSError as exc:  # the batch's verdict is still recorded; the export is not
-        final_error = f"--final {final_text} could not be written: {exc}"
+    except (OSError, Unwritten) as exc:  # the batch's verdict is still recorded; the export not
+        why = os_error_text(exc) if isinstance(exc, OSError) else exc.message
+        final_error = f"--final {final_text} could not be written: {why}"
         paths = ("--input", plan.source_path, "--out", b.out_path, "--to", final_text)
         again = shlex.join(["calibrate", "export", *map(str, paths)])
         b.env.warn(f"{final_error}; write it later with: {again}")
@@ -257,7 +260,7 @@ def _verdict(b: _Batch, result: BatchResult, notes: BatchNotes) -> BatchOutcome:
         b.env.write_junit(ctx.run, ctx.target, result, shown)
     except OSError as exc:
         unrecorded = StageFailed(
-            f"the batch ran, but its report could not be written: {exc}",
+            f"the batch ran, but its report could not be written: {os_error_text(exc)}",
             f"The results are in {b.out_path} ({result.ok} ok, {result.failed} failed); "
             "fix the path and rerun to record the verdict.",
         )

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from calibrate import json_text
-from calibrate.errors import InputError
+from calibrate.errors import InputError, unwritten
 from calibrate.io.atomic import remove_stale_temps
 from calibrate.io.jsonl import encode_line
 from calibrate.io.output_paths import Named, check_outputs
@@ -115,9 +115,13 @@ def export_final(
     handles = [_open_journal(path) for path in journals]
     try:
         counts = _write(input_path, shard, winners, handles, to_path, failed_path, fmt, raw_csv)
-    except BaseException:  # Ctrl-C, SIGTERM, SIGHUP at any point, even while a file opens
+    except BaseException as exc:  # Ctrl-C, SIGTERM, SIGHUP at any point, even while a file opens
         for path in (to_path, failed_path):
             remove_stale_temps(path, own=True)
+        if isinstance(exc, OSError):  # a full disk: exit 1 naming the file, neither left
+            if exc.filename is None or Path(exc.filename).name.startswith("."):
+                exc.filename = f"{to_path} (and {failed_path.name})"
+            raise unwritten(exc, "neither it nor its failed list was written") from exc
         raise
     finally:
         for handle in handles:
@@ -290,6 +294,8 @@ def _write(
                 "message": error.get("message"),
             }
             failures.write(encode_line(entry).rstrip(b"\n"), None)
-        failures.commit()
-        final.commit()
+        failures.ready()  # both written out before either is renamed into place
+        final.ready()
+        failures.publish()
+        final.publish()
     return ok, failed, not_run
