@@ -57,7 +57,25 @@ def load(overrides: Overrides, environ: Mapping[str, str]) -> Config:
     )
     api_key = _checked_key(environ, key_var)
     metrics_key = _checked_key(environ, target.gpu_metrics_key_env or None)
-    return replace(cfg, target=target, api_key=api_key, gpu_metrics_key=metrics_key)
+    return replace(
+        cfg,
+        target=target,
+        api_key=api_key,
+        gpu_metrics_key=metrics_key,
+        cache_dir=cache_dir(environ),
+    )
+
+
+def cache_dir(environ: Mapping[str, str]) -> str:
+    """The cache calibrate names: ``$XDG_CACHE_HOME/calibrate``, else ``~/.cache/calibrate`` —
+    only under a folder that exists (a missing HOME is never created); "" when there is none."""
+    xdg = environ.get("XDG_CACHE_HOME", "")
+    if xdg and Path(xdg).is_absolute() and Path(xdg).is_dir():
+        return str(Path(xdg) / "calibrate")
+    home = environ.get("HOME", "")
+    if home and Path(home).is_absolute() and Path(home).is_dir():
+        return str(Path(home) / ".cache" / "calibrate")
+    return ""
 
 
 def _checked_key(environ: Mapping[str, str], var: str | None) -> str | None:

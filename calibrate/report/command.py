@@ -54,6 +54,7 @@ class ReportRequest:
     html: str | None = None  # "": the default path
     timeline: float | None = None
     no_plot: bool = False
+    cache_dir: str = ""  # the cache calibrate names (matplotlib's), from the config
 
 
 def _resolve(name: str, runs_dir: Path) -> Path:
@@ -141,7 +142,7 @@ def _one(
     if rows and rows[0].get("vram_source") == "none":
         out.say("VRAM not measured")
     try:
-        plot = None if req.no_plot else write_plot(rows, kind, path / "plot.png")
+        plot = None if req.no_plot else write_plot(rows, kind, path / "plot.png", req.cache_dir)
     except OSError as exc:  # the table is shown; a full disk leaves no empty PNG behind
         raise unwritten(exc, "nothing of it was kept (the table above is the report)") from exc
     if plot:
@@ -158,7 +159,7 @@ def _one(
         "noisy": noisy,
     }
     if timeline is not None and req.timeline is not None:
-        result["timeline"] = _draw_timeline(out, view, timeline, req.timeline, req.no_plot)
+        result["timeline"] = _draw_timeline(out, view, timeline, req)
     if req.html is not None:
         html = _write(
             Path(req.html) if req.html else path / "report.html", run_html(view, timeline)
@@ -177,15 +178,19 @@ def _read_timeline(view: RunView, tier: float) -> Timeline:
 
 
 def _draw_timeline(
-    out: Channel, view: RunView, timeline: Timeline, tier: float, no_plot: bool
+    out: Channel, view: RunView, timeline: Timeline, req: ReportRequest
 ) -> dict[str, Any]:
     """The timeline drawn into the HTML report, and timeline-<tier>.png with matplotlib."""
     label = timeline.label
     png = None
-    if not no_plot:
+    tier = req.timeline
+    assert tier is not None
+    if not req.no_plot:
         title = f"{view.path.name}: {label}"
         try:
-            png = write_timeline_png(timeline.bars, title, view.path / f"timeline-{tier:g}.png")
+            png = write_timeline_png(
+                timeline.bars, title, view.path / f"timeline-{tier:g}.png", req.cache_dir
+            )
         except OSError as exc:
             raise unwritten(exc, "nothing of it was kept") from exc
     out.say(f"timeline of {label}: {len(timeline.bars)} requests; times: {timeline.note}")
