@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from calibrate.config.file import apply_file
+from calibrate.config.proxy import proxy_note
 from calibrate.config.sections import Config
 from calibrate.config.text import as_utf8
 from calibrate.config.urls import normalise_base_url, split_endpoint
@@ -63,6 +64,7 @@ def load(overrides: Overrides, environ: Mapping[str, str]) -> Config:
         api_key=api_key,
         gpu_metrics_key=metrics_key,
         cache_dir=cache_dir(environ),
+        proxy_note=proxy_note(target.base_url, environ),
     )
 
 

@@ -211,6 +211,7 @@ class Config:
     # what calibrate may rebuild (matplotlib's font cache): $XDG_CACHE_HOME/calibrate, else
     # ~/.cache/calibrate; "" when neither names an existing folder (then a temporary one)
     cache_dir: str = ""
+    proxy_note: str = ""  # a proxy variable is set that calibrate does not use (config/proxy.py)
 
     @property
     def runs_dir(self) -> Path:
@@ -228,7 +229,7 @@ class Config:
         """The resolved values for manifests and ``status --show-config``; the key masked."""
         out: dict[str, Any] = {}
         for f in fields(self):
-            if f.name in ("api_key", "gpu_metrics_key", "source", "cache_dir"):
+            if f.name in ("api_key", "gpu_metrics_key", "source", "cache_dir", "proxy_note"):
                 continue
             out[f.name] = dataclasses.asdict(getattr(self, f.name))
         out["target"]["base_url"] = redact_url(self.target.base_url)

@@ -48,6 +48,8 @@ def open_stage(request: StageRequest, warn: Callable[[str], None]) -> StageConte
     is sent, rather than a run whose results cannot be kept.
     """
     cfg, stage = request.config, request.stage
+    if cfg.proxy_note:  # once per command: every command that talks to the server opens here
+        warn(cfg.proxy_note)
     check_outputs(  # --junit is not the ledger, the config, --tasks… (exit 2, nothing sent)
         [("--junit", request.junit)],
         [*stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source), ("--tasks", request.tasks)],
