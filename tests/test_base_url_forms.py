@@ -76,8 +76,10 @@ def test_what_cannot_be_a_url_is_exit_2_before_anything_is_sent(
         for result in (cli(*args), cli("single", *args[5:])):
             assert result.code == 2, result.err
             assert "Traceback" not in result.err
-            in_toml = source in ("file", "base_urls")  # a TOML file cannot hold that byte
-            assert f"has {why}" in result.err or (in_toml and "not UTF-8" in why)
+            # a byte that is not UTF-8 is refused as it is read: in argv or the environment
+            # as "not UTF-8 text", in a file as TOML cannot hold it
+            read_as = "not valid TOML" if source in ("file", "base_urls") else "not UTF-8 text"
+            assert f"has {why}" in result.err or ("not UTF-8" in why and read_as in result.err)
         assert server.hits == []
     assert not (isolated / "out.jsonl").exists()
 
