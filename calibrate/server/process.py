@@ -12,23 +12,20 @@ import contextlib
 import logging
 import os
 import signal
-import stat
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import Any, Literal
 
 from calibrate import json_text, redact
 from calibrate.engines import find
 from calibrate.engines.args import ServerKind
 from calibrate.engines.redaction import argv_secret_values, redact_argv
-from calibrate.errors import UsageError
 from calibrate.io.atomic import write_atomic, write_json_atomic
-from calibrate.io.output_paths import kind_of as file_kind
 from calibrate.io.records import utc_now_iso
-from calibrate.server import exit_status, supervise
+from calibrate.server import exit_status, log_filter, supervise
 from calibrate.server.pids import start_id
 
 log = logging.getLogger("calibrate")
@@ -144,7 +141,8 @@ def spawn(
     dies, the supervisor stops the engine.
     """
     full = [*(["env", *(f"{k}={v}" for k, v in env)] if env else []), *argv]
-    with _open_log(runs_dir, header) as handle:
+    line = f"\n=== {utc_now_iso()} {header} ===\n"
+    with log_filter.open_log(log_path(runs_dir), line) as handle:
         offset = handle.tell()
         secrets = (*argv_secret_values(full), *redact.remembered())
         launched = supervise.launch(full, handle, exit_status.status_path(runs_dir), secrets)
@@ -152,39 +150,6 @@ def spawn(
     _CHILDREN[launched.engine_pid] = launched.supervisor
     _UNADOPTED[launched.engine_pid] = launched
     return launched.engine_pid, start_id(launched.engine_pid) or "", offset
-
-
-def _open_log(runs_dir: Path, header: str) -> BinaryIO:
-    """runs/server.log opened to append, its header written; a log that cannot be — a folder, a
-    FIFO, a device (a link to /dev/full), a full disk — is exit 2 naming it, nothing started."""
-    path = log_path(runs_dir)
-    where = "Remove it, or point [paths] runs elsewhere; nothing was started."
-    with contextlib.suppress(OSError):  # absent: made below
-        mode = path.stat().st_mode
-        if not stat.S_ISREG(mode):  # a FIFO would block the open; a device takes the log away
-            raise UsageError(
-                f"the engine's log {path} is {file_kind(mode)}, not a regular file", where
-            )
-    handle: BinaryIO | None = None
-    new = not path.exists()
-    try:
-        runs_dir.mkdir(parents=True, exist_ok=True)
-        handle = path.open("ab")
-        handle.write(f"\n=== {utc_now_iso()} {header} ===\n".encode())
-        handle.flush()
-    except OSError as exc:
-        if handle is not None:
-            with contextlib.suppress(OSError):
-                handle.close()
-        if new:  # nothing of it is left behind
-            with contextlib.suppress(OSError):
-                path.unlink()
-        raise UsageError(
-            f"cannot write the engine's log {path}: {exc.strerror or exc}; nothing was started",
-            "Make it a writable file (free space there, fix its permissions), or point "
-            "[paths] runs elsewhere.",
-        ) from exc
-    return handle
 
 
 def adopt(pid: int) -> None:

@@ -119,8 +119,7 @@ def export_final(
         for path in (to_path, failed_path):
             remove_stale_temps(path, own=True)
         if isinstance(exc, OSError):  # a full disk: exit 1 naming the file, neither left
-            if exc.filename is None or Path(exc.filename).name.startswith("."):
-                exc.filename = f"{to_path} (and {failed_path.name})"
+            exc.filename = f"{to_path} (and {failed_path.name})"  # not a temp file's name
             raise unwritten(exc, "neither it nor its failed list was written") from exc
         raise
     finally:
