@@ -19,6 +19,7 @@ Every message is one or two lines: what happened, then what to do next.
 from __future__ import annotations
 
 import enum
+import errno
 import traceback
 from dataclasses import dataclass
 from typing import Literal
@@ -155,6 +156,39 @@ class StepFailed(StageFailed):
         super().__init__(message)
         self.kind: ErrorKind = kind
         self.code = code
+
+
+# A write that failed for want of room (or of a working disk): the path was right, the result
+# could not be kept. Any other errno of a write (permissions, a folder, a path gone) is the path's.
+OUT_OF_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
+def os_error_text(exc: OSError) -> str:
+    """``runs/x/plot.png: No space left on device``: the file first, when the error names one."""
+    what = exc.strerror or str(exc)
+    return f"{exc.filename}: {what}" if exc.filename is not None else what
+
+
+class Unwritten(CalibrateError):
+    """A command's result could not be written (``unwritten``): exit 1 or 2 by the cause."""
+
+    def __init__(self, message: str, hint: str, exit_code: ExitCode) -> None:
+        super().__init__(message, hint)
+        self.exit_code = exit_code
+
+
+def unwritten(exc: OSError, kept: str) -> Unwritten:
+    """The error a command ends with when writing its result failed (``kept``: what is on disk).
+
+    One exit code per cause, whatever the command: a full disk (quota, file size, I/O error)
+    is exit 1 — the command did its work and its result was lost; a path that cannot be written
+    (permissions, a folder, gone) is exit 2, the usage error every command reports up front."""
+    message = f"cannot write {os_error_text(exc)}; {kept}"
+    if exc.errno in OUT_OF_ROOM:
+        hint = "Free space there (or write elsewhere), then run it again."
+        return Unwritten(message, hint, ExitCode.FAILED)
+    hint = "Fix the path (permissions, a folder in its way), then run it again."
+    return Unwritten(message, hint, ExitCode.USAGE)
 
 
 def format_traceback(exc: BaseException | None) -> str | None:

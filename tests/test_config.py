@@ -199,7 +199,6 @@ def test_steps_out_of_order_or_twice_exit_2_saying_what_to_write(
         "http://[zz]:8000/v1",
         "http://[::1]x:80/v1",
         "http://[::1]]/v1",
-        "http://a b:8000/v1",
     ],
 )
 def test_a_malformed_host_is_a_config_error(cli, isolated: Path, url: str) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from calibrate.errors import Unwritten
 from calibrate.io.jobs.shard import Shard, shard_of
 from calibrate.io.jsonl import dumps_line
 from calibrate.stages.export import export_final
@@ -153,8 +154,9 @@ def test_a_failed_export_leaves_the_previous_final_untouched(
         real(self, raw, record)
 
     monkeypatch.setattr(export_formats.JsonlFinal, "write", failing_write)
-    with pytest.raises(OSError):
+    with pytest.raises(Unwritten) as failed:  # exit 1, naming the file
         export_final(tasks, [journal], final)
+    assert failed.value.exit_code == 1 and "final.jsonl" in failed.value.message
     assert final.read_text() == "the previous final\n"
     assert sorted(p.name for p in isolated.iterdir()) == ["final.jsonl", "out.jsonl", "tasks.jsonl"]
 

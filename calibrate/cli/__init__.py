@@ -20,8 +20,9 @@ from typing import Any
 
 from calibrate import __version__, redact
 from calibrate.cli import streams
+from calibrate.cli.argv_text import read_as_utf8
 from calibrate.cli.flags import CommandLine, StrictParser
-from calibrate.errors import CalibrateError, ExitCode
+from calibrate.errors import OUT_OF_ROOM, CalibrateError, ExitCode, os_error_text
 from calibrate.server import interrupts
 
 # One module per command, in the order `calibrate --help` lists them.
@@ -84,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with streams.safe_streams(), _sigterm_interrupts():
             try:
-                return _run(args_list)
+                return streams.delivered(_run(args_list))
             except KeyboardInterrupt as exc:  # before or after a command ran
                 print(_interrupted_text(exc), file=sys.stderr)
                 return ExitCode.INTERRUPTED
@@ -110,6 +111,7 @@ def _run(args_list: list[str]) -> int:
     debug = bool(getattr(args, "debug", False))
     _log_to_stderr(debug)
     try:
+        read_as_utf8(parser, args, lambda line: print(line, file=sys.stderr))
         return int(args.run(args))
     except CalibrateError as exc:
         if debug:
@@ -123,10 +125,10 @@ def _run(args_list: list[str]) -> int:
         if debug:
             traceback.print_exc()
         print(
-            f"error: {_os_error_text(exc)}; fix the path (permissions, free space) and run again",
+            f"error: {os_error_text(exc)}; fix the path (permissions, free space) and run again",
             file=sys.stderr,
-        )
-        return ExitCode.USAGE
+        )  # one exit code per cause: a full disk is 1 (as after a stage), a wrong path 2
+        return ExitCode.FAILED if exc.errno in OUT_OF_ROOM else ExitCode.USAGE
     except MemoryError:
         if debug:
             traceback.print_exc()
@@ -169,11 +171,6 @@ def _log_to_stderr(debug: bool) -> None:
         handler.setFormatter(_OneStyle())
         logger.addHandler(handler)
     logger.propagate = False
-
-
-def _os_error_text(exc: OSError) -> str:
-    what = exc.strerror or str(exc)
-    return f"{exc.filename}: {what}" if exc.filename is not None else what
 
 
 class Terminated(KeyboardInterrupt):

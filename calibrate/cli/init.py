@@ -12,13 +12,15 @@ from typing import Any
 from calibrate.cli.flags import add_command
 from calibrate.cli.output import output_for
 from calibrate.config import DEFAULT_CONFIG_NAME, STARTER_TOML
-from calibrate.errors import UsageError
+from calibrate.errors import UsageError, unwritten
 from calibrate.io.atomic import write_atomic
 
 
 def register(subparsers: Any) -> None:
     parser = add_command(subparsers, "init", __doc__ or "", run, target=False)
-    parser.add_argument("path", nargs="?", default=DEFAULT_CONFIG_NAME, help="where to write it")
+    parser.add_argument(
+        "path", nargs="?", default=DEFAULT_CONFIG_NAME, metavar="PATH", help="where to write it"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,10 +40,8 @@ def run(args: argparse.Namespace) -> int:
         )
     try:
         write_atomic(path, STARTER_TOML)
-    except OSError as exc:
-        raise UsageError(
-            f"cannot write {path}: {exc.strerror or exc}", "Give a path in a writable folder."
-        ) from exc
+    except OSError as exc:  # a full disk exit 1, an unwritable folder exit 2; nothing left
+        raise unwritten(exc, "nothing was written") from exc
     out.ok(f"wrote {path}: set [target].base_url and model, then run: calibrate single")
     out.result({"written": str(path)})
     return 0

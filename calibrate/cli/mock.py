@@ -25,7 +25,9 @@ example: calibrate mock --kv-capacity-tokens 20000 --on-kv-full preempt --metric
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,18 @@ def register(subparsers: Any) -> None:
     add_flags(add_command(subparsers, "mock", __doc__ or "", run, target=False))
 
 
+def _hint(exc: BaseException) -> str:
+    """What to change: the port when it is taken, the host when it is none of this machine's."""
+    if isinstance(exc, socket.gaierror) or (
+        isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL
+    ):
+        return (
+            "Give --host an address of this machine: 127.0.0.1, ::1, 0.0.0.0 or :: (all of them), "
+            "or a name that resolves to one."
+        )
+    return "Pick another --port, or --port 0 for a free one."
+
+
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     if settings.start_oom:  # as an engine whose weights and cache do not fit: dies at load
@@ -54,8 +68,7 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, OverflowError) as exc:
         why = (exc.strerror if isinstance(exc, OSError) else None) or exc
         raise UsageError(
-            f"cannot listen on {args.host}:{args.port}: {why}",
-            "Pick another --port, or --port 0 for a free one.",
+            f"cannot listen on {args.host} port {args.port}: {why}", _hint(exc)
         ) from exc
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -42,7 +42,10 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
-    req = ReportRequest(args.run_dir, args.run_b, args.html, args.timeline, args.no_plot)
+    cfg = load_config(args)
+    req = ReportRequest(
+        args.run_dir, args.run_b, args.html, args.timeline, args.no_plot, cfg.cache_dir
+    )
     width = out.console.width
-    out.result(run_report(req, load_config(args), out, width))
+    out.result(run_report(req, cfg, out, width))
     return 0

@@ -4,7 +4,9 @@
 
 - each write goes through ``redact.scrub`` (a key a server echoed, a base-URL password);
 - a closed or broken stream (``2>&-``, ``2>&1 | head -2``) swallows what is written to it, so
-  the stage still writes its results and its ledger line;
+  the stage still writes its results and its ledger line; a reader that left (``| head``) is
+  its own choice, but stdout that could not take what was written (``> /dev/full``, a full
+  disk) lost the result: ``delivered`` makes that command's exit 1 and says so;
 - a stream that cannot encode a character (``PYTHONIOENCODING=ascii``) gets it backslash-escaped
   instead of raising ``UnicodeEncodeError`` (JSON results are written ASCII-only there).
 """
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 from collections.abc import Iterator
@@ -26,13 +29,14 @@ class SafeStream:
     def __init__(self, stream: TextIO | None) -> None:
         self._stream = stream
         self.broken = stream is None
+        self.lost: str | None = None  # why what was written could not be (not a reader gone)
 
     @property
     def encoding(self) -> str:
         return str(getattr(self._stream, "encoding", None) or "utf-8")
 
     def write(self, text: str) -> int:
-        if self.broken or self._stream is None:
+        if self.broken or self._stream is None or not text:  # "" reaches /dev/full as ENOSPC
             return len(text)
         clean = scrub(text)
         try:
@@ -40,12 +44,14 @@ class SafeStream:
                 self._stream.write(clean)
             except UnicodeEncodeError:
                 self._stream.write(escaped(clean, self.encoding))
-        except (OSError, ValueError):  # EPIPE, EBADF, or "I/O operation on closed file"
-            self._break()
+        except (OSError, ValueError) as exc:  # EPIPE, ENOSPC, or "I/O operation on closed file"
+            self._break(exc)
         return len(text)
 
-    def _break(self) -> None:
+    def _break(self, exc: BaseException) -> None:
         """Stop writing; /dev/null takes the fd so Python's own flush at exit cannot fail."""
+        if isinstance(exc, OSError) and exc.errno != errno.EPIPE:
+            self.lost = exc.strerror or str(exc)  # a full disk, /dev/full: not the reader's doing
         self.broken = True
         with contextlib.suppress(OSError, ValueError, AttributeError):
             fd = self._stream.fileno() if self._stream is not None else -1
@@ -59,8 +65,8 @@ class SafeStream:
             return
         try:
             self._stream.flush()
-        except (OSError, ValueError):
-            self._break()
+        except (OSError, ValueError) as exc:
+            self._break(exc)
 
     def isatty(self) -> bool:
         if self.broken or self._stream is None:
@@ -77,6 +83,22 @@ class SafeStream:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+def delivered(code: int) -> int:
+    """``code``, or 1 where it was 0 but what the command wrote to stdout (its --json result,
+    its lines) could not be written there: a result that was lost is not a success."""
+    out = sys.stdout
+    out.flush()
+    lost = out.lost if isinstance(out, SafeStream) else None
+    if lost is None:
+        return code
+    print(
+        f"error: the output to stdout could not be written ({lost}): the result is lost\n"
+        "Send it where there is room (or to a file on another disk), then run it again.",
+        file=sys.stderr,
+    )
+    return 1 if code == 0 else code
 
 
 def escaped(text: str, encoding: str) -> str:

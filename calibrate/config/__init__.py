@@ -1,8 +1,8 @@
 """Configuration: built-in defaults < calibrate.toml < environment < flags, resolved once.
 
 sections (the frozen dataclasses and their defaults), file (calibrate.toml read and typed),
-limits (the documented maxima, each section's check), urls (base URLs), load (the precedence),
-starter (the file `calibrate init` writes). The names other packages use are handed on here.
+limits (the documented maxima, each section's check), urls (base URLs), text (argv and the
+environment read as UTF-8), load (the precedence), starter (the file `calibrate init` writes). The names other packages use are handed on here.
 """
 
 from calibrate.config.limits import MAX_ROUNDS, MAX_TIMEOUT_S
@@ -16,7 +16,7 @@ from calibrate.config.sections import (
     TuneSearch,
 )
 from calibrate.config.starter import STARTER_TOML
-from calibrate.config.urls import normalise_base_url, split_endpoint
+from calibrate.config.urls import normal_url, normalise_base_url, split_endpoint
 from calibrate.workload import MAX_BATCH_SIZE
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "SweepConfig",
     "TuneSearch",
     "load",
+    "normal_url",
     "normalise_base_url",
     "split_endpoint",
 ]

@@ -32,6 +32,7 @@ REMOVED_KEYS: dict[tuple[str, str], str] = {
 
 
 CONFIG_MAX_BYTES = 1 << 20  # a calibrate.toml is a few KiB; a bigger file is a wrong --config
+UTF8_BOM = b"\xef\xbb\xbf"  # what Windows Notepad puts first; read past, as in a tasks file
 
 
 def apply_file(cfg: Config, path: Path) -> Config:
@@ -51,7 +52,7 @@ def apply_file(cfg: Config, path: Path) -> Config:
             "--input), or run: calibrate init",
         )
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        data = tomllib.loads(raw.removeprefix(UTF8_BOM).decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(
             f"{path} is not valid TOML: {exc}", "Fix the file and run again."

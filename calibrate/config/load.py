@@ -11,7 +11,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from calibrate.config.file import apply_file
+from calibrate.config.proxy import proxy_note
 from calibrate.config.sections import Config
+from calibrate.config.text import as_utf8
 from calibrate.config.urls import normalise_base_url, split_endpoint
 from calibrate.errors import ConfigError
 
@@ -37,9 +39,10 @@ def load(overrides: Overrides, environ: Mapping[str, str]) -> Config:
         cfg = apply_file(cfg, path)
     target = cfg.target
     if environ.get("CALIBRATE_BASE_URL"):
-        target = replace(target, base_url=environ["CALIBRATE_BASE_URL"])
+        url = as_utf8(environ["CALIBRATE_BASE_URL"], "$CALIBRATE_BASE_URL")
+        target = replace(target, base_url=url)
     if environ.get("CALIBRATE_MODEL"):
-        target = replace(target, model=environ["CALIBRATE_MODEL"])
+        target = replace(target, model=as_utf8(environ["CALIBRATE_MODEL"], "$CALIBRATE_MODEL"))
     if overrides.base_url:
         target = replace(target, base_url=overrides.base_url)
     if overrides.model:
@@ -55,7 +58,26 @@ def load(overrides: Overrides, environ: Mapping[str, str]) -> Config:
     )
     api_key = _checked_key(environ, key_var)
     metrics_key = _checked_key(environ, target.gpu_metrics_key_env or None)
-    return replace(cfg, target=target, api_key=api_key, gpu_metrics_key=metrics_key)
+    return replace(
+        cfg,
+        target=target,
+        api_key=api_key,
+        gpu_metrics_key=metrics_key,
+        cache_dir=cache_dir(environ),
+        proxy_note=proxy_note(target.base_url, environ),
+    )
+
+
+def cache_dir(environ: Mapping[str, str]) -> str:
+    """The cache calibrate names: ``$XDG_CACHE_HOME/calibrate``, else ``~/.cache/calibrate`` —
+    only under a folder that exists (a missing HOME is never created); "" when there is none."""
+    xdg = environ.get("XDG_CACHE_HOME", "")
+    if xdg and Path(xdg).is_absolute() and Path(xdg).is_dir():
+        return str(Path(xdg) / "calibrate")
+    home = environ.get("HOME", "")
+    if home and Path(home).is_absolute() and Path(home).is_dir():
+        return str(Path(home) / ".cache" / "calibrate")
+    return ""
 
 
 def _checked_key(environ: Mapping[str, str], var: str | None) -> str | None:

@@ -211,6 +211,10 @@ class Config:
     source: str | None = None
     api_key: str | None = field(default=None, repr=False)
     gpu_metrics_key: str | None = field(default=None, repr=False)
+    # what calibrate may rebuild (matplotlib's font cache): $XDG_CACHE_HOME/calibrate, else
+    # ~/.cache/calibrate; "" when neither names an existing folder (then a temporary one)
+    cache_dir: str = ""
+    proxy_note: str = ""  # a proxy variable is set that calibrate does not use (config/proxy.py)
 
     @property
     def runs_dir(self) -> Path:
@@ -228,12 +232,13 @@ class Config:
         """The resolved values for manifests and ``status --show-config``; the key masked."""
         out: dict[str, Any] = {}
         for f in fields(self):
-            if f.name in ("api_key", "gpu_metrics_key", "source"):
+            if f.name in ("api_key", "gpu_metrics_key", "source", "cache_dir", "proxy_note"):
                 continue
             out[f.name] = dataclasses.asdict(getattr(self, f.name))
         out["target"]["base_url"] = redact_url(self.target.base_url)
         out["target"]["base_urls"] = [redact_url(url) for url in self.target.base_urls]
         out["source"] = self.source
+        out["cache_dir"] = self.cache_dir
         out["api_key"] = mask_secret(self.api_key)
         out["gpu_metrics_key"] = mask_secret(self.gpu_metrics_key)
         return out

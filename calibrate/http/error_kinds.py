@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import math
 import re
+import ssl
 from typing import Any
 
 from calibrate import json_text
@@ -95,9 +96,50 @@ def invalid(message: str) -> RequestError:
     return RequestError(ErrorInfo("invalid_response", message))
 
 
+# Why nothing answered, as ``connection_error`` words it, and what to do about each.
+REFUSED = "connection refused"
+UNRESOLVED = "host name not resolved"
+NO_ROUTE = "no route to host"
+PLAIN_HTTP = "the TLS handshake failed: it answers plain HTTP? then use http://"
+UNTRUSTED = "its TLS certificate is not trusted"
+START_HINT = "Start it, or try the built-in one: make mock"
+REACH_HINTS = {
+    REFUSED: START_HINT,
+    UNRESOLVED: "Check the host name in base_url (--base-url, CALIBRATE_BASE_URL or "
+    "[target].base_url).",
+    NO_ROUTE: "Check the address in base_url and the network between here and the server "
+    "(a firewall, a VPN).",
+    PLAIN_HTTP: "Write base_url with http:// (the server speaks plain HTTP), or serve TLS there.",
+    UNTRUSTED: "Point SSL_CERT_FILE at the CA that signed it, or use http:// on a network you "
+    "trust.",
+}
+_TLS_NOT_SPOKEN = (
+    "WRONG_VERSION_NUMBER",
+    "wrong version number",
+    "record layer failure",
+    "http request",
+    "packet length too long",
+    "unknown protocol",
+)
+
+
+def reach_hint(message: str) -> str:
+    """What to do about a server that could not be reached, by the reason its message gives
+    (a refused connection: start it; a name: check it; plain HTTP: use http://)."""
+    return next((hint for reason, hint in REACH_HINTS.items() if reason in message), START_HINT)
+
+
 def connection_error(url: str, exc: BaseException) -> RequestError:
-    """``connect`` when nothing could be reached (refused, DNS, no route), else ``reset``."""
+    """``connect`` when nothing could be reached (refused, DNS, no route, no TLS), else
+    ``reset``. Every transport maps its failures here, so each reason reads the same."""
     text = str(exc)
+    tls = _tls_failure(exc)
+    if tls is not None:
+        if any(marker in tls for marker in _TLS_NOT_SPOKEN):
+            return request_error("connect", f"no TLS server at {url} ({PLAIN_HTTP})", exc)
+        if "CERTIFICATE_VERIFY_FAILED" in tls or "certificate verify failed" in tls:
+            return request_error("connect", f"no trusted server at {url} ({UNTRUSTED})", exc)
+        return request_error("connect", f"the TLS handshake with {url} failed: {shorten(tls)}", exc)
     reasons = (
         (
             (
@@ -105,11 +147,12 @@ def connection_error(url: str, exc: BaseException) -> RequestError:
                 "nodename nor servname",
                 "Failed to resolve",
                 "Temporary failure in name resolution",
+                "No address associated with hostname",
             ),
-            "host name not resolved",
+            UNRESOLVED,
         ),
-        (("No route to host", "Network is unreachable"), "no route to host"),
-        (("Connection refused", "NewConnectionError"), "connection refused"),
+        (("No route to host", "Network is unreachable"), NO_ROUTE),
+        (("Connection refused", "NewConnectionError"), REFUSED),
     )
     for markers, reason in reasons:
         if any(marker in text for marker in markers):
@@ -117,6 +160,19 @@ def connection_error(url: str, exc: BaseException) -> RequestError:
     return request_error(
         "reset", f"the connection to {url} was dropped: {shorten(words(exc))}", exc
     )
+
+
+def _tls_failure(exc: BaseException) -> str | None:
+    """The words of a TLS failure in ``exc`` or what caused it (``ssl.SSLError``, urllib3's
+    ``SSLError``), else None."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, ssl.SSLError) or type(seen).__name__ == "SSLError":
+            return words(seen)
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def words(exc: BaseException) -> str:

@@ -27,6 +27,7 @@ from urllib3.exceptions import (
     NewConnectionError,
     ProtocolError,
     ReadTimeoutError,
+    SSLError,
 )
 
 from calibrate import json_text
@@ -111,7 +112,7 @@ class Transport:
             ) from exc
         except ReadTimeoutError as exc:
             raise request_error("timeout", f"no answer from {url} within {total:g} s", exc) from exc
-        except (ProtocolError, OSError) as exc:
+        except (ProtocolError, SSLError, OSError) as exc:
             check_descriptors(exc)
             raise connection_error(url, exc) from exc
         except HTTPError as exc:

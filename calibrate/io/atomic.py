@@ -10,8 +10,9 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from calibrate.errors import InputError
 from calibrate.io.bounded import read_bounded
@@ -107,16 +108,53 @@ def copy_atomic(source: Path, path: Path) -> None:
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = temp_beside(path)
+    write_atomic_with(path, lambda handle: handle.write(data))
+
+
+def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """``write`` into a temp file beside ``path``, then rename it into place. When anything
+    fails nothing of it is left — no temp file, no empty file, no folder made for it — and an
+    OSError names ``path`` (a full disk's error names no file)."""
+    made = missing_folders(path.parent)
+    try:
+        fd, tmp = temp_beside(path)
+    except BaseException as exc:
+        remove_folders(made)
+        named(exc, path)
+        raise
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        remove_folders(made)
+        named(exc, path)
         raise
+
+
+def named(exc: BaseException, path: Path) -> None:
+    """An OSError of writing ``path`` made to name it (not a temp file, not nothing)."""
+    if isinstance(exc, OSError):
+        exc.filename, exc.filename2 = str(path), None
+
+
+def missing_folders(folder: Path) -> list[Path]:
+    """The folders up to ``folder`` that do not exist yet, outermost first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing[::-1]
+
+
+def remove_folders(made: list[Path]) -> None:
+    """Remove the folders ``missing_folders`` listed (innermost first), where still empty."""
+    for folder in reversed(made):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

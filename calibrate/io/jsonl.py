@@ -92,16 +92,20 @@ def append_jsonl(path: Path, obj: Any) -> None:
     and lost with it.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a+b") as handle:  # readable too: the last byte is looked at
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            data = encode_line(obj)
-            if not ends_with_newline(handle.fileno()):
-                data = b"\n" + data
-            handle.write(data)
-            handle.flush()
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    try:
+        with path.open("a+b") as handle:  # readable too: its last byte is looked at
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                data = encode_line(obj)
+                if not ends_with_newline(handle.fileno()):
+                    data = b"\n" + data
+                handle.write(data)
+                handle.flush()
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    except OSError as exc:  # a full disk's error names no file: this one
+        exc.filename = exc.filename or str(path)
+        raise
 
 
 def ends_with_newline(fd: int) -> bool:
@@ -204,13 +208,17 @@ class JsonlWriter:
 
     def _append(self, raw: bytes) -> None:
         data = memoryview(raw)
-        while data:  # a short write (disk nearly full) is continued, or ends in OSError
-            written = self._handle.write(data)
-            if not written:
-                raise OSError(errno.EIO, "the write made no progress", str(self.path))
-            data = data[written:]
-        if self.fsync:
-            os.fsync(self._handle.fileno())
+        try:
+            while data:  # a short write (disk nearly full) is continued, or ends in OSError
+                written = self._handle.write(data)
+                if not written:
+                    raise OSError(errno.EIO, "the write made no progress", str(self.path))
+                data = data[written:]
+            if self.fsync:
+                os.fsync(self._handle.fileno())
+        except OSError as exc:  # a full disk's error names no file: this one
+            exc.filename = exc.filename or str(self.path)
+            raise
 
     def close(self) -> None:
         self._handle.close()

@@ -61,8 +61,11 @@ class ExclusiveLock:
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:  # the holder's PID, for the message a second run gets; the lock is the flock
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError:  # a full disk: held all the same, its holder shown as unknown
+            pass
         return cls(path, fd, guard_fd)
 
     def release(self) -> None:

@@ -98,3 +98,20 @@ class RunDir:
         for writer in self._writers.values():
             writer.close()
         self._writers.clear()
+
+    def drop_if_empty(self) -> bool:
+        """After a failed write: the folder removed when nothing was written into it (no file,
+        or only empty ones), so no empty run is left to be read as a result; whether it was."""
+        for writer in self._writers.values():
+            writer.close_quietly()
+        self._writers.clear()
+        try:
+            files = list(self.path.iterdir())
+            if any(f.is_dir() or f.stat().st_size for f in files):
+                return False
+            for f in files:
+                f.unlink()
+            self.path.rmdir()
+        except OSError:
+            return not self.path.exists()
+        return True

@@ -262,6 +262,7 @@ class TuneRow:
     errors: int
     incidents: int
     start_exit_code: int | None
+    exit_code: int | None  # how its server ended when it crashed while measured (-9: SIGKILL)
     rung: int
     window: float
     elapsed_s: float

@@ -14,9 +14,7 @@ answered with a 400, never a dropped connection or a hang.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import re
 import resource
 import socket
 import threading
@@ -39,7 +37,6 @@ WAITING_TIMEOUT_S = 30.0  # for the next request (its line and headers included)
 REAP_INTERVAL_S = 0.5
 MAX_CONNECTIONS = 1024  # lowered to half the open-file limit where that is smaller
 MAX_BODY_BYTES = 64 * 1024 * 1024
-_LONE_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
 def connection_cap() -> int:
@@ -48,6 +45,13 @@ def connection_cap() -> int:
     if soft == resource.RLIM_INFINITY:
         return MAX_CONNECTIONS
     return max(8, min(MAX_CONNECTIONS, soft // 2))
+
+
+def listening_family(host: str, port: int) -> socket.AddressFamily:
+    """The address family of ``host`` (``::1`` and ``::`` are IPv6, a name what it resolves to
+    first); a host that names no address is the ``socket.gaierror`` of its look-up."""
+    found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    return found[0][0]
 
 
 GENERATE_PATHS: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
@@ -78,6 +82,8 @@ class MockHTTPServer(ThreadingHTTPServer):
         self._connections: dict[socket.socket, float | None] = {}
         self._conn_lock = threading.Lock()
         self._closed = threading.Event()
+        host = host.removeprefix("[").removesuffix("]")  # "[::1]", as in a URL, is ::1
+        self.address_family = listening_family(host, port)
         super().__init__((host, port), MockHandler)
         self._reaper = threading.Thread(target=self._reap, name="mock-reaper", daemon=True)
         self._reaper.start()
@@ -89,6 +95,8 @@ class MockHTTPServer(ThreadingHTTPServer):
     @property
     def base_url(self) -> str:
         host = str(self.server_address[0])
+        if ":" in host:  # an IPv6 address goes in brackets in a URL
+            host = f"[{host}]"
         return f"http://{host}:{self.port}/v1"
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -234,7 +242,7 @@ class MockHandler(BaseHTTPRequestHandler):
         except (ValueError, UnicodeDecodeError):
             body, problem = None, None  # not JSON: parse_request says so
         else:
-            problem = _lone_surrogate(raw, body)
+            problem = payloads.lone_surrogate(raw, body)
         if problem is not None:
             self._wire().send_json(400, error_body(problem, "BadRequestError", 400))
             return
@@ -259,17 +267,6 @@ class MockHandler(BaseHTTPRequestHandler):
             self.close_connection = True  # the client went away; nothing left to tell it
         finally:
             release()
-
-
-def _lone_surrogate(raw: bytes, body: object) -> str | None:
-    """Why a parsed body is not valid Unicode text (a ``\\ud800`` escape alone), else None."""
-    if not _LONE_SURROGATE_ESCAPE.search(raw):  # the common case: no escape, no check
-        return None
-    try:
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return "the request body holds a lone surrogate (\\ud800…): not valid Unicode"
-    return None
 
 
 def _wake(conn: socket.socket) -> None:

@@ -6,6 +6,8 @@ Bodies follow vLLM's OpenAI server: errors are ``{"object": "error", "message", 
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -282,3 +284,17 @@ def props(settings: MockSettings) -> Json:
         },
         "build_info": "calibrate-mock",
     }
+
+
+_LONE_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def lone_surrogate(raw: bytes, body: object) -> str | None:
+    """Why a parsed body is not valid Unicode text (a ``\\ud800`` escape alone), else None."""
+    if not _LONE_SURROGATE_ESCAPE.search(raw):  # the common case: no escape, no check
+        return None
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return "the request body holds a lone surrogate (\\ud800…): not valid Unicode"
+    return None

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from calibrate.config import Config
-from calibrate.errors import InputError, UsageError
+from calibrate.errors import InputError, UsageError, unwritten
 from calibrate.io.atomic import write_atomic
 from calibrate.io.output_paths import check_outputs, check_writable, stage_files
 from calibrate.io.tier_table import check_rows
@@ -54,6 +54,7 @@ class ReportRequest:
     html: str | None = None  # "": the default path
     timeline: float | None = None
     no_plot: bool = False
+    cache_dir: str = ""  # the cache calibrate names (matplotlib's), from the config
 
 
 def _resolve(name: str, runs_dir: Path) -> Path:
@@ -75,13 +76,12 @@ def _load(path: Path) -> RunView:
 
 
 def _write(path: Path, text: str) -> Path:
-    """An HTML report, atomically; a path that cannot be written is exit 2."""
+    """An HTML report, atomically; one that cannot be written is ``unwritten`` (a full disk
+    exit 1, a path that cannot be written exit 2), naming it, nothing of it left."""
     try:
         write_atomic(path, text)
     except OSError as exc:
-        raise InputError(
-            f"cannot write {path}: {exc.strerror or exc}", "Give a writable path: --html PATH"
-        ) from exc
+        raise unwritten(exc, "nothing of it was kept") from exc
     return path
 
 
@@ -141,7 +141,10 @@ def _one(
         out.warn(note)
     if rows and rows[0].get("vram_source") == "none":
         out.say("VRAM not measured")
-    plot = None if req.no_plot else write_plot(rows, kind, path / "plot.png")
+    try:
+        plot = None if req.no_plot else write_plot(rows, kind, path / "plot.png", req.cache_dir)
+    except OSError as exc:  # the table is shown; a full disk leaves no empty PNG behind
+        raise unwritten(exc, "nothing of it was kept (the table above is the report)") from exc
     if plot:
         out.say(f"plot: {plot}")
     elif not req.no_plot:
@@ -156,7 +159,7 @@ def _one(
         "noisy": noisy,
     }
     if timeline is not None and req.timeline is not None:
-        result["timeline"] = _draw_timeline(out, view, timeline, req.timeline, req.no_plot)
+        result["timeline"] = _draw_timeline(out, view, timeline, req)
     if req.html is not None:
         html = _write(
             Path(req.html) if req.html else path / "report.html", run_html(view, timeline)
@@ -175,14 +178,21 @@ def _read_timeline(view: RunView, tier: float) -> Timeline:
 
 
 def _draw_timeline(
-    out: Channel, view: RunView, timeline: Timeline, tier: float, no_plot: bool
+    out: Channel, view: RunView, timeline: Timeline, req: ReportRequest
 ) -> dict[str, Any]:
     """The timeline drawn into the HTML report, and timeline-<tier>.png with matplotlib."""
     label = timeline.label
     png = None
-    if not no_plot:
+    tier = req.timeline
+    assert tier is not None
+    if not req.no_plot:
         title = f"{view.path.name}: {label}"
-        png = write_timeline_png(timeline.bars, title, view.path / f"timeline-{tier:g}.png")
+        try:
+            png = write_timeline_png(
+                timeline.bars, title, view.path / f"timeline-{tier:g}.png", req.cache_dir
+            )
+        except OSError as exc:
+            raise unwritten(exc, "nothing of it was kept") from exc
     out.say(f"timeline of {label}: {len(timeline.bars)} requests; times: {timeline.note}")
     if png:
         out.say(f"timeline plot: {png}")

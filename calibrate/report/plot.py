@@ -4,13 +4,21 @@ draws its own SVG)."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import math
-from collections.abc import Mapping, Sequence
+import os
+import shutil
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from calibrate.errors import InputError
+from calibrate.io.atomic import write_atomic_with
 from calibrate.io.tier_table import Kind
 from calibrate.report.html.svg import Bar
 from calibrate.report.tables.cells import context_axis
@@ -19,31 +27,72 @@ log = logging.getLogger("calibrate")
 MAX_TIMELINE_S = 1e7  # 115 days: longer than any stage runs
 
 
-def _pyplot(missing: str) -> Any:
-    """matplotlib's pyplot on the Agg backend; None (``missing`` logged) when not installed."""
-    try:
-        import matplotlib
+def _pyplot(missing: str, cache_dir: str) -> Any:
+    """matplotlib's pyplot on the Agg backend; None (``missing`` logged) when not installed.
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    Its config and font cache go to ``cache_dir``/matplotlib (the cache calibrate names), else
+    to a temporary folder removed at exit — never to a HOME it would create or warn about —
+    and its own warnings and log lines are not shown (``_quiet``)."""
+    if "matplotlib" not in sys.modules and "MPLCONFIGDIR" not in os.environ:
+        os.environ["MPLCONFIGDIR"] = _config_folder(cache_dir)
+    logging.getLogger("matplotlib").setLevel(logging.ERROR)  # "building the font cache", …
+    try:
+        with _quiet():
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
     except ImportError:
         log.info("matplotlib is not installed: no %s (pip install 'calibrate[plot]')", missing)
         return None
     return plt
 
 
+def _config_folder(cache_dir: str) -> str:
+    """``cache_dir``/matplotlib where it can be made and written, else a temporary folder."""
+    if cache_dir:
+        folder = Path(cache_dir) / "matplotlib"
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError:
+            pass
+        else:
+            return str(folder)
+    temporary = tempfile.mkdtemp(prefix="calibrate-matplotlib-")
+    atexit.register(shutil.rmtree, temporary, ignore_errors=True)
+    return temporary
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """While matplotlib loads and draws: its warnings are not the user's to read."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
 def _save(fig: Any, path: Path) -> None:
-    """Lay the figure out and write it to ``path`` (its folder made if need be)."""
+    """Lay the figure out and write it to ``path`` atomically (its folder made if need be): a
+    full disk leaves no empty or half-drawn PNG behind."""
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    write_atomic_with(path, lambda handle: fig.savefig(handle, dpi=100, format="png"))
 
 
-def write_plot(rows: Sequence[Mapping[str, Any]], kind: Kind, path: Path) -> Path | None:
+def write_plot(
+    rows: Sequence[Mapping[str, Any]], kind: Kind, path: Path, cache_dir: str = ""
+) -> Path | None:
     """plot.png: per-item latency, throughput and peak VRAM; None when matplotlib is missing."""
-    plt = _pyplot("plot.png")
+    plt = _pyplot("plot.png", cache_dir)
     if plt is None:
         return None
+    with _quiet():
+        _draw_plot(plt, rows, kind, path)
+    return path
+
+
+def _draw_plot(plt: Any, rows: Sequence[Mapping[str, Any]], kind: Kind, path: Path) -> None:
     x_name = "batch_size" if kind == "ladder" else "concurrency"
     if kind == "ladder" and context_axis(rows):
         x_name = "input_tokens_target"  # bisected lengths come after longer ones: sort them
@@ -75,15 +124,22 @@ def write_plot(rows: Sequence[Mapping[str, Any]], kind: Kind, path: Path) -> Pat
         _save(fig, path)
     finally:
         plt.close(fig)
+
+
+def write_timeline_png(
+    bars: Sequence[Bar], title: str, path: Path, cache_dir: str = ""
+) -> Path | None:
+    """timeline-<tier>.png: one bar per request (start → finish), TTFT ticks; None without
+    matplotlib."""
+    plt = _pyplot(path.name, cache_dir)
+    if plt is None:
+        return None
+    with _quiet():
+        _draw_timeline(plt, bars, title, path)
     return path
 
 
-def write_timeline_png(bars: Sequence[Bar], title: str, path: Path) -> Path | None:
-    """timeline-<tier>.png: one bar per request (start → finish), TTFT ticks; None without
-    matplotlib."""
-    plt = _pyplot(path.name)
-    if plt is None:
-        return None
+def _draw_timeline(plt: Any, bars: Sequence[Bar], title: str, path: Path) -> None:
     ordered = sorted(bars, key=lambda b: (b.start_s, b.finish_s))
     for bar in ordered:
         times = (bar.start_s, bar.finish_s, bar.ttft_s or 0.0)
@@ -108,4 +164,3 @@ def write_timeline_png(bars: Sequence[Bar], title: str, path: Path) -> Path | No
         _save(fig, path)
     finally:
         plt.close(fig)
-    return path

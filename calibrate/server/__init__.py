@@ -20,6 +20,7 @@ from calibrate.engines.builders import EngineCommand, LaunchSpec, Tuned, build
 from calibrate.errors import ServerDied, ServerUnreachable, UsageError
 from calibrate.io.records import utc_now_iso
 from calibrate.server import exit_status, interrupts, pids, process, readiness, set_values
+from calibrate.server.exit_status import exited
 from calibrate.server.process import ServerRecord, StopResult
 
 TAIL_LINES = 20
@@ -199,7 +200,7 @@ def start(
         process.forget(runs_dir)
         how = f"; {ready.last_answer}" if ready.last_answer.startswith("its health") else ""
         raise ServerDied(
-            f"the server exited with code {ready.exit_code} before it was ready "
+            f"the server {exited(ready.exit_code)} before it was ready "
             f"({ready.elapsed_s:.1f} s after start{how}); last lines of {log_file}:\n{shown_tail}",
             f"Fix the cause above, then: calibrate server start   (full log: {log_file})",
             server_exit_code=ready.exit_code,

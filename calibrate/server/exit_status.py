@@ -57,6 +57,27 @@ class ExitStatus:
         return asdict(self)
 
 
+def ended_words(exit_code: int | None) -> str:
+    """How a process ended, from its ``Popen.returncode``, for every line that reports an exit:
+    ``exit code 1``, ``killed by SIGKILL`` (never ``exit code -9``), or, when nothing recorded
+    it, ``its exit status was not recorded`` (never ``exit code None``)."""
+    if exit_code is None:
+        return "its exit status was not recorded"
+    if exit_code < 0:
+        return f"killed by {signal_name(-exit_code)}"
+    return f"exit code {exit_code}"
+
+
+def exited(exit_code: int) -> str:
+    """``exited with code 3`` / ``was killed by SIGKILL``: after "the server"."""
+    return f"exited with code {exit_code}" if exit_code >= 0 else f"was {ended_words(exit_code)}"
+
+
+def signal_of(exit_code: int | None) -> str | None:
+    """``"SIGKILL"`` for a ``Popen.returncode`` of -9; None for an exit or an unknown end."""
+    return signal_name(-exit_code) if exit_code is not None and exit_code < 0 else None
+
+
 def signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name

@@ -4,16 +4,21 @@ Engines print their own arguments (vLLM logs ``api_key='…'`` at start-up). Whe
 command holds a secret, its supervisor reads the engine's output through a pipe and writes
 each line here with every secret value (and any ``--api-key X`` / ``HF_TOKEN=X``) masked.
 (The supervisor outlives the engine — it ignores SIGINT, SIGTERM and SIGHUP — so the pipe stays
-open for as long as the engine writes.)
+open for as long as the engine writes.) ``open_log`` opens the log for a start, or says why not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from collections.abc import Sequence
+from pathlib import Path
 from typing import BinaryIO
 
 from calibrate.engines.redaction import MASK, redact_text
+from calibrate.errors import UsageError
+from calibrate.io.output_paths import kind_of
 
 CHUNK = 65536
 MIN_CHARS = 4
@@ -62,3 +67,35 @@ def _write(out: BinaryIO, data: bytes) -> None:
         out.flush()
     except OSError:
         pass
+
+
+def open_log(path: Path, header: str) -> BinaryIO:
+    """runs/server.log opened to append, ``header`` written; a log that cannot be — a folder, a
+    FIFO, a device (a link to /dev/full), a full disk — is exit 2 naming it, nothing started."""
+    where = "Remove it, or point [paths] runs elsewhere; nothing was started."
+    with contextlib.suppress(OSError):  # absent: made below
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode):  # a FIFO would block the open; a device takes the log away
+            raise UsageError(
+                f"the engine's log {path} is {kind_of(mode)}, not a regular file", where
+            )
+    handle: BinaryIO | None = None
+    new = not path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = path.open("ab")
+        handle.write(header.encode())
+        handle.flush()
+    except OSError as exc:
+        if handle is not None:
+            with contextlib.suppress(OSError):
+                handle.close()
+        if new:  # nothing of it is left behind
+            with contextlib.suppress(OSError):
+                path.unlink()
+        raise UsageError(
+            f"cannot write the engine's log {path}: {exc.strerror or exc}; nothing was started",
+            "Make it a writable file (free space there, fix its permissions), or point "
+            "[paths] runs elsewhere.",
+        ) from exc
+    return handle

@@ -24,7 +24,7 @@ from calibrate.server import (
     readiness,
 )
 from calibrate.server import start as start_process
-from calibrate.server.exit_status import ExitStatus
+from calibrate.server.exit_status import ExitStatus, ended_words, signal_of
 from calibrate.server.process import Liveness, ServerRecord, StopResult
 
 Level = Literal["say", "warn", "ok", "fail"]
@@ -82,6 +82,7 @@ def stop_outcome(result: StopResult | None) -> tuple[Level, str, int, dict[str, 
         "was": result.was,
         "signal": result.signal_sent,
         "exit_code": result.exit_code,
+        "ended_by": signal_of(result.exit_code),
     }
     if result.was == "stranger":
         line = (
@@ -90,11 +91,14 @@ def stop_outcome(result: StopResult | None) -> tuple[Level, str, int, dict[str, 
         )
         return "warn", line, 0, payload
     if result.was == "gone":
-        line = f"the managed server (PID {result.pid}) had already exited; pidfile removed"
+        line = (
+            f"the managed server (PID {result.pid}) had already ended "
+            f"({ended_words(result.exit_code)}); pidfile removed"
+        )
         return "say", line, 0, payload
     if not result.gone:
         return "fail", f"PID {result.pid} is still alive after SIGKILL", 1, payload
-    code = f", exit code {result.exit_code}" if result.exit_code is not None else ""
+    code = f", {ended_words(result.exit_code)}" if result.exit_code is not None else ""
     line = (
         f"stopped PID {result.pid} ({result.signal_sent}, {result.elapsed_s:.1f} s{code}); PID gone"
     )

@@ -26,7 +26,7 @@ from calibrate.engines.redaction import argv_secret_values, redact_argv
 from calibrate.io.atomic import write_atomic, write_json_atomic
 from calibrate.io.bounded import read_tail, read_text
 from calibrate.io.records import utc_now_iso
-from calibrate.server import exit_status, supervise
+from calibrate.server import exit_status, log_filter, supervise
 from calibrate.server.pids import start_id
 
 log = logging.getLogger("calibrate")
@@ -143,11 +143,9 @@ def spawn(
     Call ``adopt(pid)`` once the engine is recorded (``save``): until then, if this process
     dies, the supervisor stops the engine.
     """
-    runs_dir.mkdir(parents=True, exist_ok=True)
     full = [*(["env", *(f"{k}={v}" for k, v in env)] if env else []), *argv]
-    with log_path(runs_dir).open("ab") as handle:
-        handle.write(f"\n=== {utc_now_iso()} {header} ===\n".encode())
-        handle.flush()
+    line = f"\n=== {utc_now_iso()} {header} ===\n"
+    with log_filter.open_log(log_path(runs_dir), line) as handle:
         offset = handle.tell()
         secrets = (*argv_secret_values(full), *redact.remembered())
         launched = supervise.launch(full, handle, exit_status.status_path(runs_dir), secrets)
@@ -233,9 +231,11 @@ def stop(
     """
     start = clock()
     was = liveness(record)
-    if was != "running":
-        code = exit_code(record.pid, record.status_file)
-        return StopResult(record.pid, was, None, code, 0.0, was == "gone")
+    if was != "running":  # gone: its supervisor may be writing how it ended right now
+        code = exit_code(
+            record.pid, record.status_file, exit_status.SETTLE_S if was == "gone" else 0
+        )
+        return StopResult(record.pid, was, None, code, clock() - start, was == "gone")
     sent = "SIGTERM"
     _signal_group(record.pid, signal.SIGTERM)
     if not _wait_gone(record, start + timeout_s, clock, sleep):

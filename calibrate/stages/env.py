@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from calibrate.config import Config
-from calibrate.errors import GateClosed, Interrupted, StageFailed, UsageError
+from calibrate.errors import GateClosed, Interrupted, StageFailed, UsageError, os_error_text
 from calibrate.http.client import OpenAIClient
 from calibrate.io.output_paths import check_outputs, stage_files, writable_folder
 from calibrate.io.store import RunDir
@@ -48,6 +48,8 @@ def open_stage(request: StageRequest, warn: Callable[[str], None]) -> StageConte
     is sent, rather than a run whose results cannot be kept.
     """
     cfg, stage = request.config, request.stage
+    if cfg.proxy_note:  # once per command: every command that talks to the server opens here
+        warn(cfg.proxy_note)
     check_outputs(  # --junit is not the ledger, the config, --tasks… (exit 2, nothing sent)
         [("--junit", request.junit)],
         [*stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source), ("--tasks", request.tasks)],
@@ -112,17 +114,15 @@ def _kept(run: RunDir) -> str:
 
 @contextlib.contextmanager
 def kept_on_write_error(ctx: StageContext) -> Iterator[None]:
-    """A write error once the stage has started (disk full, folder gone) → exit 1, saying what
-    was kept. Network errors never arrive here: the client maps them to RequestError."""
+    """A write error once the stage has started (disk full, folder gone) → exit 1, naming the
+    file and saying what was kept (a run folder nothing was written into is removed).
+    Network errors never arrive here: the client maps them to RequestError."""
     try:
         yield
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            ctx.run.close()
-        where = f"{exc.filename}: " if exc.filename else ""
+        ctx.run.drop_if_empty()
         raise StageFailed(
-            f"{ctx.run.stage} stopped: a write failed ({where}{exc.strerror or exc}); "
-            f"{_kept(ctx.run)}",
+            f"{ctx.run.stage} stopped: a write failed ({os_error_text(exc)}); {_kept(ctx.run)}",
             f"Free space or fix permissions, then run it again: calibrate {ctx.run.stage}",
         ) from exc
 

@@ -18,7 +18,7 @@ from calibrate.engines import find
 from calibrate.engines.args import ServerKind
 from calibrate.engines.base import LaunchSpec
 from calibrate.engines.builders import SERVER_KINDS, EngineCommand, build
-from calibrate.errors import ConfigError, GateClosed
+from calibrate.errors import ConfigError, GateClosed, unwritten
 from calibrate.gpu.energy import pinned_cost
 from calibrate.io.records import utc_now_iso
 from calibrate.io.store import read_object, run_path
@@ -179,7 +179,10 @@ def run_pin(
     )
     text = launch_script.render(values, command)
     path = out or cfg.scripts_dir / "launch.sh"
-    launch_script.write(path, text)
+    try:
+        launch_script.write(path, text)
+    except OSError as exc:  # a full disk exit 1, a path that cannot be written exit 2
+        raise unwritten(exc, "nothing was written and nothing pinned") from exc
     ctx.run.write_text("launch.sh", text)
     result = PinResult(
         path, values, command, tuned, setting.tuned_by if tuned else "", model_from=model_from

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.errors import ErrorInfo, InputError, RequestError, ServerUnreachable
-from calibrate.http.error_kinds import refusal_cause
+from calibrate.http.error_kinds import reach_hint, refusal_cause
 from calibrate.http.models import ServerIdentity, incomplete_reason
 from calibrate.http.request_times import RequestTimes, monotonic
 from calibrate.http.server_context import props_model_path
@@ -24,13 +24,12 @@ from calibrate.state.summaries import PlainSummary
 
 log = logging.getLogger("calibrate")
 
-START_HINT = "Start it, or try the built-in one: make mock"
-
 
 def unreachable(info: ErrorInfo | None, base_url: str) -> ServerUnreachable:
-    """Exit 4 with the client's own words (refused, name not resolved, no route)."""
+    """Exit 4 with the client's own words (refused, name not resolved, no route, no TLS) and
+    the hint that fits them."""
     message = info.message if info is not None else f"no server at {redact_url(base_url)}"
-    return ServerUnreachable(message, START_HINT)
+    return ServerUnreachable(message, reach_hint(message))
 
 
 def fixed_prompt_call(ctx: StageContext, *, stream: bool = False) -> RequestRecord:

@@ -50,8 +50,11 @@ def hold(runs_dir: Path, target: str, stage: str) -> Iterator[Path]:
                 f"two load-sending stages at once would measure each other's load ({path})",
                 f"Wait for it to finish, or stop it first; then run {stage} again.",
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {stage} {utc_now_iso()}\n".encode(), 0)
+        try:  # who holds it, for a second stage's message; the lock itself is the flock
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {stage} {utc_now_iso()}\n".encode(), 0)
+        except OSError:  # a full disk: held all the same, its holder shown as unknown
+            pass
         try:
             yield path
         finally:

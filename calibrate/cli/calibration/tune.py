@@ -19,7 +19,7 @@ import argparse
 from typing import Any
 
 from calibrate.cli import flags, output
-from calibrate.cli.flags.workload import add_workload_args, resolved_workload
+from calibrate.cli.flags.workload import add_workload_args, metrics_url, resolved_workload
 from calibrate.cli.views.tune import show_finished, tune_env
 from calibrate.config import MAX_TIMEOUT_S, Config
 from calibrate.engines.builders import SERVER_KINDS
@@ -90,7 +90,7 @@ def _request(args: argparse.Namespace, cfg: Config) -> tune.TuneRequest:
     if args.budget_s is not None and not 0 <= args.budget_s <= MAX_TIMEOUT_S:
         raise UsageError(f"--budget-s must be in [0, {MAX_TIMEOUT_S:g}], got {args.budget_s}")
     gpus, price = tuple(args.gpu) if args.gpu else None, args.gpu_price_per_hour
-    spec = MeasureSpec(args.vram_source, gpus, args.gpu_metrics_url, gpu_price_per_hour=price)
+    spec = MeasureSpec(args.vram_source, gpus, metrics_url(args), gpu_price_per_hour=price)
     preflight(spec)
     return tune.TuneRequest(
         spec,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from calibrate.cli.flags import add_force, add_junit, add_wide
 from calibrate.cli.flags.workers import workers_count
-from calibrate.config import Config
+from calibrate.config import Config, normal_url
 from calibrate.gpu.energy import PRICE_HELP
 from calibrate.load.procs.sender import RATE_PER_WORKER, SLOTS_PER_WORKER
 from calibrate.stages.measure.compare_tiers import TableKind, read_table
@@ -190,13 +190,19 @@ def add_tier_args(parser: argparse.ArgumentParser, kind: str) -> None:
     add_junit(parser)
 
 
+def metrics_url(args: argparse.Namespace) -> str | None:
+    """--gpu-metrics-url in the form every transport sends, or exit 2 (as base_url)."""
+    url = args.gpu_metrics_url
+    return normal_url(url, "--gpu-metrics-url") if url is not None else None
+
+
 def measure_spec(args: argparse.Namespace, kind: TableKind) -> MeasureSpec:
     """The measuring flags as a typed spec; mistakes in them are exit 2 before anything is sent
     (a --compare table that is not one of ``kind``'s too: it is read here, once)."""
     spec = MeasureSpec(
         vram_source=args.vram_source,
         gpus=tuple(args.gpu) if args.gpu else None,
-        gpu_metrics_url=args.gpu_metrics_url,
+        gpu_metrics_url=metrics_url(args),
         server_pid=args.server_pid,
         tolerance=args.tolerance,
         save_baseline=args.save_baseline,

@@ -124,7 +124,7 @@ def show_tables(out: Output, ctx: StageContext, kind: Kind, csv_path: Path, sour
     table_rows = read_rows(csv_path)
     title = f"{kind} {ctx.run.run_id}"
     out.show_table(lambda width: tier_table(table_rows, kind, title, width, wide=width is None))
-    plot = write_plot(table_rows, kind, ctx.run.file("plot.png"))
+    plot = write_plot(table_rows, kind, ctx.run.file("plot.png"), ctx.config.cache_dir)
     out.say(
         f"tables: {csv_path}" + (f", plot: {plot}" if plot else " (no plot: matplotlib missing)")
     )

@@ -14,6 +14,7 @@ from calibrate.report.progress import Plan, progress_bar
 from calibrate.report.tables.cells import figure
 from calibrate.report.tables.tune import ranked_table
 from calibrate.report.tune_report import plot_svg
+from calibrate.server.exit_status import ended_words
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.slo import describe
 from calibrate.stages.tune import TuneEnv, TuneFinished, TuneSetup
@@ -26,13 +27,15 @@ def finished_line(result: CandidateResult) -> str:
     head = f"{result.candidate.id} ({result.candidate.describe()})"
     if not result.started:
         code = (
-            f" (exit code {result.start_exit_code})" if result.start_exit_code is not None else ""
+            f" ({ended_words(result.start_exit_code)})"
+            if result.start_exit_code is not None
+            else ""
         )
         return f"{head}: did not start{code}: {result.start_error}"
     if not result.served:
         return f"{head}: started but did not serve: {result.start_error}"
     best = result.best
-    crash = f"; the server crashed (exit code {result.exit_code})" if result.crashed else ""
+    crash = f"; the server crashed ({ended_words(result.exit_code)})" if result.crashed else ""
     if best is None:
         return f"{head}: no level passed{crash}"
     errors = result.measurement.errors if result.measurement else 0

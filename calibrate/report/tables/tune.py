@@ -10,11 +10,15 @@ from rich.table import Table
 
 from calibrate.report.tables.cells import Cells, figure
 from calibrate.report.tables.grid import fit, grid
+from calibrate.server.exit_status import ended_words
 
 
 def _status(row: Mapping[str, Any]) -> str:
-    code = row.get("start_exit_code")
-    return str(row["status"]) + (f" (exit {code})" if code is not None else "")
+    """``did not start (exit code 1)``, ``crashed (killed by SIGKILL)``: how its server ended."""
+    code = row.get("start_exit_code") if row["status"] == "did not start" else None
+    if row["status"] == "crashed":
+        code = row.get("exit_code")
+    return str(row["status"]) + (f" ({ended_words(code)})" if isinstance(code, int) else "")
 
 
 def _count(value: Any) -> str:

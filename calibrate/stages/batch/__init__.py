@@ -19,8 +19,10 @@ from calibrate.errors import (
     ExitCode,
     ServerUnreachable,
     StageFailed,
+    os_error_text,
 )
 from calibrate.gpu.selfload import SelfLoadMonitor
+from calibrate.http.error_kinds import reach_hint
 from calibrate.load.procs.sender import workers_for
 from calibrate.stages.batch.endpoints import (
     ServedModelWatch,
@@ -167,7 +169,7 @@ def _dispatch(b: _Batch) -> BatchOutcome:
     if result.stopped_by == "unreachable":
         raise ServerUnreachable(
             result.stop_detail,
-            "Start it (or try the built-in one: make mock), then rerun the same command.",
+            f"{reach_hint(result.stop_detail).removesuffix('.')}; then rerun the same command.",
         )
     return _verdict(b, result, _final(b, notes))
 
@@ -257,7 +259,8 @@ def _final(b: _Batch, notes: BatchNotes) -> BatchNotes:
             input_name=b.spec.input_path,
         )
     except (OSError, CalibrateError) as exc:  # the verdict is still recorded; the export is not
-        final_error = f"--final {final_text} could not be written: {said(exc)}"
+        why = os_error_text(exc) if isinstance(exc, OSError) else said(exc)
+        final_error = f"--final {final_text} could not be written: {why}"
         words = ["export", "--input", str(b.spec.input_path), "--out", str(b.out_path)]
         again = resume_command([*words, "--to", final_text], b.spec.input_path, plan.piped)
         b.env.warn(f"{final_error}; write it later with: {again}")
@@ -287,7 +290,7 @@ def _verdict(b: _Batch, result: BatchResult, notes: BatchNotes) -> BatchOutcome:
         b.env.write_junit(ctx.run, ctx.target, result, shown)
     except OSError as exc:
         unrecorded = StageFailed(
-            f"the batch ran, but its report could not be written: {exc}",
+            f"the batch ran, but its report could not be written: {os_error_text(exc)}",
             f"The results are in {b.out_path} ({result.ok} ok, {result.failed} failed); "
             "fix the path and rerun to record the verdict.",
         )

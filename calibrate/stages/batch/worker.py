@@ -121,7 +121,7 @@ class ReachabilityGuard:
 
     def _trip(self, message: str) -> None:
         self._on_unreachable(
-            f"{message}; the first {self.refused} attempt(s) were all refused and nothing "
+            f"{message}; the first {self.refused} attempt(s) all failed to connect and nothing "
             "ever answered, so no item was marked failed"
         )
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from calibrate.errors import InputError
+from calibrate.errors import InputError, unwritten
 from calibrate.io import bounded
 from calibrate.io.atomic import remove_stale_temps
 from calibrate.io.bounded import MAX_LINE_BYTES
@@ -193,9 +193,12 @@ def _export(job: _Job, readable: list[Path], journals: Sequence[Path]) -> Pass1:
     handles = [open_journal(path) for path in readable]
     try:
         found.counts = _write(job, found, handles)
-    except BaseException:  # Ctrl-C, SIGTERM, SIGHUP at any point, even while a file opens
+    except BaseException as exc:  # Ctrl-C, SIGTERM, SIGHUP at any point, even while a file opens
         for path in (job.to_path, job.failed_path):
             remove_stale_temps(path, own=True)
+        if isinstance(exc, OSError):  # a full disk: exit 1 naming the file, neither left
+            exc.filename = f"{job.to_path} (and {job.failed_path.name})"  # not a temp file's name
+            raise unwritten(exc, "neither it nor its failed list was written") from exc
         raise
     finally:
         for handle in handles:
@@ -243,6 +246,8 @@ def _write(job: _Job, found: Pass1, handles: list[BinaryIO]) -> tuple[int, int, 
                 "message": error.get("message"),
             }
             failures.write(encode_line(entry).rstrip(b"\n"), None)
-        failures.commit()
-        final.commit()
+        failures.ready()  # both written out before either is renamed into place
+        final.ready()
+        failures.publish()
+        final.publish()
     return ok, failed, not_run

@@ -6,6 +6,7 @@ complete (``commit``).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib
 import io
@@ -16,7 +17,7 @@ from types import TracebackType
 from typing import Any, BinaryIO, Literal, Self
 
 from calibrate.errors import UsageError
-from calibrate.io.atomic import remove_stale_temps, temp_beside
+from calibrate.io.atomic import missing_folders, remove_folders, remove_stale_temps, temp_beside
 from calibrate.io.jobs.openai_batch import output_line
 from calibrate.io.jsonl import encode_line
 
@@ -90,23 +91,39 @@ def row_of(record: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Atomic:
-    """A temp file beside ``path``; ``commit`` fsyncs and renames it, ``discard`` removes it."""
+    """A temp file beside ``path``: ``ready`` writes the rest out and fsyncs it, ``publish``
+    renames it into place (``commit``: both), ``discard`` removes it and any folder made for
+    it. Two files that belong together (the final file and its failed list) are both made
+    ready before either is published: a full disk leaves neither, never one of them."""
 
     def __init__(self, path: Path) -> None:
         remove_stale_temps(path)  # left by an export killed with -9
-        fd, self.tmp = temp_beside(path)
         self.path = path
+        self.made = missing_folders(path.parent)
+        try:
+            fd, self.tmp = temp_beside(path)
+        except BaseException:
+            remove_folders(self.made)
+            raise
         self.handle: BinaryIO = os.fdopen(fd, "wb", buffering=1024 * 1024)
 
-    def commit(self) -> None:
+    def ready(self) -> None:
         self.handle.flush()
         os.fsync(self.handle.fileno())
         self.handle.close()
+
+    def publish(self) -> None:
         os.replace(self.tmp, self.path)
 
+    def commit(self) -> None:
+        self.ready()
+        self.publish()
+
     def discard(self) -> None:
-        self.handle.close()
+        with contextlib.suppress(OSError, ValueError):  # its buffer cannot be written either
+            self.handle.close()
         self.tmp.unlink(missing_ok=True)
+        remove_folders(self.made)
 
     def __enter__(self) -> Self:
         return self
@@ -152,13 +169,14 @@ class CsvFinal(_Atomic):
             row = {name: neutralised(value) for name, value in row.items()}
         self._csv.writerow(row)
 
-    def commit(self) -> None:
+    def ready(self) -> None:
         self._text.flush()
         self._text.detach()
-        super().commit()
+        super().ready()
 
     def discard(self) -> None:
-        self._text.detach()
+        with contextlib.suppress(ValueError, OSError):  # detached (by ``ready``), or unwritable
+            self._text.detach()
         super().discard()
 
 
@@ -200,13 +218,14 @@ class ParquetFinal(_Atomic):
             self._writer.write_table(self._pa.Table.from_pylist(self._rows, self._schema))
             self._rows = []
 
-    def commit(self) -> None:
+    def ready(self) -> None:
         self._flush()
         self._writer.close()
-        super().commit()
+        super().ready()
 
     def discard(self) -> None:
-        self._writer.close()
+        with contextlib.suppress(Exception):  # pyarrow's own error of a full disk, or closed
+            self._writer.close()
         super().discard()
 
 

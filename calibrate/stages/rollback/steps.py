@@ -25,6 +25,7 @@ from calibrate.errors import (
 from calibrate.gpu.nvml import GpuSnapshot
 from calibrate.io.baseline import Comparison, Normaliser
 from calibrate.server import pids, process, readiness
+from calibrate.server.exit_status import ended_words
 from calibrate.server.readiness import VramProbe, used_mib, wait_released
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.incidents import Incident, write_incident
@@ -167,7 +168,7 @@ class Rollback:
                     f"{result.elapsed_s:.1f} s)"
                 )
             if result.exit_code is not None:
-                message += f", exit code {result.exit_code}"
+                message += f", {ended_words(result.exit_code)}"
             detail = {"pid": result.pid, "was": result.was, "signal": result.signal_sent}
             if not readiness.wait_port_closed(self.host, self.port, 5.0):
                 raise StepFailed(f"{message}, but port {self.port} is still open", "timeout")

@@ -26,6 +26,7 @@ from calibrate.errors import (
 from calibrate.gpu.nvml import gpu_snapshot
 from calibrate.io.store import RunDir
 from calibrate.server import process, readiness
+from calibrate.server.exit_status import ended_words, signal_of
 from calibrate.server.readiness import VramProbe, used_mib, wait_released
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.incidents import Incident, write_incident
@@ -222,7 +223,7 @@ class Lifecycle:
         if crashed:
             why = (
                 problem
-                or f"the server exited while it was measured (exit code {stopped.exit_code})"
+                or f"the server ended while it was measured ({ended_words(stopped.exit_code)})"
             )
             self._incident(folder, candidate, why, stopped.exit_code, tail)
         return CandidateResult(
@@ -262,6 +263,7 @@ class Lifecycle:
             request_headers={},
             error=ErrorInfo(kind, message),
             server_exit_code=exit_code,
+            server_signal=signal_of(exit_code),
             vram=snapshot.to_json() if snapshot else None,
             log_tail=list(tail),
             extra={"candidate": candidate.to_json()},

@@ -22,6 +22,7 @@ from typing import Any
 from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.config import TuneSearch
 from calibrate.gpu.energy import RANK_FIELDS, RankBy
+from calibrate.server.exit_status import ended_words
 from calibrate.stages.tune.candidate import Lifecycle
 from calibrate.stages.tune.grid import Candidate, TunePlan
 from calibrate.stages.tune.margin import Margin, margin_of
@@ -186,7 +187,9 @@ class Tune:
                 self.store.append_probe(probe)
                 probes[fraction] = probe
                 if not probe.ok:
-                    code = f" (exit code {probe.exit_code})" if probe.exit_code is not None else ""
+                    code = (
+                        f" ({ended_words(probe.exit_code)})" if probe.exit_code is not None else ""
+                    )
                     self.notify(
                         f"  {key}={fraction} did not start and serve{code}: {probe.error}; stepping down"
                     )

@@ -161,6 +161,7 @@ def row(rank: int, result: CandidateResult) -> TuneRow:
         errors=data["errors"],
         incidents=data["incidents"],
         start_exit_code=data["start_exit_code"],
+        exit_code=data["exit_code"],
         rung=data["rung"],
         window=data["window"],
         elapsed_s=data["elapsed_s"],

@@ -1,0 +1,106 @@
+"""A managed engine killed by a signal is reported as such everywhere an exit is reported —
+tune's line, its table and report, its incident, server start, server stop, rollback — never as
+"exit code None" or "exit code -9"."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from calibrate.server import exit_status
+from tests.fakes import free_port, managed_config, mock_command, passing_ladder, pid_gone
+from tests.tune_helpers import MOCK, tune_config
+
+pytestmark = pytest.mark.usefixtures("repo_on_pythonpath")
+
+WRONG = re.compile(r"exit code (None|-\d+)|exited with code -\d+")
+
+
+def test_the_words_for_every_end() -> None:
+    assert exit_status.ended_words(-signal.SIGKILL) == "killed by SIGKILL"
+    assert exit_status.ended_words(-signal.SIGTERM) == "killed by SIGTERM"
+    assert exit_status.ended_words(3) == "exit code 3"
+    assert exit_status.ended_words(None) == "its exit status was not recorded"
+    assert exit_status.exited(-9) == "was killed by SIGKILL" and exit_status.exited(0).endswith("0")
+
+
+def test_an_engine_killed_mid_tune_is_said_to_be_killed_by_sigkill(cli, isolated: Path) -> None:
+    dying = [sys.executable, "-m", "tests.fakes.dying_engine", "--die-at", "6", *MOCK[4:]]
+    tune_config(
+        isolated,
+        'grid = ["slots=2"]\n',
+        command=shlex.join(dying) + " --port {port} --slots {slots}",
+    )
+    result = cli("tune", "--json")
+    assert "crashed (killed by SIGKILL)" in result.err, result.err
+    assert not WRONG.search(result.err), result.err
+    (candidate,) = result.json["candidates"]
+    assert candidate["crashed"] is True and candidate["exit_code"] == -signal.SIGKILL
+    run = isolated / "runs" / result.json["run_id"]
+    (bundle,) = run.glob("candidates/*/incidents/server.json")
+    incident = json.loads(bundle.read_text("utf-8"))
+    assert (
+        incident["server"]["signal"] == "SIGKILL"
+        and "killed by SIGKILL" in (incident["error"]["message"])
+    )
+    report = cli("report", str(run))
+    assert report.code in (0, 1) and "crashed (killed by SIGKILL)" in report.err + report.out
+    assert not WRONG.search(report.err + report.out)
+
+
+def test_server_start_and_stop_say_the_signal(cli, isolated: Path) -> None:
+    suicide = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    managed_config(isolated, free_port(), shlex.join([sys.executable, "-c", suicide]))
+    start = cli("server", "start")
+    assert start.code == 4 and "the server was killed by SIGKILL before it was ready" in start.err
+    assert not WRONG.search(start.err)
+    managed_config(isolated, free_port(), mock_command())
+    started = cli("server", "start", "--concurrency", "1", "--json")
+    assert started.code == 0, started.err
+    os.kill(started.json["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not pid_gone(started.json["pid"]):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    stop = cli("server", "stop", "--json")  # at once: the supervisor may still be writing
+    assert "had already ended (killed by SIGKILL)" in stop.err, stop.err
+    assert stop.json["exit_code"] == -signal.SIGKILL and stop.json["ended_by"] == "SIGKILL"
+
+
+def test_rollback_says_how_the_server_it_found_dead_ended(cli, isolated: Path) -> None:
+    managed_config(isolated, free_port(), mock_command())
+    started = cli("server", "start", "--concurrency", "4", "--json")
+    assert started.code == 0, started.err
+    single = cli("single", "--json")
+    assert single.code == 0, single.err
+    passing_ladder(isolated, single.json["record"]["target"], batch_size=4)
+    os.kill(started.json["pid"], signal.SIGKILL)
+    try:
+        result = cli("rollback")
+    finally:
+        cli("server", "stop")
+    assert "had already exited, killed by SIGKILL" in result.err, result.err
+    assert not WRONG.search(result.err)
+
+
+def test_no_line_words_an_exit_by_itself() -> None:
+    """Every exit is worded by ``exit_status`` (a line formatting ``exit code {n}`` on its own
+    prints "exit code -9" for a SIGKILL and "exit code None" when nothing was recorded)."""
+    package = Path(exit_status.__file__).parents[1]
+    own = re.compile(r"exit(ed with)? code \{|\(exit \{")
+    found = [
+        f"{path.relative_to(package)}:{n}"
+        for path in package.rglob("*.py")
+        if path.name != "exit_status.py"
+        for n, line in enumerate(path.read_text("utf-8").splitlines(), 1)
+        if own.search(line)
+    ]
+    assert found == []

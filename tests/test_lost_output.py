@@ -1,0 +1,136 @@
+"""A result that could not be written is not a success, and says which file it could not write.
+
+- stdout that cannot take what a command writes there (``--json > /dev/full``, a full disk) is
+  exit 1 for every command, saying the result is lost; a reader that left (``| head``) is not;
+- a full disk (every write past 0 bytes fails: RLIMIT_FSIZE 0 in the child) ends every
+  command that writes — report, export, pin, init, single, ladder, sweep, batch --final — with
+  one exit code (1), the file named, and nothing half-written left behind: no empty plot.png,
+  no final file without its failed list, no empty scripts/ or run folder.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import write_config
+from tests.mockserver import REPO, start_mock
+
+LEVELS = (
+    "[ladder]\nbatch_sizes = [1, 2]\nrounds = 1\nmin_round_s = 0\n"
+    "[sweep]\nconcurrency = [1, 2]\nlevel_s = 0.05\nrepeats = 1\n"
+    '[server]\nkind = "custom"\ncommand = "engine --port {port}"\n'
+)
+
+
+def _calibrate(root: Path, args: str, **how: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "calibrate", *args.split()],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        text=True,
+        timeout=120,
+        check=False,
+        **how,  # type: ignore[call-overload]
+    )
+
+
+@pytest.fixture
+def calibrated(cli, isolated: Path):  # type: ignore[no-untyped-def]
+    """A target with a baseline, a passing ladder and sweep, a tasks file and a journal."""
+    with start_mock(ttft_s=0.001, per_token_s=0.0001) as mock:
+        write_config(isolated / "calibrate.toml", mock.base_url, LEVELS)
+        (isolated / "tasks.jsonl").write_text('{"id": 1, "text": "a"}\n{"id": 2, "text": "b"}\n')
+        for args in ("single", "repro --runs 1", "ladder", "sweep"):
+            assert cli(*args.split()).code == 0, args
+        batch = cli("batch", "--input", "tasks.jsonl", "--out", "out.jsonl")
+        assert batch.code == 0, batch.err
+        yield mock
+
+
+def _run_of(root: Path, stage: str) -> str:
+    return next(str(p.relative_to(root)) for p in sorted((root / "runs").glob(f"*-{stage}-*")))
+
+
+STDOUT_COMMANDS = [
+    "status --json",
+    "status --show-config --json",
+    "single --json",
+    "export --input tasks.jsonl --out out.jsonl --to final.jsonl --json",
+    "report {ladder} --no-plot --json",
+    "server status --json",
+]
+
+
+@pytest.mark.parametrize("command", STDOUT_COMMANDS)
+def test_a_result_stdout_could_not_take_is_exit_1(
+    calibrated: object, isolated: Path, command: str
+) -> None:
+    args = command.format(ladder=_run_of(isolated, "ladder"))
+    with open("/dev/full", "w") as full:
+        done = _calibrate(isolated, args, stdout=full, stderr=subprocess.PIPE)
+    assert done.returncode == 1, done.stderr
+    assert "the output to stdout could not be written (No space left on device)" in done.stderr
+    assert "Traceback" not in done.stderr
+    with subprocess.Popen(  # a reader that leaves early is its own choice: no failure
+        [sys.executable, "-m", "calibrate", *args.split()],
+        cwd=isolated,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    ) as proc:
+        assert proc.stdout is not None
+        proc.stdout.close()
+        assert proc.wait(timeout=120) == 0
+
+
+def _no_room() -> None:  # in the child: every write past 0 bytes fails (EFBIG), as on a full disk
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+
+def _files(root: Path) -> dict[str, int]:
+    return {
+        str(p.relative_to(root)): p.stat().st_size if p.is_file() else -1
+        for p in root.rglob("*")
+        if "locks" not in p.parts  # a target's lock file is kept between runs, by design
+    }
+
+
+FULL_DISK = {
+    "report {ladder}": "{ladder}/plot.png",
+    "report {ladder} --no-plot --html": "{ladder}/report.html",
+    "report {ladder} --timeline 1": "{ladder}/plot.png",
+    "export --input tasks.jsonl --out out.jsonl --to final.csv": "final.csv",
+    "export --input tasks.jsonl --out out.jsonl --to new/final.jsonl": "new/final.jsonl",
+    "pin --kind custom": "scripts/launch.sh",
+    "pin --kind custom --out new/launch.sh": "new/launch.sh",
+    "init new.toml": "new.toml",
+    "single": "runs/",
+    "repro --runs 1": "runs/",
+    "ladder --force": "runs/",
+    "sweep --force": "runs/",
+    "batch --input tasks.jsonl --out out.jsonl --final final.csv": "runs/ledger.jsonl",
+}
+
+
+@pytest.mark.parametrize("command", sorted(FULL_DISK))
+def test_a_full_disk_is_exit_1_naming_the_file_with_nothing_half_written(
+    calibrated: object, isolated: Path, command: str
+) -> None:
+    ladder = _run_of(isolated, "ladder")
+    args, file = command.format(ladder=ladder), FULL_DISK[command].format(ladder=ladder)
+    before = _files(isolated)
+    done = _calibrate(isolated, args, capture_output=True, preexec_fn=_no_room)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"{file}" in done.stderr and "File too large" in done.stderr, done.stderr
+    after = _files(isolated)
+    left = {name: size for name, size in after.items() if before.get(name) != size}
+    assert left == {}, f"left behind: {left}"
