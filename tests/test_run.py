@@ -62,7 +62,7 @@ def test_a_failing_stage_stops_the_run_with_its_exit_code_and_a_rerun_resumes_th
         failed = cli("run", *target)
         assert failed.code == 1, failed.err
         lines = failed.err.splitlines()
-        assert "calibrate run stopped at ladder: it did not pass (exit 1)" in lines, failed.err
+        assert "calibrate run stopped at ladder: it did not pass, exit 1" in lines, failed.err
         assert lines[-1] == "next: once that is fixed, calibrate run again: it resumes at ladder"
         assert _stages(isolated) == [("single", True), ("repro", True), ("ladder", False)]
         assert not (isolated / "scripts").exists()
@@ -93,7 +93,7 @@ def test_an_unreachable_server_stops_the_run_at_single_with_exit_4_and_its_messa
     assert result.code == 4, result.err
     lines = result.err.splitlines()
     error = next(n for n, ln in enumerate(lines) if ln.startswith("error: "))
-    stopped = lines.index("calibrate run stopped at single: it could not reach the server (exit 4)")
+    stopped = lines.index("calibrate run stopped at single: it could not reach the server, exit 4")
     assert error < stopped, result.err  # the stage's own message first
     assert lines[-1].endswith("it resumes at single")
 
@@ -103,7 +103,7 @@ def test_a_stage_whose_gate_is_closed_stops_the_run_with_exit_3(cli, isolated: P
     result = cli("run", *argv, "--from", "ladder")
     assert result.code == 3, result.err
     assert "error: ladder is gated: no repro has run for this target" in result.err
-    assert "calibrate run stopped at ladder: it found its gate closed (exit 3)" in result.err
+    assert "calibrate run stopped at ladder: it found its gate closed, exit 3" in result.err
 
 
 def test_without_an_engine_kind_run_is_exit_2_before_anything_is_sent(cli, isolated: Path) -> None:

@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             return int(ExitCode.FAILED)
         if code != 0:
             what = _STOPPED.get(code, "stopped")
-            out.fail(f"calibrate run stopped at {stage}: it {what} (exit {code})")
+            out.fail(f"calibrate run stopped at {stage}: it {what}, exit {code}")
             out.say(f"next: once that is fixed, calibrate run again: it resumes at {stage}")
             out.result({"passed": False, "stopped_at": stage, "exit_code": code, "stages": ran})
             return code
