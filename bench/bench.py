@@ -342,7 +342,7 @@ def _only(text: str | None) -> set[str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes (a smoke run)")
     parser.add_argument("--only", metavar="NAME[,NAME…]", help=f"run only: {', '.join(SECTIONS)}")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")

@@ -124,7 +124,7 @@ def main() -> int:
         url, model, rate, seconds = sys.argv[2:6]
         print(json.dumps(asdict(child(url, model, float(rate), float(seconds)))))
         return 0
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     parser.add_argument("--rates", default=",".join(map(str, RATES)))
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--reference-dir", type=Path)

@@ -123,7 +123,7 @@ def table(points: list[Point], cores: int | None = None) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--workers-list", default="1,2", help="comma-separated (1,2)")

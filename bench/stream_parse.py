@@ -109,7 +109,7 @@ def table(figures: dict[str, float], origin: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--answers", type=int, default=200, help="answers per round (200)")
     parser.add_argument("--repeat", type=int, default=15, help="rounds, the best kept (15)")
     parser.add_argument("--repo", metavar="DIR", help="import calibrate from DIR (this checkout)")

@@ -209,7 +209,7 @@ def table(runs: list[Run], latency_s: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 waves per point (noisy)")
     parser.add_argument("--waves", type=int, help="requests per point = K × c (default 4)")
     parser.add_argument("--delay", type=float, default=0.3, help="the mock's latency D (0.3 s)")

@@ -125,7 +125,7 @@ def table(points: list[Point]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--batch", default="32,128", help="wave sizes (32,128)")
     parser.add_argument("--delay", type=float, default=1.0, help="the mock's D in seconds (1.0)")
     parser.add_argument("--waves", type=int, default=3, help="waves of each client per B (3)")

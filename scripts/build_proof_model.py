@@ -166,7 +166,9 @@ def greedy(model: Any, tokenizer: Any, question: str, max_new_tokens: int) -> st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=(__doc__ or "").split("\n\n")[0]
+    )
     parser.add_argument("output_dir", type=Path)
     parser.add_argument("--size", choices=sorted(SIZES), default="1b")
     parser.add_argument("--device", default="auto", help="where to initialise: cuda, cpu, auto")

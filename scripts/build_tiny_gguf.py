@@ -168,7 +168,9 @@ def write_gguf(model_dir: Path, output: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=(__doc__ or "").split("\n\n")[0]
+    )
     parser.add_argument("model_dir", nargs="?", default="tests/engine/model")
     parser.add_argument("output", nargs="?", default="tests/engine/model.gguf")
     args = parser.parse_args(argv)

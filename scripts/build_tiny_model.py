@@ -215,7 +215,7 @@ def greedy_answer(model, tokenizer, question: str, max_new_tokens: int = 32) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("output_dir", nargs="?", default="tests/engine/model")
     parser.add_argument(
         "--head-dim", type=int, default=16, help="attention head size (vLLM's CPU build: 32-512)"

@@ -61,7 +61,9 @@ REQUEST_TIMEOUT_S = 300.0
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        allow_abbrev=False, description=(__doc__ or "").split("\n\n")[0]
+    )
     parser.add_argument("--model", required=True, help="model directory (the served model name)")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")

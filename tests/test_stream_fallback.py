@@ -110,7 +110,7 @@ def test_the_mock_refuses_streaming_or_stream_options_with_an_openai_style_400()
 
 
 def test_the_mock_flags_set_the_settings() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     register(parser.add_subparsers())
     args = parser.parse_args(["mock", "--refuse-stream", "--refuse-stream-options"])
     settings = settings_from_args(args)

@@ -13,7 +13,8 @@ from calibrate.gpu.reading import DeviceMemory, VramReading
 from calibrate.gpu.vram import VramMonitor
 from calibrate.io import tier_table
 from calibrate.report.tables import tiers as report
-from calibrate.stages.measure.tiers import queue_note, summarise
+from calibrate.stages.measure.tiers import summarise
+from calibrate.stages.server_account import queue_note
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
 
@@ -149,8 +150,14 @@ def test_a_ladder_past_the_servers_slots_records_and_explains_the_queue(
     assert tiers[1]["per_device"][0]["device"] == "0"
     assert tiers[1]["pressure_metric"] == "metrics: mock_vram_used_bytes"
     assert "server queue: vllm:num_requests_waiting" in result.err
-    assert "the server queued up to 2 requests at concurrency 4: its cap is below 4 in flight" in (
-        " ".join(result.err.split())
+    err = " ".join(result.err.split())
+    assert "running: vllm:num_requests_running" in err
+    # the mock's running gauge held at its 2 slots while 2 waited: the server's cap is 2
+    assert [t["verdict"] for t in tiers] == ["pass", "stop: cap"]
+    assert [t["server_running_max"] for t in tiers] == [1, 2]
+    assert (
+        "the server queued up to 2 requests at concurrency 4 while it ran 2 at once "
+        "(vllm:num_requests_running): its cap is 2, below 4 in flight" in err
     )
     run = run_dir(isolated, result.json["run_id"])
     assert [t["server_queue_max"] for t in jsonl(run / "tiers.jsonl")] == [0, 2]

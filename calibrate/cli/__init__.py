@@ -20,7 +20,7 @@ from typing import Any
 
 from calibrate import __version__, redact
 from calibrate.cli import streams
-from calibrate.cli.flags import CommandLine
+from calibrate.cli.flags import CommandLine, StrictParser
 from calibrate.errors import CalibrateError, ExitCode
 from calibrate.server import interrupts
 
@@ -53,7 +53,7 @@ _FOLDER = dict.fromkeys(
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole parser, or with ``only`` one command's (what a run of that command needs: the
     other fourteen modules are not imported, a third of a second less start-up)."""
-    parser = argparse.ArgumentParser(
+    parser = StrictParser(
         prog="calibrate",
         description=(
             "Staged calibration of a local LLM behind an OpenAI-compatible server: "

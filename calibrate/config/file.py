@@ -101,6 +101,24 @@ def _build_section(
     return built
 
 
+def _env_table(value: Any, where: str, path: Path) -> tuple[tuple[str, str], ...]:
+    """``[server] env`` as (name, value) pairs: a table of strings (a number is written as
+    TOML gave it, ``VLLM_CPU_KVCACHE_SPACE = 4``)."""
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f"{where} in {path} must be a table of variables, "
+            f'e.g. env = {{ VLLM_CPU_KVCACHE_SPACE = "4" }}; got {value!r}'
+        )
+    pairs: list[tuple[str, str]] = []
+    for name, item in value.items():
+        if isinstance(item, bool) or not isinstance(item, str | int | float):
+            raise ConfigError(
+                f"{where}.{name} in {path} must be a string (or a number), got {item!r}"
+            )
+        pairs.append((str(name), item if isinstance(item, str) else str(item)))
+    return tuple(pairs)
+
+
 def _coerce(hint: Any, value: Any, where: str, path: Path) -> Any:
     """A TOML value as the field typed ``hint`` holds it, or a ConfigError naming ``where``."""
     origin = get_origin(hint)
@@ -118,6 +136,8 @@ def _coerce(hint: Any, value: Any, where: str, path: Path) -> Any:
             choices = " | ".join(str(a) for a in args)
             raise ConfigError(f"{where} in {path} is {value!r}; expected one of: {choices}")
         return value
+    if where == "server.env":
+        return _env_table(value, where, path)
     if origin is tuple:
         if where == "server.args" and not isinstance(value, list):
             raise ConfigError(

@@ -23,7 +23,7 @@ from calibrate.config.sections import (
     WorkloadConfig,
 )
 from calibrate.config.urls import normalise_base_url, split_endpoint
-from calibrate.engines.args import args_problem
+from calibrate.engines.args import args_problem, env_problem
 from calibrate.errors import ConfigError, UsageError
 from calibrate.workload import MAX_BATCH_SIZE, MAX_OUTPUT_TOKENS, parse_token_range
 
@@ -143,6 +143,10 @@ def _engine_args(section: ServerConfig) -> str:
     return args_problem(section.kind, section.args)
 
 
+def _engine_env(section: ServerConfig) -> str:
+    return env_problem(section.kind, section.env)
+
+
 Check = Callable[[Any], str]  # a problem text, "" when there is none
 _BATCH_SIZES = Bound("batch_sizes", 1, MAX_BATCH_SIZE)
 _LEVELS = Bound("concurrency", 1, MAX_CONCURRENCY)
@@ -194,6 +198,7 @@ CHECKS: dict[type[Any], tuple[Check, ...]] = {
         Bound("ready_timeout_s", 0, MAX_TIMEOUT_S, low_open=True),
         Bound("stop_timeout_s", 0, MAX_TIMEOUT_S, low_open=True),
         _engine_args,
+        _engine_env,
     ),
 }
 

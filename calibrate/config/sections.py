@@ -176,6 +176,9 @@ class ServerConfig:
     command: str = ""
     # the engine's own flags (--tensor-parallel-size 2), appended verbatim to every managed start
     args: tuple[str, ...] = ()
+    # the engine's environment (VLLM_CPU_KVCACHE_SPACE, CUDA_VISIBLE_DEVICES), set on every
+    # managed start and written into the pinned script; a secret-like name's value is masked
+    env: tuple[tuple[str, str], ...] = ()
     ready_timeout_s: float = 900.0
     stop_timeout_s: float = 30.0
 

@@ -49,6 +49,7 @@ max_repeats = 6                    # a level whose range overlaps the best's whi
 # port = 8000
 # command = ""                     # custom kind only; placeholders {model_path} {port} {batch_size} {concurrency}
 # args = ["--tensor-parallel-size", "2"]  # your own engine flags, appended after calibrate's (not the cap or port)
+# env = { CUDA_VISIBLE_DEVICES = "0", VLLM_CPU_KVCACHE_SPACE = "4" }  # the engine's environment: every managed start and the pinned script (secret-like names masked)
 # ready_timeout_s = 900
 # stop_timeout_s = 30
 

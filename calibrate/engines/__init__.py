@@ -10,6 +10,9 @@ module and one line in ``ENGINES``. This package imports nothing of calibrate bu
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 from calibrate.engines import custom, llamacpp, lmdeploy, ollama_tgi, sglang, vllm
 from calibrate.engines.base import CapReport, Engine, ServerKind
 from calibrate.errors import ConfigError
@@ -69,7 +72,44 @@ QUEUE_METRICS = tuple(
     for name in e.metrics.queue
 )
 PREEMPTION_METRICS = tuple(name for e in _preferring(vllm.ENGINE) for name in e.metrics.preemptions)
+#: the running gauges (requests the server executes now), in the order the queue gauges are
+RUNNING_METRICS = tuple(
+    name
+    for e in _preferring(
+        vllm.ENGINE, sglang.ENGINE, llamacpp.ENGINE, ollama_tgi.TGI, lmdeploy.ENGINE
+    )
+    for name in e.metrics.running
+)
+WAITING_REASON_METRICS = tuple(name for e in ENGINES for name in e.metrics.waiting_by_reason)
 #: where a running server says its own cap, asked in this order
 CAP_REPORTS: tuple[CapReport, ...] = tuple(e.cap_report for e in ENGINES if e.cap_report)
 #: engines that reserve their KV cache at start: NVML shows flat usage whatever the load
 PREALLOCATING_KINDS: frozenset[str] = frozenset(e.kind for e in ENGINES if e.preallocates)
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """An answer's ``system_fingerprint`` read for what it is: the engine's build, and the hash
+    of its configuration where the engine puts one in (vLLM); llama.cpp's ``b4567-abc1234`` and
+    TGI's ``2.0.1-native`` are a build alone."""
+
+    text: str
+    build: str
+    config: str = ""  # "" when the fingerprint carries no configuration
+    engine: str = ""  # "vLLM" when an engine's pattern matched
+
+    def config_change(self, now: Fingerprint) -> str | None:
+        """``"vLLM vllm-0.32.0: engine config 980f5236 → d34c11a0"`` when only the configuration
+        changed from this one to ``now`` (same engine, same build); None otherwise."""
+        if self.text == now.text or not self.config or self.build != now.build:
+            return None
+        return f"{self.engine} {self.build}: engine config {self.config} → {now.config}"
+
+
+def read_fingerprint(text: str) -> Fingerprint:
+    """``text`` split by the first engine whose pattern it matches; else the build alone."""
+    for found in ENGINES:
+        match = re.fullmatch(found.fingerprint, text) if found.fingerprint else None
+        if match is not None:
+            return Fingerprint(text, match["build"], match["config"], found.name)
+    return Fingerprint(text, text)

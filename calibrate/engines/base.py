@@ -69,6 +69,7 @@ class LaunchSpec:
     context_tokens: int | None = None  # llama.cpp -c (all slots), sized from the verified workload
     tuned: Tuned = ()  # (tune flag name, value) the tune winner or a candidate sets
     args: tuple[str, ...] = ()  # [server] args: the user's own engine flags, appended verbatim
+    env: tuple[tuple[str, str], ...] = ()  # [server] env: the engine's environment, every start
 
     def tuned_value(self, key: str) -> str | None:
         return next((value for name, value in self.tuned if name == key), None)
@@ -115,12 +116,16 @@ class BatchInvariance:
 
 @dataclass(frozen=True)
 class EngineMetrics:
-    """The engine's Prometheus names: KV-cache usage (a fraction), requests waiting, and the
-    counter of requests it preempted because its KV cache was full."""
+    """The engine's Prometheus names: KV-cache usage (a fraction), requests waiting, requests
+    running (its own count: below B while others wait, it is the server's cap, SPEC §6.1), why
+    they wait (vLLM's by-reason gauge), and the counter of requests it preempted because its KV
+    cache was full."""
 
     kv: tuple[str, ...] = ()
     queue: tuple[str, ...] = ()
     preemptions: tuple[str, ...] = ()
+    running: tuple[str, ...] = ()
+    waiting_by_reason: tuple[str, ...] = ()  # a gauge with a reason label: capacity | deferred
 
 
 def _no_axes(batch: int) -> tuple[AxisValues, ...]:
@@ -163,10 +168,18 @@ class Engine:
     restarts_per_tier: bool = False  # the ladder restarts it at each tier's batch size
     templated: bool = False  # a user's command: tune axes are its {placeholders}, no cap flag
     batch_invariance: BatchInvariance | None = None  # its deterministic mode, where it has one
+    env_set: tuple[str, ...] = ()  # the variables its own launch sets (Ollama's host and cap)
+    # its answers' system_fingerprint, where it says more than the build: a pattern whose
+    # "build" and "config" groups split it (vLLM: vllm-<version>-<hash of the engine config>)
+    fingerprint: str = ""
 
     def build(self, spec: LaunchSpec) -> EngineCommand:
-        """The argv (and environment) for one start of ``spec``."""
-        return self.launch(spec) if self.launch is not None else command(spec, self)
+        """The argv (and environment) for one start of ``spec``: the engine's own variables
+        (Ollama's host and cap), then ``[server] env`` (which may not set those)."""
+        built = self.launch(spec) if self.launch is not None else command(spec, self)
+        if not spec.env:
+            return built
+        return EngineCommand(built.argv, (*built.env, *spec.env), built.health_path, built.notes)
 
     @property
     def own_flags(self) -> dict[str, str]:

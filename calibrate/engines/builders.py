@@ -19,7 +19,7 @@ in args (``EngineCommand.notes`` says so at the start).
 from __future__ import annotations
 
 from calibrate.engines import ENGINES, KINDS, engine, find
-from calibrate.engines.args import ServerKind, args_problem
+from calibrate.engines.args import ServerKind, args_problem, env_problem
 from calibrate.engines.base import EngineCommand, LaunchSpec, Tuned
 from calibrate.engines.custom import BASE_PLACEHOLDERS
 from calibrate.errors import ConfigError
@@ -49,6 +49,9 @@ def build(spec: LaunchSpec) -> EngineCommand:
     problem = args_problem(spec.kind, spec.args)
     if problem:
         raise ConfigError(f"[server] {problem}", "Fix [server] args in calibrate.toml.")
+    problem = env_problem(spec.kind, spec.env)
+    if problem:
+        raise ConfigError(f"[server] {problem}", "Fix [server] env in calibrate.toml.")
     return kind.build(spec)
 
 

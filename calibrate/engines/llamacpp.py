@@ -46,7 +46,9 @@ ENGINE = Engine(
     health_path="/health",  # 503 while the model loads
     forcing="ignore_eos",
     metrics=EngineMetrics(
-        kv=("llamacpp:kv_cache_usage_ratio",), queue=("llamacpp:requests_deferred",)
+        kv=("llamacpp:kv_cache_usage_ratio",),
+        queue=("llamacpp:requests_deferred",),
+        running=("llamacpp:requests_processing",),
     ),
     cap_report=CapReport("/props", "total_slots", "llama.cpp /props total_slots"),
     context_hint="llama.cpp: raise --ctx-size or lower --parallel",

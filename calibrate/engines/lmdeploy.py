@@ -27,6 +27,8 @@ ENGINE = Engine(
     forcing="ignore_eos",
     preallocates=True,
     metrics=EngineMetrics(
-        kv=("lmdeploy:gpu_cache_usage_perc",), queue=("lmdeploy:num_requests_waiting",)
+        kv=("lmdeploy:gpu_cache_usage_perc",),
+        queue=("lmdeploy:num_requests_waiting",),
+        running=("lmdeploy:num_requests_running",),
     ),
 )

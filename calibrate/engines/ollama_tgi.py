@@ -42,6 +42,7 @@ OLLAMA = Engine(
     cap_key="num_parallel",
     tune_flags={"num_parallel": "OLLAMA_NUM_PARALLEL"},
     launch=build_ollama,
+    env_set=("OLLAMA_HOST", "OLLAMA_NUM_PARALLEL"),
     args_refused=(
         'args is not used with kind = "ollama": ollama serve takes no engine flags '
         "(set OLLAMA_* variables in the environment calibrate runs in; it passes them on): "
@@ -64,5 +65,5 @@ TGI = Engine(
     default_axes=_tgi_axes,
     health_path="/health",
     forcing="none",
-    metrics=EngineMetrics(queue=("tgi_queue_size",)),
+    metrics=EngineMetrics(queue=("tgi_queue_size",), running=("tgi_batch_current_size",)),
 )

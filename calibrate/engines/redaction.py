@@ -203,7 +203,8 @@ def script_command(
 
 
 def redact_config(public: dict[str, Any]) -> dict[str, Any]:
-    """A resolved config's public JSON with secrets in ``[server] command`` and ``args`` masked."""
+    """A resolved config's public JSON with secrets in ``[server] command``, ``args`` and
+    ``env`` masked (``env`` shown as the table it was written as)."""
     server = public.get("server")
     if not isinstance(server, dict):
         return public
@@ -212,4 +213,7 @@ def redact_config(public: dict[str, Any]) -> dict[str, Any]:
         shown["command"] = redact_text(server["command"])
     if isinstance(server.get("args"), list | tuple):
         shown["args"] = list(redact_argv([str(word) for word in server["args"]]))
+    if isinstance(server.get("env"), list | tuple):  # (name, value) pairs
+        pairs = [(str(p[0]), str(p[1])) for p in server["env"] if isinstance(p, list | tuple)]
+        shown["env"] = dict(redact_env(pairs))
     return {**public, "server": shown}

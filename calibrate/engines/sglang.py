@@ -48,6 +48,7 @@ ENGINE = Engine(
         kv=("sglang:token_usage", "sglang_token_usage"),
         queue=("sglang:num_queue_reqs", "sglang_num_queue_reqs"),
         preemptions=("sglang:num_retracted_requests_total", "sglang_num_retracted_requests_total"),
+        running=("sglang:num_running_reqs", "sglang_num_running_reqs"),
     ),
     cap_report=CapReport("/get_server_info", "max_running_requests", "SGLang max_running_requests"),
 )

@@ -40,6 +40,11 @@ ENGINE = Engine(
         kv=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),  # the second: vLLM < 0.10
         queue=("vllm:num_requests_waiting",),
         preemptions=("vllm:num_preemptions_total",),
+        running=("vllm:num_requests_running",),
+        waiting_by_reason=("vllm:num_requests_waiting_by_reason",),  # vLLM ≥ 0.11 (V1)
     ),
     context_hint="vLLM: raise --max-model-len",
+    # vllm-0.32.0-980f5236: the version, then a hash of the engine's config (980f5236 with no
+    # cap, d34c11a0 at --max-num-seqs 8; the same across restarts with the same flags)
+    fingerprint=r"(?P<build>vllm-.+)-(?P<config>[0-9a-f]{6,64})",
 )

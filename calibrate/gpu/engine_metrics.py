@@ -16,7 +16,13 @@ from typing import NamedTuple
 # fractions (1 means 100 %) where documented. A rise of a preemption counter (vLLM's preempted,
 # SGLang's retracted requests: its KV cache was full) during a ladder tier means the tier does
 # not fit (SPEC §5.3 ``stop: preempt``).
-from calibrate.engines import KV_METRICS, PREEMPTION_METRICS, QUEUE_METRICS
+from calibrate.engines import (
+    KV_METRICS,
+    PREEMPTION_METRICS,
+    QUEUE_METRICS,
+    RUNNING_METRICS,
+    WAITING_REASON_METRICS,
+)
 from calibrate.gpu.prometheus import Scrape, Series, max_value, parse_prometheus
 from calibrate.gpu.reading import MIB, DeviceMemory, VramReading, VramSource
 
@@ -61,6 +67,28 @@ def queue_depth(scrape: Scrape) -> Gauge | None:
         value = max_value(scrape, name)
         if value is not None and 0.0 <= value <= MAX_QUEUE:  # negative or huge: ignored
             return Gauge(name, value)
+    return None
+
+
+def running_count(scrape: Scrape) -> Gauge | None:
+    """Requests the server executes now (its own count: vLLM ``num_requests_running``, SGLang,
+    TGI, llama.cpp ``requests_processing``): the first running gauge present, max over label
+    sets, as the queue gauge is read."""
+    for name in RUNNING_METRICS:
+        value = max_value(scrape, name)
+        if value is not None and 0.0 <= value <= MAX_QUEUE:
+            return Gauge(name, value)
+    return None
+
+
+def deferred_count(scrape: Scrape) -> float | None:
+    """Requests waiting for another reason than capacity (vLLM's ``reason="deferred"``: a LoRA
+    budget, a KV transfer, a blocked request), max over engines; None without the gauge."""
+    for name in WAITING_REASON_METRICS:
+        series = [s for s in scrape.get(name, ()) if math.isfinite(s.value) and s.label("reason")]
+        if series:
+            found = [s.value for s in series if s.label("reason") == "deferred"]
+            return max(found, default=0.0)
     return None
 
 
@@ -139,7 +167,8 @@ def reading_from_metrics(
     kv = kv_usage(scrape, percent_metrics=percent_metrics)
     memory = device_memory(scrape)
     queue = queue_depth(scrape)
-    if kv is None and memory is None and queue is None:
+    running = running_count(scrape)
+    if kv is None and memory is None and queue is None and running is None:
         return None
     simulated = memory is not None and memory[0] == "mock_vram_used_bytes"
     # The mock's memory grows with load unless it says it reserved it (``--preallocate``); a
@@ -154,6 +183,9 @@ def reading_from_metrics(
         device_metric=memory[0] if memory else None,
         server_queue=queue.value if queue else None,
         queue_metric=queue.metric if queue else None,
+        server_running=running.value if running else None,
+        running_metric=running.metric if running else None,
+        server_deferred=deferred_count(scrape),
     )
 
 

@@ -71,6 +71,9 @@ class VramReading:
     device_metric: str | None = None  # "mock_vram_used_bytes", "DCGM_FI_DEV_FB_USED"; None: NVML
     server_queue: float | None = None  # requests the server holds waiting (its queue gauge)
     queue_metric: str | None = None
+    server_running: float | None = None  # requests it executes now (its running gauge)
+    running_metric: str | None = None
+    server_deferred: float | None = None  # of the waiting: not for capacity (vLLM's reason)
 
     @property
     def used_mib(self) -> float | None:

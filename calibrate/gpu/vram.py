@@ -43,6 +43,9 @@ class VramSample:
     nvml_used_mib: float | None = None
     server_queue: float | None = None
     queue_metric: str | None = None
+    server_running: float | None = None
+    running_metric: str | None = None
+    server_deferred: float | None = None
 
     @property
     def used_mib(self) -> float | None:
@@ -63,7 +66,33 @@ class VramSample:
             "pressure_metric": self.pressure.text,
             "nvml_used_mib": _r(self.nvml_used_mib),
             "server_queue": self.server_queue,
+            "server_running": self.server_running,
         }
+
+
+@dataclass(frozen=True)
+class RunningPeak:
+    """What the server's own running gauge said over a window (SPEC §6.1): the most requests it
+    ran at once, and the most it ran at a moment when others waited (None: none waited then)."""
+
+    metric: str  # "vllm:num_requests_running"
+    most: float
+    while_waiting: float | None = None
+    deferred_most: float | None = None  # of the waiting, the most not waiting for capacity
+
+    @classmethod
+    def over(cls, window: Sequence[VramSample]) -> RunningPeak | None:
+        seen = [s for s in window if s.server_running is not None and s.running_metric]
+        if not seen:
+            return None
+        waiting = [s.server_running or 0.0 for s in seen if (s.server_queue or 0.0) >= 1]
+        deferred = [s.server_deferred for s in seen if s.server_deferred is not None]
+        return cls(
+            seen[-1].running_metric or "",
+            max(s.server_running or 0.0 for s in seen),
+            max(waiting, default=None),
+            max(deferred, default=None),
+        )
 
 
 @dataclass(frozen=True)
@@ -78,6 +107,7 @@ class WindowPeak:
     server_queue_max: float | None = None  # None: the server exports no queue gauge
     energy: EnergyWindow | None = None  # None: no energy source (calibrate.gpu.energy)
     price_per_hour: float | None = None  # --gpu-price-per-hour / [cost], for $ per 1M tokens
+    running: RunningPeak | None = None  # the server's running count (None: it exports none)
 
 
 def _r(value: float | None, digits: int = 1) -> float | None:
@@ -103,6 +133,9 @@ def merge(
         nvml.used_mib if nvml else None,
         metrics.server_queue if metrics else None,
         metrics.queue_metric if metrics else None,
+        metrics.server_running if metrics else None,
+        metrics.running_metric if metrics else None,
+        metrics.server_deferred if metrics else None,
     )
 
 
@@ -175,6 +208,8 @@ class VramMonitor:
             )
         if sample is not None and sample.queue_metric:
             parts.append(f"server queue: {sample.queue_metric}")
+        if sample is not None and sample.running_metric:
+            parts.append(f"running: {sample.running_metric}")
         return "; ".join(parts)
 
     def warnings(self) -> list[str]:
@@ -230,6 +265,7 @@ class VramMonitor:
             max(queue, default=None),
             window_energy(energy, self.energy.source) if self.energy is not None else None,
             self.price_per_hour,
+            RunningPeak.over(window),
         )
 
     def start(self) -> VramMonitor:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from calibrate.engines import read_fingerprint
 from calibrate.errors import InputError
 
 Verdict = Literal["identical", "whitespace-only", "differs"]
@@ -81,6 +82,8 @@ class Comparison:
     causes: tuple[str, ...]
     diff: tuple[str, ...]
     failure: str | None = None  # ``http_5xx, HTTP 500: …`` when a request got no answer
+    # what changed without changing the verdict: the engine's configuration under the same build
+    notes: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -92,6 +95,7 @@ class Comparison:
             "differing": list(self.differing),
             "causes": list(self.causes),
             **({"failure": self.failure} if self.failure else {}),
+            **({"notes": list(self.notes)} if self.notes else {}),
         }
 
 
@@ -106,11 +110,17 @@ def compare(
     *,
     labels: tuple[str, str] = ("baseline", "run"),
 ) -> Comparison:
+    """The two records after ``normaliser``. A ``system_fingerprint`` that changed only in the
+    engine's configuration (vLLM's config hash: another ``--max-num-seqs``, as every pin that
+    changes the cap gives) under the same build is not a difference: it is said in ``notes``."""
+    notes = config_notes(baseline, candidate)
+    if notes:
+        candidate = {**candidate, "system_fingerprint": baseline.get("system_fingerprint")}
     left, right = normaliser.apply(baseline), normaliser.apply(candidate)
     left_text, right_text = dump_sorted(left), dump_sorted(right)
     failures = _failures(baseline, candidate, labels)
     if left_text == right_text and not failures:
-        return Comparison("identical", (), (), ())
+        return Comparison("identical", (), (), (), notes=notes)
     differing = tuple(_differing_paths(left, right))
     diff = tuple(
         difflib.unified_diff(
@@ -121,9 +131,24 @@ def compare(
         failure = request_failure(candidate) or request_failure(baseline)
         return Comparison("differs", differing or ("error",), failures, diff, failure)
     if dump_sorted(_fold_whitespace(left)) == dump_sorted(_fold_whitespace(right)):
-        return Comparison("whitespace-only", differing, (), diff)
-    causes = _causes(left, right, differing) + _fingerprint(baseline, candidate)
-    return Comparison("differs", differing, tuple(causes), diff)
+        return Comparison("whitespace-only", differing, (), diff, notes=notes)
+    causes = _causes(left, right, differing) + _fingerprint(baseline, candidate) + list(notes)
+    return Comparison("differs", differing, tuple(causes), diff, notes=notes)
+
+
+def config_notes(baseline: dict[str, Any], candidate: dict[str, Any]) -> tuple[str, ...]:
+    """``("the engine's configuration changed since the baseline (vLLM vllm-0.32.0: engine
+    config 980f5236 → d34c11a0), not its build",)`` when that is all the fingerprint says."""
+    before, after = baseline.get("system_fingerprint"), candidate.get("system_fingerprint")
+    if not isinstance(before, str) or not isinstance(after, str):
+        return ()
+    change = read_fingerprint(before).config_change(read_fingerprint(after))
+    if change is None:
+        return ()
+    return (
+        f"the engine's configuration changed since the baseline ({change}), not its build: "
+        "other engine flags (a pinned cap) under the same version and weights",
+    )
 
 
 def request_failure(record: dict[str, Any]) -> str | None:

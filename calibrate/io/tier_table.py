@@ -143,6 +143,7 @@ _COMMON = [
     "peak_kv_usage",
     "per_device",
     "server_queue_max",
+    "server_running_max",
     "vram_source",
     "errors",
     "error_kinds",

@@ -4,7 +4,9 @@ Every style keeps the mock's own simulated-VRAM gauges (``mock_vram_*_bytes``), 
 sampler measures device memory whatever the style. Beside them each engine's own names: its
 running and queued requests and, where the engine exports one, its KV-cache usage:
 
-- vllm: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``
+- vllm: ``vllm:num_requests_running`` (at most the slots), ``vllm:num_requests_waiting`` (the
+  prompts of a list beyond the slots too), ``vllm:num_requests_waiting_by_reason`` (capacity;
+  deferred 0), ``vllm:kv_cache_usage_perc``
 - sglang: ``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``
 - llamacpp: ``llamacpp:requests_processing``, ``llamacpp:requests_deferred`` (no KV gauge, as
   current llama.cpp)
@@ -51,6 +53,7 @@ class Snapshot:
 
 # name, help, value-of-snapshot
 Gauge = tuple[str, str, float]
+_BY_REASON = "Waiting requests by reason: capacity, or deferred by a transient constraint."
 
 
 def _metric(
@@ -89,6 +92,17 @@ def _engine_gauges(style: MetricsStyle, snap: Snapshot) -> list[Gauge]:
     ]
 
 
+def _reasons(snap: Snapshot) -> list[tuple[str, float]]:
+    """vLLM's reasons for waiting: capacity (slots or KV room, as its scheduler counts both);
+    deferred (a LoRA budget, a KV transfer) the mock never does."""
+    return [("capacity", snap.waiting), ("deferred", 0)]
+
+
+def _with(labels: str, extra: str) -> str:
+    """``{a="1"}`` with ``extra`` added: ``{a="1",reason="capacity"}``."""
+    return f"{{{extra}}}" if not labels else f"{labels[:-1]},{extra}}}"
+
+
 def _preemption_counter(style: MetricsStyle) -> str | None:
     """The engine's name for its preemption counter (vLLM's in the mock's own style)."""
     if style in ("mock", "vllm"):
@@ -125,6 +139,9 @@ def render_metrics(snap: Snapshot, settings: MockSettings) -> str:
     labels = _labels(style, settings.models[0])
     for name, help_text, value in _engine_gauges(style, snap):
         lines += _metric(name, "gauge", help_text, [(labels, value)])
+    if style in ("mock", "vllm"):  # every wait of the mock is for capacity (slots, KV room)
+        reasons = [(_with(labels, f'reason="{r}"'), n) for r, n in _reasons(snap)]
+        lines += _metric("vllm:num_requests_waiting_by_reason", "gauge", _BY_REASON, reasons)
     if settings.on_kv_full == "preempt" and (counter := _preemption_counter(style)):
         help_text = "Cumulative number of preemptions (KV cache full)."
         lines += _metric(counter, "counter", help_text, [(labels, snap.preemptions_total)])

@@ -2,7 +2,8 @@
 
 No HTTP here. A request is *admitted* (counted in flight, its fate drawn), waits for a decode
 slot, is *generated*, then *released*. "In flight" counts sequences received and not yet
-answered, decoding or queued; a completions request carrying K prompts counts K.
+answered, decoding or queued; a completions request carrying K prompts counts K, and, as vLLM
+counts each prompt of a list as a request, its prompts beyond the slots count as waiting.
 
 When the settings track tokens (``MockSettings.tracks_tokens``), a request instead ``start``s:
 it waits for a slot (and, under ``on_kv_full="queue"``, for KV room), its prompts' KV is claimed
@@ -58,6 +59,7 @@ class MockModel:
         self._running = 0
         self._queue: deque[tuple[int, int]] = deque()
         self._held: dict[int, int] = {}
+        self._listed: dict[int, int] = {}  # prompts of a list beyond its slots: they wait
         self._peak_mib = settings.vram_base_mib
         self._outcomes: dict[str, int] = {}
         self._evicted_now = 0  # sequences evicted from the full KV cache at this moment
@@ -141,6 +143,8 @@ class MockModel:
             self._queue.popleft()
             self._running += need
             self._held[adm.ticket] = need
+            if adm.weight > need:  # vLLM counts each prompt of a list as a request
+                self._listed[adm.ticket] = adm.weight - need
             self._cond.notify_all()
             return True
 
@@ -189,6 +193,7 @@ class MockModel:
         """The request was answered (or failed): free its slot, its KV and its place in flight."""
         with self._cond:
             self._running -= self._held.pop(adm.ticket, 0)
+            self._listed.pop(adm.ticket, None)
             self._advance_energy()
             self._in_flight -= adm.weight
             self._kv.remove(adm.ticket)
@@ -251,7 +256,7 @@ class MockModel:
             return Snapshot(
                 in_flight=self._in_flight,
                 running=self._running - evicted,
-                waiting=sum(need for _, need in self._queue) + evicted,
+                waiting=sum(need for _, need in self._queue) + evicted + sum(self._listed.values()),
                 vram_used_mib=self._vram_used_mib(),
                 vram_peak_mib=self._peak_mib,
                 vram_total_mib=s.vram_total_mib,

@@ -181,6 +181,8 @@ def _chat_prompt(
             raise _invalid(settings, "each message must be an object with a role", "messages")
         contents.append(_content_text(message.get("content"), settings))
     prompt = "\n".join(contents)
+    if settings.chat_template:  # what the answer is derived from, as an engine's template does
+        prompt = f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
     tokens = sum(text.count_tokens(c) + CHAT_TOKENS_PER_MESSAGE for c in contents)
     return (prompt,), (tokens + CHAT_TOKENS_REPLY,)
 
@@ -216,7 +218,7 @@ def envelope(
         "object": obj + ".chunk" if chunk and req.kind == "chat" else obj,
         "created": created,
         "model": req.model,
-        "system_fingerprint": f"fp_mock_{settings.text_seed}",
+        "system_fingerprint": settings.fingerprint,
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -78,6 +79,9 @@ class MockSettings:
     step_ms_per_1k_tokens: float = 0.0  # each decode step costs this much more per 1k resident
     jitter: float = 0.0  # ttft and per-token time × uniform [1 - jitter, 1 + jitter], seeded
     metrics_style: MetricsStyle = "mock"
+    # chat messages go through a chat template before the answer is derived (as an instruct
+    # model's engine applies one): a raw /v1/completions of the same text answers otherwise
+    chat_template: bool = False
     # Start-up memory (tune's memory step): asked for more than fits → exit 1 at start, CUDA OOM.
     memory_fraction: float | None = None
     max_memory_fraction: float | None = None
@@ -97,6 +101,27 @@ class MockSettings:
             f"torch.OutOfMemoryError: CUDA out of memory while loading the model (simulated: "
             f"--memory-fraction {f:g} > --max-memory-fraction {g:g})"
         )
+
+    @property
+    def fingerprint(self) -> str:
+        """The answers' ``system_fingerprint``: ``fp_mock_<text seed>``; under ``--metrics-style
+        vllm`` vLLM's own form, ``vllm-<version>-<hash of the engine config>``, the version
+        standing for the weights and build (the text seed) and the hash changing with the
+        settings an engine's flags set (its slots, context, KV cache), as real vLLM's does."""
+        if self.metrics_style != "vllm":
+            return f"fp_mock_{self.text_seed}"
+        config = (
+            self.slots,
+            self.max_model_len,
+            self.kv_capacity_tokens,
+            self.kv_mib_per_1k_tokens,
+            self.on_kv_full,
+            self.preallocate,
+            self.prefix_cache,
+            self.models,
+        )
+        digest = hashlib.sha256(repr(config).encode("utf-8")).hexdigest()[:8]
+        return f"vllm-0.0.0+mock{self.text_seed}-{digest}"
 
     @property
     def tracks_tokens(self) -> bool:

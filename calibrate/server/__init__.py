@@ -50,6 +50,7 @@ def launch_spec(
         context_tokens=context_tokens,
         tuned=tuned,
         args=cfg.server.args,
+        env=cfg.server.env,
     )
 
 

@@ -241,7 +241,9 @@ def supervise(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m calibrate.server.supervise")
+    parser = argparse.ArgumentParser(
+        prog="python -m calibrate.server.supervise", allow_abbrev=False
+    )
     parser.add_argument("--status", required=True, type=Path)
     parser.add_argument("--pid-fd", required=True, type=int)
     parser.add_argument("--adopt-fd", type=int, default=-1)

@@ -76,6 +76,23 @@ def _measured_kind(runs_dir: Path, run_id: str) -> str | None:
     return found if isinstance(found, str) else None
 
 
+def refuse_unrun_cap(ctx: StageContext, run_id: str, batch: int) -> None:
+    """pin never writes a cap the server did not run (SPEC §6.1): when the run that set the
+    setting saw the server run fewer than its batch size at once (its reported cap, or its own
+    running count while requests waited), the script would pin a batch never measured."""
+    entry = ctx.ledger.view().of_run(run_id)
+    for key in ("server_cap", "server_limit"):
+        cap = entry.summary.get(key) if entry is not None else None
+        slots = cap.get("slots") if isinstance(cap, dict) else None
+        if entry is not None and isinstance(slots, int) and 0 < slots < batch:
+            raise GateClosed(
+                f"pin refused: {entry.stage} run {run_id} saw the server run at most {slots} "
+                f"at once ({cap.get('source') if isinstance(cap, dict) else ''}), below the "
+                f"batch size {batch}: an engine cap of {batch} was never run",
+                "Run first: calibrate ladder   (against the server as it runs now)",
+            )
+
+
 def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = None) -> PinResult:
     """Write the launch script for the calibrated setting, record the pin in the ledger and
     close the run; the result carries the next step."""
@@ -85,6 +102,7 @@ def run_pin(ctx: StageContext, *, kind: str | None = None, out: Path | None = No
             "pin has no verified batch size: no ladder with a passing tier",
             "Run first: calibrate ladder",
         )
+    refuse_unrun_cap(ctx, setting.run_id, setting.batch_size)
     engine = resolve_kind(ctx, kind, setting.run_id)
     cfg = ctx.config
     batch, concurrency = setting.batch_size, setting.concurrency

@@ -13,6 +13,8 @@ from typing import Any
 from calibrate.errors import GateClosed
 from calibrate.io.baseline import Normaliser
 from calibrate.stages.context import StageContext
+from calibrate.stages.measure.stop_rules import ServerCap
+from calibrate.stages.prepare.server_cap import running_cap
 from calibrate.stages.repro import ReproResult, against_baseline
 from calibrate.stages.single import served_root, server_identity
 from calibrate.state.gates import next_step
@@ -26,15 +28,43 @@ class VerifyResult:
     repro: ReproResult
     setting: CalibratedSetting | None  # what the server is supposed to run at
     next_command: str = ""  # ``gates.next_step`` once a pass is recorded
+    cap: ServerCap | None = None  # the running server's cap, where it can be read
+
+    @property
+    def cap_differs(self) -> bool:
+        """The server runs at another cap than the verified batch size (SPEC §6.1)."""
+        setting, cap = self.setting, self.cap
+        return setting is not None and cap is not None and cap.slots != setting.batch_size
+
+    @property
+    def cap_line(self) -> str:
+        """What verify could say of the server's cap: checked, differing, or not readable."""
+        if self.setting is None:
+            return ""
+        batch = self.setting.batch_size
+        if self.cap is None:
+            return (
+                f"the server's cap could not be read (no /props, no server info, not a managed "
+                f"start at a cap): the answer was checked, not that it runs at batch {batch}"
+            )
+        if self.cap_differs:
+            return (
+                f"the server runs at cap {self.cap.slots} ({self.cap.source}), not the verified "
+                f"batch {batch}: restart it from the pinned script (calibrate server start "
+                "--script scripts/launch.sh)"
+            )
+        return f"the server's cap is {self.cap.slots} ({self.cap.source}), the verified batch"
 
     @property
     def passed(self) -> bool:
-        return self.repro.passed
+        return self.repro.passed and not self.cap_differs
 
     def verdict_line(self, run_id: str) -> str:
         """ "config consistent at batch 4, concurrency 4 (from pin): …" (the setting the server
         is supposed to run at, when there is one), or why verify failed."""
         comparison = self.repro.comparisons[0]
+        if self.cap_differs and self.repro.passed:
+            return f"verify failed: {self.cap_line}"
         if self.passed:
             note = (
                 " (whitespace-only difference)" if comparison.verdict == "whitespace-only" else ""
@@ -51,6 +81,7 @@ class VerifyResult:
         out: dict[str, Any] = {**self.repro.summary(), "consistent": self.passed}
         if self.setting is not None:
             out["setting"] = self.setting.to_json()
+            out["server_cap"] = self.cap.to_json() if self.cap else None
         return out
 
 
@@ -70,7 +101,7 @@ def run_verify(ctx: StageContext, normaliser: Normaliser, *, force: bool = False
         if not gate.open:
             ctx = replace(ctx, forced=True)
     repro = against_baseline(ctx, normaliser, runs=1)
-    result = VerifyResult(repro, resolve(ctx.ledger, ctx.target))
+    result = VerifyResult(repro, resolve(ctx.ledger, ctx.target), cap=running_cap(ctx))
     ctx.record_result(result.passed, PlainSummary(result.summary()), served_root=root)
     ctx.run.close()
     if not result.passed:

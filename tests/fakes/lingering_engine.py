@@ -29,7 +29,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--linger-s", type=float, default=1.0)
     args = parser.parse_args()

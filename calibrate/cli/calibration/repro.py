@@ -67,7 +67,7 @@ def _report(
     run: RunDir | None,
 ) -> int:
     for n, comparison in enumerate(result.comparisons, 1):
-        if comparison.verdict != "identical":  # the verdict counts the identical ones
+        if comparison.verdict != "identical" or comparison.notes:  # the verdict counts the rest
             show_comparison(out, f"run {n}", comparison)
     suite = flags.junit_suite("repro", run)
     result.add_checks(suite)

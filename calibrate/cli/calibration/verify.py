@@ -42,16 +42,28 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: N
     suite.check(
         "fixed prompt matches the baseline", comparison.passed, reason, kind=comparison.verdict
     )
+    if result.cap is not None and result.setting is not None:
+        suite.check(
+            "the server runs at the verified batch size", not result.cap_differs, result.cap_line
+        )
     flags.save_junit(args, suite)
     if result.passed:  # the verdict names the setting
         out.ok(result.verdict_line(ctx.run.run_id))
+        for note in comparison.notes:
+            out.say(f"note: {note}")
+        if result.cap_line:
+            out.say(result.cap_line)
         out.say(f"next: {result.next_command}")
     else:
         if result.setting is not None:
             out.say(f"expected setting: {result.setting.describe()}")
-        show_comparison(out, "fixed prompt vs baseline", comparison)
+        if not comparison.passed:
+            show_comparison(out, "fixed prompt vs baseline", comparison)
         out.fail(result.verdict_line(ctx.run.run_id))
-        out.say(f"next: {after_failure(result.repro.comparisons, again='calibrate verify')}")
+        if comparison.passed:  # the answer matched; the server's cap did not
+            out.say("next: restart it at the verified setting, then run calibrate verify again")
+        else:
+            out.say(f"next: {after_failure(result.repro.comparisons, again='calibrate verify')}")
     out.result(
         {
             "passed": result.passed,

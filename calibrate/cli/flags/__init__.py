@@ -12,7 +12,7 @@ from calibrate import config as config_mod
 from calibrate import redact
 from calibrate.cli.output import Output
 from calibrate.config import Config
-from calibrate.engines.redaction import argv_secret_values, secret_values
+from calibrate.engines.redaction import argv_secret_values, secret_name, secret_values
 from calibrate.io.baseline import VOLATILE_FIELDS, Normaliser, default_program
 from calibrate.io.junit import JUnitSuite
 from calibrate.io.output_paths import check_writable
@@ -23,6 +23,17 @@ from calibrate.stages.env import StageRequest
 from calibrate.state.ledger import Ledger
 
 Runner = Callable[[argparse.Namespace], int]
+
+
+class StrictParser(argparse.ArgumentParser):
+    """A parser that takes a flag only as it is spelled: never an abbreviation of a longer one
+    (``ladder --mode prompt-list`` read as ``--model prompt-list`` changed the target). Every
+    sub-command's parser is of this class too: ``add_subparsers`` makes its parsers of the class
+    of the parser it was called on."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
 
 class CommandLine(argparse.Namespace):
@@ -88,13 +99,15 @@ def load_config(args: argparse.Namespace, *, base_url: str | None = None) -> Con
 
 
 def remember_secrets(cfg: Config) -> None:
-    """The key, the metrics key, every base-URL password and the server command's secret values."""
+    """The key, the metrics key, every base-URL password, the server command's secret values
+    and the values of ``[server] env``'s secret-like variables (``HF_TOKEN``)."""
     redact.remember(cfg.api_key, cfg.gpu_metrics_key)
     for url in (cfg.target.base_url, *cfg.target.base_urls):
         redact.remember_url(url)
     if cfg.server.command:
         redact.remember(*secret_values(cfg.server.command))
     redact.remember(*argv_secret_values(cfg.server.args))
+    redact.remember(*(value for name, value in cfg.server.env if secret_name(name)))
 
 
 def add_wide(parser: argparse.ArgumentParser) -> None:

@@ -80,6 +80,8 @@ SETTINGS: tuple[tuple[str, str | None, str | None], ...] = (
     ("--metrics-style", None, "/metrics names as vllm, sglang, llamacpp or tgi export them, queue "
      "gauge included; mock = the mock's own plus vLLM's (default); the mock_vram_* gauges are "
      "always there"),
+    ("--chat-template", None, "apply a chat template to chat messages, as an engine serving an "
+     "instruct model does: a raw /v1/completions of the same text then answers otherwise"),
     ("--power-w", "W", "serve a DCGM exporter's GPU gauges on /metrics: power = W + "
      "--power-per-request-w × requests in flight (DCGM_FI_DEV_POWER_USAGE) and the energy it "
      "adds up (DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ); default 0 = none"),

@@ -7,14 +7,19 @@ from calibrate.io.baseline import Comparison
 
 
 def show_comparison(out: Output, label: str, comparison: Comparison) -> None:
-    """Print one comparison: verdict, differing fields, the usual causes, the diff."""
+    """Print one comparison: verdict, differing fields, the usual causes, the diff; a note (the
+    engine's configuration changed under the same build) in any case."""
     if comparison.verdict == "identical":
         out.ok(f"{label}: identical")
+        for note in comparison.notes:
+            out.say(f"  note: {note}")
         return
     if comparison.verdict == "whitespace-only":
         out.say(
             f"{label}: whitespace-only difference (passes; noted) in {', '.join(comparison.differing)}"
         )
+        for note in comparison.notes:
+            out.say(f"  note: {note}")
     else:
         out.fail(f"{label}: differs in {', '.join(comparison.differing)}")
         for cause in comparison.causes:

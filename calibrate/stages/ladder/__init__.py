@@ -21,10 +21,12 @@ from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import LadderResult
 from calibrate.stages.ladder.run import Ladder
 from calibrate.stages.ladder.spec import LadderEnv, LadderOutcome, LadderSpec, LadderWatcher
+from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tier_finish import finish_tiers
 from calibrate.stages.measure.tier_run import Measuring, prepare_load, run_live, watched
 from calibrate.stages.measure.tiers import Tier
 from calibrate.stages.prepare.server_cap import ladder_cap
+from calibrate.stages.server_account import unaccounted
 from calibrate.workload import TokenRange, WorkloadSpec
 
 __all__ = ["LadderEnv", "LadderOutcome", "LadderSpec", "LadderWatcher", "run"]
@@ -58,12 +60,12 @@ def run(spec: LadderSpec, env: LadderEnv) -> LadderOutcome:
             "ladder",
             result,
             ladder.options,
-            [{**t.to_json(), "axis": result.axis} for t in result.tiers],
+            [{**t.to_json(), "axis": result.axis, "mode": options.mode} for t in result.tiers],
             tables=env.watcher.tables,
             source=result.vram_source,
             passed=result.passed,
             summary=result.summary(),
-            notes=result.notes,
+            notes=(*result.notes, *account_notes(ladder.cap, result.tiers)),
             checks=[
                 (f"batch {t.batch_size}", t.determinism) for t in result.tiers if t.determinism
             ],
@@ -112,6 +114,13 @@ def _ladder(spec: LadderSpec, env: LadderEnv, options: LadderOptions, watch: Mea
     )
     watcher.planned(options, plan.spec, cap)
     return ladder
+
+
+def account_notes(cap: ServerCap | None, tiers: tuple[Tier, ...]) -> tuple[str, ...]:
+    """Said once: the server publishes neither its cap nor a running count (SPEC §6.1)."""
+    running = any(t.stats.server_running_max is not None for t in tiers)
+    note = unaccounted(cap, running) if tiers else None
+    return (note,) if note else ()
 
 
 def _largest_wave(options: LadderOptions) -> int:

@@ -7,9 +7,15 @@ from typing import Any
 
 from calibrate.config import SloConfig
 from calibrate.stages.measure.slo import describe, has_slo
-from calibrate.stages.measure.stop_rules import last_passing, setting_reason, setting_tier
+from calibrate.stages.measure.stop_rules import (
+    ServerCap,
+    last_passing,
+    setting_reason,
+    setting_tier,
+)
 from calibrate.stages.measure.tiers import StopReason, Tier
 from calibrate.stages.prepare.stream_probe import StreamCheck, stream_details
+from calibrate.stages.server_account import stopping_cap
 from calibrate.state.summaries import LadderSummary
 from calibrate.state.summary_values import Setting, Workload
 from calibrate.workload import Axis
@@ -48,6 +54,7 @@ class LadderResult:
     stream_check: StreamCheck | None = None  # what the stream probe found (None: not probed)
     slo: SloConfig = field(default_factory=SloConfig)
     gain_min: float = 0.10
+    cap: ServerCap | None = None  # the server's reported cap (or a managed start's cap flag)
 
     @property
     def last_passing(self) -> Tier | None:
@@ -121,6 +128,7 @@ class LadderResult:
             **stream_details(self.stream_check),
             **self.goodput_json(),
         }
+        details["server_cap"] = stopping_cap(self.cap, [t.stats for t in self.tiers])
         if top is not None and self.axis == "batch":
             details["setting_reason"] = self.setting_reason
             details["highest_kept"] = ceiling.batch_size if ceiling else None

@@ -30,6 +30,7 @@ from calibrate.stages.measure.stop_rules import (
 )
 from calibrate.stages.measure.tiers import Stats, Tier, summarise
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
+from calibrate.stages.server_account import observed_cap
 from calibrate.stages.single import read_baseline, unreachable
 from calibrate.state.ledger import baseline_path
 from calibrate.workload import WorkloadSpec
@@ -68,6 +69,8 @@ class Ladder(TierRounds):
     def run(self) -> LadderResult:
         self.baseline = self.baseline_text()
         opts = self.options
+        if opts.mode == "prompt-list" and self.plan.spec.fixed and self.baseline is not None:
+            self.baseline = self.list_baseline()
         if opts.warmup_waves and opts.batch_sizes and not self.history:
             self.before_tier(opts.batch_sizes[0])  # warm the server the first tier runs on
             self.warmup = self.warm_up(opts.batch_sizes[0])
@@ -95,7 +98,7 @@ class Ladder(TierRounds):
             if opts.axis == "context"
             else stopped_by(self.history, opts.batch_sizes),
             self.monitor.source,
-            tuple(mismatch_notes(self.history)),
+            tuple(self.mismatch_notes()),
             self.options.require_match,
             len(self.incidents.written),
             self.warmup,
@@ -105,6 +108,7 @@ class Ladder(TierRounds):
             self.options.stream_check,
             self.options.slo,
             self.options.gain_min,
+            self.cap,
         )
 
     def warm_up(self, batch: int) -> WarmUp:
@@ -121,6 +125,38 @@ class Ladder(TierRounds):
         if errors:
             log.warning("warm-up: %d of %d requests failed (not counted)", errors, len(items))
         return WarmUp(self.options.warmup_waves, len(items), errors, total_s)
+
+    def mismatch_notes(self) -> list[str]:
+        """The tiers whose outputs differ from the baseline they were compared with: in
+        prompt-list mode the fixed prompt alone in a list (``list_baseline``)."""
+        notes = mismatch_notes(self.history)
+        if self.options.mode != "prompt-list" or not self.plan.spec.fixed:
+            return notes
+        own = "the prompt-list baseline (the fixed prompt alone in one list)"
+        return [note.replace("the single-call baseline", own) for note in notes]
+
+    def list_baseline(self) -> str | None:
+        """Prompt-list mode's own baseline: the fixed prompt alone in one ``/v1/completions``
+        list, its text (None when it got no answer: then nothing is compared). The chat
+        baseline of ``single`` went through the chat template; a raw completion of the same
+        prompt never matches it, on any engine with a template ("0 of 330 outputs match the
+        baseline at batch 1"): like is compared with like."""
+        ctx, opts = self.ctx, self.options
+        requests = self.plan.requests(
+            ctx.client,
+            ctx.config.target.model,
+            ctx.params,
+            [[ctx.config.prompt.text]],
+            [None],
+            "prompt-list",
+            stream=opts.stream,
+            stream_options=opts.stream_options,
+        )
+        answered, _ = self.sender.send(requests, 1, ctx.params.max_tokens)
+        found = next((i.text for i in answered if i.ok and i.text), None)
+        if found is None:
+            log.warning("prompt-list: the fixed prompt alone got no answer; outputs not compared")
+        return found
 
     def preemption_counter(self) -> Gauge | None:
         if self.preemptions is not None:
@@ -178,12 +214,21 @@ class Ladder(TierRounds):
             rounds_planned=opts.rounds,
             rounds=rounds,
             previous_rounds=previous_rounds,
-            cap=self.cap if opts.axis == "batch" else None,
+            cap=self.tier_cap(agg) if opts.axis == "batch" else None,
         )
         if opts.axis == "context":  # said of the input length, not of "batch 1"
             reason = relabel(reason, batch, agg.input_tokens_target)
         copies = self.copies(batch) if verdict != "fail" else None  # a failed tier: no more load
         return Tier(agg, tuple(rounds), verdict, reason, opts.rounds, copies)
+
+    def tier_cap(self, stats: Stats) -> ServerCap | None:
+        """The cap ``stop: cap`` judges a tier by: the one the server reports (or a managed
+        start's cap flag) when it is below B, else the one its own running gauge showed
+        (``server_account.observed_cap``, SPEC §6.1)."""
+        known = self.cap
+        if known is not None and known.slots < stats.batch_size:
+            return known
+        return observed_cap(stats) or known
 
     def copies(self, batch: int) -> DeterminismCheck | None:
         """[determinism] copies of the fixed prompt in waves of B after the tier's rounds,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
-from typing import Literal
+from typing import Any, Literal
 
 from calibrate.config import SloConfig
 from calibrate.stages.measure.slo import p99_breaches
@@ -20,6 +20,9 @@ class ServerCap:
 
     slots: int
     source: str  # "llama.cpp /props total_slots", "SGLang max_running_requests", …
+
+    def to_json(self) -> dict[str, Any]:
+        return {"slots": self.slots, "source": self.source}
 
 
 def tier_verdict(

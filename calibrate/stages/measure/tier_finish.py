@@ -24,7 +24,7 @@ from calibrate.stages.measure.compare_tiers import (
     save_table_baseline,
 )
 from calibrate.stages.measure.tier_run import MeasureSpec
-from calibrate.stages.measure.tiers import queue_note
+from calibrate.stages.server_account import row_queue_note
 from calibrate.state.gates import next_step
 from calibrate.state.ledger import LedgerEntry
 from calibrate.state.summaries import TierChecks, TierSummary
@@ -111,5 +111,5 @@ def finish_tiers(
 
 def queue_notes(rows: Sequence[Row]) -> list[str]:
     """One note per tier or level during which the server queued requests (explains a knee)."""
-    found = (queue_note(r.get("server_queue_max"), int(r["concurrency"])) for r in rows)
+    found = (row_queue_note(r) for r in rows)
     return [note for note in found if note]

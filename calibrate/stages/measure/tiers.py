@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from calibrate.gpu.energy import ENERGY_COLUMNS, energy_fields
 from calibrate.gpu.reading import DeviceMemory
-from calibrate.gpu.vram import WindowPeak, device_peaks
+from calibrate.gpu.vram import RunningPeak, WindowPeak, device_peaks
 from calibrate.load.items import ItemResult, percentile
 from calibrate.stages.determinism import DeterminismCheck
 from calibrate.stages.measure.latency import latency_columns
@@ -66,6 +66,12 @@ class Stats:
     baseline_items: int
     pressure_metric: str | None = None  # "metrics: vllm:kv_cache_usage_perc", "nvml: device 1"
     server_queue_max: int | None = None  # None: the server exports no queue gauge
+    # the server's own running count (SPEC §6.1; None: it exports none): the most it ran at
+    # once, the most it ran while others waited, its metric, the most waiting for no capacity
+    server_running_max: int | None = None
+    running_while_queued: int | None = None
+    running_metric: str | None = None
+    deferred_max: int | None = None
     per_device: tuple[DeviceMemory, ...] = ()  # each device's peak (pressure is the fullest's)
     # What the workload sent and the server counted (SPEC §5.11); canaries left out.
     input_tokens_target: float | None = None  # None: nothing was sized (fixed prompt, tasks)
@@ -148,6 +154,7 @@ def summarise(
     top = max(peaks, key=lambda p: p.peak_pressure.value or 0.0, default=None)
     idle = next((p.idle.used_mib for p in peaks if p.idle is not None), None)
     queue = [p.server_queue_max for p in peaks if p.server_queue_max is not None]
+    running = [p.running for p in peaks if p.running is not None]
     match = None
     if baseline_text is not None:
         match = sum(1 for i in compared if i.ok and i.text == baseline_text)
@@ -183,6 +190,7 @@ def summarise(
         if top and top.peak_pressure.value is not None
         else None,
         server_queue_max=round(max(queue)) if queue else None,
+        **running_columns(running),
         per_device=device_peaks(p.devices for p in peaks),
         **token_columns(items),
         **latency_columns(items),
@@ -193,6 +201,20 @@ def summarise(
             next((p.price_per_hour for p in peaks if p.price_per_hour is not None), None),
         ),
     )
+
+
+def running_columns(running: Sequence[RunningPeak]) -> dict[str, Any]:
+    """The server's running count over a round's or a tier's windows (none: no gauge)."""
+    if not running:
+        return {}
+    queued = [r.while_waiting for r in running if r.while_waiting is not None]
+    deferred = [r.deferred_most for r in running if r.deferred_most is not None]
+    return {
+        "server_running_max": round(max(r.most for r in running)),
+        "running_while_queued": round(max(queued)) if queued else None,
+        "running_metric": running[0].metric,
+        "deferred_max": round(max(deferred)) if deferred else None,
+    }
 
 
 def token_columns(items: Sequence[ItemResult]) -> dict[str, Any]:
@@ -217,17 +239,6 @@ def kept(verdict: object) -> bool:
     not above the server's own cap, not preempting (the one rule for live tiers, ledger rows
     and tables read back)."""
     return verdict not in NOT_KEPT
-
-
-def queue_note(server_queue_max: int | None, concurrency: int) -> str | None:
-    """Why throughput stopped growing, when the server itself queued requests (SPEC §8)."""
-    if not server_queue_max or server_queue_max < 1:
-        return None
-    requests = "request" if server_queue_max == 1 else "requests"
-    return (
-        f"the server queued up to {server_queue_max} {requests} at concurrency {concurrency}: "
-        f"its cap is below {concurrency} in flight"
-    )
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,21 @@ def ladder_cap(
     return read_server_cap(lambda path: client.get_text(path)), None
 
 
+def running_cap(ctx: StageContext) -> ServerCap | None:
+    """The cap of the server running now, where it can be read without load (``verify``): a
+    managed server of a known kind started at a cap (by ``server start`` or a pinned script),
+    else the cap the server reports itself; None where neither says (vLLM publishes only its
+    running count, which needs load to show the cap)."""
+    record = process.load(ctx.config.runs_dir)
+    if record is not None and process.liveness(record) == "running" and record.batch_size:
+        found = find(process.kind_of(record, ctx.config.server.kind))
+        if found is not None and not found.templated:
+            how = f"the pinned script {record.script}" if record.script else "server start"
+            return ServerCap(record.batch_size, f"the managed {found.name} {found.cap_key}, {how}")
+    client = ctx.client
+    return read_server_cap(lambda path: client.get_text(path))
+
+
 def safe_levels(
     levels: tuple[int, ...], max_in_flight: int, *, managed: bool, beyond_ladder: bool
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -244,6 +244,7 @@ class Rollback:
         if not self.comparison.passed:
             raise StepFailed(STILL_DIFFERS, "invalid_response")
         note = " (whitespace only)" if self.comparison.verdict == "whitespace-only" else ""
+        note += "".join(f"; {n}" for n in self.comparison.notes)
         return (
             f"restored: batch {self.batch}, concurrency 1, output matches the baseline{note}",
             self.comparison.to_json(),

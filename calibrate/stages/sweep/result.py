@@ -16,6 +16,7 @@ from calibrate.stages.measure.slo import binding_slo, describe, has_slo
 from calibrate.stages.measure.stop_rules import Point, ServerCap
 from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.prepare.stream_probe import stream_details
+from calibrate.stages.server_account import cap_notes, limit_json, server_limit
 from calibrate.stages.sweep.find_max import FindMax
 from calibrate.stages.sweep.knee import Knee, find_knee
 from calibrate.stages.sweep.levels import ClientLimit, Level, probed_level, rate_boundary
@@ -63,7 +64,7 @@ class SweepResult(ClientLimit):
     def best(self) -> Level | None:
         """The recommended level: with SLOs the highest median goodput; in rate mode the highest
         rate the server kept up with (an auto sweep: else its synchronous level); else the knee."""
-        passing = [lv for lv in self.measurable if lv.verdict == "pass"]
+        passing = [lv for lv in self.measurable if lv.verdict == "pass" and self.runs_whole(lv)]
         if self.find_max is not None:
             return probed_level(passing, self.find_max, self.find_max.last_passing)
         if has_slo(self.slo):
@@ -123,7 +124,13 @@ class SweepResult(ClientLimit):
 
     @property
     def points(self) -> list[Point]:
-        return [lv.point for lv in self.measurable]
+        return [lv.point for lv in self.measurable if self.runs_whole(lv)]
+
+    def runs_whole(self, level: Level) -> bool:
+        """The server runs the level's requests at once: none above its own cap below the batch
+        size (``server_limit``, SPEC §6.1) is recommended."""
+        limit = server_limit(self.cap, self.batch_size, [lv.stats for lv in self.levels])
+        return limit is None or level.concurrency <= limit.slots
 
     @property
     def found(self) -> Knee | None:
@@ -236,14 +243,8 @@ class SweepResult(ClientLimit):
                     f"{lv.label}: calibrate itself was the bottleneck for a while "
                     f"({lv.client_bound}); left out of the knee"
                 )
-        if self.cap is not None:
-            over = [lv.concurrency for lv in self.levels if lv.capped]
-            if over:
-                out.append(
-                    f"concurrency {', '.join(map(str, over))} exceeds the server's own cap of "
-                    f"{self.cap.slots} ({self.cap.source}): the extra requests queue in the server"
-                )
-        return out
+        levels = [(lv.concurrency, lv.capped, lv.stats) for lv in self.levels]
+        return out + cap_notes(self.cap, self.batch_size, levels)
 
     def summary(self, options: SweepOptions) -> SweepSummary:
         top = None if self.auto or self.find_max else self.knee  # no concurrency steps
@@ -262,9 +263,8 @@ class SweepResult(ClientLimit):
             "confidence": self.confidence,  # the level the knee's intervals were taken at
             "reason": self.reason,
             "inconclusive": self.inconclusive or None,
-            "server_cap": {"slots": self.cap.slots, "source": self.cap.source}
-            if self.cap
-            else None,
+            "server_cap": self.cap.to_json() if self.cap else None,
+            "server_limit": limit_json(self.cap, self.batch_size, [lv.stats for lv in self.levels]),
             "vram_source": self.vram_source,
             "levels": [lv.summary_json() for lv in self.levels],
             "recommendation": self.recommendation or None,

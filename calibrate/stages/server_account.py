@@ -1,0 +1,179 @@
+"""The server's own account of a tier or level (SPEC §6.1): its running count is its cap, and
+why requests waited, in the server's words where it says them.
+
+A real vLLM started with ``--max-num-seqs 4`` publishes no cap, but its ``/metrics`` said the
+truth all along: ``vllm:num_requests_running`` peaked at 4 while ``vllm:num_requests_waiting``
+held the rest. A tier where requests waited while the running count never passed k < B ran k,
+not B: ``stop: cap`` at k, never kept, never recommended, never pinned. Waiting has other causes
+it must not be mistaken for: a full KV cache (the engine runs fewer than its cap because the
+cache holds no more), vLLM's ``deferred`` reason (a LoRA budget, a KV transfer), and prompt-list
+mode, where the engine counts each prompt of the one request as a request of its own.
+
+Pure functions of a tier's numbers: the ladder, the sweep and the notes all ask these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from calibrate.stages.measure.stop_rules import ServerCap
+from calibrate.stages.measure.tiers import Stats
+
+KV_FULL = 0.9  # KV-cache usage from which requests waiting are the cache's, not the cap's
+
+
+def observed_cap(stats: Stats, kv_full: float = KV_FULL) -> ServerCap | None:
+    """The server's cap as its own running gauge showed it, when it is below the tier's batch:
+    requests waited while the running count stood at its peak k < B, the KV cache was not full,
+    and not every waiting request was deferred for another reason. None otherwise (no gauge, no
+    queue, a queue the KV cache or a deferral explains, or k ≥ B)."""
+    k, queued = stats.server_running_max, stats.server_queue_max
+    if k is None or not queued or k < 1 or k >= stats.batch_size:
+        return None
+    if stats.running_while_queued != k:  # waiting seen only while it still ramped up
+        return None
+    if kv_is_full(stats.peak_kv_usage, stats.preemptions, kv_full):
+        return None
+    if stats.deferred_max is not None and stats.deferred_max >= queued:
+        return None
+    metric = stats.running_metric or "its running gauge"
+    waited = "1 request" if queued == 1 else f"up to {queued} requests"
+    return ServerCap(k, f"{metric} peaked at {k} while {waited} waited")
+
+
+def kv_is_full(kv_usage: float | None, preemptions: int | None, kv_full: float = KV_FULL) -> bool:
+    """The KV cache was full: its usage reached ``kv_full``, or the engine preempted."""
+    return bool(preemptions) or (kv_usage is not None and kv_usage >= kv_full)
+
+
+def queue_note(
+    queued: int | None,
+    concurrency: int,
+    *,
+    batch: int | None = None,
+    prompt_list: bool = False,
+    running: int | None = None,
+    metric: str | None = None,
+    kv_usage: float | None = None,
+    preemptions: int | None = None,
+    deferred: int | None = None,
+) -> str | None:
+    """Why throughput stopped growing when the server itself queued requests (SPEC §8, §6.1),
+    named by its cause: the KV cache full, requests deferred, the cap (the running count at its
+    peak, or below what was in flight), prompt-list counting. None when nothing waited."""
+    if not queued or queued < 1:
+        return None
+    requests = "request" if queued == 1 else "requests"
+    ran = f" while it ran {running} at once ({metric})" if running is not None and metric else ""
+    if prompt_list and batch:
+        head = (
+            f"the server queued up to {queued} of the {batch} prompts of a prompt-list request "
+            f"at batch {batch}: it counts each prompt of a list as a request"
+        )
+    else:
+        head = f"the server queued up to {queued} {requests} at concurrency {concurrency}"
+    if kv_is_full(kv_usage, preemptions):
+        full = f"{kv_usage:.0%}" if kv_usage is not None else f"{preemptions} preempted"
+        return (
+            f"{head}{ran} with its KV cache full ({full}): the KV cache is the limit, not its cap"
+        )
+    if deferred is not None and deferred >= queued:
+        return (
+            f"{head}, deferred (vLLM's reason: a LoRA budget, a KV transfer or a blocked "
+            "request), not for capacity"
+        )
+    limit = batch if prompt_list and batch else concurrency
+    if running is not None and metric and running < limit:
+        what = f"the {limit} prompts" if prompt_list else f"{limit} in flight"
+        return f"{head}{ran}: its cap is {running}, below {what}"
+    if prompt_list:
+        return f"{head}: it runs fewer than {limit} at once"
+    return f"{head}: its cap is below {concurrency} in flight"
+
+
+def row_queue_note(row: Mapping[str, Any]) -> str | None:
+    """``queue_note`` of one tier or level as written in tiers.jsonl (the ladder adds its mode)."""
+    return queue_note(
+        row.get("server_queue_max"),
+        int(row["concurrency"]),
+        batch=row.get("batch_size"),
+        prompt_list=row.get("mode") == "prompt-list",
+        running=row.get("running_while_queued"),
+        metric=row.get("running_metric"),
+        kv_usage=row.get("peak_kv_usage"),
+        preemptions=row.get("preemptions"),
+        deferred=row.get("deferred_max"),
+    )
+
+
+def unaccounted(cap: ServerCap | None, running_seen: bool, engine: str = "") -> str | None:
+    """Said once: the server publishes neither its cap nor a running count, so a tier above its
+    cap cannot be told from a slow one (None when it publishes either)."""
+    if cap is not None or running_seen:
+        return None
+    who = f"this {engine} server" if engine else "the server"
+    return (
+        f"{who} publishes neither its cap nor a running count (no /props, no server info, no "
+        "running gauge on /metrics): a tier above its cap cannot be told from one the server ran "
+        "whole; calibrate relies on the time per item and the queue gauge alone"
+    )
+
+
+def server_limit(known: ServerCap | None, batch: int, levels: Sequence[Stats]) -> ServerCap | None:
+    """The cap a sweep's recommendation may not exceed: the server's reported cap when it is
+    below the batch size the sweep ran at, else the smallest cap its running gauge showed below
+    it at any level (``observed_cap``); None when the server ran the whole batch. A managed
+    server capped at B whose running count stays at B while more wait is at its cap by design
+    (SPEC §5.0: C may exceed B), not below it."""
+    if known is not None and known.slots < batch:
+        return known
+    seen = [cap for stats in levels if (cap := observed_cap(stats)) is not None]
+    return min(seen, key=lambda cap: cap.slots, default=None)
+
+
+def stopping_cap(known: ServerCap | None, tiers: Sequence[Stats]) -> Any:
+    """The cap a ladder met, as its ledger line holds it (``pin`` reads it): the reported one
+    when a tier was above it, else the smallest its running gauge showed; None when neither."""
+    if known is not None and any(t.batch_size > known.slots for t in tiers):
+        return known.to_json()
+    seen = [cap for stats in tiers if (cap := observed_cap(stats)) is not None]
+    return min(seen, key=lambda cap: cap.slots).to_json() if seen else None
+
+
+def limit_json(known: ServerCap | None, batch: int, levels: Sequence[Stats]) -> Any:
+    """``server_limit`` as the ledger holds it: ``{"slots": 4, "source": …}`` or None."""
+    limit = server_limit(known, batch, levels)
+    return limit.to_json() if limit else None
+
+
+def cap_notes(
+    known: ServerCap | None, batch: int, levels: Sequence[tuple[int, bool, Stats]]
+) -> list[str]:
+    """A sweep's word on the server's cap: levels above a cap it runs below the batch size are
+    not recommended (its own account, SPEC §6.1); else levels above its reported cap queue; a
+    server that publishes neither a cap nor a running count is said to."""
+    running = any(stats.server_running_max is not None for _, _, stats in levels)
+    told = unaccounted(known, running) if levels else None
+    if told is not None:
+        return [told]
+    limit = server_limit(known, batch, [stats for _, _, stats in levels])
+    if limit is not None:
+        above = ", ".join(str(c) for c, _, _ in levels if c > limit.slots)
+        return (
+            [
+                f"concurrency {above}: the server runs at most {limit.slots} at once "
+                f"({limit.source}), below the batch size {batch} the sweep ran at: not "
+                "recommended (the batch is above what this server runs: run calibrate ladder "
+                "against it again)"
+            ]
+            if above
+            else []
+        )
+    over = [c for c, capped, _ in levels if capped]
+    if known is None or not over:
+        return []
+    return [
+        f"concurrency {', '.join(map(str, over))} exceeds the server's own cap of "
+        f"{known.slots} ({known.source}): the extra requests queue in the server"
+    ]

@@ -1,0 +1,264 @@
+"""The server's own running count is its cap (issue 37, SPEC §6.1), and the queue is named by its
+cause.
+
+Seen on real vLLM (``vllm serve … --max-num-seqs 4``, unmanaged): no ``/props``, so the ladder
+passed every tier and chose batch 8 ("the server queued up to 4 requests at concurrency 8" —
+kept anyway), the sweep said "knee 8", pin wrote ``--max-num-seqs 8``. Its ``/metrics`` said the
+truth: ``vllm:num_requests_running`` peaked at 4 while ``vllm:num_requests_waiting`` held the rest.
+The mock's running gauge holds at its slots under every ``--metrics-style``, as each engine's
+does, so these run without vLLM.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from calibrate.stages.measure.stop_rules import ServerCap
+from calibrate.stages.measure.tiers import Stats
+from calibrate.stages.server_account import observed_cap, queue_note, server_limit, unaccounted
+from calibrate.state.ledger import Ledger, LedgerEntry
+from tests.mockserver import start_mock
+from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
+
+LADDER = FAST.replace("[ladder]\n", "[ladder]\nbatch_sizes = [1, 2, 4, 8]\nrounds = 1\n")
+RUNNING = {
+    "vllm": "vllm:num_requests_running",
+    "sglang": "sglang:num_running_reqs",
+    "llamacpp": "llamacpp:requests_processing",
+    "tgi": "tgi_batch_current_size",
+    "mock": "vllm:num_requests_running",
+}
+
+
+def _stats(batch: int, **values: object) -> Stats:
+    base: dict[str, object] = {
+        "batch_size": batch, "concurrency": batch, "round": None, "items": batch, "waves": 1,
+        "total_s": 1.0, "per_item_s": 1.0 / batch, "latency_mean_s": 1.0, "latency_p50_s": 1.0,
+        "latency_p90_s": 1.0, "latency_p99_s": 1.0, "latency_max_s": 1.0, "ttft_p50_s": None,
+        "ttft_p99_s": None, "tpot_p50_s": None, "tpot_p99_s": None, "items_per_s": 4.0,
+        "output_tokens_per_s": 40.0, "peak_vram_mib": None, "vram_idle_mib": None,
+        "vram_total_mib": None, "pressure": None, "pressure_source": "none",
+        "peak_kv_usage": None, "errors": 0, "error_kinds": {}, "first_done_s": 0.5,
+        "last_done_s": 1.0, "baseline_match": None, "baseline_items": 0,
+    }  # fmt: skip
+    return Stats(**{**base, **values})  # type: ignore[arg-type]
+
+
+def test_requests_waiting_while_the_running_count_held_below_b_is_the_cap() -> None:
+    capped = _stats(
+        8,
+        server_queue_max=4,
+        server_running_max=4,
+        running_while_queued=4,
+        running_metric="vllm:num_requests_running",
+    )
+    cap = observed_cap(capped)
+    assert cap == ServerCap(
+        4, "vllm:num_requests_running peaked at 4 while up to 4 requests waited"
+    )
+    # not a cap: nothing waited; it ran B; waiting seen only while it ramped up; a full KV
+    # cache; preemptions; every waiting request deferred; no running gauge at all
+    for values in (
+        {"server_queue_max": 0},
+        {"server_running_max": 8, "running_while_queued": 8},
+        {"running_while_queued": 2},
+        {"peak_kv_usage": 0.97},
+        {"preemptions": 3},
+        {"deferred_max": 4},
+        {"server_running_max": None, "running_while_queued": None},
+    ):
+        assert observed_cap(_stats(8, **{**capped.__dict__, **values})) is None, values
+
+
+def test_the_queue_is_named_by_its_cause_never_a_cap_below_one() -> None:
+    metric = "vllm:num_requests_running"
+    cap = queue_note(4, 8, batch=8, running=4, metric=metric)
+    assert cap == (
+        "the server queued up to 4 requests at concurrency 8 while it ran 4 at once "
+        "(vllm:num_requests_running): its cap is 4, below 8 in flight"
+    )
+    kv = queue_note(4, 8, batch=8, running=5, metric=metric, kv_usage=0.99)
+    assert kv is not None and "KV cache full (99%)" in kv and "not its cap" in kv
+    listed = queue_note(4, 1, batch=8, prompt_list=True, running=4, metric=metric)
+    assert listed is not None and "counts each prompt of a list as a request" in listed
+    assert "its cap is 4, below the 8 prompts" in listed and "below 1" not in listed
+    plain_list = queue_note(4, 1, batch=8, prompt_list=True)
+    assert plain_list is not None and "below 1" not in plain_list
+    deferred = queue_note(3, 8, batch=8, deferred=3)
+    assert deferred is not None and "deferred" in deferred and "its cap" not in deferred
+    assert queue_note(0, 8) is None
+
+
+def test_a_server_that_publishes_neither_says_so_once() -> None:
+    said = unaccounted(None, running_seen=False)
+    assert said is not None and "publishes neither its cap nor a running count" in said
+    assert unaccounted(ServerCap(4, "llama.cpp /props total_slots"), False) is None
+    assert unaccounted(None, running_seen=True) is None
+
+
+def test_the_sweeps_limit_is_a_cap_below_its_batch_never_one_at_b() -> None:
+    at_cap_b = _stats(4, concurrency=8, server_queue_max=4, server_running_max=4)
+    below_b = _stats(
+        8,
+        server_queue_max=4,
+        server_running_max=4,
+        running_while_queued=4,
+        running_metric="tgi_batch_current_size",
+    )
+    assert server_limit(None, 4, [at_cap_b]) is None, "a managed server at cap B, C above"
+    assert server_limit(None, 8, [below_b]) == observed_cap(below_b)
+    known = ServerCap(2, "llama.cpp /props total_slots")
+    assert server_limit(known, 8, [below_b]) == known
+
+
+@pytest.mark.parametrize("style", sorted(RUNNING))
+def test_the_ladder_never_keeps_a_tier_above_the_servers_running_cap(
+    cli, isolated: Path, style: str
+) -> None:
+    """No /props, no managed start: only the engine's running gauge knows the cap of 4."""
+    with start_mock(ttft_s=0.15, per_token_s=0.0005, slots=4, metrics_style=style) as mock:
+        open_gate(isolated, mock.base_url, LADDER)
+        result = cli("ladder", "--json")
+    assert result.code == 0, result.err
+    tiers = result.json["tiers_detail"]
+    assert [t["verdict"] for t in tiers] == ["pass", "pass", "pass", "stop: cap"]
+    assert result.json["last_passing"]["batch_size"] <= 4
+    assert tiers[3]["server_running_max"] == 4 and tiers[3]["server_queue_max"] == 4
+    err = " ".join(result.err.split())
+    assert f"the server's own cap is 4 ({RUNNING[style]} peaked at 4" in err
+    assert f"while it ran 4 at once ({RUNNING[style]}): its cap is 4, below 8 in flight" in err
+    assert "publishes neither" not in err
+
+
+def test_prompt_list_counts_each_prompt_and_says_so(cli, isolated: Path) -> None:
+    """vLLM counts each prompt of a /v1/completions list as a request: at batch 8 on 4 slots,
+    4 prompts wait. It is the cap, said of prompts, never "its cap is below 1 in flight"."""
+    config = LADDER.replace("[ladder]\n", '[ladder]\nmode = "prompt-list"\n')
+    with start_mock(ttft_s=0.15, per_token_s=0.0005, slots=4, metrics_style="vllm") as mock:
+        open_gate(isolated, mock.base_url, config)
+        result = cli("ladder", "--json")
+    assert result.code == 0, result.err
+    tiers = result.json["tiers_detail"]
+    assert [t["verdict"] for t in tiers] == ["pass", "pass", "pass", "stop: cap"]
+    assert [t["concurrency"] for t in tiers] == [1, 1, 1, 1]
+    err = " ".join(result.err.split())
+    assert "below 1 in flight" not in err
+    assert "the server queued up to 4 of the 8 prompts of a prompt-list request at batch 8" in err
+    assert "its cap is 4, below the 8 prompts" in err
+
+
+def test_a_full_kv_cache_queues_without_being_called_the_cap(cli, isolated: Path) -> None:
+    """8 slots, a KV cache of 4 requests' prompt and answer: at batch 8 the rest wait for KV
+    room while the running count stays below 8. The KV cache is the limit, not a cap."""
+    kv = {
+        "kv_mib_per_1k_tokens": 1000.0,
+        "kv_capacity_tokens": 4 * (20 + 40),
+        "on_kv_full": "queue",
+        "preallocate": True,
+    }
+    config = LADDER.replace("[1, 2, 4, 8]", "[8]").replace(
+        "[ladder]\n", "[ladder]\nvram_limit = 0.99\n"
+    )
+    config += "[prompt]\nmax_tokens = 40\n"
+    with start_mock(ttft_s=0.05, per_token_s=0.004, slots=8, metrics_style="vllm", **kv) as mock:
+        open_gate(isolated, mock.base_url, config)
+        result = cli("ladder", "--json", "--input-tokens", "20", "--output-tokens", "40")
+    assert result.code in (0, 1), result.err
+    tier = result.json["tiers_detail"][0]
+    assert tier["server_queue_max"] >= 1 and tier["server_running_max"] < 8
+    assert tier["peak_kv_usage"] >= 0.9
+    assert tier["verdict"] != "stop: cap"
+    err = " ".join(result.err.split())
+    assert "with its KV cache full" in err and "the KV cache is the limit, not its cap" in err
+
+
+def _ladder_passed(root: Path, target: str, batch: int) -> None:
+    summary = {"last_passing": {"batch_size": batch, "concurrency": batch}}
+    Ledger(root / "runs").append(LedgerEntry("ladder", "test-ladder8", target, True, summary))
+
+
+def test_the_sweep_never_recommends_above_the_servers_running_cap(cli, isolated: Path) -> None:
+    """A ladder said batch 8 (as one did before this fix), the server runs 4: the sweep at B=8
+    measures 8 in flight, sees 4 running while 4 wait, and recommends at most 4."""
+    sweep = FAST + "[sweep]\nconcurrency = [1, 2, 4, 8]\nlevel_s = 0.3\nrepeats = 2\n"
+    with start_mock(ttft_s=0.03, per_token_s=0.002, slots=4, metrics_style="vllm") as mock:
+        target = open_gate(isolated, mock.base_url, sweep, stage="repro")
+        _ladder_passed(isolated, target, 8)
+        result = cli("sweep", "--json")
+    assert result.code == 0, result.err
+    out = result.json
+    assert out["batch_size"] == 8
+    assert out["recommended_concurrency"] <= 4
+    assert out["server_limit"]["slots"] == 4
+    assert "vllm:num_requests_running peaked at 4" in out["server_limit"]["source"]
+    err = " ".join(result.err.split())
+    assert "concurrency 8: the server runs at most 4 at once" in err
+    assert "not recommended" in err
+    levels = jsonl(run_dir(isolated, out["run_id"]) / "tiers.jsonl")
+    assert max(lv["server_running_max"] for lv in levels) == 4
+
+
+def test_the_mock_counts_each_prompt_of_a_list_and_says_why_requests_wait() -> None:
+    from calibrate.mock import MockModel, MockSettings
+    from calibrate.mock.metrics import render_metrics
+
+    settings = MockSettings(slots=4, metrics_style="vllm")
+    model = MockModel(settings)
+    listed = model.admit(weight=8)  # one /v1/completions request of 8 prompts
+    assert model.acquire(listed, timeout_s=1.0)
+    snap = model.snapshot()
+    assert (snap.running, snap.waiting) == (4, 4), "vLLM counts each prompt as a request"
+    text = render_metrics(snap, settings)
+    assert 'vllm:num_requests_running{engine="0",model_name="internlm-s2"} 4' in text
+    assert 'reason="capacity"} 4' in text and 'reason="deferred"} 0' in text
+    model.release(listed)
+    assert (model.snapshot().running, model.snapshot().waiting) == (0, 0)
+
+
+def test_pin_never_writes_a_cap_the_server_did_not_run(cli, isolated: Path) -> None:
+    """The sweep at batch 8 saw the server run 4: pin refuses to write a cap of 8 (exit 3)."""
+    from tests.tier_helpers import PIN_SERVER
+
+    sweep = FAST + "[sweep]\nconcurrency = [1, 2, 4, 8]\nlevel_s = 0.3\nrepeats = 2\n"
+    with start_mock(ttft_s=0.03, per_token_s=0.002, slots=4, metrics_style="vllm") as mock:
+        target = open_gate(isolated, mock.base_url, sweep + PIN_SERVER, stage="repro")
+        _ladder_passed(isolated, target, 8)
+        assert cli("sweep").code == 0
+        pinned = cli("pin")
+    assert pinned.code == 3, pinned.err
+    err = " ".join(pinned.err.split())
+    assert "pin refused" in err and "run at most 4 at once" in err and "calibrate ladder" in err
+    assert not (isolated / "scripts/launch.sh").exists()
+
+
+@pytest.mark.parametrize(("slots", "code"), [(4, 1), (8, 0)])
+def test_verify_checks_the_running_servers_cap(cli, isolated: Path, slots: int, code: int) -> None:
+    """The setting is batch 8; a server reporting 4 slots (llama.cpp's /props) does not run it."""
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, slots=slots, expose_props=True) as mock:
+        target = open_gate(isolated, mock.base_url, FAST, stage="repro")
+        assert cli("single").code == 0
+        _ladder_passed(isolated, target, 8)
+        result = cli("verify", "--json")
+    assert result.code == code, result.err
+    err = " ".join(result.err.split())
+    assert result.json["server_cap"]["slots"] == slots
+    if code:
+        assert (
+            "the server runs at cap 4 (llama.cpp /props total_slots), not the verified batch 8"
+            in err
+        )
+        assert "config consistent" not in err
+    else:
+        assert "config consistent at batch 8" in err and "the server's cap is 8" in err
+
+
+def test_verify_says_when_the_cap_cannot_be_read(cli, isolated: Path) -> None:
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, slots=4, metrics_style="vllm") as mock:
+        target = open_gate(isolated, mock.base_url, FAST, stage="repro")
+        assert cli("single").code == 0
+        _ladder_passed(isolated, target, 4)
+        result = cli("verify")
+    assert result.code == 0, result.err
+    assert "the server's cap could not be read" in " ".join(result.err.split())
