@@ -185,6 +185,8 @@ def test_health_503_while_loading_is_waited_for(tmp_path: Path) -> None:
         "    def do_GET(self):\n"
         "        code = 200 if time.monotonic() - start > 0.8 else 503\n"
         "        self.send_response(code); self.send_header('Content-Length', '0'); self.end_headers()\n"
+        "    def do_POST(self):\n"  # the first 1-token completion: a 4xx is an answer too
+        "        self.send_response(400); self.send_header('Content-Length', '0'); self.end_headers()\n"
         "    def log_message(self, *a): pass\n"
         f"http.server.HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n"
     )

@@ -45,7 +45,7 @@ OLLAMA = Engine(
     env_set=("OLLAMA_HOST", "OLLAMA_NUM_PARALLEL"),
     args_refused=(
         'args is not used with kind = "ollama": ollama serve takes no engine flags '
-        "(set OLLAMA_* variables in the environment calibrate runs in; it passes them on): "
+        "(set its OLLAMA_* variables in [server] env): "
         "remove args"
     ),
     default_axes=_ollama_axes,

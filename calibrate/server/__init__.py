@@ -84,6 +84,7 @@ def start_engine(
         concurrency=concurrency,
         vram_used_mib_before=vram_used_mib_before,
         notify=notify,
+        api_key=cfg.api_key,
     )
 
 
@@ -112,8 +113,14 @@ def start(
     script: str | None = None,
     vram_used_mib_before: float | None = None,
     notify: Callable[[str], None] | None = None,
+    api_key: str | None = None,
 ) -> Started:
     """Start the server, record it, and wait until it is ready (or fail with exit 4).
+
+    Ready means ready (SPEC §6): after its health answer the engine's own process is alive,
+    holds the listening socket (an engine calibrate launches itself: a stranger that took the
+    port while it loaded is no engine), and has answered one real 1-token completion (an
+    engine that dies on it is exit 4 with its exit code and log tail).
 
     The engine is in runs/server.json (marked "starting") before the wait begins, and Ctrl-C,
     SIGTERM and SIGHUP are held back until it is: an interrupted start stops the engine it
@@ -168,8 +175,12 @@ def start(
             local_root(port),
             health_path,
             ready_timeout_s,
-            exited=lambda: process.exit_code(record.pid, record.status_file) if record else None,
+            exited=lambda: readiness.ended(record) if record else None,
         )
+        if ready.ready:
+            own = readiness.launched(kind)
+            ready = readiness.confirmed(record, ready, ready_timeout_s, api_key, own_socket=own)
+            ready = ready if ready.ready else replace(ready, exit_code=readiness.ended(record))
     except KeyboardInterrupt as exc:
         if record is not None:
             exc.args = (_stop_interrupted(record, runs_dir, stop_timeout_s),)
@@ -178,21 +189,32 @@ def start(
     if ready.ready:
         record = replace(record, phase="ready")
         process.save(record, runs_dir)
+        if ready.last_answer and say is not None:
+            say(f"note: {ready.last_answer}")
         return Started(record, ready.elapsed_s)
     tail = process.log_tail(runs_dir, TAIL_LINES, offset)
     shown_tail = "\n".join(f"  | {line}" for line in tail) or "  | (the log is empty)"
     log_file = process.log_path(runs_dir)
     if ready.exit_code is not None:
         process.forget(runs_dir)
+        how = f"; {ready.last_answer}" if ready.last_answer.startswith("its health") else ""
         raise ServerDied(
             f"the server exited with code {ready.exit_code} before it was ready "
-            f"({ready.elapsed_s:.1f} s after start); last lines of {log_file}:\n{shown_tail}",
+            f"({ready.elapsed_s:.1f} s after start{how}); last lines of {log_file}:\n{shown_tail}",
             f"Fix the cause above, then: calibrate server start   (full log: {log_file})",
             server_exit_code=ready.exit_code,
         )
     stopped = process.stop(record, stop_timeout_s)
     if stopped.gone:
         process.forget(runs_dir)
+    if ready.stranger:
+        raise ServerUnreachable(
+            f"port {port} is answered by another process, {ready.stranger}, not by the engine "
+            f"calibrate started (PID {pid}, still loading): stopped the engine; no stage runs "
+            f"against a stranger; last lines of {log_file}:\n{shown_tail}",
+            "Stop that process, or set another [server] port in calibrate.toml; then: "
+            "calibrate server start",
+        )
     raise ServerUnreachable(
         f"the server was not ready within {ready_timeout_s:g} s (last answer: {ready.last_answer}); "
         f"stopped it (PID {pid}); last lines of {log_file}:\n{shown_tail}",

@@ -53,6 +53,7 @@ def start_script(cfg: Config, script: Path, notify: Any) -> Started:
         concurrency=settings.concurrency,
         script=str(script),
         vram_used_mib_before=vram_used_mib(),
+        api_key=cfg.api_key,
     )
 
 

@@ -7,16 +7,26 @@ exits while we wait ends the wait at once, with its exit code and the tail of it
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from pathlib import Path
 from urllib.parse import urlsplit
 
+from calibrate.engines import find
 from calibrate.errors import RequestError
-from calibrate.gpu.nvml import GpuSnapshot
 from calibrate.http.client import OpenAIClient
+from calibrate.server import exit_status, process
+
+# the VRAM release a stop is proven by lives beside the devices it is measured on
+from calibrate.server.devices import RELEASE_TOLERANCE_MIB as RELEASE_TOLERANCE_MIB
+from calibrate.server.devices import VramProbe as VramProbe
+from calibrate.server.devices import VramRelease as VramRelease
+from calibrate.server.devices import used_mib as used_mib
+from calibrate.server.devices import wait_released as wait_released
+from calibrate.server.process import ServerRecord
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
@@ -32,6 +42,7 @@ class Readiness:
     elapsed_s: float
     exit_code: int | None = None  # set when the process died while we waited
     last_answer: str = ""  # what the server said last ("HTTP 503: loading", "connection refused")
+    stranger: str = ""  # who answered on the port instead of the engine ("PID 12 (python3)")
 
 
 def probe(root: str, health_path: str | None) -> tuple[bool, str]:
@@ -106,87 +117,156 @@ def wait_port_closed(
     return True
 
 
-VramProbe = Callable[[], GpuSnapshot | None]
-RELEASE_TOLERANCE_MIB = 512.0
+# -- ready means ready (SPEC §6): the engine's own socket, one real completion ----------------
+
+LISTEN = "0A"  # a TCP socket's state in /proc/net/tcp: listening
+COMPLETION_TIMEOUT_S = 120.0  # the first completion of a cold engine (kernels compile, warm up)
+
+
+def listening_owners(port: int, proc: Path = Path("/proc")) -> set[int] | None:
+    """The PIDs holding a listening TCP socket on ``port`` (IPv4 or IPv6), read from ``/proc``;
+    None where ``/proc`` cannot tell (no Linux, or no socket table). Processes whose file
+    descriptors cannot be read are left out: an empty set means "not seen", not "nobody"."""
+    inodes: set[str] = set()
+    readable = False
+    for table in ("net/tcp", "net/tcp6"):
+        try:
+            lines = (proc / table).read_text("ascii", errors="replace").splitlines()[1:]
+        except OSError:
+            continue
+        readable = True
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == LISTEN and fields[1].endswith(f":{port:04X}"):
+                inodes.add(fields[9])
+    if not readable:
+        return None
+    wanted = {f"socket:[{inode}]" for inode in inodes if inode != "0"}
+    owners: set[int] = set()
+    for entry in proc.iterdir() if wanted else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fds = list((entry / "fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd) in wanted:
+                    owners.add(int(entry.name))
+                    break
+            except OSError:
+                continue
+    return owners
+
+
+def stranger_on_port(port: int, engine_pid: int) -> str | None:
+    """Who holds ``port`` when it is not the engine: ``"PID 123 (python3)"``; None when the
+    engine (a process of its session) holds it, or when it cannot be told."""
+    owners = listening_owners(port)
+    if not owners:
+        return None
+    ours = {pid for pid in owners if _session(pid) == engine_pid}
+    if ours:
+        return None
+    pid = min(owners)
+    return f"PID {pid} ({_name(pid)})"
+
+
+def _session(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text("utf-8", errors="replace").strip() or "?"
+    except OSError:
+        return "?"
 
 
 @dataclass(frozen=True)
-class VramRelease:
+class Answered:
+    """One 1-token completion: ``ok`` when the engine answered it (or answered otherwise than
+    asked — HTTP 4xx, a body that is no completion: it is up, only the shape is not its); not
+    ``ok`` when the connection failed, timed out or the engine answered 5xx."""
+
     ok: bool
-    measured: bool
-    message: str
-    used_mib: float | None = None
-    pid_listed: bool | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        used = round(self.used_mib, 1) if self.used_mib is not None else None
-        return {
-            "vram_measured": self.measured,
-            "vram_used_mib": used,
-            "pid_listed": self.pid_listed,
-        }
+    what: str
 
 
-def used_mib(snapshot: GpuSnapshot | None) -> float | None:
-    if snapshot is None or not snapshot.devices:
-        return None
-    return float(sum(float(d.get("used_mib") or 0.0) for d in snapshot.devices))
+def first_completion(root: str, api_key: str | None, timeout_s: float) -> Answered:
+    """``POST /v1/completions`` of one token for the first model the engine lists (a chat
+    completion where it has no completions route)."""
+    client = OpenAIClient(root + "/v1", api_key=api_key, timeout_s=timeout_s, max_connections=1)
+    try:
+        try:
+            models = client.models()
+        except RequestError:
+            models = ()  # a server without a model list still answers a completion
+        model = models[0].id if models else "default"
+        body = {"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+        chat = {"model": model, "messages": [{"role": "user", "content": "Hello"}]}
+        try:
+            client.post_completion("/completions", body)
+        except RequestError as exc:
+            if exc.info.status not in (404, 405):
+                raise
+            client.post_completion("/chat/completions", {**chat, "max_tokens": 1})
+    except RequestError as exc:
+        status = exc.info.status
+        if status is not None and status < 500:  # it answered: only not as calibrate asked
+            return Answered(True, f"it refused a 1-token completion: {exc.info.message}")
+        return Answered(False, exc.info.message)
+    finally:
+        client.close()
+    return Answered(True, "answered a 1-token completion")
 
 
-def wait_released(
-    probe: VramProbe,
-    pid: int | None,
-    before_start_mib: float | None,
-    before_stop: GpuSnapshot | None,
+def launched(kind: str | None) -> bool:
+    """calibrate starts this engine's own process (a built-in kind, also from the pinned script
+    that execs it), so the engine holds its listening socket itself; a user's custom command
+    may put it behind a wrapper or a container's proxy, whose socket is not the engine's."""
+    found = find(kind)
+    return found is not None and not found.templated
+
+
+def ended(record: ServerRecord) -> int | None:
+    """The engine's exit code once it has exited: its PID gone (the supervisor writes the
+    status a moment later), else the status file alone."""
+    if process.liveness(record) == "running":
+        return process.exit_code(record.pid, record.status_file)
+    code = process.exit_code(record.pid, record.status_file, exit_status.SETTLE_S)
+    return code if code is not None else -1
+
+
+def confirmed(
+    record: ServerRecord,
+    ready: Readiness,
+    timeout_s: float,
+    api_key: str | None,
     *,
-    timeout_s: float = 15.0,
-    clock: Clock = time.monotonic,
-    sleep: Sleep = time.sleep,
-) -> VramRelease:
-    """Wait until ``pid`` left NVML's process list and used memory is back near the pre-start level."""
-    deadline = clock() + timeout_s
-    stopped_at = used_mib(before_stop)
+    own_socket: bool,
+) -> Readiness:
+    """After the health answer: the engine alive, holding its port, and one 1-token completion
+    answered (SPEC §6). Not ready: ``stranger`` set, or ``last_answer`` saying what failed."""
+    clock = time.monotonic
+    start = clock() - ready.elapsed_s
+    root = f"http://127.0.0.1:{record.port}"
     while True:
-        snapshot = probe()
-        used = used_mib(snapshot)
-        if snapshot is None or used is None:
-            return VramRelease(
-                True, False, "VRAM release not measured (NVML is not available here)"
-            )
-        listed = pid is not None and any(p == pid for p, _ in snapshot.processes)
-        back = before_start_mib is None or used <= before_start_mib + RELEASE_TOLERANCE_MIB
-        was = f", {stopped_at:.0f} MiB before the stop" if stopped_at is not None else ""
-        start = (
-            f", {before_start_mib:.0f} MiB before the server started"
-            if before_start_mib is not None
-            else ""
-        )
-        levels = f"device memory used {used:.0f} MiB{was}{start}"
-        if not listed and back:
-            if pid is None and before_start_mib is None:
-                return VramRelease(
-                    True,
-                    True,
-                    f"{levels}; release not proven (the server's PID and "
-                    "pre-start level are unknown)",
-                    used,
-                    None,
-                )
-            where = f"PID {pid} is not in NVML's process list; " if pid is not None else ""
-            return VramRelease(True, True, f"VRAM released: {where}{levels}", used, listed)
-        if clock() >= deadline:
-            why = (
-                f"PID {pid} still holds GPU memory"
-                if listed
-                else (
-                    f"used memory has not come back within {RELEASE_TOLERANCE_MIB:.0f} MiB of the pre-start level"
-                )
-            )
-            return VramRelease(
-                False,
-                True,
-                f"VRAM not released after {timeout_s:.0f} s: {why}; {levels}",
-                used,
-                listed,
-            )
-        sleep(0.25)
+        if process.liveness(record) != "running":
+            return replace(ready, ready=False, last_answer="its health answered; then it exited")
+        who = stranger_on_port(record.port, record.pid) if own_socket else None
+        if who is not None:
+            return replace(ready, ready=False, stranger=who)
+        left = max(1.0, timeout_s - (clock() - start))
+        answer = first_completion(root, api_key, min(COMPLETION_TIMEOUT_S, left))
+        if answer.ok:
+            note = answer.what if answer.what.startswith("it refused") else ""
+            return Readiness(True, clock() - start, None, note)
+        said = f"its health answered; it failed its first 1-token completion ({answer.what})"
+        if process.liveness(record) != "running" or clock() - start >= timeout_s:
+            return replace(ready, ready=False, elapsed_s=clock() - start, last_answer=said)
+        time.sleep(POLL_S)

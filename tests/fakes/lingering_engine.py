@@ -13,11 +13,29 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MODELS = json.dumps({"object": "list", "data": [{"id": "internlm-s2", "object": "model"}]})
+# what a managed start's first 1-token completion gets (ready means ready, SPEC §6)
+ANSWER = json.dumps(
+    {
+        "object": "text_completion",
+        "model": "internlm-s2",
+        "choices": [{"index": 0, "text": "Hi", "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+)
 
 
 class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # /health, /v1/models: everything a readiness probe asks
         body = MODELS.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self) -> None:  # the one completion a managed start asks for
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = ANSWER.encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))

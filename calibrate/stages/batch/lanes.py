@@ -223,6 +223,7 @@ class ManagedRestart:
             stop_timeout_s=cfg.server.stop_timeout_s,
             batch_size=batch,
             concurrency=conc,
+            api_key=cfg.api_key,
             script=record.script,
         )
         return (
