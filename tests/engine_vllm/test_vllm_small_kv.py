@@ -1,7 +1,8 @@
-"""A vLLM whose KV cache is nearly gone (``--num-gpu-blocks-override 6``: 6 blocks of 128 tokens):
-requests queue because the cache is full, not because of the cap, and vLLM preempts running
-requests to make room. SPEC §5.3 ``stop: preempt`` from the real ``vllm:num_preemptions_total``;
-§6.1 the queue named by its cause. Run with ``make test-engine ENGINE=vllm``.
+"""A vLLM whose KV cache is nearly gone (``--num-gpu-blocks-override 6``: 6 blocks of 128 tokens,
+prefix caching off so that every request holds its own blocks): requests queue because the cache
+is full, not because of the cap (8), and vLLM preempts running requests to make room. SPEC §5.3
+``stop: preempt`` from the real ``vllm:num_preemptions_total``; §6.1 the queue named by its cause.
+Run with ``make test-engine ENGINE=vllm``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,13 @@ SEQS = 8  # the cap is not what holds requests back here
 @pytest.fixture(scope="module")
 def small_kv(vllm_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     log = tmp_path_factory.mktemp("vllm-small-kv") / "vllm.log"
-    flags = ("--max-num-seqs", str(SEQS), "--num-gpu-blocks-override", str(BLOCKS))
+    flags = (
+        "--max-num-seqs",
+        str(SEQS),
+        "--num-gpu-blocks-override",
+        str(BLOCKS),
+        "--no-enable-prefix-caching",
+    )
     with vllm_serve(vllm_bin, log, flags) as served:
         yield served
 
@@ -63,8 +70,31 @@ def test_preempt_from_the_real_counter_and_the_queue_named_kv_full(
     # the real KV gauge is the pressure
     assert all("vllm:kv_cache_usage_perc" in (t["pressure_metric"] or "") for t in tiers)
     assert max(t["pressure"] or 0 for t in tiers) >= 0.5
-    # requests waited because the KV cache was full, never because of a cap it does not have
+    # if requests were seen waiting, the KV cache is named, never a cap it does not have
     assert queue.running_max < SEQS
-    assert "cap is below" not in ladder.err
     queued = [line for line in ladder.err.splitlines() if "queued" in line]
-    assert queued and all("KV cache" in line for line in queued), queued
+    assert all("KV cache full" in line for line in queued), queued
+
+
+def test_requests_waiting_for_kv_room_are_named_kv_full_not_a_cap(
+    cli, small_kv: Served, isolated: Path
+) -> None:
+    """180-token prompts, 8-token answers: each request holds 2 blocks, so 2 run and the rest
+    wait for room while ``vllm:kv_cache_usage_perc`` reads 80 % (one of the 6 blocks is vLLM's
+    own). Measured before the fix: "its cap is 2, below 8 in flight" and ``stop: cap`` at 2."""
+    write_config(isolated, small_kv.port)
+    assert cli("single").code == 0 and cli("repro").code == 0
+    with QueueWatch(small_kv.root) as queue:
+        ladder = cli("ladder", "--input-tokens", "180", "--output-tokens", "8", "--json")
+    show("\n" + ladder.err)
+    show(f"running max {queue.running_max}, waiting max {queue.waiting_max}")
+    assert ladder.code == 0, ladder.err
+    tiers = ladder.json["tiers_detail"]
+    assert all(t["verdict"] != "stop: cap" for t in tiers), [t["verdict"] for t in tiers]
+    waited = [t for t in tiers if (t["server_queue_max"] or 0) > 0]
+    assert waited and all(t["running_while_queued"] < SEQS for t in waited), tiers
+    assert queue.running_max < SEQS
+    assert "cap is" not in ladder.err
+    queued = [line for line in ladder.err.splitlines() if "queued" in line]
+    assert queued and all("with its KV cache full" in line for line in queued), queued
+    assert all("the KV cache is the limit, not its cap" in line for line in queued)
