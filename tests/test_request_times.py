@@ -31,10 +31,13 @@ def _times(record: dict[str, Any]) -> tuple[float, float | None, float]:
 
 
 def _ladder_of_8(cli: Any, isolated: Path) -> Path:
+    """One tier of 8 on 4 slots. The server's running gauge holds at 4 while the rest wait, so
+    the tier is ``stop: cap`` and no tier is kept (exit 1): its records are written all the same."""
     with start_mock(**QUEUED_MOCK) as mock:
         open_gate(isolated, mock.base_url, WAVE_OF_8)
         ladder = cli("ladder", "--json")
-    assert ladder.code == 0, ladder.err
+    assert ladder.code == 1, ladder.err
+    assert ladder.json["tiers"][0]["verdict"] == "stop: cap"
     return run_dir(isolated, ladder.json["run_id"])
 
 

@@ -195,7 +195,7 @@ def test_the_sweep_never_recommends_above_the_servers_running_cap(cli, isolated:
     assert "vllm:num_requests_running peaked at 4" in out["server_limit"]["source"]
     err = " ".join(result.err.split())
     assert "concurrency 8: the server runs at most 4 at once" in err
-    assert "not recommended" in err
+    assert "left out of the knee" in err
     levels = jsonl(run_dir(isolated, out["run_id"]) / "tiers.jsonl")
     assert max(lv["server_running_max"] for lv in levels) == 4
 

@@ -160,7 +160,9 @@ def test_a_server_with_only_a_queue_gauge_is_sampled_but_vram_is_not_measured() 
     assert len(samplers) == 1
     monitor = VramMonitor(samplers)
     assert not monitor.measured and monitor.source == "none"
-    assert monitor.describe().endswith("server queue: llamacpp:requests_deferred")
+    assert monitor.describe().endswith(
+        "server queue: llamacpp:requests_deferred; running: llamacpp:requests_processing"
+    )
 
 
 def test_automatic_choice() -> None:

@@ -186,8 +186,8 @@ def cap_notes(
         return (
             [
                 f"concurrency {above}: the server runs at most {limit.slots} at once "
-                f"({limit.source}), below the batch size {batch} the sweep ran at: not "
-                "recommended (the batch is above what this server runs: run calibrate ladder "
+                f"({limit.source}), below the batch size {batch} the sweep ran at: left out of "
+                "the knee (the batch is above what this server runs: run calibrate ladder "
                 "against it again)"
             ]
             if above
