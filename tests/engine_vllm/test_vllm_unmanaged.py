@@ -26,6 +26,7 @@ from tests.engine_vllm.helpers import (
     metrics_text,
     one_token,
     show,
+    sweep_done,
     write_config,
 )
 
@@ -94,8 +95,8 @@ def test_ladder_sweep_pin_verify_never_above_the_servers_cap(
 
     sweep = cli("sweep", "--json")
     show("\n" + sweep.err)
-    assert sweep.code == 0, sweep.err
-    assert sweep.json["knee"]["concurrency"] <= CAP, sweep.json["knee"]
+    assert sweep_done(sweep), sweep.err
+    assert (sweep.json["recommended_concurrency"] or 0) <= CAP, sweep.json
 
     pin = cli("pin", "--json")
     assert pin.code == 0, pin.err
@@ -106,6 +107,21 @@ def test_ladder_sweep_pin_verify_never_above_the_servers_cap(
     verify = cli("verify", "--json")
     show("\n" + verify.err)
     assert verify.code == 0 and "config consistent" in verify.err, verify.err
+    # what it checked: the answer, and that it could not read vLLM's cap (no /props, unmanaged)
+    assert "the server's cap could not be read" in verify.err, verify.err
+
+    # The case: a sweep at batch 8 (what the ladder said before it read the running
+    # gauge), levels up to 8 sent anyway: vLLM runs 4 while 4 wait, and 8 is not recommended.
+    forced = cli("sweep", "--batch-size", "8", "--beyond-ladder", "--json")
+    show("\n" + forced.err)
+    assert sweep_done(forced), forced.err
+    assert (forced.json["recommended_concurrency"] or 0) <= CAP, forced.json
+    assert forced.json["server_limit"]["slots"] == CAP, forced.json["server_limit"]
+    assert "concurrency 8: the server runs at most 4 at once" in " ".join(forced.err.split())
+    again = cli("pin", "--json")
+    show("\n" + again.err)
+    assert again.code in (0, 3), again.err  # 3: refused, the server never ran the batch
+    assert _cap_flag((isolated / "scripts/launch.sh").read_text("utf-8")) <= CAP
 
 
 def test_prompt_list_mode_compares_like_with_like(cli, capped: Served, isolated: Path) -> None:
@@ -135,7 +151,7 @@ def test_prompt_list_mode_compares_like_with_like(cli, capped: Served, isolated:
 
     sweep = cli("sweep", "--json")
     show("\n" + sweep.err)
-    assert sweep.code == 0, sweep.err
+    assert sweep_done(sweep), sweep.err
     assert "cap is below 1" not in sweep.err
 
 
