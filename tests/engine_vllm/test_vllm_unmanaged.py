@@ -1,0 +1,197 @@
+"""A `vllm serve --max-num-seqs 4` calibrate does NOT manage: what a user already runs.
+
+vLLM publishes no cap anywhere a client can read (no /props); its own /metrics tell the truth:
+``vllm:num_requests_running`` never passes the cap while ``vllm:num_requests_waiting`` holds the
+rest. SPEC §6.1: that running count is the cap — a tier above it is ``stop: cap``, never kept, never
+the setting; the sweep never recommends above it; pin never writes more; verify says what it
+checked. Run with ``make test-engine ENGINE=vllm``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from calibrate.engines import engine
+from tests.engine_vllm.conftest import CAP
+from tests.engine_vllm.helpers import (
+    MODEL_DIR,
+    QueueWatch,
+    Served,
+    metric,
+    metric_names,
+    metrics_text,
+    one_token,
+    show,
+    sweep_done,
+    write_config,
+)
+
+pytestmark = pytest.mark.engine
+
+CALIBRATE = Path(__file__).resolve().parents[2] / "calibrate"
+# Names calibrate reads only from older vLLM releases, after the current name: absent here by
+# design (each is checked to stand after a name this vLLM publishes).
+OLDER_VLLM = {"vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc"}  # vLLM < 0.10
+
+
+def _server_section(served: Served) -> str:
+    """[server] for pin's launch line only: no `server start`, so calibrate manages nothing."""
+    return f'kind = "vllm"\nmodel_path = "{MODEL_DIR}"\nport = {served.port}\n'
+
+
+def _cap_flag(script: str) -> int:
+    found = re.findall(r"--max-num-seqs[ =](\S+)", script)
+    assert len(found) == 1, script
+    value = found[0].strip("\"'")
+    if value.startswith("$"):  # the exported variable the exec line uses
+        name = value.strip("${}")
+        value = re.findall(rf"^export {name}=(\S+)", script, re.MULTILINE)[0].strip("\"'")
+    return int(value)
+
+
+def test_every_vllm_metric_name_calibrate_reads_is_on_the_real_server(capped: Served) -> None:
+    """Every ``vllm:*`` name in calibrate's source (the engine's metrics, the cap and queue
+    readers, the mock's imitation) is a series real vLLM publishes — found by reading the
+    source, so a name added later is checked without touching this test."""
+    assert one_token(capped.root)  # a request, so that every per-request series exists
+    published = metric_names(metrics_text(capped.root))
+    source = "\n".join(p.read_text("utf-8") for p in sorted(CALIBRATE.rglob("*.py")))
+    read = set(re.findall(r"""["'](vllm:[a-z_]+)""", source))
+    assert {"vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"} <= read, read
+    show(f"\nvllm: names calibrate reads: {sorted(read)}")
+    for older, current in OLDER_VLLM.items():
+        assert current in published, current
+        for names in (engine("vllm").metrics.kv, engine("vllm").metrics.queue):
+            if older in names:
+                assert names.index(older) > names.index(current), names
+    missing = sorted(name for name in read - set(OLDER_VLLM) if name not in published)
+    assert not missing, f"calibrate reads names real vLLM does not publish: {missing}"
+    # The reasons vLLM gives for a request waiting (SPEC §6.1 "why requests queue").
+    text = metrics_text(capped.root)
+    for reason in ("capacity", "deferred"):
+        assert metric(text, "vllm:num_requests_waiting_by_reason", reason=reason) is not None
+
+
+def test_ladder_sweep_pin_verify_never_above_the_servers_cap(
+    cli, capped: Served, isolated: Path
+) -> None:
+    write_config(isolated, capped.port, server=_server_section(capped))
+    assert cli("single").code == 0 and cli("repro").code == 0
+    with QueueWatch(capped.root) as queue:
+        ladder = cli("ladder", "--json")
+    show("\n" + ladder.err)
+    show(f"vllm:num_requests_running max {queue.running_max}, waiting max {queue.waiting_max}")
+    assert ladder.code == 0, ladder.err
+    assert queue.running_max <= CAP and queue.waiting_max > 0, "vLLM's own account of batch 8"
+    verdicts = {t["batch_size"]: t["verdict"] for t in ladder.json["tiers"]}
+    assert verdicts[8] == "stop: cap", verdicts
+    assert all(verdicts[b] in ("pass", "stop: latency") for b in (1, 2, 4)), verdicts
+    assert ladder.json["last_passing"]["batch_size"] <= CAP
+    assert "every tier passed" not in ladder.err
+
+    sweep = cli("sweep", "--json")
+    show("\n" + sweep.err)
+    assert sweep_done(sweep), sweep.err
+    assert (sweep.json["recommended_concurrency"] or 0) <= CAP, sweep.json
+
+    pin = cli("pin", "--json")
+    assert pin.code == 0, pin.err
+    script = (isolated / "scripts/launch.sh").read_text("utf-8")
+    show("\n" + script)
+    assert _cap_flag(script) <= CAP
+
+    verify = cli("verify", "--json")
+    show("\n" + verify.err)
+    assert verify.code == 0 and "config consistent" in verify.err, verify.err
+    # what it checked: the answer, and that it could not read vLLM's cap (no /props, unmanaged)
+    assert "the server's cap could not be read" in verify.err, verify.err
+
+    # The issue's case: a sweep at batch 8 (what the ladder said before it read the running
+    # gauge), levels up to 8 sent anyway: vLLM runs 4 while 4 wait, and 8 is not recommended.
+    forced = cli("sweep", "--batch-size", "8", "--beyond-ladder", "--json")
+    show("\n" + forced.err)
+    assert sweep_done(forced), forced.err
+    assert (forced.json["recommended_concurrency"] or 0) <= CAP, forced.json
+    assert forced.json["server_limit"]["slots"] == CAP, forced.json["server_limit"]
+    assert "concurrency 8: the server runs at most 4 at once" in " ".join(forced.err.split())
+    again = cli("pin", "--json")
+    show("\n" + again.err)
+    assert again.code in (0, 3), again.err  # 3: refused, the server never ran the batch
+    assert _cap_flag((isolated / "scripts/launch.sh").read_text("utf-8")) <= CAP
+
+
+def test_prompt_list_mode_compares_like_with_like(cli, capped: Served, isolated: Path) -> None:
+    """``[ladder] mode = "prompt-list"``: one /v1/completions request carries B prompts, and vLLM
+    counts each prompt as a request. At batch 1 the answer is the same prompt's answer, so no
+    claim of non-invariance; a queue is never blamed on "a cap below 1"."""
+    write_config(
+        isolated,
+        capped.port,
+        ladder_extra='mode = "prompt-list"\n',
+        concurrency="[1, 2]",
+        server=_server_section(capped),
+    )
+    assert cli("single").code == 0 and cli("repro").code == 0
+    with QueueWatch(capped.root) as queue:
+        ladder = cli("ladder", "--json")
+    show("\n" + ladder.err)
+    assert ladder.code == 0, ladder.err
+    assert queue.running_max <= CAP
+    first = ladder.json["tiers_detail"][0]
+    assert first["batch_size"] == 1
+    assert first["baseline_match"] == first["baseline_items"], first
+    assert "not batch-invariant" not in ladder.err.split("batch 2", 1)[0]
+    assert not re.search(r"outputs differ from the single-call baseline at batch 1\b", ladder.err)
+    assert "cap is below 1" not in ladder.err
+    assert ladder.json["last_passing"]["batch_size"] <= CAP
+
+    sweep = cli("sweep", "--json")
+    show("\n" + sweep.err)
+    assert sweep_done(sweep), sweep.err
+    assert "cap is below 1" not in sweep.err
+
+
+def test_mode_is_never_read_as_model(cli, capped: Served, isolated: Path) -> None:
+    """``calibrate ladder --mode prompt-list``: argparse once completed ``--mode`` to ``--model``
+    and the ladder ended "model name (tiny-vllm → prompt-list) changed". No flag is abbreviated."""
+    write_config(isolated, capped.port, batch_sizes="[1, 2]")
+    assert cli("single").code == 0 and cli("repro").code == 0
+    result = cli("ladder", "--mode", "prompt-list")
+    show("\n" + result.err)
+    assert "→ prompt-list" not in result.err and "model name" not in result.err
+    assert result.code in (0, 2), result.err
+    abbreviated = cli("ladder", "--mod", "tiny-vllm")
+    assert abbreviated.code == 2 and "--mod" in abbreviated.err, abbreviated.err
+
+
+def test_batch_above_the_cap_finishes_every_item(cli, capped: Served, isolated: Path) -> None:
+    """``calibrate batch -c 8`` against ``--max-num-seqs 4``: vLLM queues the rest; every item
+    is answered, in chat mode, with its own answer."""
+    write_config(isolated, capped.port)
+    tasks = isolated / "tasks.jsonl"
+    pairs = [(n % 10, n // 10 % 10) for n in range(40)]
+    tasks.write_text(
+        "".join(
+            json.dumps({"id": n, "text": f"What is {a} plus {b}?"}) + "\n"
+            for n, (a, b) in enumerate(pairs)
+        ),
+        "utf-8",
+    )
+    out = isolated / "out.jsonl"
+    with QueueWatch(capped.root) as queue:
+        result = cli("batch", "--input", str(tasks), "--out", str(out), "-c", "8", "--json")
+    assert result.code == 0, result.err
+    lines = [json.loads(x) for x in out.read_text("utf-8").splitlines() if x.strip()]
+    assert {line["id"] for line in lines if line["ok"]} == set(range(40))
+    assert queue.running_max <= CAP
+    right = sum(
+        line.get("output", "").strip() == f"{a} plus {b} is {a + b}."
+        for line in lines
+        for (a, b) in [pairs[line["id"]]]
+    )
+    show(f"\nbatch -c 8 at --max-num-seqs {CAP}: 40/40 answered, {right}/40 arithmetic right")
+    assert right >= 20, "the tiny model answers its own training questions"
