@@ -452,7 +452,7 @@ def test_server_killed_mid_ladder_is_server_died_then_rollback_restores(
     rollback = cli("rollback", "--json")
     show(rollback.err)
     assert rollback.code == 0, rollback.err
-    assert "exit code -9" in rollback.err
+    assert "killed by SIGKILL" in rollback.err  # how the engine ended, as exit_status words it
     assert requests.get(f"{llama}/health", timeout=5).status_code == 200
 
 
