@@ -141,8 +141,9 @@ gpu-check: $(STAMP)
 # --- batch (stage F): make batch INPUT=tasks.jsonl OUT=out.jsonl ARGS="--prompt '一句话概括：' -c 8" ---
 # make bench: first the issue-25 table, calibrate batch --json vs the aiohttp+uvloop reference client
 # (../shared/bench, on its async mock) at c=32/128/512 D=0.3 s and c=256 D=1 s, with CPU ms/request;
-# then efficiency vs a naive client, resume scan, RSS, outage, endpoints, export. Quick smoke run:
-# make bench ARGS=--quick (2 waves of c items per point; noisy). One section: ARGS="--only reference"
+# then efficiency vs a naive client, resume scan, RSS, outage, endpoints, export, start-up (--help,
+# --version, COMMAND --help as whole processes). Quick smoke run: make bench ARGS=--quick (2 waves
+# of c items per point; noisy). One section: ARGS="--only reference" (or --only startup)
 # (bench/bench.py --help: --reference-dir, --reference-python, --waves, --json).
 .PHONY: batch bench
 batch: $(STAMP)

@@ -18,7 +18,7 @@ streamed and not, on the shared async mock.
 
 usage: python bench/bench.py [--quick] [--only NAME[,NAME…]] [--json PATH]
                              [--reference-dir DIR] [--reference-python PYTHON] [--waves K]
-names: reference, transports, efficiency, scan, memory, outage, endpoints, final
+names: reference, transports, efficiency, scan, memory, outage, endpoints, final, startup
 --quick: 2 waves of c items per reference point (4 without), smaller sizes everywhere else.
 """
 
@@ -45,6 +45,7 @@ import long_runs  # noqa: E402  (bench/ is this script's folder)
 import pacing  # noqa: E402
 import reference  # noqa: E402
 import scaling  # noqa: E402
+import startup  # noqa: E402
 import transports  # noqa: E402
 
 from calibrate.gpu.selfload import SelfLoadMonitor  # noqa: E402
@@ -66,6 +67,7 @@ SECTIONS = (
     "outage",
     "endpoints",
     "final",
+    "startup",
 )
 
 ROWS = [(1.0, 1), (1.0, 8), (1.0, 64), (1.0, 256), (0.3, 8), (0.3, 32), (0.3, 128), (0.3, 512)]
@@ -378,6 +380,7 @@ def main() -> int:
     transport_runs: list[transports.Run] = []
     pace_points: list[pacing.Point] = []
     scaling_points: list[scaling.Point] = []
+    startup_points: list[startup.Point] = []
     setup = reference.find_setup(args.reference_dir, args.reference_python)
     with tempfile.TemporaryDirectory(prefix="calibrate-bench-") as tmp:
         work = Path(tmp)
@@ -428,6 +431,9 @@ def main() -> int:
         if "final" in only:
             print(f"export over {final_lines:,} journal lines …", file=sys.stderr, flush=True)
             long["final"] = long_runs.final(work, final_lines, peak_rss_of, id_set_mib)
+        if "startup" in only:
+            print("start-up (--help, --version, COMMAND --help) …", file=sys.stderr, flush=True)
+            startup_points = startup.measure(5 if args.quick else 10)
     if ref_rows:
         print(reference.table(setup, ref_rows) + "\n")
     if transport_runs:
@@ -441,6 +447,8 @@ def main() -> int:
     print(table(measured, scan, mem))
     if long:
         print(long_runs.table(long))
+    if startup_points:
+        print("\n" + startup.table(startup_points))
     print(f"\n(bench took {time.perf_counter() - started:.0f} s on {os.cpu_count()} CPUs)")
     if args.json:
         payload = {
@@ -456,6 +464,7 @@ def main() -> int:
             "resume_scan": scan,
             "memory": mem,
             **long,
+            "startup": [asdict(p) for p in startup_points],
         }
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return 0

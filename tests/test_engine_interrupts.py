@@ -255,7 +255,8 @@ sys.meta_path.insert(0, _ClearsErrors())
 @pytest.mark.parametrize(
     "module",
     [
-        "calibrate.cli.flags",  # the first modules, loaded before main
+        "calibrate.cli.parser",  # the first modules, loaded before main
+        "calibrate.cli.flags",  # the commands' shared flags, loaded with the command argv names
         "calibrate.cli.server",  # the command's own, loaded once argv names it
     ],
 )

@@ -11,7 +11,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "calibrate"
 FOLDER_MAX = 12
-TOP_LEVEL_MAX = 8
+TOP_LEVEL_MAX = 9  # the ninth: interrupts.py, which the command line holds signals with before it
+# loads anything (inside server/ it loaded the server package: the config, the engines, urllib3)
 
 # room → rooms (and libraries) it must never import
 FORBIDDEN: dict[str, tuple[str, ...]] = {

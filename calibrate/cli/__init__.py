@@ -1,12 +1,13 @@
 """Command line: argv → config → one stage call → write + render. The error tree is caught here.
 
 Each command lives in its own module exposing ``register(subparsers)``; the parser it adds sets
-``run=<function(args) -> int>``. ``main(argv)`` returns the exit code (SPEC §2).
+``run=<function(args) -> int>``. ``main(argv)`` returns the exit code (SPEC §2). It imports the
+module of the command argv names and no other (``parser.py``): ``calibrate --help`` and
+``--version`` load no command, no stage and no library beyond the standard one.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import logging
@@ -18,60 +19,12 @@ from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any
 
-from calibrate import __version__, redact
+from calibrate import interrupts, redact
 from calibrate.cli import streams
-from calibrate.cli.argv_text import read_as_utf8
-from calibrate.cli.flags import CommandLine, StrictParser
+from calibrate.cli.parser import COMMAND_MODULES, CommandLine, build_parser, named_command
 from calibrate.errors import OUT_OF_ROOM, CalibrateError, ExitCode, os_error_text
-from calibrate.server import interrupts
 
-# One module per command, in the order `calibrate --help` lists them.
-COMMAND_MODULES: tuple[str, ...] = (
-    "init",
-    "run",
-    "single",
-    "repro",
-    "ladder",
-    "sweep",
-    "tune",
-    "report",
-    "rollback",
-    "pin",
-    "verify",
-    "server",
-    "status",
-    "batch",
-    "export",
-    "mock",
-)
-
-# The staged calibration's own commands live together in calibration/.
-_FOLDER = dict.fromkeys(
-    ("run", "single", "repro", "ladder", "sweep", "tune", "rollback", "pin", "verify", "status"),
-    "calibration.",
-)
-
-
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The whole parser, or with ``only`` one command's (what a run of that command needs: the
-    other fourteen modules are not imported, a third of a second less start-up)."""
-    parser = StrictParser(
-        prog="calibrate",
-        description=(
-            "Staged calibration of a local LLM behind an OpenAI-compatible server:\n"
-            "single → repro → ladder → sweep (→ tune) → pin/verify, rollback, batch;\n"
-            "calibrate run does single → repro → ladder → sweep → pin in one command."
-        ),
-        epilog="example: calibrate run --base-url http://127.0.0.1:8000/v1 --model internlm-s2 "
-        "--kind vllm",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"calibrate {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in (only,) if only in COMMAND_MODULES else COMMAND_MODULES:
-        module = importlib.import_module(f"calibrate.cli.{_FOLDER.get(name, '')}{name}")
-        module.register(subparsers)
-    return parser
+__all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,8 +52,11 @@ def _interrupted_text(exc: KeyboardInterrupt) -> str:
 
 
 def _run(args_list: list[str]) -> int:
-    with interrupts.deferred():  # the commands' modules load: no import can lose a Ctrl-C
-        parser = build_parser(args_list[0] if args_list else None)
+    command = named_command(args_list)
+    with interrupts.deferred():  # the command's modules load: no import can lose a Ctrl-C
+        parser = build_parser(command)
+        if command:  # and what reads its flags as UTF-8 (the config's text rules: not for --help)
+            importlib.import_module("calibrate.cli.argv_text")
     try:
         args = parser.parse_args(args_list, namespace=CommandLine(tuple(args_list)))
     except SystemExit as exc:  # argparse exits 2 on bad flags, 0 on --help
@@ -111,6 +67,8 @@ def _run(args_list: list[str]) -> int:
     debug = bool(getattr(args, "debug", False))
     _log_to_stderr(debug)
     try:
+        from calibrate.cli.argv_text import read_as_utf8  # loaded with the command
+
         read_as_utf8(parser, args, lambda line: print(line, file=sys.stderr))
         return int(args.run(args))
     except CalibrateError as exc:

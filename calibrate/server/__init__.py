@@ -13,13 +13,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from calibrate import interrupts
 from calibrate.config import Config
 from calibrate.engines import redaction
 from calibrate.engines.args import ServerKind
 from calibrate.engines.builders import EngineCommand, LaunchSpec, Tuned, build
 from calibrate.errors import ServerDied, ServerUnreachable, UsageError
 from calibrate.io.records import utc_now_iso
-from calibrate.server import exit_status, interrupts, pids, process, readiness, set_values
+from calibrate.server import exit_status, pids, process, readiness, set_values
 from calibrate.server.exit_status import exited
 from calibrate.server.process import ServerRecord, StopResult
 

@@ -11,6 +11,8 @@ from typing import Any
 from calibrate import config as config_mod
 from calibrate import redact
 from calibrate.cli.output import Output
+from calibrate.cli.parser import CommandLine as CommandLine  # the command line's own, for
+from calibrate.cli.parser import StrictParser as StrictParser  # the commands that build parsers
 from calibrate.config import Config
 from calibrate.engines.redaction import argv_secret_values, secret_name, secret_values
 from calibrate.io.baseline import VOLATILE_FIELDS, Normaliser, default_program
@@ -23,27 +25,6 @@ from calibrate.stages.env import StageRequest
 from calibrate.state.ledger import Ledger
 
 Runner = Callable[[argparse.Namespace], int]
-
-
-class StrictParser(argparse.ArgumentParser):
-    """A parser that takes a flag only as it is spelled: never an abbreviation of a longer one
-    (``ladder --mode prompt-list`` read as ``--model prompt-list`` changed the target). Every
-    sub-command's parser is of this class too: ``add_subparsers`` makes its parsers of the class
-    of the parser it was called on."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs["allow_abbrev"] = False
-        super().__init__(*args, **kwargs)
-
-
-class CommandLine(argparse.Namespace):
-    """One command's parsed flags and, as ``argv``, the words they were parsed from (the ledger
-    and the manifest record them, redacted): given to argparse before parsing, never added after."""
-
-    argv: tuple[str, ...]
-
-    def __init__(self, argv: tuple[str, ...] = ()) -> None:
-        super().__init__(argv=argv)
 
 
 def add_command(

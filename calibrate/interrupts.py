@@ -5,6 +5,9 @@ Between starting an engine and writing ``runs/server.json`` a signal would leave
 nobody knows about; raised inside an import, a Ctrl-C can be cleared by a C extension that
 imports a module of its own, and lost. ``deferred()`` notes any of these signals that arrives
 inside it and delivers it again, with the command's own handler back in place, once it ends.
+
+It imports the standard library only and lives outside ``server/`` (whose package loads the
+config, the engines and urllib3) so that the command line can hold signals before it loads anything.
 """
 
 from __future__ import annotations
