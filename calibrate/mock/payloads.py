@@ -41,6 +41,7 @@ class GenerateRequest:
     include_usage: bool
     min_tokens: int = 0
     ignore_eos: bool = False
+    cache_prompt: bool = True  # llama.cpp's field: false, the prompt is not looked up in its cache
 
     def cap(self, prompt_tokens: int, max_model_len: int) -> int | None:
         """The most tokens an answer may have: max_tokens, or the context left when EOS is off."""
@@ -124,7 +125,16 @@ def parse_request(kind: Kind, body: object, settings: MockSettings) -> GenerateR
     include_usage = bool(options.get("include_usage")) if stream else True
     max_tokens = _slot_room(max(counts), max_tokens, settings)
     return GenerateRequest(
-        kind, model, prompts, counts, max_tokens, stream, include_usage, min_tokens, ignore_eos
+        kind,
+        model,
+        prompts,
+        counts,
+        max_tokens,
+        stream,
+        include_usage,
+        min_tokens,
+        ignore_eos,
+        body.get("cache_prompt") is not False,
     )
 
 

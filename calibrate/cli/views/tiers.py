@@ -30,6 +30,7 @@ from calibrate.stages.measure.compare_tiers import TierComparison
 from calibrate.stages.measure.tier_finish import TierOutcome, TierRecord
 from calibrate.stages.measure.tier_run import Measuring
 from calibrate.stages.prepare.stream_probe import StreamCheck
+from calibrate.state.summary_values import Workload
 
 Found = TypeVar("Found")
 Opts = TypeVar("Opts")
@@ -78,6 +79,7 @@ class TierView(ABC, Generic[Found, Opts]):
             raise self.interrupted(done)
         self.save_junit(suite, junit)
         self.verdict(done)
+        say_prefix_cache(out, record.entry.summary)
         say_overall(out, done.determinism)
         if done.next_step:
             out.say(f"next: {done.next_step}")
@@ -108,6 +110,13 @@ class TierView(ABC, Generic[Found, Opts]):
     @abstractmethod
     def detail(self, done: TierOutcome[Found, Opts]) -> dict[str, Any]:
         """The ``--json`` result's per-tier or per-level detail."""
+
+
+def say_prefix_cache(out: Output, summary: Mapping[str, Any]) -> None:
+    """The engine's prefix cache over the run, when it was probed or found anything."""
+    seen = Workload.from_json(summary.get("workload")).prefix_cache
+    if seen is not None and (seen.hit or seen.gain is not None):
+        out.say(f"workload: {seen.describe()}")
 
 
 def announce(out: Output, monitor: VramMonitor) -> None:
