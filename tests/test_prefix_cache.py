@@ -166,3 +166,16 @@ def test_a_cache_that_is_off_counts_nothing_and_says_so() -> None:
             parse_prometheus(requests.get(m.base_url[:-3] + "/metrics", timeout=10).text)
         )
     assert found is not None and (found.hits, found.queries, found.enabled) == (0, 0, False)
+
+
+def test_a_rerun_finds_none_of_the_last_runs_prompts_in_the_cache(cli, isolated: Path) -> None:
+    """The same seed sends the same words again, but each run marks its prompts as its own: an
+    engine's cache still holding the last run's would answer a rerun from it, and the ladder
+    would measure a server faster than the job will find it."""
+    with start_mock(**CACHED) as server:
+        calibrated(cli, isolated, server.base_url, ONE_TIER)
+        first = cli("ladder", *JOB, "--json")
+        again = cli("ladder", *JOB, "--json")
+    assert first.code == 0 and again.code == 0, first.err + again.err
+    assert not _cache(again).get("hit"), _cache(again)  # 0 %: nothing of the first run's
+    assert "prefix cache" not in again.err

@@ -20,6 +20,7 @@ whose probe fails is said so and measured as it is.
 from __future__ import annotations
 
 import logging
+import secrets
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -126,7 +127,8 @@ def probe_prefix(
         probe.send(own[0])  # the first reads the prefix: it primes the cache
         start = probe.counters()
         shared, mid = _share(probe, own[1:], start)
-        unique, _ = _share(probe, [f"u{i}: {p}" for i, p in enumerate(own[1:])], mid)
+        salt = f"{secrets.randbits(24):06x}"  # none of them in the cache from an earlier run
+        unique, _ = _share(probe, [f"u{salt}-{i}: {p}" for i, p in enumerate(own[1:])], mid)
     except RequestError as exc:
         log.warning("the prefix-cache probe failed: %s", exc.info.message)
         return PrefixFinding.unmeasured(info, f"the probe failed: {exc.info.message}")

@@ -12,6 +12,7 @@ own answer length forced.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -54,6 +55,7 @@ class WorkloadPlan:
     notes: tuple[str, ...] = ()
     extra_details: dict[str, Any] = field(default_factory=dict)
     replay: ReplayItems | None = None
+    salt: str = ""  # the run's own, in every synthetic prompt's marker (synthetic_prompt)
     prefix: PrefixFinding | None = None  # the probe's finding (a workload sharing a prefix)
     watch: PrefixWatch | None = None  # the cache's counters around the load
     # a replay's prompts not yet built into requests → the answer length each is forced to
@@ -94,7 +96,12 @@ class WorkloadPlan:
             words = model.words_for(tokens)
             head = min(shared, words - 1) if shared is not None else None
             prompt = synthetic_prompt(
-                words, key, seed=spec.seed, shared=spec.shared_prefix, shared_words=head
+                words,
+                key,
+                seed=spec.seed,
+                shared=spec.shared_prefix,
+                shared_words=head,
+                salt=self.salt,
             )
             if replay is not None:
                 self._remember(prompt, output)
@@ -267,9 +274,8 @@ def _plan(
     notes = _output_notes(spec, calibration.forcing)
     if replay is not None and calibration.forcing == "none":
         notes = (NOT_CONTROLLED,)
-    return replace(
-        WorkloadPlan(spec, fixed, calibration, None, calibration.forcing, notes), replay=replay
-    )
+    plan = WorkloadPlan(spec, fixed, calibration, None, calibration.forcing, notes)
+    return replace(plan, replay=replay, salt=f"{secrets.randbits(24):06x}-")
 
 
 def meet_prefix_cache(plan: WorkloadPlan, probe: Probe, kind: ServerKind | None) -> WorkloadPlan:
