@@ -124,3 +124,23 @@ def test_what_cannot_be_replayed_is_exit_2_before_anything_is_written(cli, isola
             result = cli(*args)
             assert result.code == 2 and said in result.err, (args, result.err)
     assert sorted((isolated / "runs").iterdir()) == runs  # nothing written
+
+
+def test_status_and_pins_header_name_the_replayed_job_and_its_prefix(cli, isolated: Path) -> None:
+    server = '[server]\nkind = "vllm"\nmodel_path = "/models/internlm-s2"\n'
+    with start_mock(**FAST_MOCK, prefix_cache=True, prefill_ms_per_1k_tokens=400.0) as mock:
+        calibrated(cli, isolated, mock.base_url, LADDER + "batch_sizes = [2]\n" + server)
+        journal = _batch(cli, isolated)
+        ladder = cli("ladder", "--replay", str(journal), "--prefix-tokens", "16")
+        assert ladder.code == 0, ladder.err
+        status = cli("status")
+        pinned = cli("pin")
+    assert pinned.code == 0, pinned.err
+    verified = next(x for x in status.err.splitlines() if "verified on:" in x)
+    header = next(
+        x for x in (isolated / "scripts/launch.sh").read_text().splitlines() if "workload" in x
+    )
+    for said in (verified, header):
+        assert "replay of" in said and "150 items" in said, said
+        assert "the first 16 tokens shared" in said, said
+        assert "prefix cache on (vLLM's automatic prefix caching)" in said, said
