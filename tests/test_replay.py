@@ -13,6 +13,7 @@ from typing import Any
 
 from tests.mockserver import start_mock
 from tests.tier_helpers import jsonl, run_dir
+from tests.tune_helpers import COMMAND, tune_config
 from tests.workload_helpers import FAST_MOCK, LADDER, calibrated
 
 # long enough rounds that the replay sends a few hundred requests: the tolerance is then tight
@@ -120,6 +121,11 @@ def test_what_cannot_be_replayed_is_exit_2_before_anything_is_written(cli, isola
             (("ladder", "--prefix-tokens", "900", "--input-tokens", "500"), "not shorter"),
             (("ladder", "--prefix-tokens", "9", "--tasks", str(old)), "job's own --prompt"),
         ]
+        replay_config = isolated / "replay.toml"
+        replay_config.write_text(
+            (isolated / "calibrate.toml").read_text() + '\n[workload]\nsource = "replay"\n'
+        )
+        cases.append((("ladder", "--config", str(replay_config)), "needs its journal"))
         for args, said in cases:
             result = cli(*args)
             assert result.code == 2 and said in result.err, (args, result.err)
@@ -144,3 +150,25 @@ def test_status_and_pins_header_name_the_replayed_job_and_its_prefix(cli, isolat
         assert "replay of" in said and "150 items" in said, said
         assert "the first 16 tokens shared" in said, said
         assert "prefix cache on (vLLM's automatic prefix caching)" in said, said
+
+
+def test_tune_measures_every_candidate_on_the_replayed_job(cli, isolated: Path) -> None:
+    tune_config(isolated, 'grid = ["slots=2,4", "kv_tokens=50000"]\n', command=COMMAND)
+    journal = isolated / "out.jsonl"
+    journal.write_text(
+        "".join(
+            json.dumps(
+                {"id": i, "ok": True, "usage": {"prompt_tokens": 30 + i, "completion_tokens": 8}}
+            )
+            + "\n"
+            for i in range(40)
+        )
+    )
+    result = cli("tune", "--replay", str(journal), "--json")
+    assert result.code == 0, result.err
+    records = sorted(isolated.glob("runs/*-tune-*/candidates/*/records.jsonl"))
+    assert len(records) >= 2  # one per candidate, each measured on the job's own lengths
+    for path in records:
+        sent = [r for r in jsonl(path) if not r.get("canary")]
+        assert sent and {r["usage"]["completion_tokens"] for r in sent} == {8}
+        assert {r["usage"]["prompt_tokens"] for r in sent} <= set(range(30, 70))

@@ -212,6 +212,11 @@ def _prefix(spec: WorkloadSpec, tokens: int | None, shared: float | None) -> Wor
 
 def _replay(spec: WorkloadSpec, flags: WorkloadFlags) -> WorkloadSpec:
     """A replay sends the journal's own input and output lengths: nothing else sizes it."""
+    if flags.replay is None:  # [workload] source = "replay": the journal is the command's
+        raise UsageError(
+            "the replay workload needs its journal: --replay JOURNAL",
+            "Give it on the command line (a batch's --out, or a Batch API output file).",
+        )
     for flag, value in (
         ("--output-tokens", flags.output_tokens),
         ("--shared-prefix", flags.shared_prefix),
