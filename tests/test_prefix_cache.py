@@ -54,6 +54,12 @@ def test_a_shared_prefix_shows_the_gain_and_names_vllms_cache(cli, isolated: Pat
     assert "workload: prefix cache on (vLLM's automatic prefix caching)" in said
     probe = shared.json["workload_detail"]["prefix_cache"]
     assert probe["unique"]["hit"] == 0.0 and probe["shared"]["hit"] >= 0.6
+    # and the report says it again, in the terminal and in the HTML's verdict
+    run = next((isolated / "runs").glob(f"{shared.json['run_id']}*"))
+    page = isolated / "r.html"
+    report = cli("report", str(run), "--no-plot", "--html", str(page))
+    assert "workload: prefix cache on (vLLM's automatic prefix caching)" in report.err
+    assert "<dt>prefix cache</dt><dd>prefix cache on (vLLM&#x27;s automatic" in page.read_text()
 
 
 def test_the_same_job_without_a_shared_prefix_shows_no_gain(cli, isolated: Path) -> None:

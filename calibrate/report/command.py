@@ -23,7 +23,7 @@ from calibrate.report.html.charts import key_label
 from calibrate.report.html.compare import comparison_html
 from calibrate.report.html.page import run_html
 from calibrate.report.plot import write_plot, write_timeline_png
-from calibrate.report.replay import all_lines, replay_fit
+from calibrate.report.replay import all_lines, prefix_cache_seen, replay_fit
 from calibrate.report.run_view import RunView, load_run, run_inputs, run_kind, stage_notes
 from calibrate.report.spreads import confidence_json, noisy_lines, run_spreads
 from calibrate.report.tables.compare import runs_compare_table
@@ -140,6 +140,8 @@ def _one(
     notes = stage_notes(view.summary)
     for note in notes:
         out.warn(note)
+    if (seen := prefix_cache_seen(view.summary)) is not None:
+        out.say(f"workload: {seen.describe()}")
     fit = replay_fit(view.summary, path)
     for line in all_lines(fit) if fit is not None else ():
         out.say(line)

@@ -1,4 +1,5 @@
-"""How close a replay came to the job it replayed (``--replay JOURNAL``, SPEC §13).
+"""The user's own job in a run's report (SPEC §13): how close a replay came to the job it
+replayed (``--replay JOURNAL``), and the engine's prefix cache as the run met it.
 
 The run recorded the job's token counts (``workload_detail.replay``: p0…p100 of its items'
 input and output tokens, from its journal); its ``records.jsonl`` holds what the replay sent
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.io.jsonl import read_jsonl
+from calibrate.state.summary_values import PrefixCacheSeen, Workload
 
 KS_95 = 1.36  # the two-sample Kolmogorov–Smirnov coefficient at 95 %
 PERCENTILE_STEP = 0.01  # the job is recorded as p0…p100: its CDF is known to a step of 1 %
@@ -201,3 +203,9 @@ def all_lines(fit: ReplayFit, *, histograms: bool = True) -> Sequence[str]:
     if histograms:
         lines += histogram_lines(fit.inputs) + histogram_lines(fit.outputs)
     return lines
+
+
+def prefix_cache_seen(summary: Mapping[str, Any]) -> PrefixCacheSeen | None:
+    """The engine's prefix cache as the run met it, when it was probed or found anything."""
+    seen = Workload.from_json(summary.get("workload")).prefix_cache
+    return seen if seen is not None and (seen.hit or seen.gain is not None) else None

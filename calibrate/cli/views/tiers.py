@@ -22,6 +22,7 @@ from calibrate.gpu.vram import VramMonitor
 from calibrate.io.junit import JUnitSuite
 from calibrate.io.tier_table import Kind, read_rows
 from calibrate.report.plot import write_plot
+from calibrate.report.replay import prefix_cache_seen
 from calibrate.report.tables.compare import compare_table
 from calibrate.report.tables.tiers import tier_table
 from calibrate.stages.context import StageContext
@@ -30,7 +31,6 @@ from calibrate.stages.measure.compare_tiers import TierComparison
 from calibrate.stages.measure.tier_finish import TierOutcome, TierRecord
 from calibrate.stages.measure.tier_run import Measuring
 from calibrate.stages.prepare.stream_probe import StreamCheck
-from calibrate.state.summary_values import Workload
 
 Found = TypeVar("Found")
 Opts = TypeVar("Opts")
@@ -114,8 +114,7 @@ class TierView(ABC, Generic[Found, Opts]):
 
 def say_prefix_cache(out: Output, summary: Mapping[str, Any]) -> None:
     """The engine's prefix cache over the run, when it was probed or found anything."""
-    seen = Workload.from_json(summary.get("workload")).prefix_cache
-    if seen is not None and (seen.hit or seen.gain is not None):
+    if (seen := prefix_cache_seen(summary)) is not None:
         out.say(f"workload: {seen.describe()}")
 
 
