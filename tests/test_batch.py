@@ -40,7 +40,7 @@ def test_batch_writes_one_line_per_item_and_a_summary(cli, mock, isolated: Path)
     lines = out.read_text("utf-8").splitlines()
     assert len(lines) == 30 and all(x.startswith('{"id":"t') for x in lines)  # compact
     record = json.loads(lines[0])
-    fields = ["id", "ok", "input_fp", "output", "finish_reason", "usage", "seconds"]
+    fields = ["id", "ok", "input_fp", "output", "finish_reason", "usage", "seconds", "sent_at"]
     # the run's first line holds its settings in full; every line says what made it
     assert list(record) == [*fields, "settings", "made", "attempts"]
     assert list(json.loads(lines[1])) == [*fields, "made", "attempts"]

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from calibrate.engines import custom, llamacpp, lmdeploy, ollama_tgi, sglang, vllm
-from calibrate.engines.base import CapReport, Engine, ServerKind
+from calibrate.engines.base import CapReport, Engine, PrefixCacheInfo, ServerKind
 from calibrate.errors import ConfigError
 
 #: every kind, in the order help and messages list them
@@ -85,6 +85,10 @@ WAITING_REASON_METRICS = tuple(name for e in ENGINES for name in e.metrics.waiti
 CAP_REPORTS: tuple[CapReport, ...] = tuple(e.cap_report for e in ENGINES if e.cap_report)
 #: engines that reserve their KV cache at start: NVML shows flat usage whatever the load
 PREALLOCATING_KINDS: frozenset[str] = frozenset(e.kind for e in ENGINES if e.preallocates)
+#: the prefix caches whose counters a scrape may hold, in the order they are looked for
+PREFIX_CACHES: tuple[PrefixCacheInfo, ...] = tuple(
+    e.prefix_cache for e in _preferring(vllm.ENGINE, sglang.ENGINE) if e.prefix_cache
+)
 
 
 @dataclass(frozen=True)

@@ -124,6 +124,22 @@ class EngineMetrics:
     waiting_by_reason: tuple[str, ...] = ()  # a gauge with a reason label: capacity | deferred
 
 
+@dataclass(frozen=True)
+class PrefixCacheInfo:
+    """The engine's prefix cache (SPEC §13): its name, where it says what it found — counters
+    of prompt tokens found (``hits``) and looked up (``queries``) in ``/metrics``, or a field of
+    each answer (``per_answer``) — the info gauge whose ``state_label`` says on or off, and how
+    a user switches it on."""
+
+    name: str
+    hits: tuple[str, ...] = ()
+    queries: tuple[str, ...] = ()
+    state: str = ""
+    state_label: str = ""
+    per_answer: str = ""
+    switch: str = ""
+
+
 def _no_axes(batch: int) -> tuple[AxisValues, ...]:
     return ()
 
@@ -166,6 +182,7 @@ class Engine:
     restarts_per_tier: bool = False  # the ladder restarts it at each tier's batch size
     templated: bool = False  # a user's command: tune axes are its {placeholders}, no cap flag
     batch_invariance: BatchInvariance | None = None  # its deterministic mode, where it has one
+    prefix_cache: PrefixCacheInfo | None = None  # None: it has none calibrate can read
     env_set: tuple[str, ...] = ()  # the variables its own launch sets (Ollama's host and cap)
     # its answers' system_fingerprint, where it says more than the build: a pattern whose
     # "build" and "config" groups split it (vLLM: vllm-<version>-<hash of the engine config>)

@@ -11,6 +11,7 @@ from calibrate.engines.base import (
     CapReport,
     Engine,
     EngineMetrics,
+    PrefixCacheInfo,
 )
 
 # llama.cpp divides -c among its --parallel slots; give each slot this many tokens unless the
@@ -49,6 +50,12 @@ ENGINE = Engine(
         running=("llamacpp:requests_processing",),
     ),
     cap_report=CapReport("/props", "total_slots", "llama.cpp /props total_slots"),
+    # each slot keeps its last prompt; an answer's timings say how many tokens it reused
+    prefix_cache=PrefixCacheInfo(
+        "llama.cpp's slot prompt cache",
+        per_answer="timings.cache_n",
+        switch='on by default; a request\'s "cache_prompt": false turns it off',
+    ),
     context_hint="llama.cpp: raise --ctx-size or lower --parallel",
     http_threads_flag=LLAMACPP_THREADS_HTTP,
     ctx_per_slot=LLAMACPP_CTX_PER_SLOT,

@@ -11,6 +11,7 @@ from calibrate.engines.base import (
     CapReport,
     Engine,
     EngineMetrics,
+    PrefixCacheInfo,
     around,
 )
 
@@ -52,4 +53,11 @@ ENGINE = Engine(
         running=("sglang:num_running_reqs", "sglang_num_running_reqs"),
     ),
     cap_report=CapReport("/get_server_info", "max_running_requests", "SGLang max_running_requests"),
+    # the radix cache's tokens found, of the prompt tokens received (on unless switched off)
+    prefix_cache=PrefixCacheInfo(
+        "SGLang's radix cache",
+        hits=("sglang:cached_tokens_total", "sglang_cached_tokens_total"),
+        queries=("sglang:prompt_tokens_total", "sglang_prompt_tokens_total"),
+        switch="on unless SGLang is started with --disable-radix-cache",
+    ),
 )

@@ -10,6 +10,7 @@ from calibrate.engines.base import (
     BatchInvariance,
     Engine,
     EngineMetrics,
+    PrefixCacheInfo,
     around,
 )
 
@@ -42,6 +43,16 @@ ENGINE = Engine(
         preemptions=("vllm:num_preemptions_total",),
         running=("vllm:num_requests_running",),
         waiting_by_reason=("vllm:num_requests_waiting_by_reason",),  # vLLM ≥ 0.11 (V1)
+    ),
+    # vLLM ≥ 0.9 counts prompt tokens looked up and found (the gpu_ names before it), and says
+    # whether the cache is on in cache_config_info (on by default since V1)
+    prefix_cache=PrefixCacheInfo(
+        "vLLM's automatic prefix caching",
+        hits=("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+        queries=("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+        state="vllm:cache_config_info",
+        state_label="enable_prefix_caching",
+        switch="vllm serve … --enable-prefix-caching",
     ),
     context_hint="vLLM: raise --max-model-len",
     # vllm-0.32.0-980f5236: the version, then a hash of the engine's config (980f5236 with no

@@ -19,6 +19,7 @@ from typing import NamedTuple
 from calibrate.engines import (
     KV_METRICS,
     PREEMPTION_METRICS,
+    PREFIX_CACHES,
     QUEUE_METRICS,
     RUNNING_METRICS,
     WAITING_REASON_METRICS,
@@ -112,6 +113,51 @@ def read_preemptions(fetch: Callable[[], str]) -> Gauge | None:
     except Exception as exc:  # a scrape failure is "no counter", never a failed tier
         log.debug("preemption counter scrape failed: %s", exc)
         return None
+
+
+class PrefixCounters(NamedTuple):
+    """An engine's prefix-cache counters now: prompt tokens found (``hits``) and looked up
+    (``queries``), summed over engines; ``enabled`` as its info gauge says (None: not said)."""
+
+    cache: str  # the engine's own name for it: "vLLM's automatic prefix caching"
+    metric: str  # the hits counter read
+    hits: float
+    queries: float
+    enabled: bool | None
+    switch: str = ""  # how a user turns it on
+
+
+def prefix_counters(scrape: Scrape) -> PrefixCounters | None:
+    """The first engine's prefix-cache counters present in the scrape; None without them."""
+    for info in PREFIX_CACHES:
+        for hits_name, queries_name in zip(info.hits, info.queries, strict=True):
+            hits, queries = _summed(scrape, hits_name), _summed(scrape, queries_name)
+            if hits is None or queries is None:
+                continue
+            enabled = None
+            for series in scrape.get(info.state, ()):
+                said = (series.label(info.state_label) or "").lower()
+                enabled = (
+                    True if said in ("true", "1") else False if said in ("false", "0") else None
+                )
+            return PrefixCounters(info.name, hits_name, hits, queries, enabled, info.switch)
+    return None
+
+
+def read_prefix_counters(fetch: Callable[[], str]) -> PrefixCounters | None:
+    """The prefix-cache counters of the server's /metrics now; None when it has none or the
+    scrape failed (nothing is said of a cache calibrate cannot read)."""
+    try:
+        return prefix_counters(parse_prometheus(fetch()))
+    except Exception as exc:  # a scrape failure is "no counters", never a failed stage
+        log.debug("prefix-cache counter scrape failed: %s", exc)
+        return None
+
+
+def _summed(scrape: Scrape, name: str) -> float | None:
+    """A counter summed over its label sets (one per engine); None when absent or broken."""
+    values = [s.value for s in scrape.get(name, ()) if math.isfinite(s.value) and s.value >= 0]
+    return sum(values) if values else None
 
 
 def _device_name(series: Series, position: int) -> str:

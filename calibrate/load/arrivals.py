@@ -5,33 +5,51 @@
 burstier, k > 1 smoother). A random schedule is rescaled so that its gaps average exactly
 1/rate: the load offered over the run is the rate asked for, and only its shape is random —
 so achieved-vs-offered compares the server with the schedule, not with the dice.
-``inf`` sends everything at once.
+``inf`` sends everything at once. ``job`` follows a replayed batch's own gaps between sends (its
+journal's ``sent_at``, in order, from the seed's place on), rescaled the same way: the job's
+pattern — its bursts and lulls — at the rate asked for.
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from typing import Literal
 
 from calibrate.errors import UsageError
 
-Arrival = Literal["constant", "poisson"]
+Arrival = Literal["constant", "poisson", "job"]
+ARRIVALS: tuple[Arrival, ...] = ("poisson", "constant", "job")
 MIN_REQUESTS_PER_RATE = 8  # a rate level sends at least this many requests
 
 
 def arrival_times(
-    rate: float, count: int, *, arrival: Arrival = "poisson", burstiness: float = 1.0, seed: int = 0
+    rate: float,
+    count: int,
+    *,
+    arrival: Arrival = "poisson",
+    burstiness: float = 1.0,
+    seed: int = 0,
+    job_gaps: Sequence[float] = (),
 ) -> tuple[float, ...]:
-    """``count`` send times in seconds from the start, the first at 0."""
+    """``count`` send times in seconds from the start, the first at 0 (``job``: from the
+    job's own ``job_gaps``, which must not be empty)."""
     if count <= 0:
         return ()
     if math.isinf(rate):
         return (0.0,) * count
     if arrival == "constant":
         return tuple(n / rate for n in range(count))
-    rng = random.Random(seed)
-    gaps = [rng.gammavariate(burstiness, 1.0 / (rate * burstiness)) for _ in range(count - 1)]
+    if arrival == "job":
+        if not job_gaps:
+            raise ValueError("arrival 'job' needs the job's gaps (a replayed journal's)")
+        gaps = [job_gaps[(seed + n) % len(job_gaps)] for n in range(count - 1)]
+        if sum(gaps) <= 0:  # every one sent at once, as a batch's workers do: no pattern
+            return tuple(n / rate for n in range(count))
+    else:
+        rng = random.Random(seed)
+        gaps = [rng.gammavariate(burstiness, 1.0 / (rate * burstiness)) for _ in range(count - 1)]
     scale = (len(gaps) / rate) / sum(gaps) if gaps and sum(gaps) > 0 else 1.0
     out = [0.0]
     for gap in gaps:

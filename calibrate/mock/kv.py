@@ -1,20 +1,39 @@
-"""The mock's KV-cache ledger: which tokens each active sequence holds, and how many in all.
+"""The mock's KV cache: which tokens each active sequence holds (``KvLedger``), and the prefix
+cache of prompts seen before (``PrefixCache``).
 
 A sequence holds its prompt tokens and the tokens generated so far. With the prefix cache on,
 prompts are cut into blocks of ``BLOCK_TOKENS`` tokens, each block named by a hash of everything
 up to its end (as vLLM does), and a block several active sequences share is held once; the partial
 last block and the generated tokens are always a sequence's own. Not thread-safe: MockModel holds
 its lock around every call.
+
+The prefix cache (``--prefix-cache``): the blocks of prompts seen before (``prompt_blocks``) are
+kept, newest first, up to the KV capacity (``--kv-capacity-tokens``, else
+``DEFAULT_BLOCKS``), and a new prompt's leading blocks found there are its cached tokens. Those
+are not prefilled: the first token waits ``--prefill-ms-per-1k-tokens`` for each 1,000 prompt
+tokens *not* found, so a job whose prompts share a prefix answers sooner, as on a real engine.
+
+Counted the way the engines publish it (``mock.metrics``): the prompt tokens looked up and the
+tokens found (vLLM's ``prefix_cache_queries``/``prefix_cache_hits``, SGLang's
+``prompt_tokens``/``cached_tokens``), and, for llama.cpp's answers, each request's own
+``timings.cache_n`` / ``prompt_n``. As vLLM, the last prompt token is always computed, and a
+cache that is off looks nothing up (its counters stay 0). A request of llama.cpp's with
+``"cache_prompt": false`` is not looked up either. Thread-safe: its own lock.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from calibrate.mock import text
+from calibrate.mock.settings import MockSettings
 
 BLOCK_TOKENS = 16
+DEFAULT_BLOCKS = 65536  # 1M tokens of cached prompt when the KV capacity is not set
 
 
 @dataclass(frozen=True)
@@ -30,14 +49,21 @@ class SeqPlan:
         """The plan of ``prompt`` (``prompt_tokens`` as reported in usage)."""
         if not share:
             return cls((), prompt_tokens, out_tokens)
-        pieces = text.pieces(prompt)
-        blocks: list[int] = []
-        chain = 0
-        for start in range(0, len(pieces) - BLOCK_TOKENS + 1, BLOCK_TOKENS):
-            chain = hash((chain, *pieces[start : start + BLOCK_TOKENS]))
-            blocks.append(chain)
+        blocks = prompt_blocks(prompt)
         own = max(0, prompt_tokens - len(blocks) * BLOCK_TOKENS)
-        return cls(tuple(blocks), own, out_tokens)
+        return cls(blocks, own, out_tokens)
+
+
+def prompt_blocks(prompt: str) -> tuple[int, ...]:
+    """The whole ``BLOCK_TOKENS`` blocks of ``prompt``, each named by a hash of everything up to
+    its end: two prompts share a block only when they agree up to it."""
+    pieces = text.pieces(prompt)
+    blocks: list[int] = []
+    chain = 0
+    for start in range(0, len(pieces) - BLOCK_TOKENS + 1, BLOCK_TOKENS):
+        chain = hash((chain, *pieces[start : start + BLOCK_TOKENS]))
+        blocks.append(chain)
+    return tuple(blocks)
 
 
 @dataclass
@@ -122,3 +148,88 @@ class KvLedger:
                 total += len(new) * BLOCK_TOKENS + h.plan.own_prompt_tokens + h.generated
                 evicted += total > capacity_tokens
         return evicted
+
+
+@dataclass(frozen=True)
+class PrefixCounts:
+    """The counters at one moment: prompt tokens looked up and found, since the start; and the
+    share found for the last request (SGLang's ``cache_hit_rate`` gauge)."""
+
+    queries_tokens: int = 0
+    hits_tokens: int = 0
+    prompt_tokens: int = 0  # every prompt token received, looked up or not (SGLang's counter)
+    last_hit_rate: float = 0.0
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """One request's prompts against the cache: tokens found, tokens to compute, its cost."""
+
+    cached_tokens: int
+    prompt_tokens: int
+    seconds: float
+
+    def timings(self, completion_tokens: int) -> dict[str, Any]:
+        """llama.cpp's ``timings`` object of the answer (the counts; times are the mock's)."""
+        return {
+            "cache_n": self.cached_tokens,
+            "prompt_n": self.prompt_tokens - self.cached_tokens,
+            "prompt_ms": round(self.seconds * 1000, 3),
+            "predicted_n": completion_tokens,
+        }
+
+
+class PrefixCache:
+    """The blocks of prompts seen before, least recently used first out."""
+
+    def __init__(self, settings: MockSettings) -> None:
+        self._on = settings.prefix_cache
+        self._prefill_s_per_token = settings.prefill_ms_per_1k_tokens / 1e6
+        capacity = settings.kv_capacity_tokens // BLOCK_TOKENS
+        self._capacity = capacity if capacity > 0 else DEFAULT_BLOCKS
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._lock = threading.Lock()
+        self._counts = PrefixCounts()
+
+    def prefill(
+        self, prompts: Sequence[str], prompt_tokens: Sequence[int], *, look_up: bool = True
+    ) -> Prefill:
+        """Look the prompts up (and keep their blocks): how much of them is cached."""
+        total = sum(prompt_tokens)
+        cached = 0
+        queried = 0
+        with self._lock:
+            if self._on and look_up:
+                for prompt, tokens in zip(prompts, prompt_tokens, strict=True):
+                    blocks = prompt_blocks(prompt)
+                    cached += min(self._found(blocks) * BLOCK_TOKENS, max(tokens - 1, 0))
+                    queried += tokens
+                    self._keep(blocks)
+            c = self._counts
+            self._counts = PrefixCounts(
+                c.queries_tokens + queried,
+                c.hits_tokens + cached,
+                c.prompt_tokens + total,
+                cached / queried if queried else c.last_hit_rate,
+            )
+        return Prefill(cached, total, (total - cached) * self._prefill_s_per_token)
+
+    def counts(self) -> PrefixCounts:
+        with self._lock:
+            return self._counts
+
+    def _found(self, blocks: Sequence[int]) -> int:
+        """How many of ``blocks``, from the first, are cached."""
+        found = 0
+        for block in blocks:
+            if block not in self._blocks:
+                break
+            found += 1
+        return found
+
+    def _keep(self, blocks: Sequence[int]) -> None:
+        for block in blocks:
+            self._blocks[block] = None
+            self._blocks.move_to_end(block)
+        while len(self._blocks) > self._capacity:
+            self._blocks.popitem(last=False)

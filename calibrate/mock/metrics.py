@@ -21,13 +21,21 @@ and ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` (mJ since start; left out with ``--
 
 Under ``--on-kv-full preempt`` the engine's preemption counter too: ``vllm:num_preemptions_total``
 (mock and vllm styles), ``sglang:num_retracted_requests_total`` (sglang).
+
+The prefix cache (``mock.prefix``), as each engine publishes it, whether it is on or off:
+vLLM's ``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total`` (prompt tokens
+looked up and found; 0 while the cache is off) and ``vllm:cache_config_info`` with its
+``enable_prefix_caching`` label (mock and vllm styles); SGLang's ``sglang:prompt_tokens_total``,
+``sglang:cached_tokens_total`` and ``sglang:cache_hit_rate`` gauge. llama.cpp publishes none in
+``/metrics``: its answers carry ``timings.cache_n`` (``mock.reply``); TGI none at all.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from calibrate.mock.kv import BLOCK_TOKENS, PrefixCounts
 from calibrate.mock.settings import OUTCOMES, MetricsStyle, MockSettings
 
 MIB = 1024 * 1024
@@ -51,6 +59,7 @@ class Snapshot:
     preemptions_total: int = 0  # sequences evicted from a full KV cache (on_kv_full="preempt")
     power_w: float = 0.0  # the simulated GPU's draw now (settings.power_w; 0: no GPU gauges)
     energy_mj: float = 0.0  # ... and the energy it has used since the mock started
+    prefix: PrefixCounts = field(default_factory=PrefixCounts)  # the prefix cache's counters
 
 
 # name, help, value-of-snapshot
@@ -128,6 +137,55 @@ def _labels(style: MetricsStyle, model: str) -> str:
     return ""
 
 
+def _prefix_cache(style: MetricsStyle, labels: str, counts: PrefixCounts, on: bool) -> list[str]:
+    """The prefix cache's counters under the engine's own names (none for llama.cpp and TGI)."""
+    if style in ("mock", "vllm"):
+        info = f'block_size="{BLOCK_TOKENS}",enable_prefix_caching="{on}"'
+        info_labels = f'{{{info},engine="0"}}' if style == "vllm" else f"{{{info}}}"
+        return [
+            *_metric(
+                "vllm:prefix_cache_queries_total",
+                "counter",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                [(labels, counts.queries_tokens)],
+            ),
+            *_metric(
+                "vllm:prefix_cache_hits_total",
+                "counter",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                [(labels, counts.hits_tokens)],
+            ),
+            *_metric(
+                "vllm:cache_config_info",
+                "gauge",
+                "Information of the LLMEngine CacheConfig",
+                [(info_labels, 1.0)],
+            ),
+        ]
+    if style == "sglang":
+        return [
+            *_metric(
+                "sglang:prompt_tokens_total",
+                "counter",
+                "Number of prefill tokens processed.",
+                [(labels, counts.prompt_tokens)],
+            ),
+            *_metric(
+                "sglang:cached_tokens_total",
+                "counter",
+                "Number of cached prompt tokens.",
+                [(labels, counts.hits_tokens)],
+            ),
+            *_metric(
+                "sglang:cache_hit_rate",
+                "gauge",
+                "The prefix cache hit rate.",
+                [(labels, counts.last_hit_rate)],
+            ),
+        ]
+    return []
+
+
 def render_metrics(snap: Snapshot, settings: MockSettings) -> str:
     """Prometheus text exposition of the simulated GPU, the engine's gauges and the counters."""
     style = settings.metrics_style
@@ -155,6 +213,7 @@ def render_metrics(snap: Snapshot, settings: MockSettings) -> str:
     if settings.on_kv_full == "preempt" and (counter := _preemption_counter(style)):
         help_text = "Cumulative number of preemptions (KV cache full)."
         lines += _metric(counter, "counter", help_text, [(labels, snap.preemptions_total)])
+    lines += _prefix_cache(style, labels, snap.prefix, settings.prefix_cache)
     if settings.power_w:
         gpu = '{gpu="0",UUID="GPU-mock-0",modelName="mock"}'
         lines += _metric(

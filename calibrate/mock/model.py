@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from calibrate.mock.answer import AnswerLength, Generation, answer
-from calibrate.mock.kv import KvLedger, SeqPlan
+from calibrate.mock.kv import KvLedger, PrefixCache, SeqPlan
 from calibrate.mock.metrics import Snapshot
 from calibrate.mock.settings import SHAPES, MockSettings, Outcome
 
@@ -66,6 +66,7 @@ class MockModel:
         self._preemptions = 0  # ... and every eviction so far, as vLLM counts preemptions
         self._energy_mj = 0.0  # simulated GPU energy, integrated whenever in_flight changes
         self._energy_t = time.monotonic()
+        self.prefix = PrefixCache(settings)  # prompts seen before (``--prefix-cache``), counted
 
     def admit(self, weight: int = 1) -> Admission:
         """Count a newly arrived request of ``weight`` sequences and decide what happens to it."""
@@ -112,8 +113,7 @@ class MockModel:
 
     def waves(self, weight: int) -> int:
         """How many rounds of decoding ``weight`` sequences need with the configured slots."""
-        slots = self.settings.slots
-        return math.ceil(weight / slots) if slots else 1
+        return math.ceil(weight / self.settings.slots) if self.settings.slots else 1
 
     def acquire(
         self, adm: Admission, timeout_s: float | None = None, plans: Sequence[SeqPlan] = ()
@@ -266,6 +266,7 @@ class MockModel:
                 kv_tokens_in_use=in_use,
                 kv_capacity_tokens=s.kv_capacity_tokens,
                 preemptions_total=self._preemptions,
+                prefix=self.prefix.counts(),
                 power_w=self._power_w(),
                 energy_mj=self._energy_mj
                 + self._power_w() * (time.monotonic() - self._energy_t) * 1000,
@@ -278,7 +279,7 @@ class MockModel:
         extra = self._kv.extra_tokens(plans, reserve=True)
         return self._kv.tokens_reserved + extra <= s.kv_capacity_tokens
 
-    def _kv_mib(self, tokens: int) -> float:
+    def _kv_mib(self, tokens: int) -> float:  # tokens held → their simulated MiB
         return tokens * self.settings.kv_mib_per_1k_tokens / 1000
 
     def _vram_used_mib(self) -> int:

@@ -44,6 +44,7 @@ class GenerateRequest:
     min_tokens: int = 0
     ignore_eos: bool = False
     engine_error: str = ""  # answered with LMDeploy's finish_reason "error" (error_style)
+    cache_prompt: bool = True  # llama.cpp's field: false, the prompt is not looked up in its cache
 
     def cap(self, prompt_tokens: int, max_model_len: int) -> int | None:
         """The most tokens an answer may have: max_tokens, or the context left when EOS is off."""
@@ -140,6 +141,7 @@ def parse_request(kind: Kind, body: object, settings: MockSettings) -> GenerateR
         min_tokens,
         ignore_eos,
         engine_error,
+        body.get("cache_prompt") is not False,
     )
 
 

@@ -12,6 +12,7 @@ tick, as the fixed-timing path does.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -127,6 +128,9 @@ def answer(
     if settings.keepalive_only:
         wire.keepalive_only()
         return
+    prefill = model.prefix.prefill(req.prompts, req.prompt_tokens, look_up=req.cache_prompt)
+    if prefill.seconds:  # the prompt tokens the prefix cache did not hold are read first
+        adm = dataclasses.replace(adm, ttft_s=adm.ttft_s + prefill.seconds)
     gens = [
         model.generate(
             prompt,
@@ -171,10 +175,15 @@ def answer(
             wire.send_json(500, error_body(_oom_message(settings), "InternalServerError", 500))
             return
         answer = payloads.full_response(req, gens, rid, created, settings)
+        if settings.metrics_style == "llamacpp":  # llama.cpp says what its slot cache held
+            answer["timings"] = prefill.timings(sum(g.completion_tokens for g in gens))
         generated()
         wire.send_json(200, answer, drip=True)
         return
-    events = stream_events(req, gens, rid, created, settings)
+    timings = None
+    if settings.metrics_style == "llamacpp":
+        timings = prefill.timings(sum(g.completion_tokens for g in gens))
+    events = stream_events(req, gens, rid, created, settings, timings)
     wire.sse_headers()
     for n, event in enumerate(events):
         if adm.outcome == "reset" and n == len(events) // 2:

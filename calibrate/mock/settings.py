@@ -81,6 +81,8 @@ class MockSettings:
     on_kv_full: OnKvFull = "oom"
     preallocate: bool = False  # used VRAM flat at base + the whole KV capacity, as vLLM/SGLang
     prefix_cache: bool = False  # identical prompt prefixes (whole KV blocks) are held once
+    # each 1,000 prompt tokens not found in the prefix cache delay the first token this much
+    prefill_ms_per_1k_tokens: float = 0.0
     step_ms_per_1k_tokens: float = 0.0  # each decode step costs this much more per 1k resident
     jitter: float = 0.0  # ttft and per-token time × uniform [1 - jitter, 1 + jitter], seeded
     metrics_style: MetricsStyle = "mock"
@@ -160,8 +162,9 @@ class MockSettings:
             raise ValueError("times must be ≥ 0")
         if not 0 <= self.huge_mib <= 4096:
             raise ValueError(f"huge_mib must be in [0, 4096], got {self.huge_mib}")
-        if min(self.kv_mib_per_1k_tokens, self.kv_capacity_tokens, self.step_ms_per_1k_tokens) < 0:
-            raise ValueError("KV sizes and step costs must be ≥ 0")
+        costs = (self.step_ms_per_1k_tokens, self.prefill_ms_per_1k_tokens)
+        if min(self.kv_mib_per_1k_tokens, self.kv_capacity_tokens, *costs) < 0:
+            raise ValueError("KV sizes, step and prefill costs must be ≥ 0")
         if min(self.power_w, self.power_per_request_w) < 0:
             raise ValueError("power_w and power_per_request_w must be ≥ 0")
         if not 0 <= self.jitter < 1:

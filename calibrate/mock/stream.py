@@ -53,9 +53,15 @@ def _pieces(gen: Generation) -> list[str]:
 
 
 def stream_events(
-    req: GenerateRequest, gens: list[Generation], rid: str, created: int, settings: MockSettings
+    req: GenerateRequest,
+    gens: list[Generation],
+    rid: str,
+    created: int,
+    settings: MockSettings,
+    timings: Json | None = None,
 ) -> list[StreamEvent]:
-    """Every event of the stream in order: role, one token per step, finish, usage, [DONE]."""
+    """Every event of the stream in order: role, one token per step, finish, usage, [DONE];
+    ``timings`` (llama.cpp's) ride on the last chunk, as llama.cpp sends them."""
     head = envelope(req, rid, created, settings, chunk=True)
     events: list[tuple[int, Json]] = []
     if req.kind == "chat":
@@ -78,6 +84,8 @@ def stream_events(
     if with_usage and not settings.usage_in_last_chunk:
         events.append((last_step, head | {"choices": [], "usage": usage(req, gens)}))
     events.sort(key=lambda e: e[0])  # stable: keeps choice order within a step
+    if timings is not None:
+        events[-1] = (events[-1][0], events[-1][1] | {"timings": timings})
     out = [StreamEvent.of(step, body, settings) for step, body in events]
     if not settings.no_done:
         out.append(StreamEvent(last_step, DONE))

@@ -23,6 +23,7 @@ from calibrate.report.html.charts import key_label
 from calibrate.report.html.compare import comparison_html
 from calibrate.report.html.page import run_html
 from calibrate.report.plot import write_plot, write_timeline_png
+from calibrate.report.replay import all_lines, prefix_cache_seen, replay_fit
 from calibrate.report.run_view import RunView, load_run, run_inputs, run_kind, stage_notes
 from calibrate.report.spreads import confidence_json, noisy_lines, run_spreads
 from calibrate.report.tables.compare import runs_compare_table
@@ -139,6 +140,11 @@ def _one(
     notes = stage_notes(view.summary)
     for note in notes:
         out.warn(note)
+    if (seen := prefix_cache_seen(view.summary)) is not None:
+        out.say(f"workload: {seen.describe()}")
+    fit = replay_fit(view.summary, path)
+    for line in all_lines(fit) if fit is not None else ():
+        out.say(line)
     if rows and rows[0].get("vram_source") == "none":
         out.say("VRAM not measured")
     try:
@@ -157,6 +163,7 @@ def _one(
         "notes": notes,
         "confidence": confidence_json(view, spreads, level),
         "noisy": noisy,
+        "replay": fit.to_json() if fit is not None else None,
     }
     if timeline is not None and req.timeline is not None:
         result["timeline"] = _draw_timeline(out, view, timeline, req)

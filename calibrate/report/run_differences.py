@@ -32,7 +32,16 @@ class Difference:
 
 
 # What the workload asked for (not what was measured, like the longest input sent).
-_WORKLOAD_FIELDS = ("source", "tasks", "pick", "input_tokens", "output_tokens", "shared_prefix")
+_WORKLOAD_FIELDS = (
+    "source",
+    "tasks",
+    "pick",
+    "input_tokens",
+    "output_tokens",
+    "shared_prefix",
+    "prefix_tokens",
+    "replay",
+)
 
 
 def _workload(view: RunView) -> Workload:

@@ -82,9 +82,62 @@ class TunedSetting:
         return cls(flags_of(data.get("flags")), setting.batch_size, setting.concurrency)
 
 
+def fraction_of(data: dict[str, Any], key: str) -> float | None:
+    """A share in [0, 1] (0 is a finding: nothing came from the cache)."""
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        return None
+    return float(value)
+
+
+@dataclass(frozen=True)
+class PrefixCacheSeen:
+    """The engine's prefix cache as a ladder or sweep met it (SPEC §13): its name, on or off
+    (None: not said), the share of prompt tokens found in it (over the run's load, else the
+    probe's shared-prefix prompts) and how many times sooner a shared prefix got a first token
+    than the same prompt with nothing shared (None: not probed)."""
+
+    cache: str | None = None
+    on: bool | None = None
+    hit: float | None = None
+    gain: float | None = None
+
+    def describe(self) -> str:
+        state = {True: "on", False: "off", None: "seen"}[self.on]
+        text = f"prefix cache {state}" + (f" ({self.cache})" if self.cache else "")
+        found = []
+        if self.hit is not None:
+            found.append(f"{self.hit:.0%} of prompt tokens from the cache")
+        if self.gain is not None:  # below 1.2×: timing noise, no gain to speak of
+            sooner = f"{self.gain:.1f}× sooner" if self.gain >= 1.2 else "no sooner"
+            found.append(f"first token {sooner} with the shared prefix")
+        return text + (": " + ", ".join(found) if found else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cache": self.cache,
+            "on": self.on,
+            "hit": round(self.hit, 4) if self.hit is not None else None,
+            "gain": round(self.gain, 3) if self.gain is not None else None,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> PrefixCacheSeen | None:
+        if not isinstance(data, dict):
+            return None
+        on = data.get("on")
+        return cls(
+            text_of(data, "cache") or None,
+            on if isinstance(on, bool) else None,
+            fraction_of(data, "hit"),
+            positive_float(data, "gain"),
+        )
+
+
 @dataclass(frozen=True)
 class Workload:
-    """What a ladder or sweep sent (SPEC §5.11): the fixed prompt, a tasks file, or synthetic.
+    """What a ladder or sweep sent (SPEC §5.11): the fixed prompt, a tasks file, synthetic
+    prompts, or a finished batch replayed — and the engine's prefix cache as it met them.
 
     ``longest_input_tokens`` is the longest ``usage.prompt_tokens`` a passing tier sent, and
     ``tokens_per_char`` what the server counted per character of those inputs (``batch``'s
@@ -100,26 +153,44 @@ class Workload:
     shared_prefix: float | None = None
     tokens_per_char: float | None = None
     output_controlled: bool | None = None  # None: answers were not forced
+    prefix_tokens: int | None = None  # --prefix-tokens: the first P tokens of every prompt
+    replay: str | None = None  # the journal replayed
+    replay_items: int | None = None
+    prefix_cache: PrefixCacheSeen | None = None
 
     def describe(self) -> str:
         if self.source == "fixed":
             text = "the fixed prompt"
             if self.longest_input_tokens:
                 text += f" ({self.longest_input_tokens} input tokens)"
-            return text
+            seen = self.prefix_cache
+            return text + (f", {seen.describe()}" if seen and self._said_cache() else "")
         parts = [self.source]
         if self.tasks:
             parts[0] = f"tasks {self.tasks}" + (f" (pick {self.pick})" if self.pick else "")
+        if self.replay:
+            items = f", {self.replay_items} items" if self.replay_items else ""
+            parts[0] = f"replay of {self.replay} (its own token counts{items})"
         if self.input_tokens:
             parts.append(f"target {self.input_tokens} input tokens")
-        if self.shared_prefix:
+        if self.prefix_tokens:
+            parts.append(f"the first {self.prefix_tokens} tokens shared")
+        elif self.shared_prefix:
             parts.append(f"{self.shared_prefix:.0%} shared prefix")
         if self.longest_input_tokens:
             parts.append(f"longest input {self.longest_input_tokens} tokens")
         if self.output_tokens:
             forced = "" if self.output_controlled is not False else " (not controlled)"
             parts.append(f"{self.output_tokens} output tokens{forced}")
+        if self._said_cache() and self.prefix_cache is not None:
+            parts.append(self.prefix_cache.describe())
         return ", ".join(parts)
+
+    def _said_cache(self) -> bool:
+        """A cache is named when it was probed or found anything (never a silent 'off' for a
+        workload that shares nothing)."""
+        seen = self.prefix_cache
+        return seen is not None and (seen.gain is not None or bool(seen.hit))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -132,6 +203,10 @@ class Workload:
             "shared_prefix": self.shared_prefix,
             "tokens_per_char": round(self.tokens_per_char, 5) if self.tokens_per_char else None,
             "output_controlled": self.output_controlled,
+            "prefix_tokens": self.prefix_tokens,
+            "replay": self.replay,
+            "replay_items": self.replay_items,
+            "prefix_cache": self.prefix_cache.to_json() if self.prefix_cache else None,
         }
 
     @classmethod
@@ -149,4 +224,8 @@ class Workload:
             positive_float(data, "shared_prefix"),
             positive_float(data, "tokens_per_char"),
             controlled if isinstance(controlled, bool) else None,
+            positive_int(data, "prefix_tokens"),
+            text_of(data, "replay") or None,
+            positive_int(data, "replay_items"),
+            PrefixCacheSeen.from_json(data.get("prefix_cache")),
         )

@@ -72,7 +72,11 @@ SETTINGS: tuple[tuple[str, str | None, str | None], ...] = (
      "room for its prompt and answer, counted as queued (default oom)"),
     ("--preallocate", None, "used VRAM flat at base + the whole KV capacity from the start (as "
      "vLLM and SGLang reserve it) while the KV-usage metric still rises"),
-    ("--prefix-cache", None, "prompts sharing a prefix hold its whole 16-token KV blocks once"),
+    ("--prefix-cache", None, "a prefix cache: prompts sharing a prefix hold its whole 16-token "
+     "KV blocks once, and blocks seen before are not prefilled again; its hit counters in every "
+     "--metrics-style as that engine publishes them (llama.cpp: each answer's timings.cache_n)"),
+    ("--prefill-ms-per-1k-tokens", "F", "the first token waits F ms more per 1,000 prompt tokens "
+     "not found in the prefix cache (default 0: prompts cost nothing to read)"),
     ("--step-ms-per-1k-tokens", "F", "each decode step costs F ms more per 1,000 tokens held by "
      "the batch: per-token time = --per-token + F/1000 × tokens/1000 (default 0)"),
     ("--jitter", "F", "multiply each request's ttft and per-token time by a seeded uniform draw "

@@ -11,12 +11,14 @@ from calibrate.cli.flags.workload import add_tier_args, measure_spec, resolved_w
 from calibrate.config import MAX_BATCH_SIZE, Config, SloConfig
 from calibrate.errors import UsageError
 from calibrate.io.tasks import pool_for
+from calibrate.load.arrivals import ARRIVALS, Arrival
 from calibrate.stages.measure.slo import has_slo, parse_slo_flags
 from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.sweep.auto import DEFAULT_AUTO_STEPS, MAX_AUTO_STEPS
 from calibrate.stages.sweep.find_max import TOP
 from calibrate.stages.sweep.rates import parse_rate_range
 from calibrate.stages.sweep.spec import SweepSpec
+from calibrate.workload import JobTrace
 
 
 def register(subparsers: Any, doc: str, run: Runner) -> None:
@@ -59,9 +61,11 @@ def register(subparsers: Any, doc: str, run: Runner) -> None:
     )
     parser.add_argument(
         "--arrival",
-        choices=("poisson", "constant"),
-        default="poisson",
-        help="with --rates: how requests arrive (default poisson, seeded)",
+        choices=ARRIVALS,
+        default=None,
+        help="with --rates: how requests arrive (default poisson, seeded; with --replay of a "
+        "journal that recorded when each item was sent, job: the job's own gaps between sends, "
+        "rescaled to each rate)",
     )
     parser.add_argument(
         "--burstiness",
@@ -114,12 +118,28 @@ def sweep_spec(args: argparse.Namespace, measure: MeasureSpec, cfg: Config) -> S
         auto_steps=args.auto_steps if args.auto else 0,
         find_max=args.find_max,
         find_max_rates=parse_rate_range(args.rates) if args.find_max and args.rates else None,
-        arrival=args.arrival,
+        arrival=job_arrival(args.arrival, workload.trace),
         burstiness=args.burstiness,
         seed=args.seed,
         beyond_ladder=args.beyond_ladder,
         workers=args.workers,
     )
+
+
+def job_arrival(given: Arrival | None, trace: JobTrace | None) -> Arrival:
+    """``--arrival``, else the replayed job's own pattern where its journal recorded one."""
+    times = trace is not None and bool(trace.gaps_s())
+    if given == "job" and trace is None:
+        raise UsageError(
+            "--arrival job follows a replayed batch's own send times: add --replay JOURNAL"
+        )
+    if given == "job" and not times:
+        raise UsageError(
+            "--arrival job: the journal records no send times (written before calibrate "
+            "recorded them, or a Batch API output file)",
+            "Use --arrival poisson or constant; a batch run now records them.",
+        )
+    return given or ("job" if times else "poisson")
 
 
 def _check_load_flags(args: argparse.Namespace) -> None:

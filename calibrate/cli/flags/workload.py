@@ -11,6 +11,7 @@ from calibrate.cli.flags import add_force, add_junit, add_wide
 from calibrate.cli.flags.workers import workers_count
 from calibrate.config import Config, normal_url
 from calibrate.gpu.energy import PRICE_HELP
+from calibrate.io.journal.replay import read_job_trace
 from calibrate.load.procs.sender import RATE_PER_WORKER, SLOTS_PER_WORKER
 from calibrate.stages.measure.compare_tiers import TableKind, read_table
 from calibrate.stages.measure.tier_run import MeasureSpec, preflight
@@ -66,6 +67,22 @@ def add_workload_args(parser: argparse.ArgumentParser, kind: str) -> None:
         metavar="F",
         help="synthetic prompts share their first fraction F (0–1; default 0: all unique)",
     )
+    add(
+        "--prefix-tokens",
+        type=int,
+        metavar="P",
+        help="synthetic or replayed prompts all start with the same P tokens (a long system "
+        "prompt, a few-shot block), as a job with one instruction before every item: an engine's "
+        "prefix cache is measured as the job will use it (with --tasks the shared prefix is "
+        "--prompt)",
+    )
+    add(
+        "--replay",
+        metavar="JOURNAL",
+        help="measure on a finished batch's own items: each one's input and output tokens "
+        "(and, for --rates, when each was sent) from its journal (batch --out, or a Batch API "
+        "output file)",
+    )
     if kind == "ladder":
         add(
             "--axis",
@@ -97,15 +114,22 @@ def resolved_workload(args: argparse.Namespace, cfg: Config, kind: str) -> Resol
         output_tokens=args.output_tokens,
         shared_prefix=args.shared_prefix,
         prompt=args.prompt,
+        prefix_tokens=args.prefix_tokens,
+        replay=args.replay,
     )
     ladder = kind == "ladder"
-    return resolve_workload_flags(
+    resolved = resolve_workload_flags(
         cfg.workload.flags(),
         flags,
         AxisFlags(args.axis, args.context_lengths, args.batch) if ladder else AxisFlags(),
         default_pick="longest" if ladder else "sample",
         max_tokens=cfg.prompt.max_tokens,
     )
+    if resolved.replay is None:
+        return resolved
+    # the journal is read now, once: a file with nothing to replay is exit 2 before anything
+    trace = read_job_trace(resolved.replay, seed=resolved.spec.seed)
+    return replace(resolved, spec=replace(resolved.spec, trace=trace))
 
 
 def add_tier_args(parser: argparse.ArgumentParser, kind: str) -> None:

@@ -22,6 +22,7 @@ from calibrate.gpu.vram import VramMonitor
 from calibrate.io.junit import JUnitSuite
 from calibrate.io.tier_table import Kind, read_rows
 from calibrate.report.plot import write_plot
+from calibrate.report.replay import prefix_cache_seen
 from calibrate.report.tables.compare import compare_table
 from calibrate.report.tables.tiers import tier_table
 from calibrate.stages.context import StageContext
@@ -78,6 +79,7 @@ class TierView(ABC, Generic[Found, Opts]):
             raise self.interrupted(done)
         self.save_junit(suite, junit)
         self.verdict(done)
+        say_prefix_cache(out, record.entry.summary)
         say_overall(out, done.determinism)
         if done.next_step:
             out.say(f"next: {done.next_step}")
@@ -108,6 +110,12 @@ class TierView(ABC, Generic[Found, Opts]):
     @abstractmethod
     def detail(self, done: TierOutcome[Found, Opts]) -> dict[str, Any]:
         """The ``--json`` result's per-tier or per-level detail."""
+
+
+def say_prefix_cache(out: Output, summary: Mapping[str, Any]) -> None:
+    """The engine's prefix cache over the run, when it was probed or found anything."""
+    if (seen := prefix_cache_seen(summary)) is not None:
+        out.say(f"workload: {seen.describe()}")
 
 
 def announce(out: Output, monitor: VramMonitor) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 from calibrate.io.tier_table import level_key
 from calibrate.numbers import finite
 from calibrate.report.html.parts import definitions, section, text
+from calibrate.report.replay import prefix_cache_seen
 from calibrate.report.run_view import RunView
 from calibrate.report.spreads import value_text
 from calibrate.report.tables.cells import is_true
@@ -204,6 +205,8 @@ def verdict_html(view: RunView) -> str:
             sure = knee.get("how_sure")
     elif v.knee != "—" or (view.kind == "sweep" and view.key == "concurrency"):
         items.append(("knee", v.knee if v.knee != "—" else "none found"))
+    if (seen := prefix_cache_seen(view.summary)) is not None:
+        items.append(("prefix cache", seen.describe()))
     notes = "".join(f"<li>{text(n)}</li>" for n in (*v.notes, *([sure] if sure else [])))
     return section(
         "verdict",

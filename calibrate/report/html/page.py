@@ -17,8 +17,10 @@ from calibrate.report.html.answer import verdict_html
 from calibrate.report.html.charts import charts_for
 from calibrate.report.html.configuration import configuration_html
 from calibrate.report.html.parts import page, section, table, text
+from calibrate.report.html.replay import replay_html
 from calibrate.report.html.svg import timeline_chart
 from calibrate.report.html.tiers import tier_table_html
+from calibrate.report.replay import replay_fit
 from calibrate.report.run_view import RunView
 from calibrate.report.timeline import Timeline
 
@@ -128,6 +130,8 @@ def run_html(view: RunView, timeline: Timeline | None = None) -> str:
             "tier-table", "Tiers" if view.kind == "ladder" else "Levels", [tier_table_html(view)]
         ),
     ]
+    if (fit := replay_fit(view.summary, view.path)) is not None:
+        parts.append(replay_html(fit))
     if timeline is not None:
         parts.append(timeline_html(timeline))
     if (copies := determinism_html(view)) is not None:

@@ -218,6 +218,8 @@ def result_line(
         line["finish_reason"] = completion.finish_reason
         line["usage"] = completion.usage.to_json() if completion.usage else None
         line["seconds"] = round(completion.elapsed_s, 4)
+        if completion.times is not None:  # when it was sent: what a replay's open loop follows
+            line["sent_at"] = round(completion.times.sent_at, 6)
     else:
         line["ok"] = False
         line["error"] = (error or ErrorInfo("invalid_response", "no answer")).to_json()

@@ -230,6 +230,8 @@ def prepare_load(
     )
     for note in plan.notes:
         watcher.warn(note)
+    for line in plan.lines:  # the prefix cache as the workload meets it
+        watcher.say(line)
     if not stream:
         return plan, None
     check = probe_stream(ctx, mode)  # a server that refuses streaming is measured unstreamed

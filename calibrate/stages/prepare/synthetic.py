@@ -47,18 +47,31 @@ def _words(rng: random.Random, count: int) -> list[str]:
     return rng.choices(WORDS, k=count) if count > 0 else []
 
 
-def synthetic_prompt(words: int, key: int, *, seed: int, shared: float = 0.0) -> str:
-    """``words`` seeded words; request ``key``'s own marker after the shared fraction.
+def synthetic_prompt(
+    words: int,
+    key: int,
+    *,
+    seed: int,
+    shared: float = 0.0,
+    shared_words: int | None = None,
+    salt: str = "",
+) -> str:
+    """``words`` seeded words; request ``key``'s own marker after the shared fraction (or the
+    first ``shared_words`` words: a shared prefix of a given length, ``--prefix-tokens``).
 
     With ``shared`` 1.0 every prompt is the same text (a prefix cache holds it once); with 0
-    the marker comes first and no two prompts share a single block.
+    the marker comes first and no two prompts share a single block. ``salt`` (a run's own) goes
+    into the marker: a rerun sends the same words, but its prompts share no block with the last
+    run's, which an engine's prefix cache may still hold.
     """
-    shared_words = min(words, round(words * shared))
+    if shared_words is None:
+        shared_words = round(words * shared)
+    shared_words = min(words, shared_words)
     head = _words(random.Random(f"calibrate-shared-{seed}"), shared_words)
     if shared_words >= words:
         return " ".join(head)
     own = _words(random.Random(f"calibrate-{seed}-{key}"), words - shared_words - 1)
-    return " ".join([*head, f"r{key}:", *own])
+    return " ".join([*head, f"r{salt}{key}:", *own])
 
 
 def target_tokens(low: int, high: int, key: int, *, seed: int) -> int:

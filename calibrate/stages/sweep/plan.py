@@ -80,6 +80,7 @@ def plan_sweep(spec: SweepSpec, ctx: StageContext, say: Say, warn: Say) -> Sweep
         slo=spec.slo if spec.slo is not None else ctx.config.slo,
         rates=rates,
         arrival=spec.arrival,
+        job_gaps=spec.workload.trace.gaps_s() if spec.workload.trace else (),
         burstiness=spec.burstiness,
         seed=spec.seed,
         max_in_flight=proved if capped and (rates or auto or over_rates) else None,

@@ -103,7 +103,12 @@ def run_rate_once(
     count = requests_for(rate, o.level_s, cap or o.batch_size)
     requests = sweep.numbered(sweep.level_requests(count, count))
     schedule = arrival_times(
-        rate, len(requests), arrival=o.arrival, burstiness=o.burstiness, seed=o.seed + repeat
+        rate,
+        len(requests),
+        arrival=o.arrival,
+        burstiness=o.burstiness,
+        seed=o.seed + repeat,
+        job_gaps=o.job_gaps,
     )
     idle = sweep.monitor.open_window()
     in_flight_cap = cap if cap is not None or not math.isinf(rate) else len(requests)

@@ -30,6 +30,7 @@ class SweepOptions:
     arrival: Arrival = "poisson"
     burstiness: float = 1.0
     seed: int = 0
+    job_gaps: tuple[float, ...] = ()  # arrival "job": a replayed journal's gaps between sends
     max_in_flight: int | None = None  # rate mode's in-flight cap (None: none, a managed server)
     auto_steps: int = 0  # --auto: rates between synchronous and maximum (levels = (1, maximum))
     stream_check: StreamCheck | None = None  # what the stream probe found (None: not probed)

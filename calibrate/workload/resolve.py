@@ -1,9 +1,9 @@
-"""What ladder and sweep send (SPEC §5.11): the workload's spec, resolved once from config and flags.
+"""The workload's flags over the ``[workload]`` section, resolved once: exit 2 on a mistake.
 
-``fixed`` (the default) repeats the fixed prompt; ``tasks`` takes items of a batch input file
-(``--pick longest`` — the worst case for memory — or a seeded ``sample``); ``synthetic`` builds
-seeded prompts of ``--input-tokens`` (one size or a uniform ``A:B`` range) with answers forced to
-``--output-tokens``. Every bound is checked here (exit 2 naming the flag and its maximum).
+A flag wins over the section; the source follows what was given when it is not named. The
+combinations that make no workload are refused by name: two sources at once (``--tasks``,
+``--input-tokens``, ``--replay``), a shape without a source to shape, a shared prefix as long as
+the prompts it is part of.
 """
 
 from __future__ import annotations
@@ -11,86 +11,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
 
 from calibrate.errors import UsageError
-
-WorkloadSource = Literal["fixed", "tasks", "synthetic"]
-Pick = Literal["longest", "sample"]
-Axis = Literal["batch", "context"]
-PICKS: tuple[Pick, ...] = ("longest", "sample")
-
-# Documented maxima (README "Limits").
-MAX_INPUT_TOKENS = 1_048_576
-MAX_OUTPUT_TOKENS = 1_000_000
-MAX_CONTEXT_STEPS = 32
-MAX_BATCH_SIZE = 4096
-
-
-@dataclass(frozen=True)
-class TokenRange:
-    """Input tokens per request: one size (low == high) or a uniform range."""
-
-    low: int
-    high: int
-
-    @property
-    def mean(self) -> int:
-        return (self.low + self.high) // 2
-
-    def describe(self) -> str:
-        return str(self.low) if self.low == self.high else f"{self.low}:{self.high}"
-
-
-def parse_token_range(text: str | int, where: str) -> TokenRange:
-    """``2000`` or ``"512:4096"`` → a range; anything else (or out of bounds) is exit 2."""
-    raw = str(text).strip()
-    low_text, sep, high_text = raw.partition(":")
-    try:
-        low = int(low_text)
-        high = int(high_text) if sep else low
-    except ValueError:
-        raise UsageError(
-            f"{where} must be a token count N or a range A:B, got {text!r}",
-            "e.g. --input-tokens 2000, or --input-tokens 512:4096 for a uniform range",
-        ) from None
-    if not 1 <= low <= high <= MAX_INPUT_TOKENS:
-        raise UsageError(
-            f"{where} must be in [1, {MAX_INPUT_TOKENS}] (and A ≤ B for a range), got {raw}"
-        )
-    return TokenRange(low, high)
-
-
-@dataclass(frozen=True)
-class WorkloadSpec:
-    """The resolved workload: which source, and its sizes. ``prompt`` prefixes task items."""
-
-    source: WorkloadSource = "fixed"
-    tasks: Path | None = None
-    pick: Pick = "longest"
-    input_tokens: TokenRange | None = None
-    output_tokens: int | None = None
-    shared_prefix: float = 0.0
-    seed: int = 0
-    prompt: str = ""
-
-    @property
-    def fixed(self) -> bool:
-        return self.source == "fixed"
-
-    def describe(self) -> str:
-        if self.source == "fixed":
-            return "the fixed prompt"
-        if self.source == "tasks":
-            text = f"tasks {self.tasks} (pick {self.pick})"
-        else:
-            assert self.input_tokens is not None
-            text = f"synthetic {self.input_tokens.describe()} input tokens"
-            if self.shared_prefix:
-                text += f" ({self.shared_prefix:.0%} shared prefix)"
-        if self.output_tokens:
-            text += f", answers forced to {self.output_tokens} tokens"
-        return text
+from calibrate.workload.spec import (
+    MAX_BATCH_SIZE,
+    MAX_CONTEXT_STEPS,
+    MAX_INPUT_TOKENS,
+    MAX_OUTPUT_TOKENS,
+    Axis,
+    Pick,
+    WorkloadSource,
+    WorkloadSpec,
+    parse_token_range,
+)
 
 
 @dataclass(frozen=True)
@@ -105,6 +38,8 @@ class WorkloadFlags:
     shared_prefix: float | None = None
     seed: int | None = None
     prompt: str | None = None
+    prefix_tokens: int | None = None  # --prefix-tokens: the first P tokens of every prompt shared
+    replay: str | None = None  # --replay JOURNAL: a finished batch's token counts
 
 
 @dataclass(frozen=True)
@@ -125,6 +60,7 @@ class ResolvedWorkload:
     axis: Axis = "batch"
     context_lengths: tuple[int, ...] | None = None
     context_batch: int = 1
+    replay: Path | None = None  # the journal to read (io.journal.replay) into ``spec.trace``
 
 
 def resolve_workload_flags(
@@ -145,13 +81,19 @@ def resolve_workload_flags(
     spec = resolve_workload(file, flags, default_pick=default_pick)
     if spec.source == "synthetic" and spec.output_tokens is None:
         spec = replace(spec, output_tokens=max_tokens)
-    return ResolvedWorkload(spec)
+    return ResolvedWorkload(spec, replay=Path(flags.replay) if flags.replay else None)
 
 
 def _context_axis(
     file: WorkloadFlags, flags: WorkloadFlags, along: AxisFlags, max_tokens: int
 ) -> ResolvedWorkload:
     """The context axis sends synthetic inputs of its own lengths (sized per step)."""
+    if flags.replay or flags.prefix_tokens is not None:
+        raise UsageError(
+            "--axis context steps synthetic inputs of its own lengths: drop "
+            + ("--replay" if flags.replay else "--prefix-tokens"),
+            "A replay or a shared prefix of P tokens goes with the batch axis.",
+        )
     if flags.tasks or flags.input_tokens is not None:
         raise UsageError(
             "--axis context steps synthetic inputs of its own lengths: drop --tasks/--input-tokens",
@@ -178,10 +120,21 @@ def resolve_workload(
     """Flags over the [workload] section; the source follows what was given when not named."""
     tasks = flags.tasks if flags.tasks is not None else file.tasks
     input_tokens = flags.input_tokens if flags.input_tokens is not None else file.input_tokens
-    if flags.tasks is not None and flags.input_tokens is not None:
-        raise UsageError("--tasks and --input-tokens are two workloads: give one of them")
+    given = [
+        f
+        for f, v in (
+            ("--tasks", flags.tasks),
+            ("--input-tokens", flags.input_tokens),
+            ("--replay", flags.replay),
+        )
+        if v is not None
+    ]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} are {len(given)} workloads: give one of them")
     source = flags.source
-    if source is None and flags.tasks is not None:
+    if flags.replay is not None:
+        source = "replay"
+    elif source is None and flags.tasks is not None:
         source = "tasks"
     elif source is None and flags.input_tokens is not None:
         source = "synthetic"
@@ -205,6 +158,9 @@ def resolve_workload(
         prompt=flags.prompt or "",
         output_tokens=output,
     )
+    spec = _prefix(spec, flags.prefix_tokens, shared)
+    if source == "replay":
+        return _replay(spec, flags)
     if source == "tasks":
         if not tasks:
             raise UsageError("the tasks workload needs a file: --tasks FILE ([workload] tasks)")
@@ -215,13 +171,63 @@ def resolve_workload(
                 "the synthetic workload needs --input-tokens N (or A:B)",
                 "e.g. --input-tokens 2000 --output-tokens 200",
             )
-        return replace(spec, input_tokens=parse_token_range(input_tokens, "--input-tokens"))
+        sizes = parse_token_range(input_tokens, "--input-tokens")
+        if spec.prefix_tokens is not None and spec.prefix_tokens >= sizes.low:
+            raise UsageError(
+                f"--prefix-tokens {spec.prefix_tokens} is not shorter than the prompts "
+                f"(--input-tokens {sizes.describe()}): each prompt needs tokens of its own",
+                "Give --input-tokens the whole prompt's length, prefix included.",
+            )
+        return replace(spec, input_tokens=sizes)
+    if spec.prefix_tokens:
+        raise UsageError(
+            "--prefix-tokens shapes synthetic or replayed prompts",
+            "Add --input-tokens N (synthetic prompts) or --replay JOURNAL.",
+        )
     if output is not None or shared:
         raise UsageError(
             "--output-tokens and --shared-prefix shape a synthetic or tasks workload",
             "Add --input-tokens N (synthetic prompts) or --tasks FILE.",
         )
     return spec
+
+
+def _prefix(spec: WorkloadSpec, tokens: int | None, shared: float | None) -> WorkloadSpec:
+    """``--prefix-tokens P``: checked, and never beside ``--shared-prefix`` nor ``--tasks``
+    (whose shared prefix is the job's own ``--prompt``)."""
+    if tokens is None:
+        return spec
+    if shared:
+        raise UsageError("--prefix-tokens and --shared-prefix say the same: give one of them")
+    if spec.source == "tasks":
+        raise UsageError(
+            "--prefix-tokens shapes synthetic prompts; a tasks workload's shared prefix is the "
+            "job's own --prompt",
+            'Give it as the job does: --prompt "…" with --tasks FILE.',
+        )
+    if not 1 <= tokens <= MAX_INPUT_TOKENS:
+        raise UsageError(f"--prefix-tokens must be in [1, {MAX_INPUT_TOKENS}], got {tokens}")
+    return replace(spec, prefix_tokens=tokens)
+
+
+def _replay(spec: WorkloadSpec, flags: WorkloadFlags) -> WorkloadSpec:
+    """A replay sends the journal's own input and output lengths: nothing else sizes it."""
+    if flags.replay is None:  # [workload] source = "replay": the journal is the command's
+        raise UsageError(
+            "the replay workload needs its journal: --replay JOURNAL",
+            "Give it on the command line (a batch's --out, or a Batch API output file).",
+        )
+    for flag, value in (
+        ("--output-tokens", flags.output_tokens),
+        ("--shared-prefix", flags.shared_prefix),
+        ("--pick", flags.pick),
+    ):
+        if value is not None:
+            raise UsageError(
+                f"--replay sends the job's own token counts: drop {flag}",
+                "A shared prefix of P tokens on the replayed prompts: --prefix-tokens P.",
+            )
+    return replace(spec, output_tokens=None, shared_prefix=0.0)
 
 
 def _check_output(output: int | None) -> None:
