@@ -1,17 +1,17 @@
 """Reading an HTTP answer within the request's deadline and the answer-size cap.
 
 A body is read one socket read at a time (``read1``), the socket's timeout set to the time left,
-so a server that drips a byte a second or sends only SSE keep-alive comments is cut at the
-deadline, and an answer over the cap is refused after reading at most the cap, never buffered
-whole. Plain (unencoded) bodies are read straight from the ``http.client`` response under
-urllib3's: the streaming hot path then costs what urllib3's own chunk reader did.
+so a server that drips a byte a second is cut at the deadline, and an answer over the cap is
+refused after reading at most the cap, never buffered whole (the control plane's answers:
+completions are read by ``calibrate.http.aio.wire``). Plain (unencoded) bodies are read straight
+from the ``http.client`` response under urllib3's.
 """
 
 from __future__ import annotations
 
 import http.client
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import urllib3
 from urllib3.exceptions import HTTPError, ReadTimeoutError
@@ -105,23 +105,6 @@ class BodyReader:
             parts.append(piece)
             size += len(piece)
         return b"".join(parts)[:limit], False
-
-    def lines(self) -> Iterator[bytes]:
-        """The lines of a streamed body as they arrive, without line endings."""
-        pending: list[bytes] = []  # the start of a line still arriving
-        while chunk := self.read1():
-            if b"\n" not in chunk:
-                pending.append(chunk)  # joined once the line ends: no quadratic copying
-                continue
-            if pending:
-                pending.append(chunk)
-                chunk = b"".join(pending)
-            *complete, rest = chunk.split(b"\n")
-            pending = [rest] if rest else []
-            for line in complete:
-                yield line.rstrip(b"\r")
-        if pending:
-            yield b"".join(pending).rstrip(b"\r")
 
     def _timeout(self, exc: BaseException | None) -> RequestError:
         return request_error(

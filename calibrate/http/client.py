@@ -13,31 +13,25 @@ to an error kind of SPEC §5.5 (raised as ``RequestError``). Three promises are 
   ``redacted_headers`` is what records and incidents may keep.
 
 Completions — the load engine's hot path — go through the asyncio transport
-(``calibrate.http.aio``: one event-loop thread does the I/O of every thread's requests), the
-winner of ``make bench``'s transports section (a third of the CPU per request, a higher
-throughput ratio at every concurrency); every other call (``/v1/models``, ``/metrics``, probes)
-and a client given its own ``pool`` go over urllib3's connection pool.
-``CALIBRATE_TRANSPORT=urllib3`` (or ``io="urllib3"``) sends completions over urllib3 too — the
-way back should a server meet the new transport badly. The asyncio transport replaces a
-kept-alive connection the server closed just as it was reused (once, see
-``calibrate.http.aio.connection``) and keeps at most ``max_connections`` idle, as urllib3's pool.
+(``calibrate.http.aio``: one event-loop thread does the I/O of every request), the winner of
+``make bench``'s transports: the load engine awaits them on that loop (``complete``), every
+other caller hands them to it and waits (``post_completion``, ``submit_completion``). It
+replaces a kept-alive connection the server closed just as it was reused (once, see
+``calibrate.http.aio.connection``) and keeps at most ``max_connections`` idle. The control plane
+(``/v1/models``, ``/metrics``, probes) goes over urllib3's pool (``calibrate.http.transport``).
 Neither retries anything else: retrying is the caller's decision (batch).
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
-import urllib3
-
-from calibrate.errors import ConfigError, RequestError
+from calibrate.errors import RequestError
 from calibrate.http.aio.bridge import AioTransport, checked
 from calibrate.http.aio.completion import completion_of
 from calibrate.http.aio.connection import Call
@@ -50,14 +44,11 @@ from calibrate.http.models import (
     completions_request,
 )
 from calibrate.http.request_times import RequestTimes
-from calibrate.http.responses import parse_completion, parse_model_list, valid_text
-from calibrate.http.stream import read_stream
-from calibrate.http.transport import Clock, Transport, finish, is_event_stream, parse_json
+from calibrate.http.responses import parse_model_list, valid_text
+from calibrate.http.transport import Clock, Transport, parse_json
 from calibrate.redact import Scrubber, origin, split_userinfo
 
 MIB = 1024 * 1024
-Io = Literal["asyncio", "urllib3"]
-TRANSPORTS = ("asyncio", "urllib3")
 
 
 class OpenAIClient:
@@ -73,9 +64,7 @@ class OpenAIClient:
         connect_timeout_s: float = 10.0,
         max_response_mib: float = 64.0,
         max_connections: int = 64,
-        pool: urllib3.PoolManager | None = None,
         clock: Clock = time.perf_counter,
-        io: Io | None = None,
     ) -> None:
         credentials = split_userinfo(base_url.rstrip("/"))
         self.base_url = credentials.url  # without userinfo: safe in every message
@@ -89,23 +78,14 @@ class OpenAIClient:
             connect_timeout_s=self.connect_timeout_s,
             max_bytes=int(max_response_mib * MIB),
             max_connections=max_connections,
-            pool=pool,
             clock=clock,
         )
-        chosen = io or os.environ.get("CALIBRATE_TRANSPORT") or "asyncio"
-        if chosen not in TRANSPORTS:
-            raise ConfigError(
-                f"CALIBRATE_TRANSPORT is {chosen[:40]!r}: set it to asyncio (the default) or "
-                "urllib3, or unset it"
-            )
-        self._aio: AioTransport | None = None
-        if chosen == "asyncio" and pool is None:
-            self._aio = AioTransport(
-                connect_timeout_s=self.connect_timeout_s,
-                max_bytes=int(max_response_mib * MIB),
-                max_connections=max_connections,
-                clock=clock,
-            )
+        self._aio = AioTransport(
+            connect_timeout_s=self.connect_timeout_s,
+            max_bytes=int(max_response_mib * MIB),
+            max_connections=max_connections,
+            clock=clock,
+        )
         self._target_prefix = urlsplit(self.base_url).path
         scheme, host, port = self.origin
         self._origin = (scheme, host, port or (443 if scheme == "https" else 80))
@@ -144,84 +124,70 @@ class OpenAIClient:
 
     def post_completion(self, path: str, body: dict[str, Any]) -> Completion:
         """POST a chat or completions body and parse the answer (streamed or not)."""
-        stream = bool(body.get("stream"))
-        chat = path.startswith("/chat")
-        url = self.base_url + path
         start = self._clock()
-        deadline = start + self.timeout_s
         try:
-            if self._aio is not None:
-                answer = self._aio.exchange(self._completion_call(path, body, deadline))
-                return _stamped(completion_of(answer, start, stream=stream, chat=chat), start)
-            response = self._transport.send("POST", url, deadline, body=body, headers=self._headers)
-            if stream and is_event_stream(response):
-                try:
-                    lines = self._transport.reader(response, url, deadline, self.timeout_s).lines()
-                    return _stamped(read_stream(lines, start, self._clock, chat=chat), start)
-                finally:
-                    # The stream may end at [DONE] before the transport's last frame: never reuse it.
-                    finish(response, complete=False)
-            payload = parse_json(self._transport.read_body(response, deadline, url, self.timeout_s))
-            return _stamped(
-                parse_completion(payload, self._clock() - start, None, chat=chat), start
-            )
+            answer = self._aio.exchange(self._completion_call(path, body, start + self.timeout_s))
+            return self._read(path, body, start)(answer)
         except RequestError as exc:
             raise self._scrubbed(exc) from exc.__cause__
 
-    @property
-    def can_submit(self) -> bool:
-        """Completions can be handed off without a thread waiting on each (``submit_completion``)."""
-        return self._aio is not None
+    async def complete(self, path: str, body: dict[str, Any]) -> Completion:
+        """``post_completion`` from a coroutine on the I/O loop (the load engine's): the loop
+        sends and reads, stamping the bytes as they arrive; the answer is parsed off it."""
+        start = self._clock()
+        try:
+            call = self._completion_call(path, body, start + self.timeout_s)
+            return await self._aio.answer(call, self._read(path, body, start))
+        except RequestError as exc:
+            raise self._scrubbed(exc) from exc.__cause__
 
     def submit_completion(
         self,
         path: str,
         body: dict[str, Any],
         done: Callable[[Completion | None, BaseException | None], None],
-        off_loop: Callable[[Callable[[], None]], None] | None = None,
     ) -> float:
-        """``post_completion`` without waiting (``can_submit`` clients only): returns when it
-        was handed to the I/O loop (the request's start on the client's clock); ``done(answer,
-        failure)`` runs on the loop thread once it is over — it must be quick and must not block.
-        With ``off_loop`` (e.g. a queue's ``put``) the answer is parsed and ``done`` called
-        wherever ``off_loop`` runs what it is given: a streamed answer's parse then never holds
-        up the loop, which stamps every other stream's bytes as they arrive.
-        A failure is a ``RequestError`` (scrubbed as everywhere) or, for a bug of calibrate's
-        own, another exception."""
-        assert self._aio is not None, "submit_completion needs the asyncio transport"
-        stream = bool(body.get("stream"))
-        chat = path.startswith("/chat")
-        url = self.base_url + path
+        """``post_completion`` without waiting: returns when it was handed to the I/O loop (the
+        request's start on the client's clock); ``done(answer, failure)`` runs on the loop
+        thread once it is over — it must be quick and must not block. A failure is a
+        ``RequestError`` (scrubbed as everywhere) or, for a bug of calibrate's own, another
+        exception."""
         start = self._clock()
+        read = self._read(path, body, start)
 
         def finish(answer: Answer | None, failure: BaseException | None) -> None:
             try:
                 if failure is not None:
                     raise failure
                 assert answer is not None
-                completion = completion_of(checked(answer, url), start, stream=stream, chat=chat)
+                completion = read(answer)
             except RequestError as exc:
                 done(None, self._scrubbed(exc))
             except Exception as exc:  # calibrate's own bug: the caller records it
                 done(None, exc)
             else:
-                done(_stamped(completion, start), None)
-
-        def then(answer: Answer | None, failure: BaseException | None) -> None:
-            if off_loop is None:
-                finish(answer, failure)
-            else:
-                off_loop(functools.partial(finish, answer, failure))
+                done(completion, None)
 
         try:
-            self._aio.submit(self._completion_call(path, body, start + self.timeout_s), then)
+            self._aio.submit(self._completion_call(path, body, start + self.timeout_s), finish)
         except RequestError as exc:
             raise self._scrubbed(exc) from exc.__cause__
         return start
 
+    def _read(
+        self, path: str, body: dict[str, Any], start: float
+    ) -> Callable[[Answer], Completion]:
+        """How an answer to ``body`` is read: checked, parsed and stamped from ``start``."""
+        stream, chat, url = bool(body.get("stream")), path.startswith("/chat"), self.base_url + path
+
+        def read(answer: Answer) -> Completion:
+            completion = completion_of(checked(answer, url), start, stream=stream, chat=chat)
+            return _stamped(completion, start)
+
+        return read
+
     def _completion_call(self, path: str, body: dict[str, Any], deadline: float) -> Call:
         """A completion's request for the asyncio transport (a streamed one kept as timed lines)."""
-        assert self._aio is not None
         return self._aio.call(
             "POST",
             self._origin,
@@ -276,8 +242,7 @@ class OpenAIClient:
 
     def close(self) -> None:
         self._transport.close()
-        if self._aio is not None:
-            self._aio.close()
+        self._aio.close()
 
     # -- secrets: what leaves the edge --------------------------------------------------
 

@@ -1,11 +1,10 @@
 """A streamed answer (SSE) read into one ``Completion``: its choices, usage, TTFT and gaps.
 
-Its events come from its lines (urllib3's reader: ``sse_events``) or from the timed blocks the
-asyncio transport kept (``timed_events``); both give the same events: the ``data:`` lines of an
-event joined by ``\\n`` (the space after ``data:`` dropped), an event ended by an empty line or
-by the stream's end; other lines (comments ``:``, ``event:``, ``id:``) are skipped. Bytes that
-are not UTF-8 become U+FFFD. A line ends at ``\\n``; the ``\\r`` before it is dropped (by the
-urllib3 reader, every one; by ``timed_events``, one, as the asyncio transport always has).
+Its events come from the timed blocks the asyncio transport kept (``timed_events``): the
+``data:`` lines of an event joined by ``\\n`` (the space after ``data:`` dropped), an event ended
+by an empty line or by the stream's end; other lines (comments ``:``, ``event:``, ``id:``) are
+skipped. Bytes that are not UTF-8 become U+FFFD. A line ends at ``\\n``; one ``\\r`` before it is
+dropped.
 """
 
 from __future__ import annotations
@@ -32,24 +31,6 @@ def _json_of(event: str) -> Any:
         return json_text.loads(event)
     except ValueError as exc:
         raise invalid(f"a stream chunk is not JSON: {event[:200]!r}") from exc
-
-
-def sse_events(lines: Iterator[bytes]) -> Iterator[str]:
-    """The payloads of a stream's lines (without their line ends: the urllib3 reader's)."""
-    buffer: list[bytes] = []
-    for line in lines:
-        if not line:
-            if buffer:
-                # one decode per event: a line end never splits a UTF-8 sequence, so this is
-                # the lines decoded one by one and joined
-                yield (buffer[0] if len(buffer) == 1 else b"\n".join(buffer)).decode(
-                    "utf-8", "replace"
-                )
-                buffer = []
-        elif line.startswith(b"data:"):
-            buffer.append(line[5:].lstrip(b" "))
-    if buffer:
-        yield b"\n".join(buffer).decode("utf-8", "replace")
 
 
 def timed_events(blocks: Iterable[tuple[bytes, float]], end: float) -> Iterator[tuple[str, float]]:
@@ -81,14 +62,6 @@ def timed_events(blocks: Iterable[tuple[bytes, float]], end: float) -> Iterator[
                 buffer.append(line[5:].lstrip(" "))
     if buffer:
         yield "\n".join(buffer), end
-
-
-def read_stream(
-    lines: Iterator[bytes], start: float, clock: Callable[[], float], *, chat: bool
-) -> Completion:
-    """The events of ``lines`` up to ``[DONE]`` (or their end); ``clock`` stamps each event as
-    it is read (the lines are read as they arrive: urllib3's reader)."""
-    return read_events(((event, clock()) for event in sse_events(lines)), start, clock, chat=chat)
 
 
 def read_events(

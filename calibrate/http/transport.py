@@ -1,17 +1,15 @@
-"""The urllib3 transport: its connection pool used directly, a total deadline per request, a cap.
+"""The control plane's transport: urllib3's connection pool used directly, a total deadline per
+request, a cap.
 
-It carries every call but completions, which go through ``calibrate.http.aio`` unless asked
-(``io="urllib3"``, ``CALIBRATE_TRANSPORT=urllib3``).
+It carries every call but completions (``/v1/models``, ``/metrics``, ``/props``, probes of the
+server's own account); completions go through ``calibrate.http.aio`` alone.
 
 ``timeout_s`` bounds connect, send and every read, the status line and headers included
 (``calibrate.http.deadline``) and bodies too (read in pieces with the socket timeout set to the
 time left); an answer over the cap is ``invalid_response``, never buffered whole. Every transport
 failure and HTTP status becomes an error kind of SPEC §5.5 here (raised as ``RequestError``).
 
-urllib3 (which ``requests`` is built on) used directly costs about half the client CPU per
-request that a ``requests.Session`` did (≈0.4 vs ≈0.8 ms, 64-512 threads; ``make bench`` tracks
-it), so the client is not the knee the sweep reports. Transport retries are off: retrying is the
-caller's decision (batch), never the transport's.
+Transport retries are off: retrying is the caller's decision, never the transport's.
 """
 
 from __future__ import annotations
@@ -59,7 +57,6 @@ class Transport:
         connect_timeout_s: float,
         max_bytes: int,
         max_connections: int,
-        pool: urllib3.PoolManager | None,
         clock: Clock,
     ) -> None:
         self.timeout_s = timeout_s
@@ -69,7 +66,7 @@ class Transport:
         # block=False: a caller with more threads than max_connections gets extra connections
         # instead of a thread parked on the pool (a stall that would look like server latency).
         # The cap: urllib3 fills its queue with maxsize placeholders up front.
-        self._pool = pool or deadline_pool(
+        self._pool = deadline_pool(
             num_pools=4,
             maxsize=min(max(max_connections, 4), MAX_POOL_SIZE),
             block=False,
@@ -178,13 +175,6 @@ def parse_json(raw: bytes) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise invalid("the server answered with JSON that is not an object")
     return payload
-
-
-def is_event_stream(response: urllib3.BaseHTTPResponse) -> bool:
-    """A streamed request answered as SSE; a server that cannot stream answers JSON instead,
-    which is read as a plain completion (no TTFT: the caller says so)."""
-    kind = (response.headers.get("Content-Type") or "").lower()
-    return not kind.startswith("application/json")
 
 
 def finish(response: urllib3.BaseHTTPResponse, *, complete: bool) -> None:

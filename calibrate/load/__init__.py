@@ -1,1 +1,4 @@
-"""The load engine (SPEC §12): waves, the open loop and its arrivals, windows, stall detection, retries."""
+"""The load engine (SPEC §12): one loop (``engine.drive``) under pacing policies (``pacing``)
+over a transport on a clock (``transport``; ``sim``: a simulated server on a virtual clock),
+what stages call (``sender``), the pure rules it reads back (windows, arrivals, answers,
+retries, keep-alive stalls) and ``--workers`` (``procs``)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from calibrate.errors import ErrorInfo
+from calibrate.errors import ErrorInfo, RequestError, format_traceback
 from calibrate.http.models import Completion, ContextLimit, incomplete_reason
 from calibrate.http.request_times import RequestTimes
 from calibrate.load.items import ItemResult
@@ -109,3 +109,59 @@ def answer_items(
             )
         )
     return out
+
+
+def wants_context(request: Request, completion: Completion) -> bool:
+    """Whether judging this answer needs the server's context: a forced answer cut short."""
+    if request.forced_tokens is None:
+        return False
+    if all(choice.finish_reason != "length" for choice in completion.choices):
+        return False
+    asked: list[bool] = []
+    answer_items(request, completion, 0.0, 0.0, None, lambda: asked.append(True))
+    return bool(asked)
+
+
+def items_of(
+    request: Request,
+    completion: Completion | None,
+    failure: BaseException | None,
+    context: ContextLimit | None,
+    started_s: float,
+    done_s: float,
+    max_tokens: int | None,
+    sent: float,
+    ended: float,
+) -> list[ItemResult]:
+    """A request's items: its answer's, or one failed item per prompt (a failure's times are
+    ``sent`` and ``ended``, readings of the requests' clock; an answer's are the transport's).
+    An answer that cannot be turned into items (calibrate's own bug) is its failure;
+    ``context`` is the server's, read for a forced answer cut short."""
+    if completion is not None:
+        try:
+            return answer_items(request, completion, started_s, done_s, max_tokens, lambda: context)
+        except Exception as exc:  # recorded all the same, never a lost request
+            failure = exc
+    if isinstance(failure, RequestError):
+        info, kind = failure.info, failure.exc_type or type(failure).__name__
+    else:  # a bug of calibrate's own: recorded, never a lost request
+        info = ErrorInfo("internal", f"{type(failure).__name__}: {failure}")
+        kind = type(failure).__name__
+    times = RequestTimes.of(sent, ended)
+    tb = format_traceback(failure) if isinstance(failure, Exception) else None
+    return [
+        failed_item(request, n, started_s, done_s, info, kind, tb, times)
+        for n in range(len(request.prompts))
+    ]
+
+
+def stuck_items(
+    request: Request, started_s: float, now_s: float, sent: float, now: float
+) -> list[ItemResult]:
+    """A request never answered, as failed items (``sent`` and ``now``: clock readings)."""
+    info = ErrorInfo("timeout", f"no answer within {now_s - started_s:.0f} s")
+    times = RequestTimes.of(sent, now)
+    return [
+        failed_item(request, n, started_s, now_s, info, None, None, times)
+        for n in range(len(request.prompts))
+    ]

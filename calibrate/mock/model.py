@@ -18,7 +18,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from calibrate.mock.answer import AnswerLength, Generation, answer
@@ -46,8 +46,9 @@ class Admission:
 class MockModel:
     """Thread-safe state of one mock server; every random choice comes from ``settings.seed``."""
 
-    def __init__(self, settings: MockSettings) -> None:
+    def __init__(self, settings: MockSettings, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
+        self._clock = clock  # the simulated server's is virtual (calibrate.load.sim)
         self._cond = threading.Condition()
         self._rng = random.Random(settings.seed)
         # The hostile draws have their own generator: adding them kept every fault sequence.
@@ -65,7 +66,7 @@ class MockModel:
         self._evicted_now = 0  # sequences evicted from the full KV cache at this moment
         self._preemptions = 0  # ... and every eviction so far, as vLLM counts preemptions
         self._energy_mj = 0.0  # simulated GPU energy, integrated whenever in_flight changes
-        self._energy_t = time.monotonic()
+        self._energy_t = clock()
         self.prefix = PrefixCache(settings)  # prompts seen before (``--prefix-cache``), counted
 
     def admit(self, weight: int = 1) -> Admission:
@@ -123,22 +124,38 @@ class MockModel:
         Under ``on_kv_full="queue"`` the head of the queue also waits until the KV of ``plans``,
         answers included, fits beside what the running requests will hold (or nothing runs).
         """
-        slots = self.settings.slots
-        need = min(adm.weight, slots) if slots else adm.weight
         with self._cond:
-            entry = (adm.ticket, need)
+            entry = self.queue_up(adm)
+            if not self._cond.wait_for(lambda: self.seat(adm, entry, plans), timeout_s):
+                self.leave(entry)
+                return False
+            return True
+
+    def queue_up(self, adm: Admission) -> tuple[int, int]:
+        """Join the queue for a decode slot (``seat`` takes it): the entry to seat."""
+        slots = self.settings.slots
+        entry = (adm.ticket, min(adm.weight, slots) if slots else adm.weight)
+        with self._cond:
             self._queue.append(entry)
-            ready = self._cond.wait_for(
-                lambda: (
-                    self._queue[0] == entry
-                    and (not slots or self._running + need <= slots)
-                    and self._kv_room_for(plans)
-                ),
-                timeout_s,
+        return entry
+
+    def leave(self, entry: tuple[int, int]) -> None:
+        """Leave the queue unseated (the client gave up waiting)."""
+        with self._cond:
+            if entry in self._queue:
+                self._queue.remove(entry)
+            self._cond.notify_all()
+
+    def seat(self, adm: Admission, entry: tuple[int, int], plans: Sequence[SeqPlan] = ()) -> bool:
+        """Take the slot ``entry`` queued for, if it is its turn and one is free (never waits)."""
+        slots, need = self.settings.slots, entry[1]
+        with self._cond:
+            ready = (
+                self._queue[0] == entry
+                and (not slots or self._running + need <= slots)
+                and self._kv_room_for(plans)
             )
             if not ready:
-                self._queue.remove(entry)
-                self._cond.notify_all()
                 return False
             self._queue.popleft()
             self._running += need
@@ -153,9 +170,14 @@ class MockModel:
 
         Only ``on_kv_full="oom"`` refuses: a prompt that does not fit beside the KV in use fails.
         """
-        s = self.settings
         with self._cond:  # re-entrant: the slot and the claim in one hold of the lock
             self.acquire(adm, plans=plans)
+            return self.claim(adm, plans)
+
+    def claim(self, adm: Admission, plans: Sequence[SeqPlan]) -> bool:
+        """Claim a seated request's prompts' KV; False = out of memory (``on_kv_full="oom"``)."""
+        s = self.settings
+        with self._cond:
             claim = self._kv.tokens_in_use + self._kv.extra_tokens(plans)
             if s.on_kv_full == "oom" and s.kv_capacity_tokens and claim > s.kv_capacity_tokens:
                 return False
@@ -206,7 +228,7 @@ class MockModel:
 
     def _advance_energy(self) -> None:
         """Add the energy used at the present draw since the last change (lock held)."""
-        now = time.monotonic()
+        now = self._clock()
         self._energy_mj += self._power_w() * (now - self._energy_t) * 1000
         self._energy_t = now
 
@@ -269,7 +291,7 @@ class MockModel:
                 prefix=self.prefix.counts(),
                 power_w=self._power_w(),
                 energy_mj=self._energy_mj
-                + self._power_w() * (time.monotonic() - self._energy_t) * 1000,
+                + self._power_w() * (self._clock() - self._energy_t) * 1000,
             )
 
     def _kv_room_for(self, plans: Sequence[SeqPlan]) -> bool:

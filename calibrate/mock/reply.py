@@ -99,7 +99,7 @@ def answer(
     while this one still counted in flight (a wave of B seen as B + 1 by a loaded machine)."""
     settings = wire.settings
     if adm.outcome == "oom":
-        wire.send_json(500, error_body(_oom_message(settings), "InternalServerError", 500))
+        wire.send_json(500, error_body(oom_message(settings), "InternalServerError", 500))
         return
     if adm.outcome == "overload":
         message = f"The server is overloaded; retry after {settings.retry_after_s:g} s."
@@ -148,7 +148,7 @@ def answer(
             for p, n, g in zip(req.prompts, req.prompt_tokens, gens, strict=True)
         ]
         if not model.start(adm, plans):
-            wire.send_json(500, error_body(_oom_message(settings), "InternalServerError", 500))
+            wire.send_json(500, error_body(oom_message(settings), "InternalServerError", 500))
             return
         run = DecodeRun(model, adm, time.monotonic() + adm.ttft_s)
     else:
@@ -172,7 +172,7 @@ def answer(
         if run is None:
             _sleep_until(start + adm.ttft_s + steps * adm.per_token_s)
         elif not run.wait_step(steps):
-            wire.send_json(500, error_body(_oom_message(settings), "InternalServerError", 500))
+            wire.send_json(500, error_body(oom_message(settings), "InternalServerError", 500))
             return
         answer = payloads.full_response(req, gens, rid, created, settings)
         if settings.metrics_style == "llamacpp":  # llama.cpp says what its slot cache held
@@ -192,7 +192,7 @@ def answer(
         if run is None:
             _sleep_until(start + adm.ttft_s + event.step * adm.per_token_s)
         elif not run.wait_step(event.step):  # vLLM ends a stream that fails with an error event
-            error = {"error": error_body(_oom_message(settings), "InternalServerError", 500)}
+            error = {"error": error_body(oom_message(settings), "InternalServerError", 500)}
             wire.write_chunk(f"data: {json.dumps(error)}\n\n".encode())
             wire.write_chunk(b"data: [DONE]\n\n")
             break
@@ -253,7 +253,7 @@ def _sleep_until(deadline: float) -> None:
         time.sleep(delay)
 
 
-def _oom_message(settings: MockSettings) -> str:
+def oom_message(settings: MockSettings) -> str:
     gib = 1024.0
     return OOM_MESSAGE.format(
         gib=settings.vram_per_request_mib / gib,

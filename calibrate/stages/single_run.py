@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from calibrate.errors import UsageError
 from calibrate.io.junit import JUnitSuite
-from calibrate.load.waves import Sender
+from calibrate.load.sender import Sender
 from calibrate.redact import one_line
 from calibrate.stages.context import StageContext
 from calibrate.stages.determinism import managed_switch
@@ -163,7 +163,7 @@ def copies(ctx: StageContext, spec: SingleSpec, say: Say, warn: Say) -> dict[str
     """N copies one after another, then N at once: what each set of answers says."""
     n = int(spec.determinism or 0)
     how = CopiesWave(n, stream=spec.stream)
-    sender = Sender(ctx.client)
+    sender = Sender.over(ctx.client)
     found: dict[str, Any] = {}
     differed = False
     for key, where, batch in (

@@ -1,10 +1,12 @@
-"""The asyncio transport behind the client's synchronous calls: one event-loop thread per process.
+"""The asyncio transport's one event-loop thread per process, and the hand-offs to and from it.
 
-The load engine's threads (batch workers, ladder waves, the sweep's senders) each hand their
-request to the loop thread and wait for its whole answer; the loop does every socket read and
-write, parses the answers as they arrive and stamps streamed lines with the client's clock. One
-thread doing the I/O for all of them costs a third of the CPU per request that a thread per
-request over urllib3 did (``make bench``, section transports). uvloop is used where importable.
+The load engine (``calibrate.load.engine``) runs on this loop; a caller of the client's
+synchronous calls (a probe, batch's workers) hands its request to the loop and waits for the
+whole answer. The loop does every socket read and write and stamps streamed lines with the
+client's clock as they arrive; answers are parsed off it, on one parser thread
+(``LoopThread.parse``), so a parse never delays another stream's stamps. One thread doing the
+I/O for every request costs a third of the CPU per request that a thread per request did
+(``make bench``). uvloop is used where importable.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from queue import SimpleQueue
+from typing import Any, TypeVar
 
 from calibrate.errors import RequestError
 from calibrate.http.aio.connection import Call, Connections, Origin
@@ -26,6 +30,7 @@ GRACE_S = 5.0  # past a request's own deadline, how long a caller waits on a stu
 
 
 Finished = Callable[[Answer | None, BaseException | None], None]
+T = TypeVar("T")
 
 
 class _Job:
@@ -60,6 +65,13 @@ class LoopThread:
         self._jobs: collections.deque[_Job] = collections.deque()
         self._woken = False
         self._ident = -1  # the loop thread's
+        self._parses: SimpleQueue[tuple[Callable[[], Any], asyncio.Future[Any]] | None] = (
+            SimpleQueue()
+        )
+        self._parsed: collections.deque[tuple[asyncio.Future[Any], Any, BaseException | None]]
+        self._parsed = collections.deque()
+        self._parsed_woken = False
+        self._parser: threading.Thread | None = None
         started = threading.Event()
 
         def run() -> None:
@@ -130,6 +142,39 @@ class LoopThread:
     def _cancel(job: _Job) -> None:
         if job.task is not None:
             job.task.cancel()
+
+    def parse(self, work: Callable[[], T]) -> asyncio.Future[T]:
+        """``work()`` run on the parser thread (called on the loop); its result, or what it
+        raised, comes back to the loop — one wake-up per burst of answers, not per answer."""
+        if self._parser is None:
+            self._parser = threading.Thread(target=self._parse, name="calibrate-parse", daemon=True)
+            self._parser.start()
+        future: asyncio.Future[T] = self.loop.create_future()
+        self._parses.put((work, future))
+        return future
+
+    def _parse(self) -> None:
+        while (job := self._parses.get()) is not None:
+            work, future = job
+            try:
+                self._parsed.append((future, work(), None))
+            except BaseException as exc:  # handed to the awaiting coroutine, raised there
+                self._parsed.append((future, None, exc))
+            if not self._parsed_woken:
+                self._parsed_woken = True
+                self.loop.call_soon_threadsafe(self._hand_back)
+
+    def _hand_back(self) -> None:
+        self._parsed_woken = False  # first: a result added from now on wakes the loop again
+        parsed = self._parsed
+        while parsed:
+            future, value, failure = parsed.popleft()
+            if future.cancelled():
+                continue
+            if failure is not None:
+                future.set_exception(failure)
+            else:
+                future.set_result(value)
 
 
 _lock = threading.Lock()
@@ -213,6 +258,12 @@ class AioTransport:
         """``exchange`` without waiting: ``then(answer, failure)`` runs on the loop thread when
         the request is over (the answer not yet ``checked``)."""
         (_shared or shared_loop()).submit(self._connections, call, then)
+
+    async def answer(self, call: Call, read: Callable[[Answer], T]) -> T:
+        """``call`` sent from a coroutine on the shared loop (the load engine's), its answer
+        ``read`` (parsed) on the parser thread: the loop only sends, reads and stamps."""
+        answer = await self._connections.exchange(call)
+        return await (_shared or shared_loop()).parse(lambda: read(answer))
 
     def close(self) -> None:
         if _shared is not None and self._pid == os.getpid():

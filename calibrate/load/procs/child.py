@@ -1,4 +1,4 @@
-"""A load worker process: its share of a closed or open loop, sent by the ordinary ``Sender``.
+"""A load worker process: its share of a closed or open loop, sent by the ordinary engine.
 
 Started by the parent (``sender.py``) as ``python -m calibrate.load.procs.child`` with two
 pipes. The first message is the client's recipe (the key in memory only) and the parent's
@@ -23,13 +23,13 @@ from typing import Any
 
 from calibrate.errors import format_traceback
 from calibrate.gpu.selfload import SelfLoadMonitor
-from calibrate.http.models import Completion
 from calibrate.http.request_times import use_anchor
-from calibrate.load.items import ItemResult
+from calibrate.load.engine import Record
 from calibrate.load.procs.channel import Channel, Outbox, worker_pipes
 from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.load.request import Request
-from calibrate.load.waves import Sender
+from calibrate.load.sender import Sender
+from calibrate.load.transport import HttpTransport
 from calibrate.load.window import LevelWindow
 
 
@@ -42,33 +42,6 @@ class StoppableWindow(LevelWindow):
 
     def done(self, elapsed_s: float, started: int) -> bool:
         return self.stop.is_set() or super().done(elapsed_s, started)
-
-
-class ShareSender(Sender):
-    """The ordinary sender, telling the parent at once when an answer failed."""
-
-    def __init__(self, recipe: ClientRecipe, outbox: Outbox) -> None:
-        super().__init__(recipe.client())
-        self._outbox = outbox
-        self.run_no = 0
-
-    def items_of(
-        self,
-        request: Request,
-        started: float,
-        done: float,
-        sent: float,
-        ended: float,
-        completion: Completion | None,
-        failure: BaseException | None,
-        max_tokens: int | None,
-    ) -> list[ItemResult]:
-        items = super().items_of(
-            request, started, done, sent, ended, completion, failure, max_tokens
-        )
-        if any(not i.ok for i in items):
-            self._outbox.put("failed", self.run_no)
-        return items
 
 
 class Gate:
@@ -124,7 +97,13 @@ def serve(inbox: Channel, outbox: Outbox, recipe: ClientRecipe, who: str) -> Non
     """Runs, one at a time, until the parent closes the pipe; each run's result carries
     why this process was the client's limit during it ("" when it kept up)."""
     monitor = SelfLoadMonitor(who=who).start()
-    sender = ShareSender(recipe, outbox)
+    run_no = 0
+
+    def told(record: Record) -> None:  # the parent stops the other workers' loops
+        if not record.ok:
+            outbox.put("failed", run_no)
+
+    sender = Sender(HttpTransport(recipe.client()), watch=told)
     feed, gate = Feed(outbox), Gate()
     jobs: SimpleQueue[tuple[Any, ...]] = SimpleQueue()
     stops: dict[int, threading.Event] = {}
@@ -132,7 +111,6 @@ def serve(inbox: Channel, outbox: Outbox, recipe: ClientRecipe, who: str) -> Non
     while True:
         job = jobs.get()
         kind, run_no = job[0], job[1]
-        sender.run_no = run_no
         mark = monitor.mark()
         try:
             if kind == "closed":

@@ -30,7 +30,7 @@ from calibrate.gpu.selfload import SelfLoadMonitor, workers_advice
 from calibrate.http.client import OpenAIClient
 from calibrate.http.request_times import epoch_at
 from calibrate.load.items import ItemResult
-from calibrate.load.open_loop import OpenRun
+from calibrate.load.pacing import OpenRun
 from calibrate.load.procs.pool import WorkerPool, cores
 from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.load.procs.shares import (
@@ -43,7 +43,8 @@ from calibrate.load.procs.shares import (
     split_concurrency,
 )
 from calibrate.load.request import Request
-from calibrate.load.waves import Sender
+from calibrate.load.sender import Sender
+from calibrate.load.transport import HttpTransport
 from calibrate.load.window import LevelWindow, LoopRun
 
 SLOTS_PER_WORKER = 32  # --workers auto: one process per this many in flight (as batch's)
@@ -74,7 +75,7 @@ def sender_for(
     ``workers_for`` processes."""
     workers = 1 if asked == 1 else workers_for(asked, in_flight, rate)
     if workers == 1:
-        return Sender(client)
+        return Sender.over(client)
     return WorkerSender(client, ClientRecipe.of(cfg, in_flight), workers)
 
 
@@ -119,7 +120,7 @@ class WorkerSender(Sender):
     """A ``Sender`` whose closed and open loops run in ``workers`` processes."""
 
     def __init__(self, client: OpenAIClient, recipe: ClientRecipe, workers: int) -> None:
-        super().__init__(client)
+        super().__init__(HttpTransport(client))
         self.workers = workers
         self._pool = WorkerPool(recipe, workers)
         self._run_no = 0
@@ -155,7 +156,7 @@ class WorkerSender(Sender):
         armed: set[int] = set()
         parts: dict[int, tuple[list[ItemResult], float, float]] = {}
         go_at = 0.0
-        deadline = time.monotonic() + self.client.timeout_s * 2 + 60
+        deadline = time.monotonic() + self.transport.timeout_s * 2 + 60
         try:
             while len(parts) < len(dealt):
                 k, messages = pool.next_event(deadline, during)
@@ -197,7 +198,7 @@ class WorkerSender(Sender):
         runs: dict[int, LoopRun] = {}
         bound: list[str] = []
         stopped = False
-        deadline = time.monotonic() + GO_S + window.min_s + self.client.timeout_s * 2 + 60
+        deadline = time.monotonic() + GO_S + window.min_s + self.transport.timeout_s * 2 + 60
         try:
             while len(runs) < len(shares):
                 k, messages = pool.next_event(deadline, during)
@@ -233,7 +234,6 @@ class WorkerSender(Sender):
         schedule: Sequence[float],
         cap: int | None,
         max_tokens: int | None = None,
-        sleep: Callable[[float], None] = time.sleep,
     ) -> OpenRun:
         """``Sender.open_loop`` with the sends dealt to the workers (see the module's doc)."""
         pool, during = self._pool, "the open loop"
@@ -250,7 +250,7 @@ class WorkerSender(Sender):
         runs: dict[int, tuple[OpenRun, float]] = {}
         bound: list[str] = []
         last = schedule[-1] if schedule else 0.0
-        deadline = time.monotonic() + GO_S + last + self.client.timeout_s * 2 + 60
+        deadline = time.monotonic() + GO_S + last + self.transport.timeout_s * 2 + 60
         try:
             while len(runs) < len(dealt):
                 k, messages = pool.next_event(deadline, during)

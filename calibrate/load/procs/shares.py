@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from calibrate.load.items import ItemResult
-from calibrate.load.open_loop import Answer, OpenRun
+from calibrate.load.pacing import Answer, OpenRun
 from calibrate.load.window import LevelWindow, LoopRun
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from calibrate.config import LadderMode
 from calibrate.load.items import ItemResult
 from calibrate.load.request import build_requests
-from calibrate.load.waves import Sender
+from calibrate.load.sender import Sender
 from calibrate.stages.context import StageContext
 from calibrate.stages.determinism import (
     DeterminismCheck,

@@ -8,7 +8,7 @@ from dataclasses import replace
 from calibrate.gpu.vram import VramMonitor, WindowPeak
 from calibrate.load.items import ItemResult
 from calibrate.load.request import Request, build_requests
-from calibrate.load.waves import Sender
+from calibrate.load.sender import Sender
 from calibrate.stages.context import StageContext
 from calibrate.stages.ladder.context_axis import next_length
 from calibrate.stages.ladder.options import LadderOptions

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from calibrate.gpu.engine_metrics import Gauge, read_preemptions
 from calibrate.gpu.vram import VramMonitor, WindowPeak
 from calibrate.load.items import ItemResult
-from calibrate.load.waves import Sender
+from calibrate.load.sender import Sender
 from calibrate.stages.context import StageContext
 from calibrate.stages.determinism import DeterminismCheck
 from calibrate.stages.determinism.wave import CopiesWave, send_copies

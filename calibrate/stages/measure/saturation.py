@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from calibrate.load.items import percentile
-from calibrate.load.open_loop import Answer, OpenRun
+from calibrate.load.pacing import Answer, OpenRun
 
 SHORTFALL = 0.05  # achieved more than 5 % below offered: saturated
 GROWTH_MIN = 2.0  # in flight grew by at least this many requests (and doubled) through the run

@@ -13,7 +13,7 @@ from calibrate.gpu.vram import VramMonitor, WindowPeak
 from calibrate.load.items import ItemResult
 from calibrate.load.keepalive_stall import find_stall
 from calibrate.load.request import Request
-from calibrate.load.waves import Sender
+from calibrate.load.sender import Sender
 from calibrate.load.window import (
     MIN_REQUESTS_PER_SLOT,
     LevelWindow,

@@ -27,7 +27,7 @@ from calibrate.gpu.vram import WindowPeak
 from calibrate.load.arrivals import arrival_times, rate_text, rate_value, requests_for
 from calibrate.load.items import ItemResult
 from calibrate.load.keepalive_stall import find_stall
-from calibrate.load.open_loop import OpenRun
+from calibrate.load.pacing import OpenRun
 from calibrate.stages.measure.item_records import record_round
 from calibrate.stages.measure.saturation import SHORTFALL, RateJudgement, judge, shortfall_text
 from calibrate.stages.measure.tiers import Stats

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor
-from calibrate.load.waves import Sender
+from calibrate.load.sender import Sender
 from calibrate.stages.context import StageContext
 from calibrate.stages.determinism.wave import CopiesWave, send_copies
 from calibrate.stages.measure.incidents import IncidentRecorder

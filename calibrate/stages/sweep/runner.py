@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from calibrate.gpu.vram import VramMonitor, WindowPeak
 from calibrate.load.items import ItemResult
 from calibrate.load.request import Request
-from calibrate.load.waves import Sender
+from calibrate.load.sender import Sender
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.slo import with_goodput
 from calibrate.stages.measure.stop_rules import ServerCap

@@ -18,7 +18,7 @@ from typing import Any
 from calibrate.config import Config, SloConfig
 from calibrate.io.store import RunDir
 from calibrate.io.tasks import TaskPool
-from calibrate.load.waves import Sender
+from calibrate.load.sender import Sender
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.slo import has_slo
 from calibrate.stages.measure.tier_run import MeasureSpec, measuring
@@ -126,7 +126,7 @@ def measure_candidate(
             pool=settings.pool,
         )
         sweep = Sweep(
-            sub, options, watch.monitor, watch.incidents, Sender(sub.client), cap, plan=plan
+            sub, options, watch.monitor, watch.incidents, Sender.over(sub.client), cap, plan=plan
         )
         sweep.on_level = shown
         try:
