@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -164,6 +165,29 @@ class HostileServer:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class AnsweredFromAThread:
+    """A scripted client's ``post_completion`` handed off as the real client's completions are
+    (``submit_completion``): answered from another thread, as the I/O loop does."""
+
+    base_url = "http://scripted.invalid/v1"
+    timeout_s = 30.0
+
+    def post_completion(self, path: str, body: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def submit_completion(self, path: str, body: dict[str, Any], done: Any) -> float:
+        def answer() -> None:
+            try:
+                completion = self.post_completion(path, body)
+            except BaseException as exc:  # handed over as the loop hands a failure
+                done(None, exc)
+            else:
+                done(completion, None)
+
+        threading.Thread(target=answer, daemon=True).start()
+        return 0.0
 
 
 def assert_valid_jsonl(path: Path) -> list[dict[str, Any]]:

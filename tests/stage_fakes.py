@@ -3,25 +3,30 @@ simulated server behind a closed loop on a fake clock. No HTTP, no real time."""
 
 from __future__ import annotations
 
-import heapq
+import asyncio
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from calibrate.config import Config
-from calibrate.errors import ErrorInfo
+from calibrate.errors import ErrorInfo, RequestError
 from calibrate.gpu.nvml import GpuSnapshot
 from calibrate.gpu.reading import VramReading
 from calibrate.gpu.vram import VramMonitor
 from calibrate.http.client import OpenAIClient
-from calibrate.http.models import Usage
+from calibrate.http.models import Choice, Completion, Usage
 from calibrate.io.store import RunDir
 from calibrate.load.items import ItemResult
 from calibrate.load.request import Request
-from calibrate.load.waves import Sender
+from calibrate.load.sender import Sender
+from calibrate.load.sim.clock import VirtualClock
+from calibrate.load.sim.server import SimServer
+from calibrate.load.transport import Exchange
 from calibrate.load.window import LevelWindow, LoopRun
+from calibrate.mock import MockSettings
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.incidents import IncidentRecorder
 from calibrate.stages.measure.tiers import Stats
@@ -55,6 +60,8 @@ class ScriptedSender(Sender):
     """Answers every wave at once with scripted timings; records what it was asked."""
 
     def __init__(self, script: Script) -> None:
+        clock = VirtualClock()
+        super().__init__(SimServer(MockSettings(any_model=True), clock), clock)
         self.script = script
         self.calls: list[tuple[int, int]] = []  # (requests, workers)
         self.bodies: list[dict[str, object]] = []
@@ -72,20 +79,25 @@ class ScriptedSender(Sender):
 Service = Callable[[int, int], float]
 
 
-@dataclass
 class SimulatedLoop(Sender):
-    """A closed loop against a simulated server with ``slots`` decode slots, on a fake clock.
+    """The real engine and closed-loop policy against the simulated server (``load.sim``) with
+    ``slots`` decode slots, on a virtual clock.
 
-    Each request takes ``service(C, repeat)`` once it holds a slot; more than ``slots`` in
-    flight queue (first come, first served). As in the real loop, the window decides when to
-    stop starting requests, and so does the first failed answer.
+    Each request takes ``service(C, repeat)`` once it holds a slot, its first token a quarter of
+    that in (the server restarted with that speed before each run); more than ``slots`` in
+    flight queue, first come first served.
+    At ``fail_at`` every request is out of memory (the mock's ``oom_at``).
     """
 
-    service: Service
-    slots: int = 4
-    fail_at: int | None = None  # concurrency whose requests fail
-    runs: list[tuple[int, LevelWindow, LoopRun]] = field(default_factory=list)
-    _repeat: dict[int, int] = field(default_factory=dict)
+    def __init__(self, service: Service, slots: int = 4, fail_at: int | None = None) -> None:
+        clock = VirtualClock()
+        self.server = SimServer(_speed(slots, 0.0), clock)
+        super().__init__(self.server, clock)
+        self.service = service
+        self.slots = slots
+        self.fail_at = fail_at
+        self.runs: list[tuple[int, LevelWindow, LoopRun]] = []
+        self._repeat: dict[int, int] = {}
 
     def closed_loop(
         self,
@@ -96,35 +108,64 @@ class SimulatedLoop(Sender):
     ) -> LoopRun:
         repeat = self._repeat[concurrency] = self._repeat.get(concurrency, 0) + 1
         cost = self.service(concurrency, repeat)
-        kind = "oom" if concurrency == self.fail_at else None
-        free_at = [0.0] * self.slots  # when each slot is next free
-        done: list[tuple[float, int]] = []  # (finish time, worker)
-        items: list[ItemResult] = []
-        started, full_s, stop_s, now = 0, None, None, 0.0
-
-        def start(worker: int, at: float) -> None:
-            nonlocal started, full_s
-            request = supply()
-            started += 1
-            if started == concurrency:
-                full_s = at
-            slot = min(range(self.slots), key=lambda s: free_at[s])
-            begin = max(at, free_at[slot])
-            free_at[slot] = begin + cost
-            items.append(item(request, free_at[slot] - at, at, kind))
-            heapq.heappush(done, (free_at[slot], worker))
-
-        for worker in range(concurrency):
-            start(worker, 0.0)
-        while done:
-            now, worker = heapq.heappop(done)
-            if stop_s is None and (kind or window.done(now, started)):
-                stop_s = now  # the window is over, or an answer failed: drain
-            elif stop_s is None:
-                start(worker, now)
-        run = LoopRun(tuple(sorted(items, key=lambda i: i.index)), now, full_s, stop_s)
+        self.server.restart(_speed(self.slots, cost, oom=concurrency == self.fail_at))
+        run = super().closed_loop(supply, concurrency, window, max_tokens)
         self.runs.append((concurrency, window, run))
         return run
+
+
+def chat_body(prompt: str, *, stream: bool = False) -> dict[str, object]:
+    """A chat request's body the simulated server answers (any model, room for its answer)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": 1024}
+    return {**body, "stream": True} if stream else body
+
+
+def _speed(slots: int, seconds: float, *, oom: bool = False) -> MockSettings:
+    """A server whose every request takes ``seconds`` once it holds one of ``slots``: its
+    first token a quarter of the way in, then three more."""
+    return MockSettings(
+        slots=slots,
+        ttft_s=seconds / 4,
+        per_token_s=seconds / 4,
+        answer_tokens=3,
+        any_model=True,
+        oom_at=0 if oom else None,
+    )
+
+
+class Scripted:
+    """Answers request n ``answer_s`` virtual seconds after it was sent with ``script[n]`` (a
+    failure, a completion, or ``None``: never); counts the most ever in flight."""
+
+    timeout_s = 30.0
+
+    def __init__(self, answer_s: float = 0.01, script: dict[int, Any] | None = None) -> None:
+        self.answer_s, self.script = answer_s, script or {}
+        self.in_flight = self.most = 0
+        self.sent: list[int] = []
+
+    async def send(self, request: Request) -> Exchange:
+        number = request.first_index
+        self.sent.append(number)
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            outcome = self.script.get(number, scripted_answer())
+            if isinstance(outcome, Exception) and not isinstance(outcome, RequestError):
+                raise outcome  # a transport's own bug
+            await asyncio.sleep(self.answer_s if outcome is not None else 10**6)
+        finally:
+            self.in_flight -= 1
+        if isinstance(outcome, RequestError):
+            return Exchange(None, outcome)
+        return Exchange(outcome)
+
+
+def scripted_answer(finish: str = "stop", tokens: int = 5) -> Completion:
+    return Completion((Choice(0, "答案。", finish),), Usage(3, tokens, 3 + tokens), "m", None, 0.01)
+
+
+REFUSED = RequestError(ErrorInfo("overloaded", "429 too many requests"))
 
 
 @dataclass

@@ -13,7 +13,6 @@ import pytest
 from tests.canned_server import CannedServer
 from tests.helpers import CHAT_REPLY, write_config
 
-TRANSPORTS = ["asyncio", "urllib3"]
 PREFIX = "/%E4%B8%AD%E6%96%87/v1"  # /中文/v1
 MODELS = {"object": "list", "data": [{"id": "internlm-s2", "object": "model"}]}
 
@@ -25,12 +24,10 @@ def _replies() -> dict[str, tuple[int, dict[str, str], bytes]]:
     }
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("spelling", ["/中文/v1", "/x/../中文/v1/", "/%e4%b8%ad%e6%96%87/v1"])
-def test_a_non_ascii_path_is_sent_the_same_by_every_transport_and_command(
-    cli, isolated: Path, monkeypatch: pytest.MonkeyPatch, transport: str, spelling: str
+def test_a_non_ascii_path_is_sent_the_same_by_every_command(
+    cli, isolated: Path, spelling: str
 ) -> None:
-    monkeypatch.setenv("CALIBRATE_TRANSPORT", transport)
     (isolated / "tasks.jsonl").write_text('{"id": 1, "text": "a"}\n{"id": 2, "text": "b"}\n')
     with CannedServer(_replies()) as server:
         url = server.base_url.removesuffix("/v1").replace("http://", "HTTP://") + spelling
@@ -86,12 +83,8 @@ def test_what_cannot_be_a_url_is_exit_2_before_anything_is_sent(
     assert not (isolated / "out.jsonl").exists()
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_a_server_that_cannot_be_reached_gets_the_hint_that_fits(
-    cli, mock, monkeypatch: pytest.MonkeyPatch, transport: str
-) -> None:
+def test_a_server_that_cannot_be_reached_gets_the_hint_that_fits(cli, mock) -> None:
     """https:// to a plain-HTTP server is not "start it: make mock"; nor is a wrong name."""
-    monkeypatch.setenv("CALIBRATE_TRANSPORT", transport)
     plain_as_tls = mock.base_url.replace("http://", "https://")
     cases = [
         (plain_as_tls, "no TLS server", "with http://"),

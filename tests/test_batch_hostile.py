@@ -14,6 +14,7 @@ from calibrate.http.models import SamplingParams
 from calibrate.load.retry import RetryPolicy
 from calibrate.stages.batch import BatchSpec, open_batch, run_batch
 from tests.batch_helpers import (
+    AnsweredFromAThread,
     HostileServer,
     Reply,
     assert_valid_jsonl,
@@ -127,7 +128,7 @@ def test_a_line_separator_inside_a_record_does_not_split_it_on_resume(cli, isola
     assert len(assert_valid_jsonl(out)) == 6
 
 
-class RaisingClient:
+class RaisingClient(AnsweredFromAThread):
     """A client whose answer for an item is an exception named in the item's text."""
 
     def __init__(self) -> None:

@@ -26,6 +26,7 @@ from calibrate.stages.batch.journal import Journal, Tally
 from calibrate.stages.batch.queue import MAX_REQUEUES, WorkQueue
 from calibrate.stages.batch.result import BatchProgress
 from tests.batch_helpers import (
+    AnsweredFromAThread,
     assert_each_item_once,
     assert_valid_jsonl,
     batch_process,
@@ -280,7 +281,7 @@ def test_kill_9_at_c64_at_several_moments_then_rerun_has_every_item_exactly_once
     assert_each_item_once(out, n)
 
 
-class InstantClient:
+class InstantClient(AnsweredFromAThread):
     """Answers at once, in process (no HTTP): only the batch machinery is left to watch."""
 
     base_url = "http://instant.invalid/v1"

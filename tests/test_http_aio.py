@@ -12,6 +12,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -20,8 +21,9 @@ from calibrate.http.aio.bridge import AioTransport
 from calibrate.http.aio.connection import Connections, _Connection
 from calibrate.http.aio.wire import Answer
 from calibrate.http.client import OpenAIClient
-from calibrate.http.models import SamplingParams
-from tests.helpers import write_config
+from calibrate.http.models import Completion, SamplingParams
+from calibrate.load.request import Request
+from calibrate.load.sender import Sender
 from tests.mockserver import start_mock
 
 PARAMS = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=8)
@@ -167,7 +169,7 @@ def idle_closing_server(close_after_s: float) -> Iterator[tuple[str, list[int]]]
 
 def test_a_kept_alive_connection_closed_as_it_is_reused_is_replaced_once() -> None:
     with idle_closing_server(close_after_s=0.0) as (url, seen):
-        client = OpenAIClient(url, timeout_s=5, io="asyncio")
+        client = OpenAIClient(url, timeout_s=5)
         answers = [client.chat("m", "hi", PARAMS) for _ in range(2)]
         client.close()
     assert [a.choices[0].text for a in answers] == ["hello", "hello"]
@@ -178,7 +180,7 @@ def test_a_reused_connection_that_dies_while_the_server_works_is_not_resent() ->
     """Closed long after the request arrived: the server had it (an engine that died while
     generating) — the failure is reported, never sent a second time behind the user's back."""
     with idle_closing_server(close_after_s=1.0) as (url, seen):
-        client = OpenAIClient(url, timeout_s=5, io="asyncio")
+        client = OpenAIClient(url, timeout_s=5)
         client.chat("m", "hi", PARAMS)
         with pytest.raises(RequestError) as caught:
             client.chat("m", "hi", PARAMS)
@@ -240,7 +242,7 @@ def test_a_connection_reset_before_its_request_is_written_is_a_dropped_connectio
 
 def test_a_stream_ending_at_done_without_its_last_chunk_returns_at_once() -> None:
     with raw_server(SSE_HEAD + _sse(CHUNK, LAST, b"[DONE]"), hold_s=10) as url:
-        client = OpenAIClient(url, timeout_s=5, io="asyncio")
+        client = OpenAIClient(url, timeout_s=5)
         start = time.monotonic()
         answer = client.chat("m", "hi", PARAMS, stream=True)
         client.close()
@@ -251,7 +253,7 @@ def test_a_stream_ending_at_done_without_its_last_chunk_returns_at_once() -> Non
 def test_a_body_that_ends_when_the_server_closes() -> None:
     reply = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
     with raw_server(reply + PLAIN) as url:
-        client = OpenAIClient(url, timeout_s=5, io="asyncio")
+        client = OpenAIClient(url, timeout_s=5)
         answer = client.chat("m", "hi", PARAMS)
         client.close()
     assert answer.choices[0].text == "hello"
@@ -268,7 +270,7 @@ def test_a_body_that_ends_when_the_server_closes() -> None:
 def test_error_answers_keep_their_kind(head: bytes, kind: str) -> None:
     body = b'{"error": {"message": "busy"}}'
     with raw_server(head + b"Content-Length: %d\r\n\r\n%s" % (len(body), body)) as url:
-        client = OpenAIClient(url, timeout_s=5, io="asyncio")
+        client = OpenAIClient(url, timeout_s=5)
         with pytest.raises(RequestError) as caught:
             client.chat("m", "hi", PARAMS)
         client.close()
@@ -316,12 +318,11 @@ def test_a_gzip_bomb_is_cut_at_the_cap_never_inflated_whole(status: bytes) -> No
         assert answer.body() == b"\0" * 65536
 
 
-@pytest.mark.parametrize("io", ["asyncio", "urllib3"])
-def test_no_server_is_connect(io: str) -> None:
+def test_no_server_is_connect() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    client = OpenAIClient(f"http://127.0.0.1:{port}/v1", timeout_s=5, io=io)  # type: ignore[arg-type]
+    client = OpenAIClient(f"http://127.0.0.1:{port}/v1", timeout_s=5)
     with pytest.raises(RequestError) as caught:
         client.chat("m", "hi", PARAMS)
     assert caught.value.kind == "connect" and "connection refused" in caught.value.info.message
@@ -339,12 +340,11 @@ def _established_to(port: int) -> int:
     return count
 
 
-@pytest.mark.parametrize("io", ["asyncio", "urllib3"])
-def test_after_a_burst_at_most_max_connections_stay_open(io: str) -> None:
+def test_after_a_burst_at_most_max_connections_stay_open() -> None:
     """16 requests at once on a client of ``max_connections=4``: all are answered (the burst
     is never made to wait for a connection), then no more than 4 stay open to the server."""
     with start_mock(ttft_s=0.05, per_token_s=0.0) as mock:
-        client = OpenAIClient(mock.base_url, timeout_s=10, max_connections=4, io=io)  # type: ignore[arg-type]
+        client = OpenAIClient(mock.base_url, timeout_s=10, max_connections=4)
         port = int(mock.base_url.rsplit(":", 1)[1].split("/")[0])
         texts: list[str] = []
 
@@ -366,73 +366,52 @@ def test_after_a_burst_at_most_max_connections_stay_open(io: str) -> None:
     assert 1 <= open_after <= 4
 
 
-def test_both_transports_read_the_same_answers() -> None:
+def test_a_plain_and_a_streamed_answer_read_the_same() -> None:
     with start_mock(ttft_s=0.01, per_token_s=0.001) as mock:
-        got = []
-        for io in ("asyncio", "urllib3"):
-            client = OpenAIClient(mock.base_url, timeout_s=10, io=io)  # type: ignore[arg-type]
-            plain = client.chat("internlm-s2", "hi", PARAMS)
-            streamed = client.chat("internlm-s2", "hi", PARAMS, stream=True)
-            client.close()
-            assert streamed.ttft_s is not None and 0 < streamed.ttft_s <= streamed.elapsed_s
-            got.append((plain.choices, plain.usage, streamed.choices, streamed.usage))
-    assert got[0] == got[1]
+        client = OpenAIClient(mock.base_url, timeout_s=10)
+        plain = client.chat("internlm-s2", "hi", PARAMS)
+        streamed = client.chat("internlm-s2", "hi", PARAMS, stream=True)
+        client.close()
+    assert streamed.ttft_s is not None and 0 < streamed.ttft_s <= streamed.elapsed_s
+    assert (plain.choices, plain.usage) == (streamed.choices, streamed.usage)
 
 
-@pytest.mark.parametrize("value", ["", "urllib3", "asyncio"])
-def test_the_transport_is_asyncio_unless_the_environment_says_urllib3(
-    cli, mock, isolated, monkeypatch, value: str
-) -> None:
-    """Both transports carry a whole stage; the variable picks one (unset or empty: asyncio)."""
-    monkeypatch.setenv("CALIBRATE_TRANSPORT", value)
-    write_config(isolated / "calibrate.toml", mock.base_url)
-    result = cli("single")
-    assert result.code == 0, result.err
-    client = OpenAIClient(mock.base_url)
-    assert client.can_submit == (value != "urllib3")
-    client.close()
+class _Watching(OpenAIClient):
+    """The real client, noting the thread each answer is read (parsed) on."""
 
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.read_on: list[str] = []
 
-def test_an_unknown_transport_is_a_usage_error_naming_the_way_out(
-    cli, mock, isolated, monkeypatch
-) -> None:
-    monkeypatch.setenv("CALIBRATE_TRANSPORT", "aiohttp")
-    write_config(isolated / "calibrate.toml", mock.base_url)
-    result = cli("single")
-    assert result.code == 2
-    assert result.err.strip().splitlines() == [
-        "error: CALIBRATE_TRANSPORT is 'aiohttp': set it to asyncio (the default) or urllib3, "
-        "or unset it"
-    ]
-    assert not (isolated / "runs" / "ledger.jsonl").exists()
+    def _read(
+        self, path: str, body: dict[str, Any], start: float
+    ) -> Callable[[Answer], Completion]:
+        read = super()._read(path, body, start)
+
+        def watched(answer: Answer) -> Completion:
+            self.read_on.append(threading.current_thread().name)
+            return read(answer)
+
+        return watched
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_a_submitted_answer_is_parsed_where_off_loop_runs_it_not_on_the_io_loop(
-    stream: bool,
-) -> None:
-    """The closed and open loops hand each answer to one helper thread: parsing a streamed
-    answer on the loop held every other stream's bytes (and their timestamps) back."""
-    jobs: list[Callable[[], None]] = []
-    seen: list[tuple[str, str]] = []
-    finished = threading.Event()
-
-    def done(completion: object, failure: BaseException | None) -> None:
-        assert failure is None, failure
-        seen.append((threading.current_thread().name, completion.choices[0].text))  # type: ignore[attr-defined]
-        finished.set()
-
+def test_the_engine_s_answers_are_parsed_off_the_io_loop(stream: bool) -> None:
+    """The I/O loop only sends, reads and stamps: parsing a streamed answer there held every
+    other stream's bytes (and their timestamps) back. One parser thread reads them all."""
     with start_mock(ttft_s=0.001, per_token_s=0.0) as mock:
-        client = OpenAIClient(mock.base_url, timeout_s=10)
-        body = client.chat_body(
-            "internlm-s2", "hi", SamplingParams(0.0, 8, 1.0, None), stream=stream
-        )
-        client.submit_completion("/chat/completions", body, done, jobs.append)
-        deadline = time.monotonic() + 10
-        while not jobs and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert jobs and not seen, "nothing is parsed before off_loop runs it"
-        jobs[0]()
+        client = _Watching(mock.base_url, timeout_s=10)
+        params = SamplingParams(0.0, 512, 1.0, None)
+        requests = [
+            Request(
+                "/chat/completions",
+                client.chat_body("internlm-s2", f"hi {n}", params, stream=stream),
+                (f"hi {n}",),
+                n,
+            )
+            for n in range(1, 9)
+        ]
+        items, _ = Sender.over(client).send(requests, 8, 512)
         client.close()
-    assert finished.is_set() and seen[0][0] == threading.current_thread().name
-    assert seen[0][1], "the answer's text, parsed"
+    assert all(i.ok for i in items) and len(items) == 8
+    assert set(client.read_on) == {"calibrate-parse"}

@@ -12,7 +12,7 @@ from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams
 from calibrate.http.stream_timing import stream_timing
 from calibrate.load.request import build_requests
-from calibrate.load.waves import Sender
+from calibrate.load.sender import Sender
 from calibrate.mock.settings import MockSettings
 from calibrate.stages.measure.latency import latency_columns
 from tests.mockserver import start_mock
@@ -82,7 +82,7 @@ def _measured(base_url: str, mode: str) -> dict[str, Any]:
     params = SamplingParams(temperature=0.0, top_p=1.0, max_tokens=64)
     waves = [["Say something."]] * 8 if mode == "prompt-list" else [["Say something."] * 8]
     requests = build_requests(client, MODEL, params, waves, mode, stream=True)  # type: ignore[arg-type]
-    items, _ = Sender(client).send(requests, len(requests), 64)
+    items, _ = Sender.over(client).send(requests, len(requests), 64)
     client.close()
     assert all(i.ok for i in items), [i.error for i in items]
     return latency_columns(items)

@@ -16,11 +16,9 @@ VARIABLES = ["HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "ALL_PROXY", "all_proxy"
 NOTE = "is set, but calibrate connects to"
 
 
-@pytest.mark.parametrize("transport", ["asyncio", "urllib3"])
 def test_no_request_and_no_key_goes_to_a_proxy(
-    cli, mock, isolated: Path, monkeypatch: pytest.MonkeyPatch, transport: str
+    cli, mock, isolated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("CALIBRATE_TRANSPORT", transport)
     monkeypatch.setenv("CALIBRATE_API_KEY", FAKE_KEY)
     (isolated / "tasks.jsonl").write_text('{"id": 1, "text": "a"}\n')
     write_config(isolated / "calibrate.toml", mock.base_url)

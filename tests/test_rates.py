@@ -8,24 +8,24 @@ import itertools
 import json
 import statistics
 import threading
-from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from calibrate.errors import ErrorInfo, UsageError
+from calibrate.errors import UsageError
 from calibrate.http.client import OpenAIClient
 from calibrate.http.models import Choice, Completion, Usage
 from calibrate.load.answers import answer_items
 from calibrate.load.arrivals import arrival_times, parse_rates
 from calibrate.load.items import ItemResult
-from calibrate.load.open_loop import OpenRun, open_loop
+from calibrate.load.pacing import OpenRun
 from calibrate.load.request import Request
-from calibrate.load.waves import Sender
+from calibrate.load.sender import Sender
+from calibrate.load.sim.clock import VirtualClock
 from calibrate.stages.measure.saturation import RateJudgement, judge
 from calibrate.stages.sweep.rates import _level_judgement
 from tests.mockserver import start_mock
+from tests.stage_fakes import Scripted
 from tests.tier_helpers import FAST, open_gate
 
 
@@ -233,87 +233,46 @@ def test_one_slow_answer_among_ten_does_not_make_a_kept_up_rate_saturated() -> N
     assert verdict.achieved_rate == pytest.approx(20.0, rel=0.05) and not verdict.saturated
 
 
-def test_a_request_whose_worker_raised_is_a_recorded_failure_and_frees_its_slot() -> None:
-    """Request 1's worker raises (a bug of calibrate's own): with a cap of 1 the dispatcher
-    used to wait forever for the slot, and the request vanished from the level's count."""
-
-    def send_one(n: int, t0: float) -> list[ItemResult]:
-        if n == 1:
-            raise KeyError("choices")
-        return [replace(_done(0.01), index=n + 1)]
-
-    def unanswered(n: int, t0: float) -> list[ItemResult]:
-        error = ErrorInfo("internal", "no answer")
-        return [replace(_done(0.01), index=n + 1, error=error)]
-
-    run = open_loop(send_one, (0.0, 0.0, 0.0), 1, join_s=5, unanswered=unanswered)
-    assert [i.index for i in run.items] == [1, 2]  # request 1 failed: nothing sent after it
-    assert [i.ok for i in run.items] == [True, False]
-    assert run.items[1].error is not None and run.items[1].error.kind == "internal"
-
-
-class _BrokenClient:
-    timeout_s = 5.0
-    can_submit = False  # a thread per send
-
-    def post_completion(self, path: str, body: dict) -> Completion:
-        raise ValueError("a bug while reading the answer")
-
-
-class _BrokenSubmitter(_BrokenClient):
-    can_submit = True  # handed off, answered from another thread (as the I/O loop does)
-
-    def submit_completion(
-        self, path: str, body: dict, done: Callable[..., None], off_loop: Callable[..., None]
-    ) -> float:
-        failure = ValueError("a bug while reading the answer")
-        threading.Thread(target=off_loop, args=(lambda: done(None, failure),)).start()
-        return 0.0
-
-
-@pytest.mark.parametrize("client", [_BrokenClient, _BrokenSubmitter])
-def test_an_unexpected_exception_while_sending_is_an_internal_failure_in_both_loops(
-    client: type[_BrokenClient],
-) -> None:
-    sender = Sender(client())  # type: ignore[arg-type]
-    request = Request("/chat/completions", {}, ("p",), 1)
-    run = sender.open_loop([request], (0.0,), None)
-    (item,) = run.items
+def test_a_request_whose_send_raised_is_a_recorded_failure_and_frees_its_slot() -> None:
+    """Request 1's send raises (a bug of calibrate's own): with a cap of 1 the dispatcher used
+    to wait forever for the slot, and the request vanished from the level's count; it is the
+    level's failure (nothing is sent after it), an internal one, in the open loop and a wave."""
+    script = {1: ValueError("a bug while reading the answer")}
+    clock = VirtualClock()
+    sender = Sender(Scripted(script=script), clock)
+    requests = [Request("/chat/completions", {}, ("p",), n) for n in (1, 2, 3)]
+    run = sender.open_loop(requests, (0.0, 0.0, 0.0), 1)
+    (item,) = run.items  # request 1 failed: nothing sent after it
     assert item.error is not None and item.error.kind == "internal"
     assert "ValueError: a bug while reading the answer" in item.error.message
-    items, _ = sender.send([request], 1)
+    items, _ = sender.send(requests[:1], 1)
     assert [i.error.kind for i in items if i.error] == ["internal"]
 
 
-def test_an_open_loop_over_the_asyncio_transport_starts_no_thread_per_send() -> None:
-    """300 req/s for a second on 50 ms answers (about 15 in flight): over the asyncio transport
-    each send is handed to the I/O loop — no sender thread at all (what made sends late at
-    1,000 req/s: ``make bench``, section pacing), every request answered once and timed from its
-    own send; over urllib3 a thread per request in flight."""
-    peaks = {}
-    for io in ("asyncio", "urllib3"):
-        with start_mock(ttft_s=0.05, per_token_s=0.0) as mock:
-            client = OpenAIClient(mock.base_url, timeout_s=10, max_connections=64, io=io)  # type: ignore[arg-type]
-            body = {"model": "internlm-s2", "messages": [{"role": "user", "content": "hi"}]}
-            requests = [Request("/chat/completions", body, ("hi",), n) for n in range(300)]
-            schedule = [n / 300 for n in range(300)]
-            counts: list[int] = []
-            stop = threading.Event()
+def test_an_open_loop_over_http_starts_no_thread_per_send() -> None:
+    """300 req/s for a second on 50 ms answers (about 15 in flight): each send goes from the
+    I/O loop at its time — no sender thread at all (what made sends late at 1,000 req/s:
+    ``make bench``, section pacing), every request answered once and timed from its own send."""
+    with start_mock(ttft_s=0.05, per_token_s=0.0) as mock:
+        client = OpenAIClient(mock.base_url, timeout_s=10, max_connections=64)
+        body = {"model": "internlm-s2", "messages": [{"role": "user", "content": "hi"}]}
+        requests = [Request("/chat/completions", body, ("hi",), n) for n in range(300)]
+        schedule = [n / 300 for n in range(300)]
+        counts: list[int] = []
+        stop = threading.Event()
 
-            def watch(stop: threading.Event, counts: list[int]) -> None:
-                while not stop.wait(0.01):  # this process's sender threads (the mock's aside)
-                    names = [t.name for t in threading.enumerate()]
-                    counts.append(sum(1 for name in names if name.startswith("calibrate-open")))
+        def watch() -> None:
+            while not stop.wait(0.01):  # this process's own threads (the mock's aside)
+                names = [t.name for t in threading.enumerate()]
+                counts.append(sum(1 for n in names if n.startswith("calibrate-")))
 
-            watcher = threading.Thread(target=watch, args=(stop, counts))
-            watcher.start()
-            run = Sender(client).open_loop(requests, schedule, None)
-            stop.set()
-            watcher.join()
-            client.close()
-        assert sorted(i.index for i in run.items) == list(range(300))
-        assert all(i.ok for i in run.items)
-        assert all(i.started_s >= schedule[i.index] for i in run.items)
-        peaks[io] = max(counts)
-    assert peaks["asyncio"] == 0, peaks
-    assert peaks["urllib3"] >= 8, peaks
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        run = Sender.over(client).open_loop(requests, schedule, None)
+        stop.set()
+        watcher.join()
+        client.close()
+    assert sorted(i.index for i in run.items) == list(range(300))
+    assert all(i.ok for i in run.items)
+    assert all(i.started_s >= schedule[i.index] for i in run.items)
+    assert max(counts) <= 2, "the I/O loop and the parser: nothing per send"

@@ -15,7 +15,7 @@ from calibrate.http.models import SamplingParams, Usage
 from calibrate.http.request_times import RequestTimes
 from calibrate.load.items import ItemResult
 from calibrate.load.request import Request
-from calibrate.load.waves import Sender
+from calibrate.load.sender import Sender
 from calibrate.load.window import LevelWindow, LoopRun, steady_throughput
 from tests.mockserver import start_mock
 from tests.report_helpers import Page
@@ -123,7 +123,7 @@ def test_the_closed_loop_on_the_real_clock_puts_its_window_on_the_recorded_finis
             body = {"model": "internlm-s2", "messages": [{"role": "user", "content": "hi"}]}
             return Request("/chat/completions", body, ("hi",), next(numbers))
 
-        run = Sender(client).closed_loop(supply, 4, LevelWindow(0.3, 16))
+        run = Sender.over(client).closed_loop(supply, 4, LevelWindow(0.3, 16))
         client.close()
     assert run.started_at is not None and all(i.times is not None for i in run.items)
     for item in run.items:

@@ -2,8 +2,7 @@
 
 ``plain_piece`` (the common chunk's text) against ``parse_chunk``; the asyncio wire's blocks and
 ``timed_events`` against the reader they replaced (a line at a time, ``TimedLines``, every chunk
-through ``parse_chunk`` and ``json.loads``), copied here as it was; the urllib3 lines through
-``read_stream`` against it too. Same Completion (texts, usage, names, TTFT, gaps, elapsed) or
+through ``parse_chunk`` and ``json.loads``), copied here as it was. Same Completion (texts, usage, names, TTFT, gaps, elapsed) or
 the same error with the same message, over hand-picked shapes and a seeded fuzz of 2,000 streams.
 """
 
@@ -22,7 +21,6 @@ from calibrate.http.aio.wire import Answer
 from calibrate.http.error_kinds import invalid
 from calibrate.http.models import Choice, Completion, Usage
 from calibrate.http.responses import Delta, parse_chunk, plain_piece
-from calibrate.http.stream import read_stream
 from calibrate.http.stream_timing import stream_timing
 
 DONE_LINE = b"data: [DONE]"
@@ -151,7 +149,7 @@ def _fed(reads: list[bytes]) -> Answer:
 
 
 def _both_ways(reads: list[bytes], chat: bool) -> None:
-    """The asyncio and the urllib3 readers say what the old reader says of this body."""
+    """The asyncio transport's reader says what the old reader says of this body."""
     old_lines, end = _old_wire_lines(reads)
     timed = _OldTimedLines(old_lines, end)
     expected = _outcome(lambda: _old_read_stream(iter(timed), START, timed.clock, chat=chat))
@@ -159,12 +157,6 @@ def _both_ways(reads: list[bytes], chat: bool) -> None:
     assert answer.lines == old_lines
     got = _outcome(lambda: completion_of(answer, START, stream=True, chat=chat))
     assert got == expected
-    # urllib3: its lines (every \r before a line end dropped), one constant clock for both
-    lines = [line.rstrip(b"\r") for line in b"".join(reads).split(b"\n")]
-    if lines and not lines[-1]:
-        lines.pop()
-    old = _outcome(lambda: _old_read_stream(iter(lines), 0.0, lambda: 1.0, chat=chat))
-    assert _outcome(lambda: read_stream(iter(lines), 0.0, lambda: 1.0, chat=chat)) == old
 
 
 # -- plain_piece against parse_chunk ---------------------------------------------------------

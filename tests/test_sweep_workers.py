@@ -19,7 +19,7 @@ from calibrate.errors import ErrorInfo
 from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams
 from calibrate.load.items import ItemResult
-from calibrate.load.open_loop import Answer, OpenRun
+from calibrate.load.pacing import Answer, OpenRun
 from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.load.procs.sender import WorkerSender, workers_for
 from calibrate.load.procs.shares import (

@@ -236,7 +236,8 @@ async def drive(
     number = 0
     try:
         while True:
-            step = pacing.next(run.since(), len(run.in_flight))
+            # in flight until the policy is told of its answer
+            step = pacing.next(run.since(), len(run.in_flight) + len(run.answers))
             if isinstance(step, Send):
                 request = step.request if step.request is not None else next(source, None)
                 if request is None:

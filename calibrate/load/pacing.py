@@ -65,6 +65,8 @@ class Closed:
         self._last: tuple[ItemResult, ...] = ()  # the answer just told, until replaced
 
     def next(self, now_s: float, in_flight: int) -> Step:
+        if self.stop_s is None and in_flight >= self.concurrency:
+            return WAIT  # the window is asked only when a request could start
         if self.stop_s is None and self.window.done(now_s, self.started):
             self.stop_s = now_s
         if self.stop_s is not None:
@@ -72,8 +74,6 @@ class Closed:
                 self.unreplaced.append(self._last[0])
                 self._last = ()
             return DONE
-        if in_flight >= self.concurrency:
-            return WAIT
         self._last = ()
         self.started += 1
         if self.started == self.concurrency:

@@ -63,9 +63,10 @@ class LoopRun:
 
     def finished_s(self, item: ItemResult) -> float:
         """When an answer finished, in seconds since the run started: its recorded
-        ``finished_at`` (SPEC §4.1) where the run is on that clock, else the loop's own time."""
+        ``finished_at`` (SPEC §4.1, to the microsecond as records keep it) where the run is on
+        that clock, else the loop's own time."""
         if self.started_at is not None and item.times is not None:
-            return item.times.finished_at - self.started_at
+            return round(item.times.finished_at - self.started_at, 6)
         return item.done_s
 
     def closed_by(self, unreplaced: Sequence[ItemResult]) -> LoopRun:

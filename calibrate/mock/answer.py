@@ -39,6 +39,10 @@ def answer(
     long, ``min_tokens`` at least that long; ``max_tokens`` caps it (finish "length").
     """
     full = text.natural_text(prompt, settings.text_seed)
+    if settings.answer_tokens:  # every answer this long, whatever its prompt
+        own = text.count_tokens(full)
+        n = settings.answer_tokens
+        full = text.extend(full, prompt, settings.text_seed, n) if n > own else text.cut(full, n)
     if perturb_at is not None and settings.diverge_at_token is not None:
         full = text.diverge(full, prompt, perturb_at, settings.diverge_at_token, settings.seed)
     elif perturb_at is not None:

@@ -85,6 +85,7 @@ class MockSettings:
     prefill_ms_per_1k_tokens: float = 0.0
     step_ms_per_1k_tokens: float = 0.0  # each decode step costs this much more per 1k resident
     jitter: float = 0.0  # ttft and per-token time × uniform [1 - jitter, 1 + jitter], seeded
+    answer_tokens: int = 0  # every answer this many tokens long (0: each prompt's own length)
     metrics_style: MetricsStyle = "mock"
     # chat messages go through a chat template before the answer is derived (as an instruct
     # model's engine applies one): a raw /v1/completions of the same text answers otherwise
@@ -167,6 +168,8 @@ class MockSettings:
             raise ValueError("KV sizes, step and prefill costs must be ≥ 0")
         if min(self.power_w, self.power_per_request_w) < 0:
             raise ValueError("power_w and power_per_request_w must be ≥ 0")
+        if self.answer_tokens < 0:
+            raise ValueError(f"answer_tokens must be ≥ 0 (0 = off), got {self.answer_tokens}")
         if not 0 <= self.jitter < 1:
             raise ValueError(f"jitter must be in [0, 1), got {self.jitter}")
         if self.on_kv_full not in ON_KV_FULL:

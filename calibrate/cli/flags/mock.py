@@ -81,6 +81,8 @@ SETTINGS: tuple[tuple[str, str | None, str | None], ...] = (
      "the batch: per-token time = --per-token + F/1000 × tokens/1000 (default 0)"),
     ("--jitter", "F", "multiply each request's ttft and per-token time by a seeded uniform draw "
      "in [1-F, 1+F] (--seed; default 0)"),
+    ("--answer-tokens", "N", "every answer N tokens long, whatever its prompt (default 0: each "
+     "prompt's own length)"),
     ("--metrics-style", None, "/metrics names as vllm, sglang, llamacpp, tgi or lmdeploy export "
      "them, queue gauge included; mock = the mock's own plus vLLM's (default); the mock_vram_* "
      "gauges are always there"),

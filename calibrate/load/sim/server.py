@@ -67,6 +67,7 @@ class SimServer:
         """A new server with ``settings``: nothing in flight, nothing cached."""
         self.settings = settings
         self.model = MockModel(settings, self.clock.now)
+        self.in_flight_seen: list[int] = []  # at each request's arrival, itself included
         self._waiting: collections.deque[Waiting] = collections.deque()
 
     def outage(self, seconds: float) -> None:
@@ -108,6 +109,7 @@ class SimServer:
             raise _status(exc.status, exc.body) from exc
         model = self.model
         adm = model.admit(len(req.prompts))
+        self.in_flight_seen.append(adm.in_flight)
         try:
             return await self._answer(req, adm, start)
         finally:

@@ -177,11 +177,10 @@ class _Worker:
     def take_items(self, slot: Slot) -> None:
         """Until the items run out or the run stops.
 
-        Over the asyncio transport the slot's items go back to back from the I/O loop (chain.py)
-        and this thread handles only what the chain hands back: a failed attempt's item."""
+        The slot's items go back to back from the I/O loop (chain.py) and this thread handles
+        only what the chain hands back: a failed attempt's item."""
         lane, queue, control, journal = self.lane, self.queue, self.control, self.journal
-        submits = getattr(lane.client, "can_submit", False)  # the tests' scripted clients cannot
-        chain = Chain(lane, queue, self.spec, journal, control, self.guard) if submits else None
+        chain = Chain(lane, queue, self.spec, journal, control, self.guard)
         while not control.stop.is_set():  # stopping: items not yet started stay for the rerun
             if not lane.breaker.await_up(control.stop, queue.idle):
                 return  # given up (its items go to the other endpoints), stopping, or none left
@@ -191,9 +190,7 @@ class _Worker:
                 return
             slot.busy = True
             try:
-                if chain is None:
-                    self.handle(task)
-                elif (handoff := chain.run(task)) is not None:
+                if (handoff := chain.run(task)) is not None:
                     self.handle(handoff.task, handoff.first)
             finally:
                 slot.busy = False

@@ -44,7 +44,6 @@ class ScriptedClient:
     (an answer by default, a ``RequestError`` or ``"never"`` — a stuck loop)."""
 
     base_url = "http://scripted.invalid/v1"
-    can_submit = True
     timeout_s = 0.05
 
     def __init__(self, loop: FakeLoop, script: dict[str, Any] | None = None) -> None:

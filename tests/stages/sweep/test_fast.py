@@ -3,7 +3,6 @@ server, the level windows, repeats with their median and range, and the overlap-
 
 from __future__ import annotations
 
-import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -11,19 +10,28 @@ from typing import Any
 from calibrate.config import Config, SweepConfig
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor
-from calibrate.http.client import OpenAIClient
-from calibrate.http.models import Choice, Completion, Usage
 from calibrate.load.request import Request
-from calibrate.load.waves import Sender
+from calibrate.load.sender import Sender
+from calibrate.load.sim.clock import VirtualClock
+from calibrate.load.sim.server import SimServer
 from calibrate.load.window import (
     LevelWindow,
     LoopRun,
     level_window,
     steady_throughput,
 )
+from calibrate.mock import MockSettings
 from calibrate.stages.sweep.run import Sweep
 from calibrate.stages.sweep.spec import SweepOptions
-from tests.stage_fakes import Service, SimulatedLoop, close_runs, item, recorder, stage_ctx
+from tests.stage_fakes import (
+    Service,
+    SimulatedLoop,
+    chat_body,
+    close_runs,
+    item,
+    recorder,
+    stage_ctx,
+)
 from tests.tier_helpers import jsonl
 
 __all__ = ["close_runs"]  # the autouse fixture, used by being imported
@@ -267,57 +275,23 @@ def test_steady_window_leaves_out_the_ramp_and_the_drain() -> None:
     assert not LevelWindow(1.0, 8).done(1.0, 7) and LevelWindow(1.0, 8).done(1.0, 8)
 
 
-class _FakeClock:
-    """Each reading is 10 ms after the last: time passes only when someone looks."""
-
-    def __init__(self) -> None:
-        self.now, self.lock = 0.0, threading.Lock()
-
-    def __call__(self) -> float:
-        with self.lock:
-            self.now += 0.01
-            return self.now
-
-
-class _CountingClient(OpenAIClient):
-    """Answers at once and remembers the most requests it ever had in flight (a thread each:
-    the closed loop's thread version, as over urllib3; tests/test_closed_loop.py the other)."""
-
-    can_submit = False  # type: ignore[assignment]
-
-    def __init__(self) -> None:
-        super().__init__("http://127.0.0.1:9/v1")
-        self.in_flight = self.most = self.calls = 0
-        self.lock = threading.Lock()
-        self.gate = threading.Barrier(4, timeout=5)
-
-    def post_completion(self, path: str, body: dict[str, Any]) -> Completion:
-        with self.lock:
-            self.in_flight += 1
-            self.calls += 1
-            self.most = max(self.most, self.in_flight)
-        if self.calls <= 4:
-            self.gate.wait()  # the first four meet: all 4 really are in flight together
-        with self.lock:
-            self.in_flight -= 1
-        return Completion((Choice(0, "答案。", "stop"),), Usage(3, 5, 8), "m", None, 0.01)
-
-
-def test_the_real_closed_loop_on_a_fake_clock() -> None:
-    client = _CountingClient()
-    sender = Sender(client, clock=_FakeClock())
+def test_the_real_closed_loop_on_the_simulated_server() -> None:
+    clock = VirtualClock()
+    server = SimServer(MockSettings(slots=8, ttft_s=0.1, per_token_s=0.0, any_model=True), clock)
+    sender = Sender(server, clock)
     counter = iter(range(1, 10_000))
 
     def supply() -> Request:
-        return Request("/chat/completions", {"n": 1}, ("p",), next(counter))
+        n = next(counter)
+        return Request("/chat/completions", chat_body(f"q{n}"), (f"q{n}",), n)
 
     run = sender.closed_loop(supply, 4, LevelWindow(2.0, 16))
-    client.close()
-    assert client.most == 4, "C in flight, never more"
-    assert len(run.items) == client.calls >= 16 and all(i.ok for i in run.items)
-    assert run.full_s is not None and run.stop_s is not None and run.stop_s >= 2.0
+    assert max(server.in_flight_seen) == 4, "C in flight, never more"
+    assert len(run.items) == len(server.in_flight_seen) >= 16 and all(i.ok for i in run.items)
+    assert run.full_s == 0.0 and run.stop_s is not None and run.stop_s >= 2.0
     assert max(i.started_s for i in run.items) < run.stop_s
     assert [i.index for i in run.items] == list(range(1, len(run.items) + 1))
+    assert round(steady_throughput(run).items_per_s, 6) == 40.0, "4 answers per 0.1 s"
 
 
 def test_a_passing_client_hiccup_below_clean_levels_is_left_out_not_the_limit(
