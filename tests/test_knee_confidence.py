@@ -8,7 +8,7 @@ from pathlib import Path
 from calibrate import config
 from calibrate.confidence import compare, spread
 from calibrate.stages.measure.stop_rules import Point
-from calibrate.stages.sweep.knee import find_knee, judge, judged_range, needs_repeat
+from calibrate.stages.verdict.knee import find_knee, judge, judged_range, needs_repeat
 from calibrate.stages.sweep.spec import SweepOptions
 from tests.helpers import write_config
 from tests.mockserver import start_mock
@@ -47,7 +47,7 @@ def test_the_level_decides_the_gain_the_repeat_and_the_knee() -> None:
     assert not needs_repeat([ONE], FOUR, 0.10, runs=4, max_repeats=6, level=0.80)
     at_95 = find_knee([ONE, FOUR], 0.10, 0.95)
     assert at_95 is not None and at_95.knee.concurrency == 1 and at_95.best.concurrency == 1
-    assert "a gain cannot be told from noise" in at_95.text
+    assert "whether it adds 10 % cannot be told from noise" in at_95.text and at_95.noisy
     at_80 = find_knee([ONE, FOUR], 0.10, 0.80)
     assert at_80 is not None and at_80.knee.concurrency == 4 and at_80.best.concurrency == 4
 

@@ -69,4 +69,5 @@ def ladder_spec(args: argparse.Namespace, measure: MeasureSpec, cfg: Config) -> 
         context_lengths=workload.context_lengths,
         context_batch=workload.context_batch,
         workers=args.workers,
+        conservative=args.conservative,
     )

@@ -10,6 +10,7 @@ from typing import Literal
 from calibrate.config import SloConfig
 from calibrate.stages.measure.slo import p99_breaches
 from calibrate.stages.measure.tiers import Stats, StopReason, Tier, Verdict
+from calibrate.stages.verdict.separation import Sample
 
 LatencySeen = Literal["rise", "unsure", "flat"]
 
@@ -282,6 +283,12 @@ class Point:
     def span(self) -> tuple[float, float]:
         low = self.items_per_s if self.low is None else self.low
         return low, self.items_per_s if self.high is None else self.high
+
+    @property
+    def sample(self) -> Sample:
+        """As ``verdict.separation`` judges it: the median, the judged range, every run."""
+        low, high = self.span
+        return Sample(self.items_per_s, low, high, self.runs, self.low is not None)
 
 
 def continue_sweep(points: Sequence[Point]) -> bool:

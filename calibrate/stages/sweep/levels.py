@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from calibrate.gpu.noise import combined
 from calibrate.load.arrivals import rate_text, rate_value
 from calibrate.load.keepalive_stall import Stall
 from calibrate.load.window import spread
@@ -22,7 +23,7 @@ from calibrate.stages.measure.saturation import RateJudgement
 from calibrate.stages.measure.stop_rules import Point
 from calibrate.stages.measure.tiers import Stats, energy_short
 from calibrate.stages.sweep.find_max import FindMax
-from calibrate.stages.sweep.knee import judged_range
+from calibrate.stages.verdict.separation import judged_range
 
 LevelVerdict = Literal["pass", "fail", "stop: slo"]  # stop: slo — a find-max probe over an SLO
 AutoRole = Literal["synchronous", "rate", "maximum"]
@@ -87,7 +88,7 @@ class Level:
     @property
     def point(self) -> Point:
         """As the knee rule sees it: a level run once has no range, one run 5+ times is judged
-        on its middle runs (``sweep_knee.judged_range``)."""
+        on its middle runs (``verdict.separation.judged_range``)."""
         span = judged_range([r.items_per_s for r in self.runs])
         return Point(
             self.concurrency,
@@ -96,6 +97,20 @@ class Level:
             span[0] if span else None,
             span[1] if span else None,
             tuple(r.items_per_s for r in self.runs),
+        )
+
+    @property
+    def goodput_point(self) -> Point:
+        """As the knee rule sees it with SLOs: each run's goodput (requests/s within them)."""
+        good = [r.goodput_per_s or 0.0 for r in self.runs]
+        span = judged_range(good)
+        return Point(
+            self.concurrency,
+            self.stats.goodput_per_s or 0.0,
+            self.stats.errors,
+            span[0] if span else None,
+            span[1] if span else None,
+            tuple(good),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -167,6 +182,7 @@ def level_stats(whole: Stats, runs: Sequence[Stats]) -> Stats:
         output_tokens_per_s=spread([r.output_tokens_per_s for r in runs]).median,
         goodput_per_s=spread(good).median if good else None,
         slo_met=sum(r.slo_met or 0 for r in runs) if good else None,
+        noise=combined(r.noise for r in runs),
     )
 
 
@@ -221,6 +237,17 @@ class ClientLimit:
         below = self.levels if limit is None else self.levels[: self.levels.index(limit)]
         return tuple(lv for lv in below if not lv.client_bound)
 
+    def _named_limit(self) -> float | None:
+        """The concurrency an inconclusive find-max names as client-bound (None: another mode)."""
+        fm = self.find_max
+        if fm is None or fm.over == "rates":
+            return None
+        for at in (fm.last_passing, fm.first_failing):
+            level = probed_level(self.levels, fm, at)
+            if level is not None and level.client_bound:
+                return at
+        return None
+
     def _find_max_inconclusive(self) -> str:
         """A boundary is only as good as its two sides: when calibrate itself was the bottleneck
         at the last passing or the first failing probe, who missed the SLOs is unknown."""
@@ -238,9 +265,14 @@ class ClientLimit:
         return ""
 
     @property
-    def what_to_do(self) -> str:
-        """For an inconclusive sweep: a faster client, or (when some levels were measured
+    def client_what_to_do(self) -> str:
+        """For a sweep the client limited: a faster client, or (when some levels were measured
         cleanly) the levels below the limit to run again."""
-        below = [lv.concurrency for lv in self.measurable if lv.rate is None and not lv.auto]
+        limit = self._named_limit()
+        below = [
+            lv.concurrency
+            for lv in self.measurable
+            if lv.rate is None and not lv.auto and (limit is None or lv.concurrency < limit)
+        ]
         again = f"; or sweep only below the limit: --concurrency {','.join(map(str, below))}"
         return CLIENT_LIMIT_HINT + (again if below else "")

@@ -1,9 +1,10 @@
-"""Stage C′: at the verified batch size, step concurrency and find the knee (SPEC §5.6).
+"""Stage C′: at the verified batch size, step concurrency and find the knee (SPEC §5.6, §5.14).
 
-Each level runs ``repeats`` times; each run is a closed loop of C requests in flight for at
-least ``level_s`` (and 4×C requests), measured over its steady window (``sweep_window``). A
-level whose range overlaps the best level's while their medians differ by more than
-``gain_min`` runs again, up to ``max_repeats`` (``sweep_knee``), before it is judged.
+Each level runs until its runs separate it from the best level below it (from two runs on;
+``level_runs``), each run a closed loop of C requests in flight for at least ``level_s`` (and
+4×C requests), measured over its steady window. Two levels the runs cannot tell apart are
+repeated interleaved, up to ``max_repeats`` each; once every level ran, the pairs the knee
+still doubts are repeated the same way (``settle``) before the verdict (``verdict.knee``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from calibrate.gpu.noise import NoiseMeter
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor
 from calibrate.load.waves import Sender
@@ -22,7 +24,7 @@ from calibrate.stages.measure.stop_rules import ServerCap, continue_sweep
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
 from calibrate.stages.sweep.auto import run_auto
 from calibrate.stages.sweep.find_max import TOP, FindMax, Probe, find_max, judge_probe, next_probe
-from calibrate.stages.sweep.level_runs import LevelRuns
+from calibrate.stages.sweep.level_runs import LevelRaw, LevelRuns
 from calibrate.stages.sweep.levels import Level
 from calibrate.stages.sweep.rates import judge_rate, next_rate, round_rate, run_rate_level
 from calibrate.stages.sweep.result import SweepResult
@@ -49,6 +51,8 @@ class Sweep(LevelRuns):
     workers_mark: int = 0  # … and the worker processes' (--workers), before it
     probes: list[Probe] = field(default_factory=list)  # --find-max: the levels probed, in order
     rate_span: tuple[float, float] = (0.0, 0.0)  # --find-max --rates: the range searched, req/s
+    raw: dict[int, LevelRaw] = field(default_factory=dict)  # each level's runs so far
+    noise: NoiseMeter | None = None  # the machine's own noise per run (SPEC §5.14)
 
     def run(self) -> SweepResult:
         if self.selfload is not None:
@@ -70,7 +74,22 @@ class Sweep(LevelRuns):
             if self.levels and self.levels[-1].saturated:
                 break  # over-saturated: more load only grows the queue
             self.add(run_rate_level(self, step) if rates else self.run_level(int(step)))
+        if not rates:
+            self.settle()
         return self.result()
+
+    def settle(self) -> None:
+        """Repeat the pairs of levels the knee still doubts (SPEC §5.14), interleaved, until
+        the runs tell them apart or their repeats are spent."""
+        tried: set[tuple[int, int]] = set()
+        while True:
+            found = self.result().found
+            pairs = [(a.concurrency, b.concurrency) for a, b in (found.doubts if found else ())]
+            left = [pair for pair in pairs if pair not in tried]
+            if not left:
+                return
+            tried.add(left[0])
+            self.separate(*left[0])
 
     def run_find_max(self) -> None:
         """Probe the levels ``sweep_find_max.next_probe`` asks for; a level that breaks an SLO
@@ -177,6 +196,7 @@ class Sweep(LevelRuns):
             self.search(),
             o.confidence,
             o.skipped_levels,
+            o.conservative,
         )
 
     def _shown_at(self, level: Level) -> float:

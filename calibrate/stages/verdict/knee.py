@@ -1,47 +1,41 @@
-"""The sweep's knee (SPEC §5.6) as pure functions of its levels: no I/O, no clock.
+"""The sweep's knee (SPEC §5.6, §5.14) as pure functions of its levels: no I/O, no clock.
 
 Each level is judged against the **best level measured so far**, never only its neighbour, so
-one noisy level cannot hide a later real gain. A level is a gain when its median adds at least
-``gain_min`` over the best *and* its range sits above the best's; it is ``unsure`` when the
-medians differ by more than ``gain_min`` but the ranges overlap (the sweep then repeats it, up
-to ``[sweep] max_repeats``, before judging it). The knee is the smallest level whose median is
+one noisy level cannot hide a later real gain: a *gain* when its median adds at least
+``gain_min`` over the best and the runs put it above the best; *no gain* when the runs put it
+below ``gain_min`` over the best, whatever the noise; *unsure* otherwise (``verdict.separation``:
+the ranges, narrowed by Welch's interval at ``[confidence] level`` with three runs a side; a level
+of five runs or more judged on its middle runs). The knee is the smallest level whose median is
 within ``gain_min`` of the best level's: more in flight adds nothing beyond noise there.
 
-A level with five or more runs is judged on the range of its middle runs (its fastest and
-slowest run left out): one hiccup on a busy machine does not decide, and repeating a level can
-then narrow its range instead of only ever widening it.
-
-Ranges that still overlap are not the last word: with at least ``MIN_RUNS_FOR_INTERVAL`` runs on
-both sides, a level whose median adds ``gain_min`` is a gain when the Welch interval of its mean
-throughput minus the best's, at ``[confidence] level`` (``level``, 95 % by default), lies wholly
-above zero (``calibrate.confidence.compare``). On a busy machine one fast outlier
-run of the best level widens its range over a real gain; the interval weighs every run instead
-of the two extremes.
+**Sure** only when the runs back every comparison the knee rests on: each level below the knee
+is beaten by the best (a gain), the best adds nothing that counts over the knee, and no level
+above the best adds anything that counts. A pair left unsure (the sweep repeats the two,
+interleaved, up to ``max_repeats``) is a *doubt*: the sweep is then inconclusive (exit 1, its
+cause named) unless ``--conservative`` takes the smallest level the runs cannot tell from the
+best. A knee at the last level tried, or with one run per level, is *not sure* and said so, but
+no doubt: nothing was measured that contradicts it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
-from calibrate.confidence import DEFAULT_LEVEL, compare, spread
+from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.stages.measure.stop_rules import Point
+from calibrate.stages.verdict.doubt import pct
+from calibrate.stages.verdict.separation import (
+    GainInterval,
+    Judgement,
+    LogSpread,
+    gain_interval,
+    judge_gain,
+    judged_range,
+    pooled,
+)
 
-Judgement = Literal["gain", "no gain", "unsure"]
-TRIM_FROM_RUNS = 5  # from this many runs on, a level's judged range leaves out its two extremes
-MIN_RUNS_FOR_INTERVAL = 3  # runs on each side before the Welch interval may settle a gain
-
-
-def judged_range(values: Sequence[float]) -> tuple[float, float] | None:
-    """The (low, high) a level is judged on: all its runs, or the middle ones from 5 runs on;
-    None for a single run (no range)."""
-    if len(values) < 2:
-        return None
-    ordered = sorted(values)
-    if len(ordered) >= TRIM_FROM_RUNS:
-        ordered = ordered[1:-1]
-    return ordered[0], ordered[-1]
+__all__ = ["Judgement", "judged_range", "pct"]
 
 
 def gain_over(best: Point, cur: Point) -> float | None:
@@ -58,26 +52,30 @@ def _apart(best: Point, cur: Point) -> bool:
     return cur.span[0] > best.span[1]
 
 
-def judge(best: Point, cur: Point, gain_min: float, level: float = DEFAULT_LEVEL) -> Judgement:
-    """``cur`` against the best level below it, the interval at ``level`` (see the module's doc)."""
-    gain = gain_over(best, cur)
-    if cur.errors or gain is None or gain < gain_min:
+def judge(
+    best: Point,
+    cur: Point,
+    gain_min: float,
+    level: float = DEFAULT_LEVEL,
+    spread: LogSpread | None = None,
+) -> Judgement:
+    """``cur`` against the best level below it, the interval at ``level`` with ``spread`` the
+    sweep's pooled one (see the module's doc)."""
+    if cur.errors or best.items_per_s <= 0:
         return "no gain"
-    if _apart(best, cur) or _interval_above(best, cur, level):
-        return "gain"
-    return "unsure" if gain > gain_min and _ranged(best, cur) else "no gain"
+    return judge_gain(best.sample, cur.sample, gain_min, level, spread)
 
 
-def _interval_above(best: Point, cur: Point, level: float) -> bool:
-    """``cur``'s mean beats ``best``'s beyond the Welch interval at ``level`` (enough runs on
-    both)."""
-    if min(len(best.runs), len(cur.runs)) < MIN_RUNS_FOR_INTERVAL:
-        return False
-    a, b = spread(best.runs, level), spread(cur.runs, level)
-    if a is None or b is None:
-        return False
-    low = compare(a, b).ci_low
-    return low is not None and low > 0
+def interval(
+    best: Point, cur: Point, level: float = DEFAULT_LEVEL, spread: LogSpread | None = None
+) -> GainInterval | None:
+    """``cur``'s gain over ``best`` as far as their runs allow."""
+    return gain_interval(best.sample, cur.sample, level, spread)
+
+
+def spread_of(points: Sequence[Point]) -> LogSpread | None:
+    """The runs' spread pooled over the clean levels (the noise every comparison shares)."""
+    return pooled(p.sample for p in points if not p.errors)
 
 
 def needs_repeat(
@@ -89,19 +87,26 @@ def needs_repeat(
     level: float = DEFAULT_LEVEL,
 ) -> bool:
     """Run ``cur`` again: it is unsure against the best of ``points`` and has runs to spare."""
-    best = best_of(points, gain_min, level)
-    unsure = best is not None and judge(best, cur, gain_min, level) == "unsure"
+    spread = spread_of([*points, cur])
+    best = best_of(points, gain_min, level, spread)
+    unsure = best is not None and judge(best, cur, gain_min, level, spread) == "unsure"
     return unsure and runs < max_repeats
 
 
-def best_of(points: Sequence[Point], gain_min: float, level: float = DEFAULT_LEVEL) -> Point | None:
+def best_of(
+    points: Sequence[Point],
+    gain_min: float,
+    level: float = DEFAULT_LEVEL,
+    spread: LogSpread | None = None,
+) -> Point | None:
     """The best level so far: the first clean level, replaced by each later one that is a gain
     over it. None when the first level failed (the sweep stops at a failing level)."""
+    spread = spread if spread is not None else spread_of(points)
     best: Point | None = None
     for point in points:
         if point.errors:
             break
-        if best is None or judge(best, point, gain_min, level) == "gain":
+        if best is None or judge(best, point, gain_min, level, spread) == "gain":
             best = point
     return best
 
@@ -114,30 +119,45 @@ class Knee:
     best: Point
     sure: bool
     text: str
+    doubts: tuple[tuple[Point, Point], ...] = ()  # (base, cur) pairs the runs cannot tell apart
+    conservative: Point | None = None  # the smallest level the runs cannot tell from the best
+
+    @property
+    def noisy(self) -> bool:
+        """The knee rests on a comparison its runs could not settle (SPEC §5.14)."""
+        return bool(self.doubts)
 
 
 def find_knee(
-    points: Sequence[Point], gain_min: float, level: float = DEFAULT_LEVEL, above: str = ""
+    points: Sequence[Point],
+    gain_min: float,
+    level: float = DEFAULT_LEVEL,
+    above: str = "",
+    *,
+    proven: bool = False,
 ) -> Knee | None:
     """The knee of the clean levels (those before the first failing one), the Welch interval at
     ``level``; None when the first level failed. ``above``: why no level above the last one was
-    sent (the ladder's proof), said instead of "may still rise" when the best is the last."""
+    sent or counted, said instead of "may still rise" when the best is the last; ``proven``: that
+    reason rules a higher throughput out (the server's own cap), so the knee can be sure there."""
     clean: list[Point] = []
     for point in points:
         if point.errors:
             break
         clean.append(point)
-    best = best_of(clean, gain_min, level)
+    spread = spread_of(clean)
+    best = best_of(clean, gain_min, level, spread)
     if best is None:
         return None
     knee = next(p for p in clean if within_noise(best, p, gain_min))
-    doubts = _doubts(clean, gain_min, level)
-    at = next(n for n, p in enumerate(clean) if p is knee)
-    beyond = [d for d, _ in doubts if any(d is p for p in clean[at + 1 :])]
+    doubts = knee_doubts(clean, knee, best, gain_min, level, spread)
     after = clean[clean.index(best) + 1 :]
-    sure = not beyond and bool(after) and all(p.low is not None for p in clean)
+    ranged = all(p.low is not None for p in clean)
+    sure = not doubts and (bool(after) or proven) and ranged
     text = _text(points, clean, knee, best, doubts, (gain_min, level), sure, above)
-    return Knee(knee, best, sure, text)
+    below = [base for base, cur in doubts if cur is best and base is not knee]
+    conservative = min([knee, *below], key=lambda p: p.concurrency)
+    return Knee(knee, best, sure, text, tuple(doubts), conservative)
 
 
 def within_noise(best: Point, cur: Point, gain_min: float) -> bool:
@@ -146,25 +166,29 @@ def within_noise(best: Point, cur: Point, gain_min: float) -> bool:
     return gain is None or gain < gain_min
 
 
-def _doubts(clean: Sequence[Point], gain_min: float, level: float) -> list[tuple[Point, Point]]:
-    """(level, the best it was judged against) for each level left unsure after its repeats."""
+def knee_doubts(
+    clean: Sequence[Point],
+    knee: Point,
+    best: Point,
+    gain_min: float,
+    level: float,
+    spread: LogSpread | None = None,
+) -> list[tuple[Point, Point]]:
+    """The comparisons the knee rests on that its runs leave unsure, as (base, cur): each level
+    below the knee against the best (it must be beaten), the knee against the best (the best
+    must add nothing that counts), the best against each level above it (they must add
+    nothing that counts)."""
     out: list[tuple[Point, Point]] = []
-    best: Point | None = None
-    for point in clean:
-        if best is None:
-            best = point
-            continue
-        verdict = judge(best, point, gain_min, level)
-        if verdict == "unsure":
+    at_knee, at_best = clean.index(knee), clean.index(best)
+    for point in clean[:at_knee]:
+        if judge(point, best, gain_min, level, spread) == "unsure":
             out.append((point, best))
-        elif verdict == "gain":
-            best = point
+    if knee is not best and judge(knee, best, gain_min, level, spread) == "unsure":
+        out.append((knee, best))
+    for point in clean[at_best + 1 :]:
+        if judge(best, point, gain_min, level, spread) == "unsure":
+            out.append((best, point))
     return out
-
-
-def pct(value: float) -> str:
-    percent = round(value * 100) or 0  # never "−0 %"
-    return f"{percent:+d} %".replace("-", "−")
 
 
 def _versus(best: Point, cur: Point) -> str:
@@ -201,16 +225,19 @@ def _text(
             f"the best is {best.concurrency} ({_versus(knee, best)}): {knee.concurrency} is "
             f"within {gain_min * 100:.0f} % of it"
         )
-    unsure = {id(d) for d, _ in doubts}
+    unsure = {id(cur) for base, cur in doubts if base is best}
     for point in clean[clean.index(best) + 1 :]:
         if id(point) not in unsure:
             parts.append(
                 f"{point.concurrency} adds {_versus(best, point)}: {_why_not(best, point, gain_min)}"
             )
-    for point, against in doubts:
+    for base, cur in doubts:
+        found = interval(base, cur, level, spread_of(clean))
+        gain = f"{pct(found.median)} over {base.concurrency}" if found else _versus(base, cur)
+        between = f", anywhere from {pct(found.low)} to {pct(found.high)}" if found else ""
         parts.append(
-            f"{point.concurrency} adds {_versus(against, point)}: the ranges still overlap "
-            "after its repeats, a gain cannot be told from noise"
+            f"{cur.concurrency} adds {gain}{between}: still unsure after the repeats, whether "
+            f"it adds {gain_min * 100:.0f} % cannot be told from noise"
         )
     if len(clean) < len(points):
         failed = points[len(clean)]

@@ -1,0 +1,322 @@
+"""The machine's own noise while calibrate measures (SPEC §5.14): what other processes did to it.
+
+Three figures per ladder round, sweep run and tune level, over the same window as the
+measurement itself:
+
+- **other processes' CPU**, in cores: the machine's busy time (``/proc/stat``) less calibrate's
+  own process tree and the server's (a server on this machine is what is measured, not noise);
+- **steal**: the share of the machine's CPU time its hypervisor gave to other guests;
+- **the client's scheduling delay**: how late calibrate's own timer thread ran (the self-check's
+  figure, ``gpu.selfload``).
+
+Everything read from ``/proc`` goes through one seam, ``ProcReader``: ``LinuxProc`` reads the
+real files, a test hands ``NoiseMeter`` a fake one and drives it without a thread or a patch.
+Where there is no ``/proc`` (macOS) nothing is measured and nothing is claimed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+Clock = Callable[[], float]
+BUSY_CORES = 0.25  # other processes' CPU from which the machine is called busy, in cores
+BUSY_SHARE = 0.10  # … or this share of its cores, whichever is more
+STEAL_SHARE = 0.05  # steal from which the hypervisor is named
+LAG_S = 0.015  # the client's timer this late on average: starved (the self-check's limit)
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """``/proc/stat``'s first line in core-seconds: busy (user, nice, system, irq, softirq),
+    stolen, and every field together (idle and iowait too)."""
+
+    busy_s: float
+    steal_s: float
+    total_s: float
+    cores: int
+
+
+@dataclass(frozen=True)
+class ProcessCpu:
+    """One process: its parent and the CPU it has used (user + system), in seconds."""
+
+    pid: int
+    ppid: int
+    cpu_s: float
+
+
+class ProcReader(Protocol):
+    """What the noise meter reads from the machine (``LinuxProc``; a fake in tests)."""
+
+    def cpu_times(self) -> CpuTimes | None:
+        """The machine's CPU times (None: not readable here)."""
+        ...
+
+    def processes(self) -> Sequence[ProcessCpu]:
+        """Every process that can be read, with its parent and CPU time."""
+        ...
+
+    def listening(self, port: int) -> Sequence[int]:
+        """The processes that listen on TCP ``port`` of this machine (none when unknown)."""
+        ...
+
+
+class LinuxProc:
+    """``ProcReader`` over Linux's ``/proc``."""
+
+    def __init__(self, root: Path = Path("/proc")) -> None:
+        self.root = root
+        ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.tick_s = 1.0 / ticks
+
+    def cpu_times(self) -> CpuTimes | None:
+        try:
+            lines = (self.root / "stat").read_text("ascii").splitlines()
+        except OSError:
+            return None
+        head = next((ln.split() for ln in lines if ln.startswith("cpu ")), None)
+        cores = sum(1 for ln in lines if ln.startswith("cpu") and ln[3:4].isdigit())
+        if head is None or len(head) < 9:
+            return None
+        user, nice, system, idle, iowait, irq, softirq, steal = (int(v) for v in head[1:9])
+        t = self.tick_s
+        busy = (user + nice + system + irq + softirq) * t
+        total = (user + nice + system + idle + iowait + irq + softirq + steal) * t
+        return CpuTimes(busy, steal * t, total, max(1, cores))
+
+    def processes(self) -> Sequence[ProcessCpu]:
+        out: list[ProcessCpu] = []
+        with contextlib.suppress(OSError), os.scandir(self.root) as entries:
+            for entry in entries:
+                if entry.name.isdigit():
+                    found = self._process(int(entry.name))
+                    if found is not None:
+                        out.append(found)
+        return out
+
+    def _process(self, pid: int) -> ProcessCpu | None:
+        try:
+            raw = (self.root / str(pid) / "stat").read_bytes()
+            fields = raw.rsplit(b")", 1)[1].split()
+            # after the name: state, ppid, …; utime and stime are the 14th and 15th fields
+            return ProcessCpu(
+                pid, int(fields[1]), (int(fields[11]) + int(fields[12])) * self.tick_s
+            )
+        except (OSError, IndexError, ValueError):
+            return None  # gone, or not ours to read
+
+    def listening(self, port: int) -> Sequence[int]:
+        inodes = self._listening_inodes(port)
+        if not inodes:
+            return []
+        wanted = {f"socket:[{inode}]" for inode in inodes}
+        found: list[int] = []
+        with contextlib.suppress(OSError), os.scandir(self.root) as entries:
+            for entry in entries:
+                if entry.name.isdigit() and self._holds(entry.name, wanted):
+                    found.append(int(entry.name))
+        return found
+
+    def _listening_inodes(self, port: int) -> set[str]:
+        inodes: set[str] = set()
+        for table in ("tcp", "tcp6"):
+            try:
+                lines = (self.root / "net" / table).read_text("ascii").splitlines()[1:]
+            except OSError:
+                continue
+            for line in lines:
+                cols = line.split()
+                if (
+                    len(cols) > 9
+                    and cols[3] == "0A"
+                    and cols[1].rsplit(":", 1)[-1] == f"{port:04X}"
+                ):
+                    inodes.add(cols[9])
+        return inodes
+
+    def _holds(self, pid: str, wanted: set[str]) -> bool:
+        try:
+            with os.scandir(self.root / pid / "fd") as fds:
+                for fd in fds:
+                    with contextlib.suppress(OSError):
+                        if os.readlink(fd.path) in wanted:
+                            return True
+        except OSError:
+            pass
+        return False
+
+
+def tree(processes: Iterable[ProcessCpu], roots: Iterable[int]) -> set[int]:
+    """``roots`` and every process descended from them."""
+    children: dict[int, list[int]] = {}
+    for p in processes:
+        children.setdefault(p.ppid, []).append(p.pid)
+    found: set[int] = set()
+    todo = [r for r in roots if r > 0]
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
+    return found
+
+
+@dataclass(frozen=True)
+class MachineNoise:
+    """What the rest of the machine did during a window of ``wall_s`` seconds."""
+
+    wall_s: float
+    cores: int
+    others_cpu_s: float  # CPU seconds of processes that are neither calibrate's nor the server's
+    steal_s: float  # core-seconds the hypervisor gave to other guests
+    total_s: float  # every core-second of the window (the steal's denominator)
+    client_lag_s: float | None = None  # calibrate's timer thread: mean lateness (None: unknown)
+
+    @property
+    def others_cores(self) -> float:
+        return self.others_cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def steal_share(self) -> float:
+        return self.steal_s / self.total_s if self.total_s > 0 else 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self.others_cores >= max(BUSY_CORES, BUSY_SHARE * self.cores)
+
+    @property
+    def stolen(self) -> bool:
+        return self.steal_share >= STEAL_SHARE
+
+    @property
+    def starved(self) -> bool:
+        return self.client_lag_s is not None and self.client_lag_s >= LAG_S
+
+    def plus(self, other: MachineNoise) -> MachineNoise:
+        """Both windows as one (the lag weighted by each window's length)."""
+        wall = self.wall_s + other.wall_s
+        lags = [(n.client_lag_s, n.wall_s) for n in (self, other) if n.client_lag_s is not None]
+        weight = sum(w for _, w in lags)
+        lag = sum(v * w for v, w in lags) / weight if weight > 0 else None
+        return MachineNoise(
+            wall,
+            max(self.cores, other.cores),
+            self.others_cpu_s + other.others_cpu_s,
+            self.steal_s + other.steal_s,
+            self.total_s + other.total_s,
+            lag,
+        )
+
+    def causes(self) -> list[str]:
+        """What of it could make a measurement noisy, in words (none: the machine was quiet)."""
+        out: list[str] = []
+        if self.busy:
+            out.append(
+                f"other processes used {self.others_cores:.1f} of this machine's {self.cores} "
+                f"{'core' if self.cores == 1 else 'cores'}"
+            )
+        if self.stolen:
+            out.append(f"the hypervisor took {self.steal_share:.0%} of its CPU time (steal)")
+        if self.starved and self.client_lag_s is not None:
+            out.append(
+                f"calibrate's threads waited {self.client_lag_s * 1000:.0f} ms on average to run"
+            )
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "noise_other_cpu_cores": round(self.others_cores, 3),
+            "noise_steal_share": round(self.steal_share, 4),
+            "noise_client_lag_s": round(self.client_lag_s, 4)
+            if self.client_lag_s is not None
+            else None,
+            "noise_cores": self.cores,
+        }
+
+
+def combined(noises: Iterable[MachineNoise | None]) -> MachineNoise | None:
+    """Several windows as one (None when none was measured)."""
+    out: MachineNoise | None = None
+    for noise in noises:
+        if noise is not None:
+            out = noise if out is None else out.plus(noise)
+    return out
+
+
+@dataclass(frozen=True)
+class NoiseMark:
+    """Where a measured window starts: the clock, the machine's times, each process's CPU."""
+
+    at_s: float
+    machine: CpuTimes | None
+    cpu_s: Mapping[int, float]
+    own_reaped_s: float
+    lag_mark: int
+
+
+def _reaped_children_s() -> float:
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+class NoiseMeter:
+    """Marks a window's start, then says what the rest of the machine did since (``since``).
+
+    ``server_pids`` names the server's processes on this machine when it runs here (the managed
+    server's, ``--server-pid``, the listener of the target's port); they and calibrate's own
+    process tree (its ``--workers`` too) are left out of "other processes". ``lag`` gives the
+    client's mean timer lateness in the self-check's windows after a mark.
+    """
+
+    def __init__(
+        self,
+        reader: ProcReader | None = None,
+        *,
+        clock: Clock = time.monotonic,
+        own_pid: int | None = None,
+        server_pids: Callable[[], Iterable[int]] = lambda: (),
+        lag: tuple[Callable[[], int], Callable[[int], float | None]] | None = None,
+        reaped: Callable[[], float] = _reaped_children_s,
+    ) -> None:
+        self.reader: ProcReader = reader if reader is not None else LinuxProc()
+        self._clock = clock
+        self._own = own_pid if own_pid is not None else os.getpid()
+        self._server_pids = server_pids
+        self._lag = lag
+        self._reaped = reaped
+
+    def mark(self) -> NoiseMark:
+        machine = self.reader.cpu_times()
+        cpu = {p.pid: p.cpu_s for p in self.reader.processes()} if machine else {}
+        lag_mark = self._lag[0]() if self._lag else 0
+        return NoiseMark(self._clock(), machine, cpu, self._reaped(), lag_mark)
+
+    def since(self, mark: NoiseMark) -> MachineNoise | None:
+        """The rest of the machine since ``mark`` (None: nothing could be read)."""
+        wall_s = self._clock() - mark.at_s
+        lag = self._lag[1](mark.lag_mark) if self._lag else None
+        machine = self.reader.cpu_times()
+        if machine is None or mark.machine is None or wall_s <= 0:
+            return None
+        processes = self.reader.processes()
+        ours = tree(processes, [self._own, *self._server_pids()])
+        before = mark.cpu_s
+        excluded = sum(
+            max(0.0, p.cpu_s - before.get(p.pid, 0.0)) for p in processes if p.pid in ours
+        )
+        excluded += max(0.0, self._reaped() - mark.own_reaped_s)
+        busy = machine.busy_s - mark.machine.busy_s
+        return MachineNoise(
+            wall_s,
+            machine.cores,
+            max(0.0, busy - excluded),
+            max(0.0, machine.steal_s - mark.machine.steal_s),
+            max(0.0, machine.total_s - mark.machine.total_s),
+            lag,
+        )

@@ -1,0 +1,128 @@
+"""The knee half of a finished sweep (SPEC §5.6, §5.14): which levels it is found among, the
+knee with its doubts, and what noise left undecided — inconclusive, or with ``--conservative``
+the smaller level taken under noise. ``SweepResult`` (``result``) is built on it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from calibrate.config import SloConfig
+from calibrate.gpu.noise import combined
+from calibrate.stages.measure.slo import has_slo
+from calibrate.stages.measure.stop_rules import Point, ServerCap
+from calibrate.stages.sweep.levels import ClientLimit, Level
+from calibrate.stages.verdict.doubt import Doubt, Inconclusive, UnderNoise
+from calibrate.stages.verdict.knee import Knee, find_knee, interval, spread_of
+from calibrate.stages.verdict.separation import LogSpread
+
+
+class KneeVerdict(ClientLimit):
+    """The knee of a ``SweepResult`` (a dataclass with these fields)."""
+
+    cap: ServerCap | None
+    gain_min: float
+    slo: SloConfig
+    confidence: float
+    skipped_levels: tuple[int, ...]
+    conservative: bool
+
+    @property
+    def rate_mode(self) -> bool:
+        return any(lv.rate is not None for lv in self.levels)
+
+    @property
+    def auto(self) -> bool:
+        return any(lv.auto is not None for lv in self.levels)
+
+    @property
+    def judged(self) -> tuple[Level, ...]:
+        """The levels the knee is found among: those the client could measure, none above the
+        server's own cap (SPEC §5.14: there it measured the server's queue)."""
+        return tuple(lv for lv in self.measurable if not lv.capped)
+
+    @property
+    def points(self) -> list[Point]:
+        """The judged levels as the knee rule sees them: throughput, or goodput under SLOs."""
+        if has_slo(self.slo):
+            return [lv.goodput_point for lv in self.judged]
+        return [lv.point for lv in self.judged]
+
+    @property
+    def found(self) -> Knee | None:
+        above, proven = "", False
+        capped = [lv.concurrency for lv in self.measurable if lv.capped]
+        if capped and self.cap is not None:
+            over = ", ".join(map(str, capped))
+            above = (
+                f"{over} exceeds the server's own cap of {self.cap.slots} ({self.cap.source}): "
+                "more in flight only queues there, never recommended"
+            )
+            proven = True
+        elif self.skipped_levels:
+            skipped = ", ".join(map(str, self.skipped_levels))
+            above = (
+                f"{skipped} not sent, above what the ladder proved in flight "
+                "(--beyond-ladder to measure them)"
+            )
+        return find_knee(self.points, self.gain_min, self.confidence, above, proven=proven)
+
+    @property
+    def doubt(self) -> Inconclusive | None:
+        """The knee's doubts, when noise left a comparison it rests on unsettled (§5.14)."""
+        found = self.found
+        if found is None or not found.noisy or self.find_max is not None:
+            return None
+        if self.rate_mode or self.auto:
+            return None
+        conservative = found.conservative or found.knee
+        return Inconclusive(
+            tuple(
+                _doubt(a, b, (self.gain_min, self.confidence), spread_of(self.points))
+                for a, b in found.doubts
+            ),
+            combined(lv.stats.noise for lv in self.levels),
+            "the sweep",
+            f"concurrency {conservative.concurrency}",
+            "[sweep] max_repeats, [sweep] level_s",
+        )
+
+    @property
+    def under_noise(self) -> UnderNoise | None:
+        """``--conservative`` took the smaller level the runs could not tell from the best."""
+        doubt = self.doubt
+        return UnderNoise(doubt) if doubt is not None and self.conservative else None
+
+    @property
+    def what_to_do(self) -> str:
+        """For an inconclusive sweep: what the noise calls for, or what the client limit does."""
+        doubt = self.doubt
+        if doubt is not None and self.client_limit is None and self.find_max is None:
+            return doubt.what_to_do
+        return self.client_what_to_do
+
+    @property
+    def noise_text(self) -> str:
+        """``the machine during the sweep: other processes used 0.2 of its 2 cores, …``."""
+        noise = combined(lv.stats.noise for lv in self.levels)
+        if noise is None:
+            return ""
+        lag = noise.client_lag_s
+        late = f", calibrate's threads {lag * 1000:.0f} ms late on average" if lag else ""
+        return (
+            f"the machine during the sweep: other processes used {noise.others_cores:.1f} of "
+            f"its {noise.cores} cores, steal {noise.steal_share:.0%}{late}"
+        )
+
+    def noise_json(self) -> dict[str, Any] | None:
+        noise = combined(lv.stats.noise for lv in self.levels)
+        return {**noise.to_json(), "causes": noise.causes()} if noise else None
+
+
+def _doubt(base: Point, cur: Point, rule: tuple[float, float], spread: LogSpread | None) -> Doubt:
+    """An unsure pair of the knee, with the interval behind it (``rule``: gain_min, level)."""
+    gain_min, level = rule
+    found = interval(base, cur, level, spread)
+    assert found is not None  # a doubt is an unsure pair: its base had throughput
+    return Doubt(
+        f"concurrency {base.concurrency}", f"concurrency {cur.concurrency}", found, gain_min
+    )

@@ -1,0 +1,167 @@
+"""Whether two settings' runs tell them apart (SPEC §5.14, §13): pure, on lists of throughputs.
+
+``gain_interval(base, cur, pooled)`` is how much ``cur`` adds over ``base`` as far as the runs
+allow: the median gain, and an interval around it — a t-interval of the difference of the two
+settings' mean log-throughput at the confidence level, its spread the larger of the two
+settings' own and the spread **pooled over every setting the stage measured** (``pooled``).
+Pooling is what lets two runs a setting decide on a quiet machine (each setting's own two runs
+say little about the noise; eight runs of four settings say much), and taking the larger keeps
+one noisy setting from borrowing the others' calm. Without any spread (one run everywhere) the
+ranges decide: cur's slowest over base's fastest to cur's fastest over base's slowest; a setting
+of five runs or more is ranged on its middle runs (its fastest and slowest left out).
+
+``judge_gain`` reads that interval against ``gain_min``, the least a setting must add to count:
+
+- **gain**: the median adds at least ``gain_min`` and the interval lies above zero;
+- **no gain**: the interval lies below ``gain_min`` — whatever the noise, cur adds less;
+- **unsure**: anything else — the runs cannot tell, and the stage repeats the two (interleaved,
+  ``next_of_pair``) before it judges; still unsure at the repeat budget, its verdict is
+  inconclusive (``verdict.doubt``).
+
+One run on each side and no spread to pool: the medians alone decide, and the stage says it is
+not sure.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from calibrate.confidence import DEFAULT_LEVEL, check_level, t_quantile
+
+Judgement = Literal["gain", "no gain", "unsure"]
+TRIM_FROM_RUNS = 5  # from this many runs on, a level's judged range leaves out its two extremes
+MIN_RUNS = 2  # runs a setting has before its interval can separate (with repeats ≥ 2)
+
+
+def judged_range(values: Sequence[float]) -> tuple[float, float] | None:
+    """The (low, high) a setting is judged on: all its runs, or the middle ones from 5 runs on;
+    None for a single run (no range)."""
+    if len(values) < 2:
+        return None
+    ordered = sorted(values)
+    if len(ordered) >= TRIM_FROM_RUNS:
+        ordered = ordered[1:-1]
+    return ordered[0], ordered[-1]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A setting's runs as they are judged: the median, the judged range, every run."""
+
+    median: float
+    low: float
+    high: float
+    runs: tuple[float, ...] = ()  # each run (the Welch interval reads them; may be empty)
+    ranged: bool = True  # False: one run, no range
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Sample:
+        """``values`` (at least one), judged on ``judged_range``."""
+        middle = statistics.median(values)
+        found = judged_range(values)
+        low, high = found if found is not None else (middle, middle)
+        return cls(middle, low, high, tuple(values), found is not None)
+
+
+@dataclass(frozen=True)
+class GainInterval:
+    """cur over base: the median gain and the interval the runs allow (fractions: 0.1 = +10 %)."""
+
+    median: float
+    low: float
+    high: float
+    ranged: bool  # either side had more than one run
+    runs: tuple[int, int]  # (base's, cur's)
+
+
+@dataclass(frozen=True)
+class LogSpread:
+    """The runs' spread in log-throughput (≈ their relative spread) and its degrees of freedom."""
+
+    sd: float
+    dof: int
+
+
+def _logs(sample: Sample) -> list[float] | None:
+    runs = sample.runs or ((sample.median,) if not sample.ranged else ())
+    return [math.log(v) for v in runs] if runs and all(v > 0 for v in runs) else None
+
+
+def pooled(samples: Iterable[Sample]) -> LogSpread | None:
+    """The spread pooled over ``samples``' runs (None: no setting ran twice)."""
+    squares, dof = 0.0, 0
+    for sample in samples:
+        logs = _logs(sample)
+        if logs is None or len(logs) < 2:
+            continue
+        mean = math.fsum(logs) / len(logs)
+        squares += math.fsum((v - mean) ** 2 for v in logs)
+        dof += len(logs) - 1
+    return LogSpread(math.sqrt(squares / dof), dof) if dof else None
+
+
+def gain_interval(
+    base: Sample,
+    cur: Sample,
+    level: float = DEFAULT_LEVEL,
+    spread_of_all: LogSpread | None = None,
+) -> GainInterval | None:
+    """How much ``cur`` adds over ``base`` (see the module's doc); None with no throughput at
+    ``base``."""
+    if base.median <= 0:
+        return None
+    counts = (max(1, len(base.runs)), max(1, len(cur.runs)))
+    median = cur.median / base.median - 1
+    a, b = _logs(base), _logs(cur)
+    own = pooled([base, cur])
+    found = [s for s in (own, spread_of_all) if s is not None]
+    if a is not None and b is not None and found:
+        use = max(found, key=lambda s: s.sd)
+        se = use.sd * math.sqrt(1 / len(a) + 1 / len(b))
+        half = t_quantile(0.5 + check_level(level) / 2, use.dof) * se
+        diff = math.fsum(b) / len(b) - math.fsum(a) / len(a)
+        low, high = math.expm1(max(-700.0, diff - half)), math.expm1(min(700.0, diff + half))
+        return GainInterval(median, low, high, True, counts)
+    low = cur.low / base.high - 1 if base.high > 0 else -math.inf
+    high = cur.high / base.low - 1 if base.low > 0 else math.inf
+    return GainInterval(median, low, high, base.ranged or cur.ranged, counts)
+
+
+def judge_gain(
+    base: Sample,
+    cur: Sample,
+    gain_min: float,
+    level: float = DEFAULT_LEVEL,
+    spread_of_all: LogSpread | None = None,
+) -> Judgement:
+    """``cur`` against ``base`` (see the module's doc)."""
+    found = gain_interval(base, cur, level, spread_of_all)
+    if found is None:
+        return "no gain"
+    if found.median >= gain_min and found.low > 0:
+        return "gain"
+    if not found.ranged or found.high < gain_min:
+        return "no gain"
+    return "unsure"
+
+
+def next_of_pair(
+    runs: tuple[int, int], budget: int, first: Literal[0, 1] = 0
+) -> Literal[0, 1] | None:
+    """Which of two settings to run next when repeating them to tell them apart: the one with
+    fewer runs (``first`` on a tie), so the repeats go A B A B … and a drift of the machine
+    weighs on both alike; None when both have ``budget`` runs."""
+    a, b = runs
+    if a >= budget and b >= budget:
+        return None
+    if a >= budget:
+        return 1
+    if b >= budget:
+        return 0
+    if a == b:
+        return first
+    return 0 if a < b else 1
