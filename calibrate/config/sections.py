@@ -123,9 +123,12 @@ class SloConfig:
 
 @dataclass(frozen=True)
 class ConfidenceConfig:
-    """[confidence] (SPEC §13): the level of the t-intervals repeats are reported with."""
+    """[confidence] (SPEC §13, §5.14): the level of the t-intervals repeats are reported with,
+    and whether a verdict noise leaves inconclusive takes the conservative answer instead (as
+    ``--conservative`` does; recorded as taken under noise)."""
 
     level: float = 0.95
+    conservative: bool = False
 
     def __post_init__(self) -> None:  # a ValueError here is the file's ConfigError (exit 2)
         if not 0.5 < self.level < 1:

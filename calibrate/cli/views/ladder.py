@@ -86,6 +86,10 @@ class LadderView(TierView[LadderResult, LadderOptions]):
             self.say_first_error()
         elif result.axis == "context":
             out.ok(context_outcome(result.tiers, result.longest_input_tokens, top.batch_size))
+        elif result.inconclusive:
+            out.say(f"last passing tier: batch {top.batch_size} (the ceiling reached)")
+            out.fail(f"ladder {result.inconclusive}")
+            out.say(f"what to do: {result.what_to_do}")
         else:
             why = (
                 "every tier passed"
@@ -168,6 +172,8 @@ def ladder_junit(
     if found and (chosen := result.setting) is not None and result.axis == "batch":
         suite.properties["setting_batch_size"] = str(chosen.batch_size)
         suite.properties["setting_reason"] = result.setting_reason
+    if result.inconclusive:
+        suite.check("the rounds tell the setting", False, result.inconclusive, kind="inconclusive")
     if result.require_match:
         suite.check(
             "outputs match the single-call baseline",

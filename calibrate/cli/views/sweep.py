@@ -60,9 +60,12 @@ class SweepView(TierView[SweepResult, SweepOptions]):
             )
         check_comparison(suite, done.record.comparison)
         if result.inconclusive:
-            suite.check(
-                "calibrate was not the limit", False, result.inconclusive, kind="client_bound"
+            name, kind = (
+                ("the runs tell the knee", "inconclusive")
+                if result.doubt is not None and result.client_limit is None
+                else ("calibrate was not the limit", "client_bound")
             )
+            suite.check(name, False, result.inconclusive, kind=kind)
         return suite
 
     def interrupted(self, done: SweepOutcome) -> Interrupted:

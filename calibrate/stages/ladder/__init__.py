@@ -37,6 +37,7 @@ def run(spec: LadderSpec, env: LadderEnv) -> LadderOutcome:
         LadderOptions.from_config(ctx.config, require_match=spec.require_match),
         streaming=spec.streaming,
         slo=spec.slo if spec.slo is not None else ctx.config.slo,
+        conservative=spec.conservative or ctx.config.confidence.conservative,
     )
     with load_lock(ctx), watched(spec.measure, ctx, env.watcher) as watch:
         ladder = _ladder(spec, env, options, watch)
@@ -109,6 +110,8 @@ def _ladder(spec: LadderSpec, env: LadderEnv, options: LadderOptions, watch: Mea
         plan=plan,
         cap=cap,
         before_tier=restart or (lambda batch: False),
+        selfload=watch.selfload,
+        noise=watch.noise,
     )
     watcher.planned(options, plan.spec, cap)
     return ladder

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 from typing import Any, Generic, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 from calibrate.config import LadderMode, SloConfig
 from calibrate.errors import UsageError

@@ -244,6 +244,7 @@ class Tier:
     reason: str
     rounds_planned: int
     determinism: DeterminismCheck | None = None  # [determinism] copies, after the rounds
+    client_bound: str = ""  # why calibrate itself was the bottleneck during it ("": it was not)
 
     @property
     def batch_size(self) -> int:
@@ -262,6 +263,7 @@ class Tier:
             "rounds": len(self.rounds),
             "verdict": self.verdict,
             "reason": self.reason,
+            "client_bound": self.client_bound or None,
             **(self.determinism.to_json() if self.determinism else {}),
         }
 

@@ -9,10 +9,10 @@ from typing import Any
 from calibrate.config import SloConfig
 from calibrate.gpu.noise import combined
 from calibrate.stages.measure.slo import has_slo
-from calibrate.stages.measure.stop_rules import Point, ServerCap
+from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.sweep.levels import ClientLimit, Level
 from calibrate.stages.verdict.doubt import Doubt, Inconclusive, UnderNoise
-from calibrate.stages.verdict.knee import Knee, find_knee, interval, spread_of
+from calibrate.stages.verdict.knee import Knee, Point, find_knee, interval, spread_of
 from calibrate.stages.verdict.separation import LogSpread
 
 

@@ -23,14 +23,14 @@ from calibrate.stages.context import StageContext
 from calibrate.stages.measure.incidents import IncidentRecorder
 from calibrate.stages.measure.item_records import all_refused, item_record, record_round
 from calibrate.stages.measure.slo import has_slo
-from calibrate.stages.measure.stop_rules import Point, ServerCap
+from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
 from calibrate.stages.single import unreachable
 from calibrate.stages.sweep.levels import Level, level_stats
 from calibrate.stages.sweep.runner import LevelSupply, run_stats, whole_stats
 from calibrate.stages.sweep.spec import SweepOptions
-from calibrate.stages.verdict.knee import best_of, gain_over, judge, spread_of
+from calibrate.stages.verdict.knee import Point, best_of, gain_over, judge, spread_of
 from calibrate.stages.verdict.separation import MIN_RUNS, LogSpread, next_of_pair
 
 

@@ -20,9 +20,9 @@ from calibrate.load.keepalive_stall import Stall
 from calibrate.load.window import spread
 from calibrate.stages.determinism import DeterminismCheck
 from calibrate.stages.measure.saturation import RateJudgement
-from calibrate.stages.measure.stop_rules import Point
 from calibrate.stages.measure.tiers import Stats, energy_short
 from calibrate.stages.sweep.find_max import FindMax
+from calibrate.stages.verdict.knee import Point
 from calibrate.stages.verdict.separation import judged_range
 
 LevelVerdict = Literal["pass", "fail", "stop: slo"]  # stop: slo — a find-max probe over an SLO

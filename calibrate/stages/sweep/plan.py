@@ -80,7 +80,7 @@ def plan_sweep(spec: SweepSpec, ctx: StageContext, say: Say, warn: Say) -> Sweep
         seed=spec.seed,
         max_in_flight=proved if capped and (rates or auto or over_rates) else None,
         auto_steps=spec.auto_steps,
-        conservative=spec.conservative,
+        conservative=spec.conservative or ctx.config.confidence.conservative,
     )
     if over_rates:  # the synchronous level first, then rate probes of their repeats, no more
         return replace(

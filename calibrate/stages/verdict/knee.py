@@ -23,19 +23,43 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from calibrate.confidence import DEFAULT_LEVEL
-from calibrate.stages.measure.stop_rules import Point
 from calibrate.stages.verdict.doubt import pct
 from calibrate.stages.verdict.separation import (
     GainInterval,
     Judgement,
     LogSpread,
+    Sample,
     gain_interval,
     judge_gain,
     judged_range,
     pooled,
 )
 
-__all__ = ["Judgement", "judged_range", "pct"]
+__all__ = ["Judgement", "Point", "judged_range", "pct"]
+
+
+@dataclass(frozen=True)
+class Point:
+    """One sweep level as the knee rule sees it: the median throughput of its runs, and their
+    lowest and highest (None when it ran once: no range)."""
+
+    concurrency: int
+    items_per_s: float
+    errors: int
+    low: float | None = None
+    high: float | None = None
+    runs: tuple[float, ...] = ()  # each run's throughput (the knee's interval test reads them)
+
+    @property
+    def span(self) -> tuple[float, float]:
+        low = self.items_per_s if self.low is None else self.low
+        return low, self.items_per_s if self.high is None else self.high
+
+    @property
+    def sample(self) -> Sample:
+        """As ``verdict.separation`` judges it: the median, the judged range, every run."""
+        low, high = self.span
+        return Sample(self.items_per_s, low, high, self.runs, self.low is not None)
 
 
 def gain_over(best: Point, cur: Point) -> float | None:

@@ -3,10 +3,12 @@
 ``gain_interval(base, cur, pooled)`` is how much ``cur`` adds over ``base`` as far as the runs
 allow: the median gain, and an interval around it — a t-interval of the difference of the two
 settings' mean log-throughput at the confidence level, its spread the larger of the two
-settings' own and the spread **pooled over every setting the stage measured** (``pooled``).
-Pooling is what lets two runs a setting decide on a quiet machine (each setting's own two runs
-say little about the noise; eight runs of four settings say much), and taking the larger keeps
-one noisy setting from borrowing the others' calm. Without any spread (one run everywhere) the
+settings' own and the spread **shared by every setting the stage measured** (``pooled``: the
+median of their spreads, with all their degrees of freedom). Sharing is what lets two runs a
+setting decide on a quiet machine (a setting's own two runs say little about the noise; eight
+runs of four settings say much); taking the larger keeps a pair that agreed by chance from
+borrowing the others' calm, and the median keeps one setting's bad minute from making every
+other pair unsure. Without any spread (one run everywhere) the
 ranges decide: cur's slowest over base's fastest to cur's fastest over base's slowest; a setting
 of five runs or more is ranged on its middle runs (its fastest and slowest left out).
 
@@ -91,16 +93,33 @@ def _logs(sample: Sample) -> list[float] | None:
     return [math.log(v) for v in runs] if runs and all(v > 0 for v in runs) else None
 
 
+def _sd(logs: Sequence[float]) -> float:
+    mean = math.fsum(logs) / len(logs)
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in logs) / (len(logs) - 1))
+
+
 def pooled(samples: Iterable[Sample]) -> LogSpread | None:
-    """The spread pooled over ``samples``' runs (None: no setting ran twice)."""
-    squares, dof = 0.0, 0
+    """The spread the settings' runs share (None: no setting ran twice): the median of their
+    own spreads — one setting that had a bad minute does not make every other pair unsure,
+    and most settings noisy makes them all so — with the degrees of freedom of them all."""
+    sds: list[float] = []
+    dof = 0
     for sample in samples:
         logs = _logs(sample)
-        if logs is None or len(logs) < 2:
-            continue
-        mean = math.fsum(logs) / len(logs)
-        squares += math.fsum((v - mean) ** 2 for v in logs)
-        dof += len(logs) - 1
+        if logs is not None and len(logs) >= 2:
+            sds.append(_sd(logs))
+            dof += len(logs) - 1
+    return LogSpread(statistics.median(sds), dof) if sds else None
+
+
+def _own(base: Sequence[float], cur: Sequence[float]) -> LogSpread | None:
+    """The pair's own spread, pooled over both (None: neither ran twice)."""
+    squares = 0.0
+    dof = 0
+    for logs in (base, cur):
+        if len(logs) >= 2:
+            squares += _sd(logs) ** 2 * (len(logs) - 1)
+            dof += len(logs) - 1
     return LogSpread(math.sqrt(squares / dof), dof) if dof else None
 
 
@@ -117,10 +136,10 @@ def gain_interval(
     counts = (max(1, len(base.runs)), max(1, len(cur.runs)))
     median = cur.median / base.median - 1
     a, b = _logs(base), _logs(cur)
-    own = pooled([base, cur])
+    own = _own(a, b) if a is not None and b is not None else None
     found = [s for s in (own, spread_of_all) if s is not None]
     if a is not None and b is not None and found:
-        use = max(found, key=lambda s: s.sd)
+        use = max(found, key=lambda s: (s.sd, -s.dof))  # the wider, on its own freedom
         se = use.sd * math.sqrt(1 / len(a) + 1 / len(b))
         half = t_quantile(0.5 + check_level(level) / 2, use.dof) * se
         diff = math.fsum(b) / len(b) - math.fsum(a) / len(a)

@@ -14,14 +14,12 @@ from calibrate.gpu.prometheus import parse_prometheus
 from calibrate.gpu.vram import VramMonitor
 from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.run import Ladder
+from calibrate.stages.ladder.setting import setting_doubt, setting_reason, setting_tier
 from calibrate.stages.measure.stop_rules import (
     ServerCap,
     latency_seen,
-    setting_reason,
-    setting_tier,
     stopped_by,
     tier_verdict,
-    within_noise,
 )
 from calibrate.stages.measure.tiers import Stats, Tier, Verdict, kept
 from calibrate.stages.prepare.server_cap import read_server_cap
@@ -53,7 +51,7 @@ def test_the_setting_is_the_fastest_kept_tier_not_the_last() -> None:
     ]
     assert setting_tier(history, GAIN_MIN) is history[1]
     reason = setting_reason(history, GAIN_MIN)
-    assert reason.startswith("batch 2: 8.02 items/s, the fastest kept tier")
+    assert reason.startswith("batch 2: 8.02 items/s over 2 rounds, the fastest kept tier")
     assert "batch 4 kept but 40 % slower, and each item cost more there (stop: latency)" in reason
     # a stop: vram tier whose throughput fell, its KV cache full
     full = [
@@ -63,28 +61,50 @@ def test_the_setting_is_the_fastest_kept_tier_not_the_last() -> None:
     ]
     assert setting_tier(full, GAIN_MIN) is full[1]
     assert setting_reason(full, GAIN_MIN) == (
-        "batch 4: 15.9 items/s, the fastest kept tier; batch 8 kept but 12 % slower, and its KV "
-        "cache was full (100 %)"
+        "batch 4: 15.9 items/s over 2 rounds, the fastest kept tier; batch 8 kept but 12 % "
+        "slower, and its KV cache was full (100 %)"
     )
 
 
 def test_the_setting_is_the_smallest_batch_within_noise_of_the_best() -> None:
-    # batch 8 is 5 % faster than 4: within gain_min → the smaller batch is the setting
+    # batch 8 is 5 % faster than 4: under gain_min → the smaller batch is the setting
     close = [_tier(4, "pass", [20.0, 20.0]), _tier(8, "pass", [21.0, 21.0])]
-    assert setting_tier(close, GAIN_MIN) is close[0]
-    assert "batch 8 5 % faster (21 items/s) but within noise" in setting_reason(close, GAIN_MIN)
-    # 20 % faster, ranges apart: the bigger batch
+    assert setting_tier(close, GAIN_MIN) is close[0] and setting_doubt(close, GAIN_MIN) is None
+    assert setting_reason(close, GAIN_MIN) == (
+        "batch 4: 20 items/s over 2 rounds; batch 8 +5 % faster (21 items/s over 2 rounds), "
+        "under the 10 % a larger batch must add: the smaller batch is the setting"
+    ).replace("+5 %", "5 %")
+    # 20 % faster, rounds apart: the bigger batch
     apart = [_tier(4, "pass", [20.0, 20.2]), _tier(8, "pass", [24.0, 24.2])]
-    assert setting_tier(apart, GAIN_MIN) is apart[1]
-    # 20 % faster at the median, but the ranges overlap: noise, the smaller batch
-    noisy = [_tier(4, "pass", [18.0, 26.0]), _tier(8, "pass", [25.0, 28.0])]
-    assert within_noise(noisy[0], noisy[1], GAIN_MIN)
-    assert setting_tier(noisy, GAIN_MIN) is noisy[0]
+    assert setting_tier(apart, GAIN_MIN) is apart[1] and setting_doubt(apart, GAIN_MIN) is None
     # flat throughput: batching buys nothing, batch 1 is the setting
     flat = [_tier(b, "pass", [10.0, 10.0]) for b in (1, 2, 4)]
     assert setting_tier(flat, GAIN_MIN) is flat[0]
     assert setting_tier([_tier(1, "fail", [1.0])], GAIN_MIN) is None
     assert setting_reason([_tier(1, "fail", [1.0])], GAIN_MIN) == ""
+
+
+def test_one_base_for_every_percentage_and_never_a_faster_tier_called_noise() -> None:
+    """The issue's ladder said "batch 8 11 % faster … but within noise" with gain_min 10 %: two
+    bases (11 % over 4, 9.9 % under 8). One base now, the setting's: 11 % over it is more than
+    a larger batch must add, so 8 is the setting — the line never calls a faster tier noise."""
+    history = [_tier(4, "pass", [20.0, 20.0]), _tier(8, "pass", [22.2, 22.2])]
+    assert setting_tier(history, GAIN_MIN) is history[1]
+    assert "within noise" not in setting_reason(history, GAIN_MIN)
+
+
+def test_rounds_that_cannot_tell_two_tiers_apart_leave_the_setting_in_doubt() -> None:
+    """20 % faster at the median, but the rounds overlap: not "noise, the smaller batch" as
+    before — a doubt, with the smaller batch as the conservative answer (--conservative)."""
+    noisy = [_tier(4, "pass", [18.0, 26.0]), _tier(8, "pass", [25.0, 28.0])]
+    doubt = setting_doubt(noisy, GAIN_MIN)
+    assert doubt is not None and doubt.noise is not None
+    assert doubt.text.startswith(
+        "inconclusive: the runs cannot tell whether batch 8 adds 10 % over batch 4"
+    ), doubt.text
+    assert "(2 and 2 runs)" in doubt.text
+    assert setting_tier(noisy, GAIN_MIN, conservative=True) is noisy[0]
+    assert "take the conservative answer (batch 4) with --conservative" in doubt.noise.what_to_do
 
 
 def test_tiers_not_kept_never_become_the_setting_however_fast() -> None:

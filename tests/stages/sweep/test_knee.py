@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from calibrate.gpu.selfload import SelfLoadMonitor
-from calibrate.stages.measure.stop_rules import Point
 from calibrate.stages.verdict.knee import (
+    Point,
     best_of,
     find_knee,
     judge,
