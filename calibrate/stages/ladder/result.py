@@ -18,7 +18,7 @@ from calibrate.stages.measure.slo import describe, has_slo
 from calibrate.stages.measure.stop_rules import last_passing
 from calibrate.stages.measure.tiers import StopReason, Tier
 from calibrate.stages.prepare.stream_probe import StreamCheck, stream_details
-from calibrate.stages.verdict.doubt import UnderNoise
+from calibrate.stages.verdict.doubt import CONSERVATIVE_FLAG, UnderNoise
 from calibrate.state.summaries import LadderSummary
 from calibrate.state.summary_values import Setting, Workload
 from calibrate.workload import Axis
@@ -77,9 +77,7 @@ class LadderResult:
         """``inconclusive: …`` when noise or a starved client leaves the setting unknown and
         ``--conservative`` did not take the smaller batch (else "")."""
         doubt = self.doubt
-        if doubt is None or (self.conservative and doubt.noise is not None):
-            return ""
-        return doubt.text
+        return "" if doubt is None or self.conservative else doubt.text
 
     @property
     def under_noise(self) -> UnderNoise | None:
@@ -123,7 +121,20 @@ class LadderResult:
         reason = setting_reason(
             self.tiers, self.gain_min, self.confidence, conservative=conservative
         )
-        return f"{self.under_noise.text}; {reason}" if self.under_noise else reason
+        return f"{self.taken}; {reason}" if self.taken else reason
+
+    @property
+    def taken(self) -> str:
+        """What ``--conservative`` took, and why it had to ("" when nothing was in doubt)."""
+        doubt = self.doubt
+        if doubt is None or not self.conservative:
+            return ""
+        if self.under_noise is not None:
+            return self.under_noise.text
+        chosen = self.setting
+        where = f"batch {chosen.batch_size}, " if chosen else ""
+        why = doubt.starved.removeprefix("inconclusive: ")
+        return f"{where}the conservative answer, taken ({CONSERVATIVE_FLAG}): {why}"
 
     @property
     def match_failed(self) -> bool:
@@ -186,6 +197,7 @@ class LadderResult:
             details["highest_kept"] = ceiling.batch_size if ceiling else None
         details["inconclusive"] = self.inconclusive or None
         details["under_noise"] = self.under_noise.to_json() if self.under_noise else None
+        details["taken_under_noise"] = self.taken or None
         noise = combined(t.stats.noise for t in self.tiers)
         details["noise"] = {**noise.to_json(), "causes": noise.causes()} if noise else None
         return LadderSummary(

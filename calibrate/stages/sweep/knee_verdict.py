@@ -11,7 +11,7 @@ from calibrate.gpu.noise import combined
 from calibrate.stages.measure.slo import has_slo
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.sweep.levels import ClientLimit, Level
-from calibrate.stages.verdict.doubt import Doubt, Inconclusive, UnderNoise
+from calibrate.stages.verdict.doubt import Doubt, Inconclusive, SplitDoubt, UnderNoise
 from calibrate.stages.verdict.knee import Knee, Point, find_knee, interval, spread_of
 from calibrate.stages.verdict.separation import LogSpread
 
@@ -68,11 +68,12 @@ class KneeVerdict(ClientLimit):
 
     @property
     def doubt(self) -> Inconclusive | None:
-        """The knee's doubts, when noise left a comparison it rests on unsettled (§5.14)."""
+        """The knee's doubts, when noise left a comparison it rests on unsettled; a find-max's,
+        when a probe at its boundary still had runs on both sides of an SLO (§5.14)."""
+        if self.find_max is not None:
+            return self._boundary_doubt()
         found = self.found
-        if found is None or not found.noisy or self.find_max is not None:
-            return None
-        if self.rate_mode or self.auto:
+        if found is None or not found.noisy or self.rate_mode or self.auto:
             return None
         conservative = found.conservative or found.knee
         return Inconclusive(
@@ -86,6 +87,22 @@ class KneeVerdict(ClientLimit):
             "[sweep] max_repeats, [sweep] level_s",
         )
 
+    def _boundary_doubt(self) -> Inconclusive | None:
+        fm = self.find_max
+        if fm is None or not fm.unsure:
+            return None
+        doubts = tuple(
+            SplitDoubt(fm.named(p.level), "meets the SLOs", p.over_runs, p.runs) for p in fm.unsure
+        )
+        below = fm.named(fm.surely_below) if fm.surely_below is not None else ""
+        return Inconclusive(
+            doubts,
+            combined(lv.stats.noise for lv in self.levels),
+            "the sweep",
+            below,
+            "[sweep] max_repeats, [sweep] level_s",
+        )
+
     @property
     def under_noise(self) -> UnderNoise | None:
         """``--conservative`` took the smaller level the runs could not tell from the best."""
@@ -96,7 +113,8 @@ class KneeVerdict(ClientLimit):
     def what_to_do(self) -> str:
         """For an inconclusive sweep: what the noise calls for, or what the client limit does."""
         doubt = self.doubt
-        if doubt is not None and self.client_limit is None and self.find_max is None:
+        client = self._find_max_inconclusive() if self.find_max else self.client_limit
+        if doubt is not None and not client:
             return doubt.what_to_do
         return self.client_what_to_do
 

@@ -57,7 +57,9 @@ class SweepResult(KneeVerdict):
         rate the server kept up with (an auto sweep: else its synchronous level); else the knee."""
         passing = [lv for lv in self.measurable if lv.verdict == "pass"]
         if self.find_max is not None:
-            return probed_level(passing, self.find_max, self.find_max.last_passing)
+            fm = self.find_max
+            at = fm.surely_below if self.under_noise else fm.last_passing
+            return probed_level(passing, fm, at)
         if self.auto:
             kept = [lv for lv in passing if lv.rate is not None and not lv.saturated]
             sync = next((lv for lv in passing if lv.auto and lv.auto.role == "synchronous"), None)
@@ -124,7 +126,8 @@ class SweepResult(KneeVerdict):
         if after.stats.errors:
             return f"{after.label} failed ({after.stats.kinds_text})"
         if broke := p99_breaches(after.stats, self.slo):
-            return f"bounded by {after.label}: {'; '.join(broke)}"
+            bound = binding_slo(after.stats, self.slo)
+            return f"bounded by {bound} ({after.label}: {'; '.join(broke)})"
         return f"{after.label} adds no goodput that counts"
 
     @property
@@ -151,7 +154,9 @@ class SweepResult(KneeVerdict):
         """``inconclusive: the client was the limit at C ≥ 8 …`` when a client-bound level
         leaves the best level unknown (else "")."""
         if self.find_max is not None:
-            return self._find_max_inconclusive()
+            doubt = self.doubt
+            noisy = doubt.text if doubt is not None and not self.conservative else ""
+            return self._find_max_inconclusive() or noisy
         limit = self.client_limit
         if limit is None:
             doubt = self.doubt

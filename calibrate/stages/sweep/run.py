@@ -29,6 +29,7 @@ from calibrate.stages.sweep.levels import Level
 from calibrate.stages.sweep.rates import judge_rate, next_rate, round_rate, run_rate_level
 from calibrate.stages.sweep.result import SweepResult
 from calibrate.stages.sweep.spec import SweepOptions
+from calibrate.stages.verdict.probe import judged_row
 from calibrate.workload import WorkloadSpec
 
 
@@ -95,12 +96,23 @@ class Sweep(LevelRuns):
         """Probe the levels ``sweep_find_max.next_probe`` asks for; a level that breaks an SLO
         is ``stop: slo`` (as a ladder tier over its SLO)."""
         o = self.options
-        while (concurrency := next_probe(self.probes, o.find_max_top)) is not None:
+        top = min(o.find_max_top, self.cap.slots) if self.cap else o.find_max_top  # §5.14
+        while (concurrency := next_probe(self.probes, top)) is not None:
             level = self.run_level(concurrency)
             probe = judge_probe(concurrency, level.runs, o.slo)
+            while probe.straddles and len(level.runs) < o.max_repeats:
+                self.note(
+                    f"find-max: concurrency {concurrency}: {probe.split}; run "
+                    f"{len(level.runs) + 1} of at most {o.max_repeats}"
+                )
+                if self.rerun_into(concurrency, self.raw[concurrency]):
+                    break
+                level = self._level(concurrency, self.raw[concurrency])
+                probe = judge_probe(concurrency, level.runs, o.slo)
             if not probe.passed and level.verdict == "pass":
                 level = replace(level, verdict="stop: slo")
-            level = replace(level, gain=None, counted=False)  # probed out of order: no knee
+            # probed out of order: no knee; its row shows the p99 the probe rule judged
+            level = replace(level, stats=judged_row(level.stats, probe), gain=None, counted=False)
             self.probes.append(probe)
             self.add(level)
             self.say_probe(probe, f"concurrency {concurrency}", "meets the SLOs")
@@ -132,6 +144,7 @@ class Sweep(LevelRuns):
     def say_probe(self, probe: Probe, label: str, met: str) -> None:
         verb = "breaks them" if probe.missed and not probe.errors else "fails"
         said = met if probe.passed else f"{verb}: {probe.why}"
+        said += f" ({probe.split}: not sure)" if probe.straddles else ""
         self.note(f"find-max probe {len(self.probes)}: {label} {said}")
 
     def add(self, level: Level) -> Level:
@@ -212,7 +225,8 @@ class Sweep(LevelRuns):
         """A find-max's result so far (None: not a find-max)."""
         o = self.options
         if o.find_max_top:
-            return find_max(self.probes, o.slo, o.find_max_top)
+            capped = min(o.find_max_top, self.cap.slots) if self.cap else o.find_max_top
+            return find_max(self.probes, o.slo, capped)
         if o.find_max_rates is None:
             return None
         bottom, top = self.rate_span

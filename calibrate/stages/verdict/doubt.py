@@ -11,7 +11,6 @@ noise (``UnderNoise``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +61,28 @@ class Doubt:
         }
 
 
+@dataclass(frozen=True)
+class SplitDoubt:
+    """A level whose runs fell on both sides of a line (an SLO's bound, saturation)."""
+
+    level: str  # "concurrency 9", "25 req/s"
+    question: str  # "meets the SLOs", "keeps up"
+    against: int  # runs on the other side
+    runs: int
+
+    def text(self) -> str:
+        """``whether concurrency 9 meets the SLOs: 2 of 6 runs did not``."""
+        return f"whether {self.level} {self.question}: {self.against} of {self.runs} runs did not"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "level": self.level,
+            "question": self.question,
+            "against": self.against,
+            "runs": self.runs,
+        }
+
+
 def cause_of(noise: MachineNoise | None) -> str:
     """Why the runs disagree, in words: the machine's own noise, else the server itself."""
     if noise is None:
@@ -92,7 +113,7 @@ def remedy(noise: MachineNoise | None, more_runs: str) -> str:
 class Inconclusive:
     """A verdict the runs could not back: the doubts, the noise behind them, the way out."""
 
-    doubts: tuple[Doubt, ...]
+    doubts: tuple[Doubt | SplitDoubt, ...]
     noise: MachineNoise | None  # over the whole stage
     during: str  # "the sweep", "the ladder", "tune"
     conservative: str  # the conservative answer in words ("concurrency 1"); "" when none
@@ -142,7 +163,3 @@ class UnderNoise:
 
     def to_json(self) -> dict[str, Any]:
         return {"taken_under_noise": True, **self.inconclusive.to_json()}
-
-
-def doubts_text(doubts: Sequence[Doubt]) -> str:
-    return "; ".join(d.text() for d in doubts)
