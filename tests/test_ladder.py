@@ -102,7 +102,8 @@ def test_latency_jump_at_batch_4_stops_by_latency(cli, isolated: Path) -> None:
     assert result.json["last_passing"]["batch_size"] == 2
     assert result.json["highest_kept"] == 4
     assert "s per item is" in result.err and "(limit 1.25×)" in result.err
-    assert "setting: batch 2, concurrency 2 — batch 2: " in result.err
+    # one concurrency everywhere: the ladder's line says what status will (no sweep yet: 1)
+    assert "setting: batch 2, concurrency 1 (no sweep at this batch size yet) — " in result.err
     assert "batch 4 kept but" in result.err and "slower" in result.err
     # a quiet client over a few short rounds: measured, and not called the bottleneck
     assert result.json["selfload"]["bottleneck"] is False

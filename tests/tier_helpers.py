@@ -24,8 +24,10 @@ WINDOWS = "sample_interval_s = 0.005\nmin_round_s = 0\nwarmup_waves = 0\n"
 # (exit 1) at random; it takes the conservative answer instead, as taken under noise. The rule
 # itself is tested on scripted runs and the simulated server (tests/stages/verdict,
 # tests/stages/sweep, tests/stages/ladder) and over HTTP with NOISE_RULE below.
+# max_rounds = 2 (and a sweep's max_repeats where a test counts runs): the two rounds a tier,
+# never more to tell it from another, so a test that counts requests counts the same each time.
 CONSERVATIVE = "[confidence]\nconservative = true\n"
-FAST = f"{CONSERVATIVE}[ladder]\n{WINDOWS}latency_rise = 100.0\n"
+FAST = f"{CONSERVATIVE}[ladder]\n{WINDOWS}latency_rise = 100.0\nmax_rounds = 2\n"
 NOISE_RULE = f"[ladder]\n{WINDOWS}latency_rise = 100.0\n"  # FAST with the noise rule on
 DEFAULT_RISE = f"{CONSERVATIVE}[ladder]\n{WINDOWS}"
 # the find-max tests' server: 4 slots, ~0.2 s a request (so about 20 req/s at most); above 4 in

@@ -180,7 +180,9 @@ class MachineNoise:
 
     @property
     def others_cores(self) -> float:
-        return self.others_cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+        """Other processes' CPU in cores (never more than the machine has: /proc/stat and the
+        clock are read a moment apart)."""
+        return min(self.cores, self.others_cpu_s / self.wall_s) if self.wall_s > 0 else 0.0
 
     @property
     def steal_share(self) -> float:

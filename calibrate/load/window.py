@@ -169,9 +169,13 @@ def servable(found: Steady, in_flight: int | None) -> Steady:
     ceiling = in_flight / (sum(latencies) / len(latencies))
     if found.items_per_s <= ceiling:
         return found
-    scale = ceiling / found.items_per_s
+    scale = ceiling / found.items_per_s  # as if the window were that much longer: every
+    # figure counted over it (tokens, goodput) shrinks alike and never passes the throughput
     return replace(
-        found, items_per_s=ceiling, output_tokens_per_s=found.output_tokens_per_s * scale
+        found,
+        items_per_s=ceiling,
+        output_tokens_per_s=found.output_tokens_per_s * scale,
+        window_s=found.window_s / scale,
     )
 
 

@@ -97,8 +97,16 @@ class LadderView(TierView[LadderResult, LadderOptions]):
                 else f"stopped by {result.stopped_by}: {result.tiers[-1].reason}"
             )
             chosen = result.setting or top
+            now = done.setting  # the ledger's setting, as status, next: and pin will say it
+            concurrency = f"concurrency {chosen.stats.concurrency}"
+            if now is not None and now.batch_size == chosen.batch_size:
+                concurrency = (
+                    f"concurrency {now.concurrency} (from {now.concurrency_from})"
+                    if now.measured_concurrency
+                    else f"concurrency {now.concurrency} (no sweep at this batch size yet)"
+                )
             setting = (
-                f"setting: batch {chosen.batch_size}, concurrency {chosen.stats.concurrency}"
+                f"setting: batch {chosen.batch_size}, {concurrency}"
                 f"{_goodput(chosen)}{cost_text(chosen.stats)}"
             )
             if chosen.batch_size == top.batch_size:  # one line: the same tier twice says no more

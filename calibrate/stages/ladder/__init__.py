@@ -43,7 +43,7 @@ def run(spec: LadderSpec, env: LadderEnv) -> LadderOutcome:
         ladder = _ladder(spec, env, options, watch)
 
         def tiers(on_tier: Callable[[Tier], None]) -> LadderResult:
-            ladder.on_tier = on_tier
+            ladder.on_tier, ladder.note = on_tier, env.watcher.say
             return ladder.run()
 
         try:

@@ -63,7 +63,7 @@ class LadderOptions:
             warmup_waves=c.warmup_waves,
             slo=cfg.slo,
             gain_min=cfg.sweep.gain_min,
-            max_rounds=2 * c.rounds,
+            max_rounds=c.max_rounds or 2 * c.rounds,
             determinism_copies=cfg.determinism.copies,
             confidence=cfg.confidence.level,
         )

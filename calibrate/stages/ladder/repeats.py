@@ -6,7 +6,8 @@ repeated a round at a time — the tier with fewer rounds first, so the rounds g
 drift of the machine weighs on both — until the rounds settle it or both tiers have the ladder's
 round bound. A managed llama.cpp is restarted (and warmed) at ``--parallel B`` before each round
 of another B, as before each tier. Each round is measured as the tier's own were: the machine's
-noise beside it, its line in rounds.jsonl; the tier's row is written again from all its rounds.
+noise beside it, its line in rounds.jsonl; the tier's row is written again to tiers.jsonl from all
+its rounds (the later line supersedes) and said as a line, not a second row of the live table.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class TierRepeats:
     baseline: str | None
     raw: dict[int, TierRaw]
     noise: NoiseMeter | None
-    on_tier: Callable[[Tier], None]
+    note: Callable[[str], None]  # a line for the user, as the ladder goes
     before_tier: Callable[[int], bool]
 
     if TYPE_CHECKING:  # the Ladder's own, used here
@@ -150,4 +151,7 @@ class TierRepeats:
             )
         self.history[self.history.index(tier)] = again
         self.ctx.run.append("tiers.jsonl", again.to_json())
-        self.on_tier(again)
+        self.note(
+            f"batch {batch} again, round {round_no} (to tell it from another tier, interleaved): "
+            f"{stats.items_per_s:.3g} items/s; {agg.items_per_s:.3g} over its {len(rounds)} rounds"
+        )

@@ -50,6 +50,7 @@ class Ladder(TierRounds, TierRepeats):
     incidents: IncidentRecorder
     sender: Sender
     on_tier: Callable[[Tier], None] = lambda tier: None
+    note: Callable[[str], None] = lambda text: None  # a line for the user, as the ladder goes
     history: list[Tier] = field(default_factory=list)
     warmup: WarmUp | None = None
     plan: WorkloadPlan = field(default_factory=lambda: WorkloadPlan(WorkloadSpec(), ""))

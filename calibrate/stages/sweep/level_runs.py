@@ -31,7 +31,7 @@ from calibrate.stages.sweep.levels import Level, level_stats
 from calibrate.stages.sweep.runner import LevelSupply, run_stats, whole_stats
 from calibrate.stages.sweep.spec import SweepOptions
 from calibrate.stages.verdict.knee import Point, best_of, gain_over, judge, spread_of
-from calibrate.stages.verdict.separation import MIN_RUNS, LogSpread, next_of_pair
+from calibrate.stages.verdict.separation import LogSpread, next_of_pair
 
 
 @dataclass
@@ -64,13 +64,13 @@ class LevelRuns(LevelSupply):
     auto_step: int | None
     raw: dict[int, LevelRaw]  # each concurrency level's runs so far
     noise: NoiseMeter | None
-    on_level: Callable[[Level], None]
 
     def run_level(self, concurrency: int) -> Level:
-        """The level's runs: from its second run it stops as soon as the runs separate it from
-        the best level below it (SPEC §5.14); while they cannot, the two are repeated,
-        interleaved, up to ``max_repeats`` each (``separate``). A failed run ends it (more load
-        adds nothing); a ``--find-max`` probe or an ``--auto`` step runs ``repeats`` times."""
+        """The level's ``repeats`` runs, then — while they cannot tell it from the best level
+        below it (SPEC §5.14) — more of the two, interleaved, until they can or each has
+        ``max_repeats`` (``separate``): a level stops repeating as soon as its interval
+        separates. A failed run ends it (more load adds nothing); a ``--find-max`` probe or an
+        ``--auto`` step is judged on its own rule."""
         o = self.options
         # the levels below this one (a find-max probes out of order): the window and the gain
         below_it = sorted(
@@ -83,8 +83,7 @@ class LevelRuns(LevelSupply):
         )
         raw = self.raw[concurrency] = LevelRaw(window)
         judged = self.judged_by_knee()
-        first = min(o.repeats, MIN_RUNS) if judged else o.repeats
-        while len(raw.runs) < first and not self.rerun_into(concurrency, raw):
+        while len(raw.runs) < o.repeats and not self.rerun_into(concurrency, raw):
             pass
         best = self.best_below(concurrency)
         if judged and best is not None and not raw.failed:
@@ -151,14 +150,19 @@ class LevelRuns(LevelSupply):
 
     def refresh(self, concurrency: int) -> None:
         """A kept level run again: its row again from all its runs (tiers.jsonl gets the new
-        line, which supersedes the earlier one), shown again."""
+        line, which supersedes the earlier one), said as a line (the table keeps one row a
+        level; tiers.csv has the level over all its runs)."""
         for n, lv in enumerate(self.levels):
             if lv.rate is None and lv.concurrency == concurrency:
                 fresh = self._level(concurrency, self.raw[concurrency])
                 level = replace(lv, stats=fresh.stats, runs=fresh.runs, verdict=fresh.verdict)
                 self.levels[n] = self._judged(level)
                 self.ctx.run.append("tiers.jsonl", self.levels[n].to_json())
-                self.on_level(self.levels[n])
+                s = self.levels[n].stats
+                self.note(
+                    f"concurrency {concurrency} again: {s.items_per_s:.2f} items/s over its "
+                    f"{len(self.levels[n].runs)} runs"
+                )
                 return
 
     def rerun_into(self, concurrency: int, raw: LevelRaw) -> bool:

@@ -14,7 +14,7 @@ from calibrate.stages.tune.grid import Candidate, TunePlan
 from calibrate.stages.tune.margin import Margin, margin_of
 from calibrate.stages.tune.result import CandidateResult, MemoryProbe
 from calibrate.stages.verdict.doubt import Doubt, Inconclusive, UnderNoise
-from calibrate.stages.verdict.separation import Sample, gain_interval, judge_gain
+from calibrate.stages.verdict.separation import Sample, gain_interval
 from calibrate.state.summaries import TuneSummary
 from calibrate.state.summary_values import TunedSetting
 
@@ -57,10 +57,12 @@ class TuneOutcome:
         a, b = win.best.runs_per_s, second.best.runs_per_s
         if not a or not b:
             return None
-        base, cur = Sample.of(b), Sample.of(a)
-        if judge_gain(base, cur, self.gain_min, self.level) != "unsure":
+        # the pick is sound when the runner-up cannot be gain_min better than the winner: the
+        # winner really leads, or the two are about equal (either is a fine setting)
+        found = gain_interval(Sample.of(a), Sample.of(b), self.level)
+        if found is None or not found.ranged or found.high < self.gain_min:
             return None
-        found = gain_interval(base, cur, self.level)
+        found = gain_interval(Sample.of(b), Sample.of(a), self.level)
         assert found is not None
         smaller = min((win, second), key=lambda r: (r.candidate.cap, r is not win))
         return Inconclusive(

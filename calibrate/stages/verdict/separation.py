@@ -36,7 +36,6 @@ from calibrate.confidence import DEFAULT_LEVEL, check_level, t_quantile
 
 Judgement = Literal["gain", "no gain", "unsure"]
 TRIM_FROM_RUNS = 5  # from this many runs on, a level's judged range leaves out its two extremes
-MIN_RUNS = 2  # runs a setting has before its interval can separate (with repeats ≥ 2)
 
 
 def judged_range(values: Sequence[float]) -> tuple[float, float] | None:

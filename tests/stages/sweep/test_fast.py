@@ -30,7 +30,7 @@ __all__ = ["close_runs"]  # the autouse fixture, used by being imported
 
 
 def _sweep(tmp_path: Path, loop: SimulatedLoop, **sweep: Any) -> Sweep:
-    settings = {"concurrency": (1, 2, 4, 8), "level_s": 1.0, "repeats": 3, **sweep}
+    settings = {"concurrency": (1, 2, 4, 8), "level_s": 1.0, "repeats": 2, **sweep}
     cfg = Config(sweep=replace(SweepConfig(), **settings))
     ctx = stage_ctx(tmp_path, cfg, "sweep")
     monitor = VramMonitor([])
@@ -44,7 +44,7 @@ def _steady(seconds: float) -> Service:
 
 def test_the_knee_is_the_slot_count_with_tight_ranges(tmp_path: Path) -> None:
     """0.1 s a request, 4 slots: 10, 20, 40, 40 items/s; 8 adds nothing, the knee is 4 — sure
-    after two runs a level: their intervals already separate, so no third run is spent."""
+    after two runs a level (the default): their intervals separate, so no run more is spent."""
     sweep = _sweep(tmp_path, SimulatedLoop(_steady(0.1)))
     result = sweep.run()
     assert [round(lv.stats.items_per_s, 6) for lv in result.levels] == [10.0, 20.0, 40.0, 40.0]
@@ -54,7 +54,7 @@ def test_the_knee_is_the_slot_count_with_tight_ranges(tmp_path: Path) -> None:
     assert result.knee_text.endswith("— sure") and result.passed
     assert result.summary(sweep.options).recommended_concurrency == 4
     rows = jsonl(sweep.ctx.run.path / "tiers.jsonl")
-    assert [r["repeats"] for r in rows] == [2, 2, 2, 2], "repeats = 3, but two runs settle it"
+    assert [r["repeats"] for r in rows] == [2, 2, 2, 2], "two runs settle it"
     assert len(jsonl(sweep.ctx.run.path / "rounds.jsonl")) == 8, "one line per run"
 
 
