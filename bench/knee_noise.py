@@ -71,14 +71,17 @@ def config(port: int, batch_sizes: str) -> str:
 
 
 class Bench:
-    def __init__(self, root: Path, code: Path | None) -> None:
-        self.root, self.code = root, code
+    def __init__(self, root: Path) -> None:
+        self.root = root
         self.env = {**os.environ, "LLAMA_ARG_THREADS": "1", "NO_COLOR": "1"}
         self.env["PATH"] = f"{bin_dir()}{os.pathsep}{self.env['PATH']}"
 
-    def cli(self, *args: str, timeout: float = 1800) -> tuple[int, dict[str, Any], str, float]:
+    def cli(
+        self, *args: str, code: Path = REPO, timeout: float = 1800
+    ) -> tuple[int, dict[str, Any], str, float]:
+        """``calibrate ARGS`` from ``code`` (this checkout by default): (exit, --json, stderr, s)."""
         argv = [sys.executable]
-        argv += ["-c", LAUNCH, str(self.code)] if self.code else ["-m", "calibrate"]
+        argv += ["-m", "calibrate"] if code == REPO else ["-c", LAUNCH, str(code)]
         start = time.monotonic()
         done = subprocess.run(
             [*argv, *args],
@@ -146,68 +149,24 @@ def ladder_row(
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--burners", type=int, default=0, help="CPU-burning processes beside it")
-    parser.add_argument("--code", type=Path, help="run the calibrate in this folder instead")
-    parser.add_argument("--ladder", action="store_true", help="also run the ladder --runs times")
-    parser.add_argument("--json", type=Path, help="write the rows here")
-    args = parser.parse_args()
-    root = Path(tempfile.mkdtemp(prefix="knee-noise-"))
-    port = free_port()
-    bench = Bench(root, args.code.resolve() if args.code else None)
-    (root / "calibrate.toml").write_text(config(port, "[4]"), "utf-8")
-    rows: dict[str, Any] = {
-        "burners": args.burners,
-        "code": str(args.code or REPO),
-        "sweeps": [],
-        "ladders": [],
-    }
+def beside(count: int, run: Any) -> tuple[Any, tuple[float, float]]:
+    """``run()`` with ``count`` CPU-burning processes beside it; the load average before, after."""
+    hot = burners(count)
     try:
-        code, _, err, _ = bench.cli(
-            "server", "start", "--batch-size", "4", "--concurrency", "8", "--json"
-        )
-        if code != 0:
-            sys.exit(f"server start failed:\n{err}")
-        for step in (("single",), ("repro",), ("ladder", "--json")):
-            code, _, err, _ = bench.cli(*step)
-            if code != 0:
-                sys.exit(f"{' '.join(step)} failed:\n{err}")
-        workload = ("--input-tokens", "32", "--output-tokens", "100")
-        for n in range(args.runs):
-            hot = burners(args.burners)
-            try:
-                time.sleep(1 if hot else 0)
-                before = load_average()
-                code, out, err, took = bench.cli("sweep", *workload, "--json")
-                row = sweep_row(code, out, err, took, (before, load_average()))
-            finally:
-                stop(hot)
-            rows["sweeps"].append(row)
-            print(f"sweep {n + 1}: {json.dumps(row, ensure_ascii=False)}", flush=True)
-        if args.ladder:
-            (root / "calibrate.toml").write_text(config(port, "[1, 2, 4, 8]"), "utf-8")
-            for n in range(args.runs):
-                hot = burners(args.burners)
-                try:
-                    time.sleep(1 if hot else 0)
-                    before = load_average()
-                    code, out, err, took = bench.cli("ladder", *workload, "--json")
-                    row = ladder_row(code, out, err, took, (before, load_average()))
-                finally:
-                    stop(hot)
-                rows["ladders"].append(row)
-                print(f"ladder {n + 1}: {json.dumps(row, ensure_ascii=False)}", flush=True)
+        time.sleep(1 if hot else 0)
+        before = load_average()
+        found = run()
+        return found, (before, load_average())
     finally:
-        bench.cli("server", "stop", timeout=60)
-        shutil.rmtree(root, ignore_errors=True)
-    sweeps = rows["sweeps"]
+        stop(hot)
+
+
+def summary(rows: dict[str, Any], code: Path) -> dict[str, Any]:
+    sweeps = [r for r in rows["sweeps"] if r["code"] == str(code)]
+    ladders = [r for r in rows["ladders"] if r["code"] == str(code)]
     correct = sum(r["correct"] for r in sweeps)
     wall = sum(r["wall_s"] for r in sweeps)
-    rows["summary"] = {
+    return {
         "sweeps": len(sweeps),
         "knee_4": correct,
         "confident_wrong": sum(r["confident_wrong"] for r in sweeps),
@@ -215,8 +174,60 @@ def main() -> int:
         "wall_s": round(wall, 1),
         "s_per_correct_knee": round(wall / correct, 1) if correct else None,
         "load_average": [r["load_before"] for r in sweeps],
+        "ladders": [[r["exit"], r["setting"]] for r in ladders],
     }
-    print(json.dumps(rows["summary"]), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--burners", type=int, default=0, help="CPU-burning processes beside it")
+    parser.add_argument(
+        "--code",
+        type=Path,
+        action="append",
+        help="run the calibrate in this folder (repeat to alternate several; . is this checkout)",
+    )
+    parser.add_argument("--ladder", action="store_true", help="also run the ladder --runs times")
+    parser.add_argument("--json", type=Path, help="write the rows here")
+    args = parser.parse_args()
+    codes = [c.resolve() for c in args.code] if args.code else [REPO]
+    root = Path(tempfile.mkdtemp(prefix="knee-noise-"))
+    port = free_port()
+    bench = Bench(root)
+    (root / "calibrate.toml").write_text(config(port, "[4]"), "utf-8")
+    rows: dict[str, Any] = {"burners": args.burners, "sweeps": [], "ladders": []}
+    workload = ("--input-tokens", "32", "--output-tokens", "100")
+    try:
+        start = ("server", "start", "--batch-size", "4", "--concurrency", "8", "--json")
+        for step in (start, ("single",), ("repro",), ("ladder", "--json")):
+            code, _, err, _ = bench.cli(*step, code=codes[-1])
+            if code != 0:
+                sys.exit(f"{' '.join(step)} failed:\n{err}")
+        for stage, make_row in (("sweep", sweep_row), ("ladder", ladder_row)):
+            if stage == "ladder" and not args.ladder:
+                continue
+            if stage == "ladder":
+                (root / "calibrate.toml").write_text(config(port, "[1, 2, 4, 8]"), "utf-8")
+            for n in range(args.runs):
+                for which in codes:  # A B A B …: the machine's drift weighs on each alike
+                    found, load = beside(
+                        args.burners,
+                        lambda which=which, stage=stage: bench.cli(
+                            stage, *workload, "--json", code=which
+                        ),
+                    )
+                    row = {**make_row(*found, load), "code": str(which)}
+                    rows[f"{stage}s"].append(row)
+                    print(f"{stage} {n + 1} ({which.name}): {json.dumps(row)}", flush=True)
+    finally:
+        bench.cli("server", "stop", timeout=60)
+        shutil.rmtree(root, ignore_errors=True)
+    rows["summary"] = {str(c): summary(rows, c) for c in codes}
+    for code_dir, said in rows["summary"].items():
+        print(f"{code_dir}: {json.dumps(said)}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2, ensure_ascii=False), "utf-8")
     return 0
