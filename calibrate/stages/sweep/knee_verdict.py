@@ -110,15 +110,6 @@ class KneeVerdict(ClientLimit):
         return UnderNoise(doubt) if doubt is not None and self.conservative else None
 
     @property
-    def what_to_do(self) -> str:
-        """For an inconclusive sweep: what the noise calls for, or what the client limit does."""
-        doubt = self.doubt
-        client = self._find_max_inconclusive() if self.find_max else self.client_limit
-        if doubt is not None and not client:
-            return doubt.what_to_do
-        return self.client_what_to_do
-
-    @property
     def noise_text(self) -> str:
         """``the machine during the sweep: other processes used 0.2 of its 2 cores, …``."""
         noise = combined(lv.stats.noise for lv in self.levels)

@@ -14,12 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from calibrate.config import SloConfig
 from calibrate.gpu.noise import combined
 from calibrate.load.arrivals import rate_text, rate_value
 from calibrate.load.keepalive_stall import Stall
 from calibrate.load.window import spread
 from calibrate.stages.determinism import DeterminismCheck
 from calibrate.stages.measure.saturation import RateJudgement
+from calibrate.stages.measure.slo import binding_slo, p99_breaches
 from calibrate.stages.measure.tiers import Stats, energy_short
 from calibrate.stages.sweep.find_max import FindMax
 from calibrate.stages.verdict.knee import Point
@@ -184,6 +186,24 @@ def level_stats(whole: Stats, runs: Sequence[Stats]) -> Stats:
         slo_met=sum(r.slo_met or 0 for r in runs) if good else None,
         noise=combined(r.noise for r in runs),
     )
+
+
+def bounded(levels: Sequence[Level], top: Level, slo: SloConfig) -> str:
+    """What kept the recommendation from the next level up, as that level's row shows it:
+    an SLO it broke, saturation, errors — or no more goodput (the knee of goodput)."""
+    at = levels.index(top)
+    after = levels[at + 1] if at + 1 < len(levels) else None
+    if after is None:
+        nearest = binding_slo(top.stats, slo)
+        return f"the last level tried (nearest its bound: {nearest})"
+    if after.saturated and after.rate is not None:
+        return f"{after.label} saturated ({after.rate.why})"
+    if after.stats.errors:
+        return f"{after.label} failed ({after.stats.kinds_text})"
+    if broke := p99_breaches(after.stats, slo):
+        bound = binding_slo(after.stats, slo)
+        return f"bounded by {bound} ({after.label}: {'; '.join(broke)})"
+    return f"{after.label} adds no goodput that counts"
 
 
 def probed_level(levels: Sequence[Level], fm: FindMax, at: float | None) -> Level | None:

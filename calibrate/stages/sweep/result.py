@@ -12,12 +12,12 @@ from calibrate.config import SloConfig
 from calibrate.engines import reporting_cap
 from calibrate.engines.base import Engine
 from calibrate.load.arrivals import rate_text
-from calibrate.stages.measure.slo import binding_slo, describe, has_slo, p99_breaches
+from calibrate.stages.measure.slo import describe, has_slo
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.prepare.stream_probe import stream_details
 from calibrate.stages.sweep.find_max import FindMax
 from calibrate.stages.sweep.knee_verdict import KneeVerdict
-from calibrate.stages.sweep.levels import Level, probed_level, rate_boundary
+from calibrate.stages.sweep.levels import Level, bounded, probed_level, rate_boundary
 from calibrate.stages.sweep.spec import SweepOptions
 from calibrate.state.summaries import SweepSummary
 from calibrate.state.summary_values import Workload
@@ -98,7 +98,7 @@ class SweepResult(KneeVerdict):
             ranged = f", range {span[0]:.2f}–{span[1]:.2f}" if span and len(top.runs) > 1 else ""
             return (
                 f"{top.label}: goodput {s.goodput_per_s or 0.0:.2f} req/s within the SLOs "
-                f"(median{ranged}); {self._bounded(top)}"
+                f"(median{ranged}); {bounded(self.levels, top, self.slo)}"
             )
         if self.auto and top.rate is None:
             ran = any(lv.rate is not None for lv in self.levels)
@@ -112,23 +112,6 @@ class SweepResult(KneeVerdict):
         if self.rate_mode and top.rate is not None:
             return f"{top.label}: achieved {top.rate.achieved_rate:.2f} req/s, not saturated"
         return ""
-
-    def _bounded(self, top: Level) -> str:
-        """What kept the recommendation from the next level up, as that level's row shows it:
-        an SLO it broke, saturation, errors — or no more goodput (the knee of goodput)."""
-        at = self.levels.index(top)
-        after = self.levels[at + 1] if at + 1 < len(self.levels) else None
-        if after is None:
-            nearest = binding_slo(top.stats, self.slo)
-            return f"the last level tried (nearest its bound: {nearest})"
-        if after.saturated and after.rate is not None:
-            return f"{after.label} saturated ({after.rate.why})"
-        if after.stats.errors:
-            return f"{after.label} failed ({after.stats.kinds_text})"
-        if broke := p99_breaches(after.stats, self.slo):
-            bound = binding_slo(after.stats, self.slo)
-            return f"bounded by {bound} ({after.label}: {'; '.join(broke)})"
-        return f"{after.label} adds no goodput that counts"
 
     @property
     def knee(self) -> Level | None:
@@ -152,19 +135,32 @@ class SweepResult(KneeVerdict):
     @property
     def inconclusive(self) -> str:
         """``inconclusive: the client was the limit at C ≥ 8 …`` when a client-bound level
-        leaves the best level unknown (else "")."""
+        leaves the best level unknown; else the knee's (or boundary's) doubts, unless
+        ``--conservative`` took the smaller level (else "")."""
+        doubt = self.doubt
+        noisy = doubt.text if doubt is not None and not self.conservative else ""
+        return self.client_inconclusive or noisy
+
+    @property
+    def what_to_do(self) -> str:
+        """For an inconclusive sweep: what the noise calls for, or what the client limit does."""
+        doubt = self.doubt
+        if doubt is not None and not self.client_inconclusive:
+            return doubt.what_to_do
+        return self.client_what_to_do
+
+    @property
+    def client_inconclusive(self) -> str:
+        """Why calibrate's own limit leaves the best unknown ("" when it does not)."""
         if self.find_max is not None:
-            doubt = self.doubt
-            noisy = doubt.text if doubt is not None and not self.conservative else ""
-            return self._find_max_inconclusive() or noisy
+            return self._find_max_inconclusive()
         limit = self.client_limit
         if limit is None:
-            doubt = self.doubt
-            return doubt.text if doubt is not None and not self.conservative else ""
+            return ""
         reliable = self.measurable
         top = self._best_measured()
         if top is not None and reliable and top is not reliable[-1]:
-            return ""
+            return ""  # the client's limit is above the best: the knee's own doubts stand
         at = limit.rate.offered_rate if limit.rate else None
         where = f"rate ≥ {rate_text(at)} req/s" if limit.rate else f"C ≥ {limit.concurrency}"
         rising = (
