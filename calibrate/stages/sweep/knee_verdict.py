@@ -72,6 +72,8 @@ class KneeVerdict(ClientLimit):
         when a probe at its boundary still had runs on both sides of an SLO (§5.14)."""
         if self.find_max is not None:
             return self._boundary_doubt()
+        if self.rate_mode and not self.auto:
+            return self._rate_doubt()
         found = self.found
         if found is None or not found.noisy or self.rate_mode or self.auto:
             return None
@@ -84,6 +86,22 @@ class KneeVerdict(ClientLimit):
             combined(lv.stats.noise for lv in self.levels),
             "the sweep",
             f"concurrency {conservative.concurrency}",
+            "[sweep] max_repeats, [sweep] level_s",
+        )
+
+    def _rate_doubt(self) -> Inconclusive | None:
+        """The highest rate kept up with, when some of its runs saturated after its repeats."""
+        kept = [lv for lv in self.measurable if lv.verdict == "pass" and not lv.saturated]
+        top = kept[-1] if kept else None
+        if top is None or top.rate is None or not top.rate.split[0]:
+            return None
+        under, runs = top.rate.split
+        surely = [lv for lv in kept if lv.rate is not None and not lv.rate.split[0]]
+        return Inconclusive(
+            (SplitDoubt(top.label, "keeps up", under, runs),),
+            combined(lv.stats.noise for lv in self.levels),
+            "the sweep",
+            surely[-1].label if surely else "",
             "[sweep] max_repeats, [sweep] level_s",
         )
 

@@ -66,6 +66,8 @@ class SweepResult(KneeVerdict):
             return max(kept, key=_offered, default=sync)
         if self.rate_mode:  # a saturated rate is never recommended, whatever its goodput
             kept = [lv for lv in passing if not lv.saturated]
+            if self.under_noise:  # --conservative: none of its runs saturated
+                kept = [lv for lv in kept if lv.rate is not None and not lv.rate.split[0]]
             if has_slo(self.slo):
                 good = [lv for lv in kept if (lv.stats.goodput_per_s or 0.0) > 0]
                 return max(good, key=lambda lv: lv.stats.goodput_per_s or 0.0, default=None)

@@ -150,3 +150,27 @@ def test_a_rate_sweep_never_recommends_a_saturated_rate_nor_an_slo_nothing_broke
     assert result.recommendation.startswith("16 req/s: goodput 15.60 req/s within the SLOs")
     assert "32 req/s saturated" in result.recommendation
     assert "bounded by ttft" not in result.recommendation
+
+
+def test_a_rate_whose_runs_disagree_on_saturating_is_not_recommended_as_sure() -> None:
+    """16 req/s kept up in two runs of three and saturated in one (after its repeats): the rate
+    sweep cannot say 16 is sustainable — inconclusive; --conservative takes 8, none of whose
+    runs saturated."""
+    from calibrate.stages.measure.saturation import RateJudgement
+    from calibrate.stages.sweep.levels import Level
+    from calibrate.stages.sweep.result import SweepResult
+    from tests.stage_fakes import CLEAN
+
+    def rate_level(offered: float, split: tuple[int, int], saturated: bool = False) -> Level:
+        stats = replace(CLEAN, concurrency=4, items_per_s=offered * 0.98)
+        judged = RateJudgement(offered, offered * 0.98, 2.0, 40, saturated, "", split=split)
+        return Level(stats, (stats,) * split[1], None, False, "pass", False, judged)
+
+    levels = (rate_level(8, (0, 3)), rate_level(16, (1, 3)), rate_level(32, (3, 3), True))
+    result = SweepResult(levels, 4, 0.10, None, "none", 0)
+    assert not result.passed and result.best is not None
+    assert result.inconclusive.startswith(
+        "inconclusive: the runs cannot tell whether 16 req/s keeps up: 1 of 3 runs did not"
+    ), result.inconclusive
+    taken = replace(result, conservative=True)
+    assert taken.passed and taken.best is not None and taken.best.label == "8 req/s"
