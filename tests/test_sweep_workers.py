@@ -111,7 +111,7 @@ def test_two_processes_never_read_above_what_they_can_serve() -> None:
     a = _steady_part(0.0, 0.244, 5, 1)
     b = _steady_part(0.01, 0.244, 4, 100)
     merged = merge_loops([(a, 0.0), (b, 0.0)], None)
-    steady = steady_throughput(merged, 2)
+    steady = steady_throughput(merged)  # the aligned windows alone, no Little's-law guard
     assert steady.items_per_s == pytest.approx(2 / 0.244, rel=1e-9)
     assert steady.items_per_s <= 2 / 0.244 * (1 + 1e-9), "never above the two processes' ceiling"
     naive = steady_throughput(replace(merged, parts=()))  # every answer between mixed edges
@@ -323,3 +323,22 @@ def test_two_workers_split_the_ladders_waves_and_its_tiers_read_as_with_one(
     assert seen[0] == seen[1]
     assert seen[1][0] == [(1, "pass"), (2, "pass"), (4, "pass"), (8, "fail")]
     assert "sending each wave from 2 worker processes" in result.err
+
+
+def test_two_workers_never_read_above_what_their_requests_in_flight_deliver(
+    cli, isolated: Path
+) -> None:
+    """The issue: ``--workers 2`` at c = 2 on a mock of ~0.24 s answers (8.2 items/s at most)
+    read 9.27, 9.10, 9.20. Every run now reads at most what 2 in flight deliver — 2 over its
+    answers' mean latency — whatever the load on the machine (both sides slow down alike)."""
+    config = FAST + "[sweep]\nconcurrency = [2]\nlevel_s = 0.6\nrepeats = 4\nmax_repeats = 4\n"
+    with start_mock() as mock:  # the mock's defaults: answers of ~0.25 s
+        open_gate(isolated, mock.base_url, config, stage="ladder")
+        result = cli("sweep", "--json", "--workers", "2")
+    assert result.code in (0, 1), result.err
+    run = run_dir(isolated, result.json["run_id"])
+    records = [r for r in jsonl(run / "records.jsonl") if r["ok"] and not r.get("canary")]
+    for row in jsonl(run / "rounds.jsonl"):
+        mine = [r["elapsed_s"] for r in records if r["round"] == row["round"]]
+        ceiling = 2 / (sum(mine) / len(mine))
+        assert row["items_per_s"] <= ceiling * 1.03, (row["items_per_s"], ceiling)

@@ -88,9 +88,11 @@ class Sweep(LevelRuns):
             pairs = [(a.concurrency, b.concurrency) for a, b in (found.doubts if found else ())]
             left = [pair for pair in pairs if pair not in tried]
             if not left:
-                return
+                break
             tried.add(left[0])
             self.separate(*left[0])
+        # a level run again may have moved the best below a later one: its gain says so
+        self.levels = [self._judged(lv) if lv.rate is None else lv for lv in self.levels]
 
     def run_find_max(self) -> None:
         """Probe the levels ``sweep_find_max.next_probe`` asks for; a level that breaks an SLO
