@@ -231,6 +231,15 @@ class MachineNoise:
             )
         return out
 
+    def said(self, during: str) -> str:
+        """``the machine during the sweep: other processes used 0.2 of its 2 cores, steal 0 %``."""
+        lag = self.client_lag_s
+        late = f", calibrate's threads {lag * 1000:.0f} ms late on average" if lag else ""
+        return (
+            f"the machine during {during}: other processes used {self.others_cores:.1f} of its "
+            f"{self.cores} cores, steal {self.steal_share * 100:.0f} %{late}"
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "noise_other_cpu_cores": round(self.others_cores, 3),

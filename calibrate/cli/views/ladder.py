@@ -117,6 +117,8 @@ class LadderView(TierView[LadderResult, LadderOptions]):
                     f"{top.stats.concurrency}{_goodput(top)} ({why})"
                 )
                 out.ok(f"{setting} — {result.setting_reason}")
+        if top is not None and result.axis == "batch" and (noise := result.noise_text):
+            out.say(noise)
         if top is not None and result.incidents:
             bundles = f"{result.incidents} incident bundle(s) in {self.ctx.run.file('incidents')}"
             message = first_error(self.ctx.run.file("incidents"))

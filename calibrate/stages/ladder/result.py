@@ -137,6 +137,12 @@ class LadderResult:
         return f"{where}the conservative answer, taken ({CONSERVATIVE_FLAG}): {why}"
 
     @property
+    def noise_text(self) -> str:
+        """What the rest of the machine did during the ladder, in one line ("" unmeasured)."""
+        noise = combined(t.stats.noise for t in self.tiers)
+        return noise.said("the ladder") if noise is not None else ""
+
+    @property
     def match_failed(self) -> bool:
         return self.require_match and bool(self.notes)
 

@@ -131,14 +131,7 @@ class KneeVerdict(ClientLimit):
     def noise_text(self) -> str:
         """``the machine during the sweep: other processes used 0.2 of its 2 cores, …``."""
         noise = combined(lv.stats.noise for lv in self.levels)
-        if noise is None:
-            return ""
-        lag = noise.client_lag_s
-        late = f", calibrate's threads {lag * 1000:.0f} ms late on average" if lag else ""
-        return (
-            f"the machine during the sweep: other processes used {noise.others_cores:.1f} of "
-            f"its {noise.cores} cores, steal {noise.steal_share:.0%}{late}"
-        )
+        return noise.said("the sweep") if noise is not None else ""
 
     def noise_json(self) -> dict[str, Any] | None:
         noise = combined(lv.stats.noise for lv in self.levels)
