@@ -174,13 +174,17 @@ def _sets(entry: LedgerEntry) -> bool:
     return entry.passed and not entry.interrupted
 
 
-def _same_workload(a: Workload, b: Workload) -> bool:
-    """Two workloads a concurrency measured on one holds for on the other."""
+def _held(swept: dict[int, tuple[SweepSummary, LedgerEntry]] | None, at: int, w: Workload) -> str:
+    """``sweep run S1 (at batch 4, the same workload)``: the passing sweep whose concurrency
+    still holds at batch ``at`` on workload ``w`` ("" when none does)."""
+    held = (swept or {}).get(at)
 
     def key(w: Workload) -> tuple[object, ...]:
         return (w.source, w.tasks, w.pick, w.input_tokens, w.output_tokens, w.shared_prefix)
 
-    return key(a) == key(b)
+    if held is None or key(held[0].workload) != key(w) or not held[0].recommended_concurrency:
+        return ""
+    return f"sweep run {held[1].run_id} (at batch {at}, the same workload)"
 
 
 def _apply(
@@ -197,21 +201,15 @@ def _apply(
         top = summary.last_passing
         if top is None:
             return found, ladder
-        before = (swept or {}).get(top.batch_size)
-        if before is not None and not _same_workload(before[0].workload, summary.workload):
-            before = None
-        concurrency = before[0].recommended_concurrency if before else None
+        came = _held(swept, top.batch_size, summary.workload)  # a sweep there still holds
         unit = CalibratedSetting(
             top.batch_size,
-            concurrency or 1,
+            (swept or {})[top.batch_size][0].recommended_concurrency or 1 if came else 1,
             "ladder",
             entry.run_id,
             entry.ts,
             where,
-            f"sweep run {before[1].run_id} (at batch {top.batch_size}, the same workload, before "
-            "this ladder)"
-            if before and concurrency
-            else "default 1 (no sweep has passed at this batch size)",
+            came or "default 1 (no sweep has passed at this batch size)",
             summary.workload,
         )
         return unit, (summary, entry)
