@@ -26,7 +26,7 @@ from calibrate.stages.ladder.setting import choose, measured, tier_point
 from calibrate.stages.measure.item_records import record_round
 from calibrate.stages.measure.tiers import Stats, Tier
 from calibrate.stages.verdict.knee import judge, spread_of
-from calibrate.stages.verdict.separation import next_of_pair
+from calibrate.stages.verdict.separation import futile, next_of_pair
 
 
 @dataclass
@@ -113,10 +113,17 @@ class TierRepeats:
             if not (a.passed and b.passed):
                 return  # a round again failed: the ladder's verdict says so
             spread = spread_of([tier_point(t) for t in measured(self.history)])
-            if judge(tier_point(a), tier_point(b), o.gain_min, o.confidence, spread) != "unsure":
+            pa, pb = tier_point(a), tier_point(b)
+            if judge(pa, pb, o.gain_min, o.confidence, spread) != "unsure":
                 return
             which = next_of_pair((len(a.rounds), len(b.rounds)), o.round_bound)
             if which is None:
+                return
+            if futile(pa.sample, pb.sample, o.gain_min, o.confidence, spread, o.round_bound):
+                self.note(
+                    f"batch {cur} against batch {base}: even {o.round_bound} rounds each, as "
+                    "noisy as these, could not tell them apart — not repeated"
+                )
                 return
             self.round_again((base, cur)[which])
 

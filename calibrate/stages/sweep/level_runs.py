@@ -31,7 +31,7 @@ from calibrate.stages.sweep.levels import Level, level_stats
 from calibrate.stages.sweep.runner import LevelSupply, run_stats, whole_stats
 from calibrate.stages.sweep.spec import SweepOptions
 from calibrate.stages.verdict.knee import Point, best_of, gain_over, judge, spread_of
-from calibrate.stages.verdict.separation import LogSpread, next_of_pair
+from calibrate.stages.verdict.separation import LogSpread, futile, next_of_pair
 
 
 @dataclass
@@ -132,10 +132,17 @@ class LevelRuns(LevelSupply):
         o = self.options
         while True:
             a, b = self.point_of(self.current(base)), self.point_of(self.current(cur))
-            if judge(a, b, o.gain_min, o.confidence, self.spread(b)) != "unsure":
+            spread = self.spread(b)
+            if judge(a, b, o.gain_min, o.confidence, spread) != "unsure":
                 return True
             which = next_of_pair((len(a.runs), len(b.runs)), o.max_repeats)
             if which is None:
+                return False
+            if futile(a.sample, b.sample, o.gain_min, o.confidence, spread, o.max_repeats):
+                self.note(
+                    f"concurrency {cur} against {base}: even {o.max_repeats} runs each, as noisy "
+                    "as these, could not tell them apart — not repeated"
+                )
                 return False
             again = (base, cur)[which]
             n = len(self.raw[again].runs) + 1

@@ -127,20 +127,24 @@ def gain_interval(
     cur: Sample,
     level: float = DEFAULT_LEVEL,
     spread_of_all: LogSpread | None = None,
+    runs: int | None = None,
 ) -> GainInterval | None:
     """How much ``cur`` adds over ``base`` (see the module's doc); None with no throughput at
-    ``base``."""
+    ``base``. ``runs``: the interval as it would be with that many runs of each, at the spread
+    the stage's settings share (``futile`` asks it)."""
     if base.median <= 0:
         return None
     counts = (max(1, len(base.runs)), max(1, len(cur.runs)))
     median = cur.median / base.median - 1
     a, b = _logs(base), _logs(cur)
-    own = _own(a, b) if a is not None and b is not None else None
+    own = _own(a, b) if a is not None and b is not None and runs is None else None
     found = [s for s in (own, spread_of_all) if s is not None]
     if a is not None and b is not None and found:
         use = max(found, key=lambda s: (s.sd, -s.dof))  # the wider, on its own freedom
-        se = use.sd * math.sqrt(1 / len(a) + 1 / len(b))
-        half = t_quantile(0.5 + check_level(level) / 2, use.dof) * se
+        n_a, n_b = (max(runs, len(a)), max(runs, len(b))) if runs else (len(a), len(b))
+        dof = use.dof + (n_a - len(a)) + (n_b - len(b))
+        se = use.sd * math.sqrt(1 / n_a + 1 / n_b)
+        half = t_quantile(0.5 + check_level(level) / 2, dof) * se
         diff = math.fsum(b) / len(b) - math.fsum(a) / len(a)
         low, high = math.expm1(max(-700.0, diff - half)), math.expm1(min(700.0, diff + half))
         return GainInterval(median, low, high, True, counts)
@@ -165,6 +169,29 @@ def judge_gain(
     if not found.ranged or found.high < gain_min:
         return "no gain"
     return "unsure"
+
+
+def futile(
+    base: Sample,
+    cur: Sample,
+    gain_min: float,
+    level: float = DEFAULT_LEVEL,
+    spread_of_all: LogSpread | None = None,
+    budget: int = 6,
+) -> bool:
+    """More runs cannot settle it: were both settings run ``budget`` times at the spread the
+    stage's settings share (not the pair's own, which one outlier inflates and more runs may
+    shrink), their interval would still straddle the line — the medians sit at ``gain_min``, or
+    the whole machine is that noisy — so the stage stops repeating them at once instead of
+    spending its budget on a foregone doubt."""
+    if spread_of_all is None:
+        return False
+    found = gain_interval(base, cur, level, spread_of_all, runs=budget)
+    if found is None or not found.ranged:
+        return False
+    if found.median >= gain_min and found.low > 0:
+        return False
+    return not found.high < gain_min
 
 
 def next_of_pair(
