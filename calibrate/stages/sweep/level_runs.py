@@ -86,7 +86,8 @@ class LevelRuns(LevelSupply):
         while len(raw.runs) < o.repeats and not self.rerun_into(concurrency, raw):
             pass
         best = self.best_below(concurrency)
-        if judged and best is not None and not raw.failed:
+        over_cap = self.cap is not None and concurrency > self.cap.slots  # never the knee
+        if judged and best is not None and not raw.failed and not over_cap:
             self.separate(best.concurrency, concurrency)
         return self._judged(self._level(concurrency, raw))
 
@@ -110,6 +111,7 @@ class LevelRuns(LevelSupply):
         o = self.options
         below = [lv for lv in self.levels if lv.rate is None and lv.concurrency < concurrency]
         below = [lv for lv in below if lv.verdict == "pass" and not lv.client_bound]
+        below = [lv for lv in below if not lv.capped]
         below = sorted(below, key=lambda lv: lv.concurrency)
         points = [self.point_of(lv) for lv in below]
         best = best_of(points, o.gain_min, o.confidence, self.spread())
