@@ -282,8 +282,9 @@ class SweepResult(KneeVerdict):
         }
         chosen = best if has_slo(self.slo) or self.rate_mode or self.auto else top
         chosen = None if self.inconclusive else chosen
+        c = chosen.concurrency if chosen else None  # a rate's most in flight: never over the cap
         return SweepSummary(
-            chosen.concurrency if chosen else None,
+            min(c, self.cap.slots) if c and self.cap else c,
             self.batch_size,
             options.ladder_run_id,
             self.stopped_by,
