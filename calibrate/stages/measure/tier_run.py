@@ -154,12 +154,18 @@ def noise_meter(spec: MeasureSpec, ctx: StageContext, selfload: SelfLoadMonitor)
     port = target.port or (443 if target.scheme == "https" else 80)
     runs_dir = ctx.config.runs_dir
 
+    listeners: list[int] = []  # found once, looked for again only when they are gone
+
     def server_pids() -> list[int]:
         found = [spec.server_pid] if spec.server_pid else []
         record = process.load(runs_dir)
         if record is not None and process.liveness(record) == "running":
             found.append(record.pid)
-        return [*found, *(reader.listening(port) if local and not found else ())]
+        if found or not local:
+            return found
+        if not listeners or not all(Path(f"/proc/{pid}").exists() for pid in listeners):
+            listeners[:] = reader.listening(port)
+        return list(listeners)
 
     return NoiseMeter(reader, server_pids=server_pids, lag=(selfload.mark, selfload.lag_since))
 
