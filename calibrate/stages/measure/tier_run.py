@@ -163,7 +163,7 @@ def noise_meter(spec: MeasureSpec, ctx: StageContext, selfload: SelfLoadMonitor)
             found.append(record.pid)
         if found or not local:
             return found
-        if not listeners or not all(Path(f"/proc/{pid}").exists() for pid in listeners):
+        if not listeners or not all((reader.root / str(pid)).exists() for pid in listeners):
             listeners[:] = reader.listening(port)
         return list(listeners)
 
