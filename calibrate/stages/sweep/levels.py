@@ -242,10 +242,12 @@ class ClientLimit:
 
     @property
     def client_limit(self) -> Level | None:
-        """The level from which on calibrate itself was the bottleneck at every level (a
-        client-bound level with a clean one above it was a passing hiccup, not the limit)."""
+        """The level from which on calibrate itself was the bottleneck at every level (a client-
+        bound level with a clean one above it, not over the server's cap, was a hiccup)."""
         limit: Level | None = None
         for lv in self.levels:
+            if lv.capped and not lv.client_bound:
+                continue
             limit = (limit or lv) if lv.client_bound else None
         return limit
 

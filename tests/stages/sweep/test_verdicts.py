@@ -174,3 +174,30 @@ def test_a_rate_whose_runs_disagree_on_saturating_is_not_recommended_as_sure() -
     ), result.inconclusive
     taken = replace(result, conservative=True)
     assert taken.passed and taken.best is not None and taken.best.label == "8 req/s"
+
+
+def test_a_starved_level_between_the_knee_and_the_cap_leaves_the_knee_unknown(
+    tmp_path: Path,
+) -> None:
+    """Seen on llama.cpp beside two burning processes: 1 and 4 client-bound, 2 clean, 8 clean
+    but over the server's cap of 4. Left out as "hiccups", 4 left the knee at 2 "sure" (8 above
+    the cap proving nothing could rise). 8 over the cap is no clean level above 4: the client's
+    limit is 4, the best it could measure the last before it — inconclusive, never knee 2."""
+    from calibrate.gpu.selfload import SelfLoadMonitor
+
+    monitor = SelfLoadMonitor()
+
+    class Starved(SimulatedLoop):
+        def closed_loop(
+            self, supply: Any, concurrency: int, window: Any, max_tokens: Any = None
+        ) -> Any:
+            for _ in range(2):
+                monitor.observe(1.0, 0.97 if concurrency in (1, 4) else 0.2, 0.0)
+            return super().closed_loop(supply, concurrency, window, max_tokens)
+
+    sweep = _sweep(tmp_path, Starved(_cycled({})), ServerCap(4, "llama.cpp /props total_slots"))
+    sweep.selfload = monitor
+    result = sweep.run()
+    assert [lv.client_bound != "" for lv in result.levels] == [True, False, True, False]
+    assert not result.passed and result.knee is None
+    assert result.inconclusive.startswith("inconclusive: the client was the limit at C ≥ 4")
