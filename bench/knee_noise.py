@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +60,12 @@ def bin_dir() -> Path:
     return found[-1].parent
 
 
-def config(port: int, batch_sizes: str) -> str:
+def config(port: int, batch_sizes: str, repeats: int = 3) -> str:
     return (
         f'[target]\nbase_url = "http://127.0.0.1:{port}/v1"\nmodel = "tiny-llama"\ntimeout_s = 60\n\n'
         '[prompt]\ntext = "What is 2 plus 3?"\nmax_tokens = 32\n\n'
         f"[ladder]\nbatch_sizes = {batch_sizes}\nrounds = 2\nlatency_rise = 100.0\nmin_round_s = 2\n\n"
-        "[sweep]\nconcurrency = [1, 2, 4, 8]\nlevel_s = 3\nrepeats = 3\n\n"
+        f"[sweep]\nconcurrency = [1, 2, 4, 8]\nlevel_s = 3\nrepeats = {repeats}\n\n"
         f'[server]\nkind = "llamacpp"\nmodel_path = "{GGUF}"\nport = {port}\n'
         "ready_timeout_s = 120\nstop_timeout_s = 10\n"
     )
@@ -161,9 +162,9 @@ def beside(count: int, run: Any) -> tuple[Any, tuple[float, float]]:
         stop(hot)
 
 
-def summary(rows: dict[str, Any], code: Path) -> dict[str, Any]:
-    sweeps = [r for r in rows["sweeps"] if r["code"] == str(code)]
-    ladders = [r for r in rows["ladders"] if r["code"] == str(code)]
+def summary(rows: dict[str, Any], code: str) -> dict[str, Any]:
+    sweeps = [r for r in rows["sweeps"] if r["code"] == code]
+    ladders = [r for r in rows["ladders"] if r["code"] == code]
     correct = sum(r["correct"] for r in sweeps)
     wall = sum(r["wall_s"] for r in sweeps)
     return {
@@ -190,10 +191,18 @@ def main() -> int:
         action="append",
         help="run the calibrate in this folder (repeat to alternate several; . is this checkout)",
     )
+    parser.add_argument(
+        "--repeats",
+        default="3",
+        help="[sweep] repeats, one per --code (3 by default: the issue's setup), e.g. 3,2",
+    )
     parser.add_argument("--ladder", action="store_true", help="also run the ladder --runs times")
     parser.add_argument("--json", type=Path, help="write the rows here")
     args = parser.parse_args()
-    codes = [c.resolve() for c in args.code] if args.code else [REPO]
+    dirs = [c.resolve() for c in args.code] if args.code else [REPO]
+    counts = [int(n) for n in args.repeats.split(",")]
+    counts += [counts[-1]] * (len(dirs) - len(counts))
+    codes = list(zip(dirs, counts, strict=False))  # (the calibrate, its [sweep] repeats)
     root = Path(tempfile.mkdtemp(prefix="knee-noise-"))
     port = free_port()
     bench = Bench(root)
@@ -203,29 +212,35 @@ def main() -> int:
     try:
         start = ("server", "start", "--batch-size", "4", "--concurrency", "8", "--json")
         for step in (start, ("single",), ("repro",), ("ladder", "--json")):
-            code, _, err, _ = bench.cli(*step, code=codes[-1])
+            code, _, err, _ = bench.cli(*step, code=codes[-1][0])
             if code != 0:
                 sys.exit(f"{' '.join(step)} failed:\n{err}")
-        for stage, make_row in (("sweep", sweep_row), ("ladder", ladder_row)):
+        rowers: tuple[tuple[str, Callable[..., dict[str, Any]]], ...] = (
+            ("sweep", sweep_row),
+            ("ladder", ladder_row),
+        )
+        for stage, make_row in rowers:
             if stage == "ladder" and not args.ladder:
                 continue
-            if stage == "ladder":
-                (root / "calibrate.toml").write_text(config(port, "[1, 2, 4, 8]"), "utf-8")
+            sizes = "[1, 2, 4, 8]" if stage == "ladder" else "[4]"
             for n in range(args.runs):
-                for which in codes:  # A B A B …: the machine's drift weighs on each alike
+                for which, repeats in codes:  # A B A B …: the machine's drift weighs on each alike
+                    (root / "calibrate.toml").write_text(config(port, sizes, repeats), "utf-8")
                     found, load = beside(
                         args.burners,
                         lambda which=which, stage=stage: bench.cli(
                             stage, *workload, "--json", code=which
                         ),
                     )
-                    row = {**make_row(*found, load), "code": str(which)}
+                    row = {**make_row(*found, load), "code": f"{which}@{repeats}"}
                     rows[f"{stage}s"].append(row)
-                    print(f"{stage} {n + 1} ({which.name}): {json.dumps(row)}", flush=True)
+                    print(
+                        f"{stage} {n + 1} ({which.name}@{repeats}): {json.dumps(row)}", flush=True
+                    )
     finally:
         bench.cli("server", "stop", timeout=60)
         shutil.rmtree(root, ignore_errors=True)
-    rows["summary"] = {str(c): summary(rows, c) for c in codes}
+    rows["summary"] = {f"{c}@{r}": summary(rows, f"{c}@{r}") for c, r in codes}
     for code_dir, said in rows["summary"].items():
         print(f"{code_dir}: {json.dumps(said)}", flush=True)
     if args.json:
