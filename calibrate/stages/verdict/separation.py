@@ -36,6 +36,7 @@ from calibrate.confidence import DEFAULT_LEVEL, check_level, t_quantile
 
 Judgement = Literal["gain", "no gain", "unsure"]
 TRIM_FROM_RUNS = 5  # from this many runs on, a level's judged range leaves out its two extremes
+FUTILE_FROM_RUNS = 3  # runs on each side before more of them may be judged futile
 
 
 def judged_range(values: Sequence[float]) -> tuple[float, float] | None:
@@ -184,8 +185,8 @@ def futile(
     shrink), their interval would still straddle the line — the medians sit at ``gain_min``, or
     the whole machine is that noisy — so the stage stops repeating them at once instead of
     spending its budget on a foregone doubt."""
-    if spread_of_all is None:
-        return False
+    if spread_of_all is None or min(len(base.runs), len(cur.runs)) < FUTILE_FROM_RUNS:
+        return False  # two runs' median is too loose a guess to project from
     found = gain_interval(base, cur, level, spread_of_all, runs=budget)
     if found is None or not found.ranged:
         return False
