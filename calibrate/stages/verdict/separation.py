@@ -37,6 +37,7 @@ from calibrate.confidence import DEFAULT_LEVEL, check_level, t_quantile
 Judgement = Literal["gain", "no gain", "unsure"]
 TRIM_FROM_RUNS = 5  # from this many runs on, a level's judged range leaves out its two extremes
 FUTILE_FROM_RUNS = 3  # runs on each side before more of them may be judged futile
+FUTILE_WIDTH = 4.0  # an interval this many gain_min wide at the repeat budget: too noisy to tell
 
 
 def judged_range(values: Sequence[float]) -> tuple[float, float] | None:
@@ -182,17 +183,16 @@ def futile(
 ) -> bool:
     """More runs cannot settle it: were both settings run ``budget`` times at the spread the
     stage's settings share (not the pair's own, which one outlier inflates and more runs may
-    shrink), their interval would still straddle the line — the medians sit at ``gain_min``, or
-    the whole machine is that noisy — so the stage stops repeating them at once instead of
-    spending its budget on a foregone doubt."""
+    shrink), their interval would still be wider than ``FUTILE_WIDTH`` × ``gain_min`` — the
+    machine is too noisy to tell ``gain_min`` apart at all, wherever the medians land — so the
+    stage stops repeating them at once instead of spending its budget on a foregone doubt. A
+    pair whose medians merely sit near ``gain_min`` is repeated: more runs move medians."""
     if spread_of_all is None or min(len(base.runs), len(cur.runs)) < FUTILE_FROM_RUNS:
-        return False  # two runs' median is too loose a guess to project from
+        return False  # two runs' spread is too loose a guess to project from
     found = gain_interval(base, cur, level, spread_of_all, runs=budget)
     if found is None or not found.ranged:
         return False
-    if found.median >= gain_min and found.low > 0:
-        return False
-    return not found.high < gain_min
+    return math.log1p(found.high) - math.log1p(max(found.low, -0.999)) > FUTILE_WIDTH * gain_min
 
 
 def next_of_pair(
