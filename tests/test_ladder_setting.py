@@ -67,7 +67,10 @@ def test_a_slower_stop_latency_tier_never_becomes_the_setting(cli, isolated: Pat
     reason = result.json["setting_reason"]
     assert reason.startswith("batch 2: ") and "batch 4 kept but" in reason
     assert "slower, and each item cost more there (stop: latency)" in reason
-    assert f"setting: batch 2, concurrency 2 — {reason}" in result.err
+    assert (
+        f"setting: batch 2, concurrency 1 (no sweep at this batch size yet) — {reason}"
+        in result.err
+    )
     _status_and_pin_say(cli, isolated, 2)
 
 

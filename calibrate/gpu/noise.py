@@ -115,7 +115,11 @@ class MachineNoise:
     def said(self, during: str) -> str:
         """``the machine during the sweep: other processes used 0.2 of its 2 cores, steal 0 %``."""
         lag = self.client_lag_s
-        late = f", calibrate's threads {lag * 1000:.0f} ms late on average" if lag else ""
+        late = (
+            f", calibrate's threads {lag * 1000:.0f} ms late on average"
+            if lag and lag >= 0.001
+            else ""
+        )
         return (
             f"the machine during {during}: other processes used {self.others_cores:.1f} of its "
             f"{self.cores} cores, steal {self.steal_share * 100:.0f} %{late}"
