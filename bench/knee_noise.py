@@ -197,6 +197,7 @@ def main() -> int:
         help="[sweep] repeats, one per --code (3 by default: the issue's setup), e.g. 3,2",
     )
     parser.add_argument("--ladder", action="store_true", help="also run the ladder --runs times")
+    parser.add_argument("--no-sweep", action="store_true", help="with --ladder: the ladders only")
     parser.add_argument("--json", type=Path, help="write the rows here")
     args = parser.parse_args()
     dirs = [c.resolve() for c in args.code] if args.code else [REPO]
@@ -220,7 +221,7 @@ def main() -> int:
             ("ladder", ladder_row),
         )
         for stage, make_row in rowers:
-            if stage == "ladder" and not args.ladder:
+            if (stage == "ladder" and not args.ladder) or (stage == "sweep" and args.no_sweep):
                 continue
             sizes = "[1, 2, 4, 8]" if stage == "ladder" else "[4]"
             for n in range(args.runs):
