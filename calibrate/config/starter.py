@@ -35,9 +35,9 @@ warmup_waves = 1                   # waves of the first tier sent before it, not
 [sweep]
 concurrency = [1, 2, 4, 8, 16]     # requests kept in flight; against a server calibrate does not manage, capped at the ladder's largest passing wave unless --beyond-ladder
 level_s = 15                       # each run of a level lasts at least this (and ≥ 3× the previous level's p50 latency, ≥ 4×C requests)
-repeats = 3                        # runs per level: the table shows the median and the min–max range
+repeats = 2                        # runs per level at least: the table shows the median and the min–max range
 gain_min = 0.10                    # a level must add at least 10 % throughput over the best level below it, with its range above that one's, to count
-max_repeats = 6                    # a level whose range overlaps the best's while the medians differ by more than gain_min is run again, up to this many runs
+max_repeats = 6                    # two levels whose runs cannot tell whether one adds gain_min are run again, interleaved, up to this many runs each
 
 [workload]                         # what ladder and sweep send; their flags override each key
 # source = "tasks"                 # fixed | tasks | synthetic (default: tasks or synthetic when set, else fixed)

@@ -145,6 +145,12 @@ class SelfLoadMonitor:
                 return self._cause(sample)
         return ""
 
+    def lag_since(self, mark: int) -> float | None:
+        """The timer's mean lateness over the windows after ``mark`` (None: none measured)."""
+        with self._lock:
+            samples = self._samples[mark:]
+        return sum(s.lag_s for s in samples) / len(samples) if samples else None
+
     def _cause(self, sample: SelfLoadSample) -> str:
         """What made a window client-bound, in words."""
         if sample.cpu_fraction >= self.cpu_limit:
