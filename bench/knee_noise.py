@@ -181,7 +181,9 @@ def summary(rows: dict[str, Any], code: str) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--burners", type=int, default=0, help="CPU-burning processes beside it")

@@ -25,6 +25,7 @@ seed = 0                           # all sampling params are always sent explici
 [ladder]
 batch_sizes = [1, 2, 4, 8]
 rounds = 2                         # one batch at a time: a wave of N requests in flight together
+max_rounds = 0                     # two tiers the rounds cannot tell apart run more, interleaved, up to this many (0: twice rounds)
 mode = "wave"                      # "wave": N chat requests sent together; "prompt-list": one /v1/completions request carrying N prompts
 vram_limit = 0.90                  # stop stepping up when memory pressure reaches this fraction
 latency_rise = 1.25                # stop when the time per item (round wall time / items) rises by more than this factor over the previous tier
@@ -63,6 +64,7 @@ window = 1.0                       # each level's window as a fraction of the sw
 
 [confidence]
 level = 0.95                       # the level of the intervals repeated runs are reported with
+conservative = false               # true: a verdict noise leaves in doubt takes the smaller setting (recorded) instead of exit 1
 
 [determinism]
 copies = 0                         # copies of the fixed prompt per ladder tier and sweep level; 0 = off, else 8–1024

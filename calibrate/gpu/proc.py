@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from calibrate.errors import InputError
+from calibrate.io.bounded import read_bounded
+
 
 @dataclass(frozen=True)
 class CpuTimes:
@@ -58,7 +61,7 @@ class LinuxProc:
 
     def cpu_times(self) -> CpuTimes | None:
         try:
-            lines = (self.root / "stat").read_text("ascii").splitlines()
+            lines = _read(self.root / "stat").decode("ascii", "replace").splitlines()
         except OSError:
             return None
         head = next((ln.split() for ln in lines if ln.startswith("cpu ")), None)
@@ -83,7 +86,7 @@ class LinuxProc:
 
     def _process(self, pid: int) -> ProcessCpu | None:
         try:
-            raw = (self.root / str(pid) / "stat").read_bytes()
+            raw = _read(self.root / str(pid) / "stat")
             fields = raw.rsplit(b")", 1)[1].split()
             # after the name: state, ppid, …; utime and stime are the 14th and 15th fields
             return ProcessCpu(
@@ -93,41 +96,54 @@ class LinuxProc:
             return None  # gone, or not ours to read
 
     def listening(self, port: int) -> Sequence[int]:
-        inodes = self._listening_inodes(port)
-        if not inodes:
-            return []
-        wanted = {f"socket:[{inode}]" for inode in inodes}
-        found: list[int] = []
-        with contextlib.suppress(OSError), os.scandir(self.root) as entries:
-            for entry in entries:
-                if entry.name.isdigit() and self._holds(entry.name, wanted):
-                    found.append(int(entry.name))
-        return found
+        return sorted(listening_owners(port, self.root) or ())
 
-    def _listening_inodes(self, port: int) -> set[str]:
-        inodes: set[str] = set()
-        for table in ("tcp", "tcp6"):
-            try:
-                lines = (self.root / "net" / table).read_text("ascii").splitlines()[1:]
-            except OSError:
-                continue
-            for line in lines:
-                cols = line.split()
-                if (
-                    len(cols) > 9
-                    and cols[3] == "0A"
-                    and cols[1].rsplit(":", 1)[-1] == f"{port:04X}"
-                ):
-                    inodes.add(cols[9])
-        return inodes
 
-    def _holds(self, pid: str, wanted: set[str]) -> bool:
+LISTEN = "0A"  # a TCP socket's state in /proc/net/tcp: listening
+
+
+def _read(path: Path) -> bytes:
+    """A /proc file read with the bound every read has (a device or FIFO is never read whole)."""
+    try:
+        return read_bounded(path)
+    except InputError as exc:
+        raise OSError(str(exc)) from exc
+
+
+def listening_owners(port: int, root: Path = Path("/proc")) -> set[int] | None:
+    """The PIDs holding a listening TCP socket on ``port`` (IPv4 or IPv6), read from ``/proc``;
+    None where ``/proc`` cannot tell (no Linux, or no socket table). Processes whose file
+    descriptors cannot be read are left out: an empty set means "not seen", not "nobody"."""
+    inodes: set[str] = set()
+    readable = False
+    for table in ("tcp", "tcp6"):
         try:
-            with os.scandir(self.root / pid / "fd") as fds:
-                for fd in fds:
-                    with contextlib.suppress(OSError):
-                        if os.readlink(fd.path) in wanted:
-                            return True
+            lines = _read(root / "net" / table).decode("ascii", "replace").splitlines()[1:]
         except OSError:
-            pass
-        return False
+            continue
+        readable = True
+        for line in lines:
+            cols = line.split()
+            if len(cols) > 9 and cols[3] == LISTEN and cols[1].endswith(f":{port:04X}"):
+                inodes.add(cols[9])
+    if not readable:
+        return None
+    wanted = {f"socket:[{inode}]" for inode in inodes if inode != "0"}
+    owners: set[int] = set()
+    with contextlib.suppress(OSError), os.scandir(root) as entries:
+        for entry in entries if wanted else ():
+            if entry.name.isdigit() and _holds(root / entry.name, wanted):
+                owners.add(int(entry.name))
+    return owners
+
+
+def _holds(process: Path, wanted: set[str]) -> bool:
+    try:
+        with os.scandir(process / "fd") as fds:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd.path) in wanted:
+                        return True
+    except OSError:
+        pass
+    return False
