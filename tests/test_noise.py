@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from calibrate.config import Config, SweepConfig
-from calibrate.gpu.noise import LinuxProc, MachineNoise, NoiseMeter, combined, tree
+from calibrate.gpu.noise import LinuxProc, MachineNoise, NoiseMeter, combined, server_cpu, tree
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor
 from calibrate.stages.sweep.run import Sweep
@@ -52,6 +52,34 @@ def test_steal_and_a_starved_client_are_named() -> None:
         "the hypervisor took 10% of its CPU time (steal)",
         "calibrate's threads waited 20 ms on average to run",
     ]
+
+
+def test_threads_late_while_the_server_holds_the_cores_are_not_the_clients_limit() -> None:
+    """vLLM's CPU build beside calibrate on 2 cores: calibrate's threads ran 121 ms late while
+    the server worked, and the ladder called batch 1 client-bound ("calibrate itself is the
+    bottleneck … --workers 2") and then exited 0 with no setting. The server holding the cores is
+    the server's limit on this machine; calibrate's own CPU near a core is still the client's."""
+    proc = FakeProc(server_per_read=1.8)
+    read = server_cpu(proc, lambda: [proc.server_pid])
+    first = read()
+    proc.reads += 1
+    second = read()
+    assert first is not None and second is not None and round(second - first, 6) == 1.8
+    assert server_cpu(proc, lambda: [])() is None  # no server on this machine: unknown
+
+    def windows(own: float, server: float | None) -> SelfLoadMonitor:
+        monitor = SelfLoadMonitor(cpu_limit=0.85, lag_limit_s=0.015, confirm=2, cores=2)
+        for _ in range(3):
+            monitor.observe(1.0, own, 0.121, server)
+        return monitor
+
+    working = windows(0.2, 1.8)
+    assert working.bound_since(0) == "" and working.poll_warning() is None
+    for server in (0.1, None):  # the server idle, or not on this machine: the client's lateness
+        late = windows(0.2, server)
+        assert late.bound_since(0) == "calibrate's threads waited 121 ms on average to run"
+        assert late.poll_warning() is not None
+    assert "0.95 CPU cores" in windows(0.95, 1.8).bound_since(0)
 
 
 def test_windows_add_up_and_never_claim_more_cores_than_there_are() -> None:

@@ -48,6 +48,23 @@ def tree(processes: Iterable[ProcessCpu], roots: Iterable[int]) -> set[int]:
     return found
 
 
+def server_cpu(
+    reader: ProcReader, server_pids: Callable[[], Iterable[int]]
+) -> Callable[[], float | None]:
+    """The CPU seconds the server's processes (and their children) have used so far, read
+    afresh each call (None: no server process on this machine is known)."""
+
+    def read() -> float | None:
+        roots = list(server_pids())
+        if not roots:
+            return None
+        processes = reader.processes()
+        ours = tree(processes, roots)
+        return sum(p.cpu_s for p in processes if p.pid in ours)
+
+    return read
+
+
 @dataclass(frozen=True)
 class MachineNoise:
     """What the rest of the machine did during a window of ``wall_s`` seconds."""

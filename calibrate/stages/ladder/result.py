@@ -79,7 +79,7 @@ class LadderResult:
         """``inconclusive: …`` when noise or a starved client leaves the setting unknown and
         ``--conservative`` did not take the smaller batch (else "")."""
         doubt = self.doubt
-        return "" if doubt is None or self.conservative else doubt.text
+        return "" if doubt is None or (self.conservative and doubt.takeable) else doubt.text
 
     @property
     def under_noise(self) -> UnderNoise | None:
@@ -129,7 +129,7 @@ class LadderResult:
     def taken(self) -> str:
         """What ``--conservative`` took, and why it had to ("" when nothing was in doubt)."""
         doubt = self.doubt
-        if doubt is None or not self.conservative:
+        if doubt is None or not self.conservative or not doubt.takeable:
             return ""
         if self.under_noise is not None:
             return self.under_noise.text

@@ -111,6 +111,7 @@ class SettingDoubt:
 
     noise: Inconclusive | None  # tiers the rounds could not tell apart
     starved: str  # "" or why calibrate itself was the limit above the best it could measure
+    takeable: bool = True  # a measured tier is there for --conservative to take
 
     @property
     def text(self) -> str:
@@ -124,6 +125,14 @@ def setting_doubt(
     found = choose(history, gain_min, level)
     kept = sorted((t for t in history if t.passed), key=lambda t: t.batch_size)
     starved = [t for t in kept if t.client_bound]
+    if found is None and starved:  # every kept tier measured the client: nothing to take
+        return SettingDoubt(
+            None,
+            f"inconclusive: the client was the limit from batch {starved[0].batch_size} on — no "
+            f"kept tier measured the server, so its own throughput is unknown "
+            f"({starved[0].client_bound})",
+            takeable=False,
+        )
     if found is not None and starved and starved[-1].batch_size > found.fastest.batch_size:
         top = next(t for t in starved if t.batch_size > found.fastest.batch_size)
         return SettingDoubt(

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from calibrate.config import LadderMode, SloConfig
 from calibrate.errors import UsageError
 from calibrate.gpu.energy import check_price
-from calibrate.gpu.noise import LinuxProc, NoiseMeter
+from calibrate.gpu.noise import LinuxProc, NoiseMeter, server_cpu
 from calibrate.gpu.nvml import NvmlSampler
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.sources import MetricsEndpoint, SourceChoice, energy_reader, open_sources
@@ -145,10 +145,11 @@ class Measuring:
     noise: NoiseMeter | None = None
 
 
-def noise_meter(spec: MeasureSpec, ctx: StageContext, selfload: SelfLoadMonitor) -> NoiseMeter:
-    """The machine's noise, less calibrate's own processes and the server's: the one it manages,
-    ``--server-pid``, or whatever listens on the target's port of this machine."""
-    reader = LinuxProc()
+def server_finder(
+    spec: MeasureSpec, ctx: StageContext, reader: LinuxProc
+) -> Callable[[], list[int]]:
+    """The server's processes on this machine, asked for again each time: the one calibrate
+    manages, ``--server-pid``, or whatever listens on the target's port of this machine."""
     target = urlsplit(ctx.config.target.base_url)
     local = (target.hostname or "") in LOOPBACK
     port = target.port or (443 if target.scheme == "https" else 80)
@@ -167,7 +168,7 @@ def noise_meter(spec: MeasureSpec, ctx: StageContext, selfload: SelfLoadMonitor)
             listeners[:] = reader.listening(port)
         return list(listeners)
 
-    return NoiseMeter(reader, server_pids=server_pids, lag=(selfload.mark, selfload.lag_since))
+    return server_pids
 
 
 @contextmanager
@@ -175,7 +176,10 @@ def measuring(spec: MeasureSpec, ctx: StageContext) -> Iterator[Measuring]:
     """Start the samplers for the run; stop them and close the client however it ends."""
     devices = spec.devices(ctx.config.runs_dir)  # the managed server's own: read once
     monitor = start_monitor(spec, ctx, devices)
-    selfload = SelfLoadMonitor().start()
+    reader = LinuxProc()
+    server_pids = server_finder(spec, ctx, reader)
+    selfload = SelfLoadMonitor(server_cpu=server_cpu(reader, server_pids)).start()
+    noise = NoiseMeter(reader, server_pids=server_pids, lag=(selfload.mark, selfload.lag_since))
     incidents = IncidentRecorder(
         ctx.run,
         ctx.client.redacted_headers(),
@@ -185,7 +189,7 @@ def measuring(spec: MeasureSpec, ctx: StageContext) -> Iterator[Measuring]:
         devices=devices,
     )
     try:
-        yield Measuring(monitor, selfload, incidents, noise_meter(spec, ctx, selfload))
+        yield Measuring(monitor, selfload, incidents, noise)
     finally:
         monitor.stop()
         selfload.stop()

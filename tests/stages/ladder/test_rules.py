@@ -13,6 +13,7 @@ from calibrate.gpu.engine_metrics import Gauge, preemptions
 from calibrate.gpu.prometheus import parse_prometheus
 from calibrate.gpu.vram import VramMonitor
 from calibrate.stages.ladder.options import LadderOptions
+from calibrate.stages.ladder.result import LadderResult
 from calibrate.stages.ladder.run import Ladder
 from calibrate.stages.ladder.setting import setting_doubt, setting_reason, setting_tier
 from calibrate.stages.measure.stop_rules import (
@@ -361,3 +362,31 @@ def test_two_tiers_no_number_of_rounds_could_tell_apart_are_inconclusive_at_once
     kept = taken.run()
     assert kept.passed and kept.setting is not None and kept.setting.batch_size == 1
     assert kept.setting_reason.startswith("batch 1, the conservative answer, taken under noise")
+
+
+def test_a_ladder_whose_every_kept_tier_measured_the_client_names_no_setting() -> None:
+    """Seen on vLLM's CPU build: batch 1 kept but client-bound, batch 2 ``stop: preempt`` — the
+    ladder exited 0 with no setting (``last_passing`` null). Nothing measured the server, so it
+    is inconclusive, and ``--conservative`` has no smaller measured batch to take either."""
+    starved = "calibrate's own process used 0.97 CPU cores"
+    history = [
+        replace(_tier(1, "pass", [3.3, 3.3]), client_bound=starved),
+        _tier(2, "stop: preempt", [3.9, 3.9]),
+    ]
+    doubt = setting_doubt(history, GAIN_MIN)
+    assert doubt is not None and not doubt.takeable
+    assert doubt.text.startswith("inconclusive: the client was the limit from batch 1 on")
+    assert starved in doubt.text
+    for conservative in (False, True):
+        result = LadderResult(tuple(history), "preempt", "none", (), False, 0)
+        result = replace(result, conservative=conservative)
+        assert result.inconclusive == doubt.text and not result.passed, conservative
+        assert result.setting is None and result.taken == ""
+    # one measured tier below the starved one: that is the conservative answer, as before
+    measured = [_tier(1, "pass", [3.0, 3.1]), *history[:1]]
+    measured[1] = replace(measured[1], stats=replace(measured[1].stats, batch_size=2))
+    assert setting_doubt(measured, GAIN_MIN) is not None
+    result = replace(
+        LadderResult(tuple(measured), "ceiling", "none", (), False, 0), conservative=True
+    )
+    assert result.passed and result.setting is measured[0]
