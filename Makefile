@@ -152,6 +152,13 @@ batch: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/bench.py $(ARGS)
 
+# make bench-knee ARGS="--runs 5 --burners 2 --ladder --code /tmp/old --code ." : the knee on a real
+# llama-server (4 slots), quiet or beside CPU-burning processes, several calibrates interleaved
+# (SPEC §5.14; bench/knee_noise.py; needs scripts/engine_llamacpp.sh install)
+.PHONY: bench-knee
+bench-knee: $(STAMP)
+	$(BIN)/python bench/knee_noise.py $(ARGS)
+
 # --- make gpu-proof [DRY=1]: the GPU path proved on a real card in one offline run (scripts/gpu_proof.sh;
 # prepare the wheels first where there is network: bash scripts/gpu_proof_prepare.sh). DRY=1: on the CPU. ---
 .PHONY: gpu-proof

@@ -13,6 +13,7 @@ import pytest
 
 from calibrate.config import Config
 from calibrate.errors import ErrorInfo, RequestError
+from calibrate.gpu.noise import CpuTimes, NoiseMeter, ProcessCpu
 from calibrate.gpu.nvml import GpuSnapshot
 from calibrate.gpu.reading import VramReading
 from calibrate.gpu.vram import VramMonitor
@@ -243,3 +244,51 @@ CLEAN = Stats(
     baseline_match=4,
     baseline_items=4,
 )
+
+
+@dataclass
+class FakeProc:
+    """A ``ProcReader`` whose machine and processes a test scripts: each read of the machine
+    advances it by ``busy_per_read`` core-seconds of busy time (and ``steal_per_read``) over
+    ``wall_per_read`` seconds on every core; ``ours`` / ``server`` processes use their share."""
+
+    cores: int = 2
+    busy_per_read: float = 3.2  # core-seconds busy per reading (e.g. 1.6 cores over 2 s)
+    steal_per_read: float = 0.0
+    wall_per_read: float = 2.0
+    ours_per_read: float = 0.0  # CPU s of calibrate's own process per reading
+    server_per_read: float = 0.0  # CPU s of the server's process per reading
+    own_pid: int = 100
+    server_pid: int = 200
+    reads: int = 0
+
+    def cpu_times(self) -> CpuTimes:
+        self.reads += 1
+        n = self.reads
+        busy = n * (self.busy_per_read + self.ours_per_read + self.server_per_read)
+        steal = n * self.steal_per_read
+        return CpuTimes(busy, steal, n * self.wall_per_read * self.cores, self.cores)
+
+    def processes(self) -> list[ProcessCpu]:
+        n = self.reads
+        return [
+            ProcessCpu(1, 0, 0.0),
+            ProcessCpu(self.own_pid, 1, n * self.ours_per_read),
+            ProcessCpu(self.server_pid, 1, n * self.server_per_read * 0.5),
+            ProcessCpu(self.server_pid + 1, self.server_pid, n * self.server_per_read * 0.5),
+        ]
+
+    def listening(self, port: int) -> list[int]:
+        return [self.server_pid]
+
+
+def fake_meter(proc: FakeProc) -> NoiseMeter:
+    """A noise meter over ``proc``, its clock one reading's wall time per mark or look."""
+    ticks = iter(range(1, 1_000_000))
+    return NoiseMeter(
+        proc,
+        clock=lambda: next(ticks) * proc.wall_per_read,
+        own_pid=proc.own_pid,
+        server_pids=lambda: [proc.server_pid],
+        reaped=lambda: 0.0,
+    )

@@ -12,9 +12,10 @@ from tests.mockserver import start_mock
 from tests.report_helpers import TABLES_CONFIG, TABLES_MOCK, table_lines
 from tests.tier_helpers import open_gate
 
-# VRAM source, plan, the table (header, 4 tiers), tables:, the queue warning, the setting,
-# the incidents, next; two more for a warning a busy CI box may add (calibrate the bottleneck).
-LADDER_LINES = 12 + 2
+# VRAM source, plan, the table (header, 4 tiers), tables:, the queue warning, the setting, the
+# machine's noise during it, the incidents, next; two more for a warning a busy CI box may add
+# (calibrate the bottleneck).
+LADDER_LINES = 13 + 2
 
 
 def test_a_ladder_of_four_tiers_logs_each_tier_once_in_a_short_log(cli, isolated: Path) -> None:
@@ -22,7 +23,8 @@ def test_a_ladder_of_four_tiers_logs_each_tier_once_in_a_short_log(cli, isolated
         open_gate(isolated, mock.base_url, TABLES_CONFIG)
         result = cli("ladder", "--json")
     assert result.code == 0, result.err
-    lines = result.err.splitlines()
+    # a tier run again to be told from another (a busy box) says so in a line of its own
+    lines = [ln for ln in result.err.splitlines() if " again, round " not in ln]
     assert len(lines) <= LADDER_LINES, result.err
     assert "─" not in result.err  # no rule under the header in a log
     header, *rows = table_lines(result.err)

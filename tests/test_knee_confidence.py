@@ -7,12 +7,11 @@ from pathlib import Path
 
 from calibrate import config
 from calibrate.confidence import compare, spread
-from calibrate.stages.measure.stop_rules import Point
-from calibrate.stages.sweep.knee import find_knee, judge, judged_range, needs_repeat
 from calibrate.stages.sweep.spec import SweepOptions
+from calibrate.stages.verdict.knee import Point, find_knee, judge, judged_range, needs_repeat
 from tests.helpers import write_config
 from tests.mockserver import start_mock
-from tests.tier_helpers import FAST, open_gate
+from tests.tier_helpers import CONSERVATIVE, FAST, open_gate
 
 # c=1 three runs, c=4 four runs: the medians 45 and 52 (+16 %, over gain_min 10 %), the ranges
 # 40–50 and 48–55 overlap. Welch's interval of the means' difference (4 − 1, df ≈ 3.07) is
@@ -47,7 +46,7 @@ def test_the_level_decides_the_gain_the_repeat_and_the_knee() -> None:
     assert not needs_repeat([ONE], FOUR, 0.10, runs=4, max_repeats=6, level=0.80)
     at_95 = find_knee([ONE, FOUR], 0.10, 0.95)
     assert at_95 is not None and at_95.knee.concurrency == 1 and at_95.best.concurrency == 1
-    assert "a gain cannot be told from noise" in at_95.text
+    assert "whether it adds 10 % cannot be told from noise" in at_95.text and at_95.noisy
     at_80 = find_knee([ONE, FOUR], 0.10, 0.80)
     assert at_80 is not None and at_80.knee.concurrency == 4 and at_80.best.concurrency == 4
 
@@ -66,7 +65,8 @@ def test_the_sweep_json_names_the_level_its_knee_used(cli, isolated: Path) -> No
     # the format only: whether the mock's levels separate is the machine's business
     sweep = FAST + "[sweep]\nconcurrency = [1, 2]\nlevel_s = 0.1\nrepeats = 2\n"
     with start_mock(ttft_s=0.01, per_token_s=0.001, slots=2) as mock:
-        open_gate(isolated, mock.base_url, sweep + "[confidence]\nlevel = 0.8\n", stage="ladder")
+        config = sweep.replace(CONSERVATIVE, "[confidence]\nconservative = true\nlevel = 0.8\n")
+        open_gate(isolated, mock.base_url, config, stage="ladder")
         result = cli("sweep", "--json", "--beyond-ladder")
     assert result.code in (0, 1), result.err
     assert result.json["confidence"] == 0.8

@@ -102,7 +102,8 @@ def test_latency_jump_at_batch_4_stops_by_latency(cli, isolated: Path) -> None:
     assert result.json["last_passing"]["batch_size"] == 2
     assert result.json["highest_kept"] == 4
     assert "s per item is" in result.err and "(limit 1.25×)" in result.err
-    assert "setting: batch 2, concurrency 2 — batch 2: " in result.err
+    # one concurrency everywhere: the ladder's line says what status will (no sweep yet: 1)
+    assert "setting: batch 2, concurrency 1 (no sweep at this batch size yet) — " in result.err
     assert "batch 4 kept but" in result.err and "slower" in result.err
     # a quiet client over a few short rounds: measured, and not called the bottleneck
     assert result.json["selfload"]["bottleneck"] is False
@@ -120,13 +121,16 @@ def test_nondeterminism_above_2_is_reported_and_fails_only_with_require_match(
         strict = cli("ladder", "--require-match")
     assert plain.code == 0, plain.err
     detail = {t["batch_size"]: t for t in plain.json["tiers_detail"]}
-    assert detail[1]["baseline_match"] == 2 and detail[2]["baseline_match"] == 4
-    assert detail[4]["baseline_match"] < detail[4]["baseline_items"] == 8
-    assert detail[8]["baseline_match"] < detail[8]["baseline_items"] == 16
+    assert detail[1]["baseline_match"] == detail[1]["rounds"]
+    assert detail[2]["baseline_match"] == 2 * detail[2]["rounds"]
+    # every round of B sends B items (more rounds where the setting needed them to tell tiers apart)
+    assert detail[4]["baseline_match"] < detail[4]["baseline_items"] == 4 * detail[4]["rounds"]
+    assert detail[8]["baseline_match"] < detail[8]["baseline_items"] == 8 * detail[8]["rounds"]
     four = detail[4]
+    items = four["baseline_items"]
     assert (
-        f"at batch 4: {four['baseline_match']} of 8 outputs match the baseline, "
-        f"{8 - four['baseline_match']} differ" in plain.err
+        f"at batch 4: {four['baseline_match']} of {items} outputs match the baseline, "
+        f"{items - four['baseline_match']} differ" in plain.err
     )
     assert "not batch-invariant" in plain.err
     assert strict.code == 1 and "--require-match" in strict.err
@@ -139,9 +143,12 @@ def test_prompt_list_mode_sends_one_completions_request_per_batch(cli, isolated:
         requests_seen = mock.model.snapshot().requests_total
     assert result.code == 0, result.err
     assert [t["verdict"] for t in result.json["tiers"]] == ["pass", "pass"]
-    assert requests_seen == 4 + 1  # 2 tiers × 2 rounds, one request each; the stream probe
+    rounds = sum(t["rounds"] for t in result.json["tiers_detail"])  # 2 a tier, or more to tell
+    assert requests_seen == rounds + 1  # one request a round; the stream probe
     records = jsonl(run_dir(isolated, result.json["run_id"]) / "records.jsonl")
-    assert len(records) == 2 + 8 and all(r["ok"] and r["text"] for r in records)
+    per_round = {t["batch_size"]: t["rounds"] for t in result.json["tiers_detail"]}
+    assert len(records) == per_round[1] + 4 * per_round[4]
+    assert all(r["ok"] and r["text"] for r in records)
 
 
 def test_tasks_file_inputs_and_vram_not_measured(cli, isolated: Path) -> None:
@@ -250,7 +257,8 @@ def test_ctrl_c_mid_round_exits_130_at_once_with_the_rounds_so_far(isolated: Pat
     entry = jsonl(isolated / "runs/ledger.jsonl")[-1]
     assert entry["stage"] == "ladder" and entry["run_id"] == run.name
     assert entry["passed"] is False and entry["interrupted"] is True
-    assert entry["summary"]["last_passing"]["batch_size"] == 2, "partial tiers kept for report"
+    kept = [t["batch_size"] for t in entry["summary"]["tiers"]]
+    assert kept == [1, 2], "partial tiers kept for report"
 
     refused = subprocess.run(
         [sys.executable, "-m", "calibrate", "pin", "--kind", "vllm"],

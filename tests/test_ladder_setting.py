@@ -4,6 +4,7 @@ the server's own counter, stop: cap above the server's own cap (SPEC §5.3)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,10 @@ def test_a_slower_stop_latency_tier_never_becomes_the_setting(cli, isolated: Pat
     reason = result.json["setting_reason"]
     assert reason.startswith("batch 2: ") and "batch 4 kept but" in reason
     assert "slower, and each item cost more there (stop: latency)" in reason
-    assert f"setting: batch 2, concurrency 2 — {reason}" in result.err
+    assert (
+        f"setting: batch 2, concurrency 1 (no sweep at this batch size yet) — {reason}"
+        in result.err
+    )
     _status_and_pin_say(cli, isolated, 2)
 
 
@@ -216,7 +220,10 @@ def test_a_managed_llamacpp_ladder_restarts_at_parallel_b_for_each_tier(
     result = _ladder_on_managed(cli, "--concurrency", "1")
     assert [t["verdict"] for t in result.json["tiers"]] == ["pass"] * 4, "no stop: cap"
     parallel = _started_parallel(bin_dir)
-    assert parallel == ["1", "2", "4", "8"], "started at 1, then one restart per tier above it"
+    # started at 1, then one restart per tier above it (and per round again of another B, where
+    # the setting needed more rounds to tell two tiers apart on a busy machine)
+    assert parallel[:4] == ["1", "2", "4", "8"], parallel
+    assert all(a != b for a, b in itertools.pairwise(parallel)), "never a needless one"
     assert "restarting the managed server at cap 8 (--parallel 8 for ladder batch 8)" in result.err
     batch = result.json["last_passing"]["batch_size"]
     assert batch in (4, 8)  # 1 slot per B: throughput doubles up to the setting
@@ -239,7 +246,7 @@ def test_a_server_started_as_another_kind_than_the_config_says_is_treated_as_wha
     assert pinned.code == 0, pinned.err
     script = (isolated / "scripts/launch.sh").read_text("utf-8")
     assert "llama-server" in script and "--parallel" in script and "--max-num-seqs" not in script
-    assert _started_parallel(bin_dir) == ["1", "2", "4"], "one restart per tier above 1"
+    assert _started_parallel(bin_dir)[:3] == ["1", "2", "4"], "one restart per tier above 1"
     assert [t["verdict"] for t in result.json["tiers"]] == ["pass"] * 3
     run = isolated / "runs" / result.json["run_id"]
     assert json.loads((run / "manifest.json").read_text("utf-8"))["server_kind"] == "llamacpp"

@@ -134,3 +134,71 @@ def test_batch_after_a_rollback_defaults_to_concurrency_1(cli, mock, isolated: P
     result = cli("batch", "--input", str(tasks), "--out", "out.jsonl", "--json")
     assert result.code == 0, result.err
     assert result.json["concurrency"] == 1 and result.json["concurrency_source"] == "rollback"
+
+
+def _pin(batch: int, conc: int) -> LedgerEntry:
+    return _entry(
+        "pin", "P1", {"batch_size": batch, "concurrency": conc, "kind": "vllm", "script": "s.sh"}
+    )
+
+
+def test_a_ladder_run_again_at_the_swept_batch_keeps_the_sweeps_concurrency(tmp_path: Path) -> None:
+    """The issue: after a ladder ran again the ladder said "batch 4, concurrency 4", status
+    "concurrency 1 … (no sweep has passed at this batch size)" though a sweep had passed at 4,
+    next: "calibrate batch" (at c = 1), the script 4. One concurrency now: the sweep at the same
+    B on the same workload still holds, and all of them read it."""
+    ledger = _ledger(
+        tmp_path, _ladder("L1", 4), _sweep("S1", 4, "L1"), _pin(4, 4), _ladder("L2", 4)
+    )
+    found = resolve(ledger, T)
+    assert found is not None and (found.batch_size, found.concurrency) == (4, 4)
+    assert found.measured_concurrency and "sweep run S1 (at batch 4" in found.concurrency_from
+
+
+def test_a_ladder_run_again_at_another_batch_asks_for_a_sweep_and_a_new_pin(
+    tmp_path: Path,
+) -> None:
+    ledger = _ledger(
+        tmp_path, _ladder("L1", 4), _sweep("S1", 4, "L1"), _pin(4, 4), _ladder("L2", 8)
+    )
+    found = resolve(ledger, T)
+    assert found is not None and (found.batch_size, found.concurrency) == (8, 1)
+    assert not found.measured_concurrency
+    other = _ledger(tmp_path / "w", _ladder("L1", 4), _sweep("S1", 4, "L1"))
+    with_tasks = replace(
+        _ladder("L2", 4),
+        summary={**_ladder("L2", 4).summary, "workload": {"source": "tasks", "tasks": "t.jsonl"}},
+    )
+    other.append(with_tasks)
+    again = resolve(other, T)
+    assert again is not None and again.concurrency == 1, "another workload: the sweep is not it"
+
+
+def test_status_next_and_the_ladder_agree_after_a_ladder_is_run_again(cli, isolated: Path) -> None:
+    """The same four steps through status: at the swept batch size status says concurrency 4
+    and next goes on (no sweep asked for again, the pin agrees); at another batch size next is
+    'calibrate sweep' and status names the pinned script as stale."""
+    from calibrate.config import Overrides, load
+    from calibrate.state.ledger import target_fingerprint
+    from tests.helpers import write_config
+
+    write_config(isolated / "calibrate.toml", "http://127.0.0.1:9/v1")
+    target = target_fingerprint(load(Overrides(), {}))
+    ledger = Ledger(isolated / "runs")
+    single, repro = _entry("single", "A1", {}), _entry("repro", "B1", {})
+    verify = _entry("verify", "V1", {})
+    for entry in (single, repro, _ladder("L1", 4), _sweep("S1", 4, "L1"), _pin(4, 4), verify):
+        ledger.append(replace(entry, target=target))
+    ledger.append(replace(_ladder("L2", 4), target=target))
+    same = cli("status", "--json")
+    assert same.code == 0, same.err
+    assert same.json["setting"]["concurrency"] == 4 and same.json["stale"] is None
+    assert same.json["next"] not in ("calibrate sweep", "calibrate pin")
+    ledger.append(replace(_ladder("L3", 8), target=target))
+    moved = cli("status", "--json")
+    assert moved.json["setting"]["concurrency"] == 1 and moved.json["next"] == "calibrate sweep"
+    assert moved.json["stale"].startswith("the pinned script (s.sh) says batch 4, concurrency 4")
+    assert "it is stale — run calibrate sweep" in moved.err
+    ledger.append(replace(_sweep("S2", 8, "L3", batch=8), target=target))
+    swept = cli("status", "--json")
+    assert swept.json["next"] == "calibrate pin", "the script still says batch 4"

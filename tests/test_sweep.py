@@ -40,7 +40,7 @@ def test_knee_is_the_slot_count_and_the_cap_is_noted(cli, isolated: Path) -> Non
     for level in (1, 2, 4, 8):  # two runs a level, each ≥ 4×C requests
         runs = [r["round"] for r in records if r["concurrency"] == level]
         assert runs.count(1) >= 4 * level and runs.count(2) >= 4 * level
-    assert all(lv["repeats"] == 2 for lv in out["levels"])
+    assert all(lv["repeats"] >= 2 for lv in out["levels"])  # more where two levels were close
     assert all(
         lv["items_per_s_min"] <= lv["items_per_s"] <= lv["items_per_s_max"] for lv in out["levels"]
     )

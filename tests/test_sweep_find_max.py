@@ -382,3 +382,7 @@ def test_a_boundary_probe_the_client_limited_is_inconclusive_not_a_setting(
         f"inconclusive: the client was the limit at C = {bound_from}, the "
     ), result.inconclusive
     assert result.summary(sweep.options).recommended_concurrency is None
+    # what to do names only levels below the limit it names (it once listed 8, probed first)
+    hint = result.what_to_do
+    below = hint.split("--concurrency ")[1].split(",") if "--concurrency " in hint else []
+    assert below and all(int(c) < bound_from for c in below), hint

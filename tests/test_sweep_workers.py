@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,46 @@ def test_two_closed_loops_merge_into_one_window_on_the_parents_clock() -> None:
     assert run.stop_s == pytest.approx(1.3)  # the first one to drain
     assert run.total_s == pytest.approx(2.0)
     assert merge_loops([(a, 0.0), (LoopRun((), 0.1, None, 0.1), 0.0)], None).full_s is None
+
+
+def _steady_part(first_s: float, period_s: float, count: int, start_index: int) -> LoopRun:
+    """One process keeping one request in flight: an answer every ``period_s`` from
+    ``first_s`` on, the window open from its first answer to its last (the drain after)."""
+    items = tuple(
+        _item(start_index + n, first_s + (n - 1) * period_s, first_s + n * period_s)
+        for n in range(count)
+    )
+    last = first_s + (count - 1) * period_s
+    return LoopRun(items, last + period_s, 0.0, last, closed_s=last)
+
+
+def test_two_processes_never_read_above_what_they_can_serve() -> None:
+    """The issue: --workers 2 at c = 2 on a mock whose ceiling is 8.2 items/s read 9.27, 9.10,
+    9.20 — one worker alone at or below 8.21/2 each. Each process here answers every 0.244 s
+    (4.1 items/s, 8.2 together), the second 10 ms after the first and drained one answer
+    sooner: counting every answer between edges that belong to different processes took one
+    answer too many (+15 %); each process's own window, over the span both share, reads
+    exactly their sum."""
+    a = _steady_part(0.0, 0.244, 5, 1)
+    b = _steady_part(0.01, 0.244, 4, 100)
+    merged = merge_loops([(a, 0.0), (b, 0.0)], None)
+    steady = steady_throughput(merged)  # the aligned windows alone, no Little's-law guard
+    assert steady.items_per_s == pytest.approx(2 / 0.244, rel=1e-9)
+    assert steady.items_per_s <= 2 / 0.244 * (1 + 1e-9), "never above the two processes' ceiling"
+    naive = steady_throughput(replace(merged, parts=()))  # every answer between mixed edges
+    assert naive.items_per_s > 1.1 * 2 / 0.244, "what the merge read before"
+
+
+def test_a_level_never_reads_above_what_c_in_flight_can_deliver() -> None:
+    """Little's law as a guard, in one place (load.window.servable): C in flight, each answer
+    taking L on average, complete at most C / L a second — and goodput, tokens, never more."""
+    run = _steady_part(0.0, 0.25, 8, 1)
+    items = tuple(replace(i, elapsed_s=0.5) for i in run.items)  # answers said to take 0.5 s
+    capped = steady_throughput(replace(run, items=items), 1)
+    assert capped.items_per_s == pytest.approx(2.0)  # 1 in flight / 0.5 s
+    uncapped = steady_throughput(replace(run, items=items))
+    assert uncapped.items_per_s == pytest.approx(4.0)
+    assert capped.window_s == pytest.approx(uncapped.window_s * 2), "goodput scales alike"
 
 
 def test_a_waves_parts_merge_timed_from_the_first_send_to_the_last_answer() -> None:
@@ -282,3 +323,22 @@ def test_two_workers_split_the_ladders_waves_and_its_tiers_read_as_with_one(
     assert seen[0] == seen[1]
     assert seen[1][0] == [(1, "pass"), (2, "pass"), (4, "pass"), (8, "fail")]
     assert "sending each wave from 2 worker processes" in result.err
+
+
+def test_two_workers_never_read_above_what_their_requests_in_flight_deliver(
+    cli, isolated: Path
+) -> None:
+    """The issue: ``--workers 2`` at c = 2 on a mock of ~0.24 s answers (8.2 items/s at most)
+    read 9.27, 9.10, 9.20. Every run now reads at most what 2 in flight deliver — 2 over its
+    answers' mean latency — whatever the load on the machine (both sides slow down alike)."""
+    config = FAST + "[sweep]\nconcurrency = [2]\nlevel_s = 0.6\nrepeats = 4\nmax_repeats = 4\n"
+    with start_mock() as mock:  # the mock's defaults: answers of ~0.25 s
+        open_gate(isolated, mock.base_url, config, stage="ladder")
+        result = cli("sweep", "--json", "--workers", "2")
+    assert result.code in (0, 1), result.err
+    run = run_dir(isolated, result.json["run_id"])
+    records = [r for r in jsonl(run / "records.jsonl") if r["ok"] and not r.get("canary")]
+    for row in jsonl(run / "rounds.jsonl"):
+        mine = [r["elapsed_s"] for r in records if r["round"] == row["round"]]
+        ceiling = 2 / (sum(mine) / len(mine))
+        assert row["items_per_s"] <= ceiling * 1.03, (row["items_per_s"], ceiling)

@@ -10,8 +10,8 @@ from pathlib import Path
 from calibrate.cli.views.tune import winner_text
 from calibrate.stages.tune.grid import Axis, Candidate, TunePlan
 from calibrate.stages.tune.margin import margin_of
+from calibrate.stages.tune.outcome import TuneOutcome
 from calibrate.stages.tune.result import BestLevel, CandidateResult, Measurement
-from calibrate.stages.tune.search import TuneOutcome
 from tests.tune_helpers import LEVELS, tune_config
 from tests.tune_helpers import lines as jsonl
 
@@ -118,3 +118,22 @@ def test_a_tune_run_names_whether_its_margin_is_significant(cli, isolated: Path)
         assert candidate["best"] is None or len(candidate["best"]["runs_per_s"]) >= 2
     ledger = jsonl(isolated / "runs/ledger.jsonl")[-1]["summary"]
     assert ledger["significant"] == winner["significant"] and ledger["confidence"] == 0.8
+
+
+def test_a_winner_the_runs_cannot_back_is_inconclusive_unless_conservative() -> None:
+    """SPEC §5.14 for tune: the pick stands when the runner-up cannot be gain_min better — the
+    winner leads (CLEAR) or the two are about equal (CLOSE, within 10 % either way); when the
+    runs are so wide that the runner-up might be far better, tune names no winner (exit 1,
+    passed false) unless --conservative takes the one with the smaller cap."""
+    assert _outcome(*CLEAR, 0.95).doubt is None
+    assert _outcome(*CLOSE, 0.95).doubt is None
+    wide = _outcome((10.0, 16.0, 13.0), (9.0, 14.0, 11.0), 0.95)
+    assert wide.doubt is not None and wide.winner is None
+    assert wide.inconclusive.startswith("inconclusive: the runs cannot tell whether c02 adds 10 %")
+    assert wide.summary({}).winner is None
+    taken = _outcome((10.0, 16.0, 13.0), (9.0, 14.0, 11.0), 0.95)
+    taken = TuneOutcome(
+        taken.plan, None, (), taken.ranked, (), False, level=0.95, conservative=True
+    )
+    assert taken.winner is not None and not taken.inconclusive
+    assert taken.summary({}).details["under_noise"]["taken_under_noise"] is True

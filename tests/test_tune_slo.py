@@ -39,3 +39,29 @@ def test_goodput_is_the_throughput_within_the_slos_over_the_same_window(
     four = next(lv for lv in by_slots["1"]["levels"] if lv["concurrency"] == 4)
     assert four["goodput_per_s"] < 0.5 * four["items_per_s"]
     assert by_slots["1"]["best_concurrency"] <= 2 and by_slots["2"]["best_concurrency"] >= 2
+
+
+def test_tune_takes_slo_flags_and_a_ttft_slo_streams_its_levels(cli, isolated: Path) -> None:
+    """The issue: tune with [slo] ttft_p99_s and no --stream failed every candidate with 0
+    errors ("no candidate that served a passing level") — TTFT is only seen on a streamed
+    answer, and tune had no --slo. Now ``tune --slo ttft:…`` streams by itself: every level
+    has TTFT, the answers meet the bound, and a winner is named."""
+    grid = 'grid = ["slots=2", "kv_tokens=50000", "memory_fraction=0.8"]\n'
+    tune_config(isolated, grid, command=SERVER_BOUND)
+    result = cli("tune", "--slo", "ttft:5", "--json")
+    assert result.code == 0, result.err
+    assert "ranked by goodput (ttft p99 ≤ 5 s)" in result.err
+    (candidate,) = result.json["candidates"]
+    assert all(lv["goodput_per_s"] > 0 for lv in candidate["levels"]), candidate["levels"]
+    assert result.json["winner"] is not None
+    assert "served a passing level" not in result.err
+
+
+def test_slos_no_level_meets_are_said_so_not_called_a_failure(cli, isolated: Path) -> None:
+    """An SLO nothing can meet (e2e p99 ≤ 1 µs) with every request answered: tune says no
+    candidate met the SLOs at any level — not that none served a passing level — and exits 1."""
+    grid = 'grid = ["slots=2", "kv_tokens=50000", "memory_fraction=0.8"]\n'
+    tune_config(isolated, grid)
+    result = cli("tune", "--slo", "e2e:0.000001", "--json")
+    assert result.code == 1, result.err
+    assert "no candidate with a level that met the SLOs (e2e p99 ≤ 1e-06 s)" in result.err

@@ -15,13 +15,15 @@ LEVELS = (1, 2, 4, 8)
 SHORT = "[ladder]\nsample_interval_s = 0.05\n[sweep]\nconcurrency = [1, 2, 4, 8]\n"
 
 
-def test_with_jitter_and_three_runs_a_level_the_knee_is_4_every_time(cli, isolated: Path) -> None:
-    """A 4-slot server with ±20 % timing jitter, as its own process: 3 sweeps, knee 4 in 3.
-    8 in flight add nothing but queueing. Requests of ~150 ms keep calibrate's own few ms per
-    request (more of them on a busy machine) from reading as a gain: at ~50 ms, with two other
-    processes spinning on the two cores, one sweep in five read +11 % at 8; at ~100 ms one
-    make test in five had a sweep read 8 as the knee."""
-    knees, texts = [], []
+def test_with_jitter_and_three_runs_a_level_the_knee_is_never_confidently_wrong(
+    cli, isolated: Path
+) -> None:
+    """A 4-slot server with ±20 % timing jitter, as its own process: 3 sweeps. 8 in flight add
+    nothing but queueing, so every sweep either says 4 or — when this busy machine's noise
+    leaves 4 and 8 (or 2 and 4) beyond telling apart even after their interleaved repeats —
+    ends inconclusive (exit 1), naming the pair and the machine's load; never a confident knee
+    elsewhere (SPEC §5.14). Before, one make test in five had a sweep read 8 as the knee."""
+    outcomes, texts = [], []
     mock = MockProcess("--ttft", "0.004", "--per-token", "0.003", "--slots", "4", "--jitter", "0.2")
     try:
         # levels 2, 4, 8 are enough to place a knee at 4 (and leave time for 3 sweeps)
@@ -29,17 +31,21 @@ def test_with_jitter_and_three_runs_a_level_the_knee_is_4_every_time(cli, isolat
         open_gate(isolated, mock.base_url, config, stage="ladder")
         for _ in range(3):
             result = cli("sweep", "--json", "--beyond-ladder")
-            assert result.code == 0, result.err
-            knees.append(result.json["recommended_concurrency"])
-            texts.append(result.json["knee"]["how_sure"])
+            assert result.code in (0, 1), result.err
+            outcomes.append(result.json["recommended_concurrency"] if result.code == 0 else None)
+            texts.append(result.err)
+            if result.code == 1:
+                assert result.json["inconclusive"].startswith("inconclusive: the runs cannot tell")
+                assert "what to do: " in result.err and "--conservative" in result.err
+                assert result.json["recommended_concurrency"] is None
     finally:
         mock.stop()
-    assert knees == [4] * 3, texts
-    levels = result.json["levels"]
-    assert all(lv["repeats"] == 3 for lv in levels)
-    assert all(lv["items_per_s_min"] <= lv["items_per_s"] <= lv["items_per_s_max"] for lv in levels)
-    assert [lv["gain_counted"] for lv in levels] == [False, True, False]
-    assert texts[-1].startswith("knee at 4 (+") and "8 adds " in texts[-1]
+    assert all(knee in (4, None) for knee in outcomes), texts
+    done = result.json
+    assert all(lv["repeats"] >= 3 for lv in done["levels"])
+    assert all(
+        lv["items_per_s_min"] <= lv["items_per_s"] <= lv["items_per_s_max"] for lv in done["levels"]
+    )
 
 
 def test_one_run_per_level_shows_no_range_and_says_a_gain_is_not_told_from_noise(
@@ -50,7 +56,9 @@ def test_one_run_per_level_shows_no_range_and_says_a_gain_is_not_told_from_noise
         once = cli("sweep", "--json", "--beyond-ladder")
         open_gate(isolated, mock.base_url, SHORT + "repeats = 2\nlevel_s = 0.1\n", stage="ladder")
         twice = cli("sweep", "--json", "--beyond-ladder")
-    assert once.code == 0 and twice.code == 0, once.err + twice.err
+    # one run a level is never a doubt (nothing to tell apart: "not sure", said); two may be
+    # inconclusive on a busy machine (SPEC §5.14) — the ranges are what is shown here
+    assert once.code == 0 and twice.code in (0, 1), once.err + twice.err
     assert all(lv["items_per_s_min"] == lv["items_per_s_max"] for lv in once.json["levels"])
     assert "one run per level: no range, so a gain cannot be told from noise" in once.err
     assert "set [sweep] repeats = 3" in once.json["knee"]["how_sure"]

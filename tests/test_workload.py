@@ -79,9 +79,9 @@ def test_an_answer_cut_short_of_the_forced_length_is_incomplete(cli, isolated: P
 # Under preemption nothing fails: the requests slow down, and the server's own preemption counter
 # (the mock's vllm:num_preemptions_total) says why: stop: preempt, the tier not kept (SPEC §5.3).
 def test_preemption_is_stopped_by_the_preemption_counter_not_a_failure(cli, isolated: Path) -> None:
-    rule = "[ladder]\nsample_interval_s = 0.005\nlatency_rise = 1.25\n"
+    rule = LADDER.replace("latency_rise = 100.0", "latency_rise = 1.25")
     with start_mock(**{**KV_20K, "per_token_s": 0.001}, on_kv_full="preempt") as mock:
-        calibrated(cli, isolated, mock.base_url, rule + LADDER.split("\n", 3)[3])
+        calibrated(cli, isolated, mock.base_url, rule)
         # not streamed: streamed, the mock's preemption leaves batch 8's time per item at 1.02×
         # batch 4's (its slowdown shows only on whole answers); the rule is what is tested here
         args = ("--input-tokens", "3000", "--output-tokens", "200", "--no-stream")

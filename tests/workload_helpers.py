@@ -21,7 +21,12 @@ _ROUND = (
 # the prompt as well as the load, and ms-scale answers jitter on a busy 2-core machine; at the
 # default 1.25 the seeded-sample ladder stopped at batch 4 now and then and sent other prompts.
 # The rule is tested where it is the point: test_preemption_is_stopped_... sets it to 1.25.
-LADDER = f"[ladder]\nsample_interval_s = 0.005\nlatency_rise = 100.0\n{_ROUND}"
+# [confidence] conservative and max_rounds = 2: as tier_helpers.FAST, a setting noise leaves in
+# doubt is taken conservatively, with two rounds a tier and no more (tests here count requests).
+LADDER = (
+    "[confidence]\nconservative = true\n"
+    f"[ladder]\nsample_interval_s = 0.005\nlatency_rise = 100.0\nmax_rounds = 2\n{_ROUND}"
+)
 
 
 def calibrated(cli: Any, root: Path, base_url: str, extra: str = LADDER) -> None:

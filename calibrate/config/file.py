@@ -167,6 +167,10 @@ def _coerce(hint: Any, value: Any, where: str, path: Path) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{where} in {path} must be an integer, got {value!r}")
         return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} in {path} must be true or false, got {value!r}")
+        return value
     if hint is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where} in {path} must be a string, got {value!r}")

@@ -168,6 +168,7 @@ CHECKS: dict[type[Any], tuple[Check, ...]] = {
         Bound("sample_interval_s", MIN_SAMPLE_INTERVAL_S, MAX_SAMPLE_INTERVAL_S),
         Bound("min_round_s", 0, MAX_TIMEOUT_S),
         Bound("warmup_waves", 0, MAX_WARMUP_WAVES),
+        Bound("max_rounds", 0, 2 * MAX_ROUNDS),
     ),
     SweepConfig: (
         Steps(_LEVELS, "concurrency levels", rising=True),

@@ -58,6 +58,7 @@ class LadderConfig:
     sample_interval_s: float = 0.05
     min_round_s: float = 2.0  # a round repeats waves of B until it lasted this long (0: one wave)
     warmup_waves: int = 1  # waves of the first tier sent before it, not counted
+    max_rounds: int = 0  # rounds a tier may run to tell it apart (0: twice ``rounds``)
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class SweepConfig:
 
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
     level_s: float = 15.0  # each run of a level lasts at least this (and ≥ 4×C requests)
-    repeats: int = 3  # runs per level: the table shows their median and range
+    repeats: int = 2  # runs per level (more only while it cannot be told from the best)
     gain_min: float = 0.10
     max_repeats: int = 6  # runs of a level whose range overlaps the best's while the medians differ
 
@@ -123,9 +124,12 @@ class SloConfig:
 
 @dataclass(frozen=True)
 class ConfidenceConfig:
-    """[confidence] (SPEC §13): the level of the t-intervals repeats are reported with."""
+    """[confidence] (SPEC §13, §5.14): the level of the t-intervals repeats are reported with,
+    and whether a verdict noise leaves inconclusive takes the conservative answer instead (as
+    ``--conservative`` does; recorded as taken under noise)."""
 
     level: float = 0.95
+    conservative: bool = False
 
     def __post_init__(self) -> None:  # a ValueError here is the file's ConfigError (exit 2)
         if not 0.5 < self.level < 1:

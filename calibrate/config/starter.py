@@ -25,6 +25,7 @@ seed = 0                           # all sampling params are always sent explici
 [ladder]
 batch_sizes = [1, 2, 4, 8]
 rounds = 2                         # one batch at a time: a wave of N requests in flight together
+max_rounds = 0                     # two tiers the rounds cannot tell apart run more, interleaved, up to this many (0: twice rounds)
 mode = "wave"                      # "wave": N chat requests sent together; "prompt-list": one /v1/completions request carrying N prompts
 vram_limit = 0.90                  # stop stepping up when memory pressure reaches this fraction
 latency_rise = 1.25                # stop when the time per item (round wall time / items) rises by more than this factor over the previous tier
@@ -35,9 +36,9 @@ warmup_waves = 1                   # waves of the first tier sent before it, not
 [sweep]
 concurrency = [1, 2, 4, 8, 16]     # requests kept in flight; against a server calibrate does not manage, capped at the ladder's largest passing wave unless --beyond-ladder
 level_s = 15                       # each run of a level lasts at least this (and ≥ 3× the previous level's p50 latency, ≥ 4×C requests)
-repeats = 3                        # runs per level: the table shows the median and the min–max range
+repeats = 2                        # runs per level at least: the table shows the median and the min–max range
 gain_min = 0.10                    # a level must add at least 10 % throughput over the best level below it, with its range above that one's, to count
-max_repeats = 6                    # a level whose range overlaps the best's while the medians differ by more than gain_min is run again, up to this many runs
+max_repeats = 6                    # two levels whose runs cannot tell whether one adds gain_min are run again, interleaved, up to this many runs each
 
 [workload]                         # what ladder and sweep send; their flags override each key
 # source = "tasks"                 # fixed | tasks | synthetic (default: tasks or synthetic when set, else fixed)
@@ -63,6 +64,7 @@ window = 1.0                       # each level's window as a fraction of the sw
 
 [confidence]
 level = 0.95                       # the level of the intervals repeated runs are reported with
+conservative = false               # true: a verdict noise leaves in doubt takes the smaller setting (recorded) instead of exit 1
 
 [determinism]
 copies = 0                         # copies of the fixed prompt per ladder tier and sweep level; 0 = off, else 8–1024

@@ -14,6 +14,13 @@ While an endpoint is down (a batch's outage: nothing is being sent to it, worker
 probes) the client's load says nothing about the server: ``quiet(name, True)`` until
 ``quiet(name, False)``, and no window in between counts toward a bottleneck.
 
+**A server on this machine's CPU is not the client's fault.** A CPU engine (vLLM's CPU build,
+llama.cpp without a GPU) on the machine calibrate runs on takes the cores calibrate's threads
+would run on: the timer wakes late because the server is working, not because calibrate is. Given
+``server_cpu`` (the server's processes' CPU seconds so far), a window whose lateness came while
+the server used at least half the machine's cores is not client-bound on lateness (calibrate's
+own CPU near a core still is): the throughput measured is the server's on this machine's CPU.
+
 A sweep asks per level: ``mark = monitor.mark()`` before it, ``monitor.bound_since(mark)`` after
 (the reason, or "" when the client kept up during that level).
 
@@ -33,6 +40,7 @@ from dataclasses import dataclass
 Clock = Callable[[], float]
 
 DEFAULT_ADVICE = "lower -c, or run on a faster CPU"
+SERVER_SHARE = 0.5  # the server's processes on this share of the cores: late threads are its doing
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,7 @@ class SelfLoadSample:
 
     cpu_fraction: float
     lag_s: float
+    server_cores: float | None = None  # the server's processes' CPU in the window (None: unknown)
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,8 @@ class SelfLoadMonitor:
         advice: str = DEFAULT_ADVICE,
         who: str = "calibrate's own process",
         of_cores: int | None = None,
+        server_cpu: Callable[[], float | None] | None = None,
+        cores: int | None = None,
     ) -> None:
         self.window_s = window_s
         self.who = who  # what used the CPU, in words ("calibrate's 3 processes")
@@ -92,6 +103,8 @@ class SelfLoadMonitor:
         self.lag_limit_s = lag_limit_s
         self.confirm = confirm
         self.advice = advice  # what to do about it, said with the warning
+        self._server_cpu = server_cpu  # the server's processes' CPU seconds so far (None: unknown)
+        self.cores = cores or os.cpu_count() or 1
         self._clock = clock
         self._cpu_clock = cpu_clock
         self._samples: list[SelfLoadSample] = []
@@ -103,19 +116,34 @@ class SelfLoadMonitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def observe(self, wall_s: float, cpu_s: float, lag_s: float) -> SelfLoadSample:
-        """Account one window (also how tests drive the monitor without a thread)."""
-        sample = SelfLoadSample(cpu_s / wall_s if wall_s > 0 else 0.0, lag_s)
+    def observe(
+        self, wall_s: float, cpu_s: float, lag_s: float, server_cpu_s: float | None = None
+    ) -> SelfLoadSample:
+        """Account one window (also how tests drive the monitor without a thread);
+        ``server_cpu_s``: what the server's processes used in it (None: unknown)."""
+        per_s = 1 / wall_s if wall_s > 0 else 0.0
+        server = server_cpu_s * per_s if server_cpu_s is not None else None
+        sample = SelfLoadSample(cpu_s * per_s, lag_s, server)
         with self._lock:
             if self._quiet:  # an outage: no load is being sent, nothing to judge
                 self._streak = 0
                 return sample
             self._samples.append(sample)
-            bound = sample.cpu_fraction >= self.cpu_limit or sample.lag_s >= self.lag_limit_s
+            bound = self.bound(sample)
             self._streak = self._streak + 1 if bound else 0
             if self._streak >= self.confirm and not self._cause_text:
                 self._cause_text = self._cause(sample)
         return sample
+
+    def bound(self, sample: SelfLoadSample) -> bool:
+        """Whether the client was the limit in ``sample``'s window: its own CPU near a core, or
+        its threads late while the server did not hold half the machine's cores."""
+        if sample.cpu_fraction >= self.cpu_limit:
+            return True
+        server_working = (
+            sample.server_cores is not None and sample.server_cores >= SERVER_SHARE * self.cores
+        )
+        return sample.lag_s >= self.lag_limit_s and not server_working
 
     def quiet(self, name: str, down: bool) -> None:
         """``name`` (an endpoint) went down (``down``) or came back: while any is down no
@@ -139,11 +167,16 @@ class SelfLoadMonitor:
             samples = self._samples[mark:]
         streak = 0
         for sample in samples:
-            bound = sample.cpu_fraction >= self.cpu_limit or sample.lag_s >= self.lag_limit_s
-            streak = streak + 1 if bound else 0
+            streak = streak + 1 if self.bound(sample) else 0
             if streak >= self.confirm:
                 return self._cause(sample)
         return ""
+
+    def lag_since(self, mark: int) -> float | None:
+        """The timer's mean lateness over the windows after ``mark`` (None: none measured)."""
+        with self._lock:
+            samples = self._samples[mark:]
+        return sum(s.lag_s for s in samples) / len(samples) if samples else None
 
     def _cause(self, sample: SelfLoadSample) -> str:
         """What made a window client-bound, in words."""
@@ -198,7 +231,7 @@ class SelfLoadMonitor:
         return self.report()
 
     def _run(self) -> None:
-        wall0, cpu0 = self._clock(), self._cpu_clock()
+        wall0, cpu0, server0 = self._clock(), self._cpu_clock(), self._server_cpu_s()
         lag_total, ticks = 0.0, 0
         while not self._stop.is_set():
             before = self._clock()
@@ -208,9 +241,17 @@ class SelfLoadMonitor:
             ticks += 1
             now = self._clock()
             if now - wall0 >= self.window_s:
-                cpu = self._cpu_clock()
-                self.observe(now - wall0, cpu - cpu0, lag_total / max(ticks, 1))
-                wall0, cpu0, lag_total, ticks = now, cpu, 0.0, 0
+                cpu, server = self._cpu_clock(), self._server_cpu_s()
+                used = (
+                    max(0.0, server - server0)
+                    if server is not None and server0 is not None
+                    else None
+                )
+                self.observe(now - wall0, cpu - cpu0, lag_total / max(ticks, 1), used)
+                wall0, cpu0, server0, lag_total, ticks = now, cpu, server, 0.0, 0
+
+    def _server_cpu_s(self) -> float | None:
+        return self._server_cpu() if self._server_cpu is not None else None
 
 
 def workers_advice(workers: int, cores: int, instead: str) -> str:

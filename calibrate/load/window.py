@@ -60,6 +60,8 @@ class LoopRun:
     # when the first answer that was not replaced finished (``finished_s``): the steady window's
     # end; None: ``stop_s``
     closed_s: float | None = None
+    # --workers: each process's own run on this run's clock (``steady_throughput`` aligns them)
+    parts: tuple[LoopRun, ...] = ()
 
     def finished_s(self, item: ItemResult) -> float:
         """When an answer finished, in seconds since the run started: its recorded
@@ -89,17 +91,33 @@ class Steady:
     inside: tuple[ItemResult, ...] = ()  # the answers counted (goodput is judged on them)
 
 
-def steady_throughput(run: LoopRun) -> Steady:
+def steady_throughput(run: LoopRun, in_flight: int | None = None) -> Steady:
+    """The run's steady throughput: one process's window (``steady_window``), or with
+    ``--workers`` the processes' aligned windows (``aligned``); never more than ``in_flight``
+    items at once can deliver (``servable``)."""
+    found = aligned(run) if run.parts else steady_window(run)
+    return servable(found, in_flight)
+
+
+def _edges(run: LoopRun, ok: Sequence[ItemResult]) -> tuple[float, float] | None:
+    """(opens, closes): the first answer after the C-th request started, and the window's end;
+    None when the run has no steady window."""
+    if run.full_s is None or run.stop_s is None:
+        return None
+    stop_s = run.closed_s if run.closed_s is not None else run.stop_s
+    opens = min((d for i in ok if run.full_s <= (d := run.finished_s(i)) <= stop_s), default=None)
+    return None if opens is None else (opens, stop_s)
+
+
+def steady_window(run: LoopRun) -> Steady:
     """Answers that finished in (first answer after full_s, stop_s], over that time; the whole
     run when that window holds none."""
     ok = [i for i in run.items if i.ok]
-    if run.full_s is not None and run.stop_s is not None:
-        full_s = run.full_s
-        stop_s = run.closed_s if run.closed_s is not None else run.stop_s
-        done = {id(i): run.finished_s(i) for i in ok}
-        opens = min((d for d in done.values() if full_s <= d <= stop_s), default=None)
-        inside = [i for i in ok if opens is not None and opens < done[id(i)] <= stop_s]
-        if opens is not None and inside:
+    edges = _edges(run, ok)
+    if edges is not None:
+        opens, stop_s = edges
+        inside = [i for i in ok if opens < run.finished_s(i) <= stop_s]
+        if inside:
             span = stop_s - opens
             tokens = sum(i.completion_tokens for i in inside)
             return Steady(
@@ -110,6 +128,56 @@ def steady_throughput(run: LoopRun) -> Steady:
         return Steady(0.0, 0.0, 0.0, len(ok), True)
     tokens = sum(i.completion_tokens for i in ok)
     return Steady(len(ok) / span, tokens / span, span, len(ok), True, tuple(ok))
+
+
+def aligned(run: LoopRun) -> Steady:
+    """``--workers``: over the span every process was steady in (the latest opening to the
+    earliest closing), each process's rate from its own first to its last answer in it, summed.
+    Counting every answer between edges that belong to different processes over-counts (an
+    answer of one process just inside each edge: +1 per window, +12 % at c = 2 on a short run)."""
+    edges = [_edges(part, [i for i in part.items if i.ok]) for part in run.parts]
+    if any(e is None for e in edges):
+        return steady_window(run)
+    low = max(e[0] for e in edges if e is not None)
+    high = min(e[1] for e in edges if e is not None)
+    if high <= low:
+        return steady_window(run)
+    items_per_s = tokens_per_s = 0.0
+    counted: list[ItemResult] = []
+    completions = 0
+    for part in run.parts:
+        inside = sorted(
+            (i for i in part.items if i.ok and low <= part.finished_s(i) <= high),
+            key=part.finished_s,
+        )
+        if len(inside) >= 2:
+            span = part.finished_s(inside[-1]) - part.finished_s(inside[0])
+            if span > 0:
+                items_per_s += (len(inside) - 1) / span
+                tokens_per_s += sum(i.completion_tokens for i in inside[1:]) / span
+                completions += len(inside) - 1
+        counted += inside[1:]
+    return Steady(items_per_s, tokens_per_s, high - low, completions, False, tuple(counted))
+
+
+def servable(found: Steady, in_flight: int | None) -> Steady:
+    """Never above what ``in_flight`` items at once can deliver: by Little's law a closed loop
+    of N in flight, each answer taking L on average, completes at most N / L per second. A
+    reading above that is a counting artefact, not the server (SPEC §5.14)."""
+    latencies = [i.elapsed_s for i in found.inside if i.elapsed_s > 0]
+    if in_flight is None or not latencies or found.items_per_s <= 0:
+        return found
+    ceiling = in_flight / (sum(latencies) / len(latencies))
+    if found.items_per_s <= ceiling:
+        return found
+    scale = ceiling / found.items_per_s  # as if the window were that much longer: every
+    # figure counted over it (tokens, goodput) shrinks alike and never passes the throughput
+    return replace(
+        found,
+        items_per_s=ceiling,
+        output_tokens_per_s=found.output_tokens_per_s * scale,
+        window_s=found.window_s / scale,
+    )
 
 
 @dataclass(frozen=True)

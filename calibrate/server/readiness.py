@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from calibrate.engines import find
 from calibrate.errors import InputError, RequestError
+from calibrate.gpu.proc import listening_owners
 from calibrate.http.client import OpenAIClient
 from calibrate.io.bounded import read_bounded
 from calibrate.server import exit_status, process
@@ -120,45 +121,7 @@ def wait_port_closed(
 
 # -- ready means ready (SPEC §6): the engine's own socket, one real completion ----------------
 
-LISTEN = "0A"  # a TCP socket's state in /proc/net/tcp: listening
 COMPLETION_TIMEOUT_S = 120.0  # the first completion of a cold engine (kernels compile, warm up)
-
-
-def listening_owners(port: int, proc: Path = Path("/proc")) -> set[int] | None:
-    """The PIDs holding a listening TCP socket on ``port`` (IPv4 or IPv6), read from ``/proc``;
-    None where ``/proc`` cannot tell (no Linux, or no socket table). Processes whose file
-    descriptors cannot be read are left out: an empty set means "not seen", not "nobody"."""
-    inodes: set[str] = set()
-    readable = False
-    for table in ("net/tcp", "net/tcp6"):
-        try:
-            lines = read_bounded(proc / table).decode("ascii", "replace").splitlines()[1:]
-        except (OSError, InputError):
-            continue
-        readable = True
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 9 and fields[3] == LISTEN and fields[1].endswith(f":{port:04X}"):
-                inodes.add(fields[9])
-    if not readable:
-        return None
-    wanted = {f"socket:[{inode}]" for inode in inodes if inode != "0"}
-    owners: set[int] = set()
-    for entry in proc.iterdir() if wanted else ():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fds = list((entry / "fd").iterdir())
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                if os.readlink(fd) in wanted:
-                    owners.add(int(entry.name))
-                    break
-            except OSError:
-                continue
-    return owners
 
 
 def stranger_on_port(port: int, engine_pid: int) -> str | None:

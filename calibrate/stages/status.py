@@ -41,6 +41,21 @@ class TargetStatus:
     context: LedgerEntry | None = None  # the latest ``ladder --axis context``
     tuned: TunedStatus | None = None
 
+    @property
+    def stale(self) -> str:
+        """Which of the calibrated setting and the pinned script is stale, and what to run
+        ("" when they agree, or nothing was pinned)."""
+        pinned = self.pinned.setting if self.pinned else None
+        s = self.setting
+        if pinned is None or s is None or s.set_by == "pin" or pinned == s.setting:
+            return ""
+        return (
+            f"the pinned script ({self.pinned.script if self.pinned else ''}) says batch "
+            f"{pinned.batch_size}, concurrency {pinned.concurrency}; the setting is now batch "
+            f"{s.batch_size}, concurrency {s.concurrency} (from {s.set_by}): it is stale — "
+            f"run {self.next_command}"
+        )
+
     def tuned_text(self) -> str | None:
         """``c03 (parallel=4, ctx_size=2048) at concurrency 4, run …`` for the latest tune."""
         if self.tuned is None or self.tuned.winner is None:
@@ -62,6 +77,7 @@ class TargetStatus:
             "context_ladder": self.context.to_json() if self.context else None,
             "verified_input_tokens": s.verified_input_tokens if s else None,
             "tuned": self.tuned.to_json() if self.tuned else None,
+            "stale": self.stale or None,
             "next": self.next_command,
         }
 

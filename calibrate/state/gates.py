@@ -10,19 +10,20 @@ from __future__ import annotations
 
 from calibrate.config import Config
 from calibrate.state.identity import TargetIdentity, Weights
-from calibrate.state.ledger import Gate, Ledger, baseline_path, current_weights
+from calibrate.state.ledger import Gate, Ledger, LedgerEntry, baseline_path, current_weights
 from calibrate.state.pipeline import (
     MAIN_LINE,
     ROLLBACK_AFTER_DEATH,
     RUN_LINE,
     StageName,
+    Standing,
     builds_on,
     next_after,
     restart_then_verify,
     standing,
     step,
 )
-from calibrate.state.setting import rollback_tier
+from calibrate.state.setting import CalibratedSetting, resolve, rollback_tier
 from calibrate.state.summaries import ladder_summary, pin_summary
 from calibrate.state.weights_gate import setting_gate
 
@@ -97,6 +98,19 @@ def _missing(needed: str, run_first: str, cfg: Config, ledger: Ledger, target: s
     )
 
 
+def _unswept(setting: CalibratedSetting | None) -> bool:
+    """The setting comes from a ladder at a batch size no sweep measured a concurrency for."""
+    return setting is not None and setting.set_by == "ladder" and not setting.measured_concurrency
+
+
+def _pin_stale(now: Standing, pin: LedgerEntry, setting: CalibratedSetting | None) -> bool:
+    """The pinned script holds another setting than the ledger's newer one (SPEC §5.8)."""
+    pinned = pin_summary(pin.summary).setting
+    if setting is None or pinned is None or setting.set_by == "pin":
+        return False
+    return pinned != setting.setting and now.newer(setting.set_by, "pin")
+
+
 def next_step(cfg: Config, ledger: Ledger, target: str) -> str:
     """What to run next for ``target``: ``status``'s "next:" and every stage's hint.
 
@@ -121,8 +135,13 @@ def next_step(cfg: Config, ledger: Ledger, target: str) -> str:
     has_baseline = baseline_path(cfg).exists()
     pin, tune = latest.get("pin"), latest.get("tune")
     tuned = tune is not None and tune.passed and now.newer("tune", "ladder")
+    setting = resolve(ledger, target)
     for stage in MAIN_LINE:
         entry = latest.get(stage)
+        if stage == "sweep" and entry is not None and entry.passed and _unswept(setting):
+            return "calibrate sweep"  # the ladder ran again at another B: its C is not measured
+        if stage == "pin" and pin is not None and pin.passed and _pin_stale(now, pin, setting):
+            return "calibrate pin"  # the launch script says another setting than the ledger
         if stage == "single" and (entry is None or not entry.passed) and has_baseline:
             continue  # a baseline exists: single has done its job
         if stage == "sweep" and entry is None and pin is not None:

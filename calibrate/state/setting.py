@@ -6,7 +6,9 @@ Precedence, written down once: walk the target's ledger lines in order and keep 
 - a passing **tune**: B = its winner's cap, C = the concurrency it did best at, and every engine
   flag the winner ran with (``tuned``: pin writes them all; a pin after a tune keeps them);
 - a passing **ladder**: batch B = its last passing tier, concurrency 1 — raised by a later passing
-  **sweep** that ran at that ladder's batch size to its recommended concurrency.
+  **sweep** that ran at that ladder's batch size to its recommended concurrency, and kept at the
+  concurrency of an earlier passing sweep that ran at the same B on the same workload (a ladder
+  run again that lands where it was does not undo the sweep: one concurrency everywhere).
 A failed or interrupted ladder/sweep never sets anything (its partial tiers are for ``report``).
 A **context-axis** ladder never sets the batch size: the latest passing one only records the
 longest input verified (``verified_input_tokens``), shown by ``status`` and written by ``pin``.
@@ -22,6 +24,7 @@ from calibrate.redact import redact_url
 from calibrate.state.ledger import Ledger, LedgerEntry, is_context_ladder
 from calibrate.state.summaries import (
     LadderSummary,
+    SweepSummary,
     ladder_summary,
     pin_summary,
     rollback_summary,
@@ -49,6 +52,12 @@ class CalibratedSetting:
     context_from: str = ""
     tuned: tuple[tuple[str, str], ...] = ()  # the engine flags of a tune winner (or its pin)
     tuned_by: str = ""  # "tune run <id>" that chose them
+
+    @property
+    def measured_concurrency(self) -> bool:
+        """The concurrency was measured (a sweep, tune, pin or rollback set it), not the
+        ladder's default of 1 with no sweep at its batch size."""
+        return not self.concurrency_from.startswith("default")
 
     @property
     def setting(self) -> Setting:
@@ -87,12 +96,15 @@ def resolve(ledger: Ledger, target: str) -> CalibratedSetting | None:
     found: CalibratedSetting | None = None
     ladder: tuple[LadderSummary, LedgerEntry] | None = None
     context: tuple[LadderSummary, LedgerEntry] | None = None
+    swept: dict[int, tuple[SweepSummary, LedgerEntry]] = {}  # the latest passing sweep per B
     for _, entry in ledger.view().of_target(target):
         if is_context_ladder(entry):
             if _sets(entry) and ladder_summary(entry.summary).context_verified:
                 context = (ladder_summary(entry.summary), entry)
             continue
-        found, ladder = _apply(entry, found, ladder)
+        found, ladder = _apply(entry, found, ladder, swept)
+        if found is not None and found.set_by == "sweep" and found.run_id == entry.run_id:
+            swept[found.batch_size] = (sweep_summary(entry.summary), entry)
     if found is not None and context is not None:
         found = replace(
             found,
@@ -162,26 +174,42 @@ def _sets(entry: LedgerEntry) -> bool:
     return entry.passed and not entry.interrupted
 
 
+def _held(swept: dict[int, tuple[SweepSummary, LedgerEntry]] | None, at: int, w: Workload) -> str:
+    """``sweep run S1 (at batch 4, the same workload)``: the passing sweep whose concurrency
+    still holds at batch ``at`` on workload ``w`` ("" when none does)."""
+    held = (swept or {}).get(at)
+
+    def key(w: Workload) -> tuple[object, ...]:
+        return (w.source, w.tasks, w.pick, w.input_tokens, w.output_tokens, w.shared_prefix)
+
+    if held is None or key(held[0].workload) != key(w) or not held[0].recommended_concurrency:
+        return ""
+    return f"sweep run {held[1].run_id} (at batch {at}, the same workload)"
+
+
 def _apply(
     entry: LedgerEntry,
     found: CalibratedSetting | None,
     ladder: tuple[LadderSummary, LedgerEntry] | None,
+    swept: dict[int, tuple[SweepSummary, LedgerEntry]] | None = None,
 ) -> tuple[CalibratedSetting | None, tuple[LadderSummary, LedgerEntry] | None]:
-    """One step of the walk: the setting after ``entry`` (and the ladder in force)."""
+    """One step of the walk: the setting after ``entry`` (and the ladder in force); ``swept``:
+    the latest passing sweep at each batch size so far."""
     where = f"{entry.stage} run {entry.run_id}"
     if entry.stage == "ladder" and _sets(entry):
         summary = ladder_summary(entry.summary)
         top = summary.last_passing
         if top is None:
             return found, ladder
+        came = _held(swept, top.batch_size, summary.workload)  # a sweep there still holds
         unit = CalibratedSetting(
             top.batch_size,
-            1,
+            (swept or {})[top.batch_size][0].recommended_concurrency or 1 if came else 1,
             "ladder",
             entry.run_id,
             entry.ts,
             where,
-            "default 1 (no sweep has passed at this batch size)",
+            came or "default 1 (no sweep has passed at this batch size)",
             summary.workload,
         )
         return unit, (summary, entry)

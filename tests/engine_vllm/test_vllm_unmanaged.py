@@ -35,7 +35,11 @@ pytestmark = pytest.mark.engine
 CALIBRATE = Path(__file__).resolve().parents[2] / "calibrate"
 # Names calibrate reads only from older vLLM releases, after the current name: absent here by
 # design (each is checked to stand after a name this vLLM publishes).
-OLDER_VLLM = {"vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc"}  # vLLM < 0.10
+OLDER_VLLM = {
+    "vllm:gpu_cache_usage_perc": "vllm:kv_cache_usage_perc",  # vLLM < 0.10
+    "vllm:gpu_prefix_cache_hits_total": "vllm:prefix_cache_hits_total",  # vLLM < 0.9
+    "vllm:gpu_prefix_cache_queries_total": "vllm:prefix_cache_queries_total",
+}
 
 
 def _server_section(served: Served) -> str:
@@ -63,9 +67,14 @@ def test_every_vllm_metric_name_calibrate_reads_is_on_the_real_server(capped: Se
     read = set(re.findall(r"""["'](vllm:[a-z_]+)""", source))
     assert {"vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"} <= read, read
     show(f"\nvllm: names calibrate reads: {sorted(read)}")
+    vllm = engine("vllm")
+    prefix = vllm.prefix_cache
+    assert prefix is not None
+    readers = (vllm.metrics.kv, vllm.metrics.queue, prefix.hits, prefix.queries)
     for older, current in OLDER_VLLM.items():
         assert current in published, current
-        for names in (engine("vllm").metrics.kv, engine("vllm").metrics.queue):
+        assert any(older in names for names in readers), older  # still read, as a fallback
+        for names in readers:
             if older in names:
                 assert names.index(older) > names.index(current), names
     missing = sorted(name for name in read - set(OLDER_VLLM) if name not in published)

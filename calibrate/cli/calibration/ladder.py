@@ -5,9 +5,14 @@ until it has lasted [ladder].min_round_s. Stops on the first failing tier, on an
 exceeded at p99, above the server's own cap, when the server preempts requests (those three are
 not kept), on VRAM pressure at [ladder].vram_limit, or when the time per item (round wall time /
 items) rises by more than [ladder].latency_rise over the previous tier beyond the spread of the
-rounds. The setting is the smallest kept batch within noise of the fastest kept tier, not the
-last; the ladder says which and why. Exit 0 when a tier passed, 1 when even the first failed or
---require-match / --compare failed.
+rounds. The setting is the smallest kept batch the fastest kept tier adds less than
+[sweep].gain_min over, not the last; the ladder says which and why, every percentage over the
+setting and the rounds behind it. Two tiers whose rounds cannot tell that apart run more rounds,
+interleaved (up to [ladder].max_rounds); still unsure, the ladder is inconclusive (exit 1, the
+cause named: a busy machine, a starved client, a jittery server) unless --conservative takes the
+smaller batch, recorded as taken under noise. Exit 0 when a tier passed and the setting is
+known, 1 when even the first failed, the setting is inconclusive, or --require-match /
+--compare failed.
 
 The workload: the fixed prompt (default), --tasks FILE (the longest items), or
 synthetic --input-tokens N --output-tokens M; the fixed prompt is then sent alone once per round,
@@ -69,4 +74,5 @@ def ladder_spec(args: argparse.Namespace, measure: MeasureSpec, cfg: Config) -> 
         context_lengths=workload.context_lengths,
         context_batch=workload.context_batch,
         workers=args.workers,
+        conservative=args.conservative,
     )

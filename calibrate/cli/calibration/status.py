@@ -64,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         out.say(f"tuned engine flags: {tuned}")
     if status.pinned:
         out.say(f"pinned: {status.pinned.script} ({status.pinned.kind})")
+    if status.stale:
+        out.warn(status.stale)
     out.say(f"next: {status.next_command}")
     out.result(status.to_json())
     return 0

@@ -4,11 +4,14 @@ Each level keeps that many requests in flight (a new one as each answer arrives)
 [sweep].level_s seconds and 4×C requests, [sweep].repeats times; throughput is counted over the
 steady window (all C in flight, before the drain) and shown as the median with its range. Each
 level is judged against the best level so far, not only its neighbour: it counts as a gain when
-its median adds at least [sweep].gain_min and its range sits above the best's; when the ranges
-overlap but the medians differ by more than gain_min it runs again (up to [sweep].max_repeats).
-The knee is the smallest level within gain_min of the best; its concurrency is the
-recommendation, said with how sure it is. A level at which calibrate itself was the bottleneck
-is never recommended: if that leaves the best unknown, the sweep is inconclusive (exit 1).
+its median adds at least [sweep].gain_min and the runs' interval puts it above the best; when the
+runs cannot tell, the two run again, interleaved (up to [sweep].max_repeats each). The knee is the
+smallest level within gain_min of the best, never above the server's own cap; its concurrency is
+the recommendation, said with how sure it is and what the rest of the machine did meanwhile. When
+the runs still cannot tell the levels the knee rests on apart (a busy machine, a starved client,
+a jittery server), or calibrate itself was the bottleneck and that leaves the best unknown, the
+sweep is inconclusive (exit 1) and says why and what to do; --conservative takes the smaller
+level instead, recorded as taken under noise.
 Stops at the first failing level. --workers N (or auto) sends each level from N processes that
 split its concurrency or rate, for when calibrate itself is the limit.
 

@@ -11,6 +11,7 @@ resume. The ranked table goes to tiers.csv/jsonl and plot.svg; pin then writes t
 
 example: calibrate tune --grid max_num_seqs=8,16,32 --grid max_num_batched_tokens=4096,8192 \\
            --budget-s 3600
+example: calibrate tune --slo ttft:0.5 tpot:0.05
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from calibrate.errors import UsageError
 from calibrate.gpu.energy import PRICE_HELP, RANK_BY
 from calibrate.io.tasks import pool_for
 from calibrate.stages import tune
+from calibrate.stages.measure.slo import parse_slo_flags
 from calibrate.stages.measure.tier_run import MeasureSpec, preflight
 
 
@@ -67,7 +69,26 @@ def register(subparsers: Any) -> None:
     )
     new_help = "start a new tune run even if an unfinished one with the same grid exists"
     add("--new", action="store_true", help=new_help)
-    add("--stream", action="store_true", help="stream (SSE) and measure TTFT")
+    add(
+        "--stream",
+        action="store_true",
+        help="stream (SSE) and measure TTFT (on by itself with a TTFT or TPOT SLO)",
+    )
+    add(
+        "--slo",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="NAME:S",
+        help="latency SLOs per request over [slo], as the sweep takes them, e.g. --slo ttft:0.5 "
+        "tpot:0.05 e2e:20; goodput counts the requests that met every one",
+    )
+    add(
+        "--conservative",
+        action="store_true",
+        help="when the runs cannot tell the first two candidates apart (noise), take the one "
+        "with the smaller cap instead of exit 1; recorded as taken under noise",
+    )
     add_workload_args(parser, "sweep")
     add(
         "--vram-source",
@@ -103,6 +124,8 @@ def _request(args: argparse.Namespace, cfg: Config) -> tune.TuneRequest:
         workload=workload,
         pool=pool,
         rank_by=args.rank_by,
+        slo=parse_slo_flags(args.slo, cfg.slo) if args.slo else None,
+        conservative=args.conservative,
     )
 
 

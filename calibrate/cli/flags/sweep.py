@@ -123,6 +123,7 @@ def sweep_spec(args: argparse.Namespace, measure: MeasureSpec, cfg: Config) -> S
         seed=args.seed,
         beyond_ladder=args.beyond_ladder,
         workers=args.workers,
+        conservative=args.conservative,
     )
 
 

@@ -172,6 +172,13 @@ def add_tier_args(parser: argparse.ArgumentParser, kind: str) -> None:
     )
     add("--gpu-price-per-hour", type=float, metavar="USD", help=PRICE_HELP)
     add(
+        "--conservative",
+        action="store_true",
+        help="when the machine's noise leaves the verdict inconclusive (exit 1), take the "
+        "conservative answer instead — the smaller setting the runs cannot tell from the best — "
+        "recorded in the ledger as taken under noise",
+    )
+    add(
         "--server-pid",
         metavar="PID",
         type=int,

@@ -86,6 +86,10 @@ class LadderView(TierView[LadderResult, LadderOptions]):
             self.say_first_error()
         elif result.axis == "context":
             out.ok(context_outcome(result.tiers, result.longest_input_tokens, top.batch_size))
+        elif result.inconclusive:
+            out.say(f"last passing tier: batch {top.batch_size} (the ceiling reached)")
+            out.fail(f"ladder {result.inconclusive}")
+            out.say(f"what to do: {result.what_to_do}")
         else:
             why = (
                 "every tier passed"
@@ -93,8 +97,16 @@ class LadderView(TierView[LadderResult, LadderOptions]):
                 else f"stopped by {result.stopped_by}: {result.tiers[-1].reason}"
             )
             chosen = result.setting or top
+            now = done.setting  # the ledger's setting, as status, next: and pin will say it
+            concurrency = f"concurrency {chosen.stats.concurrency}"
+            if now is not None and now.batch_size == chosen.batch_size:
+                concurrency = (
+                    f"concurrency {now.concurrency} (from {now.concurrency_from})"
+                    if now.measured_concurrency
+                    else f"concurrency {now.concurrency} (no sweep at this batch size yet)"
+                )
             setting = (
-                f"setting: batch {chosen.batch_size}, concurrency {chosen.stats.concurrency}"
+                f"setting: batch {chosen.batch_size}, {concurrency}"
                 f"{_goodput(chosen)}{cost_text(chosen.stats)}"
             )
             if chosen.batch_size == top.batch_size:  # one line: the same tier twice says no more
@@ -105,6 +117,8 @@ class LadderView(TierView[LadderResult, LadderOptions]):
                     f"{top.stats.concurrency}{_goodput(top)} ({why})"
                 )
                 out.ok(f"{setting} — {result.setting_reason}")
+        if top is not None and result.axis == "batch" and (noise := result.noise_text):
+            out.say(noise)
         if top is not None and result.incidents:
             bundles = f"{result.incidents} incident bundle(s) in {self.ctx.run.file('incidents')}"
             message = first_error(self.ctx.run.file("incidents"))
@@ -168,6 +182,8 @@ def ladder_junit(
     if found and (chosen := result.setting) is not None and result.axis == "batch":
         suite.properties["setting_batch_size"] = str(chosen.batch_size)
         suite.properties["setting_reason"] = result.setting_reason
+    if result.inconclusive:
+        suite.check("the rounds tell the setting", False, result.inconclusive, kind="inconclusive")
     if result.require_match:
         suite.check(
             "outputs match the single-call baseline",

@@ -60,9 +60,12 @@ class SweepView(TierView[SweepResult, SweepOptions]):
             )
         check_comparison(suite, done.record.comparison)
         if result.inconclusive:
-            suite.check(
-                "calibrate was not the limit", False, result.inconclusive, kind="client_bound"
+            name, kind = (
+                ("the runs tell the knee", "inconclusive")
+                if result.doubt is not None and result.client_limit is None
+                else ("calibrate was not the limit", "client_bound")
             )
+            suite.check(name, False, result.inconclusive, kind=kind)
         return suite
 
     def interrupted(self, done: SweepOutcome) -> Interrupted:
@@ -83,6 +86,8 @@ class SweepView(TierView[SweepResult, SweepOptions]):
         if result.inconclusive:
             out.fail(f"sweep {result.inconclusive}")
             out.say(f"what to do: {result.what_to_do}")
+        elif result.under_noise:
+            out.warn(result.under_noise.text)
         elif result.recommendation:
             out.ok(f"recommended {result.recommendation}{_cost(result)}")
         elif knee is not None and not (result.rate_mode or result.auto or has_slo(options.slo)):
@@ -93,6 +98,8 @@ class SweepView(TierView[SweepResult, SweepOptions]):
                 f"{_cost(result)}"
             )
             out.say(f"how sure: {result.knee_text}")
+            if noise := result.noise_text:
+                out.say(noise)
             repeated = [
                 f"{lv.label} ({len(lv.runs)} runs)"
                 for lv in result.levels

@@ -18,8 +18,9 @@ from calibrate.server.exit_status import ended_words
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.slo import describe
 from calibrate.stages.tune import TuneEnv, TuneFinished, TuneSetup
+from calibrate.stages.tune.outcome import TuneOutcome
 from calibrate.stages.tune.result import CandidateResult
-from calibrate.stages.tune.search import TuneOutcome, schedule
+from calibrate.stages.tune.search import schedule
 
 
 def finished_line(result: CandidateResult) -> str:
@@ -170,8 +171,24 @@ def show_finished(out: Output, finished: TuneFinished) -> None:
             "run the same command again to continue"
         )
     text = winner_text(outcome, setup.ctx.config.sweep.gain_min)
-    if text:
+    doubt = outcome.doubt
+    if outcome.inconclusive and doubt is not None:
+        out.fail(f"tune {outcome.inconclusive}")
+        out.say(f"what to do: {doubt.what_to_do}")
+    elif text:
+        if doubt is not None:
+            out.warn(
+                f"{doubt.conservative}, the conservative answer, taken under noise (--conservative)"
+            )
         out.ok(text)
+    elif outcome.ranked and all(
+        r.served and r.measurement is not None and not r.measurement.errors for r in outcome.ranked
+    ):
+        slo = describe(setup.settings.slo)
+        out.fail(
+            f"tune found no candidate with a level that met the SLOs ({slo}): every level ran "
+            "without errors, but none of its requests within them (see the table)"
+        )
     else:
         out.fail(
             "tune found no candidate that served a passing level (see the table and "

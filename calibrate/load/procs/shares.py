@@ -93,6 +93,24 @@ def merge_loops(runs: Sequence[tuple[LoopRun, float]], started_at: float | None)
         min(stops) if stops else None,
         started_at,
         min(closes) if closes and len(closes) == len(stops) else None,
+        tuple(_part(run, offset, started_at) for run, offset in runs) if len(runs) > 1 else (),
+    )
+
+
+def _part(run: LoopRun, offset: float, started_at: float | None) -> LoopRun:
+    """One process's run on the merged run's clock: its steady window is aligned with the
+    others' (``window.aligned``), never counted as if one process had made every answer."""
+
+    def moved(value: float | None) -> float | None:
+        return None if value is None else value + offset
+
+    return LoopRun(
+        tuple(_shifted(i, offset) for i in run.items),
+        run.total_s + offset,
+        moved(run.full_s),
+        moved(run.stop_s),
+        started_at,
+        moved(run.closed_s),
     )
 
 

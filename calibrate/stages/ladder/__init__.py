@@ -39,12 +39,13 @@ def run(spec: LadderSpec, env: LadderEnv) -> LadderOutcome:
         LadderOptions.from_config(ctx.config, require_match=spec.require_match),
         streaming=spec.streaming,
         slo=spec.slo if spec.slo is not None else ctx.config.slo,
+        conservative=spec.conservative or ctx.config.confidence.conservative,
     )
     with load_lock(ctx), watched(spec.measure, ctx, env.watcher) as watch:
         ladder = _ladder(spec, env, options, watch)
 
         def tiers(on_tier: Callable[[Tier], None]) -> LadderResult:
-            ladder.on_tier = on_tier
+            ladder.on_tier, ladder.note = on_tier, env.watcher.say
             return ladder.run()
 
         try:
@@ -111,6 +112,8 @@ def _ladder(spec: LadderSpec, env: LadderEnv, options: LadderOptions, watch: Mea
         plan=plan,
         cap=cap,
         before_tier=restart or (lambda batch: False),
+        selfload=watch.selfload,
+        noise=watch.noise,
     )
     watcher.planned(options, plan.spec, cap)
     return ladder

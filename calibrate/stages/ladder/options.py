@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.config import Config, LadderMode, SloConfig
 from calibrate.stages.prepare.stream_probe import StreamCheck
 from calibrate.workload import Axis
@@ -30,6 +31,8 @@ class LadderOptions:
     gain_min: float = 0.10  # the setting: the smallest B within this much of the fastest tier
     max_rounds: int = 0  # rounds a tier may run when its rounds disagree (0: ``rounds``)
     determinism_copies: int = 0  # [determinism] copies of the fixed prompt per tier (0: off)
+    confidence: float = DEFAULT_LEVEL  # [confidence] level: the setting's intervals
+    conservative: bool = False  # --conservative: the smaller batch when noise leaves doubt
 
     @property
     def round_bound(self) -> int:
@@ -60,8 +63,9 @@ class LadderOptions:
             warmup_waves=c.warmup_waves,
             slo=cfg.slo,
             gain_min=cfg.sweep.gain_min,
-            max_rounds=2 * c.rounds,
+            max_rounds=c.max_rounds or 2 * c.rounds,
             determinism_copies=cfg.determinism.copies,
+            confidence=cfg.confidence.level,
         )
 
     def on_context_axis(self, lengths: Sequence[int], batch: int) -> LadderOptions:

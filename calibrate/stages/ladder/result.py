@@ -5,17 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.config import SloConfig
-from calibrate.stages.measure.slo import describe, has_slo
-from calibrate.stages.measure.stop_rules import (
-    ServerCap,
-    last_passing,
+from calibrate.gpu.noise import combined
+from calibrate.stages.ladder.setting import (
+    SettingDoubt,
+    setting_doubt,
     setting_reason,
     setting_tier,
 )
+from calibrate.stages.measure.slo import describe, has_slo
+from calibrate.stages.measure.stop_rules import ServerCap, last_passing
 from calibrate.stages.measure.tiers import StopReason, Tier
 from calibrate.stages.prepare.stream_probe import StreamCheck, stream_details
 from calibrate.stages.server_account import stopping_cap
+from calibrate.stages.verdict.doubt import CONSERVATIVE_FLAG, UnderNoise
 from calibrate.state.summaries import LadderSummary
 from calibrate.state.summary_values import Setting, Workload
 from calibrate.workload import Axis
@@ -54,6 +58,8 @@ class LadderResult:
     stream_check: StreamCheck | None = None  # what the stream probe found (None: not probed)
     slo: SloConfig = field(default_factory=SloConfig)
     gain_min: float = 0.10
+    confidence: float = DEFAULT_LEVEL  # [confidence] level: the setting's intervals
+    conservative: bool = False  # --conservative: the smaller batch when noise leaves doubt
     cap: ServerCap | None = None  # the server's reported cap (or a managed start's cap flag)
 
     @property
@@ -62,17 +68,81 @@ class LadderResult:
         return last_passing(self.tiers)
 
     @property
+    def doubt(self) -> SettingDoubt | None:
+        """What leaves the setting unknown on the batch axis (SPEC §5.14; None: nothing)."""
+        if self.axis != "batch":
+            return None
+        return setting_doubt(self.tiers, self.gain_min, self.confidence)
+
+    @property
+    def inconclusive(self) -> str:
+        """``inconclusive: …`` when noise or a starved client leaves the setting unknown and
+        ``--conservative`` did not take the smaller batch (else "")."""
+        doubt = self.doubt
+        return "" if doubt is None or (self.conservative and doubt.takeable) else doubt.text
+
+    @property
+    def under_noise(self) -> UnderNoise | None:
+        """``--conservative`` took the smaller batch the rounds could not tell from the best."""
+        doubt = self.doubt
+        if doubt is None or doubt.noise is None or not self.conservative:
+            return None
+        return UnderNoise(doubt.noise)
+
+    @property
+    def what_to_do(self) -> str:
+        doubt = self.doubt
+        if doubt is None:
+            return ""
+        if doubt.noise is not None:
+            return doubt.noise.what_to_do
+        return (
+            "send from more processes with --workers N, or run calibrate from a faster client "
+            "machine; or step only the batch sizes below it ([ladder] batch_sizes)"
+        )
+
+    @property
     def setting(self) -> Tier | None:
         """The calibrated tier (SPEC §5.3): the smallest B within noise of the fastest kept
-        tier on the batch axis; the longest passing input on the context axis."""
+        tier on the batch axis (None when that is inconclusive); the longest passing input on
+        the context axis."""
         if self.axis == "context":
             return self.last_passing
-        return setting_tier(self.tiers, self.gain_min)
+        if self.inconclusive:
+            return None
+        return setting_tier(
+            self.tiers, self.gain_min, self.confidence, conservative=bool(self.under_noise)
+        )
 
     @property
     def setting_reason(self) -> str:
         """Which tier is the setting and why, in one line (empty on the context axis)."""
-        return setting_reason(self.tiers, self.gain_min) if self.axis == "batch" else ""
+        if self.axis != "batch":
+            return ""
+        conservative = bool(self.under_noise)
+        reason = setting_reason(
+            self.tiers, self.gain_min, self.confidence, conservative=conservative
+        )
+        return f"{self.taken}; {reason}" if self.taken else reason
+
+    @property
+    def taken(self) -> str:
+        """What ``--conservative`` took, and why it had to ("" when nothing was in doubt)."""
+        doubt = self.doubt
+        if doubt is None or not self.conservative or not doubt.takeable:
+            return ""
+        if self.under_noise is not None:
+            return self.under_noise.text
+        chosen = self.setting
+        where = f"batch {chosen.batch_size}, " if chosen else ""
+        why = doubt.starved.removeprefix("inconclusive: ")
+        return f"{where}the conservative answer, taken ({CONSERVATIVE_FLAG}): {why}"
+
+    @property
+    def noise_text(self) -> str:
+        """What the rest of the machine did during the ladder, in one line ("" unmeasured)."""
+        noise = combined(t.stats.noise for t in self.tiers)
+        return noise.said("the ladder") if noise is not None else ""
 
     @property
     def match_failed(self) -> bool:
@@ -80,6 +150,8 @@ class LadderResult:
 
     @property
     def passed(self) -> bool:
+        if self.inconclusive:
+            return False
         return self.last_passing is not None and not self.match_failed
 
     @property
@@ -132,6 +204,11 @@ class LadderResult:
         if top is not None and self.axis == "batch":
             details["setting_reason"] = self.setting_reason
             details["highest_kept"] = ceiling.batch_size if ceiling else None
+        details["inconclusive"] = self.inconclusive or None
+        details["under_noise"] = self.under_noise.to_json() if self.under_noise else None
+        details["taken_under_noise"] = self.taken or None
+        noise = combined(t.stats.noise for t in self.tiers)
+        details["noise"] = {**noise.to_json(), "causes": noise.causes()} if noise else None
         return LadderSummary(
             Setting(top.batch_size, top.stats.concurrency) if top else None,
             self.stopped_by,

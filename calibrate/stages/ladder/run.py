@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from calibrate.gpu.engine_metrics import Gauge, read_preemptions
+from calibrate.gpu.noise import NoiseMeter, combined
+from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor, WindowPeak
 from calibrate.load.items import ItemResult
 from calibrate.load.sender import Sender
@@ -15,6 +17,7 @@ from calibrate.stages.determinism import DeterminismCheck
 from calibrate.stages.determinism.wave import CopiesWave, send_copies
 from calibrate.stages.ladder.context_axis import axis_stopped_by, next_length, relabel
 from calibrate.stages.ladder.options import LadderOptions
+from calibrate.stages.ladder.repeats import TierRaw, TierRepeats
 from calibrate.stages.ladder.result import LadderResult, WarmUp
 from calibrate.stages.ladder.rounds import TierRounds
 from calibrate.stages.measure.incidents import IncidentRecorder
@@ -39,7 +42,7 @@ log = logging.getLogger("calibrate")
 
 
 @dataclass
-class Ladder(TierRounds):
+class Ladder(TierRounds, TierRepeats):
     """One ladder run; ``history`` grows as tiers finish (kept if interrupted)."""
 
     ctx: StageContext
@@ -48,6 +51,7 @@ class Ladder(TierRounds):
     incidents: IncidentRecorder
     sender: Sender
     on_tier: Callable[[Tier], None] = lambda tier: None
+    note: Callable[[str], None] = lambda text: None  # a line for the user, as the ladder goes
     history: list[Tier] = field(default_factory=list)
     warmup: WarmUp | None = None
     plan: WorkloadPlan = field(default_factory=lambda: WorkloadPlan(WorkloadSpec(), ""))
@@ -58,6 +62,9 @@ class Ladder(TierRounds):
     preemptions: Callable[[], Gauge | None] | None = None
     # before each tier: e.g. restart a managed llama.cpp at --parallel B; True: it restarted
     before_tier: Callable[[int], bool] = lambda batch: False
+    selfload: SelfLoadMonitor | None = None  # calibrate's own load: a client-bound tier is marked
+    noise: NoiseMeter | None = None  # the machine's own noise per round (SPEC §5.14)
+    raw: dict[int, TierRaw] = field(default_factory=dict)  # each tier's items and VRAM windows
 
     def baseline_text(self) -> str | None:
         path = baseline_path(self.ctx.config)
@@ -75,10 +82,14 @@ class Ladder(TierRounds):
             self.before_tier(opts.batch_sizes[0])  # warm the server the first tier runs on
             self.warmup = self.warm_up(opts.batch_sizes[0])
         while (batch := self.next_batch()) is not None:
+            mark = self.selfload.mark() if self.selfload is not None else 0
             tier = self.run_tier(batch, self.baseline)
+            if self.selfload is not None:
+                tier = replace(tier, client_bound=self.selfload.bound_since(mark))
             self.history.append(tier)
             self.ctx.run.append("tiers.jsonl", tier.to_json())
             self.on_tier(tier)
+        self.settle()
         return self.result()
 
     def next_batch(self) -> int | None:
@@ -108,6 +119,8 @@ class Ladder(TierRounds):
             self.options.stream_check,
             self.options.slo,
             self.options.gain_min,
+            self.options.confidence,
+            self.options.conservative,
             self.cap,
         )
 
@@ -179,8 +192,10 @@ class Ladder(TierRounds):
         peaks: list[WindowPeak] = []
         while True:
             round_no = len(rounds) + 1
+            mark = self.noise_mark()
             items, seconds, waves, peak = self.run_round(batch, round_no)
             stats = self.measured(batch, round_no, items, seconds, [peak], baseline, waves)
+            stats = self.with_noise(stats, mark)
             record_round(self.ctx, stats, self.monitor.source)
             rounds.append(stats)
             items_all += items
@@ -197,6 +212,7 @@ class Ladder(TierRounds):
                 break
             log.info("batch %d: its rounds disagree on the time per item; one more round", batch)
         agg = self.aggregate(batch, rounds, items_all, peaks, baseline)
+        self.raw[batch] = TierRaw(items_all, peaks)
         after = self.preemption_counter()
         if before is not None and after is not None:
             agg = replace(
@@ -256,7 +272,8 @@ class Ladder(TierRounds):
     ) -> Stats:
         """A tier's stats over its rounds so far."""
         total_s, waves = sum(r.total_s for r in rounds), sum(r.waves or 0 for r in rounds)
-        return self.measured(batch, None, items, total_s, peaks, baseline, waves)
+        stats = self.measured(batch, None, items, total_s, peaks, baseline, waves)
+        return replace(stats, noise=combined(r.noise for r in rounds))
 
     def measured(
         self,

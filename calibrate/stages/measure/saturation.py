@@ -29,6 +29,7 @@ class RateJudgement:
     client_late: str = (
         ""  # why this process, not the server, fell short of the rate ("" = it did not)
     )
+    split: tuple[int, int] = (0, 1)  # a level's (runs that saturated, runs): mixed is unsure
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -1,4 +1,7 @@
-"""The stop rules as pure functions of the history (SPEC §5.3, §5.6): no I/O, no clock."""
+"""The stop rules as pure functions of the history (SPEC §5.3, §5.6): no I/O, no clock.
+
+A sweep level as the knee rule sees it is ``verdict.knee.Point``; the ladder's setting among its
+kept tiers is ``stages.ladder.setting``."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from typing import Any, Literal
 from calibrate.config import SloConfig
 from calibrate.stages.measure.slo import p99_breaches
 from calibrate.stages.measure.tiers import Stats, StopReason, Tier, Verdict
+from calibrate.stages.verdict.knee import Point
 
 LatencySeen = Literal["rise", "unsure", "flat"]
 
@@ -154,87 +158,6 @@ def last_passing(history: Sequence[Tier]) -> Tier | None:
     return passing[-1] if passing else None
 
 
-def throughput_span(tier: Tier) -> tuple[float, float]:
-    """A tier's slowest and fastest round in items/s (its aggregate alone without rounds)."""
-    values = [r.items_per_s for r in tier.rounds] or [tier.stats.items_per_s]
-    return min(values), max(values)
-
-
-def within_noise(tier: Tier, best: Tier, gain_min: float) -> bool:
-    """``tier``'s throughput cannot be told from ``best``'s: their ranges overlap, or it is
-    less than ``gain_min`` below."""
-    if throughput_span(tier)[1] >= throughput_span(best)[0]:
-        return True
-    return tier.stats.items_per_s >= best.stats.items_per_s * (1 - gain_min)
-
-
-def setting_tier(history: Sequence[Tier], gain_min: float) -> Tier | None:
-    """The calibrated batch size (SPEC §5.3 "the setting is the best kept tier"): of the kept
-    tiers, the smallest B whose throughput is within noise of the fastest kept tier's."""
-    kept = sorted((t for t in history if t.passed), key=lambda t: t.batch_size)
-    if not kept:
-        return None
-    best = max(kept, key=lambda t: t.stats.items_per_s)
-    return next(t for t in kept if within_noise(t, best, gain_min))
-
-
-def _rate(tier: Tier) -> str:
-    return f"{tier.stats.items_per_s:.3g} items/s"
-
-
-def _full(tier: Tier) -> str:
-    """Why a kept tier above the setting is worse besides its speed (its memory, its latency)."""
-    s = tier.stats
-    if tier.verdict == "stop: vram" and s.pressure is not None:
-        if s.peak_kv_usage is not None and s.peak_kv_usage >= s.pressure:
-            return f", and its KV cache was full ({s.peak_kv_usage:.0%})"
-        return f", and its VRAM pressure reached {s.pressure:.0%}"
-    if tier.verdict == "stop: latency":
-        return ", and each item cost more there (stop: latency)"
-    return ""
-
-
-def _not_kept(tier: Tier) -> str:
-    s = tier.stats
-    if tier.verdict == "stop: preempt" and s.preemptions:
-        return f"the server preempted {s.preemptions} requests there ({s.preemption_metric})"
-    if tier.verdict == "stop: cap":
-        return "above the server's own cap"
-    if tier.verdict == "stop: slo":
-        return "over an SLO"
-    return f"it failed ({s.kinds_text})" if s.errors else tier.verdict
-
-
-def setting_reason(history: Sequence[Tier], gain_min: float) -> str:
-    """Which tier the setting is and why, in one line, e.g. ``batch 4: 15.9 items/s; batch 8
-    kept but 12 % slower, and its KV cache was full``. Empty when no tier was kept."""
-    chosen = setting_tier(history, gain_min)
-    if chosen is None:
-        return ""
-    kept = [t for t in history if t.passed]
-    best = max(kept, key=lambda t: t.stats.items_per_s)
-    parts = [f"batch {chosen.batch_size}: {_rate(chosen)}"]
-    if best is chosen and len(kept) > 1:
-        parts[0] += ", the fastest kept tier"
-    for tier in history:
-        if tier.batch_size <= chosen.batch_size:
-            continue
-        where = f"batch {tier.batch_size}"
-        if not tier.passed:
-            parts.append(f"{where} not kept: {_not_kept(tier)}")
-            continue
-        base = chosen.stats.items_per_s
-        change = tier.stats.items_per_s / base - 1 if base > 0 else 0.0
-        if change > 0:
-            parts.append(
-                f"{where} {change:.0%} faster ({_rate(tier)}) but within noise"
-                f"{_full(tier)}: the smaller batch is the setting"
-            )
-        else:
-            parts.append(f"{where} kept but {-change:.0%} slower{_full(tier)}")
-    return "; ".join(parts).replace("%", " %")
-
-
 def stopped_by(history: Sequence[Tier], batch_sizes: Sequence[int]) -> StopReason:
     if not history:
         return "interrupted"
@@ -267,24 +190,6 @@ def mismatch_notes(history: Sequence[Tier]) -> list[str]:
                 f"{s.baseline_items - s.baseline_match} differ: this server is not batch-invariant"
             )
     return notes
-
-
-@dataclass(frozen=True)
-class Point:
-    """One sweep level as the knee rule sees it: the median throughput of its runs, and their
-    lowest and highest (None when it ran once: no range)."""
-
-    concurrency: int
-    items_per_s: float
-    errors: int
-    low: float | None = None
-    high: float | None = None
-    runs: tuple[float, ...] = ()  # each run's throughput (the knee's interval test reads them)
-
-    @property
-    def span(self) -> tuple[float, float]:
-        low = self.items_per_s if self.low is None else self.low
-        return low, self.items_per_s if self.high is None else self.high
 
 
 def continue_sweep(points: Sequence[Point]) -> bool:

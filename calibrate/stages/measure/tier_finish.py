@@ -27,6 +27,7 @@ from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.server_account import row_queue_note
 from calibrate.state.gates import next_step
 from calibrate.state.ledger import LedgerEntry
+from calibrate.state.setting import CalibratedSetting, resolve
 from calibrate.state.summaries import TierChecks, TierSummary
 
 Row = Mapping[str, Any]
@@ -58,6 +59,7 @@ class TierOutcome(Generic[Found, Opts]):
     determinism: Determinism | None = None
     next_step: str | None = None  # what to run next (after a pass)
     interrupted: bool = False
+    setting: CalibratedSetting | None = None  # the calibrated setting now (after a pass)
 
     @property
     def passed(self) -> bool:
@@ -106,7 +108,8 @@ def finish_tiers(
     if interrupted:
         return replace(outcome, interrupted=True)
     hint = next_step(ctx.config, ctx.ledger, ctx.target) if entry.passed else None
-    return replace(outcome, determinism=write_determinism(ctx, checks), next_step=hint)
+    now = resolve(ctx.ledger, ctx.target) if entry.passed else None
+    return replace(outcome, determinism=write_determinism(ctx, checks), next_step=hint, setting=now)
 
 
 def queue_notes(rows: Sequence[Row]) -> list[str]:

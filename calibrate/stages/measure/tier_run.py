@@ -12,16 +12,19 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 from calibrate.config import LadderMode, SloConfig
 from calibrate.errors import UsageError
 from calibrate.gpu.energy import check_price
+from calibrate.gpu.noise import LinuxProc, NoiseMeter, server_cpu
 from calibrate.gpu.nvml import NvmlSampler
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.sources import MetricsEndpoint, SourceChoice, energy_reader, open_sources
 from calibrate.gpu.vram import VramMonitor
 from calibrate.io.tasks import TaskPool
 from calibrate.redact import redact_url
+from calibrate.server import process
 from calibrate.server.devices import managed_server_devices
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import kept_on_write_error
@@ -35,6 +38,7 @@ Step = TypeVar("Step", contravariant=True)  # what finishes one at a time (a Tie
 Cap = TypeVar("Cap", contravariant=True)  # the server's own cap, as the stage reads it
 Found = TypeVar("Found")
 W = TypeVar("W")
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")  # a server there runs on this machine
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,7 @@ class TierSpec:
     streaming: bool = True  # False: --no-stream
     slo: SloConfig | None = None  # --slo NAME:S … over [slo], parsed; None: [slo] as it is
     workers: int | None = 1  # --workers: processes that send the load (None: auto; 1: this one)
+    conservative: bool = False  # --conservative: take the smaller setting when noise leaves doubt
 
 
 def preflight(spec: MeasureSpec) -> None:
@@ -131,11 +136,39 @@ def start_monitor(
 
 @dataclass(frozen=True)
 class Measuring:
-    """What watches a ladder or sweep while it runs: VRAM, calibrate's own load, incidents."""
+    """What watches a ladder or sweep while it runs: VRAM, calibrate's own load, incidents,
+    and the rest of the machine (SPEC §5.14)."""
 
     monitor: VramMonitor
     selfload: SelfLoadMonitor
     incidents: IncidentRecorder
+    noise: NoiseMeter | None = None
+
+
+def server_finder(
+    spec: MeasureSpec, ctx: StageContext, reader: LinuxProc
+) -> Callable[[], list[int]]:
+    """The server's processes on this machine, asked for again each time: the one calibrate
+    manages, ``--server-pid``, or whatever listens on the target's port of this machine."""
+    target = urlsplit(ctx.config.target.base_url)
+    local = (target.hostname or "") in LOOPBACK
+    port = target.port or (443 if target.scheme == "https" else 80)
+    runs_dir = ctx.config.runs_dir
+
+    listeners: list[int] = []  # found once, looked for again only when they are gone
+
+    def server_pids() -> list[int]:
+        found = [spec.server_pid] if spec.server_pid else []
+        record = process.load(runs_dir)
+        if record is not None and process.liveness(record) == "running":
+            found.append(record.pid)
+        if found or not local:
+            return found
+        if not listeners or not all((reader.root / str(pid)).exists() for pid in listeners):
+            listeners[:] = reader.listening(port)
+        return list(listeners)
+
+    return server_pids
 
 
 @contextmanager
@@ -143,7 +176,10 @@ def measuring(spec: MeasureSpec, ctx: StageContext) -> Iterator[Measuring]:
     """Start the samplers for the run; stop them and close the client however it ends."""
     devices = spec.devices(ctx.config.runs_dir)  # the managed server's own: read once
     monitor = start_monitor(spec, ctx, devices)
-    selfload = SelfLoadMonitor().start()
+    reader = LinuxProc()
+    server_pids = server_finder(spec, ctx, reader)
+    selfload = SelfLoadMonitor(server_cpu=server_cpu(reader, server_pids)).start()
+    noise = NoiseMeter(reader, server_pids=server_pids, lag=(selfload.mark, selfload.lag_since))
     incidents = IncidentRecorder(
         ctx.run,
         ctx.client.redacted_headers(),
@@ -153,7 +189,7 @@ def measuring(spec: MeasureSpec, ctx: StageContext) -> Iterator[Measuring]:
         devices=devices,
     )
     try:
-        yield Measuring(monitor, selfload, incidents)
+        yield Measuring(monitor, selfload, incidents, noise)
     finally:
         monitor.stop()
         selfload.stop()

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from calibrate.gpu.energy import ENERGY_COLUMNS, energy_fields
+from calibrate.gpu.noise import MachineNoise
 from calibrate.gpu.reading import DeviceMemory
 from calibrate.gpu.vram import RunningPeak, WindowPeak, device_peaks
 from calibrate.load.items import ItemResult, percentile
@@ -108,9 +109,12 @@ class Stats:
     joules_per_output_token: float | None = None
     usd_per_1m_output_tokens: float | None = None
     energy_source: str | None = None  # "nvml total energy", "dcgm power (integrated)", …
+    noise: MachineNoise | None = None  # SPEC §5.14: what the rest of the machine did meanwhile
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
+        del out["noise"]
+        out.update(self.noise.to_json() if self.noise else {})
         for key in (*ENERGY_COLUMNS, "energy_source"):
             if out[key] is None:  # not measured: no column, never a zero
                 del out[key]
@@ -251,6 +255,7 @@ class Tier:
     reason: str
     rounds_planned: int
     determinism: DeterminismCheck | None = None  # [determinism] copies, after the rounds
+    client_bound: str = ""  # why calibrate itself was the bottleneck during it ("": it was not)
 
     @property
     def batch_size(self) -> int:
@@ -269,6 +274,7 @@ class Tier:
             "rounds": len(self.rounds),
             "verdict": self.verdict,
             "reason": self.reason,
+            "client_bound": self.client_bound or None,
             **(self.determinism.to_json() if self.determinism else {}),
         }
 

@@ -106,6 +106,7 @@ def _sweep(spec: SweepSpec, env: SweepEnv, options: SweepOptions, watch: Measuri
         cap,
         plan=plan,
         selfload=watch.selfload,
+        noise=watch.noise,
     )
     watcher.planned(options, plan.spec, cap)
     return sweep

@@ -26,75 +26,21 @@ bound (SPEC §13: "a step that breaks the SLO by more than 2×").
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from calibrate.config import SloConfig
-from calibrate.stages.measure.slo import SloName, bounds_of, p99_of
-from calibrate.stages.measure.tiers import Stats
+from calibrate.stages.measure.slo import SloName, bounds_of
+from calibrate.stages.verdict.probe import PROBE_RULE, Probe, judge_probe
+
+__all__ = ["PROBE_RULE", "Probe", "judge_probe"]
 
 TOP = 1024  # the search's upper end (SPEC §13: [1, 1024])
 FACTOR = 8  # the exponential probe's step
 PRECISION = 0.05  # the bisection stops at a gap of 5 % of the last passing level (or 1)
 CLIFF_OVER = 2.0  # a failing level over twice its SLO is a cliff
 Over = Literal["concurrency", "rates"]  # what the search steps: requests in flight, or req/s
-PROBE_RULE = (
-    "a probe passes when none of its requests failed and the median over its runs of each "
-    "run's p99 meets every SLO"
-)
-
-
-@dataclass(frozen=True)
-class Probe:
-    """One probed level as the search sees it: passed, and each SLO's median p99 over its runs
-    (None: not measured)."""
-
-    level: float  # a concurrency (an int), or an offered rate in req/s
-    passed: bool
-    p99_s: tuple[tuple[SloName, float | None], ...] = ()
-    runs: int = 1
-    errors: int = 0
-    why: str = ""  # why it failed, in words ("" when it passed)
-    missed: bool = False  # an SLO was missed (a rate probe may fail only by saturating)
-
-    def p99(self, name: SloName) -> float | None:
-        return dict(self.p99_s).get(name)
-
-
-def judge_probe(level: float, runs: Sequence[Stats], slo: SloConfig) -> Probe:
-    """A level's runs under the probe rule (see the module's doc)."""
-    errors = sum(r.errors for r in runs)
-    medians: list[tuple[SloName, float | None]] = []
-    over: list[str] = []
-    for name, bound in bounds_of(slo).items():
-        values = [_measured(r, name) for r in runs]
-        median = statistics.median(values) if values else math.inf
-        medians.append((name, median if math.isfinite(median) else None))
-        if not math.isfinite(median):
-            over.append(f"{name} p99 not measured (answers not streamed)")
-        elif median > bound:
-            over.append(f"{name} p99 {median:.3g} s is over the SLO {bound:g} s")
-    if errors:
-        total = sum(r.items for r in runs)
-        why = f"{errors} of {total} requests failed ({_kinds(runs)})"
-    else:
-        why = "; ".join(over)
-    if why and len(runs) > 1 and not errors:
-        why += f" (median of {len(runs)} runs)"
-    return Probe(level, not why, tuple(medians), len(runs), errors, why, bool(over))
-
-
-def _measured(run: Stats, name: SloName) -> float:
-    """The run's p99 of ``name``; infinite when it has answers but no such measure (a miss),
-    or no answers at all."""
-    value = p99_of(run, name)
-    return math.inf if value is None else value
-
-
-def _kinds(runs: Sequence[Stats]) -> str:
-    return ", ".join(k for k in (r.kinds_text for r in runs) if k) or "errors"
 
 
 def bracket(history: Sequence[Probe]) -> tuple[float | None, float | None]:
@@ -194,6 +140,10 @@ class FindMax:
     over: Over = "concurrency"
     bottom: float = 1
     start: str = ""  # rates: where the bottom came from ("the synchronous rate", "--rates 1:64")
+    unsure: tuple[Probe, ...] = ()  # boundary probes whose runs still fall on both sides
+    surely_below: float | None = (
+        None  # the highest probe below the boundary none of whose runs missed
+    )
 
     @property
     def probes(self) -> int:
@@ -244,6 +194,7 @@ class FindMax:
             "rule": PROBE_RULE,
             "over": self.over,
             "bottom": self.bottom,
+            "unsure": [p.level for p in self.unsure],
             **(rates if self.over == "rates" else {}),
         }
 
@@ -265,6 +216,12 @@ def find_max(
     cliff = None
     if failed is not None and not failed.errors:
         cliff = _cliff(passed, failed, slo)
+    unsure = tuple(p for p in (passed, failed) if p is not None and p.straddles)
+    clean = [
+        p.level
+        for p in history
+        if p.passed and not p.over_runs and (first_failing is None or p.level < first_failing)
+    ]
     return FindMax(
         last_passing,
         first_failing,
@@ -275,6 +232,8 @@ def find_max(
         over,
         bottom,
         start,
+        unsure,
+        max(clean, default=None),
     )
 
 

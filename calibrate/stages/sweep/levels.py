@@ -14,15 +14,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from calibrate.config import SloConfig
+from calibrate.gpu.noise import combined
 from calibrate.load.arrivals import rate_text, rate_value
 from calibrate.load.keepalive_stall import Stall
 from calibrate.load.window import spread
 from calibrate.stages.determinism import DeterminismCheck
 from calibrate.stages.measure.saturation import RateJudgement
-from calibrate.stages.measure.stop_rules import Point
+from calibrate.stages.measure.slo import binding_slo, p99_breaches
 from calibrate.stages.measure.tiers import Stats, energy_short
 from calibrate.stages.sweep.find_max import FindMax
-from calibrate.stages.sweep.knee import judged_range
+from calibrate.stages.verdict.knee import Point
+from calibrate.stages.verdict.separation import judged_range
 
 LevelVerdict = Literal["pass", "fail", "stop: slo"]  # stop: slo — a find-max probe over an SLO
 AutoRole = Literal["synchronous", "rate", "maximum"]
@@ -87,7 +90,7 @@ class Level:
     @property
     def point(self) -> Point:
         """As the knee rule sees it: a level run once has no range, one run 5+ times is judged
-        on its middle runs (``sweep_knee.judged_range``)."""
+        on its middle runs (``verdict.separation.judged_range``)."""
         span = judged_range([r.items_per_s for r in self.runs])
         return Point(
             self.concurrency,
@@ -96,6 +99,20 @@ class Level:
             span[0] if span else None,
             span[1] if span else None,
             tuple(r.items_per_s for r in self.runs),
+        )
+
+    @property
+    def goodput_point(self) -> Point:
+        """As the knee rule sees it with SLOs: each run's goodput (requests/s within them)."""
+        good = [r.goodput_per_s or 0.0 for r in self.runs]
+        span = judged_range(good)
+        return Point(
+            self.concurrency,
+            self.stats.goodput_per_s or 0.0,
+            self.stats.errors,
+            span[0] if span else None,
+            span[1] if span else None,
+            tuple(good),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -167,7 +184,26 @@ def level_stats(whole: Stats, runs: Sequence[Stats]) -> Stats:
         output_tokens_per_s=spread([r.output_tokens_per_s for r in runs]).median,
         goodput_per_s=spread(good).median if good else None,
         slo_met=sum(r.slo_met or 0 for r in runs) if good else None,
+        noise=combined(r.noise for r in runs),
     )
+
+
+def bounded(levels: Sequence[Level], top: Level, slo: SloConfig) -> str:
+    """What kept the recommendation from the next level up, as that level's row shows it:
+    an SLO it broke, saturation, errors — or no more goodput (the knee of goodput)."""
+    at = levels.index(top)
+    after = levels[at + 1] if at + 1 < len(levels) else None
+    if after is None:
+        nearest = binding_slo(top.stats, slo)
+        return f"the last level tried (nearest its bound: {nearest})"
+    if after.saturated and after.rate is not None:
+        return f"{after.label} saturated ({after.rate.why})"
+    if after.stats.errors:
+        return f"{after.label} failed ({after.stats.kinds_text})"
+    if broke := p99_breaches(after.stats, slo):
+        bound = binding_slo(after.stats, slo)
+        return f"bounded by {bound} ({after.label}: {'; '.join(broke)})"
+    return f"{after.label} adds no goodput that counts"
 
 
 def probed_level(levels: Sequence[Level], fm: FindMax, at: float | None) -> Level | None:
@@ -206,10 +242,12 @@ class ClientLimit:
 
     @property
     def client_limit(self) -> Level | None:
-        """The level from which on calibrate itself was the bottleneck at every level (a
-        client-bound level with a clean one above it was a passing hiccup, not the limit)."""
+        """The level from which on calibrate itself was the bottleneck at every level (a client-
+        bound level with a clean one above it, not over the server's cap, was a hiccup)."""
         limit: Level | None = None
         for lv in self.levels:
+            if lv.capped and not lv.client_bound:
+                continue
             limit = (limit or lv) if lv.client_bound else None
         return limit
 
@@ -220,6 +258,17 @@ class ClientLimit:
         limit = self.client_limit
         below = self.levels if limit is None else self.levels[: self.levels.index(limit)]
         return tuple(lv for lv in below if not lv.client_bound)
+
+    def _named_limit(self) -> float | None:
+        """The concurrency an inconclusive find-max names as client-bound (None: another mode)."""
+        fm = self.find_max
+        if fm is None or fm.over == "rates":
+            return None
+        for at in (fm.last_passing, fm.first_failing):
+            level = probed_level(self.levels, fm, at)
+            if level is not None and level.client_bound:
+                return at
+        return None
 
     def _find_max_inconclusive(self) -> str:
         """A boundary is only as good as its two sides: when calibrate itself was the bottleneck
@@ -238,9 +287,14 @@ class ClientLimit:
         return ""
 
     @property
-    def what_to_do(self) -> str:
-        """For an inconclusive sweep: a faster client, or (when some levels were measured
+    def client_what_to_do(self) -> str:
+        """For a sweep the client limited: a faster client, or (when some levels were measured
         cleanly) the levels below the limit to run again."""
-        below = [lv.concurrency for lv in self.measurable if lv.rate is None and not lv.auto]
+        limit = self._named_limit()
+        below = [
+            lv.concurrency
+            for lv in self.measurable
+            if lv.rate is None and not lv.auto and (limit is None or lv.concurrency < limit)
+        ]
         again = f"; or sweep only below the limit: --concurrency {','.join(map(str, below))}"
         return CLIENT_LIMIT_HINT + (again if below else "")

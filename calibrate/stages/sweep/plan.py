@@ -85,13 +85,12 @@ def plan_sweep(spec: SweepSpec, ctx: StageContext, say: Say, warn: Say) -> Sweep
         seed=spec.seed,
         max_in_flight=proved if capped and (rates or auto or over_rates) else None,
         auto_steps=spec.auto_steps,
+        conservative=spec.conservative or ctx.config.confidence.conservative,
     )
     if over_rates:  # the synchronous level first, then rate probes of their repeats, no more
         return replace(
             options, levels=(1,), find_max_rates=spec.find_max_rates, max_repeats=options.repeats
         )
-    if spec.find_max:  # each probe runs its repeats, no more: the knee's repeat rule is not asked
-        return replace(
-            options, levels=(search_top,), find_max_top=search_top, max_repeats=options.repeats
-        )
+    if spec.find_max:  # each probe runs its repeats, more only while its runs straddle a bound
+        return replace(options, levels=(search_top,), find_max_top=search_top)
     return replace(options, levels=levels)

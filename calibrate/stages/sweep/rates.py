@@ -50,7 +50,9 @@ def run_rate_level(sweep: LevelRunner, rate: float) -> Level:
     judged: list[RateJudgement] = []
     items: list[ItemResult] = []
     peaks: list[WindowPeak] = []
-    for repeat in range(1, o.repeats + 1):
+    repeat = 0
+    while repeat < o.repeats or (_mixed(judged) and repeat < o.max_repeats):
+        repeat += 1  # runs whose saturation disagrees: more, to settle it (SPEC §5.14)
         stats, judgement, answered, peak = run_rate_once(sweep, rate, repeat)
         runs.append(stats)
         judged.append(judgement)
@@ -74,6 +76,12 @@ def run_rate_level(sweep: LevelRunner, rate: float) -> Level:
     )
 
 
+def _mixed(judged: Sequence[RateJudgement]) -> bool:
+    """Some runs of the level saturated and some did not."""
+    saturated = sum(j.saturated for j in judged)
+    return 0 < saturated < len(judged)
+
+
 def _level_judgement(judged: list[RateJudgement], achieved: float) -> RateJudgement:
     """Saturated when most of the level's runs were (one run of three that fell short on a
     burst is noise, not a result); a tie is settled by the level's median achieved rate, the
@@ -81,6 +89,9 @@ def _level_judgement(judged: list[RateJudgement], achieved: float) -> RateJudgem
     its median, not the first short run's rate (which read 81.1 req/s beside a table's 73.2)."""
     lags = [j.send_lag_p99_s for j in judged if j.send_lag_p99_s is not None]
     judged = [replace(j, send_lag_p99_s=max(lags, default=None)) for j in judged]
+    saturated = [j for j in judged if j.saturated]
+    split = (len(saturated), len(judged))
+    judged = [replace(j, split=split) for j in judged]
     saturated = [j for j in judged if j.saturated]
     offered = judged[0].offered_rate
     short = offered is not None and achieved < offered * (1 - SHORTFALL)

@@ -12,21 +12,20 @@ from calibrate.config import SloConfig
 from calibrate.engines import reporting_cap
 from calibrate.engines.base import Engine
 from calibrate.load.arrivals import rate_text
-from calibrate.stages.measure.slo import binding_slo, describe, has_slo
-from calibrate.stages.measure.stop_rules import Point, ServerCap
-from calibrate.stages.measure.tiers import Stats
+from calibrate.stages.measure.slo import describe, has_slo
+from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.prepare.stream_probe import stream_details
-from calibrate.stages.server_account import cap_notes, limit_json, server_limit
+from calibrate.stages.server_account import cap_notes, limit_json
 from calibrate.stages.sweep.find_max import FindMax
-from calibrate.stages.sweep.knee import Knee, find_knee
-from calibrate.stages.sweep.levels import ClientLimit, Level, probed_level, rate_boundary
+from calibrate.stages.sweep.knee_verdict import KneeVerdict
+from calibrate.stages.sweep.levels import Level, bounded, probed_level, rate_boundary
 from calibrate.stages.sweep.spec import SweepOptions
 from calibrate.state.summaries import SweepSummary
 from calibrate.state.summary_values import Workload
 
 
 @dataclass(frozen=True)
-class SweepResult(ClientLimit):
+class SweepResult(KneeVerdict):
     levels: tuple[Level, ...]
     batch_size: int
     gain_min: float
@@ -39,10 +38,7 @@ class SweepResult(ClientLimit):
     find_max: FindMax | None = None  # --find-max: the SLO boundary it found
     confidence: float = DEFAULT_LEVEL  # [confidence] level the knee's intervals are taken at
     skipped_levels: tuple[int, ...] = ()  # above what the ladder proved: planned, never sent
-
-    @property
-    def rate_mode(self) -> bool:
-        return any(lv.rate is not None for lv in self.levels)
+    conservative: bool = False  # --conservative: a knee left in doubt by noise takes the smaller
 
     @property
     def saturated_at(self) -> Level | None:
@@ -57,27 +53,30 @@ class SweepResult(ClientLimit):
         return f"saturated at {top.label}: {top.rate.why}"
 
     @property
-    def auto(self) -> bool:
-        return any(lv.auto is not None for lv in self.levels)
-
-    @property
     def best(self) -> Level | None:
         """The recommended level: with SLOs the highest median goodput; in rate mode the highest
         rate the server kept up with (an auto sweep: else its synchronous level); else the knee."""
         passing = [lv for lv in self.measurable if lv.verdict == "pass" and self.runs_whole(lv)]
         if self.find_max is not None:
-            return probed_level(passing, self.find_max, self.find_max.last_passing)
-        if has_slo(self.slo):
-            good = [lv for lv in passing if (lv.stats.goodput_per_s or 0.0) > 0]
-            return max(good, key=lambda lv: lv.stats.goodput_per_s or 0.0, default=None)
+            fm = self.find_max
+            at = fm.surely_below if self.under_noise else fm.last_passing
+            return probed_level(passing, fm, at)
         if self.auto:
             kept = [lv for lv in passing if lv.rate is not None and not lv.saturated]
             sync = next((lv for lv in passing if lv.auto and lv.auto.role == "synchronous"), None)
             return max(kept, key=_offered, default=sync)
-        if self.rate_mode:
+        if self.rate_mode:  # a saturated rate is never recommended, whatever its goodput
             kept = [lv for lv in passing if not lv.saturated]
+            if self.under_noise:  # --conservative: none of its runs saturated
+                kept = [lv for lv in kept if lv.rate is not None and not lv.rate.split[0]]
+            if has_slo(self.slo):
+                good = [lv for lv in kept if (lv.stats.goodput_per_s or 0.0) > 0]
+                return max(good, key=lambda lv: lv.stats.goodput_per_s or 0.0, default=None)
             return kept[-1] if kept else None
-        return self.knee
+        knee = self.knee  # with SLOs: the knee of goodput
+        if has_slo(self.slo) and knee is not None and not (knee.stats.goodput_per_s or 0.0) > 0:
+            return None
+        return knee
 
     @property
     def recommendation(self) -> str:
@@ -100,10 +99,9 @@ class SweepResult(ClientLimit):
         if has_slo(self.slo):
             span = top.goodput_range
             ranged = f", range {span[0]:.2f}–{span[1]:.2f}" if span and len(top.runs) > 1 else ""
-            bound = binding_slo(self._next_after(top) or s, self.slo)
             return (
                 f"{top.label}: goodput {s.goodput_per_s or 0.0:.2f} req/s within the SLOs "
-                f"(median{ranged}); bounded by {bound}"
+                f"(median{ranged}); {bounded(self.levels, top, self.slo)}"
             )
         if self.auto and top.rate is None:
             ran = any(lv.rate is not None for lv in self.levels)
@@ -118,49 +116,45 @@ class SweepResult(ClientLimit):
             return f"{top.label}: achieved {top.rate.achieved_rate:.2f} req/s, not saturated"
         return ""
 
-    def _next_after(self, level: Level) -> Stats | None:
-        at = self.levels.index(level)
-        return self.levels[at + 1].stats if at + 1 < len(self.levels) else None
-
-    @property
-    def points(self) -> list[Point]:
-        return [lv.point for lv in self.measurable if self.runs_whole(lv)]
-
-    def runs_whole(self, level: Level) -> bool:
-        """The server runs the level's requests at once: none above its own cap below the batch
-        size (``server_limit``, SPEC §6.1) is recommended."""
-        limit = server_limit(self.cap, self.batch_size, [lv.stats for lv in self.levels])
-        return limit is None or level.concurrency <= limit.slots
-
-    @property
-    def found(self) -> Knee | None:
-        above = ""
-        if self.skipped_levels:
-            skipped = ", ".join(map(str, self.skipped_levels))
-            above = (
-                f"{skipped} not sent, above what the ladder proved in flight "
-                "(--beyond-ladder to measure them)"
-            )
-        return find_knee(self.points, self.gain_min, self.confidence, above)
-
     @property
     def knee(self) -> Level | None:
-        """The knee among the levels the client could measure (None when inconclusive)."""
+        """The knee among the levels the client could measure (None when inconclusive); under
+        noise with ``--conservative``, the smallest level the runs cannot tell from the best."""
         found = self.found
         if found is None or self.inconclusive:
             return None
-        return next((lv for lv in self.measurable if lv.point == found.knee), None)
+        at = found.conservative if self.under_noise and found.conservative else found.knee
+        return next((lv for lv in self.judged if lv.concurrency == at.concurrency), None)
 
     @property
     def knee_text(self) -> str:
         """Where the knee is and how sure: the gains around it with their ranges."""
         found = self.found
-        return found.text if found and not self.inconclusive else ""
+        if found is None or self.inconclusive:
+            return ""
+        taken = self.under_noise
+        return f"{taken.text}; {found.text}" if taken else found.text
 
     @property
     def inconclusive(self) -> str:
         """``inconclusive: the client was the limit at C ≥ 8 …`` when a client-bound level
-        leaves the best level unknown (else "")."""
+        leaves the best level unknown; else the knee's (or boundary's) doubts, unless
+        ``--conservative`` took the smaller level (else "")."""
+        doubt = self.doubt
+        noisy = doubt.text if doubt is not None and not self.conservative else ""
+        return self.client_inconclusive or noisy
+
+    @property
+    def what_to_do(self) -> str:
+        """For an inconclusive sweep: what the noise calls for, or what the client limit does."""
+        doubt = self.doubt
+        if doubt is not None and not self.client_inconclusive:
+            return doubt.what_to_do
+        return self.client_what_to_do
+
+    @property
+    def client_inconclusive(self) -> str:
+        """Why calibrate's own limit leaves the best unknown ("" when it does not)."""
         if self.find_max is not None:
             return self._find_max_inconclusive()
         limit = self.client_limit
@@ -169,7 +163,7 @@ class SweepResult(ClientLimit):
         reliable = self.measurable
         top = self._best_measured()
         if top is not None and reliable and top is not reliable[-1]:
-            return ""
+            return ""  # the client's limit is above the best: the knee's own doubts stand
         at = limit.rate.offered_rate if limit.rate else None
         where = f"rate ≥ {rate_text(at)} req/s" if limit.rate else f"C ≥ {limit.concurrency}"
         rising = (
@@ -189,7 +183,7 @@ class SweepResult(ClientLimit):
         found = self.found
         if found is None:
             return None
-        return next((lv for lv in self.measurable if lv.point == found.best), None)
+        return next((lv for lv in self.judged if lv.concurrency == found.best.concurrency), None)
 
     @property
     def passed(self) -> bool:
@@ -263,6 +257,8 @@ class SweepResult(ClientLimit):
             "confidence": self.confidence,  # the level the knee's intervals were taken at
             "reason": self.reason,
             "inconclusive": self.inconclusive or None,
+            "noise": self.noise_json(),
+            "under_noise": self.under_noise.to_json() if self.under_noise else None,
             "server_cap": self.cap.to_json() if self.cap else None,
             "server_limit": limit_json(self.cap, self.batch_size, [lv.stats for lv in self.levels]),
             "vram_source": self.vram_source,
@@ -280,8 +276,9 @@ class SweepResult(ClientLimit):
         }
         chosen = best if has_slo(self.slo) or self.rate_mode or self.auto else top
         chosen = None if self.inconclusive else chosen
+        c = chosen.concurrency if chosen else None  # a rate's most in flight: never over the cap
         return SweepSummary(
-            chosen.concurrency if chosen else None,
+            min(c, self.cap.slots) if c and self.cap else c,
             self.batch_size,
             options.ladder_run_id,
             self.stopped_by,

@@ -1,9 +1,10 @@
-"""Stage C′: at the verified batch size, step concurrency and find the knee (SPEC §5.6).
+"""Stage C′: at the verified batch size, step concurrency and find the knee (SPEC §5.6, §5.14).
 
-Each level runs ``repeats`` times; each run is a closed loop of C requests in flight for at
-least ``level_s`` (and 4×C requests), measured over its steady window (``sweep_window``). A
-level whose range overlaps the best level's while their medians differ by more than
-``gain_min`` runs again, up to ``max_repeats`` (``sweep_knee``), before it is judged.
+Each level runs until its runs separate it from the best level below it (from two runs on;
+``level_runs``), each run a closed loop of C requests in flight for at least ``level_s`` (and
+4×C requests), measured over its steady window. Two levels the runs cannot tell apart are
+repeated interleaved, up to ``max_repeats`` each; once every level ran, the pairs the knee
+still doubts are repeated the same way (``settle``) before the verdict (``verdict.knee``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from calibrate.gpu.noise import NoiseMeter
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor
 from calibrate.load.sender import Sender
@@ -22,11 +24,12 @@ from calibrate.stages.measure.stop_rules import ServerCap, continue_sweep
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
 from calibrate.stages.sweep.auto import run_auto
 from calibrate.stages.sweep.find_max import TOP, FindMax, Probe, find_max, judge_probe, next_probe
-from calibrate.stages.sweep.level_runs import LevelRuns
+from calibrate.stages.sweep.level_runs import LevelRaw, LevelRuns
 from calibrate.stages.sweep.levels import Level
 from calibrate.stages.sweep.rates import judge_rate, next_rate, round_rate, run_rate_level
 from calibrate.stages.sweep.result import SweepResult
 from calibrate.stages.sweep.spec import SweepOptions
+from calibrate.stages.verdict.probe import judged_row
 from calibrate.workload import WorkloadSpec
 
 
@@ -49,6 +52,8 @@ class Sweep(LevelRuns):
     workers_mark: int = 0  # … and the worker processes' (--workers), before it
     probes: list[Probe] = field(default_factory=list)  # --find-max: the levels probed, in order
     rate_span: tuple[float, float] = (0.0, 0.0)  # --find-max --rates: the range searched, req/s
+    raw: dict[int, LevelRaw] = field(default_factory=dict)  # each level's runs so far
+    noise: NoiseMeter | None = None  # the machine's own noise per run (SPEC §5.14)
 
     def run(self) -> SweepResult:
         if self.selfload is not None:
@@ -70,18 +75,46 @@ class Sweep(LevelRuns):
             if self.levels and self.levels[-1].saturated:
                 break  # over-saturated: more load only grows the queue
             self.add(run_rate_level(self, step) if rates else self.run_level(int(step)))
+        if not rates:
+            self.settle()
         return self.result()
+
+    def settle(self) -> None:
+        """Repeat the pairs of levels the knee still doubts (SPEC §5.14), interleaved, until
+        the runs tell them apart or their repeats are spent."""
+        tried: set[tuple[int, int]] = set()
+        while True:
+            found = self.result().found
+            pairs = [(a.concurrency, b.concurrency) for a, b in (found.doubts if found else ())]
+            left = [pair for pair in pairs if pair not in tried]
+            if not left:
+                break
+            tried.add(left[0])
+            self.separate(*left[0])
+        # a level run again may have moved the best below a later one: its gain says so
+        self.levels = [self._judged(lv) if lv.rate is None else lv for lv in self.levels]
 
     def run_find_max(self) -> None:
         """Probe the levels ``sweep_find_max.next_probe`` asks for; a level that breaks an SLO
         is ``stop: slo`` (as a ladder tier over its SLO)."""
         o = self.options
-        while (concurrency := next_probe(self.probes, o.find_max_top)) is not None:
+        top = min(o.find_max_top, self.cap.slots) if self.cap else o.find_max_top  # §5.14
+        while (concurrency := next_probe(self.probes, top)) is not None:
             level = self.run_level(concurrency)
             probe = judge_probe(concurrency, level.runs, o.slo)
+            while probe.straddles and len(level.runs) < o.max_repeats:
+                self.note(
+                    f"find-max: concurrency {concurrency}: {probe.split}; run "
+                    f"{len(level.runs) + 1} of at most {o.max_repeats}"
+                )
+                if self.rerun_into(concurrency, self.raw[concurrency]):
+                    break
+                level = self._level(concurrency, self.raw[concurrency])
+                probe = judge_probe(concurrency, level.runs, o.slo)
             if not probe.passed and level.verdict == "pass":
                 level = replace(level, verdict="stop: slo")
-            level = replace(level, gain=None, counted=False)  # probed out of order: no knee
+            # probed out of order: no knee; its row shows the p99 the probe rule judged
+            level = replace(level, stats=judged_row(level.stats, probe), gain=None, counted=False)
             self.probes.append(probe)
             self.add(level)
             self.say_probe(probe, f"concurrency {concurrency}", "meets the SLOs")
@@ -113,6 +146,7 @@ class Sweep(LevelRuns):
     def say_probe(self, probe: Probe, label: str, met: str) -> None:
         verb = "breaks them" if probe.missed and not probe.errors else "fails"
         said = met if probe.passed else f"{verb}: {probe.why}"
+        said += f" ({probe.split}: not sure)" if probe.straddles else ""
         self.note(f"find-max probe {len(self.probes)}: {label} {said}")
 
     def add(self, level: Level) -> Level:
@@ -177,6 +211,7 @@ class Sweep(LevelRuns):
             self.search(),
             o.confidence,
             o.skipped_levels,
+            o.conservative,
         )
 
     def _shown_at(self, level: Level) -> float:
@@ -192,7 +227,8 @@ class Sweep(LevelRuns):
         """A find-max's result so far (None: not a find-max)."""
         o = self.options
         if o.find_max_top:
-            return find_max(self.probes, o.slo, o.find_max_top)
+            capped = min(o.find_max_top, self.cap.slots) if self.cap else o.find_max_top
+            return find_max(self.probes, o.slo, capped)
         if o.find_max_rates is None:
             return None
         bottom, top = self.rate_span

@@ -3,7 +3,8 @@ so a mode is a strategy over the sweep, never a module that imports it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -11,12 +12,73 @@ from calibrate.gpu.vram import VramMonitor, WindowPeak
 from calibrate.load.items import ItemResult
 from calibrate.load.request import Request
 from calibrate.load.sender import Sender
+from calibrate.load.window import MIN_REQUESTS_PER_SLOT
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.slo import with_goodput
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tiers import Stats, summarise
+from calibrate.stages.prepare.workload_plan import WorkloadPlan
 from calibrate.stages.sweep.levels import Level
 from calibrate.stages.sweep.spec import SweepOptions
+
+
+class LevelSupply:
+    """The workload's requests for a level's runs, as the ``Sweep`` (a dataclass with these
+    fields) hands them out."""
+
+    ctx: StageContext
+    options: SweepOptions
+    plan: WorkloadPlan
+    issued: int
+
+    def level_requests(self, concurrency: int, count: int) -> list[Request]:
+        """``count`` requests of the workload for a run at ``concurrency`` (each a prompt list of
+        B in prompt-list mode). A run asks again when it needs more, so each call returns fresh
+        requests: every prompt its own unless the workload shares them."""
+        ctx, o = self.ctx, self.options
+        per_request = o.prompts_per_request
+        prompts, targets = self.plan.prompts(count * per_request, self.issued)
+        self.issued += count * per_request
+        waves = [prompts[i : i + per_request] for i in range(0, len(prompts), per_request)]
+        if o.mode != "prompt-list":
+            waves = [prompts]
+        model = ctx.config.target.model
+        return self.plan.requests(
+            ctx.client,
+            model,
+            ctx.params,
+            waves,
+            targets,
+            o.mode,
+            stream=o.stream,
+            stream_options=o.stream_options,
+        )
+
+    def numbered(self, requests: Sequence[Request]) -> list[Request]:
+        """Requests numbered from 1 across one run (item indices stay unique)."""
+        out: list[Request] = []
+        first = 1
+        for request in requests:
+            out.append(replace(request, first_index=first))
+            first += len(request.prompts)
+        return out
+
+    def supply(self, concurrency: int) -> Callable[[], Request]:
+        """The next request of a run, numbered from 1 across the run (item indices stay unique)."""
+        pending: deque[Request] = deque()
+        numbered = 0
+
+        def next_request() -> Request:
+            nonlocal numbered
+            if not pending:
+                pending.extend(
+                    self.level_requests(concurrency, MIN_REQUESTS_PER_SLOT * concurrency)
+                )
+            request = replace(pending.popleft(), first_index=numbered + 1)
+            numbered += len(request.prompts)
+            return request
+
+        return next_request
 
 
 class LevelRunner(Protocol):

@@ -40,6 +40,7 @@ class SweepOptions:
     find_max_rates: tuple[float, float] | None = None
     determinism_copies: int = 0  # [determinism] copies of the fixed prompt per level (0: off)
     confidence: float = DEFAULT_LEVEL  # [confidence] level: the knee's Welch interval
+    conservative: bool = False  # --conservative: take the smaller level when noise leaves doubt
 
     def probed(self, check: StreamCheck) -> SweepOptions:
         """Sent as the stream probe found the server takes them."""

@@ -126,7 +126,14 @@ def measure_candidate(
             pool=settings.pool,
         )
         sweep = Sweep(
-            sub, options, watch.monitor, watch.incidents, Sender.over(sub.client), cap, plan=plan
+            sub,
+            options,
+            watch.monitor,
+            watch.incidents,
+            Sender.over(sub.client),
+            cap,
+            plan=plan,
+            noise=watch.noise,
         )
         sweep.on_level = shown
         try:

@@ -17,7 +17,6 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.config import TuneSearch
@@ -25,11 +24,9 @@ from calibrate.gpu.energy import RANK_FIELDS, RankBy
 from calibrate.server.exit_status import ended_words
 from calibrate.stages.tune.candidate import Lifecycle
 from calibrate.stages.tune.grid import Candidate, TunePlan
-from calibrate.stages.tune.margin import Margin, margin_of
+from calibrate.stages.tune.outcome import TuneOutcome, healthy
 from calibrate.stages.tune.result import CandidateResult, MemoryProbe
 from calibrate.stages.tune.store import TuneStore
-from calibrate.state.summaries import TuneSummary
-from calibrate.state.summary_values import TunedSetting
 
 Notify = Callable[[str], None]
 
@@ -46,10 +43,6 @@ def schedule(n: int, search: TuneSearch) -> list[tuple[int, float]]:
     return [(size, 2.0 ** (r - last)) for r, size in enumerate(sizes)]
 
 
-def _healthy(result: CandidateResult) -> bool:
-    return result.best is not None and not result.crashed
-
-
 def rank(results: Sequence[CandidateResult], by: RankBy = "goodput") -> list[CandidateResult]:
     """Best first: a healthy measurement before a crash or a failure, a later halving rung
     before an earlier one, then (``by`` J/token or $/1M: the fewest at its best level, one not
@@ -60,90 +53,9 @@ def rank(results: Sequence[CandidateResult], by: RankBy = "goodput") -> list[Can
         p50 = r.best.p50_s if r.best and r.best.p50_s is not None else math.inf
         cost = getattr(r.best, column, None) if column and r.best else None
         spend = cost if cost is not None else (math.inf if column else 0.0)
-        return (not _healthy(r), -r.rung, spend, -r.goodput_per_s, p50, r.candidate.index)
+        return (not healthy(r), -r.rung, spend, -r.goodput_per_s, p50, r.candidate.index)
 
     return sorted(results, key=key)
-
-
-@dataclass(frozen=True)
-class TuneOutcome:
-    """Where a tune run stands: the memory step, every candidate's latest result, ranked."""
-
-    plan: TunePlan
-    memory: str | None
-    probes: tuple[MemoryProbe, ...]
-    ranked: tuple[CandidateResult, ...]  # one per candidate measured (its highest rung)
-    untested: tuple[Candidate, ...]
-    budget_spent: bool
-    memory_failed: bool = False
-    level: float = DEFAULT_LEVEL  # [confidence] level: the margin's interval
-
-    @property
-    def winner(self) -> CandidateResult | None:
-        top = self.ranked[0] if self.ranked else None
-        return top if top is not None and _healthy(top) else None
-
-    @property
-    def runner_up(self) -> CandidateResult | None:
-        if self.winner is None or len(self.ranked) < 2 or not _healthy(self.ranked[1]):
-            return None
-        return self.ranked[1]
-
-    @property
-    def lead(self) -> Margin | None:
-        """The winner's margin over the runner-up, and whether their intervals separate."""
-        win, second = self.winner, self.runner_up
-        if win is None or second is None or win.best is None or second.best is None:
-            return None
-        return margin_of(win.best, second.best, self.level)
-
-    @property
-    def margin(self) -> float | None:
-        """The winner's goodput over the runner-up's, as a fraction (0.25 = 25 % more)."""
-        lead = self.lead
-        return lead.fraction if lead is not None else None
-
-    def lead_json(self) -> dict[str, Any]:
-        """``margin``, ``significant``, ``margin_interval`` and ``confidence`` (None: no lead)."""
-        lead = self.lead
-        if lead is None:
-            return {
-                "margin": None,
-                "significant": None,
-                "margin_interval": None,
-                "confidence": self.level,
-            }
-        return lead.to_json()
-
-    @property
-    def complete(self) -> bool:
-        return not self.untested and not self.budget_spent and not self.memory_failed
-
-    def summary(self, details: dict[str, Any]) -> TuneSummary:
-        win = self.winner
-        tuned = None
-        if win is not None and win.best is not None:
-            c = win.candidate
-            tuned = TunedSetting(c.flags, c.cap, win.best.concurrency)
-        second = self.runner_up
-        body = {
-            **details,
-            "candidates": self.plan.size,
-            "measured": len(self.ranked),
-            "did_not_start": sum(1 for r in self.ranked if not r.started),
-            "memory": {
-                "key": self.plan.memory_key,
-                "fixed": self.memory,
-                "probes": [p.to_json() for p in self.probes],
-            },
-            "runner_up": second.candidate.to_json() if second else None,
-            **self.lead_json(),
-            "untested": [c.to_json() for c in self.untested],
-            "budget_spent": self.budget_spent,
-        }
-        return TuneSummary(
-            tuned, self.plan.kind, self.complete, str(details.get("ladder_run_id", "")), body
-        )
 
 
 @dataclass
@@ -161,6 +73,8 @@ class Tune:
     clock: Callable[[], float] = time.monotonic
     rank_by: RankBy = "goodput"
     level: float = DEFAULT_LEVEL  # [confidence] level: the winner's margin is tested at
+    gain_min: float = 0.10
+    conservative: bool = False
     done: dict[tuple[int, int], CandidateResult] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -203,7 +117,9 @@ class Tune:
         plan = self.plan
         if plan.memory_key is not None and memory is None:
             untried = plan.candidates(None)
-            return TuneOutcome(plan, None, probes, (), untried, spent, not spent, self.level)
+            return TuneOutcome(
+                plan, None, probes, (), untried, spent, not spent, self.level, rank_by=self.rank_by
+            )
         pool = list(plan.candidates(memory))
         untested: tuple[Candidate, ...] = ()
         for rung, (size, rung_window) in enumerate(schedule(len(pool), self.search)):
@@ -211,7 +127,7 @@ class Tune:
                 previous = [
                     self.done[(rung - 1, c.index)] for c in pool if (rung - 1, c.index) in self.done
                 ]
-                pool = [r.candidate for r in rank(previous, self.rank_by) if _healthy(r)][:size]
+                pool = [r.candidate for r in rank(previous, self.rank_by) if healthy(r)][:size]
                 self.notify(
                     f"halving rung {rung}: {', '.join(c.id for c in pool)} at {rung_window:g}× the window"
                 )
@@ -230,6 +146,9 @@ class Tune:
             untested,
             bool(untested),
             level=self.level,
+            gain_min=self.gain_min,
+            conservative=self.conservative,
+            rank_by=self.rank_by,
         )
 
     def _measure(self, pool: list[Candidate], rung: int, window: float) -> tuple[Candidate, ...]:

@@ -14,8 +14,9 @@ from typing import Any
 
 from calibrate.stages.measure.slo import describe
 from calibrate.stages.tune.candidate import Lifecycle
+from calibrate.stages.tune.outcome import TuneOutcome
 from calibrate.stages.tune.result import CandidateResult
-from calibrate.stages.tune.search import Notify, Tune, TuneOutcome
+from calibrate.stages.tune.search import Notify, Tune
 from calibrate.stages.tune.setup import TuneSetup
 from calibrate.stages.tune.store import TuneStore, ranked_rows, write_plot, write_tables
 from calibrate.state.ledger import LedgerEntry
@@ -89,6 +90,8 @@ class Session:
             on_result=on_result,
             rank_by=setup.rank_by,
             level=setup.ctx.config.confidence.level,
+            gain_min=setup.ctx.config.sweep.gain_min,
+            conservative=setup.conservative,
         )
         plan_json = {**setup.plan.to_json(), "search": setup.search}
         self.store.write_plan(plan_json, setup.fingerprint)

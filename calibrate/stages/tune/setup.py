@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from calibrate import server
-from calibrate.config import TuneSearch
+from calibrate.config import SloConfig, TuneSearch
 from calibrate.engines import engine, redaction, shell_words
 from calibrate.engines.args import ServerKind
 from calibrate.engines.builders import SERVER_KINDS, build
@@ -52,6 +52,8 @@ class TuneRequest:
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     pool: TaskPool | None = None  # --tasks, read once by the command: every candidate's
     rank_by: RankBy = "goodput"
+    slo: SloConfig | None = None  # --slo NAME:S … over [slo], parsed; None: [slo] as it is
+    conservative: bool = False  # --conservative: a winner noise leaves in doubt takes the smaller
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class TuneSetup:
     resumed: bool
     ladder_run_id: str
     rank_by: RankBy = "goodput"
+    conservative: bool = False
 
 
 def engine_kind(ctx: StageContext, asked: str | None) -> ServerKind:
@@ -124,14 +127,15 @@ def prepare(ctx: StageContext, request: TuneRequest) -> TuneSetup:
     levels, skipped = safe_levels(
         cfg.tune.concurrency or cfg.sweep.concurrency, proven, managed=False, beyond_ladder=False
     )
+    slo = request.slo if request.slo is not None else cfg.slo
     settings = MeasureSettings(
         request.spec,
         levels,
-        request.stream,
+        request.stream or slo.needs_stream,  # a TTFT/TPOT SLO is measured on streamed answers
         request.workload,
         request.pool,
         ladder_run,
-        cfg.slo,
+        slo,
         skipped,
         proven,
     )
@@ -163,4 +167,5 @@ def prepare(ctx: StageContext, request: TuneRequest) -> TuneSetup:
         found is not None,
         ladder_run,
         request.rank_by,
+        request.conservative or cfg.confidence.conservative,
     )

@@ -1,0 +1,235 @@
+"""The ladder's setting among its kept tiers (SPEC §5.3, §5.14), as pure functions of the tiers.
+
+**The setting is the best kept tier, not the last.** Of the tiers that passed or were kept
+(``pass``, ``stop: vram``, ``stop: latency``), in order of B, the best is found as the sweep
+finds its best level (``verdict.knee``): each tier against the best so far, a gain when it adds
+``gain_min`` and its rounds put it above. The setting is the smallest B over which the best adds
+less than ``gain_min`` — every percentage on one base, the setting's.
+
+**Sure only when the rounds back it**: each smaller tier beaten by the best, the best adding
+nothing that counts over the setting, no larger tier adding anything that counts. A pair the
+rounds leave unsure is repeated by the ladder (rounds of the two interleaved, up to its round
+bound) and, still unsure, makes the setting inconclusive: exit 1, no gate opened, unless
+``--conservative`` takes the smaller batch. A tier during which calibrate itself was the
+bottleneck measured the client, not the server: it is never the setting, and when it leaves the
+best unknown (it is above the best the client could measure) the setting is inconclusive too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from calibrate.confidence import DEFAULT_LEVEL
+from calibrate.gpu.noise import combined
+from calibrate.stages.measure.tiers import Tier
+from calibrate.stages.verdict.doubt import Doubt, Inconclusive, pct
+from calibrate.stages.verdict.knee import Point, interval, judge, spread_of, within_noise
+from calibrate.stages.verdict.separation import judged_range
+
+
+def tier_point(tier: Tier) -> Point:
+    """A kept tier as the knee rule sees it: its throughput, and each round's."""
+    rounds = tuple(r.items_per_s for r in tier.rounds)
+    span = judged_range(rounds)
+    return Point(
+        tier.batch_size,
+        tier.stats.items_per_s,
+        0,
+        span[0] if span else None,
+        span[1] if span else None,
+        rounds,
+    )
+
+
+def measured(history: Sequence[Tier]) -> list[Tier]:
+    """The kept tiers whose throughput the server set (not calibrate's own limit), by B."""
+    kept = sorted((t for t in history if t.passed), key=lambda t: t.batch_size)
+    return [t for t in kept if not t.client_bound]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The setting among the measured kept tiers: the chosen tier, the fastest, the pairs the
+    rounds could not tell apart (base, cur), and the conservative answer."""
+
+    chosen: Tier
+    fastest: Tier
+    doubts: tuple[tuple[Tier, Tier], ...]
+    conservative: Tier
+
+
+def choose(history: Sequence[Tier], gain_min: float, level: float = DEFAULT_LEVEL) -> Choice | None:
+    """The smallest measured kept B over which the fastest adds less than ``gain_min`` (one
+    base: its own), and what its rounds leave unsure (see the module's doc)."""
+    tiers = measured(history)
+    if not tiers:
+        return None
+    points = {t.batch_size: tier_point(t) for t in tiers}
+    spread = spread_of(list(points.values()))
+    fastest = max(tiers, key=lambda t: t.stats.items_per_s)
+    chosen = next(
+        t for t in tiers if within_noise(points[fastest.batch_size], points[t.batch_size], gain_min)
+    )
+    doubts: list[tuple[Tier, Tier]] = []
+    for tier in tiers:
+        if tier.batch_size < chosen.batch_size:  # must be beaten by the fastest
+            said = judge(
+                points[tier.batch_size], points[fastest.batch_size], gain_min, level, spread
+            )
+            if said == "unsure":
+                doubts.append((tier, fastest))
+        elif tier is not chosen:  # must add less than gain_min over the setting
+            said = judge(
+                points[chosen.batch_size], points[tier.batch_size], gain_min, level, spread
+            )
+            if said == "unsure":
+                doubts.append((chosen, tier))
+    below = [base for base, cur in doubts if cur is fastest and base.batch_size < chosen.batch_size]
+    conservative = min([chosen, *below], key=lambda t: t.batch_size)
+    return Choice(chosen, fastest, tuple(doubts), conservative)
+
+
+def setting_tier(
+    history: Sequence[Tier],
+    gain_min: float,
+    level: float = DEFAULT_LEVEL,
+    *,
+    conservative: bool = False,
+) -> Tier | None:
+    """The calibrated batch size (``conservative``: the smallest the rounds cannot tell from the
+    fastest, when they leave the setting in doubt)."""
+    found = choose(history, gain_min, level)
+    if found is None:
+        return None
+    return found.conservative if conservative else found.chosen
+
+
+@dataclass(frozen=True)
+class SettingDoubt:
+    """Why the ladder cannot name its setting: noise between tiers, or a starved client."""
+
+    noise: Inconclusive | None  # tiers the rounds could not tell apart
+    starved: str  # "" or why calibrate itself was the limit above the best it could measure
+    takeable: bool = True  # a measured tier is there for --conservative to take
+
+    @property
+    def text(self) -> str:
+        return self.noise.text if self.noise is not None else self.starved
+
+
+def setting_doubt(
+    history: Sequence[Tier], gain_min: float, level: float = DEFAULT_LEVEL
+) -> SettingDoubt | None:
+    """What leaves the setting unknown (None: the rounds back it)."""
+    found = choose(history, gain_min, level)
+    kept = sorted((t for t in history if t.passed), key=lambda t: t.batch_size)
+    starved = [t for t in kept if t.client_bound]
+    if found is None and starved:  # every kept tier measured the client: nothing to take
+        return SettingDoubt(
+            None,
+            f"inconclusive: the client was the limit from batch {starved[0].batch_size} on — no "
+            f"kept tier measured the server, so its own throughput is unknown "
+            f"({starved[0].client_bound})",
+            takeable=False,
+        )
+    if found is not None and starved and starved[-1].batch_size > found.fastest.batch_size:
+        top = next(t for t in starved if t.batch_size > found.fastest.batch_size)
+        return SettingDoubt(
+            None,
+            f"inconclusive: the client was the limit at batch {top.batch_size} — the fastest tier "
+            f"it could measure is batch {found.fastest.batch_size}, so what a larger batch gives "
+            f"is unknown ({top.client_bound})",
+        )
+    if found is None or not found.doubts:
+        return None
+    spread = spread_of([tier_point(t) for t in measured(history)])
+    doubts = []
+    for base, cur in found.doubts:
+        gain = interval(tier_point(base), tier_point(cur), level, spread)
+        if gain is not None:
+            doubts.append(
+                Doubt(f"batch {base.batch_size}", f"batch {cur.batch_size}", gain, gain_min)
+            )
+    inconclusive = Inconclusive(
+        tuple(doubts),
+        combined(t.stats.noise for t in history),
+        "the ladder",
+        f"batch {found.conservative.batch_size}",
+        "[ladder] rounds, [ladder] min_round_s",
+    )
+    return SettingDoubt(inconclusive, "")
+
+
+def _rate(tier: Tier) -> str:
+    rounds = len(tier.rounds)
+    return f"{tier.stats.items_per_s:.3g} items/s over {rounds} round{'s' if rounds != 1 else ''}"
+
+
+def _full(tier: Tier) -> str:
+    """Why a kept tier above the setting is worse besides its speed (its memory, its latency)."""
+    s = tier.stats
+    if tier.verdict == "stop: vram" and s.pressure is not None:
+        if s.peak_kv_usage is not None and s.peak_kv_usage >= s.pressure:
+            return f", and its KV cache was full ({s.peak_kv_usage * 100:.0f} %)"
+        return f", and its VRAM pressure reached {s.pressure * 100:.0f} %"
+    if tier.verdict == "stop: latency":
+        return ", and each item cost more there (stop: latency)"
+    return ""
+
+
+def _not_kept(tier: Tier) -> str:
+    s = tier.stats
+    if tier.verdict == "stop: preempt" and s.preemptions:
+        return f"the server preempted {s.preemptions} requests there ({s.preemption_metric})"
+    if tier.verdict == "stop: cap":
+        return "above the server's own cap"
+    if tier.verdict == "stop: slo":
+        return "over an SLO"
+    return f"it failed ({s.kinds_text})" if s.errors else tier.verdict
+
+
+def setting_reason(
+    history: Sequence[Tier],
+    gain_min: float,
+    level: float = DEFAULT_LEVEL,
+    *,
+    conservative: bool = False,
+) -> str:
+    """Which tier the setting is and why, in one line, every percentage over the setting's own
+    throughput and the rounds behind each figure, e.g. ``batch 4: 15.9 items/s over 2 rounds;
+    batch 8 kept but 12 % slower, and its KV cache was full``. Empty when no tier was kept."""
+    found = choose(history, gain_min, level)
+    if found is None:
+        return ""
+    chosen = found.conservative if conservative else found.chosen
+    parts = [f"batch {chosen.batch_size}: {_rate(chosen)}"]
+    if found.fastest is chosen and len(measured(history)) > 1:
+        parts[0] += ", the fastest kept tier"
+    unsure = {t.batch_size for pair in found.doubts for t in pair}
+    base = chosen.stats.items_per_s
+    for tier in history:
+        if tier.batch_size <= chosen.batch_size:
+            continue
+        where = f"batch {tier.batch_size}"
+        if not tier.passed:
+            parts.append(f"{where} not kept: {_not_kept(tier)}")
+            continue
+        if tier.client_bound:
+            parts.append(f"{where} not judged: calibrate itself was the limit there")
+            continue
+        change = tier.stats.items_per_s / base - 1 if base > 0 else 0.0
+        if change <= 0:
+            parts.append(f"{where} kept but {pct(-change).lstrip('+')} slower{_full(tier)}")
+        elif tier.batch_size in unsure:
+            parts.append(
+                f"{where} {pct(change).lstrip('+')} faster ({_rate(tier)}): whether that is the "
+                f"{gain_min * 100:.0f} % a larger batch must add cannot be told from noise"
+            )
+        else:
+            parts.append(
+                f"{where} {pct(change).lstrip('+')} faster ({_rate(tier)}), under the "
+                f"{gain_min * 100:.0f} % a larger batch must add{_full(tier)}: the smaller batch "
+                "is the setting"
+            )
+    return "; ".join(parts)

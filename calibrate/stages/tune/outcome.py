@@ -1,0 +1,158 @@
+"""Where a tune run stands (SPEC §5.12, §5.14): the memory step, every candidate's latest
+result ranked, the winner — claimed only when the runs of the first two tell them apart (or
+they are surely about equal); otherwise inconclusive, unless ``--conservative`` takes the one
+with the smaller cap — and its margin over the runner-up (``tune.margin``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from calibrate.confidence import DEFAULT_LEVEL
+from calibrate.gpu.energy import RankBy
+from calibrate.stages.tune.grid import Candidate, TunePlan
+from calibrate.stages.tune.margin import Margin, margin_of
+from calibrate.stages.tune.result import CandidateResult, MemoryProbe
+from calibrate.stages.verdict.doubt import Doubt, Inconclusive, UnderNoise
+from calibrate.stages.verdict.separation import Sample, gain_interval
+from calibrate.state.summaries import TuneSummary
+from calibrate.state.summary_values import TunedSetting
+
+
+def healthy(result: CandidateResult) -> bool:
+    return result.best is not None and not result.crashed
+
+
+@dataclass(frozen=True)
+class TuneOutcome:
+    """Where a tune run stands: the memory step, every candidate's latest result, ranked."""
+
+    plan: TunePlan
+    memory: str | None
+    probes: tuple[MemoryProbe, ...]
+    ranked: tuple[CandidateResult, ...]  # one per candidate measured (its highest rung)
+    untested: tuple[Candidate, ...]
+    budget_spent: bool
+    memory_failed: bool = False
+    level: float = DEFAULT_LEVEL  # [confidence] level: the margin's interval
+    gain_min: float = 0.10  # [sweep] gain_min: a lead below it is about equal
+    conservative: bool = False  # --conservative: a winner noise leaves in doubt takes the smaller
+    rank_by: RankBy = "goodput"
+
+    @property
+    def top(self) -> CandidateResult | None:
+        """The first-ranked healthy candidate (the winner, unless noise leaves it in doubt)."""
+        top = self.ranked[0] if self.ranked else None
+        return top if top is not None and healthy(top) else None
+
+    @property
+    def doubt(self) -> Inconclusive | None:
+        """SPEC §5.14: the runs of the first two cannot tell whether the first adds gain_min
+        over the second (ranked by goodput); None when they can, or there is nothing to tell."""
+        win, second = self.top, self.runner_up
+        if self.rank_by != "goodput" or win is None or second is None:
+            return None
+        if win.best is None or second.best is None:
+            return None
+        a, b = win.best.runs_per_s, second.best.runs_per_s
+        if not a or not b:
+            return None
+        # the pick is sound when the runner-up cannot be gain_min better than the winner: the
+        # winner really leads, or the two are about equal (either is a fine setting)
+        found = gain_interval(Sample.of(a), Sample.of(b), self.level)
+        if found is None or not found.ranged or found.high < self.gain_min:
+            return None
+        found = gain_interval(Sample.of(b), Sample.of(a), self.level)
+        assert found is not None
+        smaller = min((win, second), key=lambda r: (r.candidate.cap, r is not win))
+        return Inconclusive(
+            (Doubt(second.candidate.id, win.candidate.id, found, self.gain_min),),
+            None,
+            "tune",
+            f"{smaller.candidate.id} ({smaller.candidate.describe()})",
+            "[tune] window, [sweep] repeats",
+        )
+
+    @property
+    def winner(self) -> CandidateResult | None:
+        """The first-ranked healthy candidate; under a doubt only with ``--conservative`` (then
+        the one of the two with the smaller cap)."""
+        top, doubt = self.top, self.doubt
+        if doubt is None or top is None:
+            return top
+        if not self.conservative:
+            return None
+        second = self.runner_up
+        pair = [r for r in (top, second) if r is not None]
+        return min(pair, key=lambda r: (r.candidate.cap, r is not top))
+
+    @property
+    def runner_up(self) -> CandidateResult | None:
+        if self.top is None or len(self.ranked) < 2 or not healthy(self.ranked[1]):
+            return None
+        return self.ranked[1]
+
+    @property
+    def lead(self) -> Margin | None:
+        """The winner's margin over the runner-up, and whether their intervals separate."""
+        win, second = self.winner, self.runner_up
+        if win is None or second is None or win.best is None or second.best is None:
+            return None
+        return margin_of(win.best, second.best, self.level)
+
+    @property
+    def margin(self) -> float | None:
+        """The winner's goodput over the runner-up's, as a fraction (0.25 = 25 % more)."""
+        lead = self.lead
+        return lead.fraction if lead is not None else None
+
+    def lead_json(self) -> dict[str, Any]:
+        """``margin``, ``significant``, ``margin_interval`` and ``confidence`` (None: no lead)."""
+        lead = self.lead
+        if lead is None:
+            return {
+                "margin": None,
+                "significant": None,
+                "margin_interval": None,
+                "confidence": self.level,
+            }
+        return lead.to_json()
+
+    @property
+    def inconclusive(self) -> str:
+        doubt = self.doubt
+        return doubt.text if doubt is not None and not self.conservative else ""
+
+    @property
+    def complete(self) -> bool:
+        return not self.untested and not self.budget_spent and not self.memory_failed
+
+    def summary(self, details: dict[str, Any]) -> TuneSummary:
+        win = self.winner
+        tuned = None
+        if win is not None and win.best is not None:
+            c = win.candidate
+            tuned = TunedSetting(c.flags, c.cap, win.best.concurrency)
+        second = self.runner_up
+        body = {
+            **details,
+            "candidates": self.plan.size,
+            "measured": len(self.ranked),
+            "did_not_start": sum(1 for r in self.ranked if not r.started),
+            "memory": {
+                "key": self.plan.memory_key,
+                "fixed": self.memory,
+                "probes": [p.to_json() for p in self.probes],
+            },
+            "runner_up": second.candidate.to_json() if second else None,
+            **self.lead_json(),
+            "untested": [c.to_json() for c in self.untested],
+            "budget_spent": self.budget_spent,
+            "inconclusive": self.inconclusive or None,
+            "under_noise": UnderNoise(self.doubt).to_json()
+            if self.doubt is not None and self.conservative
+            else None,
+        }
+        return TuneSummary(
+            tuned, self.plan.kind, self.complete, str(details.get("ladder_run_id", "")), body
+        )

@@ -1,0 +1,78 @@
+"""SPEC §5.14 end to end: the mock (4 slots, its own process) with two CPU-burning processes
+beside it, on this 2-core machine. Every sweep and ladder either finds the truth — knee 4, batch
+4 — or exits 1 inconclusive, naming the pair it could not tell apart and the busy machine;
+never a confident wrong answer. Alone (serial): the hogs would slow every other test."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.mockserver import MockProcess
+from tests.tier_helpers import NOISE_RULE, open_gate
+
+pytestmark = pytest.mark.serial
+
+# ~0.15 s answers on 4 slots: 1, 2, 4 in flight add throughput, 8 only queues
+MOCK = ("--ttft", "0.004", "--per-token", "0.003", "--slots", "4")
+SWEEP = NOISE_RULE + "[sweep]\nconcurrency = [1, 2, 4, 8]\nlevel_s = 0.3\nrepeats = 2\n"
+
+
+@contextmanager
+def hogs(count: int = 2) -> Iterator[None]:
+    """``count`` processes spinning a core each, ended by pid however the block ends."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def _inconclusive_says_why(result) -> None:  # type: ignore[no-untyped-def]
+    said = result.json["inconclusive"]
+    assert said.startswith(("inconclusive: the runs cannot tell", "inconclusive: the client"))
+    assert "what to do: " in result.err, result.err
+
+
+def test_beside_two_hogs_a_sweep_finds_the_knee_or_says_it_cannot(cli, isolated: Path) -> None:
+    mock = MockProcess(*MOCK)
+    try:
+        open_gate(isolated, mock.base_url, SWEEP, stage="ladder")
+        with hogs():
+            result = cli("sweep", "--json", "--beyond-ladder")
+    finally:
+        mock.stop()
+    assert result.code in (0, 1), result.err
+    if result.code == 0:
+        assert result.json["recommended_concurrency"] == 4, result.err
+    else:
+        _inconclusive_says_why(result)
+        assert result.json["recommended_concurrency"] is None
+        if result.json["inconclusive"].startswith("inconclusive: the runs"):
+            assert "of this machine's 2 cores" in result.json["inconclusive"], result.err
+    rows = [lv for lv in result.json["levels_detail"]]
+    assert all(lv.get("noise_other_cpu_cores") is not None for lv in rows)
+
+
+def test_beside_two_hogs_a_ladder_finds_its_setting_or_says_it_cannot(cli, isolated: Path) -> None:
+    mock = MockProcess(*MOCK)
+    try:
+        config = NOISE_RULE + "batch_sizes = [1, 2, 4, 8]\n"
+        open_gate(isolated, mock.base_url, config.replace("min_round_s = 0", "min_round_s = 0.3"))
+        with hogs():
+            result = cli("ladder", "--json")
+    finally:
+        mock.stop()
+    assert result.code in (0, 1), result.err
+    if result.code == 0:
+        assert result.json["last_passing"]["batch_size"] == 4, result.err
+    else:
+        _inconclusive_says_why(result)
+        assert result.json["last_passing"] is None
