@@ -90,7 +90,7 @@ def child_closed_loop(url: str, n: int, c: int, stream: bool) -> tuple[float, in
     from calibrate.http.client import OpenAIClient
     from calibrate.http.models import SamplingParams
     from calibrate.load.request import Request
-    from calibrate.load.waves import Sender
+    from calibrate.load.sender import Sender
     from calibrate.load.window import LevelWindow
 
     params = SamplingParams(temperature=0.0, max_tokens=TOKENS, top_p=1.0, seed=0)
@@ -103,7 +103,7 @@ def child_closed_loop(url: str, n: int, c: int, stream: bool) -> tuple[float, in
         return Request("/chat/completions", body, (f"summarise item {i}",), i)
 
     t0 = time.perf_counter()
-    run = Sender(client).closed_loop(supply, c, LevelWindow(0.0, n), TOKENS)
+    run = Sender.over(client).closed_loop(supply, c, LevelWindow(0.0, n), TOKENS)
     wall = time.perf_counter() - t0
     return wall, sum(1 for item in run.items if not item.ok)
 
@@ -112,11 +112,11 @@ def child_wave(url: str, n: int, c: int, stream: bool) -> tuple[float, int]:
     from calibrate.http.client import OpenAIClient
     from calibrate.http.models import SamplingParams
     from calibrate.load.request import Request
-    from calibrate.load.waves import Sender
+    from calibrate.load.sender import Sender
 
     params = SamplingParams(temperature=0.0, max_tokens=TOKENS, top_p=1.0, seed=0)
     client = OpenAIClient(url, timeout_s=120.0, max_connections=c)
-    sender = Sender(client)
+    sender = Sender.over(client)
 
     def request(i: int) -> Request:
         body = client.chat_body(MODEL, f"summarise item {i}", params, stream=stream)

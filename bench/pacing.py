@@ -45,14 +45,14 @@ def child(url: str, model: str, rate: float, seconds: float) -> Point:
     """One open loop at ``rate`` (this process's transport: CALIBRATE_TRANSPORT)."""
     from calibrate.http.client import OpenAIClient
     from calibrate.load.request import Request
-    from calibrate.load.waves import Sender
+    from calibrate.load.sender import Sender
 
     client = OpenAIClient(url, timeout_s=30, max_connections=256)
     n = int(rate * seconds)
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
     requests = [Request("/chat/completions", body, ("hi",), i) for i in range(n)]
     schedule = [i / rate for i in range(n)]
-    run = Sender(client).open_loop(requests, schedule, None)
+    run = Sender.over(client).open_loop(requests, schedule, None)
     client.close()
     lags = sorted(max(0.0, item.started_s - schedule[item.index]) for item in run.items)
 

@@ -33,7 +33,7 @@ from calibrate.http.models import SamplingParams
 from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.load.procs.sender import WorkerSender
 from calibrate.load.request import build_requests
-from calibrate.load.waves import Sender
+from calibrate.load.sender import Sender
 from calibrate.load.window import LevelWindow, steady_throughput
 
 base_url, model, workers, c, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
@@ -47,7 +47,7 @@ def supply():
     n += 1
     return replace(body, first_index=n)
 recipe = ClientRecipe(base_url, None, None, 60.0, 10.0, 64.0, c)
-sender = Sender(client) if workers == 1 else WorkerSender(client, recipe, workers)
+sender = Sender.over(client) if workers == 1 else WorkerSender(client, recipe, workers)
 if workers > 1:
     sender.closed_loop(supply, c, LevelWindow(0.2, c), None)  # start the workers first
 before = resource.getrusage(resource.RUSAGE_SELF)

@@ -93,10 +93,10 @@ def measure(url: str, batches: list[int], delay_s: float, waves: int) -> list[Po
     import uvloop
 
     from calibrate.http.client import OpenAIClient
-    from calibrate.load.waves import Sender
+    from calibrate.load.sender import Sender
 
     client = OpenAIClient(url, timeout_s=120.0, max_connections=max(batches))
-    sender = Sender(client)
+    sender = Sender.over(client)
     _calibrate_wave(sender, 8)  # connections opened, imports done
     points: list[Point] = []
     for batch in batches:

@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import write_config
 from tests.mockserver import start_mock
-from tests.tier_helpers import DEFAULT_RISE, FAST, jsonl, open_gate, run_dir
+from tests.tier_helpers import DEFAULT_RISE, FAST, jsonl, open_gate, run_dir, setting_by_rule
 
 SERVER = '[server]\nkind = "vllm"\nmodel_path = "/models/m1"\nport = 8123\n'
 
@@ -226,7 +226,14 @@ def test_a_managed_llamacpp_ladder_restarts_at_parallel_b_for_each_tier(
     assert all(a != b for a, b in itertools.pairwise(parallel)), "never a needless one"
     assert "restarting the managed server at cap 8 (--parallel 8 for ladder batch 8)" in result.err
     batch = result.json["last_passing"]["batch_size"]
-    assert batch in (4, 8)  # 1 slot per B: throughput doubles up to the setting
+    assert batch == setting_by_rule(run_dir(isolated, result.json["run_id"]))
+    tiers = result.json["tiers"]
+    if "the conservative answer, taken" not in result.err and not any(
+        t.get("client_bound") for t in tiers
+    ):
+        # 1 slot per B: throughput doubles up to the setting (a machine so busy that its rounds
+        # cannot tell 2× apart takes, and says, the conservative answer instead: FAST)
+        assert batch in (4, 8), result.err
     assert cli("pin").code == 0
     assert f"--parallel {batch}" in (isolated / "scripts/launch.sh").read_text("utf-8")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tests.mockserver import MockProcess, start_mock
 from tests.report_helpers import keyed_rows, table_lines
-from tests.tier_helpers import FAST, WINDOWS, jsonl, open_gate, run_dir
+from tests.tier_helpers import CONSERVATIVE, FAST, WINDOWS, jsonl, open_gate, run_dir
 
 # levels far shorter than the defaults (15 s, 3 runs) so the suite stays fast; the scraper at
 # its default interval so the client, not /metrics, has the machine's two cores
@@ -73,9 +73,10 @@ def test_one_run_per_level_shows_no_range_and_says_a_gain_is_not_told_from_noise
 def test_ladder_rounds_repeat_waves_for_min_round_s_after_a_warm_up(cli, isolated: Path) -> None:
     # the latency rule off (latency_rise = 100): the test counts the waves of both tiers, and on
     # 2-ms answers a loaded machine's time per item can rise 1.25× and stop it after the first
+    # and the verdict's repeats off (conservative, max_rounds = 2: FAST's): it counts 2 rounds
     config = (
-        "[ladder]\nsample_interval_s = 0.05\nmin_round_s = 0.05\nwarmup_waves = 1\n"
-        "latency_rise = 100.0\nbatch_sizes = [1, 2]\n"
+        f"{CONSERVATIVE}[ladder]\nsample_interval_s = 0.05\nmin_round_s = 0.05\n"
+        "warmup_waves = 1\nlatency_rise = 100.0\nmax_rounds = 2\nbatch_sizes = [1, 2]\n"
     )
     with start_mock(ttft_s=0.002, per_token_s=0.0002) as mock:
         open_gate(isolated, mock.base_url, config)
