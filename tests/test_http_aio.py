@@ -415,3 +415,35 @@ def test_the_engine_s_answers_are_parsed_off_the_io_loop(stream: bool) -> None:
         client.close()
     assert all(i.ok for i in items) and len(items) == 8
     assert set(client.read_on) == {"calibrate-parse"}
+
+
+class _ContextReader(OpenAIClient):
+    """The real client, noting the thread the server's context is read on (``GET /props``)."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.context_read_on: list[str] = []
+
+    def get_text(self, url_or_path: str, *, timeout_s: float = 5.0) -> str:
+        if url_or_path == "/props":
+            self.context_read_on.append(threading.current_thread().name)
+        return super().get_text(url_or_path, timeout_s=timeout_s)
+
+
+def test_a_forced_answer_cut_short_is_incomplete_and_the_context_is_read_off_the_io_loop() -> None:
+    """A forced answer the server cut short is an incomplete item, judged against the server's
+    context; that context is read over HTTP (the control plane), never on the I/O loop, where a
+    blocking read would stall every other stream's bytes and stamps."""
+    with start_mock(ttft_s=0.001, per_token_s=0.0, truncate_rate=1.0) as mock:
+        client = _ContextReader(mock.base_url, timeout_s=10)
+        params = SamplingParams(0.0, 40, 1.0, None)
+        body = {**client.chat_body("internlm-s2", "hi", params, stream=False), "min_tokens": 40}
+        requests = [
+            Request("/chat/completions", body, ("hi",), n, forced_tokens=40) for n in (1, 2)
+        ]
+        items, _ = Sender.over(client).send(requests, 2, 40)
+        client.close()
+    assert [i.ok for i in items] == [False, False]
+    assert all(i.error is not None and i.error.kind == "incomplete" for i in items), items
+    assert client.context_read_on, "a cut answer is judged against the server's context"
+    assert "calibrate-io" not in client.context_read_on, "read on the I/O loop's thread"
