@@ -12,7 +12,7 @@ all, the issue-25 table (reference.py): calibrate batch --json vs the aiohttp+uv
 client on one mock at c=32/128/512 (D=0.3 s) and c=256 (D=1 s), with CPU ms per request. It
 reports; it never fails on targets.
 
-Then the transport comparison (transports.py): threads over urllib3, aiohttp (+uvloop), a
+Then the transport comparison (transports.py): aiohttp (+uvloop), a
 hand-written asyncio client, and calibrate's client as it is, at c = 32, 128, 512, 2048,
 streamed and not, on the shared async mock.
 

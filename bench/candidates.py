@@ -2,15 +2,13 @@
 ``python bench/candidates.py CANDIDATE URL N C STREAM`` prints wall seconds, CPU seconds (the
 requests only: imports, loop and client set-up excluded) and failures as JSON.
 
-- ``threads+urllib3`` — c threads, each calling calibrate's ``OpenAIClient.post_completion``
-  over urllib3 (``io="urllib3"``: client.py → transport.py, deadline.py, bodies.py);
 - ``calibrate`` — the same threads and client as it is now (the asyncio transport,
   calibrate/http/aio: one loop thread does every thread's I/O);
 - ``calibrate closed loop`` — the sweep's own load engine, ``Sender.closed_loop`` (c in flight,
-  each answer's successor sent from the I/O loop, calibrate/load/closed_loop.py), n requests,
+  each answer's successor sent from the I/O loop, calibrate/load/pacing.py Closed), n requests,
   answers parsed into items with their stream timing as a sweep records them;
 - ``calibrate wave`` — the ladder's, ``Sender.send``: the n requests as waves of c, each
-  released together and answered before the next (calibrate/load/wave_loop.py);
+  released together and answered before the next (calibrate/load/pacing.py Wave);
 - ``aiohttp+uvloop`` / ``aiohttp`` — the reference's client; streams by ``async for line``;
 - ``raw-asyncio+uvloop`` / ``raw-asyncio`` — the hand-written client of aio_http.py, coroutines
   on the loop itself (no threads): what an engine written for the loop would cost;
@@ -54,7 +52,7 @@ def _body(i: int, stream: bool) -> bytes:
 # -- the children: one request function per candidate ------------------------------------
 
 
-def child_threads(url: str, n: int, c: int, stream: bool, io: str) -> tuple[float, int]:
+def child_threads(url: str, n: int, c: int, stream: bool) -> tuple[float, int]:
     import itertools
     import threading
 
@@ -63,7 +61,7 @@ def child_threads(url: str, n: int, c: int, stream: bool, io: str) -> tuple[floa
     from calibrate.http.models import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=TOKENS, top_p=1.0, seed=0)
-    client = OpenAIClient(url, timeout_s=120.0, max_connections=c, io=io)  # type: ignore[arg-type]
+    client = OpenAIClient(url, timeout_s=120.0, max_connections=c)
     counter = itertools.count()
     failed = [0]
 
@@ -291,14 +289,13 @@ def child_main(candidate: str, url: str, n: int, c: int, stream: bool) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < c + FD_SPARE:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, c + 4 * FD_SPARE), hard))
-    if candidate in ("threads+urllib3", "calibrate"):
+    if candidate == "calibrate":
         import calibrate.http.client
 
         r0 = resource.getrusage(resource.RUSAGE_SELF)
-        io = "urllib3" if candidate == "threads+urllib3" else "asyncio"
-        wall, failed = child_threads(url, n, c, stream, io)
+        wall, failed = child_threads(url, n, c, stream)
     elif candidate in ("calibrate closed loop", "calibrate wave"):
-        import calibrate.load.waves  # noqa: F401  (imports are start-up: not measured)
+        import calibrate.load.sender  # noqa: F401  (imports are start-up: not measured)
 
         r0 = resource.getrusage(resource.RUSAGE_SELF)
         child = child_closed_loop if candidate == "calibrate closed loop" else child_wave

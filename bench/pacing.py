@@ -5,8 +5,8 @@ scheduled time; a send that goes out late offers the server less than the rate i
 runs ``Sender.open_loop`` in a child process of its own against a fast mock (answers in 10 ms,
 16 tokens) at a constant rate for ``--seconds``, and reports how late each request started
 against its schedule (p50, p99, max, in ms) — over the asyncio transport (each request handed to
-the I/O loop at its time, the default) and over urllib3 (a thread started per send, the old
-path), side by side in one run. Target: p99 ≤ 1 ms at 1,000 req/s.
+the I/O loop at its time; the urllib3 path, a thread started per send, is gone). Target: p99 ≤ 1 ms
+at 1,000 req/s.
 
 usage: python bench/pacing.py [--rates 200,1000,2000] [--seconds S] [--reference-dir DIR]
 """
@@ -27,7 +27,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
 RATES = (200, 1000, 2000)
-TRANSPORTS = ("asyncio", "urllib3")
+TRANSPORTS = ("asyncio",)  # the one transport for completions
 
 
 @dataclass(frozen=True)
@@ -42,24 +42,24 @@ class Point:
 
 
 def child(url: str, model: str, rate: float, seconds: float) -> Point:
-    """One open loop at ``rate`` (this process's transport: CALIBRATE_TRANSPORT)."""
+    """One open loop at ``rate`` over the one transport for completions (asyncio)."""
     from calibrate.http.client import OpenAIClient
     from calibrate.load.request import Request
     from calibrate.load.sender import Sender
 
     client = OpenAIClient(url, timeout_s=30, max_connections=256)
     n = int(rate * seconds)
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 256}
     requests = [Request("/chat/completions", body, ("hi",), i) for i in range(n)]
     schedule = [i / rate for i in range(n)]
-    run = Sender.over(client).open_loop(requests, schedule, None)
+    run = Sender.over(client).open_loop(requests, schedule, None, 256)
     client.close()
     lags = sorted(max(0.0, item.started_s - schedule[item.index]) for item in run.items)
 
     def at(q: float) -> float:
         return lags[min(len(lags) - 1, int(q * len(lags)))] * 1000 if lags else 0.0
 
-    transport = os.environ.get("CALIBRATE_TRANSPORT") or "asyncio"
+    transport = "asyncio"
     ok = sum(1 for item in run.items if item.ok)
     return Point(transport, rate, n, ok, at(0.5), at(0.99), lags[-1] * 1000 if lags else 0.0)
 
@@ -67,9 +67,9 @@ def child(url: str, model: str, rate: float, seconds: float) -> Point:
 def measure(url: str, model: str, rates: tuple[float, ...], seconds: float) -> list[Point]:
     points = []
     for rate in rates:
-        for transport in TRANSPORTS:  # side by side, interleaved
+        for _transport in TRANSPORTS:  # one transport now: one point per rate
             env = {k: v for k, v in os.environ.items() if not k.startswith("CALIBRATE_")}
-            env.update(PYTHONPATH=str(REPO), CALIBRATE_TRANSPORT=transport)
+            env.update(PYTHONPATH=str(REPO))
             args = [sys.executable, __file__, "--child", url, model, str(rate), str(seconds)]
             done = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
             points.append(Point(**json.loads(done.stdout)))

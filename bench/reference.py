@@ -50,8 +50,6 @@ class Point:
     calibrate_cpu_ms: float | None
     calibrate_process_cpu_ms: float | None
     calibrate_failed: int = 0
-    urllib3_ratio: float | None = None  # calibrate batch with CALIBRATE_TRANSPORT=urllib3
-    urllib3_cpu_ms: float | None = None
 
     @property
     def ideal_s(self) -> float:
@@ -158,12 +156,11 @@ sys.exit(main(["batch", *sys.argv[1:]]))
 
 
 def _calibrate(
-    work: Path, base_url: str, tasks: Path, out: Path, c: int, transport: str
+    work: Path, base_url: str, tasks: Path, out: Path, c: int
 ) -> tuple[dict[str, Any], float, float]:
     """``calibrate batch --json`` as a child: (its summary, CPU s of run_batch, CPU s in all)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CALIBRATE_")}
     env["PYTHONPATH"] = str(REPO)
-    env["CALIBRATE_TRANSPORT"] = transport
     args = ["--base-url", base_url, "--model", MODEL, "--input", str(tasks), "--out", str(out)]
     args += ["-c", str(c), "--progress-s", "3600", "--json"]
     stdout, stderr = work / "stdout.json", work / "stderr.txt"
@@ -189,16 +186,14 @@ def _calibrate(
     return summary, timed_s, usage.ru_utime + usage.ru_stime
 
 
-def calibrate_run(
-    work: Path, base_url: str, n: int, c: int, transport: str = "asyncio"
-) -> tuple[float, float, float, int]:
+def calibrate_run(work: Path, base_url: str, n: int, c: int) -> tuple[float, float, float, int]:
     """(seconds of the run, CPU ms/request of run_batch, of the whole process, items not ok)."""
     tasks = work / "tasks.jsonl"
     with tasks.open("w", encoding="utf-8") as handle:
         for i in range(n):
             handle.write(f'{{"id":"t{i:07d}","text":"summarise item {i}"}}\n')
-    out = work / f"out-{transport}.jsonl"
-    summary, timed_s, whole_s = _calibrate(work, base_url, tasks, out, c, transport)
+    out = work / "out.jsonl"
+    summary, timed_s, whole_s = _calibrate(work, base_url, tasks, out, c)
     failed = max(n - int(summary.get("done", 0)), 0)  # not ok: failed, or never finished
     return float(summary["seconds"]), timed_s * 1000 / n, whole_s * 1000 / n, failed
 
@@ -219,7 +214,6 @@ def measure(
                 wall_s, ref_cpu = reference_run(setup, base_url, n, c)
                 ref_ratio = ideal_s / wall_s
             cal_s, cal_cpu, whole_cpu, failed = calibrate_run(Path(tmp), base_url, n, c)
-            old_s, old_cpu, _, _ = calibrate_run(Path(tmp), base_url, n, c, "urllib3")
         rows.append(
             Point(
                 latency_s,
@@ -231,14 +225,11 @@ def measure(
                 cal_cpu,
                 whole_cpu,
                 failed,
-                ideal_s / old_s,
-                old_cpu,
             )
         )
         print(
             f"  D={latency_s:g}s c={c} N={n}: reference "
-            f"{'—' if ref_ratio is None else f'{ref_ratio:.3f}'}, calibrate {ideal_s / cal_s:.3f}"
-            f" (over urllib3 {ideal_s / old_s:.3f})",
+            f"{'—' if ref_ratio is None else f'{ref_ratio:.3f}'}, calibrate {ideal_s / cal_s:.3f}",
             file=sys.stderr,
             flush=True,
         )
@@ -269,9 +260,6 @@ def table(setup: Setup, rows: list[Point]) -> str:
         f"| {_cpu_range([r.reference_cpu_ms for r in rows])} |",
         f"| calibrate batch over asyncio (the default) | {' | '.join(map(_cell, cal))} "
         f"| {_cpu_range([r.calibrate_cpu_ms for r in rows])} |",
-        f"| calibrate batch over urllib3 (CALIBRATE_TRANSPORT=urllib3) "
-        f"| {' | '.join(_cell(r.urllib3_ratio) for r in rows)} "
-        f"| {_cpu_range([r.urllib3_cpu_ms for r in rows])} |",
     ]
     if setup.reference_script is not None:
         shares = [c / r if c is not None and r else None for c, r in zip(cal, ref, strict=True)]
@@ -287,7 +275,6 @@ def table(setup: Setup, rows: list[Point]) -> str:
         "|---" * (len(rows) + 1) + "|",
         "| reference | " + " | ".join(_cell(r.reference_cpu_ms) for r in rows) + " |",
         "| calibrate | " + " | ".join(_cell(r.calibrate_cpu_ms) for r in rows) + " |",
-        "| calibrate over urllib3 | " + " | ".join(_cell(r.urllib3_cpu_ms) for r in rows) + " |",
         "| calibrate, whole process (start-up too) | "
         + " | ".join(_cell(r.calibrate_process_cpu_ms) for r in rows)
         + " |",

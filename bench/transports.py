@@ -35,7 +35,6 @@ sys.path.insert(0, str(HERE))
 import reference  # noqa: E402  (bench/ is this script's folder)
 
 CANDIDATES = (
-    "threads+urllib3",
     "aiohttp+uvloop",
     "aiohttp",
     "raw-asyncio+uvloop",
