@@ -8,23 +8,23 @@ window, the better half again at twice the window, … the last two at the full 
 finished measurement is on disk before the next starts; a rerun with the same grid fingerprint
 skips what is there. ``--budget-s`` is checked before each start; what it left is reported.
 The winner's margin over the runner-up is claimed only when their runs' interval separates
-(``tune.margin``).
+(``tune.outcome``).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.config import TuneSearch
-from calibrate.gpu.energy import RANK_FIELDS, RankBy
+from calibrate.gpu.energy import RankBy
 from calibrate.server.exit_status import ended_words
 from calibrate.stages.tune.candidate import Lifecycle
 from calibrate.stages.tune.grid import Candidate, TunePlan
-from calibrate.stages.tune.outcome import TuneOutcome, healthy
+from calibrate.stages.tune.outcome import TuneOutcome, healthy, rank
 from calibrate.stages.tune.result import CandidateResult, MemoryProbe
 from calibrate.stages.tune.store import TuneStore
 
@@ -41,21 +41,6 @@ def schedule(n: int, search: TuneSearch) -> list[tuple[int, float]]:
         sizes.append(math.ceil(sizes[-1] / 2))
     last = len(sizes) - 1
     return [(size, 2.0 ** (r - last)) for r, size in enumerate(sizes)]
-
-
-def rank(results: Sequence[CandidateResult], by: RankBy = "goodput") -> list[CandidateResult]:
-    """Best first: a healthy measurement before a crash or a failure, a later halving rung
-    before an earlier one, then (``by`` J/token or $/1M: the fewest at its best level, one not
-    measured after those that were) goodput, then the lower median latency, then grid order."""
-    column = RANK_FIELDS.get(by)
-
-    def key(r: CandidateResult) -> tuple[bool, int, float, float, float, int]:
-        p50 = r.best.p50_s if r.best and r.best.p50_s is not None else math.inf
-        cost = getattr(r.best, column, None) if column and r.best else None
-        spend = cost if cost is not None else (math.inf if column else 0.0)
-        return (not healthy(r), -r.rung, spend, -r.goodput_per_s, p50, r.candidate.index)
-
-    return sorted(results, key=key)
 
 
 @dataclass
