@@ -19,6 +19,7 @@ from typing import Any
 from calibrate.confidence import DEFAULT_LEVEL, compare, percent, spread
 from calibrate.gpu.energy import RANK_FIELDS, RankBy
 from calibrate.stages.tune.grid import Candidate, TunePlan
+from calibrate.stages.tune.pareto import Point, points, reason
 from calibrate.stages.tune.result import BestLevel, CandidateResult, MemoryProbe
 from calibrate.stages.verdict.doubt import Doubt, Inconclusive, UnderNoise
 from calibrate.stages.verdict.separation import Sample, gain_interval
@@ -118,6 +119,9 @@ class TuneOutcome:
     gain_min: float = 0.10  # [sweep] gain_min: a lead below it is about equal
     conservative: bool = False  # --conservative: a winner noise leaves in doubt takes the smaller
     rank_by: RankBy = "goodput"
+    stopped: str = ""  # refine: why the search needed no further candidate
+    restarts: int = 0  # candidate restarts the run has made, resumed ones included
+    spent_by: str = ""  # "--restarts" or "--budget-s": the budget that left ``untested``
 
     @property
     def top(self) -> CandidateResult | None:
@@ -203,6 +207,18 @@ class TuneOutcome:
         doubt = self.doubt
         return doubt.text if doubt is not None and not self.conservative else ""
 
+    def front(self) -> list[Point]:
+        """Every candidate that served a passing level as a point, the Pareto front's first."""
+        win = self.winner
+        return points(self.ranked, win.candidate.id if win is not None else None)
+
+    def pin_reason(self, front: Sequence[Point]) -> str:
+        """Which point pin takes and why ("" when there is no winner)."""
+        pinned = next((p for p in front if p.pinned), None)
+        doubt = self.doubt
+        under_noise = doubt.conservative if doubt is not None and self.conservative else ""
+        return reason(pinned, self.rank_by, front, under_noise)
+
     @property
     def complete(self) -> bool:
         return not self.untested and not self.budget_spent and not self.memory_failed
@@ -214,6 +230,7 @@ class TuneOutcome:
             c = win.candidate
             tuned = TunedSetting(c.flags, c.cap, win.best.concurrency)
         second = self.runner_up
+        front = self.front()
         body = {
             **details,
             "candidates": self.plan.size,
@@ -228,6 +245,11 @@ class TuneOutcome:
             **self.lead_json(),
             "untested": [c.to_json() for c in self.untested],
             "budget_spent": self.budget_spent,
+            "spent_by": self.spent_by or None,
+            "restarts": self.restarts,
+            "search_stop": self.stopped or None,
+            "pareto": [p.to_json() for p in front],
+            "pinned_reason": self.pin_reason(front) or None,
             "inconclusive": self.inconclusive or None,
             "under_noise": UnderNoise(self.doubt).to_json()
             if self.doubt is not None and self.conservative

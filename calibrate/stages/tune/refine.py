@@ -212,8 +212,8 @@ def _walk(lattice: Lattice, rule: Rule) -> Walk:
 def _moves(axes: int, last: Move | None, *, diagonal: bool) -> list[Move]:
     """Each axis up and down (the last successful move first); at one step also each pair of
     axes together (a ridge across two axes is followed)."""
-    single = [((k, sign),) for k in range(axes) for sign in (1, -1)]
-    pairs = [
+    single: list[Move] = [((k, sign),) for k in range(axes) for sign in (1, -1)]
+    pairs: list[Move] = [
         ((a, sa), (b, sb))
         for a in range(axes)
         for b in range(a + 1, axes)

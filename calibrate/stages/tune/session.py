@@ -61,6 +61,11 @@ class TuneFinished:
             "winner": winner,
             "untested": [c.to_json() for c in o.untested],
             "memory": self.summary.details.get("memory"),
+            "search": setup.search,
+            "restarts": o.restarts,
+            "search_stop": o.stopped or None,
+            "pareto": self.summary.details.get("pareto"),
+            "pinned_reason": self.summary.details.get("pinned_reason"),
         }
 
 
@@ -92,6 +97,8 @@ class Session:
             level=setup.ctx.config.confidence.level,
             gain_min=setup.ctx.config.sweep.gain_min,
             conservative=setup.conservative,
+            restarts=setup.restarts,
+            patience=setup.patience,
         )
         plan_json = {**setup.plan.to_json(), "search": setup.search}
         self.store.write_plan(plan_json, setup.fingerprint)
