@@ -36,7 +36,7 @@ def service_s(slots: int, chunk: int) -> float:
     beyond 20), a chunk far from 4096 wastes steps. Goodput = slots / service peaks at 20, 4096."""
     contention = 1 + (slots / 24) ** 3
     waste = 1 + 0.15 * abs(math.log2(chunk / 4096)) ** 1.5
-    return 0.05 * contention * waste
+    return float(0.05 * contention * waste)
 
 
 @dataclass
