@@ -104,9 +104,14 @@ def show_start(out: Output, setup: TuneSetup, measured_before: int) -> None:
         )
     else:
         axes = "; ".join(f"{a.key} ∈ {{{', '.join(a.values)}}}" for a in plan.axes)
+        search = f"{setup.search} search"
+        if setup.search == "refine":
+            search += f" (patience {setup.patience})"
+        if setup.restarts:
+            search += f", at most {setup.restarts} restarts"
         out.say(
-            f"tune run {run_id}: {plan.size} candidates ({axes}), {setup.search} "
-            f"search, {setup.kind} restarted per candidate; {ranked}"
+            f"tune run {run_id}: {plan.size} candidates ({axes}), {search}, "
+            f"{setup.kind} restarted per candidate; {ranked}"
         )
     if note := setup.settings.skipped_note():
         out.say(note)

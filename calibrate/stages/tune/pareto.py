@@ -110,4 +110,4 @@ def reason(
     if pinned.on_front:
         return head + ", on the Pareto front"
     better = [p.id for p in front if p.on_front and pinned.dominated_by(p)]
-    return head + f", off the Pareto front ({', '.join(better)} give as much of both and more)"
+    return head + f", off the Pareto front (beaten on both axes by {', '.join(better)})"
