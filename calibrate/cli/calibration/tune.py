@@ -7,7 +7,10 @@ one request. Then each candidate — defaults per engine kind around the ladder'
 [tune] grid and --grid KEY=V1,V2,… replace an axis (for a custom command: any {placeholder}) —
 is started, warmed up, measured like the sweep at increasing concurrency (goodput under [slo]),
 stopped, and proven gone. Each result is on disk as it finishes: run the same command again to
-resume. The ranked table goes to tiers.csv/jsonl and plot.svg; pin then writes the winner.
+resume. --search refine measures only what the results so far point to (the neighbours of the
+best, the steps halving) and stops on --patience or when no neighbour is better; --restarts caps
+the restarts of any search. The ranked table goes to tiers.csv/jsonl and plot.svg, then the
+Pareto front (tokens/s per user against tokens/s in all) and the point pin takes, and why.
 
 example: calibrate tune --grid max_num_seqs=8,16,32 --grid max_num_batched_tokens=4096,8192 \\
            --budget-s 3600

@@ -1,7 +1,8 @@
 """A tune run from its setup to its ledger line: the search, then the tables, plot and verdict.
 
 The verdict passes when a winner served a passing level; the run is marked finished (a rerun
-starts a new one) only when every candidate was measured. An interrupted run is recorded
+starts a new one) only when every candidate was measured, or refine's search stopped on its own
+(converged, or out of patience) — not when a budget cut it. An interrupted run is recorded
 ``interrupted: true`` and stays resumable.
 """
 
