@@ -145,7 +145,7 @@ class Measuring:
     noise: NoiseMeter | None = None
 
 
-def noise_meter(spec: MeasureSpec, ctx: StageContext, selfload: SelfLoadMonitor) -> NoiseMeter:
+def noise_meter(server_pid: int | None, ctx: StageContext, selfload: SelfLoadMonitor) -> NoiseMeter:
     """The machine's noise, less calibrate's own processes and the server's: the one it manages,
     ``--server-pid``, or whatever listens on the target's port of this machine."""
     reader = LinuxProc()
@@ -157,7 +157,7 @@ def noise_meter(spec: MeasureSpec, ctx: StageContext, selfload: SelfLoadMonitor)
     listeners: list[int] = []  # found once, looked for again only when they are gone
 
     def server_pids() -> list[int]:
-        found = [spec.server_pid] if spec.server_pid else []
+        found = [server_pid] if server_pid else []
         record = process.load(runs_dir)
         if record is not None and process.liveness(record) == "running":
             found.append(record.pid)
@@ -185,7 +185,7 @@ def measuring(spec: MeasureSpec, ctx: StageContext) -> Iterator[Measuring]:
         devices=devices,
     )
     try:
-        yield Measuring(monitor, selfload, incidents, noise_meter(spec, ctx, selfload))
+        yield Measuring(monitor, selfload, incidents, noise_meter(spec.server_pid, ctx, selfload))
     finally:
         monitor.stop()
         selfload.stop()
