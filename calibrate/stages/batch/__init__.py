@@ -14,13 +14,7 @@ import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from calibrate.errors import (
-    CalibrateError,
-    ExitCode,
-    ServerUnreachable,
-    StageFailed,
-    os_error_text,
-)
+from calibrate.errors import CalibrateError, ExitCode, ServerUnreachable, StageFailed, os_error_text
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.error_kinds import reach_hint
 from calibrate.load.procs.sender import workers_for
@@ -203,8 +197,7 @@ def _send(b: _Batch, workers: int, notes: BatchNotes) -> tuple[BatchResult, Batc
     try:
         usable, check = usable_endpoints(ctx, endpoints, clients, notes.to_json(), env.on_check)
         notes = replace(notes, endpoint_check=check)
-        if not b.spec.sample:  # a --sample tries the prompt: not held to the calibration
-            drift = watch_batch(ctx, usable, b.plan.to_run, b.out_path, env.warn, monitor)
+        drift = watch_batch(ctx, usable, b.plan, b.out_path, env.warn, monitor)
         plan = replace(b.plan, watch=drift.seen)  # it sees each line once counted
         if len(endpoints) == 1:  # no fixed-prompt check: its answers are held to one model
             watch = ServedModelWatch(
@@ -241,7 +234,7 @@ def _send(b: _Batch, workers: int, notes: BatchNotes) -> tuple[BatchResult, Batc
                 )
             else:
                 result = run_batch(plan, None, b.out_path, lanes=lanes, **hooks)
-        return result, replace(notes, drift=None if b.spec.sample else drift.stop())
+        return result, replace(notes, drift=drift.stop())
     finally:
         drift.stop()
         monitor.stop()

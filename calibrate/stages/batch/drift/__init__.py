@@ -20,6 +20,7 @@ from calibrate.http.client import OpenAIClient
 from calibrate.stages.batch.drift.record import DriftRecord, records_json
 from calibrate.stages.batch.drift.server import ServerWatch
 from calibrate.stages.batch.drift.watch import DriftWatch
+from calibrate.stages.batch.plan import BatchPlan
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.tier_run import noise_meter
 from calibrate.state.calibrated import calibration_for
@@ -32,8 +33,9 @@ __all__ = ["BatchDrift", "DriftRecord", "DriftWatch", "records_json", "watch_bat
 class BatchDrift:
     """The drift of a batch's endpoints: a watch for each one calibrated, else why not."""
 
-    def __init__(self, each: Sequence[DriftWatch | DriftRecord]) -> None:
-        self._each = list(each)
+    def __init__(self, each: Sequence[DriftWatch | DriftRecord] | None) -> None:
+        self._compared = each is not None  # None: a --sample, not held to the calibration
+        self._each = list(each or ())
         self._watches = [w for w in self._each if isinstance(w, DriftWatch)]
 
     def seen(self, line: dict[str, Any], tokens: int, endpoint: str) -> None:
@@ -45,20 +47,26 @@ class BatchDrift:
         for watch in self._watches:
             watch.quiet(endpoint, down)
 
-    def stop(self) -> tuple[DriftRecord, ...]:
-        """Every watch stopped; one record per endpoint, in their order."""
+    def stop(self) -> tuple[DriftRecord, ...] | None:
+        """Every watch stopped; one record per endpoint, in their order (None: a --sample)."""
+        if not self._compared:
+            return None
         return tuple(w.stop() if isinstance(w, DriftWatch) else w for w in self._each)
 
 
 def watch_batch(
     ctx: StageContext,
     used: Sequence[tuple[Endpoint, OpenAIClient]],
-    to_run: int,
+    plan: BatchPlan,
     out_path: Path,
     warn: Callable[[str], None],
     selfload: SelfLoadMonitor,
 ) -> BatchDrift:
-    """The watches of the endpoints ``used`` (each with its client), started."""
+    """The watches of the endpoints ``used`` (each with its client), started; none for a
+    --sample (it tries the prompt: it is not held to the calibration)."""
+    if plan.spec.sample:
+        return BatchDrift(None)
+    to_run = plan.to_run
     slots = sum(min(e.concurrency, max(to_run, 1)) for e, _ in used)
     each: list[DriftWatch | DriftRecord] = []
     for endpoint, client in used:
