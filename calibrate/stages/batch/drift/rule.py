@@ -16,6 +16,11 @@ the calibration's, with two errors at least.
 
 **Lasting.** Drift is three judged windows in a row slow or failing; a window that cannot speak
 for the server (an outage, the run's last items) neither counts nor breaks the run.
+
+**The client's lateness is not the server's.** What calibrate's own threads waited to run over
+a window (the self-check's timer, ``gpu.selfload``) is taken off its median latency before it
+is judged: a machine busy with other processes delays when the client reads each answer, not
+how fast the server makes it. (A server on this busy machine that slows for real still shows.)
 """
 
 from __future__ import annotations
@@ -100,11 +105,18 @@ def expected_p50_s(cal: Calibrated, window: Window) -> float | None:
     return p50 * _cost(cal, wi, wo) / base if base > 0 else p50
 
 
+def served_p50_s(window: Window) -> float | None:
+    """The window's median latency less what the client's own threads waited to run."""
+    if window.latency_p50_s is None:
+        return None
+    return max(0.0, window.latency_p50_s - (window.client_lag_s or 0.0))
+
+
 def is_slow(cal: Calibrated, basis: Basis, window: Window) -> bool:
-    expected = expected_p50_s(cal, window)
-    if window.latency_p50_s is None or not expected:
+    expected, served = expected_p50_s(cal, window), served_p50_s(window)
+    if served is None or not expected:
         return False
-    slower = window.latency_p50_s > expected * latency_bound(cal)
+    slower = served > expected * latency_bound(cal)
     return slower and (basis.kind != "items" or window.items_per_s < lowest_items_per_s(cal))
 
 

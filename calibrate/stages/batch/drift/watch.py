@@ -132,7 +132,7 @@ class DriftWatch:
         return self._closed(window)
 
     def _closed(self, window: Window) -> Window:
-        noise = self._noise.since(self._mark) if self._noise and self._mark else None
+        noise = self._noise.since(self._mark) if self._noise and self._mark is not None else None
         self._mark = self._noise_mark()
         ending = self._to_run - window.finished < self._slots
         window = replace(
@@ -140,6 +140,7 @@ class DriftWatch:
             server=self._server.window() if self._server is not None else None,
             others_cores=noise.others_cores if noise else None,
             steal_share=noise.steal_share if noise else None,
+            client_lag_s=noise.client_lag_s if noise else None,
             judged=window.judged and not ending,
             why_not=window.why_not or ("the run's last items" if ending else ""),
         )

@@ -67,6 +67,7 @@ class Window:
     server: ServerSeen | None = None
     others_cores: float | None = None  # other processes' CPU on this machine, in cores
     steal_share: float | None = None
+    client_lag_s: float | None = None  # calibrate's threads: how late they ran, on average
 
     @property
     def items_per_s(self) -> float:
@@ -103,6 +104,7 @@ class Window:
             "server": self.server.to_json() if self.server else None,
             "noise_other_cpu_cores": r(self.others_cores, 3),
             "noise_steal_share": r(self.steal_share),
+            "noise_client_lag_s": r(self.client_lag_s),
         }
 
 
