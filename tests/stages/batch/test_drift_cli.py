@@ -42,15 +42,17 @@ def _drift_rows(root: Path, run_id: str) -> list[dict[str, Any]]:
     return jsonl(root / "runs" / run_id / "drift.jsonl")
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])  # 2: the watch sees the workers' lines
 def test_a_mock_that_slows_after_n_items_warns_once_records_it_and_status_shows_it(
-    cli: Any, isolated: Path
+    cli: Any, isolated: Path, workers: str
 ) -> None:
     port = _calibrated(cli, isolated)
     before = _setting(cli)
     tasks = write_tasks(isolated / "tasks.jsonl", 220)
     slows = ("--port", str(port), "--slow-after", "100", "--slow-after-factor", "4")
     with MockProcess(*MOCK, *slows):
-        result = cli("batch", "--input", str(tasks), "--out", "out.jsonl", "-c", "4", "--json")
+        args = ("--out", "out.jsonl", "-c", "4", "--workers", workers, "--json")
+        result = cli("batch", "--input", str(tasks), *args)
     assert result.code == 0, result.err
     assert result.err.count("drift: the server is slower than calibrated") == 1, result.err
     said = result.err.split("drift: the server is slower than calibrated", 1)[1]
