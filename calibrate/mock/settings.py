@@ -161,8 +161,10 @@ class MockSettings:
         if self.slot_context < 0:
             raise ValueError(f"slot_context must be ≥ 0 (0 = off), got {self.slot_context}")
         times = (self.ttft_s, self.per_token_s, self.slow_s, self.retry_after_s, self.drip_s)
-        if min(times) < 0 or self.keepalive_limit_s <= 0 or self.slow_after_factor <= 0:
+        if min(times) < 0 or self.keepalive_limit_s <= 0:
             raise ValueError("times must be ≥ 0")
+        if (self.slow_after or 0) < 0 or self.slow_after_factor <= 0:
+            raise ValueError("slow_after must be ≥ 0 and slow_after_factor > 0")
         if not 0 <= self.huge_mib <= 4096:
             raise ValueError(f"huge_mib must be in [0, 4096], got {self.huge_mib}")
         costs = (self.step_ms_per_1k_tokens, self.prefill_ms_per_1k_tokens)
