@@ -137,7 +137,8 @@ def warning(cal: Calibrated, basis: Basis, finding: Finding, found: tuple[Cause,
         said.append(f"p99 {finding.latency_p99_s:.3g} s ({cal.latency_p99_s:.3g} s calibrated)")
     said.append(f"errors {finding.error_rate:.0%} ({cal.error_rate:.0%} calibrated)")
     cause = "; ".join(c.text for c in found)
+    stop = "" if cause.endswith("?") else "."  # "… a changed engine?" ends its own sentence
     return (
-        f"{head}: {', '.join(said)}; likely cause: {cause}. The setting is unchanged; to "
+        f"{head}: {', '.join(said)}; likely cause: {cause}{stop} The setting is unchanged; to "
         f"measure it again: {found[0].rerun}"
     )
