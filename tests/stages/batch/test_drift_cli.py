@@ -62,8 +62,9 @@ def test_a_mock_that_slows_after_n_items_warns_once_records_it_and_status_shows_
     assert drift["compared"] and drift["drifted"] and drift["causes"], drift
     assert drift["calibration"]["stage"] == "ladder" and drift["calibration"]["concurrency"] == 4
     assert drift["at_item"] > 100  # the first slow window starts after the 100 fast items
-    assert drift["items_per_s"] < drift["calibration"]["items_per_s"] / 2
+    assert drift["items_per_s"] < drift["calibration"]["items_per_s"]
     rows = _drift_rows(isolated, result.json["run_id"])  # every window, in the run's folder
+    assert drift["items_per_s"] < rows[0]["items_per_s"] / 2  # 4× slower than its own start
     assert len(rows) >= drift["windows_judged"] >= 4 and rows[0]["judged"]
     ledger = jsonl(isolated / "runs/ledger.jsonl")
     assert ledger[-1]["stage"] == "batch" and ledger[-1]["summary"]["drift"][0]["drifted"]
