@@ -16,8 +16,8 @@ GRID = 'grid = ["slots=1,2,4", "kv_tokens=50000", "memory_fraction=0.8"]\n'
 def test_refine_measures_what_the_results_point_to_and_reports_the_front(
     cli, isolated: Path
 ) -> None:
-    tune_config(isolated, GRID, command=SERVER_BOUND)
-    result = cli("tune", "--search", "refine", "--json")
+    tune_config(isolated, GRID, command=SERVER_BOUND, search=None)  # refine: the default
+    result = cli("tune", "--json")
     assert result.code == 0, result.err
     out = result.json
     # the middle (two slots), then up (four: better), then nothing beyond four: converged;

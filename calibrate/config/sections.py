@@ -102,7 +102,7 @@ class TuneConfig:
 
     grid: tuple[str, ...] = ()  # "KEY=V1,V2,…" per axis; replaces the kind's default axis KEY
     memory_fractions: tuple[float, ...] = (0.95, 0.9, 0.85, 0.8, 0.75, 0.7)  # tried high → low
-    search: TuneSearch = "grid"
+    search: TuneSearch = "refine"
     budget_s: float = 0.0  # 0 = no cap on the whole run
     restarts: int = 0  # at most this many candidate restarts in the run; 0 = no cap
     patience: int = 6  # refine: stop after this many candidates in a row without a significant gain

@@ -57,7 +57,7 @@ seed = 0                           # the draw of synthetic prompts and of sample
 [tune]                             # calibrate tune: the engine's own flags, searched by restarting it
 # grid = ["max_num_seqs=8,16,32"]  # "KEY=V1,V2,…" per axis (default: the kind's own axes)
 memory_fractions = [0.95, 0.9, 0.85, 0.8, 0.75, 0.7]  # tried high → low for the most demanding candidate
-search = "grid"                    # or "halving": all at a short window, the better half at twice it, …; or "refine": around the best so far
+search = "refine"                  # around the best so far, within restarts and patience; or "grid": every candidate; or "halving": all at a short window, the better half at twice it, …
 budget_s = 0                       # cap the whole run (checked before each start); 0 = none
 restarts = 0                       # at most this many candidate restarts (the grid: the first N); 0 = none
 patience = 6                       # refine: stop after this many candidates in a row without a significant gain

@@ -52,10 +52,10 @@ def register(subparsers: Any) -> None:
     add(
         "--search",
         choices=("grid", "halving", "refine"),
-        help="grid: every candidate (default, [tune] search); halving: all at a short window, "
-        "the better half again at twice the window, … the last two at the full window; refine: "
-        "start in the middle of every axis, then the neighbours of the best so far, the steps "
-        "halving, until no neighbour is better or --patience runs out",
+        help="refine (default, [tune] search): start in the middle of every axis, then the "
+        "neighbours of the best so far, the steps halving, until no neighbour is better or "
+        "--patience runs out; grid: every candidate; halving: all at a short window, the better "
+        "half again at twice the window, … the last two at the full window",
     )
     add(
         "--restarts",
