@@ -149,6 +149,22 @@ def test_faults_are_reproducible_from_the_seed() -> None:
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="fail_rate"):
         MockSettings(fail_rate=1.5)
+    for drifting in ({"slow_after": -1}, {"slow_after": 3, "slow_after_factor": 0.0}):
+        with pytest.raises(ValueError, match="slow_after must be ≥ 0 and slow_after_factor > 0"):
+            MockSettings(**drifting)
+
+
+def test_a_server_that_drifts_answers_slower_after_its_first_n_requests() -> None:
+    """``--slow-after 3 --slow-after-factor 4``: requests 1–3 as set, every one after 4× as
+    long, first token and each token after it (what batch's drift watch is tested on)."""
+    model = _model(slow_after=3, slow_after_factor=4.0)
+    times = []
+    for _ in range(5):
+        adm = model.admit()
+        times.append((adm.ttft_s, adm.per_token_s))
+        model.release(adm)
+    assert times[:3] == [(0.001, 0.0002)] * 3
+    assert times[3:] == [(0.004, 0.0008)] * 2
 
 
 # --- over HTTP ---------------------------------------------------------------------------------

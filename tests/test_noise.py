@@ -66,6 +66,7 @@ def test_threads_late_while_the_server_holds_the_cores_are_not_the_clients_limit
     second = read()
     assert first is not None and second is not None and round(second - first, 6) == 1.8
     assert server_cpu(proc, lambda: [])() is None  # no server on this machine: unknown
+    assert server_cpu(proc, lambda: [proc.own_pid], own_pid=proc.own_pid)() is None
 
     def windows(own: float, server: float | None) -> SelfLoadMonitor:
         monitor = SelfLoadMonitor(cpu_limit=0.85, lag_limit_s=0.015, confirm=2, cores=2)

@@ -29,6 +29,11 @@ def test_a_tune_ranked_by_cost_shows_the_cost_and_energy_columns(cli, isolated: 
     with csv_path.open(encoding="utf-8") as handle:
         cells = [cell for row in csv.reader(handle) for cell in row]
     assert "None" not in cells
+    # the point pin takes, and why: the ranking asked for, with the cost beside the front
+    assert "pin takes c0" in result.err
+    assert "ranked by cost (--rank-by usd_per_1m): the fewest $ per 1M output tokens" in result.err
+    front = result.err.split("Pareto front: tokens/s per user against tokens/s in all")[1]
+    assert "$/1M tok" in front.splitlines()[1] and "J/tok" in front.splitlines()[1], front
 
 
 def test_without_energy_the_table_has_no_empty_cost_columns(cli, isolated: Path) -> None:

@@ -9,8 +9,7 @@ from pathlib import Path
 
 from calibrate.cli.views.tune import winner_text
 from calibrate.stages.tune.grid import Axis, Candidate, TunePlan
-from calibrate.stages.tune.margin import margin_of
-from calibrate.stages.tune.outcome import TuneOutcome
+from calibrate.stages.tune.outcome import TuneOutcome, margin_of
 from calibrate.stages.tune.result import BestLevel, CandidateResult, Measurement
 from tests.tune_helpers import LEVELS, tune_config
 from tests.tune_helpers import lines as jsonl

@@ -27,11 +27,20 @@ LEVELS = "[sweep]\nconcurrency = [1, 2, 4]\nlevel_s = 0.1\nrepeats = 1\n[ladder]
 
 
 def tune_config(
-    root: Path, tune: str, *, command: str = COMMAND, batch: int = 4, levels: str = LEVELS
+    root: Path,
+    tune: str,
+    *,
+    command: str = COMMAND,
+    batch: int = 4,
+    levels: str = LEVELS,
+    search: str | None = "grid",
 ) -> str:
-    """calibrate.toml with the mock as [server] and a passing ladder at ``batch``; the target."""
+    """calibrate.toml with the mock as [server] and a passing ladder at ``batch``; the target.
+    ``search`` is [tune] search: the grid by default here, where a test counts every candidate
+    of its grid (None: the product's default, refine)."""
     port = free_port()
-    managed_config(root, port, command, extra=levels + "[tune]\n" + tune)
+    chosen = f'search = "{search}"\n' if search else ""
+    managed_config(root, port, command, extra=levels + "[tune]\n" + chosen + tune)
     cfg = config.load(config.Overrides(config_path=str(root / "calibrate.toml")), {})
     target = target_fingerprint(cfg)
     passing_ladder(root, target, batch)

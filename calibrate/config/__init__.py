@@ -5,7 +5,7 @@ limits (the documented maxima, each section's check), urls (base URLs), text (ar
 environment read as UTF-8), load (the precedence), starter (the file `calibrate init` writes). The names other packages use are handed on here.
 """
 
-from calibrate.config.limits import MAX_ROUNDS, MAX_TIMEOUT_S
+from calibrate.config.limits import MAX_RESTARTS, MAX_ROUNDS, MAX_TIMEOUT_S
 from calibrate.config.load import DEFAULT_CONFIG_NAME, Overrides, load
 from calibrate.config.sections import (
     Config,
@@ -22,6 +22,7 @@ from calibrate.workload import MAX_BATCH_SIZE
 __all__ = [
     "DEFAULT_CONFIG_NAME",
     "MAX_BATCH_SIZE",
+    "MAX_RESTARTS",
     "MAX_ROUNDS",
     "MAX_TIMEOUT_S",
     "STARTER_TOML",

@@ -31,6 +31,7 @@ MAX_CONCURRENCY = 4096
 MAX_ROUNDS = 100
 MAX_TOKENS = 1_000_000
 MAX_REPEATS = 100
+MAX_RESTARTS = 256  # tune: at most the largest grid (MAX_CANDIDATES)
 MAX_WARMUP_WAVES = 100
 MAX_LIST_ITEMS = 64
 MAX_TIMEOUT_S = 86_400.0
@@ -188,6 +189,8 @@ CHECKS: dict[type[Any], tuple[Check, ...]] = {
         Steps(Bound("memory_fractions", 0, 1, low_open=True), "memory_fractions"),
         Steps(_LEVELS, "concurrency levels"),
         Bound("budget_s", 0, MAX_TIMEOUT_S),
+        Bound("restarts", 0, MAX_RESTARTS),
+        Bound("patience", 1, MAX_RESTARTS),
         Bound("window", 0, 1, low_open=True),
     ),
     SloConfig: tuple(

@@ -17,7 +17,7 @@ from calibrate.redact import redact_url
 from calibrate.workload import Pick, WorkloadFlags, WorkloadSource
 
 LadderMode = Literal["wave", "prompt-list"]
-TuneSearch = Literal["grid", "halving"]
+TuneSearch = Literal["grid", "halving", "refine"]
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,10 @@ class TuneConfig:
 
     grid: tuple[str, ...] = ()  # "KEY=V1,V2,…" per axis; replaces the kind's default axis KEY
     memory_fractions: tuple[float, ...] = (0.95, 0.9, 0.85, 0.8, 0.75, 0.7)  # tried high → low
-    search: TuneSearch = "grid"
+    search: TuneSearch = "refine"
     budget_s: float = 0.0  # 0 = no cap on the whole run
+    restarts: int = 0  # at most this many candidate restarts in the run; 0 = no cap
+    patience: int = 6  # refine: stop after this many candidates in a row without a significant gain
     concurrency: tuple[int, ...] = ()  # levels per candidate; () = [sweep] concurrency
     window: float = 1.0  # each level's window as a fraction of the sweep's
 

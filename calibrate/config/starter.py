@@ -57,8 +57,10 @@ seed = 0                           # the draw of synthetic prompts and of sample
 [tune]                             # calibrate tune: the engine's own flags, searched by restarting it
 # grid = ["max_num_seqs=8,16,32"]  # "KEY=V1,V2,…" per axis (default: the kind's own axes)
 memory_fractions = [0.95, 0.9, 0.85, 0.8, 0.75, 0.7]  # tried high → low for the most demanding candidate
-search = "grid"                    # or "halving": all at a short window, the better half at twice it, …
+search = "refine"                  # around the best so far, within restarts and patience; or "grid": every candidate; or "halving": all at a short window, the better half at twice it, …
 budget_s = 0                       # cap the whole run (checked before each start); 0 = none
+restarts = 0                       # at most this many candidate restarts (the grid: the first N); 0 = none
+patience = 6                       # refine: stop after this many candidates in a row without a significant gain
 # concurrency = [1, 2, 4, 8]       # levels per candidate (default: [sweep] concurrency)
 window = 1.0                       # each level's window as a fraction of the sweep's
 

@@ -49,13 +49,15 @@ def tree(processes: Iterable[ProcessCpu], roots: Iterable[int]) -> set[int]:
 
 
 def server_cpu(
-    reader: ProcReader, server_pids: Callable[[], Iterable[int]]
+    reader: ProcReader, server_pids: Callable[[], Iterable[int]], own_pid: int | None = None
 ) -> Callable[[], float | None]:
     """The CPU seconds the server's processes (and their children) have used so far, read
-    afresh each call (None: no server process on this machine is known)."""
+    afresh each call (None: no server process on this machine is known). calibrate's own
+    process is never the server's (a mock serving from inside it)."""
+    own = own_pid if own_pid is not None else os.getpid()
 
     def read() -> float | None:
-        roots = list(server_pids())
+        roots = [pid for pid in server_pids() if pid != own]
         if not roots:
             return None
         processes = reader.processes()

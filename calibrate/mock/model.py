@@ -91,7 +91,9 @@ class MockModel:
             elif reset < s.reset_rate:
                 outcome = "reset"
             self._outcomes[outcome] = self._outcomes.get(outcome, 0) + 1
-            per_token = s.per_token_s
+            drifted = s.slow_after is not None and self._next_ticket > s.slow_after
+            slower = s.slow_after_factor if drifted else 1.0  # every request after N
+            per_token = s.per_token_s * slower
             if s.slow_above is not None and n > s.slow_above:
                 per_token *= s.slow_factor
             ttft_jitter = per_token_jitter = 1.0
@@ -104,7 +106,7 @@ class MockModel:
                 weight=weight,
                 in_flight=n,
                 outcome=outcome,
-                ttft_s=s.ttft_s * ttft_jitter + (s.slow_s if slow < s.slow_rate else 0.0),
+                ttft_s=s.ttft_s * ttft_jitter * slower + (slow < s.slow_rate) * s.slow_s,
                 per_token_s=per_token * per_token_jitter * self.waves(weight),
                 truncate=truncate < s.truncate_rate,
                 perturb=s.nondeterministic_above is not None and n > s.nondeterministic_above,
@@ -307,10 +309,8 @@ class MockModel:
     def _vram_used_mib(self) -> int:
         s = self.settings
         if s.preallocate:
-            reserved = (
-                self._kv_mib(s.kv_capacity_tokens) if s.kv_capacity_tokens else s.vram_total_mib
-            )
-            used = s.vram_base_mib + reserved
+            kv = s.kv_capacity_tokens
+            used = s.vram_base_mib + (self._kv_mib(kv) if kv else s.vram_total_mib)
         elif s.kv_mib_per_1k_tokens:
             in_use = self._kv.tokens_in_use
             if s.kv_capacity_tokens:

@@ -41,6 +41,9 @@ class MockSettings:
     slots: int = 0
     slow_above: int | None = None
     slow_factor: float = 1.0
+    # a server that drifts: every request after the first N takes slow_after_factor × as long
+    slow_after: int | None = None
+    slow_after_factor: float = 2.0
     vram_total_mib: int = 81920
     vram_base_mib: int = 40960
     vram_per_request_mib: int = 2048
@@ -161,6 +164,8 @@ class MockSettings:
         times = (self.ttft_s, self.per_token_s, self.slow_s, self.retry_after_s, self.drip_s)
         if min(times) < 0 or self.keepalive_limit_s <= 0:
             raise ValueError("times must be ≥ 0")
+        if (self.slow_after or 0) < 0 or self.slow_after_factor <= 0:
+            raise ValueError("slow_after must be ≥ 0 and slow_after_factor > 0")
         if not 0 <= self.huge_mib <= 4096:
             raise ValueError(f"huge_mib must be in [0, 4096], got {self.huge_mib}")
         costs = (self.step_ms_per_1k_tokens, self.prefill_ms_per_1k_tokens)

@@ -28,7 +28,7 @@ from calibrate.report.run_view import RunView, load_run, run_inputs, run_kind, s
 from calibrate.report.spreads import confidence_json, noisy_lines, run_spreads
 from calibrate.report.tables.compare import runs_compare_table
 from calibrate.report.tables.tiers import confidence_table, tier_table
-from calibrate.report.tables.tune import ranked_table
+from calibrate.report.tables.tune import front_rows, front_table, ranked_table
 from calibrate.report.timeline import Timeline, read_timeline
 
 
@@ -250,6 +250,11 @@ def _tune(out: Channel, path: Path, req: ReportRequest) -> dict[str, Any]:
         out.ok(view.headline())
     else:
         out.fail(view.headline())
+    if front_rows(view.front):
+        front = "Pareto front: tokens/s per user against tokens/s in all"
+        out.show_table(lambda width: front_table(view.front, front, width), live=False)
+    if view.pinned_reason:
+        out.say(view.pinned_reason)
     plot = path / "plot.svg"
     if plot.is_file():
         out.say(f"plot: {plot}")
@@ -259,6 +264,8 @@ def _tune(out: Channel, path: Path, req: ReportRequest) -> dict[str, Any]:
         "rows": list(view.rows),
         "winner": view.winner["id"] if view.winner else None,
         "notes": view.notes(),
+        "pareto": view.front,
+        "pinned_reason": view.pinned_reason or None,
     }
     if req.html is not None:
         html = _write(

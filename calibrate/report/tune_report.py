@@ -1,7 +1,9 @@
 """A tune as a picture and a page: ``plot.svg`` (goodput per candidate as bars, drawn when the
 tune ends), and ``calibrate report <tune run>`` — a finished (or interrupted) tune read back
 from its files: the ranked candidates of ``tiers.jsonl``, the winner and its margin, the levels
-skipped, and a self-contained HTML page with the goodput bars of ``plot.svg``."""
+skipped, the Pareto front of its summary (tokens/s per user against tokens/s in all) and the
+point pin takes, and a self-contained HTML page with the goodput bars of ``plot.svg`` and the
+front drawn by the one SVG plotter (no matplotlib needed)."""
 
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ from calibrate.io.jsonl import load_jsonl_objects
 from calibrate.io.store import read_object
 from calibrate.numbers import finite
 from calibrate.report.html.parts import page, table, text
-from calibrate.report.html.svg import BarValue, bar_chart
-from calibrate.report.tables.tune import LEFT, columns_of
+from calibrate.report.html.svg import BarValue, Series, bar_chart, line_chart
+from calibrate.report.tables.tune import LEFT, columns_of, front_columns, front_rows
 
 HEADER_BYTES = 4096  # the first line of a tiers.csv, read no further
 REQUIRED = ("rank", "id", "flags", "status", "cap", "errors", "incidents")
@@ -76,6 +78,19 @@ class TuneView:
                 text += f", not significant at {percent(level)} (the intervals overlap)"
         return text
 
+    @property
+    def front(self) -> list[dict[str, Any]]:
+        """The summary's Pareto points (every candidate that served; ``on_front``, ``pinned``)."""
+        points = self.summary.get("pareto")
+        if not isinstance(points, list):
+            return []
+        return [p for p in points if isinstance(p, dict) and "total_tokens_per_s" in p]
+
+    @property
+    def pinned_reason(self) -> str:
+        reason = self.summary.get("pinned_reason")
+        return reason if isinstance(reason, str) else ""
+
     def notes(self) -> list[str]:
         out: list[str] = []
         skipped = self.summary.get("skipped_levels")
@@ -116,6 +131,47 @@ def load_tune(path: Path) -> TuneView:
     return TuneView(path, tuple(rows), summary or {}, passed)
 
 
+def front_svg(points: Sequence[Mapping[str, Any]]) -> str:
+    """The front joined, the other candidates as dots, a ring on the pinned point."""
+
+    def xy(p: Mapping[str, Any]) -> tuple[float, float]:
+        return (
+            _num(p.get("total_tokens_per_s")) or 0.0,
+            _num(p.get("per_user_tokens_per_s")) or 0.0,
+        )
+
+    pinned = next((xy(p) for p in points if p.get("pinned")), None)
+    on = tuple(xy(p) for p in points if p.get("on_front"))
+    off = tuple(xy(p) for p in points if not p.get("on_front"))
+    series = [Series("Pareto front", on, chosen=pinned if pinned in on else None)]
+    if off:
+        series.append(
+            Series("other candidates", off, chosen=pinned if pinned in off else None, joined=False)
+        )
+    return line_chart(
+        "Pareto front (ring: the point pin takes)",
+        "tokens/s in all (goodput)",
+        "tokens/s per user",
+        series,
+    )
+
+
+def _front_html(view: TuneView) -> list[str]:
+    points = view.front
+    rows = front_rows(points)
+    if not rows:
+        return []
+    columns = front_columns(rows)
+    cells = [[cell(r) for _, cell in columns] for r in rows]
+    reason = f'<p id="pinned">{text(view.pinned_reason)}</p>' if view.pinned_reason else ""
+    return [
+        '<h2 id="pareto-front">Pareto front</h2>',
+        reason,
+        f'<div class="chart">{front_svg(points)}</div>',
+        table("pareto", [name for name, _ in columns], cells, text_columns=("id", "flags", "")),
+    ]
+
+
 def tune_html(view: TuneView) -> str:
     """One self-contained page: the verdict first, the goodput bars, then the table."""
     title = f"tune {view.path.name}"
@@ -135,6 +191,7 @@ def tune_html(view: TuneView) -> str:
             f'<p class="verdict" id="verdict-word"><strong>{text(view.headline())}</strong></p>',
             f'<ul id="notes">{notes}</ul>' if notes else "",
             plot,
+            *_front_html(view),
             table("candidates", [name for name, _ in columns], cells, text_columns=LEFT),
         ],
     )

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from calibrate.config import Config
+from calibrate.stages.batch.drift.record import DriftRecord, records_of
 from calibrate.state.gates import next_step
 from calibrate.state.ledger import Ledger, LedgerEntry, baseline_path, target_fingerprint
 from calibrate.state.pipeline import MAIN_LINE, OPTIONAL, standing
@@ -40,6 +41,7 @@ class TargetStatus:
     next_command: str
     context: LedgerEntry | None = None  # the latest ``ladder --axis context``
     tuned: TunedStatus | None = None
+    production: LedgerEntry | None = None  # the latest batch that watched its drift
 
     @property
     def stale(self) -> str:
@@ -64,6 +66,17 @@ class TargetStatus:
         more = "" if self.tuned.complete else " (not every candidate measured)"
         return f"{win.describe()} at concurrency {win.concurrency} (tune run {self.tuned.run_id}){more}"
 
+    @property
+    def drift(self) -> tuple[DriftRecord, ...]:
+        """The last production run's drift from the calibration, one record per endpoint."""
+        return records_of(self.production.summary.get("drift")) if self.production else ()
+
+    def drift_json(self) -> dict[str, Any] | None:
+        if self.production is None:
+            return None
+        run = {"run_id": self.production.run_id, "ts": self.production.ts}
+        return {**run, "endpoints": [r.to_json() for r in self.drift]}
+
     def to_json(self) -> dict[str, Any]:
         s = self.setting
         return {
@@ -77,6 +90,7 @@ class TargetStatus:
             "context_ladder": self.context.to_json() if self.context else None,
             "verified_input_tokens": s.verified_input_tokens if s else None,
             "tuned": self.tuned.to_json() if self.tuned else None,
+            "drift": self.drift_json(),
             "stale": self.stale or None,
             "next": self.next_command,
         }
@@ -105,7 +119,17 @@ def target_status(cfg: Config, ledger: Ledger, target: str) -> TargetStatus:
         next_command=next_step(cfg, ledger, target),
         context=now.context,
         tuned=tuned,
+        production=_production(ledger, target),
     )
+
+
+def _production(ledger: Ledger, target: str) -> LedgerEntry | None:
+    """The newest batch of ``target`` that recorded its drift (a --sample run records none)."""
+    found = None
+    for _, entry in ledger.view().of_target(target):
+        if entry.stage == "batch" and records_of(entry.summary.get("drift")):
+            found = entry
+    return found
 
 
 def verdict(entry: LedgerEntry) -> str:

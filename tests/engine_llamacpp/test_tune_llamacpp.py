@@ -16,7 +16,10 @@ from tests.engine_llamacpp.helpers import LONG_PROMPT, write_llamacpp_config
 
 pytestmark = pytest.mark.engine
 
-TUNE = '[tune]\ngrid = ["parallel=1,2,4"]\nconcurrency = [1, 2, 4]\nwindow = 0.25\n'
+# the grid: this test is about one real restart per candidate, all three of them
+TUNE = (
+    '[tune]\nsearch = "grid"\ngrid = ["parallel=1,2,4"]\nconcurrency = [1, 2, 4]\nwindow = 0.25\n'
+)
 
 
 def show(text: str) -> None:

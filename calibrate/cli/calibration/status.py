@@ -60,6 +60,12 @@ def run(args: argparse.Namespace) -> int:
         out.say(f"  batch size from {s.batch_from}; concurrency from {s.concurrency_from}")
         same = said_tokens is not None and s.verified_input_tokens == said_tokens
         out.say(f"  verified on: {s.workload.describe() if same else s.verified_on()}")
+    if status.production is not None:  # the last production run beside the setting it ran at
+        out.say(f"last batch: run {status.production.run_id}  {status.production.ts}")
+        for record in status.drift:
+            named = f"{record.endpoint}: " if len(status.drift) > 1 and record.endpoint else ""
+            line = f"{named}{record.line()}"
+            out.warn(line) if record.drifted else out.say(f"  {line}")
     if tuned := status.tuned_text():
         out.say(f"tuned engine flags: {tuned}")
     if status.pinned:

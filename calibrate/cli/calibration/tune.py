@@ -7,11 +7,15 @@ one request. Then each candidate — defaults per engine kind around the ladder'
 [tune] grid and --grid KEY=V1,V2,… replace an axis (for a custom command: any {placeholder}) —
 is started, warmed up, measured like the sweep at increasing concurrency (goodput under [slo]),
 stopped, and proven gone. Each result is on disk as it finishes: run the same command again to
-resume. The ranked table goes to tiers.csv/jsonl and plot.svg; pin then writes the winner.
+resume. --search refine measures only what the results so far point to (the neighbours of the
+best, the steps halving) and stops on --patience or when no neighbour is better; --restarts caps
+the restarts of any search. The ranked table goes to tiers.csv/jsonl and plot.svg, then the
+Pareto front (tokens/s per user against tokens/s in all) and the point pin takes, and why.
 
 example: calibrate tune --grid max_num_seqs=8,16,32 --grid max_num_batched_tokens=4096,8192 \\
            --budget-s 3600
 example: calibrate tune --slo ttft:0.5 tpot:0.05
+example: calibrate tune --search refine --restarts 12 --patience 3
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 from calibrate.cli import flags, output
 from calibrate.cli.flags.workload import add_workload_args, metrics_url, resolved_workload
 from calibrate.cli.views.tune import show_finished, tune_env
-from calibrate.config import MAX_TIMEOUT_S, Config
+from calibrate.config import MAX_RESTARTS, MAX_TIMEOUT_S, Config
 from calibrate.engines.builders import SERVER_KINDS
 from calibrate.engines.redaction import shown_command
 from calibrate.errors import UsageError
@@ -47,9 +51,25 @@ def register(subparsers: Any) -> None:
     )
     add(
         "--search",
-        choices=("grid", "halving"),
-        help="grid: every candidate (default, [tune] search); halving: all at a short window, "
-        "the better half again at twice the window, … the last two at the full window",
+        choices=("grid", "halving", "refine"),
+        help="refine (default, [tune] search): start in the middle of every axis, then the "
+        "neighbours of the best so far, the steps halving, until no neighbour is better or "
+        "--patience runs out; grid: every candidate; halving: all at a short window, the better "
+        "half again at twice the window, … the last two at the full window",
+    )
+    add(
+        "--restarts",
+        type=int,
+        metavar="N",
+        help="at most N candidate restarts in the run (a rerun continues with what is left; "
+        "default [tune] restarts, 0 = none)",
+    )
+    add(
+        "--patience",
+        type=int,
+        metavar="K",
+        help="refine: stop after K candidates in a row without a significant gain (at least "
+        "[sweep] gain_min, its interval above zero; default [tune] patience, 6)",
     )
     add(
         "--rank-by",
@@ -110,6 +130,10 @@ def _request(args: argparse.Namespace, cfg: Config) -> tune.TuneRequest:
     pool = pool_for(workload)  # a bad tasks file is exit 2 before anything is started
     if args.budget_s is not None and not 0 <= args.budget_s <= MAX_TIMEOUT_S:
         raise UsageError(f"--budget-s must be in [0, {MAX_TIMEOUT_S:g}], got {args.budget_s}")
+    if args.restarts is not None and not 0 <= args.restarts <= MAX_RESTARTS:
+        raise UsageError(f"--restarts must be in [0, {MAX_RESTARTS}], got {args.restarts}")
+    if args.patience is not None and not 1 <= args.patience <= MAX_RESTARTS:
+        raise UsageError(f"--patience must be in [1, {MAX_RESTARTS}], got {args.patience}")
     gpus, price = tuple(args.gpu) if args.gpu else None, args.gpu_price_per_hour
     spec = MeasureSpec(args.vram_source, gpus, metrics_url(args), gpu_price_per_hour=price)
     preflight(spec)
@@ -126,6 +150,8 @@ def _request(args: argparse.Namespace, cfg: Config) -> tune.TuneRequest:
         rank_by=args.rank_by,
         slo=parse_slo_flags(args.slo, cfg.slo) if args.slo else None,
         conservative=args.conservative,
+        restarts=args.restarts,
+        patience=args.patience,
     )
 
 

@@ -23,6 +23,9 @@ SETTINGS: tuple[tuple[str, str | None, str | None], ...] = (
     ("--slots", None, "requests decoding at once (0 = no limit)"),
     ("--slow-above", "N", "in flight above N: slower tokens"),
     ("--slow-factor", None, "per-token factor, --slow-above"),
+    ("--slow-after", "N", "a server that drifts: every request after the first N takes "
+     "--slow-after-factor × as long (first token and each token after it)"),
+    ("--slow-after-factor", "F", "with --slow-after: how much slower (default 2)"),
     ("--vram-total-mib", None, None),
     ("--vram-base-mib", None, None),
     ("--vram-per-request-mib", None, None),

@@ -14,6 +14,7 @@ from calibrate.engines.redaction import shown_command
 from calibrate.io.jobs.openai_batch import FORMAT_NAMES
 from calibrate.io.store import RunDir
 from calibrate.stages.batch import BatchOutcome, BatchPlan, BatchSpec
+from calibrate.stages.batch.drift.record import records_of
 from calibrate.stages.batch.endpoints import EndpointCheck
 from calibrate.stages.batch.result import BatchResult
 from calibrate.stages.export import ExportResult
@@ -123,6 +124,9 @@ def show(out: Output, outcome: BatchOutcome) -> int:
     """The summary and the --json payload; raise the outcome's error, else its exit code."""
     render_summary(out, outcome.result, outcome.spec, outcome.checks, outcome.resume)
     spec, report = outcome.spec, outcome.report or {}
+    for record in records_of(report.get("drift")):  # each endpoint against its calibration
+        named = f"{record.endpoint}: " if len(report["drift"]) > 1 and record.endpoint else ""
+        (out.warn if record.drifted else out.say)(named + record.line())
     if spec.format == "openai_batch" and not spec.sample and "final" not in report:
         words = ["export", "--input", str(spec.input_path), "--out", str(outcome.result.out_path)]
         again = shown_command(["calibrate", *words, "--to", "results.jsonl"])

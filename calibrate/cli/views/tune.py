@@ -12,7 +12,7 @@ from typing import Any
 from calibrate.cli.output import Output
 from calibrate.report.progress import Plan, progress_bar
 from calibrate.report.tables.cells import figure
-from calibrate.report.tables.tune import ranked_table
+from calibrate.report.tables.tune import front_rows, front_table, ranked_table
 from calibrate.report.tune_report import plot_svg
 from calibrate.server.exit_status import ended_words
 from calibrate.stages.context import StageContext
@@ -57,7 +57,8 @@ def candidate_progress(
 ) -> Iterator[Callable[[], None]]:
     """A progress bar over the candidates left on a terminal (none in a log); yields ``step``,
     called as each candidate's result comes."""
-    steps = sum(size for size, _ in schedule(setup.plan.size, setup.search)) - measured_before
+    steps = sum(size for size, _ in schedule(setup.plan.size, setup.search))
+    steps = min(steps, setup.restarts or steps) - measured_before
     if not out.is_tty or steps <= 0:
         yield lambda: None
         return
@@ -103,9 +104,14 @@ def show_start(out: Output, setup: TuneSetup, measured_before: int) -> None:
         )
     else:
         axes = "; ".join(f"{a.key} ∈ {{{', '.join(a.values)}}}" for a in plan.axes)
+        search = f"{setup.search} search"
+        if setup.search == "refine":
+            search += f" (patience {setup.patience})"
+        if setup.restarts:
+            search += f", at most {setup.restarts} restarts"
         out.say(
-            f"tune run {run_id}: {plan.size} candidates ({axes}), {setup.search} "
-            f"search, {setup.kind} restarted per candidate; {ranked}"
+            f"tune run {run_id}: {plan.size} candidates ({axes}), {search}, "
+            f"{setup.kind} restarted per candidate; {ranked}"
         )
     if note := setup.settings.skipped_note():
         out.say(note)
@@ -164,11 +170,22 @@ def show_finished(out: Output, finished: TuneFinished) -> None:
             f"no {key} in {fractions} let the engine start and serve one request "
             "(see runs/server.log); add lower values to [tune] memory_fractions"
         )
-    if outcome.untested:
+    if outcome.untested and setup.search == "refine":
+        out.warn(
+            f"{outcome.spent_by} spent after {outcome.restarts} restart(s): the search would "
+            f"measure {outcome.untested[0].id} next; run the same command again (with a larger "
+            f"{outcome.spent_by}) to continue"
+        )
+    elif outcome.untested:
         ids = ", ".join(c.id for c in outcome.untested)
         out.warn(
-            f"--budget-s spent: {len(outcome.untested)} candidate(s) left untested: {ids}; "
-            "run the same command again to continue"
+            f"{outcome.spent_by} spent: {len(outcome.untested)} candidate(s) left untested: "
+            f"{ids}; run the same command again to continue"
+        )
+    elif setup.search == "refine" and outcome.stopped:
+        out.say(
+            f"refine: {outcome.restarts} restart(s) of the grid's {setup.plan.size} candidates; "
+            f"{outcome.stopped}"
         )
     text = winner_text(outcome, setup.ctx.config.sweep.gain_min)
     doubt = outcome.doubt
@@ -194,5 +211,17 @@ def show_finished(out: Output, finished: TuneFinished) -> None:
             "tune found no candidate that served a passing level (see the table and "
             "each candidate's incidents)"
         )
+    show_front(out, finished)
     if finished.next_step is not None:
         out.say(f"next: {finished.next_step}   (pin writes every flag of the winner)")
+
+
+def show_front(out: Output, finished: TuneFinished) -> None:
+    """The Pareto front (goodput per user against total goodput) and the point pin takes."""
+    points = finished.summary.details.get("pareto") or []
+    if front_rows(points):
+        title = "Pareto front: tokens/s per user against tokens/s in all"
+        out.show_table(lambda width: front_table(points, title, width), live=False)
+    reason = finished.summary.details.get("pinned_reason")
+    if reason and finished.outcome.winner is not None:
+        out.say(str(reason))

@@ -26,6 +26,7 @@ class Series:
     in_given_order: bool = False  # joined as given (tier order), not left to right
     failed: frozenset[tuple[float, float]] = frozenset()  # points of failed tiers: a red cross
     chosen: tuple[float, float] | None = None  # the setting the report recommends: a ring
+    joined: bool = True  # False: points alone (a scatter), no line between them
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ def line_chart(
         points = list(line.points) if line.in_given_order else sorted(line.points)
         coords = " ".join(f"{frame.px(x):.1f},{frame.py(y):.1f}" for x, y in points)
         body.append(f'<g class="series" data-label="{escape(line.label)}">')
-        if len(points) > 1:
+        if len(points) > 1 and line.joined:
             body.append(
                 f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="2"/>'
             )

@@ -1,5 +1,6 @@
 """A tune's ranked candidates as one table: the same cells on a terminal (the essential
-columns, fitting the width; --wide: every one), in a log, and in ``report RUN``'s HTML page."""
+columns, fitting the width; --wide: every one), in a log, and in ``report RUN``'s HTML page;
+and its Pareto front (goodput per user against total goodput) as a second one."""
 
 from __future__ import annotations
 
@@ -76,3 +77,48 @@ def columns_of(rows: Sequence[Mapping[str, Any]]) -> Cells:
         if name not in _WHEN_MEASURED
         or any(r.get(_WHEN_MEASURED[name]) not in (None, "") for r in rows)
     ]
+
+
+# The Pareto front (``stages.tune.pareto``): the points on it and the pinned one, whatever it is.
+FRONT_COLUMNS: Cells = [
+    ("id", lambda r: str(r["id"])),
+    ("flags", lambda r: str(r["flags"])),
+    ("conc", lambda r: _count(r.get("concurrency"))),
+    ("tok/s per user", lambda r: figure(r.get("per_user_tokens_per_s"), ".1f")),
+    ("tok/s total", lambda r: figure(r.get("total_tokens_per_s"), ".1f")),
+    ("goodput/s", lambda r: figure(r.get("goodput_per_s"), ".2f")),
+    ("J/tok", lambda r: figure(r.get("joules_per_output_token"), ".3f")),
+    ("$/1M tok", lambda r: figure(r.get("usd_per_1m_output_tokens"), ".3f")),
+    ("", lambda r: ("pinned" if r.get("pinned") else "") + ("" if r.get("on_front") else " (off)")),
+]
+_FRONT_LEFT = ("id", "flags", "")
+
+
+def front_rows(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The points on the front, and the pinned one if it is not."""
+    return [p for p in points if p.get("on_front") or p.get("pinned")]
+
+
+def front_columns(rows: Sequence[Mapping[str, Any]]) -> Cells:
+    """The front's columns, but an energy or cost column no point has a figure for."""
+    return [
+        (name, cell)
+        for name, cell in FRONT_COLUMNS
+        if name not in _WHEN_MEASURED
+        or any(r.get(_WHEN_MEASURED[name]) not in (None, "") for r in rows)
+    ]
+
+
+def front_table(
+    points: Sequence[Mapping[str, Any]], title: str | None, width: int | None = None
+) -> Table:
+    """The Pareto front: goodput per user against total goodput, the pinned point in green."""
+    rows = front_rows(points)
+    columns = fit(front_columns(rows), rows, width, ("goodput/s", "conc"))
+    return grid(
+        columns,
+        rows,
+        title,
+        left=_FRONT_LEFT,
+        style=lambda n, row: "green" if row.get("pinned") else None,
+    )

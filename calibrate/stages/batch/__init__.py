@@ -14,16 +14,11 @@ import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from calibrate.errors import (
-    CalibrateError,
-    ExitCode,
-    ServerUnreachable,
-    StageFailed,
-    os_error_text,
-)
+from calibrate.errors import CalibrateError, ExitCode, ServerUnreachable, StageFailed, os_error_text
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.error_kinds import reach_hint
 from calibrate.load.procs.sender import workers_for
+from calibrate.stages.batch.drift import BatchDrift, watch_batch
 from calibrate.stages.batch.endpoints import (
     ServedModelWatch,
     baseline_served_model,
@@ -186,10 +181,12 @@ def _send(b: _Batch, workers: int, notes: BatchNotes) -> tuple[BatchResult, Batc
     control = BatchControl()
     advice = procs.parent_advice(workers) if workers > 1 else procs.advice(1)
     monitor = SelfLoadMonitor(advice=advice)
+    drift = BatchDrift(())  # each endpoint against its calibration, once they are checked
 
     def on_event(event: OutageEvent) -> None:
         if event.event in ("down", "up", "gave_up"):  # an outage is not the client's load
             monitor.quiet(event.endpoint, event.event == "down")
+            drift.quiet(event.endpoint, event.event == "down")
         with events_lock:
             events.append(event)
             ctx.run.append("outages.jsonl", event.to_json())
@@ -200,6 +197,8 @@ def _send(b: _Batch, workers: int, notes: BatchNotes) -> tuple[BatchResult, Batc
     try:
         usable, check = usable_endpoints(ctx, endpoints, clients, notes.to_json(), env.on_check)
         notes = replace(notes, endpoint_check=check)
+        drift = watch_batch(ctx, usable, b.plan, b.out_path, env.warn, monitor)
+        plan = replace(b.plan, watch=drift.seen)  # it sees each line once counted
         if len(endpoints) == 1:  # no fixed-prompt check: its answers are held to one model
             watch = ServedModelWatch(
                 baseline_served_model(ctx), lambda why: control.fail("other_model", why)
@@ -224,7 +223,7 @@ def _send(b: _Batch, workers: int, notes: BatchNotes) -> tuple[BatchResult, Batc
         with view, stop_on_signals(control):
             if workers > 1:
                 result = procs.run_workers(
-                    b.plan,
+                    plan,
                     b.out_path,
                     endpoints=[e for e, _ in usable],
                     workers=workers,
@@ -234,9 +233,10 @@ def _send(b: _Batch, workers: int, notes: BatchNotes) -> tuple[BatchResult, Batc
                     **hooks,
                 )
             else:
-                result = run_batch(b.plan, None, b.out_path, lanes=lanes, **hooks)
-        return result, notes
+                result = run_batch(plan, None, b.out_path, lanes=lanes, **hooks)
+        return result, replace(notes, drift=drift.stop())
     finally:
+        drift.stop()
         monitor.stop()
         close_later(clients)
 

@@ -30,7 +30,7 @@ from calibrate.io.journal.made import Settings
 from calibrate.io.journal.scan import repair_tail
 from calibrate.io.jsonl import JsonlWriter, without_surrogates
 from calibrate.io.tasks import ItemId
-from calibrate.stages.batch.plan import BatchPlan
+from calibrate.stages.batch.plan import BatchPlan, LineWatch
 from calibrate.stages.measure.format_check import Expect, OutputShape, find_preamble
 
 EXAMPLES = 5  # failures and format notes kept as examples for the summary
@@ -111,8 +111,10 @@ class Journal:
         on_write_error: Callable[[str], None] = lambda detail: None,
         max_pending: int = MAX_PENDING,
         settings: Settings | None = None,
+        watch: LineWatch | None = None,
     ) -> None:
         self.tally = tally
+        self._watch = watch  # the drift watch: each line once counted (plan.watch)
         self._settings = settings  # each line is stamped with them (io/journal/made.py)
         self._whole = True  # the run's first line holds them in full
         self.write_error: str | None = None
@@ -148,6 +150,7 @@ class Journal:
             on_write_error=on_write_error,
             max_pending=pending,
             settings=None if spec.sample else spec.settings,
+            watch=plan.watch,
         )
 
     def record(
@@ -250,5 +253,7 @@ class Journal:
         for line, text, tokens, endpoint in group:
             try:
                 self.tally.count(line, text, tokens, endpoint)
+                if self._watch is not None:
+                    self._watch(line, tokens, endpoint)
             except Exception:  # the line is written; a counting bug must not stop the writer
                 log.exception("batch: counting the line of %r failed", line.get("id"))

@@ -8,7 +8,7 @@ untouched. ``length_warning`` says which items are longer than any passing ladde
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -37,6 +37,7 @@ from calibrate.state.setting import verified_input
 
 CHAT_PATH = "/chat/completions"
 DEFAULT_CONCURRENCY = 4
+LineWatch = Callable[[dict[str, Any], int, str], None]  # a counted line, its tokens, endpoint
 MAX_CONCURRENCY = 4096  # documented in --help and the README; a thread each, a socket each
 
 
@@ -89,6 +90,7 @@ class BatchPlan:
     writer: JsonlWriter | None = None  # --out, opened (and locked) by open_batch
     notes: tuple[str, ...] = ()  # what the resume found about what produced the results
     input_stamp: Stamp | None = None  # --input as validated (a regular file; not a copy)
+    watch: LineWatch | None = None  # sees each line once counted: the drift watch's ``seen``
 
     def input_changed(self) -> str | None:
         """How --input changed since it was validated, in words; None when it did not (or is a

@@ -13,6 +13,7 @@ from calibrate.http.models import Completion, incomplete_reason
 from calibrate.io.jobs.openai_batch import response_of
 from calibrate.io.journal.made import FP_FIELD, fp_text
 from calibrate.io.tasks import Task
+from calibrate.stages.batch.drift.record import DriftRecord, records_json
 from calibrate.stages.batch.endpoints import EndpointCheck
 from calibrate.stages.batch.journal import Tally
 from calibrate.stages.batch.lanes import EndpointReport
@@ -234,8 +235,8 @@ def result_line(
 @dataclass(frozen=True)
 class BatchNotes:
     """What a batch's summary says beside its counts, found on the way: its shard, the worker
-    processes (only when --workers was given: else the summary is as it always was), the
-    endpoints' fixed-prompt check (several endpoints) and what became of --final."""
+    processes (only when --workers was given), the endpoints' fixed-prompt check (several
+    endpoints), what became of --final, and its drift from the calibration (not --sample)."""
 
     shard: str | None = None
     workers: int | None = None
@@ -243,20 +244,18 @@ class BatchNotes:
     final: ExportResult | None = None
     final_error: str | None = None  # --final could not be written: why
     input_changed: str | None = None  # --input changed while the run read it: how
+    drift: tuple[DriftRecord, ...] | None = None  # each endpoint against its calibration
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"shard": self.shard}
-        if self.workers is not None:
-            out["workers"] = self.workers
-        if self.endpoint_check is not None:
-            out["endpoint_check"] = self.endpoint_check.to_json()
-        if self.input_changed is not None:
-            out["input_changed"] = self.input_changed
-        if self.final_error is not None:
-            out["final_error"] = self.final_error
-        if self.final is not None:
-            out["final"] = self.final.to_json()
-        return out
+        said = {  # each only when there is something to say (a plain run's summary is as it was)
+            "workers": self.workers,
+            "endpoint_check": self.endpoint_check.to_json() if self.endpoint_check else None,
+            "input_changed": self.input_changed,
+            "final_error": self.final_error,
+            "final": self.final.to_json() if self.final else None,
+            "drift": records_json(self.drift) if self.drift is not None else None,
+        }
+        return {"shard": self.shard, **{k: v for k, v in said.items() if v is not None}}
 
 
 def summary_json(

@@ -20,6 +20,7 @@ from calibrate.stages.measure.tiers import StopReason, Tier
 from calibrate.stages.prepare.stream_probe import StreamCheck, stream_details
 from calibrate.stages.server_account import stopping_cap
 from calibrate.stages.verdict.doubt import CONSERVATIVE_FLAG, UnderNoise
+from calibrate.state.calibrated import measured_of
 from calibrate.state.summaries import LadderSummary
 from calibrate.state.summary_values import Setting, Workload
 from calibrate.workload import Axis
@@ -178,7 +179,13 @@ class LadderResult:
         top = self.setting
         ceiling = self.last_passing
         passing = [t.stats.concurrency for t in self.tiers if t.passed]
-        tiers = [t.short() for t in self.tiers]
+        tiers = [  # each with what a batch of that many in flight is compared with (drift)
+            {
+                **t.short(),
+                "measured": measured_of(t.stats.to_json(), [r.items_per_s for r in t.rounds]),
+            }
+            for t in self.tiers
+        ]
         if self.axis == "context":
             tiers = [
                 {

@@ -146,7 +146,7 @@ class Measuring:
 
 
 def server_finder(
-    spec: MeasureSpec, ctx: StageContext, reader: LinuxProc
+    server_pid: int | None, ctx: StageContext, reader: LinuxProc
 ) -> Callable[[], list[int]]:
     """The server's processes on this machine, asked for again each time: the one calibrate
     manages, ``--server-pid``, or whatever listens on the target's port of this machine."""
@@ -158,7 +158,7 @@ def server_finder(
     listeners: list[int] = []  # found once, looked for again only when they are gone
 
     def server_pids() -> list[int]:
-        found = [spec.server_pid] if spec.server_pid else []
+        found = [server_pid] if server_pid else []
         record = process.load(runs_dir)
         if record is not None and process.liveness(record) == "running":
             found.append(record.pid)
@@ -171,13 +171,21 @@ def server_finder(
     return server_pids
 
 
+def noise_meter(server_pid: int | None, ctx: StageContext, selfload: SelfLoadMonitor) -> NoiseMeter:
+    """The machine's noise, less calibrate's own processes and the server's (``server_finder``),
+    with ``selfload``'s lateness as the client's scheduling delay."""
+    reader = LinuxProc()
+    pids = server_finder(server_pid, ctx, reader)
+    return NoiseMeter(reader, server_pids=pids, lag=(selfload.mark, selfload.lag_since))
+
+
 @contextmanager
 def measuring(spec: MeasureSpec, ctx: StageContext) -> Iterator[Measuring]:
     """Start the samplers for the run; stop them and close the client however it ends."""
     devices = spec.devices(ctx.config.runs_dir)  # the managed server's own: read once
     monitor = start_monitor(spec, ctx, devices)
     reader = LinuxProc()
-    server_pids = server_finder(spec, ctx, reader)
+    server_pids = server_finder(spec.server_pid, ctx, reader)
     selfload = SelfLoadMonitor(server_cpu=server_cpu(reader, server_pids)).start()
     noise = NoiseMeter(reader, server_pids=server_pids, lag=(selfload.mark, selfload.lag_since))
     incidents = IncidentRecorder(

@@ -20,6 +20,7 @@ from calibrate.stages.sweep.find_max import FindMax
 from calibrate.stages.sweep.knee_verdict import KneeVerdict
 from calibrate.stages.sweep.levels import Level, bounded, probed_level, rate_boundary
 from calibrate.stages.sweep.spec import SweepOptions
+from calibrate.state.calibrated import measured_of
 from calibrate.state.summaries import SweepSummary
 from calibrate.state.summary_values import Workload
 
@@ -262,7 +263,11 @@ class SweepResult(KneeVerdict):
             "server_cap": self.cap.to_json() if self.cap else None,
             "server_limit": limit_json(self.cap, self.batch_size, [lv.stats for lv in self.levels]),
             "vram_source": self.vram_source,
-            "levels": [lv.summary_json() for lv in self.levels],
+            # each level with what a batch at its concurrency is compared with (its drift)
+            "levels": [
+                {**lv.summary_json(), "measured": measured_of(lv.stats.to_json())}
+                for lv in self.levels
+            ],
             "recommendation": self.recommendation or None,
             "saturated": self.saturation_text or None,
             "slo": describe(self.slo) if has_slo(self.slo) else None,

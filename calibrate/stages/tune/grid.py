@@ -39,6 +39,13 @@ class Axis:
     def to_json(self) -> dict[str, Any]:
         return {"key": self.key, "values": list(self.values), "source": self.source}
 
+    def in_order(self) -> tuple[int, ...]:
+        """The positions of the values from the smallest up (as given, unless all are numbers):
+        the order in which a search steps along the axis."""
+        if not all(_NUMBER.fullmatch(v) for v in self.values):
+            return tuple(range(len(self.values)))
+        return tuple(sorted(range(len(self.values)), key=lambda n: float(self.values[n])))
+
 
 @dataclass(frozen=True)
 class Candidate:

@@ -1,18 +1,26 @@
 """Where a tune run stands (SPEC §5.12, §5.14): the memory step, every candidate's latest
 result ranked, the winner — claimed only when the runs of the first two tell them apart (or
 they are surely about equal); otherwise inconclusive, unless ``--conservative`` takes the one
-with the smaller cap — and its margin over the runner-up (``tune.margin``)."""
+with the smaller cap — and its margin over the runner-up.
+
+The margin is the winner's goodput over the runner-up's (each at its best level). It is claimed
+as significant only when the runs of those two levels say so: Welch's t-interval of the winner's
+mean goodput per run minus the runner-up's, at ``[confidence] level``, lies wholly on the
+margin's side of zero (``confidence.compare``). With fewer than two runs on either side there is
+no interval and nothing is claimed either way; the pick stays the ranking's."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from calibrate.confidence import DEFAULT_LEVEL
-from calibrate.gpu.energy import RankBy
+from calibrate.confidence import DEFAULT_LEVEL, compare, percent, spread
+from calibrate.gpu.energy import RANK_FIELDS, RankBy
 from calibrate.stages.tune.grid import Candidate, TunePlan
-from calibrate.stages.tune.margin import Margin, margin_of
-from calibrate.stages.tune.result import CandidateResult, MemoryProbe
+from calibrate.stages.tune.pareto import Point, points, reason
+from calibrate.stages.tune.result import BestLevel, CandidateResult, MemoryProbe
 from calibrate.stages.verdict.doubt import Doubt, Inconclusive, UnderNoise
 from calibrate.stages.verdict.separation import Sample, gain_interval
 from calibrate.state.summaries import TuneSummary
@@ -21,6 +29,79 @@ from calibrate.state.summary_values import TunedSetting
 
 def healthy(result: CandidateResult) -> bool:
     return result.best is not None and not result.crashed
+
+
+def rank(results: Sequence[CandidateResult], by: RankBy = "goodput") -> list[CandidateResult]:
+    """Best first: a healthy measurement before a crash or a failure, a later halving rung
+    before an earlier one, then (``by`` J/token or $/1M: the fewest at its best level, one not
+    measured after those that were) goodput, then the lower median latency, then grid order."""
+    column = RANK_FIELDS.get(by)
+
+    def key(r: CandidateResult) -> tuple[bool, int, float, float, float, int]:
+        p50 = r.best.p50_s if r.best and r.best.p50_s is not None else math.inf
+        cost = getattr(r.best, column, None) if column and r.best else None
+        spend = cost if cost is not None else (math.inf if column else 0.0)
+        return (not healthy(r), -r.rung, spend, -r.goodput_per_s, p50, r.candidate.index)
+
+    return sorted(results, key=key)
+
+
+@dataclass(frozen=True)
+class Margin:
+    """The winner's lead, the runs behind it, and whether their interval clears zero."""
+
+    fraction: float  # the winner's goodput over the runner-up's − 1 (0.25 = 25 % more)
+    level: float  # the confidence level of the interval
+    significant: bool | None  # None: fewer than two runs on a side, no interval
+    low: float | None = None  # the interval of the difference, as fractions of the runner-up's
+    high: float | None = None
+    runs: tuple[int, int] = (0, 0)  # (the winner's, the runner-up's) runs at their best levels
+
+    def caveat(self) -> str:
+        """What follows "+X% over the runner-up …" when the lead is not a claim ("" when it is)."""
+        if self.significant:
+            return ""
+        if self.significant is False:
+            return (
+                f", not significant at {percent(self.level)} (the intervals overlap): "
+                "about equal, measure longer to tell"
+            )
+        if min(self.runs) == 0:  # a result read back from a line written before runs were kept
+            return " (no interval: an earlier calibrate kept no runs for one of them)"
+        if max(self.runs) <= 1:
+            return " (one run each: no interval; set [sweep] repeats = 3 to tell)"
+        return " (fewer than two runs on a side: no interval)"
+
+    def to_json(self) -> dict[str, Any]:
+        interval = None
+        if self.low is not None and self.high is not None:
+            interval = [round(self.low, 4), round(self.high, 4)]
+        return {
+            "margin": round(self.fraction, 4),
+            "significant": self.significant,
+            "margin_interval": interval,
+            "confidence": self.level,
+        }
+
+
+def margin_of(
+    winner: BestLevel, runner_up: BestLevel, level: float = DEFAULT_LEVEL
+) -> Margin | None:
+    """The winner's margin over the runner-up and its test; None when the runner-up had no
+    goodput (no ratio to give)."""
+    if runner_up.goodput_per_s <= 0:
+        return None
+    fraction = winner.goodput_per_s / runner_up.goodput_per_s - 1
+    runs = (len(winner.runs_per_s), len(runner_up.runs_per_s))
+    a, b = spread(runner_up.runs_per_s, level), spread(winner.runs_per_s, level)
+    if a is None or b is None:
+        return Margin(fraction, level, None, runs=runs)
+    diff = compare(a, b)
+    if diff.ci_low is None or diff.ci_high is None:
+        return Margin(fraction, level, None, runs=runs)
+    low, high = diff.relative(a.mean)
+    clear = diff.ci_low > 0 if fraction >= 0 else diff.ci_high < 0
+    return Margin(fraction, level, clear, low, high, runs)
 
 
 @dataclass(frozen=True)
@@ -38,6 +119,9 @@ class TuneOutcome:
     gain_min: float = 0.10  # [sweep] gain_min: a lead below it is about equal
     conservative: bool = False  # --conservative: a winner noise leaves in doubt takes the smaller
     rank_by: RankBy = "goodput"
+    stopped: str = ""  # refine: why the search needed no further candidate
+    restarts: int = 0  # candidate restarts the run has made, resumed ones included
+    spent_by: str = ""  # "--restarts" or "--budget-s": the budget that left ``untested``
 
     @property
     def top(self) -> CandidateResult | None:
@@ -123,6 +207,18 @@ class TuneOutcome:
         doubt = self.doubt
         return doubt.text if doubt is not None and not self.conservative else ""
 
+    def front(self) -> list[Point]:
+        """Every candidate that served a passing level as a point, the Pareto front's first."""
+        win = self.winner
+        return points(self.ranked, win.candidate.id if win is not None else None)
+
+    def pin_reason(self, front: Sequence[Point]) -> str:
+        """Which point pin takes and why ("" when there is no winner)."""
+        pinned = next((p for p in front if p.pinned), None)
+        doubt = self.doubt
+        under_noise = doubt.conservative if doubt is not None and self.conservative else ""
+        return reason(pinned, self.rank_by, front, under_noise)
+
     @property
     def complete(self) -> bool:
         return not self.untested and not self.budget_spent and not self.memory_failed
@@ -134,6 +230,7 @@ class TuneOutcome:
             c = win.candidate
             tuned = TunedSetting(c.flags, c.cap, win.best.concurrency)
         second = self.runner_up
+        front = self.front()
         body = {
             **details,
             "candidates": self.plan.size,
@@ -148,6 +245,11 @@ class TuneOutcome:
             **self.lead_json(),
             "untested": [c.to_json() for c in self.untested],
             "budget_spent": self.budget_spent,
+            "spent_by": self.spent_by or None,
+            "restarts": self.restarts,
+            "search_stop": self.stopped or None,
+            "pareto": [p.to_json() for p in front],
+            "pinned_reason": self.pin_reason(front) or None,
             "inconclusive": self.inconclusive or None,
             "under_noise": UnderNoise(self.doubt).to_json()
             if self.doubt is not None and self.conservative

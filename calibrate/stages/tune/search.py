@@ -4,27 +4,31 @@ First the memory step (vLLM ``--gpu-memory-utilization``, SGLang ``--mem-fractio
 custom ``{memory_fraction}``): the highest fraction at which the most demanding candidate starts
 and serves one request, stepping down on a start failure; it is then fixed for the grid. Then
 every candidate (``--search grid``), or successive halving (``--search halving``: all at a short
-window, the better half again at twice the window, … the last two at the full window). Each
-finished measurement is on disk before the next starts; a rerun with the same grid fingerprint
-skips what is there. ``--budget-s`` is checked before each start; what it left is reported.
+window, the better half again at twice the window, … the last two at the full window), or
+successive refinement around the best so far (``--search refine``, ``tune.refine``: it stops on
+``--patience`` or when no neighbour is better). Each finished measurement is on disk before the
+next starts; a rerun with the same grid fingerprint skips what is there (refine replays its
+choices on them). ``--budget-s`` and ``--restarts`` are checked before each start; what they
+left is reported.
 The winner's margin over the runner-up is claimed only when their runs' interval separates
-(``tune.margin``).
+(``tune.outcome``).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.config import TuneSearch
-from calibrate.gpu.energy import RANK_FIELDS, RankBy
+from calibrate.gpu.energy import RankBy
 from calibrate.server.exit_status import ended_words
 from calibrate.stages.tune.candidate import Lifecycle
 from calibrate.stages.tune.grid import Candidate, TunePlan
-from calibrate.stages.tune.outcome import TuneOutcome, healthy
+from calibrate.stages.tune.outcome import TuneOutcome, healthy, rank
+from calibrate.stages.tune.refine import Rule, Stopped, replay
 from calibrate.stages.tune.result import CandidateResult, MemoryProbe
 from calibrate.stages.tune.store import TuneStore
 
@@ -33,29 +37,15 @@ Notify = Callable[[str], None]
 
 def schedule(n: int, search: TuneSearch) -> list[tuple[int, float]]:
     """(candidates measured, window fraction) per rung: one full rung for the grid; for
-    halving the field halves (rounded up) until two are left, the window doubling up to 1."""
-    if search == "grid" or n <= 2:
+    halving the field halves (rounded up) until two are left, the window doubling up to 1;
+    refine measures at most every candidate once, at the full window."""
+    if search != "halving" or n <= 2:
         return [(n, 1.0)]
     sizes = [n]
     while sizes[-1] > 2:
         sizes.append(math.ceil(sizes[-1] / 2))
     last = len(sizes) - 1
     return [(size, 2.0 ** (r - last)) for r, size in enumerate(sizes)]
-
-
-def rank(results: Sequence[CandidateResult], by: RankBy = "goodput") -> list[CandidateResult]:
-    """Best first: a healthy measurement before a crash or a failure, a later halving rung
-    before an earlier one, then (``by`` J/token or $/1M: the fewest at its best level, one not
-    measured after those that were) goodput, then the lower median latency, then grid order."""
-    column = RANK_FIELDS.get(by)
-
-    def key(r: CandidateResult) -> tuple[bool, int, float, float, float, int]:
-        p50 = r.best.p50_s if r.best and r.best.p50_s is not None else math.inf
-        cost = getattr(r.best, column, None) if column and r.best else None
-        spend = cost if cost is not None else (math.inf if column else 0.0)
-        return (not healthy(r), -r.rung, spend, -r.goodput_per_s, p50, r.candidate.index)
-
-    return sorted(results, key=key)
 
 
 @dataclass
@@ -75,6 +65,10 @@ class Tune:
     level: float = DEFAULT_LEVEL  # [confidence] level: the winner's margin is tested at
     gain_min: float = 0.10
     conservative: bool = False
+    restarts: int = (
+        0  # at most this many candidate restarts in the run (resumed ones count); 0: any
+    )
+    patience: int = 6  # refine: candidates in a row without a significant gain
     done: dict[tuple[int, int], CandidateResult] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -84,6 +78,12 @@ class Tune:
 
     def _out_of_time(self) -> bool:
         return self.clock() >= self.deadline
+
+    def _spent(self) -> str:
+        """Which budget stops the next start ("" while neither does)."""
+        if self.restarts and len(self.done) >= self.restarts:
+            return "--restarts"
+        return "--budget-s" if self._out_of_time() else ""
 
     def memory_step(self) -> tuple[str | None, tuple[MemoryProbe, ...], bool]:
         """(the fixed fraction, the probes, whether the budget ran out before one passed)."""
@@ -121,6 +121,8 @@ class Tune:
                 plan, None, probes, (), untried, spent, not spent, self.level, rank_by=self.rank_by
             )
         pool = list(plan.candidates(memory))
+        if self.search == "refine":
+            return self._refine(memory, probes, pool)
         untested: tuple[Candidate, ...] = ()
         for rung, (size, rung_window) in enumerate(schedule(len(pool), self.search)):
             if rung > 0:
@@ -135,11 +137,36 @@ class Tune:
             if left:
                 untested = left
                 break
+        return self._outcome(memory, probes, untested, "")
+
+    def _refine(
+        self, memory: str | None, probes: tuple[MemoryProbe, ...], pool: list[Candidate]
+    ) -> TuneOutcome:
+        """Successive refinement: the walk replayed on what is measured names the next
+        candidate (or why it stops); each is measured at the full window."""
+        rule = Rule(self.patience, self.gain_min, self.level, self.rank_by)
+        while True:
+            found = {index: r for (rung, index), r in self.done.items() if rung == 0}
+            _, ask = replay(self.plan.axes, pool, found, rule)
+            if isinstance(ask, Stopped):
+                return self._outcome(memory, probes, (), ask.text)
+            if self._spent():
+                return self._outcome(memory, probes, (ask.candidate,), "")
+            self.notify(f"refine: {ask.candidate.id}, {ask.why}")
+            self._measure([ask.candidate], 0, self.window)
+
+    def _outcome(
+        self,
+        memory: str | None,
+        probes: tuple[MemoryProbe, ...],
+        untested: tuple[Candidate, ...],
+        stopped: str,
+    ) -> TuneOutcome:
         latest: dict[int, CandidateResult] = {}
         for (_, index), result in sorted(self.done.items()):
             latest[index] = result
         return TuneOutcome(
-            plan,
+            self.plan,
             memory,
             probes,
             tuple(rank(list(latest.values()), self.rank_by)),
@@ -149,6 +176,9 @@ class Tune:
             gain_min=self.gain_min,
             conservative=self.conservative,
             rank_by=self.rank_by,
+            stopped=stopped,
+            restarts=len(self.done),
+            spent_by=self._spent() if untested else "",
         )
 
     def _measure(self, pool: list[Candidate], rung: int, window: float) -> tuple[Candidate, ...]:
@@ -156,7 +186,7 @@ class Tune:
         for n, candidate in enumerate(pool):
             if (rung, candidate.index) in self.done:
                 continue
-            if self._out_of_time():
+            if self._spent():
                 return tuple(c for c in pool[n:] if (rung, c.index) not in self.done)
             self.notify(f"candidate {candidate.id} ({candidate.describe()}): restart and measure")
             result = self.lifecycle.run(candidate, rung, window, self.store.run)

@@ -1,7 +1,8 @@
 """A tune run from its setup to its ledger line: the search, then the tables, plot and verdict.
 
 The verdict passes when a winner served a passing level; the run is marked finished (a rerun
-starts a new one) only when every candidate was measured. An interrupted run is recorded
+starts a new one) only when every candidate was measured, or refine's search stopped on its own
+(converged, or out of patience) — not when a budget cut it. An interrupted run is recorded
 ``interrupted: true`` and stays resumable.
 """
 
@@ -61,6 +62,11 @@ class TuneFinished:
             "winner": winner,
             "untested": [c.to_json() for c in o.untested],
             "memory": self.summary.details.get("memory"),
+            "search": setup.search,
+            "restarts": o.restarts,
+            "search_stop": o.stopped or None,
+            "pareto": self.summary.details.get("pareto"),
+            "pinned_reason": self.summary.details.get("pinned_reason"),
         }
 
 
@@ -92,6 +98,8 @@ class Session:
             level=setup.ctx.config.confidence.level,
             gain_min=setup.ctx.config.sweep.gain_min,
             conservative=setup.conservative,
+            restarts=setup.restarts,
+            patience=setup.patience,
         )
         plan_json = {**setup.plan.to_json(), "search": setup.search}
         self.store.write_plan(plan_json, setup.fingerprint)

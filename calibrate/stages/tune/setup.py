@@ -54,6 +54,8 @@ class TuneRequest:
     rank_by: RankBy = "goodput"
     slo: SloConfig | None = None  # --slo NAME:S … over [slo], parsed; None: [slo] as it is
     conservative: bool = False  # --conservative: a winner noise leaves in doubt takes the smaller
+    restarts: int | None = None  # --restarts: at most this many candidate restarts; 0: no cap
+    patience: int | None = None  # --patience: refine stops after this many without a gain
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ class TuneSetup:
     ladder_run_id: str
     rank_by: RankBy = "goodput"
     conservative: bool = False
+    restarts: int = 0  # at most this many candidate restarts in the run; 0: no cap
+    patience: int = 6  # refine: candidates in a row without a significant gain
 
 
 def engine_kind(ctx: StageContext, asked: str | None) -> ServerKind:
@@ -168,4 +172,6 @@ def prepare(ctx: StageContext, request: TuneRequest) -> TuneSetup:
         ladder_run,
         request.rank_by,
         request.conservative or cfg.confidence.conservative,
+        request.restarts if request.restarts is not None else cfg.tune.restarts,
+        request.patience if request.patience is not None else cfg.tune.patience,
     )

@@ -10,8 +10,9 @@ import pytest
 from calibrate.engines.builders import LaunchSpec, build
 from calibrate.errors import ConfigError, UsageError
 from calibrate.stages.tune.grid import Candidate, build_plan
+from calibrate.stages.tune.outcome import rank
 from calibrate.stages.tune.result import BestLevel, CandidateResult, Measurement
-from calibrate.stages.tune.search import rank, schedule
+from calibrate.stages.tune.search import schedule
 from calibrate.state.ledger import Ledger, LedgerEntry
 from calibrate.state.setting import resolve
 

@@ -1,0 +1,130 @@
+"""What a batch's drift watch found, as its summary, the ledger and ``status`` hold it.
+
+Written here and read back here only (``DriftRecord.from_json``: tolerant, a malformed block
+reads as none), so the batch that records it and the ``status`` that shows it agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from calibrate.state.calibrated import Calibrated
+
+
+@dataclass(frozen=True)
+class DriftRecord:
+    """One batch against its calibration: compared or not (``text`` says why not), drifted or
+    not (``text`` is then the warning it gave), what it saw over its judged windows (over the
+    slow ones when it drifted) and, when it drifted, the causes and the stage to run again."""
+
+    compared: bool
+    text: str
+    drifted: bool = False
+    what: str = ""  # "slower than calibrated" | "failing more than calibrated"
+    calibration: Calibrated | None = None
+    basis: str | None = None  # "items" | "tokens"
+    endpoint: str | None = None
+    windows: int = 0
+    judged: int = 0
+    off: int = 0  # judged windows slow or failing, in the whole run
+    causes: tuple[str, ...] = ()
+    rerun: str | None = None
+    at_item: int | None = None  # the first item of the first slow window
+    items_per_s: float | None = None
+    latency_p50_s: float | None = None
+    latency_p99_s: float | None = None
+    error_rate: float | None = None
+    preemptions: float | None = None  # the server's counter's rise over the run
+
+    def line(self) -> str:
+        """``drift: …`` in one line, as the batch's summary and ``status`` show it."""
+        if not self.compared:
+            return f"drift: not compared — {self.text}"
+        if not self.drifted:
+            return f"drift: none — {self.text}"
+        cal, at = self.calibration, f" from item {self.at_item:,} on" if self.at_item else ""
+        pace = f"{self.items_per_s or 0:.3g} items/s"
+        if cal is not None:
+            pace += f" against {cal.items_per_s:.3g} calibrated ({cal.where})"
+        cause = f"; likely cause: {self.causes[0]}" if self.causes else ""
+        rerun = f"; to measure it again: {self.rerun}" if self.rerun else ""
+        return f"drift: {self.what}{at} — {pace}{cause}{rerun}"
+
+    def to_json(self) -> dict[str, Any]:
+        def r(value: float | None, digits: int = 4) -> float | None:
+            return round(value, digits) if value is not None else None
+
+        return {
+            "compared": self.compared,
+            "drifted": self.drifted,
+            "what": self.what or None,
+            "text": self.text,
+            "calibration": self.calibration.to_json() if self.calibration else None,
+            "basis": self.basis,
+            "endpoint": self.endpoint,
+            "windows": self.windows,
+            "windows_judged": self.judged,
+            "windows_off": self.off,
+            "causes": list(self.causes),
+            "rerun": self.rerun,
+            "at_item": self.at_item,
+            "items_per_s": r(self.items_per_s, 3),
+            "latency_p50_s": r(self.latency_p50_s),
+            "latency_p99_s": r(self.latency_p99_s),
+            "error_rate": r(self.error_rate),
+            "preemptions": self.preemptions,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> DriftRecord | None:
+        if not isinstance(data, dict) or not isinstance(data.get("text"), str):
+            return None
+        causes = data.get("causes")
+
+        def num(key: str) -> float | None:
+            value = data.get(key)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                return None
+            return float(value)
+
+        def count(key: str) -> int:
+            value = data.get(key)
+            return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+        at = data.get("at_item")
+        return cls(
+            compared=data.get("compared") is True,
+            text=data["text"],
+            drifted=data.get("drifted") is True,
+            what=data["what"] if isinstance(data.get("what"), str) else "",
+            calibration=Calibrated.from_json(data.get("calibration")),
+            basis=data["basis"] if data.get("basis") in ("items", "tokens") else None,
+            endpoint=data["endpoint"] if isinstance(data.get("endpoint"), str) else None,
+            windows=count("windows"),
+            judged=count("windows_judged"),
+            off=count("windows_off"),
+            causes=tuple(c for c in causes if isinstance(c, str))
+            if isinstance(causes, list)
+            else (),
+            rerun=data["rerun"] if isinstance(data.get("rerun"), str) else None,
+            at_item=at if isinstance(at, int) and not isinstance(at, bool) else None,
+            items_per_s=num("items_per_s"),
+            latency_p50_s=num("latency_p50_s"),
+            latency_p99_s=num("latency_p99_s"),
+            error_rate=num("error_rate"),
+            preemptions=num("preemptions"),
+        )
+
+
+def records_json(records: Sequence[DriftRecord]) -> list[dict[str, Any]]:
+    """The summary's ``drift``: one record per endpoint, in their order."""
+    return [r.to_json() for r in records]
+
+
+def records_of(data: Any) -> tuple[DriftRecord, ...]:
+    """A batch summary's ``drift`` read back (none when absent or malformed)."""
+    if not isinstance(data, list):
+        return ()
+    return tuple(r for d in data if (r := DriftRecord.from_json(d)) is not None)

@@ -1,0 +1,113 @@
+"""A tune's Pareto front, and why ``pin`` takes the point it takes.
+
+Each candidate that served a passing level is one point at that (its best) level: the goodput per
+user — output tokens/s each request in flight gets, the level's output tokens/s over its
+concurrency — against the total goodput — the output tokens/s of the requests that met every SLO
+(the level's output tokens/s × goodput / items). A point is on the front when no other point has
+as much of both and more of one. J/token and $/1M tokens ride along where they were measured
+(``--rank-by`` ranks by them; they do not shape the front). The pinned point is the winner, the
+one the ranking put first; ``reason`` says which ranking and what made it first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from calibrate.gpu.energy import RankBy
+from calibrate.stages.tune.result import CandidateResult
+
+_WHY = {
+    "goodput": "ranked by goodput (--rank-by goodput): the most requests/s within the SLOs",
+    "joules_per_token": "ranked by energy (--rank-by joules_per_token): the fewest joules "
+    "per output token at its best level",
+    "usd_per_1m": "ranked by cost (--rank-by usd_per_1m): the fewest $ per 1M output tokens "
+    "at its best level",
+}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One candidate at its best level, as the front sees it."""
+
+    id: str
+    flags: str
+    concurrency: int
+    per_user_tokens_per_s: float
+    total_tokens_per_s: float
+    goodput_per_s: float
+    joules_per_output_token: float | None = None
+    usd_per_1m_output_tokens: float | None = None
+    on_front: bool = False
+    pinned: bool = False
+
+    def dominated_by(self, other: Point) -> bool:
+        a = (other.per_user_tokens_per_s, other.total_tokens_per_s)
+        b = (self.per_user_tokens_per_s, self.total_tokens_per_s)
+        return a[0] >= b[0] and a[1] >= b[1] and a != b
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "flags": self.flags,
+            "concurrency": self.concurrency,
+            "per_user_tokens_per_s": round(self.per_user_tokens_per_s, 3),
+            "total_tokens_per_s": round(self.total_tokens_per_s, 3),
+            "goodput_per_s": round(self.goodput_per_s, 4),
+            "joules_per_output_token": _r(self.joules_per_output_token),
+            "usd_per_1m_output_tokens": _r(self.usd_per_1m_output_tokens),
+            "on_front": self.on_front,
+            "pinned": self.pinned,
+        }
+
+
+def _r(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
+
+
+def _point(result: CandidateResult, pinned: bool) -> Point | None:
+    best = result.best
+    if best is None or result.crashed or best.goodput_per_s <= 0:
+        return None
+    share = best.goodput_per_s / best.items_per_s if best.items_per_s > 0 else 1.0
+    return Point(
+        result.candidate.id,
+        result.candidate.describe(),
+        best.concurrency,
+        best.output_tokens_per_s / max(best.concurrency, 1),
+        best.output_tokens_per_s * min(share, 1.0),
+        best.goodput_per_s,
+        best.joules_per_output_token,
+        best.usd_per_1m_output_tokens,
+        pinned=pinned,
+    )
+
+
+def points(ranked: Sequence[CandidateResult], pinned: str | None) -> list[Point]:
+    """Every candidate that served a passing level, the front's first, each by total goodput
+    (most first); ``pinned``: the id of the winner."""
+    found = [p for r in ranked if (p := _point(r, r.candidate.id == pinned)) is not None]
+    marked = [replace(p, on_front=not any(p.dominated_by(q) for q in found)) for p in found]
+    return sorted(marked, key=lambda p: (not p.on_front, -p.total_tokens_per_s, p.id))
+
+
+def reason(
+    pinned: Point | None, rank_by: RankBy, front: Sequence[Point], conservative: str = ""
+) -> str:
+    """Why pin takes ``pinned``: the ranking, and whether it is on the front (and if not,
+    which front points give more of both)."""
+    if pinned is None:
+        return ""
+    why = _WHY.get(rank_by, f"ranked by {rank_by}")
+    if conservative:
+        why = f"taken under noise (--conservative): {conservative}, the smaller cap of the two"
+    head = (
+        f"pin takes {pinned.id} ({pinned.flags}) at concurrency {pinned.concurrency}: {why}; "
+        f"{pinned.per_user_tokens_per_s:.1f} tokens/s per user, "
+        f"{pinned.total_tokens_per_s:.1f} tokens/s in all"
+    )
+    if pinned.on_front:
+        return head + ", on the Pareto front"
+    better = [p.id for p in front if p.on_front and pinned.dominated_by(p)]
+    return head + f", off the Pareto front (beaten on both axes by {', '.join(better)})"

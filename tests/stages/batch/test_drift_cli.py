@@ -1,0 +1,104 @@
+"""The batch watches its drift from the calibration, end to end: a real ladder on the mock, then
+the real ``calibrate batch`` against the same target — a mock that slows down after N items
+(``calibrate mock --slow-after N``) warns once, with the numbers and a cause, records it in the
+run and the ledger, and ``calibrate status`` shows it; a healthy batch never warns, not with a
+CPU hog beside it. The setting is never changed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.batch_helpers import batch_process, write_tasks
+from tests.mockserver import MockProcess
+from tests.tier_helpers import FAST, jsonl, open_gate
+
+# ~0.14 s an answer on 4 slots: about 28 items/s at 4 in flight
+MOCK = ("--ttft", "0.02", "--per-token", "0.004", "--slots", "4")
+LADDER = FAST + "batch_sizes = [1, 2, 4]\n"
+
+
+def _calibrated(cli: Any, root: Path) -> int:
+    """A passing ladder (batch 1, 2, 4) of the mock; the port its target is at."""
+    with MockProcess(*MOCK) as mock:
+        open_gate(root, mock.base_url, LADDER)
+        ladder = cli("ladder", "--json")
+        assert ladder.code == 0, ladder.err
+        return mock.port
+
+
+def _setting(cli: Any) -> Any:
+    status = cli("status", "--json")
+    assert status.code == 0, status.err
+    return status.json
+
+
+def _drift_rows(root: Path, run_id: str) -> list[dict[str, Any]]:
+    return jsonl(root / "runs" / run_id / "drift.jsonl")
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])  # 2: the watch sees the workers' lines
+def test_a_mock_that_slows_after_n_items_warns_once_records_it_and_status_shows_it(
+    cli: Any, isolated: Path, workers: str
+) -> None:
+    port = _calibrated(cli, isolated)
+    before = _setting(cli)
+    tasks = write_tasks(isolated / "tasks.jsonl", 220)
+    slows = ("--port", str(port), "--slow-after", "100", "--slow-after-factor", "4")
+    with MockProcess(*MOCK, *slows):
+        args = ("--out", "out.jsonl", "-c", "4", "--workers", workers, "--json")
+        result = cli("batch", "--input", str(tasks), *args)
+    assert result.code == 0, result.err
+    assert result.err.count("drift: the server is slower than calibrated") == 1, result.err
+    said = result.err.split("drift: the server is slower than calibrated", 1)[1]
+    assert "items/s against" in said and "calibrated (its runs" in said and "p50 " in said
+    assert "likely cause: " in said and "The setting is unchanged" in said
+    (drift,) = result.json["drift"]
+    assert drift["compared"] and drift["drifted"] and drift["causes"], drift
+    assert drift["calibration"]["stage"] == "ladder" and drift["calibration"]["concurrency"] == 4
+    assert drift["at_item"] > 100  # the first slow window starts after the 100 fast items
+    assert drift["items_per_s"] < drift["calibration"]["items_per_s"]
+    rows = _drift_rows(isolated, result.json["run_id"])  # every window, in the run's folder
+    assert drift["items_per_s"] < rows[0]["items_per_s"] / 2  # 4× slower than its own start
+    assert len(rows) >= drift["windows_judged"] >= 4 and rows[0]["judged"]
+    ledger = jsonl(isolated / "runs/ledger.jsonl")
+    assert ledger[-1]["stage"] == "batch" and ledger[-1]["summary"]["drift"][0]["drifted"]
+
+    status = cli("status")
+    assert status.code == 0
+    assert f"last batch: run {result.json['run_id']}" in status.out + status.err
+    assert "drift: slower than calibrated from item" in status.err, status.out + status.err
+    after = _setting(cli)
+    assert after["drift"]["run_id"] == result.json["run_id"]
+    assert after["drift"]["endpoints"][0]["drifted"]
+    assert after["setting"] == before["setting"]  # watched, never changed
+
+
+@pytest.mark.serial  # a process spinning a core beside it: alone, or it slows the other tests
+def test_a_healthy_batch_never_warns_not_with_a_cpu_hog_beside_it(cli: Any, isolated: Path) -> None:
+    port = _calibrated(cli, isolated)
+    tasks = write_tasks(isolated / "tasks.jsonl", 240)
+    # the hog is the batch's sibling, not its child: "other processes" to its noise meter
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        with MockProcess(*MOCK, "--port", str(port)):
+            batch = batch_process(
+                isolated, "--input", str(tasks), "--out", "out.jsonl", "-c", "4", "--json"
+            )
+            out, err = batch.communicate(timeout=120)
+        assert hog.poll() is None, "the hog ended before the batch did"
+    finally:
+        hog.kill()
+        hog.wait()
+    assert batch.returncode == 0, err
+    assert "drift: the server" not in err and "warning: drift" not in err, err
+    (drift,) = json.loads(out)["drift"]
+    assert drift["compared"] and not drift["drifted"] and drift["windows_judged"] >= 2, drift
+    rows = _drift_rows(isolated, json.loads(out)["run_id"])
+    others = [r["noise_other_cpu_cores"] for r in rows if r["judged"]]  # the machine, read
+    assert None not in others and max(others) >= 0.8, rows  # the hog's core among "others"
