@@ -22,7 +22,7 @@ from calibrate.stages.tune.outcome import TuneOutcome
 from calibrate.stages.tune.result import BestLevel, CandidateResult, Measurement
 from calibrate.stages.tune.search import Tune
 from calibrate.stages.tune.store import TuneStore
-from tests.stage_fakes import SimulatedLoop
+from tests.stage_fakes import SimulatedLoop, chat_body
 
 LEVELS = (8, 16, 32, 64)  # closed-loop concurrency per candidate, as the sweep's levels
 TOKENS = 100  # output tokens per answer
@@ -49,7 +49,8 @@ class SimulatedEngine:
     counter: Iterator[int] = field(default_factory=itertools.count)
 
     def _supply(self) -> Request:
-        return Request("/chat/completions", {}, ("p",), next(self.counter))
+        n = next(self.counter)  # a body the simulated server answers
+        return Request("/chat/completions", chat_body(f"p{n}"), (f"p{n}",), n)
 
     def run(self, candidate: Candidate, rung: int, window: float, _run: RunDir) -> CandidateResult:
         self.restarts.append(candidate.id)
