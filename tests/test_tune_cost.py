@@ -31,7 +31,9 @@ def test_a_tune_ranked_by_cost_shows_the_cost_and_energy_columns(cli, isolated: 
     assert "None" not in cells
     # the point pin takes, and why: the ranking asked for, with the cost beside the front
     assert "pin takes c0" in result.err
-    assert "ranked by cost (--rank-by usd_per_1m): the fewest $ per 1M output tokens" in result.err
+    assert (
+        "the fewest $ per 1M output tokens at its best level (--rank-by usd_per_1m)" in result.err
+    )
     front = result.err.split("Pareto front: tokens/s per user against tokens/s in all")[1]
     assert "$/1M tok" in front.splitlines()[1] and "J/tok" in front.splitlines()[1], front
 

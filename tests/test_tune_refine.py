@@ -35,7 +35,7 @@ def test_refine_measures_what_the_results_point_to_and_reports_the_front(
     assert front["c03"]["on_front"] is True
     reason = out["pinned_reason"]
     assert reason.startswith("pin takes c03 (slots=4, kv_tokens=50000, memory_fraction=0.8)")
-    assert "ranked by goodput (--rank-by goodput)" in reason
+    assert "the most requests/s within the SLOs (--rank-by goodput)" in reason
     assert "Pareto front: tokens/s per user against tokens/s in all" in result.err
     assert reason in result.err
     report = cli("report", str(run), "--html", "--json")

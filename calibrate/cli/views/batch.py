@@ -125,6 +125,8 @@ def show(out: Output, outcome: BatchOutcome) -> int:
     render_summary(out, outcome.result, outcome.spec, outcome.checks, outcome.resume)
     spec, report = outcome.spec, outcome.report or {}
     for record in records_of(report.get("drift")):  # each endpoint against its calibration
+        if not record.compared:  # why not is in --json, the run and status: no line to read here
+            continue
         named = f"{record.endpoint}: " if len(report["drift"]) > 1 and record.endpoint else ""
         (out.warn if record.drifted else out.say)(named + record.line())
     if spec.format == "openai_batch" and not spec.sample and "final" not in report:

@@ -219,7 +219,7 @@ def show_finished(out: Output, finished: TuneFinished) -> None:
 def show_front(out: Output, finished: TuneFinished) -> None:
     """The Pareto front (goodput per user against total goodput) and the point pin takes."""
     points = finished.summary.details.get("pareto") or []
-    if front_rows(points):
+    if len(front_rows(points)) > 1:  # one point: the line below says it all (report draws it)
         title = "Pareto front: tokens/s per user against tokens/s in all"
         out.show_table(lambda width: front_table(points, title, width), live=False)
     reason = finished.summary.details.get("pinned_reason")

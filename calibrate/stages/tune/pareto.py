@@ -18,12 +18,11 @@ from typing import Any
 from calibrate.gpu.energy import RankBy
 from calibrate.stages.tune.result import CandidateResult
 
-_WHY = {
-    "goodput": "ranked by goodput (--rank-by goodput): the most requests/s within the SLOs",
-    "joules_per_token": "ranked by energy (--rank-by joules_per_token): the fewest joules "
-    "per output token at its best level",
-    "usd_per_1m": "ranked by cost (--rank-by usd_per_1m): the fewest $ per 1M output tokens "
-    "at its best level",
+_WHY = {  # the first line of tune says "ranked by …" once; the reason says what that took
+    "goodput": "the most requests/s within the SLOs (--rank-by goodput)",
+    "joules_per_token": "the fewest joules per output token at its best level "
+    "(--rank-by joules_per_token)",
+    "usd_per_1m": "the fewest $ per 1M output tokens at its best level (--rank-by usd_per_1m)",
 }
 
 
@@ -99,7 +98,7 @@ def reason(
     which front points give more of both)."""
     if pinned is None:
         return ""
-    why = _WHY.get(rank_by, f"ranked by {rank_by}")
+    why = _WHY.get(rank_by, f"the best by {rank_by} (--rank-by {rank_by})")
     if conservative:
         why = f"taken under noise (--conservative): {conservative}, the smaller cap of the two"
     head = (

@@ -53,13 +53,19 @@ def test_a_candidate_that_failed_its_slos_counts_only_its_good_requests() -> Non
 def test_the_reason_names_the_ranking_and_whether_the_point_is_on_the_front() -> None:
     found = points(RANKED, "c04")
     by_goodput = reason(next(p for p in found if p.pinned), "goodput", found)
-    assert by_goodput.startswith("pin takes c04 (slots=8) at concurrency 8: ranked by goodput")
+    assert by_goodput.startswith(
+        "pin takes c04 (slots=8) at concurrency 8: the most requests/s within the SLOs "
+        "(--rank-by goodput)"
+    )
     assert by_goodput.endswith(
         "200.0 tokens/s per user, 1600.0 tokens/s in all, on the Pareto front"
     )
     frugal = points(RANKED, "c02")
     by_energy = reason(next(p for p in frugal if p.pinned), "joules_per_token", frugal)
-    assert "ranked by energy (--rank-by joules_per_token): the fewest joules" in by_energy
+    assert (
+        "the fewest joules per output token at its best level (--rank-by joules_per_token)"
+        in by_energy
+    )
     assert by_energy.endswith("off the Pareto front (beaten on both axes by c04, c03)")
     smaller = points(RANKED, "c03")
     noisy = reason(next(p for p in smaller if p.pinned), "goodput", smaller, "c03 (slots=4)")

@@ -123,7 +123,7 @@ def test_refine_finds_the_grids_best_in_a_fraction_of_its_restarts(tmp_path: Pat
     pinned = next(p for p in front if p.pinned)
     assert pinned.flags == "slots=20, chunk=4096" and pinned.on_front
     reason = found.pin_reason(front)
-    assert reason.startswith("pin takes ") and "ranked by goodput" in reason
+    assert reason.startswith("pin takes ") and "(--rank-by goodput)" in reason
     assert "on the Pareto front" in reason
     for point in front:
         if not point.on_front:
