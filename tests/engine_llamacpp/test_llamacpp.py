@@ -106,7 +106,9 @@ def test_ladder_all_tiers_pass(cli, llama: str, isolated: Path) -> None:
         .read_text("utf-8")
         .splitlines()
     ]
-    assert [t["batch_size"] for t in tiers] == [1, 2, 4, 8]
+    # each tier in order, then any a noisy pair needed again (interleaved repeats, SPEC §5.14)
+    assert [t["batch_size"] for t in tiers][:4] == [1, 2, 4, 8]
+    assert {t["batch_size"] for t in tiers} == {1, 2, 4, 8}
     assert all(t["verdict"] in ("pass", "stop: latency") for t in tiers), tiers
     show("\n" + result.err)
 

@@ -69,11 +69,11 @@ def ranked_table(
     )
 
 
-def columns_of(rows: Sequence[Mapping[str, Any]]) -> Cells:
-    """Every column, but an energy or cost column no candidate has a figure for."""
+def columns_of(rows: Sequence[Mapping[str, Any]], columns: Cells = COLUMNS) -> Cells:
+    """Every column of ``columns``, but an energy or cost column no row has a figure for."""
     return [
         (name, cell)
-        for name, cell in COLUMNS
+        for name, cell in columns
         if name not in _WHEN_MEASURED
         or any(r.get(_WHEN_MEASURED[name]) not in (None, "") for r in rows)
     ]
@@ -101,12 +101,7 @@ def front_rows(points: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 
 def front_columns(rows: Sequence[Mapping[str, Any]]) -> Cells:
     """The front's columns, but an energy or cost column no point has a figure for."""
-    return [
-        (name, cell)
-        for name, cell in FRONT_COLUMNS
-        if name not in _WHEN_MEASURED
-        or any(r.get(_WHEN_MEASURED[name]) not in (None, "") for r in rows)
-    ]
+    return columns_of(rows, FRONT_COLUMNS)
 
 
 def front_table(
