@@ -17,7 +17,13 @@ import pytest
 
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tiers import Stats
-from calibrate.stages.server_account import observed_cap, queue_note, server_limit, unaccounted
+from calibrate.stages.server_account import (
+    observed_cap,
+    queue_note,
+    server_limit,
+    stopping_cap,
+    unaccounted,
+)
 from calibrate.state.ledger import Ledger, LedgerEntry
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
@@ -89,6 +95,31 @@ def test_the_queue_is_named_by_its_cause_never_a_cap_below_one() -> None:
     deferred = queue_note(3, 8, batch=8, deferred=3)
     assert deferred is not None and "deferred" in deferred and "its cap" not in deferred
     assert queue_note(0, 8) is None
+
+
+def test_a_server_that_ran_more_elsewhere_in_the_run_has_no_cap_below_that() -> None:
+    """Seen on real vLLM (``--max-num-seqs 4``) in prompt-list mode: at batch 8 one request ran
+    while three of the list's prompts were still being admitted, and the ladder said "its cap is
+    1" — of a server that had run 4 at once a tier before. The most it ran anywhere in the run
+    bounds any cap claimed below it: the ladder's tier, the sweep's limit, the ledger's cap and
+    the note alike."""
+    metric = "vllm:num_requests_running"
+    list8 = _stats(
+        8, server_queue_max=3, server_running_max=1, running_while_queued=1, running_metric=metric
+    )
+    ran4 = _stats(4, server_queue_max=0, server_running_max=4, running_metric=metric)
+    assert observed_cap(list8) is not None, "alone, it reads as a cap of 1"
+    assert observed_cap(list8, ran_elsewhere=4) is None
+    assert observed_cap(list8, ran_elsewhere=1) is not None  # no more seen anywhere: a cap
+    assert server_limit(None, 8, [ran4, list8]) is None
+    assert stopping_cap(None, [ran4, list8]) is None
+    note = queue_note(3, 1, batch=8, prompt_list=True, running=1, metric=metric, ran_elsewhere=4)
+    assert note is not None and "not a cap" in note and "its cap is" not in note
+    # a real cap 4 at batch 8 stands beside tiers that ran 4 at most
+    capped = _stats(
+        8, server_queue_max=4, server_running_max=4, running_while_queued=4, running_metric=metric
+    )
+    assert server_limit(None, 8, [ran4, capped]) == observed_cap(capped)
 
 
 def test_a_server_that_publishes_neither_says_so_once() -> None:

@@ -23,13 +23,21 @@ from calibrate.stages.measure.tiers import Stats
 KV_FULL = 0.9  # KV-cache usage from which requests waiting are the cache's, not the cap's
 
 
-def observed_cap(stats: Stats, kv_full: float = KV_FULL) -> ServerCap | None:
+def observed_cap(
+    stats: Stats, kv_full: float = KV_FULL, *, ran_elsewhere: int | None = None
+) -> ServerCap | None:
     """The server's cap as its own running gauge showed it, when it is below the tier's batch:
     requests waited while the running count stood at its peak k < B, the KV cache was not full,
     and not every waiting request was deferred for another reason. None otherwise (no gauge, no
-    queue, a queue the KV cache or a deferral explains, or k ≥ B)."""
+    queue, a queue the KV cache or a deferral explains, or k ≥ B) — and when the same server ran
+    more than k at once in another tier or level of the run (``ran_elsewhere``): its cap is not
+    k, the requests waited a moment on their way in (seen on real vLLM in prompt-list mode: one
+    running while three of a list's eight prompts were still being admitted, "its cap is 1" of a
+    server that had run 4 at once a tier before)."""
     k, queued = stats.server_running_max, stats.server_queue_max
     if k is None or not queued or k < 1 or k >= stats.batch_size:
+        return None
+    if ran_elsewhere is not None and ran_elsewhere > k:
         return None
     if stats.running_while_queued != k:  # waiting seen only while it still ramped up
         return None
@@ -79,6 +87,7 @@ def queue_note(
     kv_usage: float | None = None,
     preemptions: int | None = None,
     deferred: int | None = None,
+    ran_elsewhere: int | None = None,
 ) -> str | None:
     """Why throughput stopped growing when the server itself queued requests (SPEC §8, §6.1),
     named by its cause: the KV cache full, requests deferred, the cap (the running count at its
@@ -107,6 +116,11 @@ def queue_note(
             "request), not for capacity"
         )
     limit = batch if prompt_list and batch else concurrency
+    if running is not None and ran_elsewhere is not None and ran_elsewhere > running:
+        return (
+            f"{head}{ran}, and {ran_elsewhere} at once elsewhere in this run: requests waiting a "
+            "moment on their way in, not a cap"
+        )
     if running is not None and metric and running < limit:
         what = f"the {limit} prompts" if prompt_list else f"{limit} in flight"
         return f"{head}{ran}: its cap is {running}, below {what}"
@@ -115,8 +129,9 @@ def queue_note(
     return f"{head}: its cap is below {concurrency} in flight"
 
 
-def row_queue_note(row: Mapping[str, Any]) -> str | None:
-    """``queue_note`` of one tier or level as written in tiers.jsonl (the ladder adds its mode)."""
+def row_queue_note(row: Mapping[str, Any], ran_elsewhere: int | None = None) -> str | None:
+    """``queue_note`` of one tier or level as written in tiers.jsonl (the ladder adds its mode);
+    ``ran_elsewhere``: the most the server ran at once over the run's rows."""
     return queue_note(
         row.get("server_queue_max"),
         int(row["concurrency"]),
@@ -127,6 +142,7 @@ def row_queue_note(row: Mapping[str, Any]) -> str | None:
         kv_usage=row.get("peak_kv_usage"),
         preemptions=row.get("preemptions"),
         deferred=row.get("deferred_max"),
+        ran_elsewhere=ran_elsewhere,
     )
 
 
@@ -151,8 +167,16 @@ def server_limit(known: ServerCap | None, batch: int, levels: Sequence[Stats]) -
     (SPEC §5.0: C may exceed B), not below it."""
     if known is not None and known.slots < batch:
         return known
-    seen = [cap for stats in levels if (cap := observed_cap(stats)) is not None]
+    most = most_running(levels)
+    seen = [c for stats in levels if (c := observed_cap(stats, ran_elsewhere=most)) is not None]
     return min(seen, key=lambda cap: cap.slots, default=None)
+
+
+def most_running(runs: Sequence[Stats]) -> int | None:
+    """The most requests the server's running gauge showed at once over ``runs`` (None: no
+    gauge): a cap below it was never the server's."""
+    seen = [s.server_running_max for s in runs if s.server_running_max is not None]
+    return max(seen, default=None)
 
 
 def stopping_cap(known: ServerCap | None, tiers: Sequence[Stats]) -> Any:
@@ -160,7 +184,8 @@ def stopping_cap(known: ServerCap | None, tiers: Sequence[Stats]) -> Any:
     when a tier was above it, else the smallest its running gauge showed; None when neither."""
     if known is not None and any(t.batch_size > known.slots for t in tiers):
         return known.to_json()
-    seen = [cap for stats in tiers if (cap := observed_cap(stats)) is not None]
+    most = most_running(tiers)
+    seen = [c for stats in tiers if (c := observed_cap(stats, ran_elsewhere=most)) is not None]
     return min(seen, key=lambda cap: cap.slots).to_json() if seen else None
 
 

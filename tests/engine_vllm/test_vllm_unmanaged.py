@@ -95,9 +95,14 @@ def test_ladder_sweep_pin_verify_never_above_the_servers_cap(
     show("\n" + ladder.err)
     show(f"vllm:num_requests_running max {queue.running_max}, waiting max {queue.waiting_max}")
     assert ladder.code == 0, ladder.err
-    assert queue.running_max <= CAP and queue.waiting_max > 0, "vLLM's own account of batch 8"
+    assert queue.running_max <= CAP, "vLLM's own account: never more than its cap at once"
     verdicts = {t["batch_size"]: t["verdict"] for t in ladder.json["tiers"]}
-    assert verdicts[8] == "stop: cap", verdicts
+    if queue.waiting_max > 0:  # vLLM held the rest of batch 8 waiting: its cap, said so
+        assert verdicts[8] == "stop: cap", verdicts
+    else:  # seen once on a busy 2-core machine: its front end admitted them one by one, so the
+        # engine never had more than 4 (nothing waited): no cap shows, none may be claimed
+        show("(vLLM never queued during the ladder: its front end admitted the wave slowly)")
+        assert verdicts[8] in ("pass", "stop: latency"), verdicts
     assert all(verdicts[b] in ("pass", "stop: latency") for b in (1, 2, 4)), verdicts
     assert ladder.json["last_passing"]["batch_size"] <= CAP
     assert "every tier passed" not in ladder.err

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from calibrate.gpu.engine_metrics import Gauge
 from calibrate.gpu.noise import NoiseMark, NoiseMeter
 from calibrate.gpu.vram import VramMonitor, WindowPeak
 from calibrate.load.items import ItemResult
@@ -24,7 +25,7 @@ from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import WarmUp
 from calibrate.stages.ladder.setting import choose, measured, tier_point
 from calibrate.stages.measure.item_records import record_round
-from calibrate.stages.measure.tiers import Stats, Tier
+from calibrate.stages.measure.tiers import Stats, Tier, Verdict
 from calibrate.stages.verdict.knee import judge, spread_of
 from calibrate.stages.verdict.separation import futile, next_of_pair
 
@@ -78,6 +79,12 @@ class TierRepeats:
             baseline: str | None,
         ) -> Stats: ...
 
+        def preemption_counter(self) -> Gauge | None: ...
+
+        def verdict_of(
+            self, agg: Stats, rounds: Sequence[Stats], last: Tier | None
+        ) -> tuple[Verdict, str]: ...
+
     def noise_mark(self) -> NoiseMark | None:
         return self.noise.mark() if self.noise is not None else None
 
@@ -103,6 +110,11 @@ class TierRepeats:
 
     def tier_of(self, batch: int) -> Tier:
         return next(t for t in self.history if t.batch_size == batch)
+
+    def tier_before(self, batch: int) -> Tier | None:
+        """The tier run just before ``batch``'s (its latency rule's base), None for the first."""
+        at = next(n for n, t in enumerate(self.history) if t.batch_size == batch)
+        return self.history[at - 1] if at else None
 
     def separate(self, base: int, cur: int) -> None:
         """Rounds of tiers ``base`` and ``cur``, interleaved, until the rounds settle whether
@@ -134,7 +146,9 @@ class TierRepeats:
         tier = self.tier_of(batch)
         round_no = len(tier.rounds) + 1
         mark = self.noise_mark()
+        before = self.preemption_counter()
         items, seconds, waves, peak = self.run_round(batch, round_no)
+        after = self.preemption_counter()
         stats = self.measured(batch, round_no, items, seconds, [peak], self.baseline, waves)
         stats = self.with_noise(stats, mark)
         record_round(self.ctx, stats, self.monitor.source)
@@ -143,19 +157,20 @@ class TierRepeats:
         raw.peaks.append(peak)
         rounds = (*tier.rounds, stats)
         agg = self.aggregate(batch, rounds, raw.items, raw.peaks, self.baseline)
-        agg = replace(
-            agg,
-            preemptions=tier.stats.preemptions,
-            preemption_metric=tier.stats.preemption_metric,
-        )
-        again = replace(tier, stats=agg, rounds=rounds)
+        preempted, metric = tier.stats.preemptions, tier.stats.preemption_metric
+        if before is not None and after is not None:
+            preempted = (preempted or 0) + max(0, round(after.value - before.value))
+            metric = after.metric
+        agg = replace(agg, preemptions=preempted, preemption_metric=metric)
+        # judged again from all its rounds: a cap, a preemption or a breach the new round showed
+        # stops the tier as it would have the first time (its rows and its verdict agree)
+        verdict, reason = self.verdict_of(agg, rounds, self.tier_before(batch))
         if stats.errors:
-            again = replace(
-                again,
-                verdict="fail",
-                reason=f"batch {batch}: {stats.errors} of {stats.items} requests failed "
-                f"({stats.kinds_text}) in round {round_no}, run again to tell it from another tier",
+            reason = (
+                f"batch {batch}: {stats.errors} of {stats.items} requests failed "
+                f"({stats.kinds_text}) in round {round_no}, run again to tell it from another tier"
             )
+        again = replace(tier, stats=agg, rounds=rounds, verdict=verdict, reason=reason)
         self.history[self.history.index(tier)] = again
         self.ctx.run.append("tiers.jsonl", again.to_json())
         self.note(

@@ -31,9 +31,9 @@ from calibrate.stages.measure.stop_rules import (
     stopped_by,
     tier_verdict,
 )
-from calibrate.stages.measure.tiers import Stats, Tier, summarise
+from calibrate.stages.measure.tiers import Stats, Tier, Verdict, summarise
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
-from calibrate.stages.server_account import observed_cap
+from calibrate.stages.server_account import most_running, observed_cap
 from calibrate.stages.single import read_baseline, unreachable
 from calibrate.state.ledger import baseline_path
 from calibrate.workload import WorkloadSpec
@@ -220,22 +220,29 @@ class Ladder(TierRounds, TierRepeats):
                 preemptions=max(0, round(after.value - before.value)),
                 preemption_metric=after.metric,
             )
-        verdict, reason = tier_verdict(
+        verdict, reason = self.verdict_of(agg, rounds, last)
+        if opts.axis == "context":  # said of the input length, not of "batch 1"
+            reason = relabel(reason, batch, agg.input_tokens_target)
+        copies = self.copies(batch) if verdict != "fail" else None  # a failed tier: no more load
+        return Tier(agg, tuple(rounds), verdict, reason, opts.rounds, copies)
+
+    def verdict_of(
+        self, agg: Stats, rounds: Sequence[Stats], last: Tier | None
+    ) -> tuple[Verdict, str]:
+        """A tier's verdict from all its rounds so far, ``last`` the tier before it."""
+        opts = self.options
+        return tier_verdict(
             agg,
-            previous,
+            last.stats if last else None,
             vram_limit=opts.vram_limit,
             latency_rise=opts.latency_rise,
             slo=opts.slo,
             rounds_run=len(rounds),
             rounds_planned=opts.rounds,
             rounds=rounds,
-            previous_rounds=previous_rounds,
+            previous_rounds=last.rounds if last else (),
             cap=self.tier_cap(agg) if opts.axis == "batch" else None,
         )
-        if opts.axis == "context":  # said of the input length, not of "batch 1"
-            reason = relabel(reason, batch, agg.input_tokens_target)
-        copies = self.copies(batch) if verdict != "fail" else None  # a failed tier: no more load
-        return Tier(agg, tuple(rounds), verdict, reason, opts.rounds, copies)
 
     def tier_cap(self, stats: Stats) -> ServerCap | None:
         """The cap ``stop: cap`` judges a tier by: the one the server reports (or a managed
@@ -244,7 +251,8 @@ class Ladder(TierRounds, TierRepeats):
         known = self.cap
         if known is not None and known.slots < stats.batch_size:
             return known
-        return observed_cap(stats) or known
+        most = most_running([*(t.stats for t in self.history), stats])
+        return observed_cap(stats, ran_elsewhere=most) or known
 
     def copies(self, batch: int) -> DeterminismCheck | None:
         """[determinism] copies of the fixed prompt in waves of B after the tier's rounds,

@@ -114,5 +114,7 @@ def finish_tiers(
 
 def queue_notes(rows: Sequence[Row]) -> list[str]:
     """One note per tier or level during which the server queued requests (explains a knee)."""
-    found = (row_queue_note(r) for r in rows)
+    running = [r["server_running_max"] for r in rows if r.get("server_running_max") is not None]
+    most = round(max(running)) if running else None
+    found = (row_queue_note(r, most) for r in rows)
     return [note for note in found if note]

@@ -390,3 +390,36 @@ def test_a_ladder_whose_every_kept_tier_measured_the_client_names_no_setting() -
         LadderResult(tuple(measured), "ceiling", "none", (), False, 0), conservative=True
     )
     assert result.passed and result.setting is measured[0]
+
+
+def test_a_round_run_again_is_judged_with_the_rest_and_can_stop_its_tier(tmp_path: Path) -> None:
+    """Seen on real vLLM: batch 8's third round (run again, interleaved) showed the server
+    queueing at its cap — the warning said "its cap is 4, below 8 in flight" — while the tier
+    kept the ``pass`` its first two rounds earned. A round run again is judged with the tier's
+    others, as the first rounds were: here the engine preempts during batch 4's third round only,
+    and the tier is ``stop: preempt``, not kept, and never the setting."""
+    walls = {1: [0.1], 2: [2 / 10.9, 2 / 13.3, 2 / 12.05, 2 / 12.1], 4: [4 / 12.1]}
+    ladder = _ladder(tmp_path, walls)
+    ladder.options = replace(ladder.options, batch_sizes=(1, 2, 4))
+    said: list[str] = []
+    ladder.note = said.append
+    total, during = [7.0], [0]
+
+    def counter() -> Gauge:
+        first_of_2 = any(line.startswith("batch 2 again") for line in said)
+        first_of_4 = any(line.startswith("batch 4 again") for line in said)
+        if first_of_2 and not first_of_4:  # read before batch 4's round 3, then after it
+            during[0] += 1
+            if during[0] == 2:
+                total[0] = 10.0  # +3 during that round
+        return Gauge("vllm:num_preemptions_total", total[0])
+
+    ladder.preemptions = counter
+    result = ladder.run()
+    assert any(line.startswith("batch 4 again, round 3") for line in said), said
+    four = next(t for t in result.tiers if t.batch_size == 4)
+    assert four.verdict == "stop: preempt" and four.stats.preemptions == 3, four.reason
+    assert "the server preempted 3 requests during the tier" in four.reason
+    assert result.setting is None or result.setting.batch_size < 4
+    rows = [r for r in jsonl(ladder.ctx.run.path / "tiers.jsonl") if r["batch_size"] == 4]
+    assert rows[-1]["verdict"] == "stop: preempt"  # the later line supersedes
