@@ -18,6 +18,7 @@ import pytest
 from calibrate.engines import engine
 from tests.engine_vllm.conftest import CAP
 from tests.engine_vllm.helpers import (
+    LONG_PROMPT,
     MODEL_DIR,
     QueueWatch,
     Served,
@@ -33,6 +34,12 @@ from tests.engine_vllm.helpers import (
 pytestmark = pytest.mark.engine
 
 CALIBRATE = Path(__file__).resolve().parents[2] / "calibrate"
+# Answers up to 128 tokens (prompt-list: LONG_PROMPT, whose raw completion does not stop at
+# once): each lasts 100 ms and more, so a queue at the cap lasts several /metrics samples. With
+# 32 tokens (and the short prompt's raw completions) answers took 10-20 ms, and vLLM's own
+# account of batch 8 (4 running, 4 waiting) fell between samples: the ladder kept batch 8, in
+# prompt-list mode as its setting, on a server that never ran more than 4 at once.
+LONG = 128
 # Names calibrate reads only from older vLLM releases, after the current name: absent here by
 # design (each is checked to stand after a name this vLLM publishes).
 OLDER_VLLM = {
@@ -88,7 +95,7 @@ def test_every_vllm_metric_name_calibrate_reads_is_on_the_real_server(capped: Se
 def test_ladder_sweep_pin_verify_never_above_the_servers_cap(
     cli, capped: Served, isolated: Path
 ) -> None:
-    write_config(isolated, capped.port, server=_server_section(capped))
+    write_config(isolated, capped.port, max_tokens=LONG, server=_server_section(capped))
     assert cli("single").code == 0 and cli("repro").code == 0
     with QueueWatch(capped.root) as queue:
         ladder = cli("ladder", "--json")
@@ -151,6 +158,8 @@ def test_prompt_list_mode_compares_like_with_like(cli, capped: Served, isolated:
         capped.port,
         ladder_extra='mode = "prompt-list"\n',
         concurrency="[1, 2]",
+        prompt=LONG_PROMPT,
+        max_tokens=LONG,
         server=_server_section(capped),
     )
     assert cli("single").code == 0 and cli("repro").code == 0
