@@ -52,11 +52,17 @@ def test_no_room_for_one_more_request_is_a_full_cache_not_a_cap() -> None:
     )
     # a cap with room to spare in the cache stays a cap, and says so
     roomy = _stats(8, **{**seen.__dict__, "server_running_max": 4, "running_while_queued": 4})
-    for usage in (None, 0.1, 0.8):  # 4 running on 80 %: a fifth just fits (0.8 × 5/4 = 1)
+    for usage in (None, 0.1, 0.7):  # 4 running on 70 %: a fifth fits (0.7 × 5/4 = 0.875)
         capped = _stats(8, **{**roomy.__dict__, "peak_kv_usage": usage})
         assert observed_cap(capped) is not None, usage
         said = queue_note(4, 8, batch=8, running=4, metric=RUNNING, kv_usage=usage)
         assert said is not None and "its cap is 4, below 8 in flight" in said, said
+    # 4 running on 80 %: a fifth would fill it to the brim (0.8 × 5/4 = 1), read while the four
+    # still grew their answers — no room, and no cap claimed on that doubt
+    brim = _stats(8, **{**roomy.__dict__, "peak_kv_usage": 0.8})
+    assert observed_cap(brim) is None
+    said = queue_note(4, 8, batch=8, running=4, metric=RUNNING, kv_usage=0.8)
+    assert said is not None and "no room for one more request beside the 4 running" in said
     assert not kv_is_full(0.5, None, running=None), "no running count: the usage alone decides"
     assert kv_is_full(0.95, None) and kv_is_full(0.1, 3)
 
