@@ -34,10 +34,6 @@ KV_SPACE_GIB = "1"
 # not about telling settings apart on a 2-core machine the CPU build itself keeps busy: a verdict
 # noise leaves in doubt is taken conservatively (SPEC §5.14), said and recorded.
 CONSERVATIVE = "[confidence]\nconservative = true\n"
-# The tiny model answers in 10-60 ms, so a queue lasts about one answer: at the default 50 ms
-# between /metrics samples it is seen by chance. Sampling as fast as the answers come is what a
-# user's seconds-long answers get at the default.
-SAMPLE_S = 0.02
 
 
 def show(text: str) -> None:
@@ -213,8 +209,7 @@ def write_config(
         f'[target]\nbase_url = "http://127.0.0.1:{port}/v1"\nmodel = "{MODEL_NAME}"\n'
         f"timeout_s = 60\n\n"
         f'[prompt]\ntext = "{prompt}"\nmax_tokens = {max_tokens}\n\n'
-        f"[ladder]\nbatch_sizes = {batch_sizes}\nrounds = 2\nmin_round_s = 1\n"
-        f"sample_interval_s = {SAMPLE_S}\n{ladder_extra}\n"
+        f"[ladder]\nbatch_sizes = {batch_sizes}\nrounds = 2\nmin_round_s = 1\n{ladder_extra}\n"
         f"[sweep]\nconcurrency = {concurrency}\nlevel_s = 2\nrepeats = 2\n\n{CONSERVATIVE}"
     )
     if server:
