@@ -62,9 +62,12 @@ def test_preempt_from_the_real_counter_and_the_queue_named_kv_full(
     tiers = ladder.json["tiers_detail"]
     preempted = [t for t in tiers if t["verdict"] == "stop: preempt"]
     assert preempted, [(t["batch_size"], t["verdict"]) for t in tiers]
-    (tier,) = preempted
-    assert tier["preemption_metric"] == "vllm:num_preemptions_total"
-    assert 0 < tier["preemptions"] <= after - before
+    # a tier run again to tell it from another is judged with all its rounds: a smaller one can
+    # preempt in its repeat too (seen: batch 2 in its fourth round), and stops there as well
+    tier = min(preempted, key=lambda t: t["batch_size"])
+    assert all(t["preemption_metric"] == "vllm:num_preemptions_total" for t in preempted)
+    assert all(t["preemptions"] > 0 for t in preempted)
+    assert sum(t["preemptions"] for t in preempted) <= after - before
     assert "vllm:num_preemptions_total" in ladder.err
     assert ladder.json["last_passing"]["batch_size"] < tier["batch_size"], "not kept"
     # the real KV gauge is the pressure
