@@ -24,7 +24,12 @@ import argparse
 from typing import Any
 
 from calibrate.cli import flags, output
-from calibrate.cli.flags.workload import add_workload_args, metrics_url, resolved_workload
+from calibrate.cli.flags.workload import (
+    add_slo_arg,
+    add_workload_args,
+    metrics_url,
+    resolved_workload,
+)
 from calibrate.cli.views.tune import show_finished, tune_env
 from calibrate.config import MAX_RESTARTS, MAX_TIMEOUT_S, Config
 from calibrate.engines.builders import SERVER_KINDS
@@ -94,15 +99,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="stream (SSE) and measure TTFT (on by itself with a TTFT or TPOT SLO)",
     )
-    add(
-        "--slo",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="NAME:S",
-        help="latency SLOs per request over [slo], as the sweep takes them, e.g. --slo ttft:0.5 "
-        "tpot:0.05 e2e:20; goodput counts the requests that met every one",
-    )
+    add_slo_arg(parser)
     add(
         "--conservative",
         action="store_true",

@@ -132,6 +132,19 @@ def resolved_workload(args: argparse.Namespace, cfg: Config, kind: str) -> Resol
     return replace(resolved, spec=replace(resolved.spec, trace=trace))
 
 
+def add_slo_arg(parser: argparse.ArgumentParser) -> None:
+    """``--slo NAME:S …``: latency SLOs per request over [slo] (ladder, sweep, tune alike)."""
+    parser.add_argument(
+        "--slo",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="NAME:S",
+        help="latency SLOs per request over [slo], e.g. --slo ttft:0.5 tpot:0.05 e2e:20; "
+        "goodput counts the requests that met every one",
+    )
+
+
 def add_tier_args(parser: argparse.ArgumentParser, kind: str) -> None:
     """The flags ladder and sweep share: the workload, streaming, SLOs, measuring, --compare."""
     add = parser.add_argument
@@ -141,15 +154,7 @@ def add_tier_args(parser: argparse.ArgumentParser, kind: str) -> None:
         action="store_true",
         help="do not stream (SSE): no TTFT, TPOT or ITL (default: streamed where the server can)",
     )
-    add(
-        "--slo",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="NAME:S",
-        help="latency SLOs per request over [slo], e.g. --slo ttft:0.5 tpot:0.05 e2e:20; "
-        "goodput counts the requests that met every one",
-    )
+    add_slo_arg(parser)
     add(
         "--vram-source",
         choices=("auto", "nvml", "metrics", "none"),
