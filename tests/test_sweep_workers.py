@@ -205,7 +205,7 @@ def test_two_workers_measure_the_same_levels_and_records_as_one(cli, isolated: P
             shapes.append(
                 (
                     [(lv["concurrency"], lv["verdict"]) for lv in out["levels"]],
-                    sorted(records[0]),
+                    sorted({key for r in records for key in r}),
                     sorted(rounds[0]),
                 )
             )
@@ -329,8 +329,10 @@ def test_two_workers_never_read_above_what_their_requests_in_flight_deliver(
     cli, isolated: Path
 ) -> None:
     """The issue: ``--workers 2`` at c = 2 on a mock of ~0.24 s answers (8.2 items/s at most)
-    read 9.27, 9.10, 9.20. Every run now reads at most what 2 in flight deliver — 2 over its
-    answers' mean latency — whatever the load on the machine (both sides slow down alike)."""
+    read 9.27, 9.10, 9.20. Every run now reads at most what 2 in flight deliver: 2 over the mean
+    latency of the answers its throughput was counted from (the records marked ``steady``),
+    whatever the load on the machine. (The whole run's mean is not that bound: on a loaded
+    machine the ramp and the drain hold the slowest answers.)"""
     config = FAST + "[sweep]\nconcurrency = [2]\nlevel_s = 0.6\nrepeats = 4\nmax_repeats = 4\n"
     with start_mock() as mock:  # the mock's defaults: answers of ~0.25 s
         open_gate(isolated, mock.base_url, config, stage="ladder")
@@ -339,6 +341,9 @@ def test_two_workers_never_read_above_what_their_requests_in_flight_deliver(
     run = run_dir(isolated, result.json["run_id"])
     records = [r for r in jsonl(run / "records.jsonl") if r["ok"] and not r.get("canary")]
     for row in jsonl(run / "rounds.jsonl"):
-        mine = [r["elapsed_s"] for r in records if r["round"] == row["round"]]
-        ceiling = 2 / (sum(mine) / len(mine))
-        assert row["items_per_s"] <= ceiling * 1.03, (row["items_per_s"], ceiling)
+        counted = [
+            r["elapsed_s"] for r in records if r["round"] == row["round"] and r.get("steady")
+        ]
+        assert len(counted) == row["steady_completions"] > 0, row
+        ceiling = 2 / (sum(counted) / len(counted))
+        assert row["items_per_s"] <= ceiling * 1.001, (row["items_per_s"], ceiling)

@@ -58,11 +58,12 @@ def _shifted(item: ItemResult, offset: float) -> ItemResult:
     return replace(item, started_s=item.started_s + offset, done_s=item.done_s + offset)
 
 
-def renumbered(items: Sequence[ItemResult]) -> tuple[ItemResult, ...]:
-    """Indices 1…n in the order the requests started, as one process numbers them (requests a
-    process was sent but never started leave no gap); a prompt list's items stay together."""
+def renumbered(items: Sequence[ItemResult]) -> dict[int, ItemResult]:
+    """Each item (by identity) numbered 1…n in the order the requests started, as one process
+    numbers them (requests a process was sent but never started leave no gap); a prompt
+    list's items stay together."""
     order = sorted(items, key=lambda i: (i.started_s, i.index))
-    return tuple(replace(item, index=n) for n, item in enumerate(order, start=1))
+    return {id(item): replace(item, index=n) for n, item in enumerate(order, start=1)}
 
 
 def merge_waves(
@@ -80,24 +81,35 @@ def merge_waves(
 def merge_loops(runs: Sequence[tuple[LoopRun, float]], started_at: float | None) -> LoopRun:
     """The processes' closed-loop runs (each with its offset) as one: every item, full when the
     last process had all its slots started (every one of the C), the drain from the first
-    process that stopped (fewer than C in flight from then on), the wall time the longest."""
-    items = [_shifted(i, offset) for run, offset in runs for i in run.items]
+    process that stopped (fewer than C in flight from then on), the wall time the longest.
+    The processes' parts hold the very items of the merged run, so an answer counted in a
+    part's window is known in the run by identity (the records mark it ``steady``)."""
+    mine = [tuple(_shifted(i, offset) for i in run.items) for run, offset in runs]
+    number = renumbered([i for part in mine for i in part])
+    items = tuple(sorted(number.values(), key=lambda i: i.index))
     fulls = [run.full_s + offset if run.full_s is not None else None for run, offset in runs]
     stops = [run.stop_s + offset for run, offset in runs if run.stop_s is not None]
     closes = [run.closed_s + offset for run, offset in runs if run.closed_s is not None]
     full_s = None if any(f is None for f in fulls) else max(f for f in fulls if f is not None)
     return LoopRun(
-        renumbered(items),
+        items,
         max(run.total_s + offset for run, offset in runs),
         full_s,
         min(stops) if stops else None,
         started_at,
         min(closes) if closes and len(closes) == len(stops) else None,
-        tuple(_part(run, offset, started_at) for run, offset in runs) if len(runs) > 1 else (),
+        tuple(
+            _part(run, offset, started_at, tuple(number[id(i)] for i in part))
+            for (run, offset), part in zip(runs, mine, strict=True)
+        )
+        if len(runs) > 1
+        else (),
     )
 
 
-def _part(run: LoopRun, offset: float, started_at: float | None) -> LoopRun:
+def _part(
+    run: LoopRun, offset: float, started_at: float | None, items: tuple[ItemResult, ...]
+) -> LoopRun:
     """One process's run on the merged run's clock: its steady window is aligned with the
     others' (``window.aligned``), never counted as if one process had made every answer."""
 
@@ -105,7 +117,7 @@ def _part(run: LoopRun, offset: float, started_at: float | None) -> LoopRun:
         return None if value is None else value + offset
 
     return LoopRun(
-        tuple(_shifted(i, offset) for i in run.items),
+        items,
         run.total_s + offset,
         moved(run.full_s),
         moved(run.stop_s),

@@ -5,7 +5,7 @@ machine's own noise (``gpu.noise``), and what every run keeps: records, incident
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -219,8 +219,10 @@ class LevelRuns(LevelSupply):
         )
         peak = self.monitor.close_window(idle)
         noise = self.noise.since(mark) if self.noise is not None and mark is not None else None
-        items = self.keep(list(loop.items), concurrency, repeat, peak, f"c{concurrency}")
         steady = steady_throughput(loop, concurrency * o.prompts_per_request)
+        items = self.keep(
+            list(loop.items), concurrency, repeat, peak, f"c{concurrency}", counted=steady.inside
+        )
         stats = run_stats(
             o,
             concurrency,
@@ -251,11 +253,13 @@ class LevelRuns(LevelSupply):
         peak: WindowPeak,
         label: str,
         tags: Mapping[str, Any] | None = None,
+        counted: Sequence[ItemResult] = (),
     ) -> list[ItemResult]:
         """Write a run's records and incidents (exit 4 when the very first run reached nothing)
         and return its items as recorded (a dead managed server's failures: ``server_died``).
         Each record carries ``tags`` (a rate level's offered rate) and the auto step, so a
-        timeline finds a level's requests by the same key as its row."""
+        timeline finds a level's requests by the same key as its row; the answers ``counted`` in
+        the run's steady window carry ``"steady": true`` (what its throughput was read from)."""
         ctx, o = self.ctx, self.options
         if not self.levels and repeat == 1 and all_refused(items):
             raise unreachable(items[0].error, ctx.config.target.base_url)
@@ -264,9 +268,11 @@ class LevelRuns(LevelSupply):
             **(tags or {}),
             **({"auto_step": self.auto_step} if self.auto_step is not None else {}),
         }
+        steady = {id(i) for i in counted}  # the same objects: only failures are re-kinded below
         for item in items:
             record = item_record(ctx, item, o.batch_size, concurrency, repeat)
-            ctx.run.append("records.jsonl", {**record, **extra})
+            mark = {"steady": True} if id(item) in steady else {}
+            ctx.run.append("records.jsonl", {**record, **extra, **mark})
         self.incidents.record(
             items,
             batch_size=o.batch_size,
