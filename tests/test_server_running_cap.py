@@ -11,6 +11,7 @@ does, so these run without vLLM.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.server_account import (
     observed_cap,
     queue_note,
+    running_unseen,
     server_limit,
     stopping_cap,
     unaccounted,
@@ -293,3 +295,52 @@ def test_verify_says_when_the_cap_cannot_be_read(cli, isolated: Path) -> None:
         result = cli("verify")
     assert result.code == 0, result.err
     assert "the server's cap could not be read" in " ".join(result.err.split())
+
+
+def test_a_running_count_sampled_more_slowly_than_the_answers_last_is_unknown() -> None:
+    """Seen on real vLLM ``--max-num-seqs 4`` with 10–20 ms answers: /metrics, read every 50 ms,
+    never caught a request waiting, and batch 8 was kept and chosen (prompt-list mode). Answers
+    shorter than 3 samples whose running count stayed below B leave B unconfirmed — at every
+    batch, for every cause the count could stay low for (a cap, or samples between answers)."""
+    short = _stats(8, latency_p50_s=0.02, server_running_max=4)
+    said = running_unseen(short, 0.05, None)
+    assert said.startswith("its answers (p50 20 ms) last less than 3 /metrics samples 50 ms apart")
+    assert "showed at most 4 of 8: whether it ran 8 at once is unknown" in said
+    assert "[ladder] sample_interval_s" in said and "--output-tokens" in said
+    for batch, seen in ((2, 1), (4, 0), (16, 15)):
+        assert running_unseen(
+            _stats(batch, latency_p50_s=0.02, server_running_max=seen), 0.05, None
+        )
+    # known: answers of 3 samples or more; the count reached B; one request; no gauge at all;
+    # a cap the server reports itself
+    assert not running_unseen(replace(short, latency_p50_s=0.15), 0.05, None)
+    assert not running_unseen(short, 0.005, None)  # sampled every 5 ms: 4 samples an answer
+    assert not running_unseen(replace(short, server_running_max=8), 0.05, None)
+    assert not running_unseen(_stats(1, latency_p50_s=0.02, server_running_max=0), 0.05, None)
+    assert not running_unseen(replace(short, server_running_max=None), 0.05, None)
+    assert not running_unseen(short, 0.05, ServerCap(4, "/props total_slots"))
+
+
+def test_a_ladder_never_sets_a_batch_its_running_count_could_not_show_it_ran(
+    cli, isolated: Path
+) -> None:
+    """Answers of ~10 ms, /metrics read every 50 ms, one wave a tier: the running count catches
+    little of any wave, whatever the server's slots (4: a cap; 8: none). The setting is never
+    above the most the server was seen running, and each kept tier above what its count showed
+    says why it is not the setting and how to see more."""
+    config = LADDER.replace("sample_interval_s = 0.005", "sample_interval_s = 0.05")
+    for slots in (4, 8):
+        with start_mock(ttft_s=0.004, per_token_s=0.0002, slots=slots) as mock:
+            open_gate(isolated, mock.base_url, config)
+            result = cli("ladder", "--json")
+        assert result.code == 0, result.err
+        tiers = result.json["tiers_detail"]
+        seen = max(t["server_running_max"] for t in tiers)
+        assert seen <= slots
+        assert result.json["last_passing"]["batch_size"] <= max(1, seen), tiers
+        err = " ".join(result.err.split())
+        for tier in tiers:
+            batch = tier["batch_size"]
+            if tier["verdict"] == "pass" and tier["server_running_max"] < batch >= 2:
+                assert tier["running_unseen"].startswith("its answers (p50 "), tier
+                assert f"batch {batch} is not the setting: its answers (p50" in err

@@ -22,6 +22,7 @@ from calibrate.stages.measure.tiers import Stats
 
 KV_FULL = 0.9  # KV-cache usage from which requests waiting are the cache's, not the cap's
 ADMISSION_FULL = 0.95  # one more request would bring the cache this close to full: no room
+SAMPLES_PER_ANSWER = 3  # /metrics samples an answer must last for its running count to be seen
 
 
 def observed_cap(
@@ -49,6 +50,27 @@ def observed_cap(
     metric = stats.running_metric or "its running gauge"
     waited = "1 request" if queued == 1 else f"up to {queued} requests"
     return ServerCap(k, f"{metric} peaked at {k} while {waited} waited")
+
+
+def running_unseen(stats: Stats, sample_interval_s: float, known: ServerCap | None) -> str:
+    """Why the server's running gauge cannot show that a tier ran its B at once ("": it can):
+    its answers last less than ``SAMPLES_PER_ANSWER`` samples of ``/metrics`` and the count
+    it showed stayed below B. A queue at the cap then falls between samples (seen on real vLLM
+    ``--max-num-seqs 4``: 10–20 ms answers, no request seen waiting, batch 8 kept and chosen in
+    prompt-list mode), so the count is unknown, not absent: no cap is claimed from it, and the
+    tier is not the setting (``ladder.setting``) — never a setting above what was seen running.
+    A server that reports its cap (``known``) needs no gauge; one request runs on any server."""
+    seen, p50, batch = stats.server_running_max, stats.latency_p50_s, stats.batch_size
+    if known is not None or seen is None or p50 is None or batch < 2 or seen >= batch:
+        return ""
+    if p50 >= round(SAMPLES_PER_ANSWER * sample_interval_s, 9):
+        return ""
+    return (
+        f"its answers (p50 {p50 * 1000:.0f} ms) last less than {SAMPLES_PER_ANSWER} /metrics "
+        f"samples {sample_interval_s * 1000:.0f} ms apart and the server's running count showed "
+        f"at most {seen} of {batch}: whether it ran {batch} at once is unknown (sample more "
+        "often with [ladder] sample_interval_s, or send longer answers with --output-tokens)"
+    )
 
 
 def kv_is_full(

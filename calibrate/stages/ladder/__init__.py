@@ -120,10 +120,16 @@ def _ladder(spec: LadderSpec, env: LadderEnv, options: LadderOptions, watch: Mea
 
 
 def account_notes(cap: ServerCap | None, tiers: tuple[Tier, ...]) -> tuple[str, ...]:
-    """Said once: the server publishes neither its cap nor a running count (SPEC §6.1)."""
+    """Said once: the server publishes neither its cap nor a running count (SPEC §6.1); and
+    each kept tier its running count could not show it ran whole (``Tier.unseen``)."""
     running = any(t.stats.server_running_max is not None for t in tiers)
     note = unaccounted(cap, running) if tiers else None
-    return (note,) if note else ()
+    unseen = tuple(
+        f"batch {t.batch_size} is not the setting: {t.unseen}"
+        for t in tiers
+        if t.unseen and t.passed
+    )
+    return ((note,) if note else ()) + unseen
 
 
 def _largest_wave(options: LadderOptions) -> int:

@@ -85,6 +85,8 @@ class TierRepeats:
             self, agg: Stats, rounds: Sequence[Stats], last: Tier | None
         ) -> tuple[Verdict, str]: ...
 
+        def accounted(self, tier: Tier) -> Tier: ...
+
     def noise_mark(self) -> NoiseMark | None:
         return self.noise.mark() if self.noise is not None else None
 
@@ -170,7 +172,9 @@ class TierRepeats:
                 f"batch {batch}: {stats.errors} of {stats.items} requests failed "
                 f"({stats.kinds_text}) in round {round_no}, run again to tell it from another tier"
             )
-        again = replace(tier, stats=agg, rounds=rounds, verdict=verdict, reason=reason)
+        again = self.accounted(
+            replace(tier, stats=agg, rounds=rounds, verdict=verdict, reason=reason)
+        )
         self.history[self.history.index(tier)] = again
         self.ctx.run.append("tiers.jsonl", again.to_json())
         self.note(

@@ -33,7 +33,7 @@ from calibrate.stages.measure.stop_rules import (
 )
 from calibrate.stages.measure.tiers import Stats, Tier, Verdict, summarise
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
-from calibrate.stages.server_account import most_running, observed_cap
+from calibrate.stages.server_account import most_running, observed_cap, running_unseen
 from calibrate.stages.single import read_baseline, unreachable
 from calibrate.state.ledger import baseline_path
 from calibrate.workload import WorkloadSpec
@@ -86,6 +86,7 @@ class Ladder(TierRounds, TierRepeats):
             tier = self.run_tier(batch, self.baseline)
             if self.selfload is not None:
                 tier = replace(tier, client_bound=self.selfload.bound_since(mark))
+            tier = self.accounted(tier)
             self.history.append(tier)
             self.ctx.run.append("tiers.jsonl", tier.to_json())
             self.on_tier(tier)
@@ -243,6 +244,14 @@ class Ladder(TierRounds, TierRepeats):
             previous_rounds=last.rounds if last else (),
             cap=self.tier_cap(agg) if opts.axis == "batch" else None,
         )
+
+    def accounted(self, tier: Tier) -> Tier:
+        """``tier`` with why the server's running count cannot show it ran whole, if it cannot
+        (``server_account.running_unseen``; the batch axis only: a context tier is one B)."""
+        if self.options.axis != "batch":
+            return tier
+        interval_s = self.ctx.config.ladder.sample_interval_s
+        return replace(tier, unseen=running_unseen(tier.stats, interval_s, self.cap))
 
     def tier_cap(self, stats: Stats) -> ServerCap | None:
         """The cap ``stop: cap`` judges a tier by: the one the server reports (or a managed

@@ -43,9 +43,10 @@ def tier_point(tier: Tier) -> Point:
 
 
 def measured(history: Sequence[Tier]) -> list[Tier]:
-    """The kept tiers whose throughput the server set (not calibrate's own limit), by B."""
+    """The kept tiers whose throughput the server set (not calibrate's own limit) and that it
+    is known to have run whole (``Tier.unseen``: its running count could not show it), by B."""
     kept = sorted((t for t in history if t.passed), key=lambda t: t.batch_size)
-    return [t for t in kept if not t.client_bound]
+    return [t for t in kept if not t.client_bound and not t.unseen]
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,9 @@ def setting_reason(
             continue
         if tier.client_bound:
             parts.append(f"{where} not judged: calibrate itself was the limit there")
+            continue
+        if tier.unseen:
+            parts.append(f"{where} not judged: the server may not have run it whole")
             continue
         change = tier.stats.items_per_s / base - 1 if base > 0 else 0.0
         if change <= 0:

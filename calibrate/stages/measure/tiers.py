@@ -256,6 +256,8 @@ class Tier:
     rounds_planned: int
     determinism: DeterminismCheck | None = None  # [determinism] copies, after the rounds
     client_bound: str = ""  # why calibrate itself was the bottleneck during it ("": it was not)
+    # why the server's running count cannot show it ran B at once (server_account.running_unseen)
+    unseen: str = ""
 
     @property
     def batch_size(self) -> int:
@@ -275,6 +277,7 @@ class Tier:
             "verdict": self.verdict,
             "reason": self.reason,
             "client_bound": self.client_bound or None,
+            "running_unseen": self.unseen or None,
             **(self.determinism.to_json() if self.determinism else {}),
         }
 
