@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import socket
 import time
+from dataclasses import replace
+from pathlib import Path
 
+from calibrate.config import Config
+from calibrate.config.sections import TargetConfig
 from calibrate.gpu.selfload import SelfLoadMonitor
+from calibrate.stages.measure.tier_run import server_cpu_of
+from tests.mockserver import MockProcess
+from tests.stage_fakes import close_runs, stage_ctx
+
+__all__ = ["close_runs"]  # the autouse fixture, used by being imported
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def test_cpu_near_one_core_for_two_windows_is_a_bottleneck() -> None:
@@ -72,3 +88,21 @@ def test_windows_while_an_endpoint_is_down_never_make_a_bottleneck() -> None:
     assert not monitor.bottleneck
     monitor.observe(1.0, 0.99, 0.0)
     assert monitor.bottleneck
+
+
+def test_the_batch_knows_the_cpu_its_server_uses_beside_it(tmp_path: Path) -> None:
+    """The ladder and sweep knew the server's CPU (late threads while it holds the cores are not
+    calibrate's limit); batch did not, so a CPU-built vLLM beside a batch on 2 cores read as
+    "calibrate itself is the bottleneck". Batch finds the server on the target's port the same
+    way: a mock process listening there uses CPU seconds that are read; no server, unknown."""
+    mock = MockProcess("--slots", "2")
+    try:
+        target = replace(TargetConfig(), base_url=mock.base_url)
+        ctx = stage_ctx(tmp_path, Config(target=target), "batch")
+        read = server_cpu_of(None, ctx)
+        seen = read()
+        assert seen is not None and seen > 0  # the mock's interpreter started: CPU used
+    finally:
+        mock.stop()
+    nobody = replace(TargetConfig(), base_url=f"http://127.0.0.1:{_free_port()}/v1")
+    assert server_cpu_of(None, stage_ctx(tmp_path / "b", Config(target=nobody), "batch"))() is None

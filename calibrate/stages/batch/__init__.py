@@ -54,6 +54,7 @@ from calibrate.stages.context import StageContext
 from calibrate.stages.env import StageRequest, open_stage
 from calibrate.stages.export import export_final
 from calibrate.stages.measure.format_check import shape_checks
+from calibrate.stages.measure.tier_run import server_cpu_of
 from calibrate.state.summaries import PlainSummary
 
 __all__ = [  # the stage's public face; plans are made in plan.py, workers in worker.py
@@ -180,7 +181,9 @@ def _send(b: _Batch, workers: int, notes: BatchNotes) -> tuple[BatchResult, Batc
 
     control = BatchControl()
     advice = procs.parent_advice(workers) if workers > 1 else procs.advice(1)
-    monitor = SelfLoadMonitor(advice=advice)
+    # threads late while the server's own processes hold this machine's cores are the server's
+    # limit, as in the ladder and sweep (a CPU build of vLLM beside calibrate on 2 cores)
+    monitor = SelfLoadMonitor(advice=advice, server_cpu=server_cpu_of(None, ctx))
     drift = BatchDrift(())  # each endpoint against its calibration, once they are checked
 
     def on_event(event: OutageEvent) -> None:

@@ -171,6 +171,14 @@ def server_finder(
     return server_pids
 
 
+def server_cpu_of(server_pid: int | None, ctx: StageContext) -> Callable[[], float | None]:
+    """The CPU seconds the target's server processes on this machine have used so far
+    (``SelfLoadMonitor``'s ``server_cpu``: threads late while the server holds the cores are
+    not the client's limit), found as ``server_finder`` finds them."""
+    reader = LinuxProc()
+    return server_cpu(reader, server_finder(server_pid, ctx, reader))
+
+
 def noise_meter(server_pid: int | None, ctx: StageContext, selfload: SelfLoadMonitor) -> NoiseMeter:
     """The machine's noise, less calibrate's own processes and the server's (``server_finder``),
     with ``selfload``'s lateness as the client's scheduling delay."""
