@@ -299,7 +299,9 @@ CONDITION_CALLS = {"__enter__", "wait", "notify", "notify_all", "acquire"}
 
 def test_no_condition_or_semaphore_is_taken_per_item_by_the_workers(tmp_path: Path) -> None:
     """The old queue took a condition every worker waited on for each item (the c=512 profile's
-    top entry); now a worker takes a condition only at the very end or when the disk lags."""
+    top entry); now a worker takes a condition only at the very end or when the disk lags — a
+    few dozen times in 400 items, never once an item (two CPU burners beside this test made the
+    journal's writer lag 11 times: 33 calls)."""
     n = 400
     plan = _plan(tmp_path, n)
     calls: Counter[str] = Counter()
@@ -318,7 +320,7 @@ def test_no_condition_or_semaphore_is_taken_per_item_by_the_workers(tmp_path: Pa
     finally:
         threading.setprofile(None)  # type: ignore[arg-type]
     assert result.ok == n
-    assert sum(calls.values()) <= 4 * 8, f"per-item locking in the workers: {dict(calls)}"
+    assert sum(calls.values()) <= n // 4, f"per-item locking in the workers: {dict(calls)}"
 
 
 class SubmitCounting(OpenAIClient):

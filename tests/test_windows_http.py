@@ -48,9 +48,13 @@ def test_with_jitter_and_three_runs_a_level_the_knee_is_never_confidently_wrong(
     for knee, out in zip(outcomes, found, strict=True):
         if knee == 8:
             levels = {lv["concurrency"]: lv for lv in out["levels"]}
-            assert levels[8]["gain_counted"] and levels[8]["gain"] >= 0.10, out["levels"]
-            assert "the best is the last level tried" in out["how_sure"], out["how_sure"]
-            assert out["how_sure"].endswith("— not sure"), out["how_sure"]
+            gain = levels[8]["items_per_s"] / levels[4]["items_per_s"] - 1
+            assert levels[8]["gain_counted"] and gain >= 0.099, out[
+                "levels"
+            ]  # medians of 3 decimals
+            said = out["knee"]
+            assert "the best is the last level tried" in said["how_sure"], said
+            assert said["how_sure"].endswith("— not sure") and not said["sure"], said
     done = result.json
     assert all(lv["repeats"] >= 3 for lv in done["levels"])
     assert all(
