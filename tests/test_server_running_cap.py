@@ -341,6 +341,6 @@ def test_a_ladder_never_sets_a_batch_its_running_count_could_not_show_it_ran(
         err = " ".join(result.err.split())
         for tier in tiers:
             batch = tier["batch_size"]
-            if tier["verdict"] == "pass" and tier["server_running_max"] < batch >= 2:
+            if tier["verdict"] == "pass" and seen < batch >= 2:  # no tier showed B running
                 assert tier["running_unseen"].startswith("its answers (p50 "), tier
                 assert f"batch {batch} is not the setting: its answers (p50" in err

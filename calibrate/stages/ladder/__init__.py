@@ -20,6 +20,7 @@ from calibrate.stages.ladder.context_axis import default_context_lengths
 from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import LadderResult
 from calibrate.stages.ladder.run import Ladder
+from calibrate.stages.ladder.setting import unconfirmed
 from calibrate.stages.ladder.spec import LadderEnv, LadderOutcome, LadderSpec, LadderWatcher
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tier_finish import finish_tiers
@@ -127,7 +128,7 @@ def account_notes(cap: ServerCap | None, tiers: tuple[Tier, ...]) -> tuple[str, 
     unseen = tuple(
         f"batch {t.batch_size} is not the setting: {t.unseen}"
         for t in tiers
-        if t.unseen and t.passed
+        if t.passed and unconfirmed(t, tiers)
     )
     return ((note,) if note else ()) + unseen
 

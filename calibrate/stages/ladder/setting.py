@@ -44,9 +44,17 @@ def tier_point(tier: Tier) -> Point:
 
 def measured(history: Sequence[Tier]) -> list[Tier]:
     """The kept tiers whose throughput the server set (not calibrate's own limit) and that it
-    is known to have run whole (``Tier.unseen``: its running count could not show it), by B."""
+    is known to have run whole (``unconfirmed``), by B."""
     kept = sorted((t for t in history if t.passed), key=lambda t: t.batch_size)
-    return [t for t in kept if not t.client_bound and not t.unseen]
+    return [t for t in kept if not t.client_bound and not unconfirmed(t, history)]
+
+
+def unconfirmed(tier: Tier, history: Sequence[Tier]) -> bool:
+    """Whether the server ran ``tier``'s B at once is unknown: its own running count could not
+    show it (``Tier.unseen``) and no tier of the run showed B running either — a server seen
+    running 8 at once ran a wave of 4 whole. Never a setting above what was seen running."""
+    seen = max((t.stats.server_running_max or 0 for t in history), default=0)
+    return bool(tier.unseen) and tier.batch_size > seen
 
 
 @dataclass(frozen=True)
@@ -219,7 +227,7 @@ def setting_reason(
         if tier.client_bound:
             parts.append(f"{where} not judged: calibrate itself was the limit there")
             continue
-        if tier.unseen:
+        if unconfirmed(tier, history):
             parts.append(f"{where} not judged: the server may not have run it whole")
             continue
         change = tier.stats.items_per_s / base - 1 if base > 0 else 0.0

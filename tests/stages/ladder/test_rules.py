@@ -423,3 +423,27 @@ def test_a_round_run_again_is_judged_with_the_rest_and_can_stop_its_tier(tmp_pat
     assert result.setting is None or result.setting.batch_size < 4
     rows = [r for r in jsonl(ladder.ctx.run.path / "tiers.jsonl") if r["batch_size"] == 4]
     assert rows[-1]["verdict"] == "stop: preempt"  # the later line supersedes
+
+
+def test_a_tier_its_running_count_could_not_show_is_never_the_setting_above_what_ran() -> None:
+    """Batch 8 the fastest, but its answers were too short for its running count (4 seen): it
+    is not the setting, and the reason says why. Batch 4's own count showed 3 of 4, but a server
+    seen running 4 at once (in batch 8's tier) ran a wave of 4 whole: batch 4 stays judged."""
+    why = "its answers (p50 14 ms) last less than 3 /metrics samples 50 ms apart …"
+    history = [
+        _tier(1, "pass", [4.0, 4.1], server_running_max=1),
+        _tier(2, "pass", [8.0, 8.1], server_running_max=2),
+        replace(_tier(4, "pass", [15.0, 15.2], server_running_max=3), unseen=why),
+        replace(_tier(8, "pass", [22.0, 22.4], server_running_max=4), unseen=why),
+    ]
+    chosen = setting_tier(history, GAIN_MIN)
+    assert chosen is history[2], chosen  # 4 was seen running (at batch 8); 8 never was
+    reason = setting_reason(history, GAIN_MIN)
+    assert "batch 8 not judged: the server may not have run it whole" in reason
+    assert "batch 4 not judged" not in reason
+    # seen running 8 somewhere: every tier is confirmed, the fastest is the setting
+    seen = [
+        *history[:3],
+        replace(history[3], stats=replace(history[3].stats, server_running_max=8)),
+    ]
+    assert setting_tier(seen, GAIN_MIN) is seen[3]
