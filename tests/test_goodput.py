@@ -103,9 +103,12 @@ def test_the_recommendation_by_goodput_names_the_binding_slo(tmp_path: Path) -> 
 def test_ladder_tiers_carry_goodput_where_queueing_makes_half_a_wave_miss(
     cli, isolated: Path
 ) -> None:
-    """2 slots, ~0.2 s a request: at batch 4 two of each wave wait for a slot (TTFT ≈ 0.2 s,
-    E2E ≈ 0.4 s), over ``--slo ttft:0.08 e2e:0.3`` — exactly half of tier 4 is goodput; tiers 1
-    and 2 are all goodput. Goodput is over the window items/s uses (the tier's total_s)."""
+    """2 slots, ~0.2 s a request: at batch 4 two of each wave wait for a slot (TTFT ≈ 0.2 s),
+    over ``--slo ttft:0.08 e2e:0.3``, so tier 4 stops there. Over real HTTP what holds however
+    busy the machine: goodput is over the window items/s uses (the tier's and each round's
+    total_s), the records judged again give each tier's count, and the ledger says the same.
+    The exact counts (half of tier 4) are on the simulated server:
+    tests/stages/ladder/test_goodput.py."""
     config = FAST + "batch_sizes = [1, 2, 4]\n"
     with start_mock(ttft_s=0.01, per_token_s=0.004, slots=2) as mock:
         open_gate(isolated, mock.base_url, config)
@@ -113,14 +116,12 @@ def test_ladder_tiers_carry_goodput_where_queueing_makes_half_a_wave_miss(
         plain = cli("ladder", "--json")
     assert result.code == 0, result.err
     out = result.json
-    assert [t["verdict"] for t in out["tiers"]] == ["pass", "pass", "stop: slo"]
+    assert out["tiers"][-1]["verdict"] == "stop: slo"
     detail = out["tiers_detail"]
-    assert [t["slo_met"] for t in detail] == [2, 4, 4]  # of 2, 4 and 8 requests
+    assert detail[-1]["slo_met"] < detail[-1]["items"]  # at batch 4: those waiting miss
     for tier in detail:
         assert tier["goodput_per_s"] == pytest.approx(tier["slo_met"] / tier["total_s"], rel=1e-4)
-    assert detail[0]["goodput_per_s"] == detail[0]["items_per_s"]
-    assert detail[1]["goodput_per_s"] == detail[1]["items_per_s"]
-    assert detail[2]["goodput_per_s"] == pytest.approx(detail[2]["items_per_s"] / 2, rel=1e-4)
+        assert tier["goodput_per_s"] <= tier["items_per_s"] * (1 + 1e-4)
     run = run_dir(isolated, out["run_id"])
     slo = SloConfig(ttft_p99_s=0.08, e2e_p99_s=0.3)
     records = jsonl(run / "records.jsonl")
@@ -128,27 +129,31 @@ def test_ladder_tiers_carry_goodput_where_queueing_makes_half_a_wave_miss(
         mine = [r for r in records if r["batch_size"] == tier["batch_size"]]
         assert sum(record_met(slo, r) for r in mine) == tier["slo_met"]
     rounds = jsonl(run / "rounds.jsonl")
-    assert [r["slo_met"] for r in rounds] == [1, 1, 2, 2, 2, 2]
     assert all(
         r["goodput_per_s"] == pytest.approx(r["slo_met"] / r["total_s"], rel=1e-4) for r in rounds
     )
-    # the ledger's summary: the SLOs and the last passing tier's goodput (batch 2)
-    assert out["slo"] == "ttft p99 ≤ 0.08 s, e2e p99 ≤ 0.3 s" and out["slo_met"] == 4
-    assert out["goodput_per_s"] == pytest.approx(detail[1]["goodput_per_s"], abs=1e-4)
+    # the ledger's summary: the SLOs and the last passing tier's goodput
+    chosen = next(t for t in detail if t["batch_size"] == out["last_passing"]["batch_size"])
+    assert out["slo"] == "ttft p99 ≤ 0.08 s, e2e p99 ≤ 0.3 s"
+    assert out["slo_met"] == chosen["slo_met"]
+    assert out["goodput_per_s"] == pytest.approx(chosen["goodput_per_s"], abs=1e-4)
     assert [t["goodput_per_s"] for t in out["tiers"]] == [
         pytest.approx(t["goodput_per_s"], abs=1e-4) for t in detail
     ]
-    assert jsonl(isolated / "runs/ledger.jsonl")[-2]["summary"]["slo_met"] == 4
+    assert jsonl(isolated / "runs/ledger.jsonl")[-2]["summary"]["slo_met"] == chosen["slo_met"]
     header, *rows = table_lines(result.err)  # the log's table: a row per tier, goodput in each
     at = header.index("goodput") + len("goodput")
-    assert len(rows) == 3 and all(re.search(r"\d+\.\d\d$", r[:at]) for r in rows), rows
-    setting = next(ln for ln in result.err.splitlines() if ln.startswith("setting: batch 2, "))
+    assert len(rows) == len(detail) and all(re.search(r"\d+\.\d\d$", r[:at]) for r in rows), rows
+    batch = chosen["batch_size"]
+    setting = next(
+        ln for ln in result.err.splitlines() if ln.startswith(f"setting: batch {batch}, ")
+    )
     assert (
         "concurrency 1 (no sweep at this batch size yet), goodput " in setting
         and "the last passing tier" in setting
     )
     table = read_rows(run / "tiers.csv")
-    assert [int(r["slo_met"]) for r in table] == [2, 4, 4]
+    assert [int(r["slo_met"]) for r in table] == [t["slo_met"] for t in detail]
     assert [round(float(r["goodput_per_s"]), 4) for r in table] == [
         round(t["goodput_per_s"], 4) for t in detail
     ]
@@ -160,7 +165,9 @@ def test_ladder_tiers_carry_goodput_where_queueing_makes_half_a_wave_miss(
     columns = page.rows["tiers"][0]
     good = [r[columns.index("goodput")] for r in page.body_rows("tiers")]
     assert good == [f"{t['goodput_per_s']:.2f}" for t in detail]
-    assert [r[columns.index("slo_met")] for r in page.body_rows("tiers")] == ["2", "4", "4"]
+    assert [r[columns.index("slo_met")] for r in page.body_rows("tiers")] == [
+        str(t["slo_met"]) for t in detail
+    ]
     # without SLOs: no goodput anywhere
     assert plain.code == 0, plain.err
     assert all(
