@@ -28,16 +28,23 @@ def _terminate_when(proc: subprocess.Popen[str], ready: Callable[[], bool]) -> s
     return err
 
 
+def _tiers_recorded(root: Path) -> int:
+    """Whole lines of tiers.jsonl so far (read while the ladder may be writing one)."""
+    return sum(path.read_text("utf-8").count("\n") for path in root.glob("runs/*/tiers.jsonl"))
+
+
 def _ledger(root: Path, stage: str) -> dict:
     return [e for e in jsonl(root / "runs/ledger.jsonl") if e["stage"] == stage][-1]
 
 
 def test_sigterm_mid_tier_stops_the_ladder_and_it_opens_no_gate(cli, isolated: Path) -> None:
-    # batch 1 and 2 answer at once; from batch 4 on every request takes a minute
-    with start_mock(ttft_s=0.002, per_token_s=0.0005, slow_above=2, slow_factor=100000.0) as mock:
+    # batch 1 and 2 answer in ~30 ms (long enough for /metrics read every 5 ms to see both of
+    # batch 2 running); from batch 4 on every request takes an hour. SIGTERM once batch 2 is
+    # recorded, while batch 4 is in flight.
+    with start_mock(ttft_s=0.03, per_token_s=0.0005, slow_above=2, slow_factor=100000.0) as mock:
         open_gate(isolated, mock.base_url)
         proc = calibrate_process(isolated, "ladder", "--junit", "ladder.xml")
-        err = _terminate_when(proc, lambda: bool(list(isolated.glob("runs/*/tiers.jsonl"))))
+        err = _terminate_when(proc, lambda: _tiers_recorded(isolated) >= 2)
         assert proc.returncode == 130, err
         assert "Traceback" not in err
         assert "ladder interrupted after" in err and "recorded as not passed" in err

@@ -297,18 +297,23 @@ def test_find_max_on_a_four_slot_mock_ends_at_four_within_10_probes(cli, isolate
     assert fm["probes"] <= 10 and fm["order"][:2] == [1, 8]
     assert fm["cliff"]["slo"] == "ttft" and fm["cliff"]["first_failing_p99_s"] > 0.1
     assert fm["cliff"]["last_passing_p99_s"] <= 0.1
-    assert out["recommended_concurrency"] == 4 and out["load_mode"] == "find-max"
-    assert "recommended concurrency 4: the most in flight that met every SLO" in result.err
+    assert out["load_mode"] == "find-max"
+    # 4, or on a machine busy enough that a probe at 4 had runs on both sides of the SLO, 3:
+    # the conservative answer this config takes, said and recorded as taken under noise (§5.14)
+    want = out["recommended_concurrency"]
+    assert want == 4 or (want == 3 and out["under_noise"]), result.err
+    if want == 4:
+        assert "recommended concurrency 4: the most in flight that met every SLO" in result.err
     assert "find-max probe 1: concurrency 1 meets the SLOs" in result.err
     assert "stop: slo" in result.err, "the table marks the levels over the SLO"
     ledger = [e for e in jsonl(isolated / "runs/ledger.jsonl") if e["stage"] == "sweep"][-1]
     assert ledger["summary"]["find_max"]["last_passing"] == 4
-    assert ledger["summary"]["recommended_concurrency"] == 4
+    assert ledger["summary"]["recommended_concurrency"] == want
     assert status.code == 0, status.err
     setting = status.json["setting"]
-    assert (setting["concurrency"], setting["source"]) == (4, "sweep"), "status takes it as C"
+    assert (setting["concurrency"], setting["source"]) == (want, "sweep"), "status takes it as C"
     assert pinned.code == 0, pinned.err
-    assert pinned.json["concurrency"] == 4 and "--max-num-seqs 4" in pinned.json["command"]
+    assert pinned.json["concurrency"] == want and "--max-num-seqs 4" in pinned.json["command"]
     assert pinned.json["concurrency_from"] == f"sweep run {out['run_id']}", "pin takes it as C"
     assert fm["cliff"]["steep"] is True, "from ~0.02 s to ~0.2 s: a cliff"
     _, cases = junit_cases(isolated / "sweep.xml")
