@@ -97,7 +97,12 @@ def test_a_preempting_tier_is_stop_preempt_with_counts_and_not_kept(cli, isolate
     assert detail[3]["preemption_metric"] == "vllm:num_preemptions_total"
     assert f"batch 8: the server preempted {counted} requests during the tier" in result.err
     setting = result.json["last_passing"]  # 4, or 2 when one wave each left 4's gain in the noise
-    assert setting["batch_size"] in (2, 4) and setting["concurrency"] == setting["batch_size"]
+    assert setting["concurrency"] == setting["batch_size"]
+    if setting["batch_size"] == 1:  # a machine so busy that calibrate itself or its noise set it
+        starved = any(t["client_bound"] for t in detail[1:3])
+        assert starved or result.json.get("under_noise"), result.json["setting_reason"]
+    else:
+        assert setting["batch_size"] in (2, 4), result.json["setting_reason"]
     assert result.json["max_in_flight"] == 4, "a preempting tier is not kept"
     assert "batch 8 not kept: the server preempted" in result.json["setting_reason"]
     _status_and_pin_say(cli, isolated, setting["batch_size"])  # whichever the ladder chose
