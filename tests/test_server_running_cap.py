@@ -307,6 +307,9 @@ def test_a_running_count_sampled_more_slowly_than_the_answers_last_is_unknown() 
     assert said.startswith("its answers (p50 20 ms) last less than 3 /metrics samples 50 ms apart")
     assert "showed at most 4 of 8: whether it ran 8 at once is unknown" in said
     assert "[ladder] sample_interval_s" in said and "--output-tokens" in said
+    # caught waiting (a full KV cache, seen on real vLLM): it did not run B, said as such
+    waited = running_unseen(replace(short, server_queue_max=4), 0.05, None)
+    assert waited.endswith("at most 4 of 8 while up to 4 waited: it did not run 8 at once")
     for batch, seen in ((2, 1), (4, 0), (16, 15)):
         assert running_unseen(
             _stats(batch, latency_p50_s=0.02, server_running_max=seen), 0.05, None

@@ -65,11 +65,19 @@ def running_unseen(stats: Stats, sample_interval_s: float, known: ServerCap | No
         return ""
     if p50 >= round(SAMPLES_PER_ANSWER * sample_interval_s, 9):
         return ""
-    return (
+    short = (
         f"its answers (p50 {p50 * 1000:.0f} ms) last less than {SAMPLES_PER_ANSWER} /metrics "
-        f"samples {sample_interval_s * 1000:.0f} ms apart and the server's running count showed "
-        f"at most {seen} of {batch}: whether it ran {batch} at once is unknown (sample more "
-        "often with [ladder] sample_interval_s, or send longer answers with --output-tokens)"
+        f"samples {sample_interval_s * 1000:.0f} ms apart"
+    )
+    if stats.server_queue_max:  # caught waiting: it ran fewer than B, whatever the samples missed
+        return (
+            f"{short}, and the server's running count showed at most {seen} of {batch} while "
+            f"up to {stats.server_queue_max} waited: it did not run {batch} at once"
+        )
+    return (
+        f"{short} and the server's running count showed at most {seen} of {batch}: whether it "
+        f"ran {batch} at once is unknown (sample more often with [ladder] sample_interval_s, or "
+        "send longer answers with --output-tokens)"
     )
 
 
