@@ -66,13 +66,12 @@ def _workers_of(parent: int) -> list[int]:
 def _any_worker_alive(pids: list[int]) -> list[int]:
     alive = []
     for pid in pids:
-        try:
+        try:  # a process may be gone between any two reads (ENOENT, or ESRCH mid-read)
             state = Path(f"/proc/{pid}/stat").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        if state[state.rindex(")") + 2] != "Z" and CHILD.encode() in Path(
-            f"/proc/{pid}/cmdline"
-        ).read_bytes().replace(b"\0", b" "):
+        if state[state.rindex(")") + 2] != "Z" and CHILD.encode() in cmdline:
             alive.append(pid)
     return alive
 

@@ -15,7 +15,7 @@ def start_id(pid: int) -> str | None:
     """The kernel's start time of ``pid`` (None when no such live process)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or gone while it was read (ESRCH)
         return None
     except OSError:
         return _ps(pid, "lstart=")

@@ -119,7 +119,7 @@ def recorded_run(out: Path) -> tuple[list[str], dict[str, str]]:
 def pid_gone(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or gone while it was read (ESRCH)
         return True
     return stat[stat.rindex(")") + 2] in "ZX"
 
