@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -11,16 +10,11 @@ from calibrate.config import Config
 from calibrate.config.sections import TargetConfig
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.stages.measure.tier_run import server_cpu_of
+from tests.fakes import free_port
 from tests.mockserver import MockProcess
 from tests.stage_fakes import close_runs, stage_ctx
 
 __all__ = ["close_runs"]  # the autouse fixture, used by being imported
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_cpu_near_one_core_for_two_windows_is_a_bottleneck() -> None:
@@ -104,5 +98,5 @@ def test_the_batch_knows_the_cpu_its_server_uses_beside_it(tmp_path: Path) -> No
         assert seen is not None and seen > 0  # the mock's interpreter started: CPU used
     finally:
         mock.stop()
-    nobody = replace(TargetConfig(), base_url=f"http://127.0.0.1:{_free_port()}/v1")
+    nobody = replace(TargetConfig(), base_url=f"http://127.0.0.1:{free_port()}/v1")
     assert server_cpu_of(None, stage_ctx(tmp_path / "b", Config(target=nobody), "batch"))() is None
