@@ -15,6 +15,7 @@ from pathlib import Path
 
 from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport, tree_cpu, workers_advice
 from calibrate.load.procs.pool import cores
+from calibrate.stages.batch.control import BatchControl
 from calibrate.stages.batch.journal import Journal, Tally
 from calibrate.stages.batch.lanes import ClientSetup, EndpointReport
 from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
@@ -23,7 +24,6 @@ from calibrate.stages.batch.procs.parent import Notes, WorkerProc, WorkerSet, sp
 from calibrate.stages.batch.procs.wire import WorkerDone, WorkerSetup
 from calibrate.stages.batch.queue import WorkQueue
 from calibrate.stages.batch.result import BatchProgress, BatchResult
-from calibrate.stages.batch.worker import BatchControl
 from calibrate.state.setting import Endpoint
 
 BOTTLENECK = "calibrate itself is the bottleneck"
