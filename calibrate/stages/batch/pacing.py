@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import random
 import threading
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 
     from calibrate.stages.batch.lanes import Lane
     from calibrate.stages.batch.plan import BatchSpec
+
+log = logging.getLogger("calibrate")
 
 POLL_S = 0.05  # how soon a lane with nothing to send looks again (an item, a probe, a stop)
 UNREACHABLE = ErrorInfo("connect", "server unreachable")
@@ -156,9 +159,7 @@ class ItemPacing:
                 self._guard.note(None)
                 raise failure or RuntimeError("an exchange with neither answer nor failure")
         except Exception as exc:  # any failure becomes this item's recorded one
-            line = internal_line(held.task, exc, held.attempts)
-            self._journal.record(line, None, 0, self._lane.label, wait=False)
-            self._queue.finished(held.task)
+            self._internal(held, exc)
 
     def ran_out(self, now_s: float) -> None:
         """Never asked: every send names its request."""
@@ -169,9 +170,7 @@ class ItemPacing:
         try:
             path, body = self._spec.request_for(held.task)  # its own request, or its text's
         except Exception as exc:  # an item that cannot be sent is its recorded failure
-            line = internal_line(held.task, exc, held.attempts)
-            self._journal.record(line, None, 0, self._lane.label, wait=False)
-            self._queue.finished(held.task)
+            self._internal(held, exc)
             return Wait(now_s)  # asked again at once
         request = Request(path, body, (), 0)
         held.attempts += 1
@@ -205,6 +204,16 @@ class ItemPacing:
             self._queue.finished(held.task)
         elif not self._queue.put_back_item(held.task):
             self._record(held, None, info or UNREACHABLE)
+
+    def _internal(self, held: _Held, exc: Exception) -> None:
+        """``exc`` as the item's recorded ``internal`` failure; if even that cannot be written,
+        the item is left without a line (the rerun sends it) and the run goes on."""
+        try:
+            line = internal_line(held.task, exc, held.attempts)
+            self._journal.record(line, None, 0, self._lane.label, wait=False)
+        except Exception:
+            log.exception("batch: the failure of item %r could not be recorded", held.task.id)
+        self._queue.finished(held.task)
 
     def _record(self, held: _Held, completion: Completion | None, error: ErrorInfo | None) -> None:
         spec, task = self._spec, held.task

@@ -1,7 +1,7 @@
 """``run_workers``: a batch over N worker processes, with the same result as ``run_batch``.
 
 The parent's side of the run: the plan's writer, tally, journal and queue exactly as in the
-one-process pool (pool.py), the workers' messages turned into journal lines and queue events,
+one-process run (sending.py), the workers' messages turned into journal lines and queue events,
 progress and warnings shown from the main thread, and the self-check merged: the warning
 fires when any process (a worker, or this one that feeds and journals them) is the limit.
 """
