@@ -29,7 +29,7 @@ from calibrate.stages.batch.control import BatchControl
 from calibrate.stages.batch.outage import OutagePolicy
 from calibrate.stages.batch.procs import run as procs_run
 from calibrate.stages.batch.procs.parent import split
-from calibrate.stages.batch.procs.wire import ClientSetup, WorkerDone
+from calibrate.stages.batch.procs.wire import ClientRecipe, WorkerDone
 from calibrate.stages.batch.result import BatchResult
 from calibrate.state.setting import Endpoint
 from tests.batch_helpers import (
@@ -43,7 +43,7 @@ from tests.canned_server import CannedServer
 from tests.helpers import CHAT_REPLY, kill_9, reaped, write_config
 from tests.mockserver import start_mock, start_mock_process
 
-CHILD = "calibrate.stages.batch.procs.child"
+CHILD = "calibrate.load.procs.child"  # calibrate's one worker process (load.procs.proc)
 
 
 def _workers_of(parent: int) -> list[int]:
@@ -200,7 +200,7 @@ def _two_workers(isolated: Path, base_url: str, warned: list[str], **limits: flo
         isolated / "two-out.jsonl",
         endpoints=[Endpoint(base_url, 4, "flag")],
         workers=2,
-        client=ClientSetup(None, None, 30.0, 5.0, 64.0),
+        client=ClientRecipe(base_url, None, None, 30.0, 5.0, 64.0, 1),
         control=BatchControl(),
         on_progress=lambda progress: None,
         progress_every_s=3600,

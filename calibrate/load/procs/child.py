@@ -1,8 +1,10 @@
-"""A load worker process: its share of a closed or open loop, sent by the ordinary engine.
+"""calibrate's one worker process (``proc.py``), and the load job it runs for the sweep and the
+ladder: its share of a closed or open loop, sent by the ordinary engine.
 
-Started by the parent (``sender.py``) as ``python -m calibrate.load.procs.child`` with two
-pipes. The first message is the client's recipe (the key in memory only) and the parent's
-clock anchor; then one run at a time: a closed loop at its share of C, fed requests by the
+Started as ``python -m calibrate.load.procs.child`` with two pipes, it runs the job its first
+message is (``job.serve(inbox, outbox)``): a ``LoadJob`` here, batch's share of the items
+(``stages.batch.procs.wire.WorkerSetup``) there. A ``LoadJob`` holds the client's recipe (the
+key in memory only) and the parent's clock anchor; then it runs one run at a time: a closed loop at its share of C, fed requests by the
 parent ahead of need (it says how many it took, the parent sends as many more), an open
 loop over its share of the schedule, or its part of a ladder's wave (held until every worker
 holds its part, then released at one moment). It starts each run at the parent's ``go_at`` and hands
@@ -26,6 +28,7 @@ from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.request_times import use_anchor
 from calibrate.load.engine import Record
 from calibrate.load.procs.channel import Channel, Outbox, worker_pipes
+from calibrate.load.procs.proc import Job
 from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.load.request import Request
 from calibrate.load.sender import Sender
@@ -91,6 +94,22 @@ class Feed:
             request = self._requests.popleft()
         self._outbox.put("took", self.run_no, 1)
         return request
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadJob:
+    """A load worker's setup: how it builds its client, who it is (for the self-check's
+    words), and the parent's anchor of the monotonic clock to wall time."""
+
+    recipe: ClientRecipe
+    who: str
+    wall: float
+    mono: float
+
+    def serve(self, inbox: Channel, outbox: Outbox) -> None:
+        use_anchor(self.wall, self.mono)
+        outbox.put("ready", 0)
+        serve(inbox, outbox, self.recipe, self.who)
 
 
 def serve(inbox: Channel, outbox: Outbox, recipe: ClientRecipe, who: str) -> None:
@@ -167,15 +186,14 @@ def _listen(
 
 
 def main() -> None:
-    inbox, to_parent = worker_pipes("calibrate load worker")
-    setup = inbox.receive()
-    if not (isinstance(setup, tuple) and len(setup) == 4 and isinstance(setup[0], ClientRecipe)):
-        return
-    recipe, who, wall, mono = setup
-    use_anchor(wall, mono)
-    outbox = Outbox(to_parent, "load-outbox")
-    outbox.put("ready", 0)
-    serve(inbox, outbox, recipe, who)
+    inbox, to_parent = worker_pipes("calibrate worker")
+    job: Job | None = inbox.receive()
+    if job is None or not hasattr(job, "serve"):
+        return  # not started by calibrate: nothing to do
+    outbox = Outbox(to_parent, "worker-outbox")
+    job.serve(inbox, outbox)
+    outbox.close()
+    os._exit(0)  # daemon threads (a listener) need not be waited for
 
 
 if __name__ == "__main__":

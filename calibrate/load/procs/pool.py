@@ -1,8 +1,8 @@
 """The load worker processes of one sender: started once, used run after run, ended together.
 
-Each worker is ``python -m calibrate.load.procs.child`` with two pipes; the first message is
-the client's recipe (the key travels over the pipe, never in argv, the environment or a file)
-and the parent's clock anchor. A reader thread per worker puts every group of its messages on
+Each worker is one of calibrate's worker processes (``proc.py``) running a ``LoadJob``: the
+client's recipe (the key travels over the pipe, never in argv, the environment or a file) and
+the parent's clock anchor. Each worker's reader thread puts every group of its messages on
 one queue, and its end too, so the parent's one thread that runs a load reads them in order
 and a worker that dies (kill -9, a crash, out of memory) is a ``WorkerDied`` the moment its
 pipe closes — never a hang: every wait here has a bound.
@@ -10,29 +10,39 @@ pipe closes — never a hang: every wait here has a bound.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import subprocess
-import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from queue import Empty, SimpleQueue
 from typing import Any
 
 from calibrate.errors import WorkerDied
 from calibrate.http.request_times import anchor
-from calibrate.load.procs.channel import Channel, spawn_worker
+from calibrate.load.procs.child import LoadJob
+from calibrate.load.procs.proc import Proc
 from calibrate.load.procs.recipe import ClientRecipe
 
 log = logging.getLogger("calibrate")
-CHILD = "calibrate.load.procs.child"
 READY_S = 60.0  # a worker that has not started within this is stuck (a loaded machine: ~1 s)
-EXIT_WAIT_S = 5.0
 AGAIN = (
     "Nothing of this run is measured. Run it again; if a worker dies again, look for its "
     "error above and for the kernel's out-of-memory killer (dmesg), or run with --workers 1"
 )
+
+
+def _tell(
+    events: SimpleQueue[Event], index: int
+) -> tuple[Callable[[Proc, list[tuple[Any, ...]]], None], Callable[[Proc], None]]:
+    """Worker ``index``'s reader callbacks: its messages, then its end, onto ``events``."""
+
+    def told(proc: Proc, messages: list[tuple[Any, ...]]) -> None:
+        events.put((index, messages))
+
+    def ended(proc: Proc) -> None:
+        events.put((index, [("ended",)]))
+
+    return told, ended
 
 
 def cores() -> int:
@@ -41,17 +51,6 @@ def cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-@dataclass
-class Worker:
-    """One worker process and its two pipes."""
-
-    index: int
-    popen: subprocess.Popen[bytes]
-    to_child: Channel
-    from_child: Channel
-    reader: threading.Thread | None = None
 
 
 Event = tuple[int, list[tuple[Any, ...]]]  # (worker, its messages) — ("ended",): its pipe closed
@@ -63,17 +62,21 @@ class WorkerPool:
     def __init__(self, recipe: ClientRecipe, count: int) -> None:
         self._recipe = recipe
         self.count = count
-        self.workers: list[Worker] = []
+        self.workers: list[Proc] = []
         self._events: SimpleQueue[Event] = SimpleQueue()
 
     def start(self) -> None:
         """Start the workers (once) and wait until each has built its client."""
         if self.workers:
             return
-        self._events = SimpleQueue()
+        events: SimpleQueue[Event] = SimpleQueue()  # this start's queue, not a later one's
+        self._events = events
         try:
             for index in range(self.count):
-                self.workers.append(self._spawn(index))
+                who = f"load worker process {index + 1} of {self.count}"
+                job = LoadJob(self._recipe, who, *anchor())
+                told, ended = _tell(events, index)
+                self.workers.append(Proc.start(job, told, ended, f"load-worker-{index}"))
         except OSError as exc:  # out of processes or descriptors
             self.close()
             raise WorkerDied(
@@ -88,28 +91,9 @@ class WorkerPool:
             if any(m[0] == "ready" for m in messages):
                 ready.add(index)
 
-    def _spawn(self, index: int) -> Worker:
-        popen, to_child, from_child = spawn_worker(CHILD)
-        worker = Worker(index, popen, to_child, from_child)
-        who = f"load worker process {index + 1} of {self.count}"
-        worker.to_child.send((self._recipe, who, *anchor()))
-        worker.reader = threading.Thread(
-            target=self._read, args=(worker,), name=f"load-worker-{index}", daemon=True
-        )
-        worker.reader.start()
-        return worker
-
-    def _read(self, worker: Worker) -> None:
-        events = self._events  # this start's queue, not a later one's
-        while (messages := worker.from_child.receive()) is not None:
-            events.put((worker.index, messages))
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            worker.popen.wait(EXIT_WAIT_S)
-        events.put((worker.index, [("ended",)]))
-
     def send(self, index: int, message: tuple[Any, ...]) -> None:
         """To one worker; a worker gone is reported by its reader (``ended``), not here."""
-        self.workers[index].to_child.send(message)
+        self.workers[index].send(message)
 
     def next_event(self, deadline: float, during: str) -> Event:
         """The next group of messages from a worker; ``WorkerDied`` (every worker ended) when
@@ -137,17 +121,10 @@ class WorkerPool:
 
     def _died(self, index: int, during: str) -> WorkerDied:
         worker = self.workers[index]
-        code = worker.popen.poll()
-        how = (
-            f"was killed by signal {-code}"
-            if code is not None and code < 0
-            else f"exited with status {code}"
-            if code is not None
-            else "closed its pipe"
-        )
+        how = worker.how_it_ended()
         self.close()
         return WorkerDied(
-            f"load worker process {index + 1} of {self.count} (PID {worker.popen.pid}) {how} "
+            f"load worker process {index + 1} of {self.count} (PID {worker.pid}) {how} "
             f"during {during}",
             AGAIN,
         )
@@ -156,16 +133,7 @@ class WorkerPool:
         """End every worker: the end of its input ends it; past a short wait it is killed."""
         workers, self.workers = self.workers, []
         for worker in workers:
-            worker.to_child.close()
-        for worker in workers:
-            try:
-                worker.popen.wait(EXIT_WAIT_S)
-            except subprocess.TimeoutExpired:
-                worker.popen.kill()
-                worker.popen.wait()
-            if worker.reader is not None:
-                worker.reader.join(EXIT_WAIT_S)
-            worker.from_child.close()
+            worker.close()
 
     def pids(self) -> list[int]:
-        return [w.popen.pid for w in self.workers if w.popen.returncode is None]
+        return [w.pid for w in self.workers if w.popen.returncode is None]

@@ -1,4 +1,5 @@
-"""How a load worker builds its client: the target's settings, the key in memory only."""
+"""How a worker process (or a batch's further endpoint) builds its client: the target's
+settings, the key in memory only."""
 
 from __future__ import annotations
 
@@ -35,15 +36,19 @@ class ClientRecipe:
             max(1, max_connections),
         )
 
-    def client(self) -> OpenAIClient:
+    def client(
+        self, base_url: str | None = None, max_connections: int | None = None
+    ) -> OpenAIClient:
+        """The target's client, or one set up like it for another endpoint (``base_url``) with
+        room for ``max_connections`` in flight."""
         return OpenAIClient(
-            self.base_url,
+            base_url or self.base_url,
             api_key=self.api_key,
             metrics_key=self.metrics_key,
             timeout_s=self.timeout_s,
             connect_timeout_s=self.connect_timeout_s,
             max_response_mib=self.max_response_mib,
-            max_connections=self.max_connections,
+            max_connections=max_connections or self.max_connections,
         )
 
     def __repr__(self) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from calibrate.errors import CalibrateError, ExitCode, ServerUnreachable, StageFailed, os_error_text
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.error_kinds import reach_hint
+from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.load.procs.sender import workers_for
 from calibrate.stages.batch.control import BatchControl
 from calibrate.stages.batch.drift import BatchDrift, watch_batch
@@ -25,7 +26,7 @@ from calibrate.stages.batch.endpoints import (
     baseline_served_model,
     usable_endpoints,
 )
-from calibrate.stages.batch.lanes import ClientSetup, make_lane
+from calibrate.stages.batch.lanes import make_lane
 from calibrate.stages.batch.outage import OutageEvent
 from calibrate.stages.batch.plan import (
     DEFAULT_CONCURRENCY,
@@ -174,8 +175,8 @@ def _send(b: _Batch, workers: int, notes: BatchNotes) -> tuple[BatchResult, Batc
     """The endpoints checked, then the items sent through a lane each (by ``workers``
     processes); the run's result, and the notes with the endpoints' check."""
     endpoints, ctx, env = b.setup.endpoints, b.ctx, b.env
-    how = ClientSetup.of(ctx.config)  # each further endpoint's client, and every worker's
-    clients = [ctx.client, *(how.client(e) for e in endpoints[1:])]
+    how = ClientRecipe.of(ctx.config, 1)  # each further endpoint's client, and every worker's
+    clients = [ctx.client, *(how.client(e.base_url, e.concurrency) for e in endpoints[1:])]
     events: list[OutageEvent] = []
     events_lock = threading.Lock()  # events come from the workers' threads
 

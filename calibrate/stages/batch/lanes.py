@@ -74,40 +74,6 @@ def probe_for(client: OpenAIClient) -> Callable[[], str | None]:
     return probe
 
 
-@dataclass(frozen=True)
-class ClientSetup:
-    """How a lane's client is built (the target's settings; the key stays in memory): by the
-    batch for each further endpoint and by every worker process (sent over its pipe)."""
-
-    api_key: str | None
-    metrics_key: str | None
-    timeout_s: float
-    connect_timeout_s: float
-    max_response_mib: float
-
-    @classmethod
-    def of(cls, cfg: Config) -> ClientSetup:
-        """Set up like the target's client (``open_stage``)."""
-        t = cfg.target
-        return cls(
-            cfg.api_key, cfg.gpu_metrics_key, t.timeout_s, t.connect_timeout_s, t.max_response_mib
-        )
-
-    def client(self, endpoint: Endpoint) -> OpenAIClient:
-        return OpenAIClient(
-            endpoint.base_url,
-            api_key=self.api_key,
-            metrics_key=self.metrics_key,
-            timeout_s=self.timeout_s,
-            connect_timeout_s=self.connect_timeout_s,
-            max_response_mib=self.max_response_mib,
-            max_connections=endpoint.concurrency,
-        )
-
-    def __repr__(self) -> str:  # never the key, in a traceback or a log
-        return f"ClientSetup(timeout_s={self.timeout_s})"
-
-
 def make_lane(
     endpoint: Endpoint,
     client: OpenAIClient,

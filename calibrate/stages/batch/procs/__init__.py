@@ -3,7 +3,7 @@
 One Python process gets about one core of Python work; against a fast server that core, not
 the server, sets the pace. With ``--workers N`` the parent stays the only reader of --input
 (the feeder), the only writer of --out (the journal) and the only one that counts items; each
-worker process (``child.py``, started as ``python -m calibrate.stages.batch.procs.child``) runs
+worker process (calibrate's one kind, ``load.procs.proc``, running ``child.py``'s job) runs
 the same request code at its share of the concurrency and sends each finished line back over
 a pipe (``wire.py``). An item counts as done only once the parent has written its line, so a
 kill -9 of anything loses at most what was in flight: a dead worker's unanswered items go back

@@ -1,11 +1,11 @@
 """A worker process of ``batch --workers N``: items in from the parent, finished lines out.
 
-Started by the parent as ``python -m calibrate.stages.batch.procs.child`` with two pipes. It
-sends its share of the slots as one process does (``sending.Sending``: the engine on this
-process's I/O loop), with a queue that the parent fills and a journal that only sends each line
-back; the parent writes and counts it. Every item's answer is read on that one loop thread, so
-the item whose line was just sent and the model that answered it are plain fields. It
-ends when the parent says there are no more items, and at once when its input ends without
+Started by the parent as one of calibrate's worker processes (``load.procs.proc``) whose job
+is a ``WorkerSetup`` (wire.py). It sends its share of the slots as one process does
+(``sending.Sending``: the engine on this process's I/O loop), with a queue that the parent
+fills and a journal that only sends each line back; the parent writes and counts it. Every
+item's answer is read on that one loop thread, so the item whose line was just sent and the
+model that answered it are plain fields. It ends when the parent says there are no more items, and at once when its input ends without
 that (the parent died: nobody is left to write what it would answer). Ctrl-C (and a hang-up)
 reaches the whole process group; a worker ignores it and stops when the parent tells it to.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.io.tasks import ItemId, Task
-from calibrate.load.procs.channel import Outbox, worker_pipes
+from calibrate.load.procs.channel import Outbox
 from calibrate.stages.batch.control import BatchControl, ReachabilityGuard
 from calibrate.stages.batch.lanes import make_lane
 from calibrate.stages.batch.procs.wire import Channel, LaneStats, WorkerDone, WorkerSetup
@@ -113,6 +113,11 @@ class LineSender:
         self._outbox.put("line", line.get("id"), line, text, tokens, endpoint, model)
 
 
+def run_worker(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> None:
+    """The job of a worker process (``WorkerSetup.serve``): its slots run, then its report."""
+    outbox.put("done", serve(setup, inbox, outbox))
+
+
 def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
     """Run this worker's slots until the parent's items end or it says stop."""
     spec = setup.spec
@@ -123,7 +128,7 @@ def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
     lanes = [
         make_lane(
             e,
-            setup.client.client(e),
+            setup.client.client(e.base_url, e.concurrency),
             setup.outage,
             on_event=lambda event: outbox.put("event", event),
         )
@@ -183,19 +188,3 @@ def _listen(
         elif kind == "stop":
             control.stop.set()  # no reason of its own: the parent knows why
             queue.give(None)
-
-
-def main() -> None:
-    inbox, to_parent = worker_pipes("calibrate worker")
-    setup = inbox.receive()
-    if not isinstance(setup, WorkerSetup):
-        return
-    outbox = Outbox(to_parent, "batch-outbox")
-    done = serve(setup, inbox, outbox)
-    outbox.put("done", done)
-    outbox.close()
-    os._exit(0)  # daemon threads (the listener) need not be waited for
-
-
-if __name__ == "__main__":
-    main()

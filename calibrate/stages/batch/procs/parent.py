@@ -12,8 +12,6 @@ unreachable server) tells every worker to stop; past the grace period they are k
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from queue import Empty, SimpleQueue
 
 from calibrate.io.tasks import ItemId, Task
-from calibrate.load.procs.channel import Channel, spawn_worker
+from calibrate.load.procs.proc import Proc
 from calibrate.stages.batch.control import BatchControl
 from calibrate.stages.batch.procs.wire import WorkerDone, WorkerSetup
 from calibrate.stages.batch.queue import WorkQueue
@@ -31,7 +29,6 @@ POLL_S = 0.2
 EXIT_WAIT_S = 5.0
 MAX_SENT = 64  # items sent to a worker in one message, at most
 MAX_REPLACEMENTS = 8  # workers started again in one run, at most (a crash loop ends)
-CHILD = "calibrate.stages.batch.procs.child"
 
 
 def split(endpoints: Sequence[Endpoint], workers: int) -> list[tuple[Endpoint, ...]]:
@@ -57,21 +54,21 @@ class WorkerProc:
     """One worker process and what it holds: the items sent to it and not yet answered."""
 
     setup: WorkerSetup
-    popen: subprocess.Popen[bytes]
-    to_child: Channel
-    from_child: Channel
     credit: threading.Semaphore
+    proc: Proc | None = None
     held: dict[ItemId, Task] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     dead: bool = False
     told_stop: bool = False
     paused: bool = False
     done: WorkerDone | None = None
-    reader: threading.Thread | None = None
 
     @property
     def running(self) -> bool:
-        return self.reader is not None and self.reader.is_alive()
+        return self.proc is not None and self.proc.running
+
+    def send(self, message: object) -> bool:
+        return self.proc is not None and self.proc.send(message)
 
     def release(self, item_id: ItemId) -> Task | None:
         """The item is no longer this worker's (answered, put back or left); None if it was not."""
@@ -82,8 +79,8 @@ class WorkerProc:
         return task
 
     def kill(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
+        if self.proc is not None:
+            self.proc.kill()
 
 
 Handler = Callable[[WorkerProc, tuple[object, ...]], None]
@@ -124,7 +121,7 @@ class WorkerSet:
     def pids(self) -> list[int]:
         """The live workers' process ids (the machine-wide self-check reads their CPU)."""
         with self._lock:
-            return [p.popen.pid for p in self.procs if p.popen.returncode is None]
+            return [p.proc.pid for p in self.procs if p.proc and p.proc.popen.returncode is None]
 
     def live(self) -> list[WorkerProc]:
         with self._lock:
@@ -141,37 +138,37 @@ class WorkerSet:
             return
         self.answered = True
         for proc in self.live():
-            proc.to_child.send(("answered",))
+            proc.send(("answered",))
 
     def stop_all(self) -> None:
         for proc in self.live():
             if not proc.told_stop:
                 proc.told_stop = True
-                proc.to_child.send(("stop",))
+                proc.send(("stop",))
 
     def kill_all(self) -> None:
         with self._lock:
             procs = list(self.procs)
         for proc in procs:
             proc.kill()
-        for proc in procs:
-            if proc.reader is not None:
-                proc.reader.join(EXIT_WAIT_S)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.popen.wait(EXIT_WAIT_S)
 
     def _spawn(self, setup: WorkerSetup) -> None:
         setup = replace(setup, answered=setup.answered or self.answered)  # a replacement too
-        popen, to_child, from_child = spawn_worker(CHILD)  # the key goes over to_child
         slots = sum(e.concurrency for e in setup.endpoints)
-        proc = WorkerProc(
-            setup, popen, to_child, from_child, threading.Semaphore(slots + min(slots, 64))
-        )
-        proc.to_child.send(setup)
-        proc.reader = threading.Thread(target=self._read, args=(proc,), daemon=True)
-        with self._lock:
+        proc = WorkerProc(setup, threading.Semaphore(slots + min(slots, 64)))
+        with self._lock:  # listed before its first message can arrive
             self.procs.append(proc)
-        proc.reader.start()
+        try:  # the key goes over the pipe, in the setup
+            proc.proc = Proc.start(
+                setup,
+                lambda _, messages: self._told(proc, messages),
+                lambda _: self._ended(proc),
+                f"batch-worker-{setup.index}",
+            )
+        except OSError:
+            with self._lock:
+                self.procs.remove(proc)
+            raise
         threading.Thread(target=self._feed, args=(proc,), daemon=True).start()
 
     def _feed(self, proc: WorkerProc) -> None:
@@ -179,7 +176,7 @@ class WorkerSet:
         while not proc.dead:
             if proc.paused:  # every endpoint of this worker is down: the others take the items
                 if self._queue.idle():  # … and none is left: its slots need wait no longer
-                    proc.to_child.send(("end",))
+                    proc.send(("end",))
                     return
                 time.sleep(POLL_S)
                 continue
@@ -188,7 +185,7 @@ class WorkerSet:
             task = self._queue.take(self._control.stop)
             if task is None:
                 proc.credit.release()
-                proc.to_child.send(("end",))
+                proc.send(("end",))
                 return
             tasks = [task]
             while len(tasks) < MAX_SENT and proc.credit.acquire(blocking=False):
@@ -204,32 +201,24 @@ class WorkerSet:
                 for t in tasks:
                     self._give_back(t)
                 return
-            if not proc.to_child.send(("tasks", tasks)):
+            if not proc.send(("tasks", tasks)):
                 for t in tasks:
                     if proc.release(t.id) is not None:  # else its end settled it already
                         self._give_back(t)
                 return
 
-    def _read(self, proc: WorkerProc) -> None:
-        """This worker's messages until its output ends; then its held items are settled."""
-        while (messages := proc.from_child.receive()) is not None:
-            for message in messages:
-                if message[0] == "done":
-                    proc.done = message[1]
-                elif message[0] == "paused":
-                    proc.paused = bool(message[1])
-                else:
-                    self._on_message(proc, message)
-        try:
-            proc.popen.wait(EXIT_WAIT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.popen.wait()
-        proc.from_child.close()
-        proc.to_child.close()
-        self._ended(proc)
+    def _told(self, proc: WorkerProc, messages: list[tuple[object, ...]]) -> None:
+        """A group of this worker's messages (on its reader thread)."""
+        for message in messages:
+            if message[0] == "done":
+                proc.done = message[1]  # type: ignore[assignment]
+            elif message[0] == "paused":
+                proc.paused = bool(message[1])
+            else:
+                self._on_message(proc, message)
 
     def _ended(self, proc: WorkerProc) -> None:
+        """Its output ended and it was reaped: what it held is settled, and it is replaced."""
         with proc.lock:
             proc.dead = True
             left = list(proc.held.values())
@@ -240,15 +229,15 @@ class WorkerSet:
             self._give_back(task)
         if proc.done is not None or self._control.stop.is_set():
             return
-        code = proc.popen.returncode
-        how = f"was killed by signal {-code}" if code is not None and code < 0 else "exited"
+        assert proc.proc is not None
+        pid, how = proc.proc.pid, proc.proc.how_it_ended()
         with self._lock:
             replace = self._replacements < MAX_REPLACEMENTS
             self._replacements += replace
             others = any(p.running for p in self.procs if p is not proc)
         if replace:
             self._note(
-                f"worker process {proc.setup.index} (PID {proc.popen.pid}) {how}; its "
+                f"worker process {proc.setup.index} (PID {pid}) {how}; its "
                 f"{len(left)} unanswered item(s) go back to the queue; a new worker starts"
             )
             self._start(proc.setup)
@@ -260,7 +249,7 @@ class WorkerSet:
             )
         else:
             self._note(
-                f"worker process {proc.setup.index} (PID {proc.popen.pid}) {how}; no more "
+                f"worker process {proc.setup.index} (PID {pid}) {how}; no more "
                 "replacements this run, the other workers carry on"
             )
 

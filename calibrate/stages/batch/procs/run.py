@@ -15,9 +15,10 @@ from pathlib import Path
 
 from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport, tree_cpu, workers_advice
 from calibrate.load.procs.pool import cores
+from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.stages.batch.control import BatchControl
 from calibrate.stages.batch.journal import Journal, Tally
-from calibrate.stages.batch.lanes import ClientSetup, EndpointReport
+from calibrate.stages.batch.lanes import EndpointReport
 from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
 from calibrate.stages.batch.plan import BatchPlan
 from calibrate.stages.batch.procs.parent import Notes, WorkerProc, WorkerSet, split
@@ -57,7 +58,7 @@ def run_workers(
     *,
     endpoints: Sequence[Endpoint],
     workers: int,
-    client: ClientSetup,
+    client: ClientRecipe,
     control: BatchControl,
     on_progress: Callable[[BatchProgress], None],
     progress_every_s: float,
@@ -222,9 +223,9 @@ def _wait(
             held = procs.held()
             procs.kill_all()
             return held
-        reader = live[0].reader
-        if reader is not None:
-            reader.join(0.2)
+        proc = live[0].proc
+        if proc is not None and proc.reader is not None:
+            proc.reader.join(0.2)
         tick()
 
 

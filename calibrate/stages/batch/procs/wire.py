@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from calibrate.gpu.selfload import SelfLoadReport
-from calibrate.load.procs.channel import Channel
-from calibrate.stages.batch.lanes import ClientSetup
+from calibrate.load.procs.channel import Channel, Outbox
+from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.stages.batch.outage import OutagePolicy
 from calibrate.stages.batch.plan import BatchSpec
 from calibrate.state.setting import Endpoint
 
-__all__ = ["Channel", "ClientSetup", "LaneStats", "WorkerDone", "WorkerSetup"]
+__all__ = ["Channel", "ClientRecipe", "LaneStats", "WorkerDone", "WorkerSetup"]
 
 
 @dataclass(frozen=True)
@@ -24,12 +24,18 @@ class WorkerSetup:
 
     index: int
     endpoints: tuple[Endpoint, ...]  # its own share: concurrency already split
-    client: ClientSetup  # how it builds its clients
+    client: ClientRecipe  # how it builds its clients
     spec: BatchSpec
     outage: OutagePolicy
     advice: str  # the self-check's advice when this worker is the bottleneck
     cpu_limit: float = 0.85  # the self-check's threshold (a test sets 0: every window is bound)
     answered: bool = False  # a server answered already (the endpoints' check, another worker)
+
+    def serve(self, inbox: Channel, outbox: Outbox) -> None:
+        """What the worker process runs (``load.procs.proc.Job``): child.py's ``run_worker``."""
+        from calibrate.stages.batch.procs.child import run_worker  # the child's side only
+
+        run_worker(self, inbox, outbox)
 
 
 @dataclass(frozen=True)
