@@ -1,8 +1,9 @@
 """A load worker process: its share of a closed or open loop, sent by the ordinary engine.
 
 Started by the parent (``sender.py``) as ``python -m calibrate.load.procs.child`` with two
-pipes. The first message is the client's recipe (the key in memory only) and the parent's
-clock anchor; then one run at a time: a closed loop at its share of C, fed requests by the
+pipes. The first message (``WorkerSetup``) is the client's recipe (the key in memory only), the
+parent's clock anchor and the server's processes on this machine (``self_check``: this worker
+judges its late threads on the parent's rule); then one run at a time: a closed loop at its share of C, fed requests by the
 parent ahead of need (it says how many it took, the parent sends as many more), an open
 loop over its share of the schedule, or its part of a ladder's wave (held until every worker
 holds its part, then released at one moment). It starts each run at the parent's ``go_at`` and hands
@@ -18,15 +19,17 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from queue import SimpleQueue
 from typing import Any
 
 from calibrate.errors import format_traceback
+from calibrate.gpu.noise import LinuxProc, ProcReader, server_cpu
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.request_times import use_anchor
 from calibrate.load.engine import Record
 from calibrate.load.procs.channel import Channel, Outbox, worker_pipes
-from calibrate.load.procs.recipe import ClientRecipe
+from calibrate.load.procs.recipe import WorkerSetup
 from calibrate.load.request import Request
 from calibrate.load.sender import Sender
 from calibrate.load.transport import HttpTransport
@@ -93,21 +96,51 @@ class Feed:
         return request
 
 
-def serve(inbox: Channel, outbox: Outbox, recipe: ClientRecipe, who: str) -> None:
+class ServerPids:
+    """The server's processes on this machine, as the parent last said (its setup, then a word
+    before a run when they changed)."""
+
+    def __init__(self, pids: Iterable[int]) -> None:
+        self._pids = tuple(pids)
+
+    def set(self, pids: Iterable[int]) -> None:
+        self._pids = tuple(pids)
+
+    def __call__(self) -> tuple[int, ...]:
+        return self._pids
+
+
+def self_check(
+    who: str,
+    server_pids: Callable[[], Iterable[int]],
+    reader: ProcReader | None = None,
+    **timing: Any,
+) -> SelfLoadMonitor:
+    """This worker's self-check on the parent's rule (``tier_run.measuring``): its own CPU near a
+    core is the client's limit; its threads late while the server's processes (``server_pids``,
+    read through ``reader``) hold half the machine's cores are the server's. ``timing``: the
+    monitor's clocks and windows (a test's virtual ones)."""
+    server = server_cpu(reader or LinuxProc(), server_pids)
+    return SelfLoadMonitor(who=who, server_cpu=server, **timing)
+
+
+def serve(inbox: Channel, outbox: Outbox, setup: WorkerSetup) -> None:
     """Runs, one at a time, until the parent closes the pipe; each run's result carries
     why this process was the client's limit during it ("" when it kept up)."""
-    monitor = SelfLoadMonitor(who=who).start()
+    server = ServerPids(setup.server_pids)
+    monitor = self_check(setup.who, server).start()
     run_no = 0
 
     def told(record: Record) -> None:  # the parent stops the other workers' loops
         if not record.ok:
             outbox.put("failed", run_no)
 
-    sender = Sender(HttpTransport(recipe.client()), watch=told)
+    sender = Sender(HttpTransport(setup.recipe.client()), watch=told)
     feed, gate = Feed(outbox), Gate()
     jobs: SimpleQueue[tuple[Any, ...]] = SimpleQueue()
     stops: dict[int, threading.Event] = {}
-    threading.Thread(target=_listen, args=(inbox, jobs, feed, gate, stops), daemon=True).start()
+    listen = (inbox, jobs, feed, gate, stops, server)
+    threading.Thread(target=_listen, args=listen, daemon=True).start()
     while True:
         job = jobs.get()
         kind, run_no = job[0], job[1]
@@ -149,6 +182,7 @@ def _listen(
     feed: Feed,
     gate: Gate,
     stops: dict[int, threading.Event],
+    server: ServerPids,
 ) -> None:
     """The parent's messages; the end of the pipe ends this process."""
     while True:
@@ -164,18 +198,19 @@ def _listen(
             feed.give(message[1], message[2])
         elif kind == "stop":
             stops.setdefault(message[1], threading.Event()).set()
+        elif kind == "server":
+            server.set(message[2])
 
 
 def main() -> None:
     inbox, to_parent = worker_pipes("calibrate load worker")
     setup = inbox.receive()
-    if not (isinstance(setup, tuple) and len(setup) == 4 and isinstance(setup[0], ClientRecipe)):
+    if not isinstance(setup, WorkerSetup):
         return
-    recipe, who, wall, mono = setup
-    use_anchor(wall, mono)
+    use_anchor(setup.wall, setup.mono)
     outbox = Outbox(to_parent, "load-outbox")
     outbox.put("ready", 0)
-    serve(inbox, outbox, recipe, who)
+    serve(inbox, outbox, setup)
 
 
 if __name__ == "__main__":

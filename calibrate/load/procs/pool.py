@@ -1,8 +1,10 @@
 """The load worker processes of one sender: started once, used run after run, ended together.
 
-Each worker is ``python -m calibrate.load.procs.child`` with two pipes; the first message is
-the client's recipe (the key travels over the pipe, never in argv, the environment or a file)
-and the parent's clock anchor. A reader thread per worker puts every group of its messages on
+Each worker is ``python -m calibrate.load.procs.child`` with two pipes; the first message
+(``WorkerSetup``) is the client's recipe (the key travels over the pipe, never in argv, the
+environment or a file), the parent's clock anchor and the server's processes on this machine
+(told again before a run when they changed: a server restarted), which each worker's self-check
+reads as the parent's does. A reader thread per worker puts every group of its messages on
 one queue, and its end too, so the parent's one thread that runs a load reads them in order
 and a worker that dies (kill -9, a crash, out of memory) is a ``WorkerDied`` the moment its
 pipe closes — never a hang: every wait here has a bound.
@@ -16,6 +18,7 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 from typing import Any
@@ -23,7 +26,7 @@ from typing import Any
 from calibrate.errors import WorkerDied
 from calibrate.http.request_times import anchor
 from calibrate.load.procs.channel import Channel, spawn_worker
-from calibrate.load.procs.recipe import ClientRecipe
+from calibrate.load.procs.recipe import ClientRecipe, WorkerSetup, server_pids_of
 
 log = logging.getLogger("calibrate")
 CHILD = "calibrate.load.procs.child"
@@ -60,17 +63,25 @@ Event = tuple[int, list[tuple[Any, ...]]]  # (worker, its messages) — ("ended"
 class WorkerPool:
     """``count`` worker processes and the one queue their messages arrive on."""
 
-    def __init__(self, recipe: ClientRecipe, count: int) -> None:
+    def __init__(
+        self,
+        recipe: ClientRecipe,
+        count: int,
+        server_pids: Callable[[], Iterable[int]] = tuple,
+    ) -> None:
         self._recipe = recipe
         self.count = count
         self.workers: list[Worker] = []
         self._events: SimpleQueue[Event] = SimpleQueue()
+        self._server_pids = server_pids  # the server's processes on this machine, found afresh
+        self._told: tuple[int, ...] = ()  # … as the workers were last told them
 
     def start(self) -> None:
         """Start the workers (once) and wait until each has built its client."""
         if self.workers:
             return
         self._events = SimpleQueue()
+        self._told = server_pids_of(self._server_pids())
         try:
             for index in range(self.count):
                 self.workers.append(self._spawn(index))
@@ -92,7 +103,7 @@ class WorkerPool:
         popen, to_child, from_child = spawn_worker(CHILD)
         worker = Worker(index, popen, to_child, from_child)
         who = f"load worker process {index + 1} of {self.count}"
-        worker.to_child.send((self._recipe, who, *anchor()))
+        worker.to_child.send(WorkerSetup(self._recipe, who, *anchor(), self._told))
         worker.reader = threading.Thread(
             target=self._read, args=(worker,), name=f"load-worker-{index}", daemon=True
         )
@@ -106,6 +117,15 @@ class WorkerPool:
         with contextlib.suppress(subprocess.TimeoutExpired):
             worker.popen.wait(EXIT_WAIT_S)
         events.put((worker.index, [("ended",)]))
+
+    def tell_server(self) -> None:
+        """Before a run: the server's processes, to every worker, when they changed since the
+        workers were last told (a restarted server has new ones)."""
+        now = server_pids_of(self._server_pids())
+        if now != self._told:
+            self._told = now
+            for index in range(len(self.workers)):
+                self.send(index, ("server", 0, now))
 
     def send(self, index: int, message: tuple[Any, ...]) -> None:
         """To one worker; a worker gone is reported by its reader (``ended``), not here."""

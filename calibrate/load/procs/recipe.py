@@ -1,7 +1,10 @@
-"""How a load worker builds its client: the target's settings, the key in memory only."""
+"""What a load worker is sent first: how it builds its client (the target's settings, the key in
+memory only), who it is, the parent's clock anchor, and the server's processes on this machine."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from calibrate.config import Config
@@ -48,3 +51,24 @@ class ClientRecipe:
 
     def __repr__(self) -> str:
         return f"ClientRecipe(timeout_s={self.timeout_s})"
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """A load worker's first message. ``server_pids``: the target's server processes on this
+    machine as the parent found them (``tier_run.server_finder``), so the worker's self-check
+    judges its late threads on the parent's rule: while the server holds the cores, lateness is
+    the server's limit, not the client's (``gpu.selfload``)."""
+
+    recipe: ClientRecipe
+    who: str  # "load worker process 1 of 2"
+    wall: float  # the parent's clock anchor (``request_times.anchor``)
+    mono: float
+    server_pids: tuple[int, ...] = ()
+
+
+def server_pids_of(found: Iterable[int]) -> tuple[int, ...]:
+    """The server's processes to tell a worker: never this process (a mock serving from inside
+    the parent), whose CPU is the client's, and each once."""
+    own = os.getpid()
+    return tuple(sorted({pid for pid in found if pid > 0 and pid != own}))
