@@ -23,13 +23,14 @@ import pytest
 from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport, tree_cpu
 from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams
+from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.load.procs.sender import workers_for
 from calibrate.stages.batch import BatchPlan, BatchSpec, plan_batch, run_batch
 from calibrate.stages.batch.control import BatchControl
 from calibrate.stages.batch.outage import OutagePolicy
 from calibrate.stages.batch.procs import run as procs_run
+from calibrate.stages.batch.procs.child import WorkerDone
 from calibrate.stages.batch.procs.parent import split
-from calibrate.stages.batch.procs.wire import ClientRecipe, WorkerDone
 from calibrate.stages.batch.result import BatchResult
 from calibrate.state.setting import Endpoint
 from tests.batch_helpers import (

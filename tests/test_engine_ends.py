@@ -10,6 +10,7 @@ import re
 import shlex
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -75,20 +76,89 @@ def test_server_start_and_stop_say_the_signal(cli, isolated: Path) -> None:
     assert stop.json["exit_code"] == -signal.SIGKILL and stop.json["ended_by"] == "SIGKILL"
 
 
-def test_rollback_says_how_the_server_it_found_dead_ended(cli, isolated: Path) -> None:
-    managed_config(isolated, free_port(), mock_command())
+def _started_and_measured(cli, root: Path) -> dict[str, int]:
+    """A managed mock that answered and passed a ladder (what rollback goes back to); its
+    record in runs/server.json (the engine's PID and its supervisor's)."""
+    managed_config(root, free_port(), mock_command())
     started = cli("server", "start", "--concurrency", "4", "--json")
     assert started.code == 0, started.err
     single = cli("single", "--json")
     assert single.code == 0, single.err
-    passing_ladder(isolated, single.json["record"]["target"], batch_size=4)
-    os.kill(started.json["pid"], signal.SIGKILL)
+    passing_ladder(root, single.json["record"]["target"], batch_size=4)
+    record: dict[str, int] = json.loads((root / "runs" / "server.json").read_text("utf-8"))
+    assert record["pid"] == started.json["pid"] and record["supervisor_pid"] > 0
+    return record
+
+
+def test_rollback_says_how_the_server_it_found_dead_ended(cli, isolated: Path) -> None:
+    """Its supervisor writes how it ended after the engine is gone; on a loaded machine that took
+    longer than the 2 s rollback waited, and the line lacked "killed by SIGKILL". Here the
+    supervisor is held (SIGSTOP) past that while rollback already reads: the wait lasts as long
+    as the supervisor lives, so rollback still says how the server ended."""
+    record = _started_and_measured(cli, isolated)
+    supervisor = record["supervisor_pid"]
+    os.kill(supervisor, signal.SIGSTOP)  # a supervisor that gets no CPU for a while
+    held = threading.Timer(exit_status.SETTLE_S + 2, os.kill, (supervisor, signal.SIGCONT))
+    held.start()  # the supervisor runs again past the old wait, whatever happens here
+    try:
+        os.kill(record["pid"], signal.SIGKILL)
+        result = cli("rollback")
+    finally:
+        held.join()
+        cli("server", "stop")
+    assert "had already exited, killed by SIGKILL" in result.err, result.err
+    assert not WRONG.search(result.err)
+
+
+def test_rollback_says_when_how_the_server_ended_cannot_be_known(cli, isolated: Path) -> None:
+    """Its supervisor gone too (killed before the engine), nothing records how the engine ended:
+    rollback says so, at once, rather than leave it out or guess."""
+    record = _started_and_measured(cli, isolated)
+    os.kill(record["supervisor_pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not pid_gone(record["supervisor_pid"]):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(record["pid"], signal.SIGKILL)  # its parent now init, which reaps and tells no one
     try:
         result = cli("rollback")
     finally:
         cli("server", "stop")
-    assert "had already exited, killed by SIGKILL" in result.err, result.err
+    said = f"the managed server (PID {record['pid']}) had already exited, its exit status was not"
+    assert said in result.err, result.err
     assert not WRONG.search(result.err)
+
+
+# an engine that, once calibrate has recorded it, kills its supervisor and then itself: nothing
+# is left to record how it ended
+ORPHANED = """
+import json, os, pathlib, signal, sys, time
+record = pathlib.Path(sys.argv[1])
+while True:
+    try:
+        if json.loads(record.read_text())["pid"] == os.getpid():
+            break
+    except (OSError, ValueError, KeyError):
+        pass
+    time.sleep(0.01)
+supervisor = os.getppid()
+os.kill(supervisor, signal.SIGKILL)
+while os.getppid() == supervisor:
+    time.sleep(0.01)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_server_start_says_when_how_the_server_ended_cannot_be_known(cli, isolated: Path) -> None:
+    """It said "was killed by SIGHUP" (a made-up -1) when nothing had recorded the end."""
+    record = isolated / "runs" / "server.json"
+    command = shlex.join([sys.executable, "-c", ORPHANED, str(record)])
+    managed_config(isolated, free_port(), command)
+    start = cli("server", "start")
+    assert start.code == 4, start.err
+    said = "the server exited (its exit status was not recorded) before it was ready"
+    assert said in start.err, start.err
+    assert "SIGHUP" not in start.err and not WRONG.search(start.err)
 
 
 def test_no_line_words_an_exit_by_itself() -> None:

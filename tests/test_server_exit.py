@@ -140,3 +140,55 @@ def test_first_error_is_the_earliest_bundles_own_message(tmp_path: Path) -> None
     newer.write_text(json.dumps({"error": {"message": "later"}}))
     os.utime(older, ns=(1, 1))
     assert first_error(tmp_path) == "HTTP 400: request (847 tokens) exceeds"
+
+
+class _Supervisor:
+    """A supervisor on a virtual clock: it writes how the engine ended at ``writes_at`` (never
+    when None) and exits at ``exits_at`` (never when None); time passes only in ``sleep``."""
+
+    def __init__(self, path: Path, writes_at: float | None, exits_at: float | None) -> None:
+        self.path, self.writes_at, self.exits_at = path, writes_at, exits_at
+        self.now_s = 0.0
+
+    def clock(self) -> float:
+        return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        self.now_s += seconds
+        if self.writes_at is not None and self.now_s >= self.writes_at and not self.path.exists():
+            exit_status.write(self.path, exit_status.ExitStatus.from_returncode(7, -9))
+
+    def lives(self) -> bool:
+        return self.exits_at is None or self.now_s < self.exits_at
+
+    def wait(self) -> exit_status.ExitStatus | None:
+        return exit_status.wait_for(
+            self.path,
+            7,
+            exit_status.WRITE_LIMIT_S,
+            writing=self.lives,
+            clock=self.clock,
+            sleep=self.sleep,
+        )
+
+
+def test_how_an_engine_ended_is_waited_for_while_its_supervisor_lives(tmp_path: Path) -> None:
+    """A loaded machine: the supervisor writes 10 s after the engine died (the old fixed 2 s
+    wait gave up and said nothing of the SIGKILL); once it has exited nothing more will come,
+    so the wait ends then; a supervisor that never writes nor ends is given up on, bounded."""
+    slow = _Supervisor(tmp_path / "slow.json", writes_at=10.0, exits_at=10.0)
+    ended = slow.wait()
+    assert ended is not None and ended.signal == "SIGKILL" and ended.exit_code == -9
+    assert slow.now_s == pytest.approx(10.0, abs=0.1)
+    gone = _Supervisor(tmp_path / "gone.json", writes_at=None, exits_at=1.0)
+    assert gone.wait() is None and gone.now_s == pytest.approx(1.0, abs=0.1)  # not 30 s
+    stuck = _Supervisor(tmp_path / "stuck.json", writes_at=None, exits_at=None)
+    assert stuck.wait() is None
+    assert stuck.now_s == pytest.approx(exit_status.WRITE_LIMIT_S, abs=0.1)
+    unknown = _Supervisor(tmp_path / "old.json", writes_at=10.0, exits_at=None)
+    assert (
+        exit_status.wait_for(
+            unknown.path, 7, exit_status.SETTLE_S, clock=unknown.clock, sleep=unknown.sleep
+        )
+        is None
+    )  # no supervisor on record (an older calibrate's): the short wait, as before

@@ -21,7 +21,7 @@ from calibrate.engines.builders import EngineCommand, LaunchSpec, Tuned, build
 from calibrate.errors import ServerDied, ServerUnreachable, UsageError
 from calibrate.io.records import utc_now_iso
 from calibrate.server import exit_status, pids, process, readiness, set_values
-from calibrate.server.exit_status import exited
+from calibrate.server.exit_status import ended_words, exited
 from calibrate.server.process import ServerRecord, StopResult
 
 TAIL_LINES = 20
@@ -182,7 +182,7 @@ def start(
         if ready.ready:
             own = readiness.launched(kind)
             ready = readiness.confirmed(record, ready, ready_timeout_s, api_key, own_socket=own)
-            ready = ready if ready.ready else replace(ready, exit_code=readiness.ended(record))
+            ready = ready if ready.ready else replace(ready, died=readiness.ended(record))
     except KeyboardInterrupt as exc:
         if record is not None:
             exc.args = (_stop_interrupted(record, runs_dir, stop_timeout_s),)
@@ -197,14 +197,16 @@ def start(
     tail = process.log_tail(runs_dir, TAIL_LINES, offset)
     shown_tail = "\n".join(f"  | {line}" for line in tail) or "  | (the log is empty)"
     log_file = process.log_path(runs_dir)
-    if ready.exit_code is not None:
+    if ready.died is not None:
         process.forget(runs_dir)
         how = f"; {ready.last_answer}" if ready.last_answer.startswith("its health") else ""
+        code = ready.died.exit_code
+        said = exited(code) if code is not None else f"exited ({ended_words(None)})"
         raise ServerDied(
-            f"the server {exited(ready.exit_code)} before it was ready "
+            f"the server {said} before it was ready "
             f"({ready.elapsed_s:.1f} s after start{how}); last lines of {log_file}:\n{shown_tail}",
             f"Fix the cause above, then: calibrate server start   (full log: {log_file})",
-            server_exit_code=ready.exit_code,
+            server_exit_code=code,
         )
     stopped = process.stop(record, stop_timeout_s)
     if stopped.gone:
@@ -233,19 +235,22 @@ def _spawn_recorded(
 ) -> ServerRecord:
     """Start the engine and record it as "starting" (its supervisor stops it if we cannot)."""
     try:
-        pid, start_id, offset = process.spawn(argv, env, runs_dir, f"start: {shown}")
+        spawned = process.spawn(argv, env, runs_dir, f"start: {shown}")
     except OSError as exc:
         raise ServerUnreachable(
             f"cannot start {argv[0]}: {exc.strerror or exc}",
             "Is the engine installed and on PATH? Check [server] in calibrate.toml.",
         ) from exc
+    pid = spawned.pid
     record = ServerRecord(
         pid=pid,
-        start_id=start_id,
+        start_id=spawned.start_id,
         argv=redaction.redact_argv(argv),
         started_at=utc_now_iso(),
-        log_offset=offset,
+        log_offset=spawned.log_offset,
         status_file=str(exit_status.status_path(runs_dir)),
+        supervisor_pid=spawned.supervisor_pid,
+        supervisor_id=spawned.supervisor_id,
         phase="starting",
         starter_pid=os.getpid(),
         starter_id=pids.start_id(os.getpid()),

@@ -22,12 +22,17 @@ from calibrate.errors import ErrorInfo
 from calibrate.io.atomic import write_json_atomic
 from calibrate.io.bounded import read_text
 from calibrate.io.records import utc_now_iso
+from calibrate.server.pids import start_id
 
 # What a request meets when the server it talks to dies (an HTTP answer means something lived).
 DEATH_KINDS = frozenset({"connect", "reset", "timeout"})
 
-# After the engine is gone, the supervisor needs a moment to reap it and write the file.
+# After the engine is gone, its supervisor reaps it, writes the file, and exits. While that
+# supervisor is known to live, the file is still to come: waited for up to WRITE_LIMIT_S (a
+# loaded machine may take seconds to run it); once it has exited, the file is there or never
+# will be. Where nothing says whether it lives (a record from an older calibrate): SETTLE_S.
 SETTLE_S = 2.0
+WRITE_LIMIT_S = 30.0
 
 
 def status_path(runs_dir: Path) -> Path:
@@ -109,16 +114,31 @@ def wait_for(
     pid: int,
     timeout_s: float = SETTLE_S,
     *,
+    writing: Callable[[], bool] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> ExitStatus | None:
-    """``read``, retried for up to ``timeout_s`` (the engine is gone, its supervisor is writing)."""
+    """``read``, retried for up to ``timeout_s`` (the engine is gone, its supervisor is writing)
+    and, where ``writing`` says whether that supervisor still lives, no longer than it does:
+    once it has exited, what it wrote is there, or nothing ever will be."""
     deadline = clock() + timeout_s
     while True:
         status = read(path, pid)
-        if status is not None or clock() >= deadline:
+        if status is not None:
             return status
+        if writing is not None and not writing():
+            return read(path, pid)  # written just before it exited, or never
+        if clock() >= deadline:
+            return None
         sleep(0.05)
+
+
+def supervisor_lives(pid: int | None, its_id: str | None) -> Callable[[], bool] | None:
+    """Whether the supervisor ``pid`` (kernel start time ``its_id``) still lives, asked afresh
+    (``wait_for``'s ``writing``); None where the record names no supervisor."""
+    if pid is None or not its_id:
+        return None
+    return lambda: start_id(pid) == its_id
 
 
 def died_error(error: ErrorInfo, pid: int, status: ExitStatus | None) -> ErrorInfo:

@@ -74,6 +74,8 @@ class ServerRecord:
     script: str | None = None
     vram_used_mib_before: float | None = None
     status_file: str | None = None  # where the supervisor records how the engine ended
+    supervisor_pid: int | None = None  # … that supervisor and its start time (it writes, then
+    supervisor_id: str | None = None  # exits; None: a record from an older calibrate)
     # "starting" from before the readiness wait until the engine answered, then "ready";
     # starter: the calibrate process waiting for it (its PID and start time)
     phase: str = "ready"
@@ -121,25 +123,45 @@ def liveness(record: ServerRecord) -> Liveness:
     return "running" if current == record.start_id else "stranger"
 
 
-def exit_code(pid: int, status_file: str | None = None, wait_s: float = 0.0) -> int | None:
-    """The exit code of a managed server that has exited (else None); see ``exit_status``."""
-    code = _reap(pid)
-    if status_file is None:
-        return code
-    ended = exit_status.wait_for(Path(status_file), pid, wait_s)
-    if ended is None:
+def exit_code(pid: int) -> int | None:
+    """``pid``'s supervisor's own shell-style code once it ended (137: SIGKILL); ``end_code``."""
+    return _reap(pid)
+
+
+def recorded_end(record: ServerRecord, wait: bool = True) -> exit_status.ExitStatus | None:
+    """How the recorded engine ended, as its supervisor wrote it (None: not written); with
+    ``wait``, waited for while that supervisor lives (``exit_status.WRITE_LIMIT_S`` at most)."""
+    if record.status_file is None:
         return None
-    _reap(pid, 1.0)  # the supervisor exits right after writing the status
-    return ended.exit_code
+    writing = exit_status.supervisor_lives(record.supervisor_pid, record.supervisor_id)
+    limit = (exit_status.WRITE_LIMIT_S if writing else exit_status.SETTLE_S) if wait else 0.0
+    ended = exit_status.wait_for(Path(record.status_file), record.pid, limit, writing=writing)
+    _reap(record.pid, 1.0 if ended is not None else 0.0)  # it exits right after writing
+    return ended
+
+
+def end_code(record: ServerRecord, wait: bool = True) -> int | None:
+    """``recorded_end``'s exit code (``Popen.returncode``; None: not known)."""
+    ended = recorded_end(record, wait)
+    return ended.exit_code if ended is not None else None
+
+
+@dataclass(frozen=True)
+class Spawned:  # the engine, where its output begins in the log, the supervisor that reaps it
+    pid: int
+    start_id: str
+    log_offset: int
+    supervisor_pid: int
+    supervisor_id: str | None
 
 
 def spawn(
     argv: Sequence[str], env: Sequence[tuple[str, str]], runs_dir: Path, header: str
-) -> tuple[int, str, int]:
+) -> Spawned:
     """Start argv in its own session (= process group), output appended to runs/server.log.
 
-    Returns (pid, start_id, log offset). The extra environment goes through ``env`` so the
-    log and the pidfile show exactly what ran. A supervisor (its parent) records how it ends.
+    The extra environment goes through ``env`` so the log and the pidfile show exactly what
+    ran. A supervisor (its parent) records how it ends.
     Call ``adopt(pid)`` once the engine is recorded (``save``): until then, if this process
     dies, the supervisor stops the engine.
     """
@@ -152,7 +174,8 @@ def spawn(
     _reap(launched.engine_pid)  # supervisors of engines gone before this start
     _CHILDREN[launched.engine_pid] = launched.supervisor
     _UNADOPTED[launched.engine_pid] = launched
-    return launched.engine_pid, start_id(launched.engine_pid) or "", offset
+    pid, supervisor = launched.engine_pid, launched.supervisor.pid
+    return Spawned(pid, start_id(pid) or "", offset, supervisor, start_id(supervisor))
 
 
 def adopt(pid: int) -> None:
@@ -232,9 +255,7 @@ def stop(
     start = clock()
     was = liveness(record)
     if was != "running":  # gone: its supervisor may be writing how it ended right now
-        code = exit_code(
-            record.pid, record.status_file, exit_status.SETTLE_S if was == "gone" else 0
-        )
+        code = end_code(record, wait=was == "gone")
         return StopResult(record.pid, was, None, code, clock() - start, was == "gone")
     sent = "SIGTERM"
     _signal_group(record.pid, signal.SIGTERM)
@@ -244,7 +265,7 @@ def stop(
         _signal_group(record.pid, signal.SIGKILL)
         _wait_gone(record, clock() + kill_grace_s, clock, sleep)
     gone = liveness(record) != "running"
-    code = exit_code(record.pid, record.status_file, exit_status.SETTLE_S if gone else 0.0)
+    code = end_code(record, wait=gone)
     return StopResult(record.pid, was, sent, code, clock() - start, gone)
 
 

@@ -20,7 +20,7 @@ from calibrate.errors import InputError, RequestError
 from calibrate.gpu.proc import listening_owners
 from calibrate.http.client import OpenAIClient
 from calibrate.io.bounded import read_bounded
-from calibrate.server import exit_status, process
+from calibrate.server import process
 
 # the VRAM release a stop is proven by lives beside the devices it is measured on
 from calibrate.server.devices import RELEASE_TOLERANCE_MIB as RELEASE_TOLERANCE_MIB
@@ -32,7 +32,16 @@ from calibrate.server.process import ServerRecord
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
-ExitProbe = Callable[[], int | None]  # the managed process's exit code once it has exited
+
+
+@dataclass(frozen=True)
+class Died:
+    """The managed process has exited: its ``Popen.returncode`` (None: nothing recorded it)."""
+
+    exit_code: int | None
+
+
+ExitProbe = Callable[[], Died | None]  # how the managed process ended, once it has exited
 
 POLL_S = 0.2
 PROBE_TIMEOUT_S = 3.0
@@ -42,7 +51,7 @@ PROBE_TIMEOUT_S = 3.0
 class Readiness:
     ready: bool
     elapsed_s: float
-    exit_code: int | None = None  # set when the process died while we waited
+    died: Died | None = None  # set when the process died while we waited
     last_answer: str = ""  # what the server said last ("HTTP 503: loading", "connection refused")
     stranger: str = ""  # who answered on the port instead of the engine ("PID 12 (python3)")
 
@@ -76,9 +85,9 @@ def wait_ready(
     answer = ""
     while True:
         if exited is not None:
-            code = exited()
-            if code is not None:
-                return Readiness(False, clock() - start, code, answer)
+            died = exited()
+            if died is not None:
+                return Readiness(False, clock() - start, died, answer)
         ready, answer = probe(root, health_path)
         if ready:
             return Readiness(True, clock() - start, None, answer)
@@ -197,13 +206,13 @@ def launched(kind: str | None) -> bool:
     return found is not None and not found.templated
 
 
-def ended(record: ServerRecord) -> int | None:
-    """The engine's exit code once it has exited: its PID gone (the supervisor writes the
-    status a moment later), else the status file alone."""
+def ended(record: ServerRecord) -> Died | None:
+    """How the engine ended once it has exited (its PID gone: the supervisor writes the status a
+    moment later, waited for), else None."""
     if process.liveness(record) == "running":
-        return process.exit_code(record.pid, record.status_file)
-    code = process.exit_code(record.pid, record.status_file, exit_status.SETTLE_S)
-    return code if code is not None else -1
+        code = process.end_code(record, wait=False)  # gone and reaped in between
+        return Died(code) if code is not None else None
+    return Died(process.end_code(record))
 
 
 def confirmed(

@@ -3,8 +3,10 @@ ladder: its share of a closed or open loop, sent by the ordinary engine.
 
 Started as ``python -m calibrate.load.procs.child`` with two pipes, it runs the job its first
 message is (``job.serve(inbox, outbox)``): a ``LoadJob`` here, batch's share of the items
-(``stages.batch.procs.wire.WorkerSetup``) there. A ``LoadJob`` holds the client's recipe (the
-key in memory only) and the parent's clock anchor; then it runs one run at a time: a closed loop at its share of C, fed requests by the
+(``stages.batch.procs.child.WorkerSetup``) there. A ``LoadJob`` holds the client's recipe (the
+key in memory only), the parent's clock anchor and the server's processes on this machine
+(``self_check``: this worker judges its late threads on the parent's rule); then it runs one
+run at a time: a closed loop at its share of C, fed requests by the
 parent ahead of need (it says how many it took, the parent sends as many more), an open
 loop over its share of the schedule, or its part of a ladder's wave (held until every worker
 holds its part, then released at one moment). It starts each run at the parent's ``go_at`` and hands
@@ -20,10 +22,12 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from queue import SimpleQueue
 from typing import Any
 
 from calibrate.errors import format_traceback
+from calibrate.gpu.noise import LinuxProc, ProcReader, server_cpu
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.request_times import use_anchor
 from calibrate.load.engine import Record
@@ -98,35 +102,68 @@ class Feed:
 
 @dataclasses.dataclass(frozen=True)
 class LoadJob:
-    """A load worker's setup: how it builds its client, who it is (for the self-check's
-    words), and the parent's anchor of the monotonic clock to wall time."""
+    """A load worker's setup. ``server_pids``: the target's server processes on this machine
+    as the parent found them (``tier_run.server_finder``), so the worker's self-check judges its
+    late threads on the parent's rule: while the server holds the cores, lateness is the
+    server's limit, not the client's (``gpu.selfload``)."""
 
     recipe: ClientRecipe
-    who: str
-    wall: float
+    who: str  # "load worker process 1 of 2"
+    wall: float  # the parent's clock anchor (``request_times.anchor``)
     mono: float
+    server_pids: tuple[int, ...] = ()
 
     def serve(self, inbox: Channel, outbox: Outbox) -> None:
         use_anchor(self.wall, self.mono)
         outbox.put("ready", 0)
-        serve(inbox, outbox, self.recipe, self.who)
+        serve(inbox, outbox, self)
 
 
-def serve(inbox: Channel, outbox: Outbox, recipe: ClientRecipe, who: str) -> None:
+class ServerPids:
+    """The server's processes on this machine, as the parent last said (its setup, then a word
+    before a run when they changed)."""
+
+    def __init__(self, pids: Iterable[int]) -> None:
+        self._pids = tuple(pids)
+
+    def set(self, pids: Iterable[int]) -> None:
+        self._pids = tuple(pids)
+
+    def __call__(self) -> tuple[int, ...]:
+        return self._pids
+
+
+def self_check(
+    who: str,
+    server_pids: Callable[[], Iterable[int]],
+    reader: ProcReader | None = None,
+    **timing: Any,
+) -> SelfLoadMonitor:
+    """This worker's self-check on the parent's rule (``tier_run.measuring``): its own CPU near a
+    core is the client's limit; its threads late while the server's processes (``server_pids``,
+    read through ``reader``) hold half the machine's cores are the server's. ``timing``: the
+    monitor's clocks and windows (a test's virtual ones)."""
+    server = server_cpu(reader or LinuxProc(), server_pids)
+    return SelfLoadMonitor(who=who, server_cpu=server, **timing)
+
+
+def serve(inbox: Channel, outbox: Outbox, setup: LoadJob) -> None:
     """Runs, one at a time, until the parent closes the pipe; each run's result carries
     why this process was the client's limit during it ("" when it kept up)."""
-    monitor = SelfLoadMonitor(who=who).start()
+    server = ServerPids(setup.server_pids)
+    monitor = self_check(setup.who, server).start()
     run_no = 0
 
     def told(record: Record) -> None:  # the parent stops the other workers' loops
         if not record.ok:
             outbox.put("failed", run_no)
 
-    sender = Sender(HttpTransport(recipe.client()), watch=told)
+    sender = Sender(HttpTransport(setup.recipe.client()), watch=told)
     feed, gate = Feed(outbox), Gate()
     jobs: SimpleQueue[tuple[Any, ...]] = SimpleQueue()
     stops: dict[int, threading.Event] = {}
-    threading.Thread(target=_listen, args=(inbox, jobs, feed, gate, stops), daemon=True).start()
+    listen = (inbox, jobs, feed, gate, stops, server)
+    threading.Thread(target=_listen, args=listen, daemon=True).start()
     while True:
         job = jobs.get()
         kind, run_no = job[0], job[1]
@@ -168,6 +205,7 @@ def _listen(
     feed: Feed,
     gate: Gate,
     stops: dict[int, threading.Event],
+    server: ServerPids,
 ) -> None:
     """The parent's messages; the end of the pipe ends this process."""
     while True:
@@ -183,6 +221,8 @@ def _listen(
             feed.give(message[1], message[2])
         elif kind == "stop":
             stops.setdefault(message[1], threading.Event()).set()
+        elif kind == "server":
+            server.set(message[2])
 
 
 def main() -> None:

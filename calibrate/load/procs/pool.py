@@ -1,8 +1,10 @@
 """The load worker processes of one sender: started once, used run after run, ended together.
 
 Each worker is one of calibrate's worker processes (``proc.py``) running a ``LoadJob``: the
-client's recipe (the key travels over the pipe, never in argv, the environment or a file) and
-the parent's clock anchor. Each worker's reader thread puts every group of its messages on
+client's recipe (the key travels over the pipe, never in argv, the environment or a file), the
+parent's clock anchor and the server's processes on this machine (told again before a run when
+they changed: a server restarted), which each worker's self-check reads as the parent's does.
+Each worker's reader thread puts every group of its messages on
 one queue, and its end too, so the parent's one thread that runs a load reads them in order
 and a worker that dies (kill -9, a crash, out of memory) is a ``WorkerDied`` the moment its
 pipe closes — never a hang: every wait here has a bound.
@@ -13,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from queue import Empty, SimpleQueue
 from typing import Any
 
@@ -21,7 +23,7 @@ from calibrate.errors import WorkerDied
 from calibrate.http.request_times import anchor
 from calibrate.load.procs.child import LoadJob
 from calibrate.load.procs.proc import Proc
-from calibrate.load.procs.recipe import ClientRecipe
+from calibrate.load.procs.recipe import ClientRecipe, server_pids_of
 
 log = logging.getLogger("calibrate")
 READY_S = 60.0  # a worker that has not started within this is stuck (a loaded machine: ~1 s)
@@ -59,11 +61,18 @@ Event = tuple[int, list[tuple[Any, ...]]]  # (worker, its messages) — ("ended"
 class WorkerPool:
     """``count`` worker processes and the one queue their messages arrive on."""
 
-    def __init__(self, recipe: ClientRecipe, count: int) -> None:
+    def __init__(
+        self,
+        recipe: ClientRecipe,
+        count: int,
+        server_pids: Callable[[], Iterable[int]] = tuple,
+    ) -> None:
         self._recipe = recipe
         self.count = count
         self.workers: list[Proc] = []
         self._events: SimpleQueue[Event] = SimpleQueue()
+        self._server_pids = server_pids  # the server's processes on this machine, found afresh
+        self._told: tuple[int, ...] = ()  # … as the workers were last told them
 
     def start(self) -> None:
         """Start the workers (once) and wait until each has built its client."""
@@ -71,10 +80,11 @@ class WorkerPool:
             return
         events: SimpleQueue[Event] = SimpleQueue()  # this start's queue, not a later one's
         self._events = events
+        self._told = server_pids_of(self._server_pids())
         try:
             for index in range(self.count):
                 who = f"load worker process {index + 1} of {self.count}"
-                job = LoadJob(self._recipe, who, *anchor())
+                job = LoadJob(self._recipe, who, *anchor(), self._told)
                 told, ended = _tell(events, index)
                 self.workers.append(Proc.start(job, told, ended, f"load-worker-{index}"))
         except OSError as exc:  # out of processes or descriptors
@@ -90,6 +100,15 @@ class WorkerPool:
             index, messages = self.next_event(deadline, "its start")
             if any(m[0] == "ready" for m in messages):
                 ready.add(index)
+
+    def tell_server(self) -> None:
+        """Before a run: the server's processes, to every worker, when they changed since the
+        workers were last told (a restarted server has new ones)."""
+        now = server_pids_of(self._server_pids())
+        if now != self._told:
+            self._told = now
+            for index in range(len(self.workers)):
+                self.send(index, ("server", 0, now))
 
     def send(self, index: int, message: tuple[Any, ...]) -> None:
         """To one worker; a worker gone is reported by its reader (``ended``), not here."""

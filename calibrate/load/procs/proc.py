@@ -2,7 +2,7 @@
 
 ``Proc.start(job, ...)`` runs ``python -m calibrate.load.procs.child`` with two pipes and sends
 ``job`` first: an object whose ``serve(inbox, outbox)`` the child runs (the sweep's and the
-ladder's loops, ``child.LoadJob``; batch's share of the items, ``stages.batch.procs.wire``).
+ladder's loops, ``child.LoadJob``; batch's share of the items, ``stages.batch.procs.child``).
 Whatever the job needs (the API key too) travels in it, over the pipe, never in argv, the
 environment or a file. One reader thread per process hands each group of its messages to
 ``on_messages`` and, once its output ends (it finished, died or was killed), waits for it to be

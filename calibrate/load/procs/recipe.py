@@ -1,8 +1,11 @@
 """How a worker process (or a batch's further endpoint) builds its client: the target's
-settings, the key in memory only."""
+settings, the key in memory only; and which of this machine's processes a worker is told are
+the server's."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from calibrate.config import Config
@@ -53,3 +56,10 @@ class ClientRecipe:
 
     def __repr__(self) -> str:
         return f"ClientRecipe(timeout_s={self.timeout_s})"
+
+
+def server_pids_of(found: Iterable[int]) -> tuple[int, ...]:
+    """The server's processes to tell a worker: never this process (a mock serving from inside
+    the parent), whose CPU is the client's, and each once."""
+    own = os.getpid()
+    return tuple(sorted({pid for pid in found if pid > 0 and pid != own}))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from calibrate.config import Config
 from calibrate.gpu.selfload import SelfLoadMonitor, workers_advice
@@ -68,15 +68,21 @@ def workers_for(asked: int | None, in_flight: int, rate: float | None = None) ->
 
 
 def sender_for(
-    client: OpenAIClient, cfg: Config, asked: int | None, in_flight: int, rate: float | None = None
+    client: OpenAIClient,
+    cfg: Config,
+    asked: int | None,
+    in_flight: int,
+    rate: float | None = None,
+    server_pids: Callable[[], Iterable[int]] = tuple,
 ) -> Sender:
     """The sender of a load of at most ``in_flight`` at once (``rate`` req/s): this process
     (``--workers 1``, the default: ``Sender`` as it always was), or ``WorkerSender`` over
-    ``workers_for`` processes."""
+    ``workers_for`` processes (``server_pids``: the server's processes on this machine, for
+    the workers' self-checks)."""
     workers = 1 if asked == 1 else workers_for(asked, in_flight, rate)
     if workers == 1:
         return Sender.over(client)
-    return WorkerSender(client, ClientRecipe.of(cfg, in_flight), workers)
+    return WorkerSender(client, ClientRecipe.of(cfg, in_flight), workers, server_pids)
 
 
 def stage_sender(
@@ -89,10 +95,12 @@ def stage_sender(
     selfload: SelfLoadMonitor,
     say: Callable[[str], None],
     each: str,
+    server_pids: Callable[[], Iterable[int]] = tuple,
 ) -> Sender:
     """A ladder's or sweep's sender (``sender_for``), with the self-check's advice to match
-    and, for more than one process, a line that says so (``each``: "wave", "level")."""
-    sender = sender_for(client, cfg, asked, in_flight, rate)
+    and, for more than one process, a line that says so (``each``: "wave", "level");
+    ``server_pids`` as the stage's own self-check finds the server (``Measuring``)."""
+    sender = sender_for(client, cfg, asked, in_flight, rate, server_pids)
     selfload.advice = self_check_advice(sender)
     if isinstance(sender, WorkerSender):
         say(f"sending each {each} from {sender.workers} worker processes (--workers)")
@@ -117,12 +125,19 @@ def ahead(share: int) -> int:
 
 
 class WorkerSender(Sender):
-    """A ``Sender`` whose closed and open loops run in ``workers`` processes."""
+    """A ``Sender`` whose closed and open loops run in ``workers`` processes; each worker's
+    self-check reads the CPU of ``server_pids`` (the server's processes on this machine)."""
 
-    def __init__(self, client: OpenAIClient, recipe: ClientRecipe, workers: int) -> None:
+    def __init__(
+        self,
+        client: OpenAIClient,
+        recipe: ClientRecipe,
+        workers: int,
+        server_pids: Callable[[], Iterable[int]] = tuple,
+    ) -> None:
         super().__init__(HttpTransport(client))
         self.workers = workers
-        self._pool = WorkerPool(recipe, workers)
+        self._pool = WorkerPool(recipe, workers, server_pids)
         self._run_no = 0
         self._bound: list[str] = []  # per run: why a worker was the limit ("": none was)
 
@@ -149,6 +164,7 @@ class WorkerSender(Sender):
             return super().send(requests, workers, max_tokens)
         pool, during = self._pool, f"a wave of {len(requests)} requests"
         pool.start()
+        pool.tell_server()
         self._run_no += 1
         run_no = self._run_no
         for k, indices in enumerate(dealt):
@@ -187,6 +203,7 @@ class WorkerSender(Sender):
         pool, during = self._pool, f"the closed loop at concurrency {concurrency}"
         shares = split_concurrency(concurrency, self.workers)
         pool.start()
+        pool.tell_server()
         self._run_no += 1
         run_no = self._run_no
         first = [[supply() for _ in range(ahead(share))] for share in shares]
@@ -240,6 +257,7 @@ class WorkerSender(Sender):
         dealt = deal(len(requests), self.workers, cap)
         caps = split_cap(cap, len(dealt))
         pool.start()
+        pool.tell_server()
         self._run_no += 1
         run_no = self._run_no
         go_at = time.perf_counter() + GO_S

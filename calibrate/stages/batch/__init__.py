@@ -15,9 +15,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from calibrate.errors import CalibrateError, ExitCode, ServerUnreachable, StageFailed, os_error_text
+from calibrate.gpu.noise import server_cpu
+from calibrate.gpu.proc import LinuxProc
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.error_kinds import reach_hint
-from calibrate.load.procs.recipe import ClientRecipe
+from calibrate.load.procs.recipe import ClientRecipe, server_pids_of
 from calibrate.load.procs.sender import workers_for
 from calibrate.stages.batch.control import BatchControl
 from calibrate.stages.batch.drift import BatchDrift, watch_batch
@@ -55,7 +57,7 @@ from calibrate.stages.context import StageContext
 from calibrate.stages.env import StageRequest, open_stage
 from calibrate.stages.export import export_final
 from calibrate.stages.measure.format_check import shape_checks
-from calibrate.stages.measure.tier_run import server_cpu_of
+from calibrate.stages.measure.tier_run import server_finder
 from calibrate.state.summaries import PlainSummary
 
 __all__ = [  # the stage's public face; plans are made in plan.py, sent in sending.py
@@ -184,7 +186,8 @@ def _send(b: _Batch, workers: int, notes: BatchNotes) -> tuple[BatchResult, Batc
     advice = procs.parent_advice(workers) if workers > 1 else procs.advice(1)
     # threads late while the server's own processes hold this machine's cores are the server's
     # limit, as in the ladder and sweep (a CPU build of vLLM beside calibrate on 2 cores)
-    monitor = SelfLoadMonitor(advice=advice, server_cpu=server_cpu_of(None, ctx))
+    finder = server_finder(None, ctx, LinuxProc())  # told to --workers processes too
+    monitor = SelfLoadMonitor(advice=advice, server_cpu=server_cpu(LinuxProc(), finder))
     drift = BatchDrift(())  # each endpoint against its calibration, once they are checked
 
     def on_event(event: OutageEvent) -> None:
@@ -234,6 +237,7 @@ def _send(b: _Batch, workers: int, notes: BatchNotes) -> tuple[BatchResult, Batc
                     client=how,
                     on_event=on_event,
                     answered=check is not None,  # every endpoint used answered the check
+                    server_pids=server_pids_of(finder()),
                     **hooks,
                 )
             else:

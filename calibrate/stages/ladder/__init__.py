@@ -108,6 +108,7 @@ def _ladder(spec: LadderSpec, env: LadderEnv, options: LadderOptions, watch: Mea
             None,
             selfload=watch.selfload,
             say=watcher.say,
+            server_pids=watch.server_pids,
             each="wave",
         ),
         plan=plan,

@@ -234,8 +234,9 @@ class IncidentRecorder:
         if server.record is None or running is not False or server.pid is None:
             return None
         if server.pid not in self._ended:
-            path = exit_status.status_path(self.runs_dir)
-            self._ended[server.pid] = exit_status.wait_for(path, server.pid)
+            path = str(exit_status.status_path(self.runs_dir))  # where a record names none
+            record = replace(server.record, status_file=server.record.status_file or path)
+            self._ended[server.pid] = process.recorded_end(record)
         return server.pid, self._ended[server.pid]
 
     def _vram(self, snap: GpuSnapshot | None, peak: WindowPeak | None) -> dict[str, Any] | None:

@@ -7,7 +7,7 @@ however the run ends; ``tier_finish`` writes the verdict once the tiers are in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,6 +143,7 @@ class Measuring:
     selfload: SelfLoadMonitor
     incidents: IncidentRecorder
     noise: NoiseMeter | None = None
+    server_pids: Callable[[], Iterable[int]] = tuple  # the server's processes, found afresh
 
 
 def server_finder(
@@ -205,7 +206,7 @@ def measuring(spec: MeasureSpec, ctx: StageContext) -> Iterator[Measuring]:
         devices=devices,
     )
     try:
-        yield Measuring(monitor, selfload, incidents, noise)
+        yield Measuring(monitor, selfload, incidents, noise, server_pids)
     finally:
         monitor.stop()
         selfload.stop()

@@ -167,8 +167,8 @@ class Rollback:
                     f"stopped the managed server (PID {result.pid}, {result.signal_sent}, "
                     f"{result.elapsed_s:.1f} s)"
                 )
-            if result.exit_code is not None:
-                message += f", {ended_words(result.exit_code)}"
+            if result.exit_code is not None or result.was == "gone":  # how it ended, or that
+                message += f", {ended_words(result.exit_code)}"  # it is not known: never silent
             detail = {"pid": result.pid, "was": result.was, "signal": result.signal_sent}
             if not readiness.wait_port_closed(self.host, self.port, 5.0):
                 raise StepFailed(f"{message}, but port {self.port} is still open", "timeout")
@@ -280,9 +280,17 @@ class Rollback:
             request_headers=client.redacted_headers(),
             error=ErrorInfo(step.kind or "server_died", step.message),
             server_pid=pid,
-            server_exit_code=process.exit_code(pid) if pid else self.exit_code,
+            server_exit_code=self._ended(),
             vram=snapshot.to_json() if snapshot else None,
             log_tail=tail,
             extra=extra,
         )
         write_incident(self.ctx.run, f"{step.n}-{step.name}.json", incident)
+
+    def _ended(self) -> int | None:
+        """How the managed server ended, as its supervisor wrote it (None: it runs, it is not
+        calibrate's, or it is not known): never the supervisor's own shell-style code."""
+        if self.record is None:
+            return self.exit_code
+        gone = process.liveness(self.record) == "gone"
+        return process.end_code(self.record, wait=gone)

@@ -101,6 +101,7 @@ def _sweep(spec: SweepSpec, env: SweepEnv, options: SweepOptions, watch: Measuri
             *highest_load(options),
             selfload=watch.selfload,
             say=watcher.say,
+            server_pids=watch.server_pids,
             each="level",
         ),
         cap,

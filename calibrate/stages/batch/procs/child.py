@@ -1,7 +1,9 @@
 """A worker process of ``batch --workers N``: items in from the parent, finished lines out.
 
 Started by the parent as one of calibrate's worker processes (``load.procs.proc``) whose job
-is a ``WorkerSetup`` (wire.py). It sends its share of the slots as one process does
+is a ``WorkerSetup`` (the first message, below). What it says back is pickled over the pipe
+(``load.procs.channel``); a frame cut short (it was killed mid-write) reads as the end of the
+stream: nothing in it is used, and its items run again. It sends its share of the slots as one process does
 (``sending.Sending``: the engine on this process's I/O loop), with a queue that the parent
 fills and a journal that only sends each line back; the parent writes and counts it. Every
 item's answer is read on that one loop thread, so the item whose line was just sent and the
@@ -14,19 +16,63 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 from typing import Any
 
-from calibrate.gpu.selfload import SelfLoadMonitor
+from calibrate.gpu.noise import server_cpu
+from calibrate.gpu.proc import LinuxProc
+from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport
 from calibrate.io.tasks import ItemId, Task
-from calibrate.load.procs.channel import Outbox
+from calibrate.load.procs.channel import Channel, Outbox
+from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.stages.batch.control import BatchControl, ReachabilityGuard
 from calibrate.stages.batch.lanes import make_lane
-from calibrate.stages.batch.procs.wire import Channel, LaneStats, WorkerDone, WorkerSetup
+from calibrate.stages.batch.outage import OutagePolicy
+from calibrate.stages.batch.plan import BatchSpec
 from calibrate.stages.batch.queue import MAX_REQUEUES, waiting_task
 from calibrate.stages.batch.sending import Sending
+from calibrate.state.setting import Endpoint
 
 POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class LaneStats:
+    """What one worker's breaker saw of one endpoint (merged into the summary)."""
+
+    label: str
+    state: str
+    incidents: int
+    down_total_s: float
+    restarts: int
+
+
+@dataclass(frozen=True)
+class WorkerDone:
+    """A worker's last message: every item it took has been answered or left."""
+
+    selfload: SelfLoadReport
+    lanes: tuple[LaneStats, ...]
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """The first message to a worker: its share of each endpoint's slots and the run's spec."""
+
+    index: int
+    endpoints: tuple[Endpoint, ...]  # its own share: concurrency already split
+    client: ClientRecipe  # how it builds its clients
+    spec: BatchSpec
+    outage: OutagePolicy
+    advice: str  # the self-check's advice when this worker is the bottleneck
+    cpu_limit: float = 0.85  # the self-check's threshold (a test sets 0: every window is bound)
+    answered: bool = False  # a server answered already (the endpoints' check, another worker)
+    server_pids: tuple[int, ...] = ()  # the server's processes on this machine (the self-check)
+
+    def serve(self, inbox: Channel, outbox: Outbox) -> None:
+        """What the worker process runs (``load.procs.proc.Job``): its slots, then its report."""
+        outbox.put("done", serve(self, inbox, outbox))
 
 
 class ParentQueue:
@@ -113,11 +159,6 @@ class LineSender:
         self._outbox.put("line", line.get("id"), line, text, tokens, endpoint, model)
 
 
-def run_worker(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> None:
-    """The job of a worker process (``WorkerSetup.serve``): its slots run, then its report."""
-    outbox.put("done", serve(setup, inbox, outbox))
-
-
 def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
     """Run this worker's slots until the parent's items end or it says stop."""
     spec = setup.spec
@@ -138,7 +179,10 @@ def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
     guard = ReachabilityGuard(slots, lambda detail: control.fail("unreachable", detail))
     guard.answered = setup.answered  # then a refusal here is an outage, not "no server at all"
     threading.Thread(target=_listen, args=(inbox, queue, control, guard), daemon=True).start()
-    monitor = SelfLoadMonitor(advice=setup.advice, cpu_limit=setup.cpu_limit).start()
+    server = server_cpu(LinuxProc(), lambda: setup.server_pids)  # the parent's rule
+    monitor = SelfLoadMonitor(
+        advice=setup.advice, cpu_limit=setup.cpu_limit, server_cpu=server
+    ).start()
     sending = Sending(lanes, queue, spec, journal, control, guard).start()
     told, paused = False, False
     while not sending.wait(POLL_S):

@@ -21,7 +21,7 @@ from queue import Empty, SimpleQueue
 from calibrate.io.tasks import ItemId, Task
 from calibrate.load.procs.proc import Proc
 from calibrate.stages.batch.control import BatchControl
-from calibrate.stages.batch.procs.wire import WorkerDone, WorkerSetup
+from calibrate.stages.batch.procs.child import WorkerDone, WorkerSetup
 from calibrate.stages.batch.queue import WorkQueue
 from calibrate.state.setting import Endpoint
 

@@ -21,8 +21,8 @@ from calibrate.stages.batch.journal import Journal, Tally
 from calibrate.stages.batch.lanes import EndpointReport
 from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
 from calibrate.stages.batch.plan import BatchPlan
+from calibrate.stages.batch.procs.child import WorkerDone, WorkerSetup
 from calibrate.stages.batch.procs.parent import Notes, WorkerProc, WorkerSet, split
-from calibrate.stages.batch.procs.wire import WorkerDone, WorkerSetup
 from calibrate.stages.batch.queue import WorkQueue
 from calibrate.stages.batch.result import BatchProgress, BatchResult
 from calibrate.state.setting import Endpoint
@@ -68,6 +68,7 @@ def run_workers(
     on_event: Callable[[OutageEvent], None],
     events: list[OutageEvent],
     answered: bool = False,
+    server_pids: tuple[int, ...] = (),
     clock: Callable[[], float] = time.perf_counter,
     worker_cpu_limit: float = 0.85,
     machine_cpu_limit: float = 0.85,
@@ -77,6 +78,8 @@ def run_workers(
     ``answered``: a server answered already (the endpoints' fixed-prompt check), so a worker
     whose first attempts are refused waits out an outage rather than ending the run as no
     server; the first ok line tells every worker the same.
+    ``server_pids``: the server's processes on this machine, told to every worker so that its
+    self-check judges late threads on the parent's rule (the server's cores, not the client's).
     ``worker_cpu_limit``: the workers' self-check threshold (one core is 1.0);
     ``machine_cpu_limit``: all processes together, as a share of the machine's cores.
     """
@@ -124,7 +127,17 @@ def run_workers(
             on_event(event)
 
     setups = [
-        WorkerSetup(i, share, client, spec, outage, advice(workers), worker_cpu_limit, answered)
+        WorkerSetup(
+            i,
+            share,
+            client,
+            spec,
+            outage,
+            advice(workers),
+            worker_cpu_limit,
+            answered,
+            server_pids,
+        )
         for i, share in enumerate(split(endpoints, workers))
     ]
     procs = WorkerSet(setups, queue, control, on_message, notes.put)
