@@ -249,3 +249,5 @@ def test_restart_brings_back_a_managed_server_that_died(cli, isolated: Path) -> 
     events = [e["event"] for e in result.json["outages"]]
     assert events[:3] == ["down", "restart", "up"], events
     assert result.json["endpoints"][0]["restarts"] == 1
+    restart = result.json["outages"][1]["detail"]  # the engine's own end, as recorded
+    assert f"the managed server (PID {pid}) was killed by SIGKILL; restarted" in restart, restart

@@ -123,11 +123,6 @@ def liveness(record: ServerRecord) -> Liveness:
     return "running" if current == record.start_id else "stranger"
 
 
-def exit_code(pid: int) -> int | None:
-    """``pid``'s supervisor's own shell-style code once it ended (137: SIGKILL); ``end_code``."""
-    return _reap(pid)
-
-
 def recorded_end(record: ServerRecord, wait: bool = True) -> exit_status.ExitStatus | None:
     """How the recorded engine ended, as its supervisor wrote it (None: not written); with
     ``wait``, waited for while that supervisor lives (``exit_status.WRITE_LIMIT_S`` at most)."""

@@ -27,6 +27,7 @@ from calibrate.errors import RequestError, ServerUnreachable
 from calibrate.http.client import OpenAIClient
 from calibrate.load.transport import HttpTransport, Transport
 from calibrate.server import process
+from calibrate.server.exit_status import ended_words, exited
 from calibrate.stages.batch.outage import (
     Breaker,
     OutageEvent,
@@ -162,9 +163,9 @@ class ManagedRestart:
         record = process.load(cfg.runs_dir)
         if record is None:
             raise ServerUnreachable("calibrate manages no server here (no runs/server.json)")
-        code = process.exit_code(record.pid)
-        died = f"the managed server (PID {record.pid}) had exited" + (
-            f" with code {code}" if code is not None else ""
+        code = process.end_code(record)  # the engine's own, as its supervisor recorded it
+        died = f"the managed server (PID {record.pid}) " + (
+            exited(code) if code is not None else f"had exited ({ended_words(None)})"
         )
         if record.script:
             argv: tuple[str, ...] = ("bash", record.script)
