@@ -57,11 +57,6 @@ class Clock(Protocol):
         """Run ``work`` on this clock's loop to its end (from a thread that is not that loop's)."""
         ...
 
-    def start(self, work: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        """Run ``work`` on this clock's loop without waiting for it (a batch's caller shows
-        progress meanwhile); cancelling the future cancels the work."""
-        ...
-
 
 class LoopClock:
     """The process's I/O loop (``http.aio.bridge``) on the monotonic clock of every request's
@@ -70,6 +65,8 @@ class LoopClock:
     now = staticmethod(time.perf_counter)
 
     def start(self, work: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run ``work`` on the loop without waiting for it (a batch's caller shows progress
+        meanwhile); cancelling the future cancels the work."""
         return asyncio.run_coroutine_threadsafe(work, shared_loop().loop)
 
     def run(self, work: Coroutine[Any, Any, T]) -> T:

@@ -27,7 +27,7 @@ from typing import Any, TypedDict
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.client import OpenAIClient
 from calibrate.load.engine import drive
-from calibrate.load.transport import Clock, LoopClock
+from calibrate.load.transport import LoopClock
 from calibrate.stages.batch.control import BatchControl, ReachabilityGuard
 from calibrate.stages.batch.journal import Journal
 from calibrate.stages.batch.lanes import Lane, make_lane, report
@@ -64,13 +64,12 @@ class Sending:
         journal: Lines,
         control: BatchControl,
         guard: ReachabilityGuard,
-        clock: Clock | None = None,
     ) -> None:
         self.lanes = lanes
         self.policies = [
             ItemPacing(lane, lanes, queue, spec, journal, control, guard) for lane in lanes
         ]
-        self.clock: Clock = clock or LoopClock()
+        self.clock = LoopClock()  # the process's I/O loop: every item is sent from it
         self._future: concurrent.futures.Future[None] | None = None
 
     @property
@@ -118,13 +117,11 @@ def run_batch(
     warn: Callable[[str], None] | None = None,
     outage: OutagePolicy | None = None,
     events: list[OutageEvent] | None = None,
-    clock: Clock | None = None,
 ) -> BatchResult:
     """Send the plan's items through the lanes; one line per item.
 
     Without ``lanes``, one lane of ``spec.concurrency`` slots on ``client``. ``events`` collects
     the outage events (the caller's list, also written to outages.jsonl by its ``on_event``).
-    ``clock``: the loop the items are sent on (the I/O loop; a virtual one in the tests).
     """
     spec = plan.spec
     control = control or BatchControl()
@@ -141,7 +138,7 @@ def run_batch(
     tally = journal.tally
     queue = WorkQueue(plan, total)
     guard = ReachabilityGuard(total, lambda detail: control.fail("unreachable", detail))
-    sending = Sending(lanes, queue, spec, journal, control, guard, clock)
+    sending = Sending(lanes, queue, spec, journal, control, guard)
     wall = time.perf_counter
     start = wall()
     last_report = start
