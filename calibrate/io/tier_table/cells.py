@@ -12,7 +12,7 @@ import json
 import math
 import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from calibrate.io.tier_table.columns import OLD_NAMES, Column
@@ -207,15 +207,7 @@ def json_value(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
     if isinstance(value, tuple):
-        return [
-            {
-                "device": d.device,
-                "used_mib": d.used_mib,
-                "total_mib": d.total_mib,
-                "pressure": d.pressure,
-            }
-            for d in value
-        ]
+        return [asdict(d) for d in value]  # per-device figures
     if isinstance(value, Mapping):
         return dict(value)
     return value

@@ -284,13 +284,7 @@ class Tier:
             self.stats.row(),
             verdict=self.verdict,
             client_bound=self.client_bound or None,
-            ladder=LadderCells(
-                rounds=len(self.rounds),
-                reason=self.reason,
-                running_unseen=self.unseen or None,
-                axis=axis,
-                mode=mode,
-            ),
+            ladder=LadderCells(len(self.rounds), self.reason, self.unseen or None, axis, mode),
             determinism=self.determinism.cells() if self.determinism else DeterminismCells(),
         )
 

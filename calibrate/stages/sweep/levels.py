@@ -167,7 +167,7 @@ class Level:
             return RateCells(achieved_rate=round(rate or 0.0, 6)) if self.auto else RateCells()
         r = self.rate
         return RateCells(
-            r.offered_rate,
+            float("inf") if r.offered_rate is None else r.offered_rate,  # None: everything at once
             round(r.achieved_rate, 6),
             r.saturated,
             r.why or None,
