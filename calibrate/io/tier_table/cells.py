@@ -28,7 +28,7 @@ class CellError(ValueError):
         self.value = value
 
 
-def _number(value: Any) -> float | None:
+def cell_number(value: Any) -> float | None:
     if value is None or value == "":
         return None
     if isinstance(value, bool):
@@ -37,12 +37,12 @@ def _number(value: Any) -> float | None:
     return None if math.isnan(number) else number
 
 
-def _int(value: Any) -> int | None:
+def cell_int(value: Any) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
         return int(value)
-    number = _number(value)  # "4.0": a count in a column pandas once wrote as floats
+    number = cell_number(value)  # "4.0": a count in a column pandas once wrote as floats
     if number is None:
         return None
     if not number.is_integer():
@@ -50,7 +50,7 @@ def _int(value: Any) -> int | None:
     return int(number)
 
 
-def _text(value: Any) -> str | None:
+def cell_text(value: Any) -> str | None:
     if value is None or value == "":
         return None
     if isinstance(value, dict | list):
@@ -58,7 +58,7 @@ def _text(value: Any) -> str | None:
     return str(value)
 
 
-def _flag(value: Any) -> bool | None:
+def cell_flag(value: Any) -> bool | None:
     if isinstance(value, bool):
         return value
     if value is None or value == "":
@@ -89,19 +89,19 @@ def _devices(value: Any) -> tuple[Device, ...]:
     return tuple(
         Device(
             str(d["device"]),
-            _number(d.get("used_mib")),
-            _number(d.get("total_mib")),
-            _number(d.get("pressure")),
+            cell_number(d.get("used_mib")),
+            cell_number(d.get("total_mib")),
+            cell_number(d.get("pressure")),
         )
         for d in found
     )
 
 
 _PARSERS: dict[Any, Callable[[Any], Any]] = {
-    int | None: _int,
-    float | None: _number,
-    str | None: _text,
-    bool | None: _flag,
+    int | None: cell_int,
+    float | None: cell_number,
+    str | None: cell_text,
+    bool | None: cell_flag,
     Mapping[str, int]: _kinds,
     tuple[Device, ...]: _devices,
 }

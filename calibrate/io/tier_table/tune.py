@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.io.atomic import write_atomic
-from calibrate.io.tier_table.cells import CellError, _flag, _int, _number, _text
+from calibrate.io.tier_table.cells import CellError, cell_flag, cell_int, cell_number, cell_text
 from calibrate.io.tier_table.columns import PER_TOKEN
 
 
@@ -77,12 +77,12 @@ class NotARow(ValueError):
 
 _HINTS = typing.get_type_hints(TuneRow)
 _PARSE: dict[Any, Any] = {
-    int: _int,
-    int | None: _int,
-    float: _number,
-    float | None: _number,
-    str: _text,
-    bool: _flag,
+    int: cell_int,
+    int | None: cell_int,
+    float: cell_number,
+    float | None: cell_number,
+    str: cell_text,
+    bool: cell_flag,
 }
 # The columns every row has (cap is null for a candidate without a cap of its own).
 REQUIRED = ("rank", "id", "flags", "status", "cap", "errors", "incidents")
@@ -147,14 +147,14 @@ class Point:
             return cls(
                 str(data["id"]),
                 str(data["flags"]),
-                _int(data.get("concurrency")) or 0,
-                _number(data["per_user_tokens_per_s"]) or 0.0,
-                _number(data["total_tokens_per_s"]) or 0.0,
-                _number(data.get("goodput_per_s")) or 0.0,
-                _number(data.get("joules_per_output_token")),
-                _number(data.get("usd_per_1m_output_tokens")),
-                bool(_flag(data.get("on_front"))),
-                bool(_flag(data.get("pinned"))),
+                cell_int(data.get("concurrency")) or 0,
+                cell_number(data["per_user_tokens_per_s"]) or 0.0,
+                cell_number(data["total_tokens_per_s"]) or 0.0,
+                cell_number(data.get("goodput_per_s")) or 0.0,
+                cell_number(data.get("joules_per_output_token")),
+                cell_number(data.get("usd_per_1m_output_tokens")),
+                bool(cell_flag(data.get("on_front"))),
+                bool(cell_flag(data.get("pinned"))),
             )
         except (KeyError, ValueError, TypeError, OverflowError):
             return None
