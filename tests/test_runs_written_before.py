@@ -137,10 +137,11 @@ def test_todays_stages_write_every_field_the_runs_before_held(
         for stage in ("single", "repro"):
             assert cli(stage).code == 0
         price = ["--slo", "ttft:0.5", "--gpu-price-per-hour", "2.5"]
+        # a busy machine may leave either inconclusive (exit 1): its files are written all the same
         ladder = cli("ladder", "--json", *price, *tokens)
-        assert ladder.code == 0, ladder.err
-        sweep = cli("sweep", "--json", "--rates", "8,inf", *tokens)
-        assert sweep.code == 0, sweep.err
+        assert ladder.code in (0, 1), ladder.err
+        sweep = cli("sweep", "--json", "--force", "--rates", "8,inf", *tokens)
+        assert sweep.code in (0, 1), sweep.err
     finally:
         mock.stop()
     for name, run_id in (

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from calibrate import json_text
 from calibrate.io.tier_table.columns import OLD_NAMES, Column
 from calibrate.io.tier_table.row import Device, TierRow, Written
 
@@ -83,7 +84,7 @@ def _devices(value: Any) -> tuple[Device, ...]:
     """Per-device figures: a list (JSONL) or the same list as JSON text in one CSV cell."""
     if value is None or value == "":
         return ()
-    found = json.loads(value) if isinstance(value, str) else value
+    found = json_text.loads(value) if isinstance(value, str) else value
     if not isinstance(found, list):
         raise ValueError(value)
     return tuple(
