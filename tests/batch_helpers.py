@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -9,9 +10,16 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from calibrate.http.client import OpenAIClient
+from calibrate.load.request import Request
+from calibrate.load.transport import Exchange
+from calibrate.stages.batch.lanes import Lane, make_lane
+from calibrate.stages.batch.outage import OutagePolicy
+from calibrate.state.setting import Endpoint
 from tests.mockserver import REPO
 
 
@@ -102,7 +110,6 @@ class HostileServer:
 
     def __init__(self, reply: Any) -> None:
         import http.server
-        import threading
 
         owner = self
 
@@ -167,27 +174,30 @@ class HostileServer:
         self.server.server_close()
 
 
-class AnsweredFromAThread:
-    """A scripted client's ``post_completion`` handed off as the real client's completions are
-    (``submit_completion``): answered from another thread, as the I/O loop does."""
+class ScriptedTransport:
+    """A ``Transport`` answering in this process (no HTTP): ``answer(body)`` gives the item's
+    completion (or raises its failure), after ``delay_s`` on the loop, as a socket wait would."""
 
     base_url = "http://scripted.invalid/v1"
     timeout_s = 30.0
 
-    def post_completion(self, path: str, body: dict[str, Any]) -> Any:
-        raise NotImplementedError
+    def __init__(self, answer: Callable[[dict[str, Any]], Any], delay_s: float = 0.001) -> None:
+        self.answer = answer
+        self.delay_s = delay_s
+        self.calls = 0
 
-    def submit_completion(self, path: str, body: dict[str, Any], done: Any) -> float:
-        def answer() -> None:
-            try:
-                completion = self.post_completion(path, body)
-            except BaseException as exc:  # handed over as the loop hands a failure
-                done(None, exc)
-            else:
-                done(completion, None)
+    async def send(self, request: Request) -> Exchange:
+        self.calls += 1
+        await asyncio.sleep(self.delay_s)
+        return Exchange(self.answer(request.body))
 
-        threading.Thread(target=answer, daemon=True).start()
-        return 0.0
+
+def scripted_lane(transport: ScriptedTransport, concurrency: int) -> Lane:
+    """One endpoint's lane over ``transport``; its probe (never asked while answers come) would
+    go to a host that does not exist."""
+    client = OpenAIClient(transport.base_url, timeout_s=transport.timeout_s)
+    endpoint = Endpoint(transport.base_url, concurrency, "spec")
+    return make_lane(endpoint, client, OutagePolicy(), transport=transport)
 
 
 def assert_valid_jsonl(path: Path) -> list[dict[str, Any]]:

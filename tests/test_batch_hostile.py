@@ -14,12 +14,13 @@ from calibrate.http.models import SamplingParams
 from calibrate.load.retry import RetryPolicy
 from calibrate.stages.batch import BatchSpec, open_batch, run_batch
 from tests.batch_helpers import (
-    AnsweredFromAThread,
     HostileServer,
     Reply,
+    ScriptedTransport,
     assert_valid_jsonl,
     completion,
     raw_completion,
+    scripted_lane,
     write_tasks,
 )
 from tests.helpers import write_config
@@ -128,30 +129,23 @@ def test_a_line_separator_inside_a_record_does_not_split_it_on_resume(cli, isola
     assert len(assert_valid_jsonl(out)) == 6
 
 
-class RaisingClient(AnsweredFromAThread):
-    """A client whose answer for an item is an exception named in the item's text."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def chat_body(self, model: str, message: str, params: SamplingParams) -> dict[str, Any]:
-        return {"model": model, "messages": [{"role": "user", "content": message}]}
-
-    def post_completion(self, path: str, body: dict[str, Any]) -> Any:
-        self.calls += 1
-        text = body["messages"][0]["content"]
-        if "[type]" in text:
-            raise TypeError("'NoneType' object is not subscriptable")
-        if "[recursion]" in text:
-            raise RecursionError("maximum recursion depth exceeded")
-        if "[encode]" in text:
-            "\ud800".encode()
-        if "[memory]" in text:
-            raise MemoryError()
-        return OpenAIClient  # not a Completion at all: reading it fails too
+def raising(body: dict[str, Any]) -> Any:
+    """An answer for an item that is an exception named in the item's text."""
+    text = body["messages"][0]["content"]
+    if "[type]" in text:
+        raise TypeError("'NoneType' object is not subscriptable")
+    if "[recursion]" in text:
+        raise RecursionError("maximum recursion depth exceeded")
+    if "[encode]" in text:
+        "\ud800".encode()
+    if "[memory]" in text:
+        raise MemoryError()
+    return OpenAIClient  # not a Completion at all: reading it fails too
 
 
-def test_any_exception_in_a_worker_is_a_recorded_internal_failure(isolated: Path) -> None:
+def test_any_exception_while_sending_or_reading_an_item_is_its_recorded_internal_failure(
+    isolated: Path,
+) -> None:
     markers = ["[type]", "[recursion]", "[encode]", "[memory]", "[other]"] * 4
     tasks = _tasks(isolated / "tasks.jsonl", markers)
     out = isolated / "out.jsonl"
@@ -163,10 +157,10 @@ def test_any_exception_in_a_worker_is_a_recorded_internal_failure(isolated: Path
         concurrency=2,
         retry=RetryPolicy(retries=0),
     )
-    client = RaisingClient()
+    transport = ScriptedTransport(raising)
     with open_batch(spec) as plan:
-        result = run_batch(plan, client, out)  # type: ignore[arg-type]
-    assert client.calls == 20, "the two workers lived on through every exception"
+        result = run_batch(plan, None, out, lanes=[scripted_lane(transport, 2)])
+    assert transport.calls == 20, "the two slots lived on through every exception"
     rows = {r["id"]: r for r in assert_valid_jsonl(out)}
     assert len(rows) == 20 and result.failed == 20 and result.unfinished == 0
     assert result.failed_by_kind == {"internal": 20}

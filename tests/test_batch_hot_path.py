@@ -8,16 +8,20 @@ waiting worker on close; kill -9 at c=64 at several moments loses and repeats no
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
+import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from calibrate.http.aio.bridge import shared_loop
 from calibrate.http.client import OpenAIClient
 from calibrate.http.models import Choice, Completion, SamplingParams, Usage
 from calibrate.io.jsonl import JsonlWriter
@@ -26,11 +30,12 @@ from calibrate.stages.batch.journal import Journal, Tally
 from calibrate.stages.batch.queue import MAX_REQUEUES, WorkQueue
 from calibrate.stages.batch.result import BatchProgress
 from tests.batch_helpers import (
-    AnsweredFromAThread,
+    ScriptedTransport,
     assert_each_item_once,
     assert_valid_jsonl,
     batch_process,
     ok_ids,
+    scripted_lane,
     wait_for_lines,
     write_tasks,
 )
@@ -281,75 +286,71 @@ def test_kill_9_at_c64_at_several_moments_then_rerun_has_every_item_exactly_once
     assert_each_item_once(out, n)
 
 
-class InstantClient(AnsweredFromAThread):
-    """Answers at once, in process (no HTTP): only the batch machinery is left to watch."""
-
-    base_url = "http://instant.invalid/v1"
-
-    def chat_body(self, model: str, message: str, params: SamplingParams) -> dict[str, Any]:
-        return {"model": model, "messages": [{"role": "user", "content": message}]}
-
-    def post_completion(self, path: str, body: dict[str, Any]) -> Completion:
-        time.sleep(0.001)  # lets the other workers run, as a socket wait does
-        return Completion((Choice(0, "tok " * 8, "stop"),), Usage(5, 8, 13), "m", None, 0.001)
+def instant(body: dict[str, Any]) -> Completion:
+    """Answered in process (no HTTP): only the batch machinery is left to watch."""
+    return Completion((Choice(0, "tok " * 8, "stop"),), Usage(5, 8, 13), "m", None, 0.001)
 
 
 CONDITION_CALLS = {"__enter__", "wait", "notify", "notify_all", "acquire"}
 
 
-def test_no_condition_or_semaphore_is_taken_per_item_by_the_workers(tmp_path: Path) -> None:
+def test_no_condition_or_semaphore_is_taken_per_item_on_the_io_loop(tmp_path: Path) -> None:
     """The old queue took a condition every worker waited on for each item (the c=512 profile's
-    top entry); now a worker takes a condition only at the very end or when the disk lags — a
-    few dozen times in 400 items, never once an item (two CPU burners beside this test made the
-    journal's writer lag 11 times: 33 calls)."""
+    top entry); now the I/O loop, which sends every item and reads every answer, takes a
+    condition only when the disk lags — never once an item."""
     n = 400
     plan = _plan(tmp_path, n)
     calls: Counter[str] = Counter()
 
     def profile(frame: Any, event: str, arg: Any) -> None:
-        if event != "call" or not threading.current_thread().name.startswith("batch-0-"):
+        if event != "call":
             return
         code = frame.f_code
         if code.co_filename == threading.__file__ and code.co_name in CONDITION_CALLS:
             owner = type(frame.f_locals.get("self")).__name__
             calls[f"{owner}.{code.co_name}"] += 1
 
-    threading.setprofile(profile)
+    loop = shared_loop().loop
+    on_loop(loop, lambda: sys.setprofile(profile))
     try:
-        result = run_batch(plan, InstantClient(), plan.spec.out_path, progress_every_s=3600)  # type: ignore[arg-type]
+        lane = scripted_lane(ScriptedTransport(instant), plan.spec.concurrency)
+        result = run_batch(plan, None, plan.spec.out_path, lanes=[lane], progress_every_s=3600)
     finally:
-        threading.setprofile(None)  # type: ignore[arg-type]
+        on_loop(loop, lambda: sys.setprofile(None))
     assert result.ok == n
-    assert sum(calls.values()) <= n // 4, f"per-item locking in the workers: {dict(calls)}"
+    assert sum(calls.values()) <= n // 4, f"per-item locking on the I/O loop: {dict(calls)}"
 
 
-class SubmitCounting(OpenAIClient):
-    """The real client, counting which threads hand requests to the I/O loop."""
+def on_loop(loop: asyncio.AbstractEventLoop, call: Callable[[], None]) -> None:
+    """Run ``call`` on ``loop``'s thread and wait for it."""
+    done = threading.Event()
+    loop.call_soon_threadsafe(lambda: (call(), done.set()))
+    assert done.wait(10)
+
+
+class Counting(OpenAIClient):
+    """The real client, counting which threads send completions."""
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.by_thread: Counter[str] = Counter()
 
-    def submit_completion(self, path: str, body: dict[str, Any], done: Any) -> float:
-        name = threading.current_thread().name
-        self.by_thread["worker" if name.startswith("batch-") else name] += 1
-        return super().submit_completion(path, body, done)
+    async def complete(self, path: str, body: dict[str, Any]) -> Completion:
+        self.by_thread[threading.current_thread().name] += 1
+        return await super().complete(path, body)
 
 
-def test_while_answers_come_back_the_io_loop_sends_the_next_items_not_the_worker_threads(
-    isolated: Path,
-) -> None:
-    """Waking a worker thread for each answer cost ≈ 0.27 ms CPU per request (bench/README.md):
-    a slot's thread sends only the first item of each run of answers (chain.py)."""
+def test_every_item_is_sent_from_the_io_loop_once(isolated: Path) -> None:
+    """Waking a thread for each answer cost ≈ 0.27 ms CPU per request (bench/README.md): every
+    request of a batch is sent, and its answer read back, on the one I/O loop (the engine)."""
     n = 200
     plan = _plan(isolated, n)
     with start_mock(ttft_s=0.002, per_token_s=0.0) as server:
-        client = SubmitCounting(server.base_url, timeout_s=30, max_connections=4)
+        client = Counting(server.base_url, timeout_s=30, max_connections=4)
         result = run_batch(plan, client, plan.spec.out_path, progress_every_s=3600)
         client.close()
     assert result.ok == n
-    assert sum(client.by_thread.values()) == n, "one request per item: none sent twice"
-    assert client.by_thread["worker"] < n // 4, dict(client.by_thread)
+    assert dict(client.by_thread) == {"calibrate-io": n}, "one request per item, on the loop"
     assert_each_item_once(plan.spec.out_path, n)
 
 

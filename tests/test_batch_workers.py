@@ -25,12 +25,12 @@ from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams
 from calibrate.load.procs.sender import workers_for
 from calibrate.stages.batch import BatchPlan, BatchSpec, plan_batch, run_batch
+from calibrate.stages.batch.control import BatchControl
 from calibrate.stages.batch.outage import OutagePolicy
 from calibrate.stages.batch.procs import run as procs_run
 from calibrate.stages.batch.procs.parent import split
 from calibrate.stages.batch.procs.wire import ClientSetup, WorkerDone
 from calibrate.stages.batch.result import BatchResult
-from calibrate.stages.batch.worker import BatchControl
 from calibrate.state.setting import Endpoint
 from tests.batch_helpers import (
     assert_each_item_once,

@@ -14,8 +14,9 @@ to an error kind of SPEC §5.5 (raised as ``RequestError``). Three promises are 
 
 Completions — the load engine's hot path — go through the asyncio transport
 (``calibrate.http.aio``: one event-loop thread does the I/O of every request), the winner of
-``make bench``'s transports: the load engine awaits them on that loop (``complete``), every
-other caller hands them to it and waits (``post_completion``, ``submit_completion``). It
+``make bench``'s transports: the load engine (every stage's load, every batch item) awaits
+them on that loop (``complete``), every other caller hands them to it and waits
+(``post_completion``). It
 replaces a kept-alive connection the server closed just as it was reused (once, see
 ``calibrate.http.aio.connection``) and keeps at most ``max_connections`` idle. The control plane
 (``/v1/models``, ``/metrics``, probes) goes over urllib3's pool (``calibrate.http.transport``).
@@ -140,39 +141,6 @@ class OpenAIClient:
             return await self._aio.answer(call, self._read(path, body, start))
         except RequestError as exc:
             raise self._scrubbed(exc) from exc.__cause__
-
-    def submit_completion(
-        self,
-        path: str,
-        body: dict[str, Any],
-        done: Callable[[Completion | None, BaseException | None], None],
-    ) -> float:
-        """``post_completion`` without waiting: returns when it was handed to the I/O loop (the
-        request's start on the client's clock); ``done(answer, failure)`` runs on the loop
-        thread once it is over — it must be quick and must not block. A failure is a
-        ``RequestError`` (scrubbed as everywhere) or, for a bug of calibrate's own, another
-        exception."""
-        start = self._clock()
-        read = self._read(path, body, start)
-
-        def finish(answer: Answer | None, failure: BaseException | None) -> None:
-            try:
-                if failure is not None:
-                    raise failure
-                assert answer is not None
-                completion = read(answer)
-            except RequestError as exc:
-                done(None, self._scrubbed(exc))
-            except Exception as exc:  # calibrate's own bug: the caller records it
-                done(None, exc)
-            else:
-                done(completion, None)
-
-        try:
-            self._aio.submit(self._completion_call(path, body, start + self.timeout_s), finish)
-        except RequestError as exc:
-            raise self._scrubbed(exc) from exc.__cause__
-        return start
 
     def _read(
         self, path: str, body: dict[str, Any], start: float

@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from calibrate.errors import ErrorInfo, RequestError
 from calibrate.http.request_times import epoch_at
 from calibrate.load.answers import items_of, stuck_items
 from calibrate.load.items import ItemResult
@@ -82,6 +83,7 @@ class Record:
     items: tuple[ItemResult, ...]
     sent_s: float
     done_s: float
+    exchange: Exchange | None = None  # the answer as the transport gave it (``itemize`` off)
 
     @property
     def ok(self) -> bool:
@@ -123,10 +125,13 @@ class Pacing(Protocol):
 class _Run:
     """The state of one ``drive`` on the loop: what is in flight, the answers not yet told."""
 
-    def __init__(self, transport: Transport, clock: Clock, max_tokens: int | None) -> None:
+    def __init__(
+        self, transport: Transport, clock: Clock, max_tokens: int | None, itemize: bool
+    ) -> None:
         self.transport = transport
         self.clock = clock
         self.max_tokens = max_tokens
+        self.itemize = itemize
         self.start = clock.now()
         self.loop = asyncio.get_running_loop()
         self.in_flight: dict[asyncio.Task[None], tuple[int, Request, float]] = {}
@@ -154,6 +159,9 @@ class _Run:
             self.in_flight.pop(task, None)
         done = self.clock.now()
         started_s, done_s = sent - self.start, done - self.start
+        if not self.itemize:  # the policy reads the answer itself (batch: its result line)
+            self.tell(Record(number, request, (), started_s, done_s, exchange))
+            return
         items = items_of(
             request,
             exchange.completion,
@@ -186,8 +194,15 @@ class _Run:
             order.popleft()
             number, request, sent = self.in_flight.pop(task)
             task.cancel()
-            items = stuck_items(request, sent - self.start, now - self.start, sent, now)
-            self.tell(Record(number, request, tuple(items), sent - self.start, now - self.start))
+            started_s, now_s = sent - self.start, now - self.start
+            if not self.itemize:
+                stuck = RequestError(
+                    ErrorInfo("timeout", f"no answer within {now_s - started_s:.0f} s")
+                )
+                self.tell(Record(number, request, (), started_s, now_s, Exchange(None, stuck)))
+                continue
+            items = stuck_items(request, started_s, now_s, sent, now)
+            self.tell(Record(number, request, tuple(items), started_s, now_s))
         return None
 
     async def wait(self, until_s: float | None) -> None:
@@ -227,11 +242,17 @@ async def drive(
     clock: Clock,
     *,
     max_tokens: int | None = None,
+    itemize: bool = True,
+    keep: bool = True,
 ) -> Drive:
     """Send ``source``'s requests as ``pacing`` says over ``transport``; every record once the
     policy is done and nothing is in flight (``max_tokens``: what an answer's length is judged
-    against). Must run on ``clock``'s loop (``clock.run``)."""
-    run = _Run(transport, clock, max_tokens)
+    against). Must run on ``clock``'s loop (``clock.run``).
+
+    A run of millions (a batch) keeps nothing: ``keep`` off, the records are only told to the
+    policy; ``itemize`` off, each record holds its ``exchange`` and no items (the policy reads
+    the answer its own way, and no CPU goes into items nobody reads)."""
+    run = _Run(transport, clock, max_tokens, itemize)
     records: list[Record] = []
     number = 0
     try:
@@ -252,7 +273,8 @@ async def drive(
                 await run.wait(step.until_s if isinstance(step, Wait) else None)
             if run.answers:
                 record = run.answers.popleft()
-                records.append(record)
+                if keep:
+                    records.append(record)
                 pacing.answered(record, run.since())
     finally:
         run.cancel()  # cancelled (Ctrl-C) or a bug: nothing goes on sending

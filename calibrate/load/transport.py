@@ -10,6 +10,7 @@ server of ``calibrate.load.sim`` on a virtual clock. The engine cannot tell them
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -56,6 +57,11 @@ class Clock(Protocol):
         """Run ``work`` on this clock's loop to its end (from a thread that is not that loop's)."""
         ...
 
+    def start(self, work: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run ``work`` on this clock's loop without waiting for it (a batch's caller shows
+        progress meanwhile); cancelling the future cancels the work."""
+        ...
+
 
 class LoopClock:
     """The process's I/O loop (``http.aio.bridge``) on the monotonic clock of every request's
@@ -63,8 +69,11 @@ class LoopClock:
 
     now = staticmethod(time.perf_counter)
 
+    def start(self, work: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(work, shared_loop().loop)
+
     def run(self, work: Coroutine[Any, Any, T]) -> T:
-        future = asyncio.run_coroutine_threadsafe(work, shared_loop().loop)
+        future = self.start(work)
         try:
             return future.result()
         except BaseException:  # Ctrl-C in the caller: the run stops, its requests with it

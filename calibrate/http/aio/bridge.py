@@ -1,8 +1,8 @@
 """The asyncio transport's one event-loop thread per process, and the hand-offs to and from it.
 
-The load engine (``calibrate.load.engine``) runs on this loop; a caller of the client's
-synchronous calls (a probe, batch's workers) hands its request to the loop and waits for the
-whole answer. The loop does every socket read and write and stamps streamed lines with the
+The load engine (``calibrate.load.engine``) runs on this loop, every stage's load and every
+batch item with it; a caller of the client's synchronous calls (a probe, a canary, readiness)
+hands its request to the loop and waits for the whole answer. The loop does every socket read and write and stamps streamed lines with the
 client's clock as they arrive; answers are parsed off it, on one parser thread
 (``LoopThread.parse``), so a parse never delays another stream's stamps. One thread doing the
 I/O for every request costs a third of the CPU per request that a thread per request did
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 import os
 import threading
 from collections.abc import Callable
@@ -25,24 +24,20 @@ from calibrate.http.aio.connection import Call, Connections, Origin
 from calibrate.http.aio.wire import Answer
 from calibrate.http.error_kinds import http_error, redirect_error, request_error
 
-log = logging.getLogger("calibrate")
 GRACE_S = 5.0  # past a request's own deadline, how long a caller waits on a stuck loop
 
 
-Finished = Callable[[Answer | None, BaseException | None], None]
 T = TypeVar("T")
 
 
 class _Job:
-    """One request handed to the loop: the caller waits on ``done`` (held until it is over), or,
-    submitted, ``then`` is called on the loop with the answer or the failure."""
+    """One request handed to the loop: the caller waits on ``done`` (held until it is over)."""
 
-    __slots__ = ("answer", "call", "connections", "done", "error", "task", "then")
+    __slots__ = ("answer", "call", "connections", "done", "error", "task")
 
-    def __init__(self, connections: Connections, call: Call, then: Finished | None = None) -> None:
+    def __init__(self, connections: Connections, call: Call) -> None:
         self.connections = connections
         self.call = call
-        self.then = then
         self.done = threading.Lock()
         self.done.acquire()
         self.answer: Answer | None = None
@@ -64,7 +59,6 @@ class LoopThread:
             self.loop = uvloop.new_event_loop()
         self._jobs: collections.deque[_Job] = collections.deque()
         self._woken = False
-        self._ident = -1  # the loop thread's
         self._parses: SimpleQueue[tuple[Callable[[], Any], asyncio.Future[Any]] | None] = (
             SimpleQueue()
         )
@@ -75,7 +69,6 @@ class LoopThread:
         started = threading.Event()
 
         def run() -> None:
-            self._ident = threading.get_ident()
             asyncio.set_event_loop(self.loop)
             self.loop.call_soon(started.set)
             self.loop.run_forever()
@@ -83,20 +76,11 @@ class LoopThread:
         threading.Thread(target=run, name="calibrate-io", daemon=True).start()
         started.wait()
 
-    def submit(self, connections: Connections, call: Call, then: Finished) -> None:
-        """Hand ``call`` to the loop and return at once; ``then(answer, failure)`` runs on the
-        loop when it is over (it must be quick and must not block: the loop does everyone's I/O).
-        ``then`` may submit the next request itself (batch's chains do)."""
-        self._hand(_Job(connections, call, then))
-
     def _hand(self, job: _Job) -> None:
         self._jobs.append(job)
         if not self._woken:
             self._woken = True
-            if threading.get_ident() == self._ident:  # a callback sending the next request
-                self.loop.call_soon(self._drain)  # no self-pipe write to wake itself
-            else:
-                self.loop.call_soon_threadsafe(self._drain)
+            self.loop.call_soon_threadsafe(self._drain)
 
     def run(self, connections: Connections, call: Call) -> Answer:
         job = _Job(connections, call)
@@ -130,13 +114,7 @@ class LoopThread:
         except BaseException as exc:  # handed to the caller's thread, raised there
             job.error = exc
         finally:
-            if job.then is None:
-                job.done.release()
-            else:
-                try:
-                    job.then(job.answer, job.error)
-                except Exception:  # the caller's own bug: never the loop's end
-                    log.exception("a finished request's callback failed")
+            job.done.release()
 
     @staticmethod
     def _cancel(job: _Job) -> None:
@@ -253,11 +231,6 @@ class AioTransport:
         """Send ``call`` and wait for its whole answer, all before its deadline; a redirect or
         an error status is raised as its error kind (SPEC §5.5)."""
         return checked((_shared or shared_loop()).run(self._connections, call), call.url)
-
-    def submit(self, call: Call, then: Finished) -> None:
-        """``exchange`` without waiting: ``then(answer, failure)`` runs on the loop thread when
-        the request is over (the answer not yet ``checked``)."""
-        (_shared or shared_loop()).submit(self._connections, call, then)
 
     async def answer(self, call: Call, read: Callable[[Answer], T]) -> T:
         """``call`` sent from a coroutine on the shared loop (the load engine's), its answer

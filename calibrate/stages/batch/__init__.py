@@ -2,7 +2,7 @@
 
 ``run(request, env)`` is the whole stage: the request resolved and checked (request.py), the
 input validated and --out locked (``open_batch``, plan.py), the endpoints checked
-(endpoints.py), the items sent by the worker pool (``run_batch``, pool.py; by N processes with
+(endpoints.py), the items sent by the engine (``run_batch``, sending.py; by N processes with
 --workers N, procs/), --final exported, the verdict recorded in the ledger. It returns a
 ``BatchOutcome``; the command shows it.
 Everything the user sees on the way goes through ``env`` (request.py).
@@ -18,6 +18,7 @@ from calibrate.errors import CalibrateError, ExitCode, ServerUnreachable, StageF
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.error_kinds import reach_hint
 from calibrate.load.procs.sender import workers_for
+from calibrate.stages.batch.control import BatchControl
 from calibrate.stages.batch.drift import BatchDrift, watch_batch
 from calibrate.stages.batch.endpoints import (
     ServedModelWatch,
@@ -35,7 +36,6 @@ from calibrate.stages.batch.plan import (
     open_batch,
     plan_batch,
 )
-from calibrate.stages.batch.pool import RunHooks, close_later, run_batch, stop_on_signals
 from calibrate.stages.batch.procs import run as procs
 from calibrate.stages.batch.request import (
     PIPED,
@@ -49,7 +49,7 @@ from calibrate.stages.batch.request import (
     stopped_error,
 )
 from calibrate.stages.batch.result import BatchNotes, BatchOutcome, BatchResult, summary_json
-from calibrate.stages.batch.worker import BatchControl
+from calibrate.stages.batch.sending import RunHooks, close_later, run_batch, stop_on_signals
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import StageRequest, open_stage
 from calibrate.stages.export import export_final
@@ -57,7 +57,7 @@ from calibrate.stages.measure.format_check import shape_checks
 from calibrate.stages.measure.tier_run import server_cpu_of
 from calibrate.state.summaries import PlainSummary
 
-__all__ = [  # the stage's public face; plans are made in plan.py, workers in worker.py
+__all__ = [  # the stage's public face; plans are made in plan.py, sent in sending.py
     "DEFAULT_CONCURRENCY",
     "MAX_CONCURRENCY",
     "BatchControl",

@@ -174,13 +174,9 @@ class Journal:
 
     @property
     def backlogged(self) -> bool:
-        """More lines queued than ``max_pending``: who records more should wait (``make_room``)."""
+        """More lines queued than ``max_pending``: who records more should wait (the engine's
+        policy sends nothing meanwhile)."""
         return self._queue.qsize() > self._max_pending
-
-    def make_room(self) -> None:
-        """Wait while the journal is backlogged (returns at once when it is not)."""
-        if self._queue.qsize() > self._max_pending:
-            self._wait_for_room()
 
     def _wait_for_room(self) -> None:
         with self._room:

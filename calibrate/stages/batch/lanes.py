@@ -1,9 +1,10 @@
 """The endpoints a batch sends to: one lane each, with its own client, slots and breaker.
 
 ``--base-url`` may be given several times (or ``[target] base_urls``), each ``URL`` or
-``URL#c=N``. Every lane runs ``concurrency`` worker threads; a free worker takes the next item,
-so an item always goes to an endpoint with a free slot and a faster endpoint takes more. A lane
-in an outage takes nothing, and its items go back to the queue for the others.
+``URL#c=N``. Every lane keeps up to ``concurrency`` items in flight (pacing.py); a free slot
+takes the next item, so an item always goes to an endpoint with a free slot and a faster
+endpoint takes more. A lane in an outage takes nothing, and its items go back to the queue
+for the others.
 
 ``--restart`` (``ManagedRestart``) starts the managed server again when its process is gone
 mid-run: only the server calibrate started (``runs/server.json``) and only when its PID is gone
@@ -24,6 +25,7 @@ from calibrate.config import Config
 from calibrate.engines.builders import build
 from calibrate.errors import RequestError, ServerUnreachable
 from calibrate.http.client import OpenAIClient
+from calibrate.load.transport import HttpTransport, Transport
 from calibrate.server import process
 from calibrate.stages.batch.outage import (
     Breaker,
@@ -42,9 +44,13 @@ log = logging.getLogger("calibrate")
 
 @dataclass(frozen=True)
 class Lane:
+    """One endpoint as the batch sends to it: completions over ``transport`` (the engine's),
+    the control plane (the breaker's probe) over ``client``."""
+
     endpoint: Endpoint
     client: OpenAIClient
     breaker: Breaker
+    transport: Transport
 
     @property
     def label(self) -> str:
@@ -109,11 +115,14 @@ def make_lane(
     *,
     restarter: Restarter | None = None,
     on_event: Callable[[OutageEvent], None] = lambda event: None,
+    transport: Transport | None = None,
 ) -> Lane:
+    """``endpoint``'s lane; its completions over ``client`` unless another ``transport``
+    is given (the simulated server)."""
     breaker = Breaker(
         endpoint.label, policy, probe_for(client), restarter=restarter, on_event=on_event
     )
-    return Lane(endpoint, client, breaker)
+    return Lane(endpoint, client, breaker, transport or HttpTransport(client))
 
 
 @dataclass(frozen=True)

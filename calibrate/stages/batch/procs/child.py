@@ -1,8 +1,10 @@
 """A worker process of ``batch --workers N``: items in from the parent, finished lines out.
 
 Started by the parent as ``python -m calibrate.stages.batch.procs.child`` with two pipes. It
-runs the ordinary batch workers (worker.py) over its share of the slots, with a queue that the
-parent fills and a journal that only sends each line back; the parent writes and counts it. It
+sends its share of the slots as one process does (``sending.Sending``: the engine on this
+process's I/O loop), with a queue that the parent fills and a journal that only sends each line
+back; the parent writes and counts it. Every item's answer is read on that one loop thread, so
+the item whose line was just sent and the model that answered it are plain fields. It
 ends when the parent says there are no more items, and at once when its input ends without
 that (the parent died: nobody is left to write what it would answer). Ctrl-C (and a hang-up)
 reaches the whole process group; a worker ignores it and stops when the parent tells it to.
@@ -18,22 +20,24 @@ from typing import Any
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.io.tasks import ItemId, Task
 from calibrate.load.procs.channel import Outbox, worker_pipes
+from calibrate.stages.batch.control import BatchControl, ReachabilityGuard
 from calibrate.stages.batch.lanes import make_lane
 from calibrate.stages.batch.procs.wire import Channel, LaneStats, WorkerDone, WorkerSetup
 from calibrate.stages.batch.queue import MAX_REQUEUES, waiting_task
-from calibrate.stages.batch.worker import BatchControl, ReachabilityGuard, work
+from calibrate.stages.batch.sending import Sending
 
 POLL_S = 0.2
 
 
 class ParentQueue:
-    """The ``WorkQueue`` a worker thread sees: items the parent sent; leaving ones told back."""
+    """The ``WorkQueue`` this process's items come from: those the parent sent; leaving ones
+    told back."""
 
     def __init__(self, outbox: Outbox) -> None:
         self._outbox = outbox
         self._tasks: SimpleQueue[Task | None] = SimpleQueue()
         self._requeues: dict[ItemId, int] = {}
-        self._lined = threading.local()  # the item whose line this thread just sent
+        self._lined: ItemId | None = None  # the item whose line was just sent
         self.ended = False
 
     def give(self, task: Task | None) -> None:
@@ -45,15 +49,6 @@ class ParentQueue:
         """The parent said no more items will come: a paused endpoint's slots need not wait
         (those still queued here go to the slots that are up; the end mark stays queued)."""
         return self.ended
-
-    def take(self, stop: threading.Event) -> Task | None:
-        if stop.is_set():
-            return None
-        task = self._tasks.get()
-        if task is None or stop.is_set():
-            self._tasks.put(None)
-            return None  # taken after the stop: the parent gives it back to the rerun
-        return task
 
     def take_waiting(self) -> Task | None:
         """An item already here, without waiting; None if there is none (or only the end
@@ -73,12 +68,12 @@ class ParentQueue:
             self._outbox.put("back", task.id)
 
     def lined(self, item_id: ItemId | None) -> None:
-        self._lined.id = item_id
+        self._lined = item_id
 
     def finished(self, task: Task) -> None:
         self._requeues.pop(task.id, None)
-        if getattr(self._lined, "id", None) == task.id:
-            self._lined.id = None  # its line said it: no second message
+        if self._lined == task.id:
+            self._lined = None  # its line said it: no second message
             return
         self._outbox.put("finished", task.id)
 
@@ -92,20 +87,17 @@ class ParentQueue:
 
 
 class LineSender:
-    """The ``Journal`` a worker thread sees: each line goes to the parent, which writes it."""
+    """The ``Journal`` this process's items see: each line goes to the parent, which writes it."""
 
     def __init__(self, outbox: Outbox, queue: ParentQueue) -> None:
         self._outbox = outbox
         self._queue = queue
-        self.served = threading.local()  # the model that answered this thread's last item
+        self._model: str | None = None  # the model that answered the item being recorded
 
     def note_served(self, model: str | None) -> None:
-        self.served.model = model
+        self._model = model
 
     backlogged = False  # the outbox thread sends in groups; nothing here waits for room
-
-    def make_room(self) -> None:
-        return None
 
     def record(
         self,
@@ -116,8 +108,7 @@ class LineSender:
         *,
         wait: bool = True,
     ) -> None:
-        model = getattr(self.served, "model", None)
-        self.served.model = None
+        model, self._model = self._model, None
         self._queue.lined(line.get("id"))
         self._outbox.put("line", line.get("id"), line, text, tokens, endpoint, model)
 
@@ -139,32 +130,22 @@ def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
         for e in setup.endpoints
     ]
     slots = sum(lane.concurrency for lane in lanes)
-    guard = ReachabilityGuard(slots, on_unreachable=lambda d: control.fail("unreachable", d))
+    guard = ReachabilityGuard(slots, lambda detail: control.fail("unreachable", detail))
     guard.answered = setup.answered  # then a refusal here is an outage, not "no server at all"
     threading.Thread(target=_listen, args=(inbox, queue, control, guard), daemon=True).start()
     monitor = SelfLoadMonitor(advice=setup.advice, cpu_limit=setup.cpu_limit).start()
-    threads = [
-        threading.Thread(
-            target=work, args=(lane, lanes, queue, spec, journal, control, guard), daemon=True
-        )
-        for lane in lanes
-        for _ in range(lane.concurrency)
-    ]
-    for thread in threads:
-        thread.start()
+    sending = Sending(lanes, queue, spec, journal, control, guard).start()
     told, paused = False, False
-    for thread in threads:
-        while thread.is_alive():
-            thread.join(POLL_S)
-            if text := monitor.poll_warning():
-                outbox.put("warn", text)
-            if control.reason is not None and not told:
-                told = True
-                outbox.put("fail", control.reason, control.detail)
-            if paused != (paused := all(lane.breaker.down for lane in lanes)):
-                outbox.put("paused", paused)  # every endpoint of this worker is down, or back
-            if paused:
-                queue.give_back_waiting()  # the other workers' endpoints may be up
+    while not sending.wait(POLL_S):
+        if text := monitor.poll_warning():
+            outbox.put("warn", text)
+        if control.reason is not None and not told:
+            told = True
+            outbox.put("fail", control.reason, control.detail)
+        if paused != (paused := all(lane.breaker.down for lane in lanes)):
+            outbox.put("paused", paused)  # every endpoint of this worker is down, or back
+        if paused:
+            queue.give_back_waiting()  # the other workers' endpoints may be up
     if text := monitor.poll_warning():  # the last window, after the last item
         outbox.put("warn", text)
     if control.reason is not None and not told:

@@ -22,9 +22,9 @@ from queue import Empty, SimpleQueue
 
 from calibrate.io.tasks import ItemId, Task
 from calibrate.load.procs.channel import Channel, spawn_worker
+from calibrate.stages.batch.control import BatchControl
 from calibrate.stages.batch.procs.wire import WorkerDone, WorkerSetup
 from calibrate.stages.batch.queue import WorkQueue
-from calibrate.stages.batch.worker import BatchControl
 from calibrate.state.setting import Endpoint
 
 POLL_S = 0.2

@@ -1,7 +1,7 @@
 """``run_workers``: a batch over N worker processes, with the same result as ``run_batch``.
 
 The parent's side of the run: the plan's writer, tally, journal and queue exactly as in the
-one-process pool (pool.py), the workers' messages turned into journal lines and queue events,
+one-process run (sending.py), the workers' messages turned into journal lines and queue events,
 progress and warnings shown from the main thread, and the self-check merged: the warning
 fires when any process (a worker, or this one that feeds and journals them) is the limit.
 """
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport, tree_cpu, workers_advice
 from calibrate.load.procs.pool import cores
+from calibrate.stages.batch.control import BatchControl
 from calibrate.stages.batch.journal import Journal, Tally
 from calibrate.stages.batch.lanes import ClientSetup, EndpointReport
 from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
@@ -23,7 +24,6 @@ from calibrate.stages.batch.procs.parent import Notes, WorkerProc, WorkerSet, sp
 from calibrate.stages.batch.procs.wire import WorkerDone, WorkerSetup
 from calibrate.stages.batch.queue import WorkQueue
 from calibrate.stages.batch.result import BatchProgress, BatchResult
-from calibrate.stages.batch.worker import BatchControl
 from calibrate.state.setting import Endpoint
 
 BOTTLENECK = "calibrate itself is the bottleneck"

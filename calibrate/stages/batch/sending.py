@@ -1,18 +1,20 @@
-"""The worker pool of a batch: threads over the lanes, fed by one queue, written by one journal.
+"""A batch's items sent by the one engine: a drive per endpoint, fed by one queue, written by
+one journal.
 
-``run_batch`` runs a fixed pool of worker threads — each endpoint's concurrency (never more
-than items) — fed from the streamed input by one feeder thread (queue.py), so at most that
-many requests are in flight and memory does not grow with the file. An endpoint in an outage
-pauses and its items go back to the queue (outage.py). Each finished item is one line,
-appended and flushed by the one journal thread before it is counted (journal.py): a kill -9 at
-any moment loses only the requests in flight and the lines not yet written. Nothing on the
-per-item path takes a lock that every worker contends for. Over the asyncio transport a slot's
-answered items are recorded and followed by the next one on the I/O loop itself (chain.py): its
-thread wakes only for what needs it — a failed attempt, an outage, no item waiting.
+``run_batch`` drives each endpoint's lane (lanes.py) under its work-queue policy (pacing.py) on
+the process's I/O loop: at most the endpoint's concurrency in flight (never more than items),
+fed from the streamed input by one feeder thread (queue.py), so memory does not grow with the
+file. Each finished item is one line, appended and flushed by the one journal thread before it
+is counted (journal.py): a kill -9 at any moment loses only the requests in flight and the
+lines not yet written. This thread only shows progress and keeps the stop's grace period: a
+first Ctrl-C stops sending and lets what is in flight finish, a second one (or the end of
+``grace_s``) abandons it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import signal
@@ -24,19 +26,16 @@ from typing import Any, TypedDict
 
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.client import OpenAIClient
+from calibrate.load.engine import drive
+from calibrate.load.transport import Clock, LoopClock
+from calibrate.stages.batch.control import BatchControl, ReachabilityGuard
 from calibrate.stages.batch.journal import Journal
 from calibrate.stages.batch.lanes import Lane, make_lane, report
 from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
-from calibrate.stages.batch.plan import BatchPlan
+from calibrate.stages.batch.pacing import ItemPacing, Items, Lines
+from calibrate.stages.batch.plan import BatchPlan, BatchSpec
 from calibrate.stages.batch.queue import WorkQueue
 from calibrate.stages.batch.result import BatchProgress, BatchResult
-from calibrate.stages.batch.worker import (
-    BatchControl,
-    ReachabilityGuard,
-    Slot,
-    in_flight,
-    work,
-)
 from calibrate.state.setting import Endpoint
 
 log = logging.getLogger("calibrate")
@@ -54,6 +53,58 @@ class RunHooks(TypedDict):
     events: list[OutageEvent]
 
 
+class Sending:
+    """The lanes' drives under way on ``clock``'s loop: started, watched, ended."""
+
+    def __init__(
+        self,
+        lanes: Sequence[Lane],
+        queue: Items,
+        spec: BatchSpec,
+        journal: Lines,
+        control: BatchControl,
+        guard: ReachabilityGuard,
+        clock: Clock | None = None,
+    ) -> None:
+        self.lanes = lanes
+        self.policies = [
+            ItemPacing(lane, lanes, queue, spec, journal, control, guard) for lane in lanes
+        ]
+        self.clock: Clock = clock or LoopClock()
+        self._future: concurrent.futures.Future[None] | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Items being worked on (read from another thread: a progress line's figure)."""
+        return sum(p.in_flight for p in self.policies)
+
+    def start(self) -> Sending:
+        self._future = self.clock.start(self._drives())
+        return self
+
+    async def _drives(self) -> None:
+        async with asyncio.TaskGroup() as group:  # a bug in one ends them all
+            for lane, pacing in zip(self.lanes, self.policies, strict=True):
+                run = drive(iter(()), pacing, lane.transport, self.clock, itemize=False, keep=False)
+                group.create_task(run)
+
+    def wait(self, timeout_s: float) -> bool:
+        """True once every drive is over (a bug in one is raised here)."""
+        assert self._future is not None, "start first"
+        try:
+            self._future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            return False
+        return True
+
+    def abandon(self) -> int:
+        """Stop waiting for what is in flight (its requests are cancelled); how many."""
+        count = self.in_flight
+        if self._future is not None:
+            self._future.cancel()
+        return count
+
+
 def run_batch(
     plan: BatchPlan,
     client: OpenAIClient | None,
@@ -67,12 +118,13 @@ def run_batch(
     warn: Callable[[str], None] | None = None,
     outage: OutagePolicy | None = None,
     events: list[OutageEvent] | None = None,
-    clock: Callable[[], float] = time.perf_counter,
+    clock: Clock | None = None,
 ) -> BatchResult:
-    """Send the plan's items through the lanes' workers; one line per item.
+    """Send the plan's items through the lanes; one line per item.
 
     Without ``lanes``, one lane of ``spec.concurrency`` slots on ``client``. ``events`` collects
     the outage events (the caller's list, also written to outages.jsonl by its ``on_event``).
+    ``clock``: the loop the items are sent on (the I/O loop; a virtual one in the tests).
     """
     spec = plan.spec
     control = control or BatchControl()
@@ -80,37 +132,24 @@ def run_batch(
     events = events if events is not None else []
     if not lanes:
         assert client is not None, "run_batch needs a client or lanes"
-        endpoint = Endpoint(getattr(client, "base_url", ""), spec.concurrency, "spec")  # fakes too
+        endpoint = Endpoint(client.base_url, spec.concurrency, "spec")
         lanes = (make_lane(endpoint, client, outage, on_event=events.append),)
-    counts = [(lane, min(lane.concurrency, max(plan.to_run, 1))) for lane in lanes]
-    total_workers = sum(n for _, n in counts)
+    total = sum(min(lane.concurrency, max(plan.to_run, 1)) for lane in lanes)
     journal = Journal.for_plan(
-        plan, out_path, total_workers, lambda detail: control.fail("write_error", detail)
+        plan, out_path, total, lambda detail: control.fail("write_error", detail)
     )
     tally = journal.tally
-    queue = WorkQueue(plan, total_workers)
-    guard = ReachabilityGuard(
-        total_workers, on_unreachable=lambda detail: control.fail("unreachable", detail)
-    )
-    slots: list[Slot] = []
-    workers: list[threading.Thread] = []
-    for i, (lane, count) in enumerate(counts):
-        for n in range(count):
-            slots.append(slot := Slot())
-            worker = threading.Thread(
-                target=work,
-                args=(lane, lanes, queue, spec, journal, control, guard, slot),
-                name=f"batch-{i}-{n}",
-                daemon=True,  # only matters when abandoned: a stuck request must not block exit
-            )
-            workers.append(worker)
-    start = clock()
+    queue = WorkQueue(plan, total)
+    guard = ReachabilityGuard(total, lambda detail: control.fail("unreachable", detail))
+    sending = Sending(lanes, queue, spec, journal, control, guard, clock)
+    wall = time.perf_counter
+    start = wall()
     last_report = start
     told_stop = False
 
     def tick(force: bool = False) -> None:
         nonlocal last_report, told_stop
-        now = clock()
+        now = wall()
         if monitor is not None and warn is not None and (text := monitor.poll_warning()):
             warn(text)
         if control.interrupted and not told_stop:
@@ -127,7 +166,7 @@ def run_batch(
             ok + failed,
             ok,
             failed,
-            in_flight(slots),
+            sending.in_flight,
             now - start,
             control.interrupted,
             down,
@@ -137,15 +176,14 @@ def run_batch(
 
     try:
         queue.start()
-        for worker in workers:
-            worker.start()
-        abandoned = _wait(workers, queue, control, spec.grace_s, tick, clock)
+        sending.start()
+        abandoned = _wait(sending, queue, control, spec.grace_s, tick)
     finally:
         queue.close()
-        journal.close()  # writes every line queued (all of them, unless workers were abandoned)
+        journal.close()  # writes every line queued (all of them, unless items were abandoned)
         queue.join()
     tick(force=True)
-    elapsed = clock() - start
+    elapsed = wall() - start
     reports = tuple(
         report(lane, tally.done_at[lane.label], tally.failed_at[lane.label], elapsed)
         for lane in lanes
@@ -165,26 +203,25 @@ def run_batch(
 
 
 def _wait(
-    workers: list[threading.Thread],
-    source: WorkQueue,
+    sending: Sending,
+    queue: WorkQueue,
     control: BatchControl,
     grace_s: float,
     tick: Callable[[], None],
-    clock: Callable[[], float],
 ) -> int:
-    """Wait for the workers (a grace period once stopping); return how many were abandoned."""
+    """Wait for the drives (a grace period once stopping); return how many items were
+    abandoned in flight."""
     deadline: float | None = None
     while True:
         if control.stop.is_set() and deadline is None:
-            deadline = clock() + grace_s
-            source.close()
-        alive = [w for w in workers if w.is_alive()]
-        if not alive:
+            deadline = time.perf_counter() + grace_s
+            queue.close()
+        if sending.wait(0.2):  # also how soon a Ctrl-C or a progress line is noticed
             return 0
-        if control.abandon.is_set() or (deadline is not None and clock() >= deadline):
-            log.warning("abandoning %d item(s) still in flight", len(alive))
-            return len(alive)
-        alive[0].join(0.2)  # also how soon a Ctrl-C or a progress line is noticed
+        if control.abandon.is_set() or (deadline is not None and time.perf_counter() >= deadline):
+            count = sending.abandon()
+            log.warning("abandoning %d item(s) still in flight", count)
+            return count
         tick()
 
 
