@@ -10,7 +10,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
-from calibrate.io.tier_table import COLUMNS, Kind, kinds_text
+from calibrate.io.tier_table.cells import kinds_text
+from calibrate.io.tier_table.columns import TABLE, Kind
 from tests.tier_helpers import FAST
 
 # the tables' tests: a 4-slot mock that runs out of memory above 6 in flight, a ladder of 1-8 and a
@@ -59,14 +60,15 @@ def sweep_row(conc: int, items_per_s: float, verdict: str = "pass", **extra: Any
 
 def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]], kind: Kind) -> None:
     """tiers.csv with the columns this version writes plus any a newer stage would add."""
-    names = list(COLUMNS[kind]) + sorted({k for r in rows for k in r} - set(COLUMNS[kind]))
+    known = [c.value for c in TABLE[kind]]
+    names = known + sorted({k for r in rows for k in r} - set(known))
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, names)
         writer.writeheader()
         for row in rows:
             cells = {
                 **row,
-                "error_kinds": kinds_text(row.get("error_kinds")),
+                "error_kinds": kinds_text(row.get("error_kinds") or {}),
                 "vram_source": "metrics",
             }
             if row.get("per_device") is not None:

@@ -9,13 +9,18 @@ from typing import Any
 import pytest
 
 from calibrate.errors import InputError
+from calibrate.io.tier_table.cells import row_from_cells
+from calibrate.io.tier_table.row import TierRow
 from calibrate.stages.measure.compare_tiers import compare_tables, read_table
 from tests.mockserver import start_mock
 from tests.tier_helpers import open_gate
 
 
-def _rows(*tiers: tuple[int, str, float]) -> list[dict[str, str]]:
-    return [{"batch_size": str(b), "verdict": v, "per_item_s": str(s)} for b, v, s in tiers]
+def _rows(*tiers: tuple[int, str, float]) -> list[TierRow]:
+    return [
+        row_from_cells({"batch_size": str(b), "verdict": v, "per_item_s": str(s)}, text=True)
+        for b, v, s in tiers
+    ]
 
 
 BASE = _rows((1, "pass", 0.10), (2, "pass", 0.10), (4, "pass", 0.12), (8, "fail", 0.30))
@@ -70,12 +75,12 @@ def test_a_baseline_from_before_per_item_s_is_compared_on_request_latency(isolat
 
 def test_sweep_throughput_drop_fails() -> None:
     base = [
-        {"concurrency": "1", "verdict": "pass", "items_per_s": "10"},
-        {"concurrency": "4", "verdict": "pass", "items_per_s": "40"},
+        row_from_cells({"concurrency": 1, "verdict": "pass", "items_per_s": 10}),
+        row_from_cells({"concurrency": 4, "verdict": "pass", "items_per_s": 40}),
     ]
     now = [
-        {"concurrency": "1", "verdict": "pass", "items_per_s": "10"},
-        {"concurrency": "4", "verdict": "pass", "items_per_s": "30"},
+        row_from_cells({"concurrency": 1, "verdict": "pass", "items_per_s": 10}),
+        row_from_cells({"concurrency": 4, "verdict": "pass", "items_per_s": 30}),
     ]
     result = compare_tables("sweep", base, now, tolerance=0.2)
     assert not result.passed and "concurrency 4: items_per_s 30 is 25% lower" in result.problems[0]

@@ -50,15 +50,16 @@ def test_a_rate_sweeps_log_table_has_room_for_a_saturated_verdict() -> None:
 
     from rich.console import Console
 
+    from calibrate.io.tier_table.cells import row_from_cells
     from calibrate.report.progress import LogTable
     from tests.report_helpers import sweep_row
 
     stream = io.StringIO()
     table = LogTable(Console(file=stream, width=100, no_color=True), "sweep")
     extra = {"offered_rate": None, "items_per_s_min": 4.0, "items_per_s_max": 4.2}
-    table.add(sweep_row(1, 4.1, auto_step="sync", ttft_p99_s=0.05, **extra))
+    table.add(row_from_cells(sweep_row(1, 4.1, auto_step=1, ttft_p99_s=0.05, **extra)))
     saturated = {**extra, "offered_rate": 13.3, "saturated": True, "ttft_p99_s": 0.1}
-    table.add(sweep_row(4, 12.9, auto_step="3", **saturated))
+    table.add(row_from_cells(sweep_row(4, 12.9, auto_step=3, **saturated)))
     header, *rows = stream.getvalue().splitlines()
     assert rows[-1].rstrip().endswith("pass saturated"), rows
     assert all(cell_len(row) <= 100 for row in [header, *rows]), stream.getvalue()

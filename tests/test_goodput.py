@@ -14,7 +14,7 @@ from calibrate.config import Config, SloConfig, SweepConfig
 from calibrate.errors import UsageError
 from calibrate.gpu.vram import VramMonitor
 from calibrate.http.models import Choice, Completion, Usage
-from calibrate.io.tier_table import read_rows
+from calibrate.io.tier_table import read_table
 from calibrate.load.answers import answer_items
 from calibrate.load.items import ItemResult
 from calibrate.load.request import Request
@@ -152,9 +152,9 @@ def test_ladder_tiers_carry_goodput_where_queueing_makes_half_a_wave_miss(
         "concurrency 1 (no sweep at this batch size yet), goodput " in setting
         and "the last passing tier" in setting
     )
-    table = read_rows(run / "tiers.csv")
-    assert [int(r["slo_met"]) for r in table] == [t["slo_met"] for t in detail]
-    assert [round(float(r["goodput_per_s"]), 4) for r in table] == [
+    table = read_table(run / "tiers.csv").rows
+    assert [r.slo_met for r in table] == [t["slo_met"] for t in detail]
+    assert [round(r.goodput_per_s or 0.0, 4) for r in table] == [
         round(t["goodput_per_s"], 4) for t in detail
     ]
     shown = cli("report", str(run), "--html", "--no-plot")

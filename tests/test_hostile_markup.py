@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from calibrate.io.tier_table.cells import row_from_cells
 from calibrate.report.tables.compare import compare_table
 from calibrate.report.tables.grid import grid
 from calibrate.stages.measure.compare_tiers import compare_tables
@@ -46,7 +47,7 @@ def test_a_run_whose_cells_and_name_hold_markup_is_reported_as_written(
     cli, isolated: Path, kind: str
 ) -> None:
     row = ladder_row if kind == "ladder" else sweep_row
-    rows = [row(1, 10.0), row(2, 12.0, verdict=f"pass {ODD}", error_kinds=ODD)]
+    rows = [row(1, 10.0), row(2, 12.0, verdict=f"pass {ODD}", error_kinds={"[/x]": 2})]
     first = write_run(isolated, f"run-{kind}", kind, rows)  # type: ignore[arg-type]
     odd = write_run(isolated, f"{kind}-{ODD.replace('/', '_')}", kind, rows)  # type: ignore[arg-type]
     for args in ([str(first)], [str(first), str(odd)], [str(odd), "--wide"]):
@@ -59,12 +60,12 @@ def test_a_run_whose_cells_and_name_hold_markup_is_reported_as_written(
 def test_a_baseline_whose_path_and_verdicts_hold_markup_is_compared_as_written() -> None:
     """``--compare``'s table: the baseline's own path and cells, the offending one marked."""
     base = [
-        {"batch_size": "1", "verdict": "pass", "per_item_s": "0.1"},
-        {"batch_size": "2", "verdict": f"pass {ODD}", "per_item_s": "0.1"},
+        row_from_cells({"batch_size": 1, "verdict": "pass", "per_item_s": 0.1}),
+        row_from_cells({"batch_size": 2, "verdict": f"pass {ODD}", "per_item_s": 0.1}),
     ]
     now = [
-        {"batch_size": "1", "verdict": "pass", "per_item_s": "0.1"},
-        {"batch_size": "2", "verdict": f"fail {ODD}", "per_item_s": "0.3"},
+        row_from_cells({"batch_size": 1, "verdict": "pass", "per_item_s": 0.1}),
+        row_from_cells({"batch_size": 2, "verdict": f"fail {ODD}", "per_item_s": 0.3}),
     ]
     cmp = compare_tables("ladder", base, now, baseline_path=f"baselines/{ODD}.csv")
     text = _printed(compare_table(cmp))

@@ -97,6 +97,7 @@ def test_report_of_something_that_is_not_a_run(cli, isolated: Path) -> None:
 def test_a_narrow_terminal_drops_minor_columns_instead_of_cropping_cells() -> None:
     from rich.console import Console
 
+    from calibrate.io.tier_table.cells import row_from_cells
     from calibrate.report.tables.tiers import tier_table
 
     row = {
@@ -119,8 +120,8 @@ def test_a_narrow_terminal_drops_minor_columns_instead_of_cropping_cells() -> No
         "baseline_items": 8,
         "verdict": "fail",
     }
-    wide = tier_table([row], "ladder", wide=True)
-    narrow = tier_table([row], "ladder", width=80)
+    wide = tier_table([row_from_cells(row)], "ladder", wide=True)
+    narrow = tier_table([row_from_cells(row)], "ladder", width=80)
     assert len(narrow.columns) < len(wide.columns)
     names = [c.header for c in narrow.columns]
     assert {"batch", "s/item", "items/s", "peak MiB", "errors", "verdict"} <= set(names)

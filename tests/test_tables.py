@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from calibrate.io.tier_table.cells import row_from_cells
+from calibrate.io.tier_table.row import TierRow
+from calibrate.io.tier_table.tune import TuneRow
 from calibrate.report.progress import live_rows
 from calibrate.report.tables.tiers import tier_table
 from tests.mockserver import start_mock
@@ -160,7 +163,7 @@ def test_the_default_table_fits_the_terminal(width: int) -> None:
         for b in (1, 2, 4, 8, 16)
     ]
     console = Console(width=width, record=True, file=io.StringIO(), force_terminal=False)
-    console.print(tier_table(rows, "ladder", "ladder run", width))
+    console.print(tier_table([row_from_cells(r) for r in rows], "ladder", "ladder run", width))
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= width, text
     assert "…" not in text and "stop: latency" in text and "batch" in text
@@ -190,11 +193,12 @@ def test_a_tune_table_fits_100_columns_in_a_log() -> None:
         }
         for n in (1, 2, 3)
     ]
+    ranked = [TuneRow.from_json(r) for r in rows]
     for wide in (False, True):
         stream = io.StringIO()
         out = Output(False, stream, wide=wide)
         out.console.width = 100
-        show_ranked(out, rows, "tune run (ranked by goodput)")
+        show_ranked(out, ranked, "tune run (ranked by goodput)")
         text = stream.getvalue()
         assert "rank=" not in text and "c03" in text  # a table, not key=value lines
         if wide:
@@ -209,18 +213,20 @@ class _Terminal(io.StringIO):
         return True
 
 
-def _row(batch: int) -> dict[str, object]:
-    return {
-        "batch_size": batch,
-        "concurrency": batch,
-        "rounds": 2,
-        "items": 8,
-        "errors": 0,
-        "items_per_s": 10.0 * batch,
-        "per_item_s": 0.1 / batch,
-        "latency_p99_s": 0.2,
-        "verdict": "pass",
-    }
+def _row(batch: int) -> TierRow:
+    return row_from_cells(
+        {
+            "batch_size": batch,
+            "concurrency": batch,
+            "rounds": 2,
+            "items": 8,
+            "errors": 0,
+            "items_per_s": 10.0 * batch,
+            "per_item_s": 0.1 / batch,
+            "latency_p99_s": 0.2,
+            "verdict": "pass",
+        }
+    )
 
 
 def test_a_terminal_gets_a_progress_bar_with_eta_and_a_log_never_does() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from calibrate import config
 from calibrate.config import SloConfig
-from calibrate.io.tier_table import read_rows
+from calibrate.io.tier_table import read_table
 from calibrate.stages import ladder, sweep
 from calibrate.stages.env import StageRequest, open_stage
 from calibrate.stages.ladder import LadderEnv, LadderSpec
@@ -48,7 +48,7 @@ class Recorder:
         self.lines.append(f"streamed: {check.stream}")
 
     def tables(self, table: Path, source: str) -> None:
-        self.written.append(len(read_rows(table)))
+        self.written.append(len(read_table(table).rows))
 
 
 class LadderRecorder(Recorder):

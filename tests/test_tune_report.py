@@ -8,6 +8,7 @@ import re
 import shlex
 from pathlib import Path
 
+from calibrate.io.tier_table.tune import TuneRow
 from calibrate.report.tune_report import plot_svg
 from tests.report_helpers import table_lines
 from tests.tune_helpers import MOCK, tune_config
@@ -105,8 +106,8 @@ def test_the_report_of_a_tune_run_says_when_the_winners_lead_is_not_significant(
     from calibrate.report.tune_report import TuneView
 
     rows = (
-        {"id": "c02", "flags": "slots=4", "goodput_per_s": 10.6, "best_concurrency": 4},
-        {"id": "c01", "flags": "slots=2", "goodput_per_s": 10.0, "best_concurrency": 2},
+        TuneRow(1, "c02", "slots=4", "measured", goodput_per_s=10.6, best_concurrency=4),
+        TuneRow(2, "c01", "slots=2", "measured", goodput_per_s=10.0, best_concurrency=2),
     )
     noisy = {"margin": 0.06, "significant": False, "confidence": 0.95}
     clear = {**noisy, "significant": True}
@@ -124,10 +125,10 @@ def test_plot_svg_is_a_bar_per_candidate_drawn_by_the_one_svg_plotter() -> None:
     """plot.svg (an image of its own, so with its namespace): bars in proportion to goodput,
     the winner first; a candidate that did not start has no bar, and says why; text escaped."""
     rows = [
-        {"id": "c01", "flags": "--max-num-seqs 8", "goodput_per_s": 10.0, "best_concurrency": 8},
-        {"id": "c02", "flags": "<b>x</b>", "goodput_per_s": 5.0, "best_concurrency": 4},
-        {"id": "c03", "flags": "y", "goodput_per_s": None, "status": "did not start"},
-        {"id": "c04", "flags": "z", "goodput_per_s": float("inf"), "status": "damaged"},
+        TuneRow(1, "c01", "--max-num-seqs 8", "measured", goodput_per_s=10.0, best_concurrency=8),
+        TuneRow(2, "c02", "<b>x</b>", "measured", goodput_per_s=5.0, best_concurrency=4),
+        TuneRow(3, "c03", "y", "did not start"),
+        TuneRow(4, "c04", "z", "damaged", goodput_per_s=float("inf")),
     ]
     svg = plot_svg(rows, "tune <run>")
     assert svg.startswith('<svg class="chart" xmlns="http://www.w3.org/2000/svg"')

@@ -12,6 +12,7 @@ from rich.console import Console
 from calibrate.gpu.reading import DeviceMemory, VramReading
 from calibrate.gpu.vram import VramMonitor
 from calibrate.io import tier_table
+from calibrate.io.tier_table.cells import row_from_cells
 from calibrate.report.tables import tiers as report
 from calibrate.stages.measure.tiers import summarise
 from calibrate.stages.server_account import queue_note
@@ -122,12 +123,14 @@ def test_queue_column_shows_and_is_dropped_before_the_main_ones(tmp_path: Path) 
         "pressure_source": "nvml",
         "per_device": [{"device": "0", "used_mib": 1.0, "total_mib": 2.0, "pressure": 0.5}],
     }
-    csv_path = tier_table.write_tiers_csv(tmp_path / "tiers.csv", [row], "ladder", "nvml")
+    csv_path = tier_table.write_tiers_csv(
+        tmp_path / "tiers.csv", [row_from_cells(row)], "ladder", "nvml"
+    )
     with csv_path.open(newline="", encoding="utf-8") as handle:
         written = next(csv.DictReader(handle))
     assert written["server_queue_max"] == "12"
     assert json.loads(written["per_device"])[0]["pressure"] == 0.5
-    back = tier_table.read_rows(csv_path)
+    back = tier_table.read_table(csv_path).rows
     wide = Console(width=300, record=True, file=io.StringIO())
     wide.print(report.tier_table(back, "ladder", width=300, wide=True))
     text = wide.export_text()

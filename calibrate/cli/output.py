@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -18,7 +18,8 @@ from calibrate.cli.streams import can_encode
 from calibrate.redact import printable
 
 if TYPE_CHECKING:
-    from calibrate.io.tier_table import Kind
+    from calibrate.io.tier_table.columns import Kind
+    from calibrate.io.tier_table.row import TierRow
     from calibrate.report.progress import Plan
 
 LOG_WIDTH = 100  # tables in a log (CI, make demo) fit this, or $COLUMNS when set
@@ -76,9 +77,7 @@ class Output:
             self.render(table_at(self.console.width))
 
     @contextmanager
-    def live_table(
-        self, kind: Kind, title: str, plan: Plan
-    ) -> Iterator[Callable[[Mapping[str, Any]], None]]:
+    def live_table(self, kind: Kind, title: str, plan: Plan) -> Iterator[Callable[[TierRow], None]]:
         """A live table and a progress bar on a terminal, the table a row at a time in a log."""
         from calibrate.report.progress import live_rows  # only the commands that measure
 

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from calibrate.config import Config
-from calibrate.errors import InputError, UsageError, unwritten
+from calibrate.errors import UsageError, unwritten
 from calibrate.io.atomic import write_atomic
 from calibrate.io.output_paths import check_outputs, check_writable, stage_files
-from calibrate.io.tier_table import check_rows
 from calibrate.report import tune_report
 from calibrate.report.compare import compare_runs
 from calibrate.report.html.charts import key_label
@@ -70,10 +69,7 @@ def _load(path: Path) -> RunView:
     """A finished ladder or sweep run, its tier table checked."""
     if not (path / "tiers.csv").exists():
         return load_run(path, "ladder")  # raises the "not a finished run" error
-    kind = run_kind(path)
-    view = load_run(path, kind)
-    check_rows(list(view.rows), kind, path / "tiers.csv")
-    return view
+    return load_run(path, run_kind(path))
 
 
 def _write(path: Path, text: str) -> Path:
@@ -119,17 +115,10 @@ def _one(
     out: Channel, view: RunView, req: ReportRequest, level: float, width: int
 ) -> dict[str, Any]:
     """One ladder or sweep run: its table, spreads, notes, plot, --timeline and --html."""
-    rows, kind, path = list(view.rows), view.kind, view.path
+    rows, kind, path = view.rows, view.kind, view.path
     # a tier the run does not have is exit 2 before anything is shown or written
     timeline = _read_timeline(view, req.timeline) if req.timeline is not None else None
-    try:
-        table = tier_table(rows, kind, f"{kind} {path.name}", width, wide=out.wide)
-    except (ValueError, TypeError) as exc:  # a cell that is not a number where one belongs
-        raise InputError(
-            f"{path / 'tiers.csv'} has a value report cannot read ({exc})",
-            "Rerun the stage to write the table again.",
-        ) from exc
-    _table(out, table)
+    _table(out, tier_table(rows, kind, f"{kind} {path.name}", width, wide=out.wide))
     spreads = run_spreads(view, level)
     if any(s.n > 1 for metrics in spreads.values() for s in metrics.values()):
         spread = confidence_table(view, spreads, level, width, out.wide)
@@ -145,7 +134,7 @@ def _one(
     fit = replay_fit(view.summary, path)
     for line in all_lines(fit) if fit is not None else ():
         out.say(line)
-    if rows and rows[0].get("vram_source") == "none":
+    if rows and rows[0].vram_source == "none":
         out.say("VRAM not measured")
     try:
         plot = None if req.no_plot else write_plot(rows, kind, path / "plot.png", req.cache_dir)
@@ -158,7 +147,7 @@ def _one(
     result: dict[str, Any] = {
         "run": str(path),
         "kind": kind,
-        "rows": rows,
+        "rows": view.rows_json(),
         "plot": str(plot) if plot else None,
         "notes": notes,
         "confidence": confidence_json(view, spreads, level),
@@ -261,10 +250,10 @@ def _tune(out: Channel, path: Path, req: ReportRequest) -> dict[str, Any]:
     result: dict[str, Any] = {
         "run": str(path),
         "kind": "tune",
-        "rows": list(view.rows),
-        "winner": view.winner["id"] if view.winner else None,
+        "rows": [r.to_json() for r in view.rows],
+        "winner": view.winner.id if view.winner else None,
         "notes": view.notes(),
-        "pareto": view.front,
+        "pareto": [p.to_json() for p in view.front],
         "pinned_reason": view.pinned_reason or None,
     }
     if req.html is not None:

@@ -15,45 +15,50 @@ A metric whose rounds vary by more than 10 % (CV) is called out as noisy.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from calibrate.confidence import DEFAULT_LEVEL, Spread, compare, percent
 from calibrate.confidence import Difference as Test
 from calibrate.errors import InputError
-from calibrate.io.tier_table import level_key
-from calibrate.numbers import finite
+from calibrate.io.tier_table.cells import numbers, row_json
+from calibrate.io.tier_table.columns import Column as C
+from calibrate.io.tier_table.row import TierRow
 from calibrate.report.run_differences import Difference, differences
 from calibrate.report.run_view import RunView
 from calibrate.report.spreads import NOT_METRICS, noisy_lines, run_spreads
 
 # (column, True when bigger is better); the first of each group a run has is shown.
-_HEADLINE: tuple[tuple[tuple[str, ...], bool], ...] = (
-    (("items_per_s",), True),
-    (("achieved_rate",), True),
-    (("goodput",), True),
-    (("output_tokens_per_s",), True),
-    (("per_item_s", "per_item_mean_s"), False),
-    (("latency_p50_s", "e2e_p50_s", "per_item_p50_s"), False),
-    (("latency_p99_s", "e2e_p99_s", "per_item_p99_s"), False),
-    (("ttft_p50_s",), False),
-    (("ttft_p99_s",), False),
-    (("tpot_p99_s",), False),
-    (("itl_p99_s",), False),
-    (("peak_vram_mib",), False),
-    (("pressure",), False),
-    (("errors",), False),
+_HEADLINE: tuple[tuple[tuple[C, ...], bool], ...] = (
+    ((C.ITEMS_PER_S,), True),
+    ((C.ACHIEVED_RATE,), True),
+    ((C.GOODPUT_PER_S,), True),
+    ((C.OUTPUT_TOKENS_PER_S,), True),
+    ((C.PER_ITEM_S,), False),
+    ((C.LATENCY_P50_S, C.E2E_P50_S), False),
+    ((C.LATENCY_P99_S, C.E2E_P99_S), False),
+    ((C.TTFT_P50_S,), False),
+    ((C.TTFT_P99_S,), False),
+    ((C.TPOT_P99_S,), False),
+    ((C.ITL_P99_S,), False),
+    ((C.PEAK_VRAM_MIB,), False),
+    ((C.PRESSURE,), False),
+    ((C.ERRORS,), False),
 )
 _HIGHER_BETTER = {
-    "items_per_s",
-    "achieved_rate",
-    "goodput",
-    "output_tokens_per_s",
-    "gain",
-    "items_per_s_min",
-    "items_per_s_max",
-    "baseline_match",
+    C.ITEMS_PER_S,
+    C.ACHIEVED_RATE,
+    C.GOODPUT_PER_S,
+    C.GOODPUT_PER_S_MIN,
+    C.GOODPUT_PER_S_MAX,
+    C.SLO_MET,
+    C.OUTPUT_TOKENS_PER_S,
+    C.OUTPUT_TOKENS_PER_S_PER_REQUEST,
+    C.GAIN,
+    C.ITEMS_PER_S_MIN,
+    C.ITEMS_PER_S_MAX,
+    C.BASELINE_MATCH,
 }
 NOISE = 0.05  # a relative change smaller than this is neither better nor worse (not coloured)
 
@@ -135,17 +140,25 @@ class Delta:
 @dataclass(frozen=True)
 class PairRow:
     key: float
-    a: Mapping[str, Any] | None
-    b: Mapping[str, Any] | None
+    a: TierRow | None
+    b: TierRow | None
     deltas: dict[str, Delta] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, columns: tuple[Sequence[str], Sequence[str]]) -> dict[str, Any]:
+        """With each run's columns (its rows as its tiers.csv holds them)."""
         return {
             "key": "inf" if math.isinf(self.key) else self.key,  # JSON has no infinity
-            "a": self.a,
-            "b": self.b,
+            "a": row_json(self.a, columns[0]) if self.a is not None else None,
+            "b": row_json(self.b, columns[1]) if self.b is not None else None,
             "deltas": {k: d.to_json() for k, d in self.deltas.items()},
         }
+
+    @property
+    def side(self) -> TierRow:
+        """A's row, B's where A has none."""
+        found = self.a if self.a is not None else self.b
+        assert found is not None  # a pair has a row on one side at least
+        return found
 
 
 @dataclass(frozen=True)
@@ -174,7 +187,7 @@ class RunComparison:
         return self.a.kind
 
     @property
-    def key(self) -> str:
+    def key(self) -> C:
         return self.a.key
 
     def to_json(self) -> dict[str, Any]:
@@ -193,7 +206,7 @@ class RunComparison:
             "a": side(self.a),
             "b": side(self.b),
             "metrics": list(self.metrics),
-            "rows": [r.to_json() for r in self.rows],
+            "rows": [r.to_json((self.a.columns, self.b.columns)) for r in self.rows],
             "differences": [d.to_json() for d in self.differences],
             "warning": self.warning,
             "level": self.level,
@@ -201,10 +214,10 @@ class RunComparison:
         }
 
 
-def headline(*views: RunView) -> tuple[str, ...]:
+def headline(*views: RunView) -> tuple[C, ...]:
     """The headline metrics the runs have values in, in display order."""
-    have = {k for v in views for row in v.rows for k, x in row.items() if finite(x) is not None}
-    out: list[str] = []
+    have = {name for v in views for row in v.rows for name in numbers(row)}
+    out: list[C] = []
     for names, _ in _HEADLINE:
         found = next((n for n in names if n in have), None)
         if found:
@@ -213,18 +226,20 @@ def headline(*views: RunView) -> tuple[str, ...]:
 
 
 def _deltas(
-    a: Mapping[str, Any] | None,
-    b: Mapping[str, Any] | None,
-    key: str,
+    a: RunView,
+    b: RunView,
+    pair: tuple[TierRow | None, TierRow | None],
     spreads: tuple[Mapping[str, Spread], Mapping[str, Spread]] = ({}, {}),
 ) -> dict[str, Delta]:
-    if a is None or b is None:
+    """Every metric both runs' tables have, where either row has a number in it."""
+    if pair[0] is None or pair[1] is None:
         return {}
+    x_of, y_of = numbers(pair[0]), numbers(pair[1])
     out: dict[str, Delta] = {}
-    for name in a:
-        if name == key or name in NOT_METRICS or name not in b:
+    for name in a.columns:
+        if name == a.key or name in NOT_METRICS or name not in b.columns:
             continue
-        x, y = finite(a[name]), finite(b[name])
+        x, y = x_of.get(name), y_of.get(name)
         if x is not None or y is not None:
             sa, sb = spreads[0].get(name), spreads[1].get(name)
             test = compare(sa, sb) if sa is not None and sb is not None else None
@@ -248,8 +263,8 @@ def compare_runs(a: RunView, b: RunView, level: float = DEFAULT_LEVEL) -> RunCom
             "Compare sweeps of one load mode: rates with rates, concurrency with concurrency, "
             "--auto with --auto.",
         )
-    rows_a = {k: r for r in a.rows if (k := level_key(r, a.key)) is not None}
-    rows_b = {k: r for r in b.rows if (k := level_key(r, b.key)) is not None}
+    rows_a = {k: r for r in a.rows if (k := a.key_of(r)) is not None}
+    rows_b = {k: r for r in b.rows if (k := b.key_of(r)) is not None}
     spreads_a, spreads_b = run_spreads(a, level), run_spreads(b, level)
     pairs = tuple(
         PairRow(
@@ -257,7 +272,7 @@ def compare_runs(a: RunView, b: RunView, level: float = DEFAULT_LEVEL) -> RunCom
             rows_a.get(k),
             rows_b.get(k),
             _deltas(
-                rows_a.get(k), rows_b.get(k), a.key, (spreads_a.get(k, {}), spreads_b.get(k, {}))
+                a, b, (rows_a.get(k), rows_b.get(k)), (spreads_a.get(k, {}), spreads_b.get(k, {}))
             ),
         )
         for k in sorted(set(rows_a) | set(rows_b))

@@ -13,13 +13,16 @@ import shutil
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from calibrate.errors import InputError
 from calibrate.io.atomic import write_atomic_with
-from calibrate.io.tier_table import Kind
+from calibrate.io.tier_table.cells import key_value
+from calibrate.io.tier_table.columns import Column as C
+from calibrate.io.tier_table.columns import Kind
+from calibrate.io.tier_table.row import TierRow
 from calibrate.report.html.svg import Bar
 from calibrate.report.tables.cells import context_axis
 
@@ -80,9 +83,7 @@ def _save(fig: Any, path: Path) -> None:
     write_atomic_with(path, lambda handle: fig.savefig(handle, dpi=100, format="png"))
 
 
-def write_plot(
-    rows: Sequence[Mapping[str, Any]], kind: Kind, path: Path, cache_dir: str = ""
-) -> Path | None:
+def write_plot(rows: Sequence[TierRow], kind: Kind, path: Path, cache_dir: str = "") -> Path | None:
     """plot.png: per-item latency, throughput and peak VRAM; None when matplotlib is missing."""
     plt = _pyplot("plot.png", cache_dir)
     if plt is None:
@@ -92,28 +93,43 @@ def write_plot(
     return path
 
 
-def _draw_plot(plt: Any, rows: Sequence[Mapping[str, Any]], kind: Kind, path: Path) -> None:
-    x_name = "batch_size" if kind == "ladder" else "concurrency"
+Figure = Callable[[TierRow], float | int | None]
+# Per panel: its title and its lines (a legend's name, the row's figure).
+_PANELS: tuple[tuple[str, tuple[tuple[str, Figure], ...]], ...] = (
+    (
+        "time per item, request latency (s)",
+        (
+            (C.PER_ITEM_S, lambda r: r.per_item_s),
+            (C.LATENCY_P50_S, lambda r: r.latency.p50_s),
+            (C.LATENCY_P90_S, lambda r: r.latency.p90_s),
+        ),
+    ),
+    (
+        "throughput (items/s)",
+        (
+            (C.ITEMS_PER_S, lambda r: r.items_per_s),
+            (C.ITEMS_PER_S_MIN, lambda r: r.sweep.items_per_s_min),
+            (C.ITEMS_PER_S_MAX, lambda r: r.sweep.items_per_s_max),
+        ),
+    ),
+    ("peak VRAM (MiB)", ((C.PEAK_VRAM_MIB, lambda r: r.memory.peak_vram_mib),)),
+)
+
+
+def _draw_plot(plt: Any, rows: Sequence[TierRow], kind: Kind, path: Path) -> None:
+    x_name = C.BATCH_SIZE if kind == "ladder" else C.CONCURRENCY
     if kind == "ladder" and context_axis(rows):
-        x_name = "input_tokens_target"  # bisected lengths come after longer ones: sort them
-        rows = sorted(rows, key=lambda r: float(r[x_name]))
-    xs = [round(float(r[x_name])) for r in rows]
+        x_name = C.INPUT_TOKENS_TARGET  # bisected lengths come after longer ones: sort them
+        rows = sorted(rows, key=lambda r: key_value(r, x_name) or 0.0)
+    xs = [round(key_value(r, x_name) or 0.0) for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     try:
-        series = [
-            (
-                "time per item, request latency (s)",
-                ["per_item_s", "latency_p50_s", "latency_p90_s"],
-            ),
-            ("throughput (items/s)", ["items_per_s", "items_per_s_min", "items_per_s_max"]),
-            ("peak VRAM (MiB)", ["peak_vram_mib"]),
-        ]
-        for ax, (title, keys) in zip(axes, series, strict=True):
-            for key in keys:
-                if all(r.get(key) is None for r in rows):
+        for ax, (title, lines) in zip(axes, _PANELS, strict=True):
+            for name, figure in lines:
+                if all(figure(r) is None for r in rows):
                     continue  # e.g. the range of a ladder, or per_item_s of an old table
-                ys = [float("nan") if r.get(key) is None else float(r[key]) for r in rows]
-                ax.plot(xs, ys, marker="o", label=key)
+                ys = [float("nan") if (y := figure(r)) is None else float(y) for r in rows]
+                ax.plot(xs, ys, marker="o", label=name)
             ax.set_title(title)
             ax.set_xlabel(x_name)
             ax.set_xscale("log", base=2)

@@ -3,10 +3,9 @@ progress bar under it (steps done, time left); in a log the same table a row at 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -21,7 +20,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from calibrate.io.tier_table import Kind
+from calibrate.io.tier_table.columns import Kind
+from calibrate.io.tier_table.row import TierRow
 from calibrate.redact import printable
 from calibrate.report.tables.cells import Cells, context_axis
 from calibrate.report.tables.columns import fitting_columns
@@ -32,7 +32,7 @@ from calibrate.report.tables.tiers import LEFT_JUSTIFIED, tier_table
 ROOM = {"errors": len("2 oom:2"), "range": len("123.45–130.00"), "gain": len("(+12%)")}
 # A context ladder's rows grow: 512 first, up to the server's context last (a 6-digit length on
 # a long-context model), so its first row cannot size the length columns: this one sizes them.
-LONGEST_CONTEXT = {"input_tokens_target": 131072, "input_tokens_mean": 131072}
+LONGEST_CONTEXT = 131072
 # A rate level's verdict may say it saturated ("pass saturated"), where the first level's said
 # "pass": its column has that room from the first row.
 SWEEP_ROOM = {"verdict": len("pass saturated")}
@@ -91,10 +91,10 @@ def live_rows(
     *,
     wide: bool = False,
     plan: Plan | None = None,
-) -> Iterator[Callable[[Mapping[str, Any]], None]]:
+) -> Iterator[Callable[[TierRow], None]]:
     """On a TTY a table that grows as rows finish, a progress bar under it; in a log the table
     a row at a time (``LogTable``); the finished table again only with --wide (every column)."""
-    rows: list[Mapping[str, Any]] = []
+    rows: list[TierRow] = []
     if not live:
         yield LogTable(console, kind).add
         return
@@ -108,7 +108,7 @@ def live_rows(
     # with --wide the table printed at the end has every column: this one goes when done
     with Live(view(), console=console, refresh_per_second=4, transient=wide) as display:
 
-        def add(row: Mapping[str, Any]) -> None:
+        def add(row: TierRow) -> None:
             rows.append(row)
             if bar is not None and task is not None:
                 bar.advance(task)
@@ -133,18 +133,21 @@ class LogTable:
         self.columns: Cells = []
         self.widths: list[int] = []
 
-    def add(self, row: Mapping[str, Any]) -> None:
+    def add(self, row: TierRow) -> None:
         if not self.columns:
             self._fit(row)
             self._print([name for name, _ in self.columns])
         self._print([cell(row) for _, cell in self.columns])
 
-    def _fit(self, row: Mapping[str, Any]) -> None:
+    def _fit(self, row: TierRow) -> None:
         """The columns that fit with their room (fitted narrower until they do)."""
         limit = width = self.console.width
+        longest = replace(
+            row.tokens, input_tokens_target=LONGEST_CONTEXT, input_tokens_mean=LONGEST_CONTEXT
+        )
+        rows = [row, replace(row, tokens=longest)] if context_axis([row]) else [row]
         while True:
             before = len(self.columns)
-            rows = [row, {**row, **LONGEST_CONTEXT}] if context_axis([row]) else [row]
             self.columns = fitting_columns(rows, self.kind, limit, wide=False)
             room = {**ROOM, **(SWEEP_ROOM if self.kind == "sweep" else {})}
             self.widths = [

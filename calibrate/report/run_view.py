@@ -8,7 +8,6 @@ readable ``tiers.csv`` is refused (exit 2): there is nothing to report.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,21 +16,26 @@ from typing import Any
 from calibrate.errors import InputError
 from calibrate.io.output_paths import Named
 from calibrate.io.store import read_object
-from calibrate.io.tier_table import Kind, level_key, read_rows
+from calibrate.io.tier_table import check_table, read_table
+from calibrate.io.tier_table.cells import key_value, known_cells, row_json
+from calibrate.io.tier_table.columns import Column as C
+from calibrate.io.tier_table.columns import Kind
+from calibrate.io.tier_table.row import TierRow
 from calibrate.stages.measure.tiers import kept
 from calibrate.state.ledger import Ledger
 
-# Columns a newer ladder/sweep may write; shown in the HTML table when a run has them.
-_LATENCY = re.compile(r"^(ttft|tpot|itl|e2e|latency)_(p\d+|mean|max)_s$")
+# Latency percentiles and rate columns, shown in the HTML table's every column when a run has
+# them (the terminal's table has some of them already).
+LATENCY = tuple(c for c in C if c.value.startswith(("ttft_", "tpot_", "itl_", "e2e_", "latency_")))
 EXTRA_NAMES = (
-    "load",
-    "offered_rate",
-    "achieved_rate",
-    "saturated",
-    "send_lag_p99_s",
-    "slo_met",  # the requests behind the goodput column
-    "items_per_s_min",
-    "items_per_s_max",
+    C.LOAD,
+    C.OFFERED_RATE,
+    C.ACHIEVED_RATE,
+    C.SATURATED,
+    C.SEND_LAG_P99_S,
+    C.SLO_MET,  # the requests behind the goodput column
+    C.ITEMS_PER_S_MIN,
+    C.ITEMS_PER_S_MAX,
 )
 
 
@@ -63,8 +67,9 @@ class RunView:
 
     path: Path
     kind: Kind
-    key: str  # the column rows are matched and plotted by
-    rows: tuple[dict[str, Any], ...]
+    key: C  # the column rows are matched and plotted by
+    rows: tuple[TierRow, ...]
+    columns: tuple[str, ...]  # tiers.csv's, as the run wrote them (today's names)
     manifest: dict[str, Any]
     summary: dict[str, Any]  # the stage summary (``summary`` of summary.json or the ledger line)
     verdict: Verdict
@@ -74,11 +79,19 @@ class RunView:
     def run_id(self) -> str:
         return str(self.manifest.get("run_id") or self.path.name)
 
-    def extra_columns(self) -> list[str]:
+    def extra_columns(self) -> list[C]:
         """Latency percentile and rate columns this run has values in (newer stages write them)."""
-        names = {k for row in self.rows for k, v in row.items() if v is not None}
-        found = [n for n in sorted(names) if _LATENCY.match(n)]
-        return found + [n for n in EXTRA_NAMES if n in names]
+        names = {c for row in self.rows for c, v in known_cells(row) if v is not None}
+        found = sorted((c for c in LATENCY if c in names), key=lambda c: c.value)
+        return found + [c for c in EXTRA_NAMES if c in names]
+
+    def key_of(self, row: TierRow) -> float | None:
+        """The value that names the row's tier or level."""
+        return key_value(row, self.key)
+
+    def rows_json(self) -> list[dict[str, Any]]:
+        """The rows as tiers.csv holds them (``report --json``)."""
+        return [row_json(r, self.columns) for r in self.rows]
 
 
 RUN_INPUTS = ("tiers.csv", "manifest.json", "summary.json", "records.jsonl", "incidents.jsonl")
@@ -94,7 +107,7 @@ def run_kind(run: Path) -> Kind:
     stage = read_object(run / "manifest.json").get("stage")
     if stage in ("ladder", "sweep"):
         return "ladder" if stage == "ladder" else "sweep"
-    return "sweep" if "gain" in read_rows(run / "tiers.csv")[0] else "ladder"
+    return read_table(run / "tiers.csv").kind
 
 
 def as_dict(value: Any) -> dict[str, Any]:
@@ -108,15 +121,14 @@ def _ledger_line(run: Path, run_id: str) -> dict[str, Any]:
     return entry.to_json() if entry is not None else {}
 
 
-def row_key(kind: Kind, rows: Sequence[Mapping[str, Any]]) -> str:
+def row_key(kind: Kind, rows: Sequence[TierRow]) -> C:
     """Ladders by batch size (input length on the context axis); sweeps by concurrency, by
     offered rate when the sweep ran in rate mode, by step when it ran ``--auto``."""
     if kind == "ladder":
-        context = any(r.get("axis") == "context" for r in rows)
-        return "input_tokens_target" if context else "batch_size"
-    if any(r.get("auto_step") is not None for r in rows):
-        return "auto_step"  # two auto runs offer different rates; their steps match
-    return "offered_rate" if any(r.get("offered_rate") is not None for r in rows) else "concurrency"
+        return C.INPUT_TOKENS_TARGET if any(r.context_axis for r in rows) else C.BATCH_SIZE
+    if any(r.auto.auto_step is not None for r in rows):
+        return C.AUTO_STEP  # two auto runs offer different rates; their steps match
+    return C.OFFERED_RATE if any(r.rate.offered_rate is not None for r in rows) else C.CONCURRENCY
 
 
 def _incidents(run: Path) -> tuple[Incident, ...]:
@@ -145,8 +157,8 @@ def _setting_text(value: Any) -> str:
     return ", ".join(parts) or "none"
 
 
-def _passing_from_rows(rows: Sequence[Mapping[str, Any]], key: str) -> str:
-    passing = [v for r in rows if kept(r.get("verdict")) and (v := level_key(r, key)) is not None]
+def _passing_from_rows(rows: Sequence[TierRow], key: C) -> str:
+    passing = [v for r in rows if kept(r.verdict) and (v := key_value(r, key)) is not None]
     return f"{key.replace('_', ' ')} {max(passing):g}" if passing else "none"
 
 
@@ -180,8 +192,8 @@ def _notes(summary: Mapping[str, Any], manifest: Mapping[str, Any]) -> tuple[str
 
 def _verdict(
     line: Mapping[str, Any],
-    rows: Sequence[Mapping[str, Any]],
-    key: str,
+    rows: Sequence[TierRow],
+    key: C,
     manifest: Mapping[str, Any],
 ) -> Verdict:
     summary = as_dict(line.get("summary"))
@@ -201,14 +213,15 @@ def _verdict(
 
 
 MAX_CELL = 1e15  # far beyond any count, size, rate or time a stage measures
-LEVELS = ("batch_size", "concurrency")  # a tier's size: never below 1
+LEVELS = (C.BATCH_SIZE, C.CONCURRENCY)  # a tier's size: never below 1
 
 
-def check_cells(rows: Sequence[Mapping[str, Any]], csv_path: Path) -> None:
+def check_cells(rows: Sequence[TierRow], csv_path: Path) -> None:
     """Exit 2 naming the file, line and column for a number no stage writes: hundreds of digits
     (no float holds it), or a batch size or concurrency below 1 (no plot axis can show it)."""
     for number, row in enumerate(rows, 2):
-        for column, value in row.items():
+        cells = [*known_cells(row), *row.extra.items()]
+        for column, value in cells:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue
             problem = ""
@@ -227,18 +240,22 @@ def check_cells(rows: Sequence[Mapping[str, Any]], csv_path: Path) -> None:
 
 
 def load_run(run: Path, kind: Kind) -> RunView:
-    """Read one run folder; no tiers.csv is exit 2 (report has nothing to show)."""
+    """Read one run folder; no tiers.csv, or one that is not a ``kind``'s table, is exit 2
+    (report has nothing to show)."""
     csv_path = run / "tiers.csv"
     if not csv_path.exists():
         raise InputError(
             f"{csv_path} does not exist: {run} is not a finished ladder or sweep run",
             f"List the runs with: ls {run.parent}/   (report reads <run>/tiers.csv)",
         )
-    rows = read_rows(csv_path)
+    table = read_table(csv_path)
+    rows = table.rows
     check_cells(rows, csv_path)
+    check_table(table, kind)
     manifest = read_object(run / "manifest.json")
     line = read_object(run / "summary.json") or _ledger_line(run, run.name)
     key = row_key(kind, rows)
     summary = as_dict(line.get("summary"))
     verdict = _verdict(line, rows, key, manifest)
-    return RunView(run, kind, key, tuple(rows), manifest, summary, verdict, _incidents(run))
+    incidents = _incidents(run)
+    return RunView(run, kind, key, rows, table.columns, manifest, summary, verdict, incidents)

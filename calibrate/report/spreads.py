@@ -4,24 +4,24 @@ and CV from ``rounds.jsonl``, the noisy ones called out, and the text and --json
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
 from calibrate.confidence import DEFAULT_LEVEL, Spread, spread
-from calibrate.io.jsonl import read_jsonl
-from calibrate.io.tier_table import level_key
-from calibrate.numbers import finite
+from calibrate.io.tier_table import read_row_lines
+from calibrate.io.tier_table.cells import key_value, numbers
+from calibrate.io.tier_table.columns import Column as C
+from calibrate.io.tier_table.row import TierRow
 from calibrate.report.run_view import RunView
 
 # the tier's key and its round counters: never a metric to compare or spread
 NOT_METRICS = {
-    "batch_size",
-    "concurrency",
-    "offered_rate",
-    "auto_step",
-    "rounds",
-    "round",
-    "repeats",
+    C.BATCH_SIZE,
+    C.CONCURRENCY,
+    C.OFFERED_RATE,
+    C.AUTO_STEP,
+    C.ROUNDS,
+    C.ROUND,
+    C.REPEATS,
 }
 
 
@@ -34,22 +34,20 @@ def round_values(view: RunView) -> dict[float, dict[str, list[float]]]:
     run) counts once, the later line."""
     path = view.path / "rounds.jsonl"
     try:
-        lines = list(read_jsonl(path)) if path.is_file() else []
+        lines = list(read_row_lines(path)) if path.is_file() else []
     except OSError:
         return {}
-    rounds: dict[tuple[float, Any], Mapping[str, Any]] = {}
-    for number, line in enumerate(lines):
-        key = level_key(line, view.key)
+    rounds: dict[tuple[float, Any], TierRow] = {}
+    for number, line in lines:
+        key = key_value(line, view.key)
         if key is None:
             continue
-        round_no = line.get("round")
-        known = isinstance(round_no, int) and not isinstance(round_no, bool)
-        rounds[key, round_no if known else f"line {number}"] = line
+        rounds[key, line.round if line.round is not None else f"line {number}"] = line
     out: dict[float, dict[str, list[float]]] = {}
     for (key, _), kept in rounds.items():
         metrics = out.setdefault(key, {})
-        for name, value in kept.items():
-            if name != view.key and name not in NOT_METRICS and (x := finite(value)) is not None:
+        for name, x in numbers(kept).items():
+            if name != view.key and name not in NOT_METRICS:
                 metrics.setdefault(name, []).append(x)
     return out
 
@@ -62,21 +60,21 @@ def run_spreads(view: RunView, level: float = DEFAULT_LEVEL) -> Spreads:
     }
 
 
-def tier_label(key: str, value: float) -> str:
+def tier_label(key: C, value: float) -> str:
     """``batch 8``, ``concurrency 4``, ``rate 2 req/s``, ``input 4096 tokens``, ``step 3``."""
-    if key == "offered_rate":
+    if key == C.OFFERED_RATE:
         return "rate inf" if math.isinf(value) else f"rate {value:g} req/s"
-    if key == "input_tokens_target":
+    if key == C.INPUT_TOKENS_TARGET:
         return f"input {value:g} tokens"
-    name = {"batch_size": "batch", "auto_step": "step"}.get(key, key.replace("_", " "))
+    name = {C.BATCH_SIZE: "batch", C.AUTO_STEP: "step"}.get(key, key.replace("_", " "))
     return f"{name} {value:g}"
 
 
 # The metrics a noisy callout is about: a tier's throughput and its typical latency (a p99 over
 # a round of a few requests always varies; its delta says "not significant" instead).
 _CALLOUT = (
-    ("items_per_s", "achieved_rate", "goodput_per_s", "output_tokens_per_s"),
-    ("latency_p50_s", "e2e_p50_s", "per_item_s"),
+    (C.ITEMS_PER_S, C.ACHIEVED_RATE, C.GOODPUT_PER_S, C.OUTPUT_TOKENS_PER_S),
+    (C.LATENCY_P50_S, C.E2E_P50_S, C.PER_ITEM_S),
 )
 
 

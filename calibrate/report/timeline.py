@@ -23,6 +23,7 @@ from typing import Any, Literal
 from calibrate.errors import InputError
 from calibrate.io.jsonl import read_jsonl
 from calibrate.io.tier_table import level_key
+from calibrate.io.tier_table.columns import Column
 from calibrate.numbers import finite
 from calibrate.report.html.svg import Bar
 
@@ -120,13 +121,13 @@ def _replayed(records: Sequence[Mapping[str, Any]], wave: bool) -> list[tuple[fl
     return [spans[id(r)] for r in records]
 
 
-def _matches(record: Mapping[str, Any], key: str, tier: float) -> bool:
+def _matches(record: Mapping[str, Any], key: Column, tier: float) -> bool:
     value = level_key(record, key)
     return value is not None and (value == tier or abs(value - tier) < 1e-9)
 
 
 def tier_timeline(
-    records: Iterable[Mapping[str, Any]], key: str, tier: float, *, wave: bool, label: str = ""
+    records: Iterable[Mapping[str, Any]], key: Column, tier: float, *, wave: bool, label: str = ""
 ) -> Timeline:
     """One bar per request of the tier (``key`` = batch_size, concurrency or offered_rate)."""
     picked = [r for r in records if _matches(r, key, tier)]
@@ -153,7 +154,7 @@ def tier_timeline(
     return Timeline(label or f"{key} {tier:g}", tuple(bars), source)
 
 
-def read_timeline(run: Path, key: str, tier: float, *, wave: bool, label: str = "") -> Timeline:
+def read_timeline(run: Path, key: Column, tier: float, *, wave: bool, label: str = "") -> Timeline:
     """The timeline of one tier; a tier with no records is exit 2 naming the tiers there are."""
     path = run / "records.jsonl"
     if not path.exists():

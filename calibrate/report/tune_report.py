@@ -8,7 +8,7 @@ front drawn by the one SVG plotter (no matplotlib needed)."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,22 +18,23 @@ from calibrate.errors import InputError
 from calibrate.io.bounded import read_bounded
 from calibrate.io.jsonl import load_jsonl_objects
 from calibrate.io.store import read_object
+from calibrate.io.tier_table.cells import CellError
+from calibrate.io.tier_table.tune import NotARow, Point, TuneRow
 from calibrate.numbers import finite
 from calibrate.report.html.parts import page, table, text
 from calibrate.report.html.svg import BarValue, Series, bar_chart, line_chart
 from calibrate.report.tables.tune import LEFT, columns_of, front_columns, front_rows
 
 HEADER_BYTES = 4096  # the first line of a tiers.csv, read no further
-REQUIRED = ("rank", "id", "flags", "status", "cap", "errors", "incidents")
 
 
-def plot_svg(table: Sequence[Mapping[str, Any]], title: str) -> str:
+def plot_svg(table: Sequence[TuneRow], title: str) -> str:
     """plot.svg: one bar per candidate, its goodput; a candidate that did not start says so."""
     bars = []
     for r in table:
-        goodput = finite(r.get("goodput_per_s")) or 0.0
-        note = f"{goodput:.2f}/s at c={r['best_concurrency']}" if goodput else str(r["status"])
-        bars.append(BarValue(f"{r['id']} {r['flags']}"[:48], goodput, note))
+        goodput = finite(r.goodput_per_s) or 0.0
+        note = f"{goodput:.2f}/s at c={r.best_concurrency}" if goodput else r.status
+        bars.append(BarValue(f"{r.id} {r.flags}"[:48], goodput, note))
     return bar_chart(title, bars, standalone=True)
 
 
@@ -51,40 +52,40 @@ def is_tune_run(path: Path) -> bool:
 @dataclass(frozen=True)
 class TuneView:
     path: Path
-    rows: tuple[dict[str, Any], ...]  # ranked, the cells of ``io.tier_table.TuneRow``
+    rows: tuple[TuneRow, ...]  # ranked
     summary: dict[str, Any]  # the ledger summary (summary.json), {} when the run has none
     passed: bool | None
 
     @property
-    def winner(self) -> dict[str, Any] | None:
+    def winner(self) -> TuneRow | None:
         """The first-ranked row, when it served a passing level."""
         top = self.rows[0] if self.rows else None
-        return top if top is not None and _num(top.get("goodput_per_s")) else None
+        return top if top is not None and top.goodput_per_s else None
 
     def headline(self) -> str:
         win = self.winner
-        if win is None:
+        if win is None or win.goodput_per_s is None:
             return "tune found no candidate that served a passing level"
         text = (
-            f"winner: {win['id']} ({win['flags']}): {_num(win.get('goodput_per_s')):.2f} req/s "
-            f"goodput at concurrency {win.get('best_concurrency')}"
+            f"winner: {win.id} ({win.flags}): {win.goodput_per_s:.2f} req/s "
+            f"goodput at concurrency {win.best_concurrency}"
         )
         margin = _num(self.summary.get("margin"))
         if margin is not None and len(self.rows) > 1:
             second = self.rows[1]
-            text += f", {margin:+.0%} over the runner-up {second['id']} ({second['flags']})"
+            text += f", {margin:+.0%} over the runner-up {second.id} ({second.flags})"
             level = _num(self.summary.get("confidence"))
             if self.summary.get("significant") is False and level is not None:
                 text += f", not significant at {percent(level)} (the intervals overlap)"
         return text
 
     @property
-    def front(self) -> list[dict[str, Any]]:
+    def front(self) -> list[Point]:
         """The summary's Pareto points (every candidate that served; ``on_front``, ``pinned``)."""
         points = self.summary.get("pareto")
         if not isinstance(points, list):
             return []
-        return [p for p in points if isinstance(p, dict) and "total_tokens_per_s" in p]
+        return [p for data in points if (p := Point.from_json(data)) is not None]
 
     @property
     def pinned_reason(self) -> str:
@@ -117,32 +118,30 @@ def load_tune(path: Path) -> TuneView:
             f"{table} does not exist: {path} is a tune run with no finished candidate",
             "Run the same calibrate tune command again to continue it.",
         )
-    rows = [obj for _, obj in load_jsonl_objects(table, "tune table")]
-    for n, row in enumerate(rows, 1):
-        missing = [k for k in REQUIRED if k not in row]
-        if missing:
+    rows = []
+    for n, obj in enumerate((obj for _, obj in load_jsonl_objects(table, "tune table")), 1):
+        try:
+            rows.append(TuneRow.from_json(obj))
+        except (NotARow, CellError) as exc:
             raise InputError(
-                f"{table}:{n} is not a tune table row: no {', '.join(missing)}",
+                f"{table}:{n} is not a tune table row: {exc}",
                 "A table written by calibrate tune is needed; rerun the tune to write it again.",
-            )
+            ) from exc
     line = read_object(path / "summary.json")
     summary = line.get("summary") if isinstance(line.get("summary"), dict) else {}
     passed = line.get("passed") if isinstance(line.get("passed"), bool) else None
     return TuneView(path, tuple(rows), summary or {}, passed)
 
 
-def front_svg(points: Sequence[Mapping[str, Any]]) -> str:
+def front_svg(points: Sequence[Point]) -> str:
     """The front joined, the other candidates as dots, a ring on the pinned point."""
 
-    def xy(p: Mapping[str, Any]) -> tuple[float, float]:
-        return (
-            _num(p.get("total_tokens_per_s")) or 0.0,
-            _num(p.get("per_user_tokens_per_s")) or 0.0,
-        )
+    def xy(p: Point) -> tuple[float, float]:
+        return (p.total_tokens_per_s, p.per_user_tokens_per_s)
 
-    pinned = next((xy(p) for p in points if p.get("pinned")), None)
-    on = tuple(xy(p) for p in points if p.get("on_front"))
-    off = tuple(xy(p) for p in points if not p.get("on_front"))
+    pinned = next((xy(p) for p in points if p.pinned), None)
+    on = tuple(xy(p) for p in points if p.on_front)
+    off = tuple(xy(p) for p in points if not p.on_front)
     series = [Series("Pareto front", on, chosen=pinned if pinned in on else None)]
     if off:
         series.append(

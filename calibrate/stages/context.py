@@ -85,7 +85,7 @@ def versions() -> dict[str, str]:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
     }
-    for package in ("urllib3", "nvidia-ml-py", "jq", "pandas", "rich"):
+    for package in ("urllib3", "nvidia-ml-py", "jq", "rich"):
         try:
             out[package] = metadata.version(package)
         except metadata.PackageNotFoundError:

@@ -14,9 +14,10 @@ Pure functions of a tier's numbers: the ladder, the sweep and the notes all ask 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from calibrate.io.tier_table.row import TierRow
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tiers import Stats
 
@@ -164,19 +165,20 @@ def queue_note(
     return f"{head}: its cap is below {concurrency} in flight"
 
 
-def row_queue_note(row: Mapping[str, Any], ran_elsewhere: int | None = None) -> str | None:
-    """``queue_note`` of one tier or level as written in tiers.jsonl (the ladder adds its mode);
+def row_queue_note(row: TierRow, ran_elsewhere: int | None = None) -> str | None:
+    """``queue_note`` of one tier or level as its row holds it (a ladder's with its mode);
     ``ran_elsewhere``: the most the server ran at once over the run's rows."""
+    server = row.server
     return queue_note(
-        row.get("server_queue_max"),
-        int(row["concurrency"]),
-        batch=row.get("batch_size"),
-        prompt_list=row.get("mode") == "prompt-list",
-        running=row.get("running_while_queued"),
-        metric=row.get("running_metric"),
-        kv_usage=row.get("peak_kv_usage"),
-        preemptions=row.get("preemptions"),
-        deferred=row.get("deferred_max"),
+        server.server_queue_max,
+        row.concurrency or 0,
+        batch=row.batch_size,
+        prompt_list=row.ladder.mode == "prompt-list",
+        running=server.running_while_queued,
+        metric=server.running_metric,
+        kv_usage=row.memory.peak_kv_usage,
+        preemptions=server.preemptions,
+        deferred=server.deferred_max,
         ran_elsewhere=ran_elsewhere,
     )
 

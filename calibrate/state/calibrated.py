@@ -23,7 +23,9 @@ from typing import Any
 
 from calibrate.errors import CalibrateError
 from calibrate.io.store import run_path
-from calibrate.io.tier_table import read_rows
+from calibrate.io.tier_table import read_table
+from calibrate.io.tier_table.cells import cell, row_json
+from calibrate.io.tier_table.columns import Column
 from calibrate.state.ledger import Ledger, LedgerEntry, is_context_ladder
 from calibrate.state.summaries import ladder_summary, sweep_summary
 
@@ -166,7 +168,7 @@ def _from_sweep(
         row = (
             measured
             if isinstance(measured, dict)
-            else _row(runs_dir, entry, "concurrency", concurrency)
+            else _row(runs_dir, entry, Column.CONCURRENCY, concurrency)
         )
         workload = sweep_summary(entry.summary).workload.describe()
         row = {**_noise_of(entry), **row, **level}
@@ -189,7 +191,7 @@ def _from_ladder(entry: LedgerEntry, runs_dir: Path, concurrency: int) -> Calibr
         row = (
             measured
             if isinstance(measured, dict)
-            else _row(runs_dir, entry, "batch_size", concurrency)
+            else _row(runs_dir, entry, Column.BATCH_SIZE, concurrency)
         )
         per_item = _number(tier.get("per_item_s"))
         if _number(row.get("items_per_s")) is None and per_item:
@@ -245,18 +247,18 @@ def _made(
     )
 
 
-def _row(runs_dir: Path, entry: LedgerEntry, key: str, value: int) -> dict[str, Any]:
+def _row(runs_dir: Path, entry: LedgerEntry, key: Column, value: int) -> dict[str, Any]:
     """An older ledger line's level or tier completed from its run's tiers.csv (its last row
     of that ``key``: a tier run again is written again); {} when the folder is gone."""
     path = run_path(runs_dir, entry.run_id) / "tiers.csv"
     if not path.is_file():
         return {}
     try:
-        rows = read_rows(path)
+        table = read_table(path)
     except CalibrateError:
         return {}
-    found = [r for r in rows if r.get(key) == value and r.get("offered_rate") is None]
-    return found[-1] if found else {}
+    found = [r for r in table.rows if cell(r, key) == value and r.rate.offered_rate is None]
+    return row_json(found[-1], table.columns) if found else {}
 
 
 def _noise_of(entry: LedgerEntry) -> dict[str, Any]:

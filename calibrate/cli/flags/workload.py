@@ -248,4 +248,4 @@ def measure_spec(args: argparse.Namespace, kind: TableKind) -> MeasureSpec:
     if not args.compare:
         return spec
     compare = Path(args.compare)  # read here, once: a table that is not one is exit 2 now
-    return replace(spec, compare=compare, baseline=tuple(read_table(compare, kind)))
+    return replace(spec, compare=compare, baseline=read_table(compare, kind))

@@ -58,7 +58,7 @@ class LadderView(TierView[LadderResult, LadderOptions]):
         with self.out.live_table("ladder", f"ladder {run_id}", progress) as show:
 
             def on_tier(tier: Tier) -> None:
-                show({**tier.to_json(), "axis": options.axis})
+                show(tier.row(options.axis))
                 warn_if_client_bound(self.out, watch.selfload)
                 say_differs(self.out, tier.determinism, f"batch {tier.batch_size}")
 

@@ -41,7 +41,7 @@ class SweepView(TierView[SweepResult, SweepOptions]):
         with self.out.live_table("sweep", f"sweep {run_id}", progress(options)) as show:
 
             def on_level(level: Level) -> None:
-                show(level.to_json())
+                show(level.row())
                 warn_if_client_bound(self.out, watch.selfload)
                 say_differs(self.out, level.determinism, level.label)
 

@@ -20,7 +20,9 @@ from calibrate.errors import Interrupted
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor
 from calibrate.io.junit import JUnitSuite
-from calibrate.io.tier_table import Kind, read_rows
+from calibrate.io.tier_table import read_table
+from calibrate.io.tier_table.columns import Kind
+from calibrate.io.tier_table.row import TierRow
 from calibrate.report.plot import write_plot
 from calibrate.report.replay import prefix_cache_seen
 from calibrate.report.tables.compare import compare_table
@@ -129,7 +131,7 @@ def announce(out: Output, monitor: VramMonitor) -> None:
 
 def show_tables(out: Output, ctx: StageContext, kind: Kind, csv_path: Path, source: str) -> None:
     """The final table as ``report RUN`` will print it (read back from tiers.csv); plot.png."""
-    table_rows = read_rows(csv_path)
+    table_rows = read_table(csv_path).rows
     title = f"{kind} {ctx.run.run_id}"
     out.show_table(lambda width: tier_table(table_rows, kind, title, width, wide=width is None))
     plot = write_plot(table_rows, kind, ctx.run.file("plot.png"), ctx.config.cache_dir)
@@ -190,15 +192,15 @@ def warn_stream_check(out: Output, check: StreamCheck, slo: SloConfig) -> None:
         )
 
 
-def warn_if_not_streamed(out: Output, rows: Sequence[Mapping[str, Any]], stream: bool) -> None:
+def warn_if_not_streamed(out: Output, rows: Sequence[TierRow], stream: bool) -> None:
     """Streaming was asked for but no answer came as a stream: the server answered JSON."""
     # rows with at least one request answered: all failed says nothing about streaming
-    answered = [r for r in rows if (r.get("items") or 0) > (r.get("errors") or 0)]
-    if stream and answered and all(r.get("ttft_p50_s") is None for r in answered):
+    answered = [r for r in rows if (r.items or 0) > (r.errors or 0)]
+    if stream and answered and all(r.ttft.p50_s is None for r in answered):
         out.warn(
             "the server answered the streamed requests without streaming (plain JSON): TTFT, "
             "TPOT and ITL were not measured; E2E latency and throughput were"
         )
-    counted = {r.get("tokens_counted_by") for r in answered} - {None, "usage"}
+    counted = {r.tokens_counted_by for r in answered} - {None, "usage"}
     if counted:
         out.say("output tokens counted from stream chunks (the server sent no usage in the stream)")

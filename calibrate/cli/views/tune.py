@@ -5,11 +5,11 @@ bar under them on a terminal), then the ranked table (the essential columns, fit
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 from calibrate.cli.output import Output
+from calibrate.io.tier_table.tune import Point, TuneRow
 from calibrate.report.progress import Plan, progress_bar
 from calibrate.report.tables.cells import figure
 from calibrate.report.tables.tune import front_rows, front_table, ranked_table
@@ -46,7 +46,7 @@ def finished_line(result: CandidateResult) -> str:
     )
 
 
-def show_ranked(out: Output, rows: Sequence[Mapping[str, Any]], title: str | None) -> None:
+def show_ranked(out: Output, rows: Sequence[TuneRow], title: str | None) -> None:
     """One table, on a terminal and in a log alike (``report RUN`` shows the same)."""
     out.show_table(lambda width: ranked_table(rows, title, width), live=False)
 
@@ -218,7 +218,8 @@ def show_finished(out: Output, finished: TuneFinished) -> None:
 
 def show_front(out: Output, finished: TuneFinished) -> None:
     """The Pareto front (goodput per user against total goodput) and the point pin takes."""
-    points = finished.summary.details.get("pareto") or []
+    found = finished.summary.details.get("pareto") or []
+    points = [p for data in found if (p := Point.from_json(data)) is not None]
     if len(front_rows(points)) > 1:  # one point: the line below says it all (report draws it)
         title = "Pareto front: tokens/s per user against tokens/s in all"
         out.show_table(lambda width: front_table(points, title, width), live=False)

@@ -8,92 +8,81 @@ measured) energy are shown as tiles, so nobody has to read the table to learn th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from calibrate.io.tier_table import level_key
+from calibrate.io.tier_table.columns import Column as C
+from calibrate.io.tier_table.row import TierRow
 from calibrate.numbers import finite
 from calibrate.report.html.parts import definitions, section, text
 from calibrate.report.replay import prefix_cache_seen
 from calibrate.report.run_view import RunView
 from calibrate.report.spreads import value_text
-from calibrate.report.tables.cells import is_true
 from calibrate.stages.measure.tiers import kept
 
-Row = Mapping[str, Any]
 
-# Energy columns (SPEC §13) under the names a stage may write them; the first found is shown.
-_ENERGY: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("joules_per_output_token", "energy_j_per_output_token", "j_per_output_token"), "J/token"),
-    (("energy_j", "joules"), "J"),
-    (("power_mean_w", "mean_watts", "watts_mean"), "W mean"),
-    (("usd_per_1m_output_tokens", "cost_per_1m_output_tokens"), "$ per 1M output tokens"),
-)
+def _largest(rows: Sequence[TierRow], value: Any) -> TierRow | None:
+    """The row with the largest finite ``value(row)`` (none without one)."""
+    found = [(v, r) for r in rows if (v := finite(value(r))) is not None]
+    return max(found, key=lambda pair: pair[0])[1] if found else None
 
 
-def _first(row: Row, names: Sequence[str]) -> float | None:
-    return next((v for n in names if (v := finite(row.get(n))) is not None), None)
+def _matching(rows: Sequence[TierRow], value: Any, want: Any) -> TierRow | None:
+    number = finite(want)
+    return next((r for r in rows if number is not None and finite(value(r)) == number), None)
 
 
-def _matching(rows: Sequence[Row], column: str, value: Any) -> Row | None:
-    want = finite(value)
-    return next((r for r in rows if want is not None and finite(r.get(column)) == want), None)
-
-
-def setting_row(view: RunView) -> Row | None:
+def setting_row(view: RunView) -> TierRow | None:
     """The row of the setting the run recommends; None when it has none (nothing passed)."""
-    passing = [r for r in view.rows if kept(r.get("verdict"))]
+    passing = [r for r in view.rows if kept(r.verdict)]
     if not passing:
         return None
     summary = view.summary
     if view.kind == "ladder":
-        if view.key == "input_tokens_target":
-            return max(passing, key=lambda r: level_key(r, view.key) or 0.0)
+        if view.key == C.INPUT_TOKENS_TARGET:
+            return max(passing, key=lambda r: view.key_of(r) or 0.0)
         last = summary.get("last_passing")
-        found = _matching(passing, "batch_size", last.get("batch_size")) if last else None
-        return found or max(passing, key=lambda r: level_key(r, "batch_size") or 0.0)
+        wanted = last.get(C.BATCH_SIZE) if isinstance(last, dict) else None
+        found = _matching(passing, lambda r: r.batch_size, wanted)
+        return found or max(passing, key=lambda r: r.batch_size or 0)
     if summary.get("slo"):
-        good = [r for r in passing if (finite(r.get("goodput_per_s")) or 0.0) > 0]
-        return max(good, key=lambda r: finite(r.get("goodput_per_s")) or 0.0, default=None)
-    if view.key in ("offered_rate", "auto_step"):
-        rated = [
-            r
-            for r in passing
-            if finite(r.get("offered_rate")) is not None and not is_true(r.get("saturated"))
-        ]
-        best = max(rated, key=lambda r: finite(r.get("offered_rate")) or 0.0, default=None)
-        sync = next((r for r in passing if r.get("load") == "synchronous"), None)
+        good = [r for r in passing if (finite(r.goodput_per_s) or 0.0) > 0]
+        return _largest(good, lambda r: r.goodput_per_s)
+    if view.key in (C.OFFERED_RATE, C.AUTO_STEP):
+        rated = [r for r in passing if not r.rate.saturated]
+        best = _largest(rated, lambda r: r.rate.offered_rate)
+        sync = next((r for r in passing if r.auto.load == "synchronous"), None)
         return best or sync
     knee = summary.get("knee")
-    wanted = knee.get("concurrency") if isinstance(knee, dict) else None
+    wanted = knee.get(C.CONCURRENCY) if isinstance(knee, dict) else None
     if wanted is None:
         wanted = summary.get("recommended_concurrency")
-    return _matching(passing, "concurrency", wanted)
+    return _matching(passing, lambda r: r.concurrency, wanted)
 
 
-def setting_words(view: RunView, row: Row) -> tuple[str, str]:
+def setting_words(view: RunView, row: TierRow) -> tuple[str, str]:
     """The setting as a headline and a line under it: ``batch size 4 · concurrency 4``."""
-    batch, conc = finite(row.get("batch_size")), finite(row.get("concurrency"))
+    batch, conc = row.batch_size, row.concurrency
     size = f"batch size {batch:g}" if batch is not None else ""
     flight = f"concurrency {conc:g}" if conc is not None else ""
-    if view.key == "input_tokens_target":
-        longest = finite(row.get("input_tokens_max")) or finite(row.get("input_tokens_target"))
+    if view.key == C.INPUT_TOKENS_TARGET:
+        longest = row.tokens.input_tokens_max or finite(row.tokens.input_tokens_target)
         head = f"{longest:g} input tokens" if longest is not None else "the longest input"
         return head, f"the longest input that passed, at {size or flight}"
     if view.kind == "ladder":
         return size or flight, ", ".join(
             p for p in (flight if size else "", "the last passing tier") if p
         )
-    offered = finite(row.get("offered_rate"))
+    offered = finite(row.rate.offered_rate)
     if offered is not None:
-        step = finite(row.get("auto_step"))
+        step = row.auto.auto_step
         named = f"step {step:g}: " if step is not None else ""
         under = f"at most {conc:g} in flight" if conc is not None else ""
         return (
             f"{named}{value_text(offered)} req/s offered",
             ", ".join(p for p in (under, size) if p) + " — the highest rate it kept up with",
         )
-    if row.get("load") == "synchronous":
+    if row.auto.load == "synchronous":
         return "synchronous (one at a time)", f"{size}: no rate above it kept up"
     why = "most goodput within the SLOs" if view.summary.get("slo") else "the knee"
     return flight or size, ", ".join(p for p in (size if flight else "", why) if p)
@@ -104,32 +93,31 @@ def _tile(label: str, value: str, under: str, ident: str) -> str:
     return f'<div class="tile"><dt>{text(label)}</dt><dd id="{ident}">{text(value)}{sub}</dd></div>'
 
 
-def _throughput(row: Row) -> tuple[str, str]:
-    items = finite(row.get("items_per_s"))
-    achieved = finite(row.get("achieved_rate"))
-    tokens = finite(row.get("output_tokens_per_s"))
+def _throughput(row: TierRow) -> tuple[str, str]:
+    items, achieved = finite(row.items_per_s), finite(row.rate.achieved_rate)
+    tokens = finite(row.output_tokens_per_s)
     head = (
         f"{value_text(achieved)} req/s achieved"
-        if achieved is not None and finite(row.get("offered_rate")) is not None
+        if achieved is not None and finite(row.rate.offered_rate) is not None
         else (f"{value_text(items)} items/s" if items is not None else "not measured")
     )
     return head, f"{value_text(tokens)} output tokens/s" if tokens is not None else ""
 
 
-def _latency(row: Row) -> tuple[str, str]:
+def _latency(row: TierRow) -> tuple[str, str]:
     """End-to-end p50 as the headline; p99 and the first token's p50 under it."""
-    p50 = _first(row, ("latency_p50_s", "e2e_p50_s", "per_item_p50_s"))
-    p99 = _first(row, ("latency_p99_s", "e2e_p99_s", "per_item_p99_s"))
-    ttft = finite(row.get("ttft_p50_s"))
+    p50 = next((v for v in (row.latency.p50_s, row.e2e.p50_s) if finite(v) is not None), None)
+    p99 = next((v for v in (row.latency.p99_s, row.e2e.p99_s) if finite(v) is not None), None)
+    ttft = finite(row.ttft.p50_s)
     under = [f"{name} {v:.3g} s" for name, v in (("p99", p99), ("first token p50", ttft)) if v]
     head = f"p50 {p50:.3g} s" if p50 is not None else "not measured"
     return head, " · ".join(under)
 
 
-def _headroom(row: Row) -> tuple[str, str]:
-    peak, total = finite(row.get("peak_vram_mib")), finite(row.get("vram_total_mib"))
-    kv = finite(row.get("peak_kv_usage"))
-    pressure = finite(row.get("pressure"))
+def _headroom(row: TierRow) -> tuple[str, str]:
+    memory = row.memory
+    peak, total = finite(memory.peak_vram_mib), finite(memory.vram_total_mib)
+    kv, pressure = finite(memory.peak_kv_usage), finite(memory.pressure)
     kv_text = f"KV cache peak {kv:.0%}" if kv is not None else ""
     if peak is not None and total:
         return (
@@ -141,8 +129,18 @@ def _headroom(row: Row) -> tuple[str, str]:
     return "not measured", "no NVML and no memory figures from /metrics"
 
 
-def _energy(row: Row) -> tuple[str, str] | None:
-    found = [(v, unit) for names, unit in _ENERGY if (v := _first(row, names)) is not None]
+def _energy(row: TierRow) -> tuple[str, str] | None:
+    energy = row.energy
+    found = [
+        (v, unit)
+        for value, unit in (
+            (energy.joules_per_output_token, "J/token"),
+            (energy.energy_j, "J"),
+            (energy.power_mean_w, "W mean"),
+            (energy.usd_per_1m_output_tokens, "$ per 1M output tokens"),
+        )
+        if (v := finite(value)) is not None
+    ]
     if not found:
         return None
     head = f"{value_text(found[0][0])} {found[0][1]}"
@@ -165,7 +163,7 @@ def setting_tiles(view: RunView, ident: str = "setting") -> str:
         ("latency", *_latency(row), "latency"),
         ("memory headroom", *_headroom(row), "headroom"),
     ]
-    good = finite(row.get("goodput_per_s"))
+    good = finite(row.goodput_per_s)
     if good is not None:
         tiles.append(
             ("goodput", f"{value_text(good)} req/s", "requests within the SLOs", "goodput")
@@ -184,7 +182,7 @@ def verdict_word(passed: bool | None) -> tuple[str, str]:
     return ("passed", "passed") if passed else ("failed", "failed")
 
 
-_KNEE = ("concurrency", "offered_rate", "auto_step")
+_KNEE = (C.CONCURRENCY, C.OFFERED_RATE, C.AUTO_STEP)
 
 
 def verdict_html(view: RunView) -> str:

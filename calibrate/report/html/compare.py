@@ -7,7 +7,8 @@ them), and last, folded, which runs were compared.
 
 from __future__ import annotations
 
-from calibrate.numbers import finite
+from calibrate.io.tier_table.cells import numbers
+from calibrate.io.tier_table.columns import Column as C
 from calibrate.report.compare import Delta, PairRow, RunComparison, delta_text
 from calibrate.report.html.answer import setting_tiles, verdict_word
 from calibrate.report.html.charts import charts_pair, key_label
@@ -37,14 +38,14 @@ def _side(label: str, view: RunView) -> list[tuple[str, str]]:
 
 def _verdicts(row: PairRow) -> tuple[str, str]:
     """Each run's verdict of the tier; ``not run`` where it has none."""
-    return (row.a or {}).get("verdict") or "not run", (row.b or {}).get("verdict") or "not run"
+    return (row.a and row.a.verdict) or "not run", (row.b and row.b.verdict) or "not run"
 
 
 def _values(row: PairRow, metric: str) -> tuple[str, str]:
     """A metric of one tier in A and in B, as text."""
     return (
-        value_text(finite((row.a or {}).get(metric))),
-        value_text(finite((row.b or {}).get(metric))),
+        value_text(numbers(row.a).get(metric) if row.a else None),
+        value_text(numbers(row.b).get(metric) if row.b else None),
     )
 
 
@@ -94,34 +95,31 @@ def comparison_table(cmp: RunComparison) -> str:
 
 # The metrics shown by default, one column each (``A → B (Δ)``); the rest are folded.
 SHORT_METRICS = (
-    "items_per_s",
-    "achieved_rate",
-    "goodput",
-    "output_tokens_per_s",
-    "latency_p50_s",
-    "e2e_p50_s",
-    "per_item_p50_s",
-    "latency_p99_s",
-    "e2e_p99_s",
-    "per_item_p99_s",
-    "ttft_p50_s",
-    "peak_vram_mib",
-    "errors",
+    C.ITEMS_PER_S,
+    C.ACHIEVED_RATE,
+    C.GOODPUT_PER_S,
+    C.OUTPUT_TOKENS_PER_S,
+    C.LATENCY_P50_S,
+    C.E2E_P50_S,
+    C.LATENCY_P99_S,
+    C.E2E_P99_S,
+    C.TTFT_P50_S,
+    C.PEAK_VRAM_MIB,
+    C.ERRORS,
 )
 
 
-_LABELS = {
-    "items_per_s": "items/s",
-    "achieved_rate": "achieved req/s",
-    "output_tokens_per_s": "tok/s",
-    "latency_p50_s": "p50 s",
-    "e2e_p50_s": "p50 s",
-    "per_item_p50_s": "p50 s",
-    "latency_p99_s": "p99 s",
-    "e2e_p99_s": "p99 s",
-    "per_item_p99_s": "p99 s",
-    "ttft_p50_s": "ttft p50 s",
-    "peak_vram_mib": "peak MiB",
+_LABELS: dict[str, str] = {
+    C.ITEMS_PER_S: "items/s",
+    C.ACHIEVED_RATE: "achieved req/s",
+    C.GOODPUT_PER_S: "goodput req/s",
+    C.OUTPUT_TOKENS_PER_S: "tok/s",
+    C.LATENCY_P50_S: "p50 s",
+    C.E2E_P50_S: "p50 s",
+    C.LATENCY_P99_S: "p99 s",
+    C.E2E_P99_S: "p99 s",
+    C.TTFT_P50_S: "ttft p50 s",
+    C.PEAK_VRAM_MIB: "peak MiB",
 }
 
 

@@ -9,10 +9,7 @@ timeline, the incidents, and last, folded, the run's configuration. Plots are in
 
 from __future__ import annotations
 
-from calibrate import json_text
-from calibrate.io.bounded import read_text
-from calibrate.io.tier_table import level_key
-from calibrate.numbers import finite
+from calibrate.io.tier_table import read_row_lines
 from calibrate.report.html.answer import verdict_html
 from calibrate.report.html.charts import charts_for
 from calibrate.report.html.configuration import configuration_html
@@ -49,45 +46,32 @@ def incidents_html(view: RunView) -> str:
 def _variants(view: RunView) -> dict[str, tuple[str, str]]:
     """Per tier or level key, the two texts around the first difference (tiers.jsonl)."""
     found: dict[str, tuple[str, str]] = {}
+    path = view.path / "tiers.jsonl"
     try:
-        lines = read_text(view.path / "tiers.jsonl").splitlines()
-    except (OSError, ValueError):
+        lines = list(read_row_lines(path)) if path.is_file() else []
+    except OSError:
         return found
-    for line in lines:
-        try:
-            row = json_text.loads(line)
-        except ValueError:
-            continue
-        key = level_key(row, view.key) if isinstance(row, dict) else None
-        if key is not None and isinstance(row, dict) and row.get("first_diff_common") is not None:
-            found[f"{key:g}"] = (
-                str(row["first_diff_common"]),
-                str(row.get("first_diff_variant")),
-            )
+    for _, row in lines:
+        key, copies = view.key_of(row), row.determinism
+        if key is not None and copies.first_diff_common is not None:
+            found[f"{key:g}"] = (copies.first_diff_common, str(copies.first_diff_variant))
     return found
 
 
 def determinism_html(view: RunView) -> str | None:
     """SPEC §13: copies of the fixed prompt per tier or level; None when none were sent."""
-    rows = [r for r in view.rows if finite(r.get("distinct_completions")) is not None]
+    rows = [r for r in view.rows if r.determinism.distinct_completions is not None]
     if not rows:
         return None
     variants = _variants(view)
     cells = []
     for r in rows:
-        value = level_key(r, view.key)
+        value = view.key_of(r)
         key = "" if value is None else f"{value:g}"
         common, variant = variants.get(key, ("", ""))
-        diff = finite(r.get("first_diff_token"))
-        cells.append(
-            [
-                key,
-                f"{finite(r.get('distinct_completions')):g}",
-                "" if diff is None else f"{diff:g}",
-                common,
-                variant,
-            ]
-        )
+        diff = r.determinism.first_diff_token
+        distinct = r.determinism.distinct_completions
+        cells.append([key, f"{distinct:g}", "" if diff is None else f"{diff:g}", common, variant])
     return section(
         "determinism",
         "Determinism",

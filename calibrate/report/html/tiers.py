@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from calibrate.io.tier_table import level_key
+from calibrate.io.tier_table.cells import cell
+from calibrate.io.tier_table.columns import Column as C
 from calibrate.numbers import finite
 from calibrate.report.html.parts import folded, table, verdict_class
 from calibrate.report.run_view import RunView
+from calibrate.report.tables.cells import Cells
 from calibrate.report.tables.columns import table_cells
 
 # The columns shown by default (the rest are folded under the table): what tells the tiers
@@ -33,27 +35,18 @@ ESSENTIAL = (
 )
 
 
-def _cells_of(
-    view: RunView, cells: Sequence[tuple[str, Any]], extras: Sequence[str]
-) -> list[list[str]]:
-    body: list[list[str]] = []
-    for row in view.rows:
-        line = []
-        for _, cell in cells:
-            try:
-                line.append(cell(row))
-            except (KeyError, TypeError, ValueError):  # a column this run does not have
-                line.append("—")
-        line += [_extra(row.get(c)) for c in extras]
-        body.append(line)
-    return body
+def _cells_of(view: RunView, cells: Cells, extras: Sequence[C]) -> list[list[str]]:
+    return [
+        [text(row) for _, text in cells] + [_extra(cell(row, c)) for c in extras]
+        for row in view.rows
+    ]
 
 
 def _row_attrs(view: RunView) -> list[dict[str, str]]:
     return [
         {
-            "class": f"tier {verdict_class(r.get('verdict'))}",
-            "data-key": f"{level_key(r, view.key) or 0:g}",
+            "class": f"tier {verdict_class(r.verdict)}",
+            "data-key": f"{view.key_of(r) or 0:g}",
         }
         for r in view.rows
     ]
@@ -63,7 +56,7 @@ def tier_table_html(view: RunView) -> str:
     """The essential columns, then every column (the terminal's plus any latency percentile /
     rate columns the run has) folded under them."""
     cells = table_cells(view.rows, view.kind)
-    shown = {"ttft_p50_s"} if any(name == "ttft p50" for name, _ in cells) else set()
+    shown = {C.TTFT_P50_S} if any(name == "ttft p50" for name, _ in cells) else set()
     extras = [c for c in view.extra_columns() if c not in shown]
     headers = [name for name, _ in cells] + extras
     left = ("verdict", "errors", "pressure")

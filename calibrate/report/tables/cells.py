@@ -2,155 +2,156 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
-from calibrate.io.tier_table import kinds_text
+from calibrate.io.tier_table.cells import kinds_text
+from calibrate.io.tier_table.row import TierRow
 
-Cells = list[tuple[str, Callable[[Mapping[str, Any]], str]]]  # (header, row → text)
+Cells = list[tuple[str, Callable[[TierRow], str]]]  # (header, row → text)
 
 
-def figure(value: Any, fmt: str) -> str:
+def figure(value: float | None, fmt: str) -> str:
     """A number in ``fmt``; ``—`` when there is none."""
-    return "—" if value is None or value == "" else format(float(value), fmt)
+    return "—" if value is None else format(float(value), fmt)
 
 
-def _pressure(row: Mapping[str, Any]) -> str:
-    if row.get("pressure") is None:
+def count(value: int | None) -> str:
+    return "—" if value is None else str(value)
+
+
+def _pressure(row: TierRow) -> str:
+    memory = row.memory
+    if memory.pressure is None:
         return "not measured"
-    return f"{float(row['pressure']):.0%} {row.get('pressure_source') or ''}".strip()
+    return f"{memory.pressure:.0%} {memory.pressure_source or ''}".strip()
 
 
-def pressure_short(row: Mapping[str, Any]) -> str:
+def pressure_short(row: TierRow) -> str:
     """The default table's pressure: the figure alone (its source is said once, above)."""
-    return "—" if row.get("pressure") is None else f"{float(row['pressure']):.0%}"
+    return figure(row.memory.pressure, ".0%")
 
 
-def _match(row: Mapping[str, Any]) -> str:
-    if row.get("baseline_match") is None or not row.get("baseline_items"):
+def _match(row: TierRow) -> str:
+    if row.baseline_match is None or not row.baseline_items:
         return "—"
-    return f"{int(row['baseline_match'])}/{int(row['baseline_items'])}"
+    return f"{row.baseline_match}/{row.baseline_items}"
 
 
-def _in_tokens(row: Mapping[str, Any]) -> str:
+def _in_tokens(row: TierRow) -> str:
     """``3000→3006`` (target → what the server counted), or the count alone when not sized."""
-    actual = figure(row.get("input_tokens_mean"), ".0f")
-    if row.get("input_tokens_target") in (None, ""):
+    tokens = row.tokens
+    actual = figure(tokens.input_tokens_mean, ".0f")
+    if tokens.input_tokens_target is None:
         return actual
-    return f"{figure(row.get('input_tokens_target'), '.0f')}→{actual}"
+    return f"{figure(tokens.input_tokens_target, '.0f')}→{actual}"
+
+
+def _errors(row: TierRow) -> str:
+    return f"{count(row.errors)} {kinds_text(row.error_kinds)}".strip()
 
 
 _TOKEN_CELLS: Cells = [
     ("in tok", _in_tokens),
-    ("out tok", lambda r: figure(r.get("output_tokens_mean"), ".0f")),
+    ("out tok", lambda r: figure(r.tokens.output_tokens_mean, ".0f")),
 ]
 
 
-def range_text(row: Mapping[str, Any]) -> str:
+def range_text(row: TierRow) -> str:
     """A level's lowest–highest throughput over its runs (a single run has no range)."""
-    low, high = row.get("items_per_s_min"), row.get("items_per_s_max")
+    low, high = row.sweep.items_per_s_min, row.sweep.items_per_s_max
     if low is None or high is None:
         return "—"
-    if row.get("repeats") == 1:
+    if row.sweep.repeats == 1:
         return "one run"
-    return f"{float(low):.2f}–{float(high):.2f}"
+    return f"{low:.2f}–{high:.2f}"
 
 
-def gain_text(row: Mapping[str, Any]) -> str:
+def gain_text(row: TierRow) -> str:
     """``+85%``; in parentheses when it did not count (below gain_min, or within noise)."""
-    if row.get("gain") is None:
+    if row.sweep.gain is None:
         return "—"
-    text = f"{float(row['gain']):+.0%}"
-    return (
-        f"({text})"
-        if row.get("gain_counted") is not None and not is_true(row["gain_counted"])
-        else text
-    )
+    text = f"{row.sweep.gain:+.0%}"
+    return f"({text})" if row.sweep.gain_counted is False else text
 
 
 LADDER: Cells = [
-    ("batch", lambda r: str(int(r["batch_size"]))),
-    ("conc", lambda r: str(int(r["concurrency"]))),
-    ("rounds", lambda r: str(int(r["rounds"]))),
-    ("waves", lambda r: figure(r.get("waves"), ".0f")),
-    ("items", lambda r: str(int(r["items"]))),
+    ("batch", lambda r: count(r.batch_size)),
+    ("conc", lambda r: count(r.concurrency)),
+    ("rounds", lambda r: count(r.ladder.rounds)),
+    ("waves", lambda r: figure(r.waves, ".0f")),
+    ("items", lambda r: count(r.items)),
     *_TOKEN_CELLS,
-    ("s/item", lambda r: figure(r.get("per_item_s"), ".4f")),
-    ("p50 s", lambda r: figure(r.get("latency_p50_s"), ".3f")),
-    ("p90 s", lambda r: figure(r.get("latency_p90_s"), ".3f")),
-    ("p99 s", lambda r: figure(r.get("latency_p99_s"), ".3f")),
-    ("max s", lambda r: figure(r.get("latency_max_s"), ".3f")),
-    ("ttft p50", lambda r: figure(r.get("ttft_p50_s"), ".3f")),
-    ("ttft p99", lambda r: figure(r.get("ttft_p99_s"), ".3f")),
-    ("tpot p99", lambda r: figure(r.get("tpot_p99_s"), ".4f")),
-    ("itl p99", lambda r: figure(r.get("itl_p99_s"), ".4f")),
-    ("items/s", lambda r: figure(r.get("items_per_s"), ".2f")),
-    ("tok/s", lambda r: figure(r.get("output_tokens_per_s"), ".0f")),
-    ("goodput", lambda r: figure(r.get("goodput_per_s"), ".2f")),
-    ("J/tok", lambda r: figure(r.get("joules_per_output_token"), ".3g")),
-    ("peak MiB", lambda r: figure(r.get("peak_vram_mib"), ".0f")),
+    ("s/item", lambda r: figure(r.per_item_s, ".4f")),
+    ("p50 s", lambda r: figure(r.latency.p50_s, ".3f")),
+    ("p90 s", lambda r: figure(r.latency.p90_s, ".3f")),
+    ("p99 s", lambda r: figure(r.latency.p99_s, ".3f")),
+    ("max s", lambda r: figure(r.latency.max_s, ".3f")),
+    ("ttft p50", lambda r: figure(r.ttft.p50_s, ".3f")),
+    ("ttft p99", lambda r: figure(r.ttft.p99_s, ".3f")),
+    ("tpot p99", lambda r: figure(r.tpot.p99_s, ".4f")),
+    ("itl p99", lambda r: figure(r.itl.p99_s, ".4f")),
+    ("items/s", lambda r: figure(r.items_per_s, ".2f")),
+    ("tok/s", lambda r: figure(r.output_tokens_per_s, ".0f")),
+    ("goodput", lambda r: figure(r.goodput_per_s, ".2f")),
+    ("J/tok", lambda r: figure(r.energy.joules_per_output_token, ".3g")),
+    ("peak MiB", lambda r: figure(r.memory.peak_vram_mib, ".0f")),
     ("pressure", _pressure),
-    ("queue", lambda r: figure(r.get("server_queue_max"), ".0f")),
-    ("errors", lambda r: f"{int(r['errors'])} {kinds_text(r.get('error_kinds'))}".strip()),
+    ("queue", lambda r: figure(r.server.server_queue_max, ".0f")),
+    ("errors", _errors),
     ("match", _match),
-    ("verdict", lambda r: str(r["verdict"])),
+    ("verdict", lambda r: r.verdict or "—"),
 ]
 SWEEP: Cells = [
-    ("conc", lambda r: str(int(r["concurrency"]))),
-    ("batch", lambda r: str(int(r["batch_size"]))),
-    ("runs", lambda r: figure(r.get("repeats"), ".0f")),
-    ("items", lambda r: str(int(r["items"]))),
-    ("total s", lambda r: figure(r.get("total_s"), ".2f")),
+    ("conc", lambda r: count(r.concurrency)),
+    ("batch", lambda r: count(r.batch_size)),
+    ("runs", lambda r: figure(r.sweep.repeats, ".0f")),
+    ("items", lambda r: count(r.items)),
+    ("total s", lambda r: figure(r.total_s, ".2f")),
     *_TOKEN_CELLS,
-    ("offered", lambda r: rate_text(r.get("offered_rate"), r)),
-    ("achieved", lambda r: figure(r.get("achieved_rate"), ".2f")),
-    ("items/s", lambda r: figure(r.get("items_per_s"), ".2f")),
+    ("offered", lambda r: rate_text(r)),
+    ("achieved", lambda r: figure(r.rate.achieved_rate, ".2f")),
+    ("items/s", lambda r: figure(r.items_per_s, ".2f")),
     ("range", range_text),
     ("gain", gain_text),
-    ("tok/s", lambda r: figure(r.get("output_tokens_per_s"), ".0f")),
-    ("goodput", lambda r: figure(r.get("goodput_per_s"), ".2f")),
-    ("J/tok", lambda r: figure(r.get("joules_per_output_token"), ".3g")),
-    ("p50 s", lambda r: figure(r.get("latency_p50_s"), ".3f")),
-    ("p90 s", lambda r: figure(r.get("latency_p90_s"), ".3f")),
-    ("p99 s", lambda r: figure(r.get("latency_p99_s"), ".3f")),
-    ("ttft p50", lambda r: figure(r.get("ttft_p50_s"), ".3f")),
-    ("ttft p99", lambda r: figure(r.get("ttft_p99_s"), ".3f")),
-    ("tpot p50", lambda r: figure(r.get("tpot_p50_s"), ".4f")),
-    ("tpot p99", lambda r: figure(r.get("tpot_p99_s"), ".4f")),
-    ("itl p99", lambda r: figure(r.get("itl_p99_s"), ".4f")),
-    ("lag p99", lambda r: figure(r.get("send_lag_p99_s"), ".3f")),
-    ("peak MiB", lambda r: figure(r.get("peak_vram_mib"), ".0f")),
-    ("queue", lambda r: figure(r.get("server_queue_max"), ".0f")),
-    ("errors", lambda r: f"{int(r['errors'])} {kinds_text(r.get('error_kinds'))}".strip()),
+    ("tok/s", lambda r: figure(r.output_tokens_per_s, ".0f")),
+    ("goodput", lambda r: figure(r.goodput_per_s, ".2f")),
+    ("J/tok", lambda r: figure(r.energy.joules_per_output_token, ".3g")),
+    ("p50 s", lambda r: figure(r.latency.p50_s, ".3f")),
+    ("p90 s", lambda r: figure(r.latency.p90_s, ".3f")),
+    ("p99 s", lambda r: figure(r.latency.p99_s, ".3f")),
+    ("ttft p50", lambda r: figure(r.ttft.p50_s, ".3f")),
+    ("ttft p99", lambda r: figure(r.ttft.p99_s, ".3f")),
+    ("tpot p50", lambda r: figure(r.tpot.p50_s, ".4f")),
+    ("tpot p99", lambda r: figure(r.tpot.p99_s, ".4f")),
+    ("itl p99", lambda r: figure(r.itl.p99_s, ".4f")),
+    ("lag p99", lambda r: figure(r.rate.send_lag_p99_s, ".3f")),
+    ("peak MiB", lambda r: figure(r.memory.peak_vram_mib, ".0f")),
+    ("queue", lambda r: figure(r.server.server_queue_max, ".0f")),
+    ("errors", _errors),
     ("verdict", lambda r: level_verdict(r)),
 ]
 
 
-def level_verdict(row: Mapping[str, Any]) -> str:
+def level_verdict(row: TierRow) -> str:
     """A sweep level's verdict, with ``saturated`` and ``(over server cap)`` when they apply."""
     return (
-        str(row["verdict"])
-        + (" saturated" if is_true(row.get("saturated")) else "")
-        + (" (over server cap)" if is_true(row.get("capped_by_server")) else "")
+        (row.verdict or "—")
+        + (" saturated" if row.rate.saturated else "")
+        + (" (over server cap)" if row.sweep.capped_by_server else "")
     )
 
 
-def rate_text(value: Any, row: Mapping[str, Any]) -> str:
+def rate_text(row: TierRow) -> str:
     """An offered rate; ``inf`` for a rate level sent all at once; an auto sweep's closed-loop
     ends are ``sync`` and ``max``."""
-    load = row.get("load")
+    load = row.auto.load
     if load in ("synchronous", "maximum"):
         return "sync" if load == "synchronous" else "max"
-    if value is None or value == "":
-        return "inf" if row.get("achieved_rate") not in (None, "") else "—"
-    return figure(value, "g")
+    if row.rate.offered_rate is None:
+        return "inf" if row.rate.achieved_rate is not None else "—"
+    return figure(row.rate.offered_rate, "g")
 
 
-def is_true(value: Any) -> bool:
-    """True, or ``true`` as tiers.csv spells it."""
-    return value is True or str(value).lower() == "true"
-
-
-def context_axis(rows: Sequence[Mapping[str, Any]]) -> bool:
+def context_axis(rows: Sequence[TierRow]) -> bool:
     """Rows of ``ladder --axis context``: keyed by input length, not batch size."""
-    return any(r.get("axis") == "context" for r in rows)
+    return any(r.context_axis for r in rows)

@@ -4,9 +4,10 @@ narrow terminal, and the short headers of ``report A B``."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
-from calibrate.io.tier_table import Kind
+from calibrate.io.tier_table.columns import Column as C
+from calibrate.io.tier_table.columns import Kind
+from calibrate.io.tier_table.row import TierRow
 from calibrate.report.tables.cells import LADDER, SWEEP, Cells, context_axis, figure, pressure_short
 from calibrate.report.tables.grid import fit
 
@@ -49,14 +50,13 @@ ESSENTIAL: dict[Kind, tuple[str, ...]] = {
 }
 
 
-def kind_columns(kind: Kind, rows: Sequence[Mapping[str, Any]] = (), wide: bool = True) -> Cells:
+def kind_columns(kind: Kind, rows: Sequence[TierRow] = (), wide: bool = True) -> Cells:
     """A kind's columns (the input length first on the context axis); without ``wide`` the
     essential ones, pressure as a bare figure."""
     if kind == "sweep":
         columns = SWEEP
     elif context_axis(rows):
-        length = ("input", lambda r: figure(r.get("input_tokens_target"), ".0f"))
-        columns = [length, *LADDER]
+        columns = [("input", lambda r: figure(r.tokens.input_tokens_target, ".0f")), *LADDER]
     else:
         columns = LADDER
     if wide:
@@ -72,9 +72,9 @@ def kind_columns(kind: Kind, rows: Sequence[Mapping[str, Any]] = (), wide: bool 
     ]
 
 
-def _sized(rows: Sequence[Mapping[str, Any]]) -> bool:
+def _sized(rows: Sequence[TierRow]) -> bool:
     """A workload with an input-token target: ``in tok`` (target→counted) says it was met."""
-    return any(r.get("input_tokens_target") not in (None, "") for r in rows)
+    return any(r.tokens.input_tokens_target is not None for r in rows)
 
 
 # On a narrow terminal these go first (in this order), so the cells left stay readable.
@@ -135,7 +135,7 @@ WHEN_MEASURED = (
 
 
 def fitting_columns(
-    rows: Sequence[Mapping[str, Any]], kind: Kind, width: int | None, wide: bool = True
+    rows: Sequence[TierRow], kind: Kind, width: int | None, wide: bool = True
 ) -> Cells:
     """The columns with a value in some row; with ``width``, minor ones left out until they fit."""
     columns = [
@@ -146,38 +146,34 @@ def fitting_columns(
     return fit(columns, rows, width, _DROP_FIRST[kind])
 
 
-def table_cells(rows: Sequence[Mapping[str, Any]], kind: Kind) -> Cells:
+def table_cells(rows: Sequence[TierRow], kind: Kind) -> Cells:
     """The terminal table's columns (all of them, as on a wide screen), for the HTML report."""
     return fitting_columns(rows, kind, None)
 
 
 # report A B: a short header per metric, so none is cut ("items_per…") at 100 columns.
-SHORT_NAMES = {
-    "batch_size": "batch",
-    "concurrency": "conc",
-    "offered_rate": "rate",
-    "auto_step": "step",
-    "input_tokens_target": "input",
-    "items_per_s": "items/s",
-    "achieved_rate": "achieved",
-    "goodput": "goodput",
-    "goodput_per_s": "goodput",
-    "output_tokens_per_s": "tok/s",
-    "per_item_s": "s/item",
-    "per_item_mean_s": "s/item",
-    "latency_p50_s": "p50 s",
-    "e2e_p50_s": "e2e p50",
-    "per_item_p50_s": "p50 s",
-    "latency_p99_s": "p99 s",
-    "e2e_p99_s": "e2e p99",
-    "per_item_p99_s": "p99 s",
-    "ttft_p50_s": "ttft p50",
-    "ttft_p99_s": "ttft p99",
-    "tpot_p99_s": "tpot p99",
-    "itl_p99_s": "itl p99",
-    "peak_vram_mib": "peak MiB",
-    "pressure": "pressure",
-    "errors": "errors",
+SHORT_NAMES: Mapping[str, str] = {
+    C.BATCH_SIZE: "batch",
+    C.CONCURRENCY: "conc",
+    C.OFFERED_RATE: "rate",
+    C.AUTO_STEP: "step",
+    C.INPUT_TOKENS_TARGET: "input",
+    C.ITEMS_PER_S: "items/s",
+    C.ACHIEVED_RATE: "achieved",
+    C.GOODPUT_PER_S: "goodput",
+    C.OUTPUT_TOKENS_PER_S: "tok/s",
+    C.PER_ITEM_S: "s/item",
+    C.LATENCY_P50_S: "p50 s",
+    C.E2E_P50_S: "e2e p50",
+    C.LATENCY_P99_S: "p99 s",
+    C.E2E_P99_S: "e2e p99",
+    C.TTFT_P50_S: "ttft p50",
+    C.TTFT_P99_S: "ttft p99",
+    C.TPOT_P99_S: "tpot p99",
+    C.ITL_P99_S: "itl p99",
+    C.PEAK_VRAM_MIB: "peak MiB",
+    C.PRESSURE: "pressure",
+    C.ERRORS: "errors",
 }
 
 

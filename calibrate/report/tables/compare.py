@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from rich.table import Table
 from rich.text import Text
 
 from calibrate.confidence import percent
-from calibrate.numbers import finite
+from calibrate.io.tier_table.cells import numbers
+from calibrate.io.tier_table.columns import Column as C
+from calibrate.io.tier_table.row import TierRow
 from calibrate.report.compare import RunComparison
 from calibrate.report.tables.columns import short_name
 from calibrate.report.tables.grid import compact, plain
@@ -55,16 +57,15 @@ def compare_table(cmp: TierComparison) -> Table:
 
 # The metrics the default ``report A B`` table shows first (a setting is picked on these);
 # the others follow while the table fits. --wide: every one in the headline order.
-_FIRST = (
-    "items_per_s",
-    "achieved_rate",
-    "goodput",
-    "latency_p99_s",
-    "e2e_p99_s",
-    "per_item_p99_s",
-    "ttft_p99_s",
-    "peak_vram_mib",
-    "errors",
+_FIRST: tuple[str, ...] = (
+    C.ITEMS_PER_S,
+    C.ACHIEVED_RATE,
+    C.GOODPUT_PER_S,
+    C.LATENCY_P99_S,
+    C.E2E_P99_S,
+    C.TTFT_P99_S,
+    C.PEAK_VRAM_MIB,
+    C.ERRORS,
 )
 
 
@@ -79,11 +80,11 @@ def _short(value: float | None) -> str:
     return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
-def _pair_cell(delta: Any, side: Mapping[str, Any] | None, metric: str) -> tuple[str, str]:
+def _pair_cell(delta: Any, side: TierRow, metric: str) -> tuple[str, str]:
     """``8 → 6 (-25%)`` and its colour; ``(+27%, significant)`` when tested over the rounds
     (the caption says at what level)."""
     if delta is None:
-        return _short(finite((side or {}).get(metric))), ""
+        return _short(numbers(side).get(metric)), ""
     text = f"{_short(delta.a)} → {_short(delta.b)}"
     if delta.diff is not None:
         change = f"{delta.diff:+.4g}" if delta.change is None else f"{delta.change:+.0%}"
@@ -101,13 +102,12 @@ def runs_compare_table(cmp: RunComparison, width: int | None = 100, wide: bool =
     metrics = list(cmp.metrics) if wide else _by_use(cmp.metrics)
     cells: list[list[tuple[str, str]]] = []
     for row in cmp.rows:
-        side = row.a if row.a is not None else row.b
         line = [
             (f"{row.key:g}", ""),
-            (str((row.a or {}).get("verdict") or "not run"), ""),
-            (str((row.b or {}).get("verdict") or "not run"), ""),
+            ((row.a and row.a.verdict) or "not run", ""),
+            ((row.b and row.b.verdict) or "not run", ""),
         ]
-        line += [_pair_cell(row.deltas.get(m), side, m) for m in metrics]
+        line += [_pair_cell(row.deltas.get(m), row.side, m) for m in metrics]
         cells.append(line)
     names = [short_name(cmp.key), "verdict A", "verdict B", *(short_name(m) for m in metrics)]
     widths = [max([len(n), *(len(c[i][0]) for c in cells)]) for i, n in enumerate(names)]

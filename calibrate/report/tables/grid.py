@@ -8,18 +8,17 @@ restyle the table or raise MarkupError, an ESC move the cursor."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import TypeVar
 
 from rich import box
 from rich.table import Table
 from rich.text import Text
 
 from calibrate.redact import printable
-from calibrate.report.tables.cells import Cells
 
-Row = Mapping[str, Any]
-RowStyle = Callable[[int, Row], str | None]  # (position, row) → a rich style, or none
+Row = TypeVar("Row")  # a tier's or level's row, a tune candidate's
+Columns = Sequence[tuple[str, Callable[[Row], str]]]  # (header, row → text)
 
 
 def plain(text: str, style: str = "") -> Text:
@@ -40,7 +39,7 @@ def compact(title: str | None = None) -> Table:
     )
 
 
-def table_width(columns: Cells, rows: Sequence[Row]) -> int:
+def table_width(columns: Columns[Row], rows: Sequence[Row]) -> int:
     """The width of a ``compact`` table of these columns: each cell's widest text and two
     spaces between columns."""
     return -2 + sum(
@@ -48,25 +47,28 @@ def table_width(columns: Cells, rows: Sequence[Row]) -> int:
     )
 
 
-def fit(columns: Cells, rows: Sequence[Row], width: int | None, drop_first: Iterable[str]) -> Cells:
+def fit(
+    columns: Columns[Row], rows: Sequence[Row], width: int | None, drop_first: Iterable[str]
+) -> list[tuple[str, Callable[[Row], str]]]:
     """The columns that fit ``width``: those named in ``drop_first`` left out, in that order,
     until the table fits (every one without a width)."""
+    kept = list(columns)
     if width is None:
-        return columns
+        return kept
     for name in drop_first:
-        if table_width(columns, rows) <= width:
+        if table_width(kept, rows) <= width:
             break
-        columns = [c for c in columns if c[0] != name]
-    return columns
+        kept = [c for c in kept if c[0] != name]
+    return kept
 
 
 def grid(
-    columns: Cells,
+    columns: Columns[Row],
     rows: Sequence[Row],
     title: str | None,
     *,
     left: Collection[str],
-    style: RowStyle,
+    style: Callable[[int, Row], str | None],  # (position, row) → a rich style, or none
 ) -> Table:
     """The rows as a ``compact`` table: the ``left`` columns (text) left, figures right."""
     table = compact(title)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from rich.markup import escape
 from rich.table import Table
 
 from calibrate.confidence import percent
-from calibrate.io.tier_table import Kind
+from calibrate.io.tier_table.columns import Column as C
+from calibrate.io.tier_table.columns import Kind
+from calibrate.io.tier_table.row import TierRow
 from calibrate.report.compare import headline
 from calibrate.report.run_view import RunView
 from calibrate.report.spreads import Spreads, spread_text
@@ -20,7 +21,7 @@ LEFT_JUSTIFIED = ("verdict", "errors", "pressure")  # the text columns; figures 
 
 
 def tier_table(
-    rows: Sequence[Mapping[str, Any]],
+    rows: Sequence[TierRow],
     kind: Kind,
     title: str | None = None,
     width: int | None = None,
@@ -33,11 +34,11 @@ def tier_table(
     return grid(columns, rows, title, left=LEFT_JUSTIFIED, style=_verdict_style)
 
 
-def _verdict_style(_: int, row: Mapping[str, Any]) -> str | None:
+def _verdict_style(_: int, row: TierRow) -> str | None:
     """A failed tier in red, one that stopped the run in yellow."""
-    if row.get("verdict") == "fail":
+    if row.verdict == "fail":
         return "red"
-    return "yellow" if str(row.get("verdict")).startswith("stop") else None
+    return "yellow" if (row.verdict or "").startswith("stop") else None
 
 
 CONFIDENCE_METRICS = 4  # headline metrics in the confidence table (the tier table has the rest)
@@ -59,14 +60,14 @@ def confidence_table(
     def texts(name: str) -> list[str]:
         return [spread_text(spreads[k].get(name)) for k in keys]
 
-    def needed(metrics: list[str]) -> int:
+    def needed(metrics: Sequence[str]) -> int:
         key_w = max([len(short_name(view.key)), *(len(f"{k:g}") for k in keys)])
         return key_w + 3 + sum(2 + max([len(short_name(m)), *map(len, texts(m))]) for m in metrics)
 
     while not wide and width is not None and len(repeated) > 1 and needed(repeated) > width:
         # tokens/s follows items/s: it goes first, then the last metric
-        if "output_tokens_per_s" in repeated:
-            repeated.remove("output_tokens_per_s")
+        if C.OUTPUT_TOKENS_PER_S in repeated:
+            repeated.remove(C.OUTPUT_TOKENS_PER_S)
         else:
             repeated.pop()
     table = compact(

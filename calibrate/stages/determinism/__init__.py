@@ -18,11 +18,12 @@ import re
 import shlex
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from calibrate.config import Config
 from calibrate.engines import find
+from calibrate.io.tier_table.row import DeterminismCells
 from calibrate.server import process
 from calibrate.server.devices import read_environ
 from calibrate.stages.context import StageContext
@@ -87,15 +88,19 @@ class DeterminismCheck:
     def distinct(self) -> int:
         return len(self.counts)
 
-    def to_json(self) -> dict[str, Any]:
+    def cells(self) -> DeterminismCells:
+        """Its cells in the tier's (or level's) row."""
         d = self.divergence
-        return {
-            "determinism_copies": self.copies,
-            "distinct_completions": self.distinct,
-            "first_diff_token": d.token if d else None,
-            "first_diff_common": d.common if d else None,
-            "first_diff_variant": d.variant if d else None,
-        }
+        return DeterminismCells(
+            self.copies,
+            self.distinct,
+            d.token if d else None,
+            d.common if d else None,
+            d.variant if d else None,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self.cells())
 
     def describe(self, where: str) -> str:
         """``batch 4: 2 distinct completions of 8; first difference at token 5: '…' vs '…'``."""

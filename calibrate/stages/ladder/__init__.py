@@ -62,7 +62,7 @@ def run(spec: LadderSpec, env: LadderEnv) -> LadderOutcome:
             "ladder",
             result,
             ladder.options,
-            [{**t.to_json(), "axis": result.axis, "mode": options.mode} for t in result.tiers],
+            [t.row(result.axis, options.mode) for t in result.tiers],
             tables=env.watcher.tables,
             source=result.vram_source,
             passed=result.passed,

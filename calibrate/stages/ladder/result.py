@@ -8,6 +8,9 @@ from typing import Any
 from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.config import SloConfig
 from calibrate.gpu.noise import combined
+from calibrate.io.tier_table.cells import picked
+from calibrate.io.tier_table.columns import Column as C
+from calibrate.io.tier_table.row import TierRow
 from calibrate.stages.ladder.setting import (
     SettingDoubt,
     setting_doubt,
@@ -166,12 +169,8 @@ class LadderResult:
         if not has_slo(self.slo):
             return {}
         top = self.setting
-        good = top.stats.goodput_per_s if top else None
-        return {
-            "slo": describe(self.slo),
-            "goodput_per_s": round(good, 4) if good is not None else None,
-            "slo_met": top.stats.slo_met if top else None,
-        }
+        row = top.row() if top else TierRow()
+        return {"slo": describe(self.slo), **picked(row, (C.GOODPUT_PER_S, C.SLO_MET), 4)}
 
     def summary(self) -> LadderSummary:
         """The ledger's summary: ``last_passing`` is the setting (what status and pin use);
@@ -187,14 +186,8 @@ class LadderResult:
             for t in self.tiers
         ]
         if self.axis == "context":
-            tiers = [
-                {
-                    **short,
-                    "input_tokens_target": t.stats.input_tokens_target,
-                    "input_tokens_max": t.stats.input_tokens_max,
-                }
-                for short, t in zip(tiers, self.tiers, strict=True)
-            ]
+            lengths = (C.INPUT_TOKENS_TARGET, C.INPUT_TOKENS_MAX)
+            tiers = [{**t.short(), **picked(t.row(), lengths, 6)} for t in self.tiers]
         details = {
             "vram_source": self.vram_source,
             "tiers": tiers,

@@ -7,22 +7,26 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from calibrate.errors import InputError
 from calibrate.io.atomic import copy_atomic
-from calibrate.io.tier_table import read_rows
+from calibrate.io.tier_table import read_table as read_tier_table
+from calibrate.io.tier_table.cells import cell
+from calibrate.io.tier_table.columns import Column as C
+from calibrate.io.tier_table.columns import Kind
+from calibrate.io.tier_table.row import TierRow
 from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.measure.tiers import kept
 
-TableKind = Literal["ladder", "sweep"]
+TableKind = Kind
 # (row key, metric compared, True when a bigger metric is better)
-_SHAPE: dict[str, tuple[str, str, bool]] = {
-    "ladder": ("batch_size", "per_item_s", False),
-    "sweep": ("concurrency", "items_per_s", True),
+_SHAPE: dict[str, tuple[C, C, bool]] = {
+    "ladder": (C.BATCH_SIZE, C.PER_ITEM_S, False),
+    "sweep": (C.CONCURRENCY, C.ITEMS_PER_S, True),
 }
 # A ladder table written before per_item_s existed is compared on mean request latency.
-_FALLBACK = {"per_item_s": "latency_mean_s"}
+_FALLBACK = {C.PER_ITEM_S: C.LATENCY_MEAN_S}
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,9 @@ class TierComparison:
     rows: tuple[CompareRow, ...]
     last_passing: Cell
     problems: tuple[str, ...]
-    metric: str = ""  # the column compared (the kind's own, or its fallback for an old table)
+    metric: C | None = (
+        None  # the column compared (the kind's own, or its fallback for an old table)
+    )
 
     @property
     def passed(self) -> bool:
@@ -56,11 +62,11 @@ class TierComparison:
 
     @property
     def key_name(self) -> str:
-        return _SHAPE[self.kind][0]
+        return _SHAPE[self.kind][0].value
 
     @property
     def metric_name(self) -> str:
-        return self.metric or _SHAPE[self.kind][1]
+        return (self.metric or _SHAPE[self.kind][1]).value
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,7 +77,7 @@ class TierComparison:
         }
 
 
-def read_table(path: Path, kind: TableKind) -> list[dict[str, Any]]:
+def read_table(path: Path, kind: TableKind) -> tuple[TierRow, ...]:
     """The rows of a tiers.csv (the one reader, ``tier_table``); a missing column is exit 2."""
     if not path.exists():
         raise InputError(
@@ -79,18 +85,16 @@ def read_table(path: Path, kind: TableKind) -> list[dict[str, Any]]:
             f"Write one with: calibrate {kind} --save-baseline",
         )
     key, metric, _ = _SHAPE[kind]
-    rows = read_rows(path)
-    if metric not in rows[0] and _FALLBACK.get(metric) in rows[0]:
+    table = read_tier_table(path)
+    if not table.has(metric) and table.has(_FALLBACK.get(metric, metric)):
         metric = _FALLBACK[metric]
-    for column in (key, metric, "verdict"):
-        if column not in rows[0]:
-            raise InputError(f"{path} has no column {column!r}: is it a {kind} tiers.csv?")
-    return rows
+    for column in (key, metric, C.VERDICT):
+        if not table.has(column):
+            raise InputError(f"{path} has no column {column.value!r}: is it a {kind} tiers.csv?")
+    return table.rows
 
 
-def metric_for(
-    kind: TableKind, baseline: Sequence[Mapping[str, Any]], now: Sequence[Mapping[str, Any]]
-) -> str:
+def metric_for(kind: TableKind, baseline: Sequence[TierRow], now: Sequence[TierRow]) -> C:
     """The kind's metric; for a baseline written before it existed, the old one both share."""
     metric = _SHAPE[kind][1]
     fallback = _FALLBACK.get(metric)
@@ -99,15 +103,13 @@ def metric_for(
     return metric
 
 
-def _has(rows: Sequence[Mapping[str, Any]], column: str) -> bool:
-    return any(_num(r.get(column)) is not None for r in rows)
+def _has(rows: Sequence[TierRow], column: C) -> bool:
+    return any(_num(r, column) is not None for r in rows)
 
 
-def _num(value: Any) -> float | None:
-    try:
-        return float(value) if value not in (None, "") else None
-    except ValueError:
-        return None
+def _num(row: TierRow | None, column: C) -> float | None:
+    value = cell(row, column) if row is not None else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _top(passed: Mapping[int, bool]) -> int | None:
@@ -117,8 +119,8 @@ def _top(passed: Mapping[int, bool]) -> int | None:
 
 def compare_tables(
     kind: TableKind,
-    baseline: Sequence[Mapping[str, Any]],
-    now: Sequence[Mapping[str, Any]],
+    baseline: Sequence[TierRow],
+    now: Sequence[TierRow],
     *,
     tolerance: float = 0.2,
     baseline_path: str = "",
@@ -129,20 +131,20 @@ def compare_tables(
         raise InputError(f"--tolerance must be ≥ 0, got {tolerance}")
     key, _, higher_better = _SHAPE[kind]
     metric = metric_for(kind, baseline, now)
-    base = {int(float(r[key])): r for r in baseline}
-    cur = {int(float(r[key])): r for r in now}
+    base = {int(v): r for r in baseline if (v := _num(r, key)) is not None}
+    cur = {int(v): r for r in now if (v := _num(r, key)) is not None}
     # each row's verdict judged once (``tiers.kept``), for its cells and the top passing tier
-    base_ok = {k: kept(r.get("verdict", "")) for k, r in base.items()}
-    cur_ok = {k: kept(r.get("verdict", "")) for k, r in cur.items()}
+    base_ok = {k: kept(r.verdict or "") for k, r in base.items()}
+    cur_ok = {k: kept(r.verdict or "") for k, r in cur.items()}
     problems: list[str] = []
     rows: list[CompareRow] = []
     for k in sorted(set(base) | set(cur)):
-        b, n = base.get(k, {}), cur.get(k, {})
-        bv, nv = b.get("verdict", ""), n.get("verdict", "")
-        verdict_bad = base_ok.get(k, False) and bool(n) and not cur_ok.get(k, False)
+        b, n = base.get(k), cur.get(k)
+        bv, nv = (b.verdict if b else None) or "", (n.verdict if n else None) or ""
+        verdict_bad = base_ok.get(k, False) and n is not None and not cur_ok.get(k, False)
         if verdict_bad:
             problems.append(f"{key} {k} passed in the baseline and now fails ({nv})")
-        bm, nm = _num(b.get(metric)), _num(n.get(metric))
+        bm, nm = _num(b, metric), _num(n, metric)
         change, metric_bad = "", False
         if bm and nm is not None and cur_ok.get(k, False):
             ratio = nm / bm - 1
@@ -199,7 +201,7 @@ def save_baseline(table: Path, dest: Path) -> Path | None:
 
 
 def compare_run(
-    spec: MeasureSpec, kind: TableKind, rows: Sequence[Mapping[str, Any]]
+    spec: MeasureSpec, kind: TableKind, rows: Sequence[TierRow]
 ) -> TierComparison | None:
     """``--compare``: this run's rows against the committed table (None without the flag, or
     with no row to compare)."""

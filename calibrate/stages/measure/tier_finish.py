@@ -8,13 +8,14 @@ about it all is the command line's; here it is only decided and written.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.io.tier_table import write_tiers_csv
+from calibrate.io.tier_table.row import TierRow
 from calibrate.stages.context import StageContext
 from calibrate.stages.determinism import Determinism, DeterminismCheck, write_determinism
 from calibrate.stages.measure.compare_tiers import (
@@ -30,7 +31,6 @@ from calibrate.state.ledger import LedgerEntry
 from calibrate.state.setting import CalibratedSetting, resolve
 from calibrate.state.summaries import TierChecks, TierSummary
 
-Row = Mapping[str, Any]
 Shown = Callable[[Path, str], None]  # told the tiers.csv just written and the VRAM source
 Found = TypeVar("Found")
 Opts = TypeVar("Opts")
@@ -40,7 +40,7 @@ Opts = TypeVar("Opts")
 class TierRecord:
     """What finishing a run decided and wrote, for the command line to say."""
 
-    rows: tuple[Row, ...]
+    rows: tuple[TierRow, ...]
     comparison: TierComparison | None
     baseline: tuple[Path, Path | None] | None  # (where the table went, the previous one kept)
     notes: tuple[str, ...]
@@ -72,7 +72,7 @@ def finish_tiers(
     kind: TableKind,
     result: Found,
     options: Opts,
-    rows: Sequence[Row],
+    rows: Sequence[TierRow],
     *,
     tables: Shown,
     source: str,
@@ -112,9 +112,9 @@ def finish_tiers(
     return replace(outcome, determinism=write_determinism(ctx, checks), next_step=hint, setting=now)
 
 
-def queue_notes(rows: Sequence[Row]) -> list[str]:
+def queue_notes(rows: Sequence[TierRow]) -> list[str]:
     """One note per tier or level during which the server queued requests (explains a knee)."""
-    running = [r["server_running_max"] for r in rows if r.get("server_running_max") is not None]
-    most = round(max(running)) if running else None
+    running = [n for r in rows if (n := r.server.server_running_max) is not None]
+    most = max(running, default=None)
     found = (row_queue_note(r, most) for r in rows)
     return [note for note in found if note]

@@ -7,7 +7,7 @@ however the run ends; ``tier_finish`` writes the verdict once the tiers are in.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +23,7 @@ from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.sources import MetricsEndpoint, SourceChoice, energy_reader, open_sources
 from calibrate.gpu.vram import VramMonitor
 from calibrate.io.tasks import TaskPool
+from calibrate.io.tier_table.row import TierRow
 from calibrate.redact import redact_url
 from calibrate.server import process
 from calibrate.server.devices import managed_server_devices
@@ -50,7 +51,7 @@ class MeasureSpec:
     gpu_metrics_url: str | None = None
     server_pid: int | None = None
     compare: Path | None = None
-    baseline: tuple[Mapping[str, Any], ...] | None = None  # --compare's rows, read up front
+    baseline: tuple[TierRow, ...] | None = None  # --compare's rows, read up front
     tolerance: float = 0.2
     save_baseline: bool = False
     gpu_price_per_hour: float | None = None  # None: [cost] gpu_price_per_hour (SPEC §13)

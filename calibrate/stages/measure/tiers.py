@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from calibrate.gpu.energy import ENERGY_COLUMNS, energy_fields
 from calibrate.gpu.noise import MachineNoise
 from calibrate.gpu.reading import DeviceMemory
 from calibrate.gpu.vram import RunningPeak, WindowPeak, device_peaks
+from calibrate.io.tier_table.cells import picked, row_from_cells, row_json
+from calibrate.io.tier_table.columns import PER_TOKEN
+from calibrate.io.tier_table.columns import Column as C
+from calibrate.io.tier_table.row import DeterminismCells, LadderCells, TierRow
 from calibrate.load.items import ItemResult, percentile
 from calibrate.stages.determinism import DeterminismCheck
 from calibrate.stages.measure.latency import latency_columns
@@ -123,6 +127,10 @@ class Stats:
                 out[key] = round(value, 6)
         out["per_device"] = [d.to_json() for d in self.per_device]
         return out
+
+    def row(self) -> TierRow:
+        """Its row, as its line in rounds.jsonl reads back."""
+        return row_from_cells(self.to_json())
 
     @property
     def kinds_text(self) -> str:
@@ -270,33 +278,24 @@ class Tier:
         preempted requests (the one before it is the last passing)."""
         return kept(self.verdict)
 
+    def row(self, axis: str | None = None, mode: str | None = None) -> TierRow:
+        """Its row in tiers.csv and tiers.jsonl (``axis`` and ``mode``: the table's, at the end)."""
+        return replace(
+            self.stats.row(),
+            verdict=self.verdict,
+            client_bound=self.client_bound or None,
+            ladder=LadderCells(len(self.rounds), self.reason, self.unseen or None, axis, mode),
+            determinism=self.determinism.cells() if self.determinism else DeterminismCells(),
+        )
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            **self.stats.to_json(),
-            "rounds": len(self.rounds),
-            "verdict": self.verdict,
-            "reason": self.reason,
-            "client_bound": self.client_bound or None,
-            "running_unseen": self.unseen or None,
-            **(self.determinism.to_json() if self.determinism else {}),
-        }
+        return row_json(self.row())
 
     def short(self) -> dict[str, Any]:
-        """The ledger's short form of a tier."""
-        per_item = self.stats.per_item_s
-        good = self.stats.goodput_per_s
+        """The ledger's short form of a tier (goodput and energy where measured)."""
+        row = self.row()
         return {
-            "batch_size": self.batch_size,
-            "verdict": self.verdict,
-            "per_item_s": round(per_item, 4) if per_item is not None else None,
-            "errors": self.stats.errors,
-            **({"goodput_per_s": round(good, 4)} if good is not None else {}),
-            **energy_short(self.stats),
+            **picked(row, (C.BATCH_SIZE, C.VERDICT, C.PER_ITEM_S, C.ERRORS), 4),
+            **picked(row, (C.GOODPUT_PER_S,), 4, measured=True),
+            **picked(row, PER_TOKEN, 6, measured=True),  # pin writes them in its script
         }
-
-
-def energy_short(stats: Stats) -> dict[str, float]:
-    """J per output token and $ per 1M output tokens where measured (the ledger's short forms;
-    pin writes them in the launch script's header)."""
-    names = ("joules_per_output_token", "usd_per_1m_output_tokens")
-    return {n: round(v, 6) for n in names if (v := getattr(stats, n)) is not None}

@@ -62,7 +62,7 @@ def run(spec: SweepSpec, env: SweepEnv) -> SweepOutcome:
                 "sweep",
                 result,
                 sweep.options,
-                [lv.to_json() for lv in result.levels],
+                [lv.row() for lv in result.levels],
                 tables=watcher.tables,
                 source=result.vram_source,
                 passed=result.passed,

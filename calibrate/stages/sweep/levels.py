@@ -16,17 +16,23 @@ from typing import Any, Literal
 
 from calibrate.config import SloConfig
 from calibrate.gpu.noise import combined
-from calibrate.load.arrivals import rate_text, rate_value
+from calibrate.io.tier_table.cells import picked, row_json, written
+from calibrate.io.tier_table.columns import PER_TOKEN
+from calibrate.io.tier_table.columns import Column as C
+from calibrate.io.tier_table.row import AutoCells, DeterminismCells, RateCells, SweepCells, TierRow
+from calibrate.load.arrivals import rate_text
 from calibrate.load.keepalive_stall import Stall
 from calibrate.load.window import spread
 from calibrate.stages.determinism import DeterminismCheck
 from calibrate.stages.measure.saturation import RateJudgement
 from calibrate.stages.measure.slo import binding_slo, p99_breaches
-from calibrate.stages.measure.tiers import Stats, energy_short
+from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.sweep.find_max import FindMax
 from calibrate.stages.verdict.knee import Point
 from calibrate.stages.verdict.separation import judged_range
 
+# a rate level's cells in the ledger's summary
+RATE = (C.OFFERED_RATE, C.ACHIEVED_RATE, C.SATURATED, C.SATURATION, C.SEND_LAG_P99_S)
 LevelVerdict = Literal["pass", "fail", "stop: slo"]  # stop: slo — a find-max probe over an SLO
 AutoRole = Literal["synchronous", "rate", "maximum"]
 
@@ -115,64 +121,58 @@ class Level:
             tuple(good),
         )
 
+    def row(self) -> TierRow:
+        """Its row in tiers.csv and tiers.jsonl."""
+        good = self.goodput_range
+        return replace(
+            self.stats.row(),
+            verdict=self.verdict,
+            client_bound=self.client_bound or None,
+            sweep=SweepCells(
+                len(self.runs),
+                round(self.items_per_s_min, 6),
+                round(self.items_per_s_max, 6),
+                round(self.gain, 4) if self.gain is not None else None,
+                self.counted,
+                self.capped,
+                round(good[0], 6) if good else None,
+                round(good[1], 6) if good else None,
+            ),
+            auto=AutoCells(self.auto.step, self.auto.role) if self.auto else AutoCells(),
+            rate=self.rate_cells(),
+            determinism=self.determinism.cells() if self.determinism else DeterminismCells(),
+        )
+
     def to_json(self) -> dict[str, Any]:
-        gain = round(self.gain, 4) if self.gain is not None else None
-        return {
-            **self.stats.to_json(),
-            "repeats": len(self.runs),
-            "items_per_s_min": round(self.items_per_s_min, 6),
-            "items_per_s_max": round(self.items_per_s_max, 6),
-            "gain": gain,
-            "gain_counted": self.counted,
-            "verdict": self.verdict,
-            "capped_by_server": self.capped,
-            "client_bound": self.client_bound or None,
-            **self.rate_json(),
-            **self.goodput_json(),
-            **(self.determinism.to_json() if self.determinism else {}),
-        }
+        return row_json(self.row())
 
     def summary_json(self) -> dict[str, Any]:
         """The level in the ledger's sweep summary (status, pin and report read it back)."""
+        row = self.row()
+        span = (C.ITEMS_PER_S, C.ITEMS_PER_S_MIN, C.ITEMS_PER_S_MAX, C.REPEATS, C.GAIN_COUNTED)
         return {
-            "concurrency": self.concurrency,
-            "items_per_s": round(self.stats.items_per_s, 3),
-            "items_per_s_min": round(self.items_per_s_min, 3),
-            "items_per_s_max": round(self.items_per_s_max, 3),
-            "repeats": len(self.runs),
-            "gain_counted": self.counted,
-            "client_bound": bool(self.client_bound),
-            "errors": self.stats.errors,
-            "verdict": self.verdict,
-            **self.rate_json(),
-            "goodput_per_s": self.stats.goodput_per_s,
-            **energy_short(self.stats),
+            **picked(row, (C.CONCURRENCY, *span), 3),
+            C.CLIENT_BOUND.value: bool(self.client_bound),
+            **picked(row, (C.ERRORS, C.VERDICT), 6),
+            **written(row, (C.AUTO_STEP, C.LOAD, *RATE)),
+            **picked(row, (C.GOODPUT_PER_S,), 6),
+            **written(row, PER_TOKEN),
         }
 
-    def rate_json(self) -> dict[str, Any]:
-        """Rate levels: offered (``"inf"`` for everything at once: JSON has no infinity) and
-        achieved; an auto sweep's closed-loop levels: their step and achieved rate too."""
-        auto = {"auto_step": self.auto.step, "load": self.auto.role} if self.auto else {}
+    def rate_cells(self) -> RateCells:
+        """Rate levels: offered (infinite for everything at once) and achieved; an auto sweep's
+        closed-loop levels: their achieved rate."""
         if self.rate is None:
-            if not auto:
-                return {}
             rate = self.auto.request_rate if self.auto else None
-            return {**auto, "achieved_rate": round(rate if rate is not None else 0.0, 6)}
+            return RateCells(achieved_rate=round(rate or 0.0, 6)) if self.auto else RateCells()
         r = self.rate
-        return {
-            **auto,
-            "offered_rate": rate_value(r.offered_rate),
-            "achieved_rate": round(r.achieved_rate, 6),
-            "saturated": r.saturated,
-            "saturation": r.why or None,
-            "send_lag_p99_s": round(r.send_lag_p99_s, 6) if r.send_lag_p99_s is not None else None,
-        }
-
-    def goodput_json(self) -> dict[str, Any]:
-        span = self.goodput_range
-        if span is None:
-            return {}
-        return {"goodput_per_s_min": round(span[0], 6), "goodput_per_s_max": round(span[1], 6)}
+        return RateCells(
+            float("inf") if r.offered_rate is None else r.offered_rate,  # None: everything at once
+            round(r.achieved_rate, 6),
+            r.saturated,
+            r.why or None,
+            round(r.send_lag_p99_s, 6) if r.send_lag_p99_s is not None else None,
+        )
 
 
 def level_stats(whole: Stats, runs: Sequence[Stats]) -> Stats:

@@ -30,7 +30,7 @@ from calibrate.stages.sweep.result import SweepResult
 from calibrate.stages.sweep.run import Sweep
 from calibrate.stages.sweep.spec import SweepOptions
 from calibrate.stages.tune.grid import Candidate
-from calibrate.stages.tune.result import BestLevel, Measurement
+from calibrate.stages.tune.result import BestLevel, LevelLine, Measurement
 from calibrate.workload import WorkloadSpec
 
 Notify = Callable[[str], None]
@@ -159,9 +159,15 @@ def _measurement(result: SweepResult, slo: SloConfig, gain_min: float) -> Measur
         s = level.stats
         goodput = _goodput(s, slo)
         each = [_goodput(r, slo) for r in level.runs]
-        row = {"concurrency": s.concurrency, "goodput_per_s": round(goodput, 4)}
-        row |= {"items_per_s": round(s.items_per_s, 4), "errors": s.errors}
-        rows.append({**row, "p50_s": s.latency_p50_s, "verdict": level.verdict})
+        line = LevelLine(
+            s.concurrency,
+            round(goodput, 4),
+            round(s.items_per_s, 4),
+            s.errors,
+            s.latency_p50_s,
+            level.verdict,
+        )
+        rows.append(line.to_json())
         if level.verdict == "pass" and goodput > 0:
             passing.append(
                 BestLevel(

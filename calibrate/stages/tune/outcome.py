@@ -18,8 +18,9 @@ from typing import Any
 
 from calibrate.confidence import DEFAULT_LEVEL, compare, percent, spread
 from calibrate.gpu.energy import RANK_FIELDS, RankBy
+from calibrate.io.tier_table.tune import Point
 from calibrate.stages.tune.grid import Candidate, TunePlan
-from calibrate.stages.tune.pareto import Point, points, reason
+from calibrate.stages.tune.pareto import points, reason
 from calibrate.stages.tune.result import BestLevel, CandidateResult, MemoryProbe
 from calibrate.stages.verdict.doubt import Doubt, Inconclusive, UnderNoise
 from calibrate.stages.verdict.separation import Sample, gain_interval

@@ -12,10 +12,10 @@ one the ranking put first; ``reason`` says which ranking and what made it first.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 from calibrate.gpu.energy import RankBy
+from calibrate.io.tier_table.tune import Point
 from calibrate.stages.tune.result import CandidateResult
 
 _WHY = {  # the first line of tune says "ranked by …" once; the reason says what that took
@@ -24,45 +24,6 @@ _WHY = {  # the first line of tune says "ranked by …" once; the reason says wh
     "(--rank-by joules_per_token)",
     "usd_per_1m": "the fewest $ per 1M output tokens at its best level (--rank-by usd_per_1m)",
 }
-
-
-@dataclass(frozen=True)
-class Point:
-    """One candidate at its best level, as the front sees it."""
-
-    id: str
-    flags: str
-    concurrency: int
-    per_user_tokens_per_s: float
-    total_tokens_per_s: float
-    goodput_per_s: float
-    joules_per_output_token: float | None = None
-    usd_per_1m_output_tokens: float | None = None
-    on_front: bool = False
-    pinned: bool = False
-
-    def dominated_by(self, other: Point) -> bool:
-        a = (other.per_user_tokens_per_s, other.total_tokens_per_s)
-        b = (self.per_user_tokens_per_s, self.total_tokens_per_s)
-        return a[0] >= b[0] and a[1] >= b[1] and a != b
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "flags": self.flags,
-            "concurrency": self.concurrency,
-            "per_user_tokens_per_s": round(self.per_user_tokens_per_s, 3),
-            "total_tokens_per_s": round(self.total_tokens_per_s, 3),
-            "goodput_per_s": round(self.goodput_per_s, 4),
-            "joules_per_output_token": _r(self.joules_per_output_token),
-            "usd_per_1m_output_tokens": _r(self.usd_per_1m_output_tokens),
-            "on_front": self.on_front,
-            "pinned": self.pinned,
-        }
-
-
-def _r(value: float | None) -> float | None:
-    return None if value is None else round(value, 6)
 
 
 def _point(result: CandidateResult, pinned: bool) -> Point | None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import typing
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from calibrate.io.tier_table.columns import Column as C
 from calibrate.stages.tune.grid import Candidate
 
 
@@ -29,56 +31,68 @@ def _nums(data: dict[str, Any], key: str) -> tuple[float, ...]:
     return tuple(float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool))
 
 
+def _measured(digits: int) -> Any:
+    """A field written only where it was measured (SPEC §13: never a zero)."""
+    return field(default=None, metadata={"digits": digits, "measured": True})
+
+
 @dataclass(frozen=True)
 class BestLevel:
-    """The concurrency at which a candidate did best, and how it did there."""
+    """The concurrency at which a candidate did best, and how it did there (candidates.jsonl
+    holds it under its field names, each figure to its ``digits``, 4 unless said)."""
 
     concurrency: int
     goodput_per_s: float  # requests/s that met every SLO (= items_per_s without SLOs)
     items_per_s: float
-    output_tokens_per_s: float
-    p50_s: float | None
-    p90_s: float | None
-    ttft_p50_s: float | None
+    output_tokens_per_s: float = field(metadata={"digits": 2})
+    p50_s: float | None = None
+    p90_s: float | None = None
+    ttft_p50_s: float | None = None
     # SPEC §13 at this level (None: no energy source / no price): what --rank-by can rank by
-    joules_per_output_token: float | None = None
-    usd_per_1m_output_tokens: float | None = None
+    joules_per_output_token: float | None = _measured(6)
+    usd_per_1m_output_tokens: float | None = _measured(6)
     runs_per_s: tuple[float, ...] = ()  # each run's goodput at this level: the margin's interval
 
     def to_json(self) -> dict[str, Any]:
-        energy = {
-            k: _r(v, 6)
-            for k in ("joules_per_output_token", "usd_per_1m_output_tokens")
-            if (v := getattr(self, k)) is not None
-        }
-        return {
-            "concurrency": self.concurrency,
-            "goodput_per_s": _r(self.goodput_per_s),
-            "items_per_s": _r(self.items_per_s),
-            "output_tokens_per_s": _r(self.output_tokens_per_s, 2),
-            "p50_s": _r(self.p50_s),
-            "p90_s": _r(self.p90_s),
-            "ttft_p50_s": _r(self.ttft_p50_s),
-            **energy,
-            "runs_per_s": [round(v, 4) for v in self.runs_per_s],
-        }
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value, digits = getattr(self, f.name), f.metadata.get("digits", 4)
+            if value is None and f.metadata.get("measured"):
+                continue
+            if isinstance(value, tuple):
+                out[f.name] = [round(v, digits) for v in value]
+            else:
+                out[f.name] = _r(value, digits) if isinstance(value, float) else value
+        return out
 
     @classmethod
     def from_json(cls, data: Any) -> BestLevel | None:
         if not isinstance(data, dict) or _int(data, "concurrency") is None:
             return None
-        return cls(
-            _int(data, "concurrency") or 1,
-            _num(data, "goodput_per_s") or 0.0,
-            _num(data, "items_per_s") or 0.0,
-            _num(data, "output_tokens_per_s") or 0.0,
-            _num(data, "p50_s"),
-            _num(data, "p90_s"),
-            _num(data, "ttft_p50_s"),
-            _num(data, "joules_per_output_token"),
-            _num(data, "usd_per_1m_output_tokens"),
-            _nums(data, "runs_per_s"),
-        )
+        hints = typing.get_type_hints(cls)
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            value = _READ[hints[f.name]](data, f.name)
+            values[f.name] = 0.0 if value is None and hints[f.name] is float else value
+        return cls(**values)
+
+
+_READ: dict[Any, Any] = {int: _int, float: _num, float | None: _num, tuple[float, ...]: _nums}
+
+
+@dataclass(frozen=True)
+class LevelLine:
+    """One level a candidate's sweep measured, as candidates.jsonl lists it."""
+
+    concurrency: int
+    goodput_per_s: float
+    items_per_s: float
+    errors: int
+    p50_s: float | None
+    verdict: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -148,8 +162,8 @@ class CandidateResult:
             "exit_code": self.exit_code,
             "best": self.best.to_json() if self.best else None,
             "best_concurrency": self.best.concurrency if self.best else None,
-            "goodput_per_s": _r(self.best.goodput_per_s) if self.best else None,
-            "items_per_s": _r(self.best.items_per_s) if self.best else None,
+            C.GOODPUT_PER_S.value: _r(self.best.goodput_per_s) if self.best else None,
+            C.ITEMS_PER_S.value: _r(self.best.items_per_s) if self.best else None,
             "latency": self._latency(),
             "levels": list(m.levels) if m else [],
             "errors": m.errors if m else 0,

@@ -8,11 +8,12 @@ starts a new one) only when every candidate was measured, or refine's search sto
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from calibrate.io.tier_table.tune import TuneRow
 from calibrate.stages.measure.slo import describe
 from calibrate.stages.tune.candidate import Lifecycle
 from calibrate.stages.tune.outcome import TuneOutcome
@@ -24,7 +25,7 @@ from calibrate.state.ledger import LedgerEntry
 from calibrate.state.summaries import PlainSummary, TuneSummary
 
 # Draws plot.svg from the ranked rows and a title (the renderer's, so the stage draws nothing).
-DrawPlot = Callable[[Sequence[Mapping[str, Any]], str], str]
+DrawPlot = Callable[[Sequence[TuneRow], str], str]
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class TuneFinished:
 
     setup: TuneSetup
     outcome: TuneOutcome
-    table: list[dict[str, Any]]
+    table: tuple[TuneRow, ...]
     title: str
     tables: Path | None
     plot: Path | None
@@ -125,11 +126,10 @@ class Session:
 
     def finish(self, outcome: TuneOutcome) -> TuneFinished:
         setup, ctx = self.setup, self.setup.ctx
-        rows = ranked_rows(outcome.ranked)
-        table = [r.to_json() for r in rows]
+        table = tuple(ranked_rows(outcome.ranked))
         title = f"tune {ctx.run.run_id} (ranked by {setup.rank_by}, {describe(setup.settings.slo)})"
-        tables = write_tables(ctx.run, rows) if rows else None
-        plot = write_plot(ctx.run, self.draw_plot(table, title)) if rows else None
+        tables = write_tables(ctx.run, table) if table else None
+        plot = write_plot(ctx.run, self.draw_plot(table, title)) if table else None
         details = {
             "grid_fingerprint": setup.fingerprint,
             "search": setup.search,
@@ -138,7 +138,7 @@ class Session:
             "levels": list(setup.settings.levels),
             "skipped_levels": list(setup.settings.skipped_levels),
             "resumed": setup.resumed,
-            "ranked": [r["id"] for r in table],
+            "ranked": [r.id for r in table],
         }
         summary = outcome.summary(details)
         entry = ctx.record_result(summary.winner is not None, summary)

@@ -23,7 +23,7 @@ from calibrate.io.atomic import write_atomic, write_json_atomic
 from calibrate.io.bounded import MAX_LINE_BYTES, TooLong, mib, read_text
 from calibrate.io.jsonl import JsonlWriter, dumps_line, read_jsonl
 from calibrate.io.store import RunDir
-from calibrate.io.tier_table import TuneRow, write_tune_csv
+from calibrate.io.tier_table.tune import TuneRow, write_tune_csv
 from calibrate.stages.tune.result import CandidateResult, MemoryProbe
 
 PLAN_FILE = "tune.json"
@@ -137,35 +137,11 @@ class TuneStore:
 
 
 def row(rank: int, result: CandidateResult) -> TuneRow:
-    """One candidate as a table row (the same cells in CSV, JSONL and the printed table)."""
-    data = result.to_json()
-    best = data["best"] or {}
-    return TuneRow(
-        rank=rank,
-        id=data["id"],
-        flags=result.candidate.describe(),
-        status=result.status,
-        cap=result.candidate.own_cap,
-        best_concurrency=data["best_concurrency"],
-        goodput_per_s=data["goodput_per_s"],
-        items_per_s=data["items_per_s"],
-        output_tokens_per_s=best.get("output_tokens_per_s"),
-        p50_s=best.get("p50_s"),
-        p90_s=best.get("p90_s"),
-        ttft_p50_s=best.get("ttft_p50_s"),
-        joules_per_output_token=best.get("joules_per_output_token"),
-        usd_per_1m_output_tokens=best.get("usd_per_1m_output_tokens"),
-        peak_vram_mib=data["peak_vram_mib"],
-        peak_kv_usage=data["peak_kv_usage"],
-        pressure=data["pressure"],
-        errors=data["errors"],
-        incidents=data["incidents"],
-        start_exit_code=data["start_exit_code"],
-        exit_code=data["exit_code"],
-        rung=data["rung"],
-        window=data["window"],
-        elapsed_s=data["elapsed_s"],
-    )
+    """One candidate as a table row (the same cells in CSV, JSONL and the printed table),
+    its figures as candidates.jsonl holds them."""
+    line = result.to_json()
+    named = {"rank": rank, "flags": result.candidate.describe(), "cap": result.candidate.own_cap}
+    return TuneRow.from_json({**(line["best"] or {}), **line, **named})
 
 
 def ranked_rows(ranked: Sequence[CandidateResult]) -> list[TuneRow]:

@@ -12,7 +12,9 @@ from pathlib import Path
 from calibrate.config import Config, LadderConfig
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor
-from calibrate.io.tier_table import read_rows, write_tiers_csv
+from calibrate.io.tier_table import read_table as read_tiers_csv
+from calibrate.io.tier_table import write_tiers_csv
+from calibrate.io.tier_table.cells import row_from_cells
 from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import LadderResult
 from calibrate.stages.ladder.run import Ladder
@@ -47,7 +49,7 @@ def _finished(
         "ladder",
         result,
         options,
-        [t.to_json() for t in result.tiers],
+        [t.row() for t in result.tiers],
         tables=view,
         source=result.vram_source,
         passed=result.passed,
@@ -62,7 +64,9 @@ def _finished(
 def _baseline(tmp_path: Path, per_item_s: float) -> Path:
     """A committed ladder table whose every tier passed at ``per_item_s``."""
     rows = [
-        {"batch_size": b, "verdict": "pass", "per_item_s": per_item_s, "concurrency": 1}
+        row_from_cells(
+            {"batch_size": b, "verdict": "pass", "per_item_s": per_item_s, "concurrency": 1}
+        )
         for b in PER_ITEM_S
     ]
     return write_tiers_csv(tmp_path / f"base-{per_item_s}.csv", rows, "ladder", "none")
@@ -72,9 +76,9 @@ def test_the_stage_writes_the_table_before_the_view_sees_it(tmp_path: Path) -> N
     shown: list[Path] = []
     done = _finished(tmp_path, MeasureSpec(), shown)
     assert done.passed and len(shown) == 1
-    rows = read_rows(shown[0])
-    assert [r["batch_size"] for r in rows] == [1, 2, 4, 8]
-    assert [r["per_item_s"] for r in rows] == [0.1, 0.1, 0.1, 0.1]
+    rows = read_tiers_csv(shown[0]).rows
+    assert [r.batch_size for r in rows] == [1, 2, 4, 8]
+    assert [r.per_item_s for r in rows] == [0.1, 0.1, 0.1, 0.1]
 
 
 def test_compare_judges_the_measured_rows_not_the_file_a_view_rewrote(tmp_path: Path) -> None:
@@ -99,4 +103,4 @@ def test_save_baseline_keeps_the_table_the_stage_wrote(tmp_path: Path) -> None:
     done = _finished(tmp_path, MeasureSpec(save_baseline=True), shown)
     assert done.record.baseline is not None
     dest, _ = done.record.baseline
-    assert read_rows(dest) == read_rows(shown[0])
+    assert read_tiers_csv(dest).rows == read_tiers_csv(shown[0]).rows
