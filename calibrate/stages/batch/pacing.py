@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("calibrate")
 
 POLL_S = 0.05  # how soon a lane with nothing to send looks again (an item, a probe, a stop)
+FIRST_LOOK_S = 0.001  # … the first time the queue was found empty: then twice as long each time
 UNREACHABLE = ErrorInfo("connect", "server unreachable")
 
 
@@ -109,6 +110,7 @@ class ItemPacing:
         self._due: list[tuple[float, int, _Held]] = []  # retries, by when each is due
         self._order = itertools.count()
         self._probe: threading.Thread | None = None
+        self._look_s = FIRST_LOOK_S  # how long to wait before looking for an item again
 
     @property
     def in_flight(self) -> int:
@@ -135,13 +137,18 @@ class ItemPacing:
         if task is not None:
             if self._control.stop.is_set():
                 return DONE  # taken after the stop: it stays for the rerun
+            self._look_s = FIRST_LOOK_S
             return self._send(_Held(task), now_s)
         if self._queue.idle() and not due:
             return DONE
-        return Wait(min(now_s + POLL_S, due[0][0]) if due else now_s + POLL_S)
+        # the feeder is reading the input (the run's start): look again soon, then less often
+        # (a long tail of answers with nothing left to send costs few wake-ups)
+        look_s, self._look_s = self._look_s, min(self._look_s * 2, POLL_S)
+        return Wait(min(now_s + look_s, due[0][0]) if due else now_s + look_s)
 
     def answered(self, record: Record, now_s: float) -> None:
         held = self._held.pop(id(record.request))
+        self._look_s = FIRST_LOOK_S  # it may have been the last: the queue is soon idle
         exchange = record.exchange
         completion = exchange.completion if exchange is not None else None
         failure = exchange.failure if exchange is not None else None
