@@ -162,7 +162,7 @@ class WorkerSet:
             proc.proc = Proc.start(
                 setup,
                 lambda _, messages: self._told(proc, messages),
-                lambda _: self._ended(proc),
+                lambda process: self._ended(proc, process),
                 f"batch-worker-{setup.index}",
             )
         except OSError:
@@ -217,7 +217,7 @@ class WorkerSet:
             else:
                 self._on_message(proc, message)
 
-    def _ended(self, proc: WorkerProc) -> None:
+    def _ended(self, proc: WorkerProc, process: Proc) -> None:
         """Its output ended and it was reaped: what it held is settled, and it is replaced."""
         with proc.lock:
             proc.dead = True
@@ -229,8 +229,8 @@ class WorkerSet:
             self._give_back(task)
         if proc.done is not None or self._control.stop.is_set():
             return
-        assert proc.proc is not None
-        pid, how = proc.proc.pid, proc.proc.how_it_ended()
+        # ``process``, not ``proc.proc``: it may end before ``Proc.start`` has returned it
+        pid, how = process.pid, process.how_it_ended()
         with self._lock:
             replace = self._replacements < MAX_REPLACEMENTS
             self._replacements += replace
