@@ -76,6 +76,18 @@ class Lines(Protocol):
     ) -> None: ...
 
 
+@dataclass(frozen=True)
+class Work:
+    """What every lane of one batch (or of one worker process) shares: where the items come
+    from and their lines go, the run's spec, its stop and its reachability guard."""
+
+    queue: Items
+    spec: BatchSpec
+    journal: Lines
+    control: BatchControl
+    guard: ReachabilityGuard
+
+
 @dataclass
 class _Held:
     """One item being worked on: its attempts so far and the kinds of those that failed."""
@@ -88,23 +100,14 @@ class _Held:
 class ItemPacing:
     """One lane's slots over the engine (``drive(..., itemize=False, keep=False)``)."""
 
-    def __init__(
-        self,
-        lane: Lane,
-        lanes: Sequence[Lane],
-        queue: Items,
-        spec: BatchSpec,
-        journal: Lines,
-        control: BatchControl,
-        guard: ReachabilityGuard,
-    ) -> None:
+    def __init__(self, lane: Lane, lanes: Sequence[Lane], work: Work) -> None:
         self._lane = lane
         self._lanes = lanes
-        self._queue = queue
-        self._spec = spec
-        self._journal = journal
-        self._control = control
-        self._guard = guard
+        self._queue = work.queue
+        self._spec = work.spec
+        self._journal = work.journal
+        self._control = work.control
+        self._guard = work.guard
         self._rng = random.Random()
         self._held: dict[int, _Held] = {}  # id(request) -> its item, while in flight
         self._due: list[tuple[float, int, _Held]] = []  # retries, by when each is due

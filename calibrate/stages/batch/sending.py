@@ -32,8 +32,8 @@ from calibrate.stages.batch.control import BatchControl, ReachabilityGuard
 from calibrate.stages.batch.journal import Journal
 from calibrate.stages.batch.lanes import Lane, make_lane, report
 from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
-from calibrate.stages.batch.pacing import ItemPacing, Items, Lines
-from calibrate.stages.batch.plan import BatchPlan, BatchSpec
+from calibrate.stages.batch.pacing import ItemPacing, Work
+from calibrate.stages.batch.plan import BatchPlan
 from calibrate.stages.batch.queue import WorkQueue
 from calibrate.stages.batch.result import BatchProgress, BatchResult
 from calibrate.state.setting import Endpoint
@@ -56,19 +56,9 @@ class RunHooks(TypedDict):
 class Sending:
     """The lanes' drives under way on ``clock``'s loop: started, watched, ended."""
 
-    def __init__(
-        self,
-        lanes: Sequence[Lane],
-        queue: Items,
-        spec: BatchSpec,
-        journal: Lines,
-        control: BatchControl,
-        guard: ReachabilityGuard,
-    ) -> None:
+    def __init__(self, lanes: Sequence[Lane], work: Work) -> None:
         self.lanes = lanes
-        self.policies = [
-            ItemPacing(lane, lanes, queue, spec, journal, control, guard) for lane in lanes
-        ]
+        self.policies = [ItemPacing(lane, lanes, work) for lane in lanes]
         self.clock = LoopClock()  # the process's I/O loop: every item is sent from it
         self._future: concurrent.futures.Future[None] | None = None
 
@@ -138,7 +128,7 @@ def run_batch(
     tally = journal.tally
     queue = WorkQueue(plan, total)
     guard = ReachabilityGuard(total, lambda detail: control.fail("unreachable", detail))
-    sending = Sending(lanes, queue, spec, journal, control, guard)
+    sending = Sending(lanes, Work(queue, spec, journal, control, guard))
     wall = time.perf_counter
     start = wall()
     last_report = start

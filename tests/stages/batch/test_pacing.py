@@ -21,7 +21,7 @@ from calibrate.load.transport import Exchange
 from calibrate.stages.batch.control import BatchControl, ReachabilityGuard
 from calibrate.stages.batch.lanes import Lane
 from calibrate.stages.batch.outage import Breaker, OutagePolicy
-from calibrate.stages.batch.pacing import ItemPacing
+from calibrate.stages.batch.pacing import ItemPacing, Work
 from calibrate.stages.batch.plan import BatchSpec
 from calibrate.state.setting import Endpoint
 
@@ -149,7 +149,7 @@ def run(
         SamplingParams(0.0, 8, 1.0, None),
         retry=retry or RetryPolicy(retries=0),
     )
-    pacing = ItemPacing(lane, [lane], items, spec, lines, control, guard)
+    pacing = ItemPacing(lane, [lane], Work(items, spec, lines, control, guard))
     server.clock.run(drive(iter(()), pacing, server, server.clock, itemize=False, keep=False))
     return control, lane, guard
 

@@ -29,6 +29,7 @@ from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.stages.batch.control import BatchControl, ReachabilityGuard
 from calibrate.stages.batch.lanes import make_lane
 from calibrate.stages.batch.outage import OutagePolicy
+from calibrate.stages.batch.pacing import Work
 from calibrate.stages.batch.plan import BatchSpec
 from calibrate.stages.batch.queue import MAX_REQUEUES, waiting_task
 from calibrate.stages.batch.sending import Sending
@@ -183,7 +184,7 @@ def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
     monitor = SelfLoadMonitor(
         advice=setup.advice, cpu_limit=setup.cpu_limit, server_cpu=server
     ).start()
-    sending = Sending(lanes, queue, spec, journal, control, guard).start()
+    sending = Sending(lanes, Work(queue, spec, journal, control, guard)).start()
     told, paused = False, False
     while not sending.wait(POLL_S):
         if text := monitor.poll_warning():
