@@ -6,13 +6,17 @@ import json
 import random
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from calibrate.errors import ExitCode
 from calibrate.http.client import OpenAIClient
-from calibrate.http.models import SamplingParams
+from calibrate.http.models import Choice, Completion, SamplingParams, Usage
 from calibrate.load.retry import RetryPolicy
 from calibrate.stages.batch import BatchSpec, open_batch, run_batch
+from calibrate.stages.batch.outage import Breaker, OutagePolicy
+from calibrate.stages.batch.request import stopped_error
 from tests.batch_helpers import (
     HostileServer,
     Reply,
@@ -141,6 +145,48 @@ def raising(body: dict[str, Any]) -> Any:
     if "[memory]" in text:
         raise MemoryError()
     return OpenAIClient  # not a Completion at all: reading it fails too
+
+
+class BrokenBreaker(Breaker):
+    """An outage breaker with calibrate's own bug: asked whether it is down a 7th time, it
+    raises — a fault in the sending itself, not in any one item."""
+
+    calls = 0
+
+    @property  # type: ignore[override]
+    def down(self) -> bool:
+        self.calls += 1
+        if self.calls > 6:
+            raise KeyError("a bug in the sending loop")
+        return False
+
+
+def test_a_bug_in_the_sending_itself_stops_the_run_as_a_recorded_failure(isolated: Path) -> None:
+    """Not an item's failure (those are its ``internal`` line) but the loop's: the run stops,
+    recorded as failed (``internal``, exit 1 by its error), what finished kept, none counted ok
+    that never got its line, the rest left to the rerun."""
+    tasks = _tasks(isolated / "tasks.jsonl", ["[ok]"] * 20)
+    out = isolated / "out.jsonl"
+    spec = BatchSpec(
+        input_path=tasks,
+        out_path=out,
+        model="m",
+        params=SamplingParams(0.0, 16, 1.0, None),
+        concurrency=2,
+    )
+    answer = Completion((Choice(0, "fine", "stop"),), Usage(3, 1, 4), "m", None, 0.001)
+    lane = scripted_lane(ScriptedTransport(lambda body: answer), 2)
+    lane = replace(lane, breaker=BrokenBreaker(lane.label, OutagePolicy(), lambda: None))
+    with open_batch(spec) as plan:
+        result = run_batch(plan, None, out, lanes=[lane])
+    assert result.stopped_by == "internal", result.stop_detail
+    assert "KeyError" in result.stop_detail and "a bug in the sending loop" in result.stop_detail
+    rows = assert_valid_jsonl(out)
+    assert all(row["ok"] for row in rows) and len(rows) == result.ok == result.finished
+    assert 0 < result.ok < 20 and result.remaining == 20 - result.ok
+    error = stopped_error(result, spec, "calibrate batch …")
+    assert error is not None and error.exit_code == ExitCode.FAILED
+    assert "calibrate's own bug" in error.render() and "resume with" in error.render()
 
 
 def test_any_exception_while_sending_or_reading_an_item_is_its_recorded_internal_failure(

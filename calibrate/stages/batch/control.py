@@ -16,7 +16,14 @@ from typing import Literal
 from calibrate.errors import ErrorInfo
 
 StopReason = Literal[
-    "interrupted", "write_error", "unreachable", "outage", "descriptors", "other_model", "workers"
+    "interrupted",
+    "write_error",
+    "unreachable",
+    "outage",
+    "descriptors",
+    "other_model",
+    "workers",
+    "internal",
 ]
 
 MAX_PROBE_ATTEMPTS = 8  # refused attempts, before any answer, that prove nothing is there
@@ -27,7 +34,8 @@ class BatchControl:
 
     ``reason`` says why the run stopped early: Ctrl-C, an output that cannot be written, a
     server that never answered, an outage longer than --outage-s, calibrate out of file
-    descriptors, or (--workers) no worker process left; the first one is kept.
+    descriptors, (--workers) no worker process left, or calibrate's own bug in the sending
+    itself; the first one is kept.
     """
 
     def __init__(self) -> None:

@@ -271,6 +271,12 @@ def stopped_error(
         )
     if result.stopped_by == "descriptors":
         return OutOfDescriptors(result.stop_detail, f"{DESCRIPTORS_HINT} Resume with: {resume}")
+    if result.stopped_by == "internal":
+        return StageFailed(
+            f"{result.stop_detail}; {result.ok} done this run, {result.remaining} remaining",
+            "This is calibrate's own bug (its traceback is above): please report it. What "
+            f"finished is kept; resume with: {resume}",
+        )
     if result.stopped_by == "workers":
         return StageFailed(
             f"{result.stop_detail}; {result.ok} done this run, {result.remaining} remaining",

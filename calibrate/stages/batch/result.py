@@ -68,7 +68,7 @@ class BatchResult:
     failed_by_kind: dict[str, int]
     interrupted: bool
     abandoned: int  # in flight when the grace period ended
-    stopped_by: str | None  # interrupted | write_error | unreachable | None (ran to the end)
+    stopped_by: str | None  # control.StopReason, or None (ran to the end)
     stop_detail: str  # what stopped it, for the user (or why items were not reached)
     seconds: float
     output_tokens: int

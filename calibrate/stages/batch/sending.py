@@ -58,6 +58,7 @@ class Sending:
 
     def __init__(self, lanes: Sequence[Lane], work: Work) -> None:
         self.lanes = lanes
+        self._control = work.control
         self.policies = [ItemPacing(lane, lanes, work) for lane in lanes]
         self.clock = LoopClock()  # the process's I/O loop: every item is sent from it
         self._future: concurrent.futures.Future[None] | None = None
@@ -78,12 +79,19 @@ class Sending:
                 group.create_task(run)
 
     def wait(self, timeout_s: float) -> bool:
-        """True once every drive is over (a bug in one is raised here)."""
+        """True once every drive is over. A bug of calibrate's own in one (the policy, not an
+        item: an item's is its ``internal`` line) ends them all and stops the run as
+        ``internal``: recorded as failed, its unanswered items left to the rerun."""
         assert self._future is not None, "start first"
         try:
             self._future.result(timeout_s)
         except concurrent.futures.TimeoutError:
             return False
+        except Exception as exc:
+            first = exc.exceptions[0] if isinstance(exc, BaseExceptionGroup) else exc
+            log.error("batch: sending the items failed", exc_info=first)
+            why = f"calibrate's own error while sending the items: {type(first).__name__}: {first}"
+            self._control.fail("internal", why)
         return True
 
     def abandon(self) -> int:
@@ -204,7 +212,7 @@ def _wait(
             deadline = time.perf_counter() + grace_s
             queue.close()
         if sending.wait(0.2):  # also how soon a Ctrl-C or a progress line is noticed
-            return 0
+            return sending.in_flight  # 0, unless a bug ended the drives with items unanswered
         if control.abandon.is_set() or (deadline is not None and time.perf_counter() >= deadline):
             count = sending.abandon()
             log.warning("abandoning %d item(s) still in flight", count)
