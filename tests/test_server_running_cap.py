@@ -16,8 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from calibrate.gpu.reading import VramReading
+from calibrate.gpu.vram import VramMonitor
+from calibrate.io.tier_table.cells import row_json
 from calibrate.stages.measure.stop_rules import ServerCap
-from calibrate.stages.measure.tiers import Stats
+from calibrate.stages.measure.tiers import Stats, summarise
 from calibrate.stages.server_account import (
     observed_cap,
     queue_note,
@@ -322,6 +325,61 @@ def test_a_running_count_sampled_more_slowly_than_the_answers_last_is_unknown() 
     assert not running_unseen(_stats(1, latency_p50_s=0.02, server_running_max=0), 0.05, None)
     assert not running_unseen(replace(short, server_running_max=None), 0.05, None)
     assert not running_unseen(short, 0.05, ServerCap(4, "/props total_slots"))
+
+
+def test_the_samples_count_as_far_apart_as_they_really_came_never_closer_than_asked() -> None:
+    """Seen on vLLM's CPU build ``--max-num-seqs 4``, prompt-list mode: /metrics asked every
+    50 ms, answers of 220 ms at batch 8 — "4.4 samples an answer, seen whole" — yet the count
+    never showed the cap, because the busy machine read it every 150 ms or so: batch 8 was kept
+    against a cap of 4. The rule counts the spacing the tier's samples really had."""
+    slow = _stats(8, latency_p50_s=0.22, server_running_max=4, metrics_gap_s=0.15)
+    said = running_unseen(slow, 0.05, None)
+    assert said.startswith(
+        "its answers (p50 220 ms) last less than 3 /metrics samples 150 ms apart (asked: 50 ms)"
+    ), said
+    # read as often as asked (or the window too short to tell): as before, the interval asked
+    assert not running_unseen(replace(slow, metrics_gap_s=0.06), 0.05, None)
+    assert not running_unseen(replace(slow, metrics_gap_s=0.01), 0.05, None)
+    assert not running_unseen(replace(slow, metrics_gap_s=None), 0.05, None)
+    # however slow the samples, a count that reached B, or a cap the server reports, is known
+    assert not running_unseen(replace(slow, server_running_max=8), 0.05, None)
+    assert not running_unseen(slow, 0.05, ServerCap(4, "/props total_slots"))
+
+
+class _RunningGauge:
+    """A /metrics that says 4 running, read on a clock the test moves."""
+
+    source = "metrics"
+
+    def __init__(self, clock: list[float], step_s: float) -> None:
+        self.clock, self.step_s = clock, step_s
+
+    def read(self) -> VramReading:
+        self.clock[0] += self.step_s  # each read takes this long
+        return VramReading(
+            "metrics", server_running=4.0, running_metric="vllm:num_requests_running"
+        )
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_window_knows_how_often_its_running_count_was_read_and_the_row_keeps_it() -> None:
+    now = [100.0]
+    monitor = VramMonitor([_RunningGauge(now, 0.15)], 0.05, clock=lambda: now[0])
+    idle = monitor.open_window()
+    monitor.sample()
+    monitor.sample()
+    peak = monitor.close_window(idle)
+    assert peak.running is not None and peak.running.gap_s == pytest.approx(0.15)
+    stats = summarise(
+        batch_size=8, concurrency=8, round_no=None, items=[], total_s=1.0, peaks=[peak],
+        baseline_text=None,
+    )  # fmt: skip
+    assert stats.metrics_gap_s == pytest.approx(0.15)
+    assert row_json(stats.row())["metrics_gap_s"] == pytest.approx(0.15)
+    # a server without a running gauge: no column at all, as in the runs written before
+    assert "metrics_gap_s" not in row_json(replace(stats, metrics_gap_s=None).row())
 
 
 def test_a_ladder_never_sets_a_batch_its_running_count_could_not_show_it_ran(

@@ -60,15 +60,22 @@ def running_unseen(stats: Stats, sample_interval_s: float, known: ServerCap | No
     ``--max-num-seqs 4``: 10–20 ms answers, no request seen waiting, batch 8 kept and chosen in
     prompt-list mode), so the count is unknown, not absent: no cap is claimed from it, and the
     tier is not the setting (``ladder.setting``) — never a setting above what was seen running.
-    A server that reports its cap (``known``) needs no gauge; one request runs on any server."""
+    The samples are as far apart as they really came (``stats.metrics_gap_s``), never closer than
+    asked: on a busy machine a 50 ms interval became 150 ms, and 220 ms answers at batch 8 of a
+    server capped at 4 were called seen whole (seen on vLLM's CPU build). A server that reports
+    its cap (``known``) needs no gauge; one request runs on any server."""
     seen, p50, batch = stats.server_running_max, stats.latency_p50_s, stats.batch_size
     if known is not None or seen is None or p50 is None or batch < 2 or seen >= batch:
         return ""
-    if p50 >= round(SAMPLES_PER_ANSWER * sample_interval_s, 9):
+    gap_s = max(sample_interval_s, stats.metrics_gap_s or 0.0)
+    if p50 >= round(SAMPLES_PER_ANSWER * gap_s, 9):
         return ""
+    apart = f"{gap_s * 1000:.0f} ms apart"
+    if gap_s > sample_interval_s * 1.5:  # the machine or the server slowed the samples
+        apart += f" (asked: {sample_interval_s * 1000:.0f} ms)"
     short = (
         f"its answers (p50 {p50 * 1000:.0f} ms) last less than {SAMPLES_PER_ANSWER} /metrics "
-        f"samples {sample_interval_s * 1000:.0f} ms apart"
+        f"samples {apart}"
     )
     if stats.server_queue_max:  # caught waiting: it ran fewer than B, whatever the samples missed
         return (

@@ -78,6 +78,7 @@ class Column(StrEnum):
     DEFERRED_MAX = "deferred_max"
     PREEMPTIONS = "preemptions"
     PREEMPTION_METRIC = "preemption_metric"
+    METRICS_GAP_S = "metrics_gap_s"
     # what failed, and when the answers came
     ERRORS = "errors"
     ERROR_KINDS = "error_kinds"

@@ -90,6 +90,7 @@ class ServerAccount:
     deferred_max: int | None = None
     preemptions: int | None = None
     preemption_metric: str | None = None
+    metrics_gap_s: float | None = apart(written="each")  # its samples' mean spacing
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,7 @@ class Stats:
     running_while_queued: int | None = None
     running_metric: str | None = None
     deferred_max: int | None = None
+    metrics_gap_s: float | None = None  # how far apart its running count was really read
     per_device: tuple[DeviceMemory, ...] = ()  # each device's peak (pressure is the fullest's)
     # What the workload sent and the server counted (SPEC §5.11); canaries left out.
     input_tokens_target: float | None = None  # None: nothing was sized (fixed prompt, tasks)
@@ -221,11 +222,13 @@ def running_columns(running: Sequence[RunningPeak]) -> dict[str, Any]:
         return {}
     queued = [r.while_waiting for r in running if r.while_waiting is not None]
     deferred = [r.deferred_most for r in running if r.deferred_most is not None]
+    gaps = [r.gap_s for r in running if r.gap_s is not None]
     return {
         "server_running_max": round(max(r.most for r in running)),
         "running_while_queued": round(max(queued)) if queued else None,
         "running_metric": running[0].metric,
         "deferred_max": round(max(deferred)) if deferred else None,
+        "metrics_gap_s": max(gaps, default=None),  # the window read least often
     }
 
 
