@@ -63,7 +63,7 @@ class SimulatedEngine:
         for level in LEVELS:
             runs = []
             for _ in range(3):
-                found = loop.closed_loop(self._supply, level, LevelWindow(2.0, 4 * level))
+                found = loop.closed_loop(self._supply, level, LevelWindow(0.25, 4 * level))
                 runs.append(len(found.items) / found.total_s)
             items = sorted(runs)[1]
             if best is None or items > best.goodput_per_s * 1.02:
