@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
+from calibrate.cli import main
 from tests.helpers import write_config
 from tests.mockserver import REPO, start_mock
 
@@ -41,17 +44,30 @@ def _calibrate(root: Path, args: str, **how: object) -> subprocess.CompletedProc
     )
 
 
+@pytest.fixture(scope="module")
+def calibrated_template(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """Once a module: a target with a baseline, a passing ladder and sweep, a tasks file and a
+    journal, calibrated against a mock that serves the whole module (each test gets a copy)."""
+    root = tmp_path_factory.mktemp("calibrated")
+    with start_mock(ttft_s=0.001, per_token_s=0.0001) as mock, pytest.MonkeyPatch.context() as env:
+        for name in list(os.environ):
+            if name.startswith("CALIBRATE_") or name == "OPENAI_API_KEY":
+                env.delenv(name)
+        env.chdir(root)
+        write_config(root / "calibrate.toml", mock.base_url, LEVELS)
+        (root / "tasks.jsonl").write_text('{"id": 1, "text": "a"}\n{"id": 2, "text": "b"}\n')
+        with open(os.devnull, "w") as quiet, redirect_stdout(quiet), redirect_stderr(quiet):
+            for args in ("single", "repro --runs 1", "ladder", "sweep"):
+                assert main(args.split()) == 0, args
+            assert main(["batch", "--input", "tasks.jsonl", "--out", "out.jsonl"]) == 0
+        yield root
+
+
 @pytest.fixture
-def calibrated(cli, isolated: Path):  # type: ignore[no-untyped-def]
-    """A target with a baseline, a passing ladder and sweep, a tasks file and a journal."""
-    with start_mock(ttft_s=0.001, per_token_s=0.0001) as mock:
-        write_config(isolated / "calibrate.toml", mock.base_url, LEVELS)
-        (isolated / "tasks.jsonl").write_text('{"id": 1, "text": "a"}\n{"id": 2, "text": "b"}\n')
-        for args in ("single", "repro --runs 1", "ladder", "sweep"):
-            assert cli(*args.split()).code == 0, args
-        batch = cli("batch", "--input", "tasks.jsonl", "--out", "out.jsonl")
-        assert batch.code == 0, batch.err
-        yield mock
+def calibrated(calibrated_template: Path, isolated: Path) -> Path:
+    """The module's calibrated target, copied into this test's own directory."""
+    shutil.copytree(calibrated_template, isolated, dirs_exist_ok=True, symlinks=True)
+    return isolated
 
 
 def _run_of(root: Path, stage: str) -> str:
