@@ -329,18 +329,23 @@ def test_two_workers_never_read_above_what_their_requests_in_flight_deliver(
     cli, isolated: Path
 ) -> None:
     """The issue: ``--workers 2`` at c = 2 on a mock of ~0.24 s answers (8.2 items/s at most)
-    read 9.27, 9.10, 9.20. Every run now reads at most what 2 in flight deliver: 2 over the mean
-    latency of the answers its throughput was counted from (the records marked ``steady``),
-    whatever the load on the machine. (The whole run's mean is not that bound: on a loaded
-    machine the ramp and the drain hold the slowest answers.)"""
-    config = FAST + "[sweep]\nconcurrency = [2]\nlevel_s = 0.6\nrepeats = 4\nmax_repeats = 4\n"
-    with start_mock() as mock:  # the mock's defaults: answers of ~0.25 s
+    read 9.27, 9.10, 9.20. Through the CLI and two real worker processes, every run reads at
+    most what 2 in flight deliver: 2 over the mean latency of the answers its throughput was
+    counted from (the records marked ``steady``) — a bound the merge keeps whatever the load on
+    the machine, not a measured ratio. Why it holds is the merge's and the guard's, judged on
+    exact numbers above: test_two_processes_never_read_above_what_they_can_serve and
+    test_a_level_never_reads_above_what_c_in_flight_can_deliver. (The whole run's mean is not
+    that bound: on a loaded machine the ramp and the drain hold the slowest answers.)"""
+    config = FAST + "[sweep]\nconcurrency = [2]\nlevel_s = 0.2\nrepeats = 2\nmax_repeats = 2\n"
+    with start_mock(ttft_s=0.02, per_token_s=0.002) as mock:  # answers of ~0.1 s
         open_gate(isolated, mock.base_url, config, stage="ladder")
         result = cli("sweep", "--json", "--workers", "2")
     assert result.code in (0, 1), result.err
     run = run_dir(isolated, result.json["run_id"])
     records = [r for r in jsonl(run / "records.jsonl") if r["ok"] and not r.get("canary")]
-    for row in jsonl(run / "rounds.jsonl"):
+    rounds = jsonl(run / "rounds.jsonl")
+    assert len(rounds) == 2
+    for row in rounds:
         counted = [
             r["elapsed_s"] for r in records if r["round"] == row["round"] and r.get("steady")
         ]
