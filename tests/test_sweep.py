@@ -143,7 +143,12 @@ def test_a_synthetic_workloads_levels_say_their_gain_and_the_knee(cli, isolated:
     assert [lv["concurrency"] for lv in levels] == [1, 2] and levels[0]["gain_counted"] is False
     assert all(lv["repeats"] >= 2 for lv in levels)
     want = out["recommended_concurrency"]
-    assert want in (1, 2) and f"recommended concurrency {want}" in result.err
+    assert want in (1, 2)
+    # a knee the runs leave in doubt is FAST's conservative answer, said as taken under noise
+    if out["under_noise"]:
+        assert f"concurrency {want}, the conservative answer, taken under noise" in result.err
+    else:
+        assert f"recommended concurrency {want}" in result.err
     records = jsonl(run_dir(isolated, out["run_id"]) / "records.jsonl")
     assert {r["usage"]["completion_tokens"] for r in records if r["ok"]} == {20}, "forced"
 
