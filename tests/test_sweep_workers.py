@@ -293,14 +293,18 @@ def test_a_client_bound_sweep_advises_more_workers(cli, isolated: Path, monkeypa
 
 
 def test_auto_mode_runs_its_closed_and_open_loops_over_workers(cli, isolated: Path) -> None:
-    """--auto: synchronous and maximum (closed loops), then rates between (open loops)."""
+    """--auto: synchronous and maximum (closed loops), then rates between (open loops). The
+    rates stop at the first saturated one: on a loaded machine the first of the two saturated
+    and the sweep had 3 levels, so how many rates run is not asserted (a measured ratio)."""
     config = FAST + "[sweep]\nlevel_s = 0.3\nrepeats = 1\n"
     with start_mock(ttft_s=0.005, per_token_s=0.0005, slots=4) as mock:
         open_gate(isolated, mock.base_url, config, stage="ladder")
         result = cli("sweep", "--auto", "--auto-steps", "2", "--json", "--workers", "2")
     assert result.code == 0, result.err
     levels = result.json["levels"]
-    assert len(levels) == 4 and all(lv["verdict"] == "pass" for lv in levels)
+    steps = sorted(lv["auto_step"] for lv in levels)
+    assert steps in ([0, 1, 2, 3], [0, 1, 3]), levels  # sync, the rates, the maximum (3)
+    assert all(lv["verdict"] != "fail" for lv in levels)
     assert "sending each level from 2 worker processes" in result.err
 
 
