@@ -293,14 +293,18 @@ def test_a_client_bound_sweep_advises_more_workers(cli, isolated: Path, monkeypa
 
 
 def test_auto_mode_runs_its_closed_and_open_loops_over_workers(cli, isolated: Path) -> None:
-    """--auto: synchronous and maximum (closed loops), then rates between (open loops)."""
+    """--auto: synchronous and maximum (closed loops), then rates between (open loops). The
+    rates stop at the first saturated one: on a loaded machine the first of the two saturated
+    and the sweep had 3 levels, so how many rates run is not asserted (a measured ratio)."""
     config = FAST + "[sweep]\nlevel_s = 0.3\nrepeats = 1\n"
     with start_mock(ttft_s=0.005, per_token_s=0.0005, slots=4) as mock:
         open_gate(isolated, mock.base_url, config, stage="ladder")
         result = cli("sweep", "--auto", "--auto-steps", "2", "--json", "--workers", "2")
     assert result.code == 0, result.err
     levels = result.json["levels"]
-    assert len(levels) == 4 and all(lv["verdict"] == "pass" for lv in levels)
+    steps = sorted(lv["auto_step"] for lv in levels)
+    assert steps in ([0, 1, 2, 3], [0, 1, 3]), levels  # sync, the rates, the maximum (3)
+    assert all(lv["verdict"] != "fail" for lv in levels)
     assert "sending each level from 2 worker processes" in result.err
 
 
@@ -329,18 +333,23 @@ def test_two_workers_never_read_above_what_their_requests_in_flight_deliver(
     cli, isolated: Path
 ) -> None:
     """The issue: ``--workers 2`` at c = 2 on a mock of ~0.24 s answers (8.2 items/s at most)
-    read 9.27, 9.10, 9.20. Every run now reads at most what 2 in flight deliver: 2 over the mean
-    latency of the answers its throughput was counted from (the records marked ``steady``),
-    whatever the load on the machine. (The whole run's mean is not that bound: on a loaded
-    machine the ramp and the drain hold the slowest answers.)"""
-    config = FAST + "[sweep]\nconcurrency = [2]\nlevel_s = 0.6\nrepeats = 4\nmax_repeats = 4\n"
-    with start_mock() as mock:  # the mock's defaults: answers of ~0.25 s
+    read 9.27, 9.10, 9.20. Through the CLI and two real worker processes, every run reads at
+    most what 2 in flight deliver: 2 over the mean latency of the answers its throughput was
+    counted from (the records marked ``steady``) — a bound the merge keeps whatever the load on
+    the machine, not a measured ratio. Why it holds is the merge's and the guard's, judged on
+    exact numbers above: test_two_processes_never_read_above_what_they_can_serve and
+    test_a_level_never_reads_above_what_c_in_flight_can_deliver. (The whole run's mean is not
+    that bound: on a loaded machine the ramp and the drain hold the slowest answers.)"""
+    config = FAST + "[sweep]\nconcurrency = [2]\nlevel_s = 0.2\nrepeats = 2\nmax_repeats = 2\n"
+    with start_mock(ttft_s=0.02, per_token_s=0.002) as mock:  # answers of ~0.1 s
         open_gate(isolated, mock.base_url, config, stage="ladder")
         result = cli("sweep", "--json", "--workers", "2")
     assert result.code in (0, 1), result.err
     run = run_dir(isolated, result.json["run_id"])
     records = [r for r in jsonl(run / "records.jsonl") if r["ok"] and not r.get("canary")]
-    for row in jsonl(run / "rounds.jsonl"):
+    rounds = jsonl(run / "rounds.jsonl")
+    assert len(rounds) == 2
+    for row in rounds:
         counted = [
             r["elapsed_s"] for r in records if r["round"] == row["round"] and r.get("steady")
         ]

@@ -1,5 +1,7 @@
-"""calibrate tune against the mock as a managed custom engine: the best candidate, the memory
-step, a candidate that does not start, pin of every tuned flag, the budget and resume."""
+"""calibrate tune end to end against the mock as a managed custom engine: the memory step, a
+candidate that does not start, pin of every tuned flag, the budget and resume, halving's rungs.
+Which candidate wins and by how much is judged on the simulated server, a virtual clock
+(tests/stages/tune/test_sim_tune.py): here no claim compares measured rates."""
 
 from __future__ import annotations
 
@@ -8,16 +10,23 @@ import re
 from pathlib import Path
 
 from calibrate.server import pids, process
-from tests.tune_helpers import SERVER_BOUND, tune_config
+from tests.tune_helpers import LEVELS, tune_config
 from tests.tune_helpers import lines as jsonl
 
-GRID = 'grid = ["slots=1,2,4", "kv_tokens=50000"]\nmemory_fractions = [0.9, 0.8]\n'
+GRID = 'grid = ["slots=2,4", "kv_tokens=50000"]\nmemory_fractions = [0.9, 0.8]\n'
+# one level a candidate: what is checked here is the CLI's, not how candidates compare
+ONE_LEVEL = LEVELS.replace("[1, 2, 4]", "[1]")
 
 
-def test_finds_the_best_candidate_after_the_memory_step_and_pins_every_flag(
+def test_the_memory_step_then_the_winner_is_recorded_and_pinned_with_every_flag(
     cli, isolated: Path
 ) -> None:
-    target = tune_config(isolated, GRID, command=SERVER_BOUND)
+    """The CLI end to end: the memory step on real server processes (0.9 dies like an OOM at
+    load, its log's words kept), the grid at 0.8, the files, the ledger, and pin, status and
+    ``server start`` taking every flag of whichever candidate won. Which one wins, at what
+    concurrency and by how much (the ratios) is tests/stages/tune/test_sim_tune.py's
+    test_the_memory_step_then_every_candidate_ranked_by_its_slots (a virtual clock)."""
+    target = tune_config(isolated, GRID, levels=ONE_LEVEL)
     result = cli("tune", "--json")
     assert result.code == 0, result.err
     out = result.json
@@ -28,23 +37,20 @@ def test_finds_the_best_candidate_after_the_memory_step_and_pins_every_flag(
     assert first["fraction"] == "0.9" and first["started"] is False and first["exit_code"] == 1
     assert any("CUDA out of memory" in line for line in first["log_tail"])
     assert second == {**second, "fraction": "0.8", "started": True, "served": True}
-    # then the grid, every candidate at 0.8; four slots win, the throughput ordered by slots
     ranked = out["candidates"]
-    assert [c["flags"]["slots"] for c in ranked] == ["4", "2", "1"]
+    assert sorted(c["flags"]["slots"] for c in ranked) == ["2", "4"]
     assert all(c["flags"]["memory_fraction"] == "0.8" and c["started"] for c in ranked)
-    assert ranked[0]["goodput_per_s"] > 1.5 * ranked[1]["goodput_per_s"]
-    assert ranked[1]["goodput_per_s"] > 1.5 * ranked[2]["goodput_per_s"]
-    # one slot: a second request in flight gains only the client's own gap between requests
-    # (a few ms against ~100 ms answers; more on a busy machine), never a second slot's worth
-    assert ranked[0]["best_concurrency"] == 4 and ranked[2]["best_concurrency"] <= 2
+    assert ranked[0]["goodput_per_s"] > 0 and ranked[0]["best_concurrency"] == 1
     assert ranked[0]["latency"]["p50_s"] > 0 and ranked[0]["peak_vram_mib"] is not None
     winner = out["winner"]
-    assert winner["flags"] == {"slots": "4", "kv_tokens": "50000", "memory_fraction": "0.8"}
-    assert winner["batch_size"] == 4 and winner["concurrency"] == 4 and winner["margin"] > 0.5
-    assert "winner: c03 (slots=4, kv_tokens=50000, memory_fraction=0.8)" in result.err
-    assert "over the runner-up c02" in result.err
+    slots = winner["flags"]["slots"]
+    assert winner["flags"] == {"slots": slots, "kv_tokens": "50000", "memory_fraction": "0.8"}
+    assert winner["batch_size"] == 4 and winner["concurrency"] == 1
+    won, other = (ranked[0]["id"], ranked[1]["id"])
+    assert f"winner: {won} (slots={slots}, kv_tokens=50000, memory_fraction=0.8)" in result.err
+    assert f"over the runner-up {other}" in result.err
     run = isolated / "runs" / out["run_id"]
-    assert len(jsonl(run / "candidates.jsonl")) == 3
+    assert len(jsonl(run / "candidates.jsonl")) == 2
     assert (run / "tiers.csv").read_text("utf-8").startswith("rank,id,flags,status")
     assert "<svg" in (run / "plot.svg").read_text("utf-8")
     assert process.load(isolated / "runs") is None, "no server is left running"
@@ -54,17 +60,17 @@ def test_finds_the_best_candidate_after_the_memory_step_and_pins_every_flag(
     pin = cli("pin", "--json")
     assert pin.code == 0, pin.err
     script = (isolated / "scripts/launch.sh").read_text("utf-8")
-    assert "--slots 4 --kv-capacity-tokens 50000" in script
+    assert f"--slots {slots} --kv-capacity-tokens 50000" in script
     assert "--memory-fraction 0.8" in script
-    assert f"# engine flags tuned by tune run {out['run_id']}: slots=4" in script
-    assert "export BATCH_SIZE=4" in script and "export MAX_CONCURRENCY=4" in script
+    assert f"# engine flags tuned by tune run {out['run_id']}: slots={slots}" in script
+    assert "export BATCH_SIZE=4" in script and "export MAX_CONCURRENCY=1" in script
     status = cli("status", "--json")
     assert status.json["tuned"]["run_id"] == out["run_id"]
-    assert "tuned engine flags: slots=4, kv_tokens=50000" in status.err
+    assert f"tuned engine flags: slots={slots}, kv_tokens=50000" in status.err
     started = cli("server", "start", "--script", str(isolated / "scripts/launch.sh"), "--json")
     try:
         assert started.code == 0, started.err
-        assert "--slots 4 --kv-capacity-tokens 50000" in pids.cmdline(started.json["pid"])
+        assert f"--slots {slots} --kv-capacity-tokens 50000" in pids.cmdline(started.json["pid"])
     finally:
         assert cli("server", "stop").code == 0
 
@@ -92,7 +98,10 @@ def test_a_candidate_that_does_not_start_is_recorded_and_tune_moves_on(cli, isol
 
 
 def test_budget_leaves_candidates_untested_and_a_rerun_resumes_them(cli, isolated: Path) -> None:
-    tune_config(isolated, 'grid = ["slots=1,2", "kv_tokens=50000", "memory_fraction=0.8"]\n')
+    """What the CLI says and records of a budget and a resumed run; which candidates a budget
+    leaves on tune's clock is test_sim_tune.py's test_a_budget_leaves_candidates_untested_…"""
+    grid = 'grid = ["slots=1,2", "kv_tokens=50000", "memory_fraction=0.8"]\n'
+    tune_config(isolated, grid, levels=ONE_LEVEL)
     cut = cli("tune", "--budget-s", "0.3", "--json")  # checked before each start: one fits
     assert cut.code == 0, cut.err
     assert [c["id"] for c in cut.json["untested"]] == ["c02"] and cut.json["complete"] is False
@@ -104,10 +113,10 @@ def test_budget_leaves_candidates_untested_and_a_rerun_resumes_them(cli, isolate
         f"resuming tune run {cut.json['run_id']}: 1 of 2 candidates already measured" in again.err
     )
     assert again.json["run_id"] == cut.json["run_id"] and again.json["complete"] is True
-    assert [c["flags"]["slots"] for c in again.json["candidates"]] == ["2", "1"]
+    assert sorted(c["flags"]["slots"] for c in again.json["candidates"]) == ["1", "2"]
     run = isolated / "runs" / cut.json["run_id"]
     assert [line["id"] for line in jsonl(run / "candidates.jsonl")] == ["c01", "c02"]
-    third = cli("tune", "--json")  # finished: the same grid starts a new run
+    third = cli("tune", "--budget-s", "0.3", "--json")  # finished: the same grid starts anew
     assert third.code == 0 and third.json["run_id"] != cut.json["run_id"]
     assert "resuming" not in third.err
 
@@ -127,7 +136,11 @@ def test_needs_a_managed_server_and_a_passing_ladder(cli, isolated: Path) -> Non
 
 
 def test_halving_measures_the_better_half_again_at_a_longer_window(cli, isolated: Path) -> None:
-    tune_config(isolated, 'grid = ["slots=1,2,4", "kv_tokens=50000", "memory_fraction=0.8"]\n')
+    """``--search halving`` through the CLI: three candidates at half the window, two of them
+    again at the full window, each line in candidates.jsonl and the rung said. That the two are
+    the better half, and the winner, is test_sim_tune.py's test_halving_measures_…"""
+    grid = 'grid = ["slots=1,2,4", "kv_tokens=50000", "memory_fraction=0.8"]\n'
+    tune_config(isolated, grid, levels=ONE_LEVEL)
     result = cli("tune", "--search", "halving", "--json")
     assert result.code == 0, result.err
     run = isolated / "runs" / result.json["run_id"]
@@ -136,6 +149,7 @@ def test_halving_measures_the_better_half_again_at_a_longer_window(cli, isolated
         for line in jsonl(run / "candidates.jsonl")
     ]
     assert done[:3] == [(0, "1", 0.5), (0, "2", 0.5), (0, "4", 0.5)]
-    assert sorted(done[3:]) == [(1, "2", 1.0), (1, "4", 1.0)]
-    assert result.json["winner"]["flags"]["slots"] == "4"
-    assert re.search(r"halving rung 1: c0[23], c0[23] at 1× the window", result.err)
+    again = [(rung, window) for rung, _, window in done[3:]]
+    assert again == [(1, 1.0), (1, 1.0)] and len({slots for _, slots, _ in done[3:]}) == 2
+    assert result.json["winner"]["flags"]["slots"] in {slots for _, slots, _ in done[3:]}
+    assert re.search(r"halving rung 1: c0[123], c0[123] at 1× the window", result.err)

@@ -1,11 +1,12 @@
-"""Measurement windows over real HTTP against the mock: the sweep's knee under jitter with
-repeats, what one run per level looks like, the ladder's rounds of waves, an SLO stop."""
+"""Measurement windows over real HTTP against the mock: a sweep under jitter with repeats, what
+one run per level looks like, the ladder's rounds of waves, an SLO stop. Which knee jitter may
+lead to is judged on the simulated server (tests/stages/sweep/test_jitter.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tests.mockserver import MockProcess, start_mock
+from tests.mockserver import start_mock
 from tests.report_helpers import keyed_rows, table_lines
 from tests.tier_helpers import CONSERVATIVE, FAST, WINDOWS, jsonl, open_gate, run_dir
 
@@ -15,49 +16,36 @@ LEVELS = (1, 2, 4, 8)
 SHORT = "[ladder]\nsample_interval_s = 0.05\n[sweep]\nconcurrency = [1, 2, 4, 8]\n"
 
 
-def test_with_jitter_and_three_runs_a_level_the_knee_is_never_confidently_wrong(
+def test_with_jitter_and_three_runs_a_level_the_sweep_ends_with_a_knee_or_says_why_not(
     cli, isolated: Path
 ) -> None:
-    """A 4-slot server with ±20 % timing jitter, as its own process, over real HTTP: the sweep
-    says 4, or — when this busy machine's noise leaves 4 and 8 (or 2 and 4) beyond telling apart even
-    after their interleaved repeats — ends inconclusive (exit 1), naming the pair and the
-    machine's load (SPEC §5.14). Never a knee below 4 (2 delivers half). 8 only as C may exceed B
-    (§5.0): on a loaded machine calibrate's turnaround leaves the 4 slots idle between answers
-    (~13 ms of 150 here) and 8 in flight keep them busy: seen +10 % over 4, range +3 %…+12 %.
-    Then the gain is counted (its interval above 4's, its median at least gain_min) and the knee
-    at the last level tried is "not sure", never "sure". The same over many seeds, with no
-    machine noise, is tests/stages/sweep/test_jitter.py's (the simulated server): one sweep here
-    (three took 36 s of this suite)."""
-    outcomes, texts, found = [], [], []
-    mock = MockProcess("--ttft", "0.004", "--per-token", "0.003", "--slots", "4", "--jitter", "0.2")
-    try:
-        # levels 2, 4, 8 are enough to place a knee at 4
-        config = SHORT.replace("[1, 2, 4, 8]", "[2, 4, 8]") + "level_s = 0.1\nrepeats = 3\n"
+    """A 4-slot server with ±20 % timing jitter over real HTTP, three runs a level, through the
+    CLI: every level ran three times (at most three), its median within its runs' range, and the sweep
+    either names a knee (exit 0) or ends inconclusive (exit 1) naming the pair, what to do and
+    --conservative (SPEC §5.14). Which knee it may name — 4, never one below (2 delivers half),
+    or the sweep inconclusive — over many seeds with no machine noise, is
+    tests/stages/sweep/test_jitter.py's (the simulated server, a virtual clock)."""
+    levels = SHORT.replace("[1, 2, 4, 8]", "[2, 4]")
+    config = levels + "level_s = 0.05\nrepeats = 3\nmax_repeats = 3\n"
+    with start_mock(ttft_s=0.004, per_token_s=0.0005, slots=4, jitter=0.2) as mock:
         open_gate(isolated, mock.base_url, config, stage="ladder")
         result = cli("sweep", "--json", "--beyond-ladder")
-        assert result.code in (0, 1), result.err
-        outcomes.append(result.json["recommended_concurrency"] if result.code == 0 else None)
-        texts.append(result.err)
-        found.append(result.json)
-        if result.code == 1:
-            assert result.json["inconclusive"].startswith("inconclusive: the runs cannot tell")
-            assert "what to do: " in result.err and "--conservative" in result.err
-            assert result.json["recommended_concurrency"] is None
-    finally:
-        mock.stop()
-    assert all(knee in (4, 8, None) for knee in outcomes), texts
-    for knee, out in zip(outcomes, found, strict=True):
-        if knee == 8:
-            levels = {lv["concurrency"]: lv for lv in out["levels"]}
-            gain = levels[8]["items_per_s"] / levels[4]["items_per_s"] - 1
-            assert levels[8]["gain_counted"] and gain >= 0.099, out[
-                "levels"
-            ]  # medians of 3 decimals
-            said = out["knee"]
-            assert "the best is the last level tried" in said["how_sure"], said
-            assert said["how_sure"].endswith("— not sure") and not said["sure"], said
+    assert result.code in (0, 1), result.err
     done = result.json
-    assert all(lv["repeats"] >= 3 for lv in done["levels"])
+    if result.code == 1:  # the runs' doubt, or (on a starved machine) the client's own limit
+        assert done["inconclusive"].startswith(
+            ("inconclusive: the runs cannot tell", "inconclusive: the client was the limit")
+        )
+        assert "what to do: " in result.err and done["recommended_concurrency"] is None
+        if "the runs cannot tell" in done["inconclusive"]:
+            assert "--conservative" in result.err
+    else:
+        knee = done["recommended_concurrency"]
+        assert (
+            knee == done["knee"]["concurrency"] and f"recommended concurrency {knee}" in result.err
+        )
+    assert [lv["concurrency"] for lv in done["levels"]] == [2, 4]
+    assert all(lv["repeats"] == 3 for lv in done["levels"]), "three runs, at most three"
     assert all(
         lv["items_per_s_min"] <= lv["items_per_s"] <= lv["items_per_s_max"] for lv in done["levels"]
     )

@@ -1,0 +1,227 @@
+"""A tune's ratios on the simulated server (``stage_fakes.SimulatedLoop``, a virtual clock): each
+candidate's ``{slots}`` is the simulated server's decode slots, measured by the real ``Sweep``
+and read back as tune reads it (``stages.tune.measure``), driven by the real ``Tune``: the memory
+step, the ranking by slots with each candidate's best concurrency, successive halving's longer
+window, goodput within the SLOs over the steady window, and a budget a rerun resumes.
+
+These are the ratio and verdict claims of tests/test_tune.py and tests/test_tune_slo.py, whose
+HTTP tests keep what is about the CLI (the managed server, the files, pin, the lines said)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pytest
+
+from calibrate.config import Config, SloConfig, SweepConfig, TuneSearch
+from calibrate.config.sections import DeterminismConfig
+from calibrate.gpu.vram import VramMonitor
+from calibrate.io.store import RunDir
+from calibrate.stages.sweep.run import Sweep
+from calibrate.stages.sweep.spec import SweepOptions
+from calibrate.stages.tune.grid import Candidate, TunePlan, build_plan
+from calibrate.stages.tune.measure import _measurement
+from calibrate.stages.tune.outcome import TuneOutcome
+from calibrate.stages.tune.result import CandidateResult, MemoryProbe
+from calibrate.stages.tune.search import Tune
+from calibrate.stages.tune.store import TuneStore
+from tests.stage_fakes import SimulatedLoop, close_runs, recorder, stage_ctx
+
+__all__ = ["close_runs"]  # the autouse fixture, used by being imported
+
+LEVELS = (1, 2, 4)  # tests/tune_helpers.py's [sweep] concurrency
+SERVICE_S = 0.1  # one answer on a slot: SERVER_BOUND's ~0.1 s
+PLACEHOLDERS = ("port", "slots", "kv_tokens", "memory_fraction")
+
+
+@dataclass
+class Clock:
+    """Tune's clock: the virtual seconds every candidate's sweep took, added up."""
+
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class SweepEngine:
+    """The ``Lifecycle`` a tune drives: a start above ``max_fraction`` fails like an engine
+    whose cache does not fit (the mock's ``--max-memory-fraction``); each candidate is a
+    simulated ``{slots}``-slot server measured by the real sweep at ``LEVELS``."""
+
+    root: Path
+    slo: SloConfig = field(default_factory=SloConfig)
+    level_s: float = 0.1
+    repeats: int = 1
+    copies: int = 0  # [determinism] copies after each level's window
+    max_fraction: float = 0.8
+    clock: Clock = field(default_factory=Clock)
+    started: list[tuple[str, int, float]] = field(default_factory=list)  # (id, rung, window)
+    loops: dict[tuple[str, int], SimulatedLoop] = field(default_factory=dict)
+
+    def probe_memory(self, candidate: Candidate, fraction: str) -> MemoryProbe:
+        if float(fraction) > self.max_fraction:
+            oom = ("torch.OutOfMemoryError: CUDA out of memory",)
+            return MemoryProbe(fraction, False, False, 1, "the server exited (exit code 1)", oom)
+        return MemoryProbe(fraction, True, True, None, "", ())
+
+    def run(self, candidate: Candidate, rung: int, window: float, _run: RunDir) -> CandidateResult:
+        self.started.append((candidate.id, rung, window))
+        slots = int(candidate.value("slots") or 1)
+        sweep = replace(SweepConfig(), concurrency=LEVELS, level_s=self.level_s)
+        cfg = Config(
+            sweep=replace(sweep, repeats=self.repeats),
+            slo=self.slo,
+            determinism=DeterminismConfig(self.copies),
+        )
+        ctx = stage_ctx(self.root / f"{candidate.slug}-{rung}", cfg, "sweep")
+        options = SweepOptions.from_config(cfg, candidate.cap, slo=self.slo)
+        options = replace(options, levels=LEVELS, level_s=options.level_s * window)
+        loop = SimulatedLoop(lambda concurrency, repeat: SERVICE_S, slots=slots)
+        self.loops[(candidate.id, rung)] = loop
+        monitor = VramMonitor([])
+        result = Sweep(ctx, options, monitor, recorder(ctx, monitor, self.root), loop).run()
+        self.clock.now += loop.clock.now()
+        measured = _measurement(result, self.slo, options.gain_min)
+        return CandidateResult(candidate, rung, window, True, served=True, measurement=measured)
+
+
+_OPEN: list[RunDir] = []
+
+
+@pytest.fixture(autouse=True)
+def _closed() -> Iterator[None]:
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
+def _plan(grid: str, fractions: tuple[float, ...] = ()) -> TunePlan:
+    """The grid of ``{slots}`` (and kv_tokens) at a ladder's batch 4; with ``fractions`` the
+    memory step tries them first, else the grid fixes memory_fraction=0.8 itself."""
+    fixed = [] if fractions else ["memory_fraction=0.8"]
+    return build_plan(
+        "custom",
+        4,
+        config_grid=[grid, "kv_tokens=50000", *fixed],
+        cli_grid=[],
+        memory_fractions=fractions,
+        placeholders=PLACEHOLDERS,
+    )
+
+
+def _tune(
+    tmp_path: Path,
+    engine: SweepEngine,
+    plan: TunePlan,
+    search: TuneSearch = "grid",
+    *,
+    run_id: str | None = None,
+    budget_s: float = 0.0,
+    said: list[str] | None = None,
+) -> TuneOutcome:
+    run = RunDir(tmp_path / "runs", "tune", run_id=run_id)
+    _OPEN.append(run)
+    notes = said if said is not None else []
+    tune = Tune(
+        plan, TuneStore(run), engine, search, 1.0, budget_s, notes.append, clock=engine.clock
+    )  # type: ignore[arg-type]
+    return tune.run()
+
+
+def _slots(result: CandidateResult) -> str:
+    return str(result.candidate.value("slots"))
+
+
+def test_the_memory_step_then_every_candidate_ranked_by_its_slots(tmp_path: Path) -> None:
+    """0.9 does not start (an OOM at load), 0.8 does and is fixed for the grid; then 1, 2 and 4
+    slots at ~0.1 s an answer serve 10, 20 and 40 a second, each at its slot count in flight
+    (one slot gains nothing from a second request in flight): the winner is 4 slots, at
+    concurrency 4, 100 % over the runner-up."""
+    engine = SweepEngine(tmp_path)
+    said: list[str] = []
+    outcome = _tune(tmp_path, engine, _plan("slots=1,2,4", (0.9, 0.8)), said=said)
+    assert outcome.memory == "0.8"
+    first, second = outcome.probes
+    assert (first.fraction, first.started, first.exit_code) == ("0.9", False, 1)
+    assert (second.fraction, second.ok) == ("0.8", True)
+    assert said[:3] == [
+        "memory step: memory_fraction=0.9 (the most demanding candidate)",
+        "  memory_fraction=0.9 did not start and serve (exit code 1): the server exited "
+        "(exit code 1); stepping down",
+        "memory step: memory_fraction=0.8 (the most demanding candidate)",
+    ]
+    ranked = outcome.ranked
+    assert [_slots(r) for r in ranked] == ["4", "2", "1"]
+    assert all(r.candidate.value("memory_fraction") == "0.8" for r in ranked)
+    goodput = [round(r.goodput_per_s, 6) for r in ranked]
+    assert goodput == [40.0, 20.0, 10.0]
+    assert [r.best.concurrency for r in ranked if r.best] == [4, 2, 1]
+    assert outcome.margin == pytest.approx(1.0)
+    summary = outcome.summary({})
+    assert summary.winner is not None
+    assert summary.winner.to_json() == {
+        "batch_size": 4,
+        "concurrency": 4,
+        "flags": {"slots": "4", "kv_tokens": "50000", "memory_fraction": "0.8"},
+    }
+
+
+def test_halving_measures_the_better_half_again_at_twice_the_window(tmp_path: Path) -> None:
+    """Three candidates at half the window, then the better two (2 and 4 slots) at the full
+    window, whose levels' runs last twice as long; the winner is from the last rung."""
+    engine = SweepEngine(tmp_path, level_s=1.0)
+    said: list[str] = []
+    outcome = _tune(tmp_path, engine, _plan("slots=1,2,4"), "halving", said=said)
+    rung_0 = [("c01", 0, 0.5), ("c02", 0, 0.5), ("c03", 0, 0.5)]
+    assert engine.started == [*rung_0, ("c03", 1, 1.0), ("c02", 1, 1.0)]
+    assert "halving rung 1: c03, c02 at 1× the window" in said
+    first_level = {
+        key: next(w.min_s for c, w, _ in loop.runs if c == 1) for key, loop in engine.loops.items()
+    }
+    assert first_level[("c02", 0)] == 0.5 and first_level[("c02", 1)] == 1.0
+    assert outcome.winner is not None and _slots(outcome.winner) == "4"
+    assert outcome.winner.rung == 1
+
+
+def test_goodput_is_the_throughput_within_the_slos_over_the_steady_window(tmp_path: Path) -> None:
+    """[slo] e2e p99 ≤ 0.3 s with 8 [determinism] copies after each level's window: a level
+    whose every request answers within the bound shows a goodput equal to its throughput (the
+    copies sent after the window count in neither); one slot with four in flight makes each
+    request wait 0.3 s before its 0.1 s, and its goodput is nothing."""
+    slo = SloConfig(e2e_p99_s=0.3)
+    engine = SweepEngine(tmp_path, slo=slo, copies=8)
+    outcome = _tune(tmp_path, engine, _plan("slots=1,2"))
+    by_slots = {_slots(r): r for r in outcome.ranked}
+    assert list(by_slots) == ["2", "1"]
+    for slots, result in by_slots.items():
+        assert result.measurement is not None
+        for level in result.measurement.levels:
+            good, items = level["goodput_per_s"], level["items_per_s"]
+            assert good <= items * (1 + 1e-6), (slots, level)
+            if level["concurrency"] <= int(slots):
+                assert good == pytest.approx(items, rel=1e-3), (slots, level)
+    four = next(lv for lv in by_slots["1"].measurement.levels if lv["concurrency"] == 4)  # type: ignore[union-attr]
+    assert four["goodput_per_s"] < 0.5 * four["items_per_s"]
+    best = {s: r.best.concurrency for s, r in by_slots.items() if r.best}
+    assert best == {"2": 2, "1": 1}
+
+
+def test_a_budget_leaves_candidates_untested_and_a_rerun_measures_only_those(
+    tmp_path: Path,
+) -> None:
+    """--budget-s is checked before each start, on tune's clock: the first candidate's sweep
+    spends it, the second is left untested; a rerun of the same run measures the second only."""
+    plan = _plan("slots=1,2")
+    engine = SweepEngine(tmp_path)
+    cut = _tune(tmp_path, engine, plan, run_id="cut", budget_s=0.3)
+    assert [r.candidate.id for r in cut.ranked] == ["c01"] and engine.clock.now > 0.3
+    assert [c.id for c in cut.untested] == ["c02"] and not cut.complete
+    assert cut.spent_by == "--budget-s"
+    again = SweepEngine(tmp_path, clock=engine.clock)
+    done = _tune(tmp_path, again, plan, run_id="cut")
+    assert [s for s, _, _ in again.started] == ["c02"], "the measured one is not restarted"
+    assert done.complete and [_slots(r) for r in done.ranked] == ["2", "1"]
