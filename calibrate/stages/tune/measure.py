@@ -140,7 +140,7 @@ def measure_candidate(
             result = sweep.run()
         finally:
             run.close()
-    return _measurement(result, settings.slo, options.gain_min)
+    return measurement(result, settings.slo, options.gain_min)
 
 
 def _goodput(stats: Stats, slo: SloConfig) -> float:
@@ -149,7 +149,7 @@ def _goodput(stats: Stats, slo: SloConfig) -> float:
     return (stats.goodput_per_s or 0.0) if has_slo(slo) else stats.items_per_s
 
 
-def _measurement(result: SweepResult, slo: SloConfig, gain_min: float) -> Measurement:
+def measurement(result: SweepResult, slo: SloConfig, gain_min: float) -> Measurement:
     """The levels as the sweep measured them; the best is the lowest concurrency within
     ``gain_min`` of the highest goodput among passing levels (more in flight that adds nothing
     is not better)."""

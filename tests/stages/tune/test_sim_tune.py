@@ -22,7 +22,7 @@ from calibrate.io.store import RunDir
 from calibrate.stages.sweep.run import Sweep
 from calibrate.stages.sweep.spec import SweepOptions
 from calibrate.stages.tune.grid import Candidate, TunePlan, build_plan
-from calibrate.stages.tune.measure import _measurement
+from calibrate.stages.tune.measure import measurement
 from calibrate.stages.tune.outcome import TuneOutcome
 from calibrate.stages.tune.result import CandidateResult, MemoryProbe
 from calibrate.stages.tune.search import Tune
@@ -85,7 +85,7 @@ class SweepEngine:
         monitor = VramMonitor([])
         result = Sweep(ctx, options, monitor, recorder(ctx, monitor, self.root), loop).run()
         self.clock.now += loop.clock.now()
-        measured = _measurement(result, self.slo, options.gain_min)
+        measured = measurement(result, self.slo, options.gain_min)
         return CandidateResult(candidate, rung, window, True, served=True, measurement=measured)
 
 
