@@ -10,12 +10,9 @@ from pathlib import Path
 from calibrate.config import Config, SloConfig, SweepConfig
 from calibrate.gpu.vram import VramMonitor
 from calibrate.load.sender import Sender
-from calibrate.load.sim.clock import VirtualClock
-from calibrate.load.sim.server import SimServer
-from calibrate.mock import MockSettings
 from calibrate.stages.sweep.run import Sweep
 from calibrate.stages.sweep.spec import SweepOptions
-from tests.stage_fakes import close_runs, recorder, stage_ctx
+from tests.stage_fakes import close_runs, recorder, simulated_sender, stage_ctx
 from tests.tier_helpers import jsonl
 
 __all__ = ["close_runs"]  # the autouse fixture, used by being imported
@@ -25,11 +22,7 @@ TTFT = SloConfig(ttft_p99_s=0.1)
 
 def _four_slots(seconds: float) -> Sender:
     """4 slots, ``seconds`` a request (its first token a quarter in): 4 / seconds req/s at most."""
-    clock = VirtualClock()
-    speed = MockSettings(
-        slots=4, ttft_s=seconds / 4, per_token_s=seconds / 4, answer_tokens=3, any_model=True
-    )
-    return Sender(SimServer(speed, clock), clock)
+    return simulated_sender(slots=4, ttft_s=seconds / 4, per_token_s=seconds / 4, answer_tokens=3)
 
 
 def _rate_sweep(tmp_path: Path, sender: Sender) -> Sweep:
