@@ -292,3 +292,10 @@ def fake_meter(proc: FakeProc) -> NoiseMeter:
         server_pids=lambda: [proc.server_pid],
         reaped=lambda: 0.0,
     )
+
+
+def simulated_sender(**settings: Any) -> Sender:
+    """The real engine over the simulated server (``load.sim``) with these ``MockSettings``
+    (any model), on its own virtual clock: closed and open loops, no HTTP, no real time."""
+    clock = VirtualClock()
+    return Sender(SimServer(MockSettings(any_model=True, **settings), clock), clock)

@@ -105,16 +105,17 @@ def _edit(path: Path, batch: int, **changes: str) -> None:
         writer.writerows(rows)
 
 
-# Serial: a tier's rounds are single waves of ~60 ms, and "no regression" allows 50 %, so one
-# 100 ms stall of a core shared with other workers reads as a regression at batch 4.
-@pytest.mark.serial
 def test_cli_save_baseline_then_compare(cli, isolated: Path) -> None:
+    """The flags end to end: what a changed verdict or last passing tier does to the exit code
+    and the lines. A tier's rounds here are single waves of ~60 ms, which one 100 ms stall of a
+    busy core makes twice as slow, so "no regression" is asked with a tolerance of 10 (a tier
+    11× slower passes): the tolerance rule itself is the pure tests' above."""
     with start_mock(ttft_s=0.02, per_token_s=0.0005, slots=4, oom_at=6) as mock:
         open_gate(isolated, mock.base_url)
         saved = cli("ladder", "--save-baseline")
         assert saved.code == 0 and "baseline written: baselines/ladder.csv" in saved.err
         baseline = isolated / "baselines/ladder.csv"
-        same = cli("ladder", "--compare", str(baseline), "--tolerance", "0.5")
+        same = cli("ladder", "--compare", str(baseline), "--tolerance", "10")
         assert same.code == 0, same.err
         assert "no regression against" in same.err
         _edit(baseline, 8, verdict="pass")

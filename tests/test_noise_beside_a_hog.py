@@ -18,9 +18,12 @@ from tests.tier_helpers import NOISE_RULE, open_gate
 
 pytestmark = pytest.mark.serial
 
-# ~0.15 s answers on 4 slots: 1, 2, 4 in flight add throughput, 8 only queues
-MOCK = ("--ttft", "0.004", "--per-token", "0.003", "--slots", "4")
-SWEEP = NOISE_RULE + "[sweep]\nconcurrency = [1, 2, 4, 8]\nlevel_s = 0.3\nrepeats = 2\n"
+# ~0.1 s answers on 4 slots: 2 and 4 in flight add throughput, 8 only queues. The levels and
+# tiers from 2 up: a knee at 4 and a setting of 4 need the level below and the one above, not 1
+MOCK = ("--ttft", "0.004", "--per-token", "0.002", "--slots", "4")
+SWEEP = (
+    NOISE_RULE + "[sweep]\nconcurrency = [2, 4, 8]\nlevel_s = 0.3\nrepeats = 2\nmax_repeats = 4\n"
+)
 
 
 @contextmanager
@@ -64,8 +67,8 @@ def test_beside_two_hogs_a_sweep_finds_the_knee_or_says_it_cannot(cli, isolated:
 def test_beside_two_hogs_a_ladder_finds_its_setting_or_says_it_cannot(cli, isolated: Path) -> None:
     mock = MockProcess(*MOCK)
     try:
-        config = NOISE_RULE + "batch_sizes = [1, 2, 4, 8]\n"
-        open_gate(isolated, mock.base_url, config.replace("min_round_s = 0", "min_round_s = 0.3"))
+        config = NOISE_RULE + "batch_sizes = [2, 4, 8]\n"
+        open_gate(isolated, mock.base_url, config.replace("min_round_s = 0", "min_round_s = 0.2"))
         with hogs():
             result = cli("ladder", "--json")
     finally:

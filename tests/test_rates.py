@@ -1,6 +1,8 @@
 """Open-loop rate mode (SPEC §5.13): the arrival schedule (pure), the saturation rules on
-scripted runs, and two short real runs — the achieved rate on a fast mock, and a 4-slot mock
-driven past its capacity (with the ladder's in-flight cap held)."""
+scripted runs, and short real runs over HTTP — a 4-slot mock driven far past its capacity (with
+the ladder's in-flight cap held), prompt-list rates, an ``inf`` level read back by the reports.
+The rates that keep up (the achieved rate within 5 % of the offered) are claimed on the
+simulated server, on a virtual clock: tests/stages/sweep/test_rates.py."""
 
 from __future__ import annotations
 
@@ -104,38 +106,24 @@ def test_sends_this_process_sent_late_are_not_the_servers_saturation() -> None:
     assert judge(OpenRun(slower, 2.9, 2.375, (0,) * 20, 0.0, late), 10.0, 4).saturated
 
 
-@pytest.mark.serial  # within 5 % of 40 req/s: a busy core sends late
-def test_achieved_rate_within_5_percent_of_offered_on_a_fast_mock(cli, isolated: Path) -> None:
-    """40 req/s of Poisson arrivals for 2 s against a mock with no slot limit."""
-    with start_mock(ttft_s=0.005, per_token_s=0.0002) as mock:
-        open_gate(isolated, mock.base_url, FAST + "[sweep]\nlevel_s = 2\nrepeats = 1\n", "ladder")
-        result = cli("sweep", "--rates", "40", "--json", "--beyond-ladder")
-    assert result.code == 0, result.err
-    level = result.json["levels_detail"][0]
-    assert level["offered_rate"] == 40.0 and level["saturated"] is False
-    assert level["achieved_rate"] == pytest.approx(40.0, rel=0.05)
-    assert level["ttft_p50_s"] is not None and level["itl_p99_s"] is not None
-
-
-@pytest.mark.serial  # 20 req/s for 0.5 s must keep up: a busy core sends late and reads as saturated
-def test_a_4_slot_mock_saturates_above_its_capacity_and_the_sweep_stops(
+def test_a_4_slot_mock_far_past_its_capacity_saturates_and_the_sweep_stops(
     cli, isolated: Path
 ) -> None:
-    """~0.06 s a request, 4 slots: ≈ 65 req/s at most. 20 req/s keeps up; 200 is saturated,
-    and 400 is never sent. The ladder proved 4 in flight: no more are ever sent at once."""
+    """~0.06 s a request, 4 slots: ≈ 65 req/s at most, so 200 req/s is saturated however busy
+    the machine (the rate that keeps up beside it: tests/stages/sweep/test_rates.py, on the
+    simulated server), 400 is never sent, and with no rate kept up nothing is recommended
+    (exit 1). The ladder proved 4 in flight: no more are ever sent at once."""
     with start_mock(ttft_s=0.01, per_token_s=0.001, slots=4) as mock:
-        open_gate(isolated, mock.base_url, FAST + "[sweep]\nlevel_s = 0.5\nrepeats = 1\n", "ladder")
-        result = cli("sweep", "--rates", "20,200,400", "--arrival", "constant", "--json")
-    assert result.code == 0, result.err
+        open_gate(isolated, mock.base_url, FAST + "[sweep]\nlevel_s = 0.2\nrepeats = 1\n", "ladder")
+        result = cli("sweep", "--rates", "200,400", "--arrival", "constant", "--json")
+    assert result.code == 1, result.err
     levels = result.json["levels_detail"]
-    assert [lv["offered_rate"] for lv in levels] == [20.0, 200.0]
-    assert [lv["saturated"] for lv in levels] == [False, True]
+    assert [lv["offered_rate"] for lv in levels] == [200.0] and levels[0]["saturated"]
     assert all(lv["concurrency"] <= 4 for lv in levels), "never more in flight than the ladder"
-    # the wait for a free slot at the cap is not in a request's latency: it is shown beside it
-    assert levels[0]["send_lag_p99_s"] < 0.05 < levels[1]["send_lag_p99_s"]
-    assert "saturated at 200 req/s" in result.err
+    assert "at most 4 in flight (the ladder's)" in result.err
+    assert "warning: saturated at 200 req/s: achieved" in result.err
     assert result.json["saturated"].startswith("saturated at 200 req/s")
-    assert result.json["recommendation"].startswith("20 req/s")
+    assert result.json["recommendation"] is None and result.json["passed"] is False
 
 
 def _sent(at: float, latency_s: float) -> ItemResult:
@@ -179,39 +167,42 @@ def test_a_level_is_saturated_when_most_runs_were_a_tie_by_its_median() -> None:
     assert tie.saturated and tie.achieved_rate == 9.3
 
 
-@pytest.mark.serial  # within 5 % of 8 req/s: beside three other workers one read 7.34, saturated
 def test_prompt_list_rates_are_requests_per_second_each_carrying_the_batch(
     cli, isolated: Path
 ) -> None:
     """In prompt-list mode one request carries B = 4 prompts: 8 req/s offered is 8 requests a
-    second (32 prompts), measured as such — not 32 "achieved" against 8 offered. Its goodput
-    (every request well within the SLO) is its throughput: the first answer's four items are
-    left out of the window, as its one request is (one of them was, +5 % of goodput)."""
+    second (32 prompts), measured as such — items/s is 4 × the achieved requests/s, not 32
+    "achieved" against 8 offered. Its goodput (every request well within the SLO) is its
+    throughput: the first answer's four items are left out of the window, as its one request
+    is (one of them was, +5 % of goodput). Whether 8 req/s kept up is the simulated server's
+    claim (tests/stages/sweep/test_rates.py); here the exit code follows what this run read."""
     with start_mock(ttft_s=0.005, per_token_s=0.0002) as mock:
-        extra = FAST + 'mode = "prompt-list"\n[sweep]\nlevel_s = 2\nrepeats = 1\n'
+        extra = FAST + 'mode = "prompt-list"\n[sweep]\nlevel_s = 1\nrepeats = 1\n'
         open_gate(isolated, mock.base_url, extra, "ladder")
         result = cli("sweep", "--rates", "8", "--arrival", "constant", "--slo", "e2e:5", "--json")
-    assert result.code == 0, result.err
     (level,) = result.json["levels_detail"]
-    assert level["achieved_rate"] == pytest.approx(8.0, rel=0.05), "requests/s, as offered"
-    assert level["items_per_s"] == pytest.approx(32.0, rel=0.05), "4 prompts each"
+    assert result.code == (1 if level["saturated"] else 0), result.err
+    assert level["offered_rate"] == 8.0 and level["items"] == 4 * 8
+    assert level["items_per_s"] == pytest.approx(4 * level["achieved_rate"], rel=1e-4)
     assert level["goodput_per_s"] == pytest.approx(level["items_per_s"], rel=1e-4)
-    assert not level["saturated"]
 
 
-@pytest.mark.serial  # 20 req/s must keep up (a saturated level ends the sweep before inf)
 def test_an_inf_level_is_kept_by_report_compare_and_timeline(cli, isolated: Path) -> None:
     """``inf`` (everything at once) is written "inf" — JSON has no infinity — and read back as
-    infinity: report A B matched it and --timeline found its requests (both dropped it)."""
+    infinity: report A B matched it and --timeline found its requests (both dropped it). It is
+    never saturated (nothing was offered at a rate), so nothing here waits on the machine.
+    Streamed: its TTFT and inter-token latency are measured over HTTP."""
     with start_mock(ttft_s=0.005, per_token_s=0.0002, slots=4) as mock:
         open_gate(isolated, mock.base_url, FAST + "[sweep]\nlevel_s = 1\nrepeats = 1\n", "ladder")
-        runs = [cli("sweep", "--rates", "20,inf", "--json") for _ in range(2)]
+        runs = [cli("sweep", "--rates", "inf", "--json") for _ in range(2)]
     assert all(r.code == 0 for r in runs), runs[0].err + runs[1].err
-    assert [lv["offered_rate"] for lv in runs[0].json["levels_detail"]] == [20.0, "inf"]
+    (level,) = runs[0].json["levels_detail"]
+    assert level["offered_rate"] == "inf" and level["saturated"] is False
+    assert level["ttft_p50_s"] is not None and level["itl_p99_s"] is not None
     a, b = (isolated / "runs" / r.json["run_id"] for r in runs)
     compared = cli("report", str(a), str(b), "--json")
     assert compared.code == 0, compared.err
-    assert [row["key"] for row in compared.json["rows"]] == [20.0, "inf"]
+    assert [row["key"] for row in compared.json["rows"]] == ["inf"]
     shown = cli("report", str(a), "--timeline", "inf", "--json", "--no-plot")
     assert shown.code == 0, shown.err
     records = [json.loads(line) for line in (a / "records.jsonl").read_text().splitlines()]

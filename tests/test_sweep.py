@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, jsonl, junit_cases, open_gate, run_dir
 
@@ -153,13 +151,22 @@ def test_a_synthetic_workloads_levels_say_their_gain_and_the_knee(cli, isolated:
     assert {r["usage"]["completion_tokens"] for r in records if r["ok"]} == {20}, "forced"
 
 
-@pytest.mark.serial  # the stall cluster is judged by wall clock: missed once beside another test
 def test_stalls_at_the_keepalive_timeout_are_named_with_the_flag(cli, isolated: Path) -> None:
     """A server whose answers take a tenth of a second but some wait ≈5 s first (the shape of
-    llama.cpp's HTTP threads held by kept-alive connections): the sweep names it and the flag."""
+    llama.cpp's HTTP threads held by kept-alive connections): the sweep names it and the flag.
+    The mock draws which requests are slow from its seed: seed 17 makes the 7th, 11th, 15th and
+    18th the slow ones (the first is the stream probe's), and the level sends at least 16 — four
+    stalls of ≈5 s beside a median of ~0.08 s, however busy the machine. (Seed 0's first slow
+    request was the 21st: a busy machine sent fewer and saw no stall.)"""
     sweep = FAST + "[sweep]\nconcurrency = [4]\nlevel_s = 0.6\nrepeats = 1\n"
     with start_mock(
-        ttft_s=0.05, per_token_s=0.0005, slots=4, slow_rate=0.25, slow_s=5.0, expose_props=True
+        ttft_s=0.05,
+        per_token_s=0.0005,
+        slots=4,
+        slow_rate=0.25,
+        slow_s=5.0,
+        seed=17,
+        expose_props=True,
     ) as mock:
         open_gate(isolated, mock.base_url, sweep, stage="ladder")
         result = cli("sweep", "--json", "--beyond-ladder")

@@ -1,8 +1,8 @@
 """``sweep --find-max --rates`` (SPEC §13): the highest offered rate that meets every SLO without
 saturating — the pure rate search against a fake probe (exact probes, every boundary on a
 1024×-wide range counted), a rate probe's rule (saturated or client-bound is never the
-boundary), the range flag, and the real CLI against a 4-slot mock whose TTFT grows once
-requests queue."""
+boundary), the range flag, and the real CLI over HTTP end to end (the boundary at a server's
+capacity: tests/stages/sweep/test_find_max_rates.py, on the simulated server)."""
 
 from __future__ import annotations
 
@@ -119,25 +119,24 @@ def test_the_range_is_auto_or_lo_hi_at_most_1024x_wide() -> None:
 PINNABLE = FAST + "[sweep]\nlevel_s = 0.3\nrepeats = 1\n" + PIN_SERVER
 
 
-@pytest.mark.serial  # open loop at ~20 req/s: a starved core sends late (client-bound: inconclusive)
-def test_find_max_over_rates_on_a_four_slot_mock_lands_near_its_capacity(
-    cli, isolated: Path
-) -> None:
-    """The synchronous rate first (~5 req/s), then ≤ 10 rate probes: the boundary is within a
-    wide band around the slots' capacity (the most any probe achieved, ~20 req/s: well above the
-    synchronous rate); pin and status take the most requests in flight at that rate as the
-    concurrency, as for a rate sweep."""
+def test_find_max_over_a_given_range_of_rates_end_to_end(cli, isolated: Path) -> None:
+    """The real CLI over HTTP, far below the 4-slot mock's capacity (~20 req/s), so nothing
+    here depends on how busy the machine is: ``--rates 5:8`` probes 5, then 8 (×8 capped at
+    the top), both met (a loose SLO: TTFT is ~0.01 s); pin and status take the most requests in flight at the boundary as the
+    concurrency, as for a rate sweep. Where the boundary lands against a server's capacity is
+    tests/stages/sweep/test_find_max_rates.py's claim, on a simulated server and a virtual
+    clock."""
     with start_mock_process(*FOUR_SLOTS) as mock:
         open_gate(isolated, mock.base_url, PINNABLE, stage="ladder")
         result = cli(
             "sweep",
             "--find-max",
             "--rates",
-            "auto",
+            "5:8",
             "--arrival",
             "constant",
             "--slo",
-            "ttft:0.1",
+            "ttft:0.5",
             "--beyond-ladder",
             "--json",
         )
@@ -146,21 +145,17 @@ def test_find_max_over_rates_on_a_four_slot_mock_lands_near_its_capacity(
     assert result.code == 0, result.err
     out = result.json
     fm = out["find_max"]
-    sync = fm["bottom"]
-    achieved = [lv["achieved_rate"] for lv in out["levels_detail"] if "offered_rate" in lv]
-    capacity = max(achieved)
-    assert capacity >= 2.5 * sync, "four slots answer well over twice the synchronous rate"
-    assert fm["over"] == "rates" and fm["start"] == "the synchronous rate"
-    assert fm["probes"] <= 10 and fm["order"][:2] == [sync, pytest.approx(8 * sync, rel=0.01)]
-    assert 0.5 * capacity <= fm["boundary_rate"] <= 1.25 * capacity, (fm, achieved, result.err)
-    assert fm["first_failing"] is not None and fm["gap"] <= 0.05
-    assert f"find-max: synchronous {sync:g} req/s" in result.err
-    assert f"find-max probe 1: {sync:g} req/s meets the SLOs, not saturated" in result.err
-    assert f"recommended {fm['boundary_rate']:g} req/s: the highest offered rate" in result.err
+    assert fm["over"] == "rates" and fm["start"] == "--rates 5:8" and fm["bottom"] == 5.0
+    assert fm["order"] == [5.0, 8.0] and fm["probes"] == 2
+    assert fm["boundary_rate"] == 8.0 and fm["first_failing"] is None
+    assert "find-max: synchronous" not in result.err, "a given range needs no synchronous run"
+    assert "find-max probe 1: 5 req/s meets the SLOs, not saturated" in result.err
+    assert "find-max probe 2: 8 req/s meets the SLOs, not saturated" in result.err
+    assert "recommended 8 req/s: the highest offered rate" in result.err
     c = out["recommended_concurrency"]
     assert c >= 1 and f"which pin and status take as concurrency {c}" in result.err
     rows = jsonl(isolated / "runs" / out["run_id"] / "tiers.jsonl")
-    assert [r.get("offered_rate") for r in rows][1:] == fm["order"], "written as probed"
+    assert [r.get("offered_rate") for r in rows] == fm["order"], "written as probed"
     assert status.code == 0 and status.json["setting"]["concurrency"] == c
     assert pinned.code == 0, pinned.err
     assert pinned.json["concurrency"] == c

@@ -20,12 +20,20 @@ from tests.tier_helpers import FAST, jsonl, open_gate
 
 # ~0.14 s an answer on 4 slots: about 28 items/s at 4 in flight
 MOCK = ("--ttft", "0.02", "--per-token", "0.004", "--slots", "4")
-LADDER = FAST + "batch_sizes = [1, 2, 4]\n"
+# ~0.095 s an answer: about 42 items/s at 4 in flight, and 4× slower still ~10 items/s, so a slow
+# window closes at the 2 s minimum with its 4 × C items (at 7 items/s it waited for a third second)
+QUICK = ("--ttft", "0.02", "--per-token", "0.0025", "--slots", "4")
+# the batch's concurrency (4) is the one tier it is compared with; the tiers below it only cost time
+LADDER = FAST + "batch_sizes = [4]\n"
+# the quick mock's first 150 answers (~3.5 s: the first window, and most of the second, which
+# closes on the watch's 1 s tick) are fast; the next 100 take the 3 slow windows in a row that
+# make drift (2 s each) and one more
+SLOW_AFTER, ITEMS = 150, 250
 
 
-def _calibrated(cli: Any, root: Path) -> int:
-    """A passing ladder (batch 1, 2, 4) of the mock; the port its target is at."""
-    with MockProcess(*MOCK) as mock:
+def _calibrated(cli: Any, root: Path, mock_args: tuple[str, ...] = MOCK) -> int:
+    """A passing ladder (batch 4) of the mock; the port its target is at."""
+    with MockProcess(*mock_args) as mock:
         open_gate(root, mock.base_url, LADDER)
         ladder = cli("ladder", "--json")
         assert ladder.code == 0, ladder.err
@@ -46,11 +54,11 @@ def _drift_rows(root: Path, run_id: str) -> list[dict[str, Any]]:
 def test_a_mock_that_slows_after_n_items_warns_once_records_it_and_status_shows_it(
     cli: Any, isolated: Path, workers: str
 ) -> None:
-    port = _calibrated(cli, isolated)
+    port = _calibrated(cli, isolated, QUICK)
     before = _setting(cli)
-    tasks = write_tasks(isolated / "tasks.jsonl", 220)
-    slows = ("--port", str(port), "--slow-after", "100", "--slow-after-factor", "4")
-    with MockProcess(*MOCK, *slows):
+    tasks = write_tasks(isolated / "tasks.jsonl", ITEMS)
+    slows = ("--port", str(port), "--slow-after", str(SLOW_AFTER), "--slow-after-factor", "4")
+    with MockProcess(*QUICK, *slows):
         args = ("--out", "out.jsonl", "-c", "4", "--workers", workers, "--json")
         result = cli("batch", "--input", str(tasks), *args)
     assert result.code == 0, result.err
@@ -61,11 +69,13 @@ def test_a_mock_that_slows_after_n_items_warns_once_records_it_and_status_shows_
     (drift,) = result.json["drift"]
     assert drift["compared"] and drift["drifted"] and drift["causes"], drift
     assert drift["calibration"]["stage"] == "ladder" and drift["calibration"]["concurrency"] == 4
-    assert drift["at_item"] > 100  # the first slow window starts after the 100 fast items
-    assert drift["items_per_s"] < drift["calibration"]["items_per_s"]
     rows = _drift_rows(isolated, result.json["run_id"])  # every window, in the run's folder
+    # drift is found from the window that holds the first slow answer on, never before it
+    turn = next(r for r in rows if r["first_item"] + r["items"] > SLOW_AFTER)
+    assert drift["at_item"] >= turn["first_item"] > rows[0]["first_item"], rows
+    assert drift["items_per_s"] < drift["calibration"]["items_per_s"]
     assert drift["items_per_s"] < rows[0]["items_per_s"] / 2  # 4× slower than its own start
-    assert len(rows) >= drift["windows_judged"] >= 4 and rows[0]["judged"]
+    assert len(rows) >= drift["windows_judged"] >= 4 and rows[0]["judged"], rows
     ledger = jsonl(isolated / "runs/ledger.jsonl")
     assert ledger[-1]["stage"] == "batch" and ledger[-1]["summary"]["drift"][0]["drifted"]
 
@@ -82,7 +92,8 @@ def test_a_mock_that_slows_after_n_items_warns_once_records_it_and_status_shows_
 @pytest.mark.serial  # a process spinning a core beside it: alone, or it slows the other tests
 def test_a_healthy_batch_never_warns_not_with_a_cpu_hog_beside_it(cli: Any, isolated: Path) -> None:
     port = _calibrated(cli, isolated)
-    tasks = write_tasks(isolated / "tasks.jsonl", 240)
+    # ~6 s at 28 items/s: the windows closing at ~3 s and ~5 s are judged (the last is the run's end)
+    tasks = write_tasks(isolated / "tasks.jsonl", 170)
     # the hog is the batch's sibling, not its child: "other processes" to its noise meter
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
@@ -98,7 +109,7 @@ def test_a_healthy_batch_never_warns_not_with_a_cpu_hog_beside_it(cli: Any, isol
     assert batch.returncode == 0, err
     assert "drift: the server" not in err and "warning: drift" not in err, err
     (drift,) = json.loads(out)["drift"]
-    assert drift["compared"] and not drift["drifted"] and drift["windows_judged"] >= 2, drift
     rows = _drift_rows(isolated, json.loads(out)["run_id"])
+    assert drift["compared"] and not drift["drifted"] and drift["windows_judged"] >= 2, rows
     others = [r["noise_other_cpu_cores"] for r in rows if r["judged"]]  # the machine, read
     assert None not in others and max(others) >= 0.8, rows  # the hog's core among "others"

@@ -1,0 +1,71 @@
+"""``sweep --find-max --rates`` on a simulated 4-slot server on a virtual clock: the synchronous
+rate first, then the rate probes, and the boundary at the slots' capacity — the ratio claims
+that over real HTTP needed the machine to themselves (a starved core sends late)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from calibrate.config import Config, SloConfig, SweepConfig
+from calibrate.gpu.vram import VramMonitor
+from calibrate.load.sender import Sender
+from calibrate.stages.sweep.run import Sweep
+from calibrate.stages.sweep.spec import SweepOptions
+from tests.stage_fakes import close_runs, recorder, simulated_sender, stage_ctx
+from tests.tier_helpers import jsonl
+
+__all__ = ["close_runs"]  # the autouse fixture, used by being imported
+
+TTFT = SloConfig(ttft_p99_s=0.1)
+
+
+def _four_slots(seconds: float) -> Sender:
+    """4 slots, ``seconds`` a request (its first token a quarter in): 4 / seconds req/s at most."""
+    return simulated_sender(slots=4, ttft_s=seconds / 4, per_token_s=seconds / 4, answer_tokens=3)
+
+
+def _rate_sweep(tmp_path: Path, sender: Sender) -> Sweep:
+    cfg = Config(sweep=replace(SweepConfig(), level_s=0.3, repeats=1), slo=TTFT)
+    ctx = stage_ctx(tmp_path, cfg, "sweep")
+    monitor = VramMonitor([])
+    options = replace(
+        SweepOptions.from_config(cfg, 4, slo=TTFT, stream=True, arrival="constant"),
+        find_max_rates=(0.0, 0.0),
+    )
+    return Sweep(ctx, options, monitor, recorder(ctx, monitor, tmp_path), sender)
+
+
+def test_the_rate_search_lands_at_the_capacity_of_a_simulated_four_slot_server(
+    tmp_path: Path,
+) -> None:
+    """0.2 s a request: one at a time is 5 req/s (the synchronous rate, the bottom); 4 slots
+    answer 20 req/s. Below that a constant rate never queues (TTFT 0.05 s); above it requests
+    wait for a slot and the achieved rate falls behind the offered one, far above it TTFT
+    passes 0.1 s too. The boundary is the capacity, to the search's 5 % — a level of 0.3 s
+    cannot tell 21.5 req/s (7 % over, achieved 20.5) from keeping up, and says so honestly."""
+    sweep = _rate_sweep(tmp_path, _four_slots(0.2))
+    said: list[str] = []
+    sweep.note = said.append
+    result = sweep.run()
+    fm = result.find_max
+    assert fm is not None and fm.over == "rates" and fm.bottom == 5.0
+    assert fm.start == "the synchronous rate"
+    assert said[0] == "find-max: synchronous 5 req/s, so rates 5–5120 req/s"
+    assert fm.order == (5.0, 40.0, 14.1, 23.7, 18.3, 20.8, 22.2, 21.5), fm.order
+    assert (fm.last_passing, fm.first_failing) == (21.5, 22.2)
+    assert 20.0 <= fm.last_passing <= 1.1 * 20.0, "at the slots' capacity, 4× the synchronous"
+    levels = {lv.rate.offered_rate: lv for lv in result.levels if lv.rate is not None}
+    assert levels[40.0].verdict == "stop: slo" and levels[40.0].rate is not None
+    assert levels[40.0].rate.why.startswith("achieved 23.2 req/s is 42% below the offered 40")
+    assert said[2].startswith("find-max probe 2: 40 req/s breaks them: ttft p99 0.25 s is over")
+    assert said[4] == (
+        "find-max probe 4: 23.7 req/s fails: saturated: achieved 21.1 req/s is 11% below the "
+        "offered 23.7"
+    )
+    assert all(lv.stats.ttft_p99_s <= 0.1 for r, lv in levels.items() if r <= 21.5)
+    summary = result.summary(sweep.options)
+    assert result.passed and summary.recommended_concurrency is not None
+    assert summary.recommended_concurrency >= 4, "the most in flight at 21.5 req/s: the 4 slots"
+    rows = jsonl(sweep.ctx.run.path / "tiers.jsonl")
+    assert [r.get("offered_rate") for r in rows][1:] == list(fm.order), "written as probed"

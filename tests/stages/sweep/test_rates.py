@@ -1,0 +1,106 @@
+"""Open-loop rate levels (SPEC §5.13) on the simulated server and a virtual clock: the achieved
+rate against the offered one, saturation past a 4-slot server's capacity with the ladder's
+in-flight cap held, and prompt-list rates counted in requests — the ratio claims that over real
+HTTP needed the machine to themselves (a busy core sends late and reads as saturated)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from calibrate.config import Config, LadderConfig, SloConfig, SweepConfig
+from calibrate.gpu.vram import VramMonitor
+from calibrate.load.sender import Sender
+from calibrate.stages.sweep.result import SweepResult
+from calibrate.stages.sweep.run import Sweep
+from calibrate.stages.sweep.spec import SweepOptions
+from tests.stage_fakes import close_runs, recorder, simulated_sender, stage_ctx
+
+__all__ = ["close_runs"]  # the autouse fixture, used by being imported
+
+
+def _rates(
+    tmp_path: Path,
+    sender: Sender,
+    rates: tuple[float, ...],
+    level_s: float,
+    *,
+    batch_size: int = 4,
+    mode: str = "wave",
+    **options: Any,
+) -> tuple[Sweep, SweepResult]:
+    slo = options.pop("slo", SloConfig())
+    cfg = Config(
+        sweep=replace(SweepConfig(), level_s=level_s, repeats=1),
+        ladder=replace(LadderConfig(), mode=mode),
+        slo=slo,
+    )
+    ctx = stage_ctx(tmp_path, cfg, "sweep")
+    monitor = VramMonitor([])
+    spec = SweepOptions.from_config(cfg, batch_size, slo=slo, stream=True)
+    sweep = Sweep(
+        ctx,
+        replace(spec, rates=rates, **options),
+        monitor,
+        recorder(ctx, monitor, tmp_path),
+        sender,
+    )
+    return sweep, sweep.run()
+
+
+def test_the_achieved_rate_is_the_offered_one_on_a_server_with_no_slot_limit(
+    tmp_path: Path,
+) -> None:
+    """40 req/s of Poisson arrivals for 2 s, ~11 ms answers, no slot limit: achieved within
+    5 % of 40, not saturated; streamed, so TTFT and the inter-token latency are measured."""
+    sender = simulated_sender(ttft_s=0.005, per_token_s=0.0002)
+    _, result = _rates(tmp_path, sender, (40.0,), 2.0)
+    (level,) = result.levels
+    assert level.rate is not None and level.rate.offered_rate == 40.0
+    assert level.rate.achieved_rate == pytest.approx(40.0, rel=0.05) and not level.saturated
+    assert level.stats.ttft_p50_s is not None and level.stats.itl_p99_s is not None
+    assert result.recommendation.startswith("40 req/s")
+
+
+def test_a_4_slot_server_saturates_above_its_capacity_and_the_sweep_stops(tmp_path: Path) -> None:
+    """~0.06 s a request, 4 slots: ≈ 65 req/s at most. 20 req/s keeps up; 200 is saturated,
+    and 400 is never sent. The ladder proved 4 in flight: no more are ever sent at once, and
+    the wait for a free slot at the cap is not in a request's latency: it is shown beside it."""
+    sender = simulated_sender(ttft_s=0.01, per_token_s=0.001, slots=4)
+    _, result = _rates(
+        tmp_path, sender, (20.0, 200.0, 400.0), 0.5, arrival="constant", max_in_flight=4
+    )
+    levels = result.levels
+    assert [lv.rate.offered_rate for lv in levels if lv.rate] == [20.0, 200.0]
+    assert [lv.saturated for lv in levels] == [False, True]
+    assert max(sender.transport.in_flight_seen) == 4, "never more in flight than the ladder"  # type: ignore[attr-defined]
+    lags = [lv.rate.send_lag_p99_s for lv in levels if lv.rate]
+    assert lags[0] is not None and lags[1] is not None and lags[0] < 0.05 < lags[1]
+    assert result.saturation_text.startswith("saturated at 200 req/s: achieved")
+    assert result.recommendation.startswith("20 req/s")
+
+
+def test_prompt_list_rates_are_requests_per_second_each_carrying_the_batch(
+    tmp_path: Path,
+) -> None:
+    """One request carries B = 4 prompts: 8 req/s offered is 8 requests a second (32 prompts),
+    measured as such — not 32 "achieved" against 8 offered — and kept up with. Its goodput
+    (every request well within the SLO) is its throughput."""
+    sender = simulated_sender(ttft_s=0.005, per_token_s=0.0002)
+    _, result = _rates(
+        tmp_path,
+        sender,
+        (8.0,),
+        2.0,
+        mode="prompt-list",
+        arrival="constant",
+        slo=SloConfig(e2e_p99_s=5.0),
+    )
+    (level,) = result.levels
+    assert level.rate is not None and not level.saturated
+    assert level.rate.achieved_rate == pytest.approx(8.0, rel=0.05), "requests/s, as offered"
+    assert level.stats.items_per_s == pytest.approx(32.0, rel=0.05), "4 prompts each"
+    assert level.stats.goodput_per_s == pytest.approx(level.stats.items_per_s, rel=1e-4)
