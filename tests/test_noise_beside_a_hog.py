@@ -5,6 +5,10 @@ never a confident wrong answer. Alone (serial): the hogs would slow every other 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,14 +32,21 @@ SWEEP = (
 
 @contextmanager
 def hogs(count: int = 2) -> Iterator[None]:
-    """``count`` processes spinning a core each, ended by pid however the block ends."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    """``count`` processes spinning a core each, ended by pid however the block ends. Started
+    through a shell that exits at once, so they are nobody's children here: the CLI runs in
+    this process, and its noise meter counts its own children as calibrate's CPU, not the
+    machine's (the hogs are "other processes", as a user's other work is)."""
+    line = f"{shlex.quote(sys.executable)} -c 'while True: pass' >/dev/null 2>&1 & echo $!"
+    pids = [
+        int(subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=True).stdout)
+        for _ in range(count)
+    ]
     try:
         yield
     finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _inconclusive_says_why(result) -> None:  # type: ignore[no-untyped-def]
@@ -61,7 +72,8 @@ def test_beside_two_hogs_a_sweep_finds_the_knee_or_says_it_cannot(cli, isolated:
         if result.json["inconclusive"].startswith("inconclusive: the runs"):
             assert "of this machine's 2 cores" in result.json["inconclusive"], result.err
     rows = [lv for lv in result.json["levels_detail"]]
-    assert all(lv.get("noise_other_cpu_cores") is not None for lv in rows)
+    others = [lv.get("noise_other_cpu_cores") for lv in rows]
+    assert None not in others and max(others) >= 1.0, others  # the hogs, read as the machine's
 
 
 def test_beside_two_hogs_a_ladder_finds_its_setting_or_says_it_cannot(cli, isolated: Path) -> None:
