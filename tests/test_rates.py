@@ -122,6 +122,7 @@ def test_a_4_slot_mock_far_past_its_capacity_saturates_and_the_sweep_stops(
     assert all(lv["concurrency"] <= 4 for lv in levels), "never more in flight than the ladder"
     assert "at most 4 in flight (the ladder's)" in result.err
     assert "warning: saturated at 200 req/s: achieved" in result.err
+    assert "sweep failed: no rate was kept up: saturated at 200 req/s: achieved" in result.err
     assert result.json["saturated"].startswith("saturated at 200 req/s")
     assert result.json["recommendation"] is None and result.json["passed"] is False
 

@@ -210,7 +210,15 @@ class SweepResult(KneeVerdict):
             return f"no level met the SLOs ({describe(self.slo)}): {self.find_max.text}"
         failed = next((lv for lv in self.levels if lv.verdict == "fail"), None)
         if failed is None:
-            return "every level ran" if self.levels else "no level ran"
+            if not self.levels:
+                return "no level ran"
+            if self.passed or self.inconclusive:  # the recommendation, or why none, says the rest
+                return "every level ran"
+            if (self.rate_mode or self.auto) and self.saturation_text:
+                return f"no rate was kept up: {self.saturation_text}"
+            if has_slo(self.slo):
+                return f"no level met the SLOs ({describe(self.slo)})"
+            return "every level ran, and none could be recommended"
         s = failed.stats
         first = " (the first level)" if failed is self.levels[0] else ""
         return f"{failed.label}{first}: {s.errors} of {s.items} requests failed ({s.kinds_text})"
