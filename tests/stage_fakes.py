@@ -193,11 +193,17 @@ def close_runs() -> Iterator[None]:
         _OPEN.pop().close()
 
 
+def open_run(runs: Path, stage: str, run_id: str | None = None) -> RunDir:
+    """A run folder that ``close_runs`` closes after the test."""
+    run = RunDir(runs, stage, run_id=run_id)
+    _OPEN.append(run)
+    return run
+
+
 def stage_ctx(tmp_path: Path, cfg: Config, stage: str) -> StageContext:
     runs = tmp_path / "runs"
     client = OpenAIClient("http://127.0.0.1:9/v1")  # builds bodies only; nothing is sent
-    run = RunDir(runs, stage)
-    _OPEN.append(run)
+    run = open_run(runs, stage)
     return StageContext(cfg, client, run, Ledger(runs), target_fingerprint(cfg), cfg.server.kind)
 
 

@@ -11,8 +11,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
-
 from calibrate.config import TuneSearch
 from calibrate.io.store import RunDir
 from calibrate.load.request import Request
@@ -22,7 +20,9 @@ from calibrate.stages.tune.outcome import TuneOutcome
 from calibrate.stages.tune.result import BestLevel, CandidateResult, Measurement
 from calibrate.stages.tune.search import Tune
 from calibrate.stages.tune.store import TuneStore
-from tests.stage_fakes import SimulatedLoop, chat_body
+from tests.stage_fakes import SimulatedLoop, chat_body, close_runs, open_run
+
+__all__ = ["close_runs"]  # the autouse fixture, used by being imported
 
 LEVELS = (8, 16, 32, 64)  # closed-loop concurrency per candidate, as the sweep's levels
 TOKENS = 100  # output tokens per answer
@@ -90,20 +90,8 @@ def _winner(outcome: TuneOutcome) -> str:
     return outcome.winner.candidate.describe()
 
 
-_OPEN: list[RunDir] = []
-
-
-@pytest.fixture(autouse=True)
-def _closed() -> Iterator[None]:
-    yield
-    while _OPEN:
-        _OPEN.pop().close()
-
-
 def _run(tmp_path: Path, run_id: str | None = None) -> RunDir:
-    run = RunDir(tmp_path, "tune", run_id=run_id)
-    _OPEN.append(run)
-    return run
+    return open_run(tmp_path, "tune", run_id)
 
 
 def test_refine_finds_the_grids_best_in_a_fraction_of_its_restarts(tmp_path: Path) -> None:

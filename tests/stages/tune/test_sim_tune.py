@@ -9,7 +9,6 @@ HTTP tests keep what is about the CLI (the managed server, the files, pin, the l
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from calibrate.stages.tune.outcome import TuneOutcome
 from calibrate.stages.tune.result import CandidateResult, MemoryProbe
 from calibrate.stages.tune.search import Tune
 from calibrate.stages.tune.store import TuneStore
-from tests.stage_fakes import SimulatedLoop, close_runs, recorder, stage_ctx
+from tests.stage_fakes import SimulatedLoop, close_runs, open_run, recorder, stage_ctx
 
 __all__ = ["close_runs"]  # the autouse fixture, used by being imported
 
@@ -89,16 +88,6 @@ class SweepEngine:
         return CandidateResult(candidate, rung, window, True, served=True, measurement=measured)
 
 
-_OPEN: list[RunDir] = []
-
-
-@pytest.fixture(autouse=True)
-def _closed() -> Iterator[None]:
-    yield
-    while _OPEN:
-        _OPEN.pop().close()
-
-
 def _plan(grid: str, fractions: tuple[float, ...] = ()) -> TunePlan:
     """The grid of ``{slots}`` (and kv_tokens) at a ladder's batch 4; with ``fractions`` the
     memory step tries them first, else the grid fixes memory_fraction=0.8 itself."""
@@ -123,8 +112,7 @@ def _tune(
     budget_s: float = 0.0,
     said: list[str] | None = None,
 ) -> TuneOutcome:
-    run = RunDir(tmp_path / "runs", "tune", run_id=run_id)
-    _OPEN.append(run)
+    run = open_run(tmp_path / "runs", "tune", run_id)
     notes = said if said is not None else []
     tune = Tune(
         plan, TuneStore(run), engine, search, 1.0, budget_s, notes.append, clock=engine.clock
