@@ -39,6 +39,14 @@ def _tasks(path: Path, markers: list[str]) -> Path:
     return path
 
 
+def _spec(tasks: Path, out: Path, **extra: Any) -> BatchSpec:
+    """Two in flight over ``tasks``, answers to ``out``, the rest as ``extra`` says."""
+    params = SamplingParams(0.0, 16, 1.0, None)
+    return BatchSpec(
+        input_path=tasks, out_path=out, model="m", params=params, concurrency=2, **extra
+    )
+
+
 def _timeout(root: Path, seconds: float) -> None:
     path = root / "calibrate.toml"
     path.write_text(
@@ -167,13 +175,7 @@ def test_a_bug_in_the_sending_itself_stops_the_run_as_a_recorded_failure(isolate
     that never got its line, the rest left to the rerun."""
     tasks = _tasks(isolated / "tasks.jsonl", ["[ok]"] * 20)
     out = isolated / "out.jsonl"
-    spec = BatchSpec(
-        input_path=tasks,
-        out_path=out,
-        model="m",
-        params=SamplingParams(0.0, 16, 1.0, None),
-        concurrency=2,
-    )
+    spec = _spec(tasks, out)
     answer = Completion((Choice(0, "fine", "stop"),), Usage(3, 1, 4), "m", None, 0.001)
     lane = scripted_lane(ScriptedTransport(lambda body: answer), 2)
     lane = replace(lane, breaker=BrokenBreaker(lane.label, OutagePolicy(), lambda: None))
@@ -195,14 +197,7 @@ def test_any_exception_while_sending_or_reading_an_item_is_its_recorded_internal
     markers = ["[type]", "[recursion]", "[encode]", "[memory]", "[other]"] * 4
     tasks = _tasks(isolated / "tasks.jsonl", markers)
     out = isolated / "out.jsonl"
-    spec = BatchSpec(
-        input_path=tasks,
-        out_path=out,
-        model="m",
-        params=SamplingParams(0.0, 16, 1.0, None),
-        concurrency=2,
-        retry=RetryPolicy(retries=0),
-    )
+    spec = _spec(tasks, out, retry=RetryPolicy(retries=0))
     transport = ScriptedTransport(raising)
     with open_batch(spec) as plan:
         result = run_batch(plan, None, out, lanes=[scripted_lane(transport, 2)])
