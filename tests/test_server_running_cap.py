@@ -300,6 +300,31 @@ def test_verify_says_when_the_cap_cannot_be_read(cli, isolated: Path) -> None:
     assert "the server's cap could not be read" in " ".join(result.err.split())
 
 
+def test_a_slow_metrics_scrape_is_counted_as_slow_end_to_end(cli, isolated: Path) -> None:
+    """vLLM's CPU build, taught to the mock (``--metrics-delay-s``): ``/metrics`` answers 0.3 s
+    after it is asked, 5 ms apart was asked, the server runs 4 at once and answers in ~50 ms.
+    Batch 8 can never be seen running whole: it is not the setting, and the ladder says how far
+    apart the samples really came — counted at the 5 ms asked, 50 ms answers would be "seen"."""
+    slow = {"metrics_style": "vllm", "metrics_delay_s": 0.3}
+    with start_mock(ttft_s=0.01, per_token_s=0.0005, slots=4, **slow) as mock:
+        open_gate(isolated, mock.base_url, LADDER)
+        result = cli("ladder", "--json")
+    assert result.code == 0, result.err
+    tiers = {t["batch_size"]: t for t in result.json["tiers_detail"]}
+    assert result.json["last_passing"]["batch_size"] <= 4  # never above what the server ran
+    eight = tiers[8]
+    assert eight["server_running_max"] <= 4 and eight["metrics_gap_s"] >= 0.1
+    gap_ms = round(eight["metrics_gap_s"] * 1000)
+    assert f"/metrics samples {gap_ms} ms apart (asked: 5 ms)" in eight["running_unseen"]
+    err = " ".join(result.err.split())
+    if eight["verdict"] == "pass":  # else a sample caught 4 waiting: stop: cap, as it should
+        assert f"batch 8 is not the setting: {eight['running_unseen']}" in err
+    else:
+        assert eight["verdict"] == "stop: cap", eight["verdict"]
+    rows = jsonl(run_dir(isolated, result.json["run_id"]) / "tiers.jsonl")
+    assert all(row["metrics_gap_s"] >= 0.1 for row in rows)  # each tier's own spacing, kept
+
+
 def test_a_running_count_sampled_more_slowly_than_the_answers_last_is_unknown() -> None:
     """Seen on real vLLM ``--max-num-seqs 4`` with 10–20 ms answers: /metrics, read every 50 ms,
     never caught a request waiting, and batch 8 was kept and chosen (prompt-list mode). Answers

@@ -213,6 +213,7 @@ class MockHandler(BaseHTTPRequestHandler):
         elif path in ("/v1/models", "/models"):
             self._wire().send_json(200, payloads.models_list(settings, self.server.created))
         elif path == "/metrics" and settings.metrics:
+            time.sleep(settings.metrics_delay_s)  # a slow scrape: the gauges read at its end
             body = render_metrics(self.server.model.snapshot(), settings)
             self._wire().send(200, body.encode(), "text/plain; version=0.0.4; charset=utf-8")
         elif path == "/props" and settings.expose_props:

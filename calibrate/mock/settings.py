@@ -94,6 +94,9 @@ class MockSettings:
     # model's engine applies one): a raw /v1/completions of the same text answers otherwise
     chat_template: bool = False
     metrics: bool = True  # False: GET /metrics is 404, an engine whose metrics are off
+    # GET /metrics waits this long before it reads its gauges and answers: a slow scrape (real
+    # vLLM's CPU build, asked every 50 ms, answered 120–300 ms apart while it generated)
+    metrics_delay_s: float = 0.0
     error_style: ErrorStyle = "http"
     # Start-up memory (tune's memory step): asked for more than fits → exit 1 at start, CUDA OOM.
     memory_fraction: float | None = None
@@ -162,7 +165,7 @@ class MockSettings:
         if self.slot_context < 0:
             raise ValueError(f"slot_context must be ≥ 0 (0 = off), got {self.slot_context}")
         times = (self.ttft_s, self.per_token_s, self.slow_s, self.retry_after_s, self.drip_s)
-        if min(times) < 0 or self.keepalive_limit_s <= 0:
+        if min(*times, self.metrics_delay_s) < 0 or self.keepalive_limit_s <= 0:
             raise ValueError("times must be ≥ 0")
         if (self.slow_after or 0) < 0 or self.slow_after_factor <= 0:
             raise ValueError("slow_after must be ≥ 0 and slow_after_factor > 0")

@@ -93,6 +93,9 @@ SETTINGS: tuple[tuple[str, str | None, str | None], ...] = (
      "instruct model does: a raw /v1/completions of the same text then answers otherwise"),
     ("--no-metrics", None, "GET /metrics is 404, as an engine whose metrics are off (LMDeploy "
      "0.9.2–0.10.x without --enable-metrics)"),
+    ("--metrics-delay-s", "S", "GET /metrics waits S seconds before it reads its gauges and "
+     "answers: a slow scrape, as vLLM's CPU build answered 0.12–0.3 s apart while generating "
+     "(default 0)"),
     ("--error-style", None, "lmdeploy: a prompt over --max-model-len and a --fail-rate fault are "
      "HTTP 200 with finish_reason \"error\" and LMDeploy's text (v0.9.2–v0.15), not 400 / 500"),
     ("--power-w", "W", "serve a DCGM exporter's GPU gauges on /metrics: power = W + "
