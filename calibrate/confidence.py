@@ -13,6 +13,7 @@ non-overlap is stricter than the level it names (about 99.5 % for equal spreads)
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -75,8 +76,12 @@ def t_cdf(t: float, df: float) -> float:
     return 1.0 - tail if t > 0 else tail
 
 
+@functools.lru_cache(maxsize=4096)
 def t_quantile(p: float, df: float) -> float:
-    """The t with P(T ≤ t) = p, for 0 < p < 1 and ``df`` > 0 (any real df, e.g. Welch's)."""
+    """The t with P(T ≤ t) = p, for 0 < p < 1 and ``df`` > 0 (any real df, e.g. Welch's).
+
+    Kept once computed: a ladder or sweep asks for the same few (level, rounds − 1) again and
+    again, and each is a bisection of about 40 incomplete-beta evaluations."""
     if not 0.0 < p < 1.0:
         raise ValueError(f"a quantile needs 0 < p < 1, got {p!r}")
     if not df > 0 or math.isinf(df) or math.isnan(df):

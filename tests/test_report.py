@@ -46,9 +46,12 @@ def _table(text: str) -> list[str]:
     return table_lines(text)
 
 
+PLOT = "[report]\nplot = true\n"  # the default (tests.helpers.write_config draws none)
+
+
 def test_tiers_csv_and_report_reproduces_the_table(cli, isolated: Path) -> None:
     with start_mock(ttft_s=0.002, per_token_s=0.004, slots=4, oom_at=6) as mock:
-        open_gate(isolated, mock.base_url)
+        open_gate(isolated, mock.base_url, FAST + PLOT)
         ladder = cli("ladder", "--json")
     assert ladder.code == 0, ladder.err
     run = run_dir(isolated, ladder.json["run_id"])
@@ -78,7 +81,7 @@ def test_without_matplotlib_there_is_no_plot_and_no_crash(
 ) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib → ImportError
     with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
-        open_gate(isolated, mock.base_url, FAST + "batch_sizes = [1, 2]\n")
+        open_gate(isolated, mock.base_url, FAST + "batch_sizes = [1, 2]\n" + PLOT)
         ladder = cli("ladder", "--json")
     assert ladder.code == 0, ladder.err
     run = run_dir(isolated, ladder.json["run_id"])
@@ -86,6 +89,27 @@ def test_without_matplotlib_there_is_no_plot_and_no_crash(
     assert "no plot: matplotlib missing" in ladder.err
     report = cli("report", str(run))
     assert report.code == 0 and "matplotlib is not installed" in report.err
+
+
+def test_report_plot_false_writes_the_tables_alone_and_report_draws_the_plot_later(
+    cli, isolated: Path
+) -> None:
+    """[report] plot = false (a CI job that reads tables): the ladder and the sweep write no
+    plot.png and say why; ``calibrate report RUN`` draws it when asked."""
+    sweep = "[sweep]\nconcurrency = [1, 2]\nlevel_s = 0.1\nrepeats = 1\n"
+    no_plot = FAST + "batch_sizes = [1, 2]\n" + sweep + "[report]\nplot = false\n"
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
+        open_gate(isolated, mock.base_url, no_plot)
+        ladder = cli("ladder", "--json")
+        sweep_run = cli("sweep", "--json")
+    for result in (ladder, sweep_run):
+        assert result.code == 0, result.err
+        run = run_dir(isolated, result.json["run_id"])
+        assert (run / "tiers.csv").exists() and not (run / "plot.png").exists()
+        said = f"tables: runs/{run.name}/tiers.csv (no plot: [report] plot = false)"
+        assert said in result.err
+        assert cli("report", str(run)).code == 0
+        assert (run / "plot.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_report_of_something_that_is_not_a_run(cli, isolated: Path) -> None:

@@ -199,6 +199,15 @@ class PathsConfig:
 
 
 @dataclass(frozen=True)
+class ReportConfig:
+    """[report]: what a ladder or sweep writes beside its tables."""
+
+    # plot.png (matplotlib, when installed): about 0.3 s of CPU a run; false for a CI job or a
+    # test suite that reads the tables alone (``calibrate report RUN`` draws it later)
+    plot: bool = True
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration: one field per section, the file it came from and the keys."""
 
@@ -214,6 +223,7 @@ class Config:
     cost: CostConfig = CostConfig()
     server: ServerConfig = ServerConfig()
     paths: PathsConfig = PathsConfig()
+    report: ReportConfig = ReportConfig()
     source: str | None = None
     api_key: str | None = field(default=None, repr=False)
     gpu_metrics_key: str | None = field(default=None, repr=False)

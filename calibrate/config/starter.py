@@ -88,4 +88,7 @@ copies = 0                         # copies of the fixed prompt per ladder tier 
 runs = "runs"
 baselines = "baselines"
 scripts = "scripts"
+
+[report]
+plot = true                        # plot.png beside each ladder's and sweep's tables (needs matplotlib)
 """

@@ -134,10 +134,12 @@ def show_tables(out: Output, ctx: StageContext, kind: Kind, csv_path: Path, sour
     table_rows = read_table(csv_path).rows
     title = f"{kind} {ctx.run.run_id}"
     out.show_table(lambda width: tier_table(table_rows, kind, title, width, wide=width is None))
-    plot = write_plot(table_rows, kind, ctx.run.file("plot.png"), ctx.config.cache_dir)
-    out.say(
-        f"tables: {csv_path}" + (f", plot: {plot}" if plot else " (no plot: matplotlib missing)")
-    )
+    if not ctx.config.report.plot:
+        out.say(f"tables: {csv_path} (no plot: [report] plot = false)")
+    elif plot := write_plot(table_rows, kind, ctx.run.file("plot.png"), ctx.config.cache_dir):
+        out.say(f"tables: {csv_path}, plot: {plot}")
+    else:
+        out.say(f"tables: {csv_path} (no plot: matplotlib missing)")
     if source == "none":
         out.say("VRAM not measured")
 
