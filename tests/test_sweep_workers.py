@@ -173,9 +173,11 @@ def test_a_worker_sender_keeps_c_in_flight_and_hands_back_one_processes_run() ->
     assert all(i.times and i.times.sent_at <= i.times.finished_at for i in run.items)
     assert run.full_s is not None and run.stop_s is not None and run.full_s < run.stop_s
     assert run.started_at is not None
-    for item in run.items:  # the epoch stamps and the loop's own times tell one story
-        assert item.times is not None
-        assert item.times.finished_at - run.started_at == pytest.approx(item.done_s, abs=0.02)
+    for item in run.items:  # the epoch stamps and the loop's own times tell one story:
+        assert item.times is not None  # the bytes arrived, then the worker's loop took them up
+        arrived_s = item.times.finished_at - run.started_at
+        # (22 ms later beside four CPU burners); a worker's start misplaced is GO_S (0.1 s) off
+        assert item.done_s - 0.05 <= arrived_s <= item.done_s + 0.002
     steady = steady_throughput(run)
     assert not steady.whole_run and steady.completions > 6
 
