@@ -337,6 +337,9 @@ def test_the_sweeps_restart_at_cap_b_keeps_the_args(
     out = _fake_vllm(isolated, monkeypatch)
     fast = "[ladder]\nmin_round_s = 0\nwarmup_waves = 0\n"
     fast += "[sweep]\nconcurrency = [1, 2]\nlevel_s = 0.1\nrepeats = 2\n"
+    # the restart is the point, not the knee: noise between 0.1 s levels takes the conservative
+    # answer (a sweep beside four CPU burners could not tell 2 from 1: exit 1)
+    fast += "[confidence]\nconservative = true\n"
     _configure(isolated, "vllm", DEPLOY["vllm"], port=free_port())
     path = isolated / "calibrate.toml"
     path.write_text(path.read_text("utf-8") + fast, encoding="utf-8")

@@ -36,7 +36,11 @@ def test_refine_measures_what_the_results_point_to_and_reports_the_front(
     reason = out["pinned_reason"]
     assert reason.startswith("pin takes c03 (slots=4, kv_tokens=50000, memory_fraction=0.8)")
     assert "the most requests/s within the SLOs (--rank-by goodput)" in reason
-    assert "Pareto front: tokens/s per user against tokens/s in all" in result.err
+    # the front's table where it has two points (c02 serves each user faster: so on a quiet
+    # machine; beside four CPU burners c03 was faster on both counts, and one point's line
+    # below says it all)
+    if sum(p["on_front"] for p in front.values()) > 1:
+        assert "Pareto front: tokens/s per user against tokens/s in all" in result.err
     assert reason in result.err
     report = cli("report", str(run), "--html", "--json")
     assert report.code == 0, report.err

@@ -106,9 +106,9 @@ class MockHTTPServer(ThreadingHTTPServer):
                 waiting = [(t, c) for c, t in self._connections.items() if t is not None]
                 if not waiting:  # every connection is being answered: this one waits its turn
                     evict = request
-                else:
+                else:  # no longer one of the open: shut down below, its thread ends it
                     evict = min(waiting, key=lambda pair: pair[0])[1]
-                    self._connections[evict] = None  # (closed once, below)
+                    del self._connections[evict]
             if evict is not request:
                 self._connections[request] = time.monotonic()
         if evict is request:
