@@ -45,8 +45,8 @@ demo: $(STAMP)
 # pytest-xdist workers per two cores (at most 12). On this project's 2-core machines five took
 # 4 m 49 s against 5 m 53 s for three. Beside CPU-burning processes its HTTP tests assert each
 # run's own verdict (the measured claims are on the simulated server), so a busy machine moves
-# the numbers, not the outcome: two whole-suite rounds at eight workers beside four burners
-# found the last of them. Then the tests that assert measured times (marker serial) alone, from
+# the numbers, not the outcome (two whole-suite rounds at eight workers beside four burners,
+# harsher than CI, found six more; five now do). Then the tests that assert measured times (marker serial) alone, from
 # the files that mark any (so the second pass does not collect the whole suite again). pytest
 # keeps its assert-rewritten test modules in __pycache__ unless PYTHONDONTWRITEBYTECODE is set
 # (it is on the machines this project is tested on): without the cache each worker rewrites
