@@ -43,15 +43,15 @@ demo: $(STAMP)
 
 # The suite waits on HTTP, child processes and measured windows more than it computes: five
 # pytest-xdist workers per two cores (at most 12). On this project's 2-core machines five took
-# 4 m 49 s against 5 m 53 s for three. Beside CPU-burning processes its HTTP tests assert each
-# run's own verdict (the measured claims are on the simulated server), so a busy machine moves
-# the numbers, not the outcome (two whole-suite rounds at eight workers beside four burners,
-# harsher than CI, found six more; five now do). Then the tests that assert measured times (marker serial) alone, from
-# the files that mark any (so the second pass does not collect the whole suite again). pytest
-# keeps its assert-rewritten test modules in __pycache__ unless PYTHONDONTWRITEBYTECODE is set
-# (it is on the machines this project is tested on): without the cache each worker rewrites
-# all ~130 test files again (≈ 6 s of CPU apiece). Plain `python -m pytest -q` runs everything
-# in one process.
+# 4 m 49 s against 5 m 53 s for three. Its HTTP tests assert each run's own verdict (measured
+# claims are on the simulated server), so a busy machine moves the numbers, not the outcome:
+# two whole-suite rounds at eight workers beside four CPU burners, harsher than CI, found six
+# tests that did not yet, and five of them now do. Then the tests that assert measured times
+# (marker serial) alone, from the files that mark any (so the second pass does not collect the
+# whole suite again). pytest keeps its assert-rewritten test modules in __pycache__ unless
+# PYTHONDONTWRITEBYTECODE is set (it is on the machines this project is tested on): without
+# the cache each worker rewrites all ~130 test files again (≈ 6 s of CPU apiece). Plain
+# `python -m pytest -q` runs everything in one process.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( 5 * n / 2 > 12 ? 12 : 5 * n / 2 )))
 SERIAL_FILES = $(shell grep -rl --include='test_*.py' 'mark\.serial' tests | sort)
 PYTEST = env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest
