@@ -159,8 +159,14 @@ def test_the_ladder_never_keeps_a_tier_above_the_servers_running_cap(
         result = cli("ladder", "--json")
     assert result.code == 0, result.err
     tiers = result.json["tiers_detail"]
-    assert [t["verdict"] for t in tiers] == ["pass", "pass", "pass", "stop: cap"]
     assert result.json["last_passing"]["batch_size"] <= 4
+    if not tiers[3]["server_queue_max"]:
+        # a client too starved to have 8 at the server at once (a fresh clone's run beside two
+        # CPU burners: running ≤ 4 in samples 38 ms apart through 0.52 s answers, none waiting)
+        # measured no cap to stop on; it is not the setting all the same (slower than batch 4)
+        assert tiers[3]["server_running_max"] <= 4 and tiers[3]["verdict"] == "pass"
+        return
+    assert [t["verdict"] for t in tiers] == ["pass", "pass", "pass", "stop: cap"]
     assert tiers[3]["server_running_max"] == 4 and tiers[3]["server_queue_max"] == 4
     err = " ".join(result.err.split())
     assert f"the server's own cap is 4 ({RUNNING[style]} peaked at 4" in err
