@@ -63,7 +63,8 @@ def test_stops_at_the_first_failing_level(cli, isolated: Path) -> None:
     # which level below the failing one is the knee is a measured ratio (2 read on a loaded
     # machine): test_fast.py's test_a_failing_run_ends_the_level_and_the_sweep judges it
     assert out["stopped_by"] == "failure" and out["recommended_concurrency"] in (1, 2, 4)
-    incidents = list((run_dir(isolated, out["run_id"]) / "incidents").glob("c8-1-*.json"))
+    # run 1's, or run 2's where a busy machine let run 1's early answers finish first
+    incidents = list((run_dir(isolated, out["run_id"]) / "incidents").glob("c8-[12]-*.json"))
     assert len(incidents) == out["levels"][3]["errors"] > 0
 
 
