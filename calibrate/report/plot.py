@@ -45,13 +45,13 @@ def _figures(missing: str, cache_dir: str) -> Callable[..., Any] | None:
         with _quiet():
             import matplotlib  # noqa: F401  (the package first: where it is missing, no more)
             from matplotlib.backends.backend_agg import FigureCanvasAgg
-            from matplotlib.figure import Figure
+            from matplotlib.figure import Figure as MplFigure
     except ImportError:
         log.info("matplotlib is not installed: no %s (pip install 'calibrate[plot]')", missing)
         return None
 
     def figure(**kwargs: Any) -> Any:
-        fig = Figure(**kwargs)
+        fig = MplFigure(**kwargs)
         FigureCanvasAgg(fig)
         return fig
 
