@@ -68,17 +68,23 @@ def test_no_room_for_one_more_request_is_a_full_cache_not_a_cap() -> None:
 
 
 def test_a_cache_too_small_for_one_more_on_the_mock_is_named_as_such(cli, isolated: Path) -> None:
-    """8 slots, a KV cache of 4.8 requests' prompt and answer: four run, the fifth waits for
-    room while the usage reads about 85 %. Not a cap of 4: the KV cache is the limit."""
+    """8 slots, a KV cache of 4.5 requests' prompt and answer: four run, the fifth waits for
+    room while the usage peaks at 89 %. Not a cap of 4: the KV cache is the limit.
+
+    The rule reads the peak from samples, and a usage that grows is read low by what it grew
+    since the last one: at 4.8 requests (peak 83 %, 7 points above the 76 % where a fifth would
+    seem to fit) two CPU burners spaced the samples enough to read 73 %, and the queue was
+    called a cap. At 4.5 and 8 ms a token the reading may fall 13 points, growing half as fast
+    (the rule's own sampling doubt: see issue 40's stop-48 note)."""
     kv = {
         "kv_mib_per_1k_tokens": 1000.0,
-        "kv_capacity_tokens": int(4.8 * (20 + 40)),
+        "kv_capacity_tokens": int(4.5 * (20 + 40)),
         "on_kv_full": "queue",
         "preallocate": True,
     }
     config = FAST.replace("[ladder]\n", "[ladder]\nbatch_sizes = [8]\nrounds = 1\n")
     config += "[prompt]\nmax_tokens = 40\n"
-    with start_mock(ttft_s=0.05, per_token_s=0.004, slots=8, metrics_style="vllm", **kv) as mock:
+    with start_mock(ttft_s=0.05, per_token_s=0.008, slots=8, metrics_style="vllm", **kv) as mock:
         open_gate(isolated, mock.base_url, config)
         result = cli("ladder", "--json", "--input-tokens", "20", "--output-tokens", "40")
     assert result.code == 0, result.err
