@@ -282,3 +282,25 @@ def test_a_calibration_whose_own_runs_disagree_widely_holds_a_batch_to_less() ->
     assert wide == []
     _, tight = drive(slower)
     assert len(tight) == 1
+
+
+def test_a_calibration_too_wide_to_hold_a_batch_to_says_so_never_none() -> None:
+    """Its runs 5–24 items/s around 9 (measured beside CPU burners): a batch that slows 2× is
+    within it, so "none" would be a verdict surer than the measurement — the record says the
+    calibration cannot tell, and what to run; a tight one finds the same slowdown."""
+    from dataclasses import replace
+
+    base = jitter(7)
+    slower = lambda i: base(i) * (2.0 if i >= 300 else 1.0)  # noqa: E731
+    noisy = replace(CAL, items_per_s=9.0, items_per_s_low=5.0, items_per_s_high=24.0)
+    watch, warnings = drive(slower, cal=noisy)
+    record = watch.record()
+    assert warnings == [] and not record.compared and not record.drifted
+    assert record.line() == (
+        "drift: not compared — sweep run 20261205T000000Z-sweep-ab12cd at concurrency 4 "
+        "measured 9 items/s, its runs 5–24: too far apart to tell a slower server from its own "
+        "noise (its failures are judged all the same: none lasted). Measure it again on a "
+        "quieter machine: calibrate sweep"
+    )
+    tight, _ = drive(slower)
+    assert tight.record().drifted

@@ -78,6 +78,19 @@ def lowest_items_per_s(cal: Calibrated) -> float:
     return cal.items_per_s_low - cal.items_per_s * max(TOLERANCE, cal.spread)
 
 
+def too_wide(cal: Calibrated) -> str:
+    """Why a batch's speed cannot be held to ``cal`` (``lowest_items_per_s`` ≤ 0): its own
+    runs disagree by more than a slower server would show. Said instead of "none" — a batch
+    that slowed by half reads as within such a calibration (SPEC §5.14: no verdict surer than
+    its measurements); its failures are still judged."""
+    return (
+        f"{cal.where} measured {cal.items_per_s:.3g} items/s, its runs "
+        f"{cal.items_per_s_low:.3g}–{cal.items_per_s_high:.3g}: too far apart to tell a slower "
+        f"server from its own noise (its failures are judged all the same: none lasted). Measure "
+        f"it again on a quieter machine: calibrate {cal.stage}"
+    )
+
+
 def latency_bound(cal: Calibrated) -> float:
     """How many times the expected latency a window may take before it is slow."""
     lowest = lowest_items_per_s(cal)

@@ -22,7 +22,16 @@ from typing import Any
 from calibrate.gpu.noise import NoiseMark, NoiseMeter
 from calibrate.stages.batch.drift.causes import Cause, causes, warning
 from calibrate.stages.batch.drift.record import DriftRecord
-from calibrate.stages.batch.drift.rule import Basis, Finding, basis_of, is_failing, is_slow, judge
+from calibrate.stages.batch.drift.rule import (
+    Basis,
+    Finding,
+    basis_of,
+    is_failing,
+    is_slow,
+    judge,
+    lowest_items_per_s,
+    too_wide,
+)
 from calibrate.stages.batch.drift.server import ServerWatch
 from calibrate.stages.batch.drift.windows import Gathering, Window, window_due
 from calibrate.state.calibrated import Calibrated
@@ -214,6 +223,14 @@ class DriftWatch:
             why = basis.text if basis else "no window of the run was long enough to judge"
             return DriftRecord(
                 False, why, calibration=cal, endpoint=self._label, windows=len(self.windows)
+            )
+        if finding is None and lowest_items_per_s(cal) <= 0:
+            return DriftRecord(
+                False,
+                too_wide(cal),
+                calibration=cal,
+                endpoint=self._label,
+                windows=len(self.windows),
             )
         off = sum(1 for w in judged if is_slow(cal, basis, w) or is_failing(cal, w))
         shown = list(finding.windows) if finding else judged
