@@ -14,7 +14,7 @@ import pytest
 from calibrate.errors import RequestError
 from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams
-from tests.drip_proxy import DripProxy
+from tests.front_proxy import FrontProxy
 from tests.helpers import write_config
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST as LADDER_FAST
@@ -58,7 +58,7 @@ def _timeout_config(root: Path, base_url: str, timeout_s: float, extra: str = ""
     ids=["models", "metrics", "props", "health", "chat", "chat-stream"],
 )
 def test_every_request_is_cut_at_its_deadline_while_headers_drip(call: Any, path: str) -> None:
-    with start_mock(**FAST) as mock, DripProxy(mock.base_url, [path], drip_s=0.1) as proxy:
+    with start_mock(**FAST) as mock, FrontProxy(mock.base_url, [path], drip_s=0.1) as proxy:
         client = OpenAIClient(proxy.base_url, timeout_s=0.8)
         start = time.monotonic()
         with pytest.raises(RequestError) as caught:
@@ -71,7 +71,7 @@ def test_every_request_is_cut_at_its_deadline_while_headers_drip(call: Any, path
 
 
 def test_a_slow_but_finishing_header_drip_within_the_deadline_still_answers() -> None:
-    with start_mock(**FAST) as mock, DripProxy(mock.base_url, ["/models"], drip_s=0.001) as proxy:
+    with start_mock(**FAST) as mock, FrontProxy(mock.base_url, ["/models"], drip_s=0.001) as proxy:
         client = OpenAIClient(proxy.base_url, timeout_s=10)
         (model,) = client.models()
         client.close()
@@ -82,7 +82,7 @@ def test_a_slow_but_finishing_header_drip_within_the_deadline_still_answers() ->
 def test_single_against_slow_headers_ends_at_timeout_s(
     cli: Any, isolated: Path, stream: bool
 ) -> None:
-    with start_mock(**FAST) as mock, DripProxy(mock.base_url, ["/completions"]) as proxy:
+    with start_mock(**FAST) as mock, FrontProxy(mock.base_url, ["/completions"]) as proxy:
         _timeout_config(isolated, proxy.base_url, 1)
         start = time.monotonic()
         result = cli("single", *(["--stream"] if stream else []))
@@ -98,7 +98,7 @@ def test_batch_items_against_slow_headers_fail_as_timeouts(cli: Any, isolated: P
     (isolated / "in.jsonl").write_text(
         "".join(f'{{"id": {i}, "text": "item {i}"}}\n' for i in range(3)), encoding="utf-8"
     )
-    with start_mock(**FAST) as mock, DripProxy(mock.base_url, ["/completions"]) as proxy:
+    with start_mock(**FAST) as mock, FrontProxy(mock.base_url, ["/completions"]) as proxy:
         _timeout_config(isolated, proxy.base_url, 1)
         start = time.monotonic()
         result = cli(
@@ -115,7 +115,7 @@ def test_batch_items_against_slow_headers_fail_as_timeouts(cli: Any, isolated: P
 def test_ladder_against_slow_headers_ends_in_time(
     cli: Any, isolated: Path, paths: list[str]
 ) -> None:
-    with start_mock(**FAST) as mock, DripProxy(mock.base_url, paths) as proxy:
+    with start_mock(**FAST) as mock, FrontProxy(mock.base_url, paths) as proxy:
         open_gate(isolated, proxy.base_url, LADDER_FAST + "batch_sizes = [1, 2]\n")
         path = isolated / "calibrate.toml"
         path.write_text(path.read_text("utf-8").replace("timeout_s = 30", "timeout_s = 1"), "utf-8")

@@ -31,6 +31,7 @@ from calibrate.stages.server_account import (
     unaccounted,
 )
 from calibrate.state.ledger import Ledger, LedgerEntry
+from tests.front_proxy import FrontProxy
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
 
@@ -376,6 +377,59 @@ def test_the_samples_count_as_far_apart_as_they_really_came_never_closer_than_as
     # however slow the samples, a count that reached B, or a cap the server reports, is known
     assert not running_unseen(replace(slow, server_running_max=8), 0.05, None)
     assert not running_unseen(slow, 0.05, ServerCap(4, "/props total_slots"))
+
+
+def test_a_count_read_through_every_answer_that_never_showed_b_says_b_never_ran() -> None:
+    """Seen beside CPU burners (a starved client), and behind any gateway that forwards fewer at
+    once: 8 requests, never more than 4 at a 4-slot server at a time, none waiting, samples 38 ms
+    apart through answers of 0.52 s — batch 8 ``pass``, the setting but for its speed. Where even
+    the shortest answer lasted 3 samples, a count that never showed B is a server that never ran
+    B at once; the tier is not the setting."""
+    dense = _stats(8, latency_p50_s=0.52, server_running_max=4, server_queue_max=0)
+    said = running_unseen(dense, 0.005, None, 0.3)
+    assert said.startswith("its running count, read at least 3 times in even its shortest answer")
+    assert "(300 ms; samples 5 ms apart), showed at most 4 of 8 and none waited" in said
+    assert "the server never ran 8 at once (its requests reached it apart" in said
+    # the samples as far apart as they came: 38 ms, still 3 in 0.3 s
+    spaced = running_unseen(replace(dense, metrics_gap_s=0.038), 0.005, None, 0.3)
+    assert "samples 38 ms apart (asked: 5 ms)" in spaced and "never ran 8 at once" in spaced
+    # no queue gauge: a hidden queue at a cap of 4 is as likely, and it did not run 8 either way
+    hidden = running_unseen(replace(dense, server_queue_max=None), 0.005, None, 0.3)
+    assert "it exports no queue gauge: a cap of 4, or requests that reached it apart" in hidden
+    # not said: the shortest answer fell between samples (a peak of B could be missed), or is not
+    # known (a prompt list's one request); requests waited (the cap rule's, or the KV cache's);
+    # the count reached B; a cap the server reports
+    assert not running_unseen(replace(dense, metrics_gap_s=0.15), 0.005, None, 0.3)
+    assert not running_unseen(dense, 0.005, None, 0.01)
+    assert not running_unseen(dense, 0.005, None, None)
+    assert not running_unseen(replace(dense, server_queue_max=4), 0.005, None, 0.3)
+    assert not running_unseen(replace(dense, server_running_max=8), 0.005, None, 0.3)
+    assert not running_unseen(dense, 0.005, ServerCap(4, "/props total_slots"), 0.3)
+
+
+def test_a_gateway_that_forwards_four_at_once_never_makes_batch_8_the_setting(
+    cli, isolated: Path
+) -> None:
+    """End to end: an 8-slot server behind a gateway that lets 4 completions through at once
+    (the rest held where the server cannot count them, as a starved client holds them). The
+    server's running count, read through every answer, never showed 8 and nothing waited: batch 8
+    is not the setting, and the ladder says why."""
+    server = {"ttft_s": 0.15, "per_token_s": 0.001, "slots": 8, "metrics_style": "vllm"}
+    with start_mock(**server) as mock, FrontProxy(mock.base_url, lanes=4) as gateway:
+        open_gate(isolated, gateway.base_url, LADDER)
+        result = cli("ladder", "--json")
+    assert result.code == 0, result.err
+    tiers = {t["batch_size"]: t for t in result.json["tiers_detail"]}
+    eight = tiers[8]
+    assert eight["server_running_max"] <= 4 and not eight["server_queue_max"], eight
+    assert result.json["last_passing"]["batch_size"] <= 4
+    err = " ".join(result.err.split())
+    assert eight["verdict"] == "pass", eight
+    if eight["metrics_gap_s"] * 3 <= 0.15:  # every answer (0.15 s at least) read 3 times
+        assert "the server never ran 8 at once" in eight["running_unseen"], eight
+    else:  # a machine so busy its samples came further apart: unknown, and said so
+        assert "whether it ran 8 at once is unknown" in eight["running_unseen"], eight
+    assert f"batch 8 is not the setting: {eight['running_unseen']}" in err
 
 
 class _RunningGauge:

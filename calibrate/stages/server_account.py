@@ -53,7 +53,12 @@ def observed_cap(
     return ServerCap(k, f"{metric} peaked at {k} while {waited} waited")
 
 
-def running_unseen(stats: Stats, sample_interval_s: float, known: ServerCap | None) -> str:
+def running_unseen(
+    stats: Stats,
+    sample_interval_s: float,
+    known: ServerCap | None,
+    shortest_s: float | None = None,
+) -> str:
     """Why the server's running gauge cannot show that a tier ran its B at once ("": it can):
     its answers last less than ``SAMPLES_PER_ANSWER`` samples of ``/metrics`` and the count
     it showed stayed below B. A queue at the cap then falls between samples (seen on real vLLM
@@ -63,16 +68,37 @@ def running_unseen(stats: Stats, sample_interval_s: float, known: ServerCap | No
     The samples are as far apart as they really came (``stats.metrics_gap_s``), never closer than
     asked: on a busy machine a 50 ms interval became 150 ms, and 220 ms answers at batch 8 of a
     server capped at 4 were called seen whole (seen on vLLM's CPU build). A server that reports
-    its cap (``known``) needs no gauge; one request runs on any server."""
+    its cap (``known``) needs no gauge; one request runs on any server.
+
+    Read often enough, a count that stayed below B says more: where even the tier's shortest
+    answer (``shortest_s``) lasted ``SAMPLES_PER_ANSWER`` samples, every moment B ran at once
+    was read, so a count that never showed B, with nothing waiting, means the server never ran B
+    at once — its requests reached it apart (seen beside CPU burners: a starved client's 8
+    requests never more than 4 at a time at a 4-slot mock, none waiting, batch 8 ``pass``). A
+    queue seen instead is the server's own account (``observed_cap``, the KV cache)."""
     seen, p50, batch = stats.server_running_max, stats.latency_p50_s, stats.batch_size
     if known is not None or seen is None or p50 is None or batch < 2 or seen >= batch:
         return ""
     gap_s = max(sample_interval_s, stats.metrics_gap_s or 0.0)
-    if p50 >= round(SAMPLES_PER_ANSWER * gap_s, 9):
-        return ""
     apart = f"{gap_s * 1000:.0f} ms apart"
     if gap_s > sample_interval_s * 1.5:  # the machine or the server slowed the samples
         apart += f" (asked: {sample_interval_s * 1000:.0f} ms)"
+    dense = round(SAMPLES_PER_ANSWER * gap_s, 9)
+    if p50 >= dense:
+        if shortest_s is None or shortest_s < dense or stats.server_queue_max:
+            return ""
+        why = (
+            "its requests reached it apart, not together (a busy client machine, a proxy that "
+            "sends one at a time): run the ladder again"
+            if stats.server_queue_max == 0
+            else f"it exports no queue gauge: a cap of {seen}, or requests that reached it apart"
+        )
+        return (
+            f"its running count, read at least {SAMPLES_PER_ANSWER} times in even its shortest "
+            f"answer ({shortest_s * 1000:.0f} ms; samples {apart}), showed at most {seen} of "
+            f"{batch}{' and none waited' if stats.server_queue_max == 0 else ''}: the server "
+            f"never ran {batch} at once ({why})"
+        )
     short = (
         f"its answers (p50 {p50 * 1000:.0f} ms) last less than {SAMPLES_PER_ANSWER} /metrics "
         f"samples {apart}"

@@ -251,7 +251,12 @@ class Ladder(TierRounds, TierRepeats):
         if self.options.axis != "batch":
             return tier
         interval_s = self.ctx.config.ladder.sample_interval_s
-        return replace(tier, unseen=running_unseen(tier.stats, interval_s, self.cap))
+        # each answer's own length, which a prompt list's one request does not show (its
+        # prompts end apart, and the server counts each)
+        raw = self.raw.get(tier.batch_size) if self.options.mode != "prompt-list" else None
+        answers = [i.elapsed_s for i in raw.items if i.ok and i.role != "canary"] if raw else []
+        shortest_s = min(answers, default=None)
+        return replace(tier, unseen=running_unseen(tier.stats, interval_s, self.cap, shortest_s))
 
     def tier_cap(self, stats: Stats) -> ServerCap | None:
         """The cap ``stop: cap`` judges a tier by: the one the server reports (or a managed

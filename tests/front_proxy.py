@@ -1,5 +1,7 @@
-"""A hostile front for the mock: it forwards every request, and for the paths it is told sends
-the answer's status line and headers back one byte at a time (a slow-header server).
+"""A front for the mock: it forwards every request — a gateway that lets at most ``lanes``
+completions through at once, as one that limits its upstream's concurrency does, the rest held
+until a lane is free — and for the paths it is told sends the answer's status line and headers
+back one byte at a time (a slow-header server).
 
 A plain socket server, written by hand so the drip is exactly what a hostile server would do:
 each byte its own ``send``, ``drip_s`` apart, the connection kept alive between requests.
@@ -16,12 +18,20 @@ from types import TracebackType
 from urllib.parse import urlsplit
 
 
-class DripProxy:
-    def __init__(self, upstream: str, paths: Collection[str], drip_s: float = 0.05) -> None:
+class FrontProxy:
+    def __init__(
+        self,
+        upstream: str,
+        paths: Collection[str] = (),
+        drip_s: float = 0.05,
+        *,
+        lanes: int | None = None,
+    ) -> None:
         parts = urlsplit(upstream)
         self._upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
         self._paths = tuple(paths)
         self._drip_s = drip_s
+        self._lanes = threading.BoundedSemaphore(lanes) if lanes else None
         self._stop = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0), backlog=128)
         self._listener.settimeout(0.1)
@@ -31,7 +41,7 @@ class DripProxy:
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
-    def __enter__(self) -> DripProxy:
+    def __enter__(self) -> FrontProxy:
         return self
 
     def __exit__(
@@ -64,7 +74,11 @@ class DripProxy:
                 length = _content_length(head)
                 body = reader.read(length) if length else b""
                 path = head.split(b" ", 2)[1].decode("latin-1").split("?", 1)[0]
-                answer = self._forward(head, body)
+                if self._lanes is not None and head.startswith(b"POST"):
+                    with self._lanes:  # a completion waits here for a lane, unseen upstream
+                        answer = self._forward(head, body)
+                else:
+                    answer = self._forward(head, body)
                 status_and_headers, sep, rest = answer.partition(b"\r\n\r\n")
                 if any(path.endswith(p) for p in self._paths):
                     self.dripped.append(path)
