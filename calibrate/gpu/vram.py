@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from typing import Any
 
 from calibrate.engines import PREALLOCATING_KINDS, find
@@ -102,6 +103,53 @@ class RunningPeak:
         )
 
 
+def kv_peak_margin(window: Sequence[VramSample]) -> float | None:
+    """How much higher the KV-cache usage may have peaked than its highest reading: the most it
+    rose from one sample to the next while the same number of requests ran (their answers
+    growing, not new ones admitted; None: fewer than two readings). A usage that grows while
+    answers run is read low by what it grew since the last sample — beside CPU burners the
+    mock's 83 % read 73 %, and the queue was called a cap — so a rule that reads the peak
+    carries this doubt with it (``server_account.no_room_for_one_more``). A usage that never
+    grew under a steady running count has none; a long gap between samples shows as a large
+    rise across it."""
+    seen = [s for s in window if s.at_s is not None and s.kv_usage is not None]
+    if len(seen) < 2:
+        return None
+    rises = [
+        (b.kv_usage or 0.0) - (a.kv_usage or 0.0)
+        for a, b in pairwise(seen)
+        if a.server_running is None or a.server_running == b.server_running
+    ]
+    peak = max(s.kv_usage or 0.0 for s in seen)
+    return min(max([0.0, *rises]), max(0.0, 1.0 - peak))
+
+
+def kv_doubt(
+    peak: float | None,
+    window_margin: float | None,
+    *,
+    answer_s: float | None,
+    gap_s: float | None,
+    input_tokens: float | None,
+    output_tokens: float | None,
+    samples_per_answer: int = 3,
+) -> float | None:
+    """How much higher a tier's KV usage may have peaked than its highest reading (None: no
+    reading): its windows' own margin (``kv_peak_margin``), and where its answers (p50
+    ``answer_s``) lasted fewer than ``samples_per_answer`` samples ``gap_s`` apart, all an
+    answer grows — read at its admission, k requests' prompts of ``input_tokens`` grow by their
+    ``output_tokens`` more (the whole rest of the cache where the tokens are unknown). Two samples
+    an answer cannot follow its growth: a /metrics read every 0.1 s put the mock's 83 % at
+    55 %, and its samples' own rises said 15 points, not 30."""
+    if peak is None:
+        return None
+    margin = window_margin or 0.0
+    if answer_s is not None and gap_s and answer_s < samples_per_answer * gap_s:
+        grown = peak * output_tokens / input_tokens if input_tokens and output_tokens else 1.0
+        margin = max(margin, grown)
+    return min(margin, max(0.0, 1.0 - peak))
+
+
 def mean_gap_s(times: Sequence[float]) -> float | None:
     """The mean time between consecutive samples (None: fewer than two)."""
     if len(times) < 2:
@@ -122,6 +170,7 @@ class WindowPeak:
     energy: EnergyWindow | None = None  # None: no energy source (calibrate.gpu.energy)
     price_per_hour: float | None = None  # --gpu-price-per-hour / [cost], for $ per 1M tokens
     running: RunningPeak | None = None  # the server's running count (None: it exports none)
+    kv_peak_margin: float | None = None  # how much higher the KV usage may have peaked (0–1)
 
 
 def _r(value: float | None, digits: int = 1) -> float | None:
@@ -300,6 +349,7 @@ class VramMonitor:
             window_energy(energy, self.energy.source) if self.energy is not None else None,
             self.price_per_hour,
             RunningPeak.over(window),
+            kv_peak_margin(window),
         )
 
     def start(self) -> VramMonitor:

@@ -44,7 +44,8 @@ def observed_cap(
         return None
     if stats.running_while_queued != k:  # waiting seen only while it still ramped up
         return None
-    if kv_is_full(stats.peak_kv_usage, stats.preemptions, kv_full, running=k):
+    margin = stats.kv_peak_margin or 0.0
+    if kv_is_full(stats.peak_kv_usage, stats.preemptions, kv_full, running=k, margin=margin):
         return None
     if stats.deferred_max is not None and stats.deferred_max >= queued:
         return None
@@ -121,12 +122,20 @@ def kv_is_full(
     kv_full: float = KV_FULL,
     *,
     running: int | None = None,
+    margin: float = 0.0,
 ) -> bool:
-    """The KV cache was full: its usage reached ``kv_full``, the engine preempted, or it held no
-    room for one more request the size of the ``running`` ones (``no_room_for_one_more``)."""
-    if preemptions or (kv_usage is not None and kv_usage >= kv_full):
+    """The KV cache was full, or may have been: its usage reached ``kv_full``, the engine
+    preempted, or it held no room for one more request the size of the ``running`` ones
+    (``no_room_for_one_more``) — each read at the usage's peak plus ``margin``, how much higher
+    it may have peaked between samples (``vram.kv_peak_margin``): a cap is never claimed on a
+    reading the samples could have missed the full cache by (seen beside CPU burners: the mock's
+    83 % read 73 %, and a KV queue was called "its cap is 4")."""
+    if preemptions:
         return True
-    return no_room_for_one_more(kv_usage, running)
+    if kv_usage is None:
+        return False
+    usage = kv_usage + max(0.0, margin)
+    return usage >= kv_full or no_room_for_one_more(usage, running)
 
 
 def no_room_for_one_more(kv_usage: float | None, running: int | None) -> bool:
@@ -157,6 +166,7 @@ def queue_note(
     preemptions: int | None = None,
     deferred: int | None = None,
     ran_elsewhere: int | None = None,
+    kv_margin: float | None = None,
 ) -> str | None:
     """Why throughput stopped growing when the server itself queued requests (SPEC §8, §6.1),
     named by its cause: the KV cache full, requests deferred, the cap (the running count at its
@@ -172,7 +182,20 @@ def queue_note(
         )
     else:
         head = f"the server queued up to {queued} {requests} at concurrency {concurrency}"
-    if kv_is_full(kv_usage, preemptions, running=running):
+    margin = kv_margin or 0.0
+    sure = kv_is_full(kv_usage, preemptions, running=running)
+    if (
+        not sure
+        and kv_usage is not None
+        and kv_is_full(kv_usage, None, running=running, margin=margin)
+    ):
+        beside = f" beside the {running} running" if running else ""
+        return (
+            f"{head}{ran} with its KV cache perhaps full ({kv_usage:.0%} read, and it may have "
+            f"peaked {margin * 100:.0f} points higher between samples: perhaps no room for one "
+            f"more request{beside}): no cap is claimed from it"
+        )
+    if sure:
         full = f"{kv_usage:.0%}" if kv_usage is not None else f"{preemptions} preempted"
         if kv_usage is not None and kv_usage < KV_FULL and not preemptions:  # no room left
             full += f": no room for one more request beside the {running} running"
@@ -213,6 +236,7 @@ def row_queue_note(row: TierRow, ran_elsewhere: int | None = None) -> str | None
         preemptions=server.preemptions,
         deferred=server.deferred_max,
         ran_elsewhere=ran_elsewhere,
+        kv_margin=row.memory.kv_peak_margin,
     )
 
 

@@ -68,6 +68,7 @@ class Column(StrEnum):
     PRESSURE_SOURCE = "pressure_source"
     PRESSURE_METRIC = "pressure_metric"
     PEAK_KV_USAGE = "peak_kv_usage"
+    KV_PEAK_MARGIN = "kv_peak_margin"
     PER_DEVICE = "per_device"
     VRAM_SOURCE = "vram_source"
     # the server's own account (SPEC §6.1)

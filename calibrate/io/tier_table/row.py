@@ -77,6 +77,7 @@ class Memory:
     pressure_metric: str | None = None
     peak_kv_usage: float | None = None
     per_device: tuple[Device, ...] = ()
+    kv_peak_margin: float | None = apart(written="each")  # how much higher it may have peaked
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from calibrate.gpu.energy import ENERGY_COLUMNS, energy_fields
 from calibrate.gpu.noise import MachineNoise
 from calibrate.gpu.reading import DeviceMemory
-from calibrate.gpu.vram import RunningPeak, WindowPeak, device_peaks
+from calibrate.gpu.vram import RunningPeak, WindowPeak, device_peaks, kv_doubt
 from calibrate.io.tier_table.cells import picked, row_from_cells, row_json
 from calibrate.io.tier_table.columns import PER_TOKEN
 from calibrate.io.tier_table.columns import Column as C
@@ -108,6 +108,8 @@ class Stats:
     slo_met: int | None = None  # requests that met every SLO
     preemptions: int | None = None  # the server's preemption counter's rise (None: no counter)
     preemption_metric: str | None = None  # e.g. "vllm:num_preemptions_total"
+    # how much higher the KV usage may have peaked than read (``vram.kv_peak_margin``)
+    kv_peak_margin: float | None = None
     # SPEC §13: over the VRAM windows (None: no energy source / no price; left out of JSON)
     energy_j: float | None = None
     power_mean_w: float | None = None
@@ -164,6 +166,11 @@ def summarise(
     done = [i.done_s for i in items]
     used = [p.peak_used_mib for p in peaks if p.peak_used_mib is not None]
     kv = [p.peak_kv_usage for p in peaks if p.peak_kv_usage is not None]
+    kv_top = max(
+        (p for p in peaks if p.peak_kv_usage is not None),
+        key=lambda p: (p.peak_kv_usage or 0.0, p.kv_peak_margin or 0.0),
+        default=None,
+    )  # the window the tier's KV peak was read in, and its doubt
     top = max(peaks, key=lambda p: p.peak_pressure.value or 0.0, default=None)
     idle = next((p.idle.used_mib for p in peaks if p.idle is not None), None)
     queue = [p.server_queue_max for p in peaks if p.server_queue_max is not None]
@@ -172,7 +179,7 @@ def summarise(
     if baseline_text is not None:
         match = sum(1 for i in compared if i.ok and i.text == baseline_text)
     ok_items = sum(1 for i in items if i.ok)
-    return Stats(
+    stats = Stats(
         batch_size=batch_size,
         concurrency=concurrency,
         round=round_no,
@@ -214,6 +221,15 @@ def summarise(
             next((p.price_per_hour for p in peaks if p.price_per_hour is not None), None),
         ),
     )
+    doubt = kv_doubt(
+        stats.peak_kv_usage,
+        kv_top.kv_peak_margin if kv_top else None,
+        answer_s=stats.latency_p50_s,
+        gap_s=stats.metrics_gap_s,
+        input_tokens=stats.input_tokens_mean,
+        output_tokens=stats.output_tokens_mean,
+    )
+    return replace(stats, kv_peak_margin=doubt)
 
 
 def running_columns(running: Sequence[RunningPeak]) -> dict[str, Any]:
