@@ -138,15 +138,16 @@ def kv_doubt(
     reading): its windows' own margin (``kv_peak_margin``), and where its answers (p50
     ``answer_s``) lasted fewer than ``samples_per_answer`` samples ``gap_s`` apart, all an
     answer grows — read at its admission, k requests' prompts of ``input_tokens`` grow by their
-    ``output_tokens`` more (the whole rest of the cache where the tokens are unknown). Two samples
-    an answer cannot follow its growth: a /metrics read every 0.1 s put the mock's 83 % at
-    55 %, and its samples' own rises said 15 points, not 30."""
+    ``output_tokens`` more. Two samples an answer cannot follow its growth: a /metrics read every
+    0.1 s put the mock's 83 % at 55 %, and its samples' own rises said 15 points, not 30. Where
+    the tokens are not known (a prompt list reports one usage for all its prompts) the windows'
+    own rises are all there is: a usage read at 0 % holds no doubt of 100 points."""
     if peak is None:
         return None
     margin = window_margin or 0.0
     if answer_s is not None and gap_s and answer_s < samples_per_answer * gap_s:
-        grown = peak * output_tokens / input_tokens if input_tokens and output_tokens else 1.0
-        margin = max(margin, grown)
+        if input_tokens and output_tokens:
+            margin = max(margin, peak * output_tokens / input_tokens)
     return min(margin, max(0.0, 1.0 - peak))
 
 
