@@ -145,9 +145,9 @@ def kv_doubt(
     if peak is None:
         return None
     margin = window_margin or 0.0
-    if answer_s is not None and gap_s and answer_s < samples_per_answer * gap_s:
-        if input_tokens and output_tokens:
-            margin = max(margin, peak * output_tokens / input_tokens)
+    sparse = answer_s is not None and gap_s and answer_s < samples_per_answer * gap_s
+    if sparse and input_tokens and output_tokens:
+        margin = max(margin, peak * output_tokens / input_tokens)
     return min(margin, max(0.0, 1.0 - peak))
 
 
