@@ -103,6 +103,11 @@ class RunningPeak:
         )
 
 
+# /metrics samples an answer must last for what its gauges show of it to be seen: its running
+# count whole (``server_account.running_unseen``), its KV usage's growth (``kv_doubt``)
+SAMPLES_PER_ANSWER = 3
+
+
 def kv_peak_margin(window: Sequence[VramSample]) -> float | None:
     """How much higher the KV-cache usage may have peaked than its highest reading: the most it
     rose from one sample to the next while the same number of requests ran (their answers
@@ -132,11 +137,10 @@ def kv_doubt(
     gap_s: float | None,
     input_tokens: float | None,
     output_tokens: float | None,
-    samples_per_answer: int = 3,
 ) -> float | None:
     """How much higher a tier's KV usage may have peaked than its highest reading (None: no
     reading): its windows' own margin (``kv_peak_margin``), and where its answers (p50
-    ``answer_s``) lasted fewer than ``samples_per_answer`` samples ``gap_s`` apart, all an
+    ``answer_s``) lasted fewer than ``SAMPLES_PER_ANSWER`` samples ``gap_s`` apart, all an
     answer grows — read at its admission, k requests' prompts of ``input_tokens`` grow by their
     ``output_tokens`` more. Two samples an answer cannot follow its growth: a /metrics read every
     0.1 s put the mock's 83 % at 55 %, and its samples' own rises said 15 points, not 30. Where
@@ -145,7 +149,7 @@ def kv_doubt(
     if peak is None:
         return None
     margin = window_margin or 0.0
-    sparse = answer_s is not None and gap_s and answer_s < samples_per_answer * gap_s
+    sparse = answer_s is not None and gap_s and answer_s < SAMPLES_PER_ANSWER * gap_s
     if sparse and input_tokens and output_tokens:
         margin = max(margin, peak * output_tokens / input_tokens)
     return min(margin, max(0.0, 1.0 - peak))

@@ -17,13 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from calibrate.gpu.vram import SAMPLES_PER_ANSWER
 from calibrate.io.tier_table.row import TierRow
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tiers import Stats
 
 KV_FULL = 0.9  # KV-cache usage from which requests waiting are the cache's, not the cap's
 ADMISSION_FULL = 0.95  # one more request would bring the cache this close to full: no room
-SAMPLES_PER_ANSWER = 3  # /metrics samples an answer must last for its running count to be seen
 
 
 def observed_cap(
