@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from calibrate import server
 from calibrate.errors import ServerDied, ServerUnreachable
+from calibrate.server import lifecycle as server
 from calibrate.server import process, readiness
 from tests.fakes import free_port, pid_gone
 from tests.mockserver import start_mock

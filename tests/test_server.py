@@ -190,7 +190,7 @@ def test_health_503_while_loading_is_waited_for(tmp_path: Path) -> None:
         "    def log_message(self, *a): pass\n"
         f"http.server.HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n"
     )
-    from calibrate import server
+    from calibrate.server import lifecycle as server
 
     started = server.start(
         tmp_path / "runs",

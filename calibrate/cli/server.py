@@ -18,7 +18,8 @@ from calibrate.cli.flags import add_command, load_config
 from calibrate.cli.output import output_for
 from calibrate.engines.builders import SERVER_KINDS
 from calibrate.errors import UsageError
-from calibrate.server import manage, process, stop
+from calibrate.server import manage, process
+from calibrate.server.lifecycle import stop
 from calibrate.stages.server_start import StartRequest, start_server
 
 START_DOC = """Start the server ([server] in calibrate.toml, or a pinned script) and wait until ready.

@@ -14,17 +14,10 @@ from calibrate.config import Config
 from calibrate.engines import redaction
 from calibrate.engines.builders import health_path
 from calibrate.gpu.nvml import gpu_snapshot
-from calibrate.server import (
-    Started,
-    exit_status,
-    launch_script,
-    local_root,
-    pids,
-    process,
-    readiness,
-)
-from calibrate.server import start as start_process
+from calibrate.server import exit_status, launch_script, pids, process, readiness
 from calibrate.server.exit_status import ExitStatus, ended_words, signal_of
+from calibrate.server.lifecycle import Started, local_root
+from calibrate.server.lifecycle import start as start_process
 from calibrate.server.process import Liveness, ServerRecord, StopResult
 
 Level = Literal["say", "warn", "ok", "fail"]

@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from calibrate import server
 from calibrate.engines import find
 from calibrate.engines.args import ServerKind
 from calibrate.engines.base import LaunchSpec
@@ -23,6 +22,7 @@ from calibrate.gpu.energy import pinned_cost
 from calibrate.io.records import utc_now_iso
 from calibrate.io.store import read_object, run_path
 from calibrate.server import launch_script
+from calibrate.server import lifecycle as server
 from calibrate.server.launch_script import PinnedValues
 from calibrate.server.process import running_kind
 from calibrate.stages.context import StageContext

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibrate import server
 from calibrate.config import MAX_BATCH_SIZE, Config
 from calibrate.engines.args import ServerKind
 from calibrate.errors import ConfigError, UsageError
+from calibrate.server import lifecycle as server
 from calibrate.server import manage, set_values
 from calibrate.stages.pin_context import context_for
 from calibrate.state.ledger import Ledger, target_fingerprint

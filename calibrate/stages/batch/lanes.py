@@ -20,12 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from calibrate import server
 from calibrate.config import Config
 from calibrate.engines.builders import build
 from calibrate.errors import RequestError, ServerUnreachable
 from calibrate.http.client import OpenAIClient
 from calibrate.load.transport import HttpTransport, Transport
+from calibrate.server import lifecycle as server
 from calibrate.server import process
 from calibrate.server.exit_status import ended_words, exited
 from calibrate.stages.batch.outage import (

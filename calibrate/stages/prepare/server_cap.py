@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from calibrate import json_text, server
+from calibrate import json_text
 from calibrate.engines import CAP_REPORTS, find
 from calibrate.engines.args import ServerKind
 from calibrate.engines.base import http_threads
 from calibrate.errors import RequestError
 from calibrate.http.responses import in_range
+from calibrate.server import lifecycle as server
 from calibrate.server import process
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.stop_rules import ServerCap

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from calibrate import server
 from calibrate.engines.args import ServerKind
 from calibrate.errors import (
     CalibrateError,
@@ -24,6 +23,7 @@ from calibrate.errors import (
 )
 from calibrate.gpu.nvml import GpuSnapshot
 from calibrate.io.baseline import Comparison, Normaliser
+from calibrate.server import lifecycle as server
 from calibrate.server import pids, process, readiness
 from calibrate.server.exit_status import ended_words
 from calibrate.server.readiness import VramProbe, used_mib, wait_released

@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from calibrate import server
 from calibrate.engines.args import ServerKind
 from calibrate.errors import (
     ErrorInfo,
@@ -25,6 +24,7 @@ from calibrate.errors import (
 )
 from calibrate.gpu.nvml import gpu_snapshot
 from calibrate.io.store import RunDir
+from calibrate.server import lifecycle as server
 from calibrate.server import process, readiness
 from calibrate.server.exit_status import ended_words, signal_of
 from calibrate.server.readiness import VramProbe, used_mib, wait_released

@@ -12,7 +12,6 @@ import dataclasses
 import shlex
 from dataclasses import dataclass, field
 
-from calibrate import server
 from calibrate.config import SloConfig, TuneSearch
 from calibrate.engines import engine, redaction, shell_words
 from calibrate.engines.args import ServerKind
@@ -21,6 +20,7 @@ from calibrate.errors import ConfigError, UsageError
 from calibrate.gpu.energy import RankBy
 from calibrate.io.store import RunDir
 from calibrate.io.tasks import TaskPool
+from calibrate.server import lifecycle as server
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.pin_context import verified_workload
