@@ -16,7 +16,7 @@ import pytest
 
 from calibrate.gpu.vram import Pressure, VramSample, WindowPeak, kv_doubt, kv_peak_margin
 from calibrate.stages.measure.tiers import Stats, summarise
-from calibrate.stages.server_account import kv_is_full, observed_cap, queue_note
+from calibrate.stages.server_account import kv_is_full, observed_cap, queue_note, running_unseen
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, open_gate
 
@@ -128,6 +128,19 @@ def test_a_peak_read_while_the_usage_grew_carries_how_much_higher_it_may_have_be
     )
     assert kv_is_full(0.85, None, margin=0.05) and not kv_is_full(0.85, None, margin=0.04)
 
+    # read often enough, its requests waited while 4 ran: a cap, or all the cache held — only
+    # the margin can tell, and it cannot; the tier did not run 8 at once and is not the setting
+    dense = {"latency_p50_s": 1.0, "metrics_gap_s": 0.05}
+    unsure = running_unseen(_stats(8, **{**doubt.__dict__, **dense}), 0.05, None, 0.9)
+    assert unsure == (
+        "the server's running count showed at most 4 of 8 while up to 4 waited, and its KV "
+        "cache read 70% (it may have peaked 10 points higher between samples): whether 4 was "
+        "its cap or all its cache held is unknown — it did not run 8 at once"
+    )
+    full = _stats(8, **{**capped.__dict__, "peak_kv_usage": 0.8})  # no room for a fifth, read
+    for sure in (capped, full):  # a cap claimed; a cache full as read: each says what it was
+        assert not running_unseen(_stats(8, **{**sure.__dict__, **dense}), 0.05, None, 0.9)
+
     # a tier's margin is that of the window its peak was read in
     monitor_peaks = [
         _peak(0.7, 0.1),
@@ -175,3 +188,5 @@ def test_a_cache_too_small_for_one_more_on_the_mock_is_named_as_such(
     err = " ".join(result.err.split())
     assert "no room for one more request beside the 4 running" in err, err
     assert "its cap is 4" not in err
+    if scrape_s:  # read too seldom to tell its cap from its cache: not the setting either
+        assert "batch 8 is not the setting: " in err, err

@@ -15,6 +15,7 @@ Pure functions of a tier's numbers: the ladder, the sweep and the notes all ask 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from calibrate.gpu.vram import SAMPLES_PER_ANSWER
@@ -85,8 +86,10 @@ def running_unseen(
     if gap_s > sample_interval_s * 1.5:  # the machine or the server slowed the samples
         apart += f" (asked: {sample_interval_s * 1000:.0f} ms)"
     dense = round(SAMPLES_PER_ANSWER * gap_s, 9)
+    if p50 >= dense and stats.server_queue_max:
+        return cap_or_cache(stats)
     if p50 >= dense:
-        if shortest_s is None or shortest_s < dense or stats.server_queue_max:
+        if shortest_s is None or shortest_s < dense:
             return ""
         why = (
             "its requests reached it apart, not together (a busy client machine, a proxy that "
@@ -113,6 +116,24 @@ def running_unseen(
         f"{short} and the server's running count showed at most {seen} of {batch}: whether it "
         f"ran {batch} at once is unknown (sample more often with [ladder] sample_interval_s, or "
         "send longer answers with --output-tokens)"
+    )
+
+
+def cap_or_cache(stats: Stats) -> str:
+    """Why a tier whose requests waited while its running count held below B did not run B,
+    where only the KV usage's doubt kept its cap from being claimed ("": the cap was claimed,
+    or the cache was surely full, or it ramped). Such a tier is not the setting: a full cache
+    (which a setting may run into) cannot be told from a cap (which it may not exceed)."""
+    k, batch, margin = stats.running_while_queued, stats.batch_size, stats.kv_peak_margin
+    if not margin or observed_cap(stats) is not None:
+        return ""
+    if observed_cap(replace(stats, kv_peak_margin=0.0)) is None:
+        return ""  # no cap even as read: the cache was full, a deferral, a ramp
+    return (
+        f"the server's running count showed at most {k} of {batch} while up to "
+        f"{stats.server_queue_max} waited, and its KV cache read {stats.peak_kv_usage:.0%} (it "
+        f"may have peaked {margin * 100:.0f} points higher between samples): whether {k} was "
+        f"its cap or all its cache held is unknown — it did not run {batch} at once"
     )
 
 
