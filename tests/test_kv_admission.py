@@ -37,15 +37,20 @@ def _stats(batch: int, **values: object) -> Stats:
     return Stats(**{**base, **values})  # type: ignore[arg-type]
 
 
-def test_no_room_for_one_more_request_is_a_full_cache_not_a_cap() -> None:
-    seen = _stats(
+def _waited(*, running: int, waiting: int, kv: float) -> Stats:
+    """Batch 8: ``waiting`` requests waited while ``running`` ran, the KV cache at ``kv``."""
+    return _stats(
         8,
-        server_queue_max=6,
-        server_running_max=2,
-        running_while_queued=2,
+        server_queue_max=waiting,
+        server_running_max=running,
+        running_while_queued=running,
         running_metric=RUNNING,
-        peak_kv_usage=0.8,
+        peak_kv_usage=kv,
     )
+
+
+def test_no_room_for_one_more_request_is_a_full_cache_not_a_cap() -> None:
+    seen = _waited(running=2, waiting=6, kv=0.8)
     assert observed_cap(seen) is None
     note = queue_note(6, 8, batch=8, running=2, metric=RUNNING, kv_usage=0.8)
     assert note == (
@@ -107,14 +112,7 @@ def test_a_peak_read_while_the_usage_grew_carries_how_much_higher_it_may_have_be
 
     # the rule reads the peak plus that margin: 4 running on 70 % leave room for a fifth
     # (0.875 of the cache) — unless the usage may have peaked 10 points higher (1.0)
-    capped = _stats(
-        8,
-        server_queue_max=4,
-        server_running_max=4,
-        running_while_queued=4,
-        running_metric=RUNNING,
-        peak_kv_usage=0.7,
-    )
+    capped = _waited(running=4, waiting=4, kv=0.7)
     assert observed_cap(capped) is not None
     assert observed_cap(_stats(8, **{**capped.__dict__, "kv_peak_margin": 0.02})) is not None
     doubt = _stats(8, **{**capped.__dict__, "kv_peak_margin": 0.1})
