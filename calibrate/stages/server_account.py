@@ -77,7 +77,9 @@ def running_unseen(
     was read, so a count that never showed B, with nothing waiting, means the server never ran B
     at once — its requests reached it apart (seen beside CPU burners: a starved client's 8
     requests never more than 4 at a time at a 4-slot mock, none waiting, batch 8 ``pass``). A
-    queue seen instead is the server's own account (``observed_cap``, the KV cache)."""
+    queue seen instead is the server's own account (``observed_cap``, the KV cache), and where
+    only the KV usage's doubt kept it from naming a cap, B did not run either
+    (``cap_or_cache``)."""
     seen, p50, batch = stats.server_running_max, stats.latency_p50_s, stats.batch_size
     if known is not None or seen is None or p50 is None or batch < 2 or seen >= batch:
         return ""

@@ -108,7 +108,7 @@ class Stats:
     slo_met: int | None = None  # requests that met every SLO
     preemptions: int | None = None  # the server's preemption counter's rise (None: no counter)
     preemption_metric: str | None = None  # e.g. "vllm:num_preemptions_total"
-    # how much higher the KV usage may have peaked than read (``vram.kv_peak_margin``)
+    # how much higher the KV usage may have peaked than read (``vram.kv_doubt``)
     kv_peak_margin: float | None = None
     # SPEC §13: over the VRAM windows (None: no energy source / no price; left out of JSON)
     energy_j: float | None = None
