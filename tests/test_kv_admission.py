@@ -16,7 +16,13 @@ import pytest
 
 from calibrate.gpu.vram import Pressure, VramSample, WindowPeak, kv_doubt, kv_peak_margin
 from calibrate.stages.measure.tiers import Stats, summarise
-from calibrate.stages.server_account import kv_is_full, observed_cap, queue_note, running_unseen
+from calibrate.stages.server_account import (
+    kv_is_full,
+    observed_cap,
+    queue_note,
+    running_unseen,
+    server_limit,
+)
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, open_gate
 
@@ -131,13 +137,23 @@ def test_a_peak_read_while_the_usage_grew_carries_how_much_higher_it_may_have_be
     dense = {"latency_p50_s": 1.0, "metrics_gap_s": 0.05}
     unsure = running_unseen(_stats(8, **{**doubt.__dict__, **dense}), 0.05, None, 0.9)
     assert unsure == (
-        "the server's running count showed at most 4 of 8 while up to 4 waited, and its KV "
-        "cache read 70% (it may have peaked 10 points higher between samples): whether 4 was "
-        "its cap or all its cache held is unknown — it did not run 8 at once"
+        "vllm:num_requests_running peaked at 4 while up to 4 requests waited, and its KV cache "
+        "read 70% (it may have peaked 10 points higher between samples): whether 4 was its cap "
+        "or all its cache held is unknown — it did not run 8 at once"
     )
     full = _stats(8, **{**capped.__dict__, "peak_kv_usage": 0.8})  # no room for a fifth, read
     for sure in (capped, full):  # a cap claimed; a cache full as read: each says what it was
         assert not running_unseen(_stats(8, **{**sure.__dict__, **dense}), 0.05, None, 0.9)
+
+    # the sweep's ceiling is the same either way: levels above 4 ran at most 4 at once, and are
+    # left out of its knee (with the doubt said), never recommended on a reading that cannot tell
+    ceiling = server_limit(None, 8, [doubt])
+    assert ceiling is not None and ceiling.slots == 4, ceiling
+    assert "whether 4 was its cap or all its cache held is unknown" in ceiling.source
+    assert server_limit(None, 8, [capped]) == observed_cap(capped)  # a cap claimed: as before
+    assert server_limit(None, 8, [full]) is None  # all the cache held, as read: no ceiling
+    ran8 = _stats(8, server_queue_max=0, server_running_max=8, running_metric=RUNNING)
+    assert server_limit(None, 8, [doubt, ran8]) is None  # 8 ran at once elsewhere: no cap of 4
 
     # a tier's margin is that of the window its peak was read in
     monitor_peaks = [

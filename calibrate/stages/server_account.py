@@ -121,22 +121,35 @@ def running_unseen(
     )
 
 
+def doubtful_cap(stats: Stats, *, ran_elsewhere: int | None = None) -> ServerCap | None:
+    """The cap as the running count showed it, where only the KV usage's doubt kept
+    ``observed_cap`` from claiming it (None otherwise): k ran while others waited, and k may
+    have been its cap or all its cache held. Not a cap to stop a tier on or to pin, but a
+    ceiling all the same — the server did not run more than k at once there."""
+    if not stats.kv_peak_margin or observed_cap(stats, ran_elsewhere=ran_elsewhere) is not None:
+        return None
+    read = observed_cap(replace(stats, kv_peak_margin=0.0), ran_elsewhere=ran_elsewhere)
+    if read is None:  # no cap even as read: the cache was full, a deferral, a ramp
+        return None
+    usage = f"{stats.peak_kv_usage:.0%}" if stats.peak_kv_usage is not None else "unread"
+    return ServerCap(
+        read.slots,
+        f"{read.source}, and its KV cache read {usage} (it may have peaked "
+        f"{stats.kv_peak_margin * 100:.0f} points higher between samples): whether "
+        f"{read.slots} was its cap or all its cache held is unknown",
+    )
+
+
 def cap_or_cache(stats: Stats) -> str:
     """Why a tier whose requests waited while its running count held below B did not run B,
-    where only the KV usage's doubt kept its cap from being claimed ("": the cap was claimed,
-    or the cache was surely full, or it ramped). Such a tier is not the setting: a full cache
-    (which a setting may run into) cannot be told from a cap (which it may not exceed)."""
-    k, batch, margin = stats.running_while_queued, stats.batch_size, stats.kv_peak_margin
-    if not margin or observed_cap(stats) is not None:
+    where only the KV usage's doubt kept its cap from being claimed (``doubtful_cap``; "":
+    the cap was claimed, or the cache was surely full, or it ramped). Such a tier is not the
+    setting: a full cache (which a setting may run into) cannot be told from a cap (which it
+    may not exceed)."""
+    doubt = doubtful_cap(stats)
+    if doubt is None:
         return ""
-    if observed_cap(replace(stats, kv_peak_margin=0.0)) is None:
-        return ""  # no cap even as read: the cache was full, a deferral, a ramp
-    return (
-        f"the server's running count showed at most {k} of {batch} while up to "
-        f"{stats.server_queue_max} waited, and its KV cache read {stats.peak_kv_usage:.0%} (it "
-        f"may have peaked {margin * 100:.0f} points higher between samples): whether {k} was "
-        f"its cap or all its cache held is unknown — it did not run {batch} at once"
-    )
+    return f"{doubt.source} — it did not run {stats.batch_size} at once"
 
 
 def kv_is_full(
@@ -150,7 +163,7 @@ def kv_is_full(
     """The KV cache was full, or may have been: its usage reached ``kv_full``, the engine
     preempted, or it held no room for one more request the size of the ``running`` ones
     (``no_room_for_one_more``) — each read at the usage's peak plus ``margin``, how much higher
-    it may have peaked between samples (``vram.kv_peak_margin``): a cap is never claimed on a
+    it may have peaked between samples (``Stats.kv_peak_margin``): a cap is never claimed on a
     reading the samples could have missed the full cache by (seen beside CPU burners: the mock's
     83 % read 73 %, and a KV queue was called "its cap is 4")."""
     if preemptions:
@@ -279,13 +292,19 @@ def unaccounted(cap: ServerCap | None, running_seen: bool, engine: str = "") -> 
 def server_limit(known: ServerCap | None, batch: int, levels: Sequence[Stats]) -> ServerCap | None:
     """The cap a sweep's recommendation may not exceed: the server's reported cap when it is
     below the batch size the sweep ran at, else the smallest cap its running gauge showed below
-    it at any level (``observed_cap``); None when the server ran the whole batch. A managed
-    server capped at B whose running count stays at B while more wait is at its cap by design
-    (SPEC §5.0: C may exceed B), not below it."""
+    it at any level (``observed_cap``), or showed where its KV usage leaves cap and cache
+    apart unknown (``doubtful_cap``: a ceiling either way); None when the server ran the whole
+    batch. A managed server capped at B whose running count stays at B while more wait is at its
+    cap by design (SPEC §5.0: C may exceed B), not below it."""
     if known is not None and known.slots < batch:
         return known
     most = most_running(levels)
-    seen = [c for stats in levels if (c := observed_cap(stats, ran_elsewhere=most)) is not None]
+    seen = [
+        c
+        for stats in levels
+        if (c := observed_cap(stats, ran_elsewhere=most) or doubtful_cap(stats, ran_elsewhere=most))
+        is not None
+    ]
     return min(seen, key=lambda cap: cap.slots, default=None)
 
 
