@@ -136,7 +136,8 @@ def test_a_peak_read_while_the_usage_grew_carries_how_much_higher_it_may_have_be
     # the margin can tell, and it cannot; the tier did not run 8 at once and is not the setting
     dense = {"latency_p50_s": 1.0, "metrics_gap_s": 0.05}
     unsure = running_unseen(_stats(8, **{**doubt.__dict__, **dense}), 0.05, None, 0.9)
-    assert unsure == (
+    assert unsure is not None and not unsure.read_through, unsure
+    assert unsure.why == (
         "vllm:num_requests_running peaked at 4 while up to 4 requests waited, and its KV cache "
         "read 70% (it may have peaked 10 points higher between samples): whether 4 was its cap "
         "or all its cache held is unknown — it did not run 8 at once"

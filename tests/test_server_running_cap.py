@@ -21,7 +21,7 @@ from calibrate.gpu.reading import VramReading
 from calibrate.gpu.vram import VramMonitor
 from calibrate.io.tier_table.cells import row_json
 from calibrate.stages.measure.stop_rules import ServerCap
-from calibrate.stages.measure.tiers import Stats, summarise
+from calibrate.stages.measure.tiers import Stats, Unseen, summarise
 from calibrate.stages.server_account import (
     observed_cap,
     queue_note,
@@ -57,6 +57,14 @@ def _stats(batch: int, **values: object) -> Stats:
         "last_done_s": 1.0, "baseline_match": None, "baseline_items": 0,
     }  # fmt: skip
     return Stats(**{**base, **values})  # type: ignore[arg-type]
+
+
+def _why(unseen: Unseen | None, *, read_through: bool = False) -> str:
+    """What the tier says, where its count could not show it ran B; whether that is its own
+    witness (read through every answer) or samples that could have missed B running, so that
+    another tier's count may still vouch for it."""
+    assert unseen is not None and unseen.read_through is read_through, unseen
+    return unseen.why
 
 
 def test_requests_waiting_while_the_running_count_held_below_b_is_the_cap() -> None:
@@ -342,12 +350,12 @@ def test_a_running_count_sampled_more_slowly_than_the_answers_last_is_unknown() 
     shorter than 3 samples whose running count stayed below B leave B unconfirmed — at every
     batch, for every cause the count could stay low for (a cap, or samples between answers)."""
     short = _stats(8, latency_p50_s=0.02, server_running_max=4)
-    said = running_unseen(short, 0.05, None)
+    said = _why(running_unseen(short, 0.05, None))
     assert said.startswith("its answers (p50 20 ms) last less than 3 /metrics samples 50 ms apart")
     assert "showed at most 4 of 8: whether it ran 8 at once is unknown" in said
     assert "[ladder] sample_interval_s" in said and "--output-tokens" in said
     # caught waiting (a full KV cache, seen on real vLLM): it did not run B, said as such
-    waited = running_unseen(replace(short, server_queue_max=4), 0.05, None)
+    waited = _why(running_unseen(replace(short, server_queue_max=4), 0.05, None))
     assert waited.endswith("at most 4 of 8 while up to 4 waited: it did not run 8 at once")
     for batch, seen in ((2, 1), (4, 0), (16, 15)):
         assert running_unseen(
@@ -369,7 +377,7 @@ def test_the_samples_count_as_far_apart_as_they_really_came_never_closer_than_as
     never showed the cap, because the busy machine read it every 150 ms or so: batch 8 was kept
     against a cap of 4. The rule counts the spacing the tier's samples really had."""
     slow = _stats(8, latency_p50_s=0.22, server_running_max=4, metrics_gap_s=0.15)
-    said = running_unseen(slow, 0.05, None)
+    said = _why(running_unseen(slow, 0.05, None))
     assert said.startswith(
         "its answers (p50 220 ms) last less than 3 /metrics samples 150 ms apart (asked: 50 ms)"
     ), said
@@ -389,15 +397,19 @@ def test_a_count_read_through_every_answer_that_never_showed_b_says_b_never_ran(
     the shortest answer lasted 3 samples, a count that never showed B is a server that never ran
     B at once; the tier is not the setting."""
     dense = _stats(8, latency_p50_s=0.52, server_running_max=4, server_queue_max=0)
-    said = running_unseen(dense, 0.005, None, 0.3)
+    said = _why(running_unseen(dense, 0.005, None, 0.3), read_through=True)
     assert said.startswith("its running count, read at least 3 times in even its shortest answer")
     assert "(300 ms; samples 5 ms apart), showed at most 4 of 8 and none waited" in said
     assert "the server never ran 8 at once (its requests reached it apart" in said
     # the samples as far apart as they came: 38 ms, still 3 in 0.3 s
-    spaced = running_unseen(replace(dense, metrics_gap_s=0.038), 0.005, None, 0.3)
+    spaced = _why(
+        running_unseen(replace(dense, metrics_gap_s=0.038), 0.005, None, 0.3), read_through=True
+    )
     assert "samples 38 ms apart (asked: 5 ms)" in spaced and "never ran 8 at once" in spaced
     # no queue gauge: a hidden queue at a cap of 4 is as likely, and it did not run 8 either way
-    hidden = running_unseen(replace(dense, server_queue_max=None), 0.005, None, 0.3)
+    hidden = _why(
+        running_unseen(replace(dense, server_queue_max=None), 0.005, None, 0.3), read_through=True
+    )
     assert "it exports no queue gauge: a cap of 4, or requests that reached it apart" in hidden
     # not said: the shortest answer fell between samples (a peak of B could be missed), or is not
     # known (a prompt list's one request); requests waited (the cap rule's, or the KV cache's);

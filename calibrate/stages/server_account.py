@@ -21,7 +21,7 @@ from typing import Any
 from calibrate.gpu.vram import SAMPLES_PER_ANSWER
 from calibrate.io.tier_table.row import TierRow
 from calibrate.stages.measure.stop_rules import ServerCap
-from calibrate.stages.measure.tiers import Stats
+from calibrate.stages.measure.tiers import Stats, Unseen
 
 KV_FULL = 0.9  # KV-cache usage from which requests waiting are the cache's, not the cap's
 ADMISSION_FULL = 0.95  # one more request would bring the cache this close to full: no room
@@ -60,8 +60,8 @@ def running_unseen(
     sample_interval_s: float,
     known: ServerCap | None,
     shortest_s: float | None = None,
-) -> str:
-    """Why the server's running gauge cannot show that a tier ran its B at once ("": it can):
+) -> Unseen | None:
+    """Why the server's running gauge cannot show that a tier ran its B at once (None: it can):
     its answers last less than ``SAMPLES_PER_ANSWER`` samples of ``/metrics`` and the count
     it showed stayed below B. A queue at the cap then falls between samples (seen on real vLLM
     ``--max-num-seqs 4``: 10–20 ms answers, no request seen waiting, batch 8 kept and chosen in
@@ -82,39 +82,41 @@ def running_unseen(
     (``cap_or_cache``)."""
     seen, p50, batch = stats.server_running_max, stats.latency_p50_s, stats.batch_size
     if known is not None or seen is None or p50 is None or batch < 2 or seen >= batch:
-        return ""
+        return None
     gap_s = max(sample_interval_s, stats.metrics_gap_s or 0.0)
     apart = f"{gap_s * 1000:.0f} ms apart"
     if gap_s > sample_interval_s * 1.5:  # the machine or the server slowed the samples
         apart += f" (asked: {sample_interval_s * 1000:.0f} ms)"
     dense = round(SAMPLES_PER_ANSWER * gap_s, 9)
     if p50 >= dense and stats.server_queue_max:
-        return cap_or_cache(stats)
+        doubt = cap_or_cache(stats)
+        return Unseen(doubt) if doubt else None
     if p50 >= dense:
         if shortest_s is None or shortest_s < dense:
-            return ""
+            return None
         why = (
             "its requests reached it apart, not together (a busy client machine, a proxy that "
             "sends one at a time): run the ladder again"
             if stats.server_queue_max == 0
             else f"it exports no queue gauge: a cap of {seen}, or requests that reached it apart"
         )
-        return (
+        return Unseen(
             f"its running count, read at least {SAMPLES_PER_ANSWER} times in even its shortest "
             f"answer ({shortest_s * 1000:.0f} ms; samples {apart}), showed at most {seen} of "
             f"{batch}{' and none waited' if stats.server_queue_max == 0 else ''}: the server "
-            f"never ran {batch} at once ({why})"
+            f"never ran {batch} at once ({why})",
+            read_through=True,
         )
     short = (
         f"its answers (p50 {p50 * 1000:.0f} ms) last less than {SAMPLES_PER_ANSWER} /metrics "
         f"samples {apart}"
     )
     if stats.server_queue_max:  # caught waiting: it ran fewer than B, whatever the samples missed
-        return (
+        return Unseen(
             f"{short}, and the server's running count showed at most {seen} of {batch} while "
             f"up to {stats.server_queue_max} waited: it did not run {batch} at once"
         )
-    return (
+    return Unseen(
         f"{short} and the server's running count showed at most {seen} of {batch}: whether it "
         f"ran {batch} at once is unknown (sample more often with [ladder] sample_interval_s, or "
         "send longer answers with --output-tokens)"

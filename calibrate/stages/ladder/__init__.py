@@ -127,9 +127,9 @@ def account_notes(cap: ServerCap | None, tiers: tuple[Tier, ...]) -> tuple[str, 
     running = any(t.stats.server_running_max is not None for t in tiers)
     note = unaccounted(cap, running) if tiers else None
     unseen = tuple(
-        f"batch {t.batch_size} is not the setting: {t.unseen}"
+        f"batch {t.batch_size} is not the setting: {t.unseen.why}"
         for t in tiers
-        if t.passed and unconfirmed(t, tiers)
+        if t.passed and t.unseen and unconfirmed(t, tiers)
     )
     return ((note,) if note else ()) + unseen
 

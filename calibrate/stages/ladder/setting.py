@@ -50,11 +50,15 @@ def measured(history: Sequence[Tier]) -> list[Tier]:
 
 
 def unconfirmed(tier: Tier, history: Sequence[Tier]) -> bool:
-    """Whether the server ran ``tier``'s B at once is unknown: its own running count could not
+    """Whether the server ran ``tier``'s B at once is not known: its own running count could not
     show it (``Tier.unseen``) and no tier of the run showed B running either — a server seen
-    running 8 at once ran a wave of 4 whole. Never a setting above what was seen running."""
+    running 8 at once ran a wave of 4 whole. Never a setting above what was seen running. A
+    count read through every answer of the tier that never showed B (``Unseen.read_through``)
+    is the tier's own witness: B did not run at once there, whatever another tier ran."""
+    if tier.unseen is None:
+        return False
     seen = max((t.stats.server_running_max or 0 for t in history), default=0)
-    return bool(tier.unseen) and tier.batch_size > seen
+    return tier.unseen.read_through or tier.batch_size > seen
 
 
 @dataclass(frozen=True)

@@ -273,6 +273,17 @@ def kept(verdict: object) -> bool:
 
 
 @dataclass(frozen=True)
+class Unseen:
+    """Why the server's running count cannot show that a tier ran its B at once. ``read_through``:
+    the count was read through every answer and never showed B, none seen waiting — the tier's own
+    witness that B never ran at once there, which another tier's count cannot overrule
+    (``ladder.setting.unconfirmed``); otherwise its samples could have missed B running."""
+
+    why: str
+    read_through: bool = False
+
+
+@dataclass(frozen=True)
 class Tier:
     """A finished ladder tier: its rounds, the aggregate, and the verdict of the stop rules."""
 
@@ -284,7 +295,7 @@ class Tier:
     determinism: DeterminismCheck | None = None  # [determinism] copies, after the rounds
     client_bound: str = ""  # why calibrate itself was the bottleneck during it ("": it was not)
     # why the server's running count cannot show it ran B at once (server_account.running_unseen)
-    unseen: str = ""
+    unseen: Unseen | None = None
 
     @property
     def batch_size(self) -> int:
@@ -303,7 +314,9 @@ class Tier:
             self.stats.row(),
             verdict=self.verdict,
             client_bound=self.client_bound or None,
-            ladder=LadderCells(len(self.rounds), self.reason, self.unseen or None, axis, mode),
+            ladder=LadderCells(
+                len(self.rounds), self.reason, self.unseen.why if self.unseen else None, axis, mode
+            ),
             determinism=self.determinism.cells() if self.determinism else DeterminismCells(),
         )
 

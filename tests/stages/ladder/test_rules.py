@@ -12,6 +12,7 @@ from calibrate.config import Config, LadderConfig, SweepConfig
 from calibrate.gpu.engine_metrics import Gauge, preemptions
 from calibrate.gpu.prometheus import parse_prometheus
 from calibrate.gpu.vram import VramMonitor
+from calibrate.stages.ladder import account_notes
 from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import LadderResult
 from calibrate.stages.ladder.run import Ladder
@@ -22,7 +23,7 @@ from calibrate.stages.measure.stop_rules import (
     stopped_by,
     tier_verdict,
 )
-from calibrate.stages.measure.tiers import Stats, Tier, Verdict, kept
+from calibrate.stages.measure.tiers import Stats, Tier, Unseen, Verdict, kept
 from calibrate.stages.prepare.server_cap import read_server_cap
 from tests.stage_fakes import CLEAN, FakeKv, ScriptedSender, close_runs, recorder, stage_ctx
 from tests.tier_helpers import jsonl
@@ -429,7 +430,7 @@ def test_a_tier_its_running_count_could_not_show_is_never_the_setting_above_what
     """Batch 8 the fastest, but its answers were too short for its running count (4 seen): it
     is not the setting, and the reason says why. Batch 4's own count showed 3 of 4, but a server
     seen running 4 at once (in batch 8's tier) ran a wave of 4 whole: batch 4 stays judged."""
-    why = "its answers (p50 14 ms) last less than 3 /metrics samples 50 ms apart …"
+    why = Unseen("its answers (p50 14 ms) last less than 3 /metrics samples 50 ms apart …")
     history = [
         _tier(1, "pass", [4.0, 4.1], server_running_max=1),
         _tier(2, "pass", [8.0, 8.1], server_running_max=2),
@@ -447,3 +448,19 @@ def test_a_tier_its_running_count_could_not_show_is_never_the_setting_above_what
         replace(history[3], stats=replace(history[3].stats, server_running_max=8)),
     ]
     assert setting_tier(seen, GAIN_MIN) is seen[3]
+
+    # but a tier whose own count was read through every answer and never showed B did not run
+    # B at once, whatever another tier ran (a starved client, a gateway of fewer lanes): batch 4
+    # at 15.0 items/s would be the setting beside batch 8's 15.4 (within 10 %), were its "never
+    # ran 4 at once" overruled by batch 8's count of 8
+    never = Unseen("its running count, read at least 3 times … never ran 4 at once", True)
+    close = [
+        *seen[:2],
+        replace(_tier(4, "pass", [15.0, 15.0], server_running_max=3), unseen=never),
+        replace(_tier(8, "pass", [15.4, 15.4], server_running_max=8)),
+    ]
+    assert setting_tier(close, GAIN_MIN) is close[3], "a tier that never ran its B chosen"
+    vouched = [*close[:2], replace(close[2], unseen=why), close[3]]  # sparse: 8 seen vouches
+    assert setting_tier(vouched, GAIN_MIN) is vouched[2]
+    notes = account_notes(None, tuple(close))
+    assert notes == (f"batch 4 is not the setting: {never.why}",), notes
