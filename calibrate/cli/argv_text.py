@@ -2,7 +2,7 @@
 
 A value that names a file keeps its bytes as they came (a GBK file name is a file name: it
 opens the same file); every other value — a prompt, a model, a URL, a jq program — is read as
-UTF-8 (``config.text.as_utf8``): exit 2 naming the flag when its bytes are not UTF-8, before
+UTF-8 (``io.os_text.as_utf8``): exit 2 naming the flag when its bytes are not UTF-8, before
 anything is sent, and one note when a locale that is not UTF-8 (``LC_ALL=C``) decoded them.
 """
 
@@ -12,8 +12,8 @@ import argparse
 import sys
 from collections.abc import Callable, Iterator
 
-from calibrate.config.text import as_utf8, undecoded
 from calibrate.errors import ConfigError
+from calibrate.io.os_text import as_utf8, undecoded
 
 # how a flag that names a file (or a run folder) shows its value in --help
 PATH_METAVARS = frozenset({"PATH", "FILE", "CSV", "RUN", "RUN_B", "FINAL", "JOURNAL[,JOURNAL…]"})

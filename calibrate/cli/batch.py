@@ -22,9 +22,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from calibrate.cli.flags import load_config
 from calibrate.cli.flags.batch import check_flags, request_for
 from calibrate.cli.flags.batch import register as _register
+from calibrate.cli.flags.resolve import load_config
 from calibrate.cli.output import output_for
 from calibrate.cli.views.batch import BatchView, show
 from calibrate.config import split_endpoint

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from calibrate.cli.flags import add_command, add_wide, load_config
+from calibrate.cli.flags import add_command, add_wide
+from calibrate.cli.flags.resolve import load_config
 from calibrate.cli.output import output_for
 from calibrate.report.command import ReportRequest, run_report
 

@@ -14,7 +14,8 @@ import argparse
 import sys
 from typing import Any
 
-from calibrate.cli.flags import add_command, load_config
+from calibrate.cli.flags import add_command
+from calibrate.cli.flags.resolve import load_config
 from calibrate.cli.output import output_for
 from calibrate.engines.builders import SERVER_KINDS
 from calibrate.errors import UsageError

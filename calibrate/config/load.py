@@ -13,9 +13,9 @@ from pathlib import Path
 from calibrate.config.file import apply_file
 from calibrate.config.proxy import proxy_note
 from calibrate.config.sections import Config
-from calibrate.config.text import as_utf8
 from calibrate.config.urls import normalise_base_url, split_endpoint
 from calibrate.errors import ConfigError
+from calibrate.io.os_text import as_utf8
 
 DEFAULT_CONFIG_NAME = "calibrate.toml"
 

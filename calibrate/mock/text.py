@@ -8,6 +8,7 @@ equals ``len(pieces(text))`` and joining the pieces gives the text back.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -123,6 +124,7 @@ def pieces(text: str) -> list[str]:
     return found
 
 
+@functools.lru_cache(maxsize=4096)
 def count_tokens(text: str) -> int:
     """How many tokens the mock says ``text`` has."""
     return len(_TOKEN.findall(text))
@@ -142,6 +144,7 @@ def _plain(rng: random.Random, n_tokens: int, chinese: bool) -> str:
     return " ".join(words) + "."
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function the mock asks again for every repeated prompt
 def natural_text(prompt: str, text_seed: int) -> str:
     """The full answer to ``prompt`` before any max_tokens cut; same inputs, same text."""
     rng = _rng("text", text_seed, prompt)

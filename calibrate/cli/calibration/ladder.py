@@ -29,6 +29,7 @@ import argparse
 from typing import Any
 
 from calibrate.cli import flags, output
+from calibrate.cli.flags import resolve
 from calibrate.cli.flags.workload import add_tier_args, measure_spec, resolved_workload
 from calibrate.cli.views.ladder import LadderView
 from calibrate.config import Config
@@ -51,10 +52,10 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     measure = measure_spec(args, "ladder")  # a flag's mistake before the config's
-    cfg = flags.load_config(args)
+    cfg = resolve.load_config(args)
     spec = ladder_spec(args, measure, cfg)
     out = output.output_for(args)
-    ctx = flags.open_stage(args, "ladder", out, cfg)
+    ctx = resolve.open_stage(args, "ladder", out, cfg)
     view = LadderView(out, ctx)
     done = ladder.run(spec, LadderEnv(ctx, view))
     return view.render(done, args.junit)

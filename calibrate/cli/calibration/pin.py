@@ -15,7 +15,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from calibrate.cli.flags import add_command, add_force, load_config, open_stage
+from calibrate.cli.flags import add_command, add_force
+from calibrate.cli.flags.resolve import load_config, open_stage
 from calibrate.cli.output import output_for
 from calibrate.engines.builders import SERVER_KINDS
 from calibrate.errors import UsageError

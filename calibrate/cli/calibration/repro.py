@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.cli import flags
+from calibrate.cli.flags import resolve
 from calibrate.cli.output import output_for
 from calibrate.cli.views.comparison import show_comparison
 from calibrate.config import MAX_ROUNDS
@@ -37,7 +38,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
-    normaliser = flags.normaliser_for(args)
+    normaliser = resolve.normaliser_for(args)
     if args.files:
         if len(args.files) != 2:
             raise UsageError(
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         return _report(out, args, result, run=None)
     if not 1 <= args.runs <= MAX_ROUNDS:
         raise UsageError(f"--runs must be in [1, {MAX_ROUNDS}], got {args.runs}")
-    ctx = flags.open_stage(args, "repro", out)
+    ctx = resolve.open_stage(args, "repro", out)
     with guarded(ctx):
         result = run_repro(ctx, normaliser, runs=args.runs, stream=args.stream)
         return _report(out, args, result, run=ctx.run)
@@ -69,9 +70,9 @@ def _report(
     for n, comparison in enumerate(result.comparisons, 1):
         if comparison.verdict != "identical" or comparison.notes:  # the verdict counts the rest
             show_comparison(out, f"run {n}", comparison)
-    suite = flags.junit_suite("repro", run)
+    suite = resolve.junit_suite("repro", run)
     result.add_checks(suite)
-    flags.save_junit(args, suite)
+    resolve.save_junit(args, suite)
     if result.passed:
         out.ok(result.verdict_line())
         if run is not None:  # a live run; two files compared offline have no next step

@@ -13,6 +13,7 @@ import argparse
 from typing import Any
 
 from calibrate.cli import flags
+from calibrate.cli.flags import resolve
 from calibrate.cli.output import output_for
 from calibrate.cli.views.comparison import show_comparison
 from calibrate.config import MAX_TIMEOUT_S
@@ -39,8 +40,8 @@ def run(args: argparse.Namespace) -> int:
     out = output_for(args)
     if not 0 <= args.wait <= MAX_TIMEOUT_S:  # NaN fails this too
         raise UsageError(f"--wait must be in [0, {MAX_TIMEOUT_S:g}] seconds, got {args.wait}")
-    normaliser = flags.normaliser_for(args)
-    ctx = flags.open_stage(args, "rollback", out)
+    normaliser = resolve.normaliser_for(args)
+    ctx = resolve.open_stage(args, "rollback", out)
 
     def on_step(step: StepResult) -> None:
         line = f"[{step.n}/5] {step.name}: {step.message}"
@@ -51,9 +52,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if result.comparison is not None and not result.comparison.passed:
         show_comparison(out, "fixed prompt vs baseline", result.comparison)
-    suite = flags.junit_suite("rollback", ctx.run, ctx.target)
+    suite = resolve.junit_suite("rollback", ctx.run, ctx.target)
     result.add_checks(suite)
-    flags.save_junit(args, suite)
+    resolve.save_junit(args, suite)
     if result.passed:
         out.ok(f"rollback passed (run {ctx.run.run_id})")
         out.say(NOT_CAPACITY.format(batch=result.batch_size))

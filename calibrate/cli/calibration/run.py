@@ -25,6 +25,7 @@ from typing import Any
 
 from calibrate import redact
 from calibrate.cli import flags
+from calibrate.cli.flags import resolve
 from calibrate.cli.output import Output, output_for
 from calibrate.config import Config
 from calibrate.engines.builders import SERVER_KINDS
@@ -75,7 +76,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
-    cfg = flags.load_config(args)
+    cfg = resolve.load_config(args)
     if not (args.kind or running_kind(cfg.runs_dir, cfg.server.kind)):
         raise UsageError(
             "calibrate run ends with a launch script, and no engine kind is known; nothing was sent",

@@ -12,13 +12,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from calibrate.cli.flags import (
-    add_command,
-    add_junit,
-    junit_suite,
-    open_stage,
-    save_junit,
-)
+from calibrate.cli.flags import add_command, add_junit
+from calibrate.cli.flags.resolve import junit_suite, open_stage, save_junit
 from calibrate.cli.output import output_for
 from calibrate.stages import single_run
 from calibrate.stages.env import guarded

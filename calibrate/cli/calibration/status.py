@@ -9,7 +9,8 @@ import argparse
 import json
 from typing import Any
 
-from calibrate.cli.flags import add_command, load_config
+from calibrate.cli.flags import add_command
+from calibrate.cli.flags.resolve import load_config
 from calibrate.cli.output import output_for
 from calibrate.engines.redaction import redact_config
 from calibrate.redact import redact_url

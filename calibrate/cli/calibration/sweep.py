@@ -36,8 +36,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from calibrate.cli.flags import load_config, open_stage
 from calibrate.cli.flags import sweep as sweep_args
+from calibrate.cli.flags.resolve import load_config, open_stage
 from calibrate.cli.output import output_for
 from calibrate.cli.views.sweep import SweepView
 from calibrate.stages import sweep

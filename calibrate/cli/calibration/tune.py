@@ -24,6 +24,7 @@ import argparse
 from typing import Any
 
 from calibrate.cli import flags, output
+from calibrate.cli.flags import resolve
 from calibrate.cli.flags.workload import (
     add_slo_arg,
     add_workload_args,
@@ -158,9 +159,9 @@ def resume_command(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     out = output.output_for(args)
-    cfg = flags.load_config(args)
+    cfg = resolve.load_config(args)
     request = _request(args, cfg)  # a bad flag is exit 2 before the run folder is opened
-    env = tune_env(out, flags.open_stage(args, "tune", out, cfg), resume_command(args))
+    env = tune_env(out, resolve.open_stage(args, "tune", out, cfg), resume_command(args))
     finished = tune.run(request, env)
     show_finished(out, finished)
     out.result(finished.to_json())

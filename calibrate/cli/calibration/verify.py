@@ -12,6 +12,7 @@ import argparse
 from typing import Any
 
 from calibrate.cli import flags
+from calibrate.cli.flags import resolve
 from calibrate.cli.output import Output, output_for
 from calibrate.cli.views.comparison import show_comparison
 from calibrate.io.baseline import Normaliser, after_failure
@@ -28,8 +29,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
-    normaliser = flags.normaliser_for(args)
-    ctx = flags.open_stage(args, "verify", out)
+    normaliser = resolve.normaliser_for(args)
+    ctx = resolve.open_stage(args, "verify", out)
     with guarded(ctx):
         return _run(args, out, ctx, normaliser)
 
@@ -37,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: Normaliser) -> int:
     result = run_verify(ctx, normaliser, force=bool(getattr(args, "force", False)))
     comparison = result.repro.comparisons[0]
-    suite = flags.junit_suite("verify", ctx.run, ctx.target)
+    suite = resolve.junit_suite("verify", ctx.run, ctx.target)
     reason = check_reason(comparison)
     suite.check(
         "fixed prompt matches the baseline", comparison.passed, reason, kind=comparison.verdict
@@ -46,7 +47,7 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: N
         suite.check(
             "the server runs at the verified batch size", not result.cap_differs, result.cap_line
         )
-    flags.save_junit(args, suite)
+    resolve.save_junit(args, suite)
     if result.passed:  # the verdict names the setting
         out.ok(result.verdict_line(ctx.run.run_id))
         for note in comparison.notes:

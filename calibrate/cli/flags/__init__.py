@@ -1,28 +1,18 @@
-"""The flags every command shares, the configuration they resolve, and the stage they open."""
+"""The flags every command shares. Standard library and calibrate's lightest modules only: a
+command that opens no stage (``calibrate mock``, the engine of every managed test server)
+imports no more; the configuration the flags resolve and the stage they open are
+``resolve.py``'s."""
 
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from calibrate import config as config_mod
-from calibrate import redact
-from calibrate.cli.output import Output
 from calibrate.cli.parser import CommandLine as CommandLine  # the command line's own, for
 from calibrate.cli.parser import StrictParser as StrictParser  # the commands that build parsers
-from calibrate.config import Config
-from calibrate.engines.redaction import argv_secret_values, secret_name, secret_values
-from calibrate.io.baseline import VOLATILE_FIELDS, Normaliser, default_program
-from calibrate.io.junit import JUnitSuite
 from calibrate.io.output_paths import check_writable
-from calibrate.io.store import RunDir
-from calibrate.stages import env
-from calibrate.stages.context import StageContext
-from calibrate.stages.env import StageRequest
-from calibrate.state.ledger import Ledger
 
 Runner = Callable[[argparse.Namespace], int]
 
@@ -56,41 +46,6 @@ def add_force(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_config(args: argparse.Namespace, *, base_url: str | None = None) -> Config:
-    """Resolve the configuration once from file, environment and this command's flags
-    (``base_url``: the target a command chose among several --base-url, else its flag).
-
-    A command calls it once and hands the Config on (``open_stage`` takes it). Its secrets
-    are remembered (``redact.remember``): from here on no file written and no line printed
-    holds them, whatever a server echoes back.
-    """
-    if base_url is None:
-        base_url = getattr(args, "base_url", None)
-    for word in (base_url, *args.argv):
-        url = (word or "").split("=", 1)[-1] if (word or "").startswith("-") else word
-        redact.remember_url(url if url and "://" in url else None)  # before a config error
-    overrides = config_mod.Overrides(
-        config_path=getattr(args, "config", None),
-        base_url=base_url,
-        model=getattr(args, "model", None),
-    )
-    cfg = config_mod.load(overrides, dict(os.environ))
-    remember_secrets(cfg)
-    return cfg
-
-
-def remember_secrets(cfg: Config) -> None:
-    """The key, the metrics key, every base-URL password, the server command's secret values
-    and the values of ``[server] env``'s secret-like variables (``HF_TOKEN``)."""
-    redact.remember(cfg.api_key, cfg.gpu_metrics_key)
-    for url in (cfg.target.base_url, *cfg.target.base_urls):
-        redact.remember_url(url)
-    if cfg.server.command:
-        redact.remember(*secret_values(cfg.server.command))
-    redact.remember(*argv_secret_values(cfg.server.args))
-    redact.remember(*(value for name, value in cfg.server.env if secret_name(name)))
-
-
 def add_wide(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--wide",
@@ -98,36 +53,6 @@ def add_wide(parser: argparse.ArgumentParser) -> None:
         help="tables with every column (default: the essential ones, fitting 100 columns; "
         "tiers.csv, the JSON and --html have them all)",
     )
-
-
-def open_stage(
-    args: argparse.Namespace,
-    stage: str,
-    out: Output,
-    cfg: Config | None = None,
-    *,
-    gate: bool = True,
-    max_connections: int | None = None,
-    ledger: Ledger | None = None,
-) -> StageContext:
-    """The stage's request from its flags and ``cfg`` (the Config the command resolved; None:
-    resolved here, after --junit is checked), then ``stages.env.open_stage``."""
-    check_junit_path(args)
-    if cfg is None:
-        cfg = load_config(args)
-    junit, tasks = getattr(args, "junit", None), getattr(args, "tasks", None)
-    request = StageRequest(
-        stage,
-        cfg,
-        args.argv,
-        force=bool(getattr(args, "force", False)),
-        gate=gate,
-        junit=Path(junit) if junit else None,
-        tasks=Path(tasks) if tasks else None,
-        max_connections=max_connections,
-        ledger=ledger,
-    )
-    return env.open_stage(request, out.warn)
 
 
 def add_compare_args(parser: argparse.ArgumentParser) -> None:
@@ -148,35 +73,8 @@ def add_check_flags(parser: argparse.ArgumentParser) -> None:
     add_junit(parser)
 
 
-def normaliser_for(args: argparse.Namespace) -> Normaliser:
-    """--jq replaces the default program; each --ignore FIELD adds a del() after it."""
-    if not args.jq:
-        return Normaliser(default_program(args.ignore))
-    program = args.jq
-    if args.ignore:
-        extra = default_program(args.ignore).split(", ", len(VOLATILE_FIELDS))[-1]
-        program = f"({program}) | del({extra}"
-    return Normaliser(program)
-
-
 def add_junit(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--junit", metavar="PATH", help="also write a JUnit XML report here (CI)")
-
-
-def junit_suite(stage: str, run: RunDir | None, target: str | None = None) -> JUnitSuite:
-    """A suite for this stage run, with the run folder as a property."""
-    props: dict[str, str] = {}
-    if run is not None:
-        props["run_dir"] = str(run.path)
-        props["run_id"] = run.run_id
-    if target:
-        props["target"] = target
-    return JUnitSuite(stage, props)
-
-
-def save_junit(args: argparse.Namespace, suite: JUnitSuite) -> None:
-    if getattr(args, "junit", None):
-        suite.write(Path(args.junit))
 
 
 def check_junit_path(args: argparse.Namespace) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from calibrate.cli.export import say_export
-from calibrate.cli.flags import junit_suite
+from calibrate.cli.flags.resolve import junit_suite
 from calibrate.cli.output import Output
 from calibrate.cli.views.batch_progress import ProgressView
 from calibrate.engines.redaction import shown_command

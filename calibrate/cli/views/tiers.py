@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from calibrate.cli.flags import junit_suite
+from calibrate.cli.flags.resolve import junit_suite
 from calibrate.cli.output import Output
 from calibrate.cli.views.determinism import say_overall
 from calibrate.config import SloConfig

@@ -49,8 +49,9 @@ class SimulatedEngine:
     counter: Iterator[int] = field(default_factory=itertools.count)
 
     def _supply(self) -> Request:
-        n = next(self.counter)  # a body the simulated server answers
-        return Request("/chat/completions", chat_body(f"p{n}"), (f"p{n}",), n)
+        n = next(self.counter)  # a body the simulated server answers: one of 64 prompts, each
+        prompt = f"p{n % 64}"  # answer made once (the sim's text is the mock's, and costs)
+        return Request("/chat/completions", chat_body(prompt), (prompt,), n)
 
     def run(self, candidate: Candidate, rung: int, window: float, _run: RunDir) -> CandidateResult:
         self.restarts.append(candidate.id)
