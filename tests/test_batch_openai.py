@@ -11,8 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import openai.types
-import openai.types.chat
 import pytest
 
 from calibrate.io.jobs.openai_batch import output_line
@@ -69,7 +67,10 @@ def write_requests(path: Path, n: int, **body: Any) -> Path:
 
 def assert_batch_output(lines: list[dict[str, Any]]) -> None:
     """Each line is a Batch API output line: its keys, and its body or error as the openai
-    package's own types read them."""
+    package's own types read them (imported here: a second of CPU, not at collection in every
+    worker)."""
+    import openai.types.chat
+
     for line in lines:
         assert list(line) == ["id", "custom_id", "response", "error"], line
         assert isinstance(line["id"], str) and line["id"].startswith("batch_req_")

@@ -4,6 +4,7 @@ modules — read from the package's own imports, so a move that breaks the shape
 from __future__ import annotations
 
 import ast
+import functools
 from collections import defaultdict
 from pathlib import Path
 
@@ -53,6 +54,7 @@ MODULES = {_module(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 KNOWN = set(MODULES)
 
 
+@functools.cache  # read when a test asks, once per process: not at collection, in every worker
 def _imports(path: Path) -> set[str]:
     """Every module this file imports, TYPE_CHECKING blocks and function bodies included."""
     found: set[str] = set()
@@ -67,10 +69,12 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-GRAPH = {
-    name: {m for m in _imports(path) if m in MODULES and m != name}
-    for name, path in MODULES.items()
-}
+@functools.cache
+def _graph() -> dict[str, set[str]]:
+    return {
+        name: {m for m in _imports(path) if m in MODULES and m != name}
+        for name, path in MODULES.items()
+    }
 
 
 def _names(found: set[str], prefixes: tuple[str, ...]) -> list[str]:
@@ -100,6 +104,7 @@ def test_nothing_outside_cli_imports_cli() -> None:
 def test_no_import_circle_not_even_under_type_checking() -> None:
     """Tarjan's strongly connected components over module imports (a package's __init__ is
     its own module): any component of two or more modules is a circle."""
+    graph = _graph()
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -108,7 +113,7 @@ def test_no_import_circle_not_even_under_type_checking() -> None:
     def visit(node: str) -> None:
         index[node] = low[node] = len(index)
         stack.append(node)
-        for nxt in GRAPH[node]:
+        for nxt in graph[node]:
             if nxt not in index:
                 visit(nxt)
                 low[node] = min(low[node], low[nxt])
@@ -124,7 +129,7 @@ def test_no_import_circle_not_even_under_type_checking() -> None:
             if len(component) > 1:
                 circles.append(sorted(component))
 
-    for name in GRAPH:
+    for name in graph:
         if name not in index:
             visit(name)
     assert not circles, circles
