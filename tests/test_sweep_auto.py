@@ -41,7 +41,9 @@ def test_auto_measures_both_ends_then_rates_between_on_a_4_slot_mock(cli, isolat
     assert [lv["auto_step"] for lv in levels] == [0, 1, 2, 3]
     sync, low, high, most = levels
     assert sync["concurrency"] == 1 and most["concurrency"] == 4
-    assert most["achieved_rate"] > 2.5 * sync["achieved_rate"], "4 slots: more than 2.5× one"
+    # 4 slots: more than 2.5× one (failed once at 1.4×, in a burner run with the machine
+    # loaded far past its two burners; the sweep's own account of that, should it come again)
+    assert most["achieved_rate"] > 2.5 * sync["achieved_rate"], result.err
     step = (most["achieved_rate"] - sync["achieved_rate"]) / 3
     assert low["offered_rate"] == pytest.approx(sync["achieved_rate"] + step, rel=0.01)
     assert high["offered_rate"] == pytest.approx(sync["achieved_rate"] + 2 * step, rel=0.01)
