@@ -42,6 +42,6 @@ def as_utf8(text: str, what: str) -> str:
             hint += "."
         raise ConfigError(
             f"{what} is not UTF-8 text: byte {exc.start + 1} of it (0x{bad:02x}) cannot be "
-            "read; nothing was sent",
+            "read; nothing was done",
             hint,
         ) from None
