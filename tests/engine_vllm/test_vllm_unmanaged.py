@@ -106,7 +106,10 @@ def test_ladder_sweep_pin_verify_never_above_the_servers_cap(
     assert ladder.code == 0, ladder.err
     assert queue.running_max <= CAP, "vLLM's own account: never more than its cap at once"
     verdicts = {t["batch_size"]: t["verdict"] for t in ladder.json["tiers"]}
-    if queue.waiting_max > 0:  # vLLM held the rest of batch 8 waiting: its cap, said so
+    if 8 not in verdicts:  # the ladder stopped climbing below the cap on a rule of its own (seen
+        # on a busy 2-core machine: batch 2's items 1.38× batch 1's, stop: latency): no cap to judge
+        assert verdicts[max(verdicts)] == "stop: latency", verdicts
+    elif queue.waiting_max > 0:  # vLLM held the rest of batch 8 waiting: its cap, said so
         assert verdicts[8] == "stop: cap", verdicts
         assert "every tier passed" not in ladder.err
     else:  # this watch polls too and can miss a queue calibrate's sampler saw; or vLLM's front
@@ -115,7 +118,9 @@ def test_ladder_sweep_pin_verify_never_above_the_servers_cap(
         show("(this watch saw no queue during the ladder)")
         if verdicts[8] == "stop: cap":
             assert "vllm:num_requests_running peaked at 4" in " ".join(ladder.err.split())
-    assert all(verdicts[b] in ("pass", "stop: latency") for b in (1, 2, 4)), verdicts
+    assert all(verdicts[b] in ("pass", "stop: latency") for b in (1, 2, 4) if b in verdicts), (
+        verdicts
+    )
     assert ladder.json["last_passing"]["batch_size"] <= CAP
 
     sweep = cli("sweep", "--json")
