@@ -99,9 +99,18 @@ def test_requests_waiting_for_kv_room_are_named_kv_full_not_a_cap(
     tiers = ladder.json["tiers_detail"]
     assert all(t["verdict"] != "stop: cap" for t in tiers), [t["verdict"] for t in tiers]
     waited = [t for t in tiers if (t["server_queue_max"] or 0) > 0]
-    assert waited and all(t["running_while_queued"] < SEQS for t in waited), tiers
     assert queue.running_max < SEQS
     assert "cap is" not in ladder.err
+    if not waited:  # the queue fell between samples (seen: /metrics read every 304 ms, not 50,
+        # with vLLM's CPU build on the same 2 cores): nothing to name, and every tier whose count
+        # stayed below its B says so and is not the setting
+        seen = max(t["server_running_max"] or 0 for t in tiers)
+        low = [t for t in tiers if t["verdict"] == "pass" and t["batch_size"] > seen]
+        assert low and all(t["running_unseen"] for t in low), tiers
+        said = " ".join(ladder.err.split())
+        assert all(f"batch {t['batch_size']} is not the setting" in said for t in low), said
+        return
+    assert all(t["running_while_queued"] < SEQS for t in waited), tiers
     queued = [line for line in ladder.err.splitlines() if "queued" in line]
     assert queued and all("with its KV cache full" in line for line in queued), queued
     assert all("the KV cache is the limit, not its cap" in line for line in queued)
