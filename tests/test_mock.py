@@ -105,8 +105,12 @@ def test_vram_accounting_and_cap() -> None:
     model = _model(vram_total_mib=10240, vram_base_mib=4096, vram_per_request_mib=2048)
     adms = [model.admit() for _ in range(2)]
     snap = model.snapshot()
-    assert snap.vram_used_mib == 4096 + 2 * 2048 and snap.kv_cache_usage == pytest.approx(4 / 6)
+    # admitted, not yet running: the cache holds nothing of them (vLLM's kv_cache_usage_perc)
+    assert snap.vram_used_mib == 4096 + 2 * 2048 and snap.kv_cache_usage == 0.0
+    assert all(model.seat(adm, model.queue_up(adm)) for adm in adms)
+    assert model.snapshot().kv_cache_usage == pytest.approx(4 / 6)
     adms += [model.admit(weight=3)]  # a 3-prompt completions request counts 3 sequences
+    assert model.seat(adms[-1], model.queue_up(adms[-1]))
     snap = model.snapshot()
     assert snap.in_flight == 5 and snap.vram_used_mib == 10240 and snap.kv_cache_usage == 1.0
     for adm in adms:

@@ -179,7 +179,15 @@ def test_the_ladder_never_keeps_a_tier_above_the_servers_running_cap(
         assert tiers[3]["running_unseen"], tiers[3]
         assert "batch 8 is not the setting: " in " ".join(result.err.split())
         return
-    assert [t["verdict"] for t in tiers] == ["pass", "pass", "pass", "stop: cap"]
+    # failed once in a whole quiet run at 5d71391 (batch 8 'pass' with a queue seen), not
+    # reproduced in 35 runs after: what each tier read, should it come again
+    keys = ("batch_size", "verdict", "server_running_max", "server_queue_max")
+    keys += ("running_while_queued", "peak_kv_usage", "kv_peak_margin")
+    read = [{k: t.get(k) for k in keys} for t in tiers]
+    assert [t["verdict"] for t in tiers] == ["pass", "pass", "pass", "stop: cap"], (
+        read,
+        result.err,
+    )
     assert tiers[3]["server_running_max"] == 4 and tiers[3]["server_queue_max"] == 4
     err = " ".join(result.err.split())
     assert f"the server's own cap is 4 ({RUNNING[style]} peaked at 4" in err

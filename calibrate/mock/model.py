@@ -267,7 +267,9 @@ class MockModel:
         s = self.settings
         with self._cond:
             kv_room = s.vram_total_mib - s.vram_base_mib
-            kv = self._in_flight * s.vram_per_request_mib
+            # the requests running hold the cache, never those waiting for a slot (as vLLM's
+            # kv_cache_usage_perc: a queue at the cap raised it, and its rise read as growth)
+            kv = self._running * s.vram_per_request_mib
             usage = min(1.0, kv / kv_room) if kv_room > 0 else 1.0
             in_use = self._kv.tokens_in_use
             evicted = 0  # preempted sequences wait to be recomputed, as vLLM reports them
