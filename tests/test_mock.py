@@ -413,3 +413,16 @@ def test_an_answer_leaves_the_batch_before_its_last_bytes_go_out(stream: bool) -
     last = "[DONE]" if stream else "body 200"
     assert said.index("released, 1 in flight before") == said.index(last) - 1, said
     assert model.snapshot().in_flight == 0
+
+
+def test_answers_to_repeated_prompts_are_remembered_and_long_prompts_never_are() -> None:
+    """The mock makes a prompt's answer once (every wave of the fixed prompt asks it again),
+    and keeps no long prompt alive for it: a context ladder's prompts run to megabytes."""
+    short, long = "what is 2+2? [memo test]", "word " * (mock_text.MEMO_CHARS // 5 + 1)
+    first = mock_text.natural_text(short, 7)
+    before = mock_text._natural_memo.cache_info()
+    assert mock_text.natural_text(short, 7) == first
+    assert mock_text._natural_memo.cache_info().hits == before.hits + 1
+    assert mock_text.natural_text(long, 7) == mock_text.natural_text(long, 7)  # made twice
+    assert mock_text._natural_memo.cache_info().currsize == before.currsize
+    assert mock_text.count_tokens(long) == mock_text.count_tokens(long) == len(long.split())

@@ -124,10 +124,19 @@ def pieces(text: str) -> list[str]:
     return found
 
 
-@functools.lru_cache(maxsize=4096)
+MEMO_CHARS = 4096  # texts up to this long are remembered (4,096 of them: ~20 MiB at most)
+
+
 def count_tokens(text: str) -> int:
     """How many tokens the mock says ``text`` has."""
+    return _count_memo(text) if len(text) <= MEMO_CHARS else _count(text)
+
+
+def _count(text: str) -> int:
     return len(_TOKEN.findall(text))
+
+
+_count_memo = functools.lru_cache(maxsize=4096)(_count)
 
 
 def _rng(*parts: object) -> random.Random:
@@ -144,9 +153,16 @@ def _plain(rng: random.Random, n_tokens: int, chinese: bool) -> str:
     return " ".join(words) + "."
 
 
-@functools.lru_cache(maxsize=4096)  # a pure function the mock asks again for every repeated prompt
 def natural_text(prompt: str, text_seed: int) -> str:
-    """The full answer to ``prompt`` before any max_tokens cut; same inputs, same text."""
+    """The full answer to ``prompt`` before any max_tokens cut; same inputs, same text. Made
+    once for a prompt asked again (every wave of the fixed prompt), unless the prompt is long
+    (a context ladder's): the memo would hold it."""
+    if len(prompt) <= MEMO_CHARS:
+        return _natural_memo(prompt, text_seed)
+    return _natural_text(prompt, text_seed)
+
+
+def _natural_text(prompt: str, text_seed: int) -> str:
     rng = _rng("text", text_seed, prompt)
     chinese = bool(_HAS_CJK.search(prompt))
     n_tokens = rng.randint(MIN_WORDS, MAX_WORDS)
@@ -162,6 +178,9 @@ def natural_text(prompt: str, text_seed: int) -> str:
             body = body[:-1] + ",}"  # a trailing comma: looks like JSON, json.loads rejects it
         return f"{prefix}```json\n{body}\n```"
     return prefix + _plain(rng, n_tokens, chinese)
+
+
+_natural_memo = functools.lru_cache(maxsize=4096)(_natural_text)
 
 
 def perturb(text: str, prompt: str, in_flight: int) -> str:
