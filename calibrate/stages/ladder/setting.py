@@ -50,8 +50,8 @@ def measured(history: Sequence[Tier]) -> list[Tier]:
 
 
 def unconfirmed(tier: Tier, history: Sequence[Tier]) -> bool:
-    """Whether the server ran ``tier``'s B at once is not known: its own running count could not
-    show it (``Tier.unseen``) and no tier of the run showed B running either — a server seen
+    """The server is not known to have run ``tier``'s B at once: its own running count could
+    not show it (``Tier.unseen``) and no tier of the run showed B running either — a server seen
     running 8 at once ran a wave of 4 whole. Never a setting above what was seen running. A
     count read through every answer of the tier that never showed B (``Unseen.read_through``)
     is the tier's own witness: B did not run at once there, whatever another tier ran."""
