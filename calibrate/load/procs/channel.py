@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from queue import Empty, SimpleQueue
 from typing import IO, Any
@@ -128,3 +129,16 @@ def worker_pipes(label: str) -> tuple[Channel, Channel]:
     out = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     return Channel(sys.stdin.buffer), Channel(out)
+
+
+def listen(inbox: Channel, handle: Callable[[Any], None]) -> None:
+    """A worker's listener thread: each of the parent's messages to ``handle``; the end of the
+    pipe (the parent is done, or died: kill -9) ends the process at once — no orphan, and
+    nobody left to send to."""
+
+    def run() -> None:
+        while (message := inbox.receive()) is not None:
+            handle(message)
+        os._exit(0)
+
+    threading.Thread(target=run, name="worker-inbox", daemon=True).start()

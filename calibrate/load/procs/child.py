@@ -31,7 +31,7 @@ from calibrate.gpu.noise import LinuxProc, ProcReader, server_cpu
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.request_times import use_anchor
 from calibrate.load.engine import Record
-from calibrate.load.procs.channel import Channel, Outbox, worker_pipes
+from calibrate.load.procs.channel import Channel, Outbox, listen, worker_pipes
 from calibrate.load.procs.proc import Job
 from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.load.request import Request
@@ -162,8 +162,7 @@ def serve(inbox: Channel, outbox: Outbox, setup: LoadJob) -> None:
     feed, gate = Feed(outbox), Gate()
     jobs: SimpleQueue[tuple[Any, ...]] = SimpleQueue()
     stops: dict[int, threading.Event] = {}
-    listen = (inbox, jobs, feed, gate, stops, server)
-    threading.Thread(target=_listen, args=listen, daemon=True).start()
+    listen(inbox, _told(jobs, feed, gate, stops, server))
     while True:
         job = jobs.get()
         kind, run_no = job[0], job[1]
@@ -199,19 +198,16 @@ def _wait_until(go_at: float) -> None:
         time.sleep(wait)
 
 
-def _listen(
-    inbox: Channel,
+def _told(
     jobs: SimpleQueue[tuple[Any, ...]],
     feed: Feed,
     gate: Gate,
     stops: dict[int, threading.Event],
     server: ServerPids,
-) -> None:
-    """The parent's messages; the end of the pipe ends this process."""
-    while True:
-        message = inbox.receive()
-        if message is None:
-            os._exit(0)  # the parent is gone or done: no orphan, nothing left to send to
+) -> Callable[[tuple[Any, ...]], None]:
+    """What the parent's messages do: a run to start, a wave's go, more requests, a stop."""
+
+    def handle(message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind in ("closed", "open", "wave"):
             jobs.put(message)
@@ -223,6 +219,8 @@ def _listen(
             stops.setdefault(message[1], threading.Event()).set()
         elif kind == "server":
             server.set(message[2])
+
+    return handle
 
 
 def main() -> None:

@@ -1,12 +1,12 @@
 """The load worker processes of one sender: started once, used run after run, ended together.
 
-Each worker is one of calibrate's worker processes (``proc.py``) running a ``LoadJob``: the
+Each worker is one of calibrate's worker processes (``proc.Workers``) running a ``LoadJob``: the
 client's recipe (the key travels over the pipe, never in argv, the environment or a file), the
 parent's clock anchor and the server's processes on this machine (told again before a run when
 they changed: a server restarted), which each worker's self-check reads as the parent's does.
-Each worker's reader thread puts every group of its messages on
-one queue, and its end too, so the parent's one thread that runs a load reads them in order
-and a worker that dies (kill -9, a crash, out of memory) is a ``WorkerDied`` the moment its
+Every group of a worker's messages, and its end too, arrives on
+one queue, so the parent's one thread that runs a load reads them in order and a worker that
+dies (kill -9, a crash, out of memory) is a ``WorkerDied`` the moment its
 pipe closes — never a hang: every wait here has a bound.
 """
 
@@ -16,13 +16,12 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from queue import Empty, SimpleQueue
 from typing import Any
 
 from calibrate.errors import WorkerDied
 from calibrate.http.request_times import anchor
 from calibrate.load.procs.child import LoadJob
-from calibrate.load.procs.proc import Proc
+from calibrate.load.procs.proc import ENDED, Event, Workers
 from calibrate.load.procs.recipe import ClientRecipe, server_pids_of
 
 log = logging.getLogger("calibrate")
@@ -33,29 +32,12 @@ AGAIN = (
 )
 
 
-def _tell(
-    events: SimpleQueue[Event], index: int
-) -> tuple[Callable[[Proc, list[tuple[Any, ...]]], None], Callable[[Proc], None]]:
-    """Worker ``index``'s reader callbacks: its messages, then its end, onto ``events``."""
-
-    def told(proc: Proc, messages: list[tuple[Any, ...]]) -> None:
-        events.put((index, messages))
-
-    def ended(proc: Proc) -> None:
-        events.put((index, [("ended",)]))
-
-    return told, ended
-
-
 def cores() -> int:
     """The cores this process may run on (``--workers auto`` takes at most these)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-Event = tuple[int, list[tuple[Any, ...]]]  # (worker, its messages) — ("ended",): its pipe closed
 
 
 class WorkerPool:
@@ -69,29 +51,25 @@ class WorkerPool:
     ) -> None:
         self._recipe = recipe
         self.count = count
-        self.workers: list[Proc] = []
-        self._events: SimpleQueue[Event] = SimpleQueue()
+        self._workers = Workers("load-worker")
         self._server_pids = server_pids  # the server's processes on this machine, found afresh
         self._told: tuple[int, ...] = ()  # … as the workers were last told them
 
     def start(self) -> None:
         """Start the workers (once) and wait until each has built its client."""
-        if self.workers:
+        workers = self._workers
+        if workers.procs:
             return
-        events: SimpleQueue[Event] = SimpleQueue()  # this start's queue, not a later one's
-        self._events = events
         self._told = server_pids_of(self._server_pids())
         try:
             for index in range(self.count):
                 who = f"load worker process {index + 1} of {self.count}"
-                job = LoadJob(self._recipe, who, *anchor(), self._told)
-                told, ended = _tell(events, index)
-                self.workers.append(Proc.start(job, told, ended, f"load-worker-{index}"))
+                workers.start(LoadJob(self._recipe, who, *anchor(), self._told))
         except OSError as exc:  # out of processes or descriptors
+            started = len(workers.procs)
             self.close()
             raise WorkerDied(
-                f"could not start load worker process {len(self.workers) + 1} of "
-                f"{self.count}: {exc}",
+                f"could not start load worker process {started + 1} of {self.count}: {exc}",
                 "Lower --workers, or run with --workers 1",
             ) from exc
         ready: set[int] = set()
@@ -107,25 +85,25 @@ class WorkerPool:
         now = server_pids_of(self._server_pids())
         if now != self._told:
             self._told = now
-            for index in range(len(self.workers)):
+            for index in range(len(self._workers.procs)):
                 self.send(index, ("server", 0, now))
 
     def send(self, index: int, message: tuple[Any, ...]) -> None:
-        """To one worker; a worker gone is reported by its reader (``ended``), not here."""
-        self.workers[index].send(message)
+        """To one worker; a worker gone is reported by its reader (``ENDED``), not here."""
+        self._workers.send(index, message)
 
     def next_event(self, deadline: float, during: str) -> Event:
         """The next group of messages from a worker; ``WorkerDied`` (every worker ended) when
         one has ended, reported an error, or none answered by ``deadline`` (monotonic s)."""
-        try:
-            index, messages = self._events.get(timeout=max(0.0, deadline - time.monotonic()))
-        except Empty:
+        event = self._workers.next(deadline - time.monotonic())
+        if event is None:
             self.close()
             raise WorkerDied(
                 f"the load worker processes sent nothing for too long during {during}", AGAIN
-            ) from None
+            )
+        index, messages = event
         for message in messages:
-            if message[0] == "ended":
+            if message is ENDED:
                 raise self._died(index, during)
             if message[0] == "error":
                 log.error("load worker process %d: %s", index + 1, message[3])  # its traceback
@@ -139,7 +117,7 @@ class WorkerPool:
         return index, messages
 
     def _died(self, index: int, during: str) -> WorkerDied:
-        worker = self.workers[index]
+        worker = self._workers.procs[index]
         how = worker.how_it_ended()
         self.close()
         return WorkerDied(
@@ -150,9 +128,7 @@ class WorkerPool:
 
     def close(self) -> None:
         """End every worker: the end of its input ends it; past a short wait it is killed."""
-        workers, self.workers = self.workers, []
-        for worker in workers:
-            worker.close()
+        self._workers.close()
 
     def pids(self) -> list[int]:
-        return [w.pid for w in self.workers if w.popen.returncode is None]
+        return self._workers.pids()

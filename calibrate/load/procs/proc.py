@@ -1,13 +1,16 @@
-"""One worker process of calibrate's, for every stage that sends from several (``--workers``).
+"""calibrate's worker processes, for every stage that sends from several (``--workers``): the one
+process layer. The ladder's and sweep's loops (``pool.py``) and batch's items
+(``stages.batch.procs``) each run a job of their own in them; what a worker's death means is
+the job's side's too (a load run is lost; a batch's items go back and a new worker starts).
 
-``Proc.start(job, ...)`` runs ``python -m calibrate.load.procs.child`` with two pipes and sends
-``job`` first: an object whose ``serve(inbox, outbox)`` the child runs (the sweep's and the
-ladder's loops, ``child.LoadJob``; batch's share of the items, ``stages.batch.procs.child``).
-Whatever the job needs (the API key too) travels in it, over the pipe, never in argv, the
-environment or a file. One reader thread per process hands each group of its messages to
-``on_messages`` and, once its output ends (it finished, died or was killed), waits for it to be
-reaped and calls ``on_end``: a worker that dies is noticed the moment its pipe closes, never by
-polling, and every wait here has a bound.
+``Workers.start(job)`` runs ``python -m calibrate.load.procs.child`` with two pipes and sends
+``job`` first: an object whose ``serve(inbox, outbox)`` the child runs (``child.LoadJob``;
+``stages.batch.procs.child.WorkerSetup``). Whatever the job needs (the API key too) travels in
+it, over the pipe, never in argv, the environment or a file. One reader thread per process puts
+each group of its messages on the run's one queue and, once its output ends (it finished, died
+or was killed), waits for it to be reaped and puts its ``ENDED``: the run's one thread reads
+them in order, a worker that dies is noticed the moment its pipe closes, never by polling, and
+every wait here has a bound.
 """
 
 from __future__ import annotations
@@ -15,13 +18,16 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Sequence
+from queue import Empty, SimpleQueue
 from typing import Any, Protocol
 
 from calibrate.load.procs.channel import Channel, Outbox, spawn_worker
 
 CHILD = "calibrate.load.procs.child"
 EXIT_WAIT_S = 5.0
+ENDED = ("ended",)  # a worker's last event: its pipe closed and it was reaped
+Event = tuple[int, Sequence[tuple[Any, ...]]]  # (the worker's index, a group of its messages)
 
 
 class Job(Protocol):
@@ -31,59 +37,31 @@ class Job(Protocol):
 
 
 class Proc:
-    """One worker process, its two pipes and its reader thread."""
+    """One worker process, its two pipes and its reader thread (which tells ``events``)."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], to_child: Channel, from_child: Channel):
-        self.popen = popen
-        self._to_child = to_child
-        self._from_child = from_child
-        self.reader: threading.Thread | None = None
-
-    @classmethod
-    def start(
-        cls,
-        job: Job,
-        on_messages: Callable[[Proc, list[tuple[Any, ...]]], None],
-        on_end: Callable[[Proc], None],
-        name: str,
-    ) -> Proc:
-        """The worker started and sent ``job``; raises OSError when no process can start."""
-        proc = cls(*spawn_worker(CHILD))
-        proc.send(job)
-        proc.reader = threading.Thread(
-            target=proc._read, args=(on_messages, on_end), name=name, daemon=True
+    def __init__(self, job: Job, events: SimpleQueue[Event], index: int, name: str) -> None:
+        self.popen, self._to_child, self._from_child = spawn_worker(CHILD)  # OSError: none
+        self.send(job)
+        self._reader = threading.Thread(
+            target=self._read, args=(events, index), name=name, daemon=True
         )
-        proc.reader.start()
-        return proc
+        self._reader.start()
 
     @property
     def pid(self) -> int:
         return self.popen.pid
 
-    @property
-    def running(self) -> bool:
-        """Its reader has not yet seen the end of its output."""
-        return self.reader is not None and self.reader.is_alive()
-
     def send(self, message: Any) -> bool:
-        """To the worker; False when it is gone (its reader says so too, with ``on_end``)."""
+        """To the worker; False when it is gone (its ``ENDED`` says so too)."""
         return self._to_child.send(message)
 
-    def _read(
-        self,
-        on_messages: Callable[[Proc, list[tuple[Any, ...]]], None],
-        on_end: Callable[[Proc], None],
-    ) -> None:
+    def _read(self, events: SimpleQueue[Event], index: int) -> None:
         while (messages := self._from_child.receive()) is not None:
-            on_messages(self, messages)
-        try:
-            self.popen.wait(EXIT_WAIT_S)
-        except subprocess.TimeoutExpired:  # its output closed, the process lingers: end it
-            self.popen.kill()
-            self.popen.wait()
+            events.put((index, messages))
+        self._reap()
         self._from_child.close()
         self._to_child.close()
-        on_end(self)
+        events.put((index, (ENDED,)))
 
     def how_it_ended(self) -> str:
         """How the process ended, in words (for a line naming it)."""
@@ -95,21 +73,76 @@ class Proc:
     def close(self) -> None:
         """End it: the end of its input ends it; past a short wait it is killed."""
         self._to_child.close()
-        self.wait_ended()
+        self._ended()
 
     def kill(self) -> None:
         """Kill it now and wait until it is reaped."""
         if self.popen.poll() is None:
             self.popen.kill()
-        self.wait_ended()
+        self._ended()
 
-    def wait_ended(self) -> None:
+    def _reap(self) -> None:
         try:
             self.popen.wait(EXIT_WAIT_S)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired:  # its output closed, the process lingers: end it
             self.popen.kill()
             self.popen.wait()
-        if self.reader is not None and self.reader is not threading.current_thread():
-            self.reader.join(EXIT_WAIT_S)
+
+    def _ended(self) -> None:
+        self._reap()
+        if self._reader is not threading.current_thread():
+            self._reader.join(EXIT_WAIT_S)
         with contextlib.suppress(OSError):
             self._from_child.close()
+
+
+class Workers:
+    """The worker processes of one run, each running its job, and the one queue their messages
+    and their ends arrive on (``next``). Read by one thread, which also starts them: an event is
+    never read before its worker is listed here."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name  # its reader threads are ``name-1``, ``name-2``, …
+        self.procs: list[Proc] = []
+        self._events: SimpleQueue[Event] = SimpleQueue()
+
+    def start(self, job: Job, index: int | None = None) -> int:
+        """Start a worker running ``job``: a new one, or worker ``index`` again (its last one
+        has ended); its index. Raises OSError when no process can start."""
+        n = len(self.procs) if index is None else index
+        proc = Proc(job, self._events, n, f"{self.name}-{n + 1}")
+        if index is None:
+            self.procs.append(proc)
+        else:
+            self.procs[index] = proc
+        return n
+
+    def next(self, timeout_s: float | None) -> Event | None:
+        """The next group of a worker's messages (``ENDED``: it is gone); None when nothing
+        came within ``timeout_s`` (None: no waiting)."""
+        try:
+            if timeout_s is None:
+                return self._events.get_nowait()
+            return self._events.get(timeout=max(0.0, timeout_s))
+        except Empty:
+            return None
+
+    def send(self, index: int, message: Any) -> bool:
+        """To one worker; False when it is gone (its ``ENDED`` says so too)."""
+        return self.procs[index].send(message)
+
+    def pids(self) -> list[int]:
+        """The live workers' process ids (a self-check reads their CPU)."""
+        return [p.pid for p in self.procs if p.popen.returncode is None]
+
+    def kill(self) -> None:
+        """Kill every worker now and wait until each is reaped (their events stay queued)."""
+        for proc in list(self.procs):
+            proc.kill()
+
+    def close(self) -> None:
+        """End every worker: the end of its input ends it; past a short wait it is killed.
+        What they still had to say is dropped; a later ``start`` begins a new set."""
+        procs, self.procs, self._events = self.procs, [], SimpleQueue()
+        for proc in procs:
+            proc.close()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from calibrate.config import Config
 from calibrate.gpu.selfload import SelfLoadMonitor, workers_advice
@@ -162,34 +163,27 @@ class WorkerSender(Sender):
         dealt = deal(len(requests), self.workers, workers)
         if len(dealt) < 2:
             return super().send(requests, workers, max_tokens)
-        pool, during = self._pool, f"a wave of {len(requests)} requests"
-        pool.start()
-        pool.tell_server()
-        self._run_no += 1
-        run_no = self._run_no
+        run_no = self._begin()
         for k, indices in enumerate(dealt):
-            pool.send(k, ("wave", run_no, [requests[i] for i in indices], max_tokens))
+            self._pool.send(k, ("wave", run_no, [requests[i] for i in indices], max_tokens))
         armed: set[int] = set()
         parts: dict[int, tuple[list[ItemResult], float, float]] = {}
         go_at = 0.0
-        deadline = time.monotonic() + self.transport.timeout_s * 2 + 60
-        try:
-            while len(parts) < len(dealt):
-                k, messages = pool.next_event(deadline, during)
-                for kind, number, *rest in messages:
-                    if number != run_no:
-                        continue
-                    if kind == "armed":
-                        armed.add(k)
-                        if len(armed) == len(dealt):  # every part is where it is sent from
-                            go_at = time.perf_counter() + WAVE_GO_S
-                            for other in range(len(dealt)):
-                                pool.send(other, ("go", run_no, go_at))
-                    elif kind == "wave":
-                        parts[k] = (rest[0], rest[1], rest[2] - go_at)
-        except BaseException:
-            pool.close()
-            raise
+
+        def told(k: int, messages: list[tuple[Any, ...]]) -> None:
+            nonlocal go_at
+            for kind, _, *rest in messages:
+                if kind == "armed":
+                    armed.add(k)
+                    if len(armed) == len(dealt):  # every part is where it is sent from
+                        go_at = time.perf_counter() + WAVE_GO_S
+                        for other in range(len(dealt)):
+                            self._pool.send(other, ("go", run_no, go_at))
+                elif kind == "wave":
+                    parts[k] = (rest[0], rest[1], rest[2] - go_at)
+
+        during = f"a wave of {len(requests)} requests"
+        self._until(lambda: len(parts) == len(dealt), 0.0, during, told)
         return merge_waves([parts[k] for k in sorted(parts)])
 
     def closed_loop(
@@ -200,44 +194,37 @@ class WorkerSender(Sender):
         max_tokens: int | None = None,
     ) -> LoopRun:
         """``Sender.closed_loop`` with C split over the workers (see the module's doc)."""
-        pool, during = self._pool, f"the closed loop at concurrency {concurrency}"
         shares = split_concurrency(concurrency, self.workers)
-        pool.start()
-        pool.tell_server()
-        self._run_no += 1
-        run_no = self._run_no
+        run_no = self._begin()
         first = [[supply() for _ in range(ahead(share))] for share in shares]
         go_at = time.perf_counter() + GO_S
         for k, (share, part, requests) in enumerate(
             zip(shares, share_windows(window, shares), first, strict=True)
         ):
-            pool.send(k, ("closed", run_no, share, part, max_tokens, go_at, requests))
+            self._pool.send(k, ("closed", run_no, share, part, max_tokens, go_at, requests))
         runs: dict[int, LoopRun] = {}
         bound: list[str] = []
         stopped = False
-        deadline = time.monotonic() + GO_S + window.min_s + self.transport.timeout_s * 2 + 60
-        try:
-            while len(runs) < len(shares):
-                k, messages = pool.next_event(deadline, during)
-                took = 0
-                for kind, number, *rest in messages:
-                    if number != run_no:
-                        continue  # a late word of an earlier run
-                    if kind == "took" and k not in runs:
-                        took += rest[0]
-                    elif kind == "failed" and not stopped:
-                        stopped = True
-                        for other in range(len(shares)):
-                            if other != k:
-                                pool.send(other, ("stop", run_no))
-                    elif kind == "loop":
-                        runs[k] = rest[0]
-                        bound.append(rest[1])
-                if took and k not in runs:
-                    pool.send(k, ("more", run_no, [supply() for _ in range(took)]))
-        except BaseException:  # Ctrl-C too: no worker goes on sending
-            pool.close()
-            raise
+
+        def told(k: int, messages: list[tuple[Any, ...]]) -> None:
+            nonlocal stopped
+            took = 0
+            for kind, _, *rest in messages:
+                if kind == "took" and k not in runs:
+                    took += rest[0]
+                elif kind == "failed" and not stopped:
+                    stopped = True
+                    for other in range(len(shares)):
+                        if other != k:
+                            self._pool.send(other, ("stop", run_no))
+                elif kind == "loop":
+                    runs[k] = rest[0]
+                    bound.append(rest[1])
+            if took and k not in runs:
+                self._pool.send(k, ("more", run_no, [supply() for _ in range(took)]))
+
+        during = f"the closed loop at concurrency {concurrency}"
+        self._until(lambda: len(runs) == len(shares), GO_S + window.min_s, during, told)
         self._bound.append(next((why for why in bound if why), ""))
         started_at = epoch_at(go_at)
         return merge_loops(
@@ -253,34 +240,54 @@ class WorkerSender(Sender):
         max_tokens: int | None = None,
     ) -> OpenRun:
         """``Sender.open_loop`` with the sends dealt to the workers (see the module's doc)."""
-        pool, during = self._pool, "the open loop"
         dealt = deal(len(requests), self.workers, cap)
         caps = split_cap(cap, len(dealt))
-        pool.start()
-        pool.tell_server()
-        self._run_no += 1
-        run_no = self._run_no
+        run_no = self._begin()
         go_at = time.perf_counter() + GO_S
         for k, indices in enumerate(dealt):
             mine = [requests[i] for i in indices]
             times = [schedule[i] for i in indices]
-            pool.send(k, ("open", run_no, mine, times, caps[k], max_tokens, go_at))
+            self._pool.send(k, ("open", run_no, mine, times, caps[k], max_tokens, go_at))
         runs: dict[int, tuple[OpenRun, float]] = {}
         bound: list[str] = []
+
+        def told(k: int, messages: list[tuple[Any, ...]]) -> None:
+            for kind, _, *rest in messages:
+                if kind == "open":
+                    runs[k] = (rest[0], rest[1] - go_at)
+                    bound.append(rest[2])
+
         last = schedule[-1] if schedule else 0.0
-        deadline = time.monotonic() + GO_S + last + self.transport.timeout_s * 2 + 60
-        try:
-            while len(runs) < len(dealt):
-                k, messages = pool.next_event(deadline, during)
-                for kind, number, *rest in messages:
-                    if kind == "open" and number == run_no:
-                        runs[k] = (rest[0], rest[1] - go_at)
-                        bound.append(rest[2])
-        except BaseException:
-            pool.close()
-            raise
+        self._until(lambda: len(runs) == len(dealt), GO_S + last, "the open loop", told)
         self._bound.append(next((why for why in bound if why), ""))
         return merge_open([(run, offset, dealt[k]) for k, (run, offset) in sorted(runs.items())])
+
+    def _begin(self) -> int:
+        """A new run: the workers started (once) and told the server's processes; its number."""
+        self._pool.start()
+        self._pool.tell_server()
+        self._run_no += 1
+        return self._run_no
+
+    def _until(
+        self,
+        done: Callable[[], bool],
+        runs_s: float,
+        during: str,
+        told: Callable[[int, list[tuple[Any, ...]]], None],
+    ) -> None:
+        """Each group of the workers' words of this run to ``told`` (a late word of an earlier
+        run is dropped) until ``done()``; ``runs_s``: how long the run is planned to last. A
+        worker's death, a silence past every request's deadline, or Ctrl-C ends every worker:
+        none goes on sending."""
+        deadline = time.monotonic() + runs_s + self.transport.timeout_s * 2 + 60
+        try:
+            while not done():
+                k, messages = self._pool.next_event(deadline, during)
+                told(k, [m for m in messages if m[1] == self._run_no])
+        except BaseException:
+            self._pool.close()
+            raise
 
 
 def _offset(child_started_at: float | None, started_at: float) -> float:

@@ -14,17 +14,15 @@ reaches the whole process group; a worker ignores it and stops when the parent t
 
 from __future__ import annotations
 
-import os
-import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 from typing import Any
 
-from calibrate.gpu.noise import server_cpu
-from calibrate.gpu.proc import LinuxProc
-from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport
+from calibrate.gpu.selfload import SelfLoadReport
 from calibrate.io.tasks import ItemId, Task
-from calibrate.load.procs.channel import Channel, Outbox
+from calibrate.load.procs.channel import Channel, Outbox, listen
+from calibrate.load.procs.child import self_check
 from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.stages.batch.control import BatchControl, ReachabilityGuard
 from calibrate.stages.batch.lanes import make_lane
@@ -179,10 +177,12 @@ def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
     slots = sum(lane.concurrency for lane in lanes)
     guard = ReachabilityGuard(slots, lambda detail: control.fail("unreachable", detail))
     guard.answered = setup.answered  # then a refusal here is an outage, not "no server at all"
-    threading.Thread(target=_listen, args=(inbox, queue, control, guard), daemon=True).start()
-    server = server_cpu(LinuxProc(), lambda: setup.server_pids)  # the parent's rule
-    monitor = SelfLoadMonitor(
-        advice=setup.advice, cpu_limit=setup.cpu_limit, server_cpu=server
+    listen(inbox, _told(queue, control, guard))
+    monitor = self_check(  # on the parent's rule: the server's processes it found
+        "calibrate's own process",
+        lambda: setup.server_pids,
+        advice=setup.advice,
+        cpu_limit=setup.cpu_limit,
     ).start()
     sending = Sending(lanes, Work(queue, spec, journal, control, guard)).start()
     told, paused = False, False
@@ -213,15 +213,12 @@ def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
     return WorkerDone(monitor.stop(), stats)
 
 
-def _listen(
-    inbox: Channel, queue: ParentQueue, control: BatchControl, guard: ReachabilityGuard
-) -> None:
-    """The parent's messages: items, their end, stop, "a server answered"; the end of the pipe
-    ends this process."""
-    while True:
-        message = inbox.receive()
-        if message is None:
-            os._exit(0)  # the parent is gone (kill -9): no orphan, nothing left to send to
+def _told(
+    queue: ParentQueue, control: BatchControl, guard: ReachabilityGuard
+) -> Callable[[tuple[Any, ...]], None]:
+    """What the parent's messages do: items, their end, stop, "a server answered"."""
+
+    def handle(message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "tasks":
             for task in message[1]:
@@ -233,3 +230,5 @@ def _listen(
         elif kind == "stop":
             control.stop.set()  # no reason of its own: the parent knows why
             queue.give(None)
+
+    return handle

@@ -1,9 +1,9 @@
 """The parent of ``batch --workers N``: one feeder, one journal, N worker processes.
 
 Each worker process gets its share of every endpoint's slots and, through a sender thread,
-items from the one ``WorkQueue`` (at most twice its slots ahead). A reader thread per worker
-takes its messages: a finished line is journaled, then its item leaves the queue; an item
-put back (an outage) is handed out again. Items a worker holds are remembered until its answer
+items from the one ``WorkQueue`` (at most twice its slots ahead). The run's one thread reads
+every worker's messages (``load.procs.proc.Workers``): a finished line is journaled, then its
+item leaves the queue; an item put back (an outage) is handed out again. Items a worker holds are remembered until its answer
 arrives, so when a worker dies (kill -9, a crash) its unanswered items go back to the queue and
 a replacement starts (up to ``MAX_REPLACEMENTS`` in a run; with none left the others go on, and
 when none is left the run stops, exit 1, resumable). Stopping (Ctrl-C, a failed write, an
@@ -19,14 +19,13 @@ from dataclasses import dataclass, field, replace
 from queue import Empty, SimpleQueue
 
 from calibrate.io.tasks import ItemId, Task
-from calibrate.load.procs.proc import Proc
+from calibrate.load.procs.proc import ENDED, Proc, Workers
 from calibrate.stages.batch.control import BatchControl
 from calibrate.stages.batch.procs.child import WorkerDone, WorkerSetup
 from calibrate.stages.batch.queue import WorkQueue
 from calibrate.state.setting import Endpoint
 
 POLL_S = 0.2
-EXIT_WAIT_S = 5.0
 MAX_SENT = 64  # items sent to a worker in one message, at most
 MAX_REPLACEMENTS = 8  # workers started again in one run, at most (a crash loop ends)
 
@@ -55,20 +54,16 @@ class WorkerProc:
 
     setup: WorkerSetup
     credit: threading.Semaphore
-    proc: Proc | None = None
+    proc: Proc
     held: dict[ItemId, Task] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    dead: bool = False
+    dead: bool = False  # its end was read: what it held is settled
     told_stop: bool = False
     paused: bool = False
     done: WorkerDone | None = None
 
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.running
-
     def send(self, message: object) -> bool:
-        return self.proc is not None and self.proc.send(message)
+        return self.proc.send(message)
 
     def release(self, item_id: ItemId) -> Task | None:
         """The item is no longer this worker's (answered, put back or left); None if it was not."""
@@ -78,16 +73,14 @@ class WorkerProc:
             self.credit.release()
         return task
 
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-
 
 Handler = Callable[[WorkerProc, tuple[object, ...]], None]
 
 
 class WorkerSet:
-    """The worker processes of one run, started, fed, read and replaced."""
+    """The worker processes of one run (``Workers``), started, fed, read and replaced. Their
+    messages are read by the run's one thread (``read``), which also starts the replacements;
+    one feeder thread per worker sends it items."""
 
     def __init__(
         self,
@@ -102,8 +95,8 @@ class WorkerSet:
         self._on_message = on_message
         self._note = note
         self._replacements = 0
-        self._lock = threading.Lock()
-        self.procs: list[WorkerProc] = []
+        self._workers = Workers("batch-worker")
+        self.procs: list[WorkerProc] = []  # by the workers' index: the live one, or its last
         self.reports: list[WorkerDone] = []
         self._setups = list(setups)
         self.answered = any(s.answered for s in self._setups)
@@ -112,24 +105,51 @@ class WorkerSet:
         for setup in self._setups:
             self._start(setup)
 
-    def _start(self, setup: WorkerSetup) -> None:
-        try:
-            self._spawn(setup)
+    def _start(self, setup: WorkerSetup, index: int | None = None) -> None:
+        setup = replace(setup, answered=setup.answered or self.answered)  # a replacement too
+        try:  # the key goes over the pipe, in the setup
+            n = self._workers.start(setup, index)
         except OSError as exc:  # out of processes or descriptors: the run stops, resumable
             self._control.fail("workers", f"could not start a worker process: {exc}")
+            return
+        slots = sum(e.concurrency for e in setup.endpoints)
+        proc = WorkerProc(
+            setup, threading.Semaphore(slots + min(slots, 64)), self._workers.procs[n]
+        )
+        if index is None:
+            self.procs.append(proc)
+        else:
+            self.procs[index] = proc
+        threading.Thread(target=self._feed, args=(proc,), daemon=True).start()
 
     def pids(self) -> list[int]:
         """The live workers' process ids (the machine-wide self-check reads their CPU)."""
-        with self._lock:
-            return [p.proc.pid for p in self.procs if p.proc and p.proc.popen.returncode is None]
+        return self._workers.pids()
 
     def live(self) -> list[WorkerProc]:
-        with self._lock:
-            return [p for p in self.procs if p.running]
+        return [p for p in self.procs if not p.dead]
 
     def held(self) -> int:
-        with self._lock:
-            return sum(len(p.held) for p in self.procs if not p.dead)
+        return sum(len(p.held) for p in self.live())
+
+    def read(self, timeout_s: float | None) -> bool:
+        """Take the workers' next group of messages, waiting up to ``timeout_s`` (None: not at
+        all); False when none came."""
+        event = self._workers.next(timeout_s)
+        if event is None:
+            return False
+        index, messages = event
+        proc = self.procs[index]
+        for message in messages:
+            if message is ENDED:
+                self._ended(index, proc)
+            elif message[0] == "done":
+                proc.done = message[1]
+            elif message[0] == "paused":
+                proc.paused = bool(message[1])
+            else:
+                self._on_message(proc, message)
+        return True
 
     def tell_answered(self) -> None:
         """A server answered: from now on each worker's refusals are an outage to wait out,
@@ -147,29 +167,11 @@ class WorkerSet:
                 proc.send(("stop",))
 
     def kill_all(self) -> None:
-        with self._lock:
-            procs = list(self.procs)
-        for proc in procs:
-            proc.kill()
-
-    def _spawn(self, setup: WorkerSetup) -> None:
-        setup = replace(setup, answered=setup.answered or self.answered)  # a replacement too
-        slots = sum(e.concurrency for e in setup.endpoints)
-        proc = WorkerProc(setup, threading.Semaphore(slots + min(slots, 64)))
-        with self._lock:  # listed before its first message can arrive
-            self.procs.append(proc)
-        try:  # the key goes over the pipe, in the setup
-            proc.proc = Proc.start(
-                setup,
-                lambda _, messages: self._told(proc, messages),
-                lambda process: self._ended(proc, process),
-                f"batch-worker-{setup.index}",
-            )
-        except OSError:
-            with self._lock:
-                self.procs.remove(proc)
-            raise
-        threading.Thread(target=self._feed, args=(proc,), daemon=True).start()
+        """Kill every worker now; what each had sent before it died is read, and what it held
+        settled (``read``)."""
+        self._workers.kill()
+        while self.live() and self.read(None):
+            pass
 
     def _feed(self, proc: WorkerProc) -> None:
         """Items from the queue to this worker, while it has room for them."""
@@ -207,17 +209,7 @@ class WorkerSet:
                         self._give_back(t)
                 return
 
-    def _told(self, proc: WorkerProc, messages: list[tuple[object, ...]]) -> None:
-        """A group of this worker's messages (on its reader thread)."""
-        for message in messages:
-            if message[0] == "done":
-                proc.done = message[1]  # type: ignore[assignment]
-            elif message[0] == "paused":
-                proc.paused = bool(message[1])
-            else:
-                self._on_message(proc, message)
-
-    def _ended(self, proc: WorkerProc, process: Proc) -> None:
+    def _ended(self, index: int, proc: WorkerProc) -> None:
         """Its output ended and it was reaped: what it held is settled, and it is replaced."""
         with proc.lock:
             proc.dead = True
@@ -229,19 +221,16 @@ class WorkerSet:
             self._give_back(task)
         if proc.done is not None or self._control.stop.is_set():
             return
-        # ``process``, not ``proc.proc``: it may end before ``Proc.start`` has returned it
-        pid, how = process.pid, process.how_it_ended()
-        with self._lock:
-            replace = self._replacements < MAX_REPLACEMENTS
-            self._replacements += replace
-            others = any(p.running for p in self.procs if p is not proc)
-        if replace:
+        pid, how = proc.proc.pid, proc.proc.how_it_ended()
+        again = self._replacements < MAX_REPLACEMENTS
+        self._replacements += again
+        if again:
             self._note(
                 f"worker process {proc.setup.index} (PID {pid}) {how}; its "
                 f"{len(left)} unanswered item(s) go back to the queue; a new worker starts"
             )
-            self._start(proc.setup)
-        elif not others:
+            self._start(proc.setup, index)
+        elif not self.live():
             self._control.fail(
                 "workers",
                 f"every worker process ended unexpectedly (the last {how}) after "

@@ -22,7 +22,7 @@ from calibrate.stages.batch.lanes import EndpointReport
 from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
 from calibrate.stages.batch.plan import BatchPlan
 from calibrate.stages.batch.procs.child import WorkerDone, WorkerSetup
-from calibrate.stages.batch.procs.parent import Notes, WorkerProc, WorkerSet, split
+from calibrate.stages.batch.procs.parent import POLL_S, Notes, WorkerProc, WorkerSet, split
 from calibrate.stages.batch.queue import WorkQueue
 from calibrate.stages.batch.result import BatchProgress, BatchResult
 from calibrate.state.setting import Endpoint
@@ -219,7 +219,8 @@ def _wait(
     tick: Callable[[], None],
     clock: Callable[[], float],
 ) -> int:
-    """Until every worker has ended; the items still held when the grace period ended."""
+    """Until every worker has ended, reading their messages; the items still held when the
+    grace period ended."""
     deadline: float | None = None
     while True:
         if control.stop.is_set():
@@ -227,8 +228,7 @@ def _wait(
                 deadline = clock() + grace_s
                 queue.close()
             procs.stop_all()  # also one started just before the stop
-        live = procs.live()
-        if not live:
+        if not procs.live():
             if not control.stop.is_set() and not queue.idle():
                 control.fail("workers", "no worker process is left to send the items")
             return 0
@@ -236,9 +236,7 @@ def _wait(
             held = procs.held()
             procs.kill_all()
             return held
-        proc = live[0].proc
-        if proc is not None and proc.reader is not None:
-            proc.reader.join(0.2)
+        procs.read(POLL_S)
         tick()
 
 
