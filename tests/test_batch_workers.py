@@ -214,6 +214,36 @@ def _two_workers(isolated: Path, base_url: str, warned: list[str], **limits: flo
     )
 
 
+def test_a_failure_of_the_parents_own_loop_ends_every_worker_and_starts_none(
+    isolated: Path,
+) -> None:
+    """calibrate's own error in the parent's loop (here the progress view raising) ends the run:
+    every worker is killed, and none of those killed is replaced on the way out."""
+
+    def broken_view(progress: object) -> None:
+        raise RuntimeError("a bug in the progress view")
+
+    with start_mock(ttft_s=0.1, per_token_s=0.0) as server:
+        base_url = server.base_url
+        with pytest.raises(RuntimeError, match="progress view"):
+            procs_run.run_workers(
+                _plan_of(isolated, "broken"),
+                isolated / "broken-out.jsonl",
+                endpoints=[Endpoint(base_url, 4, "flag")],
+                workers=2,
+                client=ClientRecipe(base_url, None, None, 30.0, 5.0, 64.0, 1),
+                control=BatchControl(),
+                on_progress=broken_view,
+                progress_every_s=0,
+                monitor=SelfLoadMonitor(),
+                warn=lambda text: None,
+                outage=OutagePolicy(),
+                on_event=lambda event: None,
+                events=[],
+            )
+    assert _workers_of(os.getpid()) == [], "a worker was started while the run was ending"
+
+
 def test_a_workers_bottleneck_warning_reaches_the_user_once_naming_workers(
     isolated: Path,
 ) -> None:

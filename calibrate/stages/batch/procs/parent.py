@@ -95,6 +95,7 @@ class WorkerSet:
         self._on_message = on_message
         self._note = note
         self._replacements = 0
+        self._closing = False
         self._workers = Workers("batch-worker")
         self.procs: list[WorkerProc] = []  # by the workers' index: the live one, or its last
         self.reports: list[WorkerDone] = []
@@ -168,7 +169,8 @@ class WorkerSet:
 
     def kill_all(self) -> None:
         """Kill every worker now; what each had sent before it died is read, and what it held
-        settled (``read``)."""
+        settled (``read``) — none is replaced."""
+        self._closing = True
         self._workers.kill()
         while self.live() and self.read(None):
             pass
@@ -219,7 +221,7 @@ class WorkerSet:
             self.reports.append(proc.done)
         for task in left:
             self._give_back(task)
-        if proc.done is not None or self._control.stop.is_set():
+        if proc.done is not None or self._control.stop.is_set() or self._closing:
             return
         pid, how = proc.proc.pid, proc.proc.how_it_ended()
         again = self._replacements < MAX_REPLACEMENTS
