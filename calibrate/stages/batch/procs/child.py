@@ -1,15 +1,16 @@
 """A worker process of ``batch --workers N``: items in from the parent, finished lines out.
 
-Started by the parent as one of calibrate's worker processes (``load.procs.proc``) whose job
-is a ``WorkerSetup`` (the first message, below). What it says back is pickled over the pipe
-(``load.procs.channel``); a frame cut short (it was killed mid-write) reads as the end of the
-stream: nothing in it is used, and its items run again. It sends its share of the slots as one process does
-(``sending.Sending``: the engine on this process's I/O loop), with a queue that the parent
-fills and a journal that only sends each line back; the parent writes and counts it. Every
-item's answer is read on that one loop thread, so the item whose line was just sent and the
-model that answered it are plain fields. It ends when the parent says there are no more items, and at once when its input ends without
-that (the parent died: nobody is left to write what it would answer). Ctrl-C (and a hang-up)
-reaches the whole process group; a worker ignores it and stops when the parent tells it to.
+Started by the parent as one of calibrate's worker processes (``load.procs.proc.Workers``)
+whose job is a ``WorkerSetup`` (the first message, below). What it says back is pickled over
+the pipe (``load.procs.channel``); a frame cut short (it was killed mid-write) reads as the end
+of the stream: nothing in it is used, and its items run again. It sends its share of the slots
+as one process does (``sending.Sending``: the engine on this process's I/O loop), with a queue
+that the parent fills and a journal that only sends each line back; the parent writes and
+counts it. Every item's answer is read on that one loop thread, so the item whose line was
+just sent and the model that answered it are plain fields. It ends when the parent says there
+are no more items, and at once when its input ends without that (the parent died: nobody is
+left to write what it would answer; ``channel.listen``). Ctrl-C (and a hang-up) reaches the
+whole process group; a worker ignores it and stops when the parent tells it to.
 """
 
 from __future__ import annotations

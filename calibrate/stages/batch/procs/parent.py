@@ -3,11 +3,12 @@
 Each worker process gets its share of every endpoint's slots and, through a sender thread,
 items from the one ``WorkQueue`` (at most twice its slots ahead). The run's one thread reads
 every worker's messages (``load.procs.proc.Workers``): a finished line is journaled, then its
-item leaves the queue; an item put back (an outage) is handed out again. Items a worker holds are remembered until its answer
-arrives, so when a worker dies (kill -9, a crash) its unanswered items go back to the queue and
-a replacement starts (up to ``MAX_REPLACEMENTS`` in a run; with none left the others go on, and
-when none is left the run stops, exit 1, resumable). Stopping (Ctrl-C, a failed write, an
-unreachable server) tells every worker to stop; past the grace period they are killed.
+item leaves the queue; an item put back (an outage) is handed out again. Items a worker holds
+are remembered until its answer arrives, so when a worker dies (kill -9, a crash) its
+unanswered items go back to the queue and a replacement starts (up to ``MAX_REPLACEMENTS`` in
+a run; with none left the others go on, and when none is left the run stops, exit 1,
+resumable). Stopping (Ctrl-C, a failed write, an unreachable server) tells every worker to
+stop; past the grace period they are killed, and none is replaced.
 """
 
 from __future__ import annotations
