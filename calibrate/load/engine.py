@@ -154,7 +154,7 @@ class _Run:
             exchange = await self.transport.send(request)
         except Exception as exc:  # a transport's own bug: the request's failure all the same
             exchange = Exchange(None, exc)
-        task = asyncio.current_task()
+        task = asyncio.current_task(self.loop)  # the loop given: no getpid() to find it
         if task is not None:
             self.in_flight.pop(task, None)
         done = self.clock.now()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import os
 import threading
 from collections.abc import Callable
@@ -159,11 +160,15 @@ _lock = threading.Lock()
 _shared: LoopThread | None = None
 
 
+_forks = 0  # forks this process came through: a transport made before one holds its parent's
+
+
 def _forget_after_fork() -> None:
     """A forked child has no loop thread (only the thread that forked survives): it starts its
     own on first use, and the parent's connections are not shared with it."""
-    global _shared, _lock
+    global _shared, _lock, _forks
     _shared, _lock = None, threading.Lock()
+    _forks += 1
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
@@ -193,6 +198,7 @@ class AioTransport:
         self.max_bytes = max_bytes
         self._clock = clock
         self._pid = os.getpid()
+        self._forks = _forks  # compared on each call: os.getpid() is a system call
         self._max_idle = max_connections
         self._connections = Connections(max_connections)
 
@@ -213,8 +219,9 @@ class AioTransport:
         left_s = deadline - self._clock()
         if left_s <= 0:
             raise request_error("timeout", f"no answer from {url} within {timeout_s:g} s", None)
-        if self._pid != os.getpid():  # forked: the parent's connections stay the parent's
-            self._pid, self._connections = os.getpid(), Connections(self._max_idle)
+        if self._forks != _forks:  # forked: the parent's connections stay the parent's
+            self._forks, self._pid = _forks, os.getpid()
+            self._connections = Connections(self._max_idle)
         return Call(
             origin=origin,
             url=url,
@@ -256,18 +263,25 @@ def checked(answer: Answer, url: str) -> Answer:
 def _request_bytes(
     method: str, origin: Origin, target: str, headers: dict[str, str], body: bytes
 ) -> bytes:
+    head = _head(method, origin, target, tuple(headers.items()))
+    if body or method == "POST":
+        return b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
+    return head + b"\r\n"
+
+
+@functools.lru_cache(maxsize=64)
+def _head(method: str, origin: Origin, target: str, headers: tuple[tuple[str, str], ...]) -> bytes:
+    """The request line and headers up to Content-Length, each line ended: the same for every
+    completion a client sends (made once, not per request)."""
     scheme, host, port = origin
     default = {"http": 80, "https": 443}.get(scheme)
     host_header = host if port == default else f"{host}:{port}"
     if ":" in host and not host.startswith("["):  # an IPv6 literal
         host_header = f"[{host}]" if port == default else f"[{host}]:{port}"
     lines = [f"{method} {target} HTTP/1.1", f"Host: {host_header}"]
-    for name, value in headers.items():
+    for name, value in headers:
         if "\r" in value or "\n" in value:
             raise ValueError(f"a line break in the value of the {name} header")
         lines.append(f"{name}: {value}")
     lines.append("Accept-Encoding: identity")
-    if body or method == "POST":
-        lines.append(f"Content-Length: {len(body)}")
-    head = "\r\n".join(lines) + "\r\n\r\n"
-    return head.encode("latin-1") + body
+    return ("\r\n".join(lines) + "\r\n").encode("latin-1")

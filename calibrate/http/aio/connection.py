@@ -127,13 +127,20 @@ class Connections:
         self._tls: ssl.SSLContext | None = None
         self.max_idle = max(1, max_idle)
 
-    async def _connect(self, call: Call, deadline: float, *, reuse: bool = True) -> _Connection:
+    async def _connect(
+        self,
+        call: Call,
+        deadline: float,
+        *,
+        reuse: bool = True,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> _Connection:
         idle = self._idle.get(call.origin) if reuse else None
         while idle:
             conn = idle.pop()
             if not conn.lost and not conn.closing():
                 return conn
-        loop = asyncio.get_running_loop()
+        loop = loop or asyncio.get_running_loop()
         scheme, host, port = call.origin
         tls = None
         if scheme == "https":
@@ -159,25 +166,32 @@ class Connections:
 
     async def exchange(self, call: Call) -> Answer:
         """Send ``call`` and read its whole answer (streamed lines too) before the deadline."""
+        # the loop is looked up once and handed on: each lookup is a getpid() (CPython 3.11)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + call.left_s
-        conn = await self._connect(call, deadline)
+        conn = await self._connect(call, deadline, loop=loop)
         try:
             if conn.used:
                 sent_at = loop.time()
                 try:
-                    return await self._exchange(conn, call, deadline)
+                    return await self._exchange(conn, call, deadline, loop)
                 except OSError:
                     if conn.got_bytes or loop.time() - sent_at > STALE_RETRY_S:
                         raise
                 # closed idle as it was reused: once more, on a new connection
-                conn = await self._connect(call, deadline, reuse=False)
-            return await self._exchange(conn, call, deadline)
+                conn = await self._connect(call, deadline, reuse=False, loop=loop)
+            return await self._exchange(conn, call, deadline, loop)
         except OSError as exc:
             raise connection_error(call.url, exc) from exc
 
-    async def _exchange(self, conn: _Connection, call: Call, deadline: float) -> Answer:
-        loop = asyncio.get_running_loop()
+    async def _exchange(
+        self,
+        conn: _Connection,
+        call: Call,
+        deadline: float,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> Answer:
+        loop = loop or asyncio.get_running_loop()
         answer = conn.answer = Answer(max_bytes=call.max_bytes, lines=call.lines, clock=call.clock)
         waiter = conn.waiter = loop.create_future()
         conn.got_bytes = False
