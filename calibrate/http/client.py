@@ -50,6 +50,8 @@ from calibrate.http.transport import Clock, Transport, parse_json
 from calibrate.redact import Scrubber, origin, split_userinfo
 
 MIB = 1024 * 1024
+# json.dumps(body, ensure_ascii=False) builds an encoder per call; this one is made once
+_BODY = json.JSONEncoder(ensure_ascii=False).encode
 
 
 class OpenAIClient:
@@ -162,7 +164,7 @@ class OpenAIClient:
             self.base_url + path,
             self._target_prefix + path,
             deadline,
-            body=json.dumps(body, ensure_ascii=False).encode("utf-8"),
+            body=_BODY(body).encode("utf-8"),
             headers=self._headers,
             lines=bool(body.get("stream")),
             timeout_s=self.timeout_s,

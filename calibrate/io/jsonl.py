@@ -32,9 +32,13 @@ from calibrate.redact import scrub
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+# json.dumps with options builds an encoder per call; one made once writes the same text
+_LINE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
 def dumps_line(obj: Any) -> str:
     """One compact JSON line, UTF-8 unescaped (``ensure_ascii=False``)."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return _LINE(obj)
 
 
 def encode_line(obj: Any) -> bytes:

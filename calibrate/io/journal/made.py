@@ -19,6 +19,7 @@ they share a host: a resume on more or fewer of its replicas is no change; on ot
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -66,7 +67,7 @@ class Settings:
         """One text per settings: equal settings, equal keys."""
         return json.dumps(self.to_json(), sort_keys=True, ensure_ascii=False)
 
-    @property
+    @functools.cached_property  # stamped on every line a run writes: worked out once
     def fp(self) -> str:
         """The settings in 64 bits (16 hex digits), as each result line records them."""
         return hashlib.blake2b(self.key.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()

@@ -102,6 +102,7 @@ class ItemPacing:
 
     def __init__(self, lane: Lane, lanes: Sequence[Lane], work: Work) -> None:
         self._lane = lane
+        self._label = lane.label  # each line names its endpoint: redacted once, not per item
         self._lanes = lanes
         self._queue = work.queue
         self._spec = work.spec
@@ -220,7 +221,7 @@ class ItemPacing:
         the item is left without a line (the rerun sends it) and the run goes on."""
         try:
             line = internal_line(held.task, exc, held.attempts)
-            self._journal.record(line, None, 0, self._lane.label, wait=False)
+            self._journal.record(line, None, 0, self._label, wait=False)
         except Exception:
             log.exception("batch: the failure of item %r could not be recorded", held.task.id)
         self._queue.finished(held.task)
@@ -242,7 +243,7 @@ class ItemPacing:
             tokens = (usage.completion_tokens or 0) if usage is not None else 0
             text = completion.text
             self._control.served(completion.served_model)
-        self._journal.record(line, text, tokens, self._lane.label, wait=False)
+        self._journal.record(line, text, tokens, self._label, wait=False)
         self._queue.finished(task)
 
     # -- an endpoint away --------------------------------------------------------------------

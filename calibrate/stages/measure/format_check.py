@@ -40,13 +40,17 @@ PREAMBLES: tuple[str, ...] = (
     "below is",
 )
 
+_LONGEST = max(map(len, PREAMBLES))
 _FENCE = re.compile(r"^\s*```[A-Za-z0-9_-]*[ \t]*\n(.*?)\n?```\s*$", re.DOTALL)
 _INNER_FENCE = re.compile(r"```(?:json|JSON)?[ \t]*\n(.*?)\n?```", re.DOTALL)
 
 
 def find_preamble(text: str) -> str | None:
     """The preamble phrase ``text`` opens with, or None."""
-    head = text.lstrip().lower()
+    # only the opening can match (an answer may be long); lower() never shortens a text
+    head = text.lstrip()[:_LONGEST].lower()
+    if not head.startswith(PREAMBLES):  # one call for the answer that opens with none
+        return None
     for phrase in PREAMBLES:
         if head.startswith(phrase):
             return text.lstrip()[: len(phrase)]
