@@ -66,16 +66,18 @@ def parse_usage(value: object) -> Usage | None:
         return None
     if not isinstance(value, dict):
         raise _wrong("'usage'", value, "an object")
-    for name in _USAGE_FIELDS:
-        count = value.get(name)
-        if count is not None and not _is_int(count):
+    counts = [value.get(name) for name in _USAGE_FIELDS]
+    for name, count in zip(_USAGE_FIELDS, counts, strict=True):
+        if count is None:
+            continue
+        if not _is_int(count):
             raise _wrong(f"usage.{name}", count, "an integer")
-        if count is not None and in_range(count, 0, MAX_TOKENS) is None:
+        if not 0 <= count <= MAX_TOKENS:
             shown = (
                 str(count) if len(str(count)) <= 24 else f"an integer of {len(str(count))} digits"
             )
             raise invalid(f"usage.{name} is {shown}, not a token count in [0, {MAX_TOKENS:.0e}]")
-    return Usage.from_json(value)
+    return Usage(*counts)  # each an integer in range, or None: what Usage.from_json keeps
 
 
 class Delta(NamedTuple):
@@ -147,12 +149,15 @@ def parse_completion(
     if "error" in payload and not payload.get("choices"):
         raise RequestError(error_from_body(500, payload))
     raw = _choices(payload, allow_empty=False)
-    deltas = sorted(
-        (parse_choice(c, i, chat=chat, delta=False) for i, c in enumerate(raw)),
-        key=lambda d: d.choice,
-    )
+    if len(raw) == 1:  # a chat answer, a single prompt's: nothing to sort
+        deltas: list[Delta] = [parse_choice(raw[0], 0, chat=chat, delta=False)]
+    else:
+        deltas = sorted(
+            (parse_choice(c, i, chat=chat, delta=False) for i, c in enumerate(raw)),
+            key=lambda d: d.choice,
+        )
     return Completion(
-        choices=tuple(Choice(d.choice, d.text, d.finish_reason) for d in deltas),
+        choices=tuple([Choice(d.choice, d.text, d.finish_reason) for d in deltas]),
         usage=parse_usage(payload.get("usage")),
         served_model=_optional_name(payload.get("model")),
         system_fingerprint=_optional_name(payload.get("system_fingerprint")),

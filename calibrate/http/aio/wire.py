@@ -142,16 +142,17 @@ class Answer:
             headers[name.strip().lower()] = value.strip()
         self.status = status
         self.head_done = True
-        self.reusable = (headers.get("connection") or "").lower() != "close" and parts[
+        said = dict.get  # the names asked for are lower-case already: no Headers.get per name
+        self.reusable = (said(headers, "connection") or "").lower() != "close" and parts[
             0
         ] != "HTTP/1.0"
-        encoding = (headers.get("content-encoding") or "identity").lower()
+        encoding = (said(headers, "content-encoding") or "identity").lower()
         if encoding != "identity":
             self._inflate = _decoder(encoding)
         self.want_lines = self.want_lines and self.event_stream and status < 300
-        self._chunked = "chunked" in (headers.get("transfer-encoding") or "").lower()
+        self._chunked = "chunked" in (said(headers, "transfer-encoding") or "").lower()
         self._stream_chunks = self._chunked and self.want_lines and self._inflate is None
-        length = headers.get("content-length")
+        length = said(headers, "content-length")
         if self._chunked:
             pass
         elif status in (204, 304):
