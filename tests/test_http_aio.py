@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from calibrate.errors import RequestError
-from calibrate.http.aio.bridge import AioTransport
+from calibrate.http.aio.bridge import INLINE_BYTES, AioTransport
 from calibrate.http.aio.connection import Connections, _Connection
 from calibrate.http.aio.wire import Answer
 from calibrate.http.client import OpenAIClient
@@ -395,26 +395,31 @@ class _Watching(OpenAIClient):
         return watched
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_the_engine_s_answers_are_parsed_off_the_io_loop(stream: bool) -> None:
-    """The I/O loop only sends, reads and stamps: parsing a streamed answer there held every
-    other stream's bytes (and their timestamps) back. One parser thread reads them all."""
+@pytest.mark.parametrize(
+    ("stream", "min_tokens", "parsed_on"),
+    [(True, 0, "calibrate-parse"), (False, 4000, "calibrate-parse"), (False, 0, "calibrate-io")],
+    ids=["stream", "large-plain", "small-plain"],
+)
+def test_streams_and_large_answers_are_parsed_off_the_io_loop_small_whole_ones_on_it(
+    stream: bool, min_tokens: int, parsed_on: str
+) -> None:
+    """The I/O loop sends, reads and stamps: parsing a streamed answer there held every other
+    stream's bytes (and their timestamps) back, so streams, and whole answers over
+    ``INLINE_BYTES``, go to the one parser thread. A small whole answer is parsed on the loop:
+    handing it to that thread and back cost more CPU than its parse (``make bench``)."""
     with start_mock(ttft_s=0.001, per_token_s=0.0) as mock:
         client = _Watching(mock.base_url, timeout_s=10)
-        params = SamplingParams(0.0, 512, 1.0, None)
-        requests = [
-            Request(
-                "/chat/completions",
-                client.chat_body("internlm-s2", f"hi {n}", params, stream=stream),
-                (f"hi {n}",),
-                n,
-            )
-            for n in range(1, 9)
-        ]
-        items, _ = Sender.over(client).send(requests, 8, 512)
+        params = SamplingParams(0.0, 4080, 1.0, None)
+        body = client.chat_body("internlm-s2", "hi", params, stream=stream)
+        if min_tokens:
+            body["min_tokens"] = min_tokens  # vLLM's field, the mock's too: a long answer
+        requests = [Request("/chat/completions", body, ("hi",), n) for n in range(1, 9)]
+        items, _ = Sender.over(client).send(requests, 8, 4080)
         client.close()
-    assert all(i.ok for i in items) and len(items) == 8
-    assert set(client.read_on) == {"calibrate-parse"}
+    assert all(i.ok for i in items) and len(items) == 8, [i.error for i in items]
+    big = [len((i.text or "").encode()) > INLINE_BYTES for i in items]
+    assert all(big) if min_tokens else not any(big)  # each on the side the case is about
+    assert set(client.read_on) == {parsed_on}
 
 
 class _ContextReader(OpenAIClient):

@@ -136,7 +136,7 @@ class OpenAIClient:
 
     async def complete(self, path: str, body: dict[str, Any]) -> Completion:
         """``post_completion`` from a coroutine on the I/O loop (the load engine's): the loop
-        sends and reads, stamping the bytes as they arrive; the answer is parsed off it."""
+        sends and reads, stamping the bytes as they arrive; a stream (or a large answer) is parsed off it."""
         start = self._clock()
         try:
             call = self._completion_call(path, body, start + self.timeout_s)

@@ -17,8 +17,8 @@ names), ``Wait`` (until a time, or until an answer) or ``Done`` (nothing more: d
 tells it each answer (``answered``) and the source's end (``ran_out``). It keeps no state of
 its own beyond what is in flight, so every load shape is a policy and every policy gets the
 same timing: ``sent_s`` when the request left, and the transport's own stamps of the first
-token and the finish, taken as the bytes arrive (the asyncio transport parses off the loop,
-so a parse never delays another stream's stamps). A request still unanswered past its
+token and the finish, taken as the bytes arrive (the asyncio transport parses streams off the
+loop, so a parse never delays another stream's stamps). A request still unanswered past its
 transport's ``timeout_s`` plus a grace is a recorded failure, never dropped.
 
 A new load shape is a new policy, never a new loop. A work queue of C with retries, the

@@ -2,7 +2,7 @@
 transport does a client's), a ``Clock`` says when it is and runs the engine's loop.
 
 The product's pair is ``HttpTransport`` (the asyncio client of ``calibrate.http``, its I/O on
-the process's one event-loop thread, each answer parsed off that loop) on ``LoopClock`` (that
+the process's one event-loop thread, each stream parsed off that loop) on ``LoopClock`` (that
 loop, on the monotonic clock every request is stamped with). The tests' pair is the simulated
 server of ``calibrate.load.sim`` on a virtual clock. The engine cannot tell them apart.
 """

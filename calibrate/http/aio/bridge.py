@@ -2,11 +2,12 @@
 
 The load engine (``calibrate.load.engine``) runs on this loop, every stage's load and every
 batch item with it; a caller of the client's synchronous calls (a probe, a canary, readiness)
-hands its request to the loop and waits for the whole answer. The loop does every socket read and write and stamps streamed lines with the
-client's clock as they arrive; answers are parsed off it, on one parser thread
-(``LoopThread.parse``), so a parse never delays another stream's stamps. One thread doing the
-I/O for every request costs a third of the CPU per request that a thread per request did
-(``make bench``). uvloop is used where importable.
+hands its request to the loop and waits for the whole answer. The loop does every socket read
+and write and stamps streamed lines with the client's clock as they arrive; streamed and large
+answers are parsed off it, on one parser thread (``LoopThread.parse``), so a parse never
+delays another stream's stamps (a small whole answer is parsed on the loop: its parse costs
+less than the hand-off). One thread doing the I/O for every request costs a third of the CPU
+per request that a thread per request did (``make bench``). uvloop is used where importable.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from calibrate.http.aio.wire import Answer
 from calibrate.http.error_kinds import http_error, redirect_error, request_error
 
 GRACE_S = 5.0  # past a request's own deadline, how long a caller waits on a stuck loop
+INLINE_BYTES = 16 * 1024  # a whole (not streamed) answer this small is parsed on the loop
 
 
 T = TypeVar("T")
@@ -241,8 +243,13 @@ class AioTransport:
 
     async def answer(self, call: Call, read: Callable[[Answer], T]) -> T:
         """``call`` sent from a coroutine on the shared loop (the load engine's), its answer
-        ``read`` (parsed) on the parser thread: the loop only sends, reads and stamps."""
+        ``read`` (parsed) on the parser thread: the loop only sends, reads and stamps. A whole
+        answer of at most ``INLINE_BYTES`` that streamed no lines is read here: its parse
+        (~5 µs for a chat answer) costs the loop less than handing it to the parser thread
+        and back, and holds no stream's stamps back longer than a socket read does."""
         answer = await self._connections.exchange(call)
+        if not answer.want_lines and answer.size <= INLINE_BYTES:
+            return read(answer)
         return await (_shared or shared_loop()).parse(lambda: read(answer))
 
     def close(self) -> None:
