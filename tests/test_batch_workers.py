@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -194,23 +195,24 @@ def _plan_of(isolated: Path, name: str) -> BatchPlan:
     return plan_batch(spec)
 
 
-def _two_workers(isolated: Path, base_url: str, warned: list[str], **limits: float) -> BatchResult:
-    """``run_workers`` with 2 workers on 4 slots; ``limits``: the self-check thresholds."""
+def _two_workers(isolated: Path, base_url: str, warned: list[str], **options: Any) -> BatchResult:
+    """``run_workers`` with 2 workers on 4 slots; ``options``: the self-check thresholds, or
+    any other of its options in place of these."""
+    given: dict[str, Any] = {
+        "endpoints": [Endpoint(base_url, 4, "flag")],
+        "workers": 2,
+        "client": ClientRecipe(base_url, None, None, 30.0, 5.0, 64.0, 1),
+        "control": BatchControl(),
+        "on_progress": lambda progress: None,
+        "progress_every_s": 3600,
+        "monitor": SelfLoadMonitor(),
+        "warn": warned.append,
+        "outage": OutagePolicy(),
+        "on_event": lambda event: None,
+        "events": [],
+    }
     return procs_run.run_workers(
-        _plan_of(isolated, "two"),
-        isolated / "two-out.jsonl",
-        endpoints=[Endpoint(base_url, 4, "flag")],
-        workers=2,
-        client=ClientRecipe(base_url, None, None, 30.0, 5.0, 64.0, 1),
-        control=BatchControl(),
-        on_progress=lambda progress: None,
-        progress_every_s=3600,
-        monitor=SelfLoadMonitor(),
-        warn=warned.append,
-        outage=OutagePolicy(),
-        on_event=lambda event: None,
-        events=[],
-        **limits,
+        _plan_of(isolated, "two"), isolated / "two-out.jsonl", **{**given, **options}
     )
 
 
@@ -223,24 +225,11 @@ def test_a_failure_of_the_parents_own_loop_ends_every_worker_and_starts_none(
     def broken_view(progress: object) -> None:
         raise RuntimeError("a bug in the progress view")
 
-    with start_mock(ttft_s=0.1, per_token_s=0.0) as server:
-        base_url = server.base_url
-        with pytest.raises(RuntimeError, match="progress view"):
-            procs_run.run_workers(
-                _plan_of(isolated, "broken"),
-                isolated / "broken-out.jsonl",
-                endpoints=[Endpoint(base_url, 4, "flag")],
-                workers=2,
-                client=ClientRecipe(base_url, None, None, 30.0, 5.0, 64.0, 1),
-                control=BatchControl(),
-                on_progress=broken_view,
-                progress_every_s=0,
-                monitor=SelfLoadMonitor(),
-                warn=lambda text: None,
-                outage=OutagePolicy(),
-                on_event=lambda event: None,
-                events=[],
-            )
+    with (
+        start_mock(ttft_s=0.1, per_token_s=0.0) as server,
+        pytest.raises(RuntimeError, match="progress view"),
+    ):
+        _two_workers(isolated, server.base_url, [], on_progress=broken_view, progress_every_s=0)
     assert _workers_of(os.getpid()) == [], "a worker was started while the run was ending"
 
 
