@@ -125,7 +125,7 @@ def show(out: Output, outcome: BatchOutcome) -> int:
     render_summary(out, outcome.result, outcome.spec, outcome.checks, outcome.resume)
     spec, report = outcome.spec, outcome.report or {}
     for record in records_of(report.get("drift")):  # each endpoint against its calibration
-        if not record.compared:  # why not is in --json, the run and status: no line to read here
+        if not record.said:  # nothing to compare with: why is in --json, the run and status
             continue
         named = f"{record.endpoint}: " if len(report["drift"]) > 1 and record.endpoint else ""
         (out.warn if record.drifted else out.say)(named + record.line())

@@ -13,7 +13,7 @@ from typing import Any
 
 from calibrate.gpu.noise import MachineNoise
 from calibrate.stages.batch.drift import DriftWatch
-from calibrate.stages.batch.drift.record import records_json, records_of
+from calibrate.stages.batch.drift.record import DriftRecord, records_json, records_of
 from calibrate.stages.batch.drift.server import ServerWatch
 from calibrate.state.calibrated import Calibrated
 
@@ -302,5 +302,10 @@ def test_a_calibration_too_wide_to_hold_a_batch_to_says_so_never_none() -> None:
         "noise (its failures are judged all the same: none lasted). Measure it again on a "
         "quieter machine: calibrate sweep"
     )
+    assert record.said and record.rerun == "calibrate sweep"  # the batch's summary says it
+    (back,) = records_of(records_json([record]))
+    assert back.said and back.line() == record.line()
+    nothing = DriftRecord(False, "nothing is calibrated for it", endpoint=LABEL)
+    assert not nothing.said  # nothing to do about it: --json, the run and status say why
     tight, _ = drive(slower)
-    assert tight.record().drifted
+    assert tight.record().drifted and tight.record().said

@@ -17,7 +17,8 @@ from calibrate.state.calibrated import Calibrated
 class DriftRecord:
     """One batch against its calibration: compared or not (``text`` says why not), drifted or
     not (``text`` is then the warning it gave), what it saw over its judged windows (over the
-    slow ones when it drifted) and, when it drifted, the causes and the stage to run again."""
+    slow ones when it drifted) and, when it drifted, the causes and the stage to run again
+    (``rerun``; not compared, the stage whose calibration was too noisy to hold it to)."""
 
     compared: bool
     text: str
@@ -37,6 +38,13 @@ class DriftRecord:
     latency_p99_s: float | None = None
     error_rate: float | None = None
     preemptions: float | None = None  # the server's counter's rise over the run
+
+    @property
+    def said(self) -> bool:
+        """Whether the batch's own summary says it: when compared, and when not compared with
+        something to do about it (a calibration too noisy to hold the batch to: measure it
+        again). Why there was nothing to compare with is in --json, the run and ``status``."""
+        return self.compared or self.rerun is not None
 
     def line(self) -> str:
         """``drift: …`` in one line, as the batch's summary and ``status`` show it."""

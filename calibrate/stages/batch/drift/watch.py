@@ -231,6 +231,7 @@ class DriftWatch:
                 calibration=cal,
                 endpoint=self._label,
                 windows=len(self.windows),
+                rerun=f"calibrate {cal.stage}",
             )
         off = sum(1 for w in judged if is_slow(cal, basis, w) or is_failing(cal, w))
         shown = list(finding.windows) if finding else judged
