@@ -85,7 +85,7 @@ def test_a_500_nested_too_deeply_is_a_failed_call_not_a_traceback(cli, isolated:
         write_config(isolated / "calibrate.toml", server.base_url)
         result = cli("single")
     assert result.code == 1, result.err
-    assert "http_5xx" in result.err or "500" in result.err, result.err
+    assert "http_5xx" in result.err or "HTTP 500" in result.err, result.err
     assert "Traceback" not in result.err
 
 
