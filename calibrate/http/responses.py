@@ -66,8 +66,8 @@ def parse_usage(value: object) -> Usage | None:
         return None
     if not isinstance(value, dict):
         raise _wrong("'usage'", value, "an object")
-    counts = [value.get(name) for name in _USAGE_FIELDS]
-    for name, count in zip(_USAGE_FIELDS, counts, strict=True):
+    for name in _USAGE_FIELDS:
+        count = value.get(name)
         if count is None:
             continue
         if not _is_int(count):
@@ -77,7 +77,7 @@ def parse_usage(value: object) -> Usage | None:
                 str(count) if len(str(count)) <= 24 else f"an integer of {len(str(count))} digits"
             )
             raise invalid(f"usage.{name} is {shown}, not a token count in [0, {MAX_TOKENS:.0e}]")
-    return Usage(*counts)  # each an integer in range, or None: what Usage.from_json keeps
+    return Usage.from_json(value)  # the one reader of a usage object
 
 
 class Delta(NamedTuple):
