@@ -283,3 +283,62 @@ def test_a_ctrl_c_while_modules_load_is_never_lost_by_an_import(
     assert "interrupted" in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert "starting:" not in done.stderr, "no engine is started after a Ctrl-C"
     assert not (isolated / "runs/server.json").exists()
+
+
+# Loaded before calibrate (PYTHONPATH): while MODULE is imported, late in the command, a Ctrl-C
+# lands in a weakref callback — where Python can only print it ("Exception ignored in: …") and
+# go on. The import system's module locks carry such a callback: a Ctrl-C 0.35 s into a
+# `server start` was lost this way and the start waited for its engine until the test gave up.
+LOST_IN_A_CALLBACK = """
+import os, signal, sys, time, weakref
+
+class _LosesItInACallback:
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r}:
+            sys.meta_path.remove(self)
+
+            class Held:
+                pass
+
+            def callback(ref):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)  # the handler raises here, inside the callback
+
+            held = Held()
+            ref = weakref.ref(held, callback)
+            del held
+        return None
+
+sys.meta_path.insert(0, _LosesItInACallback())
+"""
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "pynvml",  # loaded to read the VRAM before the engine starts
+        "encodings.idna",  # loaded by the first readiness probe, the engine running
+    ],
+)
+def test_a_ctrl_c_python_could_only_report_still_ends_the_command(
+    isolated: Path, tmp_path: Path, module: str
+) -> None:
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(LOST_IN_A_CALLBACK.format(module=module))
+    managed_config(isolated, free_port(), NEVER_READY, ready_timeout_s=20)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "calibrate", "server", "start"],
+        cwd=isolated,
+        env={**os.environ, "PYTHONPATH": f"{hooks}{os.pathsep}{REPO}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 130, done.stderr
+    assert time.monotonic() - started < 15, "the start waited for its engine after the Ctrl-C"
+    assert "interrupted" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+    record = process.load(isolated / "runs")
+    assert record is None or _wait_gone(record.pid)

@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     redact.forget_all()
     try:
-        with streams.safe_streams(), _sigterm_interrupts():
+        with streams.safe_streams(), _sigterm_interrupts(), interrupts.never_lost():
             try:
                 return streams.delivered(_run(args_list))
             except KeyboardInterrupt as exc:  # before or after a command ran
