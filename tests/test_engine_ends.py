@@ -11,13 +11,18 @@ import shlex
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from calibrate.server import exit_status
-from tests.fakes import free_port, managed_config, mock_command, passing_ladder, pid_gone
+from tests.fakes import (
+    free_port,
+    kill_9,
+    managed_config,
+    mock_command,
+    passing_ladder,
+)
 from tests.tune_helpers import MOCK, tune_config
 
 pytestmark = pytest.mark.usefixtures("repo_on_pythonpath")
@@ -66,11 +71,7 @@ def test_server_start_and_stop_say_the_signal(cli, isolated: Path) -> None:
     managed_config(isolated, free_port(), mock_command())
     started = cli("server", "start", "--concurrency", "1", "--json")
     assert started.code == 0, started.err
-    os.kill(started.json["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while not pid_gone(started.json["pid"]):
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    kill_9(started.json["pid"])
     stop = cli("server", "stop", "--json")  # at once: the supervisor may still be writing
     assert "had already ended (killed by SIGKILL)" in stop.err, stop.err
     assert stop.json["exit_code"] == -signal.SIGKILL and stop.json["ended_by"] == "SIGKILL"
@@ -101,13 +102,7 @@ def test_rollback_says_how_the_server_it_found_dead_ended(cli, isolated: Path) -
     held = threading.Timer(exit_status.SETTLE_S + 2, os.kill, (supervisor, signal.SIGCONT))
     held.start()  # the supervisor runs again past the old wait, whatever happens here
     try:
-        os.kill(record["pid"], signal.SIGKILL)
-        # a kill is delivered, not done: a mock's threads took a moment to end beside the rest of
-        # the suite, and rollback found it alive and stopped it itself (seen twice in whole runs)
-        deadline = time.monotonic() + 10
-        while not pid_gone(record["pid"]):
-            assert time.monotonic() < deadline, "the engine outlived kill -9 for 10 s"
-            time.sleep(0.02)
+        kill_9(record["pid"])
         result = cli("rollback")
     finally:
         held.join()
@@ -120,12 +115,8 @@ def test_rollback_says_when_how_the_server_ended_cannot_be_known(cli, isolated: 
     """Its supervisor gone too (killed before the engine), nothing records how the engine ended:
     rollback says so, at once, rather than leave it out or guess."""
     record = _started_and_measured(cli, isolated)
-    os.kill(record["supervisor_pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while not pid_gone(record["supervisor_pid"]):
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    os.kill(record["pid"], signal.SIGKILL)  # its parent now init, which reaps and tells no one
+    kill_9(record["supervisor_pid"])
+    kill_9(record["pid"])  # its parent now init, which reaps and tells no one
     try:
         result = cli("rollback")
     finally:

@@ -6,8 +6,10 @@ import json
 import os
 import random
 import shlex
+import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +124,17 @@ def pid_gone(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):  # gone, or gone while it was read (ESRCH)
         return True
     return stat[stat.rindex(")") + 2] in "ZX"
+
+
+def kill_9(pid: int, timeout_s: float = 10.0) -> None:
+    """SIGKILL ``pid`` and return once it is gone. A kill is delivered, not done: beside the rest
+    of the suite a mock's threads took a second to end, and the command that came next found it
+    alive and stopped it itself (a rollback said "SIGTERM" for an engine killed by SIGKILL)."""
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while not pid_gone(pid):
+        assert time.monotonic() < deadline, f"PID {pid} outlived kill -9 for {timeout_s:g} s"
+        time.sleep(0.02)
 
 
 def pythonpath_env() -> str:
