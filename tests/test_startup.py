@@ -147,3 +147,28 @@ def test_named_command_is_the_command_argparse_chooses(argv: list[str]) -> None:
 @pytest.mark.parametrize("argv", [[], ["--help"], ["--version"], ["no-such-command", "ladder"]])
 def test_where_argv_names_no_command_none_is_loaded(argv: list[str]) -> None:
     assert named_command(argv) == ""
+
+
+@pytest.mark.parametrize("argv", [["status"], ["server", "status"], ["pin", "--help"]])
+def test_a_command_that_reads_what_stages_wrote_loads_none_of_those_stages(
+    argv: list[str], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """``status`` shows what every stage recorded (a batch's drift among it) from the ledger:
+    it loaded the whole batch stage (its sending, its worker processes) for the drift record's
+    reader, a tenth of a second on every call. What is remembered lives in ``state/``."""
+    root = tmp_path_factory.mktemp("empty")
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE.format(argv=argv)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=root,
+    )
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])["loaded"]
+    measuring = ("batch", "ladder", "sweep", "tune", "rollback", "measure", "determinism")
+    stages = sorted(
+        {m for m in loaded if m.startswith(tuple(f"calibrate.stages.{s}" for s in measuring))}
+    )
+    assert stages == [], f"calibrate {' '.join(argv)} loaded {stages}"
+    assert not [m for m in loaded if m.startswith("calibrate.load")], "the load engine"

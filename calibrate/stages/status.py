@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from calibrate.config import Config
-from calibrate.stages.batch.drift.record import DriftRecord, records_of
+from calibrate.state.drift import DriftRecord, records_of
 from calibrate.state.gates import next_step
 from calibrate.state.ledger import Ledger, LedgerEntry, baseline_path, target_fingerprint
 from calibrate.state.pipeline import MAIN_LINE, OPTIONAL, standing

@@ -14,11 +14,11 @@ from calibrate.engines.redaction import shown_command
 from calibrate.io.jobs.openai_batch import FORMAT_NAMES
 from calibrate.io.store import RunDir
 from calibrate.stages.batch import BatchOutcome, BatchPlan, BatchSpec
-from calibrate.stages.batch.drift.record import records_of
 from calibrate.stages.batch.endpoints import EndpointCheck
 from calibrate.stages.batch.result import BatchResult
 from calibrate.stages.export import ExportResult
 from calibrate.stages.measure.format_check import ShapeCheck
+from calibrate.state.drift import records_of
 
 
 class BatchView:

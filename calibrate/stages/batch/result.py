@@ -13,7 +13,6 @@ from calibrate.http.models import Completion, incomplete_reason
 from calibrate.io.jobs.openai_batch import response_of
 from calibrate.io.journal.made import FP_FIELD, fp_text
 from calibrate.io.tasks import Task
-from calibrate.stages.batch.drift.record import DriftRecord, records_json
 from calibrate.stages.batch.endpoints import EndpointCheck
 from calibrate.stages.batch.journal import Tally
 from calibrate.stages.batch.lanes import EndpointReport
@@ -26,6 +25,7 @@ from calibrate.stages.measure.format_check import (
     ShapeCheck,
     parse_json_output,
 )
+from calibrate.state.drift import DriftRecord, records_json
 
 MAX_EVENTS = 100  # outage events in the summary (all of them are in outages.jsonl)
 MESSAGE_CHARS = 300  # of an internal failure's message

@@ -13,9 +13,9 @@ from typing import Any
 
 from calibrate.gpu.noise import MachineNoise
 from calibrate.stages.batch.drift import DriftWatch
-from calibrate.stages.batch.drift.record import DriftRecord, records_json, records_of
 from calibrate.stages.batch.drift.server import ServerWatch
 from calibrate.state.calibrated import Calibrated
+from calibrate.state.drift import DriftRecord, records_json, records_of
 
 LABEL = "http://127.0.0.1:8000/v1"
 C = 4

@@ -4,8 +4,10 @@
 for the concurrency it runs (``state.calibrated``; each endpoint is its own target, as its
 setting is) and starts a ``DriftWatch`` over its finished items; an endpoint with nothing to
 compare with gets a record saying why. Windows (windows.py), the rule and its fairness
-(rule.py), the causes and the warning (causes.py), the server's own account (server.py) and
-the record the summary, the ledger and ``status`` hold (record.py) are each their own module.
+(rule.py), the causes and the warning (causes.py) and the server's own account (server.py) are
+each their own module; the record the summary, the ledger and ``status`` hold is
+``state.drift`` (what is remembered between commands: ``status`` reads it without loading
+the batch stage).
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ from typing import Any
 
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.client import OpenAIClient
-from calibrate.stages.batch.drift.record import DriftRecord, records_json
 from calibrate.stages.batch.drift.server import ServerWatch
 from calibrate.stages.batch.drift.watch import DriftWatch
 from calibrate.stages.batch.plan import BatchPlan
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.tier_run import noise_meter
 from calibrate.state.calibrated import calibration_for
+from calibrate.state.drift import DriftRecord, records_json
 from calibrate.state.ledger import target_fingerprint
 from calibrate.state.setting import Endpoint, resolve
 

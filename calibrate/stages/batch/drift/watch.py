@@ -21,7 +21,6 @@ from typing import Any
 
 from calibrate.gpu.noise import NoiseMark, NoiseMeter
 from calibrate.stages.batch.drift.causes import Cause, causes, warning
-from calibrate.stages.batch.drift.record import DriftRecord
 from calibrate.stages.batch.drift.rule import (
     Basis,
     Finding,
@@ -35,6 +34,7 @@ from calibrate.stages.batch.drift.rule import (
 from calibrate.stages.batch.drift.server import ServerWatch
 from calibrate.stages.batch.drift.windows import Gathering, Window, window_due
 from calibrate.state.calibrated import Calibrated
+from calibrate.state.drift import DriftRecord
 
 log = logging.getLogger("calibrate")
 
