@@ -154,6 +154,16 @@ def setting_doubt(
             f"it could measure is batch {found.fastest.batch_size}, so what a larger batch gives "
             f"is unknown ({top.client_bound})",
         )
+    over = next((t for t in history if t.verdict == "stop: slo" and t.client_bound), None)
+    if found is not None and over is not None and over.batch_size > found.fastest.batch_size:
+        # a boundary is only as good as its side above: the p99s it broke were timed by a
+        # starved client (find-max's rule, sweep/levels.py, for the ladder's SLO stop)
+        return SettingDoubt(
+            None,
+            f"inconclusive: the client was the limit at batch {over.batch_size}, the tier over "
+            f"an SLO — whether the server or calibrate missed it is unknown, so what a larger "
+            f"batch gives is unknown ({over.client_bound})",
+        )
     if found is None or not found.doubts:
         return None
     spread = spread_of([tier_point(t) for t in measured(history)])
@@ -198,7 +208,7 @@ def _not_kept(tier: Tier) -> str:
     if tier.verdict == "stop: cap":
         return "above the server's own cap"
     if tier.verdict == "stop: slo":
-        return "over an SLO"
+        return "over an SLO" + (", calibrate itself the limit there" if tier.client_bound else "")
     return f"it failed ({s.kinds_text})" if s.errors else tier.verdict
 
 

@@ -393,6 +393,34 @@ def test_a_ladder_whose_every_kept_tier_measured_the_client_names_no_setting() -
     assert result.passed and result.setting is measured[0]
 
 
+def test_an_slo_stop_timed_by_a_starved_client_leaves_the_setting_unknown() -> None:
+    """The ladder's SLO stop is a boundary, as find-max's is: a tier over an SLO while
+    calibrate itself was the limit there (its p99s timed by a late client) says nothing sure
+    about the server — it exited 0 with the tier below as the setting. Now inconclusive (exit 1,
+    no gate), and ``--conservative`` takes that tier, saying why. A tier the server failed,
+    preempted or capped is the server's own account, starved client or not: no doubt."""
+    starved = "calibrate's threads waited 41 ms on average to run"
+    below = [_tier(1, "pass", [3.0, 3.0]), _tier(2, "pass", [5.9, 6.0])]
+    history = [*below, replace(_tier(4, "stop: slo", [6.5, 6.6]), client_bound=starved)]
+    doubt = setting_doubt(history, GAIN_MIN)
+    assert doubt is not None and doubt.takeable and doubt.noise is None
+    assert doubt.text.startswith("inconclusive: the client was the limit at batch 4, the tier over")
+    assert starved in doubt.text
+    result = LadderResult(tuple(history), "slo", "none", (), False, 0, gain_min=GAIN_MIN)
+    assert not result.passed and result.setting is None and result.inconclusive == doubt.text
+    assert "--workers" in result.what_to_do
+    taken = replace(result, conservative=True)
+    assert taken.passed and taken.setting is not None and taken.setting.batch_size == 2
+    assert taken.setting_reason.startswith("batch 2, the conservative answer, taken")
+    assert "batch 4 not kept: over an SLO, calibrate itself the limit there" in (
+        taken.setting_reason
+    )
+    for verdict in ("stop: slo", "fail", "stop: cap", "stop: preempt"):
+        bound = "" if verdict == "stop: slo" else starved
+        top = replace(_tier(4, verdict, [6.5, 6.6]), client_bound=bound)
+        assert setting_doubt([*below, top], GAIN_MIN) is None, verdict
+
+
 def test_a_round_run_again_is_judged_with_the_rest_and_can_stop_its_tier(tmp_path: Path) -> None:
     """Seen on real vLLM: batch 8's third round (run again, interleaved) showed the server
     queueing at its cap — the warning said "its cap is 4, below 8 in flight" — while the tier
