@@ -18,7 +18,6 @@ config, the engines and urllib3) so that the command line can hold signals befor
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import os
 import signal
@@ -57,7 +56,7 @@ AGAIN_AFTER_S = 0.02  # the callback that swallowed it has returned by then; if 
 @contextlib.contextmanager
 def never_lost() -> Iterator[None]:
     """A KeyboardInterrupt (Ctrl-C, or SIGTERM's ``Terminated``) that Python reports as
-    unraisable is raised in the main thread again, as a Ctrl-C, ``AGAIN_AFTER_S`` later — and
+    unraisable is sent to the main thread again, as a SIGINT, ``AGAIN_AFTER_S`` later — and
     not printed. Every other unraisable exception goes to the hook that was there before."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -66,10 +65,13 @@ def never_lost() -> Iterator[None]:
     ended = threading.Lock()  # held by the command's end: no Ctrl-C is sent after it
     active = [True]
 
-    def again() -> None:
-        with ended:
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def again() -> None:  # a real signal to the main thread: it ends a wait in C (a sleep, a
+        with ended:  # select) at once, and whatever handler is in place then takes it
             if active[0]:
-                _thread.interrupt_main()
+                signal.pthread_kill(main, signal.SIGINT)
 
     def hook(unraisable: sys.UnraisableHookArgs) -> None:
         if unraisable.exc_type is not None and issubclass(unraisable.exc_type, KeyboardInterrupt):

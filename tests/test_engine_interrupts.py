@@ -342,3 +342,45 @@ def test_a_ctrl_c_python_could_only_report_still_ends_the_command(
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
     record = process.load(isolated / "runs")
     assert record is None or _wait_gone(record.pid)
+
+
+# A KeyboardInterrupt raised in a weakref callback, then a long wait in C (a sleep): the Ctrl-C
+# sent again must end the wait, not be handled once it is over.
+LONG_WAIT_AFTER_A_LOST_CTRL_C = """
+import os, signal, sys, time, weakref
+from calibrate import interrupts
+
+class Held:
+    pass
+
+def callback(ref):
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)  # the handler raises here, inside the callback
+
+start = time.monotonic()
+try:
+    with interrupts.never_lost():
+        held = Held()
+        ref = weakref.ref(held, callback)
+        del held
+        time.sleep(30)
+    print("not interrupted")
+except KeyboardInterrupt:
+    print(f"interrupted after {time.monotonic() - start:.1f} s")
+"""
+
+
+def test_a_ctrl_c_sent_again_ends_a_wait_in_c_at_once() -> None:
+    """Simulated (``_thread.interrupt_main``), the Ctrl-C sent again waited for a 30 s sleep to
+    end before it was handled; a real SIGINT to the main thread ends the sleep."""
+    done = subprocess.run(
+        [sys.executable, "-c", LONG_WAIT_AFTER_A_LOST_CTRL_C],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    said = done.stdout.strip()
+    assert said.startswith("interrupted after "), done.stdout + done.stderr
+    assert float(said.split()[-2]) < 10, said
+    assert "Exception ignored" not in done.stderr, done.stderr
