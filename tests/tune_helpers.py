@@ -23,7 +23,7 @@ COMMAND = shlex.join(MOCK) + FLAGS  # ~25 ms answers: the level windows stay sho
 # ~100 ms answers: four slots serve ~40 req/s, where the server and not this shared machine's
 # CPU sets the pace, so candidates' throughputs keep their slots' ratios (a ranking test)
 SERVER_BOUND = shlex.join([*MOCK[:-1], "0.002"]) + FLAGS
-LEVELS = "[sweep]\nconcurrency = [1, 2, 4]\nlevel_s = 0.1\nrepeats = 1\n[ladder]\nsample_interval_s = 0.005\nmin_round_s = 0\n"
+LEVELS = "[sweep]\nconcurrency = [1, 2, 4]\nlevel_s = 0.1\nrepeats = 1\n[ladder]\nsample_interval_s = 0.02\nmin_round_s = 0\n"
 
 
 def tune_config(

@@ -25,7 +25,7 @@ _ROUND = (
 # doubt is taken conservatively, with two rounds a tier and no more (tests here count requests).
 LADDER = (
     "[confidence]\nconservative = true\n"
-    f"[ladder]\nsample_interval_s = 0.005\nlatency_rise = 100.0\nmax_rounds = 2\n{_ROUND}"
+    f"[ladder]\nsample_interval_s = 0.02\nlatency_rise = 100.0\nmax_rounds = 2\n{_ROUND}"
 )
 
 
