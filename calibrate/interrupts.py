@@ -62,14 +62,15 @@ def never_lost() -> Iterator[None]:
         yield
         return
     previous = sys.unraisablehook
+    main = threading.main_thread().ident
+    assert main is not None
     ended = threading.Lock()  # held by the command's end: no Ctrl-C is sent after it
     active = [True]
 
-    main = threading.main_thread().ident
-    assert main is not None
-
-    def again() -> None:  # a real signal to the main thread: it ends a wait in C (a sleep, a
-        with ended:  # select) at once, and whatever handler is in place then takes it
+    def again() -> None:
+        """A real signal to the main thread, not a simulated one: it ends a wait in C (a sleep,
+        a select) at once, and whatever handler is in place then takes it."""
+        with ended:
             if active[0]:
                 signal.pthread_kill(main, signal.SIGINT)
 

@@ -1,8 +1,9 @@
 """What a batch's drift watch found, as its summary, the ledger and ``status`` hold it.
 
 The batch's drift watch (``stages/batch/drift/``) writes it; ``status`` reads it from the
-ledger without loading the batch stage. Written here and read back here only (``DriftRecord.from_json``: tolerant, a malformed block
-reads as none), so the batch that records it and the ``status`` that shows it agree.
+ledger without loading the batch stage. Written here and read back here only
+(``DriftRecord.from_json``: tolerant, a malformed block reads as none), so the batch that
+records it and the ``status`` that shows it agree.
 """
 
 from __future__ import annotations
