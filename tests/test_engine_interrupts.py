@@ -251,6 +251,20 @@ sys.meta_path.insert(0, _ClearsErrors())
 """
 
 
+def _start_with_hooks(
+    root: Path, hooks: Path, command: list[str]
+) -> subprocess.CompletedProcess[str]:
+    """``COMMAND server start`` in ``root`` with ``hooks``' sitecustomize loaded before calibrate."""
+    return subprocess.run(
+        [*command, "server", "start"],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": f"{hooks}{os.pathsep}{REPO}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 @pytest.mark.parametrize("entry", ["python -m calibrate", "the calibrate command"])
 @pytest.mark.parametrize(
     "module",
@@ -271,14 +285,7 @@ def test_a_ctrl_c_while_modules_load_is_never_lost_by_an_import(
     command = (
         [str(script)] if entry == "the calibrate command" else [sys.executable, "-m", "calibrate"]
     )
-    done = subprocess.run(
-        [*command, "server", "start"],
-        cwd=isolated,
-        env={**os.environ, "PYTHONPATH": f"{hooks}{os.pathsep}{REPO}"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _start_with_hooks(isolated, hooks, command)
     assert done.returncode == 130, done.stderr
     assert "interrupted" in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert "starting:" not in done.stderr, "no engine is started after a Ctrl-C"
@@ -328,14 +335,7 @@ def test_a_ctrl_c_python_could_only_report_still_ends_the_command(
     (hooks / "sitecustomize.py").write_text(LOST_IN_A_CALLBACK.format(module=module))
     managed_config(isolated, free_port(), NEVER_READY, ready_timeout_s=20)
     started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "calibrate", "server", "start"],
-        cwd=isolated,
-        env={**os.environ, "PYTHONPATH": f"{hooks}{os.pathsep}{REPO}"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _start_with_hooks(isolated, hooks, [sys.executable, "-m", "calibrate"])
     assert done.returncode == 130, done.stderr
     assert time.monotonic() - started < 15, "the start waited for its engine after the Ctrl-C"
     assert "interrupted" in done.stderr, done.stderr

@@ -11,6 +11,7 @@ import importlib
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -42,13 +43,14 @@ print("\\n" + json.dumps({{"code": code, "loaded": loaded}}))
 """
 
 
-def _loaded(argv: list[str]) -> tuple[int, list[str]]:
+def _loaded(argv: list[str], cwd: Path | None = None) -> tuple[int, list[str]]:
     done = subprocess.run(
         [sys.executable, "-c", _PROBE.format(argv=argv)],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        cwd=cwd,
     )
     result = json.loads(done.stdout.strip().splitlines()[-1])
     return int(result["code"]), list(result["loaded"])
@@ -156,16 +158,7 @@ def test_a_command_that_reads_what_stages_wrote_loads_none_of_those_stages(
     """``status`` shows what every stage recorded (a batch's drift among it) from the ledger:
     it loaded the whole batch stage (its sending, its worker processes) for the drift record's
     reader, a tenth of a second on every call. What is remembered lives in ``state/``."""
-    root = tmp_path_factory.mktemp("empty")
-    done = subprocess.run(
-        [sys.executable, "-c", _PROBE.format(argv=argv)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=root,
-    )
-    loaded = json.loads(done.stdout.strip().splitlines()[-1])["loaded"]
+    _, loaded = _loaded(argv, tmp_path_factory.mktemp("empty"))
     measuring = ("batch", "ladder", "sweep", "tune", "rollback", "measure", "determinism")
     stages = sorted(
         {m for m in loaded if m.startswith(tuple(f"calibrate.stages.{s}" for s in measuring))}
