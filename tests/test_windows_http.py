@@ -123,13 +123,12 @@ def test_a_ttft_slo_streams_and_stops_at_the_tier_that_queues(cli, isolated: Pat
     stop = over.index(True)
     assert [t["verdict"] for t in out["tiers"]] == ["pass"] * stop + ["stop: slo"]
     assert detail[stop]["batch_size"] <= 4 and out["stopped_by"] == "slo"
-    if stop and detail[stop]["client_bound"]:  # its p99 timed by a starved client: no boundary
-        assert result.code == 1 and out["inconclusive"].startswith(
-            f"inconclusive: the client was the limit at batch {detail[stop]['batch_size']}"
-        ), result.err
-    elif stop:
+    if stop:
         assert result.code == 0, result.err
         assert out["last_passing"]["batch_size"] == detail[stop - 1]["batch_size"]
+    if stop and detail[stop]["client_bound"]:
+        # its p99s timed by a starved client: no boundary; FAST takes the tier below, said so
+        assert "the conservative answer, taken" in out["setting_reason"], out["setting_reason"]
     assert detail[0]["tpot_p50_s"] is not None
     batch = detail[stop]["batch_size"]
     assert f"batch {batch}: TTFT p99" in result.err and "over the SLO 0.08 s" in result.err

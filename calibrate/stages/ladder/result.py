@@ -100,10 +100,14 @@ class LadderResult:
             return ""
         if doubt.noise is not None:
             return doubt.noise.what_to_do
-        return (
+        faster = (
             "send from more processes with --workers N, or run calibrate from a faster client "
             "machine; or step only the batch sizes below it ([ladder] batch_sizes)"
         )
+        below = setting_tier(self.tiers, self.gain_min, self.confidence) if doubt.takeable else None
+        if below is None:
+            return faster
+        return f"{faster}; or take the conservative answer (batch {below.batch_size}) with {CONSERVATIVE_FLAG}"
 
     @property
     def setting(self) -> Tier | None:

@@ -409,6 +409,9 @@ def test_an_slo_stop_timed_by_a_starved_client_leaves_the_setting_unknown() -> N
     result = LadderResult(tuple(history), "slo", "none", (), False, 0, gain_min=GAIN_MIN)
     assert not result.passed and result.setting is None and result.inconclusive == doubt.text
     assert "--workers" in result.what_to_do
+    assert result.what_to_do.endswith(
+        "or take the conservative answer (batch 2) with --conservative"
+    )
     taken = replace(result, conservative=True)
     assert taken.passed and taken.setting is not None and taken.setting.batch_size == 2
     assert taken.setting_reason.startswith("batch 2, the conservative answer, taken")
