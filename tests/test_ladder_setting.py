@@ -85,6 +85,44 @@ def test_a_slower_stop_latency_tier_never_becomes_the_setting(cli, isolated: Pat
     _status_and_pin_say(cli, isolated, setting)
 
 
+@pytest.mark.parametrize("conservative", [False, True])
+def test_a_tier_over_an_slo_while_the_client_was_the_limit_is_no_boundary(
+    cli, isolated: Path, monkeypatch: pytest.MonkeyPatch, conservative: bool
+) -> None:
+    """One slot, ~0.2 s answers: batch 4's first tokens wait for the slot, over the 0.15 s SLO;
+    calibrate's self-check says the client was the limit during batch 4 (the monitor's answer
+    made certain here, as a busy machine gives it at random). Its p99s were timed by a starved
+    client: no boundary — inconclusive (exit 1) with what to do, or with ``--conservative``
+    batch 1 taken and said so. (The rule itself: tests/stages/ladder/test_rules.py.)"""
+    from calibrate.gpu.selfload import SelfLoadMonitor
+
+    starved = "calibrate's own process used 0.99 CPU cores"
+    tiers = itertools.count(1)  # the ladder asks once a tier, after it ran
+    monkeypatch.setattr(
+        SelfLoadMonitor, "bound_since", lambda self, mark: starved if next(tiers) == 2 else ""
+    )
+    ladder = FAST if conservative else FAST.replace("conservative = true", "conservative = false")
+    config = ladder + "batch_sizes = [1, 4]\n[slo]\nttft_p99_s = 0.15\n"
+    with start_mock(ttft_s=0.01, per_token_s=0.01, slots=1) as mock:
+        open_gate(isolated, mock.base_url, config)
+        result = cli("ladder", "--json")
+    detail = result.json["tiers_detail"]
+    assert [(t["verdict"], t["client_bound"]) for t in detail] == [
+        ("pass", None),
+        ("stop: slo", starved),
+    ], result.err
+    why = "the client was the limit at batch 4, the tier over an SLO"
+    if conservative:
+        assert result.code == 0 and result.json["last_passing"]["batch_size"] == 1, result.err
+        reason = result.json["setting_reason"]
+        assert reason.startswith(f"batch 1, the conservative answer, taken (--conservative): {why}")
+        assert "batch 4 not kept: over an SLO, calibrate itself the limit there" in reason
+    else:
+        assert result.code == 1 and result.json["last_passing"] is None, result.err
+        assert f"ladder inconclusive: {why}" in result.err
+        assert "or take the conservative answer (batch 1) with --conservative" in result.err
+
+
 def test_a_preempting_tier_is_stop_preempt_with_counts_and_not_kept(cli, isolated: Path) -> None:
     """The mock preempts when its KV cache is full (``--on-kv-full preempt``) and counts it as
     vLLM does; batch 8 does not fit in 400 tokens of KV: stop: preempt, batch 4 is the setting."""
