@@ -109,8 +109,15 @@ def test_ladder_sweep_pin_verify_never_above_the_servers_cap(
     if 8 not in verdicts:  # the ladder stopped climbing below the cap on a rule of its own (seen
         # on a busy 2-core machine: batch 2's items 1.38× batch 1's, stop: latency): no cap to judge
         assert verdicts[max(verdicts)] == "stop: latency", verdicts
+    elif queue.waiting_max > 0 and verdicts[8] != "stop: cap":
+        # vLLM held some of batch 8 waiting, but calibrate's own samples (as far apart as this
+        # busy machine's /metrics answers came: 368 ms when seen, asked 50 ms) caught no moment
+        # with the running count at its peak and requests waiting: no cap is claimed on a guess,
+        # and batch 8, never seen running whole, is not judged — never the setting
+        assert verdicts[8] == "pass", verdicts
+        reason = ladder.json["setting_reason"]
+        assert "batch 8 not judged: the server may not have run it whole" in reason, reason
     elif queue.waiting_max > 0:  # vLLM held the rest of batch 8 waiting: its cap, said so
-        assert verdicts[8] == "stop: cap", verdicts
         assert "every tier passed" not in ladder.err
     else:  # this watch polls too and can miss a queue calibrate's sampler saw; or vLLM's front
         # end admitted the wave one by one (seen once: running 2, nothing waiting): a cap is
