@@ -107,7 +107,8 @@ class LadderResult:
         below = setting_tier(self.tiers, self.gain_min, self.confidence) if doubt.takeable else None
         if below is None:
             return faster
-        return f"{faster}; or take the conservative answer (batch {below.batch_size}) with {CONSERVATIVE_FLAG}"
+        take = f"take the conservative answer (batch {below.batch_size}) with {CONSERVATIVE_FLAG}"
+        return f"{faster}; or {take}"
 
     @property
     def setting(self) -> Tier | None:

@@ -128,7 +128,10 @@ class SettingDoubt:
 
     @property
     def text(self) -> str:
-        return self.noise.text if self.noise is not None else self.starved
+        if self.noise is None:
+            return self.starved
+        also = self.starved.removeprefix("inconclusive: ")
+        return f"{self.noise.text}; and {also}" if also else self.noise.text
 
 
 def setting_doubt(
@@ -146,25 +149,42 @@ def setting_doubt(
             f"({starved[0].client_bound})",
             takeable=False,
         )
-    if found is not None and starved and starved[-1].batch_size > found.fastest.batch_size:
-        top = next(t for t in starved if t.batch_size > found.fastest.batch_size)
-        return SettingDoubt(
-            None,
+    if found is None:
+        return None
+    why = _starved_above(history, starved, found.fastest)
+    noise = _noise_doubt(history, found, gain_min, level)
+    # both kinds of doubt are kept: the noise's conservative answer is the smaller tier, and a
+    # starved tier above never lifts the setting past what the rounds could tell apart
+    return SettingDoubt(noise, why) if noise is not None or why else None
+
+
+def _starved_above(history: Sequence[Tier], starved: Sequence[Tier], fastest: Tier) -> str:
+    """Why what a batch above the fastest measured tier gives is unknown: a kept tier there was
+    client-bound, or the tier over an SLO was timed by a starved client ("" when neither)."""
+    top = next((t for t in starved if t.batch_size > fastest.batch_size), None)
+    if top is not None:
+        return (
             f"inconclusive: the client was the limit at batch {top.batch_size} — the fastest tier "
-            f"it could measure is batch {found.fastest.batch_size}, so what a larger batch gives "
-            f"is unknown ({top.client_bound})",
+            f"it could measure is batch {fastest.batch_size}, so what a larger batch gives "
+            f"is unknown ({top.client_bound})"
         )
     over = next((t for t in history if t.verdict == "stop: slo" and t.client_bound), None)
-    if found is not None and over is not None and over.batch_size > found.fastest.batch_size:
+    if over is not None and over.batch_size > fastest.batch_size:
         # a boundary is only as good as its side above: the p99s it broke were timed by a
         # starved client (find-max's rule, sweep/levels.py, for the ladder's SLO stop)
-        return SettingDoubt(
-            None,
+        return (
             f"inconclusive: the client was the limit at batch {over.batch_size}, the tier over "
             f"an SLO — whether the server or calibrate missed it is unknown, so what a larger "
-            f"batch gives is unknown ({over.client_bound})",
+            f"batch gives is unknown ({over.client_bound})"
         )
-    if found is None or not found.doubts:
+    return ""
+
+
+def _noise_doubt(
+    history: Sequence[Tier], found: Choice, gain_min: float, level: float
+) -> Inconclusive | None:
+    """The tiers the rounds could not tell apart around the setting (None: none)."""
+    if not found.doubts:
         return None
     spread = spread_of([tier_point(t) for t in measured(history)])
     doubts = []
@@ -174,14 +194,13 @@ def setting_doubt(
             doubts.append(
                 Doubt(f"batch {base.batch_size}", f"batch {cur.batch_size}", gain, gain_min)
             )
-    inconclusive = Inconclusive(
+    return Inconclusive(
         tuple(doubts),
         combined(t.stats.noise for t in history),
         "the ladder",
         f"batch {found.conservative.batch_size}",
         "[ladder] rounds, [ladder] min_round_s",
     )
-    return SettingDoubt(inconclusive, "")
 
 
 def _rate(tier: Tier) -> str:

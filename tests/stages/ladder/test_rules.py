@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from calibrate.config import Config, LadderConfig, SweepConfig
 from calibrate.gpu.engine_metrics import Gauge, preemptions
 from calibrate.gpu.prometheus import parse_prometheus
@@ -422,6 +424,27 @@ def test_an_slo_stop_timed_by_a_starved_client_leaves_the_setting_unknown() -> N
         bound = "" if verdict == "stop: slo" else starved
         top = replace(_tier(4, verdict, [6.5, 6.6]), client_bound=bound)
         assert setting_doubt([*below, top], GAIN_MIN) is None, verdict
+
+
+@pytest.mark.parametrize("top", ["pass", "stop: slo"])
+def test_a_starved_tier_above_never_hides_the_noise_below(top: Verdict) -> None:
+    """Batch 4 and 8 the rounds cannot tell apart, and batch 16 above them client-bound (kept,
+    or over an SLO): the starved client's doubt was returned alone, and ``--conservative`` took
+    batch 8 — the tier the noise leaves in doubt — as "the conservative answer". Both doubts are
+    said, and the conservative answer is the smaller batch, taken under noise."""
+    starved = "calibrate's own process used 0.99 CPU cores"
+    history = (
+        _tier(4, "pass", [18.0, 26.0]),
+        _tier(8, "pass", [25.0, 28.0]),
+        replace(_tier(16, top, [30.0, 31.0]), client_bound=starved),
+    )
+    result = LadderResult(history, "slo", "none", (), False, 0, gain_min=GAIN_MIN)
+    said = result.inconclusive
+    assert said.startswith("inconclusive: the runs cannot tell whether batch 8 adds 10 %"), said
+    assert "; and the client was the limit at batch 16" in said and said.endswith(f"({starved})")
+    taken = replace(result, conservative=True)
+    assert taken.setting is history[0] and taken.under_noise is not None
+    assert taken.setting_reason.startswith("batch 4, the conservative answer, taken under noise")
 
 
 def test_a_round_run_again_is_judged_with_the_rest_and_can_stop_its_tier(tmp_path: Path) -> None:
