@@ -16,11 +16,13 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from calibrate.io.bounded import TooLong, read_bounded
 from tests.batch_helpers import write_tasks
 from tests.helpers import write_config
 from tests.mockserver import REPO
@@ -280,3 +282,31 @@ def _reads(node: ast.Call) -> bool:
     if isinstance(mode_arg, ast.Constant) and isinstance(mode_arg.value, str):
         return not any(c in mode_arg.value for c in "wax+")
     return False
+
+
+def test_a_file_read_whole_is_read_to_its_end_or_refused_past_the_bound(tmp_path: Path) -> None:
+    """``read_bounded`` reads in pieces the size the file says it has, or 64 KiB where it says
+    none (/proc's files, a pipe): every byte up to the bound comes back, one past it is
+    refused — whatever the pieces."""
+    exact = tmp_path / "exact"
+    exact.write_bytes(b"x" * 1000)
+    assert read_bounded(exact, limit=1000) == b"x" * 1000
+    with pytest.raises(TooLong, match="exact is over"):
+        read_bounded(exact, limit=999)
+    stat = Path(f"/proc/{os.getpid()}/stat")
+    if stat.exists():  # says 0 bytes, holds a line
+        assert read_bounded(stat).startswith(f"{os.getpid()} (".encode())
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    body = bytes(range(256)) * 800  # 204,800 bytes: several pieces of unknown size
+    for limit, whole in ((len(body), True), (len(body) - 1, False)):
+        writer = threading.Thread(target=fifo.write_bytes, args=(body,))
+        writer.start()
+        try:
+            if whole:
+                assert read_bounded(fifo, limit=limit) == body
+            else:
+                with pytest.raises(TooLong):
+                    read_bounded(fifo, limit=limit)
+        finally:
+            writer.join(timeout=10)

@@ -11,6 +11,7 @@ from calibrate.config import Config, SweepConfig
 from calibrate.gpu.noise import LinuxProc, MachineNoise, NoiseMeter, combined, server_cpu, tree
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor
+from calibrate.stages.measure.tier_run import LOOK_AGAIN_S, server_finder
 from calibrate.stages.sweep.run import Sweep
 from calibrate.stages.sweep.spec import SweepOptions
 from tests.stage_fakes import FakeProc, SimulatedLoop, close_runs, fake_meter, recorder, stage_ctx
@@ -161,3 +162,40 @@ def test_a_sweep_records_the_noise_per_run_and_level_and_names_it(tmp_path: Path
     summary = result.summary(sweep.options).to_json()
     assert summary["noise"]["causes"] == ["other processes used 1.6 of this machine's 2 cores"]
     assert summary["recommended_concurrency"] is None
+
+
+class _Listeners(FakeProc):
+    """A machine where ``found`` listens on the target's port, once it does; counts the looks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[int] = []
+        self.gone: set[int] = set()
+        self.looks = 0
+
+    def listening(self, port: int) -> list[int]:
+        self.looks += 1
+        return list(self.found)
+
+    def alive(self, pid: int) -> bool:
+        return pid not in self.gone
+
+
+def test_a_server_not_found_listening_is_looked_for_again_only_after_a_while(
+    tmp_path: Path,
+) -> None:
+    """Finding no listener reads the machine's whole socket table and, where the server runs as
+    another user (Ollama's service does), every process's open files: calibrate's own load on
+    the machine it measures. Looked for on every window's read before; now again only after
+    LOOK_AGAIN_S, and a listener found is kept until its process is gone."""
+    cfg = replace(Config(), paths=replace(Config().paths, runs=str(tmp_path / "runs")))
+    machine, now = _Listeners(), [0.0]
+    pids = server_finder(None, stage_ctx(tmp_path, cfg, "ladder"), machine, lambda: now[0])
+    assert [pids() for _ in range(5)] == [[]] * 5 and machine.looks == 1
+    machine.found = [77]
+    now[0] = LOOK_AGAIN_S - 0.1
+    assert pids() == [] and machine.looks == 1  # not yet
+    now[0] = LOOK_AGAIN_S
+    assert [pids() for _ in range(5)] == [[77]] * 5 and machine.looks == 2  # found, kept
+    machine.gone, machine.found = {77}, [78]  # restarted: looked for at once
+    assert pids() == [78] and machine.looks == 3

@@ -77,6 +77,9 @@ class Machine:
     def listening(self, port: int) -> Sequence[int]:
         return []
 
+    def alive(self, pid: int) -> bool:
+        return True
+
 
 def _started(machine: Machine, server: ServerPids) -> SelfLoadMonitor:
     return self_check(

