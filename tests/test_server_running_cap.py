@@ -17,11 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from calibrate import config
 from calibrate.gpu.reading import VramReading
 from calibrate.gpu.vram import VramMonitor
 from calibrate.io.tier_table.cells import row_json
+from calibrate.server import process
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tiers import Stats, Unseen, summarise
+from calibrate.stages.prepare.server_cap import managed_target
 from calibrate.stages.server_account import (
     observed_cap,
     queue_note,
@@ -31,6 +34,7 @@ from calibrate.stages.server_account import (
     unaccounted,
 )
 from calibrate.state.ledger import Ledger, LedgerEntry
+from tests.fakes import free_port, mock_command
 from tests.front_proxy import FrontProxy
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
@@ -518,3 +522,52 @@ def test_a_ladder_never_sets_a_batch_its_running_count_could_not_show_it_ran(
             if tier["verdict"] == "pass" and seen < batch >= 2:  # no tier showed B running
                 assert tier["running_unseen"].startswith("its answers (p50 "), tier
                 assert f"batch {batch} is not the setting: its answers (p50" in err
+
+
+def test_a_managed_server_beside_the_target_says_nothing_of_the_targets_cap(
+    cli, isolated: Path
+) -> None:
+    """The target reports 4 slots; a server calibrate manages runs beside it on another port,
+    started from a script that says batch 8. Its record is no account of the target: verify
+    read the cap there (8, "config consistent", exit 0), and the ladder's cap and the sweep's
+    restart at cap B would have meant that other server too. Only a managed server the target
+    points at (this machine, its port) is the target's."""
+    other = free_port()
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, slots=4, expose_props=True) as mock:
+        target = open_gate(isolated, mock.base_url, FAST, stage="repro")
+        assert cli("single").code == 0
+        _ladder_passed(isolated, target, 8)
+        script = isolated / "scripts/other.sh"
+        script.parent.mkdir(exist_ok=True)
+        script.write_text(
+            "#!/usr/bin/env bash\n# kind: vllm\nset -euo pipefail\n"
+            f"export PORT={other}\nexport BATCH_SIZE=8\nexport MAX_CONCURRENCY=8\n"
+            f"exec {mock_command('--expose-props')} \n".replace("{port}", str(other)).replace(
+                "{concurrency}", "8"
+            ),
+            encoding="utf-8",
+        )
+        started = cli("server", "start", "--script", str(script))
+        assert started.code == 0, started.err
+        try:
+            result = cli("verify", "--json")
+            cfg = config.load(config.Overrides(config_path=str(isolated / "calibrate.toml")), {})
+            record = process.load(isolated / "runs")
+            beside = [
+                managed_target(replace(cfg, target=replace(cfg.target, base_url=url)))
+                for url in (
+                    f"http://localhost:{other}/v1",
+                    f"http://[::1]:{other}/v1",
+                    f"http://127.0.0.1:{other + 1}/v1",
+                    f"http://10.1.2.3:{other}/v1",
+                )
+            ]
+            theirs = managed_target(cfg)
+        finally:
+            assert cli("server", "stop").code == 0
+    assert result.code == 1, result.err
+    err = " ".join(result.err.split())
+    assert (
+        "the server runs at cap 4 (llama.cpp /props total_slots), not the verified batch 8" in err
+    )
+    assert theirs is None and record is not None and beside == [record, record, None, None]

@@ -27,11 +27,11 @@ from calibrate.gpu.vram import VramMonitor
 from calibrate.io.tasks import TaskPool
 from calibrate.io.tier_table.row import TierRow
 from calibrate.redact import redact_url
-from calibrate.server import process
 from calibrate.server.devices import managed_server_devices
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import kept_on_write_error
 from calibrate.stages.measure.incidents import IncidentRecorder
+from calibrate.stages.prepare.server_cap import managed_target
 from calibrate.stages.prepare.stream_probe import StreamCheck, probe_stream
 from calibrate.stages.prepare.workload_plan import WorkloadPlan, prepare_workload
 from calibrate.workload import WorkloadSpec
@@ -166,15 +166,14 @@ def server_finder(
     target = urlsplit(ctx.config.target.base_url)
     local = (target.hostname or "") in LOOPBACK
     port = target.port or (443 if target.scheme == "https" else 80)
-    runs_dir = ctx.config.runs_dir
 
     listeners: list[int] = []
     looked_at_s: list[float] = []  # when none was found, last
 
     def server_pids() -> list[int]:
         found = [server_pid] if server_pid else []
-        record = process.load(runs_dir)
-        if record is not None and process.liveness(record) == "running":
+        record = managed_target(ctx.config)  # the managed server, if it is the target
+        if record is not None:
             found.append(record.pid)
         if found or not local:
             return found

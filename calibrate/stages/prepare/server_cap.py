@@ -8,8 +8,10 @@ manage cannot be capped; the sweep then limits what it sends instead (``safe_lev
 from __future__ import annotations
 
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from calibrate import json_text
+from calibrate.config import Config
 from calibrate.engines import CAP_REPORTS, find
 from calibrate.engines.args import ServerKind
 from calibrate.engines.base import http_threads
@@ -20,9 +22,27 @@ from calibrate.server import process
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.pin_context import context_for
+from calibrate.state.identity import LOOPBACK, url_host
 
 Restart = Callable[[int], bool]  # True: the server was restarted for this batch
 MAX_SLOTS = 1_000_000  # a slot count past this is no count
+THIS_MACHINE = (LOOPBACK, "0.0.0.0", "::")  # a target host that is the managed server's machine
+
+
+def managed_target(cfg: Config) -> process.ServerRecord | None:
+    """The server calibrate manages, when it runs and the target is it (this machine, its
+    port); None otherwise. Its record says its cap and how to restart it — of itself only: a
+    managed server beside the target (another server given by ``--base-url``, a proxy in front
+    of it) says nothing of the target's cap, and restarting it changes nothing there."""
+    record = process.load(cfg.runs_dir)
+    if record is None or process.liveness(record) != "running":
+        return None
+    target = urlsplit(cfg.target.base_url)
+    try:
+        port = target.port or (443 if target.scheme == "https" else 80)
+    except ValueError:
+        return None
+    return record if url_host(cfg.target.base_url) in THIS_MACHINE and port == record.port else None
 
 
 def run_at_cap(
@@ -38,8 +58,8 @@ def run_at_cap(
     Returns whether calibrate manages the server (False: nothing was touched).
     """
     cfg = ctx.config
-    record = process.load(cfg.runs_dir)
-    if record is None or process.liveness(record) != "running":
+    record = managed_target(cfg)
+    if record is None:
         return False
     kind = process.kind_of(record, cfg.server.kind)
     threads = short_of_threads(record.argv, kind, batch, concurrency)
@@ -90,8 +110,8 @@ def ladder_cap(
     restarted at ``--parallel B`` for each tier (there the batch size is ``--parallel``: the
     restart hook, no cap); a managed server of a known kind started at a cap has that cap;
     else the cap the server itself reports (None: unknown, no ``stop: cap``)."""
-    record = process.load(ctx.config.runs_dir)
-    if record is not None and process.liveness(record) == "running":
+    record = managed_target(ctx.config)
+    if record is not None:
         found = find(process.kind_of(record, ctx.config.server.kind))
         if found is not None and found.restarts_per_tier and not record.script:
 
@@ -111,12 +131,12 @@ def ladder_cap(
 
 
 def running_cap(ctx: StageContext) -> ServerCap | None:
-    """The cap of the server running now, where it can be read without load (``verify``): a
-    managed server of a known kind started at a cap (by ``server start`` or a pinned script),
-    else the cap the server reports itself; None where neither says (vLLM publishes only its
+    """The cap of the server running now, where it can be read without load (``verify``): the
+    target's, when it is the managed server of a known kind started at a cap (by ``server
+    start`` or a pinned script), else the cap the server reports itself; None where neither says (vLLM publishes only its
     running count, which needs load to show the cap)."""
-    record = process.load(ctx.config.runs_dir)
-    if record is not None and process.liveness(record) == "running" and record.batch_size:
+    record = managed_target(ctx.config)
+    if record is not None and record.batch_size:
         found = find(process.kind_of(record, ctx.config.server.kind))
         if found is not None and not found.templated:
             how = f"the pinned script {record.script}" if record.script else "server start"
