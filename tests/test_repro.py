@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from tests.fakes import passing_ladder
 from tests.helpers import FAKE_KEY, all_files_text, write_config
 from tests.mockserver import start_mock
 
@@ -97,3 +101,49 @@ def test_no_api_key_on_disk(cli, mock, isolated: Path, monkeypatch) -> None:
     assert cli("status").code == 0
     text = all_files_text(isolated)
     assert FAKE_KEY not in text and FAKE_KEY[-12:] not in text
+
+
+@pytest.mark.parametrize(
+    ("stage", "case"),
+    [
+        ("repro", "stream refused"),  # verify sends what the baseline sent: no --stream
+        ("repro", "client timeout"),
+        ("verify", "client timeout"),
+        ("repro", "server error"),
+        ("verify", "server error"),
+    ],
+)
+def test_a_failed_request_is_blamed_on_what_caused_it(cli, isolated: Path, stage, case) -> None:
+    """A request that failed because of what the client asked (a stream option the server
+    refuses) or its own limit ([target] timeout_s) names that and what to change, as `single`
+    does; it said "check the server first (calibrate server status; calibrate server logs)".
+    A failure only the server can explain (an HTTP 500) still sends the user to the server."""
+    mock_args: dict[str, Any] = {"ttft_s": 0.001, "per_token_s": 0.0002}
+    with start_mock(**mock_args) as server:
+        _baseline(cli, server.base_url, isolated)
+        if stage == "verify":
+            passing_ladder(isolated, cli("single", "--json").json["record"]["target"], 1)
+    argv = [stage, "--json"] + (["--stream", "--runs", "1"] if case == "stream refused" else [])
+    again = {
+        "stream refused": {"refuse_stream_options": True},
+        "client timeout": {"ttft_s": 0.5},
+        "server error": {"fail_rate": 1.0},
+    }[case]
+    if case == "client timeout":
+        config = isolated / "calibrate.toml"
+        config.write_text(config.read_text().replace("timeout_s = 30", "timeout_s = 0.1"))
+    with start_mock(**{**mock_args, **again}, port=server.port):
+        result = cli(*argv)
+    assert result.code == 1, result.err
+    said = " ".join(result.err.split())
+    nxt = said[said.index("next: ") :]
+    if case == "server error":
+        assert "check the server first (calibrate server status; calibrate server logs)" in nxt
+        assert "cause" not in result.json
+        return
+    expect = {
+        "stream refused": "the streamed request was refused (",
+        "client timeout": "no answer within the client's own limit, [target] timeout_s = 0.1 s",
+    }[case]
+    assert nxt.startswith(f"next: {expect}") and nxt.endswith(f"then run calibrate {stage} again")
+    assert "check the server first" not in said and result.json["cause"].startswith(expect)

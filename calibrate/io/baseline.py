@@ -189,10 +189,13 @@ def _fingerprint(baseline: dict[str, Any], candidate: dict[str, Any]) -> list[st
     ]
 
 
-def after_failure(comparisons: Sequence[Comparison], *, again: str) -> str:
+def after_failure(comparisons: Sequence[Comparison], *, again: str, cause: str = "") -> str:
     """What to check first after a failed comparison, and which command to run (``again``:
-    the command that repeats the check, e.g. ``calibrate repro``)."""
+    the command that repeats the check, e.g. ``calibrate repro``; ``cause``: what a failed
+    request said of its own cause — the request's, not the server's)."""
     causes = " ".join(c for comparison in comparisons for c in comparison.causes)
+    if cause:
+        return f"{cause}; then run {again} again"
     if any(comparison.failure for comparison in comparisons):
         return (
             "a failed request is not a different answer: check the server first "

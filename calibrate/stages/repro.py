@@ -6,11 +6,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from calibrate.http.models import ServerIdentity
 from calibrate.io.baseline import Comparison, Normaliser, compare
 from calibrate.io.jsonl import load_jsonl_objects
 from calibrate.io.junit import JUnitSuite
 from calibrate.stages.context import StageContext
-from calibrate.stages.single import fixed_prompt_call, read_baseline
+from calibrate.stages.single import fixed_prompt_call, known_cause, read_baseline
 from calibrate.state.gates import next_step
 from calibrate.state.ledger import baseline_path
 from calibrate.state.summaries import PlainSummary
@@ -20,6 +21,8 @@ from calibrate.state.summaries import PlainSummary
 class ReproResult:
     comparisons: tuple[Comparison, ...]
     next_command: str = ""  # ``gates.next_step`` once a live pass is recorded
+    # a failed request whose own cause is known (``single.known_cause``): what to change
+    cause: str = ""
 
     @property
     def passed(self) -> bool:
@@ -72,6 +75,7 @@ class ReproResult:
             "passed": self.passed,
             "run_id": run_id,
             **self.summary(),
+            **({"cause": self.cause} if self.cause else {}),
             "comparisons": [c.to_json() for c in self.comparisons],
         }
 
@@ -87,13 +91,24 @@ def against_baseline(
     """Run the fixed prompt ``runs`` times; compare each with the baseline."""
     baseline = read_baseline(baseline_path(ctx.config))
     comparisons: list[Comparison] = []
+    causes: list[str] = []
+    cfg = ctx.config
     for n in range(1, runs + 1):
         record = fixed_prompt_call(ctx, stream=stream)
         ctx.run.append("records.jsonl", record.to_json())
         comparisons.append(
             compare(baseline, record.to_json(), normaliser, labels=("baseline", f"run {n}"))
         )
-    return ReproResult(tuple(comparisons))
+        if record.error is not None and record.error.kind != "incomplete":
+            known = known_cause(
+                record.error,
+                ServerIdentity(),
+                cfg.target.model,
+                streamed=stream,
+                timeout_s=cfg.target.timeout_s,
+            )
+            causes += [known] if known else []
+    return ReproResult(tuple(comparisons), cause=causes[0] if causes else "")
 
 
 def load_records(path: Path) -> list[dict[str, Any]]:

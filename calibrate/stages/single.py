@@ -107,37 +107,61 @@ class SingleResult:
 
 
 def diagnose(
-    record: RequestRecord, identity: ServerIdentity, model: str, *, streamed: bool = False
+    record: RequestRecord,
+    identity: ServerIdentity,
+    model: str,
+    *,
+    streamed: bool = False,
+    timeout_s: float | None = None,
 ) -> list[str]:
     """Why the single call failed, one specific diagnosis per cause (SPEC §5.1)."""
     if record.error is not None and record.error.kind != "incomplete":
         info = record.error
-        cause = refusal_cause(info) if info.kind == "http_4xx" else None
-        if cause == "context_length":  # vLLM's 400 names "This model's maximum context length"
-            return [
-                f"the server refused the prompt as too long for its context ({info.message}); "
-                "shorten [prompt].text or lower max_tokens, or serve a longer context"
-            ]
-        if info.kind == "http_4xx" and identity.model_ids and model not in identity.model_ids:
-            return [f"the server does not serve {model!r}; it serves: {identity.models_text}"]
-        unknown = cause == "unknown_model" or (
-            info.status == 404 and "model" in info.message.lower()
-        )
-        if info.status in (404, 400) and unknown:
-            served = identity.models_text or "unknown (GET /v1/models gave nothing)"
-            return [f"the server does not serve {model!r}; it serves: {served}"]
-        if streamed and info.kind == "http_4xx":  # --stream asked for it: said, not worked around
-            return [
-                f"the streamed request was refused ({info.message}): the server (or a proxy) may "
-                "not accept streaming; try without --stream (ladder and sweep fall back by themselves)"
-            ]
-        return [f"the request failed ({info.kind}): {info.message}"]
+        known = known_cause(info, identity, model, streamed=streamed, timeout_s=timeout_s)
+        return [known or f"the request failed ({info.kind}): {info.message}"]
     problems: list[str] = []
     if record.error is not None:
         problems.append(record.error.message)
     if record.usage is None or not record.usage.complete:
         problems.append("the server did not report token usage (prompt and completion tokens)")
     return problems
+
+
+def known_cause(
+    info: ErrorInfo,
+    identity: ServerIdentity,
+    model: str,
+    *,
+    streamed: bool = False,
+    timeout_s: float | None = None,
+) -> str | None:
+    """What a failed request says of its cause, where the request itself is the likely one
+    (the prompt, the model name, streaming, the client's own timeout) and what to change; None
+    where only the server can tell (an error it answered, a reset, a crash)."""
+    cause = refusal_cause(info) if info.kind == "http_4xx" else None
+    if cause == "context_length":  # vLLM's 400 names "This model's maximum context length"
+        return (
+            f"the server refused the prompt as too long for its context ({info.message}); "
+            "shorten [prompt].text or lower max_tokens, or serve a longer context"
+        )
+    if info.kind == "http_4xx" and identity.model_ids and model not in identity.model_ids:
+        return f"the server does not serve {model!r}; it serves: {identity.models_text}"
+    unknown = cause == "unknown_model" or (info.status == 404 and "model" in info.message.lower())
+    if info.status in (404, 400) and unknown:
+        served = identity.models_text or "unknown (GET /v1/models gave nothing)"
+        return f"the server does not serve {model!r}; it serves: {served}"
+    if streamed and info.kind == "http_4xx":  # --stream asked for it: said, not worked around
+        return (
+            f"the streamed request was refused ({info.message}): the server (or a proxy) may "
+            "not accept streaming; try without --stream (ladder and sweep fall back by themselves)"
+        )
+    if info.kind == "timeout" and timeout_s is not None:  # whose limit it was, said
+        return (
+            f"no answer within the client's own limit, [target] timeout_s = {timeout_s:g} s: "
+            "raise it if the server needs longer (a long answer, a cold engine), else check the "
+            "server (calibrate server status; calibrate server logs)"
+        )
+    return None
 
 
 def model_mismatch(identity: ServerIdentity, served_model: str | None, model: str) -> str | None:
@@ -175,7 +199,9 @@ def run_single(
     identity = replace(
         identity, served_model=record.served_model, system_fingerprint=record.system_fingerprint
     )
-    problems = diagnose(record, identity, model, streamed=stream)
+    problems = diagnose(
+        record, identity, model, streamed=stream, timeout_s=ctx.config.target.timeout_s
+    )
     answered = record.error is None or record.error.kind == "incomplete"
     if answered and identity.model_ids and model not in identity.model_ids:  # else the failure says
         warnings.append(f"the server lists {identity.models_text} but the config names {model!r}")

@@ -75,7 +75,7 @@ class VerifyResult:
                 f"config consistent{at}: the fixed prompt matches the baseline{note} (run {run_id})"
             )
         if comparison.failure:
-            return f"verify failed: the server gave no answer to compare: {comparison.failure}"
+            return f"verify failed: no answer to compare: {comparison.failure}"
         return "verify failed: the restarted server does not give the baseline answer"
 
     def summary(self) -> dict[str, Any]:

@@ -79,6 +79,7 @@ def _report(
             out.say(f"next: {result.next_command}")
     else:
         out.fail(result.verdict_line())
-        out.say(f"next: {after_failure(result.comparisons, again='calibrate repro')}")
+        again = after_failure(result.comparisons, again="calibrate repro", cause=result.cause)
+        out.say(f"next: {again}")
     out.result(result.to_json(run.run_id if run else None))
     return 0 if result.passed else 1

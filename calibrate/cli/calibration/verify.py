@@ -64,12 +64,15 @@ def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: N
         if comparison.passed:  # the answer matched; the server's cap did not
             out.say("next: restart it at the verified setting, then run calibrate verify again")
         else:
-            out.say(f"next: {after_failure(result.repro.comparisons, again='calibrate verify')}")
+            repro = result.repro
+            again = after_failure(repro.comparisons, again="calibrate verify", cause=repro.cause)
+            out.say(f"next: {again}")
     out.result(
         {
             "passed": result.passed,
             "run_id": ctx.run.run_id,
             **result.summary(),
+            **({"cause": result.repro.cause} if result.repro.cause else {}),
             "comparison": comparison.to_json(),
         }
     )
