@@ -157,9 +157,9 @@ def known_cause(
         )
     if info.kind == "timeout" and timeout_s is not None:  # whose limit it was, said
         return (
-            f"no answer within the client's own limit, [target] timeout_s = {timeout_s:g} s: "
-            "raise it if the server needs longer (a long answer, a cold engine), else check the "
-            "server (calibrate server status; calibrate server logs)"
+            f"the request failed (timeout): {info.message} — the client's own limit, [target] "
+            f"timeout_s = {timeout_s:g} s: raise it if the server needs longer (a long answer, a "
+            "cold engine), else check the server (calibrate server status; calibrate server logs)"
         )
     return None
 
