@@ -62,7 +62,8 @@ class VerifyResult:
 
     def verdict_line(self, run_id: str) -> str:
         """ "config consistent at batch 4, concurrency 4 (from pin): …" (the setting the server
-        is supposed to run at, when there is one), or why verify failed."""
+        is supposed to run at, when there is one and its cap was read; "… is unchecked" when it
+        could not be), or why verify failed."""
         comparison = self.repro.comparisons[0]
         if self.cap_differs and self.repro.passed:
             return f"verify failed: {self.cap_line}"
@@ -70,7 +71,11 @@ class VerifyResult:
             note = (
                 " (whitespace-only difference)" if comparison.verdict == "whitespace-only" else ""
             )
-            at = f" at {self.setting.describe()}" if self.setting is not None else ""
+            at = ""
+            if self.setting is not None and self.cap is not None:
+                at = f" at {self.setting.describe()}"
+            elif self.setting is not None:  # only the answer was checked: said in the headline
+                at = f" (the answer; whether it runs at {self.setting.describe()} is unchecked)"
             return (
                 f"config consistent{at}: the fixed prompt matches the baseline{note} (run {run_id})"
             )
