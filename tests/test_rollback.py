@@ -196,3 +196,91 @@ def test_vram_not_released_fails_after_timeout() -> None:
     assert not release.ok and "not come back within 512 MiB" in release.message
     none = readiness.wait_released(lambda: None, 4242, None, None)
     assert none.ok and not none.measured and "not measured" in none.message
+
+
+def _user_restarts(port: int, settings: MockSettings, first: BackgroundServer) -> threading.Thread:
+    """The user: stops the target's server, then starts it again on the same port."""
+    servers: list[BackgroundServer] = []
+
+    def operator() -> None:
+        threading.Event().wait(0.4)
+        first.stop()
+        threading.Event().wait(0.4)
+        servers.append(BackgroundServer(settings, "127.0.0.1", port))
+
+    user = threading.Thread(target=operator)
+    user.start()
+    user.servers = servers  # type: ignore[attr-defined]
+    return user
+
+
+@pytest.mark.parametrize("beside", ["a managed server beside it", "only [server] kind"])
+def test_rollback_of_a_target_calibrate_does_not_manage_touches_no_other_server(
+    cli, isolated: Path, beside: str
+) -> None:
+    """The target is a server the user runs. A server calibrate manages on another port was
+    stopped and started again instead (and the target's port then waited on), and with only
+    `[server] kind` set — as the README's tour has it, for pin — rollback said "calibrate does
+    not manage this server" and then started an engine itself, on `[server] port`. Both leave
+    the other port alone now, and the user restarts the target."""
+    settings = MockSettings(ttft_s=0.002, per_token_s=0.0005)
+    first = BackgroundServer(settings, "127.0.0.1", 0)
+    port, other = first.server.port, free_port()
+    managed_config(isolated, other, mock_command())
+    config = isolated / "calibrate.toml"
+    config.write_text(config.read_text().replace(f"127.0.0.1:{other}", f"127.0.0.1:{port}"))
+    managed_pid = None
+    if beside == "a managed server beside it":
+        started = cli("server", "start", "--concurrency", "2", "--json")
+        assert started.code == 0, started.err
+        managed_pid = started.json["pid"]
+    try:
+        single = cli("single", "--json")
+        assert single.code == 0, single.err
+        passing_ladder(isolated, single.json["record"]["target"], batch_size=2)
+        user = _user_restarts(port, settings, first)
+        try:
+            result = cli("rollback", "--wait", "20")
+        finally:
+            user.join()
+            for server in user.servers:  # type: ignore[attr-defined]
+                server.stop()
+        still = managed_pid is not None and not pid_gone(managed_pid)
+        other_open = readiness.port_open("127.0.0.1", other)
+    finally:
+        cli("server", "stop")
+    assert result.code == 0, result.err
+    said = " ".join(result.err.split())
+    assert "stop it yourself" in said and "restart your server at batch size 2" in said
+    assert "starting:" not in said  # no engine started by calibrate
+    if managed_pid is not None:
+        assert still and other_open, "the managed server beside the target is left running"
+        assert f"(PID {managed_pid}, port {other}) is not the target" in said
+    else:
+        assert not other_open and not (isolated / "runs/server.json").exists()
+
+
+def test_rollback_checks_the_cap_the_restarted_server_reports(cli, isolated: Path) -> None:
+    """The user restarts the target at 8 slots (its /props says so), not the batch 4 rollback
+    returns to: "restored: batch 4" was said from the answer alone, while verify a moment later
+    said "the server runs at cap 8". The compare step now reads the cap as verify does."""
+    first = BackgroundServer(
+        MockSettings(ttft_s=0.002, per_token_s=0.0005, slots=4, expose_props=True), "127.0.0.1", 0
+    )
+    port = first.server.port
+    write_config(isolated / "calibrate.toml", f"http://127.0.0.1:{port}/v1")
+    single = cli("single", "--json")
+    assert single.code == 0
+    passing_ladder(isolated, single.json["record"]["target"], batch_size=4)
+    eight = MockSettings(ttft_s=0.002, per_token_s=0.0005, slots=8, expose_props=True)
+    user = _user_restarts(port, eight, first)
+    try:
+        result = cli("rollback", "--wait", "20")
+    finally:
+        user.join()
+        for server in user.servers:  # type: ignore[attr-defined]
+            server.stop()
+    assert result.code == 1, result.err
+    said = " ".join(result.err.split())
+    assert "restored:" not in said
+    assert "the server runs at cap 8 (llama.cpp /props total_slots), not batch 4" in said

@@ -35,14 +35,20 @@ def managed_target(cfg: Config) -> process.ServerRecord | None:
     managed server beside the target (another server given by ``--base-url``, a proxy in front
     of it) says nothing of the target's cap, and restarting it changes nothing there."""
     record = process.load(cfg.runs_dir)
-    if record is None or process.liveness(record) != "running":
+    if record is None or process.liveness(record) != "running" or not is_target(cfg, record):
         return None
+    return record
+
+
+def is_target(cfg: Config, record: process.ServerRecord) -> bool:
+    """Whether the managed server of ``record`` is the one the target points at: this machine
+    (by any of its names), the server's port."""
     target = urlsplit(cfg.target.base_url)
     try:
         port = target.port or (443 if target.scheme == "https" else 80)
     except ValueError:
-        return None
-    return record if url_host(cfg.target.base_url) in THIS_MACHINE and port == record.port else None
+        return False
+    return url_host(cfg.target.base_url) in THIS_MACHINE and port == record.port
 
 
 def run_at_cap(

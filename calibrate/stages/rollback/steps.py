@@ -30,6 +30,7 @@ from calibrate.server.readiness import VramProbe, used_mib, wait_released
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.incidents import Incident, write_incident
 from calibrate.stages.pin_context import context_for
+from calibrate.stages.prepare.server_cap import is_target, running_cap
 from calibrate.stages.repro import against_baseline
 from calibrate.stages.rollback.result import STILL_DIFFERS, RollbackResult, StepName, StepResult
 from calibrate.state.gates import next_step
@@ -72,8 +73,14 @@ class Rollback:
         self.clock = clock
         self.deadline = clock() + wait_s
         self.runs = ctx.config.runs_dir
-        self.record = process.load(self.runs)
-        self.kind: ServerKind | None = process.kind_of(self.record, ctx.config.server.kind)
+        found = process.load(self.runs)
+        # the managed server is stopped and started again only when it is the target: a server
+        # calibrate manages beside another target is left as it is (said at the first step)
+        self.beside = found if found is not None and not is_target(ctx.config, found) else None
+        self.record = found if self.beside is None else None
+        self.kind: ServerKind | None = (
+            process.kind_of(self.record, ctx.config.server.kind) if self.record else None
+        )
         self.managed = self.kind is not None
         self.host, self.port = readiness.host_port(ctx.config.target.base_url)
         self.old_pid: int | None = self.record.pid if self.record else None
@@ -173,6 +180,11 @@ class Rollback:
             if not readiness.wait_port_closed(self.host, self.port, 5.0):
                 raise StepFailed(f"{message}, but port {self.port} is still open", "timeout")
             return message, detail
+        if self.beside is not None:
+            self.notify(
+                f"the server calibrate manages (PID {self.beside.pid}, port {self.beside.port}) "
+                f"is not the target ({self.host}:{self.port}): left as it is"
+            )
         if not readiness.port_open(self.host, self.port):
             return f"nothing listens on {self.host}:{self.port}: the server is already down", {}
         self.old_pid = pids.listener_pid(self.port)
@@ -244,11 +256,25 @@ class Rollback:
         self.comparison = result.comparisons[0]
         if not self.comparison.passed:
             raise StepFailed(STILL_DIFFERS, "invalid_response")
+        cap = running_cap(self.ctx)  # the server's own account of its cap, as verify reads it
+        if cap is not None and cap.slots != self.batch:
+            raise StepFailed(
+                f"the output matches the baseline, but the server runs at cap {cap.slots} "
+                f"({cap.source}), not batch {self.batch}: restart it at batch {self.batch} "
+                "(calibrate pin --out launch.sh && ./launch.sh), then run calibrate verify",
+                "invalid_response",
+            )
         note = " (whitespace only)" if self.comparison.verdict == "whitespace-only" else ""
         note += "".join(f"; {n}" for n in self.comparison.notes)
+        if cap is None:
+            note += (
+                "; the server's cap could not be read: the answer was checked, not that it runs "
+                f"at batch {self.batch}"
+            )
+        detail = {**self.comparison.to_json(), "server_cap": cap.to_json() if cap else None}
         return (
             f"restored: batch {self.batch}, concurrency 1, output matches the baseline{note}",
-            self.comparison.to_json(),
+            detail,
         )
 
     # -- helpers ---------------------------------------------------------------------------
