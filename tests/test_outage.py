@@ -14,7 +14,7 @@ import pytest
 from calibrate.errors import ErrorInfo
 from calibrate.stages.batch.outage import Breaker, OutageEvent, OutagePolicy, is_outage
 from tests.batch_helpers import assert_valid_jsonl, write_tasks
-from tests.fakes import free_port
+from tests.fakes import free_port, managed_config, mock_command, pythonpath_env
 from tests.helpers import write_config
 from tests.mockserver import start_mock_process
 
@@ -251,3 +251,25 @@ def test_restart_brings_back_a_managed_server_that_died(cli, isolated: Path) -> 
     assert result.json["endpoints"][0]["restarts"] == 1
     restart = result.json["outages"][1]["detail"]  # the engine's own end, as recorded
     assert f"the managed server (PID {pid}) was killed by SIGKILL; restarted" in restart, restart
+
+
+def test_restart_refuses_a_managed_server_that_is_not_the_target(
+    cli, isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server calibrate manages runs beside the batch's target: --restart would have
+    restarted that one when the target went down, and the target never came back from it.
+    Exit 2 before anything is sent."""
+    monkeypatch.setenv("PYTHONPATH", pythonpath_env())
+    tasks = write_tasks(isolated / "tasks.jsonl", 3)
+    other, target = free_port(), free_port()
+    managed_config(isolated, other, mock_command())
+    config = isolated / "calibrate.toml"
+    config.write_text(config.read_text().replace(f"127.0.0.1:{other}", f"127.0.0.1:{target}"))
+    assert cli("server", "start", "--concurrency", "2").code == 0
+    try:
+        result = cli("batch", "--input", str(tasks), "--out", "out.jsonl", "--restart")
+    finally:
+        cli("server", "stop")
+    assert result.code == 2, result.err
+    assert "--restart needs the target to be a server calibrate manages" in result.err
+    assert not (isolated / "out.jsonl").exists()

@@ -35,6 +35,7 @@ from calibrate.stages.batch.outage import (
     Restarter,
     is_outage,
 )
+from calibrate.stages.prepare.server_cap import is_target
 from calibrate.state.ledger import Ledger, target_fingerprint
 from calibrate.state.setting import Endpoint, resolve
 
@@ -151,8 +152,10 @@ class ManagedRestart:
         self.ledger = ledger  # the command's reader: the setting to restart at
 
     def managed(self) -> bool:
-        """Whether calibrate manages a server here at all (checked before the run)."""
-        return process.load(self.cfg.runs_dir) is not None
+        """Whether calibrate manages the target's server (checked before the run): a managed
+        server beside it is no server of this batch's to restart."""
+        record = process.load(self.cfg.runs_dir)
+        return record is not None and is_target(self.cfg, record)
 
     def needed(self) -> bool:
         record = process.load(self.cfg.runs_dir)

@@ -179,7 +179,8 @@ def prepare(request: BatchRequest) -> BatchSetup:
         )
     if restarter is not None and not restarter.managed():
         raise UsageError(
-            "--restart needs a server that calibrate manages (runs/server.json)",
+            "--restart needs the target to be a server calibrate manages (runs/server.json, "
+            "on this machine at the target's port)",
             "Start it with: calibrate server start (or drop --restart)",
         )
     given: dict[str, Any] = {"max_tokens": request.max_tokens, "temperature": request.temperature}
