@@ -199,3 +199,25 @@ def test_a_plain_value_inside_a_command_substitution_still_starts(cli, isolated:
         assert "loading m-1.5@v2" in (isolated / "runs/server.log").read_text()
     finally:
         assert cli("server", "stop").code == 0
+
+
+def test_a_secret_flag_named_across_lines_stays_inside_its_comment(cli, isolated: Path) -> None:
+    """A flag of the custom command that looks like a key names the variable the script reads
+    it from, in a header comment: a line break inside that flag's name ended the comment, and
+    what followed ran when the script did — before its `set -euo pipefail`."""
+    marker = shlex.quote(str(isolated / "x"))
+    flag = f"--x-key-\ntouch {marker};#"
+    command = shlex.join(["fake-engine", "--slots", "{concurrency}", flag, "s3cret-v4lue"])
+    server = f'[server]\nkind = "custom"\nport = 8123\ncommand = {json.dumps(command)}\n'
+    write_config(isolated / "calibrate.toml", "http://127.0.0.1:8123/v1", server)
+    passing_ladder(isolated, cli("status", "--json").json["target"])
+    pinned = cli("pin")
+    assert pinned.code == 0, pinned.err
+    script = isolated / "scripts/launch.sh"
+    text = script.read_text()
+    assert "s3cret-v4lue" not in text
+    done = subprocess.run(  # its variable unset: the script stops at its own guard
+        ["bash", str(script)], cwd=isolated, capture_output=True, text=True, timeout=20
+    )
+    assert done.returncode != 0 and "it carries" in done.stderr
+    assert created(isolated) == [], "a line of the header comment ran"

@@ -82,10 +82,10 @@ PLAIN_FLAGS = [
 ]
 
 
+@pytest.mark.parametrize("value", ["v4lue-0001", "-v4lue-0001"])  # a key may start with "-"
 @pytest.mark.parametrize("flag", SECRET_FLAGS)
-def test_every_key_like_flag_is_masked_in_both_forms(flag: str) -> None:
+def test_every_key_like_flag_is_masked_in_both_forms(flag: str, value: str) -> None:
     assert secret_name(flag)
-    value = "v4lue-0001"
     assert value not in " ".join(redact_argv(["srv", flag, value, "--port", "1"]))
     assert redact_argv(["srv", f"{flag}={value}"]) == ("srv", f"{flag}={MASK}")
     assert value not in redact_text(f"bash -c 'exec srv {flag} {value} --port 1'")

@@ -92,14 +92,21 @@ def _replace_values(text: str, replace: Callable[[str, str], str]) -> str:
 
 
 def _argv_values(argv: Sequence[str]) -> Iterator[tuple[str | None, str]]:
-    """Each word with the secret flag whose value it is (None for any other word)."""
+    """Each word with the secret flag whose value it is (None for any other word).
+
+    The word after a secret flag is its value whatever it starts with (a key may begin with
+    "-": ``secrets.token_urlsafe`` gives one in 64); a plural flag's further values end at
+    the next word that starts with "-"."""
     flag: str | None = None
+    first = False
     for word in argv:
-        if flag is not None and (not word.startswith("-") or word == "-"):
+        if flag is not None and (first or not word.startswith("-") or word == "-"):
             yield flag, word
+            first = False
             flag = flag if plural(flag) else None
             continue
         flag = word if word.startswith("-") and "=" not in word and secret_name(word) else None
+        first = flag is not None
         yield None, word
 
 

@@ -59,7 +59,7 @@ def render(values: PinnedValues, command: EngineCommand) -> str:
     prefix = "SERVER" if engine(values.kind).templated else values.kind.upper()
     script = redaction.script_command(command.argv, command.env, prefix)
     needs = [
-        f"# set {var} before running it: it carries {what} (secrets are not written here)"
+        f"# set {var} before running it: it carries {_comment(what)} (secrets are not written here)"
         for var, what in script.needs
     ]
     lines = [
