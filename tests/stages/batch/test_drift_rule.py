@@ -73,6 +73,7 @@ def drive(
     machine: Callable[[Clock], Any] | None = Machine,
     server: ServerWatch | None = None,
     cal: Calibrated = CAL,
+    failed: Callable[[int], str | None] = lambda i: None,
 ) -> tuple[DriftWatch, list[str]]:
     """``n`` items through a closed loop of C: item i takes ``latency_s(i)``, so they finish
     C / latency a second; the watch ticks each virtual second and is stopped at the end."""
@@ -99,8 +100,11 @@ def drive(
         on_item(i)
         took = latency_s(i)
         clock.now_s += took / C
-        line = {"id": f"t{i}", "ok": True, "seconds": took}
+        line: dict[str, Any] = {"id": f"t{i}", "ok": True, "seconds": took}
         line["usage"] = {"prompt_tokens": 24, "completion_tokens": 30}
+        if (kind := failed(i)) is not None:  # as the journal writes it: an answer, if one came
+            line = {"id": f"t{i}", "ok": False, "error": {"kind": kind, "message": kind}}
+            line |= {"seconds": took, "usage": line_usage()} if kind == "format" else {}
         watch.seen(line, 30, LABEL)
         while clock.now_s >= next_tick:
             watch.tick()
@@ -108,6 +112,10 @@ def drive(
     watch.stop()
     assert len(rows) == len(watch.windows)  # every window written to the run's drift.jsonl
     return watch, warnings
+
+
+def line_usage() -> dict[str, int]:
+    return {"prompt_tokens": 24, "completion_tokens": 30}
 
 
 def jitter(seed: int, spread: float = 0.1) -> Callable[[int], float]:
@@ -309,3 +317,14 @@ def test_a_calibration_too_wide_to_hold_a_batch_to_says_so_never_none() -> None:
     assert not nothing.said  # nothing to do about it: --json, the run and status say why
     tight, _ = drive(slower)
     assert tight.record().drifted and tight.record().said
+
+
+def test_answers_failing_the_users_format_check_are_no_drift_of_the_server() -> None:
+    """`--expect json` over a prompt that makes prose: from item 300 on every answer fails the
+    user's own check, at the calibrated pace. The watch said "drift: the server is failing more
+    than calibrated … errors 100 % (format×…) … calibrate single". The same failures as HTTP 500s
+    are the server's, and still warned of."""
+    formats, _ = drive(jitter(3), failed=lambda i: "format" if i >= 300 else None)
+    assert formats.finding is None and all(w.errors == 0 for w in formats.windows)
+    served, warned = drive(jitter(3), failed=lambda i: "http_5xx" if i >= 300 else None)
+    assert served.finding is not None and len(warned) == 1 and "http_5xx" in warned[0]

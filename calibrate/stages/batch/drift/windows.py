@@ -22,6 +22,9 @@ SHARE_OF_RUN = 20  # … and lasts about this fraction of the run so far
 MIN_WINDOW_S = 2.0
 MAX_WINDOW_S = 60.0
 SAMPLES = 4096  # latencies kept per window for its percentiles (a uniform sample past that)
+# failures that are no failing of the server: the answer came, and failed the user's own check
+# of what the prompt made (--expect json), or calibrate's own code failed (its bug, said so)
+NOT_THE_SERVERS = frozenset({"format", "internal"})
 
 
 def window_due(items: int, seconds: float, run_s: float, concurrency: int) -> bool:
@@ -125,13 +128,16 @@ class Gathering:
         self.outage = False
 
     def add(self, line: dict[str, Any]) -> None:
-        """One finished item's output line."""
+        """One finished item's output line; an answer that failed a check of calibrate's own
+        (``NOT_THE_SERVERS``) counts as the answer it is."""
         self.items += 1
         if line.get("ok") is not True:
-            self.errors += 1
             error = line.get("error")
-            self.kinds[str(error.get("kind")) if isinstance(error, dict) else "unknown"] += 1
-            return
+            kind = str(error.get("kind")) if isinstance(error, dict) else "unknown"
+            if kind not in NOT_THE_SERVERS:
+                self.errors += 1
+                self.kinds[kind] += 1
+                return
         seconds = line.get("seconds")
         if isinstance(seconds, int | float) and seconds >= 0:
             self._seen_ok += 1
