@@ -65,3 +65,23 @@ def test_sigterm_abandons_slow_items_after_the_grace_period(isolated: Path) -> N
     assert took_s < 3.0, f"took {took_s:.1f} s to stop with --grace-s 0.5"
     assert "interrupted: 0 of 10 done, 10 remaining (2 abandoned in flight)" in err
     assert not results(isolated / "out.jsonl")
+
+
+def test_a_sample_stopped_before_its_end_is_not_said_to_pass(isolated: Path) -> None:
+    """Ctrl-C during `--sample 10`: the outputs that came had one shape, and the sample said
+    "sample passed: every output has the same shape; run the batch with --out" from a part of
+    it (exit 130 all the same). What was read, and that the rest is unknown, is said now."""
+    tasks = write_tasks(isolated / "tasks.jsonl", 10)
+    with start_mock(ttft_s=0.3, per_token_s=0.0) as server:
+        write_config(isolated / "calibrate.toml", server.base_url)
+        args = ("--input", str(tasks), "--sample", "10", "-c", "2")
+        with reaped(batch_process(isolated, *args)) as proc:
+            deadline = time.monotonic() + 15
+            while server.model.snapshot().in_flight < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 130, err
+    said = " ".join(err.split())
+    assert "sample passed" not in said
+    assert "sample incomplete: " in said and " of 10 outputs (interrupted)" in said

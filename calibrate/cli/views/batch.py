@@ -164,7 +164,14 @@ def render_summary(
             mark = "ok  " if check.passed else "FAIL"
             (out.ok if check.passed else out.fail)(f"  {mark} {check.name}: {check.detail}")
         out.say(f"sample outputs: {r.out_path}")
-        if all(c.passed for c in checks) and not r.failed:
+        read = r.ok + r.failed
+        if r.interrupted or r.unfinished or r.stopped_by is not None or read < r.to_run:
+            why = "interrupted" if r.interrupted else r.stop_detail or "stopped before its end"
+            out.fail(
+                f"sample incomplete: {read} of {r.to_run} outputs ({why}); the shape of the rest "
+                f"is unknown: run the sample again ({resume})"
+            )
+        elif all(c.passed for c in checks) and not r.failed:
             out.ok("sample passed: every output has the same shape; run the batch with --out")
         else:
             out.fail("sample failed: fix the prompt (--prompt) before running the whole batch")
