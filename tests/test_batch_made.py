@@ -151,3 +151,22 @@ def test_export_says_when_shards_were_run_with_different_settings(
     said = ("--prompt 'A:' (the rest 'B:')", "--prompt 'B:' (the rest 'A:')")
     assert any(text in merged.err for text in said), merged.err
     assert merged.json["mixed_settings"]
+
+
+def test_results_never_checked_as_json_are_not_passed_off_as_checked(
+    cli, mock, isolated: Path
+) -> None:
+    """A batch run as text, resumed with --expect json: the ok lines it kept were never parsed,
+    and the resume said "all 5 items ok" over prose (exit 0). The check is a setting of the
+    results now: refused as any other (exit 2, nothing sent), and the text run's settings keep
+    the fingerprint they had (journals written before resume as they are)."""
+    write_config(isolated / "calibrate.toml", mock.base_url)
+    write_tasks(isolated / "tasks.jsonl", 5)
+    assert _batch(cli, "--limit", "3").code == 0
+    first = results(isolated / "out.jsonl")[0]
+    assert "expect" not in first["settings"]  # a text run's settings: as before
+    sent = mock.model.snapshot().requests_total
+    refused = _batch(cli, "--expect", "json")
+    assert refused.code == 2, refused.err
+    assert "holds 3 result(s) made with other settings: --expect text (now json)" in refused.err
+    assert mock.model.snapshot().requests_total == sent

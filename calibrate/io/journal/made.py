@@ -47,12 +47,19 @@ class Settings:
     prompt: str
     params: tuple[tuple[str, Any], ...]
     hosts: tuple[str, ...]
+    expect: str = "text"  # --expect: an ok line of "json" parsed; one of "text" was never checked
 
     @classmethod
     def of(
-        cls, model: str, prompt: str, params: Mapping[str, Any], hosts: tuple[str, ...]
+        cls,
+        model: str,
+        prompt: str,
+        params: Mapping[str, Any],
+        hosts: tuple[str, ...],
+        expect: str = "text",
     ) -> Settings:
-        return cls(model, prompt, tuple(sorted(params.items())), tuple(sorted(set(hosts))))
+        params_ = tuple(sorted(params.items()))
+        return cls(model, prompt, params_, tuple(sorted(set(hosts))), expect)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -60,6 +67,8 @@ class Settings:
             "prompt": self.prompt,
             "params": dict(self.params),
             "hosts": list(self.hosts),
+            # only when not text: the settings of a text run keep the key (and fp) they had
+            **({"expect": self.expect} if self.expect != "text" else {}),
         }
 
     @property
@@ -92,7 +101,10 @@ class Settings:
             return None
         if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
             return None
-        return cls.of(model, prompt, data["params"], tuple(hosts))
+        expect = data.get("expect", "text")
+        if not isinstance(expect, str):
+            return None
+        return cls.of(model, prompt, data["params"], tuple(hosts), expect)
 
     def changes_from(self, old: Settings, now: str = "now") -> list[str]:
         """What differs from ``old`` in words ("--prompt 'A:' (now 'B:')"); [] when the results
@@ -107,6 +119,8 @@ class Settings:
             if before.get(name) != after.get(name):
                 flag = f"--{name.replace('_', '-')}" if name in FLAGS else name
                 out.append(f"{flag} {before.get(name)!r} ({now} {after.get(name)!r})")
+        if old.expect != self.expect:  # results checked otherwise, or not at all
+            out.append(f"--expect {old.expect} ({now} {self.expect})")
         if old.hosts and self.hosts and not set(old.hosts) & set(self.hosts):
             out.append(f"the server {', '.join(old.hosts)} ({now} {', '.join(self.hosts)})")
         return out

@@ -65,10 +65,11 @@ class BatchSpec:
 
     @property
     def settings(self) -> Settings:
-        """What this run sends besides each item (the journal's settings line): a Batch API
-        request's body is the item's own, so only the model it may lack and the hosts."""
+        """What this run sends besides each item (the journal's settings line), and what it
+        checks of each answer (--expect): a Batch API request's body is the item's own, so only
+        the model it may lack and the hosts."""
         params = self.params.to_json() if self.format == "tasks" else {}
-        return Settings.of(self.model, self.prompt, params, self.hosts)
+        return Settings.of(self.model, self.prompt, params, self.hosts, self.expect)
 
     def request_for(self, task: Task) -> tuple[str, dict[str, Any]]:
         """Where ``task`` goes under the base URL, and the body sent: a request line's as it
