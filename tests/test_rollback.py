@@ -214,15 +214,16 @@ def _user_restarts(port: int, settings: MockSettings, first: BackgroundServer) -
     return user
 
 
-@pytest.mark.parametrize("beside", ["a managed server beside it", "only [server] kind"])
+@pytest.mark.parametrize("beside", ["a managed server beside it", "[server] on another port"])
 def test_rollback_of_a_target_calibrate_does_not_manage_touches_no_other_server(
     cli, isolated: Path, beside: str
 ) -> None:
     """The target is a server the user runs. A server calibrate manages on another port was
-    stopped and started again instead (and the target's port then waited on), and with only
-    `[server] kind` set — as the README's tour has it, for pin — rollback said "calibrate does
-    not manage this server" and then started an engine itself, on `[server] port`. Both leave
-    the other port alone now, and the user restarts the target."""
+    stopped and started again instead (and the target's port then waited on), and with
+    `[server]` set up for another port (none started) rollback said "calibrate does not manage
+    this server" and then started an engine itself there, on `[server] port`. Both leave the
+    other port alone now, and the user restarts the target. (`[server]` on the target's own
+    port is started at step 4: test_engine_interrupts' rollback test.)"""
     settings = MockSettings(ttft_s=0.002, per_token_s=0.0005)
     first = BackgroundServer(settings, "127.0.0.1", 0)
     port, other = first.server.port, free_port()

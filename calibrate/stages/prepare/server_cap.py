@@ -43,12 +43,17 @@ def managed_target(cfg: Config) -> process.ServerRecord | None:
 def is_target(cfg: Config, record: process.ServerRecord) -> bool:
     """Whether the managed server of ``record`` is the one the target points at: this machine
     (by any of its names), the server's port."""
+    return serves_target(cfg, record.port)
+
+
+def serves_target(cfg: Config, port: int) -> bool:
+    """Whether a server on ``port`` of this machine is the one the target points at."""
     target = urlsplit(cfg.target.base_url)
     try:
-        port = target.port or (443 if target.scheme == "https" else 80)
+        target_port = target.port or (443 if target.scheme == "https" else 80)
     except ValueError:
         return False
-    return url_host(cfg.target.base_url) in THIS_MACHINE and port == record.port
+    return url_host(cfg.target.base_url) in THIS_MACHINE and port == target_port
 
 
 def run_at_cap(

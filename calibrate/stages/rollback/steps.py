@@ -30,7 +30,7 @@ from calibrate.server.readiness import VramProbe, used_mib, wait_released
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.incidents import Incident, write_incident
 from calibrate.stages.pin_context import context_for
-from calibrate.stages.prepare.server_cap import is_target, running_cap
+from calibrate.stages.prepare.server_cap import is_target, running_cap, serves_target
 from calibrate.stages.repro import against_baseline
 from calibrate.stages.rollback.result import STILL_DIFFERS, RollbackResult, StepName, StepResult
 from calibrate.state.gates import next_step
@@ -73,13 +73,16 @@ class Rollback:
         self.clock = clock
         self.deadline = clock() + wait_s
         self.runs = ctx.config.runs_dir
+        cfg = ctx.config
         found = process.load(self.runs)
         # the managed server is stopped and started again only when it is the target: a server
-        # calibrate manages beside another target is left as it is (said at the first step)
-        self.beside = found if found is not None and not is_target(ctx.config, found) else None
+        # calibrate manages beside another target is left as it is (said at the first step);
+        # with none, [server] is started only where the target is (its port on this machine)
+        self.beside = found if found is not None and not is_target(cfg, found) else None
         self.record = found if self.beside is None else None
+        startable = self.record is not None or serves_target(cfg, cfg.server.port)
         self.kind: ServerKind | None = (
-            process.kind_of(self.record, ctx.config.server.kind) if self.record else None
+            process.kind_of(self.record, cfg.server.kind) if startable else None
         )
         self.managed = self.kind is not None
         self.host, self.port = readiness.host_port(ctx.config.target.base_url)
