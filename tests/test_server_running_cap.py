@@ -22,9 +22,9 @@ from calibrate.gpu.reading import VramReading
 from calibrate.gpu.vram import VramMonitor
 from calibrate.io.tier_table.cells import row_json
 from calibrate.server import process
+from calibrate.server.process import managed_target
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tiers import Stats, Unseen, summarise
-from calibrate.stages.prepare.server_cap import managed_target
 from calibrate.stages.server_account import (
     observed_cap,
     queue_note,

@@ -132,6 +132,17 @@ def test_needs_a_managed_server_and_a_passing_ladder(cli, isolated: Path) -> Non
     tune_config(isolated, 'grid = ["nope=1,2"]\n')
     bad = cli("tune")
     assert bad.code == 2 and "no {nope} placeholder" in bad.err and "slots" in bad.err
+    # the target elsewhere than the port tune starts its candidates on: each would be measured
+    # on that other server (a winner drawn from one server's noise); exit 2, nothing started
+    config = isolated / "calibrate.toml"
+    config.write_text(
+        re.sub(r"(base_url = \"http://127\.0\.0\.1:)\d+", r"\g<1>9", config.read_text())
+    )
+    elsewhere = cli("tune")
+    assert elsewhere.code == 2, elsewhere.err
+    said = " ".join(elsewhere.err.split())
+    assert "but the target is http://127.0.0.1:9/v1: its measurements would not be of" in said
+    assert not (isolated / "runs/server.json").exists()
     assert not list((isolated / "runs").glob("*-tune-*")), "nothing written"
 
 

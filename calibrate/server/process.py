@@ -18,8 +18,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from calibrate import json_text, redact
+from calibrate.config import Config
 from calibrate.engines import find
 from calibrate.engines.args import ServerKind
 from calibrate.engines.redaction import argv_secret_values, redact_argv
@@ -28,6 +30,7 @@ from calibrate.io.bounded import read_tail, read_text
 from calibrate.io.records import utc_now_iso
 from calibrate.server import exit_status, log_filter, supervise
 from calibrate.server.pids import start_id
+from calibrate.state.identity import LOOPBACK, url_host
 
 log = logging.getLogger("calibrate")
 
@@ -295,3 +298,38 @@ def log_tail(runs_dir: Path, lines: int, offset: int = 0) -> list[str]:
         return []
     text = data.decode("utf-8", errors="replace").splitlines()
     return text[-lines:] if lines > 0 else []
+
+
+# -- whether the managed server is the target's: asked before its record is read as the
+# target's account (its cap, its engine) or it is stopped and started for the target; a managed
+# server beside another target (a second server given by --base-url, a proxy in front of it)
+# says nothing of the target and is never touched for it
+
+THIS_MACHINE = (LOOPBACK, "0.0.0.0", "::")  # a target host that is the managed server's machine
+
+
+def managed_target(cfg: Config) -> ServerRecord | None:
+    """The server calibrate manages, when it runs and the target is it (this machine, its
+    port); None otherwise. Its record says its cap and how to restart it — of itself only: a
+    managed server beside the target (another server given by ``--base-url``, a proxy in front
+    of it) says nothing of the target's cap, and restarting it changes nothing there."""
+    record = load(cfg.runs_dir)
+    if record is None or liveness(record) != "running" or not is_target(cfg, record):
+        return None
+    return record
+
+
+def is_target(cfg: Config, record: ServerRecord) -> bool:
+    """Whether the managed server of ``record`` is the one the target points at: this machine
+    (by any of its names), the server's port."""
+    return serves_target(cfg, record.port)
+
+
+def serves_target(cfg: Config, port: int) -> bool:
+    """Whether a server on ``port`` of this machine is the one the target points at."""
+    target = urlsplit(cfg.target.base_url)
+    try:
+        target_port = target.port or (443 if target.scheme == "https" else 80)
+    except ValueError:
+        return False
+    return url_host(cfg.target.base_url) in THIS_MACHINE and port == target_port

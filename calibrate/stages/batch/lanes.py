@@ -28,6 +28,7 @@ from calibrate.load.transport import HttpTransport, Transport
 from calibrate.server import lifecycle as server
 from calibrate.server import process
 from calibrate.server.exit_status import ended_words, exited
+from calibrate.server.process import is_target
 from calibrate.stages.batch.outage import (
     Breaker,
     OutageEvent,
@@ -35,7 +36,6 @@ from calibrate.stages.batch.outage import (
     Restarter,
     is_outage,
 )
-from calibrate.stages.prepare.server_cap import is_target
 from calibrate.state.ledger import Ledger, target_fingerprint
 from calibrate.state.setting import Endpoint, resolve
 

@@ -26,6 +26,7 @@ from calibrate.engines import find
 from calibrate.io.tier_table.row import DeterminismCells
 from calibrate.server import process
 from calibrate.server.devices import read_environ
+from calibrate.server.process import managed_target
 from calibrate.stages.context import StageContext
 
 _CJK = "\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef"
@@ -205,10 +206,11 @@ def overall(checks: Sequence[tuple[str, DeterminismCheck]]) -> str | None:
 
 
 def managed_switch(cfg: Config) -> EngineSwitch | None:
-    """The batch-invariant switch of the engine calibrate manages (its recorded argv and its
-    process environment), else of [server] kind and command; None for other engines."""
-    record = process.load(cfg.runs_dir)
-    if record is not None and process.liveness(record) == "running":
+    """The batch-invariant switch of the engine calibrate manages as the target (its recorded
+    argv and its process environment), else of [server] kind and command; None for other
+    engines."""
+    record = managed_target(cfg)  # the engine calibrate manages, when it is the target
+    if record is not None:
         kind = process.kind_of(record, cfg.server.kind)
         return engine_switch(kind, record.argv, read_environ(record.pid))
     argv: list[str] | None = None

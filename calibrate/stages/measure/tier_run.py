@@ -28,10 +28,10 @@ from calibrate.io.tasks import TaskPool
 from calibrate.io.tier_table.row import TierRow
 from calibrate.redact import redact_url
 from calibrate.server.devices import managed_server_devices
+from calibrate.server.process import managed_target
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import kept_on_write_error
 from calibrate.stages.measure.incidents import IncidentRecorder
-from calibrate.stages.prepare.server_cap import managed_target
 from calibrate.stages.prepare.stream_probe import StreamCheck, probe_stream
 from calibrate.stages.prepare.workload_plan import WorkloadPlan, prepare_workload
 from calibrate.workload import WorkloadSpec

@@ -8,10 +8,8 @@ manage cannot be capped; the sweep then limits what it sends instead (``safe_lev
 from __future__ import annotations
 
 from collections.abc import Callable
-from urllib.parse import urlsplit
 
 from calibrate import json_text
-from calibrate.config import Config
 from calibrate.engines import CAP_REPORTS, find
 from calibrate.engines.args import ServerKind
 from calibrate.engines.base import http_threads
@@ -19,41 +17,13 @@ from calibrate.errors import RequestError
 from calibrate.http.responses import in_range
 from calibrate.server import lifecycle as server
 from calibrate.server import process
+from calibrate.server.process import managed_target
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.pin_context import context_for
-from calibrate.state.identity import LOOPBACK, url_host
 
 Restart = Callable[[int], bool]  # True: the server was restarted for this batch
 MAX_SLOTS = 1_000_000  # a slot count past this is no count
-THIS_MACHINE = (LOOPBACK, "0.0.0.0", "::")  # a target host that is the managed server's machine
-
-
-def managed_target(cfg: Config) -> process.ServerRecord | None:
-    """The server calibrate manages, when it runs and the target is it (this machine, its
-    port); None otherwise. Its record says its cap and how to restart it — of itself only: a
-    managed server beside the target (another server given by ``--base-url``, a proxy in front
-    of it) says nothing of the target's cap, and restarting it changes nothing there."""
-    record = process.load(cfg.runs_dir)
-    if record is None or process.liveness(record) != "running" or not is_target(cfg, record):
-        return None
-    return record
-
-
-def is_target(cfg: Config, record: process.ServerRecord) -> bool:
-    """Whether the managed server of ``record`` is the one the target points at: this machine
-    (by any of its names), the server's port."""
-    return serves_target(cfg, record.port)
-
-
-def serves_target(cfg: Config, port: int) -> bool:
-    """Whether a server on ``port`` of this machine is the one the target points at."""
-    target = urlsplit(cfg.target.base_url)
-    try:
-        target_port = target.port or (443 if target.scheme == "https" else 80)
-    except ValueError:
-        return False
-    return url_host(cfg.target.base_url) in THIS_MACHINE and port == target_port
 
 
 def run_at_cap(

@@ -26,11 +26,12 @@ from calibrate.io.baseline import Comparison, Normaliser
 from calibrate.server import lifecycle as server
 from calibrate.server import pids, process, readiness
 from calibrate.server.exit_status import ended_words
+from calibrate.server.process import is_target, serves_target
 from calibrate.server.readiness import VramProbe, used_mib, wait_released
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.incidents import Incident, write_incident
 from calibrate.stages.pin_context import context_for
-from calibrate.stages.prepare.server_cap import is_target, running_cap, serves_target
+from calibrate.stages.prepare.server_cap import running_cap
 from calibrate.stages.repro import against_baseline
 from calibrate.stages.rollback.result import STILL_DIFFERS, RollbackResult, StepName, StepResult
 from calibrate.state.gates import next_step

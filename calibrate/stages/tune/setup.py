@@ -20,7 +20,9 @@ from calibrate.errors import ConfigError, UsageError
 from calibrate.gpu.energy import RankBy
 from calibrate.io.store import RunDir
 from calibrate.io.tasks import TaskPool
+from calibrate.redact import redact_url
 from calibrate.server import lifecycle as server
+from calibrate.server.process import serves_target
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.pin_context import verified_workload
@@ -102,6 +104,14 @@ def prepare(ctx: StageContext, request: TuneRequest) -> TuneSetup:
     """The plan and the run to write to; every mistake is exit 2 before anything starts."""
     cfg = ctx.config
     kind = engine_kind(ctx, request.kind)
+    if not serves_target(cfg, cfg.server.port):  # else every candidate measures one other server
+        raise UsageError(
+            f"tune starts each candidate on port {cfg.server.port} of this machine, but the "
+            f"target is {redact_url(cfg.target.base_url)}: its measurements would not be of the "
+            "candidates",
+            f"Set [target] base_url to http://127.0.0.1:{cfg.server.port}/v1, or [server] port "
+            "to the target's port.",
+        )
     price = request.spec.gpu_price_per_hour
     if request.rank_by == "usd_per_1m" and price is None and cfg.cost.gpu_price_per_hour is None:
         raise UsageError(
