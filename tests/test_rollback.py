@@ -112,6 +112,26 @@ def test_rollback_with_other_output_says_not_concurrency(cli, isolated: Path) ->
     assert FAKE_KEY not in all_files_text(isolated)
 
 
+class _UserRestart(threading.Thread):
+    """The user: stops the target's server, then starts it again on the same port."""
+
+    def __init__(self, port: int, settings: MockSettings, first: BackgroundServer) -> None:
+        super().__init__()
+        self.port, self.settings, self.first = port, settings, first
+        self.servers: list[BackgroundServer] = []
+
+    def run(self) -> None:
+        threading.Event().wait(0.4)
+        self.first.stop()
+        threading.Event().wait(0.4)
+        self.servers.append(BackgroundServer(self.settings, "127.0.0.1", self.port))
+
+    def done(self) -> None:
+        self.join()
+        for server in self.servers:
+            server.stop()
+
+
 def test_rollback_waits_for_an_unmanaged_server_to_stop_and_come_back(cli, isolated: Path) -> None:
     settings = MockSettings(ttft_s=0.002, per_token_s=0.0005)
     first = BackgroundServer(settings, "127.0.0.1", 0)
@@ -120,22 +140,12 @@ def test_rollback_waits_for_an_unmanaged_server_to_stop_and_come_back(cli, isola
     single = cli("single", "--json")
     assert single.code == 0
     passing_ladder(isolated, single.json["record"]["target"], batch_size=2)
-    servers: list[BackgroundServer] = []
-
-    def operator() -> None:  # the user: stops the server, then restarts it on the same port
-        threading.Event().wait(0.4)
-        first.stop()
-        threading.Event().wait(0.4)
-        servers.append(BackgroundServer(settings, "127.0.0.1", port))
-
-    user = threading.Thread(target=operator)
+    user = _UserRestart(port, settings, first)
     user.start()
     try:
         result = cli("rollback", "--wait", "20")
     finally:
-        user.join()
-        for server in servers:
-            server.stop()
+        user.done()
     assert result.code == 0, result.err
     assert "stop it yourself" in result.err and "kill -TERM" in result.err
     assert "restart your server at batch size 2 and concurrency 1" in result.err
@@ -198,22 +208,6 @@ def test_vram_not_released_fails_after_timeout() -> None:
     assert none.ok and not none.measured and "not measured" in none.message
 
 
-def _user_restarts(port: int, settings: MockSettings, first: BackgroundServer) -> threading.Thread:
-    """The user: stops the target's server, then starts it again on the same port."""
-    servers: list[BackgroundServer] = []
-
-    def operator() -> None:
-        threading.Event().wait(0.4)
-        first.stop()
-        threading.Event().wait(0.4)
-        servers.append(BackgroundServer(settings, "127.0.0.1", port))
-
-    user = threading.Thread(target=operator)
-    user.start()
-    user.servers = servers  # type: ignore[attr-defined]
-    return user
-
-
 @pytest.mark.parametrize("beside", ["a managed server beside it", "[server] on another port"])
 def test_rollback_of_a_target_calibrate_does_not_manage_touches_no_other_server(
     cli, isolated: Path, beside: str
@@ -239,13 +233,12 @@ def test_rollback_of_a_target_calibrate_does_not_manage_touches_no_other_server(
         single = cli("single", "--json")
         assert single.code == 0, single.err
         passing_ladder(isolated, single.json["record"]["target"], batch_size=2)
-        user = _user_restarts(port, settings, first)
+        user = _UserRestart(port, settings, first)
+        user.start()
         try:
             result = cli("rollback", "--wait", "20")
         finally:
-            user.join()
-            for server in user.servers:  # type: ignore[attr-defined]
-                server.stop()
+            user.done()
         still = managed_pid is not None and not pid_gone(managed_pid)
         other_open = readiness.port_open("127.0.0.1", other)
     finally:
@@ -274,13 +267,12 @@ def test_rollback_checks_the_cap_the_restarted_server_reports(cli, isolated: Pat
     assert single.code == 0
     passing_ladder(isolated, single.json["record"]["target"], batch_size=4)
     eight = MockSettings(ttft_s=0.002, per_token_s=0.0005, slots=8, expose_props=True)
-    user = _user_restarts(port, eight, first)
+    user = _UserRestart(port, eight, first)
+    user.start()
     try:
         result = cli("rollback", "--wait", "20")
     finally:
-        user.join()
-        for server in user.servers:  # type: ignore[attr-defined]
-            server.stop()
+        user.done()
     assert result.code == 1, result.err
     said = " ".join(result.err.split())
     assert "restored:" not in said
