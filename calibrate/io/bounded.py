@@ -84,7 +84,7 @@ def read_bounded(path: Path | str, *, limit: int = MAX_FILE_BYTES) -> bytes:
 
     Read in pieces the size the file says it has (a file of /proc says 0: ``CHUNK_BYTES``), never
     one buffer of ``limit`` bytes: a 300-byte file read into 32 MiB allocated and dropped took
-    49 µs against 18 µs — and the noise meter reads every process's ``stat`` each sample."""
+    49 µs against 16 µs — and the noise meter reads every process's ``stat`` each sample."""
     parts: list[bytes] = []
     size = 0
     with open(path, "rb", buffering=0) as handle:  # each read one system call, no buffer copy
