@@ -192,3 +192,36 @@ def test_how_an_engine_ended_is_waited_for_while_its_supervisor_lives(tmp_path: 
         )
         is None
     )  # no supervisor on record (an older calibrate's): the short wait, as before
+
+
+def test_a_managed_server_dead_beside_the_target_is_not_the_targets_death(
+    cli, isolated: Path
+) -> None:
+    """A server calibrate manages on another port was killed; the target (a server the user
+    runs) resets every connection. The ladder took the resets for the managed server's death:
+    "server_died … killed by SIGKILL" in its tier and incidents, with that server's log. They
+    are the target's resets."""
+    from tests.fakes import append_ledger, kill_9
+    from tests.mockserver import start_mock
+
+    other = free_port()
+    managed_config(isolated, other, mock_command())
+    started = cli("server", "start", "--concurrency", "2", "--json")
+    assert started.code == 0, started.err
+    kill_9(started.json["pid"])
+    with start_mock(ttft_s=0.001, per_token_s=0.0001, reset_rate=1.0) as target:
+        config = isolated / "calibrate.toml"
+        config.write_text(
+            config.read_text().replace(f"127.0.0.1:{other}", f"127.0.0.1:{target.port}")
+        )
+        fingerprint = cli("status", "--json").json["target"]
+        append_ledger(isolated, "repro", fingerprint, {})
+        ladder = cli("ladder", "--json")
+    assert ladder.code == 1, ladder.err
+    incidents = [
+        json.loads(p.read_text("utf-8"))
+        for p in (isolated / "runs").glob("*-ladder-*/incidents/*.json")
+    ]
+    assert incidents and {i["error"]["kind"] for i in incidents} == {"reset"}, incidents[0]
+    assert "server_died" not in ladder.err and "SIGKILL" not in ladder.err
+    assert all(i["server"].get("log_tail") is None for i in incidents)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from calibrate.config import Config
 from calibrate.gpu.nvml import GpuSnapshot
 from calibrate.server import process
 
@@ -51,10 +52,11 @@ def read_environ(pid: int) -> dict[str, str] | None:
     return {name: value for name, _, value in pairs}
 
 
-def managed_server_devices(runs_dir: Path) -> tuple[str, ...] | None:
-    """The devices of the server calibrate manages, when it is running and says."""
-    record = process.load(runs_dir)
-    if record is None or process.liveness(record) != "running":
+def managed_server_devices(cfg: Config) -> tuple[str, ...] | None:
+    """The devices of the server calibrate manages, when it is running, is the target and
+    says (a managed server beside the target runs on devices that are not the target's)."""
+    record = process.managed_target(cfg)
+    if record is None:
         return None
     environ = read_environ(record.pid)
     return visible_devices(environ) if environ is not None else None

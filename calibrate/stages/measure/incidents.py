@@ -104,13 +104,18 @@ class ServerProcess:
 
 
 def resolve_server(
-    explicit_pid: int | None, runs_dir: Path, snapshot: GpuSnapshot | None
+    explicit_pid: int | None,
+    runs_dir: Path,
+    snapshot: GpuSnapshot | None,
+    targets: Callable[[ServerRecord], bool] = lambda record: True,
 ) -> ServerProcess:
-    """``--server-pid``, else the server calibrate manages, else NVML's biggest GPU process."""
+    """``--server-pid``, else the server calibrate manages when ``targets`` says it is the
+    target's (a managed server beside the target: neither its log nor its death is the
+    target's), else NVML's biggest GPU process."""
     if explicit_pid is not None:
         return ServerProcess(explicit_pid, "--server-pid")
     record = process.load(runs_dir)
-    if record is not None:
+    if record is not None and targets(record):
         return ServerProcess(record.pid, str(process.pid_path(runs_dir)), record)
     if snapshot is not None and snapshot.processes:
         pid, _ = max(snapshot.processes, key=lambda p: p[1])
@@ -148,8 +153,10 @@ class IncidentRecorder:
         server_pid: int | None = None,
         devices: Sequence[str] | None = None,
         snapshot: Callable[[Sequence[str] | None], GpuSnapshot | None] = gpu_snapshot,
+        targets: Callable[[ServerRecord], bool] = lambda record: True,
     ) -> None:
         self.run = run
+        self.targets = targets  # whether the managed server's record is the target's
         self.headers = dict(headers)
         self.monitor = monitor
         self.runs_dir = runs_dir
@@ -174,7 +181,7 @@ class IncidentRecorder:
         if not failed:
             return []
         snap = self.snapshot(self.devices)
-        server = resolve_server(self.server_pid, self.runs_dir, snap)
+        server = resolve_server(self.server_pid, self.runs_dir, snap, self.targets)
         vram = self._vram(snap, peak)
         running = alive(server)
         tail = None
@@ -220,7 +227,7 @@ class IncidentRecorder:
         tier's error kinds and the incidents then all say the same."""
         if all(i.error is None for i in items):
             return list(items)
-        server = resolve_server(self.server_pid, self.runs_dir, None)
+        server = resolve_server(self.server_pid, self.runs_dir, None, self.targets)
         death = self._death(server, alive(server))
         if death is None:
             return list(items)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import urlsplit
 
-from calibrate.config import LadderMode, SloConfig
+from calibrate.config import Config, LadderMode, SloConfig
 from calibrate.errors import UsageError
 from calibrate.gpu.energy import check_price
 from calibrate.gpu.noise import LinuxProc, NoiseMeter, server_cpu
@@ -28,7 +28,7 @@ from calibrate.io.tasks import TaskPool
 from calibrate.io.tier_table.row import TierRow
 from calibrate.redact import redact_url
 from calibrate.server.devices import managed_server_devices
-from calibrate.server.process import managed_target
+from calibrate.server.process import is_target, managed_target
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import kept_on_write_error
 from calibrate.stages.measure.incidents import IncidentRecorder
@@ -63,9 +63,10 @@ class MeasureSpec:
         if (self.compare is None) != (self.baseline is None):  # a caller's mistake, not a user's
             raise ValueError("--compare's path and its rows go together (cli.flags.measure_spec)")
 
-    def devices(self, runs_dir: Path) -> Sequence[str] | None:
-        """``--gpu``, else the managed server's CUDA_VISIBLE_DEVICES (a MIG instance), else all."""
-        return list(self.gpus) if self.gpus else managed_server_devices(runs_dir)
+    def devices(self, cfg: Config) -> Sequence[str] | None:
+        """``--gpu``, else the managed server's CUDA_VISIBLE_DEVICES (a MIG instance) when it
+        is the target, else all."""
+        return list(self.gpus) if self.gpus else managed_server_devices(cfg)
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,7 @@ def noise_meter(server_pid: int | None, ctx: StageContext, selfload: SelfLoadMon
 @contextmanager
 def measuring(spec: MeasureSpec, ctx: StageContext) -> Iterator[Measuring]:
     """Start the samplers for the run; stop them and close the client however it ends."""
-    devices = spec.devices(ctx.config.runs_dir)  # the managed server's own: read once
+    devices = spec.devices(ctx.config)  # the managed server's own: read once
     monitor = start_monitor(spec, ctx, devices)
     reader = LinuxProc()
     server_pids = server_finder(spec.server_pid, ctx, reader)
@@ -220,6 +221,7 @@ def measuring(spec: MeasureSpec, ctx: StageContext) -> Iterator[Measuring]:
         runs_dir=ctx.config.runs_dir,
         server_pid=spec.server_pid,
         devices=devices,
+        targets=lambda record: is_target(ctx.config, record),
     )
     try:
         yield Measuring(monitor, selfload, incidents, noise, server_pids)
