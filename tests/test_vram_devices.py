@@ -53,8 +53,11 @@ def test_a_managed_server_on_a_mig_instance_is_sampled_there(tmp_path: Path) -> 
         assert start is not None
         record = process.ServerRecord(child.pid, start, ("engine",), "custom", 8000, None, "now", 0)
         process.save(record, tmp_path)
-        devices = managed_server_devices(tmp_path)
+        cfg = replace(Config(), paths=replace(Config().paths, runs=str(tmp_path)))  # :8000
+        devices = managed_server_devices(cfg)
         assert devices == (MIG_A,)
+        elsewhere = replace(cfg, target=replace(cfg.target, base_url="http://127.0.0.1:9/v1"))
+        assert managed_server_devices(elsewhere) is None  # beside another target: not its GPU
         parent = FakeGpu("GPU-par", 27000, 81920)
         parent.migs = [mig(MIG_A, 19000, 20000), mig("MIG-other", 100, 20000)]
         sampler = NvmlSampler.open(devices, nvml=FakeNvml([parent]))
@@ -63,8 +66,9 @@ def test_a_managed_server_on_a_mig_instance_is_sampled_there(tmp_path: Path) -> 
     finally:
         child.kill()
         child.wait()
-    assert managed_server_devices(tmp_path) is None  # gone: nothing to say
-    assert managed_server_devices(tmp_path / "none") is None
+    assert managed_server_devices(cfg) is None  # gone: nothing to say
+    none = replace(cfg, paths=replace(cfg.paths, runs=str(tmp_path / "none")))
+    assert managed_server_devices(none) is None
 
 
 def test_peak_mib_is_the_fullest_devices_own_peak_never_the_sum() -> None:
