@@ -6,6 +6,7 @@ import json
 import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -132,20 +133,28 @@ class _UserRestart(threading.Thread):
             server.stop()
 
 
+def _rollback_while_the_user_restarts(
+    cli: Any, root: Path, batch: int, first: BackgroundServer, again: MockSettings
+) -> Any:
+    """A baseline and a ladder that passed ``batch``, then rollback while the user stops the
+    target's server and starts it again (with ``again``'s settings) on the same port."""
+    single = cli("single", "--json")
+    assert single.code == 0, single.err
+    passing_ladder(root, single.json["record"]["target"], batch_size=batch)
+    user = _UserRestart(first.server.port, again, first)
+    user.start()
+    try:
+        return cli("rollback", "--wait", "20")
+    finally:
+        user.done()
+
+
 def test_rollback_waits_for_an_unmanaged_server_to_stop_and_come_back(cli, isolated: Path) -> None:
     settings = MockSettings(ttft_s=0.002, per_token_s=0.0005)
     first = BackgroundServer(settings, "127.0.0.1", 0)
     port = first.server.port
     write_config(isolated / "calibrate.toml", f"http://127.0.0.1:{port}/v1")
-    single = cli("single", "--json")
-    assert single.code == 0
-    passing_ladder(isolated, single.json["record"]["target"], batch_size=2)
-    user = _UserRestart(port, settings, first)
-    user.start()
-    try:
-        result = cli("rollback", "--wait", "20")
-    finally:
-        user.done()
+    result = _rollback_while_the_user_restarts(cli, isolated, 2, first, settings)
     assert result.code == 0, result.err
     assert "stop it yourself" in result.err and "kill -TERM" in result.err
     assert "restart your server at batch size 2 and concurrency 1" in result.err
@@ -230,15 +239,7 @@ def test_rollback_of_a_target_calibrate_does_not_manage_touches_no_other_server(
         assert started.code == 0, started.err
         managed_pid = started.json["pid"]
     try:
-        single = cli("single", "--json")
-        assert single.code == 0, single.err
-        passing_ladder(isolated, single.json["record"]["target"], batch_size=2)
-        user = _UserRestart(port, settings, first)
-        user.start()
-        try:
-            result = cli("rollback", "--wait", "20")
-        finally:
-            user.done()
+        result = _rollback_while_the_user_restarts(cli, isolated, 2, first, settings)
         still = managed_pid is not None and not pid_gone(managed_pid)
         other_open = readiness.port_open("127.0.0.1", other)
     finally:
@@ -263,16 +264,8 @@ def test_rollback_checks_the_cap_the_restarted_server_reports(cli, isolated: Pat
     )
     port = first.server.port
     write_config(isolated / "calibrate.toml", f"http://127.0.0.1:{port}/v1")
-    single = cli("single", "--json")
-    assert single.code == 0
-    passing_ladder(isolated, single.json["record"]["target"], batch_size=4)
     eight = MockSettings(ttft_s=0.002, per_token_s=0.0005, slots=8, expose_props=True)
-    user = _UserRestart(port, eight, first)
-    user.start()
-    try:
-        result = cli("rollback", "--wait", "20")
-    finally:
-        user.done()
+    result = _rollback_while_the_user_restarts(cli, isolated, 4, first, eight)
     assert result.code == 1, result.err
     said = " ".join(result.err.split())
     assert "restored:" not in said
