@@ -566,6 +566,10 @@ def test_a_managed_server_beside_the_target_says_nothing_of_the_targets_cap(
                 )
             ]
             theirs = managed_target(cfg)
+            at_it = replace(
+                cfg, target=replace(cfg.target, base_url=f"http://127.0.0.1:{other}/v1")
+            )
+            kinds = (process.running_kind(cfg), process.running_kind(at_it))  # the engine's kind
         finally:
             assert cli("server", "stop").code == 0
     assert result.code == 1, result.err
@@ -574,3 +578,4 @@ def test_a_managed_server_beside_the_target_says_nothing_of_the_targets_cap(
         "the server runs at cap 4 (llama.cpp /props total_slots), not the verified batch 8" in err
     )
     assert theirs is None and record is not None and beside == [record, record, None, None]
+    assert kinds == (None, "vllm"), "the engine beside is not the target's engine (pin's kind)"

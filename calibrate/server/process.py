@@ -216,11 +216,10 @@ def kind_of(record: ServerRecord | None, configured: str | None) -> ServerKind |
     return None
 
 
-def running_kind(runs_dir: Path, configured: str | None) -> ServerKind | None:
-    """``kind_of`` the managed server while it runs; ``configured`` when none runs."""
-    record = load(runs_dir)
-    running = record is not None and liveness(record) == "running"
-    return kind_of(record if running else None, configured)
+def running_kind(cfg: Config) -> ServerKind | None:
+    """``kind_of`` the managed server while it runs and is the target; ``[server] kind``
+    otherwise (a managed engine beside another target is not the target's engine)."""
+    return kind_of(managed_target(cfg), cfg.server.kind)
 
 
 def forget(runs_dir: Path) -> None:

@@ -84,9 +84,7 @@ def open_stage(request: StageRequest, warn: Callable[[str], None]) -> StageConte
         ),
     )
     run = RunDir(cfg.runs_dir, stage)
-    ctx = StageContext(
-        cfg, client, run, ledger, target, running_kind(cfg.runs_dir, cfg.server.kind), forced
-    )
+    ctx = StageContext(cfg, client, run, ledger, target, running_kind(cfg), forced)
     run.set_manifest(manifest(ctx, ["calibrate", *request.argv]))
     return ctx
 

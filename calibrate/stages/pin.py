@@ -62,7 +62,7 @@ def resolve_kind(ctx: StageContext, kind: str | None, measured_in: str = "") -> 
     else what the managed server runs as; else [server] kind."""
     cfg = ctx.config
     chosen = kind or _measured_kind(cfg.runs_dir, measured_in)
-    chosen = chosen or running_kind(cfg.runs_dir, cfg.server.kind)
+    chosen = chosen or running_kind(cfg)
     for known in SERVER_KINDS:
         if known == chosen:
             return known

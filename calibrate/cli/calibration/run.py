@@ -77,7 +77,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
     cfg = resolve.load_config(args)
-    if not (args.kind or running_kind(cfg.runs_dir, cfg.server.kind)):
+    if not (args.kind or running_kind(cfg)):
         raise UsageError(
             "calibrate run ends with a launch script, and no engine kind is known; nothing was sent",
             f"Pass --kind ({' | '.join(SERVER_KINDS)}), or set [server] kind in calibrate.toml.",
