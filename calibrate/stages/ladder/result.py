@@ -140,8 +140,9 @@ class LadderResult:
         doubt = self.doubt
         if doubt is None or not self.conservative or not doubt.takeable:
             return ""
-        if self.under_noise is not None:
-            return self.under_noise.text
+        if self.under_noise is not None:  # and a starved tier above, when one was: both said
+            also = doubt.starved.removeprefix("inconclusive: ")
+            return f"{self.under_noise.text}; and {also}" if also else self.under_noise.text
         chosen = self.setting
         where = f"batch {chosen.batch_size}, " if chosen else ""
         why = doubt.starved.removeprefix("inconclusive: ")

@@ -445,6 +445,7 @@ def test_a_starved_tier_above_never_hides_the_noise_below(top: Verdict) -> None:
     taken = replace(result, conservative=True)
     assert taken.setting is history[0] and taken.under_noise is not None
     assert taken.setting_reason.startswith("batch 4, the conservative answer, taken under noise")
+    assert "; and the client was the limit at batch 16" in taken.setting_reason  # said, taken too
 
 
 def test_a_round_run_again_is_judged_with_the_rest_and_can_stop_its_tier(tmp_path: Path) -> None:
