@@ -31,10 +31,8 @@ from calibrate.stages.batch.outage import OutagePolicy
 from calibrate.stages.batch.pacing import Work
 from calibrate.stages.batch.plan import BatchSpec
 from calibrate.stages.batch.queue import MAX_REQUEUES, waiting_task
-from calibrate.stages.batch.sending import Sending
+from calibrate.stages.batch.sending import POLL_S, Sending
 from calibrate.state.setting import Endpoint
-
-POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -185,9 +183,10 @@ def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
         advice=setup.advice,
         cpu_limit=setup.cpu_limit,
     ).start()
-    sending = Sending(lanes, Work(queue, spec, journal, control, guard)).start()
+    sending = Sending(lanes, Work(queue, spec, journal, control, guard))
+    sending.start()
     told, paused = False, False
-    while not sending.wait(POLL_S):
+    while not sending.settle(POLL_S):
         if text := monitor.poll_warning():
             outbox.put("warn", text)
         if control.reason is not None and not told:

@@ -24,9 +24,9 @@ from calibrate.load.procs.proc import ENDED, Proc, Workers
 from calibrate.stages.batch.control import BatchControl
 from calibrate.stages.batch.procs.child import WorkerDone, WorkerSetup
 from calibrate.stages.batch.queue import WorkQueue
+from calibrate.stages.batch.sending import POLL_S
 from calibrate.state.setting import Endpoint
 
-POLL_S = 0.2
 MAX_SENT = 64  # items sent to a worker in one message, at most
 MAX_REPLACEMENTS = 8  # workers started again in one run, at most (a crash loop ends)
 

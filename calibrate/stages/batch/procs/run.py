@@ -1,9 +1,10 @@
 """``run_workers``: a batch over N worker processes, with the same result as ``run_batch``.
 
-The parent's side of the run: the plan's writer, tally, journal and queue exactly as in the
-one-process run (sending.py), the workers' messages turned into journal lines and queue events,
-progress and warnings shown from the main thread, and the self-check merged: the warning
-fires when any process (a worker, or this one that feeds and journals them) is the limit.
+The run loop is the one-process run's (``sending.run_items``: the feeder, the journal, the
+progress, the grace period); what is the workers' own is their ``Senders`` (``WorkerSending``):
+their messages turned into journal lines and queue events, and the self-check merged — the
+warning fires when any process (a worker, or this one that feeds and journals them) is the
+limit, or all of them together take the machine.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from calibrate.stages.batch.lanes import EndpointReport
 from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
 from calibrate.stages.batch.plan import BatchPlan
 from calibrate.stages.batch.procs.child import WorkerDone, WorkerSetup
-from calibrate.stages.batch.procs.parent import POLL_S, Notes, WorkerProc, WorkerSet, split
+from calibrate.stages.batch.procs.parent import Notes, WorkerProc, WorkerSet, split
 from calibrate.stages.batch.queue import WorkQueue
 from calibrate.stages.batch.result import BatchProgress, BatchResult
+from calibrate.stages.batch.sending import run_items
 from calibrate.state.setting import Endpoint
 
-BOTTLENECK = "calibrate itself is the bottleneck"
 _STATES = {"up": 0, "down": 1, "gone": 2}
 
 
@@ -83,7 +84,6 @@ def run_workers(
     ``worker_cpu_limit``: the workers' self-check threshold (one core is 1.0);
     ``machine_cpu_limit``: all processes together, as a share of the machine's cores.
     """
-    spec = plan.spec
     given, endpoints = (
         endpoints,
         [
@@ -91,153 +91,140 @@ def run_workers(
             for e in endpoints
         ],
     )
-    slots = sum(e.concurrency for e in endpoints)
-    workers = max(1, min(workers, slots))  # every worker has a slot
-    journal = Journal.for_plan(
-        plan, out_path, slots, lambda detail: control.fail("write_error", detail)
-    )
-    tally = journal.tally
-    queue = WorkQueue(plan, slots)
-    notes = Notes()
-    down_since: dict[str, float] = {}
+    workers = max(1, min(workers, sum(e.concurrency for e in endpoints)))  # each has a slot
 
-    def on_message(proc: WorkerProc, message: tuple[object, ...]) -> None:
-        kind = message[0]
+    def worker_set(queue: WorkQueue, journal: Journal, slots: int) -> WorkerSending:
+        setups = [
+            WorkerSetup(
+                i,
+                share,
+                client,
+                plan.spec,
+                outage,
+                advice(workers),
+                worker_cpu_limit,
+                answered,
+                server_pids,
+            )
+            for i, share in enumerate(split(endpoints, workers))
+        ]
+        return WorkerSending(
+            setups, given, slots, queue, journal, control, on_event, machine_cpu_limit, clock
+        )
+
+    return run_items(
+        plan,
+        out_path,
+        endpoints,
+        worker_set,
+        control=control,
+        on_progress=on_progress,
+        progress_every_s=progress_every_s,
+        monitor=monitor,
+        warn=warn,
+        outage=outage,
+        events=events,
+        clock=clock,
+    )
+
+
+class WorkerSending:
+    """The ``Senders`` of a run over worker processes: their messages turned into journal lines
+    and queue events, their warnings and outages told, the machine-wide self-check beside them,
+    and their reports merged at the end."""
+
+    def __init__(
+        self,
+        setups: Sequence[WorkerSetup],
+        endpoints: Sequence[Endpoint],
+        slots: int,
+        queue: WorkQueue,
+        journal: Journal,
+        control: BatchControl,
+        on_event: Callable[[OutageEvent], None],
+        machine_cpu_limit: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self._endpoints, self._slots, self._clock = endpoints, slots, clock
+        self._queue, self._journal, self._control = queue, journal, control
+        self._on_event = on_event
+        self._notes = Notes()
+        self._down_since: dict[str, float] = {}
+        self.procs = WorkerSet(setups, queue, control, self._on_message, self._notes.put)
+        workers = len(setups)
+        self._machine = SelfLoadMonitor(
+            cpu_clock=tree_cpu(self.procs.pids),
+            cpu_limit=machine_cpu_limit * cores(),
+            lag_limit_s=float("inf"),  # each process's own monitor watches its threads
+            advice=machine_advice(workers),
+            who=f"calibrate's {workers + 1} processes",
+            of_cores=cores(),
+        )
+
+    def _on_message(self, proc: WorkerProc, message: tuple[object, ...]) -> None:
+        kind, queue = message[0], self._queue
         if kind == "line":
             _, item_id, line, text, tokens, label, model = message
             if model is not None:
-                control.served(model)  # type: ignore[arg-type]
-            journal.record(line, text, tokens, label)  # type: ignore[arg-type]
-            if not procs.answered and isinstance(line, dict) and line.get("ok") is True:
-                procs.tell_answered()
+                self._control.served(model)  # type: ignore[arg-type]
+            self._journal.record(line, text, tokens, label)  # type: ignore[arg-type]
+            if not self.procs.answered and isinstance(line, dict) and line.get("ok") is True:
+                self.procs.tell_answered()
             if (task := proc.release(item_id)) is not None:  # type: ignore[arg-type]
                 queue.finished(task)
         elif kind in ("finished", "back"):
             if (task := proc.release(message[1])) is not None:  # type: ignore[arg-type]
                 queue.finished(task) if kind == "finished" else queue.hand_again(task)
         elif kind == "fail":
-            control.fail(message[1], message[2])  # type: ignore[arg-type]
+            self._control.fail(message[1], message[2])  # type: ignore[arg-type]
         elif kind == "warn":
-            notes.put(str(message[1]))
+            self._notes.put(str(message[1]))
         elif kind == "event" and isinstance(event := message[1], OutageEvent):
             if event.event == "down":
-                down_since.setdefault(event.endpoint, clock())
+                self._down_since.setdefault(event.endpoint, self._clock())
             elif event.event in ("up", "gave_up"):
-                down_since.pop(event.endpoint, None)
-            on_event(event)
+                self._down_since.pop(event.endpoint, None)
+            self._on_event(event)
 
-    setups = [
-        WorkerSetup(
-            i,
-            share,
-            client,
-            spec,
-            outage,
-            advice(workers),
-            worker_cpu_limit,
-            answered,
-            server_pids,
-        )
-        for i, share in enumerate(split(endpoints, workers))
-    ]
-    procs = WorkerSet(setups, queue, control, on_message, notes.put)
-    machine = SelfLoadMonitor(
-        cpu_clock=tree_cpu(procs.pids),
-        cpu_limit=machine_cpu_limit * cores(),
-        lag_limit_s=float("inf"),  # each process's own monitor watches its threads
-        advice=machine_advice(workers),
-        who=f"calibrate's {workers + 1} processes",
-        of_cores=cores(),
-    )
-    start = clock()
-    last_report = start
-    told = {"stop": False, "bottleneck": False}
+    def start(self) -> None:
+        self.procs.start()
+        self._machine.start()
 
-    def tick(force: bool = False) -> None:
-        nonlocal last_report
-        own = [w for w in (monitor.poll_warning(), machine.poll_warning()) if w]
-        for text in [*notes.drain(), *own]:
-            if text.startswith(BOTTLENECK):
-                if told["bottleneck"]:
-                    continue  # once a run, whichever process said it first
-                told["bottleneck"] = True
-            warn(text)
-        if control.interrupted and not told["stop"]:
-            told["stop"] = force = True
-        now = clock()
-        if not force and now - last_report < progress_every_s:
-            return
-        last_report = now
-        down = tuple((label, now - since) for label, since in down_since.items())
-        ok, failed = tally.ok, tally.failed
-        on_progress(
-            BatchProgress(
-                plan.to_run,
-                ok + failed,
-                ok,
-                failed,
-                min(procs.held(), slots),  # held counts the few sent ahead of a free slot
-                now - start,
-                control.interrupted,
-                down,
-                outage.limit_s,
-            )
-        )
+    def settle(self, timeout_s: float) -> bool:
+        """True once every worker has ended; else their next messages, read and acted on."""
+        if not self.procs.live():
+            if not self._control.stop.is_set() and not self._queue.idle():
+                self._control.fail("workers", "no worker process is left to send the items")
+            return True
+        self.procs.read(timeout_s)
+        return False
 
-    try:
-        queue.start()
-        procs.start()
-        machine.start()
-        abandoned = _wait(procs, queue, control, spec.grace_s, tick, clock)
-    finally:
-        machine.stop()
-        procs.kill_all()  # none is left running, whatever happened here
-        queue.close()
-        journal.close()
-        queue.join()
-    tick(force=True)
-    elapsed = clock() - start
-    return BatchResult.of(
-        plan,
-        tally,
-        control.reason,
-        control.detail or queue.error,
-        abandoned=abandoned,
-        seconds=elapsed,
-        selfload=merged(monitor.report(), procs.reports, machine.report()),
-        out_path=out_path,
-        endpoints=_reports(given, procs.reports, tally, elapsed),
-        events=events,
-    )
+    def stop(self) -> None:
+        self.procs.stop_all()  # also one started just before the stop
 
+    def abandon(self) -> int:
+        held = self.procs.held()
+        self.procs.kill_all()
+        return held
 
-def _wait(
-    procs: WorkerSet,
-    queue: WorkQueue,
-    control: BatchControl,
-    grace_s: float,
-    tick: Callable[[], None],
-    clock: Callable[[], float],
-) -> int:
-    """Until every worker has ended, reading their messages; the items still held when the
-    grace period ended."""
-    deadline: float | None = None
-    while True:
-        if control.stop.is_set():
-            if deadline is None:
-                deadline = clock() + grace_s
-                queue.close()
-            procs.stop_all()  # also one started just before the stop
-        if not procs.live():
-            if not control.stop.is_set() and not queue.idle():
-                control.fail("workers", "no worker process is left to send the items")
-            return 0
-        if control.abandon.is_set() or (deadline is not None and clock() >= deadline):
-            held = procs.held()
-            procs.kill_all()
-            return held
-        procs.read(POLL_S)
-        tick()
+    def in_flight(self) -> int:
+        return min(self.procs.held(), self._slots)  # held counts the few sent ahead of a slot
+
+    def down(self, now_s: float) -> tuple[tuple[str, float], ...]:
+        return tuple((label, now_s - since) for label, since in self._down_since.items())
+
+    def warnings(self) -> list[str]:
+        return [*self._notes.drain(), *filter(None, [self._machine.poll_warning()])]
+
+    def close(self) -> None:
+        self._machine.stop()
+        self.procs.kill_all()  # none is left running, whatever happened
+
+    def selfload(self, own: SelfLoadReport | None) -> SelfLoadReport | None:
+        return None if own is None else merged(own, self.procs.reports, self._machine.report())
+
+    def endpoints(self, tally: Tally, elapsed_s: float) -> tuple[EndpointReport, ...]:
+        return _reports(self._endpoints, self.procs.reports, tally, elapsed_s)
 
 
 def merged(
