@@ -33,6 +33,7 @@ from calibrate.stages.batch.procs import run as procs_run
 from calibrate.stages.batch.procs.child import WorkerDone
 from calibrate.stages.batch.procs.parent import split
 from calibrate.stages.batch.result import BatchResult
+from calibrate.stages.batch.sending import run_items
 from calibrate.state.setting import Endpoint
 from tests.batch_helpers import (
     assert_each_item_once,
@@ -196,24 +197,26 @@ def _plan_of(isolated: Path, name: str) -> BatchPlan:
 
 
 def _two_workers(isolated: Path, base_url: str, warned: list[str], **options: Any) -> BatchResult:
-    """``run_workers`` with 2 workers on 4 slots; ``options``: the self-check thresholds, or
-    any other of its options in place of these."""
+    """A run over 2 worker processes on 4 slots (``worker_senders``); ``options``: the
+    self-check thresholds, or any of the run's options in place of these."""
+    limits = {k: options.pop(k) for k in ("worker_cpu_limit", "machine_cpu_limit") if k in options}
     given: dict[str, Any] = {
-        "endpoints": [Endpoint(base_url, 4, "flag")],
-        "workers": 2,
-        "client": ClientRecipe(base_url, None, None, 30.0, 5.0, 64.0, 1),
         "control": BatchControl(),
         "on_progress": lambda progress: None,
         "progress_every_s": 3600,
         "monitor": SelfLoadMonitor(),
         "warn": warned.append,
         "outage": OutagePolicy(),
-        "on_event": lambda event: None,
         "events": [],
     }
-    return procs_run.run_workers(
-        _plan_of(isolated, "two"), isolated / "two-out.jsonl", **{**given, **options}
+    run = {**given, **options}
+    plan = _plan_of(isolated, "two")
+    endpoints = [Endpoint(base_url, 4, "flag")]
+    recipe = ClientRecipe(base_url, None, None, 30.0, 5.0, 64.0, 1)
+    senders = procs_run.worker_senders(
+        plan, endpoints, 2, recipe, run["control"], run["outage"], lambda e: None, **limits
     )
+    return run_items(plan, isolated / "two-out.jsonl", endpoints, senders, **run)
 
 
 def test_a_failure_of_the_parents_own_loop_ends_every_worker_and_starts_none(

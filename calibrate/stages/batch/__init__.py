@@ -2,7 +2,7 @@
 
 ``run(request, env)`` is the whole stage: the request resolved and checked (request.py), the
 input validated and --out locked (``open_batch``, plan.py), the endpoints checked
-(endpoints.py), the items sent by the engine (``run_batch``, sending.py; by N processes with
+(endpoints.py), the items sent by the engine (``run_items``, sending.py; by N processes with
 --workers N, procs/), --final exported, the verdict recorded in the ledger. It returns a
 ``BatchOutcome``; the command shows it.
 Everything the user sees on the way goes through ``env`` (request.py).
@@ -52,7 +52,13 @@ from calibrate.stages.batch.request import (
     stopped_error,
 )
 from calibrate.stages.batch.result import BatchNotes, BatchOutcome, BatchResult, summary_json
-from calibrate.stages.batch.sending import RunHooks, close_later, run_batch, stop_on_signals
+from calibrate.stages.batch.sending import (
+    close_later,
+    local_senders,
+    run_batch,
+    run_items,
+    stop_on_signals,
+)
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import StageRequest, open_stage
 from calibrate.stages.export import export_final
@@ -218,30 +224,36 @@ def _send(b: _Batch, workers: int, notes: BatchNotes) -> tuple[BatchResult, Batc
             )
             for e, c in usable
         ]
-        hooks = RunHooks(
-            control=control,
-            on_progress=view.update,
-            progress_every_s=view.every_s,
-            monitor=monitor,
-            warn=env.warn,
-            outage=outage,
-            events=events,
+        used = [e for e, _ in usable]
+        senders = (
+            procs.worker_senders(
+                plan,
+                used,
+                workers,
+                how,
+                control,
+                outage,
+                on_event,
+                answered=check is not None,  # every endpoint used answered the check
+                server_pids=server_pids_of(finder()),
+            )
+            if workers > 1
+            else local_senders(lanes, plan.spec, control)
         )
         with view, stop_on_signals(control):
-            if workers > 1:
-                result = procs.run_workers(
-                    plan,
-                    b.out_path,
-                    endpoints=[e for e, _ in usable],
-                    workers=workers,
-                    client=how,
-                    on_event=on_event,
-                    answered=check is not None,  # every endpoint used answered the check
-                    server_pids=server_pids_of(finder()),
-                    **hooks,
-                )
-            else:
-                result = run_batch(plan, None, b.out_path, lanes=lanes, **hooks)
+            result = run_items(
+                plan,
+                b.out_path,
+                used,
+                senders,
+                control=control,
+                on_progress=view.update,
+                progress_every_s=view.every_s,
+                monitor=monitor,
+                warn=env.warn,
+                outage=outage,
+                events=events,
+            )
         return result, replace(notes, drift=drift.stop())
     finally:
         drift.stop()

@@ -8,7 +8,8 @@ keeps the stop's grace period (a first Ctrl-C stops sending and lets what is in 
 a second one, or the end of ``grace_s``, abandons it). What sends is its ``Senders``: in this
 process, ``Sending`` drives each endpoint's lane (lanes.py) under its work-queue policy
 (pacing.py) on the process's I/O loop, at most the endpoint's concurrency in flight (never more
-than items) — ``run_batch``; over worker processes, ``procs.run``'s — ``run_workers``.
+than items) — ``local_senders``, and ``run_batch`` for a run of lanes alone; over worker
+processes, ``procs.run.worker_senders``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypedDict
+from typing import Any, Protocol
 
 from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport
 from calibrate.http.client import OpenAIClient
@@ -33,7 +34,7 @@ from calibrate.stages.batch.journal import Journal, Tally
 from calibrate.stages.batch.lanes import EndpointReport, Lane, make_lane, report
 from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
 from calibrate.stages.batch.pacing import ItemPacing, Work
-from calibrate.stages.batch.plan import BatchPlan
+from calibrate.stages.batch.plan import BatchPlan, BatchSpec
 from calibrate.stages.batch.queue import WorkQueue
 from calibrate.stages.batch.result import BatchProgress, BatchResult
 from calibrate.state.setting import Endpoint
@@ -42,18 +43,6 @@ log = logging.getLogger("calibrate")
 
 POLL_S = 0.2  # how soon a Ctrl-C, an ended sender or a progress line is noticed
 BOTTLENECK = "calibrate itself is the bottleneck"  # said once a run, by whichever process
-
-
-class RunHooks(TypedDict):
-    """What both runners take alike (``run_batch`` here, ``procs.run_workers``): ``**hooks``."""
-
-    control: BatchControl
-    on_progress: Callable[[BatchProgress], None]
-    progress_every_s: float
-    monitor: SelfLoadMonitor
-    warn: Callable[[str], None]
-    outage: OutagePolicy
-    events: list[OutageEvent]
 
 
 class Sending:
@@ -148,6 +137,19 @@ class Senders(Protocol):
     def endpoints(self, tally: Tally, elapsed_s: float) -> tuple[EndpointReport, ...]: ...
 
 
+SendersOf = Callable[[WorkQueue, Journal, int], Senders]  # from the run's queue, journal, slots
+
+
+def local_senders(lanes: Sequence[Lane], spec: BatchSpec, control: BatchControl) -> SendersOf:
+    """The senders of a run in this process: the lanes' drives (``Sending``)."""
+
+    def sending(queue: WorkQueue, journal: Journal, slots: int) -> Sending:
+        guard = ReachabilityGuard(slots, lambda detail: control.fail("unreachable", detail))
+        return Sending(lanes, Work(queue, spec, journal, control, guard))
+
+    return sending
+
+
 def run_batch(
     plan: BatchPlan,
     client: OpenAIClient | None,
@@ -175,16 +177,11 @@ def run_batch(
         assert client is not None, "run_batch needs a client or lanes"
         endpoint = Endpoint(client.base_url, spec.concurrency, "spec")
         lanes = (make_lane(endpoint, client, outage, on_event=events.append),)
-
-    def sending(queue: WorkQueue, journal: Journal, slots: int) -> Sending:
-        guard = ReachabilityGuard(slots, lambda detail: control.fail("unreachable", detail))
-        return Sending(lanes, Work(queue, spec, journal, control, guard))
-
     return run_items(
         plan,
         out_path,
         [lane.endpoint for lane in lanes],
-        sending,
+        local_senders(lanes, spec, control),
         control=control,
         on_progress=on_progress,
         progress_every_s=progress_every_s,
@@ -199,7 +196,7 @@ def run_items(
     plan: BatchPlan,
     out_path: Path,
     endpoints: Sequence[Endpoint],
-    senders_of: Callable[[WorkQueue, Journal, int], Senders],
+    senders_of: SendersOf,
     *,
     control: BatchControl,
     on_progress: Callable[[BatchProgress], None] | None,

@@ -1,4 +1,4 @@
-"""``run_workers``: a batch over N worker processes, with the same result as ``run_batch``.
+"""``worker_senders``: a batch over N worker processes, with the same result as in one.
 
 The run loop is the one-process run's (``sending.run_items``: the feeder, the journal, the
 progress, the grace period); what is the workers' own is their ``Senders`` (``WorkerSending``):
@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from pathlib import Path
 
 from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport, tree_cpu, workers_advice
 from calibrate.load.procs.pool import cores
@@ -25,8 +24,7 @@ from calibrate.stages.batch.plan import BatchPlan
 from calibrate.stages.batch.procs.child import WorkerDone, WorkerSetup
 from calibrate.stages.batch.procs.parent import Notes, WorkerProc, WorkerSet, split
 from calibrate.stages.batch.queue import WorkQueue
-from calibrate.stages.batch.result import BatchProgress, BatchResult
-from calibrate.stages.batch.sending import run_items
+from calibrate.stages.batch.sending import SendersOf
 from calibrate.state.setting import Endpoint
 
 _STATES = {"up": 0, "down": 1, "gone": 2}
@@ -53,28 +51,23 @@ def machine_advice(workers: int) -> str:
     )
 
 
-def run_workers(
+def worker_senders(
     plan: BatchPlan,
-    out_path: Path,
-    *,
     endpoints: Sequence[Endpoint],
     workers: int,
     client: ClientRecipe,
     control: BatchControl,
-    on_progress: Callable[[BatchProgress], None],
-    progress_every_s: float,
-    monitor: SelfLoadMonitor,
-    warn: Callable[[str], None],
     outage: OutagePolicy,
     on_event: Callable[[OutageEvent], None],
-    events: list[OutageEvent],
+    *,
     answered: bool = False,
     server_pids: tuple[int, ...] = (),
-    clock: Callable[[], float] = time.perf_counter,
     worker_cpu_limit: float = 0.85,
     machine_cpu_limit: float = 0.85,
-) -> BatchResult:
-    """Send the plan's items through ``workers`` processes; one line per item, written here.
+    clock: Callable[[], float] = time.perf_counter,
+) -> SendersOf:
+    """The senders of a run over ``workers`` processes, for ``sending.run_items``: each process
+    gets its share of every endpoint's slots and sends; every line is written by this one.
 
     ``answered``: a server answered already (the endpoints' fixed-prompt check), so a worker
     whose first attempts are refused waits out an outage rather than ending the run as no
@@ -84,48 +77,32 @@ def run_workers(
     ``worker_cpu_limit``: the workers' self-check threshold (one core is 1.0);
     ``machine_cpu_limit``: all processes together, as a share of the machine's cores.
     """
-    given, endpoints = (
-        endpoints,
-        [
-            Endpoint(e.base_url, min(e.concurrency, max(plan.to_run, 1)), e.concurrency_source)
-            for e in endpoints
-        ],
-    )
-    workers = max(1, min(workers, sum(e.concurrency for e in endpoints)))  # each has a slot
+    shares = [
+        Endpoint(e.base_url, min(e.concurrency, max(plan.to_run, 1)), e.concurrency_source)
+        for e in endpoints
+    ]
+    workers = max(1, min(workers, sum(e.concurrency for e in shares)))  # each has a slot
+    setups = [
+        WorkerSetup(
+            i,
+            share,
+            client,
+            plan.spec,
+            outage,
+            advice(workers),
+            worker_cpu_limit,
+            answered,
+            server_pids,
+        )
+        for i, share in enumerate(split(shares, workers))
+    ]
 
     def worker_set(queue: WorkQueue, journal: Journal, slots: int) -> WorkerSending:
-        setups = [
-            WorkerSetup(
-                i,
-                share,
-                client,
-                plan.spec,
-                outage,
-                advice(workers),
-                worker_cpu_limit,
-                answered,
-                server_pids,
-            )
-            for i, share in enumerate(split(endpoints, workers))
-        ]
         return WorkerSending(
-            setups, given, slots, queue, journal, control, on_event, machine_cpu_limit, clock
+            setups, endpoints, slots, queue, journal, control, on_event, machine_cpu_limit, clock
         )
 
-    return run_items(
-        plan,
-        out_path,
-        endpoints,
-        worker_set,
-        control=control,
-        on_progress=on_progress,
-        progress_every_s=progress_every_s,
-        monitor=monitor,
-        warn=warn,
-        outage=outage,
-        events=events,
-        clock=clock,
-    )
+    return worker_set
 
 
 class WorkerSending:
