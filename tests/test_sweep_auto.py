@@ -89,6 +89,11 @@ def test_two_auto_runs_compare_step_by_step(cli, isolated: Path) -> None:
         (["--auto", "--concurrency", "1,2"], "cannot be given with --concurrency"),
         (["--auto", "--auto-steps", "0"], "--auto-steps must be in [1, 50]"),
         (["--concurrency", "1,2", "--rates", "1"], "two load modes"),
+        # the knee is the first level within noise of the best as they rise: "8,4,2,1" named 8
+        (["--concurrency", "8,4,2,1"], "must rise, each level once\ne.g. --concurrency 1,2,4,8"),
+        (["--concurrency", "1,2,2,4"], "must rise, each level once\ne.g. --concurrency 1,2,4"),
+        (["--rates", "2,2,4"], "must rise, each rate once"),
+        (["--rates", "inf,4"], "must rise, each rate once"),
     ],
 )
 def test_conflicting_load_flags_are_exit_2_before_anything_runs(

@@ -78,8 +78,8 @@ def parse_rates(text: str) -> tuple[float, ...]:
                 "Give rising rates, e.g. --rates 1,2,4,8,inf",
             )
         rates.append(rate)
-    if rates != sorted(rates):
-        raise UsageError(f"--rates {text!r} is not rising", "e.g. --rates 1,2,4,8,inf")
+    if rates != sorted(set(rates)):
+        raise UsageError(f"--rates {text!r} must rise, each rate once", "e.g. --rates 1,2,4,8,inf")
     return tuple(rates)
 
 
@@ -92,6 +92,13 @@ def parse_counts(text: str) -> tuple[int, ...]:
     if not levels or any(c < 1 for c in levels):
         raise UsageError(
             f"--concurrency {text!r} is not a list of whole numbers ≥ 1", "e.g. --concurrency 1,2,4"
+        )
+    # the knee is the first level within noise of the best as the levels rise: out of order,
+    # "8,4,2,1" would name 8 the knee, sure ([sweep] concurrency refuses it too)
+    if list(levels) != sorted(set(levels)):
+        rising = ",".join(map(str, sorted(set(levels))))
+        raise UsageError(
+            f"--concurrency {text!r} must rise, each level once", f"e.g. --concurrency {rising}"
         )
     return levels
 
