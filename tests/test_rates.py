@@ -197,12 +197,18 @@ def test_prompt_list_rates_are_requests_per_second_each_carrying_the_batch(
 def test_an_inf_level_is_kept_by_report_compare_and_timeline(cli, isolated: Path) -> None:
     """``inf`` (everything at once) is written "inf" — JSON has no infinity — and read back as
     infinity: report A B matched it and --timeline found its requests (both dropped it). It is
-    never saturated (nothing was offered at a rate), so nothing here waits on the machine.
-    Streamed: its TTFT and inter-token latency are measured over HTTP."""
+    never saturated (nothing was offered at a rate), so nothing here waits on the machine — and
+    never recommended: it is a closed loop at the in-flight cap, whose "achieved" rate was read
+    from its sends (it said "recommended inf req/s: not saturated", exit 0). Streamed: its TTFT
+    and inter-token latency are measured over HTTP."""
     with start_mock(ttft_s=0.005, per_token_s=0.0002, slots=4) as mock:
         open_gate(isolated, mock.base_url, FAST + "[sweep]\nlevel_s = 1\nrepeats = 1\n", "ladder")
         runs = [cli("sweep", "--rates", "inf", "--json") for _ in range(2)]
-    assert all(r.code == 0 for r in runs), runs[0].err + runs[1].err
+    assert all(r.code == 1 for r in runs), runs[0].err + runs[1].err
+    assert (
+        "inf sends everything at once" in runs[0].err and "no rate to keep up with" in runs[0].err
+    )
+    assert runs[0].json["recommended_concurrency"] is None, runs[0].json
     (level,) = runs[0].json["levels_detail"]
     assert level["offered_rate"] == "inf" and level["saturated"] is False
     assert level["ttft_p50_s"] is not None and level["itl_p99_s"] is not None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from calibrate.config import SloConfig
 from calibrate.stages.measure.saturation import RateJudgement
 from calibrate.stages.measure.tiers import summarise
 from calibrate.stages.sweep.auto import auto_rates
@@ -105,7 +106,15 @@ def test_conflicting_load_flags_are_exit_2_before_anything_runs(
     assert not list((isolated / "runs").glob("*-sweep-*")), "no run folder for a rejected command"
 
 
-def _level(step: int, role: AutoRole, per_s: float, saturated: bool | None = None) -> Level:
+def _level(
+    step: int,
+    role: AutoRole,
+    per_s: float,
+    saturated: bool | None = None,
+    *,
+    goodput_per_s: float | None = None,
+    split: tuple[int, int] = (0, 1),
+) -> Level:
     stats = replace(
         summarise(
             batch_size=4,
@@ -117,10 +126,12 @@ def _level(step: int, role: AutoRole, per_s: float, saturated: bool | None = Non
             baseline_text=None,
         ),
         items_per_s=per_s,
+        goodput_per_s=goodput_per_s,
     )
     rate = None
     if saturated is not None:
-        rate = RateJudgement(per_s, per_s * (0.8 if saturated else 1.0), 1.0, 10, saturated, "")
+        achieved = per_s * (0.8 if saturated else 1.0)
+        rate = RateJudgement(per_s, achieved, 1.0, 10, saturated, "", split=split)
     return Level(stats, (stats,), None, False, "pass", False, rate, AutoStep(step, role))
 
 
@@ -138,3 +149,24 @@ def test_auto_recommends_the_highest_rate_kept_up_with_else_the_synchronous_leve
     assert _recommended(sync, _level(3, "maximum", 10.2)) == (
         "synchronous (concurrency 1): 10.00 req/s — no rate between it and the maximum ran"
     )
+
+
+def test_auto_with_slos_recommends_the_most_goodput_and_a_split_rate_is_no_sure_answer() -> None:
+    """With SLOs, --auto took the highest rate kept up with whatever its goodput ("17.1 req/s:
+    goodput 2.88 within the SLOs" over a synchronous level's 8.43); the most goodput is taken,
+    as a rate sweep does. And a rate whose runs split on saturating (2 of 6) left --rates
+    inconclusive but --auto sure on the same runs (exit 0, "not saturated")."""
+    slo = SloConfig(e2e_p99_s=0.15)
+    sync = _level(0, "synchronous", 8.43, goodput_per_s=8.43)
+    low = _level(1, "rate", 10.2, saturated=False, goodput_per_s=6.45)
+    high = _level(2, "rate", 17.1, saturated=False, goodput_per_s=2.88)
+    most = _level(3, "maximum", 18.8, goodput_per_s=0.72)
+    slos = SweepResult((sync, low, high, most), 4, 0.1, None, "none", 0, slo=slo)
+    assert slos.best is sync and slos.passed
+    assert slos.recommendation.startswith("synchronous (concurrency 1): goodput 8.43 req/s")
+    split = _level(2, "rate", 17.1, saturated=False, split=(2, 6))
+    unsure = SweepResult((sync, low, split, most), 4, 0.1, None, "none", 0)
+    assert "17.1 req/s keeps up: 2 of 6 runs did not" in unsure.inconclusive, unsure.inconclusive
+    assert not unsure.passed
+    taken = replace(unsure, conservative=True)
+    assert taken.best is low and taken.under_noise is not None

@@ -43,6 +43,20 @@ class KneeVerdict(ClientLimit):
         cap its running count showed below the batch size (§6.1)."""
         return tuple(lv for lv in self.measurable if not lv.capped and self.runs_whole(lv))
 
+    @property
+    def kept_rates(self) -> list[Level]:
+        """The rate levels the server kept up with: passing, measured by the server, not
+        saturated, at a rate — everything at once (``inf``) is a closed loop at the in-flight
+        cap, never a rate anyone kept up with, and its "achieved" rate is read from its sends."""
+        return [
+            lv
+            for lv in self.measurable
+            if lv.verdict == "pass"
+            and lv.rate is not None
+            and lv.rate.offered_rate is not None
+            and not lv.saturated
+        ]
+
     def runs_whole(self, level: Level) -> bool:
         """The server runs the level's requests at once: none above its own cap below the batch
         size (``server_limit``: reported, or shown by its running count) is recommended."""
@@ -87,7 +101,7 @@ class KneeVerdict(ClientLimit):
         when a probe at its boundary still had runs on both sides of an SLO (§5.14)."""
         if self.find_max is not None:
             return self._boundary_doubt()
-        if self.rate_mode and not self.auto:
+        if self.rate_mode:  # an auto sweep's rates too (its steps are rates)
             return self._rate_doubt()
         found = self.found
         if found is None or not found.noisy or self.rate_mode or self.auto:
@@ -106,17 +120,18 @@ class KneeVerdict(ClientLimit):
 
     def _rate_doubt(self) -> Inconclusive | None:
         """The highest rate kept up with, when some of its runs saturated after its repeats."""
-        kept = [lv for lv in self.measurable if lv.verdict == "pass" and not lv.saturated]
-        top = kept[-1] if kept else None
+        kept = self.kept_rates
+        top = kept[-1] if kept else None  # the rates rise as the levels go
         if top is None or top.rate is None or not top.rate.split[0]:
             return None
         under, runs = top.rate.split
         surely = [lv for lv in kept if lv.rate is not None and not lv.rate.split[0]]
+        sync = [lv for lv in self.measurable if lv.auto and lv.auto.role == "synchronous"]
         return Inconclusive(
             (SplitDoubt(top.label, "keeps up", under, runs),),
             combined(lv.stats.noise for lv in self.levels),
             "the sweep",
-            surely[-1].label if surely else "",
+            surely[-1].label if surely else sync[0].label if sync else "",
             "[sweep] max_repeats, [sweep] level_s",
         )
 

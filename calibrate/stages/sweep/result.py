@@ -62,18 +62,15 @@ class SweepResult(KneeVerdict):
             fm = self.find_max
             at = fm.surely_below if self.under_noise else fm.last_passing
             return probed_level(passing, fm, at)
-        if self.auto:
-            kept = [lv for lv in passing if lv.rate is not None and not lv.saturated]
-            sync = next((lv for lv in passing if lv.auto and lv.auto.role == "synchronous"), None)
-            return max(kept, key=_offered, default=sync)
-        if self.rate_mode:  # a saturated rate is never recommended, whatever its goodput
-            kept = [lv for lv in passing if not lv.saturated]
+        if self.auto or self.rate_mode:  # a saturated rate is never recommended, nor inf
+            kept = [lv for lv in self.kept_rates if self.runs_whole(lv)]
             if self.under_noise:  # --conservative: none of its runs saturated
                 kept = [lv for lv in kept if lv.rate is not None and not lv.rate.split[0]]
-            if has_slo(self.slo):
-                good = [lv for lv in kept if (lv.stats.goodput_per_s or 0.0) > 0]
+            sync = [lv for lv in passing if lv.auto and lv.auto.role == "synchronous"]
+            if has_slo(self.slo):  # the most goodput, an auto sweep's synchronous level too
+                good = [lv for lv in [*sync, *kept] if (lv.stats.goodput_per_s or 0.0) > 0]
                 return max(good, key=lambda lv: lv.stats.goodput_per_s or 0.0, default=None)
-            return kept[-1] if kept else None
+            return max(kept, key=_offered, default=sync[0] if sync else None)
         knee = self.knee  # with SLOs: the knee of goodput
         if has_slo(self.slo) and knee is not None and not (knee.stats.goodput_per_s or 0.0) > 0:
             return None
@@ -216,6 +213,16 @@ class SweepResult(KneeVerdict):
                 return "every level ran"
             if (self.rate_mode or self.auto) and self.saturation_text:
                 return f"no rate was kept up: {self.saturation_text}"
+            if (
+                self.rate_mode
+                and not self.kept_rates
+                and any(_offered(lv) == math.inf for lv in self.levels)
+            ):
+                return (
+                    "every level ran, and none could be recommended: inf sends everything at "
+                    "once (a closed loop at the in-flight cap), no rate to keep up with — add "
+                    "finite rates below it, e.g. --rates 10,20,40,inf"
+                )
             if has_slo(self.slo):
                 return f"no level met the SLOs ({describe(self.slo)})"
             return "every level ran, and none could be recommended"
