@@ -9,13 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from calibrate.config import Config
 from calibrate.mock import text
 from calibrate.mock.settings import MockSettings
 from calibrate.stages.determinism import (
+    across,
     check,
     copies_per_wave,
     engine_switch,
     first_difference,
+    judge_determinism,
     overall,
     tokens,
 )
@@ -60,6 +63,37 @@ def test_check_counts_distinct_completions_and_names_the_earliest_variant() -> N
     assert same.describe("batch 1") == "batch 1: 8 of 8 copies identical"
     assert same.to_json()["first_diff_token"] is None
     assert check([None, None], 2).distinct == 0
+
+
+def test_copies_that_failed_are_no_agreement() -> None:
+    """Answers alike of fewer copies than were sent establish nothing: 2 of 8 answering alike
+    read "identical", deterministic true, and --require-match passed (SPEC §5.14)."""
+    few = check([A, None, None, A, None, None, None, None], in_flight=2)
+    assert few.deterministic is None and few.divergence is None
+    assert (
+        few.describe("batch 2") == "batch 2: 2 answered alike, 6 of 8 unanswered — not established"
+    )
+    assert check([None, None], 2).describe("batch 2").startswith("batch 2: none answered")
+    assert check([A] * 8, 1).deterministic is True
+    assert check([A, A.replace("one", "a"), None], 3).deterministic is False  # a difference is one
+    line = overall([("batch 1", check([A] * 8, 1)), ("batch 2", few)])
+    assert line == (
+        "determinism (8 copies each): identical at batch 1; "
+        "not established at batch 2 (6 of 8 unanswered)"
+    )
+    found = judge_determinism(Config(), [("batch 1", check([A] * 8, 1)), ("batch 2", few)])
+    assert found is not None and found.to_json()["deterministic"] is None
+
+
+def test_two_sets_each_alike_but_not_as_each_other_differ() -> None:
+    """Copies one after another all alike and copies at once all alike, but not the same answer:
+    the answer changes with the load — each set's own check cannot see it."""
+    batched = A.replace("hold", "keep")
+    one, many = check([A] * 4, 1), check([batched] * 4, 4)
+    assert one.deterministic and many.deterministic
+    apart = across(one, many)
+    assert apart is not None and apart.token == 2 and "keep" in apart.variant
+    assert across(one, check([A] * 4, 4)) is None and across(one, check([None] * 4, 4)) is None
 
 
 @pytest.mark.parametrize(
@@ -230,6 +264,20 @@ def test_single_determinism_n_one_by_one_and_at_once(cli, isolated: Path) -> Non
     assert "2 at once: 2 of 2 copies identical" in calm.err
     ledger = jsonl(isolated / "runs/ledger.jsonl")
     assert [e["passed"] for e in ledger] == [True, False, True]
+
+
+def test_single_copies_that_failed_never_pass_require_match(cli, isolated: Path) -> None:
+    """Half the requests fail (seeded: the answer comes, its copies do not): "0 of 4 copies
+    identical" read as deterministic and --require-match passed, exit 0."""
+    with start_mock_process(
+        "--ttft", "0.002", "--per-token", "0.0005", "--fail-rate", "0.5", "--seed", "3"
+    ) as mock:
+        write_config(isolated / "calibrate.toml", mock.base_url)
+        strict = cli("single", "--determinism", "4", "--require-match", "--json")
+    assert strict.code == 1, strict.err
+    assert strict.json["determinism"]["deterministic"] is None
+    assert "unanswered — not established" in strict.err and "identical" not in strict.err
+    assert "--require-match: copies went unanswered" in strict.err
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ ledger line; with ``--require-match`` answers that differ fail the stage (exit 1
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from calibrate.errors import UsageError
@@ -15,7 +15,7 @@ from calibrate.io.junit import JUnitSuite
 from calibrate.load.sender import Sender
 from calibrate.redact import one_line
 from calibrate.stages.context import StageContext
-from calibrate.stages.determinism import managed_switch
+from calibrate.stages.determinism import DeterminismCheck, across, managed_switch
 from calibrate.stages.determinism.wave import CopiesWave, send_copies
 from calibrate.stages.measure.item_records import item_record
 from calibrate.stages.single import SingleResult, run_single
@@ -59,10 +59,18 @@ class SingleOutcome:
 
     @property
     def differ(self) -> bool:
-        """--require-match and the copies' answers differ."""
+        """--require-match and the copies' answers differ, or copies failed (not established)."""
         return (
-            self.copies is not None and self.spec.require_match and not self.copies["deterministic"]
+            self.copies is not None
+            and self.spec.require_match
+            and self.copies["deterministic"] is not True
         )
+
+    @property
+    def why_differ(self) -> str:
+        if self.copies is not None and self.copies["deterministic"] is None:
+            return "copies went unanswered: that they answer alike is not established"
+        return "the copies' answers differ"
 
     @property
     def passed(self) -> bool:
@@ -81,8 +89,8 @@ class SingleOutcome:
         if self.copies is not None and self.spec.require_match:
             suite.check(
                 "copies of the fixed prompt answer alike",
-                self.copies["deterministic"],
-                "the copies' answers differ",
+                self.copies["deterministic"] is True,
+                self.why_differ,
                 kind="nondeterministic",
             )
 
@@ -113,7 +121,7 @@ class SingleOutcome:
         result = self.result
         out: list[Line] = []
         if self.differ:
-            out.append(("fail", "--require-match: the copies' answers differ"))
+            out.append(("fail", f"--require-match: {self.why_differ}"))
         if self.passed:
             saved = f"; baseline {result.baseline}: {baseline_path(ctx.config)}"
             out.append(
@@ -143,7 +151,7 @@ def run(ctx: StageContext, spec: SingleSpec, say: Say, warn: Say) -> SingleOutco
 
     def after() -> tuple[bool, dict[str, Any]]:
         found["determinism"] = copies(ctx, spec, say, warn)
-        same = bool(found["determinism"]["deterministic"])
+        same = found["determinism"]["deterministic"] is True
         return same or not spec.require_match, {"determinism": found["determinism"]}
 
     result = run_single(
@@ -165,7 +173,7 @@ def copies(ctx: StageContext, spec: SingleSpec, say: Say, warn: Say) -> dict[str
     how = CopiesWave(n, stream=spec.stream)
     sender = Sender.over(ctx.client)
     found: dict[str, Any] = {}
-    differed = False
+    checks: list[DeterminismCheck] = []
     for key, where, batch in (
         ("one_by_one", "one after another", 1),
         ("at_once", f"{n} at once", n),
@@ -178,14 +186,26 @@ def copies(ctx: StageContext, spec: SingleSpec, say: Say, warn: Say) -> dict[str
             batch,
             lambda item, in_flight: item_record(ctx, item, 1, in_flight, None),
         )
-        (warn if check.divergence else say)(check.describe(where))
-        differed = differed or check.divergence is not None
+        (say if check.deterministic else warn)(check.describe(where))
         found[key] = {**check.to_json(), "in_flight": batch}
+        checks.append(check)
+    one, many = checks
+    apart = across(one, many)  # each set alike, not as the other: the answer changes with load
+    if apart is not None:
+        warn(
+            f"one after another and {n} at once answer differently: first difference at token "
+            f"{apart.token}: {apart.common!r} vs {apart.variant!r}"
+        )
+    if apart is not None or any(c.deterministic is False for c in checks):
+        deterministic: bool | None = False
+    else:
+        deterministic = None if any(c.deterministic is None for c in checks) else True
     switch = managed_switch(ctx.config)
-    if differed and switch is not None:
+    if deterministic is False and switch is not None:
         say(switch.advice())
     return {
         **found,
-        "deterministic": not differed,
+        "across": asdict(apart) if apart is not None else None,
+        "deterministic": deterministic,
         "switch": switch.to_json() if switch is not None else None,
     }

@@ -7,8 +7,9 @@ from calibrate.stages.determinism import Determinism, DeterminismCheck
 
 
 def say_differs(out: Output, check: DeterminismCheck | None, where: str) -> None:
-    """One line for a tier or level whose copies did not all agree (nothing when they did)."""
-    if check is not None and check.divergence is not None:
+    """One line for a tier or level whose copies did not all agree, or did not all answer
+    (nothing when every copy answered alike)."""
+    if check is not None and check.deterministic is not True:
         out.warn(check.describe(where))
 
 
@@ -17,6 +18,6 @@ def say_overall(out: Output, found: Determinism | None) -> None:
     batch-invariant switch (nothing when no copies were sent)."""
     if found is None:
         return
-    (out.warn if found.differed else out.say)(found.line)
+    (out.say if found.deterministic else out.warn)(found.line)
     if found.differed and found.switch is not None:
         out.say(found.switch.advice())

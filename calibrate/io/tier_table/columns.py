@@ -95,6 +95,7 @@ class Column(StrEnum):
     BASELINE_MATCH = "baseline_match"
     BASELINE_ITEMS = "baseline_items"
     DETERMINISM_COPIES = "determinism_copies"
+    DETERMINISM_ANSWERED = "determinism_answered"
     DISTINCT_COMPLETIONS = "distinct_completions"
     FIRST_DIFF_TOKEN = "first_diff_token"
     FIRST_DIFF_COMMON = "first_diff_common"

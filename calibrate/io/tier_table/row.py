@@ -131,6 +131,7 @@ class DeterminismCells:
     """The [determinism] copies sent after the tier: how many answers, where they differ."""
 
     determinism_copies: int | None = None
+    determinism_answered: int | None = apart(written="each")  # of them, answered with text
     distinct_completions: int | None = None
     first_diff_token: int | None = None
     first_diff_common: str | None = None

@@ -84,16 +84,27 @@ class DeterminismCheck:
     counts: tuple[int, ...]  # copies per distinct completion, most common first
     divergence: Divergence | None  # None: one distinct completion (or none answered)
     in_flight: int  # copies in flight at once
+    common: str | None = None  # the most common answer (None: none answered)
 
     @property
     def distinct(self) -> int:
         return len(self.counts)
+
+    @property
+    def deterministic(self) -> bool | None:
+        """False when two answers differ; True only when every copy answered (two at least)
+        and all alike; None when copies failed: alike answers of fewer copies than were sent
+        say nothing of those that did not answer, nor ran with as many in flight (§5.14)."""
+        if self.divergence is not None:
+            return False
+        return True if self.answered == self.copies >= 2 else None
 
     def cells(self) -> DeterminismCells:
         """Its cells in the tier's (or level's) row."""
         d = self.divergence
         return DeterminismCells(
             self.copies,
+            self.answered,
             self.distinct,
             d.token if d else None,
             d.common if d else None,
@@ -107,8 +118,13 @@ class DeterminismCheck:
         """``batch 4: 2 distinct completions of 8; first difference at token 5: '…' vs '…'``."""
         failed = self.copies - self.answered
         missing = f" ({failed} unanswered)" if failed else ""
+        if self.deterministic:
+            return f"{where}: {self.answered} of {self.copies} copies identical"
         if self.divergence is None:
-            return f"{where}: {self.answered} of {self.copies} copies identical{missing}"
+            alike = {0: "none answered", 1: "1 answered"}.get(
+                self.answered, f"{self.answered} answered alike"
+            )
+            return f"{where}: {alike}, {failed} of {self.copies} unanswered — not established"
         d = self.divergence
         return (
             f"{where}: {self.distinct} distinct completions of {self.copies}{missing}; first "
@@ -127,8 +143,23 @@ def check(texts: Sequence[str | None], in_flight: int) -> DeterminismCheck:
         position, variant = min(((p, v) for p, v in found if p is not None), key=lambda pv: pv[0])
         divergence = Divergence(position, around(common, position), around(variant, position))
     return DeterminismCheck(
-        len(texts), len(answered), tuple(n for _, n in ranked), divergence, in_flight
+        len(texts),
+        len(answered),
+        tuple(n for _, n in ranked),
+        divergence,
+        in_flight,
+        ranked[0][0] if ranked else None,
     )
+
+
+def across(a: DeterminismCheck, b: DeterminismCheck) -> Divergence | None:
+    """Where two sets of copies part: each may answer alike within itself and still not as
+    the other (an answer that changes with the load); None when their most common answers
+    match, or a set had none."""
+    if a.common is None or b.common is None or a.common == b.common:
+        return None
+    at = first_difference(a.common, b.common) or 1
+    return Divergence(at, around(a.common, at), around(b.common, at))
 
 
 def copies_per_wave(copies: int, batch: int) -> list[int]:
@@ -193,7 +224,12 @@ def overall(checks: Sequence[tuple[str, DeterminismCheck]]) -> str | None:
     2; 2 distinct at batch 4 (first difference at token 5)``; None when none was checked."""
     if not checks:
         return None
-    same = [where for where, c in checks if c.divergence is None]
+    same = [where for where, c in checks if c.deterministic]
+    unsure = [
+        f"not established at {where} ({c.copies - c.answered} of {c.copies} unanswered)"
+        for where, c in checks
+        if c.deterministic is None
+    ]
     differ = [
         f"{c.distinct} distinct at {where} (first difference at token {c.divergence.token})"
         for where, c in checks
@@ -202,7 +238,7 @@ def overall(checks: Sequence[tuple[str, DeterminismCheck]]) -> str | None:
     parts = [f"identical at {', '.join(same)}"] if same else []
     copies = sorted({c.copies for _, c in checks})
     each = f"{copies[0]}" if len(copies) == 1 else f"{copies[0]}–{copies[-1]}"
-    return f"determinism ({each} copies each): " + "; ".join([*parts, *differ])
+    return f"determinism ({each} copies each): " + "; ".join([*parts, *unsure, *differ])
 
 
 def managed_switch(cfg: Config) -> EngineSwitch | None:
@@ -232,11 +268,16 @@ class Determinism:
     copies: int
     differed: bool
     switch: EngineSwitch | None  # the managed engine's batch-invariant switch, as read
+    unsettled: bool = False  # copies failed where none differed: not established
+
+    @property
+    def deterministic(self) -> bool | None:
+        return False if self.differed else None if self.unsettled else True
 
     def to_json(self) -> dict[str, Any]:
         return {
             "copies": self.copies,
-            "deterministic": not self.differed,
+            "deterministic": self.deterministic,
             "switch": self.switch.to_json() if self.switch is not None else None,
         }
 
@@ -250,7 +291,8 @@ def judge_determinism(
         return None
     differed = any(c.divergence is not None for _, c in checks)
     copies = max(c.copies for _, c in checks)
-    return Determinism(line, copies, differed, managed_switch(cfg))
+    unsettled = any(c.deterministic is None for _, c in checks)
+    return Determinism(line, copies, differed, managed_switch(cfg), unsettled)
 
 
 def write_determinism(
