@@ -26,10 +26,10 @@ def _best(*runs: float) -> BestLevel:
     return BestLevel(4, goodput, goodput, 100.0, 0.1, 0.2, None, runs_per_s=runs)
 
 
-def _measured(index: int, *runs: float) -> CandidateResult:
+def _measured(index: int, *runs: float, cap: int = 4, rung: int = 0) -> CandidateResult:
     m = Measurement(_best(*runs), (), 0, 0, None, None, None, "none", "completed")
-    candidate = Candidate(index, (("slots", str(index)),), 4)
-    return CandidateResult(candidate, 0, 1.0, True, served=True, measurement=m)
+    candidate = Candidate(index, (("slots", str(index)),), cap)
+    return CandidateResult(candidate, rung, 1.0, True, served=True, measurement=m)
 
 
 def _outcome(winner: tuple[float, ...], second: tuple[float, ...], level: float) -> TuneOutcome:
@@ -136,3 +136,24 @@ def test_a_winner_the_runs_cannot_back_is_inconclusive_unless_conservative() -> 
     )
     assert taken.winner is not None and not taken.inconclusive
     assert taken.summary({}).details["under_noise"]["taken_under_noise"] is True
+
+
+def test_a_winner_is_judged_against_the_other_candidate_never_itself() -> None:
+    """--conservative took the second-ranked (the smaller cap) under noise, and the line said
+    "+0% over the runner-up c01" — itself, its interval its own runs against themselves. The
+    runner-up is the first then, and the lead the real one: behind it. And a winner surely behind
+    (a halving cut short ranks a later rung first) is never "within gain_min: about equal"."""
+    plan = TunePlan("custom", (Axis("slots", ("1", "2"), "[tune] grid"),), 4, None, ())
+    first, second = _measured(2, 10.0, 16.0, 13.0), _measured(1, 9.0, 14.0, 11.0, cap=2)
+    taken = TuneOutcome(plan, None, (), (first, second), (), False, conservative=True)
+    assert taken.winner is second and taken.runner_up is first
+    assert taken.lead is not None and taken.lead.fraction < 0
+    assert taken.summary({}).details["runner_up"]["id"] == "c02"
+    text = winner_text(taken, 0.10)
+    assert text is not None and "over the runner-up c02" in text and "+0%" not in text, text
+    later, earlier = _measured(2, *CLEAR[1], rung=1), _measured(1, *CLEAR[0])
+    behind = TuneOutcome(plan, None, (), (later, earlier), (), False, conservative=True)
+    assert behind.winner is later and behind.lead is not None and behind.lead.significant
+    said = winner_text(behind, 0.10)
+    assert said is not None and "the runner-up surely served more" in said, said
+    assert "about equal" not in said, said

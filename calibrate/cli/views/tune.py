@@ -83,7 +83,10 @@ def winner_text(outcome: TuneOutcome, gain_min: float = 0.0) -> str | None:
         margin = lead.fraction
         text += f", {margin:+.0%} over the runner-up {second.candidate.id} ({second.candidate.describe()})"
         text += lead.caveat()  # "not significant at 95 %" when the intervals overlap
-        if margin < gain_min and lead.significant is not False:
+        if margin < 0:  # the runner-up measured more: what took this one is pin's reason, below
+            surely = "surely " if lead.significant else ""
+            text += f" — the runner-up {surely}served more"
+        elif margin < gain_min and lead.significant is not False:
             text += (
                 f" — within [sweep] gain_min ({gain_min:.0%}): about equal, measure longer to tell"
             )

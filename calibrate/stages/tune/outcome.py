@@ -131,10 +131,17 @@ class TuneOutcome:
         return top if top is not None and healthy(top) else None
 
     @property
+    def second(self) -> CandidateResult | None:
+        """The second-ranked candidate, when it is healthy (the one the first is judged against)."""
+        if self.top is None or len(self.ranked) < 2 or not healthy(self.ranked[1]):
+            return None
+        return self.ranked[1]
+
+    @property
     def doubt(self) -> Inconclusive | None:
         """SPEC §5.14: the runs of the first two cannot tell whether the first adds gain_min
         over the second (ranked by goodput); None when they can, or there is nothing to tell."""
-        win, second = self.top, self.runner_up
+        win, second = self.top, self.second
         if self.rank_by != "goodput" or win is None or second is None:
             return None
         if win.best is None or second.best is None:
@@ -167,15 +174,15 @@ class TuneOutcome:
             return top
         if not self.conservative:
             return None
-        second = self.runner_up
-        pair = [r for r in (top, second) if r is not None]
+        pair = [r for r in (top, self.second) if r is not None]
         return min(pair, key=lambda r: (r.candidate.cap, r is not top))
 
     @property
     def runner_up(self) -> CandidateResult | None:
-        if self.top is None or len(self.ranked) < 2 or not healthy(self.ranked[1]):
-            return None
-        return self.ranked[1]
+        """The best candidate other than the winner: the second, or — when --conservative took
+        the second under noise — the first (never the winner itself)."""
+        win = self.winner
+        return self.top if win is not None and win is self.second else self.second
 
     @property
     def lead(self) -> Margin | None:
