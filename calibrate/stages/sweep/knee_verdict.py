@@ -57,10 +57,16 @@ class KneeVerdict(ClientLimit):
             and not lv.saturated
         ]
 
+    @property
+    def running_limit(self) -> ServerCap | None:
+        """The server's own cap below the batch size the sweep ran at: reported, or shown by its
+        running count (``server_limit``); None when it ran the whole batch."""
+        return server_limit(self.cap, self.batch_size, [lv.stats for lv in self.levels])
+
     def runs_whole(self, level: Level) -> bool:
         """The server runs the level's requests at once: none above its own cap below the batch
-        size (``server_limit``: reported, or shown by its running count) is recommended."""
-        limit = server_limit(self.cap, self.batch_size, [lv.stats for lv in self.levels])
+        size (``running_limit``) is recommended."""
+        limit = self.running_limit
         return limit is None or level.concurrency <= limit.slots
 
     @property
@@ -74,7 +80,7 @@ class KneeVerdict(ClientLimit):
     def found(self) -> Knee | None:
         above, proven = "", False
         capped = [lv.concurrency for lv in self.measurable if lv.capped]
-        limit = server_limit(self.cap, self.batch_size, [lv.stats for lv in self.levels])
+        limit = self.running_limit
         if not capped and limit is not None:
             capped = [lv.concurrency for lv in self.measurable if lv.concurrency > limit.slots]
         cap = (

@@ -151,10 +151,12 @@ def _goodput(stats: Stats, slo: SloConfig) -> float:
 
 def measurement(result: SweepResult, slo: SloConfig, gain_min: float) -> Measurement:
     """The levels as the sweep measured them; the best is the lowest concurrency within
-    ``gain_min`` of the highest goodput among passing levels (more in flight that adds nothing
-    is not better)."""
+    ``gain_min`` of the highest goodput among passing levels the sweep itself would judge
+    (more in flight that adds nothing is not better): never one above the server's own cap,
+    nor one where the client was the limit (SPEC §5.14, §6.1)."""
     rows: list[dict[str, Any]] = []
     passing: list[BestLevel] = []
+    judged = result.judged
     for level in result.levels:
         s = level.stats
         goodput = _goodput(s, slo)
@@ -168,7 +170,7 @@ def measurement(result: SweepResult, slo: SloConfig, gain_min: float) -> Measure
             level.verdict,
         )
         rows.append(line.to_json())
-        if level.verdict == "pass" and goodput > 0:
+        if level.verdict == "pass" and goodput > 0 and any(level is lv for lv in judged):
             passing.append(
                 BestLevel(
                     s.concurrency,
@@ -200,4 +202,5 @@ def measurement(result: SweepResult, slo: SloConfig, gain_min: float) -> Measure
         peak([s.pressure for s in stats]),
         result.vram_source,
         result.stopped_by,
+        limit.slots if (limit := result.running_limit) is not None else None,
     )

@@ -156,7 +156,7 @@ class TuneOutcome:
             return None
         found = gain_interval(Sample.of(b), Sample.of(a), self.level)
         assert found is not None
-        smaller = min((win, second), key=lambda r: (r.candidate.cap, r is not win))
+        smaller = min((win, second), key=lambda r: (r.cap, r is not win))
         return Inconclusive(
             (Doubt(second.candidate.id, win.candidate.id, found, self.gain_min),),
             None,
@@ -175,7 +175,7 @@ class TuneOutcome:
         if not self.conservative:
             return None
         pair = [r for r in (top, self.second) if r is not None]
-        return min(pair, key=lambda r: (r.candidate.cap, r is not top))
+        return min(pair, key=lambda r: (r.cap, r is not top))
 
     @property
     def runner_up(self) -> CandidateResult | None:
@@ -235,8 +235,7 @@ class TuneOutcome:
         win = self.winner
         tuned = None
         if win is not None and win.best is not None:
-            c = win.candidate
-            tuned = TunedSetting(c.flags, c.cap, win.best.concurrency)
+            tuned = TunedSetting(win.candidate.flags, win.cap, win.best.concurrency)
         second = self.runner_up
         front = self.front()
         body = {

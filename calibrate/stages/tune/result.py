@@ -108,6 +108,7 @@ class Measurement:
     pressure: float | None
     vram_source: str
     stopped_by: str
+    server_slots: int | None = None  # the most it ran at once where that was below its cap
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,14 @@ class CandidateResult:
     @property
     def goodput_per_s(self) -> float:
         return self.best.goodput_per_s if self.best else 0.0
+
+    @property
+    def cap(self) -> int:
+        """The cap the candidate's server ran at: its own (a cap flag, or the ladder's batch),
+        or fewer at once where its account showed them (a custom engine's --slots of 2 under
+        the ladder's batch 4) — the batch size pin may write for it (SPEC §6.1)."""
+        slots = self.measurement.server_slots if self.measurement else None
+        return min(self.candidate.cap, slots) if slots else self.candidate.cap
 
     @property
     def status(self) -> str:
@@ -173,6 +182,7 @@ class CandidateResult:
             "pressure": _r(m.pressure) if m else None,
             "vram_source": m.vram_source if m else None,
             "stopped_by": m.stopped_by if m else None,
+            "server_slots": m.server_slots if m else None,
             "vram_release": self.vram_release,
             "elapsed_s": round(self.elapsed_s, 3),
         }
@@ -204,6 +214,7 @@ class CandidateResult:
                 _num(data, "pressure"),
                 str(data.get("vram_source") or "none"),
                 str(data.get("stopped_by") or ""),
+                _int(data, "server_slots"),
             )
         tail = data.get("log_tail")
         return cls(

@@ -18,6 +18,9 @@ from calibrate.config import Config, SloConfig, SweepConfig, TuneSearch
 from calibrate.config.sections import DeterminismConfig
 from calibrate.gpu.vram import VramMonitor
 from calibrate.io.store import RunDir
+from calibrate.stages.measure.tiers import summarise
+from calibrate.stages.sweep.levels import Level
+from calibrate.stages.sweep.result import SweepResult
 from calibrate.stages.sweep.run import Sweep
 from calibrate.stages.sweep.spec import SweepOptions
 from calibrate.stages.tune.grid import Candidate, TunePlan, build_plan
@@ -213,3 +216,46 @@ def test_a_budget_leaves_candidates_untested_and_a_rerun_measures_only_those(
     done = _tune(tmp_path, again, plan, run_id="cut")
     assert [s for s, _, _ in again.started] == ["c02"], "the measured one is not restarted"
     assert done.complete and [_slots(r) for r in done.ranked] == ["2", "1"]
+
+
+def _level_at(concurrency: int, per_s: float, running: int, queued: int = 0) -> Level:
+    """A level at batch 4 whose runs served ``per_s`` while the server's running gauge peaked at
+    ``running`` (with ``queued`` waiting meanwhile)."""
+    stats = replace(
+        summarise(
+            batch_size=4,
+            concurrency=concurrency,
+            round_no=None,
+            items=[],
+            total_s=1.0,
+            peaks=[],
+            baseline_text=None,
+        ),
+        items_per_s=per_s,
+        server_running_max=running,
+        server_queue_max=queued,
+        running_while_queued=running if queued else None,
+        running_metric="vllm:num_requests_running",
+    )
+    runs = tuple(replace(stats, items_per_s=per_s * f) for f in (0.99, 1.0, 1.01))
+    return Level(stats, runs, None, False, "pass", False)
+
+
+def test_a_candidate_is_measured_at_its_own_cap_never_above_it() -> None:
+    """A custom engine's ``--slots 2`` under the ladder's batch 4: the sweep of the candidate saw
+    it run 2 at once while 2 waited, and itself never recommends concurrency 4 there; tune took
+    4 (the most goodput, served from its queue) and pin wrote batch 4, concurrency 4 beside
+    ``--slots 2`` — a cap the server never ran (SPEC §6.1, §5.14)."""
+    levels = (_level_at(1, 10.0, 1), _level_at(2, 20.0, 2), _level_at(4, 30.0, 2, queued=2))
+    result = SweepResult(levels, 4, 0.1, None, "none", 0)
+    measured = measurement(result, SloConfig(), 0.1)
+    assert measured.best is not None and measured.best.concurrency == 2
+    assert measured.server_slots == 2
+    candidate = Candidate(0, (("slots", "2"),), 4)
+    found = CandidateResult(candidate, 0, 1.0, True, served=True, measurement=measured)
+    assert found.cap == 2
+    back = CandidateResult.from_json(found.to_json())
+    assert back is not None and back.cap == 2, "a resumed tune reads the cap it ran at"
+    plan = TunePlan("custom", (), 4, None, ())
+    setting = TuneOutcome(plan, None, (), (found,), (), False).summary({}).winner
+    assert setting is not None and (setting.batch_size, setting.concurrency) == (2, 2)
