@@ -107,8 +107,9 @@ class Delta:
     def better(self) -> bool | None:
         """True when B is better than A on this metric; None when equal, not comparable, or
         within ``NOISE`` of A — a 1 % change between two runs is the machine, not a result —
-        or not significant over the rounds both runs measured."""
-        if not self.diff or self.inside_noise or self.significant is False:
+        or not significant over the rounds both runs measured, or not tested (fewer than two
+        rounds on a side: no interval, so no direction is claimed, SPEC §13)."""
+        if not self.diff or self.inside_noise or self.significant is not True:
             return None
         return (self.diff > 0) == self.higher_better
 

@@ -88,8 +88,9 @@ def _pair_cell(delta: Any, side: TierRow, metric: str) -> tuple[str, str]:
     text = f"{_short(delta.a)} → {_short(delta.b)}"
     if delta.diff is not None:
         change = f"{delta.diff:+.4g}" if delta.change is None else f"{delta.change:+.0%}"
-        if delta.significant is not None and delta.diff and not delta.inside_noise:
-            change += ", significant" if delta.significant else ", not significant"
+        if delta.diff and not delta.inside_noise:
+            said = {True: ", significant", False: ", not significant", None: ", not tested"}
+            change += said[delta.significant]
         text += f" ({change})"
     colour = "" if delta.better is None else ("green" if delta.better else "red")
     return text, colour
