@@ -143,3 +143,23 @@ def test_batch_at_the_calibrated_concurrency_is_gated_on_other_weights(
         on_m1 = cli("batch", "--input", str(tasks), "--out", "out2.jsonl", *given, "--json")
         assert on_m1.code == 0, on_m1.err
         assert (on_m1.json["concurrency"], on_m1.json["concurrency_source"]) == (2, "pin")
+
+
+def test_status_never_names_a_next_step_the_weights_gate_refuses(cli, isolated: Path) -> None:
+    """A setting measured and pinned on m1, the config now on m2: batch, verify and pin are
+    exit 3, yet status said "next: calibrate batch …" and showed the setting as current (the
+    gates and status's hint must never disagree, state/pipeline.py)."""
+    target = _config(cli, isolated, "/models/m1")
+    passing_ladder(isolated, target, batch_size=4)
+    assert cli("pin").code == 0
+    assert cli("status", "--json").json["stale"] is None
+    _config(cli, isolated, "/models/m2")
+    status = cli("status", "--json")
+    assert status.code == 0, status.err
+    assert (
+        status.json["next"]
+        == "calibrate single --save-baseline, then calibrate repro and calibrate ladder"
+    )
+    assert "the model path changed: /models/m1 → /models/m2" in status.json["stale"]
+    assert "calibrated setting is stale" in status.err and "next: calibrate single" in status.err
+    assert "batch" not in status.json["next"] and cli("verify").code == 3

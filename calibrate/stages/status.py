@@ -13,6 +13,7 @@ from calibrate.state.pipeline import MAIN_LINE, OPTIONAL, standing
 from calibrate.state.setting import CalibratedSetting, resolve
 from calibrate.state.summaries import PinSummary, pin_summary, tune_summary
 from calibrate.state.summary_values import TunedSetting
+from calibrate.state.weights_gate import setting_gate
 
 STAGE_ORDER = MAIN_LINE
 OPTIONAL_STAGES = OPTIONAL
@@ -42,11 +43,17 @@ class TargetStatus:
     context: LedgerEntry | None = None  # the latest ``ladder --axis context``
     tuned: TunedStatus | None = None
     production: LedgerEntry | None = None  # the latest batch that watched its drift
+    other_weights: str = ""  # why the setting is not for the configured weights ("" when it is)
 
     @property
     def stale(self) -> str:
         """Which of the calibrated setting and the pinned script is stale, and what to run
-        ("" when they agree, or nothing was pinned)."""
+        ("" when they agree, or nothing was pinned); first, a setting measured on other weights
+        than the configured ones (pin, verify and batch are gated on it)."""
+        if self.other_weights:
+            return (
+                f"the calibrated setting is stale: {self.other_weights} — run {self.next_command}"
+            )
         pinned = self.pinned.setting if self.pinned else None
         s = self.setting
         if pinned is None or s is None or s.set_by == "pin" or pinned == s.setting:
@@ -120,7 +127,14 @@ def target_status(cfg: Config, ledger: Ledger, target: str) -> TargetStatus:
         context=now.context,
         tuned=tuned,
         production=_production(ledger, target),
+        other_weights=_other_weights(cfg, ledger, target),
     )
+
+
+def _other_weights(cfg: Config, ledger: Ledger, target: str) -> str:
+    """Why the calibrated setting is not for the configured weights ("" when it is)."""
+    gate = setting_gate(cfg, ledger, target)
+    return "" if gate.open else gate.reason
 
 
 def _production(ledger: Ledger, target: str) -> LedgerEntry | None:

@@ -120,8 +120,13 @@ def next_step(cfg: Config, ledger: Ledger, target: str) -> str:
     than the main line and tune by the production run at its setting; a passing tune stands
     in for the sweep (its winner carries a concurrency) and, newer than the pin, asks for a
     pin of its flags; a pin newer than the last verify asks for a restart from the pinned
-    script and a verify.
+    script and a verify. A setting measured on other weights than the configured ones is
+    measured again first: pin, verify and batch are gated on it (``setting_gate``), so no hint
+    names one of them.
     """
+    weights = setting_gate(cfg, ledger, target)
+    if not weights.open:
+        return weights.run_first
     now = standing(ledger, target)
     latest = now.latest
     ladder, rollback = latest.get("ladder"), latest.get("rollback")
