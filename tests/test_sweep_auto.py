@@ -13,7 +13,8 @@ from calibrate.config import SloConfig
 from calibrate.stages.measure.saturation import RateJudgement
 from calibrate.stages.measure.tiers import summarise
 from calibrate.stages.sweep.auto import auto_rates
-from calibrate.stages.sweep.levels import AutoRole, AutoStep, Level
+from calibrate.stages.sweep.find_max import FindMax
+from calibrate.stages.sweep.levels import AutoRole, AutoStep, Level, rate_boundary
 from calibrate.stages.sweep.result import SweepResult
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, open_gate, run_dir
@@ -170,3 +171,16 @@ def test_auto_with_slos_recommends_the_most_goodput_and_a_split_rate_is_no_sure_
     assert not unsure.passed
     taken = replace(unsure, conservative=True)
     assert taken.best is low and taken.under_noise is not None
+
+
+def test_a_rate_boundary_says_the_concurrency_pin_takes_never_above_the_cap() -> None:
+    """The find-max over rates said "at most 8 requests were in flight there, which pin and
+    status take as concurrency 8" while the ledger took 4, the server's own cap."""
+    over = _level(1, "rate", 20.1, saturated=False)
+    over = replace(over, stats=replace(over.stats, concurrency=8))
+    fm = FindMax(20.1, None, (5.0, 20.1), 40.0, over="rates", bottom=5.0)
+    said = rate_boundary(over, fm, "e2e p99 1 s", 4)
+    assert "at most 8 requests were in flight there (the server runs 4 at once" in said, said
+    assert "which pin and status take as concurrency 4" in said
+    assert "as concurrency 8" not in said
+    assert "take as concurrency 8" in rate_boundary(over, fm, "e2e p99 1 s", None)

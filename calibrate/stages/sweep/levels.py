@@ -217,14 +217,19 @@ def probed_level(levels: Sequence[Level], fm: FindMax, at: float | None) -> Leve
     return None
 
 
-def rate_boundary(top: Level, fm: FindMax, slo: str) -> str:
-    """A rate boundary in words, and the concurrency pin and status take from it."""
+def rate_boundary(top: Level, fm: FindMax, slo: str, cap_slots: int | None = None) -> str:
+    """A rate boundary in words, and the concurrency pin and status take from it: its most in
+    flight, never above the server's own cap (``cap_slots``: the sweep's summary takes the same)."""
     achieved = f", achieved {top.rate.achieved_rate:.3g} req/s" if top.rate else ""
-    c = top.concurrency
+    most = top.concurrency
+    c = min(most, cap_slots) if cap_slots else most
+    queued = (
+        f" (the server runs {c} at once: its cap; the rest waited in its queue)" if c < most else ""
+    )
     return (
         f"{top.label}: the highest offered rate that met every SLO ({slo}) without saturating"
-        f"{achieved}; at most {c} {'request was' if c == 1 else 'requests were'} in flight there, which "
-        f"pin and status take as concurrency {c}; {fm.text}"
+        f"{achieved}; at most {most} {'request was' if most == 1 else 'requests were'} in flight "
+        f"there{queued}, which pin and status take as concurrency {c}; {fm.text}"
     )
 
 

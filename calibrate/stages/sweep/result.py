@@ -81,7 +81,8 @@ class SweepResult(KneeVerdict):
         """The recommendation in words, with what bound it."""
         top = self.best
         if self.find_max is not None and self.find_max.over == "rates":
-            return rate_boundary(top, self.find_max, describe(self.slo)) if top else ""
+            slots = self.cap.slots if self.cap else None  # as the summary's concurrency
+            return rate_boundary(top, self.find_max, describe(self.slo), slots) if top else ""
         if self.find_max is not None:
             if top is None:
                 return ""
