@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.fakes import append_ledger
 from tests.helpers import write_config
 
 
@@ -48,3 +49,27 @@ def test_status_shows_the_setting_a_rollback_left(cli, mock, isolated: Path) -> 
     setting = result.json["setting"]
     assert (setting["batch_size"], setting["concurrency"], setting["source"]) == (4, 1, "rollback")
     assert "calibrated setting: batch 4, concurrency 1 (from rollback)" in result.err
+
+
+def test_status_says_how_sure_the_setting_is(cli, isolated: Path) -> None:
+    """A sweep that passed with its knee "not sure" (the best was the last level tried) and a
+    ladder setting taken under noise: status showed "calibrated setting: batch 4, concurrency 2"
+    with neither (SPEC §5.6: the recommendation says how sure it is; §5.14: recorded as taken
+    under noise) — only ``calibrate run`` printed them."""
+    write_config(isolated / "calibrate.toml", "http://127.0.0.1:9/v1")
+    target = str(cli("status", "--json").json["target"])
+    taken = "batch 4, taken under noise (--conservative): the runs could not tell 8 from 4"
+    summary = {"last_passing": {"batch_size": 4, "concurrency": 4}, "setting_reason": taken}
+    append_ledger(isolated, "ladder", target, summary)
+    knee = {
+        "how_sure": "knee at 2 (+101 % over 1); the best is the last level tried",
+        "sure": False,
+    }
+    sweep = {"recommended_concurrency": 2, "batch_size": 4, "knee": knee}
+    append_ledger(isolated, "sweep", target, sweep, run_id="20261129T170000Z-sweep-abcdef")
+    status = cli("status", "--json")
+    assert status.code == 0, status.err
+    assert "calibrated setting: batch 4, concurrency 2" in status.err
+    assert f"ladder: {taken}" in status.err
+    assert "sweep: knee at 2 (+101 % over 1) — not sure" in status.err
+    assert status.json["why"] == [f"ladder: {taken}", "sweep: knee at 2 (+101 % over 1) — not sure"]

@@ -99,6 +99,7 @@ class TargetStatus:
             "tuned": self.tuned.to_json() if self.tuned else None,
             "drift": self.drift_json(),
             "stale": self.stale or None,
+            "why": list(why_lines(self)),
             "next": self.next_command,
         }
 

@@ -14,7 +14,7 @@ from calibrate.cli.flags.resolve import load_config
 from calibrate.cli.output import output_for
 from calibrate.engines.redaction import redact_config
 from calibrate.redact import redact_url
-from calibrate.stages.status import OPTIONAL_STAGES, STAGE_ORDER, status_of, verdict
+from calibrate.stages.status import OPTIONAL_STAGES, STAGE_ORDER, status_of, verdict, why_lines
 from calibrate.state.ledger import target_fingerprint
 from calibrate.state.summaries import ladder_summary
 
@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
         out.say(f"  batch size from {s.batch_from}; concurrency from {s.concurrency_from}")
         same = said_tokens is not None and s.verified_input_tokens == said_tokens
         out.say(f"  verified on: {s.workload.describe() if same else s.verified_on()}")
+        for line in why_lines(status):  # how sure: "not sure", "taken under noise" — said here
+            out.say(f"  {line}")
     if status.production is not None:  # the last production run beside the setting it ran at
         out.say(f"last batch: run {status.production.run_id}  {status.production.ts}")
         for record in status.drift:
