@@ -165,6 +165,14 @@ def test_auto_with_slos_recommends_the_most_goodput_and_a_split_rate_is_no_sure_
     slos = SweepResult((sync, low, high, most), 4, 0.1, None, "none", 0, slo=slo)
     assert slos.best is sync and slos.passed
     assert slos.recommendation.startswith("synchronous (concurrency 1): goodput 8.43 req/s")
+    assert "misses them" not in slos.recommendation
+    # goodput counts the requests within; a level whose own p99 breaks a bound says so
+    late = replace(sync, stats=replace(sync.stats, latency_p99_s=0.24))
+    missed = SweepResult((late, low, high, most), 4, 0.1, None, "none", 0, slo=slo)
+    assert missed.best is late
+    assert "; the level itself misses them: E2E latency p99 0.24 s is over the SLO 0.15 s" in (
+        missed.recommendation
+    )
     split = _level(2, "rate", 17.1, saturated=False, split=(2, 6))
     unsure = SweepResult((sync, low, split, most), 4, 0.1, None, "none", 0)
     assert "17.1 req/s keeps up: 2 of 6 runs did not" in unsure.inconclusive, unsure.inconclusive

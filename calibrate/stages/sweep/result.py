@@ -12,7 +12,7 @@ from calibrate.config import SloConfig
 from calibrate.engines import reporting_cap
 from calibrate.engines.base import Engine
 from calibrate.load.arrivals import rate_text
-from calibrate.stages.measure.slo import describe, has_slo
+from calibrate.stages.measure.slo import describe, has_slo, p99_breaches
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.prepare.stream_probe import stream_details
 from calibrate.stages.server_account import cap_notes, limit_json
@@ -98,10 +98,15 @@ class SweepResult(KneeVerdict):
         if has_slo(self.slo):
             span = top.goodput_range
             ranged = f", range {span[0]:.2f}–{span[1]:.2f}" if span and len(top.runs) > 1 else ""
-            return (
+            text = (
                 f"{top.label}: goodput {s.goodput_per_s or 0.0:.2f} req/s within the SLOs "
                 f"(median{ranged}); {bounded(self.levels, top, self.slo)}"
             )
+            # goodput counts the requests within the SLOs; a level whose own p99 breaks one is
+            # said to, never implied to meet it (find-max would fail it)
+            if broke := p99_breaches(s, self.slo):
+                text += f"; the level itself misses them: {'; '.join(broke)}"
+            return text
         if self.auto and top.rate is None:
             ran = any(lv.rate is not None for lv in self.levels)
             why = (
