@@ -119,6 +119,13 @@ def test_budget_leaves_candidates_untested_and_a_rerun_resumes_them(cli, isolate
     third = cli("tune", "--budget-s", "0.3", "--json")  # finished: the same grid starts anew
     assert third.code == 0 and third.json["run_id"] != cut.json["run_id"]
     assert "resuming" not in third.err
+    # [server] env is what every candidate runs with: a cut run resumed with other values mixed
+    # candidates measured under both and pin wrote the new ones beside the old winner
+    toml = isolated / "calibrate.toml"
+    toml.write_text(toml.read_text("utf-8").replace("[server]\n", '[server]\nenv = { A = "1" }\n'))
+    other = cli("tune", "--json")
+    assert other.code == 0 and "resuming" not in other.err, other.err
+    assert other.json["run_id"] != third.json["run_id"]
 
 
 def test_needs_a_managed_server_and_a_passing_ladder(cli, isolated: Path) -> None:

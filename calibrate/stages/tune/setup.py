@@ -164,6 +164,9 @@ def prepare(ctx: StageContext, request: TuneRequest) -> TuneSetup:
         **({"args": list(redaction.redact_argv(cfg.server.args))} if cfg.server.args else {}),
         "model_path": cfg.server.model_path,
         "target": ctx.target,
+        # every candidate runs with [server] env: one measured with other values is another run
+        # (values hashed, never kept; absent when none is set, so runs before resume as they were)
+        **({"env": fingerprint(dict(cfg.server.env))} if cfg.server.env else {}),
     }
     grid_fingerprint = fingerprint(identity)
     found = None if request.new_run else find_unfinished(cfg.runs_dir, grid_fingerprint)
