@@ -5,9 +5,11 @@ the summary's keys; a real tune run carries the keys whatever the machine measur
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from calibrate.cli.views.tune import winner_text
+from calibrate.gpu.noise import MachineNoise
 from calibrate.stages.tune.grid import Axis, Candidate, TunePlan
 from calibrate.stages.tune.outcome import TuneOutcome, margin_of
 from calibrate.stages.tune.result import BestLevel, CandidateResult, Measurement
@@ -157,3 +159,24 @@ def test_a_winner_is_judged_against_the_other_candidate_never_itself() -> None:
     said = winner_text(behind, 0.10)
     assert said is not None and "the runner-up surely served more" in said, said
     assert "about equal" not in said, said
+
+
+def test_a_tune_left_inconclusive_names_the_machine_its_candidates_were_measured_on() -> None:
+    """Every level of both candidates recorded 1.4–1.7 of 2 cores busy, and the verdict said
+    "the runs varied (this machine's own load could not be read)", offering no quieter machine
+    (SPEC §5.14: noise measured for each candidate and named in the verdict). Kept in
+    candidates.jsonl, a resumed run names it too."""
+    busy = MachineNoise(10.0, 2, 16.0, 0.0, 20.0)
+    plan = TunePlan("custom", (Axis("slots", ("1", "2"), "[tune] grid"),), 4, None, ())
+    first, second = _measured(2, 10.0, 16.0, 13.0), _measured(1, 9.0, 14.0, 11.0)
+    noisy = [
+        replace(r, measurement=replace(r.measurement, noise=busy))
+        for r in (first, second)
+        if r.measurement is not None
+    ]
+    outcome = TuneOutcome(plan, None, (), tuple(noisy), (), False)
+    assert outcome.winner is None
+    assert "other processes used 1.6 of this machine's 2 cores" in outcome.inconclusive
+    assert "could not be read" not in outcome.inconclusive
+    back = CandidateResult.from_json(noisy[0].to_json())
+    assert back is not None and back.measurement is not None and back.measurement.noise == busy

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from calibrate.config import Config, SloConfig
+from calibrate.gpu.noise import combined
 from calibrate.io.store import RunDir
 from calibrate.io.tasks import TaskPool
 from calibrate.load.sender import Sender
@@ -203,4 +204,5 @@ def measurement(result: SweepResult, slo: SloConfig, gain_min: float) -> Measure
         result.vram_source,
         result.stopped_by,
         limit.slots if (limit := result.running_limit) is not None else None,
+        combined(lv.stats.noise for lv in result.levels),
     )

@@ -18,6 +18,7 @@ from typing import Any
 
 from calibrate.confidence import DEFAULT_LEVEL, compare, percent, spread
 from calibrate.gpu.energy import RANK_FIELDS, RankBy
+from calibrate.gpu.noise import combined
 from calibrate.io.tier_table.tune import Point
 from calibrate.stages.tune.grid import Candidate, TunePlan
 from calibrate.stages.tune.pareto import points, reason
@@ -157,9 +158,10 @@ class TuneOutcome:
         found = gain_interval(Sample.of(b), Sample.of(a), self.level)
         assert found is not None
         smaller = min((win, second), key=lambda r: (r.cap, r is not win))
+        measured = (r.measurement for r in (win, second) if r.measurement is not None)
         return Inconclusive(
             (Doubt(second.candidate.id, win.candidate.id, found, self.gain_min),),
-            None,
+            combined(m.noise for m in measured),  # the machine while the two were measured
             "tune",
             f"{smaller.candidate.id} ({smaller.candidate.describe()})",
             "[tune] window, [sweep] repeats",

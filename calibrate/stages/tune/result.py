@@ -6,6 +6,7 @@ import typing
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from calibrate.gpu.noise import MachineNoise
 from calibrate.io.tier_table.columns import Column as C
 from calibrate.stages.tune.grid import Candidate
 
@@ -77,6 +78,16 @@ class BestLevel:
         return cls(**values)
 
 
+def _noise(data: Any) -> MachineNoise | None:
+    """The machine's noise as candidates.jsonl keeps it (None: not kept, or not one)."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        return MachineNoise(**data)
+    except TypeError:
+        return None
+
+
 _READ: dict[Any, Any] = {int: _int, float: _num, float | None: _num, tuple[float, ...]: _nums}
 
 
@@ -109,6 +120,7 @@ class Measurement:
     vram_source: str
     stopped_by: str
     server_slots: int | None = None  # the most it ran at once where that was below its cap
+    noise: MachineNoise | None = None  # the machine over its levels' windows (SPEC §5.14)
 
 
 @dataclass(frozen=True)
@@ -183,6 +195,7 @@ class CandidateResult:
             "vram_source": m.vram_source if m else None,
             "stopped_by": m.stopped_by if m else None,
             "server_slots": m.server_slots if m else None,
+            "noise": asdict(m.noise) if m and m.noise else None,
             "vram_release": self.vram_release,
             "elapsed_s": round(self.elapsed_s, 3),
         }
@@ -215,6 +228,7 @@ class CandidateResult:
                 str(data.get("vram_source") or "none"),
                 str(data.get("stopped_by") or ""),
                 _int(data, "server_slots"),
+                _noise(data.get("noise")),
             )
         tail = data.get("log_tail")
         return cls(
