@@ -170,7 +170,10 @@ def test_an_slo_runs_goodput_is_a_headline_metric_compared_higher_is_better(
     rows = compared.json["rows"]
     good = [row["deltas"]["goodput_per_s"]["better"] for row in rows]
     assert good == [row["deltas"]["items_per_s"]["better"] for row in rows]
-    assert False in good  # batch 8: 24 % less goodput is worse, as 24 % fewer items/s is
+    # batch 8: 24 % less goodput, as 24 % fewer items/s — shown, not called worse: one of the
+    # runs measured it in one round, so there is no interval (report claims only what separates)
+    changes = [row["deltas"]["goodput_per_s"]["change"] for row in rows]
+    assert any(c is not None and c < -0.2 for c in changes), changes
     shown = cli("report", str(a), "--no-plot")
     spreads = shown.err.split("over the rounds")[1].splitlines()[1]
     assert "goodput" in spreads.split()

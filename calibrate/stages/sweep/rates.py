@@ -121,10 +121,12 @@ def run_rate_once(
         seed=o.seed + repeat,
         job_gaps=o.job_gaps,
     )
+    mark = sweep.noise.mark() if sweep.noise is not None else None  # the machine meanwhile
     idle = sweep.monitor.open_window()
     in_flight_cap = cap if cap is not None or not math.isinf(rate) else len(requests)
     run = sweep.sender.open_loop(requests, schedule, in_flight_cap, ctx.params.max_tokens)
     peak = sweep.monitor.close_window(idle)
+    noise = sweep.noise.since(mark) if sweep.noise is not None and mark is not None else None
     highest = max(run.in_flight, default=0) + 1
     label, tags = f"r{rate_text(rate)}", {"offered_rate": rate_value(rate)}
     items = sweep.keep(list(run.items), highest, repeat, peak, label, tags)
@@ -141,6 +143,7 @@ def run_rate_once(
         window=_window_items(run),
         window_s=judgement.window_s,
     )
+    stats = replace(stats, noise=noise)  # a rate's doubt names it, as a concurrency's does
     record_round(
         ctx,
         stats,

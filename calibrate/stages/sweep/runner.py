@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
+from calibrate.gpu.noise import NoiseMeter
 from calibrate.gpu.vram import VramMonitor, WindowPeak
 from calibrate.load.items import ItemResult
 from calibrate.load.request import Request
@@ -91,6 +92,7 @@ class LevelRunner(Protocol):
     cap: ServerCap | None
     levels: list[Level]
     auto_step: int | None
+    noise: NoiseMeter | None  # the machine's own noise per run (SPEC §5.14)
 
     def note(self, text: str) -> None: ...
 

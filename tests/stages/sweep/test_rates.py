@@ -17,7 +17,14 @@ from calibrate.load.sender import Sender
 from calibrate.stages.sweep.result import SweepResult
 from calibrate.stages.sweep.run import Sweep
 from calibrate.stages.sweep.spec import SweepOptions
-from tests.stage_fakes import close_runs, recorder, simulated_sender, stage_ctx
+from tests.stage_fakes import (
+    FakeProc,
+    close_runs,
+    fake_meter,
+    recorder,
+    simulated_sender,
+    stage_ctx,
+)
 
 __all__ = ["close_runs"]  # the autouse fixture, used by being imported
 
@@ -41,12 +48,14 @@ def _rates(
     ctx = stage_ctx(tmp_path, cfg, "sweep")
     monitor = VramMonitor([])
     spec = SweepOptions.from_config(cfg, batch_size, slo=slo, stream=True)
+    noise = options.pop("noise", None)
     sweep = Sweep(
         ctx,
         replace(spec, rates=rates, **options),
         monitor,
         recorder(ctx, monitor, tmp_path),
         sender,
+        noise=noise,
     )
     return sweep, sweep.run()
 
@@ -104,3 +113,15 @@ def test_prompt_list_rates_are_requests_per_second_each_carrying_the_batch(
     assert level.rate.achieved_rate == pytest.approx(8.0, rel=0.05), "requests/s, as offered"
     assert level.stats.items_per_s == pytest.approx(32.0, rel=0.05), "4 prompts each"
     assert level.stats.goodput_per_s == pytest.approx(level.stats.items_per_s, rel=1e-4)
+
+
+def test_each_rate_run_reads_the_machine_as_a_concurrency_run_does(tmp_path: Path) -> None:
+    """A rate level's runs carried no machine noise, so a rate sweep left inconclusive said
+    "this machine's own load could not be read" while its closed-loop levels on the same
+    machine read 1.6 of 2 cores busy (SPEC §5.14: measured for each level and named)."""
+    sender = simulated_sender(ttft_s=0.005, per_token_s=0.0002)
+    meter = fake_meter(FakeProc(busy_per_read=3.2))
+    _, result = _rates(tmp_path, sender, (20.0, 40.0), 1.0, noise=meter)
+    assert all(lv.stats.noise is not None for lv in result.levels)
+    assert all(run.noise is not None and run.noise.busy for lv in result.levels for run in lv.runs)
+    assert "other processes used 1.6 of its 2 cores" in result.noise_text
