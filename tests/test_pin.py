@@ -152,3 +152,29 @@ def test_pin_without_a_model_path_takes_the_weights_the_server_reported_or_says_
     assert "model path /models/served-root from the server's /v1/models" in pinned.err
     script = (isolated / "scripts" / "launch.sh").read_text("utf-8")
     assert "export MODEL_PATH=/models/served-root" in script and "/models/served-root" in script
+
+
+def test_the_script_header_says_how_sure_its_setting_is(cli, isolated: Path) -> None:
+    """A knee the sweep called "not sure" and a batch taken under noise: the header said only
+    "# concurrency from sweep run …" — the script presented a doubtful setting as settled. A
+    reason the ledger holds is one line, whatever it holds (never a line break out of the
+    comment)."""
+    target = _configure(cli, isolated, "vllm", "/models/m")
+    taken = "batch 4, taken under noise (--conservative):\nthe runs could not tell 8 from 4"
+    ladder = {"last_passing": {"batch_size": 4, "concurrency": 4}, "setting_reason": taken}
+    append_ledger(isolated, "ladder", target, ladder)
+    knee = {
+        "how_sure": "knee at 2 (+101 % over 1); the best is the last level tried",
+        "sure": False,
+    }
+    sweep = {"recommended_concurrency": 2, "batch_size": 4, "knee": knee}
+    append_ledger(isolated, "sweep", target, sweep, run_id="20261129T170000Z-sweep-abcdef")
+    assert cli("pin").code == 0
+    text = (isolated / "scripts/launch.sh").read_text("utf-8")
+    assert "# how sure: sweep: knee at 2 (+101 % over 1) — not sure\n" in text, text
+    assert "# how sure: ladder: batch 4, taken under noise (--conservative): the runs" in text
+    assert subprocess.run(["bash", "-n", str(isolated / "scripts/launch.sh")]).returncode == 0
+    assert all(
+        line.startswith(("#", "set ", "export", "exec", ":")) or not line
+        for line in text.splitlines()
+    ), "every reason stays inside its comment"

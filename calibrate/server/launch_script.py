@@ -38,6 +38,9 @@ class PinnedValues:
     context: str = ""  # how the engine's context was sized (llama.cpp -c), when it was
     tuned: str = ""  # "tune run <id>: parallel=4, ctx_size=2048" — every flag the winner ran with
     cost: str = ""  # "0.41 J/output token (312 W), $1.23 per 1M output tokens" (SPEC §13)
+    how_sure: tuple[
+        str, ...
+    ] = ()  # "sweep: knee at 2 (+78 % over 1) — not sure", taken under noise
 
 
 def _comment(text: str) -> str:
@@ -68,6 +71,7 @@ def render(values: PinnedValues, command: EngineCommand) -> str:
         f"# kind: {_comment(values.kind)}",
         f"# batch size verified by {_comment(values.verified_by)} at {_comment(values.verified_at)}",
         f"# concurrency from {_comment(values.concurrency_from)}",
+        *(f"# how sure: {_comment(line)}" for line in values.how_sure),
         f"# workload: {_comment(values.workload)}",
         f"# pinned by run {_comment(values.pinned_by)} at {_comment(values.pinned_at)}",
         *([f"# context: {_comment(values.context)}"] if values.context else []),

@@ -9,6 +9,7 @@ same builder ``calibrate server start`` uses, so what is pinned is what calibrat
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -27,9 +28,11 @@ from calibrate.server.launch_script import PinnedValues
 from calibrate.server.process import running_kind
 from calibrate.stages.context import StageContext
 from calibrate.stages.pin_context import JobInput, context_for
+from calibrate.stages.status import reasons
 from calibrate.state.gates import next_step
-from calibrate.state.ledger import current_weights
-from calibrate.state.setting import resolve
+from calibrate.state.ledger import LedgerEntry, current_weights
+from calibrate.state.pipeline import standing
+from calibrate.state.setting import CalibratedSetting, resolve
 from calibrate.state.summaries import PinSummary
 from calibrate.state.summary_values import Setting
 
@@ -96,6 +99,17 @@ def refuse_unrun_cap(ctx: StageContext, run_id: str, batch: int) -> None:
                 f"batch size {batch}: an engine cap of {batch} was never run",
                 "Run first: calibrate ladder   (against the server as it runs now)",
             )
+
+
+def _how_sure(latest: Mapping[str, LedgerEntry], setting: CalibratedSetting) -> tuple[str, ...]:
+    """How sure the stages the setting came from were ("not sure", "taken under noise"): the
+    ladder's line when it set the batch size, the sweep's when it set the concurrency."""
+    came_from = {"ladder": setting.batch_from, "sweep": setting.concurrency_from}
+    return tuple(
+        line
+        for line in reasons(latest)
+        if came_from.get(line.split(":", 1)[0], "").startswith(line.split(":", 1)[0])
+    )
 
 
 def _default_context(kind: str, slots: int, tuned: tuple[tuple[str, str], ...]) -> str:
@@ -176,6 +190,7 @@ def run_pin(
         context=context,
         tuned=tuned_text,
         cost=pinned_cost(ctx.ledger.view().entries, setting.run_id, batch, concurrency),
+        how_sure=_how_sure(standing(ctx.ledger, ctx.target).latest, setting),
     )
     text = launch_script.render(values, command)
     path = out or cfg.scripts_dir / "launch.sh"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,9 +157,14 @@ def verdict(entry: LedgerEntry) -> str:
 
 def why_lines(status: TargetStatus) -> tuple[str, ...]:
     """Why the setting is what it is, a line from the ladder and one from the sweep, as their
-    ledger lines say it (``calibrate run``'s summary)."""
+    ledger lines say it (``calibrate run``'s summary, status, the pinned script's header)."""
+    return reasons(status.latest)
+
+
+def reasons(latest: Mapping[str, LedgerEntry]) -> tuple[str, ...]:
+    """``ladder: …`` and ``sweep: knee at 4 (+99 % over 2) — not sure`` from the latest lines."""
     lines = []
-    ladder, sweep = status.latest.get("ladder"), status.latest.get("sweep")
+    ladder, sweep = latest.get("ladder"), latest.get("sweep")
     if ladder is not None and ladder.passed:
         reason = ladder.summary.get("setting_reason")
         lines.append(f"ladder: {reason}" if isinstance(reason, str) and reason else "")
