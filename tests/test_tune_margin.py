@@ -180,3 +180,22 @@ def test_a_tune_left_inconclusive_names_the_machine_its_candidates_were_measured
     assert "could not be read" not in outcome.inconclusive
     back = CandidateResult.from_json(noisy[0].to_json())
     assert back is not None and back.measurement is not None and back.measurement.noise == busy
+
+
+def test_a_winner_ranked_by_cost_cites_the_figures_it_was_ranked_by() -> None:
+    """--rank-by joules_per_token picked by one J/tok figure a candidate, and the line cited
+    "+53% over the runner-up …, not significant at 95 %: about equal" — a goodput margin, a
+    statistic the ranking did not use (SPEC §5.14: a verdict and the row it cites use one)."""
+    plan = TunePlan("custom", (Axis("slots", ("1", "2"), "[tune] grid"),), 4, None, ())
+    cheap, dear = _measured(1, 9.0, 14.0, 11.0), _measured(2, 236.2, 142.0, 72.1)
+    ranked = []
+    for r, jpt in ((cheap, 0.017), (dear, 0.023)):
+        assert r.measurement is not None and r.measurement.best is not None
+        best = replace(r.measurement.best, joules_per_output_token=jpt)
+        ranked.append(replace(r, measurement=replace(r.measurement, best=best)))
+    outcome = TuneOutcome(plan, None, (), tuple(ranked), (), False, rank_by="joules_per_token")
+    assert outcome.winner is ranked[0] and outcome.lead is None
+    assert outcome.lead_json()["significant"] is None
+    text = winner_text(outcome, 0.10)
+    assert text is not None and "0.017 J/output token against 0.023 for the runner-up c02" in text
+    assert "no interval" in text and "over the runner-up" not in text, text

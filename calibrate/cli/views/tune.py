@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 from calibrate.cli.output import Output
+from calibrate.gpu.energy import RANK_FIELDS
 from calibrate.io.tier_table.tune import Point, TuneRow
 from calibrate.report.progress import Plan, progress_bar
 from calibrate.report.tables.cells import figure
@@ -70,6 +71,9 @@ def candidate_progress(
         yield lambda: bar.advance(task)
 
 
+RANK_UNITS = {"joules_per_token": "J/output token", "usd_per_1m": "$ per 1M output tokens"}
+
+
 def winner_text(outcome: TuneOutcome, gain_min: float = 0.0) -> str | None:
     win = outcome.winner
     if win is None or win.best is None:
@@ -79,6 +83,17 @@ def winner_text(outcome: TuneOutcome, gain_min: float = 0.0) -> str | None:
         f"{win.best.goodput_per_s:.2f} req/s at concurrency {win.best.concurrency}"
     )
     second, lead = outcome.runner_up, outcome.lead
+    column = RANK_FIELDS.get(outcome.rank_by)
+    if column is not None and second is not None and second.best is not None:
+        mine, theirs = getattr(win.best, column), getattr(second.best, column)
+        if mine is not None and theirs is not None:  # the figure it was ranked by, as it is
+            unit = RANK_UNITS[outcome.rank_by]
+            text += (
+                f"; {mine:.3g} {unit} against {theirs:.3g} for the runner-up {second.candidate.id}"
+                f" ({second.candidate.describe()}) — one figure each, no interval: ranked by "
+                f"{outcome.rank_by}, not tested"
+            )
+            return text
     if second is not None and lead is not None:
         margin = lead.fraction
         text += f", {margin:+.0%} over the runner-up {second.candidate.id} ({second.candidate.describe()})"

@@ -188,8 +188,12 @@ class TuneOutcome:
 
     @property
     def lead(self) -> Margin | None:
-        """The winner's margin over the runner-up, and whether their intervals separate."""
+        """The winner's margin over the runner-up, and whether their intervals separate; None
+        when ranked by another figure than goodput (a goodput margin would cite a statistic the
+        ranking did not use, and J or $ per token has one figure a candidate: no interval)."""
         win, second = self.winner, self.runner_up
+        if self.rank_by != "goodput":
+            return None
         if win is None or second is None or win.best is None or second.best is None:
             return None
         return margin_of(win.best, second.best, self.level)
