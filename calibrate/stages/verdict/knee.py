@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.stages.verdict.doubt import pct
 from calibrate.stages.verdict.separation import (
+    TRIM_FROM_RUNS,
     GainInterval,
     Judgement,
     LogSpread,
@@ -223,6 +224,8 @@ def _versus(best: Point, cur: Point) -> str:
     (b_low, b_high), (c_low, c_high) = best.span, cur.span
     if _ranged(best, cur) and b_low > 0:
         text += f", range {pct(c_low / b_high - 1)}…{pct(c_high / b_low - 1)}"
+        if max(len(best.runs), len(cur.runs)) >= TRIM_FROM_RUNS:  # not the table's min–max
+            text += " (middle runs)"
     return text
 
 

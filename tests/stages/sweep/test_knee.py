@@ -129,6 +129,13 @@ def test_judged_range_leaves_out_the_extremes_from_five_runs() -> None:
     assert judged_range([5.0]) is None
     assert judged_range([3.0, 1.0, 2.0]) == (1.0, 3.0)
     assert judged_range([1.0, 9.0, 5.0, 5.5, 6.0]) == (5.0, 6.0)  # one hiccup each way
+    # the text's range from five runs is the middle ones', not the table's min–max: it says so
+    five = find_knee(
+        [_runs(2, 11.8, 14.0, 14.5, 15.0, 16.8), _runs(4, 28.6, 29.5, 30.0, 31.0, 33.7)], 0.10
+    )
+    assert five is not None and "(middle runs)" in five.text, five.text
+    three = find_knee([_runs(2, 14.0, 14.5, 15.0), _runs(4, 29.5, 30.0, 31.0)], 0.10)
+    assert three is not None and "range" in three.text and "middle" not in three.text
 
 
 def test_failing_and_single_run_levels() -> None:
