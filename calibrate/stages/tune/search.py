@@ -124,6 +124,7 @@ class Tune:
         if self.search == "refine":
             return self._refine(memory, probes, pool)
         untested: tuple[Candidate, ...] = ()
+        upto: int | None = None  # a rung cut short: everyone compared at the rung before it
         for rung, (size, rung_window) in enumerate(schedule(len(pool), self.search)):
             if rung > 0:
                 previous = [
@@ -135,9 +136,9 @@ class Tune:
                 )
             left = self._measure(pool, rung, rung_window * self.window)
             if left:
-                untested = left
+                untested, upto = left, rung - 1 if rung > 0 else None
                 break
-        return self._outcome(memory, probes, untested, "")
+        return self._outcome(memory, probes, untested, "", upto)
 
     def _refine(
         self, memory: str | None, probes: tuple[MemoryProbe, ...], pool: list[Candidate]
@@ -161,10 +162,16 @@ class Tune:
         probes: tuple[MemoryProbe, ...],
         untested: tuple[Candidate, ...],
         stopped: str,
+        upto: int | None = None,
     ) -> TuneOutcome:
+        """Every candidate's latest result, ranked; ``upto``: a halving cut short during a rung
+        ranks them all at the rung before it, where each was measured at one window — the
+        survivors measured again at the longer window are never ranked above those not yet
+        (one at 0.5×, another at 1×: a pick the runs say was worse, once called "about equal")."""
         latest: dict[int, CandidateResult] = {}
-        for (_, index), result in sorted(self.done.items()):
-            latest[index] = result
+        for (rung, index), result in sorted(self.done.items()):
+            if upto is None or rung <= upto:
+                latest[index] = result
         return TuneOutcome(
             self.plan,
             memory,

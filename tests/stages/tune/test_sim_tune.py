@@ -259,3 +259,28 @@ def test_a_candidate_is_measured_at_its_own_cap_never_above_it() -> None:
     plan = TunePlan("custom", (), 4, None, ())
     setting = TuneOutcome(plan, None, (), (found,), (), False).summary({}).winner
     assert setting is not None and (setting.batch_size, setting.concurrency) == (2, 2)
+
+
+def test_a_halving_cut_during_a_rung_ranks_everyone_at_the_rung_before(tmp_path: Path) -> None:
+    """--restarts 4 over three candidates: all three at half the window, then c03 again at the
+    full one, and the budget ends before c02's. c03's longer-window result was ranked above
+    every half-window one whatever it measured (a later rung first): a pick its runs could show
+    was worse, compared across windows. A rung cut short ranks everyone at the rung before."""
+    engine = SweepEngine(tmp_path, level_s=1.0)
+    run = open_run(tmp_path / "runs", "tune", None)
+    tune = Tune(
+        _plan("slots=1,2,4"),
+        TuneStore(run),
+        engine,  # type: ignore[arg-type]
+        "halving",
+        1.0,
+        0.0,
+        lambda text: None,
+        clock=engine.clock,
+        restarts=4,
+    )
+    outcome = tune.run()
+    assert engine.started[-1] == ("c03", 1, 1.0) and [c.id for c in outcome.untested] == ["c02"]
+    assert [r.rung for r in outcome.ranked] == [0, 0, 0]
+    assert outcome.winner is not None and _slots(outcome.winner) == "4"
+    assert outcome.winner.window == 0.5
