@@ -85,6 +85,22 @@ def test_copies_that_failed_are_no_agreement() -> None:
     assert found is not None and found.to_json()["deterministic"] is None
 
 
+def test_tiers_each_alike_but_not_as_each_other_differ() -> None:
+    """Every copy at batch 1 alike, every copy at batch 4 alike, the two answers not the same:
+    "identical at batch 1, batch 4" and deterministic — the answer changed with the batch."""
+    batched = A.replace("hold", "keep")
+    checks = [("batch 1", check([A] * 8, 1)), ("batch 4", check([batched] * 8, 4))]
+    line = overall(checks)
+    assert line == (
+        "determinism (8 copies each): identical at batch 1, batch 4; but batch 1 and batch 4 "
+        "answer differently (first difference at token 2)"
+    )
+    found = judge_determinism(Config(), checks)
+    assert found is not None and found.to_json()["deterministic"] is False
+    alike = [("batch 1", check([A] * 8, 1)), ("batch 4", check([A] * 8, 4))]
+    assert "differently" not in (overall(alike) or "")
+
+
 def test_two_sets_each_alike_but_not_as_each_other_differ() -> None:
     """Copies one after another all alike and copies at once all alike, but not the same answer:
     the answer changes with the load — each set's own check cannot see it."""

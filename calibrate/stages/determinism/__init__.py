@@ -236,9 +236,27 @@ def overall(checks: Sequence[tuple[str, DeterminismCheck]]) -> str | None:
         if c.divergence is not None
     ]
     parts = [f"identical at {', '.join(same)}"] if same else []
+    apart = tiers_apart(checks)
+    if apart is not None:  # each alike within itself, not as the other: the answer moved
+        (a, b), d = apart
+        parts.append(f"but {a} and {b} answer differently (first difference at token {d.token})")
     copies = sorted({c.copies for _, c in checks})
     each = f"{copies[0]}" if len(copies) == 1 else f"{copies[0]}–{copies[-1]}"
     return f"determinism ({each} copies each): " + "; ".join([*parts, *unsure, *differ])
+
+
+def tiers_apart(
+    checks: Sequence[tuple[str, DeterminismCheck]],
+) -> tuple[tuple[str, str], Divergence] | None:
+    """The first two tiers (or levels) whose most common answers differ: the answer changes
+    with the load though each tier's copies agree (None: every tier's answer is the first's)."""
+    answered = [(where, c) for where, c in checks if c.common is not None]
+    first = answered[0] if answered else None
+    for where, c in answered[1:]:
+        assert first is not None
+        if (found := across(first[1], c)) is not None:
+            return (first[0], where), found
+    return None
 
 
 def managed_switch(cfg: Config) -> EngineSwitch | None:
@@ -289,7 +307,7 @@ def judge_determinism(
     line = overall(checks)
     if line is None:
         return None
-    differed = any(c.divergence is not None for _, c in checks)
+    differed = any(c.divergence is not None for _, c in checks) or tiers_apart(checks) is not None
     copies = max(c.copies for _, c in checks)
     unsettled = any(c.deterministic is None for _, c in checks)
     return Determinism(line, copies, differed, managed_switch(cfg), unsettled)
