@@ -100,6 +100,8 @@ class LadderResult:
             return ""
         if doubt.noise is not None:
             return doubt.noise.what_to_do
+        if doubt.remedy:
+            return doubt.remedy
         faster = (
             "send from more processes with --workers N, or run calibrate from a faster client "
             "machine; or step only the batch sizes below it ([ladder] batch_sizes)"

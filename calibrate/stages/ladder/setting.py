@@ -118,6 +118,12 @@ def setting_tier(
     return found.conservative if conservative else found.chosen
 
 
+UNSEEN_REMEDY = (
+    "read the server's running count more often ([ladder] sample_interval_s), or add a smaller "
+    "tier to [ladder] batch_sizes that it can be seen running"
+)
+
+
 @dataclass(frozen=True)
 class SettingDoubt:
     """Why the ladder cannot name its setting: noise between tiers, or a starved client."""
@@ -125,6 +131,7 @@ class SettingDoubt:
     noise: Inconclusive | None  # tiers the rounds could not tell apart
     starved: str  # "" or why calibrate itself was the limit above the best it could measure
     takeable: bool = True  # a measured tier is there for --conservative to take
+    remedy: str = ""  # what to do, where it is neither the noise's nor the starved client's
 
     @property
     def text(self) -> str:
@@ -148,6 +155,16 @@ def setting_doubt(
             f"kept tier measured the server, so its own throughput is unknown "
             f"({starved[0].client_bound})",
             takeable=False,
+        )
+    unseen = [t for t in kept if t.unseen is not None and unconfirmed(t, history)]
+    if found is None and unseen:  # every kept tier may not have run whole: no setting is known
+        top = unseen[-1]
+        return SettingDoubt(
+            None,
+            f"inconclusive: no kept tier is known to have run whole — the server was never seen "
+            f"running batch {top.batch_size} at once ({top.unseen.why if top.unseen else ''})",
+            takeable=False,
+            remedy=UNSEEN_REMEDY,
         )
     if found is None:
         return None

@@ -519,3 +519,20 @@ def test_a_tier_its_running_count_could_not_show_is_never_the_setting_above_what
     assert setting_tier(vouched, GAIN_MIN) is vouched[2]
     notes = account_notes(None, tuple(close))
     assert notes == (f"batch 4 is not the setting: {never.why}",), notes
+
+
+def test_no_kept_tier_known_to_have_run_whole_is_no_setting_and_no_pass() -> None:
+    """One tier, batch 2 in prompt-list mode on a busy machine: its answers too short for the
+    running count's samples (1 seen). It is never the setting — and the ladder exited 0 with
+    no setting at all ("last_passing": null): a pass that named nothing. It is inconclusive,
+    with what would let the count show it."""
+    why = Unseen("its answers (p50 9 ms) last less than 3 /metrics samples 700 ms apart …")
+    history = [replace(_tier(2, "pass", [8.0, 8.1], server_running_max=1), unseen=why)]
+    assert setting_tier(history, GAIN_MIN) is None
+    doubt = setting_doubt(history, GAIN_MIN)
+    assert doubt is not None and not doubt.takeable
+    assert doubt.text.startswith("inconclusive: no kept tier is known to have run whole")
+    assert "batch 2 at once (its answers (p50 9 ms)" in doubt.text
+    assert "sample_interval_s" in doubt.remedy
+    seen = [replace(history[0], stats=replace(history[0].stats, server_running_max=2))]
+    assert setting_doubt(seen, GAIN_MIN) is None and setting_tier(seen, GAIN_MIN) is seen[0]
