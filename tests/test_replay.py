@@ -14,7 +14,7 @@ from typing import Any
 from tests.mockserver import start_mock
 from tests.tier_helpers import jsonl, run_dir
 from tests.tune_helpers import COMMAND, tune_config
-from tests.workload_helpers import FAST_MOCK, LADDER, calibrated
+from tests.workload_helpers import FAST_MOCK, LADDER, SEEN_MOCK, calibrated
 
 # long enough rounds that the replay sends a few hundred requests: the tolerance is then tight
 REPLAY_LADDER = LADDER.replace("min_round_s = 0\n", "") + "batch_sizes = [8]\nmin_round_s = 1.0\n"
@@ -94,7 +94,7 @@ def test_a_batch_api_output_file_is_replayed_too(cli, isolated: Path) -> None:
     lines.append({"id": "x", "custom_id": "bad", "response": None, "error": {"code": "500"}})
     path = isolated / "batch_output.jsonl"
     path.write_text("".join(json.dumps(x) + "\n" for x in lines), "utf-8")
-    with start_mock(**FAST_MOCK) as mock:
+    with start_mock(**SEEN_MOCK) as mock:
         calibrated(cli, isolated, mock.base_url, LADDER + "batch_sizes = [2]\n")
         result = cli("ladder", "--replay", str(path), "--json")
     assert result.code == 0, result.err

@@ -10,7 +10,7 @@ import pytest
 
 from tests.mockserver import start_mock
 from tests.tier_helpers import jsonl, open_gate, run_dir
-from tests.workload_helpers import FAST_MOCK, LADDER, calibrated, tiers
+from tests.workload_helpers import FAST_MOCK, LADDER, SEEN_MOCK, calibrated, tiers
 
 KV_20K = {**FAST_MOCK, "kv_capacity_tokens": 20_000}
 
@@ -142,7 +142,7 @@ def test_tasks_pick_longest_takes_the_longest_items_built_as_batch_builds_them(
 
 def test_tasks_pick_sample_is_seeded_and_reproducible(cli, isolated: Path) -> None:
     tasks = _tasks(isolated)
-    with start_mock(**FAST_MOCK) as mock:
+    with start_mock(**SEEN_MOCK) as mock:
         calibrated(cli, isolated, mock.base_url, LADDER + "batch_sizes = [2, 4]\n")
         args = ("ladder", "--tasks", str(tasks), "--pick", "sample", "--json")
         first, second = cli(*args), cli(*args)

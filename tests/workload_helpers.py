@@ -11,6 +11,10 @@ from tests.helpers import write_config
 
 # Fast mock timings: a 200-token forced answer takes about 40 ms.
 FAST_MOCK: dict[str, Any] = {"ttft_s": 0.002, "per_token_s": 0.0002}
+# Answers the server's running count is sure to see (~70 ms: several 20 ms samples): a ladder
+# whose every tier ran too briefly for its count to show B names no setting (inconclusive), so a
+# test whose ladder starts above batch 1 on plain prompts uses these.
+SEEN_MOCK: dict[str, Any] = {"ttft_s": 0.03, "per_token_s": 0.002}
 _ROUND = (
     "min_round_s = 0\n"
     if "min_round_s" in {f.name for f in dataclasses.fields(LadderConfig)}

@@ -119,8 +119,8 @@ def setting_tier(
 
 
 UNSEEN_REMEDY = (
-    "read the server's running count more often ([ladder] sample_interval_s), or add a smaller "
-    "tier to [ladder] batch_sizes that it can be seen running"
+    "sample the server's running count more often ([ladder] sample_interval_s), send longer "
+    "answers (--output-tokens), or add a smaller tier to [ladder] batch_sizes"
 )
 
 
