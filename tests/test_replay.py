@@ -138,7 +138,7 @@ def test_what_cannot_be_replayed_is_exit_2_before_anything_is_written(cli, isola
 
 def test_status_and_pins_header_name_the_replayed_job_and_its_prefix(cli, isolated: Path) -> None:
     server = '[server]\nkind = "vllm"\nmodel_path = "/models/internlm-s2"\n'
-    with start_mock(**FAST_MOCK, prefix_cache=True, prefill_ms_per_1k_tokens=400.0) as mock:
+    with start_mock(**SEEN_MOCK, prefix_cache=True, prefill_ms_per_1k_tokens=400.0) as mock:
         calibrated(cli, isolated, mock.base_url, LADDER + "batch_sizes = [2]\n" + server)
         journal = _batch(cli, isolated)
         ladder = cli("ladder", "--replay", str(journal), "--prefix-tokens", "16")
