@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes import append_ledger, install_fake_engines, passing_ladder, recorded_run
+from tests.fakes import (
+    KNEE_NOT_SURE,
+    append_ledger,
+    install_fake_engines,
+    passing_ladder,
+    recorded_run,
+    unsure_setting,
+)
 from tests.helpers import write_config
 
 HOSTILE = '/models/my model\'s "dir"; $(touch pwned) `touch pwned2` & $HOME'
@@ -161,17 +168,10 @@ def test_the_script_header_says_how_sure_its_setting_is(cli, isolated: Path) -> 
     comment)."""
     target = _configure(cli, isolated, "vllm", "/models/m")
     taken = "batch 4, taken under noise (--conservative):\nthe runs could not tell 8 from 4"
-    ladder = {"last_passing": {"batch_size": 4, "concurrency": 4}, "setting_reason": taken}
-    append_ledger(isolated, "ladder", target, ladder)
-    knee = {
-        "how_sure": "knee at 2 (+101 % over 1); the best is the last level tried",
-        "sure": False,
-    }
-    sweep = {"recommended_concurrency": 2, "batch_size": 4, "knee": knee}
-    append_ledger(isolated, "sweep", target, sweep, run_id="20261129T170000Z-sweep-abcdef")
+    unsure_setting(isolated, target, taken)
     assert cli("pin").code == 0
     text = (isolated / "scripts/launch.sh").read_text("utf-8")
-    assert "# how sure: sweep: knee at 2 (+101 % over 1) — not sure\n" in text, text
+    assert f"# how sure: {KNEE_NOT_SURE}\n" in text, text
     assert "# how sure: ladder: batch 4, taken under noise (--conservative): the runs" in text
     assert subprocess.run(["bash", "-n", str(isolated / "scripts/launch.sh")]).returncode == 0
     assert all(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.fakes import append_ledger
+from tests.fakes import KNEE_NOT_SURE, unsure_setting
 from tests.helpers import write_config
 
 
@@ -59,17 +59,10 @@ def test_status_says_how_sure_the_setting_is(cli, isolated: Path) -> None:
     write_config(isolated / "calibrate.toml", "http://127.0.0.1:9/v1")
     target = str(cli("status", "--json").json["target"])
     taken = "batch 4, taken under noise (--conservative): the runs could not tell 8 from 4"
-    summary = {"last_passing": {"batch_size": 4, "concurrency": 4}, "setting_reason": taken}
-    append_ledger(isolated, "ladder", target, summary)
-    knee = {
-        "how_sure": "knee at 2 (+101 % over 1); the best is the last level tried",
-        "sure": False,
-    }
-    sweep = {"recommended_concurrency": 2, "batch_size": 4, "knee": knee}
-    append_ledger(isolated, "sweep", target, sweep, run_id="20261129T170000Z-sweep-abcdef")
+    unsure_setting(isolated, target, taken)
     status = cli("status", "--json")
     assert status.code == 0, status.err
     assert "calibrated setting: batch 4, concurrency 2" in status.err
     assert f"ladder: {taken}" in status.err
-    assert "sweep: knee at 2 (+101 % over 1) — not sure" in status.err
-    assert status.json["why"] == [f"ladder: {taken}", "sweep: knee at 2 (+101 % over 1) — not sure"]
+    assert KNEE_NOT_SURE in status.err
+    assert status.json["why"] == [f"ladder: {taken}", KNEE_NOT_SURE]

@@ -11,13 +11,12 @@ import pytest
 
 from calibrate.config import SloConfig
 from calibrate.stages.measure.saturation import RateJudgement
-from calibrate.stages.measure.tiers import summarise
 from calibrate.stages.sweep.auto import auto_rates
 from calibrate.stages.sweep.find_max import FindMax
 from calibrate.stages.sweep.levels import AutoRole, AutoStep, Level, rate_boundary
 from calibrate.stages.sweep.result import SweepResult
 from tests.mockserver import start_mock
-from tests.tier_helpers import FAST, open_gate, run_dir
+from tests.tier_helpers import FAST, open_gate, run_dir, stats_of
 
 WINDOWS = FAST + "[sweep]\nlevel_s = 0.6\nrepeats = 1\n"
 LONGER = FAST + "[sweep]\nlevel_s = 1.2\nrepeats = 1\n"
@@ -116,19 +115,8 @@ def _level(
     goodput_per_s: float | None = None,
     split: tuple[int, int] = (0, 1),
 ) -> Level:
-    stats = replace(
-        summarise(
-            batch_size=4,
-            concurrency=1 if role == "synchronous" else 4,
-            round_no=None,
-            items=[],
-            total_s=1.0,
-            peaks=[],
-            baseline_text=None,
-        ),
-        items_per_s=per_s,
-        goodput_per_s=goodput_per_s,
-    )
+    concurrency = 1 if role == "synchronous" else 4
+    stats = stats_of(4, concurrency, items_per_s=per_s, goodput_per_s=goodput_per_s)
     rate = None
     if saturated is not None:
         achieved = per_s * (0.8 if saturated else 1.0)

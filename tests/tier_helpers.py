@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from calibrate import config
+from calibrate.stages.measure.tiers import Stats, summarise
 from calibrate.state.ledger import Ledger, LedgerEntry, target_fingerprint
 from tests.helpers import write_config
 
@@ -48,6 +50,20 @@ def open_gate(root: Path, base_url: str, extra: str = FAST, stage: str = "repro"
     summary: dict[str, Any] = {"last_passing": {"batch_size": 4, "concurrency": 4}}
     Ledger(root / "runs").append(LedgerEntry(stage, f"test-{stage}", target, True, summary))
     return target
+
+
+def stats_of(batch_size: int, concurrency: int, **fields: Any) -> Stats:
+    """A level's or tier's stats with no items, and ``fields`` set as a test needs them."""
+    empty = summarise(
+        batch_size=batch_size,
+        concurrency=concurrency,
+        round_no=None,
+        items=[],
+        total_s=1.0,
+        peaks=[],
+        baseline_text=None,
+    )
+    return replace(empty, **fields)
 
 
 def run_dir(root: Path, run_id: str) -> Path:

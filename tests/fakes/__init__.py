@@ -99,6 +99,23 @@ def passing_ladder(root: Path, target: str, batch_size: int = 4) -> None:
     )
 
 
+KNEE_NOT_SURE = "sweep: knee at 2 (+101 % over 1) — not sure"  # the status / pin line of it
+
+
+def unsure_setting(root: Path, target: str, taken: str) -> None:
+    """A ladder whose batch 4 was ``taken`` under noise and a sweep whose knee at 2 was not sure
+    (the best was the last level tried), written straight into the ledger."""
+    ladder = {"last_passing": {"batch_size": 4, "concurrency": 4}, "setting_reason": taken}
+    append_ledger(root, "ladder", target, ladder)
+    how = "knee at 2 (+101 % over 1); the best is the last level tried"
+    sweep = {
+        "recommended_concurrency": 2,
+        "batch_size": 4,
+        "knee": {"how_sure": how, "sure": False},
+    }
+    append_ledger(root, "sweep", target, sweep, run_id="20261129T170000Z-sweep-abcdef")
+
+
 def install_fake_engines(bin_dir: Path) -> Path:
     """Every engine's launcher name, linked to the recording fake, in ``bin_dir``."""
     bin_dir.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,6 @@ from calibrate.config import Config, SloConfig, SweepConfig, TuneSearch
 from calibrate.config.sections import DeterminismConfig
 from calibrate.gpu.vram import VramMonitor
 from calibrate.io.store import RunDir
-from calibrate.stages.measure.tiers import summarise
 from calibrate.stages.sweep.levels import Level
 from calibrate.stages.sweep.result import SweepResult
 from calibrate.stages.sweep.run import Sweep
@@ -30,6 +29,7 @@ from calibrate.stages.tune.result import CandidateResult, MemoryProbe
 from calibrate.stages.tune.search import Tune
 from calibrate.stages.tune.store import TuneStore
 from tests.stage_fakes import SimulatedLoop, close_runs, open_run, recorder, stage_ctx
+from tests.tier_helpers import stats_of
 
 __all__ = ["close_runs"]  # the autouse fixture, used by being imported
 
@@ -221,16 +221,9 @@ def test_a_budget_leaves_candidates_untested_and_a_rerun_measures_only_those(
 def _level_at(concurrency: int, per_s: float, running: int, queued: int = 0) -> Level:
     """A level at batch 4 whose runs served ``per_s`` while the server's running gauge peaked at
     ``running`` (with ``queued`` waiting meanwhile)."""
-    stats = replace(
-        summarise(
-            batch_size=4,
-            concurrency=concurrency,
-            round_no=None,
-            items=[],
-            total_s=1.0,
-            peaks=[],
-            baseline_text=None,
-        ),
+    stats = stats_of(
+        4,
+        concurrency,
         items_per_s=per_s,
         server_running_max=running,
         server_queue_max=queued,
