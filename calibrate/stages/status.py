@@ -161,10 +161,15 @@ def why_lines(status: TargetStatus) -> tuple[str, ...]:
     return reasons(status.latest)
 
 
-def reasons(latest: Mapping[str, LedgerEntry]) -> tuple[str, ...]:
-    """``ladder: …`` and ``sweep: knee at 4 (+99 % over 2) — not sure`` from the latest lines."""
+def reasons(
+    latest: Mapping[str, LedgerEntry], stages: tuple[str, ...] = ("ladder", "sweep")
+) -> tuple[str, ...]:
+    """``ladder: …`` and ``sweep: knee at 4 (+99 % over 2) — not sure`` from the latest lines
+    of ``stages``."""
     lines = []
-    ladder, sweep = latest.get("ladder"), latest.get("sweep")
+    ladder, sweep = (
+        latest.get(stage) if stage in stages else None for stage in ("ladder", "sweep")
+    )
     if ladder is not None and ladder.passed:
         reason = ladder.summary.get("setting_reason")
         lines.append(f"ladder: {reason}" if isinstance(reason, str) and reason else "")

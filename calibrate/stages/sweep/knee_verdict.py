@@ -58,6 +58,13 @@ class KneeVerdict(ClientLimit):
         ]
 
     @property
+    def synchronous(self) -> Level | None:
+        """An auto sweep's synchronous level (one request at a time), when the server set it."""
+        return next(
+            (lv for lv in self.measurable if lv.auto and lv.auto.role == "synchronous"), None
+        )
+
+    @property
     def running_limit(self) -> ServerCap | None:
         """The server's own cap below the batch size the sweep ran at: reported, or shown by its
         running count (``server_limit``); None when it ran the whole batch."""
@@ -132,12 +139,12 @@ class KneeVerdict(ClientLimit):
             return None
         under, runs = top.rate.split
         surely = [lv for lv in kept if lv.rate is not None and not lv.rate.split[0]]
-        sync = [lv for lv in self.measurable if lv.auto and lv.auto.role == "synchronous"]
+        sync = self.synchronous
         return Inconclusive(
             (SplitDoubt(top.label, "keeps up", under, runs),),
             combined(lv.stats.noise for lv in self.levels),
             "the sweep",
-            surely[-1].label if surely else sync[0].label if sync else "",
+            surely[-1].label if surely else sync.label if sync is not None else "",
             "[sweep] max_repeats, [sweep] level_s",
         )
 

@@ -217,12 +217,12 @@ def probed_level(levels: Sequence[Level], fm: FindMax, at: float | None) -> Leve
     return None
 
 
-def rate_boundary(top: Level, fm: FindMax, slo: str, cap_slots: int | None = None) -> str:
-    """A rate boundary in words, and the concurrency pin and status take from it: its most in
-    flight, never above the server's own cap (``cap_slots``: the sweep's summary takes the same)."""
+def rate_boundary(top: Level, fm: FindMax, slo: str, taken: int | None = None) -> str:
+    """A rate boundary in words, and ``taken``, the concurrency pin and status take from it (its
+    most in flight unless the server's own cap is below it: ``SweepResult.taken``)."""
     achieved = f", achieved {top.rate.achieved_rate:.3g} req/s" if top.rate else ""
     most = top.concurrency
-    c = min(most, cap_slots) if cap_slots else most
+    c = most if taken is None else taken
     queued = (
         f" (the server runs {c} at once: its cap; the rest waited in its queue)" if c < most else ""
     )

@@ -66,7 +66,7 @@ class SweepResult(KneeVerdict):
             kept = [lv for lv in self.kept_rates if self.runs_whole(lv)]
             if self.under_noise:  # --conservative: none of its runs saturated
                 kept = [lv for lv in kept if lv.rate is not None and not lv.rate.split[0]]
-            sync = [lv for lv in passing if lv.auto and lv.auto.role == "synchronous"]
+            sync = [lv for lv in passing if lv is self.synchronous]
             if has_slo(self.slo):  # the most goodput, an auto sweep's synchronous level too
                 good = [lv for lv in [*sync, *kept] if (lv.stats.goodput_per_s or 0.0) > 0]
                 return max(good, key=lambda lv: lv.stats.goodput_per_s or 0.0, default=None)
@@ -76,13 +76,21 @@ class SweepResult(KneeVerdict):
             return None
         return knee
 
+    def taken(self, in_flight: int) -> int:
+        """The concurrency pin and status take from a level: its most in flight, never above
+        the server's own reported cap (the summary's, and the line that says it)."""
+        return min(in_flight, self.cap.slots) if self.cap else in_flight
+
     @property
     def recommendation(self) -> str:
         """The recommendation in words, with what bound it."""
         top = self.best
         if self.find_max is not None and self.find_max.over == "rates":
-            slots = self.cap.slots if self.cap else None  # as the summary's concurrency
-            return rate_boundary(top, self.find_max, describe(self.slo), slots) if top else ""
+            if top is None:
+                return ""
+            return rate_boundary(
+                top, self.find_max, describe(self.slo), self.taken(top.concurrency)
+            )
         if self.find_max is not None:
             if top is None:
                 return ""
@@ -304,7 +312,7 @@ class SweepResult(KneeVerdict):
         chosen = None if self.inconclusive else chosen
         c = chosen.concurrency if chosen else None  # a rate's most in flight: never over the cap
         return SweepSummary(
-            min(c, self.cap.slots) if c and self.cap else c,
+            self.taken(c) if c else c,
             self.batch_size,
             options.ladder_run_id,
             self.stopped_by,
