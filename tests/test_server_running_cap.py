@@ -196,7 +196,9 @@ def test_the_ladder_never_keeps_a_tier_above_the_servers_running_cap(
         read,
         result.err,
     )
-    assert tiers[3]["server_running_max"] == 4 and tiers[3]["server_queue_max"] == 4
+    # the queue is sampled: a sample taken while the eighth request was still on its way reads 3
+    # waiting (CI at a13e593), so any queue up to the four beyond the cap is a cap seen
+    assert tiers[3]["server_running_max"] == 4 and 1 <= tiers[3]["server_queue_max"] <= 4, read
     err = " ".join(result.err.split())
     assert f"the server's own cap is 4 ({RUNNING[style]} peaked at 4" in err
     assert f"while it ran 4 at once ({RUNNING[style]}): its cap is 4, below 8 in flight" in err
