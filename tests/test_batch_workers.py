@@ -24,13 +24,15 @@ import pytest
 from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport, tree_cpu
 from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams
+from calibrate.load.procs import selfcheck
+from calibrate.load.procs.proc import cores
 from calibrate.load.procs.recipe import ClientRecipe
+from calibrate.load.procs.selfcheck import CheckLimits
 from calibrate.load.procs.sender import workers_for
 from calibrate.stages.batch import BatchPlan, BatchSpec, plan_batch, run_batch
 from calibrate.stages.batch.control import BatchControl
 from calibrate.stages.batch.outage import OutagePolicy
 from calibrate.stages.batch.procs import run as procs_run
-from calibrate.stages.batch.procs.child import WorkerDone
 from calibrate.stages.batch.procs.parent import split
 from calibrate.stages.batch.result import BatchResult
 from calibrate.stages.batch.sending import run_items
@@ -165,7 +167,7 @@ def test_workers_flag_is_bounded_and_restart_needs_one_process(cli, isolated: Pa
 
 
 def test_the_self_check_advice_names_workers(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(procs_run, "cores", lambda: 16)
+    monkeypatch.setattr("calibrate.load.procs.selfcheck.cores", lambda: 16)
     monkeypatch.setattr("calibrate.load.procs.sender.cores", lambda: 16)
     assert "--workers 2" in procs_run.advice(1)
     assert "--workers 16" in procs_run.advice(8)
@@ -179,7 +181,7 @@ def test_the_self_check_advice_names_workers(monkeypatch: pytest.MonkeyPatch) ->
 def test_a_workers_bottleneck_is_the_runs_and_slots_are_dealt_evenly() -> None:
     idle = SelfLoadReport(3, 0.2, 0.1, 0.001, False, "")
     busy = SelfLoadReport(3, 0.97, 0.9, 0.002, True, "calibrate itself is the bottleneck: …")
-    merged = procs_run.merged(idle, [WorkerDone(idle, ()), WorkerDone(busy, ())])
+    merged = selfcheck.merged(idle, [idle, busy])
     assert merged.bottleneck and merged.reason == busy.reason and merged.cpu_fraction_max == 0.97
     shares = split([Endpoint("http://a/v1", 5, "flag"), Endpoint("http://b/v1", 2, "flag")], 2)
     assert [sum(e.concurrency for e in share) for share in shares] == [4, 3]
@@ -199,7 +201,7 @@ def _plan_of(isolated: Path, name: str) -> BatchPlan:
 def _two_workers(isolated: Path, base_url: str, warned: list[str], **options: Any) -> BatchResult:
     """A run over 2 worker processes on 4 slots (``worker_senders``); ``options``: the
     self-check thresholds, or any of the run's options in place of these."""
-    limits = {k: options.pop(k) for k in ("worker_cpu_limit", "machine_cpu_limit") if k in options}
+    limits = {k: options.pop(k) for k in ("limits", "machine_share") if k in options}
     given: dict[str, Any] = {
         "control": BatchControl(),
         "on_progress": lambda progress: None,
@@ -244,7 +246,7 @@ def test_a_workers_bottleneck_warning_reaches_the_user_once_naming_workers(
     one-process path under the same threshold fires the same way."""
     with start_mock(ttft_s=0.1, per_token_s=0.0) as server:
         warned: list[str] = []
-        result = _two_workers(isolated, server.base_url, warned, worker_cpu_limit=0.0)
+        result = _two_workers(isolated, server.base_url, warned, limits=CheckLimits(0.0))
         client = OpenAIClient(server.base_url, timeout_s=30, max_connections=4)
         one: list[str] = []
         single = _plan_of(isolated, "one")
@@ -270,10 +272,10 @@ def test_workers_that_together_take_the_machine_are_named_once_advising_another_
     the machine's cores, and the advice is to move the client, not more --workers."""
     with start_mock(ttft_s=0.1, per_token_s=0.0) as server:
         warned: list[str] = []
-        result = _two_workers(isolated, server.base_url, warned, machine_cpu_limit=0.0)
+        result = _two_workers(isolated, server.base_url, warned, machine_share=0.0)
     assert result.ok == 120
     (text,) = [w for w in warned if "calibrate itself is the bottleneck" in w]
-    assert "its 3 processes used" in text and f"of this machine's {procs_run.cores()}" in text
+    assert "its 3 processes used" in text and f"of this machine's {cores()}" in text
     assert "another machine" in text
     assert result.selfload is not None and result.selfload.bottleneck
 

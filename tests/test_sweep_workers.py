@@ -22,6 +22,7 @@ from calibrate.http.models import SamplingParams
 from calibrate.load.items import ItemResult
 from calibrate.load.pacing import Answer, OpenRun
 from calibrate.load.procs.recipe import ClientRecipe
+from calibrate.load.procs.selfcheck import CheckLimits
 from calibrate.load.procs.sender import WorkerSender, workers_for
 from calibrate.load.procs.shares import (
     deal,
@@ -365,3 +366,69 @@ def test_two_workers_never_read_above_what_their_requests_in_flight_deliver(
         assert len(counted) == row["steady_completions"] > 0, row
         ceiling = 2 / (sum(counted) / len(counted))
         assert row["items_per_s"] <= ceiling * 1.001, (row["items_per_s"], ceiling)
+
+
+NEVER = CheckLimits(float("inf"), 0.05, float("inf"))  # a worker that never says it is the limit
+
+
+def _wave_sender(mock_url: str, **checks: object) -> tuple[OpenAIClient, WorkerSender]:
+    client = OpenAIClient(mock_url)
+    recipe = ClientRecipe(mock_url, None, None, 30, 5, 64, 8)
+    return client, WorkerSender(client, recipe, 2, **checks)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("checks", "said"),
+    [
+        ({"limits": CheckLimits(0.0, 0.05)}, "of 2 used"),  # either worker
+        ({"limits": NEVER, "machine_share": 0.0}, "calibrate's 3 processes used"),
+    ],
+)
+def test_a_wave_sent_by_workers_says_when_calibrate_was_its_limit(
+    checks: dict[str, object], said: str
+) -> None:
+    """A ladder's wave dealt to two workers hands back why calibrate was the limit while it ran,
+    as their closed and open loops do: a worker's own self-check (its threshold at 0 here), or
+    all three processes together on the machine's cores (theirs at 0, the workers' never). Before,
+    a wave's workers never said and the machine was never judged: a ladder sent by starved
+    workers read as the server's limit."""
+    with start_mock(ttft_s=0.3, per_token_s=0.0) as mock:
+        client, sender = _wave_sender(mock.base_url, **checks)
+        requests = build_requests(
+            client, "internlm-s2", SamplingParams(0.0, 256, 1.0), [["p"]] * 4, "wave"
+        )
+        try:
+            quiet = sender.workers_mark()
+            sender.send(requests[:2], 2, 256)  # a first wave starts the workers and their checks
+            mark = sender.workers_mark()
+            items, _ = sender.send(requests, 4, 256)
+            bound = sender.workers_bound_since(mark)
+        finally:
+            sender.close()
+            client.close()
+    assert all(i.ok for i in items) and mark == quiet + 1, [i.error for i in items]
+    assert said in bound, bound
+
+
+def test_a_ladder_tier_whose_workers_were_the_limit_is_marked_as_the_sweeps_level_is(
+    cli, isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ladder --workers 2``: the workers' word that calibrate was the limit during a tier (made
+    certain here at batch 2, as a starved worker gives it) marks that tier client-bound, as the
+    sweep marks a level — one rule. Before, the ladder read only its own process."""
+    starved = "load worker process 1 of 2 used 0.99 CPU cores"
+    asked: list[int] = []
+
+    def bound_since(self: WorkerSender, mark: int) -> str:
+        asked.append(mark)
+        return starved if len(asked) == 2 else ""
+
+    monkeypatch.setattr(WorkerSender, "workers_bound_since", bound_since)
+    with start_mock(ttft_s=0.002, per_token_s=0.004, slots=4) as mock:
+        open_gate(
+            isolated, mock.base_url, FAST.replace("[ladder]\n", "[ladder]\nbatch_sizes = [1, 2]\n")
+        )
+        result = cli("ladder", "--json", "--workers", "2")
+    detail = result.json["tiers_detail"]
+    assert [t["client_bound"] for t in detail] == [None, starved], result.err
+    assert asked == sorted(asked) and len(asked) == 2, asked  # once a tier, marks in order

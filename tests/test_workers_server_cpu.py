@@ -24,9 +24,10 @@ from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams
 from calibrate.load.procs import sender as procs_sender
-from calibrate.load.procs.child import ServerPids, self_check
+from calibrate.load.procs.child import ServerPids
 from calibrate.load.procs.pool import WorkerPool
 from calibrate.load.procs.recipe import ClientRecipe, server_pids_of
+from calibrate.load.procs.selfcheck import worker_check
 from calibrate.load.procs.sender import WorkerSender
 from calibrate.load.request import build_requests
 from calibrate.load.window import LevelWindow
@@ -82,7 +83,7 @@ class Machine:
 
 
 def _started(machine: Machine, server: ServerPids) -> SelfLoadMonitor:
-    return self_check(
+    return worker_check(
         "load worker process 1 of 2",
         server,
         machine,

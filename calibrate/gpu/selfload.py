@@ -219,8 +219,12 @@ class SelfLoadMonitor:
         )
 
     def start(self) -> SelfLoadMonitor:
-        self._thread = threading.Thread(target=self._run, name="calibrate-selfload", daemon=True)
-        self._thread.start()
+        """Start sampling (a started monitor goes on as it is)."""
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="calibrate-selfload", daemon=True
+            )
+            self._thread.start()
         return self
 
     def stop(self) -> SelfLoadReport:

@@ -5,12 +5,13 @@ Started as ``python -m calibrate.load.procs.child`` with two pipes, it runs the 
 message is (``job.serve(inbox, outbox)``): a ``LoadJob`` here, batch's share of the items
 (``stages.batch.procs.child.WorkerSetup``) there. A ``LoadJob`` holds the client's recipe (the
 key in memory only), the parent's clock anchor and the server's processes on this machine
-(``self_check``: this worker judges its late threads on the parent's rule); then it runs one
-run at a time: a closed loop at its share of C, fed requests by the
-parent ahead of need (it says how many it took, the parent sends as many more), an open
-loop over its share of the schedule, or its part of a ladder's wave (held until every worker
-holds its part, then released at one moment). It starts each run at the parent's ``go_at`` and hands
-back the ``LoopRun`` or ``OpenRun`` as the one-process engine makes it; the parent merges.
+(``selfcheck.worker_check``: this worker judges its late threads on the parent's rule); then
+it runs one run at a time: a closed loop at its share of C, fed requests by the parent ahead
+of need (it says how many it took, the parent sends as many more), an open loop over its
+share of the schedule, or its part of a ladder's wave (held until every worker holds its part,
+then released at one moment). It starts each run at the parent's ``go_at`` and hands back the
+``LoopRun``, ``OpenRun`` or wave as the one-process engine makes it, with why this process was
+the client's limit during it ("" when it kept up); the parent merges.
 The end of its input (the parent died or closed it) ends it at once. Ctrl-C reaches the whole
 process group: a worker ignores it, the parent ends it.
 """
@@ -27,13 +28,12 @@ from queue import SimpleQueue
 from typing import Any
 
 from calibrate.errors import format_traceback
-from calibrate.gpu.noise import LinuxProc, ProcReader, server_cpu
-from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.request_times import use_anchor
 from calibrate.load.engine import Record
 from calibrate.load.procs.channel import Channel, Outbox, listen, worker_pipes
 from calibrate.load.procs.proc import Job
 from calibrate.load.procs.recipe import ClientRecipe
+from calibrate.load.procs.selfcheck import DEFAULT_LIMITS, CheckLimits, worker_check
 from calibrate.load.request import Request
 from calibrate.load.sender import Sender
 from calibrate.load.transport import HttpTransport
@@ -112,6 +112,7 @@ class LoadJob:
     wall: float  # the parent's clock anchor (``request_times.anchor``)
     mono: float
     server_pids: tuple[int, ...] = ()
+    limits: CheckLimits = DEFAULT_LIMITS
 
     def serve(self, inbox: Channel, outbox: Outbox) -> None:
         use_anchor(self.wall, self.mono)
@@ -133,25 +134,11 @@ class ServerPids:
         return self._pids
 
 
-def self_check(
-    who: str,
-    server_pids: Callable[[], Iterable[int]],
-    reader: ProcReader | None = None,
-    **timing: Any,
-) -> SelfLoadMonitor:
-    """This worker's self-check on the parent's rule (``tier_run.measuring``): its own CPU near a
-    core is the client's limit; its threads late while the server's processes (``server_pids``,
-    read through ``reader``) hold half the machine's cores are the server's. ``timing``: the
-    monitor's clocks and windows (a test's virtual ones)."""
-    server = server_cpu(reader or LinuxProc(), server_pids)
-    return SelfLoadMonitor(who=who, server_cpu=server, **timing)
-
-
 def serve(inbox: Channel, outbox: Outbox, setup: LoadJob) -> None:
     """Runs, one at a time, until the parent closes the pipe; each run's result carries
     why this process was the client's limit during it ("" when it kept up)."""
     server = ServerPids(setup.server_pids)
-    monitor = self_check(setup.who, server).start()
+    monitor = worker_check(setup.who, server, limits=setup.limits).start()
     run_no = 0
 
     def told(record: Record) -> None:  # the parent stops the other workers' loops
@@ -182,7 +169,7 @@ def serve(inbox: Channel, outbox: Outbox, setup: LoadJob) -> None:
                 _wait_until(gate.wait(run_no))
                 start = time.perf_counter()
                 items, wall_s = sender.send(requests, len(requests), max_tokens)
-                outbox.put("wave", run_no, items, wall_s, start)
+                outbox.put("wave", run_no, items, wall_s, start, monitor.bound_since(mark))
             else:
                 _, _, requests, schedule, cap, max_tokens, go_at = job
                 _wait_until(go_at)

@@ -13,7 +13,6 @@ pipe closes — never a hang: every wait here has a bound.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -23,6 +22,7 @@ from calibrate.http.request_times import anchor
 from calibrate.load.procs.child import LoadJob
 from calibrate.load.procs.proc import ENDED, Event, Workers
 from calibrate.load.procs.recipe import ClientRecipe, server_pids_of
+from calibrate.load.procs.selfcheck import DEFAULT_LIMITS, CheckLimits
 
 log = logging.getLogger("calibrate")
 READY_S = 60.0  # a worker that has not started within this is stuck (a loaded machine: ~1 s)
@@ -30,14 +30,6 @@ AGAIN = (
     "Nothing of this run is measured. Run it again; if a worker dies again, look for its "
     "error above and for the kernel's out-of-memory killer (dmesg), or run with --workers 1"
 )
-
-
-def cores() -> int:
-    """The cores this process may run on (``--workers auto`` takes at most these)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 class WorkerPool:
@@ -48,9 +40,11 @@ class WorkerPool:
         recipe: ClientRecipe,
         count: int,
         server_pids: Callable[[], Iterable[int]] = tuple,
+        limits: CheckLimits = DEFAULT_LIMITS,
     ) -> None:
         self._recipe = recipe
         self.count = count
+        self._limits = limits  # each worker's self-check
         self._workers = Workers("load-worker")
         self._server_pids = server_pids  # the server's processes on this machine, found afresh
         self._told: tuple[int, ...] = ()  # … as the workers were last told them
@@ -64,7 +58,7 @@ class WorkerPool:
         try:
             for index in range(self.count):
                 who = f"load worker process {index + 1} of {self.count}"
-                workers.start(LoadJob(self._recipe, who, *anchor(), self._told))
+                workers.start(LoadJob(self._recipe, who, *anchor(), self._told, self._limits))
         except OSError as exc:  # out of processes or descriptors
             started = len(workers.procs)
             self.close()

@@ -16,6 +16,7 @@ every wait here has a bound.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import threading
 from collections.abc import Sequence
@@ -28,6 +29,14 @@ CHILD = "calibrate.load.procs.child"
 EXIT_WAIT_S = 5.0
 ENDED = ("ended",)  # a worker's last event: its pipe closed and it was reaped
 Event = tuple[int, Sequence[tuple[Any, ...]]]  # (the worker's index, a group of its messages)
+
+
+def cores() -> int:
+    """The cores this process may run on (``--workers auto`` takes at most these)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 class Job(Protocol):

@@ -27,13 +27,23 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from calibrate.config import Config
-from calibrate.gpu.selfload import SelfLoadMonitor, workers_advice
+from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.client import OpenAIClient
 from calibrate.http.request_times import epoch_at
 from calibrate.load.items import ItemResult
 from calibrate.load.pacing import OpenRun
-from calibrate.load.procs.pool import WorkerPool, cores
+from calibrate.load.procs.pool import WorkerPool
+from calibrate.load.procs.proc import cores
 from calibrate.load.procs.recipe import ClientRecipe
+from calibrate.load.procs.selfcheck import (
+    DEFAULT_LIMITS,
+    MACHINE_SHARE,
+    CheckLimits,
+    first_reason,
+    machine_check,
+    parent_advice,
+    worker_advice,
+)
 from calibrate.load.procs.shares import (
     deal,
     merge_loops,
@@ -53,6 +63,7 @@ RATE_PER_WORKER = 500.0  # … or per this many requests/s offered
 GO_S = 0.1  # every worker starts a run at the same moment, this long after it was sent
 WAVE_GO_S = 0.005  # … a wave, this long after every worker said it holds its part
 AHEAD_MIN = 8  # requests a worker holds beyond its share in flight, at least
+INSTEAD = "run calibrate on a faster client machine"  # the self-check's advice, cores all used
 
 
 def workers_for(asked: int | None, in_flight: int, rate: float | None = None) -> int:
@@ -112,11 +123,8 @@ def self_check_advice(sender: Sender) -> str:
     """What this process's self-check advises when it is the limit: more processes, or — when
     it only feeds the workers — a faster CPU (more workers would not help)."""
     if isinstance(sender, WorkerSender):
-        return (
-            f"the parent process that feeds all {sender.workers} --workers is the limit, so "
-            "more workers will not help: run calibrate on a faster CPU"
-        )
-    return workers_advice(1, cores(), "run calibrate on a faster client machine")
+        return parent_advice(sender.workers, "feeds", "run calibrate on a faster CPU")
+    return worker_advice(1, INSTEAD)
 
 
 def ahead(share: int) -> int:
@@ -126,8 +134,12 @@ def ahead(share: int) -> int:
 
 
 class WorkerSender(Sender):
-    """A ``Sender`` whose closed and open loops run in ``workers`` processes; each worker's
-    self-check reads the CPU of ``server_pids`` (the server's processes on this machine)."""
+    """A ``Sender`` whose waves and closed and open loops run in ``workers`` processes; each
+    worker's self-check reads the CPU of ``server_pids`` (the server's processes on this
+    machine) and judges on ``limits``; all of calibrate's processes together are judged against
+    the machine's cores (``machine_share`` of them, in the same windows:
+    ``selfcheck.machine_check``). A run was the client's limit when any of them was
+    (``workers_bound_since``)."""
 
     def __init__(
         self,
@@ -135,12 +147,19 @@ class WorkerSender(Sender):
         recipe: ClientRecipe,
         workers: int,
         server_pids: Callable[[], Iterable[int]] = tuple,
+        *,
+        limits: CheckLimits = DEFAULT_LIMITS,
+        machine_share: float = MACHINE_SHARE,
     ) -> None:
         super().__init__(HttpTransport(client))
         self.workers = workers
-        self._pool = WorkerPool(recipe, workers, server_pids)
+        self._pool = WorkerPool(recipe, workers, server_pids, limits)
+        self._machine = machine_check(
+            self._pool.pids, workers, INSTEAD, machine_share, limits.window_s
+        )
+        self._machine_mark = 0  # its windows before the run now running
         self._run_no = 0
-        self._bound: list[str] = []  # per run: why a worker was the limit ("": none was)
+        self._bound: list[str] = []  # per run: why calibrate was the limit ("": it was not)
 
     def workers_mark(self) -> int:
         return len(self._bound)
@@ -149,6 +168,7 @@ class WorkerSender(Sender):
         return next((why for why in self._bound[mark:] if why), "")
 
     def close(self) -> None:
+        self._machine.stop()
         self._pool.close()
 
     def pids(self) -> list[int]:
@@ -168,6 +188,7 @@ class WorkerSender(Sender):
             self._pool.send(k, ("wave", run_no, [requests[i] for i in indices], max_tokens))
         armed: set[int] = set()
         parts: dict[int, tuple[list[ItemResult], float, float]] = {}
+        bound: list[str] = []
         go_at = 0.0
 
         def told(k: int, messages: list[tuple[Any, ...]]) -> None:
@@ -181,9 +202,11 @@ class WorkerSender(Sender):
                             self._pool.send(other, ("go", run_no, go_at))
                 elif kind == "wave":
                     parts[k] = (rest[0], rest[1], rest[2] - go_at)
+                    bound.append(rest[3])
 
         during = f"a wave of {len(requests)} requests"
         self._until(lambda: len(parts) == len(dealt), 0.0, during, told)
+        self._ended(bound)
         return merge_waves([parts[k] for k in sorted(parts)])
 
     def closed_loop(
@@ -225,7 +248,7 @@ class WorkerSender(Sender):
 
         during = f"the closed loop at concurrency {concurrency}"
         self._until(lambda: len(runs) == len(shares), GO_S + window.min_s, during, told)
-        self._bound.append(next((why for why in bound if why), ""))
+        self._ended(bound)
         started_at = epoch_at(go_at)
         return merge_loops(
             [(run, _offset(run.started_at, started_at)) for _, run in sorted(runs.items())],
@@ -259,15 +282,23 @@ class WorkerSender(Sender):
 
         last = schedule[-1] if schedule else 0.0
         self._until(lambda: len(runs) == len(dealt), GO_S + last, "the open loop", told)
-        self._bound.append(next((why for why in bound if why), ""))
+        self._ended(bound)
         return merge_open([(run, offset, dealt[k]) for k, (run, offset) in sorted(runs.items())])
 
     def _begin(self) -> int:
-        """A new run: the workers started (once) and told the server's processes; its number."""
+        """A new run: the workers (and the machine's self-check) started once and told the
+        server's processes; its number."""
         self._pool.start()
+        self._machine.start()  # the first run's; a started monitor goes on
         self._pool.tell_server()
+        self._machine_mark = self._machine.mark()
         self._run_no += 1
         return self._run_no
+
+    def _ended(self, workers: Sequence[str]) -> None:
+        """A run's end: why calibrate was the limit during it — a worker's reason, or all of
+        calibrate's processes together on the machine's cores ("" when neither)."""
+        self._bound.append(first_reason([*workers, self._machine.bound_since(self._machine_mark)]))
 
     def _until(
         self,

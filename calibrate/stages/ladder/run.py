@@ -31,6 +31,7 @@ from calibrate.stages.measure.stop_rules import (
     stopped_by,
     tier_verdict,
 )
+from calibrate.stages.measure.tier_run import client_bound_since, client_mark
 from calibrate.stages.measure.tiers import Stats, Tier, Verdict, summarise
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
 from calibrate.stages.server_account import most_running, observed_cap, running_unseen
@@ -82,10 +83,11 @@ class Ladder(TierRounds, TierRepeats):
             self.before_tier(opts.batch_sizes[0])  # warm the server the first tier runs on
             self.warmup = self.warm_up(opts.batch_sizes[0])
         while (batch := self.next_batch()) is not None:
-            mark = self.selfload.mark() if self.selfload is not None else 0
+            mark = client_mark(self.selfload, self.sender)
             tier = self.run_tier(batch, self.baseline)
             if self.selfload is not None:
-                tier = replace(tier, client_bound=self.selfload.bound_since(mark))
+                bound = client_bound_since(self.selfload, self.sender, mark)
+                tier = replace(tier, client_bound=bound)
             tier = self.accounted(tier)
             self.history.append(tier)
             self.ctx.run.append("tiers.jsonl", tier.to_json())

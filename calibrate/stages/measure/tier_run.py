@@ -2,7 +2,8 @@
 
 The command line turns its flags into a ``MeasureSpec``; everything here is testable without a
 terminal. ``measuring`` starts the VRAM sampler and calibrate's own load monitor and stops them
-however the run ends; ``tier_finish`` writes the verdict once the tiers are in.
+however the run ends; ``client_bound_since`` says whether calibrate was the limit during a tier
+or level; ``tier_finish`` writes the verdict once the tiers are in.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from calibrate.gpu.sources import MetricsEndpoint, SourceChoice, energy_reader, 
 from calibrate.gpu.vram import VramMonitor
 from calibrate.io.tasks import TaskPool
 from calibrate.io.tier_table.row import TierRow
+from calibrate.load.sender import Sender
 from calibrate.redact import redact_url
 from calibrate.server.devices import managed_server_devices
 from calibrate.server.process import is_target, managed_target
@@ -149,6 +151,29 @@ class Measuring:
     incidents: IncidentRecorder
     noise: NoiseMeter | None = None
     server_pids: Callable[[], Iterable[int]] = tuple  # the server's processes, found afresh
+
+
+@dataclass(frozen=True)
+class ClientMark:
+    """Where the self-checks' windows (this process's) and runs (the workers') so far end."""
+
+    own: int = 0
+    workers: int = 0
+
+
+def client_mark(selfload: SelfLoadMonitor | None, sender: Sender) -> ClientMark:
+    """A mark before a tier or level: ``client_bound_since`` looks only after it."""
+    return ClientMark(selfload.mark() if selfload is not None else 0, sender.workers_mark())
+
+
+def client_bound_since(selfload: SelfLoadMonitor | None, sender: Sender, mark: ClientMark) -> str:
+    """Whether calibrate itself was the limit after ``mark`` (SPEC §5.14, §12), one rule for the
+    ladder's tiers and the sweep's levels: why — this process, a worker process, or all of them
+    on the machine's cores (``load.procs.selfcheck``) — or "" when it kept up (no self-check:
+    nothing is known). A reading so taken is marked, never a server's boundary."""
+    if selfload is None:
+        return ""
+    return selfload.bound_since(mark.own) or sender.workers_bound_since(mark.workers)
 
 
 def server_finder(

@@ -21,6 +21,7 @@ from calibrate.stages.determinism.wave import CopiesWave, send_copies
 from calibrate.stages.measure.incidents import IncidentRecorder
 from calibrate.stages.measure.item_records import item_record
 from calibrate.stages.measure.stop_rules import ServerCap, continue_sweep
+from calibrate.stages.measure.tier_run import ClientMark, client_bound_since, client_mark
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
 from calibrate.stages.sweep.auto import run_auto
 from calibrate.stages.sweep.find_max import TOP, FindMax, Probe, find_max, judge_probe, next_probe
@@ -48,17 +49,14 @@ class Sweep(LevelRuns):
     issued: int = 0  # workload prompts built so far: the next one's number (its own prompt)
     auto_step: int | None = None  # --auto: the step now running (each record carries it)
     selfload: SelfLoadMonitor | None = None  # calibrate's own load: a client-bound level is marked
-    selfload_mark: int = 0  # the self-check's windows before the level now running
-    workers_mark: int = 0  # … and the worker processes' (--workers), before it
+    client: ClientMark = field(default_factory=ClientMark)  # the self-checks before this level
     probes: list[Probe] = field(default_factory=list)  # --find-max: the levels probed, in order
     rate_span: tuple[float, float] = (0.0, 0.0)  # --find-max --rates: the range searched, req/s
     raw: dict[int, LevelRaw] = field(default_factory=dict)  # each level's runs so far
     noise: NoiseMeter | None = None  # the machine's own noise per run (SPEC §5.14)
 
     def run(self) -> SweepResult:
-        if self.selfload is not None:
-            self.selfload_mark = self.selfload.mark()
-        self.workers_mark = self.sender.workers_mark()
+        self.client = client_mark(self.selfload, self.sender)
         if self.options.auto_steps:
             run_auto(self)
             return self.result()
@@ -156,16 +154,11 @@ class Sweep(LevelRuns):
 
     def self_checked(self, level: Level) -> Level:
         """``level`` marked client-bound when the self-check saw calibrate the bottleneck."""
-        if self.selfload is not None:
-            bound = (
-                level.client_bound
-                or self.selfload.bound_since(self.selfload_mark)
-                or self.sender.workers_bound_since(self.workers_mark)
-            )
-            level = replace(level, client_bound=bound)
-            self.selfload_mark = self.selfload.mark()
-            self.workers_mark = self.sender.workers_mark()
-        return level
+        if self.selfload is None:
+            return level
+        bound = client_bound_since(self.selfload, self.sender, self.client)
+        self.client = client_mark(self.selfload, self.sender)
+        return replace(level, client_bound=level.client_bound or bound)
 
     def kept(self, level: Level) -> Level:
         """A judged level kept, written to tiers.jsonl, shown."""

@@ -23,8 +23,8 @@ from typing import Any
 from calibrate.gpu.selfload import SelfLoadReport
 from calibrate.io.tasks import ItemId, Task
 from calibrate.load.procs.channel import Channel, Outbox, listen
-from calibrate.load.procs.child import self_check
 from calibrate.load.procs.recipe import ClientRecipe
+from calibrate.load.procs.selfcheck import DEFAULT_LIMITS, CheckLimits, worker_check
 from calibrate.stages.batch.control import BatchControl, ReachabilityGuard
 from calibrate.stages.batch.lanes import make_lane
 from calibrate.stages.batch.outage import OutagePolicy
@@ -64,7 +64,7 @@ class WorkerSetup:
     spec: BatchSpec
     outage: OutagePolicy
     advice: str  # the self-check's advice when this worker is the bottleneck
-    cpu_limit: float = 0.85  # the self-check's threshold (a test sets 0: every window is bound)
+    limits: CheckLimits = DEFAULT_LIMITS  # its self-check's thresholds
     answered: bool = False  # a server answered already (the endpoints' check, another worker)
     server_pids: tuple[int, ...] = ()  # the server's processes on this machine (the self-check)
 
@@ -177,11 +177,11 @@ def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
     guard = ReachabilityGuard(slots, lambda detail: control.fail("unreachable", detail))
     guard.answered = setup.answered  # then a refusal here is an outage, not "no server at all"
     listen(inbox, _told(queue, control, guard))
-    monitor = self_check(  # on the parent's rule: the server's processes it found
+    monitor = worker_check(  # on the parent's rule: the server's processes it found
         "calibrate's own process",
         lambda: setup.server_pids,
+        limits=setup.limits,
         advice=setup.advice,
-        cpu_limit=setup.cpu_limit,
     ).start()
     sending = Sending(lanes, Work(queue, spec, journal, control, guard))
     sending.start()

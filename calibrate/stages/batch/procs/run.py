@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
-from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport, tree_cpu, workers_advice
-from calibrate.load.procs.pool import cores
+from calibrate.gpu.selfload import SelfLoadReport
+from calibrate.load.procs import selfcheck
 from calibrate.load.procs.recipe import ClientRecipe
+from calibrate.load.procs.selfcheck import (
+    DEFAULT_LIMITS,
+    MACHINE_SHARE,
+    CheckLimits,
+    machine_check,
+    merged,
+)
 from calibrate.stages.batch.control import BatchControl
 from calibrate.stages.batch.journal import Journal, Tally
 from calibrate.stages.batch.lanes import EndpointReport
@@ -28,26 +34,18 @@ from calibrate.stages.batch.sending import SendersOf
 from calibrate.state.setting import Endpoint
 
 _STATES = {"up": 0, "down": 1, "gone": 2}
+INSTEAD = "lower -c"  # the self-check's advice when no more processes would help
 
 
 def advice(workers: int) -> str:
     """What the self-check tells a run whose worker process (or only process) is the limit."""
-    return workers_advice(workers, cores(), "lower -c")
+    return selfcheck.worker_advice(workers, INSTEAD)
 
 
 def parent_advice(workers: int) -> str:
     """… and when the parent (one feeder and journal for all workers) is the limit."""
-    return (
-        f"the parent process that reads --input and writes --out for all {workers} --workers "
-        "is the limit, so more workers will not help: lower -c, or run on a faster CPU"
-    )
-
-
-def machine_advice(workers: int) -> str:
-    """… and when all of calibrate's processes together take the machine's cores."""
-    return (
-        f"the parent and its {workers} --workers share this machine's cores with nothing to "
-        "spare: run calibrate on another machine than the server, or lower -c"
+    return selfcheck.parent_advice(
+        workers, "reads --input and writes --out for", f"{INSTEAD}, or run on a faster CPU"
     )
 
 
@@ -62,8 +60,8 @@ def worker_senders(
     *,
     answered: bool = False,
     server_pids: tuple[int, ...] = (),
-    worker_cpu_limit: float = 0.85,
-    machine_cpu_limit: float = 0.85,
+    limits: CheckLimits = DEFAULT_LIMITS,
+    machine_share: float = MACHINE_SHARE,
     clock: Callable[[], float] = time.perf_counter,
 ) -> SendersOf:
     """The senders of a run over ``workers`` processes, for ``sending.run_items``: each process
@@ -74,8 +72,8 @@ def worker_senders(
     server; the first ok line tells every worker the same.
     ``server_pids``: the server's processes on this machine, told to every worker so that its
     self-check judges late threads on the parent's rule (the server's cores, not the client's).
-    ``worker_cpu_limit``: the workers' self-check threshold (one core is 1.0);
-    ``machine_cpu_limit``: all processes together, as a share of the machine's cores.
+    ``limits``: the workers' self-check thresholds; ``machine_share``: all processes together,
+    as a share of the machine's cores (``selfcheck``: the ladder's and sweep's rule too).
     """
     shares = [
         Endpoint(e.base_url, min(e.concurrency, max(plan.to_run, 1)), e.concurrency_source)
@@ -90,7 +88,7 @@ def worker_senders(
             plan.spec,
             outage,
             advice(workers),
-            worker_cpu_limit,
+            limits,
             answered,
             server_pids,
         )
@@ -99,7 +97,7 @@ def worker_senders(
 
     def worker_set(queue: WorkQueue, journal: Journal, slots: int) -> WorkerSending:
         return WorkerSending(
-            setups, endpoints, slots, queue, journal, control, on_event, machine_cpu_limit, clock
+            setups, endpoints, slots, queue, journal, control, on_event, machine_share, clock
         )
 
     return worker_set
@@ -119,7 +117,7 @@ class WorkerSending:
         journal: Journal,
         control: BatchControl,
         on_event: Callable[[OutageEvent], None],
-        machine_cpu_limit: float,
+        machine_share: float,
         clock: Callable[[], float],
     ) -> None:
         self._endpoints, self._slots, self._clock = endpoints, slots, clock
@@ -128,15 +126,7 @@ class WorkerSending:
         self._notes = Notes()
         self._down_since: dict[str, float] = {}
         self.procs = WorkerSet(setups, queue, control, self._on_message, self._notes.put)
-        workers = len(setups)
-        self._machine = SelfLoadMonitor(
-            cpu_clock=tree_cpu(self.procs.pids),
-            cpu_limit=machine_cpu_limit * cores(),
-            lag_limit_s=float("inf"),  # each process's own monitor watches its threads
-            advice=machine_advice(workers),
-            who=f"calibrate's {workers + 1} processes",
-            of_cores=cores(),
-        )
+        self._machine = machine_check(self.procs.pids, len(setups), INSTEAD, machine_share)
 
     def _on_message(self, proc: WorkerProc, message: tuple[object, ...]) -> None:
         kind, queue = message[0], self._queue
@@ -198,29 +188,13 @@ class WorkerSending:
         self.procs.kill_all()  # none is left running, whatever happened
 
     def selfload(self, own: SelfLoadReport | None) -> SelfLoadReport | None:
-        return None if own is None else merged(own, self.procs.reports, self._machine.report())
+        if own is None:
+            return None
+        workers = [w.selfload for w in self.procs.reports]
+        return merged(own, workers, self._machine.report())
 
     def endpoints(self, tally: Tally, elapsed_s: float) -> tuple[EndpointReport, ...]:
         return _reports(self._endpoints, self.procs.reports, tally, elapsed_s)
-
-
-def merged(
-    own: SelfLoadReport, workers: Sequence[WorkerDone], machine: SelfLoadReport | None = None
-) -> SelfLoadReport:
-    """One self-check for the run: the busiest process's figures; a bottleneck if any process
-    was one, or all of them together took the machine (``machine``: its reason only)."""
-    reports = [own, *(w.selfload for w in workers)]
-    if machine is not None and machine.bottleneck:
-        reports.append(replace(machine, cpu_fraction_max=0.0, cpu_fraction_mean=0.0))
-    reason = next((r.reason for r in reports if r.bottleneck), "")
-    return SelfLoadReport(
-        windows=max(r.windows for r in reports),
-        cpu_fraction_max=max(r.cpu_fraction_max for r in reports),
-        cpu_fraction_mean=max(r.cpu_fraction_mean for r in reports),
-        lag_max_s=max(r.lag_max_s for r in reports),
-        bottleneck=bool(reason),
-        reason=reason,
-    )
 
 
 def _reports(
