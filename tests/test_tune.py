@@ -126,6 +126,17 @@ def test_budget_leaves_candidates_untested_and_a_rerun_resumes_them(cli, isolate
     other = cli("tune", "--json")
     assert other.code == 0 and "resuming" not in other.err, other.err
     assert other.json["run_id"] != third.json["run_id"]
+    # so are the runs a level may take, the interval it is judged on and the requests' deadline:
+    # a cut run resumed under others mixed candidates judged by two rules
+    for section, line in (("[sweep]", "max_repeats = 2"), ("[confidence]", "level = 0.9")):
+        cut_again = cli("tune", "--budget-s", "0.3", "--json")
+        assert cut_again.json["complete"] is False, cut_again.err
+        text = toml.read_text("utf-8")
+        text = text.replace(section, f"{section}\n{line}", 1) if section in text else text
+        toml.write_text(text if line in text else f"{text}\n{section}\n{line}\n")
+        changed = cli("tune", "--json")
+        assert changed.code == 0 and "resuming" not in changed.err, (section, changed.err)
+        assert changed.json["run_id"] != cut_again.json["run_id"]
 
 
 def test_needs_a_managed_server_and_a_passing_ladder(cli, isolated: Path) -> None:

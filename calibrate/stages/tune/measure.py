@@ -82,7 +82,26 @@ class MeasureSettings:
             "prompt": cfg.prompt.text,
             "max_tokens": cfg.prompt.max_tokens,
             "slo": dataclasses.asdict(self.slo),
+            **_unless_default(cfg),
         }
+
+
+def _unless_default(cfg: Config) -> dict[str, Any]:
+    """The rest of what decides a candidate's figures — how many runs a level may take, the
+    interval its best level is judged on, the fixed-prompt copies sent beside it, the requests'
+    deadline — each only where it is set away from its default, so that a run begun before
+    these counted keeps its fingerprint and resumes as it did."""
+    given = {
+        "max_repeats": (cfg.sweep, "max_repeats"),
+        "confidence": (cfg.confidence, "level"),
+        "determinism_copies": (cfg.determinism, "copies"),
+        "timeout_s": (cfg.target, "timeout_s"),
+    }
+    return {
+        key: getattr(section, name)
+        for key, (section, name) in given.items()
+        if getattr(section, name) != getattr(type(section)(), name)
+    }
 
 
 def candidate_run(tune_run: RunDir, candidate: Candidate, rung: int) -> RunDir:
