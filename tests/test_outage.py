@@ -17,6 +17,7 @@ from tests.batch_helpers import assert_valid_jsonl, write_tasks
 from tests.fakes import free_port, managed_config, mock_command, pythonpath_env
 from tests.helpers import write_config
 from tests.mockserver import start_mock_process
+from tests.tier_helpers import junit_cases
 
 REFUSED = ErrorInfo("connect", "connection refused")
 FAST = ("--ttft", "0.02", "--per-token", "0.001")
@@ -173,6 +174,8 @@ def test_an_outage_longer_than_outage_s_exits_4_with_nothing_failed(cli, isolate
             "2",
             "--progress-s",
             "0.5",
+            "--junit",
+            "junit.xml",
         )
         elapsed = time.monotonic() - started
         thread.join()
@@ -182,6 +185,13 @@ def test_an_outage_longer_than_outage_s_exits_4_with_nothing_failed(cli, isolate
     assert elapsed < 15
     rows = assert_valid_jsonl(out)
     assert rows and all(r["ok"] for r in rows), "an item that never got an answer is not failed"
+    # --junit is the run's own verdict: no item failed, but most never ran (it passed before)
+    _, cases = junit_cases(isolated / "junit.xml")
+    (case,) = [c for c in cases if c.get("name") == "all items ok"]
+    failure = case.find("failure")
+    assert failure is not None, "an outage that stopped the run is no pass"
+    said = failure.get("message", "")
+    assert said.startswith("stopped: ") and f"{60 - len(rows)} remaining" in said, said
     assert "no server answered" in result.err and "resume with: calibrate batch" in result.err
     # the rerun against a live server does exactly the rest
     with start_mock_process("--slots", "4", *FAST) as again:

@@ -15,7 +15,7 @@ from calibrate.io.jobs.openai_batch import FORMAT_NAMES
 from calibrate.io.store import RunDir
 from calibrate.stages.batch import BatchOutcome, BatchPlan, BatchSpec
 from calibrate.stages.batch.endpoints import EndpointCheck
-from calibrate.stages.batch.result import BatchResult
+from calibrate.stages.batch.result import BatchResult, BatchVerdict
 from calibrate.stages.export import ExportResult
 from calibrate.stages.measure.format_check import ShapeCheck
 from calibrate.state.drift import records_of
@@ -90,21 +90,20 @@ class BatchView:
         return ProgressView(self.out, to_run, self.progress_s, self.grace_s, endpoints)
 
     def write_junit(
-        self, run: RunDir, target: str, result: BatchResult, checks: Sequence[ShapeCheck]
+        self,
+        run: RunDir,
+        target: str,
+        result: BatchResult,
+        checks: Sequence[ShapeCheck],
+        verdict: BatchVerdict,
     ) -> None:
-        """--junit: one case for the items, one per failure kind, one per sample check."""
+        """--junit: one case for the items (the run's own verdict: its exit code's), one per
+        failure kind, one per sample check."""
         if self.junit is None:
             return
         suite = junit_suite("batch", run, target)
-        kinds = ", ".join(f"{k} {n}" for k, n in sorted(result.failed_by_kind.items()))
         suite.check(
-            "all items ok",
-            result.failed == 0 and not result.interrupted,
-            f"{result.failed} of {result.finished} items failed ({kinds}); {result.remaining} remaining"
-            if result.failed
-            else "interrupted before the end",
-            kind=",".join(sorted(result.failed_by_kind)) or "interrupted",
-            time_s=result.seconds,
+            "all items ok", verdict.passed, verdict.why, kind=verdict.kind, time_s=result.seconds
         )
         for kind, count in sorted(result.failed_by_kind.items()):
             ids = [repr(f["id"]) for f in result.failures if f["kind"] == kind]

@@ -51,7 +51,13 @@ from calibrate.stages.batch.request import (
     said,
     stopped_error,
 )
-from calibrate.stages.batch.result import BatchNotes, BatchOutcome, BatchResult, summary_json
+from calibrate.stages.batch.result import (
+    BatchNotes,
+    BatchOutcome,
+    BatchResult,
+    summary_json,
+    verdict_of,
+)
 from calibrate.stages.batch.sending import (
     close_later,
     local_senders,
@@ -297,17 +303,14 @@ def _verdict(b: _Batch, result: BatchResult, notes: BatchNotes) -> BatchOutcome:
     sample = shown if spec.sample else None
     summary = summary_json(result, spec.concurrency, b.setup.source, notes, sample)
     summary["input_format"] = spec.format
-    # items count: a pass needs an ok line for every item this run was to do
-    passed = result.ok == result.to_run and result.stopped_by is None
-    passed = passed and notes.final_error is None and notes.input_changed is None
-    if spec.sample:
-        passed = passed and all(c.passed for c in checks)
+    verdict = verdict_of(result, notes, not spec.sample or all(c.passed for c in checks))
+    passed = verdict.passed
     resume = resume_command(b.request.argv, spec.input_path, b.plan.piped)  # no password in it
     outcome = BatchOutcome(result, spec, shown, resume, None, None, ExitCode.FAILED)
     try:
         ctx.record_result(passed, PlainSummary(summary))
         ctx.run.close()
-        b.env.write_junit(ctx.run, ctx.target, result, shown)
+        b.env.write_junit(ctx.run, ctx.target, result, shown, verdict)
     except OSError as exc:
         unrecorded = StageFailed(
             f"the batch ran, but its report could not be written: {os_error_text(exc)}",

@@ -26,7 +26,7 @@ from calibrate.stages.batch.endpoints import EndpointCheck, endpoints_for
 from calibrate.stages.batch.lanes import ManagedRestart
 from calibrate.stages.batch.outage import OutagePolicy
 from calibrate.stages.batch.plan import MAX_CONCURRENCY, BatchPlan, BatchSpec, lock_path
-from calibrate.stages.batch.result import BatchProgress, BatchResult
+from calibrate.stages.batch.result import BatchProgress, BatchResult, BatchVerdict
 from calibrate.stages.context import sampling_params
 from calibrate.stages.export import ExportResult, check_export, failed_path_for
 from calibrate.stages.measure.format_check import Expect, ShapeCheck
@@ -105,7 +105,12 @@ class BatchEnv(Protocol):
         ...
 
     def write_junit(
-        self, run: RunDir, target: str, result: BatchResult, checks: Sequence[ShapeCheck]
+        self,
+        run: RunDir,
+        target: str,
+        result: BatchResult,
+        checks: Sequence[ShapeCheck],
+        verdict: BatchVerdict,
     ) -> None:
         """--junit, if asked for: written before the verdict is shown (an OSError is exit 1)."""
 
@@ -134,7 +139,12 @@ class QuietEnv:
         return None
 
     def write_junit(
-        self, run: RunDir, target: str, result: BatchResult, checks: Sequence[ShapeCheck]
+        self,
+        run: RunDir,
+        target: str,
+        result: BatchResult,
+        checks: Sequence[ShapeCheck],
+        verdict: BatchVerdict,
     ) -> None:
         return None
 

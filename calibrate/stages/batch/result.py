@@ -297,3 +297,41 @@ def summary_json(
         **notes.to_json(),
         **sample,
     }
+
+
+@dataclass(frozen=True)
+class BatchVerdict:
+    """Whether a batch passed — one rule for its exit code, its ledger line and --junit — and,
+    when not, why in words and the kind of its first reason (a JUnit failure's type)."""
+
+    passed: bool
+    why: str = ""
+    kind: str = ""
+
+
+def verdict_of(result: BatchResult, notes: BatchNotes, checks_passed: bool = True) -> BatchVerdict:
+    """A pass needs an ok line for every item this run was to do, nothing that stopped it, an
+    input that did not change under it, --final written and (--sample) every shape check."""
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(result.failed_by_kind.items()))
+    reasons = (
+        ("interrupted", result.interrupted, "interrupted before the end"),
+        (
+            ",".join(sorted(result.failed_by_kind)),
+            result.failed > 0,
+            f"{result.failed} of {result.finished} items failed ({kinds})",
+        ),
+        (
+            result.stopped_by or "stopped",
+            result.stopped_by is not None,
+            f"stopped: {result.stop_detail or result.stopped_by}",
+        ),
+        ("unfinished", result.ok + result.failed < result.to_run, "items left without a line"),
+        ("input_changed", notes.input_changed is not None, f"{notes.input_changed}"),
+        ("final", notes.final_error is not None, f"{notes.final_error}"),
+        ("format", not checks_passed, "a sample output failed its shape check"),
+    )
+    said = [(kind, text) for kind, wrong, text in reasons if wrong]
+    if not said:
+        return BatchVerdict(True)
+    left = f"; {result.remaining} remaining" if result.remaining else ""
+    return BatchVerdict(False, "; ".join(text for _, text in said) + left, said[0][0])
