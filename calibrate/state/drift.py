@@ -43,10 +43,12 @@ class DriftRecord:
 
     @property
     def said(self) -> bool:
-        """Whether the batch's own summary says it: when compared, and when not compared with
+        """Whether the batch's own summary says it: when compared; when not compared with
         something to do about it (a calibration too noisy to hold the batch to: measure it
-        again). Why there was nothing to compare with is in --json, the run and ``status``."""
-        return self.compared or self.rerun is not None
+        again); and when windows were judged, too few to tell drift (what they read is said,
+        never "none"). Why there was nothing to compare with is in --json, the run and
+        ``status``."""
+        return self.compared or self.rerun is not None or self.judged > 0
 
     def line(self) -> str:
         """``drift: …`` in one line, as the batch's summary and ``status`` show it."""

@@ -171,6 +171,23 @@ def test_a_healthy_batch_never_warns_not_on_slow_moments_nor_on_a_busy_machine()
     assert record.line().startswith("drift: none — ")
 
 
+def test_a_run_too_short_to_find_drift_never_says_none_and_says_what_its_windows_read() -> None:
+    """Every item 4× slower than calibrated, but the run is over in two judged windows: drift
+    takes three in a row, so none could have been found — "not compared", with what the
+    windows read and that both were slow, never "drift: none". (It said "none" before.)"""
+    watch, warnings = drive(lambda i: 0.8, n=40)  # 8 s: two windows judged
+    record = watch.record()
+    assert warnings == [] and 1 <= record.judged < 3, record
+    assert not record.compared and not record.drifted and record.said
+    line = record.line()
+    assert line.startswith("drift: not compared — ") and "drift: none" not in line, line
+    assert f"{record.judged} judged window(s) of the run, too few to tell drift" in line, line
+    assert f"{record.judged} of them slower or failing" in line, line
+    assert "against 20 calibrated (its runs 19–21)" in line, line
+    (read,) = records_of(records_json([record]))  # the ledger and status read it back the same
+    assert read.line() == line and not read.compared
+
+
 def test_a_busy_machine_that_makes_the_client_late_is_not_the_servers_drift() -> None:
     """From item 300 other processes take the machine and calibrate's threads run 0.3 s late:
     every answer is read 0.3 s later, 2.5× the calibrated latency. The server made them as fast

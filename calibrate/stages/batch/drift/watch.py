@@ -22,6 +22,7 @@ from typing import Any
 from calibrate.gpu.noise import NoiseMark, NoiseMeter
 from calibrate.stages.batch.drift.causes import Cause, causes, warning
 from calibrate.stages.batch.drift.rule import (
+    IN_A_ROW,
     Basis,
     Finding,
     basis_of,
@@ -245,17 +246,25 @@ class DriftWatch:
             if w.server and w.server.preemptions is not None
         ]
         rate = items / seconds if seconds > 0 else None
+        # fewer judged windows than drift takes in a row: none could have been found, so none
+        # is claimed — what they read is said, and how many of them were off
+        too_few = finding is None and len(judged) < IN_A_ROW
         if finding is None:
             text = (
                 f"{rate or 0:.3g} items/s against {cal.items_per_s:.3g} calibrated (its runs "
                 f"{cal.items_per_s_low:.3g}–{cal.items_per_s_high:.3g}) over {len(judged)} "
                 f"judged window(s), {where}"
             )
+            if too_few:
+                text = (
+                    f"{len(judged)} judged window(s) of the run, too few to tell drift (it takes "
+                    f"{IN_A_ROW} in a row), {off} of them slower or failing: {text}"
+                )
         else:
             text = self._said
         found = self._causes() if finding else ()
         return DriftRecord(
-            True,
+            not too_few,
             text,
             drifted=finding is not None,
             what=finding.what if finding else "",
