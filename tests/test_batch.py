@@ -366,3 +366,18 @@ def test_junit_names_the_failure_kinds(cli, isolated: Path) -> None:
     assert failure is not None and "4 of 4 items failed (http_5xx 4)" in failure.get("message", "")
     props = {p.get("name"): p.get("value") for p in suite.iter("property")}
     assert props["run_dir"].startswith("runs")
+
+
+def test_a_server_that_sends_no_usage_leaves_the_tokens_unknown_never_zero(
+    cli, isolated: Path
+) -> None:
+    """No usage in any answer: how many output tokens they had is unknown — the summary and
+    --json say so, never "0 output tokens/s" (which they said before)."""
+    with start_mock(ttft_s=0.001, per_token_s=0.0001, no_usage=True) as server:
+        tasks, out = _setup(isolated, server.base_url, 4)
+        result = cli("batch", "--input", str(tasks), "--out", str(out), "--json")
+    assert result.code == 0, result.err
+    assert result.json["output_tokens_per_s"] is None and result.json["answers_without_usage"] == 4
+    said = " ".join(result.err.split())
+    assert "output tokens not reported (the server sent no usage)" in said, said
+    assert "0 output tokens/s" not in said

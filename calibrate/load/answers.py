@@ -56,9 +56,7 @@ def answer_items(
     """One item per prompt of an answered request (a cut or missing choice: a failed one)."""
     count = len(request.prompts)
     reported = completion.usage.completion_tokens if completion.usage else None
-    timing = completion.stream
-    # No usage in the stream (llama.cpp without include_usage): the chunks are the count.
-    total_tokens = reported if reported is not None or timing is None else timing.output_tokens
+    total_tokens = output_tokens(completion) or 0
     out: list[ItemResult] = []
     for n in range(count):
         choice = completion.choices[n] if n < len(completion.choices) else None
@@ -98,7 +96,7 @@ def answer_items(
                 elapsed_s=completion.elapsed_s,
                 ttft_s=completion.ttft_s,
                 started_s=started,
-                stream=timing if count == 1 else None,
+                stream=completion.stream if count == 1 else None,
                 done_s=done,
                 served_model=completion.served_model,
                 system_fingerprint=completion.system_fingerprint,
@@ -165,3 +163,11 @@ def stuck_items(
         failed_item(request, n, started_s, now_s, info, None, None, times)
         for n in range(len(request.prompts))
     ]
+
+
+def output_tokens(completion: Completion) -> int | None:
+    """An answer's output tokens: its usage's count; with no usage in a stream (llama.cpp
+    without include_usage), its chunks; else None — the server did not say, which is no 0."""
+    if completion.usage is not None and completion.usage.completion_tokens is not None:
+        return completion.usage.completion_tokens
+    return completion.stream.output_tokens if completion.stream is not None else None

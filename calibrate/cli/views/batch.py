@@ -147,7 +147,7 @@ def render_summary(
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(r.failed_by_kind.items()))
     failed = f"{r.failed} failed ({kinds})" if r.failed else "0 failed"
     retried = f"; {r.retried_items} needed retries" if r.retried_items else ""
-    pace = f"{r.items_per_s:.1f} items/s, {r.output_tokens_per_s:.0f} output tokens/s{retried}"
+    pace = f"{r.items_per_s:.1f} items/s, {r.tokens_text()}{retried}"
     all_ok = not (spec.sample or r.interrupted or r.unfinished or r.failed or r.remaining)
     # nothing to run: the plan said so, 0.0 items/s says no more; all ok: the verdict says it
     if (r.to_run or r.interrupted) and not all_ok:

@@ -48,6 +48,7 @@ class Tally:
         self.expect: Expect = expect
         self.max_chars = max_chars
         self.ok = self.failed = self.output_tokens = self.retried = self.attempts = 0
+        self.untold = 0  # ok answers that did not say their output tokens (no usage)
         self.kinds: Counter[str] = Counter()
         self.done_at: Counter[str] = Counter()  # per endpoint
         self.failed_at: Counter[str] = Counter()
@@ -61,14 +62,20 @@ class Tally:
     def finished(self) -> int:
         return self.ok + self.failed
 
-    def count(self, line: dict[str, Any], text: str | None, tokens: int, endpoint: str) -> None:
-        """Count one item whose line is written."""
+    def count(
+        self, line: dict[str, Any], text: str | None, tokens: int | None, endpoint: str
+    ) -> None:
+        """Count one item whose line is written (``tokens`` None: its answer did not say how
+        many it had — counted apart, never as 0)."""
         item_id = line["id"]
         self.attempts += line["attempts"]
         self.retried += line["attempts"] > 1
         (self.done_at if line["ok"] else self.failed_at)[endpoint] += 1
         if line["ok"]:
-            self.output_tokens += tokens
+            if tokens is None:
+                self.untold += 1
+            else:
+                self.output_tokens += tokens
             self.ok += 1
         else:
             kind = line["error"]["kind"]
@@ -103,7 +110,7 @@ MAX_GROUP = 512  # lines written in one write
 JOIN_S = 30.0  # closing: how long the writer may take for the lines still queued
 GATHER_S = 0.01  # after a write (not a full one), how long the writer lets lines gather
 
-_Entry = tuple[dict[str, Any], str | None, int, str]  # line, output text, tokens, endpoint
+_Entry = tuple[dict[str, Any], str | None, int | None, str]  # line, text, tokens, endpoint
 
 
 class Journal:
@@ -162,7 +169,7 @@ class Journal:
         self,
         line: dict[str, Any],
         text: str | None,
-        tokens: int,
+        tokens: int | None,
         endpoint: str,
         *,
         wait: bool = True,

@@ -34,6 +34,7 @@ from calibrate.errors import ErrorInfo, RequestError
 from calibrate.http.error_kinds import OutOfDescriptors
 from calibrate.http.models import Completion
 from calibrate.io.tasks import Task
+from calibrate.load.answers import output_tokens
 from calibrate.load.engine import DONE, WAIT, Record, Send, Step, Wait
 from calibrate.load.request import Request
 from calibrate.stages.batch.control import BatchControl, ReachabilityGuard
@@ -72,7 +73,13 @@ class Lines(Protocol):
     def backlogged(self) -> bool: ...
 
     def record(
-        self, line: dict[str, object], text: str | None, tokens: int, endpoint: str, *, wait: bool
+        self,
+        line: dict[str, object],
+        text: str | None,
+        tokens: int | None,
+        endpoint: str,
+        *,
+        wait: bool,
     ) -> None: ...
 
 
@@ -237,10 +244,10 @@ class ItemPacing:
             spec.expect,
             spec.params.max_tokens,
         )
-        tokens, text = 0, None
+        tokens: int | None = 0
+        text = None
         if completion is not None:
-            usage = completion.usage
-            tokens = (usage.completion_tokens or 0) if usage is not None else 0
+            tokens = output_tokens(completion)  # None: the server did not say
             text = completion.text
             self._control.served(completion.served_model)
         self._journal.record(line, text, tokens, self._label, wait=False)

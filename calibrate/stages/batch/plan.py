@@ -37,7 +37,7 @@ from calibrate.state.setting import verified_input
 
 CHAT_PATH = "/chat/completions"
 DEFAULT_CONCURRENCY = 4
-LineWatch = Callable[[dict[str, Any], int, str], None]  # a counted line, its tokens, endpoint
+LineWatch = Callable[[dict[str, Any], int | None, str], None]  # a counted line, tokens, endpoint
 MAX_CONCURRENCY = 4096  # documented in --help and the README; a thread each, a socket each
 
 

@@ -71,7 +71,7 @@ class BatchResult:
     stopped_by: str | None  # control.StopReason, or None (ran to the end)
     stop_detail: str  # what stopped it, for the user (or why items were not reached)
     seconds: float
-    output_tokens: int
+    output_tokens: int  # over the ok answers that said theirs
     retried_items: int
     attempts: int
     failures: tuple[dict[str, Any], ...]  # examples: id, kind, message
@@ -82,6 +82,7 @@ class BatchResult:
     out_path: Path
     endpoints: tuple[EndpointReport, ...] = ()
     outage_events: tuple[OutageEvent, ...] = ()
+    untold: int = 0  # ok answers without usage: their output tokens are unknown, not 0
 
     @classmethod
     def of(
@@ -121,6 +122,7 @@ class BatchResult:
             out_path=out_path,
             endpoints=endpoints,
             outage_events=tuple(events),
+            untold=tally.untold,
         )
 
     @property
@@ -146,8 +148,21 @@ class BatchResult:
         return self.finished / self.seconds if self.seconds > 0 else 0.0
 
     @property
-    def output_tokens_per_s(self) -> float:
+    def output_tokens_per_s(self) -> float | None:
+        """Over the answers that said their tokens; None when none of the ok ones did (the
+        server sent no usage: the figure is unknown, never 0)."""
+        if self.ok and self.untold >= self.ok:
+            return None
         return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def tokens_text(self) -> str:
+        """The output tokens/s as the summary says it, with what it leaves out."""
+        rate = self.output_tokens_per_s
+        if rate is None:
+            return "output tokens not reported (the server sent no usage)"
+        if not self.untold:
+            return f"{rate:.0f} output tokens/s"
+        return f"{rate:.0f} output tokens/s from the {self.ok - self.untold} answers with usage"
 
 
 @dataclass(frozen=True)
@@ -283,7 +298,8 @@ def summary_json(
         "seconds": round(result.seconds, 3),
         "items_per_s": round(result.items_per_s, 3),
         "output_tokens": result.output_tokens,
-        "output_tokens_per_s": round(result.output_tokens_per_s, 3),
+        "output_tokens_per_s": _rounded(result.output_tokens_per_s),
+        **({"answers_without_usage": result.untold} if result.untold else {}),
         "attempts": result.attempts,
         "retried_items": result.retried_items,
         "failures": list(result.failures),
@@ -335,3 +351,7 @@ def verdict_of(result: BatchResult, notes: BatchNotes, checks_passed: bool = Tru
         return BatchVerdict(True)
     left = f"; {result.remaining} remaining" if result.remaining else ""
     return BatchVerdict(False, "; ".join(text for _, text in said) + left, said[0][0])
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)

@@ -40,7 +40,7 @@ class BatchDrift:
         self._each = list(each or ())
         self._watches = [w for w in self._each if isinstance(w, DriftWatch)]
 
-    def seen(self, line: dict[str, Any], tokens: int, endpoint: str) -> None:
+    def seen(self, line: dict[str, Any], tokens: int | None, endpoint: str) -> None:
         """One counted line (the journal's thread): to every watch (each keeps its own)."""
         for watch in self._watches:
             watch.seen(line, tokens, endpoint)

@@ -84,7 +84,7 @@ class DriftWatch:
         self._thread: threading.Thread | None = None
 
     # the journal's thread
-    def seen(self, line: dict[str, Any], tokens: int, endpoint: str) -> None:
+    def seen(self, line: dict[str, Any], tokens: int | None, endpoint: str) -> None:
         """One counted line (``tokens``: its output tokens, read from the line's usage)."""
         with self._lock:
             self._finished += 1

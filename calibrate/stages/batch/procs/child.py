@@ -147,7 +147,7 @@ class LineSender:
         self,
         line: dict[str, Any],
         text: str | None,
-        tokens: int,
+        tokens: int | None,
         endpoint: str,
         *,
         wait: bool = True,
