@@ -360,3 +360,15 @@ def test_progress_never_shows_more_in_flight_than_are_left() -> None:
     assert BatchProgress(8, 8, 8, 0, 1, 1.0, False).in_flight == 0
     assert BatchProgress(8, 6, 6, 0, 4, 1.0, False).in_flight == 2
     assert BatchProgress(8, 2, 1, 1, 3, 1.0, False).in_flight == 3
+
+
+def test_no_eta_while_every_endpoint_is_down_or_the_run_stops() -> None:
+    """An ETA at the rate before an outage said "ETA 7 s" while nothing was sent: with every
+    endpoint down (or stopping) the time left is unknown; one of two down, the other sends."""
+    running = BatchProgress(200, 47, 47, 0, 8, 2.0, False, endpoints=2)
+    assert running.eta_s == pytest.approx(153 / 23.5)
+    one_down = BatchProgress(200, 47, 47, 0, 8, 2.0, False, (("a", 1.0),), 30.0, 2)
+    assert one_down.eta_s == running.eta_s
+    all_down = BatchProgress(200, 47, 47, 0, 0, 2.0, False, (("a", 1.0),), 30.0)
+    assert all_down.eta_s is None and all_down.items_per_s > 0
+    assert BatchProgress(200, 47, 47, 0, 8, 2.0, True).eta_s is None  # stopping

@@ -10,7 +10,6 @@ from rich.progress import (
     TaskID,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 
 from calibrate.cli.output import Output
@@ -46,11 +45,12 @@ class ProgressView:
                 TextColumn("{task.fields[failed]} failed"),
                 TextColumn("{task.fields[rate]:.1f} items/s"),
                 TimeElapsedColumn(),
-                TextColumn("ETA"),
-                TimeRemainingColumn(),
+                TextColumn("ETA {task.fields[eta]}"),  # the run's own (BatchProgress.eta_s)
                 console=self.out.console,
             )
-            self._task = self._progress.add_task("batch", total=self.total, failed=0, rate=0.0)
+            self._task = self._progress.add_task(
+                "batch", total=self.total, failed=0, rate=0.0, eta="–"
+            )
             self._progress.start()
         return self
 
@@ -67,8 +67,9 @@ class ProgressView:
                 "to finish (Ctrl-C again to abandon them)"
             )
         if self._progress is not None and self._task is not None:
+            eta = f"{p.eta_s:.0f} s" if p.eta_s is not None else "–"
             self._progress.update(
-                self._task, completed=p.finished, failed=p.failed, rate=p.items_per_s
+                self._task, completed=p.finished, failed=p.failed, rate=p.items_per_s, eta=eta
             )
             return
         if p.to_run == 0 or (p.finished >= p.to_run and not p.in_flight and not p.stopping):
@@ -77,7 +78,7 @@ class ProgressView:
         if counts == self._last_line:
             return  # nothing moved since the last line: do not repeat it
         self._last_line = counts
-        eta = f", ETA {p.eta_s:.0f} s" if p.eta_s is not None and not p.stopping else ""
+        eta = f", ETA {p.eta_s:.0f} s" if p.eta_s is not None else ""
         self.out.say(f"{counts}, {p.items_per_s:.1f} items/s{eta}")
 
     def _say_outage(self, p: BatchProgress) -> None:

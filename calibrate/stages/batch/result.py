@@ -42,6 +42,7 @@ class BatchProgress:
     stopping: bool
     down: tuple[tuple[str, float], ...] = ()  # endpoints in an outage: (label, seconds down)
     outage_limit_s: float = 0.0
+    endpoints: int = 1  # endpoints the run sends to
 
     def __post_init__(self) -> None:
         # the counts are read without a lock: a slot still busy with an item the journal has
@@ -55,8 +56,12 @@ class BatchProgress:
 
     @property
     def eta_s(self) -> float | None:
+        """The time left at the run's rate so far; None when nothing says it: no rate yet,
+        stopping, or every endpoint in an outage (nothing is sent until one answers)."""
         rate = self.items_per_s
-        return (self.to_run - self.finished) / rate if rate > 0 else None
+        if rate <= 0 or self.stopping or len(self.down) >= self.endpoints:
+            return None
+        return (self.to_run - self.finished) / rate
 
 
 @dataclass(frozen=True)

@@ -249,6 +249,7 @@ def run_items(
             control.interrupted,
             senders.down(now),
             outage.limit_s,
+            len(endpoints),
         )
         on_progress(snapshot)
 
