@@ -61,6 +61,22 @@ def test_an_open_loops_sends_are_dealt_in_turn_and_its_cap_split() -> None:
     assert split_cap(5, 2) == [3, 2] and split_cap(None, 3) == [None, None, None]
 
 
+@pytest.mark.parametrize(("count", "workers", "cap"), [(120, 2, 3), (96, 3, 4), (100, 2, 5)])
+def test_an_open_loops_sends_follow_each_processs_share_of_the_cap(
+    count: int, workers: int, cap: int
+) -> None:
+    """A cap of 3 over two processes is 2 + 1 slots: dealt evenly, the one-slot process had half
+    the rate on a third of the slots, held its sends back at 12 req/s on a server that keeps up
+    (one process: 0 s capped; two: 4.4 s of 4.5) and the sweep called 12 req/s saturated. Each
+    process's share of the sends is its share of the slots, spread through the schedule."""
+    dealt, caps = deal(count, workers, cap), split_cap(cap, min(workers, cap))
+    assert sorted(i for part in dealt for i in part) == list(range(count))  # each sent once
+    for part, slots in zip(dealt, caps, strict=True):
+        assert slots is not None and len(part) == pytest.approx(count * slots / cap, abs=1)
+        gaps = [b - a for a, b in zip(part, part[1:], strict=False)]
+        assert max(gaps) <= cap  # never a run of the schedule without this process
+
+
 def test_auto_takes_one_process_per_32_in_flight_or_500_per_s_at_most_the_cores(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -39,10 +39,22 @@ def share_windows(window: LevelWindow, shares: Sequence[int]) -> list[LevelWindo
 
 
 def deal(count: int, workers: int, cap: int | None) -> list[list[int]]:
-    """Which requests of an open-loop schedule each process sends: dealt in turn (request n to
-    process n mod N), over no more processes than there are requests or in-flight slots."""
+    """Which requests of an open-loop schedule each process sends, over no more processes than
+    there are requests or in-flight slots: dealt in turn, each process as many of every
+    ``cap`` requests as it has of the cap's slots (``split_cap``; no cap: one each in turn). A
+    share of the rate larger than a share of the slots would hold a process's sends back at a
+    rate the server keeps up with, read as the server's saturation."""
     processes = max(1, min(workers, count or 1, cap if cap is not None else workers))
-    return [list(range(k, count, processes)) for k in range(processes)]
+    weights = [w or 1 for w in split_cap(cap, processes)]
+    total = sum(weights)
+    credit = [0] * processes
+    dealt: list[list[int]] = [[] for _ in range(processes)]
+    for n in range(count):  # smooth weighted turns: 2, 1 deals 0, 1, 0, 0, 1, 0, …
+        credit = [c + w for c, w in zip(credit, weights, strict=True)]
+        k = max(range(processes), key=credit.__getitem__)
+        credit[k] -= total
+        dealt[k].append(n)
+    return dealt
 
 
 def split_cap(cap: int | None, processes: int) -> list[int | None]:
