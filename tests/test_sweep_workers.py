@@ -7,6 +7,7 @@ a clear error (exit 1), never a hang or a traceback.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import threading
@@ -73,7 +74,7 @@ def test_an_open_loops_sends_follow_each_processs_share_of_the_cap(
     assert sorted(i for part in dealt for i in part) == list(range(count))  # each sent once
     for part, slots in zip(dealt, caps, strict=True):
         assert slots is not None and len(part) == pytest.approx(count * slots / cap, abs=1)
-        gaps = [b - a for a, b in zip(part, part[1:], strict=False)]
+        gaps = [b - a for a, b in itertools.pairwise(part)]
         assert max(gaps) <= cap  # never a run of the schedule without this process
 
 
