@@ -466,3 +466,25 @@ def test_a_ladder_tier_whose_workers_were_the_limit_is_marked_as_the_sweeps_leve
     detail = result.json["tiers_detail"]
     assert [t["client_bound"] for t in detail] == [None, starved], result.err
     assert asked == sorted(asked) and len(asked) == 2, asked  # once a tier, marks in order
+
+
+def test_a_worker_run_longer_than_planned_goes_on_while_its_workers_answer() -> None:
+    """A run's silence limit started at its start: an open loop whose sends the cap holds back
+    (or a closed loop of slow answers) outlasted it and read as workers "sent nothing for too
+    long" — exit 1 with nothing measured, where one process measured it. Every answer is a
+    word now: 16 sends at once through 2 slots of 0.25 s answers take ~2 s, past a limit of
+    0.1 s planned + 0.8 s of silence, and finish."""
+    with start_mock(ttft_s=0.25, per_token_s=0.0) as mock:
+        client = OpenAIClient(mock.base_url, timeout_s=0.3)  # the parent's: the limit's base
+        recipe = ClientRecipe(mock.base_url, None, None, 30, 5, 64, 8)  # the workers' own
+        sender = WorkerSender(client, recipe, 2, quiet_s=0.2)
+        requests = build_requests(
+            client, "internlm-s2", SamplingParams(0.0, 256, 1.0), [["p"]] * 16, "wave"
+        )
+        try:
+            run = sender.open_loop(requests, [0.0] * 16, 2, 256)
+        finally:
+            sender.close()
+            client.close()
+    assert len(run.items) == 16 and all(i.ok for i in run.items), [i.error for i in run.items]
+    assert run.total_s > 1.5  # longer than the limit, as the test means it to be

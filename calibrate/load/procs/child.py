@@ -141,8 +141,9 @@ def serve(inbox: Channel, outbox: Outbox, setup: LoadJob) -> None:
     monitor = worker_check(setup.who, server, limits=setup.limits).start()
     run_no = 0
 
-    def told(record: Record) -> None:  # the parent stops the other workers' loops
-        if not record.ok:
+    def told(record: Record) -> None:
+        outbox.put("answered", run_no)  # at work: the parent's silence limit starts again
+        if not record.ok:  # the parent stops the other workers' loops
             outbox.put("failed", run_no)
 
     sender = Sender(HttpTransport(setup.recipe.client()), watch=told)

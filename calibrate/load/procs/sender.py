@@ -63,6 +63,7 @@ RATE_PER_WORKER = 500.0  # … or per this many requests/s offered
 GO_S = 0.1  # every worker starts a run at the same moment, this long after it was sent
 WAVE_GO_S = 0.005  # … a wave, this long after every worker said it holds its part
 AHEAD_MIN = 8  # requests a worker holds beyond its share in flight, at least
+QUIET_S = 60.0  # a run's workers silent this long past every request's deadline: stuck
 INSTEAD = "run calibrate on a faster client machine"  # the self-check's advice, cores all used
 
 
@@ -150,9 +151,11 @@ class WorkerSender(Sender):
         *,
         limits: CheckLimits = DEFAULT_LIMITS,
         machine_share: float = MACHINE_SHARE,
+        quiet_s: float = QUIET_S,
     ) -> None:
         super().__init__(HttpTransport(client))
         self.workers = workers
+        self._quiet_s = quiet_s
         self._pool = WorkerPool(recipe, workers, server_pids, limits)
         self._machine = machine_check(
             self._pool.pids, workers, INSTEAD, machine_share, limits.window_s
@@ -310,11 +313,14 @@ class WorkerSender(Sender):
         """Each group of the workers' words of this run to ``told`` (a late word of an earlier
         run is dropped) until ``done()``; ``runs_s``: how long the run is planned to last. A
         worker's death, a silence past every request's deadline, or Ctrl-C ends every worker:
-        none goes on sending."""
-        deadline = time.monotonic() + runs_s + self.transport.timeout_s * 2 + 60
+        none goes on sending. Every answer is a word (``child``): a run longer than planned —
+        slow answers, sends a cap holds back — goes on while its workers are at work."""
+        silence_s = self.transport.timeout_s * 2 + self._quiet_s
+        deadline = time.monotonic() + runs_s + silence_s
         try:
             while not done():
                 k, messages = self._pool.next_event(deadline, during)
+                deadline = max(deadline, time.monotonic() + silence_s)
                 told(k, [m for m in messages if m[1] == self._run_no])
         except BaseException:
             self._pool.close()
