@@ -271,7 +271,8 @@ class SweepResult(KneeVerdict):
         return out + cap_notes(self.cap, self.batch_size, levels)
 
     def summary(self, options: SweepOptions) -> SweepSummary:
-        top = None if self.auto or self.find_max else self.knee  # no concurrency steps
+        # no concurrency steps, no knee: an auto sweep, a find-max, rates (one concurrency)
+        top = None if self.auto or self.find_max or self.rate_mode else self.knee
         best = self.best
         details = {
             "knee": {

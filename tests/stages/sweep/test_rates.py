@@ -92,6 +92,19 @@ def test_a_4_slot_server_saturates_above_its_capacity_and_the_sweep_stops(tmp_pa
     assert result.recommendation.startswith("20 req/s")
 
 
+def test_a_rate_sweep_names_no_knee_its_recommendation_is_the_rate(tmp_path: Path) -> None:
+    """Rate levels share one concurrency (the cap): a knee found by concurrency named the
+    first rate's row with another's gain ("knee at 4 (+…)"), or the saturated one, in --json,
+    the ledger and ``status`` while the sweep recommended 20 req/s. There is no knee over rates:
+    the summary's knee is none, and the recommendation is the rate."""
+    sender = simulated_sender(ttft_s=0.01, per_token_s=0.001, slots=4)
+    sweep, result = _rates(tmp_path, sender, (10.0, 20.0, 200.0), 0.5, arrival="constant")
+    summary = result.summary(sweep.options)
+    assert summary.details["knee"] is None, summary.details["knee"]
+    assert result.recommendation.startswith("20 req/s")
+    assert summary.details["recommendation"] == result.recommendation
+
+
 def test_prompt_list_rates_are_requests_per_second_each_carrying_the_batch(
     tmp_path: Path,
 ) -> None:
