@@ -18,13 +18,16 @@ from typing import TYPE_CHECKING
 
 from calibrate.gpu.engine_metrics import Gauge
 from calibrate.gpu.noise import NoiseMark, NoiseMeter
+from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor, WindowPeak
 from calibrate.load.items import ItemResult
+from calibrate.load.sender import Sender
 from calibrate.stages.context import StageContext
 from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import WarmUp
 from calibrate.stages.ladder.setting import choose, measured, tier_point
 from calibrate.stages.measure.item_records import record_round
+from calibrate.stages.measure.tier_run import client_bound_since, client_mark
 from calibrate.stages.measure.tiers import Stats, Tier, Verdict
 from calibrate.stages.verdict.knee import judge, spread_of
 from calibrate.stages.verdict.separation import futile, next_of_pair
@@ -50,6 +53,8 @@ class TierRepeats:
     noise: NoiseMeter | None
     note: Callable[[str], None]  # a line for the user, as the ladder goes
     before_tier: Callable[[int], bool]
+    selfload: SelfLoadMonitor | None
+    sender: Sender
 
     if TYPE_CHECKING:  # the Ladder's own, used here
 
@@ -148,9 +153,12 @@ class TierRepeats:
         tier = self.tier_of(batch)
         round_no = len(tier.rounds) + 1
         mark = self.noise_mark()
+        client = client_mark(self.selfload, self.sender)
         before = self.preemption_counter()
         items, seconds, waves, peak = self.run_round(batch, round_no)
         after = self.preemption_counter()
+        # a round run while calibrate itself was the limit marks its tier, as its first did
+        starved = client_bound_since(self.selfload, self.sender, client)
         stats = self.measured(batch, round_no, items, seconds, [peak], self.baseline, waves)
         stats = self.with_noise(stats, mark)
         record_round(self.ctx, stats, self.monitor.source)
@@ -172,12 +180,16 @@ class TierRepeats:
                 f"batch {batch}: {stats.errors} of {stats.items} requests failed "
                 f"({stats.kinds_text}) in round {round_no}, run again to tell it from another tier"
             )
+        bound = tier.client_bound or starved
         again = self.accounted(
-            replace(tier, stats=agg, rounds=rounds, verdict=verdict, reason=reason)
+            replace(
+                tier, stats=agg, rounds=rounds, verdict=verdict, reason=reason, client_bound=bound
+            )
         )
         self.history[self.history.index(tier)] = again
         self.ctx.run.append("tiers.jsonl", again.to_json())
         self.note(
             f"batch {batch} again, round {round_no} (to tell it from another tier, interleaved): "
             f"{stats.items_per_s:.3g} items/s; {agg.items_per_s:.3g} over its {len(rounds)} rounds"
+            + (f" — calibrate itself was the limit during it ({starved})" if starved else "")
         )

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from calibrate.gpu.noise import NoiseMeter
+from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor, WindowPeak
 from calibrate.load.items import ItemResult
 from calibrate.load.keepalive_stall import find_stall
@@ -24,6 +25,7 @@ from calibrate.stages.measure.incidents import IncidentRecorder
 from calibrate.stages.measure.item_records import all_refused, item_record, record_round
 from calibrate.stages.measure.slo import has_slo
 from calibrate.stages.measure.stop_rules import ServerCap
+from calibrate.stages.measure.tier_run import client_bound_since, client_mark
 from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
 from calibrate.stages.single import unreachable
@@ -42,6 +44,7 @@ class LevelRaw:
     runs: list[Stats] = field(default_factory=list)
     items: list[ItemResult] = field(default_factory=list)
     peaks: list[WindowPeak] = field(default_factory=list)
+    client_bound: str = ""  # why calibrate was the limit during one of its runs ("": never)
 
     @property
     def failed(self) -> bool:
@@ -64,6 +67,7 @@ class LevelRuns(LevelSupply):
     auto_step: int | None
     raw: dict[int, LevelRaw]  # each concurrency level's runs so far
     noise: NoiseMeter | None
+    selfload: SelfLoadMonitor | None
 
     def run_level(self, concurrency: int) -> Level:
         """The level's ``repeats`` runs, then — while they cannot tell it from the best level
@@ -164,7 +168,13 @@ class LevelRuns(LevelSupply):
         for n, lv in enumerate(self.levels):
             if lv.rate is None and lv.concurrency == concurrency:
                 fresh = self._level(concurrency, self.raw[concurrency])
-                level = replace(lv, stats=fresh.stats, runs=fresh.runs, verdict=fresh.verdict)
+                level = replace(
+                    lv,
+                    stats=fresh.stats,
+                    runs=fresh.runs,
+                    verdict=fresh.verdict,
+                    client_bound=lv.client_bound or fresh.client_bound,
+                )
                 self.levels[n] = self._judged(level)
                 self.ctx.run.append("tiers.jsonl", self.levels[n].to_json())
                 s = self.levels[n].stats
@@ -175,8 +185,13 @@ class LevelRuns(LevelSupply):
                 return
 
     def rerun_into(self, concurrency: int, raw: LevelRaw) -> bool:
-        """One more run of a level into ``raw``; True when it failed."""
+        """One more run of a level into ``raw``; True when it failed. Whether calibrate was the
+        limit during it is this level's to say, whichever level runs next (``separate``
+        interleaves two)."""
+        client = client_mark(self.selfload, self.sender)
         stats, answered, peak = self.run_once(concurrency, len(raw.runs) + 1, raw.window)
+        if not raw.client_bound:
+            raw.client_bound = client_bound_since(self.selfload, self.sender, client)
         raw.runs.append(stats)
         raw.items += answered
         raw.peaks.append(peak)
@@ -195,6 +210,7 @@ class LevelRuns(LevelSupply):
             "fail" if stats.errors else "pass",
             self.cap is not None and concurrency > self.cap.slots,
             stall=find_stall(latencies),
+            client_bound=raw.client_bound,
         )
 
     def _judged(self, level: Level) -> Level:

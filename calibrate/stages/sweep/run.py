@@ -153,11 +153,15 @@ class Sweep(LevelRuns):
         return self.kept(self.self_checked(level))
 
     def self_checked(self, level: Level) -> Level:
-        """``level`` marked client-bound when the self-check saw calibrate the bottleneck."""
+        """``level`` marked client-bound when the self-check saw calibrate the bottleneck: a
+        closed-loop level's own runs said so each (``rerun_into``: another level's runs again,
+        interleaved with its, are that level's); any other, over the time since the last."""
         if self.selfload is None:
             return level
         bound = client_bound_since(self.selfload, self.sender, self.client)
         self.client = client_mark(self.selfload, self.sender)
+        if level.rate is None and level.concurrency in self.raw:
+            return level
         return replace(level, client_bound=level.client_bound or bound)
 
     def kept(self, level: Level) -> Level:

@@ -4,15 +4,18 @@ kept, and stop: latency fires only on a rise beyond the spread of the rounds (SP
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from calibrate.config import Config, LadderConfig, SweepConfig
 from calibrate.gpu.engine_metrics import Gauge, preemptions
 from calibrate.gpu.prometheus import parse_prometheus
+from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor
 from calibrate.stages.ladder import account_notes
 from calibrate.stages.ladder.options import LadderOptions
@@ -333,6 +336,36 @@ def test_tiers_the_rounds_cannot_tell_apart_get_rounds_again_interleaved(tmp_pat
     rounds = [r["batch_size"] for r in jsonl(ladder.ctx.run.path / "rounds.jsonl")]
     assert rounds[:6] == [1, 1, 2, 2, 4, 4] and rounds[6:] == order
     assert result.setting is not None or result.inconclusive
+
+
+def test_a_round_again_run_while_calibrate_was_the_limit_marks_its_tier(tmp_path: Path) -> None:
+    """The rounds run again to settle a doubt are self-checked as a tier's first are: here
+    calibrate is CPU-bound during every wave after the first two of a batch (the interleaved
+    rounds again), and the tier the starved round joined says so — its figures were timed by a
+    starved client. (The rounds again were not checked: no tier was marked, the setting
+    rested on them.)"""
+    walls = {1: [0.1], 2: [2 / 10.9, 2 / 13.3, 2 / 12.05, 2 / 12.1], 4: [4 / 12.1]}
+    ladder = _ladder(tmp_path, walls)
+    ladder.options = replace(ladder.options, batch_sizes=(1, 2, 4))
+    monitor = SelfLoadMonitor()
+    ladder.selfload = monitor
+    inner, waves = ladder.sender.send, Counter[int]()
+
+    def send(requests: Any, workers: int, max_tokens: int | None = None) -> Any:
+        waves[len(requests)] += 1
+        for _ in range(monitor.confirm):  # the windows a wave spans, as the monitor reads them
+            monitor.observe(1.0, 0.97 if waves[len(requests)] > 2 else 0.2, 0.0)
+        return inner(requests, workers, max_tokens)
+
+    ladder.sender.send = send  # type: ignore[method-assign]
+    said: list[str] = []
+    ladder.note = said.append
+    result = ladder.run()
+    again = [line for line in said if " again, round " in line]
+    assert again and all("calibrate itself was the limit during it" in x for x in again), said
+    marked = {t.batch_size for t in result.tiers if t.client_bound}
+    assert marked == {int(line.split()[1]) for line in again}, (marked, said)
+    assert all("used 0.97 CPU cores" in t.client_bound for t in result.tiers if t.client_bound)
 
 
 def test_two_tiers_no_number_of_rounds_could_tell_apart_are_inconclusive_at_once(

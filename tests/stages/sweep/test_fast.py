@@ -204,6 +204,35 @@ def test_a_client_bound_level_above_a_settled_knee_is_a_note(tmp_path: Path) -> 
     assert any(n.startswith("concurrency 16 and above: calibrate itself") for n in result.notes())
 
 
+def test_a_run_again_while_calibrate_was_the_limit_marks_its_own_level(tmp_path: Path) -> None:
+    """Concurrency 4 and 8 are told apart by running both again, interleaved; only 4's runs
+    after its second are starved. The level whose run it was is marked — 4, not 8 (the level
+    being added when 4 ran again, which was marked before while 4 stood clean and "the best
+    level it could measure")."""
+    monitor = SelfLoadMonitor()
+
+    class Starved(SimulatedLoop):
+        def closed_loop(
+            self, supply: Any, concurrency: int, window: Any, max_tokens: Any = None
+        ) -> Any:
+            n = self._repeat.get(concurrency, 0) + 1
+            cpu = 0.97 if concurrency == 4 and n >= 3 else 0.2
+            for _ in range(monitor.confirm):
+                monitor.observe(1.0, cpu, 0.0)
+            return super().closed_loop(supply, concurrency, window, max_tokens)
+
+    speed_8 = [1.30, 0.97, 1.25, 1.28, 1.30, 1.27]
+    loop = Starved(_cycled({4: [0.1, 0.099, 0.101], 8: [0.2 / x for x in speed_8]}), slots=8)
+    sweep = _sweep(tmp_path, loop)
+    sweep.selfload = monitor
+    result = sweep.run()
+    runs = {lv.concurrency: len(lv.runs) for lv in result.levels}
+    assert runs[4] >= 3, runs  # 4 ran again: its third run was starved
+    bound = {lv.concurrency: lv.client_bound for lv in result.levels}
+    assert "used 0.97 CPU cores" in bound[4], bound
+    assert not bound[8], bound
+
+
 def test_one_lucky_run_fools_a_single_run_per_level_but_not_three(tmp_path: Path) -> None:
     """A 4-slot server; 8 in flight add nothing, but the one run of 8 happened to be fast (+15 %).
     With one run per level that reads as a gain and the knee lands on 8 (said to be not sure);
