@@ -334,6 +334,12 @@ def test_a_client_bound_sweep_advises_more_workers(cli, isolated: Path, monkeypa
         result = cli("sweep", "--json", "--workers", "2")  # this process only feeds them
     assert result.code == 1, result.err
     assert "the parent process that feeds all 2 --workers is the limit" in result.err
+    # what to do follows the process that was the limit: not "more processes" (it said so
+    # below the parent's warning before)
+    said = " ".join(result.err.split())
+    assert "calibrate's parent process used 0.97 CPU cores" in said, said
+    assert "what to do: run calibrate on a faster CPU" in said, said
+    assert "what to do: send from more processes" not in said
 
 
 def test_auto_mode_runs_its_closed_and_open_loops_over_workers(cli, isolated: Path) -> None:

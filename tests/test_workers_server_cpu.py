@@ -127,7 +127,9 @@ def test_a_worker_whose_own_cpu_is_near_a_core_is_the_bottleneck_beside_any_serv
 def test_a_worker_late_with_the_server_idle_or_unknown_is_the_bottleneck() -> None:
     for server, pids in ((0.1, [SERVER]), (1.6, [])):  # idle; or told of no server here
         monitor = _watched(Machine(server_cores=server, own_cores=0.2), ServerPids(pids))
-        assert "calibrate's threads waited 121 ms on average" in monitor.bound_since(0)
+        assert "the threads of load worker process 1 of 2 waited 121 ms on average" in (
+            monitor.bound_since(0)
+        )
 
 
 def test_a_worker_told_of_a_restarted_server_reads_the_new_ones_cpu() -> None:

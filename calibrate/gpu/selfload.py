@@ -72,6 +72,9 @@ class SelfLoadReport:
         }
 
 
+OWN = "calibrate's own process"  # who a monitor watches unless told (``who``)
+
+
 class SelfLoadMonitor:
     """Samples this process's CPU time and a timer's lateness in windows on a daemon thread.
 
@@ -90,7 +93,7 @@ class SelfLoadMonitor:
         clock: Clock = time.perf_counter,
         cpu_clock: Clock = time.process_time,
         advice: str = DEFAULT_ADVICE,
-        who: str = "calibrate's own process",
+        who: str = OWN,
         of_cores: int | None = None,
         server_cpu: Callable[[], float | None] | None = None,
         cores: int | None = None,
@@ -183,7 +186,8 @@ class SelfLoadMonitor:
         if sample.cpu_fraction >= self.cpu_limit:
             of = f" of this machine's {self.of_cores}" if self.of_cores else ""
             return f"{self.who} used {sample.cpu_fraction:.2f}{of} CPU cores"
-        return f"calibrate's threads waited {sample.lag_s * 1000:.0f} ms on average to run"
+        threads = "calibrate's threads" if self.who == OWN else f"the threads of {self.who}"
+        return f"{threads} waited {sample.lag_s * 1000:.0f} ms on average to run"
 
     @property
     def bottleneck(self) -> bool:

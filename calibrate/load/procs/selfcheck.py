@@ -20,6 +20,11 @@ from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport, tree_cpu, wo
 from calibrate.load.procs.proc import cores
 
 MACHINE_SHARE = 0.85  # all of calibrate's processes at this share of the cores: the machine's limit
+PARENT = "calibrate's parent process"  # who the stage's own self-check is while workers send
+MORE_PROCESSES = (
+    "send from more processes with --workers N (or auto), or run calibrate from a faster "
+    "client machine, or one the server does not share its CPU with"
+)
 
 
 @dataclass(frozen=True)
@@ -118,3 +123,17 @@ def merged(
         bottleneck=bool(reason),
         reason=reason,
     )
+
+
+def client_limit_hint(cause: str) -> str:
+    """What to do when calibrate itself was the limit, by which process said so (``cause``, as
+    its self-check words it): all of them together — another machine; the parent that feeds
+    the workers — a faster CPU, since more workers would not help; else more processes."""
+    if "of this machine's" in cause:
+        return "run calibrate on another machine than the server, or on one with more cores"
+    if PARENT in cause:
+        return (
+            "run calibrate on a faster CPU: its parent process feeds every worker, so more "
+            "--workers will not help"
+        )
+    return MORE_PROCESSES

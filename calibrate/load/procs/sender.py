@@ -38,6 +38,7 @@ from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.load.procs.selfcheck import (
     DEFAULT_LIMITS,
     MACHINE_SHARE,
+    PARENT,
     CheckLimits,
     first_reason,
     machine_check,
@@ -116,6 +117,7 @@ def stage_sender(
     sender = sender_for(client, cfg, asked, in_flight, rate, server_pids)
     selfload.advice = self_check_advice(sender)
     if isinstance(sender, WorkerSender):
+        selfload.who = PARENT  # its cause names the parent, and what to do follows it
         say(f"sending each {each} from {sender.workers} worker processes (--workers)")
     return sender
 

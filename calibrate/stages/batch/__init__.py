@@ -17,9 +17,10 @@ from pathlib import Path
 from calibrate.errors import CalibrateError, ExitCode, ServerUnreachable, StageFailed, os_error_text
 from calibrate.gpu.noise import server_cpu
 from calibrate.gpu.proc import LinuxProc
-from calibrate.gpu.selfload import SelfLoadMonitor
+from calibrate.gpu.selfload import OWN, SelfLoadMonitor
 from calibrate.http.error_kinds import reach_hint
 from calibrate.load.procs.recipe import ClientRecipe, server_pids_of
+from calibrate.load.procs.selfcheck import PARENT
 from calibrate.load.procs.sender import workers_for
 from calibrate.stages.batch.control import BatchControl
 from calibrate.stages.batch.drift import BatchDrift, watch_batch
@@ -199,7 +200,8 @@ def _send(b: _Batch, workers: int, notes: BatchNotes) -> tuple[BatchResult, Batc
     # threads late while the server's own processes hold this machine's cores are the server's
     # limit, as in the ladder and sweep (a CPU build of vLLM beside calibrate on 2 cores)
     finder = server_finder(None, ctx, LinuxProc())  # told to --workers processes too
-    monitor = SelfLoadMonitor(advice=advice, server_cpu=server_cpu(LinuxProc(), finder))
+    who = PARENT if workers > 1 else OWN  # the parent only feeds and journals the workers
+    monitor = SelfLoadMonitor(advice=advice, server_cpu=server_cpu(LinuxProc(), finder), who=who)
     drift = BatchDrift(())  # each endpoint against its calibration, once they are checked
 
     def on_event(event: OutageEvent) -> None:

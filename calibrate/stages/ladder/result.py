@@ -11,6 +11,7 @@ from calibrate.gpu.noise import combined
 from calibrate.io.tier_table.cells import picked
 from calibrate.io.tier_table.columns import Column as C
 from calibrate.io.tier_table.row import TierRow
+from calibrate.load.procs.selfcheck import client_limit_hint
 from calibrate.stages.ladder.setting import (
     SettingDoubt,
     setting_doubt,
@@ -102,9 +103,10 @@ class LadderResult:
             return doubt.noise.what_to_do
         if doubt.remedy:
             return doubt.remedy
+        cause = next((t.client_bound for t in self.tiers if t.client_bound), "")
         faster = (
-            "send from more processes with --workers N, or run calibrate from a faster client "
-            "machine; or step only the batch sizes below it ([ladder] batch_sizes)"
+            f"{client_limit_hint(cause)}; or step only the batch sizes below it "
+            "([ladder] batch_sizes)"
         )
         below = setting_tier(self.tiers, self.gain_min, self.confidence) if doubt.takeable else None
         if below is None:

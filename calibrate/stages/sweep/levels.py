@@ -22,6 +22,7 @@ from calibrate.io.tier_table.columns import Column as C
 from calibrate.io.tier_table.row import AutoCells, DeterminismCells, RateCells, SweepCells, TierRow
 from calibrate.load.arrivals import rate_text
 from calibrate.load.keepalive_stall import Stall
+from calibrate.load.procs.selfcheck import client_limit_hint
 from calibrate.load.window import spread
 from calibrate.stages.determinism import DeterminismCheck
 from calibrate.stages.measure.saturation import RateJudgement
@@ -233,12 +234,6 @@ def rate_boundary(top: Level, fm: FindMax, slo: str, taken: int | None = None) -
     )
 
 
-CLIENT_LIMIT_HINT = (
-    "send from more processes with --workers N (or auto), or run calibrate from a faster "
-    "client machine, or one the server does not share its CPU with"
-)
-
-
 class ClientLimit:
     """The client-limit half of a ``SweepResult`` (a dataclass with these fields)."""
 
@@ -302,4 +297,5 @@ class ClientLimit:
             if lv.rate is None and not lv.auto and (limit is None or lv.concurrency < limit)
         ]
         again = f"; or sweep only below the limit: --concurrency {','.join(map(str, below))}"
-        return CLIENT_LIMIT_HINT + (again if below else "")
+        cause = next((lv.client_bound for lv in self.levels if lv.client_bound), "")
+        return client_limit_hint(cause) + (again if below else "")
