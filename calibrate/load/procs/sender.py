@@ -170,7 +170,7 @@ class WorkerSender(Sender):
         return len(self._bound)
 
     def workers_bound_since(self, mark: int) -> str:
-        return next((why for why in self._bound[mark:] if why), "")
+        return first_reason(self._bound[mark:])
 
     def close(self) -> None:
         self._machine.stop()
