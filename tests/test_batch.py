@@ -381,3 +381,27 @@ def test_a_server_that_sends_no_usage_leaves_the_tokens_unknown_never_zero(
     said = " ".join(result.err.split())
     assert "output tokens not reported (the server sent no usage)" in said, said
     assert "0 output tokens/s" not in said
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_model_the_server_does_not_serve_ends_the_run_with_no_item_failed(
+    cli, isolated: Path, workers: str
+) -> None:
+    """A mistyped --model: the server refuses every item as naming a model it does not serve.
+    Before, each was recorded failed (http_4xx) at "893 items/s" with 0 ok, exit 1, and the
+    rerun had to retry them all. The first refusal of the run's own model, before any item was
+    answered ok, ends the run: exit 1 saying so and what to do, no item marked failed; the
+    rerun with the right model does every item."""
+    with start_mock(ttft_s=0.001, per_token_s=0.0001) as server:
+        tasks, out = _setup(isolated, server.base_url, 40)
+        args = ("batch", "--input", str(tasks), "--out", str(out), "-c", "4", "--workers", workers)
+        wrong = cli(*args, "--model", "no-such-model", "--json")
+        assert wrong.code == 1, wrong.err
+        said = " ".join(wrong.err.split())
+        assert "the server does not serve the model asked for" in said, said
+        assert "no item was marked failed" in said and "Set --model" in said, said
+        assert wrong.json["failed"] == 0 and wrong.json["stopped_by"] == "unknown_model"
+        assert not out.exists() or not [r for r in results(out) if not r["ok"]]
+        right = cli(*args, "--json")
+    assert right.code == 0, right.err
+    assert right.json["done"] == 40 and right.json["failed"] == 0

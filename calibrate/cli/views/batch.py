@@ -191,7 +191,7 @@ def render_summary(
         out.fail(f"interrupted: {done} of {r.total} done, {r.remaining} remaining{abandoned}")
         out.say(f"resume with: {resume}")
         return
-    if r.unfinished:
+    if r.unfinished and r.stopped_by != "unknown_model":  # its error says why and what to do
         why = (
             r.stop_detail
             or "a worker stopped before its items were done (a bug: rerun with --debug and report it)"

@@ -4,7 +4,8 @@
 abandon (stop waiting now), set from the signal handler, the journal's writer or the items'
 own outcomes; the first reason given is kept. ``ReachabilityGuard`` ends the run (exit 4) when
 the first attempts were all refused and nothing ever answered: then no item is marked failed,
-since nothing was there to fail it.
+since nothing was there to fail it; and (exit 1) when the server refuses the run's own model
+before any item was answered ok: the model is wrong, not the items.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from calibrate.errors import ErrorInfo
+from calibrate.http.error_kinds import refusal_cause
 
 StopReason = Literal[
     "interrupted",
@@ -22,6 +24,7 @@ StopReason = Literal[
     "outage",
     "descriptors",
     "other_model",
+    "unknown_model",
     "workers",
     "internal",
 ]
@@ -73,10 +76,17 @@ class ReachabilityGuard:
     sets ``answered`` when another process's server answered.
     """
 
-    def __init__(self, workers: int, on_unreachable: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        workers: int,
+        on_unreachable: Callable[[str], None],
+        on_wrong_model: Callable[[str], None] = lambda detail: None,
+    ) -> None:
         self.threshold = max(2, min(workers, MAX_PROBE_ATTEMPTS))
         self._on_unreachable = on_unreachable
+        self._on_wrong_model = on_wrong_model
         self.answered = False
+        self.served = False  # an item was answered ok (here, or another worker's)
         self.refused = 0
 
     def note(self, error: ErrorInfo | None) -> None:
@@ -95,6 +105,22 @@ class ReachabilityGuard:
         if error.kind != "connect" or self.answered:
             return False
         self._trip(error.message)
+        return True
+
+    def wrong_model(self, error: ErrorInfo) -> bool:
+        """True (and the run ends) for an item the server refused as naming a model it does not
+        serve while no item was answered ok yet: every item names the run's model (a Batch API
+        line naming another is refused before anything is sent), so the model is wrong, not the
+        item, and it is not marked failed. A server that ignores the name (llama.cpp) never
+        refuses it."""
+        if self.served or error.kind != "http_4xx":
+            return False
+        if refusal_cause(error) != "unknown_model":
+            return False
+        self._on_wrong_model(
+            f"the server does not serve the model asked for ({error.message}); no item was "
+            "marked failed"
+        )
         return True
 
     def _trip(self, message: str) -> None:

@@ -166,6 +166,7 @@ class ItemPacing:
         try:
             if failure is None and completion is not None:
                 self._guard.note(None)
+                self._guard.served = True
                 self._lane.breaker.note_answer()
                 self._record(held, completion, None)
             elif isinstance(failure, RequestError):
@@ -198,6 +199,9 @@ class ItemPacing:
     def _failed(self, held: _Held, info: ErrorInfo, now_s: float) -> None:
         guard, breaker, queue = self._guard, self._lane.breaker, self._queue
         guard.note(info)
+        if guard.wrong_model(info):
+            queue.finished(held.task)  # the run ends: --model is wrong, not this item
+            return
         if breaker.note_failure(info):  # an outage: this attempt does not count
             self._put_back(held, info)
             return

@@ -280,6 +280,12 @@ def stopped_error(
             f"{result.stop_detail}; stopped after {result.ok} ok",
             f"Check what serves {spec.model!r} there, then resume with: {resume}",
         )
+    if result.stopped_by == "unknown_model":
+        return StageFailed(
+            result.stop_detail,
+            f"Set --model (or [target] model) to a model the server serves (calibrate single "
+            f"names them), then resume with: {resume}",
+        )
     if result.stopped_by == "descriptors":
         return OutOfDescriptors(result.stop_detail, f"{DESCRIPTORS_HINT} Resume with: {resume}")
     if result.stopped_by == "internal":

@@ -144,7 +144,11 @@ def local_senders(lanes: Sequence[Lane], spec: BatchSpec, control: BatchControl)
     """The senders of a run in this process: the lanes' drives (``Sending``)."""
 
     def sending(queue: WorkQueue, journal: Journal, slots: int) -> Sending:
-        guard = ReachabilityGuard(slots, lambda detail: control.fail("unreachable", detail))
+        guard = ReachabilityGuard(
+            slots,
+            lambda detail: control.fail("unreachable", detail),
+            lambda detail: control.fail("unknown_model", detail),
+        )
         return Sending(lanes, Work(queue, spec, journal, control, guard))
 
     return sending

@@ -174,7 +174,11 @@ def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
         for e in setup.endpoints
     ]
     slots = sum(lane.concurrency for lane in lanes)
-    guard = ReachabilityGuard(slots, lambda detail: control.fail("unreachable", detail))
+    guard = ReachabilityGuard(
+        slots,
+        lambda detail: control.fail("unreachable", detail),
+        lambda detail: control.fail("unknown_model", detail),
+    )
     guard.answered = setup.answered  # then a refusal here is an outage, not "no server at all"
     listen(inbox, _told(queue, control, guard))
     monitor = worker_check(  # on the parent's rule: the server's processes it found
@@ -225,8 +229,8 @@ def _told(
                 queue.give(task)
         elif kind == "end":
             queue.give(None)
-        elif kind == "answered":
-            guard.answered = True  # another worker's server answered: no "nothing ever did"
+        elif kind == "answered":  # another worker's item was answered ok: no "nothing ever
+            guard.answered = guard.served = True  # did", and the model is served
         elif kind == "stop":
             control.stop.set()  # no reason of its own: the parent knows why
             queue.give(None)
