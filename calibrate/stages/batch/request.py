@@ -283,8 +283,8 @@ def stopped_error(
     if result.stopped_by == "unknown_model":
         return StageFailed(
             result.stop_detail,
-            f"Set --model (or [target] model) to a model the server serves (calibrate single "
-            f"names them), then resume with: {resume}",
+            "Set --model (or [target] model) to a model the server serves (calibrate single "
+            f"names them) and run the batch again; what finished is kept in {result.out_path}",
         )
     if result.stopped_by == "descriptors":
         return OutOfDescriptors(result.stop_detail, f"{DESCRIPTORS_HINT} Resume with: {resume}")
