@@ -183,7 +183,7 @@ def test_a_run_too_short_to_find_drift_never_says_none_and_says_what_its_windows
     assert line.startswith("drift: not compared — ") and "drift: none" not in line, line
     assert f"{record.judged} judged window(s) of the run, too few to tell drift" in line, line
     assert f"{record.judged} of them slower or failing" in line, line
-    assert "against 20 calibrated (its runs 19–21)" in line, line
+    assert "against 20 calibrated (its runs 19–21, within which a latency up to 1.4×" in line, line
     (read,) = records_of(records_json([record]))  # the ledger and status read it back the same
     assert read.line() == line and not read.compared
 

@@ -29,6 +29,7 @@ from calibrate.stages.batch.drift.rule import (
     is_failing,
     is_slow,
     judge,
+    latency_bound,
     lowest_items_per_s,
     too_wide,
 )
@@ -250,10 +251,14 @@ class DriftWatch:
         # is claimed — what they read is said, and how many of them were off
         too_few = finding is None and len(judged) < IN_A_ROW
         if finding is None:
+            # how much slower a server could be and still read within the calibration's noise:
+            # "none" is never surer than that (a 4× slower mock read as none beside runs of
+            # 16.3–27.3 items/s, which admit 3.9×)
             text = (
                 f"{rate or 0:.3g} items/s against {cal.items_per_s:.3g} calibrated (its runs "
-                f"{cal.items_per_s_low:.3g}–{cal.items_per_s_high:.3g}) over {len(judged)} "
-                f"judged window(s), {where}"
+                f"{cal.items_per_s_low:.3g}–{cal.items_per_s_high:.3g}, within which a latency "
+                f"up to {latency_bound(cal):.2g}× the expected reads as no drift) over "
+                f"{len(judged)} judged window(s), {where}"
             )
             if too_few:
                 text = (
