@@ -343,12 +343,12 @@ def verdict_of(result: BatchResult, notes: BatchNotes, checks_passed: bool = Tru
         ),
         (
             result.stopped_by or "stopped",
-            result.stopped_by is not None,
+            result.stopped_by is not None and not result.interrupted,  # said just above
             f"stopped: {result.stop_detail or result.stopped_by}",
         ),
-        ("unfinished", result.ok + result.failed < result.to_run, "items left without a line"),
-        ("input_changed", notes.input_changed is not None, f"{notes.input_changed}"),
-        ("final", notes.final_error is not None, f"{notes.final_error}"),
+        ("unfinished", result.unfinished > 0, "items left without a line"),
+        ("input_changed", notes.input_changed is not None, notes.input_changed or ""),
+        ("final", notes.final_error is not None, notes.final_error or ""),
         ("format", not checks_passed, "a sample output failed its shape check"),
     )
     said = [(kind, text) for kind, wrong, text in reasons if wrong]
