@@ -174,6 +174,20 @@ def test_truncated_answers_fail_as_incomplete_without_retrying(cli, isolated: Pa
     assert all(r["attempts"] == 1 and r["finish_reason"] == "length" for r in rows)
 
 
+def test_the_rate_of_a_run_with_failed_items_says_how_many_were_ok(cli, isolated: Path) -> None:
+    """Failed items are no work done: a run where every answer was cut short read "N items/s"
+    as if that were its throughput. The rate now says it counts finished items, and the ok
+    items' own rate stands beside it (``ok_per_s`` in --json)."""
+    with start_mock(ttft_s=0.001, per_token_s=0.0001, truncate_rate=1.0) as server:
+        tasks, out = _setup(isolated, server.base_url, 6)
+        said = cli("batch", "--input", str(tasks), "--out", str(out))
+        again = cli("batch", "--input", str(tasks), "--out", str(out), "--json")
+    assert said.code == 1 and again.code == 1
+    assert "items/s finished, 0.0 ok/s" in said.err, said.err
+    assert again.json["failed"] == 6 and again.json["ok_per_s"] == 0.0
+    assert again.json["items_per_s"] > 0
+
+
 def test_expect_json_parses_fences_and_fails_bad_json_as_format(cli, mock, isolated: Path) -> None:
     tasks, out = _setup(
         isolated, mock.base_url, 10, prompt_of=lambda i: "[badjson] 输出JSON：" if i == 3 else None

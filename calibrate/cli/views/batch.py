@@ -15,7 +15,7 @@ from calibrate.io.jobs.openai_batch import FORMAT_NAMES
 from calibrate.io.store import RunDir
 from calibrate.stages.batch import BatchOutcome, BatchPlan, BatchSpec
 from calibrate.stages.batch.endpoints import EndpointCheck
-from calibrate.stages.batch.result import BatchResult, BatchVerdict
+from calibrate.stages.batch.result import BatchResult, BatchVerdict, pace_text
 from calibrate.stages.export import ExportResult
 from calibrate.stages.measure.format_check import ShapeCheck
 from calibrate.state.drift import records_of
@@ -147,7 +147,7 @@ def render_summary(
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(r.failed_by_kind.items()))
     failed = f"{r.failed} failed ({kinds})" if r.failed else "0 failed"
     retried = f"; {r.retried_items} needed retries" if r.retried_items else ""
-    pace = f"{r.items_per_s:.1f} items/s, {r.tokens_text()}{retried}"
+    pace = f"{r.pace_text()}, {r.tokens_text()}{retried}"
     all_ok = not (spec.sample or r.interrupted or r.unfinished or r.failed or r.remaining)
     # nothing to run: the plan said so, 0.0 items/s says no more; all ok: the verdict says it
     if (r.to_run or r.interrupted) and not all_ok:
@@ -222,6 +222,7 @@ def _say_endpoints(out: Output, r: BatchResult) -> None:
         restarts = f", restarted {e.restarts}×" if e.restarts else ""
         state = "" if e.state == "up" else f" [{e.state}]"
         out.say(
-            f"  {e.url}{state}: {e.done} done, {e.failed} failed, {e.items_per_s:.1f} items/s "
+            f"  {e.url}{state}: {e.done} done, {e.failed} failed, "
+            f"{pace_text(e.done, e.failed, e.seconds)} "
             f"(c={e.concurrency}){down}{restarts}"
         )

@@ -120,6 +120,7 @@ class EndpointReport:
             "done": self.done,
             "failed": self.failed,
             "items_per_s": round(self.items_per_s, 3),
+            "ok_per_s": round(self.done / self.seconds, 3) if self.seconds > 0 else 0.0,
             "state": self.state,
             "outages": self.outages,
             "down_s": round(self.down_s, 3),
