@@ -77,6 +77,7 @@ def test_a_dead_endpoint_is_benched_and_the_other_does_every_item(cli, isolated:
     assert all(r["ok"] for r in assert_valid_jsonl(out)) and result.json["done"] == 30
     assert f"{DEAD}: benched" in result.err
     assert [e["url"] for e in result.json["endpoints"]] == [a.base_url]
+    assert result.json["concurrency"] == 4  # the benched one's 4 slots never ran
 
 
 def test_an_endpoint_with_other_weights_is_refused_by_name(cli, isolated: Path) -> None:

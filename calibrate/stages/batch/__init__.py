@@ -303,7 +303,9 @@ def _verdict(b: _Batch, result: BatchResult, notes: BatchNotes) -> BatchOutcome:
     checks = shape_checks(result.shapes, max_chars=spec.max_chars, expect=spec.expect)
     shown = tuple(checks) if spec.sample else ()
     sample = shown if spec.sample else None
-    summary = summary_json(result, spec.concurrency, b.setup.source, notes, sample)
+    # the endpoints the run sent to: one benched by the fixed-prompt check had no slot in it
+    ran = sum(e.concurrency for e in result.endpoints) or spec.concurrency
+    summary = summary_json(result, ran, b.setup.source, notes, sample)
     summary["input_format"] = spec.format
     verdict = verdict_of(result, notes, not spec.sample or all(c.passed for c in checks))
     passed = verdict.passed
