@@ -17,6 +17,17 @@ from tests.tune_helpers import MOCK, tune_config
 OOM_COMMAND = shlex.join(MOCK) + " --port {port} --slots {batch_size} --oom-at 6"
 # the cap is the user's own {slots}: calibrate never passes a cap to this command
 SLOTS_COMMAND = shlex.join(MOCK) + " --port {port} --slots {slots} --seed {seed}"
+# a server that drifts: every answer after the first {batch_size} is 4× slower, so each
+# candidate's second run is far slower than its first — batch 12 stays fast a run longer and
+# ranks first, and the runs are too wide to say batch 6 could not be 10 % better
+DRIFTING = (
+    shlex.join(MOCK)
+    + " --port {port} --slots {batch_size} --slow-after {batch_size} --slow-after-factor 4"
+)
+ONE_LEVEL = (
+    "[sweep]\nconcurrency = [1]\nlevel_s = 0.1\nrepeats = 2\n"
+    "[ladder]\nsample_interval_s = 0.02\nmin_round_s = 0\n"
+)
 
 
 def _ranked(err: str) -> list[dict[str, str]]:
@@ -102,6 +113,37 @@ def test_report_renders_a_tune_run_and_a_command_that_caps_itself_shows_no_cap(
     assert gone.code == 2 and "no finished candidate" in gone.err
 
 
+def test_the_report_names_the_winner_the_tune_recorded_never_merely_its_first_row(
+    cli, isolated: Path
+) -> None:
+    """A tune its noise left inconclusive (exit 1, no winner) read back as "winner: c02 …", and
+    one whose --conservative took the second-ranked c01 as "winner: c02 …, -41% over the
+    runner-up c01" — the first row, not what the tune recorded and pin takes (SPEC §5.14)."""
+    tune_config(
+        isolated, 'grid = ["batch_size=6,12"]\n', command=DRIFTING, batch=16, levels=ONE_LEVEL
+    )
+    unsure = cli("tune", "--json")
+    assert unsure.code == 1 and unsure.json["winner"] is None, unsure.err
+    shown = cli("report", unsure.json["run_id"], "--json", "--html")
+    assert shown.code == 0, shown.err
+    assert shown.json["winner"] is None
+    assert shown.json["inconclusive"].startswith("inconclusive: the runs cannot tell")
+    assert "winner:" not in shown.err
+    assert "tune inconclusive: the runs cannot tell" in " ".join(shown.err.split())
+    html = (isolated / "runs" / unsure.json["run_id"] / "report.html").read_text("utf-8")
+    assert "winner:" not in html and "tune inconclusive" in html
+    taken = cli("tune", "--conservative", "--new", "--json")
+    assert taken.code == 0, taken.err
+    won, first = taken.json["winner"]["id"], taken.json["candidates"][0]["id"]
+    shown = cli("report", taken.json["run_id"], "--json")
+    assert shown.code == 0, shown.err
+    assert shown.json["winner"] == won
+    said = " ".join(shown.err.split())
+    assert f"winner: {won} (" in said
+    if won != first:  # the smaller cap, taken under noise: its margin is over the first
+        assert f"over the runner-up {first} (" in said
+
+
 def test_the_report_of_a_tune_run_says_when_the_winners_lead_is_not_significant() -> None:
     from calibrate.report.tune_report import TuneView
 
@@ -109,7 +151,8 @@ def test_the_report_of_a_tune_run_says_when_the_winners_lead_is_not_significant(
         TuneRow(1, "c02", "slots=4", "measured", goodput_per_s=10.6, best_concurrency=4),
         TuneRow(2, "c01", "slots=2", "measured", goodput_per_s=10.0, best_concurrency=2),
     )
-    noisy = {"margin": 0.06, "significant": False, "confidence": 0.95}
+    winner = {"flags": {"slots": "4"}, "batch_size": 4, "concurrency": 4}
+    noisy = {"winner": winner, "margin": 0.06, "significant": False, "confidence": 0.95}
     clear = {**noisy, "significant": True}
     assert (
         TuneView(Path("."), rows, noisy, True)

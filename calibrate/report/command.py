@@ -252,6 +252,7 @@ def _tune(out: Channel, path: Path, req: ReportRequest) -> dict[str, Any]:
         "kind": "tune",
         "rows": [r.to_json() for r in view.rows],
         "winner": view.winner.id if view.winner else None,
+        "inconclusive": view.inconclusive or None,
         "notes": view.notes(),
         "pareto": [p.to_json() for p in view.front],
         "pinned_reason": view.pinned_reason or None,

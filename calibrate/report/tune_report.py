@@ -56,23 +56,57 @@ class TuneView:
     summary: dict[str, Any]  # the ledger summary (summary.json), {} when the run has none
     passed: bool | None
 
+    def _row(self, wanted: str | None) -> TuneRow | None:
+        return next((r for r in self.rows if wanted is not None and r.id == wanted), None)
+
     @property
     def winner(self) -> TuneRow | None:
-        """The first-ranked row, when it served a passing level."""
-        top = self.rows[0] if self.rows else None
-        return top if top is not None and top.goodput_per_s else None
+        """The winner the tune recorded (the point pin takes), never merely the first row: a
+        run its noise left inconclusive named none, and ``--conservative`` may have taken the
+        second-ranked; None when the run recorded no winner (or has no verdict)."""
+        won = self.summary.get("winner")
+        if not isinstance(won, dict):
+            return None
+        pinned = next((p.id for p in self.front if p.pinned), None)
+        flags = won.get("flags")
+        said = {f"{k}={v}" for k, v in flags.items()} if isinstance(flags, dict) else None
+        row = self._row(pinned) or next(
+            (r for r in self.rows if said is not None and set(r.flags.split(", ")) == said), None
+        )
+        if row is None and pinned is None and said is None and self.rows:
+            row = self.rows[0]  # a summary that named a winner by its cap and level alone
+        return row if row is not None and row.goodput_per_s else None
+
+    @property
+    def runner_up(self) -> TuneRow | None:
+        """The candidate the winner's margin is over, as the tune recorded it."""
+        win, named = self.winner, self.summary.get("runner_up")
+        if win is None:
+            return None
+        second = self._row(named.get("id")) if isinstance(named, dict) else None
+        return second or next((r for r in self.rows if r.id != win.id), None)
+
+    @property
+    def inconclusive(self) -> str:
+        """Why the run named no winner when its noise left the first two in doubt ("" else)."""
+        said = self.summary.get("inconclusive")
+        return said if isinstance(said, str) else ""
 
     def headline(self) -> str:
         win = self.winner
         if win is None or win.goodput_per_s is None:
+            if self.inconclusive:
+                return f"tune {self.inconclusive}"
+            if "winner" not in self.summary:
+                return "tune recorded no winner: the run has no verdict"
             return "tune found no candidate that served a passing level"
         text = (
             f"winner: {win.id} ({win.flags}): {win.goodput_per_s:.2f} req/s "
             f"goodput at concurrency {win.best_concurrency}"
         )
         margin = _num(self.summary.get("margin"))
-        if margin is not None and len(self.rows) > 1:
-            second = self.rows[1]
+        second = self.runner_up
+        if margin is not None and second is not None:
             text += f", {margin:+.0%} over the runner-up {second.id} ({second.flags})"
             level = _num(self.summary.get("confidence"))
             if self.summary.get("significant") is False and level is not None:
