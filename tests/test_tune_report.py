@@ -144,6 +144,18 @@ def test_the_report_names_the_winner_the_tune_recorded_never_merely_its_first_ro
         assert f"over the runner-up {first} (" in said
 
 
+def test_the_report_says_which_budget_left_candidates_untested(cli, isolated: Path) -> None:
+    """tune --restarts 1 said "--restarts spent: 1 candidate(s) left untested", and its report
+    "1 candidate(s) left untested (--budget-s spent)" — a budget the run was never given."""
+    tune_config(isolated, 'grid = ["slots=1,2"]\n', command=SLOTS_COMMAND.replace("{seed}", "1"))
+    cut = cli("tune", "--restarts", "1", "--json")
+    assert cut.code == 0 and len(cut.json["untested"]) == 1, cut.err
+    assert "--restarts spent: 1 candidate(s) left untested" in cut.err
+    shown = cli("report", cut.json["run_id"], "--json")
+    assert shown.json["notes"] == ["1 candidate(s) left untested (--restarts spent)"]
+    assert "--budget-s" not in shown.err
+
+
 def test_the_report_of_a_tune_run_says_when_the_winners_lead_is_not_significant() -> None:
     from calibrate.report.tune_report import TuneView
 

@@ -134,7 +134,9 @@ class TuneView:
             out.append(f"concurrency {levels} not measured: above what the ladder proved in flight")
         untested = self.summary.get("untested")
         if isinstance(untested, list) and untested:
-            out.append(f"{len(untested)} candidate(s) left untested (--budget-s spent)")
+            spent = self.summary.get("spent_by")  # --restarts or --budget-s, as the tune said
+            spent = spent if spent in ("--restarts", "--budget-s") else "--budget-s"
+            out.append(f"{len(untested)} candidate(s) left untested ({spent} spent)")
         if self.passed is None:
             out.append("the run has no verdict: it was interrupted, or is still running")
         return out
