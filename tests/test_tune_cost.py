@@ -47,3 +47,16 @@ def test_without_energy_the_table_has_no_empty_cost_columns(cli, isolated: Path)
     assert result.code == 0, result.err
     header = table_lines(result.err)[0]
     assert "$/1M" not in header and "J/tok" not in header, header
+
+
+def test_the_report_of_a_tune_says_what_ranked_it(cli, isolated: Path) -> None:
+    """A tune ranked by --rank-by usd_per_1m read back as "tune RUN (ranked by goodput)": a
+    table in $ order under a title naming another figure."""
+    result = _tune(cli, isolated, True, "--rank-by", "usd_per_1m", "--gpu-price-per-hour", "2.5")
+    assert result.code == 0, result.err
+    run = next((isolated / "runs").glob("*-tune-*"))
+    shown = cli("report", run.name, "--html")
+    assert shown.code == 0, shown.err
+    assert f"tune {run.name} (ranked by usd_per_1m)" in shown.err
+    assert "ranked by goodput" not in shown.err
+    assert "(ranked by usd_per_1m)" in (run / "report.html").read_text("utf-8")

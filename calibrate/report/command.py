@@ -231,7 +231,7 @@ def _tune(out: Channel, path: Path, req: ReportRequest) -> dict[str, Any]:
             f"Show it alone: calibrate report {req.run_dir} [--html]",
         )
     view = tune_report.load_tune(path)
-    title = f"tune {path.name} (ranked by goodput)"
+    title = f"tune {path.name} (ranked by {view.rank_by})"
     out.show_table(lambda width: ranked_table(view.rows, title, width), live=False)
     for note in view.notes():
         out.warn(note)

@@ -8,6 +8,7 @@ front drawn by the one SVG plotter (no matplotlib needed)."""
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 from calibrate.confidence import percent
 from calibrate.errors import InputError
+from calibrate.gpu.energy import RANK_BY
 from calibrate.io.bounded import read_bounded
 from calibrate.io.jsonl import load_jsonl_objects
 from calibrate.io.store import read_object
@@ -122,6 +124,16 @@ class TuneView:
         return [p for data in points if (p := Point.from_json(data)) is not None]
 
     @property
+    def rank_by(self) -> str:
+        """What ordered the table: the summary's ``rank_by`` (or, from a run that kept only its
+        pin line, the ``--rank-by`` that line names); goodput for a run from before either."""
+        said = self.summary.get("rank_by")
+        if isinstance(said, str) and said in RANK_BY:
+            return said
+        named = re.search(r"\(--rank-by (\w+)\)", self.pinned_reason)
+        return named.group(1) if named and named.group(1) in RANK_BY else "goodput"
+
+    @property
     def pinned_reason(self) -> str:
         reason = self.summary.get("pinned_reason")
         return reason if isinstance(reason, str) else ""
@@ -209,7 +221,7 @@ def _front_html(view: TuneView) -> list[str]:
 
 def tune_html(view: TuneView) -> str:
     """One self-contained page: the verdict first, the goodput bars, then the table."""
-    title = f"tune {view.path.name}"
+    title = f"tune {view.path.name} (ranked by {view.rank_by})"
     plot = ""
     svg = view.path / "plot.svg"
     if svg.is_file():  # as an image: nothing in the file can run in the page

@@ -139,6 +139,7 @@ class Session:
             "skipped_levels": list(setup.settings.skipped_levels),
             "resumed": setup.resumed,
             "ranked": [r.id for r in table],
+            "rank_by": setup.rank_by,  # what ordered them (report RUN says so)
         }
         summary = outcome.summary(details)
         entry = ctx.record_result(summary.winner is not None, summary)
