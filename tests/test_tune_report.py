@@ -156,6 +156,22 @@ def test_the_report_says_which_budget_left_candidates_untested(cli, isolated: Pa
     assert "--budget-s" not in shown.err
 
 
+def test_the_report_says_when_the_winners_lead_had_no_interval(cli, isolated: Path) -> None:
+    """With one run a level the tune said "+96% over the runner-up c01 (slots=1) (one run each:
+    no interval; …)", and its report "+96% over the runner-up c01 (slots=1)" — read as a lead
+    the runs had tested."""
+    tune_config(isolated, 'grid = ["slots=1,2"]\n', command=SLOTS_COMMAND.replace("{seed}", "1"))
+    tuned = cli("tune", "--json")
+    assert tuned.code == 0 and tuned.json["winner"]["significant"] is None, tuned.err
+    assert "one run each: no interval" in " ".join(tuned.err.split())
+    shown = cli("report", tuned.json["run_id"], "--html")
+    said = " ".join(shown.err.split())
+    assert "over the runner-up c0" in said, said
+    assert "(no interval: fewer than two runs on a side, so not tested)" in said
+    html = (isolated / "runs" / tuned.json["run_id"] / "report.html").read_text("utf-8")
+    assert "no interval: fewer than two runs on a side" in html
+
+
 def test_the_report_of_a_tune_run_says_when_the_winners_lead_is_not_significant() -> None:
     from calibrate.report.tune_report import TuneView
 

@@ -113,6 +113,8 @@ class TuneView:
             level = _num(self.summary.get("confidence"))
             if self.summary.get("significant") is False and level is not None:
                 text += f", not significant at {percent(level)} (the intervals overlap)"
+            elif self.summary.get("significant") is None:  # as the tune's line: not a claim
+                text += " (no interval: fewer than two runs on a side, so not tested)"
         return text
 
     @property
