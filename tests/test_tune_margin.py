@@ -4,6 +4,7 @@ the summary's keys; a real tune run carries the keys whatever the machine measur
 
 from __future__ import annotations
 
+import shlex
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -13,7 +14,7 @@ from calibrate.gpu.noise import MachineNoise
 from calibrate.stages.tune.grid import Axis, Candidate, TunePlan
 from calibrate.stages.tune.outcome import TuneOutcome, margin_of
 from calibrate.stages.tune.result import BestLevel, CandidateResult, Measurement
-from tests.tune_helpers import LEVELS, tune_config
+from tests.tune_helpers import LEVELS, MOCK, tune_config
 from tests.tune_helpers import lines as jsonl
 
 # goodput per run (req/s) at each candidate's best level
@@ -199,3 +200,27 @@ def test_a_winner_ranked_by_cost_cites_the_figures_it_was_ranked_by() -> None:
     text = winner_text(outcome, 0.10)
     assert text is not None and "0.017 J/output token against 0.023 for the runner-up c02" in text
     assert "no interval" in text and "over the runner-up" not in text, text
+
+
+def test_a_conservative_pick_between_two_of_one_cap_never_claims_the_smaller_cap(
+    cli, isolated: Path
+) -> None:
+    """Two candidates of a command that caps itself ({slots}) both run at the ladder's batch 4;
+    --conservative took the first-ranked c02 (slots=2) and pin's line said "c02 (slots=2), the
+    smaller cap of the two" — over slots=1, a cap it does not have."""
+    drifting = (
+        shlex.join(MOCK) + " --port {port} --slots {slots} --slow-after 8 --slow-after-factor 4"
+    )
+    levels = LEVELS.replace("concurrency = [1, 2, 4]", "concurrency = [1]").replace(
+        "repeats = 1", "repeats = 2"
+    )
+    tune_config(isolated, 'grid = ["slots=1,2"]\n', command=drifting, levels=levels)
+    taken = cli("tune", "--conservative", "--json")
+    assert taken.code == 0, taken.err
+    caps = {c["cap"] for c in taken.json["candidates"]}
+    assert caps == {4}, caps  # calibrate passes no cap: both run at the ladder's batch
+    reason = taken.json["pinned_reason"]
+    if "taken under noise" in reason:  # the machine left the two in doubt (it nearly always does)
+        assert "the smaller cap of the two" not in reason, reason
+        assert "the first-ranked of the two (neither has the smaller cap)" in reason, reason
+    assert "the smaller cap of the two" not in " ".join(taken.err.split())

@@ -231,7 +231,9 @@ class TuneOutcome:
         pinned = next((p for p in front if p.pinned), None)
         doubt = self.doubt
         under_noise = doubt.conservative if doubt is not None and self.conservative else ""
-        return reason(pinned, self.rank_by, front, under_noise)
+        top, second = self.top, self.second
+        same = top is not None and second is not None and top.cap == second.cap
+        return reason(pinned, self.rank_by, front, under_noise, same_cap=same)
 
     @property
     def complete(self) -> bool:

@@ -53,15 +53,26 @@ def points(ranked: Sequence[CandidateResult], pinned: str | None) -> list[Point]
 
 
 def reason(
-    pinned: Point | None, rank_by: RankBy, front: Sequence[Point], conservative: str = ""
+    pinned: Point | None,
+    rank_by: RankBy,
+    front: Sequence[Point],
+    conservative: str = "",
+    *,
+    same_cap: bool = False,
 ) -> str:
     """Why pin takes ``pinned``: the ranking, and whether it is on the front (and if not,
-    which front points give more of both)."""
+    which front points give more of both). ``conservative``: taken under noise, the smaller
+    cap of the two — or, when the two run at the ``same_cap``, the first-ranked."""
     if pinned is None:
         return ""
     why = _WHY.get(rank_by, f"the best by {rank_by} (--rank-by {rank_by})")
     if conservative:
-        why = f"taken under noise (--conservative): {conservative}, the smaller cap of the two"
+        which = (
+            "the first-ranked of the two (neither has the smaller cap)"
+            if same_cap
+            else "the smaller cap of the two"
+        )
+        why = f"taken under noise (--conservative): {conservative}, {which}"
     head = (
         f"pin takes {pinned.id} ({pinned.flags}) at concurrency {pinned.concurrency}: {why}; "
         f"{pinned.per_user_tokens_per_s:.1f} tokens/s per user, "
