@@ -144,6 +144,34 @@ def test_the_report_names_the_winner_the_tune_recorded_never_merely_its_first_ro
         assert f"over the runner-up {first} (" in said
 
 
+def test_status_and_pin_say_when_the_tunes_winner_was_taken_under_noise(
+    cli, isolated: Path
+) -> None:
+    """A tune whose noise left its first two in doubt, its winner taken by --conservative, set
+    the calibrated setting, and status and the pinned script said nothing of how sure it was —
+    a ladder or a sweep taken so says "taken under noise" in both (SPEC §5.14)."""
+    tune_config(
+        isolated, 'grid = ["batch_size=6,12"]\n', command=DRIFTING, batch=16, levels=ONE_LEVEL
+    )
+    taken = cli("tune", "--conservative", "--json")
+    assert taken.code == 0, taken.err
+    ledger = [json.loads(x) for x in (isolated / "runs/ledger.jsonl").read_text().splitlines()]
+    assert ledger[-1]["summary"]["under_noise"]["taken_under_noise"] is True, taken.err
+    won = taken.json["winner"]["id"]
+    status = cli("status", "--json")
+    assert status.code == 0, status.err
+    line = next(x for x in status.json["why"] if x.startswith("tune: "))
+    assert (
+        line.startswith(f"tune: {won} (batch_size=")
+        and "taken under noise (--conservative)" in line
+    )
+    assert "tune: " in status.err and "taken under noise" in " ".join(status.err.split())
+    pinned = cli("pin")
+    assert pinned.code == 0, pinned.err
+    header = (isolated / "scripts/launch.sh").read_text("utf-8")
+    assert f"# how sure: tune: {won} (batch_size=" in header, header
+
+
 def test_the_report_says_which_budget_left_candidates_untested(cli, isolated: Path) -> None:
     """tune --restarts 1 said "--restarts spent: 1 candidate(s) left untested", and its report
     "1 candidate(s) left untested (--budget-s spent)" — a budget the run was never given."""

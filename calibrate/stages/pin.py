@@ -103,8 +103,13 @@ def refuse_unrun_cap(ctx: StageContext, run_id: str, batch: int) -> None:
 
 def _how_sure(latest: Mapping[str, LedgerEntry], setting: CalibratedSetting) -> tuple[str, ...]:
     """How sure the stages the setting came from were ("not sure", "taken under noise"): the
-    ladder's line when it set the batch size, the sweep's when it set the concurrency."""
-    came_from = (("ladder", setting.batch_from), ("sweep", setting.concurrency_from))
+    ladder's line when it set the batch size, the sweep's when it set the concurrency, the
+    tune's when its winner set them."""
+    came_from = (
+        ("ladder", setting.batch_from),
+        ("sweep", setting.concurrency_from),
+        ("tune", setting.batch_from),
+    )
     return reasons(latest, tuple(stage for stage, source in came_from if source.startswith(stage)))
 
 

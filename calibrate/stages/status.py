@@ -162,10 +162,10 @@ def why_lines(status: TargetStatus) -> tuple[str, ...]:
 
 
 def reasons(
-    latest: Mapping[str, LedgerEntry], stages: tuple[str, ...] = ("ladder", "sweep")
+    latest: Mapping[str, LedgerEntry], stages: tuple[str, ...] = ("ladder", "sweep", "tune")
 ) -> tuple[str, ...]:
-    """``ladder: …`` and ``sweep: knee at 4 (+99 % over 2) — not sure`` from the latest lines
-    of ``stages``."""
+    """``ladder: …``, ``sweep: knee at 4 (+99 % over 2) — not sure`` and a tune's winner taken
+    under noise from the latest lines of ``stages``."""
     lines = []
     ladder, sweep = (
         latest.get(stage) if stage in stages else None for stage in ("ladder", "sweep")
@@ -175,7 +175,24 @@ def reasons(
         lines.append(f"ladder: {reason}" if isinstance(reason, str) and reason else "")
     if sweep is not None and sweep.passed:
         lines.append(f"sweep: {_sweep_reason(sweep.summary)}")
+    tune = latest.get("tune") if "tune" in stages else None
+    if tune is not None and tune.passed:
+        lines.append(_tune_reason(tune.summary))
     return tuple(line for line in lines if line)
+
+
+def _tune_reason(summary: dict[str, Any]) -> str:
+    """``tune: c01 (…), taken under noise (--conservative) — <the cause>`` ("" for a winner
+    its runs backed)."""
+    noise = summary.get("under_noise")
+    if not isinstance(noise, dict) or noise.get("taken_under_noise") is not True:
+        return ""
+    taken = noise.get("conservative")
+    cause = noise.get("cause")
+    head = (
+        f"tune: {taken}, taken under noise" if isinstance(taken, str) else "tune: taken under noise"
+    )
+    return f"{head} (--conservative)" + (f" — {cause}" if isinstance(cause, str) and cause else "")
 
 
 def _sweep_reason(summary: dict[str, Any]) -> str:
