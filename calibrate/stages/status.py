@@ -157,12 +157,15 @@ def verdict(entry: LedgerEntry) -> str:
 
 def why_lines(status: TargetStatus) -> tuple[str, ...]:
     """Why the setting is what it is, a line from the ladder and one from the sweep, as their
-    ledger lines say it (``calibrate run``'s summary, status, the pinned script's header)."""
-    return reasons(status.latest)
+    ledger lines say it (``calibrate run``'s summary, status, the pinned script's header), and
+    the tune's when its winner set it (a tune the setting no longer comes from says nothing)."""
+    setting = status.setting
+    tuned = setting is not None and setting.batch_from.startswith("tune")
+    return reasons(status.latest, ("ladder", "sweep", "tune") if tuned else ("ladder", "sweep"))
 
 
 def reasons(
-    latest: Mapping[str, LedgerEntry], stages: tuple[str, ...] = ("ladder", "sweep", "tune")
+    latest: Mapping[str, LedgerEntry], stages: tuple[str, ...] = ("ladder", "sweep")
 ) -> tuple[str, ...]:
     """``ladder: …``, ``sweep: knee at 4 (+99 % over 2) — not sure`` and a tune's winner taken
     under noise from the latest lines of ``stages``."""
