@@ -149,8 +149,9 @@ class SelfLoadMonitor:
         return sample.lag_s >= self.lag_limit_s and not server_working
 
     def quiet(self, name: str, down: bool) -> None:
-        """``name`` (an endpoint) went down (``down``) or came back: while any is down no
-        window counts toward a bottleneck, and the streak starts again after."""
+        """``name`` (an endpoint, or a stage's time between its loads) went down (``down``) or
+        came back: while any is down no window counts toward a bottleneck, and the streak
+        starts again after."""
         with self._lock:
             if down:
                 self._quiet.add(name)

@@ -45,6 +45,7 @@ Found = TypeVar("Found")
 W = TypeVar("W")
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0")  # a server there runs on this machine
 LOOK_AGAIN_S = 10.0  # a listener not found is looked for again after this long
+NO_LOAD = "no load sent"  # the self-check's quiet while a stage sends none (``watched``)
 
 
 @dataclass(frozen=True)
@@ -296,8 +297,11 @@ class TierEnv(Generic[W]):
 
 @contextmanager
 def watched(spec: MeasureSpec, ctx: StageContext, watcher: TierWatcher) -> Iterator[Measuring]:
-    """``measuring``, told to the watcher; a write that fails keeps what was written."""
+    """``measuring``, told to the watcher; a write that fails keeps what was written. The
+    self-check judges only the load (``run_live``): the probes before it and the tables and
+    plot after it send nothing, and a busy machine then says nothing about the levels."""
     with kept_on_write_error(ctx), measuring(spec, ctx) as watch:
+        watch.selfload.quiet(NO_LOAD, True)
         watcher.watching(watch)
         yield watch
 
@@ -343,9 +347,13 @@ def run_live(
     run: Callable[[Callable[[Step], None]], Found],
     partial: Callable[[], Found],
 ) -> tuple[Found, bool]:
-    """The load inside the watcher's live view: (what it found, whether Ctrl-C cut it short)."""
+    """The load inside the watcher's live view: (what it found, whether Ctrl-C cut it short);
+    the self-check judges the windows of this load only (``watched``)."""
+    watch.selfload.quiet(NO_LOAD, False)
     try:
         with watcher.live(ctx.run.run_id, options, watch) as told:
             return run(told), False
     except KeyboardInterrupt:
         return partial(), True
+    finally:
+        watch.selfload.quiet(NO_LOAD, True)
