@@ -100,6 +100,39 @@ def test_the_recommendation_by_goodput_names_the_binding_slo(tmp_path: Path) -> 
     assert result.levels[2].to_json()["goodput_per_s_min"] == pytest.approx(40.0)
 
 
+def test_the_knee_of_goodput_is_said_in_goodput(tmp_path: Path) -> None:
+    """Under SLOs the knee is judged on goodput: at 8 in flight the throughput holds (40
+    items/s, the slots' limit) while no request meets the E2E SLO — the knee's words say the
+    goodput fell, never that the throughput did (it read "8 adds −100 % over 4: throughput
+    fell" beside a table of 40 and 40 items/s)."""
+    cfg = Config(sweep=replace(SweepConfig(), concurrency=(1, 2, 4, 8), level_s=1.0, repeats=3))
+    ctx = stage_ctx(tmp_path, cfg, "sweep")
+    monitor = VramMonitor([])
+    options = replace(SweepOptions.from_config(cfg, 4), slo=SloConfig(e2e_p99_s=0.15))
+    sweep = Sweep(
+        ctx, options, monitor, recorder(ctx, monitor, tmp_path), SimulatedLoop(lambda c, r: 0.1)
+    )
+    result = sweep.run()
+    assert [round(lv.stats.items_per_s, 6) for lv in result.levels][2:] == [40.0, 40.0]
+    assert "8 adds −100 % over 4, range −100 %…−100 %: goodput fell" in result.knee_text
+    assert "throughput" not in result.knee_text, result.knee_text
+
+
+def test_a_goodput_recommendation_says_how_sure_it_is(cli, isolated: Path) -> None:
+    """SPEC §5.6: the recommendation says how sure it is — under SLOs too. With one run a level
+    the JSON's knee said "— not sure" while the text said only "recommended concurrency 2:
+    goodput … req/s within the SLOs (median)", as sure as a knee of three runs."""
+    sweep = FAST + "[sweep]\nconcurrency = [1, 2]\nlevel_s = 0.1\nrepeats = 1\n"
+    with start_mock(ttft_s=0.004, per_token_s=0.0005, slots=4) as mock:
+        open_gate(isolated, mock.base_url, sweep, stage="ladder")
+        result = cli("sweep", "--json", "--slo", "e2e:30")
+    assert result.code == 0, result.err
+    knee = result.json["knee"]
+    assert knee is not None and knee["how_sure"].endswith("— not sure"), knee
+    assert "one run per level" in knee["how_sure"]
+    assert f"how sure: {knee['how_sure']}" in result.err
+
+
 def test_ladder_tiers_carry_goodput_where_queueing_makes_half_a_wave_miss(
     cli, isolated: Path
 ) -> None:

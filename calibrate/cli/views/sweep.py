@@ -90,6 +90,8 @@ class SweepView(TierView[SweepResult, SweepOptions]):
             out.warn(result.under_noise.text)
         elif result.recommendation:
             out.ok(f"recommended {result.recommendation}{_cost(result)}")
+            if knee is not None and not (result.rate_mode or result.auto or result.find_max):
+                self.how_sure(result, options)  # the knee of goodput, as sure as its runs
         elif knee is not None and not (result.rate_mode or result.auto or has_slo(options.slo)):
             out.ok(
                 f"knee: concurrency {knee.concurrency} ({knee.stats.items_per_s:.2f} items/s "
@@ -97,18 +99,23 @@ class SweepView(TierView[SweepResult, SweepOptions]):
                 f"size {result.batch_size}); recommended concurrency {knee.concurrency}"
                 f"{_cost(result)}"
             )
-            out.say(f"how sure: {result.knee_text}")
-            if noise := result.noise_text:
-                out.say(noise)
-            repeated = [
-                f"{lv.label} ({len(lv.runs)} runs)"
-                for lv in result.levels
-                if len(lv.runs) > options.repeats
-            ]
-            if repeated:
-                out.say(f"repeated to tell a gain from noise: {', '.join(repeated)}")
+            self.how_sure(result, options)
         else:
             out.fail(f"sweep failed: {result.reason}")
+
+    def how_sure(self, result: SweepResult, options: SweepOptions) -> None:
+        """How sure the knee is (what --json's knee.how_sure says), the machine meanwhile, and
+        the levels run again to tell a gain from noise."""
+        self.out.say(f"how sure: {result.knee_text}")
+        if noise := result.noise_text:
+            self.out.say(noise)
+        repeated = [
+            f"{lv.label} ({len(lv.runs)} runs)"
+            for lv in result.levels
+            if len(lv.runs) > options.repeats
+        ]
+        if repeated:
+            self.out.say(f"repeated to tell a gain from noise: {', '.join(repeated)}")
 
 
 def progress(options: SweepOptions) -> Plan:

@@ -106,7 +106,10 @@ class KneeVerdict(ClientLimit):
                 f"{skipped} not sent, above what the ladder proved in flight "
                 "(--beyond-ladder to measure them)"
             )
-        return find_knee(self.points, self.gain_min, self.confidence, above, proven=proven)
+        measure = "goodput" if has_slo(self.slo) else "throughput"  # what the points are
+        return find_knee(
+            self.points, self.gain_min, self.confidence, above, proven=proven, measure=measure
+        )
 
     @property
     def doubt(self) -> Inconclusive | None:

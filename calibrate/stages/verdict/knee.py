@@ -160,11 +160,13 @@ def find_knee(
     above: str = "",
     *,
     proven: bool = False,
+    measure: str = "throughput",
 ) -> Knee | None:
     """The knee of the clean levels (those before the first failing one), the Welch interval at
     ``level``; None when the first level failed. ``above``: why no level above the last one was
     sent or counted, said instead of "may still rise" when the best is the last; ``proven``: that
-    reason rules a higher throughput out (the server's own cap), so the knee can be sure there."""
+    reason rules a higher throughput out (the server's own cap), so the knee can be sure there;
+    ``measure``: what the points are, as the text names it (goodput under SLOs)."""
     clean: list[Point] = []
     for point in points:
         if point.errors:
@@ -179,7 +181,7 @@ def find_knee(
     after = clean[clean.index(best) + 1 :]
     ranged = all(p.low is not None for p in clean)
     sure = not doubts and (bool(after) or proven) and ranged
-    text = _text(points, clean, knee, best, doubts, (gain_min, level), sure, above)
+    text = _text(points, clean, knee, best, doubts, (gain_min, level), sure, above, measure)
     below = [base for base, cur in doubts if cur is best and base is not knee]
     conservative = min([knee, *below], key=lambda p: p.concurrency)
     return Knee(knee, best, sure, text, tuple(doubts), conservative)
@@ -238,6 +240,7 @@ def _text(
     rule: tuple[float, float],  # (gain_min, the confidence level)
     sure: bool,
     above: str = "",
+    measure: str = "throughput",
 ) -> str:
     """``knee at 4 (+34 % over 1, range +21 %…+49 %); 8 adds −9 % over 4, range …: throughput
     fell; 16 adds +6 % over 4, …: within noise (the ranges overlap) — sure``."""
@@ -256,7 +259,8 @@ def _text(
     for point in clean[clean.index(best) + 1 :]:
         if id(point) not in unsure:
             parts.append(
-                f"{point.concurrency} adds {_versus(best, point)}: {_why_not(best, point, gain_min)}"
+                f"{point.concurrency} adds {_versus(best, point)}: "
+                f"{_why_not(best, point, gain_min, measure)}"
             )
     for base, cur in doubts:
         found = interval(base, cur, level, spread_of(clean))
@@ -273,7 +277,7 @@ def _text(
         parts.append(
             f"the best is the last level tried: {above}"
             if above
-            else "the best is the last level tried: throughput may still rise above it"
+            else f"the best is the last level tried: {measure} may still rise above it"
         )
     if len(clean) > 1 and all(p.low is None for p in clean):
         parts.append(
@@ -283,12 +287,12 @@ def _text(
     return "; ".join(parts) + (" — sure" if sure else " — not sure")
 
 
-def _why_not(best: Point, cur: Point, gain_min: float) -> str:
+def _why_not(best: Point, cur: Point, gain_min: float, measure: str = "throughput") -> str:
     """Why a level above the best is not a gain: noise only while the ranges really overlap —
     one whose fastest run is slower than the best's slowest fell, whatever its spread."""
     if _ranged(best, cur) and not _apart(best, cur) and not _apart(cur, best):
         return "within noise (the ranges overlap)"
     gain = gain_over(best, cur) or 0.0
     if gain < 0:
-        return "throughput fell"
+        return f"{measure} fell"
     return f"below the {gain_min * 100:.0f} % a level must add"
