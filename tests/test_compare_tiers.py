@@ -177,3 +177,29 @@ def test_a_wrong_measuring_flag_is_exit_2_before_anything_is_sent(
     assert sent == 0, f"{sent} request(s) sent before the mistake was said"
     assert sorted((isolated / "runs").iterdir()) == before, "no run folder for a rejected input"
     assert (isolated / "runs" / "ledger.jsonl").read_bytes() == ledger, "nothing recorded"
+
+
+def test_a_sweep_is_compared_level_for_level_never_across_load_modes(cli, isolated: Path) -> None:
+    """A rate sweep's rows all sit at a few in-flight counts: compared by concurrency with a
+    concurrency sweep's table, ``--rates 10,20 --compare`` read "regression: concurrency 4:
+    items_per_s 20.01 is 46 % lower than the baseline's 36.8" — 20 req/s offered against 4 in
+    flight, two configurations — and failed the sweep; and two rates at one count kept only
+    the last. Levels are matched as ``report A B`` matches them (concurrency, offered rate,
+    auto step), and tables of two load modes are not compared, said so."""
+    sweep = "[sweep]\nlevel_s = 0.2\nrepeats = 1\n"
+    with start_mock(ttft_s=0.01, per_token_s=0.002, slots=4) as mock:
+        open_gate(isolated, mock.base_url, sweep, stage="ladder")
+        saved = cli("sweep", "--concurrency", "1,2,4", "--save-baseline", "--conservative")
+        assert saved.code == 0, saved.err
+        baseline = str(isolated / "baselines/sweep.csv")
+        rates = cli("sweep", "--rates", "10,20", "--compare", baseline, "--json")
+        rated = cli("sweep", "--rates", "10,20", "--save-baseline")
+        same = cli("sweep", "--rates", "10,20", "--compare", baseline, "--tolerance", "10")
+    assert "regression: concurrency" not in rates.err, rates.err
+    assert rates.code == 1 and rates.json["compare"]["passed"] is False
+    problems = rates.json["compare"]["problems"]
+    assert problems and "keyed by concurrency" in problems[0] and "offered_rate" in problems[0]
+    assert rated.code == 0, rated.err
+    assert same.code == 0, same.err
+    lines = [line.split() for line in same.err.splitlines()]
+    assert [row[0] for row in lines if row[:1] in (["10"], ["20"])][-2:] == ["10", "20"], same.err

@@ -17,7 +17,7 @@ from calibrate.errors import InputError
 from calibrate.io.output_paths import Named
 from calibrate.io.store import read_object
 from calibrate.io.tier_table import check_table, read_table
-from calibrate.io.tier_table.cells import key_value, known_cells, row_json
+from calibrate.io.tier_table.cells import key_value, known_cells, row_json, row_key
 from calibrate.io.tier_table.columns import Column as C
 from calibrate.io.tier_table.columns import Kind
 from calibrate.io.tier_table.row import TierRow
@@ -119,16 +119,6 @@ def _ledger_line(run: Path, run_id: str) -> dict[str, Any]:
     """The run's ledger line, for a folder whose summary.json is missing (older runs)."""
     entry = Ledger(run.parent).view().of_run(run_id)
     return entry.to_json() if entry is not None else {}
-
-
-def row_key(kind: Kind, rows: Sequence[TierRow]) -> C:
-    """Ladders by batch size (input length on the context axis); sweeps by concurrency, by
-    offered rate when the sweep ran in rate mode, by step when it ran ``--auto``."""
-    if kind == "ladder":
-        return C.INPUT_TOKENS_TARGET if any(r.context_axis for r in rows) else C.BATCH_SIZE
-    if any(r.auto.auto_step is not None for r in rows):
-        return C.AUTO_STEP  # two auto runs offer different rates; their steps match
-    return C.OFFERED_RATE if any(r.rate.offered_rate is not None for r in rows) else C.CONCURRENCY
 
 
 def _incidents(run: Path) -> tuple[Incident, ...]:

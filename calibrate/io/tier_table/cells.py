@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from calibrate import json_text
-from calibrate.io.tier_table.columns import OLD_NAMES, Column
+from calibrate.io.tier_table.columns import OLD_NAMES, Column, Kind
 from calibrate.io.tier_table.row import Device, TierRow, Written
 
 
@@ -294,3 +294,20 @@ def key_value(row: TierRow, key: Column) -> float | None:
         return float(value)
     except OverflowError:  # an integer of hundreds of digits (a damaged file): no tier
         return None
+
+
+def row_key(kind: Kind, rows: Sequence[TierRow]) -> Column:
+    """The column a table's rows are matched by (``report A B``, ``--compare``): ladders by
+    batch size (input length on the context axis); sweeps by concurrency, by offered rate
+    when the sweep ran in rate mode, by step when it ran ``--auto``."""
+    if kind == "ladder":
+        return (
+            Column.INPUT_TOKENS_TARGET if any(r.context_axis for r in rows) else Column.BATCH_SIZE
+        )
+    if any(r.auto.auto_step is not None for r in rows):
+        return Column.AUTO_STEP  # two auto runs offer different rates; their steps match
+    return (
+        Column.OFFERED_RATE
+        if any(r.rate.offered_rate is not None for r in rows)
+        else Column.CONCURRENCY
+    )

@@ -37,7 +37,7 @@ def compare_table(cmp: TierComparison) -> Table:
 
     for row in cmp.rows:
         table.add_row(
-            plain(str(row.key)),
+            plain(f"{row.key:g}"),
             plain(row.verdict.baseline),
             mark(row.verdict.now, row.verdict.bad),
             plain(row.metric.baseline),

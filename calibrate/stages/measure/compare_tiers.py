@@ -12,7 +12,7 @@ from typing import Any
 from calibrate.errors import InputError
 from calibrate.io.atomic import copy_atomic
 from calibrate.io.tier_table import read_table as read_tier_table
-from calibrate.io.tier_table.cells import cell
+from calibrate.io.tier_table.cells import cell, key_value, row_key
 from calibrate.io.tier_table.columns import Column as C
 from calibrate.io.tier_table.columns import Kind
 from calibrate.io.tier_table.row import TierRow
@@ -38,7 +38,7 @@ class Cell:
 
 @dataclass(frozen=True)
 class CompareRow:
-    key: int
+    key: float  # the level's: batch size, concurrency, offered rate, auto step
     verdict: Cell
     metric: Cell
     change: str
@@ -55,6 +55,7 @@ class TierComparison:
     metric: C | None = (
         None  # the column compared (the kind's own, or its fallback for an old table)
     )
+    key: C | None = None  # the column rows were matched by (None: the kind's own)
 
     @property
     def passed(self) -> bool:
@@ -62,7 +63,7 @@ class TierComparison:
 
     @property
     def key_name(self) -> str:
-        return _SHAPE[self.kind][0].value
+        return (self.key or _SHAPE[self.kind][0]).value
 
     @property
     def metric_name(self) -> str:
@@ -112,7 +113,7 @@ def _num(row: TierRow | None, column: C) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def _top(passed: Mapping[int, bool]) -> int | None:
+def _top(passed: Mapping[float, bool]) -> float | None:
     keys = [k for k, ok in passed.items() if ok]
     return max(keys) if keys else None
 
@@ -129,10 +130,21 @@ def compare_tables(
     got worse by more than ``tolerance`` (latency up, or throughput down)."""
     if tolerance < 0:
         raise InputError(f"--tolerance must be ≥ 0, got {tolerance}")
-    key, _, higher_better = _SHAPE[kind]
+    _, _, higher_better = _SHAPE[kind]
     metric = metric_for(kind, baseline, now)
-    base = {int(v): r for r in baseline if (v := _num(r, key)) is not None}
-    cur = {int(v): r for r in now if (v := _num(r, key)) is not None}
+    # levels matched as ``report A B`` matches them: a rate sweep's by offered rate (its rows
+    # share a few in-flight counts), an auto sweep's by step; two load modes never
+    key, now_key = row_key(kind, baseline), row_key(kind, now)
+    if key != now_key:
+        differ = (
+            f"the baseline's levels are keyed by {key.value} and this {kind}'s by "
+            f"{now_key.value}: not compared — compare {kind}s of one load mode (rates with "
+            "rates, concurrency with concurrency, --auto with --auto)"
+        )
+        none = Cell("—", "—")
+        return TierComparison(kind, baseline_path, tolerance, (), none, (differ,), metric, key)
+    base = {v: r for r in baseline if (v := key_value(r, key)) is not None}
+    cur = {v: r for r in now if (v := key_value(r, key)) is not None}
     # each row's verdict judged once (``tiers.kept``), for its cells and the top passing tier
     base_ok = {k: kept(r.verdict or "") for k, r in base.items()}
     cur_ok = {k: kept(r.verdict or "") for k, r in cur.items()}
@@ -143,7 +155,7 @@ def compare_tables(
         bv, nv = (b.verdict if b else None) or "", (n.verdict if n else None) or ""
         verdict_bad = base_ok.get(k, False) and n is not None and not cur_ok.get(k, False)
         if verdict_bad:
-            problems.append(f"{key} {k} passed in the baseline and now fails ({nv})")
+            problems.append(f"{key} {k:g} passed in the baseline and now fails ({nv})")
         bm, nm = _num(b, metric), _num(n, metric)
         change, metric_bad = "", False
         if bm and nm is not None and cur_ok.get(k, False):
@@ -153,7 +165,7 @@ def compare_tables(
             if metric_bad:
                 worse = "lower" if higher_better else "higher"
                 problems.append(
-                    f"{key} {k}: {metric} {nm:.4g} is {abs(ratio):.0%} {worse} than "
+                    f"{key} {k:g}: {metric} {nm:.4g} is {abs(ratio):.0%} {worse} than "
                     f"the baseline's {bm:.4g} (tolerance {tolerance:.0%})"
                 )
         rows.append(
@@ -166,19 +178,17 @@ def compare_tables(
         )
     top_b, top_n = _top(base_ok), _top(cur_ok)
     top_bad = top_b is not None and (top_n is None or top_n < top_b)
-    if top_bad:
-        problems.insert(
-            0,
-            f"last passing {key} is {top_n if top_n is not None else 'none'}, "
-            f"lower than the baseline's {top_b}",
-        )
     last = Cell(
-        str(top_b) if top_b is not None else "none",
-        str(top_n) if top_n is not None else "none",
+        f"{top_b:g}" if top_b is not None else "none",
+        f"{top_n:g}" if top_n is not None else "none",
         top_bad,
     )
+    if top_bad:
+        problems.insert(
+            0, f"last passing {key} is {last.now}, lower than the baseline's {last.baseline}"
+        )
     return TierComparison(
-        kind, baseline_path, tolerance, tuple(rows), last, tuple(problems), metric
+        kind, baseline_path, tolerance, tuple(rows), last, tuple(problems), metric, key
     )
 
 
