@@ -89,8 +89,13 @@ class Sweep(LevelRuns):
                 break
             tried.add(left[0])
             self.separate(*left[0])
-        # a level run again may have moved the best below a later one: its gain says so
-        self.levels = [self._judged(lv) if lv.rate is None else lv for lv in self.levels]
+        # a level run again may have moved the best below a later one: its gain says so, and
+        # its line in tiers.jsonl too (the last line of a level is its row, as in tiers.csv)
+        for n, level in enumerate(self.levels):
+            judged = self._judged(level) if level.rate is None else level
+            if (judged.gain, judged.counted) != (level.gain, level.counted):
+                self.levels[n] = judged
+                self.ctx.run.append("tiers.jsonl", judged.to_json())
 
     def run_find_max(self) -> None:
         """Probe the levels ``sweep_find_max.next_probe`` asks for; a level that breaks an SLO
