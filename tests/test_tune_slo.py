@@ -56,6 +56,7 @@ def test_tune_takes_slo_flags_and_a_ttft_slo_streams_its_levels(cli, isolated: P
     assert all(lv["goodput_per_s"] > 0 for lv in candidate["levels"]), candidate["levels"]
     assert result.json["winner"] is not None
     assert "served a passing level" not in result.err
+    assert "the most requests/s within the SLOs (--rank-by goodput)" in result.json["pinned_reason"]
 
 
 def test_slos_no_level_meets_are_said_so_not_called_a_failure(cli, isolated: Path) -> None:

@@ -124,6 +124,7 @@ class TuneOutcome:
     stopped: str = ""  # refine: why the search needed no further candidate
     restarts: int = 0  # candidate restarts the run has made, resumed ones included
     spent_by: str = ""  # "--restarts" or "--budget-s": the budget that left ``untested``
+    slos: bool = False  # SLOs are set: goodput counts the answers within them (else every one)
 
     @property
     def top(self) -> CandidateResult | None:
@@ -233,7 +234,7 @@ class TuneOutcome:
         under_noise = doubt.conservative if doubt is not None and self.conservative else ""
         top, second = self.top, self.second
         same = top is not None and second is not None and top.cap == second.cap
-        return reason(pinned, self.rank_by, front, under_noise, same_cap=same)
+        return reason(pinned, self.rank_by, front, under_noise, same_cap=same, slos=self.slos)
 
     @property
     def complete(self) -> bool:

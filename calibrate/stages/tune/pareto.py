@@ -59,6 +59,7 @@ def reason(
     conservative: str = "",
     *,
     same_cap: bool = False,
+    slos: bool = False,
 ) -> str:
     """Why pin takes ``pinned``: the ranking, and whether it is on the front (and if not,
     which front points give more of both). ``conservative``: taken under noise, the smaller
@@ -66,6 +67,8 @@ def reason(
     if pinned is None:
         return ""
     why = _WHY.get(rank_by, f"the best by {rank_by} (--rank-by {rank_by})")
+    if rank_by == "goodput" and not slos:  # no SLO to be within: every ok answer counts
+        why = "the most requests/s, every answer counted: no SLOs set (--rank-by goodput)"
     if conservative:
         which = (
             "the first-ranked of the two (neither has the smaller cap)"

@@ -69,6 +69,7 @@ class Tune:
         0  # at most this many candidate restarts in the run (resumed ones count); 0: any
     )
     patience: int = 6  # refine: candidates in a row without a significant gain
+    slos: bool = False  # SLOs are set: goodput counts the answers within them
     done: dict[tuple[int, int], CandidateResult] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -118,7 +119,16 @@ class Tune:
         if plan.memory_key is not None and memory is None:
             untried = plan.candidates(None)
             return TuneOutcome(
-                plan, None, probes, (), untried, spent, not spent, self.level, rank_by=self.rank_by
+                plan,
+                None,
+                probes,
+                (),
+                untried,
+                spent,
+                not spent,
+                self.level,
+                rank_by=self.rank_by,
+                slos=self.slos,
             )
         pool = list(plan.candidates(memory))
         if self.search == "refine":
@@ -183,6 +193,7 @@ class Tune:
             gain_min=self.gain_min,
             conservative=self.conservative,
             rank_by=self.rank_by,
+            slos=self.slos,
             stopped=stopped,
             restarts=len(self.done),
             spent_by=self._spent() if untested else "",

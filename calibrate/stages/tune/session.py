@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.io.tier_table.tune import TuneRow
-from calibrate.stages.measure.slo import describe
+from calibrate.stages.measure.slo import describe, has_slo
 from calibrate.stages.tune.candidate import Lifecycle
 from calibrate.stages.tune.outcome import TuneOutcome
 from calibrate.stages.tune.result import CandidateResult
@@ -101,6 +101,7 @@ class Session:
             conservative=setup.conservative,
             restarts=setup.restarts,
             patience=setup.patience,
+            slos=has_slo(setup.settings.slo),
         )
         plan_json = {**setup.plan.to_json(), "search": setup.search}
         self.store.write_plan(plan_json, setup.fingerprint)

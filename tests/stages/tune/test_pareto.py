@@ -52,7 +52,12 @@ def test_a_candidate_that_failed_its_slos_counts_only_its_good_requests() -> Non
 
 def test_the_reason_names_the_ranking_and_whether_the_point_is_on_the_front() -> None:
     found = points(RANKED, "c04")
-    by_goodput = reason(next(p for p in found if p.pinned), "goodput", found)
+    pinned = next(p for p in found if p.pinned)
+    by_goodput = reason(pinned, "goodput", found, slos=True)
+    # without SLOs goodput is every answer: the reason says so, never "within the SLOs"
+    unset = reason(pinned, "goodput", found)
+    assert "every answer counted: no SLOs set (--rank-by goodput)" in unset
+    assert "within the SLOs" not in unset
     assert by_goodput.startswith(
         "pin takes c04 (slots=8) at concurrency 8: the most requests/s within the SLOs "
         "(--rank-by goodput)"
