@@ -195,10 +195,12 @@ def test_a_sweep_is_compared_level_for_level_never_across_load_modes(cli, isolat
         rates = cli("sweep", "--rates", "10,20", "--compare", baseline, "--json")
         rated = cli("sweep", "--rates", "10,20", "--save-baseline")
         same = cli("sweep", "--rates", "10,20", "--compare", baseline, "--tolerance", "10")
-    assert "regression: concurrency" not in rates.err, rates.err
+    assert "regression" not in rates.err, rates.err  # not compared is no regression
+    assert f"not compared with {baseline}: " in rates.err, rates.err
     assert rates.code == 1 and rates.json["compare"]["passed"] is False
-    problems = rates.json["compare"]["problems"]
-    assert problems and "keyed by concurrency" in problems[0] and "offered_rate" in problems[0]
+    assert rates.json["compare"]["problems"] == []
+    why = rates.json["compare"]["not_compared"]
+    assert "keyed by concurrency" in why and "offered_rate" in why
     assert rated.code == 0, rated.err
     assert same.code == 0, same.err
     lines = [line.split() for line in same.err.splitlines()]

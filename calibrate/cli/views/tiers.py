@@ -150,13 +150,16 @@ def check_comparison(suite: JUnitSuite, comparison: TierComparison | None) -> No
         suite.check(
             f"no regression against {comparison.baseline_path}",
             comparison.passed,
-            "; ".join(comparison.problems),
-            kind="regression",
+            comparison.not_compared or "; ".join(comparison.problems),
+            kind="not_compared" if comparison.not_compared else "regression",
         )
 
 
 def show_comparison(out: Output, comparison: TierComparison | None) -> None:
     if comparison is None:
+        return
+    if comparison.not_compared:  # nothing to set side by side: no table, no "regression"
+        out.fail(f"not compared with {comparison.baseline_path}: {comparison.not_compared}")
         return
     out.render(compare_table(comparison))
     for problem in comparison.problems:

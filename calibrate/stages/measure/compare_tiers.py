@@ -56,10 +56,13 @@ class TierComparison:
         None  # the column compared (the kind's own, or its fallback for an old table)
     )
     key: C | None = None  # the column rows were matched by (None: the kind's own)
+    not_compared: str = ""  # why the tables could not be compared at all ("" when they were)
 
     @property
     def passed(self) -> bool:
-        return not self.problems
+        """No regression found, and the tables were compared (a gate that could not look
+        never passes)."""
+        return not self.problems and not self.not_compared
 
     @property
     def key_name(self) -> str:
@@ -75,6 +78,7 @@ class TierComparison:
             "tolerance": self.tolerance,
             "passed": self.passed,
             "problems": list(self.problems),
+            **({"not_compared": self.not_compared} if self.not_compared else {}),
         }
 
 
@@ -138,11 +142,11 @@ def compare_tables(
     if key != now_key:
         differ = (
             f"the baseline's levels are keyed by {key.value} and this {kind}'s by "
-            f"{now_key.value}: not compared — compare {kind}s of one load mode (rates with "
+            f"{now_key.value} — compare {kind}s of one load mode (rates with "
             "rates, concurrency with concurrency, --auto with --auto)"
         )
         none = Cell("—", "—")
-        return TierComparison(kind, baseline_path, tolerance, (), none, (differ,), metric, key)
+        return TierComparison(kind, baseline_path, tolerance, (), none, (), metric, key, differ)
     base = {v: r for r in baseline if (v := key_value(r, key)) is not None}
     cur = {v: r for r in now if (v := key_value(r, key)) is not None}
     # each row's verdict judged once (``tiers.kept``), for its cells and the top passing tier
