@@ -295,6 +295,38 @@ def test_checks_and_failures_without_an_answer_become_the_line_s_error(
     assert line["error"]["code"] == "format" and line["response"]["status_code"] == 200
 
 
+def test_every_answer_of_a_request_with_several_is_checked(cli, server, isolated: Path) -> None:
+    """A completions body whose prompt is a list is answered one choice per prompt: the item is
+    ok only when every one of them is complete — the second cut at max_tokens fails it, as the
+    first would (it was ok: only the first choice was looked at)."""
+    from calibrate.mock.text import count_tokens, natural_text
+
+    short, long = sorted(
+        (f"第{i}段：定长数组的长度在编译时确定。" for i in range(8)),
+        key=lambda prompt: count_tokens(natural_text(prompt, 0)),
+    )[::7]
+    limit = count_tokens(natural_text(short, 0))  # the first answer whole, the second cut
+    assert count_tokens(natural_text(long, 0)) > limit
+    (isolated / "requests.jsonl").write_text(
+        request_line("two", "", url="/v1/completions", prompt=[short, long], max_tokens=limit)
+        + request_line("one", short, url="/v1/completions", max_tokens=limit),
+        encoding="utf-8",
+    )
+    write_config(isolated / "calibrate.toml", server.base_url, model=MODEL)
+    run = cli(
+        "batch", "--input", "requests.jsonl", "--out", "out.jsonl", "--final", "results.jsonl",
+        "--json",
+    )  # fmt: skip
+    assert run.code == 1, run.err
+    final = {line["custom_id"]: line for line in results(isolated / "results.jsonl")}
+    choices = final["two"]["response"]["body"]["choices"]
+    assert [c["finish_reason"] for c in choices] == ["stop", "length"]
+    assert final["two"]["error"]["code"] == "incomplete", final["two"]
+    assert final["two"]["error"]["message"].startswith("choice 1 of 2: cut off")
+    assert final["one"]["error"] is None  # one prompt, one choice: as before
+    assert run.json["failed_by_kind"] == {"incomplete": 1}
+
+
 def test_shards_workers_and_several_endpoints_answer_every_request_once(
     cli, isolated: Path
 ) -> None:

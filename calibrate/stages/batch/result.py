@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from calibrate.errors import CalibrateError, ErrorInfo, ExitCode
 from calibrate.gpu.selfload import SelfLoadReport
-from calibrate.http.models import Completion, incomplete_reason
+from calibrate.http.models import Choice, Completion, incomplete_reason
 from calibrate.io.jobs.openai_batch import response_of
 from calibrate.io.journal.made import FP_FIELD, fp_text
 from calibrate.io.tasks import Task
@@ -22,6 +22,7 @@ from calibrate.stages.export import ExportResult
 from calibrate.stages.measure.format_check import (
     Expect,
     OutputShape,
+    ParsedJson,
     ShapeCheck,
     parse_json_output,
 )
@@ -238,13 +239,7 @@ def result_line(
     if task.request is not None:
         max_tokens = task.request.max_tokens
     if completion is not None and error is None:
-        usage = completion.usage if len(completion.choices) == 1 else None
-        problem = incomplete_reason(
-            completion.choices[0],
-            max_tokens,
-            completion_tokens=usage.completion_tokens if usage else None,
-        )
-        parsed = parse_json_output(completion.text) if expect == "json" and not problem else None
+        problem, parsed = _checked(completion, max_tokens, expect)
         if problem:
             error = ErrorInfo("incomplete", problem)
         elif parsed is not None and not parsed.ok:
@@ -269,6 +264,32 @@ def result_line(
         line["retried"] = list(retried)
     line["attempts"] = attempts
     return line
+
+
+def _checked(
+    completion: Completion, max_tokens: int | None, expect: Expect
+) -> tuple[str | None, ParsedJson | None]:
+    """Every choice of an answer checked (a prompt list or ``n`` gives several): the first
+    that is incomplete, else the first whose text is not the JSON ``--expect json`` asked for
+    (``choice 1 of 2: …``, by its index, when there are several); and the first choice's
+    parsed JSON."""
+    choices = completion.choices
+    usage = completion.usage if len(choices) == 1 else None  # else the sum of every choice's
+
+    def where(choice: Choice) -> str:
+        return f"choice {choice.index} of {len(choices)}: " if len(choices) > 1 else ""
+
+    for choice in choices:
+        tokens = usage.completion_tokens if usage else None
+        if problem := incomplete_reason(choice, max_tokens, completion_tokens=tokens):
+            return where(choice) + problem, None
+    if expect != "json":
+        return None, None
+    found = [(choice, parse_json_output(choice.text)) for choice in choices]
+    for choice, parsed in found:
+        if not parsed.ok:
+            return None, replace(parsed, message=where(choice) + parsed.message)
+    return None, found[0][1] if found else None
 
 
 @dataclass(frozen=True)
