@@ -148,3 +148,32 @@ def test_a_llamacpp_says_its_weights_in_props_where_v1_models_has_no_root() -> N
     assert props_model_path(said) == "/m/tiny.gguf"  # type: ignore[arg-type]
     assert props_model_path(Client(None)) == ""  # type: ignore[arg-type]
     assert props_model_path(Client("<html>")) == ""  # type: ignore[arg-type]
+
+
+def test_a_server_restarted_with_fewer_slots_sends_run_and_status_back_to_the_ladder(
+    cli, isolated: Path
+) -> None:
+    """After a passing run at batch 4 the server came back running 2 at once: the sweep run
+    again saw it (left level 4 out) and pin refused to write a cap of 4 (exit 3, 'Run first:
+    calibrate ladder'). The run said 'it resumes at pin', status 'next: calibrate pin', and the
+    next run resumed at pin and was refused again; each now names the ladder."""
+    config = isolated / "calibrate.toml"
+    config.write_text(TIMING.replace("[1, 2, 4]", "[4]"), "utf-8")  # batch 4, whatever the noise
+    with start_mock(**MOCK) as mock:
+        target = ("--base-url", mock.base_url, "--model", "internlm-s2")
+        assert cli("run", *target, "--kind", "vllm").code == 0
+        port = mock.port
+    with start_mock(port=port, ttft_s=0.02, per_token_s=0.005, slots=2):  # ~0.26 s an answer
+        stopped = cli("run", *target, "--kind", "vllm", "--from", "sweep")
+        assert stopped.code == 3, stopped.err
+        assert "pin refused" in stopped.err, stopped.err
+        lines = stopped.err.splitlines()
+        assert lines[-1] == "next: once that is fixed, calibrate run again: it resumes at ladder"
+        status = cli("status", *target, "--json")
+        assert status.code == 0 and status.json["next"] == "calibrate ladder", status.err
+        config.write_text(TIMING.replace("[1, 2, 4]", "[1, 2]"), "utf-8")  # what it runs now
+        again = cli("run", *target, "--kind", "vllm")
+    first = again.err.splitlines()[0]
+    assert first.endswith("single, repro passed: resuming at ladder"), again.err
+    assert again.code == 0, again.err
+    assert "pinned batch 2" in again.err, again.err

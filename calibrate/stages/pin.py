@@ -29,7 +29,7 @@ from calibrate.server.process import running_kind
 from calibrate.stages.context import StageContext
 from calibrate.stages.pin_context import JobInput, context_for
 from calibrate.stages.status import reasons
-from calibrate.state.gates import next_step
+from calibrate.state.gates import next_step, unrun_cap
 from calibrate.state.ledger import LedgerEntry, current_weights
 from calibrate.state.pipeline import standing
 from calibrate.state.setting import CalibratedSetting, resolve
@@ -84,21 +84,16 @@ def _measured_kind(runs_dir: Path, run_id: str) -> str | None:
     return found if isinstance(found, str) else None
 
 
-def refuse_unrun_cap(ctx: StageContext, run_id: str, batch: int) -> None:
+def refuse_unrun_cap(ctx: StageContext, setting: CalibratedSetting) -> None:
     """pin never writes a cap the server did not run (SPEC §6.1): when the run that set the
     setting saw the server run fewer than its batch size at once (its reported cap, or its own
     running count while requests waited), the script would pin a batch never measured."""
-    entry = ctx.ledger.view().of_run(run_id)
-    for key in ("server_cap", "server_limit"):
-        cap = entry.summary.get(key) if entry is not None else None
-        slots = cap.get("slots") if isinstance(cap, dict) else None
-        if entry is not None and isinstance(slots, int) and 0 < slots < batch:
-            raise GateClosed(
-                f"pin refused: {entry.stage} run {run_id} saw the server run at most {slots} "
-                f"at once ({cap.get('source') if isinstance(cap, dict) else ''}), below the "
-                f"batch size {batch}: an engine cap of {batch} was never run",
-                "Run first: calibrate ladder   (against the server as it runs now)",
-            )
+    gate = unrun_cap(ctx.ledger, setting)
+    if not gate.open:
+        raise GateClosed(
+            f"pin refused: {gate.reason}",
+            f"Run first: {gate.run_first}   (against the server as it runs now)",
+        )
 
 
 def _how_sure(latest: Mapping[str, LedgerEntry], setting: CalibratedSetting) -> tuple[str, ...]:
@@ -150,7 +145,7 @@ def run_pin(
             "pin has no verified batch size: no ladder with a passing tier",
             "Run first: calibrate ladder",
         )
-    refuse_unrun_cap(ctx, setting.run_id, setting.batch_size)
+    refuse_unrun_cap(ctx, setting)
     engine = resolve_kind(ctx, kind, setting.run_id)
     cfg = ctx.config
     batch, concurrency = setting.batch_size, setting.concurrency

@@ -103,6 +103,29 @@ def _unswept(setting: CalibratedSetting | None) -> bool:
     return setting is not None and setting.set_by == "ladder" and not setting.measured_concurrency
 
 
+def unrun_cap(ledger: Ledger, setting: CalibratedSetting | None) -> Gate:
+    """Closed when the run that set ``setting`` saw the server run fewer than its batch size
+    at once (its reported cap, or its own running count while requests waited; SPEC §6.1):
+    pin never writes that cap, and what to run is the ladder, against the server as it runs
+    now (a server restarted with a lower cap since the ladder). Open otherwise."""
+    entry = ledger.view().of_run(setting.run_id) if setting is not None else None
+    if setting is None or entry is None:
+        return Gate(True)
+    batch = setting.batch_size
+    for key in ("server_cap", "server_limit"):
+        cap = entry.summary.get(key)
+        slots = cap.get("slots") if isinstance(cap, dict) else None
+        if isinstance(cap, dict) and isinstance(slots, int) and 0 < slots < batch:
+            return Gate(
+                False,
+                f"{entry.stage} run {setting.run_id} saw the server run at most {slots} at once "
+                f"({cap.get('source')}), below the batch size {batch}: an engine cap of {batch} "
+                "was never run",
+                "calibrate ladder",
+            )
+    return Gate(True)
+
+
 def _pin_stale(now: Standing, pin: LedgerEntry, setting: CalibratedSetting | None) -> bool:
     """The pinned script holds another setting than the ledger's newer one (SPEC §5.8)."""
     pinned = pin_summary(pin.summary).setting
@@ -141,6 +164,9 @@ def next_step(cfg: Config, ledger: Ledger, target: str) -> str:
     pin, tune = latest.get("pin"), latest.get("tune")
     tuned = tune is not None and tune.passed and now.newer("tune", "ladder")
     setting = resolve(ledger, target)
+    if not unrun_cap(ledger, setting).open:  # the server runs fewer than the ladder's batch now
+        gate = check_gate("ladder", cfg, ledger, target)
+        return "calibrate ladder" if gate.open else gate.run_first
     for stage in MAIN_LINE:
         entry = latest.get(stage)
         if stage == "sweep" and entry is not None and entry.passed and _unswept(setting):
@@ -167,7 +193,9 @@ def first_not_passed(cfg: Config, ledger: Ledger, target: str) -> StageName | No
     """Where ``calibrate run`` resumes for ``target``: the first stage of ``RUN_LINE`` whose
     latest line did not pass, was measured on other weights than the server's now, is older
     than the result it builds on (a sweep older than the ladder, a pin older than the sweep), or
-    whose gate is closed now (None: every one passed). Single also needs its baseline on disk."""
+    whose gate is closed now (None: every one passed). Single also needs its baseline on disk;
+    the ladder runs again when the run that set the setting saw the server run fewer than its
+    batch size (``unrun_cap``)."""
     now = standing(ledger, target)
     weights = current_weights(cfg, ledger, target)
     for stage in RUN_LINE:
@@ -183,4 +211,6 @@ def first_not_passed(cfg: Config, ledger: Ledger, target: str) -> StageName | No
             return stage
         if not check_gate(stage, cfg, ledger, target).open:
             return stage
+        if stage == "ladder" and not unrun_cap(ledger, resolve(ledger, target)).open:
+            return stage  # a later run saw the server run fewer than its batch size
     return None

@@ -99,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
         if code != 0:
             what = _STOPPED.get(code, "stopped")
             out.fail(f"calibrate run stopped at {stage}: it {what}, exit {code}")
-            out.say(f"next: once that is fixed, calibrate run again: it resumes at {stage}")
+            again = first_not_passed(cfg, Ledger(cfg.runs_dir), target) or stage
+            out.say(f"next: once that is fixed, calibrate run again: it resumes at {again}")
             out.result({"passed": False, "stopped_at": stage, "exit_code": code, "stages": ran})
             return code
     return _summary(cfg, out, ran, again=not stages)
