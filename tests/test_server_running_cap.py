@@ -306,6 +306,36 @@ def test_pin_never_writes_a_cap_the_server_did_not_run(cli, isolated: Path) -> N
     assert not (isolated / "scripts/launch.sh").exists()
 
 
+def test_pin_says_when_the_sweep_measured_its_concurrency_above_the_pinned_cap(
+    cli, isolated: Path
+) -> None:
+    """A ladder whose setting is batch 1 while batch 2 passed (its conservative answer under
+    noise): the sweep of a server calibrate does not manage goes up to 2 in flight and the
+    server ran 2 at once, twice the throughput. pin wrote a cap of 1 and concurrency 2 and said
+    nothing — a pair whose gain was measured at a cap it does not set. It says so now, in its
+    output and in the script's header."""
+    from tests.tier_helpers import PIN_SERVER
+
+    sweep = FAST + "[sweep]\nconcurrency = [1, 2]\nlevel_s = 0.3\nrepeats = 2\n"
+    with start_mock(ttft_s=0.03, per_token_s=0.002, slots=4, metrics_style="vllm") as mock:
+        target = open_gate(isolated, mock.base_url, sweep + PIN_SERVER, stage="repro")
+        summary = {"last_passing": {"batch_size": 1, "concurrency": 1}, "max_in_flight": 2}
+        Ledger(isolated / "runs").append(
+            LedgerEntry("ladder", "test-ladder", target, True, summary)
+        )
+        swept = cli("sweep", "--json")
+        pinned = cli("pin")
+    assert swept.code == 0, swept.err
+    if swept.json["recommended_concurrency"] != 2:  # the machine's noise hid the gain
+        pytest.skip(f"the sweep recommended {swept.json['recommended_concurrency']}, not 2")
+    assert pinned.code == 0, pinned.err
+    said = " ".join(pinned.err.split())
+    assert "concurrency 2 was measured while the server ran up to 2 at once" in said, said
+    assert "above this script's cap of 1" in said and "run calibrate sweep again" in said
+    header = (isolated / "scripts/launch.sh").read_text()
+    assert "# how sure: sweep: concurrency 2 was measured while the server ran up to 2" in header
+
+
 @pytest.mark.parametrize(("slots", "code"), [(4, 1), (8, 0)])
 def test_verify_checks_the_running_servers_cap(cli, isolated: Path, slots: int, code: int) -> None:
     """The setting is batch 8; a server reporting 4 slots (llama.cpp's /props) does not run it."""

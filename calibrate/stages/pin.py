@@ -46,6 +46,7 @@ class PinResult:
     tuned_by: str = ""
     next_command: str = ""  # ``gates.next_step`` once the pin is recorded
     model_from: str = ""  # where the model path came from when [server] model_path is empty
+    above_cap: str = ""  # the concurrency was measured with the server above the pinned cap
 
     def summary(self) -> PinSummary:
         v = self.values
@@ -94,6 +95,28 @@ def refuse_unrun_cap(ctx: StageContext, setting: CalibratedSetting) -> None:
             f"pin refused: {gate.reason}",
             f"Run first: {gate.run_first}   (against the server as it runs now)",
         )
+
+
+def ran_above_cap(ctx: StageContext, setting: CalibratedSetting) -> str:
+    """When the sweep that set the concurrency measured it while the server ran more at once
+    than the batch size the script caps it at (a server calibrate does not manage keeps its own
+    cap: the sweep goes up to the ladder's largest passing in-flight count): what that leaves
+    unmeasured ("" otherwise). The throughput at that concurrency came from running more than
+    the script's cap allows."""
+    entry = ctx.ledger.view().of_run(setting.run_id) if setting.set_by == "sweep" else None
+    levels = entry.summary.get("levels") if entry is not None else None
+    batch, concurrency = setting.batch_size, setting.concurrency
+    for level in levels if isinstance(levels, list) else ():
+        measured = level.get("measured") if isinstance(level, dict) else None
+        seen = measured.get("server_running_max") if isinstance(measured, dict) else None
+        if level.get("concurrency") == concurrency and isinstance(seen, int) and seen > batch:
+            return (
+                f"sweep: concurrency {concurrency} was measured while the server ran up to {seen} "
+                f"at once, above this script's cap of {batch}: its throughput there was not "
+                f"measured at this cap — after starting the server from this script, run "
+                f"calibrate sweep again"
+            )
+    return ""
 
 
 def _how_sure(latest: Mapping[str, LedgerEntry], setting: CalibratedSetting) -> tuple[str, ...]:
@@ -146,6 +169,7 @@ def run_pin(
             "Run first: calibrate ladder",
         )
     refuse_unrun_cap(ctx, setting)
+    above = ran_above_cap(ctx, setting)
     engine = resolve_kind(ctx, kind, setting.run_id)
     cfg = ctx.config
     batch, concurrency = setting.batch_size, setting.concurrency
@@ -186,7 +210,10 @@ def run_pin(
         context=context,
         tuned=tuned_text,
         cost=pinned_cost(ctx.ledger.view().entries, setting.run_id, batch, concurrency),
-        how_sure=_how_sure(standing(ctx.ledger, ctx.target).latest, setting),
+        how_sure=(
+            *_how_sure(standing(ctx.ledger, ctx.target).latest, setting),
+            *filter(None, [above]),
+        ),
     )
     text = launch_script.render(values, command)
     path = out or cfg.scripts_dir / "launch.sh"
@@ -196,7 +223,13 @@ def run_pin(
         raise unwritten(exc, "nothing was written and nothing pinned") from exc
     ctx.run.write_text("launch.sh", text)
     result = PinResult(
-        path, values, command, tuned, setting.tuned_by if tuned else "", model_from=model_from
+        path,
+        values,
+        command,
+        tuned,
+        setting.tuned_by if tuned else "",
+        model_from=model_from,
+        above_cap=above,
     )
     ctx.record_result(True, result.summary())
     ctx.run.close()

@@ -73,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     if result.model_from:
         out.say(f"  {result.model_from} ([server] model_path is empty)")
     out.say(f"  exec {result.command.display()}")
+    if result.above_cap:
+        out.warn(result.above_cap)
     out.say(f"next: {result.next_command}")
     out.result({"run_id": ctx.run.run_id, **result.summary().to_json()})
     return 0
