@@ -81,7 +81,8 @@ class LadderView(TierView[LadderResult, LadderOptions]):
         """The last passing tier and the setting, or why the ladder failed."""
         out, result, top = self.out, done.result, done.result.last_passing
         if top is None:
-            out.fail(f"ladder failed: {result.tiers[-1].reason if result.tiers else 'no tier ran'}")
+            stop = result.stopped_at
+            out.fail(f"ladder failed: {stop.reason if stop else 'no tier ran'}")
             out.say(f"incidents: {self.ctx.run.file('incidents')}")
             self.say_first_error()
         elif result.axis == "context":
@@ -91,10 +92,11 @@ class LadderView(TierView[LadderResult, LadderOptions]):
             out.fail(f"ladder {result.inconclusive}")
             out.say(f"what to do: {result.what_to_do}")
         else:
+            stop = result.stopped_at
             why = (
                 "every tier passed"
-                if result.stopped_by == "completed"
-                else f"stopped by {result.stopped_by}: {result.tiers[-1].reason}"
+                if result.stopped_by == "completed" or stop is None
+                else f"stopped by {result.stopped_by}: {stop.reason}"
             )
             chosen = result.setting or top
             now = done.setting  # the ledger's setting, as status, next: and pin will say it
@@ -177,8 +179,8 @@ def ladder_junit(
             )
     if found:
         suite.properties["stopped_by"] = result.stopped_by
-        if result.stopped_by != "completed" and result.tiers:
-            suite.properties.setdefault("ceiling", result.tiers[-1].reason)
+        if result.stopped_by != "completed" and (stop := result.stopped_at) is not None:
+            suite.properties.setdefault("ceiling", stop.reason)
     if found and (chosen := result.setting) is not None and result.axis == "batch":
         suite.properties["setting_batch_size"] = str(chosen.batch_size)
         suite.properties["setting_reason"] = result.setting_reason

@@ -19,7 +19,7 @@ from calibrate.stages.ladder.setting import (
     setting_tier,
 )
 from calibrate.stages.measure.slo import describe, has_slo
-from calibrate.stages.measure.stop_rules import ServerCap, last_passing
+from calibrate.stages.measure.stop_rules import ServerCap, last_passing, reached
 from calibrate.stages.measure.tiers import StopReason, Tier
 from calibrate.stages.prepare.stream_probe import StreamCheck, stream_details
 from calibrate.stages.server_account import stopping_cap
@@ -68,9 +68,21 @@ class LadderResult:
     cap: ServerCap | None = None  # the server's reported cap (or a managed start's cap flag)
 
     @property
+    def standing(self) -> tuple[Tier, ...]:
+        """The tiers the verdict stands on: on the batch axis none above the tier that stopped
+        the ladder (``stop_rules.reached``: a round run again can stop a smaller batch after a
+        larger one ran); on the context axis every length bisected."""
+        return tuple(reached(self.tiers)) if self.axis == "batch" else self.tiers
+
+    @property
+    def stopped_at(self) -> Tier | None:
+        """The tier whose verdict stopped the ladder (the last one run on the context axis)."""
+        return self.standing[-1] if self.tiers else None
+
+    @property
     def last_passing(self) -> Tier | None:
         """The highest kept tier: the ceiling the ladder reached."""
-        return last_passing(self.tiers)
+        return last_passing(self.standing)
 
     @property
     def doubt(self) -> SettingDoubt | None:
@@ -187,7 +199,7 @@ class LadderResult:
         ``highest_kept`` the ceiling reached, when it is another tier."""
         top = self.setting
         ceiling = self.last_passing
-        passing = [t.stats.concurrency for t in self.tiers if t.passed]
+        passing = [t.stats.concurrency for t in self.standing if t.passed]
         tiers = [  # each with what a batch of that many in flight is compared with (drift)
             {
                 **t.short(),

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.gpu.noise import combined
+from calibrate.stages.measure.stop_rules import reached
 from calibrate.stages.measure.tiers import Tier
 from calibrate.stages.verdict.doubt import Doubt, Inconclusive, pct
 from calibrate.stages.verdict.knee import Point, interval, judge, spread_of, within_noise
@@ -43,9 +44,9 @@ def tier_point(tier: Tier) -> Point:
 
 
 def measured(history: Sequence[Tier]) -> list[Tier]:
-    """The kept tiers whose throughput the server set (not calibrate's own limit) and that it
-    is known to have run whole (``unconfirmed``), by B."""
-    kept = sorted((t for t in history if t.passed), key=lambda t: t.batch_size)
+    """The kept tiers the ladder stands on (``reached``), whose throughput the server set (not
+    calibrate's own limit) and that it is known to have run whole (``unconfirmed``), by B."""
+    kept = sorted((t for t in reached(history) if t.passed), key=lambda t: t.batch_size)
     return [t for t in kept if not t.client_bound and not unconfirmed(t, history)]
 
 
@@ -146,7 +147,7 @@ def setting_doubt(
 ) -> SettingDoubt | None:
     """What leaves the setting unknown (None: the rounds back it)."""
     found = choose(history, gain_min, level)
-    kept = sorted((t for t in history if t.passed), key=lambda t: t.batch_size)
+    kept = sorted((t for t in reached(history) if t.passed), key=lambda t: t.batch_size)
     starved = [t for t in kept if t.client_bound]
     if found is None and starved:  # every kept tier measured the client: nothing to take
         return SettingDoubt(
@@ -267,10 +268,15 @@ def setting_reason(
         parts[0] += ", the fastest kept tier"
     unsure = {t.batch_size for pair in found.doubts for t in pair}
     base = chosen.stats.items_per_s
+    stood = reached(history)
     for tier in history:
         if tier.batch_size <= chosen.batch_size:
             continue
         where = f"batch {tier.batch_size}"
+        if tier not in stood:  # run before a round again stopped a smaller batch
+            stop = f"batch {stood[-1].batch_size} below it did not hold when run again"
+            parts.append(f"{where} not judged: {stop} ({stood[-1].verdict})")
+            continue
         if not tier.passed:
             parts.append(f"{where} not kept: {_not_kept(tier)}")
             continue

@@ -141,6 +141,20 @@ def every_round_slower(rounds: Sequence[Stats], previous_rounds: Sequence[Stats]
     return bool(now and before) and min(now) > max(before)
 
 
+def reached(history: Sequence[Tier]) -> list[Tier]:
+    """The tiers a batch ladder stands on: up to and including the first whose verdict is not
+    ``pass``, where the ladder stopped. A round run again to settle the setting can stop a tier
+    below the top (it failed, met the server's cap, preempted): the ladder stops there as it
+    would have the first time, and the tiers above it, run before, are not judged — never a last
+    passing tier, a setting or "every tier passed" above a tier that failed."""
+    out: list[Tier] = []
+    for tier in history:
+        out.append(tier)
+        if tier.verdict != "pass":
+            break
+    return out
+
+
 def next_tier(history: Sequence[Tier], batch_sizes: Sequence[int]) -> int | None:
     """The batch size to try next, or None when the ladder is done."""
     if not history:
@@ -159,9 +173,11 @@ def last_passing(history: Sequence[Tier]) -> Tier | None:
 
 
 def stopped_by(history: Sequence[Tier], batch_sizes: Sequence[int]) -> StopReason:
+    """What stopped the ladder: the verdict of the tier it stopped at (``reached``)."""
     if not history:
         return "interrupted"
-    verdict = history[-1].verdict
+    stood = reached(history)
+    verdict = stood[-1].verdict
     if verdict == "fail":
         return "failure"
     reasons: dict[str, StopReason] = {
@@ -173,7 +189,7 @@ def stopped_by(history: Sequence[Tier], batch_sizes: Sequence[int]) -> StopReaso
     }
     if verdict in reasons:
         return reasons[verdict]
-    return "completed" if len(history) >= len(batch_sizes) else "interrupted"
+    return "completed" if len(stood) >= len(batch_sizes) else "interrupted"
 
 
 def mismatch_notes(history: Sequence[Tier]) -> list[str]:

@@ -569,3 +569,38 @@ def test_no_kept_tier_known_to_have_run_whole_is_no_setting_and_no_pass() -> Non
     assert "sample_interval_s" in doubt.remedy
     seen = [replace(history[0], stats=replace(history[0].stats, server_running_max=2))]
     assert setting_doubt(seen, GAIN_MIN) is None and setting_tier(seen, GAIN_MIN) is seen[0]
+
+
+def test_a_smaller_batch_failing_a_round_run_again_stops_the_ladder_there(tmp_path: Path) -> None:
+    """Seen on the mock drifting into timeouts: batch 4's third round, run again to tell it from
+    batch 8, failed — and the ladder said "setting: batch 8 …, the fastest kept tier; the last
+    passing tier (every tier passed)", exit 0, ``stopped_by: completed``, 8 in flight allowed,
+    with batch 4 failed beneath it. A round run again stops its tier where it stands, as the
+    first rounds would have: the ladder stopped there, and the tier above, run before, is not
+    judged — never the last passing tier or the setting."""
+    walls = {1: [0.1], 2: [2 / 10.9, 2 / 13.3], 4: [4 / 12.1]}
+    sent: dict[int, int] = {}
+
+    def script(batch: int, n: int) -> tuple[float, float, str | None]:
+        count = sent[batch] = sent.get(batch, 0) + 1
+        wall = walls[batch][min(count, len(walls[batch])) - 1]
+        return wall, wall, "timeout" if batch == 2 and count == 3 else None
+
+    ladder = _ladder(tmp_path, walls)
+    ladder.options = replace(ladder.options, batch_sizes=(1, 2, 4))
+    ladder.sender = ScriptedSender(script)
+    said: list[str] = []
+    ladder.note = said.append
+    result = ladder.run()
+    assert any(line.startswith("batch 2 again, round 3") for line in said), said
+    assert [t.verdict for t in result.tiers] == ["pass", "fail", "pass"]
+    assert result.stopped_by == "failure"
+    assert result.last_passing is not None and result.last_passing.batch_size == 1
+    assert result.setting is not None and result.setting.batch_size == 1
+    assert result.stopped_at is not None and result.stopped_at.batch_size == 2
+    assert "batch 4 not judged: batch 2 below it did not hold when run again (fail)" in (
+        result.setting_reason
+    )
+    summary = result.summary()
+    assert summary.stopped_by == "failure" and summary.details["highest_kept"] == 1
+    assert summary.max_in_flight == 1  # the sweep may not send the 4 the ladder did not prove
