@@ -301,3 +301,27 @@ def _seen(admission: Any, in_flight: list[int]) -> Any:
     """The mock's admission, its in-flight count noted."""
     in_flight.append(admission.in_flight)
     return admission
+
+
+def test_a_tier_whose_memory_the_sampler_never_read_has_no_peak(cli, isolated: Path) -> None:
+    """Rounds of one ~20 ms wave with /metrics read every 50 ms: the sampler read batch 4
+    only before it (idle) and after it (answers done), and the ladder said "peak 40960 MiB,
+    pressure 50 %, pass" — the idle memory called the peak, and the VRAM rule passing a tier it
+    never saw. Here the sampler reads once a minute: no tier is read while it runs (each would
+    hold 90 % and more), and the ladder says the peak is unknown, never the idle 50 %."""
+    once_a_minute = FAST.replace("sample_interval_s = 0.02", "sample_interval_s = 60")
+    with start_mock(
+        ttft_s=0.002,
+        per_token_s=0.0002,
+        vram_total_mib=10000,
+        vram_base_mib=5000,
+        vram_per_request_mib=1000,
+    ) as mock:
+        open_gate(isolated, mock.base_url, once_a_minute)
+        result = cli("ladder", "--json")
+    detail = result.json["tiers_detail"]
+    assert [t["peak_vram_mib"] for t in detail] == [None] * len(detail), detail
+    assert [t["pressure"] for t in detail] == [None] * len(detail)
+    assert all(t["vram_idle_mib"] == 5000 for t in detail)  # the idle reading is still there
+    assert "batch 1, 2, 4, 8: VRAM not read while they ran" in result.err
+    assert "the VRAM rule did not judge them" in result.err

@@ -176,6 +176,7 @@ class WindowPeak:
     price_per_hour: float | None = None  # --gpu-price-per-hour / [cost], for $ per 1M tokens
     running: RunningPeak | None = None  # the server's running count (None: it exports none)
     kv_peak_margin: float | None = None  # how much higher the KV usage may have peaked (0–1)
+    unread: bool = False  # memory never read while the window ran: no peak (``close_window``)
 
 
 def _r(value: float | None, digits: int = 1) -> float | None:
@@ -332,29 +333,34 @@ class VramMonitor:
         return self.sample() if self.samplers else None
 
     def close_window(self, idle: VramSample | None) -> WindowPeak:
-        if self.samplers:
-            self.sample()  # the end state counts too, however short the window
+        end = self.sample() if self.samplers else None  # the end state counts too
         with self._lock:
             window, self._window = self._window, []
             energy, self._energy = self._energy, []
-        kv = [s.kv_usage for s in window if s.kv_usage is not None]
+        # the memory peak is read while the window ran: where the polling thread never read it
+        # (a round shorter than the interval), only the idle reading before it and the end one
+        # after it are there — the peak is unknown, never the idle memory called the peak
+        unread = self._thread is not None and all(s is idle or s is end for s in window)
+        memory = [] if unread else window
+        kv = [s.kv_usage for s in memory if s.kv_usage is not None]
         queue = [s.server_queue for s in window if s.server_queue is not None]
-        top = max(window, key=lambda s: s.pressure.value or 0.0, default=None)
+        top = max(memory, key=lambda s: s.pressure.value or 0.0, default=None)
         pressure = top.pressure if top else Pressure(None, "none")
-        peaks = device_peaks(s.devices for s in window)
+        peaks = device_peaks(s.devices for s in memory)
         return WindowPeak(
             idle,
             devices_used_mib(peaks),  # the fullest device's own peak, never a sum over devices
             pressure,
             max(kv, default=None),
-            devices_total_mib(peaks),
+            devices_total_mib(device_peaks(s.devices for s in window)),
             len(window),
             peaks,
             max(queue, default=None),
             window_energy(energy, self.energy.source) if self.energy is not None else None,
             self.price_per_hour,
             RunningPeak.over(window),
-            kv_peak_margin(window),
+            kv_peak_margin(memory),
+            unread,
         )
 
     def start(self) -> VramMonitor:

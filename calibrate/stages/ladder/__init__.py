@@ -8,7 +8,7 @@ an interrupted ladder too, as not passed. Everything it has to say goes to ``env
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from calibrate.errors import UsageError
@@ -18,6 +18,7 @@ from calibrate.stages.context import StageContext
 from calibrate.stages.env import load_lock
 from calibrate.stages.ladder.context_axis import default_context_lengths
 from calibrate.stages.ladder.options import LadderOptions
+from calibrate.stages.ladder.repeats import TierRaw
 from calibrate.stages.ladder.result import LadderResult
 from calibrate.stages.ladder.run import Ladder
 from calibrate.stages.ladder.setting import unconfirmed
@@ -67,7 +68,11 @@ def run(spec: LadderSpec, env: LadderEnv) -> LadderOutcome:
             source=result.vram_source,
             passed=result.passed,
             summary=result.summary(),
-            notes=(*result.notes, *account_notes(ladder.cap, result.tiers)),
+            notes=(
+                *result.notes,
+                *account_notes(ladder.cap, result.tiers),
+                *unread_notes(ladder.raw, ctx.config.ladder.sample_interval_s),
+            ),
             checks=[
                 (f"batch {t.batch_size}", t.determinism) for t in result.tiers if t.determinism
             ],
@@ -132,6 +137,20 @@ def account_notes(cap: ServerCap | None, tiers: tuple[Tier, ...]) -> tuple[str, 
         if t.passed and t.unseen and unconfirmed(t, tiers)
     )
     return ((note,) if note else ()) + unseen
+
+
+def unread_notes(raw: Mapping[int, TierRaw], interval_s: float) -> tuple[str, ...]:
+    """Said of the tiers whose memory the VRAM sampler never read while they ran (each round
+    shorter than its interval): their peak is unknown, and the VRAM rule did not judge them."""
+    unread = [batch for batch, r in raw.items() if r.peaks and all(p.unread for p in r.peaks)]
+    if not unread:
+        return ()
+    they, them = ("they", "them") if len(unread) > 1 else ("it", "it")
+    return (
+        f"batch {', '.join(map(str, unread))}: VRAM not read while {they} ran (every round over "
+        f"before the next sample, {interval_s:g} s apart): peak unknown, the VRAM rule did not "
+        f"judge {them} — raise [ladder] min_round_s, or lower [ladder] sample_interval_s",
+    )
 
 
 def _largest_wave(options: LadderOptions) -> int:
