@@ -159,9 +159,12 @@ def test_a_server_restarted_with_fewer_slots_sends_run_and_status_back_to_the_la
     next run resumed at pin and was refused again; each now names the ladder."""
     config = isolated / "calibrate.toml"
     config.write_text(TIMING.replace("[1, 2, 4]", "[4]"), "utf-8")  # batch 4, whatever the noise
-    with start_mock(**MOCK) as mock:
+    # ~0.1 s answers, several /metrics samples long: on MOCK's 36 ms answers a loaded suite saw
+    # the server run 3 of 4 at most, and the ladder said it could not tell batch 4 ran whole
+    with start_mock(ttft_s=0.02, per_token_s=0.002, slots=4) as mock:
         target = ("--base-url", mock.base_url, "--model", "internlm-s2")
-        assert cli("run", *target, "--kind", "vllm").code == 0
+        first = cli("run", *target, "--kind", "vllm")
+        assert first.code == 0, first.err
         port = mock.port
     with start_mock(port=port, ttft_s=0.02, per_token_s=0.005, slots=2):  # ~0.26 s an answer
         stopped = cli("run", *target, "--kind", "vllm", "--from", "sweep")

@@ -28,6 +28,7 @@ from calibrate.stages.measure.stop_rules import (
     latency_seen,
     mismatch_notes,
     next_tier,
+    reached,
     stopped_by,
     tier_verdict,
 )
@@ -110,7 +111,7 @@ class Ladder(TierRounds, TierRepeats):
             tuple(self.history),
             axis_stopped_by(self.history, opts.context_lengths)
             if opts.axis == "context"
-            else stopped_by(self.history, opts.batch_sizes),
+            else stopped_by(reached(self.history), opts.batch_sizes),
             self.monitor.source,
             tuple(self.mismatch_notes()),
             self.options.require_match,

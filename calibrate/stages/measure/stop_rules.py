@@ -173,11 +173,11 @@ def last_passing(history: Sequence[Tier]) -> Tier | None:
 
 
 def stopped_by(history: Sequence[Tier], batch_sizes: Sequence[int]) -> StopReason:
-    """What stopped the ladder: the verdict of the tier it stopped at (``reached``)."""
+    """What stopped the ladder: the verdict of the last tier of ``history`` (a batch ladder
+    passes the tiers it stands on, ``reached``; the context axis every length it bisected)."""
     if not history:
         return "interrupted"
-    stood = reached(history)
-    verdict = stood[-1].verdict
+    verdict = history[-1].verdict
     if verdict == "fail":
         return "failure"
     reasons: dict[str, StopReason] = {
@@ -189,7 +189,7 @@ def stopped_by(history: Sequence[Tier], batch_sizes: Sequence[int]) -> StopReaso
     }
     if verdict in reasons:
         return reasons[verdict]
-    return "completed" if len(stood) >= len(batch_sizes) else "interrupted"
+    return "completed" if len(history) >= len(batch_sizes) else "interrupted"
 
 
 def mismatch_notes(history: Sequence[Tier]) -> list[str]:
