@@ -366,3 +366,43 @@ def test_report_a_b_leads_with_both_settings_then_plots_then_the_table(cli, isol
     assert summary[3][1:3] == ["fail", "pass"]
     assert 'class="failed-point"' in _chart(html, "throughput")  # A's batch 4
     assert not re.search(r"\bNone\b", html)
+
+
+def test_a_run_that_did_not_pass_shows_no_setting_in_any_read_back(cli, isolated: Path) -> None:
+    """An inconclusive ladder records no setting (last_passing null) and says why; an interrupted
+    one keeps its partial tiers, never a setting (SPEC §4.2, §5.14). Before, the HTML of the
+    inconclusive one led with 'setting: batch size 8, the last passing tier' (the table's largest
+    passing tier), 'last passing: batch size 8' also in report A B, and the inconclusive reason
+    was in no read-back; the interrupted one's HTML led with its partial tier as the setting."""
+    rows = [ladder_row(b, v) for b, v in ((1, 8.4), (2, 13.9), (4, 15.3), (8, 16.4))]
+    why = "inconclusive: the runs cannot tell whether batch 8 adds 10 % over batch 2"
+    summary = {"last_passing": None, "stopped_by": "completed", "inconclusive": why}
+    write_run(isolated, "noisy", "ladder", rows, summary=summary, passed=False)
+    write_run(
+        isolated,
+        "cut",
+        "ladder",
+        rows[:2],
+        summary={"last_passing": {"batch_size": 2, "concurrency": 2}, "stopped_by": "interrupted"},
+        passed=False,
+    )
+    line = json.loads((isolated / "runs/cut/summary.json").read_text("utf-8"))
+    (isolated / "runs/cut/summary.json").write_text(json.dumps({**line, "interrupted": True}))
+    for name in ("noisy", "cut"):
+        result = cli("report", f"runs/{name}", "--html", "--no-plot", "--json")
+        assert result.code == 0, result.err
+        page = Page((isolated / f"runs/{name}/report.html").read_text("utf-8"))
+        assert page.id_text["verdict-word"].startswith("failed")
+        assert _tile(page, "at").startswith("no setting"), _tile(page, "at")
+        assert "setting-throughput" not in page.id_text
+        said = why if name == "noisy" else "interrupted: recorded as not passed"
+        assert said in page.id_text.get("notes", "") or page.id_text["verdict-word"] == (
+            "failed (interrupted)"
+        )
+        assert said in result.err and any(said in n for n in result.json["notes"])
+    page = Page((isolated / "runs/noisy/report.html").read_text("utf-8"))
+    assert "last passing none" in page.id_text["verdict-details"]
+    both = cli("report", "runs/cut", "runs/noisy", "--json", "--no-plot")
+    assert both.code == 0, both.err
+    assert both.json["b"]["last_passing"] == "none"
+    assert both.json["a"]["last_passing"] == "batch size 2, concurrency 2"  # what it recorded

@@ -23,7 +23,14 @@ from calibrate.report.html.compare import comparison_html
 from calibrate.report.html.page import run_html
 from calibrate.report.plot import write_plot, write_timeline_png
 from calibrate.report.replay import all_lines, prefix_cache_seen, replay_fit
-from calibrate.report.run_view import RunView, load_run, run_inputs, run_kind, stage_notes
+from calibrate.report.run_view import (
+    RunView,
+    load_run,
+    run_caveats,
+    run_inputs,
+    run_kind,
+    stage_notes,
+)
 from calibrate.report.spreads import confidence_json, noisy_lines, run_spreads
 from calibrate.report.tables.compare import runs_compare_table
 from calibrate.report.tables.tiers import confidence_table, tier_table
@@ -126,7 +133,7 @@ def _one(
     noisy = noisy_lines(view, spreads)
     for line in noisy:
         out.warn(line)
-    notes = stage_notes(view.summary)
+    notes = run_caveats(view) + stage_notes(view.summary)
     for note in notes:
         out.warn(note)
     if (seen := prefix_cache_seen(view.summary)) is not None:

@@ -158,8 +158,23 @@ def stage_notes(summary: Mapping[str, Any]) -> list[str]:
     return [str(n) for n in listed if n] if isinstance(listed, list) else []
 
 
+def run_caveats(view: RunView) -> list[str]:
+    """What the run said of its own verdict that its tier table does not show: interrupted, or
+    inconclusive (and why), so that no read-back shows its passing tiers as a setting."""
+    out = []
+    if view.verdict.interrupted:
+        out.append("interrupted: recorded as not passed; its tiers are partial, not a setting")
+    inconclusive = view.summary.get("inconclusive")
+    if inconclusive and isinstance(inconclusive, str):
+        out.append(inconclusive)
+    return out
+
+
 def _notes(summary: Mapping[str, Any], manifest: Mapping[str, Any]) -> tuple[str, ...]:
     notes = stage_notes(summary)
+    inconclusive = summary.get("inconclusive")
+    if inconclusive and isinstance(inconclusive, str):  # why the run named no setting
+        notes.append(inconclusive)
     if manifest.get("forced"):
         notes.append("run with --force: the gate was closed")
     for name in ("reason", "saturated", "slo", "recommendation"):
@@ -191,12 +206,16 @@ def _verdict(
     last = summary.get("last_passing")
     if last is None and summary.get("recommended_concurrency") is not None:
         last = {"concurrency": summary["recommended_concurrency"]}
+    # a ladder that recorded its setting as none (inconclusive, nothing kept), or a run that did
+    # not pass, has no other: only a passing run that names none (an older ladder, a sweep) is
+    # read from its table
+    recorded = "last_passing" in summary or passed is False
     knee = summary.get("knee")
     return Verdict(
         passed if isinstance(passed, bool) else None,
         line.get("interrupted") is True,
         str(summary.get("stopped_by") or "—"),
-        _setting_text(last) if last is not None else _passing_from_rows(rows, key),
+        _setting_text(last) if last is not None or recorded else _passing_from_rows(rows, key),
         _setting_text(knee) if isinstance(knee, dict) else str(knee or "—"),
         _notes(summary, manifest),
     )

@@ -33,15 +33,18 @@ def _matching(rows: Sequence[TierRow], value: Any, want: Any) -> TierRow | None:
 
 
 def setting_row(view: RunView) -> TierRow | None:
-    """The row of the setting the run recommends; None when it has none (nothing passed)."""
+    """The row of the setting the run recommends; None when it has none: nothing passed, or
+    the run did not pass (interrupted, inconclusive, a failed check: its tiers are no setting)."""
     passing = [r for r in view.rows if kept(r.verdict)]
-    if not passing:
+    if not passing or view.verdict.passed is False:
         return None
     summary = view.summary
     if view.kind == "ladder":
         if view.key == C.INPUT_TOKENS_TARGET:
             return max(passing, key=lambda r: view.key_of(r) or 0.0)
         last = summary.get("last_passing")
+        if "last_passing" in summary and last is None:  # the ladder recorded none
+            return None
         wanted = last.get(C.BATCH_SIZE) if isinstance(last, dict) else None
         found = _matching(passing, lambda r: r.batch_size, wanted)
         return found or max(passing, key=lambda r: r.batch_size or 0)
@@ -152,9 +155,15 @@ def setting_tiles(view: RunView, ident: str = "setting") -> str:
     row = setting_row(view)
     if row is None:
         what = "no passing tier" if view.kind == "ladder" else "no level to recommend"
+        under = "see the table and the incidents below"
+        if any(kept(r.verdict) for r in view.rows):
+            why = "interrupted" if view.verdict.interrupted else ""
+            why = why or ("inconclusive" if view.summary.get("inconclusive") else "")
+            what = f"no setting: {why or 'the run did not pass'}"
+            under = "its passing tiers are not a setting: see the notes below"
         return (
             f'<dl class="tiles" id="{ident}">'
-            + _tile("setting", what, "see the table and the incidents below", f"{ident}-at")
+            + _tile("setting", what, under, f"{ident}-at")
             + "</dl>"
         )
     tiles = [
