@@ -318,6 +318,37 @@ def test_a_fixed_prompt_ladder_and_a_400_token_ladder_are_flagged(cli, isolated:
     assert again.json["differences"] == []
 
 
+def test_ladders_of_two_modes_and_sweeps_at_two_batch_sizes_are_flagged(
+    cli, isolated: Path
+) -> None:
+    """Real runs against the mock: a wave ladder (B requests in flight) and a prompt-list one
+    (one request of B prompts), then sweeps at --batch-size 1 and 2. Before, report A B put
+    them side by side with no warning ('ttft p99 0.139 → 0.0131 (-91%, significant)' at batch 8,
+    wave against prompt-list), as if one change had made the difference."""
+    sweep = "[sweep]\nconcurrency = [1, 2]\nlevel_s = 0\nrepeats = 2\nmax_repeats = 2\n"
+    with start_mock(ttft_s=0.001, per_token_s=0.0002) as mock:
+        open_gate(isolated, mock.base_url, FAST + "batch_sizes = [1, 2]\n" + sweep)
+        wave = cli("ladder", "--json")
+        open_gate(isolated, mock.base_url, FAST + 'batch_sizes = [1, 2]\nmode = "prompt-list"\n')
+        listed = cli("ladder", "--json")
+        open_gate(isolated, mock.base_url, FAST + "batch_sizes = [1, 2]\n" + sweep)
+        assert cli("ladder", "--json").code == 0
+        small = cli("sweep", "--json", "--batch-size", "1")
+        large = cli("sweep", "--json", "--batch-size", "2")
+    assert wave.code == 0 and listed.code == 0, listed.err
+    assert small.code in (0, 1) and large.code in (0, 1), large.err
+    ladders = cli("report", wave.json["run_id"], listed.json["run_id"], "--json", "--no-plot")
+    assert ladders.code == 0, ladders.err
+    assert ladders.json["differences"] == [{"what": "ladder mode", "a": "wave", "b": "prompt-list"}]
+    assert "ladder mode wave → prompt-list" in ladders.err.splitlines()[0]
+    sweeps = cli("report", small.json["run_id"], large.json["run_id"], "--json", "--no-plot")
+    assert sweeps.code == 0, sweeps.err
+    assert sweeps.json["differences"] == [{"what": "batch size", "a": "1", "b": "2"}]
+    assert "batch size 1 → 2" in sweeps.err.splitlines()[0]
+    again = cli("report", large.json["run_id"], large.json["run_id"], "--json", "--no-plot")
+    assert again.json["differences"] == []
+
+
 def _rounds(run: Path, key: str, values: dict[float, list[float]], **extra: Any) -> None:
     """rounds.jsonl of ``run``: one line per round of each tier, items/s as given."""
     lines = [

@@ -1,5 +1,6 @@
 """What two runs ``report A B`` puts side by side did not measure alike: the workload (fixed
-prompt or synthetic, input and output tokens, tasks file), the engine, the target, the weights.
+prompt or synthetic, input and output tokens, tasks file), a ladder's mode (wave or prompt-list),
+a sweep's batch size, the engine, the target, the weights.
 
 Deltas between a fixed-prompt ladder and a 400-token one are not the effect of one change; the
 comparison says so in one line above its table (and in ``--json`` and the HTML).
@@ -20,7 +21,7 @@ from calibrate.state.summary_values import Workload
 class Difference:
     """One way the two runs did not measure the same thing: the workload, the engine, the target."""
 
-    what: str  # "workload", "engine", "target", "model", "host", "weights"
+    what: str  # "workload", "ladder mode", "batch size", "engine", "target", "model", "host", …
     a: str
     b: str
 
@@ -76,12 +77,23 @@ def _known(value: Any) -> str:
 
 def differences(a: RunView, b: RunView) -> tuple[Difference, ...]:
     """How A and B differ in what they measured: the workload (fixed prompt or synthetic, input
-    and output tokens, tasks file), the engine (server kind), the target (its fingerprint, the
+    and output tokens, tasks file), a ladder's mode, a sweep's batch size, the engine (server kind), the target (its fingerprint, the
     model, the host) and the weights. A value one run did not record is not a difference."""
     out: list[Difference] = []
     wa, wb = _workload(a), _workload(b)
     if any(getattr(wa, f) != getattr(wb, f) for f in _WORKLOAD_FIELDS):
         out.append(Difference("workload", _workload_text(wa), _workload_text(wb)))
+    if a.kind == "ladder":  # wave (B in flight) or prompt-list (one request of B prompts)
+        mode_a, mode_b = (
+            _known(_config(a, "ladder").get("mode")),
+            _known(_config(b, "ladder").get("mode")),
+        )
+        if mode_a and mode_b and mode_a != mode_b:
+            out.append(Difference("ladder mode", mode_a, mode_b))
+    else:  # the batch size the sweep's server was capped at (or the ladder proved)
+        size_a, size_b = _known(a.summary.get("batch_size")), _known(b.summary.get("batch_size"))
+        if size_a and size_b and size_a != size_b:
+            out.append(Difference("batch size", size_a, size_b))
     kind_a, kind_b = _server_kind(a), _server_kind(b)
     if kind_a and kind_b and kind_a != kind_b:  # [server] filled in later is no other engine
         out.append(Difference("engine", kind_a, kind_b))
