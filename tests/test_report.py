@@ -179,6 +179,8 @@ def _damaged(root: Path, case: str) -> Path:
         (run / "summary.json").write_text('[{"passed": true}]', "utf-8")
     elif case == "manifest stage a list":
         (run / "manifest.json").write_text(json.dumps({"stage": ["ladder"]}), "utf-8")
+    elif case == "garbage summary.json":
+        (run / "summary.json").write_text('{"passed": tru', "utf-8")
     return run
 
 
@@ -187,8 +189,9 @@ DAMAGED = {
     "negative batch_size": "batch_size is -4, below 1",
     "zero concurrency": "concurrency is 0, below 1",
     "1e300 items_per_s": "items_per_s is 1e+300, out of range",
-    "list-valued manifest.json": "",
-    "list-valued summary.json": "",
+    "list-valued manifest.json": "manifest.json is not a JSON object",
+    "list-valued summary.json": "summary.json is not a JSON object",
+    "garbage summary.json": "summary.json is not a JSON object",
     "manifest stage a list": "",
 }
 
@@ -201,7 +204,10 @@ def test_a_damaged_run_folder_is_a_clear_message_or_a_report(
     for args in (["--html"], ["--html", "--timeline", "2"], [str(run)]):  # and compared with itself
         result = cli("report", str(run), *args)
         assert "Traceback" not in result.err, (args, result.err)
-        if DAMAGED[case]:
+        if DAMAGED[case].endswith("not a JSON object"):  # a damaged folder: never "not recorded"
+            assert result.code == 2, result.err
+            assert f"{run / DAMAGED[case]}: the run folder is damaged" in result.err, result.err
+        elif DAMAGED[case]:
             assert result.code == 2, result.err
             assert f"{run / 'tiers.csv'}:2: {DAMAGED[case]}" in result.err, result.err
             assert len(result.err.strip().splitlines()) == 2

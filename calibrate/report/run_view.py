@@ -170,6 +170,25 @@ def run_caveats(view: RunView) -> list[str]:
     return out
 
 
+def _run_object(path: Path) -> dict[str, Any]:
+    """A run's manifest.json or summary.json; {} when it is missing (an older run: its ledger
+    line stands in). One that is there but is no JSON object is a damaged folder, exit 2: read
+    as missing, the report showed the tables under a verdict "not recorded", exit 0."""
+    data = read_object(path)
+    if data or not path.is_file():
+        return data
+    try:
+        empty = not path.read_bytes().strip()
+    except OSError:
+        return data
+    if empty:
+        return data
+    raise InputError(
+        f"{path} is not a JSON object: the run folder is damaged",
+        f"Restore {path.name}, or move it out of {path.parent} to read the run without it",
+    )
+
+
 def _notes(summary: Mapping[str, Any], manifest: Mapping[str, Any]) -> tuple[str, ...]:
     notes = stage_notes(summary)
     inconclusive = summary.get("inconclusive")
@@ -261,8 +280,8 @@ def load_run(run: Path, kind: Kind) -> RunView:
     rows = table.rows
     check_cells(rows, csv_path)
     check_table(table, kind)
-    manifest = read_object(run / "manifest.json")
-    line = read_object(run / "summary.json") or _ledger_line(run, run.name)
+    manifest = _run_object(run / "manifest.json")
+    line = _run_object(run / "summary.json") or _ledger_line(run, run.name)
     key = row_key(kind, rows)
     summary = as_dict(line.get("summary"))
     verdict = _verdict(line, rows, key, manifest)
