@@ -178,3 +178,35 @@ def test_the_script_header_says_how_sure_its_setting_is(cli, isolated: Path) -> 
         line.startswith(("#", "set ", "export", "exec", ":")) or not line
         for line in text.splitlines()
     ), "every reason stays inside its comment"
+
+
+def test_a_pin_run_again_keeps_where_its_setting_came_from_and_how_sure(
+    cli, isolated: Path
+) -> None:
+    """pin run a second time (a new port, --out elsewhere, or just regenerated): its header said
+    "batch size verified by pin run <the first pin>", dropped the ladder's and the sweep's "how
+    sure" lines and the warning that the sweep measured its concurrency above the cap — a pin
+    verifies nothing, and the same setting read surer the second time. Each pin now names the
+    runs that measured the setting and what they said of it, however often it is pinned."""
+    target = _configure(cli, isolated, "vllm", "/models/m")
+    taken = "batch 4, taken under noise (--conservative)"
+    unsure_setting(isolated, target, taken)
+    level = {"concurrency": 2, "measured": {"server_running_max": 6}}
+    ledger = isolated / "runs/ledger.jsonl"
+    lines = [json.loads(x) for x in ledger.read_text("utf-8").splitlines()]
+    lines[-1]["summary"]["levels"] = [level]  # the sweep saw the server run 6 at once at c=2
+    ledger.write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
+    first = cli("pin")
+    assert first.code == 0, first.err
+    header = (isolated / "scripts/launch.sh").read_text("utf-8").splitlines()
+    header = [x for x in header if x.startswith(("# batch size", "# concurrency", "# how sure"))]
+    assert any("above this script's cap of 4" in x for x in header), header
+    again = cli("pin", "--json")
+    assert again.code == 0, again.err
+    text = (isolated / "scripts/launch.sh").read_text("utf-8")
+    for line in header:  # the verified_at timestamp aside, the same provenance and doubts
+        assert line.split(" at 20")[0] in text, (line, text)
+    assert "verified by pin run" not in text and "from pin run" not in text
+    assert "above this script's cap of 4" in " ".join(again.err.split())
+    assert again.json["verified_by"] == "ladder run 20261129T160000Z-ladder-abcdef"
+    assert again.json["concurrency_from"] == "sweep run 20261129T170000Z-sweep-abcdef"

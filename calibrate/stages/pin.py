@@ -103,7 +103,9 @@ def ran_above_cap(ctx: StageContext, setting: CalibratedSetting) -> str:
     cap: the sweep goes up to the ladder's largest passing in-flight count): what that leaves
     unmeasured ("" otherwise). The throughput at that concurrency came from running more than
     the script's cap allows."""
-    entry = ctx.ledger.view().of_run(setting.run_id) if setting.set_by == "sweep" else None
+    swept = setting.concurrency_from.removeprefix("sweep run ").split(" ")[0]
+    came = setting.concurrency_from.startswith("sweep run ")  # set, held or pinned from it
+    entry = ctx.ledger.view().of_run(swept) if came else None
     levels = entry.summary.get("levels") if entry is not None else None
     batch, concurrency = setting.batch_size, setting.concurrency
     for level in levels if isinstance(levels, list) else ():

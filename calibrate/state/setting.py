@@ -2,7 +2,8 @@
 
 Precedence, written down once: walk the target's ledger lines in order and keep the newest of
 - a **rollback** that reached its "active" step: batch B = the tier it returned to, concurrency 1;
-- a **pin**: the batch size and concurrency it wrote into the launch script;
+- a **pin**: the batch size and concurrency it wrote into the launch script, still from the
+  runs that measured them (a pin measures nothing: pinned again, the header names them);
 - a passing **tune**: B = its winner's cap, C = the concurrency it did best at, and every engine
   flag the winner ran with (``tuned``: pin writes them all; a pin after a tune keeps them);
 - a passing **ladder**: batch B = its last passing tier, concurrency 1 — raised by a later passing
@@ -260,8 +261,8 @@ def _apply(
             "pin",
             entry.run_id,
             entry.ts,
-            where,
-            where,
+            pinned.verified_by or where,  # a pin measures nothing: the runs it pinned did
+            pinned.concurrency_from or where,
             workload,
             tuned=pinned.tuned,
             tuned_by=str(pinned.details.get("tuned_by") or "") if pinned.tuned else "",

@@ -134,6 +134,16 @@ class PinSummary:
             "tuned_flags": dict(self.tuned),
         }
 
+    @property
+    def verified_by(self) -> str:
+        """The run that measured the pinned batch size ("ladder run <id>"; "": not recorded)."""
+        return text_of(self.details, "verified_by")
+
+    @property
+    def concurrency_from(self) -> str:
+        """Where the pinned concurrency came from ("sweep run <id>"; "": not recorded)."""
+        return text_of(self.details, "concurrency_from")
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PinSummary:
         tuned = flags_of(data.get("tuned_flags"))
