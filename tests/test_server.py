@@ -271,3 +271,33 @@ def _wait_gone(pid: int, timeout_s: float = 5.0) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+def test_status_never_calls_ready_an_engine_that_has_not_answered_a_completion(
+    cli, isolated: Path
+) -> None:
+    """An engine whose /health answers 200 while every completion fails (HTTP 500): while
+    ``server start`` waits for its first completion, and after that start was killed, ``server
+    status`` said "running (still starting: not ready yet), ready" and --json "ready": true —
+    readiness from /health alone, the check SPEC §6 says is not ready. Ready now needs the
+    start's own confirmation (a completion answered) as well as a live answer."""
+    from tests.helpers import calibrate_process, reaped
+
+    port = free_port()
+    managed_config(isolated, port, mock_command("--fail-rate", "1.0"), ready_timeout_s=60)
+    with reaped(calibrate_process(isolated, "server", "start", "--concurrency", "1")) as proc:
+        root, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 30
+        while not readiness.probe(root, None)[0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert readiness.probe(root, None)[0], "its /v1/models answers"
+        waiting = cli("server", "status", "--json")
+        proc.kill()
+        proc.communicate()
+    left = cli("server", "status", "--json")
+    try:
+        for status in (waiting, left):
+            assert status.json["state"] == "running" and status.json["phase"] == "starting"
+            assert status.json["ready"] is False, status.err
+            assert ", ready" not in status.err, status.err
+    finally:
+        assert cli("server", "stop").code == 0

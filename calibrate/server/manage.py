@@ -143,13 +143,15 @@ class ServerStatus:
 
 
 def server_status(runs_dir: Path) -> ServerStatus | None:
-    """The recorded server's liveness, readiness (probed when running) and exit; None: none."""
+    """The recorded server's liveness, readiness and exit; None: none. Ready: its start
+    confirmed it (SPEC §6: a 1-token completion answered, not only /health) and it still
+    answers; an engine still "starting" is never ready, whatever its /health says."""
     record = process.load(runs_dir)
     if record is None:
         return None
     state = process.liveness(record)
     ready = False
-    if state == "running":
+    if state == "running" and record.phase == "ready":
         ready, _ = readiness.probe(local_root(record.port), record.health_path)
     ended = exit_status.read(Path(record.status_file), record.pid) if record.status_file else None
     return ServerStatus(record, state, ready, ended)
