@@ -210,3 +210,21 @@ def test_a_pin_run_again_keeps_where_its_setting_came_from_and_how_sure(
     assert "above this script's cap of 4" in " ".join(again.err.split())
     assert again.json["verified_by"] == "ladder run 20261129T160000Z-ladder-abcdef"
     assert again.json["concurrency_from"] == "sweep run 20261129T170000Z-sweep-abcdef"
+
+
+def test_how_sure_is_read_from_the_sweep_the_concurrency_came_from(cli, isolated: Path) -> None:
+    """The concurrency came from a sweep whose knee was "not sure"; a later sweep ended
+    inconclusive (it sets nothing: the concurrency is still the first one's). pin's header and
+    status read the *latest* sweep, a failed one, and dropped the doubt: the script presented
+    the unsure knee as settled. They now read the run the concurrency came from."""
+    target = _configure(cli, isolated, "vllm", "/models/m")
+    unsure_setting(isolated, target, "batch 4, taken under noise (--conservative)")
+    later = {"recommended_concurrency": None, "batch_size": 4, "inconclusive": "noise"}
+    append_ledger(isolated, "sweep", target, later, passed=False, run_id="20261129T180000Z-sw-b")
+    status = cli("status", "--json")
+    assert KNEE_NOT_SURE in status.json["why"], status.json["why"]
+    assert cli("pin").code == 0
+    text = (isolated / "scripts/launch.sh").read_text("utf-8")
+    assert "# concurrency from sweep run 20261129T170000Z-sweep-abcdef\n" in text, text
+    assert f"# how sure: {KNEE_NOT_SURE}\n" in text, text
+    assert KNEE_NOT_SURE in cli("status", "--json").json["why"], "and after the pin"

@@ -9,7 +9,6 @@ same builder ``calibrate server start`` uses, so what is pinned is what calibrat
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -28,10 +27,9 @@ from calibrate.server.launch_script import PinnedValues
 from calibrate.server.process import running_kind
 from calibrate.stages.context import StageContext
 from calibrate.stages.pin_context import JobInput, context_for
-from calibrate.stages.status import reasons
+from calibrate.stages.status import measured_by, reasons
 from calibrate.state.gates import next_step, unrun_cap
-from calibrate.state.ledger import LedgerEntry, current_weights
-from calibrate.state.pipeline import standing
+from calibrate.state.ledger import LedgerView, current_weights
 from calibrate.state.setting import CalibratedSetting, resolve
 from calibrate.state.summaries import PinSummary
 from calibrate.state.summary_values import Setting
@@ -121,16 +119,11 @@ def ran_above_cap(ctx: StageContext, setting: CalibratedSetting) -> str:
     return ""
 
 
-def _how_sure(latest: Mapping[str, LedgerEntry], setting: CalibratedSetting) -> tuple[str, ...]:
-    """How sure the stages the setting came from were ("not sure", "taken under noise"): the
+def _how_sure(view: LedgerView, setting: CalibratedSetting) -> tuple[str, ...]:
+    """How sure the runs the setting came from were ("not sure", "taken under noise"): the
     ladder's line when it set the batch size, the sweep's when it set the concurrency, the
-    tune's when its winner set them."""
-    came_from = (
-        ("ladder", setting.batch_from),
-        ("sweep", setting.concurrency_from),
-        ("tune", setting.batch_from),
-    )
-    return reasons(latest, tuple(stage for stage, source in came_from if source.startswith(stage)))
+    tune's when its winner set them — those runs', never a later one's that set nothing."""
+    return reasons(measured_by(view, setting), ("ladder", "sweep", "tune"))
 
 
 def _default_context(kind: str, slots: int, tuned: tuple[tuple[str, str], ...]) -> str:
@@ -213,7 +206,7 @@ def run_pin(
         tuned=tuned_text,
         cost=pinned_cost(ctx.ledger.view().entries, setting.run_id, batch, concurrency),
         how_sure=(
-            *_how_sure(standing(ctx.ledger, ctx.target).latest, setting),
+            *_how_sure(ctx.ledger.view(), setting),
             *filter(None, [above]),
         ),
     )

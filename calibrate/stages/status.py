@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from calibrate.config import Config
 from calibrate.state.drift import DriftRecord, records_of
 from calibrate.state.gates import next_step
-from calibrate.state.ledger import Ledger, LedgerEntry, baseline_path, target_fingerprint
+from calibrate.state.ledger import (
+    Ledger,
+    LedgerEntry,
+    LedgerView,
+    baseline_path,
+    target_fingerprint,
+)
 from calibrate.state.pipeline import MAIN_LINE, OPTIONAL, standing
 from calibrate.state.setting import CalibratedSetting, resolve
 from calibrate.state.summaries import PinSummary, pin_summary, tune_summary
@@ -45,6 +51,7 @@ class TargetStatus:
     tuned: TunedStatus | None = None
     production: LedgerEntry | None = None  # the latest batch that watched its drift
     other_weights: str = ""  # why the setting is not for the configured weights ("" when it is)
+    came_from: Mapping[str, LedgerEntry] = field(default_factory=dict)  # ``measured_by``
 
     @property
     def stale(self) -> str:
@@ -119,17 +126,19 @@ def target_status(cfg: Config, ledger: Ledger, target: str) -> TargetStatus:
         summary = tune_summary(tune.summary)
         tuned = TunedStatus(tune.run_id, summary.winner, summary.complete)
     baseline = baseline_path(cfg)
+    setting = resolve(ledger, target)
     return TargetStatus(
         target=target,
         baseline=str(baseline) if baseline.exists() else None,
         latest=latest,
-        setting=resolve(ledger, target),
+        setting=setting,
         pinned=pin_summary(pin.summary) if pin and pin.passed else None,
         next_command=next_step(cfg, ledger, target),
         context=now.context,
         tuned=tuned,
         production=_production(ledger, target),
         other_weights=_other_weights(cfg, ledger, target),
+        came_from=measured_by(ledger.view(), setting),
     )
 
 
@@ -161,7 +170,30 @@ def why_lines(status: TargetStatus) -> tuple[str, ...]:
     the tune's when its winner set it (a tune the setting no longer comes from says nothing)."""
     setting = status.setting
     tuned = setting is not None and setting.batch_from.startswith("tune")
-    return reasons(status.latest, ("ladder", "sweep", "tune") if tuned else ("ladder", "sweep"))
+    stages = ("ladder", "sweep", "tune") if tuned else ("ladder", "sweep")
+    return reasons({**status.latest, **status.came_from}, stages)
+
+
+def measured_by(view: LedgerView, setting: CalibratedSetting | None) -> dict[str, LedgerEntry]:
+    """The ledger lines of the ladder, sweep or tune runs the setting's numbers came from, by
+    stage (a rollback's: the run it returned to): how sure *they* were is how sure the setting
+    is — a later run of the same stage that set nothing (inconclusive, failed) says nothing of
+    it."""
+    found: dict[str, LedgerEntry] = {}
+    for named in (setting.batch_from, setting.concurrency_from) if setting else ():
+        entry = _named_run(view, named)
+        if entry is not None and entry.stage == "rollback":
+            entry = _named_run(view, str(entry.summary.get("source") or ""))
+        if entry is not None and entry.stage in ("ladder", "sweep", "tune"):
+            found.setdefault(entry.stage, entry)
+    return found
+
+
+def _named_run(view: LedgerView, named: str) -> LedgerEntry | None:
+    """The line of the run ``named`` names ("sweep run <id> (at batch 4, …)"); None: none."""
+    stage, _, rest = named.partition(" run ")
+    entry = view.of_run(rest.split(" ")[0]) if rest else None
+    return entry if entry is not None and entry.stage == stage else None
 
 
 def reasons(
