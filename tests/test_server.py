@@ -301,3 +301,18 @@ def test_status_never_calls_ready_an_engine_that_has_not_answered_a_completion(
             assert ", ready" not in status.err, status.err
     finally:
         assert cli("server", "stop").code == 0
+
+
+@pytest.mark.parametrize("lines", ["0", "-5"])
+def test_logs_with_no_lines_asked_is_a_usage_error_not_an_empty_log(
+    cli, isolated: Path, lines: str
+) -> None:
+    """``server logs -n 0`` (or -5) on a log with lines in it said "runs/server.log is empty or
+    missing", exit 0 — a log it never read called empty. A bad flag is exit 2 and says so."""
+    (isolated / "runs").mkdir()
+    (isolated / "runs/server.log").write_text("engine listening\n", encoding="utf-8")
+    managed_config(isolated, free_port(), mock_command())
+    result = cli("server", "logs", "-n", lines)
+    assert result.code == 2, result.err
+    assert f"-n must be at least 1, got {lines}" in result.err
+    assert "empty or missing" not in result.err

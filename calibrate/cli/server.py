@@ -110,6 +110,10 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_logs(args: argparse.Namespace) -> int:
+    if args.lines < 1:  # a tail of no lines is no answer about the log: never "empty"
+        raise UsageError(
+            f"-n must be at least 1, got {args.lines}", "example: calibrate server logs -n 100"
+        )
     out = output_for(args)
     cfg = load_config(args)
     lines = process.log_tail(cfg.runs_dir, args.lines)
