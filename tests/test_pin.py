@@ -228,3 +228,21 @@ def test_how_sure_is_read_from_the_sweep_the_concurrency_came_from(cli, isolated
     assert "# concurrency from sweep run 20261129T170000Z-sweep-abcdef\n" in text, text
     assert f"# how sure: {KNEE_NOT_SURE}\n" in text, text
     assert KNEE_NOT_SURE in cli("status", "--json").json["why"], "and after the pin"
+
+
+def test_pin_reads_a_damaged_sweep_line_without_crashing_and_warns_from_the_levels_it_can(
+    cli, isolated: Path
+) -> None:
+    """A sweep's ledger line whose levels are not all objects (a hand-edited or damaged ledger)
+    crashed pin's check of where the concurrency was measured; the levels it can read still
+    speak: concurrency 8 measured while the server ran 9 at once is above the cap of 4."""
+    target = _configure(cli, isolated, "vllm")
+    passing_ladder(isolated, target, batch_size=4)
+    levels = ["damaged", 7, {"concurrency": 8, "measured": {"server_running_max": 9}}]
+    summary = {"recommended_concurrency": 8, "batch_size": 4, "levels": levels}
+    append_ledger(isolated, "sweep", target, summary)
+    result = cli("pin")
+    assert result.code == 0, result.err
+    said = " ".join(result.err.split())
+    assert "Traceback" not in said
+    assert "concurrency 8 was measured while the server ran up to 9 at once" in said, said

@@ -107,7 +107,9 @@ def ran_above_cap(ctx: StageContext, setting: CalibratedSetting) -> str:
     levels = entry.summary.get("levels") if entry is not None else None
     batch, concurrency = setting.batch_size, setting.concurrency
     for level in levels if isinstance(levels, list) else ():
-        measured = level.get("measured") if isinstance(level, dict) else None
+        if not isinstance(level, dict):  # a damaged ledger line: nothing said of that level
+            continue
+        measured = level.get("measured")
         seen = measured.get("server_running_max") if isinstance(measured, dict) else None
         if level.get("concurrency") == concurrency and isinstance(seen, int) and seen > batch:
             return (
