@@ -178,7 +178,7 @@ def _run_object(path: Path) -> dict[str, Any]:
     if data or not path.is_file():
         return data
     try:
-        empty = not path.read_bytes().strip()
+        empty = path.stat().st_size == 0
     except OSError:
         return data
     if empty:
