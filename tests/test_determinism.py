@@ -354,3 +354,17 @@ def test_prompt_list_copies_go_in_one_request_of_b_prompts(cli, isolated: Path) 
 def test_mock_refuses_diverge_without_nondeterministic_above(cli, isolated: Path) -> None:
     result = cli("mock", "--port", "0", "--diverge-at-token", "5")
     assert result.code == 2 and "diverge_at_token needs nondeterministic_above" in result.err
+
+
+def test_single_require_match_failure_says_failed_in_json_too(cli, isolated: Path) -> None:
+    """Copies that differ under --require-match: exit 1 and the ledger "passed": false, while
+    --json said "passed": true — the answer's verdict, not the stage's."""
+    with start_mock_process(
+        "--ttft", "0.002", "--per-token", "0.0005", "--nondeterministic-above", "2",
+        "--diverge-at-token", "4",
+    ) as mock:  # fmt: skip
+        write_config(isolated / "calibrate.toml", mock.base_url)
+        strict = cli("single", "--determinism", "8", "--require-match", "--json")
+    assert strict.code == 1, strict.err
+    assert strict.json["passed"] is False
+    assert jsonl(isolated / "runs/ledger.jsonl")[-1]["passed"] is False

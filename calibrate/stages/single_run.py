@@ -136,7 +136,7 @@ class SingleOutcome:
     def to_json(self) -> dict[str, Any]:
         result = self.result
         return {
-            "passed": result.passed,
+            "passed": self.passed,  # the stage's verdict (the exit code's), copies included
             "run_id": self.run_id,
             "record": result.record.to_json(),
             "baseline": result.baseline,
