@@ -368,3 +368,25 @@ def test_single_require_match_failure_says_failed_in_json_too(cli, isolated: Pat
     assert strict.code == 1, strict.err
     assert strict.json["passed"] is False
     assert jsonl(isolated / "runs/ledger.jsonl")[-1]["passed"] is False
+
+
+def test_single_that_fails_require_match_writes_no_baseline(cli, isolated: Path) -> None:
+    """single --determinism 8 --require-match failed (exit 1) and still wrote
+    baselines/single.jsonl without a word, so repro's gate opened on a failed stage; the same
+    with --save-baseline replaced a baseline."""
+    with start_mock_process(
+        "--ttft", "0.002", "--per-token", "0.0005", "--nondeterministic-above", "2",
+        "--diverge-at-token", "4",
+    ) as mock:  # fmt: skip
+        write_config(isolated / "calibrate.toml", mock.base_url)
+        strict = cli("single", "--determinism", "8", "--require-match", "--json")
+        assert strict.code == 1, strict.err
+        assert strict.json["baseline"] is None
+        assert not (isolated / "baselines/single.jsonl").exists()
+        assert cli("repro").code == 3  # the gate stays closed: no baseline
+        assert cli("single").code == 0  # a passing single writes it
+        kept = (isolated / "baselines/single.jsonl").read_text("utf-8")
+        again = cli("single", "--save-baseline", "--determinism", "8", "--require-match")
+    assert again.code == 1 and "baseline" not in again.err.split("--require-match")[-1]
+    assert (isolated / "baselines/single.jsonl").read_text("utf-8") == kept
+    assert not list((isolated / "baselines").glob("single.*.jsonl"))

@@ -212,12 +212,13 @@ def run_single(
         warnings.append(f"--accept-model: {model!r} accepted as an alias of {served!r} (recorded)")
     elif served is not None:
         problems.insert(0, mismatch_problem(served, model))
-    baseline = None
-    if not problems:
-        baseline = write_baseline(baseline_path(ctx.config), record, replace_existing=save_baseline)
-    result = SingleResult(record, identity, tuple(problems), tuple(warnings), baseline, accepted)
+    result = SingleResult(record, identity, tuple(problems), tuple(warnings), None, accepted)
     ctx.run.update_manifest(server=identity.to_json())
     passed, more = after() if result.passed and after is not None else (result.passed, {})
+    if passed:  # a stage that failed (its copies too) writes no baseline to open repro's gate
+        path = baseline_path(ctx.config)
+        written = write_baseline(path, record, replace_existing=save_baseline)
+        result = replace(result, baseline=written)
     summary = PlainSummary({**result.summary(), **more})
     root = served_root(identity, model) or props_model_path(ctx.client)  # llama.cpp: /props
     ctx.record_result(passed, summary, served_root=root)
