@@ -149,3 +149,17 @@ def test_a_failed_request_is_blamed_on_what_caused_it(cli, isolated: Path, stage
     if case == "client timeout":
         assert "the client's own limit, [target] timeout_s = 0.1 s: raise it" in nxt
     assert "check the server first" not in said and result.json["cause"].startswith(expect)
+
+
+def test_a_jq_program_with_several_outputs_compares_them_all(cli, isolated: Path) -> None:
+    """``--jq '.served_model, .text'`` gives two outputs per record; repro compared the first
+    alone and said "2/2 identical" for an answer whose text had changed."""
+    with start_mock(ttft_s=0.001, per_token_s=0.0002) as server:
+        _baseline(cli, server.base_url, isolated)
+    with start_mock(ttft_s=0.001, per_token_s=0.0002, text_seed=1, port=server.port) as server:
+        write_config(isolated / "calibrate.toml", server.base_url)
+        result = cli("repro", "--runs", "1", "--jq", ".served_model, .text", "--json")
+        same = cli("repro", "--runs", "1", "--jq", ".served_model, .prompt")
+    assert result.code == 1, result.err
+    assert result.json["verdict"] == "differs" and "identical" not in result.err
+    assert same.code == 0 and "repro passed: 1/1 identical" in same.err

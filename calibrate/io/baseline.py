@@ -66,13 +66,21 @@ class Normaliser:
             ) from exc
 
     def apply(self, record: dict[str, Any]) -> Any:
+        """What the program makes of ``record``: its one output, or the list of all of them
+        (``.usage, .text`` gives two: comparing the first alone hid a changed text)."""
         try:
-            return self._compiled.input_value(record).first()
-        except (ValueError, StopIteration) as exc:
+            outputs = self._compiled.input_value(record).all()
+        except ValueError as exc:
             raise InputError(
                 f"the jq program {self.program!r} failed on a record: {exc}",
                 "Fix --jq so it accepts every record.",
             ) from exc
+        if not outputs:
+            raise InputError(
+                f"the jq program {self.program!r} gave nothing for a record: nothing to compare",
+                "Fix --jq so it returns the parts to compare for every record.",
+            )
+        return outputs[0] if len(outputs) == 1 else outputs
 
 
 @dataclass(frozen=True)
