@@ -143,6 +143,28 @@ def test_nondeterminism_above_2_is_reported_and_fails_only_with_require_match(
     assert strict.code == 1 and "--require-match" in strict.err
 
 
+def test_outputs_that_differ_already_at_batch_1_are_not_blamed_on_the_batch(
+    cli, isolated: Path
+) -> None:
+    """The server's answer changed since the baseline (another text seed: another build), the
+    same at every batch: the ladder said "at batch 1: 0 of N outputs match the baseline …: this
+    server is not batch-invariant" — one request at a time, nothing batched — at every tier."""
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
+        write_config(isolated / "calibrate.toml", mock.base_url, FAST)
+        assert cli("single").code == 0
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, text_seed=7, port=mock.port) as other:
+        open_gate(isolated, other.base_url, FAST + "batch_sizes = [1, 2]\n")
+        plain = cli("ladder", "--json")
+        strict = cli("ladder", "--require-match")
+    assert plain.code == 0, plain.err
+    assert "not batch-invariant" not in plain.err
+    assert "outputs differ from the single-call baseline at batch 1" in plain.err
+    assert "one at a time, so not the batch" in plain.err
+    assert "as they already did at batch 1" in plain.err
+    assert all("not batch-invariant" not in n for n in plain.json["baseline_mismatch"])
+    assert strict.code == 1 and "--require-match" in strict.err  # still a mismatch
+
+
 def test_prompt_list_mode_sends_one_completions_request_per_batch(cli, isolated: Path) -> None:
     with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
         open_gate(isolated, mock.base_url, FAST + 'mode = "prompt-list"\nbatch_sizes = [1, 4]\n')

@@ -193,18 +193,35 @@ def stopped_by(history: Sequence[Tier], batch_sizes: Sequence[int]) -> StopReaso
 
 
 def mismatch_notes(history: Sequence[Tier]) -> list[str]:
-    """One note per tier whose outputs differ from the single-call baseline."""
+    """One note per tier whose outputs differ from the single-call baseline. The batch is
+    blamed only where batch 1 (one request at a time) matched: outputs that differ there
+    already say the server's answer changed since the baseline, at every batch."""
+    differs = [
+        t
+        for t in history
+        if t.passed
+        and t.stats.baseline_match is not None
+        and t.stats.baseline_match < t.stats.baseline_items
+    ]
+    alone = any(t.stats.batch_size == 1 for t in differs)
     notes: list[str] = []
-    for tier in history:
+    for tier in differs:
         s = tier.stats
-        if s.baseline_match is None or not s.baseline_items or not tier.passed:
-            continue
-        if s.baseline_match < s.baseline_items:
-            notes.append(
-                f"outputs differ from the single-call baseline at batch {s.batch_size}: "
-                f"{s.baseline_match} of {s.baseline_items} outputs match the baseline, "
-                f"{s.baseline_items - s.baseline_match} differ: this server is not batch-invariant"
+        assert s.baseline_match is not None
+        if s.batch_size == 1:
+            why = (
+                "one at a time, so not the batch: the server answers otherwise than when the "
+                "baseline was recorded (its build, weights or flags?); run calibrate repro"
             )
+        elif alone:
+            why = "as they already did at batch 1: not the batch"
+        else:
+            why = "this server is not batch-invariant"
+        notes.append(
+            f"outputs differ from the single-call baseline at batch {s.batch_size}: "
+            f"{s.baseline_match} of {s.baseline_items} outputs match the baseline, "
+            f"{s.baseline_items - s.baseline_match} differ: {why}"
+        )
     return notes
 
 
