@@ -163,3 +163,20 @@ def test_a_jq_program_with_several_outputs_compares_them_all(cli, isolated: Path
     assert result.code == 1, result.err
     assert result.json["verdict"] == "differs" and "identical" not in result.err
     assert same.code == 0 and "repro passed: 1/1 identical" in same.err
+
+
+@pytest.mark.parametrize("program", ['error("no")', "empty", ".text | ascii_downcase | .x"])
+def test_a_jq_program_that_fails_on_the_baseline_sends_nothing(
+    cli, mock, isolated: Path, program: str
+) -> None:
+    """A --jq that fails on every record was found only on the first answer: exit 2 after a
+    request was sent and a run folder written (SPEC §2: exit 2, nothing sent, nothing written)."""
+    _baseline(cli, mock.base_url, isolated)
+    runs = {p.name for p in (isolated / "runs").iterdir()}
+    sent = mock.model.snapshot().requests_total
+    for stage in ("repro", "verify"):
+        result = cli(stage, "--jq", program)
+        assert result.code == 2, result.err
+        assert "the jq program" in result.err and len(result.err.strip().splitlines()) <= 2
+    assert {p.name for p in (isolated / "runs").iterdir()} == runs
+    assert mock.model.snapshot().requests_total == sent

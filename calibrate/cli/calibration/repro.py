@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         return _report(out, args, result, run=None)
     if not 1 <= args.runs <= MAX_ROUNDS:
         raise UsageError(f"--runs must be in [1, {MAX_ROUNDS}], got {args.runs}")
-    ctx = resolve.open_stage(args, "repro", out)
+    ctx = resolve.open_stage(args, "repro", out, normaliser=normaliser)
     with guarded(ctx):
         result = run_repro(ctx, normaliser, runs=args.runs, stream=args.stream)
         return _report(out, args, result, run=ctx.run)

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.wait <= MAX_TIMEOUT_S:  # NaN fails this too
         raise UsageError(f"--wait must be in [0, {MAX_TIMEOUT_S:g}] seconds, got {args.wait}")
     normaliser = resolve.normaliser_for(args)
-    ctx = resolve.open_stage(args, "rollback", out)
+    ctx = resolve.open_stage(args, "rollback", out, normaliser=normaliser)
 
     def on_step(step: StepResult) -> None:
         line = f"[{step.n}/5] {step.name}: {step.message}"

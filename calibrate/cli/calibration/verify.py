@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     out = output_for(args)
     normaliser = resolve.normaliser_for(args)
-    ctx = resolve.open_stage(args, "verify", out)
+    ctx = resolve.open_stage(args, "verify", out, normaliser=normaliser)
     with guarded(ctx):
         return _run(args, out, ctx, normaliser)
 

@@ -19,7 +19,8 @@ from calibrate.io.store import RunDir
 from calibrate.stages import env
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import StageRequest
-from calibrate.state.ledger import Ledger
+from calibrate.stages.single import read_baseline
+from calibrate.state.ledger import Ledger, baseline_path
 
 
 def load_config(args: argparse.Namespace, *, base_url: str | None = None) -> Config:
@@ -66,12 +67,17 @@ def open_stage(
     gate: bool = True,
     max_connections: int | None = None,
     ledger: Ledger | None = None,
+    normaliser: Normaliser | None = None,
 ) -> StageContext:
     """The stage's request from its flags and ``cfg`` (the Config the command resolved; None:
-    resolved here, after --junit is checked), then ``stages.env.open_stage``."""
+    resolved here, after --junit is checked), then ``stages.env.open_stage``. ``normaliser``
+    (--jq) is tried on the baseline first: a program that fails there is exit 2 before a run
+    folder is made or a request sent, not after the first answer."""
     check_junit_path(args)
     if cfg is None:
         cfg = load_config(args)
+    if normaliser is not None and baseline_path(cfg).exists():  # none: the gate says so
+        normaliser.apply(read_baseline(baseline_path(cfg)))
     junit, tasks = getattr(args, "junit", None), getattr(args, "tasks", None)
     request = StageRequest(
         stage,
