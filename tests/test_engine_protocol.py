@@ -14,6 +14,7 @@ import pytest
 
 from calibrate.errors import RequestError
 from calibrate.http.client import OpenAIClient
+from calibrate.http.error_kinds import refusal_cause
 from calibrate.http.models import SamplingParams
 from tests.helpers import write_config
 from tests.mockserver import start_mock
@@ -123,3 +124,30 @@ def test_transport_failures_name_their_cause(text: str, kind: str, reason: str) 
 
     error = connection_error("http://gpu-box:8000/v1/models", OSError(text))
     assert error.kind == kind and reason in error.info.message
+
+
+def test_a_prompt_over_the_slot_is_refused_with_llamacpps_own_body() -> None:
+    """llama-server refuses a prompt its slot cannot hold with HTTP 400 and this body — the
+    OpenAI envelope, the counts beside the message (ggml-org/llama.cpp
+    tools/server/server-context.cpp ``send_error(..., ERROR_TYPE_EXCEED_CONTEXT_SIZE)``,
+    server-task.cpp ``server_task_result_error::to_json``; recorded from a real llama-server in
+    docs/engine-protocol.md). The mock sent vLLM's flat body with llama.cpp's type, which no
+    engine sends."""
+    with start_mock(**FAST, slot_context=16) as server:
+        client = OpenAIClient(server.base_url, timeout_s=10)
+        with pytest.raises(RequestError) as caught:
+            client.chat("internlm-s2", "word " * 40, PARAMS)
+        client.close()
+    info = caught.value.info
+    assert info.status == 400 and info.kind == "http_4xx"
+    assert refusal_cause(info) == "context_length"
+    body = json.loads(info.body or "")
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert error["code"] == 400 and error["type"] == "exceed_context_size_error"
+    assert error["n_ctx"] == 16 and error["n_prompt_tokens"] > 16
+    expected = (
+        f"request ({error['n_prompt_tokens']} tokens) exceeds the available context size "
+        "(16 tokens), try increasing it"
+    )
+    assert error["message"] == expected and info.message == f"HTTP 400: {expected}"

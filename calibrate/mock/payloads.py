@@ -1,7 +1,8 @@
 """JSON in and out of the mock: request validation, response bodies (SSE in mock.stream).
 
 Bodies follow vLLM's OpenAI server: errors are ``{"object": "error", "message", "type",
-"param", "code"}``; with ``strict_422`` a validation error is FastAPI's ``{"detail": [...]}``.
+"param", "code"}``; with ``strict_422`` a validation error is FastAPI's ``{"detail": [...]}``; a
+prompt over llama.cpp's slot (``slot_context``) gets llama.cpp's own ``{"error": {...}}``.
 """
 
 from __future__ import annotations
@@ -145,17 +146,28 @@ def parse_request(kind: Kind, body: object, settings: MockSettings) -> GenerateR
     )
 
 
+def llamacpp_context_error(prompt_tokens: int, n_ctx: int) -> Json:
+    """llama.cpp's refusal of a prompt its slot cannot hold, as llama-server sends it: the
+    OpenAI envelope ``{"error": {...}}`` with the counts beside the message
+    (ggml-org/llama.cpp tools/server/server-context.cpp, ``send_error`` with
+    ERROR_TYPE_EXCEED_CONTEXT_SIZE; server-task.cpp ``server_task_result_error::to_json``;
+    server-common.cpp ``format_error_response``)."""
+    message = (
+        f"request ({prompt_tokens} tokens) exceeds the available context size ({n_ctx} tokens), "
+        "try increasing it"
+    )
+    error = {"code": 400, "message": message, "type": "exceed_context_size_error"}
+    return {"error": error | {"n_prompt_tokens": prompt_tokens, "n_ctx": n_ctx}}
+
+
 def _slot_room(prompt_tokens: int, max_tokens: int | None, settings: MockSettings) -> int | None:
-    """llama.cpp's slot: a prompt that fills it is refused; an answer stops where it is full."""
+    """llama.cpp's slot: a prompt that fills it is refused (its own body, HTTP 400); an answer
+    stops where it is full."""
     if not settings.slot_context:
         return max_tokens
     room = settings.slot_context - prompt_tokens
     if room < 1:
-        message = (
-            f"the request exceeds the available context size ({prompt_tokens} tokens, "
-            f"n_ctx_slot = {settings.slot_context}), try increasing it"
-        )
-        raise RequestRejected(400, error_body(message, "exceed_context_size_error", 400))
+        raise RequestRejected(400, llamacpp_context_error(prompt_tokens, settings.slot_context))
     return room if max_tokens is None else min(max_tokens, room)
 
 
