@@ -430,3 +430,23 @@ def test_a_stream_over_the_size_cap_is_refused_whole_chunks_or_not(step: int) ->
             answer.feed(data)
     assert caught.value.kind == "invalid_response" and "MiB (max_response_mib)" in str(caught.value)
     assert answer.size > len(body) // 2 and not answer.done
+
+
+# What llama-server (httplib build, ggml-org/llama.cpp tools/server/server.cpp, 2025) streams
+# when a request fails after its 200: ``server_sent_event(sink, "error", error_data)`` writes an
+# ``error:`` field (format_error_response's object), then ``data: [DONE]``.
+LLAMACPP_STREAM_ERROR = (
+    b'error: {"code":400,"message":"the request exceeds the available context size, try '
+    b'increasing it","type":"exceed_context_size_error"}\n\ndata: [DONE]\n\n'
+)
+
+
+@pytest.mark.parametrize("before", [b"", _sse(_chat_chunk("partial "))])
+def test_llamacpps_error_field_is_the_streams_error_not_an_empty_or_cut_answer(
+    before: bytes,
+) -> None:
+    """Skipped as an unknown SSE field, it left "the stream carried no choices" (the server's
+    reason lost) or, after some text, an answer without its failure."""
+    with pytest.raises(RequestError) as caught:
+        completion_of(_fed([before + LLAMACPP_STREAM_ERROR]), START, stream=True, chat=True)
+    assert "exceeds the available context size" in str(caught.value)

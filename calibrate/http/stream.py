@@ -3,8 +3,11 @@
 Its events come from the timed blocks the asyncio transport kept (``timed_events``): the
 ``data:`` lines of an event joined by ``\\n`` (the space after ``data:`` dropped), an event ended
 by an empty line or by the stream's end; other lines (comments ``:``, ``event:``, ``id:``) are
-skipped. Bytes that are not UTF-8 become U+FFFD. A line ends at ``\\n``; one ``\\r`` before it is
-dropped.
+skipped, but for llama.cpp's ``error: {…}``, read as ``{"error": {…}}``: the httplib llama-server
+(ggml-org/llama.cpp tools/server/server.cpp, 2025) sends a streamed request's error so, after its
+200 (``server_sent_event(sink, "error", error_data)``), then ``data: [DONE]``; newer builds answer
+a first error with its HTTP status, a later one as ``data: {"error": …}``. Bytes that are not
+UTF-8 become U+FFFD. A line ends at ``\\n``; one ``\\r`` before it is dropped.
 """
 
 from __future__ import annotations
@@ -60,6 +63,8 @@ def timed_events(blocks: Iterable[tuple[bytes, float]], end: float) -> Iterator[
                     buffer = []
             elif line.startswith("data:"):
                 buffer.append(line[5:].lstrip(" "))
+            elif line.startswith("error:"):  # llama.cpp's own field: its error, not data
+                buffer.append('{"error": ' + line[6:].lstrip(" ") + "}")
     if buffer:
         yield "\n".join(buffer), end
 
