@@ -11,10 +11,12 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from calibrate.engines import read_fingerprint
 from calibrate.errors import InputError
+from calibrate.io.jsonl import read_jsonl
 
 Verdict = Literal["identical", "whitespace-only", "differs"]
 
@@ -284,3 +286,18 @@ def _causes(left: Any, right: Any, differing: tuple[str, ...]) -> list[str]:
     if "prompt" in differing:
         causes.append("the prompt itself differs: this is not the same fixed input")
     return causes
+
+
+def read_baseline(path: Path) -> dict[str, Any]:
+    """The first record of the baseline file."""
+    if not path.exists():
+        raise InputError(f"there is no baseline at {path}", "Write one first: calibrate single")
+    try:
+        for obj in read_jsonl(path):
+            return obj
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read the baseline {path}: {exc}") from exc
+    raise InputError(
+        f"the baseline {path} holds no record",
+        "Write a new one: calibrate single --save-baseline",
+    )

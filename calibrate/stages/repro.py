@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.http.models import ServerIdentity
-from calibrate.io.baseline import Comparison, Normaliser, compare
+from calibrate.io.baseline import Comparison, Normaliser, compare, read_baseline
 from calibrate.io.jsonl import load_jsonl_objects
 from calibrate.io.junit import JUnitSuite
 from calibrate.stages.context import StageContext
-from calibrate.stages.single import fixed_prompt_call, known_cause, read_baseline
+from calibrate.stages.single import fixed_prompt_call, known_cause
 from calibrate.state.gates import next_step
 from calibrate.state.ledger import baseline_path
 from calibrate.state.summaries import PlainSummary

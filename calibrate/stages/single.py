@@ -8,13 +8,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from calibrate.errors import ErrorInfo, InputError, RequestError, ServerUnreachable
+from calibrate.errors import ErrorInfo, RequestError, ServerUnreachable
 from calibrate.http.error_kinds import reach_hint, refusal_cause
 from calibrate.http.models import ServerIdentity, incomplete_reason
 from calibrate.http.request_times import RequestTimes, monotonic
 from calibrate.http.server_context import props_model_path
 from calibrate.io.atomic import copy_atomic, write_atomic
-from calibrate.io.jsonl import dumps_line, read_jsonl
+from calibrate.io.jsonl import dumps_line
 from calibrate.io.records import RequestRecord
 from calibrate.redact import one_line, redact_url
 from calibrate.stages.context import StageContext
@@ -243,18 +243,3 @@ def write_baseline(path: Path, record: RequestRecord, *, replace_existing: bool)
         action = "replaced"
     write_atomic(path, dumps_line(record.to_json()) + "\n")
     return action
-
-
-def read_baseline(path: Path) -> dict[str, Any]:
-    """The first record of the baseline file."""
-    if not path.exists():
-        raise InputError(f"there is no baseline at {path}", "Write one first: calibrate single")
-    try:
-        for obj in read_jsonl(path):
-            return obj
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read the baseline {path}: {exc}") from exc
-    raise InputError(
-        f"the baseline {path} holds no record",
-        "Write a new one: calibrate single --save-baseline",
-    )

@@ -13,13 +13,12 @@ from calibrate.cli.flags import check_junit_path
 from calibrate.cli.output import Output
 from calibrate.config import Config
 from calibrate.engines.redaction import argv_secret_values, secret_name, secret_values
-from calibrate.io.baseline import VOLATILE_FIELDS, Normaliser, default_program
+from calibrate.io.baseline import VOLATILE_FIELDS, Normaliser, default_program, read_baseline
 from calibrate.io.junit import JUnitSuite
 from calibrate.io.store import RunDir
 from calibrate.stages import env
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import StageRequest
-from calibrate.stages.single import read_baseline
 from calibrate.state.ledger import Ledger, baseline_path
 
 

@@ -16,10 +16,10 @@ from typing import Any
 from calibrate.config import Config, split_endpoint
 from calibrate.errors import ServerUnreachable, StageFailed, UsageError
 from calibrate.http.client import OpenAIClient
-from calibrate.io.baseline import Comparison, Normaliser, compare, default_program
+from calibrate.io.baseline import Comparison, Normaliser, compare, default_program, read_baseline
 from calibrate.stages.batch.plan import DEFAULT_CONCURRENCY
 from calibrate.stages.context import StageContext
-from calibrate.stages.single import fixed_prompt_call, read_baseline
+from calibrate.stages.single import fixed_prompt_call
 from calibrate.state.ledger import Ledger, baseline_path, target_fingerprint
 from calibrate.state.setting import Endpoint, resolve
 from calibrate.state.summaries import PlainSummary

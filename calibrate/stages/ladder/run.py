@@ -10,6 +10,7 @@ from calibrate.gpu.engine_metrics import Gauge, read_preemptions
 from calibrate.gpu.noise import NoiseMeter, combined
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor, WindowPeak
+from calibrate.io.baseline import read_baseline
 from calibrate.load.items import ItemResult
 from calibrate.load.sender import Sender
 from calibrate.stages.context import StageContext
@@ -36,7 +37,7 @@ from calibrate.stages.measure.tier_run import client_bound_since, client_mark
 from calibrate.stages.measure.tiers import Stats, Tier, Verdict, summarise
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
 from calibrate.stages.server_account import most_running, observed_cap, running_unseen
-from calibrate.stages.single import read_baseline, unreachable
+from calibrate.stages.single import unreachable
 from calibrate.state.ledger import baseline_path
 from calibrate.workload import WorkloadSpec
 
