@@ -77,8 +77,9 @@ def _known(value: Any) -> str:
 
 def differences(a: RunView, b: RunView) -> tuple[Difference, ...]:
     """How A and B differ in what they measured: the workload (fixed prompt or synthetic, input
-    and output tokens, tasks file), a ladder's mode, a sweep's batch size, the engine (server kind), the target (its fingerprint, the
-    model, the host) and the weights. A value one run did not record is not a difference."""
+    and output tokens, tasks file), a ladder's mode, a sweep's batch size, the engine (server
+    kind), the target (its fingerprint, the model, the host) and the weights. A value one run
+    did not record is not a difference."""
     out: list[Difference] = []
     wa, wb = _workload(a), _workload(b)
     if any(getattr(wa, f) != getattr(wb, f) for f in _WORKLOAD_FIELDS):
