@@ -101,9 +101,7 @@ def ran_above_cap(ctx: StageContext, setting: CalibratedSetting) -> str:
     cap: the sweep goes up to the ladder's largest passing in-flight count): what that leaves
     unmeasured ("" otherwise). The throughput at that concurrency came from running more than
     the script's cap allows."""
-    swept = setting.concurrency_from.removeprefix("sweep run ").split(" ")[0]
-    came = setting.concurrency_from.startswith("sweep run ")  # set, held or pinned from it
-    entry = ctx.ledger.view().of_run(swept) if came else None
+    entry = measured_by(ctx.ledger.view(), setting).get("sweep")  # set, held or pinned from it
     levels = entry.summary.get("levels") if entry is not None else None
     batch, concurrency = setting.batch_size, setting.concurrency
     for level in levels if isinstance(levels, list) else ():
