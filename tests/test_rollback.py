@@ -270,3 +270,35 @@ def test_rollback_checks_the_cap_the_restarted_server_reports(cli, isolated: Pat
     said = " ".join(result.err.split())
     assert "restored:" not in said
     assert "the server runs at cap 8 (llama.cpp /props total_slots), not batch 4" in said
+
+
+def test_a_fixed_prompt_that_gets_no_answer_is_that_failure_not_still_differs(
+    cli, isolated: Path
+) -> None:
+    """The user restarts the target, and it answers the fixed prompt with HTTP 500. Rollback
+    said "still differs at the verified setting: look at model loading or the environment, not
+    concurrency" (text, --json messages, JUnit, incident) of a request that got no answer at
+    all; now step 5 says the prompt got no answer and why, as verify does."""
+    first = BackgroundServer(MockSettings(ttft_s=0.002, per_token_s=0.0005), "127.0.0.1", 0)
+    write_config(isolated / "calibrate.toml", f"http://127.0.0.1:{first.server.port}/v1")
+    failing = MockSettings(ttft_s=0.002, per_token_s=0.0005, fail_rate=1.0)
+    single = cli("single", "--json")
+    assert single.code == 0, single.err
+    passing_ladder(isolated, single.json["record"]["target"], batch_size=2)
+    user = _UserRestart(first.server.port, failing, first)
+    user.start()
+    try:
+        result = cli("rollback", "--wait", "20", "--json", "--junit", "rollback.xml")
+    finally:
+        user.done()
+    assert result.code == 1, result.err
+    said = " ".join(result.err.split())
+    assert "still differs" not in said and "model loading" not in said
+    assert "the fixed prompt got no answer at the verified setting (http_5xx, HTTP 500" in said
+    assert "no answer at the verified setting (http_5xx" in result.json["messages"][-1]
+    failure = ET.parse(isolated / "rollback.xml").getroot().find(".//failure")
+    assert failure is not None and failure.get("type") == "http_5xx"
+    assert "got no answer" in (failure.get("message") or "")
+    (run,) = [p for p in (isolated / "runs").iterdir() if "-rollback-" in p.name]
+    incident = json.loads((run / "incidents/5-compare.json").read_text("utf-8"))
+    assert incident["error"]["kind"] == "http_5xx"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from calibrate.errors import ErrorKind
 from calibrate.io.baseline import Comparison
@@ -21,6 +21,10 @@ STILL_DIFFERS = (
     "still differs at the verified setting: look at model loading or the environment, "
     "not concurrency"
 )
+NO_ANSWER = (
+    "the fixed prompt got no answer at the verified setting ({failure}): there is nothing to "
+    "compare with the baseline, so nothing is known of the weights or the environment"
+)
 #: the JUnit check each step proves
 STEP_TITLES: dict[StepName, str] = {
     "stop": "the old server is stopped",
@@ -29,6 +33,16 @@ STEP_TITLES: dict[StepName, str] = {
     "restart": "the server is back at the verified setting",
     "compare": "the fixed prompt matches the baseline",
 }
+
+
+def compare_failed(comparison: Comparison) -> tuple[str, ErrorKind]:
+    """Why the compare step failed, and its error kind: a request that got no answer is that
+    failure (as ``verify`` says it), never "still differs" — there was no output to differ."""
+    if not comparison.failure:
+        return STILL_DIFFERS, "invalid_response"
+    head = comparison.failure.replace(",", ":").split(":", 1)[0].strip()
+    kind: ErrorKind = next((k for k in get_args(ErrorKind) if k == head), "invalid_response")
+    return NO_ANSWER.format(failure=comparison.failure), kind
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,12 @@ from calibrate.stages.measure.incidents import Incident, write_incident
 from calibrate.stages.pin_context import context_for
 from calibrate.stages.prepare.server_cap import running_cap
 from calibrate.stages.repro import against_baseline
-from calibrate.stages.rollback.result import STILL_DIFFERS, RollbackResult, StepName, StepResult
+from calibrate.stages.rollback.result import (
+    RollbackResult,
+    StepName,
+    StepResult,
+    compare_failed,
+)
 from calibrate.state.gates import next_step
 from calibrate.state.ledger import LedgerEntry
 from calibrate.state.setting import RollbackTier
@@ -259,7 +264,7 @@ class Rollback:
         result = against_baseline(self.ctx, self.normaliser, runs=1)
         self.comparison = result.comparisons[0]
         if not self.comparison.passed:
-            raise StepFailed(STILL_DIFFERS, "invalid_response")
+            raise StepFailed(*compare_failed(self.comparison))
         cap = running_cap(self.ctx)  # the server's own account of its cap, as verify reads it
         if cap is not None and cap.slots != self.batch:
             raise StepFailed(
