@@ -302,3 +302,43 @@ def test_a_fixed_prompt_that_gets_no_answer_is_that_failure_not_still_differs(
     (run,) = [p for p in (isolated / "runs").iterdir() if "-rollback-" in p.name]
     incident = json.loads((run / "incidents/5-compare.json").read_text("utf-8"))
     assert incident["error"]["kind"] == "http_5xx"
+
+
+@pytest.mark.parametrize("props", [False, True], ids=["cap unread", "cap read"])
+def test_junit_and_json_pass_no_check_the_rollback_did_not_make(
+    cli, isolated: Path, props: bool
+) -> None:
+    """A server the user restarted, whose cap cannot be read: the text said "the server's cap
+    could not be read: the answer was checked, not that it runs at batch 4", and the JUnit
+    check "the server is back at the verified setting" passed all the same (as did "its VRAM
+    was released" beside "VRAM release not measured"). Such a check is now skipped, its reason
+    given, and --json's steps say it went unchecked; a cap read at batch 4 passes it."""
+    settings = MockSettings(ttft_s=0.002, per_token_s=0.0005, slots=4, expose_props=props)
+    first = BackgroundServer(settings, "127.0.0.1", 0)
+    write_config(isolated / "calibrate.toml", f"http://127.0.0.1:{first.server.port}/v1")
+    single = cli("single", "--json")
+    assert single.code == 0, single.err
+    passing_ladder(isolated, single.json["record"]["target"], batch_size=4)
+    user = _UserRestart(first.server.port, settings, first)
+    user.start()
+    try:
+        result = cli("rollback", "--wait", "20", "--json", "--junit", "rollback.xml")
+    finally:
+        user.done()
+    assert result.code == 0, result.err
+    cases = {
+        c.get("name"): c.find("skipped")
+        for c in ET.parse(isolated / "rollback.xml").getroot().iter("testcase")
+    }
+    steps = {s["step"]: s for s in result.json["steps"]}
+    back = cases["the server is back at the verified setting"]
+    if props:
+        assert back is None and "unchecked" not in steps["restart"]
+    else:
+        assert "could not be read: the answer was checked" in result.err
+        assert back is not None and "its cap could not be read" in (back.get("message") or "")
+        assert "runs at batch 4 is not known" in steps["restart"]["unchecked"]
+    vram = cases["its VRAM was released"]
+    unproven = "not measured" in result.err or "release not proven" in result.err
+    assert (vram is not None) == unproven == ("unchecked" in steps["vram"])
+    assert cases["the fixed prompt matches the baseline"] is None

@@ -86,20 +86,48 @@ class RollbackResult:
     def failed(self) -> StepResult | None:
         return next((s for s in self.steps if not s.ok), None)
 
+    def unchecked(self, step: StepResult) -> str:
+        """Why a step that went through did not prove its check ("": it did): VRAM release not
+        measured (no NVML) or not proven (PID and pre-start level unknown); a server the user
+        restarted that answered, with no cap read that says it runs at the verified batch."""
+        if not step.ok:
+            return ""
+        if step.name == "vram" and step.detail.get("pid_listed") is None:
+            return f"not checked: {step.message}"
+        if step.name == "restart" and not self.managed:
+            compare = next((s for s in self.steps if s.name == "compare"), None)
+            if compare is None or not compare.ok:
+                return "not checked: a server answered; step 5 did not confirm its setting"
+            if compare.detail.get("server_cap") is None:
+                return (
+                    "not checked: a server answered, but its cap could not be read: that it "
+                    f"runs at batch {self.batch_size} is not known"
+                )
+        return ""
+
     def summary(self) -> RollbackSummary:
         failed = self.failed
+        steps: list[dict[str, Any]] = []
+        for s in self.steps:
+            why = self.unchecked(s)
+            steps.append({"step": s.name, "ok": s.ok, **({"unchecked": why} if why else {})})
         details = {
             "batch_size": self.batch_size,
             "source": self.source,
             "managed": self.managed,
-            "steps": [{"step": s.name, "ok": s.ok} for s in self.steps],
+            "steps": steps,
         }
         return RollbackSummary(self.setting, failed.name if failed else "", details)
 
     def add_checks(self, suite: JUnitSuite) -> None:
-        """One check per step reached; the steps after a failure as skipped."""
+        """One check per step reached, a step that went through without proving its check as
+        skipped (``unchecked``); the steps after a failure as skipped."""
         for step in self.steps:
             title = STEP_TITLES[step.name]
+            if why := self.unchecked(step):
+                case = JUnitCase(title, "calibrate.rollback", step.elapsed_s, skipped=why)
+                suite.add(case)
+                continue
             suite.check(title, step.ok, step.message, kind=step.kind or "", time_s=step.elapsed_s)
         reached = {s.name for s in self.steps}
         for name, title in STEP_TITLES.items():
