@@ -342,3 +342,27 @@ def test_junit_and_json_pass_no_check_the_rollback_did_not_make(
     unproven = "not measured" in result.err or "release not proven" in result.err
     assert (vram is not None) == unproven == ("unchecked" in steps["vram"])
     assert cases["the fixed prompt matches the baseline"] is None
+
+
+def test_after_a_rollback_the_batch_size_is_credited_to_the_run_that_measured_it(
+    cli, isolated: Path
+) -> None:
+    """After a rollback, `pin` wrote "# batch size verified by rollback run R" and `status` said
+    "batch size from rollback run R" — of a run that measured no batch size (it even said its
+    cap could not be read). Both now name the ladder run it returned to, and the rollback."""
+    settings = MockSettings(ttft_s=0.002, per_token_s=0.0005)
+    first = BackgroundServer(settings, "127.0.0.1", 0)
+    write_config(isolated / "calibrate.toml", f"http://127.0.0.1:{first.server.port}/v1")
+    result = _rollback_while_the_user_restarts(cli, isolated, 2, first, settings)
+    assert result.code == 0, result.err
+    ledger = _ledger(isolated)
+    ladder_run = next(e["run_id"] for e in ledger if e["stage"] == "ladder")
+    rollback_run = ledger[-1]["run_id"]
+    status = cli("status", "--json")
+    pinned = cli("pin", "--kind", "vllm", "--out", str(isolated / "launch.sh"))
+    assert pinned.code == 0, pinned.err
+    expected = f"ladder run {ladder_run} (returned to by rollback run {rollback_run})"
+    assert status.json["setting"]["batch_from"] == expected
+    header = (isolated / "launch.sh").read_text("utf-8")
+    assert f"# batch size verified by {expected}" in header
+    assert f"verified by rollback run {rollback_run}" not in header

@@ -29,7 +29,8 @@ class PinnedValues:
     port: int
     batch_size: int
     concurrency: int
-    verified_by: str  # "ladder run <id>" (or "rollback run <id>") that verified the batch size
+    verified_by: str  # "ladder run <id>" that verified the batch size (after a rollback:
+    # "ladder run <id> (returned to by rollback run <id>)")
     verified_at: str
     concurrency_from: str  # the sweep run that recommended it, or "default (no sweep passed)"
     pinned_by: str

@@ -1,7 +1,8 @@
 """The one answer to "what is the calibrated setting now, and which run set it" (SPEC §4.2).
 
 Precedence, written down once: walk the target's ledger lines in order and keep the newest of
-- a **rollback** that reached its "active" step: batch B = the tier it returned to, concurrency 1;
+- a **rollback** that reached its "active" step: batch B = the tier it returned to (measured by
+  the ladder or pin run the rollback names as its source), concurrency 1;
 - a **pin**: the batch size and concurrency it wrote into the launch script, still from the
   runs that measured them (a pin measures nothing: pinned again, the header names them);
 - a passing **tune**: B = its winner's cap, C = the concurrency it did best at, and every engine
@@ -275,13 +276,18 @@ def _apply(
         if setting is None:
             return found, ladder
         workload = found.workload if found else Workload()
+        # a rollback measures no batch size: it returns to the one its source run verified
+        source = entry.summary.get("source")
+        measured = (
+            f"{source} (returned to by {where})" if source and isinstance(source, str) else where
+        )
         return CalibratedSetting(
             setting.batch_size,
             setting.concurrency,
             "rollback",
             entry.run_id,
             entry.ts,
-            where,
+            measured,
             f"{where} (rollback always restarts at concurrency 1)",
             workload,
         ), ladder
