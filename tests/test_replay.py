@@ -176,3 +176,31 @@ def test_tune_measures_every_candidate_on_the_replayed_job(cli, isolated: Path) 
         sent = [r for r in jsonl(path) if not r.get("canary")]
         assert sent and {r["usage"]["completion_tokens"] for r in sent} == {8}
         assert {r["usage"]["prompt_tokens"] for r in sent} <= set(range(30, 70))
+
+
+def test_a_replay_too_small_to_judge_is_not_called_close(cli, isolated: Path) -> None:
+    """A one-item job replayed on a server that does not force answer lengths (TGI): the job's
+    answer was 300 tokens, the replay's about 30, KS distance 1.000 — and report said "close to
+    the job" because the tolerance (1.37) was above any distance there can be. It now says too
+    few to tell, in the text, --json (close: null) and the HTML."""
+    journal = isolated / "one.jsonl"
+    usage = {"prompt_tokens": 400, "completion_tokens": 300}
+    journal.write_text(json.dumps({"id": 1, "ok": True, "usage": usage}) + "\n", "utf-8")
+    with start_mock(**FAST_MOCK) as mock:
+        calibrated(
+            cli, isolated, mock.base_url, LADDER + 'batch_sizes = [1]\n[server]\nkind = "tgi"\n'
+        )
+        ladder = cli("ladder", "--replay", str(journal), "--json")
+    assert ladder.code == 0, ladder.err
+    run = run_dir(isolated, ladder.json["run_id"])
+    report = cli("report", str(run), "--no-plot", "--html", str(isolated / "r.html"), "--json")
+    assert report.code == 0, report.err
+    fit = report.json["replay"]
+    assert fit["output_tokens"]["ks_distance"] == 1.0 and fit["output_tokens"]["tolerance"] > 1
+    assert fit["close"] is None and fit["output_tokens"]["close"] is None, fit
+    assert fit["output_tokens"]["verdict"] == "too few to tell"
+    said = " ".join(report.err.split())
+    assert "too few to tell whether it is close to the job" in said
+    assert "close to the job" not in said.replace("whether it is close to the job", "")
+    html = (isolated / "r.html").read_text("utf-8")
+    assert "too few to tell" in html and "<strong>close to the job" not in html

@@ -10,6 +10,8 @@ input and output tokens, from its journal); its ``records.jsonl`` holds what the
   job and m requests of the replay, plus 0.01 for the job being recorded as percentiles — a
   replay of m requests drawn from the job stays within it 95 % of the time; a replay whose
   prompts were sized wrong, or whose answers were not forced, does not;
+- **too few to tell** when that critical value is 1 or more (a job of one item, a replay of one
+  request): no distance could exceed it, so "close" would say nothing;
 - p50 and p90 of each are shown side by side, and both histograms: as text in the terminal
   (``histogram_lines``), as SVG in the HTML report (``html.replay``).
 """
@@ -53,8 +55,20 @@ class TokenFit:
         return KS_95 * math.sqrt((n + m) / (n * m)) + PERCENTILE_STEP if n and m else 1.0
 
     @property
+    def decided(self) -> bool:
+        """Some distance could exceed the tolerance (a KS distance is at most 1): with fewer
+        items or requests every replay would pass, and passing proves nothing."""
+        return bool(self.sent) and self.tolerance < 1.0
+
+    @property
     def close(self) -> bool:
-        return bool(self.sent) and self.distance <= self.tolerance
+        return self.decided and self.distance <= self.tolerance
+
+    @property
+    def verdict(self) -> str:
+        if not self.decided:
+            return "too few to tell"
+        return "close" if self.close else "NOT close"
 
     def _job_cdf(self, x: float) -> float:
         if len(self.job) < 2:
@@ -72,10 +86,9 @@ class TokenFit:
 
     def line(self) -> str:
         p50, p90 = self.quantile(0.5), self.quantile(0.9)
-        verdict = "close" if self.close else "NOT close"
         return (
             f"  {self.name}: job p50 {p50[0]} p90 {p90[0]}, replay p50 {p50[1]} p90 {p90[1]}; "
-            f"KS distance {self.distance:.3f} (tolerance {self.tolerance:.3f}): {verdict}"
+            f"KS distance {self.distance:.3f} (tolerance {self.tolerance:.3f}): {self.verdict}"
         )
 
     def bins(self, count: int = BINS) -> list[tuple[int, int, float, float]]:
@@ -101,7 +114,8 @@ class TokenFit:
             "replay_p90": p90[1],
             "ks_distance": round(self.distance, 4),
             "tolerance": round(self.tolerance, 4),
-            "close": self.close,
+            "close": self.close if self.decided else None,
+            "verdict": self.verdict,
             "sent": len(self.sent),
         }
 
@@ -120,8 +134,21 @@ class ReplayFit:
     def close(self) -> bool:
         return self.inputs.close and self.outputs.close
 
+    @property
+    def decided(self) -> bool:
+        """Either count is shown NOT close, or both could have been and were not."""
+        fits = (self.inputs, self.outputs)
+        return any(f.decided and not f.close for f in fits) or all(f.decided for f in fits)
+
+    @property
+    def verdict(self) -> str:
+        """close to the job, NOT close (either count is not), or too few to tell."""
+        if not self.decided:
+            return "too few to tell whether it is close to the job (no distance could exceed the tolerance)"
+        return "close to the job" if self.close else "NOT close to the job"
+
     def lines(self) -> list[str]:
-        how = "close to the job" if self.close else "NOT close to the job"
+        how = self.verdict
         head = (
             f"replay of {self.journal} ({self.items} items): {len(self.inputs.sent)} requests, "
             f"{how}"
@@ -132,7 +159,8 @@ class ReplayFit:
         return {
             "journal": self.journal,
             "items": self.items,
-            "close": self.close,
+            "close": self.close if self.decided else None,
+            "verdict": self.verdict,
             "input_tokens": self.inputs.to_json(),
             "output_tokens": self.outputs.to_json(),
             "arrivals": self.arrivals,

@@ -56,7 +56,7 @@ def histogram_svg(fit: TokenFit) -> str:
 
 def replay_html(fit: ReplayFit) -> str:
     """The section: the verdict, both histograms, the quantiles and distances."""
-    verdict = "close to the job" if fit.close else "not close to the job"
+    verdict = fit.verdict.replace("NOT close", "not close")
     rows = []
     for token_fit in (fit.inputs, fit.outputs):
         found = token_fit.to_json()
@@ -67,7 +67,7 @@ def replay_html(fit: ReplayFit) -> str:
                 f"{found['replay_p50']} / {found['replay_p90']}",
                 f"{found['ks_distance']:.3f}",
                 f"{found['tolerance']:.3f}",
-                "close" if found["close"] else "not close",
+                token_fit.verdict.replace("NOT close", "not close"),
             ]
         )
     arrivals = (
