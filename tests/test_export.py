@@ -435,3 +435,18 @@ def test_a_piped_input_and_a_piped_journal_are_read_whole(cli, isolated: Path) -
     assert [r["id"] for r in assert_valid_jsonl(isolated / "final.jsonl")] == [
         f"t{i}" for i in range(5)
     ]
+
+
+def test_one_journal_given_twice_is_exit_2_not_counted_twice(cli, isolated: Path) -> None:
+    """`--out out.jsonl,./out.jsonl` wrote the final file saying "(40 journal lines)" of a
+    20-line journal: its lines were read and counted twice. Now exit 2, nothing written."""
+    tasks = write_tasks(isolated / "tasks.jsonl", 3)
+    _journal(isolated / "out.jsonl", [_ok(f"t{i}", f"o{i}") for i in range(3)])
+    result = cli(
+        "export", "--input", str(tasks), "--out", "out.jsonl,./out.jsonl", "--to", "f.jsonl"
+    )
+    assert result.code == 2, result.err
+    assert "is the same journal as --out out.jsonl" in result.err
+    assert not list(isolated.glob("f*.jsonl"))
+    once = cli("export", "--input", str(tasks), "--out", "out.jsonl", "--to", "f.jsonl", "--json")
+    assert once.code == 0 and once.json["journal_lines"] == 3

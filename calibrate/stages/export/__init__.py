@@ -13,13 +13,15 @@ and reads each winning line back with a seek. Files are written to a temp file a
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from calibrate.errors import InputError, unwritten
+from calibrate.errors import InputError, UsageError, unwritten
 from calibrate.io import bounded
 from calibrate.io.atomic import remove_stale_temps
 from calibrate.io.bounded import MAX_LINE_BYTES
@@ -128,6 +130,7 @@ def export_final(
     failed_path = failed_path or failed_path_for(to_path)
     if not journals or len(journals) > MAX_JOURNALS:
         raise InputError(f"give 1 to {MAX_JOURNALS} journals (--out), got {len(journals)}")
+    _distinct(journals)
     with contextlib.ExitStack() as copies:
         source = copies.enter_context(readable_twice(input_path))
         readable = [copies.enter_context(readable_journal(path)) for path in journals]
@@ -167,6 +170,25 @@ class _Job:
     def api_lines(self) -> bool:
         """A .jsonl final of a Batch API input holds Batch API output lines."""
         return self.fmt == "jsonl" and self.input_format == "openai_batch"
+
+
+def _distinct(journals: Sequence[Path]) -> None:
+    """Exit 2 when one journal file is given twice (its lines would be counted twice)."""
+    seen: dict[tuple[int, int], Path] = {}
+    for path in journals:
+        try:
+            found = os.stat(path)
+        except OSError:  # absent: reading it says so
+            continue
+        if not stat.S_ISREG(found.st_mode):
+            continue  # a pipe is read once, where it is read
+        first = seen.get((found.st_dev, found.st_ino))
+        seen.setdefault((found.st_dev, found.st_ino), path)
+        if first is not None:
+            raise UsageError(
+                f"--out {path} is the same journal as --out {first}: its lines would count twice",
+                "Give each journal once; nothing was written.",
+            )
 
 
 def readable_journal(path: Path) -> contextlib.AbstractContextManager[Path]:
