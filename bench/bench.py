@@ -53,7 +53,7 @@ from calibrate.http.client import OpenAIClient  # noqa: E402
 from calibrate.http.models import SamplingParams  # noqa: E402
 from calibrate.io.journal.scan import scan_output  # noqa: E402
 from calibrate.io.jsonl import dumps_line  # noqa: E402
-from calibrate.stages.batch import BatchSpec, plan_batch, run_batch  # noqa: E402
+from calibrate.stages.batch.stage import BatchSpec, plan_batch, run_batch  # noqa: E402
 from tests.mockserver import start_mock_process  # noqa: E402
 
 SECTIONS = (

@@ -139,7 +139,7 @@ def reference_run(setup: Setup, base_url: str, n: int, c: int) -> tuple[float, f
 # The child: ``calibrate batch`` with run_batch timed by getrusage (the part measured).
 _TIMED_BATCH = """
 import resource, sys
-import calibrate.stages.batch as stage_batch
+import calibrate.stages.batch.stage as stage_batch
 real = stage_batch.run_batch
 def timed(*args, **kwargs):
     r0 = resource.getrusage(resource.RUSAGE_SELF)

@@ -28,7 +28,7 @@ from calibrate.cli.flags.resolve import load_config
 from calibrate.cli.output import output_for
 from calibrate.cli.views.batch import BatchView, show
 from calibrate.config import split_endpoint
-from calibrate.stages import batch
+from calibrate.stages.batch import stage as batch
 
 
 def register(subparsers: Any) -> None:

@@ -13,9 +13,9 @@ from calibrate.cli.views.batch_progress import ProgressView
 from calibrate.engines.redaction import shown_command
 from calibrate.io.jobs.openai_batch import FORMAT_NAMES
 from calibrate.io.store import RunDir
-from calibrate.stages.batch import BatchOutcome, BatchPlan, BatchSpec
 from calibrate.stages.batch.endpoints import EndpointCheck
-from calibrate.stages.batch.result import BatchResult, BatchVerdict, pace_text
+from calibrate.stages.batch.plan import BatchPlan, BatchSpec
+from calibrate.stages.batch.result import BatchOutcome, BatchResult, BatchVerdict, pace_text
 from calibrate.stages.export import ExportResult
 from calibrate.stages.measure.format_check import ShapeCheck
 from calibrate.state.drift import records_of

@@ -10,8 +10,8 @@ import pytest
 
 from calibrate.config import Overrides, load
 from calibrate.errors import ExitCode, UsageError
-from calibrate.stages import batch
-from calibrate.stages.batch import BatchRequest, QuietEnv
+from calibrate.stages.batch import stage as batch
+from calibrate.stages.batch.stage import BatchRequest, QuietEnv
 from tests.batch_helpers import write_tasks
 from tests.helpers import write_config
 

@@ -1,0 +1,331 @@
+"""Stage F: the production run — tasks JSONL → results JSONL, concurrent and resumable (SPEC §5.9).
+
+``run(request, env)`` is the whole stage: the request resolved and checked (request.py), the
+input validated and --out locked (``open_batch``, plan.py), the endpoints checked
+(endpoints.py), the items sent by the engine (``run_items``, sending.py; by N processes with
+--workers N, procs/), --final exported, the verdict recorded in the ledger. It returns a
+``BatchOutcome``; the command shows it.
+Everything the user sees on the way goes through ``env`` (request.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from calibrate.errors import CalibrateError, ExitCode, ServerUnreachable, StageFailed, os_error_text
+from calibrate.gpu.noise import server_cpu
+from calibrate.gpu.proc import LinuxProc
+from calibrate.gpu.selfload import OWN, SelfLoadMonitor
+from calibrate.http.error_kinds import reach_hint
+from calibrate.load.procs.recipe import ClientRecipe, server_pids_of
+from calibrate.load.procs.selfcheck import PARENT
+from calibrate.load.procs.sender import workers_for
+from calibrate.stages.batch.control import BatchControl
+from calibrate.stages.batch.drift import BatchDrift, watch_batch
+from calibrate.stages.batch.endpoints import (
+    ServedModelWatch,
+    baseline_served_model,
+    usable_endpoints,
+)
+from calibrate.stages.batch.lanes import make_lane
+from calibrate.stages.batch.outage import OutageEvent
+from calibrate.stages.batch.plan import (
+    DEFAULT_CONCURRENCY,
+    MAX_CONCURRENCY,
+    BatchPlan,
+    BatchSpec,
+    length_warning,
+    open_batch,
+    plan_batch,
+)
+from calibrate.stages.batch.procs import run as procs
+from calibrate.stages.batch.request import (
+    PIPED,
+    BatchEnv,
+    BatchRequest,
+    BatchSetup,
+    QuietEnv,
+    prepare,
+    resume_command,
+    said,
+    stopped_error,
+)
+from calibrate.stages.batch.result import (
+    BatchNotes,
+    BatchOutcome,
+    BatchResult,
+    summary_json,
+    verdict_of,
+)
+from calibrate.stages.batch.sending import (
+    close_later,
+    local_senders,
+    run_batch,
+    run_items,
+    stop_on_signals,
+)
+from calibrate.stages.context import StageContext
+from calibrate.stages.env import StageRequest, open_stage
+from calibrate.stages.export import export_final
+from calibrate.stages.measure.format_check import shape_checks
+from calibrate.stages.measure.tier_run import server_finder
+from calibrate.state.summaries import PlainSummary
+
+__all__ = [  # the stage's public face; plans are made in plan.py, sent in sending.py
+    "DEFAULT_CONCURRENCY",
+    "MAX_CONCURRENCY",
+    "BatchControl",
+    "BatchEnv",
+    "BatchOutcome",
+    "BatchPlan",
+    "BatchRequest",
+    "BatchSpec",
+    "QuietEnv",
+    "open_batch",
+    "plan_batch",
+    "run",
+    "run_batch",
+]
+
+
+def run(request: BatchRequest, env: BatchEnv) -> BatchOutcome:
+    """Run one batch as ``request`` asks; its outcome says how it ended.
+
+    Raises what ends it before there is a summary to show: a usage or input problem (exit 2,
+    nothing sent), refused endpoints (exit 1), no server at all (exit 4).
+    """
+    setup = prepare(request)
+    try:
+        # exit 2 on bad input, a busy or unwritable --out: before anything is sent
+        with open_batch(setup.spec) as plan:
+            return _opened(request, env, setup, plan)
+    except MemoryError as exc:  # e.g. an absurd input line: end cleanly, never spin
+        raise StageFailed(
+            "ran out of memory; what completed is in --out",
+            "Rerun with a lower -c, or on a machine with more memory; finished items are kept.",
+        ) from exc
+
+
+def _opened(
+    request: BatchRequest, env: BatchEnv, setup: BatchSetup, plan: BatchPlan
+) -> BatchOutcome:
+    if setup.source == "default":
+        env.warn(
+            f"concurrency {setup.spec.concurrency} is not calibrated (nothing pinned for this "
+            "target); run calibrate sweep and calibrate pin, or pass -c"
+        )
+    stage = StageRequest(
+        "batch",
+        request.config,
+        request.argv,
+        gate=False,
+        junit=request.junit_path,
+        max_connections=min(setup.endpoints[0].concurrency, max(plan.to_run, 1)),
+        ledger=setup.ledger,
+    )
+    ctx = open_stage(stage, env.warn)
+    try:
+        spec = setup.spec
+        # --sample tries the prompt: its outputs must not count as done for the real run
+        out_path = (
+            spec.out_path if spec.out_path and not spec.sample else ctx.run.file("sample.jsonl")
+        )
+        return _dispatch(_Batch(request, env, setup, plan, ctx, out_path))
+    finally:
+        ctx.run.close()  # also when refused or unreachable: no run file is left open
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One batch under way: what was asked, how it talks, what it resolved to, its run folder."""
+
+    request: BatchRequest
+    env: BatchEnv
+    setup: BatchSetup
+    plan: BatchPlan
+    ctx: StageContext
+    out_path: Path
+
+    @property
+    def spec(self) -> BatchSpec:
+        return self.plan.spec  # the setup's, with what the plan found (the input's format)
+
+
+def _dispatch(b: _Batch) -> BatchOutcome:
+    """The plan said, the items sent, --final written, the verdict recorded."""
+    spec, ctx = b.spec, b.ctx
+    b.env.on_plan(b.plan, b.setup.source)
+    long_items = length_warning(
+        ctx.ledger, ctx.target, b.plan.source_path, spec.prompt, shown=spec.input_path
+    )
+    if long_items:
+        b.env.warn(long_items)
+    slots = sum(min(e.concurrency, max(b.plan.to_run, 1)) for e in b.setup.endpoints)
+    workers = workers_for(b.request.workers, slots)  # one rule with the sweep's and ladder's
+    notes = BatchNotes(
+        shard=str(spec.shard) if spec.shard else None,
+        workers=workers if b.request.workers != 1 else None,  # said only when asked for
+    )
+    result, notes = _send(b, workers, notes)
+    changed = b.plan.input_changed()
+    if changed is not None:  # what was sent may not be what was validated: say so, keep all
+        notes = replace(notes, input_changed=f"{spec.input_path} changed during the run: {changed}")
+        b.env.warn(
+            f"{notes.input_changed}; {result.finished} result(s) of this run are in "
+            f"{b.out_path}, nothing is lost"
+        )
+    if b.plan.piped and (result.remaining or result.interrupted):
+        b.env.warn(PIPED.format(path=spec.input_path))
+    if result.stopped_by == "unreachable":
+        raise ServerUnreachable(
+            result.stop_detail,
+            f"{reach_hint(result.stop_detail).removesuffix('.')}; then rerun the same command.",
+        )
+    return _verdict(b, result, _final(b, notes))
+
+
+def _send(b: _Batch, workers: int, notes: BatchNotes) -> tuple[BatchResult, BatchNotes]:
+    """The endpoints checked, then the items sent through a lane each (by ``workers``
+    processes); the run's result, and the notes with the endpoints' check."""
+    endpoints, ctx, env = b.setup.endpoints, b.ctx, b.env
+    how = ClientRecipe.of(ctx.config, 1)  # each further endpoint's client, and every worker's
+    clients = [ctx.client, *(how.client(e.base_url, e.concurrency) for e in endpoints[1:])]
+    events: list[OutageEvent] = []
+    events_lock = threading.Lock()  # events come from the workers' threads
+
+    control = BatchControl()
+    advice = procs.parent_advice(workers) if workers > 1 else procs.advice(1)
+    # threads late while the server's own processes hold this machine's cores are the server's
+    # limit, as in the ladder and sweep (a CPU build of vLLM beside calibrate on 2 cores)
+    finder = server_finder(None, ctx, LinuxProc())  # told to --workers processes too
+    who = PARENT if workers > 1 else OWN  # the parent only feeds and journals the workers
+    monitor = SelfLoadMonitor(advice=advice, server_cpu=server_cpu(LinuxProc(), finder), who=who)
+    drift = BatchDrift(())  # each endpoint against its calibration, once they are checked
+
+    def on_event(event: OutageEvent) -> None:
+        if event.event in ("down", "up", "gave_up"):  # an outage is not the client's load
+            monitor.quiet(event.endpoint, event.event == "down")
+            drift.quiet(event.endpoint, event.event == "down")
+        with events_lock:
+            events.append(event)
+            ctx.run.append("outages.jsonl", event.to_json())
+        env.warn(f"{event.endpoint}: {event.event.replace('_', ' ')} — {event.detail}")
+
+    monitor.start()
+    view = env.progress(b.plan.to_run, len(endpoints))
+    try:
+        usable, check = usable_endpoints(ctx, endpoints, clients, notes.to_json(), env.on_check)
+        notes = replace(notes, endpoint_check=check)
+        drift = watch_batch(ctx, usable, b.plan, b.out_path, env.warn, monitor)
+        plan = replace(b.plan, watch=drift.seen)  # it sees each line once counted
+        if len(endpoints) == 1:  # no fixed-prompt check: its answers are held to one model
+            watch = ServedModelWatch(
+                baseline_served_model(ctx), lambda why: control.fail("other_model", why)
+            )
+            control.served = watch.note
+        outage, restarter = b.request.outage, b.setup.restarter
+        lanes = [
+            make_lane(
+                e, c, outage, restarter=restarter if e is endpoints[0] else None, on_event=on_event
+            )
+            for e, c in usable
+        ]
+        used = [e for e, _ in usable]
+        senders = (
+            procs.worker_senders(
+                plan,
+                used,
+                workers,
+                how,
+                control,
+                outage,
+                on_event,
+                answered=check is not None,  # every endpoint used answered the check
+                server_pids=server_pids_of(finder()),
+            )
+            if workers > 1
+            else local_senders(lanes, plan.spec, control)
+        )
+        with view, stop_on_signals(control):
+            result = run_items(
+                plan,
+                b.out_path,
+                used,
+                senders,
+                control=control,
+                on_progress=view.update,
+                progress_every_s=view.every_s,
+                monitor=monitor,
+                warn=env.warn,
+                outage=outage,
+                events=events,
+            )
+        return result, replace(notes, drift=drift.stop())
+    finally:
+        drift.stop()
+        monitor.stop()
+        close_later(clients)
+
+
+def _final(b: _Batch, notes: BatchNotes) -> BatchNotes:
+    """--final written (said in the summary), or why it could not be, in the notes."""
+    final_text, plan = b.request.final, b.plan
+    if not final_text or b.spec.sample:
+        return notes
+    if notes.input_changed is not None:  # its items are not those the run was given
+        final_error = f"--final {final_text} not written: the input changed during the run"
+        b.env.warn(f"{final_error}; it is written by the resume that completes the run")
+        return replace(notes, final_error=final_error)
+    try:
+        final = export_final(
+            plan.source_path,
+            [b.out_path],
+            Path(final_text),
+            shard=b.spec.shard,
+            input_name=b.spec.input_path,
+        )
+    except (OSError, CalibrateError) as exc:  # the verdict is still recorded; the export is not
+        why = os_error_text(exc) if isinstance(exc, OSError) else said(exc)
+        final_error = f"--final {final_text} could not be written: {why}"
+        words = ["export", "--input", str(b.spec.input_path), "--out", str(b.out_path)]
+        again = resume_command([*words, "--to", final_text], b.spec.input_path, plan.piped)
+        b.env.warn(f"{final_error}; write it later with: {again}")
+        return replace(notes, final_error=final_error)
+    b.env.on_export(final)
+    return replace(notes, final=final)
+
+
+def _verdict(b: _Batch, result: BatchResult, notes: BatchNotes) -> BatchOutcome:
+    """Passed or not, recorded in the ledger (and --junit); the outcome to show."""
+    spec, ctx = b.spec, b.ctx
+    checks = shape_checks(result.shapes, max_chars=spec.max_chars, expect=spec.expect)
+    shown = tuple(checks) if spec.sample else ()
+    sample = shown if spec.sample else None
+    # the endpoints the run sent to: one benched by the fixed-prompt check had no slot in it
+    ran = sum(e.concurrency for e in result.endpoints) or spec.concurrency
+    summary = summary_json(result, ran, b.setup.source, notes, sample)
+    summary["input_format"] = spec.format
+    verdict = verdict_of(result, notes, not spec.sample or all(c.passed for c in checks))
+    passed = verdict.passed
+    resume = resume_command(b.request.argv, spec.input_path, b.plan.piped)  # no password in it
+    outcome = BatchOutcome(result, spec, shown, resume, None, None, ExitCode.FAILED)
+    try:
+        ctx.record_result(passed, PlainSummary(summary))
+        ctx.run.close()
+        b.env.write_junit(ctx.run, ctx.target, result, shown, verdict)
+    except OSError as exc:
+        unrecorded = StageFailed(
+            f"the batch ran, but its report could not be written: {os_error_text(exc)}",
+            f"The results are in {b.out_path} ({result.ok} ok, {result.failed} failed); "
+            "fix the path and rerun to record the verdict.",
+        )
+        unrecorded.__cause__ = exc
+        return replace(outcome, error=unrecorded)
+    report = {"passed": passed, "run_id": ctx.run.run_id, "resume_command": resume, **summary}
+    code = (
+        ExitCode.INTERRUPTED if result.interrupted else ExitCode.OK if passed else ExitCode.FAILED
+    )
+    error = stopped_error(result, spec, resume, notes.input_changed)
+    return replace(outcome, report=report, error=error, exit_code=code)
