@@ -19,7 +19,7 @@ from calibrate.state.calibrated import Calibrated
 class DriftRecord:
     """One batch against its calibration: compared or not (``text`` says why not), drifted or
     not (``text`` is then the warning it gave), what it saw over its judged windows (over the
-    slow ones when it drifted) and, when it drifted, the causes and the stage to run again
+    slow ones when it drifted, over those the run ended inside when it is undecided) and, when it drifted, the causes and the stage to run again
     (``rerun``; not compared, the stage whose calibration was too noisy to hold it to)."""
 
     compared: bool
@@ -32,6 +32,7 @@ class DriftRecord:
     windows: int = 0
     judged: int = 0
     off: int = 0  # judged windows slow or failing, in the whole run
+    undecided: int = 0  # … of them at the run's end, in a row: fewer than drift takes
     causes: tuple[str, ...] = ()
     rerun: str | None = None
     at_item: int | None = None  # the first item of the first slow window
@@ -55,7 +56,7 @@ class DriftRecord:
         if not self.compared:
             return f"drift: not compared — {self.text}"
         if not self.drifted:
-            return f"drift: none — {self.text}"
+            return f"drift: {'undecided' if self.undecided else 'none'} — {self.text}"
         cal, at = self.calibration, f" from item {self.at_item:,} on" if self.at_item else ""
         pace = f"{self.items_per_s or 0:.3g} items/s"
         if cal is not None:
@@ -79,6 +80,7 @@ class DriftRecord:
             "windows": self.windows,
             "windows_judged": self.judged,
             "windows_off": self.off,
+            "windows_off_at_end": self.undecided,
             "causes": list(self.causes),
             "rerun": self.rerun,
             "at_item": self.at_item,
@@ -117,6 +119,7 @@ class DriftRecord:
             windows=count("windows"),
             judged=count("windows_judged"),
             off=count("windows_off"),
+            undecided=count("windows_off_at_end"),
             causes=tuple(c for c in causes if isinstance(c, str))
             if isinstance(causes, list)
             else (),

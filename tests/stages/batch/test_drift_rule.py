@@ -188,6 +188,29 @@ def test_a_run_too_short_to_find_drift_never_says_none_and_says_what_its_windows
     assert read.line() == line and not read.compared
 
 
+def test_a_slowdown_the_run_ended_inside_never_reads_as_none() -> None:
+    """The server 3× slower for the run's last two judged windows: fewer than drift takes in a
+    row, so it is not drift — and not "none" either (it said "drift: none" with the whole run's
+    rate, which hid the slowdown): "undecided", with what those windows read, in the summary,
+    --json and the ledger alike."""
+    base = jitter(3)
+    watch, warnings = drive(lambda i: base(i) * (3.0 if i >= 350 else 1.0), n=400)
+    record = watch.record()
+    assert warnings == [] and not record.drifted and record.compared, record
+    assert record.undecided in (1, 2) and record.judged >= 3, watch.windows
+    line = record.line()
+    assert line.startswith("drift: undecided — ") and "drift: none" not in line, line
+    assert f"the run's last {record.undecided} judged window(s)" in line, line
+    assert record.at_item is not None and 300 < record.at_item <= 400, record
+    assert record.items_per_s is not None and record.items_per_s < 10, record  # 20 / 3, not all
+    assert re.search(r"p50 0\.[56]\d* s against 0\.2 s expected", line), line
+    (read,) = records_of(records_json([record]))
+    assert read.line() == line and read.undecided == record.undecided
+    # a slow stretch that ended before the run did is still "none": the server came back
+    healed, _ = drive(lambda i: base(i) * (3.0 if 350 <= i < 390 else 1.0), n=600)
+    assert healed.record().line().startswith("drift: none — "), healed.windows
+
+
 def test_a_busy_machine_that_makes_the_client_late_is_not_the_servers_drift() -> None:
     """From item 300 other processes take the machine and calibrate's threads run 0.3 s late:
     every answer is read 0.3 s later, 2.5× the calibrated latency. The server made them as fast

@@ -15,7 +15,8 @@ flight is not the server's slowness). A window **fails** when its error rate is 
 the calibration's, with two errors at least.
 
 **Lasting.** Drift is three judged windows in a row slow or failing; a window that cannot speak
-for the server (an outage, the run's last items) neither counts nor breaks the run.
+for the server (an outage, the run's last items) neither counts nor breaks the run. A run that
+ends inside fewer than three (``run_at_end``) is undecided, never "none".
 
 **The client's lateness is not the server's.** What calibrate's own threads waited to run over
 a window (the self-check's timer, ``gpu.selfload``) is taken off its median latency before it
@@ -201,3 +202,41 @@ def judge(cal: Calibrated, basis: Basis, windows: Sequence[Window]) -> Finding |
         else:
             run = []
     return None
+
+
+def run_at_end(cal: Calibrated, basis: Basis, windows: Sequence[Window]) -> tuple[Window, ...]:
+    """The judged windows at the run's end slow or failing in a row (none when the last judged
+    one kept pace): a slowdown the run ended inside, too soon to tell whether it lasted."""
+    if basis.kind is None:
+        return ()
+    run: list[Window] = []
+    for window in windows:
+        if not window.judged:
+            continue
+        run = [*run, window] if is_slow(cal, basis, window) or is_failing(cal, window) else []
+    return tuple(run)
+
+
+def ended_inside(
+    cal: Calibrated,
+    ending: Sequence[Window],
+    rate: float | None,
+    admits: str,
+    judged: int,
+    where: str,
+) -> str:
+    """What the windows the run ended inside read, and that they are too few to tell drift."""
+    read = f"{rate or 0:.3g} items/s against {admits}"
+    p50s = [w.latency_p50_s for w in ending if w.latency_p50_s is not None]
+    expected = [e for w in ending if (e := expected_p50_s(cal, w)) is not None]
+    if p50s and expected:
+        read += f", p50 {median(p50s):.3g} s against {median(expected):.3g} s expected"
+    errors, items = sum(w.errors for w in ending), sum(w.items for w in ending)
+    if errors:
+        read += f", errors {errors / items:.0%} ({cal.error_rate:.0%} calibrated)"
+    return (
+        f"the run's last {len(ending)} judged window(s), from item {ending[0].first_item:,}, "
+        f"were slower or failing, fewer than drift takes in a row ({IN_A_ROW}): whether it "
+        f"lasted is not known. They read {read}; the {judged - len(ending)} judged window(s) "
+        f"before them read as no drift, {where}"
+    )

@@ -26,11 +26,13 @@ from calibrate.stages.batch.drift.rule import (
     Basis,
     Finding,
     basis_of,
+    ended_inside,
     is_failing,
     is_slow,
     judge,
     latency_bound,
     lowest_items_per_s,
+    run_at_end,
     too_wide,
 )
 from calibrate.stages.batch.drift.server import ServerWatch
@@ -236,7 +238,13 @@ class DriftWatch:
                 rerun=f"calibrate {cal.stage}",
             )
         off = sum(1 for w in judged if is_slow(cal, basis, w) or is_failing(cal, w))
-        shown = list(finding.windows) if finding else judged
+        # fewer judged windows than drift takes in a row: none could have been found, so none
+        # is claimed — what they read is said, and how many of them were off
+        too_few = finding is None and len(judged) < IN_A_ROW
+        # a slowdown the run ended inside (fewer windows than drift takes): not drift, and
+        # not "none" either — the whole run's rate hid a server 3× slower at its end
+        ending = () if finding is not None or too_few else run_at_end(cal, basis, judged)
+        shown = list(finding.windows) if finding else list(ending) or judged
         seconds = sum(w.seconds for w in shown)
         items = sum(w.items for w in shown)
         p50s = [w.latency_p50_s for w in shown if w.latency_p50_s is not None]
@@ -247,27 +255,27 @@ class DriftWatch:
             if w.server and w.server.preemptions is not None
         ]
         rate = items / seconds if seconds > 0 else None
-        # fewer judged windows than drift takes in a row: none could have been found, so none
-        # is claimed — what they read is said, and how many of them were off
-        too_few = finding is None and len(judged) < IN_A_ROW
         if finding is None:
             # how much slower a server could be and still read within the calibration's noise:
             # "none" is never surer than that (a 4× slower mock read as none beside runs of
             # 16.3–27.3 items/s, which admit 3.9×)
-            text = (
-                f"{rate or 0:.3g} items/s against {cal.items_per_s:.3g} calibrated (its runs "
-                f"{cal.items_per_s_low:.3g}–{cal.items_per_s_high:.3g}, within which a latency "
-                f"up to {latency_bound(cal):.2g}× the expected reads as no drift) over "
-                f"{len(judged)} judged window(s), {where}"
+            admits = (
+                f"{cal.items_per_s:.3g} calibrated (its runs {cal.items_per_s_low:.3g}–"
+                f"{cal.items_per_s_high:.3g}, within which a latency up to "
+                f"{latency_bound(cal):.2g}× the expected reads as no drift)"
             )
+            text = f"{rate or 0:.3g} items/s against {admits} over {len(judged)} judged window(s), {where}"
             if too_few:
                 text = (
                     f"{len(judged)} judged window(s) of the run, too few to tell drift (it takes "
                     f"{IN_A_ROW} in a row), {off} of them slower or failing: {text}"
                 )
+            elif ending:
+                text = ended_inside(cal, ending, rate, admits, len(judged), where)
         else:
             text = self._said
         found = self._causes() if finding else ()
+        first = finding.windows[0] if finding else ending[0] if ending else None
         return DriftRecord(
             not too_few,
             text,
@@ -279,9 +287,10 @@ class DriftWatch:
             windows=len(self.windows),
             judged=len(judged),
             off=off,
+            undecided=len(ending),
             causes=tuple(c.text for c in found),
             rerun=found[0].rerun if found else None,
-            at_item=finding.windows[0].first_item if finding else None,
+            at_item=first.first_item if first else None,
             items_per_s=rate,
             latency_p50_s=median(p50s) if p50s else None,
             latency_p99_s=max(p99s) if p99s else None,
