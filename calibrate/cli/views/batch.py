@@ -12,6 +12,7 @@ from calibrate.cli.output import Output
 from calibrate.cli.views.batch_progress import ProgressView
 from calibrate.engines.redaction import shown_command
 from calibrate.io.jobs.openai_batch import FORMAT_NAMES
+from calibrate.io.junit import JUnitCase
 from calibrate.io.store import RunDir
 from calibrate.stages.batch.endpoints import EndpointCheck
 from calibrate.stages.batch.plan import BatchPlan, BatchSpec
@@ -98,7 +99,8 @@ class BatchView:
         verdict: BatchVerdict,
     ) -> None:
         """--junit: one case for the items (the run's own verdict: its exit code's), one per
-        failure kind, one per sample check."""
+        failure kind, one per sample check, and one per drift line the summary says (passing
+        for "none", else skipped with the line: a healthy run that drifted stays green)."""
         if self.junit is None:
             return
         suite = junit_suite("batch", run, target)
@@ -116,6 +118,16 @@ class BatchView:
             )
         for check in checks:
             suite.check(f"sample: {check.name}", check.passed, check.detail, kind="format")
+        for record in verdict.drift:  # the summary's drift lines: a warning, never a failure
+            named = f": {record.endpoint}" if len(verdict.drift) > 1 and record.endpoint else ""
+            none = record.compared and not record.drifted and not record.undecided
+            suite.add(
+                JUnitCase(
+                    f"drift from the calibration{named}",
+                    f"calibrate.{suite.name}",
+                    skipped=None if none else record.line(),
+                )
+            )
         suite.write(self.junit)
 
 

@@ -364,11 +364,13 @@ def summary_json(
 @dataclass(frozen=True)
 class BatchVerdict:
     """Whether a batch passed — one rule for its exit code, its ledger line and --junit — and,
-    when not, why in words and the kind of its first reason (a JUnit failure's type)."""
+    when not, why in words and the kind of its first reason (a JUnit failure's type); ``drift``:
+    the endpoints' drift records its summary says (--junit says them too), none or not."""
 
     passed: bool
     why: str = ""
     kind: str = ""
+    drift: tuple[DriftRecord, ...] = ()
 
 
 def verdict_of(result: BatchResult, notes: BatchNotes, checks_passed: bool = True) -> BatchVerdict:
@@ -393,10 +395,11 @@ def verdict_of(result: BatchResult, notes: BatchNotes, checks_passed: bool = Tru
         ("format", not checks_passed, "a sample output failed its shape check"),
     )
     said = [(kind, text) for kind, wrong, text in reasons if wrong]
+    drift = tuple(r for r in notes.drift or () if r.said)  # a warning: it fails nothing
     if not said:
-        return BatchVerdict(True)
+        return BatchVerdict(True, drift=drift)
     left = f"; {result.remaining} remaining" if result.remaining else ""
-    return BatchVerdict(False, "; ".join(text for _, text in said) + left, said[0][0])
+    return BatchVerdict(False, "; ".join(text for _, text in said) + left, said[0][0], drift)
 
 
 def _rounded(value: float | None) -> float | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,21 @@ def _drift_rows(root: Path, run_id: str) -> list[dict[str, Any]]:
     return jsonl(root / "runs" / run_id / "drift.jsonl")
 
 
+def _junit_drift(path: Path, err: str) -> None:
+    """--junit says the drift line the summary says, word for word: a passing case for "drift:
+    none", else the line as its <skipped> message (a warning, never a <failure>: exit 0 stays
+    green)."""
+    said = [line for line in err.replace("\n  ", " ").splitlines() if "drift: " in line]
+    (case,) = [c for c in ET.parse(path).iter("testcase") if c.get("name", "").startswith("drift")]
+    assert case.find("failure") is None, ET.tostring(case)
+    skipped = case.find("skipped")
+    if skipped is None:
+        assert len(said) == 1 and said[0].startswith("drift: none — "), said
+        return
+    message = skipped.get("message", "")
+    assert any(message in line for line in said), (message, said)
+
+
 @pytest.mark.parametrize("workers", ["1", "2"])  # 2: the watch sees the workers' lines
 def test_a_mock_that_slows_after_n_items_warns_once_records_it_and_status_shows_it(
     cli: Any, isolated: Path, workers: str
@@ -59,9 +75,10 @@ def test_a_mock_that_slows_after_n_items_warns_once_records_it_and_status_shows_
     tasks = write_tasks(isolated / "tasks.jsonl", ITEMS)
     slows = ("--port", str(port), "--slow-after", str(SLOW_AFTER), "--slow-after-factor", "4")
     with MockProcess(*QUICK, *slows):
-        args = ("--out", "out.jsonl", "-c", "4", "--workers", workers, "--json")
+        args = ("--out", "out.jsonl", "-c", "4", "--workers", workers, "--json", "--junit", "j.xml")
         result = cli("batch", "--input", str(tasks), *args)
     assert result.code == 0, result.err
+    _junit_drift(isolated / "j.xml", result.err)  # CI reads what the summary says
     (drift,) = result.json["drift"]
     if not drift["compared"]:  # calibrated beside CPU burners: its runs 5.41–23.8 items/s
         assert "too far apart to tell a slower server" in drift["text"], drift
@@ -118,8 +135,10 @@ def test_a_calibration_too_noisy_to_hold_a_batch_to_says_so_in_the_summary(
     ledger.write_text("".join(json.dumps(e) + "\n" for e in entries), encoding="utf-8")
     tasks = write_tasks(isolated / "tasks.jsonl", 200)  # ~5 s: a window or two to judge
     with MockProcess(*QUICK, "--port", str(port)):
-        result = cli("batch", "--input", str(tasks), "--out", "out.jsonl", "-c", "4", "--json")
+        args = ("--out", "out.jsonl", "-c", "4", "--json", "--junit", "j.xml")
+        result = cli("batch", "--input", str(tasks), *args)
     assert result.code == 0, result.err
+    _junit_drift(isolated / "j.xml", result.err)
     (drift,) = result.json["drift"]
     assert not drift["compared"] and "too far apart to tell a slower server" in drift["text"]
     assert drift["rerun"] == "calibrate ladder", drift
