@@ -274,6 +274,35 @@ def test_preemptions_from_the_servers_metrics_are_the_likely_cause() -> None:
     assert record.rerun == "calibrate ladder --replay out.jsonl"
 
 
+def test_a_server_restarted_mid_run_still_counts_its_preemptions() -> None:
+    """A server up for days (its counter at 10,000 when the batch begins) restarts at item 250
+    (the counter starts again at 0), then preempts and slows from item 300: the preemptions are
+    counted across the restart, the cause named. (The counter's rise read max(0, 60 − 10,000)
+    = 0: "no cause seen from here (no preemptions, …)", and --json said 0 preemptions.)"""
+    preempted = [10_000]
+
+    def metrics() -> str:
+        return (
+            "# TYPE vllm:num_preemptions_total counter\n"
+            f'vllm:num_preemptions_total{{model_name="m"}} {preempted[0]}\n'
+        )
+
+    def server(i: int) -> None:
+        if i == 250:
+            preempted[0] = 0  # restarted: a new process, its counters from 0
+        elif i >= 300 and i % 6 == 0:
+            preempted[0] += 1
+
+    base = jitter(4)
+    watch, warnings = drive(
+        lambda i: base(i) * (2.5 if i >= 300 else 1.0), on_item=server, server=ServerWatch(metrics)
+    )
+    assert len(warnings) == 1
+    assert "likely cause: preemptions +" in warnings[0], warnings[0]
+    record = watch.record()
+    assert record.preemptions is not None and 50 <= record.preemptions <= 100, record
+
+
 def test_errors_over_the_calibrations_rate_are_drift_too() -> None:
     """From item 300 one request in four fails: the batch is failing more than calibrated."""
     base = jitter(5)

@@ -2,8 +2,10 @@
 
 Light on purpose: one GET and one parse, on the drift watch's thread, never on the request
 path. What is kept per window is the most the server ran and queued, its fullest KV cache, and
-its preemption counter's rise since the batch began. A server without /metrics (or without
-these figures) is asked three times, then no more: nothing is claimed of what it did not say.
+its preemption counter's rise since the batch began — across a restart too: a counter that
+reads lower than before belongs to a new process, counting again from 0, and what the old one
+counted is kept. A server without /metrics (or without these figures) is asked three times,
+then no more: nothing is claimed of what it did not say.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class ServerWatch:
         self._answered = False
         self._first: float | None = None  # the preemption counter when the batch began
         self._last: float | None = None
+        self._before = 0.0  # preemptions counted by the server's processes before a restart
         self._kv: float | None = None
         self._running: float | None = None
         self._queue: float | None = None
@@ -58,6 +61,9 @@ class ServerWatch:
         if kv is not None and kv.percent:
             self._percent.add(kv.metric)
         if counter is not None:
+            if self._last is not None and self._first is not None and counter.value < self._last:
+                self._before += self._last - self._first  # restarted: its counter begins at 0
+                self._first = 0.0
             self._first = counter.value if self._first is None else self._first
             self._last = counter.value
         self._kv = _most(self._kv, kv.usage if kv else None)
@@ -70,7 +76,7 @@ class ServerWatch:
             return None
         rise = None
         if self._first is not None and self._last is not None:
-            rise = max(0.0, self._last - self._first)
+            rise = self._before + max(0.0, self._last - self._first)
         seen = ServerSeen(rise, self._kv, self._running, self._queue)
         self._kv = self._running = self._queue = None
         return seen
