@@ -144,7 +144,10 @@ class ReplayFit:
     def verdict(self) -> str:
         """close to the job, NOT close (either count is not), or too few to tell."""
         if not self.decided:
-            return "too few to tell whether it is close to the job (no distance could exceed the tolerance)"
+            return (
+                "too few to tell whether it is close to the job (no distance could exceed "
+                "the tolerance)"
+            )
         return "close to the job" if self.close else "NOT close to the job"
 
     def lines(self) -> list[str]:

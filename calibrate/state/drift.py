@@ -19,8 +19,9 @@ from calibrate.state.calibrated import Calibrated
 class DriftRecord:
     """One batch against its calibration: compared or not (``text`` says why not), drifted or
     not (``text`` is then the warning it gave), what it saw over its judged windows (over the
-    slow ones when it drifted, over those the run ended inside when it is undecided) and, when it drifted, the causes and the stage to run again
-    (``rerun``; not compared, the stage whose calibration was too noisy to hold it to)."""
+    slow ones when it drifted, over those the run ended inside when it is undecided) and, when
+    it drifted, the causes and the stage to run again (``rerun``; not compared, the stage whose
+    calibration was too noisy to hold it to)."""
 
     compared: bool
     text: str

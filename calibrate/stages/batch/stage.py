@@ -1,4 +1,4 @@
-"""Stage F: the production run — tasks JSONL → results JSONL, concurrent and resumable (SPEC §5.9).
+"""Stage F, the production run (SPEC §5.9): tasks JSONL → results JSONL, concurrent, resumable.
 
 ``run(request, env)`` is the whole stage: the request resolved and checked (request.py), the
 input validated and --out locked (``open_batch``, plan.py), the endpoints checked

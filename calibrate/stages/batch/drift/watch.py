@@ -264,7 +264,10 @@ class DriftWatch:
                 f"{cal.items_per_s_high:.3g}, within which a latency up to "
                 f"{latency_bound(cal):.2g}× the expected reads as no drift)"
             )
-            text = f"{rate or 0:.3g} items/s against {admits} over {len(judged)} judged window(s), {where}"
+            text = (
+                f"{rate or 0:.3g} items/s against {admits} over {len(judged)} judged "
+                f"window(s), {where}"
+            )
             if too_few:
                 text = (
                     f"{len(judged)} judged window(s) of the run, too few to tell drift (it takes "
