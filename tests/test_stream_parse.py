@@ -249,7 +249,10 @@ REJECTED = [
     (_sse("\ufeff"), None),
     (b"data: \xef\xbb\xbf{}\n\n", "a stream chunk is not JSON: '\\ufeff{}'"),
     (_sse([]), "a stream chunk is a list, not a JSON object"),
-    (_sse({"error": {"message": "the engine fell over"}}), "HTTP 500: the engine fell over"),
+    (
+        _sse({"error": {"message": "the engine fell over"}}),
+        "error in an HTTP 200 answer (no code given, read as a server error): the engine fell over",
+    ),
     (_sse(_chat_chunk(5)), "choices[0].delta.content is an integer, not a string or null"),
     (_sse({"choices": [{"index": -1}]}), "choices[0].index is out of range (negative or huge)"),
     (_sse({"choices": {}}), "the response has 'choices' that is an object, not a list"),
@@ -450,3 +453,37 @@ def test_llamacpps_error_field_is_the_streams_error_not_an_empty_or_cut_answer(
     with pytest.raises(RequestError) as caught:
         completion_of(_fed([before + LLAMACPP_STREAM_ERROR]), START, stream=True, chat=True)
     assert "exceeds the available context size" in str(caught.value)
+
+
+# vLLM's streamed failure (entrypoints/openai serving: create_streaming_error_response): one
+# ``data: {"error": {…, "code": N}}`` after the 200, then ``data: [DONE]``; N is 400 for what it
+# rejects mid-stream (its default) and 500 for a failed generation.
+def _vllm_error(code: int, message: str) -> bytes:
+    err = {"message": message, "type": "BadRequestError", "param": None, "code": code}
+    return _sse(_chat_chunk("partial "), {"error": err}, b"[DONE]")
+
+
+@pytest.mark.parametrize(
+    ("body", "kind", "status"),
+    [
+        (_vllm_error(400, "the prompt holds a token the tokenizer refuses"), "http_4xx", 400),
+        (_vllm_error(500, "Internal server error"), "http_5xx", 500),
+        (_vllm_error(500, "CUDA out of memory"), "oom", 500),
+        (LLAMACPP_STREAM_ERROR, "http_4xx", 400),
+        (_sse({"error": {"message": "m", "code": "400"}}), "http_4xx", 400),
+        (_sse({"error": {"message": "m", "code": 200}}), "http_5xx", 500),  # no error status
+        (_sse({"error": {"message": "m", "code": "rate_limited"}}), "http_5xx", 500),
+    ],
+)
+def test_an_error_in_a_stream_has_the_status_its_body_names_never_a_500_it_did_not_say(
+    body: bytes, kind: str, status: int
+) -> None:
+    """Every error after the 200 read as "HTTP 500", http_5xx: a request vLLM rejected (400)
+    was retried by batch as transient and failed again, and the line named a status no server
+    sent. The body's ``code`` is the status; none named, it says it read a server error."""
+    with pytest.raises(RequestError) as caught:
+        completion_of(_fed([body]), START, stream=True, chat=True)
+    info = caught.value.info
+    assert (info.kind, info.status) == (kind, status)
+    assert str(caught.value).startswith("error in an HTTP 200 answer (")
+    assert "HTTP 500" not in str(caught.value)

@@ -13,6 +13,7 @@ import errno
 import math
 import re
 import ssl
+from dataclasses import replace
 from typing import Any
 
 from calibrate import json_text
@@ -227,6 +228,25 @@ def error_from_body(status: int, body: dict[str, Any], fallback: str = "") -> Er
     else:
         kind = "http_4xx"
     return ErrorInfo(kind, f"HTTP {status}: {shorten(message, 300)}".rstrip(": "), status)
+
+
+def error_in_answer(body: dict[str, Any]) -> ErrorInfo:
+    """An error object in an answer sent with HTTP 200: a stream that fails after its first
+    bytes (vLLM's ``data: {"error": …}``, llama.cpp's ``error: {…}``), or a 200 whose body is an
+    error. Its status is the one the body names (``error.code``: vLLM marks a request it rejects
+    mid-stream 400, a failed generation 500; llama.cpp a context overflow 400), never a 500 it
+    did not say: a 400 retried as transient fails again. A body that names none is read as a
+    server error, and says so."""
+    err = body.get("error")
+    code = err.get("code") if isinstance(err, dict) else None
+    if isinstance(code, str) and code.isdigit():
+        code = int(code)
+    named = type(code) is int and 400 <= code <= 599
+    status = code if named and isinstance(code, int) else 500
+    info = error_from_body(status, body)
+    said = f"code {status}" if named else "no code given, read as a server error"
+    text = info.message.removeprefix(f"HTTP {status}").removeprefix(": ")
+    return replace(info, message=f"error in an HTTP 200 answer ({said}): {text}".rstrip(": "))
 
 
 def retry_after_s(value: str | None) -> float | None:

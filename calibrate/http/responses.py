@@ -14,7 +14,7 @@ import re
 from typing import Any, NamedTuple
 
 from calibrate.errors import RequestError
-from calibrate.http.error_kinds import error_from_body, invalid
+from calibrate.http.error_kinds import error_in_answer, invalid
 from calibrate.http.models import Choice, Completion, ModelInfo, Usage
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -147,7 +147,7 @@ def parse_completion(
 ) -> Completion:
     """A non-streamed chat or completions answer."""
     if "error" in payload and not payload.get("choices"):
-        raise RequestError(error_from_body(500, payload))
+        raise RequestError(error_in_answer(payload))
     raw = _choices(payload, allow_empty=False)
     if len(raw) == 1:  # a chat answer, a single prompt's: nothing to sort
         deltas: list[Delta] = [parse_choice(raw[0], 0, chat=chat, delta=False)]
@@ -181,7 +181,7 @@ def parse_chunk(payload: object, *, chat: bool) -> StreamChunk:
     if type(payload) is not dict:
         raise _wrong("a stream chunk", payload, "a JSON object")
     if "error" in payload:
-        raise RequestError(error_from_body(500, payload))
+        raise RequestError(error_in_answer(payload))
     raw = _choices(payload, allow_empty=True)
     return StreamChunk(
         choices=[parse_choice(c, i, chat=chat, delta=True) for i, c in enumerate(raw)],
