@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from calibrate.state.ledger import LedgerEntry
 from tests.fakes import (
     KNEE_NOT_SURE,
     append_ledger,
@@ -246,3 +247,27 @@ def test_pin_reads_a_damaged_sweep_line_without_crashing_and_warns_from_the_leve
     said = " ".join(result.err.split())
     assert "Traceback" not in said
     assert "concurrency 8 was measured while the server ran up to 9 at once" in said, said
+
+
+def test_the_batch_size_is_dated_by_the_run_that_verified_it(cli, isolated: Path) -> None:
+    """The header said "batch size verified by ladder run L at <the sweep's time>": the
+    setting's time is its latest run's, and the sweep ran after the ladder. Each run named is
+    dated by its own ledger line."""
+    target = _configure(cli, isolated, "vllm", "/models/m")
+    ladder = {"last_passing": {"batch_size": 4, "concurrency": 4}, "stopped_by": "failure"}
+    sweep = {"recommended_concurrency": 4, "batch_size": 4}
+    (isolated / "runs").mkdir(exist_ok=True)
+    for stage, summary, ts in (
+        ("ladder", ladder, "2026-11-29T16:00:00Z"),
+        ("sweep", sweep, "2026-11-30T09:30:00Z"),
+    ):
+        entry = LedgerEntry(stage, f"{ts[:10].replace('-', '')}T0-{stage}-ab", target, True)
+        line = {**entry.to_json(), "summary": summary, "ts": ts}
+        with (isolated / "runs/ledger.jsonl").open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(line) + "\n")
+    assert cli("pin").code == 0
+    text = (isolated / "scripts/launch.sh").read_text("utf-8")
+    assert "# batch size verified by ladder run 20261129T0-ladder-ab at 2026-11-29T16:00:00Z" in (
+        text
+    ), text
+    assert "# concurrency from sweep run 20261130T0-sweep-ab" in text, text

@@ -27,7 +27,7 @@ from calibrate.server.launch_script import PinnedValues
 from calibrate.server.process import running_kind
 from calibrate.stages.context import StageContext
 from calibrate.stages.pin_context import JobInput, context_for
-from calibrate.stages.status import measured_by, reasons
+from calibrate.stages.status import measured_by, named_run, reasons
 from calibrate.state.gates import next_step, unrun_cap
 from calibrate.state.ledger import LedgerView, current_weights
 from calibrate.state.setting import CalibratedSetting, resolve
@@ -119,6 +119,14 @@ def ran_above_cap(ctx: StageContext, setting: CalibratedSetting) -> str:
     return ""
 
 
+def _verified_at(view: LedgerView, setting: CalibratedSetting) -> str:
+    """When the run that verified the batch size ran: the setting's own time is its latest
+    run's — a sweep's, after the ladder — and "verified by ladder run L at <the sweep's time>"
+    dated the ladder by another run."""
+    entry = named_run(view, setting.batch_from)
+    return entry.ts if entry is not None else setting.ts
+
+
 def _how_sure(view: LedgerView, setting: CalibratedSetting) -> tuple[str, ...]:
     """How sure the runs the setting came from were ("not sure", "taken under noise"): the
     ladder's line when it set the batch size, the sweep's when it set the concurrency, the
@@ -197,7 +205,7 @@ def run_pin(
         batch_size=batch,
         concurrency=concurrency,
         verified_by=setting.batch_from,
-        verified_at=setting.ts,
+        verified_at=_verified_at(ctx.ledger.view(), setting),
         concurrency_from=setting.concurrency_from,
         pinned_by=ctx.run.run_id,
         pinned_at=utc_now_iso(),

@@ -181,15 +181,15 @@ def measured_by(view: LedgerView, setting: CalibratedSetting | None) -> dict[str
     it."""
     found: dict[str, LedgerEntry] = {}
     for named in (setting.batch_from, setting.concurrency_from) if setting else ():
-        entry = _named_run(view, named)
+        entry = named_run(view, named)
         if entry is not None and entry.stage == "rollback":
-            entry = _named_run(view, str(entry.summary.get("source") or ""))
+            entry = named_run(view, str(entry.summary.get("source") or ""))
         if entry is not None and entry.stage in ("ladder", "sweep", "tune"):
             found.setdefault(entry.stage, entry)
     return found
 
 
-def _named_run(view: LedgerView, named: str) -> LedgerEntry | None:
+def named_run(view: LedgerView, named: str) -> LedgerEntry | None:
     """The line of the run ``named`` names ("sweep run <id> (at batch 4, …)"); None: none."""
     stage, _, rest = named.partition(" run ")
     entry = view.of_run(rest.split(" ")[0]) if rest else None
