@@ -450,3 +450,23 @@ def test_one_journal_given_twice_is_exit_2_not_counted_twice(cli, isolated: Path
     assert not list(isolated.glob("f*.jsonl"))
     once = cli("export", "--input", str(tasks), "--out", "out.jsonl", "--to", "f.jsonl", "--json")
     assert once.code == 0 and once.json["journal_lines"] == 3
+
+
+def test_a_journal_with_no_result_line_is_exit_2_and_stray_lines_are_said(
+    cli, isolated: Path
+) -> None:
+    """The tasks file given as --out (or another tool's output) wrote a final file of every
+    item "never ran", exit 1, with "(0 journal lines)" the only hint; lines of a journal that
+    are no result were dropped without a word. The first is exit 2 with nothing written, the
+    second a warning counting them (``not_results`` in --json)."""
+    tasks = write_tasks(isolated / "tasks.jsonl", 3)
+    wrong = cli("export", "--input", str(tasks), "--out", str(tasks), "--to", "f.jsonl")
+    assert wrong.code == 2, wrong.err
+    assert "holds no result of calibrate batch: none of its 3 line(s) is one" in wrong.err
+    assert "Traceback" not in wrong.err and not list(isolated.glob("f*.jsonl"))
+    results = [_ok(f"t{i}", f"o{i}") for i in range(3)]
+    _journal(isolated / "out.jsonl", results, tail=b'{"note": "appended by hand"}\n\n')
+    mixed = cli("export", "--input", str(tasks), "--out", "out.jsonl", "--to", "f.jsonl", "--json")
+    assert mixed.code == 0, mixed.err
+    assert mixed.json["not_results"] == 1 and mixed.json["ok"] == 3
+    assert "1 line(s) of the journal(s) are no result of calibrate batch: skipped" in mixed.err

@@ -106,6 +106,11 @@ def say_export(out: Output, r: ExportResult) -> None:
         f"final: {r.to_path} — {r.total} {lines} in input order: {r.ok} ok, {r.failed} failed, "
         f"{r.not_run} never ran ({r.journal_lines} journal lines, {r.seconds:.1f} s)"
     )
+    if r.not_results:
+        out.warn(
+            f"{r.not_results:,} line(s) of the journal(s) are no result of calibrate batch: "
+            "skipped (was another file given as --out?)"
+        )
     if r.changed:
         out.warn(
             f"{r.changed} id(s) changed in the input since their result (another text): "

@@ -51,6 +51,7 @@ class ExportResult:
     changed: int = 0  # ids whose only results are of an earlier text of the item (not run)
     made: tuple[tuple[int, Settings | None], ...] = ()  # results per settings, most first
     lines: str = "results"  # what the final file's lines are: "results", or "Batch API output"
+    not_results: int = 0  # journal lines that are no result (nor a run's settings): skipped
 
     @property
     def mixed(self) -> str | None:
@@ -87,6 +88,7 @@ class ExportResult:
             "changed": self.changed,
             "mixed_settings": self.mixed,
             "lines": self.lines,
+            "not_results": self.not_results,
         }
 
 
@@ -150,6 +152,7 @@ def export_final(
         changed=len(found.stale - {i for i, w in found.winners.items() if w is not None}),
         made=tuple(found.made()),
         lines="Batch API output" if found.api_lines else "results",
+        not_results=found.not_results,
     )
 
 

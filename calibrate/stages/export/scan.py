@@ -64,6 +64,7 @@ class Pass1:
     settings: dict[str, Settings] = field(default_factory=dict)  # fingerprint → in full
     counts: tuple[int, int, int] = (0, 0, 0)  # pass 2's: ok, failed, not run
     api_lines: bool = False  # the final file holds Batch API output lines (a Batch API input)
+    not_results: int = 0  # lines of the journals that are no result (nor a run's settings)
 
     def __post_init__(self) -> None:
         # one table of the input's ids (the same key objects): None until a line is found
@@ -96,8 +97,14 @@ class Pass1:
     def scan(self, path: Path, shown: Path, number: int) -> None:
         """One journal (``shown``: its name in messages)."""
 
+        results = others = 0
+
         def note(block: bytes, base: int, first_line: int, *, tail: bool = False) -> None:
-            for match_start, token, ok, fp, made in _records(block, shown, first_line):
+            nonlocal results, others
+            records, not_results = _records(block, shown, first_line)
+            results += len(records)
+            others += 0 if tail else not_results  # a torn last line is no line at all
+            for match_start, token, ok, fp, made in records:
                 item_id = _id_of(token)
                 if item_id is None or isinstance(item_id, bool) or item_id not in self.winners:
                     if not tail:  # a torn last line is not counted at all
@@ -127,15 +134,24 @@ class Pass1:
                 first_line += block.count(b"\n")
             if carry.strip():  # a last line without its newline: whole (kept) or torn (ignored)
                 note(carry + b"\n", base, first_line, tail=True)
+        self.not_results += others
+        if others and not results:  # the tasks file, another tool's output: never "not run"
+            raise InputError(
+                f"{shown} holds no result of calibrate batch: none of its {others:,} line(s) "
+                "is one (a result line has an 'id' and 'ok')",
+                "Give the --out file(s) calibrate batch wrote (not its --input); nothing was "
+                "written.",
+            )
 
 
 FP = re.compile("[0-9a-f]{16}")
 _Record = tuple[int, bytes, bytes, bytes | None, bytes | None]  # offset, id, ok, digest, made
 
 
-def _records(block: bytes, path: Path, first_line: int) -> list[_Record]:
+def _records(block: bytes, path: Path, first_line: int) -> tuple[list[_Record], int]:
     """(offset, id token, ok, item digest, settings fingerprint) of each result line of
-    ``block`` (lines end at b"\\n").
+    ``block`` (lines end at b"\\n"), and how many of its other lines are no result nor a run's
+    settings (blank lines aside).
 
     A result whose id is neither a string nor an integer (a list, an object, ``1.0``, which
     must not be taken for ``1``) is an InputError naming the journal and the line.
@@ -145,8 +161,9 @@ def _records(block: bytes, path: Path, first_line: int) -> list[_Record]:
         for m in RESULT_LINE.finditer(block)
     ]
     if len(found) == block.count(b"\n"):
-        return found
+        return found, 0
     out: list[_Record] = []  # some lines are not ours verbatim: parse each
+    others = 0
     offset = 0
     for number, raw in enumerate(block.split(b"\n")[:-1], first_line):
         match = RESULT_LINE.match(raw)
@@ -174,8 +191,10 @@ def _records(block: bytes, path: Path, first_line: int) -> list[_Record]:
                         made.encode() if isinstance(made, str) and FP.fullmatch(made) else None,
                     )
                 )
+            elif raw.strip() and SETTINGS_MARK not in raw:
+                others += 1
         offset += len(raw) + 1
-    return out
+    return out, others
 
 
 def _id_of(token: bytes) -> ItemId | None:
