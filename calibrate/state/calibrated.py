@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.errors import CalibrateError
-from calibrate.io.store import run_path
+from calibrate.io.store import read_object, run_path
 from calibrate.io.tier_table import read_table
 from calibrate.io.tier_table.cells import cell, row_json
 from calibrate.io.tier_table.columns import Column
@@ -140,11 +140,21 @@ def calibration_for(
             found = _from_sweep(entry, runs_dir, batch_size, concurrency)
             if found is not None:
                 return found
+    one_request = ""  # a prompt-list ladder: what it measured is not what batch sends
     for entry in reversed(entries):
         if entry.stage == "ladder" and not is_context_ladder(entry):
+            if _ladder_mode(runs_dir, entry) == "prompt-list":
+                one_request = one_request or entry.run_id
+                continue
             found = _from_ladder(entry, runs_dir, concurrency)
             if found is not None:
                 return found
+    if one_request:
+        return (
+            f"ladder run {one_request} ran in prompt-list mode (one request of {concurrency} "
+            f"prompts), not {concurrency} requests at once as batch sends them; nothing measured "
+            f"concurrency {concurrency} as this batch runs (calibrate sweep measures it)"
+        )
     if tuned:
         return (
             f"nothing was measured at concurrency {concurrency} with the engine flags tune "
@@ -176,6 +186,15 @@ def _from_sweep(
         if found is not None:
             return found
     return None
+
+
+def _ladder_mode(runs_dir: Path, entry: LedgerEntry) -> str:
+    """How the ladder sent each tier, from its run's manifest ("wave", "prompt-list"; "" when
+    its folder is gone or it did not record it)."""
+    config = read_object(run_path(runs_dir, entry.run_id) / "manifest.json").get("config")
+    ladder = config.get("ladder") if isinstance(config, dict) else None
+    mode = ladder.get("mode") if isinstance(ladder, dict) else None
+    return mode if isinstance(mode, str) else ""
 
 
 def _from_ladder(entry: LedgerEntry, runs_dir: Path, concurrency: int) -> Calibrated | None:

@@ -6,6 +6,7 @@ folder's tiers.csv; and, when nothing fits, why — in words a user can act on."
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +100,28 @@ def test_a_calibration_reads_back_what_it_wrote_and_a_malformed_one_reads_as_non
     assert Calibrated.from_json(cal.to_json()) == cal
     assert Calibrated.from_json({**cal.to_json(), "items_per_s": "fast"}) is None
     assert Calibrated.from_json([1, 2]) is None
+
+
+def test_a_prompt_list_ladder_is_no_calibration_of_a_batch_at_that_concurrency(
+    tmp_path: Path,
+) -> None:
+    """A ladder in prompt-list mode sent each tier as one request of B prompts; a batch at -c B
+    sends B requests at once. Its tier was held up as the batch's calibration ("batch 4") with
+    nothing saying it measured something else; now it is passed over, an older wave ladder or a
+    sweep taken instead, and with none the reason names the mode."""
+    ledger = Ledger(tmp_path / "runs")
+    ledger.append(_ladder("l-wave", 20.0))
+    ledger.append(_ladder("l-list", 30.0))
+    for run_id, mode in (("l-wave", "wave"), ("l-list", "prompt-list")):
+        run = tmp_path / "runs" / run_id
+        run.mkdir(parents=True)
+        manifest = {"config": {"ladder": {"mode": mode}}}
+        (run / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    found = _found(ledger, tmp_path)
+    assert isinstance(found, Calibrated) and found.run_id == "l-wave", found
+    alone = Ledger(tmp_path / "alone" / "runs")
+    alone.append(_ladder("l-list", 30.0))
+    said = calibration_for(alone, TARGET, tmp_path / "runs", 4, 4, tuned=False)
+    assert isinstance(said, str), said
+    assert "ladder run l-list ran in prompt-list mode (one request of 4 prompts)" in said
+    assert "calibrate sweep" in said
