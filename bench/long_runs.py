@@ -19,8 +19,8 @@ from typing import Any
 from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams
 from calibrate.io.jsonl import dumps_line
-from calibrate.stages.batch.lanes import make_lane
-from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
+from calibrate.stages.batch.sending.lanes import make_lane
+from calibrate.stages.batch.sending.outage import OutageEvent, OutagePolicy
 from calibrate.stages.batch.stage import BatchSpec, plan_batch, run_batch
 from calibrate.state.setting import Endpoint
 from tests.mockserver import start_mock_process

@@ -17,8 +17,8 @@ from typing import Any
 from calibrate.http.client import OpenAIClient
 from calibrate.load.request import Request
 from calibrate.load.transport import Exchange
-from calibrate.stages.batch.lanes import Lane, make_lane
-from calibrate.stages.batch.outage import OutagePolicy
+from calibrate.stages.batch.sending.lanes import Lane, make_lane
+from calibrate.stages.batch.sending.outage import OutagePolicy
 from calibrate.state.setting import Endpoint
 from tests.mockserver import REPO
 

@@ -14,8 +14,8 @@ from calibrate.errors import ExitCode
 from calibrate.http.client import OpenAIClient
 from calibrate.http.models import Choice, Completion, SamplingParams, Usage
 from calibrate.load.retry import RetryPolicy
-from calibrate.stages.batch.outage import Breaker, OutagePolicy
 from calibrate.stages.batch.request import stopped_error
+from calibrate.stages.batch.sending.outage import Breaker, OutagePolicy
 from calibrate.stages.batch.stage import BatchSpec, open_batch, run_batch
 from tests.batch_helpers import (
     HostileServer,

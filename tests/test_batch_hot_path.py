@@ -26,8 +26,8 @@ from calibrate.http.client import OpenAIClient
 from calibrate.http.models import Choice, Completion, SamplingParams, Usage
 from calibrate.io.jsonl import JsonlWriter
 from calibrate.stages.batch.journal import Journal, Tally
-from calibrate.stages.batch.queue import MAX_REQUEUES, WorkQueue
 from calibrate.stages.batch.result import BatchProgress
+from calibrate.stages.batch.sending.queue import MAX_REQUEUES, WorkQueue
 from calibrate.stages.batch.stage import BatchSpec, plan_batch, run_batch
 from tests.batch_helpers import (
     ScriptedTransport,

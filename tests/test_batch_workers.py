@@ -29,12 +29,12 @@ from calibrate.load.procs.proc import cores
 from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.load.procs.selfcheck import CheckLimits
 from calibrate.load.procs.sender import workers_for
-from calibrate.stages.batch.control import BatchControl
-from calibrate.stages.batch.outage import OutagePolicy
-from calibrate.stages.batch.procs import run as procs_run
-from calibrate.stages.batch.procs.parent import split
 from calibrate.stages.batch.result import BatchResult
-from calibrate.stages.batch.sending import run_items
+from calibrate.stages.batch.sending.control import BatchControl
+from calibrate.stages.batch.sending.items import run_items
+from calibrate.stages.batch.sending.outage import OutagePolicy
+from calibrate.stages.batch.sending.procs import run as procs_run
+from calibrate.stages.batch.sending.procs.parent import split
 from calibrate.stages.batch.stage import BatchPlan, BatchSpec, plan_batch, run_batch
 from calibrate.state.setting import Endpoint
 from tests.batch_helpers import (

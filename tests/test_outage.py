@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from calibrate.errors import ErrorInfo
-from calibrate.stages.batch.outage import Breaker, OutageEvent, OutagePolicy, is_outage
+from calibrate.stages.batch.sending.outage import Breaker, OutageEvent, OutagePolicy, is_outage
 from tests.batch_helpers import assert_valid_jsonl, write_tasks
 from tests.fakes import free_port, managed_config, mock_command, pythonpath_env
 from tests.helpers import write_config

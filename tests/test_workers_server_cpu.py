@@ -31,9 +31,9 @@ from calibrate.load.procs.selfcheck import worker_check
 from calibrate.load.procs.sender import WorkerSender
 from calibrate.load.request import build_requests
 from calibrate.load.window import LevelWindow
-from calibrate.stages.batch.procs import parent as procs_parent
-from calibrate.stages.batch.procs import run as procs_run
-from calibrate.stages.batch.procs.child import WorkerSetup
+from calibrate.stages.batch.sending.procs import parent as procs_parent
+from calibrate.stages.batch.sending.procs import run as procs_run
+from calibrate.stages.batch.sending.procs.child import WorkerSetup
 from tests.batch_helpers import write_tasks
 from tests.helpers import write_config
 from tests.mockserver import MockProcess, start_mock

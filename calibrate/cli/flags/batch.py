@@ -14,9 +14,13 @@ from calibrate.config import Config
 from calibrate.errors import UsageError
 from calibrate.load.procs.sender import SLOTS_PER_WORKER
 from calibrate.load.retry import RetryPolicy
-from calibrate.stages.batch.outage import DEFAULT_OUTAGE_AFTER, DEFAULT_OUTAGE_S, OutagePolicy
 from calibrate.stages.batch.plan import MAX_CONCURRENCY
 from calibrate.stages.batch.request import BatchRequest
+from calibrate.stages.batch.sending.outage import (
+    DEFAULT_OUTAGE_AFTER,
+    DEFAULT_OUTAGE_S,
+    OutagePolicy,
+)
 
 MAX_RETRIES = 100
 MAX_WAIT_S = 3600.0

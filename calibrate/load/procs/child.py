@@ -3,7 +3,7 @@ ladder: its share of a closed or open loop, sent by the ordinary engine.
 
 Started as ``python -m calibrate.load.procs.child`` with two pipes, it runs the job its first
 message is (``job.serve(inbox, outbox)``): a ``LoadJob`` here, batch's share of the items
-(``stages.batch.procs.child.WorkerSetup``) there. A ``LoadJob`` holds the client's recipe (the
+(``stages.batch.sending.procs.child.WorkerSetup``) there. A ``LoadJob`` holds the client's recipe (the
 key in memory only), the parent's clock anchor and the server's processes on this machine
 (``selfcheck.worker_check``: this worker judges its late threads on the parent's rule); then
 it runs one run at a time: a closed loop at its share of C, fed requests by the parent ahead

@@ -1,11 +1,11 @@
 """calibrate's worker processes, for every stage that sends from several (``--workers``): the one
 process layer. The ladder's and sweep's loops (``pool.py``) and batch's items
-(``stages.batch.procs``) each run a job of their own in them; what a worker's death means is
+(``stages.batch.sending.procs``) each run a job of their own in them; what a worker's death means is
 the job's side's too (a load run is lost; a batch's items go back and a new worker starts).
 
 ``Workers.start(job)`` runs ``python -m calibrate.load.procs.child`` with two pipes and sends
 ``job`` first: an object whose ``serve(inbox, outbox)`` the child runs (``child.LoadJob``;
-``stages.batch.procs.child.WorkerSetup``). Whatever the job needs (the API key too) travels in
+``stages.batch.sending.procs.child.WorkerSetup``). Whatever the job needs (the API key too) travels in
 it, over the pipe, never in argv, the environment or a file. One reader thread per process puts
 each group of its messages on the run's one queue and, once its output ends (it finished, died
 or was killed), waits for it to be reaped and puts its ``ENDED``: the run's one thread reads

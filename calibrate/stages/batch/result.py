@@ -15,9 +15,9 @@ from calibrate.io.journal.made import FP_FIELD, fp_text
 from calibrate.io.tasks import Task
 from calibrate.stages.batch.endpoints import EndpointCheck
 from calibrate.stages.batch.journal import Tally
-from calibrate.stages.batch.lanes import EndpointReport
-from calibrate.stages.batch.outage import OutageEvent
 from calibrate.stages.batch.plan import BatchPlan, BatchSpec
+from calibrate.stages.batch.sending.lanes import EndpointReport
+from calibrate.stages.batch.sending.outage import OutageEvent
 from calibrate.stages.export import ExportResult
 from calibrate.stages.measure.format_check import (
     Expect,

@@ -22,15 +22,12 @@ from calibrate.http.error_kinds import reach_hint
 from calibrate.load.procs.recipe import ClientRecipe, server_pids_of
 from calibrate.load.procs.selfcheck import PARENT
 from calibrate.load.procs.sender import workers_for
-from calibrate.stages.batch.control import BatchControl
 from calibrate.stages.batch.drift import BatchDrift, watch_batch
 from calibrate.stages.batch.endpoints import (
     ServedModelWatch,
     baseline_served_model,
     usable_endpoints,
 )
-from calibrate.stages.batch.lanes import make_lane
-from calibrate.stages.batch.outage import OutageEvent
 from calibrate.stages.batch.plan import (
     DEFAULT_CONCURRENCY,
     MAX_CONCURRENCY,
@@ -40,7 +37,6 @@ from calibrate.stages.batch.plan import (
     open_batch,
     plan_batch,
 )
-from calibrate.stages.batch.procs import run as procs
 from calibrate.stages.batch.request import (
     PIPED,
     BatchEnv,
@@ -59,13 +55,17 @@ from calibrate.stages.batch.result import (
     summary_json,
     verdict_of,
 )
-from calibrate.stages.batch.sending import (
+from calibrate.stages.batch.sending.control import BatchControl
+from calibrate.stages.batch.sending.items import (
     close_later,
     local_senders,
     run_batch,
     run_items,
     stop_on_signals,
 )
+from calibrate.stages.batch.sending.lanes import make_lane
+from calibrate.stages.batch.sending.outage import OutageEvent
+from calibrate.stages.batch.sending.procs import run as procs
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import StageRequest, open_stage
 from calibrate.stages.export import export_final

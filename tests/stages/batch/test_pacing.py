@@ -1,4 +1,4 @@
-"""A batch's work-queue policy (stages/batch/pacing.py) driven by the real engine on a virtual
+"""A batch's work-queue policy (stages/batch/sending/pacing.py) driven by the real engine on a virtual
 clock: what a user of ``calibrate batch`` would see of its slots, retries, outages and stops,
 with every time arithmetic (a run of minutes takes milliseconds, the same on a busy machine)."""
 
@@ -18,11 +18,11 @@ from calibrate.load.request import Request
 from calibrate.load.retry import RetryPolicy
 from calibrate.load.sim.clock import VirtualClock
 from calibrate.load.transport import Exchange
-from calibrate.stages.batch.control import BatchControl, ReachabilityGuard
-from calibrate.stages.batch.lanes import Lane
-from calibrate.stages.batch.outage import Breaker, OutagePolicy
-from calibrate.stages.batch.pacing import ItemPacing, Work
 from calibrate.stages.batch.plan import BatchSpec
+from calibrate.stages.batch.sending.control import BatchControl, ReachabilityGuard
+from calibrate.stages.batch.sending.lanes import Lane
+from calibrate.stages.batch.sending.outage import Breaker, OutagePolicy
+from calibrate.stages.batch.sending.pacing import ItemPacing, Work
 from calibrate.state.setting import Endpoint
 
 ANSWER = Completion((Choice(0, "four", "stop"),), Usage(3, 1, 4), "m", None, 0.01)

@@ -37,14 +37,14 @@ from calibrate.io.tasks import Task
 from calibrate.load.answers import output_tokens
 from calibrate.load.engine import DONE, WAIT, Record, Send, Step, Wait
 from calibrate.load.request import Request
-from calibrate.stages.batch.control import BatchControl, ReachabilityGuard
 from calibrate.stages.batch.result import internal_line, result_line
+from calibrate.stages.batch.sending.control import BatchControl, ReachabilityGuard
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from calibrate.stages.batch.lanes import Lane
     from calibrate.stages.batch.plan import BatchSpec
+    from calibrate.stages.batch.sending.lanes import Lane
 
 log = logging.getLogger("calibrate")
 

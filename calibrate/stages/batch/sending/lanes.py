@@ -29,7 +29,7 @@ from calibrate.server import lifecycle as server
 from calibrate.server import process
 from calibrate.server.exit_status import ended_words, exited
 from calibrate.server.process import is_target
-from calibrate.stages.batch.outage import (
+from calibrate.stages.batch.sending.outage import (
     Breaker,
     OutageEvent,
     OutagePolicy,

@@ -22,15 +22,15 @@ from calibrate.load.procs.selfcheck import (
     machine_check,
     merged,
 )
-from calibrate.stages.batch.control import BatchControl
 from calibrate.stages.batch.journal import Journal, Tally
-from calibrate.stages.batch.lanes import EndpointReport
-from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
 from calibrate.stages.batch.plan import BatchPlan
-from calibrate.stages.batch.procs.child import WorkerDone, WorkerSetup
-from calibrate.stages.batch.procs.parent import Notes, WorkerProc, WorkerSet, split
-from calibrate.stages.batch.queue import WorkQueue
-from calibrate.stages.batch.sending import SendersOf
+from calibrate.stages.batch.sending.control import BatchControl
+from calibrate.stages.batch.sending.items import SendersOf
+from calibrate.stages.batch.sending.lanes import EndpointReport
+from calibrate.stages.batch.sending.outage import OutageEvent, OutagePolicy
+from calibrate.stages.batch.sending.procs.child import WorkerDone, WorkerSetup
+from calibrate.stages.batch.sending.procs.parent import Notes, WorkerProc, WorkerSet, split
+from calibrate.stages.batch.sending.queue import WorkQueue
 from calibrate.state.setting import Endpoint
 
 _STATES = {"up": 0, "down": 1, "gone": 2}

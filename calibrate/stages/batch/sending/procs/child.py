@@ -25,13 +25,13 @@ from calibrate.io.tasks import ItemId, Task
 from calibrate.load.procs.channel import Channel, Outbox, listen
 from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.load.procs.selfcheck import DEFAULT_LIMITS, CheckLimits, worker_check
-from calibrate.stages.batch.control import BatchControl, ReachabilityGuard
-from calibrate.stages.batch.lanes import make_lane
-from calibrate.stages.batch.outage import OutagePolicy
-from calibrate.stages.batch.pacing import Work
 from calibrate.stages.batch.plan import BatchSpec
-from calibrate.stages.batch.queue import MAX_REQUEUES, waiting_task
-from calibrate.stages.batch.sending import POLL_S, Sending
+from calibrate.stages.batch.sending.control import BatchControl, ReachabilityGuard
+from calibrate.stages.batch.sending.items import POLL_S, Sending
+from calibrate.stages.batch.sending.lanes import make_lane
+from calibrate.stages.batch.sending.outage import OutagePolicy
+from calibrate.stages.batch.sending.pacing import Work
+from calibrate.stages.batch.sending.queue import MAX_REQUEUES, waiting_task
 from calibrate.state.setting import Endpoint
 
 

@@ -29,14 +29,14 @@ from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport
 from calibrate.http.client import OpenAIClient
 from calibrate.load.engine import drive
 from calibrate.load.transport import LoopClock
-from calibrate.stages.batch.control import BatchControl, ReachabilityGuard
 from calibrate.stages.batch.journal import Journal, Tally
-from calibrate.stages.batch.lanes import EndpointReport, Lane, make_lane, report
-from calibrate.stages.batch.outage import OutageEvent, OutagePolicy
-from calibrate.stages.batch.pacing import ItemPacing, Work
 from calibrate.stages.batch.plan import BatchPlan, BatchSpec
-from calibrate.stages.batch.queue import WorkQueue
 from calibrate.stages.batch.result import BatchProgress, BatchResult
+from calibrate.stages.batch.sending.control import BatchControl, ReachabilityGuard
+from calibrate.stages.batch.sending.lanes import EndpointReport, Lane, make_lane, report
+from calibrate.stages.batch.sending.outage import OutageEvent, OutagePolicy
+from calibrate.stages.batch.sending.pacing import ItemPacing, Work
+from calibrate.stages.batch.sending.queue import WorkQueue
 from calibrate.state.setting import Endpoint
 
 log = logging.getLogger("calibrate")
