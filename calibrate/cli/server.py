@@ -56,7 +56,11 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(run=_no_action)
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     start = add_command(actions, "start", START_DOC, run_start, target=False)
-    start.add_argument("--script", metavar="PATH", help="start from a script written by pin")
+    start.add_argument(
+        "--script",
+        metavar="PATH",
+        help="start from the script pin wrote (or a bash script of yours that starts the server)",
+    )
     start.add_argument("--kind", choices=SERVER_KINDS, help="engine kind (overrides [server] kind)")
     start.add_argument("--batch-size", type=int, metavar="N", help="batch size to start with")
     start.add_argument("--concurrency", type=int, metavar="C", help="concurrency to start with")
