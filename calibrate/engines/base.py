@@ -94,6 +94,8 @@ class CapReport:
     path: str
     key: str
     source: str  # how the ladder names it: "llama.cpp /props total_slots"
+    # when the answer holds no number there: how to make the cap known (never read as no cap)
+    unset: str = ""
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,13 @@ ENGINE = Engine(
         preemptions=("sglang:num_retracted_requests_total", "sglang_num_retracted_requests_total"),
         running=("sglang:num_running_reqs", "sglang_num_running_reqs"),
     ),
-    cap_report=CapReport("/get_server_info", "max_running_requests", "SGLang max_running_requests"),
+    # /get_server_info holds the launch arguments: max_running_requests is null unless given
+    cap_report=CapReport(
+        "/get_server_info",
+        "max_running_requests",
+        "SGLang max_running_requests",
+        unset="SGLang names its cap there only when started with --max-running-requests N",
+    ),
     # the radix cache's tokens found, of the prompt tokens received (on unless switched off)
     prefix_cache=PrefixCacheInfo(
         "SGLang's radix cache",

@@ -218,6 +218,8 @@ class MockHandler(BaseHTTPRequestHandler):
             self._wire().send(200, body.encode(), "text/plain; version=0.0.4; charset=utf-8")
         elif path == "/props" and settings.expose_props:
             self._wire().send_json(200, payloads.props(settings))
+        elif path == "/get_server_info" and settings.metrics_style == "sglang":
+            self._wire().send_json(200, payloads.sglang_server_info(settings))
         elif path in GENERATE_PATHS:
             self._wire().send_json(405, {"detail": "Method Not Allowed"})
         else:

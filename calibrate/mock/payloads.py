@@ -300,6 +300,17 @@ def props(settings: MockSettings) -> Json:
     }
 
 
+def sglang_server_info(settings: MockSettings) -> Json:
+    """SGLang's GET /get_server_info: its launch arguments, max_running_requests null unless
+    it was started with --max-running-requests."""
+    return {
+        "model_path": f"/models/{settings.models[0]}",
+        "max_running_requests": settings.max_running_requests or None,
+        "max_total_num_tokens": settings.kv_capacity_tokens or None,
+        "version": "calibrate-mock",
+    }
+
+
 _LONE_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 

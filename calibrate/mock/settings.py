@@ -67,6 +67,9 @@ class MockSettings:
     refuse_stream: bool = False  # "stream": true is HTTP 400, as a server that cannot stream
     refuse_stream_options: bool = False  # a body with stream_options is HTTP 400 (unknown field)
     expose_props: bool = False
+    # SGLang's launch flag: its GET /get_server_info (served with metrics_style "sglang") names
+    # it; 0: null there, as SGLang started without --max-running-requests says
+    max_running_requests: int = 0
     log_requests: bool = False
     max_model_len: int = 4096
     slot_context: int = 0  # llama.cpp's per-slot context: prompt + answer past it is cut (0: off)

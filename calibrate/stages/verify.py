@@ -15,7 +15,7 @@ from calibrate.http.server_context import props_model_path
 from calibrate.io.baseline import Normaliser
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.stop_rules import ServerCap
-from calibrate.stages.prepare.server_cap import running_cap
+from calibrate.stages.prepare.server_cap import running_cap, unknown_cap_line
 from calibrate.stages.repro import ReproResult, against_baseline
 from calibrate.stages.single import served_root, server_identity
 from calibrate.state.gates import next_step
@@ -30,6 +30,7 @@ class VerifyResult:
     setting: CalibratedSetting | None  # what the server is supposed to run at
     next_command: str = ""  # ``gates.next_step`` once a pass is recorded
     cap: ServerCap | None = None  # the running server's cap, where it can be read
+    cap_unknown: str = ""  # else why it is not known and how to make it known
 
     @property
     def cap_differs(self) -> bool:
@@ -44,10 +45,7 @@ class VerifyResult:
             return ""
         batch = self.setting.batch_size
         if self.cap is None:
-            return (
-                f"the server's cap could not be read (no /props, no server info, not a managed "
-                f"start at a cap): the answer was checked, not that it runs at batch {batch}"
-            )
+            return unknown_cap_line(self.cap_unknown, batch)
         if self.cap_differs:
             return (
                 f"the server runs at cap {self.cap.slots} ({self.cap.source}), not the verified "
@@ -107,7 +105,9 @@ def run_verify(ctx: StageContext, normaliser: Normaliser, *, force: bool = False
         if not gate.open:
             ctx = replace(ctx, forced=True)
     repro = against_baseline(ctx, normaliser, runs=1)
-    result = VerifyResult(repro, resolve(ctx.ledger, ctx.target), cap=running_cap(ctx))
+    account = running_cap(ctx)
+    setting = resolve(ctx.ledger, ctx.target)
+    result = VerifyResult(repro, setting, cap=account.cap, cap_unknown=account.unknown)
     ctx.record_result(result.passed, PlainSummary(result.summary()), served_root=root)
     ctx.run.close()
     if not result.passed:

@@ -52,6 +52,8 @@ SETTINGS: tuple[tuple[str, str | None, str | None], ...] = (
     ("--refuse-stream-options", None,
      "answer any request carrying stream_options with HTTP 400 (an unknown field to it)"),
     ("--expose-props", None, "serve llama.cpp's GET /props"),
+    ("--max-running-requests", "N", "with --metrics-style sglang: SGLang's GET /get_server_info "
+     "names N as its max_running_requests (default 0: null, as SGLang started without it)"),
     ("--log-requests", None, "access log on stderr"),
     ("--max-model-len", None, None),
     ("--slot-context", "N", "llama.cpp's per-slot context (/props n_ctx): answers stop when "

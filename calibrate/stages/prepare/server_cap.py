@@ -8,6 +8,7 @@ manage cannot be capped; the sweep then limits what it sends instead (``safe_lev
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from calibrate import json_text
 from calibrate.engines import CAP_REPORTS, find
@@ -24,6 +25,7 @@ from calibrate.stages.pin_context import context_for
 
 Restart = Callable[[int], bool]  # True: the server was restarted for this batch
 MAX_SLOTS = 1_000_000  # a slot count past this is no count
+UNKNOWN_CAP_TIERS = "only its running count, where it publishes one, can show a tier above it"
 
 
 def run_at_cap(
@@ -108,22 +110,26 @@ def ladder_cap(
             cap = f"the managed {found.kind} server's {found.cap_key}"
             return ServerCap(record.batch_size, cap), None
     client = ctx.client
-    return read_server_cap(lambda path: client.get_text(path)), None
+    account = read_cap_account(lambda path: client.get_text(path))
+    if account.cap is None and account.unknown:
+        notify(f"the server's own cap is not known ({account.unknown}): {UNKNOWN_CAP_TIERS}")
+    return account.cap, None
 
 
-def running_cap(ctx: StageContext) -> ServerCap | None:
+def running_cap(ctx: StageContext) -> CapAccount:
     """The cap of the server running now, where it can be read without load (``verify``): the
     target's, when it is the managed server of a known kind started at a cap (by ``server
-    start`` or a pinned script), else the cap the server reports itself; None where neither says (vLLM publishes only its
-    running count, which needs load to show the cap)."""
+    start`` or a pinned script), else the cap the server reports itself; not known where
+    neither says (vLLM publishes only its running count, which needs load to show the cap)."""
     record = managed_target(ctx.config)
     if record is not None and record.batch_size:
         found = find(process.kind_of(record, ctx.config.server.kind))
         if found is not None and not found.templated:
             how = f"the pinned script {record.script}" if record.script else "server start"
-            return ServerCap(record.batch_size, f"the managed {found.name} {found.cap_key}, {how}")
+            source = f"the managed {found.name} {found.cap_key}, {how}"
+            return CapAccount(ServerCap(record.batch_size, source))
     client = ctx.client
-    return read_server_cap(lambda path: client.get_text(path))
+    return read_cap_account(lambda path: client.get_text(path))
 
 
 def safe_levels(
@@ -139,21 +145,53 @@ def safe_levels(
     return keep or (max_in_flight,), skipped
 
 
+@dataclass(frozen=True)
+class CapAccount:
+    """The server's cap as read, or why it is not known and how to make it known."""
+
+    cap: ServerCap | None
+    unknown: str = ""  # "SGLang's GET /get_server_info has no max_running_requests (…)"
+
+    def unknown_line(self, batch: int) -> str:
+        return unknown_cap_line(self.unknown, batch)
+
+
+def unknown_cap_line(unknown: str, batch: int) -> str:
+    """What verify and rollback say when the cap was not read: never "no cap", never a number."""
+    why = unknown or (
+        "no /props, no max_running_requests in /get_server_info, not a managed start at a cap"
+    )
+    return (
+        f"the server's cap is not known ({why}): the answer was checked, not that it runs "
+        f"at batch {batch}"
+    )
+
+
 def read_server_cap(fetch: Callable[[str], str]) -> ServerCap | None:
-    """The server's own cap when it says one, for the ladder, the sweep and tune alike: each
-    engine's report in turn (llama.cpp ``GET /props`` total_slots, SGLang ``GET
+    """The server's own cap when it says one, for the ladder, the sweep and tune alike (see
+    ``read_cap_account``)."""
+    return read_cap_account(fetch).cap
+
+
+def read_cap_account(fetch: Callable[[str], str]) -> CapAccount:
+    """Each engine's report in turn (llama.cpp ``GET /props`` total_slots, SGLang ``GET
     /get_server_info`` max_running_requests), else the length of llama.cpp's ``GET /slots``.
-    A count that is not an integer in [1, MAX_SLOTS], or an answer that is not JSON, says none."""
+    A count that is not an integer in [1, MAX_SLOTS], or an answer that is not JSON, says none;
+    a report that answers without its key, or with null, is a cap not known, and says how to
+    make it known (SGLang: only a start with --max-running-requests names it)."""
+    unknown = ""
     for report in CAP_REPORTS:  # Engine.cap_report
         data = _answer(fetch, report.path)
         value = data.get(report.key) if isinstance(data, dict) else None
         slots = in_range(value, 1, MAX_SLOTS)
         if slots is not None:
-            return ServerCap(slots, report.source)
+            return CapAccount(ServerCap(slots, report.source))
+        if isinstance(data, dict) and value is None and report.unset and not unknown:
+            unknown = f"GET {report.path} has no {report.key}: {report.unset}"
     listed = _answer(fetch, "/slots")
     if isinstance(listed, list) and listed:
-        return ServerCap(len(listed), "llama.cpp /slots")
-    return None
+        return CapAccount(ServerCap(len(listed), "llama.cpp /slots"))
+    return CapAccount(None, unknown)
 
 
 def _answer(fetch: Callable[[str], str], path: str) -> object:

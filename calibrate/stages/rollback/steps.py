@@ -265,7 +265,8 @@ class Rollback:
         self.comparison = result.comparisons[0]
         if not self.comparison.passed:
             raise StepFailed(*compare_failed(self.comparison))
-        cap = running_cap(self.ctx)  # the server's own account of its cap, as verify reads it
+        account = running_cap(self.ctx)  # the server's own account of its cap, as verify reads it
+        cap = account.cap
         if cap is not None and cap.slots != self.batch:
             raise StepFailed(
                 f"the output matches the baseline, but the server runs at cap {cap.slots} "
@@ -276,10 +277,7 @@ class Rollback:
         note = " (whitespace only)" if self.comparison.verdict == "whitespace-only" else ""
         note += "".join(f"; {n}" for n in self.comparison.notes)
         if cap is None:
-            note += (
-                "; the server's cap could not be read: the answer was checked, not that it runs "
-                f"at batch {self.batch}"
-            )
+            note += f"; {account.unknown_line(self.batch)}"
         detail = {**self.comparison.to_json(), "server_cap": cap.to_json() if cap else None}
         return (
             f"restored: batch {self.batch}, concurrency 1, output matches the baseline{note}",

@@ -23,7 +23,7 @@ from calibrate.stages.measure.tier_run import (
     run_live,
     watched,
 )
-from calibrate.stages.prepare.server_cap import read_server_cap
+from calibrate.stages.prepare.server_cap import read_cap_account
 from calibrate.stages.sweep.levels import Level
 from calibrate.stages.sweep.plan import plan_sweep
 from calibrate.stages.sweep.result import SweepResult
@@ -78,7 +78,10 @@ def run(spec: SweepSpec, env: SweepEnv) -> SweepOutcome:
 def _sweep(spec: SweepSpec, env: SweepEnv, options: SweepOptions, watch: Measuring) -> Sweep:
     """Everything before the first level: the server's cap, the workload, the stream probe."""
     ctx, watcher = env.ctx, env.watcher
-    cap = read_server_cap(ctx.client.get_text)
+    account = read_cap_account(ctx.client.get_text)
+    cap = account.cap
+    if cap is None and account.unknown:
+        watcher.say(f"the server's own cap is not known ({account.unknown})")
     plan, check = prepare_load(
         ctx,
         watcher,
