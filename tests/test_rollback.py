@@ -158,7 +158,42 @@ def test_rollback_waits_for_an_unmanaged_server_to_stop_and_come_back(cli, isola
     assert result.code == 0, result.err
     assert "stop it yourself" in result.err and "kill -TERM" in result.err
     assert "restart your server at batch size 2 and concurrency 1" in result.err
-    assert "restored: batch 2, concurrency 1" in result.err
+    said = " ".join(result.err.split())
+    # the user restarted it and no cap was read: the answer is restored, its batch not known
+    assert "the answer is restored: output matches the baseline at concurrency 1" in said
+    assert "restored: batch" not in said and "the server's cap is not known" in said
+
+
+def test_an_unmanaged_restart_with_other_output_and_no_cap_is_not_at_the_verified_setting(
+    cli, isolated: Path
+) -> None:
+    """The user restarts the target (no /props: its cap is not known) and it answers otherwise.
+    Rollback said "still differs at the verified setting: look at model loading or the
+    environment, not concurrency" of a server it neither started nor read: it may run at any
+    batch. Now it says the cap is not known and that the batch size may be the cause."""
+    settings = MockSettings(ttft_s=0.002, per_token_s=0.0005)
+    first = BackgroundServer(settings, "127.0.0.1", 0)
+    write_config(isolated / "calibrate.toml", f"http://127.0.0.1:{first.server.port}/v1")
+    other = MockSettings(ttft_s=0.002, per_token_s=0.0005, text_seed=7)
+    result = _rollback_while_the_user_restarts(cli, isolated, 4, first, other)
+    assert result.code == 1, result.err
+    said = " ".join(result.err.split())
+    assert "at the verified setting" not in said and "not concurrency" not in said
+    assert "still differs after your restart, and the server's cap is not known (no /props" in said
+    assert "the cause may be its batch size as much as model loading or the environment" in said
+
+
+def test_an_unmanaged_restart_read_at_its_cap_still_differs_at_the_verified_setting(
+    cli, isolated: Path
+) -> None:
+    """Its /props says 4 slots, the batch rollback returns to: the verified setting's words hold."""
+    props = MockSettings(ttft_s=0.002, per_token_s=0.0005, slots=4, expose_props=True)
+    first = BackgroundServer(props, "127.0.0.1", 0)
+    write_config(isolated / "calibrate.toml", f"http://127.0.0.1:{first.server.port}/v1")
+    other = MockSettings(ttft_s=0.002, per_token_s=0.0005, slots=4, expose_props=True, text_seed=7)
+    result = _rollback_while_the_user_restarts(cli, isolated, 4, first, other)
+    assert result.code == 1, result.err
+    assert "still differs at the verified setting" in " ".join(result.err.split())
 
 
 def test_unmanaged_server_not_stopped_in_time_fails_step_1(cli, isolated: Path) -> None:
@@ -294,8 +329,9 @@ def test_a_fixed_prompt_that_gets_no_answer_is_that_failure_not_still_differs(
     assert result.code == 1, result.err
     said = " ".join(result.err.split())
     assert "still differs" not in said and "model loading" not in said
-    assert "the fixed prompt got no answer at the verified setting (http_5xx, HTTP 500" in said
-    assert "no answer at the verified setting (http_5xx" in result.json["messages"][-1]
+    # the user restarted it, its cap unread: "after your restart", never "at the verified setting"
+    assert "the fixed prompt got no answer after your restart (http_5xx, HTTP 500" in said
+    assert "no answer after your restart (http_5xx" in result.json["messages"][-1]
     failure = ET.parse(isolated / "rollback.xml").getroot().find(".//failure")
     assert failure is not None and failure.get("type") == "http_5xx"
     assert "got no answer" in (failure.get("message") or "")

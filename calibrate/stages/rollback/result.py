@@ -8,6 +8,7 @@ from typing import Any, Literal, get_args
 from calibrate.errors import ErrorKind
 from calibrate.io.baseline import Comparison
 from calibrate.io.junit import JUnitCase, JUnitSuite
+from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.state.summaries import RollbackSummary
 from calibrate.state.summary_values import Setting
 
@@ -22,9 +23,37 @@ STILL_DIFFERS = (
     "not concurrency"
 )
 NO_ANSWER = (
-    "the fixed prompt got no answer at the verified setting ({failure}): there is nothing to "
+    "the fixed prompt got no answer {where} ({failure}): there is nothing to "
     "compare with the baseline, so nothing is known of the weights or the environment"
 )
+NO_CAP_REPORT = "no /props, no max_running_requests in /get_server_info"
+UNVERIFIED_DIFFERS = (
+    "still differs after your restart, and {how}: the cause may be its batch size as much as "
+    "model loading or the environment; restart it at batch {batch} "
+    "(calibrate pin --out launch.sh && ./launch.sh), then run calibrate verify"
+)
+
+
+def restored_line(batch: int, *, known: bool) -> str:
+    """The compare step's headline: "batch B" only where the server is known to run it
+    (calibrate restarted it, or its cap was read at B)."""
+    if known:
+        return f"restored: batch {batch}, concurrency 1, output matches the baseline"
+    return "the answer is restored: output matches the baseline at concurrency 1"
+
+
+def unverified_differs(batch: int, cap: ServerCap | None, unknown: str) -> str:
+    """A server the user restarted gives another answer, and it is not known to run at the
+    verified batch ("": its cap was read at it, so the verified setting's words hold)."""
+    if cap is None:
+        how = f"the server's cap is not known ({unknown or NO_CAP_REPORT})"
+    elif cap.slots != batch:
+        how = f"the server runs at cap {cap.slots} ({cap.source}), not batch {batch}"
+    else:
+        return ""
+    return UNVERIFIED_DIFFERS.format(how=how, batch=batch)
+
+
 #: the JUnit check each step proves
 STEP_TITLES: dict[StepName, str] = {
     "stop": "the old server is stopped",
@@ -35,14 +64,16 @@ STEP_TITLES: dict[StepName, str] = {
 }
 
 
-def compare_failed(comparison: Comparison) -> tuple[str, ErrorKind]:
+def compare_failed(
+    comparison: Comparison, where: str = "at the verified setting"
+) -> tuple[str, ErrorKind]:
     """Why the compare step failed, and its error kind: a request that got no answer is that
     failure (as ``verify`` says it), never "still differs" — there was no output to differ."""
     if not comparison.failure:
         return STILL_DIFFERS, "invalid_response"
     head = comparison.failure.replace(",", ":").split(":", 1)[0].strip()
     kind: ErrorKind = next((k for k in get_args(ErrorKind) if k == head), "invalid_response")
-    return NO_ANSWER.format(failure=comparison.failure), kind
+    return NO_ANSWER.format(where=where, failure=comparison.failure), kind
 
 
 @dataclass(frozen=True)

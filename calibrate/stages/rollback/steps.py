@@ -38,6 +38,8 @@ from calibrate.stages.rollback.result import (
     StepName,
     StepResult,
     compare_failed,
+    restored_line,
+    unverified_differs,
 )
 from calibrate.state.gates import next_step
 from calibrate.state.ledger import LedgerEntry
@@ -264,7 +266,7 @@ class Rollback:
         result = against_baseline(self.ctx, self.normaliser, runs=1)
         self.comparison = result.comparisons[0]
         if not self.comparison.passed:
-            raise StepFailed(*compare_failed(self.comparison))
+            raise StepFailed(*self._differs(self.comparison))
         account = running_cap(self.ctx)  # the server's own account of its cap, as verify reads it
         cap = account.cap
         if cap is not None and cap.slots != self.batch:
@@ -279,10 +281,18 @@ class Rollback:
         if cap is None:
             note += f"; {account.unknown_line(self.batch)}"
         detail = {**self.comparison.to_json(), "server_cap": cap.to_json() if cap else None}
-        return (
-            f"restored: batch {self.batch}, concurrency 1, output matches the baseline{note}",
-            detail,
-        )
+        return restored_line(self.batch, known=cap is not None or self.managed) + note, detail
+
+    def _differs(self, comparison: Comparison) -> tuple[str, ErrorKind]:
+        """Why the compare failed; "at the verified setting" only where the server is known to
+        run it: calibrate restarted it, or its own cap says so."""
+        if self.managed:
+            return compare_failed(comparison)
+        message, kind = compare_failed(comparison, "after your restart")
+        if comparison.failure:  # no answer: its cap is not asked of a failing server
+            return message, kind
+        account = running_cap(self.ctx)
+        return unverified_differs(self.batch, account.cap, account.unknown) or message, kind
 
     # -- helpers ---------------------------------------------------------------------------
 
