@@ -55,7 +55,8 @@ def test_pin_sizes_llamacpp_context_from_a_ladder_that_sent_the_jobs_inputs(
     text = _script(isolated)
     assert "--parallel 4 -c 288 --metrics" in text, text
     context = (
-        f"-c 288 = 4 slots x (longest input 40 + max_tokens 32 tokens) from ladder run {LADDER}"
+        f"-c 288 = 4 slots x (longest input 40 + max_tokens 32 tokens) from ladder run {LADDER} "
+        "(if llama.cpp splits it among its slots; with --kv-unified each may use all of it)"
     )
     assert f"# context: {context}" in text
     assert f"  context: {context}" in result.err.splitlines()  # said, not only written
@@ -73,7 +74,9 @@ def test_a_fixed_prompt_ladder_never_sizes_the_context_to_the_fixed_prompt(
     text = _script(isolated)
     assert "--parallel 4 -c 16384 --metrics" in text and "-c 592" not in text, text
     line = next(ln for ln in result.err.splitlines() if ln.startswith("  context: "))
-    assert line.startswith("  context: -c 16384 = 4 slots x llama.cpp's 4096 a slot: the ladder")
+    # calibrate's own default, and what a slot gets of it assumed, not read from the server
+    assert line.startswith("  context: -c 16384 = 4 slots x calibrate's default of 4096 a slot (if")
+    assert "llama.cpp's 4096" not in line and "with --kv-unified each may use all of it" in line
     assert "calibrate pin --tasks FILE" in line
 
 
@@ -93,6 +96,9 @@ def test_pin_tasks_sizes_the_context_from_the_longest_item_of_the_batch_input(
     assert "--parallel 2 -c 3584 --metrics" in _script(isolated), _script(isolated)
     line = next(ln for ln in result.err.splitlines() if ln.startswith("  context: "))
     assert line.startswith("  context: -c 3584 = 2 slots x (longest input 1592 + max_tokens 200")
+    assert line.endswith(
+        "(if llama.cpp splits it among its slots; with --kv-unified each may use all of it)"
+    )
     assert f"from {job} (its longest item, 1,011 characters at 1.4 tokens per character" in line
 
 
@@ -108,7 +114,8 @@ def test_a_context_you_set_in_server_args_is_used_and_said(cli, isolated: Path) 
         text = _script(isolated)
         command = next(ln for ln in text.splitlines() if ln.startswith("exec "))
         assert command.count("8192") == 1 and "-c 288" not in command, command
-        assert "# context: -c 8192 from [server] args (2048 tokens a slot)" in text
+        assert "# context: -c 8192 from [server] args (2048 tokens a slot if llama.cpp" in text
+        assert "(2048 tokens a slot)" not in text, "a slot's share is assumed, and said so"
 
 
 def test_the_builder_writes_no_context_of_its_own_beside_yours_and_tune_replaces_yours() -> None:

@@ -26,7 +26,7 @@ from calibrate.server import lifecycle as server
 from calibrate.server.launch_script import PinnedValues
 from calibrate.server.process import running_kind
 from calibrate.stages.context import StageContext
-from calibrate.stages.pin_context import JobInput, context_for
+from calibrate.stages.pin_context import ASSUMED_SPLIT, JobInput, context_for
 from calibrate.stages.status import measured_by, named_run, reasons
 from calibrate.state.gates import next_step, unrun_cap
 from calibrate.state.ledger import LedgerView, current_weights
@@ -141,9 +141,10 @@ def _default_context(kind: str, slots: int, tuned: tuple[tuple[str, str], ...]) 
     if shared is None or shared.ctx_per_slot is None or any(k == "ctx_size" for k, _ in tuned):
         return ""
     return (
-        f"-c {slots * shared.ctx_per_slot} = {slots} slot{'s' if slots != 1 else ''} x {shared.name}'s "
-        f"{shared.ctx_per_slot} a slot: the ladder sent no input shaped like the job; size it "
-        "with calibrate pin --tasks FILE (the batch input), or set -c in [server] args"
+        f"-c {slots * shared.ctx_per_slot} = {slots} slot{'s' if slots != 1 else ''} x "
+        f"calibrate's default of {shared.ctx_per_slot} a slot ({ASSUMED_SPLIT}): the ladder sent "
+        "no input shaped like the job; size it with calibrate pin --tasks FILE (the batch "
+        "input), or set -c in [server] args"
     )
 
 

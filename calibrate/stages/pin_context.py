@@ -28,6 +28,9 @@ from calibrate.io.tasks import read_tasks
 from calibrate.state.ledger import Ledger
 from calibrate.state.setting import latest_passing_ladder
 
+# what -c a slot means is assumed, not read: llama.cpp splits -c among its slots, but with a
+# unified KV cache (--kv-unified, the default of some builds) each slot may use all of it
+ASSUMED_SPLIT = "if llama.cpp splits it among its slots; with --kv-unified each may use all of it"
 ESTIMATE_MARGIN = 1.10  # an input estimated from its characters is given 10 % more room
 ROUND_TOKENS = 256  # a slot's context is rounded up to this
 FALLBACK_TOKENS_PER_CHAR = 1.0  # no ladder measured one: a CJK character is about one token
@@ -69,10 +72,14 @@ class WorkloadContext:
     def describe(self) -> str:
         if self.stated_tokens is not None:
             per_slot = self.stated_tokens // max(self.slots, 1)
-            return f"-c {self.stated_tokens} from [server] args ({per_slot} tokens a slot)"
+            return (
+                f"-c {self.stated_tokens} from [server] args ({per_slot} tokens a slot "
+                f"{ASSUMED_SPLIT})"
+            )
         return (
             f"-c {self.context_tokens} = {_slots(self.slots)} x (longest input "
-            f"{self.prompt_tokens} + max_tokens {self.max_tokens} tokens) from {self.source}"
+            f"{self.prompt_tokens} + max_tokens {self.max_tokens} tokens) from {self.source} "
+            f"({ASSUMED_SPLIT})"
         )
 
 

@@ -339,7 +339,7 @@ def test_pin_then_start_from_the_script_then_verify(cli, llama: str, isolated: P
     assert "--parallel 4 -c 16384 --metrics" in text
     threads = text.split("--threads-http ", 1)[1].split(" ", 1)[0]
     assert int(threads) >= 4 + 2, "llama.cpp's HTTP threads: the most in flight + 2"
-    assert "# context: -c 16384 = 4 slots x llama.cpp's 4096 a slot: the ladder sent" in text
+    assert "# context: -c 16384 = 4 slots x calibrate's default of 4096 a slot (if" in text
     job = _tasks(isolated, "job.jsonl", [LONG_PROMPT * 20])  # the job: one long document
     sized = cli("pin", "--tasks", str(job))
     assert sized.code == 0, sized.err

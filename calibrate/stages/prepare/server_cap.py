@@ -118,18 +118,22 @@ def ladder_cap(
 
 def running_cap(ctx: StageContext) -> CapAccount:
     """The cap of the server running now, where it can be read without load (``verify``): the
-    target's, when it is the managed server of a known kind started at a cap (by ``server
-    start`` or a pinned script), else the cap the server reports itself; not known where
-    neither says (vLLM publishes only its running count, which needs load to show the cap)."""
-    record = managed_target(ctx.config)
-    if record is not None and record.batch_size:
-        found = find(process.kind_of(record, ctx.config.server.kind))
-        if found is not None and not found.templated:
-            how = f"the pinned script {record.script}" if record.script else "server start"
-            source = f"the managed {found.name} {found.cap_key}, {how}"
-            return CapAccount(ServerCap(record.batch_size, source))
+    server's own report first (llama.cpp's ``/props`` slots: a build may run other than the
+    ``--parallel`` it was given), else the cap flag a managed start of a known kind passed (by
+    ``server start`` or a pinned script); not known where neither says (vLLM publishes only its
+    running count, which needs load to show the cap)."""
     client = ctx.client
-    return read_cap_account(lambda path: client.get_text(path))
+    account = read_cap_account(lambda path: client.get_text(path))
+    record = managed_target(ctx.config)
+    if account.cap is not None or record is None or not record.batch_size:
+        return account
+    found = find(process.kind_of(record, ctx.config.server.kind))
+    if found is None or found.templated:
+        return account
+    how = f"the pinned script {record.script}" if record.script else "server start"
+    return CapAccount(
+        ServerCap(record.batch_size, f"the managed {found.name} {found.cap_key}, {how}")
+    )
 
 
 def safe_levels(
