@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from calibrate.confidence import compare, spread
-from calibrate.report.compare import Delta, delta_text
+from calibrate.report.delta import Delta, delta_text
 from calibrate.report.timeline import tier_timeline
 from tests.mockserver import start_mock
 from tests.report_helpers import Page, ladder_row, sweep_row, write_run
@@ -534,3 +534,62 @@ def test_two_real_sweeps_are_compared_over_their_repeats(cli, isolated: Path) ->
         delta = row["deltas"]["items_per_s"]
         assert delta["rounds_a"]["n"] == delta["rounds_b"]["n"] == REPEATS
         assert isinstance(delta["significant"], bool), delta  # tested, whichever way it fell
+
+
+def test_a_percentile_over_too_few_requests_a_round_is_never_called_significant(
+    cli, isolated: Path
+) -> None:
+    """Two real ladders, the second against a server 15× slower to its first token. Before,
+    `report A B` said 'p99 s 0.0546 → 0.0694 (+27%, significant)' where each round's p99 was
+    over one request (batch 1) or two: their slowest, not a p99. Now it says how many requests
+    each round had, and calls no percentile over fewer than it needs either way."""
+    config = FAST + "batch_sizes = [1, 2]\n"
+    with start_mock(ttft_s=0.002, per_token_s=0.0003) as fast:
+        open_gate(isolated, fast.base_url, config)
+        a = cli("ladder", "--json")
+        port = fast.port
+    with start_mock(ttft_s=0.03, per_token_s=0.0003, port=port):
+        b = cli("ladder", "--json")
+    assert a.code == 0 and b.code == 0, b.err
+    result = cli("report", a.json["run_id"], b.json["run_id"], "--json", "--html")
+    assert result.code == 0, result.err
+    assert result.json["requests_per_round"] == {"a": "1–2", "b": "1–2"}
+    for row in result.json["rows"]:
+        for metric in ("latency_p99_s", "ttft_p99_s", "ttft_p50_s"):
+            delta = row["deltas"][metric]
+            needed = 2 if metric.endswith("p50_s") else 100
+            assert delta["samples"] == {
+                "a": row["key"],
+                "b": row["key"],
+                "needed": needed,
+                "enough": row["key"] >= needed,
+            }, (row["key"], metric)
+        p99 = row["deltas"]["ttft_p99_s"]
+        assert p99["change"] > 1 and p99["significant"] is None and p99["better"] is None
+        assert isinstance(row["deltas"]["items_per_s"]["significant"], bool)  # still tested
+    assert isinstance(row["deltas"]["ttft_p50_s"]["significant"], bool)  # batch 2: a p50's two
+    lines = result.err.splitlines()
+    assert "requests a round: A 1–2, B 1–2" in lines
+    assert "too few requests a round for a p99 (needs 100)" in lines
+    assert ", too few)" in result.err and "p99 s" in result.err
+    page = (isolated / "runs" / b.json["run_id"] / f"compare-{a.json['run_id']}.html").read_text(
+        "utf-8"
+    )
+    assert "too few requests (1 a round in A, 1 in B; a p99 needs 100)" in page
+    assert "Requests a round: A 1–2, B 1–2" in page
+
+
+def test_a_percentile_over_enough_requests_a_round_is_tested(cli, isolated: Path) -> None:
+    """Rounds of 100 requests: their p99 is one, and its difference is tested as any metric."""
+    for name, p99 in (("a", [1.0, 1.1, 0.9]), ("b", [2.0, 2.1, 1.9])):
+        run = write_run(isolated, name, "ladder", [{**_tier(1, 10.0), "latency_p99_s": p99[0]}])
+        _rounds(run, "batch_size", {1: [10.0, 10.0, 10.0]})
+        path = run / "rounds.jsonl"
+        lines = [json.loads(line) for line in path.read_text("utf-8").splitlines()]
+        for line, value in zip(lines, p99, strict=True):
+            line.update(items=100, latency_p99_s=value)
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines), "utf-8")
+    result = cli("report", "runs/a", "runs/b", "--json")
+    delta = result.json["rows"][0]["deltas"]["latency_p99_s"]
+    assert delta["samples"] == {"a": 100, "b": 100, "needed": 100, "enough": True}
+    assert delta["significant"] is True and delta["better"] is False

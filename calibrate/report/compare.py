@@ -7,9 +7,11 @@ concurrency (or offered rate) for sweeps. Every numeric column both runs have ge
 A delta is claimed only when it is significant (SPEC §13): each tier's rounds (ladder) or
 repeats (sweep) in ``rounds.jsonl`` are the samples, Welch's t-interval of B − A at
 ``[confidence] level`` must exclude zero (``calibrate.confidence``), and the change must be at
-least ``NOISE`` (5 %). Rounds of one run vary less than two runs do (the machine's load drifts
+least ``delta.NOISE`` (5 %). Rounds of one run vary less than two runs do (the machine's load drifts
 between them): a 2 % difference whose interval excludes zero is still the machine, not a result.
-A metric whose rounds vary by more than 10 % (CV) is called out as noisy.
+A metric whose rounds vary by more than 10 % (CV) is called out as noisy. A percentile is
+tested only where each round had the values it needs (``calibrate.report.delta``: a p99 over
+four requests is their slowest): else its change is shown "too few requests", never claimed.
 """
 
 from __future__ import annotations
@@ -19,15 +21,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from calibrate.confidence import DEFAULT_LEVEL, Spread, compare, percent
-from calibrate.confidence import Difference as Test
+from calibrate.confidence import DEFAULT_LEVEL, Spread, compare
 from calibrate.errors import InputError
 from calibrate.io.tier_table.cells import numbers, row_json
 from calibrate.io.tier_table.columns import Column as C
 from calibrate.io.tier_table.row import TierRow
+from calibrate.report.delta import Delta, requests_range, samples_of
 from calibrate.report.run_differences import Difference, differences
 from calibrate.report.run_view import RunView
-from calibrate.report.spreads import NOT_METRICS, noisy_lines, run_spreads
+from calibrate.report.spreads import NOT_METRICS, noisy_lines, round_values, spreads_of
 
 # (column, True when bigger is better); the first of each group a run has is shown.
 _HEADLINE: tuple[tuple[tuple[C, ...], bool], ...] = (
@@ -60,82 +62,6 @@ _HIGHER_BETTER = {
     C.ITEMS_PER_S_MAX,
     C.BASELINE_MATCH,
 }
-NOISE = 0.05  # a relative change smaller than this is neither better nor worse (not coloured)
-
-
-@dataclass(frozen=True)
-class Delta:
-    """One metric of one tier in both runs; ``b - a`` and the relative change. With rounds
-    (or repeats) on both sides, ``spread_a``/``spread_b`` are their spreads and ``test`` says
-    whether B − A is significant."""
-
-    a: float | None
-    b: float | None
-    higher_better: bool
-    spread_a: Spread | None = None
-    spread_b: Spread | None = None
-    test: Test | None = None
-
-    @property
-    def significant(self) -> bool | None:
-        """True when Welch's interval of B − A excludes zero and the change is at least
-        ``NOISE``; None with fewer than two rounds on a side (nothing to test)."""
-        if self.test is None or self.test.significant is None:
-            return None
-        return self.test.significant and not self.inside_noise
-
-    @property
-    def inside_noise(self) -> bool:
-        """A change of under ``NOISE`` (5 %) of A: what two runs of one setting differ by."""
-        return self.change is not None and abs(self.change) < NOISE
-
-    @property
-    def cv(self) -> float | None:
-        """The larger coefficient of variation of A's and B's rounds."""
-        found = [s.cv for s in (self.spread_a, self.spread_b) if s is not None and s.cv is not None]
-        return max(found) if found else None
-
-    @property
-    def diff(self) -> float | None:
-        return None if self.a is None or self.b is None else self.b - self.a
-
-    @property
-    def change(self) -> float | None:
-        return None if self.diff is None or not self.a else self.diff / abs(self.a)
-
-    @property
-    def better(self) -> bool | None:
-        """True when B is better than A on this metric; None when equal, not comparable, or
-        within ``NOISE`` of A — a 1 % change between two runs is the machine, not a result —
-        or not significant over the rounds both runs measured, or not tested (fewer than two
-        rounds on a side: no interval, so no direction is claimed, SPEC §13)."""
-        if not self.diff or self.inside_noise or self.significant is not True:
-            return None
-        return (self.diff > 0) == self.higher_better
-
-    def to_json(self) -> dict[str, Any]:
-        test = self.test
-        low, high = (None, None)
-        if test is not None and self.spread_a is not None:
-            low, high = test.relative(self.spread_a.mean)
-        return {
-            "a": self.a,
-            "b": self.b,
-            "delta": self.diff,
-            "change": self.change,
-            "better": self.better,
-            "significant": self.significant,
-            "ci_excludes_zero": test.significant if test else None,  # before the 5 % floor
-            # Welch's interval of B − A over the rounds (the metric's unit), and relative to A
-            "ci_low": test.ci_low if test else None,
-            "ci_high": test.ci_high if test else None,
-            "change_low": low,
-            "change_high": high,
-            "level": test.level if test else None,
-            "cv": self.cv,
-            "rounds_a": self.spread_a.to_json() if self.spread_a else None,
-            "rounds_b": self.spread_b.to_json() if self.spread_b else None,
-        }
 
 
 @dataclass(frozen=True)
@@ -171,6 +97,7 @@ class RunComparison:
     differences: tuple[Difference, ...] = ()
     level: float = DEFAULT_LEVEL
     noisy: tuple[str, ...] = ()  # "noisy: items_per_s CV 14 % at batch 8 in B — add rounds …"
+    requests: tuple[str | None, str | None] = (None, None)  # "1–4": requests a round, A and B
 
     @property
     def warning(self) -> str | None:
@@ -212,6 +139,7 @@ class RunComparison:
             "warning": self.warning,
             "level": self.level,
             "noisy": list(self.noisy),
+            "requests_per_round": {"a": self.requests[0], "b": self.requests[1]},
         }
 
 
@@ -226,11 +154,15 @@ def headline(*views: RunView) -> tuple[C, ...]:
     return tuple(out)
 
 
+Rounds = Mapping[str, Sequence[float]]  # a tier's metrics, each round's value
+
+
 def _deltas(
     a: RunView,
     b: RunView,
     pair: tuple[TierRow | None, TierRow | None],
     spreads: tuple[Mapping[str, Spread], Mapping[str, Spread]] = ({}, {}),
+    rounds: tuple[Rounds, Rounds] = ({}, {}),
 ) -> dict[str, Delta]:
     """Every metric both runs' tables have, where either row has a number in it."""
     if pair[0] is None or pair[1] is None:
@@ -244,7 +176,8 @@ def _deltas(
         if x is not None or y is not None:
             sa, sb = spreads[0].get(name), spreads[1].get(name)
             test = compare(sa, sb) if sa is not None and sb is not None else None
-            out[name] = Delta(x, y, name in _HIGHER_BETTER, sa, sb, test)
+            samples = samples_of(name, *rounds)
+            out[name] = Delta(x, y, name in _HIGHER_BETTER, sa, sb, test, samples)
     return out
 
 
@@ -255,7 +188,8 @@ def compare_runs(a: RunView, b: RunView, level: float = DEFAULT_LEVEL) -> RunCom
         raise InputError(
             f"{a.path.name} is a {a.kind} and {b.path.name} a {b.kind}: report compares two "
             "runs of one kind",
-            f"Give two ladder runs or two sweep runs, e.g. calibrate report {a.path} <another {a.kind} run>",
+            f"Give two ladder runs or two sweep runs, e.g. calibrate report {a.path} "
+            f"<another {a.kind} run>",
         )
     if a.key != b.key:
         raise InputError(
@@ -266,31 +200,25 @@ def compare_runs(a: RunView, b: RunView, level: float = DEFAULT_LEVEL) -> RunCom
         )
     rows_a = {k: r for r in a.rows if (k := a.key_of(r)) is not None}
     rows_b = {k: r for r in b.rows if (k := b.key_of(r)) is not None}
-    spreads_a, spreads_b = run_spreads(a, level), run_spreads(b, level)
+    values_a, values_b = round_values(a), round_values(b)
+    spreads_a, spreads_b = spreads_of(values_a, level), spreads_of(values_b, level)
     pairs = tuple(
         PairRow(
             k,
             rows_a.get(k),
             rows_b.get(k),
             _deltas(
-                a, b, (rows_a.get(k), rows_b.get(k)), (spreads_a.get(k, {}), spreads_b.get(k, {}))
+                a,
+                b,
+                (rows_a.get(k), rows_b.get(k)),
+                (spreads_a.get(k, {}), spreads_b.get(k, {})),
+                (values_a.get(k, {}), values_b.get(k, {})),
             ),
         )
         for k in sorted(set(rows_a) | set(rows_b))
     )
     noisy = noisy_lines(a, spreads_a, "A") + noisy_lines(b, spreads_b, "B")
-    return RunComparison(a, b, headline(a, b), pairs, differences(a, b), level, tuple(noisy))
-
-
-def delta_text(delta: Delta | None) -> str:
-    """``+12%`` (relative), or the plain difference when A is zero; empty when not comparable.
-    Tested over rounds (from 5 % up): ``+6%, not significant`` or ``+18%, significant at 95 %``."""
-    if delta is None or delta.diff is None:
-        return ""
-    text = f"{delta.diff:+.4g}" if delta.change is None else f"{delta.change:+.0%}"
-    if delta.significant is None or not delta.diff or delta.inside_noise:
-        return text  # a change under 5 % is never claimed: no need to say it is not significant
-    if delta.significant:
-        level = delta.test.level if delta.test else DEFAULT_LEVEL
-        return f"{text}, significant at {percent(level)}"
-    return f"{text}, not significant"
+    requests = (requests_range(values_a), requests_range(values_b))
+    return RunComparison(
+        a, b, headline(a, b), pairs, differences(a, b), level, tuple(noisy), requests
+    )

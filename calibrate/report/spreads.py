@@ -54,9 +54,14 @@ def round_values(view: RunView) -> dict[float, dict[str, list[float]]]:
 
 def run_spreads(view: RunView, level: float = DEFAULT_LEVEL) -> Spreads:
     """Each tier's metrics over its rounds: mean, t-interval at ``level`` and CV."""
+    return spreads_of(round_values(view), level)
+
+
+def spreads_of(values: dict[float, dict[str, list[float]]], level: float) -> Spreads:
+    """:func:`run_spreads` of values read already."""
     return {
         key: {name: found for name, values in metrics.items() if (found := spread(values, level))}
-        for key, metrics in round_values(view).items()
+        for key, metrics in values.items()
     }
 
 
@@ -71,7 +76,7 @@ def tier_label(key: C, value: float) -> str:
 
 
 # The metrics a noisy callout is about: a tier's throughput and its typical latency (a p99 over
-# a round of a few requests always varies; its delta says "not significant" instead).
+# a round of a few requests always varies, and its delta says "too few" below 100 requests).
 _CALLOUT = (
     (C.ITEMS_PER_S, C.ACHIEVED_RATE, C.GOODPUT_PER_S, C.OUTPUT_TOKENS_PER_S),
     (C.LATENCY_P50_S, C.E2E_P50_S, C.PER_ITEM_S),

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from calibrate.io.tier_table.cells import numbers
 from calibrate.io.tier_table.columns import Column as C
-from calibrate.report.compare import Delta, PairRow, RunComparison, delta_text
+from calibrate.report.compare import PairRow, RunComparison
+from calibrate.report.delta import Delta, delta_text
 from calibrate.report.html.answer import setting_tiles, verdict_word
 from calibrate.report.html.charts import charts_pair, key_label
 from calibrate.report.html.parts import (
@@ -165,6 +166,18 @@ def _answer(label: str, view: RunView) -> str:
     )
 
 
+def _requests(cmp: RunComparison) -> list[str]:
+    """How many requests each side's rounds had: a percentile is tested only over enough."""
+    a, b = cmp.requests
+    if not (a or b):
+        return []
+    return [
+        f'<p id="requests-per-round">Requests a round: A {text(a or "not known")}, '
+        f"B {text(b or 'not known')}; a p<i>Q</i> is tested only where every round had "
+        "1 / (1 − Q) of them (a p99: 100).</p>"
+    ]
+
+
 def comparison_html(cmp: RunComparison) -> str:
     """Both runs' verdicts and settings, overlaid plots, the matched tiers with deltas, and
     which runs these are."""
@@ -192,6 +205,7 @@ def comparison_html(cmp: RunComparison) -> str:
                 "Tiers, A → B",
                 [
                     "<p>Δ is B against A; green where B is better, red where it is worse.</p>",
+                    *_requests(cmp),
                     summary_table(cmp),
                     folded(
                         "comparison-columns",

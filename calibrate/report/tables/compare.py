@@ -82,7 +82,8 @@ def _short(value: float | None) -> str:
 
 def _pair_cell(delta: Any, side: TierRow, metric: str) -> tuple[str, str]:
     """``8 → 6 (-25%)`` and its colour; ``(+27%, significant)`` when tested over the rounds
-    (the caption says at what level)."""
+    (the caption says at what level), ``(+27%, too few)`` for a percentile over too few
+    requests a round (the caption says how many it needs)."""
     if delta is None:
         return _short(numbers(side).get(metric)), ""
     text = f"{_short(delta.a)} → {_short(delta.b)}"
@@ -90,10 +91,34 @@ def _pair_cell(delta: Any, side: TierRow, metric: str) -> tuple[str, str]:
         change = f"{delta.diff:+.4g}" if delta.change is None else f"{delta.change:+.0%}"
         if delta.diff and not delta.inside_noise:
             said = {True: ", significant", False: ", not significant", None: ", not tested"}
-            change += said[delta.significant]
+            change += ", too few" if _too_few(delta) else said[delta.significant]
         text += f" ({change})"
     colour = "" if delta.better is None else ("green" if delta.better else "red")
     return text, colour
+
+
+def _too_few(delta: Any) -> bool:
+    """A percentile whose rounds had too few requests (where the rounds say how many)."""
+    return bool(delta.too_few and delta.samples is not None and delta.samples.known)
+
+
+def _requests_said(cmp: RunComparison, metrics: Sequence[str]) -> list[str]:
+    """``requests a round: A 1–4, B 1–4`` and, where a shown percentile had too few, what
+    each needs: ``too few requests a round for a p50 (needs 2), a p99 (needs 100)``."""
+    a, b = cmp.requests
+    out = [f"requests a round: A {a or '?'}, B {b or '?'}"] if a or b else []
+    needs = sorted(
+        {
+            (d.samples.needed, d.samples.name)
+            for row in cmp.rows
+            for m, d in row.deltas.items()
+            if m in metrics and d.samples is not None and _too_few(d)
+        }
+    )
+    if needs:
+        said = ", ".join(f"a {name} (needs {n})" for n, name in needs)
+        out.append(f"too few requests a round for {said}")
+    return out
 
 
 def runs_compare_table(cmp: RunComparison, width: int | None = 100, wide: bool = False) -> Table:
@@ -123,8 +148,9 @@ def runs_compare_table(cmp: RunComparison, width: int | None = 100, wide: bool =
         else "",
         "more metrics: --wide" if shown < len(names) else "",
     ]
+    lines = ["; ".join(s for s in said if s), *_requests_said(cmp, metrics[: max(shown - 3, 0)])]
     table = compact(f"A = {cmp.a.run_id}   B = {cmp.b.run_id}")
-    table.caption, table.caption_justify = "; ".join(s for s in said if s) or None, "left"
+    table.caption, table.caption_justify = "\n".join(s for s in lines if s) or None, "left"
     for name in names[:shown]:
         table.add_column(name, justify="left" if name.startswith("verdict") else "right")
     for line in cells:
