@@ -182,3 +182,31 @@ def test_halving_measures_the_better_half_again_at_a_longer_window(cli, isolated
     assert again == [(1, 1.0), (1, 1.0)] and len({slots for _, slots, _ in done[3:]}) == 2
     assert result.json["winner"]["flags"]["slots"] in {slots for _, slots, _ in done[3:]}
     assert re.search(r"halving rung 1: c0[123], c0[123] at 1× the window", result.err)
+
+
+def test_a_halving_table_says_each_rows_window(cli, isolated: Path) -> None:
+    """Before, the halving's table ranked c02, c03 (measured over the full window) above c01
+    (over half of it) with no window column: rows of two windows read as equals. Now the table,
+    on the terminal and in ``report``'s text, JSON and HTML, gives each row's window and says
+    that a longer window ranks first whatever the figures."""
+    grid = 'grid = ["slots=1,2,4", "kv_tokens=50000", "memory_fraction=0.8"]\n'
+    tune_config(isolated, grid, levels=ONE_LEVEL)
+    result = cli("tune", "--search", "halving", "--json")
+    assert result.code == 0, result.err
+    header = next(line for line in result.err.splitlines() if line.startswith("rank"))
+    assert header.split()[:3] == ["rank", "window", "id"], header
+    rows = [line.split() for line in result.err.splitlines() if re.match(r" +\d+ ", line)]
+    assert [row[1] for row in rows] == ["1×", "1×", "0.5×"], rows
+    said = " ".join(result.err.split())
+    dropped = next(row[2] for row in rows if row[1] == "0.5×")
+    assert f"windows differ: {dropped} over 0.5×; " in said
+    assert "a longer window (a later halving rung) ranks first whatever the figures" in said
+    run = isolated / "runs" / result.json["run_id"]
+    report = cli("report", str(run), "--json", "--html")
+    assert report.code == 0, report.err
+    assert [r["window"] for r in report.json["rows"]] == [1.0, 1.0, 0.5]
+    assert report.json["windows"].startswith(f"windows differ: {dropped} over 0.5×; ")
+    assert "window" in report.err.splitlines()[1] and "windows differ" in report.err
+    page = Path(report.json["html"]).read_text("utf-8")
+    assert "<th>window</th>" in page.replace(' class="num"', "") and 'id="windows"' in page
+    assert "window" in (run / "tiers.csv").read_text("utf-8").splitlines()[0].split(",")

@@ -224,3 +224,21 @@ def test_a_conservative_pick_between_two_of_one_cap_never_claims_the_smaller_cap
         assert "the smaller cap of the two" not in reason, reason
         assert "the first-ranked of the two (neither has the smaller cap)" in reason, reason
     assert "the smaller cap of the two" not in " ".join(taken.err.split())
+
+
+def test_a_winner_over_a_runner_up_of_another_window_says_so() -> None:
+    """A halving whose second survivor crashed at the full window leaves a runner-up measured
+    at the half window: before, the line said "+21% over the runner-up c01" as if the two were
+    measured alike. Now it names both windows, and a point pin's reason calls beaten by one
+    measured over another window says so too."""
+    plan = TunePlan("custom", (Axis("slots", ("1", "2"), "[tune] grid"),), 4, None, ())
+    full, half = _measured(2, *CLEAR[0], rung=1), replace(_measured(1, *CLEAR[1]), window=0.5)
+    outcome = TuneOutcome(plan, None, (), (full, half), (), False)
+    said = winner_text(outcome, 0.10)
+    assert said is not None and "over the runner-up c01" in said, said
+    unlike = " — the runner-up was measured over 0.5× the window, the winner over 1×: not like"
+    assert said.endswith(unlike + " for like"), said
+    alike = winner_text(_outcome(CLEAR[0], CLEAR[1], 0.95), 0.10)
+    assert alike is not None and "window" not in alike, alike
+    front = outcome.summary({}).details["pareto"]
+    assert sorted((p["id"], p["window"]) for p in front) == [("c01", 0.5), ("c02", 1.0)]

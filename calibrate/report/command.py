@@ -240,6 +240,8 @@ def _tune(out: Channel, path: Path, req: ReportRequest) -> dict[str, Any]:
     view = tune_report.load_tune(path)
     title = f"tune {path.name} (ranked by {view.rank_by})"
     out.show_table(lambda width: ranked_table(view.rows, title, width), live=False)
+    if windows := view.window_note():
+        out.say(windows)
     for note in view.notes():
         out.warn(note)
     if view.winner is not None:
@@ -261,6 +263,7 @@ def _tune(out: Channel, path: Path, req: ReportRequest) -> dict[str, Any]:
         "winner": view.winner.id if view.winner else None,
         "inconclusive": view.inconclusive or None,
         "notes": view.notes(),
+        "windows": view.window_note(),
         "pareto": [p.to_json() for p in view.front],
         "pinned_reason": view.pinned_reason or None,
     }

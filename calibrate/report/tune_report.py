@@ -22,6 +22,7 @@ from calibrate.io.jsonl import load_jsonl_objects
 from calibrate.io.store import read_object
 from calibrate.io.tier_table.cells import CellError
 from calibrate.io.tier_table.tune import NotARow, Point, TuneRow
+from calibrate.io.tier_table.windows import across, note
 from calibrate.numbers import finite
 from calibrate.report.html.parts import page, table, text
 from calibrate.report.html.svg import BarValue, Series, bar_chart, line_chart
@@ -115,7 +116,12 @@ class TuneView:
                 text += f", not significant at {percent(level)} (the intervals overlap)"
             elif self.summary.get("significant") is None:  # as the tune's line: not a claim
                 text += " (no interval: fewer than two runs on a side, so not tested)"
+            text += across(win.window, second.window)
         return text
+
+    def window_note(self) -> str | None:
+        """Under the table, where its rows were measured over more than one window."""
+        return note([(r.id, r.window) for r in self.rows])
 
     @property
     def front(self) -> list[Point]:
@@ -242,5 +248,6 @@ def tune_html(view: TuneView) -> str:
             plot,
             *_front_html(view),
             table("candidates", [name for name, _ in columns], cells, text_columns=LEFT),
+            f'<p id="windows">{text(said)}</p>' if (said := view.window_note()) else "",
         ],
     )

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from calibrate.cli.output import Output
 from calibrate.gpu.energy import RANK_FIELDS
 from calibrate.io.tier_table.tune import Point, TuneRow
+from calibrate.io.tier_table.windows import across, note
 from calibrate.report.progress import Plan, progress_bar
 from calibrate.report.tables.cells import figure
 from calibrate.report.tables.tune import front_rows, front_table, ranked_table
@@ -50,6 +51,8 @@ def finished_line(result: CandidateResult) -> str:
 def show_ranked(out: Output, rows: Sequence[TuneRow], title: str | None) -> None:
     """One table, on a terminal and in a log alike (``report RUN`` shows the same)."""
     out.show_table(lambda width: ranked_table(rows, title, width), live=False)
+    if said := note([(r.id, r.window) for r in rows]):
+        out.say(said)
 
 
 @contextmanager
@@ -93,12 +96,15 @@ def winner_text(outcome: TuneOutcome, gain_min: float = 0.0) -> str | None:
                 f" ({second.candidate.describe()}) — one figure each, no interval: ranked by "
                 f"{outcome.rank_by}, not tested"
             )
-            return text
+            return text + across(win.window, second.window)
     if second is not None and lead is not None:
         margin = lead.fraction
-        text += f", {margin:+.0%} over the runner-up {second.candidate.id} ({second.candidate.describe()})"
+        second_named = f"{second.candidate.id} ({second.candidate.describe()})"
+        text += f", {margin:+.0%} over the runner-up {second_named}"
         text += lead.caveat()  # "not significant at 95 %" when the intervals overlap
-        if margin < 0:  # the runner-up measured more: what took this one is pin's reason, below
+        if unlike := across(win.window, second.window):  # a halving's rows of two windows
+            text += unlike  # and no "about equal" or "served more" over them either
+        elif margin < 0:  # the runner-up measured more: what took this one is pin's reason, below
             surely = "surely " if lead.significant else ""
             text += f" — the runner-up {surely}served more"
         elif margin < gain_min and lead.significant is not False:

@@ -117,6 +117,7 @@ class Point:
     usd_per_1m_output_tokens: float | None = None
     on_front: bool = False
     pinned: bool = False
+    window: float = 0.0  # the fraction of the sweep's window it was measured over (0: not said)
 
     def dominated_by(self, other: Point) -> bool:
         a = (other.per_user_tokens_per_s, other.total_tokens_per_s)
@@ -135,6 +136,7 @@ class Point:
             "usd_per_1m_output_tokens": _rounded(self.usd_per_1m_output_tokens),
             "on_front": self.on_front,
             "pinned": self.pinned,
+            "window": self.window,
         }
 
     @classmethod
@@ -155,6 +157,7 @@ class Point:
                 cell_number(data.get("usd_per_1m_output_tokens")),
                 bool(cell_flag(data.get("on_front"))),
                 bool(cell_flag(data.get("pinned"))),
+                cell_number(data.get("window")) or 0.0,
             )
         except (KeyError, ValueError, TypeError, OverflowError):
             return None

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from rich.table import Table
 
 from calibrate.io.tier_table.tune import Point, TuneRow
+from calibrate.io.tier_table.windows import mixed, window_text
 from calibrate.report.tables.cells import count, figure
 from calibrate.report.tables.grid import fit, grid
 from calibrate.server.exit_status import ended_words
@@ -46,7 +47,7 @@ COLUMNS: TuneCells = [
 
 # On a narrow screen these go first, in this order (--wide keeps them all); J/tok and $/1M tok
 # stay (--rank-by ranks by them), shown where energy (and a price) was measured at all.
-_DROP_FIRST = ("incidents", "tok/s", "KV", "p90 s", "cap", "items/s", "status")
+_DROP_FIRST = ("incidents", "tok/s", "KV", "p90 s", "cap", "items/s", "status", "peak MiB")
 _WHEN_MEASURED: dict[str, Callable[[TuneRow], float | None]] = {
     "J/tok": lambda r: r.joules_per_output_token,
     "$/1M tok": lambda r: r.usd_per_1m_output_tokens,
@@ -69,12 +70,16 @@ def ranked_table(rows: Sequence[TuneRow], title: str | None, width: int | None =
 
 
 def columns_of(rows: Sequence[TuneRow]) -> TuneCells:
-    """Every column, but an energy or cost column no candidate has a figure for."""
-    return [
+    """Every column, but an energy or cost column no candidate has a figure for; and, after the
+    rank, each row's window where the rows were measured over more than one (halving)."""
+    found = [
         (name, cell)
         for name, cell in COLUMNS
         if name not in _WHEN_MEASURED or any(_WHEN_MEASURED[name](r) is not None for r in rows)
     ]
+    if mixed(r.window for r in rows):
+        found.insert(1, ("window", lambda r: window_text(r.window)))
+    return found
 
 
 # The Pareto front (``stages.tune.pareto``): the points on it and the pinned one, whatever it is.
@@ -103,12 +108,16 @@ def front_rows(points: Sequence[Point]) -> list[Point]:
 
 
 def front_columns(rows: Sequence[Point]) -> FrontCells:
-    """The front's columns, but an energy or cost column no point has a figure for."""
-    return [
+    """The front's columns, but an energy or cost column no point has a figure for; each
+    point's window after its concurrency where the points were measured over more than one."""
+    found = [
         (name, cell)
         for name, cell in FRONT_COLUMNS
         if name not in _FRONT_MEASURED or any(_FRONT_MEASURED[name](p) is not None for p in rows)
     ]
+    if mixed(p.window for p in rows):
+        found.insert(3, ("window", lambda p: window_text(p.window)))
+    return found
 
 
 def front_table(points: Sequence[Point], title: str | None, width: int | None = None) -> Table:

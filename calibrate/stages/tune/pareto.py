@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from calibrate.gpu.energy import RankBy
 from calibrate.io.tier_table.tune import Point
+from calibrate.io.tier_table.windows import window_text
 from calibrate.stages.tune.result import CandidateResult
 
 _WHY = {  # the first line of tune says "ranked by …" once; the reason says what that took
@@ -41,6 +42,7 @@ def _point(result: CandidateResult, pinned: bool) -> Point | None:
         best.joules_per_output_token,
         best.usd_per_1m_output_tokens,
         pinned=pinned,
+        window=result.window,
     )
 
 
@@ -83,5 +85,15 @@ def reason(
     )
     if pinned.on_front:
         return head + ", on the Pareto front"
-    better = [p.id for p in front if p.on_front and pinned.dominated_by(p)]
+    better = [_beaten_by(p, pinned) for p in front if p.on_front and pinned.dominated_by(p)]
     return head + f", off the Pareto front (beaten on both axes by {', '.join(better)})"
+
+
+def _beaten_by(point: Point, pinned: Point) -> str:
+    """``c01``, or ``c01 (over 0.5× the window, c02 over 1×: not like for like)``."""
+    if point.window <= 0 or pinned.window <= 0 or point.window == pinned.window:
+        return point.id
+    return (
+        f"{point.id} (over {window_text(point.window)} the window, {pinned.id} over "
+        f"{window_text(pinned.window)}: not like for like)"
+    )
