@@ -390,3 +390,39 @@ def test_single_that_fails_require_match_writes_no_baseline(cli, isolated: Path)
     assert again.code == 1 and "baseline" not in again.err.split("--require-match")[-1]
     assert (isolated / "baselines/single.jsonl").read_text("utf-8") == kept
     assert not list((isolated / "baselines").glob("single.*.jsonl"))
+
+
+def test_copies_at_once_against_a_server_of_fewer_slots_are_not_called_n_at_once(
+    cli, isolated: Path
+) -> None:
+    """A mock of one slot that says so (llama.cpp's /props total_slots 1): before, single
+    --determinism 8 said "8 at once: 8 of 8 copies identical" and --require-match passed,
+    though the copies queued and never shared a batch. Now it says how many ran at once, and
+    that N at once is not established; a ladder's line says it of each tier above the cap."""
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, slots=1, expose_props=True) as mock:
+        open_gate(isolated, mock.base_url, FAST + "batch_sizes = [1, 2]\n" + DETERMINISM)
+        plain = cli("single", "--determinism", "8", "--json")
+        strict = cli("single", "--determinism", "8", "--require-match")
+        ladder = cli("ladder", "--json")
+    assert plain.code == 0, plain.err
+    found = plain.json["determinism"]
+    assert found["at_once"]["ran_at_once"] == 1 and found["at_once"]["in_flight"] == 8
+    assert found["server_cap"] == {"slots": 1, "source": "llama.cpp /props total_slots"}
+    assert found["deterministic"] is None and found["one_by_one"]["ran_at_once"] == 1
+    said = " ".join(plain.err.split())
+    assert "8 at once: 8 of 8 copies identical — but the server runs 1 at once" in said
+    assert "the copies queued, at most 1 shared a batch, so this is not 8 at once" in said
+    assert strict.code == 1
+    assert "the server ran 1 at once, not 8" in " ".join(strict.err.split())
+    line = " ".join(ladder.err.split())
+    assert "identical at batch 1, batch 2 (the server ran 1 at once)" in line, ladder.err
+
+
+def test_copies_whose_server_cap_is_unknown_say_so() -> None:
+    unknown = check([A] * 8, 8)
+    assert unknown.ran_at_once is None and not unknown.queued
+    assert unknown.describe("8 at once").endswith("its cap could not be read)")
+    room = check([A] * 8, 8, (16, "SGLang max_running_requests"))
+    assert (
+        room.ran_at_once == 8 and room.describe("8 at once") == "8 at once: 8 of 8 copies identical"
+    )

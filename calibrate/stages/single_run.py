@@ -18,6 +18,7 @@ from calibrate.stages.context import StageContext
 from calibrate.stages.determinism import DeterminismCheck, across, managed_switch
 from calibrate.stages.determinism.wave import CopiesWave, send_copies
 from calibrate.stages.measure.item_records import item_record
+from calibrate.stages.prepare.server_cap import running_cap
 from calibrate.stages.single import SingleResult, run_single
 from calibrate.state.gates import next_step
 from calibrate.state.ledger import baseline_path
@@ -69,6 +70,13 @@ class SingleOutcome:
     @property
     def why_differ(self) -> str:
         if self.copies is not None and self.copies["deterministic"] is None:
+            at_once = self.copies.get("at_once") or {}
+            ran, sent = at_once.get("ran_at_once"), at_once.get("in_flight")
+            if ran is not None and sent is not None and ran < sent:
+                return (
+                    f"the server ran {ran} at once, not {sent}: that {sent} at once answer alike "
+                    "is not established"
+                )
             return "copies went unanswered: that they answer alike is not established"
         return "the copies' answers differ"
 
@@ -174,6 +182,7 @@ def copies(ctx: StageContext, spec: SingleSpec, say: Say, warn: Say) -> dict[str
     sender = Sender.over(ctx.client)
     found: dict[str, Any] = {}
     checks: list[DeterminismCheck] = []
+    cap = running_cap(ctx)  # a server that runs fewer at once queues the rest: no shared batch
     for key, where, batch in (
         ("one_by_one", "one after another", 1),
         ("at_once", f"{n} at once", n),
@@ -185,9 +194,10 @@ def copies(ctx: StageContext, spec: SingleSpec, say: Say, warn: Say) -> dict[str
             how,
             batch,
             lambda item, in_flight: item_record(ctx, item, 1, in_flight, None),
+            cap,
         )
-        (say if check.deterministic else warn)(check.describe(where))
-        found[key] = {**check.to_json(), "in_flight": batch}
+        (say if check.deterministic and not check.queued else warn)(check.describe(where))
+        found[key] = {**check.to_json(), "in_flight": batch, "ran_at_once": check.ran_at_once}
         checks.append(check)
     one, many = checks
     apart = across(one, many)  # each set alike, not as the other: the answer changes with load
@@ -199,7 +209,8 @@ def copies(ctx: StageContext, spec: SingleSpec, say: Say, warn: Say) -> dict[str
     if apart is not None or any(c.deterministic is False for c in checks):
         deterministic: bool | None = False
     else:
-        deterministic = None if any(c.deterministic is None for c in checks) else True
+        # copies that queued behind a smaller cap shared no batch of N: not established
+        deterministic = None if any(c.deterministic is None or c.queued for c in checks) else True
     switch = managed_switch(ctx.config)
     if deterministic is False and switch is not None:
         say(switch.advice())
@@ -208,4 +219,5 @@ def copies(ctx: StageContext, spec: SingleSpec, say: Say, warn: Say) -> dict[str
         "across": asdict(apart) if apart is not None else None,
         "deterministic": deterministic,
         "switch": switch.to_json() if switch is not None else None,
+        "server_cap": cap.to_json() if cap is not None else None,
     }

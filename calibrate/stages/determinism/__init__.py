@@ -4,7 +4,8 @@ Pure functions over the copies' texts: the distinct completions (most common fir
 token at which one differs from the most common, and the two variants' text around it. Tokens
 are counted as a word or one CJK character (the mock's tokenizer); a server's own tokenizer may
 split finer, so the position is a word position on a real model. ``engine_switch`` names the
-batch-invariant switch of a managed vLLM or SGLang and says whether its command turned it on.
+batch-invariant switch of a managed vLLM or SGLang and says whether its command turned it on
+(``switch.py``).
 
 Two functions touch the world: ``managed_switch`` reads the managed engine's record and process
 environment, and ``write_determinism`` judges a whole run's copies and writes
@@ -13,21 +14,18 @@ environment, and ``write_determinism`` judges a whole run's copies and writes
 
 from __future__ import annotations
 
-import os
 import re
-import shlex
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from calibrate.config import Config
-from calibrate.engines import find
 from calibrate.io.tier_table.row import DeterminismCells
-from calibrate.server import process
-from calibrate.server.devices import read_environ
-from calibrate.server.process import managed_target
 from calibrate.stages.context import StageContext
+from calibrate.stages.determinism.switch import EngineSwitch, engine_switch, managed_switch
+
+__all__ = ["EngineSwitch", "engine_switch", "managed_switch"]  # and the checks below
 
 _CJK = "\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef"
 _TOKEN = re.compile(rf"\s*(?:[{_CJK}]|[^\s{_CJK}]+)")
@@ -85,6 +83,32 @@ class DeterminismCheck:
     divergence: Divergence | None  # None: one distinct completion (or none answered)
     in_flight: int  # copies in flight at once
     common: str | None = None  # the most common answer (None: none answered)
+    server_cap: int | None = None  # the most the server runs at once (None: not known)
+    cap_source: str = ""  # where that was read ("llama.cpp /props total_slots", …)
+
+    @property
+    def ran_at_once(self) -> int | None:
+        """The most copies the server can have run at once: ``in_flight``, or its cap where
+        that is lower (the rest queued, sharing no batch); None where the cap is not known."""
+        return None if self.server_cap is None else min(self.in_flight, self.server_cap)
+
+    @property
+    def queued(self) -> bool:
+        """The server runs fewer at once than were in flight: the copies queued."""
+        return self.server_cap is not None and self.server_cap < self.in_flight
+
+    def at_once_note(self) -> str:
+        """What follows a claim about ``in_flight`` copies at once: ``""`` when the server ran
+        them all together, else what it ran (or that it is not known)."""
+        if self.in_flight < 2 or (self.server_cap is not None and not self.queued):
+            return ""
+        if self.server_cap is None:
+            return " (how many the server ran at once is not known: its cap could not be read)"
+        return (
+            f" — but the server runs {self.server_cap} at once ({self.cap_source}): the copies "
+            f"queued, at most {self.server_cap} shared a batch, so this is not "
+            f"{self.in_flight} at once"
+        )
 
     @property
     def distinct(self) -> int:
@@ -119,7 +143,8 @@ class DeterminismCheck:
         failed = self.copies - self.answered
         missing = f" ({failed} unanswered)" if failed else ""
         if self.deterministic:
-            return f"{where}: {self.answered} of {self.copies} copies identical"
+            said = f"{where}: {self.answered} of {self.copies} copies identical"
+            return said + self.at_once_note()
         if self.divergence is None:
             alike = {0: "none answered", 1: "1 answered"}.get(
                 self.answered, f"{self.answered} answered alike"
@@ -132,8 +157,11 @@ class DeterminismCheck:
         )
 
 
-def check(texts: Sequence[str | None], in_flight: int) -> DeterminismCheck:
-    """The copies' answers (None: that copy failed) compared with each other."""
+def check(
+    texts: Sequence[str | None], in_flight: int, cap: tuple[int, str] | None = None
+) -> DeterminismCheck:
+    """The copies' answers (None: that copy failed) compared with each other; ``cap``: the
+    server's own cap and where it was read, where it was."""
     answered = [t for t in texts if t is not None]
     ranked = Counter(answered).most_common()  # ties: the one seen first
     divergence = None
@@ -149,6 +177,8 @@ def check(texts: Sequence[str | None], in_flight: int) -> DeterminismCheck:
         divergence,
         in_flight,
         ranked[0][0] if ranked else None,
+        cap[0] if cap is not None else None,
+        cap[1] if cap is not None else "",
     )
 
 
@@ -170,61 +200,16 @@ def copies_per_wave(copies: int, batch: int) -> list[int]:
     return [batch] * waves
 
 
-@dataclass(frozen=True)
-class EngineSwitch:
-    """A managed engine's batch-invariant switch: its name and whether it was on."""
-
-    engine: str  # "vLLM", "SGLang"
-    switch: str  # "VLLM_BATCH_INVARIANT=1", "--enable-deterministic-inference"
-    on: bool | None  # None: calibrate could not read the engine's command or environment
-
-    def advice(self) -> str:
-        """What to say when the copies differed."""
-        if self.on:
-            return (
-                f"{self.engine}: {self.switch} was on, and the answers still differ: the "
-                "difference is not the batch (check the sampling parameters and the seed)"
-            )
-        was = "was off" if self.on is False else "could not be read"
-        return (
-            f"{self.engine}: {self.switch} turns on batch-invariant kernels ({was} here); "
-            "they cost throughput (SGLang measured ≈ 34 % slower)"
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {"engine": self.engine, "switch": self.switch, "on": self.on}
-
-
-def engine_switch(
-    kind: str | None, argv: Sequence[str] | None, environ: Mapping[str, str] | None
-) -> EngineSwitch | None:
-    """The batch-invariant switch of engine ``kind`` (None: the engine has none); ``on`` from
-    its argv and environment (None where neither was readable). ``VAR=1`` words before the
-    program in the argv count as its environment (``env VLLM_BATCH_INVARIANT=1 vllm serve …``)."""
-    found = find(kind)
-    invariance = found.batch_invariance if found is not None else None
-    if found is None or invariance is None:
-        return None
-    on: bool | None = None
-    if invariance.env:
-        words = dict(w.split("=", 1) for w in argv or () if re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", w))
-        value = {**words, **(environ or {})}.get(invariance.env)
-        if value is not None:
-            on = value.strip().lower() not in ("", "0", "false")
-        elif argv is not None or environ is not None:
-            on = False
-    elif argv is not None:
-        flag = invariance.flag
-        on = any(w == flag or w.startswith(flag + "=") for w in argv)
-    return EngineSwitch(found.name, invariance.switch, on)
-
-
 def overall(checks: Sequence[tuple[str, DeterminismCheck]]) -> str | None:
     """One line over every tier or level: ``determinism (8 copies each): identical at batch 1,
     2; 2 distinct at batch 4 (first difference at token 5)``; None when none was checked."""
     if not checks:
         return None
-    same = [where for where, c in checks if c.deterministic]
+    same = [
+        where + (f" (the server ran {c.ran_at_once} at once)" if c.queued else "")
+        for where, c in checks
+        if c.deterministic
+    ]
     unsure = [
         f"not established at {where} ({c.copies - c.answered} of {c.copies} unanswered)"
         for where, c in checks
@@ -257,25 +242,6 @@ def tiers_apart(
         if (found := across(first[1], c)) is not None:
             return (first[0], where), found
     return None
-
-
-def managed_switch(cfg: Config) -> EngineSwitch | None:
-    """The batch-invariant switch of the engine calibrate manages as the target (its recorded
-    argv and its process environment), else of [server] kind and command; None for other
-    engines."""
-    record = managed_target(cfg)  # the engine calibrate manages, when it is the target
-    if record is not None:
-        kind = process.kind_of(record, cfg.server.kind)
-        return engine_switch(kind, record.argv, read_environ(record.pid))
-    argv: list[str] | None = None
-    if cfg.server.command:
-        try:
-            argv = shlex.split(cfg.server.command)
-        except ValueError:
-            argv = None
-    # calibrate starts the engine with its own environment: that is the engine's, too
-    environ = dict(os.environ) if cfg.server.command or cfg.server.model_path else None
-    return engine_switch(cfg.server.kind, argv, environ)
 
 
 @dataclass(frozen=True)

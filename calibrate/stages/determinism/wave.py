@@ -23,6 +23,7 @@ from calibrate.stages.determinism import (
     copies_per_wave,
 )
 from calibrate.stages.measure.incidents import IncidentRecorder
+from calibrate.stages.measure.stop_rules import ServerCap
 
 # (item, in flight) → its records.jsonl line
 RecordFn = Callable[[ItemResult, int], dict[str, Any]]
@@ -45,9 +46,11 @@ def send_copies(
     how: CopiesWave,
     batch: int,
     record: RecordFn,
+    cap: ServerCap | None = None,
 ) -> DeterminismCheck:
     """``how.copies`` copies (rounded up to full waves) of the fixed prompt, ``batch`` at a
-    time; their answers compared with each other."""
+    time; their answers compared with each other. ``cap``: the server's own cap, where it was
+    read — below ``batch``, the copies queued and no more than it shared a batch."""
     texts: list[str | None] = []
     index = 1
     for size in copies_per_wave(how.copies, batch):
@@ -77,4 +80,4 @@ def send_copies(
             )
         texts += [i.text if i.ok and i.text is not None else None for i in answered]
         index += size
-    return check(texts, batch)
+    return check(texts, batch, (cap.slots, cap.source) if cap is not None else None)

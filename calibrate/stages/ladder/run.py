@@ -286,6 +286,7 @@ class Ladder(TierRounds, TierRepeats):
             how,
             batch,
             lambda item, in_flight: item_record(self.ctx, item, batch, in_flight, None),
+            self.cap,
         )
 
     def aggregate(

@@ -192,6 +192,7 @@ class Sweep(LevelRuns):
             how,
             c,
             lambda item, in_flight: item_record(self.ctx, item, o.batch_size, in_flight, None),
+            self.cap,
         )
         return replace(level, determinism=found)
 
