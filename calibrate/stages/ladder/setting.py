@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.gpu.noise import combined
+from calibrate.stages.ladder.slower import slower_text
 from calibrate.stages.measure.stop_rules import reached
 from calibrate.stages.measure.tiers import Tier
 from calibrate.stages.verdict.doubt import Doubt, Inconclusive, pct
@@ -268,6 +269,7 @@ def setting_reason(
         parts[0] += ", the fastest kept tier"
     unsure = {t.batch_size for pair in found.doubts for t in pair}
     base = chosen.stats.items_per_s
+    spread = spread_of([tier_point(t) for t in measured(history)])
     stood = reached(history)
     for tier in history:
         if tier.batch_size <= chosen.batch_size:
@@ -288,7 +290,8 @@ def setting_reason(
             continue
         change = tier.stats.items_per_s / base - 1 if base > 0 else 0.0
         if change <= 0:
-            parts.append(f"{where} kept but {pct(-change).lstrip('+')} slower{_full(tier)}")
+            gain = interval(tier_point(chosen), tier_point(tier), level, spread)
+            parts.append(f"{where} kept but {slower_text(change, gain)}{_full(tier)}")
         elif tier.batch_size in unsure:
             parts.append(
                 f"{where} {pct(change).lstrip('+')} faster ({_rate(tier)}): whether that is the "

@@ -604,3 +604,20 @@ def test_a_smaller_batch_failing_a_round_run_again_stops_the_ladder_there(tmp_pa
     summary = result.summary()
     assert summary.stopped_by == "failure" and summary.details["highest_kept"] == 1
     assert summary.max_in_flight == 1  # the sweep may not send the 4 the ladder did not prove
+
+
+def test_a_kept_tier_slower_within_its_rounds_noise_says_so() -> None:
+    """Over the real mock (batch 4 slowed 2.1× per token, jitter 0.3) the line said "the runs
+    cannot tell whether batch 4 adds 10 % over batch 2: −6 % by the medians, anywhere from −24 %
+    to +17 %" and then "batch 4 kept but 6 % slower", as if measured. Now the slower figure
+    carries its rounds' interval when it holds zero, and says so when one round gave none."""
+    noisy = [_tier(2, "pass", [18.0, 19.2]), _tier(4, "pass", [15.5, 19.5])]
+    reason = setting_reason(noisy, GAIN_MIN)
+    assert "batch 4 kept but 6 % slower by the medians, within the rounds' noise (" in reason
+    assert "2 and 2 rounds)" in reason, reason
+    sure = [_tier(2, "pass", [18.0, 18.1]), _tier(4, "pass", [16.0, 16.1])]
+    assert setting_reason(sure, GAIN_MIN).endswith("batch 4 kept but 11 % slower")
+    once = [_tier(2, "pass", [18.0]), _tier(4, "pass", [16.0])]
+    assert setting_reason(once, GAIN_MIN, conservative=True).endswith(
+        "batch 4 kept but 11 % slower (one round a side: no spread to tell it from noise)"
+    )
