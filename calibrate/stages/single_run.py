@@ -182,7 +182,7 @@ def copies(ctx: StageContext, spec: SingleSpec, say: Say, warn: Say) -> dict[str
     sender = Sender.over(ctx.client)
     found: dict[str, Any] = {}
     checks: list[DeterminismCheck] = []
-    cap = running_cap(ctx)  # a server that runs fewer at once queues the rest: no shared batch
+    cap = running_cap(ctx).cap  # a server that runs fewer at once queues the rest: no batch
     for key, where, batch in (
         ("one_by_one", "one after another", 1),
         ("at_once", f"{n} at once", n),
