@@ -100,3 +100,18 @@ def test_the_line_width_check_passes_what_fits_and_fails_what_does_not() -> None
     failed = check(fits + "y" * 101 + "\n" + "时" * 51 + "\n")
     assert failed.returncode == 1
     assert "2 lines wider than 100 columns" in failed.stderr, failed.stderr
+
+
+def test_a_figure_and_its_unit_stay_on_one_line() -> None:
+    """export's line wrapped as "(200 journal lines, 0.0" and a next line "s)": the figure
+    without its unit, the unit alone. A figure and its unit move to the next line together."""
+    line = (
+        "final: final.jsonl — 200 ids in input order: 200 ok, 0 failed, 0 never ran (200 x, 0.0 s)"
+    )
+    for width in range(len(line) - 8, len(line)):
+        fitted = fit(line, width)
+        assert all(not ln.strip().startswith("s)") for ln in fitted.splitlines()), fitted
+        assert unfit(fitted, width) == line
+    said = fit("the sweep ran " + "well " * 14 + "at 22.5 items/s and 75 % of its cap", 80)
+    assert "22.5 items/s" in said and "75 %" in said.replace("\n  ", " "), said
+    assert not any(ln.endswith(("22.5", " 75")) for ln in said.splitlines()), said

@@ -3,11 +3,14 @@
 Tables fit by choosing their columns (``report.tables``); a sentence fits by wrapping at its
 spaces, the rest of it indented two more columns than its first line, so a reader sees one
 message, not several. Widths are counted in terminal cells (a CJK character is two); text in
-CJK characters also wraps between two of them (an answer in Chinese has no spaces). A word longer
-than a line with nowhere to break (a very long path) is left whole.
+CJK characters also wraps between two of them (an answer in Chinese has no spaces). A figure and
+its unit ("0.3 s", "75 %", "22.5 items/s") stay on one line. A word longer than a line with
+nowhere to break (a very long path) is left whole.
 """
 
 from __future__ import annotations
+
+import re
 
 from rich.cells import cell_len
 
@@ -30,7 +33,7 @@ def fit_line(line: str, width: int) -> list[str]:
     rest = _rest(line, width)
     lines: list[str] = []
     current = line[: len(line) - len(body)]
-    for word in body.split(" "):
+    for word in _words(body):
         if not word:  # one of several spaces in a row: kept unless the line breaks there
             current += " " if current.strip() and cell_len(current) < width else ""
             continue
@@ -63,7 +66,7 @@ def unfit(text: str, width: int) -> str:
     for line in text.split("\n"):
         body = line[len(rest) :] if rest is not None and line.startswith(rest) else ""
         if body and not body.startswith(" ") and last:
-            word = body.split(" ")[0]
+            word = _words(body)[0]
             wide = _wide(last[-1]) and _wide(body[0])
             if cell_len(last) + (0 if wide else 1) + cell_len(word) > width:
                 joined[-1] += ("" if wide else " ") + body
@@ -72,6 +75,24 @@ def unfit(text: str, width: int) -> str:
         joined.append(line)
         last, rest = line, _rest(line, width)
     return "\n".join(joined)
+
+
+_FIGURE = re.compile(r"\d[\d.,]*$")  # a word ending in a number: "0.3", "(40", "≈1,200"
+_UNIT = re.compile(
+    r"(s|ms|µs|min|h|B|KiB|MiB|GiB|TiB|%|×|W|J|items/s|req/s|tok/s|tokens/s|cores?)[)\],;:.]*$"
+)
+
+
+def _words(body: str) -> list[str]:
+    """``body`` split at its spaces, but a figure and the unit after it kept together as one
+    word ("0.3 s)"): a line that ends in "0.3" and the next that begins "s)" say neither."""
+    words: list[str] = []
+    for word in body.split(" "):
+        if words and _UNIT.fullmatch(word) and _FIGURE.search(words[-1]):
+            words[-1] += " " + word
+        else:
+            words.append(word)
+    return words
 
 
 def _rest(line: str, width: int) -> str:
