@@ -43,7 +43,7 @@ class LadderView(TierView[LadderResult, LadderOptions]):
         if has_slo(options.slo):
             streamed += f"; SLOs {describe(options.slo)}"
         self.say(
-            f"ladder: {steps}, {options.rounds} rounds each of ≥ {options.min_round_s:g} s, one "
+            f"ladder: {steps}; {options.rounds} rounds each of ≥ {options.min_round_s:g} s, one "
             f"batch at a time, {options.mode} mode{warmup}{streamed}; workload: "
             f"{workload.describe()}"
         )
