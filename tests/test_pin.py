@@ -271,3 +271,24 @@ def test_the_batch_size_is_dated_by_the_run_that_verified_it(cli, isolated: Path
         text
     ), text
     assert "# concurrency from sweep run 20261130T0-sweep-ab" in text, text
+
+
+def test_a_rate_taken_under_noise_says_so_in_status_and_the_script(cli, isolated: Path) -> None:
+    """A rate sweep that took the conservative answer under noise ("10.2 req/s, the conservative
+    answer, taken under noise") was read back by status and pin as "sweep: 10.2 req/s: achieved
+    10.20 req/s, not saturated" — the doubt the sweep said was dropped."""
+    target = _configure(cli, isolated, "vllm", "/models/m")
+    passing_ladder(isolated, target)
+    cause = "other processes used 1.0 of this machine's 2 cores"
+    sweep = {
+        "recommended_concurrency": 4,
+        "batch_size": 4,
+        "recommendation": "10.2 req/s: achieved 10.20 req/s, not saturated",
+        "under_noise": {"taken_under_noise": True, "cause": cause, "conservative": "10.2 req/s"},
+    }
+    append_ledger(isolated, "sweep", target, sweep, run_id="20261129T170000Z-sweep-abcdef")
+    said = "sweep: 10.2 req/s: achieved 10.20 req/s, not saturated — taken under noise "
+    said += f"(--conservative): {cause}"
+    assert said in cli("status", "--json").json["why"]
+    assert cli("pin").code == 0
+    assert f"# how sure: {said}\n" in (isolated / "scripts/launch.sh").read_text("utf-8")

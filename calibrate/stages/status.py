@@ -231,7 +231,13 @@ def _tune_reason(summary: dict[str, Any]) -> str:
 
 
 def _sweep_reason(summary: dict[str, Any]) -> str:
-    """The knee and how sure it is; a rate sweep's recommendation; else the concurrency."""
+    """The knee and how sure it is; a rate sweep's recommendation; else the concurrency — and
+    whether it was the conservative answer taken under noise (the sweep said so; a read-back
+    that drops it presents a doubtful setting as settled)."""
+    return _said(summary) + _under_noise(summary)
+
+
+def _said(summary: dict[str, Any]) -> str:
     knee = summary.get("knee")
     if isinstance(knee, dict) and isinstance(knee.get("how_sure"), str) and knee["how_sure"]:
         first = str(knee["how_sure"]).split("; ", 1)[0]  # "knee at 4 (+99 % over 2)"
@@ -241,3 +247,14 @@ def _sweep_reason(summary: dict[str, Any]) -> str:
         return recommendation
     concurrency = summary.get("recommended_concurrency")
     return f"recommended concurrency {concurrency}" if concurrency else "no recommendation"
+
+
+def _under_noise(summary: dict[str, Any]) -> str:
+    """`` — taken under noise (--conservative): other processes used …``; "" when not."""
+    taken = summary.get("under_noise")
+    if not isinstance(taken, dict) or taken.get("taken_under_noise") is not True:
+        return ""
+    cause = taken.get("cause")
+    return " — taken under noise (--conservative)" + (
+        f": {cause}" if isinstance(cause, str) and cause else ""
+    )
