@@ -33,7 +33,7 @@ class AnswerLength:
 def answer(
     prompt: str, settings: MockSettings, length: AnswerLength, *, perturb_at: int | None = None
 ) -> Generation:
-    """The answer to ``prompt``; ``perturb_at`` (an in-flight count) changes one word.
+    """The answer to ``prompt``; ``perturb_at`` (the sequences in its batch) varies it.
 
     Its natural length comes from the prompt; ``ignore_eos`` makes it exactly ``max_tokens``
     long, ``min_tokens`` at least that long; ``max_tokens`` caps it (finish "length").

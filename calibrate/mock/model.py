@@ -38,7 +38,6 @@ class Admission:
     ttft_s: float
     per_token_s: float
     truncate: bool
-    perturb: bool
     malformed: str | None = None  # the wrong shape this reply takes (mock.settings.SHAPES)
     echo_headers: bool = False
 
@@ -61,6 +60,7 @@ class MockModel:
         self._queue: deque[tuple[int, int]] = deque()
         self._held: dict[int, int] = {}
         self._listed: dict[int, int] = {}  # prompts of a list beyond its slots: they wait
+        self._together: dict[int, int] = {}  # sequences running when each request was seated
         self._peak_mib = settings.vram_base_mib
         self._outcomes: dict[str, int] = {}
         self._evicted_now = 0  # sequences evicted from the full KV cache at this moment
@@ -109,7 +109,6 @@ class MockModel:
                 ttft_s=s.ttft_s * ttft_jitter * slower + (slow < s.slow_rate) * s.slow_s,
                 per_token_s=per_token * per_token_jitter * self.waves(weight),
                 truncate=truncate < s.truncate_rate,
-                perturb=s.nondeterministic_above is not None and n > s.nondeterministic_above,
                 malformed=SHAPES[int(shape * len(SHAPES))] if bad < s.malformed_rate else None,
                 echo_headers=echo < s.echo_headers_rate,
             )
@@ -162,6 +161,7 @@ class MockModel:
             self._queue.popleft()
             self._running += need
             self._held[adm.ticket] = need
+            self._together[adm.ticket] = self._running
             if adm.weight > need:  # vLLM counts each prompt of a list as a request
                 self._listed[adm.ticket] = adm.weight - need
             self._cond.notify_all()
@@ -218,6 +218,7 @@ class MockModel:
         with self._cond:
             self._running -= self._held.pop(adm.ticket, 0)
             self._listed.pop(adm.ticket, None)
+            self._together.pop(adm.ticket, None)
             self._advance_energy()
             self._in_flight -= adm.weight
             self._kv.remove(adm.ticket)
@@ -257,10 +258,25 @@ class MockModel:
 
         Its natural length comes from the prompt; ``ignore_eos`` makes it exactly ``max_tokens``
         long, ``min_tokens`` at least that long; ``max_tokens`` caps it (finish "length").
+        Its words vary (``--nondeterministic-above``) only once it is seated, by what it runs
+        beside (``batch_varied``); before, only its length is known for sure.
         """
-        perturb_at = adm.in_flight if adm.perturb else None
+        perturb_at = self.batch_varied(adm)
         length = AnswerLength(max_tokens, min_tokens, ignore_eos, truncate=adm.truncate)
         return answer(prompt, self.settings, length, perturb_at=perturb_at)
+
+    def batch_varied(self, adm: Admission) -> int | None:
+        """The sequences running beside a seated request, itself included, when more than
+        ``nondeterministic_above``: its answer varies with that count; else None.
+
+        A real engine's batch variance comes from the kernels' reduction order, which changes
+        with the sequences decoding *together*: requests queued for a slot never shared a batch
+        with it, so a 1-slot server answers every copy alike, however many wait.
+        """
+        above = self.settings.nondeterministic_above
+        with self._cond:
+            together = self._together.get(adm.ticket)
+        return together if above is not None and together is not None and together > above else None
 
     def snapshot(self) -> Snapshot:
         """The gauges /metrics exports."""

@@ -131,16 +131,7 @@ def answer(
     prefill = model.prefix.prefill(req.prompts, req.prompt_tokens, look_up=req.cache_prompt)
     if prefill.seconds:  # the prompt tokens the prefix cache did not hold are read first
         adm = dataclasses.replace(adm, ttft_s=adm.ttft_s + prefill.seconds)
-    gens = [
-        model.generate(
-            prompt,
-            req.cap(tokens, settings.max_model_len),
-            adm,
-            min_tokens=req.min_tokens,
-            ignore_eos=req.ignore_eos,
-        )
-        for prompt, tokens in zip(req.prompts, req.prompt_tokens, strict=True)
-    ]
+    gens = generations(model, req, adm)  # before its slot: their lengths, for the KV plans
     run: DecodeRun | None = None
     if settings.tracks_tokens:
         plans = [
@@ -153,6 +144,8 @@ def answer(
         run = DecodeRun(model, adm, time.monotonic() + adm.ttft_s)
     else:
         model.acquire(adm)
+    if model.batch_varied(adm) is not None:  # its words as the batch it joined makes them
+        gens = generations(model, req, adm)
     prefix = "chatcmpl-" if req.kind == "chat" else "cmpl-"
     rid, created, start = prefix + uuid.uuid4().hex, int(time.time()), time.monotonic()
     if adm.malformed is not None:
@@ -200,6 +193,21 @@ def answer(
             generated()  # the last event ([DONE]) is about to go out
         wire.write_chunk(event.encode())
     wire.write(b"0\r\n\r\n")
+
+
+def generations(model: MockModel, req: GenerateRequest, adm: Admission) -> list[Generation]:
+    """The answer to each prompt of ``req``; seated, as the sequences beside it vary them."""
+    settings = model.settings
+    return [
+        model.generate(
+            prompt,
+            req.cap(tokens, settings.max_model_len),
+            adm,
+            min_tokens=req.min_tokens,
+            ignore_eos=req.ignore_eos,
+        )
+        for prompt, tokens in zip(req.prompts, req.prompt_tokens, strict=True)
+    ]
 
 
 def _engine_error(wire: Wire, req: GenerateRequest, status: str) -> None:

@@ -30,7 +30,7 @@ SETTINGS: tuple[tuple[str, str | None, str | None], ...] = (
     ("--vram-base-mib", None, None),
     ("--vram-per-request-mib", None, None),
     ("--oom-at", "N", "in flight above N: CUDA OOM (500)"),
-    ("--nondeterministic-above", "N", "above N: text varies"),
+    ("--nondeterministic-above", "N", "above N running in one batch (not queued): text varies"),
     ("--diverge-at-token", "T",
      "with --nondeterministic-above: answers differ from token T on (seeded), not one word"),
     ("--fail-rate", "P", "HTTP 500"),

@@ -41,7 +41,7 @@ from calibrate.mock.answer import Generation
 from calibrate.mock.kv import SeqPlan
 from calibrate.mock.model import Admission, MockModel
 from calibrate.mock.payloads import GenerateRequest, RequestRejected, error_body
-from calibrate.mock.reply import MIN_TICK_S, malformed_body, oom_message
+from calibrate.mock.reply import MIN_TICK_S, generations, malformed_body, oom_message
 from calibrate.mock.settings import MockSettings
 from calibrate.mock.stream import stream_events
 
@@ -133,16 +133,7 @@ class SimServer:
             raise _status(500, body)
         prefill = model.prefix.prefill(req.prompts, req.prompt_tokens, look_up=req.cache_prompt)
         ttft = adm.ttft_s + prefill.seconds
-        gens = [
-            model.generate(
-                prompt,
-                req.cap(tokens, settings.max_model_len),
-                adm,
-                min_tokens=req.min_tokens,
-                ignore_eos=req.ignore_eos,
-            )
-            for prompt, tokens in zip(req.prompts, req.prompt_tokens, strict=True)
-        ]
+        gens = generations(model, req, adm)  # before its slot: their lengths, for the KV plans
         plans: Sequence[SeqPlan] = ()
         if settings.tracks_tokens:
             plans = [
@@ -150,6 +141,8 @@ class SimServer:
                 for p, n, g in zip(req.prompts, req.prompt_tokens, gens, strict=True)
             ]
         await self._seated(adm, plans)
+        if model.batch_varied(adm) is not None:  # its words as the batch it joined makes them
+            gens = generations(model, req, adm)
         if settings.tracks_tokens and not model.claim(adm, plans):
             raise _oom(settings)
         begin = self.clock.now()
