@@ -27,7 +27,7 @@ from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tier_finish import finish_tiers
 from calibrate.stages.measure.tier_run import Measuring, prepare_load, run_live, watched
 from calibrate.stages.measure.tiers import Tier
-from calibrate.stages.prepare.server_cap import ladder_cap
+from calibrate.stages.prepare.server_cap import ladder_cap, restarted_cap
 from calibrate.stages.server_account import unaccounted
 from calibrate.workload import TokenRange, WorkloadSpec
 
@@ -119,6 +119,7 @@ def _ladder(spec: LadderSpec, env: LadderEnv, options: LadderOptions, watch: Mea
         plan=plan,
         cap=cap,
         before_tier=restart or (lambda batch: False),
+        cap_at=(lambda batch: restarted_cap(ctx, batch)) if restart else None,
         selfload=watch.selfload,
         noise=watch.noise,
     )

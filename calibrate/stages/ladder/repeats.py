@@ -86,6 +86,8 @@ class TierRepeats:
 
         def preemption_counter(self) -> Gauge | None: ...
 
+        def read_cap_back(self, batch: int) -> None: ...
+
         def verdict_of(
             self, agg: Stats, rounds: Sequence[Stats], last: Tier | None
         ) -> tuple[Verdict, str]: ...
@@ -150,6 +152,7 @@ class TierRepeats:
         """One more round of a tier that ran: its row again from all its rounds."""
         if self.before_tier(batch) and self.options.warmup_waves:
             self.warm_up(batch)  # a restarted engine is cold again
+        self.read_cap_back(batch)
         tier = self.tier_of(batch)
         round_no = len(tier.rounds) + 1
         mark = self.noise_mark()

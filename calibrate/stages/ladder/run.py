@@ -65,6 +65,8 @@ class Ladder(TierRounds, TierRepeats):
     preemptions: Callable[[], Gauge | None] | None = None
     # before each tier: e.g. restart a managed llama.cpp at --parallel B; True: it restarted
     before_tier: Callable[[int], bool] = lambda batch: False
+    # where the server is restarted per tier: the slots it runs at B, read back (None: unsaid)
+    cap_at: Callable[[int], ServerCap | None] | None = None
     selfload: SelfLoadMonitor | None = None  # calibrate's own load: a client-bound tier is marked
     noise: NoiseMeter | None = None  # the machine's own noise per round (SPEC §5.14)
     raw: dict[int, TierRaw] = field(default_factory=dict)  # each tier's items and VRAM windows
@@ -188,6 +190,7 @@ class Ladder(TierRounds, TierRepeats):
         opts = self.options
         if self.before_tier(batch) and self.history and opts.warmup_waves:
             self.warm_up(batch)  # a restarted engine is cold again: warm it, count nothing
+        self.read_cap_back(batch)
         before = self.preemption_counter()
         last = self.history[-1] if self.history else None
         previous = last.stats if last else None
@@ -231,10 +234,32 @@ class Ladder(TierRounds, TierRepeats):
         copies = self.copies(batch) if verdict != "fail" else None  # a failed tier: no more load
         return Tier(agg, tuple(rounds), verdict, reason, opts.rounds, copies)
 
+    def read_cap_back(self, batch: int) -> None:
+        """Where the server is restarted at B for each tier, the cap it runs now is the one
+        its tier is judged by (``cap_at``); the cap read once before the ladder otherwise."""
+        if self.cap_at is not None:
+            self.cap = self.cap_at(batch)
+
     def verdict_of(
         self, agg: Stats, rounds: Sequence[Stats], last: Tier | None
     ) -> tuple[Verdict, str]:
-        """A tier's verdict from all its rounds so far, ``last`` the tier before it."""
+        """A tier's verdict from all its rounds so far, ``last`` the tier before it; where the
+        server was restarted at B and runs more slots than B, a tier that would be kept is
+        ``stop: cap`` all the same: it measured another server than batch B's."""
+        opts = self.options
+        verdict, reason = self.judged(agg, rounds, last)
+        cap, batch = self.cap, agg.batch_size
+        if self.cap_at is None or cap is None or cap.slots <= batch or opts.axis != "batch":
+            return verdict, reason
+        if verdict not in ("pass", "stop: vram", "stop: latency"):
+            return verdict, reason
+        return "stop: cap", (
+            f"batch {batch}: the server runs {cap.slots} slots ({cap.source}), not {batch}: "
+            f"the tier measured another server than batch {batch}'s (pinned, --parallel "
+            f"{batch} would run {cap.slots} at once); not kept"
+        )
+
+    def judged(self, agg: Stats, rounds: Sequence[Stats], last: Tier | None) -> tuple[Verdict, str]:
         opts = self.options
         return tier_verdict(
             agg,

@@ -116,6 +116,16 @@ def ladder_cap(
     return account.cap, None
 
 
+def restarted_cap(ctx: StageContext, batch: int) -> ServerCap | None:
+    """The slots a managed llama.cpp runs after its restart at ``--parallel batch``, as its
+    own ``/props`` says (None: it says none): some builds run another number than asked
+    (``--parallel 1`` → 4 unified slots), and a tier on such a server measured another one."""
+    cap = read_server_cap(ctx.client.get_text)
+    if cap is None:
+        return None
+    return ServerCap(cap.slots, f"{cap.source}, restarted at --parallel {batch}")
+
+
 def running_cap(ctx: StageContext) -> CapAccount:
     """The cap of the server running now, where it can be read without load (``verify``): the
     server's own report first (llama.cpp's ``/props`` slots: a build may run other than the
