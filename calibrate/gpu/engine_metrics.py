@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
+from itertools import pairwise
 from typing import NamedTuple
 
 # The engines' names (``Engine.metrics``), in the order they are preferred; the KV gauges are
@@ -103,6 +104,18 @@ def preemptions(scrape: Scrape) -> Gauge | None:
         if series:
             return Gauge(name, sum(s.value for s in series))
     return None
+
+
+def counted_rise(readings: Sequence[Gauge | None]) -> Gauge | None:
+    """A counter's rise over successive readings (None: a scrape that failed), across a
+    restart of the server: a reading below the one before belongs to a new process counting
+    from 0, so all of it happened since that reading and counts; what the old process counted
+    after its last reading is not known, and is never invented. None under two readings."""
+    seen = [g for g in readings if g is not None]
+    if len(seen) < 2:
+        return None
+    rise = sum(b.value - a.value if b.value >= a.value else b.value for a, b in pairwise(seen))
+    return Gauge(seen[-1].metric, rise)
 
 
 def read_preemptions(fetch: Callable[[], str]) -> Gauge | None:

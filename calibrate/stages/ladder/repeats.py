@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from calibrate.gpu.engine_metrics import Gauge
+from calibrate.gpu.engine_metrics import Gauge, counted_rise
 from calibrate.gpu.noise import NoiseMark, NoiseMeter
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor, WindowPeak
@@ -171,9 +171,9 @@ class TierRepeats:
         rounds = (*tier.rounds, stats)
         agg = self.aggregate(batch, rounds, raw.items, raw.peaks, self.baseline)
         preempted, metric = tier.stats.preemptions, tier.stats.preemption_metric
-        if before is not None and after is not None:
-            preempted = (preempted or 0) + max(0, round(after.value - before.value))
-            metric = after.metric
+        if (rise := counted_rise([before, after])) is not None:  # across a restart, too
+            preempted = (preempted or 0) + round(rise.value)
+            metric = rise.metric
         agg = replace(agg, preemptions=preempted, preemption_metric=metric)
         # judged again from all its rounds: a cap, a preemption or a breach the new round showed
         # stops the tier as it would have the first time (its rows and its verdict agree)

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from calibrate.gpu.engine_metrics import Gauge, read_preemptions
+from calibrate.gpu.engine_metrics import Gauge, counted_rise, read_preemptions
 from calibrate.gpu.noise import NoiseMeter, combined
 from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.gpu.vram import VramMonitor, WindowPeak
@@ -191,7 +191,9 @@ class Ladder(TierRounds, TierRepeats):
         if self.before_tier(batch) and self.history and opts.warmup_waves:
             self.warm_up(batch)  # a restarted engine is cold again: warm it, count nothing
         self.read_cap_back(batch)
-        before = self.preemption_counter()
+        # read after every round too: a server restarted mid-tier (an OOM, a supervisor)
+        # counts again from 0, and each reading narrows what its old process took with it
+        counter = [self.preemption_counter()]
         last = self.history[-1] if self.history else None
         previous = last.stats if last else None
         previous_rounds = last.rounds if last else ()
@@ -208,6 +210,7 @@ class Ladder(TierRounds, TierRepeats):
             rounds.append(stats)
             items_all += items
             peaks.append(peak)
+            counter.append(self.preemption_counter())
             if stats.errors:  # a failed round fails the tier; another round only adds load
                 break
             if round_no < opts.rounds:
@@ -221,13 +224,8 @@ class Ladder(TierRounds, TierRepeats):
             log.info("batch %d: its rounds disagree on the time per item; one more round", batch)
         agg = self.aggregate(batch, rounds, items_all, peaks, baseline)
         self.raw[batch] = TierRaw(items_all, peaks)
-        after = self.preemption_counter()
-        if before is not None and after is not None:
-            agg = replace(
-                agg,
-                preemptions=max(0, round(after.value - before.value)),
-                preemption_metric=after.metric,
-            )
+        if (rise := counted_rise(counter)) is not None:
+            agg = replace(agg, preemptions=round(rise.value), preemption_metric=rise.metric)
         verdict, reason = self.verdict_of(agg, rounds, last)
         if opts.axis == "context":  # said of the input length, not of "batch 1"
             reason = relabel(reason, batch, agg.input_tokens_target)

@@ -288,7 +288,8 @@ def test_the_counter_read_before_and_after_each_tier_is_its_preemptions(tmp_path
 
     def counter() -> Gauge:
         reads.append(len(ladder.history))
-        batch8_done = len(ladder.history) == 3 and reads.count(3) == 2
+        # a counter never falls on a server that kept running: 10 from batch 8's second read
+        batch8_done = len(ladder.history) == 3 and reads.count(3) >= 2
         return Gauge("vllm:num_preemptions_total", 7.0 + (3.0 if batch8_done else 0.0))
 
     ladder.preemptions = counter
