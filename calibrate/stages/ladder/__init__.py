@@ -119,12 +119,31 @@ def _ladder(spec: LadderSpec, env: LadderEnv, options: LadderOptions, watch: Mea
         plan=plan,
         cap=cap,
         before_tier=restart or (lambda batch: False),
-        cap_at=(lambda batch: restarted_cap(ctx, batch)) if restart else None,
+        cap_at=_read_back(ctx, watcher.warn) if restart else None,
         selfload=watch.selfload,
         noise=watch.noise,
     )
     watcher.planned(options, plan.spec, cap)
     return ladder
+
+
+def _read_back(ctx: StageContext, warn: Callable[[str], None]) -> Callable[[int], ServerCap | None]:
+    """The slots the server runs after each restart at --parallel B; more than B is said once a
+    tier (its verdict stands: its B requests ran together, none queued)."""
+    said: set[int] = set()
+
+    def read(batch: int) -> ServerCap | None:
+        cap = restarted_cap(ctx, batch)
+        if cap is not None and cap.slots > batch and batch not in said:
+            said.add(batch)
+            warn(
+                f"the server runs {cap.slots} slots ({cap.source}), not {batch}: batch {batch} "
+                f"is measured on a {cap.slots}-slot server, and --parallel {batch} pinned would "
+                f"run {cap.slots} at once"
+            )
+        return cap
+
+    return read
 
 
 def account_notes(cap: ServerCap | None, tiers: tuple[Tier, ...]) -> tuple[str, ...]:

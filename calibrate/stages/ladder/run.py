@@ -241,21 +241,23 @@ class Ladder(TierRounds, TierRepeats):
     def verdict_of(
         self, agg: Stats, rounds: Sequence[Stats], last: Tier | None
     ) -> tuple[Verdict, str]:
-        """A tier's verdict from all its rounds so far, ``last`` the tier before it; where the
-        server was restarted at B and runs more slots than B, a tier that would be kept is
-        ``stop: cap`` all the same: it measured another server than batch B's."""
-        opts = self.options
+        """A tier's verdict from all its rounds so far, ``last`` the tier before it. Where the
+        server was restarted at B and runs more slots than B (a build that turns --parallel 1
+        into 4 unified slots), the tier's B requests still ran together and nothing queued:
+        its verdict stands, and its reason says the server was not the one --parallel B
+        describes (pinned at B it would run that many at once; verify reads it back)."""
         verdict, reason = self.judged(agg, rounds, last)
         cap, batch = self.cap, agg.batch_size
-        if self.cap_at is None or cap is None or cap.slots <= batch or opts.axis != "batch":
+        if self.cap_at is None or cap is None or cap.slots <= batch:
             return verdict, reason
-        if verdict not in ("pass", "stop: vram", "stop: latency"):
+        if self.options.axis != "batch":
             return verdict, reason
-        return "stop: cap", (
-            f"batch {batch}: the server runs {cap.slots} slots ({cap.source}), not {batch}: "
-            f"the tier measured another server than batch {batch}'s (pinned, --parallel "
-            f"{batch} would run {cap.slots} at once); not kept"
+        more = (
+            f"the server ran {cap.slots} slots ({cap.source}), not {batch}: this tier sent "
+            f"{batch} at once to a {cap.slots}-slot server, and --parallel {batch} pinned would "
+            f"run {cap.slots} at once"
         )
+        return verdict, f"{reason}; {more}" if reason else more
 
     def judged(self, agg: Stats, rounds: Sequence[Stats], last: Tier | None) -> tuple[Verdict, str]:
         opts = self.options
