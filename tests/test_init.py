@@ -8,6 +8,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from calibrate.config import Config, Overrides, load
 from calibrate.config.sections import SECTIONS
 
@@ -40,3 +42,34 @@ def test_init_writes_every_section_and_key_with_its_default(cli, isolated: Path)
             default = getattr(getattr(defaults, name), field.name)
             if default not in (None, (), ""):  # a key off by default is shown with an example
                 assert shown[name][field.name] == _plain(default), f"[{name}] {field.name}"
+
+
+def test_init_writes_the_file_the_other_commands_read(
+    cli, isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--config and $CALIBRATE_CONFIG say where init writes, as they say where single reads;
+    a file a plain command would not read is named in the command init says to run next."""
+    named = cli("init", "--config", "gpu1.toml")
+    assert named.code == 0, named.err
+    assert (isolated / "gpu1.toml").exists() and not (isolated / "calibrate.toml").exists()
+    assert "then run: calibrate single --config gpu1.toml" in named.err
+    elsewhere = cli("init", "other.toml")
+    assert elsewhere.code == 0 and "calibrate single --config other.toml" in elsewhere.err
+    monkeypatch.setenv("CALIBRATE_CONFIG", "env.toml")
+    from_env = cli("init")
+    assert from_env.code == 0 and (isolated / "env.toml").exists()
+    assert from_env.err.rstrip().endswith("then run: calibrate single")  # it reads env.toml
+    assert not (isolated / "calibrate.toml").exists()
+    both = cli("init", "a.toml", "--config", "b.toml")
+    assert both.code == 2 and "two files" in both.err
+    assert not (isolated / "a.toml").exists() and not (isolated / "b.toml").exists()
+
+
+def test_a_missing_config_says_the_init_that_writes_it(cli, isolated: Path) -> None:
+    missing = cli("single", "--config", "my cfg.toml")
+    assert missing.code == 2
+    assert "calibrate init 'my cfg.toml'" in missing.err
+    assert cli("init", "my cfg.toml").code == 0
+    (isolated / "folder").mkdir()
+    folder = cli("init", "folder")
+    assert folder.code == 2 and "is a directory" in folder.err and "Traceback" not in folder.err

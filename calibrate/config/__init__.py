@@ -6,7 +6,7 @@ environment read as UTF-8), load (the precedence), starter (the file `calibrate 
 """
 
 from calibrate.config.limits import MAX_RESTARTS, MAX_ROUNDS, MAX_TIMEOUT_S
-from calibrate.config.load import DEFAULT_CONFIG_NAME, Overrides, load
+from calibrate.config.load import DEFAULT_CONFIG_NAME, Overrides, config_path, load
 from calibrate.config.sections import (
     Config,
     LadderConfig,
@@ -33,6 +33,7 @@ __all__ = [
     "SloConfig",
     "SweepConfig",
     "TuneSearch",
+    "config_path",
     "load",
     "normal_url",
     "normalise_base_url",

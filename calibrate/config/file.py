@@ -7,6 +7,7 @@ checked); a section once built is checked against its bounds (limits.py).
 from __future__ import annotations
 
 import math
+import shlex
 import tomllib
 import types
 import typing
@@ -43,7 +44,8 @@ def apply_file(cfg: Config, path: Path) -> Config:
     except OSError as exc:
         raise ConfigError(
             f"cannot read config {path}: {exc.strerror or exc}",
-            "Check the path given by --config or CALIBRATE_CONFIG, or run: calibrate init",
+            "Check the path given by --config or CALIBRATE_CONFIG, or write a starter file "
+            f"there: calibrate init {shlex.quote(str(path))}",
         ) from exc
     if len(raw) > CONFIG_MAX_BYTES:
         raise ConfigError(

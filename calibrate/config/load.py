@@ -29,11 +29,16 @@ class Overrides:
     model: str | None = None
 
 
+def config_path(overrides: Overrides, environ: Mapping[str, str]) -> tuple[Path, bool]:
+    """The file a command reads (--config, else $CALIBRATE_CONFIG, else calibrate.toml), and
+    whether it was named (a named file must exist; calibrate.toml may be absent)."""
+    path_text = overrides.config_path or environ.get("CALIBRATE_CONFIG")
+    return Path(path_text or DEFAULT_CONFIG_NAME), path_text is not None
+
+
 def load(overrides: Overrides, environ: Mapping[str, str]) -> Config:
     """Resolve the configuration once: defaults < file < environment < flags."""
-    path_text = overrides.config_path or environ.get("CALIBRATE_CONFIG")
-    explicit = path_text is not None
-    path = Path(path_text) if path_text else Path(DEFAULT_CONFIG_NAME)
+    path, explicit = config_path(overrides, environ)
     cfg = Config()
     if path.exists() or explicit:
         cfg = apply_file(cfg, path)
