@@ -114,3 +114,28 @@ def test_gpu_metrics_url_is_held_to_the_same_rules(cli, isolated: Path, command:
         assert result.code == 2, result.err
         assert f"--gpu-metrics-url '{url}' {said}" in result.err
     assert not (isolated / "runs").exists()
+
+
+@pytest.mark.parametrize("tail", ["/v1/chat/completions", "/v1/completions/", "/v1/Models"])
+@pytest.mark.parametrize("source", ["--base-url", "file", "base_urls"])
+def test_a_request_path_pasted_as_base_url_is_exit_2_naming_the_root(
+    cli, isolated: Path, mock, tail: str, source: str
+) -> None:
+    """``…/v1/chat/completions`` copied from a curl line is not the server's root: exit 2 that
+    gives the root, not a 404 recorded as a failed single (or a batch of failed items)."""
+    (isolated / "tasks.jsonl").write_text('{"id": 1, "text": "a"}\n')
+    pasted = mock.base_url.removesuffix("/v1") + tail
+    flags: list[str] = []
+    if source == "--base-url":
+        flags = ["--base-url", pasted]
+    else:
+        value = json.dumps(pasted) if source == "file" else json.dumps([mock.base_url, pasted])
+        key = "base_url" if source == "file" else "base_urls"
+        (isolated / "calibrate.toml").write_text(f"[target]\n{key} = {value}\n", "utf-8")
+    batch = ["batch", "--input", "tasks.jsonl", "--out", "out.jsonl"]
+    for result in (cli("single", *flags), cli(*batch, *flags)):
+        assert result.code == 2, result.err
+        assert "a request's path" in result.err and f"root, {mock.base_url}" in result.err
+        assert "Traceback" not in result.err
+    assert not (isolated / "runs").exists() and not (isolated / "out.jsonl").exists()
+    assert mock.model.snapshot().requests_total == 0

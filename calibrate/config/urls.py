@@ -33,9 +33,30 @@ def normalise_base_url(url: str) -> str:
             "Give the server's root or its /v1, e.g. http://127.0.0.1:8000/v1.",
         )
     url = url.rstrip("/")
+    _check_not_an_endpoint(url, where)
     if not url.endswith("/v1"):
         url += "/v1"
     return url
+
+
+#: the API's own paths under /v1: a base URL ending in one was copied from a request
+_ENDPOINT_PATHS = ("/chat/completions", "/completions", "/models", "/embeddings", "/responses")
+
+
+def _check_not_an_endpoint(url: str, where: str) -> None:
+    """``…/v1/chat/completions`` is a request's URL, not the server's root: calibrate would
+    send to ``…/chat/completions/v1/chat/completions`` and read a 404 as a failed stage."""
+    path = urlsplit(url).path.lower()
+    tail = next((t for t in _ENDPOINT_PATHS if path.endswith(t)), None)
+    if tail is None:
+        return
+    root = url[: len(url) - len(tail)]
+    root = root if root.lower().endswith("/v1") else f"{root}/v1"
+    raise ConfigError(
+        f"base_url {_shown_url(url)!r} ends with {tail}, a request's path: give the server's "
+        f"root, {_shown_url(root)} {where}",
+        f"calibrate adds {tail} and the other paths itself; nothing was sent.",
+    )
 
 
 def normal_url(url: str, what: str, where: str = "") -> str:
