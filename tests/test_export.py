@@ -244,6 +244,28 @@ def test_shards_cover_every_id_exactly_once_and_export_merges_them(cli, isolated
     assert [r["id"] for r in assert_valid_jsonl(isolated / "final.jsonl")] == ids
 
 
+def test_a_shard_given_another_shard_s_out_is_told_so(cli, isolated: Path) -> None:
+    """A Slurm index mixed up (shard 1 on out-0.jsonl) is not "a different input file?": the
+    lines are the input's, of another shard; nothing is sent, and --allow-foreign says it too."""
+    tasks = write_tasks(isolated / "tasks.jsonl", 30)
+    batch = ["batch", "--input", str(tasks), "--out", "out-0.jsonl", "-c", "4"]
+    with start_mock(ttft_s=0.001, per_token_s=0.0001) as server:
+        write_config(isolated / "calibrate.toml", server.base_url)
+        assert cli(*batch, "--shard", "0/3").code == 0
+        kept = (isolated / "out-0.jsonl").read_bytes()
+        sent = server.model.snapshot().requests_total
+        wrong = cli(*batch, "--shard", "1/3")
+        assert server.model.snapshot().requests_total == sent
+        assert wrong.code == 2 and (isolated / "out-0.jsonl").read_bytes() == kept
+        allowed = cli(*batch, "--shard", "1/3", "--allow-foreign")
+    lines = kept.count(b"\n")
+    for said in (wrong.err, allowed.err):
+        assert f"{lines} line(s) of other shards' items of {tasks}" in said, said
+        assert "is shard 0/3's, this run is shard 1/3" in said and "different input" not in said
+    assert "out-1.jsonl" in wrong.err and "--allow-foreign" in wrong.err
+    assert allowed.code == 0 and "(kept, --allow-foreign)" in allowed.err
+
+
 def test_shard_hash_is_stable_and_not_pythons_hash() -> None:
     # fixed values (CRC-32 of the id's JSON): any process, any machine, any PYTHONHASHSEED
     assert [shard_of(f"t{i}", 4) for i in range(8)] == [2, 3, 0, 1, 2, 3, 0, 1]

@@ -54,11 +54,8 @@ class BatchView:
             )
         if scan is not None and scan.unreadable:
             self.out.warn(f"{scan.unreadable} unreadable line(s) in {spec.out_path} skipped")
-        if scan is not None and scan.foreign:
-            self.out.warn(
-                f"{scan.foreign} line(s) in {spec.out_path} are not items of {spec.input_path} "
-                "(kept, --allow-foreign)"
-            )
+        if plan.foreign:
+            self.out.warn(f"{spec.out_path} holds {plan.foreign} (kept, --allow-foreign)")
         for note in plan.notes:  # what produced the results kept (io/journal/made.py)
             self.out.warn(note)
 

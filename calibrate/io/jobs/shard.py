@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from calibrate.errors import UsageError
+from calibrate.io.journal.scan import OutputScan, scan_output
 
 MAX_SHARDS = 100_000
 
@@ -47,3 +50,29 @@ class Shard:
                 "Shards are numbered from 0, e.g. --shard 0/4 … --shard 3/4.",
             )
         return cls(index, count)
+
+
+def foreign_lines(
+    scan: OutputScan, input_name: Path, whole: Mapping[str | int, int], shard: Shard | None
+) -> str:
+    """What a journal's ``scan.foreign`` lines are, in words: items of other shards of the
+    input (a shard given another shard's --out: the journal is read again against every id),
+    or not items of the input at all (another input file)."""
+    not_input = f"line(s) that are not items of {input_name}"
+    if shard is None or shard.count == 1:
+        return f"{scan.foreign} {not_input} ({scan.foreign_example}): a different input file?"
+    found = scan_output(scan.path, whole)
+    others = sorted(
+        (i for i in found.done | found.failed | found.changed if not shard.holds(i)), key=str
+    )
+    parts = []
+    if others:
+        example = others[0]
+        parts.append(
+            f"{scan.foreign - found.foreign} line(s) of other shards' items of {input_name} "
+            f"(id {example!r} is shard {shard_of(example, shard.count)}/{shard.count}'s, this "
+            f"run is shard {shard}): another shard's --out?"
+        )
+    if found.foreign:
+        parts.append(f"{found.foreign} {not_input} ({found.foreign_example})")
+    return "; and ".join(parts)

@@ -18,7 +18,7 @@ from calibrate.errors import InputError, UsageError
 from calibrate.http.models import SamplingParams, chat_request
 from calibrate.io.bounded import Stamp, stamp, stamp_change
 from calibrate.io.jobs.openai_batch import JobFormat
-from calibrate.io.jobs.shard import Shard
+from calibrate.io.jobs.shard import Shard, foreign_lines
 from calibrate.io.journal.made import MIXED_FLAG, Settings
 from calibrate.io.journal.scan import (
     OutputScan,
@@ -92,6 +92,7 @@ class BatchPlan:
     notes: tuple[str, ...] = ()  # what the resume found about what produced the results
     input_stamp: Stamp | None = None  # --input as validated (a regular file; not a copy)
     watch: LineWatch | None = None  # sees each line once counted: the drift watch's ``seen``
+    foreign: str = ""  # what --out holds besides this run's items (kept with --allow-foreign)
 
     def input_changed(self) -> str | None:
         """How --input changed since it was validated, in words; None when it did not (or is a
@@ -135,8 +136,8 @@ def _plan(spec: BatchSpec, index: InputIndex, input_path: Path | None) -> BatchP
     spec = replace(spec, format=index.format)
     if index.format == "openai_batch":
         check_requests(spec, index)
-    if spec.shard is not None and spec.shard.count > 1:
-        shard = spec.shard
+    whole = index  # every id: another shard's results are told from another input's
+    if (shard := spec.shard) is not None and shard.count > 1:
         ids = {item_id: fp for item_id, fp in index.ids.items() if shard.holds(item_id)}
         index = InputIndex(index.path, ids, len(ids))
     if spec.sample or spec.out_path is None:
@@ -144,14 +145,15 @@ def _plan(spec: BatchSpec, index: InputIndex, input_path: Path | None) -> BatchP
     check_output_path(spec.out_path, spec.input_path)
     scan = scan_output(spec.out_path, index.ids)
     check_journal(scan)
-    if scan.foreign and not spec.allow_foreign:
+    foreign = foreign_lines(scan, spec.input_path, whole.ids, spec.shard) if scan.foreign else ""
+    if foreign and not spec.allow_foreign:
+        own = f" (each shard its own: out-{spec.shard.index}.jsonl)" if spec.shard else ""
         raise InputError(
-            f"{spec.out_path} holds {scan.foreign} line(s) that are not items of "
-            f"{spec.input_path} ({scan.foreign_example}): a different input file?",
-            "Use another --out, or pass --allow-foreign to keep them and append anyway.",
+            f"{spec.out_path} holds {foreign}",
+            f"Use another --out{own}, or pass --allow-foreign to keep them and append anyway.",
         )
     notes = made_notes(spec, scan)
-    return BatchPlan(spec, index.count, scan.done, scan, input_path, notes=notes)
+    return BatchPlan(spec, index.count, scan.done, scan, input_path, notes=notes, foreign=foreign)
 
 
 def check_requests(spec: BatchSpec, index: InputIndex) -> None:
