@@ -78,6 +78,9 @@ def test_a_dead_endpoint_is_benched_and_the_other_does_every_item(cli, isolated:
     assert f"{DEAD}: benched" in result.err
     assert [e["url"] for e in result.json["endpoints"]] == [a.base_url]
     assert result.json["concurrency"] == 4  # the benched one's 4 slots never ran
+    # the plan line, said before the check, counted 8; the text says what ran, as --json does
+    assert "(concurrency 8 from" in result.err
+    assert "concurrency 4 on the endpoint(s) that answered (4 benched slot(s) unused)" in result.err
 
 
 def test_an_endpoint_with_other_weights_is_refused_by_name(cli, isolated: Path) -> None:

@@ -71,6 +71,13 @@ class BatchView:
                 f"{endpoint.label}: benched, it did not answer the fixed prompt ({why}); "
                 "the other endpoints take its share"
             )
+        if check.benched and check.usable:  # the plan line counted the benched ones' slots
+            slots = sum(e.concurrency for e in check.usable)
+            unused = sum(e.concurrency for e, _ in check.benched)
+            self.out.say(
+                f"concurrency {slots} on the endpoint(s) that answered ({unused} benched "
+                "slot(s) unused)"
+            )
         for endpoint, comparison in check.differing:
             self.out.fail(
                 f"{endpoint.label}: differs from the baseline in {', '.join(comparison.differing)}"
