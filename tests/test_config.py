@@ -60,6 +60,18 @@ def test_bad_config_exits_2_naming_file_and_key(
     assert not (isolated / "runs").exists(), "nothing may be written for a rejected config"
 
 
+@pytest.mark.parametrize("key", ["api_key", "openai_api_key"])
+def test_a_key_written_into_the_file_says_where_it_goes(cli, isolated: Path, key: str) -> None:
+    """The list of known keys does not tell a new user where the key goes: the hint does, and
+    the value itself is never shown."""
+    (isolated / "calibrate.toml").write_text(f'[target]\n{key} = "sk-in-file-123"\n', "utf-8")
+    result = cli("single")
+    assert result.code == 2 and f"target.{key}" in result.err
+    assert "export CALIBRATE_API_KEY" in result.err and "api_key_env" in result.err
+    assert "sk-in-file-123" not in result.err + result.out
+    assert not (isolated / "runs").exists()
+
+
 def test_missing_explicit_config_is_exit_2(cli) -> None:
     result = cli("status", "--config", "nope.toml")
     assert result.code == 2 and "nope.toml" in result.err

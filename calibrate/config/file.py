@@ -32,6 +32,13 @@ REMOVED_KEYS: dict[tuple[str, str], str] = {
 }
 
 
+_FROM_ENV = (
+    "The API key is read from the environment only, never from this file: delete the line "
+    "and export CALIBRATE_API_KEY (or name another variable with [target] api_key_env)."
+)
+#: a secret written into the file: where it goes instead (the value is never shown)
+SECRET_KEYS = {("target", k): _FROM_ENV for k in ("api_key", "key", "openai_api_key", "token")}
+
 CONFIG_MAX_BYTES = 1 << 20  # a calibrate.toml is a few KiB; a bigger file is a wrong --config
 UTF8_BOM = b"\xef\xbb\xbf"  # what Windows Notepad puts first; read past, as in a tasks file
 
@@ -90,10 +97,9 @@ def _build_section(
                 f"{name}.{key} in {path} is no longer a setting", REMOVED_KEYS[name, key]
             )
         if key not in hints:
-            known = ", ".join(hints)
+            known = f"Known keys in [{name}]: {', '.join(hints)}."
             raise ConfigError(
-                f"unknown key {name}.{key} in {path}",
-                f"Known keys in [{name}]: {known}.",
+                f"unknown key {name}.{key} in {path}", SECRET_KEYS.get((name, key), known)
             )
         changes[key] = _coerce(hints[key], value, f"{name}.{key}", path)
     try:
