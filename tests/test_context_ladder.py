@@ -110,7 +110,7 @@ def test_the_context_axis_bisects_past_a_doubling_that_failed(cli, isolated: Pat
     _bisected(rows, verified)
     verdict = next(line for line in result.err.splitlines() if "longest passing input" in line)
     assert f"longest passing input: {verified:,} tokens (input lengths" in verdict
-    assert "batch 1" not in result.err.replace("at batch 1, 2 rounds", ""), result.err
+    assert "batch 1" not in result.err.replace("at batch 1; 2 rounds", ""), result.err
     assert "failed, bisected to within" in verdict and "input " in verdict
 
 
