@@ -145,7 +145,7 @@ def test_ladder_sweep_pin_verify_never_above_the_servers_cap(
     show("\n" + verify.err)
     assert verify.code == 0 and "config consistent" in verify.err, verify.err
     # what it checked: the answer, and that it could not read vLLM's cap (no /props, unmanaged)
-    assert "the server's cap could not be read" in verify.err, verify.err
+    assert "the server's cap is not known" in verify.err, verify.err
 
     # The case: a sweep at batch 8 (what the ladder said before it read the running
     # gauge), levels up to 8 sent anyway: vLLM runs 4 while 4 wait, and 8 is not recommended.
