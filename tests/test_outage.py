@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from calibrate.errors import ErrorInfo
+from calibrate.stages.batch.sending.lanes import Lane, report
 from calibrate.stages.batch.sending.outage import Breaker, OutageEvent, OutagePolicy, is_outage
+from calibrate.state.setting import Endpoint
 from tests.batch_helpers import assert_valid_jsonl, write_tasks
 from tests.fakes import free_port, managed_config, mock_command, pythonpath_env
 from tests.helpers import write_config
@@ -93,6 +95,37 @@ def test_probing_backs_off_and_gives_up_after_the_limit() -> None:
     gaps = [b - a for a, b in itertools.pairwise(probes)]
     assert gaps[:5] == [1.0, 2.0, 4.0, 8.0, 10.0], gaps  # capped at 10 s
     assert probes[-1] == 30.0
+
+
+def test_an_endpoint_given_up_is_down_until_the_run_ends_and_its_pace_is_over_its_up_time() -> None:
+    """An endpoint killed 2.5 s into a 15.5 s run read "[gone]: 409 done, 26.4 items/s (c=2);
+    1 outage(s), 5 s down": the rate over the whole run, the down time stopped at the give-up
+    though it took nothing for 13 s. Its down time runs to the end; its pace is over the
+    seconds it served."""
+    now = [0.0]
+
+    class FakeStop(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            now[0] += timeout or 0.0
+            return False
+
+    breaker = Breaker(
+        "http://a/v1", OutagePolicy(after=1, limit_s=5.0), lambda: "refused", clock=lambda: now[0]
+    )
+    now[0] = 2.5
+    breaker.trip("killed")
+    assert breaker.unavailable_s() == 0.0  # down from this moment
+    now[0] = 4.0
+    assert breaker.unavailable_s() == 1.5  # in the outage: counted so far
+    assert breaker.await_up(FakeStop(), lambda: False) is False and breaker.state == "gone"
+    assert breaker.down_total_s == 5.0
+    now[0] = 15.5
+    assert breaker.unavailable_s() == 13.0  # given up at 7.5 s: nothing taken since
+    endpoint = Endpoint("http://a/v1", 2, "per endpoint")
+    lane = Lane(endpoint, None, breaker, None)  # type: ignore[arg-type]  # report reads neither
+    said = report(lane, 409, 0, 15.5)
+    assert said.down_s == 13.0 and said.serving_s == 2.5
+    assert said.items_per_s == 409 / 2.5 and said.to_json()["ok_per_s"] == round(409 / 2.5, 3)
 
 
 def test_a_server_killed_mid_run_and_back_later_fails_no_item(cli, isolated: Path) -> None:

@@ -235,10 +235,11 @@ def _say_endpoints(out: Output, r: BatchResult) -> None:
         return
     for e in r.endpoints:
         down = f"; {e.outages} outage(s), {e.down_s:.0f} s down" if e.outages else ""
+        up = " while up" if e.down_s >= 0.5 else ""  # its pace over the seconds it served
         restarts = f", restarted {e.restarts}×" if e.restarts else ""
         state = "" if e.state == "up" else f" [{e.state}]"
         out.say(
             f"  {e.url}{state}: {e.done} done, {e.failed} failed, "
-            f"{pace_text(e.done, e.failed, e.seconds)} "
+            f"{pace_text(e.done, e.failed, e.serving_s)}{up} "
             f"(c={e.concurrency}){down}{restarts}"
         )

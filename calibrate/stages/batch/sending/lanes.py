@@ -109,8 +109,15 @@ class EndpointReport:
     restarts: int
 
     @property
+    def serving_s(self) -> float:
+        """The run's seconds less those the endpoint took no items (down, or given up)."""
+        return max(self.seconds - self.down_s, 0.0)
+
+    @property
     def items_per_s(self) -> float:
-        return (self.done + self.failed) / self.seconds if self.seconds > 0 else 0.0
+        """Its pace while it served: a run's whole length would count the seconds it was
+        down or given up as its slowness."""
+        return (self.done + self.failed) / self.serving_s if self.serving_s > 0 else 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -120,7 +127,8 @@ class EndpointReport:
             "done": self.done,
             "failed": self.failed,
             "items_per_s": round(self.items_per_s, 3),
-            "ok_per_s": round(self.done / self.seconds, 3) if self.seconds > 0 else 0.0,
+            "ok_per_s": round(self.done / self.serving_s, 3) if self.serving_s > 0 else 0.0,
+            "serving_s": round(self.serving_s, 3),
             "state": self.state,
             "outages": self.outages,
             "down_s": round(self.down_s, 3),
@@ -140,7 +148,7 @@ def report(lane: Lane, done: int, failed: int, seconds: float) -> EndpointReport
         seconds,
         b.state,
         b.incidents,
-        b.down_total_s,
+        b.unavailable_s(),
         b.restarts,
     )
 

@@ -115,8 +115,9 @@ class Breaker:
         self.consecutive = 0
         self.incidents = 0
         self.restarts = 0
-        self.down_total_s = 0.0
+        self.down_total_s = 0.0  # over the outages it came back from or gave up on
         self._down_since = 0.0
+        self._gone_at: float | None = None  # when it gave up: the endpoint took nothing since
         self._restarted = False  # in this incident
         self._probing = False
 
@@ -137,6 +138,17 @@ class Breaker:
         """Seconds since the endpoint went down, or None while it is up (or given up)."""
         with self._cond:
             return self._clock() - self._down_since if self.state == "down" else None
+
+    def unavailable_s(self) -> float:
+        """Seconds the endpoint took no items so far: its outages, the one it is in, and the
+        time since it was given up (``down_total_s`` stops at the give-up)."""
+        with self._cond:
+            now = self._clock()
+            if self.state == "down":
+                return self.down_total_s + now - self._down_since
+            if self.state == "gone" and self._gone_at is not None:
+                return self.down_total_s + now - self._gone_at
+            return self.down_total_s
 
     def note_answer(self) -> None:
         """The server answered (any answer): the run of failures is over."""
@@ -221,6 +233,7 @@ class Breaker:
                 elif down_s >= self.policy.limit_s:
                     self.state = "gone"
                     self.down_total_s += down_s
+                    self._gone_at = self._clock()
                     event = self._event(
                         "gave_up",
                         down_s,

@@ -209,7 +209,7 @@ def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
             lane.label,
             lane.breaker.state,
             lane.breaker.incidents,
-            lane.breaker.down_total_s,
+            lane.breaker.unavailable_s(),
             lane.breaker.restarts,
         )
         for lane in lanes
