@@ -66,3 +66,38 @@ def test_status_says_how_sure_the_setting_is(cli, isolated: Path) -> None:
     assert f"ladder: {taken}" in status.err
     assert KNEE_NOT_SURE in status.err
     assert status.json["why"] == [f"ladder: {taken}", KNEE_NOT_SURE]
+
+
+def test_status_says_what_a_passing_rollback_or_verify_left_unchecked(
+    cli, mock, isolated: Path
+) -> None:
+    """A verify against a server whose cap cannot be read (the mock has no /props) prints
+    "config consistent (the answer; whether it runs at batch 4 … is unchecked)", and a rollback
+    against a server it does not manage records VRAM release and the cap as unchecked: status
+    showed both as a bare "passed", surer than the runs."""
+    from calibrate.config import Overrides, load
+    from calibrate.state.ledger import Ledger, LedgerEntry, target_fingerprint
+
+    write_config(isolated / "calibrate.toml", mock.base_url)
+    assert cli("single").code == 0
+    cfg = load(Overrides(), {})
+    target = target_fingerprint(cfg)
+    ladder = {"last_passing": {"batch_size": 4, "concurrency": 4}}
+    Ledger(cfg.runs_dir).append(LedgerEntry("ladder", "l1", target, True, ladder))
+    said = cli("verify")
+    assert said.code == 0 and "is unchecked" in said.err
+    shown = cli("status")
+    assert "verify    passed (not checked: the server's cap)" in shown.err
+    steps = [
+        {"step": "stop", "ok": True},
+        {"step": "vram", "ok": True, "unchecked": "not checked: VRAM release not measured"},
+        {"step": "active", "ok": True},
+        {"step": "restart", "ok": True, "unchecked": "not checked: its cap could not be read"},
+        {"step": "compare", "ok": True},
+    ]
+    summary = {"setting": {"batch_size": 4, "concurrency": 1}, "failed_step": None}
+    rollback = LedgerEntry("rollback", "r1", target, True, {**summary, "steps": steps})
+    Ledger(cfg.runs_dir).append(rollback)
+    shown = cli("status")
+    checked = "not checked: VRAM release, the server's cap"
+    assert f"rollback  passed ({checked})" in shown.err

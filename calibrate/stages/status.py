@@ -158,10 +158,31 @@ def _production(ledger: Ledger, target: str) -> LedgerEntry | None:
 
 
 def verdict(entry: LedgerEntry) -> str:
-    """``passed`` / ``interrupted`` / ``FAILED``: a stage stopped by Ctrl-C or SIGTERM did not fail."""
+    """``passed`` / ``interrupted`` / ``FAILED``: a stage stopped by Ctrl-C or SIGTERM did not fail.
+    A verify or rollback that passed with a check it could not make says which, as the run did
+    (``passed (not checked: the server's cap)``): a bare "passed" read surer than the run."""
     if entry.passed:
-        return "passed"
+        unchecked = _unchecked(entry)
+        return f"passed (not checked: {', '.join(unchecked)})" if unchecked else "passed"
     return "interrupted" if entry.interrupted else "FAILED"
+
+
+# a rollback step that went through without proving its check, as the run's steps name it
+UNCHECKED_STEPS = {"vram": "VRAM release", "restart": "the server's cap"}
+
+
+def _unchecked(entry: LedgerEntry) -> list[str]:
+    """What a passing verify or rollback recorded as not checked (none: everything was)."""
+    summary = entry.summary
+    if entry.stage == "verify":  # the answer was checked; the cap it runs at was not read
+        known = summary.get("setting") is None or summary.get("server_cap") is not None
+        return [] if known or "server_cap" not in summary else ["the server's cap"]
+    if entry.stage != "rollback":
+        return []
+    steps = summary.get("steps")
+    named = [s for s in steps if isinstance(s, dict)] if isinstance(steps, list) else []
+    found = [str(s.get("step")) for s in named if s.get("unchecked")]
+    return [UNCHECKED_STEPS.get(name, name) for name in found]
 
 
 def why_lines(status: TargetStatus) -> tuple[str, ...]:
