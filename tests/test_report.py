@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import write_config
 from tests.mockserver import start_mock
 from tests.report_helpers import ladder_row, sweep_row, table_lines, write_run
 from tests.tier_helpers import FAST, open_gate, run_dir
@@ -299,3 +300,19 @@ def test_a_run_without_rounds_has_no_interval_table_and_no_callout(cli, isolated
     assert result.code == 0, result.err
     assert result.json["confidence"]["tiers"] == [] and result.json["noisy"] == []
     assert "interval" not in result.err and "noisy" not in result.err
+
+
+def test_report_of_a_run_without_tiers_names_its_stage(cli, mock, isolated: Path) -> None:
+    """report on a single (batch, verify, rollback) run said "tiers.csv does not exist: RUN is
+    not a finished ladder or sweep run" — as if the run had not finished; it names the stage
+    and where its result is, exit 2, and a damaged manifest is named."""
+    write_config(isolated / "calibrate.toml", mock.base_url)
+    assert cli("single").code == 0
+    run = next((isolated / "runs").glob("*-single-*"))
+    result = cli("report", str(run))
+    assert result.code == 2
+    assert f"{run} is a single run: report reads ladder, sweep and tune runs" in result.err
+    assert "not a finished" not in result.err and str(run / "summary.json") in result.err
+    (run / "manifest.json").write_text("[1, 2", encoding="utf-8")
+    damaged = cli("report", str(run))
+    assert damaged.code == 2 and f"{run / 'manifest.json'} is not a JSON object" in damaged.err

@@ -29,6 +29,7 @@ from calibrate.report.run_view import (
     run_caveats,
     run_inputs,
     run_kind,
+    run_object,
     stage_notes,
 )
 from calibrate.report.spreads import confidence_json, noisy_lines, run_spreads
@@ -72,11 +73,30 @@ def _resolve(name: str, runs_dir: Path) -> Path:
     return path
 
 
+# the stages whose runs have no tier table to report: their verdict is their summary
+NO_TABLE = ("single", "repro", "batch", "verify", "rollback", "pin")
+
+
 def _load(path: Path) -> RunView:
     """A finished ladder or sweep run, its tier table checked."""
     if not (path / "tiers.csv").exists():
+        _no_table(path)
         return load_run(path, "ladder")  # raises the "not a finished run" error
     return load_run(path, run_kind(path))
+
+
+def _no_table(path: Path) -> None:
+    """Exit 2 naming a run of a stage with no tier table (a batch, a verify, a rollback…) as
+    what it is: "not a finished ladder or sweep run" read as though the run had not finished."""
+    stage = run_object(path / "manifest.json").get("stage") if path.is_dir() else None
+    if stage not in NO_TABLE:
+        return
+    summary = path / "summary.json"
+    where = summary if summary.is_file() else path.parent / "ledger.jsonl"
+    raise UsageError(
+        f"{path} is a {stage} run: report reads ladder, sweep and tune runs (their tier tables)",
+        f"Its result is in {where}; calibrate status shows the latest {stage} for this target",
+    )
 
 
 def _write(path: Path, text: str) -> Path:

@@ -170,7 +170,7 @@ def run_caveats(view: RunView) -> list[str]:
     return out
 
 
-def _run_object(path: Path) -> dict[str, Any]:
+def run_object(path: Path) -> dict[str, Any]:
     """A run's manifest.json or summary.json; {} when it is missing (an older run: its ledger
     line stands in). One that is there but is no JSON object is a damaged folder, exit 2: read
     as missing, the report showed the tables under a verdict "not recorded", exit 0."""
@@ -280,8 +280,8 @@ def load_run(run: Path, kind: Kind) -> RunView:
     rows = table.rows
     check_cells(rows, csv_path)
     check_table(table, kind)
-    manifest = _run_object(run / "manifest.json")
-    line = _run_object(run / "summary.json") or _ledger_line(run, run.name)
+    manifest = run_object(run / "manifest.json")
+    line = run_object(run / "summary.json") or _ledger_line(run, run.name)
     key = row_key(kind, rows)
     summary = as_dict(line.get("summary"))
     verdict = _verdict(line, rows, key, manifest)
