@@ -101,3 +101,29 @@ def test_status_says_what_a_passing_rollback_or_verify_left_unchecked(
     shown = cli("status")
     checked = "not checked: VRAM release, the server's cap"
     assert f"rollback  passed ({checked})" in shown.err
+
+
+def test_status_shows_a_batch_stopped_by_ctrl_c_as_interrupted(cli, isolated: Path) -> None:
+    """A batch stopped by Ctrl-C prints "interrupted: N of 200 done" and exits 130, its summary
+    saying ``interrupted``: status showed it as "batch     FAILED" (and --json interrupted
+    false), as though its items had failed."""
+    import signal
+
+    from tests.batch_helpers import batch_process, wait_for_lines, write_tasks
+    from tests.helpers import reaped
+    from tests.mockserver import start_mock
+
+    write_tasks(isolated / "tasks.jsonl", 200)
+    out = isolated / "out.jsonl"
+    with start_mock(ttft_s=0.03, per_token_s=0.0005) as server:
+        write_config(isolated / "calibrate.toml", server.base_url)
+        args = ("--input", "tasks.jsonl", "--out", "out.jsonl", "-c", "4")
+        with reaped(batch_process(isolated, *args)) as proc:
+            wait_for_lines(out, 20, proc)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=15)
+        assert proc.returncode == 130, err
+        shown = cli("status", "--json")
+    assert "  batch     interrupted  " in shown.err and "FAILED" not in shown.err
+    line = shown.json["stages"]["batch"]
+    assert line["passed"] is False and line["interrupted"] is True

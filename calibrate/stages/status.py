@@ -97,7 +97,10 @@ class TargetStatus:
         return {
             "target": self.target,
             "baseline": self.baseline,
-            "stages": {name: entry.to_json() for name, entry in self.latest.items()},
+            "stages": {
+                name: {**entry.to_json(), "interrupted": was_interrupted(entry)}
+                for name, entry in self.latest.items()
+            },
             "last_passing": {"batch_size": s.batch_size} if s else None,
             "setting": s.to_json() if s else None,
             "workload": s.workload.to_json() if s else None,
@@ -164,7 +167,13 @@ def verdict(entry: LedgerEntry) -> str:
     if entry.passed:
         unchecked = _unchecked(entry)
         return f"passed (not checked: {', '.join(unchecked)})" if unchecked else "passed"
-    return "interrupted" if entry.interrupted else "FAILED"
+    return "interrupted" if was_interrupted(entry) else "FAILED"
+
+
+def was_interrupted(entry: LedgerEntry) -> bool:
+    """Stopped by Ctrl-C or SIGTERM: the line's flag, or its summary's (a batch stopped by
+    Ctrl-C records ``interrupted`` in its summary only: status called it FAILED)."""
+    return entry.interrupted or entry.summary.get("interrupted") is True
 
 
 # a rollback step that went through without proving its check, as the run's steps name it
