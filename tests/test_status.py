@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.fakes import KNEE_NOT_SURE, unsure_setting
+from tests.fakes import KNEE_NOT_SURE, append_ledger, passing_ladder, unsure_setting
 from tests.helpers import write_config
 
 
@@ -127,3 +127,27 @@ def test_status_shows_a_batch_stopped_by_ctrl_c_as_interrupted(cli, isolated: Pa
     assert "  batch     interrupted  " in shown.err and "FAILED" not in shown.err
     line = shown.json["stages"]["batch"]
     assert line["passed"] is False and line["interrupted"] is True
+
+
+def test_a_newer_ladder_that_did_not_pass_is_said_beside_the_setting_it_did_not_confirm(
+    cli, isolated: Path
+) -> None:
+    """The newest ladder failed (the server changed, a tier that passed before failed); the
+    setting still stood on the older passing ladder, and status said only "ladder FAILED" on
+    one line and "calibrated setting: batch 4" on another, as if that batch still held."""
+    write_config(isolated / "calibrate.toml", "http://127.0.0.1:9/v1")
+    target = str(cli("status", "--json").json["target"])
+    passing_ladder(isolated, target)
+    failed = {"last_passing": None, "stopped_by": "failure"}
+    append_ledger(isolated, "ladder", target, failed, passed=False, run_id="20261130T0-ladder-b")
+    status = cli("status", "--json")
+    assert status.code == 0, status.err
+    said = (
+        "the newest ladder (run 20261130T0-ladder-b) did not pass: the setting is still ladder "
+        "run 20261129T160000Z-ladder-abcdef's, which nothing since has confirmed — run "
+        "calibrate ladder again"
+    )
+    assert said in status.json["why"], status.json["why"]
+    assert said in " ".join(status.err.split()), status.err
+    passing_ladder(isolated, target)  # run again, and passing: nothing more to say
+    assert not any("newest" in line for line in cli("status", "--json").json["why"])

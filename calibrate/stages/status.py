@@ -201,7 +201,23 @@ def why_lines(status: TargetStatus) -> tuple[str, ...]:
     setting = status.setting
     tuned = setting is not None and setting.batch_from.startswith("tune")
     stages = ("ladder", "sweep", "tune") if tuned else ("ladder", "sweep")
-    return reasons({**status.latest, **status.came_from}, stages)
+    return (*reasons({**status.latest, **status.came_from}, stages), *_not_held(status))
+
+
+def _not_held(status: TargetStatus) -> tuple[str, ...]:
+    """A newer ladder or sweep than the one the setting came from that did not pass: the
+    setting still stands on the older run, and nothing since has shown it holds."""
+    lines = []
+    for stage, came in status.came_from.items():
+        newest = status.latest.get(stage)
+        if newest is None or newest.passed or newest.run_id == came.run_id:
+            continue
+        how = "was interrupted" if newest.interrupted else "did not pass"
+        lines.append(
+            f"the newest {stage} (run {newest.run_id}) {how}: the setting is still {stage} run "
+            f"{came.run_id}'s, which nothing since has confirmed — run calibrate {stage} again"
+        )
+    return tuple(lines)
 
 
 def measured_by(view: LedgerView, setting: CalibratedSetting | None) -> dict[str, LedgerEntry]:
