@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import signal
 from pathlib import Path
 
+from tests.batch_helpers import batch_process, wait_for_lines, write_tasks
 from tests.fakes import KNEE_NOT_SURE, append_ledger, passing_ladder, unsure_setting
-from tests.helpers import write_config
+from tests.helpers import reaped, write_config
+from tests.mockserver import start_mock
 
 
 def test_status_walks_the_stages(cli, mock, isolated: Path) -> None:
@@ -106,13 +110,7 @@ def test_status_says_what_a_passing_rollback_or_verify_left_unchecked(
 def test_status_shows_a_batch_stopped_by_ctrl_c_as_interrupted(cli, isolated: Path) -> None:
     """A batch stopped by Ctrl-C prints "interrupted: N of 200 done" and exits 130, its summary
     saying ``interrupted``: status showed it as "batch     FAILED" (and --json interrupted
-    false), as though its items had failed."""
-    import signal
-
-    from tests.batch_helpers import batch_process, wait_for_lines, write_tasks
-    from tests.helpers import reaped
-    from tests.mockserver import start_mock
-
+    false), as though its items had failed. The batch's own ledger line says it now too."""
     write_tasks(isolated / "tasks.jsonl", 200)
     out = isolated / "out.jsonl"
     with start_mock(ttft_s=0.03, per_token_s=0.0005) as server:
@@ -127,6 +125,10 @@ def test_status_shows_a_batch_stopped_by_ctrl_c_as_interrupted(cli, isolated: Pa
     assert "  batch     interrupted  " in shown.err and "FAILED" not in shown.err
     line = shown.json["stages"]["batch"]
     assert line["passed"] is False and line["interrupted"] is True
+    ledger = (isolated / "runs/ledger.jsonl").read_text("utf-8").splitlines()
+    assert (
+        json.loads(ledger[-1])["interrupted"] is True
+    )  # the line's own flag, not only its summary
 
 
 def test_a_newer_ladder_that_did_not_pass_is_said_beside_the_setting_it_did_not_confirm(

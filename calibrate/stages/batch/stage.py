@@ -312,7 +312,7 @@ def _verdict(b: _Batch, result: BatchResult, notes: BatchNotes) -> BatchOutcome:
     resume = resume_command(b.request.argv, spec.input_path, b.plan.piped)  # no password in it
     outcome = BatchOutcome(result, spec, shown, resume, None, None, ExitCode.FAILED)
     try:
-        ctx.record_result(passed, PlainSummary(summary))
+        ctx.record_result(passed, PlainSummary(summary), interrupted=result.interrupted)
         ctx.run.close()
         b.env.write_junit(ctx.run, ctx.target, result, shown, verdict)
     except OSError as exc:
