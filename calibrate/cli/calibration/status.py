@@ -64,7 +64,10 @@ def run(args: argparse.Namespace) -> int:
         for line in why_lines(status):  # how sure: "not sure", "taken under noise" — said here
             out.say(f"  {line}")
     if status.production is not None:  # the last production run beside the setting it ran at
-        out.say(f"last batch: run {status.production.run_id}  {status.production.ts}")
+        out.say(  # a --sample run since watched none: not that one
+            f"last batch that watched its drift: run {status.production.run_id}  "
+            f"{status.production.ts}"
+        )
         for record in status.drift:
             named = f"{record.endpoint}: " if len(status.drift) > 1 and record.endpoint else ""
             line = f"{named}{record.line()}"

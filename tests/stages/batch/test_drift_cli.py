@@ -109,7 +109,8 @@ def test_a_mock_that_slows_after_n_items_warns_once_records_it_and_status_shows_
 
     status = cli("status")
     assert status.code == 0
-    assert f"last batch: run {result.json['run_id']}" in status.out + status.err
+    shown = " ".join((status.out + status.err).split())
+    assert f"last batch that watched its drift: run {result.json['run_id']}" in shown
     assert "drift: slower than calibrated from item" in status.err, status.out + status.err
     after = _setting(cli)
     assert after["drift"]["run_id"] == result.json["run_id"]
