@@ -34,11 +34,14 @@ UNVERIFIED_DIFFERS = (
 )
 
 
-def restored_line(batch: int, *, known: bool) -> str:
-    """The compare step's headline: "batch B" only where the server is known to run it
-    (calibrate restarted it, or its cap was read at B)."""
-    if known:
+def restored_line(batch: int, *, read: bool, restarted: bool) -> str:
+    """The compare step's headline: "batch B" where the server's own cap was read at B;
+    "restarted at batch B" where calibrate restarted it so but could not read it back (a
+    custom command); neither for a server the user restarted whose cap is unread."""
+    if read:
         return f"restored: batch {batch}, concurrency 1, output matches the baseline"
+    if restarted:
+        return f"restored: restarted at batch {batch}, concurrency 1, output matches the baseline"
     return "the answer is restored: output matches the baseline at concurrency 1"
 
 

@@ -281,7 +281,8 @@ class Rollback:
         if cap is None:
             note += f"; {account.unknown_line(self.batch)}"
         detail = {**self.comparison.to_json(), "server_cap": cap.to_json() if cap else None}
-        return restored_line(self.batch, known=cap is not None or self.managed) + note, detail
+        line = restored_line(self.batch, read=cap is not None, restarted=self.managed)
+        return line + note, detail
 
     def _differs(self, comparison: Comparison) -> tuple[str, ErrorKind]:
         """Why the compare failed; "at the verified setting" only where the server is known to
