@@ -492,3 +492,17 @@ def test_a_journal_with_no_result_line_is_exit_2_and_stray_lines_are_said(
     assert mixed.code == 0, mixed.err
     assert mixed.json["not_results"] == 1 and mixed.json["ok"] == 3
     assert "1 line(s) of the journal(s) are no result of calibrate batch: skipped" in mixed.err
+
+
+def test_a_shard_that_holds_no_item_says_so_not_all_0_items_ok(cli, isolated: Path) -> None:
+    """`--shard 0/2` of an input whose ids all hash to shard 1 printed "all 0 items ok: s0.jsonl"
+    — a success line about items that were never there. It says there was nothing to run."""
+    tasks = write_tasks(isolated / "tasks.jsonl", 1)
+    other = 1 - shard_of("t0", 2)
+    with start_mock(ttft_s=0.001, per_token_s=0.0001) as server:
+        write_config(isolated / "calibrate.toml", server.base_url)
+        result = cli("batch", "--input", str(tasks), "--out", "s.jsonl", "--shard", f"{other}/2")
+    assert result.code == 0, result.err
+    said = " ".join(result.err.split())
+    assert f"nothing to run: shard {other}/2 of {tasks} holds no item" in said, said
+    assert "all 0 items ok" not in said

@@ -81,7 +81,8 @@ def register(subparsers: Any) -> None:
         "--rank-by",
         choices=RANK_BY,
         default="goodput",
-        help="goodput: the most requests/s within the SLOs (default); joules_per_token: the "
+        help="goodput: the most requests/s within the SLOs (default; with no SLOs set, every "
+        "answer counts); joules_per_token: the "
         "fewest J per output token at the best level (needs NVML or DCGM energy); usd_per_1m: "
         "the fewest $ per 1M output tokens (needs --gpu-price-per-hour or [cost]); ties and "
         "candidates not measured so go by goodput",

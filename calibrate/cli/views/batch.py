@@ -223,6 +223,9 @@ def render_summary(
         why = " (--limit)" if spec.limit else ""
         out.ok(f"{r.ok} item(s) done; {r.remaining} remaining{why}")
         out.say(f"rerun to continue: {resume}")
+    elif not r.total:  # "all 0 items ok" of an empty input, or a shard that holds none
+        where = f"shard {spec.shard} of {spec.input_path}" if spec.shard else str(spec.input_path)
+        out.ok(f"nothing to run: {where} holds no item; {r.out_path} has no results")
     else:  # the plan line said how many were already done
         ran = f" ({r.ok} run in {r.seconds:.1f} s — {pace})" if r.to_run else ""
         out.ok(f"all {r.total} items ok: {r.out_path}{ran}")
