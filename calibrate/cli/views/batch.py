@@ -223,7 +223,7 @@ def render_summary(
         why = " (--limit)" if spec.limit else ""
         out.ok(f"{r.ok} item(s) done; {r.remaining} remaining{why}")
         out.say(f"rerun to continue: {resume}")
-    elif not r.total:  # "all 0 items ok" of an empty input, or a shard that holds none
+    elif not r.total:  # a shard that holds none (an empty input is exit 2 before this)
         where = f"shard {spec.shard} of {spec.input_path}" if spec.shard else str(spec.input_path)
         out.ok(f"nothing to run: {where} holds no item; {r.out_path} has no results")
     else:  # the plan line said how many were already done

@@ -25,6 +25,7 @@ from calibrate.stages.pin_context import context_for
 
 Restart = Callable[[int], bool]  # True: the server was restarted for this batch
 MAX_SLOTS = 1_000_000  # a slot count past this is no count
+NO_CAP_REPORT = "no /props, no max_running_requests in /get_server_info"  # what was asked
 UNKNOWN_CAP_TIERS = "only its running count, where it publishes one, can show a tier above it"
 
 
@@ -172,9 +173,7 @@ class CapAccount:
 
 def unknown_cap_line(unknown: str, batch: int) -> str:
     """What verify and rollback say when the cap was not read: never "no cap", never a number."""
-    why = unknown or (
-        "no /props, no max_running_requests in /get_server_info, not a managed start at a cap"
-    )
+    why = unknown or f"{NO_CAP_REPORT}, not a managed start at a cap"
     return (
         f"the server's cap is not known ({why}): the answer was checked, not that it runs "
         f"at batch {batch}"

@@ -9,6 +9,7 @@ from calibrate.errors import ErrorKind
 from calibrate.io.baseline import Comparison
 from calibrate.io.junit import JUnitCase, JUnitSuite
 from calibrate.stages.measure.stop_rules import ServerCap
+from calibrate.stages.prepare.server_cap import NO_CAP_REPORT
 from calibrate.state.summaries import RollbackSummary
 from calibrate.state.summary_values import Setting
 
@@ -26,7 +27,6 @@ NO_ANSWER = (
     "the fixed prompt got no answer {where} ({failure}): there is nothing to "
     "compare with the baseline, so nothing is known of the weights or the environment"
 )
-NO_CAP_REPORT = "no /props, no max_running_requests in /get_server_info"
 UNVERIFIED_DIFFERS = (
     "still differs after your restart, and {how}: the cause may be its batch size as much as "
     "model loading or the environment; restart it at batch {batch} "
