@@ -106,8 +106,25 @@ def test_an_endpoint_with_other_weights_is_refused_by_name(cli, isolated: Path) 
     assert result.code == 1, result.err
     assert f"endpoint(s) {other.base_url} answer the fixed prompt differently" in result.err
     assert a.base_url not in result.err.split("answer the fixed prompt differently")[0][-80:]
-    assert not out.exists() or out.read_bytes() == b"", "nothing was dispatched"
+    assert not out.exists(), "nothing was dispatched: no empty --out is left behind"
     assert sent_other == 1 and sent_a == 2, "only the fixed prompt: single's, then the check's"
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_batch_refused_before_any_item_leaves_no_out_it_created(
+    cli, isolated: Path, existing: bool
+) -> None:
+    """No server answers: exit 4, and the --out this run would have created is not left behind
+    empty (a file the user already had stays, as it was)."""
+    write_config(isolated / "calibrate.toml", DEAD)
+    tasks = write_tasks(isolated / "tasks.jsonl", 5)
+    out = isolated / "out.jsonl"
+    if existing:
+        out.write_bytes(b"")
+    result = cli("batch", "--input", str(tasks), "--out", str(out), "--base-url", DEAD)
+    assert result.code == 4, result.err
+    assert out.exists() == existing and (not existing or out.read_bytes() == b"")
+    assert not (isolated / "out.jsonl.lock").exists()
 
 
 def test_without_a_baseline_several_endpoints_warn_and_run(cli, isolated: Path) -> None:

@@ -8,6 +8,7 @@ untouched. ``length_warning`` says which items are longer than any passing ladde
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -247,6 +248,7 @@ def open_batch(spec: BatchSpec) -> Iterator[BatchPlan]:
         index = index_input(readable, spec.input_path)  # before the lock: bad input, no trace
         if index.format == "openai_batch":
             check_requests(spec, index)
+        created = not os.path.lexists(spec.out_path)  # locking it creates it
         lock = ExclusiveLock.acquire(
             lock_path(spec.out_path), f"--out {spec.out_path}", guards=spec.out_path
         )
@@ -256,10 +258,24 @@ def open_batch(spec: BatchSpec) -> Iterator[BatchPlan]:
             writer = _open_output(plan.scan, spec.fsync)
             try:
                 yield replace(plan, writer=writer, input_stamp=before)
+            except BaseException:
+                writer.close_quietly()
+                if created:  # refused before any line (other weights, no server): no trace
+                    _drop_if_empty(spec.out_path)
+                raise
             finally:
                 writer.close_quietly()
         finally:
             lock.release()
+
+
+def _drop_if_empty(path: Path) -> None:
+    """Remove ``path`` if it holds nothing (this run created it and wrote no line)."""
+    try:
+        if path.stat().st_size == 0:
+            path.unlink()
+    except OSError:
+        pass  # gone already, or not ours to remove: an empty file harms nothing
 
 
 def _open_output(scan: OutputScan, fsync: bool) -> JsonlWriter:
