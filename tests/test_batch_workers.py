@@ -28,7 +28,7 @@ from calibrate.load.procs import selfcheck
 from calibrate.load.procs.proc import cores
 from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.load.procs.selfcheck import CheckLimits
-from calibrate.load.procs.sender import workers_for
+from calibrate.load.procs.worker_count import workers_for
 from calibrate.stages.batch.result import BatchResult
 from calibrate.stages.batch.sending.control import BatchControl
 from calibrate.stages.batch.sending.items import run_items
@@ -168,7 +168,7 @@ def test_workers_flag_is_bounded_and_restart_needs_one_process(cli, isolated: Pa
 
 def test_the_self_check_advice_names_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("calibrate.load.procs.selfcheck.cores", lambda: 16)
-    monkeypatch.setattr("calibrate.load.procs.sender.cores", lambda: 16)
+    monkeypatch.setattr("calibrate.load.procs.worker_count.cores", lambda: 16)
     assert "--workers 2" in procs_run.advice(1)
     assert "--workers 16" in procs_run.advice(8)
     assert "already uses every core" in procs_run.advice(16)

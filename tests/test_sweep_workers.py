@@ -25,7 +25,7 @@ from calibrate.load.items import ItemResult
 from calibrate.load.pacing import Answer, OpenRun
 from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.load.procs.selfcheck import CheckLimits
-from calibrate.load.procs.sender import WorkerSender, workers_for
+from calibrate.load.procs.sender import WorkerSender
 from calibrate.load.procs.shares import (
     deal,
     merge_loops,
@@ -35,6 +35,7 @@ from calibrate.load.procs.shares import (
     split_cap,
     split_concurrency,
 )
+from calibrate.load.procs.worker_count import workers_for
 from calibrate.load.request import build_requests
 from calibrate.load.window import LevelWindow, LoopRun, steady_throughput
 from calibrate.stages.measure.slo import with_goodput
@@ -83,7 +84,7 @@ def test_an_open_loops_sends_follow_each_processs_share_of_the_cap(
 def test_auto_takes_one_process_per_32_in_flight_or_500_per_s_at_most_the_cores(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("calibrate.load.procs.sender.cores", lambda: 4)
+    monkeypatch.setattr("calibrate.load.procs.worker_count.cores", lambda: 4)
     assert workers_for(None, 16) == 1 and workers_for(None, 64) == 2 and workers_for(None, 512) == 4
     assert workers_for(None, 64, 1200.0) == 3 and workers_for(None, 8, float("inf")) == 4
     assert workers_for(3, 2) == 2  # never more processes than requests in flight
@@ -324,7 +325,7 @@ def test_a_client_bound_sweep_advises_more_workers(cli, isolated: Path, monkeypa
                 self.observe(1.0, 0.97, 0.0)
 
     monkeypatch.setattr(tier_run, "SelfLoadMonitor", Busy)
-    monkeypatch.setattr("calibrate.load.procs.sender.cores", lambda: 8)
+    monkeypatch.setattr("calibrate.load.procs.worker_count.cores", lambda: 8)
     with start_mock(ttft_s=0.004, per_token_s=0.0005, slots=4) as mock:
         open_gate(isolated, mock.base_url, SWEEP, stage="ladder")
         result = cli("sweep", "--json")

@@ -12,7 +12,7 @@ from calibrate.cli.flags import add_command, add_junit, check_junit_path
 from calibrate.cli.flags.workers import workers_count
 from calibrate.config import Config
 from calibrate.errors import UsageError
-from calibrate.load.procs.sender import SLOTS_PER_WORKER
+from calibrate.load.procs.worker_count import SLOTS_PER_WORKER
 from calibrate.load.retry import RetryPolicy
 from calibrate.stages.batch.plan import MAX_CONCURRENCY
 from calibrate.stages.batch.request import BatchRequest

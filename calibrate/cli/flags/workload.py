@@ -12,7 +12,7 @@ from calibrate.cli.flags.workers import workers_count
 from calibrate.config import Config, normal_url
 from calibrate.gpu.energy import PRICE_HELP
 from calibrate.io.journal.replay import read_job_trace
-from calibrate.load.procs.sender import RATE_PER_WORKER, SLOTS_PER_WORKER
+from calibrate.load.procs.worker_count import RATE_PER_WORKER, SLOTS_PER_WORKER
 from calibrate.stages.measure.compare_tiers import TableKind, read_table
 from calibrate.stages.measure.tier_run import MeasureSpec, preflight
 from calibrate.workload import (

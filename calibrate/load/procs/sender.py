@@ -21,29 +21,22 @@ prompt-list wave, the canary, the copies, the probes) is still sent from this pr
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from calibrate.config import Config
-from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.client import OpenAIClient
 from calibrate.http.request_times import epoch_at
 from calibrate.load.items import ItemResult
 from calibrate.load.pacing import OpenRun
 from calibrate.load.procs.pool import WorkerPool
-from calibrate.load.procs.proc import cores
 from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.load.procs.selfcheck import (
     DEFAULT_LIMITS,
     MACHINE_SHARE,
-    PARENT,
     CheckLimits,
     first_reason,
     machine_check,
-    parent_advice,
-    worker_advice,
 )
 from calibrate.load.procs.shares import (
     deal,
@@ -59,75 +52,11 @@ from calibrate.load.sender import Sender
 from calibrate.load.transport import HttpTransport
 from calibrate.load.window import LevelWindow, LoopRun
 
-SLOTS_PER_WORKER = 32  # --workers auto: one process per this many in flight (as batch's)
-RATE_PER_WORKER = 500.0  # … or per this many requests/s offered
 GO_S = 0.1  # every worker starts a run at the same moment, this long after it was sent
 WAVE_GO_S = 0.005  # … a wave, this long after every worker said it holds its part
 AHEAD_MIN = 8  # requests a worker holds beyond its share in flight, at least
 QUIET_S = 60.0  # a run's workers silent this long past every request's deadline: stuck
 INSTEAD = "run calibrate on a faster client machine"  # the self-check's advice, cores all used
-
-
-def workers_for(asked: int | None, in_flight: int, rate: float | None = None) -> int:
-    """How many processes send a load of at most ``in_flight`` requests at once (and, open
-    loop, ``rate`` req/s at most; inf: as fast as can be): ``asked``, or for auto (None) one
-    per ``SLOTS_PER_WORKER`` in flight or per ``RATE_PER_WORKER`` req/s, whichever asks more —
-    a process sends about that much before its one core is the limit (docs/stages.md) — and
-    never more than the cores, nor more than the requests ever in flight."""
-    if asked is None:
-        by_rate = 0 if rate is None else cores() if math.isinf(rate) else rate / RATE_PER_WORKER
-        wanted = max(1, math.ceil(in_flight / SLOTS_PER_WORKER), math.ceil(by_rate))
-        asked = min(cores(), wanted)
-    return max(1, min(asked, max(1, in_flight)))
-
-
-def sender_for(
-    client: OpenAIClient,
-    cfg: Config,
-    asked: int | None,
-    in_flight: int,
-    rate: float | None = None,
-    server_pids: Callable[[], Iterable[int]] = tuple,
-) -> Sender:
-    """The sender of a load of at most ``in_flight`` at once (``rate`` req/s): this process
-    (``--workers 1``, the default: ``Sender`` as it always was), or ``WorkerSender`` over
-    ``workers_for`` processes (``server_pids``: the server's processes on this machine, for
-    the workers' self-checks)."""
-    workers = 1 if asked == 1 else workers_for(asked, in_flight, rate)
-    if workers == 1:
-        return Sender.over(client)
-    return WorkerSender(client, ClientRecipe.of(cfg, in_flight), workers, server_pids)
-
-
-def stage_sender(
-    client: OpenAIClient,
-    cfg: Config,
-    asked: int | None,
-    in_flight: int,
-    rate: float | None,
-    *,
-    selfload: SelfLoadMonitor,
-    say: Callable[[str], None],
-    each: str,
-    server_pids: Callable[[], Iterable[int]] = tuple,
-) -> Sender:
-    """A ladder's or sweep's sender (``sender_for``), with the self-check's advice to match
-    and, for more than one process, a line that says so (``each``: "wave", "level");
-    ``server_pids`` as the stage's own self-check finds the server (``Measuring``)."""
-    sender = sender_for(client, cfg, asked, in_flight, rate, server_pids)
-    selfload.advice = self_check_advice(sender)
-    if isinstance(sender, WorkerSender):
-        selfload.who = PARENT  # its cause names the parent, and what to do follows it
-        say(f"sending each {each} from {sender.workers} worker processes (--workers)")
-    return sender
-
-
-def self_check_advice(sender: Sender) -> str:
-    """What this process's self-check advises when it is the limit: more processes, or — when
-    it only feeds the workers — a faster CPU (more workers would not help)."""
-    if isinstance(sender, WorkerSender):
-        return parent_advice(sender.workers, "feeds", "run calibrate on a faster CPU")
-    return worker_advice(1, INSTEAD)
 
 
 def ahead(share: int) -> int:

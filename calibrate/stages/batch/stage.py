@@ -21,7 +21,7 @@ from calibrate.gpu.selfload import OWN, SelfLoadMonitor
 from calibrate.http.error_kinds import reach_hint
 from calibrate.load.procs.recipe import ClientRecipe, server_pids_of
 from calibrate.load.procs.selfcheck import PARENT
-from calibrate.load.procs.sender import workers_for
+from calibrate.load.procs.worker_count import workers_for
 from calibrate.stages.batch.drift import BatchDrift, watch_batch
 from calibrate.stages.batch.endpoints import (
     ServedModelWatch,

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from calibrate.errors import UsageError
 from calibrate.http.server_context import read_context
-from calibrate.load.procs.sender import stage_sender
+from calibrate.load.procs.stage_sender import stage_sender
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import load_lock
 from calibrate.stages.ladder.context_axis import default_context_lengths

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from calibrate.engines import find
-from calibrate.load.procs.sender import stage_sender
+from calibrate.load.procs.stage_sender import stage_sender
 from calibrate.stages.env import load_lock
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tier_finish import TierOutcome, finish_tiers
