@@ -7,7 +7,6 @@ untouched. ``length_warning`` says which items are longer than any passing ladde
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,11 +29,9 @@ from calibrate.io.journal.scan import (
 )
 from calibrate.io.jsonl import JsonlWriter
 from calibrate.io.lock import ExclusiveLock
-from calibrate.io.tasks import InputIndex, ItemId, Task, index_input, read_tasks, readable_twice
+from calibrate.io.tasks import InputIndex, ItemId, Task, index_input, readable_twice
 from calibrate.load.retry import RetryPolicy
 from calibrate.stages.measure.format_check import Expect
-from calibrate.state.ledger import Ledger
-from calibrate.state.setting import verified_input
 
 CHAT_PATH = "/chat/completions"
 DEFAULT_CONCURRENCY = 4
@@ -287,31 +284,3 @@ def _open_output(scan: OutputScan, fsync: bool) -> JsonlWriter:
             f"cannot write to --out {scan.path}: {exc.strerror or exc}",
             "Choose a writable place for the results; nothing was sent.",
         ) from exc
-
-
-def length_warning(
-    ledger: Ledger, target: str, path: Path, prompt: str, *, shown: Path | None = None
-) -> str | None:
-    """ "412 items exceed 2,000 tokens; …" or None (all fit, or no ladder measured a length).
-
-    SPEC §5.9: each item's input is estimated without a tokenizer, its message's characters
-    times the tokens per character the ladder measured on its own inputs
-    (``Workload.tokens_per_char``). It only warns, before anything is sent; the items still run.
-    """
-    verified = verified_input(ledger, target)
-    if verified is None or not verified.tokens_per_char:
-        return None
-    over = longest = 0
-    for task in read_tasks(path, shown):
-        estimate = math.ceil(len(task.message(prompt)) * verified.tokens_per_char)
-        longest = max(longest, estimate)
-        over += estimate > verified.tokens
-    if not over:
-        return None
-    items = "item exceeds" if over == 1 else "items exceed"
-    limit = f"{verified.tokens:,}"
-    return (
-        f"{over:,} {items} {limit} tokens (longest about {longest:,}, estimated at "
-        f"{verified.tokens_per_char:.3g} tokens per character); the ladder verified up to "
-        f"{limit} (run {verified.run_id}): run calibrate ladder --tasks {shown or path} on this file"
-    )

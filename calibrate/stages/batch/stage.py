@@ -28,12 +28,12 @@ from calibrate.stages.batch.endpoints import (
     baseline_served_model,
     usable_endpoints,
 )
+from calibrate.stages.batch.lengths import length_warning
 from calibrate.stages.batch.plan import (
     DEFAULT_CONCURRENCY,
     MAX_CONCURRENCY,
     BatchPlan,
     BatchSpec,
-    length_warning,
     open_batch,
     plan_batch,
 )
