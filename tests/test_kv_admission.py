@@ -16,13 +16,9 @@ import pytest
 
 from calibrate.gpu.vram import Pressure, VramSample, WindowPeak, kv_doubt, kv_peak_margin
 from calibrate.stages.measure.tiers import Stats, summarise
-from calibrate.stages.server_account import (
-    kv_is_full,
-    observed_cap,
-    queue_note,
-    running_unseen,
-    server_limit,
-)
+from calibrate.stages.server_account.cap import observed_cap, running_unseen, server_limit
+from calibrate.stages.server_account.kv import kv_is_full
+from calibrate.stages.server_account.queue_note import queue_note
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, open_gate
 

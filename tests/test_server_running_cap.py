@@ -25,14 +25,14 @@ from calibrate.server import process
 from calibrate.server.process import managed_target
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tiers import Stats, Unseen, summarise
-from calibrate.stages.server_account import (
+from calibrate.stages.server_account.cap import (
     observed_cap,
-    queue_note,
     running_unseen,
     server_limit,
     stopping_cap,
     unaccounted,
 )
+from calibrate.stages.server_account.queue_note import queue_note
 from calibrate.state.ledger import Ledger, LedgerEntry
 from tests.fakes import free_port, mock_command
 from tests.front_proxy import FrontProxy

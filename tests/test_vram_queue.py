@@ -15,7 +15,7 @@ from calibrate.io import tier_table
 from calibrate.io.tier_table.cells import row_from_cells
 from calibrate.report.tables import tiers as report
 from calibrate.stages.measure.tiers import summarise
-from calibrate.stages.server_account import queue_note
+from calibrate.stages.server_account.queue_note import queue_note
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
 

@@ -104,7 +104,7 @@ class RunningPeak:
 
 
 # /metrics samples an answer must last for what its gauges show of it to be seen: its running
-# count whole (``server_account.running_unseen``), its KV usage's growth (``kv_doubt``)
+# count whole (``server_account.cap.running_unseen``), its KV usage's growth (``kv_doubt``)
 SAMPLES_PER_ANSWER = 3
 
 
@@ -114,7 +114,7 @@ def kv_peak_margin(window: Sequence[VramSample]) -> float | None:
     growing, not new ones admitted; None: fewer than two readings). A usage that grows while
     answers run is read low by what it grew since the last sample — beside CPU burners the
     mock's 83 % read 73 %, and the queue was called a cap — so a rule that reads the peak
-    carries this doubt with it (``server_account.no_room_for_one_more``). A usage that never
+    carries this doubt with it (``server_account.kv.no_room_for_one_more``). A usage that never
     grew under a steady running count has none; a long gap between samples shows as a large
     rise across it."""
     seen = [s for s in window if s.at_s is not None and s.kv_usage is not None]

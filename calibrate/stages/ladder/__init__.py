@@ -28,7 +28,7 @@ from calibrate.stages.measure.tier_finish import finish_tiers
 from calibrate.stages.measure.tier_run import Measuring, prepare_load, run_live, watched
 from calibrate.stages.measure.tiers import Tier
 from calibrate.stages.prepare.server_cap import ladder_cap, restarted_cap
-from calibrate.stages.server_account import unaccounted
+from calibrate.stages.server_account.cap import unaccounted
 from calibrate.workload import TokenRange, WorkloadSpec
 
 __all__ = ["LadderEnv", "LadderOutcome", "LadderSpec", "LadderWatcher", "run"]

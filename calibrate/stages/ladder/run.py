@@ -36,7 +36,7 @@ from calibrate.stages.measure.stop_rules import (
 from calibrate.stages.measure.tier_run import client_bound_since, client_mark
 from calibrate.stages.measure.tiers import Stats, Tier, Verdict, summarise
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
-from calibrate.stages.server_account import most_running, observed_cap, running_unseen
+from calibrate.stages.server_account.cap import most_running, observed_cap, running_unseen
 from calibrate.stages.single import unreachable
 from calibrate.state.ledger import baseline_path
 from calibrate.workload import WorkloadSpec
@@ -276,7 +276,7 @@ class Ladder(TierRounds, TierRepeats):
 
     def accounted(self, tier: Tier) -> Tier:
         """``tier`` with why the server's running count cannot show it ran whole, if it cannot
-        (``server_account.running_unseen``; the batch axis only: a context tier is one B)."""
+        (``server_account.cap.running_unseen``; the batch axis only: a context tier is one B)."""
         if self.options.axis != "batch":
             return tier
         interval_s = self.ctx.config.ladder.sample_interval_s
@@ -290,7 +290,7 @@ class Ladder(TierRounds, TierRepeats):
     def tier_cap(self, stats: Stats) -> ServerCap | None:
         """The cap ``stop: cap`` judges a tier by: the one the server reports (or a managed
         start's cap flag) when it is below B, else the one its own running gauge showed
-        (``server_account.observed_cap``, SPEC §6.1)."""
+        (``server_account.cap.observed_cap``, SPEC §6.1)."""
         known = self.cap
         if known is not None and known.slots < stats.batch_size:
             return known

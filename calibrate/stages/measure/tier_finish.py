@@ -25,7 +25,7 @@ from calibrate.stages.measure.compare_tiers import (
     save_table_baseline,
 )
 from calibrate.stages.measure.tier_run import MeasureSpec
-from calibrate.stages.server_account import row_queue_note
+from calibrate.stages.server_account.queue_note import row_queue_note
 from calibrate.state.gates import next_step
 from calibrate.state.ledger import LedgerEntry
 from calibrate.state.setting import CalibratedSetting, resolve

@@ -10,7 +10,7 @@ from calibrate.config import SloConfig
 from calibrate.gpu.noise import combined
 from calibrate.stages.measure.slo import has_slo
 from calibrate.stages.measure.stop_rules import ServerCap
-from calibrate.stages.server_account import server_limit
+from calibrate.stages.server_account.cap import server_limit
 from calibrate.stages.sweep.levels import ClientLimit, Level
 from calibrate.stages.verdict.doubt import Doubt, Inconclusive, SplitDoubt, UnderNoise
 from calibrate.stages.verdict.knee import Knee, Point, find_knee, interval, spread_of

@@ -15,7 +15,7 @@ from calibrate.load.arrivals import rate_text
 from calibrate.stages.measure.slo import describe, has_slo, p99_breaches
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.prepare.stream_probe import stream_details
-from calibrate.stages.server_account import cap_notes, limit_json
+from calibrate.stages.server_account.cap import cap_notes, limit_json
 from calibrate.stages.sweep.find_max import FindMax
 from calibrate.stages.sweep.knee_verdict import KneeVerdict
 from calibrate.stages.sweep.levels import Level, bounded, probed_level, rate_boundary

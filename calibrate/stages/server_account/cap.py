@@ -1,16 +1,6 @@
-"""The server's own account of a tier or level (SPEC §6.1): its running count is its cap, and
-why requests waited, in the server's words where it says them.
-
-A real vLLM started with ``--max-num-seqs 4`` publishes no cap, but its ``/metrics`` said the
-truth all along: ``vllm:num_requests_running`` peaked at 4 while ``vllm:num_requests_waiting``
-held the rest. A tier where requests waited while the running count never passed k < B ran k,
-not B: ``stop: cap`` at k, never kept, never recommended, never pinned. Waiting has other causes
-it must not be mistaken for: a full KV cache (the engine runs fewer than its cap because the
-cache holds no more), vLLM's ``deferred`` reason (a LoRA budget, a KV transfer), and prompt-list
-mode, where the engine counts each prompt of the one request as a request of its own.
-
-Pure functions of a tier's numbers: the ladder, the sweep and the notes all ask these.
-"""
+"""The server's cap as its own account shows it (SPEC §6.1): the running count at its peak while
+others waited, the ceiling a KV doubt leaves, a count too sparse to show B, and the cap a ladder
+met or a sweep may not exceed."""
 
 from __future__ import annotations
 
@@ -19,12 +9,9 @@ from dataclasses import replace
 from typing import Any
 
 from calibrate.gpu.vram import SAMPLES_PER_ANSWER
-from calibrate.io.tier_table.row import TierRow
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tiers import Stats, Unseen
-
-KV_FULL = 0.9  # KV-cache usage from which requests waiting are the cache's, not the cap's
-ADMISSION_FULL = 0.95  # one more request would bring the cache this close to full: no room
+from calibrate.stages.server_account.kv import KV_FULL, kv_is_full
 
 
 def observed_cap(
@@ -152,130 +139,6 @@ def cap_or_cache(stats: Stats) -> str:
     if doubt is None:
         return ""
     return f"{doubt.source} — it did not run {stats.batch_size} at once"
-
-
-def kv_is_full(
-    kv_usage: float | None,
-    preemptions: int | None,
-    kv_full: float = KV_FULL,
-    *,
-    running: int | None = None,
-    margin: float = 0.0,
-) -> bool:
-    """The KV cache was full, or may have been: its usage reached ``kv_full``, the engine
-    preempted, or it held no room for one more request the size of the ``running`` ones
-    (``no_room_for_one_more``) — each read at the usage's peak plus ``margin``, how much higher
-    it may have peaked between samples (``Stats.kv_peak_margin``): a cap is never claimed on a
-    reading the samples could have missed the full cache by (seen beside CPU burners: the mock's
-    83 % read 73 %, and a KV queue was called "its cap is 4")."""
-    if preemptions:
-        return True
-    if kv_usage is None:
-        return False
-    usage = kv_usage + max(0.0, margin)
-    return usage >= kv_full or no_room_for_one_more(usage, running)
-
-
-def no_room_for_one_more(kv_usage: float | None, running: int | None) -> bool:
-    """A cache is full for admission before its usage reads full: the engine admits a request
-    only when the blocks of its prompt are free. Seen on real vLLM (``--num-gpu-blocks-override
-    6``, blocks of 128 tokens, 180-token prompts): two requests ran on 2 blocks each while the
-    rest waited, ``vllm:kv_cache_usage_perc`` read 80 %, and the waiting was called "its cap is
-    2" of a server capped at 8. ``k`` requests using ``u`` leave room for one more only when
-    ``u × (k + 1) / k`` stays under ``ADMISSION_FULL``: the usage is sampled while the running
-    answers still grow (and the cache is handed out in blocks), so a cache that one more request
-    would fill to the brim held no room for it — and a cap is never claimed on that doubt (seen
-    on the mock: 4 running read 80 % of a cache of 4.8 requests, and one run in a few said "its
-    cap is 4" of a server with 8 slots)."""
-    if kv_usage is None or not running or running < 1:
-        return False
-    return kv_usage * (running + 1) / running >= ADMISSION_FULL
-
-
-def queue_note(
-    queued: int | None,
-    concurrency: int,
-    *,
-    batch: int | None = None,
-    prompt_list: bool = False,
-    running: int | None = None,
-    metric: str | None = None,
-    kv_usage: float | None = None,
-    preemptions: int | None = None,
-    deferred: int | None = None,
-    ran_elsewhere: int | None = None,
-    kv_margin: float | None = None,
-) -> str | None:
-    """Why throughput stopped growing when the server itself queued requests (SPEC §8, §6.1),
-    named by its cause: the KV cache full, requests deferred, the cap (the running count at its
-    peak, or below what was in flight), prompt-list counting. None when nothing waited."""
-    if not queued or queued < 1:
-        return None
-    requests = "request" if queued == 1 else "requests"
-    ran = f" while it ran {running} at once ({metric})" if running is not None and metric else ""
-    if prompt_list and batch:
-        head = (
-            f"the server queued up to {queued} of the {batch} prompts of a prompt-list request "
-            f"at batch {batch}: it counts each prompt of a list as a request"
-        )
-    else:
-        head = f"the server queued up to {queued} {requests} at concurrency {concurrency}"
-    margin = kv_margin or 0.0
-    sure = kv_is_full(kv_usage, preemptions, running=running)
-    if (
-        not sure
-        and kv_usage is not None
-        and kv_is_full(kv_usage, None, running=running, margin=margin)
-    ):
-        beside = f" beside the {running} running" if running else ""
-        return (
-            f"{head}{ran} with its KV cache perhaps full ({kv_usage:.0%} read, and it may have "
-            f"peaked {margin * 100:.0f} points higher between samples: perhaps no room for one "
-            f"more request{beside}): no cap is claimed from it"
-        )
-    if sure:
-        full = f"{kv_usage:.0%}" if kv_usage is not None else f"{preemptions} preempted"
-        if kv_usage is not None and kv_usage < KV_FULL and not preemptions:  # no room left
-            full += f": no room for one more request beside the {running} running"
-        return (
-            f"{head}{ran} with its KV cache full ({full}): the KV cache is the limit, not its cap"
-        )
-    if deferred is not None and deferred >= queued:
-        return (
-            f"{head}, deferred (vLLM's reason: a LoRA budget, a KV transfer or a blocked "
-            "request), not for capacity"
-        )
-    limit = batch if prompt_list and batch else concurrency
-    if running is not None and ran_elsewhere is not None and ran_elsewhere > running:
-        return (
-            f"{head}{ran}, and {ran_elsewhere} at once elsewhere in this run: requests waiting a "
-            "moment on their way in, not a cap"
-        )
-    if running is not None and metric and running < limit:
-        what = f"the {limit} prompts" if prompt_list else f"{limit} in flight"
-        return f"{head}{ran}: its cap is {running}, below {what}"
-    if prompt_list:
-        return f"{head}: it runs fewer than {limit} at once"
-    return f"{head}: its cap is below {concurrency} in flight"
-
-
-def row_queue_note(row: TierRow, ran_elsewhere: int | None = None) -> str | None:
-    """``queue_note`` of one tier or level as its row holds it (a ladder's with its mode);
-    ``ran_elsewhere``: the most the server ran at once over the run's rows."""
-    server = row.server
-    return queue_note(
-        server.server_queue_max,
-        row.concurrency or 0,
-        batch=row.batch_size,
-        prompt_list=row.ladder.mode == "prompt-list",
-        running=server.running_while_queued,
-        metric=server.running_metric,
-        kv_usage=row.memory.peak_kv_usage,
-        preemptions=server.preemptions,
-        deferred=server.deferred_max,
-        ran_elsewhere=ran_elsewhere,
-        kv_margin=row.memory.kv_peak_margin,
-    )
 
 
 def unaccounted(cap: ServerCap | None, running_seen: bool, engine: str = "") -> str | None:
