@@ -506,3 +506,22 @@ def test_a_shard_that_holds_no_item_says_so_not_all_0_items_ok(cli, isolated: Pa
     said = " ".join(result.err.split())
     assert f"nothing to run: shard {other}/2 of {tasks} holds no item" in said, said
     assert "all 0 items ok" not in said
+
+
+# --- a journal line edited by hand or written by another calibrate ------------------------
+
+
+@pytest.mark.parametrize("error", ["boom", ["a", "b"], 7, None])
+def test_a_failed_line_whose_error_is_not_an_object_is_listed_not_a_crash(
+    cli, isolated: Path, error: object
+) -> None:
+    tasks = write_tasks(isolated / "tasks.jsonl", 2)
+    failure = {"id": "t1", "ok": False, "error": error, "attempts": 1}
+    journal = _journal(isolated / "out.jsonl", [_ok("t0", "zero"), failure])
+    for to in ("final.jsonl", "final.csv"):
+        result = cli("export", "--input", str(tasks), "--out", str(journal), "--to", to)
+        assert result.code == 1, result.err
+        assert "Traceback" not in result.err and "1 ok, 1 failed" in result.err
+        failed = assert_valid_jsonl(isolated / "final.failed.jsonl")
+        assert [(f["id"], f["status"]) for f in failed] == [("t1", "failed")]
+        assert failed[0]["message"] == (error if isinstance(error, str) else None)

@@ -263,7 +263,9 @@ def _write(job: _Job, found: Pass1, handles: list[BinaryIO]) -> tuple[int, int, 
                 ok += 1
                 continue
             failed += 1
-            error = (record or {}).get("error") or {}
+            error = (record or {}).get("error")
+            if not isinstance(error, dict):  # a hand-edited line: its text is the message
+                error = {"message": error if isinstance(error, str) else None}
             entry = {
                 "id": task.id,
                 "status": "failed",
