@@ -123,3 +123,36 @@ def test_files_written_atomically_follow_the_umask(isolated: Path, umask: int) -
     for name in ("calibrate.toml", "final.csv", "final.jsonl", "final.failed.jsonl"):
         mode = stat.S_IMODE((isolated / name).stat().st_mode)
         assert mode == 0o666 & ~umask, (name, oct(mode), oct(umask))
+
+
+# --- pin: the script is written, then the pin cannot be recorded ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "why"), [(errno.EACCES, "Permission denied"), (errno.ENOSPC, "No space left")]
+)
+def test_pin_whose_ledger_cannot_be_written_says_the_script_was_written_but_not_recorded(
+    cli, isolated: Path, monkeypatch: pytest.MonkeyPatch, code: int, why: str
+) -> None:
+    from calibrate.state import ledger
+    from tests.fakes import passing_ladder
+
+    server = '[server]\nkind = "vllm"\nmodel_path = "/models/m"\nport = 8123\n'
+    write_config(isolated / "calibrate.toml", "http://127.0.0.1:8123/v1", server)
+    target = str(cli("status", "--json").json["target"])
+    passing_ladder(isolated, target, batch_size=4)
+
+    def unwritable(path: Path, obj: object) -> None:  # a read-only ledger, or a full disk
+        raise OSError(code, why, str(path))
+
+    monkeypatch.setattr(ledger, "append_jsonl", unwritable)
+    result = cli("pin")
+    assert result.code == 1, result.err
+    lines = result.err.strip().splitlines()
+    assert "Traceback" not in result.err and len(lines) == 2, result.err
+    assert lines[0].startswith("error: pin wrote scripts/launch.sh but could not record it")
+    assert "runs/ledger.jsonl" in lines[0] and why in lines[0]
+    assert lines[1] == "Free space or fix permissions, then run it again: calibrate pin"
+    assert (isolated / "scripts/launch.sh").is_file()
+    monkeypatch.undo()
+    assert "pin" not in cli("status", "--json").json["stages"], "nothing pinned in the ledger"

@@ -17,7 +17,7 @@ from calibrate.engines import find
 from calibrate.engines.args import ServerKind
 from calibrate.engines.base import LaunchSpec
 from calibrate.engines.builders import SERVER_KINDS, EngineCommand, build
-from calibrate.errors import ConfigError, GateClosed, unwritten
+from calibrate.errors import ConfigError, GateClosed, StageFailed, os_error_text, unwritten
 from calibrate.gpu.energy import pinned_cost
 from calibrate.io.records import utc_now_iso
 from calibrate.io.store import read_object, run_path
@@ -225,7 +225,6 @@ def run_pin(
         launch_script.write(path, text)
     except OSError as exc:  # a full disk exit 1, a path that cannot be written exit 2
         raise unwritten(exc, "nothing was written and nothing pinned") from exc
-    ctx.run.write_text("launch.sh", text)
     result = PinResult(
         path,
         values,
@@ -235,6 +234,14 @@ def run_pin(
         model_from=model_from,
         above_cap=above,
     )
-    ctx.record_result(True, result.summary())
+    try:
+        ctx.run.write_text("launch.sh", text)
+        ctx.record_result(True, result.summary())
+    except OSError as exc:  # the script is in place: say so, not "fix the path"
+        raise StageFailed(
+            f"pin wrote {path} but could not record it ({os_error_text(exc)}): status, verify "
+            "and run do not know this pin",
+            "Free space or fix permissions, then run it again: calibrate pin",
+        ) from exc
     ctx.run.close()
     return replace(result, next_command=next_step(cfg, ctx.ledger, ctx.target))
