@@ -156,3 +156,34 @@ def test_pin_whose_ledger_cannot_be_written_says_the_script_was_written_but_not_
     assert (isolated / "scripts/launch.sh").is_file()
     monkeypatch.undo()
     assert "pin" not in cli("status", "--json").json["stages"], "nothing pinned in the ledger"
+
+
+# --- a ledger no result can be recorded in: exit 2 before anything is sent -----------------
+
+
+@pytest.mark.parametrize("kind", ["a folder", "a FIFO", "a link to /dev/null"])
+def test_a_ledger_that_is_not_a_regular_file_is_exit_2_before_anything_is_sent(
+    cli, isolated: Path, kind: str
+) -> None:
+    import os
+
+    ledger = isolated / "runs" / "ledger.jsonl"
+    ledger.parent.mkdir()
+    if kind == "a folder":
+        ledger.mkdir()
+    elif kind == "a FIFO":
+        os.mkfifo(ledger)
+    else:
+        ledger.symlink_to("/dev/null")
+    with start_mock(ttft_s=0.002, per_token_s=0.0005) as mock:
+        write_config(isolated / "calibrate.toml", mock.base_url)
+        for stage in ("single", "repro", "batch"):
+            args = ["--input", "tasks.jsonl", "--out", "out.jsonl"] if stage == "batch" else []
+            (isolated / "tasks.jsonl").write_text('{"id": 1, "text": "a"}\n', "utf-8")
+            result = cli(stage, "--force", *args) if stage == "repro" else cli(stage, *args)
+            assert result.code == 2, (stage, result.err)
+            assert "Traceback" not in result.err and "[Errno" not in result.err
+            assert f"the ledger {ledger.relative_to(isolated)} is" in result.err, result.err
+            assert "nothing was sent" in result.err
+        assert mock.model.snapshot().requests_total == 0
+    assert sorted(p.name for p in (isolated / "runs").iterdir()) == ["ledger.jsonl"]

@@ -8,6 +8,8 @@ stage can be run (and tested) without argv.
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +17,8 @@ from pathlib import Path
 from calibrate.config import Config
 from calibrate.errors import GateClosed, Interrupted, StageFailed, UsageError, os_error_text
 from calibrate.http.client import OpenAIClient
-from calibrate.io.output_paths import check_outputs, stage_files, writable_folder
-from calibrate.io.store import RunDir
+from calibrate.io.output_paths import check_outputs, kind_of, stage_files, writable_folder
+from calibrate.io.store import RunDir, ledger_path
 from calibrate.server.process import running_kind
 from calibrate.stages.context import StageContext, manifest
 from calibrate.state.gates import check_gate
@@ -55,6 +57,7 @@ def open_stage(request: StageRequest, warn: Callable[[str], None]) -> StageConte
         [*stage_files(cfg.runs_dir, cfg.baselines_dir, cfg.source), ("--tasks", request.tasks)],
     )
     check_writable_dir(cfg.runs_dir, "[paths] runs")
+    check_ledger(ledger_path(cfg.runs_dir))
     ledger = request.ledger or Ledger(cfg.runs_dir)
     target = target_fingerprint(cfg)
     forced = request.force
@@ -97,6 +100,28 @@ def check_writable_dir(path: Path, what: str) -> None:
             f"{path}: {problem}; nothing was sent",
             f"Make it writable (or free space there), or point {what} elsewhere.",
         )
+
+
+def check_ledger(path: Path) -> None:
+    """Exit 2 before anything is sent when the ledger exists but no verdict could be appended to
+    it: a folder, a FIFO, a device (a link to /dev/null would swallow it), a read-only file."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return  # absent (started by the first verdict), or a path that writing will name
+    if not stat.S_ISREG(found.st_mode):
+        problem = f"is {kind_of(found.st_mode)}, not a regular file"
+    else:
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+            return
+        except OSError as exc:
+            problem = f"cannot be appended to ({exc.strerror or exc})"
+    raise UsageError(
+        f"the ledger {path} {problem}: no verdict could be recorded; nothing was sent",
+        "Move it aside (the next verdict starts a new one) or make it writable, or point "
+        "[paths] runs elsewhere.",
+    )
 
 
 @contextlib.contextmanager
