@@ -344,4 +344,4 @@ def test_batch_and_ladder_refuse_a_line_without_end_before_sending(
         assert f"{tasks} line {line}: longer than 32 MiB" in result.err, result.err
         assert "Traceback" not in result.err
     assert mock.model.snapshot().requests_total == sent
-    assert not (isolated / "out.jsonl").exists() or (isolated / "out.jsonl").stat().st_size == 0
+    assert not (isolated / "out.jsonl").exists(), "a refused input leaves no --out behind"
