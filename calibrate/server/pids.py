@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 from calibrate.engines.redaction import redact_argv, redact_text
+from calibrate.gpu.proc import listening_owners
 
 
 def start_id(pid: int) -> str | None:
@@ -60,30 +61,11 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def listener_pid(port: int) -> int | None:
-    """The PID listening on TCP ``port`` on this machine, to print a stop command (Linux only).
+def listener_pid(port: int, root: Path = Path("/proc")) -> int | None:
+    """The PID listening on TCP ``port`` on this machine, to print a stop command (Linux only);
+    the lowest where several hold the socket (a server's forked workers: its first process).
 
-    Found through the socket, never by name, and only ever shown to the user, never signalled.
+    Found through the socket, never by name (``gpu.proc.listening_owners``, the one search), and
+    only ever shown to the user, never signalled.
     """
-    inodes: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for row in rows:
-            cols = row.split()
-            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(f"socket:[{cols[9]}]")
-    if not inodes:
-        return None
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            links = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
-        except OSError:
-            continue
-        if inodes.intersection(links):
-            return int(proc.name)
-    return None
+    return min(listening_owners(port, root) or (), default=None)
