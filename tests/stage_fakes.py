@@ -287,9 +287,6 @@ class FakeProc:
     def listening(self, port: int) -> list[int]:
         return [self.server_pid]
 
-    def alive(self, pid: int) -> bool:
-        return pid == self.server_pid
-
 
 def fake_meter(proc: FakeProc) -> NoiseMeter:
     """A noise meter over ``proc``, its clock one reading's wall time per mark or look."""

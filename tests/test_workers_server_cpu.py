@@ -78,9 +78,6 @@ class Machine:
     def listening(self, port: int) -> Sequence[int]:
         return []
 
-    def alive(self, pid: int) -> bool:
-        return True
-
 
 def _started(machine: Machine, server: ServerPids) -> SelfLoadMonitor:
     return worker_check(

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from calibrate.errors import InputError
+from calibrate.gpu import sockdiag
 from calibrate.io.bounded import read_bounded
+
+PROC = Path("/proc")  # this machine's: sock_diag answers for its sockets
 
 
 @dataclass(frozen=True)
@@ -47,19 +50,26 @@ class ProcReader(Protocol):
         ...
 
     def listening(self, port: int) -> Sequence[int]:
-        """The processes that listen on TCP ``port`` of this machine (none when unknown)."""
+        """The processes that listen on TCP ``port`` of this machine (none when unknown); asked
+        again, cheap while they still do (a restarted server's new processes are found)."""
         ...
 
-    def alive(self, pid: int) -> bool:
-        """Whether process ``pid`` is still there."""
-        ...
+
+@dataclass(frozen=True)
+class Listener:
+    """Who was found listening on a port: the sockets (inodes) and the processes holding them."""
+
+    inodes: frozenset[int]
+    pids: tuple[int, ...]
 
 
 class LinuxProc:
-    """``ProcReader`` over Linux's ``/proc``."""
+    """``ProcReader`` over Linux's ``/proc`` (and, for the listening sockets of this machine's
+    ``/proc``, sock_diag: ``gpu.sockdiag``)."""
 
-    def __init__(self, root: Path = Path("/proc")) -> None:
+    def __init__(self, root: Path = PROC) -> None:
         self.root = root
+        self._found: dict[int, Listener] = {}  # by port: what ``listening`` found last
         ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         self.tick_s = 1.0 / ticks
 
@@ -100,7 +110,21 @@ class LinuxProc:
             return None  # gone, or not ours to read
 
     def listening(self, port: int) -> Sequence[int]:
-        return sorted(listening_owners(port, self.root) or ())
+        """Found once, then kept while its processes live and — where sock_diag answers — the
+        sockets listening on the port are the ones found (a restarted server's are new, even
+        while an old process lives on): a re-check is one netlink dump of the listening
+        sockets, not the socket table and every process's open files."""
+        quick = sockdiag.listening_inodes(port) if self.root == PROC else None
+        known = self._found.get(port)
+        if known and quick in (None, known.inodes) and all(map(self.alive, known.pids)):
+            return list(known.pids)
+        inodes = quick if quick is not None else socket_inodes(port, self.root)
+        owners = sorted(owners_of(inodes, self.root)) if inodes else []
+        if owners:
+            self._found[port] = Listener(frozenset(inodes or ()), tuple(owners))
+        else:
+            self._found.pop(port, None)
+        return owners
 
     def alive(self, pid: int) -> bool:
         return os.path.exists(f"{self.root}/{pid}")
@@ -117,11 +141,21 @@ def _read(path: Path | str) -> bytes:
         raise OSError(str(exc)) from exc
 
 
-def listening_owners(port: int, root: Path = Path("/proc")) -> set[int] | None:
-    """The PIDs holding a listening TCP socket on ``port`` (IPv4 or IPv6), read from ``/proc``;
-    None where ``/proc`` cannot tell (no Linux, or no socket table). Processes whose file
-    descriptors cannot be read are left out: an empty set means "not seen", not "nobody"."""
-    inodes: set[str] = set()
+def listening_owners(port: int, root: Path = PROC) -> set[int] | None:
+    """The PIDs holding a listening TCP socket on ``port`` (IPv4 or IPv6): the sockets from
+    sock_diag (this machine's ``/proc``) or the socket table, their holders from each process's
+    open files; None where neither can tell (no Linux). Processes whose file descriptors cannot
+    be read are left out: an empty set means "not seen", not "nobody"."""
+    inodes = sockdiag.listening_inodes(port) if root == PROC else None
+    if inodes is None:
+        inodes = socket_inodes(port, root)
+    return None if inodes is None else owners_of(inodes, root)
+
+
+def socket_inodes(port: int, root: Path = PROC) -> set[int] | None:
+    """The inodes of the sockets listening on ``port``, from ``/proc/net/tcp`` and ``tcp6``: the
+    whole socket table, written out by the kernel on each read (None: neither readable)."""
+    inodes: set[int] = set()
     readable = False
     for table in ("tcp", "tcp6"):
         try:
@@ -132,21 +166,24 @@ def listening_owners(port: int, root: Path = Path("/proc")) -> set[int] | None:
         for line in lines:
             cols = line.split()
             if len(cols) > 9 and cols[3] == LISTEN and cols[1].endswith(f":{port:04X}"):
-                inodes.add(cols[9])
-    if not readable:
-        return None
-    wanted = {f"socket:[{inode}]" for inode in inodes if inode != "0"}
+                inodes.add(int(cols[9]))
+    return inodes if readable else None
+
+
+def owners_of(inodes: Iterable[int], root: Path = PROC) -> set[int]:
+    """The processes holding any of the sockets ``inodes`` among their open files."""
+    wanted = {f"socket:[{inode}]" for inode in inodes if inode}
     owners: set[int] = set()
     with contextlib.suppress(OSError), os.scandir(root) as entries:
         for entry in entries if wanted else ():
-            if entry.name.isdigit() and _holds(root / entry.name, wanted):
+            if entry.name.isdigit() and _holds(entry.path, wanted):
                 owners.add(int(entry.name))
     return owners
 
 
-def _holds(process: Path, wanted: set[str]) -> bool:
+def _holds(process: str, wanted: set[str]) -> bool:
     try:
-        with os.scandir(process / "fd") as fds:
+        with os.scandir(f"{process}/fd") as fds:
             for fd in fds:
                 with contextlib.suppress(OSError):
                     if os.readlink(fd.path) in wanted:

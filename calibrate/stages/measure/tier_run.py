@@ -186,10 +186,12 @@ def server_finder(
     """The server's processes on this machine, asked for again each time: the one calibrate
     manages, ``--server-pid``, or whatever listens on the target's port of this machine.
 
-    The listener is found once and looked for again when it is gone; none found is looked for
-    again after ``LOOK_AGAIN_S``, not on every call: finding none reads the whole socket table
-    and, where the server runs as another user (Ollama's service does), every process's open
-    files — calibrate's own load on the machine it measures, once a window."""
+    The listener is found once and re-checked by the reader (cheap: ``LinuxProc.listening``
+    keeps it while it holds the port; a restarted server's new processes are found); none found
+    is looked for again after ``LOOK_AGAIN_S``, not on every call: finding none reads, where
+    sock_diag is refused, the whole socket table and, where the server runs as another user
+    (Ollama's service does), every process's open files — calibrate's own load on the machine
+    it measures, once a window."""
     target = urlsplit(ctx.config.target.base_url)
     local = (target.hostname or "") in LOOPBACK
     port = target.port or (443 if target.scheme == "https" else 80)
@@ -204,8 +206,6 @@ def server_finder(
             found.append(record.pid)
         if found or not local:
             return found
-        if listeners and all(reader.alive(pid) for pid in listeners):
-            return list(listeners)
         if not listeners and looked_at_s and clock() - looked_at_s[0] < LOOK_AGAIN_S:
             return []
         listeners[:] = reader.listening(port)
