@@ -129,6 +129,25 @@ def test_linux_proc_reads_stat_processes_and_the_listener(tmp_path: Path) -> Non
     assert LinuxProc(tmp_path / "none").cpu_times() is None  # no /proc: nothing is claimed
 
 
+def test_the_process_scan_reads_odd_names_and_passes_over_what_it_cannot_read(
+    tmp_path: Path,
+) -> None:
+    """A name with parentheses and numbers in it, a process gone between the listing and the
+    read (no stat), a short stat, and a folder that is no process: the figures are those of
+    the readable processes, as before the scan read each stat in one call."""
+    root = tmp_path / "proc"
+    for pid, line in (
+        (5, "5 (a) S 9 (b) S 1 " + "0 " * 9 + "40 2 0"),
+        (6, "6 (short) S 1 0"),
+    ):
+        (root / str(pid)).mkdir(parents=True)
+        (root / str(pid) / "stat").write_text(line + "\n")
+    (root / "7").mkdir()  # gone before its stat was read
+    (root / "self").mkdir()
+    proc = LinuxProc(root)
+    assert [(p.pid, p.ppid, p.cpu_s) for p in proc.processes()] == [(5, 1, 42 * proc.tick_s)]
+
+
 def test_a_sweep_records_the_noise_per_run_and_level_and_names_it(tmp_path: Path) -> None:
     """On the simulated 4-slot server with other processes at 1.6 of 2 cores: every line of
     rounds.jsonl and tiers.jsonl carries the figures, and the verdict names the machine."""

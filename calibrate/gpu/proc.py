@@ -9,7 +9,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from calibrate.errors import InputError
 from calibrate.gpu import sockdiag
@@ -29,9 +29,9 @@ class CpuTimes:
     cores: int
 
 
-@dataclass(frozen=True)
-class ProcessCpu:
-    """One process: its parent and the CPU it has used (user + system), in seconds."""
+class ProcessCpu(NamedTuple):
+    """One process: its parent and the CPU it has used (user + system), in seconds (a tuple:
+    a sample makes one per process on the machine)."""
 
     pid: int
     ppid: int
@@ -89,25 +89,29 @@ class LinuxProc:
         return CpuTimes(busy, steal * t, total, max(1, cores))
 
     def processes(self) -> Sequence[ProcessCpu]:
+        """Every readable process, from its ``stat``: one ``read`` call each (a sample reads
+        every process of the machine, hundreds on a busy one)."""
         out: list[ProcessCpu] = []
-        with contextlib.suppress(OSError), os.scandir(self.root) as entries:
-            for entry in entries:
-                if entry.name.isdigit():
-                    found = self._process(int(entry.name), f"{entry.path}/stat")
-                    if found is not None:
-                        out.append(found)
-        return out
-
-    def _process(self, pid: int, stat_path: str) -> ProcessCpu | None:
         try:
-            raw = _read(stat_path)  # a str: a Path per process was a sixth of the scan
-            fields = raw.rsplit(b")", 1)[1].split()
-            # after the name: state, ppid, …; utime and stime are the 14th and 15th fields
-            return ProcessCpu(
-                pid, int(fields[1]), (int(fields[11]) + int(fields[12])) * self.tick_s
-            )
-        except (OSError, IndexError, ValueError):
-            return None  # gone, or not ours to read
+            names = os.listdir(self.root)
+        except OSError:
+            return out
+        root, tick_s = str(self.root), self.tick_s
+        for name in names:
+            if not name.isdigit():
+                continue
+            try:
+                raw = _read_stat(f"{root}/{name}/stat")
+                # after the name: state, ppid, …; utime and stime are the 14th and 15th fields
+                fields = raw[raw.rindex(b")") + 2 :].split(None, 13)
+                out.append(
+                    ProcessCpu(
+                        int(name), int(fields[1]), (int(fields[11]) + int(fields[12])) * tick_s
+                    )
+                )
+            except (OSError, IndexError, ValueError):
+                continue  # gone, or not ours to read
+        return out
 
     def listening(self, port: int) -> Sequence[int]:
         """Found once, then kept while its processes live and — where sock_diag answers — the
@@ -131,6 +135,17 @@ class LinuxProc:
 
 
 LISTEN = "0A"  # a TCP socket's state in /proc/net/tcp: listening
+STAT_BYTES = 4096  # a read of /proc/PID/stat
+
+
+def _read_stat(path: str) -> bytes:
+    """A process's ``stat``: one read of at most ``STAT_BYTES`` (the line is under 1.5 KiB: a
+    name of at most 64 bytes and 52 numbers), no buffer, no size asked first."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, STAT_BYTES)
+    finally:
+        os.close(fd)
 
 
 def _read(path: Path | str) -> bytes:
