@@ -1,5 +1,6 @@
 """One load-sending stage per target at a time: a second ladder/sweep/rollback exits 2 at once
-naming the holder; a lock left by a dead process never blocks."""
+naming the holder; a batch shares the target with other batches, never with a stage that
+measures it; a lock left by a dead process never blocks."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.batch_helpers import write_tasks
 from tests.fakes import append_ledger
 from tests.mockserver import REPO, start_mock
 from tests.tier_helpers import FAST, open_gate
@@ -64,6 +66,75 @@ def test_a_second_load_stage_on_the_same_target_exits_2_naming_the_holder(
     # conservatively — the setting is the ladder's rule's business, not this test's.)
     assert [t["batch_size"] for t in after.json["tiers"]] == [1, 2], after.err
     assert all(t["verdict"] == "pass" for t in after.json["tiers"]), after.err
+
+
+def _running(isolated: Path, *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "calibrate", *args],
+        cwd=isolated,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _holds(isolated: Path, target: str, stage: str) -> None:
+    """Wait until a ``stage`` holds the target's lock (its word is in the lock file)."""
+    lock = isolated / "runs/locks" / f"{target}.lock"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if lock.exists() and f" {stage} " in lock.read_text():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no {stage} took the lock")
+
+
+def test_a_batch_never_runs_beside_a_ladder_and_a_ladder_never_beside_a_batch(
+    cli, isolated: Path
+) -> None:
+    """A batch beside a ladder would be measured as the ladder's load (its tier fails, or passes
+    on the wrong numbers): each refuses the other at once, exit 2, naming it, sending nothing;
+    a second batch (another shard of the job) runs beside the first."""
+    with start_mock(ttft_s=0.002, per_token_s=0.0005, slow_above=2, slow_factor=100000.0) as mock:
+        target = open_gate(isolated, mock.base_url)
+        append_ledger(isolated, "ladder", target, {"last_passing": {"batch_size": 2}})
+        tasks = write_tasks(isolated / "tasks.jsonl", 12)
+        ladder = _running(isolated, "ladder")
+        try:
+            _holds(isolated, target, "ladder")
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not list(isolated.glob("runs/*/tiers.jsonl")):
+                time.sleep(0.05)
+            time.sleep(0.5)  # the ladder is inside its slow tier now: it sends nothing more
+            sent = mock.model.snapshot().requests_total
+            refused = cli("batch", "--input", str(tasks), "--out", "out.jsonl", "-c", "1")
+            assert mock.model.snapshot().requests_total == sent, "the batch sent nothing"
+        finally:
+            ladder.send_signal(signal.SIGKILL)
+            ladder.wait()
+    assert refused.code == 2, refused.err
+    assert f"a ladder (PID {ladder.pid}" in refused.err, refused.err
+    assert "already sending load to this target" in refused.err
+    assert not (isolated / "out.jsonl").exists(), "a refused batch leaves no --out behind"
+
+    with start_mock(port=mock.port, ttft_s=0.002, per_token_s=0.05) as slow:  # ~1 s an answer
+        batch = _running(isolated, "batch", "--input", str(tasks), "--out", "a.jsonl", "-c", "1")
+        try:
+            _holds(isolated, target, "batch")
+            second = cli("ladder")
+            beside = cli(
+                "batch", "--input", str(tasks), "--out", "b.jsonl", "-c", "4", "--limit", "4"
+            )
+            still = batch.poll()
+        finally:
+            batch.send_signal(signal.SIGKILL)
+            batch.wait()
+        assert slow.model.snapshot().requests_total > 0
+    assert still is None, "the first batch ran throughout"
+    assert second.code == 2, second.err
+    assert f"a batch (PID {batch.pid}" in second.err, second.err
+    assert beside.code == 0, beside.err  # a shard beside a shard: both send
+    assert len((isolated / "b.jsonl").read_text().splitlines()) == 4
 
 
 # --- one writer per journal, whatever name reaches it; lock files are never followed ----------

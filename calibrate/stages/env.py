@@ -125,9 +125,10 @@ def check_ledger(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def load_lock(ctx: StageContext) -> Iterator[None]:
-    """One load-sending stage per target at a time (ladder, sweep, rollback)."""
-    with hold(ctx.config.runs_dir, ctx.target, ctx.run.stage):
+def load_lock(ctx: StageContext, *, shared: bool = False) -> Iterator[None]:
+    """One load-sending stage per target at a time (ladder, sweep, tune, rollback); ``shared``:
+    a batch, which may send beside other batches but never beside a stage that measures."""
+    with hold(ctx.config.runs_dir, ctx.target, ctx.run.stage, shared=shared):
         yield
 
 

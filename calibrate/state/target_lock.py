@@ -1,9 +1,12 @@
-"""One load-sending stage per target at a time (SPEC §11): an exclusive lock in runs/locks/.
+"""One load-sending stage per target at a time (SPEC §11): a lock in runs/locks/.
 
-ladder, sweep and rollback hold ``runs/locks/<target>.lock`` (``fcntl.flock``) while they run;
-the file says who holds it (PID, stage, since when). The kernel drops the lock when its holder
-dies, so a lock left by a crashed or killed run never blocks the next one; only a live holder
-does, and a second stage then stops at once (exit 2) naming it.
+ladder, sweep, tune and rollback hold ``runs/locks/<target>.lock`` (``fcntl.flock``) alone while
+they run: they measure the server, and another stage's load would be measured with theirs. A
+batch holds it shared: several batches (the shards of one job) may send to one server at once,
+but none beside a stage that measures it, nor such a stage beside them. The file says who took
+it last (PID, stage, since when). The kernel drops the lock when its holder dies, so a lock left
+by a crashed or killed run never blocks the next one; only a live holder does, and the stage
+that would run beside it stops at once (exit 2) naming it.
 """
 
 from __future__ import annotations
@@ -36,14 +39,15 @@ def _holder(fd: int) -> str:
 
 
 @contextlib.contextmanager
-def hold(runs_dir: Path, target: str, stage: str) -> Iterator[Path]:
-    """Hold the target's lock for the duration; exit 2 at once when a live stage holds it."""
+def hold(runs_dir: Path, target: str, stage: str, *, shared: bool = False) -> Iterator[Path]:
+    """Hold the target's lock for the duration; exit 2 at once when a live stage holds it
+    (``shared``: a batch, which other batches may hold it with)."""
     path = lock_path(runs_dir, target)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = open_lock_file(path)  # never through a link: a planted one would be truncated
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             raise UsageError(
                 f"{_holder(fd)} is already sending load to this target ({target}); "
@@ -58,8 +62,20 @@ def hold(runs_dir: Path, target: str, stage: str) -> Iterator[Path]:
         try:
             yield path
         finally:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
+            if _alone(fd, shared):  # another batch still holding it keeps its word there
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _alone(fd: int, shared: bool) -> bool:
+    """Whether this holder is the lock's only one (a shared holder asks for it alone)."""
+    if not shared:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True

@@ -67,7 +67,7 @@ from calibrate.stages.batch.sending.lanes import make_lane
 from calibrate.stages.batch.sending.outage import OutageEvent
 from calibrate.stages.batch.sending.procs import run as procs
 from calibrate.stages.context import StageContext
-from calibrate.stages.env import StageRequest, open_stage
+from calibrate.stages.env import StageRequest, load_lock, open_stage
 from calibrate.stages.export import export_final
 from calibrate.stages.measure.format_check import shape_checks
 from calibrate.stages.measure.tier_run import server_finder
@@ -132,7 +132,8 @@ def _opened(
         out_path = (
             spec.out_path if spec.out_path and not spec.sample else ctx.run.file("sample.jsonl")
         )
-        return _dispatch(_Batch(request, env, setup, plan, ctx, out_path))
+        with load_lock(ctx, shared=True):  # beside other batches, never a stage that measures
+            return _dispatch(_Batch(request, env, setup, plan, ctx, out_path))
     finally:
         ctx.run.close()  # also when refused or unreachable: no run file is left open
 
