@@ -21,7 +21,8 @@ from calibrate.stages.ladder import account_notes
 from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import LadderResult
 from calibrate.stages.ladder.run import Ladder
-from calibrate.stages.ladder.setting import setting_doubt, setting_reason, setting_tier
+from calibrate.stages.ladder.setting import setting_reason, setting_tier
+from calibrate.stages.ladder.setting_doubt import setting_doubt
 from calibrate.stages.measure.stop_rules import (
     ServerCap,
     latency_seen,
