@@ -1,6 +1,7 @@
 """Stage D: put the server back on the last passing tier, with proof (SPEC §5.7).
 
-Five steps (``steps``) — stop, vram, active, restart, compare — recorded step by step in
+Five steps (``steps``) — stop, vram, active, restart, compare — on the target's server
+(``target_server``: calibrate's managed one, or the user's, waited for), recorded step by step in
 ``steps.jsonl`` and the ledger; the verdict and the next step are the run's ``RollbackResult``.
 Restarting and freeing VRAM is recovery, not more capacity.
 """

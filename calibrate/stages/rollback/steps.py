@@ -11,26 +11,19 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from calibrate.engines.args import ServerKind
 from calibrate.errors import (
     CalibrateError,
     ErrorInfo,
     ErrorKind,
-    ExitCode,
     GateClosed,
     ServerDied,
     StepFailed,
 )
 from calibrate.gpu.nvml import GpuSnapshot
 from calibrate.io.baseline import Comparison, Normaliser
-from calibrate.server import lifecycle as server
-from calibrate.server import pids, process, readiness
-from calibrate.server.exit_status import ended_words
-from calibrate.server.process import is_target, serves_target
 from calibrate.server.readiness import VramProbe, used_mib, wait_released
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.incidents import Incident, write_incident
-from calibrate.stages.pin_context import context_for
 from calibrate.stages.prepare.server_cap import running_cap
 from calibrate.stages.repro import against_baseline
 from calibrate.stages.rollback.result import (
@@ -41,13 +34,12 @@ from calibrate.stages.rollback.result import (
     restored_line,
     unverified_differs,
 )
+from calibrate.stages.rollback.target_server import Notify, TargetServer
 from calibrate.state.gates import next_step
 from calibrate.state.ledger import LedgerEntry
 from calibrate.state.setting import RollbackTier
 from calibrate.state.setting import rollback_tier as state_rollback_tier
 from calibrate.state.summary_values import Setting
-
-Notify = Callable[[str], None]
 
 
 def rollback_tier(ctx: StageContext) -> RollbackTier:
@@ -80,22 +72,8 @@ class Rollback:
         self.on_step = on_step
         self.clock = clock
         self.deadline = clock() + wait_s
-        self.runs = ctx.config.runs_dir
-        cfg = ctx.config
-        found = process.load(self.runs)
-        # the managed server is stopped and started again only when it is the target: a server
-        # calibrate manages beside another target is left as it is (said at the first step);
-        # with none, [server] is started only where the target is (its port on this machine)
-        self.beside = found if found is not None and not is_target(cfg, found) else None
-        self.record = found if self.beside is None else None
-        startable = self.record is not None or serves_target(cfg, cfg.server.port)
-        self.kind: ServerKind | None = (
-            process.kind_of(self.record, cfg.server.kind) if startable else None
-        )
-        self.managed = self.kind is not None
-        self.host, self.port = readiness.host_port(ctx.config.target.base_url)
-        self.old_pid: int | None = self.record.pid if self.record else None
-        self.exit_code: int | None = None
+        self.server = TargetServer(ctx, notify, self._left)
+        self.managed = self.server.managed
         self.before_stop: GpuSnapshot | None = None
         self.comparison: Comparison | None = None
         self.setting: Setting | None = None
@@ -167,57 +145,12 @@ class Rollback:
 
     def stop(self) -> tuple[str, dict[str, Any]]:
         self.before_stop = self.probe()
-        if self.record is not None:
-            result = server.stop(self.runs, self.ctx.config.server.stop_timeout_s)
-            assert result is not None
-            self.exit_code = result.exit_code
-            if result.was == "stranger":
-                message = (
-                    f"the managed server had already exited; PID {result.pid} now belongs "
-                    f"to another program ({pids.cmdline(result.pid)[:80]}): not signalled"
-                )
-            elif result.was == "gone":
-                message = f"the managed server (PID {result.pid}) had already exited"
-            elif not result.gone:
-                raise StepFailed(f"PID {result.pid} is still alive after SIGKILL", "timeout")
-            else:
-                message = (
-                    f"stopped the managed server (PID {result.pid}, {result.signal_sent}, "
-                    f"{result.elapsed_s:.1f} s)"
-                )
-            if result.exit_code is not None or result.was == "gone":  # how it ended, or that
-                message += f", {ended_words(result.exit_code)}"  # it is not known: never silent
-            detail = {"pid": result.pid, "was": result.was, "signal": result.signal_sent}
-            if not readiness.wait_port_closed(self.host, self.port, 5.0):
-                raise StepFailed(f"{message}, but port {self.port} is still open", "timeout")
-            return message, detail
-        if self.beside is not None:
-            self.notify(
-                f"the server calibrate manages (PID {self.beside.pid}, port {self.beside.port}) "
-                f"is not the target ({self.host}:{self.port}): left as it is"
-            )
-        if not readiness.port_open(self.host, self.port):
-            return f"nothing listens on {self.host}:{self.port}: the server is already down", {}
-        self.old_pid = pids.listener_pid(self.port)
-        how = (
-            f"kill -TERM {self.old_pid}   # {pids.cmdline(self.old_pid)[:100]}"
-            if self.old_pid
-            else f"kill -TERM $(lsof -t -iTCP:{self.port} -sTCP:LISTEN)"
-        )
-        self.notify(f"calibrate does not manage this server: stop it yourself, e.g.\n  {how}")
-        self.notify(f"waiting up to {self._left():.0f} s for port {self.port} to close (--wait)")
-        if not readiness.wait_port_closed(self.host, self.port, self._left()):
-            raise StepFailed(
-                f"port {self.port} is still open after --wait: the server was not stopped",
-                "timeout",
-            )
-        return f"the server on port {self.port} stopped (PID {self.old_pid or 'unknown'})", {
-            "pid": self.old_pid
-        }
+        return self.server.stop()
 
     def vram(self) -> tuple[str, dict[str, Any]]:
-        before_start = self.record.vram_used_mib_before if self.record else None
-        release = wait_released(self.probe, self.old_pid, before_start, self.before_stop)
+        record = self.server.record
+        before_start = record.vram_used_mib_before if record else None
+        release = wait_released(self.probe, self.server.old_pid, before_start, self.before_stop)
         if not release.ok:
             raise StepFailed(release.message, "timeout")
         return release.message, release.to_json()
@@ -230,37 +163,8 @@ class Rollback:
         )
 
     def restart(self) -> tuple[str, dict[str, Any]]:
-        if self.kind is not None:
-            ctx = self.ctx
-            sized = context_for(ctx.ledger, ctx.target, self.runs, self.kind, self.batch)
-            started = server.start_engine(
-                ctx.config,
-                self.kind,
-                self.batch,
-                1,
-                notify=self.notify,
-                context_tokens=sized.context_tokens if sized else None,
-                vram_used_mib_before=used_mib(self.probe()),
-            )
-            self.record = started.record
-            return (
-                f"restarted (PID {started.record.pid}) at batch {self.batch}, concurrency 1; "
-                f"ready after {started.ready_s:.1f} s"
-            ), {"pid": started.record.pid}
-        root = self.ctx.client.server_root
-        self.notify(
-            f"restart your server at batch size {self.batch} and concurrency 1, e.g.: "
-            f"calibrate pin --out launch.sh && ./launch.sh"
-        )
-        self.notify(f"waiting up to {self._left():.0f} s for {root} to answer (--wait)")
-        ready = readiness.wait_ready(root, None, self._left())
-        if not ready.ready:
-            raise StepFailed(
-                f"no server answered at {root} within --wait ({ready.last_answer})",
-                "connect",
-                ExitCode.UNREACHABLE,
-            )
-        return f"the server at {root} is back ({ready.elapsed_s:.1f} s)", {}
+        used = used_mib(self.probe()) if self.managed else None
+        return self.server.restart(self.batch, used)
 
     def compare(self) -> tuple[str, dict[str, Any]]:
         result = against_baseline(self.ctx, self.normaliser, runs=1)
@@ -311,10 +215,6 @@ class Rollback:
         if self.comparison is not None and step.name == "compare":
             extra["comparison"] = {**self.comparison.to_json(), "diff": list(self.comparison.diff)}
         snapshot = self.probe()
-        tail = None
-        if self.managed:
-            tail = process.log_tail(self.runs, 200)  # the latest start's output is at the end
-        pid = self.record.pid if self.record else self.old_pid
         incident = Incident(
             stage="rollback",
             batch_size=self.batch,
@@ -323,18 +223,10 @@ class Rollback:
             request_body=body,
             request_headers=client.redacted_headers(),
             error=ErrorInfo(step.kind or "server_died", step.message),
-            server_pid=pid,
-            server_exit_code=self._ended(),
+            server_pid=self.server.pid,
+            server_exit_code=self.server.ended(),
             vram=snapshot.to_json() if snapshot else None,
-            log_tail=tail,
+            log_tail=self.server.log_tail(),
             extra=extra,
         )
         write_incident(self.ctx.run, f"{step.n}-{step.name}.json", incident)
-
-    def _ended(self) -> int | None:
-        """How the managed server ended, as its supervisor wrote it (None: it runs, it is not
-        calibrate's, or it is not known): never the supervisor's own shell-style code."""
-        if self.record is None:
-            return self.exit_code
-        gone = process.liveness(self.record) == "gone"
-        return process.end_code(self.record, wait=gone)
