@@ -1,6 +1,6 @@
 """The knee half of a finished sweep (SPEC §5.6, §5.14): which levels it is found among, the
 knee with its doubts, and what noise left undecided — inconclusive, or with ``--conservative``
-the smaller level taken under noise. ``SweepResult`` (``result``) is built on it."""
+the smaller level taken under noise. ``SweepVerdict`` (``verdict``) is built on it."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from calibrate.stages.verdict.separation import LogSpread
 
 
 class KneeVerdict(ClientLimit):
-    """The knee of a ``SweepResult`` (a dataclass with these fields)."""
+    """The knee of a ``SweepResult`` (a dataclass with these fields, the package's)."""
 
     cap: ServerCap | None
     batch_size: int
