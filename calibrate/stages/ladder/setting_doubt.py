@@ -87,7 +87,7 @@ def _starved_above(history: Sequence[Tier], starved: Sequence[Tier], fastest: Ti
     over = next((t for t in history if t.verdict == "stop: slo" and t.client_bound), None)
     if over is not None and over.batch_size > fastest.batch_size:
         # a boundary is only as good as its side above: the p99s it broke were timed by a
-        # starved client (find-max's rule, sweep/levels.py, for the ladder's SLO stop)
+        # starved client (find-max's rule, sweep/result/client_limit.py, for the ladder's SLO stop)
         return (
             f"inconclusive: the client was the limit at batch {over.batch_size}, the tier over "
             f"an SLO — whether the server or calibrate missed it is unknown, so what a larger "

@@ -1,7 +1,7 @@
 """A finished sweep (SPEC §5.6): its levels and what it says of them — the recommendation in
 words, why it stopped, its notes, its summary for the ledger. Which level it recommends and how
 sure is ``verdict.SweepVerdict``'s, built on the knee (``knee_verdict``) and on which levels the
-client could measure (``levels.ClientLimit``)."""
+client could measure (``client_limit``)."""
 
 from __future__ import annotations
 

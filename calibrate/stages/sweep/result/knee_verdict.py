@@ -11,7 +11,8 @@ from calibrate.gpu.noise import combined
 from calibrate.stages.measure.slo import has_slo
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.server_account.cap import server_limit
-from calibrate.stages.sweep.levels import ClientLimit, Level
+from calibrate.stages.sweep.levels import Level
+from calibrate.stages.sweep.result.client_limit import ClientLimit
 from calibrate.stages.verdict.doubt import Doubt, Inconclusive, SplitDoubt, UnderNoise
 from calibrate.stages.verdict.knee import Knee, Point, find_knee, interval, spread_of
 from calibrate.stages.verdict.separation import LogSpread
