@@ -11,7 +11,7 @@ import pytest
 from calibrate.errors import InputError
 from calibrate.io.tier_table.cells import row_from_cells
 from calibrate.io.tier_table.row import TierRow
-from calibrate.stages.measure.compare_tiers import compare_tables, read_table
+from calibrate.stages.measure.tier_stage.compare_tiers import compare_tables, read_table
 from tests.mockserver import start_mock
 from tests.tier_helpers import open_gate
 

@@ -21,7 +21,7 @@ from rich.console import Console
 from calibrate.io.tier_table.cells import row_from_cells
 from calibrate.report.tables.compare import compare_table
 from calibrate.report.tables.grid import grid
-from calibrate.stages.measure.compare_tiers import compare_tables
+from calibrate.stages.measure.tier_stage.compare_tiers import compare_tables
 from tests.canned_server import CannedServer
 from tests.helpers import CHAT_REPLY, write_config
 from tests.report_helpers import ladder_row, sweep_row, write_run

@@ -13,8 +13,8 @@ from calibrate.config import Config, normal_url
 from calibrate.gpu.energy import PRICE_HELP
 from calibrate.io.journal.replay import read_job_trace
 from calibrate.load.procs.worker_count import RATE_PER_WORKER, SLOTS_PER_WORKER
-from calibrate.stages.measure.compare_tiers import TableKind, read_table
 from calibrate.stages.measure.tier_run import MeasureSpec, preflight
+from calibrate.stages.measure.tier_stage.compare_tiers import TableKind, read_table
 from calibrate.workload import (
     MAX_INPUT_TOKENS,
     MAX_OUTPUT_TOKENS,

@@ -17,11 +17,11 @@ from calibrate.stages.ladder import LadderOutcome
 from calibrate.stages.ladder.context_axis import outcome as context_outcome
 from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import LadderResult
-from calibrate.stages.measure.compare_tiers import TierComparison
 from calibrate.stages.measure.incidents import first_error
 from calibrate.stages.measure.slo import describe, has_slo
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tier_run import Measuring
+from calibrate.stages.measure.tier_stage.compare_tiers import TierComparison
 from calibrate.stages.measure.tiers import Tier
 from calibrate.workload import WorkloadSpec
 

@@ -29,9 +29,9 @@ from calibrate.report.tables.compare import compare_table
 from calibrate.report.tables.tiers import tier_table
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import kept_on_write_error
-from calibrate.stages.measure.compare_tiers import TierComparison
-from calibrate.stages.measure.tier_finish import TierOutcome, TierRecord
 from calibrate.stages.measure.tier_run import Measuring
+from calibrate.stages.measure.tier_stage.compare_tiers import TierComparison
+from calibrate.stages.measure.tier_stage.tier_finish import TierOutcome, TierRecord
 from calibrate.stages.prepare.stream_probe import StreamCheck
 
 Found = TypeVar("Found")

@@ -16,7 +16,7 @@ from calibrate.io.tier_table.row import TierRow
 from calibrate.report.compare import RunComparison
 from calibrate.report.tables.columns import short_name
 from calibrate.report.tables.grid import compact, plain
-from calibrate.stages.measure.compare_tiers import TierComparison
+from calibrate.stages.measure.tier_stage.compare_tiers import TierComparison
 
 
 def compare_table(cmp: TierComparison) -> Table:

@@ -14,9 +14,9 @@ from calibrate.engines import find
 from calibrate.load.procs.stage_sender import stage_sender
 from calibrate.stages.env import load_lock
 from calibrate.stages.measure.stop_rules import ServerCap
-from calibrate.stages.measure.tier_finish import TierOutcome, finish_tiers
-from calibrate.stages.measure.tier_run import (
-    Measuring,
+from calibrate.stages.measure.tier_run import Measuring
+from calibrate.stages.measure.tier_stage.tier_finish import TierOutcome, finish_tiers
+from calibrate.stages.measure.tier_stage.watch import (
     StageWatcher,
     TierEnv,
     prepare_load,

@@ -18,9 +18,9 @@ from calibrate.io.tier_table.cells import row_from_cells
 from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import LadderResult
 from calibrate.stages.ladder.run import Ladder
-from calibrate.stages.measure.compare_tiers import read_table
-from calibrate.stages.measure.tier_finish import TierOutcome, finish_tiers
 from calibrate.stages.measure.tier_run import MeasureSpec
+from calibrate.stages.measure.tier_stage.compare_tiers import read_table
+from calibrate.stages.measure.tier_stage.tier_finish import TierOutcome, finish_tiers
 from tests.stage_fakes import ScriptedSender, close_runs, recorder, stage_ctx
 
 __all__ = ["close_runs"]  # the autouse fixture, used by being imported

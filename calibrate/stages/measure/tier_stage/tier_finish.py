@@ -18,13 +18,13 @@ from calibrate.io.tier_table import write_tiers_csv
 from calibrate.io.tier_table.row import TierRow
 from calibrate.stages.context import StageContext
 from calibrate.stages.determinism import Determinism, DeterminismCheck, write_determinism
-from calibrate.stages.measure.compare_tiers import (
+from calibrate.stages.measure.tier_run import MeasureSpec
+from calibrate.stages.measure.tier_stage.compare_tiers import (
     TableKind,
     TierComparison,
     compare_run,
     save_table_baseline,
 )
-from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.server_account.queue_note import row_queue_note
 from calibrate.state.gates import next_step
 from calibrate.state.ledger import LedgerEntry
