@@ -20,7 +20,7 @@ from calibrate.stages.ladder.context_axis import (
     relabel,
     tier_length,
 )
-from calibrate.stages.measure.tiers import Tier
+from calibrate.stages.measure.tier import Tier
 from calibrate.state.ledger import Ledger, LedgerEntry
 from tests.mockserver import start_mock
 from tests.stage_fakes import CLEAN

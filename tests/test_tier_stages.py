@@ -16,8 +16,8 @@ from calibrate.stages.env import StageRequest, open_stage
 from calibrate.stages.ladder import LadderEnv, LadderSpec
 from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.measure.stop_rules import ServerCap
+from calibrate.stages.measure.tier import Tier
 from calibrate.stages.measure.tier_run import Measuring
-from calibrate.stages.measure.tiers import Tier
 from calibrate.stages.prepare.stream_probe import StreamCheck
 from calibrate.stages.sweep import SweepEnv, SweepSpec
 from calibrate.stages.sweep.levels import Level

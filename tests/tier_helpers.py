@@ -88,7 +88,7 @@ def setting_by_rule(run: Path, gain_min: float = 0.10, *, conservative: bool = T
     from dataclasses import replace
 
     from calibrate.stages.ladder.setting import setting_tier
-    from calibrate.stages.measure.tiers import Tier
+    from calibrate.stages.measure.tier import Tier
     from tests.stage_fakes import CLEAN
 
     rows = {t["batch_size"]: t for t in jsonl(run / "tiers.jsonl")}

@@ -21,7 +21,7 @@ from calibrate.io.tier_table.cells import key_value, known_cells, row_json, row_
 from calibrate.io.tier_table.columns import Column as C
 from calibrate.io.tier_table.columns import Kind
 from calibrate.io.tier_table.row import TierRow
-from calibrate.stages.measure.tiers import kept
+from calibrate.stages.measure.tier import kept
 from calibrate.state.ledger import Ledger
 
 # Latency percentiles and rate columns, shown in the HTML table's every column when a run has

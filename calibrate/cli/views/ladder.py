@@ -20,9 +20,9 @@ from calibrate.stages.ladder.result import LadderResult
 from calibrate.stages.measure.incidents import first_error
 from calibrate.stages.measure.slo import describe, has_slo
 from calibrate.stages.measure.stop_rules import ServerCap
+from calibrate.stages.measure.tier import Tier
 from calibrate.stages.measure.tier_run import Measuring
 from calibrate.stages.measure.tier_stage.compare_tiers import TierComparison
-from calibrate.stages.measure.tiers import Tier
 from calibrate.workload import WorkloadSpec
 
 

@@ -18,7 +18,7 @@ from calibrate.report.html.parts import definitions, section, text
 from calibrate.report.replay import prefix_cache_seen
 from calibrate.report.run_view import RunView
 from calibrate.report.spreads import value_text
-from calibrate.stages.measure.tiers import kept
+from calibrate.stages.measure.tier import kept
 
 
 def _largest(rows: Sequence[TierRow], value: Any) -> TierRow | None:

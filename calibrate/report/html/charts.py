@@ -12,7 +12,7 @@ from calibrate.io.tier_table.row import TierRow
 from calibrate.report.html.answer import setting_row
 from calibrate.report.html.svg import Series, line_chart
 from calibrate.report.run_view import RunView
-from calibrate.stages.measure.tiers import kept
+from calibrate.stages.measure.tier import kept
 
 # End-to-end latency p50/p90/p99 under either name a run wrote, then TTFT.
 _LATENCY = (

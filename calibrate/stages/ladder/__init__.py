@@ -24,10 +24,10 @@ from calibrate.stages.ladder.run import Ladder
 from calibrate.stages.ladder.setting import unconfirmed
 from calibrate.stages.ladder.spec import LadderEnv, LadderOutcome, LadderSpec, LadderWatcher
 from calibrate.stages.measure.stop_rules import ServerCap
+from calibrate.stages.measure.tier import Tier
 from calibrate.stages.measure.tier_run import Measuring
 from calibrate.stages.measure.tier_stage.tier_finish import finish_tiers
 from calibrate.stages.measure.tier_stage.watch import prepare_load, run_live, watched
-from calibrate.stages.measure.tiers import Tier
 from calibrate.stages.prepare.server_cap import ladder_cap, restarted_cap
 from calibrate.stages.server_account.cap import unaccounted
 from calibrate.workload import TokenRange, WorkloadSpec

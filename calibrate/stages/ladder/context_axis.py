@@ -13,7 +13,7 @@ import math
 from collections.abc import Sequence
 
 from calibrate.stages.measure.stop_rules import stopped_by
-from calibrate.stages.measure.tiers import StopReason, Tier
+from calibrate.stages.measure.tier import StopReason, Tier
 from calibrate.workload import MAX_CONTEXT_STEPS, MAX_INPUT_TOKENS
 
 BISECT_GAP = 0.05  # of the longest passing length

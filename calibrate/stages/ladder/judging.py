@@ -12,7 +12,8 @@ from calibrate.stages.context import StageContext
 from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.repeats import TierRaw
 from calibrate.stages.measure.stop_rules import ServerCap, tier_verdict
-from calibrate.stages.measure.tiers import Stats, Tier, Verdict
+from calibrate.stages.measure.tier import Tier, Verdict
+from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.server_account.cap import most_running, observed_cap, running_unseen
 
 

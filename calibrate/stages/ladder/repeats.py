@@ -27,8 +27,9 @@ from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import WarmUp
 from calibrate.stages.ladder.setting import choose, measured, tier_point
 from calibrate.stages.measure.item_records import record_round
+from calibrate.stages.measure.tier import Tier, Verdict
 from calibrate.stages.measure.tier_run import client_bound_since, client_mark
-from calibrate.stages.measure.tiers import Stats, Tier, Verdict
+from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.verdict.knee import judge, spread_of
 from calibrate.stages.verdict.separation import futile, next_of_pair
 

@@ -16,7 +16,7 @@ from calibrate.stages.ladder.setting import setting_reason, setting_tier
 from calibrate.stages.ladder.setting_doubt import SettingDoubt, setting_doubt
 from calibrate.stages.measure.slo import describe, has_slo
 from calibrate.stages.measure.stop_rules import ServerCap, last_passing, reached
-from calibrate.stages.measure.tiers import StopReason, Tier
+from calibrate.stages.measure.tier import StopReason, Tier
 from calibrate.stages.prepare.stream_probe import StreamCheck, stream_details
 from calibrate.stages.server_account.cap import stopping_cap
 from calibrate.stages.verdict.doubt import CONSERVATIVE_FLAG, UnderNoise

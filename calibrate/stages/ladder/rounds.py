@@ -15,7 +15,7 @@ from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import WarmUp
 from calibrate.stages.measure.incidents import IncidentRecorder
 from calibrate.stages.measure.item_records import all_refused, item_record
-from calibrate.stages.measure.tiers import Tier
+from calibrate.stages.measure.tier import Tier
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
 from calibrate.stages.single import unreachable
 from calibrate.workload import TokenRange

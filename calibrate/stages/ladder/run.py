@@ -33,8 +33,9 @@ from calibrate.stages.measure.stop_rules import (
     reached,
     stopped_by,
 )
+from calibrate.stages.measure.tier import Tier
 from calibrate.stages.measure.tier_run import client_bound_since, client_mark
-from calibrate.stages.measure.tiers import Stats, Tier, summarise
+from calibrate.stages.measure.tiers import Stats, summarise
 from calibrate.stages.prepare.workload_plan import WorkloadPlan
 from calibrate.stages.single import unreachable
 from calibrate.state.ledger import baseline_path

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.stages.ladder.slower import slower_text
 from calibrate.stages.measure.stop_rules import reached
-from calibrate.stages.measure.tiers import Tier
+from calibrate.stages.measure.tier import Tier
 from calibrate.stages.verdict.doubt import pct
 from calibrate.stages.verdict.knee import Point, interval, judge, spread_of, within_noise
 from calibrate.stages.verdict.separation import judged_range

@@ -13,7 +13,7 @@ from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.gpu.noise import combined
 from calibrate.stages.ladder.setting import Choice, choose, measured, tier_point, unconfirmed
 from calibrate.stages.measure.stop_rules import reached
-from calibrate.stages.measure.tiers import Tier
+from calibrate.stages.measure.tier import Tier
 from calibrate.stages.verdict.doubt import Doubt, Inconclusive
 from calibrate.stages.verdict.knee import interval, spread_of
 

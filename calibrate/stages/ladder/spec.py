@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import LadderResult
 from calibrate.stages.measure.stop_rules import ServerCap
+from calibrate.stages.measure.tier import Tier
 from calibrate.stages.measure.tier_run import TierSpec
 from calibrate.stages.measure.tier_stage.tier_finish import TierOutcome
 from calibrate.stages.measure.tier_stage.watch import StageWatcher, TierEnv
-from calibrate.stages.measure.tiers import Tier
 from calibrate.workload import Axis
 
 

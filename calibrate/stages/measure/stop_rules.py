@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 from calibrate.config import SloConfig
 from calibrate.stages.measure.slo import p99_breaches
-from calibrate.stages.measure.tiers import Stats, StopReason, Tier, Verdict
+from calibrate.stages.measure.tier import StopReason, Tier, Verdict
+from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.verdict.knee import Point
 
 LatencySeen = Literal["rise", "unsure", "flat"]

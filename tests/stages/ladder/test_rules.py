@@ -29,7 +29,8 @@ from calibrate.stages.measure.stop_rules import (
     stopped_by,
     tier_verdict,
 )
-from calibrate.stages.measure.tiers import Stats, Tier, Unseen, Verdict, kept
+from calibrate.stages.measure.tier import Tier, Verdict, kept
+from calibrate.stages.measure.tiers import Stats, Unseen
 from calibrate.stages.prepare.server_cap import read_server_cap
 from tests.stage_fakes import CLEAN, FakeKv, ScriptedSender, close_runs, recorder, stage_ctx
 from tests.tier_helpers import jsonl

@@ -13,7 +13,7 @@ from calibrate.stages.measure.stop_rules import (
     stopped_by,
     tier_verdict,
 )
-from calibrate.stages.measure.tiers import Tier
+from calibrate.stages.measure.tier import Tier
 from tests.stage_fakes import CLEAN
 
 PREV = replace(CLEAN, batch_size=1, per_item_s=0.1)

@@ -12,7 +12,7 @@ import pytest
 
 from calibrate.stages.ladder.setting import setting_reason, setting_tier
 from calibrate.stages.ladder.setting_doubt import setting_doubt
-from calibrate.stages.measure.tiers import Tier, Verdict
+from calibrate.stages.measure.tier import Tier, Verdict
 from calibrate.stages.verdict.doubt import Doubt, Inconclusive
 from calibrate.stages.verdict.knee import Point, find_knee, judge
 from calibrate.stages.verdict.separation import (

@@ -16,8 +16,8 @@ from calibrate.io.tier_table.cells import cell, key_value, row_key
 from calibrate.io.tier_table.columns import Column as C
 from calibrate.io.tier_table.columns import Kind
 from calibrate.io.tier_table.row import TierRow
+from calibrate.stages.measure.tier import kept
 from calibrate.stages.measure.tier_run import MeasureSpec
-from calibrate.stages.measure.tiers import kept
 
 TableKind = Kind
 # (row key, metric compared, True when a bigger metric is better)
@@ -149,7 +149,7 @@ def compare_tables(
         return TierComparison(kind, baseline_path, tolerance, (), none, (), metric, key, differ)
     base = {v: r for r in baseline if (v := key_value(r, key)) is not None}
     cur = {v: r for r in now if (v := key_value(r, key)) is not None}
-    # each row's verdict judged once (``tiers.kept``), for its cells and the top passing tier
+    # each row's verdict judged once (``tier.kept``), for its cells and the top passing tier
     base_ok = {k: kept(r.verdict or "") for k, r in base.items()}
     cur_ok = {k: kept(r.verdict or "") for k, r in cur.items()}
     problems: list[str] = []
