@@ -17,6 +17,7 @@ from calibrate.stages.ladder import LadderOutcome
 from calibrate.stages.ladder.context_axis import outcome as context_outcome
 from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import LadderResult
+from calibrate.stages.ladder.timeouts import timeout_advice
 from calibrate.stages.measure.incidents import first_error
 from calibrate.stages.measure.slo import describe, has_slo
 from calibrate.stages.measure.stop_rules import ServerCap
@@ -125,6 +126,10 @@ class LadderView(TierView[LadderResult, LadderOptions]):
             bundles = f"{result.incidents} incident bundle(s) in {self.ctx.run.file('incidents')}"
             message = first_error(self.ctx.run.file("incidents"))
             out.say(f"{bundles}; first error: {message}" if message else bundles)
+        if result.axis == "batch":
+            timeout_s = self.ctx.config.target.timeout_s
+            if advice := timeout_advice(result.standing, timeout_s):
+                out.say(advice)
         if result.match_failed:
             out.fail("--require-match: outputs differ from the baseline")
 

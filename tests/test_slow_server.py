@@ -1,0 +1,33 @@
+"""A slow server (a CPU build, a big model offloaded): answers take seconds, waves queue behind
+few slots. What calibrate says must name the setting to raise, and to what; its figures must not
+round a slow server down to nothing. Fast mock settings show the same rules."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from tests.mockserver import start_mock
+from tests.tier_helpers import FAST, open_gate
+
+
+def test_a_tier_cut_at_the_clients_timeout_names_timeout_s_and_a_value_that_fits(
+    cli: Any, isolated: Path
+) -> None:
+    # one slot, ≈0.35 s an answer: a wave of 4 waits in the server's queue and its last answers
+    # come after ≈1.4 s, past a timeout_s of 0.8 s — calibrate's limit, not the server's error
+    with start_mock(ttft_s=0.2, per_token_s=0.003, slots=1) as mock:
+        open_gate(isolated, mock.base_url, FAST + "batch_sizes = [1, 4]\n")
+        toml = isolated / "calibrate.toml"
+        toml.write_text(toml.read_text("utf-8").replace("timeout_s = 30", "timeout_s = 0.8"))
+        result = cli("ladder")
+    assert result.code == 0, result.err  # batch 1 passed
+    assert "timeout" in result.err
+    said = result.err
+    assert "[target] timeout_s = 0.8 s" in said, said
+    assert "not by an error of the server" in said, said
+    # 4 × batch 1's slowest answer (≈0.35 s) ≈ 1.4 s; twice that, as a number to write down
+    advised = re.search(r"set timeout_s = ([0-9.]+) in calibrate.toml's \[target\]", said)
+    assert advised is not None, said
+    assert 2.0 <= float(advised.group(1)) <= 6.0, said
