@@ -13,3 +13,13 @@ def finite(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if math.isfinite(value) else None
+
+
+def rate_text(value: float, fmt: str) -> str:
+    """A rate (items/s, tokens/s, req/s) in ``fmt`` — but one that ``fmt`` would round to zero,
+    a slow server's 0.004 items/s as "0.00", in two significant digits ("0.0041"): a server
+    that answers slowly is slow, not stopped."""
+    text = format(value, fmt)
+    if not math.isfinite(value) or value <= 0 or float(text) != 0:
+        return text
+    return f"{value:.{1 - math.floor(math.log10(value))}f}"

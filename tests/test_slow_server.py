@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from tests.batch_helpers import write_tasks
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, open_gate
 
@@ -31,3 +32,34 @@ def test_a_tier_cut_at_the_clients_timeout_names_timeout_s_and_a_value_that_fits
     advised = re.search(r"set timeout_s = ([0-9.]+) in calibrate.toml's \[target\]", said)
     assert advised is not None, said
     assert 2.0 <= float(advised.group(1)) <= 6.0, said
+
+
+SLOW_TOKEN = {"ttft_s": 2.2, "per_token_s": 0.0, "answer_tokens": 1}  # 0.45 output tokens/s
+
+
+def test_a_slow_batchs_output_tokens_per_s_is_not_rounded_down_to_zero(
+    cli: Any, isolated: Path
+) -> None:
+    # one token in ≈2.2 s: 0.45 output tokens/s, which "{:.0f}" wrote as "0 output tokens/s",
+    # as if nothing came back
+    with start_mock(**SLOW_TOKEN) as mock:
+        open_gate(isolated, mock.base_url)
+        tasks = write_tasks(isolated / "tasks.jsonl", 1)
+        batch = cli("batch", "--input", str(tasks), "--out", "out.jsonl", "-c", "1")
+    assert batch.code == 0, batch.err
+    tokens = re.search(r"([0-9.]+) output tokens/s", batch.err)
+    assert tokens is not None, batch.err
+    assert 0.3 <= float(tokens.group(1)) <= 0.5, batch.err
+
+
+def test_a_slow_tiers_tok_s_cell_is_not_rounded_down_to_zero(cli: Any, isolated: Path) -> None:
+    # the ladder's tok/s column ("{:.0f}") read "0" for the same server
+    with start_mock(**SLOW_TOKEN) as mock:
+        open_gate(isolated, mock.base_url, FAST + "batch_sizes = [1]\nrounds = 1\n")
+        ladder = cli("ladder", "--wide")
+    assert ladder.code == 0, ladder.err
+    lines = ladder.err.splitlines()
+    at = next(n for n, line in enumerate(lines) if " tok/s " in line)  # --wide: every column
+    header, row = lines[at], lines[at + 1]
+    end = header.index(" tok/s ") + len(" tok/s")  # the column is right-aligned
+    assert 0.3 <= float(row[:end].split()[-1]) <= 0.5, ladder.err

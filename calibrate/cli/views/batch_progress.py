@@ -13,6 +13,7 @@ from rich.progress import (
 )
 
 from calibrate.cli.output import Output
+from calibrate.numbers import rate_text
 from calibrate.stages.batch.result import BatchProgress
 
 TTY_REFRESH_S = 0.25
@@ -43,13 +44,13 @@ class ProgressView:
                 BarColumn(),
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[failed]} failed"),
-                TextColumn("{task.fields[rate]:.1f} items/s"),
+                TextColumn("{task.fields[rate]} items/s"),
                 TimeElapsedColumn(),
                 TextColumn("ETA {task.fields[eta]}"),  # the run's own (BatchProgress.eta_s)
                 console=self.out.console,
             )
             self._task = self._progress.add_task(
-                "batch", total=self.total, failed=0, rate=0.0, eta="–"
+                "batch", total=self.total, failed=0, rate="0.0", eta="–"
             )
             self._progress.start()
         return self
@@ -69,7 +70,11 @@ class ProgressView:
         if self._progress is not None and self._task is not None:
             eta = f"{p.eta_s:.0f} s" if p.eta_s is not None else "–"
             self._progress.update(
-                self._task, completed=p.finished, failed=p.failed, rate=p.items_per_s, eta=eta
+                self._task,
+                completed=p.finished,
+                failed=p.failed,
+                rate=rate_text(p.items_per_s, ".1f"),
+                eta=eta,
             )
             return
         if p.to_run == 0 or (p.finished >= p.to_run and not p.in_flight and not p.stopping):
@@ -79,7 +84,7 @@ class ProgressView:
             return  # nothing moved since the last line: do not repeat it
         self._last_line = counts
         eta = f", ETA {p.eta_s:.0f} s" if p.eta_s is not None else ""
-        self.out.say(f"{counts}, {p.items_per_s:.1f} items/s{eta}")
+        self.out.say(f"{counts}, {rate_text(p.items_per_s, '.1f')} items/s{eta}")
 
     def _say_outage(self, p: BatchProgress) -> None:
         if not p.down or p.elapsed_s - self._outage_said_at < OUTAGE_EVERY_S:

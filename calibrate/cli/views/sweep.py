@@ -13,6 +13,7 @@ from calibrate.errors import Interrupted
 from calibrate.gpu.energy import cost_text
 from calibrate.io.junit import JUnitSuite
 from calibrate.load.arrivals import rate_text
+from calibrate.numbers import rate_text as shown_rate
 from calibrate.report.progress import Plan
 from calibrate.stages.measure.slo import describe, has_slo
 from calibrate.stages.measure.stop_rules import ServerCap
@@ -94,8 +95,10 @@ class SweepView(TierView[SweepResult, SweepOptions]):
                 self.how_sure(result, options)  # the knee of goodput, as sure as its runs
         elif knee is not None and not (result.rate_mode or result.auto or has_slo(options.slo)):
             out.ok(
-                f"knee: concurrency {knee.concurrency} ({knee.stats.items_per_s:.2f} items/s "
-                f"median, range {knee.items_per_s_min:.2f}–{knee.items_per_s_max:.2f}, at batch "
+                f"knee: concurrency {knee.concurrency} "
+                f"({shown_rate(knee.stats.items_per_s, '.2f')} items/s median, range "
+                f"{shown_rate(knee.items_per_s_min, '.2f')}–"
+                f"{shown_rate(knee.items_per_s_max, '.2f')}, at batch "
                 f"size {result.batch_size}); recommended concurrency {knee.concurrency}"
                 f"{_cost(result)}"
             )

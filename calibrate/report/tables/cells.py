@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 
 from calibrate.io.tier_table.cells import kinds_text
 from calibrate.io.tier_table.row import TierRow
+from calibrate.numbers import rate_text as shown_rate
 
 Cells = list[tuple[str, Callable[[TierRow], str]]]  # (header, row → text)
 
@@ -13,6 +14,11 @@ Cells = list[tuple[str, Callable[[TierRow], str]]]  # (header, row → text)
 def figure(value: float | None, fmt: str) -> str:
     """A number in ``fmt``; ``—`` when there is none."""
     return "—" if value is None else format(float(value), fmt)
+
+
+def rate(value: float | None, fmt: str) -> str:
+    """A rate in ``fmt``, never rounded to zero when it is not (``numbers.rate_text``)."""
+    return "—" if value is None else shown_rate(float(value), fmt)
 
 
 def count(value: int | None) -> str:
@@ -63,7 +69,7 @@ def range_text(row: TierRow) -> str:
         return "—"
     if row.sweep.repeats == 1:
         return "one run"
-    return f"{low:.2f}–{high:.2f}"
+    return f"{shown_rate(low, '.2f')}–{shown_rate(high, '.2f')}"
 
 
 def gain_text(row: TierRow) -> str:
@@ -90,9 +96,9 @@ LADDER: Cells = [
     ("ttft p99", lambda r: figure(r.ttft.p99_s, ".3f")),
     ("tpot p99", lambda r: figure(r.tpot.p99_s, ".4f")),
     ("itl p99", lambda r: figure(r.itl.p99_s, ".4f")),
-    ("items/s", lambda r: figure(r.items_per_s, ".2f")),
-    ("tok/s", lambda r: figure(r.output_tokens_per_s, ".0f")),
-    ("goodput", lambda r: figure(r.goodput_per_s, ".2f")),
+    ("items/s", lambda r: rate(r.items_per_s, ".2f")),
+    ("tok/s", lambda r: rate(r.output_tokens_per_s, ".0f")),
+    ("goodput", lambda r: rate(r.goodput_per_s, ".2f")),
     ("J/tok", lambda r: figure(r.energy.joules_per_output_token, ".3g")),
     ("peak MiB", lambda r: figure(r.memory.peak_vram_mib, ".0f")),
     ("pressure", _pressure),
@@ -109,12 +115,12 @@ SWEEP: Cells = [
     ("total s", lambda r: figure(r.total_s, ".2f")),
     *_TOKEN_CELLS,
     ("offered", lambda r: rate_text(r)),
-    ("achieved", lambda r: figure(r.rate.achieved_rate, ".2f")),
-    ("items/s", lambda r: figure(r.items_per_s, ".2f")),
+    ("achieved", lambda r: rate(r.rate.achieved_rate, ".2f")),
+    ("items/s", lambda r: rate(r.items_per_s, ".2f")),
     ("range", range_text),
     ("gain", gain_text),
-    ("tok/s", lambda r: figure(r.output_tokens_per_s, ".0f")),
-    ("goodput", lambda r: figure(r.goodput_per_s, ".2f")),
+    ("tok/s", lambda r: rate(r.output_tokens_per_s, ".0f")),
+    ("goodput", lambda r: rate(r.goodput_per_s, ".2f")),
     ("J/tok", lambda r: figure(r.energy.joules_per_output_token, ".3g")),
     ("p50 s", lambda r: figure(r.latency.p50_s, ".3f")),
     ("p90 s", lambda r: figure(r.latency.p90_s, ".3f")),

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from calibrate.io.tier_table.tune import Point, TuneRow
 from calibrate.io.tier_table.windows import mixed, window_text
-from calibrate.report.tables.cells import count, figure
+from calibrate.report.tables.cells import count, figure, rate
 from calibrate.report.tables.grid import fit, grid
 from calibrate.server.exit_status import ended_words
 
@@ -33,8 +33,8 @@ COLUMNS: TuneCells = [
     ("cap", lambda r: count(r.cap)),
     ("conc", lambda r: count(r.best_concurrency)),
     ("goodput/s", lambda r: figure(r.goodput_per_s, ".2f")),
-    ("items/s", lambda r: figure(r.items_per_s, ".2f")),
-    ("tok/s", lambda r: figure(r.output_tokens_per_s, ".0f")),
+    ("items/s", lambda r: rate(r.items_per_s, ".2f")),
+    ("tok/s", lambda r: rate(r.output_tokens_per_s, ".0f")),
     ("p50 s", lambda r: figure(r.p50_s, ".3f")),
     ("p90 s", lambda r: figure(r.p90_s, ".3f")),
     ("J/tok", lambda r: figure(r.joules_per_output_token, ".3f")),

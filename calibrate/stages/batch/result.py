@@ -13,6 +13,7 @@ from calibrate.http.models import Choice, Completion, incomplete_reason
 from calibrate.io.jobs.openai_batch import response_of
 from calibrate.io.journal.made import FP_FIELD, fp_text
 from calibrate.io.tasks import Task
+from calibrate.numbers import rate_text
 from calibrate.stages.batch.endpoints import EndpointCheck
 from calibrate.stages.batch.journal import Tally
 from calibrate.stages.batch.plan import BatchPlan, BatchSpec
@@ -37,9 +38,9 @@ def pace_text(ok: int, failed: int, seconds: float) -> str:
     own rate beside it (items that failed fast are no work done: 0 ok read "893 items/s")."""
     finished_per_s = (ok + failed) / seconds if seconds > 0 else 0.0
     if not failed:
-        return f"{finished_per_s:.1f} items/s"
+        return f"{rate_text(finished_per_s, '.1f')} items/s"
     ok_per_s = ok / seconds if seconds > 0 else 0.0
-    return f"{finished_per_s:.1f} items/s finished, {ok_per_s:.1f} ok/s"
+    return f"{rate_text(finished_per_s, '.1f')} items/s finished, {rate_text(ok_per_s, '.1f')} ok/s"
 
 
 @dataclass(frozen=True)
@@ -186,8 +187,9 @@ class BatchResult:
         if rate is None:
             return "output tokens not reported (the server sent no usage)"
         if not self.untold:
-            return f"{rate:.0f} output tokens/s"
-        return f"{rate:.0f} output tokens/s from the {self.ok - self.untold} answers with usage"
+            return f"{rate_text(rate, '.0f')} output tokens/s"
+        told = self.ok - self.untold
+        return f"{rate_text(rate, '.0f')} output tokens/s from the {told} answers with usage"
 
 
 @dataclass(frozen=True)

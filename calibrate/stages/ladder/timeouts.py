@@ -73,7 +73,7 @@ def _basis(tiers: Sequence[Tier]) -> str:
 
 
 def _round_up(seconds: float) -> float:
-    """Up to a number a user writes: 2 significant digits (28 → 28, 137 → 140, 1234 → 1300)."""
+    """Up to a number a user writes, 2 significant digits: 28 → 28, 137 → 140, 1234 → 1300."""
     if seconds <= 0:
         return seconds
     step = 10 ** max(0, math.floor(math.log10(seconds)) - 1)
