@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from calibrate.stages.measure.tiers import Tier
+from calibrate.stages.measure.tier import Tier
 
 HEADROOM = 2.0  # the advised limit: twice the slowest wave measured or estimated
 
