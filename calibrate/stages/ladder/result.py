@@ -13,7 +13,7 @@ from calibrate.io.tier_table.columns import Column as C
 from calibrate.io.tier_table.row import TierRow
 from calibrate.load.procs.selfcheck import client_limit_hint
 from calibrate.stages.ladder.setting import setting_reason, setting_tier
-from calibrate.stages.ladder.setting_doubt import SettingDoubt, setting_doubt
+from calibrate.stages.ladder.setting.doubt import SettingDoubt, setting_doubt
 from calibrate.stages.measure.slo import describe, has_slo
 from calibrate.stages.measure.stop_rules import ServerCap, last_passing, reached
 from calibrate.stages.measure.tier import StopReason, Tier

@@ -22,7 +22,7 @@ from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.result import LadderResult
 from calibrate.stages.ladder.run import Ladder
 from calibrate.stages.ladder.setting import setting_reason, setting_tier
-from calibrate.stages.ladder.setting_doubt import setting_doubt
+from calibrate.stages.ladder.setting.doubt import setting_doubt
 from calibrate.stages.measure.stop_rules import (
     ServerCap,
     latency_seen,

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from calibrate.stages.ladder.setting import setting_reason, setting_tier
-from calibrate.stages.ladder.setting_doubt import setting_doubt
+from calibrate.stages.ladder.setting.doubt import setting_doubt
 from calibrate.stages.measure.tier import Tier, Verdict
 from calibrate.stages.verdict.doubt import Doubt, Inconclusive
 from calibrate.stages.verdict.knee import Point, find_knee, judge

@@ -13,7 +13,7 @@ bound) and, still unsure, makes the setting inconclusive: exit 1, no gate opened
 ``--conservative`` takes the smaller batch. A tier during which calibrate itself was the
 bottleneck measured the client, not the server: it is never the setting, and when it leaves the
 best unknown (it is above the best the client could measure) the setting is inconclusive too;
-what leaves the setting unknown, and why, is ``setting_doubt``'s.
+what leaves the setting unknown, and why, is ``doubt.py``'s (``setting_doubt``).
 """
 
 from __future__ import annotations
