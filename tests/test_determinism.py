@@ -92,8 +92,9 @@ def test_tiers_each_alike_but_not_as_each_other_differ() -> None:
     checks = [("batch 1", check([A] * 8, 1)), ("batch 4", check([batched] * 8, 4))]
     line = overall(checks)
     assert line == (
-        "determinism (8 copies each): identical at batch 1, batch 4; but batch 1 and batch 4 "
-        "answer differently (first difference at token 2)"
+        "determinism (8 copies each): identical at batch 1, batch 4; how many the server ran "
+        "at once is not known at batch 4; but batch 1 and batch 4 answer differently (first "
+        "difference at token 2)"
     )
     found = judge_determinism(Config(), checks)
     assert found is not None and found.to_json()["deterministic"] is False
@@ -426,3 +427,25 @@ def test_copies_whose_server_cap_is_unknown_say_so() -> None:
     assert (
         room.ran_at_once == 8 and room.describe("8 at once") == "8 at once: 8 of 8 copies identical"
     )
+
+
+@pytest.mark.parametrize("slots", [1, 4])
+def test_a_server_that_publishes_no_cap_is_read_by_its_running_gauge_while_the_copies_run(
+    cli, isolated: Path, slots: int
+) -> None:
+    """vLLM publishes no cap: a ladder's copies at batch 2 read "identical at batch 2" whether
+    the server ran 2 at once or 1 (the other queued, sharing no batch). Its running gauge says
+    which while the copies run: 1 running while the other waited — "the server ran 1 at once";
+    2 running — they ran together. Where neither a cap nor the gauge can say, the line says that
+    how many ran at once is not known."""
+    with start_mock(ttft_s=0.2, per_token_s=0.0005, slots=slots) as mock:  # ~0.2 s an answer
+        open_gate(isolated, mock.base_url, FAST + "batch_sizes = [1, 2]\n" + DETERMINISM)
+        result = cli("ladder", "--json")
+    assert result.code == 0, result.err
+    line = " ".join(result.err.split())
+    assert "not known" not in line, line  # the gauge said it, sampled every 50 ms
+    if slots == 1:
+        assert "identical at batch 1, batch 2 (the server ran 1 at once)" in line, line
+    else:
+        assert "identical at batch 1, batch 2" in line, line
+        assert "the server ran" not in line, line  # 2 ran together: nothing to add

@@ -221,6 +221,11 @@ def overall(checks: Sequence[tuple[str, DeterminismCheck]]) -> str | None:
         if c.divergence is not None
     ]
     parts = [f"identical at {', '.join(same)}"] if same else []
+    unknown = [
+        w for w, c in checks if c.deterministic and c.in_flight > 1 and c.ran_at_once is None
+    ]
+    if unknown:  # "identical at batch 4" is no claim about 4 at once where that is not known
+        parts.append(f"how many the server ran at once is not known at {', '.join(unknown)}")
     apart = tiers_apart(checks)
     if apart is not None:  # each alike within itself, not as the other: the answer moved
         (a, b), d = apart

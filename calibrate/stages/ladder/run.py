@@ -247,6 +247,7 @@ class Ladder(TierJudging, TierRounds, TierRepeats):
             batch,
             lambda item, in_flight: item_record(self.ctx, item, batch, in_flight, None),
             self.cap,
+            self.monitor,
         )
 
     def aggregate(

@@ -193,6 +193,7 @@ class Sweep(LevelRuns):
             c,
             lambda item, in_flight: item_record(self.ctx, item, o.batch_size, in_flight, None),
             self.cap,
+            self.monitor,
         )
         return replace(level, determinism=found)
 
