@@ -96,7 +96,7 @@ def main() -> int:
         port, server_pid, reps = (int(v) for v in sys.argv[2:5])
         print(json.dumps(child(port, server_pid, reps)))
         return 0
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--sockets", type=int, default=5000)
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=3)
