@@ -74,7 +74,9 @@ def test_a_tier_whose_restarted_server_runs_fewer_slots_than_b_is_stop_cap(
     assert [t["verdict"] for t in tiers] == ["pass", "pass", "stop: cap"], result.err
     reasons = _reasons(isolated, result.json["run_id"])
     assert "restarted at --parallel 4" in reasons[4] and "cap is 2" in reasons[4], reasons
-    assert result.json["last_passing"]["batch_size"] == 2
+    # never batch 4 (it queued); 1 or 2 as the rounds tell them apart (a loaded machine's
+    # noise takes the conservative 1: seen with four test sessions on 2 cores)
+    assert result.json["last_passing"]["batch_size"] in (1, 2)
     assert "publishes neither its cap" not in result.err
 
 

@@ -539,7 +539,7 @@ def test_two_real_sweeps_are_compared_over_their_repeats(cli, isolated: Path) ->
 def test_a_percentile_over_too_few_requests_a_round_is_never_called_significant(
     cli, isolated: Path
 ) -> None:
-    """Two real ladders, the second against a server 15× slower to its first token. Before,
+    """Two real ladders, the second against a server 30× slower to its first token. Before,
     `report A B` said 'p99 s 0.0546 → 0.0694 (+27%, significant)' where each round's p99 was
     over one request (batch 1) or two: their slowest, not a p99. Now it says how many requests
     each round had, and calls no percentile over fewer than it needs either way."""
@@ -548,7 +548,7 @@ def test_a_percentile_over_too_few_requests_a_round_is_never_called_significant(
         open_gate(isolated, fast.base_url, config)
         a = cli("ladder", "--json")
         port = fast.port
-    with start_mock(ttft_s=0.03, per_token_s=0.0003, port=port):
+    with start_mock(ttft_s=0.06, per_token_s=0.0003, port=port):
         b = cli("ladder", "--json")
     assert a.code == 0 and b.code == 0, b.err
     result = cli("report", a.json["run_id"], b.json["run_id"], "--json", "--html")
@@ -565,7 +565,8 @@ def test_a_percentile_over_too_few_requests_a_round_is_never_called_significant(
                 "enough": row["key"] >= needed,
             }, (row["key"], metric)
         p99 = row["deltas"]["ttft_p99_s"]
-        assert p99["change"] > 1 and p99["significant"] is None and p99["better"] is None
+        # slower (a loaded machine adds tens of ms to the fast one's), and never called either way
+        assert p99["change"] > 0 and p99["significant"] is None and p99["better"] is None
         assert isinstance(row["deltas"]["items_per_s"]["significant"], bool)  # still tested
     assert isinstance(row["deltas"]["ttft_p50_s"]["significant"], bool)  # batch 2: a p50's two
     lines = result.err.splitlines()
