@@ -238,3 +238,29 @@ def test_batch_above_the_cap_finishes_every_item(cli, capped: Served, isolated: 
     )
     show(f"\nbatch -c 8 at --max-num-seqs {CAP}: 40/40 answered, {right}/40 arithmetic right")
     assert right >= 20, "the tiny model answers its own training questions"
+
+
+def test_copies_say_how_many_vllm_ran_at_once_from_its_running_gauge(
+    cli, capped: Served, isolated: Path
+) -> None:
+    """vLLM publishes no cap: a ladder's determinism copies at batch 8 read "identical at … batch
+    8" as if 8 ran at once, where vLLM ran 4 while 4 waited. Its running gauge, read while the
+    copies run, says how many ran; where the samples cannot say, the line says it is not known —
+    never a silent claim of 8 at once."""
+    config = write_config(
+        isolated, capped.port, prompt=LONG_PROMPT, max_tokens=LONG, batch_sizes="[2, 8]"
+    )
+    config.write_text(config.read_text("utf-8") + "\n[determinism]\ncopies = 8\n", "utf-8")
+    assert cli("single").code == 0 and cli("repro").code == 0
+    ladder = cli("ladder", "--json")
+    show("\n" + ladder.err)
+    assert ladder.code == 0, ladder.err
+    line = " ".join(ladder.err.split())
+    found = re.search(r"determinism \(8 copies each\): (.*?)(?: next:|$)", line)
+    assert found is not None, line
+    said = found.group(1)
+    if re.search(r"identical at [^;]*batch 8", said):  # alike: how many ran at once is said
+        assert (
+            "batch 8 (the server ran 4 at once)" in said
+            or "how many the server ran at once is not known at" in said
+        ), said
