@@ -23,3 +23,11 @@ def rate_text(value: float, fmt: str) -> str:
     if not math.isfinite(value) or value <= 0 or float(text) != 0:
         return text
     return f"{value:.{1 - math.floor(math.log10(value))}f}"
+
+
+def clock_text(seconds: float) -> str:
+    """A duration as a clock reads it: "0:42", "12:05", and from an hour on "1:30:00" (a long
+    batch's time left, never "5400 s"); what a progress bar's ETA says, in a log too."""
+    minutes, secs = divmod(max(int(seconds + 0.5), 0), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"

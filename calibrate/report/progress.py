@@ -22,6 +22,7 @@ from rich.text import Text
 
 from calibrate.io.tier_table.columns import Kind
 from calibrate.io.tier_table.row import TierRow
+from calibrate.numbers import clock_text
 from calibrate.redact import printable
 from calibrate.report.tables.cells import Cells, context_axis
 from calibrate.report.tables.columns import fitting_columns
@@ -78,8 +79,7 @@ class EtaColumn(ProgressColumn):
             left = elapsed / task.completed * (total - task.completed)
         else:
             left = max(total * self.step_s - elapsed, 0.0)
-        minutes, seconds = divmod(int(left + 0.5), 60)
-        return Text(f"ETA {minutes}:{seconds:02d}", style="progress.remaining")
+        return Text(f"ETA {clock_text(left)}", style="progress.remaining")
 
 
 @contextmanager

@@ -13,7 +13,7 @@ from rich.progress import (
 )
 
 from calibrate.cli.output import Output
-from calibrate.numbers import rate_text
+from calibrate.numbers import clock_text, rate_text
 from calibrate.stages.batch.result import BatchProgress
 
 TTY_REFRESH_S = 0.25
@@ -68,7 +68,7 @@ class ProgressView:
                 "to finish (Ctrl-C again to abandon them)"
             )
         if self._progress is not None and self._task is not None:
-            eta = f"{p.eta_s:.0f} s" if p.eta_s is not None else "–"
+            eta = clock_text(p.eta_s) if p.eta_s is not None else "–"
             self._progress.update(
                 self._task,
                 completed=p.finished,
@@ -83,7 +83,7 @@ class ProgressView:
         if counts == self._last_line:
             return  # nothing moved since the last line: do not repeat it
         self._last_line = counts
-        eta = f", ETA {p.eta_s:.0f} s" if p.eta_s is not None else ""
+        eta = f", ETA {clock_text(p.eta_s)}" if p.eta_s is not None else ""
         self.out.say(f"{counts}, {rate_text(p.items_per_s, '.1f')} items/s{eta}")
 
     def _say_outage(self, p: BatchProgress) -> None:
