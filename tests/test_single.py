@@ -81,8 +81,9 @@ def test_unknown_model_names_what_is_served(cli, mock, isolated: Path) -> None:
     assert result.code == 1
     assert "does not serve 'other-model'" in result.err and "internlm-s2" in result.err
     # the real message first: no line of numbers for an answer that never came, no warning
-    # saying the same thing before it
-    first = result.err.splitlines()[0]
+    # saying the same thing before it (only the line said before the wait for an answer)
+    waiting, first = result.err.splitlines()[:2]
+    assert waiting.startswith("single: sending the fixed prompt; waiting for the first answer")
     assert first == "single failed: the server does not serve 'other-model'; it serves: internlm-s2"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from calibrate.io.baseline import Comparison, Normaliser, compare, read_baseline
 from calibrate.io.jsonl import load_jsonl_objects
 from calibrate.io.junit import JUnitSuite
 from calibrate.stages.context import StageContext
-from calibrate.stages.single import fixed_prompt_call, known_cause
+from calibrate.stages.single import fixed_prompt_call, known_cause, waiting_line
 from calibrate.state.gates import next_step
 from calibrate.state.ledger import baseline_path
 from calibrate.state.summaries import PlainSummary
@@ -86,10 +87,17 @@ def check_reason(comparison: Comparison) -> str:
 
 
 def against_baseline(
-    ctx: StageContext, normaliser: Normaliser, *, runs: int = 1, stream: bool = False
+    ctx: StageContext,
+    normaliser: Normaliser,
+    *,
+    runs: int = 1,
+    stream: bool = False,
+    say: Callable[[str], None] = lambda line: None,
 ) -> ReproResult:
-    """Run the fixed prompt ``runs`` times; compare each with the baseline."""
+    """Run the fixed prompt ``runs`` times; compare each with the baseline. ``say`` is told
+    once, before the first wait for an answer (``waiting_line``)."""
     baseline = read_baseline(baseline_path(ctx.config))
+    say(waiting_line(ctx, ctx.run.stage, runs))
     comparisons: list[Comparison] = []
     causes: list[str] = []
     cfg = ctx.config
@@ -136,10 +144,17 @@ def between_files(left: Path, right: Path, normaliser: Normaliser) -> ReproResul
     return ReproResult(tuple(comparisons))
 
 
-def run_repro(ctx: StageContext, normaliser: Normaliser, *, runs: int, stream: bool) -> ReproResult:
+def run_repro(
+    ctx: StageContext,
+    normaliser: Normaliser,
+    *,
+    runs: int,
+    stream: bool,
+    say: Callable[[str], None] = lambda line: None,
+) -> ReproResult:
     """Stage B live: ``runs`` fresh calls against the baseline; the verdict goes to the ledger,
     then (after a pass) what to run next."""
-    result = against_baseline(ctx, normaliser, runs=runs, stream=stream)
+    result = against_baseline(ctx, normaliser, runs=runs, stream=stream, say=say)
     ctx.record_result(result.passed, PlainSummary({**result.summary(), "jq": normaliser.program}))
     ctx.run.close()
     if not result.passed:

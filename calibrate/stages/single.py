@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -16,6 +17,7 @@ from calibrate.http.server_context import props_model_path
 from calibrate.io.atomic import copy_atomic, write_atomic
 from calibrate.io.jsonl import dumps_line
 from calibrate.io.records import RequestRecord
+from calibrate.numbers import finite
 from calibrate.redact import one_line, redact_url
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.item_records import unanswered_record
@@ -23,6 +25,30 @@ from calibrate.state.ledger import baseline_path
 from calibrate.state.summaries import PlainSummary
 
 log = logging.getLogger("calibrate")
+
+
+def baseline_answer_s(path: Path) -> float | None:
+    """How long the baseline's answer took (its record's ``elapsed_s``); None without one (or
+    with one that cannot be read: the stage that needs it says so, not its progress line)."""
+    try:
+        with path.open(encoding="utf-8") as handle:
+            first = handle.readline()
+        record = json.loads(first)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    took = finite(record.get("elapsed_s")) if isinstance(record, dict) else None
+    return took if took is not None and took > 0 else None
+
+
+def waiting_line(ctx: StageContext, stage: str, runs: int = 1) -> str:
+    """The one line said before a stage waits for the fixed prompt's answer: how long the
+    baseline's took, or how long it may wait — so a slow server does not look like a hung one."""
+    what = "the fixed prompt" if runs == 1 else f"the fixed prompt {runs} times, one after another"
+    took = baseline_answer_s(baseline_path(ctx.config))
+    if took is None:
+        limit = ctx.config.target.timeout_s
+        return f"{stage}: sending {what}; waiting for the first answer (timeout_s {limit:g})"
+    return f"{stage}: sending {what} (the baseline's answer took {took:.1f} s)"
 
 
 def unreachable(info: ErrorInfo | None, base_url: str) -> ServerUnreachable:
@@ -189,11 +215,14 @@ def run_single(
     save_baseline: bool = False,
     accept_model: bool = False,
     after: Callable[[], tuple[bool, dict[str, Any]]] | None = None,
+    say: Callable[[str], None] = lambda line: None,
 ) -> SingleResult:
     """The fixed prompt once; ``after`` (``--determinism``) runs when it passed, before the
-    ledger line: (whether it passed, what it adds to the summary)."""
+    ledger line: (whether it passed, what it adds to the summary). ``say`` is told before the
+    wait for the answer (``waiting_line``)."""
     identity, warnings = server_identity(ctx)
     model = ctx.config.target.model
+    say(waiting_line(ctx, "single"))
     record = fixed_prompt_call(ctx, stream=stream)
     ctx.run.append("records.jsonl", record.to_json())
     identity = replace(

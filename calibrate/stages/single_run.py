@@ -168,6 +168,7 @@ def run(ctx: StageContext, spec: SingleSpec, say: Say, warn: Say) -> SingleOutco
         save_baseline=spec.save_baseline,
         accept_model=spec.accept_model,
         after=after if spec.determinism else None,
+        say=say,
     )
     outcome = SingleOutcome(spec, result, found.get("determinism"), ctx.run.run_id, "")
     if not outcome.passed:

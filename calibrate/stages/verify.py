@@ -7,6 +7,7 @@ first (SPEC §3.1): other weights behind the same name are exit 3, naming both.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -89,7 +90,13 @@ class VerifyResult:
         return out
 
 
-def run_verify(ctx: StageContext, normaliser: Normaliser, *, force: bool = False) -> VerifyResult:
+def run_verify(
+    ctx: StageContext,
+    normaliser: Normaliser,
+    *,
+    force: bool = False,
+    say: Callable[[str], None] = lambda line: None,
+) -> VerifyResult:
     """Check the served weights, run the fixed prompt once, compare it with the baseline, and
     record the verdict (with the root the server serves now) and, after a pass, what to run
     next; the run folder is closed."""
@@ -104,7 +111,7 @@ def run_verify(ctx: StageContext, normaliser: Normaliser, *, force: bool = False
             )
         if not gate.open:
             ctx = replace(ctx, forced=True)
-    repro = against_baseline(ctx, normaliser, runs=1)
+    repro = against_baseline(ctx, normaliser, runs=1, say=say)
     account = running_cap(ctx)
     setting = resolve(ctx.ledger, ctx.target)
     result = VerifyResult(repro, setting, cap=account.cap, cap_unknown=account.unknown)

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--runs must be in [1, {MAX_ROUNDS}], got {args.runs}")
     ctx = resolve.open_stage(args, "repro", out, normaliser=normaliser)
     with guarded(ctx):
-        result = run_repro(ctx, normaliser, runs=args.runs, stream=args.stream)
+        result = run_repro(ctx, normaliser, runs=args.runs, stream=args.stream, say=out.say)
         return _report(out, args, result, run=ctx.run)
 
 

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, out: Output, ctx: StageContext, normaliser: Normaliser) -> int:
-    result = run_verify(ctx, normaliser, force=bool(getattr(args, "force", False)))
+    result = run_verify(ctx, normaliser, force=bool(getattr(args, "force", False)), say=out.say)
     comparison = result.repro.comparisons[0]
     suite = resolve.junit_suite("verify", ctx.run, ctx.target)
     reason = check_reason(comparison)
