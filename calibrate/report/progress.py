@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -41,11 +41,31 @@ SWEEP_ROOM = {"verdict": len("pass saturated")}
 
 @dataclass(frozen=True)
 class Plan:
-    """What the progress bar counts: ``steps`` tiers (levels, candidates) of about ``step_s``."""
+    """What the progress bar counts: ``steps`` tiers (levels, candidates) of about ``step_s``;
+    with ``pace``, step i's own planned seconds instead, asked again at each refresh (a ladder's
+    and a sweep's, sized from the answers' time as the steps finish: ``cli.views.pace``)."""
 
     steps: int
     step_s: float
     label: str = "tiers"
+    pace: Callable[[int], float] | None = field(default=None, compare=False)
+
+    def left_s(self, done: int, elapsed_s: float, in_step_s: float) -> float:
+        """Seconds left after ``done`` steps in ``elapsed_s``, ``in_step_s`` of them into the
+        step running now: the planned steps left, less what the running one has had (never
+        below the steps after it). Without ``pace``: ``step_s`` each until a step finished,
+        then the measured pace (elapsed per step done)."""
+        if done >= self.steps:
+            return 0.0
+        if self.pace is not None:
+            planned = [self.pace(i) for i in range(done, self.steps)]
+        else:
+            planned = [elapsed_s / done if done else self.step_s] * (self.steps - done)
+        return max(planned[0] - in_step_s, 0.0) + sum(planned[1:])
+
+    def total_s(self) -> float:
+        """The whole plan, before any step ran."""
+        return self.left_s(0, 0.0, 0.0)
 
 
 def progress_bar(console: Console, plan: Plan) -> Progress:
@@ -57,28 +77,30 @@ def progress_bar(console: Console, plan: Plan) -> Progress:
         MofNCompleteColumn(),
         TextColumn(plan.label),
         TimeElapsedColumn(),
-        EtaColumn(plan.step_s),
+        EtaColumn(plan),
         console=console,
         transient=True,
     )
 
 
 class EtaColumn(ProgressColumn):
-    """``ETA 0:42``: (steps left) × planned seconds per step, then the measured pace."""
+    """``ETA 0:42``: the plan's time left (``Plan.left_s``), the running step's time counted
+    from when the column saw the step before it finish."""
 
-    def __init__(self, step_s: float) -> None:
+    def __init__(self, plan: Plan) -> None:
         super().__init__()
-        self.step_s = step_s
+        self.plan = plan
+        self.done = 0
+        self.since_s = 0.0  # the elapsed time at which ``done`` steps were seen done
 
     def render(self, task: Task) -> RenderableType:
         elapsed = task.elapsed or 0.0
-        total = task.total or 0
-        if task.finished or not total:
+        if task.finished or not task.total:
             return Text("")
-        if task.completed:
-            left = elapsed / task.completed * (total - task.completed)
-        else:
-            left = max(total * self.step_s - elapsed, 0.0)
+        done = int(task.completed)
+        if done != self.done:
+            self.done, self.since_s = done, elapsed
+        left = self.plan.left_s(done, elapsed, elapsed - self.since_s)
         return Text(f"ETA {clock_text(left)}", style="progress.remaining")
 
 

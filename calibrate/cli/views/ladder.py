@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from calibrate.cli.views.determinism import say_differs
+from calibrate.cli.views.pace import LadderPace
 from calibrate.cli.views.tiers import TierView, check_comparison, warn_if_client_bound
 from calibrate.errors import Interrupted
 from calibrate.gpu.energy import cost_text
@@ -31,6 +32,7 @@ class LadderView(TierView[LadderResult, LadderOptions]):
     """Watches a ladder (``stages.ladder.LadderWatcher``), then says what it found."""
 
     kind = "ladder"
+    cap: ServerCap | None = None  # the server's own cap, when ``planned`` was told it
 
     def planned(
         self, options: LadderOptions, workload: WorkloadSpec, cap: ServerCap | None
@@ -50,15 +52,21 @@ class LadderView(TierView[LadderResult, LadderOptions]):
         )
         if cap is not None:
             self.say(f"the server's own cap: {cap.slots} ({cap.source}); tiers above it: stop: cap")
+        self.cap = cap
 
     @contextmanager
     def live(
         self, run_id: str, options: LadderOptions, watch: Measuring
     ) -> Iterator[Callable[[Tier], None]]:
-        progress = Plan(len(options.batch_sizes), options.rounds * options.min_round_s)
+        growth = self.growth(self.cap)
+        pace = LadderPace(options, growth)
+        steps = len(options.batch_sizes)
+        progress = Plan(steps, options.rounds * options.min_round_s, pace=pace.step_s)
+        self.say_plan(progress, growth)
         with self.out.live_table("ladder", f"ladder {run_id}", progress) as show:
 
             def on_tier(tier: Tier) -> None:
+                pace.observe(tier)  # the tiers left are planned from it before the bar moves
                 show(tier.row(options.axis))
                 warn_if_client_bound(self.out, watch.selfload)
                 say_differs(self.out, tier.determinism, f"batch {tier.batch_size}")

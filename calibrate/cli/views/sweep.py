@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from calibrate.cli.views.determinism import say_differs
+from calibrate.cli.views.pace import SweepPace
 from calibrate.cli.views.tiers import TierView, check_comparison, warn_if_client_bound
 from calibrate.errors import Interrupted
 from calibrate.gpu.energy import cost_text
@@ -30,18 +32,25 @@ class SweepView(TierView[SweepResult, SweepOptions]):
     """Watches a sweep (``stages.sweep.SweepWatcher``), then says what it found."""
 
     kind = "sweep"
+    cap: ServerCap | None = None  # the server's own cap, when ``planned`` was told it
 
     def planned(self, options: SweepOptions, workload: WorkloadSpec, cap: ServerCap | None) -> None:
         capped = f"; server cap {cap.slots} ({cap.source})" if cap else ""
         self.say(f"{announce(options)}{capped}; workload: {workload.describe()}")  # as a ladder
+        self.cap = cap
 
     @contextmanager
     def live(
         self, run_id: str, options: SweepOptions, watch: Measuring
     ) -> Iterator[Callable[[Level], None]]:
-        with self.out.live_table("sweep", f"sweep {run_id}", progress(options)) as show:
+        growth = self.growth(self.cap)
+        pace = SweepPace(options, planned_levels(options), growth)
+        plan = replace(progress(options), pace=pace.step_s)
+        self.say_plan(plan, growth)
+        with self.out.live_table("sweep", f"sweep {run_id}", plan) as show:
 
             def on_level(level: Level) -> None:
+                pace.observe(level)  # the levels left are planned from it before the bar moves
                 show(level.row())
                 warn_if_client_bound(self.out, watch.selfload)
                 say_differs(self.out, level.determinism, level.label)
@@ -132,6 +141,14 @@ def progress(options: SweepOptions) -> Plan:
     else:
         levels = len(options.rates or options.levels)
     return Plan(levels, options.repeats * options.level_s, "levels")
+
+
+def planned_levels(options: SweepOptions) -> tuple[float, ...]:
+    """The levels in the order they run, where known before they do: a concurrency sweep's
+    (a find-max searches, an auto sweep's rates come from its first levels: none)."""
+    if options.find_max_top or options.find_max_rates is not None or options.auto_steps:
+        return ()
+    return tuple(options.rates) if options.rates else tuple(map(float, options.levels))
 
 
 def announce(options: SweepOptions) -> str:

@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 from calibrate.cli.flags.resolve import junit_suite
 from calibrate.cli.output import Output
 from calibrate.cli.views.determinism import say_overall
+from calibrate.cli.views.pace import Growth
 from calibrate.config import SloConfig
 from calibrate.errors import Interrupted
 from calibrate.gpu.selfload import SelfLoadMonitor
@@ -23,16 +24,21 @@ from calibrate.io.junit import JUnitSuite
 from calibrate.io.tier_table import read_table
 from calibrate.io.tier_table.columns import Kind
 from calibrate.io.tier_table.row import TierRow
+from calibrate.numbers import clock_text
 from calibrate.report.plot import write_plot
+from calibrate.report.progress import Plan
 from calibrate.report.replay import prefix_cache_seen
 from calibrate.report.tables.compare import compare_table
 from calibrate.report.tables.tiers import tier_table
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import kept_on_write_error
+from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tier_run import Measuring
 from calibrate.stages.measure.tier_stage.compare_tiers import TierComparison
 from calibrate.stages.measure.tier_stage.tier_finish import TierOutcome, TierRecord
 from calibrate.stages.prepare.stream_probe import StreamCheck
+from calibrate.stages.single import baseline_answer_s
+from calibrate.state.ledger import baseline_path
 
 Found = TypeVar("Found")
 Opts = TypeVar("Opts")
@@ -53,6 +59,26 @@ class TierView(ABC, Generic[Found, Opts]):
 
     def warn(self, text: str) -> None:
         self.out.warn(text)
+
+    def growth(self, cap: ServerCap | None) -> Growth:
+        """Answer times to plan the progress from: the baseline's (``single`` wrote it), the
+        server's own cap when known; the tiers or levels add theirs as they finish."""
+        answer_s = baseline_answer_s(baseline_path(self.ctx.config))
+        return Growth(answer_s, cap.slots if cap is not None else None)
+
+    def say_plan(self, plan: Plan, growth: Growth) -> None:
+        """In a log (no progress bar there) the plan's time, once, before the table."""
+        if self.out.is_tty or plan.steps <= 0:
+            return
+        sized = (
+            f"sized from the baseline's {growth.answer_s:.1f} s answer"
+            if growth.answer_s is not None
+            else "no baseline answer to size it from"
+        )
+        self.say(
+            f"{self.kind}: {plan.steps} {plan.label}, about {clock_text(plan.total_s())} "
+            f"planned ({sized})"
+        )
 
     def watching(self, watch: Measuring) -> None:
         announce(self.out, watch.monitor)
