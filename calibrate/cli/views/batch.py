@@ -16,7 +16,8 @@ from calibrate.io.junit import JUnitCase
 from calibrate.io.store import RunDir
 from calibrate.stages.batch.endpoints import EndpointCheck
 from calibrate.stages.batch.plan import BatchPlan, BatchSpec
-from calibrate.stages.batch.result import BatchOutcome, BatchResult, BatchVerdict, pace_text
+from calibrate.stages.batch.result import BatchOutcome, BatchResult, pace_text
+from calibrate.stages.batch.summary import BatchVerdict
 from calibrate.stages.export import ExportResult
 from calibrate.stages.measure.format_check import ShapeCheck
 from calibrate.state.drift import records_of

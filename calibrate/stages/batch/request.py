@@ -24,9 +24,10 @@ from calibrate.io.store import RunDir
 from calibrate.load.retry import RetryPolicy
 from calibrate.stages.batch.endpoints import EndpointCheck, endpoints_for
 from calibrate.stages.batch.plan import MAX_CONCURRENCY, BatchPlan, BatchSpec, lock_path
-from calibrate.stages.batch.result import BatchProgress, BatchResult, BatchVerdict
+from calibrate.stages.batch.result import BatchProgress, BatchResult
 from calibrate.stages.batch.sending.lanes import ManagedRestart
 from calibrate.stages.batch.sending.outage import OutagePolicy
+from calibrate.stages.batch.summary import BatchVerdict
 from calibrate.stages.context import sampling_params
 from calibrate.stages.export import ExportResult, check_export, failed_path_for
 from calibrate.stages.measure.format_check import Expect, ShapeCheck

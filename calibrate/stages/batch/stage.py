@@ -48,13 +48,7 @@ from calibrate.stages.batch.request import (
     said,
     stopped_error,
 )
-from calibrate.stages.batch.result import (
-    BatchNotes,
-    BatchOutcome,
-    BatchResult,
-    summary_json,
-    verdict_of,
-)
+from calibrate.stages.batch.result import BatchOutcome, BatchResult
 from calibrate.stages.batch.sending.control import BatchControl
 from calibrate.stages.batch.sending.items import (
     close_later,
@@ -66,6 +60,7 @@ from calibrate.stages.batch.sending.items import (
 from calibrate.stages.batch.sending.lanes import make_lane
 from calibrate.stages.batch.sending.outage import OutageEvent
 from calibrate.stages.batch.sending.procs import run as procs
+from calibrate.stages.batch.summary import BatchNotes, summary_json, verdict_of
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import StageRequest, load_lock, open_stage
 from calibrate.stages.export import export_final

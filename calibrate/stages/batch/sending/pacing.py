@@ -37,8 +37,8 @@ from calibrate.io.tasks import Task
 from calibrate.load.answers import output_tokens
 from calibrate.load.engine import DONE, WAIT, Record, Send, Step, Wait
 from calibrate.load.request import Request
-from calibrate.stages.batch.result import internal_line, result_line
 from calibrate.stages.batch.sending.control import BatchControl, ReachabilityGuard
+from calibrate.stages.batch.sending.output_line import internal_line, result_line
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
