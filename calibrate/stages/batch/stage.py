@@ -52,7 +52,6 @@ from calibrate.stages.batch.result import BatchOutcome, BatchResult
 from calibrate.stages.batch.sending.control import BatchControl
 from calibrate.stages.batch.sending.items import (
     close_later,
-    local_senders,
     run_batch,
     run_items,
     stop_on_signals,
@@ -60,6 +59,7 @@ from calibrate.stages.batch.sending.items import (
 from calibrate.stages.batch.sending.lanes import make_lane
 from calibrate.stages.batch.sending.outage import OutageEvent
 from calibrate.stages.batch.sending.procs import run as procs
+from calibrate.stages.batch.sending.senders import local_senders
 from calibrate.stages.batch.summary import BatchNotes, summary_json, verdict_of
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import StageRequest, load_lock, open_stage

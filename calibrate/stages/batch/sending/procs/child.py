@@ -27,11 +27,11 @@ from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.load.procs.selfcheck import DEFAULT_LIMITS, CheckLimits, worker_check
 from calibrate.stages.batch.plan import BatchSpec
 from calibrate.stages.batch.sending.control import BatchControl, ReachabilityGuard
-from calibrate.stages.batch.sending.items import POLL_S, Sending
 from calibrate.stages.batch.sending.lanes import make_lane
 from calibrate.stages.batch.sending.outage import OutagePolicy
 from calibrate.stages.batch.sending.pacing import Work
 from calibrate.stages.batch.sending.queue import MAX_REQUEUES, waiting_task
+from calibrate.stages.batch.sending.senders import POLL_S, Sending
 from calibrate.state.setting import Endpoint
 
 

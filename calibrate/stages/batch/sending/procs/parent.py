@@ -22,9 +22,9 @@ from queue import Empty, SimpleQueue
 from calibrate.io.tasks import ItemId, Task
 from calibrate.load.procs.proc import ENDED, Proc, Workers
 from calibrate.stages.batch.sending.control import BatchControl
-from calibrate.stages.batch.sending.items import POLL_S
 from calibrate.stages.batch.sending.procs.child import WorkerDone, WorkerSetup
 from calibrate.stages.batch.sending.queue import WorkQueue
+from calibrate.stages.batch.sending.senders import POLL_S
 from calibrate.state.setting import Endpoint
 
 MAX_SENT = 64  # items sent to a worker in one message, at most

@@ -25,12 +25,12 @@ from calibrate.load.procs.selfcheck import (
 from calibrate.stages.batch.journal import Journal, Tally
 from calibrate.stages.batch.plan import BatchPlan
 from calibrate.stages.batch.sending.control import BatchControl
-from calibrate.stages.batch.sending.items import SendersOf
 from calibrate.stages.batch.sending.lanes import EndpointReport
 from calibrate.stages.batch.sending.outage import OutageEvent, OutagePolicy
 from calibrate.stages.batch.sending.procs.child import WorkerDone, WorkerSetup
 from calibrate.stages.batch.sending.procs.parent import Notes, WorkerProc, WorkerSet, split
 from calibrate.stages.batch.sending.queue import WorkQueue
+from calibrate.stages.batch.sending.senders import SendersOf
 from calibrate.state.setting import Endpoint
 
 _STATES = {"up": 0, "down": 1, "gone": 2}
