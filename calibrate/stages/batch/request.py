@@ -1,5 +1,5 @@
-"""What a command asks of a batch (``BatchRequest``), how the batch talks back (``BatchEnv``),
-and ``prepare``: the request checked and resolved into a spec before anything is sent.
+"""What a command asks of a batch (``BatchRequest``), and ``prepare``: the request checked and
+resolved into a spec before anything is sent (how the batch talks back is env.py's ``BatchEnv``).
 
 ``prepare`` raises in the order a user meets the problems: the endpoints and their concurrency,
 the weights gate, the output paths, ``--restart`` — each exit 2 with nothing sent.
@@ -7,12 +7,10 @@ the weights gate, the output paths, ``--restart`` — each exit 2 with nothing s
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 from calibrate.config import Config
 from calibrate.engines.redaction import shown_command
@@ -20,23 +18,19 @@ from calibrate.errors import CalibrateError, ServerUnreachable, StageFailed, Usa
 from calibrate.http.error_kinds import DESCRIPTORS_HINT, OutOfDescriptors
 from calibrate.io.jobs.shard import Shard
 from calibrate.io.output_paths import Named, check_outputs, check_writable, stage_files
-from calibrate.io.store import RunDir
 from calibrate.load.retry import RetryPolicy
-from calibrate.stages.batch.endpoints import EndpointCheck, endpoints_for
-from calibrate.stages.batch.plan import MAX_CONCURRENCY, BatchPlan, BatchSpec, lock_path
-from calibrate.stages.batch.result import BatchProgress, BatchResult
+from calibrate.stages.batch.endpoints import endpoints_for
+from calibrate.stages.batch.plan import MAX_CONCURRENCY, BatchSpec, lock_path
+from calibrate.stages.batch.result import BatchResult
 from calibrate.stages.batch.sending.lanes import ManagedRestart
 from calibrate.stages.batch.sending.outage import OutagePolicy
-from calibrate.stages.batch.summary import BatchVerdict
 from calibrate.stages.context import sampling_params
-from calibrate.stages.export import ExportResult, check_export, failed_path_for
-from calibrate.stages.measure.format_check import Expect, ShapeCheck
+from calibrate.stages.export import check_export, failed_path_for
+from calibrate.stages.measure.format_check import Expect
 from calibrate.state.identity import url_host
 from calibrate.state.ledger import Ledger
 from calibrate.state.setting import Endpoint
 from calibrate.state.weights_gate import check_batch
-
-log = logging.getLogger("calibrate")
 
 
 @dataclass(frozen=True)
@@ -68,92 +62,6 @@ class BatchRequest:
     max_tokens: int | None = None
     temperature: float | None = None
     workers: int | None = 1  # --workers: processes that send the items (None: auto)
-
-
-class ProgressSink(Protocol):
-    """Receives progress snapshots every ``every_s`` while the batch runs (a bar, a line…)."""
-
-    every_s: float
-
-    def update(self, p: BatchProgress) -> None: ...
-
-    def __enter__(self) -> object: ...
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None: ...
-
-
-class BatchEnv(Protocol):
-    """How a batch tells its user what happens: every line it shows goes through one of these."""
-
-    def warn(self, text: str) -> None: ...
-
-    def on_plan(self, plan: BatchPlan, source: str) -> None:
-        """The plan, before anything is sent; ``source``: where the concurrency came from."""
-
-    def on_check(self, check: EndpointCheck) -> None:
-        """Several endpoints: what the fixed prompt said on each."""
-
-    def on_export(self, final: ExportResult) -> None:
-        """--final was written."""
-
-    def progress(self, to_run: int, endpoints: int) -> ProgressSink:
-        """What receives the progress while the items run."""
-        ...
-
-    def write_junit(
-        self,
-        run: RunDir,
-        target: str,
-        result: BatchResult,
-        checks: Sequence[ShapeCheck],
-        verdict: BatchVerdict,
-    ) -> None:
-        """--junit, if asked for: written before the verdict is shown (an OSError is exit 1)."""
-
-
-class QuietEnv:
-    """A ``BatchEnv`` that shows nothing but its warnings, in the log."""
-
-    every_s = 5.0  # also its own ``ProgressSink``
-
-    def warn(self, text: str) -> None:
-        log.warning("%s", text)
-
-    def on_plan(self, plan: BatchPlan, source: str) -> None:
-        return None
-
-    def on_check(self, check: EndpointCheck) -> None:
-        return None
-
-    def on_export(self, final: ExportResult) -> None:
-        return None
-
-    def progress(self, to_run: int, endpoints: int) -> QuietEnv:
-        return self
-
-    def update(self, p: BatchProgress) -> None:
-        return None
-
-    def write_junit(
-        self,
-        run: RunDir,
-        target: str,
-        result: BatchResult,
-        checks: Sequence[ShapeCheck],
-        verdict: BatchVerdict,
-    ) -> None:
-        return None
-
-    def __enter__(self) -> QuietEnv:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 @dataclass(frozen=True)

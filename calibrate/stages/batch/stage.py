@@ -5,7 +5,7 @@ input validated and --out locked (``open_batch``, plan.py), the endpoints checke
 (endpoints.py), the items sent by the engine (``run_items``, sending/items.py; by N processes
 with --workers N, sending/procs/), --final exported, the verdict recorded in the ledger. It returns a
 ``BatchOutcome``; the command shows it.
-Everything the user sees on the way goes through ``env`` (request.py).
+Everything the user sees on the way goes through ``env`` (env.py).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from calibrate.stages.batch.endpoints import (
     baseline_served_model,
     usable_endpoints,
 )
+from calibrate.stages.batch.env import BatchEnv, QuietEnv
 from calibrate.stages.batch.lengths import length_warning
 from calibrate.stages.batch.plan import (
     DEFAULT_CONCURRENCY,
@@ -39,10 +40,8 @@ from calibrate.stages.batch.plan import (
 )
 from calibrate.stages.batch.request import (
     PIPED,
-    BatchEnv,
     BatchRequest,
     BatchSetup,
-    QuietEnv,
     prepare,
     resume_command,
     said,
