@@ -2,32 +2,20 @@
 
 ``run(request, env)`` is the whole stage: the request resolved and checked (request.py), the
 input validated and --out locked (``open_batch``, plan.py), the endpoints checked
-(endpoints.py), the items sent by the engine (``run_items``, sending/items.py; by N processes
-with --workers N, sending/procs/), --final exported, the verdict recorded in the ledger. It returns a
-``BatchOutcome``; the command shows it.
+(endpoints.py) and the items sent under watch (send.py) by the engine (``run_items``,
+sending/items.py; by N processes with --workers N, sending/procs/), --final exported, the
+verdict recorded in the ledger. It returns a ``BatchOutcome``; the command shows it.
 Everything the user sees on the way goes through ``env`` (env.py).
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from calibrate.errors import CalibrateError, ExitCode, ServerUnreachable, StageFailed, os_error_text
-from calibrate.gpu.noise import server_cpu
-from calibrate.gpu.proc import LinuxProc
-from calibrate.gpu.selfload import OWN, SelfLoadMonitor
 from calibrate.http.error_kinds import reach_hint
-from calibrate.load.procs.recipe import ClientRecipe, server_pids_of
-from calibrate.load.procs.selfcheck import PARENT
 from calibrate.load.procs.worker_count import workers_for
-from calibrate.stages.batch.drift import BatchDrift, watch_batch
-from calibrate.stages.batch.endpoints import (
-    ServedModelWatch,
-    baseline_served_model,
-    usable_endpoints,
-)
 from calibrate.stages.batch.env import BatchEnv, QuietEnv
 from calibrate.stages.batch.lengths import length_warning
 from calibrate.stages.batch.plan import (
@@ -48,23 +36,14 @@ from calibrate.stages.batch.request import (
     stopped_error,
 )
 from calibrate.stages.batch.result import BatchOutcome, BatchResult
+from calibrate.stages.batch.send import send_items
 from calibrate.stages.batch.sending.control import BatchControl
-from calibrate.stages.batch.sending.items import (
-    close_later,
-    run_batch,
-    run_items,
-    stop_on_signals,
-)
-from calibrate.stages.batch.sending.lanes import make_lane
-from calibrate.stages.batch.sending.outage import OutageEvent
-from calibrate.stages.batch.sending.procs import run as procs
-from calibrate.stages.batch.sending.senders import local_senders
+from calibrate.stages.batch.sending.items import run_batch
 from calibrate.stages.batch.summary import BatchNotes, summary_json, verdict_of
 from calibrate.stages.context import StageContext
 from calibrate.stages.env import StageRequest, load_lock, open_stage
 from calibrate.stages.export import export_final
 from calibrate.stages.measure.format_check import shape_checks
-from calibrate.stages.measure.tier_run import server_finder
 from calibrate.state.summaries import PlainSummary
 
 __all__ = [  # the stage's public face; plans are made in plan.py, sent in sending.py
@@ -163,7 +142,9 @@ def _dispatch(b: _Batch) -> BatchOutcome:
         shard=str(spec.shard) if spec.shard else None,
         workers=workers if b.request.workers != 1 else None,  # said only when asked for
     )
-    result, notes = _send(b, workers, notes)
+    result, notes = send_items(
+        b.ctx, b.env, b.setup, b.plan, b.out_path, b.request.outage, workers, notes
+    )
     changed = b.plan.input_changed()
     if changed is not None:  # what was sent may not be what was validated: say so, keep all
         notes = replace(notes, input_changed=f"{spec.input_path} changed during the run: {changed}")
@@ -179,89 +160,6 @@ def _dispatch(b: _Batch) -> BatchOutcome:
             f"{reach_hint(result.stop_detail).removesuffix('.')}; then rerun the same command.",
         )
     return _verdict(b, result, _final(b, notes))
-
-
-def _send(b: _Batch, workers: int, notes: BatchNotes) -> tuple[BatchResult, BatchNotes]:
-    """The endpoints checked, then the items sent through a lane each (by ``workers``
-    processes); the run's result, and the notes with the endpoints' check."""
-    endpoints, ctx, env = b.setup.endpoints, b.ctx, b.env
-    how = ClientRecipe.of(ctx.config, 1)  # each further endpoint's client, and every worker's
-    clients = [ctx.client, *(how.client(e.base_url, e.concurrency) for e in endpoints[1:])]
-    events: list[OutageEvent] = []
-    events_lock = threading.Lock()  # events come from the workers' threads
-
-    control = BatchControl()
-    advice = procs.parent_advice(workers) if workers > 1 else procs.advice(1)
-    # threads late while the server's own processes hold this machine's cores are the server's
-    # limit, as in the ladder and sweep (a CPU build of vLLM beside calibrate on 2 cores)
-    finder = server_finder(None, ctx, LinuxProc())  # told to --workers processes too
-    who = PARENT if workers > 1 else OWN  # the parent only feeds and journals the workers
-    monitor = SelfLoadMonitor(advice=advice, server_cpu=server_cpu(LinuxProc(), finder), who=who)
-    drift = BatchDrift(())  # each endpoint against its calibration, once they are checked
-
-    def on_event(event: OutageEvent) -> None:
-        if event.event in ("down", "up", "gave_up"):  # an outage is not the client's load
-            monitor.quiet(event.endpoint, event.event == "down")
-            drift.quiet(event.endpoint, event.event == "down")
-        with events_lock:
-            events.append(event)
-            ctx.run.append("outages.jsonl", event.to_json())
-        env.warn(f"{event.endpoint}: {event.event.replace('_', ' ')} — {event.detail}")
-
-    monitor.start()
-    view = env.progress(b.plan.to_run, len(endpoints))
-    try:
-        usable, check = usable_endpoints(ctx, endpoints, clients, notes.to_json(), env.on_check)
-        notes = replace(notes, endpoint_check=check)
-        drift = watch_batch(ctx, usable, b.plan, b.out_path, env.warn, monitor)
-        plan = replace(b.plan, watch=drift.seen)  # it sees each line once counted
-        if len(endpoints) == 1:  # no fixed-prompt check: its answers are held to one model
-            watch = ServedModelWatch(
-                baseline_served_model(ctx), lambda why: control.fail("other_model", why)
-            )
-            control.served = watch.note
-        outage, restarter = b.request.outage, b.setup.restarter
-        lanes = [
-            make_lane(
-                e, c, outage, restarter=restarter if e is endpoints[0] else None, on_event=on_event
-            )
-            for e, c in usable
-        ]
-        used = [e for e, _ in usable]
-        senders = (
-            procs.worker_senders(
-                plan,
-                used,
-                workers,
-                how,
-                control,
-                outage,
-                on_event,
-                answered=check is not None,  # every endpoint used answered the check
-                server_pids=server_pids_of(finder()),
-            )
-            if workers > 1
-            else local_senders(lanes, plan.spec, control)
-        )
-        with view, stop_on_signals(control):
-            result = run_items(
-                plan,
-                b.out_path,
-                used,
-                senders,
-                control=control,
-                on_progress=view.update,
-                progress_every_s=view.every_s,
-                monitor=monitor,
-                warn=env.warn,
-                outage=outage,
-                events=events,
-            )
-        return result, replace(notes, drift=drift.stop())
-    finally:
-        drift.stop()
-        monitor.stop()
-        close_later(clients)
 
 
 def _final(b: _Batch, notes: BatchNotes) -> BatchNotes:
