@@ -4,10 +4,10 @@
 for the concurrency it runs (``state.calibrated``; each endpoint is its own target, as its
 setting is) and starts a ``DriftWatch`` over its finished items; an endpoint with nothing to
 compare with gets a record saying why. Windows (windows.py), the rule and its fairness
-(rule.py), the causes and the warning (causes.py) and the server's own account (server.py) are
-each their own module; the record the summary, the ledger and ``status`` hold is
-``state.drift`` (what is remembered between commands: ``status`` reads it without loading
-the batch stage).
+(rule.py), the causes and the warning (causes.py), the server's own account (server.py) and
+what a watch's windows come to (record.py) are each their own module; the record the summary,
+the ledger and ``status`` hold is ``state.drift`` (what is remembered between commands:
+``status`` reads it without loading the batch stage).
 """
 
 from __future__ import annotations

@@ -16,24 +16,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from statistics import median
 from typing import Any
 
 from calibrate.gpu.noise import NoiseMark, NoiseMeter
 from calibrate.stages.batch.drift.causes import Cause, causes, warning
+from calibrate.stages.batch.drift.record import record_of
 from calibrate.stages.batch.drift.rule import (
-    IN_A_ROW,
     Basis,
     Finding,
     basis_of,
-    ended_inside,
-    is_failing,
-    is_slow,
     judge,
-    latency_bound,
-    lowest_items_per_s,
-    run_at_end,
-    too_wide,
 )
 from calibrate.stages.batch.drift.server import ServerWatch
 from calibrate.stages.batch.drift.windows import Gathering, Window, window_due
@@ -220,83 +212,13 @@ class DriftWatch:
 
     def record(self) -> DriftRecord:
         """What the watch found so far, for the summary and the ledger."""
-        cal, basis, finding = self.cal, self.basis, self.finding
-        judged = [w for w in self.windows if w.judged]
-        where = f"compared {basis.text if basis else ''} with {cal.where}"
-        if basis is None or basis.kind is None:
-            why = basis.text if basis else "no window of the run was long enough to judge"
-            return DriftRecord(
-                False, why, calibration=cal, endpoint=self._label, windows=len(self.windows)
-            )
-        if finding is None and lowest_items_per_s(cal) <= 0:
-            return DriftRecord(
-                False,
-                too_wide(cal),
-                calibration=cal,
-                endpoint=self._label,
-                windows=len(self.windows),
-                rerun=f"calibrate {cal.stage}",
-            )
-        off = sum(1 for w in judged if is_slow(cal, basis, w) or is_failing(cal, w))
-        # fewer judged windows than drift takes in a row: none could have been found, so none
-        # is claimed — what they read is said, and how many of them were off
-        too_few = finding is None and len(judged) < IN_A_ROW
-        # a slowdown the run ended inside (fewer windows than drift takes): not drift, and
-        # not "none" either — the whole run's rate hid a server 3× slower at its end
-        ending = () if finding is not None or too_few else run_at_end(cal, basis, judged)
-        shown = list(finding.windows) if finding else list(ending) or judged
-        seconds = sum(w.seconds for w in shown)
-        items = sum(w.items for w in shown)
-        p50s = [w.latency_p50_s for w in shown if w.latency_p50_s is not None]
-        p99s = [w.latency_p99_s for w in shown if w.latency_p99_s is not None]
-        rise = [
-            w.server.preemptions
-            for w in self.windows
-            if w.server and w.server.preemptions is not None
-        ]
-        rate = items / seconds if seconds > 0 else None
-        if finding is None:
-            # how much slower a server could be and still read within the calibration's noise:
-            # "none" is never surer than that (a 4× slower mock read as none beside runs of
-            # 16.3–27.3 items/s, which admit 3.9×)
-            admits = (
-                f"{cal.items_per_s:.3g} calibrated (its runs {cal.items_per_s_low:.3g}–"
-                f"{cal.items_per_s_high:.3g}, within which a latency up to "
-                f"{latency_bound(cal):.2g}× the expected reads as no drift)"
-            )
-            text = (
-                f"{rate or 0:.3g} items/s against {admits} over {len(judged)} judged "
-                f"window(s), {where}"
-            )
-            if too_few:
-                text = (
-                    f"{len(judged)} judged window(s) of the run, too few to tell drift (it takes "
-                    f"{IN_A_ROW} in a row), {off} of them slower or failing: {text}"
-                )
-            elif ending:
-                text = ended_inside(cal, ending, rate, admits, len(judged), where)
-        else:
-            text = self._said
-        found = self._causes() if finding else ()
-        first = finding.windows[0] if finding else ending[0] if ending else None
-        return DriftRecord(
-            not too_few,
-            text,
-            drifted=finding is not None,
-            what=finding.what if finding else "",
-            calibration=cal,
-            basis=basis.kind,
+        found = self._causes() if self.finding else ()
+        return record_of(
+            self.cal,
+            self.basis,
+            self.finding,
+            self.windows,
             endpoint=self._label,
-            windows=len(self.windows),
-            judged=len(judged),
-            off=off,
-            undecided=len(ending),
-            causes=tuple(c.text for c in found),
-            rerun=found[0].rerun if found else None,
-            at_item=first.first_item if first else None,
-            items_per_s=rate,
-            latency_p50_s=median(p50s) if p50s else None,
-            latency_p99_s=max(p99s) if p99s else None,
-            error_rate=sum(w.errors for w in shown) / items if items else None,
-            preemptions=max(rise) if rise else None,
+            said=self._said,
+            found=found,
         )
