@@ -27,7 +27,7 @@ from calibrate.server.launch_script import PinnedValues
 from calibrate.server.process import running_kind
 from calibrate.stages.context import StageContext
 from calibrate.stages.pin_context import ASSUMED_SPLIT, JobInput, context_for
-from calibrate.stages.status import measured_by, named_run, reasons
+from calibrate.stages.setting_reasons import measured_by, named_run, reasons
 from calibrate.state.gates import next_step, unrun_cap
 from calibrate.state.ledger import LedgerView, current_weights
 from calibrate.state.setting import CalibratedSetting, resolve
