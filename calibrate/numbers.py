@@ -20,8 +20,8 @@ def rate_text(value: float, fmt: str) -> str:
     a slow server's 0.004 items/s as "0.00", in two significant digits ("0.0041"): a server
     that answers slowly is slow, not stopped."""
     text = format(value, fmt)
-    if not math.isfinite(value) or value <= 0 or float(text) != 0:
-        return text
+    if not math.isfinite(value) or value <= 0 or any(c in "123456789" for c in text):
+        return text  # shown as not zero ("1,234.5", "1e-05" too): as it is
     return f"{value:.{1 - math.floor(math.log10(value))}f}"
 
 

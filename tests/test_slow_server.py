@@ -8,6 +8,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from calibrate.numbers import rate_text
 from tests.batch_helpers import write_tasks
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, open_gate
@@ -63,3 +66,20 @@ def test_a_slow_tiers_tok_s_cell_is_not_rounded_down_to_zero(cli: Any, isolated:
     header, row = lines[at], lines[at + 1]
     end = header.index(" tok/s ") + len(" tok/s")  # the column is right-aligned
     assert 0.3 <= float(row[:end].split()[-1]) <= 0.5, ladder.err
+
+
+@pytest.mark.parametrize(
+    ("value", "fmt", "shown"),
+    [
+        (0.0041, ".2f", "0.0041"),  # a slow server's rate: slow, not stopped
+        (0.45, ".0f", "0.45"),
+        (0.0, ".1f", "0.0"),  # none at all stays zero
+        (12.34, ".1f", "12.3"),  # an ordinary rate as it always read
+        (1234.5, ",.1f", "1,234.5"),  # a thousands separator (a ValueError before)
+        (3e-05, ".2g", "3e-05"),
+    ],
+)
+def test_a_rate_is_never_rounded_to_zero_and_never_breaks_on_its_format(
+    value: float, fmt: str, shown: str
+) -> None:
+    assert rate_text(value, fmt) == shown
