@@ -6,7 +6,8 @@ import pytest
 
 from calibrate.gpu.nvml import NvmlSampler, gpu_snapshot
 from calibrate.gpu.reading import DeviceMemory, Pressure, VramReading, choose_pressure
-from calibrate.gpu.vram import VramMonitor, merge
+from calibrate.gpu.vram import VramMonitor
+from calibrate.gpu.vram.sample import merge
 from tests.fakes.nvml import FakeGpu, FakeNvml, mig
 
 

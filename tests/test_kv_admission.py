@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.gpu.vram import Pressure, VramSample, WindowPeak, kv_doubt, kv_peak_margin
+from calibrate.gpu.reading import Pressure
+from calibrate.gpu.vram.peaks import WindowPeak, kv_doubt, kv_peak_margin
+from calibrate.gpu.vram.sample import VramSample
 from calibrate.stages.measure.tiers import Stats, summarise
 from calibrate.stages.server_account.cap import observed_cap, running_unseen, server_limit
 from calibrate.stages.server_account.kv import kv_is_full

@@ -11,7 +11,8 @@ from calibrate.gpu.engine_metrics import MetricsSampler, kv_usage, queue_depth, 
 from calibrate.gpu.prometheus import Series, parse_prometheus
 from calibrate.gpu.reading import MIB, DeviceMemory, Pressure, VramReading, VramSampler
 from calibrate.gpu.sources import MetricsEndpoint, SourceChoice, open_sources
-from calibrate.gpu.vram import VramMonitor, merge
+from calibrate.gpu.vram import VramMonitor
+from calibrate.gpu.vram.sample import merge
 
 
 def choose_samplers(

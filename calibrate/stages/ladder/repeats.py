@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 from calibrate.gpu.engine_metrics import Gauge, counted_rise
 from calibrate.gpu.noise import NoiseMark, NoiseMeter
 from calibrate.gpu.selfload import SelfLoadMonitor
-from calibrate.gpu.vram import VramMonitor, WindowPeak
+from calibrate.gpu.vram import VramMonitor
+from calibrate.gpu.vram.peaks import WindowPeak
 from calibrate.load.items import ItemResult
 from calibrate.load.sender import Sender
 from calibrate.stages.context import StageContext

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from calibrate.gpu.vram import VramMonitor, WindowPeak
+from calibrate.gpu.vram import VramMonitor
+from calibrate.gpu.vram.peaks import WindowPeak
 from calibrate.load.items import ItemResult
 from calibrate.load.request import Request, build_requests
 from calibrate.load.sender import Sender

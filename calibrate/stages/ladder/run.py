@@ -9,7 +9,8 @@ from dataclasses import dataclass, field, replace
 from calibrate.gpu.engine_metrics import Gauge, counted_rise, read_preemptions
 from calibrate.gpu.noise import NoiseMeter, combined
 from calibrate.gpu.selfload import SelfLoadMonitor
-from calibrate.gpu.vram import VramMonitor, WindowPeak
+from calibrate.gpu.vram import VramMonitor
+from calibrate.gpu.vram.peaks import WindowPeak
 from calibrate.io.baseline import read_baseline
 from calibrate.load.items import ItemResult
 from calibrate.load.sender import Sender

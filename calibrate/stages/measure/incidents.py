@@ -18,7 +18,8 @@ from typing import Any
 from calibrate import json_text
 from calibrate.errors import ErrorInfo
 from calibrate.gpu.nvml import GpuSnapshot, gpu_snapshot
-from calibrate.gpu.vram import VramMonitor, WindowPeak
+from calibrate.gpu.vram import VramMonitor
+from calibrate.gpu.vram.peaks import WindowPeak
 from calibrate.io.bounded import TooLong, read_text
 from calibrate.io.records import utc_now_iso
 from calibrate.io.store import RunDir

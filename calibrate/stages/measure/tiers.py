@@ -11,7 +11,7 @@ from typing import Any
 from calibrate.gpu.energy import ENERGY_COLUMNS, energy_fields
 from calibrate.gpu.noise import MachineNoise
 from calibrate.gpu.reading import DeviceMemory
-from calibrate.gpu.vram import RunningPeak, WindowPeak, device_peaks, kv_doubt
+from calibrate.gpu.vram.peaks import RunningPeak, WindowPeak, device_peaks, kv_doubt
 from calibrate.io.tier_table.cells import row_from_cells
 from calibrate.io.tier_table.row import TierRow
 from calibrate.load.items import ItemResult, percentile
@@ -96,7 +96,7 @@ class Stats:
     slo_met: int | None = None  # requests that met every SLO
     preemptions: int | None = None  # the server's preemption counter's rise (None: no counter)
     preemption_metric: str | None = None  # e.g. "vllm:num_preemptions_total"
-    # how much higher the KV usage may have peaked than read (``vram.kv_doubt``)
+    # how much higher the KV usage may have peaked than read (``vram.peaks.kv_doubt``)
     kv_peak_margin: float | None = None
     # SPEC §13: over the VRAM windows (None: no energy source / no price; left out of JSON)
     energy_j: float | None = None

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from calibrate.gpu.vram import SAMPLES_PER_ANSWER
+from calibrate.gpu.vram.peaks import SAMPLES_PER_ANSWER
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tiers import Stats, Unseen
 from calibrate.stages.server_account.kv import KV_FULL, kv_is_full

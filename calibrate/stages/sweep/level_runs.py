@@ -11,7 +11,8 @@ from typing import Any
 
 from calibrate.gpu.noise import NoiseMeter
 from calibrate.gpu.selfload import SelfLoadMonitor
-from calibrate.gpu.vram import VramMonitor, WindowPeak
+from calibrate.gpu.vram import VramMonitor
+from calibrate.gpu.vram.peaks import WindowPeak
 from calibrate.load.items import ItemResult
 from calibrate.load.keepalive_stall import find_stall
 from calibrate.load.sender import Sender

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from calibrate.config import SloConfig
 from calibrate.errors import UsageError
-from calibrate.gpu.vram import WindowPeak
+from calibrate.gpu.vram.peaks import WindowPeak
 from calibrate.load.arrivals import arrival_times, rate_text, rate_value, requests_for
 from calibrate.load.items import ItemResult
 from calibrate.load.keepalive_stall import find_stall

@@ -9,7 +9,8 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from calibrate.gpu.noise import NoiseMeter
-from calibrate.gpu.vram import VramMonitor, WindowPeak
+from calibrate.gpu.vram import VramMonitor
+from calibrate.gpu.vram.peaks import WindowPeak
 from calibrate.load.items import ItemResult
 from calibrate.load.request import Request
 from calibrate.load.sender import Sender
