@@ -397,14 +397,14 @@ def test_an_answer_leaves_the_batch_before_its_last_bytes_go_out(stream: bool) -
     client's next request, sent the moment it has the answer, never meets this one still in
     flight (under four test workers a ladder's wave of 2 was seen as 3, and the mock's
     --nondeterministic-above 2 changed an answer at batch 2)."""
-    from calibrate.mock import payloads
+    from calibrate.mock.openai.request import parse_request
     from calibrate.mock.reply import answer
 
     settings = MockSettings(ttft_s=0.0, per_token_s=0.0)
     model = MockModel(settings)
     said: list[str] = []
     body = {"model": "internlm-s2", "messages": [{"role": "user", "content": "hi"}]}
-    req = payloads.parse_request("chat", body | {"stream": stream, "max_tokens": 3}, settings)
+    req = parse_request("chat", body | {"stream": stream, "max_tokens": 3}, settings)
     adm = model.admit(1)
 
     def generated() -> None:

@@ -23,10 +23,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from calibrate import json_text
-from calibrate.mock import payloads
 from calibrate.mock.metrics import render_metrics
 from calibrate.mock.model import MockModel
-from calibrate.mock.payloads import Kind, RequestRejected, error_body
+from calibrate.mock.openai import bodies
+from calibrate.mock.openai.request import (
+    Kind,
+    RequestRejected,
+    error_body,
+    lone_surrogate,
+    parse_request,
+)
 from calibrate.mock.reply import answer
 from calibrate.mock.settings import MockSettings
 from calibrate.mock.wire import Wire
@@ -211,15 +217,15 @@ class MockHandler(BaseHTTPRequestHandler):
         if path == "/health":
             self._wire().send(200, b"", "text/plain")
         elif path in ("/v1/models", "/models"):
-            self._wire().send_json(200, payloads.models_list(settings, self.server.created))
+            self._wire().send_json(200, bodies.models_list(settings, self.server.created))
         elif path == "/metrics" and settings.metrics:
             time.sleep(settings.metrics_delay_s)  # a slow scrape: the gauges read at its end
             body = render_metrics(self.server.model.snapshot(), settings)
             self._wire().send(200, body.encode(), "text/plain; version=0.0.4; charset=utf-8")
         elif path == "/props" and settings.expose_props:
-            self._wire().send_json(200, payloads.props(settings))
+            self._wire().send_json(200, bodies.props(settings))
         elif path == "/get_server_info" and settings.metrics_style == "sglang":
-            self._wire().send_json(200, payloads.sglang_server_info(settings))
+            self._wire().send_json(200, bodies.sglang_server_info(settings))
         elif path in GENERATE_PATHS:
             self._wire().send_json(405, {"detail": "Method Not Allowed"})
         else:
@@ -245,12 +251,12 @@ class MockHandler(BaseHTTPRequestHandler):
         except (ValueError, UnicodeDecodeError):
             body, problem = None, None  # not JSON: parse_request says so
         else:
-            problem = payloads.lone_surrogate(raw, body)
+            problem = lone_surrogate(raw, body)
         if problem is not None:
             self._wire().send_json(400, error_body(problem, "BadRequestError", 400))
             return
         try:
-            req = payloads.parse_request(kind, body, settings)
+            req = parse_request(kind, body, settings)
         except RequestRejected as exc:
             self._wire().send_json(exc.status, exc.body)
             return

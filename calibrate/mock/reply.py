@@ -20,13 +20,13 @@ from collections.abc import Callable
 from email.message import Message
 from typing import Protocol
 
-from calibrate.mock import payloads
 from calibrate.mock.answer import Generation
 from calibrate.mock.kv import SeqPlan
 from calibrate.mock.model import Admission, MockModel
-from calibrate.mock.payloads import GenerateRequest, Json, error_body
+from calibrate.mock.openai import bodies
+from calibrate.mock.openai.request import GenerateRequest, Json, error_body
+from calibrate.mock.openai.stream import stream_events
 from calibrate.mock.settings import MockSettings
-from calibrate.mock.stream import stream_events
 from calibrate.mock.wire import Wire
 
 OOM_MESSAGE = (
@@ -149,7 +149,7 @@ def answer(
     prefix = "chatcmpl-" if req.kind == "chat" else "cmpl-"
     rid, created, start = prefix + uuid.uuid4().hex, int(time.time()), time.monotonic()
     if adm.malformed is not None:
-        head = payloads.envelope(req, rid, created, settings, chunk=req.stream)
+        head = bodies.envelope(req, rid, created, settings, chunk=req.stream)
         bad = malformed_body(adm.malformed, req, head, chunk=req.stream)
         if req.stream:
             wire.send_sse([f"data: {json.dumps(bad)}\n\n".encode(), b"data: [DONE]\n\n"])
@@ -167,7 +167,7 @@ def answer(
         elif not run.wait_step(steps):
             wire.send_json(500, error_body(oom_message(settings), "InternalServerError", 500))
             return
-        answer = payloads.full_response(req, gens, rid, created, settings)
+        answer = bodies.full_response(req, gens, rid, created, settings)
         if settings.metrics_style == "llamacpp":  # llama.cpp says what its slot cache held
             answer["timings"] = prefill.timings(sum(g.completion_tokens for g in gens))
         generated()
@@ -218,7 +218,7 @@ def _engine_error(wire: Wire, req: GenerateRequest, status: str) -> None:
     gens = [failed for _ in req.prompts]
     rid, created = "chatcmpl-" + uuid.uuid4().hex, int(time.time())
     if not req.stream:
-        wire.send_json(200, payloads.full_response(req, gens, rid, created, settings))
+        wire.send_json(200, bodies.full_response(req, gens, rid, created, settings))
         return
     wire.sse_headers()
     for event in stream_events(req, gens, rid, created, settings):

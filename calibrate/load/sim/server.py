@@ -36,14 +36,19 @@ from calibrate.http.stream import read_events, timed_events
 from calibrate.load.answers import wants_context
 from calibrate.load.request import Request
 from calibrate.load.transport import Clock, Exchange
-from calibrate.mock import payloads
 from calibrate.mock.answer import Generation
 from calibrate.mock.kv import SeqPlan
 from calibrate.mock.model import Admission, MockModel
-from calibrate.mock.payloads import GenerateRequest, RequestRejected, error_body
+from calibrate.mock.openai import bodies
+from calibrate.mock.openai.request import (
+    GenerateRequest,
+    RequestRejected,
+    error_body,
+    parse_request,
+)
+from calibrate.mock.openai.stream import stream_events
 from calibrate.mock.reply import MIN_TICK_S, generations, malformed_body, oom_message
 from calibrate.mock.settings import MockSettings
-from calibrate.mock.stream import stream_events
 
 URL = "http://simulated/v1"
 KINDS = {"/chat/completions": "chat", "/completions": "completion"}
@@ -104,7 +109,7 @@ class SimServer:
             raise request_error("connect", f"no server at {URL} (connection refused)", refused)
         settings = self.settings
         try:
-            req = payloads.parse_request(KINDS.get(path, "chat"), body, settings)  # type: ignore[arg-type]
+            req = parse_request(KINDS.get(path, "chat"), body, settings)  # type: ignore[arg-type]
         except RequestRejected as exc:
             raise _status(exc.status, exc.body) from exc
         model = self.model
@@ -186,11 +191,11 @@ class SimServer:
     def _whole(
         self, req: GenerateRequest, gens: list[Generation], elapsed_s: float, start: float
     ) -> Completion:
-        body = payloads.full_response(req, gens, _id(req), 0, self.settings)
+        body = bodies.full_response(req, gens, _id(req), 0, self.settings)
         return parse_completion(body, elapsed_s, None, chat=req.kind == "chat")
 
     def _malformed(self, req: GenerateRequest, shape: str, start: float) -> Completion:
-        head = payloads.envelope(req, _id(req), 0, self.settings, chunk=req.stream)
+        head = bodies.envelope(req, _id(req), 0, self.settings, chunk=req.stream)
         bad = malformed_body(shape, req, head, chunk=req.stream)
         elapsed = self.clock.now() - start
         if not req.stream:

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from calibrate.mock import text
 from calibrate.mock.answer import Generation
-from calibrate.mock.payloads import GenerateRequest, Json, envelope, usage
+from calibrate.mock.openai.bodies import envelope, usage
+from calibrate.mock.openai.request import GenerateRequest, Json
 from calibrate.mock.settings import MockSettings
 
 DONE = "[DONE]"

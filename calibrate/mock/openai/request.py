@@ -1,8 +1,9 @@
-"""JSON in and out of the mock: request validation, response bodies (SSE in mock.stream).
+"""A chat or completions request as the mock validates it, the way vLLM would: its fields checked,
+its prompts counted, and the refusal (``RequestRejected``) a request that is not valid gets.
 
-Bodies follow vLLM's OpenAI server: errors are ``{"object": "error", "message", "type",
-"param", "code"}``; with ``strict_422`` a validation error is FastAPI's ``{"detail": [...]}``; a
-prompt over llama.cpp's slot (``slot_context``) gets llama.cpp's own ``{"error": {...}}``.
+Refusals follow vLLM's OpenAI server: ``{"object": "error", "message", "type", "param",
+"code"}``; with ``strict_422`` a validation error is FastAPI's ``{"detail": [...]}``; a prompt
+over llama.cpp's slot (``slot_context``) gets llama.cpp's own ``{"error": {...}}``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from calibrate.mock import text
-from calibrate.mock.answer import Generation
 from calibrate.mock.settings import MockSettings
 
 Kind = Literal["chat", "completion"]
@@ -224,91 +224,6 @@ def _completion_prompts(
     if not isinstance(prompt, list) or not prompt or not all(isinstance(p, str) for p in prompt):
         raise _invalid(settings, "prompt must be a string or a non-empty list of strings", "prompt")
     return tuple(prompt), tuple(max(1, text.count_tokens(p)) for p in prompt)
-
-
-def usage(req: GenerateRequest, gens: list[Generation]) -> Json:
-    """The OpenAI usage object for a whole request."""
-    prompt = sum(req.prompt_tokens)
-    completion = sum(g.completion_tokens for g in gens)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
-
-
-def envelope(
-    req: GenerateRequest, rid: str, created: int, settings: MockSettings, chunk: bool
-) -> Json:
-    """The fields every response and chunk shares."""
-    obj = "chat.completion" if req.kind == "chat" else "text_completion"
-    return {
-        "id": rid,
-        "object": obj + ".chunk" if chunk and req.kind == "chat" else obj,
-        "created": created,
-        "model": req.model,
-        "system_fingerprint": settings.fingerprint,
-    }
-
-
-def full_response(
-    req: GenerateRequest, gens: list[Generation], rid: str, created: int, settings: MockSettings
-) -> Json:
-    """A non-streaming chat.completion or text_completion body."""
-    choices: list[Json] = []
-    for i, gen in enumerate(gens):
-        choice: Json = {"index": i, "logprobs": None, "finish_reason": gen.finish_reason}
-        if req.kind == "chat":
-            choice["message"] = {"role": "assistant", "content": gen.text}
-        else:
-            choice["text"] = gen.text
-        choice["stop_reason"] = None
-        choices.append(choice)
-    body = envelope(req, rid, created, settings, chunk=False) | {"choices": choices}
-    if not settings.no_usage:
-        body["usage"] = usage(req, gens)
-    return body
-
-
-def models_list(settings: MockSettings, created: int) -> Json:
-    """The GET /v1/models body, as vLLM writes it."""
-    data = [
-        {
-            "id": name,
-            "object": "model",
-            "created": created,
-            "owned_by": "calibrate-mock",
-            "root": f"/models/{name}",
-            "parent": None,
-            "max_model_len": settings.max_model_len,
-        }
-        for name in settings.models
-    ]
-    return {"object": "list", "data": data}
-
-
-def props(settings: MockSettings) -> Json:
-    """llama.cpp's GET /props body (only served with expose_props)."""
-    return {
-        "total_slots": settings.slots or 1,
-        "model_path": f"/models/{settings.models[0]}",
-        "default_generation_settings": {
-            "n_ctx": settings.slot_context or settings.max_model_len,
-            "model": settings.models[0],
-        },
-        "build_info": "calibrate-mock",
-    }
-
-
-def sglang_server_info(settings: MockSettings) -> Json:
-    """SGLang's GET /get_server_info: its launch arguments, max_running_requests null unless
-    it was started with --max-running-requests."""
-    return {
-        "model_path": f"/models/{settings.models[0]}",
-        "max_running_requests": settings.max_running_requests or None,
-        "max_total_num_tokens": settings.kv_capacity_tokens or None,
-        "version": "calibrate-mock",
-    }
 
 
 _LONE_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
