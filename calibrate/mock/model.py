@@ -1,6 +1,6 @@
 """The behaviour model of the fake GPU server: admission, slots, VRAM, faults, generation.
 
-No HTTP here. A request is *admitted* (counted in flight, its fate drawn), waits for a decode
+No HTTP here. A request is *admitted* (counted in flight, its fate drawn: mock.admission), waits for a decode
 slot, is *generated*, then *released*. "In flight" counts sequences received and not yet
 answered, decoding or queued; a completions request carrying K prompts counts K, and, as vLLM
 counts each prompt of a list as a request, its prompts beyond the slots count as waiting.
@@ -14,32 +14,16 @@ the step time and a full cache's consequence (OOM, preemption's slowdown) are de
 from __future__ import annotations
 
 import math
-import random
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
+from calibrate.mock.admission import Admission, Fates
 from calibrate.mock.answer import AnswerLength, Generation, answer
 from calibrate.mock.kv import KvLedger, PrefixCache, SeqPlan
 from calibrate.mock.metrics import Snapshot
-from calibrate.mock.settings import SHAPES, MockSettings, Outcome
-
-
-@dataclass(frozen=True)
-class Admission:
-    """One admitted request: its fate and timing, fixed at arrival."""
-
-    ticket: int
-    weight: int
-    in_flight: int
-    outcome: Outcome
-    ttft_s: float
-    per_token_s: float
-    truncate: bool
-    malformed: str | None = None  # the wrong shape this reply takes (mock.settings.SHAPES)
-    echo_headers: bool = False
+from calibrate.mock.settings import MockSettings
 
 
 class MockModel:
@@ -49,10 +33,7 @@ class MockModel:
         self.settings = settings
         self._clock = clock  # the simulated server's is virtual (calibrate.load.sim)
         self._cond = threading.Condition()
-        self._rng = random.Random(settings.seed)
-        # The hostile draws have their own generator: adding them kept every fault sequence.
-        self._hostile_rng = random.Random(f"hostile-{settings.seed}")
-        self._jitter_rng = random.Random(f"jitter-{settings.seed}")
+        self._fates = Fates(settings)  # each admission's fate (mock.admission)
         self._kv = KvLedger()
         self._next_ticket = 0
         self._in_flight = 0
@@ -71,47 +52,14 @@ class MockModel:
 
     def admit(self, weight: int = 1) -> Admission:
         """Count a newly arrived request of ``weight`` sequences and decide what happens to it."""
-        s = self.settings
         with self._cond:
             self._next_ticket += 1
             self._advance_energy()
             self._in_flight += weight
-            n = self._in_flight
             self._peak_mib = max(self._peak_mib, self._vram_used_mib())
-            # Always draw all five, in this order, so a run's fault sequence depends only on seed.
-            overload, fail, reset, truncate, slow = (self._rng.random() for _ in range(5))
-            echo, bad, shape = (self._hostile_rng.random() for _ in range(3))
-            outcome: Outcome = "ok"
-            if s.oom_at is not None and n > s.oom_at:
-                outcome = "oom"
-            elif overload < s.overload_rate:
-                outcome = "overload"
-            elif fail < s.fail_rate:
-                outcome = "fail"
-            elif reset < s.reset_rate:
-                outcome = "reset"
-            self._outcomes[outcome] = self._outcomes.get(outcome, 0) + 1
-            drifted = s.slow_after is not None and self._next_ticket > s.slow_after
-            slower = s.slow_after_factor if drifted else 1.0  # every request after N
-            per_token = s.per_token_s * slower
-            if s.slow_above is not None and n > s.slow_above:
-                per_token *= s.slow_factor
-            ttft_jitter = per_token_jitter = 1.0
-            if s.jitter:
-                ttft_jitter, per_token_jitter = (
-                    self._jitter_rng.uniform(1 - s.jitter, 1 + s.jitter) for _ in range(2)
-                )
-            return Admission(
-                ticket=self._next_ticket,
-                weight=weight,
-                in_flight=n,
-                outcome=outcome,
-                ttft_s=s.ttft_s * ttft_jitter * slower + (slow < s.slow_rate) * s.slow_s,
-                per_token_s=per_token * per_token_jitter * self.waves(weight),
-                truncate=truncate < s.truncate_rate,
-                malformed=SHAPES[int(shape * len(SHAPES))] if bad < s.malformed_rate else None,
-                echo_headers=echo < s.echo_headers_rate,
-            )
+            adm = self._fates.draw(self._next_ticket, weight, self._in_flight, self.waves(weight))
+            self._outcomes[adm.outcome] = self._outcomes.get(adm.outcome, 0) + 1
+            return adm
 
     def waves(self, weight: int) -> int:
         """How many rounds of decoding ``weight`` sequences need with the configured slots."""

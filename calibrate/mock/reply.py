@@ -20,9 +20,10 @@ from collections.abc import Callable
 from email.message import Message
 from typing import Protocol
 
+from calibrate.mock.admission import Admission
 from calibrate.mock.answer import Generation
 from calibrate.mock.kv import SeqPlan
-from calibrate.mock.model import Admission, MockModel
+from calibrate.mock.model import MockModel
 from calibrate.mock.openai import bodies
 from calibrate.mock.openai.request import GenerateRequest, Json, error_body
 from calibrate.mock.openai.stream import stream_events

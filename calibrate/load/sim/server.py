@@ -36,9 +36,10 @@ from calibrate.http.stream import read_events, timed_events
 from calibrate.load.answers import wants_context
 from calibrate.load.request import Request
 from calibrate.load.transport import Clock, Exchange
+from calibrate.mock.admission import Admission
 from calibrate.mock.answer import Generation
 from calibrate.mock.kv import SeqPlan
-from calibrate.mock.model import Admission, MockModel
+from calibrate.mock.model import MockModel
 from calibrate.mock.openai import bodies
 from calibrate.mock.openai.request import (
     GenerateRequest,
