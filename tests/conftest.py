@@ -13,6 +13,7 @@ from calibrate.cli import main
 from calibrate.cli.lines import unfit
 from calibrate.cli.output import log_width
 from calibrate.server import process
+from calibrate.server.process import start_stop
 from tests.helpers import CliResult
 
 # A suite started in the background by a non-interactive shell (`make test &`, nohup, some CI
@@ -41,7 +42,7 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     yield tmp_path
     record = process.load(tmp_path / "runs")
     if record is not None and process.liveness(record) == "running":
-        process.stop(record, 10.0)
+        start_stop.stop(record, 10.0)
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from calibrate.gpu.reading import VramReading
 from calibrate.gpu.vram import VramMonitor
 from calibrate.io.tier_table.cells import row_json
 from calibrate.server import process
-from calibrate.server.process import managed_target
+from calibrate.server.process.target import managed_target, running_kind
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tiers import Stats, Unseen, summarise
 from calibrate.stages.server_account.cap import (
@@ -601,7 +601,7 @@ def test_a_managed_server_beside_the_target_says_nothing_of_the_targets_cap(
             at_it = replace(
                 cfg, target=replace(cfg.target, base_url=f"http://127.0.0.1:{other}/v1")
             )
-            kinds = (process.running_kind(cfg), process.running_kind(at_it))  # the engine's kind
+            kinds = (running_kind(cfg), running_kind(at_it))  # the engine's kind
         finally:
             assert cli("server", "stop").code == 0
     assert result.code == 1, result.err

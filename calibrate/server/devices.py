@@ -16,7 +16,7 @@ from typing import Any
 
 from calibrate.config import Config
 from calibrate.gpu.nvml import GpuSnapshot
-from calibrate.server import process
+from calibrate.server.process.target import managed_target
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
@@ -55,7 +55,7 @@ def read_environ(pid: int) -> dict[str, str] | None:
 def managed_server_devices(cfg: Config) -> tuple[str, ...] | None:
     """The devices of the server calibrate manages, when it is running, is the target and
     says (a managed server beside the target runs on devices that are not the target's)."""
-    record = process.managed_target(cfg)
+    record = managed_target(cfg)
     if record is None:
         return None
     environ = read_environ(record.pid)

@@ -22,7 +22,8 @@ from calibrate.errors import ServerDied, ServerUnreachable, UsageError
 from calibrate.io.records import utc_now_iso
 from calibrate.server import exit_status, pids, process, readiness, set_values
 from calibrate.server.exit_status import ended_words, exited
-from calibrate.server.process import ServerRecord, StopResult
+from calibrate.server.process import ServerRecord, start_stop
+from calibrate.server.process.start_stop import StopResult
 
 TAIL_LINES = 20
 DEAD_PORT_GRACE_S = 5.0  # how long a just-dead recorded engine's socket may linger
@@ -138,7 +139,7 @@ def start(
                 f"calibrate already manages a server (PID {current.pid}, port {current.port})",
                 "Stop it first: calibrate server stop",
             )
-        left = process.stop(current, stop_timeout_s)
+        left = start_stop.stop(current, stop_timeout_s)
         if not left.gone:
             raise UsageError(
                 f"an interrupted start left engine PID {current.pid} running and it did not stop",
@@ -208,7 +209,7 @@ def start(
             f"Fix the cause above, then: calibrate server start   (full log: {log_file})",
             server_exit_code=code,
         )
-    stopped = process.stop(record, stop_timeout_s)
+    stopped = start_stop.stop(record, stop_timeout_s)
     if stopped.gone:
         process.forget(runs_dir)
     if ready.stranger:
@@ -235,7 +236,7 @@ def _spawn_recorded(
 ) -> ServerRecord:
     """Start the engine and record it as "starting" (its supervisor stops it if we cannot)."""
     try:
-        spawned = process.spawn(argv, env, runs_dir, f"start: {shown}")
+        spawned = start_stop.spawn(argv, env, runs_dir, f"start: {shown}")
     except OSError as exc:
         raise ServerUnreachable(
             f"cannot start {argv[0]}: {exc.strerror or exc}",
@@ -259,9 +260,9 @@ def _spawn_recorded(
     try:
         process.save(record, runs_dir)
     except BaseException:
-        process.abandon(pid)
+        start_stop.abandon(pid)
         raise
-    process.adopt(pid)
+    start_stop.adopt(pid)
     return record
 
 
@@ -269,7 +270,7 @@ def _stop_interrupted(record: ServerRecord, runs_dir: Path, stop_timeout_s: floa
     """Stop the engine an interrupted start launched; one line saying what became of it."""
     try:
         with interrupts.deferred():
-            stopped = process.stop(record, stop_timeout_s)
+            stopped = start_stop.stop(record, stop_timeout_s)
             if stopped.gone:
                 process.forget(runs_dir)
     except KeyboardInterrupt:
@@ -288,7 +289,7 @@ def stop(runs_dir: Path, stop_timeout_s: float) -> StopResult | None:
     record = process.load(runs_dir)
     if record is None:
         return None
-    result = process.stop(record, stop_timeout_s)
+    result = start_stop.stop(record, stop_timeout_s)
     if result.gone or result.was == "stranger":
         process.forget(runs_dir)
     return result

@@ -18,7 +18,8 @@ from calibrate.server import exit_status, launch_script, pids, process, readines
 from calibrate.server.exit_status import ExitStatus, ended_words, signal_of
 from calibrate.server.lifecycle import Started, local_root
 from calibrate.server.lifecycle import start as start_process
-from calibrate.server.process import Liveness, ServerRecord, StopResult
+from calibrate.server.process import Liveness, ServerRecord
+from calibrate.server.process.start_stop import StopResult
 
 Level = Literal["say", "warn", "ok", "fail"]
 

@@ -29,8 +29,9 @@ class StageContext:
     run: RunDir
     ledger: Ledger
     target: str
-    # the engine the server is, decided once when the stage opens (``server.process.running_kind``:
-    # what calibrate started, whatever the config says; else [server] kind); None: not known
+    # the engine the server is, decided once when the stage opens
+    # (``server.process.target.running_kind``: what calibrate started, whatever the config says;
+    # else [server] kind); None: not known
     server_kind: ServerKind | None
     forced: bool = False
 

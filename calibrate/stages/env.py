@@ -19,7 +19,7 @@ from calibrate.errors import GateClosed, Interrupted, StageFailed, UsageError, o
 from calibrate.http.client import OpenAIClient
 from calibrate.io.output_paths import check_outputs, kind_of, stage_files, writable_folder
 from calibrate.io.store import RunDir, ledger_path
-from calibrate.server.process import running_kind
+from calibrate.server.process.target import running_kind
 from calibrate.stages.context import StageContext, manifest
 from calibrate.state.gates import check_gate
 from calibrate.state.ledger import Ledger, target_fingerprint

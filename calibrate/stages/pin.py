@@ -24,7 +24,7 @@ from calibrate.io.store import read_object, run_path
 from calibrate.server import launch_script
 from calibrate.server import lifecycle as server
 from calibrate.server.launch_script import PinnedValues
-from calibrate.server.process import running_kind
+from calibrate.server.process.target import running_kind
 from calibrate.stages.context import StageContext
 from calibrate.stages.pin_context import ASSUMED_SPLIT, JobInput, context_for
 from calibrate.stages.setting_reasons import measured_by, named_run, reasons

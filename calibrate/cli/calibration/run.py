@@ -30,7 +30,7 @@ from calibrate.cli.output import Output, output_for
 from calibrate.config import Config
 from calibrate.engines.builders import SERVER_KINDS
 from calibrate.errors import CalibrateError, ExitCode, UsageError
-from calibrate.server.process import running_kind
+from calibrate.server.process.target import running_kind
 from calibrate.stages.status import status_of, why_lines
 from calibrate.state.gates import first_not_passed, next_step
 from calibrate.state.ledger import Ledger, target_fingerprint

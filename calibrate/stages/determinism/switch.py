@@ -15,7 +15,7 @@ from calibrate.config import Config
 from calibrate.engines import find
 from calibrate.server import process
 from calibrate.server.devices import read_environ
-from calibrate.server.process import managed_target
+from calibrate.server.process.target import managed_target
 
 
 @dataclass(frozen=True)

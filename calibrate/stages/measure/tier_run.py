@@ -30,7 +30,7 @@ from calibrate.io.tier_table.row import TierRow
 from calibrate.load.sender import Sender
 from calibrate.redact import redact_url
 from calibrate.server.devices import managed_server_devices
-from calibrate.server.process import is_target, managed_target
+from calibrate.server.process.target import is_target, managed_target
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.incidents import IncidentRecorder
 from calibrate.workload import WorkloadSpec

@@ -18,7 +18,7 @@ from calibrate.errors import RequestError
 from calibrate.http.responses import in_range
 from calibrate.server import lifecycle as server
 from calibrate.server import process
-from calibrate.server.process import managed_target
+from calibrate.server.process.target import managed_target
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.pin_context import context_for

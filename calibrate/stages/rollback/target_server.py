@@ -14,7 +14,7 @@ from calibrate.errors import ExitCode, StepFailed
 from calibrate.server import lifecycle as server
 from calibrate.server import pids, process, readiness
 from calibrate.server.exit_status import ended_words
-from calibrate.server.process import is_target, serves_target
+from calibrate.server.process.target import is_target, serves_target
 from calibrate.stages.context import StageContext
 from calibrate.stages.pin_context import context_for
 

@@ -22,7 +22,7 @@ from calibrate.io.store import RunDir
 from calibrate.io.tasks import TaskPool
 from calibrate.redact import redact_url
 from calibrate.server import lifecycle as server
-from calibrate.server.process import serves_target
+from calibrate.server.process.target import serves_target
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.tier_run import MeasureSpec
 from calibrate.stages.pin_context import verified_workload

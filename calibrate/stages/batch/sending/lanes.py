@@ -28,7 +28,7 @@ from calibrate.load.transport import HttpTransport, Transport
 from calibrate.server import lifecycle as server
 from calibrate.server import process
 from calibrate.server.exit_status import ended_words, exited
-from calibrate.server.process import is_target
+from calibrate.server.process.target import is_target
 from calibrate.stages.batch.sending.outage import (
     Breaker,
     OutageEvent,
