@@ -20,7 +20,7 @@ from calibrate.gpu.energy import RANK_BY
 from calibrate.io.bounded import read_bounded
 from calibrate.io.jsonl import load_jsonl_objects
 from calibrate.io.store import read_object
-from calibrate.io.tier_table.cells import CellError
+from calibrate.io.tier_table.cell_values import CellError
 from calibrate.io.tier_table.tune import NotARow, Point, TuneRow
 from calibrate.io.tier_table.windows import across, note
 from calibrate.numbers import finite

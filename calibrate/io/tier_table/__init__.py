@@ -22,7 +22,8 @@ from calibrate.errors import InputError
 from calibrate.io.atomic import write_atomic
 from calibrate.io.bounded import read_text
 from calibrate.io.jsonl import read_jsonl
-from calibrate.io.tier_table.cells import CellError, cell, csv_text, row_from_cells
+from calibrate.io.tier_table.cell_values import CellError
+from calibrate.io.tier_table.cells import cell, csv_text, row_from_cells
 from calibrate.io.tier_table.columns import ENERGY, OLD_NAMES, REQUIRED, TABLE, Column, Kind
 from calibrate.io.tier_table.row import TierRow
 

@@ -1,9 +1,10 @@
 """A ``TierRow`` to and from its cells: a CSV line's texts, a JSONL line's values.
 
 Each column's place in the row (its part and field) and its type come from the dataclasses of
-``row``; its spelling from ``columns.Column``. A cell that is not what its column holds (text in a
-number's column, ``2.5`` rounds) is a ``CellError``; a column this version does not know is kept
-in ``extra``, so a newer run's table still reads, and its values are still shown and compared.
+``row``; its spelling from ``columns.Column``; what one cell holds from ``cell_values``. A cell
+that is not what its column holds (text in a number's column, ``2.5`` rounds) is a
+``CellError``; a column this version does not know is kept in ``extra``, so a newer run's table
+still reads, and its values are still shown and compared.
 """
 
 from __future__ import annotations
@@ -15,97 +16,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from calibrate import json_text
+from calibrate.io.tier_table.cell_values import PARSERS, CellError, guess
 from calibrate.io.tier_table.columns import OLD_NAMES, Column, Kind
-from calibrate.io.tier_table.row import Device, TierRow, Written
-
-
-class CellError(ValueError):
-    """A cell that is not what its column holds."""
-
-    def __init__(self, column: str, value: Any) -> None:
-        super().__init__(f"{column} is {value!r}")
-        self.column = column
-        self.value = value
-
-
-def cell_number(value: Any) -> float | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, bool):
-        raise ValueError(value)
-    number = float(value)  # "inf" is an offered rate of everything at once
-    return None if math.isnan(number) else number
-
-
-def cell_int(value: Any) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
-        return int(value)
-    number = cell_number(value)  # "4.0": a count in a column pandas once wrote as floats
-    if number is None:
-        return None
-    if not number.is_integer():
-        raise ValueError(value)
-    return int(number)
-
-
-def cell_text(value: Any) -> str | None:
-    if value is None or value == "":
-        return None
-    if isinstance(value, dict | list):
-        raise ValueError(value)
-    return str(value)
-
-
-def cell_flag(value: Any) -> bool | None:
-    if isinstance(value, bool):
-        return value
-    if value is None or value == "":
-        return None
-    word = str(value).strip().lower()
-    if word in ("true", "false"):
-        return word == "true"
-    raise ValueError(value)
-
-
-def _kinds(value: Any) -> dict[str, int]:
-    """``{"oom": 2}`` (JSONL) or ``oom:2 timeout:1`` (CSV)."""
-    if value is None or value == "":
-        return {}
-    if isinstance(value, Mapping):
-        return {str(k): int(n) for k, n in value.items()}
-    pairs = [part.rsplit(":", 1) for part in str(value).split()]
-    return {kind: int(n) for kind, n in pairs}
-
-
-def _devices(value: Any) -> tuple[Device, ...]:
-    """Per-device figures: a list (JSONL) or the same list as JSON text in one CSV cell."""
-    if value is None or value == "":
-        return ()
-    found = json_text.loads(value) if isinstance(value, str) else value
-    if not isinstance(found, list):
-        raise ValueError(value)
-    return tuple(
-        Device(
-            str(d["device"]),
-            cell_number(d.get("used_mib")),
-            cell_number(d.get("total_mib")),
-            cell_number(d.get("pressure")),
-        )
-        for d in found
-    )
-
-
-_PARSERS: dict[Any, Callable[[Any], Any]] = {
-    int | None: cell_int,
-    float | None: cell_number,
-    str | None: cell_text,
-    bool | None: cell_flag,
-    Mapping[str, int]: _kinds,
-    tuple[Device, ...]: _devices,
-}
+from calibrate.io.tier_table.row import TierRow, Written
 
 
 @dataclass(frozen=True)
@@ -129,14 +42,14 @@ def _specs() -> tuple[_Spec, ...]:
         written: Written = f.metadata.get("written", "always")
         if "prefix" not in f.metadata:
             group = f.metadata.get("group", f.name)
-            out.append(_Spec(Column(f.name), None, f.name, _PARSERS[hints[f.name]], written, group))
+            out.append(_Spec(Column(f.name), None, f.name, PARSERS[hints[f.name]], written, group))
             continue
         inner = typing.get_type_hints(hints[f.name])
         for g in fields(hints[f.name]):
             column = Column(f.metadata["prefix"] + g.name)  # a field no column spells: ValueError
             group = f"{f.name}.{g.metadata.get('group', '')}"
             how = g.metadata.get("written", written)
-            out.append(_Spec(column, f.name, g.name, _PARSERS[inner[g.name]], how, group))
+            out.append(_Spec(column, f.name, g.name, PARSERS[inner[g.name]], how, group))
     return tuple(out)
 
 
@@ -147,22 +60,6 @@ _PARTS: dict[str, Any] = {
     for f in fields(TierRow)
     if "prefix" in f.metadata
 }
-
-
-def guess(text: str) -> Any:
-    """A CSV cell of a column this version does not know: ``"4"`` → 4, ``"0.25"`` → 0.25,
-    ``""`` → None, anything else stays text."""
-    if text == "":
-        return None
-    for kind in (int, float):
-        try:
-            number = kind(text)
-        except ValueError:
-            continue
-        if isinstance(number, float) and not math.isfinite(number):
-            return None if math.isnan(number) else text
-        return number
-    return text
 
 
 def row_from_cells(cells: Mapping[str, Any], *, text: bool = False) -> TierRow:

@@ -12,7 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.io.atomic import write_atomic
-from calibrate.io.tier_table.cells import CellError, cell_flag, cell_int, cell_number, cell_text
+from calibrate.io.tier_table.cell_values import (
+    CellError,
+    cell_flag,
+    cell_int,
+    cell_number,
+    cell_text,
+)
 from calibrate.io.tier_table.columns import PER_TOKEN
 
 
