@@ -29,7 +29,7 @@ def test_a_journal_named_in_gbk_is_recorded_and_quoted_by_its_bytes(
     assert (isolated / out).exists()
     shown = "\\xd6\\xd0\\xce\\xc4.jsonl"
     ledger = (isolated / "runs/ledger.jsonl").read_bytes()
-    run = next(p for p in (isolated / "runs").iterdir() if p.is_dir())
+    run = isolated / "runs" / result.json["run_id"]
     for raw in (ledger, (run / "summary.json").read_bytes(), (run / "manifest.json").read_bytes()):
         text = raw.decode("utf-8")  # strictly UTF-8
         assert "\ufffd" not in text

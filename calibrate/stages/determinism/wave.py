@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from calibrate.config import LadderMode
-from calibrate.gpu.vram import VramMonitor, WindowPeak
+from calibrate.gpu.vram import VramMonitor
+from calibrate.gpu.vram.peaks import WindowPeak
 from calibrate.load.items import ItemResult
 from calibrate.load.request import build_requests
 from calibrate.load.sender import Sender
