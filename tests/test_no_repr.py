@@ -92,7 +92,9 @@ def test_a_failed_single_call_says_what_is_missing_not_none(cli, isolated: Path)
         write_config(isolated / "calibrate.toml", mock.base_url)
         result = cli("single")
     assert result.code != 0
-    first = result.err.splitlines()[0]
+    lines = result.err.splitlines()
+    assert lines[0].startswith("single: sending the fixed prompt"), result.err  # the wait said
+    first = lines[1]  # then the failure, before any line of numbers
     assert first.startswith("single failed: the request failed (http_5xx): "), result.err
     assert "no finish_reason" not in result.err and "tokens" not in result.err, result.err
     assert not NONE.search(result.err), result.err

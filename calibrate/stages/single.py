@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from calibrate.errors import ErrorInfo, RequestError, ServerUnreachable
+from calibrate.errors import ErrorInfo, InputError, RequestError, ServerUnreachable
 from calibrate.http.error_kinds import reach_hint, refusal_cause
 from calibrate.http.models import ServerIdentity, incomplete_reason
 from calibrate.http.request_times import RequestTimes, monotonic
 from calibrate.http.server_context import props_model_path
 from calibrate.io.atomic import copy_atomic, write_atomic
+from calibrate.io.baseline import read_baseline
 from calibrate.io.jsonl import dumps_line
 from calibrate.io.records import RequestRecord
 from calibrate.numbers import finite
@@ -31,12 +31,10 @@ def baseline_answer_s(path: Path) -> float | None:
     """How long the baseline's answer took (its record's ``elapsed_s``); None without one (or
     with one that cannot be read: the stage that needs it says so, not its progress line)."""
     try:
-        with path.open(encoding="utf-8") as handle:
-            first = handle.readline()
-        record = json.loads(first)
-    except (OSError, UnicodeDecodeError, ValueError):
+        record = read_baseline(path)  # bounded, and its JSON read as every file's is
+    except InputError:
         return None
-    took = finite(record.get("elapsed_s")) if isinstance(record, dict) else None
+    took = finite(record.get("elapsed_s"))
     return took if took is not None and took > 0 else None
 
 
