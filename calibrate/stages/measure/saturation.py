@@ -1,12 +1,21 @@
 """Over-saturation (SPEC §5.13): how an open-loop run is read — the rate achieved against the
-rate offered, and whether the server kept up, fell behind, or calibrate itself did."""
+rate offered, and whether the server kept up, fell behind, or calibrate itself did.
+
+The shortfall is only as sure as the slope it rests on (SPEC §5.14): a latency trend fitted over
+eight answers with ordinary jitter can stretch the window by anywhere from −10 % to +15 %, so a
+run is saturated on the shortfall only when even the slope's lower bound (Sen 1968, at the
+``[confidence]`` level) leaves it more than 5 % short, kept up only when even the upper bound
+leaves it within 5 %, and unsure otherwise (``Shortfall``). A level pools its runs' answers
+(the pairs within each run, ``sen_interval``), so its repeats narrow the interval."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.load.items import percentile
 from calibrate.load.pacing import Answer, OpenRun
 
@@ -30,27 +39,157 @@ class RateJudgement:
         ""  # why this process, not the server, fell short of the rate ("" = it did not)
     )
     split: tuple[int, int] = (0, 1)  # a level's (runs that saturated, runs): mixed is unsure
+    unsure: str = ""  # why the shortfall could not be told from 5 %, in words ("" = it could)
+    # the run's latency against send time, which the level pools (None: sent all at once)
+    trend: Trend | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Trend:
+    """An open-loop run's answers as its achieved rate reads them: latency against send time."""
+
+    starts: tuple[float, ...]
+    latencies: tuple[float, ...]
+
+    @property
+    def send_rate(self) -> float:
+        """The rate the requests went out at: (n − 1) / send span."""
+        return (len(self.starts) - 1) / (max(self.starts) - min(self.starts))
+
+
+@dataclass(frozen=True)
+class SlopeInterval:
+    """The Theil–Sen slope of latency against send time with its interval (Sen 1968)."""
+
+    slope: float
+    low: float
+    high: float
+    answers: int
+    runs: int
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """Achieved against offered with the slope's interval: short (> 5 % below offered), within,
+    or unsure — the interval straddling the 5 % line."""
+
+    send_rate: float
+    trend: SlopeInterval
+    offered: float
+    level: float
+
+    def achieved_at(self, slope: float) -> float:
+        return self.send_rate / (1 + slope) if slope > -1 else math.inf
+
+    @property
+    def line(self) -> float:
+        return self.offered * (1 - SHORTFALL)
+
+    @property
+    def surely_short(self) -> bool:
+        """Even the slope's lower bound (the highest achieved rate) is more than 5 % short."""
+        return self.achieved_at(self.trend.low) < self.line
+
+    @property
+    def surely_within(self) -> bool:
+        """Even the slope's upper bound (the lowest achieved rate) is within 5 %."""
+        return self.achieved_at(self.trend.high) >= self.line
+
+    def text(self, achieved_rate: float) -> str:
+        """``achieved 9.35 req/s, 6 % below the offered 10 — anywhere from 3 % above to 16 %
+        below over 8 answers (1 run, 95 %), across the 5 % line``."""
+        t = self.trend
+        runs = f"{t.runs} run{'s' if t.runs != 1 else ''}"
+        return (
+            f"achieved {achieved_rate:.3g} req/s, {_off(achieved_rate, self.offered)} the offered "
+            f"{self.offered:g} — anywhere from {_off(self.achieved_at(t.low), self.offered)} to "
+            f"{_off(self.achieved_at(t.high), self.offered)} over {t.answers} answers ({runs}, "
+            f"{self.level:.0%}), across the {SHORTFALL:.0%} line"
+        )
+
+
+def _off(rate: float, offered: float) -> str:
+    """``6 % below``, ``3 % above``."""
+    if math.isinf(rate):
+        return "∞ above"
+    gap = rate / offered - 1
+    return f"{abs(gap):.0%} {'above' if gap > 0 else 'below'}"
 
 
 def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def robust_slope(xs: Sequence[float], ys: Sequence[float], max_points: int = 300) -> float:
-    """The Theil–Sen slope: the median of the slopes between every two points (over at most
-    ``max_points`` of them, evenly spread, to bound the work). One request that hiccups
-    tilts a least-squares line through ten answers; it moves this median by one place."""
+def _points(xs: Sequence[float], ys: Sequence[float], max_points: int) -> list[tuple[float, float]]:
+    """The points sorted by x, at most ``max_points`` of them, evenly spread (to bound the work)."""
     pairs = sorted(zip(xs, ys, strict=True))
     if len(pairs) > max_points:
         step = (len(pairs) - 1) / (max_points - 1)
         pairs = [pairs[round(n * step)] for n in range(max_points)]
-    slopes = [
+    return pairs
+
+
+def _slopes(pairs: Sequence[tuple[float, float]]) -> list[float]:
+    return [
         (y2 - y1) / (x2 - x1)
         for i, (x1, y1) in enumerate(pairs)
         for x2, y2 in pairs[i + 1 :]
         if x2 > x1
     ]
+
+
+def robust_slope(xs: Sequence[float], ys: Sequence[float], max_points: int = 300) -> float:
+    """The Theil–Sen slope: the median of the slopes between every two points (over at most
+    ``max_points`` of them, evenly spread, to bound the work). One request that hiccups
+    tilts a least-squares line through ten answers; it moves this median by one place."""
+    slopes = _slopes(_points(xs, ys, max_points))
     return statistics.median(slopes) if slopes else 0.0
+
+
+def sen_interval(
+    trends: Sequence[Trend], level: float = DEFAULT_LEVEL, max_points: int = 300
+) -> SlopeInterval | None:
+    """The Theil–Sen slope over the pairs within each run, with Sen's (1968) interval: the
+    sorted pairwise slopes ranked (N ∓ C) / 2 around their median, C = z · sqrt(Σ n(n − 1)(2n
+    + 5) / 18) — Kendall's S summed over the runs, as each run's clock starts anew. One run's
+    slope is ``robust_slope``'s; None when no run has two answers sent apart."""
+    slopes: list[float] = []
+    variance = 0.0
+    for trend in trends:
+        pairs = _points(trend.starts, trend.latencies, max_points)
+        n = len(pairs)
+        slopes += _slopes(pairs)
+        variance += n * (n - 1) * (2 * n + 5) / 18
+    if not slopes:
+        return None
+    slopes.sort()
+    total = len(slopes)
+    c = statistics.NormalDist().inv_cdf((1 + level) / 2) * math.sqrt(variance)
+    low = slopes[max(round((total - c) / 2) - 1, 0)]
+    high = slopes[min(round((total + c) / 2), total - 1)]
+    answers = sum(len(t.starts) for t in trends)
+    return SlopeInterval(statistics.median(slopes), low, high, answers, len(trends))
+
+
+def shortfall(
+    trends: Sequence[Trend], offered_rate: float, level: float = DEFAULT_LEVEL
+) -> Shortfall | None:
+    """The runs' shortfall with its interval (their median send rate, their pooled slope)."""
+    found = sen_interval(trends, level)
+    if found is None:
+        return None
+    send = statistics.median(t.send_rate for t in trends)
+    return Shortfall(send, found, offered_rate, level)
+
+
+def trend_of(answers: Sequence[Answer]) -> Trend | None:
+    """The run's latency against send time, when its sends were spread over more than one
+    request's latency (else no trend can be fitted: None)."""
+    ok = [a for a in answers if a.ok]
+    starts = [a.started_s for a in ok]
+    if len(ok) < 3 or not max(starts) - min(starts) > statistics.median(a.elapsed_s for a in ok):
+        return None
+    return Trend(tuple(starts), tuple(a.elapsed_s for a in ok))
 
 
 def achieved(answers: Sequence[Answer], total_s: float) -> tuple[float, float, int]:
@@ -65,11 +204,10 @@ def achieved(answers: Sequence[Answer], total_s: float) -> tuple[float, float, i
     tilt a least-squares line through ten answers — moves it by one place. Runs sent (nearly) all at once — sends spread over less than one request's
     latency, where no trend can be fitted — use the first-to-last-answer window."""
     ok = [a for a in answers if a.ok]
-    starts = [a.started_s for a in ok]
-    spread = len(ok) >= 3 and max(starts) - min(starts) > statistics.median(a.elapsed_s for a in ok)
-    if spread:
-        slope = robust_slope(starts, [a.elapsed_s for a in ok])
-        window = (max(starts) - min(starts)) * (1 + slope)
+    trend = trend_of(answers)
+    if trend is not None:
+        slope = robust_slope(trend.starts, trend.latencies)
+        window = (max(trend.starts) - min(trend.starts)) * (1 + slope)
         if window > 0:
             return (len(ok) - 1) / window, window, len(ok) - 1
     done = sorted(a.done_s for a in ok)
@@ -133,21 +271,26 @@ def shortfall_text(achieved_rate: float, offered_rate: float) -> str:
     return f"achieved {achieved_rate:.3g} req/s is {short:.0%} below the offered {offered_rate:g}"
 
 
-def judge(run: OpenRun, offered_rate: float | None, cap: int | None) -> RateJudgement:
-    """Saturated when achieved falls > 5 % below offered, when the in-flight count and the
-    latency keep growing through the run, or when the in-flight cap made the sends fall ever
-    further behind their schedule."""
+def judge(
+    run: OpenRun, offered_rate: float | None, cap: int | None, level: float = DEFAULT_LEVEL
+) -> RateJudgement:
+    """Saturated when achieved falls surely > 5 % below offered (``Shortfall``), when the
+    in-flight count and the latency keep growing through the run, or when the in-flight cap made
+    the sends fall ever further behind their schedule; unsure (``unsure``) when none of these
+    holds and the slope's interval leaves the shortfall on both sides of 5 %."""
     rate, window, count = achieved(run.requests, run.total_s)
-    why = late = ""
+    trend = trend_of(run.requests)
+    why = late = unsure = ""
     if offered_rate is not None:
         quarter = max(1, len(run.in_flight) // 4)
         first, last = _mean(run.in_flight[:quarter]), _mean(run.in_flight[-quarter:])
+        short = shortfall([trend], offered_rate, level) if trend is not None else None
         sent = _sent_late(run) if rate < offered_rate * (1 - SHORTFALL) else None
         if sent is not None and rate >= sent * (1 - SHORTFALL):
             # the server answered all that was sent: not its saturation, but the rate offered was
             # never measured either — the level is calibrate's limit, not a result
             late = f"calibrate sent only {sent:.3g} of the offered {offered_rate:g} req/s"
-        elif rate < offered_rate * (1 - SHORTFALL):
+        elif rate < offered_rate * (1 - SHORTFALL) and (short is None or short.surely_short):
             why = shortfall_text(rate, offered_rate)
         elif last >= first + GROWTH_MIN and last >= 2 * first and (grew := _latency_grew(run)):
             why = (
@@ -156,5 +299,9 @@ def judge(run: OpenRun, offered_rate: float | None, cap: int | None) -> RateJudg
             )
         elif cap is not None and _held_back(run) and (behind := _fell_behind(run)):
             why = f"the in-flight cap of {cap} held sends back: {behind}"
+        elif short is not None and not short.surely_short and not short.surely_within:
+            unsure = short.text(rate)
     lag = percentile(run.lag_s, 99) if offered_rate is not None else None
-    return RateJudgement(offered_rate, rate, window, count, bool(why), why, lag, late)
+    return RateJudgement(
+        offered_rate, rate, window, count, bool(why), why, lag, late, unsure=unsure, trend=trend
+    )

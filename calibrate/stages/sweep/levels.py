@@ -165,7 +165,7 @@ class Level:
             float("inf") if r.offered_rate is None else r.offered_rate,  # None: everything at once
             round(r.achieved_rate, 6),
             r.saturated,
-            r.why or None,
+            r.why or r.unsure or None,  # an unsure level's row says the shortfall's interval
             round(r.send_lag_p99_s, 6) if r.send_lag_p99_s is not None else None,
         )
 

@@ -3,7 +3,10 @@ schedule, judged on achieved vs offered rate and over-saturation (``stages.open_
 
 In flight is capped at what the ladder proved on an unmanaged server (SPEC §5.0). Every repeat
 runs (a saturated run is not the end of the level: one short run is noise); the level is
-saturated when most of its runs were, and the sweep stops at the first saturated level.
+saturated when most of its runs were, and the sweep stops at the first saturated level. A level
+whose runs disagree, or whose shortfall the slope's interval over all its answers cannot tell
+from 5 % (``saturation.Shortfall``), runs again up to ``max_repeats``; one still unsure then is
+neither kept up nor saturated: ``unsure``, the sweep's doubt (SPEC §5.14).
 
 **The SLO boundary over rates** (``sweep --find-max --rates``, ``next_rate``): the search of
 ``stages.sweep.find_max`` — ×8 up, then geometric bisection — on an offered rate in req/s, from
@@ -21,6 +24,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import replace
 
+from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.config import SloConfig
 from calibrate.errors import UsageError
 from calibrate.gpu.vram.peaks import WindowPeak
@@ -29,7 +33,13 @@ from calibrate.load.items import ItemResult
 from calibrate.load.keepalive_stall import find_stall
 from calibrate.load.pacing import OpenRun
 from calibrate.stages.measure.item_records import record_round
-from calibrate.stages.measure.saturation import SHORTFALL, RateJudgement, judge, shortfall_text
+from calibrate.stages.measure.saturation import (
+    SHORTFALL,
+    RateJudgement,
+    judge,
+    shortfall,
+    shortfall_text,
+)
 from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.sweep.find_max import (
     FACTOR,
@@ -51,8 +61,8 @@ def run_rate_level(sweep: LevelRunner, rate: float) -> Level:
     items: list[ItemResult] = []
     peaks: list[WindowPeak] = []
     repeat = 0
-    while repeat < o.repeats or (_mixed(judged) and repeat < o.max_repeats):
-        repeat += 1  # runs whose saturation disagrees: more, to settle it (SPEC §5.14)
+    while repeat < o.repeats or (_unsettled(judged, o.confidence) and repeat < o.max_repeats):
+        repeat += 1  # runs that disagree, or a shortfall unsure: more, to settle it (SPEC §5.14)
         stats, judgement, answered, peak = run_rate_once(sweep, rate, repeat)
         runs.append(stats)
         judged.append(judgement)
@@ -62,7 +72,7 @@ def run_rate_level(sweep: LevelRunner, rate: float) -> Level:
             break
     whole = whole_stats(o, max(r.concurrency for r in runs), runs, items, peaks)
     achieved = statistics.median(j.achieved_rate for j in judged)
-    rate_judgement = _level_judgement(judged, achieved)
+    rate_judgement = _level_judgement(judged, achieved, o.confidence)
     return Level(
         level_stats(whole, runs),
         tuple(runs),
@@ -82,21 +92,65 @@ def _mixed(judged: Sequence[RateJudgement]) -> bool:
     return 0 < saturated < len(judged)
 
 
-def _level_judgement(judged: list[RateJudgement], achieved: float) -> RateJudgement:
+def _unsure(judged: Sequence[RateJudgement], level: float, achieved: float | None = None) -> str:
+    """Why the level's shortfall is unsure, pooled over its runs' answers ("" when sure, or
+    when most runs saturated on another rule): the slope's interval straddles 5 %. Said at
+    ``achieved``, the level's (its runs' median unless given)."""
+    offered = judged[0].offered_rate if judged else None
+    trends = [j.trend for j in judged if j.trend is not None]
+    if offered is None or not trends or 2 * sum(j.saturated for j in judged) > len(judged):
+        return ""
+    pooled = shortfall(trends, offered, level)
+    if pooled is None or pooled.surely_short or pooled.surely_within:
+        return ""
+    if achieved is None:
+        achieved = statistics.median(j.achieved_rate for j in judged)
+    return pooled.text(achieved)
+
+
+def _resolved(judged: Sequence[RateJudgement], level: float) -> list[RateJudgement]:
+    """The runs, those unsure alone counted saturated when all the level's answers put it
+    surely more than 5 % short (their pooled slope's interval)."""
+    offered = judged[0].offered_rate if judged else None
+    trends = [j.trend for j in judged if j.trend is not None]
+    pooled = shortfall(trends, offered, level) if offered is not None and trends else None
+    if offered is None or pooled is None or not pooled.surely_short:
+        return list(judged)
+    achieved = statistics.median(j.achieved_rate for j in judged)
+    why = shortfall_text(achieved, offered)
+    return [replace(j, saturated=True, why=why, unsure="") if j.unsure else j for j in judged]
+
+
+def _unsettled(judged: Sequence[RateJudgement], level: float) -> bool:
+    """Runs that disagree, or a shortfall not yet sure over all the level's answers."""
+    resolved = _resolved(judged, level)
+    return _mixed(resolved) or bool(_unsure(resolved, level))
+
+
+def _level_judgement(
+    judged: list[RateJudgement], achieved: float, level: float = DEFAULT_LEVEL
+) -> RateJudgement:
     """Saturated when most of the level's runs were (one run of three that fell short on a
     burst is noise, not a result); a tie is settled by the level's median achieved rate, the
     number the table shows. The why names how many runs, and a shortfall is the level's own:
-    its median, not the first short run's rate (which read 81.1 req/s beside a table's 73.2)."""
+    its median, not the first short run's rate (which read 81.1 req/s beside a table's 73.2).
+    A shortfall the slope's interval over all the level's answers cannot tell from 5 % is
+    neither: the level is ``unsure`` and says the interval (runs unsure alone are not saturated;
+    pooled surely short, they count as saturated)."""
     lags = [j.send_lag_p99_s for j in judged if j.send_lag_p99_s is not None]
     judged = [replace(j, send_lag_p99_s=max(lags, default=None)) for j in judged]
+    offered = judged[0].offered_rate
+    judged = _resolved(judged, level)
+    unsure = _unsure(judged, level, achieved)
     saturated = [j for j in judged if j.saturated]
     split = (len(saturated), len(judged))
     judged = [replace(j, split=split) for j in judged]
     saturated = [j for j in judged if j.saturated]
-    offered = judged[0].offered_rate
     short = offered is not None and achieved < offered * (1 - SHORTFALL)
+    if unsure:
+        return replace(judged[0], saturated=False, why="", achieved_rate=achieved, unsure=unsure)
     if 2 * len(saturated) < len(judged) or (2 * len(saturated) == len(judged) and not short):
-        return replace(judged[0], saturated=False, why="", achieved_rate=achieved)
+        return replace(judged[0], saturated=False, why="", achieved_rate=achieved, unsure="")
     if len(judged) == 1:
         return replace(saturated[0], achieved_rate=achieved)
     reason = shortfall_text(achieved, offered) if short and offered else saturated[0].why
@@ -130,7 +184,7 @@ def run_rate_once(
     highest = max(run.in_flight, default=0) + 1
     label, tags = f"r{rate_text(rate)}", {"offered_rate": rate_value(rate)}
     items = sweep.keep(list(run.items), highest, repeat, peak, label, tags)
-    judgement = judge(run, None if math.isinf(rate) else rate, cap)
+    judgement = judge(run, None if math.isinf(rate) else rate, cap, o.confidence)
     stats = run_stats(
         o,
         highest,
@@ -192,14 +246,21 @@ def round_rate(rate: float) -> float:
 
 
 def judge_rate(
-    rate: float, runs: Sequence[Stats], slo: SloConfig, saturated: str, client_bound: str
+    rate: float,
+    runs: Sequence[Stats],
+    slo: SloConfig,
+    saturated: str,
+    client_bound: str,
+    unsure: str = "",
 ) -> Probe:
-    """A rate level's runs: the probe rule, and it passes only when it kept up — not saturated
-    (``saturated``: why it was), and sent by this process at the rate (``client_bound``)."""
+    """A rate level's runs: the probe rule, and it passes only when it surely kept up — not
+    saturated (``saturated``: why it was), its shortfall not unsure (``unsure``: its interval),
+    and sent by this process at the rate (``client_bound``)."""
     probe = judge_probe(rate, runs, slo)
     held = [
         *([f"client-bound: {client_bound}"] if client_bound else []),
         *([f"saturated: {saturated}"] if saturated else []),
+        *([f"not sure it kept up: {unsure}"] if unsure else []),
     ]
     why = "; ".join([probe.why, *held] if probe.why else held)
     return replace(probe, passed=not why, why=why)

@@ -139,7 +139,8 @@ class Sweep(LevelRuns):
         while (rate := next_rate(self.probes, bottom, top)) is not None:
             level = self.self_checked(run_rate_level(self, rate))
             saturated = level.rate.why if level.rate and level.saturated else ""
-            probe = judge_rate(rate, level.runs, o.slo, saturated, level.client_bound)
+            unsure = level.rate.unsure if level.rate else ""  # never a boundary it may not keep
+            probe = judge_rate(rate, level.runs, o.slo, saturated, level.client_bound, unsure)
             if probe.missed and level.verdict == "pass":
                 level = replace(level, verdict="stop: slo")
             self.probes.append(probe)

@@ -83,6 +83,22 @@ class SplitDoubt:
         }
 
 
+@dataclass(frozen=True)
+class ShortfallDoubt:
+    """A rate level whose achieved rate the slope's interval could not tell from 5 % short."""
+
+    level: str  # "10 req/s"
+    interval: str  # the shortfall and its interval in words (``saturation.Shortfall.text``)
+
+    def text(self) -> str:
+        """``whether 10 req/s keeps up: achieved 9.35 req/s, 6 % below the offered 10 — anywhere
+        from 3 % above to 16 % below over 8 answers (1 run, 95 %), across the 5 % line``."""
+        return f"whether {self.level} keeps up: {self.interval}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"level": self.level, "question": "keeps up", "shortfall": self.interval}
+
+
 def cause_of(noise: MachineNoise | None) -> str:
     """Why the runs disagree, in words: the machine's own noise, else the server itself."""
     if noise is None:
@@ -113,7 +129,7 @@ def remedy(noise: MachineNoise | None, more_runs: str) -> str:
 class Inconclusive:
     """A verdict the runs could not back: the doubts, the noise behind them, the way out."""
 
-    doubts: tuple[Doubt | SplitDoubt, ...]
+    doubts: tuple[Doubt | SplitDoubt | ShortfallDoubt, ...]
     noise: MachineNoise | None  # over the whole stage
     during: str  # "the sweep", "the ladder", "tune"
     conservative: str  # the conservative answer in words ("concurrency 1"); "" when none

@@ -43,7 +43,9 @@ def test_the_rate_search_lands_at_the_capacity_of_a_simulated_four_slot_server(
     answer 20 req/s. Below that a constant rate never queues (TTFT 0.05 s); above it requests
     wait for a slot and the achieved rate falls behind the offered one, far above it TTFT
     passes 0.1 s too. The boundary is the capacity, to the search's 5 % — a level of 0.3 s
-    cannot tell 21.5 req/s (7 % over, achieved 20.5) from keeping up, and says so honestly."""
+    cannot tell 21.5 req/s (7 % over, achieved 20.5) from keeping up, and says so honestly:
+    it read "kept up" (4.7 % short, just inside 5 %) and was the boundary, surer than its
+    eight answers a run; now the slope's interval straddles 5 % and it is not kept (SPEC §5.14)."""
     sweep = _rate_sweep(tmp_path, _four_slots(0.2))
     said: list[str] = []
     sweep.note = said.append
@@ -53,19 +55,21 @@ def test_the_rate_search_lands_at_the_capacity_of_a_simulated_four_slot_server(
     assert fm.start == "the synchronous rate"
     assert said[0] == "find-max: synchronous 5 req/s, so rates 5–5120 req/s"
     assert fm.order == (5.0, 40.0, 14.1, 23.7, 18.3, 20.8, 22.2, 21.5), fm.order
-    assert (fm.last_passing, fm.first_failing) == (21.5, 22.2)
+    assert (fm.last_passing, fm.first_failing) == (20.8, 21.5)
     assert 20.0 <= fm.last_passing <= 1.1 * 20.0, "at the slots' capacity, 4× the synchronous"
     levels = {lv.rate.offered_rate: lv for lv in result.levels if lv.rate is not None}
     assert levels[40.0].verdict == "stop: slo" and levels[40.0].rate is not None
     assert levels[40.0].rate.why.startswith("achieved 23.2 req/s is 42% below the offered 40")
     assert said[2].startswith("find-max probe 2: 40 req/s breaks them: ttft p99 0.25 s is over")
-    assert said[4] == (
-        "find-max probe 4: 23.7 req/s fails: saturated: achieved 21.1 req/s is 11% below the "
-        "offered 23.7"
+    assert said[4].startswith(
+        "find-max probe 4: 23.7 req/s fails: not sure it kept up: achieved 21.1 req/s, 11% below "
+        "the offered 23.7 — anywhere from "
     )
+    assert said[8].startswith("find-max probe 8: 21.5 req/s fails: not sure it kept up: "), said
+    assert "over 48 answers (6 runs, 95%), across the 5% line" in said[8]
     assert all(lv.stats.ttft_p99_s <= 0.1 for r, lv in levels.items() if r <= 21.5)
     summary = result.summary(sweep.options)
     assert result.passed and summary.recommended_concurrency is not None
-    assert summary.recommended_concurrency >= 4, "the most in flight at 21.5 req/s: the 4 slots"
+    assert summary.recommended_concurrency >= 4, "the most in flight at 20.8 req/s: the 4 slots"
     rows = jsonl(sweep.ctx.run.path / "tiers.jsonl")
     assert [r.get("offered_rate") for r in rows][1:] == list(fm.order), "written as probed"

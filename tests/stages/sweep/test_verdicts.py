@@ -176,6 +176,36 @@ def test_a_rate_whose_runs_disagree_on_saturating_is_not_recommended_as_sure() -
     assert taken.passed and taken.best is not None and taken.best.label == "8 req/s"
 
 
+def test_a_rate_whose_shortfall_is_unsure_after_its_repeats_is_not_recommended_as_sure() -> None:
+    """16 req/s read 4 % short over 48 answers, its slope's interval from 2 % above to 11 %
+    below: neither kept up nor saturated — inconclusive, saying the interval; --conservative
+    takes 8, surely kept up."""
+    from calibrate.stages.measure.saturation import RateJudgement
+    from calibrate.stages.sweep.levels import Level
+    from calibrate.stages.sweep.result import SweepResult
+    from tests.stage_fakes import CLEAN
+
+    unsure = (
+        "achieved 15.4 req/s, 4% below the offered 16 — anywhere from 2% above to 11% below "
+        "over 48 answers (6 runs, 95%), across the 5% line"
+    )
+
+    def rate_level(offered: float, unsure: str = "") -> Level:
+        stats = replace(CLEAN, concurrency=4, items_per_s=offered * 0.96)
+        judged = RateJudgement(offered, offered * 0.96, 2.0, 40, False, "", unsure=unsure)
+        return Level(stats, (stats,), None, False, "pass", False, judged)
+
+    result = SweepResult((rate_level(8), rate_level(16, unsure)), 4, 0.10, None, "none", 0)
+    assert not result.passed
+    assert result.inconclusive.startswith(
+        f"inconclusive: the runs cannot tell whether 16 req/s keeps up: {unsure} — "
+    ), result.inconclusive
+    assert "--conservative" in result.what_to_do and "(8 req/s)" in result.what_to_do
+    taken = replace(result, conservative=True)
+    assert taken.passed and taken.best is not None and taken.best.label == "8 req/s"
+    assert result.levels[1].rate_cells().saturation == unsure, "its row says why"
+
+
 def test_a_starved_level_between_the_knee_and_the_cap_leaves_the_knee_unknown(
     tmp_path: Path,
 ) -> None:

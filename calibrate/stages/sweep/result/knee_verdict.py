@@ -13,7 +13,13 @@ from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.server_account.cap import server_limit
 from calibrate.stages.sweep.levels import Level
 from calibrate.stages.sweep.result.client_limit import ClientLimit
-from calibrate.stages.verdict.doubt import Doubt, Inconclusive, SplitDoubt, UnderNoise
+from calibrate.stages.verdict.doubt import (
+    Doubt,
+    Inconclusive,
+    ShortfallDoubt,
+    SplitDoubt,
+    UnderNoise,
+)
 from calibrate.stages.verdict.knee import Knee, Point, find_knee, interval, spread_of
 from calibrate.stages.verdict.separation import LogSpread
 
@@ -136,16 +142,22 @@ class KneeVerdict(ClientLimit):
         )
 
     def _rate_doubt(self) -> Inconclusive | None:
-        """The highest rate kept up with, when some of its runs saturated after its repeats."""
+        """The highest rate kept up with, when some of its runs saturated after its repeats, or
+        the slope's interval over its answers could not tell its shortfall from 5 %."""
         kept = self.kept_rates
         top = kept[-1] if kept else None  # the rates rise as the levels go
-        if top is None or top.rate is None or not top.rate.split[0]:
+        if top is None or top.rate is None or not (top.rate.split[0] or top.rate.unsure):
             return None
         under, runs = top.rate.split
-        surely = [lv for lv in kept if lv.rate is not None and not lv.rate.split[0]]
+        surely = [lv for lv in kept if surely_kept(lv)]
         sync = self.synchronous
+        doubt = (
+            ShortfallDoubt(top.label, top.rate.unsure)
+            if top.rate.unsure
+            else SplitDoubt(top.label, "keeps up", under, runs)
+        )
         return Inconclusive(
-            (SplitDoubt(top.label, "keeps up", under, runs),),
+            (doubt,),
             combined(lv.stats.noise for lv in self.levels),
             "the sweep",
             surely[-1].label if surely else sync.label if sync is not None else "",
@@ -183,6 +195,11 @@ class KneeVerdict(ClientLimit):
     def noise_json(self) -> dict[str, Any] | None:
         noise = combined(lv.stats.noise for lv in self.levels)
         return {**noise.to_json(), "causes": noise.causes()} if noise else None
+
+
+def surely_kept(level: Level) -> bool:
+    """A rate level none of whose runs saturated, its shortfall surely within 5 %."""
+    return level.rate is not None and not level.rate.split[0] and not level.rate.unsure
 
 
 def _doubt(base: Point, cur: Point, rule: tuple[float, float], spread: LogSpread | None) -> Doubt:

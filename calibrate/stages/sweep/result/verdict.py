@@ -10,7 +10,7 @@ import math
 from calibrate.load.arrivals import rate_text
 from calibrate.stages.measure.slo import has_slo
 from calibrate.stages.sweep.levels import Level, probed_level
-from calibrate.stages.sweep.result.knee_verdict import KneeVerdict
+from calibrate.stages.sweep.result.knee_verdict import KneeVerdict, surely_kept
 
 
 class SweepVerdict(KneeVerdict):
@@ -31,8 +31,8 @@ class SweepVerdict(KneeVerdict):
             return probed_level(passing, fm, at)
         if self.auto or self.rate_mode:  # a saturated rate is never recommended, nor inf
             kept = [lv for lv in self.kept_rates if self.runs_whole(lv)]
-            if self.under_noise:  # --conservative: none of its runs saturated
-                kept = [lv for lv in kept if lv.rate is not None and not lv.rate.split[0]]
+            if self.under_noise:  # --conservative: none of its runs saturated, surely kept up
+                kept = [lv for lv in kept if surely_kept(lv)]
             sync = [lv for lv in passing if lv is self.synchronous]
             if has_slo(self.slo):  # the most goodput, an auto sweep's synchronous level too
                 good = [lv for lv in [*sync, *kept] if (lv.stats.goodput_per_s or 0.0) > 0]

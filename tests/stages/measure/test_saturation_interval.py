@@ -1,0 +1,113 @@
+"""A rate run's shortfall is as sure as the slope it rests on (SPEC §5.13, §5.14): Sen's interval
+for the Theil–Sen slope of latency against send time decides saturated, kept up, or unsure —
+scripted answers, no server, no clock."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from calibrate.load.pacing import Answer, OpenRun
+from calibrate.stages.measure.saturation import (
+    RateJudgement,
+    Trend,
+    judge,
+    robust_slope,
+    sen_interval,
+)
+from calibrate.stages.sweep.rates import _level_judgement, _unsettled
+
+# ±40 ms of latency jitter over a 0.12 s answer, as a loaded 2-core machine added to the mock
+JITTER = (0.0, 0.04, -0.03, 0.05, -0.04, 0.03, 0.02, 0.04)
+
+
+def _run(rate: float, latencies: Sequence[float]) -> OpenRun:
+    """Sends at ``rate`` req/s on schedule, one request in flight at a time (no queue)."""
+    starts = [n / rate for n in range(len(latencies))]
+    answers = tuple(Answer(s, e, True) for s, e in zip(starts, latencies, strict=True))
+    zeros = (0.0,) * len(starts)
+    return OpenRun(
+        (), starts[-1] + latencies[-1], starts[-1], (1,) * len(starts), 0.0, zeros, answers
+    )
+
+
+def test_one_runs_interval_is_theil_sen_with_sens_ranks_around_it() -> None:
+    """Eight answers: the slope is ``robust_slope``'s, and the 95 % interval spans the 6th to
+    the 23rd of the 28 pairwise slopes (C = 1.96 · sqrt(8·7·21/18) ≈ 15.8); a straight line's
+    interval is the line itself."""
+    xs = [n / 10 for n in range(8)]
+    ys = [0.12 + j for j in JITTER]
+    found = sen_interval([Trend(tuple(xs), tuple(ys))])
+    assert found is not None and found.answers == 8 and found.runs == 1
+    assert found.slope == pytest.approx(robust_slope(xs, ys))
+    slopes = sorted((ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(8) for j in range(i + 1, 8))
+    assert (found.low, found.high) == (slopes[5], slopes[22])
+    line = sen_interval([Trend(tuple(xs), tuple(0.1 + 0.2 * x for x in xs))])
+    assert line is not None and line.low == pytest.approx(0.2) == pytest.approx(line.high)
+
+
+def test_eight_jittery_answers_of_a_server_that_keeps_up_are_not_saturated() -> None:
+    """The loaded-machine case: 10 req/s offered to a mock serving ~33 req/s, eight answers of
+    0.12 s ± 40 ms. The slope reads the run 7 % short — before, "saturated at 10 req/s: achieved
+    9.33 req/s is 7% below the offered 10", exit 1 — but its interval reaches well above the
+    offered rate: unsure, said with the interval, never saturated."""
+    latencies = [0.12 + j + 0.003 * n for n, j in enumerate(JITTER)]
+    judged = judge(_run(10.0, latencies), 10.0, 4)
+    assert judged.achieved_rate < 9.5, "the point estimate is more than 5 % short"
+    assert not judged.saturated and judged.why == ""
+    assert judged.unsure.startswith(f"achieved {judged.achieved_rate:.3g} req/s, ")
+    assert "over 8 answers (1 run, 95%), across the 5% line" in judged.unsure
+    assert "above to " in judged.unsure, judged.unsure
+
+
+def test_a_4_percent_shortfall_from_eight_answers_is_no_surer_kept_up() -> None:
+    """The other direction: eight jittery answers reading 4 % short are not "kept up" either."""
+    shifted = JITTER[1:] + JITTER[:1]
+    latencies = [0.12 + j + 0.006 * n for n, j in enumerate(shifted)]
+    judged = judge(_run(10.0, latencies), 10.0, 4)
+    assert 9.5 <= judged.achieved_rate < 9.7
+    assert not judged.saturated and judged.unsure, judged
+
+
+def test_a_clear_trend_or_a_flat_one_is_sure_at_eight_answers() -> None:
+    """Latency climbing 0.1 s with every send (a queue) is saturated at eight answers; flat
+    latency is kept up, not unsure."""
+    rising = judge(_run(10.0, [0.12 + 0.1 * n for n in range(8)]), 10.0, None)
+    assert rising.saturated and rising.why.startswith("achieved ") and not rising.unsure
+    flat = judge(_run(10.0, [0.12 + j / 10 for j in JITTER]), 10.0, None)
+    assert not flat.saturated and flat.unsure == "" and flat.why == ""
+
+
+def test_a_level_pools_its_runs_answers_and_repeats_while_unsure() -> None:
+    """One unsure run leaves the level unsettled (it runs again); six runs of the same server
+    pooled are sure it kept up. Six runs of a queue that grows a little each — each unsure
+    alone — pooled are surely short: saturated, every run counted."""
+    keeps = [
+        judge(_run(10.0, [0.12 + j for j in JITTER[k:] + JITTER[:k]]), 10.0, 4) for k in range(6)
+    ]
+    assert _unsettled(keeps[:1], 0.95) and not _unsettled(keeps, 0.95)
+    level = _level_judgement(keeps, 10.0)
+    assert not level.saturated and level.unsure == "" and level.split == (0, 6)
+    grows = [
+        judge(
+            _run(10.0, [0.12 + j + 0.015 * n for n, j in enumerate(JITTER[k:] + JITTER[:k])]),
+            10.0,
+            4,
+        )
+        for k in range(6)
+    ]
+    assert all(g.unsure and not g.saturated for g in grows)
+    short = _level_judgement(grows, 8.6)
+    assert short.saturated and short.unsure == "" and short.split == (6, 6), short
+    assert short.why == "achieved 8.6 req/s is 14% below the offered 10 (6 of 6 runs)"
+
+
+def test_a_level_still_unsure_says_its_shortfall_and_interval() -> None:
+    """Two runs, each unsure, pooled still unsure: the level is neither kept up nor saturated,
+    and says why with the numbers."""
+    runs = [judge(_run(10.0, [0.12 + j + 0.003 * n for n, j in enumerate(JITTER)]), 10.0, 4)] * 2
+    level = _level_judgement(runs, 9.33)
+    assert isinstance(level, RateJudgement) and not level.saturated
+    assert level.unsure.startswith("achieved 9.33 req/s, 7% below the offered 10 — anywhere from")
+    assert "over 16 answers (2 runs, 95%)" in level.unsure
