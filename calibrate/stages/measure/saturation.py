@@ -6,7 +6,7 @@ eight answers with ordinary jitter can stretch the window by anywhere from −10
 run is saturated on the shortfall only when even the slope's lower bound (Sen 1968, at the
 ``[confidence]`` level) leaves it more than 5 % short, kept up only when even the upper bound
 leaves it within 5 %, and unsure otherwise (``Shortfall``). A level pools its runs' answers
-(the pairs within each run, ``sen_interval``), so its repeats narrow the interval."""
+(the pairs within each run, ``latency_trend.sen_interval``), so its repeats narrow the interval."""
 
 from __future__ import annotations
 
@@ -18,6 +18,13 @@ from dataclasses import dataclass, field
 from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.load.items import percentile
 from calibrate.load.pacing import Answer, OpenRun
+from calibrate.stages.measure.latency_trend import (
+    SlopeInterval,
+    Trend,
+    robust_slope,
+    sen_interval,
+    trend_of,
+)
 
 SHORTFALL = 0.05  # achieved more than 5 % below offered: saturated
 GROWTH_MIN = 2.0  # in flight grew by at least this many requests (and doubled) through the run
@@ -42,30 +49,6 @@ class RateJudgement:
     unsure: str = ""  # why the shortfall could not be told from 5 %, in words ("" = it could)
     # the run's latency against send time, which the level pools (None: sent all at once)
     trend: Trend | None = field(default=None, compare=False, repr=False)
-
-
-@dataclass(frozen=True)
-class Trend:
-    """An open-loop run's answers as its achieved rate reads them: latency against send time."""
-
-    starts: tuple[float, ...]
-    latencies: tuple[float, ...]
-
-    @property
-    def send_rate(self) -> float:
-        """The rate the requests went out at: (n − 1) / send span."""
-        return (len(self.starts) - 1) / (max(self.starts) - min(self.starts))
-
-
-@dataclass(frozen=True)
-class SlopeInterval:
-    """The Theil–Sen slope of latency against send time with its interval (Sen 1968)."""
-
-    slope: float
-    low: float
-    high: float
-    answers: int
-    runs: int
 
 
 @dataclass(frozen=True)
@@ -120,57 +103,6 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def _points(xs: Sequence[float], ys: Sequence[float], max_points: int) -> list[tuple[float, float]]:
-    """The points sorted by x, at most ``max_points`` of them, evenly spread (to bound the work)."""
-    pairs = sorted(zip(xs, ys, strict=True))
-    if len(pairs) > max_points:
-        step = (len(pairs) - 1) / (max_points - 1)
-        pairs = [pairs[round(n * step)] for n in range(max_points)]
-    return pairs
-
-
-def _slopes(pairs: Sequence[tuple[float, float]]) -> list[float]:
-    return [
-        (y2 - y1) / (x2 - x1)
-        for i, (x1, y1) in enumerate(pairs)
-        for x2, y2 in pairs[i + 1 :]
-        if x2 > x1
-    ]
-
-
-def robust_slope(xs: Sequence[float], ys: Sequence[float], max_points: int = 300) -> float:
-    """The Theil–Sen slope: the median of the slopes between every two points (over at most
-    ``max_points`` of them, evenly spread, to bound the work). One request that hiccups
-    tilts a least-squares line through ten answers; it moves this median by one place."""
-    slopes = _slopes(_points(xs, ys, max_points))
-    return statistics.median(slopes) if slopes else 0.0
-
-
-def sen_interval(
-    trends: Sequence[Trend], level: float = DEFAULT_LEVEL, max_points: int = 300
-) -> SlopeInterval | None:
-    """The Theil–Sen slope over the pairs within each run, with Sen's (1968) interval: the
-    sorted pairwise slopes ranked (N ∓ C) / 2 around their median, C = z · sqrt(Σ n(n − 1)(2n
-    + 5) / 18) — Kendall's S summed over the runs, as each run's clock starts anew. One run's
-    slope is ``robust_slope``'s; None when no run has two answers sent apart."""
-    slopes: list[float] = []
-    variance = 0.0
-    for trend in trends:
-        pairs = _points(trend.starts, trend.latencies, max_points)
-        n = len(pairs)
-        slopes += _slopes(pairs)
-        variance += n * (n - 1) * (2 * n + 5) / 18
-    if not slopes:
-        return None
-    slopes.sort()
-    total = len(slopes)
-    c = statistics.NormalDist().inv_cdf((1 + level) / 2) * math.sqrt(variance)
-    low = slopes[max(round((total - c) / 2) - 1, 0)]
-    high = slopes[min(round((total + c) / 2), total - 1)]
-    answers = sum(len(t.starts) for t in trends)
-    return SlopeInterval(statistics.median(slopes), low, high, answers, len(trends))
-
-
 def shortfall(
     trends: Sequence[Trend], offered_rate: float, level: float = DEFAULT_LEVEL
 ) -> Shortfall | None:
@@ -180,16 +112,6 @@ def shortfall(
         return None
     send = statistics.median(t.send_rate for t in trends)
     return Shortfall(send, found, offered_rate, level)
-
-
-def trend_of(answers: Sequence[Answer]) -> Trend | None:
-    """The run's latency against send time, when its sends were spread over more than one
-    request's latency (else no trend can be fitted: None)."""
-    ok = [a for a in answers if a.ok]
-    starts = [a.started_s for a in ok]
-    if len(ok) < 3 or not max(starts) - min(starts) > statistics.median(a.elapsed_s for a in ok):
-        return None
-    return Trend(tuple(starts), tuple(a.elapsed_s for a in ok))
 
 
 def achieved(answers: Sequence[Answer], total_s: float) -> tuple[float, float, int]:

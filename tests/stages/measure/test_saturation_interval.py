@@ -9,13 +9,8 @@ from collections.abc import Sequence
 import pytest
 
 from calibrate.load.pacing import Answer, OpenRun
-from calibrate.stages.measure.saturation import (
-    RateJudgement,
-    Trend,
-    judge,
-    robust_slope,
-    sen_interval,
-)
+from calibrate.stages.measure.latency_trend import Trend, robust_slope, sen_interval
+from calibrate.stages.measure.saturation import RateJudgement, judge
 from calibrate.stages.sweep.rates import _level_judgement, _unsettled
 
 # ±40 ms of latency jitter over a 0.12 s answer, as a loaded 2-core machine added to the mock
