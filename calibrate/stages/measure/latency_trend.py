@@ -4,6 +4,7 @@ what a rate level's achieved rate rests on (``saturation``).
 The slope is Theil–Sen's (the median of the pairwise slopes: one answer that hiccups moves it by
 one place); its interval is Sen's (1968), from the ranks of the pairwise slopes around it at the
 ``[confidence]`` level, pooled over the pairs within each of a level's runs, so repeats narrow it.
+A queue that forms halfway is read across each run's halves (``queue_interval``).
 """
 
 from __future__ import annotations
@@ -81,6 +82,32 @@ def sen_interval(
         n = len(pairs)
         slopes += _slopes(pairs)
         variance += n * (n - 1) * (2 * n + 5) / 18
+    return _ranked(slopes, variance, level, trends)
+
+
+def queue_interval(
+    trends: Sequence[Trend], level: float = DEFAULT_LEVEL, max_points: int = 300
+) -> SlopeInterval | None:
+    """The slope from each run's first half of answers (by send time) to its last half, with
+    its interval: the slopes of the pairs across the halves ranked as Mann–Whitney's U between
+    the halves' residuals, C = z · sqrt(Σ m²(2m + 1) / 3). A queue that only starts to form
+    halfway flattens Sen's interval down to 0 (its early answers wait alike: a third of the
+    pairs' slopes are 0); across the halves every pair sees it. None when no run has four."""
+    slopes: list[float] = []
+    variance = 0.0
+    for trend in trends:
+        pairs = _points(trend.starts, trend.latencies, max_points)
+        m = len(pairs) // 2
+        early, late = pairs[:m], pairs[len(pairs) - m :]
+        slopes += [(y2 - y1) / (x2 - x1) for x1, y1 in early for x2, y2 in late if x2 > x1]
+        variance += m * m * (2 * m + 1) / 3 if m >= 2 else 0.0
+    return _ranked(slopes, variance, level, trends) if variance else None
+
+
+def _ranked(
+    slopes: list[float], variance: float, level: float, trends: Sequence[Trend]
+) -> SlopeInterval | None:
+    """The slopes' median, and the interval ranked (N ∓ C) / 2 around it, C = z · sqrt(variance)."""
     if not slopes:
         return None
     slopes.sort()

@@ -5,8 +5,11 @@ The shortfall is only as sure as the slope it rests on (SPEC §5.14): a latency 
 eight answers with ordinary jitter can stretch the window by anywhere from −10 % to +15 %, so a
 run is saturated on the shortfall only when even the slope's lower bound (Sen 1968, at the
 ``[confidence]`` level) leaves it more than 5 % short, kept up only when even the upper bound
-leaves it within 5 %, and unsure otherwise (``Shortfall``). A level pools its runs' answers
-(the pairs within each run, ``latency_trend.sen_interval``), so its repeats narrow the interval."""
+leaves it within 5 %, and unsure otherwise (``Shortfall``). A queue that only starts to form
+halfway through a run leaves its early answers waiting alike, and Sen's lower bound at 0; so a
+run the slope reads short is saturated too when the slope from its first half of answers to its
+last (``latency_trend.queue_interval``) surely leaves it short. A level pools its runs' answers
+(the pairs within each run), so its repeats narrow both intervals."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from calibrate.load.pacing import Answer, OpenRun
 from calibrate.stages.measure.latency_trend import (
     SlopeInterval,
     Trend,
+    queue_interval,
     robust_slope,
     sen_interval,
     trend_of,
@@ -60,6 +64,7 @@ class Shortfall:
     trend: SlopeInterval
     offered: float
     level: float
+    queue: SlopeInterval | None = None  # the first half of the answers against the last
 
     def achieved_at(self, slope: float) -> float:
         return self.send_rate / (1 + slope) if slope > -1 else math.inf
@@ -70,8 +75,35 @@ class Shortfall:
 
     @property
     def surely_short(self) -> bool:
-        """Even the slope's lower bound (the highest achieved rate) is more than 5 % short."""
-        return self.achieved_at(self.trend.low) < self.line
+        """Even the slope's lower bound (the highest achieved rate) is more than 5 % short, or
+        the slope reads it so and a queue surely forms: even the lower bound of the slope from
+        the first half of the answers to the last leaves it more than 5 % short."""
+        return self.achieved_at(self.trend.low) < self.line or self.queue_short
+
+    @property
+    def queue_short(self) -> bool:
+        """Short on the queue's interval, not on Sen's (``why`` says so)."""
+        q = self.queue
+        return (
+            q is not None
+            and self.achieved_at(self.trend.slope) < self.line
+            and self.achieved_at(q.low) < self.line <= self.achieved_at(self.trend.low)
+        )
+
+    def why(self, achieved_rate: float) -> str:
+        """``achieved 21.1 req/s is 11% below the offered 23.7``, and when a forming queue
+        decided it, ``; a queue formed: the last half of the answers waited longer than the
+        first, at least 13% below over 48 answers (6 runs, 95%)``."""
+        said = shortfall_text(achieved_rate, self.offered)
+        if not self.queue_short or self.queue is None:
+            return said
+        q = self.queue
+        runs = f"{q.runs} run{'s' if q.runs != 1 else ''}"
+        return (
+            f"{said}; a queue formed: the last half of the answers waited longer than the first, "
+            f"at least {_off(self.achieved_at(q.low), self.offered)} over {q.answers} answers "
+            f"({runs}, {self.level:.0%})"
+        )
 
     @property
     def surely_within(self) -> bool:
@@ -111,7 +143,7 @@ def shortfall(
     if found is None:
         return None
     send = statistics.median(t.send_rate for t in trends)
-    return Shortfall(send, found, offered_rate, level)
+    return Shortfall(send, found, offered_rate, level, queue_interval(trends, level))
 
 
 def achieved(answers: Sequence[Answer], total_s: float) -> tuple[float, float, int]:
@@ -213,7 +245,7 @@ def judge(
             # never measured either — the level is calibrate's limit, not a result
             late = f"calibrate sent only {sent:.3g} of the offered {offered_rate:g} req/s"
         elif rate < offered_rate * (1 - SHORTFALL) and (short is None or short.surely_short):
-            why = shortfall_text(rate, offered_rate)
+            why = short.why(rate) if short is not None else shortfall_text(rate, offered_rate)
         elif last >= first + GROWTH_MIN and last >= 2 * first and (grew := _latency_grew(run)):
             why = (
                 f"requests in flight kept growing, {first:.1f} → {last:.1f} through the run, "

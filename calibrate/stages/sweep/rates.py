@@ -116,8 +116,7 @@ def _resolved(judged: Sequence[RateJudgement], level: float) -> list[RateJudgeme
     pooled = shortfall(trends, offered, level) if offered is not None and trends else None
     if offered is None or pooled is None or not pooled.surely_short:
         return list(judged)
-    achieved = statistics.median(j.achieved_rate for j in judged)
-    why = shortfall_text(achieved, offered)
+    why = pooled.why(statistics.median(j.achieved_rate for j in judged))
     return [replace(j, saturated=True, why=why, unsure="") if j.unsure else j for j in judged]
 
 
@@ -136,7 +135,7 @@ def _level_judgement(
     its median, not the first short run's rate (which read 81.1 req/s beside a table's 73.2).
     A shortfall the slope's interval over all the level's answers cannot tell from 5 % is
     neither: the level is ``unsure`` and says the interval (runs unsure alone are not saturated;
-    pooled surely short, they count as saturated)."""
+    pooled surely short, they count as saturated; a queue that decided it is said)."""
     lags = [j.send_lag_p99_s for j in judged if j.send_lag_p99_s is not None]
     judged = [replace(j, send_lag_p99_s=max(lags, default=None)) for j in judged]
     offered = judged[0].offered_rate
@@ -153,7 +152,11 @@ def _level_judgement(
         return replace(judged[0], saturated=False, why="", achieved_rate=achieved, unsure="")
     if len(judged) == 1:
         return replace(saturated[0], achieved_rate=achieved)
-    reason = shortfall_text(achieved, offered) if short and offered else saturated[0].why
+    trends = [j.trend for j in judged if j.trend is not None]
+    pooled = shortfall(trends, offered, level) if offered and trends else None
+    reason = saturated[0].why
+    if short and offered:
+        reason = pooled.why(achieved) if pooled else shortfall_text(achieved, offered)
     why = f"{reason} ({len(saturated)} of {len(judged)} runs)"
     return replace(saturated[0], why=why, achieved_rate=achieved)
 

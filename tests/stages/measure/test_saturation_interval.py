@@ -9,7 +9,12 @@ from collections.abc import Sequence
 import pytest
 
 from calibrate.load.pacing import Answer, OpenRun
-from calibrate.stages.measure.latency_trend import Trend, robust_slope, sen_interval
+from calibrate.stages.measure.latency_trend import (
+    Trend,
+    queue_interval,
+    robust_slope,
+    sen_interval,
+)
 from calibrate.stages.measure.saturation import RateJudgement, judge
 from calibrate.stages.sweep.rates import _level_judgement, _unsettled
 
@@ -106,3 +111,39 @@ def test_a_level_still_unsure_says_its_shortfall_and_interval() -> None:
     assert isinstance(level, RateJudgement) and not level.saturated
     assert level.unsure.startswith("achieved 9.33 req/s, 7% below the offered 10 — anywhere from")
     assert "over 16 answers (2 runs, 95%)" in level.unsure
+
+
+# a queue forming halfway: 23.7 req/s sent to 4 slots of 0.2 s (20 req/s); the first four are
+# served at once, the next four each wait 4 × (0.2 − 4 / 23.7) ≈ 31 ms for a slot
+STEP = [0.2] * 4 + [0.2 + 0.2 - 4 / 23.7] * 4
+
+
+def test_a_queue_forming_halfway_is_read_across_the_halves() -> None:
+    """Sen's interval over the 28 pairs reaches down to 0 (12 pairs within a step are flat);
+    the 16 pairs across the halves all rise, and with four a half (C = 1.96 · sqrt(16·9/3)
+    ≈ 13.6) the interval is their lowest to their highest slope."""
+    starts = tuple(n / 23.7 for n in range(8))
+    trend = Trend(starts, tuple(STEP))
+    sen = sen_interval([trend])
+    assert sen is not None and sen.low == 0.0 < sen.slope
+    queue = queue_interval([trend])
+    rise = STEP[-1] - STEP[0]
+    assert queue is not None and (queue.answers, queue.runs) == (8, 1)
+    assert queue.low == pytest.approx(rise / (7 / 23.7))
+    assert queue.high == pytest.approx(rise / (1 / 23.7))
+    assert queue_interval([Trend(starts[:3], tuple(STEP[:3]))]) is None, "one answer a half"
+
+
+def test_a_server_20_percent_overloaded_reads_saturated_not_unsure() -> None:
+    """Before: "not sure it kept up: achieved 21.1 req/s, 11% below the offered 23.7 — anywhere
+    from 0% below to 13% below", six runs, and the sweep inconclusive. Now saturated from one
+    run of eight, saying why with the queue's bound; the level says it too."""
+    judged = judge(_run(23.7, STEP), 23.7, 4)
+    assert judged.saturated and not judged.unsure, judged
+    assert judged.why == (
+        "achieved 21.1 req/s is 11% below the offered 23.7; a queue formed: the last half of the "
+        "answers waited longer than the first, at least 10% below over 8 answers (1 run, 95%)"
+    )
+    assert not _unsettled([judged], 0.95)
+    level = _level_judgement([judged], judged.achieved_rate)
+    assert level.saturated and level.why == judged.why

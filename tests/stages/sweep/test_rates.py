@@ -168,3 +168,26 @@ def test_a_slow_jittery_server_that_keeps_up_is_never_read_saturated_from_eight_
     (level,) = result.levels
     assert level.saturated and len(level.runs) == 1, "sure from eight answers"
     assert result.saturation_text.startswith("saturated at 10 req/s: achieved")
+
+
+def test_a_server_20_percent_overloaded_is_saturated_while_its_queue_only_starts_to_form(
+    tmp_path: Path,
+) -> None:
+    """4 slots of 0.2 s (20 req/s) offered 23.7 req/s at a constant rate, eight answers a run:
+    the first four wait alike, so Sen's interval reached down to 0 and all 200 such levels read
+    "inconclusive … anywhere from 0% below to 13% below over 48 answers (6 runs)". The last
+    half of the answers against the first is sure of the queue: saturated from one run. With
+    ±20 % jitter a level takes more runs, and still reads saturated."""
+    fast = dict(slots=4, ttft_s=0.05, per_token_s=0.05, answer_tokens=3)
+    _, result = _rates(tmp_path, simulated_sender(**fast), (23.7,), 0.3, arrival="constant")
+    (level,) = result.levels
+    assert level.saturated and len(level.runs) == 1 and not result.inconclusive
+    assert result.saturation_text.startswith(
+        "saturated at 23.7 req/s: achieved 21.1 req/s is 11% below the offered 23.7; a queue "
+        "formed: the last half of the answers waited longer than the first, at least 10% below"
+    ), result.saturation_text
+    for seed in range(10):
+        sender = simulated_sender(seed=seed, jitter=0.2, **fast)
+        folder = tmp_path / str(seed)
+        _, result = _rates(folder, sender, (23.7,), 0.3, arrival="constant", seed=7 * seed)
+        assert result.levels[0].saturated and not result.inconclusive, (seed, result.inconclusive)
