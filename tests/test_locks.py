@@ -236,3 +236,24 @@ def test_a_link_planted_at_the_target_lock_is_never_written_through(
     assert "the lock file" in result.err and "Traceback" not in result.err
     assert victim.read_text("utf-8") == "precious\n"
     assert not (isolated / "created-by-calibrate.txt").exists()
+
+
+def test_the_lock_names_a_batch_that_still_holds_it_when_another_has_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two batches hold the lock; the later one ends first: a ladder refused then names the batch
+    still sending, never the PID of the one that has ended."""
+    from calibrate.errors import UsageError
+    from calibrate.state import target_lock
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a PID no process has now
+    with target_lock.hold(tmp_path, "t", "batch", shared=True):
+        with monkeypatch.context() as patched:
+            patched.setattr(target_lock.os, "getpid", lambda: gone.pid)
+            with target_lock.hold(tmp_path, "t", "batch", shared=True):
+                pass
+        with pytest.raises(UsageError) as refused, target_lock.hold(tmp_path, "t", "ladder"):
+            pass
+    assert f"a batch (PID {os.getpid()}" in str(refused.value)
+    assert str(gone.pid) not in str(refused.value)

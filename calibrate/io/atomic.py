@@ -78,7 +78,7 @@ def remove_stale_temps(path: Path, *, own: bool = False) -> int:
         if not pid_text.isdigit():
             continue
         mine = int(pid_text) == os.getpid()
-        if mine != own or (not mine and _alive(int(pid_text))):
+        if mine != own or (not mine and pid_lives(int(pid_text))):
             continue
         with contextlib.suppress(OSError):
             (path.parent / name).unlink()
@@ -86,7 +86,8 @@ def remove_stale_temps(path: Path, *, own: bool = False) -> int:
     return removed
 
 
-def _alive(pid: int) -> bool:
+def pid_lives(pid: int) -> bool:
+    """Whether a process has ``pid`` (signal 0: nothing is sent); unknown reads as alive."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

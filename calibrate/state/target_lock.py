@@ -3,10 +3,12 @@
 ladder, sweep, tune and rollback hold ``runs/locks/<target>.lock`` (``fcntl.flock``) alone while
 they run: they measure the server, and another stage's load would be measured with theirs. A
 batch holds it shared: several batches (the shards of one job) may send to one server at once,
-but none beside a stage that measures it, nor such a stage beside them. The file says who took
-it last (PID, stage, since when). The kernel drops the lock when its holder dies, so a lock left
-by a crashed or killed run never blocks the next one; only a live holder does, and the stage
-that would run beside it stops at once (exit 2) naming it.
+but none beside a stage that measures it, nor such a stage beside them. The file says who holds
+it (PID, stage, since when): an exclusive holder's line alone, a line added by each batch; a
+refused stage names the latest holder still alive (a batch that ended beside another leaves its
+line, never named once its PID is gone). The kernel drops the lock when its holder dies, so a
+lock left by a crashed or killed run never blocks the next one; only a live holder does, and
+the stage that would run beside it stops at once (exit 2) naming it.
 """
 
 from __future__ import annotations
@@ -18,8 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from calibrate.errors import UsageError
+from calibrate.io.atomic import pid_lives
 from calibrate.io.lock import open_lock_file
 from calibrate.io.records import utc_now_iso
+
+#: how much of the lock file's end is read for its holder (a line a batch, ~50 bytes each)
+_TAIL = 4096
 
 
 def lock_path(runs_dir: Path, target: str) -> Path:
@@ -27,14 +33,18 @@ def lock_path(runs_dir: Path, target: str) -> Path:
 
 
 def _holder(fd: int) -> str:
-    """``PID 1234 (ladder, since …)`` from the lock file, or a vaguer text when unreadable."""
+    """``a batch (PID 1234, since …)``: the latest line of the lock file whose PID still lives,
+    or a vaguer text when none does or it is unreadable."""
     try:
-        text = os.pread(fd, 512, 0).decode("utf-8", errors="replace").split()
+        start = max(0, os.fstat(fd).st_size - _TAIL)
+        lines = os.pread(fd, _TAIL, start).decode("utf-8", errors="replace").splitlines()
     except OSError:
-        text = []
-    if len(text) >= 2 and text[0].isdigit():
-        since = f", since {text[2]}" if len(text) > 2 else ""
-        return f"a {text[1]} (PID {text[0]}{since})"
+        lines = []
+    for line in reversed(lines):
+        text = line.split()
+        if len(text) >= 2 and text[0].isdigit() and pid_lives(int(text[0])):
+            since = f", since {text[2]}" if len(text) > 2 else ""
+            return f"a {text[1]} (PID {text[0]}{since})"
     return "another calibrate process"
 
 
@@ -54,9 +64,14 @@ def hold(runs_dir: Path, target: str, stage: str, *, shared: bool = False) -> It
                 f"two load-sending stages at once would measure each other's load ({path})",
                 f"Wait for it to finish, or stop it first; then run {stage} again.",
             ) from None
+        line = f"{os.getpid()} {stage} {utc_now_iso()}\n".encode()
         try:  # who holds it, for a second stage's message; the lock itself is the flock
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()} {stage} {utc_now_iso()}\n".encode(), 0)
+            if shared:  # beside the other batches' lines: one line, appended whole
+                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+                os.write(fd, line)
+            else:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, line, 0)
         except OSError:  # a full disk: held all the same, its holder shown as unknown
             pass
         try:
