@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,10 +125,15 @@ def check_ledger(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def load_lock(ctx: StageContext, *, shared: bool = False) -> Iterator[None]:
+def load_lock(
+    ctx: StageContext, *, shared: bool = False, also: Sequence[str] = ()
+) -> Iterator[None]:
     """One load-sending stage per target at a time (ladder, sweep, tune, rollback); ``shared``:
-    a batch, which may send beside other batches but never beside a stage that measures."""
-    with hold(ctx.config.runs_dir, ctx.target, ctx.run.stage, shared=shared):
+    a batch, which may send beside other batches but never beside a stage that measures — each
+    server it sends to (``also``: the other endpoints' targets) held as its own."""
+    with contextlib.ExitStack() as held:
+        for target in dict.fromkeys((ctx.target, *also)):
+            held.enter_context(hold(ctx.config.runs_dir, target, ctx.run.stage, shared=shared))
         yield
 
 

@@ -44,8 +44,7 @@ def endpoints_for(
         if own is not None:
             out.append(Endpoint(url, min(own, cap), "URL#c"))
             continue
-        target = replace(cfg, target=replace(cfg.target, base_url=url))
-        setting = resolve(ledger, target_fingerprint(target))
+        setting = resolve(ledger, endpoint_target(cfg, url))
         if setting is not None:
             out.append(Endpoint(url, min(setting.concurrency, cap), setting.set_by))
         elif concurrency is not None:
@@ -60,6 +59,11 @@ def endpoints_for(
             )
         seen.add(endpoint.base_url)
     return tuple(out)
+
+
+def endpoint_target(cfg: Config, url: str) -> str:
+    """The target an endpoint is (its calibration's, its lock's): the config at its URL."""
+    return target_fingerprint(replace(cfg, target=replace(cfg.target, base_url=url)))
 
 
 @dataclass(frozen=True)

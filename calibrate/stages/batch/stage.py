@@ -16,6 +16,7 @@ from pathlib import Path
 from calibrate.errors import CalibrateError, ExitCode, ServerUnreachable, StageFailed, os_error_text
 from calibrate.http.error_kinds import reach_hint
 from calibrate.load.procs.worker_count import workers_for
+from calibrate.stages.batch.endpoints import endpoint_target
 from calibrate.stages.batch.env import BatchEnv, QuietEnv
 from calibrate.stages.batch.lengths import length_warning
 from calibrate.stages.batch.plan import (
@@ -105,7 +106,9 @@ def _opened(
         out_path = (
             spec.out_path if spec.out_path and not spec.sample else ctx.run.file("sample.jsonl")
         )
-        with load_lock(ctx, shared=True):  # beside other batches, never a stage that measures
+        servers = [endpoint_target(ctx.config, e.base_url) for e in setup.endpoints]
+        # every server it sends to: beside other batches, never beside a stage that measures
+        with load_lock(ctx, shared=True, also=servers):
             return _dispatch(_Batch(request, env, setup, plan, ctx, out_path))
     finally:
         ctx.run.close()  # also when refused or unreachable: no run file is left open
