@@ -31,3 +31,11 @@ def clock_text(seconds: float) -> str:
     minutes, secs = divmod(max(int(seconds + 0.5), 0), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def seconds_text(value: float) -> str:
+    """A few seconds as a line says them: whole ones from ten ("14"), one decimal from one
+    ("2.6"), two significant digits below ("0.043"): a fast answer is never "0.0 s"."""
+    if value >= 10:
+        return f"{value:.0f}"
+    return f"{value:.1f}" if value >= 1 else f"{value:.2g}"

@@ -11,6 +11,9 @@ from typing import Any
 import pytest
 
 from calibrate.numbers import rate_text
+from calibrate.stages.ladder.timeouts import timeout_advice
+from calibrate.stages.measure.tier import Tier
+from calibrate.stages.measure.tiers import Stats
 from tests.batch_helpers import write_tasks
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST, open_gate
@@ -83,3 +86,33 @@ def test_a_rate_is_never_rounded_to_zero_and_never_breaks_on_its_format(
     value: float, fmt: str, shown: str
 ) -> None:
     assert rate_text(value, fmt) == shown
+
+
+def _tier(batch: int, verdict: str, latency_max_s: float, timeouts: int = 0) -> Tier:
+    fields: dict[str, object] = {
+        "batch_size": batch, "concurrency": batch, "round": None, "items": batch, "waves": 1,
+        "total_s": 1.0, "per_item_s": 1.0 / batch, "latency_mean_s": 1.0, "latency_p50_s": 1.0,
+        "latency_p90_s": 1.0, "latency_p99_s": 1.0, "latency_max_s": latency_max_s,
+        "ttft_p50_s": None, "ttft_p99_s": None, "tpot_p50_s": None, "tpot_p99_s": None,
+        "items_per_s": 4.0, "output_tokens_per_s": 40.0, "peak_vram_mib": None,
+        "vram_idle_mib": None, "vram_total_mib": None, "pressure": None,
+        "pressure_source": "none", "peak_kv_usage": None, "errors": timeouts,
+        "error_kinds": {"timeout": timeouts} if timeouts else {}, "first_done_s": 0.5,
+        "last_done_s": 1.0, "baseline_match": None, "baseline_items": 0,
+    }  # fmt: skip
+    stats = Stats(**fields)  # type: ignore[arg-type]
+    return Tier(stats, (stats,), verdict, "", 2)  # type: ignore[arg-type]
+
+
+def test_timeout_advice_never_says_a_wave_needs_less_than_the_limit_it_hit() -> None:
+    """Batch 1's slowest answer 0.4 s; batch 4's requests hit a 30 s timeout_s: "4 × 0.4 s" can
+    not explain it. It said "a wave of 4 needs about 2 s here; set timeout_s = 60" — now that the
+    wave took longer than that, the estimate being below it; and sub-second figures keep digits."""
+    tiers = [_tier(1, "pass", 0.4), _tier(4, "fail", 30.0, timeouts=3)]
+    said = timeout_advice(tiers, 30.0)
+    assert said is not None
+    assert "needs about" not in said and "took longer than that here" in said, said
+    assert "puts it at about 1.6 s" in said and "slowest answer, 0.4 s" in said, said
+    assert "set timeout_s = 60 " in said, said
+    fits = timeout_advice([_tier(1, "pass", 0.38), _tier(4, "fail", 1.0, timeouts=2)], 0.8)
+    assert fits is not None and "needs about 1.5 s here" in fits, fits

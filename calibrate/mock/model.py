@@ -1,9 +1,10 @@
 """The behaviour model of the fake GPU server: admission, slots, VRAM, faults, generation.
 
-No HTTP here. A request is *admitted* (counted in flight, its fate drawn: mock.admission), waits for a decode
-slot, is *generated*, then *released*. "In flight" counts sequences received and not yet
-answered, decoding or queued; a completions request carrying K prompts counts K, and, as vLLM
-counts each prompt of a list as a request, its prompts beyond the slots count as waiting.
+No HTTP here. A request is *admitted* (counted in flight, its fate drawn: mock.admission),
+waits for a decode slot, is *generated*, then *released*. "In flight" counts sequences received
+and not yet answered, decoding or queued; a completions request carrying K prompts counts K,
+and, as vLLM counts each prompt of a list as a request, its prompts beyond the slots count as
+waiting.
 
 When the settings track tokens (``MockSettings.tracks_tokens``), a request instead ``start``s:
 it waits for a slot (and, under ``on_kv_full="queue"``, for KV room), its prompts' KV is claimed

@@ -17,7 +17,7 @@ from calibrate.io.atomic import copy_atomic, write_atomic
 from calibrate.io.baseline import read_baseline
 from calibrate.io.jsonl import dumps_line
 from calibrate.io.records import RequestRecord
-from calibrate.numbers import finite
+from calibrate.numbers import finite, seconds_text
 from calibrate.redact import one_line, redact_url
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.item_records import unanswered_record
@@ -46,7 +46,7 @@ def waiting_line(ctx: StageContext, stage: str, runs: int = 1) -> str:
     if took is None:
         limit = ctx.config.target.timeout_s
         return f"{stage}: sending {what}; waiting for the first answer (timeout_s {limit:g})"
-    return f"{stage}: sending {what} (the baseline's answer took {took:.1f} s)"
+    return f"{stage}: sending {what} (the baseline's answer took {seconds_text(took)} s)"
 
 
 def unreachable(info: ErrorInfo | None, base_url: str) -> ServerUnreachable:

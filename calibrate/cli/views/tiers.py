@@ -24,7 +24,7 @@ from calibrate.io.junit import JUnitSuite
 from calibrate.io.tier_table import read_table
 from calibrate.io.tier_table.columns import Kind
 from calibrate.io.tier_table.row import TierRow
-from calibrate.numbers import clock_text
+from calibrate.numbers import clock_text, seconds_text
 from calibrate.report.plot import write_plot
 from calibrate.report.progress import Plan
 from calibrate.report.replay import prefix_cache_seen
@@ -71,7 +71,7 @@ class TierView(ABC, Generic[Found, Opts]):
         if self.out.is_tty or plan.steps <= 0:
             return
         sized = (
-            f"sized from the baseline's {growth.answer_s:.1f} s answer"
+            f"sized from the baseline's {seconds_text(growth.answer_s)} s answer"
             if growth.answer_s is not None
             else "no baseline answer to size it from"
         )

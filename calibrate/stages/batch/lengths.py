@@ -34,5 +34,6 @@ def length_warning(
     return (
         f"{over:,} {items} {limit} tokens (longest about {longest:,}, estimated at "
         f"{verified.tokens_per_char:.3g} tokens per character); the ladder verified up to "
-        f"{limit} (run {verified.run_id}): run calibrate ladder --tasks {shown or path} on this file"
+        f"{limit} (run {verified.run_id}): run calibrate ladder --tasks {shown or path} "
+        "on this file"
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from calibrate.numbers import seconds_text
 from calibrate.stages.measure.tier import Tier
 
 HEADROOM = 2.0  # the advised limit: twice the slowest wave measured or estimated
@@ -38,10 +39,17 @@ def timeout_advice(tiers: Sequence[Tier], timeout_s: float) -> str | None:
             f"{stopped.batch_size} takes on this server, then run calibrate ladder again"
         )
     advised = _round_up(max(needed * HEADROOM, timeout_s * HEADROOM))
+    if needed <= timeout_s:  # the tier before cannot explain it: the server slowed more than that
+        return (
+            f"what to do: {said}: a wave of {stopped.batch_size} took longer than that here, "
+            f"though {_basis(tiers)} puts it at about {seconds_text(needed)} s (the server slowed "
+            f"more than its slots explain); set timeout_s = {advised:g} in calibrate.toml's "
+            "[target], then run calibrate ladder again"
+        )
     return (
-        f"what to do: {said}: a wave of {stopped.batch_size} needs about {needed:.0f} s here "
-        f"({_basis(tiers)}); set timeout_s = {advised:g} in calibrate.toml's [target], then run "
-        "calibrate ladder again"
+        f"what to do: {said}: a wave of {stopped.batch_size} needs about {seconds_text(needed)} s "
+        f"here ({_basis(tiers)}); set timeout_s = {advised:g} in calibrate.toml's [target], then "
+        "run calibrate ladder again"
     )
 
 
@@ -68,7 +76,8 @@ def _basis(tiers: Sequence[Tier]) -> str:
     turns = stopped.batch_size / before.batch_size
     return (
         f"{turns:g} × batch {before.batch_size}'s slowest answer, "
-        f"{before.stats.latency_max_s:.1f} s, if the server runs {before.batch_size} at a time"
+        f"{seconds_text(before.stats.latency_max_s)} s, if the server runs {before.batch_size} at "
+        "a time"
     )
 
 

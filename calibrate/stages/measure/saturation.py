@@ -155,8 +155,9 @@ def achieved(answers: Sequence[Answer], total_s: float) -> tuple[float, float, i
     achieved = offered); one that falls behind answers each request later than the last
     (slope > 0, achieved < offered). The fit is Theil–Sen: one slow answer — which decided the
     old first-to-last-answer window on short runs, reading 9 % short at 40 % load, and would
-    tilt a least-squares line through ten answers — moves it by one place. Runs sent (nearly) all at once — sends spread over less than one request's
-    latency, where no trend can be fitted — use the first-to-last-answer window."""
+    tilt a least-squares line through ten answers — moves it by one place. Runs sent (nearly)
+    all at once — sends spread over less than one request's latency, where no trend can be
+    fitted — use the first-to-last-answer window."""
     ok = [a for a in answers if a.ok]
     trend = trend_of(answers)
     if trend is not None:

@@ -42,7 +42,8 @@ class Tier:
     rounds_planned: int
     determinism: DeterminismCheck | None = None  # [determinism] copies, after the rounds
     client_bound: str = ""  # why calibrate itself was the bottleneck during it ("": it was not)
-    # why the server's running count cannot show it ran B at once (server_account.cap.running_unseen)
+    # why the server's running count cannot show it ran B at once
+    # (server_account.cap.running_unseen)
     unseen: Unseen | None = None
 
     @property
