@@ -100,7 +100,9 @@ def test_requests_waiting_for_kv_room_are_named_kv_full_not_a_cap(
     assert all(t["verdict"] != "stop: cap" for t in tiers), [t["verdict"] for t in tiers]
     waited = [t for t in tiers if (t["server_queue_max"] or 0) > 0]
     assert queue.running_max < SEQS
-    assert "cap is" not in ladder.err
+    # no cap claimed ("no cap is claimed from it", said of a cache that may have been full
+    # between samples, claims none)
+    assert "its cap is" not in ladder.err and "own cap is" not in ladder.err
     if not waited:  # the queue fell between samples (seen: /metrics read every 304 ms, not 50,
         # with vLLM's CPU build on the same 2 cores): nothing to name, and every tier whose count
         # stayed below its B says so and is not the setting
