@@ -7,7 +7,7 @@ repository, or --reference-dir) and ``python -m calibrate batch --json`` as a ch
 N = waves × c items; ideal seconds = N × D / c; ratio = ideal / measured, where measured is the
 reference's own wall time and calibrate's ``seconds`` (both without start-up). CPU ms per
 request, start-up excluded: the reference's own figure (its main() only); for calibrate the
-child's getrusage around ``run_batch`` (the timed part: workers, journal, feeder), divided by
+child's getrusage around ``run_items`` (the timed part: workers, journal, feeder), divided by
 N. The child's whole-process CPU (os.wait4: imports, start-up and exit too) is shown as well.
 
 The mock is the shared reference's ``async_mock.py`` when found (the mock the issue's figures
@@ -136,11 +136,11 @@ def reference_run(setup: Setup, base_url: str, n: int, c: int) -> tuple[float, f
     return float(figures["wall_s"]), float(figures["cpu_ms_per_req"])
 
 
-# The child: ``calibrate batch`` with run_batch timed by getrusage (the part measured).
+# The child: ``calibrate batch`` with run_items timed by getrusage (the part measured).
 _TIMED_BATCH = """
 import resource, sys
-import calibrate.stages.batch.stage as stage_batch
-real = stage_batch.run_batch
+import calibrate.stages.batch.send as batch_send
+real = batch_send.run_items
 def timed(*args, **kwargs):
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     try:
@@ -149,7 +149,7 @@ def timed(*args, **kwargs):
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
         sys.stderr.write("@@CPU %r\\n" % cpu)
-stage_batch.run_batch = timed
+batch_send.run_items = timed
 from calibrate.cli import main
 sys.exit(main(["batch", *sys.argv[1:]]))
 """
@@ -158,7 +158,7 @@ sys.exit(main(["batch", *sys.argv[1:]]))
 def _calibrate(
     work: Path, base_url: str, tasks: Path, out: Path, c: int
 ) -> tuple[dict[str, Any], float, float]:
-    """``calibrate batch --json`` as a child: (its summary, CPU s of run_batch, CPU s in all)."""
+    """``calibrate batch --json`` as a child: (its summary, CPU s of run_items, CPU s in all)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CALIBRATE_")}
     env["PYTHONPATH"] = str(REPO)
     args = ["--base-url", base_url, "--model", MODEL, "--input", str(tasks), "--out", str(out)]
@@ -187,7 +187,7 @@ def _calibrate(
 
 
 def calibrate_run(work: Path, base_url: str, n: int, c: int) -> tuple[float, float, float, int]:
-    """(seconds of the run, CPU ms/request of run_batch, of the whole process, items not ok)."""
+    """(seconds of the run, CPU ms/request of run_items, of the whole process, items not ok)."""
     tasks = work / "tasks.jsonl"
     with tasks.open("w", encoding="utf-8") as handle:
         for i in range(n):
@@ -270,7 +270,7 @@ def table(setup: Setup, rows: list[Point]) -> str:
     lines += [
         "",
         "CPU ms per request at each point, start-up excluded (calibrate: getrusage around "
-        "run_batch in the child; target ≤ 0.3 non-streamed at c=128):",
+        "run_items in the child; target ≤ 0.3 non-streamed at c=128):",
         "| client | " + heads + " |",
         "|---" * (len(rows) + 1) + "|",
         "| reference | " + " | ".join(_cell(r.reference_cpu_ms) for r in rows) + " |",
