@@ -189,7 +189,9 @@ def test_prompt_list_rates_are_requests_per_second_each_carrying_the_batch(
     )
     assert result.code == (1 if level["saturated"] or starved else 0), result.err
     assert bool(starved) == bool(level.get("client_bound")), level
-    assert level["offered_rate"] == 8.0 and level["items"] == 4 * 8
+    # 8 requests of 4 prompts a run; a run whose shortfall its answers cannot tell from 5 %
+    # runs again (up to max_repeats: seen beside two CPU burners, 3 runs, 96 items)
+    assert level["offered_rate"] == 8.0 and level["items"] % (4 * 8) == 0
     assert level["items_per_s"] == pytest.approx(4 * level["achieved_rate"], rel=1e-4)
     assert level["goodput_per_s"] == pytest.approx(level["items_per_s"], rel=1e-4)
 
