@@ -4,7 +4,6 @@ on a port. Read from /proc (``ps`` where there is none); never found by name, ne
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -48,17 +47,6 @@ def cmdline(pid: int) -> str:
         return redact_text(_ps(pid, "command=") or "")
     words = [part.decode(errors="replace") for part in raw.split(b"\0") if part]
     return " ".join(redact_argv(words))
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether any process has ``pid`` (for a PID calibrate did not start, e.g. --server-pid)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def listener_pid(port: int, root: Path = Path("/proc")) -> int | None:

@@ -20,11 +20,12 @@ from calibrate.errors import ErrorInfo
 from calibrate.gpu.nvml import GpuSnapshot, gpu_snapshot
 from calibrate.gpu.vram import VramMonitor
 from calibrate.gpu.vram.peaks import WindowPeak
+from calibrate.io.atomic import pid_lives
 from calibrate.io.bounded import TooLong, read_text
 from calibrate.io.records import utc_now_iso
 from calibrate.io.store import RunDir
 from calibrate.load.items import ItemResult
-from calibrate.server import exit_status, pids, process
+from calibrate.server import exit_status, process
 from calibrate.server.process import ServerRecord
 
 _SECRET_HEADER = re.compile(r"authorization|api[-_]?key|token|cookie|secret", re.IGNORECASE)
@@ -128,7 +129,7 @@ def alive(server: ServerProcess) -> bool | None:
     """Whether the server still runs; a managed one is checked by its start time (PID reuse)."""
     if server.record is not None:
         return process.liveness(server.record) == "running"
-    return pids.pid_alive(server.pid) if server.pid is not None else None
+    return pid_lives(server.pid) if server.pid is not None else None
 
 
 def first_error(folder: Path) -> str | None:
