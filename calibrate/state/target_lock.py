@@ -5,10 +5,13 @@ they run: they measure the server, and another stage's load would be measured wi
 batch holds it shared: several batches (the shards of one job) may send to one server at once,
 but none beside a stage that measures it, nor such a stage beside them. The file says who holds
 it (PID, stage, since when): an exclusive holder's line alone, a line added by each batch; a
-refused stage names the latest holder still alive (a batch that ended beside another leaves its
-line, never named once its PID is gone). The kernel drops the lock when its holder dies, so a
-lock left by a crashed or killed run never blocks the next one; only a live holder does, and
-the stage that would run beside it stops at once (exit 2) naming it.
+refused stage names the latest holder still alive. A batch's line is added, and taken out again
+when it ends (with any line whose PID is gone), under a second, short lock beside it
+(``<target>.lock.lines``), never by asking for the target's lock alone: a batch ending that
+asked for it alone held it so for an instant, and a batch starting in that instant was refused
+beside a batch that was ending. The kernel drops the lock when its holder dies, so a lock left
+by a crashed or killed run never blocks the next one; only a live holder does, and the stage
+that would run beside it stops at once (exit 2) naming it.
 """
 
 from __future__ import annotations
@@ -19,13 +22,15 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from calibrate.errors import UsageError
+from calibrate.errors import InputError, UsageError
 from calibrate.io.atomic import pid_lives
 from calibrate.io.lock import open_lock_file
 from calibrate.io.records import utc_now_iso
 
 #: how much of the lock file's end is read for its holder (a line a batch, ~50 bytes each)
 _TAIL = 4096
+#: how much of the lock file a batch that ends reads to take its line out (more: emptied)
+_LINES_MAX = 1 << 20
 
 
 def lock_path(runs_dir: Path, target: str) -> Path:
@@ -66,9 +71,9 @@ def hold(runs_dir: Path, target: str, stage: str, *, shared: bool = False) -> It
             ) from None
         line = f"{os.getpid()} {stage} {utc_now_iso()}\n".encode()
         try:  # who holds it, for a second stage's message; the lock itself is the flock
-            if shared:  # beside the other batches' lines: one line, appended whole
-                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
-                os.write(fd, line)
+            if shared:  # beside the other batches' lines
+                with _lines_held(path):
+                    os.pwrite(fd, line, os.fstat(fd).st_size)
             else:
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, line, 0)
@@ -77,7 +82,10 @@ def hold(runs_dir: Path, target: str, stage: str, *, shared: bool = False) -> It
         try:
             yield path
         finally:
-            if _alone(fd, shared):  # another batch still holding it keeps its word there
+            if shared:  # the others' lines stay; the target's lock is never asked for alone
+                with contextlib.suppress(OSError, InputError), _lines_held(path):
+                    _take_out(fd, line)  # (a link planted at its lines' lock: line left)
+            else:
                 with contextlib.suppress(OSError):
                     os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -85,12 +93,30 @@ def hold(runs_dir: Path, target: str, stage: str, *, shared: bool = False) -> It
         os.close(fd)
 
 
-def _alone(fd: int, shared: bool) -> bool:
-    """Whether this holder is the lock's only one (a shared holder asks for it alone)."""
-    if not shared:
-        return True
+@contextlib.contextmanager
+def _lines_held(path: Path) -> Iterator[None]:
+    """The lock under which batches add and take out their lines: held for the few bytes it
+    guards (blocking, never refusing), beside the target's lock and never it."""
+    fd = open_lock_file(path.with_name(path.name + ".lines"))
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _take_out(fd: int, line: bytes) -> None:
+    """Rewrite the lock file without ``line`` (once) and the lines whose PID is gone."""
+    lines = os.pread(fd, _LINES_MAX, 0).splitlines(keepends=True)
+    if line in lines:
+        lines.remove(line)
+    kept = [held for held in lines if held.endswith(b"\n") and _lives(held)]
+    if os.fstat(fd).st_size > _LINES_MAX:  # not lines batches wrote: start again
+        kept = []
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, b"".join(kept), 0)
+
+
+def _lives(line: bytes) -> bool:
+    pid = line.split(b" ", 1)[0]
+    return pid.isdigit() and pid_lives(int(pid))
