@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import stat
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from calibrate.errors import InputError
@@ -77,6 +80,38 @@ class ExclusiveLock:
         self.path.unlink(missing_ok=True)  # while still locked: see the class docstring
         os.close(self._fd)
         self._fd = None
+
+
+@contextlib.contextmanager
+def one_at_a_time(
+    path: Path, wait_s: float, waiting: Callable[[str], None], poll_s: float = 0.05
+) -> Iterator[None]:
+    """Hold the exclusive ``flock`` on ``path`` for the duration, one process at a time: while
+    another holds it, wait for it (``waiting`` told once, with the holder's PID), at most
+    ``wait_s`` — then TimeoutError naming that PID. The file stays (it holds the latest PID):
+    a waiter never locks a file its holder has just removed."""
+    fd = open_lock_file(path)
+    try:
+        deadline = time.monotonic() + wait_s
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = _pid_in(fd) or "unknown"
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"PID {holder} held {path} for {wait_s:.0f} s") from None
+                if not told:
+                    waiting(holder)
+                    told = True
+                time.sleep(poll_s)
+        with contextlib.suppress(OSError):  # the holder's PID, for a waiter's message
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def open_lock_file(path: Path) -> int:

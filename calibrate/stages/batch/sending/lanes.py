@@ -10,7 +10,10 @@ for the others.
 mid-run: only the server calibrate started (``runs/server.json``) and only when its PID is gone
 — a server that is alive but slow is waited for, never restarted, and nothing is found by name.
 It comes back the way it was started: from the pinned script if it was started from one, else
-from ``[server]`` at the calibrated setting (the setting it had when none is calibrated).
+from ``[server]`` at the calibrated setting (the setting it had when none is calibrated). One
+process restarts it (``runs/server.restart.lock``): another batch that found it gone too (a
+shard of the same job) waits for that restart and goes on against the server it started —
+two restarts started two engines on one port, and the record named the one that lost it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from calibrate.config import Config
 from calibrate.engines.builders import build
 from calibrate.errors import RequestError, ServerUnreachable
 from calibrate.http.client import OpenAIClient
+from calibrate.io.lock import one_at_a_time
 from calibrate.load.transport import HttpTransport, Transport
 from calibrate.server import lifecycle as server
 from calibrate.server import process
@@ -33,6 +37,7 @@ from calibrate.stages.batch.sending.outage import (
     Breaker,
     OutageEvent,
     OutagePolicy,
+    Restarted,
     Restarter,
     is_outage,
 )
@@ -40,6 +45,8 @@ from calibrate.state.ledger import Ledger, target_fingerprint
 from calibrate.state.setting import Endpoint, resolve
 
 PROBE_TIMEOUT_S = 3.0
+RESTART_LOCK = "server.restart.lock"
+RESTART_WAIT_MARGIN_S = 30.0  # beyond the longest restart [server] allows: a hung one is left
 
 log = logging.getLogger("calibrate")
 
@@ -170,15 +177,44 @@ class ManagedRestart:
         record = process.load(self.cfg.runs_dir)
         return record is not None and process.liveness(record) == "gone"
 
-    def restart(self) -> str:
+    def restart(self) -> Restarted:
         cfg = self.cfg
-        record = process.load(cfg.runs_dir)
-        if record is None:
+        seen = process.load(cfg.runs_dir)
+        if seen is None:
             raise ServerUnreachable("calibrate manages no server here (no runs/server.json)")
-        code = process.end_code(record)  # the engine's own, as its supervisor recorded it
-        died = f"the managed server (PID {record.pid}) " + (
+        code = process.end_code(seen)  # the engine's own, as its supervisor recorded it
+        died = f"the managed server (PID {seen.pid}) " + (
             exited(code) if code is not None else f"had exited ({ended_words(None)})"
         )
+
+        def waiting(holder: str) -> None:
+            log.warning("%s; PID %s is restarting it: waiting for that restart", died, holder)
+
+        limits = cfg.server  # the longest a restart may take: two readiness waits and a stop
+        wait_s = 2 * limits.ready_timeout_s + limits.stop_timeout_s + RESTART_WAIT_MARGIN_S
+        try:
+            with one_at_a_time(cfg.runs_dir / RESTART_LOCK, wait_s, waiting):
+                record = process.load(cfg.runs_dir)
+                if record is None:  # a restart before ours failed, and said why
+                    raise ServerUnreachable(
+                        f"{died}; another calibrate process restarted it and that failed",
+                        f"See {process.log_path(cfg.runs_dir)}; then: calibrate server start",
+                    )
+                if process.liveness(record) == "running":  # restarted while we waited
+                    by = f"PID {record.starter_pid}" if record.starter_pid else "another process"
+                    return Restarted(
+                        f"{died}; restarted by {by} as PID {record.pid}: going on with it",
+                        ours=False,
+                    )
+                return Restarted(self._start(record, died))
+        except TimeoutError as exc:
+            raise ServerUnreachable(
+                f"{died}; another calibrate process was restarting it and had not finished: {exc}",
+                "See calibrate server status; start it yourself if it stays down.",
+            ) from None
+
+    def _start(self, record: process.ServerRecord, died: str) -> str:
+        cfg = self.cfg
         if record.script:
             argv: tuple[str, ...] = ("bash", record.script)
             env: tuple[tuple[str, str], ...] = ()

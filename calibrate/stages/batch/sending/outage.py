@@ -51,6 +51,16 @@ class Requeue(Exception):
         self.info = info
 
 
+@dataclass(frozen=True)
+class Restarted:
+    """What a restart did (the event's ``detail``). ``ours`` is False when another process
+    sharing the server (another shard) restarted it while this one waited its turn: this
+    endpoint's restart count does not count it."""
+
+    detail: str
+    ours: bool = True
+
+
 class Restarter(Protocol):
     """Restarts a managed server whose process is gone (``batch --restart``)."""
 
@@ -58,8 +68,9 @@ class Restarter(Protocol):
         """True when calibrate manages the server and its process has exited."""
         ...
 
-    def restart(self) -> str:
-        """Start it again and wait until ready; what was started. Raises CalibrateError."""
+    def restart(self) -> Restarted:
+        """Start it again (or wait for the process restarting it) until ready; what was done.
+        Raises CalibrateError."""
         ...
 
 
@@ -264,5 +275,5 @@ class Breaker:
         except Exception as exc:  # not ours to raise into a worker: a failed restart, said
             self._on_event(self._event("restart_failed", down_s, f"{type(exc).__name__}: {exc}"))
             return
-        self.restarts += 1
-        self._on_event(self._event("restart", down_s, started))
+        self.restarts += started.ours
+        self._on_event(self._event("restart", down_s, started.detail))
