@@ -272,6 +272,15 @@ def load_run(run: Path, kind: Kind) -> RunView:
     (report has nothing to show)."""
     csv_path = run / "tiers.csv"
     if not csv_path.exists():
+        stage = run_object(run / "manifest.json").get("stage") if run.is_dir() else None
+        if stage in ("ladder", "sweep"):  # stopped before its end wrote the table
+            unit = "tier" if stage == "ladder" else "level"
+            raise InputError(
+                f"{csv_path} does not exist: this {stage} ended before it wrote its table "
+                f"(stopped before its first {unit} finished, killed, or a write failed)",
+                f"What it measured is in {run / 'tiers.jsonl'} and records.jsonl; "
+                f"run it again: calibrate {stage}",
+            )
         raise InputError(
             f"{csv_path} does not exist: {run} is not a finished ladder or sweep run",
             f"List the runs with: ls {run.parent}/   (report reads <run>/tiers.csv)",

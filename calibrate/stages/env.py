@@ -157,6 +157,30 @@ def kept_on_write_error(ctx: StageContext) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def stopped_by_write(ctx: StageContext, failed: OSError | None, measured: str) -> Iterator[None]:
+    """After a write failed mid-run (``failed``; None: it did not, and this does nothing): the
+    block finishes what was measured before it as an interrupted run (its table shown and
+    written, recorded as not passed) as far as the disk lets it; then exit 1 naming the file
+    that failed first, what was measured (``measured``: "2 tier(s)") and where it is kept."""
+    if failed is None:
+        yield
+        return
+    table = ctx.run.path / "tiers.csv"
+    with contextlib.suppress(OSError):  # the disk still full: the first failure is said
+        yield
+    ctx.run.drop_if_empty()  # its writers closed (one may still hold what failed)
+    kept = (
+        f"the {measured} measured before it are in {table} (calibrate report {ctx.run.path})"
+        if table.is_file()
+        else _kept(ctx.run)
+    )
+    raise StageFailed(
+        f"{ctx.run.stage} stopped: a write failed ({os_error_text(failed)}); {kept}",
+        f"Free space or fix permissions, then run it again: calibrate {ctx.run.stage}",
+    ) from failed
+
+
+@contextlib.contextmanager
 def guarded(ctx: StageContext) -> Iterator[None]:
     """Ctrl-C / SIGTERM → recorded as interrupted (never passed), exit 130 saying what was
     kept and how to resume; a write error → exit 1 saying what was kept."""

@@ -15,7 +15,7 @@ from calibrate.errors import UsageError
 from calibrate.http.server_context import read_context
 from calibrate.load.procs.stage_sender import stage_sender
 from calibrate.stages.context import StageContext
-from calibrate.stages.env import load_lock
+from calibrate.stages.env import load_lock, stopped_by_write
 from calibrate.stages.ladder.context_axis import default_context_lengths
 from calibrate.stages.ladder.options import LadderOptions
 from calibrate.stages.ladder.repeats import TierRaw
@@ -51,36 +51,40 @@ def run(spec: LadderSpec, env: LadderEnv) -> LadderOutcome:
             ladder.on_tier, ladder.note = on_tier, env.watcher.say
             return ladder.run()
 
+        failed: OSError | None = None
         try:
             result, interrupted = run_live(
                 ctx, env.watcher, watch, ladder.options, tiers, ladder.result
             )
+        except OSError as exc:  # a write failed mid-run: the tiers before it are finished
+            failed, result, interrupted = exc, ladder.result(), True
         finally:
             ladder.sender.close()  # --workers: its processes end with the last tier
         check = result.stream_check
-        return finish_tiers(
-            spec.measure,
-            ctx,
-            "ladder",
-            result,
-            ladder.options,
-            [t.row(result.axis, options.mode) for t in result.tiers],
-            tables=env.watcher.tables,
-            source=result.vram_source,
-            passed=result.passed,
-            summary=result.summary(),
-            notes=(
-                *result.notes,
-                *account_notes(ladder.cap, result.tiers),
-                *unread_notes(ladder.raw, ctx.config.ladder.sample_interval_s),
-            ),
-            checks=[
-                (f"batch {t.batch_size}", t.determinism) for t in result.tiers if t.determinism
-            ],
-            streamed=spec.streaming and (check is None or check.stream),
-            selfload=watch.selfload,
-            interrupted=interrupted,
-        )
+        with stopped_by_write(ctx, failed, f"{len(result.tiers)} tier(s)"):
+            return finish_tiers(
+                spec.measure,
+                ctx,
+                "ladder",
+                result,
+                ladder.options,
+                [t.row(result.axis, options.mode) for t in result.tiers],
+                tables=env.watcher.tables,
+                source=result.vram_source,
+                passed=result.passed,
+                summary=result.summary(),
+                notes=(
+                    *result.notes,
+                    *account_notes(ladder.cap, result.tiers),
+                    *unread_notes(ladder.raw, ctx.config.ladder.sample_interval_s),
+                ),
+                checks=[
+                    (f"batch {t.batch_size}", t.determinism) for t in result.tiers if t.determinism
+                ],
+                streamed=spec.streaming and (check is None or check.stream),
+                selfload=watch.selfload,
+                interrupted=interrupted,
+            )
 
 
 def _ladder(spec: LadderSpec, env: LadderEnv, options: LadderOptions, watch: Measuring) -> Ladder:

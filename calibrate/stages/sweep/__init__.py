@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from calibrate.engines import find
 from calibrate.load.procs.stage_sender import stage_sender
-from calibrate.stages.env import load_lock
+from calibrate.stages.env import load_lock, stopped_by_write
 from calibrate.stages.measure.stop_rules import ServerCap
 from calibrate.stages.measure.tier_run import Measuring
 from calibrate.stages.measure.tier_stage.tier_finish import TierOutcome, finish_tiers
@@ -50,29 +50,33 @@ def run(spec: SweepSpec, env: SweepEnv) -> SweepOutcome:
                 sweep.on_level, sweep.note = on_level, watcher.say
                 return sweep.run()
 
+            failed: OSError | None = None
             try:
                 result, interrupted = run_live(
                     ctx, watcher, watch, sweep.options, levels, sweep.result
                 )
+            except OSError as exc:  # a write failed mid-run: the levels before it are finished
+                failed, result, interrupted = exc, sweep.result(), True
             finally:
                 sweep.sender.close()  # --workers: its processes end with the last level
-            return finish_tiers(
-                spec.measure,
-                ctx,
-                "sweep",
-                result,
-                sweep.options,
-                [lv.row() for lv in result.levels],
-                tables=watcher.tables,
-                source=result.vram_source,
-                passed=result.passed,
-                summary=result.summary(sweep.options),
-                notes=result.notes(find(ctx.server_kind)),
-                checks=[(lv.label, lv.determinism) for lv in result.levels if lv.determinism],
-                streamed=sweep.options.stream,
-                selfload=watch.selfload,
-                interrupted=interrupted,
-            )
+            with stopped_by_write(ctx, failed, f"{len(result.levels)} level(s)"):
+                return finish_tiers(
+                    spec.measure,
+                    ctx,
+                    "sweep",
+                    result,
+                    sweep.options,
+                    [lv.row() for lv in result.levels],
+                    tables=watcher.tables,
+                    source=result.vram_source,
+                    passed=result.passed,
+                    summary=result.summary(sweep.options),
+                    notes=result.notes(find(ctx.server_kind)),
+                    checks=[(lv.label, lv.determinism) for lv in result.levels if lv.determinism],
+                    streamed=sweep.options.stream,
+                    selfload=watch.selfload,
+                    interrupted=interrupted,
+                )
 
 
 def _sweep(spec: SweepSpec, env: SweepEnv, options: SweepOptions, watch: Measuring) -> Sweep:
