@@ -25,16 +25,16 @@ from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport, tree_cpu
 from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams
 from calibrate.load.procs import selfcheck
-from calibrate.load.procs.proc import cores
 from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.load.procs.selfcheck import CheckLimits
-from calibrate.load.procs.worker_count import workers_for
+from calibrate.load.procs.worker_count import cores, workers_for
 from calibrate.stages.batch.result import BatchResult
+from calibrate.stages.batch.sending import worker as procs_run
 from calibrate.stages.batch.sending.control import BatchControl
 from calibrate.stages.batch.sending.items import run_items
 from calibrate.stages.batch.sending.outage import OutagePolicy
-from calibrate.stages.batch.sending.procs import run as procs_run
-from calibrate.stages.batch.sending.procs.parent import split
+from calibrate.stages.batch.sending.worker import split
+from calibrate.stages.batch.sending.workers import worker_senders
 from calibrate.stages.batch.stage import BatchPlan, BatchSpec, plan_batch, run_batch
 from calibrate.state.setting import Endpoint
 from tests.batch_helpers import (
@@ -48,7 +48,7 @@ from tests.canned_server import CannedServer
 from tests.helpers import CHAT_REPLY, kill_9, reaped, write_config
 from tests.mockserver import start_mock, start_mock_process
 
-CHILD = "calibrate.load.procs.child"  # calibrate's one worker process (load.procs.proc)
+CHILD = "calibrate.load.procs.child"  # calibrate's one worker process (load.procs.pool)
 
 
 def _workers_of(parent: int) -> list[int]:
@@ -215,7 +215,7 @@ def _two_workers(isolated: Path, base_url: str, warned: list[str], **options: An
     plan = _plan_of(isolated, "two")
     endpoints = [Endpoint(base_url, 4, "flag")]
     recipe = ClientRecipe(base_url, None, None, 30.0, 5.0, 64.0, 1)
-    senders = procs_run.worker_senders(
+    senders = worker_senders(
         plan, endpoints, 2, recipe, run["control"], run["outage"], lambda e: None, **limits
     )
     return run_items(plan, isolated / "two-out.jsonl", endpoints, senders, **run)

@@ -31,9 +31,8 @@ from calibrate.load.procs.selfcheck import worker_check
 from calibrate.load.procs.sender import WorkerSender
 from calibrate.load.request import build_requests
 from calibrate.load.window import LevelWindow
-from calibrate.stages.batch.sending.procs import parent as procs_parent
-from calibrate.stages.batch.sending.procs import run as procs_run
-from calibrate.stages.batch.sending.procs.child import WorkerSetup
+from calibrate.stages.batch.sending import workers as procs_run
+from calibrate.stages.batch.sending.worker import WorkerSetup
 from tests.batch_helpers import write_tasks
 from tests.helpers import write_config
 from tests.mockserver import MockProcess, start_mock
@@ -208,7 +207,7 @@ def test_batchs_workers_are_told_the_server_on_the_targets_port(
     server that holds the cores are the server's limit there too."""
     told: list[tuple[int, ...]] = []
 
-    class Told(procs_parent.WorkerSet):
+    class Told(procs_run.WorkerSet):
         def __init__(self, setups: Sequence[WorkerSetup], *args: object, **kw: object) -> None:
             told.extend(s.server_pids for s in setups)
             super().__init__(setups, *args, **kw)  # type: ignore[arg-type]

@@ -1,17 +1,17 @@
-"""calibrate's one worker process (``proc.py``), and the load job it runs for the sweep and the
+"""calibrate's one worker process (``pool.py``), and the load job it runs for the sweep and the
 ladder: its share of a closed or open loop, sent by the ordinary engine.
 
 Started as ``python -m calibrate.load.procs.child`` with two pipes, it runs the job its first
 message is (``job.serve(inbox, outbox)``): a ``LoadJob`` here, batch's share of the items
-(``stages.batch.sending.procs.child.WorkerSetup``) there. A ``LoadJob`` holds the client's recipe (the
-key in memory only), the parent's clock anchor and the server's processes on this machine
+(``stages.batch.sending.worker.WorkerSetup``) there. A ``LoadJob`` holds the client's recipe
+(the key in memory only), the parent's clock anchor and the server's processes on this machine
 (``selfcheck.worker_check``: this worker judges its late threads on the parent's rule); then
 it runs one run at a time: a closed loop at its share of C, fed requests by the parent ahead
 of need (it says how many it took, the parent sends as many more), an open loop over its
 share of the schedule, or its part of a ladder's wave (held until every worker holds its part,
 then released at one moment). It starts each run at the parent's ``go_at`` and hands back the
 ``LoopRun``, ``OpenRun`` or wave as the one-process engine makes it, with why this process was
-the client's limit during it ("" when it kept up); the parent merges.
+the client's limit during it ("" when it kept up) last; the parent merges.
 The end of its input (the parent died or closed it) ends it at once. Ctrl-C reaches the whole
 process group: a worker ignores it, the parent ends it.
 """
@@ -31,7 +31,7 @@ from calibrate.errors import format_traceback
 from calibrate.http.request_times import use_anchor
 from calibrate.load.engine import Record
 from calibrate.load.procs.channel import Channel, Outbox, listen, worker_pipes
-from calibrate.load.procs.proc import Job
+from calibrate.load.procs.pool import Job
 from calibrate.load.procs.recipe import ClientRecipe
 from calibrate.load.procs.selfcheck import DEFAULT_LIMITS, CheckLimits, worker_check
 from calibrate.load.request import Request

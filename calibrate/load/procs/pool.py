@@ -1,128 +1,167 @@
-"""The load worker processes of one sender: started once, used run after run, ended together.
+"""calibrate's worker processes, for every stage that sends from several (``--workers``): the one
+pool. The ladder's and sweep's loops (``sender.py``) and batch's items
+(``stages.batch.sending.workers``) each run a job of their own in it; what a worker's end means
+is the job's side (a load run is lost; a batch's held items go back and a new worker starts).
 
-Each worker is one of calibrate's worker processes (``proc.Workers``) running a ``LoadJob``: the
-client's recipe (the key travels over the pipe, never in argv, the environment or a file), the
-parent's clock anchor and the server's processes on this machine (told again before a run when
-they changed: a server restarted), which each worker's self-check reads as the parent's does.
-Every group of a worker's messages, and its end too, arrives on
-one queue, so the parent's one thread that runs a load reads them in order and a worker that
-dies (kill -9, a crash, out of memory) is a ``WorkerDied`` the moment its
-pipe closes — never a hang: every wait here has a bound.
+``start(job)`` runs ``python -m calibrate.load.procs.child`` with two pipes and sends ``job``
+first: an object whose ``serve(inbox, outbox)`` the child runs (``child.LoadJob``;
+``stages.batch.sending.worker.WorkerSetup``). Whatever the job needs (the API key too) travels
+in it, over the pipe, never in argv, the environment or a file. One reader thread per process
+puts each group of its messages on the pool's one queue and, once its output ends (it finished,
+died or was killed), waits for it to be reaped and puts its ``ENDED``: the one thread that runs
+the load reads them in order, a worker that dies is noticed the moment its pipe closes, never by
+polling, and every wait here has a bound.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import Callable, Iterable
-from typing import Any
+import contextlib
+import subprocess
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from queue import Empty, SimpleQueue
+from typing import Any, Protocol
 
-from calibrate.errors import WorkerDied
-from calibrate.http.request_times import anchor
-from calibrate.load.procs.child import LoadJob
-from calibrate.load.procs.proc import ENDED, Event, Workers
-from calibrate.load.procs.recipe import ClientRecipe, server_pids_of
-from calibrate.load.procs.selfcheck import DEFAULT_LIMITS, CheckLimits
+from calibrate.load.procs.channel import Channel, Outbox, spawn_worker
+from calibrate.load.procs.recipe import server_pids_of
 
-log = logging.getLogger("calibrate")
-READY_S = 60.0  # a worker that has not started within this is stuck (a loaded machine: ~1 s)
-AGAIN = (
-    "Nothing of this run is measured. Run it again; if a worker dies again, look for its "
-    "error above and for the kernel's out-of-memory killer (dmesg), or run with --workers 1"
-)
+CHILD = "calibrate.load.procs.child"
+EXIT_WAIT_S = 5.0
+ENDED = ("ended",)  # a worker's last event: its pipe closed and it was reaped
+Event = tuple[int, Sequence[tuple[Any, ...]]]  # (the worker's index, a group of its messages)
+
+
+class Job(Protocol):
+    """A worker's first message: what it runs until the parent closes its input."""
+
+    def serve(self, inbox: Channel, outbox: Outbox) -> None: ...
+
+
+class Proc:
+    """One worker process, its two pipes and its reader thread (which tells ``events``)."""
+
+    def __init__(self, job: Job, events: SimpleQueue[Event], index: int, name: str) -> None:
+        self.popen, self._to_child, self._from_child = spawn_worker(CHILD)  # OSError: none
+        self.send(job)
+        self._reader = threading.Thread(
+            target=self._read, args=(events, index), name=name, daemon=True
+        )
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def send(self, message: Any) -> bool:
+        """To the worker; False when it is gone (its ``ENDED`` says so too)."""
+        return self._to_child.send(message)
+
+    def _read(self, events: SimpleQueue[Event], index: int) -> None:
+        while (messages := self._from_child.receive()) is not None:
+            events.put((index, messages))
+        self._reap()
+        self._from_child.close()
+        self._to_child.close()
+        events.put((index, (ENDED,)))
+
+    def how_it_ended(self) -> str:
+        """How the process ended, in words (for a line naming it)."""
+        code = self.popen.poll()
+        if code is not None and code < 0:
+            return f"was killed by signal {-code}"
+        return f"exited with status {code}" if code is not None else "closed its pipe"
+
+    def close(self) -> None:
+        """End it: the end of its input ends it; past a short wait it is killed."""
+        self._to_child.close()
+        self._ended()
+
+    def kill(self) -> None:
+        """Kill it now and wait until it is reaped."""
+        if self.popen.poll() is None:
+            self.popen.kill()
+        self._ended()
+
+    def _reap(self) -> None:
+        try:
+            self.popen.wait(EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:  # its output closed, the process lingers: end it
+            self.popen.kill()
+            self.popen.wait()
+
+    def _ended(self) -> None:
+        self._reap()
+        if self._reader is not threading.current_thread():
+            self._reader.join(EXIT_WAIT_S)
+        with contextlib.suppress(OSError):
+            self._from_child.close()
 
 
 class WorkerPool:
-    """``count`` worker processes and the one queue their messages arrive on."""
+    """The worker processes of one sender or run, each running its job, and the one queue their
+    messages and their ends arrive on (``next``). Read by one thread, which also starts them: an
+    event is never read before its worker is listed here. ``server_pids`` finds the server's
+    processes on this machine afresh; the workers are told them in their jobs (``server``) and
+    again before a run when they changed (``tell_server``: a restarted server has new ones)."""
 
-    def __init__(
-        self,
-        recipe: ClientRecipe,
-        count: int,
-        server_pids: Callable[[], Iterable[int]] = tuple,
-        limits: CheckLimits = DEFAULT_LIMITS,
-    ) -> None:
-        self._recipe = recipe
-        self.count = count
-        self._limits = limits  # each worker's self-check
-        self._workers = Workers("load-worker")
-        self._server_pids = server_pids  # the server's processes on this machine, found afresh
-        self._told: tuple[int, ...] = ()  # … as the workers were last told them
+    def __init__(self, name: str, server_pids: Callable[[], Iterable[int]] = tuple) -> None:
+        self.name = name  # its reader threads are ``name-1``, ``name-2``, …
+        self.procs: list[Proc] = []
+        self._events: SimpleQueue[Event] = SimpleQueue()
+        self._server_pids = server_pids
+        self._told: tuple[int, ...] = ()  # the server's processes as the workers were last told
 
-    def start(self) -> None:
-        """Start the workers (once) and wait until each has built its client."""
-        workers = self._workers
-        if workers.procs:
-            return
+    def server(self) -> tuple[int, ...]:
+        """The server's processes found now, to tell the workers about to start."""
         self._told = server_pids_of(self._server_pids())
-        try:
-            for index in range(self.count):
-                who = f"load worker process {index + 1} of {self.count}"
-                workers.start(LoadJob(self._recipe, who, *anchor(), self._told, self._limits))
-        except OSError as exc:  # out of processes or descriptors
-            started = len(workers.procs)
-            self.close()
-            raise WorkerDied(
-                f"could not start load worker process {started + 1} of {self.count}: {exc}",
-                "Lower --workers, or run with --workers 1",
-            ) from exc
-        ready: set[int] = set()
-        deadline = time.monotonic() + READY_S
-        while len(ready) < self.count:
-            index, messages = self.next_event(deadline, "its start")
-            if any(m[0] == "ready" for m in messages):
-                ready.add(index)
+        return self._told
 
     def tell_server(self) -> None:
         """Before a run: the server's processes, to every worker, when they changed since the
-        workers were last told (a restarted server has new ones)."""
+        workers were last told."""
         now = server_pids_of(self._server_pids())
         if now != self._told:
             self._told = now
-            for index in range(len(self._workers.procs)):
+            for index in range(len(self.procs)):
                 self.send(index, ("server", 0, now))
 
-    def send(self, index: int, message: tuple[Any, ...]) -> None:
-        """To one worker; a worker gone is reported by its reader (``ENDED``), not here."""
-        self._workers.send(index, message)
+    def start(self, job: Job, index: int | None = None) -> int:
+        """Start a worker running ``job``: a new one, or worker ``index`` again (its last one
+        has ended); its index. Raises OSError when no process can start."""
+        n = len(self.procs) if index is None else index
+        proc = Proc(job, self._events, n, f"{self.name}-{n + 1}")
+        if index is None:
+            self.procs.append(proc)
+        else:
+            self.procs[index] = proc
+        return n
 
-    def next_event(self, deadline: float, during: str) -> Event:
-        """The next group of messages from a worker; ``WorkerDied`` (every worker ended) when
-        one has ended, reported an error, or none answered by ``deadline`` (monotonic s)."""
-        event = self._workers.next(deadline - time.monotonic())
-        if event is None:
-            self.close()
-            raise WorkerDied(
-                f"the load worker processes sent nothing for too long during {during}", AGAIN
-            )
-        index, messages = event
-        for message in messages:
-            if message is ENDED:
-                raise self._died(index, during)
-            if message[0] == "error":
-                log.error("load worker process %d: %s", index + 1, message[3])  # its traceback
-                self.close()
-                raise WorkerDied(
-                    f"load worker process {index + 1} of {self.count} failed during {during}: "
-                    f"{message[2]}",
-                    "This is calibrate's own bug (its traceback is above): run with --workers 1 "
-                    "and report it",
-                )
-        return index, messages
+    def next(self, timeout_s: float | None) -> Event | None:
+        """The next group of a worker's messages (``ENDED``: it is gone); None when nothing
+        came within ``timeout_s`` (None: no waiting)."""
+        try:
+            if timeout_s is None:
+                return self._events.get_nowait()
+            return self._events.get(timeout=max(0.0, timeout_s))
+        except Empty:
+            return None
 
-    def _died(self, index: int, during: str) -> WorkerDied:
-        worker = self._workers.procs[index]
-        how = worker.how_it_ended()
-        self.close()
-        return WorkerDied(
-            f"load worker process {index + 1} of {self.count} (PID {worker.pid}) {how} "
-            f"during {during}",
-            AGAIN,
-        )
-
-    def close(self) -> None:
-        """End every worker: the end of its input ends it; past a short wait it is killed."""
-        self._workers.close()
+    def send(self, index: int, message: Any) -> bool:
+        """To one worker; False when it is gone (its ``ENDED`` says so too)."""
+        return self.procs[index].send(message)
 
     def pids(self) -> list[int]:
-        return self._workers.pids()
+        """The live workers' process ids (a self-check reads their CPU)."""
+        return [p.pid for p in self.procs if p.popen.returncode is None]
+
+    def kill(self) -> None:
+        """Kill every worker now and wait until each is reaped (their events stay queued)."""
+        for proc in list(self.procs):
+            proc.kill()
+
+    def close(self) -> None:
+        """End every worker: the end of its input ends it; past a short wait it is killed.
+        What they still had to say is dropped; a later ``start`` begins a new set."""
+        procs, self.procs, self._events = self.procs, [], SimpleQueue()
+        for proc in procs:
+            proc.close()

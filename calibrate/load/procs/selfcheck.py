@@ -17,7 +17,7 @@ from typing import Any
 
 from calibrate.gpu.noise import LinuxProc, ProcReader, server_cpu
 from calibrate.gpu.selfload import SelfLoadMonitor, SelfLoadReport, tree_cpu, workers_advice
-from calibrate.load.procs.proc import cores
+from calibrate.load.procs.worker_count import cores
 
 MACHINE_SHARE = 0.85  # all of calibrate's processes at this share of the cores: the machine's limit
 PARENT = "calibrate's parent process"  # who the stage's own self-check is while workers send

@@ -19,6 +19,19 @@ from calibrate.load.items import ItemResult
 from calibrate.load.pacing import Answer, OpenRun
 from calibrate.load.window import LevelWindow, LoopRun
 
+AHEAD_MIN = 8  # requests a worker holds beyond its share in flight, at least
+
+
+def ahead(share: int) -> int:
+    """Requests sent to a worker before its loop starts: its share, and as many again (at
+    least ``AHEAD_MIN``) so that a burst of answers never waits on the parent."""
+    return share + max(share, AHEAD_MIN)
+
+
+def started_after(child_started_at: float | None, started_at: float) -> float:
+    """A worker's start after the parent's, in s (both epoch stamps on one anchor)."""
+    return child_started_at - started_at if child_started_at is not None else 0.0
+
 
 def split_concurrency(concurrency: int, workers: int) -> list[int]:
     """C over at most C processes as evenly as can be, each at least 1: 10 over 3 → 4, 3, 3."""

@@ -4,11 +4,18 @@ the sweep's loops and batch's items, read by their flags' help too."""
 from __future__ import annotations
 
 import math
-
-from calibrate.load.procs.proc import cores
+import os
 
 SLOTS_PER_WORKER = 32  # --workers auto: one process per this many in flight (as batch's)
 RATE_PER_WORKER = 500.0  # … or per this many requests/s offered
+
+
+def cores() -> int:
+    """The cores this process may run on (``--workers auto`` takes at most these)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def workers_for(asked: int | None, in_flight: int, rate: float | None = None) -> int:

@@ -29,8 +29,9 @@ from calibrate.stages.batch.sending.control import BatchControl
 from calibrate.stages.batch.sending.items import close_later, run_items, stop_on_signals
 from calibrate.stages.batch.sending.lanes import make_lane
 from calibrate.stages.batch.sending.outage import OutageEvent, OutagePolicy
-from calibrate.stages.batch.sending.procs import run as procs
 from calibrate.stages.batch.sending.senders import local_senders
+from calibrate.stages.batch.sending.worker import advice, parent_advice
+from calibrate.stages.batch.sending.workers import worker_senders
 from calibrate.stages.batch.summary import BatchNotes
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.tier_run import server_finder
@@ -55,12 +56,12 @@ def send_items(
     events_lock = threading.Lock()  # events come from the workers' threads
 
     control = BatchControl()
-    advice = procs.parent_advice(workers) if workers > 1 else procs.advice(1)
+    hint = parent_advice(workers) if workers > 1 else advice(1)
     # threads late while the server's own processes hold this machine's cores are the server's
     # limit, as in the ladder and sweep (a CPU build of vLLM beside calibrate on 2 cores)
     finder = server_finder(None, ctx, LinuxProc())  # told to --workers processes too
     who = PARENT if workers > 1 else OWN  # the parent only feeds and journals the workers
-    monitor = SelfLoadMonitor(advice=advice, server_cpu=server_cpu(LinuxProc(), finder), who=who)
+    monitor = SelfLoadMonitor(advice=hint, server_cpu=server_cpu(LinuxProc(), finder), who=who)
     drift = BatchDrift(())  # each endpoint against its calibration, once they are checked
 
     def on_event(event: OutageEvent) -> None:
@@ -93,7 +94,7 @@ def send_items(
         ]
         used = [e for e, _ in usable]
         senders = (
-            procs.worker_senders(
+            worker_senders(
                 plan,
                 used,
                 workers,

@@ -3,7 +3,7 @@
 ``run(request, env)`` is the whole stage: the request resolved and checked (request.py), the
 input validated and --out locked (``open_batch``, plan.py), the endpoints checked
 (endpoints.py) and the items sent under watch (send.py) by the engine (``run_items``,
-sending/items.py; by N processes with --workers N, sending/procs/), --final exported, the
+sending/items.py; by N processes with --workers N, sending/workers.py), --final exported, the
 verdict recorded in the ledger. It returns a ``BatchOutcome``; the command shows it.
 Everything the user sees on the way goes through ``env`` (env.py).
 """

@@ -7,7 +7,7 @@ requests in flight and the lines not yet written; this thread shows progress and
 keeps the stop's grace period (a first Ctrl-C stops sending and lets what is in flight finish,
 a second one, or the end of ``grace_s``, abandons it). What sends is its ``Senders``
 (senders.py): in this process, ``Sending`` drives each endpoint's lane — ``local_senders``, and
-``run_batch`` for a run of lanes alone; over worker processes, ``procs.run.worker_senders``.
+``run_batch`` for a run of lanes alone; over worker processes, ``workers.worker_senders``.
 """
 
 from __future__ import annotations

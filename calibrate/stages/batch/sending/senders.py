@@ -2,8 +2,8 @@
 protocol, and its one-process form ``Sending`` — each endpoint's lane (lanes.py) driven by the
 engine under its work-queue policy (pacing.py) on this process's I/O loop, at most the
 endpoint's concurrency in flight (never more than items). ``local_senders`` makes it for a run;
-a worker process of ``--workers N`` drives its share of the slots with it (procs/child.py), and
-the parent's ``Senders`` are ``procs.run.worker_senders``.
+a worker process of ``--workers N`` drives its share of the slots with it (worker.py), and
+the parent's ``Senders`` are ``workers.worker_senders``.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class Sending:
 
 class Senders(Protocol):
     """What sends a run's items, in this process (``Sending``) or in worker processes
-    (``procs.run``), as the one run loop (``run_items``) drives it: ``settle`` waits up to
+    (``workers.py``), as the one run loop (``run_items``) drives it: ``settle`` waits up to
     ``timeout_s`` and is True once the sending is over; ``stop`` is called on every turn once
     stopping (send no new item); ``abandon``, past the grace period, gives up what is in flight
     and says how many items that was; ``down``: the endpoints in an outage and for how long;

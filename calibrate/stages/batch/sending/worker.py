@@ -1,21 +1,18 @@
-"""A worker process of ``batch --workers N``: items in from the parent, finished lines out.
+"""A worker process of ``batch --workers N`` (``workers.py``): items in from the parent, finished
+lines out.
 
-Started by the parent as one of calibrate's worker processes (``load.procs.proc.Workers``)
-whose job is a ``WorkerSetup`` (the first message, below). What it says back is pickled over
-the pipe (``load.procs.channel``); a frame cut short (it was killed mid-write) reads as the end
-of the stream: nothing in it is used, and its items run again. It sends its share of the slots
-as one process does (``sending.Sending``: the engine on this process's I/O loop), with a queue
-that the parent fills and a journal that only sends each line back; the parent writes and
-counts it. Every item's answer is read on that one loop thread, so the item whose line was
-just sent and the model that answered it are plain fields. It ends when the parent says there
-are no more items, and at once when its input ends without that (the parent died: nobody is
-left to write what it would answer; ``channel.listen``). Ctrl-C (and a hang-up) reaches the
-whole process group; a worker ignores it and stops when the parent tells it to.
+Its job is a ``WorkerSetup``, sent first over the pipe (``load.procs.pool``). It sends its share
+of the slots as one process does (``senders.Sending``: the engine on this process's I/O loop),
+with a queue that the parent fills and a journal that only sends each line back; the parent
+writes and counts it. Every item's answer is read on that one loop thread, so the item whose
+line was just sent and the model that answered it are plain fields. It ends when the parent
+says there are no more items, and at once when its input ends without that (the parent died:
+nobody is left to write what it would answer; ``channel.listen``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 from typing import Any
@@ -24,15 +21,49 @@ from calibrate.gpu.selfload import SelfLoadReport
 from calibrate.io.tasks import ItemId, Task
 from calibrate.load.procs.channel import Channel, Outbox, listen
 from calibrate.load.procs.recipe import ClientRecipe
-from calibrate.load.procs.selfcheck import DEFAULT_LIMITS, CheckLimits, worker_check
+from calibrate.load.procs.selfcheck import DEFAULT_LIMITS, CheckLimits, worker_advice, worker_check
+from calibrate.load.procs.selfcheck import parent_advice as parent_advice_
+from calibrate.stages.batch.journal import Tally
 from calibrate.stages.batch.plan import BatchSpec
 from calibrate.stages.batch.sending.control import BatchControl, ReachabilityGuard
-from calibrate.stages.batch.sending.lanes import make_lane
+from calibrate.stages.batch.sending.lanes import EndpointReport, make_lane
 from calibrate.stages.batch.sending.outage import OutagePolicy
 from calibrate.stages.batch.sending.pacing import Work
 from calibrate.stages.batch.sending.queue import MAX_REQUEUES, waiting_task
 from calibrate.stages.batch.sending.senders import POLL_S, Sending
 from calibrate.state.setting import Endpoint
+
+INSTEAD = "lower -c"  # the self-check's advice when no more processes would help
+
+
+def advice(workers: int) -> str:
+    """What the self-check tells a run whose worker process (or only process) is the limit."""
+    return worker_advice(workers, INSTEAD)
+
+
+def parent_advice(workers: int) -> str:
+    """… and when the parent (one feeder and journal for all workers) is the limit."""
+    return parent_advice_(
+        workers, "reads --input and writes --out for", f"{INSTEAD}, or run on a faster CPU"
+    )
+
+
+def split(endpoints: Sequence[Endpoint], workers: int) -> list[tuple[Endpoint, ...]]:
+    """Each worker's share of the endpoints' slots, dealt one slot at a time in turn."""
+    counts = [[0] * len(endpoints) for _ in range(workers)]
+    turn = 0
+    for e_index, endpoint in enumerate(endpoints):
+        for _ in range(endpoint.concurrency):
+            counts[turn % workers][e_index] += 1
+            turn += 1
+    return [
+        tuple(
+            Endpoint(e.base_url, n, e.concurrency_source)
+            for e, n in zip(endpoints, row, strict=True)
+            if n > 0
+        )
+        for row in counts
+    ]
 
 
 @dataclass(frozen=True)
@@ -69,7 +100,7 @@ class WorkerSetup:
     server_pids: tuple[int, ...] = ()  # the server's processes on this machine (the self-check)
 
     def serve(self, inbox: Channel, outbox: Outbox) -> None:
-        """What the worker process runs (``load.procs.proc.Job``): its slots, then its report."""
+        """What the worker process runs (``load.procs.pool.Job``): its slots, then its report."""
         outbox.put("done", serve(self, inbox, outbox))
 
 
@@ -155,6 +186,33 @@ class LineSender:
         model, self._model = self._model, None
         self._queue.lined(line.get("id"))
         self._outbox.put("line", line.get("id"), line, text, tokens, endpoint, model)
+
+
+_STATES = {"up": 0, "down": 1, "gone": 2}
+
+
+def endpoint_reports(
+    endpoints: Sequence[Endpoint], done: Sequence[WorkerDone], tally: Tally, elapsed_s: float
+) -> tuple[EndpointReport, ...]:
+    """Each endpoint as every worker's breaker saw it: the worst state, the longest outage."""
+    out = []
+    for e in endpoints:
+        stats = [s for w in done for s in w.lanes if s.label == e.label]
+        out.append(
+            EndpointReport(
+                e.label,
+                e.concurrency,
+                e.concurrency_source,
+                tally.done_at[e.label],
+                tally.failed_at[e.label],
+                elapsed_s,
+                max((s.state for s in stats), key=_STATES.__getitem__, default="up"),
+                max((s.incidents for s in stats), default=0),
+                max((s.down_total_s for s in stats), default=0.0),
+                sum(s.restarts for s in stats),
+            )
+        )
+    return tuple(out)
 
 
 def serve(setup: WorkerSetup, inbox: Channel, outbox: Outbox) -> WorkerDone:
