@@ -42,6 +42,8 @@ class DriftRecord:
     latency_p99_s: float | None = None
     error_rate: float | None = None
     preemptions: float | None = None  # the server's counter's rise over the run
+    # windows left out, by why ("outage", "restart"): no run of windows spans one
+    left_out: tuple[tuple[str, int], ...] = ()
 
     @property
     def said(self) -> bool:
@@ -54,17 +56,31 @@ class DriftRecord:
 
     def line(self) -> str:
         """``drift: …`` in one line, as the batch's summary and ``status`` show it."""
+        left = f"; {self.left_out_text}" if self.left_out else ""
         if not self.compared:
-            return f"drift: not compared — {self.text}"
+            return f"drift: not compared — {self.text}{left}"
         if not self.drifted:
-            return f"drift: {'undecided' if self.undecided else 'none'} — {self.text}"
+            return f"drift: {'undecided' if self.undecided else 'none'} — {self.text}{left}"
         cal, at = self.calibration, f" from item {self.at_item:,} on" if self.at_item else ""
         pace = f"{self.items_per_s or 0:.3g} items/s"
         if cal is not None:
             pace += f" against {cal.items_per_s:.3g} calibrated ({cal.where})"
         cause = f"; likely cause: {self.causes[0]}" if self.causes else ""
         rerun = f"; to measure it again: {self.rerun}" if self.rerun else ""
-        return f"drift: {self.what}{at} — {pace}{cause}{rerun}"
+        return f"drift: {self.what}{at} — {pace}{cause}{rerun}{left}"
+
+    @property
+    def left_out_text(self) -> str:
+        """``left out: 1 window that held an outage and 2 that held a restart …``: windows
+        whose numbers are the server's absence, or two processes of it, not its pace."""
+        said = []
+        for i, (why, n) in enumerate(self.left_out):
+            noun = "" if i else " window" if n == 1 else " windows"
+            said.append(f"{n}{noun} that held {_HELD.get(why, why)}")
+        return (
+            f"left out: {' and '.join(said)} of the server, not comparable with the calibration "
+            "(no run of windows spans one)"
+        )
 
     def to_json(self) -> dict[str, Any]:
         def r(value: float | None, digits: int = 4) -> float | None:
@@ -90,6 +106,7 @@ class DriftRecord:
             "latency_p99_s": r(self.latency_p99_s),
             "error_rate": r(self.error_rate),
             "preemptions": self.preemptions,
+            "windows_left_out": dict(self.left_out),
         }
 
     @classmethod
@@ -109,6 +126,12 @@ class DriftRecord:
             return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
         at = data.get("at_item")
+        left = data.get("windows_left_out")
+        left_out = tuple(
+            (why, n)
+            for why, n in (left.items() if isinstance(left, dict) else ())
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0
+        )
         return cls(
             compared=data.get("compared") is True,
             text=data["text"],
@@ -131,7 +154,11 @@ class DriftRecord:
             latency_p99_s=num("latency_p99_s"),
             error_rate=num("error_rate"),
             preemptions=num("preemptions"),
+            left_out=left_out,
         )
+
+
+_HELD = {"outage": "an outage", "restart": "a restart"}
 
 
 def records_json(records: Sequence[DriftRecord]) -> list[dict[str, Any]]:

@@ -67,7 +67,7 @@ def send_items(
     def on_event(event: OutageEvent) -> None:
         if event.event in ("down", "up", "gave_up"):  # an outage is not the client's load
             monitor.quiet(event.endpoint, event.event == "down")
-            drift.quiet(event.endpoint, event.event == "down")
+        drift.outage(event.endpoint, event.event)  # nor the server's drift (a restart neither)
         with events_lock:
             events.append(event)
             ctx.run.append("outages.jsonl", event.to_json())

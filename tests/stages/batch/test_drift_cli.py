@@ -7,8 +7,11 @@ CPU hog beside it. The setting is never changed."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import threading
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -173,3 +176,75 @@ def test_a_healthy_batch_never_warns_not_with_a_cpu_hog_beside_it(cli: Any, isol
     assert drift["compared"] and not drift["drifted"] and drift["windows_judged"] >= 3, rows
     others = [r["noise_other_cpu_cores"] for r in rows if r["judged"]]  # the machine, read
     assert None not in others and max(others) >= 0.8, rows  # the hog's core among "others"
+
+
+def test_a_server_that_died_and_came_back_is_never_one_run_of_drift_with_its_old_self(
+    cli: Any, isolated: Path
+) -> None:
+    """The mock slows 4× after 150 items and is killed at item 200; 2.5 s later another mock
+    on its port answers, slow from its first item (restarted with other flags). The window of
+    the outage is left out and no run of windows spans it: drift, if found, is the new server's,
+    from a window after the outage. (It said "drift: the server is slower than calibrated from
+    item 166 on (3 windows in a row …)": two windows of the old server and one of the new.) The
+    summary and ``status`` say the windows left out and why."""
+    port = _calibrated(cli, isolated, QUICK)
+    tasks = write_tasks(isolated / "tasks.jsonl", ITEMS + 30)
+    out = isolated / "out.jsonl"
+    slow = ("--slow-after-factor", "4", "--port", str(port))
+    old = MockProcess(*QUICK, *slow, "--slow-after", str(SLOW_AFTER))
+    revived: list[MockProcess] = []
+
+    def kill_then_revive() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (
+            not out.exists() or out.read_bytes().count(b"\n") < SLOW_AFTER + 50
+        ):
+            time.sleep(0.01)
+        old.stop(signal.SIGKILL)
+        time.sleep(2.5)  # the breaker opens; its probes at 0, 1, 3 s find the new one
+        revived.append(MockProcess(*QUICK, *slow, "--slow-after", "0"))
+
+    thread = threading.Thread(target=kill_then_revive, daemon=True)
+    thread.start()
+    try:
+        outage = ("--retries", "2", "--backoff-s", "0.05", "--outage-after", "3")
+        result = cli(
+            "batch",
+            "--input",
+            str(tasks),
+            "--out",
+            "out.jsonl",
+            "-c",
+            "4",
+            *outage,
+            "--outage-s",
+            "60",
+            "--json",
+        )
+        thread.join()
+    finally:
+        old.stop()
+        for mock in revived:
+            mock.stop()
+    assert result.code == 0, result.err
+    assert [e["event"] for e in result.json["outages"]][:2] == ["down", "up"]
+    (drift,) = result.json["drift"]
+    rows = _drift_rows(isolated, result.json["run_id"])
+    left = [r for r in rows if r["left_out"]]
+    assert left and not any(r["judged"] for r in left), rows
+    assert sum(drift["windows_left_out"].values()) == len(left), drift
+    said = " ".join(result.err.split())
+    assert "left out: " in said and "(no run of windows spans one)" in said, result.err
+    if not drift["compared"]:  # calibrated beside CPU burners
+        assert "too far apart to tell a slower server" in drift["text"], drift
+        return
+    back = max(r["first_item"] + r["items"] for r in left)  # the first item after the outage
+    if drift["drifted"] or drift["windows_off_at_end"]:  # the new server's windows, only
+        assert drift["at_item"] >= back, (drift["at_item"], back, rows)
+    else:  # calibrated beside a loaded suite: its runs admit a server 4× slower
+        admits = float(drift["text"].split("within which a latency up to ")[1].split("×")[0])
+        assert admits > 3, drift
+    status = cli("status")
+    assert status.code == 0
+    shown = " ".join((status.out + status.err).split())
+    assert "left out: " in shown and "(no run of windows spans one)" in shown, shown

@@ -45,9 +45,14 @@ class BatchDrift:
         for watch in self._watches:
             watch.seen(line, tokens, endpoint)
 
-    def quiet(self, endpoint: str, down: bool) -> None:
+    def outage(self, endpoint: str, event: str) -> None:
+        """An outage event of ``endpoint`` (``sending.outage``'s ``down``, ``up``, ``gave_up``,
+        ``restart``): the windows that hold it are left out."""
         for watch in self._watches:
-            watch.quiet(endpoint, down)
+            if event == "restart":
+                watch.restarted(endpoint)
+            elif event in ("down", "up", "gave_up"):
+                watch.quiet(endpoint, event == "down")
 
     def stop(self) -> tuple[DriftRecord, ...] | None:
         """Every watch stopped; one record per endpoint, in their order (None: a --sample)."""

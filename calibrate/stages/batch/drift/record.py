@@ -4,6 +4,7 @@ none, too few windows to tell, a slowdown the run ended inside, or nothing to co
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from statistics import median
 
@@ -16,6 +17,7 @@ from calibrate.stages.batch.drift.rule import (
     is_failing,
     is_slow,
     latency_bound,
+    longest_stretch,
     lowest_items_per_s,
     run_at_end,
     too_wide,
@@ -40,9 +42,13 @@ def record_of(
     its warning, ``found``: its causes), else how near the run came to it."""
     judged = [w for w in windows if w.judged]
     where = f"compared {basis.text if basis else ''} with {cal.where}"
+    # the windows that held an outage or a restart, by why: said, never judged
+    left = tuple(sorted(Counter(w.left_out for w in windows if w.left_out).items()))
     if basis is None or basis.kind is None:
         why = basis.text if basis else "no window of the run was long enough to judge"
-        return DriftRecord(False, why, calibration=cal, endpoint=endpoint, windows=len(windows))
+        return DriftRecord(
+            False, why, calibration=cal, endpoint=endpoint, windows=len(windows), left_out=left
+        )
     if finding is None and lowest_items_per_s(cal) <= 0:
         return DriftRecord(
             False,
@@ -51,14 +57,16 @@ def record_of(
             endpoint=endpoint,
             windows=len(windows),
             rerun=f"calibrate {cal.stage}",
+            left_out=left,
         )
     off = sum(1 for w in judged if is_slow(cal, basis, w) or is_failing(cal, w))
-    # fewer judged windows than drift takes in a row: none could have been found, so none
-    # is claimed — what they read is said, and how many of them were off
-    too_few = finding is None and len(judged) < IN_A_ROW
+    # fewer judged windows in a row (between outages and restarts) than drift takes: none
+    # could have been found, so none is claimed — what they read is said, and how many were off
+    longest = longest_stretch(windows)
+    too_few = finding is None and longest < IN_A_ROW
     # a slowdown the run ended inside (fewer windows than drift takes): not drift, and
     # not "none" either — the whole run's rate hid a server 3× slower at its end
-    ending = () if finding is not None or too_few else run_at_end(cal, basis, judged)
+    ending = () if finding is not None or too_few else run_at_end(cal, basis, windows)
     shown = list(finding.windows) if finding else list(ending) or judged
     seconds = sum(w.seconds for w in shown)
     items = sum(w.items for w in shown)
@@ -79,9 +87,14 @@ def record_of(
             f"{rate or 0:.3g} items/s against {admits} over {len(judged)} judged window(s), {where}"
         )
         if too_few:
+            apart = (
+                f", at most {longest} in a row between outages or restarts"
+                if longest < len(judged)
+                else ""
+            )
             text = (
-                f"{len(judged)} judged window(s) of the run, too few to tell drift (it takes "
-                f"{IN_A_ROW} in a row), {off} of them slower or failing: {text}"
+                f"{len(judged)} judged window(s) of the run{apart}, too few to tell drift (it "
+                f"takes {IN_A_ROW} in a row), {off} of them slower or failing: {text}"
             )
         elif ending:
             text = ended_inside(cal, ending, rate, admits, len(judged), where)
@@ -108,4 +121,5 @@ def record_of(
         latency_p99_s=max(p99s) if p99s else None,
         error_rate=sum(w.errors for w in shown) / items if items else None,
         preemptions=max(rise) if rise else None,
+        left_out=left,
     )

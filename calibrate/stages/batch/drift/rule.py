@@ -14,9 +14,11 @@ items — and, per item, its throughput under that lowest too (a client that did
 flight is not the server's slowness). A window **fails** when its error rate is 5 points over
 the calibration's, with two errors at least.
 
-**Lasting.** Drift is three judged windows in a row slow or failing; a window that cannot speak
-for the server (an outage, the run's last items) neither counts nor breaks the run. A run that
-ends inside fewer than three (``run_at_end``) is undecided, never "none".
+**Lasting.** Drift is three judged windows in a row slow or failing, of one server: a window
+that held an outage or a restart is left out and the run starts again after it (the windows
+either side may be two processes: what was slow before it says nothing of the server after it,
+and a window of the outage is slow because of it); the run's last items neither count nor break
+it. A run that ends inside fewer than three (``run_at_end``) is undecided, never "none".
 
 **The client's lateness is not the server's.** What calibrate's own threads waited to run over
 a window (the self-check's timer, ``gpu.selfload``) is taken off its median latency before it
@@ -191,6 +193,8 @@ def judge(cal: Calibrated, basis: Basis, windows: Sequence[Window]) -> Finding |
         return None
     run: list[Window] = []
     for window in windows:
+        if window.left_out:  # an outage or a restart: no run spans it
+            run = []
         if not window.judged:
             continue
         if is_slow(cal, basis, window) or is_failing(cal, window):
@@ -205,16 +209,29 @@ def judge(cal: Calibrated, basis: Basis, windows: Sequence[Window]) -> Finding |
 
 
 def run_at_end(cal: Calibrated, basis: Basis, windows: Sequence[Window]) -> tuple[Window, ...]:
-    """The judged windows at the run's end slow or failing in a row (none when the last judged
-    one kept pace): a slowdown the run ended inside, too soon to tell whether it lasted."""
+    """The judged windows at the run's end slow or failing in a row since its last outage or
+    restart (none when the last judged one kept pace): a slowdown the run ended inside, too
+    soon to tell whether it lasted."""
     if basis.kind is None:
         return ()
     run: list[Window] = []
     for window in windows:
+        if window.left_out:
+            run = []
         if not window.judged:
             continue
         run = [*run, window] if is_slow(cal, basis, window) or is_failing(cal, window) else []
     return tuple(run)
+
+
+def longest_stretch(windows: Sequence[Window]) -> int:
+    """The most judged windows in a row between outages and restarts: a run of drift is never
+    longer."""
+    longest = count = 0
+    for window in windows:
+        count = 0 if window.left_out else count + window.judged
+        longest = max(longest, count)
+    return longest
 
 
 def ended_inside(

@@ -90,17 +90,27 @@ class DriftWatch:
                 self._gathering = Gathering(self._run_start)
             self._gathering.add(line)
             if self._down:
-                self._gathering.outage = True
+                self._gathering.leave_out("outage")
 
     # the outage's
     def quiet(self, endpoint: str, down: bool) -> None:
-        """The endpoint went down (an outage pauses dispatch) or answered again."""
+        """The endpoint went down (an outage pauses dispatch) or answered again: the window
+        that holds either is left out."""
         if endpoint != self._label:
             return
         with self._lock:
             self._down = down
             if self._gathering is not None:
-                self._gathering.outage = True
+                self._gathering.leave_out("outage")
+
+    def restarted(self, endpoint: str) -> None:
+        """Another process of the endpoint's server began (``batch --restart``): the window
+        that holds it is left out, and a run of windows starts again after it."""
+        if endpoint != self._label:
+            return
+        with self._lock:
+            if self._gathering is not None:
+                self._gathering.leave_out("restart")
 
     # its own
     def start(self) -> DriftWatch:
@@ -133,7 +143,7 @@ class DriftWatch:
             window = gathering.close(len(self.windows), self._run_start, now, self._finished)
             self._gathering = Gathering(now, self._finished + 1, seed=len(self.windows) + 1)
             if self._down:
-                self._gathering.outage = True
+                self._gathering.leave_out("outage")
         return self._closed(window)
 
     def _closed(self, window: Window) -> Window:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 from calibrate.load.items import percentile
 
@@ -25,6 +25,16 @@ SAMPLES = 4096  # latencies kept per window for its percentiles (a uniform sampl
 # failures that are no failing of the server: the answer came, and failed the user's own check
 # of what the prompt made (--expect json), or calibrate's own code failed (its bug, said so)
 NOT_THE_SERVERS = frozenset({"format", "internal"})
+
+# why a window is left out and ends a run of windows: the server was down in it (an outage: the
+# breaker opened), or another process of it began in it (``batch --restart``) — its numbers are
+# the outage's, and the windows either side of it may be two servers (a server that is back from
+# an outage may be another process: cold caches, maybe another setting)
+LeftOut = Literal["outage", "restart"]
+LEFT_OUT: dict[LeftOut, str] = {
+    "outage": "the server was down in it (an outage)",
+    "restart": "the server restarted in it (another process)",
+}
 
 
 def window_due(items: int, seconds: float, run_s: float, concurrency: int) -> bool:
@@ -50,8 +60,9 @@ class ServerSeen:
 @dataclass(frozen=True)
 class Window:
     """One closed window of the watched endpoint's finished items (``start_s`` from the run's
-    first); ``judged`` False when it cannot speak for the server: an outage paused it, or the
-    run was ending with fewer than C in flight."""
+    first); ``judged`` False when it cannot speak for the server: it held an outage or a
+    restart (``left_out``: no run of windows spans it), or the run was ending with fewer than C
+    in flight."""
 
     index: int
     start_s: float
@@ -67,6 +78,7 @@ class Window:
     first_item: int = 1  # the run's count of finished items when it began, plus one
     judged: bool = True
     why_not: str = ""
+    left_out: LeftOut | None = None
     server: ServerSeen | None = None
     others_cores: float | None = None  # other processes' CPU on this machine, in cores
     steal_share: float | None = None
@@ -104,6 +116,7 @@ class Window:
             "finished": self.finished,
             "judged": self.judged,
             "why_not": self.why_not or None,
+            "left_out": self.left_out,
             "server": self.server.to_json() if self.server else None,
             "noise_other_cpu_cores": r(self.others_cores, 3),
             "noise_steal_share": r(self.steal_share),
@@ -125,7 +138,12 @@ class Gathering:
         self._tokens_in = self._tokens_out = 0
         self._counted_in = self._counted_out = 0
         self._rng = random.Random(seed)
-        self.outage = False
+        self.left_out: LeftOut | None = None
+
+    def leave_out(self, why: LeftOut) -> None:
+        """The server was down, or restarted, while this window gathered (a restart says more)."""
+        if self.left_out != "restart":
+            self.left_out = why
 
     def add(self, line: dict[str, Any]) -> None:
         """One finished item's output line; an answer that failed a check of calibrate's own
@@ -171,6 +189,7 @@ class Gathering:
             self._tokens_out / self._counted_out if self._counted_out else None,
             finished,
             self.first_item,
-            judged=not self.outage,
-            why_not="an outage paused it" if self.outage else "",
+            judged=self.left_out is None,
+            why_not=LEFT_OUT[self.left_out] if self.left_out else "",
+            left_out=self.left_out,
         )
