@@ -178,15 +178,24 @@ def test_a_healthy_batch_never_warns_not_with_a_cpu_hog_beside_it(cli: Any, isol
     assert None not in others and max(others) >= 0.8, rows  # the hog's core among "others"
 
 
+# the breaker opens (3 refused in a row) and probes at 0, 1, 3 s; or, back within the items'
+# retries (8, from 0.2 s), it never opens: only the server's /metrics say it restarted
+BREAKER = ("--retries", "2", "--backoff-s", "0.05", "--outage-after", "3")
+RETRIES = ("--retries", "8", "--backoff-s", "0.2", "--outage-after", "1000")
+
+
+@pytest.mark.parametrize(("outage", "down_s"), [(BREAKER, 2.5), (RETRIES, 1.5)])
 def test_a_server_that_died_and_came_back_is_never_one_run_of_drift_with_its_old_self(
-    cli: Any, isolated: Path
+    cli: Any, isolated: Path, outage: tuple[str, ...], down_s: float
 ) -> None:
-    """The mock slows 4× after 150 items and is killed at item 200; 2.5 s later another mock
-    on its port answers, slow from its first item (restarted with other flags). The window of
-    the outage is left out and no run of windows spans it: drift, if found, is the new server's,
-    from a window after the outage. (It said "drift: the server is slower than calibrated from
-    item 166 on (3 windows in a row …)": two windows of the old server and one of the new.) The
-    summary and ``status`` say the windows left out and why."""
+    """The mock slows 4× after 150 items and is killed at item 200; a few seconds later another
+    mock on its port answers, slow from its first item (restarted with other flags). The windows
+    that held the outage and the restart are left out — whether the batch's breaker saw the
+    outage or only the server's /metrics said it (its counters from 0) — and no run of windows
+    spans them: drift, if found, is the new server's, from a window after them. (It said
+    "drift: the server is slower than calibrated from item 166 on (3 windows in a row …)": two
+    windows of the old server and one of the new.) The summary and ``status`` say the windows
+    left out and why."""
     port = _calibrated(cli, isolated, QUICK)
     tasks = write_tasks(isolated / "tasks.jsonl", ITEMS + 30)
     out = isolated / "out.jsonl"
@@ -201,13 +210,12 @@ def test_a_server_that_died_and_came_back_is_never_one_run_of_drift_with_its_old
         ):
             time.sleep(0.01)
         old.stop(signal.SIGKILL)
-        time.sleep(2.5)  # the breaker opens; its probes at 0, 1, 3 s find the new one
+        time.sleep(down_s)
         revived.append(MockProcess(*QUICK, *slow, "--slow-after", "0"))
 
     thread = threading.Thread(target=kill_then_revive, daemon=True)
     thread.start()
     try:
-        outage = ("--retries", "2", "--backoff-s", "0.05", "--outage-after", "3")
         result = cli(
             "batch",
             "--input",
@@ -227,11 +235,13 @@ def test_a_server_that_died_and_came_back_is_never_one_run_of_drift_with_its_old
         for mock in revived:
             mock.stop()
     assert result.code == 0, result.err
-    assert [e["event"] for e in result.json["outages"]][:2] == ["down", "up"]
+    events = [e["event"] for e in result.json["outages"]]
+    assert events[:2] == ["down", "up"] if outage == BREAKER else events == [], events
     (drift,) = result.json["drift"]
     rows = _drift_rows(isolated, result.json["run_id"])
     left = [r for r in rows if r["left_out"]]
     assert left and not any(r["judged"] for r in left), rows
+    assert "restart" in drift["windows_left_out"], rows  # the mock's counters began from 0
     assert sum(drift["windows_left_out"].values()) == len(left), drift
     said = " ".join(result.err.split())
     assert "left out: " in said and "(no run of windows spans one)" in said, result.err

@@ -108,6 +108,8 @@ class DriftWatch:
         that holds it is left out, and a run of windows starts again after it."""
         if endpoint != self._label:
             return
+        if self._server is not None:
+            self._server.restarted()  # its next reading is the new process's
         with self._lock:
             if self._gathering is not None:
                 self._gathering.leave_out("restart")
@@ -128,14 +130,16 @@ class DriftWatch:
                 return
 
     def tick(self) -> Window | None:
-        """Read the server; close the window when it is due (returned)."""
-        if self._server is not None:
-            self._server.read()
+        """Read the server; close the window when it is due (returned). A scrape that found
+        nothing listening, or another process of the server, leaves the window out."""
+        heard = self._server.read() if self._server is not None else None
         with self._lock:
             gathering = self._gathering
             now = self._clock()
             if gathering is None:
                 return None
+            if heard == "down" or heard == "restarted":
+                gathering.leave_out("outage" if heard == "down" else "restart")
             run_s = now - self._run_start
             due = window_due(gathering.items, now - gathering.started_s, run_s, self._concurrency)
             if not due:

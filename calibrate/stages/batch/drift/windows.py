@@ -27,9 +27,10 @@ SAMPLES = 4096  # latencies kept per window for its percentiles (a uniform sampl
 NOT_THE_SERVERS = frozenset({"format", "internal"})
 
 # why a window is left out and ends a run of windows: the server was down in it (an outage: the
-# breaker opened), or another process of it began in it (``batch --restart``) — its numbers are
-# the outage's, and the windows either side of it may be two servers (a server that is back from
-# an outage may be another process: cold caches, maybe another setting)
+# breaker opened, or the watch's own scrape of /metrics found nothing listening), or another
+# process of it began in it (``batch --restart``, or its /metrics counters began again from 0) —
+# its numbers are the outage's, and the windows either side of it may be two servers (a server
+# that is back from an outage may be another process: cold caches, maybe another setting)
 LeftOut = Literal["outage", "restart"]
 LEFT_OUT: dict[LeftOut, str] = {
     "outage": "the server was down in it (an outage)",
