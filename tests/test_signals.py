@@ -3,6 +3,7 @@ saying what was kept and how to resume, and a ledger line `interrupted: true, pa
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -28,9 +29,14 @@ def _terminate_when(proc: subprocess.Popen[str], ready: Callable[[], bool]) -> s
     return err
 
 
-def _tiers_recorded(root: Path) -> int:
-    """Whole lines of tiers.jsonl so far (read while the ladder may be writing one)."""
-    return sum(path.read_text("utf-8").count("\n") for path in root.glob("runs/*/tiers.jsonl"))
+def _tiers_recorded(root: Path) -> set[int]:
+    """The batch sizes with a whole line in tiers.jsonl so far (read while the ladder may be
+    writing one). A set, not a count of lines: a tier run again writes its row again."""
+    found: set[int] = set()
+    for path in root.glob("runs/*/tiers.jsonl"):
+        whole = path.read_text("utf-8").split("\n")[:-1]
+        found |= {json.loads(line)["batch_size"] for line in whole if line.strip()}
+    return found
 
 
 def _ledger(root: Path, stage: str) -> dict:
@@ -40,18 +46,29 @@ def _ledger(root: Path, stage: str) -> dict:
 def test_sigterm_mid_tier_stops_the_ladder_and_it_opens_no_gate(cli, isolated: Path) -> None:
     # batch 1 and 2 answer in ~30 ms (long enough for /metrics read every 5 ms to see both of
     # batch 2 running); from batch 4 on every request takes an hour. SIGTERM once batch 2 is
-    # recorded, while batch 4 is in flight.
+    # recorded and batch 4 is in flight.
     with start_mock(ttft_s=0.03, per_token_s=0.0005, slow_above=2, slow_factor=100000.0) as mock:
         open_gate(isolated, mock.base_url)
         proc = calibrate_process(isolated, "ladder", "--junit", "ladder.xml")
-        err = _terminate_when(proc, lambda: _tiers_recorded(isolated) >= 2)
+        err = _terminate_when(
+            proc,
+            lambda: _tiers_recorded(isolated) >= {1, 2} and mock.model.snapshot().in_flight >= 4,
+        )
         assert proc.returncode == 130, err
         assert "Traceback" not in err
-        assert "ladder interrupted after" in err and "recorded as not passed" in err
+        assert "ladder interrupted after 2 finished tier(s)" in err
+        assert "recorded as not passed" in err
         assert "kept in runs/" in err and "calibrate ladder" in err
         entry = _ledger(isolated, "ladder")
         assert entry["interrupted"] is True and entry["passed"] is False
-        assert entry["summary"]["last_passing"]["batch_size"] == 2  # kept for report only
+        summary = entry["summary"]  # kept for report only
+        kept = [(t["batch_size"], t["verdict"]) for t in summary["tiers"]]
+        assert kept == [(1, "pass"), (2, "pass")]
+        # the setting is the rule's: batch 2 is twice as fast, yet two rounds of one wave each
+        # on a busy machine may not tell it from batch 1 (the test config's [confidence]
+        # conservative = true then takes batch 1, and says so)
+        setting = summary["last_passing"]["batch_size"]
+        assert setting == 2 or (setting == 1 and summary["taken_under_noise"]), summary
         assert 'type="interrupted"' in (isolated / "ladder.xml").read_text()
         # an interrupted ladder is never a setting: sweep and pin stay gated
         assert cli("sweep").code == 3
