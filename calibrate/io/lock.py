@@ -7,6 +7,7 @@ import errno
 import fcntl
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -82,15 +83,25 @@ class ExclusiveLock:
         self._fd = None
 
 
+class WaitStopped(Exception):
+    """``one_at_a_time`` gave up its wait: the caller's ``stop`` was set (a Ctrl-C)."""
+
+
 @contextlib.contextmanager
 def one_at_a_time(
-    path: Path, wait_s: float, waiting: Callable[[str], None], poll_s: float = 0.05
+    path: Path,
+    wait_s: float,
+    waiting: Callable[[str], None],
+    poll_s: float = 0.05,
+    stop: threading.Event | None = None,
 ) -> Iterator[None]:
     """Hold the exclusive ``flock`` on ``path`` for the duration, one process at a time: while
     another holds it, wait for it (``waiting`` told once, with the holder's PID), at most
-    ``wait_s`` — then TimeoutError naming that PID. The file stays (it holds the latest PID):
-    a waiter never locks a file its holder has just removed."""
+    ``wait_s`` — then TimeoutError naming that PID — and no longer than ``stop`` stays unset
+    (then WaitStopped, within ``poll_s``). The file stays (it holds the latest PID): a waiter
+    never locks a file its holder has just removed."""
     fd = open_lock_file(path)
+    stop = stop or threading.Event()
     try:
         deadline = time.monotonic() + wait_s
         told = False
@@ -105,7 +116,8 @@ def one_at_a_time(
                 if not told:
                     waiting(holder)
                     told = True
-                time.sleep(poll_s)
+                if stop.wait(poll_s):
+                    raise WaitStopped(f"stopped while PID {holder} held {path}") from None
         with contextlib.suppress(OSError):  # the holder's PID, for a waiter's message
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

@@ -13,12 +13,16 @@ It comes back the way it was started: from the pinned script if it was started f
 from ``[server]`` at the calibrated setting (the setting it had when none is calibrated). One
 process restarts it (``runs/server.restart.lock``): another batch that found it gone too (a
 shard of the same job) waits for that restart and goes on against the server it started —
-two restarts started two engines on one port, and the record named the one that lost it.
+two restarts started two engines on one port, and the record named the one that lost it. A
+batch stopped (Ctrl-C, SIGTERM) while it waits for that restart stops waiting, and starts no
+engine once stopped: before, it went on waiting through its grace period and, the lock let go,
+restarted the server after the user had stopped it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,7 +31,7 @@ from calibrate.config import Config
 from calibrate.engines.builders import build
 from calibrate.errors import RequestError, ServerUnreachable
 from calibrate.http.client import OpenAIClient
-from calibrate.io.lock import one_at_a_time
+from calibrate.io.lock import WaitStopped, one_at_a_time
 from calibrate.load.transport import HttpTransport, Transport
 from calibrate.server import lifecycle as server
 from calibrate.server import process
@@ -177,7 +181,7 @@ class ManagedRestart:
         record = process.load(self.cfg.runs_dir)
         return record is not None and process.liveness(record) == "gone"
 
-    def restart(self) -> Restarted:
+    def restart(self, stop: threading.Event) -> Restarted | None:
         cfg = self.cfg
         seen = process.load(cfg.runs_dir)
         if seen is None:
@@ -193,7 +197,9 @@ class ManagedRestart:
         limits = cfg.server  # the longest a restart may take: two readiness waits and a stop
         wait_s = 2 * limits.ready_timeout_s + limits.stop_timeout_s + RESTART_WAIT_MARGIN_S
         try:
-            with one_at_a_time(cfg.runs_dir / RESTART_LOCK, wait_s, waiting):
+            with one_at_a_time(cfg.runs_dir / RESTART_LOCK, wait_s, waiting, stop=stop):
+                if stop.is_set():  # stopped as the lock came: a stopped batch starts no engine
+                    return None
                 record = process.load(cfg.runs_dir)
                 if record is None:  # a restart before ours failed, and said why
                     raise ServerUnreachable(
@@ -207,6 +213,9 @@ class ManagedRestart:
                         ours=False,
                     )
                 return Restarted(self._start(record, died))
+        except WaitStopped:
+            log.debug("stopped while waiting for another process's restart: not restarted")
+            return None
         except TimeoutError as exc:
             raise ServerUnreachable(
                 f"{died}; another calibrate process was restarting it and had not finished: {exc}",

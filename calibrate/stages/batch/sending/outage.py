@@ -68,9 +68,10 @@ class Restarter(Protocol):
         """True when calibrate manages the server and its process has exited."""
         ...
 
-    def restart(self) -> Restarted:
+    def restart(self, stop: threading.Event) -> Restarted | None:
         """Start it again (or wait for the process restarting it) until ready; what was done.
-        Raises CalibrateError."""
+        None: ``stop`` was set (the batch is stopping) before it started anything — a stopped
+        batch starts no engine. Raises CalibrateError."""
         ...
 
 
@@ -233,7 +234,7 @@ class Breaker:
     def _probe_until_decided(self, stop: threading.Event, idle: Callable[[], bool]) -> None:
         wait_s = self.policy.probe_first_s
         while not stop.is_set() and not idle():
-            self._maybe_restart()
+            self._maybe_restart(stop)
             problem = self._probe()
             with self._cond:
                 down_s = self._clock() - self._down_since
@@ -261,19 +262,21 @@ class Breaker:
             stop.wait(max(min(wait_s, self.policy.limit_s - down_s), 0.0))
             wait_s = min(wait_s * 2, self.policy.probe_cap_s)
 
-    def _maybe_restart(self) -> None:
+    def _maybe_restart(self, stop: threading.Event) -> None:
         if self._restarter is None or self._restarted or not self._restarter.needed():
             return
         self._restarted = True  # once per incident: a server that dies at once is not looped
         with self._cond:
             down_s = self._clock() - self._down_since
         try:
-            started = self._restarter.restart()
+            started = self._restarter.restart(stop)
         except CalibrateError as exc:
             self._on_event(self._event("restart_failed", down_s, exc.message))
             return
         except Exception as exc:  # not ours to raise into a worker: a failed restart, said
             self._on_event(self._event("restart_failed", down_s, f"{type(exc).__name__}: {exc}"))
+            return
+        if started is None:  # the batch stopped first: its own lines say so
             return
         self.restarts += started.ours
         self._on_event(self._event("restart", down_s, started.detail))
