@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from tests.batch_helpers import assert_valid_jsonl, write_tasks
 from tests.fakes import free_port, managed_config, mock_command
-from tests.helpers import reaped
+from tests.helpers import calibrate_process, reaped
 from tests.mockserver import REPO, start_mock
 
 LOCK = "runs/server.restart.lock"
@@ -125,3 +126,46 @@ def _batch(root: Path, args: tuple[str, ...]) -> subprocess.Popen[bytes]:
             stdout=subprocess.DEVNULL,
             stderr=err,
         )
+
+
+def test_a_start_by_hand_is_refused_while_another_process_restarts_the_server(
+    cli, isolated: Path
+) -> None:
+    """Before, ``server start`` ignored the lock: started beside a batch's restart, both passed
+    their port check and two engines raced for the port. Now: exit 2, naming the PID."""
+    managed_config(isolated, free_port(), mock_command())
+    (isolated / "runs").mkdir()
+    with _held(isolated / LOCK):
+        result = cli("server", "start", "--concurrency", "2")
+    assert result.code == 2, result.err
+    said = result.err.strip().splitlines()
+    assert said[0] == (
+        f"error: PID {os.getpid()} is starting the managed server (lock {LOCK}); not started"
+    ), said
+    assert len(said) == 2 and "calibrate server status" in said[1], said
+    assert not (isolated / "runs/server.json").exists()  # nothing started, nothing recorded
+
+
+def test_a_start_by_hand_holds_the_lock_a_batch_restart_waits_on(isolated: Path) -> None:
+    """While ``server start`` brings its engine up, the restart lock is its (a batch that finds
+    the server gone waits for this start, then goes on against it)."""
+    loading = "import time; print('loading weights...', flush=True); time.sleep(120)"
+    managed_config(isolated, free_port(), shlex.join([sys.executable, "-c", loading]))
+    with reaped(calibrate_process(isolated, "server", "start")) as proc:
+        record = isolated / "runs/server.json"
+        _wait("the engine's record", lambda: record.exists() or proc.poll() is not None)
+        assert proc.poll() is None, proc.communicate()
+        fd = os.open(isolated / LOCK, os.O_RDWR)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = False
+            except BlockingIOError:
+                held = True
+            holder = os.pread(fd, 32, 0).decode().strip()
+        finally:
+            os.close(fd)
+        proc.send_signal(signal.SIGINT)  # the start stops the engine it was starting
+        _, err = proc.communicate(timeout=30)
+    assert held and holder == str(proc.pid), (held, holder)
+    assert proc.returncode == 130 and "stopped the engine it was starting" in err, err

@@ -83,6 +83,14 @@ class ExclusiveLock:
         self._fd = None
 
 
+class HeldBy(TimeoutError):
+    """``one_at_a_time`` waited its ``wait_s`` out; ``holder``: the PID in the lock file."""
+
+    def __init__(self, holder: str, path: Path, wait_s: float) -> None:
+        super().__init__(f"PID {holder} held {path} for {wait_s:.0f} s")
+        self.holder = holder
+
+
 class WaitStopped(Exception):
     """``one_at_a_time`` gave up its wait: the caller's ``stop`` was set (a Ctrl-C)."""
 
@@ -97,7 +105,7 @@ def one_at_a_time(
 ) -> Iterator[None]:
     """Hold the exclusive ``flock`` on ``path`` for the duration, one process at a time: while
     another holds it, wait for it (``waiting`` told once, with the holder's PID), at most
-    ``wait_s`` — then TimeoutError naming that PID — and no longer than ``stop`` stays unset
+    ``wait_s`` — then ``HeldBy`` (a TimeoutError) naming that PID — and no longer than ``stop`` stays unset
     (then WaitStopped, within ``poll_s``). The file stays (it holds the latest PID): a waiter
     never locks a file its holder has just removed."""
     fd = open_lock_file(path)
@@ -112,7 +120,7 @@ def one_at_a_time(
             except BlockingIOError:
                 holder = _pid_in(fd) or "unknown"
                 if time.monotonic() >= deadline:
-                    raise TimeoutError(f"PID {holder} held {path} for {wait_s:.0f} s") from None
+                    raise HeldBy(holder, path, wait_s) from None
                 if not told:
                     waiting(holder)
                     told = True

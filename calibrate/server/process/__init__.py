@@ -46,6 +46,12 @@ def log_path(runs_dir: Path) -> Path:
     return runs_dir / "server.log"
 
 
+def restart_lock_path(runs_dir: Path) -> Path:
+    """Held by whoever starts the managed server while a batch may restart it (``batch
+    --restart``, a hand ``server start``): one start at a time, never two engines on its port."""
+    return runs_dir / "server.restart.lock"
+
+
 @dataclass(frozen=True)
 class ServerRecord:
     """Who the managed server is and how it was started (``runs/server.json``)."""

@@ -49,7 +49,6 @@ from calibrate.state.ledger import Ledger, target_fingerprint
 from calibrate.state.setting import Endpoint, resolve
 
 PROBE_TIMEOUT_S = 3.0
-RESTART_LOCK = "server.restart.lock"
 RESTART_WAIT_MARGIN_S = 30.0  # beyond the longest restart [server] allows: a hung one is left
 
 log = logging.getLogger("calibrate")
@@ -197,7 +196,7 @@ class ManagedRestart:
         limits = cfg.server  # the longest a restart may take: two readiness waits and a stop
         wait_s = 2 * limits.ready_timeout_s + limits.stop_timeout_s + RESTART_WAIT_MARGIN_S
         try:
-            with one_at_a_time(cfg.runs_dir / RESTART_LOCK, wait_s, waiting, stop=stop):
+            with one_at_a_time(process.restart_lock_path(cfg.runs_dir), wait_s, waiting, stop=stop):
                 if stop.is_set():  # stopped as the lock came: a stopped batch starts no engine
                     return None
                 record = process.load(cfg.runs_dir)
