@@ -105,9 +105,9 @@ def one_at_a_time(
 ) -> Iterator[None]:
     """Hold the exclusive ``flock`` on ``path`` for the duration, one process at a time: while
     another holds it, wait for it (``waiting`` told once, with the holder's PID), at most
-    ``wait_s`` — then ``HeldBy`` (a TimeoutError) naming that PID — and no longer than ``stop`` stays unset
-    (then WaitStopped, within ``poll_s``). The file stays (it holds the latest PID): a waiter
-    never locks a file its holder has just removed."""
+    ``wait_s`` — then ``HeldBy`` (a TimeoutError) naming that PID — and no longer than
+    ``stop`` stays unset (then WaitStopped, within ``poll_s``). The file stays (it holds the
+    latest PID): a waiter never locks a file its holder has just removed."""
     fd = open_lock_file(path)
     stop = stop or threading.Event()
     try:
