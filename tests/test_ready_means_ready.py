@@ -20,7 +20,7 @@ import pytest
 from calibrate.errors import ServerDied, ServerUnreachable
 from calibrate.server import lifecycle as server
 from calibrate.server import process, readiness
-from tests.fakes import free_port, pid_gone
+from tests.fakes import free_port, managed_config, mock_command, pid_gone
 from tests.mockserver import start_mock
 
 DIES_ON_FIRST_COMPLETION = """
@@ -122,3 +122,36 @@ def test_the_engine_holding_its_own_socket_is_told_from_a_stranger(tmp_path: Pat
         assert os.getpid() in owners
         assert readiness.stranger_on_port(mock.port, engine_pid=os.getpid() + 10**6) is not None
         assert readiness.stranger_on_port(mock.port, engine_pid=os.getsid(0)) is None
+
+
+def _completions_received(port: int) -> int:
+    """What the managed mock counts in ``mock_requests_total``: completions it was sent."""
+    import requests
+
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("mock_requests_total{")
+    )
+
+
+@pytest.mark.usefixtures("repo_on_pythonpath")
+def test_a_first_completion_slower_than_a_probe_limit_is_waited_for_never_sent_again(
+    cli, isolated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cold engine's first token can take minutes. Readiness gave each 1-token completion
+    120 s, then sent another while the engine still worked on the first: the probes piled up
+    in its queue (here the limit cut to 0.8 s against the mock's 2.5 s first token: never
+    ready within 15 s, exit 4, the mock sent a completion every second). One probe is in flight
+    at a time, waited for within the start's own deadline; a slow one says what it waits on."""
+    monkeypatch.setattr(readiness, "COMPLETION_TIMEOUT_S", 0.8, raising=False)  # the old limit
+    monkeypatch.setattr(readiness, "SAY_WAITING_S", 0.5, raising=False)
+    port = free_port()
+    managed_config(isolated, port, mock_command("--ttft", "2.5"), ready_timeout_s=15)
+    result = cli("server", "start", "--concurrency", "1")
+    assert result.code == 0, result.err
+    assert _completions_received(port) == 1, "one 1-token completion, waited for"
+    assert "waiting for the engine's first 1-token completion" in result.err + result.out
+    assert "to the start's deadline ([server] ready_timeout_s 15)" in result.err + result.out
+    assert cli("server", "stop").code == 0

@@ -182,7 +182,9 @@ def start(
         )
         if ready.ready:
             own = readiness.launched(kind)
-            ready = readiness.confirmed(record, ready, ready_timeout_s, api_key, own_socket=own)
+            ready = readiness.confirmed(
+                record, ready, ready_timeout_s, api_key, own_socket=own, say=say
+            )
             ready = ready if ready.ready else replace(ready, died=readiness.ended(record))
     except KeyboardInterrupt as exc:
         if record is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -130,7 +131,11 @@ def wait_port_closed(
 
 # -- ready means ready (SPEC §6): the engine's own socket, one real completion ----------------
 
-COMPLETION_TIMEOUT_S = 120.0  # the first completion of a cold engine (kernels compile, warm up)
+# A cold engine's first completion compiles kernels and warms up: minutes on some. Readiness
+# sends one and waits for its answer until the start's own deadline ([server] ready_timeout_s),
+# never a second while the first may still be in the engine: a probe given up on after a fixed
+# 120 s was sent again while the engine still worked on the first, and the probes piled up.
+SAY_WAITING_S = 5.0  # an answer slower than this: the user is told what the start waits on
 
 
 def stranger_on_port(port: int, engine_pid: int) -> str | None:
@@ -168,6 +173,7 @@ class Answered:
 
     ok: bool
     what: str
+    timed_out: bool = False  # no answer within the time it was given
 
 
 def first_completion(root: str, api_key: str | None, timeout_s: float) -> Answered:
@@ -192,7 +198,7 @@ def first_completion(root: str, api_key: str | None, timeout_s: float) -> Answer
         status = exc.info.status
         if status is not None and status < 500:  # it answered: only not as calibrate asked
             return Answered(True, f"it refused a 1-token completion: {exc.info.message}")
-        return Answered(False, exc.info.message)
+        return Answered(False, exc.info.message, exc.info.kind == "timeout")
     finally:
         client.close()
     return Answered(True, "answered a 1-token completion")
@@ -222,9 +228,15 @@ def confirmed(
     api_key: str | None,
     *,
     own_socket: bool,
+    say: Callable[[str], None] | None = None,
 ) -> Readiness:
     """After the health answer: the engine alive, holding its port, and one 1-token completion
-    answered (SPEC §6). Not ready: ``stranger`` set, or ``last_answer`` saying what failed."""
+    answered (SPEC §6). Not ready: ``stranger`` set, or ``last_answer`` saying what failed.
+
+    One completion at a time: each is waited for until the start's deadline (``timeout_s``
+    from the start), and another is sent only after one failed (refused, 5xx, dropped) — never
+    while one may still be in the engine. ``say`` is told what it waits on when the answer
+    takes longer than ``SAY_WAITING_S``."""
     clock = time.monotonic
     start = clock() - ready.elapsed_s
     root = f"http://127.0.0.1:{record.port}"
@@ -234,12 +246,35 @@ def confirmed(
         who = stranger_on_port(record.port, record.pid) if own_socket else None
         if who is not None:
             return replace(ready, ready=False, stranger=who)
-        left = max(1.0, timeout_s - (clock() - start))
-        answer = first_completion(root, api_key, min(COMPLETION_TIMEOUT_S, left))
+        sent = clock() - start
+        left = max(1.0, timeout_s - sent)
+        waiting = threading.Timer(
+            SAY_WAITING_S,
+            say or (lambda text: None),
+            (
+                f"waiting for the engine's first 1-token completion, sent {sent:.1f} s after "
+                f"the start (one request: a cold engine compiles and warms up first), up to "
+                f"{left:.0f} s more, to the start's deadline ([server] ready_timeout_s "
+                f"{timeout_s:g})",
+            ),
+        )
+        waiting.daemon = True
+        waiting.start()
+        try:
+            answer = first_completion(root, api_key, left)
+        finally:
+            waiting.cancel()
         if answer.ok:
             note = answer.what if answer.what.startswith("it refused") else ""
             return Readiness(True, clock() - start, None, note)
         said = f"its health answered; it failed its first 1-token completion ({answer.what})"
+        if answer.timed_out:
+            said = (
+                f"its health answered; its first 1-token completion, sent {sent:.1f} s after the "
+                f"start, had no answer by the {timeout_s:g} s deadline"
+            )
         if process.liveness(record) != "running" or clock() - start >= timeout_s:
+            return replace(ready, ready=False, elapsed_s=clock() - start, last_answer=said)
+        if answer.timed_out:  # its deadline was shorter than the start's: none is sent again
             return replace(ready, ready=False, elapsed_s=clock() - start, last_answer=said)
         time.sleep(POLL_S)
