@@ -25,7 +25,7 @@ from calibrate.load.request import Request
 from calibrate.load.sender import Sender
 from calibrate.load.sim.clock import VirtualClock
 from calibrate.stages.measure.saturation import RateJudgement, judge
-from calibrate.stages.sweep.rates import _level_judgement
+from calibrate.stages.sweep.rate_verdict import level_judgement as _level_judgement
 from tests.mockserver import start_mock
 from tests.stage_fakes import Scripted
 from tests.tier_helpers import FAST, open_gate

@@ -24,6 +24,7 @@ from calibrate.load.pacing import Answer, OpenRun
 from calibrate.stages.measure.latency_trend import (
     SlopeInterval,
     Trend,
+    least_squares_slope,
     queue_interval,
     robust_slope,
     sen_interval,
@@ -51,6 +52,8 @@ class RateJudgement:
     )
     split: tuple[int, int] = (0, 1)  # a level's (runs that saturated, runs): mixed is unsure
     unsure: str = ""  # why the shortfall could not be told from 5 %, in words ("" = it could)
+    cap: int | None = None  # the in-flight cap it was sent under (None: none)
+    peak_in_flight: int = 0  # the most requests in flight at once
     # the run's latency against send time, which the level pools (None: sent all at once)
     trend: Trend | None = field(default=None, compare=False, repr=False)
 
@@ -101,7 +104,7 @@ class Shortfall:
         runs = f"{q.runs} run{'s' if q.runs != 1 else ''}"
         return (
             f"{said}; a queue formed: the last half of the answers waited longer than the first, "
-            f"at least {_off(self.achieved_at(q.low), self.offered)} over {q.answers} answers "
+            f"at least {off_text(self.achieved_at(q.low), self.offered)} over {q.answers} answers "
             f"({runs}, {self.level:.0%})"
         )
 
@@ -116,14 +119,14 @@ class Shortfall:
         t = self.trend
         runs = f"{t.runs} run{'s' if t.runs != 1 else ''}"
         return (
-            f"achieved {achieved_rate:.3g} req/s, {_off(achieved_rate, self.offered)} the offered "
-            f"{self.offered:g} — anywhere from {_off(self.achieved_at(t.low), self.offered)} to "
-            f"{_off(self.achieved_at(t.high), self.offered)} over {t.answers} answers ({runs}, "
+            f"achieved {achieved_rate:.3g} req/s, {off_text(achieved_rate, self.offered)} the offered "
+            f"{self.offered:g} — anywhere from {off_text(self.achieved_at(t.low), self.offered)} to "
+            f"{off_text(self.achieved_at(t.high), self.offered)} over {t.answers} answers ({runs}, "
             f"{self.level:.0%}), across the {SHORTFALL:.0%} line"
         )
 
 
-def _off(rate: float, offered: float) -> str:
+def off_text(rate: float, offered: float) -> str:
     """``6 % below``, ``3 % above``."""
     if math.isinf(rate):
         return "∞ above"
@@ -146,7 +149,9 @@ def shortfall(
     return Shortfall(send, found, offered_rate, level, queue_interval(trends, level))
 
 
-def achieved(answers: Sequence[Answer], total_s: float) -> tuple[float, float, int]:
+def achieved(
+    answers: Sequence[Answer], total_s: float, *, random_schedule: bool = False
+) -> tuple[float, float, int]:
     """(requests/s, window, completions) of an open-loop run.
 
     The answers arrive over the span the requests were sent over, stretched by the trend of
@@ -155,13 +160,16 @@ def achieved(answers: Sequence[Answer], total_s: float) -> tuple[float, float, i
     achieved = offered); one that falls behind answers each request later than the last
     (slope > 0, achieved < offered). The fit is Theil–Sen: one slow answer — which decided the
     old first-to-last-answer window on short runs, reading 9 % short at 40 % load, and would
-    tilt a least-squares line through ten answers — moves it by one place. Runs sent (nearly)
+    tilt a least-squares line through ten answers — moves it by one place. A run of a random
+    schedule is least squares' (``latency_trend.least_squares_slope``): its level judges its
+    runs together, their spread taking in the slow answer. Runs sent (nearly)
     all at once — sends spread over less than one request's latency, where no trend can be
     fitted — use the first-to-last-answer window."""
     ok = [a for a in answers if a.ok]
     trend = trend_of(answers)
     if trend is not None:
-        slope = robust_slope(trend.starts, trend.latencies)
+        fit = least_squares_slope if random_schedule else robust_slope
+        slope = fit(trend.starts, trend.latencies)
         window = (max(trend.starts) - min(trend.starts)) * (1 + slope)
         if window > 0:
             return (len(ok) - 1) / window, window, len(ok) - 1
@@ -227,13 +235,19 @@ def shortfall_text(achieved_rate: float, offered_rate: float) -> str:
 
 
 def judge(
-    run: OpenRun, offered_rate: float | None, cap: int | None, level: float = DEFAULT_LEVEL
+    run: OpenRun,
+    offered_rate: float | None,
+    cap: int | None,
+    level: float = DEFAULT_LEVEL,
+    *,
+    random_schedule: bool = False,
 ) -> RateJudgement:
     """Saturated when achieved falls surely > 5 % below offered (``Shortfall``), when the
     in-flight count and the latency keep growing through the run, or when the in-flight cap made
     the sends fall ever further behind their schedule; unsure (``unsure``) when none of these
-    holds and the slope's interval leaves the shortfall on both sides of 5 %."""
-    rate, window, count = achieved(run.requests, run.total_s)
+    holds and the slope's interval leaves the shortfall on both sides of 5 %. A run of a random
+    schedule reads its achieved rate by least squares (``achieved``)."""
+    rate, window, count = achieved(run.requests, run.total_s, random_schedule=random_schedule)
     trend = trend_of(run.requests)
     why = late = unsure = ""
     if offered_rate is not None:
@@ -258,5 +272,16 @@ def judge(
             unsure = short.text(rate)
     lag = percentile(run.lag_s, 99) if offered_rate is not None else None
     return RateJudgement(
-        offered_rate, rate, window, count, bool(why), why, lag, late, unsure=unsure, trend=trend
+        offered_rate,
+        rate,
+        window,
+        count,
+        bool(why),
+        why,
+        lag,
+        late,
+        unsure=unsure,
+        cap=cap,
+        peak_in_flight=max(run.in_flight, default=0) + 1,
+        trend=trend,
     )

@@ -2,11 +2,10 @@
 schedule, judged on achieved vs offered rate and over-saturation (``stages.open_loop``).
 
 In flight is capped at what the ladder proved on an unmanaged server (SPEC §5.0). Every repeat
-runs (a saturated run is not the end of the level: one short run is noise); the level is
-saturated when most of its runs were, and the sweep stops at the first saturated level. A level
-whose runs disagree, or whose shortfall the slope's interval over all its answers cannot tell
-from 5 % (``saturation.Shortfall``), runs again up to ``max_repeats``; one still unsure then is
-neither kept up nor saturated: ``unsure``, the sweep's doubt (SPEC §5.14).
+runs (a saturated run is not the end of the level: one short run is noise), and the sweep stops
+at the first saturated level. How a level's runs make its verdict is ``rate_verdict``'s: a level
+still unsure at ``max_repeats`` is neither kept up nor saturated: ``unsure``, the sweep's doubt
+(SPEC §5.14).
 
 **The SLO boundary over rates** (``sweep --find-max --rates``, ``next_rate``): the search of
 ``stages.sweep.find_max`` — ×8 up, then geometric bisection — on an offered rate in req/s, from
@@ -24,7 +23,6 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import replace
 
-from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.config import SloConfig
 from calibrate.errors import UsageError
 from calibrate.gpu.vram.peaks import WindowPeak
@@ -33,13 +31,7 @@ from calibrate.load.items import ItemResult
 from calibrate.load.keepalive_stall import find_stall
 from calibrate.load.pacing import OpenRun
 from calibrate.stages.measure.item_records import record_round
-from calibrate.stages.measure.saturation import (
-    SHORTFALL,
-    RateJudgement,
-    judge,
-    shortfall,
-    shortfall_text,
-)
+from calibrate.stages.measure.saturation import RateJudgement, judge
 from calibrate.stages.measure.tiers import Stats
 from calibrate.stages.sweep.find_max import (
     FACTOR,
@@ -50,6 +42,7 @@ from calibrate.stages.sweep.find_max import (
     judge_probe,
 )
 from calibrate.stages.sweep.levels import Level, level_stats
+from calibrate.stages.sweep.rate_verdict import level_judgement, unsettled
 from calibrate.stages.sweep.runner import LevelRunner, run_stats, whole_stats
 
 
@@ -61,7 +54,10 @@ def run_rate_level(sweep: LevelRunner, rate: float) -> Level:
     items: list[ItemResult] = []
     peaks: list[WindowPeak] = []
     repeat = 0
-    while repeat < o.repeats or (_unsettled(judged, o.confidence) and repeat < o.max_repeats):
+    random_schedule = o.arrival != "constant"  # each run its own draw (``rate_verdict``)
+    while repeat < o.repeats or (
+        unsettled(judged, o.confidence, random_schedule=random_schedule) and repeat < o.max_repeats
+    ):
         repeat += 1  # runs that disagree, or a shortfall unsure: more, to settle it (SPEC §5.14)
         stats, judgement, answered, peak = run_rate_once(sweep, rate, repeat)
         runs.append(stats)
@@ -72,7 +68,9 @@ def run_rate_level(sweep: LevelRunner, rate: float) -> Level:
             break
     whole = whole_stats(o, max(r.concurrency for r in runs), runs, items, peaks)
     achieved = statistics.median(j.achieved_rate for j in judged)
-    rate_judgement = _level_judgement(judged, achieved, o.confidence)
+    rate_judgement = level_judgement(
+        judged, achieved, o.confidence, random_schedule=random_schedule
+    )
     return Level(
         level_stats(whole, runs),
         tuple(runs),
@@ -84,81 +82,6 @@ def run_rate_level(sweep: LevelRunner, rate: float) -> Level:
         stall=find_stall([i.elapsed_s for i in items if i.ok]),
         client_bound=next((j.client_late for j in judged if j.client_late), ""),
     )
-
-
-def _mixed(judged: Sequence[RateJudgement]) -> bool:
-    """Some runs of the level saturated and some did not."""
-    saturated = sum(j.saturated for j in judged)
-    return 0 < saturated < len(judged)
-
-
-def _unsure(judged: Sequence[RateJudgement], level: float, achieved: float | None = None) -> str:
-    """Why the level's shortfall is unsure, pooled over its runs' answers ("" when sure, or
-    when most runs saturated on another rule): the slope's interval straddles 5 %. Said at
-    ``achieved``, the level's (its runs' median unless given)."""
-    offered = judged[0].offered_rate if judged else None
-    trends = [j.trend for j in judged if j.trend is not None]
-    if offered is None or not trends or 2 * sum(j.saturated for j in judged) > len(judged):
-        return ""
-    pooled = shortfall(trends, offered, level)
-    if pooled is None or pooled.surely_short or pooled.surely_within:
-        return ""
-    if achieved is None:
-        achieved = statistics.median(j.achieved_rate for j in judged)
-    return pooled.text(achieved)
-
-
-def _resolved(judged: Sequence[RateJudgement], level: float) -> list[RateJudgement]:
-    """The runs, those unsure alone counted saturated when all the level's answers put it
-    surely more than 5 % short (their pooled slope's interval)."""
-    offered = judged[0].offered_rate if judged else None
-    trends = [j.trend for j in judged if j.trend is not None]
-    pooled = shortfall(trends, offered, level) if offered is not None and trends else None
-    if offered is None or pooled is None or not pooled.surely_short:
-        return list(judged)
-    why = pooled.why(statistics.median(j.achieved_rate for j in judged))
-    return [replace(j, saturated=True, why=why, unsure="") if j.unsure else j for j in judged]
-
-
-def _unsettled(judged: Sequence[RateJudgement], level: float) -> bool:
-    """Runs that disagree, or a shortfall not yet sure over all the level's answers."""
-    resolved = _resolved(judged, level)
-    return _mixed(resolved) or bool(_unsure(resolved, level))
-
-
-def _level_judgement(
-    judged: list[RateJudgement], achieved: float, level: float = DEFAULT_LEVEL
-) -> RateJudgement:
-    """Saturated when most of the level's runs were (one run of three that fell short on a
-    burst is noise, not a result); a tie is settled by the level's median achieved rate, the
-    number the table shows. The why names how many runs, and a shortfall is the level's own:
-    its median, not the first short run's rate (which read 81.1 req/s beside a table's 73.2).
-    A shortfall the slope's interval over all the level's answers cannot tell from 5 % is
-    neither: the level is ``unsure`` and says the interval (runs unsure alone are not saturated;
-    pooled surely short, they count as saturated; a queue that decided it is said)."""
-    lags = [j.send_lag_p99_s for j in judged if j.send_lag_p99_s is not None]
-    judged = [replace(j, send_lag_p99_s=max(lags, default=None)) for j in judged]
-    offered = judged[0].offered_rate
-    judged = _resolved(judged, level)
-    unsure = _unsure(judged, level, achieved)
-    saturated = [j for j in judged if j.saturated]
-    split = (len(saturated), len(judged))
-    judged = [replace(j, split=split) for j in judged]
-    saturated = [j for j in judged if j.saturated]
-    short = offered is not None and achieved < offered * (1 - SHORTFALL)
-    if unsure:
-        return replace(judged[0], saturated=False, why="", achieved_rate=achieved, unsure=unsure)
-    if 2 * len(saturated) < len(judged) or (2 * len(saturated) == len(judged) and not short):
-        return replace(judged[0], saturated=False, why="", achieved_rate=achieved, unsure="")
-    if len(judged) == 1:
-        return replace(saturated[0], achieved_rate=achieved)
-    trends = [j.trend for j in judged if j.trend is not None]
-    pooled = shortfall(trends, offered, level) if offered and trends else None
-    reason = saturated[0].why
-    if short and offered:
-        reason = pooled.why(achieved) if pooled else shortfall_text(achieved, offered)
-    why = f"{reason} ({len(saturated)} of {len(judged)} runs)"
-    return replace(saturated[0], why=why, achieved_rate=achieved)
 
 
 def run_rate_once(
@@ -187,7 +110,8 @@ def run_rate_once(
     highest = max(run.in_flight, default=0) + 1
     label, tags = f"r{rate_text(rate)}", {"offered_rate": rate_value(rate)}
     items = sweep.keep(list(run.items), highest, repeat, peak, label, tags)
-    judgement = judge(run, None if math.isinf(rate) else rate, cap, o.confidence)
+    offered = None if math.isinf(rate) else rate
+    judgement = judge(run, offered, cap, o.confidence, random_schedule=o.arrival != "constant")
     stats = run_stats(
         o,
         highest,

@@ -16,7 +16,8 @@ from calibrate.stages.measure.latency_trend import (
     sen_interval,
 )
 from calibrate.stages.measure.saturation import RateJudgement, judge
-from calibrate.stages.sweep.rates import _level_judgement, _unsettled
+from calibrate.stages.sweep.rate_verdict import level_judgement as _level_judgement
+from calibrate.stages.sweep.rate_verdict import unsettled as _unsettled
 
 # ±40 ms of latency jitter over a 0.12 s answer, as a loaded 2-core machine added to the mock
 JITTER = (0.0, 0.04, -0.03, 0.05, -0.04, 0.03, 0.02, 0.04)
