@@ -68,11 +68,19 @@ def test_single_repro_and_verify_say_what_they_wait_for_before_the_answer(
         assert sum("sending the fixed prompt" in line for line in verify.err.splitlines()) == 1
 
 
-def _planned_s(err: str, kind: str) -> float:
-    """The seconds a log's plan line says: "ladder: 3 tiers, about 0:04 planned (…)"."""
-    found = re.search(rf"^{kind}: \d+ \w+, about (\d+):(\d\d) planned \(sized from the", err, re.M)
+def _planned_s(err: str, kind: str) -> tuple[float, float]:
+    """The seconds a log's plan line says, (low, high): "ladder: 3 tiers, about 0:04 planned
+    (…)", or a range, "about 0:04–0:09 planned" (the high end if answers grow with each size
+    and every step runs again to its bound)."""
+    found = re.search(
+        rf"^{kind}: \d+ \w+, about (\d+):(\d\d)(?:–(\d+):(\d\d))? planned \(sized from the",
+        err,
+        re.M,
+    )
     assert found, err
-    return int(found.group(1)) * 60 + int(found.group(2))
+    low = int(found.group(1)) * 60 + int(found.group(2))
+    high = int(found.group(3)) * 60 + int(found.group(4)) if found.group(3) else low
+    return low, high
 
 
 def test_a_ladder_plans_its_tiers_from_the_answers_time_and_says_so_in_a_log(
@@ -92,8 +100,8 @@ def test_a_ladder_plans_its_tiers_from_the_answers_time_and_says_so_in_a_log(
         ladder = cli("ladder")
         took = time.monotonic() - began
     assert ladder.code == 0, ladder.err
-    planned = _planned_s(ladder.err, "ladder")
-    assert took / 3 <= planned <= took * 3, (planned, took)  # sane, never exact: a busy machine
+    low, high = _planned_s(ladder.err, "ladder")
+    assert low <= took * 3 and took / 3 <= high, (low, high, took)  # never exact: a busy machine
 
 
 def test_a_sweep_plans_its_levels_by_their_4xc_requests_and_3x_p50_rules(
@@ -110,8 +118,8 @@ def test_a_sweep_plans_its_levels_by_their_4xc_requests_and_3x_p50_rules(
         sweep = cli("sweep")
         took = time.monotonic() - began
     assert sweep.code in (0, 1), sweep.err  # a knee or not: the plan is what is read here
-    planned = _planned_s(sweep.err, "sweep")
-    assert took / 3 <= planned <= took * 3, (planned, took)
+    low, high = _planned_s(sweep.err, "sweep")
+    assert low <= took * 3 and took / 3 <= high, (low, high, took)
 
 
 def test_answer_times_grow_with_the_servers_cap_or_as_measured_never_below_root_b() -> None:

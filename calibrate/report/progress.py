@@ -39,33 +39,58 @@ LONGEST_CONTEXT = 131072
 SWEEP_ROOM = {"verdict": len("pass saturated")}
 
 
+Span = tuple[float, float]  # (low, high) seconds
+
+
 @dataclass(frozen=True)
 class Plan:
     """What the progress bar counts: ``steps`` tiers (levels, candidates) of about ``step_s``;
-    with ``pace``, step i's own planned seconds instead, asked again at each refresh (a ladder's
-    and a sweep's, sized from the answers' time as the steps finish: ``cli.views.pace``)."""
+    with ``pace``, step i's own planned seconds instead — one number or a (low, high) range —
+    asked again at each refresh (a ladder's and a sweep's, sized from the answers' time as the
+    steps finish: ``cli.views.pace``)."""
 
     steps: int
     step_s: float
     label: str = "tiers"
-    pace: Callable[[int], float] | None = field(default=None, compare=False)
+    pace: Callable[[int], float | Span] | None = field(default=None, compare=False)
+
+    def left_span(self, done: int, elapsed_s: float, in_step_s: float) -> Span:
+        """(low, high) seconds left after ``done`` steps in ``elapsed_s``, ``in_step_s`` of them
+        into the step running now: the planned steps left, less what the running one has had
+        (never below the steps after it). Without ``pace``: ``step_s`` each until a step
+        finished, then the measured pace (elapsed per step done)."""
+        if done >= self.steps:
+            return 0.0, 0.0
+        planned: list[Span] = []
+        for i in range(done, self.steps):
+            if self.pace is None:
+                each = elapsed_s / done if done else self.step_s
+                planned.append((each, each))
+            else:
+                value = self.pace(i)
+                planned.append(value if isinstance(value, tuple) else (value, value))
+        (low, high), rest = planned[0], planned[1:]
+        low = max(low - in_step_s, 0.0) + sum(p[0] for p in rest)
+        return low, max(high - in_step_s, 0.0) + sum(p[1] for p in rest)
 
     def left_s(self, done: int, elapsed_s: float, in_step_s: float) -> float:
-        """Seconds left after ``done`` steps in ``elapsed_s``, ``in_step_s`` of them into the
-        step running now: the planned steps left, less what the running one has had (never
-        below the steps after it). Without ``pace``: ``step_s`` each until a step finished,
-        then the measured pace (elapsed per step done)."""
-        if done >= self.steps:
-            return 0.0
-        if self.pace is not None:
-            planned = [self.pace(i) for i in range(done, self.steps)]
-        else:
-            planned = [elapsed_s / done if done else self.step_s] * (self.steps - done)
-        return max(planned[0] - in_step_s, 0.0) + sum(planned[1:])
+        """The low end of ``left_span``."""
+        return self.left_span(done, elapsed_s, in_step_s)[0]
 
     def total_s(self) -> float:
-        """The whole plan, before any step ran."""
+        """The whole plan, before any step ran (its low end)."""
         return self.left_s(0, 0.0, 0.0)
+
+    def total_span(self) -> Span:
+        return self.left_span(0, 0.0, 0.0)
+
+
+def span_text(span: Span) -> str:
+    """``0:42``, or ``0:42–1:30`` where the high end is more than 10 % above the low."""
+    low, high = span
+    if high <= low * 1.1:
+        return clock_text(low)
+    return f"{clock_text(low)}–{clock_text(high)}"
 
 
 def progress_bar(console: Console, plan: Plan) -> Progress:
@@ -84,8 +109,9 @@ def progress_bar(console: Console, plan: Plan) -> Progress:
 
 
 class EtaColumn(ProgressColumn):
-    """``ETA 0:42``: the plan's time left (``Plan.left_s``), the running step's time counted
-    from when the column saw the step before it finish."""
+    """``ETA 0:42`` (``ETA 0:42–1:30`` where the plan is a range): the plan's time left
+    (``Plan.left_span``), the running step's time counted from when the column saw the step
+    before it finish."""
 
     def __init__(self, plan: Plan) -> None:
         super().__init__()
@@ -100,8 +126,8 @@ class EtaColumn(ProgressColumn):
         done = int(task.completed)
         if done != self.done:
             self.done, self.since_s = done, elapsed
-        left = self.plan.left_s(done, elapsed, elapsed - self.since_s)
-        return Text(f"ETA {clock_text(left)}", style="progress.remaining")
+        left = self.plan.left_span(done, elapsed, elapsed - self.since_s)
+        return Text(f"ETA {span_text(left)}", style="progress.remaining")
 
 
 @contextmanager

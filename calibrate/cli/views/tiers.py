@@ -26,7 +26,7 @@ from calibrate.io.tier_table.columns import Kind
 from calibrate.io.tier_table.row import TierRow
 from calibrate.numbers import clock_text, seconds_text
 from calibrate.report.plot import write_plot
-from calibrate.report.progress import Plan
+from calibrate.report.progress import Plan, span_text
 from calibrate.report.replay import prefix_cache_seen
 from calibrate.report.tables.compare import compare_table
 from calibrate.report.tables.tiers import tier_table
@@ -75,9 +75,15 @@ class TierView(ABC, Generic[Found, Opts]):
             if growth.answer_s is not None
             else "no baseline answer to size it from"
         )
+        low, high = plan.total_span()
+        if span_text((low, high)) != clock_text(low):  # a range: say what its high end is
+            sized += (
+                "; the high end if answers slow with each step as the server's slots fill and "
+                f"every {plan.label.removesuffix('s')} runs to its repeat bound"
+            )
         self.say(
-            f"{self.kind}: {plan.steps} {plan.label}, about {clock_text(plan.total_s())} "
-            f"planned ({sized})"
+            f"{self.kind}: {plan.steps} {plan.label}, about {span_text((low, high))} planned "
+            f"({sized})"
         )
 
     def watching(self, watch: Measuring) -> None:
