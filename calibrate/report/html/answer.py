@@ -52,9 +52,12 @@ def setting_row(view: RunView) -> TierRow | None:
         good = [r for r in passing if (finite(r.goodput_per_s) or 0.0) > 0]
         return _largest(good, lambda r: r.goodput_per_s)
     if view.key in (C.OFFERED_RATE, C.AUTO_STEP):
+        sync = next((r for r in passing if r.auto.load == "synchronous"), None)
+        said = summary.get("recommendation")
+        if sync is not None and isinstance(said, str) and said.startswith("synchronous"):
+            return sync  # the sweep's own answer: no rate it could recommend
         rated = [r for r in passing if not r.rate.saturated]
         best = _largest(rated, lambda r: r.rate.offered_rate)
-        sync = next((r for r in passing if r.auto.load == "synchronous"), None)
         return best or sync
     knee = summary.get("knee")
     wanted = knee.get(C.CONCURRENCY) if isinstance(knee, dict) else None
