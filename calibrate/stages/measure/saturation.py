@@ -118,10 +118,11 @@ class Shortfall:
         below over 8 answers (1 run, 95 %), across the 5 % line``."""
         t = self.trend
         runs = f"{t.runs} run{'s' if t.runs != 1 else ''}"
+        low, high = self.achieved_at(t.low), self.achieved_at(t.high)
         return (
-            f"achieved {achieved_rate:.3g} req/s, {off_text(achieved_rate, self.offered)} the offered "
-            f"{self.offered:g} — anywhere from {off_text(self.achieved_at(t.low), self.offered)} to "
-            f"{off_text(self.achieved_at(t.high), self.offered)} over {t.answers} answers ({runs}, "
+            f"achieved {achieved_rate:.3g} req/s, {off_text(achieved_rate, self.offered)} the "
+            f"offered {self.offered:g} — anywhere from {off_text(low, self.offered)} to "
+            f"{off_text(high, self.offered)} over {t.answers} answers ({runs}, "
             f"{self.level:.0%}), across the {SHORTFALL:.0%} line"
         )
 

@@ -122,8 +122,9 @@ class InFlight:
         (5% under the offered 24) of 0.2 s answers needs, whatever the schedule (Little's law
         over 16 answers, 95%)``."""
         line = self.offered * (1 - SHORTFALL)
+        needed = self.needed(self.latency.ci_low)
         return (
-            f"the in-flight cap of {self.cap} is less than the {self.needed(self.latency.ci_low):.3g}"
+            f"the in-flight cap of {self.cap} is less than the {needed:.3g}"
             f" requests in flight that {line:.3g} req/s ({SHORTFALL:.0%} under the offered "
             f"{self.offered:g}) of {self._answers()} needs, whatever the schedule"
         )
