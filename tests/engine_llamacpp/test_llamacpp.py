@@ -247,6 +247,8 @@ def _shown_sweep(cli, llama: str, isolated: Path, *flags: str) -> CliResult:
         f"level_s 2, repeats 2; latencies in ms; {took_s:.0f} s)\n"
         + latency_table(result.json["levels_detail"])
     )
+    for lv in result.json["levels_detail"]:  # each level's verdict, and on how many runs
+        show(f"{_load(lv)} {_offered(lv)}: {lv['repeats']} run(s); {lv.get('saturation')}")
     show(f"{result.json['saturated'] or 'no level saturated'}\n{result.json['recommendation']}")
     return result
 
@@ -271,13 +273,19 @@ def test_rate_sweep_latency_table_and_saturation(cli, llama: str, isolated: Path
     low, middle, top = levels
     for lv in (low, middle):
         assert not lv["saturated"], lv["saturation"]
-        assert lv["achieved_rate"] == pytest.approx(lv["offered_rate"], rel=0.1)
-        assert lv["repeats"] == 2
+        assert lv["achieved_rate"] == pytest.approx(lv["offered_rate"], rel=0.15)
+        # each run draws its own Poisson schedule: two runs at least, more while the runs'
+        # interval cannot place the level on either side of the 5 % line, up to max_repeats
+        assert 2 <= lv["repeats"] <= 6, lv["repeats"]
     assert top["saturated"] and top["achieved_rate"] < 0.95 * top["offered_rate"]
-    assert top["repeats"] == 2 and "(2 of 2 runs)" in top["saturation"], "both runs saturated"
+    assert top["repeats"] == 2 and "over 2 runs" in top["saturation"], "both runs saturated"
     assert top["e2e_p50_s"] > 10 * middle["e2e_p50_s"], "the queue, not the model, is the wait"
     assert result.json["saturated"].startswith("saturated at 150 req/s: achieved ")
-    assert result.json["recommendation"].startswith("25 req/s: achieved ")
+    if middle["saturation"]:  # its runs could not place it: the rate surely kept up is named
+        assert "across the 5% line" in middle["saturation"], middle["saturation"]
+        assert result.json["recommendation"].startswith("5 req/s: achieved ")
+    else:  # surely kept up with
+        assert result.json["recommendation"].startswith("25 req/s: achieved ")
 
 
 def test_auto_sweep_synchronous_maximum_and_rates_between(cli, llama: str, isolated: Path) -> None:
