@@ -128,7 +128,9 @@ def test_a_live_starter_is_never_mistaken_for_a_dead_one(cli, isolated: Path) ->
         second = cli("server", "start")
         # refused: the first start holds the restart lock while its engine loads
         assert second.code == 2, second.err
-        assert f"PID {proc.pid} is starting the managed server" in second.err, second.err
+        assert f"PID {proc.pid} is starting or stopping the managed server" in second.err, (
+            second.err
+        )
         assert not pid_gone(record["pid"])
     finally:
         proc.send_signal(signal.SIGINT)

@@ -140,7 +140,8 @@ def test_a_start_by_hand_is_refused_while_another_process_restarts_the_server(
     assert result.code == 2, result.err
     said = result.err.strip().splitlines()
     assert said[0] == (
-        f"error: PID {os.getpid()} is starting the managed server (lock {LOCK}); not started"
+        f"error: PID {os.getpid()} is starting or stopping the managed server (lock {LOCK}); "
+        "not started"
     ), said
     assert len(said) == 2 and "calibrate server status" in said[1], said
     assert not (isolated / "runs/server.json").exists()  # nothing started, nothing recorded

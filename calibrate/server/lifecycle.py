@@ -3,6 +3,7 @@
 Only the process calibrate started (recorded in runs/server.pid + runs/server.json) is ever
 signalled. ``start`` refuses a second server and a busy port; a server that dies or never gets
 ready ends in ``ServerUnreachable`` (exit 4) with its exit code and the tail of its log.
+``start`` and ``stop`` hold ``runs/server.restart.lock`` (``process.start_lock``) as they run.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from calibrate.errors import ServerDied, ServerUnreachable, UsageError
 from calibrate.io.records import utc_now_iso
 from calibrate.server import exit_status, pids, process, readiness, set_values
 from calibrate.server.exit_status import ended_words, exited
-from calibrate.server.process import ServerRecord, start_stop
+from calibrate.server.process import ServerRecord, start_lock, start_stop
 from calibrate.server.process.start_stop import StopResult
 
 TAIL_LINES = 20
@@ -101,6 +102,7 @@ def local_root(port: int) -> str:
     return f"http://127.0.0.1:{port}"
 
 
+@start_lock.one_change("not started")
 def start(
     runs_dir: Path,
     argv: Sequence[str],
@@ -286,6 +288,7 @@ def _stop_interrupted(record: ServerRecord, runs_dir: Path, stop_timeout_s: floa
     )
 
 
+@start_lock.one_change("not stopped", "Wait for that start to end, then: calibrate server stop")
 def stop(runs_dir: Path, stop_timeout_s: float) -> StopResult | None:
     """Stop the managed server; None when there is none. The record goes once the PID is gone."""
     record = process.load(runs_dir)

@@ -12,17 +12,16 @@ engines raced onto one port.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from calibrate.config import MAX_BATCH_SIZE, Config
 from calibrate.engines.args import ServerKind
 from calibrate.errors import ConfigError, UsageError
-from calibrate.io.lock import HeldBy, one_at_a_time
 from calibrate.server import lifecycle as server
-from calibrate.server import manage, process, set_values
+from calibrate.server import manage, set_values
+from calibrate.server.process import start_lock
 from calibrate.stages.pin_context import context_for
 from calibrate.state.ledger import Ledger, target_fingerprint
 from calibrate.state.setting import resolve
@@ -53,7 +52,7 @@ def start_server(
             "Drop --set, or start from [server] command: calibrate server start --set KEY=VALUE",
         )
     if request.script:
-        with no_restart_beside(cfg.runs_dir):
+        with start_lock.refusing(cfg.runs_dir, "not started"):
             return manage.start_script(cfg, Path(request.script), notify)
     kind = request.kind or cfg.server.kind
     if kind is None:
@@ -76,7 +75,7 @@ def start_server(
         shown = ", ".join(f"{k}={v}" for k, v in kept) or "none"
         notify(f"--set values kept for later managed starts: {shown}")
     sized = context_for(ledger, target, cfg.runs_dir, kind, batch)
-    with no_restart_beside(cfg.runs_dir):
+    with start_lock.refusing(cfg.runs_dir, "not started"):
         return server.start_engine(
             cfg,
             kind,
@@ -87,22 +86,3 @@ def start_server(
             vram_used_mib_before=manage.vram_used_mib(),
             tuned=tuned,
         )
-
-
-@contextlib.contextmanager
-def no_restart_beside(runs_dir: Path) -> Iterator[None]:
-    """The restart lock, held for a start by hand; a restart in progress refuses it (exit 2)."""
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    path = process.restart_lock_path(runs_dir)
-    started = False
-    try:
-        with one_at_a_time(path, 0.0, lambda holder: None):
-            started = True
-            yield
-    except HeldBy as exc:
-        if started:  # not the lock's: the start's own
-            raise
-        raise UsageError(
-            f"PID {exc.holder} is starting the managed server (lock {path}); not started",
-            "Wait for that start to end, then see: calibrate server status",
-        ) from None

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from calibrate.errors import UsageError
+from calibrate.errors import CalibrateError, UsageError
 from calibrate.http.server_context import read_context
 from calibrate.load.procs.stage_sender import stage_sender
 from calibrate.stages.context import StageContext
@@ -58,6 +58,9 @@ def run(spec: LadderSpec, env: LadderEnv) -> LadderOutcome:
             )
         except OSError as exc:  # a write failed mid-run: the tiers before it are finished
             failed, result, interrupted = exc, ladder.result(), True
+        except CalibrateError:  # a restart at --parallel B refused or failed: no file left open
+            ctx.run.close()
+            raise
         finally:
             ladder.sender.close()  # --workers: its processes end with the last tier
         check = result.stream_check

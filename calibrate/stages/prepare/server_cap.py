@@ -18,6 +18,7 @@ from calibrate.errors import RequestError
 from calibrate.http.responses import in_range
 from calibrate.server import lifecycle as server
 from calibrate.server import process
+from calibrate.server.process import start_lock
 from calibrate.server.process.target import managed_target
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.stop_rules import ServerCap
@@ -57,16 +58,17 @@ def run_at_cap(
         )
         return True
     notify(f"restarting the managed server at cap {batch} ({why}){threads}")
-    server.stop(cfg.runs_dir, cfg.server.stop_timeout_s)
-    sized = context_for(ctx.ledger, ctx.target, cfg.runs_dir, kind, batch)
-    server.start_engine(
-        cfg,
-        kind,
-        batch,
-        max(batch, concurrency or batch),
-        notify=notify,
-        context_tokens=sized.context_tokens if sized else None,
-    )
+    with start_lock.refusing(cfg.runs_dir, f"not restarted at cap {batch}"):  # stop to start
+        server.stop(cfg.runs_dir, cfg.server.stop_timeout_s)
+        sized = context_for(ctx.ledger, ctx.target, cfg.runs_dir, kind, batch)
+        server.start_engine(
+            cfg,
+            kind,
+            batch,
+            max(batch, concurrency or batch),
+            notify=notify,
+            context_tokens=sized.context_tokens if sized else None,
+        )
     return True
 
 

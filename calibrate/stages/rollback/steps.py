@@ -91,11 +91,12 @@ class Rollback:
             ("restart", self.restart),
             ("compare", self.compare),
         ]
-        for n, (name, action) in enumerate(plan, 1):
-            step = self._step(n, name, action)
-            steps.append(step)
-            if not step.ok:
-                break
+        with self.server.held():  # calibrate's server: no other start from its stop to its start
+            for n, (name, action) in enumerate(plan, 1):
+                step = self._step(n, name, action)
+                steps.append(step)
+                if not step.ok:
+                    break
         code = next((s.exit_code for s in steps if not s.ok), 0)
         result = RollbackResult(
             batch, source, self.managed, tuple(steps), self.comparison, code, self.setting

@@ -7,6 +7,7 @@ another target is left as it is.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from calibrate.engines.args import ServerKind
@@ -14,6 +15,7 @@ from calibrate.errors import ExitCode, StepFailed
 from calibrate.server import lifecycle as server
 from calibrate.server import pids, process, readiness
 from calibrate.server.exit_status import ended_words
+from calibrate.server.process import start_lock
 from calibrate.server.process.target import is_target, serves_target
 from calibrate.stages.context import StageContext
 from calibrate.stages.pin_context import context_for
@@ -43,6 +45,13 @@ class TargetServer:
         self.host, self.port = readiness.host_port(ctx.config.target.base_url)
         self.old_pid: int | None = self.record.pid if self.record else None
         self.exit_code: int | None = None
+
+    def held(self) -> AbstractContextManager[None]:
+        """The restart lock, where calibrate stops and starts this server: held by another
+        process, the rollback is refused (exit 2, naming its PID) before its first step."""
+        if not self.managed:
+            return nullcontext()
+        return start_lock.refusing(self.runs, "not rolled back: nothing was stopped")
 
     @property
     def pid(self) -> int | None:

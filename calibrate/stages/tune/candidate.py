@@ -27,6 +27,7 @@ from calibrate.io.store import RunDir
 from calibrate.server import lifecycle as server
 from calibrate.server import process, readiness
 from calibrate.server.exit_status import ended_words, signal_of
+from calibrate.server.process import start_lock
 from calibrate.server.readiness import VramProbe, used_mib, wait_released
 from calibrate.stages.context import StageContext
 from calibrate.stages.measure.incidents import Incident, write_incident
@@ -152,6 +153,13 @@ class Lifecycle:
             return StartFailure(None, _why(exc.message, tail), tail)
         return None
 
+    def restart(self, candidate: Candidate) -> StartFailure | None:
+        """Stop the server running, then start the candidate: the restart lock held across both
+        (another process's start refuses tune, exit 2)."""
+        with start_lock.refusing(self.ctx.config.runs_dir, f"candidate {candidate.id} not started"):
+            self.stop_managed()
+            return self.start(candidate)
+
     def warm_up(self) -> str:
         """One request before measuring ("" when it was answered, else why not)."""
         ctx = self.ctx
@@ -163,8 +171,7 @@ class Lifecycle:
 
     def probe_memory(self, candidate: Candidate, fraction: str) -> MemoryProbe:
         """Start at ``fraction`` and serve one request: the memory step's one try."""
-        self.stop_managed()
-        failed = self.start(candidate)
+        failed = self.restart(candidate)
         if failed is not None:
             self.stop_managed()
             return MemoryProbe(
@@ -183,11 +190,10 @@ class Lifecycle:
     ) -> CandidateResult:
         """The whole life of one candidate; the server is stopped however it ends."""
         began = self.clock()
-        self.stop_managed()
         folder = candidate_run(tune_run, candidate, rung)
         _set_aside(folder)
         offset = self._log_offset()
-        failed = self.start(candidate)
+        failed = self.restart(candidate)
         if failed is not None:
             self.stop_managed()
             self._incident(folder, candidate, failed.error, failed.exit_code, failed.log_tail)

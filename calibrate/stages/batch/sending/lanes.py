@@ -31,11 +31,12 @@ from calibrate.config import Config
 from calibrate.engines.builders import build
 from calibrate.errors import RequestError, ServerUnreachable
 from calibrate.http.client import OpenAIClient
-from calibrate.io.lock import WaitStopped, one_at_a_time
+from calibrate.io.lock import WaitStopped
 from calibrate.load.transport import HttpTransport, Transport
 from calibrate.server import lifecycle as server
 from calibrate.server import process
 from calibrate.server.exit_status import ended_words, exited
+from calibrate.server.process import start_lock
 from calibrate.server.process.target import is_target
 from calibrate.stages.batch.sending.outage import (
     Breaker,
@@ -196,7 +197,7 @@ class ManagedRestart:
         limits = cfg.server  # the longest a restart may take: two readiness waits and a stop
         wait_s = 2 * limits.ready_timeout_s + limits.stop_timeout_s + RESTART_WAIT_MARGIN_S
         try:
-            with one_at_a_time(process.restart_lock_path(cfg.runs_dir), wait_s, waiting, stop=stop):
+            with start_lock.held(cfg.runs_dir, wait_s, waiting, stop=stop):
                 if stop.is_set():  # stopped as the lock came: a stopped batch starts no engine
                     return None
                 record = process.load(cfg.runs_dir)
