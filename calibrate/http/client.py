@@ -152,7 +152,7 @@ class OpenAIClient:
 
         def read(answer: Answer) -> Completion:
             completion = completion_of(checked(answer, url), start, stream=stream, chat=chat)
-            return _stamped(completion, start)
+            return completion if completion.times is not None else _stamped(completion, start)
 
         return read
 

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 from calibrate.errors import RequestError
 from calibrate.http.error_kinds import error_in_answer, invalid
 from calibrate.http.models import Choice, Completion, ModelInfo, Usage
+from calibrate.http.request_times import RequestTimes
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")
@@ -77,7 +78,9 @@ def parse_usage(value: object) -> Usage | None:
                 str(count) if len(str(count)) <= 24 else f"an integer of {len(str(count))} digits"
             )
             raise invalid(f"usage.{name} is {shown}, not a token count in [0, {MAX_TOKENS:.0e}]")
-    return Usage.from_json(value)  # the one reader of a usage object
+    # each count is None or an integer now: read once, not checked again by Usage.from_json
+    get = value.get
+    return Usage(get("prompt_tokens"), get("completion_tokens"), get("total_tokens"))
 
 
 class Delta(NamedTuple):
@@ -143,9 +146,14 @@ def _name(value: object) -> str | None:
 
 
 def parse_completion(
-    payload: dict[str, Any], elapsed_s: float, ttft_s: float | None, *, chat: bool
+    payload: dict[str, Any],
+    elapsed_s: float,
+    ttft_s: float | None,
+    *,
+    chat: bool,
+    times: RequestTimes | None = None,
 ) -> Completion:
-    """A non-streamed chat or completions answer."""
+    """A non-streamed chat or completions answer (``times``: its stamps, when known)."""
     if "error" in payload and not payload.get("choices"):
         raise RequestError(error_in_answer(payload))
     raw = _choices(payload, allow_empty=False)
@@ -163,6 +171,7 @@ def parse_completion(
         system_fingerprint=_optional_name(payload.get("system_fingerprint")),
         elapsed_s=elapsed_s,
         ttft_s=ttft_s,
+        times=times,
         body=payload,
     )
 
