@@ -2,9 +2,10 @@
 
 One feeder thread reads the input and hands items to the workers through a ``SimpleQueue``
 (a C-level queue: taking an item is one ``get``, no Python lock or condition that every worker
-waits on). It keeps ``workers + ahead`` items out at a time: each finished item (a message on
-a second ``SimpleQueue``) lets it read one more, so memory does not grow with the file and a
-worker that finishes finds its next item already waiting. An item whose endpoint went down is
+waits on). It keeps ``workers + ahead`` items out at a time: finished items (told on a second
+``SimpleQueue`` in lots of a quarter of ``ahead``, and one by one once the input is exhausted)
+let it read as many more, so memory does not grow with the file and a worker that finishes
+finds its next item already waiting. A message per item woke the feeder's thread per item. An item whose endpoint went down is
 put back and handed out again, on any endpoint. The queue is ``idle`` when the input is
 exhausted, nothing was put back and nothing is in flight: then the feeder sends the end mark,
 which every worker passes on before it ends.
@@ -28,7 +29,6 @@ MAX_REQUEUES = 10  # outages one item may ride out before its failure is recorde
 MAX_AHEAD = 64  # items read ahead of the workers' (a finishing worker need not wait for one)
 JOIN_S = 5.0
 
-_FINISHED: Final = object()  # feeder message: one item left for good
 _CLOSE: Final = object()  # feeder message: stop handing out
 
 
@@ -50,7 +50,7 @@ class WorkQueue:
         self._workers = max(workers, 1)
         self._ahead = min(self._workers, MAX_AHEAD) if ahead is None else max(ahead, 0)
         self._tasks: SimpleQueue[Task | None] = SimpleQueue()  # None: the end mark
-        self._events: SimpleQueue[object] = SimpleQueue()  # _FINISHED, _CLOSE or a Task put back
+        self._events: SimpleQueue[object] = SimpleQueue()  # finished (int), _CLOSE or a Task
         self._requeues: dict[ItemId, int] = {}  # an item's count is touched only by its holder
         self.closed = False
         self.drained = False  # input exhausted and every item handed out has left
@@ -60,6 +60,11 @@ class WorkQueue:
         self.error = ""  # why the input could not be read again, when it could not
         self._feeder = threading.Thread(target=self._feed, name="batch-feeder", daemon=True)
         self._started = False
+        # finished items are told to the feeder in lots, not one by one: each message to a
+        # feeder waiting for one wakes its thread (a hand-off of the interpreter)
+        self._lot = max(1, self._ahead // 4)
+        self._untold = 0  # finished, not told yet (under _untold_lock)
+        self._untold_lock = threading.Lock()
 
     def start(self) -> WorkQueue:
         if not self._started:
@@ -93,7 +98,12 @@ class WorkQueue:
         """The item has its line (or the run gave it up): it leaves the queue for good."""
         if self._requeues:
             self._requeues.pop(task.id, None)
-        self._events.put(_FINISHED)
+        with self._untold_lock:
+            self._untold += 1
+            if self._untold < self._lot and not self._exhausted:
+                return  # told with its lot (at once when the input is exhausted)
+            count, self._untold = self._untold, 0
+        self._events.put(count)
 
     def put_back_item(self, task: Task) -> bool:
         """Send the item again later; False when it has ridden out too many outages already."""
@@ -125,17 +135,20 @@ class WorkQueue:
     def _feed(self) -> None:
         items = self._generate()
         out = 0  # handed out (waiting or in flight), not yet finished
+        limit = self._workers + self._ahead
         try:
-            while out < self._workers + self._ahead and self._hand(items):
+            while out < limit and self._hand(items):
                 out += 1
+            out -= self._untold_once_exhausted()
             while out > 0:
                 event = self._events.get()
                 if event is _CLOSE:
                     return
-                if event is _FINISHED:
-                    out -= 1
-                    if not self.closed and self._hand(items):
+                if isinstance(event, int):  # that many finished
+                    out -= event
+                    while out < limit and not self.closed and self._hand(items):
                         out += 1
+                    out -= self._untold_once_exhausted()
                 elif isinstance(event, Task):
                     self._tasks.put(event)  # put back: handed out again, still counted out
         except Exception as exc:  # a bug here must end the run, never leave workers waiting
@@ -145,6 +158,15 @@ class WorkQueue:
             items.close()
             self.drained = True
             self._tasks.put(None)
+
+    def _untold_once_exhausted(self) -> int:
+        """With the input exhausted, the finished items not told yet (every later one is told
+        at once, so the feeder ends as the last one finishes); else 0."""
+        if not self._exhausted:
+            return 0
+        with self._untold_lock:
+            count, self._untold = self._untold, 0
+        return count
 
     def _hand(self, items: Generator[Task, None, None]) -> bool:
         """Read the next item and hand it out; False once the input is exhausted."""
