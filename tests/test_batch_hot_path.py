@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import gc
 import json
 import sys
 import threading
@@ -319,6 +320,27 @@ def test_no_condition_or_semaphore_is_taken_per_item_on_the_io_loop(tmp_path: Pa
         on_loop(loop, lambda: sys.setprofile(None))
     assert result.ok == n
     assert sum(calls.values()) <= n // 4, f"per-item locking on the I/O loop: {dict(calls)}"
+
+
+def test_the_heap_before_the_run_is_frozen_out_of_the_collector_until_it_ends(
+    tmp_path: Path,
+) -> None:
+    """A full collection of the ~45,000 objects alive at the start (every ~70,000 allocations:
+    a few hundred items) took ~20 ms of a run's CPU: they are frozen while the items run, and
+    back in the collector's care once the run ends."""
+    frozen: list[int] = []
+
+    def answer(body: dict[str, Any]) -> Completion:
+        frozen.append(gc.get_freeze_count())
+        return instant(body)
+
+    plan = _plan(tmp_path, 20)
+    assert gc.get_freeze_count() == 0
+    lane = scripted_lane(ScriptedTransport(answer), plan.spec.concurrency)
+    result = run_batch(plan, None, plan.spec.out_path, lanes=[lane], progress_every_s=3600)
+    assert result.ok == 20
+    assert min(frozen) > 1000, "the heap as the run began, out of the collector's scans"
+    assert gc.get_freeze_count() == 0, "given back to the collector at the end"
 
 
 def on_loop(loop: asyncio.AbstractEventLoop, call: Callable[[], None]) -> None:
