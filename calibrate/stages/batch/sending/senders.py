@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from calibrate.gpu.selfload import SelfLoadReport
+from calibrate.http.aio.bridge import shared_loop
 from calibrate.load.engine import drive
 from calibrate.load.transport import LoopClock
 from calibrate.stages.batch.journal import Journal, Tally
@@ -125,7 +126,11 @@ SendersOf = Callable[[WorkQueue, Journal, int], Senders]  # from the run's queue
 
 
 def local_senders(lanes: Sequence[Lane], spec: BatchSpec, control: BatchControl) -> SendersOf:
-    """The senders of a run in this process: the lanes' drives (``Sending``)."""
+    """The senders of a run in this process: the lanes' drives (``Sending``). The process's
+    I/O loop is started here, with the run's other start-up (uvloop imported, its thread
+    running: ~10 ms), not inside the run as its first item is sent: the run's time and CPU
+    are its items'."""
+    shared_loop()
 
     def sending(queue: WorkQueue, journal: Journal, slots: int) -> Sending:
         guard = ReachabilityGuard(
