@@ -8,6 +8,8 @@ handles it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 
@@ -27,3 +29,20 @@ def loads(text: str | bytes | bytearray, **options: Any) -> Any:
         return json.loads(text, **options)
     except RecursionError:
         raise NestedTooDeeply from None
+
+
+def encoder(separators: tuple[str, str] = (", ", ": ")) -> Callable[[Any], str]:
+    """``json.JSONEncoder(ensure_ascii=False, separators=separators).encode``, its C encoder
+    made once: ``JSONEncoder.encode`` makes one per call (~1.5 µs of a small request body's
+    3.5). The same text; a structure that holds itself is a RecursionError, not a ValueError
+    (nothing calibrate writes is one: its values come from JSON or are built of fields)."""
+    item, key = separators
+    if c_make_encoder is None:  # a Python without the json module's C part
+        return json.JSONEncoder(ensure_ascii=False, separators=separators).encode
+    default = json.JSONEncoder().default  # TypeError: not JSON serializable
+    made = c_make_encoder(None, default, encode_basestring, None, key, item, False, False, True)
+
+    def encode(obj: Any) -> str:
+        return "".join(made(obj, 0))
+
+    return encode

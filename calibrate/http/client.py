@@ -25,13 +25,13 @@ Neither retries anything else: retrying is the caller's decision (batch).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
+from calibrate import json_text
 from calibrate.errors import RequestError
 from calibrate.http.aio.bridge import AioTransport, checked
 from calibrate.http.aio.completion import completion_of
@@ -51,7 +51,7 @@ from calibrate.redact import Scrubber, origin, split_userinfo
 
 MIB = 1024 * 1024
 # json.dumps(body, ensure_ascii=False) builds an encoder per call; this one is made once
-_BODY = json.JSONEncoder(ensure_ascii=False).encode
+_BODY = json_text.encoder()
 
 
 class OpenAIClient:

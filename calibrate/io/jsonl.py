@@ -33,7 +33,7 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 # json.dumps with options builds an encoder per call; one made once writes the same text
-_LINE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_LINE = json_text.encoder(separators=(",", ":"))
 
 
 def dumps_line(obj: Any) -> str:
