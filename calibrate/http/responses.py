@@ -67,20 +67,20 @@ def parse_usage(value: object) -> Usage | None:
         return None
     if not isinstance(value, dict):
         raise _wrong("'usage'", value, "an object")
+    counts: list[int | None] = []  # each read once, not checked again by Usage.from_json
     for name in _USAGE_FIELDS:
         count = value.get(name)
-        if count is None:
-            continue
-        if not _is_int(count):
-            raise _wrong(f"usage.{name}", count, "an integer")
-        if not 0 <= count <= MAX_TOKENS:
-            shown = (
-                str(count) if len(str(count)) <= 24 else f"an integer of {len(str(count))} digits"
-            )
-            raise invalid(f"usage.{name} is {shown}, not a token count in [0, {MAX_TOKENS:.0e}]")
-    # each count is None or an integer now: read once, not checked again by Usage.from_json
-    get = value.get
-    return Usage(get("prompt_tokens"), get("completion_tokens"), get("total_tokens"))
+        if count is not None:
+            if type(count) is not int and not _is_int(count):  # JSON's own ints: no call
+                raise _wrong(f"usage.{name}", count, "an integer")
+            if not 0 <= count <= MAX_TOKENS:
+                digits = len(str(count))
+                shown = str(count) if digits <= 24 else f"an integer of {digits} digits"
+                raise invalid(
+                    f"usage.{name} is {shown}, not a token count in [0, {MAX_TOKENS:.0e}]"
+                )
+        counts.append(count)
+    return Usage(*counts)
 
 
 class Delta(NamedTuple):

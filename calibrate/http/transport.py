@@ -167,7 +167,10 @@ class Transport:
 def parse_json(raw: bytes) -> dict[str, Any]:
     """An answer's body as a JSON object, else ``invalid_response``."""
     try:
-        payload = json_text.loads(raw)
+        # an object whose first two bytes are not NUL is UTF-8 to json.loads' own detection:
+        # decoded as it would, without the detection's Python steps
+        utf8 = raw[:1] == b"{" and raw[1:2] != b"\0"
+        payload = json_text.loads(raw.decode("utf-8", "surrogatepass") if utf8 else raw)
     except json_text.NestedTooDeeply as exc:
         raise invalid("the server answered with JSON nested too deeply to parse") from exc
     except ValueError as exc:

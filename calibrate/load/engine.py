@@ -134,8 +134,9 @@ class _Run:
         self.itemize = itemize
         self.start = clock.now()
         self.loop = asyncio.get_running_loop()
-        self.in_flight: dict[asyncio.Task[None], tuple[int, Request, float]] = {}
-        self.order: collections.deque[tuple[float, asyncio.Task[None]]] = collections.deque()
+        # by number (each request's own, in send order): its task, request and send time
+        self.in_flight: dict[int, tuple[asyncio.Task[None], Request, float]] = {}
+        self.order: collections.deque[tuple[float, int]] = collections.deque()
         self.answers: collections.deque[Record] = collections.deque()
         self.waker: asyncio.Future[None] | None = None
         self.guard_s = transport.timeout_s + GRACE_S
@@ -146,17 +147,15 @@ class _Run:
     def send(self, number: int, request: Request) -> None:
         sent = self.clock.now()
         task = self.loop.create_task(self._one(number, request, sent))
-        self.in_flight[task] = (number, request, sent)
-        self.order.append((sent + self.guard_s, task))
+        self.in_flight[number] = (task, request, sent)
+        self.order.append((sent + self.guard_s, number))
 
     async def _one(self, number: int, request: Request, sent: float) -> None:
         try:
             exchange = await self.transport.send(request)
         except Exception as exc:  # a transport's own bug: the request's failure all the same
             exchange = Exchange(None, exc)
-        task = asyncio.current_task(self.loop)  # the loop given: no getpid() to find it
-        if task is not None:
-            self.in_flight.pop(task, None)
+        self.in_flight.pop(number, None)  # by its number: no current_task() to find it
         done = self.clock.now()
         started_s, done_s = sent - self.start, done - self.start
         if not self.itemize:  # the policy reads the answer itself (batch: its result line)
@@ -185,14 +184,14 @@ class _Run:
         """Cancel and record every request past its guard; the next guard's time, if any."""
         order = self.order
         while order:
-            deadline, task = order[0]
-            if task not in self.in_flight:
+            deadline, number = order[0]
+            if number not in self.in_flight:
                 order.popleft()
                 continue
             if deadline > now:
                 return deadline
             order.popleft()
-            number, request, sent = self.in_flight.pop(task)
+            task, request, sent = self.in_flight.pop(number)
             task.cancel()
             started_s, now_s = sent - self.start, now - self.start
             if not self.itemize:
@@ -226,7 +225,7 @@ class _Run:
                 timer.cancel()
 
     def cancel(self) -> None:
-        for task in self.in_flight:
+        for task, _, _ in self.in_flight.values():
             task.cancel()
 
 

@@ -127,6 +127,15 @@ class Connections:
         self._tls: ssl.SSLContext | None = None
         self.max_idle = max(1, max_idle)
 
+    def _kept(self, origin: Origin) -> _Connection | None:
+        """An idle connection to ``origin`` still open, last used first; None if none is."""
+        idle = self._idle.get(origin)
+        while idle:
+            conn = idle.pop()
+            if not conn.lost and not conn.closing():
+                return conn
+        return None
+
     async def _connect(
         self,
         call: Call,
@@ -135,11 +144,9 @@ class Connections:
         reuse: bool = True,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> _Connection:
-        idle = self._idle.get(call.origin) if reuse else None
-        while idle:
-            conn = idle.pop()
-            if not conn.lost and not conn.closing():
-                return conn
+        kept = self._kept(call.origin) if reuse else None
+        if kept is not None:
+            return kept
         loop = loop or asyncio.get_running_loop()
         scheme, host, port = call.origin
         tls = None
@@ -169,7 +176,9 @@ class Connections:
         # the loop is looked up once and handed on: each lookup is a getpid() (CPython 3.11)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + call.left_s
-        conn = await self._connect(call, deadline, loop=loop)
+        conn = self._kept(call.origin)  # the common case: no coroutine to reuse one
+        if conn is None:
+            conn = await self._connect(call, deadline, reuse=False, loop=loop)
         try:
             if conn.used:
                 sent_at = loop.time()
