@@ -163,7 +163,9 @@ class HostileServer:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread = threading.Thread(  # a short poll: shutdown() waits for the next one
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
         self._thread.start()
 
     def __enter__(self) -> HostileServer:

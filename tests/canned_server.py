@@ -56,7 +56,11 @@ class CannedServer:
         self._server = _QuietServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.base_url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # serve_forever looks for shutdown() between polls: at its default 0.5 s every test
+        # waited half a second a server for its own exit (test_redirects: 1.0 s a test, of two)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
         self._thread.start()
 
     def __enter__(self) -> CannedServer:

@@ -43,7 +43,10 @@ class _Exporter(BaseHTTPRequestHandler):
 def _serve(status: int, body: str) -> Iterator[str]:
     handler = type("Handler", (_Exporter,), {"status": status, "body": body})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # a short poll: shutdown() waits for the next one (0.5 s at the default)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+    )
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
