@@ -252,14 +252,20 @@ def _ladder_passed(root: Path, target: str, batch: int) -> None:
     Ledger(root / "runs").append(LedgerEntry("ladder", "test-ladder8", target, True, summary))
 
 
-def test_the_sweep_never_recommends_above_the_servers_running_cap(cli, isolated: Path) -> None:
+def test_the_sweep_never_recommends_above_the_servers_running_cap_nor_pin_writes_it(
+    cli, isolated: Path
+) -> None:
     """A ladder said batch 8 (as one did before this fix), the server runs 4: the sweep at B=8
-    measures 8 in flight, sees 4 running while 4 wait, and recommends at most 4."""
+    measures 8 in flight, sees 4 running while 4 wait, and recommends at most 4; pin then
+    refuses to write a cap of 8 (exit 3). One sweep for both (each ran its own: 5.5 s apiece)."""
+    from tests.tier_helpers import PIN_SERVER
+
     sweep = FAST + "[sweep]\nconcurrency = [1, 2, 4, 8]\nlevel_s = 0.3\nrepeats = 2\n"
     with start_mock(ttft_s=0.03, per_token_s=0.002, slots=4, metrics_style="vllm") as mock:
-        target = open_gate(isolated, mock.base_url, sweep, stage="repro")
+        target = open_gate(isolated, mock.base_url, sweep + PIN_SERVER, stage="repro")
         _ladder_passed(isolated, target, 8)
         result = cli("sweep", "--json")
+        pinned = cli("pin")
     assert result.code == 0, result.err
     out = result.json
     assert out["batch_size"] == 8
@@ -271,6 +277,10 @@ def test_the_sweep_never_recommends_above_the_servers_running_cap(cli, isolated:
     assert "left out of the knee" in err
     levels = jsonl(run_dir(isolated, out["run_id"]) / "tiers.jsonl")
     assert max(lv["server_running_max"] for lv in levels) == 4
+    assert pinned.code == 3, pinned.err
+    err = " ".join(pinned.err.split())
+    assert "pin refused" in err and "run at most 4 at once" in err and "calibrate ladder" in err
+    assert not (isolated / "scripts/launch.sh").exists()
 
 
 def test_the_mock_counts_each_prompt_of_a_list_and_says_why_requests_wait() -> None:
@@ -288,22 +298,6 @@ def test_the_mock_counts_each_prompt_of_a_list_and_says_why_requests_wait() -> N
     assert 'reason="capacity"} 4' in text and 'reason="deferred"} 0' in text
     model.release(listed)
     assert (model.snapshot().running, model.snapshot().waiting) == (0, 0)
-
-
-def test_pin_never_writes_a_cap_the_server_did_not_run(cli, isolated: Path) -> None:
-    """The sweep at batch 8 saw the server run 4: pin refuses to write a cap of 8 (exit 3)."""
-    from tests.tier_helpers import PIN_SERVER
-
-    sweep = FAST + "[sweep]\nconcurrency = [1, 2, 4, 8]\nlevel_s = 0.3\nrepeats = 2\n"
-    with start_mock(ttft_s=0.03, per_token_s=0.002, slots=4, metrics_style="vllm") as mock:
-        target = open_gate(isolated, mock.base_url, sweep + PIN_SERVER, stage="repro")
-        _ladder_passed(isolated, target, 8)
-        assert cli("sweep").code == 0
-        pinned = cli("pin")
-    assert pinned.code == 3, pinned.err
-    err = " ".join(pinned.err.split())
-    assert "pin refused" in err and "run at most 4 at once" in err and "calibrate ladder" in err
-    assert not (isolated / "scripts/launch.sh").exists()
 
 
 def test_pin_says_when_the_sweep_measured_its_concurrency_above_the_pinned_cap(
