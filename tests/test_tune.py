@@ -164,10 +164,18 @@ def test_needs_a_managed_server_and_a_passing_ladder(cli, isolated: Path) -> Non
     assert not list((isolated / "runs").glob("*-tune-*")), "nothing written"
 
 
-def test_halving_measures_the_better_half_again_at_a_longer_window(cli, isolated: Path) -> None:
+def test_halving_measures_the_better_half_again_and_its_table_says_each_rows_window(
+    cli, isolated: Path
+) -> None:
     """``--search halving`` through the CLI: three candidates at half the window, two of them
     again at the full window, each line in candidates.jsonl and the rung said. That the two are
-    the better half, and the winner, is test_sim_tune.py's test_halving_measures_…"""
+    the better half, and the winner, is test_sim_tune.py's test_halving_measures_…
+
+    Before, the halving's table ranked c02, c03 (measured over the full window) above c01
+    (over half of it) with no window column: rows of two windows read as equals. Now the table,
+    on the terminal and in ``report``'s text, JSON and HTML, gives each row's window and says
+    that a longer window ranks first whatever the figures. (One tune for both: each ran its own,
+    five engine starts apiece.)"""
     grid = 'grid = ["slots=1,2,4", "kv_tokens=50000", "memory_fraction=0.8"]\n'
     tune_config(isolated, grid, levels=ONE_LEVEL)
     result = cli("tune", "--search", "halving", "--json")
@@ -182,17 +190,7 @@ def test_halving_measures_the_better_half_again_at_a_longer_window(cli, isolated
     assert again == [(1, 1.0), (1, 1.0)] and len({slots for _, slots, _ in done[3:]}) == 2
     assert result.json["winner"]["flags"]["slots"] in {slots for _, slots, _ in done[3:]}
     assert re.search(r"halving rung 1: c0[123], c0[123] at 1× the window", result.err)
-
-
-def test_a_halving_table_says_each_rows_window(cli, isolated: Path) -> None:
-    """Before, the halving's table ranked c02, c03 (measured over the full window) above c01
-    (over half of it) with no window column: rows of two windows read as equals. Now the table,
-    on the terminal and in ``report``'s text, JSON and HTML, gives each row's window and says
-    that a longer window ranks first whatever the figures."""
-    grid = 'grid = ["slots=1,2,4", "kv_tokens=50000", "memory_fraction=0.8"]\n'
-    tune_config(isolated, grid, levels=ONE_LEVEL)
-    result = cli("tune", "--search", "halving", "--json")
-    assert result.code == 0, result.err
+    # the table: each row's window, the longer first
     header = next(line for line in result.err.splitlines() if line.startswith("rank"))
     assert header.split()[:3] == ["rank", "window", "id"], header
     rows = [line.split() for line in result.err.splitlines() if re.match(r" +\d+ ", line)]
@@ -201,7 +199,6 @@ def test_a_halving_table_says_each_rows_window(cli, isolated: Path) -> None:
     dropped = next(row[2] for row in rows if row[1] == "0.5×")
     assert f"windows differ: {dropped} over 0.5×; " in said
     assert "a longer window (a later halving rung) ranks first whatever the figures" in said
-    run = isolated / "runs" / result.json["run_id"]
     report = cli("report", str(run), "--json", "--html")
     assert report.code == 0, report.err
     assert [r["window"] for r in report.json["rows"]] == [1.0, 1.0, 0.5]
