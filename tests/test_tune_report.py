@@ -113,12 +113,16 @@ def test_report_renders_a_tune_run_and_a_command_that_caps_itself_shows_no_cap(
     assert gone.code == 2 and "no finished candidate" in gone.err
 
 
-def test_the_report_names_the_winner_the_tune_recorded_never_merely_its_first_row(
+def test_the_report_status_and_pin_name_the_winner_the_tune_recorded_and_how_sure_it_was(
     cli, isolated: Path
 ) -> None:
     """A tune its noise left inconclusive (exit 1, no winner) read back as "winner: c02 …", and
     one whose --conservative took the second-ranked c01 as "winner: c02 …, -41% over the
-    runner-up c01" — the first row, not what the tune recorded and pin takes (SPEC §5.14)."""
+    runner-up c01" — the first row, not what the tune recorded and pin takes (SPEC §5.14).
+
+    And the winner --conservative took set the calibrated setting, and status and the pinned
+    script said nothing of how sure it was — a ladder or a sweep taken so says "taken under
+    noise" in both. (One pair of tunes for both: the second test ran the same tune again.)"""
     tune_config(
         isolated, 'grid = ["batch_size=6,12"]\n', command=DRIFTING, batch=16, levels=ONE_LEVEL
     )
@@ -142,19 +146,6 @@ def test_the_report_names_the_winner_the_tune_recorded_never_merely_its_first_ro
     assert f"winner: {won} (" in said
     if won != first:  # the smaller cap, taken under noise: its margin is over the first
         assert f"over the runner-up {first} (" in said
-
-
-def test_status_and_pin_say_when_the_tunes_winner_was_taken_under_noise(
-    cli, isolated: Path
-) -> None:
-    """A tune whose noise left its first two in doubt, its winner taken by --conservative, set
-    the calibrated setting, and status and the pinned script said nothing of how sure it was —
-    a ladder or a sweep taken so says "taken under noise" in both (SPEC §5.14)."""
-    tune_config(
-        isolated, 'grid = ["batch_size=6,12"]\n', command=DRIFTING, batch=16, levels=ONE_LEVEL
-    )
-    taken = cli("tune", "--conservative", "--json")
-    assert taken.code == 0, taken.err
     ledger = [json.loads(x) for x in (isolated / "runs/ledger.jsonl").read_text().splitlines()]
     assert ledger[-1]["summary"]["under_noise"]["taken_under_noise"] is True, taken.err
     won = taken.json["winner"]["id"]
