@@ -25,6 +25,7 @@ from tests.stage_fakes import SimulatedLoop, chat_body, close_runs, open_run
 __all__ = ["close_runs"]  # the autouse fixture, used by being imported
 
 LEVELS = (8, 16, 32, 64)  # closed-loop concurrency per candidate, as the sweep's levels
+FEW_LEVELS = (8, 16)  # a fifth of LEVELS' simulated requests, where the best is not asked for
 TOKENS = 100  # output tokens per answer
 # slots (the engine's cap: decode slots) × a scheduler knob; a grid of 15 × 8 = 120 candidates
 SLOTS = ("1", "2", "3", "4", "6", "8", "10", "12", "16", "20", "24", "32", "40", "48", "64")
@@ -45,6 +46,10 @@ class SimulatedEngine:
     (``N`` its ``slots`` flag) measured at every level, three runs a level, on a fake clock."""
 
     flat: bool = False  # every candidate serves the same (a landscape with nothing to find)
+    # the levels each candidate is measured at: a test of what a budget or patience stops, or
+    # of a rerun's choices, needs a landscape, not the best's own level (64 in flight, most of
+    # a candidate's simulated requests)
+    levels: tuple[int, ...] = LEVELS
     restarts: list[str] = field(default_factory=list)
     counter: Iterator[int] = field(default_factory=itertools.count)
 
@@ -61,7 +66,7 @@ class SimulatedEngine:
         # a run's requests take ±0.5 % of their time, by repeat: runs differ as on a quiet machine
         loop = SimulatedLoop(lambda c, repeat: cost * (1 + 0.005 * (repeat % 3 - 1)), slots=slots)
         best: BestLevel | None = None
-        for level in LEVELS:
+        for level in self.levels:
             runs = []
             for _ in range(3):
                 found = loop.closed_loop(self._supply, level, LevelWindow(0.25, 4 * level))
@@ -133,7 +138,7 @@ def test_refine_finds_the_grids_best_in_a_fraction_of_its_restarts(tmp_path: Pat
 
 
 def test_a_flat_landscape_stops_on_patience_after_one_plus_k_restarts(tmp_path: Path) -> None:
-    engine = SimulatedEngine(flat=True)
+    engine = SimulatedEngine(flat=True, levels=FEW_LEVELS)
     outcome = _tune(_run(tmp_path), engine, "refine", _plan(), patience=4).run()
     assert len(engine.restarts) == 1 + 4
     assert outcome.stopped.startswith("patience: 4 candidates in a row without a significant gain")
@@ -144,23 +149,23 @@ def test_a_restart_budget_stops_and_a_rerun_continues_with_the_same_choices(
     tmp_path: Path,
 ) -> None:
     plan = _plan(SLOTS[4:12], CHUNK[:6])
-    whole = SimulatedEngine()
+    whole = SimulatedEngine(levels=FEW_LEVELS)
     _tune(_run(tmp_path), whole, "refine", plan).run()
     assert len(whole.restarts) > 5
     run = _run(tmp_path)
-    cut_engine = SimulatedEngine()
+    cut_engine = SimulatedEngine(levels=FEW_LEVELS)
     cut = _tune(run, cut_engine, "refine", plan, restarts=5).run()
     assert cut_engine.restarts == whole.restarts[:5]
     assert not cut.complete and cut.spent_by == "--restarts"
     assert [c.id for c in cut.untested] == [whole.restarts[5]], "the next it would measure"
-    rest = SimulatedEngine()
+    rest = SimulatedEngine(levels=FEW_LEVELS)
     done = _tune(_run(tmp_path, run.run_id), rest, "refine", plan).run()
     assert rest.restarts == whole.restarts[5:], "the measured five are not restarted"
     assert done.complete and done.restarts == len(whole.restarts)
 
 
 def test_the_grid_keeps_to_a_restart_budget_too(tmp_path: Path) -> None:
-    engine = SimulatedEngine()
+    engine = SimulatedEngine(levels=FEW_LEVELS)
     outcome = _tune(_run(tmp_path), engine, "grid", _plan(), restarts=7).run()
     assert len(engine.restarts) == 7 and len(outcome.untested) == 120 - 7
     assert outcome.spent_by == "--restarts" and not outcome.complete
