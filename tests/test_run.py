@@ -7,11 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from calibrate.state.ledger import Ledger
+from tests.helpers import NO_PLOT
 from tests.mockserver import start_mock
 from tests.tier_helpers import FAST
 
-# short windows: a ladder of batches 1, 2, 4 and a sweep of one short run per level
-TIMING = f"{FAST}batch_sizes = [1, 2, 4]\n[sweep]\nlevel_s = 0.3\nrepeats = 1\n"
+# short windows: a ladder of batches 1, 2, 4 and a sweep of one short run per level; no
+# plot.png (write_config's rule: these configs are written whole, and drew ten nobody read)
+TIMING = f"{FAST}batch_sizes = [1, 2, 4]\n[sweep]\nlevel_s = 0.3\nrepeats = 1\n{NO_PLOT}"
 MOCK = {"ttft_s": 0.002, "per_token_s": 0.0005, "slots": 4}
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from calibrate.state.ledger import LedgerEntry
+from tests.helpers import NO_PLOT
 
 REPO = Path(__file__).resolve().parents[2]
 FAKE_ENGINE = Path(__file__).with_name("engine.sh")
@@ -59,9 +60,12 @@ def managed_config(
 ) -> Path:
     """calibrate.toml with a custom-kind [server] whose target is that server's port."""
     path = root / "calibrate.toml"
+    # as write_config: no plot.png unless ``extra`` has a [report]; before [server], whose keys
+    # a test may go on appending
+    report = "" if "[report]" in extra else NO_PLOT
     path.write_text(
         f'[target]\nbase_url = "http://127.0.0.1:{port}/v1"\nmodel = "internlm-s2"\ntimeout_s = 30\n'
-        f'[server]\nkind = "custom"\nport = {port}\ncommand = {json.dumps(command)}\n'
+        f'{report}[server]\nkind = "custom"\nport = {port}\ncommand = {json.dumps(command)}\n'
         f"ready_timeout_s = {ready_timeout_s}\nstop_timeout_s = 5\n{extra}",
         encoding="utf-8",
     )
