@@ -53,12 +53,13 @@ def _value_flags() -> list[tuple[tuple[str, ...], argparse.Action, list[str]]]:
     return out
 
 
+VALUE_FLAGS = _value_flags()  # once: it builds every command's parser (80 ms a collection)
 TEXT_FLAGS = [
     pytest.param(c, a, n, id=" ".join(c) + " " + (a.option_strings or [a.dest])[-1])
-    for c, a, n in _value_flags()
+    for c, a, n in VALUE_FLAGS
     if not names_a_file(a)
 ]
-FILE_FLAGS = [(c, a) for c, a, _ in _value_flags() if names_a_file(a)]
+FILE_FLAGS = [(c, a) for c, a, _ in VALUE_FLAGS if names_a_file(a)]
 
 
 @pytest.mark.parametrize(("command", "action", "needed"), TEXT_FLAGS)
