@@ -64,16 +64,6 @@ def test_a_shared_prefix_shows_the_gain_and_names_vllms_cache(cli, isolated: Pat
     assert "<dt>prefix cache</dt><dd>prefix cache on (vLLM&#x27;s automatic" in page.read_text()
 
 
-def test_the_same_job_without_a_shared_prefix_shows_no_gain(cli, isolated: Path) -> None:
-    unique, _ = _ladder(cli, isolated, *JOB, **CACHED)
-    assert unique.code == 0, unique.err
-    cache = _cache(unique)
-    assert cache.get("gain") is None and not cache.get("hit"), (
-        cache
-    )  # nothing shared, nothing found
-    assert "prefix cache" not in unique.err and "sooner" not in unique.err
-
-
 def test_a_cache_that_is_off_is_named_off_with_its_switch(cli, isolated: Path) -> None:
     off = {**CACHED, "prefix_cache": False, "metrics_style": "vllm"}
     result, _ = _ladder(cli, isolated, *JOB, "--prefix-tokens", "1000", **off)
@@ -176,14 +166,20 @@ def test_a_cache_that_is_off_counts_nothing_and_says_so() -> None:
     assert found is not None and (found.hits, found.queries, found.enabled) == (0, 0, False)
 
 
-def test_a_rerun_finds_none_of_the_last_runs_prompts_in_the_cache(cli, isolated: Path) -> None:
-    """The same seed sends the same words again, but each run marks its prompts as its own: an
-    engine's cache still holding the last run's would answer a rerun from it, and the ladder
-    would measure a server faster than the job will find it."""
+def test_a_job_without_a_shared_prefix_shows_no_gain_nor_does_its_rerun(
+    cli, isolated: Path
+) -> None:
+    """The same job without a shared prefix shows no gain. And the same seed sends the same
+    words again, but each run marks its prompts as its own: an engine's cache still holding the
+    last run's would answer a rerun from it, and the ladder would measure a server faster than
+    the job will find it. (The first ladder is the no-gain test's own: it ran it apart.)"""
     with start_mock(**CACHED) as server:
         calibrated(cli, isolated, server.base_url, ONE_TIER)
         first = cli("ladder", *JOB, "--json")
         again = cli("ladder", *JOB, "--json")
     assert first.code == 0 and again.code == 0, first.err + again.err
+    cache = _cache(first)  # nothing shared, nothing found
+    assert cache.get("gain") is None and not cache.get("hit"), cache
+    assert "prefix cache" not in first.err and "sooner" not in first.err
     assert not _cache(again).get("hit"), _cache(again)  # 0 %: nothing of the first run's
     assert "prefix cache" not in again.err
