@@ -100,8 +100,12 @@ def test_nvml_without_the_counter_integrates_power_and_without_either_is_none() 
     assert bare is not None and energy_reader([bare]) is None
 
 
-def test_a_price_prints_usd_per_1m_output_tokens_at_the_setting(cli: Any, isolated: Path) -> None:
-    result = _ladder(cli, isolated, "--gpu-price-per-hour", "2.5", power_w=200.0)
+def test_a_price_prints_usd_per_1m_output_tokens_at_the_setting_and_pin_writes_it(
+    cli: Any, isolated: Path
+) -> None:
+    """The price per 1M output tokens at the setting: said, in the table, the report and the
+    pinned script's header. (One ladder: pin's own test ran this one again.)"""
+    result = _ladder(cli, isolated, "--gpu-price-per-hour", "2.5", extra=PINNED, power_w=200.0)
     tiers = result.json["tiers_detail"]
     setting = next(line for line in result.err.splitlines() if "setting: batch" in line)
     assert "per 1M output tokens" in setting and "J/output token" in setting
@@ -117,6 +121,11 @@ def test_a_price_prints_usd_per_1m_output_tokens_at_the_setting(cli: Any, isolat
     assert "J/token" in page and "$ per 1M output tokens" in page  # the setting's tiles
     short = {t["batch_size"]: t for t in result.json["tiers"]}
     assert all("usd_per_1m_output_tokens" in t for t in short.values())
+    pinned = cli("pin", "--kind", "vllm")
+    assert pinned.code == 0, pinned.err
+    header = [x for x in Path("scripts/launch.sh").read_text("utf-8").splitlines() if x[:1] == "#"]
+    cost = next(x for x in header if x.startswith("# at this setting: "))
+    assert "J/output token" in cost and "per 1M output tokens" in cost
 
 
 def test_the_cost_section_prices_without_an_energy_source(cli: Any, isolated: Path) -> None:
@@ -127,8 +136,12 @@ def test_the_cost_section_prices_without_an_energy_source(cli: Any, isolated: Pa
     assert "energy:" not in result.err
 
 
-def test_no_energy_source_means_no_energy_columns_and_no_zeros(cli: Any, isolated: Path) -> None:
-    result = _ladder(cli, isolated)
+def test_no_energy_source_means_no_energy_columns_no_zeros_and_no_cost_line(
+    cli: Any, isolated: Path
+) -> None:
+    """No energy source: no energy columns, no zeros, and pin writes no cost line. (One ladder:
+    pin's own no-cost test ran the same one apart.)"""
+    result = _ladder(cli, isolated, extra=PINNED)
     for t in result.json["tiers_detail"]:
         assert not {*ENERGY, "usd_per_1m_output_tokens", "energy_source"} & set(t)
     run = run_dir(isolated, result.json["run_id"])
@@ -137,6 +150,8 @@ def test_no_energy_source_means_no_energy_columns_and_no_zeros(cli: Any, isolate
     assert all("energy_j" not in row for row in jsonl(run / "tiers.jsonl"))
     assert "energy:" not in result.err and "J/output token" not in result.err
     assert "J/tok" not in result.out + result.err  # no column of dashes either
+    assert cli("pin", "--kind", "vllm").code == 0
+    assert "at this setting" not in Path("scripts/launch.sh").read_text("utf-8")
 
 
 @pytest.mark.parametrize("price", ["-1", "nan", "inf", "-0.01"])
@@ -184,21 +199,6 @@ def test_a_sweep_shows_energy_per_level_and_cost_at_the_recommendation(
     assert "J/output token" in line and "per 1M output tokens" in line
     short = result.json["levels"]
     assert all("joules_per_output_token" in lv for lv in short)
-
-
-def test_pin_writes_the_settings_cost_in_the_header(cli: Any, isolated: Path) -> None:
-    _ladder(cli, isolated, "--gpu-price-per-hour", "2.5", extra=PINNED, power_w=200.0)
-    result = cli("pin", "--kind", "vllm")
-    assert result.code == 0, result.err
-    header = [x for x in Path("scripts/launch.sh").read_text("utf-8").splitlines() if x[:1] == "#"]
-    cost = next(x for x in header if x.startswith("# at this setting: "))
-    assert "J/output token" in cost and "per 1M output tokens" in cost
-
-
-def test_pin_without_a_measured_cost_writes_no_cost_line(cli: Any, isolated: Path) -> None:
-    _ladder(cli, isolated, extra=PINNED)
-    assert cli("pin", "--kind", "vllm").code == 0
-    assert "at this setting" not in Path("scripts/launch.sh").read_text("utf-8")
 
 
 @pytest.mark.parametrize("flags", [["--power-w", "-5"], ["--power-per-request-w", "nan"]])
