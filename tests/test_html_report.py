@@ -28,43 +28,6 @@ def _external_refs(page: Page, html: str) -> list[str]:
     return [r for r in refs if re.match(r"\s*['\"]?\s*(https?:)?//", r) or "@import" in r]
 
 
-def test_a_real_ladder_report_has_its_tiers_verdict_incidents_and_timeline(
-    cli, isolated: Path
-) -> None:
-    with start_mock(ttft_s=0.002, per_token_s=0.004, slots=4, oom_at=6) as mock:
-        open_gate(isolated, mock.base_url)
-        ladder = cli("ladder", "--json")
-    assert ladder.code == 0, ladder.err
-    run = run_dir(isolated, ladder.json["run_id"])
-    result = cli("report", str(run), "--html", "--timeline", "8", "--json", "--no-plot")
-    assert result.code == 0, result.err
-    html_path = run / "report.html"
-    assert result.json["html"] == str(html_path) and f"HTML report: {html_path}" in result.err
-    html = html_path.read_text("utf-8")
-    page = Page(html)
-    rows = page.body_rows("tiers")
-    verdict = page.rows["tiers"][0].index("verdict")
-    assert [r[0] for r in rows] == ["1", "2", "4", "8"]  # batch column, as in the terminal
-    assert [r[verdict] for r in rows] == ["pass", "pass", "pass", "fail"]
-    assert page.id_text["verdict-word"] == "passed"
-    details = page.id_text["verdict-details"]
-    # the setting the run recorded (4, or 2 when a loaded machine made 4 read within noise of it)
-    setting = ladder.json["last_passing"]["batch_size"]
-    assert setting in (2, 4), ladder.err
-    assert "stopped by failure" in details
-    assert f"last passing batch size {setting}, concurrency {setting}" in details
-    incidents = page.body_rows("incident-list")
-    assert len(incidents) == 2 and all(r[1] == "oom" and r[3] == "500" for r in incidents)
-    assert "CUDA out of memory" in incidents[0][2]
-    tier8 = [r for r in jsonl(run / "records.jsonl") if r["batch_size"] == 8]
-    assert page.count("rect", "bar") == len(tier8) == 8
-    assert page.count("rect", "failed") == 2
-    assert page.count("svg") >= 5  # four plots and the timeline, with or without matplotlib
-    assert "model internlm-s2" in page.id_text["manifest"]
-    assert _external_refs(page, html) == []
-    assert page.count("script") == 0 and page.count("link") == 0
-
-
 def test_values_are_escaped_not_run(cli, isolated: Path) -> None:
     rows = [ladder_row(1, 4.0), ladder_row(2, 7.0, verdict=XSS)]
     write_run(
@@ -240,12 +203,43 @@ def _check_layout(html: str) -> Page:
 def test_a_ladder_report_leads_with_the_setting_and_crosses_out_the_failed_tier(
     cli, isolated: Path
 ) -> None:
+    """A real ladder's report: its tiers, verdict, incidents and timeline; then the answer
+    first — the setting, the failed tier crossed out — for it and for a context ladder. (The
+    first part was a test of its own that ran the same ladder again.)"""
     with start_mock(ttft_s=0.002, per_token_s=0.004, slots=4, oom_at=6) as mock:
         open_gate(isolated, mock.base_url)
         ladder = cli("ladder", "--json")
         context = cli("ladder", "--axis", "context", "--json")
     assert ladder.code == 0 and context.code == 0, ladder.err + context.err
     run = run_dir(isolated, ladder.json["run_id"])
+    result = cli("report", str(run), "--html", "--timeline", "8", "--json", "--no-plot")
+    assert result.code == 0, result.err
+    html_path = run / "report.html"
+    assert result.json["html"] == str(html_path) and f"HTML report: {html_path}" in result.err
+    html = html_path.read_text("utf-8")
+    page = Page(html)
+    rows = page.body_rows("tiers")
+    verdict = page.rows["tiers"][0].index("verdict")
+    assert [r[0] for r in rows] == ["1", "2", "4", "8"]  # batch column, as in the terminal
+    assert [r[verdict] for r in rows] == ["pass", "pass", "pass", "fail"]
+    assert page.id_text["verdict-word"] == "passed"
+    details = page.id_text["verdict-details"]
+    # the setting the run recorded (4, or 2 when a loaded machine made 4 read within noise of it)
+    setting = ladder.json["last_passing"]["batch_size"]
+    assert setting in (2, 4), ladder.err
+    assert "stopped by failure" in details
+    assert f"last passing batch size {setting}, concurrency {setting}" in details
+    incidents = page.body_rows("incident-list")
+    assert len(incidents) == 2 and all(r[1] == "oom" and r[3] == "500" for r in incidents)
+    assert "CUDA out of memory" in incidents[0][2]
+    tier8 = [r for r in jsonl(run / "records.jsonl") if r["batch_size"] == 8]
+    assert page.count("rect", "bar") == len(tier8) == 8
+    assert page.count("rect", "failed") == 2
+    assert page.count("svg") >= 5  # four plots and the timeline, with or without matplotlib
+    assert "model internlm-s2" in page.id_text["manifest"]
+    assert _external_refs(page, html) == []
+    assert page.count("script") == 0 and page.count("link") == 0
+    # the answer first (the report again, without the timeline)
     assert cli("report", str(run), "--html", "--no-plot").code == 0
     html = (run / "report.html").read_text("utf-8")
     page = _check_layout(html)
