@@ -565,8 +565,9 @@ def test_a_percentile_over_too_few_requests_a_round_is_never_called_significant(
                 "enough": row["key"] >= needed,
             }, (row["key"], metric)
         p99 = row["deltas"]["ttft_p99_s"]
-        # slower (a loaded machine adds tens of ms to the fast one's), and never called either way
-        assert p99["change"] > 0 and p99["significant"] is None and p99["better"] is None
+        # never called either way (which way it moved is the machine's: beside a loaded suite
+        # the fast server's slowest first token has read 40 % above the slow one's 60 ms)
+        assert p99["change"] is not None and p99["significant"] is None and p99["better"] is None
         assert isinstance(row["deltas"]["items_per_s"]["significant"], bool)  # still tested
     assert isinstance(row["deltas"]["ttft_p50_s"]["significant"], bool)  # batch 2: a p50's two
     lines = result.err.splitlines()
