@@ -157,11 +157,16 @@ def _read_secrets(fd: int) -> tuple[str, ...]:
 
 
 def _read_handoff(fd: int, timeout_s: float) -> str:
+    """The supervisor's first line, within ``timeout_s``. Polled, never ``select``ed: a batch
+    restarting its server holds a socket per request in flight, and ``select`` refuses any
+    descriptor past 1023 (a ValueError, where the start's own line should be)."""
     deadline = time.monotonic() + timeout_s
     data = b""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
     while b"\n" not in data:
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+        if left <= 0 or not poller.poll(left * 1000):
             break
         chunk = os.read(fd, 4096)
         if not chunk:
