@@ -108,6 +108,11 @@ def test_a_tune_run_names_whether_its_margin_is_significant(cli, isolated: Path)
     levels = LEVELS.replace("repeats = 1", "repeats = 2") + "[confidence]\nlevel = 0.8\n"
     tune_config(isolated, 'grid = ["slots=1,2", "kv_tokens=50000"]\n', levels=levels)
     result = cli("tune", "--json")
+    if result.code == 1:  # a busy box: runs too wide to back either — said so, nothing picked
+        said = " ".join(result.err.split())
+        assert "tune inconclusive: the runs cannot tell whether c0" in said, result.err
+        assert result.json["passed"] is False, result.json
+        return
     assert result.code == 0, result.err
     winner = result.json["winner"]
     assert winner["significant"] in (True, False) and winner["confidence"] == 0.8
