@@ -6,6 +6,7 @@ for a healthy batch — not for a slow moment, not when a busy machine makes the
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections.abc import Callable
@@ -397,3 +398,30 @@ def test_answers_failing_the_users_format_check_are_no_drift_of_the_server() -> 
     assert formats.finding is None and all(w.errors == 0 for w in formats.windows)
     served, warned = drive(jitter(3), failed=lambda i: "http_5xx" if i >= 300 else None)
     assert served.finding is not None and len(warned) == 1 and "http_5xx" in warned[0]
+
+
+def test_every_record_reads_back_from_json_saying_the_same_line_word_for_word() -> None:
+    """A batch's --junit says the live record's drift line; its summary and ``status`` say the
+    one read back from JSON. The JSON rounded items/s to 3 decimals and the line then took 3
+    figures: 10.7496 read "10.7" live and "10.8" back (a fresh clone's make test, `--workers 2`).
+    Over random paces, calibrations and kinds of record, the line read back is the line said."""
+    rng = random.Random(29)
+    for i in range(2000):
+        pace = rng.choice([rng.uniform(0.001, 5000), round(rng.uniform(1, 99), 2) + 0.0049996])
+        mid = rng.uniform(0.01, 900)
+        cal = Calibrated("ladder", "20261207T173010Z-ladder-492920", 4, 4, mid, mid, mid, 1)
+        record = DriftRecord(
+            True,
+            "the server is slower than calibrated",
+            drifted=i % 3 != 0,
+            what="slower than calibrated",
+            calibration=Calibrated.from_json(cal.to_json()),  # the ledger's, as a batch reads it
+            at_item=rng.randint(1, 10**6),
+            items_per_s=pace,
+            undecided=2 if i % 6 == 0 else 0,
+            causes=("no cause seen from here",),
+            rerun="calibrate sweep",
+            left_out=(("restart", 1),) if i % 5 == 0 else (),
+        )
+        (back,) = records_of(json.loads(json.dumps(records_json([record]))))
+        assert back.line() == record.line(), (pace, record.line(), back.line())
