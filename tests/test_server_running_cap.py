@@ -20,6 +20,7 @@ import pytest
 from calibrate import config
 from calibrate.gpu.reading import VramReading
 from calibrate.gpu.vram import VramMonitor
+from calibrate.gpu.vram.peaks import SAMPLES_PER_ANSWER
 from calibrate.io.tier_table.cells import row_json
 from calibrate.server import process
 from calibrate.server.process.target import managed_target, running_kind
@@ -485,7 +486,11 @@ def test_a_gateway_that_forwards_four_at_once_never_makes_batch_8_the_setting(
     assert result.json["last_passing"]["batch_size"] <= 4
     err = " ".join(result.err.split())
     assert eight["verdict"] == "pass", eight
-    if eight["metrics_gap_s"] * 3 <= 0.15:  # every answer (0.15 s at least) read 3 times
+    (records,) = (isolated / "runs").glob("*-ladder-*/records.jsonl")
+    answers = [r["elapsed_s"] for r in jsonl(records) if r["batch_size"] == 8 and r["ok"]]
+    # even its shortest answer read 3 times: 0.15 s at least, longer when the gateway or a busy
+    # machine held some (seen: 271 ms answers, samples 62 ms apart)
+    if eight["metrics_gap_s"] * SAMPLES_PER_ANSWER <= min(answers):
         assert "the server never ran 8 at once" in eight["running_unseen"], eight
     else:  # a machine so busy its samples came further apart: unknown, and said so
         assert "whether it ran 8 at once is unknown" in eight["running_unseen"], eight
