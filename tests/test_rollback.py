@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -116,20 +117,29 @@ def test_rollback_with_other_output_says_not_concurrency(cli, isolated: Path) ->
 
 
 class _UserRestart(threading.Thread):
-    """The user: stops the target's server, then starts it again on the same port."""
+    """The user: stops the target's server once rollback asks them to, then starts it again on
+    the same port. (On a timer — 0.4 s after the thread started — a rollback slower than that to
+    reach its step 1 on a busy machine found the server already down, or back already, and
+    waited 20 s for a stop that never came.)"""
 
     def __init__(self, port: int, settings: MockSettings, first: BackgroundServer) -> None:
-        super().__init__()
+        super().__init__(daemon=True)
         self.port, self.settings, self.first = port, settings, first
         self.servers: list[BackgroundServer] = []
+        self.asked = threading.Event()
 
     def run(self) -> None:
-        threading.Event().wait(0.4)
+        said = sys.stderr  # what rollback prints, captured (the user reads their terminal)
+        while not self.asked.is_set():
+            if "stop it yourself" in " ".join(said.getvalue().split()):
+                break
+            self.asked.wait(0.02)
         self.first.stop()
         threading.Event().wait(0.4)
         self.servers.append(BackgroundServer(self.settings, "127.0.0.1", self.port))
 
     def done(self) -> None:
+        self.asked.set()  # rollback ended: whatever it said, the user goes on
         self.join()
         for server in self.servers:
             server.stop()
