@@ -140,6 +140,32 @@ def test_auto_recommends_the_highest_rate_kept_up_with_else_the_synchronous_leve
     )
 
 
+def test_auto_whose_rate_the_client_could_not_send_recommends_nothing_and_says_why() -> None:
+    """Seen in a fresh clone's make test on a loaded machine: synchronous 5.85 req/s, maximum
+    40.5, and the one rate between, 23.2 req/s, sent while calibrate itself was the bottleneck
+    (left out). The sweep recommended the synchronous level "— every rate tried above it
+    saturated" (exit 0): none had; whether 23.2 req/s keeps up was never measured. Now it is
+    inconclusive for the client's limit, as a rate sweep is, and says what to do."""
+    sync, most = _level(0, "synchronous", 5.85), _level(2, "maximum", 40.5)
+    starved = replace(
+        _level(1, "rate", 23.2, saturated=False),
+        client_bound="calibrate's threads waited 59 ms on average to run",
+    )
+    result = SweepResult((sync, most, starved), 4, 0.1, None, "none", 0)  # in the order run
+    assert not result.passed, result.recommendation
+    assert result.inconclusive.startswith(
+        "inconclusive: the client was the limit at rate ≥ 23.2 req/s — the best level it "
+        "could measure is the last one before that (synchronous (concurrency 1))"
+    ), result.inconclusive
+    assert "--workers" in result.what_to_do, result.what_to_do
+    kept = _level(1, "rate", 23.2, saturated=False)
+    assert SweepResult((sync, most, kept), 4, 0.1, None, "none", 0).passed, "unstarved: sure"
+    failing = replace(kept, verdict="fail")  # its answers failed: kept up with, it was not
+    assert SweepResult((sync, most, failing), 4, 0.1, None, "none", 0).recommendation == (
+        "synchronous (concurrency 1): 5.85 req/s — no rate tried above it was kept up with for sure"
+    )
+
+
 def test_auto_with_slos_recommends_the_most_goodput_and_a_split_rate_is_no_sure_answer() -> None:
     """With SLOs, --auto took the highest rate kept up with whatever its goodput ("17.1 req/s:
     goodput 2.88 within the SLOs" over a synchronous level's 8.43); the most goodput is taken,

@@ -206,6 +206,35 @@ def test_a_rate_whose_shortfall_is_unsure_after_its_repeats_is_not_recommended_a
     assert result.levels[1].rate_cells().saturation == unsure, "its row says why"
 
 
+def test_conservative_with_no_level_surely_kept_up_takes_nothing_and_says_why() -> None:
+    """Seen in a fresh clone's make test on a loaded machine: 5 req/s left out (the client was
+    its limit), 20 req/s unsure after its repeats, `--conservative`. The sweep said "warning: ,
+    the conservative answer, taken under noise (--conservative): …" — no level named, none
+    taken — and exited 1 with no reason. With no level surely kept up there is nothing to fall
+    back on: inconclusive, the doubt said, no conservative answer offered nor recorded."""
+    from calibrate.stages.measure.saturation import RateJudgement
+    from calibrate.stages.sweep.levels import Level
+    from calibrate.stages.sweep.result import SweepResult
+    from tests.stage_fakes import CLEAN
+
+    unsure = (
+        "achieved 23.4 req/s, 17% above the offered 20 — anywhere from 53% above to 19% below "
+        "over 6 runs, each its own random schedule (95%), across the 5% line"
+    )
+    stats = replace(CLEAN, concurrency=4, items_per_s=20.5)
+    judged = RateJudgement(20, 20.5, 2.0, 40, False, "", unsure=unsure)
+    only = Level(stats, (stats,), None, False, "pass", False, judged)
+    for conservative in (False, True):
+        result = SweepResult((only,), 4, 0.10, None, "none", 0, conservative=conservative)
+        assert not result.passed
+        assert result.inconclusive.startswith(
+            f"inconclusive: the runs cannot tell whether 20 req/s keeps up: {unsure} — "
+        ), result.inconclusive
+        assert result.under_noise is None and "conservative" not in result.what_to_do
+        summary = result.summary(SweepOptions.from_config(Config(), 4)).to_json()
+        assert summary["under_noise"] is None and summary["recommended_concurrency"] is None
+
+
 def test_a_starved_level_between_the_knee_and_the_cap_leaves_the_knee_unknown(
     tmp_path: Path,
 ) -> None:

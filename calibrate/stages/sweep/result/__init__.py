@@ -85,11 +85,13 @@ class SweepResult(SweepVerdict):
                 text += f"; the level itself misses them: {'; '.join(broke)}"
             return text
         if self.auto and top.rate is None:
-            ran = any(lv.rate is not None for lv in self.levels)
+            rates = [lv for lv in self.levels if lv.rate is not None]
             why = (
-                "every rate tried above it saturated"
-                if ran
-                else "no rate between it and the maximum ran"
+                "no rate between it and the maximum ran"
+                if not rates
+                else "every rate tried above it saturated"
+                if all(lv.saturated for lv in rates)
+                else "no rate tried above it was kept up with for sure"
             )
             rate = top.auto.request_rate if top.auto else None
             return f"{top.label}: {rate or s.items_per_s:.2f} req/s — {why}"

@@ -182,9 +182,12 @@ class KneeVerdict(ClientLimit):
 
     @property
     def under_noise(self) -> UnderNoise | None:
-        """``--conservative`` took the smaller level the runs could not tell from the best."""
+        """``--conservative`` took the smaller level the runs could not tell from the best (None
+        when no level below the doubt was surely kept up or met the SLOs: nothing to take)."""
         doubt = self.doubt
-        return UnderNoise(doubt) if doubt is not None and self.conservative else None
+        if doubt is None or not doubt.conservative or not self.conservative:
+            return None
+        return UnderNoise(doubt)
 
     @property
     def noise_text(self) -> str:

@@ -71,9 +71,9 @@ class SweepVerdict(KneeVerdict):
     def inconclusive(self) -> str:
         """``inconclusive: the client was the limit at C ≥ 8 …`` when a client-bound level
         leaves the best level unknown; else the knee's (or boundary's) doubts, unless
-        ``--conservative`` took the smaller level (else "")."""
+        ``--conservative`` took the smaller level (else ""; with none to take, the doubts)."""
         doubt = self.doubt
-        noisy = doubt.text if doubt is not None and not self.conservative else ""
+        noisy = doubt.text if doubt is not None and self.under_noise is None else ""
         return self.client_inconclusive or noisy
 
     @property
@@ -93,6 +93,8 @@ class SweepVerdict(KneeVerdict):
         if limit is None:
             return ""
         reliable = self.measurable
+        if self.auto:  # its candidates: the synchronous level and the rates, never its maximum
+            reliable = tuple(lv for lv in reliable if lv.auto and lv.auto.role != "maximum")
         top = self._best_measured()
         if top is not None and reliable and top is not reliable[-1]:
             return ""  # the client's limit is above the best: the knee's own doubts stand
