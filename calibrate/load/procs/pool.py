@@ -146,6 +146,10 @@ class WorkerPool:
         except Empty:
             return None
 
+    def wake(self) -> None:
+        """Have ``next`` return now, from any thread (an event of no worker: index -1)."""
+        self._events.put((-1, ()))
+
     def send(self, index: int, message: Any) -> bool:
         """To one worker; False when it is gone (its ``ENDED`` says so too)."""
         return self.procs[index].send(message)

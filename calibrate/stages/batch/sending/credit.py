@@ -1,101 +1,68 @@
 """What the parent of ``batch --workers N`` holds for each worker process: the items sent to it
-and not yet answered, fed from the one ``WorkQueue`` on credit by a thread of its own (at most
-its slots and as many again ahead, up to 64), and handed back when the worker cannot answer them.
+and not yet answered, at most its credit — its slots and as many again ahead, up to 64 — topped
+up from the one ``WorkQueue`` by the run's one thread (``feed``), and settled when it ends.
 """
 
 from __future__ import annotations
 
-import threading
-import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from calibrate.io.tasks import ItemId, Task
 from calibrate.load.procs.pool import Proc
 from calibrate.stages.batch.sending.queue import WorkQueue
-from calibrate.stages.batch.sending.senders import POLL_S
 from calibrate.stages.batch.sending.worker import WorkerDone, WorkerSetup
 
-MAX_SENT = 64  # items sent to a worker in one message, at most
+AHEAD_MAX = 64  # items a worker holds beyond its slots, at most
 
 
 @dataclass
 class WorkerProc:
-    """One worker process and what it holds: the items sent to it and not yet answered."""
+    """One worker process and the items sent to it and not yet answered."""
 
     setup: WorkerSetup
     proc: Proc
-    credit: threading.Semaphore = field(init=False)
     held: dict[ItemId, Task] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
     dead: bool = False  # its end was read: what it held is settled
     told_stop: bool = False
-    paused: bool = False
+    told_end: bool = False  # no more items for it
+    paused: bool = False  # every endpoint of its share is down: the others take the items
     done: WorkerDone | None = None
 
-    def __post_init__(self) -> None:
+    @property
+    def credit(self) -> int:
         slots = sum(e.concurrency for e in self.setup.endpoints)
-        self.credit = threading.Semaphore(slots + min(slots, 64))
+        return slots + min(slots, AHEAD_MAX) - len(self.held)
 
     def send(self, message: object) -> bool:
         return self.proc.send(message)
 
-    def release(self, item_id: ItemId) -> Task | None:
-        """The item is no longer this worker's (answered, put back or left); None if it was not."""
-        with self.lock:
-            task = self.held.pop(item_id, None)
-        if task is not None:
-            self.credit.release()
-        return task
+    def release(self, item_id: Any) -> Task | None:
+        """The item is no longer this worker's (answered, put back); None if it was not."""
+        return self.held.pop(item_id, None)
 
     def ended(self) -> list[Task]:
         """Its end was read: nothing more is held; what it held and did not answer."""
-        with self.lock:
-            self.dead = True
-            left = list(self.held.values())
-            self.held.clear()
+        self.dead, left, self.held = True, list(self.held.values()), {}
         return left
 
 
-def give_back(queue: WorkQueue, stop: threading.Event, task: Task) -> None:
-    """An item a worker did not answer: sent again, or left to the rerun when stopping."""
-    if stop.is_set():
-        queue.finished(task)
-    else:
-        queue.hand_again(task)
-
-
-def feed(proc: WorkerProc, queue: WorkQueue, stop: threading.Event) -> None:
-    """Items from the queue to this worker, while it has room for them (its feeder thread)."""
-    while not proc.dead:
-        if proc.paused:  # every endpoint of this worker is down: the others take the items
-            if queue.idle():  # … and none is left: its slots need wait no longer
-                proc.send(("end",))
-                return
-            time.sleep(POLL_S)
+def feed(procs: Iterable[WorkerProc], queue: WorkQueue, stopping: bool) -> None:
+    """Items waiting in the queue to each worker with credit left; the end to each once none
+    is left, or the run is stopping. A paused worker gets none while any may still come: the
+    others' endpoints may be up."""
+    for proc in procs:
+        if proc.told_end or (proc.paused and not queue.idle()):
             continue
-        if not proc.credit.acquire(timeout=POLL_S):
-            continue
-        task = queue.take(stop)
-        if task is None:
-            proc.credit.release()
-            proc.send(("end",))
-            return
-        tasks = [task]
-        while len(tasks) < MAX_SENT and proc.credit.acquire(blocking=False):
-            if (more := queue.take_waiting()) is None:
-                proc.credit.release()
+        tasks: list[Task] = []
+        while len(tasks) < proc.credit and not stopping:
+            if (task := queue.take_waiting()) is None:
                 break
-            tasks.append(more)  # those already waiting go in the same message
-        with proc.lock:
-            held = not proc.dead  # once dead, what it held was settled: not these
-            if held:
-                proc.held.update((t.id, t) for t in tasks)
-        if not held:
-            for t in tasks:
-                give_back(queue, stop, t)
-            return
-        if not proc.send(("tasks", tasks)):
-            for t in tasks:
-                if proc.release(t.id) is not None:  # else its end settled it already
-                    give_back(queue, stop, t)
-            return
+            tasks.append(task)
+        if tasks:  # a worker gone meanwhile: its end gives them back
+            proc.held.update((t.id, t) for t in tasks)
+            proc.send(("tasks", tasks))
+        elif stopping or queue.idle():
+            proc.told_end = True
+            proc.send(("end",))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from queue import Empty, SimpleQueue
 from typing import Final
 
@@ -30,6 +30,10 @@ MAX_AHEAD = 64  # items read ahead of the workers' (a finishing worker need not 
 JOIN_S = 5.0
 
 _CLOSE: Final = object()  # feeder message: stop handing out
+
+
+def _nothing() -> None:
+    pass
 
 
 def waiting_task(tasks: SimpleQueue[Task | None]) -> Task | None:
@@ -65,6 +69,9 @@ class WorkQueue:
         self._lot = max(1, self._ahead // 4)
         self._untold = 0  # finished, not told yet (under _untold_lock)
         self._untold_lock = threading.Lock()
+        # told after the feeder handed items out, put one back or ended: a reader that takes
+        # them without waiting (``workers.WorkerSet``) looks again then, not at its next poll
+        self.ready: Callable[[], None] = _nothing
 
     def start(self) -> WorkQueue:
         if not self._started:
@@ -139,6 +146,7 @@ class WorkQueue:
         try:
             while out < limit and self._hand(items):
                 out += 1
+            self.ready()
             out -= self._untold_once_exhausted()
             while out > 0:
                 event = self._events.get()
@@ -151,6 +159,7 @@ class WorkQueue:
                     out -= self._untold_once_exhausted()
                 elif isinstance(event, Task):
                     self._tasks.put(event)  # put back: handed out again, still counted out
+                self.ready()
         except Exception as exc:  # a bug here must end the run, never leave workers waiting
             log.exception("batch: the feeder failed")
             self.error = self.error or f"reading --input failed: {type(exc).__name__}: {exc}"
@@ -158,6 +167,7 @@ class WorkQueue:
             items.close()
             self.drained = True
             self._tasks.put(None)
+            self.ready()
 
     def _untold_once_exhausted(self) -> int:
         """With the input exhausted, the finished items not told yet (every later one is told

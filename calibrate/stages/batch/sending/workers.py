@@ -3,21 +3,20 @@
 The parent stays the only reader of --input (the feeder), the only writer of --out (the journal)
 and the only one that counts items; the run loop is the one-process run's (``items.run_items``).
 Each worker process (``load.procs.pool``, running ``worker.py``'s job) gets its share of every
-endpoint's slots and, through a feeder thread, items from the one ``WorkQueue`` on credit (at
-most its slots and as many again ahead). Its messages are read by the run's one thread: a
-finished line is journaled, then its item leaves the queue; an item put back (an outage) is
-handed out again. An item counts as done only once its line is written, so a kill -9 of anything
-loses at most what was in flight: a dead worker's unanswered items go back to the queue and a
-replacement starts (up to ``MAX_REPLACEMENTS`` in a run; with none left the others go on, and
-when none is left the run stops, exit 1, resumable). Stopping (Ctrl-C, a failed write, an
-unreachable server) tells every worker to stop; past the grace period they are killed, and none
-is replaced. The self-check warns when any process (a worker, or this one that feeds and
-journals them) is the limit, or all of them together take the machine.
+endpoint's slots and items from the one ``WorkQueue`` on credit: at most its slots and as many
+again ahead (up to 64), topped up by the run's one thread, which also reads its messages — a
+finished line is journaled, then its item leaves the queue and its credit is free again; an item
+put back (an outage) is handed out again. An item counts as done only once its line is
+written, so a kill -9 of anything loses at most what was in flight: a dead worker's unanswered
+items go back to the queue and a replacement starts (up to ``MAX_REPLACEMENTS`` in a run; with
+none left the others go on, and when none is left the run stops, exit 1, resumable). Stopping
+(Ctrl-C, a failed write, an unreachable server) tells every worker to stop; past the grace
+period they are killed, and none is replaced. The self-check warns when any process (a worker,
+or this one) is the limit, or all of them together take the machine.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -31,7 +30,7 @@ from calibrate.load.procs.worker_count import workers_for
 from calibrate.stages.batch.journal import Journal, Tally
 from calibrate.stages.batch.plan import BatchPlan
 from calibrate.stages.batch.sending.control import BatchControl
-from calibrate.stages.batch.sending.credit import WorkerProc, feed, give_back
+from calibrate.stages.batch.sending.credit import WorkerProc, feed
 from calibrate.stages.batch.sending.lanes import EndpointReport
 from calibrate.stages.batch.sending.outage import OutageEvent, OutagePolicy
 from calibrate.stages.batch.sending.queue import WorkQueue
@@ -100,7 +99,8 @@ class WorkerSet:
     read and replaced: their messages turned into journal lines and queue events, their
     warnings and outages told, the machine-wide self-check beside them, and their reports
     merged at the end. Their messages are read by the run's one thread (``settle``), which also
-    starts the replacements; one feeder thread per worker sends it items."""
+    hands them items (``credit.feed``: whenever a message or the queue's ``ready`` wakes it) and
+    starts the replacements."""
 
     def __init__(
         self,
@@ -123,6 +123,7 @@ class WorkerSet:
         self._replacements = 0
         self._closing = False
         self._pool = WorkerPool("batch-worker")
+        queue.ready = self._pool.wake
         self.procs: list[WorkerProc] = []  # by the workers' index: the live one, or its last
         self.reports: list[WorkerDone] = []
         self.answered = any(s.answered for s in self._setups)
@@ -136,14 +137,17 @@ class WorkerSet:
         for setup in self._setups:
             self._start(setup)
         self._machine.start()
+        feed(self.live(), self._queue, self._control.stop.is_set())
 
     def settle(self, timeout_s: float) -> bool:
-        """True once every worker has ended; else their next messages, read and acted on."""
+        """True once every worker has ended; else their next messages, read and acted on, and
+        items handed to those with room for them."""
         if not self.live():
             if not self._control.stop.is_set() and not self._queue.idle():
                 self._control.fail("workers", "no worker process is left to send the items")
             return True
         self._read(timeout_s)
+        feed(self.live(), self._queue, self._control.stop.is_set())
         return False
 
     def stop(self) -> None:
@@ -200,8 +204,6 @@ class WorkerSet:
             self.procs.append(proc)
         else:
             self.procs[index] = proc
-        feeding = (proc, self._queue, self._control.stop)
-        threading.Thread(target=feed, args=feeding, daemon=True).start()
 
     def _read(self, timeout_s: float | None) -> bool:
         """Take the workers' next group of messages, waiting up to ``timeout_s`` (None: not at
@@ -210,6 +212,8 @@ class WorkerSet:
         if event is None:
             return False
         index, messages = event
+        if index < 0:  # the queue's wake: items to hand out
+            return True
         proc = self.procs[index]
         for message in messages:
             if message is ENDED:
@@ -231,10 +235,10 @@ class WorkerSet:
             self._journal.record(line, text, tokens, label)  # type: ignore[arg-type]
             if not self.answered and isinstance(line, dict) and line.get("ok") is True:
                 self._tell_answered()
-            if (task := proc.release(item_id)) is not None:  # type: ignore[arg-type]
+            if (task := proc.release(item_id)) is not None:
                 queue.finished(task)
         elif kind in ("finished", "back"):
-            if (task := proc.release(message[1])) is not None:  # type: ignore[arg-type]
+            if (task := proc.release(message[1])) is not None:
                 queue.finished(task) if kind == "finished" else queue.hand_again(task)
         elif kind == "fail":
             self._control.fail(message[1], message[2])  # type: ignore[arg-type]
@@ -267,8 +271,11 @@ class WorkerSet:
         left = proc.ended()
         if proc.done is not None:
             self.reports.append(proc.done)
-        for task in left:
-            give_back(self._queue, self._control.stop, task)
+        for task in left:  # sent again, or left to the rerun when stopping
+            if self._control.stop.is_set():
+                self._queue.finished(task)
+            else:
+                self._queue.hand_again(task)
         if proc.done is not None or self._control.stop.is_set() or self._closing:
             return
         pid, how = proc.proc.pid, proc.proc.how_it_ended()
