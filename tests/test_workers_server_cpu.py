@@ -24,7 +24,6 @@ from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams
 from calibrate.load.procs import sender as procs_sender
-from calibrate.load.procs.child import ServerPids
 from calibrate.load.procs.pool import WorkerPool
 from calibrate.load.procs.recipe import ClientRecipe, server_pids_of
 from calibrate.load.procs.selfcheck import worker_check
@@ -78,10 +77,10 @@ class Machine:
         return []
 
 
-def _started(machine: Machine, server: ServerPids) -> SelfLoadMonitor:
+def _started(machine: Machine, server: list[tuple[int, ...]]) -> SelfLoadMonitor:
     return worker_check(
         "load worker process 1 of 2",
-        server,
+        lambda: server[0],  # as the worker holds what the parent last said
         machine,
         clock=machine.clock,
         cpu_clock=machine.cpu_clock,
@@ -98,7 +97,7 @@ def _until(monitor: SelfLoadMonitor, windows: int) -> None:
     assert monitor.report().windows >= windows
 
 
-def _watched(machine: Machine, server: ServerPids) -> SelfLoadMonitor:
+def _watched(machine: Machine, server: list[tuple[int, ...]]) -> SelfLoadMonitor:
     monitor = _started(machine, server)
     _until(monitor, 4)
     monitor.stop()
@@ -107,14 +106,14 @@ def _watched(machine: Machine, server: ServerPids) -> SelfLoadMonitor:
 
 def test_a_worker_beside_a_server_that_holds_the_cores_is_not_the_bottleneck() -> None:
     """Its threads 121 ms late while the server uses 1.6 of 2 cores: not client-bound."""
-    monitor = _watched(Machine(server_cores=1.6, own_cores=0.2), ServerPids([SERVER]))
+    monitor = _watched(Machine(server_cores=1.6, own_cores=0.2), [(SERVER,)])
     assert monitor.report().lag_max_s > 0.1  # late it was
     assert monitor.bound_since(0) == ""
     assert monitor.poll_warning() is None and not monitor.report().bottleneck
 
 
 def test_a_worker_whose_own_cpu_is_near_a_core_is_the_bottleneck_beside_any_server() -> None:
-    monitor = _watched(Machine(server_cores=1.6, own_cores=0.97), ServerPids([SERVER]))
+    monitor = _watched(Machine(server_cores=1.6, own_cores=0.97), [(SERVER,)])
     warning = monitor.poll_warning()
     assert warning is not None and "calibrate itself is the bottleneck" in warning
     assert "load worker process 1 of 2 used 0.97 CPU cores" in monitor.bound_since(0)
@@ -122,7 +121,7 @@ def test_a_worker_whose_own_cpu_is_near_a_core_is_the_bottleneck_beside_any_serv
 
 def test_a_worker_late_with_the_server_idle_or_unknown_is_the_bottleneck() -> None:
     for server, pids in ((0.1, [SERVER]), (1.6, [])):  # idle; or told of no server here
-        monitor = _watched(Machine(server_cores=server, own_cores=0.2), ServerPids(pids))
+        monitor = _watched(Machine(server_cores=server, own_cores=0.2), [tuple(pids)])
         assert "the threads of load worker process 1 of 2 waited 121 ms on average" in (
             monitor.bound_since(0)
         )
@@ -131,12 +130,12 @@ def test_a_worker_late_with_the_server_idle_or_unknown_is_the_bottleneck() -> No
 def test_a_worker_told_of_a_restarted_server_reads_the_new_ones_cpu() -> None:
     """Told no server at its start, then the server's processes before a later run (a server
     restarted between runs has new PIDs): the windows after that are the server's limit."""
-    machine, server = Machine(server_cores=1.6, own_cores=0.2), ServerPids([])
+    machine, server = Machine(server_cores=1.6, own_cores=0.2), [()]
     monitor = _started(machine, server)
     try:
         _until(monitor, 2)
         assert monitor.bound_since(0) != ""  # no server known: its own lateness
-        server.set((SERVER,))
+        server[0] = (SERVER,)
         after = monitor.report().windows + 1  # the window under way may have begun before
         _until(monitor, after + 3)
         assert monitor.bound_since(after) == ""

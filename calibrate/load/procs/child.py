@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from queue import SimpleQueue
 from typing import Any
 
@@ -49,25 +49,6 @@ class StoppableWindow(LevelWindow):
 
     def done(self, elapsed_s: float, started: int) -> bool:
         return self.stop.is_set() or super().done(elapsed_s, started)
-
-
-class Gate:
-    """When each wave goes: the parent says so once every worker holds its part."""
-
-    def __init__(self) -> None:
-        self._opened = threading.Condition()
-        self._at: dict[int, float] = {}
-
-    def open(self, run_no: int, go_at: float) -> None:
-        with self._opened:
-            self._at[run_no] = go_at
-            self._opened.notify_all()
-
-    def wait(self, run_no: int) -> float:
-        with self._opened:
-            while run_no not in self._at:
-                self._opened.wait(0.5)
-            return self._at.pop(run_no)
 
 
 class Feed:
@@ -120,25 +101,11 @@ class LoadJob:
         serve(inbox, outbox, self)
 
 
-class ServerPids:
-    """The server's processes on this machine, as the parent last said (its setup, then a word
-    before a run when they changed)."""
-
-    def __init__(self, pids: Iterable[int]) -> None:
-        self._pids = tuple(pids)
-
-    def set(self, pids: Iterable[int]) -> None:
-        self._pids = tuple(pids)
-
-    def __call__(self) -> tuple[int, ...]:
-        return self._pids
-
-
 def serve(inbox: Channel, outbox: Outbox, setup: LoadJob) -> None:
     """Runs, one at a time, until the parent closes the pipe; each run's result carries
     why this process was the client's limit during it ("" when it kept up)."""
-    server = ServerPids(setup.server_pids)
-    monitor = worker_check(setup.who, server, limits=setup.limits).start()
+    server = [setup.server_pids]  # as the parent last said: its setup, then before a run
+    monitor = worker_check(setup.who, lambda: server[0], limits=setup.limits).start()
     run_no = 0
 
     def told(record: Record) -> None:
@@ -147,10 +114,10 @@ def serve(inbox: Channel, outbox: Outbox, setup: LoadJob) -> None:
             outbox.put("failed", run_no)
 
     sender = Sender(HttpTransport(setup.recipe.client()), watch=told)
-    feed, gate = Feed(outbox), Gate()
+    feed, gos = Feed(outbox), SimpleQueue[float]()  # a wave's go: once every worker holds its part
     jobs: SimpleQueue[tuple[Any, ...]] = SimpleQueue()
     stops: dict[int, threading.Event] = {}
-    listen(inbox, _told(jobs, feed, gate, stops, server))
+    listen(inbox, _told(jobs, feed, gos, stops, server))
     while True:
         job = jobs.get()
         kind, run_no = job[0], job[1]
@@ -167,7 +134,7 @@ def serve(inbox: Channel, outbox: Outbox, setup: LoadJob) -> None:
             elif kind == "wave":  # released together with the other workers' parts
                 _, _, requests, max_tokens = job
                 outbox.put("armed", run_no)
-                _wait_until(gate.wait(run_no))
+                _wait_until(gos.get())  # its run's: a run ends only after every worker's go
                 start = time.perf_counter()
                 items, wall_s = sender.send(requests, len(requests), max_tokens)
                 outbox.put("wave", run_no, items, wall_s, start, monitor.bound_since(mark))
@@ -189,9 +156,9 @@ def _wait_until(go_at: float) -> None:
 def _told(
     jobs: SimpleQueue[tuple[Any, ...]],
     feed: Feed,
-    gate: Gate,
+    gos: SimpleQueue[float],
     stops: dict[int, threading.Event],
-    server: ServerPids,
+    server: list[tuple[int, ...]],
 ) -> Callable[[tuple[Any, ...]], None]:
     """What the parent's messages do: a run to start, a wave's go, more requests, a stop."""
 
@@ -200,13 +167,13 @@ def _told(
         if kind in ("closed", "open", "wave"):
             jobs.put(message)
         elif kind == "go":
-            gate.open(message[1], message[2])
+            gos.put(message[2])
         elif kind == "more":
             feed.give(message[1], message[2])
         elif kind == "stop":
             stops.setdefault(message[1], threading.Event()).set()
         elif kind == "server":
-            server.set(message[2])
+            server[0] = tuple(message[2])
 
     return handle
 

@@ -16,24 +16,6 @@ from calibrate.load.procs.worker_count import workers_for
 from calibrate.load.sender import Sender
 
 
-def sender_for(
-    client: OpenAIClient,
-    cfg: Config,
-    asked: int | None,
-    in_flight: int,
-    rate: float | None = None,
-    server_pids: Callable[[], Iterable[int]] = tuple,
-) -> Sender:
-    """The sender of a load of at most ``in_flight`` at once (``rate`` req/s): this process
-    (``--workers 1``, the default: ``Sender`` as it always was), or ``WorkerSender`` over
-    ``workers_for`` processes (``server_pids``: the server's processes on this machine, for
-    the workers' self-checks)."""
-    workers = 1 if asked == 1 else workers_for(asked, in_flight, rate)
-    if workers == 1:
-        return Sender.over(client)
-    return WorkerSender(client, ClientRecipe.of(cfg, in_flight), workers, server_pids)
-
-
 def stage_sender(
     client: OpenAIClient,
     cfg: Config,
@@ -46,10 +28,17 @@ def stage_sender(
     each: str,
     server_pids: Callable[[], Iterable[int]] = tuple,
 ) -> Sender:
-    """A ladder's or sweep's sender (``sender_for``), with the self-check's advice to match
-    and, for more than one process, a line that says so (``each``: "wave", "level");
-    ``server_pids`` as the stage's own self-check finds the server (``Measuring``)."""
-    sender = sender_for(client, cfg, asked, in_flight, rate, server_pids)
+    """A ladder's or sweep's sender of a load of at most ``in_flight`` at once (``rate``
+    req/s): this process's ``Sender`` (``--workers 1``, the default), or a ``WorkerSender``
+    over ``workers_for`` processes, with the self-check's advice to match and a line that says
+    so (``each``: "wave", "level"); ``server_pids``: the server's processes on this machine, as
+    the stage's own self-check finds them (``Measuring``), for the workers' self-checks."""
+    workers = 1 if asked == 1 else workers_for(asked, in_flight, rate)
+    sender = (
+        Sender.over(client)
+        if workers == 1
+        else WorkerSender(client, ClientRecipe.of(cfg, in_flight), workers, server_pids)
+    )
     selfload.advice = self_check_advice(sender)
     if isinstance(sender, WorkerSender):
         selfload.who = PARENT  # its cause names the parent, and what to do follows it
