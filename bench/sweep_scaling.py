@@ -49,9 +49,9 @@ def supply():
 recipe = ClientRecipe(base_url, None, None, 60.0, 10.0, 64.0, c)
 sender = Sender.over(client) if workers == 1 else WorkerSender(client, recipe, workers)
 if workers > 1:
-    sender.closed_loop(supply, c, LevelWindow(0.2, c), None)  # start the workers first
+    sender.closed_loop(supply, c, LevelWindow(0.2, c), 16)  # start the workers first
 before = resource.getrusage(resource.RUSAGE_SELF)
-run = sender.closed_loop(supply, c, LevelWindow(seconds, 4 * c), None)
+run = sender.closed_loop(supply, c, LevelWindow(seconds, 4 * c), 16)
 after = resource.getrusage(resource.RUSAGE_SELF)
 sender.close()
 kids = resource.getrusage(resource.RUSAGE_CHILDREN)
