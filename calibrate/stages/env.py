@@ -183,8 +183,10 @@ def stopped_by_write(ctx: StageContext, failed: OSError | None, measured: str) -
 @contextlib.contextmanager
 def guarded(ctx: StageContext) -> Iterator[None]:
     """Ctrl-C / SIGTERM → recorded as interrupted (never passed), exit 130 saying what was
-    kept and how to resume; a write error → exit 1 saying what was kept."""
-    with kept_on_write_error(ctx):
+    kept and how to resume; a write error → exit 1 saying what was kept. The stage's client is
+    closed at the end (its kept-alive connections): a process that runs stage after stage
+    (``calibrate run``) would hold a socket to the server for each one."""
+    with contextlib.closing(ctx.client), kept_on_write_error(ctx):
         try:
             yield
         except KeyboardInterrupt as exc:
