@@ -9,6 +9,9 @@ HTTP tests/test_request_times.py's."""
 
 from __future__ import annotations
 
+import gc
+import os
+
 from calibrate.load.engine import GRACE_S
 from calibrate.load.request import Request
 from calibrate.load.sender import Sender
@@ -110,3 +113,15 @@ def test_a_request_never_answered_is_recorded_as_stuck_not_waited_for_forever() 
     assert stuck[0].error.kind == "timeout"
     assert round(clock.now(), 3) == transport.timeout_s + GRACE_S, "its deadline and a grace"
     assert transport.in_flight == 0, "the stuck request was cancelled, not left running"
+
+
+def test_a_virtual_clock_that_is_done_with_closes_its_loop() -> None:
+    """Each clock's loop holds three descriptors (its epoll and a socket pair). A clock no
+    longer referenced closes its loop: a pytest worker that ran the simulated tests held
+    over a thousand of them (a clock's loop kept the clock, its finalizer kept the loop)."""
+    gc.collect()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(10):
+        _sender(Scripted())[0].send(_requests(4), 2)
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) <= before
