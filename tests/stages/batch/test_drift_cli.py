@@ -7,17 +7,22 @@ CPU hog beside it. The setting is never changed."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from calibrate.cli import main
 from tests.batch_helpers import batch_process, write_tasks
 from tests.mockserver import MockProcess
 from tests.tier_helpers import FAST, jsonl, open_gate
@@ -42,6 +47,31 @@ def _calibrated(cli: Any, root: Path, mock_args: tuple[str, ...] = MOCK) -> int:
         ladder = cli("ladder", "--json")
         assert ladder.code == 0, ladder.err
         return mock.port
+
+
+@pytest.fixture(scope="module")
+def quick_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, int]]:
+    """Once a module: the quick mock's passing ladder (batch 4) in a folder of its own, and the
+    port its target is at. The tests only read the calibration; each gets a copy (``quick``)."""
+    root = tmp_path_factory.mktemp("calibrated")
+    with MockProcess(*QUICK) as mock, pytest.MonkeyPatch.context() as env:
+        for name in list(os.environ):
+            if name.startswith("CALIBRATE_") or name == "OPENAI_API_KEY":
+                env.delenv(name)
+        env.chdir(root)
+        open_gate(root, mock.base_url, LADDER)
+        with open(os.devnull, "w") as quiet, redirect_stdout(quiet), redirect_stderr(quiet):
+            assert main(["ladder"]) == 0, "the quick mock's ladder did not pass"
+        port = mock.port
+    yield root, port
+
+
+@pytest.fixture
+def quick(quick_template: tuple[Path, int], isolated: Path) -> int:
+    """The module's calibration of the quick mock, copied into this test's directory; its port."""
+    root, port = quick_template
+    shutil.copytree(root, isolated, dirs_exist_ok=True, symlinks=True)
+    return port
 
 
 def _setting(cli: Any) -> Any:
@@ -71,9 +101,9 @@ def _junit_drift(path: Path, err: str) -> None:
 
 @pytest.mark.parametrize("workers", ["1", "2"])  # 2: the watch sees the workers' lines
 def test_a_mock_that_slows_after_n_items_warns_once_records_it_and_status_shows_it(
-    cli: Any, isolated: Path, workers: str
+    cli: Any, isolated: Path, quick: int, workers: str
 ) -> None:
-    port = _calibrated(cli, isolated, QUICK)
+    port = quick
     before = _setting(cli)
     tasks = write_tasks(isolated / "tasks.jsonl", ITEMS)
     slows = ("--port", str(port), "--slow-after", str(SLOW_AFTER), "--slow-after-factor", "4")
@@ -122,14 +152,14 @@ def test_a_mock_that_slows_after_n_items_warns_once_records_it_and_status_shows_
 
 
 def test_a_calibration_too_noisy_to_hold_a_batch_to_says_so_in_the_summary(
-    cli: Any, isolated: Path
+    cli: Any, isolated: Path, quick: int
 ) -> None:
     """A calibration whose own runs lie far apart (beside CPU burners: 5.41–23.8 items/s around
     8.82) cannot tell a slower server from its own noise: the batch says so, with the stage to
     measure again, in its summary as in --json — never "drift: none", never silent. The range is
     widened in the ledger, as a noisy machine would have recorded it, so the case is certain
     (on a quiet machine the ladder's rounds agree)."""
-    port = _calibrated(cli, isolated, QUICK)
+    port = quick
     ledger = isolated / "runs/ledger.jsonl"
     entries = jsonl(ledger)
     assert entries[-1]["stage"] == "ladder"
@@ -186,7 +216,7 @@ RETRIES = ("--retries", "8", "--backoff-s", "0.2", "--outage-after", "1000")
 
 @pytest.mark.parametrize(("outage", "down_s"), [(BREAKER, 2.5), (RETRIES, 1.5)])
 def test_a_server_that_died_and_came_back_is_never_one_run_of_drift_with_its_old_self(
-    cli: Any, isolated: Path, outage: tuple[str, ...], down_s: float
+    cli: Any, isolated: Path, quick: int, outage: tuple[str, ...], down_s: float
 ) -> None:
     """The mock slows 4× after 150 items and is killed at item 200; a few seconds later another
     mock on its port answers, slow from its first item (restarted with other flags). The windows
@@ -196,7 +226,7 @@ def test_a_server_that_died_and_came_back_is_never_one_run_of_drift_with_its_old
     "drift: the server is slower than calibrated from item 166 on (3 windows in a row …)": two
     windows of the old server and one of the new.) The summary and ``status`` say the windows
     left out and why."""
-    port = _calibrated(cli, isolated, QUICK)
+    port = quick
     tasks = write_tasks(isolated / "tasks.jsonl", ITEMS + 30)
     out = isolated / "out.jsonl"
     slow = ("--slow-after-factor", "4", "--port", str(port))
