@@ -118,25 +118,28 @@ def test_budget_leaves_candidates_untested_and_a_rerun_resumes_them(cli, isolate
     assert [line["id"] for line in jsonl(run / "candidates.jsonl")] == ["c01", "c02"]
     third = cli("tune", "--budget-s", "0.3", "--json")  # finished: the same grid starts anew
     assert third.code == 0 and third.json["run_id"] != cut.json["run_id"]
-    assert "resuming" not in third.err
+    assert "resuming" not in third.err and third.json["complete"] is False
     # [server] env is what every candidate runs with: a cut run resumed with other values mixed
-    # candidates measured under both and pin wrote the new ones beside the old winner
+    # candidates measured under both and pin wrote the new ones beside the old winner; so are the
+    # runs a level may take, the interval it is judged on and the requests' deadline: a cut run
+    # resumed under others mixed candidates judged by two rules. Each change meets the run its
+    # budget cut just before (third, then each changed run, cut the same way for the next)
     toml = isolated / "calibrate.toml"
-    toml.write_text(toml.read_text("utf-8").replace("[server]\n", '[server]\nenv = { A = "1" }\n'))
-    other = cli("tune", "--json")
-    assert other.code == 0 and "resuming" not in other.err, other.err
-    assert other.json["run_id"] != third.json["run_id"]
-    # so are the runs a level may take, the interval it is judged on and the requests' deadline:
-    # a cut run resumed under others mixed candidates judged by two rules
-    for section, line in (("[sweep]", "max_repeats = 2"), ("[confidence]", "level = 0.9")):
-        cut_again = cli("tune", "--budget-s", "0.3", "--json")
-        assert cut_again.json["complete"] is False, cut_again.err
+    cut_before = third
+    changes = (
+        ("[server]", 'env = { A = "1" }'),
+        ("[sweep]", "max_repeats = 2"),
+        ("[confidence]", "level = 0.9"),
+    )
+    for section, line in changes:
         text = toml.read_text("utf-8")
         text = text.replace(section, f"{section}\n{line}", 1) if section in text else text
         toml.write_text(text if line in text else f"{text}\n{section}\n{line}\n")
-        changed = cli("tune", "--json")
+        changed = cli("tune", "--budget-s", "0.3", "--json")
         assert changed.code == 0 and "resuming" not in changed.err, (section, changed.err)
-        assert changed.json["run_id"] != cut_again.json["run_id"]
+        assert changed.json["run_id"] != cut_before.json["run_id"]
+        assert changed.json["complete"] is False, (section, changed.err)
+        cut_before = changed
 
 
 def test_needs_a_managed_server_and_a_passing_ladder(cli, isolated: Path) -> None:
