@@ -276,7 +276,7 @@ def test_sweep_reports_lead_with_the_level_each_mode_recommends(cli, isolated: P
         open_gate(isolated, mock.base_url, SWEEPS, "ladder")
         runs = {
             "concurrency": cli("sweep", "--beyond-ladder", "--json"),
-            "rates": cli("sweep", "--rates", "5,20", "--json"),
+            "rates": cli("sweep", "--rates", "5,20", "--arrival", "constant", "--json"),
             "auto": cli("sweep", "--auto", "--auto-steps", "1", "--json"),
         }
     for mode, result in runs.items():
