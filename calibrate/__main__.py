@@ -7,23 +7,23 @@ extension that imports a module of its own can clear it (CPython's ``_elementtre
 for its engine instead of stopping.
 """
 
-import signal
+import _signal  # type: ignore[import-not-found]  # built in, at once (``signal`` loads enum)
 import sys
 
 
 def run() -> int:
     """Load the command line with Ctrl-C held, then run it (``cli.main``)."""
     arrived: list[int] = []
-    before = signal.getsignal(signal.SIGINT)
-    held = before is signal.default_int_handler  # left alone where Ctrl-C is ignored (SIG_IGN)
+    before = _signal.getsignal(_signal.SIGINT)
+    held = before is _signal.default_int_handler  # left alone where Ctrl-C is ignored (SIG_IGN)
     if held:
-        signal.signal(signal.SIGINT, lambda signum, frame: arrived.append(signum))
+        _signal.signal(_signal.SIGINT, lambda signum, frame: arrived.append(signum))
     try:
         from calibrate.cli import main
         from calibrate.errors import ExitCode
     finally:
         if held:
-            signal.signal(signal.SIGINT, before)
+            _signal.signal(_signal.SIGINT, before)
     if arrived:
         print("interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
