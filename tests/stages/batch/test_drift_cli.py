@@ -117,6 +117,12 @@ def test_a_mock_that_slows_after_n_items_warns_once_records_it_and_status_shows_
         assert "too far apart to tell a slower server" in drift["text"], drift
         assert "drift: not compared" in result.err and "drift: the server" not in result.err
         return
+    if drift["windows_off_at_end"]:  # a busy machine left fewer judged slow windows than drift
+        # takes (seen: the slowdown from item 209 on, 2 windows): "undecided", never "none"
+        assert drift["at_item"] > SLOW_AFTER and not drift["drifted"], drift
+        assert "drift: undecided" in result.err and "drift: none" not in result.err
+        assert "whether it lasted is not known" in drift["text"], drift
+        return
     if not drift["drifted"]:  # calibrated beside a loaded suite: its runs 16.3–27.3 items/s
         # admit 3.9× the expected latency, and the mock is 4× slower (less what the client's own
         # threads waited): "none" then says how much slower would read within its runs' noise
