@@ -7,7 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.mockserver import start_mock
-from tests.tier_helpers import FAST, jsonl, junit_cases, open_gate, run_dir
+from tests.tier_helpers import (
+    FAST,
+    assert_kept_or_client_bound,
+    jsonl,
+    junit_cases,
+    open_gate,
+    run_dir,
+)
 
 # short levels, two runs each: the windows of the defaults (15 s, 3 runs) are for users
 LEVELS = "level_s = 0.1\nrepeats = 2\n"
@@ -171,7 +178,9 @@ def test_stalls_at_the_keepalive_timeout_are_named_with_the_flag(cli, isolated: 
     ) as mock:
         open_gate(isolated, mock.base_url, sweep, stage="ladder")
         result = cli("sweep", "--json", "--beyond-ladder")
-    assert result.code == 0, result.err
+    # the stall is named whatever the verdict: beside two CPU-burning processes calibrate's
+    # threads waited to run and the level was rightly its client's limit, not the server's
+    assert_kept_or_client_bound(result, "C ≥ 4")
     notes = [line for line in result.err.splitlines() if "stalls of ≈5 s" in line]
     assert len(notes) == 1, result.err
     assert "concurrency 4:" in notes[0] and "while the median was" in notes[0]

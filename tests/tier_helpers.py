@@ -109,3 +109,22 @@ def setting_by_rule(run: Path, gain_min: float = 0.10, *, conservative: bool = T
     chosen = setting_tier(tiers, gain_min, conservative=conservative)
     assert chosen is not None
     return chosen.batch_size
+
+
+def assert_kept_or_client_bound(result: Any, where: str = "", *, rates: bool = False) -> None:
+    """The sweep recommended a level (exit 0), or said the client was its limit at ``where``
+    and that more processes (--workers) are what to do (exit 1): the two honest outcomes of a
+    level the server kept up with — and, for ``rates``, a rate its runs could not call (the
+    unsure interval, exit 1)."""
+    said = " ".join(result.err.split())
+    if result.code == 0:
+        assert result.json["recommended_concurrency"] is not None, result.err
+        assert "recommended " in said and not result.json["inconclusive"], result.err
+        return
+    assert result.code == 1, result.err
+    why = result.json["inconclusive"] or ""
+    if rates and why.startswith("inconclusive: the runs cannot tell whether "):
+        assert " req/s keeps up: " in why and " — anywhere from " in why, result.err
+        return
+    assert why.startswith(f"inconclusive: the client was the limit at {where}"), result.err
+    assert "--workers" in said.partition("what to do: ")[2], result.err
