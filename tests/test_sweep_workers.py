@@ -40,7 +40,14 @@ from calibrate.load.request import build_requests
 from calibrate.load.window import LevelWindow, LoopRun, steady_throughput
 from calibrate.stages.measure.slo import with_goodput
 from tests.mockserver import start_mock
-from tests.tier_helpers import FAST, jsonl, open_gate, run_dir, stats_of
+from tests.tier_helpers import (
+    FAST,
+    assert_kept_or_client_bound,
+    jsonl,
+    open_gate,
+    run_dir,
+    stats_of,
+)
 
 CHILD = "calibrate.load.procs.child"
 
@@ -253,21 +260,35 @@ def test_two_workers_measure_the_same_levels_and_records_as_one(cli, isolated: P
 
 def test_an_open_loop_rate_is_kept_by_two_workers(cli, isolated: Path) -> None:
     """40 req/s dealt to two processes in turn and merged into one level: the schedule's sends
-    are all made and counted once. Whether the server kept up is this run's own verdict (the
-    in-process mock, starved beside two CPU-burning processes, let requests pile up, 0.6 → 13.5
-    in flight, and the level was rightly saturated): the exit code follows it. That a rate is
-    kept is the simulated server's claim (tests/stages/sweep/test_rates.py), the deal and the
-    merge the pure tests' above."""
+    are all made and counted once. The schedule is constant: how a random one is judged (one
+    Poisson run is one draw) is tests/stages/sweep/test_rates.py's, and beside two CPU-burning
+    processes six Poisson runs read 39.6 req/s, "anywhere from 4 % above to 5 % below", unsure.
+    Whether the server kept up is this run's own verdict (the in-process mock, starved beside
+    two burners, let requests pile up, 0.6 → 13.5 in flight, and the level was rightly
+    saturated): the exit code follows it, and a level the runs could not call says so. That a
+    rate is kept is the simulated server's claim, the deal and the merge the pure tests'."""
     with start_mock(ttft_s=0.005, per_token_s=0.0002) as mock:
         open_gate(isolated, mock.base_url, FAST + "[sweep]\nlevel_s = 1\nrepeats = 1\n", "ladder")
-        result = cli("sweep", "--rates", "40", "--json", "--beyond-ladder", "--workers", "2")
+        result = cli(
+            "sweep", "--rates", "40", "--arrival", "constant", "--json", "--beyond-ladder",
+            "--workers", "2",
+        )  # fmt: skip
     level = result.json["levels_detail"][0]
     assert level["offered_rate"] == 40.0
-    assert result.code == (1 if level["saturated"] else 0), result.err
-    if not level["saturated"]:
+    said = result.json["inconclusive"] or ""
+    if result.code == 0:
+        assert not level["saturated"] and not said, result.err
         assert level["achieved_rate"] == pytest.approx(40.0, rel=0.05)
+    else:
+        assert result.code == 1, result.err
+        if said.startswith("inconclusive: the client was the limit"):
+            todo = " ".join(result.err.split()).partition("what to do: ")[2]
+            assert "--workers" in todo, result.err  # more processes, or a faster CPU than that
+        else:
+            unsure = "inconclusive: the runs cannot tell whether 40 req/s keeps up"
+            assert level["saturated"] or said.startswith(unsure), result.err
     records = jsonl(run_dir(isolated, result.json["run_id"]) / "records.jsonl")
-    runs = level["repeats"]  # a Poisson run is one draw: two at least (rates.rate_verdict)
+    runs = level["repeats"]
     assert len(records) == pytest.approx(40 * runs, abs=4 * runs)
 
 
@@ -347,12 +368,16 @@ def test_a_client_bound_sweep_advises_more_workers(cli, isolated: Path, monkeypa
 def test_auto_mode_runs_its_closed_and_open_loops_over_workers(cli, isolated: Path) -> None:
     """--auto: synchronous and maximum (closed loops), then rates between (open loops). The
     rates stop at the first saturated one: on a loaded machine the first of the two saturated
-    and the sweep had 3 levels, so how many rates run is not asserted (a measured ratio)."""
+    and the sweep had 3 levels, so how many rates run is not asserted (a measured ratio). The
+    rates run a steady schedule: how a random one is judged is tests/stages/sweep's."""
     config = FAST + "[sweep]\nlevel_s = 0.3\nrepeats = 1\n"
     with start_mock(ttft_s=0.005, per_token_s=0.0005, slots=4) as mock:
         open_gate(isolated, mock.base_url, config, stage="ladder")
-        result = cli("sweep", "--auto", "--auto-steps", "2", "--json", "--workers", "2")
-    assert result.code == 0, result.err
+        result = cli(
+            "sweep", "--auto", "--auto-steps", "2", "--arrival", "constant", "--json",
+            "--workers", "2",
+        )  # fmt: skip
+    assert_kept_or_client_bound(result, rates=True)  # what ran and over what, whatever the verdict
     levels = result.json["levels"]
     steps = sorted(lv["auto_step"] for lv in levels)
     assert steps in ([0, 1, 2, 3], [0, 1, 3]), levels  # sync, the rates, the maximum (3)
