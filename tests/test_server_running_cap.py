@@ -179,11 +179,13 @@ def test_the_ladder_never_keeps_a_tier_above_the_servers_running_cap(
     assert result.code == 0, result.err
     tiers = result.json["tiers_detail"]
     assert result.json["last_passing"]["batch_size"] <= 4
-    if not tiers[3]["server_queue_max"]:
+    eight = tiers[3]
+    if not eight["server_queue_max"] or eight["running_while_queued"] < eight["server_running_max"]:
         # a client too starved to have 8 at the server at once (a fresh clone's run beside two
-        # CPU burners: running ≤ 4 in samples 38 ms apart through 0.52 s answers, none waiting)
-        # measured no cap to stop on; it is not the setting all the same, and says why: the
-        # server never ran 8 at once, or its samples too sparse to tell
+        # CPU burners: running ≤ 4 in samples 38 ms apart through 0.52 s answers, none waiting,
+        # or one seen waiting only while 3 ran, on its way to a slot) measured no cap to stop
+        # on; it is not the setting all the same, and says why: the server never ran 8 at once,
+        # or its samples too sparse to tell
         assert tiers[3]["server_running_max"] <= 4 and tiers[3]["verdict"] == "pass"
         assert tiers[3]["running_unseen"], tiers[3]
         assert "batch 8 is not the setting: " in " ".join(result.err.split())
@@ -466,6 +468,27 @@ def test_a_count_read_through_every_answer_that_never_showed_b_says_b_never_ran(
     assert not running_unseen(replace(dense, server_queue_max=4), 0.005, None, 0.3)
     assert not running_unseen(replace(dense, server_running_max=8), 0.005, None, 0.3)
     assert not running_unseen(dense, 0.005, ServerCap(4, "/props total_slots"), 0.3)
+
+
+def test_a_count_read_through_every_answer_with_waiting_seen_only_while_seating_says_b_never_ran() -> (
+    None
+):
+    """Seen beside two CPU burners ([tgi], no KV gauge): batch 8 at a 4-slot mock, running
+    at most 4, one request seen waiting only while the server ran 3 (seating another, as each
+    request queues on its way to a free slot) — no cap the rule can claim (the wait was a
+    ramp's), and batch 8 ``pass`` with nothing said, a setting but for its speed. Read through
+    even the shortest answer, a count that never showed 8 is a server that never ran 8 at once,
+    whatever waited in passing; the tier is not the setting."""
+    ramp = _stats(
+        8, latency_p50_s=0.52, server_running_max=4, server_queue_max=1, running_while_queued=3
+    )
+    assert observed_cap(ramp) is None, "a wait seen only while seating is no cap"
+    said = _why(running_unseen(ramp, 0.005, None, 0.3), read_through=True)
+    assert "(300 ms; samples 5 ms apart), showed at most 4 of 8: the server never ran 8" in said
+    assert "a request waited only while it ran 3 (seating the others): a cap of 4" in said
+    # read too sparsely to tell, or a cap the rule claims (waited while 4 ran): as before
+    assert not running_unseen(ramp, 0.005, None, 0.01)
+    assert not running_unseen(replace(ramp, running_while_queued=4), 0.005, None, 0.3)
 
 
 def test_a_gateway_that_forwards_four_at_once_never_makes_batch_8_the_setting(

@@ -66,7 +66,9 @@ def running_unseen(
     requests never more than 4 at a time at a 4-slot mock, none waiting, batch 8 ``pass``). A
     queue seen instead is the server's own account (``observed_cap``, the KV cache), and where
     only the KV usage's doubt kept it from naming a cap, B did not run either
-    (``cap_or_cache``)."""
+    (``cap_or_cache``). A request seen waiting only while fewer than the peak ran (on its way
+    to a free slot: no cap, ``observed_cap``) is no account at all: read through every answer,
+    that count too says B never ran (seen beside CPU burners: batch 8 ``pass`` at 4 running)."""
     seen, p50, batch = stats.server_running_max, stats.latency_p50_s, stats.batch_size
     if known is not None or seen is None or p50 is None or batch < 2 or seen >= batch:
         return None
@@ -75,9 +77,12 @@ def running_unseen(
     if gap_s > sample_interval_s * 1.5:  # the machine or the server slowed the samples
         apart += f" (asked: {sample_interval_s * 1000:.0f} ms)"
     dense = round(SAMPLES_PER_ANSWER * gap_s, 9)
+    seating = stats.running_while_queued  # the most it ran while one waited
+    in_passing = bool(stats.server_queue_max) and seating is not None and seating < seen
     if p50 >= dense and stats.server_queue_max:
         doubt = cap_or_cache(stats)
-        return Unseen(doubt) if doubt else None
+        if doubt or not in_passing:
+            return Unseen(doubt) if doubt else None
     if p50 >= dense:
         if shortest_s is None or shortest_s < dense:
             return None
@@ -85,6 +90,9 @@ def running_unseen(
             "its requests reached it apart, not together (a busy client machine, a proxy that "
             "sends one at a time): run the ladder again"
             if stats.server_queue_max == 0
+            else f"a request waited only while it ran {seating} (seating the others): a cap of "
+            f"{seen}, or requests that reached it apart"
+            if in_passing
             else f"it exports no queue gauge: a cap of {seen}, or requests that reached it apart"
         )
         return Unseen(
