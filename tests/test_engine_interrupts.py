@@ -182,8 +182,10 @@ def test_an_early_ctrl_c_is_interrupted_never_a_traceback(isolated: Path, delay_
     proc.send_signal(signal.SIGINT)
     err = _finish(proc)
     frames = re.findall(r'File "([^"]+)"', err)
-    if "init_import_site" in err or "Could not import runpy module" in err or (
-        frames and not any("/calibrate/" in f for f in frames)
+    if (
+        "init_import_site" in err
+        or "Could not import runpy module" in err
+        or (frames and not any("/calibrate/" in f for f in frames))
     ):
         # Python itself was still starting (site, or runpy finding -m's module): no calibrate
         # code ran. From calibrate/__main__.py's first line on, a Ctrl-C is held, never raised.
