@@ -76,3 +76,25 @@ def test_the_rate_search_lands_at_the_capacity_of_a_simulated_four_slot_server(
     assert summary.recommended_concurrency >= 4, "the most in flight at 20.8 req/s: the 4 slots"
     rows = jsonl(sweep.ctx.run.path / "tiers.jsonl")
     assert [r.get("offered_rate") for r in rows][1:] == list(fm.order), "written as probed"
+
+
+def test_a_rate_search_whose_bottom_failed_unsure_never_says_an_slo_broke() -> None:
+    """Seen beside CPU burners: the bottom probe, 5 req/s, failed only for being unsure it kept
+    up (its p99 within the SLO), and the sweep said "sweep failed: no level met the SLOs (ttft
+    p99 ≤ 0.5 s): 5 req/s already failed …". A rate probe passes on more than the SLOs: the
+    headline now says no rate passed, and what a pass takes."""
+    from calibrate.stages.sweep.find_max import FindMax
+    from calibrate.stages.sweep.result import SweepResult
+
+    unsure = "not sure it kept up: anywhere from 9% above to 7% below over 8 answers (1 run)"
+    search = FindMax(
+        None, 5.0, (5.0,), 8.0, failed_why=unsure, over="rates", bottom=5.0, start="--rates 5:8"
+    )
+    slo = SloConfig(ttft_p99_s=0.5)
+    result = SweepResult((), 4, 0.1, None, "none", 0, slo=slo, find_max=search)
+    assert result.reason == (
+        "no rate passed (the SLOs, ttft p99 ≤ 0.5 s, met without saturating): 5 req/s already "
+        f"failed (the bottom of the search, --rates 5:8): {unsure}; 1 probe (5)"
+    ), result.reason
+    over_c = replace(search, over="concurrency", failed_why="ttft p99 0.9 s over the SLO")
+    assert replace(result, find_max=over_c).reason.startswith("no level met the SLOs (ttft p99")

@@ -103,6 +103,11 @@ class SweepResult(SweepVerdict):
     def reason(self) -> str:
         """Why the sweep stopped, in words (the failing level's errors)."""
         if self.find_max is not None and self.find_max.last_passing is None:
+            if self.find_max.over == "rates":  # a rate may meet them and fail all the same
+                return (
+                    f"no rate passed (the SLOs, {describe(self.slo)}, met without saturating): "
+                    f"{self.find_max.text}"
+                )
             return f"no level met the SLOs ({describe(self.slo)}): {self.find_max.text}"
         failed = next((lv for lv in self.levels if lv.verdict == "fail"), None)
         if failed is None:
