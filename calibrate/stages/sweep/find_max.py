@@ -140,7 +140,7 @@ class FindMax:
     over: Over = "concurrency"
     bottom: float = 1
     start: str = ""  # rates: where the bottom came from ("the synchronous rate", "--rates 1:64")
-    unsure: tuple[Probe, ...] = ()  # boundary probes whose runs still fall on both sides
+    unsure: tuple[Probe, ...] = ()  # boundary probes the runs could not settle (see find_max)
     surely_below: float | None = (
         None  # the highest probe below the boundary none of whose runs missed
     )
@@ -216,7 +216,17 @@ def find_max(
     cliff = None
     if failed is not None and not failed.errors:
         cliff = _cliff(passed, failed, slo)
-    unsure = tuple(p for p in (passed, failed) if p is not None and p.straddles)
+    # the boundary's probes the runs could not settle: runs on both sides of an SLO, or a rate
+    # that failed only for being unsure it kept up, unless a rate that surely failed lies within
+    # twice the search's precision above the last passing one (the bracket its runs back)
+    surely = [p.level for p in history if not p.passed and not p.unsure]
+    above = [x for x in surely if last_passing is None or x > last_passing]
+    settled = bool(above) and (
+        last_passing is not None and min(above) <= last_passing * (1 + 2 * PRECISION)
+    )
+    unsure = tuple(
+        p for p in (passed, failed) if p is not None and (p.straddles or (p.unsure and not settled))
+    )
     clean = [
         p.level
         for p in history

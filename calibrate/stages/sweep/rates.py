@@ -190,7 +190,8 @@ def judge_rate(
         *([f"not sure it kept up: {unsure}"] if unsure else []),
     ]
     why = "; ".join([probe.why, *held] if probe.why else held)
-    return replace(probe, passed=not why, why=why)
+    alone = unsure if len(held) == 1 and not probe.why else ""  # failed on the doubt alone
+    return replace(probe, passed=not why, why=why, unsure=alone)
 
 
 def parse_rate_range(text: str) -> tuple[float, float]:

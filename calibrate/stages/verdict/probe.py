@@ -47,6 +47,8 @@ class Probe:
     why: str = ""  # why it failed, in words ("" when it passed)
     missed: bool = False  # an SLO was missed (a rate probe may fail only by saturating)
     over_runs: int = 0  # runs whose own p99 broke an SLO (or could not show it met)
+    # a rate failed on this alone: its shortfall's interval across the 5 % line (rates.judge_rate)
+    unsure: str = ""
 
     def p99(self, name: SloName) -> float | None:
         return dict(self.p99_s).get(name)

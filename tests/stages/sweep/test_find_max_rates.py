@@ -98,3 +98,42 @@ def test_a_rate_search_whose_bottom_failed_unsure_never_says_an_slo_broke() -> N
     ), result.reason
     over_c = replace(search, over="concurrency", failed_why="ttft p99 0.9 s over the SLO")
     assert replace(result, find_max=over_c).reason.startswith("no level met the SLOs (ttft p99")
+
+
+def test_a_rate_boundary_placed_on_a_probe_unsure_it_kept_up_is_no_sure_boundary() -> None:
+    """Seen beside CPU burners: a rate probe whose shortfall's interval crossed the 5 % line
+    ("8.05 req/s achieved of 8 offered, anywhere from 17 % above to 5 % below") counted as
+    failed, the search walked down through the noise and exited 0 naming a boundary below it,
+    sure. A boundary whose first failing probe failed on that doubt alone is inconclusive,
+    saying the interval; --conservative takes the highest probe below it that surely passed."""
+    from calibrate.stages.sweep.find_max import find_max
+    from calibrate.stages.sweep.rates import judge_rate
+    from calibrate.stages.sweep.result import SweepResult
+    from calibrate.stages.verdict.probe import Probe
+    from tests.stage_fakes import CLEAN
+
+    slo = SloConfig(ttft_p99_s=0.5)
+    doubt = "achieved 8.05 req/s — anywhere from 17% above to 5% below over 16 answers"
+    runs = [replace(CLEAN, ttft_p99_s=0.05)]  # within the SLO: the doubt is all it failed on
+    eight = judge_rate(8, runs, slo, "", "", doubt)
+    assert not eight.passed and eight.unsure == doubt
+    assert judge_rate(8, runs, slo, "saturated: 30% short", "", doubt).unsure == ""  # surely
+    history = [Probe(5, True), eight, Probe(6.5, True)]
+    search = find_max(history, slo, 8, over="rates", bottom=5, start="--rates 5:8")
+    assert (search.last_passing, search.first_failing) == (6.5, 8)
+    result = SweepResult((), 4, 0.1, None, "none", 0, slo=slo, find_max=search)
+    assert not result.passed
+    assert result.inconclusive.startswith(
+        f"inconclusive: the runs cannot tell whether 8 req/s keeps up: {doubt} — "
+    ), result.inconclusive
+    assert "--conservative" in result.what_to_do and "(6.5 req/s)" in result.what_to_do
+    saturated = find_max(
+        [Probe(5, True), replace(eight, unsure=""), Probe(6.5, True)], slo, 8, over="rates"
+    )
+    assert not saturated.unsure, "a probe that surely failed leaves the boundary sure"
+    # an unsure probe inside the bracket a sure failure closes (within 10 %) settles nothing
+    # more: the simulated 4-slot server's 21.5 unsure between 20.8 passed and 22.2 saturated
+    closed = [Probe(20.8, True), Probe(22.2, False, why="saturated"), replace(eight, level=21.5)]
+    assert not find_max(closed, slo, 40, over="rates").unsure
+    walked = [Probe(5, True), eight, replace(eight, level=6.5), Probe(5.8, True)]
+    assert [p.level for p in find_max(walked, slo, 8, over="rates").unsure] == [6.5]

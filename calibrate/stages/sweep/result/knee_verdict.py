@@ -169,7 +169,10 @@ class KneeVerdict(ClientLimit):
         if fm is None or not fm.unsure:
             return None
         doubts = tuple(
-            SplitDoubt(fm.named(p.level), "meets the SLOs", p.over_runs, p.runs) for p in fm.unsure
+            ShortfallDoubt(fm.named(p.level), p.unsure)
+            if p.unsure
+            else SplitDoubt(fm.named(p.level), "meets the SLOs", p.over_runs, p.runs)
+            for p in fm.unsure
         )
         below = fm.named(fm.surely_below) if fm.surely_below is not None else ""
         return Inconclusive(
