@@ -4,6 +4,7 @@ result, a calibrate child process that never outlives its test."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -119,3 +120,22 @@ CHAT_REPLY: dict[str, Any] = {
     ],
     "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
 }
+
+
+RESTART_LOCK = "runs/server.restart.lock"
+
+
+@contextlib.contextmanager
+def restart_lock_held(root: Path) -> Iterator[None]:
+    """``runs/server.restart.lock`` under ``root`` held by this test, its PID in it, as another
+    calibrate process starting or stopping the managed server holds it."""
+    path = root / RESTART_LOCK
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)

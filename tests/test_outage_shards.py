@@ -14,8 +14,6 @@ its restart failed on "port in use" — two restarts, on a busy machine.)
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import re
@@ -23,13 +21,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from calibrate.io.atomic import pid_lives
 from tests.batch_helpers import assert_valid_jsonl, write_tasks
 from tests.fakes import free_port
-from tests.helpers import write_config
+from tests.helpers import restart_lock_held, write_config
 from tests.mockserver import REPO
 
 RESTARTING = "; restarting it:"
@@ -59,20 +56,6 @@ def _wait(what: str, done, timeout_s: float = 60) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"waited {timeout_s:g} s for {what}")
         time.sleep(0.02)
-
-
-@contextlib.contextmanager
-def _held(path: Path) -> Iterator[None]:
-    """The restart lock held by this test, its PID in it, as a process restarting holds it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        yield
-    finally:
-        os.close(fd)
 
 
 # Not serial: nothing here is timed. The shards are stopped while the engine dies and this test
@@ -105,7 +88,7 @@ def test_two_shards_restart_a_dead_managed_server_once_and_both_go_on(cli, isola
         for shard in shards:
             shard.send_signal(signal.SIGSTOP)
         held_by = f"PID {os.getpid()} is restarting it: {WAITING}"
-        with _held(isolated / "runs/server.restart.lock"):
+        with restart_lock_held(isolated):
             os.kill(engine, signal.SIGKILL)
             _wait("the engine to end", lambda: not pid_lives(engine))
             for shard in shards:

@@ -16,15 +16,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.batch_helpers import assert_valid_jsonl, write_tasks
 from tests.fakes import free_port, managed_config, mock_command
-from tests.helpers import calibrate_process, reaped
+from tests.helpers import RESTART_LOCK, calibrate_process, reaped, restart_lock_held
 from tests.mockserver import REPO, start_mock
 
-LOCK = "runs/server.restart.lock"
+LOCK = RESTART_LOCK
 WAITING = "waiting for that restart"
 
 
@@ -34,18 +34,6 @@ def _wait(what: str, done: Callable[[], bool], timeout_s: float = 30) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"waited {timeout_s:g} s for {what}")
         time.sleep(0.02)
-
-
-@contextlib.contextmanager
-def _held(path: Path) -> Iterator[None]:
-    """The restart lock held by this test, as a process restarting the server holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        yield
-    finally:
-        os.close(fd)
 
 
 def _said(root: Path) -> str:
@@ -91,7 +79,7 @@ def test_a_stop_ends_the_wait_for_a_restart_and_starts_no_engine(cli, isolated: 
                 *("--retries", "1", "--backoff-s", "0.05", "--outage-after", "3"),
                 *("--outage-s", "600"),
             )
-            held = _held(isolated / LOCK)
+            held = restart_lock_held(isolated)
             with reaped(_batch(isolated, args)) as proc:
                 with held:
                     _wait("5 answers", lambda: out.exists() and out.read_bytes().count(b"\n") >= 5)
@@ -135,7 +123,7 @@ def test_a_start_by_hand_is_refused_while_another_process_restarts_the_server(
     their port check and two engines raced for the port. Now: exit 2, naming the PID."""
     managed_config(isolated, free_port(), mock_command())
     (isolated / "runs").mkdir()
-    with _held(isolated / LOCK):
+    with restart_lock_held(isolated):
         result = cli("server", "start", "--concurrency", "2")
     assert result.code == 2, result.err
     said = result.err.strip().splitlines()

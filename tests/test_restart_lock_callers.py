@@ -8,13 +8,10 @@ exit 2, one line naming the holder's PID and what was not done, and the server i
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import stat
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,23 +26,11 @@ from tests.fakes import (
     pid_gone,
     pythonpath_env,
 )
-from tests.helpers import write_config
+from tests.helpers import RESTART_LOCK, restart_lock_held, write_config
 from tests.tier_helpers import FAST
 from tests.tune_helpers import tune_config
 
-LOCK = "runs/server.restart.lock"
-
-
-@contextlib.contextmanager
-def _held(path: Path) -> Iterator[None]:
-    """The restart lock held by this test (its PID in it), as a process restarting holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        yield
-    finally:
-        os.close(fd)
+LOCK = RESTART_LOCK
 
 
 def _fake_llama_server(bin_dir: Path) -> None:
@@ -99,7 +84,7 @@ def test_a_ladder_does_not_restart_llamacpp_per_tier_while_another_process_holds
     try:
         engine = _record(isolated)["pid"]
         assert cli("single").code == 0 and cli("repro", "--runs", "1").code == 0
-        with _held(isolated / LOCK):
+        with restart_lock_held(isolated):
             result = cli("ladder")
         _refused(result, "not restarted at cap 2")
         assert "restarting the managed server at cap 2" in result.err
@@ -118,7 +103,7 @@ def test_server_stop_is_refused_while_another_process_holds_the_lock(cli, isolat
     assert cli("server", "start", "--concurrency", "2").code == 0
     engine = _record(isolated)["pid"]
     try:
-        with _held(isolated / LOCK):
+        with restart_lock_held(isolated):
             result = cli("server", "stop")
         _refused(result, "not stopped")
         assert "then: calibrate server stop" in result.err
@@ -130,7 +115,7 @@ def test_server_stop_is_refused_while_another_process_holds_the_lock(cli, isolat
 
 def test_tune_starts_no_candidate_while_another_process_holds_the_lock(cli, isolated: Path) -> None:
     tune_config(isolated, 'grid = ["slots=2", "kv_tokens=50000", "memory_fraction=0.8"]\n')
-    with _held(isolated / LOCK):
+    with restart_lock_held(isolated):
         result = cli("tune")
     _refused(result, "candidate c01 not started")
     assert not (isolated / "runs/server.json").exists(), "no engine started"
@@ -149,7 +134,7 @@ def test_a_rollback_stops_and_starts_nothing_while_another_process_holds_the_loc
         single = cli("single", "--json")
         assert single.code == 0, single.err
         passing_ladder(isolated, single.json["record"]["target"], batch_size=4)
-        with _held(isolated / LOCK):
+        with restart_lock_held(isolated):
             result = cli("rollback")
         _refused(result, "not rolled back: nothing was stopped")
         assert not pid_gone(engine) and _record(isolated)["pid"] == engine
