@@ -470,9 +470,7 @@ def test_a_count_read_through_every_answer_that_never_showed_b_says_b_never_ran(
     assert not running_unseen(dense, 0.005, ServerCap(4, "/props total_slots"), 0.3)
 
 
-def test_a_count_read_through_every_answer_with_waiting_seen_only_while_seating_says_b_never_ran() -> (
-    None
-):
+def test_a_count_read_in_every_answer_waiting_only_while_seating_says_b_never_ran() -> None:
     """Seen beside two CPU burners ([tgi], no KV gauge): batch 8 at a 4-slot mock, running
     at most 4, one request seen waiting only while the server ran 3 (seating another, as each
     request queues on its way to a free slot) — no cap the rule can claim (the wait was a

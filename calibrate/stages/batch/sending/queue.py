@@ -4,11 +4,11 @@ One feeder thread reads the input and hands items to the workers through a ``Sim
 (a C-level queue: taking an item is one ``get``, no Python lock or condition that every worker
 waits on). It keeps ``workers + ahead`` items out at a time: finished items (told on a second
 ``SimpleQueue`` in lots of a quarter of ``ahead``, and one by one once the input is exhausted)
-let it read as many more, so memory does not grow with the file and a worker that finishes
-finds its next item already waiting. A message per item woke the feeder's thread per item. An item whose endpoint went down is
-put back and handed out again, on any endpoint. The queue is ``idle`` when the input is
-exhausted, nothing was put back and nothing is in flight: then the feeder sends the end mark,
-which every worker passes on before it ends.
+let it read as many more (a message per item woke the feeder's thread per item), so memory does
+not grow with the file and a worker that finishes finds its next item already waiting. An item
+whose endpoint went down is put back and handed out again, on any endpoint. The queue is
+``idle`` when the input is exhausted, nothing was put back and nothing is in flight: then the
+feeder sends the end mark, which every worker passes on before it ends.
 """
 
 from __future__ import annotations
