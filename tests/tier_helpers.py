@@ -126,7 +126,15 @@ def assert_kept_or_client_bound(result: Any, where: str = "", *, rates: bool = F
     if rates and why.startswith("inconclusive: the runs cannot tell whether "):
         assert " req/s keeps up: " in why and " — anywhere from " in why, result.err
         return
-    assert why.startswith(f"inconclusive: the client was the limit at {where}"), result.err
+    _client_bound(result, f"at {where}")
+
+
+def _client_bound(result: Any, where: str) -> None:
+    """Exit 1, "inconclusive: the client was the limit ``where`` …", --workers in what to do."""
+    assert result.code == 1, result.err
+    why = result.json.get("inconclusive") or ""
+    assert why.startswith(f"inconclusive: the client was the limit {where}"), result.err
+    said = " ".join(result.err.split())
     assert "--workers" in said.partition("what to do: ")[2], result.err
 
 
@@ -134,10 +142,5 @@ def assert_ladder_ran(result: Any) -> None:
     """A ladder whose subject is not its verdict ended honestly: exit 0, or exit 1 saying the
     client was the limit (a starved machine: "inconclusive: the client was the limit from batch
     2 on") with more processes (--workers) in what to do — never another failure."""
-    if result.code == 0:
-        return
-    said = " ".join(result.err.split())
-    assert result.code == 1, result.err
-    why = result.json.get("inconclusive") or ""
-    assert why.startswith("inconclusive: the client was the limit"), result.err
-    assert "--workers" in said.partition("what to do: ")[2], result.err
+    if result.code != 0:
+        _client_bound(result, "from batch ")

@@ -20,7 +20,6 @@ def completion_of(answer: Answer, start: float, *, stream: bool, chat: bool) -> 
         end = answer.finished_at
         return read_events(timed_events(answer.blocks, end), start, lambda: end, chat=chat)
     payload = parse_json(answer.body())
-    elapsed_s = answer.finished_at - start
     # stamped here, as the client's ``_stamped`` would: one Completion made, not two
-    times = RequestTimes.of(start, start + elapsed_s)
-    return parse_completion(payload, elapsed_s, None, chat=chat, times=times)
+    times = RequestTimes.of(start, answer.finished_at)
+    return parse_completion(payload, answer.finished_at - start, None, chat=chat, times=times)
