@@ -452,3 +452,24 @@ def test_a_forced_answer_cut_short_is_incomplete_and_the_context_is_read_off_the
     assert all(i.error is not None and i.error.kind == "incomplete" for i in items), items
     assert client.context_read_on, "a cut answer is judged against the server's context"
     assert "calibrate-io" not in client.context_read_on, "read on the I/O loop's thread"
+
+
+def test_a_request_is_never_cut_before_its_timeout_s() -> None:
+    """uvloop's clock and timers count whole milliseconds (its time() truncates, call_at
+    rounds): a timer armed for the deadline fired up to 0.8 ms before it, and a request cut at
+    `timeout_s 1` read 0.999989 s in its record. Against a server that never answers, each of
+    many calls started at scattered sub-millisecond offsets takes at least its timeout_s."""
+    timeout_s = 0.02
+    with raw_server(b"", hold_s=10) as url:
+        client = OpenAIClient(url, timeout_s=timeout_s)
+        early_s = []
+        for i in range(40):
+            time.sleep(0.00037 * (i % 7))
+            start = time.monotonic()
+            with pytest.raises(RequestError) as caught:
+                client.chat("m", "hi", PARAMS)
+            took_s = time.monotonic() - start
+            assert caught.value.kind == "timeout"
+            early_s.append(timeout_s - took_s)
+        client.close()
+    assert max(early_s) <= 0, f"cut up to {max(early_s) * 1e3:.3f} ms before timeout_s"
