@@ -16,28 +16,34 @@ from calibrate.stages.measure.tier import Tier
 from calibrate.stages.measure.tiers import Stats
 from tests.batch_helpers import write_tasks
 from tests.mockserver import start_mock
-from tests.tier_helpers import FAST, open_gate
+from tests.tier_helpers import FAST, assert_ladder_ran, jsonl, open_gate
 
 
 def test_a_tier_cut_at_the_clients_timeout_names_timeout_s_and_a_value_that_fits(
     cli: Any, isolated: Path
 ) -> None:
     # one slot, ≈0.35 s an answer: a wave of 4 waits in the server's queue and its last answers
-    # come after ≈1.4 s, past a timeout_s of 0.8 s — calibrate's limit, not the server's error
+    # come after ≈1.4 s, past a timeout_s of 0.8 s — calibrate's limit, not the server's error.
+    # What the ladder makes of batch 1 is not the subject: beside CPU burners the client may be
+    # the limit there (exit 1, said so), and its slowest answer, which the advice scales, is
+    # slower than 0.35 s — the value advised is checked against the run's own measurement
     with start_mock(ttft_s=0.2, per_token_s=0.003, slots=1) as mock:
         open_gate(isolated, mock.base_url, FAST + "batch_sizes = [1, 4]\n")
         toml = isolated / "calibrate.toml"
         toml.write_text(toml.read_text("utf-8").replace("timeout_s = 30", "timeout_s = 0.8"))
         result = cli("ladder")
-    assert result.code == 0, result.err  # batch 1 passed
-    assert "timeout" in result.err
+    assert_ladder_ran(result)  # batch 1 passed, or the client was the limit (said so)
     said = result.err
     assert "[target] timeout_s = 0.8 s" in said, said
     assert "not by an error of the server" in said, said
-    # 4 × batch 1's slowest answer (≈0.35 s) ≈ 1.4 s; twice that, as a number to write down
+    # 4 × batch 1's slowest answer (≈0.35 s, more on a busy machine) ≈ 1.4 s; twice that, as a
+    # number to write down (two significant digits, rounded up)
+    (run,) = (isolated / "runs").glob("*-ladder-*")
+    first = next(t for t in jsonl(run / "tiers.jsonl") if t["batch_size"] == 1)
+    needed = 4 * first["latency_max_s"]
     advised = re.search(r"set timeout_s = ([0-9.]+) in calibrate.toml's \[target\]", said)
     assert advised is not None, said
-    assert 2.0 <= float(advised.group(1)) <= 6.0, said
+    assert 2.0 <= 2 * needed <= float(advised.group(1)) <= 2 * needed + 1, (needed, said)
 
 
 SLOW_TOKEN = {"ttft_s": 2.2, "per_token_s": 0.0, "answer_tokens": 1}  # 0.45 output tokens/s
