@@ -482,7 +482,12 @@ def test_a_ladder_tier_whose_workers_were_the_limit_is_marked_as_the_sweeps_leve
 ) -> None:
     """``ladder --workers 2``: the workers' word that calibrate was the limit during a tier (made
     certain here at batch 2, as a starved worker gives it) marks that tier client-bound, as the
-    sweep marks a level — one rule. Before, the ladder read only its own process."""
+    sweep marks a level — one rule. Before, the ladder read only its own process. The parent's
+    own word is held at "kept up": on a busy machine it said "the threads of calibrate's parent
+    process waited 25 ms on average to run" first (it is asked first, and its word is enough),
+    and the workers were not asked at all — a true reading, not this test's subject."""
+    from calibrate.gpu.selfload import SelfLoadMonitor
+
     starved = "load worker process 1 of 2 used 0.99 CPU cores"
     asked: list[int] = []
 
@@ -490,6 +495,7 @@ def test_a_ladder_tier_whose_workers_were_the_limit_is_marked_as_the_sweeps_leve
         asked.append(mark)
         return starved if len(asked) == 2 else ""
 
+    monkeypatch.setattr(SelfLoadMonitor, "bound_since", lambda self, mark: "")
     monkeypatch.setattr(WorkerSender, "workers_bound_since", bound_since)
     with start_mock(ttft_s=0.002, per_token_s=0.004, slots=4) as mock:
         open_gate(
