@@ -166,7 +166,7 @@ def test_find_max_over_a_given_range_of_rates_end_to_end(cli, isolated: Path) ->
     assert result.code == 0, result.err
     assert fm["boundary_rate"] == max(met), result.err
     assert fm["first_failing"] == min(set(order) - set(met), default=None)
-    assert f"recommended {max(met):g} req/s: the highest offered rate" in result.err
+    assert f"recommended {max(met):g} req/s: the highest offered rate" in result.err, result.err
     c = out["recommended_concurrency"]
     assert c >= 1 and f"which pin and status take as concurrency {c}" in result.err
     assert status.code == 0 and status.json["setting"]["concurrency"] == c
