@@ -19,6 +19,7 @@ import pytest
 
 from calibrate.config import SloConfig
 from calibrate.errors import ErrorInfo
+from calibrate.gpu.selfload import SelfLoadMonitor
 from calibrate.http.client import OpenAIClient
 from calibrate.http.models import SamplingParams
 from calibrate.load.items import ItemResult
@@ -486,8 +487,6 @@ def test_a_ladder_tier_whose_workers_were_the_limit_is_marked_as_the_sweeps_leve
     own word is held at "kept up": on a busy machine it said "the threads of calibrate's parent
     process waited 25 ms on average to run" first (it is asked first, and its word is enough),
     and the workers were not asked at all — a true reading, not this test's subject."""
-    from calibrate.gpu.selfload import SelfLoadMonitor
-
     starved = "load worker process 1 of 2 used 0.99 CPU cores"
     asked: list[int] = []
 
