@@ -209,6 +209,16 @@ def test_the_report_of_a_tune_run_says_when_the_winners_lead_is_not_significant(
         )
     )
     assert TuneView(Path("."), rows, clear, True).headline().endswith("c01 (slots=2)")
+    # a sure lead the budget left no room to measure again in the other order: no claim, and why
+    # (it read "no interval: fewer than two runs on a side" — three runs a side were there)
+    unchecked = {**noisy, "significant": None, "unchecked": "--restarts spent"}
+    assert (
+        TuneView(Path("."), rows, unchecked, True)
+        .headline()
+        .endswith(
+            "c01 (slots=2) (not measured again in the other order: --restarts spent, so not a claim)"
+        )
+    )
 
 
 def test_plot_svg_is_a_bar_per_candidate_drawn_by_the_one_svg_plotter() -> None:

@@ -114,6 +114,8 @@ class TuneView:
             level = _num(self.summary.get("confidence"))
             if self.summary.get("significant") is False and level is not None:
                 text += f", not significant at {percent(level)} (the intervals overlap)"
+            elif (unchecked := self.summary.get("unchecked")) and isinstance(unchecked, str):
+                text += f" (not measured again in the other order: {unchecked}, so not a claim)"
             elif self.summary.get("significant") is None:  # as the tune's line: not a claim
                 text += " (no interval: fewer than two runs on a side, so not tested)"
             text += across(win.window, second.window)

@@ -27,7 +27,8 @@ from calibrate.stages.tune.search import schedule
 
 def finished_line(result: CandidateResult) -> str:
     """``c03 (slots=4): 12.31 req/s at concurrency 4, p50 0.021 s, 0 errors``."""
-    head = f"{result.candidate.id} ({result.candidate.describe()})"
+    again = " again" if result.again else ""  # one of the first two, measured again
+    head = f"{result.candidate.id} ({result.candidate.describe()}){again}"
     if not result.started:
         code = (
             f" ({ended_words(result.start_exit_code)})"

@@ -186,11 +186,12 @@ class Lifecycle:
         return MemoryProbe(fraction, True, not problem, None, problem, tail)
 
     def run(
-        self, candidate: Candidate, rung: int, window: float, tune_run: RunDir
+        self, candidate: Candidate, rung: int, window: float, tune_run: RunDir, again: bool = False
     ) -> CandidateResult:
-        """The whole life of one candidate; the server is stopped however it ends."""
+        """The whole life of one candidate (``again``: its second measurement, in a folder of
+        its own); the server is stopped however it ends."""
         began = self.clock()
-        folder = candidate_run(tune_run, candidate, rung)
+        folder = candidate_run(tune_run, candidate, rung, again)
         _set_aside(folder)
         offset = self._log_offset()
         failed = self.restart(candidate)

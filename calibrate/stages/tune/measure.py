@@ -104,9 +104,10 @@ def _unless_default(cfg: Config) -> dict[str, Any]:
     }
 
 
-def candidate_run(tune_run: RunDir, candidate: Candidate, rung: int) -> RunDir:
-    """The candidate's own folder inside the tune run (one per rung of a halving search)."""
-    name = candidate.slug + (f"-rung{rung}" if rung else "")
+def candidate_run(tune_run: RunDir, candidate: Candidate, rung: int, again: bool = False) -> RunDir:
+    """The candidate's own folder inside the tune run (one per rung of a halving search, and
+    one for its second measurement when it is one of the first two)."""
+    name = candidate.slug + (f"-rung{rung}" if rung else "") + ("-again" if again else "")
     return RunDir(tune_run.path / "candidates", "tune", run_id=name)
 
 

@@ -7,16 +7,22 @@ The margin is the winner's goodput over the runner-up's (each at its best level)
 as significant only when the runs of those two levels say so: Welch's t-interval of the winner's
 mean goodput per run minus the runner-up's, at ``[confidence] level``, lies wholly on the
 margin's side of zero (``confidence.compare``). With fewer than two runs on either side there is
-no interval and nothing is claimed either way; the pick stays the ranking's."""
+no interval and nothing is claimed either way; the pick stays the ranking's.
+
+Candidates are measured one after another, so a machine or server that slows between them reads
+as a difference between them. A lead the runs call sure is therefore measured again in the other
+order (``again``: the later of the two first, A B B A, so a steady drift cancels), and judged on
+both measurements' runs together; when the second measurement ranks them the other way, the
+order they were measured in decided the lead, and the verdict is inconclusive."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from calibrate.confidence import DEFAULT_LEVEL, compare, percent, spread
+from calibrate.confidence import DEFAULT_LEVEL, compare, spread
 from calibrate.gpu.energy import RANK_FIELDS, RankBy
 from calibrate.gpu.noise import combined
 from calibrate.io.tier_table.tune import Point
@@ -24,6 +30,7 @@ from calibrate.stages.tune.grid import Candidate, TunePlan
 from calibrate.stages.tune.pareto import points, reason
 from calibrate.stages.tune.result import BestLevel, CandidateResult, MemoryProbe
 from calibrate.stages.verdict.doubt import Doubt, Inconclusive, UnderNoise
+from calibrate.stages.verdict.margin import Margin
 from calibrate.stages.verdict.separation import Sample, gain_interval
 from calibrate.state.summaries import TuneSummary
 from calibrate.state.summary_values import TunedSetting
@@ -46,44 +53,6 @@ def rank(results: Sequence[CandidateResult], by: RankBy = "goodput") -> list[Can
         return (not healthy(r), -r.rung, spend, -r.goodput_per_s, p50, r.candidate.index)
 
     return sorted(results, key=key)
-
-
-@dataclass(frozen=True)
-class Margin:
-    """The winner's lead, the runs behind it, and whether their interval clears zero."""
-
-    fraction: float  # the winner's goodput over the runner-up's − 1 (0.25 = 25 % more)
-    level: float  # the confidence level of the interval
-    significant: bool | None  # None: fewer than two runs on a side, no interval
-    low: float | None = None  # the interval of the difference, as fractions of the runner-up's
-    high: float | None = None
-    runs: tuple[int, int] = (0, 0)  # (the winner's, the runner-up's) runs at their best levels
-
-    def caveat(self) -> str:
-        """What follows "+X% over the runner-up …" when the lead is not a claim ("" when it is)."""
-        if self.significant:
-            return ""
-        if self.significant is False:
-            return (
-                f", not significant at {percent(self.level)} (the intervals overlap): "
-                "about equal, measure longer to tell"
-            )
-        if min(self.runs) == 0:  # a result read back from a line written before runs were kept
-            return " (no interval: an earlier calibrate kept no runs for one of them)"
-        if max(self.runs) <= 1:
-            return " (one run each: no interval; set [sweep] repeats = 3 to tell)"
-        return " (fewer than two runs on a side: no interval)"
-
-    def to_json(self) -> dict[str, Any]:
-        interval = None
-        if self.low is not None and self.high is not None:
-            interval = [round(self.low, 4), round(self.high, 4)]
-        return {
-            "margin": round(self.fraction, 4),
-            "significant": self.significant,
-            "margin_interval": interval,
-            "confidence": self.level,
-        }
 
 
 def margin_of(
@@ -125,6 +94,26 @@ class TuneOutcome:
     restarts: int = 0  # candidate restarts the run has made, resumed ones included
     spent_by: str = ""  # "--restarts" or "--budget-s": the budget that left ``untested``
     slos: bool = False  # SLOs are set: goodput counts the answers within them (else every one)
+    again: tuple[CandidateResult, ...] = ()  # the first two measured again, in the other order
+    unchecked: str = ""  # why a sure lead was not measured again ("" when it was, or is none)
+
+    def runs_of(self, result: CandidateResult) -> tuple[float, ...]:
+        """The runs at a candidate's best level, with those of its second measurement."""
+        runs = result.best.runs_per_s if result.best is not None else ()
+        for other in self.again:
+            if other.candidate.index == result.candidate.index and other.best is not None:
+                runs += other.best.runs_per_s
+        return runs
+
+    @property
+    def swapped(self) -> bool:
+        """Measured again in the other order, the second-ranked of the two led the first."""
+        win, second = self.top, self.second
+        if win is None or second is None:
+            return False
+        again = {r.candidate.index: r.goodput_per_s for r in self.again if healthy(r)}
+        first, other = again.get(win.candidate.index), again.get(second.candidate.index)
+        return first is not None and other is not None and other > first
 
     @property
     def top(self) -> CandidateResult | None:
@@ -148,13 +137,15 @@ class TuneOutcome:
             return None
         if win.best is None or second.best is None:
             return None
-        a, b = win.best.runs_per_s, second.best.runs_per_s
+        a, b = self.runs_of(win), self.runs_of(second)
         if not a or not b:
             return None
         # the pick is sound when the runner-up cannot be gain_min better than the winner: the
-        # winner really leads, or the two are about equal (either is a fine setting)
+        # winner really leads, or the two are about equal (either is a fine setting) — unless
+        # measured again the other way round the runner-up led (the order decided it)
         found = gain_interval(Sample.of(a), Sample.of(b), self.level)
-        if found is None or not found.ranged or found.high < self.gain_min:
+        sound = found is None or not found.ranged or found.high < self.gain_min
+        if sound and not self.swapped:
             return None
         found = gain_interval(Sample.of(b), Sample.of(a), self.level)
         assert found is not None
@@ -163,9 +154,19 @@ class TuneOutcome:
         return Inconclusive(
             (Doubt(second.candidate.id, win.candidate.id, found, self.gain_min),),
             combined(m.noise for m in measured),  # the machine while the two were measured
-            "tune",
+            "tune" + (self._swap_words(win, second) if self.swapped else ""),
             f"{smaller.candidate.id} ({smaller.candidate.describe()})",
             "[tune] window, [sweep] repeats",
+        )
+
+    def _swap_words(self, win: CandidateResult, second: CandidateResult) -> str:
+        """What the second measurement showed, when it ranked the two the other way."""
+        goodput = {r.candidate.index: r.goodput_per_s for r in self.again}
+        mine, theirs = goodput[win.candidate.index], goodput[second.candidate.index]
+        return (
+            f"; measured again in the other order, {second.candidate.id} led {win.candidate.id} "
+            f"({theirs:.2f} against {mine:.2f} a second): the order they were measured in "
+            "decided the lead, not the candidates"
         )
 
     @property
@@ -197,7 +198,11 @@ class TuneOutcome:
             return None
         if win is None or second is None or win.best is None or second.best is None:
             return None
-        return margin_of(win.best, second.best, self.level)
+        pooled = [replace(r.best, runs_per_s=self.runs_of(r)) for r in (win, second) if r.best]
+        found = margin_of(pooled[0], pooled[1], self.level)
+        if found is not None and found.significant and self.unchecked:
+            return replace(found, significant=None, unchecked=self.unchecked)
+        return found
 
     @property
     def margin(self) -> float | None:

@@ -140,6 +140,7 @@ class CandidateResult:
     measurement: Measurement | None = None
     vram_release: str = ""
     elapsed_s: float = 0.0
+    again: bool = False  # one of the first two measured again, in the other order (``Tune``)
 
     @property
     def best(self) -> BestLevel | None:
@@ -198,6 +199,7 @@ class CandidateResult:
             "noise": asdict(m.noise) if m and m.noise else None,
             "vram_release": self.vram_release,
             "elapsed_s": round(self.elapsed_s, 3),
+            "again": self.again,
         }
 
     def _latency(self) -> dict[str, float | None] | None:
@@ -245,6 +247,7 @@ class CandidateResult:
             measurement,
             str(data.get("vram_release") or ""),
             _num(data, "elapsed_s") or 0.0,
+            data.get("again") is True,
         )
 
 

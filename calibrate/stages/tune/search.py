@@ -11,7 +11,9 @@ next starts; a rerun with the same grid fingerprint skips what is there (refine 
 choices on them). ``--budget-s`` and ``--restarts`` are checked before each start; what they
 left is reported.
 The winner's margin over the runner-up is claimed only when their runs' interval separates
-(``tune.outcome``).
+(``tune.outcome``) — and, since candidates are measured one after another, only when it holds
+with the two measured again in the other order (``_again``; two more restarts, within the
+budgets).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from calibrate.confidence import DEFAULT_LEVEL
 from calibrate.config import TuneSearch
@@ -71,18 +73,20 @@ class Tune:
     patience: int = 6  # refine: candidates in a row without a significant gain
     slos: bool = False  # SLOs are set: goodput counts the answers within them
     done: dict[tuple[int, int], CandidateResult] = field(default_factory=dict)
+    again: dict[tuple[int, int], CandidateResult] = field(default_factory=dict)  # measured again
 
     def __post_init__(self) -> None:
         self.deadline = self.clock() + self.budget_s if self.budget_s > 0 else math.inf
         for result in self.store.results():
-            self.done[(result.rung, result.candidate.index)] = result
+            kept = self.again if result.again else self.done
+            kept[(result.rung, result.candidate.index)] = result
 
     def _out_of_time(self) -> bool:
         return self.clock() >= self.deadline
 
     def _spent(self) -> str:
         """Which budget stops the next start ("" while neither does)."""
-        if self.restarts and len(self.done) >= self.restarts:
+        if self.restarts and len(self.done) + len(self.again) >= self.restarts:
             return "--restarts"
         return "--budget-s" if self._out_of_time() else ""
 
@@ -182,6 +186,16 @@ class Tune:
         for (rung, index), result in sorted(self.done.items()):
             if upto is None or rung <= upto:
                 latest[index] = result
+        return self._again(self._ranked(memory, probes, latest, untested, stopped))
+
+    def _ranked(
+        self,
+        memory: str | None,
+        probes: tuple[MemoryProbe, ...],
+        latest: dict[int, CandidateResult],
+        untested: tuple[Candidate, ...],
+        stopped: str,
+    ) -> TuneOutcome:
         return TuneOutcome(
             self.plan,
             memory,
@@ -195,9 +209,48 @@ class Tune:
             rank_by=self.rank_by,
             slos=self.slos,
             stopped=stopped,
-            restarts=len(self.done),
+            restarts=len(self.done) + len(self.again),
             spent_by=self._spent() if untested else "",
         )
+
+    def _again(self, outcome: TuneOutcome) -> TuneOutcome:
+        """A lead the runs call sure, measured again in the other order: the one measured later
+        first, then the other (A B B A: a machine or server that drifts steadily weighs on both
+        alike); the outcome judged on both measurements. A budget that leaves no room for it
+        leaves the lead no claim, saying so."""
+        top, second, lead = outcome.top, outcome.second, outcome.lead
+        if top is None or second is None or lead is None or not lead.significant:
+            return outcome
+        if outcome.doubt is not None:
+            return outcome
+        order = [r for r in self.done.values() if r is top or r is second]
+        pair = [(r.rung, r.candidate.index) for r in reversed(order)]  # the later one first
+        for (rung, index), result in zip(pair, reversed(order), strict=True):
+            if (rung, index) in self.again:
+                continue
+            spent = self._spent()
+            if spent:
+                return replace(outcome, unchecked=f"{spent} spent")
+            if not self.again:
+                self.notify(
+                    f"{top.candidate.id} leads {second.candidate.id}: both measured again in the "
+                    "other order (candidates measured one after another can read a machine that "
+                    "slowed between them as a difference between them)"
+                )
+            self.notify(f"candidate {result.candidate.id}: restart and measure again")
+            found = self.lifecycle.run(
+                result.candidate, rung, result.window, self.store.run, again=True
+            )
+            found = replace(found, again=True)
+            self.store.append(found)
+            self.again[(rung, index)] = found
+            self.on_result(found)
+        again = tuple(self.again[key] for key in pair)
+        outcome = replace(outcome, again=again, restarts=len(self.done) + len(self.again))
+        failed = next((r for r in again if not healthy(r)), None)
+        if failed is not None:  # nothing to judge the lead on a second time
+            return replace(outcome, unchecked=f"{failed.candidate.id} {failed.status} again")
+        return outcome
 
     def _measure(self, pool: list[Candidate], rung: int, window: float) -> tuple[Candidate, ...]:
         """Measure the pool's unmeasured candidates; those the budget left untested."""

@@ -114,11 +114,11 @@ class TuneStore:
         _trim_torn_tail(path)
         if not path.is_file():
             return []
-        seen: dict[tuple[int, int], CandidateResult] = {}
+        seen: dict[tuple[int, int, bool], CandidateResult] = {}
         for line in read_jsonl(path):
             result = CandidateResult.from_json(line)
             if result is not None:
-                seen.setdefault((result.rung, result.candidate.index), result)
+                seen.setdefault((result.rung, result.candidate.index, result.again), result)
         return list(seen.values())
 
     def append(self, result: CandidateResult) -> None:

@@ -58,7 +58,9 @@ class SimulatedEngine:
         prompt = f"p{n % 64}"  # answer made once (the sim's text is the mock's, and costs)
         return Request("/chat/completions", chat_body(prompt), (prompt,), n)
 
-    def run(self, candidate: Candidate, rung: int, window: float, _run: RunDir) -> CandidateResult:
+    def run(
+        self, candidate: Candidate, rung: int, window: float, _run: RunDir, again: bool = False
+    ) -> CandidateResult:
         self.restarts.append(candidate.id)
         slots = 4 if self.flat else int(candidate.value("slots") or 1)
         chunk = 4096 if self.flat else int(candidate.value("chunk") or 4096)

@@ -9,118 +9,25 @@ HTTP tests keep what is about the CLI (the managed server, the files, pin, the l
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from calibrate.config import Config, SloConfig, SweepConfig, TuneSearch
-from calibrate.config.sections import DeterminismConfig
-from calibrate.gpu.vram import VramMonitor
-from calibrate.io.store import RunDir
+from calibrate.config import SloConfig
 from calibrate.stages.sweep.levels import Level
 from calibrate.stages.sweep.result import SweepResult
-from calibrate.stages.sweep.run import Sweep
-from calibrate.stages.sweep.spec import SweepOptions
-from calibrate.stages.tune.grid import Candidate, TunePlan, build_plan
+from calibrate.stages.tune.grid import Candidate, TunePlan
 from calibrate.stages.tune.measure import measurement
 from calibrate.stages.tune.outcome import TuneOutcome
-from calibrate.stages.tune.result import CandidateResult, MemoryProbe
+from calibrate.stages.tune.result import CandidateResult
 from calibrate.stages.tune.search import Tune
 from calibrate.stages.tune.store import TuneStore
-from tests.stage_fakes import SimulatedLoop, close_runs, open_run, recorder, stage_ctx
+from tests.stage_fakes import close_runs, open_run
+from tests.stages.tune.sim_engine import SweepEngine, sim_plan, sim_tune
 from tests.tier_helpers import stats_of
 
 __all__ = ["close_runs"]  # the autouse fixture, used by being imported
-
-LEVELS = (1, 2, 4)  # tests/tune_helpers.py's [sweep] concurrency
-SERVICE_S = 0.1  # one answer on a slot: SERVER_BOUND's ~0.1 s
-PLACEHOLDERS = ("port", "slots", "kv_tokens", "memory_fraction")
-
-
-@dataclass
-class Clock:
-    """Tune's clock: the virtual seconds every candidate's sweep took, added up."""
-
-    now: float = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@dataclass
-class SweepEngine:
-    """The ``Lifecycle`` a tune drives: a start above ``max_fraction`` fails like an engine
-    whose cache does not fit (the mock's ``--max-memory-fraction``); each candidate is a
-    simulated ``{slots}``-slot server measured by the real sweep at ``LEVELS``."""
-
-    root: Path
-    slo: SloConfig = field(default_factory=SloConfig)
-    level_s: float = 0.1
-    repeats: int = 1
-    copies: int = 0  # [determinism] copies after each level's window
-    max_fraction: float = 0.8
-    clock: Clock = field(default_factory=Clock)
-    started: list[tuple[str, int, float]] = field(default_factory=list)  # (id, rung, window)
-    loops: dict[tuple[str, int], SimulatedLoop] = field(default_factory=dict)
-
-    def probe_memory(self, candidate: Candidate, fraction: str) -> MemoryProbe:
-        if float(fraction) > self.max_fraction:
-            oom = ("torch.OutOfMemoryError: CUDA out of memory",)
-            return MemoryProbe(fraction, False, False, 1, "the server exited (exit code 1)", oom)
-        return MemoryProbe(fraction, True, True, None, "", ())
-
-    def run(self, candidate: Candidate, rung: int, window: float, _run: RunDir) -> CandidateResult:
-        self.started.append((candidate.id, rung, window))
-        slots = int(candidate.value("slots") or 1)
-        sweep = replace(SweepConfig(), concurrency=LEVELS, level_s=self.level_s)
-        cfg = Config(
-            sweep=replace(sweep, repeats=self.repeats),
-            slo=self.slo,
-            determinism=DeterminismConfig(self.copies),
-        )
-        ctx = stage_ctx(self.root / f"{candidate.slug}-{rung}", cfg, "sweep")
-        options = SweepOptions.from_config(cfg, candidate.cap, slo=self.slo)
-        options = replace(options, levels=LEVELS, level_s=options.level_s * window)
-        loop = SimulatedLoop(lambda concurrency, repeat: SERVICE_S, slots=slots)
-        self.loops[(candidate.id, rung)] = loop
-        monitor = VramMonitor([])
-        result = Sweep(ctx, options, monitor, recorder(ctx, monitor, self.root), loop).run()
-        self.clock.now += loop.clock.now()
-        measured = measurement(result, self.slo, options.gain_min)
-        return CandidateResult(candidate, rung, window, True, served=True, measurement=measured)
-
-
-def _plan(grid: str, fractions: tuple[float, ...] = ()) -> TunePlan:
-    """The grid of ``{slots}`` (and kv_tokens) at a ladder's batch 4; with ``fractions`` the
-    memory step tries them first, else the grid fixes memory_fraction=0.8 itself."""
-    fixed = [] if fractions else ["memory_fraction=0.8"]
-    return build_plan(
-        "custom",
-        4,
-        config_grid=[grid, "kv_tokens=50000", *fixed],
-        cli_grid=[],
-        memory_fractions=fractions,
-        placeholders=PLACEHOLDERS,
-    )
-
-
-def _tune(
-    tmp_path: Path,
-    engine: SweepEngine,
-    plan: TunePlan,
-    search: TuneSearch = "grid",
-    *,
-    run_id: str | None = None,
-    budget_s: float = 0.0,
-    said: list[str] | None = None,
-) -> TuneOutcome:
-    run = open_run(tmp_path / "runs", "tune", run_id)
-    notes = said if said is not None else []
-    tune = Tune(
-        plan, TuneStore(run), engine, search, 1.0, budget_s, notes.append, clock=engine.clock
-    )  # type: ignore[arg-type]
-    return tune.run()
 
 
 def _slots(result: CandidateResult) -> str:
@@ -134,7 +41,7 @@ def test_the_memory_step_then_every_candidate_ranked_by_its_slots(tmp_path: Path
     concurrency 4, 100 % over the runner-up."""
     engine = SweepEngine(tmp_path)
     said: list[str] = []
-    outcome = _tune(tmp_path, engine, _plan("slots=1,2,4", (0.9, 0.8)), said=said)
+    outcome = sim_tune(tmp_path, engine, sim_plan("slots=1,2,4", (0.9, 0.8)), said=said)
     assert outcome.memory == "0.8"
     first, second = outcome.probes
     assert (first.fraction, first.started, first.exit_code) == ("0.9", False, 1)
@@ -166,7 +73,7 @@ def test_halving_measures_the_better_half_again_at_twice_the_window(tmp_path: Pa
     window, whose levels' runs last twice as long; the winner is from the last rung."""
     engine = SweepEngine(tmp_path, level_s=1.0)
     said: list[str] = []
-    outcome = _tune(tmp_path, engine, _plan("slots=1,2,4"), "halving", said=said)
+    outcome = sim_tune(tmp_path, engine, sim_plan("slots=1,2,4"), "halving", said=said)
     rung_0 = [("c01", 0, 0.5), ("c02", 0, 0.5), ("c03", 0, 0.5)]
     assert engine.started == [*rung_0, ("c03", 1, 1.0), ("c02", 1, 1.0)]
     assert "halving rung 1: c03, c02 at 1× the window" in said
@@ -185,7 +92,7 @@ def test_goodput_is_the_throughput_within_the_slos_over_the_steady_window(tmp_pa
     request wait 0.3 s before its 0.1 s, and its goodput is nothing."""
     slo = SloConfig(e2e_p99_s=0.3)
     engine = SweepEngine(tmp_path, slo=slo, copies=8)
-    outcome = _tune(tmp_path, engine, _plan("slots=1,2"))
+    outcome = sim_tune(tmp_path, engine, sim_plan("slots=1,2"))
     by_slots = {_slots(r): r for r in outcome.ranked}
     assert list(by_slots) == ["2", "1"]
     for slots, result in by_slots.items():
@@ -206,14 +113,14 @@ def test_a_budget_leaves_candidates_untested_and_a_rerun_measures_only_those(
 ) -> None:
     """--budget-s is checked before each start, on tune's clock: the first candidate's sweep
     spends it, the second is left untested; a rerun of the same run measures the second only."""
-    plan = _plan("slots=1,2")
+    plan = sim_plan("slots=1,2")
     engine = SweepEngine(tmp_path)
-    cut = _tune(tmp_path, engine, plan, run_id="cut", budget_s=0.3)
+    cut = sim_tune(tmp_path, engine, plan, run_id="cut", budget_s=0.3)
     assert [r.candidate.id for r in cut.ranked] == ["c01"] and engine.clock.now > 0.3
     assert [c.id for c in cut.untested] == ["c02"] and not cut.complete
     assert cut.spent_by == "--budget-s"
     again = SweepEngine(tmp_path, clock=engine.clock)
-    done = _tune(tmp_path, again, plan, run_id="cut")
+    done = sim_tune(tmp_path, again, plan, run_id="cut")
     assert [s for s, _, _ in again.started] == ["c02"], "the measured one is not restarted"
     assert done.complete and [_slots(r) for r in done.ranked] == ["2", "1"]
 
@@ -262,7 +169,7 @@ def test_a_halving_cut_during_a_rung_ranks_everyone_at_the_rung_before(tmp_path:
     engine = SweepEngine(tmp_path, level_s=1.0)
     run = open_run(tmp_path / "runs", "tune", None)
     tune = Tune(
-        _plan("slots=1,2,4"),
+        sim_plan("slots=1,2,4"),
         TuneStore(run),
         engine,  # type: ignore[arg-type]
         "halving",
