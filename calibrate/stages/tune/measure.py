@@ -161,7 +161,21 @@ def measure_candidate(
             result = sweep.run()
         finally:
             run.close()
-    return measurement(result, settings.slo, options.gain_min)
+    found = measurement(result, settings.slo, options.gain_min)
+    if watch.monitor.measured and _unread(found):
+        notify(
+            f"  {candidate.id}: memory not read while it ran (the {watch.monitor.source} sampler "
+            f"took no reading inside any run, {watch.monitor.interval_s:g} s apart; a busy "
+            "machine delays it): peak unknown — lower [ladder] sample_interval_s, or lengthen "
+            "[tune] window"
+        )
+    return found
+
+
+def _unread(found: Measurement) -> bool:
+    """No memory figure at all from a source that reads one: every window closed unread."""
+    figures = (found.peak_vram_mib, found.peak_kv_usage, found.pressure)
+    return bool(found.levels) and all(figure is None for figure in figures)
 
 
 def _goodput(stats: Stats, slo: SloConfig) -> float:
