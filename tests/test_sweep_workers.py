@@ -526,3 +526,18 @@ def test_a_worker_run_longer_than_planned_goes_on_while_its_workers_answer() -> 
             client.close()
     assert len(run.items) == 16 and all(i.ok for i in run.items), [i.error for i in run.items]
     assert run.total_s > 1.5  # longer than the limit, as the test means it to be
+
+
+def test_a_process_with_under_two_answers_in_the_shared_span_is_never_read_as_idle() -> None:
+    """Beside CPU burners a `sweep --workers 2` round recorded ``steady_completions`` 0 and
+    exited 0: the span both processes were steady in held one answer of each, every process's
+    rate there counted as nothing — the level read 0 items/s (and with one process short, half
+    its throughput). A span too short to time each process falls back to the merged window."""
+    a = _steady_part(0.0, 0.244, 3, 1)  # steady 0–0.488
+    b = _steady_part(0.45, 0.244, 3, 100)  # steady 0.45–0.938: shares 0.45–0.488, one answer
+    merged = merge_loops([(a, 0.0), (b, 0.0)], None)
+    steady = steady_throughput(merged)
+    assert steady.completions > 0 and steady.items_per_s > 0
+    assert steady.items_per_s == steady_throughput(replace(merged, parts=())).items_per_s
+    one_short = merge_loops([(_steady_part(0.0, 0.244, 5, 1), 0.0), (b, 0.0)], None)
+    assert steady_throughput(one_short).items_per_s > 1 / 0.244, "more than one process's rate"

@@ -134,7 +134,8 @@ def aligned(run: LoopRun) -> Steady:
     """``--workers``: over the span every process was steady in (the latest opening to the
     earliest closing), each process's rate from its own first to its last answer in it, summed.
     Counting every answer between edges that belong to different processes over-counts (an
-    answer of one process just inside each edge: +1 per window, +12 % at c = 2 on a short run)."""
+    answer of one process just inside each edge: +1 per window, +12 % at c = 2 on a short run).
+    A span that holds under two answers of a process cannot time it: the merged window then."""
     edges = [_edges(part, [i for i in part.items if i.ok]) for part in run.parts]
     if any(e is None for e in edges):
         return steady_window(run)
@@ -142,20 +143,26 @@ def aligned(run: LoopRun) -> Steady:
     high = min(e[1] for e in edges if e is not None)
     if high <= low:
         return steady_window(run)
-    items_per_s = tokens_per_s = 0.0
-    counted: list[ItemResult] = []
-    completions = 0
-    for part in run.parts:
-        inside = sorted(
+    insides = [
+        sorted(
             (i for i in part.items if i.ok and low <= part.finished_s(i) <= high),
             key=part.finished_s,
         )
-        if len(inside) >= 2:
-            span = part.finished_s(inside[-1]) - part.finished_s(inside[0])
-            if span > 0:
-                items_per_s += (len(inside) - 1) / span
-                tokens_per_s += sum(i.completion_tokens for i in inside[1:]) / span
-                completions += len(inside) - 1
+        for part in run.parts
+    ]
+    spans = [
+        part.finished_s(inside[-1]) - part.finished_s(inside[0]) if inside else 0.0
+        for part, inside in zip(run.parts, insides, strict=True)
+    ]
+    if min(spans) <= 0:  # a process with under two answers in the shared span: its rate there
+        return steady_window(run)  # is unknown, never 0 (a whole level read 0 items/s)
+    items_per_s = tokens_per_s = 0.0
+    counted: list[ItemResult] = []
+    completions = 0
+    for inside, span in zip(insides, spans, strict=True):
+        items_per_s += (len(inside) - 1) / span
+        tokens_per_s += sum(i.completion_tokens for i in inside[1:]) / span
+        completions += len(inside) - 1
         counted += inside[1:]
     # the window every figure counted over it is divided by (goodput: the answers that met the
     # SLOs) is the one the summed rate implies, so that a count over it is that rate: over the
