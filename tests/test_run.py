@@ -4,6 +4,7 @@ rerun resumes at the first stage not passed for the target."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from calibrate.state.ledger import Ledger
@@ -181,4 +182,9 @@ def test_a_server_restarted_with_fewer_slots_sends_run_and_status_back_to_the_la
     first = again.err.splitlines()[0]
     assert first.endswith("single, repro passed: resuming at ladder"), again.err
     assert again.code == 0, again.err
-    assert "pinned batch 2" in again.err, again.err
+    # batch 2 where the ladder's rounds tell it from batch 1; beside CPU burners they could not,
+    # and FAST's --conservative took batch 1, saying so — what it runs now either way
+    pinned = re.search(r"pinned batch (\d+), concurrency", again.err)
+    assert pinned is not None and pinned[1] in ("1", "2"), again.err
+    if pinned[1] == "1":
+        assert "batch 1, the conservative answer, taken under noise" in again.err, again.err
