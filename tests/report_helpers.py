@@ -225,7 +225,17 @@ def keyed_rows(text: str, keys: Iterable[int]) -> list[str]:
     a sweep prints a row as each level finishes, and a note (another run of a noisy level, the
     self-check) may come between two rows, which ends ``tables``' table there."""
     wanted = {str(k) for k in keys}
-    return [ln for ln in text.splitlines() if _is_row(ln) and ln.split()[0] in wanted]
+    return [
+        ln
+        for ln in text.splitlines()
+        if _is_row(ln) and ln.split()[0] in wanted and (ln[0] == " " or _second_is_number(ln))
+    ]
+
+
+def _second_is_number(line: str) -> bool:
+    """A row keyed flush left still has a number next ("1 incident bundle(s) in …" is no row)."""
+    cells = line.split()
+    return len(cells) > 1 and re.fullmatch(r"[0-9.,]+%?", cells[1]) is not None
 
 
 def table_lines(text: str) -> list[str]:

@@ -35,7 +35,7 @@ def test_a_ladder_of_four_tiers_logs_each_tier_once_in_a_short_log(cli, isolated
     assert "─" not in result.err  # no rule under the header in a log
     header = table_lines(result.err)[0]
     rows = keyed_rows(result.err, (1, 2, 4, 8))  # a note may come between two rows, as above
-    assert "items/s" in header and [r.split()[0] for r in rows] == ["1", "2", "4", "8"]
+    assert "items/s" in header and [r.split()[0] for r in rows] == ["1", "2", "4", "8"], result.err
     # the setting, said once (batch 4, or batch 2 where 4 was within noise of it on a busy box)
     assert sum(ln.startswith("setting: batch ") for ln in lines) == 1, result.err
     assert not [ln for ln in lines if ln.startswith(("batch 1:", "batch 8:"))]
