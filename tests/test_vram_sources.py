@@ -98,7 +98,13 @@ def test_a_failing_gpu_metrics_url_is_named_and_the_server_metrics_still_measure
     warning = next(line for line in result.err.splitlines() if url in line)
     assert warning.count(url) == 1 and "--gpu-metrics-url" in warning
     assert reason in warning and "measuring without it, from metrics" in warning
-    assert all(t["pressure"] is not None for t in result.json["tiers_detail"])
+    # every tier's pressure read from the server's metrics — or, where a busy machine kept the
+    # sampler from reading while a tier ran (0.02 s apart), that tier said unread, never a guess
+    tiers = result.json["tiers_detail"]
+    unread = [str(t["batch_size"]) for t in tiers if t["pressure"] is None]
+    assert len(unread) < len(tiers), result.err
+    if unread:
+        assert f"batch {', '.join(unread)}: VRAM not read while" in err, result.err
 
 
 def test_a_working_gpu_metrics_url_adds_its_devices(
