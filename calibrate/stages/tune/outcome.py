@@ -18,6 +18,7 @@ order they were measured in decided the lead, and the verdict is inconclusive.""
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -198,11 +199,20 @@ class TuneOutcome:
             return None
         if win is None or second is None or win.best is None or second.best is None:
             return None
-        pooled = [replace(r.best, runs_per_s=self.runs_of(r)) for r in (win, second) if r.best]
-        found = margin_of(pooled[0], pooled[1], self.level)
+        found = margin_of(
+            self._pooled(win.best, win), self._pooled(second.best, second), self.level
+        )
         if found is not None and found.significant and self.unchecked:
             return replace(found, significant=None, unchecked=self.unchecked)
         return found
+
+    def _pooled(self, best: BestLevel, result: CandidateResult) -> BestLevel:
+        """``best`` with the runs of both measurements, its goodput their median: the margin
+        and its interval read the same runs (the first measurement's alone said +X %)."""
+        runs = self.runs_of(result)
+        if runs == best.runs_per_s or not runs:
+            return best
+        return replace(best, runs_per_s=runs, goodput_per_s=statistics.median(runs))
 
     @property
     def margin(self) -> float | None:
