@@ -14,7 +14,7 @@ from calibrate.config import Config
 from calibrate.errors import UsageError
 from calibrate.load.procs.worker_count import SLOTS_PER_WORKER
 from calibrate.load.retry import RetryPolicy
-from calibrate.stages.batch.plan import MAX_CONCURRENCY
+from calibrate.stages.batch.plan import DRIFT_WINDOW_S, DRIFT_WINDOW_S_RANGE, MAX_CONCURRENCY
 from calibrate.stages.batch.request import BatchRequest
 from calibrate.stages.batch.sending.outage import (
     DEFAULT_OUTAGE_AFTER,
@@ -29,6 +29,7 @@ MAX_OUTAGE_AFTER = 10_000
 
 
 def register(subparsers: Any, doc: str, run: Any) -> None:
+    low, high = DRIFT_WINDOW_S_RANGE
     p = add_command(subparsers, "batch", doc, run, target=False)
     p.add_argument(
         "--base-url",
@@ -147,6 +148,14 @@ def register(subparsers: Any, doc: str, run: Any) -> None:
     p.add_argument("--max-tokens", type=int, metavar="N", help="default: [prompt].max_tokens")
     p.add_argument("--temperature", type=float, help="default: [prompt].temperature")
     p.add_argument(
+        "--drift-window-s",
+        type=float,
+        default=DRIFT_WINDOW_S,
+        metavar="S",
+        help=f"the drift watch's shortest window ({DRIFT_WINDOW_S:g}; {low:g} to {high:g}): "
+        "shorter lets a batch of a few seconds be judged, each window noisier",
+    )
+    p.add_argument(
         "--progress-s",
         type=float,
         default=5.0,
@@ -172,6 +181,7 @@ def check_flags(args: argparse.Namespace) -> None:
             ("--progress-s", args.progress_s, 0, MAX_WAIT_S),
             ("--outage-after", args.outage_after, 1, MAX_OUTAGE_AFTER),
             ("--outage-s", args.outage_s, 0, MAX_OUTAGE_S),
+            ("--drift-window-s", args.drift_window_s, *DRIFT_WINDOW_S_RANGE),
         )
         if value is not None and not low <= value <= high  # NaN fails this too
     ]
@@ -224,4 +234,5 @@ def request_for(args: argparse.Namespace, urls: list[str], cfg: Config) -> Batch
         max_tokens=args.max_tokens,
         temperature=args.temperature,
         workers=args.workers,
+        drift_window_s=args.drift_window_s,
     )

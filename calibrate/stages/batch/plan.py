@@ -37,6 +37,9 @@ CHAT_PATH = "/chat/completions"
 DEFAULT_CONCURRENCY = 4
 LineWatch = Callable[[dict[str, Any], int | None, str], None]  # a counted line, tokens, endpoint
 MAX_CONCURRENCY = 4096  # documented in --help and the README; a thread each, a socket each
+# --drift-window-s: the drift watch's shortest window (drift/windows.py), and the bounds a user
+# may set it to — at 0.5 s its watch ticks 4 times a second, scraping the server's /metrics
+DRIFT_WINDOW_S, DRIFT_WINDOW_S_RANGE = 2.0, (0.5, 60.0)
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class BatchSpec:
     allow_mixed: bool = False  # --allow-mixed: keep results made with other settings
     format: JobFormat = "tasks"  # the input's, found by the plan (io/jobs/openai_batch.py)
     text_flags: tuple[str, ...] = ()  # flags given that only {id, text} tasks take
+    drift_window_s: float = DRIFT_WINDOW_S  # --drift-window-s
 
     @property
     def settings(self) -> Settings:

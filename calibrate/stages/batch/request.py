@@ -20,7 +20,7 @@ from calibrate.io.jobs.shard import Shard
 from calibrate.io.output_paths import Named, check_outputs, check_writable, stage_files
 from calibrate.load.retry import RetryPolicy
 from calibrate.stages.batch.endpoints import endpoints_for
-from calibrate.stages.batch.plan import MAX_CONCURRENCY, BatchSpec, lock_path
+from calibrate.stages.batch.plan import DRIFT_WINDOW_S, MAX_CONCURRENCY, BatchSpec, lock_path
 from calibrate.stages.batch.result import BatchResult
 from calibrate.stages.batch.sending.lanes import ManagedRestart
 from calibrate.stages.batch.sending.outage import OutagePolicy
@@ -62,6 +62,7 @@ class BatchRequest:
     max_tokens: int | None = None
     temperature: float | None = None
     workers: int | None = 1  # --workers: processes that send the items (None: auto)
+    drift_window_s: float = DRIFT_WINDOW_S  # --drift-window-s
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ def prepare(request: BatchRequest) -> BatchSetup:
         hosts=tuple(url_host(e.base_url) for e in endpoints),
         allow_mixed=request.allow_mixed,
         text_flags=tuple(flags),
+        drift_window_s=request.drift_window_s,
     )
     return BatchSetup(spec, endpoints, source, restarter, ledger)
 

@@ -75,9 +75,11 @@ def drive(
     server: ServerWatch | None = None,
     cal: Calibrated = CAL,
     failed: Callable[[int], str | None] = lambda i: None,
+    shortest_s: float = 2.0,
 ) -> tuple[DriftWatch, list[str]]:
     """``n`` items through a closed loop of C: item i takes ``latency_s(i)``, so they finish
-    C / latency a second; the watch ticks each virtual second and is stopped at the end."""
+    C / latency a second; the watch ticks each virtual second (twice a window of
+    ``shortest_s``, batch --drift-window-s, under 2 s) and is stopped at the end."""
     clock, warnings, rows = Clock(), [], []
     noise = machine(clock) if machine else None
     watch = DriftWatch(
@@ -94,9 +96,11 @@ def drive(
         noise=noise,
         clock=clock,
         cores=2,
+        shortest_s=shortest_s,
     )
     watch._mark = noise.mark() if noise else None  # what start() does before its first tick
-    next_tick = 1.0
+    tick_s = min(1.0, shortest_s / 2)
+    next_tick = tick_s
     for i in range(n):
         on_item(i)
         took = latency_s(i)
@@ -109,7 +113,7 @@ def drive(
         watch.seen(line, 30, LABEL)
         while clock.now_s >= next_tick:
             watch.tick()
-            next_tick += 1.0
+            next_tick += tick_s
     watch.stop()
     assert len(rows) == len(watch.windows)  # every window written to the run's drift.jsonl
     return watch, warnings
@@ -187,6 +191,20 @@ def test_a_run_too_short_to_find_drift_never_says_none_and_says_what_its_windows
     assert "against 20 calibrated (its runs 19–21, within which a latency up to 1.4×" in line, line
     (read,) = records_of(records_json([record]))  # the ledger and status read it back the same
     assert read.line() == line and not read.compared
+
+
+def test_a_batch_of_seconds_is_judged_in_the_shorter_windows_its_user_asked_for() -> None:
+    """A 6 s batch, every item 2× slower than calibrated: in windows of 2 s at least (the
+    default) two are judged — too few to tell drift; with ``--drift-window-s 0.5`` its windows
+    close once they hold 4 × C items (1.6 s each), and three in a row find the drift."""
+    slow = lambda i: 0.4  # noqa: E731 — 10 items/s against 19–21 calibrated
+    watch, warnings = drive(slow, n=60)
+    record = watch.record()
+    assert warnings == [] and record.judged == 2 and not record.compared, record
+    watch, warnings = drive(slow, n=60, shortest_s=0.5)
+    record = watch.record()
+    assert len(warnings) == 1 and record.drifted and record.judged >= 3, record
+    assert all(w.seconds < 2 for w in watch.windows), watch.windows
 
 
 def test_a_slowdown_the_run_ended_inside_never_reads_as_none() -> None:

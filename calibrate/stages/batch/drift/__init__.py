@@ -108,6 +108,7 @@ def watch_batch(
             write=_written(ctx, endpoint.label),
             server=ServerWatch(_metrics(client)),
             noise=noise_meter(None, ctx, selfload),
+            shortest_s=plan.spec.drift_window_s,
         )
         each.append(watch.start())
     return BatchDrift(each)

@@ -2,8 +2,9 @@
 
 The journal's thread hands it each counted line (``seen``: a few additions under a lock, in the
 parent process with --workers N too, where every line is journaled). Its own thread (``tick``,
-about once a second) reads the server's /metrics, closes a window when one is due, notes what
-the rest of the machine did over it, writes it to the run's ``drift.jsonl``, and asks the rule
+about once a second, or twice a window when ``--drift-window-s`` asks for windows under 2 s)
+reads the server's /metrics, closes a window when one is due, notes what the rest of the
+machine did over it, writes it to the run's ``drift.jsonl``, and asks the rule
 whether the batch has drifted; the first time it has, one warning. It sends nothing, changes
 nothing, and never touches the send path.
 """
@@ -28,15 +29,15 @@ from calibrate.stages.batch.drift.rule import (
     judge,
 )
 from calibrate.stages.batch.drift.server import ServerWatch
-from calibrate.stages.batch.drift.windows import Gathering, Window, window_due
+from calibrate.stages.batch.drift.windows import MIN_WINDOW_S, Gathering, Window, window_due
 from calibrate.state.calibrated import Calibrated
 from calibrate.state.drift import DriftRecord
 
 log = logging.getLogger("calibrate")
 
-TICK_S = 1.0
+TICK_S = 1.0  # or half the shortest window, when that is less
 JOIN_S = 5.0  # stopping: how long a scrape under way may take
-MAX_WINDOWS = 100_000  # kept for the rule (a window is at least 2 s: about 55 hours' worth)
+MAX_WINDOWS = 100_000  # kept for the rule (a window of 2 s: about 55 hours' worth; 0.5 s: 14)
 
 
 class DriftWatch:
@@ -58,6 +59,7 @@ class DriftWatch:
         noise: NoiseMeter | None = None,
         clock: Callable[[], float] = time.monotonic,
         cores: int | None = None,
+        shortest_s: float = MIN_WINDOW_S,
     ) -> None:
         self.cal = cal
         self._label, self._concurrency, self._slots, self._cap = label, concurrency, slots, cap
@@ -65,6 +67,8 @@ class DriftWatch:
         self._warn, self._write = warn, write
         self._server, self._noise, self._clock = server, noise, clock
         self._cores = cores or os.cpu_count() or 1
+        self._shortest_s = shortest_s  # --drift-window-s
+        self._tick_s = min(TICK_S, shortest_s / 2)
         self._lock = threading.Lock()
         self._gathering: Gathering | None = None
         self._run_start = 0.0
@@ -122,7 +126,7 @@ class DriftWatch:
 
     def _loop(self) -> None:
         self._mark = self._noise_mark()
-        while not self._stop.wait(TICK_S):
+        while not self._stop.wait(self._tick_s):
             try:
                 self.tick()
             except Exception:  # the watch must never end the batch: it stops watching
@@ -141,7 +145,8 @@ class DriftWatch:
             if heard == "down" or heard == "restarted":
                 gathering.leave_out("outage" if heard == "down" else "restart")
             run_s = now - self._run_start
-            due = window_due(gathering.items, now - gathering.started_s, run_s, self._concurrency)
+            seconds = now - gathering.started_s
+            due = window_due(gathering.items, seconds, run_s, self._concurrency, self._shortest_s)
             if not due:
                 return None
             window = gathering.close(len(self.windows), self._run_start, now, self._finished)

@@ -1,11 +1,12 @@
 """What one window of a batch saw: its items, their latency and tokens, the server and the machine.
 
 A window closes once it holds at least ``4 × C`` finished items and has lasted a twentieth of
-the run so far, between 2 s and 60 s (``window_due``). Fewer than 4 × C items measure the
-start and end of requests more than their rate (the sweep asks the same of a level); about 20
-windows over the run so far let a 200-item batch (a few seconds) tell one slow window from a
-lasting slowdown, and a million-item batch (hours) writes a line a minute, not one a second,
-each long enough that a pause or one slow answer does not make it slow.
+the run so far, between 2 s (``batch --drift-window-s`` sets it, 0.5 s at least) and 60 s
+(``window_due``). Fewer than 4 × C items measure the start and end of requests more than
+their rate (the sweep asks the same of a level); about 20 windows over the run so far let a
+200-item batch (a few seconds) tell one slow window from a lasting slowdown, and a
+million-item batch (hours) writes a line a minute, not one a second, each long enough that a
+pause or one slow answer does not make it slow.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from calibrate.load.items import percentile
+from calibrate.stages.batch.plan import DRIFT_WINDOW_S
 
 ITEMS_PER_SLOT = 4  # a window holds at least this many items per request in flight
 SHARE_OF_RUN = 20  # … and lasts about this fraction of the run so far
-MIN_WINDOW_S = 2.0
+MIN_WINDOW_S = DRIFT_WINDOW_S  # the shortest a window lasts, unless --drift-window-s says
 MAX_WINDOW_S = 60.0
 SAMPLES = 4096  # latencies kept per window for its percentiles (a uniform sample past that)
 # failures that are no failing of the server: the answer came, and failed the user's own check
@@ -38,10 +40,13 @@ LEFT_OUT: dict[LeftOut, str] = {
 }
 
 
-def window_due(items: int, seconds: float, run_s: float, concurrency: int) -> bool:
+def window_due(
+    items: int, seconds: float, run_s: float, concurrency: int, shortest_s: float = MIN_WINDOW_S
+) -> bool:
     """Whether a window of ``items`` finished over ``seconds`` closes now, ``run_s`` into the
-    run (from its first finished item) at ``concurrency`` in flight."""
-    wanted_s = min(MAX_WINDOW_S, max(MIN_WINDOW_S, run_s / SHARE_OF_RUN))
+    run (from its first finished item) at ``concurrency`` in flight, lasting ``shortest_s`` at
+    least."""
+    wanted_s = min(MAX_WINDOW_S, max(shortest_s, run_s / SHARE_OF_RUN))
     return items >= ITEMS_PER_SLOT * max(concurrency, 1) and seconds >= wanted_s
 
 
