@@ -30,14 +30,17 @@ from tests.tier_helpers import FAST, jsonl, open_gate
 # ~0.14 s an answer on 4 slots: about 28 items/s at 4 in flight
 MOCK = ("--ttft", "0.02", "--per-token", "0.004", "--slots", "4")
 # ~0.095 s an answer: about 42 items/s at 4 in flight, and 4× slower still ~10 items/s, so a slow
-# window closes at the 2 s minimum with its 4 × C items (at 7 items/s it waited for a third second)
+# window closes on its 4 × C items (1.6 s; at 7 items/s it took 2.3 s)
 QUICK = ("--ttft", "0.02", "--per-token", "0.0025", "--slots", "4")
 # the batch's concurrency (4) is the one tier it is compared with; the tiers below it only cost time
 LADDER = FAST + "batch_sizes = [4]\n"
-# the quick mock's first 150 answers (~3.5 s: the first window, and most of the second, which
-# closes on the watch's 1 s tick) are fast; the next 100 take the 3 slow windows in a row that
-# make drift (2 s each) and one more
-SLOW_AFTER, ITEMS = 150, 250
+# the batches are a few seconds: their drift windows last half a second at least (a user's
+# --drift-window-s), not the default 2 s — a 2 s window held ~85 fast answers, half a second ~21
+WINDOWS = ("--drift-window-s", "0.5")
+# the quick mock's first 60 answers (~1.4 s: two windows or three) are fast; the next 90 take
+# the window the slowdown begins in, the 3 slow windows in a row that make drift (16 answers,
+# 1.6 s each) and one more
+SLOW_AFTER, ITEMS = 60, 150
 
 
 def _calibrated(cli: Any, root: Path, mock_args: tuple[str, ...] = MOCK) -> int:
@@ -109,7 +112,7 @@ def test_a_mock_that_slows_after_n_items_warns_once_records_it_and_status_shows_
     slows = ("--port", str(port), "--slow-after", str(SLOW_AFTER), "--slow-after-factor", "4")
     with MockProcess(*QUICK, *slows):
         args = ("--out", "out.jsonl", "-c", "4", "--workers", workers, "--json", "--junit", "j.xml")
-        result = cli("batch", "--input", str(tasks), *args)
+        result = cli("batch", "--input", str(tasks), *args, *WINDOWS)
     assert result.code == 0, result.err
     _junit_drift(isolated / "j.xml", result.err)  # CI reads what the summary says
     (drift,) = result.json["drift"]
@@ -173,9 +176,9 @@ def test_a_calibration_too_noisy_to_hold_a_batch_to_says_so_in_the_summary(
     middle = tier["measured"]["items_per_s"]
     tier["measured"].update(items_per_s_min=middle * 0.6, items_per_s_max=middle * 2.7)
     ledger.write_text("".join(json.dumps(e) + "\n" for e in entries), encoding="utf-8")
-    tasks = write_tasks(isolated / "tasks.jsonl", 200)  # ~5 s: a window or two to judge
+    tasks = write_tasks(isolated / "tasks.jsonl", 80)  # ~2 s: a window or two to judge
     with MockProcess(*QUICK, "--port", str(port)):
-        args = ("--out", "out.jsonl", "-c", "4", "--json", "--junit", "j.xml")
+        args = ("--out", "out.jsonl", "-c", "4", "--json", "--junit", "j.xml", *WINDOWS)
         result = cli("batch", "--input", str(tasks), *args)
     assert result.code == 0, result.err
     _junit_drift(isolated / "j.xml", result.err)
@@ -190,16 +193,16 @@ def test_a_calibration_too_noisy_to_hold_a_batch_to_says_so_in_the_summary(
 @pytest.mark.serial  # a process spinning a core beside it: alone, or it slows the other tests
 def test_a_healthy_batch_never_warns_not_with_a_cpu_hog_beside_it(cli: Any, isolated: Path) -> None:
     port = _calibrated(cli, isolated)
-    # ~10 s at 28 items/s: three windows or more are judged (the last is the run's end), as many
-    # as drift takes in a row — fewer, and it could not have been found (not compared)
-    tasks = write_tasks(isolated / "tasks.jsonl", 280)
+    # ~3.6 s at 28 items/s: windows of half a second at least (16 answers, ~0.6 s), so three or
+    # more are judged (the last is the run's end), as many as drift takes in a row — fewer, and
+    # it could not have been found (not compared)
+    tasks = write_tasks(isolated / "tasks.jsonl", 100)
     # the hog is the batch's sibling, not its child: "other processes" to its noise meter
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         with MockProcess(*MOCK, "--port", str(port)):
-            batch = batch_process(
-                isolated, "--input", str(tasks), "--out", "out.jsonl", "-c", "4", "--json"
-            )
+            args = ("--input", str(tasks), "--out", "out.jsonl", "-c", "4", "--json", *WINDOWS)
+            batch = batch_process(isolated, *args)
             out, err = batch.communicate(timeout=120)
         assert hog.poll() is None, "the hog ended before the batch did"
     finally:
@@ -224,14 +227,14 @@ RETRIES = ("--retries", "8", "--backoff-s", "0.2", "--outage-after", "1000")
 def test_a_server_that_died_and_came_back_is_never_one_run_of_drift_with_its_old_self(
     cli: Any, isolated: Path, quick: int, outage: tuple[str, ...], down_s: float
 ) -> None:
-    """The mock slows 4× after 150 items and is killed at item 200; a few seconds later another
-    mock on its port answers, slow from its first item (restarted with other flags). The windows
-    that held the outage and the restart are left out — whether the batch's breaker saw the
-    outage or only the server's /metrics said it (its counters from 0) — and no run of windows
-    spans them: drift, if found, is the new server's, from a window after them. (It said
-    "drift: the server is slower than calibrated from item 166 on (3 windows in a row …)": two
-    windows of the old server and one of the new.) The summary and ``status`` say the windows
-    left out and why."""
+    """The mock slows 4× after 60 items and is killed at item 100 (two slow windows in a row,
+    the third holds the kill); a few seconds later another mock on its port answers, slow from
+    its first item (restarted with other flags). The windows that held the outage and the
+    restart are left out — whether the batch's breaker saw the outage or only the server's
+    /metrics said it (its counters from 0) — and no run of windows spans them: drift, if found,
+    is the new server's, from a window after them. (It said "drift: the server is slower than
+    calibrated from item 166 on (3 windows in a row …)": two windows of the old server and one
+    of the new.) The summary and ``status`` say the windows left out and why."""
     port = quick
     tasks = write_tasks(isolated / "tasks.jsonl", ITEMS + 30)
     out = isolated / "out.jsonl"
@@ -242,7 +245,7 @@ def test_a_server_that_died_and_came_back_is_never_one_run_of_drift_with_its_old
     def kill_then_revive() -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and (
-            not out.exists() or out.read_bytes().count(b"\n") < SLOW_AFTER + 50
+            not out.exists() or out.read_bytes().count(b"\n") < SLOW_AFTER + 40
         ):
             time.sleep(0.01)
         old.stop(signal.SIGKILL)
@@ -264,6 +267,7 @@ def test_a_server_that_died_and_came_back_is_never_one_run_of_drift_with_its_old
             "--outage-s",
             "60",
             "--json",
+            *WINDOWS,
         )
         thread.join()
     finally:
