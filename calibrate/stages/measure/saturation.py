@@ -118,6 +118,12 @@ class Shortfall:
         below over 8 answers (1 run, 95 %), across the 5 % line``."""
         t = self.trend
         runs = f"{t.runs} run{'s' if t.runs != 1 else ''}"
+        if not (math.isfinite(t.low) and math.isfinite(t.high)):
+            return (
+                f"achieved {achieved_rate:.3g} req/s, {off_text(achieved_rate, self.offered)} the "
+                f"offered {self.offered:g} — {t.answers} answers ({runs}) are too few to bound "
+                f"it at {self.level:.0%}, either side of the {SHORTFALL:.0%} line"
+            )
         low, high = self.achieved_at(t.low), self.achieved_at(t.high)
         return (
             f"achieved {achieved_rate:.3g} req/s, {off_text(achieved_rate, self.offered)} the "

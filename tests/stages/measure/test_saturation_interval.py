@@ -148,3 +148,19 @@ def test_a_server_20_percent_overloaded_reads_saturated_not_unsure() -> None:
     assert not _unsettled([judged], 0.95)
     level = _level_judgement([judged], judged.achieved_rate)
     assert level.saturated and level.why == judged.why
+
+
+@pytest.mark.parametrize("answers", [3, 4])
+def test_too_few_answers_to_bound_the_slope_are_never_surely_short(answers: int) -> None:
+    """`sweep --rates 5` beside CPU burners: four answers of a 0.6 s run, their latency rising
+    with the machine's jitter, read "saturated at 5 req/s: achieved 4.64 req/s is 7% below the
+    offered 5" on a server good for 60 — Sen's ranks past the first slope were clamped to it,
+    so the lowest of six slopes stood as a 95 % bound. Three or four answers of one run cannot
+    bound a slope at 95 % (four: all six pairs rising is 1 in 24, each way): unsure, said so."""
+    latencies = [0.060 + 0.015 * n for n in range(answers)]
+    judged = judge(_run(5.0, latencies), 5.0, 4)
+    assert judged.achieved_rate < 4.75, "the point estimate is more than 5 % short"
+    assert not judged.saturated and judged.why == "", judged.why
+    assert f"— {answers} answers (1 run) are too few to bound it at 95%" in judged.unsure
+    found = sen_interval([Trend(tuple(n / 5 for n in range(answers)), tuple(latencies))])
+    assert found is not None and found.low == -float("inf") and found.high == float("inf")
