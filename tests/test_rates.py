@@ -96,8 +96,14 @@ def test_sends_this_process_sent_late_are_not_the_servers_saturation() -> None:
     verdict = judge(client_bound, 10.0, 4)
     # not the server's saturation, and not a measurement of 10 req/s either: calibrate's limit
     assert not verdict.saturated and verdict.client_late.startswith("calibrate sent only 8 of")
-    on_time = judge(OpenRun(sent, 2.5, 2.375, (0,) * 20, 0.0, (0.0,) * 20), 10.0, 4)
-    assert on_time.saturated and not on_time.client_late  # sends on time, answers short
+    # sends on time (10 a second), answers ever later (one every 0.125 s): the server's
+    behind = tuple(_done(0.125 * n + 0.05, started=0.1 * n) for n in range(20))
+    on_time = judge(OpenRun(behind, 2.5, 1.9, (0,) * 20, 0.0, (0.0,) * 20), 10.0, 4)
+    assert on_time.saturated and not on_time.client_late
+    # the dispatcher's lags on time, the sends stamped every 0.125 s as they went out: on a
+    # steady schedule only this process can have held them back (a busy machine did)
+    stamped = judge(OpenRun(sent, 2.5, 2.375, (0,) * 20, 0.0, (0.0,) * 20), 10.0, 4)
+    assert not stamped.saturated and stamped.client_late.startswith("calibrate sent only 8 of")
     # the same late sends, but the cap was full most of the run: the server held them back
     held = OpenRun(sent, 2.5, 2.375, (4,) * 20, 1.5, late)
     assert judge(held, 10.0, 4).saturated and not judge(held, 10.0, 4).client_late

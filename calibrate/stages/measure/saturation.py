@@ -235,6 +235,18 @@ def _sent_late(run: OpenRun) -> float | None:
     return (len(starts) - 1) / (max(starts) - min(starts))
 
 
+def _sent_short(run: OpenRun, offered_rate: float) -> float | None:
+    """On a constant schedule, the rate the sends really went out at when it fell more than 5 %
+    short of the offered one without the in-flight cap holding them back: the sends are stamped
+    as they go out, and a busy machine can hold them back after the dispatcher let them go (its
+    lags read on time), so only this process can have made them short. None when they kept up."""
+    starts = [a.started_s for a in run.requests if a.ok]
+    if len(starts) < 3 or max(starts) <= min(starts) or _held_back(run):
+        return None
+    rate = (len(starts) - 1) / (max(starts) - min(starts))
+    return rate if rate < offered_rate * (1 - SHORTFALL) else None
+
+
 def shortfall_text(achieved_rate: float, offered_rate: float) -> str:
     """``achieved 4.1 req/s is 32 % below the offered 6``."""
     short = 1 - achieved_rate / offered_rate
@@ -262,6 +274,8 @@ def judge(
         first, last = _mean(run.in_flight[:quarter]), _mean(run.in_flight[-quarter:])
         short = shortfall([trend], offered_rate, level) if trend is not None else None
         sent = _sent_late(run) if rate < offered_rate * (1 - SHORTFALL) else None
+        if sent is None and not random_schedule and rate < offered_rate * (1 - SHORTFALL):
+            sent = _sent_short(run, offered_rate)
         if sent is not None and rate >= sent * (1 - SHORTFALL):
             # the server answered all that was sent: not its saturation, but the rate offered was
             # never measured either — the level is calibrate's limit, not a result

@@ -164,3 +164,20 @@ def test_too_few_answers_to_bound_the_slope_are_never_surely_short(answers: int)
     assert f"— {answers} answers (1 run) are too few to bound it at 95%" in judged.unsure
     found = sen_interval([Trend(tuple(n / 5 for n in range(answers)), tuple(latencies))])
     assert found is not None and found.low == -float("inf") and found.high == float("inf")
+
+
+def test_sends_a_busy_machine_held_back_on_a_steady_schedule_are_the_clients_shortfall() -> None:
+    """`sweep --rates 5 --arrival constant` beside CPU burners: "saturated at 5 req/s: achieved
+    4.64 req/s is 7% below the offered 5" with every answer 0.06–0.072 s — no slope of latency
+    that small can fall 7 % behind; the sends themselves went out at 4.64 a second while the
+    dispatcher's lags read on time. On a steady schedule only calibrate can have sent short:
+    the level is its limit, never the server's saturation (a random schedule's draws may)."""
+    starts = [n / 5.0 * 1.075 for n in range(8)]  # each send 7.5 % later than the one before
+    answers = tuple(Answer(s, 0.06 + 0.001 * (n % 3), True) for n, s in enumerate(starts))
+    zeros = (0.0,) * len(starts)
+    run = OpenRun((), starts[-1] + 0.06, starts[-1], (1,) * len(starts), 0.0, zeros, answers)
+    judged = judge(run, 5.0, 4)
+    assert judged.achieved_rate < 4.75 and not judged.saturated, judged.why
+    assert judged.client_late.startswith("calibrate sent only 4.65 of the offered 5 req/s")
+    poisson = judge(run, 5.0, 4, random_schedule=True)
+    assert poisson.client_late == ""  # a random schedule's own draws can be short
