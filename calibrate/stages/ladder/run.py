@@ -87,18 +87,28 @@ class Ladder(TierJudging, TierRounds, TierRepeats):
         if opts.warmup_waves and opts.batch_sizes and not self.history:
             self.before_tier(opts.batch_sizes[0])  # warm the server the first tier runs on
             self.warmup = self.warm_up(opts.batch_sizes[0])
-        while (batch := self.next_batch()) is not None:
-            mark = client_mark(self.selfload, self.sender)
-            tier = self.run_tier(batch, self.baseline)
-            if self.selfload is not None:
-                bound = client_bound_since(self.selfload, self.sender, mark)
-                tier = replace(tier, client_bound=bound)
-            tier = self.accounted(tier)
-            self.history.append(tier)
-            self.ctx.run.append("tiers.jsonl", tier.to_json())
-            self.on_tier(tier)
-        self.settle()
+        # settling rounds can lift the stop of the top tier (a 'stop: latency' its later rounds
+        # did not bear out): the ladder then goes on up, never ending on a pass it called
+        # 'interrupted' with tiers left untried
+        while True:
+            while (batch := self.next_batch()) is not None:
+                self.climb(batch)
+            self.settle()
+            if self.next_batch() is None:
+                break
         return self.result()
+
+    def climb(self, batch: int) -> None:
+        """Run tier ``batch`` and add it to the history."""
+        mark = client_mark(self.selfload, self.sender)
+        tier = self.run_tier(batch, self.baseline)
+        if self.selfload is not None:
+            bound = client_bound_since(self.selfload, self.sender, mark)
+            tier = replace(tier, client_bound=bound)
+        tier = self.accounted(tier)
+        self.history.append(tier)
+        self.ctx.run.append("tiers.jsonl", tier.to_json())
+        self.on_tier(tier)
 
     def next_batch(self) -> int | None:
         """The next tier's batch size; on the context axis, while a length is left to try."""
@@ -106,7 +116,7 @@ class Ladder(TierJudging, TierRounds, TierRepeats):
         if opts.axis == "context":
             found = next_length(self.history, opts.context_lengths)
             return opts.batch_sizes[0] if found is not None and opts.batch_sizes else None
-        return next_tier(self.history, opts.batch_sizes)
+        return next_tier(reached(self.history), opts.batch_sizes)  # never above a failed tier
 
     def result(self) -> LadderResult:
         passing = [t.stats for t in self.history if t.passed]

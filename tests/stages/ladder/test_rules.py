@@ -188,7 +188,12 @@ def test_latency_fires_only_beyond_the_spread_of_the_rounds() -> None:
     assert verdict == "stop: latency"
 
 
-def _ladder(tmp_path: Path, walls: dict[int, Sequence[float]], kv: FakeKv | None = None) -> Ladder:
+def _ladder(
+    tmp_path: Path,
+    walls: dict[int, Sequence[float]],
+    kv: FakeKv | None = None,
+    kind: type[Ladder] = Ladder,
+) -> Ladder:
     """A ladder at the real defaults (2 rounds, latency_rise 1.25, gain_min 10 %) on a scripted
     server: wave ``n`` of batch B takes ``walls[B][n]`` s (the last repeats), one wave a round."""
     cfg = Config(ladder=replace(LadderConfig(), min_round_s=0.0, warmup_waves=0))
@@ -201,13 +206,39 @@ def _ladder(tmp_path: Path, walls: dict[int, Sequence[float]], kv: FakeKv | None
         wall = walls[batch][min(count, len(walls[batch])) - 1]
         return wall, wall, None
 
-    return Ladder(
+    return kind(
         ctx,
         LadderOptions.from_config(cfg),
         monitor,
         recorder(ctx, monitor, tmp_path),
         ScriptedSender(script),
     )
+
+
+class _DoubtingFour(Ladder):
+    """Its first settling runs batch 4 twice more, as a doubt between batch 2 and 4 does (a
+    busy machine's noisy rounds raised one beside CPU burners); then the rule's own doubts."""
+
+    doubted = False
+
+    def settle(self) -> None:
+        if not self.doubted and any(t.batch_size == 4 for t in self.history):
+            self.doubted = True
+            self.round_again(4)
+            self.round_again(4)
+        super().settle()
+
+
+def test_a_stop_its_settling_rounds_lift_lets_the_ladder_go_on_up(tmp_path: Path) -> None:
+    """Batch 4's first two rounds 2.8× batch 2's per item (stop: latency), its next two faster
+    than batch 2's: judged on all four, batch 4 passes. The ladder ended there, exit 0, with
+    batch 8 never tried and ``stopped_by`` "interrupted" (nothing had interrupted it; a
+    loaded make test saw it). It now goes on up: batch 8 is tried."""
+    walls = {1: [0.1], 2: [0.2, 0.2], 4: [0.56, 0.58, 0.2, 0.2, 0.2, 0.2], 8: [0.4]}
+    result = _ladder(tmp_path, walls, kind=_DoubtingFour).run()
+    assert [t.batch_size for t in result.tiers] == [1, 2, 4, 8]
+    assert [t.verdict for t in result.tiers] == ["pass"] * 4
+    assert result.stopped_by == "completed"
 
 
 def test_one_noisy_round_on_a_busy_box_runs_more_rounds_instead_of_stopping(
