@@ -125,7 +125,12 @@ def test_a_ttft_slo_streams_and_stops_at_the_tier_that_queues(cli, isolated: Pat
     assert detail[stop]["batch_size"] <= 4 and out["stopped_by"] == "slo"
     if stop:
         assert result.code == 0, result.err
-        assert out["last_passing"]["batch_size"] == detail[stop - 1]["batch_size"]
+        # the setting: the tier below the stop — or, where the rounds could not tell it from
+        # the one under it (a busy machine), the smaller one, taken under noise and said so
+        setting = out["last_passing"]["batch_size"]
+        assert setting <= detail[stop - 1]["batch_size"], result.err
+        if setting < detail[stop - 1]["batch_size"]:
+            assert "the conservative answer, taken" in out["setting_reason"], result.err
     if stop and detail[stop]["client_bound"]:
         # its p99s timed by a starved client: no boundary; FAST takes the tier below, said so
         assert "the conservative answer, taken" in out["setting_reason"], out["setting_reason"]
