@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import threading
 import xml.etree.ElementTree as ET
@@ -118,9 +119,9 @@ def test_rollback_with_other_output_says_not_concurrency(cli, isolated: Path) ->
 
 class _UserRestart(threading.Thread):
     """The user: stops the target's server once rollback asks them to, then starts it again on
-    the same port. (On a timer — 0.4 s after the thread started — a rollback slower than that to
-    reach its step 1 on a busy machine found the server already down, or back already, and
-    waited 20 s for a stop that never came.)"""
+    the same port once rollback asks for that. (On timers, a rollback slower than the user on a
+    busy machine found the server already down, or back already — the same process here, so no
+    new PID to see — and waited 20 s for a stop that never came.)"""
 
     def __init__(self, port: int, settings: MockSettings, first: BackgroundServer) -> None:
         super().__init__(daemon=True)
@@ -135,7 +136,10 @@ class _UserRestart(threading.Thread):
                 break
             self.asked.wait(0.02)
         self.first.stop()
-        threading.Event().wait(0.4)
+        while not self.asked.is_set():  # as a user does: once rollback says it saw the stop
+            if "restart your server at batch size" in " ".join(said.getvalue().split()):
+                break
+            self.asked.wait(0.02)
         self.servers.append(BackgroundServer(self.settings, "127.0.0.1", self.port))
 
     def done(self) -> None:
@@ -414,3 +418,13 @@ def test_after_a_rollback_the_batch_size_is_credited_to_the_run_that_measured_it
     header = (isolated / "launch.sh").read_text("utf-8")
     assert f"# batch size verified by {expected}" in header
     assert f"verified by rollback run {rollback_run}" not in header
+
+
+def test_a_restart_quicker_than_a_poll_counts_as_the_stop() -> None:
+    """A user's supervisor that restarts the server between two of rollback's polls left the
+    port open at every look: rollback waited out --wait and failed step 1 on a server that had
+    stopped. Another process listening there now ends the wait as the port closing does."""
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        port = listening.getsockname()[1]
+        assert not readiness.wait_port_closed("127.0.0.1", port, 0.2)
+        assert readiness.wait_port_closed("127.0.0.1", port, 30, replaced=lambda: True)

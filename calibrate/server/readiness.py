@@ -119,10 +119,13 @@ def wait_port_closed(
     *,
     clock: Clock = time.monotonic,
     sleep: Sleep = time.sleep,
+    replaced: Callable[[], bool] = lambda: False,
 ) -> bool:
-    """True once nothing listens on host:port any more; False after ``timeout_s``."""
+    """True once nothing listens on host:port any more, or ``replaced()`` says another process
+    listens there now (a restart quicker than a poll: the old one did stop); False after
+    ``timeout_s``."""
     deadline = clock() + timeout_s
-    while port_open(host, port):
+    while port_open(host, port) and not replaced():
         if clock() >= deadline:
             return False
         sleep(POLL_S)

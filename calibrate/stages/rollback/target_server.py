@@ -98,13 +98,20 @@ class TargetServer:
         )
         self.notify(f"calibrate does not manage this server: stop it yourself, e.g.\n  {how}")
         self.notify(f"waiting up to {self.left():.0f} s for port {self.port} to close (--wait)")
-        if not readiness.wait_port_closed(self.host, self.port, self.left()):
+        old, now = self.old_pid, [self.old_pid]
+
+        def replaced() -> bool:  # restarted quicker than a poll: another PID listens now
+            now[0] = pids.listener_pid(self.port)
+            return old is not None and now[0] is not None and now[0] != old
+
+        if not readiness.wait_port_closed(self.host, self.port, self.left(), replaced=replaced):
             raise StepFailed(
                 f"port {self.port} is still open after --wait: the server was not stopped",
                 "timeout",
             )
-        return f"the server on port {self.port} stopped (PID {self.old_pid or 'unknown'})", {
-            "pid": self.old_pid
+        again = f", and PID {now[0]} listens there already" if replaced() else ""
+        return f"the server on port {self.port} stopped (PID {old or 'unknown'}){again}", {
+            "pid": old
         }
 
     def restart(self, batch: int, vram_used_mib_before: float | None) -> tuple[str, dict[str, Any]]:
