@@ -216,7 +216,8 @@ def test_the_report_of_a_tune_run_says_when_the_winners_lead_is_not_significant(
         TuneView(Path("."), rows, unchecked, True)
         .headline()
         .endswith(
-            "c01 (slots=2) (not measured again in the other order: --restarts spent, so not a claim)"
+            "c01 (slots=2) (not measured again in the other order: --restarts spent, "
+            "so not a claim)"
         )
     )
 
