@@ -61,7 +61,8 @@ def run(request: TuneRequest, env: TuneEnv) -> TuneFinished:
 
         def on_result(result: CandidateResult) -> None:
             env.on_result(result)
-            step[0]()
+            if not result.again:  # the bar counts the plan's candidates; a lead measured
+                step[0]()  # again says so in its own lines, never past the bar's end
 
         session = Session(setup, notify=env.say, on_result=on_result, draw_plot=env.draw_plot)
         env.on_start(setup, session.measured_before)
