@@ -109,7 +109,9 @@ class TargetServer:
                 f"port {self.port} is still open after --wait: the server was not stopped",
                 "timeout",
             )
-        again = f", and PID {now[0]} listens there already" if replaced() else ""
+        seen = now[0]  # the last poll's listener (no second scan of /proc): another one ended it
+        moved = old is not None and seen not in (None, old)
+        again = f", and PID {seen} listens there already" if moved else ""
         return f"the server on port {self.port} stopped (PID {old or 'unknown'}){again}", {
             "pid": old
         }
