@@ -150,3 +150,56 @@ def test_a_full_disk_is_exit_1_naming_the_file_with_nothing_half_written(
     after = _files(isolated)
     left = {name: size for name, size in after.items() if before.get(name) != size}
     assert left == {}, f"left behind: {left}"
+
+
+def _room_for(size: int):  # type: ignore[no-untyped-def]
+    """In the child: files may grow to ``size`` bytes and no further (a disk that fills up)."""
+
+    def limit() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+    return limit
+
+
+def test_a_disk_that_fills_mid_line_leaves_the_ledger_whole_and_later_commands_quiet(
+    calibrated: Path,
+) -> None:
+    """The disk filled while `single` appended its ledger line: the line was cut after 64 bytes
+    and every later command warned "skipping line 6 of runs/ledger.jsonl: not JSON", for good.
+    Now a write that fails takes back what it wrote: the ledger is as it was, nothing warns."""
+    ledger = calibrated / "runs" / "ledger.jsonl"
+    before = ledger.read_bytes()
+    done = _calibrate(
+        calibrated, "single", capture_output=True, preexec_fn=_room_for(len(before) + 64)
+    )
+    assert done.returncode == 1, done.stderr
+    assert "ledger.jsonl" in done.stderr and "File too large" in done.stderr, done.stderr
+    assert ledger.read_bytes() == before
+    after = _calibrate(calibrated, "status", capture_output=True)
+    assert after.returncode == 0, after.stderr
+    assert "skipping line" not in after.stderr, after.stderr
+
+
+@pytest.mark.parametrize("fsync", [False, True])
+def test_a_record_the_disk_cut_short_is_taken_back_whole(tmp_path: Path, fsync: bool) -> None:
+    """A run's records.jsonl, a batch's --out, a tune's results: a record that could not be
+    written whole is not left as a torn line for the next reader to trip on."""
+    path = tmp_path / "records.jsonl"
+    path.write_bytes(b'{"n":1}\n')
+    code = (
+        "import sys; from pathlib import Path; from calibrate.io.jsonl import JsonlWriter\n"
+        f"w = JsonlWriter(Path({str(path)!r}), fsync={fsync})\n"
+        "try:\n    w.write({'text': 'x' * 200})\nexcept OSError as e:\n    print(e.filename)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=False,
+        preexec_fn=_room_for(len(b'{"n":1}\n') + 40),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(path)
+    assert path.read_bytes() == b'{"n":1}\n'

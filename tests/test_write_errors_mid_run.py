@@ -23,13 +23,22 @@ SWEEP = "[sweep]\nconcurrency = [1, 2, 4, 8]\nlevel_s = 0\nrepeats = 1\nmax_repe
 
 
 class _FullDisk:
-    """An open file on a full disk: every write fails as the kernel's does, naming no file."""
+    """An open file on a full disk: every write fails as the kernel's does, naming no file (its
+    descriptor is /dev/full's: ENOSPC from the kernel itself)."""
 
     def __init__(self, handle: object) -> None:
         self._handle = handle
+        self._full = open("/dev/full", "wb", buffering=0)  # noqa: SIM115 (closed in close)
+
+    def fileno(self) -> int:
+        return self._full.fileno()
 
     def write(self, data: object) -> int:
         raise OSError(errno.ENOSPC, FULL)
+
+    def close(self) -> None:
+        self._full.close()
+        self._handle.close()  # type: ignore[attr-defined]
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._handle, name)

@@ -91,23 +91,42 @@ def _shown(found: re.Match[str]) -> str:
 def append_jsonl(path: Path, obj: Any) -> None:
     """Append one line and flush; for files written rarely (the ledger).
 
-    A torn last line (a crash or a full disk mid-write) is ended first, under an exclusive
-    ``flock``: the new record starts a line of its own instead of being glued to the torn one
-    and lost with it.
+    A torn last line (a crash mid-write) is ended first, under an exclusive ``flock``: the new
+    record starts a line of its own instead of being glued to the torn one and lost with it. A
+    write the disk cuts short is taken back (``append_whole``).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
     try:
-        with path.open("a+b") as handle:  # readable too: its last byte is looked at
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-            try:
-                data = encode_line(obj)
-                if not ends_with_newline(handle.fileno()):
-                    data = b"\n" + data
-                handle.write(data)
-                handle.flush()
-            finally:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        data = encode_line(obj)
+        if not ends_with_newline(fd):
+            data = b"\n" + data
+        append_whole(fd, data, path, fsync=False)
     except OSError as exc:  # a full disk's error names no file: this one
+        exc.filename = exc.filename or str(path)
+        raise
+    finally:
+        os.close(fd)  # the lock goes with it
+
+
+def append_whole(fd: int, data: bytes, path: Path, *, fsync: bool) -> None:
+    """``data`` appended whole, or not at all: a short write (a disk nearly full) is continued;
+    one that ends in an error (or an fsync that fails) cuts the file back to where it ended
+    before, so no torn record is left for the next reader or the next append to trip on."""
+    start = os.fstat(fd).st_size
+    rest = memoryview(data)
+    try:
+        while rest:
+            written = os.write(fd, rest)
+            if not written:
+                raise OSError(errno.EIO, "the write made no progress", str(path))
+            rest = rest[written:]
+        if fsync:
+            os.fsync(fd)
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # shrinking a file needs no room
+            os.ftruncate(fd, start)
         exc.filename = exc.filename or str(path)
         raise
 
@@ -202,8 +221,8 @@ class JsonlWriter:
             self._handle.write(b"\n")
 
     def write(self, obj: Any) -> None:
-        """Append one record as one write; raises OSError (disk full…) with nothing half-done
-        on our side. Content never fails the write: see ``encode_line``."""
+        """Append one record as one write; raises OSError (disk full…) with nothing of it left
+        in the file. Content never fails the write: see ``encode_line``."""
         self._append(encode_line(obj))
 
     def write_many(self, objs: Sequence[Any]) -> None:
@@ -211,18 +230,7 @@ class JsonlWriter:
         self._append(b"".join(encode_line(obj) for obj in objs))
 
     def _append(self, raw: bytes) -> None:
-        data = memoryview(raw)
-        try:
-            while data:  # a short write (disk nearly full) is continued, or ends in OSError
-                written = self._handle.write(data)
-                if not written:
-                    raise OSError(errno.EIO, "the write made no progress", str(self.path))
-                data = data[written:]
-            if self.fsync:
-                os.fsync(self._handle.fileno())
-        except OSError as exc:  # a full disk's error names no file: this one
-            exc.filename = exc.filename or str(self.path)
-            raise
+        append_whole(self._handle.fileno(), raw, self.path, fsync=self.fsync)
 
     def close(self) -> None:
         self._handle.close()
