@@ -13,7 +13,7 @@ from calibrate.io.tier_table.cells import row_from_cells
 from calibrate.io.tier_table.row import TierRow
 from calibrate.stages.measure.tier_stage.compare_tiers import compare_tables, read_table
 from tests.mockserver import start_mock
-from tests.tier_helpers import open_gate
+from tests.tier_helpers import assert_kept_or_client_bound, open_gate
 
 
 def _rows(*tiers: tuple[int, str, float]) -> list[TierRow]:
@@ -189,22 +189,25 @@ def test_a_sweep_is_compared_level_for_level_never_across_load_modes(cli, isolat
     sweep = "[sweep]\nlevel_s = 0.2\nrepeats = 1\n"
     with start_mock(ttft_s=0.01, per_token_s=0.002, slots=4) as mock:
         open_gate(isolated, mock.base_url, sweep, stage="ladder")
-        saved = cli("sweep", "--concurrency", "1,2,4", "--save-baseline", "--conservative")
-        assert saved.code == 0, saved.err
+        saved = cli(
+            "sweep", "--concurrency", "1,2,4", "--save-baseline", "--conservative", "--json"
+        )
+        assert_kept_or_client_bound(saved, "C ≥ ")
         baseline = str(isolated / "baselines/sweep.csv")
         # constant arrivals: how a rate is judged is not this test's (a Poisson level 5 %
         # under capacity may read unsure on a busy box, and the sweep then ends inconclusive)
         at = ("--rates", "10,20", "--arrival", "constant")
         rates = cli("sweep", *at, "--compare", baseline, "--json")
-        rated = cli("sweep", *at, "--save-baseline")
-        same = cli("sweep", *at, "--compare", baseline, "--tolerance", "10")
+        rated = cli("sweep", *at, "--save-baseline", "--json")
+        same = cli("sweep", *at, "--compare", baseline, "--tolerance", "10", "--json")
     assert "regression" not in rates.err, rates.err  # not compared is no regression
     assert f"not compared with {baseline}: " in rates.err, rates.err
     assert rates.code == 1 and rates.json["compare"]["passed"] is False
     assert rates.json["compare"]["problems"] == []
     why = rates.json["compare"]["not_compared"]
     assert "keyed by concurrency" in why and "offered_rate" in why
-    assert rated.code == 0, rated.err
-    assert same.code == 0, same.err
+    # the comparison is the subject: a loaded machine may end a sweep "the client was the limit"
+    assert_kept_or_client_bound(rated, "rate ≥ ", rates=True)
+    assert_kept_or_client_bound(same, "rate ≥ ", rates=True)
     lines = [line.split() for line in same.err.splitlines()]
     assert [row[0] for row in lines if row[:1] in (["10"], ["20"])][-2:] == ["10", "20"], same.err

@@ -24,7 +24,7 @@ from calibrate.stages.determinism import (
 )
 from tests.helpers import write_config
 from tests.mockserver import start_mock, start_mock_process
-from tests.tier_helpers import FAST, jsonl, open_gate, run_dir
+from tests.tier_helpers import FAST, assert_ladder_ran, jsonl, open_gate, run_dir
 
 A = "Arrays hold a fixed number of elements of one type."
 
@@ -441,7 +441,7 @@ def test_a_server_that_publishes_no_cap_is_read_by_its_running_gauge_while_the_c
     with start_mock(ttft_s=0.2, per_token_s=0.0005, slots=slots) as mock:  # ~0.2 s an answer
         open_gate(isolated, mock.base_url, FAST + "batch_sizes = [1, 2]\n" + DETERMINISM)
         result = cli("ladder", "--json")
-    assert result.code == 0, result.err
+    assert_ladder_ran(result)  # a machine at load 15 starved the client: said, and the copies too
     line = " ".join(result.err.split())
     assert "not known" not in line, line  # the gauge said it, sampled every 50 ms
     if slots == 1:
