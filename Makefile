@@ -41,18 +41,19 @@ demo: $(STAMP)
 	PATH="$(CURDIR)/$(BIN):$$PATH" bash -o pipefail -c \
 	  'bash scripts/demo.sh 2>&1 | $(BIN)/python scripts/line_width.py 100'
 
-# The suite waits on HTTP, child processes and measured windows more than it computes: five
-# pytest-xdist workers per two cores (at most 12). On this project's 2-core machines five took
-# 4 m 49 s against 5 m 53 s for three. Its HTTP tests assert each run's own verdict (measured
-# claims are on the simulated server), so a busy machine moves the numbers, not the outcome:
-# two whole-suite rounds at eight workers beside four CPU burners, harsher than CI, found six
-# tests that did not yet, and five of them now do. Then the tests that assert measured times
-# (marker serial) alone, from the files that mark any (so the second pass does not collect the
-# whole suite again). pytest keeps its assert-rewritten test modules in __pycache__ unless
-# PYTHONDONTWRITEBYTECODE is set (it is on the machines this project is tested on): without
-# the cache each worker rewrites all ~130 test files again (≈ 6 s of CPU apiece). Plain
-# `python -m pytest -q` runs everything in one process.
-TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( 5 * n / 2 > 12 ? 12 : 5 * n / 2 )))
+# The suite waits on HTTP, child processes and measured windows more than it computes (its ~1,150
+# s of test time cost ~270 s of CPU): four pytest-xdist workers per core (at most 12). On this
+# project's 2-core machines, one after another on an idle machine: five 178 s and 193 s, eight
+# 158 s and 161 s, twelve 173 s (each worker's own start and CPU begin to cost more than the
+# waits they overlap). Its HTTP tests assert each run's own verdict (measured claims are on the
+# simulated server), so a busy machine moves the numbers, not the outcome: whole-suite rounds
+# beside CPU burners and beside other sessions (load 15) found the tests that did not yet, and
+# they now do. Then the tests that assert measured times (marker serial) alone, from the files
+# that mark any (so the second pass does not collect the whole suite again). pytest keeps its
+# assert-rewritten test modules in __pycache__ unless PYTHONDONTWRITEBYTECODE is set (it is on
+# the machines this project is tested on): without the cache each worker rewrites all ~190 test
+# files again (≈ 6 s of CPU apiece). Plain `python -m pytest -q` runs everything in one process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( 4 * n > 12 ? 12 : 4 * n )))
 SERIAL_FILES = $(shell grep -rl --include='test_*.py' 'mark\.serial' tests | sort)
 PYTEST = env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest
 test: $(STAMP)
