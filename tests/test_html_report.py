@@ -244,21 +244,21 @@ def test_a_ladder_report_leads_with_the_setting_and_crosses_out_the_failed_tier(
     html = (run / "report.html").read_text("utf-8")
     page = _check_layout(html)
     tiers = {t["batch_size"]: t for t in jsonl(run / "tiers.jsonl")}
-    four = tiers[4]
-    assert tiers[8]["verdict"] == "fail" and four["verdict"] == "pass"
+    chosen = tiers[setting]  # batch 4, or 2 (above)
+    assert tiers[8]["verdict"] == "fail" and tiers[4]["verdict"] == "pass"
     assert page.id_text["verdict-word"] == "passed"
-    assert _tile(page, "at").startswith("batch size 4 concurrency 4")
-    assert f"{four['items_per_s']:.4g} items/s" in _tile(page, "throughput")
-    assert f"p50 {four['latency_p50_s']:.3g} s" in _tile(page, "latency")
-    assert f"p99 {four['latency_p99_s']:.3g} s" in _tile(page, "latency")
-    free = four["vram_total_mib"] - four["peak_vram_mib"]
+    assert _tile(page, "at").startswith(f"batch size {setting} concurrency {setting}")
+    assert f"{chosen['items_per_s']:.4g} items/s" in _tile(page, "throughput")
+    assert f"p50 {chosen['latency_p50_s']:.3g} s" in _tile(page, "latency")
+    assert f"p99 {chosen['latency_p99_s']:.3g} s" in _tile(page, "latency")
+    free = chosen["vram_total_mib"] - chosen["peak_vram_mib"]
     assert _tile(page, "headroom").startswith(f"{free:.0f} MiB free")
     assert "setting-energy" not in page.id_text  # the mock measures no energy: no tile
-    # batch 8 failed: a red cross on every plot, never a plain dot; batch 4 is ringed
+    # batch 8 failed: a red cross on every plot, never a plain dot; the setting is ringed
     throughput = _chart(html, "throughput")
     assert re.search(r'class="failed-point".*?items_per_s: 8, [\d.]+ \(failed\)', throughput)
     assert not re.search(r"<circle [^>]*><title>items_per_s: 8,", throughput)  # no plain dot
-    assert "items_per_s: 4, " in throughput and 'class="chosen-point"' in throughput
+    assert f"items_per_s: {setting}, " in throughput and 'class="chosen-point"' in throughput
     assert _chart(html, "latency vs throughput").count('class="failed-point"') >= 2
     assert "✕ failed tier" in throughput
 

