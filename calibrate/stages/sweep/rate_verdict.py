@@ -18,6 +18,10 @@ end is within 5 % (and the slope's interval over all the answers is too), satura
 its high end is more than 5 % short, unsure otherwise; so two runs at least, more while unsure.
 Each run's achieved rate is then read by least squares (``saturation.achieved``): Theil–Sen's
 median read three of eight answers 35 % late as no trend, and two such runs alike as sure.
+A level may stop "kept up" after each run from the second to ``max_repeats``, and short runs
+skew (those that catch no queue cluster at the offered rate): at 1.1× capacity 11 of 200 levels
+stopped "kept up" on two or three that clustered. That interval is at the level shared over
+those looks (``kept_level``, Bonferroni: 95 % over 5 is 99 % each): 2 of 200.
 
 Either way, **Little's law** (``InFlight``): serving a rate with answers of mean latency W keeps
 rate × W requests in flight on average. Through an in-flight cap (the ladder's, on an unmanaged
@@ -50,6 +54,7 @@ class RunsRate:
 
     rates: Spread  # the runs' achieved rates, req/s
     offered: float
+    looks: int = 1  # the runs the level may stop on, its level shared over them (``kept_level``)
 
     @property
     def surely_short(self) -> bool:
@@ -62,7 +67,11 @@ class RunsRate:
         return low is not None and low >= self.offered * (1 - SHORTFALL)
 
     def _over(self) -> str:
-        return f"over {self.rates.n} runs, each its own random schedule ({self.rates.level:.0%})"
+        level = f"{self.rates.level:.0%}"
+        if self.looks > 1:  # the [confidence] level it was shared from
+            shared = 1 - (1 - self.rates.level) * self.looks
+            level += f": {shared:.0%} shared over the {self.looks} runs the level may stop on"
+        return f"over {self.rates.n} runs, each its own random schedule ({level})"
 
     def why(self) -> str:
         """``achieved 15.1 req/s is 37% below the offered 24 — at least 20% below over 3 runs,
@@ -141,11 +150,22 @@ class InFlight:
         )
 
 
-def runs_rate(judged: Sequence[RateJudgement], level: float = DEFAULT_LEVEL) -> RunsRate | None:
-    """The runs' achieved rates as replicates (None: nothing offered, rate inf)."""
+def kept_level(level: float, looks: int) -> float:
+    """The level each of ``looks`` chances to stop "kept up" is judged at, so that all of them
+    together are wrong no more often than ``level`` allows (Bonferroni): 95 % over 5 is 99 %."""
+    return 1 - (1 - level) / max(1, looks)
+
+
+def runs_rate(
+    judged: Sequence[RateJudgement], level: float = DEFAULT_LEVEL, looks: int = 1
+) -> RunsRate | None:
+    """The runs' achieved rates as replicates (None: nothing offered, rate inf), at ``level``
+    shared over ``looks`` (``kept_level``)."""
     offered = judged[0].offered_rate if judged else None
-    found = spread([j.achieved_rate for j in judged], level)
-    return RunsRate(found, offered) if offered is not None and found is not None else None
+    found = spread([j.achieved_rate for j in judged], kept_level(level, looks))
+    if offered is None or found is None:
+        return None
+    return RunsRate(found, offered, max(1, looks))
 
 
 def in_flight(judged: Sequence[RateJudgement], level: float = DEFAULT_LEVEL) -> InFlight | None:
@@ -194,14 +214,20 @@ def _resolved(judged: Sequence[RateJudgement], level: float) -> list[RateJudgeme
 
 
 def unsettled(
-    judged: Sequence[RateJudgement], level: float, *, random_schedule: bool = False
+    judged: Sequence[RateJudgement],
+    level: float,
+    *,
+    random_schedule: bool = False,
+    looks: int = 1,
 ) -> bool:
     """Whether the level should run again: its verdict is unsure (``level_judgement``), or,
     on a fixed schedule, its runs disagree and the cap's bound did not settle it."""
     if not judged:
         return False
     median = statistics.median(j.achieved_rate for j in judged)
-    found = level_judgement(list(judged), median, level, random_schedule=random_schedule)
+    found = level_judgement(
+        list(judged), median, level, random_schedule=random_schedule, looks=looks
+    )
     if found.unsure:
         return True
     bound = in_flight(judged, level)
@@ -215,14 +241,16 @@ def level_judgement(
     level: float = DEFAULT_LEVEL,
     *,
     random_schedule: bool = False,
+    looks: int = 1,
 ) -> RateJudgement:
     """The level's verdict from its runs (the module's doc), said at ``achieved`` on a fixed
     schedule (the runs' median, the table's number) and at the runs' mean on a random one
-    (the number its interval is of); then the cap's bound (``CapBound``)."""
+    (the number its interval is of; "kept up" at ``kept_level`` over the ``looks`` the level
+    has to stop on it); then the cap's bound (``CapBound``)."""
     lags = [j.send_lag_p99_s for j in judged if j.send_lag_p99_s is not None]
     judged = [replace(j, send_lag_p99_s=max(lags, default=None)) for j in judged]
     if random_schedule and judged[0].offered_rate is not None:
-        found = _random_level(judged, level)
+        found = _random_level(judged, level, looks)
     else:
         found = _fixed_level(judged, achieved, level)
     bound = in_flight(judged, level)
@@ -236,16 +264,19 @@ def level_judgement(
     return found
 
 
-def _random_level(judged: list[RateJudgement], level: float) -> RateJudgement:
-    """The runs of a random schedule judged together: split counts them all on the verdict."""
+def _random_level(judged: list[RateJudgement], level: float, looks: int) -> RateJudgement:
+    """The runs of a random schedule judged together: split counts them all on the verdict;
+    kept up only on the interval at ``kept_level``, which an unsure level says."""
     runs = runs_rate(judged, level)
     assert runs is not None  # the caller's offered rate
     count = len(judged)
     first = replace(judged[0], achieved_rate=runs.rates.mean, split=(0, count), why="", unsure="")
     if runs.surely_short:
         return replace(first, saturated=True, why=runs.why(), split=(count, count))
-    if not runs.surely_within:
-        return replace(first, saturated=False, unsure=runs.text())
+    kept = runs_rate(judged, level, looks)
+    assert kept is not None
+    if not kept.surely_within:
+        return replace(first, saturated=False, unsure=kept.text())
     pooled = _pooled(judged, level)
     if pooled is not None and not pooled.surely_within:
         return replace(first, saturated=False, unsure=pooled.text(runs.rates.mean))

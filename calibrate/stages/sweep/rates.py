@@ -55,8 +55,11 @@ def run_rate_level(sweep: LevelRunner, rate: float) -> Level:
     peaks: list[WindowPeak] = []
     repeat = 0
     random_schedule = o.arrival != "constant"  # each run its own draw (``rate_verdict``)
+    # the runs after which the level may stop "kept up": its interval is shared over them
+    looks = max(1, o.max_repeats - max(o.repeats, 2) + 1)
     while repeat < o.repeats or (
-        unsettled(judged, o.confidence, random_schedule=random_schedule) and repeat < o.max_repeats
+        unsettled(judged, o.confidence, random_schedule=random_schedule, looks=looks)
+        and repeat < o.max_repeats
     ):
         repeat += 1  # runs that disagree, or a shortfall unsure: more, to settle it (SPEC §5.14)
         stats, judgement, answered, peak = run_rate_once(sweep, rate, repeat)
@@ -69,7 +72,7 @@ def run_rate_level(sweep: LevelRunner, rate: float) -> Level:
     whole = whole_stats(o, max(r.concurrency for r in runs), runs, items, peaks)
     achieved = statistics.median(j.achieved_rate for j in judged)
     rate_judgement = level_judgement(
-        judged, achieved, o.confidence, random_schedule=random_schedule
+        judged, achieved, o.confidence, random_schedule=random_schedule, looks=looks
     )
     return Level(
         level_stats(whole, runs),

@@ -161,9 +161,10 @@ def test_a_slow_jittery_server_that_keeps_up_is_never_read_saturated_from_eight_
             assert result.inconclusive.startswith(
                 "inconclusive: the runs cannot tell whether 1 req/s keeps up: achieved "
             ), result.inconclusive
-            assert "over 6 runs, each its own random schedule (95%), across the 5% line" in (
-                result.inconclusive
-            )
+            assert (
+                "over 6 runs, each its own random schedule (99%: 95% shared over the 5 runs the "
+                "level may stop on), across the 5% line"
+            ) in result.inconclusive
         seen.add("inconclusive" if result.inconclusive else "pass" if result.passed else "fail")
     assert "pass" in seen
     sender = simulated_sender(seed=0, **settings)
@@ -220,3 +221,17 @@ def test_poisson_levels_past_capacity_are_never_kept_up_from_lucky_draws(tmp_pat
             assert _verdict(tmp_path, 1.2, seed, cap) != "kept", (seed, cap)
             assert _verdict(tmp_path, 0.9, seed, cap) != "saturated", (seed, cap)
             assert _verdict(tmp_path, 0.3, seed, cap) == "kept", (seed, cap)
+
+
+def test_poisson_levels_just_past_capacity_stop_kept_up_no_more_often_than_95_allows(
+    tmp_path: Path,
+) -> None:
+    """At 1.1× the 4 slots' capacity (9 % short, run long), eight Poisson sends that catch no
+    queue read about the offered rate, the others well below: two or three runs that happened
+    to cluster stopped the level "kept up" at 95 % in 6 of these 120 levels (11 of 200), as a
+    level looks for it after each of its runs 2…6. Shared over those five looks (99 % each) it
+    stops there in at most 2.5 % (one side of 95 %); the rest run on, unsure or saturated."""
+    seen = [_verdict(tmp_path, 1.1, seed, None) for seed in range(120)]
+    kept = [seed for seed, said in enumerate(seen) if said == "kept"]
+    assert len(kept) <= 3, f"kept up at 1.1× capacity in seeds {kept}"
+    assert "saturated" in seen, "the interval still reads the shortfall when the runs show it"
