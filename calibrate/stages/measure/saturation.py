@@ -236,10 +236,11 @@ def _sent_late(run: OpenRun) -> float | None:
 
 
 def _sent_short(run: OpenRun, offered_rate: float) -> float | None:
-    """On a constant schedule, the rate the sends really went out at when it fell more than 5 %
-    short of the offered one without the in-flight cap holding them back: the sends are stamped
-    as they go out, and a busy machine can hold them back after the dispatcher let them go (its
-    lags read on time), so only this process can have made them short. None when they kept up."""
+    """The rate the sends really went out at when it fell more than 5 % short of the offered one
+    without the in-flight cap holding them back: the sends are stamped as they go out, and a busy
+    machine can hold them back after the dispatcher let them go (its lags read on time), so only
+    this process can have made them short — on a random schedule too, whose draws are rescaled to
+    span exactly the offered rate (``load.arrivals``). None when they kept up."""
     starts = [a.started_s for a in run.requests if a.ok]
     if len(starts) < 3 or max(starts) <= min(starts) or _held_back(run):
         return None
@@ -274,7 +275,7 @@ def judge(
         first, last = _mean(run.in_flight[:quarter]), _mean(run.in_flight[-quarter:])
         short = shortfall([trend], offered_rate, level) if trend is not None else None
         sent = _sent_late(run) if rate < offered_rate * (1 - SHORTFALL) else None
-        if sent is None and not random_schedule and rate < offered_rate * (1 - SHORTFALL):
+        if sent is None and rate < offered_rate * (1 - SHORTFALL):
             sent = _sent_short(run, offered_rate)
         if sent is not None and rate >= sent * (1 - SHORTFALL):
             # the server answered all that was sent: not its saturation, but the rate offered was
