@@ -38,7 +38,7 @@ from calibrate.load.window import LevelWindow, steady_throughput
 
 base_url, model, workers, c, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 client = OpenAIClient(base_url, max_connections=c)
-params = SamplingParams(0.0, 16, 1.0)
+params = SamplingParams(0.0, 256, 1.0)  # whole answers: the mock stops before 256
 body = build_requests(client, model, params, [["summarise this"]], "wave")[0]
 from dataclasses import replace
 n = 0
@@ -49,9 +49,9 @@ def supply():
 recipe = ClientRecipe(base_url, None, None, 60.0, 10.0, 64.0, c)
 sender = Sender.over(client) if workers == 1 else WorkerSender(client, recipe, workers)
 if workers > 1:
-    sender.closed_loop(supply, c, LevelWindow(0.2, c), 16)  # start the workers first
+    sender.closed_loop(supply, c, LevelWindow(0.2, c), 256)  # start the workers first
 before = resource.getrusage(resource.RUSAGE_SELF)
-run = sender.closed_loop(supply, c, LevelWindow(seconds, 4 * c), 16)
+run = sender.closed_loop(supply, c, LevelWindow(seconds, 4 * c), 256)
 after = resource.getrusage(resource.RUSAGE_SELF)
 sender.close()
 kids = resource.getrusage(resource.RUSAGE_CHILDREN)
