@@ -469,7 +469,8 @@ def test_a_request_is_never_cut_before_its_timeout_s() -> None:
             with pytest.raises(RequestError) as caught:
                 client.chat("m", "hi", PARAMS)
             took_s = time.monotonic() - start
-            assert caught.value.kind == "timeout"
+            # the deadline cut the answer's wait, or (a busy machine slow to accept) the connect
+            assert caught.value.kind in ("timeout", "connect"), caught.value
             early_s.append(timeout_s - took_s)
         client.close()
     assert max(early_s) <= 0, f"cut up to {max(early_s) * 1e3:.3f} ms before timeout_s"
