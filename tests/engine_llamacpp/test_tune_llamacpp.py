@@ -1,5 +1,6 @@
-"""calibrate tune on a real llama.cpp: three real restarts over --parallel 1, 2, 4, a winner,
-pin of --parallel and -c, and verify after a restart from the pinned script."""
+"""calibrate tune on a real llama.cpp: three real restarts over --parallel 1, 2, 4 (two more
+when the lead is sure: measured again in the other order), a winner, pin of --parallel and -c,
+and verify after a restart from the pinned script."""
 
 from __future__ import annotations
 
@@ -52,7 +53,12 @@ def test_tune_parallel_restarts_three_times_pins_parallel_and_c_then_verify(
     out = result.json
     tune_starts = starts()[before:]
     parallels = [re.findall(r"--parallel (\d+)", line) for line in tune_starts]
-    assert parallels == [["1"], ["2"], ["4"]], "three real restarts, one per candidate"
+    first, again = parallels[:3], parallels[3:]
+    assert first == [["1"], ["2"], ["4"]], "three real restarts, one per candidate"
+    # a lead the runs call sure is measured again in the other order (A B B A): two more
+    # restarts, the later-measured of the two first (seen: 4 then 2, c03 over c02 by +37 %)
+    assert again == [] or (len(again) == 2 and int(again[0][0]) > int(again[1][0])), parallels
+    assert bool(again) == ("both measured again in the other order" in " ".join(result.err.split()))
     assert len(out["candidates"]) == 3 and all(c["started"] for c in out["candidates"])
     assert all(c["best_concurrency"] for c in out["candidates"]), out["candidates"]
     records = [
