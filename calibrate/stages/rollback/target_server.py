@@ -100,18 +100,19 @@ class TargetServer:
         self.notify(f"waiting up to {self.left():.0f} s for port {self.port} to close (--wait)")
         old, now = self.old_pid, [self.old_pid]
 
-        def replaced() -> bool:  # restarted quicker than a poll: another PID listens now
+        def moved() -> bool:  # another PID listens there, as the last poll read it
+            return old is not None and now[0] not in (None, old)
+
+        def replaced() -> bool:  # restarted quicker than a poll
             now[0] = pids.listener_pid(self.port)
-            return old is not None and now[0] is not None and now[0] != old
+            return moved()
 
         if not readiness.wait_port_closed(self.host, self.port, self.left(), replaced=replaced):
             raise StepFailed(
                 f"port {self.port} is still open after --wait: the server was not stopped",
                 "timeout",
             )
-        seen = now[0]  # the last poll's listener (no second scan of /proc): another one ended it
-        moved = old is not None and seen not in (None, old)
-        again = f", and PID {seen} listens there already" if moved else ""
+        again = f", and PID {now[0]} listens there already" if moved() else ""
         return f"the server on port {self.port} stopped (PID {old or 'unknown'}){again}", {
             "pid": old
         }
