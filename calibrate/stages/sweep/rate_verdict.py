@@ -197,6 +197,13 @@ def _unsure(judged: Sequence[RateJudgement], level: float, achieved: float) -> s
     when most runs saturated on another rule): the slope's interval straddles 5 %."""
     if not judged or 2 * sum(j.saturated for j in judged) > len(judged):
         return ""
+    offered = judged[0].offered_rate
+    if offered is not None and achieved > offered * (1 + SHORTFALL):  # no server answers more
+        return (  # than was sent: a backlog from the run's start drained (latency fell through it)
+            f"achieved {achieved:.3g} req/s is more than the offered {offered:g}: the first "
+            "answers waited on a backlog that drained during the run, so whether it keeps up "
+            "was not measured"
+        )
     pooled = _pooled(judged, level)
     if pooled is None or pooled.surely_short or pooled.surely_within:
         return ""

@@ -4,6 +4,7 @@ scripted answers, no server, no clock."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 import pytest
@@ -186,3 +187,24 @@ def test_sends_a_busy_machine_held_back_on_a_steady_schedule_are_the_clients_sho
     assert poisson.client_late.startswith("calibrate sent only 4.65 of the offered 5 req/s")
     drawn = arrival_times(5.0, 8, seed=3)  # what a random run offers: the rate, exactly
     assert (len(drawn) - 1) / (drawn[-1] - drawn[0]) == pytest.approx(5.0)
+
+
+def test_a_backlog_draining_from_the_start_is_never_a_level_kept_up_above_its_offer() -> None:
+    """`sweep --rates 40 --arrival constant` beside two CPU burners: the first answers took
+    0.55 s (a backlog at the start), the last 0.02 s; the latency's slope of about −0.6 read the
+    run as "achieved 106 req/s" of 40 offered, and the level passed, kept up. No server answers
+    more than was sent: the level is unsure and runs again, its median then decides."""
+    latencies = [0.55 - n * 0.53 / 39 for n in range(40)]
+    judged = judge(_run(40.0, latencies), 40.0, None)
+    assert judged.achieved_rate > 42
+    level = _level_judgement([judged], judged.achieved_rate)
+    assert not level.saturated and level.unsure.startswith(
+        f"achieved {judged.achieved_rate:.3g} req/s is more than the offered 40: "
+    ), level
+    assert _unsettled([judged], 0.95), "it runs again"
+    clean = judge(_run(40.0, [0.02] * 40), 40.0, None)
+    three = [judged, clean, clean]
+    settled = _level_judgement(three, statistics.median(j.achieved_rate for j in three))
+    # the median (40) decides: no backlog doubt left (the scripted runs' one-in-flight counts
+    # leave Little's law its own doubt about 0.55 s answers, which is not this test's)
+    assert "more than the offered" not in settled.unsure and not settled.saturated, settled
