@@ -142,7 +142,7 @@ def answer(
         if not model.start(adm, plans):
             wire.send_json(500, error_body(oom_message(settings), "InternalServerError", 500))
             return
-        run = DecodeRun(model, adm, time.monotonic() + adm.ttft_s)
+        run = DecodeRun(model, adm, time.monotonic() + adm.ttft_s, sleep=wire.sleep)
     else:
         model.acquire(adm)
     if model.batch_varied(adm) is not None:  # its words as the batch it joined makes them
@@ -160,11 +160,11 @@ def answer(
     if not req.stream:
         steps = max(g.completion_tokens for g in gens)
         if adm.outcome == "reset":
-            _sleep_until(start + adm.ttft_s)
+            wire.wait_until(start + adm.ttft_s)
             wire.reset()
             return
         if run is None:
-            _sleep_until(start + adm.ttft_s + steps * adm.per_token_s)
+            wire.wait_until(start + adm.ttft_s + steps * adm.per_token_s)
         elif not run.wait_step(steps):
             wire.send_json(500, error_body(oom_message(settings), "InternalServerError", 500))
             return
@@ -184,7 +184,7 @@ def answer(
             wire.reset()
             return
         if run is None:
-            _sleep_until(start + adm.ttft_s + event.step * adm.per_token_s)
+            wire.wait_until(start + adm.ttft_s + event.step * adm.per_token_s)
         elif not run.wait_step(event.step):  # vLLM ends a stream that fails with an error event
             error = {"error": error_body(oom_message(settings), "InternalServerError", 500)}
             wire.write_chunk(f"data: {json.dumps(error)}\n\n".encode())
@@ -254,12 +254,6 @@ def malformed_body(shape: str, req: GenerateRequest, envelope: Json, *, chunk: b
             {holder: {"role": "assistant", "content": 42}} if req.kind == "chat" else {"text": 42}
         )
     return envelope | {"choices": [choice]}
-
-
-def _sleep_until(deadline: float) -> None:
-    delay = deadline - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)
 
 
 def oom_message(settings: MockSettings) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import select
 import socket
 import struct
 import time
@@ -42,6 +43,30 @@ class Wire:
             self.write_chunk(b": ping\n\n")
             time.sleep(min(KEEPALIVE_INTERVAL_S, max(0.0, end - time.monotonic())))
         self.write(b"0\r\n\r\n")
+
+    def wait_until(self, deadline: float) -> None:
+        """Wait until ``deadline`` (``time.monotonic``) as an engine generates: raises
+        ConnectionAbortedError the moment the client closes the connection instead. vLLM and
+        llama.cpp abort a request whose client left, streamed or not, and its slot is free at
+        once; a mock that slept on would hold the slot for an answer nobody reads."""
+        conn = self.handler.connection
+        watch = select.poll()
+        watch.register(conn, select.POLLIN)
+        while (left := deadline - time.monotonic()) > 0:
+            if not watch.poll(left * 1000):
+                continue  # the time came (or a hair short of it: wait the rest)
+            try:
+                peeked = conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+            if not peeked:
+                raise ConnectionAbortedError("the client closed the connection")
+            time.sleep(max(0.0, deadline - time.monotonic()))  # its next request, sent early
+            return
+
+    def sleep(self, seconds: float) -> None:
+        """``wait_until`` ``seconds`` from now."""
+        self.wait_until(time.monotonic() + seconds)
 
     def write_chunk(self, frame: bytes) -> None:
         self.write(b"%x\r\n%s\r\n" % (len(frame), frame))

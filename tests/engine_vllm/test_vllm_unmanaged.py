@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from calibrate.engines import engine
 from tests.engine_vllm.conftest import CAP
 from tests.engine_vllm.helpers import (
     LONG_PROMPT,
     MODEL_DIR,
+    MODEL_NAME,
     QueueWatch,
     Served,
     metric,
@@ -264,3 +268,29 @@ def test_copies_say_how_many_vllm_ran_at_once_from_its_running_gauge(
             "batch 8 (the server ran 4 at once)" in said
             or "how many the server ran at once is not known at" in said
         ), said
+
+
+def test_a_request_whose_client_left_frees_its_slot_as_the_mock_does(capped: Served) -> None:
+    """What the mock imitates (tests/test_mock_disconnect.py): vLLM aborts a request whose
+    client closed the connection, non-streamed too, and its slot is free at once. Every slot
+    is taken by a long answer whose client then leaves; the next request is answered in far less
+    than what those answers had left to run."""
+    body = {"model": MODEL_NAME, "prompt": LONG_PROMPT, "max_tokens": 400, "ignore_eos": True}
+    started = time.monotonic()
+    requests.post(f"{capped.root}/v1/completions", json=body, timeout=120).raise_for_status()
+    whole_s = time.monotonic() - started
+    raw = json.dumps(body).encode()
+    leaving = [socket.create_connection(("127.0.0.1", capped.port)) for _ in range(CAP)]
+    for conn in leaving:
+        conn.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(raw), raw)
+        )
+    time.sleep(whole_s / 4)  # every slot holds one of them now
+    for conn in leaving:
+        conn.close()
+    started = time.monotonic()
+    assert one_token(capped.root)
+    next_s = time.monotonic() - started
+    show(f"\nclients left {CAP} answers of {whole_s:.2f} s; the next answered in {next_s:.2f} s")
+    assert next_s < whole_s / 2, "vLLM kept generating for clients that had left"
