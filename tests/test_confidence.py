@@ -87,6 +87,17 @@ def test_the_interval_of_three_rounds() -> None:
     assert wider.ci_low == pytest.approx(11 - 9.924843 / math.sqrt(3), abs=1e-6)
 
 
+def test_the_interval_of_a_quantity_never_negative_stops_at_zero() -> None:
+    """Two rounds of a ladder tier, 118 and 141 items/s: the t-interval (12.7 half-widths of
+    their sd) read "129 [−21.27, 280]" in the report; no rate is below 0. A value that may be
+    negative (a difference) keeps its interval whole."""
+    found = spread([118.0, 141.0])
+    assert found is not None and found.ci_low == 0.0
+    assert found.ci_high == pytest.approx(129.5 + 12.706205 * math.sqrt(264.5 / 2), abs=1e-4)
+    signed = spread([-1.0, 141.0])
+    assert signed is not None and signed.ci_low is not None and signed.ci_low < 0
+
+
 def test_one_round_has_a_mean_and_no_interval() -> None:
     found = spread([5.0])
     assert found == Spread(1, 5.0, None, None, None, 0.95)
