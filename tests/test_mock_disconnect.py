@@ -1,9 +1,10 @@
 """A client that leaves frees its slot at once, as on a real engine.
 
-vLLM and llama.cpp abort a request whose client closed the connection, streamed or not. The mock
-slept a non-streamed answer (and a streamed one's first token) out whatever the client did, so a
-request calibrate gave up on (its deadline, a Ctrl-C) held one of the mock's slots for an answer
-nobody would read, and the next request queued behind it: a slower server than any real one.
+vLLM aborts a request whose client closed the connection, streamed or not (its engine suite's
+test_a_request_whose_client_left_frees_its_slot_as_the_mock_does). The mock slept a non-streamed
+answer (and a streamed one's first token) out whatever the client did, so a request calibrate
+gave up on (its deadline, a Ctrl-C) held one of the mock's slots for an answer nobody would read,
+and the next request queued behind it: a slower server than vLLM.
 """
 
 from __future__ import annotations

@@ -46,9 +46,9 @@ class Wire:
 
     def wait_until(self, deadline: float) -> None:
         """Wait until ``deadline`` (``time.monotonic``) as an engine generates: raises
-        ConnectionAbortedError the moment the client closes the connection instead. vLLM and
-        llama.cpp abort a request whose client left, streamed or not, and its slot is free at
-        once; a mock that slept on would hold the slot for an answer nobody reads."""
+        ConnectionAbortedError the moment the client closes the connection instead. vLLM aborts
+        a request whose client left, streamed or not, and its slot is free at once (its engine
+        suite measures it); a mock that slept on held the slot for an answer nobody reads."""
         conn = self.handler.connection
         watch = select.poll()
         watch.register(conn, select.POLLIN)
