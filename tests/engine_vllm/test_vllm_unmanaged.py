@@ -288,7 +288,7 @@ def test_a_request_whose_client_left_frees_its_slot_as_the_mock_does(capped: Ser
                 b"\r\nContent-Length: %d\r\n\r\n%s" % (len(raw), raw)
             )
         # every slot holds one of them now (vLLM's running gauge is no witness: polled for the
-        # first 0.3 s it read 0 once in three runs; the answers' own time is)
+        # first 0.3 s it read 0 in one run of three, perhaps two; the answers' own time is)
         time.sleep(whole_s / 4)
     finally:
         for conn in leaving:
